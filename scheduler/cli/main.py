@@ -1,0 +1,48 @@
+"""`gandiva`: the operator's command line. Each subcommand lives in its own module.
+
+A module in SUBCOMMAND_MODULES exposes ``register(subparsers)``, which adds its
+parsers and sets ``func`` (taking the parsed args, returning the exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+SUBCOMMAND_MODULES = [
+    "scheduler.cli.serve",      # gandiva scheduler
+    "scheduler.cli.db",         # gandiva db upgrade|current|downgrade
+    "scheduler.cli.ops",        # gandiva get|describe|kill|suspend|resume|priority|migrate
+    "migration_helper.cli",     # gandiva helper, gandiva logs
+    "scheduler.sim.cli",        # gandiva sim
+    "scheduler.cli.bench",      # gandiva bench ...
+    "scheduler.cli.demo",       # gandiva demo
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gandiva",
+        description="Gandiva: introspective cluster scheduling for deep-learning training.",
+        epilog="Clients find the scheduler from --scheduler ADDR or GANDIVA_SCHEDULER "
+        "(default 127.0.0.1:50051). Submit jobs with gandiva-submit.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

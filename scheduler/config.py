@@ -1,0 +1,23 @@
+"""Where things live by default: GANDIVA_HOME, the database URL and the scheduler address."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+
+
+def gandiva_home() -> Path:
+    """The folder for the embedded database, logs and ramdisk fallbacks (default ~/.gandiva)."""
+    return Path(os.environ.get("GANDIVA_HOME", Path.home() / ".gandiva")).expanduser()
+
+
+def default_db_url() -> str:
+    """The embedded default: an SQLite file under GANDIVA_HOME."""
+    return f"sqlite+aiosqlite:///{gandiva_home() / 'gandiva.db'}"
+
+
+def scheduler_address(flag: str | None = None) -> str:
+    """The scheduler every client talks to: --scheduler, else GANDIVA_SCHEDULER, else the default."""
+    return flag or os.environ.get("GANDIVA_SCHEDULER") or DEFAULT_LISTEN

@@ -1,0 +1,97 @@
+"""Fixtures shared by the whole suite: a fresh database per test (SQLite, and
+PostgreSQL when one is reachable), and a temporary GANDIVA_HOME."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+# The admin URL of a PostgreSQL server whose role may CREATE DATABASE.
+# scripts/pg-test-setup.sh makes this one; CI sets GANDIVA_REQUIRE_PG=1 so that a
+# missing server fails the run instead of skipping the PostgreSQL tests.
+PG_ADMIN_URL = os.environ.get(
+    "GANDIVA_TEST_PG_URL", "postgresql+asyncpg://gandiva:gandiva@127.0.0.1:5432/gandiva"
+)
+
+
+def _pg_reachable() -> str | None:
+    """None when PostgreSQL answers, else the reason it does not."""
+    import asyncio
+
+    import asyncpg
+
+    dsn = PG_ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
+
+    async def probe() -> None:
+        conn = await asyncpg.connect(dsn, timeout=3)
+        await conn.close()
+
+    try:
+        asyncio.run(probe())
+        return None
+    except Exception as exc:  # any failure to connect means: no server for these tests
+        return f"PostgreSQL not reachable at {PG_ADMIN_URL} ({exc.__class__.__name__}: {exc}); run scripts/pg-test-setup.sh"
+
+
+_PG_PROBE: list[str | None] = []
+
+
+def pg_skip_reason() -> str | None:
+    if not _PG_PROBE:
+        _PG_PROBE.append(_pg_reachable())
+    reason = _PG_PROBE[0]
+    if reason and os.environ.get("GANDIVA_REQUIRE_PG") == "1":
+        pytest.fail(reason)
+    return reason
+
+
+@pytest.fixture
+def gandiva_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "gandiva-home"
+    home.mkdir()
+    monkeypatch.setenv("GANDIVA_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'state.db'}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A brand-new PostgreSQL database for this test, dropped afterwards."""
+    reason = pg_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import asyncio
+
+    import asyncpg
+
+    dsn = PG_ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
+    name = f"gandiva_test_{uuid.uuid4().hex[:12]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Each state test runs once on SQLite and once on a real PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'state.db'}"
+    else:
+        yield request.getfixturevalue("pg_url")
