@@ -1,0 +1,270 @@
+"""The policy's vocabulary: an immutable cluster snapshot in, a list of decisions out.
+
+Everything here is a frozen dataclass so that the live scheduler (which builds the
+snapshot from its database) and the simulator (which builds it from its own state)
+hand the policy exactly the same kind of value, and the policy cannot mutate it.
+
+Conventions the policy relies on:
+- A job's ``placement`` holds the GPUs it is bound to. RUNNING jobs execute there;
+  SUSPENDED jobs keep their placement while they wait for their next time slice
+  (their GPU memory is released, see brief section 2). QUEUED jobs have none.
+- Two RUNNING jobs whose placements overlap are *packed*; a RUNNING and SUSPENDED job
+  on the same GPUs are *time-sliced*.
+- Decisions are applied in list order. Switching happens at the job's next
+  mini-batch boundary; that is the live side's business, not the policy's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+JOB_STATES = ("QUEUED", "RUNNING", "SUSPENDED", "MIGRATING")
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, order=True)
+class GpuRef:
+    """One GPU: the server's name and the device index on that server."""
+
+    server: str
+    index: int
+
+
+@dataclass(frozen=True)
+class JobProfile:
+    """What profiling measured about a job (brief section 2, primitive 5).
+
+    memory_bytes: peak GPU memory per GPU over a mini-batch cycle.
+    gpu_util: mean GPU utilization while running, 0..1.
+    step_time_s: seconds per mini-batch when running alone on its GPUs.
+    """
+
+    memory_bytes: int
+    gpu_util: float
+    step_time_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """A GPU server as the policy sees it. ``gpu_memory_bytes`` is per GPU."""
+
+    name: str
+    num_gpus: int
+    up: bool = True
+    gpu_memory_bytes: int = 16 * GIB
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job that is not finished.
+
+    gpus: the GPUs the job holds (or asks for, when queued) right now; after a Grow it
+        is larger than ``base_gpus``.
+    base_gpus: the GPU count the user asked for (None: same as ``gpus``); a Shrink
+        returns to it.
+    rate: the recent measured mini-batches per second in the job's current condition
+        (alone, packed, spread); None when not measured yet.
+    last_state_change_at: snapshot time of the last state or placement change; time
+        slices and packing trials are measured from it.
+    attained_service_s: GPU-seconds the job has run so far (Tiresias' LAS input).
+    model: a free-form model name (used to remember which pairs packed badly).
+    multi_job: the id of the hyper-parameter multi-job it belongs to, if any.
+    """
+
+    id: str
+    gpus: int
+    priority: int = 1
+    state: str = "QUEUED"
+    placement: tuple[GpuRef, ...] = ()
+    submitted_at: float = 0.0
+    steps: int = 0
+    rate: float | None = None
+    grow_shrink: bool = False
+    migratable: bool = True
+    profile: JobProfile | None = None
+    last_state_change_at: float = 0.0
+    attained_service_s: float = 0.0
+    base_gpus: int | None = None
+    model: str = ""
+    multi_job: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in JOB_STATES:
+            raise ValueError(f"job {self.id}: state {self.state!r} is not one of {JOB_STATES}")
+        if self.gpus < 1:
+            raise ValueError(f"job {self.id}: gpus must be at least 1, got {self.gpus}")
+
+    @property
+    def requested_gpus(self) -> int:
+        """The user's GPU count (what a Shrink returns to)."""
+        return self.base_gpus if self.base_gpus is not None else self.gpus
+
+    @property
+    def weight(self) -> int:
+        """Time-slice weight: the priority, at least 1."""
+        return max(1, self.priority)
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """The whole cluster at one instant. ``jobs`` holds only unfinished jobs."""
+
+    now: float
+    servers: tuple[ServerView, ...]
+    jobs: tuple[JobView, ...] = ()
+
+    @cached_property
+    def server_by_name(self) -> dict[str, ServerView]:
+        return {s.name: s for s in self.servers}
+
+    @cached_property
+    def job_by_id(self) -> dict[str, JobView]:
+        return {j.id: j for j in self.jobs}
+
+    @cached_property
+    def jobs_on_gpu(self) -> dict[GpuRef, tuple[JobView, ...]]:
+        """Every job bound to each GPU (running, suspended or migrating)."""
+        acc: dict[GpuRef, list[JobView]] = {}
+        for job in self.jobs:
+            for gpu in job.placement:
+                acc.setdefault(gpu, []).append(job)
+        return {gpu: tuple(js) for gpu, js in acc.items()}
+
+    @cached_property
+    def jobs_on_server(self) -> dict[str, tuple[JobView, ...]]:
+        """Every placed job touching each server, each job once per server."""
+        acc: dict[str, list[JobView]] = {}
+        for job in self.jobs:
+            for name in dict.fromkeys(g.server for g in job.placement):
+                acc.setdefault(name, []).append(job)
+        return {name: tuple(js) for name, js in acc.items()}
+
+
+# --- decisions -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Place:
+    """Start a QUEUED job on ``gpus`` (the GPUs are free, or time-shared: see Suspend)."""
+
+    job_id: str
+    gpus: tuple[GpuRef, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Queue:
+    """Leave the job queued; ``reason`` says why nothing fits (shown to users)."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Suspend:
+    """Suspend a RUNNING job at its next mini-batch boundary; it keeps its placement."""
+
+    job_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Resume a SUSPENDED job on ``gpus`` (its placement)."""
+
+    job_id: str
+    gpus: tuple[GpuRef, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Run a SUSPENDED or QUEUED job at the same time as the job already running on ``gpus``."""
+
+    job_id: str
+    gpus: tuple[GpuRef, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Unpack:
+    """End a packing trial: the job goes back to being time-sliced (suspended) on ``gpus``."""
+
+    job_id: str
+    gpus: tuple[GpuRef, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Migrate:
+    """Move the job to ``to_gpus`` (checkpoint, restore there); it runs there afterwards."""
+
+    job_id: str
+    to_gpus: tuple[GpuRef, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Grow:
+    """Restart a running grow-shrink job on the larger set ``gpus`` (its whole new placement)."""
+
+    job_id: str
+    gpus: tuple[GpuRef, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """Return a grown job to ``gpus`` (its whole new placement, ``base_gpus`` long)."""
+
+    job_id: str
+    gpus: tuple[GpuRef, ...]
+    reason: str = ""
+
+
+Decision = Place | Queue | Suspend | Resume | Pack | Unpack | Migrate | Grow | Shrink
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Every knob of the policies, with the paper's values as defaults.
+
+    quantum_s: time slice at weight 1 (brief: the paper fixes 60 s).
+    max_jobs_per_gpu: how many jobs a GPU may be time-shared by before jobs queue.
+    pack_trial_s: how long a packing trial runs before its measured rates decide.
+    pack_min_gain: packed jobs' combined normalized rate must exceed 1 + this to be kept.
+    pack_max_util: jobs above this GPU utilization are not packing candidates.
+    defrag_free_gpus: a non-idle server with at least this many free GPUs gets defragmented
+        (paper: stop when every non-idle server has fewer than 3 of 4 GPUs free).
+    defrag_interval_s: background defragmentation runs at most this often.
+    max_migrations_per_round: cap on migrations issued by one decide() call.
+    grow_idle_s: GPUs must have been idle this long before a grow-shrink job grows.
+    migration_cost_s: expected seconds a migration costs the job (payoff test).
+    tiresias_thresholds_gpu_s: attained-service queue limits of Tiresias' discretized LAS.
+    tiresias_starve_factor: a job waiting longer than this times its last run is promoted.
+    """
+
+    quantum_s: float = 60.0
+    max_jobs_per_gpu: int = 4
+    enable_packing: bool = True
+    enable_migration: bool = True
+    enable_grow_shrink: bool = True
+    pack_trial_s: float = 120.0
+    pack_min_gain: float = 0.05
+    pack_max_util: float = 0.9
+    defrag_free_gpus: int = 3
+    defrag_interval_s: float = 300.0
+    max_migrations_per_round: int = 8
+    grow_idle_s: float = 300.0
+    migration_cost_s: float = 1.0
+    tiresias_thresholds_gpu_s: tuple[float, ...] = (3200.0, 3200.0 * 10)
+    tiresias_starve_factor: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.quantum_s <= 0:
+            raise ValueError(f"quantum_s must be positive, got {self.quantum_s}")
+        if self.max_jobs_per_gpu < 1:
+            raise ValueError(f"max_jobs_per_gpu must be at least 1, got {self.max_jobs_per_gpu}")
+        if self.defrag_free_gpus < 1:
+            raise ValueError(f"defrag_free_gpus must be at least 1, got {self.defrag_free_gpus}")
