@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.gandiva.v1 import common_pb2 as protos_dot_gandiva_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/gandiva/v1/helper.proto\x12\ngandiva.v1\x1a\x1eprotos/gandiva/v1/common.proto\"{\n\x15RegisterServerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x1d\n\x04gpus\x18\x03 \x03(\x0b\x32\x0f.gandiva.v1.Gpu\x12\x0f\n\x07ramdisk\x18\x04 \x01(\t\x12\x13\n\x0bshared_root\x18\x05 \x01(\t\"L\n\x16RegisterServerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\x12\x14\n\x0c\x64own_after_s\x18\x02 \x01(\x01\"6\n\x10HeartbeatRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0crunning_jobs\x18\x02 \x03(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\x84\x01\n\tGpuSample\x12\x11\n\tgpu_index\x18\x01 \x01(\x05\x12\n\n\x02\x61t\x18\x02 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x03\x12\x13\n\x0butilization\x18\x04 \x01(\x01\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x18\n\x10job_memory_bytes\x18\x06 \x01(\x03\"K\n\x11GpuSamplesRequest\x12\x0e\n\x06server\x18\x01 \x01(\t\x12&\n\x07samples\x18\x02 \x03(\x0b\x32\x15.gandiva.v1.GpuSample\"l\n\x12ProcessExitRequest\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\"(\n\x16ReceiveCommandsRequest\x12\x0e\n\x06server\x18\x01 \x01(\t\"\x92\x01\n\tLaunchJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12!\n\x04spec\x18\x03 \x01(\x0b\x32\x13.gandiva.v1.JobSpec\x12\x13\n\x0bgpu_indices\x18\x04 \x03(\x05\x12\x1a\n\x12restore_checkpoint\x18\x05 \x01(\t\x12\x0c\n\x04warm\x18\x06 \x01(\x08\"N\n\x0b\x41\x63tivateJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x1a\n\x12restore_checkpoint\x18\x03 \x01(\t\">\n\x07StopJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa6\x01\n\rHelperCommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\'\n\x06launch\x18\x02 \x01(\x0b\x32\x15.gandiva.v1.LaunchJobH\x00\x12+\n\x08\x61\x63tivate\x18\x03 \x01(\x0b\x32\x17.gandiva.v1.ActivateJobH\x00\x12#\n\x04stop\x18\x04 \x01(\x0b\x32\x13.gandiva.v1.StopJobH\x00\x42\x06\n\x04\x62ody\"\xcf\x01\n\x13HelperCommandResult\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x12\n\ncommand_id\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x44\n\x0b\x64urations_s\x18\x05 \x03(\x0b\x32/.gandiva.v1.HelperCommandResult.DurationsSEntry\x1a\x31\n\x0f\x44urationsSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\x0f\x43heckpointChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x0e\n\x06sha256\x18\x05 \x01(\t\"4\n\x15PutCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x32\xd2\x03\n\x06Helper\x12Q\n\x08Register\x12!.gandiva.v1.RegisterServerRequest\x1a\".gandiva.v1.RegisterServerResponse\x12H\n\tHeartbeat\x12\x1c.gandiva.v1.HeartbeatRequest\x1a\x1d.gandiva.v1.HeartbeatResponse\x12\x44\n\x10ReportGpuSamples\x12\x1d.gandiva.v1.GpuSamplesRequest\x1a\x11.gandiva.v1.Empty\x12\x46\n\x11ReportProcessExit\x12\x1e.gandiva.v1.ProcessExitRequest\x1a\x11.gandiva.v1.Empty\x12R\n\x0fReceiveCommands\x12\".gandiva.v1.ReceiveCommandsRequest\x1a\x19.gandiva.v1.HelperCommand0\x01\x12I\n\x13ReportCommandResult\x12\x1f.gandiva.v1.HelperCommandResult\x1a\x11.gandiva.v1.Empty2`\n\x0bHelperAgent\x12Q\n\rPutCheckpoint\x12\x1b.gandiva.v1.CheckpointChunk\x1a!.gandiva.v1.PutCheckpointResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/gandiva/v1/helper.proto\x12\ngandiva.v1\x1a\x1eprotos/gandiva/v1/common.proto\"{\n\x15RegisterServerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x1d\n\x04gpus\x18\x03 \x03(\x0b\x32\x0f.gandiva.v1.Gpu\x12\x0f\n\x07ramdisk\x18\x04 \x01(\t\x12\x13\n\x0bshared_root\x18\x05 \x01(\t\"L\n\x16RegisterServerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\x12\x14\n\x0c\x64own_after_s\x18\x02 \x01(\x01\"6\n\x10HeartbeatRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0crunning_jobs\x18\x02 \x03(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\xd5\x01\n\tGpuSample\x12\x11\n\tgpu_index\x18\x01 \x01(\x05\x12\n\n\x02\x61t\x18\x02 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x03\x12\x13\n\x0butilization\x18\x04 \x01(\x01\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x18\n\x10job_memory_bytes\x18\x06 \x01(\x03\x12\x1c\n\x14job_memory_min_bytes\x18\x07 \x01(\x03\x12\x1c\n\x14job_memory_max_bytes\x18\x08 \x01(\x03\x12\x13\n\x0bminibatch_s\x18\t \x01(\x01\"K\n\x11GpuSamplesRequest\x12\x0e\n\x06server\x18\x01 \x01(\t\x12&\n\x07samples\x18\x02 \x03(\x0b\x32\x15.gandiva.v1.GpuSample\"l\n\x12ProcessExitRequest\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\"(\n\x16ReceiveCommandsRequest\x12\x0e\n\x06server\x18\x01 \x01(\t\"\xab\x01\n\tLaunchJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12!\n\x04spec\x18\x03 \x01(\x0b\x32\x13.gandiva.v1.JobSpec\x12\x13\n\x0bgpu_indices\x18\x04 \x03(\x05\x12\x1a\n\x12restore_checkpoint\x18\x05 \x01(\t\x12\x0c\n\x04warm\x18\x06 \x01(\x08\x12\x17\n\x0fwait_first_step\x18\x07 \x01(\x08\"N\n\x0b\x41\x63tivateJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x1a\n\x12restore_checkpoint\x18\x03 \x01(\t\">\n\x07StopJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"l\n\x12TransferCheckpoint\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x65st_address\x18\x03 \x01(\t\x12\x17\n\x0f\x63heckpoint_name\x18\x04 \x01(\t\"\xda\x01\n\rHelperCommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\'\n\x06launch\x18\x02 \x01(\x0b\x32\x15.gandiva.v1.LaunchJobH\x00\x12+\n\x08\x61\x63tivate\x18\x03 \x01(\x0b\x32\x17.gandiva.v1.ActivateJobH\x00\x12#\n\x04stop\x18\x04 \x01(\x0b\x32\x13.gandiva.v1.StopJobH\x00\x12\x32\n\x08transfer\x18\x05 \x01(\x0b\x32\x1e.gandiva.v1.TransferCheckpointH\x00\x42\x06\n\x04\x62ody\"\x89\x02\n\x13HelperCommandResult\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x12\n\ncommand_id\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x44\n\x0b\x64urations_s\x18\x05 \x03(\x0b\x32/.gandiva.v1.HelperCommandResult.DurationsSEntry\x12\x17\n\x0f\x63heckpoint_path\x18\x06 \x01(\t\x12\x0c\n\x04step\x18\x07 \x01(\x03\x12\x11\n\texit_code\x18\x08 \x01(\x05\x1a\x31\n\x0f\x44urationsSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"t\n\x0f\x43heckpointChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x17\n\x0f\x63heckpoint_name\x18\x06 \x01(\t\"4\n\x15PutCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x32\xd2\x03\n\x06Helper\x12Q\n\x08Register\x12!.gandiva.v1.RegisterServerRequest\x1a\".gandiva.v1.RegisterServerResponse\x12H\n\tHeartbeat\x12\x1c.gandiva.v1.HeartbeatRequest\x1a\x1d.gandiva.v1.HeartbeatResponse\x12\x44\n\x10ReportGpuSamples\x12\x1d.gandiva.v1.GpuSamplesRequest\x1a\x11.gandiva.v1.Empty\x12\x46\n\x11ReportProcessExit\x12\x1e.gandiva.v1.ProcessExitRequest\x1a\x11.gandiva.v1.Empty\x12R\n\x0fReceiveCommands\x12\".gandiva.v1.ReceiveCommandsRequest\x1a\x19.gandiva.v1.HelperCommand0\x01\x12I\n\x13ReportCommandResult\x12\x1f.gandiva.v1.HelperCommandResult\x1a\x11.gandiva.v1.Empty2`\n\x0bHelperAgent\x12Q\n\rPutCheckpoint\x12\x1b.gandiva.v1.CheckpointChunk\x1a!.gandiva.v1.PutCheckpointResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,31 +43,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATRESPONSE']._serialized_start=337
   _globals['_HEARTBEATRESPONSE']._serialized_end=371
   _globals['_GPUSAMPLE']._serialized_start=374
-  _globals['_GPUSAMPLE']._serialized_end=506
-  _globals['_GPUSAMPLESREQUEST']._serialized_start=508
-  _globals['_GPUSAMPLESREQUEST']._serialized_end=583
-  _globals['_PROCESSEXITREQUEST']._serialized_start=585
-  _globals['_PROCESSEXITREQUEST']._serialized_end=693
-  _globals['_RECEIVECOMMANDSREQUEST']._serialized_start=695
-  _globals['_RECEIVECOMMANDSREQUEST']._serialized_end=735
-  _globals['_LAUNCHJOB']._serialized_start=738
-  _globals['_LAUNCHJOB']._serialized_end=884
-  _globals['_ACTIVATEJOB']._serialized_start=886
-  _globals['_ACTIVATEJOB']._serialized_end=964
-  _globals['_STOPJOB']._serialized_start=966
-  _globals['_STOPJOB']._serialized_end=1028
-  _globals['_HELPERCOMMAND']._serialized_start=1031
-  _globals['_HELPERCOMMAND']._serialized_end=1197
-  _globals['_HELPERCOMMANDRESULT']._serialized_start=1200
-  _globals['_HELPERCOMMANDRESULT']._serialized_end=1407
-  _globals['_HELPERCOMMANDRESULT_DURATIONSSENTRY']._serialized_start=1358
-  _globals['_HELPERCOMMANDRESULT_DURATIONSSENTRY']._serialized_end=1407
-  _globals['_CHECKPOINTCHUNK']._serialized_start=1409
-  _globals['_CHECKPOINTCHUNK']._serialized_end=1500
-  _globals['_PUTCHECKPOINTRESPONSE']._serialized_start=1502
-  _globals['_PUTCHECKPOINTRESPONSE']._serialized_end=1554
-  _globals['_HELPER']._serialized_start=1557
-  _globals['_HELPER']._serialized_end=2023
-  _globals['_HELPERAGENT']._serialized_start=2025
-  _globals['_HELPERAGENT']._serialized_end=2121
+  _globals['_GPUSAMPLE']._serialized_end=587
+  _globals['_GPUSAMPLESREQUEST']._serialized_start=589
+  _globals['_GPUSAMPLESREQUEST']._serialized_end=664
+  _globals['_PROCESSEXITREQUEST']._serialized_start=666
+  _globals['_PROCESSEXITREQUEST']._serialized_end=774
+  _globals['_RECEIVECOMMANDSREQUEST']._serialized_start=776
+  _globals['_RECEIVECOMMANDSREQUEST']._serialized_end=816
+  _globals['_LAUNCHJOB']._serialized_start=819
+  _globals['_LAUNCHJOB']._serialized_end=990
+  _globals['_ACTIVATEJOB']._serialized_start=992
+  _globals['_ACTIVATEJOB']._serialized_end=1070
+  _globals['_STOPJOB']._serialized_start=1072
+  _globals['_STOPJOB']._serialized_end=1134
+  _globals['_TRANSFERCHECKPOINT']._serialized_start=1136
+  _globals['_TRANSFERCHECKPOINT']._serialized_end=1244
+  _globals['_HELPERCOMMAND']._serialized_start=1247
+  _globals['_HELPERCOMMAND']._serialized_end=1465
+  _globals['_HELPERCOMMANDRESULT']._serialized_start=1468
+  _globals['_HELPERCOMMANDRESULT']._serialized_end=1733
+  _globals['_HELPERCOMMANDRESULT_DURATIONSSENTRY']._serialized_start=1684
+  _globals['_HELPERCOMMANDRESULT_DURATIONSSENTRY']._serialized_end=1733
+  _globals['_CHECKPOINTCHUNK']._serialized_start=1735
+  _globals['_CHECKPOINTCHUNK']._serialized_end=1851
+  _globals['_PUTCHECKPOINTRESPONSE']._serialized_start=1853
+  _globals['_PUTCHECKPOINTRESPONSE']._serialized_end=1905
+  _globals['_HELPER']._serialized_start=1908
+  _globals['_HELPER']._serialized_end=2374
+  _globals['_HELPERAGENT']._serialized_start=2376
+  _globals['_HELPERAGENT']._serialized_end=2472
 # @@protoc_insertion_point(module_scope)

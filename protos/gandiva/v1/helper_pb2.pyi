@@ -134,6 +134,9 @@ class GpuSample(_message.Message):
     UTILIZATION_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
     JOB_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    JOB_MEMORY_MIN_BYTES_FIELD_NUMBER: _builtins.int
+    JOB_MEMORY_MAX_BYTES_FIELD_NUMBER: _builtins.int
+    MINIBATCH_S_FIELD_NUMBER: _builtins.int
     gpu_index: _builtins.int
     at: _builtins.float
     memory_used_bytes: _builtins.int
@@ -142,6 +145,13 @@ class GpuSample(_message.Message):
     job_id: _builtins.str
     """set for per-process samples"""
     job_memory_bytes: _builtins.int
+    job_memory_min_bytes: _builtins.int
+    """The job's memory cycle over the last report window (brief §2.5): its minimum
+    and maximum, and the mini-batch time as the median interval between minima
+    (0 when no cycle was seen), a cross-check of the shim's own timing.
+    """
+    job_memory_max_bytes: _builtins.int
+    minibatch_s: _builtins.float
     def __init__(
         self,
         *,
@@ -151,10 +161,13 @@ class GpuSample(_message.Message):
         utilization: _builtins.float = ...,
         job_id: _builtins.str = ...,
         job_memory_bytes: _builtins.int = ...,
+        job_memory_min_bytes: _builtins.int = ...,
+        job_memory_max_bytes: _builtins.int = ...,
+        minibatch_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "gpu_index", b"gpu_index", "job_id", b"job_id", "job_memory_bytes", b"job_memory_bytes", "memory_used_bytes", b"memory_used_bytes", "utilization", b"utilization"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "gpu_index", b"gpu_index", "job_id", b"job_id", "job_memory_bytes", b"job_memory_bytes", "job_memory_max_bytes", b"job_memory_max_bytes", "job_memory_min_bytes", b"job_memory_min_bytes", "memory_used_bytes", b"memory_used_bytes", "minibatch_s", b"minibatch_s", "utilization", b"utilization"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -245,12 +258,18 @@ class LaunchJob(_message.Message):
     GPU_INDICES_FIELD_NUMBER: _builtins.int
     RESTORE_CHECKPOINT_FIELD_NUMBER: _builtins.int
     WARM_FIELD_NUMBER: _builtins.int
+    WAIT_FIRST_STEP_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     incarnation: _builtins.str
     restore_checkpoint: _builtins.str
     """checkpoint to restore right after session creation"""
     warm: _builtins.bool
     """pre-warm: build graph and session, hold before the first step"""
+    wait_first_step: _builtins.bool
+    """Report the result only once the first training step is done (durations:
+    startup, restore, first_step) instead of as soon as the process started.
+    A warm launch always reports when the session is warm (durations: prewarm).
+    """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec: ...
     @_builtins.property
@@ -264,10 +283,11 @@ class LaunchJob(_message.Message):
         gpu_indices: _abc.Iterable[_builtins.int] | None = ...,
         restore_checkpoint: _builtins.str = ...,
         warm: _builtins.bool = ...,
+        wait_first_step: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_indices", b"gpu_indices", "incarnation", b"incarnation", "job_id", b"job_id", "restore_checkpoint", b"restore_checkpoint", "spec", b"spec", "warm", b"warm"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_indices", b"gpu_indices", "incarnation", b"incarnation", "job_id", b"job_id", "restore_checkpoint", b"restore_checkpoint", "spec", b"spec", "wait_first_step", b"wait_first_step", "warm", b"warm"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -326,6 +346,42 @@ class StopJob(_message.Message):
 Global___StopJob: _TypeAlias = StopJob  # noqa: Y015
 
 @_typing.final
+class TransferCheckpoint(_message.Message):
+    """Stream a checkpoint from this helper's ramdisk to a peer's HelperAgent
+    (migration without a shared mount). The result's checkpoint_path is the
+    directory on the peer.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
+    DEST_ADDRESS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_NAME_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    checkpoint_path: _builtins.str
+    """directory on this helper"""
+    dest_address: _builtins.str
+    """the peer's HelperAgent host:port"""
+    checkpoint_name: _builtins.str
+    """directory name on the peer; default: the source's"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        checkpoint_path: _builtins.str = ...,
+        dest_address: _builtins.str = ...,
+        checkpoint_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_name", b"checkpoint_name", "checkpoint_path", b"checkpoint_path", "dest_address", b"dest_address", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransferCheckpoint: _TypeAlias = TransferCheckpoint  # noqa: Y015
+
+@_typing.final
 class HelperCommand(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -333,6 +389,7 @@ class HelperCommand(_message.Message):
     LAUNCH_FIELD_NUMBER: _builtins.int
     ACTIVATE_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
+    TRANSFER_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     @_builtins.property
     def launch(self) -> Global___LaunchJob: ...
@@ -340,6 +397,8 @@ class HelperCommand(_message.Message):
     def activate(self) -> Global___ActivateJob: ...
     @_builtins.property
     def stop(self) -> Global___StopJob: ...
+    @_builtins.property
+    def transfer(self) -> Global___TransferCheckpoint: ...
     def __init__(
         self,
         *,
@@ -347,12 +406,13 @@ class HelperCommand(_message.Message):
         launch: Global___LaunchJob | None = ...,
         activate: Global___ActivateJob | None = ...,
         stop: Global___StopJob | None = ...,
+        transfer: Global___TransferCheckpoint | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "body", b"body", "launch", b"launch", "stop", b"stop"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "body", b"body", "launch", b"launch", "stop", b"stop", "transfer", b"transfer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "body", b"body", "command_id", b"command_id", "launch", b"launch", "stop", b"stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "body", b"body", "command_id", b"command_id", "launch", b"launch", "stop", b"stop", "transfer", b"transfer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["launch", "activate", "stop"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["launch", "activate", "stop", "transfer"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -387,10 +447,19 @@ class HelperCommandResult(_message.Message):
     OK_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     DURATIONS_S_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
     server: _builtins.str
     command_id: _builtins.str
     ok: _builtins.bool
     message: _builtins.str
+    checkpoint_path: _builtins.str
+    """transfer: where the checkpoint landed"""
+    step: _builtins.int
+    """activate / wait_first_step: global step restored or reached"""
+    exit_code: _builtins.int
+    """when the command failed because the process exited"""
     @_builtins.property
     def durations_s(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     def __init__(
@@ -401,10 +470,13 @@ class HelperCommandResult(_message.Message):
         ok: _builtins.bool = ...,
         message: _builtins.str = ...,
         durations_s: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        checkpoint_path: _builtins.str = ...,
+        step: _builtins.int = ...,
+        exit_code: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "durations_s", b"durations_s", "message", b"message", "ok", b"ok", "server", b"server"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "command_id", b"command_id", "durations_s", b"durations_s", "exit_code", b"exit_code", "message", b"message", "ok", b"ok", "server", b"server", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -419,6 +491,7 @@ class CheckpointChunk(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_NAME_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """first chunk only"""
     name: _builtins.str
@@ -428,6 +501,8 @@ class CheckpointChunk(_message.Message):
     """last chunk of the whole checkpoint"""
     sha256: _builtins.str
     """with `last`: digest of all bytes in order"""
+    checkpoint_name: _builtins.str
+    """first chunk only: the directory name under <ramdisk>/<job_id>/"""
     def __init__(
         self,
         *,
@@ -436,10 +511,11 @@ class CheckpointChunk(_message.Message):
         data: _builtins.bytes = ...,
         last: _builtins.bool = ...,
         sha256: _builtins.str = ...,
+        checkpoint_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "job_id", b"job_id", "last", b"last", "name", b"name", "sha256", b"sha256"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_name", b"checkpoint_name", "data", b"data", "job_id", b"job_id", "last", b"last", "name", b"name", "sha256", b"sha256"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
