@@ -4,6 +4,9 @@ It imports no grpc, sqlalchemy, asyncio or wall clock (a test enforces that), so
 live scheduler and the simulator drive exactly the same code.
 """
 
+from scheduler.policy.base import Policy
+from scheduler.policy.cluster import cluster_height, server_affinity, server_height
+from scheduler.policy.registry import POLICIES, get_policy
 from scheduler.policy.types import (
     ClusterSnapshot,
     Decision,
@@ -24,7 +27,26 @@ from scheduler.policy.types import (
 )
 
 __all__ = [
-    "ClusterSnapshot", "Decision", "GpuRef", "Grow", "JobProfile", "JobView", "Migrate",
-    "Pack", "Place", "PolicyConfig", "Queue", "Resume", "ServerView", "Shrink", "Suspend",
+    "POLICIES",
+    "ClusterSnapshot",
+    "Decision",
+    "GpuRef",
+    "Grow",
+    "JobProfile",
+    "JobView",
+    "Migrate",
+    "Pack",
+    "Place",
+    "Policy",
+    "PolicyConfig",
+    "Queue",
+    "Resume",
+    "ServerView",
+    "Shrink",
+    "Suspend",
     "Unpack",
+    "cluster_height",
+    "get_policy",
+    "server_affinity",
+    "server_height",
 ]

@@ -1,0 +1,68 @@
+"""Exclusive, non-preemptive baselines: ``fifo`` and ``yarn-cs``.
+
+- ``fifo`` models a strict first-come-first-served queue: jobs start in arrival order
+  on dedicated GPUs, and the head of the queue blocks everyone behind it until it fits.
+- ``yarn-cs`` models the Hadoop YARN capacity scheduler as the Gandiva paper used it
+  for its baseline: one queue, jobs get dedicated GPUs and run to completion (no
+  preemption, no time-sharing, no migration). Jobs are considered in arrival order,
+  but a job that does not fit is skipped so smaller ones behind it can start
+  (the capacity scheduler allocates whatever fits; no reservations are modelled).
+  Placement prefers one server (best fit), and spreads over servers only when no
+  single server has room, which is what a locality-unaware container allocator does.
+Neither policy keeps any state between calls.
+"""
+
+from __future__ import annotations
+
+from scheduler.policy.base import Policy
+from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.placement import relaxed_filter, unallocated_filter
+from scheduler.policy.types import ClusterSnapshot, Decision, JobView, Place, PolicyConfig, Queue
+
+
+def arrival_order(jobs: list[JobView]) -> list[JobView]:
+    return sorted(jobs, key=lambda j: (j.submitted_at, j.id))
+
+
+def exclusive_placement(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
+    """Free GPUs only: best fit on one server, else whole idle servers, else spread."""
+    gpus = relaxed_filter(ledger, job, config)
+    if gpus is not None and len({g.server for g in gpus}) > 1:
+        gpus = unallocated_filter(ledger, job, config) or gpus
+    return gpus
+
+
+class _Exclusive(Policy):
+    strict = False
+
+    def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
+        ledger = Ledger(snapshot)
+        out: list[Decision] = []
+        blocked_by: str | None = None
+        for job in arrival_order([j for j in snapshot.jobs if j.state == "QUEUED"]):
+            if blocked_by is not None:
+                out.append(Queue(job.id, f"behind job {blocked_by} (first come, first served)"))
+                continue
+            gpus = exclusive_placement(ledger, job, self.config)
+            if gpus is None:
+                out.append(Queue(job.id, f"needs {job.gpus} free GPUs"))
+                if self.strict:
+                    blocked_by = job.id
+                continue
+            ledger.bind(job.id, gpus, "RUNNING")
+            out.append(Place(job.id, gpus, reason=f"{self.name}: dedicated GPUs"))
+        return out
+
+
+class FifoPolicy(_Exclusive):
+    """Strict first-come-first-served on dedicated GPUs."""
+
+    name = "fifo"
+    strict = True
+
+
+class YarnCsPolicy(_Exclusive):
+    """YARN capacity scheduler: dedicated GPUs, no preemption, skip what does not fit."""
+
+    name = "yarn-cs"
+    strict = False

@@ -1,0 +1,96 @@
+"""Gandiva's policy: reactive placement plus the introspective passes (brief section 3).
+
+One decide() call runs, in this order:
+1. forget trials and pairs of departed jobs; judge packing trials that are due;
+2. reactive mode: place queued jobs by priority, then arrival, through Algorithm 1;
+   a job that would only fit by time-sharing first shrinks grown jobs;
+3. migration (lower the height, bring spread jobs together, defragment);
+4. time-slicing rotation in every oversubscribed group;
+5. new packing trials (only when overloaded);
+6. grow opt-in jobs when GPUs have been idle.
+"""
+
+from __future__ import annotations
+
+from scheduler.policy.base import Policy
+from scheduler.policy.cluster import Ledger
+from scheduler.policy.growshrink import grow, shrink_all
+from scheduler.policy.migration import consolidate, defragment, lower_height
+from scheduler.policy.packing import judge_trials, start_trials
+from scheduler.policy.placement import FREE_FILTERS, find_placement, queue_reason
+from scheduler.policy.state import GandivaState
+from scheduler.policy.timeslice import rotate
+from scheduler.policy.types import (
+    ClusterSnapshot,
+    Decision,
+    JobView,
+    Place,
+    PolicyConfig,
+    Queue,
+    Suspend,
+)
+
+
+def queue_order(jobs: list[JobView]) -> list[JobView]:
+    """Higher priority first, then earlier submission (dynamic priority reorders the queue)."""
+    return sorted(jobs, key=lambda j: (-j.priority, j.submitted_at, j.id))
+
+
+class GandivaPolicy(Policy):
+    """Introspective scheduling: time-slicing, packing, migration, grow-shrink."""
+
+    name = "gandiva"
+    preemption = "hook"
+
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        super().__init__(config)
+        self.state = GandivaState()
+
+    def next_wakeup(self) -> float | None:
+        return self.state.next_wakeup
+
+    def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
+        cfg, state = self.config, self.state
+        state.next_wakeup = None
+        state.forget_missing(set(snapshot.job_by_id))
+        ledger = Ledger(snapshot)
+        out: list[Decision] = judge_trials(ledger, state, cfg)
+        out += self._place_queued(ledger)
+        if cfg.enable_migration:
+            budget = cfg.max_migrations_per_round
+            for step in (lower_height, consolidate, defragment):
+                moves = step(ledger, state, cfg, budget)
+                budget -= len(moves)
+                out += moves
+        out += rotate(ledger, state, cfg)
+        out += start_trials(ledger, state, cfg)
+        out += grow(ledger, state, cfg)
+        return out
+
+    def _place_queued(self, ledger: Ledger) -> list[Decision]:
+        queued = [j for j in ledger.jobs.values() if j.state == "QUEUED"]
+        out: list[Decision] = []
+        shrunk = False
+        for job in queue_order(queued):
+            cand = find_placement(ledger, job, self.config, FREE_FILTERS)
+            if cand is None and not shrunk:
+                shrunk = True
+                shrinks = shrink_all(ledger, reason=f"job {job.id} needs GPUs")
+                out += shrinks
+                if shrinks:
+                    cand = find_placement(ledger, job, self.config, FREE_FILTERS)
+            if cand is None:
+                cand = find_placement(ledger, job, self.config)
+            if cand is None:
+                out.append(Queue(job.id, queue_reason(ledger, job)))
+                continue
+            if cand.oversubscribed:
+                # The newcomer runs first so that every job gets early feedback; the
+                # incumbent waits for its next turn in the group.
+                for other in ledger.running_on(cand.gpus):
+                    ledger.set_state(other, "SUSPENDED")
+                    self.state.drop_trials_of(other)
+                    out.append(Suspend(other, reason=f"time-slice with new job {job.id}"))
+            ledger.bind(job.id, cand.gpus, "RUNNING")
+            out.append(Place(job.id, cand.gpus, reason=f"Algorithm 1: {cand.filter}"))
+        return out

@@ -1,0 +1,55 @@
+"""Grow-shrink for opt-in jobs (brief section 2, primitive 4).
+
+Grow: when GPUs have been free, with nothing queued or waiting, for ``grow_idle_s``,
+an opt-in job running alone on one server grows to the largest power of two of GPUs
+that its server has free (never beyond the server). Shrink: at once, back to the
+job's own GPU count, when a job needs GPUs that are not free.
+"""
+
+from __future__ import annotations
+
+from scheduler.policy.cluster import Ledger
+from scheduler.policy.state import GandivaState
+from scheduler.policy.types import Decision, Grow, PolicyConfig, Shrink
+
+
+def shrink_all(ledger: Ledger, reason: str) -> list[Decision]:
+    """Return every grown job to its own GPU count (keeping its first GPUs)."""
+    out: list[Decision] = []
+    for job_id, gpus in list(ledger.placement.items()):
+        job = ledger.jobs[job_id]
+        if len(gpus) > job.requested_gpus and ledger.state[job_id] == "RUNNING":
+            kept = gpus[: job.requested_gpus]
+            ledger.bind(job_id, kept, "RUNNING")
+            out.append(Shrink(job_id, kept, reason=reason))
+    return out
+
+
+def grow(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
+    now = ledger.snapshot.now
+    waiting = any(s != "RUNNING" for s in ledger.state.values())
+    has_free = any(ledger.num_free(n) for n in ledger.servers)
+    if not config.enable_grow_shrink or waiting or not has_free:
+        state.idle_since = None
+        return []
+    if state.idle_since is None:
+        state.idle_since = now
+    if now < state.idle_since + config.grow_idle_s:
+        state.wake_at(state.idle_since + config.grow_idle_s)
+        return []
+    out: list[Decision] = []
+    for job_id, gpus in list(ledger.placement.items()):
+        job = ledger.jobs[job_id]
+        servers = {g.server for g in gpus}
+        if (not job.grow_shrink or len(servers) != 1 or job_id in ledger.changed
+                or len(ledger.members(gpus)) > 1 or ledger.state[job_id] != "RUNNING"):
+            continue
+        free = ledger.free_gpus(next(iter(servers)))
+        target = len(gpus)
+        while target * 2 <= len(gpus) + len(free):
+            target *= 2
+        if target > len(gpus):
+            new = tuple(gpus) + tuple(free[: target - len(gpus)])
+            ledger.bind(job_id, new, "RUNNING")
+            out.append(Grow(job_id, new, reason=f"GPUs idle for {now - state.idle_since:.0f}s"))
+    return out

@@ -1,0 +1,140 @@
+"""Migration: lower the height, bring spread-out jobs together, defragment in the background.
+
+Three passes, each only when the move is expected to pay off:
+
+1. ``lower_height``: a job waiting in a time-slice group moves to free GPUs (one
+   server, or whole idle servers for jobs larger than a server). It would otherwise
+   wait; a move costs about a second.
+2. ``consolidate``: a running job spread over more servers than it needs moves onto
+   the fewest servers with free GPUs, removing the cross-server slowdown.
+3. ``defragment`` (every ``defrag_interval_s``, only while some job waits or is
+   spread, i.e. while a freed server would be used): take the non-idle server with
+   the most free GPUs (at least ``defrag_free_gpus``) and move all its jobs onto
+   fuller non-idle servers, if every one of them fits without time-sharing.
+"""
+
+from __future__ import annotations
+
+from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.placement import _single_server, affinity_filter, unallocated_filter
+from scheduler.policy.state import GandivaState
+from scheduler.policy.types import Decision, JobView, Migrate, PolicyConfig
+
+
+def _servers_needed(ledger: Ledger, job: JobView) -> int:
+    size = max((s.num_gpus for s in ledger.servers.values()), default=1)
+    return -(-job.gpus // size)
+
+
+def _compact_target(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
+    """Free GPUs on as few servers as the job needs: affinity, then idle, then best fit."""
+    for fn in (affinity_filter, unallocated_filter):
+        gpus = fn(ledger, job, config)
+        if gpus is not None and len({g.server for g in gpus}) <= _servers_needed(ledger, job):
+            return gpus
+    with_free = sorted((n for n in ledger.servers if ledger.num_free(n) >= job.gpus),
+                       key=lambda n: (ledger.num_free(n), n))
+    return _single_server(ledger, job.gpus, with_free)
+
+
+def _movable(ledger: Ledger, job_id: str, state: GandivaState) -> bool:
+    job = ledger.jobs[job_id]
+    return (job.migratable and job_id not in ledger.changed and job_id not in state.trials
+            and job_id not in state.kept_pairs)
+
+
+def _move(ledger: Ledger, job_id: str, gpus: Placement, reason: str) -> Migrate:
+    ledger.bind(job_id, gpus, "RUNNING")
+    return Migrate(job_id, gpus, reason=reason)
+
+
+def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
+    out: list[Decision] = []
+    groups = sorted(ledger.groups().items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    for _, members in groups:
+        for job_id in sorted(members, key=lambda j: ledger.jobs[j].last_state_change_at):
+            if len(out) >= budget:
+                return out
+            if ledger.state[job_id] != "SUSPENDED" or not _movable(ledger, job_id, state):
+                continue
+            gpus = _compact_target(ledger, ledger.jobs[job_id], config)
+            if gpus is not None:
+                out.append(_move(ledger, job_id, gpus, "lower the height: free GPUs elsewhere"))
+    return out
+
+
+def consolidate(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
+    out: list[Decision] = []
+    for job_id, gpus in list(ledger.placement.items()):
+        if len(out) >= budget:
+            break
+        job = ledger.jobs[job_id]
+        used = len({g.server for g in gpus})
+        if (ledger.state[job_id] != "RUNNING" or used <= _servers_needed(ledger, job)
+                or len(ledger.members(gpus)) > 1 or not _movable(ledger, job_id, state)):
+            continue
+        target = _compact_target(ledger, job, config)
+        if target is not None and len({g.server for g in target}) < used:
+            out.append(_move(ledger, job_id, target, f"bring together from {used} servers"))
+    return out
+
+
+def _demand(ledger: Ledger) -> bool:
+    """Would a freed server be used? Jobs waiting, queued, or spread out."""
+    if any(s in ("QUEUED", "SUSPENDED") for s in ledger.state.values()):
+        return True
+    return any(len({g.server for g in gpus}) > 1 for gpus in ledger.placement.values())
+
+
+def defragment(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
+    now = ledger.snapshot.now
+    if state.last_defrag_at is not None and now < state.last_defrag_at + config.defrag_interval_s:
+        state.wake_at(state.last_defrag_at + config.defrag_interval_s)
+        return []
+    if not _demand(ledger):
+        return []
+    state.last_defrag_at = now
+    out: list[Decision] = []
+    tried: set[str] = set()
+    while len(out) < budget:
+        sources = [n for n in ledger.servers if n not in tried and not ledger.is_idle(n)
+                   and ledger.num_free(n) >= config.defrag_free_gpus]
+        if not sources:
+            break
+        source = max(sources, key=lambda n: (ledger.num_free(n), n))
+        tried.add(source)
+        moves = _plan_evacuation(ledger, source, state)
+        if moves is None or len(out) + len(moves) > budget:
+            continue
+        for job_id, gpus in moves:
+            out.append(_move(ledger, job_id, gpus, f"defragment: empty {source}"))
+    return out
+
+
+def _plan_evacuation(ledger: Ledger, source: str, state: GandivaState) -> list[tuple[str, Placement]] | None:
+    """Where each job on ``source`` would go on fuller servers; None if any does not fit."""
+    jobs = [j for j, gpus in ledger.placement.items() if any(g.server == source for g in gpus)]
+    plan: list[tuple[str, Placement]] = []
+    taken: set = set()
+    for job_id in jobs:
+        gpus = ledger.placement[job_id]
+        if (len({g.server for g in gpus}) > 1 or len(ledger.members(gpus)) > 1
+                or ledger.state[job_id] != "RUNNING" or not _movable(ledger, job_id, state)):
+            return None
+        job = ledger.jobs[job_id]
+        dests = sorted(
+            (n for n in ledger.servers if n != source and not ledger.is_idle(n)),
+            key=lambda n: (ledger.affinity(n) != job.gpus, ledger.num_free(n), n),
+        )
+        target = None
+        for name in dests:
+            free = [g for g in ledger.free_gpus(name) if g not in taken]
+            # Only fuller servers: moving to an emptier one would not defragment.
+            if len(free) >= job.gpus and ledger.num_free(name) < ledger.num_free(source):
+                target = tuple(free[: job.gpus])
+                break
+        if target is None:
+            return None
+        taken.update(target)
+        plan.append((job_id, target))
+    return plan

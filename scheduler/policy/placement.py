@@ -1,0 +1,132 @@
+"""Reactive placement: Gandiva's Algorithm 1 as an ordered list of named candidate filters.
+
+Each filter takes the ledger, the job and the config and returns the GPUs it would
+use, or None to pass the job on to the next filter. The order is the paper's:
+
+1. ``affinity``       servers whose affinity equals the job's GPU count and that have
+                      enough free GPUs, least loaded first;
+2. ``unallocated``    servers with no jobs at all;
+3. ``relaxed``        any free GPUs, ignoring affinity (one server if one fits, else
+                      spread over the servers with most free GPUs; migration repairs
+                      the fragmentation later);
+4. ``oversubscribe``  join the smallest time-slice group of the same size on a
+                      same-affinity server (time-slicing);
+5. otherwise the caller queues the job.
+
+Filters 1-3 also serve the migration and baseline code, which need "free GPUs only".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.types import JobView, PolicyConfig
+
+Filter = Callable[[Ledger, JobView, PolicyConfig], "Placement | None"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A filter's answer: where, which filter chose it, whether it time-shares."""
+
+    gpus: Placement
+    filter: str
+    oversubscribed: bool = False
+
+
+def _single_server(ledger: Ledger, size: int, names: list[str]) -> Placement | None:
+    for name in names:
+        free = ledger.free_gpus(name)
+        if len(free) >= size:
+            return tuple(free[:size])
+    return None
+
+
+def _least_loaded(ledger: Ledger, names: list[str]) -> list[str]:
+    # Least loaded first; among equals the fuller server, to keep whole servers free.
+    return sorted(names, key=lambda n: (ledger.height(n), ledger.num_free(n), n))
+
+
+def affinity_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
+    names = [
+        n for n, s in ledger.servers.items()
+        if job.gpus <= s.num_gpus and not ledger.is_idle(n) and ledger.affinity(n) == job.gpus
+    ]
+    return _single_server(ledger, job.gpus, _least_loaded(ledger, names))
+
+
+def unallocated_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
+    idle = sorted((n for n in ledger.servers if ledger.is_idle(n)),
+                  key=lambda n: (-ledger.servers[n].num_gpus, n))
+    chosen: list = []
+    for name in idle:
+        if len(chosen) >= job.gpus:
+            break
+        chosen.extend(ledger.free_gpus(name)[: job.gpus - len(chosen)])
+    return tuple(chosen) if len(chosen) == job.gpus else None
+
+
+def relaxed_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
+    with_free = [n for n in ledger.servers if ledger.num_free(n) > 0]
+    # Best fit on one server: the fewest free GPUs that still hold the job.
+    one = _single_server(ledger, job.gpus, sorted(with_free, key=lambda n: (ledger.num_free(n), n)))
+    if one is not None:
+        return one
+    if sum(ledger.num_free(n) for n in with_free) < job.gpus:
+        return None
+    chosen: list = []
+    for name in sorted(with_free, key=lambda n: (-ledger.num_free(n), n)):
+        chosen.extend(ledger.free_gpus(name)[: job.gpus - len(chosen)])
+        if len(chosen) == job.gpus:
+            break
+    return tuple(chosen)
+
+
+def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
+    best: tuple | None = None
+    for gpus, members in ledger.groups().items():
+        if len(gpus) != job.gpus or len(members) >= config.max_jobs_per_gpu:
+            continue
+        names = {g.server for g in gpus}
+        if any(n not in ledger.servers or ledger.affinity(n) != job.gpus for n in names):
+            continue
+        if any(ledger.state[m] == "MIGRATING" for m in members):
+            continue
+        key = (len(members), max(ledger.height(n) for n in names), gpus)
+        if best is None or key < best:
+            best = key
+    return best[2] if best else None
+
+
+FREE_FILTERS: list[tuple[str, Filter]] = [
+    ("affinity", affinity_filter),
+    ("unallocated", unallocated_filter),
+    ("relaxed", relaxed_filter),
+]
+ALGORITHM_1: list[tuple[str, Filter]] = [*FREE_FILTERS, ("oversubscribe", oversubscribe_filter)]
+
+
+def find_placement(
+    ledger: Ledger,
+    job: JobView,
+    config: PolicyConfig,
+    filters: list[tuple[str, Filter]] = ALGORITHM_1,
+) -> Candidate | None:
+    """The first filter's answer, in order; None means: queue the job."""
+    for name, fn in filters:
+        gpus = fn(ledger, job, config)
+        if gpus is not None:
+            return Candidate(gpus, name, oversubscribed=name == "oversubscribe")
+    return None
+
+
+def queue_reason(ledger: Ledger, job: JobView) -> str:
+    """Why a job found no place, in words a user understands."""
+    total = sum(s.num_gpus for s in ledger.servers.values())
+    if job.gpus > total:
+        return f"needs {job.gpus} GPUs, the cluster's up servers have {total}"
+    free = sum(ledger.num_free(n) for n in ledger.servers)
+    return (f"needs {job.gpus} GPUs, {free} free; no time-slice group of {job.gpus}-GPU jobs "
+            f"with room on a same-affinity server")

@@ -1,0 +1,80 @@
+"""Priority-weighted round-robin time-slicing inside each time-slice group.
+
+A group is the set of jobs bound to exactly the same GPUs. One *unit* of the group
+runs at a time: a single job, or a pair that packing decided to keep together (both
+run at once). The running unit keeps the GPUs for ``quantum_s x weight`` (weight =
+the highest priority in the unit, at least 1), then the unit that has waited longest
+gets them. Suspend/resume happen at the jobs' next mini-batch boundary (live side).
+"""
+
+from __future__ import annotations
+
+from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.state import GandivaState
+from scheduler.policy.types import Decision, PolicyConfig, Resume, Suspend
+
+
+def group_units(ledger: Ledger, members: list[str], state: GandivaState) -> list[tuple[str, ...]]:
+    """Split a group into units: everything running is one unit; kept pairs stay together."""
+    running = tuple(sorted(m for m in members if ledger.state[m] == "RUNNING"))
+    units: list[tuple[str, ...]] = [running] if running else []
+    seen = set(running)
+    for m in sorted(members, key=lambda j: (ledger.jobs[j].last_state_change_at, j)):
+        if m in seen or ledger.state[m] != "SUSPENDED":
+            continue
+        partner = state.kept_pairs.get(m)
+        if partner in members and partner not in seen and ledger.state[partner] == "SUSPENDED":
+            units.append((m, partner))
+            seen.update((m, partner))
+        else:
+            units.append((m,))
+            seen.add(m)
+    return units
+
+
+def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig) -> float:
+    return config.quantum_s * max(ledger.jobs[j].weight for j in unit)
+
+
+def _next_unit(ledger: Ledger, units: list[tuple[str, ...]]) -> tuple[str, ...]:
+    # The unit suspended longest goes next; higher priority breaks ties.
+    return min(units, key=lambda u: (min(ledger.jobs[j].last_state_change_at for j in u),
+                                     -max(ledger.jobs[j].priority for j in u), u))
+
+
+def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
+    """Suspend units whose slice is over and resume the next in each group."""
+    now = ledger.snapshot.now
+    out: list[Decision] = []
+    for gpus, members in ledger.groups().items():
+        if any(ledger.state[m] == "MIGRATING" for m in members):
+            continue
+        if any(m in state.trials or m in ledger.changed for m in members):
+            continue  # a packing trial or a fresh placement owns the GPUs for now
+        units = group_units(ledger, members, state)
+        running = [u for u in units if ledger.state[u[0]] == "RUNNING"]
+        waiting = [u for u in units if ledger.state[u[0]] == "SUSPENDED"]
+        if not waiting:
+            continue
+        if running:
+            unit = running[0]
+            started = max(ledger.jobs[j].last_state_change_at for j in unit)
+            ends = started + _slice_of(ledger, unit, config)
+            if now < ends:
+                state.wake_at(ends)
+                continue
+            for j in unit:
+                ledger.set_state(j, "SUSPENDED")
+                out.append(Suspend(j, reason=f"time slice of {ends - started:.0f}s over"))
+        out.extend(_resume_unit(ledger, _next_unit(ledger, waiting), gpus, config, state))
+    return out
+
+
+def _resume_unit(ledger: Ledger, unit: tuple[str, ...], gpus: Placement,
+                 config: PolicyConfig, state: GandivaState) -> list[Decision]:
+    out: list[Decision] = []
+    for j in unit:
+        ledger.set_state(j, "RUNNING")
+        out.append(Resume(j, gpus, reason="its turn in the time-slice group"))
+    state.wake_at(ledger.snapshot.now + _slice_of(ledger, unit, config))
+    return out
