@@ -1,0 +1,339 @@
+"""What every Gandiva client command shares: the channel to the scheduler, turning
+gRPC errors into one clear line and an exit code, retrying through a scheduler
+restart, and converting API messages to the plain dicts that ``-o json`` prints.
+
+Exit codes used by all client commands (documented in docs/cli.md):
+0 success, 2 invalid input / unknown id / scheduler unreachable, 4 gave up waiting
+for a scheduler that went away, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler.config import scheduler_address
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_ERROR = 2
+# A waiting client gave up on a scheduler that stayed away too long.
+EXIT_LOST = 4
+EXIT_INTERRUPTED = 130
+
+# A unary call should never hang a terminal: the scheduler answers in milliseconds.
+CALL_TIMEOUT_S = 15.0
+# grpc's own reconnect back-off grows to 120 s by default; a client waiting on a
+# restarting scheduler should notice it is back within a couple of seconds.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+T = TypeVar("T")
+
+
+class CliError(Exception):
+    """A failure the user must fix or know about; printed as one line, exit code 2."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Client:
+    """A Scheduler stub bound to one address, with errors mapped to CliError."""
+
+    def __init__(self, flag: str | None = None) -> None:
+        self.address = scheduler_address(flag)
+        self.channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def call(self, method: str, request: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+        """Call one unary RPC by name; any gRPC error becomes a CliError."""
+        try:
+            return getattr(self.stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise CliError(describe_rpc_error(exc, self.address)) from None
+
+    def call_retrying(
+        self,
+        method: str,
+        request: Any,
+        give_up_after: float,
+        on_retry: Callable[[str], None] | None = None,
+    ) -> Any:
+        """Like call(), but waits through UNAVAILABLE (a restarting scheduler) with
+        back-off for up to ``give_up_after`` seconds before raising CliError."""
+        deadline = time.monotonic() + give_up_after
+        delay = 0.25
+        while True:
+            try:
+                return getattr(self.stub, method)(request, timeout=CALL_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                if not is_transient(exc) or time.monotonic() + delay > deadline:
+                    raise CliError(describe_rpc_error(exc, self.address)) from None
+                if on_retry:
+                    on_retry(describe_rpc_error(exc, self.address))
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+def is_transient(exc: grpc.RpcError) -> bool:
+    """Errors worth waiting out: the scheduler is restarting or briefly overloaded."""
+    code = exc.code() if hasattr(exc, "code") else None
+    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def describe_rpc_error(exc: grpc.RpcError, address: str) -> str:
+    """One line a person can act on, naming the address when the scheduler is not there."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return (
+            f"cannot reach the scheduler at {address} ({_first_line(details)}); "
+            "start it with `gandiva scheduler` or point to it with --scheduler ADDR "
+            "or GANDIVA_SCHEDULER"
+        )
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"the scheduler at {address} did not answer in time; is it overloaded or stuck?"
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return f"invalid: {details}"
+    if code == grpc.StatusCode.NOT_FOUND:
+        return f"not found: {details}"
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return f"not possible now: {details}"
+    name = code.name if code is not None else "ERROR"
+    return f"the scheduler at {address} answered {name}: {_first_line(details)}"
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def run_command(prog: str, body: Callable[[], int]) -> int:
+    """Run a command body, printing a CliError as ``prog: error: ...`` on stderr."""
+    try:
+        return body()
+    except CliError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+class EventFollower:
+    """Follows WatchEvents in a background thread and hands events over a queue.
+
+    When the stream breaks (the scheduler restarted), it re-opens it after a
+    back-off, resuming after the last event id it saw, so no event is lost or
+    repeated. Non-transient errors and giving up are reported as a CliError
+    through ``error``.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        after_id: int = 0,
+        job_id: str = "",
+        give_up_after: float = 600.0,
+        on_status: Callable[[str], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.last_id = after_id
+        self.job_id = job_id
+        self.give_up_after = give_up_after
+        self.on_status = on_status
+        self.events: queue.Queue[common_pb2.Event] = queue.Queue()
+        self.error: CliError | None = None
+        self._stop = threading.Event()
+        self._call: Any = None
+        self._thread = threading.Thread(target=self._run, name="gandiva-watch", daemon=True)
+
+    def start(self) -> EventFollower:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def _run(self) -> None:
+        delay = 0.25
+        broken_since: float | None = None
+        while not self._stop.is_set():
+            request = scheduler_pb2.WatchEventsRequest(after_id=self.last_id, job_id=self.job_id)
+            try:
+                self._call = self.client.stub.WatchEvents(request)
+                for event in self._call:
+                    if broken_since is not None and self.on_status:
+                        self.on_status(f"reconnected to the scheduler at {self.client.address}")
+                    broken_since, delay = None, 0.25
+                    self.last_id = max(self.last_id, event.id)
+                    self.events.put(event)
+                # The server ended the stream (graceful shutdown): open it again.
+                if self._stop.is_set():
+                    return
+            except grpc.RpcError as exc:
+                if self._stop.is_set():
+                    return
+                if not is_transient(exc) and exc.code() != grpc.StatusCode.CANCELLED:
+                    self.error = CliError(describe_rpc_error(exc, self.client.address))
+                    return
+                now = time.monotonic()
+                if broken_since is None:
+                    broken_since = now
+                    if self.on_status:
+                        self.on_status(
+                            f"lost the event stream from {self.client.address}; reconnecting"
+                        )
+                elif now - broken_since > self.give_up_after:
+                    self.error = CliError(
+                        describe_rpc_error(exc, self.client.address), code=EXIT_LOST
+                    )
+                    return
+            self._stop.wait(delay)
+            delay = min(delay * 2, 5.0)
+
+    def drain(self, timeout: float) -> list[common_pb2.Event]:
+        """Events received so far, waiting up to ``timeout`` seconds for the first one."""
+        out: list[common_pb2.Event] = []
+        try:
+            out.append(self.events.get(timeout=timeout))
+            while True:
+                out.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def __iter__(self) -> Iterator[common_pb2.Event]:
+        """Events forever (for ``get events --watch``), raising the follower's error."""
+        while True:
+            if self.error is not None:
+                raise self.error
+            yield from self.drain(timeout=0.5)
+
+
+def state_name(state: int) -> str:
+    """JOB_STATE_RUNNING -> RUNNING (what people and -o json see)."""
+    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
+
+
+def state_value(name: str) -> common_pb2.JobState.ValueType:
+    """RUNNING / running / JOB_STATE_RUNNING -> the enum value; CliError when unknown."""
+    key = name.strip().upper()
+    if not key.startswith("JOB_STATE_"):
+        key = "JOB_STATE_" + key
+    try:
+        return common_pb2.JobState.Value(key)
+    except ValueError:
+        known = ", ".join(state_name(v) for v in common_pb2.JobState.values() if v)
+        raise CliError(f"--state: unknown state {name!r} (one of {known})") from None
+
+
+TERMINAL_STATES = frozenset(
+    {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED}
+)
+
+
+def job_servers(job: common_pb2.Job) -> list[str]:
+    """The names of the servers a job is placed on, in placement order, each once."""
+    return list(dict.fromkeys(ref.server for ref in job.placement))
+
+
+def spec_to_dict(spec: common_pb2.JobSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": spec.name,
+        "command": list(spec.command),
+        "workdir": spec.workdir,
+        "env": dict(sorted(spec.env.items())),
+        "gpus": spec.gpus,
+        "priority": spec.priority,
+        "grow_shrink": spec.grow_shrink,
+        "user": spec.user,
+    }
+    if spec.multi_job_id or spec.params or spec.index:
+        out.update(
+            multi_job_id=spec.multi_job_id, index=spec.index, params=dict(sorted(spec.params.items()))
+        )
+    return out
+
+
+def job_to_dict(job: common_pb2.Job) -> dict[str, Any]:
+    """A job as ``-o json`` prints it: the fields scripts rely on first."""
+    spec = job.spec
+    return {
+        "id": job.id,
+        "name": spec.name,
+        "state": state_name(job.state),
+        "gpus": spec.gpus,
+        "servers": job_servers(job),
+        "steps": job.steps,
+        "rate": job.rate,
+        "priority": spec.priority,
+        "placement": [{"server": ref.server, "gpu": ref.index} for ref in job.placement],
+        "user": spec.user,
+        "multi_job_id": spec.multi_job_id,
+        "index": spec.index,
+        "params": dict(sorted(spec.params.items())),
+        "command": list(spec.command),
+        "workdir": spec.workdir,
+        "env": dict(sorted(spec.env.items())),
+        "grow_shrink": spec.grow_shrink,
+        "migratable": job.migratable,
+        "message": job.message,
+        "exit_code": job.exit_code,
+        "metrics": dict(sorted(job.metrics.items())),
+        "submitted_at": job.submitted_at,
+        "updated_at": job.updated_at,
+        "finished_at": job.finished_at,
+        "history": [
+            {
+                "from": state_name(t.from_state),
+                "to": state_name(t.to_state),
+                "at": t.at,
+                "reason": t.reason,
+            }
+            for t in job.history
+        ],
+    }
+
+
+def _fields(message: Any, names: str) -> dict[str, Any]:
+    """Scalar fields of a message by name, as they are."""
+    return {name: getattr(message, name) for name in names.split()}
+
+
+def server_to_dict(server: common_pb2.Server) -> dict[str, Any]:
+    """A server as ``-o json`` prints it: name, gpus, height, affinity, up first."""
+    out = _fields(server, "name gpus height affinity up allocated address last_heartbeat ramdisk")
+    out["gpu_list"] = [
+        dict(_fields(g, "index uuid model memory_total_bytes memory_used_bytes utilization"),
+             jobs=list(g.jobs))
+        for g in server.gpu_list
+    ]
+    return out
+
+
+def event_to_dict(event: common_pb2.Event) -> dict[str, Any]:
+    return _fields(event, "id at kind job_id server message")

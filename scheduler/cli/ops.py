@@ -1,0 +1,338 @@
+"""`gandiva get|describe|kill|suspend|resume|priority|migrate`: the operator's views
+and actions on jobs, servers and events, printed as tables or ``-o json|wide``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from scheduler.cli import output
+from scheduler.cli.client import (
+    EXIT_ERROR,
+    EXIT_OK,
+    Client,
+    CliError,
+    EventFollower,
+    event_to_dict,
+    job_servers,
+    job_to_dict,
+    run_command,
+    server_to_dict,
+    state_name,
+    state_value,
+)
+
+PROG = "gandiva"
+
+
+def register(subparsers: Any) -> None:
+    """Add the operator subcommands to the `gandiva` parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--scheduler", metavar="ADDR", help="scheduler address "
+                        "(default: $GANDIVA_SCHEDULER, else 127.0.0.1:50051)")
+    common.add_argument("-o", "--output", choices=["table", "wide", "json"], default="table",
+                        help="table (default), wide (more columns) or json")
+    common.add_argument("--no-headers", action="store_true", help="tables without the header row")
+
+    get = subparsers.add_parser("get", help="list jobs, servers or events")
+    kinds = get.add_subparsers(dest="kind", metavar="jobs|servers|events", required=True)
+    jobs = kinds.add_parser("jobs", aliases=["job"], parents=[common], help="list jobs")
+    jobs.add_argument("ids", nargs="*", metavar="ID", help="only these jobs")
+    jobs.add_argument("--state", action="append", default=[], metavar="STATE",
+                      help="only jobs in this state (repeatable), e.g. RUNNING")
+    jobs.add_argument("--multi-job", default="", metavar="ID", help="only members of this multi-job")
+    jobs.add_argument("--limit", type=int, default=0, help="at most this many jobs")
+    _set(jobs, get_jobs)
+    servers = kinds.add_parser("servers", aliases=["server"], parents=[common], help="list servers")
+    _set(servers, get_servers)
+    events = kinds.add_parser("events", aliases=["event"], parents=[common], help="list events")
+    events.add_argument("--job", default="", metavar="ID", help="only this job's events")
+    events.add_argument("--after", type=int, default=0, metavar="EVENT_ID",
+                        help="only events after this id")
+    events.add_argument("--limit", type=int, default=0, help="at most this many events")
+    events.add_argument("-w", "--watch", action="store_true",
+                        help="keep following new events (reconnects when the scheduler restarts)")
+    _set(events, get_events)
+
+    describe = subparsers.add_parser("describe", help="everything about one job")
+    what = describe.add_subparsers(dest="kind", metavar="job", required=True)
+    job = what.add_parser("job", parents=[common], help="spec, placement, history, metrics")
+    job.add_argument("id", metavar="ID")
+    _set(job, describe_job)
+
+    kill = subparsers.add_parser("kill", parents=[common], help="kill jobs")
+    kill.add_argument("ids", nargs="+", metavar="ID")
+    kill.add_argument("--reason", default="", help="recorded in the job's history")
+    _set(kill, _action("KillJob", "killed"))
+    for name, method, verb in (("suspend", "SuspendJob", "suspended"),
+                               ("resume", "ResumeJob", "resumed")):
+        action = subparsers.add_parser(name, parents=[common], help=f"{name} a job (operator)")
+        action.add_argument("ids", nargs="+", metavar="ID")
+        action.add_argument("--reason", default="", help="recorded in the job's history")
+        _set(action, _action(method, verb))
+
+    priority = subparsers.add_parser("priority", parents=[common], help="change a job's priority")
+    priority.add_argument("id", metavar="ID")
+    priority.add_argument("priority", type=int, metavar="N", help="0 or more; larger = larger share")
+    _set(priority, set_priority)
+
+    migrate = subparsers.add_parser("migrate", parents=[common], help="move a job to a server")
+    migrate.add_argument("id", metavar="ID")
+    migrate.add_argument("--to", required=True, metavar="SERVER", help="destination server name")
+    _set(migrate, migrate_job)
+
+
+def _set(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Client], int]) -> None:
+    """Bind a command body; it gets a Client and its CliErrors become exit code 2."""
+
+    def func(args: argparse.Namespace) -> int:
+        def run() -> int:
+            client = Client(args.scheduler)
+            try:
+                return body(args, client)
+            finally:
+                client.close()
+
+        return run_command(PROG, run)
+
+    parser.set_defaults(func=func)
+
+
+JOB_HEADERS = ["ID", "NAME", "STATE", "GPUS", "SERVERS", "STEPS", "RATE", "PRIORITY", "AGE"]
+JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "MULTI-JOB", "USER", "MESSAGE", "COMMAND"]
+
+
+def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
+    row: list[Any] = [
+        job.id, job.spec.name or "-", state_name(job.state), job.spec.gpus,
+        ",".join(job_servers(job)) or "-", job.steps, output.rate(job.rate), job.spec.priority,
+        output.age(job.submitted_at),
+    ]
+    if wide:
+        row += [
+            output.placement(job.placement), job.spec.multi_job_id or "-", job.spec.user or "-",
+            job.message or "-", " ".join(job.spec.command),
+        ]
+    return row
+
+
+def print_jobs(args: argparse.Namespace, jobs: list[common_pb2.Job]) -> None:
+    if args.output == "json":
+        output.print_json([job_to_dict(j) for j in jobs])
+        return
+    wide = args.output == "wide"
+    output.print_table(JOB_WIDE_HEADERS if wide else JOB_HEADERS,
+                       (job_row(j, wide) for j in jobs), args.no_headers)
+
+
+def get_jobs(args: argparse.Namespace, client: Client) -> int:
+    if args.ids:
+        jobs = [client.call("GetJob", scheduler_pb2.GetJobRequest(id=i)) for i in args.ids]
+    else:
+        if args.limit < 0:
+            raise CliError(f"--limit must be 0 or more, got {args.limit}")
+        request = scheduler_pb2.ListJobsRequest(
+            states=[state_value(s) for s in args.state], multi_job_id=args.multi_job,
+            limit=args.limit,
+        )
+        jobs = list(client.call("ListJobs", request).jobs)
+    print_jobs(args, jobs)
+    return EXIT_OK
+
+
+SERVER_HEADERS = ["NAME", "GPUS", "ALLOCATED", "HEIGHT", "AFFINITY", "UP", "JOBS", "HEARTBEAT"]
+SERVER_WIDE_HEADERS = SERVER_HEADERS + ["ADDRESS", "GPU-UTIL", "GPU-MEMORY"]
+
+
+def server_row(server: common_pb2.Server, wide: bool) -> list[Any]:
+    jobs = sorted({job for gpu in server.gpu_list for job in gpu.jobs})
+    row: list[Any] = [
+        server.name, server.gpus, server.allocated, server.height, server.affinity or "-",
+        "yes" if server.up else "no", len(jobs), output.age(server.last_heartbeat),
+    ]
+    if wide:
+        row += [
+            server.address or "-",
+            " ".join(f"{g.utilization:.0%}" for g in server.gpu_list) or "-",
+            " ".join(f"{output.size(g.memory_used_bytes)}/{output.size(g.memory_total_bytes)}"
+                     for g in server.gpu_list) or "-",
+        ]
+    return row
+
+
+def get_servers(args: argparse.Namespace, client: Client) -> int:
+    servers = list(client.call("ListServers", scheduler_pb2.ListServersRequest()).servers)
+    if args.output == "json":
+        output.print_json([server_to_dict(s) for s in servers])
+        return EXIT_OK
+    wide = args.output == "wide"
+    output.print_table(SERVER_WIDE_HEADERS if wide else SERVER_HEADERS,
+                       (server_row(s, wide) for s in servers), args.no_headers)
+    return EXIT_OK
+
+
+EVENT_HEADERS = ["ID", "TIME", "KIND", "JOB", "SERVER", "MESSAGE"]
+
+
+def event_row(event: common_pb2.Event) -> list[Any]:
+    return [event.id, output.clock(event.at), event.kind, event.job_id or "-",
+            event.server or "-", event.message]
+
+
+def get_events(args: argparse.Namespace, client: Client) -> int:
+    if args.watch:
+        return watch_events(args, client)
+    request = scheduler_pb2.ListEventsRequest(after_id=args.after, job_id=args.job, limit=args.limit)
+    events = list(client.call("ListEvents", request).events)
+    if args.output == "json":
+        output.print_json([event_to_dict(e) for e in events])
+    else:
+        output.print_table(EVENT_HEADERS, (event_row(e) for e in events), args.no_headers)
+    return EXIT_OK
+
+
+def watch_events(args: argparse.Namespace, client: Client) -> int:
+    """Past events after --after, then new ones as they come, until interrupted.
+
+    A table cannot be re-laid out while streaming, so rows are tab-separated;
+    ``-o json`` prints one object per line.
+    """
+    # Fail at once with one clear line when the scheduler is not there at all.
+    client.call("ListEvents", scheduler_pb2.ListEventsRequest(after_id=args.after, limit=1))
+
+    def status(message: str) -> None:
+        print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+    follower = EventFollower(client, after_id=args.after, job_id=args.job, on_status=status).start()
+    if args.output != "json" and not args.no_headers:
+        print("\t".join(EVENT_HEADERS), flush=True)
+    try:
+        for event in follower:
+            if args.output == "json":
+                output.print_json_line(event_to_dict(event))
+            else:
+                print("\t".join(str(c) for c in event_row(event)), flush=True)
+    finally:
+        follower.stop()
+    return EXIT_OK  # not reached: the loop ends by an error or Ctrl-C
+
+
+def _action(method: str, verb: str) -> Callable[[argparse.Namespace, Client], int]:
+    return lambda args, client: _act(args, client, method, verb)
+
+
+def _act(args: argparse.Namespace, client: Client, method: str, verb: str) -> int:
+    """Apply one action to each id; report each failure and go on with the rest."""
+    failed = 0
+    done: list[common_pb2.Job] = []
+    for job_id in args.ids:
+        try:
+            job = client.call(method, scheduler_pb2.JobActionRequest(id=job_id, reason=args.reason))
+        except CliError as exc:
+            print(f"{PROG}: error: {job_id}: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        done.append(job)
+        if args.output != "json":
+            print(f"job {job.id} {verb} (now {state_name(job.state)})")
+    if args.output == "json":
+        output.print_json([job_to_dict(j) for j in done])
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def _report(args: argparse.Namespace, job: common_pb2.Job, text: str) -> int:
+    if args.output == "json":
+        output.print_json(job_to_dict(job))
+    else:
+        print(text)
+    return EXIT_OK
+
+
+def set_priority(args: argparse.Namespace, client: Client) -> int:
+    if args.priority < 0:
+        raise CliError(f"priority must be 0 or more, got {args.priority}")
+    job = client.call("SetPriority", scheduler_pb2.SetPriorityRequest(id=args.id,
+                                                                     priority=args.priority))
+    return _report(args, job, f"job {job.id} priority {job.spec.priority}")
+
+
+def migrate_job(args: argparse.Namespace, client: Client) -> int:
+    job = client.call("MigrateJob", scheduler_pb2.MigrateJobRequest(id=args.id, to_server=args.to))
+    return _report(args, job, f"job {job.id} migrating to {args.to} (now {state_name(job.state)}, "
+                              f"on {output.placement(job.placement)})")
+
+
+# Events that tell of a move; describe lists them apart so a migration stands out.
+MIGRATION_MARK = "migrat"
+DESCRIBE_EVENTS = 20
+
+
+def describe_job(args: argparse.Namespace, client: Client) -> int:
+    job = client.call("GetJob", scheduler_pb2.GetJobRequest(id=args.id))
+    events = list(client.call("ListEvents", scheduler_pb2.ListEventsRequest(job_id=job.id)).events)
+    migrations = [e for e in events if MIGRATION_MARK in e.kind or MIGRATION_MARK in e.message]
+    if args.output == "json":
+        output.print_json(dict(job_to_dict(job), events=[event_to_dict(e) for e in events],
+                               migrations=[event_to_dict(e) for e in migrations]))
+        return EXIT_OK
+    spec = job.spec
+    since = job.history[-1].at if job.history else job.submitted_at
+    fields: list[tuple[str, Any]] = [
+        ("Job", job.id), ("Name", spec.name or "-"),
+        ("State", f"{state_name(job.state)} (since {output.timestamp(since)})"),
+        ("User", spec.user or "-"),
+        ("Submitted", f"{output.timestamp(job.submitted_at)} ({output.age(job.submitted_at)} ago)"),
+        ("Finished", output.timestamp(job.finished_at)),
+        ("Steps", job.steps), ("Rate", f"{output.rate(job.rate)} mini-batches/s"),
+        ("Migratable", "yes" if job.migratable else "no"),
+        ("Exit code", job.exit_code if job.finished_at else "-"), ("Message", job.message or "-"),
+    ]
+    if spec.multi_job_id:
+        fields.insert(2, ("Multi-job", f"{spec.multi_job_id} (index {spec.index})"))
+    _print_fields(fields)
+    print("Spec:")
+    _print_fields([
+        ("Command", " ".join(spec.command)), ("Workdir", spec.workdir), ("GPUs", spec.gpus),
+        ("Priority", spec.priority), ("Grow-shrink", "yes" if spec.grow_shrink else "no"),
+        ("Params", _pairs(spec.params)), ("Env", _pairs(spec.env)),
+    ], indent=2)
+    print(f"Placement: {output.placement(job.placement)}")
+    print(f"Metrics: {_pairs(job.metrics) if job.metrics else '-'}")
+    _section("History", ["TIME", "FROM", "TO", "REASON"],
+             [[output.timestamp(t.at), state_name(t.from_state), state_name(t.to_state),
+               t.reason or "-"] for t in job.history])
+    if migrations:
+        _section("Migrations", EVENT_HEADERS, [event_row(e) for e in migrations])
+    _section(f"Events (last {DESCRIBE_EVENTS})", EVENT_HEADERS,
+             [event_row(e) for e in events[-DESCRIBE_EVENTS:]])
+    return EXIT_OK
+
+
+def _print_fields(fields: list[tuple[str, Any]], indent: int = 0) -> None:
+    width = max(len(name) for name, _ in fields) + 2
+    for name, value in fields:
+        lines = str(value).splitlines() or [""]
+        print(" " * indent + f"{name + ':':<{width}}{lines[0]}")
+        for line in lines[1:]:
+            print(" " * (indent + width) + line)
+
+
+def _pairs(mapping: Any) -> str:
+    """A map as KEY=VALUE lines, sorted; '-' when empty."""
+    return "\n".join(f"{k}={v}" for k, v in sorted(mapping.items())) or "-"
+
+
+def _section(title: str, headers: list[str], rows: list[list[Any]]) -> None:
+    print(f"{title}:")
+    if not rows:
+        print("  (none)")
+        return
+    buffer = io.StringIO()
+    output.print_table(headers, rows, stream=buffer)
+    for line in buffer.getvalue().splitlines():
+        print("  " + line)

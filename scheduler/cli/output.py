@@ -1,0 +1,107 @@
+"""How client commands print: kubectl-like tables (rich), JSON, and the small
+formatters (ages, rates, placements) the tables share.
+
+Tables go to a terminal with colour and its width; piped into another program
+they are plain text, never wrapped, without trailing blanks, so ``awk`` and
+``--no-headers`` scripts see one row per line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import IO, Any
+
+from rich.console import Console
+from rich.table import Table
+
+# Piped output must not wrap: one row per line whatever its length.
+_PIPE_WIDTH = 10_000
+
+
+def console(stream: IO[str] | None = None) -> Console:
+    """A console on ``stream`` (default stdout): rich on a terminal, plain when piped."""
+    stream = stream or sys.stdout
+    if stream.isatty():
+        return Console(file=stream, highlight=False)
+    return Console(file=stream, width=_PIPE_WIDTH, color_system=None, highlight=False)
+
+
+def print_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    no_headers: bool = False,
+    stream: IO[str] | None = None,
+) -> None:
+    """Columns separated by blanks, as kubectl prints them."""
+    out = console(stream)
+    table = Table(box=None, show_header=not no_headers, header_style="bold", pad_edge=False)
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*(str(cell) for cell in row))
+    with out.capture() as captured:
+        out.print(table)
+    text = "\n".join(line.rstrip() for line in captured.get().splitlines())
+    # rich prints an empty table as nothing at all; keep the header for the eye.
+    (stream or sys.stdout).write(text + "\n" if text else "")
+
+
+def print_json(value: Any, stream: IO[str] | None = None) -> None:
+    """Indented JSON; lists stay JSON arrays so ``jq '.[]'`` works."""
+    (stream or sys.stdout).write(json.dumps(value, indent=2) + "\n")
+
+
+def print_json_line(value: Any, stream: IO[str] | None = None) -> None:
+    """One compact JSON object per line, for streams (``get events -w -o json``)."""
+    out = stream or sys.stdout
+    out.write(json.dumps(value, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+def age(since: float, now: float | None = None) -> str:
+    """Seconds since a unix time as kubectl shows ages: 42s, 5m, 3h, 2d; '-' when unset."""
+    if not since:
+        return "-"
+    seconds = max(0, int((now if now is not None else time.time()) - since))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 2 * 3600:
+        return f"{seconds // 60}m"
+    if seconds < 2 * 86400:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+def clock(at: float) -> str:
+    """A unix time as local HH:MM:SS (events and transitions happen within a day or so)."""
+    return time.strftime("%H:%M:%S", time.localtime(at)) if at else "-"
+
+
+def timestamp(at: float) -> str:
+    """A unix time as a full local date and time."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "-"
+
+
+def rate(value: float) -> str:
+    """Mini-batches per second with sensible precision; '-' before the first measurement."""
+    if value <= 0:
+        return "-"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def placement(refs: Iterable[Any]) -> str:
+    """GpuRefs as ``server:gpu,gpu`` groups, e.g. ``s1:0,1 s2:3``; '-' when not placed."""
+    groups: dict[str, list[str]] = {}
+    for ref in refs:
+        groups.setdefault(ref.server, []).append(str(ref.index))
+    return " ".join(f"{server}:{','.join(gpus)}" for server, gpus in groups.items()) or "-"
+
+
+def size(num_bytes: int) -> str:
+    """Bytes in GiB/MiB, for GPU memory."""
+    if num_bytes >= 1 << 30:
+        return f"{num_bytes / (1 << 30):.1f}Gi"
+    return f"{num_bytes / (1 << 20):.0f}Mi"

@@ -1,0 +1,267 @@
+"""What `gandiva-submit` turns into JobSpecs: the YAML spec file, the environment
+allow-list, and the expansion of a sweep file or an ``--array`` range into the
+members of a multi-job.
+
+Everything here is pure (no gRPC) so it can be checked without a scheduler; every
+problem is a SpecError whose message names the field at fault.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Passed from the caller's environment unless the user says otherwise: what a
+# Python/TensorFlow program needs to start the same way it does in the user's
+# shell. CUDA_VISIBLE_DEVICES is deliberately absent: the helper pins the GPUs.
+DEFAULT_ENV_PASS = (
+    "PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "HOME",
+    "LANG",
+    "TF_*",
+)
+# Set by Gandiva itself for every member; a user value would only confuse the job.
+RESERVED_ENV_PREFIX = "GANDIVA_"
+ENV_ARRAY_INDEX = "GANDIVA_ARRAY_INDEX"
+ENV_PARAM_PREFIX = "GANDIVA_PARAM_"
+
+SPEC_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "command": (list, str),
+    "workdir": str,
+    "env": dict,
+    "env_pass": list,
+    "gpus": int,
+    "priority": int,
+    "grow_shrink": bool,
+    "sweep": dict,
+    "array": (str, int),
+}
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+MAX_MEMBERS = 10_000
+
+
+class SpecError(ValueError):
+    """Invalid submission input; the message names the field."""
+
+
+@dataclass
+class Member:
+    """One member of a multi-job: its index and its parameters (strings, as the job sees them)."""
+
+    index: int
+    params: dict[str, str] = field(default_factory=dict)
+
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML job spec; unknown fields and wrong types are SpecErrors naming the field."""
+    data = _load_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a spec must be a mapping of fields, got {type(data).__name__}")
+    for key, value in data.items():
+        if key not in SPEC_FIELDS:
+            known = ", ".join(sorted(SPEC_FIELDS))
+            raise SpecError(f"{path}: unknown field {key!r} (known fields: {known})")
+        expected = SPEC_FIELDS[key]
+        # bool is an int in Python; a spec saying `gpus: true` is still wrong.
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise SpecError(f"{path}: field {key!r} has the wrong type ({type(value).__name__})")
+    if isinstance(data.get("command"), str):
+        data["command"] = shlex.split(data["command"])
+    if "command" in data:
+        data["command"] = [str(part) for part in data["command"]]
+    return data
+
+
+def _load_yaml(path: str | Path) -> Any:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+
+
+def check_gpus(gpus: int, where: str = "--gpus") -> int:
+    if gpus < 1 or gpus & (gpus - 1):
+        raise SpecError(f"{where} must be a power of two (1, 2, 4, 8, ...), got {gpus}")
+    return gpus
+
+
+def check_priority(priority: int, where: str = "--priority") -> int:
+    if priority < 0:
+        raise SpecError(f"{where} must be 0 or more, got {priority}")
+    return priority
+
+
+def parse_env_assignment(text: str) -> tuple[str, str]:
+    """KEY=VAL from --env; the key must be a valid variable name."""
+    key, sep, value = text.partition("=")
+    if not sep or not _ENV_NAME.match(key):
+        raise SpecError(f"--env expects KEY=VALUE with a valid variable name, got {text!r}")
+    return key, value
+
+
+def build_env(
+    caller_env: Mapping[str, str],
+    passes: Sequence[str],
+    assignments: Mapping[str, str],
+    use_defaults: bool = True,
+) -> dict[str, str]:
+    """The job's environment: allow-listed variables from the caller, then explicit values.
+
+    ``passes`` are names or shell patterns (``WANDB_*``); a named variable the
+    caller does not have is skipped rather than passed empty.
+    """
+    patterns = list(DEFAULT_ENV_PASS if use_defaults else ()) + list(passes)
+    env: dict[str, str] = {}
+    for name, value in caller_env.items():
+        if name.startswith(RESERVED_ENV_PREFIX) or name == "CUDA_VISIBLE_DEVICES":
+            continue
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            env[name] = value
+    for key, value in assignments.items():
+        if key.startswith(RESERVED_ENV_PREFIX):
+            raise SpecError(f"--env {key}: names starting with {RESERVED_ENV_PREFIX} are set by Gandiva")
+        env[key] = value
+    return env
+
+
+def parse_array(text: str | int) -> list[Member]:
+    """``0-31``, ``0-31:2``, ``1,3,5`` or a mix (``0-3,8``) -> members indexed by value."""
+    text = str(text).strip()
+    indices: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        match = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part)
+        if not match:
+            raise SpecError(
+                f"--array: cannot read {part!r} in {text!r} (use 0-31, 0-31:2 or 1,3,5)"
+            )
+        start = int(match.group(1))
+        end = int(match.group(2)) if match.group(2) is not None else start
+        step = int(match.group(3)) if match.group(3) is not None else 1
+        if end < start or step < 1:
+            raise SpecError(f"--array: {part!r} is empty (end before start, or step 0)")
+        indices.extend(range(start, end + 1, step))
+        if len(indices) > MAX_MEMBERS:
+            raise SpecError(f"--array: more than {MAX_MEMBERS} members in {text!r}")
+    if len(set(indices)) != len(indices):
+        raise SpecError(f"--array: {text!r} lists an index more than once")
+    return [Member(index=i) for i in indices]
+
+
+def load_sweep(path: str | Path) -> tuple[str, list[Member]]:
+    """Read a sweep file: its optional ``name`` and its members."""
+    data = _load_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a sweep must be a mapping with 'grid:' or 'list:'")
+    return parse_sweep(data, str(path))
+
+
+def parse_sweep(data: Mapping[str, Any], where: str = "sweep") -> tuple[str, list[Member]]:
+    """A sweep block: ``grid:`` (lists, cartesian product) or ``list:`` (param dicts)."""
+    unknown = set(data) - {"name", "grid", "list"}
+    if unknown:
+        raise SpecError(f"{where}: unknown field {min(unknown)!r} (known: name, grid, list)")
+    name = data.get("name") or ""
+    if not isinstance(name, str):
+        raise SpecError(f"{where}: 'name' must be a string")
+    if ("grid" in data) == ("list" in data):
+        raise SpecError(f"{where}: give exactly one of 'grid:' or 'list:'")
+    if "grid" in data:
+        combos = _grid(data["grid"], where)
+    else:
+        combos = _list(data["list"], where)
+    if len(combos) > MAX_MEMBERS:
+        raise SpecError(f"{where}: {len(combos)} members is more than {MAX_MEMBERS}")
+    return name, [Member(index=i, params=p) for i, p in enumerate(combos)]
+
+
+def _grid(grid: Any, where: str) -> list[dict[str, str]]:
+    if not isinstance(grid, dict) or not grid:
+        raise SpecError(f"{where}: 'grid' must map parameter names to lists of values")
+    names, choices = [], []
+    for name, values in grid.items():
+        _check_param_name(name, f"{where}: grid")
+        if not isinstance(values, list):
+            values = [values]  # a single value is a one-element list
+        if not values:
+            raise SpecError(f"{where}: grid.{name} is an empty list")
+        names.append(name)
+        choices.append([_param_value(v, f"{where}: grid.{name}") for v in values])
+    total = 1
+    for c in choices:
+        total *= len(c)
+    if total > MAX_MEMBERS:
+        raise SpecError(f"{where}: the grid has {total} members, more than {MAX_MEMBERS}")
+    return [dict(zip(names, combo)) for combo in itertools.product(*choices)]
+
+
+def _list(items: Any, where: str) -> list[dict[str, str]]:
+    if not isinstance(items, list) or not items:
+        raise SpecError(f"{where}: 'list' must be a non-empty list of parameter mappings")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not item:
+            raise SpecError(f"{where}: list[{i}] must be a non-empty mapping of parameters")
+        params = {}
+        for name, value in item.items():
+            _check_param_name(name, f"{where}: list[{i}]")
+            params[name] = _param_value(value, f"{where}: list[{i}].{name}")
+        out.append(params)
+    return out
+
+
+def _check_param_name(name: Any, where: str) -> None:
+    # The name becomes GANDIVA_PARAM_<NAME>, so it must be a valid variable name.
+    if not isinstance(name, str) or not _PARAM_NAME.match(name):
+        raise SpecError(f"{where}: parameter name {name!r} must be letters, digits and _")
+
+
+def _param_value(value: Any, where: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise SpecError(f"{where}: values must be numbers or strings, got {type(value).__name__}")
+
+
+def member_env(member: Member) -> dict[str, str]:
+    """The variables that tell a member who it is."""
+    env = {ENV_ARRAY_INDEX: str(member.index)}
+    for name, value in member.params.items():
+        env[ENV_PARAM_PREFIX + name.upper()] = value
+    return env
+
+
+def member_command(command: Sequence[str], member: Member) -> list[str]:
+    """Fill ``{name}`` placeholders with the member's parameters (``{index}``: its index).
+
+    Only placeholders naming a parameter (or ``index``) are replaced, so other
+    braces in a command (JSON, shell) pass through untouched.
+    """
+    values = dict(member.params, index=str(member.index))
+
+    def fill(match: re.Match[str]) -> str:
+        return values.get(match.group(1), match.group(0))
+
+    return [_PLACEHOLDER.sub(fill, part) for part in command]

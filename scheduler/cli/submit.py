@@ -1,0 +1,249 @@
+"""`gandiva-submit`: launch a training job, or a multi-job for a hyper-parameter
+search, and by default follow it to the end.
+
+    gandiva-submit --gpus 2 --name resnet -- python train.py --lr 0.1
+
+Exit codes (docs/cli.md): 0 the job succeeded (or, with --no-wait/--dry-run, was
+accepted), 1 it failed, 2 invalid input or no scheduler, 3 it was killed, 4 the
+scheduler went away for longer than --reconnect-timeout while waiting, 130
+interrupted (the job keeps running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from scheduler.cli import spec as specs
+from scheduler.cli.client import EXIT_ERROR, EXIT_OK, Client, CliError, run_command, spec_to_dict
+from scheduler.cli.spec import SpecError
+from scheduler.cli.wait import follow
+from scheduler.validation import default_name
+
+PROG = "gandiva-submit"
+DEFAULT_GPUS = 1
+DEFAULT_PRIORITY = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        usage=f"{PROG} [options] -- COMMAND [ARG ...]",
+        description="Submit a training job (or a sweep of them) to the Gandiva scheduler "
+        "and follow it until it ends.",
+        epilog="Flags override the values of a -f spec file. Members of a sweep or array get "
+        "GANDIVA_ARRAY_INDEX and GANDIVA_PARAM_<NAME> in their environment, and {name} / "
+        "{index} in the command are filled in. See docs/cli.md.",
+    )
+    p.add_argument("-f", "--file", metavar="SPEC", help="YAML job spec; flags override its values")
+    p.add_argument("--name", help="job (or multi-job) name; default: the script's name")
+    p.add_argument("--gpus", type=int, help=f"GPUs, a power of two (default {DEFAULT_GPUS})")
+    p.add_argument("--priority", type=int,
+                   help=f"0 or more; larger = larger time-slicing share (default {DEFAULT_PRIORITY})")
+    p.add_argument("--grow-shrink", action=argparse.BooleanOptionalAction, default=None,
+                   help="let the job grow onto idle GPUs (and shrink back when they are needed)")
+    p.add_argument("--workdir", help="working directory of the job (default: the current one)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a variable in the job's environment (repeatable)")
+    p.add_argument("--env-pass", action="append", default=[], metavar="NAME",
+                   help="pass this variable (or shell pattern, e.g. 'WANDB_*') from your "
+                   "environment (repeatable); always passed: " + ", ".join(specs.DEFAULT_ENV_PASS))
+    p.add_argument("--no-default-env", action="store_true",
+                   help="do not pass the default allow-list, only --env/--env-pass")
+    multi = p.add_mutually_exclusive_group()
+    multi.add_argument("--sweep", metavar="FILE",
+                       help="sweep file: 'grid:' of value lists, or 'list:' of parameter sets")
+    multi.add_argument("--array", metavar="RANGE", help="job array: 0-31, 0-31:2 or 1,3,5")
+    p.add_argument("--dry-run", action="store_true",
+                   help="have the scheduler validate it and print what would be submitted")
+    p.add_argument("--no-wait", action="store_true", help="print the ids and return at once")
+    p.add_argument("--parsable", action="store_true",
+                   help="print only the job ids, one per line, and return at once")
+    p.add_argument("--reconnect-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="while waiting, how long to keep retrying a scheduler that went away "
+                   "(default 600)")
+    p.add_argument("--scheduler", metavar="ADDR",
+                   help="scheduler address (default: $GANDIVA_SCHEDULER, else 127.0.0.1:50051)")
+    return p
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Options before the first ``--``, the job's command after it."""
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+@dataclass
+class Submission:
+    """What will be sent: one spec, or the members of a multi-job."""
+
+    name: str
+    jobs: list[common_pb2.JobSpec]
+    multi: bool
+
+
+def _pick(flag: Any, spec: Mapping[str, Any], key: str, default: Any) -> Any:
+    """A flag's value when given, else the spec file's, else the default."""
+    if flag is not None:
+        return flag
+    return spec.get(key, default)
+
+
+def build_submission(
+    args: argparse.Namespace,
+    command: Sequence[str],
+    environ: Mapping[str, str],
+    cwd: str,
+) -> Submission:
+    """Turn flags, the spec file and the command into JobSpecs; SpecError names any bad field."""
+    spec = specs.load_spec_file(args.file) if args.file else {}
+    command = list(command) or list(spec.get("command", []))
+    if not command or not command[0].strip():
+        raise SpecError("command: nothing to run; put it after --, e.g. "
+                        f"{PROG} --gpus 1 -- python train.py")
+    gpus = specs.check_gpus(_pick(args.gpus, spec, "gpus", DEFAULT_GPUS),
+                            "--gpus" if args.gpus is not None else f"{args.file}: gpus")
+    priority = specs.check_priority(
+        _pick(args.priority, spec, "priority", DEFAULT_PRIORITY),
+        "--priority" if args.priority is not None else f"{args.file}: priority")
+    workdir = os.path.abspath(os.path.join(cwd, os.path.expanduser(
+        _pick(args.workdir, spec, "workdir", cwd))))
+    assignments = {str(k): str(v) for k, v in spec.get("env", {}).items()}
+    assignments.update(specs.parse_env_assignment(text) for text in args.env)
+    env = specs.build_env(environ, [str(n) for n in spec.get("env_pass", [])] + args.env_pass,
+                          assignments, use_defaults=not args.no_default_env)
+    base = common_pb2.JobSpec(
+        name=_pick(args.name, spec, "name", ""), command=command, workdir=workdir, env=env,
+        gpus=gpus, priority=priority, grow_shrink=bool(_pick(args.grow_shrink, spec,
+                                                             "grow_shrink", False)),
+        user=_user(environ),
+    )
+    sweep_name, members = _members(args, spec)
+    if members is None:
+        return Submission(base.name, [base], multi=False)
+    name = args.name or spec.get("name") or sweep_name or default_name(base)
+    jobs = []
+    for member in members:
+        job = common_pb2.JobSpec()
+        job.CopyFrom(base)
+        job.name = f"{name}-{member.index}"
+        job.index = member.index
+        job.params.update(member.params)
+        job.env.update(specs.member_env(member))
+        del job.command[:]
+        job.command.extend(specs.member_command(command, member))
+        jobs.append(job)
+    return Submission(name, jobs, multi=True)
+
+
+def _members(args: argparse.Namespace, spec: Mapping[str, Any]
+             ) -> tuple[str, list[specs.Member] | None]:
+    """The multi-job members from --sweep/--array, else from the spec file, else None."""
+    if args.sweep:
+        return specs.load_sweep(args.sweep)
+    if args.array:
+        return "", specs.parse_array(args.array)
+    if "sweep" in spec and "array" in spec:
+        raise SpecError(f"{args.file}: give 'sweep' or 'array', not both")
+    if "sweep" in spec:
+        return specs.parse_sweep(spec["sweep"], f"{args.file}: sweep")
+    if "array" in spec:
+        return "", specs.parse_array(spec["array"])
+    return "", None
+
+
+def _user(environ: Mapping[str, str]) -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers): fall back to the variable
+        return environ.get("USER", "")
+
+
+def submit(args: argparse.Namespace, command: Sequence[str]) -> int:
+    try:
+        submission = build_submission(args, command, os.environ, os.getcwd())
+    except SpecError as exc:
+        raise CliError(str(exc)) from None
+    client = Client(args.scheduler)
+    try:
+        if submission.multi:
+            request = scheduler_pb2.SubmitMultiJobRequest(
+                name=submission.name, jobs=submission.jobs, dry_run=args.dry_run)
+            reply = client.call("SubmitMultiJob", request)
+            multi_id, jobs = reply.multi_job_id, list(reply.jobs)
+        else:
+            request1 = scheduler_pb2.SubmitJobRequest(spec=submission.jobs[0], dry_run=args.dry_run)
+            multi_id, jobs = "", [client.call("SubmitJob", request1).job]
+        if args.dry_run:
+            return _print_dry_run(client.address, submission, jobs)
+        ids = [job.id for job in jobs]
+        if args.parsable:
+            print("\n".join(ids), flush=True)
+            return EXIT_OK
+        _print_submitted(multi_id, jobs)
+        if args.no_wait:
+            _print_follow_hints(multi_id, ids)
+            return EXIT_OK
+        return follow(client, ids, multi_id, args.reconnect_timeout)
+    finally:
+        client.close()
+
+
+def _print_dry_run(address: str, submission: Submission, jobs: Sequence[common_pb2.Job]) -> int:
+    print(f"dry run: the scheduler at {address} accepted {len(jobs)} job(s); nothing was submitted",
+          file=sys.stderr)
+    # Show the specs as the scheduler normalised them (default names filled in).
+    documents = [spec_to_dict(job.spec) for job in jobs]
+    if submission.multi:
+        text = yaml.safe_dump({"multi_job": submission.name, "jobs": documents}, sort_keys=False)
+    else:
+        text = yaml.safe_dump(documents[0], sort_keys=False)
+    sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _print_submitted(multi_id: str, jobs: Sequence[common_pb2.Job]) -> None:
+    if multi_id:
+        print(f"submitted multi-job {multi_id} with {len(jobs)} jobs:")
+        for job in jobs:
+            params = " ".join(f"{k}={v}" for k, v in sorted(job.spec.params.items()))
+            print(f"  {job.id}  {job.spec.name}  {params}".rstrip())
+    else:
+        job = jobs[0]
+        print(f"submitted job {job.id} ({job.spec.name}, {job.spec.gpus} GPU(s))")
+    sys.stdout.flush()
+
+
+def _print_follow_hints(multi_id: str, ids: Sequence[str]) -> None:
+    if multi_id:
+        print(f"follow:  gandiva get jobs --multi-job {multi_id}")
+        print("events:  gandiva get events --watch --job ID   (one of the ids above)")
+        print(f"kill:    gandiva kill {' '.join(ids)}")
+    else:
+        print(f"follow:  gandiva describe job {ids[0]}")
+        print(f"events:  gandiva get events --watch --job {ids[0]}")
+        print(f"kill:    gandiva kill {ids[0]}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options, command = split_command(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(options)
+    except SystemExit as exc:  # argparse has printed its message (or --help)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
+    return run_command(PROG, lambda: submit(args, command))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Following submitted jobs to their end for `gandiva-submit`: state changes and
+progress (mini-batches, rate) as they happen, through scheduler restarts, and the
+exit code that mirrors the outcome.
+
+Two sources feed it: the WatchEvents stream wakes it up and tells of things
+that are not state changes (priority, migration, packing); GetJob / ListJobs
+polls are the truth for states and progress, so a missed event loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from scheduler.cli import output
+from scheduler.cli.client import (
+    EXIT_INTERRUPTED,
+    TERMINAL_STATES,
+    Client,
+    EventFollower,
+    state_name,
+)
+
+log = logging.getLogger(__name__)
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_KILLED = 3
+# Kinds the poll already reports as state changes; printing them too would double lines.
+STATE_EVENT_KINDS = frozenset({"job.state", "job.submitted"})
+POLL_INTERVAL_S = 1.0
+# Without a terminal there is no live line; a progress line this often instead.
+PIPE_PROGRESS_EVERY_S = 30.0
+
+
+def outcome_code(states: Sequence[int]) -> int:
+    """The worst outcome wins: any failed -> 1, else any killed -> 3, else 0."""
+    if common_pb2.JOB_STATE_FAILED in states:
+        return EXIT_FAILED
+    if common_pb2.JOB_STATE_KILLED in states:
+        return EXIT_KILLED
+    return EXIT_SUCCEEDED
+
+
+class Follower:
+    """Polls the submitted jobs and prints what changed until all of them end."""
+
+    def __init__(self, client: Client, ids: Sequence[str], multi_id: str,
+                 give_up_after: float) -> None:
+        self.client = client
+        self.ids = list(ids)
+        self.multi_id = multi_id
+        self.give_up_after = give_up_after
+        self.console = output.console()
+        self.states: dict[str, int] = {}
+        self.seen_history: dict[str, int] = {}
+        self.outage = False
+        self.last_pipe_progress = time.monotonic()
+        self.live: Live | None = None
+
+    def say(self, text: str) -> None:
+        """A line above the live progress line (or plain, when piped)."""
+        target: Console = self.live.console if self.live else self.console
+        target.print(Text(text), soft_wrap=True)
+        if not self.live:
+            self.console.file.flush()
+
+    def _on_retry(self, reason: str) -> None:
+        if not self.outage:
+            self.outage = True
+            self.say(f"{reason}; retrying for up to {self.give_up_after:.0f}s")
+
+    def poll(self) -> list[common_pb2.Job]:
+        if self.multi_id:
+            request = scheduler_pb2.ListJobsRequest(multi_job_id=self.multi_id)
+            jobs = list(self.client.call_retrying("ListJobs", request, self.give_up_after,
+                                                  self._on_retry).jobs)
+        else:
+            request1 = scheduler_pb2.GetJobRequest(id=self.ids[0])
+            jobs = [self.client.call_retrying("GetJob", request1, self.give_up_after,
+                                              self._on_retry)]
+        if self.outage:
+            self.outage = False
+            self.say(f"reconnected to the scheduler at {self.client.address}")
+        return jobs
+
+    def report_changes(self, jobs: Sequence[common_pb2.Job]) -> None:
+        for job in jobs:
+            if job.history:  # GetJob carries the transitions with their reasons
+                for t in job.history[self.seen_history.get(job.id, 0):]:
+                    self.say(f"{output.clock(t.at)}  {job.id}  {state_name(t.to_state)}"
+                             + (f"  ({t.reason})" if t.reason else ""))
+                self.seen_history[job.id] = len(job.history)
+            elif self.states.get(job.id) != job.state:
+                self.say(f"{output.clock(job.updated_at)}  {job.id}  {state_name(job.state)}"
+                         + (f"  ({job.message})" if job.message else ""))
+            self.states[job.id] = job.state
+
+    def report_event(self, event: common_pb2.Event) -> None:
+        if event.kind in STATE_EVENT_KINDS:
+            return
+        if event.job_id and event.job_id not in self.ids:
+            return
+        where = f"  on {event.server}" if event.server else ""
+        self.say(f"{output.clock(event.at)}  {event.job_id or '-'}  {event.kind}: "
+                 f"{event.message}{where}")
+
+    def progress(self, jobs: Sequence[common_pb2.Job]) -> str:
+        if len(jobs) == 1:
+            job = jobs[0]
+            return (f"{job.spec.name} {job.id}  {state_name(job.state)}  steps {job.steps}  "
+                    f"rate {output.rate(job.rate)}/s  on {output.placement(job.placement)}")
+        counts: dict[str, int] = {}
+        for job in jobs:
+            counts[state_name(job.state)] = counts.get(state_name(job.state), 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        total_rate = sum(j.rate for j in jobs if j.state == common_pb2.JOB_STATE_RUNNING)
+        return (f"{len(jobs)} jobs: {summary}  steps {sum(j.steps for j in jobs)}  "
+                f"rate {output.rate(total_rate)}/s")
+
+    def show_progress(self, jobs: Sequence[common_pb2.Job]) -> None:
+        line = self.progress(jobs)
+        if self.live:
+            self.live.update(Text(line))
+        elif time.monotonic() - self.last_pipe_progress >= PIPE_PROGRESS_EVERY_S:
+            self.last_pipe_progress = time.monotonic()
+            self.say(line)
+
+    def run(self) -> int:
+        single = "" if self.multi_id else self.ids[0]
+        # A single job's stream starts at its beginning; a multi-job's at "now"
+        # (its own submission events are covered by the poll).
+        events = EventFollower(self.client, after_id=0 if single else -1, job_id=single,
+                               give_up_after=self.give_up_after).start()
+        live_cm: Any = (Live(Text(""), console=self.console, transient=True,
+                             refresh_per_second=4) if self.console.is_terminal else nullcontext())
+        try:
+            with live_cm as live:
+                self.live = live
+                while True:
+                    jobs = self.poll()
+                    self.report_changes(jobs)
+                    if jobs and all(j.state in TERMINAL_STATES for j in jobs):
+                        break
+                    self.show_progress(jobs)
+                    if events.error is not None:
+                        log.debug("event stream gave up: %s", events.error)
+                    for event in events.drain(timeout=POLL_INTERVAL_S):
+                        self.report_event(event)
+                self.live = None
+        except KeyboardInterrupt:
+            self.live = None
+            print(f"stopped waiting; the job(s) keep running. Follow with `gandiva get jobs "
+                  f"{' '.join(self.ids) if not self.multi_id else '--multi-job ' + self.multi_id}`"
+                  f", stop with `gandiva kill {' '.join(self.ids)}`", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        finally:
+            events.stop()
+        return self.finish(jobs)
+
+    def finish(self, jobs: Sequence[common_pb2.Job]) -> int:
+        for job in jobs:
+            detail = f", exit code {job.exit_code}" if job.exit_code else ""
+            message = f": {job.message}" if job.message and job.state != common_pb2.JOB_STATE_SUCCEEDED else ""
+            self.say(f"job {job.id} ({job.spec.name}) {state_name(job.state)} after {job.steps} "
+                     f"mini-batches{detail}{message}")
+        return outcome_code([j.state for j in jobs])
+
+
+def follow(client: Client, ids: Sequence[str], multi_id: str, give_up_after: float) -> int:
+    """Wait for the jobs to end, showing progress; the exit code mirrors their outcome."""
+    return Follower(client, ids, multi_id, give_up_after).run()

@@ -1,0 +1,103 @@
+"""gandiva-submit's flags, spec file and command turned into JobSpecs (no scheduler)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler.cli.spec import SpecError
+from scheduler.cli.submit import build_parser, build_submission, split_command
+
+CALLER_ENV = {"PATH": "/usr/bin", "PYTHONPATH": "/src", "SECRET": "s", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def build(argv: list[str], cwd: str = "/home/u/proj"):
+    options, command = split_command(argv)
+    return build_submission(build_parser().parse_args(options), command, CALLER_ENV, cwd)
+
+
+def test_single_job_from_flags() -> None:
+    sub = build(["--gpus", "2", "--name", "resnet", "--priority", "3", "--grow-shrink",
+                 "--env", "SEED=1", "--workdir", "runs", "--", "python", "train.py", "--lr", "0.1"])
+    assert not sub.multi
+    (spec,) = sub.jobs
+    assert list(spec.command) == ["python", "train.py", "--lr", "0.1"]
+    assert (spec.name, spec.gpus, spec.priority, spec.grow_shrink) == ("resnet", 2, 3, True)
+    assert spec.workdir == "/home/u/proj/runs"
+    assert dict(spec.env) == {"PATH": "/usr/bin", "PYTHONPATH": "/src", "TF_CPP_MIN_LOG_LEVEL": "2",
+                              "SEED": "1"}
+
+
+def test_defaults_are_one_gpu_priority_one_and_the_cwd() -> None:
+    (spec,) = build(["--", "python", "t.py"], cwd="/data").jobs
+    assert (spec.gpus, spec.priority, spec.workdir, spec.grow_shrink) == (1, 1, "/data", False)
+
+
+def test_flags_override_the_spec_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: fromfile\ngpus: 4\npriority: 2\ncommand: [python, a.py]\n"
+                    "env: {A: 1}\nenv_pass: [SECRET]\ngrow_shrink: true\n")
+    (spec,) = build(["-f", str(path), "--gpus", "8", "--no-grow-shrink"]).jobs
+    assert (spec.name, spec.gpus, spec.priority, spec.grow_shrink) == ("fromfile", 8, 2, False)
+    assert list(spec.command) == ["python", "a.py"]
+    assert spec.env["A"] == "1" and spec.env["SECRET"] == "s"
+    (spec,) = build(["-f", str(path), "--", "python", "b.py"]).jobs
+    assert list(spec.command) == ["python", "b.py"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--gpus", "3", "--", "python"], "--gpus must be a power of two"),
+        (["--gpus", "0", "--", "python"], "--gpus must be a power of two"),
+        (["--priority", "-1", "--", "python"], "--priority must be 0 or more"),
+        (["--gpus", "1"], "command: nothing to run"),
+        (["--", ""], "command: nothing to run"),
+        (["--array", "5-1", "--", "python"], "--array"),
+        (["--env", "oops", "--", "python"], "--env"),
+    ],
+)
+def test_invalid_input_names_the_field(argv: list[str], fragment: str) -> None:
+    with pytest.raises(SpecError, match=fragment):
+        build(argv)
+
+
+def test_spec_file_gpus_error_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("gpus: 3\ncommand: [python]\n")
+    with pytest.raises(SpecError, match="job.yaml: gpus must be a power of two"):
+        build(["-f", str(path)])
+
+
+def test_array_members_know_their_index() -> None:
+    sub = build(["--array", "0-6:3", "--name", "hp", "--", "python", "t.py", "--seed", "{index}"])
+    assert sub.multi and sub.name == "hp"
+    assert [j.index for j in sub.jobs] == [0, 3, 6]
+    assert [j.name for j in sub.jobs] == ["hp-0", "hp-3", "hp-6"]
+    assert [j.env["GANDIVA_ARRAY_INDEX"] for j in sub.jobs] == ["0", "3", "6"]
+    assert [list(j.command)[-1] for j in sub.jobs] == ["0", "3", "6"]
+
+
+def test_sweep_members_get_params_in_env_spec_and_command(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("name: lrsearch\ngrid:\n  lr: [0.1, 0.01]\n")
+    sub = build(["--sweep", str(sweep), "--gpus", "2", "--", "python", "t.py", "--lr", "{lr}"])
+    assert sub.name == "lrsearch"
+    assert [dict(j.params) for j in sub.jobs] == [{"lr": "0.1"}, {"lr": "0.01"}]
+    assert [j.env["GANDIVA_PARAM_LR"] for j in sub.jobs] == ["0.1", "0.01"]
+    assert [list(j.command)[-1] for j in sub.jobs] == ["0.1", "0.01"]
+    assert all(j.gpus == 2 for j in sub.jobs)
+
+
+def test_sweep_block_inside_the_spec_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("command: [python, t.py]\nsweep:\n  list:\n    - {opt: sgd}\n    - {opt: adam}\n")
+    sub = build(["-f", str(path)])
+    assert [j.params["opt"] for j in sub.jobs] == ["sgd", "adam"]
+    assert [j.name for j in sub.jobs] == ["t-0", "t-1"]  # named after the script
+
+
+def test_sweep_and_array_are_exclusive() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--sweep", "s.yaml", "--array", "0-1"])

@@ -1,0 +1,141 @@
+"""The submission inputs: spec files, sweeps, arrays and the environment allow-list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler.cli import spec as specs
+from scheduler.cli.spec import SpecError
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "indices"),
+    [
+        ("0-3", [0, 1, 2, 3]),
+        ("0-31:8", [0, 8, 16, 24]),
+        ("1,3,5", [1, 3, 5]),
+        ("0-2,10", [0, 1, 2, 10]),
+        ("7", [7]),
+    ],
+)
+def test_array_ranges(text: str, indices: list[int]) -> None:
+    assert [m.index for m in specs.parse_array(text)] == indices
+
+
+@pytest.mark.parametrize("text", ["", "a-b", "3-1", "0-4:0", "1,1", "-1", "0-3:"])
+def test_malformed_array_names_the_flag(text: str) -> None:
+    with pytest.raises(SpecError, match="--array"):
+        specs.parse_array(text)
+
+
+def test_grid_sweep_is_the_cartesian_product(tmp_path: Path) -> None:
+    path = write(tmp_path, "sweep.yaml", "name: hp\ngrid:\n  lr: [0.1, 0.01]\n  bs: [32, 64, 128]\n")
+    name, members = specs.load_sweep(path)
+    assert name == "hp"
+    assert len(members) == 6
+    assert [m.index for m in members] == list(range(6))
+    assert members[0].params == {"lr": "0.1", "bs": "32"}
+    assert {(m.params["lr"], m.params["bs"]) for m in members} == {
+        (lr, bs) for lr in ("0.1", "0.01") for bs in ("32", "64", "128")
+    }
+
+
+def test_list_sweep_keeps_each_parameter_set(tmp_path: Path) -> None:
+    path = write(tmp_path, "sweep.yaml", "list:\n  - {lr: 0.1, opt: adam}\n  - {lr: 1e-3, warm: true}\n")
+    _, members = specs.load_sweep(path)
+    assert [m.params for m in members] == [{"lr": "0.1", "opt": "adam"}, {"lr": "1e-3", "warm": "true"}]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("grid:\n  lr: []\n", "grid.lr is an empty list"),
+        ("grid: 3\n", "'grid' must map"),
+        ("list: []\n", "'list' must be a non-empty list"),
+        ("list:\n  - 3\n", "list[0]"),
+        ("grid:\n  lr: [1]\nlist:\n  - {a: 1}\n", "exactly one of"),
+        ("grids:\n  lr: [1]\n", "unknown field 'grids'"),
+        ("grid:\n  'bad-name': [1]\n", "'bad-name'"),
+        ("grid:\n  lr: [{a: 1}]\n", "grid.lr"),
+        ("- 1\n- 2\n", "mapping"),
+        ("grid: [1, 2\n", "not valid YAML"),
+    ],
+)
+def test_malformed_sweep_is_one_clear_error(tmp_path: Path, text: str, fragment: str) -> None:
+    path = write(tmp_path, "sweep.yaml", text)
+    with pytest.raises(SpecError) as err:
+        specs.load_sweep(path)
+    assert fragment in str(err.value)
+    assert "sweep.yaml" in str(err.value)
+
+
+def test_spec_file_unknown_field_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "job.yaml", "name: x\ngpu: 2\n")
+    with pytest.raises(SpecError, match="unknown field 'gpu'"):
+        specs.load_spec_file(path)
+
+
+def test_spec_file_wrong_type_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "job.yaml", "gpus: true\n")
+    with pytest.raises(SpecError, match="'gpus' has the wrong type"):
+        specs.load_spec_file(path)
+
+
+def test_spec_file_command_string_is_split_like_a_shell(tmp_path: Path) -> None:
+    path = write(tmp_path, "job.yaml", "command: python train.py --msg 'a b'\ngpus: 2\n")
+    assert specs.load_spec_file(path) == {"command": ["python", "train.py", "--msg", "a b"], "gpus": 2}
+
+
+def test_missing_spec_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read"):
+        specs.load_spec_file(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("gpus", [0, 3, 6, -2])
+def test_gpus_must_be_a_power_of_two(gpus: int) -> None:
+    with pytest.raises(SpecError, match="--gpus must be a power of two"):
+        specs.check_gpus(gpus)
+
+
+def test_negative_priority_is_rejected() -> None:
+    with pytest.raises(SpecError, match="--priority must be 0 or more"):
+        specs.check_priority(-1)
+
+
+def test_environment_is_allow_listed() -> None:
+    caller = {
+        "PATH": "/bin", "TF_USE_LEGACY_KERAS": "1", "SECRET_TOKEN": "x", "WANDB_KEY": "k",
+        "CUDA_VISIBLE_DEVICES": "0", "GANDIVA_SCHEDULER": "h:1", "HOME": "/home/u",
+    }
+    env = specs.build_env(caller, ["WANDB_*"], {"SEED": "3"})
+    assert env == {"PATH": "/bin", "TF_USE_LEGACY_KERAS": "1", "WANDB_KEY": "k",
+                   "HOME": "/home/u", "SEED": "3"}
+    assert specs.build_env(caller, ["SECRET_TOKEN"], {}, use_defaults=False) == {"SECRET_TOKEN": "x"}
+
+
+def test_env_assignment_needs_a_valid_name() -> None:
+    assert specs.parse_env_assignment("A_1=x=y") == ("A_1", "x=y")
+    for bad in ("novalue", "1A=x", "=x"):
+        with pytest.raises(SpecError, match="--env"):
+            specs.parse_env_assignment(bad)
+    with pytest.raises(SpecError, match="GANDIVA_"):
+        specs.build_env({}, [], {"GANDIVA_ARRAY_INDEX": "1"})
+
+
+def test_member_env_and_command_placeholders() -> None:
+    member = specs.Member(index=4, params={"lr": "0.1", "bs": "32"})
+    assert specs.member_env(member) == {
+        "GANDIVA_ARRAY_INDEX": "4", "GANDIVA_PARAM_LR": "0.1", "GANDIVA_PARAM_BS": "32",
+    }
+    command = ["python", "t.py", "--lr={lr}", "--out", "run{index}", '{"keep": 1}', "{other}"]
+    assert specs.member_command(command, member) == [
+        "python", "t.py", "--lr=0.1", "--out", "run4", '{"keep": 1}', "{other}",
+    ]
