@@ -95,3 +95,50 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite+aiosqlite:///{tmp_path / 'state.db'}"
     else:
         yield request.getfixturevalue("pg_url")
+
+
+# ---- a real scheduler -----------------------------------------------------------
+
+import asyncio as _asyncio
+import threading as _threading
+
+
+class ThreadedScheduler:
+    """A real scheduler (gRPC on 127.0.0.1, its own event loop in a thread), so that
+    both subprocess CLIs and async tests can talk to it over a real socket."""
+
+    def __init__(self, db_url: str, listen: str = "127.0.0.1:0", **kwargs: object) -> None:
+        from scheduler.server import SchedulerServer
+
+        self.db_url = db_url
+        self.server = SchedulerServer(db_url=db_url, listen=listen, **kwargs)  # type: ignore[arg-type]
+        self.loop = _asyncio.new_event_loop()
+        self.thread = _threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.address = ""
+
+    def call(self, coro, timeout: float = 60):  # type: ignore[no-untyped-def]
+        """Run a coroutine on the scheduler's loop and wait for its result."""
+        return _asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> ThreadedScheduler:
+        self.thread.start()
+        self.address = self.call(self.server.start())
+        return self
+
+    def stop(self) -> None:
+        try:
+            self.call(self.server.stop(grace=1.0))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+
+@pytest.fixture
+def scheduler_server(sqlite_url: str, gandiva_home: Path) -> Iterator[ThreadedScheduler]:
+    """A real in-process scheduler on a free port with a fresh SQLite database.
+    Attributes: .address (host:port), .db_url, .server (SchedulerServer)."""
+    sched = ThreadedScheduler(sqlite_url, tick_s=0.2).start()
+    try:
+        yield sched
+    finally:
+        sched.stop()

@@ -1,0 +1,92 @@
+"""Rows and domain values -> gandiva.v1 messages."""
+
+from __future__ import annotations
+
+from protos.gandiva.v1 import common_pb2
+from scheduler.core import JobDetail
+from scheduler.lifecycle import JobState
+from scheduler.state.models import Event
+from scheduler.state.repo import ServerLoad
+
+
+def state_to_pb(state: str) -> common_pb2.JobState.ValueType:
+    return common_pb2.JobState.Value(f"JOB_STATE_{state}") if state else common_pb2.JOB_STATE_UNSPECIFIED
+
+
+def state_from_pb(value: int) -> JobState:
+    name = common_pb2.JobState.Name(value)  # type: ignore[arg-type]
+    return JobState(name.removeprefix("JOB_STATE_"))
+
+
+def job_to_pb(d: JobDetail) -> common_pb2.Job:
+    j = d.job
+    spec = common_pb2.JobSpec(
+        name=j.name,
+        command=j.command,
+        workdir=j.workdir,
+        env=j.env or {},
+        gpus=j.gpus,
+        priority=j.priority,
+        grow_shrink=j.grow_shrink,
+        user=j.user,
+        multi_job_id=j.multi_job_id or "",
+        index=j.array_index,
+        params=j.params or {},
+    )
+    return common_pb2.Job(
+        id=j.id,
+        spec=spec,
+        state=state_to_pb(j.state),
+        placement=[common_pb2.GpuRef(server=s, index=i) for s, i in d.placement],
+        steps=j.steps,
+        rate=j.rate,
+        submitted_at=j.submitted_at,
+        updated_at=j.updated_at,
+        finished_at=j.finished_at,
+        history=[
+            common_pb2.Transition(
+                from_state=state_to_pb(t.from_state),
+                to_state=state_to_pb(t.to_state),
+                at=t.at,
+                reason=t.reason,
+            )
+            for t in d.history
+        ],
+        migratable=j.migratable,
+        message=j.message,
+        exit_code=j.exit_code,
+        metrics={k: float(v) for k, v in (j.metrics or {}).items() if isinstance(v, (int, float))},
+    )
+
+
+def server_to_pb(load: ServerLoad) -> common_pb2.Server:
+    s = load.server
+    return common_pb2.Server(
+        name=s.name,
+        address=s.address,
+        gpus=s.num_gpus,
+        gpu_list=[
+            common_pb2.Gpu(
+                index=g.index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_total_bytes=g.memory_total,
+                memory_used_bytes=g.memory_used,
+                utilization=g.utilization,
+                jobs=load.jobs_by_gpu.get(g.index, []),
+            )
+            for g in load.gpus
+        ],
+        height=load.height,
+        affinity=load.affinity,
+        up=s.up,
+        last_heartbeat=s.last_heartbeat,
+        allocated=load.allocated,
+        ramdisk=s.ramdisk,
+    )
+
+
+def event_to_pb(e: Event) -> common_pb2.Event:
+    return common_pb2.Event(
+        id=e.id, at=e.at, kind=e.kind, job_id=e.job_id, server=e.server, message=e.message
+    )

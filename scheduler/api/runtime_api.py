@@ -1,0 +1,67 @@
+"""The Runtime service: one bidirectional stream per job process (the tf_runtime shim)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
+from scheduler.core import SchedulerCore
+from scheduler.errors import GandivaError
+from scheduler.hubs import RuntimeConn
+
+log = logging.getLogger(__name__)
+
+
+class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
+    def __init__(self, core: SchedulerCore) -> None:
+        self.core = core
+
+    async def Connect(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[runtime_pb2.RuntimeMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[runtime_pb2.RuntimeCommand]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("body") != "hello" or not first.hello.job_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello: the first message must be a RuntimeHello with job_id")
+        hello = first.hello
+        try:
+            await self.core.get_job(hello.job_id)
+        except GandivaError as err:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        conn = self.core.runtimes.attach(hello.job_id, hello.incarnation)
+        log.info("runtime of job %s (incarnation %s, pid %d) connected", hello.job_id, hello.incarnation, hello.pid)
+        reader = asyncio.create_task(self._read(conn, request_iterator))
+        try:
+            while True:
+                getter = asyncio.create_task(conn.outbox.get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                return  # the shim closed its side
+        finally:
+            reader.cancel()
+            self.core.runtimes.detach(conn)
+
+    async def _read(self, conn: RuntimeConn, it: AsyncIterator[runtime_pb2.RuntimeMessage]) -> None:
+        async for msg in it:
+            kind = msg.WhichOneof("body")
+            try:
+                if kind == "progress":
+                    p = msg.progress
+                    await self.core.record_progress(
+                        conn.job_id, conn.incarnation, p.steps, p.rate, p.last_step_s, dict(p.metrics)
+                    )
+                elif kind == "ack":
+                    self.core.runtimes.resolve(conn, msg.ack)
+                elif kind == "migratability":
+                    await self.core.record_migratability(
+                        conn.job_id, msg.migratability.migratable, msg.migratability.reason
+                    )
+            except GandivaError as err:
+                # A progress report lost to a brief database outage is superseded by the next one.
+                log.warning("runtime message of job %s not recorded: %s", conn.job_id, err)

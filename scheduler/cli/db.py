@@ -1,0 +1,48 @@
+"""`gandiva db upgrade|current|downgrade`: manage the schema of the state database."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from scheduler.config import default_db_url
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("db", help="upgrade, inspect or downgrade the state database schema")
+    p.add_argument("--db", default=os.environ.get("GANDIVA_DB"), help="database URL (default: the embedded SQLite file)")
+    actions = p.add_subparsers(dest="db_action", metavar="ACTION", required=True)
+    up = actions.add_parser("upgrade", help="migrate to the newest schema (or REVISION)")
+    up.add_argument("revision", nargs="?", default="head")
+    actions.add_parser("current", help="print the schema revision in the database")
+    down = actions.add_parser("downgrade", help="migrate down to REVISION (e.g. base)")
+    down.add_argument("revision")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scheduler.errors import GandivaError
+    from scheduler.state import migrate
+    from scheduler.state.db import make_engine
+
+    async def go() -> str:
+        engine = make_engine(args.db or default_db_url())
+        try:
+            if args.db_action == "upgrade":
+                await migrate.upgrade(engine, args.revision)
+            elif args.db_action == "downgrade":
+                await migrate.downgrade(engine, args.revision)
+            return (await migrate.current(engine)) or "base (empty)"
+        finally:
+            await engine.dispose()
+
+    try:
+        print(asyncio.run(go()))
+    except GandivaError as err:
+        print(f"gandiva db: {err}")
+        return 2
+    except Exception as err:
+        print(f"gandiva db: {type(err).__name__}: {err}")
+        return 1
+    return 0

@@ -1,0 +1,68 @@
+"""`gandiva scheduler`: start the central scheduling service."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from scheduler.config import DEFAULT_LISTEN, default_db_url
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "scheduler",
+        help="run the central scheduler service",
+        description="Run the central scheduler: gRPC API (Scheduler, Runtime, Helper services, "
+        "health, reflection), cluster state in SQL, and the scheduling policy.",
+    )
+    p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"host:port to listen on (default {DEFAULT_LISTEN}; port 0 picks a free one)")
+    p.add_argument(
+        "--db",
+        default=os.environ.get("GANDIVA_DB"),
+        help="database URL: sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER:PW@HOST/DB "
+        "(default $GANDIVA_DB, else an SQLite file under $GANDIVA_HOME, default ~/.gandiva)",
+    )
+    p.add_argument("--policy", default="gandiva", help="scheduling policy: gandiva (default), fifo, yarn-cs, tiresias")
+    p.add_argument("--quantum", type=float, default=60.0, help="time slice in seconds at priority 1 (default 60)")
+    p.add_argument("--tick", type=float, default=1.0, help="seconds between scheduling rounds (default 1)")
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0, help="mark a server down after this many seconds without a heartbeat")
+    p.add_argument("--port-file", help="write the bound host:port to this file once listening")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scheduler.core import Settings
+    from scheduler.errors import InvalidArgument
+    from scheduler.policy.types import PolicyConfig
+    from scheduler.server import SchedulerServer, serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = PolicyConfig(quantum_s=args.quantum)
+        server = SchedulerServer(
+            db_url=args.db or default_db_url(),
+            listen=args.listen,
+            policy=args.policy,
+            settings=Settings(down_after_s=args.heartbeat_timeout),
+            policy_config=config,
+            tick_s=args.tick,
+        )
+        _run_loop(serve(server, args.port_file))
+    except (InvalidArgument, ValueError, OSError) as err:
+        print(f"gandiva scheduler: {err}")
+        return 2
+    return 0
+
+
+def _run_loop(coro) -> None:  # type: ignore[no-untyped-def]
+    """uvloop where available: it is set up here, in the entry point, only."""
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        import asyncio
+
+        asyncio.run(coro)

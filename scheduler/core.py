@@ -1,0 +1,396 @@
+"""The scheduler's domain operations: what every API call and engine step does to
+the cluster state. Each operation is one transaction; events are published to
+watchers only after their transaction commits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from protos.gandiva.v1 import common_pb2, helper_pb2
+from scheduler.errors import FailedPrecondition, InvalidArgument, Unavailable
+from scheduler.hubs import HelperHub, RuntimeHub
+from scheduler.lifecycle import ACTIVE, JobState
+from scheduler.state import repo
+from scheduler.state.db import make_sessionmaker
+from scheduler.state.models import Event, Gpu, Job, MultiJob
+from scheduler.validation import default_name, validate_spec
+
+log = logging.getLogger(__name__)
+
+# Exit codes agreed with tf_runtime (tf_runtime.EXIT_MIGRATED / EXIT_KILLED).
+EXIT_MIGRATED = 75
+EXIT_KILLED = 143
+
+
+@dataclass(frozen=True)
+class Settings:
+    heartbeat_interval_s: float = 2.0
+    down_after_s: float = 10.0
+    command_timeout_s: float = 60.0
+
+
+@dataclass
+class JobDetail:
+    job: Job
+    placement: list[tuple[str, int]]
+    history: Sequence = ()
+
+
+def _is_connectivity_error(err: BaseException) -> bool:
+    if isinstance(err, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+        return True
+    if isinstance(err, sa_exc.DBAPIError) and err.connection_invalidated:
+        return True
+    return isinstance(err, (OSError, ConnectionError, asyncio.TimeoutError)) or (
+        type(err).__module__.startswith("asyncpg") and "Connection" in type(err).__name__
+    )
+
+
+class EventBus:
+    """Wakes the event watchers after a commit that added events."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self.version = 0
+
+    async def publish(self) -> None:
+        async with self._cond:
+            self.version += 1
+            self._cond.notify_all()
+
+    async def wait(self, seen: int, timeout: float) -> int:
+        async with self._cond:
+            if self.version == seen:
+                try:
+                    await asyncio.wait_for(self._cond.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+            return self.version
+
+
+class SchedulerCore:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        settings: Settings | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.sessions: async_sessionmaker[AsyncSession] = make_sessionmaker(engine)
+        self.settings = settings or Settings()
+        self.clock = clock
+        self.events = EventBus()
+        self.helpers = HelperHub()
+        self.runtimes = RuntimeHub()
+        # Set whenever something happened that may change scheduling decisions.
+        self.wake = asyncio.Event()
+
+    # ---- transactions ---------------------------------------------------------
+
+    @asynccontextmanager
+    async def tx(self) -> AsyncIterator[AsyncSession]:
+        """One transaction; database connectivity failures become Unavailable."""
+        try:
+            async with self.sessions() as session, session.begin():
+                yield session
+                wrote_events = any(isinstance(o, Event) for o in session.new)
+        except Exception as err:
+            if _is_connectivity_error(err):
+                raise Unavailable(f"database unreachable ({type(err).__name__}); retry shortly") from err
+            raise
+        if wrote_events:
+            await self.events.publish()
+
+    def poke(self) -> None:
+        self.wake.set()
+
+    # ---- submission -----------------------------------------------------------
+
+    def _job_row(self, spec: common_pb2.JobSpec, now: float, multi_job_id: str | None) -> Job:
+        return Job(
+            id=repo.new_id("j"),
+            name=default_name(spec),
+            command=list(spec.command),
+            workdir=spec.workdir,
+            env=dict(spec.env),
+            gpus=spec.gpus,
+            priority=spec.priority,
+            grow_shrink=spec.grow_shrink,
+            user=spec.user,
+            multi_job_id=multi_job_id,
+            array_index=spec.index,
+            params=dict(spec.params),
+            state=JobState.QUEUED.value,
+            incarnation="",
+            steps=0,
+            rate=0.0,
+            last_step_s=0.0,
+            metrics={},
+            migratable=True,
+            held=False,
+            message="waiting for a placement",
+            exit_code=0,
+            submitted_at=now,
+            updated_at=now,
+            started_at=0.0,
+            state_changed_at=now,
+            finished_at=0.0,
+            attained_service_s=0.0,
+        )
+
+    async def submit(self, spec: common_pb2.JobSpec, dry_run: bool = False) -> JobDetail:
+        validate_spec(spec)
+        now = self.clock()
+        job = self._job_row(spec, now, None)
+        if dry_run:
+            return JobDetail(job, [])
+        async with self.tx() as s:
+            repo.add_job(s, job, now)
+        self.poke()
+        return JobDetail(job, [])
+
+    async def submit_multi(
+        self, name: str, specs: Sequence[common_pb2.JobSpec], dry_run: bool = False
+    ) -> tuple[str, list[JobDetail]]:
+        if not specs:
+            raise InvalidArgument("jobs", "a multi-job needs at least one job")
+        for i, spec in enumerate(specs):
+            validate_spec(spec, field=f"jobs[{i}]")
+        now = self.clock()
+        mj = MultiJob(id=repo.new_id("mj"), name=name or default_name(specs[0]), created_at=now)
+        jobs = [self._job_row(spec, now, mj.id) for spec in specs]
+        for i, job in enumerate(jobs):
+            job.array_index = specs[i].index or i
+        if dry_run:
+            return mj.id, [JobDetail(j, []) for j in jobs]
+        async with self.tx() as s:
+            repo.add_multi_job(s, mj)
+            await s.flush()
+            for job in jobs:
+                repo.add_job(s, job, now)
+        self.poke()
+        return mj.id, [JobDetail(j, []) for j in jobs]
+
+    # ---- reads ----------------------------------------------------------------
+
+    async def get_job(self, job_id: str) -> JobDetail:
+        if not job_id:
+            raise InvalidArgument("id", "a job id is required")
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id)
+            placement = await repo.placements_of(s, [job_id])
+            hist = await repo.history(s, job_id)
+        return JobDetail(job, [(p.server_name, p.gpu_index) for p in placement.get(job_id, [])], hist)
+
+    async def list_jobs(
+        self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0
+    ) -> list[JobDetail]:
+        async with self.tx() as s:
+            jobs = await repo.list_jobs(s, states, multi_job_id, limit)
+            placements = await repo.placements_of(s, [j.id for j in jobs])
+        return [
+            JobDetail(j, [(p.server_name, p.gpu_index) for p in placements.get(j.id, [])])
+            for j in jobs
+        ]
+
+    async def list_servers(self) -> list[repo.ServerLoad]:
+        async with self.tx() as s:
+            return await repo.server_loads(s)
+
+    async def list_events(self, after_id: int = 0, job_id: str = "", limit: int = 0) -> Sequence[Event]:
+        async with self.tx() as s:
+            return await repo.list_events(s, after_id, job_id, limit)
+
+    async def last_event_id(self) -> int:
+        async with self.tx() as s:
+            return await repo.last_event_id(s)
+
+    # ---- user and operator actions --------------------------------------------
+
+    async def kill(self, job_id: str, reason: str = "") -> JobDetail:
+        reason = reason or "killed by user"
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if JobState(job.state).terminal:
+                raise FailedPrecondition(f"job {job_id} already ended ({job.state})")
+            placement = await repo.placements_of(s, [job_id])
+            servers = sorted({p.server_name for p in placement.get(job_id, [])})
+            await repo.transition(s, job, JobState.KILLED, self.clock(), reason)
+            await repo.clear_placement(s, job_id)
+            incarnation = job.incarnation
+        for server in servers:
+            self.helpers.send(
+                server,
+                helper_pb2.HelperCommand(
+                    stop=helper_pb2.StopJob(job_id=job_id, incarnation=incarnation, reason=reason)
+                ),
+            )
+        self.poke()
+        return await self.get_job(job_id)
+
+    async def set_priority(self, job_id: str, priority: int) -> JobDetail:
+        if priority < 0:
+            raise InvalidArgument("priority", f"{priority} is negative; use 0 or more")
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if JobState(job.state).terminal:
+                raise FailedPrecondition(f"job {job_id} already ended ({job.state})")
+            old = job.priority
+            job.priority = priority
+            job.updated_at = self.clock()
+            repo.add_event(s, job.updated_at, "job.priority", f"{old} -> {priority}", job_id=job_id)
+        self.poke()
+        return await self.get_job(job_id)
+
+    # ---- helpers --------------------------------------------------------------
+
+    async def register_server(self, req: helper_pb2.RegisterServerRequest) -> None:
+        if not req.name:
+            raise InvalidArgument("name", "a server name is required")
+        if not req.gpus:
+            raise InvalidArgument("gpus", f"server {req.name} reported no GPUs")
+        now = self.clock()
+        gpus = [
+            Gpu(
+                index=g.index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_total=g.memory_total_bytes,
+                memory_used=g.memory_used_bytes,
+                utilization=g.utilization,
+                sampled_at=now,
+            )
+            for g in req.gpus
+        ]
+        async with self.tx() as s:
+            created = await repo.upsert_server(
+                s, req.name, req.address, gpus, req.ramdisk, req.shared_root, now
+            )
+            repo.add_event(
+                s,
+                now,
+                "server.registered" if created else "server.up",
+                f"{len(gpus)} GPU(s) at {req.address or '-'}",
+                server=req.name,
+            )
+        self.poke()
+
+    async def heartbeat(self, name: str, running_jobs: Sequence[str]) -> bool:
+        now = self.clock()
+        async with self.tx() as s:
+            server = await repo.heartbeat(s, name, now)
+            if server is None:
+                return False
+            if not server.up:
+                server.up = True
+                repo.add_event(s, now, "server.up", "heartbeats resumed", server=name)
+                self.poke()
+        return True
+
+    async def gpu_samples(self, req: helper_pb2.GpuSamplesRequest) -> None:
+        now = self.clock()
+        device = [
+            (x.gpu_index, x.at or now, x.memory_used_bytes, x.utilization)
+            for x in req.samples
+            if not x.job_id
+        ]
+        async with self.tx() as s:
+            await repo.update_gpu_samples(s, req.server, device)
+            for x in req.samples:
+                if x.job_id:
+                    values: dict[str, float] = {"utilization": x.utilization}
+                    if x.job_memory_max_bytes or x.job_memory_bytes:
+                        values["memory_max"] = x.job_memory_max_bytes or x.job_memory_bytes
+                    if x.job_memory_min_bytes:
+                        values["memory_min"] = x.job_memory_min_bytes
+                    if x.minibatch_s:
+                        values["step_time_s"] = x.minibatch_s
+                    await repo.upsert_profile(s, x.job_id, now, **values)
+
+    async def process_exit(self, req: helper_pb2.ProcessExitRequest) -> None:
+        """A job's process ended on a helper. Exits of older incarnations are ignored."""
+        now = self.clock()
+        async with self.tx() as s:
+            try:
+                job = await repo.get_job(s, req.job_id, for_update=True)
+            except Exception:
+                log.warning("exit reported for unknown job %s", req.job_id)
+                return
+            state = JobState(job.state)
+            if req.incarnation and req.incarnation != job.incarnation:
+                repo.add_event(s, now, "job.stale_exit", f"old launch {req.incarnation} exited", job_id=job.id, server=req.server)
+                return
+            if state.terminal or state is JobState.MIGRATING or state is JobState.QUEUED:
+                return  # killed already, or the migration in progress owns the outcome
+            job.exit_code = req.exit_code
+            if req.exit_code == 0:
+                await repo.transition(s, job, JobState.SUCCEEDED, now, req.reason or "finished")
+            elif req.exit_code in (EXIT_MIGRATED,):
+                await repo.transition(s, job, JobState.QUEUED, now, "stopped with a checkpoint; re-placing")
+            else:
+                await repo.transition(
+                    s, job, JobState.FAILED, now, req.reason or f"exited with status {req.exit_code}"
+                )
+            await repo.clear_placement(s, job.id)
+        self.poke()
+
+    async def mark_stale_servers_down(self) -> list[str]:
+        """Servers silent for `down_after_s` go down; their jobs return to the queue."""
+        now = self.clock()
+        async with self.tx() as s:
+            stale = await repo.stale_servers(s, now - self.settings.down_after_s)
+            names = [srv.name for srv in stale]
+            for srv in stale:
+                srv.up = False
+                repo.add_event(s, now, "server.down", f"no heartbeat for {now - srv.last_heartbeat:.0f}s", server=srv.name)
+            if names:
+                loads = {ld.server.name: ld for ld in await repo.server_loads(s)}
+                lost = {jid for n in names for jid in loads[n].job_gpus}
+                for job_id in sorted(lost):
+                    job = await repo.get_job(s, job_id, for_update=True)
+                    if JobState(job.state) in ACTIVE:
+                        await repo.transition(s, job, JobState.QUEUED, now, "its server went down")
+                        await repo.clear_placement(s, job_id)
+        for n in names:
+            self.helpers.fail_all(n, f"server {n} went down")
+        if names:
+            self.poke()
+        return names
+
+    # ---- runtime progress -----------------------------------------------------
+
+    async def record_progress(
+        self, job_id: str, incarnation: str, steps: int, rate: float, last_step_s: float, metrics: dict[str, float]
+    ) -> None:
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id)
+            if incarnation and job.incarnation and incarnation != job.incarnation:
+                return
+            job.steps = max(job.steps, steps)
+            job.rate = rate
+            job.last_step_s = last_step_s
+            if metrics:
+                job.metrics = {**(job.metrics or {}), **metrics}
+            job.updated_at = self.clock()
+
+    async def record_migratability(self, job_id: str, migratable: bool, reason: str) -> None:
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id)
+            if job.migratable != migratable:
+                job.migratable = migratable
+                repo.add_event(
+                    s, self.clock(), "job.migratable", f"{'migratable' if migratable else 'not migratable'}: {reason}", job_id=job_id
+                )
+
+
+def new_incarnation() -> str:
+    return uuid.uuid4().hex[:12]

@@ -1,0 +1,361 @@
+"""The live engine: snapshot the cluster from SQL, ask the policy, apply its
+decisions through the helpers and the job shims.
+
+The policy is the same pure code the simulator drives (scheduler/policy). This
+module is the live side of the seam: it turns decisions into transactions,
+helper commands (launch, stop) and runtime commands (suspend, resume).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from protos.gandiva.v1 import helper_pb2, runtime_pb2
+from scheduler.core import JobDetail, SchedulerCore, new_incarnation
+from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument
+from scheduler.lifecycle import ACTIVE, JobState
+from scheduler.policy import types as pt
+from scheduler.state import repo
+from scheduler.state.models import Job, JobProfile
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+
+
+class LiveEngine:
+    def __init__(
+        self,
+        core: SchedulerCore,
+        policy_name: str = "gandiva",
+        config: pt.PolicyConfig | None = None,
+        tick_s: float = 1.0,
+        scheduler_address: str = "",
+    ) -> None:
+        from scheduler.policy import get_policy
+
+        self.core = core
+        self.policy_name = policy_name
+        self.policy = get_policy(policy_name, config)
+        self.tick_s = tick_s
+        self.scheduler_address = scheduler_address
+        # Jobs with a command in flight: the policy's next decisions about them wait.
+        self.inflight: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._stopping = False
+        # job id -> when a helper first reported it missing (lost processes are requeued).
+        self.missing_since: dict[str, float] = {}
+
+    # ---- the loop ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        while not self._stopping:
+            try:
+                await self.core.mark_stale_servers_down()
+                await self.tick()
+            except GandivaError as err:
+                log.warning("scheduling round skipped: %s", err)
+            except Exception:  # a bug in one round must not stop scheduling for good
+                log.exception("scheduling round failed")
+            try:
+                await asyncio.wait_for(self.core.wake.wait(), self.tick_s)
+            except asyncio.TimeoutError:
+                pass
+            self.core.wake.clear()
+
+    async def stop(self) -> None:
+        """Finish: no new rounds; commands in flight get a moment to complete."""
+        self._stopping = True
+        self.core.poke()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+
+    async def tick(self) -> list[pt.Decision]:
+        snap = await self.snapshot()
+        decisions = [d for d in self.policy.decide(snap) if d.job_id not in self.inflight]
+        for d in decisions:
+            await self.apply(d)
+        return decisions
+
+    async def snapshot(self) -> pt.ClusterSnapshot:
+        now = self.core.clock()
+        async with self.core.tx() as s:
+            loads = await repo.server_loads(s)
+            jobs = await repo.list_jobs(s, [JobState.QUEUED, *ACTIVE])
+            placements = await repo.placements_of(s, [j.id for j in jobs])
+            profiles = {p.job_id: p for p in (await s.scalars(_profiles_query())).all()}
+        servers = tuple(
+            pt.ServerView(
+                name=ld.server.name,
+                num_gpus=ld.server.num_gpus,
+                up=ld.server.up,
+                gpu_memory_bytes=min((g.memory_total for g in ld.gpus), default=0) or 16 * pt.GIB,
+            )
+            for ld in loads
+        )
+        return pt.ClusterSnapshot(
+            now=now,
+            servers=servers,
+            jobs=tuple(_job_view(j, placements.get(j.id, []), profiles.get(j.id), now) for j in jobs),
+        )
+
+    # ---- applying decisions -----------------------------------------------------
+
+    async def apply(self, d: pt.Decision) -> None:
+        if isinstance(d, pt.Queue):
+            await self._note_queued(d.job_id, d.reason)
+        elif isinstance(d, (pt.Place, pt.Pack)):
+            job = await self._job(d.job_id)
+            if job.state == JobState.QUEUED.value:
+                await self.place(d.job_id, d.gpus, d.reason or "placed")
+            elif job.state == JobState.SUSPENDED.value:
+                self._background(d.job_id, self._resume(d.job_id, d.reason or "packed"))
+        elif isinstance(d, pt.Resume):
+            job = await self._job(d.job_id)
+            if not job.held:
+                self._background(d.job_id, self._resume(d.job_id, d.reason or "time slice"))
+        elif isinstance(d, (pt.Suspend, pt.Unpack)):
+            self._background(d.job_id, self._suspend(d.job_id, d.reason or "time slice over"))
+        elif isinstance(d, (pt.Migrate, pt.Grow, pt.Shrink)):
+            gpus = d.to_gpus if isinstance(d, pt.Migrate) else d.gpus
+            self._background(d.job_id, self.migrate(d.job_id, gpus, d.reason or type(d).__name__.lower()))
+
+    def _background(self, job_id: str, coro: Awaitable[object]) -> None:
+        self.inflight.add(job_id)
+
+        async def run() -> None:
+            try:
+                await coro
+            except GandivaError as err:
+                log.warning("job %s: %s", job_id, err)
+            except Exception:
+                log.exception("job %s: command failed", job_id)
+            finally:
+                self.inflight.discard(job_id)
+                self.core.poke()
+
+        task = asyncio.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _job(self, job_id: str) -> Job:
+        async with self.core.tx() as s:
+            return await repo.get_job(s, job_id)
+
+    async def _note_queued(self, job_id: str, reason: str) -> None:
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id)
+            if job.state == JobState.QUEUED.value and job.message != reason:
+                job.message = reason
+
+    async def place(self, job_id: str, gpus: Sequence[pt.GpuRef], reason: str) -> None:
+        """Bind a queued job to `gpus` and have the primary server's helper launch it."""
+        now = self.core.clock()
+        incarnation = new_incarnation()
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.state != JobState.QUEUED.value:
+                return
+            await repo.set_placement(s, job_id, [(g.server, g.index) for g in gpus])
+            job.incarnation = incarnation
+            where = ", ".join(f"{g.server}/{g.index}" for g in gpus)
+            await repo.transition(s, job, JobState.RUNNING, now, f"{reason} on {where}")
+        self.launch(job, gpus, incarnation)
+
+    def launch(
+        self,
+        job: Job,
+        gpus: Sequence[pt.GpuRef],
+        incarnation: str,
+        restore_checkpoint: str = "",
+    ) -> None:
+        primary = gpus[0].server
+        cmd = helper_pb2.HelperCommand(
+            launch=helper_pb2.LaunchJob(
+                job_id=job.id,
+                incarnation=incarnation,
+                spec=_spec(job),
+                gpu_indices=[g.index for g in gpus if g.server == primary],
+                restore_checkpoint=restore_checkpoint,
+            )
+        )
+        fut = self.core.helpers.send(primary, cmd)
+        self._background(job.id, self._launch_result(job.id, incarnation, fut))
+
+    async def _launch_result(self, job_id: str, incarnation: str, fut: Awaitable) -> None:
+        try:
+            result = await asyncio.wait_for(fut, self.core.settings.command_timeout_s)
+        except asyncio.TimeoutError:
+            return  # the heartbeat reconciliation notices a launch that never happened
+        if result.ok:
+            return
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.incarnation == incarnation and JobState(job.state) in ACTIVE:
+                await repo.transition(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
+                await repo.clear_placement(s, job_id)
+
+    async def _suspend(self, job_id: str, reason: str) -> JobDetail:
+        ack = await self.core.runtimes.call(
+            job_id, runtime_pb2.COMMAND_KIND_SUSPEND, self.core.settings.command_timeout_s, reason=reason
+        )
+        if not ack.ok:
+            raise FailedPrecondition(f"job {job_id} could not suspend: {ack.message}")
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            await repo.transition(s, job, JobState.SUSPENDED, self.core.clock(), f"{reason} (step {ack.step})")
+        return await self.core.get_job(job_id)
+
+    async def _resume(self, job_id: str, reason: str) -> JobDetail:
+        ack = await self.core.runtimes.call(
+            job_id, runtime_pb2.COMMAND_KIND_RESUME, self.core.settings.command_timeout_s, reason=reason
+        )
+        if not ack.ok:
+            raise FailedPrecondition(f"job {job_id} could not resume: {ack.message}")
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            job.held = False
+            await repo.transition(s, job, JobState.RUNNING, self.core.clock(), reason)
+        return await self.core.get_job(job_id)
+
+    async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
+        from scheduler.engine.live_migration import run_migration
+
+        await run_migration(self, job_id, list(to_gpus), reason)
+
+    # ---- operator actions -----------------------------------------------------
+
+    async def operator_suspend(self, job_id: str, reason: str) -> JobDetail:
+        job = await self._job(job_id)
+        if job.state != JobState.RUNNING.value:
+            raise FailedPrecondition(f"job {job_id} is {job.state}; only a RUNNING job can be suspended")
+        self.inflight.add(job_id)
+        try:
+            await self._suspend(job_id, reason or "suspended by operator")
+            async with self.core.tx() as s:
+                (await repo.get_job(s, job_id)).held = True
+            return await self.core.get_job(job_id)
+        finally:
+            self.inflight.discard(job_id)
+
+    async def operator_resume(self, job_id: str, reason: str) -> JobDetail:
+        job = await self._job(job_id)
+        if job.state != JobState.SUSPENDED.value:
+            raise FailedPrecondition(f"job {job_id} is {job.state}; only a SUSPENDED job can be resumed")
+        self.inflight.add(job_id)
+        try:
+            return await self._resume(job_id, reason or "resumed by operator")
+        finally:
+            self.inflight.discard(job_id)
+
+    async def operator_migrate(self, job_id: str, to_server: str) -> JobDetail:
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id)
+            loads = {ld.server.name: ld for ld in await repo.server_loads(s)}
+        if to_server not in loads:
+            raise InvalidArgument("to_server", f"no server named {to_server!r}")
+        dest = loads[to_server]
+        if not dest.server.up:
+            raise FailedPrecondition(f"server {to_server} is down")
+        if job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
+            raise FailedPrecondition(f"job {job_id} is {job.state}; only a running or suspended job can migrate")
+        if not job.migratable:
+            raise FailedPrecondition(f"job {job_id} cannot resume from a checkpoint (its loop ignores the restored step); it can only be suspended in place")
+        free = [g.index for g in dest.gpus if not dest.jobs_by_gpu.get(g.index)]
+        if len(free) < job.gpus:
+            raise FailedPrecondition(f"server {to_server} has {len(free)} free GPU(s); job {job_id} needs {job.gpus}")
+        if job_id in self.inflight:
+            raise FailedPrecondition(f"job {job_id} has a command in progress; try again shortly")
+        gpus = [pt.GpuRef(to_server, i) for i in free[: job.gpus]]
+        self._background(job_id, self.migrate(job_id, gpus, "requested by operator"))
+        await asyncio.sleep(0)
+        return await self.core.get_job(job_id)
+
+    # ---- reconciliation -------------------------------------------------------
+
+    async def reconcile_server(self, server: str, running_jobs: Sequence[str]) -> None:
+        """Jobs placed on `server` whose process its helper no longer has go back to the queue."""
+        now = self.core.clock()
+        grace = self.core.settings.down_after_s
+        alive = set(running_jobs)
+        async with self.core.tx() as s:
+            loads = {ld.server.name: ld for ld in await repo.server_loads(s)}
+            load = loads.get(server)
+            if load is None:
+                return
+            for job_id in load.job_gpus:
+                if job_id in alive or job_id in self.inflight:
+                    self.missing_since.pop(job_id, None)
+                    continue
+                job = await repo.get_job(s, job_id, for_update=True)
+                if JobState(job.state) not in (JobState.RUNNING, JobState.SUSPENDED):
+                    continue
+                if now - job.state_changed_at < grace:
+                    continue
+                first = self.missing_since.setdefault(job_id, now)
+                if now - first >= grace:
+                    self.missing_since.pop(job_id, None)
+                    await repo.transition(s, job, JobState.QUEUED, now, f"its process on {server} was lost")
+                    await repo.clear_placement(s, job_id)
+                    self.core.poke()
+
+
+def _profiles_query():  # type: ignore[no-untyped-def]
+    from sqlalchemy import select
+
+    return select(JobProfile)
+
+
+def _spec(job: Job):  # type: ignore[no-untyped-def]
+    from protos.gandiva.v1 import common_pb2
+
+    return common_pb2.JobSpec(
+        name=job.name,
+        command=job.command,
+        workdir=job.workdir,
+        env=job.env or {},
+        gpus=job.gpus,
+        priority=job.priority,
+        grow_shrink=job.grow_shrink,
+        user=job.user,
+        multi_job_id=job.multi_job_id or "",
+        index=job.array_index,
+        params=job.params or {},
+    )
+
+
+def _job_view(job: Job, placement: list, profile: JobProfile | None, now: float) -> pt.JobView:
+    attained = job.attained_service_s
+    if job.state == JobState.RUNNING.value and job.state_changed_at:
+        attained += max(0.0, now - job.state_changed_at) * job.gpus
+    gpus = len(placement) if placement else job.gpus
+    return pt.JobView(
+        id=job.id,
+        gpus=max(gpus, 1),
+        priority=job.priority,
+        state=job.state,
+        placement=tuple(pt.GpuRef(p.server_name, p.gpu_index) for p in placement),
+        submitted_at=job.submitted_at,
+        steps=job.steps,
+        rate=job.rate or None,
+        grow_shrink=job.grow_shrink,
+        migratable=job.migratable,
+        profile=(
+            pt.JobProfile(
+                memory_bytes=profile.memory_max,
+                gpu_util=profile.utilization,
+                step_time_s=profile.step_time_s or None,
+            )
+            if profile is not None and profile.memory_max
+            else None
+        ),
+        last_state_change_at=job.state_changed_at,
+        attained_service_s=attained,
+        base_gpus=job.gpus,
+        multi_job=job.multi_job_id,
+    )
+
+
+Reconciler = Callable[[str, Sequence[str]], Awaitable[None]]

@@ -1,0 +1,31 @@
+"""Domain errors. Expected outcomes of a request that users must hear about;
+the API layer maps each to one gRPC status code."""
+
+from __future__ import annotations
+
+
+class GandivaError(Exception):
+    """Base of every error the API turns into a status code."""
+
+
+class InvalidArgument(GandivaError):
+    """A request field has a bad value; `field` names it (e.g. ``spec.gpus``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class NotFound(GandivaError):
+    def __init__(self, kind: str, ident: str) -> None:
+        super().__init__(f"{kind} {ident!r} not found")
+        self.kind = kind
+        self.ident = ident
+
+
+class FailedPrecondition(GandivaError):
+    """The request is valid but the object is in the wrong state for it."""
+
+
+class Unavailable(GandivaError):
+    """Infrastructure the scheduler depends on (the database) cannot be reached."""

@@ -1,0 +1,133 @@
+"""In-memory routing of commands to the processes connected right now.
+
+The HelperHub holds, per server, the commands waiting for that server's helper
+stream and the futures of commands awaiting a result; the RuntimeHub does the same
+for each job's shim stream. Neither is persisted: after a scheduler restart the
+helpers and shims reconnect and the engine reconciles from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+
+from protos.gandiva.v1 import helper_pb2, runtime_pb2
+from scheduler.errors import FailedPrecondition, Unavailable
+
+
+def _command_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass
+class _Outbox:
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    pending: dict[str, asyncio.Future] = field(default_factory=dict)
+
+
+class HelperHub:
+    def __init__(self) -> None:
+        self._boxes: dict[str, _Outbox] = {}
+        self.connected: set[str] = set()
+
+    def box(self, server: str) -> _Outbox:
+        return self._boxes.setdefault(server, _Outbox())
+
+    def send(self, server: str, cmd: helper_pb2.HelperCommand) -> asyncio.Future:
+        """Queue `cmd` for `server`'s helper; the future resolves with its result."""
+        if not cmd.command_id:
+            cmd.command_id = _command_id()
+        box = self.box(server)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        box.pending[cmd.command_id] = fut
+        box.queue.put_nowait(cmd)
+        return fut
+
+    async def call(
+        self, server: str, cmd: helper_pb2.HelperCommand, timeout: float
+    ) -> helper_pb2.HelperCommandResult:
+        fut = self.send(server, cmd)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"helper on {server} did not answer within {timeout:.0f}s") from None
+
+    def resolve(self, server: str, result: helper_pb2.HelperCommandResult) -> None:
+        fut = self.box(server).pending.pop(result.command_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(result)
+
+    def fail_all(self, server: str, reason: str) -> None:
+        box = self._boxes.pop(server, None)
+        if box is None:
+            return
+        for fut in box.pending.values():
+            if not fut.done():
+                fut.set_exception(Unavailable(reason))
+
+
+@dataclass
+class RuntimeConn:
+    job_id: str
+    incarnation: str
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    pending: dict[str, asyncio.Future] = field(default_factory=dict)
+
+
+class RuntimeHub:
+    def __init__(self) -> None:
+        self._conns: dict[str, RuntimeConn] = {}
+
+    def attach(self, job_id: str, incarnation: str) -> RuntimeConn:
+        old = self._conns.get(job_id)
+        conn = RuntimeConn(job_id, incarnation)
+        self._conns[job_id] = conn
+        if old is not None:
+            self._fail(old, "the job's runtime reconnected")
+        return conn
+
+    def detach(self, conn: RuntimeConn) -> None:
+        if self._conns.get(conn.job_id) is conn:
+            del self._conns[conn.job_id]
+        self._fail(conn, "the job's runtime disconnected")
+
+    def connected(self, job_id: str) -> bool:
+        return job_id in self._conns
+
+    async def call(
+        self,
+        job_id: str,
+        kind: runtime_pb2.CommandKind.ValueType,
+        timeout: float,
+        checkpoint_dir: str = "",
+        reason: str = "",
+    ) -> runtime_pb2.CommandAck:
+        conn = self._conns.get(job_id)
+        if conn is None:
+            raise FailedPrecondition(f"job {job_id} has no running process connected to the scheduler")
+        cmd = runtime_pb2.RuntimeCommand(
+            command_id=_command_id(), kind=kind, checkpoint_dir=checkpoint_dir, reason=reason
+        )
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        conn.pending[cmd.command_id] = fut
+        conn.outbox.put_nowait(cmd)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            conn.pending.pop(cmd.command_id, None)
+            raise Unavailable(
+                f"job {job_id} did not reach a mini-batch boundary within {timeout:.0f}s"
+            ) from None
+
+    def resolve(self, conn: RuntimeConn, ack: runtime_pb2.CommandAck) -> None:
+        fut = conn.pending.pop(ack.command_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(ack)
+
+    @staticmethod
+    def _fail(conn: RuntimeConn, reason: str) -> None:
+        for fut in conn.pending.values():
+            if not fut.done():
+                fut.set_exception(Unavailable(reason))
+        conn.pending.clear()

@@ -1,0 +1,124 @@
+"""serve(): the central scheduler process.
+
+gRPC (grpc.aio) with the Scheduler, Runtime and Helper services, health checking
+and server reflection; alembic brings the schema up to date at start; the live
+engine runs the policy in the background. Shutdown is graceful: health goes
+NOT_SERVING, the current scheduling round finishes, calls get `grace` seconds,
+then the database engine is disposed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from protos.gandiva.v1 import (
+    helper_pb2,
+    helper_pb2_grpc,
+    runtime_pb2,
+    runtime_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+from scheduler.api.helper_api import HelperServicer
+from scheduler.api.runtime_api import RuntimeServicer
+from scheduler.api.scheduler_api import SchedulerServicer
+from scheduler.core import SchedulerCore, Settings
+from scheduler.engine.live import LiveEngine
+from scheduler.policy.types import PolicyConfig
+from scheduler.state import migrate
+from scheduler.state.db import make_engine
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name,
+    runtime_pb2.DESCRIPTOR.services_by_name["Runtime"].full_name,
+    helper_pb2.DESCRIPTOR.services_by_name["Helper"].full_name,
+)
+
+
+@dataclass
+class SchedulerServer:
+    """A running scheduler: its gRPC server, core, engine and bound address."""
+
+    db_url: str
+    listen: str = "127.0.0.1:50051"
+    policy: str = "gandiva"
+    settings: Settings = field(default_factory=Settings)
+    policy_config: PolicyConfig | None = None
+    tick_s: float = 1.0
+    address: str = ""
+
+    async def start(self) -> str:
+        self.db = make_engine(self.db_url)
+        await migrate.upgrade(self.db)
+        self.core = SchedulerCore(self.db, self.settings)
+        self.engine = LiveEngine(self.core, self.policy, self.policy_config, self.tick_s)
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.keepalive_time_ms", 20_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+                ("grpc.max_receive_message_length", 64 << 20),
+            ]
+        )
+        scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(self.core, self.engine), self.server)
+        runtime_pb2_grpc.add_RuntimeServicer_to_server(RuntimeServicer(self.core), self.server)
+        helper_pb2_grpc.add_HelperServicer_to_server(HelperServicer(self.core, self.engine), self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        host, _, port = self.listen.rpartition(":")
+        bound = self.server.add_insecure_port(self.listen)
+        if bound == 0:
+            raise OSError(f"cannot listen on {self.listen}")
+        self.address = f"{host or '127.0.0.1'}:{bound}"
+        await self.server.start()
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.engine.scheduler_address = self.address
+        self._engine_task = asyncio.create_task(self.engine.run())
+        log.info("scheduler listening on %s (db %s, policy %s)", self.address, _redact(self.db_url), self.policy)
+        return self.address
+
+    async def stop(self, grace: float = 5.0) -> None:
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.engine.stop()
+        self._engine_task.cancel()
+        await asyncio.gather(self._engine_task, return_exceptions=True)
+        await self.server.stop(grace)
+        await self.db.dispose()
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+async def serve(server: SchedulerServer, port_file: str | None = None) -> None:
+    """Run until SIGINT/SIGTERM, then shut down gracefully."""
+    address = await server.start()
+    if port_file:
+        from pathlib import Path
+
+        tmp = Path(port_file + ".tmp")
+        tmp.write_text(address + "\n")
+        tmp.rename(port_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop()

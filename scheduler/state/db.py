@@ -1,0 +1,67 @@
+"""The database, chosen in one place from its URL.
+
+``sqlite+aiosqlite:///PATH`` is the embedded default; ``postgresql+asyncpg://...``
+is for production. Everything else goes through :func:`make_engine`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from scheduler.errors import InvalidArgument
+
+SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
+
+
+def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """An async engine configured as a long-running server needs it."""
+    parsed = make_url(url)
+    if parsed.drivername not in SUPPORTED:
+        raise InvalidArgument(
+            "db", f"unsupported database URL {parsed.drivername!r}; use one of {', '.join(SUPPORTED)}"
+        )
+    if parsed.drivername.startswith("sqlite"):
+        return _sqlite_engine(url, parsed.database, **kwargs)
+    # pool_pre_ping: after the database restarts, stale pooled connections are
+    # replaced instead of failing the next request.
+    return create_async_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, **kwargs)
+
+
+def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> AsyncEngine:
+    if database and database != ":memory:":
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not the driver, decide when transactions begin (see _on_begin).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        # WAL: readers never block the writer and vice versa.
+        cur.execute("PRAGMA journal_mode=WAL")
+        # In WAL mode NORMAL is durable across a crash of the scheduler process
+        # (only an OS crash can lose the last commits) and is several times faster.
+        cur.execute("PRAGMA synchronous=NORMAL")
+        # Wait for a competing writer instead of failing at once with "database is locked".
+        cur.execute("PRAGMA busy_timeout=10000")
+        # SQLite ignores foreign keys unless asked; our cascades rely on them.
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # IMMEDIATE takes the write lock at BEGIN: a read-then-write transaction
+        # can never fail half-way with SQLITE_BUSY when another writer commits first.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    # expire_on_commit=False: rows stay readable after commit, without a reload round trip.
+    return async_sessionmaker(engine, expire_on_commit=False)

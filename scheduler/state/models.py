@@ -1,0 +1,151 @@
+"""The cluster state as SQL tables (SQLAlchemy 2 ORM). The schema is owned by
+alembic/; tests check that the migrated schema equals this metadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Deterministic constraint names, so alembic migrations can refer to them on both dialects.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Server(Base):
+    __tablename__ = "servers"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    address: Mapped[str] = mapped_column(String(256), default="")
+    num_gpus: Mapped[int] = mapped_column(Integer)
+    ramdisk: Mapped[str] = mapped_column(Text, default="")
+    shared_root: Mapped[str] = mapped_column(Text, default="")
+    up: Mapped[bool] = mapped_column(Boolean, default=True)
+    registered_at: Mapped[float] = mapped_column(Double)
+    last_heartbeat: Mapped[float] = mapped_column(Double)
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    server_name: Mapped[str] = mapped_column(
+        ForeignKey("servers.name", ondelete="CASCADE"), primary_key=True
+    )
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(128), default="")
+    model: Mapped[str] = mapped_column(String(128), default="")
+    memory_total: Mapped[int] = mapped_column(BigInteger, default=0)
+    memory_used: Mapped[int] = mapped_column(BigInteger, default=0)
+    utilization: Mapped[float] = mapped_column(Double, default=0.0)
+    sampled_at: Mapped[float] = mapped_column(Double, default=0.0)
+
+
+class MultiJob(Base):
+    __tablename__ = "multi_jobs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    command: Mapped[list[str]] = mapped_column(JSON)
+    workdir: Mapped[str] = mapped_column(Text, default="")
+    env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    gpus: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[int] = mapped_column(Integer, default=1)
+    grow_shrink: Mapped[bool] = mapped_column(Boolean, default=False)
+    user: Mapped[str] = mapped_column(String(128), default="")
+    multi_job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("multi_jobs.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    array_index: Mapped[int] = mapped_column(Integer, default=0)
+    params: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    # Which launch of the job is current; exits and acks of older launches are ignored.
+    incarnation: Mapped[str] = mapped_column(String(32), default="")
+    steps: Mapped[int] = mapped_column(BigInteger, default=0)
+    rate: Mapped[float] = mapped_column(Double, default=0.0)
+    last_step_s: Mapped[float] = mapped_column(Double, default=0.0)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    migratable: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Suspended by an operator: the policy must not resume it on its own.
+    held: Mapped[bool] = mapped_column(Boolean, default=False)
+    message: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+    started_at: Mapped[float] = mapped_column(Double, default=0.0)
+    # When the state or placement last changed: time slices and packing trials run from it.
+    state_changed_at: Mapped[float] = mapped_column(Double, default=0.0)
+    finished_at: Mapped[float] = mapped_column(Double, default=0.0)
+    # GPU-seconds received so far (least-attained-service policies use it).
+    attained_service_s: Mapped[float] = mapped_column(Double, default=0.0)
+
+
+class Placement(Base):
+    """One GPU a job holds. Several jobs may share a GPU (packing, time-slicing)."""
+
+    __tablename__ = "placements"
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    server_name: Mapped[str] = mapped_column(
+        ForeignKey("servers.name", ondelete="CASCADE"), primary_key=True
+    )
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    __table_args__ = (Index("ix_placements_server", "server_name", "gpu_index"),)
+
+
+class Transition(Base):
+    __tablename__ = "transitions"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    from_state: Mapped[str] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    at: Mapped[float] = mapped_column(Double)
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    at: Mapped[float] = mapped_column(Double)
+    kind: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(32), default="", index=True)
+    server: Mapped[str] = mapped_column(String(128), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class JobProfile(Base):
+    """What profiling learned about a job: memory cycle, utilization, step time."""
+
+    __tablename__ = "job_profiles"
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    memory_max: Mapped[int] = mapped_column(BigInteger, default=0)
+    memory_min: Mapped[int] = mapped_column(BigInteger, default=0)
+    utilization: Mapped[float] = mapped_column(Double, default=0.0)
+    step_time_s: Mapped[float] = mapped_column(Double, default=0.0)
+    updated_at: Mapped[float] = mapped_column(Double, default=0.0)

@@ -1,0 +1,291 @@
+"""Repository functions: every read and write of cluster state.
+
+Each takes an explicit AsyncSession; the caller owns the transaction, so a state
+change and the events that record it commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from scheduler.errors import NotFound
+from scheduler.lifecycle import JobState, check_transition
+from scheduler.state.models import (
+    Event,
+    Gpu,
+    Job,
+    JobProfile,
+    MultiJob,
+    Placement,
+    Server,
+    Transition,
+)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+# ---- events -----------------------------------------------------------------
+
+
+def add_event(
+    session: AsyncSession,
+    at: float,
+    kind: str,
+    message: str = "",
+    job_id: str = "",
+    server: str = "",
+) -> Event:
+    ev = Event(at=at, kind=kind, job_id=job_id, server=server, message=message)
+    session.add(ev)
+    return ev
+
+
+async def list_events(
+    session: AsyncSession, after_id: int = 0, job_id: str = "", limit: int = 0
+) -> Sequence[Event]:
+    q = select(Event).where(Event.id > after_id).order_by(Event.id)
+    if job_id:
+        q = q.where(Event.job_id == job_id)
+    if limit > 0:
+        q = q.limit(limit)
+    return (await session.scalars(q)).all()
+
+
+async def last_event_id(session: AsyncSession) -> int:
+    return int((await session.scalar(select(func.max(Event.id)))) or 0)
+
+
+# ---- jobs -------------------------------------------------------------------
+
+
+async def get_job(session: AsyncSession, job_id: str, for_update: bool = False) -> Job:
+    q = select(Job).where(Job.id == job_id)
+    if for_update:
+        q = q.with_for_update()
+    job = await session.scalar(q)
+    if job is None:
+        raise NotFound("job", job_id)
+    return job
+
+
+async def list_jobs(
+    session: AsyncSession,
+    states: Iterable[JobState] = (),
+    multi_job_id: str = "",
+    limit: int = 0,
+) -> Sequence[Job]:
+    q = select(Job).order_by(Job.submitted_at, Job.id)
+    wanted = [s.value for s in states]
+    if wanted:
+        q = q.where(Job.state.in_(wanted))
+    if multi_job_id:
+        q = q.where(Job.multi_job_id == multi_job_id)
+    if limit > 0:
+        q = q.limit(limit)
+    return (await session.scalars(q)).all()
+
+
+def add_job(session: AsyncSession, job: Job, now: float) -> None:
+    session.add(job)
+    session.add(
+        Transition(job_id=job.id, from_state="", to_state=job.state, at=now, reason="submitted")
+    )
+    add_event(session, now, "job.submitted", f"{job.name}: {job.gpus} GPU(s)", job_id=job.id)
+
+
+def add_multi_job(session: AsyncSession, mj: MultiJob) -> None:
+    session.add(mj)
+
+
+async def transition(
+    session: AsyncSession, job: Job, target: JobState, now: float, reason: str = ""
+) -> None:
+    """Move `job` to `target` if the state machine allows it, recording why."""
+    current = JobState(job.state)
+    check_transition(job.id, current, target)
+    if current is JobState.RUNNING and job.state_changed_at:
+        # GPU-seconds received, for least-attained-service policies.
+        job.attained_service_s += max(0.0, now - job.state_changed_at) * job.gpus
+    job.state = target.value
+    job.updated_at = now
+    job.state_changed_at = now
+    if reason:
+        job.message = reason
+    if target.terminal:
+        job.finished_at = now
+    if target is JobState.RUNNING and not job.started_at:
+        job.started_at = now
+    session.add(
+        Transition(job_id=job.id, from_state=current.value, to_state=target.value, at=now, reason=reason)
+    )
+    add_event(session, now, "job.state", f"{current.value} -> {target.value}: {reason}", job_id=job.id)
+
+
+async def history(session: AsyncSession, job_id: str) -> Sequence[Transition]:
+    q = select(Transition).where(Transition.job_id == job_id).order_by(Transition.id)
+    return (await session.scalars(q)).all()
+
+
+# ---- placements ---------------------------------------------------------------
+
+
+async def placements_of(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, list[Placement]]:
+    out: dict[str, list[Placement]] = defaultdict(list)
+    if not job_ids:
+        return out
+    # Chunked: very long IN lists are slow on SQLite and capped on some drivers.
+    for i in range(0, len(job_ids), 500):
+        q = select(Placement).where(Placement.job_id.in_(job_ids[i : i + 500]))
+        for p in (await session.scalars(q)).all():
+            out[p.job_id].append(p)
+    for ps in out.values():
+        ps.sort(key=lambda p: (p.server_name, p.gpu_index))
+    return out
+
+
+async def all_placements(session: AsyncSession) -> Sequence[Placement]:
+    return (await session.scalars(select(Placement))).all()
+
+
+async def set_placement(
+    session: AsyncSession, job_id: str, gpus: Iterable[tuple[str, int]]
+) -> None:
+    await session.execute(delete(Placement).where(Placement.job_id == job_id))
+    for server, index in gpus:
+        session.add(Placement(job_id=job_id, server_name=server, gpu_index=index))
+
+
+async def clear_placement(session: AsyncSession, job_id: str) -> None:
+    await session.execute(delete(Placement).where(Placement.job_id == job_id))
+
+
+# ---- servers ------------------------------------------------------------------
+
+
+@dataclass
+class ServerLoad:
+    """A server with what is placed on it: the inputs of height and affinity."""
+
+    server: Server
+    gpus: list[Gpu]
+    jobs_by_gpu: dict[int, list[str]] = field(default_factory=dict)
+    job_gpus: dict[str, int] = field(default_factory=dict)  # job id -> its GPU count
+
+    @property
+    def allocated(self) -> int:
+        return sum(len(v) for v in self.jobs_by_gpu.values())
+
+    @property
+    def height(self) -> int:
+        n = self.server.num_gpus
+        return math.ceil(self.allocated / n) if n else 0
+
+    @property
+    def affinity(self) -> int:
+        """The GPU count of the jobs placed here (the largest, if they differ); 0 when empty."""
+        return max(self.job_gpus.values(), default=0)
+
+
+async def get_server(session: AsyncSession, name: str) -> Server:
+    server = await session.get(Server, name)
+    if server is None:
+        raise NotFound("server", name)
+    return server
+
+
+async def upsert_server(
+    session: AsyncSession,
+    name: str,
+    address: str,
+    gpus: Sequence[Gpu],
+    ramdisk: str,
+    shared_root: str,
+    now: float,
+) -> bool:
+    """Create or refresh a server and its GPUs. Returns True if it is new."""
+    server = await session.get(Server, name)
+    created = server is None
+    if server is None:
+        server = Server(name=name, registered_at=now)
+        session.add(server)
+    server.address = address
+    server.num_gpus = len(gpus)
+    server.ramdisk = ramdisk
+    server.shared_root = shared_root
+    server.up = True
+    server.last_heartbeat = now
+    await session.flush()
+    await session.execute(delete(Gpu).where(Gpu.server_name == name))
+    for g in gpus:
+        g.server_name = name
+        session.add(g)
+    return created
+
+
+async def heartbeat(session: AsyncSession, name: str, now: float) -> Server | None:
+    server = await session.get(Server, name)
+    if server is None:
+        return None
+    server.last_heartbeat = now
+    return server
+
+
+async def stale_servers(session: AsyncSession, before: float) -> Sequence[Server]:
+    q = select(Server).where(Server.up.is_(True), Server.last_heartbeat < before)
+    return (await session.scalars(q)).all()
+
+
+async def server_loads(session: AsyncSession) -> list[ServerLoad]:
+    servers = (await session.scalars(select(Server).order_by(Server.name))).all()
+    gpus = (await session.scalars(select(Gpu).order_by(Gpu.server_name, Gpu.index))).all()
+    rows = (
+        await session.execute(
+            select(Placement.server_name, Placement.gpu_index, Placement.job_id, Job.gpus).join(
+                Job, Job.id == Placement.job_id
+            )
+        )
+    ).all()
+    by_name = {s.name: ServerLoad(s, []) for s in servers}
+    for g in gpus:
+        if g.server_name in by_name:
+            by_name[g.server_name].gpus.append(g)
+    for server_name, gpu_index, job_id, job_gpus in rows:
+        load = by_name.get(server_name)
+        if load is not None:
+            load.jobs_by_gpu.setdefault(gpu_index, []).append(job_id)
+            load.job_gpus[job_id] = job_gpus
+    return list(by_name.values())
+
+
+async def update_gpu_samples(
+    session: AsyncSession, server: str, samples: Iterable[tuple[int, float, int, float]]
+) -> None:
+    """samples: (gpu index, at, memory used bytes, utilization)."""
+    for index, at, mem, util in samples:
+        await session.execute(
+            update(Gpu)
+            .where(Gpu.server_name == server, Gpu.index == index)
+            .values(memory_used=mem, utilization=util, sampled_at=at)
+        )
+
+
+async def upsert_profile(
+    session: AsyncSession, job_id: str, now: float, **values: float
+) -> JobProfile:
+    prof = await session.get(JobProfile, job_id)
+    if prof is None:
+        prof = JobProfile(job_id=job_id, updated_at=now)
+        session.add(prof)
+    for k, v in values.items():
+        setattr(prof, k, v)
+    prof.updated_at = now
+    return prof

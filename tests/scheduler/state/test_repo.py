@@ -1,0 +1,98 @@
+"""The state layer on SQLite and PostgreSQL: submissions, the state machine,
+atomicity of multi-job submission and server bookkeeping."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from protos.gandiva.v1 import common_pb2, helper_pb2
+from scheduler.core import SchedulerCore
+from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound
+from scheduler.lifecycle import JobState
+from scheduler.state import migrate, repo
+from scheduler.state.db import make_engine
+
+
+@pytest.fixture
+async def core(db_url: str) -> AsyncIterator[SchedulerCore]:
+    engine = make_engine(db_url)
+    await migrate.upgrade(engine)
+    yield SchedulerCore(engine)
+    await engine.dispose()
+
+
+def spec(gpus: int = 1, **kw: object) -> common_pb2.JobSpec:
+    return common_pb2.JobSpec(command=["python", "train.py"], gpus=gpus, **kw)  # type: ignore[arg-type]
+
+
+async def test_submit_persists_job_transition_and_event(core: SchedulerCore) -> None:
+    d = await core.submit(spec(2, name="resnet", priority=3))
+    got = await core.get_job(d.job.id)
+    assert (got.job.name, got.job.gpus, got.job.priority, got.job.state) == ("resnet", 2, 3, "QUEUED")
+    assert [t.to_state for t in got.history] == ["QUEUED"]
+    events = await core.list_events(job_id=d.job.id)
+    assert [e.kind for e in events] == ["job.submitted"]
+
+
+async def test_invalid_submission_writes_nothing(core: SchedulerCore) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        await core.submit(spec(3))
+    assert err.value.field == "spec.gpus"
+    with pytest.raises(InvalidArgument) as err:
+        await core.submit(common_pb2.JobSpec(gpus=1))
+    assert err.value.field == "spec.command"
+    with pytest.raises(InvalidArgument):
+        await core.submit(spec(1, priority=-1))
+    assert await core.list_jobs() == []
+    assert list(await core.list_events()) == []
+
+
+async def test_multi_job_is_all_or_nothing(core: SchedulerCore) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        await core.submit_multi("sweep", [spec(1), spec(1), spec(0)])
+    assert err.value.field == "jobs[2].gpus"
+    assert await core.list_jobs() == []
+    mj, jobs = await core.submit_multi("sweep", [spec(1, index=i) for i in range(4)])
+    listed = await core.list_jobs(multi_job_id=mj)
+    assert sorted(d.job.array_index for d in listed) == [0, 1, 2, 3]
+
+
+async def test_state_machine_rejects_illegal_transitions(core: SchedulerCore) -> None:
+    d = await core.submit(spec())
+    killed = await core.kill(d.job.id)
+    assert killed.job.state == "KILLED"
+    with pytest.raises(FailedPrecondition):
+        await core.kill(d.job.id)
+    async with core.tx() as s:
+        job = await repo.get_job(s, d.job.id)
+        with pytest.raises(FailedPrecondition, match="KILLED"):
+            await repo.transition(s, job, JobState.RUNNING, 1.0)
+    assert (await core.get_job(d.job.id)).job.state == "KILLED"
+
+
+async def test_unknown_job_is_not_found(core: SchedulerCore) -> None:
+    with pytest.raises(NotFound):
+        await core.get_job("j-nope")
+    with pytest.raises(NotFound):
+        await core.set_priority("j-nope", 2)
+
+
+async def test_server_registration_heights_and_down(core: SchedulerCore) -> None:
+    gpus = [common_pb2.Gpu(index=i, model="virtual") for i in range(4)]
+    await core.register_server(helper_pb2.RegisterServerRequest(name="s1", gpus=gpus))
+    d = await core.submit(spec(2))
+    async with core.tx() as s:
+        job = await repo.get_job(s, d.job.id)
+        await repo.set_placement(s, job.id, [("s1", 0), ("s1", 1)])
+        await repo.transition(s, job, JobState.RUNNING, core.clock(), "test placement")
+    (load,) = await core.list_servers()
+    assert (load.allocated, load.height, load.affinity) == (2, 1, 2)
+    # The server stops heartbeating: it goes down and its job returns to the queue.
+    core.clock = lambda: 10**10  # type: ignore[method-assign]
+    assert await core.mark_stale_servers_down() == ["s1"]
+    got = await core.get_job(d.job.id)
+    assert got.job.state == "QUEUED" and got.placement == []
+    (load,) = await core.list_servers()
+    assert not load.server.up and load.allocated == 0
