@@ -1,0 +1,96 @@
+"""The Runtime stream over a real socket: a shim-like client reports progress and
+obeys suspend/resume from the operator API at its (simulated) boundaries."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import (
+    common_pb2,
+    helper_pb2,
+    helper_pb2_grpc,
+    runtime_pb2,
+    runtime_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+
+
+def wait_for(pred, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := pred():
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+class FakeShim:
+    """Speaks the Runtime protocol like tf_runtime does: hello, progress, acks."""
+
+    def __init__(self, channel: grpc.Channel, job_id: str, incarnation: str) -> None:
+        self.out: queue.Queue = queue.Queue()
+        self.out.put(runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job_id, incarnation=incarnation, pid=1)))
+        self.stream = runtime_pb2_grpc.RuntimeStub(channel).Connect(iter(self.out.get, None))
+        self.received: list[runtime_pb2.RuntimeCommand] = []
+        self.thread = threading.Thread(target=self._obey, daemon=True)
+        self.thread.start()
+
+    def _obey(self) -> None:
+        try:
+            for cmd in self.stream:
+                self.received.append(cmd)
+                self.out.put(runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True, step=42)))
+        except grpc.RpcError:
+            pass
+
+    def progress(self, steps: int, rate: float) -> None:
+        self.out.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(steps=steps, rate=rate, metrics={"loss": 0.5})))
+
+    def close(self) -> None:
+        self.out.put(None)
+        self.stream.cancel()
+
+
+def test_progress_and_operator_suspend_resume(scheduler_server) -> None:  # type: ignore[no-untyped-def]
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        helper = helper_pb2_grpc.HelperStub(ch)
+        helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+        commands = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
+        launch = next(commands).launch
+        shim = FakeShim(ch, job.id, launch.incarnation)
+        shim.progress(10, 4.5)
+        got = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).steps == 10 and j)
+        assert got.rate == pytest.approx(4.5) and got.metrics["loss"] == pytest.approx(0.5)
+
+        suspended = stub.SuspendJob(scheduler_pb2.JobActionRequest(id=job.id))
+        assert suspended.state == common_pb2.JOB_STATE_SUSPENDED
+        assert shim.received[-1].kind == runtime_pb2.COMMAND_KIND_SUSPEND
+        # An operator's suspension holds: the policy does not resume the job by itself.
+        time.sleep(0.6)
+        assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).state == common_pb2.JOB_STATE_SUSPENDED
+        resumed = stub.ResumeJob(scheduler_pb2.JobActionRequest(id=job.id))
+        assert resumed.state == common_pb2.JOB_STATE_RUNNING
+        assert shim.received[-1].kind == runtime_pb2.COMMAND_KIND_RESUME
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ResumeJob(scheduler_pb2.JobActionRequest(id=job.id))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        shim.close()
+        commands.cancel()
+
+
+def test_suspend_without_connected_runtime_fails_cleanly(scheduler_server) -> None:  # type: ignore[no-untyped-def]
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["x"], gpus=1))).job
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SuspendJob(scheduler_pb2.JobActionRequest(id=job.id))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "QUEUED" in err.value.details()
