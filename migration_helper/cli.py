@@ -1,0 +1,118 @@
+"""`gandiva helper` (the daemon on each GPU server) and `gandiva logs JOB [-f]`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from migration_helper.config import ConfigError, HelperConfig, default_log_dir
+from scheduler.config import scheduler_address
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    helper = subparsers.add_parser(
+        "helper",
+        help="run the Migration Helper daemon on this server",
+        description="Registers this server and its GPUs with the scheduler, runs the jobs placed "
+        "here under the tf_runtime shim, pre-warms migrations and receives checkpoints.",
+    )
+    helper.add_argument("--server-name", required=True, help="this server's name in the cluster")
+    helper.add_argument("--gpus", type=int, default=None,
+                        help="virtual GPUs where there is no NVIDIA driver (default 4)")
+    helper.add_argument("--virtual", action="store_true",
+                        help="use virtual GPUs even where NVML finds real ones")
+    helper.add_argument("--ramdisk", type=Path, default=None,
+                        help="checkpoint directory in RAM (default /dev/shm/gandiva-NAME)")
+    helper.add_argument("--shared-root", type=Path, default=None,
+                        help="where the peers' ramdisks are mounted, as ROOT/PEER-NAME (NFS-style)")
+    helper.add_argument("--listen", default="127.0.0.1:0",
+                        help="address of this helper's agent service for peers (default 127.0.0.1:0)")
+    helper.add_argument("--scheduler", default=None, help="scheduler address (or GANDIVA_SCHEDULER)")
+    helper.add_argument("--log-dir", type=Path, default=None,
+                        help="job logs directory (default $GANDIVA_HOME/logs)")
+    helper.add_argument("--sample-interval", type=float, default=1.0,
+                        help="seconds between GPU samples (default 1)")
+    helper.set_defaults(func=run_helper)
+
+    logs = subparsers.add_parser("logs", help="print (or follow) a job's output on this server")
+    logs.add_argument("job", help="job id")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output")
+    logs.add_argument("--log-dir", type=Path, default=None,
+                      help="job logs directory (default $GANDIVA_HOME/logs)")
+    logs.set_defaults(func=run_logs)
+
+
+def run_helper(args: argparse.Namespace) -> int:
+    try:
+        config = HelperConfig(
+            server_name=args.server_name,
+            scheduler=scheduler_address(args.scheduler),
+            listen=args.listen,
+            gpus=args.gpus,
+            ramdisk=args.ramdisk,
+            shared_root=args.shared_root,
+            log_dir=args.log_dir,
+            sample_interval_s=args.sample_interval,
+            report_interval_s=max(5.0, args.sample_interval),
+        )
+    except ConfigError as exc:
+        print(f"gandiva helper: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.virtual:
+        import os
+
+        os.environ["GANDIVA_FORCE_VIRTUAL_GPUS"] = "1"
+    try:
+        import uvloop
+
+        uvloop.run(_serve(config))
+    except ImportError:  # uvloop is not built for every platform; asyncio's loop works too
+        asyncio.run(_serve(config))
+    return 0
+
+
+async def _serve(config: HelperConfig) -> None:
+    from migration_helper.daemon import HelperDaemon
+
+    daemon = HelperDaemon(config)
+    await daemon.start()
+    # One line on stdout that scripts (and the benchmark) wait for.
+    print(f"helper {config.server_name} listening on {daemon.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: stopping jobs")
+    await daemon.stop()
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    log_dir = (args.log_dir or default_log_dir()).expanduser()
+    path = log_dir / f"{args.job}.log"
+    if "/" in args.job or not path.is_file():
+        print(f"gandiva logs: no output for job {args.job!r} under {log_dir} "
+              "(logs stay on the server that ran the job)", file=sys.stderr)
+        return 1
+    try:
+        with open(path, "rb") as f:
+            while True:
+                data = f.read(1 << 16)
+                if data:
+                    sys.stdout.buffer.write(data)
+                    sys.stdout.flush()
+                    continue
+                if not args.follow:
+                    return 0
+                time.sleep(0.2)
+    except KeyboardInterrupt:
+        return 0

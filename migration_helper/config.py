@@ -1,0 +1,65 @@
+"""The helper's settings, with their defaults, validated in one place."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scheduler.config import gandiva_home, scheduler_address
+
+DEFAULT_LISTEN = "127.0.0.1:0"
+DEFAULT_VIRTUAL_GPUS = 4
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names it."""
+
+
+def default_ramdisk(server: str) -> Path:
+    """/dev/shm where it exists (a RAM-backed tmpfs on Linux), else under GANDIVA_HOME."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() else gandiva_home() / "ramdisk"
+    return base / f"gandiva-{server}"
+
+
+def default_log_dir() -> Path:
+    return gandiva_home() / "logs"
+
+
+@dataclass(frozen=True)
+class HelperConfig:
+    """What one helper daemon needs to know. ``gpus`` None means: NVML if a driver
+    exists, else DEFAULT_VIRTUAL_GPUS virtual GPUs."""
+
+    server_name: str
+    scheduler: str = field(default_factory=lambda: scheduler_address(None))
+    listen: str = DEFAULT_LISTEN
+    gpus: int | None = None
+    ramdisk: Path | None = None
+    shared_root: Path | None = None
+    log_dir: Path | None = None
+    sample_interval_s: float = 1.0
+    report_interval_s: float = 5.0
+    stop_grace_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.server_name):
+            raise ConfigError(
+                f"--server-name {self.server_name!r}: use 1-63 letters, digits, '.', '_' or '-'"
+            )
+        if self.gpus is not None and self.gpus < 1:
+            raise ConfigError(f"--gpus {self.gpus}: must be at least 1")
+        if ":" not in self.listen:
+            raise ConfigError(f"--listen {self.listen!r}: expected HOST:PORT")
+        if self.sample_interval_s <= 0 or self.report_interval_s <= 0:
+            raise ConfigError("sample and report intervals must be positive")
+
+    @property
+    def ramdisk_dir(self) -> Path:
+        return (self.ramdisk or default_ramdisk(self.server_name)).resolve()
+
+    @property
+    def logs_dir(self) -> Path:
+        return (self.log_dir or default_log_dir()).resolve()

@@ -1,0 +1,233 @@
+"""The helper daemon: its HelperAgent server, its session with the scheduler
+(register, heartbeat, command stream, reports) and GPU sampling.
+
+The session reconnects by itself: any failure (scheduler restarted, unreachable,
+or answering ``known=false``) ends the session and a new one registers again and
+reopens the command stream. Process exits and command results wait in an outbox
+until the scheduler has taken them, so none is lost while it is away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+from typing import Any
+
+import grpc
+
+from migration_helper.agent import HelperAgentServicer
+from migration_helper.config import HelperConfig
+from migration_helper.gpus import GpuBackend, open_backend
+from migration_helper.jobs import JobTable
+from migration_helper.process import JobProcess, exit_reason
+from migration_helper.ramdisk import Ramdisk
+from migration_helper.sampling import Sampler
+from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+RPC_TIMEOUT_S = 5.0
+MAX_BACKOFF_S = 2.0
+
+
+class SessionEnded(Exception):
+    """The scheduler no longer knows this server, or closed the command stream."""
+
+
+class HelperDaemon:
+    def __init__(self, config: HelperConfig, backend: GpuBackend | None = None) -> None:
+        self.config = config
+        self.backend = backend or open_backend(config.gpus, config.server_name)
+        self.ramdisk = Ramdisk(config.ramdisk_dir)
+        self.jobs = JobTable(
+            server=config.server_name,
+            scheduler=config.scheduler,
+            log_dir=config.logs_dir,
+            on_exit=self._process_exited,
+            stop_grace_s=config.stop_grace_s,
+        )
+        self.sampler = Sampler(
+            self.backend, lambda: self.jobs.processes.values(), config.sample_interval_s
+        )
+        self.address = ""
+        self.registered = asyncio.Event()
+        self.sessions = 0  # how many times it registered (tests watch reconnects)
+        self._outbox: collections.deque[Any] = collections.deque()
+        self._outbox_ready = asyncio.Event()
+        self._seen_commands: dict[str, asyncio.Task[None]] = {}
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self.ramdisk.prepare()
+        self._server = grpc.aio.server()
+        helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(self.ramdisk), self._server)
+        port = self._server.add_insecure_port(self.config.listen)
+        if port == 0:
+            raise OSError(f"--listen {self.config.listen}: cannot bind")
+        await self._server.start()
+        host = self.config.listen.rsplit(":", 1)[0]
+        if host in ("0.0.0.0", "[::]", ""):
+            host = socket.getfqdn()  # peers need a name they can reach, not the wildcard
+        self.address = f"{host}:{port}"
+        log.info("helper %s: agent on %s, ramdisk %s, %s GPUs (%s)", self.config.server_name,
+                 self.address, self.ramdisk.root, len(self.backend.gpus()), self.backend.name)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run_sessions()), loop.create_task(self._sample_loop())]
+
+    async def stop(self) -> None:
+        """Stop the jobs (they cannot be supervised without us), tell the scheduler if
+        it is reachable, and close the server."""
+        await self.jobs.stop_all()
+        await self._flush_outbox(timeout_s=2.0)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.stop(1.0)
+        self.backend.close()
+
+    # ---- reports -------------------------------------------------------------------
+
+    def _process_exited(self, proc: JobProcess) -> None:
+        code = proc.exit_code if proc.exit_code is not None else -1
+        self._post(
+            helper_pb2.ProcessExitRequest(
+                server=self.config.server_name,
+                job_id=proc.job_id,
+                incarnation=proc.incarnation,
+                exit_code=code,
+                reason=exit_reason(code, proc.stopped),
+            )
+        )
+
+    def _post(self, message: Any) -> None:
+        self._outbox.append(message)
+        self._outbox_ready.set()
+
+    async def _send(self, stub: helper_pb2_grpc.HelperStub, message: Any) -> None:
+        if isinstance(message, helper_pb2.ProcessExitRequest):
+            await stub.ReportProcessExit(message, timeout=RPC_TIMEOUT_S)
+        elif isinstance(message, helper_pb2.HelperCommandResult):
+            await stub.ReportCommandResult(message, timeout=RPC_TIMEOUT_S)
+        else:
+            await stub.ReportGpuSamples(message, timeout=RPC_TIMEOUT_S)
+
+    async def _drain_outbox(self, stub: helper_pb2_grpc.HelperStub) -> None:
+        while True:
+            while self._outbox:
+                # Sent in order and removed only once taken: a failure reconnects and retries.
+                await self._send(stub, self._outbox[0])
+                self._outbox.popleft()
+            self._outbox_ready.clear()
+            await self._outbox_ready.wait()
+
+    async def _flush_outbox(self, timeout_s: float) -> None:
+        if not self._outbox:
+            return
+        try:
+            async with grpc.aio.insecure_channel(self.config.scheduler) as channel:
+                stub = helper_pb2_grpc.HelperStub(channel)
+                async with asyncio.timeout(timeout_s):
+                    while self._outbox:
+                        await self._send(stub, self._outbox[0])
+                        self._outbox.popleft()
+        except (grpc.aio.AioRpcError, TimeoutError):
+            log.warning("scheduler unreachable; %d report(s) not delivered", len(self._outbox))
+
+    # ---- the session with the scheduler -------------------------------------------
+
+    def _register_request(self) -> helper_pb2.RegisterServerRequest:
+        return helper_pb2.RegisterServerRequest(
+            name=self.config.server_name,
+            address=self.address,
+            gpus=[
+                common_pb2.Gpu(index=g.index, uuid=g.uuid, model=g.model,
+                               memory_total_bytes=g.memory_total_bytes)
+                for g in self.backend.gpus()
+            ],
+            ramdisk=str(self.ramdisk.root),
+            shared_root=str(self.config.shared_root.resolve()) if self.config.shared_root else "",
+        )
+
+    async def _run_sessions(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                async with grpc.aio.insecure_channel(self.config.scheduler) as channel:
+                    await self._session(helper_pb2_grpc.HelperStub(channel))
+            except (grpc.aio.AioRpcError, SessionEnded) as exc:
+                self.registered.clear()
+                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                log.warning("scheduler session ended (%s); reconnecting", detail)
+            await asyncio.sleep(backoff)
+            backoff = min(MAX_BACKOFF_S, backoff * 2) if not self.registered.is_set() else 0.2
+
+    async def _session(self, stub: helper_pb2_grpc.HelperStub) -> None:
+        reply = await stub.Register(self._register_request(), timeout=RPC_TIMEOUT_S)
+        self.sessions += 1
+        self.registered.set()
+        interval = reply.heartbeat_interval_s or 2.0
+        log.info("registered with %s (heartbeat every %.1f s)", self.config.scheduler, interval)
+        tasks = [
+            asyncio.create_task(self._heartbeats(stub, interval)),
+            asyncio.create_task(self._commands(stub)),
+            asyncio.create_task(self._drain_outbox(stub)),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # re-raise why the session ended
+            raise SessionEnded("a session task returned")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _heartbeats(self, stub: helper_pb2_grpc.HelperStub, interval: float) -> None:
+        while True:
+            reply = await stub.Heartbeat(
+                helper_pb2.HeartbeatRequest(name=self.config.server_name,
+                                            running_jobs=self.jobs.running_jobs()),
+                timeout=RPC_TIMEOUT_S,
+            )
+            if not reply.known:
+                raise SessionEnded("the scheduler does not know this server; registering again")
+            await asyncio.sleep(interval)
+
+    async def _commands(self, stub: helper_pb2_grpc.HelperStub) -> None:
+        stream = stub.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=self.config.server_name))
+        async for command in stream:
+            if command.command_id in self._seen_commands:
+                log.info("command %s seen before; not run twice", command.command_id)
+                continue
+            self._seen_commands[command.command_id] = asyncio.create_task(self._run_command(command))
+        raise SessionEnded("the scheduler closed the command stream")
+
+    async def _run_command(self, command: helper_pb2.HelperCommand) -> None:
+        log.info("command %s: %s", command.command_id, command.WhichOneof("body"))
+        result = await self.jobs.handle(command)
+        if not result.ok:
+            log.warning("command %s failed: %s", command.command_id, result.message)
+        self._post(result)
+
+    # ---- GPU sampling ---------------------------------------------------------------
+
+    async def _sample_loop(self) -> None:
+        interval = self.config.sample_interval_s
+        per_report = max(1, round(self.config.report_interval_s / interval))
+        n = 0
+        while True:
+            self.sampler.take()
+            n += 1
+            if n % per_report == 0:
+                request = self.sampler.report(self.config.server_name)
+                # Samples are perishable: keep only the newest batch waiting.
+                for i, queued in enumerate(self._outbox):
+                    if isinstance(queued, helper_pb2.GpuSamplesRequest):
+                        del self._outbox[i]
+                        break
+                self._post(request)
+            await asyncio.sleep(interval)

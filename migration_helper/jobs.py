@@ -1,0 +1,206 @@
+"""The job processes of one helper and the helper commands that act on them
+(launch, pre-warm, activate, stop, transfer a checkpoint)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from migration_helper.agent import send_checkpoint
+from migration_helper.launch_rule import job_environment, shim_command
+from migration_helper.process import JobProcess, ProcessExited
+from migration_helper.ramdisk import CheckpointError, safe_name
+from protos.gandiva.v1 import helper_pb2
+
+log = logging.getLogger(__name__)
+
+Result = helper_pb2.HelperCommandResult
+
+
+class CommandFailed(Exception):
+    """A command that could not be carried out; becomes ok=false with this message."""
+
+    def __init__(self, message: str, exit_code: int = 0) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class JobTable:
+    """Processes keyed by (job id, incarnation): during a migration within one server,
+    or a restart at the source, two incarnations of a job may briefly coexist."""
+
+    def __init__(
+        self,
+        *,
+        server: str,
+        scheduler: str,
+        log_dir: Path,
+        on_exit: Callable[[JobProcess], None],
+        stop_grace_s: float = 10.0,
+        prewarm_timeout_s: float = 600.0,
+        first_step_timeout_s: float = 600.0,
+    ) -> None:
+        self.server = server
+        self.scheduler = scheduler
+        self.log_dir = log_dir
+        self._on_exit = on_exit
+        self.stop_grace_s = stop_grace_s
+        self.prewarm_timeout_s = prewarm_timeout_s
+        self.first_step_timeout_s = first_step_timeout_s
+        self.processes: dict[tuple[str, str], JobProcess] = {}
+
+    def running_jobs(self) -> list[str]:
+        return sorted({p.job_id for p in self.processes.values() if p.alive})
+
+    def log_path(self, job_id: str) -> Path:
+        return self.log_dir / f"{safe_name(job_id, 'job_id')}.log"
+
+    def _exited(self, proc: JobProcess) -> None:
+        self.processes.pop((proc.job_id, proc.incarnation), None)
+        self._on_exit(proc)
+
+    async def handle(self, cmd: helper_pb2.HelperCommand) -> Result:
+        """Carry out one command; failures come back as ok=false, never as exceptions."""
+        kind = cmd.WhichOneof("body")
+        started = time.monotonic()
+        try:
+            if kind == "launch":
+                result = await self.launch(cmd.launch)
+            elif kind == "activate":
+                result = await self.activate(cmd.activate)
+            elif kind == "stop":
+                result = await self.stop(cmd.stop)
+            elif kind == "transfer":
+                result = await self.transfer(cmd.transfer)
+            else:
+                raise CommandFailed(f"command {cmd.command_id}: no body (unknown command kind?)")
+            result.ok = True
+        except CommandFailed as exc:
+            result = Result(ok=False, message=str(exc), exit_code=exc.exit_code)
+        except (CheckpointError, ValueError, OSError) as exc:
+            result = Result(ok=False, message=f"{kind}: {exc}")
+        except Exception as exc:  # a bug or a peer failure; the scheduler must still hear back
+            log.exception("command %s (%s) failed", cmd.command_id, kind)
+            result = Result(ok=False, message=f"{kind}: {exc.__class__.__name__}: {exc}")
+        result.server = self.server
+        result.command_id = cmd.command_id
+        result.durations_s["command"] = time.monotonic() - started
+        return result
+
+    async def launch(self, req: helper_pb2.LaunchJob) -> Result:
+        if not req.job_id or not req.incarnation:
+            raise CommandFailed("launch: job_id and incarnation are required")
+        existing = self.processes.get((req.job_id, req.incarnation))
+        if existing is not None and existing.alive:
+            # A command re-sent after a reconnect must not start the job twice.
+            return Result(message=f"already running as pid {existing.pid}")
+        argv = shim_command(list(req.spec.command))
+        env = job_environment(
+            os.environ,
+            dict(req.spec.env),
+            job_id=req.job_id,
+            incarnation=req.incarnation,
+            scheduler=self.scheduler,
+            server=self.server,
+            gpu_indices=list(req.gpu_indices),
+            restore_checkpoint=req.restore_checkpoint,
+        )
+        workdir = req.spec.workdir or os.getcwd()
+        if not os.path.isdir(workdir):
+            raise CommandFailed(f"launch: workdir {workdir!r} does not exist on {self.server}")
+        proc = JobProcess(
+            job_id=req.job_id,
+            incarnation=req.incarnation,
+            argv=argv,
+            workdir=workdir,
+            env=env,
+            gpu_indices=tuple(req.gpu_indices),
+            log_path=self.log_path(req.job_id),
+            warm=req.warm,
+        )
+        t0 = time.monotonic()
+        await proc.start(self._exited)
+        self.processes[(req.job_id, req.incarnation)] = proc
+        result = Result(message=f"pid {proc.pid}")
+        if req.warm:
+            await self._wait(proc, "warm_ready", self.prewarm_timeout_s)
+            result.durations_s["prewarm"] = time.monotonic() - t0
+        elif req.wait_first_step:
+            restored = None
+            if req.restore_checkpoint:
+                restored = await self._wait(proc, "restored", self.first_step_timeout_s)
+                result.durations_s["restore"] = float(restored.get("restore_s", 0.0))
+                result.step = int(restored.get("step", 0))
+            done = await self._wait(proc, "first_step_done", self.first_step_timeout_s)
+            result.durations_s["startup"] = _at(proc, "session_ready", t0)
+            result.durations_s["first_step_total"] = done["received_at"] - t0
+            if restored is None:
+                result.step = int(done.get("step", 0))
+        return result
+
+    async def activate(self, req: helper_pb2.ActivateJob) -> Result:
+        proc = self.processes.get((req.job_id, req.incarnation))
+        if proc is None or not proc.alive:
+            raise CommandFailed(f"activate: no live pre-warmed process for {req.job_id}/{req.incarnation}")
+        if not proc.warm or proc.activated:
+            raise CommandFailed(f"activate: {req.job_id}/{req.incarnation} is not waiting warm")
+        if req.restore_checkpoint and not os.path.isdir(req.restore_checkpoint):
+            raise CommandFailed(f"activate: checkpoint {req.restore_checkpoint} not found on {self.server}")
+        mark = len(proc.events)
+        t0 = time.monotonic()
+        proc.activated = True
+        proc.send({"cmd": "activate", "restore_checkpoint": req.restore_checkpoint})
+        result = Result()
+        if req.restore_checkpoint:
+            restored = await self._wait(proc, "restored", self.first_step_timeout_s, mark)
+            result.durations_s["restore"] = float(restored.get("restore_s", 0.0))
+            result.step = int(restored.get("step", 0))
+        done = await self._wait(proc, "first_step_done", self.first_step_timeout_s, mark)
+        total = done["received_at"] - t0
+        result.durations_s["activate"] = total
+        result.durations_s["first_step"] = max(0.0, total - result.durations_s["restore"])
+        if not req.restore_checkpoint:
+            result.step = int(done.get("step", 0))
+        return result
+
+    async def stop(self, req: helper_pb2.StopJob) -> Result:
+        targets = [
+            p for (job, inc), p in self.processes.items()
+            if job == req.job_id and (not req.incarnation or inc == req.incarnation)
+        ]
+        if not targets:
+            return Result(message="not running here")
+        codes = [await p.stop(self.stop_grace_s) for p in targets]
+        return Result(message=f"stopped ({req.reason or 'no reason given'})", exit_code=codes[-1])
+
+    async def transfer(self, req: helper_pb2.TransferCheckpoint) -> Result:
+        if not req.dest_address:
+            raise CommandFailed("transfer: dest_address is required")
+        t0 = time.monotonic()
+        sent = await send_checkpoint(
+            req.dest_address, Path(req.checkpoint_path), req.job_id, req.checkpoint_name or None
+        )
+        result = Result(checkpoint_path=sent.path, message=f"{sent.bytes} bytes")
+        result.durations_s["transfer"] = time.monotonic() - t0
+        return result
+
+    async def _wait(self, proc: JobProcess, kind: str, timeout_s: float, after: int = 0) -> dict:
+        try:
+            return await proc.wait_event(kind, timeout_s, after)
+        except ProcessExited as exc:
+            raise CommandFailed(f"{proc.job_id}: {exc}; see {proc.log_path}", exc.code) from exc
+        except TimeoutError as exc:
+            await proc.stop(self.stop_grace_s)
+            raise CommandFailed(f"{proc.job_id}: {exc}; stopped it") from exc
+
+    async def stop_all(self) -> None:
+        for proc in list(self.processes.values()):
+            await proc.stop(self.stop_grace_s)
+
+
+def _at(proc: JobProcess, kind: str, t0: float) -> float:
+    event = proc.last_event(kind)
+    return float(event["received_at"] - t0) if event else 0.0

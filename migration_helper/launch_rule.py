@@ -1,0 +1,84 @@
+"""How a job's command line becomes the process the helper starts, and its environment.
+
+The rule: a command whose program is a Python interpreter (``python``,
+``python3``, ``python3.11``, or a path to one) runs under the tf_runtime shim:
+``python [interpreter options] -m tf_runtime.run SCRIPT ARGS`` (or ``-m MODULE
+ARGS``). A bare ``python``/``python3`` means the helper's own interpreter, where
+tf_runtime is installed; an explicit path is kept. Any other program runs as it is
+(it gets the same environment, but no shim: it cannot be suspended or migrated).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+# Interpreter options that take a separate value (python -W ignore, -X dev).
+_OPTS_WITH_VALUE = {"-W", "-X"}
+# Variables only the helper may set for a launch; never inherited from its own environment.
+_HELPER_ONLY = (
+    "GANDIVA_WARM",
+    "GANDIVA_CONTROL_FD",
+    "GANDIVA_STATUS_FD",
+    "GANDIVA_RESTORE_CHECKPOINT",
+    "GANDIVA_JOB_ID",
+    "GANDIVA_INCARNATION",
+)
+
+
+def is_python(program: str) -> bool:
+    return bool(_PYTHON.match(os.path.basename(program)))
+
+
+def shim_command(command: Sequence[str], interpreter: str = sys.executable) -> list[str]:
+    """The argv to start for a job's command (see the module docstring)."""
+    if not command:
+        raise ValueError("command: empty; give the program and its arguments")
+    program = command[0]
+    if not is_python(program):
+        return list(command)
+    python = interpreter if os.sep not in program else program
+    i, opts = 1, []
+    while i < len(command) and command[i].startswith("-") and command[i] not in ("-m", "-c", "-"):
+        opts.append(command[i])
+        if command[i] in _OPTS_WITH_VALUE and i + 1 < len(command):
+            opts.append(command[i + 1])
+            i += 1
+        i += 1
+    rest = list(command[i:])
+    if rest[:2] == ["-m", "tf_runtime.run"]:  # already wrapped by the user
+        rest = rest[2:]
+    if not rest or rest[0] == "-c":
+        raise ValueError(f"command {list(command)!r}: give a script or -m MODULE for Python jobs")
+    return [python, *opts, "-m", "tf_runtime.run", *rest]
+
+
+def job_environment(
+    base: Mapping[str, str],
+    job_env: Mapping[str, str],
+    *,
+    job_id: str,
+    incarnation: str,
+    scheduler: str,
+    server: str,
+    gpu_indices: Sequence[int],
+    restore_checkpoint: str = "",
+) -> dict[str, str]:
+    """The server's environment, the job's own variables on top, then Gandiva's."""
+    env = {k: v for k, v in base.items() if k not in _HELPER_ONLY}
+    env.update(job_env)
+    # Logs are followed live (gandiva logs -f); a block-buffered stdout would hide them.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(
+        GANDIVA_JOB_ID=job_id,
+        GANDIVA_INCARNATION=incarnation,
+        GANDIVA_SCHEDULER=scheduler,
+        GANDIVA_SERVER=server,
+        CUDA_VISIBLE_DEVICES=",".join(str(g) for g in gpu_indices),
+    )
+    if restore_checkpoint:
+        env["GANDIVA_RESTORE_CHECKPOINT"] = restore_checkpoint
+    return env

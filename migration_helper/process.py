@@ -1,0 +1,225 @@
+"""One job process started by the helper: its pipes to the shim, its log, its exit.
+
+The shim and the helper talk over two pipes (the pre-warm protocol agreed with
+tf_runtime): the helper writes JSON command lines to GANDIVA_CONTROL_FD
+({"cmd": "activate", "restore_checkpoint": DIR} or {"cmd": "exit"}), the shim
+writes JSON event lines to GANDIVA_STATUS_FD (session_ready, warm_ready,
+restored, first_step_done, checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Exit codes agreed with tf_runtime.
+EXIT_MIGRATED = 75
+EXIT_KILLED = 143
+
+
+def exit_reason(code: int, stopped: bool) -> str:
+    """The word the scheduler records for an exit status (negative: killed by that signal)."""
+    if code == 0:
+        return "finished"
+    if code == EXIT_MIGRATED:
+        return "migrated"
+    if stopped:
+        return "stopped"
+    if code == EXIT_KILLED:
+        return "killed"
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name if -code in signal.valid_signals() else -code}"
+    return f"failed with exit code {code}"
+
+
+class ProcessExited(RuntimeError):
+    """The process ended while the helper was waiting for one of its events."""
+
+    def __init__(self, code: int, waiting_for: str) -> None:
+        super().__init__(f"the job process exited with code {code} before {waiting_for}")
+        self.code = code
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the helper dies (even by SIGKILL), the job
+    gets SIGTERM instead of living on unsupervised, holding its GPUs unreported."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class JobProcess:
+    job_id: str
+    incarnation: str
+    argv: Sequence[str]
+    workdir: str
+    env: dict[str, str]
+    gpu_indices: tuple[int, ...]
+    log_path: Path
+    warm: bool = False
+    pid: int = 0
+    started_at: float = 0.0
+    exit_code: int | None = None
+    stopped: bool = False
+    activated: bool = False
+    events: list[dict[str, Any]] = field(default_factory=list)
+    _proc: asyncio.subprocess.Process | None = None
+    _control_fd: int = -1
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def start(self, on_exit: Callable[[JobProcess], None]) -> None:
+        """Spawn the process; ``on_exit`` is called once when it ends."""
+        ctrl_r, ctrl_w = os.pipe()
+        status_r, status_w = os.pipe()
+        env = dict(self.env, GANDIVA_CONTROL_FD=str(ctrl_r), GANDIVA_STATUS_FD=str(status_w))
+        if self.warm:
+            env["GANDIVA_WARM"] = "1"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Opening a local log file is quick; the child keeps its own copy of the descriptor.
+        with open(self.log_path, "ab") as logf:  # noqa: ASYNC230
+            logf.write(
+                f"=== gandiva: job {self.job_id} incarnation {self.incarnation} "
+                f"on {env.get('GANDIVA_SERVER', '?')} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                f"{' '.join(self.argv)}\n".encode()
+            )
+            logf.flush()
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *self.argv,
+                    cwd=self.workdir or None,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=asyncio.subprocess.STDOUT,
+                    pass_fds=(ctrl_r, status_w),
+                    # Its own process group: stopping the job reaches the workers it forks,
+                    # and a Ctrl-C at the helper's terminal does not.
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            except BaseException:
+                for fd in (ctrl_r, ctrl_w, status_r, status_w):
+                    os.close(fd)
+                raise
+        # The child holds its ends now; the parent keeps only the write end of control
+        # and the read end of status (so EOF arrives when the child exits).
+        os.close(ctrl_r)
+        os.close(status_w)
+        self._control_fd = ctrl_w
+        self.pid = self._proc.pid
+        self.started_at = time.monotonic()
+        log.info("job %s/%s started: pid %d%s", self.job_id, self.incarnation, self.pid,
+                 " (warm)" if self.warm else "")
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._read_status(status_r)))
+        self._tasks.append(loop.create_task(self._wait_exit(on_exit)))
+
+    async def _read_status(self, fd: int) -> None:
+        reader = asyncio.StreamReader()
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
+        )
+        try:
+            async for line in reader:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    log.warning("job %s: unreadable status line %r", self.job_id, line[:200])
+                    continue
+                if isinstance(event, dict) and "event" in event:
+                    event.setdefault("received_at", time.monotonic())
+                    self.events.append(event)
+                    log.debug("job %s event %s", self.job_id, event)
+                    self._notify()
+        finally:
+            transport.close()
+
+    async def _wait_exit(self, on_exit: Callable[[JobProcess], None]) -> None:
+        assert self._proc is not None
+        code = await self._proc.wait()
+        self.exit_code = code
+        if self._control_fd >= 0:
+            os.close(self._control_fd)
+            self._control_fd = -1
+        log.info("job %s/%s exited: %s", self.job_id, self.incarnation, exit_reason(code, self.stopped))
+        self._notify()
+        on_exit(self)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self.exit_code is None
+
+    def last_event(self, kind: str) -> dict[str, Any] | None:
+        for event in reversed(self.events):
+            if event.get("event") == kind:
+                return event
+        return None
+
+    async def wait_event(self, kind: str, timeout_s: float, after: int = 0) -> dict[str, Any]:
+        """The first ``kind`` event at index >= ``after``; raises ProcessExited or TimeoutError."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for event in self.events[after:]:
+                if event.get("event") == kind:
+                    return event
+            if self.exit_code is not None:
+                raise ProcessExited(self.exit_code, f"'{kind}'")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no '{kind}' from job {self.job_id} within {timeout_s:.0f} s")
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    def send(self, command: dict[str, Any]) -> None:
+        """Write one command line to the shim's control pipe."""
+        if self._control_fd < 0:
+            raise ProcessExited(self.exit_code if self.exit_code is not None else -1, "a command")
+        os.write(self._control_fd, (json.dumps(command) + "\n").encode())
+
+    async def stop(self, grace_s: float) -> int:
+        """Ask the process to end (exit command if still warm, then SIGTERM), SIGKILL after
+        ``grace_s``; returns its exit code."""
+        assert self._proc is not None
+        self.stopped = True
+        if self.exit_code is None and self.warm and not self.activated:
+            try:
+                self.send({"cmd": "exit"})
+                await asyncio.wait_for(asyncio.shield(self._proc.wait()), min(2.0, grace_s))
+            except (OSError, ProcessExited, asyncio.TimeoutError):
+                pass
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)):
+            if self.exit_code is not None:
+                break
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                await asyncio.wait_for(asyncio.shield(self._proc.wait()), wait)
+            except asyncio.TimeoutError:
+                continue
+        code = await self._proc.wait()
+        # _wait_exit records exit_code; give it a turn so callers see it set.
+        while self.exit_code is None:
+            await asyncio.sleep(0)
+        return code

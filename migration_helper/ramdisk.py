@@ -1,0 +1,150 @@
+"""Checkpoints in the helper's ramdisk: receiving a streamed one atomically, and
+streaming one to a peer.
+
+Layout: ``<ramdisk>/<job_id>/<checkpoint_name>/`` holds the shim's Saver files and
+its ``gandiva.json`` manifest. An incoming checkpoint is written under
+``<ramdisk>/<job_id>/.incoming-<random>/`` and renamed into place only after the
+last chunk arrived and the sha256 of all bytes matched, so a transfer cut halfway
+is never visible as a checkpoint (and is removed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shutil
+import uuid
+from collections.abc import AsyncIterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from protos.gandiva.v1 import helper_pb2
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20  # well under gRPC's 4 MiB default message limit
+INCOMING_PREFIX = ".incoming-"
+_SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=-]{0,199}$")
+
+
+class CheckpointError(ValueError):
+    """A malformed or incomplete checkpoint stream; the message says what is wrong."""
+
+
+class CheckpointExists(CheckpointError):
+    """A checkpoint with that name is already there."""
+
+
+class DigestMismatch(CheckpointError):
+    """The bytes received do not match the sender's sha256."""
+
+
+def safe_name(value: str, what: str) -> str:
+    """A single path component we are willing to create (no '/', no '..', no hidden names)."""
+    if not _SAFE.match(value):
+        raise CheckpointError(f"{what} {value!r}: must be a plain file name (letters, digits, '._=-')")
+    return value
+
+
+class Ramdisk:
+    """The checkpoint area of one helper."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def prepare(self) -> None:
+        """Create the ramdisk and drop transfers a previous run left half-done."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(f"*/{INCOMING_PREFIX}*"):
+            log.info("removing an incomplete incoming checkpoint %s", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.root / safe_name(job_id, "job_id")
+
+    async def receive(self, chunks: AsyncIterable[helper_pb2.CheckpointChunk]) -> tuple[Path, int]:
+        """Store a streamed checkpoint; returns its directory and size in bytes."""
+        tmp: Path | None = None
+        out: BinaryIO | None = None
+        try:
+            digest = hashlib.sha256()
+            total = 0
+            done: set[str] = set()
+            current = ""
+            final: Path | None = None
+            async for chunk in chunks:
+                if tmp is None:
+                    job = self.job_dir(chunk.job_id)
+                    name = safe_name(chunk.checkpoint_name or "checkpoint", "checkpoint_name")
+                    final = job / name
+                    if final.exists():
+                        raise CheckpointExists(f"checkpoint {final} already exists")
+                    tmp = job / f"{INCOMING_PREFIX}{uuid.uuid4().hex}"
+                    tmp.mkdir(parents=True)
+                if chunk.name and chunk.name != current:
+                    if chunk.name in done:
+                        raise CheckpointError(f"file {chunk.name!r} sent twice (chunks out of order)")
+                    if out is not None:
+                        out.close()
+                        done.add(current)
+                    current = chunk.name
+                    # A ramdisk write is a memory copy; a thread hop per chunk would cost more.
+                    # The file stays open across chunks, closed below or in `finally`.
+                    out = open(tmp / safe_name(current, "file name"), "wb")  # noqa: ASYNC230, SIM115
+                if chunk.data:
+                    if out is None:
+                        raise CheckpointError("data before any file name")
+                    out.write(chunk.data)
+                    digest.update(chunk.data)
+                    total += len(chunk.data)
+                if chunk.last:
+                    if out is not None:
+                        out.close()
+                        out = None
+                    if chunk.sha256 != digest.hexdigest():
+                        raise DigestMismatch(
+                            f"sha256 mismatch: sender {chunk.sha256 or '(none)'}, received {digest.hexdigest()}"
+                        )
+                    assert final is not None
+                    tmp.rename(final)
+                    tmp = None
+                    log.info("received checkpoint %s (%d bytes)", final, total)
+                    return final, total
+            raise CheckpointError("the stream ended before its last chunk (transfer cut)")
+        finally:
+            if out is not None:
+                out.close()
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def checkpoint_chunks(
+    directory: Path, job_id: str, name: str | None = None, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[helper_pb2.CheckpointChunk]:
+    """The chunks that send ``directory`` (flat: the shim writes no subdirectories)."""
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    files = sorted(p for p in directory.iterdir() if p.is_file())
+    if not files:
+        raise CheckpointError(f"checkpoint directory {directory} is empty")
+    digest = hashlib.sha256()
+    first = True
+    for path in files:
+        with open(path, "rb") as f:
+            sent_any = False
+            while True:
+                data = f.read(chunk_bytes)
+                if not data and sent_any:
+                    break
+                digest.update(data)
+                chunk = helper_pb2.CheckpointChunk(name=path.name, data=data)
+                if first:
+                    chunk.job_id = job_id
+                    chunk.checkpoint_name = name or directory.name
+                    first = False
+                yield chunk
+                sent_any = True
+                if not data:
+                    break
+    yield helper_pb2.CheckpointChunk(last=True, sha256=digest.hexdigest())
