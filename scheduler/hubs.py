@@ -103,12 +103,22 @@ class RuntimeHub:
         checkpoint_dir: str = "",
         reason: str = "",
     ) -> runtime_pb2.CommandAck:
-        conn = self._conns.get(job_id)
-        if conn is None:
-            raise FailedPrecondition(f"job {job_id} has no running process connected to the scheduler")
         cmd = runtime_pb2.RuntimeCommand(
             command_id=_command_id(), kind=kind, checkpoint_dir=checkpoint_dir, reason=reason
         )
+        return await self.send(job_id, cmd, timeout)
+
+    async def send(
+        self, job_id: str, cmd: runtime_pb2.RuntimeCommand, timeout: float, incarnation: str = ""
+    ) -> runtime_pb2.CommandAck:
+        """Send `cmd` to the job's shim (that incarnation, if given) and await its ack."""
+        conn = self._conns.get(job_id)
+        if conn is None:
+            raise FailedPrecondition(f"job {job_id} has no running process connected to the scheduler")
+        if incarnation and conn.incarnation and incarnation != conn.incarnation:
+            raise FailedPrecondition(f"job {job_id}: the connected process is not launch {incarnation}")
+        if not cmd.command_id:
+            cmd.command_id = _command_id()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         conn.pending[cmd.command_id] = fut
         conn.outbox.put_nowait(cmd)

@@ -1,0 +1,101 @@
+"""Live migration: the scheduler's side of scheduler/engine/migration.py.
+
+It implements MigrationPorts over the helper and runtime streams, moves the job
+to MIGRATING for the duration, and records the outcome (placement, incarnation,
+state) in one transaction at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from protos.gandiva.v1 import helper_pb2, runtime_pb2
+from scheduler.engine.migration import Endpoint, MigrationPlan, Outcome, migrate
+from scheduler.errors import FailedPrecondition
+from scheduler.lifecycle import JobState
+from scheduler.policy.types import GpuRef
+from scheduler.state import repo
+
+if TYPE_CHECKING:
+    from scheduler.engine.live import LiveEngine
+
+log = logging.getLogger(__name__)
+
+
+class LivePorts:
+    def __init__(self, engine: LiveEngine) -> None:
+        self.core = engine.core
+
+    async def helper_command(
+        self, server: str, command: helper_pb2.HelperCommand, timeout_s: float
+    ) -> helper_pb2.HelperCommandResult:
+        return await self.core.helpers.call(server, command, timeout_s)
+
+    async def runtime_command(
+        self, job_id: str, incarnation: str, command: runtime_pb2.RuntimeCommand, timeout_s: float
+    ) -> runtime_pb2.CommandAck:
+        return await self.core.runtimes.send(job_id, command, timeout_s, incarnation)
+
+    async def record_phase(self, job_id: str, phase: str, seconds: float, detail: str) -> None:
+        async with self.core.tx() as s:
+            msg = f"{phase} {seconds:.3f}s" + (f" ({detail})" if detail else "")
+            repo.add_event(s, self.core.clock(), "job.migration", msg, job_id=job_id)
+
+
+async def run_migration(engine: LiveEngine, job_id: str, to_gpus: Sequence[GpuRef], reason: str) -> None:
+    core = engine.core
+    async with core.tx() as s:
+        job = await repo.get_job(s, job_id, for_update=True)
+        if not job.migratable:
+            raise FailedPrecondition(f"job {job_id} is not migratable")
+        placement = (await repo.placements_of(s, [job_id])).get(job_id, [])
+        if not placement:
+            raise FailedPrecondition(f"job {job_id} has no placement to migrate from")
+        servers = {ld.server.name: ld.server for ld in await repo.server_loads(s)}
+        was = JobState(job.state)
+        src_name, dest_name = placement[0].server_name, to_gpus[0].server
+        src, dst = servers[src_name], servers[dest_name]
+        await repo.transition(s, job, JobState.MIGRATING, core.clock(), f"{reason}: {src_name} -> {dest_name}")
+        from scheduler.engine.live import _spec
+
+        plan = MigrationPlan(
+            job_id=job_id,
+            spec=_spec(job),
+            source=Endpoint(src.name, src.address, src.ramdisk, src.shared_root),
+            source_incarnation=job.incarnation,
+            source_gpus=tuple(p.gpu_index for p in placement if p.server_name == src_name),
+            dest=Endpoint(dst.name, dst.address, dst.ramdisk, dst.shared_root),
+            dest_gpus=tuple(g.index for g in to_gpus if g.server == dest_name),
+        )
+    try:
+        result = await migrate(plan, LivePorts(engine))
+    except Exception as err:  # a bug in the orchestration must not leave the job MIGRATING
+        log.exception("migration of %s crashed", job_id)
+        result = None
+        failure = f"migration crashed: {err}"
+    now = core.clock()
+    async with core.tx() as s:
+        job = await repo.get_job(s, job_id, for_update=True)
+        if job.state != JobState.MIGRATING.value:
+            return  # killed meanwhile
+        if result is None or result.outcome is Outcome.FAILED:
+            why = failure if result is None else result.reason
+            await repo.transition(s, job, JobState.QUEUED, now, f"migration failed, re-placing: {why}")
+            await repo.clear_placement(s, job_id)
+        elif result.outcome is Outcome.MIGRATED:
+            job.incarnation = result.incarnation
+            await repo.set_placement(s, job_id, [(g.server, g.index) for g in to_gpus])
+            total = sum(result.durations_s.values())
+            await repo.transition(s, job, JobState.RUNNING, now, f"migrated to {dest_name} at step {result.step} ({total:.2f}s of phases)")
+        else:
+            job.incarnation = result.incarnation
+            back = JobState.SUSPENDED if (was is JobState.SUSPENDED and result.outcome is Outcome.STAYED) else JobState.RUNNING
+            if back is JobState.SUSPENDED:
+                # MIGRATING -> RUNNING -> SUSPENDED keeps the state machine's rules in one place.
+                await repo.transition(s, job, JobState.RUNNING, now, result.reason)
+                await repo.transition(s, job, JobState.SUSPENDED, now, "still suspended")
+            else:
+                await repo.transition(s, job, JobState.RUNNING, now, f"{result.outcome.value}: {result.reason}")
+    core.poke()
