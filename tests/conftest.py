@@ -142,3 +142,18 @@ def scheduler_server(sqlite_url: str, gandiva_home: Path) -> Iterator[ThreadedSc
         yield sched
     finally:
         sched.stop()
+
+
+@pytest.fixture
+def make_scheduler(gandiva_home: Path) -> Iterator:
+    """Start real in-process schedulers on any database URL; all stopped at the end."""
+    started: list[ThreadedScheduler] = []
+
+    def start(db_url: str, **kwargs: object) -> ThreadedScheduler:
+        sched = ThreadedScheduler(db_url, **kwargs).start()
+        started.append(sched)
+        return sched
+
+    yield start
+    for sched in started:
+        sched.stop()

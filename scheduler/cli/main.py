@@ -31,7 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            # Only a missing subcommand module itself is tolerated (a partial
+            # install); an import error inside a module is a bug and propagates.
+            if err.name != name:
+                raise
+            continue
+        module.register(sub)
     return parser
 
 
