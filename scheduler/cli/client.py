@@ -104,7 +104,7 @@ def describe_rpc_error(exc: grpc.RpcError, address: str) -> str:
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
     if code == grpc.StatusCode.UNAVAILABLE:
         return (
-            f"cannot reach the scheduler at {address} ({_first_line(details)}); "
+            f"cannot reach the scheduler at {address} ({_connect_reason(details)}); "
             "start it with `gandiva scheduler` or point to it with --scheduler ADDR "
             "or GANDIVA_SCHEDULER"
         )
@@ -118,6 +118,11 @@ def describe_rpc_error(exc: grpc.RpcError, address: str) -> str:
         return f"not possible now: {details}"
     name = code.name if code is not None else "ERROR"
     return f"the scheduler at {address} answered {name}: {_first_line(details)}"
+
+
+def _connect_reason(details: str) -> str:
+    """The useful tail of grpc's connect error: "Connection refused", "Domain name not found"."""
+    return _first_line(details).rsplit(": ", 1)[-1].strip() or "unreachable"
 
 
 def _first_line(text: str) -> str:
@@ -174,46 +179,62 @@ class EventFollower:
         if call is not None:
             call.cancel()
 
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
     def _run(self) -> None:
-        delay = 0.25
-        broken_since: float | None = None
+        # Back-off between attempts that brought no event, so a scheduler that
+        # accepts connections but fails the stream (database down) is not hammered.
+        delay = 0.0
         while not self._stop.is_set():
             request = scheduler_pb2.WatchEventsRequest(after_id=self.last_id, job_id=self.job_id)
             try:
                 self._call = self.client.stub.WatchEvents(request)
                 for event in self._call:
-                    if broken_since is not None and self.on_status:
-                        self.on_status(f"reconnected to the scheduler at {self.client.address}")
-                    broken_since, delay = None, 0.25
+                    delay = 0.0
                     self.last_id = max(self.last_id, event.id)
                     self.events.put(event)
-                # The server ended the stream (graceful shutdown): open it again.
-                if self._stop.is_set():
-                    return
+                # A clean end means the scheduler is shutting down: wait for the next one.
             except grpc.RpcError as exc:
                 if self._stop.is_set():
                     return
                 if not is_transient(exc) and exc.code() != grpc.StatusCode.CANCELLED:
                     self.error = CliError(describe_rpc_error(exc, self.client.address))
                     return
-                now = time.monotonic()
-                if broken_since is None:
-                    broken_since = now
-                    if self.on_status:
-                        self.on_status(
-                            f"lost the event stream from {self.client.address}; reconnecting"
-                        )
-                elif now - broken_since > self.give_up_after:
-                    self.error = CliError(
-                        describe_rpc_error(exc, self.client.address), code=EXIT_LOST
-                    )
-                    return
-            self._stop.wait(delay)
-            delay = min(delay * 2, 5.0)
+            if self._stop.wait(delay):
+                return
+            delay = min(max(delay * 2, 0.25), 5.0)
+            if self._ready_within(0.2):
+                continue  # still connected: the stream failed for another reason; retry
+            self._status(f"lost the event stream from {self.client.address}; reconnecting")
+            if not self._wait_until_ready():
+                return
+            self._status(f"reconnected to the scheduler at {self.client.address}")
+
+    def _wait_until_ready(self) -> bool:
+        """Block until the channel connects again; False when stopped or given up."""
+        deadline = time.monotonic() + self.give_up_after
+        while not self._stop.is_set():
+            if self._ready_within(1.0):
+                return True
+            if time.monotonic() > deadline:
+                self.error = CliError(
+                    f"gave up: the scheduler at {self.client.address} has been unreachable "
+                    f"for {self.give_up_after:.0f}s",
+                    code=EXIT_LOST,
+                )
+                return False
+        return False
+
+    def _ready_within(self, seconds: float) -> bool:
+        future = grpc.channel_ready_future(self.client.channel)
+        try:
+            future.result(timeout=seconds)
+            return True
+        except grpc.FutureTimeoutError:
+            future.cancel()
+            return False
+
+    def _status(self, message: str) -> None:
+        if self.on_status:
+            self.on_status(message)
 
     def drain(self, timeout: float) -> list[common_pb2.Event]:
         """Events received so far, waiting up to ``timeout`` seconds for the first one."""
@@ -235,7 +256,9 @@ class EventFollower:
 
 
 def state_name(state: int) -> str:
-    """JOB_STATE_RUNNING -> RUNNING (what people and -o json see)."""
+    """JOB_STATE_RUNNING -> RUNNING (what people and -o json see); '' when unset."""
+    if state == common_pb2.JOB_STATE_UNSPECIFIED:
+        return ""
     return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
 
 

@@ -304,7 +304,7 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     print(f"Placement: {output.placement(job.placement)}")
     print(f"Metrics: {_pairs(job.metrics) if job.metrics else '-'}")
     _section("History", ["TIME", "FROM", "TO", "REASON"],
-             [[output.timestamp(t.at), state_name(t.from_state), state_name(t.to_state),
+             [[output.timestamp(t.at), state_name(t.from_state) or "-", state_name(t.to_state),
                t.reason or "-"] for t in job.history])
     if migrations:
         _section("Migrations", EVENT_HEADERS, [event_row(e) for e in migrations])

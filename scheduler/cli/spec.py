@@ -31,6 +31,9 @@ DEFAULT_ENV_PASS = (
     "LANG",
     "TF_*",
 )
+# Never passed by default even when a default pattern matches: Terraform's
+# TF_VAR_* / TF_TOKEN_* often hold secrets and mean nothing to TensorFlow.
+DEFAULT_ENV_DENY = ("TF_VAR_*", "TF_TOKEN_*", "TF_CLI_*")
 # Set by Gandiva itself for every member; a user value would only confuse the job.
 RESERVED_ENV_PREFIX = "GANDIVA_"
 ENV_ARRAY_INDEX = "GANDIVA_ARRAY_INDEX"
@@ -131,18 +134,23 @@ def build_env(
     ``passes`` are names or shell patterns (``WANDB_*``); a named variable the
     caller does not have is skipped rather than passed empty.
     """
-    patterns = list(DEFAULT_ENV_PASS if use_defaults else ()) + list(passes)
+    defaults = DEFAULT_ENV_PASS if use_defaults else ()
     env: dict[str, str] = {}
     for name, value in caller_env.items():
         if name.startswith(RESERVED_ENV_PREFIX) or name == "CUDA_VISIBLE_DEVICES":
             continue
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+        if _matches(name, passes) or (_matches(name, defaults)
+                                      and not _matches(name, DEFAULT_ENV_DENY)):
             env[name] = value
     for key, value in assignments.items():
         if key.startswith(RESERVED_ENV_PREFIX):
             raise SpecError(f"--env {key}: names starting with {RESERVED_ENV_PREFIX} are set by Gandiva")
         env[key] = value
     return env
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def parse_array(text: str | int) -> list[Member]:

@@ -77,7 +77,9 @@ class Follower:
     def _on_retry(self, reason: str) -> None:
         if not self.outage:
             self.outage = True
-            self.say(f"{reason}; retrying for up to {self.give_up_after:.0f}s")
+            self.say(f"lost the scheduler at {self.client.address}; retrying for up to "
+                     f"{self.give_up_after:.0f}s")
+            log.debug("poll failed: %s", reason)
 
     def poll(self) -> list[common_pb2.Job]:
         if self.multi_id:

@@ -114,11 +114,14 @@ def test_environment_is_allow_listed() -> None:
     caller = {
         "PATH": "/bin", "TF_USE_LEGACY_KERAS": "1", "SECRET_TOKEN": "x", "WANDB_KEY": "k",
         "CUDA_VISIBLE_DEVICES": "0", "GANDIVA_SCHEDULER": "h:1", "HOME": "/home/u",
+        "TF_VAR_db_password": "p",
     }
     env = specs.build_env(caller, ["WANDB_*"], {"SEED": "3"})
     assert env == {"PATH": "/bin", "TF_USE_LEGACY_KERAS": "1", "WANDB_KEY": "k",
                    "HOME": "/home/u", "SEED": "3"}
     assert specs.build_env(caller, ["SECRET_TOKEN"], {}, use_defaults=False) == {"SECRET_TOKEN": "x"}
+    # Terraform's TF_VAR_* matches TF_* but is never passed unless asked for by name.
+    assert specs.build_env(caller, ["TF_VAR_*"], {}, use_defaults=False) == {"TF_VAR_db_password": "p"}
 
 
 def test_env_assignment_needs_a_valid_name() -> None:
