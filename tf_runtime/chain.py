@@ -1,0 +1,193 @@
+"""The session wrapper chain: thin layers stacked around the real `Session.run`.
+
+Like TF's own wrappers (MonitoredSession's _HookedSession, _CoordinatedSession),
+each layer does one job and forwards `run()`:
+
+    BoundaryLayer  classifies the run; times training steps and hands each
+                   boundary to the Controller (which applies queued commands)
+      GateLayer    holds every other thread's run() while the job is suspended
+        RealRun    the original, unpatched Session.run
+
+The Boundary layer sits outside the Gate so that a training thread parked at a
+boundary is not counted as "in flight" when a suspension drains the gate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .checkpoint import CheckpointInfo
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What one kind of run() does, as far as the shim cares."""
+
+    is_training: bool = False         # advances the global step or applies gradients
+    reads_global_step: bool = False   # the program fetches the global step's value
+    initializes: bool = False         # initialises all global variables
+    metric_slots: tuple[tuple[int, str], ...] = ()  # flat fetch index -> metric name
+
+
+class SessionAdapter(Protocol):
+    """The session-specific side the controller needs (real TF or a fake)."""
+
+    closed: bool
+
+    def classify(self, fetches: Any) -> RunInfo: ...
+
+    def metrics(self, info: RunInfo, results: Any) -> dict[str, float]: ...
+
+    def has_global_step(self) -> bool: ...
+
+    def global_step(self) -> int: ...
+
+    def save(self, directory: str, job_id: str) -> CheckpointInfo: ...
+
+    def restore(self, directory: str) -> CheckpointInfo: ...
+
+
+class Runner(Protocol):
+    def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
+            run_metadata: Any = None) -> Any: ...
+
+
+class BoundaryHandler(Protocol):
+    """The controller as the boundary layer sees it."""
+
+    def is_hot(self, adapter: SessionAdapter) -> bool: ...
+
+    def setup_run(self, adapter: SessionAdapter, info: RunInfo, before: bool) -> None: ...
+
+    def boundary(self, adapter: SessionAdapter, info: RunInfo, results: Any,
+                 duration_s: float, now: float) -> None: ...
+
+    def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None: ...
+
+
+class RealRun:
+    """The innermost layer: calls the original run function."""
+
+    def __init__(self, run_fn: Callable[..., Any]) -> None:
+        self._run = run_fn
+
+    def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
+            run_metadata: Any = None) -> Any:
+        return self._run(fetches, feed_dict, options, run_metadata)
+
+
+class RunGate:
+    """Lets run() calls through, or holds them while the job is suspended.
+
+    `close_and_drain` waits (bounded) for runs already in flight on other threads,
+    so the device is idle before its memory is released; threads arriving later
+    block in `enter` until `open`. No lock is held while a run executes, so a
+    background thread that blocks inside its run cannot deadlock the suspension.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._closed = False
+        self._inflight = 0
+
+    def enter(self) -> None:
+        with self._cond:
+            while self._closed:
+                self._cond.wait()
+            self._inflight += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._inflight -= 1
+            if self._closed and self._inflight == 0:
+                self._cond.notify_all()
+
+    def close_and_drain(self, timeout_s: float) -> bool:
+        """Close; True when no run is in flight any more within timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._closed = True
+            while self._inflight > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def open(self) -> None:
+        with self._cond:
+            self._closed = False
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class GateLayer:
+    def __init__(self, inner: Runner, gate: RunGate) -> None:
+        self.inner = inner
+        self._gate = gate
+
+    def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
+            run_metadata: Any = None) -> Any:
+        self._gate.enter()
+        try:
+            return self.inner.run(fetches, feed_dict, options, run_metadata)
+        finally:
+            self._gate.leave()
+
+
+class BoundaryLayer:
+    """Finds the mini-batch boundaries and reports them to the controller."""
+
+    def __init__(self, inner: Runner, adapter: SessionAdapter, handler: BoundaryHandler) -> None:
+        self.inner = inner
+        self.adapter = adapter
+        self._handler = handler
+        self._hot = False  # set once this session is the job's training session
+
+    def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
+            run_metadata: Any = None) -> Any:
+        info = self.adapter.classify(fetches)
+        handler = self._handler
+        if not self._hot:
+            self._hot = handler.is_hot(self.adapter)
+            if not self._hot:
+                return self._setup(info, fetches, feed_dict, options, run_metadata)
+        if not info.is_training:
+            if info.reads_global_step:
+                handler.saw_run(self.adapter, info)
+            return self.inner.run(fetches, feed_dict, options, run_metadata)
+        t0 = time.perf_counter()
+        results = self.inner.run(fetches, feed_dict, options, run_metadata)
+        t1 = time.perf_counter()
+        handler.boundary(self.adapter, info, results, t1 - t0, t1)
+        return results
+
+    def _setup(self, info: RunInfo, fetches: Any, feed_dict: Any, options: Any,
+               run_metadata: Any) -> Any:
+        """Runs before this session's first training step (init, restore, checks)."""
+        handler = self._handler
+        if info.is_training:
+            handler.setup_run(self.adapter, info, before=True)
+            self._hot = handler.is_hot(self.adapter)
+            t0 = time.perf_counter()
+            results = self.inner.run(fetches, feed_dict, options, run_metadata)
+            t1 = time.perf_counter()
+            if self._hot:
+                handler.boundary(self.adapter, info, results, t1 - t0, t1)
+            return results
+        results = self.inner.run(fetches, feed_dict, options, run_metadata)
+        handler.setup_run(self.adapter, info, before=False)
+        return results
+
+
+def build_chain(run_fn: Callable[..., Any], adapter: SessionAdapter, handler: BoundaryHandler,
+                gate: RunGate) -> BoundaryLayer:
+    """Stack the layers around `run_fn(fetches, feed_dict, options, run_metadata)`."""
+    return BoundaryLayer(GateLayer(RealRun(run_fn), gate), adapter, handler)

@@ -1,0 +1,182 @@
+"""Checkpoint directories: atomic writing and validation (no TensorFlow here).
+
+A checkpoint is a directory holding the tf.compat.v1.train.Saver files of the
+training state (prefix `model`, no meta-graph, no `checkpoint` state file) and
+`gandiva.json`:
+
+    {"format": 1, "job_id": ..., "global_step": N, "replicas": R,
+     "created_at": unix seconds, "prefix": "model",
+     "files": [{"name": "model.index", "size": 1234}, ...]}
+
+It is written into a temporary sibling (`.NAME.tmp-PID-RAND`), every file and the
+directory fsync'd, then renamed into place; an existing checkpoint of the same
+name is swapped out atomically (renameat2 RENAME_EXCHANGE) and then deleted, so
+at every instant the name holds either the old or the new, complete checkpoint.
+`validate()` refuses a directory whose gandiva.json is missing or whose files do
+not match the list, so a half-written directory is never restored.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+MANIFEST = "gandiva.json"
+PREFIX = "model"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or is not a complete, valid checkpoint."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: str
+    step: int
+    replicas: int
+    bytes: int
+    seconds: float  # save or restore time
+
+
+def write_atomically(target: str | os.PathLike[str], fill: Callable[[Path], None],
+                     meta: dict[str, Any]) -> tuple[Path, int]:
+    """Create checkpoint directory `target` with `fill(tmpdir)` plus the manifest.
+
+    Returns (path, total bytes). On any error the temporary directory is removed
+    and the previous checkpoint at `target` (if any) is untouched.
+    """
+    target = Path(target).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        files = sorted(p for p in tmp.iterdir() if p.is_file())
+        listing = [{"name": p.name, "size": p.stat().st_size} for p in files]
+        manifest = {"format": FORMAT, "prefix": PREFIX, "created_at": time.time(),
+                    **meta, "files": listing}
+        with open(tmp / MANIFEST, "w") as fh:
+            json.dump(manifest, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        for p in files:
+            _fsync_path(p)
+        _fsync_path(tmp)
+        _swap_into_place(tmp, target)
+        _fsync_path(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target, sum(f["size"] for f in listing)
+
+
+def validate(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of a complete checkpoint; CheckpointError naming what is wrong."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise CheckpointError(f"checkpoint {d}: no such directory")
+    try:
+        manifest = json.loads((d / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {d}: no {MANIFEST} (incomplete or not a checkpoint)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {d}: unreadable {MANIFEST}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {d}: {MANIFEST} has format "
+                              f"{manifest.get('format') if isinstance(manifest, dict) else None!r}, expected {FORMAT}")
+    for key in ("global_step", "files", "prefix"):
+        if key not in manifest:
+            raise CheckpointError(f"checkpoint {d}: {MANIFEST} lacks {key!r}")
+    for entry in manifest["files"]:
+        p = d / entry["name"]
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {d}: listed file {entry['name']} is missing") from None
+        if size != entry["size"]:
+            raise CheckpointError(f"checkpoint {d}: {entry['name']} has {size} bytes, "
+                                  f"{MANIFEST} says {entry['size']} (truncated or overwritten)")
+    names = {e["name"] for e in manifest["files"]}
+    if f"{manifest['prefix']}.index" not in names:
+        raise CheckpointError(f"checkpoint {d}: no {manifest['prefix']}.index in the file list")
+    return manifest
+
+
+def remove_stale_temporaries(parent: str | os.PathLike[str]) -> list[Path]:
+    """Delete temporaries left by writers that died (their pid is gone)."""
+    removed = []
+    for p in Path(parent).glob(".*.tmp-*-*"):
+        try:
+            pid = int(p.name.rsplit("-", 2)[-2])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_path(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _swap_into_place(tmp: Path, target: Path) -> None:
+    if not target.exists():
+        try:
+            os.rename(tmp, target)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    if _exchange(tmp, target):
+        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old checkpoint
+        return
+    # No renameat2 (old kernel, other OS): move the old one aside first. Between the
+    # two renames the name is briefly absent, never half-written.
+    old = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.rename(target, old)
+    os.rename(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
+        return False
+    raise OSError(err, f"renameat2({a}, {b}, RENAME_EXCHANGE): {os.strerror(err)}")

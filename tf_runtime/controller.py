@@ -1,0 +1,332 @@
+"""The per-process controller: the command queue and what happens at a boundary.
+
+The stream thread `enqueue()`s commands at any time; the training thread applies
+them only at the next training-step boundary (`boundary()`), in arrival order.
+A suspended training thread waits here for the next command while the run gate
+holds every other thread's run(). Exits (stop-for-migration, kill) first deliver
+the ack, then leave with `os._exit` so that non-daemon background threads of the
+program (Supervisor, queue runners) cannot keep the process alive.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .chain import RunGate, RunInfo, SessionAdapter
+from .checkpoint import CheckpointError, CheckpointInfo
+from .commands import Ack, Command, Kind
+from .gpu_release import CpuBackend, GpuReleaseBackend, ReleaseError
+from .pipes import StatusPipe, read_activation
+from .progress import ProgressMeter
+
+log = logging.getLogger(__name__)
+
+EXIT_MIGRATED = 75
+EXIT_KILLED = 143
+
+# How long a suspension waits for other threads' runs to finish before releasing.
+DRAIN_TIMEOUT_S = 2.0
+# Boundaries after which a program that never read the global step is judged.
+JUDGE_AFTER_BOUNDARIES = 2
+
+
+class Channel(Protocol):
+    """The control stream as the controller sees it (tf_runtime.client)."""
+
+    def send_ack(self, ack: Ack) -> None: ...
+
+    def send_migratability(self, migratable: bool, reason: str) -> None: ...
+
+    def close(self, timeout_s: float) -> None: ...
+
+
+@dataclass
+class Settings:
+    """Per-process configuration, normally from the helper's environment."""
+
+    job_id: str = ""
+    restore_dir: str | None = None
+    warm: bool = False
+    control_fd: int | None = None
+
+
+class Controller:
+    """Applies scheduler commands at mini-batch boundaries."""
+
+    def __init__(self, settings: Settings, *, channel: Channel | None = None,
+                 status: StatusPipe | None = None, backend: GpuReleaseBackend | None = None,
+                 exit_fn: Callable[[int], None] = os._exit,
+                 on_activate: Callable[[int], None] | None = None) -> None:
+        self.settings = settings
+        self.channel = channel
+        self.status = status
+        self.backend = backend or CpuBackend()
+        self.meter = ProgressMeter()
+        self.gate = RunGate()
+        self._exit_fn = exit_fn
+        self._on_activate = on_activate  # starts the stream once a warm process is activated
+        self._queue: collections.deque[Command] = collections.deque()
+        self._cond = threading.Condition()
+        self.adapter: SessionAdapter | None = None  # the training session, once known
+        self.trained = False
+        self.suspended = False
+        self.boundaries = 0
+        self.restored_step = 0
+        self.migratable: bool | None = None
+        self._read_global_step = False
+        self._not_migratable_reason = ""
+        self._lock = threading.Lock()  # serialises binding and command application
+
+    # -- commands from the stream thread ------------------------------------------------
+    def enqueue(self, cmd: Command) -> None:
+        with self._cond:
+            self._queue.append(cmd)
+            self._cond.notify_all()
+
+    # -- chain callbacks ----------------------------------------------------------------
+    def is_hot(self, adapter: SessionAdapter) -> bool:
+        return self.trained and adapter is self.adapter
+
+    def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
+        if info.reads_global_step and adapter is self.adapter:
+            self._read_global_step = True
+
+    def setup_run(self, adapter: SessionAdapter, info: RunInfo, before: bool) -> None:
+        """A run before the first training step: bind the session at the restore point.
+
+        The restore point is right after the run that initialises the variables, or
+        right before the first training step when no such run was seen (a program
+        that restores its own checkpoint, MonitoredSession restoring from its dir).
+        """
+        if info.reads_global_step and adapter is self.adapter:
+            self._read_global_step = True
+        if self.trained:
+            return  # a second model or an evaluation session: not the job's training
+        if info.initializes or (before and info.is_training):
+            self._bind(adapter)
+        if before and info.is_training and adapter is self.adapter:
+            self.trained = True
+            self.meter.pause()
+
+    def boundary(self, adapter: SessionAdapter, info: RunInfo, results: Any,
+                 duration_s: float, now: float) -> None:
+        """A training run returned: measure it, then apply queued commands."""
+        if adapter is not self.adapter:
+            return
+        self.meter.step(duration_s, now)
+        if info.metric_slots:
+            self.meter.add_metrics(adapter.metrics(info, results))
+        if info.reads_global_step:
+            self._read_global_step = True
+        self.boundaries += 1
+        if self.boundaries <= JUDGE_AFTER_BOUNDARIES:
+            self._first_boundaries(adapter)
+        if self._queue:
+            self._apply_queued(adapter)
+
+    # -- binding, restore, warm hold ---------------------------------------------------------
+    def _bind(self, adapter: SessionAdapter) -> None:
+        with self._lock:
+            if adapter is self.adapter:
+                return
+            first = self.adapter is None
+            self.adapter = adapter
+            if first:
+                self._event("session_ready", t=time.time())
+                if self.settings.warm:
+                    self._warm_hold()
+            if self.settings.restore_dir:
+                self._restore(adapter, self.settings.restore_dir)
+            elif adapter.has_global_step():
+                self.meter.set_steps(adapter.global_step())
+
+    def _warm_hold(self) -> None:
+        fd = self.settings.control_fd
+        if fd is None:
+            raise RuntimeError("GANDIVA_WARM=1 needs GANDIVA_CONTROL_FD (the helper's control pipe)")
+        self._event("warm_ready")
+        log.info("warm: holding before the first training step")
+        activation = read_activation(fd)
+        if activation.exit:
+            log.info("warm: told to exit without training")
+            self._exit(0)
+            return
+        self.settings.restore_dir = activation.restore_checkpoint
+        if self._on_activate is not None:
+            self._on_activate(self._peek_restored_step(activation.restore_checkpoint))
+
+    @staticmethod
+    def _peek_restored_step(directory: str | None) -> int:
+        if not directory:
+            return 0
+        from .checkpoint import validate
+
+        return int(validate(directory)["global_step"])
+
+    def _restore(self, adapter: SessionAdapter, directory: str) -> None:
+        info = adapter.restore(directory)  # CheckpointError: refuse to start from step 0
+        self.restored_step = info.step
+        self.meter.set_steps(info.step)
+        self._event("restored", step=info.step, restore_s=round(info.seconds, 6))
+        log.info("restored step %d from %s in %.3f s", info.step, directory, info.seconds)
+
+    def _first_boundaries(self, adapter: SessionAdapter) -> None:
+        if self.boundaries == 1:
+            self._event("first_step_done", step=self.meter.steps, t=time.time())
+        if self.migratable is not None:
+            return
+        if not adapter.has_global_step():
+            self._judge(False, "the graph has no global step, so a restarted program "
+                               "cannot know where to resume")
+        elif self._read_global_step:
+            self._judge(True, "the program reads the global step")
+        elif self.boundaries >= JUDGE_AFTER_BOUNDARIES:
+            self._judge(False, "the program never reads the global step: its loop counts "
+                               "in Python and would restart from 0 after a restore")
+
+    def _judge(self, migratable: bool, reason: str) -> None:
+        self.migratable = migratable
+        log.info("migratable=%s: %s", migratable, reason)
+        self._not_migratable_reason = "" if migratable else reason
+        if self.channel is not None:
+            self.channel.send_migratability(migratable, "" if migratable else reason)
+
+    # -- applying commands -------------------------------------------------------------------
+    def _next(self, block: bool) -> Command | None:
+        with self._cond:
+            while block and not self._queue:
+                self._cond.wait()
+            return self._queue.popleft() if self._queue else None
+
+    def _apply_queued(self, adapter: SessionAdapter) -> None:
+        with self._lock:
+            while (cmd := self._next(block=False)) is not None:
+                self._apply(adapter, cmd)
+        self.meter.pause()
+
+    def _apply(self, adapter: SessionAdapter, cmd: Command) -> None:
+        waited = time.monotonic() - cmd.received_at
+        if cmd.kind is Kind.SUSPEND:
+            if self.suspended:
+                self._ack(Ack(cmd.id, True, "already suspended", step=self.meter.steps))
+            else:
+                self._suspend(adapter, cmd, waited)
+        elif cmd.kind is Kind.RESUME:
+            self._ack(Ack(cmd.id, True, "not suspended", step=self.meter.steps))
+        elif cmd.kind is Kind.CHECKPOINT:
+            self._checkpoint(adapter, cmd, waited)
+        elif cmd.kind is Kind.STOP_FOR_MIGRATION:
+            self._stop_for_migration(adapter, cmd, waited)
+        elif cmd.kind is Kind.KILL:
+            self._ack(Ack(cmd.id, True, "killed", step=self.meter.steps,
+                          durations_s={"wait_boundary": waited}))
+            self._exit(EXIT_KILLED)
+
+    def _suspend(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:
+        t0 = time.monotonic()
+        drained = self.gate.close_and_drain(DRAIN_TIMEOUT_S)
+        t1 = time.monotonic()
+        if not self.backend.releases_memory and cmd.checkpoint_dir:
+            # GPU memory cannot be released in place: checkpoint and exit instead.
+            self._stop_for_migration(adapter, cmd, waited)
+            return
+        try:
+            self.backend.release()
+        except ReleaseError as exc:
+            self.gate.open()
+            self._ack(Ack(cmd.id, False, f"suspend failed: {exc}", step=self.meter.steps))
+            return
+        t2 = time.monotonic()
+        self.suspended = True
+        msg = "suspended" if drained else "suspended; another thread's run() was still in flight"
+        if not self.backend.releases_memory:
+            msg += f"; GPU memory held ({getattr(self.backend, 'reason', 'no release backend')})"
+        self._ack(Ack(cmd.id, True, msg, step=self.meter.steps,
+                      durations_s={"wait_boundary": waited, "drain": t1 - t0, "release": t2 - t1}))
+        try:
+            self._suspended_loop(adapter)
+        finally:
+            self.suspended = False
+            self.gate.open()
+
+    def _suspended_loop(self, adapter: SessionAdapter) -> None:
+        while True:
+            cmd = self._next(block=True)
+            assert cmd is not None
+            if cmd.kind is Kind.RESUME:
+                t0 = time.monotonic()
+                self.backend.reacquire()
+                self._ack(Ack(cmd.id, True, "resumed", step=self.meter.steps,
+                              durations_s={"reacquire": time.monotonic() - t0}))
+                return
+            if cmd.kind is Kind.SUSPEND:
+                self._ack(Ack(cmd.id, True, "already suspended", step=self.meter.steps))
+                continue
+            if cmd.kind is Kind.KILL:
+                self._apply(adapter, cmd)
+                return
+            # Checkpoint and stop-for-migration need the device memory back.
+            self.backend.reacquire()
+            self._apply(adapter, cmd)
+            self.backend.release()
+
+    def _save(self, adapter: SessionAdapter, directory: str) -> CheckpointInfo:
+        info = adapter.save(directory, self.settings.job_id)
+        self.meter.set_steps(info.step)
+        self._event("checkpoint", path=info.path, save_s=round(info.seconds, 6), step=info.step)
+        return info
+
+    def _checkpoint(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:
+        try:
+            info = self._save(adapter, cmd.checkpoint_dir)
+        except (CheckpointError, OSError) as exc:
+            self._ack(Ack(cmd.id, False, f"checkpoint failed: {exc}", step=self.meter.steps))
+            return
+        self._ack(Ack(cmd.id, True, "checkpointed", info.path, info.step,
+                      {"wait_boundary": waited, "save": info.seconds}))
+
+    def _stop_for_migration(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:
+        if self.migratable is False:
+            self._ack(Ack(cmd.id, False, f"not migratable: {self._not_migratable_reason}",
+                          step=self.meter.steps))
+            return
+        try:
+            info = self._save(adapter, cmd.checkpoint_dir)
+        except (CheckpointError, OSError) as exc:
+            self._ack(Ack(cmd.id, False, f"checkpoint failed, not stopping: {exc}",
+                          step=self.meter.steps))
+            return
+        self._ack(Ack(cmd.id, True, "checkpointed, exiting for migration", info.path, info.step,
+                      {"wait_boundary": waited, "save": info.seconds}))
+        self._exit(EXIT_MIGRATED)
+
+    # -- outputs ------------------------------------------------------------------------------
+    def _ack(self, ack: Ack) -> None:
+        log.info("command %s: ok=%s %s", ack.command_id, ack.ok, ack.message)
+        if self.channel is not None:
+            self.channel.send_ack(ack)
+
+    def _event(self, event: str, **fields: Any) -> None:
+        if self.status is not None:
+            self.status.event(event, **fields)
+
+    def _exit(self, code: int) -> None:
+        """Deliver what is queued on the stream, then leave the process at once."""
+        if self.channel is not None:
+            self.channel.close(timeout_s=2.0)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        self._exit_fn(code)

@@ -1,0 +1,90 @@
+"""Recognising replicated variables (one copy per tower/device) by name.
+
+Data-parallel TF1 programs build one tower per device and give every tower its own
+copy of each variable, under a per-tower name scope. A variable is taken as a
+replica when its name is `<family><sep><index>/<rest>` with family one of
+`tower`, `replica`, `clone`, `gpu`, `cpu` or `v` (tf_cnn_benchmarks' `v0/`), sep
+`_` or nothing, and `<rest>` is the canonical name. A family is treated as
+replicated only if every index holds exactly the same canonical names with the
+same shapes and dtypes, and no canonical name clashes with an unprefixed
+variable; otherwise its variables are kept as distinct variables (safe: nothing is
+merged by mistake). A single tower (`tower_0/` only) is stripped too, so one
+checkpoint restores into any number of replicas (grow and shrink). Optimizer slots
+(`tower_1/w/Momentum`) follow their primary variable automatically.
+
+The checkpoint holds one entry per canonical name, taken from the lowest index;
+restore writes that value into every replica.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+_REPLICA_RE = re.compile(r"^(tower|replica|clone|gpu|cpu|v)_?(\d+)/(.+)$")
+
+
+@dataclass(frozen=True)
+class VarSpec:
+    """What grouping needs to know about one variable."""
+
+    name: str  # without the ":0" suffix
+    shape: tuple[int | None, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Group:
+    """One saved entry: its canonical name and the variables (replicas) it fills."""
+
+    canonical: str
+    members: tuple[str, ...]  # replica 0 first
+
+
+def strip_output(name: str) -> str:
+    """'tower_0/w:0' -> 'tower_0/w'."""
+    return name[:-2] if name.endswith(":0") else name
+
+
+def group_replicas(specs: Sequence[VarSpec]) -> tuple[list[Group], int]:
+    """Group variables into saved entries; returns (groups, replica count).
+
+    The replica count is the largest number of copies any canonical name has (1 when
+    nothing is replicated).
+    """
+    by_family: dict[str, dict[int, dict[str, VarSpec]]] = defaultdict(lambda: defaultdict(dict))
+    plain: list[VarSpec] = []
+    for spec in specs:
+        m = _REPLICA_RE.match(spec.name)
+        if m:
+            by_family[m.group(1)][int(m.group(2))][m.group(3)] = spec
+        else:
+            plain.append(spec)
+
+    groups = [Group(s.name, (s.name,)) for s in plain]
+    taken = {s.name for s in plain}
+    replicas = 1
+    for family, by_index in by_family.items():
+        canon = set().union(*(t.keys() for t in by_index.values()))
+        # A canonical name that clashes with a plain variable keeps the family unmerged.
+        if _consistent(by_index.values()) and not (canon & taken):
+            taken |= canon
+            indices = sorted(by_index)
+            for rest in sorted(by_index[indices[0]]):
+                members = tuple(by_index[i][rest].name for i in indices)
+                groups.append(Group(rest, members))
+            replicas = max(replicas, len(indices))
+        else:
+            for index in sorted(by_index):
+                groups.extend(Group(s.name, (s.name,)) for s in by_index[index].values())
+    groups.sort(key=lambda g: g.canonical)
+    return groups, replicas
+
+
+def _consistent(towers: Iterable[dict[str, VarSpec]]) -> bool:
+    towers = list(towers)
+    first = {k: (v.shape, v.dtype) for k, v in towers[0].items()}
+    return all({k: (v.shape, v.dtype) for k, v in t.items()} == first for t in towers[1:])
+

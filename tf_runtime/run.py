@@ -1,0 +1,52 @@
+"""`python -m tf_runtime.run train.py ARGS...`: run a training script under the shim.
+
+The script runs as `__main__` (runpy), exactly as `python train.py ARGS` would,
+after the shim is set up from the helper's environment (tf_runtime.runtime). The
+exit status is the program's own, or tf_runtime.EXIT_MIGRATED (75) after a
+stop-for-migration, tf_runtime.EXIT_KILLED (143) after a kill.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+import sys
+
+from . import runtime
+from .checkpoint import CheckpointError
+
+log = logging.getLogger("tf_runtime")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: python -m tf_runtime.run SCRIPT.py [ARGS...]", file=sys.stderr)
+        return 2
+    script = args[0]
+    if not os.path.isfile(script):
+        print(f"tf_runtime.run: no such script: {script}", file=sys.stderr)
+        return 2
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=os.environ.get("GANDIVA_LOG_LEVEL", "INFO"),
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        rt = runtime.start()
+    except (CheckpointError, ValueError) as exc:
+        print(f"tf_runtime.run: {exc}", file=sys.stderr)
+        return 2
+    sys.argv = list(args)
+    # What `python script.py` does: the script's directory comes first on the path,
+    # so the program's sibling modules import as they would without the shim.
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        if rt is not None:
+            rt.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The per-process runtime: settings from the helper's environment, wiring, report().
+
+Environment (set by the Migration Helper; all optional):
+  GANDIVA_JOB_ID, GANDIVA_INCARNATION, GANDIVA_SERVER   identity in RuntimeHello
+  GANDIVA_SCHEDULER          host:port of the scheduler; absent => no control stream
+  GANDIVA_RESTORE_CHECKPOINT checkpoint directory restored after the session exists
+  GANDIVA_WARM=1             hold before the first training step (pre-warmed migration)
+  GANDIVA_CONTROL_FD / GANDIVA_STATUS_FD   pipes shared with the helper
+  GANDIVA_GPU_RELEASE        cpu | cuda | auto (tf_runtime.gpu_release)
+With none of them set, nothing is installed and the program runs untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .checkpoint import validate
+from .controller import Controller, Settings
+from .gpu_release import select_backend
+from .pipes import StatusPipe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    controller: Controller
+    client: object | None = None  # tf_runtime.client.StreamClient
+
+    def finish(self) -> None:
+        """The program ended on its own: send the last progress, close the stream."""
+        if self.client is not None:
+            self.client.close(timeout_s=2.0)  # type: ignore[attr-defined]
+
+
+_RUNTIME: list[Runtime] = []
+
+
+def current() -> Runtime | None:
+    return _RUNTIME[0] if _RUNTIME else None
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def start(env: Mapping[str, str] | None = None) -> Runtime | None:
+    """Set up the shim for this process from `env`; None when nothing is asked for."""
+    env = os.environ if env is None else env
+    scheduler = env.get("GANDIVA_SCHEDULER") or None
+    restore = env.get("GANDIVA_RESTORE_CHECKPOINT") or None
+    warm = env.get("GANDIVA_WARM") == "1"
+    status_fd = _int_env(env, "GANDIVA_STATUS_FD")
+    control_fd = _int_env(env, "GANDIVA_CONTROL_FD")
+    if not (scheduler or restore or warm or status_fd is not None):
+        return None  # standalone: a transparent pass-through
+    restored_step = 0
+    if restore and not warm:
+        # Refuse to start at all rather than train from step 0 by mistake.
+        restored_step = int(validate(restore)["global_step"])
+    settings = Settings(job_id=env.get("GANDIVA_JOB_ID", ""), restore_dir=restore,
+                        warm=warm, control_fd=control_fd)
+    status = StatusPipe.from_env() if status_fd is not None else None
+    rt = Runtime(controller=None)  # type: ignore[arg-type]
+
+    def connect(step: int) -> None:
+        if scheduler is None:
+            return
+        from .client import Identity, StreamClient
+
+        ident = Identity(settings.job_id, env.get("GANDIVA_INCARNATION", ""), os.getpid(),
+                         env.get("GANDIVA_SERVER", ""), step)
+        client = StreamClient(scheduler, ident, rt.controller.meter, rt.controller.enqueue)
+        rt.controller.channel = client
+        rt.client = client.start()
+
+    rt.controller = Controller(settings, status=status, backend=select_backend(),
+                               on_activate=connect)
+    if not warm:
+        connect(restored_step)
+    from . import shim
+
+    shim.install(rt.controller)
+    _RUNTIME[:] = [rt]
+    return rt
+
+
+def report(**metrics: float) -> None:
+    """Publish metrics (e.g. validation accuracy) with the next progress report.
+
+    Values must be finite numbers; without a scheduler this only logs them.
+    """
+    clean: dict[str, float] = {}
+    for name, value in metrics.items():
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"tf_runtime.report: {name}={value!r} is not a number") from None
+        if not math.isfinite(v):
+            raise ValueError(f"tf_runtime.report: {name}={value!r} is not finite")
+        clean[name] = v
+    rt = current()
+    if rt is None:
+        log.debug("report (no runtime): %s", clean)
+        return
+    rt.controller.meter.add_metrics(clean)

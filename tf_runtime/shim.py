@@ -1,0 +1,136 @@
+"""Installing the shim into TensorFlow: patches of Session and Graph.finalize.
+
+No user code changes: `BaseSession.__init__` gets a wrapper chain per session,
+`BaseSession.run` goes through it, `BaseSession.close` marks the session closed
+(a throw-away session is then forgotten), and `Graph.finalize` builds the shim's
+checkpoint ops while the graph can still take them. Patching waits for the
+program's own `import tensorflow` (a post-import hook), so environment settings
+the program makes before importing TensorFlow still apply.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+from types import ModuleType
+from typing import Any
+
+from .controller import Controller
+
+log = logging.getLogger(__name__)
+
+_ORIG: dict[str, Any] = {}
+_CONTROLLER: list[Controller] = []
+
+
+def _patch_tensorflow() -> None:
+    if _ORIG:
+        return
+    from tensorflow.python.client import session as tf_session_mod
+    from tensorflow.python.framework import ops
+
+    from . import chain, tf_session
+
+    base = tf_session_mod.BaseSession
+    orig_init, orig_run, orig_close = base.__init__, base.run, base.close
+    orig_finalize = ops.Graph.finalize
+    _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(self, *args, **kwargs)
+        if not _CONTROLLER:
+            return
+        ctl = _CONTROLLER[0]
+
+        def real_run(fetches: Any, feed_dict: Any, options: Any, run_metadata: Any) -> Any:
+            return orig_run(self, fetches, feed_dict, options, run_metadata)
+
+        if not self.graph.finalized:
+            try:
+                tf_session.ensure_checkpointer(self.graph)
+            except Exception:  # never break the program's session creation
+                log.exception("could not build the checkpoint ops at session creation")
+        adapter = tf_session.TFSessionAdapter(self, real_run)
+        self._gandiva_chain = chain.build_chain(real_run, adapter, ctl, ctl.gate)
+
+    def run(self: Any, fetches: Any, feed_dict: Any = None, options: Any = None,
+            run_metadata: Any = None) -> Any:
+        c = self.__dict__.get("_gandiva_chain")
+        if c is None:
+            return orig_run(self, fetches, feed_dict, options, run_metadata)
+        return c.run(fetches, feed_dict, options, run_metadata)
+
+    def close(self: Any) -> None:
+        c = self.__dict__.get("_gandiva_chain")
+        if c is not None:
+            c.adapter.closed = True
+        orig_close(self)
+
+    def finalize(self: Any) -> None:
+        if _CONTROLLER and not self.finalized:
+            try:
+                tf_session.ensure_checkpointer(self)
+            except Exception:
+                log.exception("could not build the checkpoint ops before Graph.finalize")
+        orig_finalize(self)
+
+    run.__doc__ = orig_run.__doc__
+    base.__init__, base.run, base.close = __init__, run, close
+    ops.Graph.finalize = finalize
+    log.debug("tf_runtime: TensorFlow sessions patched")
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs `_patch_tensorflow` right after the program imports `tensorflow`."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "tensorflow":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        self._inner = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec: Any) -> ModuleType | None:
+        return self._inner.create_module(spec)  # type: ignore[attr-defined, no-any-return]
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)  # type: ignore[attr-defined]
+        _remove_hook()
+        _patch_tensorflow()
+
+
+_HOOK = _PostImportHook()
+
+
+def _remove_hook() -> None:
+    if _HOOK in sys.meta_path:
+        sys.meta_path.remove(_HOOK)
+
+
+def install(controller: Controller) -> None:
+    """Route every Session created from now on through `controller`."""
+    _CONTROLLER[:] = [controller]
+    if "tensorflow" in sys.modules:
+        _patch_tensorflow()
+    elif _HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOK)
+
+
+def uninstall() -> None:
+    """Undo `install` (tests, benchmarks). Existing sessions go back to plain runs."""
+    _CONTROLLER.clear()
+    _remove_hook()
+    if not _ORIG:
+        return
+    from tensorflow.python.client import session as tf_session_mod
+    from tensorflow.python.framework import ops
+
+    base = tf_session_mod.BaseSession
+    base.__init__, base.run, base.close = _ORIG["init"], _ORIG["run"], _ORIG["close"]
+    ops.Graph.finalize = _ORIG["finalize"]
+    _ORIG.clear()

@@ -1,0 +1,131 @@
+"""A small, real Runtime gRPC server for tests, demos and benchmarks.
+
+`LocalRuntimeServer` listens on 127.0.0.1 (port 0 by default), records every
+message the shims send, and lets the caller send commands to a job's current
+stream. It ends a stream when the shim half-closes it, as the real scheduler
+should. It is not the scheduler: no state, no policy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
+
+_END = object()
+
+
+class _Servicer(runtime_pb2_grpc.RuntimeServicer):
+    def __init__(self, owner: LocalRuntimeServer) -> None:
+        self._owner = owner
+
+    def Connect(self, request_iterator: Iterator[runtime_pb2.RuntimeMessage],
+                context: grpc.ServicerContext) -> Iterator[runtime_pb2.RuntimeCommand]:
+        first = next(request_iterator, None)
+        if first is None or not first.HasField("hello"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be hello")
+        job = first.hello.job_id
+        out: queue.Queue[object] = queue.Queue()
+        self._owner._opened(job, first, out)
+
+        def pump() -> None:
+            try:
+                for msg in request_iterator:
+                    self._owner._record(job, msg)
+            except grpc.RpcError:
+                pass
+            finally:
+                out.put(_END)
+
+        threading.Thread(target=pump, daemon=True).start()
+        while True:
+            item = out.get()
+            if item is _END:
+                return
+            yield item  # type: ignore[misc]
+
+
+class LocalRuntimeServer:
+    """Real gRPC over a real socket; thread-safe accessors for what was received."""
+
+    def __init__(self, port: int = 0) -> None:
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        runtime_pb2_grpc.add_RuntimeServicer_to_server(_Servicer(self), self._server)
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        if self.port == 0:
+            raise RuntimeError(f"could not bind 127.0.0.1:{port}")
+        self._cond = threading.Condition()
+        self.messages: list[tuple[str, runtime_pb2.RuntimeMessage]] = []
+        self._streams: dict[str, queue.Queue[object]] = {}
+        self._ids = itertools.count(1)
+        self._server.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self, grace: float | None = 0) -> None:
+        self._server.stop(grace).wait()
+
+    # -- called by the servicer ---------------------------------------------------------
+    def _opened(self, job: str, hello: runtime_pb2.RuntimeMessage, out: queue.Queue[object]) -> None:
+        with self._cond:
+            self._streams[job] = out
+            self.messages.append((job, hello))
+            self._cond.notify_all()
+
+    def _record(self, job: str, msg: runtime_pb2.RuntimeMessage) -> None:
+        with self._cond:
+            self.messages.append((job, msg))
+            self._cond.notify_all()
+
+    # -- for tests ----------------------------------------------------------------------
+    def send(self, job: str, kind: int, checkpoint_dir: str = "", reason: str = "") -> str:
+        """Send a command to the job's latest stream; returns its command id."""
+        command_id = f"c{next(self._ids)}"
+        with self._cond:
+            out = self._streams.get(job)
+        if out is None:
+            raise KeyError(f"job {job!r} has no open stream")
+        out.put(runtime_pb2.RuntimeCommand(command_id=command_id, kind=kind,  # type: ignore[arg-type]
+                                           checkpoint_dir=checkpoint_dir, reason=reason))
+        return command_id
+
+    def wait_for(self, predicate: Callable[[str, runtime_pb2.RuntimeMessage], bool],
+                 timeout: float = 30.0) -> runtime_pb2.RuntimeMessage:
+        """The first recorded message matching predicate(job, msg), waiting for it."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._cond:
+            while True:
+                for job, msg in self.messages[seen:]:
+                    if predicate(job, msg):
+                        return msg
+                seen = len(self.messages)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no matching message within {timeout} s "
+                                       f"({len(self.messages)} received)")
+                self._cond.wait(left)
+
+    def wait_ack(self, command_id: str, timeout: float = 30.0) -> runtime_pb2.CommandAck:
+        msg = self.wait_for(lambda _j, m: m.HasField("ack") and m.ack.command_id == command_id,
+                            timeout)
+        return msg.ack
+
+    def wait_progress(self, job: str, min_steps: int, timeout: float = 60.0) -> runtime_pb2.ProgressReport:
+        msg = self.wait_for(lambda j, m: j == job and m.HasField("progress")
+                            and m.progress.steps >= min_steps, timeout)
+        return msg.progress
+
+    def of_kind(self, job: str, field: str) -> list[Any]:
+        with self._cond:
+            return [getattr(m, field) for j, m in self.messages if j == job and m.HasField(field)]

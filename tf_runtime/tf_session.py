@@ -1,0 +1,244 @@
+"""The TensorFlow side: classifying runs, and saving/restoring the training state.
+
+`TFSessionAdapter` wraps one tf.compat.v1 Session for the chain and controller.
+`Checkpointer` holds the ops the shim adds to a graph: a Saver over one copy of each
+variable (replicas grouped by tf_runtime.replicas) and a single RestoreV2 that is
+assigned to every replica. They must exist before the graph is finalized, so the
+shim builds them when a session is created or when `Graph.finalize` is called
+(MonitoredSession and Supervisor finalize before creating their session).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+from tensorflow.python.ops import io_ops
+
+from .chain import RunInfo
+from .checkpoint import PREFIX, CheckpointError, CheckpointInfo, validate, write_atomically
+from .fetches import fetch_key, flatten
+from .replicas import Group, VarSpec, group_replicas, strip_output
+
+log = logging.getLogger(__name__)
+
+_TRAIN_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
+_STEP_UPDATES = {"AssignAdd", "AssignAddVariableOp", "AssignSub", "AssignSubVariableOp"}
+_READS = {"ReadVariableOp", "Identity", "Cast", "AssignAdd", "AssignAddVariableOp", "Snapshot"}
+_CACHE_LIMIT = 512
+
+
+def _global_variables(graph: tf.Graph) -> list[Any]:
+    local = {id(v) for v in graph.get_collection(tf_ops.GraphKeys.LOCAL_VARIABLES)}
+    return [v for v in graph.get_collection(tf_ops.GraphKeys.GLOBAL_VARIABLES) if id(v) not in local]
+
+
+class Checkpointer:
+    """Save and restore ops for one graph's training state."""
+
+    def __init__(self, graph: tf.Graph) -> None:
+        variables = _global_variables(graph)
+        if not variables:
+            raise CheckpointError("the graph has no global variables to checkpoint")
+        self.key = tuple(sorted(v.name for v in variables))
+        by_name = {strip_output(v.name): v for v in variables}
+        specs = [VarSpec(n, tuple(v.shape.as_list()), v.dtype.base_dtype.name)
+                 for n, v in by_name.items()]
+        self.groups: list[Group]
+        self.groups, self.replicas = group_replicas(specs)
+        with graph.as_default(), tf.name_scope("gandiva_checkpoint"), tf.device("/cpu:0"):
+            self.saver = tf.compat.v1.train.Saver(
+                var_list={g.canonical: by_name[g.members[0]] for g in self.groups},
+                sharded=False, allow_empty=False, save_relative_paths=True,
+                max_to_keep=None, write_version=tf.compat.v1.train.SaverDef.V2,
+                name="saver")
+            self._prefix = tf.compat.v1.placeholder(tf.string, [], name="restore_prefix")
+            dtypes = [by_name[g.members[0]].dtype.base_dtype for g in self.groups]
+            values = io_ops.restore_v2(self._prefix, [g.canonical for g in self.groups],
+                                       [""] * len(self.groups), dtypes, name="restore_v2")
+        assigns = []
+        with graph.as_default(), tf.name_scope("gandiva_checkpoint/assign"):
+            for g, value in zip(self.groups, values):
+                for member in g.members:
+                    assigns.append(by_name[member].assign(value, read_value=False))
+            self.restore_op = tf.group(*assigns, name="restore_all")
+        self._save_tensor = self.saver.saver_def.save_tensor_name
+        self._filename = self.saver.saver_def.filename_tensor_name
+
+    def save(self, run: Callable[..., Any], prefix: str) -> None:
+        run(self._save_tensor, {self._filename: prefix}, None, None)
+
+    def restore(self, run: Callable[..., Any], prefix: str) -> None:
+        run(self.restore_op, {self._prefix: prefix}, None, None)
+
+
+_CHECKPOINTERS: weakref.WeakKeyDictionary[tf.Graph, Checkpointer] = weakref.WeakKeyDictionary()
+_BUILD_LOCK = threading.Lock()
+
+
+def ensure_checkpointer(graph: tf.Graph) -> Checkpointer | None:
+    """The graph's checkpointer, (re)built while the graph can still take ops.
+
+    Returns None when the graph has no variables yet (a throw-away session).
+    A finalized graph whose checkpointer is missing or stale is briefly
+    unfinalized, as a last resort, to add the ops.
+    """
+    with _BUILD_LOCK:
+        current = _CHECKPOINTERS.get(graph)
+        variables = _global_variables(graph)
+        if not variables:
+            return current
+        key = tuple(sorted(v.name for v in variables))
+        if current is not None and current.key == key:
+            return current
+        finalized = graph.finalized
+        if finalized:
+            log.warning("graph finalized before the shim could add its saver; unfinalizing briefly")
+            graph._unsafe_unfinalize()
+        try:
+            ckpt = Checkpointer(graph)
+        finally:
+            if finalized:
+                graph.finalize()
+        _CHECKPOINTERS[graph] = ckpt
+        return ckpt
+
+
+class TFSessionAdapter:
+    """One tf.compat.v1 Session, as the chain and the controller see it."""
+
+    def __init__(self, session: Any, run_fn: Callable[..., Any]) -> None:
+        self.graph: tf.Graph = session.graph
+        self._run = run_fn  # the original, unwrapped run bound to the session
+        self._cache: dict[Any, tuple[Any, RunInfo]] = {}
+        self.closed = False
+        self._gs = tf.compat.v1.train.get_global_step(self.graph)
+        self._init_ops: frozenset[Any] | None = None
+        self._gs_op = self._gs.op if self._gs is not None else None
+        self._watched_key: tuple[str, ...] | None = None
+
+    # -- classification ---------------------------------------------------------------
+    def classify(self, fetches: Any) -> RunInfo:
+        key = fetch_key(fetches)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit[1]
+        info = self._classify(fetches)
+        if len(self._cache) >= _CACHE_LIMIT:
+            self._cache.clear()
+        # Keep the fetches alive so the ids in the key cannot be reused.
+        self._cache[key] = (fetches, info)
+        return info
+
+    def _refresh_graph_facts(self) -> None:
+        variables = _global_variables(self.graph)
+        key = tuple(v.name for v in variables)
+        if key != self._watched_key:
+            self._watched_key = key
+            self._init_ops = frozenset(v.initializer for v in variables)
+            if self._gs is None:
+                self._gs = tf.compat.v1.train.get_global_step(self.graph)
+                self._gs_op = self._gs.op if self._gs is not None else None
+            self._trainable_ops = frozenset(
+                v.op for v in self.graph.get_collection(tf_ops.GraphKeys.TRAINABLE_VARIABLES))
+
+    def _classify(self, fetches: Any) -> RunInfo:
+        self._refresh_graph_facts()
+        roots, metric_slots, reads_gs = [], [], False
+        for i, leaf in enumerate(flatten(fetches)):
+            try:
+                el = self.graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
+            except (TypeError, ValueError, KeyError):
+                continue  # Session.run reports it; not ours to judge
+            op = el if isinstance(el, tf.Operation) else el.op
+            roots.append(op)
+            if isinstance(el, tf.Tensor) and el.shape.rank == 0 and el.dtype.is_floating:
+                metric_slots.append((i, op.name))
+            reads_gs = reads_gs or self._reads_global_step(op)
+        training, reached = self._walk(roots)
+        initializes = bool(self._init_ops) and self._init_ops <= reached
+        return RunInfo(training, reads_gs, initializes, tuple(metric_slots))
+
+    def _reads_global_step(self, op: Any) -> bool:
+        for _ in range(4):  # gs, gs/read, a cast of it, the value of an increment...
+            if op is self._gs_op:
+                return True
+            if op.type not in _READS or not op.inputs:
+                return False
+            op = op.inputs[0].op
+        return False
+
+    def _walk(self, roots: list[Any]) -> tuple[bool, set[Any]]:
+        seen: set[Any] = set()
+        stack = list(roots)
+        training = False
+        targets = self._trainable_ops | ({self._gs_op} if self._gs_op is not None else set())
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            t = op.type
+            if t.startswith(_TRAIN_PREFIXES) or (
+                    t in _STEP_UPDATES and op.inputs and op.inputs[0].op in targets):
+                training = True
+            stack.extend(x.op for x in op.inputs)
+            stack.extend(op.control_inputs)
+        return training, seen
+
+    def metrics(self, info: RunInfo, results: Any) -> dict[str, float]:
+        flat = flatten(results)
+        out = {}
+        for i, name in info.metric_slots:
+            try:
+                out[name] = float(flat[i])
+            except (IndexError, TypeError, ValueError):
+                continue
+        return out
+
+    # -- state ------------------------------------------------------------------------------
+    def has_global_step(self) -> bool:
+        if self._gs is None:
+            self._gs = tf.compat.v1.train.get_global_step(self.graph)
+            self._gs_op = self._gs.op if self._gs is not None else None
+        return self._gs is not None
+
+    def global_step(self) -> int:
+        if not self.has_global_step():
+            return 0
+        return int(self._run(self._gs, None, None, None))
+
+    def checkpointer(self) -> Checkpointer:
+        ckpt = ensure_checkpointer(self.graph)
+        if ckpt is None:
+            raise CheckpointError("the training graph has no variables to checkpoint")
+        return ckpt
+
+    def save(self, directory: str, job_id: str) -> CheckpointInfo:
+        ckpt = self.checkpointer()
+        t0 = time.perf_counter()
+        step = self.global_step()
+        path, size = write_atomically(
+            directory, lambda tmp: ckpt.save(self._run, str(tmp / PREFIX)),
+            {"job_id": job_id, "global_step": step, "replicas": ckpt.replicas,
+             "variables": len(ckpt.groups)})
+        return CheckpointInfo(str(path), step, ckpt.replicas, size, time.perf_counter() - t0)
+
+    def restore(self, directory: str) -> CheckpointInfo:
+        t0 = time.perf_counter()
+        manifest = validate(directory)
+        ckpt = self.checkpointer()
+        try:
+            ckpt.restore(self._run, str(Path(directory) / manifest["prefix"]))
+        except tf.errors.OpError as exc:
+            raise CheckpointError(f"checkpoint {directory} does not fit this graph: {exc.message}") from exc
+        step = self.global_step()
+        size = sum(f["size"] for f in manifest["files"])
+        return CheckpointInfo(str(directory), step, ckpt.replicas, size, time.perf_counter() - t0)
