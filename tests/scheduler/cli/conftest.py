@@ -62,6 +62,12 @@ def _script_fixture() -> Callable[..., Result]:
     return script
 
 
+@pytest.fixture
+def bin_dir() -> Path:
+    """Where the installed console scripts (gandiva, gandiva-submit) are."""
+    return BIN
+
+
 @pytest.fixture(name="wait_for")
 def _wait_for_fixture() -> Callable[..., object]:
     return wait_for

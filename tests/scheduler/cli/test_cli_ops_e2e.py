@@ -1,0 +1,129 @@
+"""`gandiva get|describe|kill|suspend|resume|priority|migrate` against a real scheduler."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+
+
+def submit_jobs(stub, *names: str, gpus: int = 1) -> list[str]:  # type: ignore[no-untyped-def]
+    return [
+        stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+            name=name, command=["python", f"{name}.py"], gpus=gpus, priority=1))).job.id
+        for name in names
+    ]
+
+
+def test_get_jobs_json_has_the_fields_scripts_rely_on(sched, stub, script) -> None:
+    (job_id,) = submit_jobs(stub, "resnet", gpus=2)
+    r = script("gandiva", "get", "jobs", "-o", "json")  # the installed entry point
+    assert r.code == 0, r.err
+    (job,) = json.loads(r.out)
+    assert {k: job[k] for k in ("id", "name", "state", "gpus", "servers", "steps", "rate",
+                                "priority")} == {
+        "id": job_id, "name": "resnet", "state": "QUEUED", "gpus": 2, "servers": [],
+        "steps": 0, "rate": 0.0, "priority": 1}
+
+
+def test_get_jobs_table_filters_and_no_headers(gandiva, stub) -> None:
+    a, b, c = submit_jobs(stub, "a", "b", "c")
+    stub.KillJob(scheduler_pb2.JobActionRequest(id=b))
+    r = gandiva("get", "jobs")
+    lines = r.out.splitlines()
+    assert r.code == 0 and lines[0].split()[:3] == ["ID", "NAME", "STATE"]
+    assert [line.split()[0] for line in lines[1:]] == [a, b, c]
+    r = gandiva("get", "jobs", "--state", "queued", "--no-headers")
+    assert [line.split()[:3] for line in r.out.splitlines()] == [[a, "a", "QUEUED"], [c, "c", "QUEUED"]]
+    r = gandiva("get", "jobs", b, "-o", "wide", "--no-headers")
+    assert r.out.split()[2] == "KILLED" and "python b.py" in r.out
+    r = gandiva("get", "jobs", "--state", "sleeping")
+    assert r.code == 2 and "--state: unknown state 'sleeping'" in r.err
+
+
+def test_servers_and_placement_of_a_running_job(gandiva, helper, stub, wait_for) -> None:
+    job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="sleeper", command=["sleep", "30"], gpus=2))).job.id
+    wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state
+             == common_pb2.JOB_STATE_RUNNING)
+    (server,) = json.loads(gandiva("get", "servers", "-o", "json").out)
+    assert {k: server[k] for k in ("name", "gpus", "height", "affinity", "up")} == {
+        "name": helper, "gpus": 2, "height": 1, "affinity": 2, "up": True}
+    assert gandiva("get", "servers", "--no-headers").out.split()[:5] == [helper, "2", "2", "1", "2"]
+    (job,) = json.loads(gandiva("get", "jobs", "-o", "json").out)
+    assert (job["state"], job["servers"]) == ("RUNNING", [helper])
+    assert sorted(p["gpu"] for p in job["placement"]) == [0, 1]
+    assert f"Placement: {helper}:" in gandiva("describe", "job", job_id).out
+    assert gandiva("kill", job_id).code == 0
+
+
+def test_kill_goes_on_past_an_unknown_id(gandiva, stub) -> None:
+    a, b = submit_jobs(stub, "a", "b")
+    r = gandiva("kill", a, "nope", b, "--reason", "bad lr")
+    assert r.code == 2
+    assert f"job {a} killed (now KILLED)" in r.out and f"job {b} killed" in r.out
+    assert r.err.count("\n") == 1 and "nope" in r.err and "not found" in r.err
+    job = stub.GetJob(scheduler_pb2.GetJobRequest(id=a))
+    assert job.state == common_pb2.JOB_STATE_KILLED and job.message == "bad lr"
+
+
+def test_priority_changes_and_refuses_negative(gandiva, stub) -> None:
+    (job_id,) = submit_jobs(stub, "a")
+    r = gandiva("priority", job_id, "7", "-o", "json")
+    assert r.code == 0 and json.loads(r.out)["priority"] == 7
+    assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).spec.priority == 7
+    r = gandiva("priority", job_id, "-1")
+    assert r.code == 2 and "priority must be 0 or more" in r.err
+    assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).spec.priority == 7
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["suspend", "JOB"], "not possible now"),
+        (["resume", "JOB"], "not possible now"),
+        (["migrate", "JOB", "--to", "nowhere"], "nowhere"),
+        (["describe", "job", "j-missing"], "not found"),
+    ],
+)
+def test_refused_actions_exit_2_with_the_reason(gandiva, stub, argv: list[str], fragment: str) -> None:
+    (job_id,) = submit_jobs(stub, "a")
+    r = gandiva(*[job_id if a == "JOB" else a for a in argv])
+    assert r.code == 2
+    assert fragment in r.err and r.err.count("\n") == 1
+    assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state == common_pb2.JOB_STATE_QUEUED
+
+
+def test_describe_job_shows_spec_history_and_events(gandiva, stub) -> None:
+    (job_id,) = submit_jobs(stub, "resnet", gpus=2)
+    stub.SetPriority(scheduler_pb2.SetPriorityRequest(id=job_id, priority=4))
+    stub.KillJob(scheduler_pb2.JobActionRequest(id=job_id, reason="enough"))
+    r = gandiva("describe", "job", job_id)
+    assert r.code == 0
+    for text in ("Name:       resnet", "Command:     python resnet.py", "GPUs:        2",
+                 "History:", "QUEUED  KILLED  enough", "job.priority", "job.submitted"):
+        assert text in r.out
+    r = gandiva("describe", "job", job_id, "-o", "json")
+    described = json.loads(r.out)
+    assert described["state"] == "KILLED"
+    assert [h["to"] for h in described["history"]] == ["QUEUED", "KILLED"]
+    assert [e["kind"] for e in described["events"]][:2] == ["job.submitted", "job.priority"]
+
+
+def test_get_events_lists_what_happened(gandiva, stub) -> None:
+    (job_id,) = submit_jobs(stub, "a")
+    stub.KillJob(scheduler_pb2.JobActionRequest(id=job_id))
+    events = json.loads(gandiva("get", "events", "-o", "json").out)
+    assert [(e["kind"], e["job_id"]) for e in events] == [("job.submitted", job_id),
+                                                          ("job.state", job_id)]
+    after = gandiva("get", "events", "--after", str(events[0]["id"]), "--no-headers").out
+    assert len(after.splitlines()) == 1 and "job.state" in after
+
+
+def test_unreachable_scheduler_is_one_clear_line(gandiva) -> None:
+    r = gandiva("get", "jobs", "--scheduler", "127.0.0.1:1")
+    assert r.code == 2 and r.out == ""
+    assert r.err.count("\n") == 1
+    assert "cannot reach the scheduler at 127.0.0.1:1" in r.err and "GANDIVA_SCHEDULER" in r.err
