@@ -45,7 +45,7 @@ class Group:
 
 def strip_output(name: str) -> str:
     """'tower_0/w:0' -> 'tower_0/w'."""
-    return name[:-2] if name.endswith(":0") else name
+    return name.removesuffix(":0")
 
 
 def group_replicas(specs: Sequence[VarSpec]) -> tuple[list[Group], int]:
@@ -66,7 +66,7 @@ def group_replicas(specs: Sequence[VarSpec]) -> tuple[list[Group], int]:
     groups = [Group(s.name, (s.name,)) for s in plain]
     taken = {s.name for s in plain}
     replicas = 1
-    for family, by_index in by_family.items():
+    for by_index in by_family.values():
         canon = set().union(*(t.keys() for t in by_index.values()))
         # A canonical name that clashes with a plain variable keeps the family unmerged.
         if _consistent(by_index.values()) and not (canon & taken):

@@ -1,9 +1,14 @@
-"""A small, real Runtime gRPC server for tests, demos and benchmarks.
+"""Test doubles for the shim: a real local Runtime server and a fake session world.
 
-`LocalRuntimeServer` listens on 127.0.0.1 (port 0 by default), records every
+`LocalRuntimeServer` is a small, real Runtime gRPC server for tests, demos and
+benchmarks. It listens on 127.0.0.1 (port 0 by default), records every
 message the shims send, and lets the caller send commands to a job's current
 stream. It ends a stream when the shim half-closes it, as the real scheduler
 should. It is not the scheduler: no state, no policy.
+
+`FakeWorld` puts the real wrapper chain and Controller in front of a fake session
+(a global-step counter whose runs are named "train", "init", "eval", ...), for
+fast tests of the boundary logic against scripted command schedules.
 """
 
 from __future__ import annotations
@@ -14,11 +19,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
+
+from .chain import RunInfo, build_chain
+from .checkpoint import CheckpointInfo, validate, write_atomically
+from .commands import Ack
+from .controller import Controller, Settings
 
 _END = object()
 
@@ -129,3 +140,131 @@ class LocalRuntimeServer:
     def of_kind(self, job: str, field: str) -> list[Any]:
         with self._cond:
             return [getattr(m, field) for j, m in self.messages if j == job and m.HasField(field)]
+
+
+class Exited(Exception):
+    """Raised by the fake exit function instead of leaving pytest."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exit {code}")
+        self.code = code
+
+
+RUN_KINDS = {
+    "train": RunInfo(is_training=True, reads_global_step=True, metric_slots=((0, "loss"),)),
+    "train_nogs": RunInfo(is_training=True),
+    "init": RunInfo(initializes=True),
+    "eval": RunInfo(),
+    "read_gs": RunInfo(reads_global_step=True),
+}
+
+
+class FakeSession:
+    """Counts a global step; `hooks[step]` run inside that training step (mid-step arrivals)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.hooks: dict[int, Any] = {}
+        self.block = threading.Event()
+        self.in_block = threading.Event()
+
+    def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
+            run_metadata: Any = None) -> Any:
+        if fetches == "blocking_eval":  # a background thread's run that takes its time
+            self.in_block.set()
+            self.block.wait(10)
+            return None
+        if RUN_KINDS[fetches].is_training:
+            self.step += 1
+            hook = self.hooks.get(self.step)
+            if hook:
+                hook()
+            return [1.0 / self.step]
+        return None
+
+
+class FakeAdapter:
+    """A SessionAdapter over FakeSession; save/restore write real checkpoint dirs."""
+
+    def __init__(self, sess: FakeSession) -> None:
+        self.sess = sess
+        self.closed = False
+        self.saves: list[str] = []
+
+    def classify(self, fetches: Any) -> RunInfo:
+        return RUN_KINDS.get(fetches, RunInfo())
+
+    def metrics(self, info: RunInfo, results: Any) -> dict[str, float]:
+        return {name: float(results[i]) for i, name in info.metric_slots}
+
+    def has_global_step(self) -> bool:
+        return True
+
+    def global_step(self) -> int:
+        return self.sess.step
+
+    def save(self, directory: str, job_id: str) -> CheckpointInfo:
+        step = self.sess.step
+        path, size = write_atomically(
+            directory, lambda tmp: (tmp / "model.index").write_text(str(step)),
+            {"job_id": job_id, "global_step": step, "replicas": 1})
+        self.saves.append(str(path))
+        return CheckpointInfo(str(path), step, 1, size, 0.001)
+
+    def restore(self, directory: str) -> CheckpointInfo:
+        manifest = validate(directory)
+        self.sess.step = int((Path(directory) / "model.index").read_text())
+        assert self.sess.step == manifest["global_step"]
+        return CheckpointInfo(directory, self.sess.step, 1, 0, 0.001)
+
+
+class FakeChannel:
+    def __init__(self) -> None:
+        self.acks: list[Ack] = []
+        self.migratability: list[tuple[bool, str]] = []
+        self.closed = False
+        self.cond = threading.Condition()
+
+    def send_ack(self, ack: Ack) -> None:
+        with self.cond:
+            self.acks.append(ack)
+            self.cond.notify_all()
+
+    def send_migratability(self, migratable: bool, reason: str) -> None:
+        self.migratability.append((migratable, reason))
+
+    def close(self, timeout_s: float) -> None:
+        self.closed = True
+
+    def wait_ack(self, command_id: str, timeout: float = 5.0) -> Ack:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for a in self.acks:
+                    if a.command_id == command_id:
+                        return a
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no ack for {command_id}")
+                self.cond.wait(left)
+
+
+class FakeWorld:
+    """One controller + one fake session behind the real wrapper chain."""
+
+    def __init__(self, settings: Settings | None = None, status: Any = None) -> None:
+        self.sess = FakeSession()
+        self.adapter = FakeAdapter(self.sess)
+        self.channel = FakeChannel()
+
+        def exit_fn(code: int) -> None:
+            raise Exited(code)
+
+        self.controller = Controller(settings or Settings(job_id="fake"), channel=self.channel,
+                                     status=status, exit_fn=exit_fn)
+        self.session = build_chain(
+            lambda f, fd, o, m: self.sess.run(f, fd, o, m), self.adapter, self.controller,
+            self.controller.gate)
+
+    def run(self, fetches: str) -> Any:
+        return self.session.run(fetches)

@@ -10,8 +10,7 @@ import sys
 
 import tensorflow as tf
 
-from tf_runtime.examples.common import (build_replicated, configure, dump, parse_args,
-                                        session_config)
+from tf_runtime.examples.common import build_replicated, configure, dump, parse_args, session_config
 from tf_runtime.examples.mlp import model
 
 

@@ -1,0 +1,219 @@
+"""The wrapper chain and the controller against a fake session and scripted commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import tf_runtime.controller as controller_mod
+from tf_runtime import EXIT_KILLED, EXIT_MIGRATED
+from tf_runtime.checkpoint import CheckpointError, validate
+from tf_runtime.commands import Command, Kind
+from tf_runtime.controller import Settings
+from tf_runtime.pipes import StatusPipe
+from tf_runtime.testing import Exited, FakeWorld
+
+
+def start_training(world: FakeWorld, steps: int = 1) -> None:
+    world.run("init")
+    world.run("read_gs")
+    for _ in range(steps):
+        world.run("train")
+
+
+def test_only_training_runs_are_boundaries(world: FakeWorld) -> None:
+    world.run("init")
+    world.run("eval")
+    assert world.controller.meter.steps == 0
+    for _ in range(3):
+        world.run("train")
+        world.run("eval")  # an eval between steps is not a mini-batch
+    snap = world.controller.meter.snapshot()
+    assert snap.steps == 3
+    assert snap.metrics == {"loss": pytest.approx(1 / 3)}
+    assert snap.rate > 0
+
+
+def test_command_waits_for_the_end_of_the_training_step(world: FakeWorld, tmp_path: Path) -> None:
+    start_training(world)
+    world.controller.enqueue(Command("c1", Kind.CHECKPOINT, str(tmp_path / "ck")))
+    world.run("eval")  # not a boundary: nothing happens yet
+    assert world.channel.acks == []
+    world.run("train")
+    ack = world.channel.acks[0]
+    assert (ack.ok, ack.step, ack.checkpoint_path) == (True, 2, str(tmp_path / "ck"))
+    assert validate(tmp_path / "ck")["global_step"] == 2
+    assert "wait_boundary" in ack.durations_s and "save" in ack.durations_s
+
+
+def test_scripted_schedule_takes_effect_at_the_step_it_arrived_in(world: FakeWorld,
+                                                                   tmp_path: Path) -> None:
+    """Commands arriving in the middle of step N are applied when step N returns."""
+    ctl = world.controller
+    world.sess.hooks = {
+        3: lambda: ctl.enqueue(Command("ck3", Kind.CHECKPOINT, str(tmp_path / "a"))),
+        5: lambda: (ctl.enqueue(Command("s5", Kind.SUSPEND)), ctl.enqueue(Command("r5", Kind.RESUME))),
+        7: lambda: ctl.enqueue(Command("ck7", Kind.CHECKPOINT, str(tmp_path / "a"))),
+    }
+    start_training(world, steps=9)
+    steps = {a.command_id: a.step for a in world.channel.acks}
+    assert steps == {"ck3": 3, "s5": 5, "r5": 5, "ck7": 7}
+    assert validate(tmp_path / "a")["global_step"] == 7  # replaced atomically by the later one
+    assert world.sess.step == 9
+
+
+def test_suspend_blocks_training_and_holds_other_threads(world: FakeWorld) -> None:
+    start_training(world)
+    ctl = world.controller
+    ctl.enqueue(Command("s", Kind.SUSPEND))
+    trainer = threading.Thread(target=world.run, args=("train",))
+    trainer.start()
+    world.channel.wait_ack("s")
+    assert ctl.suspended and trainer.is_alive()
+
+    other_done = threading.Event()
+    other = threading.Thread(target=lambda: (world.run("eval"), other_done.set()))
+    other.start()  # a Supervisor-like background thread: held at the gate
+    time.sleep(0.2)
+    assert not other_done.is_set()
+    steps_while_suspended = world.sess.step
+
+    ctl.enqueue(Command("r", Kind.RESUME))
+    trainer.join(5)
+    other.join(5)
+    assert not trainer.is_alive() and other_done.is_set()
+    assert world.channel.wait_ack("r").ok and not ctl.suspended
+    assert world.sess.step == steps_while_suspended == 2
+
+
+def test_suspend_does_not_deadlock_with_a_run_in_flight(world: FakeWorld,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_mod, "DRAIN_TIMEOUT_S", 0.2)
+    start_training(world)
+    bg = threading.Thread(target=world.run, args=("blocking_eval",))
+    bg.start()
+    assert world.sess.in_block.wait(5)
+    world.controller.enqueue(Command("s", Kind.SUSPEND))
+    trainer = threading.Thread(target=world.run, args=("train",))
+    trainer.start()
+    ack = world.channel.wait_ack("s")
+    assert ack.ok and "still in flight" in ack.message
+    world.sess.block.set()
+    bg.join(5)
+    world.controller.enqueue(Command("r", Kind.RESUME))
+    trainer.join(5)
+    assert not bg.is_alive() and not trainer.is_alive()
+
+
+def test_checkpoint_and_kill_while_suspended(world: FakeWorld, tmp_path: Path) -> None:
+    start_training(world)
+    ctl = world.controller
+    for cmd in (Command("s", Kind.SUSPEND), Command("ck", Kind.CHECKPOINT, str(tmp_path / "c")),
+                Command("k", Kind.KILL)):
+        ctl.enqueue(cmd)
+    with pytest.raises(Exited) as exc:
+        world.run("train")
+    assert exc.value.code == EXIT_KILLED
+    assert [a.command_id for a in world.channel.acks] == ["s", "ck", "k"]
+    assert validate(tmp_path / "c")["global_step"] == 2
+    assert world.channel.closed  # acks flushed before leaving
+
+
+def test_stop_for_migration_checkpoints_then_exits_75(world: FakeWorld, tmp_path: Path) -> None:
+    start_training(world, steps=4)
+    world.controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
+    with pytest.raises(Exited) as exc:
+        world.run("train")
+    assert exc.value.code == EXIT_MIGRATED
+    ack = world.channel.acks[-1]
+    assert ack.ok and ack.step == 5 and ack.checkpoint_path == str(tmp_path / "m")
+    assert validate(tmp_path / "m")["global_step"] == 5
+
+
+def test_program_that_never_reads_the_global_step_is_not_migratable(tmp_path: Path) -> None:
+    world = FakeWorld()
+    world.run("init")
+    world.run("train_nogs")
+    assert world.channel.migratability == []  # not judged after one step
+    world.run("train_nogs")
+    assert world.channel.migratability[0][0] is False
+    assert "global step" in world.channel.migratability[0][1]
+    world.controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
+    world.run("train_nogs")  # refused: it keeps training
+    ack = world.channel.acks[-1]
+    assert not ack.ok and ack.message.startswith("not migratable")
+    assert not (tmp_path / "m").exists()
+
+
+def test_program_reading_the_global_step_is_migratable(world: FakeWorld) -> None:
+    start_training(world)
+    assert world.channel.migratability == [(True, "")]
+
+
+def test_restore_happens_right_after_the_init_run(tmp_path: Path) -> None:
+    donor = FakeWorld()
+    start_training(donor, steps=7)
+    donor.adapter.save(str(tmp_path / "ck"), "j")
+    world = FakeWorld(Settings(job_id="j", restore_dir=str(tmp_path / "ck")))
+    world.run("eval")  # a setup run before init: nothing restored yet
+    assert world.sess.step == 0
+    world.run("init")
+    assert world.sess.step == 7  # the program's own read of the step now sees 7
+    world.run("train")
+    assert world.controller.meter.steps == 8 and world.controller.restored_step == 7
+
+
+def test_half_written_checkpoint_is_refused_at_restore(tmp_path: Path) -> None:
+    donor = FakeWorld()
+    start_training(donor, steps=3)
+    donor.adapter.save(str(tmp_path / "ck"), "j")
+    (tmp_path / "ck" / "model.index").write_text("3 and more")  # size no longer matches
+    world = FakeWorld(Settings(restore_dir=str(tmp_path / "ck")))
+    with pytest.raises(CheckpointError, match="model.index"):
+        world.run("init")
+
+
+def test_status_pipe_and_warm_activation(tmp_path: Path) -> None:
+    donor = FakeWorld()
+    start_training(donor, steps=4)
+    donor.adapter.save(str(tmp_path / "ck"), "j")
+    status_r, status_w = os.pipe()
+    control_r, control_w = os.pipe()
+    status = StatusPipe(os.fdopen(status_w, "w", buffering=1))
+    world = FakeWorld(Settings(warm=True, control_fd=control_r), status=status)
+    os.write(control_w, (json.dumps({"cmd": "activate", "restore_checkpoint": str(tmp_path / "ck")})
+                         + "\n").encode())
+    world.run("init")  # holds, reads the activation, restores
+    world.run("train")
+    os.close(status_w)
+    events = [json.loads(line) for line in os.fdopen(status_r).read().splitlines()]
+    assert [e["event"] for e in events] == ["session_ready", "warm_ready", "restored",
+                                           "first_step_done"]
+    assert events[2]["step"] == 4 and events[3]["step"] == 5
+
+
+def test_warm_exit_leaves_without_training() -> None:
+    control_r, control_w = os.pipe()
+    os.write(control_w, b'{"cmd": "exit"}\n')
+    world = FakeWorld(Settings(warm=True, control_fd=control_r))
+    with pytest.raises(Exited) as exc:
+        world.run("init")
+    assert exc.value.code == 0 and world.sess.step == 0
+
+
+def test_bad_control_line_names_the_problem() -> None:
+    control_r, control_w = os.pipe()
+    os.write(control_w, b'{"cmd": "go"}\n')
+    world = FakeWorld(Settings(warm=True, control_fd=control_r))
+    with pytest.raises(RuntimeError, match="unknown cmd 'go'"):
+        world.run("init")
+
+
+def test_commands_need_a_directory_where_they_write() -> None:
+    with pytest.raises(ValueError, match="CHECKPOINT needs a checkpoint_dir"):
+        Command("x", Kind.CHECKPOINT)
