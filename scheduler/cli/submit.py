@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="set a variable in the job's environment (repeatable)")
     p.add_argument("--env-pass", action="append", default=[], metavar="NAME",
                    help="pass this variable (or shell pattern, e.g. 'WANDB_*') from your "
-                   "environment (repeatable); always passed: " + ", ".join(specs.DEFAULT_ENV_PASS))
+                   "environment (repeatable); passed by default: " + ", ".join(specs.DEFAULT_ENV_PASS))
     p.add_argument("--no-default-env", action="store_true",
                    help="do not pass the default allow-list, only --env/--env-pass")
     multi = p.add_mutually_exclusive_group()

@@ -171,8 +171,11 @@ class Follower:
 
     def finish(self, jobs: Sequence[common_pb2.Job]) -> int:
         for job in jobs:
-            detail = f", exit code {job.exit_code}" if job.exit_code else ""
-            message = f": {job.message}" if job.message and job.state != common_pb2.JOB_STATE_SUCCEEDED else ""
+            succeeded = job.state == common_pb2.JOB_STATE_SUCCEEDED
+            message = f": {job.message}" if job.message and not succeeded else ""
+            # The scheduler's message often names the exit code already.
+            shown = job.exit_code and f"exit code {job.exit_code}" not in job.message
+            detail = f", exit code {job.exit_code}" if shown else ""
             self.say(f"job {job.id} ({job.spec.name}) {state_name(job.state)} after {job.steps} "
                      f"mini-batches{detail}{message}")
         return outcome_code([j.state for j in jobs])

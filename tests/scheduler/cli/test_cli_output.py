@@ -1,0 +1,63 @@
+"""Tables and small formatters: what a person (or awk) reads."""
+
+from __future__ import annotations
+
+import io
+
+from protos.gandiva.v1 import common_pb2
+from scheduler.cli import output
+from scheduler.cli.client import job_to_dict, state_name, state_value
+from scheduler.cli.wait import outcome_code
+
+
+def test_piped_table_is_one_row_per_line_without_trailing_blanks() -> None:
+    buffer = io.StringIO()
+    long_message = "word " * 60
+    output.print_table(["ID", "MESSAGE"], [["a", long_message], ["bb", ""]], stream=buffer)
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 3  # header + 2 rows, never wrapped
+    assert lines[0].split() == ["ID", "MESSAGE"]
+    assert all(line == line.rstrip() for line in lines)
+    assert lines[1].startswith("a ") and lines[2] == "bb"
+
+
+def test_no_headers_drops_only_the_header() -> None:
+    buffer = io.StringIO()
+    output.print_table(["ID", "STATE"], [["j-1", "RUNNING"]], no_headers=True, stream=buffer)
+    assert buffer.getvalue().split() == ["j-1", "RUNNING"]
+
+
+def test_formatters() -> None:
+    assert output.age(0) == "-"
+    assert [output.age(100 - s, now=100) for s in (5, 119)] == ["5s", "119s"]
+    assert output.age(1, now=3 * 3600 + 1) == "3h" and output.age(1, now=5 * 86400) == "4d"
+    assert (output.rate(0), output.rate(3.14159), output.rate(123.4)) == ("-", "3.14", "123.4")
+    refs = [common_pb2.GpuRef(server="s1", index=0), common_pb2.GpuRef(server="s1", index=1),
+            common_pb2.GpuRef(server="s2", index=3)]
+    assert output.placement(refs) == "s1:0,1 s2:3" and output.placement([]) == "-"
+    assert output.size(3 << 30) == "3.0Gi" and output.size(5 << 20) == "5Mi"
+
+
+def test_states_are_shown_without_their_prefix() -> None:
+    assert state_name(common_pb2.JOB_STATE_MIGRATING) == "MIGRATING"
+    assert state_value("running") == state_value("JOB_STATE_RUNNING") == common_pb2.JOB_STATE_RUNNING
+
+
+def test_job_json_lists_server_names_once_in_placement_order() -> None:
+    job = common_pb2.Job(id="j-1", state=common_pb2.JOB_STATE_RUNNING, steps=5, rate=2.5,
+                         spec=common_pb2.JobSpec(name="r", gpus=4, priority=2),
+                         placement=[common_pb2.GpuRef(server="b", index=0),
+                                    common_pb2.GpuRef(server="b", index=1),
+                                    common_pb2.GpuRef(server="a", index=0)])
+    as_json = job_to_dict(job)
+    assert as_json["servers"] == ["b", "a"]
+    assert (as_json["state"], as_json["gpus"], as_json["steps"], as_json["rate"],
+            as_json["priority"]) == ("RUNNING", 4, 5, 2.5, 2)
+
+
+def test_exit_code_of_a_multi_job_is_its_worst_outcome() -> None:
+    ok, failed, killed = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED,
+                          common_pb2.JOB_STATE_KILLED)
+    assert outcome_code([ok, ok]) == 0
+    assert outcome_code([ok, killed]) == 3
+    assert outcome_code([killed, failed, ok]) == 1
