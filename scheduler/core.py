@@ -20,7 +20,7 @@ from scheduler.errors import FailedPrecondition, InvalidArgument, Unavailable
 from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.state import repo
-from scheduler.state.db import make_sessionmaker
+from scheduler.state.db import is_sqlite, make_engine, make_sessionmaker
 from scheduler.state.models import Event, Gpu, Job, MultiJob
 from scheduler.validation import default_name, validate_spec
 
@@ -86,6 +86,16 @@ class SchedulerCore:
     ) -> None:
         self.engine = engine
         self.sessions: async_sessionmaker[AsyncSession] = make_sessionmaker(engine)
+        # SQLite: reads get their own engine so they never wait for the writer's lock.
+        self.read_engine = (
+            make_engine(engine.url.render_as_string(hide_password=False), readonly=True)
+            if is_sqlite(engine)
+            else engine
+        )
+        self.read_sessions = make_sessionmaker(self.read_engine)
+        # SQLite has one writer at a time; queueing writers here, in order, avoids
+        # SQLite's busy-wait back-off (sleeps of up to 100 ms) under concurrent load.
+        self._write_lock: asyncio.Lock | None = asyncio.Lock() if is_sqlite(engine) else None
         self.settings = settings or Settings()
         self.clock = clock
         self.events = EventBus()
@@ -96,13 +106,26 @@ class SchedulerCore:
 
     # ---- transactions ---------------------------------------------------------
 
+    async def dispose(self) -> None:
+        if self.read_engine is not self.engine:
+            await self.read_engine.dispose()
+
     @asynccontextmanager
-    async def tx(self) -> AsyncIterator[AsyncSession]:
-        """One transaction; database connectivity failures become Unavailable."""
+    async def tx(self, read: bool = False) -> AsyncIterator[AsyncSession]:
+        """One transaction; database connectivity failures become Unavailable.
+        ``read``: the transaction only reads (on SQLite it does not take the write lock)."""
+        wrote_events = False
+        lock = None if read else self._write_lock
         try:
-            async with self.sessions() as session, session.begin():
-                yield session
-                wrote_events = any(isinstance(o, Event) for o in session.new)
+            if lock is not None:
+                await lock.acquire()
+            try:
+                async with (self.read_sessions if read else self.sessions)() as session, session.begin():
+                    yield session
+                    wrote_events = bool(session.info.get("events"))
+            finally:
+                if lock is not None:
+                    lock.release()
         except Exception as err:
             if _is_connectivity_error(err):
                 raise Unavailable(f"database unreachable ({type(err).__name__}); retry shortly") from err
@@ -154,7 +177,7 @@ class SchedulerCore:
         if dry_run:
             return JobDetail(job, [])
         async with self.tx() as s:
-            repo.add_job(s, job, now)
+            await repo.add_jobs(s, [job], now)
         self.poke()
         return JobDetail(job, [])
 
@@ -175,8 +198,7 @@ class SchedulerCore:
         async with self.tx() as s:
             repo.add_multi_job(s, mj)
             await s.flush()
-            for job in jobs:
-                repo.add_job(s, job, now)
+            await repo.add_jobs(s, jobs, now)
         self.poke()
         return mj.id, [JobDetail(j, []) for j in jobs]
 
@@ -185,7 +207,7 @@ class SchedulerCore:
     async def get_job(self, job_id: str) -> JobDetail:
         if not job_id:
             raise InvalidArgument("id", "a job id is required")
-        async with self.tx() as s:
+        async with self.tx(read=True) as s:
             job = await repo.get_job(s, job_id)
             placement = await repo.placements_of(s, [job_id])
             hist = await repo.history(s, job_id)
@@ -194,7 +216,7 @@ class SchedulerCore:
     async def list_jobs(
         self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0
     ) -> list[JobDetail]:
-        async with self.tx() as s:
+        async with self.tx(read=True) as s:
             jobs = await repo.list_jobs(s, states, multi_job_id, limit)
             placements = await repo.placements_of(s, [j.id for j in jobs])
         return [
@@ -203,15 +225,15 @@ class SchedulerCore:
         ]
 
     async def list_servers(self) -> list[repo.ServerLoad]:
-        async with self.tx() as s:
+        async with self.tx(read=True) as s:
             return await repo.server_loads(s)
 
     async def list_events(self, after_id: int = 0, job_id: str = "", limit: int = 0) -> Sequence[Event]:
-        async with self.tx() as s:
+        async with self.tx(read=True) as s:
             return await repo.list_events(s, after_id, job_id, limit)
 
     async def last_event_id(self) -> int:
-        async with self.tx() as s:
+        async with self.tx(read=True) as s:
             return await repo.last_event_id(s)
 
     # ---- user and operator actions --------------------------------------------

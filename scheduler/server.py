@@ -97,6 +97,7 @@ class SchedulerServer:
         self._engine_task.cancel()
         await asyncio.gather(self._engine_task, return_exceptions=True)
         await self.server.stop(grace)
+        await self.core.dispose()
         await self.db.dispose()
 
 

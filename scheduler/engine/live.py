@@ -40,6 +40,8 @@ class LiveEngine:
         self.policy_name = policy_name
         self.policy = get_policy(policy_name, config)
         self.tick_s = tick_s
+        # At most this often a round, however many wake-ups arrive in between.
+        self.min_gap_s = 0.2
         self.scheduler_address = scheduler_address
         # Jobs with a command in flight: the policy's next decisions about them wait.
         self.inflight: set[str] = set()
@@ -47,6 +49,8 @@ class LiveEngine:
         self._stopping = False
         # job id -> when a helper first reported it missing (lost processes are requeued).
         self.missing_since: dict[str, float] = {}
+        # job id -> the queueing reason last written, so unchanged reasons cost nothing.
+        self._queue_reason: dict[str, str] = {}
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -63,6 +67,9 @@ class LiveEngine:
                 await asyncio.wait_for(self.core.wake.wait(), self.tick_s)
             except asyncio.TimeoutError:
                 pass
+            # A short pause batches a burst of submissions into one round instead of
+            # one round per submission.
+            await asyncio.sleep(min(self.tick_s, self.min_gap_s))
             self.core.wake.clear()
 
     async def stop(self) -> None:
@@ -75,15 +82,19 @@ class LiveEngine:
     async def tick(self) -> list[pt.Decision]:
         snap = await self.snapshot()
         decisions = [d for d in self.policy.decide(snap) if d.job_id not in self.inflight]
+        queued = [d for d in decisions if isinstance(d, pt.Queue)]
+        if queued:
+            await self._note_queued(queued)
         for d in decisions:
-            await self.apply(d)
+            if not isinstance(d, pt.Queue):
+                await self.apply(d)
         return decisions
 
     async def snapshot(self) -> pt.ClusterSnapshot:
         now = self.core.clock()
-        async with self.core.tx() as s:
+        async with self.core.tx(read=True) as s:
             loads = await repo.server_loads(s)
-            jobs = await repo.list_jobs(s, [JobState.QUEUED, *ACTIVE])
+            jobs = await repo.unfinished_job_rows(s)
             placements = await repo.placements_of(s, [j.id for j in jobs])
             profiles = {p.job_id: p for p in (await s.scalars(_profiles_query())).all()}
         servers = tuple(
@@ -105,7 +116,7 @@ class LiveEngine:
 
     async def apply(self, d: pt.Decision) -> None:
         if isinstance(d, pt.Queue):
-            await self._note_queued(d.job_id, d.reason)
+            await self._note_queued([d])
         elif isinstance(d, (pt.Place, pt.Pack)):
             job = await self._job(d.job_id)
             if job.state == JobState.QUEUED.value:
@@ -141,14 +152,24 @@ class LiveEngine:
         task.add_done_callback(self._tasks.discard)
 
     async def _job(self, job_id: str) -> Job:
-        async with self.core.tx() as s:
+        async with self.core.tx(read=True) as s:
             return await repo.get_job(s, job_id)
 
-    async def _note_queued(self, job_id: str, reason: str) -> None:
+    async def _note_queued(self, decisions: Sequence[pt.Queue]) -> None:
+        """Tell users why their jobs wait. Only reasons that changed since the last
+        round are written: one UPDATE per distinct reason, in one transaction."""
+        changed: dict[str, list[str]] = {}
+        for d in decisions:
+            if self._queue_reason.get(d.job_id) != d.reason:
+                changed.setdefault(d.reason, []).append(d.job_id)
+        if not changed:
+            return
         async with self.core.tx() as s:
-            job = await repo.get_job(s, job_id)
-            if job.state == JobState.QUEUED.value and job.message != reason:
-                job.message = reason
+            for reason, ids in changed.items():
+                await repo.set_queued_message(s, ids, reason)
+        for reason, ids in changed.items():
+            for job_id in ids:
+                self._queue_reason[job_id] = reason
 
     async def place(self, job_id: str, gpus: Sequence[pt.GpuRef], reason: str) -> None:
         """Bind a queued job to `gpus` and have the primary server's helper launch it."""
@@ -159,6 +180,7 @@ class LiveEngine:
             if job.state != JobState.QUEUED.value:
                 return
             await repo.set_placement(s, job_id, [(g.server, g.index) for g in gpus])
+            self._queue_reason.pop(job_id, None)
             job.incarnation = incarnation
             where = ", ".join(f"{g.server}/{g.index}" for g in gpus)
             await repo.transition(s, job, JobState.RUNNING, now, f"{reason} on {where}")
@@ -326,7 +348,8 @@ def _spec(job: Job):  # type: ignore[no-untyped-def]
     )
 
 
-def _job_view(job: Job, placement: list, profile: JobProfile | None, now: float) -> pt.JobView:
+def _job_view(job, placement: list, profile: JobProfile | None, now: float) -> pt.JobView:  # type: ignore[no-untyped-def]
+    """`job`: a row of repo.SNAPSHOT_COLUMNS."""
     attained = job.attained_service_s
     if job.state == JobState.RUNNING.value and job.state_changed_at:
         attained += max(0.0, now - job.state_changed_at) * job.gpus

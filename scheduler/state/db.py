@@ -18,21 +18,25 @@ from scheduler.errors import InvalidArgument
 SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
 
 
-def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    """An async engine configured as a long-running server needs it."""
+def make_engine(url: str, readonly: bool = False, **kwargs: Any) -> AsyncEngine:
+    """An async engine configured as a long-running server needs it.
+
+    ``readonly``: for SQLite, an engine whose transactions begin DEFERRED, for reads
+    that must not queue behind the single writer (WAL lets them run alongside it).
+    """
     parsed = make_url(url)
     if parsed.drivername not in SUPPORTED:
         raise InvalidArgument(
             "db", f"unsupported database URL {parsed.drivername!r}; use one of {', '.join(SUPPORTED)}"
         )
     if parsed.drivername.startswith("sqlite"):
-        return _sqlite_engine(url, parsed.database, **kwargs)
+        return _sqlite_engine(url, parsed.database, immediate=not readonly, **kwargs)
     # pool_pre_ping: after the database restarts, stale pooled connections are
     # replaced instead of failing the next request.
     return create_async_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, **kwargs)
 
 
-def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> AsyncEngine:
+def _sqlite_engine(url: str, database: str | None, immediate: bool = True, **kwargs: Any) -> AsyncEngine:
     if database and database != ":memory:":
         Path(database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
@@ -57,9 +61,13 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> AsyncEngine
     def _on_begin(conn: Any) -> None:
         # IMMEDIATE takes the write lock at BEGIN: a read-then-write transaction
         # can never fail half-way with SQLITE_BUSY when another writer commits first.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def is_sqlite(engine: AsyncEngine) -> bool:
+    return engine.dialect.name == "sqlite"
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -1,0 +1,138 @@
+"""Submission throughput and latency of the scheduler, on SQLite and PostgreSQL.
+
+Starts a real `gandiva scheduler` process (uvloop, grpc.aio) per database, waits for
+it to settle, reads its idle RSS, then drives SubmitJob over gRPC from concurrent
+clients in this process for a fixed number of submissions, and prints throughput,
+latency percentiles and RSS.
+
+    python benchmarks/submit_throughput.py                  # SQLite, and PostgreSQL if reachable
+    python benchmarks/submit_throughput.py --db sqlite --n 3000 --concurrency 16
+
+PostgreSQL: scripts/pg-test-setup.sh starts a local server; override with --pg-url.
+Goals (issue 2): >= 500 submissions/s sustained, p99 < 50 ms, idle RSS < 150 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import psutil
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+PG_ADMIN = "postgresql+asyncpg://gandiva:gandiva@127.0.0.1:5432/gandiva"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(db_url: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    port_file = workdir / f"port-{uuid.uuid4().hex}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", "127.0.0.1:0",
+         "--db", db_url, "--port-file", str(port_file), "--log-level", "WARNING"],
+        env={**os.environ, "GANDIVA_HOME": str(workdir)},
+    )
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"scheduler failed to start on {db_url}")
+        time.sleep(0.05)
+    return proc, port_file.read_text().strip()
+
+
+async def drive(address: str, n: int, concurrency: int) -> list[float]:
+    latencies: list[float] = []
+    counter = iter(range(n))
+    spec = common_pb2.JobSpec(command=["python", "train.py", "--lr", "0.1"], gpus=1, name="bench")
+
+    async def worker(stub: scheduler_pb2_grpc.SchedulerStub) -> None:
+        for _ in counter:
+            t0 = time.perf_counter()
+            await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec))
+            latencies.append(time.perf_counter() - t0)
+
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        await stub.ListJobs(scheduler_pb2.ListJobsRequest(limit=1))  # connect first
+        await asyncio.gather(*(worker(stub) for _ in range(concurrency)))
+    return latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=1000)[int(q * 1000) - 1] if len(values) > 1 else values[0]
+
+
+def pg_database(admin_url: str) -> str | None:
+    import asyncpg
+
+    name = f"gandiva_bench_{uuid.uuid4().hex[:8]}"
+    dsn = admin_url.replace("postgresql+asyncpg://", "postgresql://")
+
+    async def create() -> None:
+        conn = await asyncpg.connect(dsn, timeout=3)
+        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.close()
+
+    try:
+        asyncio.run(create())
+    except Exception as err:
+        print(f"PostgreSQL skipped: {err.__class__.__name__}: {err} (run scripts/pg-test-setup.sh)")
+        return None
+    return admin_url.rsplit("/", 1)[0] + "/" + name
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
+    ap.add_argument("--n", type=int, default=3000, help="submissions per database (default 3000)")
+    ap.add_argument("--concurrency", type=int, default=16, help="concurrent clients (default 16)")
+    ap.add_argument("--pg-url", default=PG_ADMIN, help="admin URL of a PostgreSQL whose role may create databases")
+    args = ap.parse_args()
+
+    targets: list[tuple[str, str]] = []
+    work = Path(tempfile.mkdtemp(prefix="gandiva-bench-"))
+    if args.db in ("sqlite", "both"):
+        targets.append(("sqlite", f"sqlite+aiosqlite:///{work / 'bench.db'}"))
+    if args.db in ("postgresql", "both"):
+        url = pg_database(args.pg_url)
+        if url:
+            targets.append(("postgresql", url))
+
+    print(f"{'database':<11} {'subs':>6} {'subs/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'idle RSS MB':>12} {'loaded RSS MB':>14}")
+    for label, url in targets:
+        proc, address = start(url, work)
+        try:
+            time.sleep(2.0)  # let start-up work (migrations, first rounds) settle
+            idle_rss = psutil.Process(proc.pid).memory_info().rss / 2**20
+            asyncio.run(drive(address, min(200, args.n), args.concurrency))  # warm-up
+            t0 = time.perf_counter()
+            lat = asyncio.run(drive(address, args.n, args.concurrency))
+            elapsed = time.perf_counter() - t0
+            loaded_rss = psutil.Process(proc.pid).memory_info().rss / 2**20
+            print(
+                f"{label:<11} {len(lat):>6} {len(lat) / elapsed:>8.0f} {pct(lat, 0.5) * 1e3:>7.1f} "
+                f"{pct(lat, 0.99) * 1e3:>7.1f} {max(lat) * 1e3:>7.1f} {idle_rss:>12.1f} {loaded_rss:>14.1f}"
+            )
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
