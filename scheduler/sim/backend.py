@@ -1,0 +1,275 @@
+"""SimClock and SimBackend: the simulated cluster the policy's decisions act on.
+
+The backend keeps, per job, its state, placement and progress. Progress is kept
+lazily: steps(t) = anchor_steps + rate x (t - max(anchor_t, paused_until)), and the
+anchor moves only when the job's rate changes, so an event costs time in proportion
+to the jobs it touches, not to the cluster size.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from scheduler.policy.types import (
+    Decision,
+    GpuRef,
+    Grow,
+    JobProfile,
+    JobView,
+    Migrate,
+    Pack,
+    Place,
+    Queue,
+    Resume,
+    ServerView,
+    Shrink,
+    Suspend,
+    Unpack,
+)
+from scheduler.sim.model import MechanismModel
+from scheduler.sim.trace import JobSpec
+
+
+class SimClock:
+    """Virtual time in seconds; only the simulator moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def advance_to(self, t: float) -> None:
+        if t < self.now:
+            raise ValueError(f"the clock cannot go back from {self.now} to {t}")
+        self.now = t
+
+
+@dataclass
+class SimJob:
+    """A job's simulated life; times are virtual seconds."""
+
+    spec: JobSpec
+    total_steps: float
+    profile: JobProfile
+    state: str = "QUEUED"
+    placement: tuple[GpuRef, ...] = ()
+    anchor_t: float = 0.0
+    anchor_steps: float = 0.0
+    attained_anchor: float = 0.0
+    paused_until: float = 0.0
+    rate: float = 0.0
+    last_rate: float | None = None
+    last_change: float = 0.0
+    first_run_at: float | None = None
+    first_n_at: float | None = None
+    finished_at: float | None = None
+    version: int = 0
+    view: JobView | None = None
+    view_t: float = -1.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def steps_at(self, t: float) -> float:
+        return self.anchor_steps + self.rate * max(0.0, t - max(self.anchor_t, self.paused_until))
+
+    def attained_at(self, t: float) -> float:
+        if self.state != "RUNNING":
+            return self.attained_anchor
+        return self.attained_anchor + len(self.placement) * max(0.0, t - self.anchor_t)
+
+
+class SimBackend:
+    """Applies decisions to simulated jobs and tracks rates, completions and GPU use."""
+
+    def __init__(self, servers: tuple[ServerView, ...], model: MechanismModel,
+                 preemption: str, first_n: int) -> None:
+        self.servers = servers
+        self.model = model
+        self.resume_cost = model.costs.restart_s if preemption == "restart" else model.costs.suspend_resume_s
+        self.first_n = first_n
+        self.gpus = {GpuRef(s.name, i) for s in servers for i in range(s.num_gpus)}
+        self.jobs: dict[str, SimJob] = {}
+        self.on_gpu: dict[GpuRef, set[str]] = {}
+        self.completions: list[tuple[float, int, str]] = []
+        self.busy = 0
+        self.busy_gpus: set[GpuRef] = set()
+        self.dirty_gpus: set[GpuRef] = set()
+        self.busy_area = 0.0
+        self.busy_t = 0.0
+        self.busy_series: list[tuple[float, int]] = [(0.0, 0)]
+        self.counts = {"suspends": 0, "resumes": 0, "packs": 0, "unpacks": 0,
+                       "migrations": 0, "grows": 0, "shrinks": 0}
+
+    # --- bookkeeping --------------------------------------------------------------
+
+    def add(self, job: SimJob, now: float) -> None:
+        job.last_change = now
+        self.jobs[job.spec.id] = job
+
+    def _track_busy(self, now: float) -> None:
+        """Update the count of GPUs running at least one job (only GPUs that changed)."""
+        for g in self.dirty_gpus:
+            if any(self.jobs[j].state == "RUNNING" for j in self.on_gpu.get(g, ())):
+                self.busy_gpus.add(g)
+            else:
+                self.busy_gpus.discard(g)
+        self.dirty_gpus.clear()
+        busy = len(self.busy_gpus)
+        if busy != self.busy:
+            self.busy_area += self.busy * (now - self.busy_t)
+            self.busy, self.busy_t = busy, now
+            self.busy_series.append((now, busy))
+
+    def _reanchor(self, job: SimJob, now: float) -> None:
+        """Fold progress up to ``now`` into the anchor before the rate changes."""
+        steps = job.steps_at(now)
+        if job.first_n_at is None and steps >= self.first_n and job.rate > 0:
+            start = max(job.anchor_t, job.paused_until)
+            job.first_n_at = start + (self.first_n - job.anchor_steps) / job.rate
+        job.attained_anchor = job.attained_at(now)
+        job.anchor_steps, job.anchor_t = min(steps, job.total_steps), now
+
+    def _bind(self, job: SimJob, gpus: tuple[GpuRef, ...]) -> None:
+        self.dirty_gpus.update(job.placement)
+        self.dirty_gpus.update(gpus)
+        for g in job.placement:
+            self.on_gpu[g].discard(job.spec.id)
+            if not self.on_gpu[g]:
+                del self.on_gpu[g]
+        job.placement = gpus
+        for g in gpus:
+            if g not in self.gpus:
+                raise ValueError(f"decision for job {job.spec.id} names unknown GPU {g}")
+            self.on_gpu.setdefault(g, set()).add(job.spec.id)
+
+    def _effective_rate(self, job: SimJob) -> float:
+        if job.state != "RUNNING":
+            return 0.0
+        k = len(job.placement)
+        rate = self.model.alone_rate(job.spec.model, k)
+        if len({g.server for g in job.placement}) > 1:
+            rate *= self.model.spread(job.spec.model, k)
+        others = {o for g in job.placement for o in self.on_gpu.get(g, ())
+                  if o != job.spec.id and self.jobs[o].state == "RUNNING"}
+        for other in others:
+            rate *= self.model.packed(job.spec.model, self.jobs[other].spec.model, k)
+        return rate
+
+    def refresh(self, touched: set[str], now: float) -> None:
+        """Recompute rates and completion times of the touched jobs and their GPU neighbours."""
+        affected = set(touched)
+        for jid in touched:
+            job = self.jobs.get(jid)
+            if job is not None:
+                for g in job.placement:
+                    affected |= self.on_gpu.get(g, set())
+        for jid in affected:
+            job = self.jobs.get(jid)
+            if job is None or job.finished_at is not None:
+                continue
+            new = self._effective_rate(job)
+            if new == job.rate and jid not in touched:
+                continue
+            self._reanchor(job, now)
+            job.rate = new
+            if new > 0:
+                job.last_rate = new
+                if job.first_run_at is None:
+                    job.first_run_at = now
+            job.version += 1
+            job.view = None
+            if new > 0:
+                start = max(now, job.paused_until)
+                done = start + (job.total_steps - job.anchor_steps) / new
+                heapq.heappush(self.completions, (done, job.version, jid))
+        self._track_busy(now)
+
+    # --- decisions ----------------------------------------------------------------
+
+    def apply(self, decisions: list[Decision], now: float) -> set[str]:
+        """Apply decisions in order; returns the ids of the jobs they changed."""
+        touched: set[str] = set()
+        for d in decisions:
+            if isinstance(d, Queue):
+                continue
+            job = self.jobs.get(d.job_id)
+            if job is None or job.finished_at is not None:
+                raise ValueError(f"decision {d!r} names a job that is not active")
+            self._reanchor(job, now)
+            touched.add(d.job_id)
+            touched.update(j for g in job.placement for j in self.on_gpu.get(g, ()))
+            self._apply_one(job, d, now)
+            self.dirty_gpus.update(job.placement)
+            job.last_change = now
+            job.view = None
+        return touched
+
+    def _apply_one(self, job: SimJob, d: Decision, now: float) -> None:
+        costs = self.model.costs
+        if isinstance(d, Place):
+            self._expect(job, d, ("QUEUED",))
+            self._bind(job, d.gpus)
+            job.state = "RUNNING"
+        elif isinstance(d, Suspend):
+            self._expect(job, d, ("RUNNING",))
+            job.state = "SUSPENDED"
+            self.counts["suspends"] += 1
+        elif isinstance(d, (Resume, Pack)):
+            self._expect(job, d, ("SUSPENDED", "QUEUED") if isinstance(d, Pack) else ("SUSPENDED",))
+            moved = d.gpus != job.placement
+            self._bind(job, d.gpus)
+            job.state = "RUNNING"
+            job.paused_until = now + (costs.migrate_s if moved and self.resume_cost < costs.migrate_s
+                                      else self.resume_cost)
+            self.counts["packs" if isinstance(d, Pack) else "resumes"] += 1
+        elif isinstance(d, Unpack):
+            self._expect(job, d, ("RUNNING",))
+            self._bind(job, d.gpus)
+            job.state = "SUSPENDED"
+            self.counts["unpacks"] += 1
+        elif isinstance(d, (Migrate, Grow, Shrink)):
+            self._expect(job, d, ("RUNNING", "SUSPENDED"))
+            gpus = d.to_gpus if isinstance(d, Migrate) else d.gpus
+            self._bind(job, gpus)
+            job.state = "RUNNING"
+            job.paused_until = now + costs.migrate_s
+            kind = {Migrate: "migrations", Grow: "grows", Shrink: "shrinks"}[type(d)]
+            self.counts[kind] += 1
+        else:
+            raise TypeError(f"unknown decision {d!r}")
+
+    @staticmethod
+    def _expect(job: SimJob, d: Decision, states: tuple[str, ...]) -> None:
+        if job.state not in states:
+            raise ValueError(f"{type(d).__name__} for job {job.spec.id} in state {job.state}; "
+                             f"allowed from {', '.join(states)}")
+
+    # --- completions --------------------------------------------------------------
+
+    def next_completion(self) -> float | None:
+        while self.completions:
+            t, version, jid = self.completions[0]
+            job = self.jobs.get(jid)
+            if job is None or job.version != version or job.finished_at is not None:
+                heapq.heappop(self.completions)
+                continue
+            return t
+        return None
+
+    def pop_finished(self, now: float) -> list[SimJob]:
+        done = []
+        while self.completions and self.completions[0][0] <= now + 1e-9:
+            t, version, jid = heapq.heappop(self.completions)
+            job = self.jobs.get(jid)
+            if job is None or job.version != version or job.finished_at is not None:
+                continue
+            self._reanchor(job, t)
+            job.anchor_steps = job.total_steps
+            job.finished_at = t
+            if job.first_n_at is None:
+                job.first_n_at = t  # a job shorter than N mini-batches
+            neighbours = {j for g in job.placement for j in self.on_gpu.get(g, ()) if j != jid}
+            self._bind(job, ())
+            job.state = "DONE"
+            done.append(job)
+            self.refresh(neighbours, t)
+        self._track_busy(now)
+        return done

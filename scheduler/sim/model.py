@@ -1,0 +1,187 @@
+"""The mechanism model: how fast a job runs where, and what each scheduling action costs.
+
+Every number is a documented parameter (docs/simulator.md lists them with sources):
+
+- Throughput (mini-batches/s) per model and GPU count: the Gavel measured table
+  (``simulation_throughputs.json``, V100 by default) when given, otherwise the
+  built-in ``DEFAULT_MODELS`` table below. GPU counts missing from a table are
+  scaled linearly from the largest measured count below them (a 16-GPU job runs
+  at 2x the 8-GPU rate; Gavel's table stops at 8).
+- Packing: two jobs running at once on the same GPUs each run at a fraction of
+  their alone rate. From the Gavel co-location pairs when given (a pair measured
+  as 0 did not fit in memory: both make no progress, so a packing trial fails);
+  otherwise each model's ``pack`` factor from the brief's P40 measurements of two
+  copies of the same model (per job = (1 + gain) / 2, capped at 1), and the mean of
+  the two factors for a mixed pair.
+- Spread over several servers: the rate is multiplied by the Gavel
+  unconsolidated/consolidated ratio for that model when given, else by
+  ``DEFAULT_SPREAD_FACTOR``.
+- Costs (seconds without progress), measured on our own machine (issue 5): a
+  suspend+resume round trip through the job-side hook 0.02 s; a migration through
+  the fast path 1.0 s (ResNet-50-sized job); a naive checkpoint-kill-restart 6 s,
+  charged to policies without a job-side hook for every preemption.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+# Median of Gavel's V100 unconsolidated/consolidated throughput ratios (57 entries).
+DEFAULT_SPREAD_FACTOR = 0.42
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One model of the built-in table.
+
+    rate: mini-batches/s on one GPU alone. scaling: fraction of linear speed-up kept
+    per doubling of GPUs. pack: each job's fraction of its alone rate when packed with
+    a copy of itself. memory_gib / util: its profile (GPU memory, utilization 0..1).
+    """
+
+    rate: float
+    scaling: float
+    pack: float
+    memory_gib: float
+    util: float
+
+
+def _pack(gain: float) -> float:
+    return min(1.0, (1.0 + gain) / 2.0)
+
+
+# Packing gains: the brief's P40 measurements (2 copies of one model). Rates, memory
+# and utilization are assumptions of typical size for these models, not measurements.
+DEFAULT_MODELS: dict[str, ModelInfo] = {
+    "resnet50": ModelInfo(4.0, 0.9, _pack(-0.13), 9.0, 0.95),
+    "resnext50": ModelInfo(3.0, 0.9, _pack(-0.11), 10.0, 0.95),
+    "vae": ModelInfo(50.0, 0.7, _pack(4.12), 1.0, 0.25),
+    "superresolution": ModelInfo(20.0, 0.8, _pack(2.60), 2.0, 0.35),
+    "rhn": ModelInfo(8.0, 0.85, _pack(0.46), 4.0, 0.6),
+    "scrnn": ModelInfo(10.0, 0.85, _pack(0.39), 3.0, 0.6),
+    "milstm": ModelInfo(8.0, 0.85, _pack(0.17), 5.0, 0.7),
+    "lstm": ModelInfo(6.0, 0.85, _pack(-0.16), 6.0, 0.85),
+}
+DEFAULT_MODEL = "resnet50"
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds a job makes no progress because of a scheduling action."""
+
+    suspend_resume_s: float = 0.02
+    migrate_s: float = 1.0
+    restart_s: float = 6.0
+
+
+@dataclass
+class MechanismModel:
+    """Rates and costs for the simulator; build with ``default()`` or ``from_gavel()``."""
+
+    costs: Costs = field(default_factory=Costs)
+    spread_factor: float = DEFAULT_SPREAD_FACTOR
+    gavel: dict[tuple[str, int], dict] | None = None
+    gavel_spread: dict[tuple[str, int], float] | None = None
+    source: str = "built-in defaults"
+    _rate_cache: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    @classmethod
+    def default(cls, costs: Costs | None = None) -> MechanismModel:
+        return cls(costs=costs or Costs())
+
+    @classmethod
+    def from_gavel(cls, path: Path, gpu_type: str = "v100", costs: Costs | None = None) -> MechanismModel:
+        """Load the Gavel throughput table; ValueError names the file and what is wrong."""
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: cannot read the Gavel throughput table: {exc}") from exc
+        if gpu_type not in raw:
+            raise ValueError(f"{path}: no GPU type {gpu_type!r}; it has {', '.join(raw)}")
+        table = {_key(k): v for k, v in raw[gpu_type].items()}
+        spread = {}
+        for k, v in raw.get(f"{gpu_type}_unconsolidated", {}).items():
+            key = _key(k)
+            if key in table and table[key]["null"]:
+                spread[key] = v["null"] / table[key]["null"]
+        return cls(costs=costs or Costs(), gavel=table, gavel_spread=spread,
+                   source=f"{path} ({gpu_type})")
+
+    # --- rates ----------------------------------------------------------------------
+
+    def knows(self, model: str) -> bool:
+        if self.gavel is not None:
+            return (model, 1) in self.gavel
+        return model in DEFAULT_MODELS
+
+    def alone_rate(self, model: str, gpus: int) -> float:
+        """Mini-batches/s of ``model`` alone on ``gpus`` GPUs of one server."""
+        key = (model, gpus)
+        if key not in self._rate_cache:
+            self._rate_cache[key] = self._alone_rate(model, gpus)
+        return self._rate_cache[key]
+
+    def _alone_rate(self, model: str, gpus: int) -> float:
+        if self.gavel is not None and (model, 1) in self.gavel:
+            measured = max(k for (m, k) in self.gavel if m == model and k <= gpus)
+            return self.gavel[(model, measured)]["null"] * gpus / measured
+        info = DEFAULT_MODELS.get(model, DEFAULT_MODELS[DEFAULT_MODEL])
+        doublings = max(0.0, (gpus.bit_length() - 1))
+        return info.rate * gpus * info.scaling**doublings
+
+    def spread(self, model: str, gpus: int) -> float:
+        """Factor on the rate when the job's GPUs span more than one server."""
+        if self.gavel_spread:
+            measured = [k for (m, k) in self.gavel_spread if m == model and k <= gpus]
+            if measured:
+                return min(1.0, self.gavel_spread[(model, max(measured))])
+        return self.spread_factor
+
+    def packed(self, model: str, other: str, gpus: int) -> float:
+        """Factor on ``model``'s alone rate when packed with ``other`` on the same GPUs."""
+        if self.gavel is not None and (model, 1) in self.gavel and (other, 1) in self.gavel:
+            measured = max(k for (m, k) in self.gavel if m == model and k <= gpus)
+            row = self.gavel[(model, measured)]
+            pair = row.get(f"('{other}', {measured})")
+            if pair is not None and row["null"]:
+                return pair[0] / row["null"]
+        a = DEFAULT_MODELS.get(model, DEFAULT_MODELS[DEFAULT_MODEL]).pack
+        b = DEFAULT_MODELS.get(other, DEFAULT_MODELS[DEFAULT_MODEL]).pack
+        return a if model == other else (a + b) / 2
+
+    def profile(self, model: str) -> tuple[int, float]:
+        """(GPU memory bytes, utilization) the profiler would report for ``model``."""
+        info = DEFAULT_MODELS.get(model) or _family_profile(model)
+        return int(info.memory_gib * GIB), info.util
+
+
+def _key(text: str) -> tuple[str, int]:
+    name, scale = ast.literal_eval(text)
+    return str(name), int(scale)
+
+
+# Profiles for Gavel's job types by family (assumed, not measured: the Gavel table
+# has no memory or utilization). Packing trials correct wrong guesses by measurement.
+_FAMILY = {
+    "ResNet-50": ModelInfo(0, 0, 0, 10.0, 0.95),
+    "ResNet-18": ModelInfo(0, 0, 0, 4.0, 0.7),
+    "Transformer": ModelInfo(0, 0, 0, 8.0, 0.8),
+    "LM": ModelInfo(0, 0, 0, 3.0, 0.5),
+    "Recommendation": ModelInfo(0, 0, 0, 3.0, 0.4),
+    "A3C": ModelInfo(0, 0, 0, 2.0, 0.3),
+    "CycleGAN": ModelInfo(0, 0, 0, 6.0, 0.8),
+}
+
+
+def _family_profile(model: str) -> ModelInfo:
+    for prefix, info in _FAMILY.items():
+        if model.startswith(prefix):
+            return info
+    return DEFAULT_MODELS[DEFAULT_MODEL]
