@@ -1,0 +1,220 @@
+"""Real TensorFlow (CPU) in-process: run classification, checkpoints with replicas,
+throw-away sessions, MonitoredTrainingSession with hooks, concurrent background runs."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tf_runtime import shim
+from tf_runtime.checkpoint import CheckpointError, validate
+from tf_runtime.commands import Command, Kind
+from tf_runtime.controller import Controller, Settings
+from tf_runtime.testing import Exited, FakeChannel
+
+pytestmark = pytest.mark.tf
+tf = pytest.importorskip("tensorflow")
+
+
+@pytest.fixture
+def controller() -> Iterator[Controller]:
+    def exit_fn(code: int) -> None:
+        raise Exited(code)
+
+    ctl = Controller(Settings(job_id="t"), channel=FakeChannel(), exit_fn=exit_fn)
+    shim.install(ctl)
+    yield ctl
+    shim.uninstall()
+
+
+def mlp_graph(replicas: int = 1, seed: int = 0) -> tuple[Any, Any, Any, Any, argparse.Namespace]:
+    from tf_runtime.examples.common import build_replicated
+    from tf_runtime.examples.mlp import model
+
+    g = tf.Graph()
+    args = argparse.Namespace(seed=seed, batch=4, replicas=replicas)
+    with g.as_default():
+        tf.compat.v1.set_random_seed(seed)
+        gs, train, loss = build_replicated(lambda s, i: model(args, s, i), args,
+                                           tf.compat.v1.train.MomentumOptimizer(0.05, 0.9))
+    return g, gs, train, loss, args
+
+
+def session(g: Any, replicas: int = 1) -> Any:
+    return tf.compat.v1.Session(graph=g, config=tf.compat.v1.ConfigProto(
+        device_count={"CPU": replicas}, intra_op_parallelism_threads=1))
+
+
+def acks(ctl: Controller) -> list[Any]:
+    return ctl.channel.acks  # type: ignore[union-attr, no-any-return]
+
+
+def test_runs_are_classified_like_a_person_would(controller: Controller, tmp_path: Path) -> None:
+    g, gs, train, loss, _ = mlp_graph()
+    with g.as_default():
+        summary = tf.compat.v1.summary.scalar("loss", loss)
+        own_saver = tf.compat.v1.train.Saver()
+        init = tf.compat.v1.global_variables_initializer()
+    with session(g) as sess:
+        adapter = sess._gandiva_chain.adapter
+        assert adapter.classify(init).initializes
+        assert not adapter.classify(init).is_training
+        for fetch in (loss, summary, [loss, summary], gs):
+            assert not adapter.classify(fetch).is_training
+        assert adapter.classify(gs).reads_global_step
+        info = adapter.classify([train, loss])
+        assert info.is_training and info.reads_global_step
+        assert [name for _, name in info.metric_slots] == ["loss"]
+        sess.run(init)
+        assert not adapter.classify(own_saver.saver_def.save_tensor_name).is_training
+        own_saver.save(sess, str(tmp_path / "own" / "m"), write_meta_graph=False)
+        own_saver.restore(sess, str(tmp_path / "own" / "m"))
+        assert controller.meter.steps == 0  # the program's saver runs are no steps
+        for _ in range(3):
+            sess.run(loss)  # an evaluation
+            sess.run([train, loss])
+        snap = controller.meter.snapshot()
+        assert snap.steps == 3 and "loss" in snap.metrics
+
+
+def test_throwaway_session_then_the_real_one(controller: Controller, tmp_path: Path) -> None:
+    g, gs, train, _, _ = mlp_graph()
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with session(g) as probe:  # a program checking its setup first
+        probe.run(init)
+    with session(g) as sess:
+        sess.run(init)
+        for _ in range(5):
+            sess.run(train)
+        controller.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        sess.run(train)
+    ack = acks(controller)[-1]
+    assert ack.ok and ack.step == 6 and validate(tmp_path / "ck")["global_step"] == 6
+
+
+def test_replicas_saved_once_and_restored_into_every_replica(controller: Controller,
+                                                             tmp_path: Path) -> None:
+    g, gs, train, _, _ = mlp_graph(replicas=4)
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+        variables = tf.compat.v1.global_variables()
+    with session(g, 4) as sess:
+        sess.run(init)
+        for _ in range(3):
+            sess.run(train)
+        adapter = sess._gandiva_chain.adapter
+        info = adapter.save(str(tmp_path / "ck"), "t")
+        saved = {v.name: sess.run(v) for v in variables}
+        # Perturb every replica differently, then restore.
+        for v in variables:
+            v.load(np.random.default_rng(len(v.name)).normal(size=v.shape).astype(
+                v.dtype.as_numpy_dtype), sess)
+        adapter.restore(str(tmp_path / "ck"))
+        for v in variables:
+            canonical = v.name.split("/", 1)[1] if v.name.startswith("tower_") else v.name
+            np.testing.assert_array_equal(sess.run(v), saved["tower_0/" + canonical]
+                                          if v.name.startswith("tower_") else saved[v.name])
+    names = dict(tf.train.list_variables(str(tmp_path / "ck" / "model")))
+    assert info.replicas == 4 and validate(tmp_path / "ck")["replicas"] == 4
+    assert "fc1/w" in names and "fc1/w/Momentum" in names and "global_step" in names
+    assert not any(n.startswith("tower_") for n in names)  # one copy, canonical names
+    trainable_per_tower = 6
+    assert len(names) == 2 * trainable_per_tower + 1
+
+    # The same checkpoint fills a 2-replica graph (the job shrank).
+    g2, gs2, *_ = mlp_graph(replicas=2)
+    with g2.as_default():
+        init2 = tf.compat.v1.global_variables_initializer()
+        w1 = [v for v in tf.compat.v1.global_variables() if v.name == "tower_1/fc1/w:0"][0]
+    with session(g2, 2) as sess2:
+        sess2.run(init2)
+        sess2._gandiva_chain.adapter.restore(str(tmp_path / "ck"))
+        np.testing.assert_array_equal(sess2.run(w1), saved["tower_0/fc1/w:0"])
+        assert sess2.run(gs2) == 3
+
+
+def test_truncated_checkpoint_is_refused_and_nothing_changes(controller: Controller,
+                                                             tmp_path: Path) -> None:
+    g, gs, train, _, _ = mlp_graph()
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with session(g) as sess:
+        sess.run(init)
+        sess.run(train)
+        adapter = sess._gandiva_chain.adapter
+        adapter.save(str(tmp_path / "ck"), "t")
+        data = next((tmp_path / "ck").glob("model.data-*"))
+        data.write_bytes(data.read_bytes()[:100])
+        sess.run(train)
+        with pytest.raises(CheckpointError, match="truncated"):
+            adapter.restore(str(tmp_path / "ck"))
+        assert sess.run(gs) == 2
+
+
+def test_monitored_training_session_with_hooks(controller: Controller, tmp_path: Path) -> None:
+    g, gs, train, loss, _ = mlp_graph()
+    with g.as_default():
+        hooks = [tf.compat.v1.train.StopAtStepHook(last_step=40),
+                 tf.compat.v1.train.LoggingTensorHook({"loss": loss}, every_n_iter=10),
+                 tf.compat.v1.train.NanTensorHook(loss)]
+        ck = tmp_path / "mts"
+        controller.enqueue(Command("c1", Kind.CHECKPOINT, str(tmp_path / "ours")))
+        runs = 0
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                checkpoint_dir=str(ck), hooks=hooks, save_checkpoint_steps=15,
+                save_summaries_steps=None, log_step_count_steps=None) as mon:
+            assert g.finalized  # the shim's saver had to be built before this
+            while not mon.should_stop():
+                mon.run(train)
+                runs += 1
+                if runs == 20:
+                    controller.enqueue(Command("c2", Kind.CHECKPOINT, str(tmp_path / "ours")))
+    by_id = {a.command_id: a for a in acks(controller)}
+    assert by_id["c1"].ok and by_id["c1"].step == 1
+    assert by_id["c2"].ok and by_id["c2"].step == 21
+    assert controller.meter.steps == runs == 40  # hook and saver runs are not steps
+    assert controller.migratable is True  # StopAtStepHook reads the global step
+    assert validate(tmp_path / "ours")["global_step"] == 21
+
+
+def test_suspend_holds_a_background_thread_without_deadlock(controller: Controller) -> None:
+    g, gs, train, loss, _ = mlp_graph()
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with session(g) as sess:
+        sess.run(init)
+        sess.run(train)
+        stop = threading.Event()
+        background_runs = [0]
+
+        def summary_thread() -> None:  # like a Supervisor's summary/step-counter thread
+            while not stop.is_set():
+                sess.run(loss)
+                background_runs[0] += 1
+
+        bg = threading.Thread(target=summary_thread)
+        bg.start()
+        controller.enqueue(Command("s", Kind.SUSPEND))
+        trainer = threading.Thread(target=sess.run, args=(train,))
+        trainer.start()
+        controller.channel.wait_ack("s")  # type: ignore[union-attr]
+        time.sleep(0.1)
+        held = background_runs[0]
+        time.sleep(0.3)
+        assert background_runs[0] == held  # held at the gate while suspended
+        controller.enqueue(Command("r", Kind.RESUME))
+        trainer.join(10)
+        time.sleep(0.2)
+        stop.set()
+        bg.join(10)
+        assert not trainer.is_alive() and not bg.is_alive()
+        assert background_runs[0] > held
+        assert sess.run(gs) == 2
