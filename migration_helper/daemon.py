@@ -81,10 +81,14 @@ class HelperDaemon:
         """Stop the jobs (they cannot be supervised without us), tell the scheduler if
         it is reachable, and close the server."""
         await self.jobs.stop_all()
-        await self._flush_outbox(timeout_s=2.0)
+        # Let the live session deliver the exits just posted, then take over what is left.
+        deadline = asyncio.get_running_loop().time() + 2.0
+        while self._outbox and self.registered.is_set() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._flush_outbox(timeout_s=2.0)
         if self._server is not None:
             await self._server.stop(1.0)
         self.backend.close()

@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""A stand-in for a tf_runtime-wrapped training job, for the helper's fast tests.
+
+It speaks the shim's two protocols exactly as agreed (status/control pipes with the
+helper, the Runtime gRPC stream with the scheduler) around a trivial "training"
+loop whose state is a step counter, so that launch, pre-warm, migration and its
+faults are tested with real processes in well under a second each. The real shim
+is tested with real TensorFlow in test_helper_tf.py.
+
+FAKE_MODE: "" (train), "die_warm" (exit 3 before warm_ready), "die_restore" (exit 4
+when activated), "hang_warm" (never become warm). FAKE_STEPS: exit 0 after this
+many steps (0: never). FAKE_STEP_S: seconds per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
+
+ENV = os.environ
+MODE = ENV.get("FAKE_MODE", "")
+status = os.fdopen(int(ENV["GANDIVA_STATUS_FD"]), "w", buffering=1)
+commands: queue.Queue[runtime_pb2.RuntimeCommand] = queue.Queue()
+outgoing: queue.Queue[runtime_pb2.RuntimeMessage | None] = queue.Queue()
+
+
+def event(name: str, **fields: object) -> None:
+    status.write(json.dumps({"event": name, **fields}) + "\n")
+
+
+def connect(restored_step: int) -> None:
+    outgoing.put(runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(
+        job_id=ENV["GANDIVA_JOB_ID"], incarnation=ENV["GANDIVA_INCARNATION"], pid=os.getpid(),
+        server=ENV["GANDIVA_SERVER"], restored_step=restored_step)))
+
+    def run() -> None:
+        channel = grpc.insecure_channel(ENV["GANDIVA_SCHEDULER"])
+        stub = runtime_pb2_grpc.RuntimeStub(channel)
+        try:
+            for cmd in stub.Connect(iter(outgoing.get, None)):
+                commands.put(cmd)
+        except grpc.RpcError:
+            pass
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def restore(directory: str) -> int:
+    t0 = time.monotonic()
+    manifest = json.loads((Path(directory) / "gandiva.json").read_text())
+    event("restored", step=manifest["global_step"], restore_s=time.monotonic() - t0)
+    return int(manifest["global_step"])
+
+
+def save(directory: str, step: int) -> str:
+    target = Path(directory)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.mkdir(parents=True)
+    (tmp / "state").write_text(str(step))
+    (tmp / "gandiva.json").write_text(json.dumps({"job_id": ENV["GANDIVA_JOB_ID"], "global_step": step,
+                                                   "replicas": 1, "files": {"state": len(str(step))}}))
+    tmp.rename(target)
+    return str(target)
+
+
+def main() -> int:
+    print(f"job {ENV['GANDIVA_JOB_ID']} incarnation {ENV['GANDIVA_INCARNATION']} "
+          f"gpus={ENV['CUDA_VISIBLE_DEVICES']} argv={sys.argv[1:]} user_var={ENV.get('USER_VAR', '')}")
+    event("session_ready", t=time.time())
+    step = 0
+    restore_dir = ENV.get("GANDIVA_RESTORE_CHECKPOINT", "")
+    if ENV.get("GANDIVA_WARM") == "1":
+        if MODE == "die_warm":
+            return 3
+        if MODE == "hang_warm":
+            time.sleep(3600)
+        event("warm_ready")
+        line = os.fdopen(int(ENV["GANDIVA_CONTROL_FD"])).readline()
+        msg = json.loads(line) if line else {"cmd": "exit"}
+        if msg["cmd"] == "exit":
+            return 0
+        if MODE == "die_restore":
+            return 4
+        restore_dir = msg.get("restore_checkpoint") or ""
+    if restore_dir:
+        step = restore(restore_dir)
+    connect(step)
+    step_s = float(ENV.get("FAKE_STEP_S", "0.02"))
+    limit = int(ENV.get("FAKE_STEPS", "0"))
+    first = True
+    while True:
+        time.sleep(step_s)
+        step += 1
+        if first:
+            event("first_step_done", step=step, t=time.time())
+            first = False
+        if step % 10 == 0:
+            outgoing.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(steps=step)))
+        if limit and step >= limit:
+            return 0
+        try:
+            cmd = commands.get_nowait()
+        except queue.Empty:
+            continue
+        ack = runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True, step=step)
+        if cmd.kind == runtime_pb2.COMMAND_KIND_STOP_FOR_MIGRATION:
+            t0 = time.monotonic()
+            ack.checkpoint_path = save(cmd.checkpoint_dir, step)
+            ack.durations_s["save"] = time.monotonic() - t0
+            ack.durations_s["wait_boundary"] = 0.0
+            code = 75
+        else:
+            code = 143
+        outgoing.put(runtime_pb2.RuntimeMessage(ack=ack))
+        outgoing.put(None)
+        time.sleep(0.2)  # let the ack leave before exiting, as the shim does
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
