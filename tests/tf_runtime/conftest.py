@@ -40,11 +40,13 @@ class Job:
     """A real training process under `python -m tf_runtime.run`, with the helper's pipes."""
 
     def __init__(self, script: str, args: list[str], env: dict[str, str], warm: bool = False,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, status: bool = True) -> None:
         self.status_r, status_w = os.pipe()
         pass_fds = [status_w]
-        full_env = {**os.environ, "GANDIVA_STATUS_FD": str(status_w),
-                    "TF_CPP_MIN_LOG_LEVEL": "2", **env}
+        base = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+        full_env = {**base, "TF_CPP_MIN_LOG_LEVEL": "2", **env}
+        if status:
+            full_env["GANDIVA_STATUS_FD"] = str(status_w)
         control_r = None
         if warm:
             control_r, self.control_w = os.pipe()
@@ -59,6 +61,7 @@ class Job:
         if control_r is not None:
             os.close(control_r)
         self.events: list[dict[str, Any]] = []
+        self._eof = False
         self._cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -68,6 +71,9 @@ class Job:
                 with self._cond:
                     self.events.append(json.loads(line))
                     self._cond.notify_all()
+        with self._cond:
+            self._eof = True  # the process (and every child holding the pipe) is gone
+            self._cond.notify_all()
 
     def wait_event(self, name: str, timeout: float = 60.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -77,12 +83,10 @@ class Job:
                     if e["event"] == name:
                         return e
                 left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self.events_pending()):
-                    raise TimeoutError(f"no {name} event; got {self.events}; log:\n{self.log()}")
+                if left <= 0 or self._eof:
+                    raise TimeoutError(f"no {name} event (exit {self.proc.poll()}); "
+                                       f"got {self.events}; log:\n{self.log()}")
                 self._cond.wait(min(left, 0.5))
-
-    def events_pending(self) -> bool:
-        return False
 
     def send_control(self, msg: dict[str, Any]) -> None:
         os.write(self.control_w, (json.dumps(msg) + "\n").encode())
@@ -103,8 +107,8 @@ def launch(tmp_path: Path) -> Iterator[Any]:
     jobs: list[Job] = []
 
     def _launch(script: str, *args: str, env: dict[str, str] | None = None,
-                warm: bool = False) -> Job:
-        job = Job(script, list(args), env or {}, warm, tmp_path / f"job{len(jobs)}.log")
+                warm: bool = False, status: bool = True) -> Job:
+        job = Job(script, list(args), env or {}, warm, tmp_path / f"job{len(jobs)}.log", status)
         jobs.append(job)
         return job
 

@@ -69,8 +69,21 @@ def build_replicated(model: Callable[[Any, int], Any], args: argparse.Namespace,
     """
     gs = tf.compat.v1.train.get_or_create_global_step()
     losses, grads, tower_vars = [], [], []
+    first: dict[str, Any] = {}
+
+    def same_start(getter: Any, name: str, *a: Any, **kw: Any) -> Any:
+        # Replicas start from tower 0's initial values (its random init, evaluated once).
+        rest = name.split("/", 1)[1]
+        if rest in first:
+            kw.update(initializer=first[rest].initial_value, shape=None)
+            return getter(name, *a, **kw)
+        var = getter(name, *a, **kw)
+        first[rest] = var
+        return var
+
     for i in range(args.replicas):
-        with tf.device(f"/cpu:{i}"), tf.compat.v1.variable_scope(f"tower_{i}"):
+        with tf.device(f"/cpu:{i}"), tf.compat.v1.variable_scope(f"tower_{i}",
+                                                                 custom_getter=same_start):
             loss = model(gs, i)
             variables = tf.compat.v1.get_collection(
                 tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, scope=f"tower_{i}/")

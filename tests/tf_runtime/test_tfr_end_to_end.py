@@ -1,0 +1,123 @@
+"""Real jobs under `python -m tf_runtime.run`, a real gRPC Runtime server, real restarts.
+
+The determinism test runs an example once untouched (no shim at all) and once with
+suspend/resumes, checkpoints and stop-for-migration restarts at random boundaries
+(one restart pre-warmed, as the helper does it): the final variables must be
+bit-identical and the global step the same.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from protos.gandiva.v1 import runtime_pb2 as pb
+from tf_runtime import EXIT_KILLED, EXIT_MIGRATED
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+
+STEPS = 40
+
+
+def hello_of(server: Any, job: str, incarnation: str, timeout: float = 60) -> Any:
+    return server.wait_for(lambda j, m: j == job and m.HasField("hello")
+                           and m.hello.incarnation == incarnation, timeout).hello
+
+
+def exercise(server: Any, job_id: str, rng: random.Random, ck: Path) -> Any:
+    """Suspend, resume, checkpoint, then stop for migration, each at a random boundary."""
+    for kind, arg in ((pb.COMMAND_KIND_SUSPEND, ""), (pb.COMMAND_KIND_RESUME, ""),
+                      (pb.COMMAND_KIND_CHECKPOINT, str(ck)),
+                      (pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(ck))):
+        time.sleep(rng.uniform(0.0, 0.15))
+        ack = server.wait_ack(server.send(job_id, kind, arg))
+        assert ack.ok, ack.message
+    return ack
+
+
+def load(path: Path) -> dict[str, bytes]:
+    with np.load(path) as data:
+        return {k: data[k].tobytes() for k in data.files}
+
+
+@pytest.mark.parametrize("replicas", [1, 4])
+def test_interrupted_run_ends_bit_identical(replicas: int, runtime_server: Any, launch: Any,
+                                            tmp_path: Path) -> None:
+    rng = random.Random(replicas)
+    common = ["--steps", str(STEPS), "--replicas", str(replicas), "--seed", "3",
+              "--step-sleep", "0.02"]
+    baseline = launch("mlp.py", *common, "--dump", str(tmp_path / "base.npz"), status=False)
+
+    job_id = f"det{replicas}"
+    env = {"GANDIVA_JOB_ID": job_id, "GANDIVA_SCHEDULER": runtime_server.address}
+    out = str(tmp_path / "run.npz")
+    first = launch("mlp.py", *common, "--dump", out, env={**env, "GANDIVA_INCARNATION": "0"})
+    first.wait_event("first_step_done")
+    hello_of(runtime_server, job_id, "0")
+    ack0 = exercise(runtime_server, job_id, rng, tmp_path / "ck0")
+    assert first.wait() == EXIT_MIGRATED
+
+    second = launch("mlp.py", *common, "--dump", out, env={
+        **env, "GANDIVA_INCARNATION": "1", "GANDIVA_RESTORE_CHECKPOINT": ack0.checkpoint_path})
+    # The next destination is pre-warmed while the second incarnation trains.
+    third = launch("mlp.py", *common, "--dump", out,
+                   env={**env, "GANDIVA_INCARNATION": "2"}, warm=True)
+    assert second.wait_event("restored")["step"] == ack0.step
+    assert hello_of(runtime_server, job_id, "1").restored_step == ack0.step
+    second.wait_event("first_step_done")
+    ack1 = exercise(runtime_server, job_id, rng, tmp_path / "ck1")
+    assert second.wait() == EXIT_MIGRATED
+    assert ack1.step > ack0.step
+
+    third.wait_event("warm_ready")
+    assert not [m for j, m in runtime_server.messages
+                if m.HasField("hello") and m.hello.incarnation == "2"]  # silent until activated
+    third.send_control({"cmd": "activate", "restore_checkpoint": ack1.checkpoint_path})
+    restored = third.wait_event("restored")
+    assert restored["step"] == ack1.step and restored["restore_s"] >= 0
+    assert hello_of(runtime_server, job_id, "2").restored_step == ack1.step
+    assert third.wait() == 0 and baseline.wait() == 0
+
+    assert [e["event"] for e in third.events][:4] == ["session_ready", "warm_ready", "restored",
+                                                     "first_step_done"]
+    base, run = load(tmp_path / "base.npz"), load(tmp_path / "run.npz")
+    assert base.keys() == run.keys()
+    assert [k for k in base if base[k] != run[k]] == []
+    with np.load(tmp_path / "run.npz") as data:
+        assert int(data["global_step:0"]) == STEPS
+
+
+def test_counter_from_zero_is_not_migratable(runtime_server: Any, launch: Any,
+                                             tmp_path: Path) -> None:
+    job = launch("counter_from_zero.py", "--steps", "60", "--step-sleep", "0.02",
+                 env={"GANDIVA_JOB_ID": "cz", "GANDIVA_SCHEDULER": runtime_server.address})
+    report = runtime_server.wait_for(lambda j, m: j == "cz" and m.HasField("migratability"), 60)
+    assert report.migratability.migratable is False
+    assert "global step" in report.migratability.reason
+    ack = runtime_server.wait_ack(runtime_server.send(
+        "cz", pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(tmp_path / "ck")))
+    assert not ack.ok and "not migratable" in ack.message
+    ack = runtime_server.wait_ack(runtime_server.send("cz", pb.COMMAND_KIND_SUSPEND))
+    assert ack.ok  # suspending in place is still fine
+    runtime_server.wait_ack(runtime_server.send("cz", pb.COMMAND_KIND_RESUME))
+    assert job.wait() == 0
+    assert not (tmp_path / "ck").exists()
+
+
+def test_kill_and_warm_exit(runtime_server: Any, launch: Any) -> None:
+    warm = launch("mlp.py", "--steps", "5", env={"GANDIVA_JOB_ID": "w"}, warm=True)
+    job = launch("mlp.py", "--steps", "100000", "--step-sleep", "0.01",
+                 env={"GANDIVA_JOB_ID": "k", "GANDIVA_SCHEDULER": runtime_server.address})
+    job.wait_event("first_step_done")
+    hello_of(runtime_server, "k", "")
+    ack = runtime_server.wait_ack(runtime_server.send("k", pb.COMMAND_KIND_KILL))
+    assert ack.ok and job.wait() == EXIT_KILLED
+    warm.wait_event("warm_ready")
+    warm.send_control({"cmd": "exit"})
+    assert warm.wait() == 0
+    assert "first_step_done" not in [e["event"] for e in warm.events]
