@@ -1,12 +1,13 @@
 """Fixtures for the command-line tests: the real entry points run in-process (fast)
 or as installed scripts, against the real scheduler of tests/conftest.py, and a
-real `gandiva helper` daemon when a test needs jobs to actually run."""
+scripted server (the Helper protocol, over the socket) when a test needs jobs to
+run and end in a chosen way."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,7 +16,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
+from protos.gandiva.v1 import (
+    common_pb2,
+    helper_pb2,
+    helper_pb2_grpc,
+    runtime_pb2,
+    runtime_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 from scheduler.cli import main as gandiva_main
 from scheduler.cli import submit as submit_main
 
@@ -113,25 +122,62 @@ def submit(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
     return run
 
 
-@pytest.fixture
-def helper(sched, stub, tmp_path: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """A real `gandiva helper` daemon with 2 virtual GPUs; yields its server name."""
-    name = "n1"
-    log = (tmp_path / "helper.log").open("w")
-    proc = subprocess.Popen(
-        [str(BIN / "gandiva"), "helper", "--server-name", name, "--gpus", "2", "--virtual",
-         "--ramdisk", str(tmp_path / "ramdisk"), "--scheduler", sched.address],
-        stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ),
-    )
-    try:
-        wait_for(lambda: any(s.name == name and s.up for s in
-                             stub.ListServers(scheduler_pb2.ListServersRequest()).servers))
-        yield name
-    finally:
-        proc.terminate()
+class ScriptedHelper:
+    """A server that speaks the Helper protocol (over the real socket) like
+    `gandiva helper` does, but runs no processes: the test says when a launched
+    job makes progress and how it ends, so exit codes can be checked exactly."""
+
+    def __init__(self, address: str, name: str = "n1", gpus: int = 2) -> None:
+        self.name = name
+        self.channel = grpc.insecure_channel(address)
+        self.helper = helper_pb2_grpc.HelperStub(self.channel)
+        self.helper.Register(helper_pb2.RegisterServerRequest(
+            name=name, gpus=[common_pb2.Gpu(index=i, model="virtual",
+                                            memory_total_bytes=16 << 30) for i in range(gpus)]))
+        self.launched: dict[str, str] = {}  # job id -> incarnation
+        self.commands = self.helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=name))
+        self.thread = threading.Thread(target=self._obey, daemon=True)
+        self.thread.start()
+
+    def _obey(self) -> None:
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+            for command in self.commands:
+                if command.WhichOneof("body") == "launch":
+                    self.launched[command.launch.job_id] = command.launch.incarnation
+                self.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+                    server=self.name, command_id=command.command_id, ok=True))
+        except grpc.RpcError:
+            pass  # the stream ends with the test
+
+    def progress(self, job_id: str, steps: int, rate: float) -> None:
+        """What the job's shim reports after `steps` mini-batches."""
+        incarnation = wait_for(lambda: self.launched.get(job_id))
+        messages = iter([
+            runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(
+                job_id=job_id, incarnation=str(incarnation), pid=1)),
+            runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(steps=steps, rate=rate)),
+        ])
+        stream = runtime_pb2_grpc.RuntimeStub(self.channel).Connect(messages)
+        scheduler = scheduler_pb2_grpc.SchedulerStub(self.channel)
+        wait_for(lambda: scheduler.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).steps == steps)
+        stream.cancel()
+
+    def exit(self, job_id: str, code: int) -> None:
+        """The job's process ends with this status."""
+        incarnation = wait_for(lambda: self.launched.get(job_id))
+        self.helper.ReportProcessExit(helper_pb2.ProcessExitRequest(
+            server=self.name, job_id=job_id, incarnation=str(incarnation), exit_code=code))
+
+    def close(self) -> None:
+        self.commands.cancel()
+        self.channel.close()
+
+
+@pytest.fixture
+def helper(sched) -> Iterator[ScriptedHelper]:  # type: ignore[no-untyped-def]
+    """A registered server "n1" with 2 GPUs whose jobs the test drives."""
+    scripted = ScriptedHelper(sched.address)
+    try:
+        yield scripted
+    finally:
+        scripted.close()

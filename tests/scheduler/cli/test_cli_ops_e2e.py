@@ -45,17 +45,19 @@ def test_get_jobs_table_filters_and_no_headers(gandiva, stub) -> None:
 
 def test_servers_and_placement_of_a_running_job(gandiva, helper, stub, wait_for) -> None:
     job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
-        name="sleeper", command=["sleep", "30"], gpus=2))).job.id
+        name="sleeper", command=["python", "sleep.py"], gpus=2))).job.id
     wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state
              == common_pb2.JOB_STATE_RUNNING)
+    helper.progress(job_id, steps=50, rate=12.5)
     (server,) = json.loads(gandiva("get", "servers", "-o", "json").out)
     assert {k: server[k] for k in ("name", "gpus", "height", "affinity", "up")} == {
-        "name": helper, "gpus": 2, "height": 1, "affinity": 2, "up": True}
-    assert gandiva("get", "servers", "--no-headers").out.split()[:5] == [helper, "2", "2", "1", "2"]
+        "name": "n1", "gpus": 2, "height": 1, "affinity": 2, "up": True}
+    assert gandiva("get", "servers", "--no-headers").out.split()[:5] == ["n1", "2", "2", "1", "2"]
     (job,) = json.loads(gandiva("get", "jobs", "-o", "json").out)
-    assert (job["state"], job["servers"]) == ("RUNNING", [helper])
+    assert (job["state"], job["servers"], job["steps"], job["rate"]) == ("RUNNING", ["n1"], 50, 12.5)
     assert sorted(p["gpu"] for p in job["placement"]) == [0, 1]
-    assert f"Placement: {helper}:" in gandiva("describe", "job", job_id).out
+    assert gandiva("get", "jobs", "--no-headers").out.split()[4:7] == ["n1", "50", "12.5"]
+    assert "Placement: n1:0,1" in gandiva("describe", "job", job_id).out
     assert gandiva("kill", job_id).code == 0
 
 

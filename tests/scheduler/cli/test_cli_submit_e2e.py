@@ -109,14 +109,51 @@ def test_unreachable_scheduler_says_where_and_what_to_do(submit) -> None:
     assert "cannot reach the scheduler at 127.0.0.1:1" in r.err and "gandiva scheduler" in r.err
 
 
-def test_waiting_submit_exits_with_the_outcome_of_a_real_run(submit, helper) -> None:
-    ok = submit("--name", "ok", "--", "sh", "-c", "exit 0")
+def in_background(work) -> threading.Thread:  # type: ignore[no-untyped-def]
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_waiting_submit_follows_the_run_and_exits_with_its_outcome(
+        submit, stub, helper, list_jobs, wait_for) -> None:
+    def run_and_finish(code: int) -> None:
+        running = wait_for(lambda: [j for j in list_jobs(stub)
+                                    if j.state == common_pb2.JOB_STATE_RUNNING])
+        job = running[0]  # type: ignore[index]
+        helper.progress(job.id, steps=120, rate=8.5)
+        helper.exit(job.id, code)
+
+    runner = in_background(lambda: run_and_finish(0))
+    ok = submit("--name", "ok", "--", "python", "train.py")
+    runner.join()
     assert ok.code == 0, ok.out + ok.err
-    assert "RUNNING" in ok.out and f"on {helper}" in ok.out
-    assert "SUCCEEDED" in ok.out.splitlines()[-1]
-    bad = submit("--name", "bad", "--", "sh", "-c", "exit 7")
+    assert "RUNNING" in ok.out and "on n1" in ok.out
+    assert ok.out.splitlines()[-1].endswith("SUCCEEDED after 120 mini-batches")
+
+    runner = in_background(lambda: run_and_finish(7))
+    bad = submit("--name", "bad", "--", "python", "train.py")
+    runner.join()
     assert bad.code == 1, bad.out + bad.err
-    assert "FAILED" in bad.out.splitlines()[-1] and "7" in bad.out.splitlines()[-1]
+    assert "FAILED after 120 mini-batches" in bad.out and "7" in bad.out.splitlines()[-1]
+
+
+def test_waiting_multi_job_exits_with_its_worst_outcome(submit, stub, helper, list_jobs,
+                                                         wait_for) -> None:
+    def running() -> list:
+        return [j for j in list_jobs(stub) if j.state == common_pb2.JOB_STATE_RUNNING]
+
+    def finish_members() -> None:
+        wait_for(lambda: len(running()) == 2)
+        first, second = sorted(running(), key=lambda j: j.spec.index)
+        helper.exit(first.id, 0)
+        helper.exit(second.id, 1)
+
+    runner = in_background(finish_members)
+    r = submit("--array", "0-1", "--name", "pair", "--", "python", "train.py")
+    runner.join()
+    assert r.code == 1, r.out + r.err
+    assert "pair-0) SUCCEEDED" in r.out and "pair-1) FAILED" in r.out
 
 
 def test_waiting_submit_of_a_killed_job_exits_3(submit, stub, list_jobs, wait_for) -> None:
@@ -125,8 +162,7 @@ def test_waiting_submit_of_a_killed_job_exits_3(submit, stub, list_jobs, wait_fo
         stub.SetPriority(scheduler_pb2.SetPriorityRequest(id=job.id, priority=5))
         stub.KillJob(scheduler_pb2.JobActionRequest(id=job.id, reason="bad learning rate"))
 
-    killer = threading.Thread(target=kill_when_submitted)
-    killer.start()
+    killer = in_background(kill_when_submitted)
     r = submit("--name", "doomed", "--", "python", "t.py")
     killer.join()
     assert r.code == 3, r.out + r.err
