@@ -13,11 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tf_runtime.checkpoint import (CheckpointError, remove_stale_temporaries, validate,
-                                   write_atomically)
+from tf_runtime.checkpoint import (
+    CheckpointError,
+    remove_stale_temporaries,
+    validate,
+    write_atomically,
+)
 
 
-def fill_with(content: bytes):  # noqa: ANN201 - a tiny test helper
+def fill_with(content: bytes):
     def fill(tmp: Path) -> None:
         (tmp / "model.index").write_bytes(content)
         (tmp / "model.data-00000-of-00001").write_bytes(content * 10)
@@ -62,7 +66,7 @@ def test_failed_fill_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
     (lambda d: (d / "model.data-00000-of-00001").write_bytes(b"x"), "truncated"),
     (lambda d: (d / "gandiva.json").write_text("{"), "unreadable"),
 ])
-def test_damaged_checkpoints_are_refused(tmp_path: Path, damage, message: str) -> None:  # noqa: ANN001
+def test_damaged_checkpoints_are_refused(tmp_path: Path, damage, message: str) -> None:
     write_atomically(tmp_path / "ck", fill_with(b"abc"), {"global_step": 1})
     damage(tmp_path / "ck")
     with pytest.raises(CheckpointError, match=message):

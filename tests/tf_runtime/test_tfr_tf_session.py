@@ -85,7 +85,7 @@ def test_runs_are_classified_like_a_person_would(controller: Controller, tmp_pat
 
 
 def test_throwaway_session_then_the_real_one(controller: Controller, tmp_path: Path) -> None:
-    g, gs, train, _, _ = mlp_graph()
+    g, _gs, train, _, _ = mlp_graph()
     with g.as_default():
         init = tf.compat.v1.global_variables_initializer()
     with session(g) as probe:  # a program checking its setup first
@@ -102,7 +102,7 @@ def test_throwaway_session_then_the_real_one(controller: Controller, tmp_path: P
 
 def test_replicas_saved_once_and_restored_into_every_replica(controller: Controller,
                                                              tmp_path: Path) -> None:
-    g, gs, train, _, _ = mlp_graph(replicas=4)
+    g, _gs, train, _, _ = mlp_graph(replicas=4)
     with g.as_default():
         init = tf.compat.v1.global_variables_initializer()
         variables = tf.compat.v1.global_variables()
@@ -133,7 +133,7 @@ def test_replicas_saved_once_and_restored_into_every_replica(controller: Control
     g2, gs2, *_ = mlp_graph(replicas=2)
     with g2.as_default():
         init2 = tf.compat.v1.global_variables_initializer()
-        w1 = [v for v in tf.compat.v1.global_variables() if v.name == "tower_1/fc1/w:0"][0]
+        w1 = next(v for v in tf.compat.v1.global_variables() if v.name == "tower_1/fc1/w:0")
     with session(g2, 2) as sess2:
         sess2.run(init2)
         sess2._gandiva_chain.adapter.restore(str(tmp_path / "ck"))
@@ -160,7 +160,7 @@ def test_truncated_checkpoint_is_refused_and_nothing_changes(controller: Control
 
 
 def test_monitored_training_session_with_hooks(controller: Controller, tmp_path: Path) -> None:
-    g, gs, train, loss, _ = mlp_graph()
+    g, _gs, train, loss, _ = mlp_graph()
     with g.as_default():
         hooks = [tf.compat.v1.train.StopAtStepHook(last_step=40),
                  tf.compat.v1.train.LoggingTensorHook({"loss": loss}, every_n_iter=10),

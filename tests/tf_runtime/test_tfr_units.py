@@ -1,0 +1,180 @@
+"""Small pure units: replica grouping, fetch keys, progress, report(), backends, launcher."""
+
+from __future__ import annotations
+
+import collections
+import ctypes.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tf_runtime
+from tf_runtime import runtime
+from tf_runtime.fetches import fetch_key, flatten
+from tf_runtime.gpu_release import CpuBackend, CudaDriver, select_backend
+from tf_runtime.progress import ProgressMeter
+from tf_runtime.replicas import VarSpec, group_replicas
+
+
+def spec(name: str, shape: tuple[int, ...] = (2, 3)) -> VarSpec:
+    return VarSpec(name, shape, "float32")
+
+
+def test_towers_are_grouped_by_name_modulo_the_tower_prefix() -> None:
+    names = [f"tower_{i}/{v}" for i in range(4) for v in ("fc/w", "fc/w/Momentum", "fc/b")]
+    groups, replicas = group_replicas([spec(n) for n in names] + [spec("global_step", ())])
+    assert replicas == 4
+    by = {g.canonical: g.members for g in groups}
+    assert by["fc/w"] == tuple(f"tower_{i}/fc/w" for i in range(4))
+    assert by["global_step"] == ("global_step",)
+    assert set(by) == {"fc/w", "fc/w/Momentum", "fc/b", "global_step"}
+
+
+def test_tf_cnn_benchmarks_style_v0_prefixes() -> None:
+    groups, replicas = group_replicas([spec(f"v{i}/cg/conv0/kernel") for i in range(2)])
+    assert replicas == 2 and groups[0].canonical == "cg/conv0/kernel"
+
+
+def test_towers_that_differ_are_not_merged() -> None:
+    specs = [spec("gpu_0/layer1/w"), spec("gpu_1/layer2/w")]  # model parallel, not replicas
+    groups, replicas = group_replicas(specs)
+    assert replicas == 1 and sorted(g.canonical for g in groups) == ["gpu_0/layer1/w", "gpu_1/layer2/w"]
+    shapes = [spec("tower_0/w", (2,)), spec("tower_1/w", (3,))]
+    assert group_replicas(shapes)[1] == 1
+
+
+def test_clash_with_an_unprefixed_variable_keeps_towers_apart() -> None:
+    groups, _ = group_replicas([spec("w"), spec("tower_0/w"), spec("tower_1/w")])
+    assert sorted(g.canonical for g in groups) == ["tower_0/w", "tower_1/w", "w"]
+
+
+def test_fetch_keys_are_stable_for_rebuilt_structures() -> None:
+    a, b = object(), object()
+    assert fetch_key([a, b]) == fetch_key([a, b])
+    assert fetch_key({"caller": [a], "hook": b}) == fetch_key({"caller": [a], "hook": b})
+    assert fetch_key([a, b]) != fetch_key([b, a])
+    assert fetch_key("loss:0") == fetch_key("loss" + ":0")
+    Pair = collections.namedtuple("Pair", "x y")
+    assert flatten({"c": [a, (b, Pair(1, 2))], "d": "s"}) == [a, b, 1, 2, "s"]
+
+
+def test_rate_is_a_moving_average_and_suspension_is_not_a_slow_step() -> None:
+    m = ProgressMeter(alpha=0.5)
+    for t in (1.0, 1.1, 1.2, 1.3):
+        m.step(0.1, t)
+    assert m.snapshot().rate == pytest.approx(10.0)
+    m.pause()  # suspended for a minute
+    m.step(0.1, 61.3)
+    assert m.snapshot().rate == pytest.approx(10.0)
+    assert m.snapshot().steps == 5
+
+
+def test_report_validates_and_publishes(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(TypeError, match="accuracy='high' is not a number"):
+        tf_runtime.report(accuracy="high")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not finite"):
+        tf_runtime.report(loss=float("nan"))
+    tf_runtime.report(accuracy=0.5)  # no runtime: only logged
+    rt = runtime.start({"GANDIVA_RESTORE_CHECKPOINT": "", "GANDIVA_WARM": "1",
+                        "GANDIVA_CONTROL_FD": "99"})
+    try:
+        assert rt is not None
+        tf_runtime.report(val_accuracy=0.875)
+        assert rt.controller.meter.snapshot().metrics == {"val_accuracy": 0.875}
+    finally:
+        from tf_runtime import shim
+
+        shim.uninstall()
+        runtime._RUNTIME.clear()
+
+
+def test_standalone_installs_nothing() -> None:
+    assert runtime.start({"GANDIVA_JOB_ID": "j"}) is None
+
+
+def test_bad_environment_is_named() -> None:
+    with pytest.raises(ValueError, match="GANDIVA_STATUS_FD='x' is not an integer"):
+        runtime.start({"GANDIVA_STATUS_FD": "x"})
+    with pytest.raises(ValueError, match="GANDIVA_GPU_RELEASE='tpu'"):
+        select_backend("tpu")
+
+
+def test_launcher_refuses_an_incomplete_restore_checkpoint(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    (tmp_path / "half").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    proc = subprocess.run([sys.executable, "-m", "tf_runtime.run", str(script)],
+                          env={**env, "GANDIVA_RESTORE_CHECKPOINT": str(tmp_path / "half")},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "no gandiva.json" in proc.stderr
+    assert "trained" not in proc.stdout
+    ok = subprocess.run([sys.executable, "-m", "tf_runtime.run", str(script), "--flag"],
+                        env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert ok.returncode == 0 and ok.stdout == "trained\n"
+    missing = subprocess.run([sys.executable, "-m", "tf_runtime.run", str(tmp_path / "nope.py")],
+                             env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert missing.returncode == 2 and "no such script" in missing.stderr
+
+
+def test_script_exit_status_passes_through(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nprint(sys.argv[1:])\nsys.exit(3)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    proc = subprocess.run([sys.executable, "-m", "tf_runtime.run", str(script), "a", "b"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 3 and proc.stdout == "['a', 'b']\n"
+
+
+def test_cpu_backend_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    backend = select_backend()
+    assert isinstance(backend, CpuBackend) and backend.releases_memory
+
+
+CUDA_CHILD = """
+import ctypes, sys
+cu = ctypes.CDLL("libcuda.so.1")
+def ok(rc):
+    assert rc == 0, rc
+ok(cu.cuInit(0)); dev = ctypes.c_int(); ok(cu.cuDeviceGet(ctypes.byref(dev), 0))
+ctx = ctypes.c_void_p(); ok(cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev))
+n = 64 << 20
+ptr = ctypes.c_uint64(); ok(cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(n)))
+src = (ctypes.c_ubyte * n)(*([7] * 16)); ok(cu.cuMemcpyHtoD_v2(ptr, src, ctypes.c_size_t(n)))
+print("ready", flush=True); sys.stdin.readline()
+dst = (ctypes.c_ubyte * n)(); ok(cu.cuMemcpyDtoH_v2(dst, ptr, ctypes.c_size_t(n)))
+print("ok" if bytes(dst[:16]) == bytes([7] * 16) else "corrupt", flush=True)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(ctypes.util.find_library("cuda") is None,
+                    reason="no NVIDIA driver (libcuda) on this machine; the CUDA process "
+                           "checkpoint backend needs a GPU server")
+def test_cuda_checkpoint_releases_and_restores_device_memory() -> None:
+    from tf_runtime.gpu_release import CudaCheckpointBackend, ReleaseError
+
+    try:
+        driver = CudaDriver.load()
+    except ReleaseError as exc:
+        pytest.skip(f"driver without the process checkpoint API: {exc}")
+    child = subprocess.Popen([sys.executable, "-c", CUDA_CHILD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        backend = CudaCheckpointBackend(pid=child.pid)
+        backend.release()
+        assert driver.state(child.pid) == "checkpointed"
+        backend.reacquire()
+        assert driver.state(child.pid) == "running"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "ok"  # device memory came back intact
+    finally:
+        child.kill()
+        child.wait()
