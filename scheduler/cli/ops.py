@@ -38,7 +38,11 @@ def register(subparsers: Any) -> None:
     common.add_argument("-o", "--output", choices=["table", "wide", "json"], default="table",
                         help="table (default), wide (more columns) or json")
     common.add_argument("--no-headers", action="store_true", help="tables without the header row")
+    _register_get(subparsers, common)
+    _register_actions(subparsers, common)
 
+
+def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
     get = subparsers.add_parser("get", help="list jobs, servers or events")
     kinds = get.add_subparsers(dest="kind", metavar="jobs|servers|events", required=True)
     jobs = kinds.add_parser("jobs", aliases=["job"], parents=[common], help="list jobs")
@@ -59,6 +63,8 @@ def register(subparsers: Any) -> None:
                         help="keep following new events (reconnects when the scheduler restarts)")
     _set(events, get_events)
 
+
+def _register_actions(subparsers: Any, common: argparse.ArgumentParser) -> None:
     describe = subparsers.add_parser("describe", help="everything about one job")
     what = describe.add_subparsers(dest="kind", metavar="job", required=True)
     job = what.add_parser("job", parents=[common], help="spec, placement, history, metrics")

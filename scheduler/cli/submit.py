@@ -238,8 +238,13 @@ def _print_follow_hints(multi_id: str, ids: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options, command = split_command(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(options)
+        args, extra = parser.parse_known_args(options)
+        if extra:
+            # The usual slip: the program given without the `--` that separates it.
+            parser.error(f"unrecognized arguments: {' '.join(extra)} (the command to run goes "
+                         f"after --, e.g. {PROG} --gpus 1 -- python train.py)")
     except SystemExit as exc:  # argparse has printed its message (or --help)
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
     return run_command(PROG, lambda: submit(args, command))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.cli.spec import SpecError
-from scheduler.cli.submit import build_parser, build_submission, split_command
+from scheduler.cli.submit import build_parser, build_submission, main, split_command
 
 CALLER_ENV = {"PATH": "/usr/bin", "PYTHONPATH": "/src", "SECRET": "s", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
@@ -101,3 +101,9 @@ def test_sweep_block_inside_the_spec_file(tmp_path: Path) -> None:
 def test_sweep_and_array_are_exclusive() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--sweep", "s.yaml", "--array", "0-1"])
+
+
+def test_command_without_the_separator_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--gpus", "2", "python", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: python train.py" in err and "goes after --" in err
