@@ -48,7 +48,7 @@ class CheckpointInfo:
     seconds: float  # save or restore time
 
 
-def write_atomically(target: str | os.PathLike[str], fill: Callable[[Path], None],
+def write_atomically(target: str | os.PathLike[str], fill: Callable[[Path], object],
                      meta: dict[str, Any]) -> tuple[Path, int]:
     """Create checkpoint directory `target` with `fill(tmpdir)` plus the manifest.
 
@@ -62,7 +62,7 @@ def write_atomically(target: str | os.PathLike[str], fill: Callable[[Path], None
     try:
         fill(tmp)
         files = sorted(p for p in tmp.iterdir() if p.is_file())
-        listing = [{"name": p.name, "size": p.stat().st_size} for p in files]
+        listing: list[dict[str, Any]] = [{"name": p.name, "size": p.stat().st_size} for p in files]
         manifest = {"format": FORMAT, "prefix": PREFIX, "created_at": time.time(),
                     **meta, "files": listing}
         with open(tmp / MANIFEST, "w") as fh:
@@ -77,7 +77,7 @@ def write_atomically(target: str | os.PathLike[str], fill: Callable[[Path], None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target, sum(f["size"] for f in listing)
+    return target, sum(int(f["size"]) for f in listing)
 
 
 def validate(directory: str | os.PathLike[str]) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class _Servicer(runtime_pb2_grpc.RuntimeServicer):
         first = next(request_iterator, None)
         if first is None or not first.HasField("hello"):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be hello")
+            return
         job = first.hello.job_id
         out: queue.Queue[object] = queue.Queue()
         self._owner._opened(job, first, out)
@@ -139,7 +140,8 @@ class LocalRuntimeServer:
 
     def of_kind(self, job: str, field: str) -> list[Any]:
         with self._cond:
-            return [getattr(m, field) for j, m in self.messages if j == job and m.HasField(field)]
+            return [getattr(m, field) for j, m in self.messages
+                    if j == job and m.WhichOneof("body") == field]
 
 
 class Exited(Exception):

@@ -163,7 +163,7 @@ class TFSessionAdapter:
                 metric_slots.append((i, op.name))
             reads_gs = reads_gs or self._reads_global_step(op)
         training, reached = self._walk(roots)
-        initializes = bool(self._init_ops) and self._init_ops <= reached
+        initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
         return RunInfo(training, reads_gs, initializes, tuple(metric_slots))
 
     def _reads_global_step(self, op: Any) -> bool:
