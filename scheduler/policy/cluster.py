@@ -63,6 +63,11 @@ class Ledger:
         self.load: dict[str, int] = dict.fromkeys(self.servers, 0)
         self.sizes: dict[str, Counter[int]] = {name: Counter() for name in self.servers}
         self._groups: dict[Placement, list[str]] = {}
+        self._free: dict[str, set[int]] = {
+            name: set(range(s.num_gpus)) for name, s in self.servers.items()
+        }
+        # Bumped on every change; lets callers cache "nothing fits" answers.
+        self.version = 0
         # Jobs whose state or placement this decide() call already changed.
         self.changed: set[str] = set()
         for job in snapshot.jobs:
@@ -77,10 +82,12 @@ class Ledger:
         self.placement[job_id] = gpus
         self._groups.setdefault(gpus, []).append(job_id)
         size = len(gpus)
+        self.version += 1
         for gpu in gpus:
             self.bound.setdefault(gpu, []).append(job_id)
             if gpu.server in self.load:
                 self.load[gpu.server] += 1
+                self._free[gpu.server].discard(gpu.index)
         for name in {g.server for g in gpus}:
             if name in self.sizes:
                 self.sizes[name][size] += 1
@@ -92,10 +99,13 @@ class Ledger:
             group.remove(job_id)
             if not group:
                 del self._groups[gpus]
+        self.version += 1
         for gpu in gpus:
             self.bound[gpu].remove(job_id)
             if gpu.server in self.load:
                 self.load[gpu.server] -= 1
+                if not self.bound[gpu]:
+                    self._free[gpu.server].add(gpu.index)
         for name in {g.server for g in gpus}:
             if name in self.sizes:
                 self.sizes[name][len(gpus)] -= 1
@@ -117,17 +127,13 @@ class Ledger:
 
     def free_gpus(self, server: str) -> list[GpuRef]:
         """GPUs on the server that no job is bound to, by index."""
-        srv = self.servers[server]
-        out = []
-        for i in range(srv.num_gpus):
-            gpu = GpuRef(server, i)
-            if not self.bound.get(gpu):
-                out.append(gpu)
-        return out
+        return [GpuRef(server, i) for i in sorted(self._free[server])]
 
     def num_free(self, server: str) -> int:
-        srv = self.servers[server]
-        return srv.num_gpus - sum(1 for i in range(srv.num_gpus) if self.bound.get(GpuRef(server, i)))
+        return len(self._free[server])
+
+    def total_free(self) -> int:
+        return sum(len(f) for f in self._free.values())
 
     def height(self, server: str) -> int:
         return _ceil_div(self.load[server], self.servers[server].num_gpus)

@@ -17,7 +17,7 @@ from scheduler.policy.cluster import Ledger
 from scheduler.policy.growshrink import grow, shrink_all
 from scheduler.policy.migration import consolidate, defragment, lower_height
 from scheduler.policy.packing import judge_trials, start_trials
-from scheduler.policy.placement import FREE_FILTERS, find_placement, queue_reason
+from scheduler.policy.placement import ALGORITHM_1, FREE_FILTERS, find_placement, queue_reason
 from scheduler.policy.state import GandivaState
 from scheduler.policy.timeslice import rotate
 from scheduler.policy.types import (
@@ -71,18 +71,23 @@ class GandivaPolicy(Policy):
         queued = [j for j in ledger.jobs.values() if j.state == "QUEUED"]
         out: list[Decision] = []
         shrunk = False
+        misses: dict[tuple[int, int], int] = {}
+        reasons: dict[tuple[int, int], str] = {}
         for job in queue_order(queued):
-            cand = find_placement(ledger, job, self.config, FREE_FILTERS)
+            cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
             if cand is None and not shrunk:
                 shrunk = True
                 shrinks = shrink_all(ledger, reason=f"job {job.id} needs GPUs")
                 out += shrinks
                 if shrinks:
-                    cand = find_placement(ledger, job, self.config, FREE_FILTERS)
+                    cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
             if cand is None:
-                cand = find_placement(ledger, job, self.config)
+                cand = find_placement(ledger, job, self.config, ALGORITHM_1, misses)
             if cand is None:
-                out.append(Queue(job.id, queue_reason(ledger, job)))
+                key = (job.gpus, ledger.version)
+                if key not in reasons:
+                    reasons[key] = queue_reason(ledger, job)
+                out.append(Queue(job.id, reasons[key]))
                 continue
             if cand.oversubscribed:
                 # The newcomer runs first so that every job gets early feedback; the

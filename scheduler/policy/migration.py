@@ -50,16 +50,24 @@ def _move(ledger: Ledger, job_id: str, gpus: Placement, reason: str) -> Migrate:
 
 def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
     out: list[Decision] = []
-    groups = sorted(ledger.groups().items(), key=lambda kv: (-len(kv[1]), kv[0]))
-    for _, members in groups:
+    if ledger.total_free() == 0:
+        return out
+    misses: dict[int, int] = {}
+    groups = sorted((kv for kv in ledger.groups().items() if len(kv[1]) > 1),
+                    key=lambda kv: (-len(kv[1]), kv[0]))
+    for gpus, members in groups:
+        if misses.get(len(gpus)) == ledger.version:
+            continue
         for job_id in sorted(members, key=lambda j: ledger.jobs[j].last_state_change_at):
             if len(out) >= budget:
                 return out
             if ledger.state[job_id] != "SUSPENDED" or not _movable(ledger, job_id, state):
                 continue
-            gpus = _compact_target(ledger, ledger.jobs[job_id], config)
-            if gpus is not None:
-                out.append(_move(ledger, job_id, gpus, "lower the height: free GPUs elsewhere"))
+            target = _compact_target(ledger, ledger.jobs[job_id], config)
+            if target is None:
+                misses[len(gpus)] = ledger.version
+                break
+            out.append(_move(ledger, job_id, target, "lower the height: free GPUs elsewhere"))
     return out
 
 

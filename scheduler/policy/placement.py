@@ -69,13 +69,13 @@ def unallocated_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Pl
 
 
 def relaxed_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
+    if ledger.total_free() < job.gpus:
+        return None
     with_free = [n for n in ledger.servers if ledger.num_free(n) > 0]
     # Best fit on one server: the fewest free GPUs that still hold the job.
     one = _single_server(ledger, job.gpus, sorted(with_free, key=lambda n: (ledger.num_free(n), n)))
     if one is not None:
         return one
-    if sum(ledger.num_free(n) for n in with_free) < job.gpus:
-        return None
     chosen: list = []
     for name in sorted(with_free, key=lambda n: (-ledger.num_free(n), n)):
         chosen.extend(ledger.free_gpus(name)[: job.gpus - len(chosen)])
@@ -113,12 +113,23 @@ def find_placement(
     job: JobView,
     config: PolicyConfig,
     filters: list[tuple[str, Filter]] = ALGORITHM_1,
+    misses: dict[tuple[int, int], int] | None = None,
 ) -> Candidate | None:
-    """The first filter's answer, in order; None means: queue the job."""
+    """The first filter's answer, in order; None means: queue the job.
+
+    ``misses`` remembers (filter list, GPU count) pairs that found nothing at a ledger
+    version: the filters look at nothing but the GPU count and the ledger, so a long
+    queue costs one search per size until something changes.
+    """
+    key = (id(filters), job.gpus)
+    if misses is not None and misses.get(key) == ledger.version:
+        return None
     for name, fn in filters:
         gpus = fn(ledger, job, config)
         if gpus is not None:
             return Candidate(gpus, name, oversubscribed=name == "oversubscribe")
+    if misses is not None:
+        misses[key] = ledger.version
     return None
 
 
@@ -127,6 +138,6 @@ def queue_reason(ledger: Ledger, job: JobView) -> str:
     total = sum(s.num_gpus for s in ledger.servers.values())
     if job.gpus > total:
         return f"needs {job.gpus} GPUs, the cluster's up servers have {total}"
-    free = sum(ledger.num_free(n) for n in ledger.servers)
+    free = ledger.total_free()
     return (f"needs {job.gpus} GPUs, {free} free; no time-slice group of {job.gpus}-GPU jobs "
             f"with room on a same-affinity server")

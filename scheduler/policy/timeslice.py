@@ -47,6 +47,8 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
     now = ledger.snapshot.now
     out: list[Decision] = []
     for gpus, members in ledger.groups().items():
+        if len(members) == 1 and ledger.state[members[0]] != "SUSPENDED":
+            continue
         if any(ledger.state[m] == "MIGRATING" for m in members):
             continue
         if any(m in state.trials or m in ledger.changed for m in members):
@@ -60,8 +62,8 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
             unit = running[0]
             started = max(ledger.jobs[j].last_state_change_at for j in unit)
             ends = started + _slice_of(ledger, unit, config)
-            if now < ends:
-                state.wake_at(ends)
+            if now < ends - config.slice_slack_s:
+                state.wake_at(ends - config.slice_slack_s)
                 continue
             for j in unit:
                 ledger.set_state(j, "SUSPENDED")

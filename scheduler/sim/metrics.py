@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from typing import Any
 
@@ -61,7 +62,7 @@ def utilization_series(result: SimResult, buckets: int = 200) -> tuple[list[floa
         return [], []
     width = (t1 - t0) / buckets
     area = [0.0] * buckets
-    for (ta, busy), (tb, _) in zip(series, series[1:]):
+    for (ta, busy), (tb, _) in itertools.pairwise(series):
         a = ta
         while a < tb:
             k = min(int((a - t0) / width), buckets - 1)

@@ -1,0 +1,66 @@
+"""The baselines: fifo blocks at the head, yarn-cs skips what does not fit, tiresias preempts."""
+
+from __future__ import annotations
+
+from scheduler.policy import PolicyConfig, get_policy
+
+
+def _busy_cluster(mk):
+    """Two 4-GPU servers, 3 GPUs busy, then a 4-GPU job and a 1-GPU job queued in that order."""
+    running = [mk.job(f"r{i}", state="RUNNING", placement=mk.on("s0", i)) for i in range(3)]
+    running.append(mk.job("r3", gpus=4, state="RUNNING", placement=mk.on("s1", 0, 1, 2, 3)))
+    return mk.snap(10, mk.servers(2), *running, mk.job("big", gpus=4, submitted_at=1),
+                   mk.job("small", submitted_at=2))
+
+
+def test_fifo_blocks_behind_a_head_job_that_does_not_fit(mk) -> None:
+    d = get_policy("fifo").decide(_busy_cluster(mk))
+    assert mk.kinds(d) == [("Queue", "big"), ("Queue", "small")]
+    assert "behind job big" in d[1].reason
+
+
+def test_yarn_cs_lets_a_smaller_job_start_past_a_blocked_one(mk) -> None:
+    d = get_policy("yarn-cs").decide(_busy_cluster(mk))
+    assert mk.kinds(d) == [("Queue", "big"), ("Place", "small")]
+    assert d[1].gpus == mk.on("s0", 3)
+
+
+def test_exclusive_baselines_never_preempt_or_time_share(mk) -> None:
+    for name in ("fifo", "yarn-cs"):
+        d = get_policy(name).decide(_busy_cluster(mk))
+        assert {type(x).__name__ for x in d} <= {"Place", "Queue"}
+
+
+def test_yarn_cs_prefers_one_server_and_spreads_only_when_it_must(mk) -> None:
+    running = [mk.job("r0", state="RUNNING", placement=mk.on("s0", 0))]
+    d = get_policy("yarn-cs").decide(mk.snap(0, mk.servers(2), *running, mk.job("two", gpus=2)))
+    assert {g.server for g in d[0].gpus} == {"s0"}  # best fit on the fuller server
+
+
+def test_tiresias_preempts_the_job_with_most_attained_service(mk) -> None:
+    old = mk.job("old", state="RUNNING", placement=mk.on("s0", 0), attained_service_s=50_000,
+                 last_state_change_at=0)
+    new = mk.job("new", submitted_at=100)
+    d = get_policy("tiresias").decide(mk.snap(100, mk.servers(1, 1), old, new))
+    assert mk.kinds(d) == [("Suspend", "old"), ("Place", "new")]
+    assert get_policy("tiresias").preemption == "restart"
+
+
+def test_tiresias_keeps_fifo_order_inside_a_queue(mk) -> None:
+    a = mk.job("a", state="RUNNING", placement=mk.on("s0", 0), attained_service_s=100, submitted_at=0)
+    b = mk.job("b", submitted_at=5)
+    assert mk.kinds(get_policy("tiresias").decide(mk.snap(10, mk.servers(1, 1), a, b))) == [
+        ("Queue", "b")]
+
+
+def test_tiresias_promotes_a_starving_job(mk) -> None:
+    cfg = PolicyConfig(tiresias_thresholds_gpu_s=(100.0,), tiresias_starve_factor=2.0)
+    starving = mk.job("s", state="SUSPENDED", placement=mk.on("s0", 0), attained_service_s=500,
+                      last_state_change_at=0, submitted_at=5)
+    hog = mk.job("h", state="RUNNING", placement=mk.on("s0", 0), attained_service_s=200,
+                 submitted_at=1, last_state_change_at=0)
+    policy = get_policy("tiresias", cfg)
+    assert policy.decide(mk.snap(900, mk.servers(1, 1), starving, hog)) == []
+    assert policy.next_wakeup() == 1000  # waited 2x its 500 s of running
+    assert mk.kinds(policy.decide(mk.snap(1000, mk.servers(1, 1), starving, hog))) == [
+        ("Suspend", "h"), ("Resume", "s")]

@@ -1,0 +1,153 @@
+"""Gandiva's introspective mode: time-slicing, packing trials, migration, grow-shrink."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from scheduler.policy import Grow, Migrate, Pack, PolicyConfig, Resume, Shrink, Unpack, get_policy
+
+NO_MOVES = PolicyConfig(enable_migration=False, enable_packing=False, enable_grow_shrink=False)
+
+
+def _group(mk, now_started: float = 0.0, priority: int = 1):
+    return (mk.job("run", state="RUNNING", placement=mk.on("s0", 0), priority=priority,
+                   last_state_change_at=now_started),
+            mk.job("wait", state="SUSPENDED", placement=mk.on("s0", 0), last_state_change_at=0.0))
+
+
+def test_running_job_keeps_the_gpu_until_its_quantum_is_over(mk) -> None:
+    policy = get_policy("gandiva", NO_MOVES)
+    assert policy.decide(mk.snap(30, mk.servers(1, 1), *_group(mk))) == []
+    assert policy.next_wakeup() == 60 - NO_MOVES.slice_slack_s
+
+
+def test_after_the_quantum_the_waiting_job_gets_its_turn(mk) -> None:
+    d = get_policy("gandiva", NO_MOVES).decide(mk.snap(61, mk.servers(1, 1), *_group(mk)))
+    assert mk.kinds(d) == [("Suspend", "run"), ("Resume", "wait")]
+    assert d[1].gpus == mk.on("s0", 0)
+
+
+def test_priority_two_gets_a_twice_as_long_slice(mk) -> None:
+    policy = get_policy("gandiva", NO_MOVES)
+    assert policy.decide(mk.snap(100, mk.servers(1, 1), *_group(mk, priority=2))) == []
+    assert mk.kinds(policy.decide(mk.snap(121, mk.servers(1, 1), *_group(mk, priority=2))))[0] == (
+        "Suspend", "run")
+
+
+def test_quantum_is_configurable(mk) -> None:
+    cfg = dataclasses.replace(NO_MOVES, quantum_s=10, slice_slack_s=0)
+    d = get_policy("gandiva", cfg).decide(mk.snap(11, mk.servers(1, 1), *_group(mk)))
+    assert mk.kinds(d) == [("Suspend", "run"), ("Resume", "wait")]
+
+
+def _packable(mk, rate_run: float = 10.0, rate_wait: float = 10.0, now: float = 10.0):
+    run, wait = _group(mk)
+    run = dataclasses.replace(run, profile=mk.profiled(4, 0.3), rate=rate_run, model="vae")
+    wait = dataclasses.replace(wait, profile=mk.profiled(4, 0.2), rate=rate_wait, model="vae")
+    return mk.snap(now, mk.servers(1, 1), run, wait)
+
+
+PACK_ONLY = dataclasses.replace(NO_MOVES, enable_packing=True, pack_trial_s=60)
+
+
+def test_overloaded_low_utilization_jobs_are_packed_for_a_trial(mk) -> None:
+    d = get_policy("gandiva", PACK_ONLY).decide(_packable(mk))
+    assert mk.kinds(d) == [("Pack", "wait")]
+    assert isinstance(d[0], Pack) and d[0].gpus == mk.on("s0", 0)
+
+
+def test_no_packing_when_memory_does_not_fit(mk) -> None:
+    s = _packable(mk)
+    big = tuple(dataclasses.replace(j, profile=mk.profiled(12, 0.2)) for j in s.jobs)
+    assert get_policy("gandiva", PACK_ONLY).decide(dataclasses.replace(s, jobs=big)) == []
+
+
+def test_pack_is_kept_when_the_measured_rates_beat_time_slicing(mk) -> None:
+    policy = get_policy("gandiva", PACK_ONLY)
+    policy.decide(_packable(mk))
+    packed = _packable(mk, rate_run=8.0, rate_wait=8.0, now=80)  # 0.8 + 0.8 > 1
+    packed = dataclasses.replace(packed, jobs=tuple(dataclasses.replace(j, state="RUNNING")
+                                                    for j in packed.jobs))
+    assert policy.decide(packed) == []
+
+
+def test_pack_is_undone_when_worse_and_the_pair_is_not_tried_again(mk) -> None:
+    policy = get_policy("gandiva", PACK_ONLY)
+    policy.decide(_packable(mk))
+    packed = _packable(mk, rate_run=4.0, rate_wait=4.0, now=80)  # 0.4 + 0.4 < 1
+    packed = dataclasses.replace(packed, jobs=tuple(dataclasses.replace(j, state="RUNNING")
+                                                    for j in packed.jobs))
+    d = policy.decide(packed)
+    assert mk.kinds(d) == [("Unpack", "wait")] and isinstance(d[0], Unpack)
+    assert "no gain" in d[0].reason
+    assert not any(isinstance(x, Pack) for x in policy.decide(_packable(mk, now=90)))
+
+
+def test_no_packing_when_the_cluster_is_not_overloaded(mk) -> None:
+    s = _packable(mk)
+    alone = dataclasses.replace(s, servers=mk.servers(1, 2),
+                                jobs=(s.jobs[0], dataclasses.replace(s.jobs[1], state="RUNNING",
+                                                                     placement=mk.on("s0", 1))))
+    assert get_policy("gandiva", PACK_ONLY).decide(alone) == []
+
+
+def test_a_waiting_job_moves_to_gpus_freed_by_a_departure(mk) -> None:
+    s = mk.snap(10, mk.servers(2, 1), *_group(mk))
+    d = get_policy("gandiva").decide(s)
+    assert mk.kinds(d) == [("Migrate", "wait")]
+    assert isinstance(d[0], Migrate) and d[0].to_gpus == mk.on("s1", 0)
+
+
+def test_a_spread_job_is_brought_onto_one_server_when_room_appears(mk) -> None:
+    spread = mk.job("sp", state="RUNNING", placement=mk.on("s0", 2, 3) + mk.on("s1", 0, 1))
+    other = mk.job("o", gpus=2, state="RUNNING", placement=mk.on("s0", 0, 1))
+    d = get_policy("gandiva").decide(mk.snap(10, mk.servers(3), spread, other))
+    assert mk.kinds(d) == [("Migrate", "sp")]
+    assert {g.server for g in d[0].to_gpus} == {"s2"}
+
+
+def test_defragmentation_empties_a_nearly_idle_server_when_jobs_wait(mk) -> None:
+    lonely = mk.job("lonely", state="RUNNING", placement=mk.on("s0", 0))
+    busy = [mk.job(f"b{i}", state="RUNNING", placement=mk.on("s1", i)) for i in range(2)]
+    # A 4-GPU job waits for its turn on s2; no server has 4 free GPUs for it.
+    group = [mk.job(j, state=st, placement=mk.on("s2", 0, 1, 2, 3), last_state_change_at=10)
+             for j, st in (("x", "RUNNING"), ("y", "SUSPENDED"))]
+    d = get_policy("gandiva").decide(mk.snap(10, mk.servers(3), lonely, *busy, *group))
+    moves = [x for x in d if isinstance(x, Migrate)]
+    assert [m.job_id for m in moves] == ["lonely"]
+    assert moves[0].to_gpus[0].server == "s1" and "defragment" in moves[0].reason
+
+
+def test_no_defragmentation_without_demand(mk) -> None:
+    lonely = mk.job("lonely", state="RUNNING", placement=mk.on("s0", 0))
+    busy = [mk.job(f"b{i}", state="RUNNING", placement=mk.on("s1", i)) for i in range(2)]
+    assert get_policy("gandiva").decide(mk.snap(10, mk.servers(2), lonely, *busy)) == []
+
+
+def test_opt_in_job_grows_after_the_idle_period_and_shrinks_for_a_newcomer(mk) -> None:
+    cfg = PolicyConfig(grow_idle_s=100)
+    policy = get_policy("gandiva", cfg)
+    elastic = mk.job("e", state="RUNNING", placement=mk.on("s0", 0), grow_shrink=True)
+    assert policy.decide(mk.snap(0, mk.servers(1), elastic)) == []
+    (g,) = policy.decide(mk.snap(150, mk.servers(1), elastic))
+    assert isinstance(g, Grow) and len(g.gpus) == 4
+    grown = dataclasses.replace(elastic, gpus=4, base_gpus=1, placement=g.gpus)
+    d = policy.decide(mk.snap(200, mk.servers(1), grown, mk.job("new")))
+    assert mk.kinds(d) == [("Shrink", "e"), ("Place", "new")]
+    assert isinstance(d[0], Shrink) and d[0].gpus == mk.on("s0", 0)
+
+
+def test_jobs_that_did_not_opt_in_never_grow(mk) -> None:
+    policy = get_policy("gandiva", PolicyConfig(grow_idle_s=0))
+    plain = mk.job("p", state="RUNNING", placement=mk.on("s0", 0))
+    assert policy.decide(mk.snap(0, mk.servers(1), plain)) == []
+    assert policy.decide(mk.snap(500, mk.servers(1), plain)) == []
+
+
+def test_fresh_policy_adopts_a_running_pack_after_a_restart(mk) -> None:
+    packed = [mk.job(j, state="RUNNING", placement=mk.on("s0", 0), last_state_change_at=0)
+              for j in ("a", "b")]
+    waiting = mk.job("c", state="SUSPENDED", placement=mk.on("s0", 0))
+    d = get_policy("gandiva").decide(mk.snap(100, mk.servers(1, 1), *packed, waiting))
+    assert mk.kinds(d) == [("Suspend", "a"), ("Suspend", "b"), ("Resume", "c")]
+    assert all(not isinstance(x, Resume) or x.gpus == mk.on("s0", 0) for x in d)

@@ -1,0 +1,99 @@
+"""Reactive placement follows Algorithm 1: affinity, unallocated, relaxed, oversubscribe, queue."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.policy import (
+    GpuRef,
+    Place,
+    PolicyConfig,
+    Queue,
+    cluster_height,
+    get_policy,
+    server_affinity,
+    server_height,
+)
+
+
+def _placed(decisions: list, jid: str) -> tuple[GpuRef, ...]:
+    return next(d.gpus for d in decisions if isinstance(d, Place) and d.job_id == jid)
+
+
+def test_heights_and_affinity_follow_the_paper_definitions(mk) -> None:
+    s = mk.snap(0, mk.servers(2),
+             mk.job("a", state="RUNNING", placement=mk.on("s0", 0)),
+             mk.job("b", state="SUSPENDED", placement=mk.on("s0", 0)),
+             mk.job("c", state="RUNNING", placement=mk.on("s0", 1, 2)),
+             mk.job("d", state="RUNNING", placement=mk.on("s0", 3)))
+    assert server_height(s, "s0") == 2  # 5 allocations on 4 GPUs
+    assert server_height(s, "s1") == 0
+    assert cluster_height(s) == 2
+    assert server_affinity(s, "s0") == 1  # three 1-GPU jobs, one 2-GPU job
+    assert server_affinity(s, "s1") is None
+
+
+def test_new_job_goes_to_a_server_of_its_own_size_before_an_empty_one(mk) -> None:
+    s = mk.snap(0, mk.servers(2), mk.job("a", state="RUNNING", placement=mk.on("s0", 0)), mk.job("new"))
+    d = get_policy("gandiva").decide(s)
+    assert _placed(d, "new")[0].server == "s0"
+    assert "affinity" in next(x for x in d if isinstance(x, Place)).reason
+
+
+def test_job_of_another_size_takes_an_empty_server_before_mixing(mk) -> None:
+    s = mk.snap(0, mk.servers(2), mk.job("a", state="RUNNING", placement=mk.on("s0", 0)), mk.job("new", gpus=2))
+    assert {g.server for g in _placed(get_policy("gandiva").decide(s), "new")} == {"s1"}
+
+
+def test_without_same_affinity_or_empty_servers_any_free_gpus_are_used(mk) -> None:
+    s = mk.snap(0, mk.servers(2), mk.job("a", state="RUNNING", placement=mk.on("s0", 0)),
+             mk.job("b", state="RUNNING", placement=mk.on("s1", 0)), mk.job("new", gpus=2))
+    d = get_policy("gandiva").decide(s)
+    assert len(_placed(d, "new")) == 2
+    assert "relaxed" in next(x for x in d if isinstance(x, Place)).reason
+
+
+def test_full_cluster_time_shares_a_same_size_job_and_suspends_the_incumbent(mk) -> None:
+    full = [mk.job(f"r{i}", state="RUNNING", placement=mk.on("s0", i)) for i in range(4)]
+    d = get_policy("gandiva").decide(mk.snap(100, mk.servers(1), *full, mk.job("new", submitted_at=50)))
+    assert mk.kinds(d) == [("Suspend", "r0"), ("Place", "new")]
+    assert _placed(d, "new") == mk.on("s0", 0)
+
+
+def test_full_cluster_without_a_group_of_the_same_size_queues_with_a_reason(mk) -> None:
+    full = [mk.job(f"r{i}", state="RUNNING", placement=mk.on("s0", i)) for i in range(4)]
+    d = get_policy("gandiva").decide(mk.snap(0, mk.servers(1), *full, mk.job("big", gpus=2)))
+    (q,) = d
+    assert isinstance(q, Queue) and "needs 2 GPUs, 0 free" in q.reason
+
+
+def test_time_sharing_stops_at_max_jobs_per_gpu(mk) -> None:
+    cfg = PolicyConfig(max_jobs_per_gpu=2)
+    jobs = [mk.job("r", state="RUNNING", placement=mk.on("s0", 0)),
+            mk.job("w", state="SUSPENDED", placement=mk.on("s0", 0)), mk.job("new")]
+    d = get_policy("gandiva", cfg).decide(mk.snap(0, mk.servers(1, gpus=1), *jobs))
+    assert mk.kinds(d) == [("Queue", "new")]
+
+
+def test_higher_priority_queued_job_is_placed_first(mk) -> None:
+    s = mk.snap(0, mk.servers(1, gpus=1), mk.job("early", submitted_at=0),
+             mk.job("urgent", submitted_at=10, priority=5))
+    d = get_policy("gandiva", PolicyConfig(max_jobs_per_gpu=1)).decide(s)
+    assert mk.kinds(d) == [("Place", "urgent"), ("Queue", "early")]
+
+
+def test_two_queued_jobs_never_get_the_same_free_gpu(mk) -> None:
+    s = mk.snap(0, mk.servers(1), *[mk.job(f"j{i}") for i in range(4)])
+    d = get_policy("gandiva").decide(s)
+    gpus = [g for x in d if isinstance(x, Place) for g in x.gpus]
+    assert len(gpus) == 4 and len(set(gpus)) == 4
+
+
+def test_unknown_policy_names_the_valid_ones(mk) -> None:
+    with pytest.raises(ValueError, match="gandiva, fifo, yarn-cs, tiresias"):
+        get_policy("slurm")
+
+
+def test_bad_config_is_refused_with_the_field_name(mk) -> None:
+    with pytest.raises(ValueError, match="quantum_s"):
+        PolicyConfig(quantum_s=0)
