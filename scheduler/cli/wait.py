@@ -64,6 +64,7 @@ class Follower:
         self.states: dict[str, int] = {}
         self.seen_history: dict[str, int] = {}
         self.outage = False
+        self.last_event_id = 0
         self.last_pipe_progress = time.monotonic()
         self.live: Live | None = None
 
@@ -108,6 +109,9 @@ class Follower:
             self.states[job.id] = job.state
 
     def report_event(self, event: common_pb2.Event) -> None:
+        if event.id <= self.last_event_id:
+            return  # already shown (the stream and the catch-up can overlap)
+        self.last_event_id = event.id
         if event.kind in STATE_EVENT_KINDS:
             return
         if event.job_id and event.job_id not in self.ids:
@@ -139,9 +143,8 @@ class Follower:
 
     def run(self) -> int:
         single = "" if self.multi_id else self.ids[0]
-        # A single job's stream starts at its beginning; a multi-job's at "now"
-        # (its own submission events are covered by the poll).
-        events = EventFollower(self.client, after_id=0 if single else -1, job_id=single,
+        self.last_event_id = self._stream_start()
+        events = EventFollower(self.client, after_id=self.last_event_id, job_id=single,
                                give_up_after=self.give_up_after).start()
         live_cm: Any = (Live(Text(""), console=self.console, transient=True,
                              refresh_per_second=4) if self.console.is_terminal else nullcontext())
@@ -150,9 +153,11 @@ class Follower:
                 self.live = live
                 while True:
                     jobs = self.poll()
-                    self.report_changes(jobs)
                     if jobs and all(j.state in TERMINAL_STATES for j in jobs):
+                        self.catch_up(events, single)
+                        self.report_changes(jobs)
                         break
+                    self.report_changes(jobs)
                     self.show_progress(jobs)
                     if events.error is not None:
                         log.debug("event stream gave up: %s", events.error)
@@ -168,6 +173,27 @@ class Follower:
         finally:
             events.stop()
         return self.finish(jobs)
+
+    def catch_up(self, events: EventFollower, single: str) -> None:
+        """Show the events the stream has not delivered yet, once the jobs have ended,
+        so the last ones (a priority change just before a kill) are not lost."""
+        for event in events.drain(timeout=0):
+            self.report_event(event)
+        request = scheduler_pb2.ListEventsRequest(after_id=max(self.last_event_id, 0),
+                                                  job_id=single)
+        for event in self.client.call_retrying("ListEvents", request, self.give_up_after,
+                                               self._on_retry).events:
+            self.report_event(event)
+
+    def _stream_start(self) -> int:
+        """Where the event stream starts: a single job's is filtered to it, so from
+        the beginning; a multi-job's covers all jobs, so from its first member's
+        submission, which keeps a reconnect from skipping anything."""
+        if not self.multi_id:
+            return 0
+        request = scheduler_pb2.ListEventsRequest(job_id=self.ids[0], limit=1)
+        first = self.client.call("ListEvents", request).events
+        return first[0].id - 1 if first else -1
 
     def finish(self, jobs: Sequence[common_pb2.Job]) -> int:
         for job in jobs:

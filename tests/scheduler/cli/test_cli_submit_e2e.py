@@ -146,6 +146,7 @@ def test_waiting_multi_job_exits_with_its_worst_outcome(submit, stub, helper, li
     def finish_members() -> None:
         wait_for(lambda: len(running()) == 2)
         first, second = sorted(running(), key=lambda j: j.spec.index)
+        stub.SetPriority(scheduler_pb2.SetPriorityRequest(id=second.id, priority=9))
         helper.exit(first.id, 0)
         helper.exit(second.id, 1)
 
@@ -154,6 +155,7 @@ def test_waiting_multi_job_exits_with_its_worst_outcome(submit, stub, helper, li
     runner.join()
     assert r.code == 1, r.out + r.err
     assert "pair-0) SUCCEEDED" in r.out and "pair-1) FAILED" in r.out
+    assert "job.priority: 1 -> 9" in r.out  # shown even when it came just before the end
 
 
 def test_waiting_submit_of_a_killed_job_exits_3(submit, stub, list_jobs, wait_for) -> None:
