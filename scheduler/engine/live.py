@@ -51,6 +51,7 @@ class LiveEngine:
         self.missing_since: dict[str, float] = {}
         # job id -> the queueing reason last written, so unchanged reasons cost nothing.
         self._queue_reason: dict[str, str] = {}
+        self._held: set[str] = set()
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -81,7 +82,9 @@ class LiveEngine:
 
     async def tick(self) -> list[pt.Decision]:
         snap = await self.snapshot()
-        decisions = [d for d in self.policy.decide(snap) if d.job_id not in self.inflight]
+        # Jobs with a command in flight, and jobs an operator suspended, are left alone.
+        skip = self.inflight | self._held
+        decisions = [d for d in self.policy.decide(snap) if d.job_id not in skip]
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
         if queued:
             await self._note_queued(queued)
@@ -95,6 +98,7 @@ class LiveEngine:
         async with self.core.tx(read=True) as s:
             loads = await repo.server_loads(s)
             jobs = await repo.unfinished_job_rows(s)
+            self._held = {j.id for j in jobs if j.held}
             placements = await repo.placements_of(s, [j.id for j in jobs])
             profiles = {p.job_id: p for p in (await s.scalars(_profiles_query())).all()}
         servers = tuple(
