@@ -85,6 +85,10 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
         # bool is an int in Python; a spec saying `gpus: true` is still wrong.
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise SpecError(f"{path}: field {key!r} has the wrong type ({type(value).__name__})")
+    for key in ("env", "env_pass"):
+        values = data.get(key, {})
+        if any(isinstance(v, (dict, list)) for v in (values.values() if key == "env" else values)):
+            raise SpecError(f"{path}: field {key!r} must hold plain values, not lists or mappings")
     if isinstance(data.get("command"), str):
         data["command"] = shlex.split(data["command"])
     if "command" in data:

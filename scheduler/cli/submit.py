@@ -133,18 +133,20 @@ def build_submission(
     if members is None:
         return Submission(base.name, [base], multi=False)
     name = args.name or spec.get("name") or sweep_name or default_name(base)
-    jobs = []
-    for member in members:
-        job = common_pb2.JobSpec()
-        job.CopyFrom(base)
-        job.name = f"{name}-{member.index}"
-        job.index = member.index
-        job.params.update(member.params)
-        job.env.update(specs.member_env(member))
-        del job.command[:]
-        job.command.extend(specs.member_command(command, member))
-        jobs.append(job)
-    return Submission(name, jobs, multi=True)
+    return Submission(name, [_member_spec(base, name, m) for m in members], multi=True)
+
+
+def _member_spec(base: common_pb2.JobSpec, name: str, member: specs.Member) -> common_pb2.JobSpec:
+    """One member of a multi-job: the base spec, told its index and parameters."""
+    job = common_pb2.JobSpec()
+    job.CopyFrom(base)
+    job.name = f"{name}-{member.index}"
+    job.index = member.index
+    job.params.update(member.params)
+    job.env.update(specs.member_env(member))
+    del job.command[:]
+    job.command.extend(specs.member_command(base.command, member))
+    return job
 
 
 def _members(args: argparse.Namespace, spec: Mapping[str, Any]

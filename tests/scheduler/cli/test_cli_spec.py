@@ -142,3 +142,9 @@ def test_member_env_and_command_placeholders() -> None:
     assert specs.member_command(command, member) == [
         "python", "t.py", "--lr=0.1", "--out", "run4", '{"keep": 1}', "{other}",
     ]
+
+
+def test_spec_file_env_must_be_plain_values(tmp_path: Path) -> None:
+    path = write(tmp_path, "job.yaml", "env:\n  A: [1, 2]\n")
+    with pytest.raises(SpecError, match="'env' must hold plain values"):
+        specs.load_spec_file(path)
