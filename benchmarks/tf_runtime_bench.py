@@ -25,15 +25,15 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-from protos.gandiva.v1 import runtime_pb2 as pb  # noqa: E402
-from tf_runtime import shim  # noqa: E402
-from tf_runtime.client import Identity, StreamClient  # noqa: E402
-from tf_runtime.commands import Command, Kind  # noqa: E402
-from tf_runtime.controller import Controller, Settings  # noqa: E402
-from tf_runtime.testing import LocalRuntimeServer  # noqa: E402
+from protos.gandiva.v1 import runtime_pb2 as pb
+from tf_runtime import shim
+from tf_runtime.client import Identity, StreamClient
+from tf_runtime.commands import Command, Kind
+from tf_runtime.controller import Controller, Settings
+from tf_runtime.testing import LocalRuntimeServer
 
 
 def pct(values: list[float], q: float) -> float:
@@ -43,7 +43,7 @@ def pct(values: list[float], q: float) -> float:
 class Shimmed:
     """The shim installed with a real stream to a local Runtime server."""
 
-    def __enter__(self) -> Shimmed:
+    def __enter__(self) -> Shimmed:  # noqa: PYI034 - a plain context manager, not subclassed
         self.server = LocalRuntimeServer()
         self.controller = Controller(Settings(job_id="bench"))
         self.client = StreamClient(self.server.address, Identity("bench", "1", os.getpid(), "local"),
@@ -104,6 +104,50 @@ def overhead(args: argparse.Namespace) -> None:
     print("goal: <= 50 us on an empty step, <= 2% on a 5 ms step")
 
 
+class TrainingThread:
+    """A training loop in a thread, counting boundaries."""
+
+    def __init__(self, sess: Any, train: Any) -> None:
+        self.sess, self.train = sess, train
+        self.stop = threading.Event()
+        self.boundary = threading.Condition()
+        self.count = 0
+        self.thread = threading.Thread(target=self._loop)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            self.sess.run(self.train)
+            with self.boundary:
+                self.count += 1
+                self.boundary.notify_all()
+
+    def wait_next(self, seen: int) -> None:
+        with self.boundary:
+            while self.count <= seen:
+                self.boundary.wait()
+
+    def join(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def sender(s: Shimmed, via: str) -> Callable[[Kind], None]:
+    """Send a command and wait until it took effect (its ack, or the suspended state)."""
+    kinds = {Kind.SUSPEND: pb.COMMAND_KIND_SUSPEND, Kind.RESUME: pb.COMMAND_KIND_RESUME}
+
+    def over_grpc(kind: Kind) -> None:
+        s.server.wait_ack(s.server.send("bench", kinds[kind]))
+
+    def in_process(kind: Kind) -> None:
+        s.controller.enqueue(Command(f"{kind.name}-{time.monotonic()}", kind))
+        if kind is Kind.SUSPEND:
+            while not s.controller.suspended:
+                time.sleep(0.0002)
+
+    return over_grpc if via == "gRPC stream" else in_process
+
+
 def suspend(args: argparse.Namespace) -> None:
     print("== suspend -> running again, in process on CPU ==")
     g, init, train = step_graph(64)
@@ -112,47 +156,19 @@ def suspend(args: argparse.Namespace) -> None:
             cfg = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)
             sess = tf.compat.v1.Session(graph=g, config=cfg)
             sess.run(init)
-            stop = threading.Event()
-            boundary = threading.Condition()
-            count = [0]
-
-            def loop() -> None:
-                while not stop.is_set():
-                    sess.run(train)
-                    with boundary:
-                        count[0] += 1
-                        boundary.notify_all()
-
-            th = threading.Thread(target=loop)
-            th.start()
+            trainer = TrainingThread(sess, train)
             s.server.wait_for(lambda j, m: m.HasField("hello"))
-            send: Callable[[Kind], None]
-            if via == "gRPC stream":
-                def send(kind: Kind) -> None:
-                    cid = s.server.send("bench", {Kind.SUSPEND: pb.COMMAND_KIND_SUSPEND,
-                                                  Kind.RESUME: pb.COMMAND_KIND_RESUME}[kind])
-                    s.server.wait_ack(cid)
-            else:
-                def send(kind: Kind) -> None:
-                    s.controller.enqueue(Command(f"{kind.name}-{time.monotonic()}", kind))
-                    if kind is Kind.SUSPEND:
-                        while not s.controller.suspended:
-                            time.sleep(0.0002)
-
+            send = sender(s, via)
             rounds = []
             for _ in range(args.suspends):
                 t0 = time.perf_counter()
                 send(Kind.SUSPEND)
-                with boundary:
-                    seen = count[0]
+                seen = trainer.count
                 send(Kind.RESUME)
-                with boundary:
-                    while count[0] <= seen:
-                        boundary.wait()
+                trainer.wait_next(seen)
                 rounds.append(time.perf_counter() - t0)
                 time.sleep(0.002)
-            stop.set()
-            th.join()
+            trainer.join()
             sess.close()
         print(f"{via:<18} n={len(rounds)}  p50 {pct(rounds, 50) * 1e3:7.2f} ms   "
               f"p99 {pct(rounds, 99) * 1e3:7.2f} ms   max {max(rounds) * 1e3:7.2f} ms")
