@@ -110,7 +110,8 @@ def _set(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Cl
 
 
 JOB_HEADERS = ["ID", "NAME", "STATE", "GPUS", "SERVERS", "STEPS", "RATE", "PRIORITY", "AGE"]
-JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "MULTI-JOB", "USER", "MESSAGE", "COMMAND"]
+JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "MULTI-JOB", "PARAMS", "USER", "MESSAGE",
+                                  "COMMAND"]
 
 
 def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
@@ -121,7 +122,9 @@ def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
     ]
     if wide:
         row += [
-            output.placement(job.placement), job.spec.multi_job_id or "-", job.spec.user or "-",
+            output.placement(job.placement), job.spec.multi_job_id or "-",
+            " ".join(f"{k}={v}" for k, v in sorted(job.spec.params.items())) or "-",
+            job.spec.user or "-",
             job.message or "-", " ".join(job.spec.command),
         ]
     return row
@@ -294,7 +297,7 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         ("User", spec.user or "-"),
         ("Submitted", f"{output.timestamp(job.submitted_at)} ({output.age(job.submitted_at)} ago)"),
         ("Finished", output.timestamp(job.finished_at)),
-        ("Steps", job.steps), ("Rate", f"{output.rate(job.rate)} mini-batches/s"),
+        ("Steps", job.steps), ("Rate", f"{output.rate(job.rate)} mini-batches/s" if job.rate > 0 else "-"),
         ("Migratable", "yes" if job.migratable else "no"),
         ("Exit code", job.exit_code if job.finished_at else "-"), ("Message", job.message or "-"),
     ]
