@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -111,6 +112,9 @@ class JobTable:
         workdir = req.spec.workdir or os.getcwd()
         if not os.path.isdir(workdir):
             raise CommandFailed(f"launch: workdir {workdir!r} does not exist on {self.server}")
+        program = argv[0] if os.sep not in argv[0] else os.path.join(workdir, argv[0])
+        if shutil.which(program, path=env.get("PATH")) is None:
+            raise CommandFailed(f"launch: program {argv[0]!r} not found or not executable on {self.server}")
         proc = JobProcess(
             job_id=req.job_id,
             incarnation=req.incarnation,

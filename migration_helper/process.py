@@ -10,10 +10,10 @@ restored, first_step_done, checkpoint).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -51,11 +51,17 @@ class ProcessExited(RuntimeError):
         self.code = code
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: if the helper dies (even by SIGKILL), the job
-    gets SIGTERM instead of living on unsupervised, holding its GPUs unreported."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+# If the helper dies (even by SIGKILL) its jobs get SIGTERM instead of living on
+# unsupervised, holding GPUs nobody reports. util-linux's setpriv sets the parent-death
+# signal and execs the job; a Python preexec_fn cannot do it safely: between fork and
+# exec in a process with gRPC threads it can deadlock (seen here, one launch in ten).
+_SETPRIV = shutil.which("setpriv")
+
+
+def _with_parent_death_signal(argv: Sequence[str]) -> list[str]:
+    if _SETPRIV is None:
+        return list(argv)
+    return [_SETPRIV, "--pdeathsig", "TERM", "--", *argv]
 
 
 @dataclass
@@ -97,7 +103,7 @@ class JobProcess:
             logf.flush()
             try:
                 self._proc = await asyncio.create_subprocess_exec(
-                    *self.argv,
+                    *_with_parent_death_signal(self.argv),
                     cwd=self.workdir or None,
                     env=env,
                     stdin=asyncio.subprocess.DEVNULL,
@@ -107,7 +113,6 @@ class JobProcess:
                     # Its own process group: stopping the job reaches the workers it forks,
                     # and a Ctrl-C at the helper's terminal does not.
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
                 )
             except BaseException:
                 for fd in (ctrl_r, ctrl_w, status_r, status_w):
