@@ -102,6 +102,9 @@ def describe_rpc_error(exc: grpc.RpcError, address: str) -> str:
     """One line a person can act on, naming the address when the scheduler is not there."""
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE and not _is_connection_failure(details):
+        # The scheduler itself answered: something behind it (its database) is down.
+        return f"the scheduler at {address} is unavailable: {_first_line(details)}; try again shortly"
     if code == grpc.StatusCode.UNAVAILABLE:
         return (
             f"cannot reach the scheduler at {address} ({_connect_reason(details)}); "
@@ -120,9 +123,23 @@ def describe_rpc_error(exc: grpc.RpcError, address: str) -> str:
     return f"the scheduler at {address} answered {name}: {_first_line(details)}"
 
 
+# How grpc words a failure to reach the server at all (as opposed to an
+# UNAVAILABLE the scheduler sent, e.g. while its database is down).
+_CONNECTION_MARKERS = (
+    "failed to connect", "connection refused", "dns resolution failed", "socket closed",
+    "connection reset", "connections to all backends failing", "goaway", "end of tcp stream",
+    "errors resolving", "lookup", "timeout occurred",
+)
+
+
+def _is_connection_failure(details: str) -> bool:
+    lowered = details.lower()
+    return any(marker in lowered for marker in _CONNECTION_MARKERS)
+
+
 def _connect_reason(details: str) -> str:
     """The useful tail of grpc's connect error: "Connection refused", "Domain name not found"."""
-    return _first_line(details).rsplit(": ", 1)[-1].strip() or "unreachable"
+    return _first_line(details).rsplit(": ", 1)[-1].strip(" []") or "unreachable"
 
 
 def _first_line(text: str) -> str:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 
+import grpc
+
 from protos.gandiva.v1 import common_pb2
 from scheduler.cli import output
-from scheduler.cli.client import job_to_dict, state_name, state_value
+from scheduler.cli.client import describe_rpc_error, job_to_dict, state_name, state_value
 from scheduler.cli.wait import outcome_code
 
 
@@ -61,3 +63,28 @@ def test_exit_code_of_a_multi_job_is_its_worst_outcome() -> None:
     assert outcome_code([ok, ok]) == 0
     assert outcome_code([ok, killed]) == 3
     assert outcome_code([killed, failed, ok]) == 1
+
+
+class _Status(grpc.RpcError):
+    """An RPC failure as grpc raises it: a status code and its details."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def test_unavailable_from_the_scheduler_is_not_called_unreachable() -> None:
+    down = describe_rpc_error(_Status(grpc.StatusCode.UNAVAILABLE,
+                                      "database unavailable: connection lost"), "h:1")
+    assert down == "the scheduler at h:1 is unavailable: database unavailable: connection lost; try again shortly"
+    refused = describe_rpc_error(_Status(
+        grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; last error: UNKNOWN: "
+        "ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused"), "h:1")
+    assert refused.startswith("cannot reach the scheduler at h:1 (Connection refused); start it")
+    invalid = describe_rpc_error(_Status(grpc.StatusCode.INVALID_ARGUMENT, "spec.gpus: 3 is not"), "h:1")
+    assert invalid == "invalid: spec.gpus: 3 is not"
