@@ -103,6 +103,16 @@ def build_replicated(model: Callable[[Any, int], Any], args: argparse.Namespace,
     return gs, train, mean_loss
 
 
+def dense(x: Any, name: str, n_out: int, act: Callable[[Any], Any] | None = tf.nn.relu) -> Any:
+    """A fully connected layer from raw variables (no tf-keras needed)."""
+    n_in = int(x.shape[-1])
+    w = tf.compat.v1.get_variable(f"{name}/w", [n_in, n_out],
+                                  initializer=tf.compat.v1.glorot_uniform_initializer())
+    b = tf.compat.v1.get_variable(f"{name}/b", [n_out], initializer=tf.compat.v1.zeros_initializer())
+    y = tf.matmul(x, w) + b
+    return act(y) if act is not None else y
+
+
 def batch_seed(args: argparse.Namespace, tower: int, gs: Any, salt: int = 0) -> Any:
     """The stateless-random seed of a tower's input at this global step."""
     step = tf.cast(gs.read_value(), tf.int64)

@@ -12,26 +12,18 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_runtime.examples.common import batch_seed, run_example
+from tf_runtime.examples.common import batch_seed, dense, run_example
 
 DIM, HIDDEN = 32, 64
-
-
-def dense(x: Any, name: str, n_in: int, n_out: int, act: bool = True) -> Any:
-    w = tf.compat.v1.get_variable(f"{name}/w", [n_in, n_out],
-                                  initializer=tf.compat.v1.glorot_uniform_initializer())
-    b = tf.compat.v1.get_variable(f"{name}/b", [n_out], initializer=tf.compat.v1.zeros_initializer())
-    y = tf.matmul(x, w) + b
-    return tf.nn.tanh(y) if act else y
 
 
 def model(args: argparse.Namespace, gs: Any, tower: int) -> Any:
     x = tf.random.stateless_normal([args.batch, DIM], seed=batch_seed(args, tower, gs))
     teacher = tf.random.stateless_normal([DIM, 1], seed=[args.seed, 424242])
     target = tf.sin(tf.matmul(x, teacher))
-    h = dense(x, "fc1", DIM, HIDDEN)
-    h = dense(h, "fc2", HIDDEN, HIDDEN)
-    out = dense(h, "out", HIDDEN, 1, act=False)
+    h = dense(x, "fc1", HIDDEN, tf.nn.tanh)
+    h = dense(h, "fc2", HIDDEN, tf.nn.tanh)
+    out = dense(h, "out", 1, act=None)
     return tf.reduce_mean(tf.square(out - target))
 
 

@@ -13,20 +13,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_runtime.examples.common import batch_seed, run_example
+from tf_runtime.examples.common import batch_seed, dense, run_example
 from tf_runtime.examples.resnet50 import conv
 
 CLASSES = 1000
 CONVS = ((64, 2), (128, 2), (256, 3), (512, 3), (512, 3))
-
-
-def dense(x: Any, name: str, n_out: int, act: bool = True) -> Any:
-    n_in = int(x.shape[-1])
-    w = tf.compat.v1.get_variable(f"{name}/w", [n_in, n_out],
-                                  initializer=tf.compat.v1.glorot_uniform_initializer())
-    b = tf.compat.v1.get_variable(f"{name}/b", [n_out], initializer=tf.compat.v1.zeros_initializer())
-    y = tf.matmul(x, w) + b
-    return tf.nn.relu(y) if act else y
 
 
 def model(args: argparse.Namespace, gs: Any, tower: int) -> Any:
@@ -41,7 +32,7 @@ def model(args: argparse.Namespace, gs: Any, tower: int) -> Any:
     h = tf.reshape(tf.tile(h, [1, 7, 7, 1]), [args.batch, 7 * 7 * 512])
     h = dense(h, "fc6", 4096)
     h = dense(h, "fc7", 4096)
-    logits = dense(h, "fc8", CLASSES, act=False)
+    logits = dense(h, "fc8", CLASSES, act=None)
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
                                                                          logits=logits))
 
