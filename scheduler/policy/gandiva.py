@@ -5,8 +5,8 @@ One decide() call runs, in this order:
 2. reactive mode: place queued jobs by priority, then arrival, through Algorithm 1;
    a job that would only fit by time-sharing first shrinks grown jobs;
 3. migration (lower the height, bring spread jobs together, defragment);
-4. time-slicing rotation in every oversubscribed group;
-5. new packing trials (only when overloaded);
+4. new packing trials (only when overloaded);
+5. time-slicing rotation in every oversubscribed group without a trial;
 6. grow opt-in jobs when GPUs have been idle.
 """
 
@@ -62,8 +62,9 @@ class GandivaPolicy(Policy):
                 moves = step(ledger, state, cfg, budget)
                 budget -= len(moves)
                 out += moves
-        out += rotate(ledger, state, cfg)
+        # Trials start before rotation so that a group about to rotate can pack instead.
         out += start_trials(ledger, state, cfg)
+        out += rotate(ledger, state, cfg)
         out += grow(ledger, state, cfg)
         return out
 

@@ -51,8 +51,12 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
             continue
         if any(ledger.state[m] == "MIGRATING" for m in members):
             continue
-        if any(m in state.trials or m in ledger.changed for m in members):
-            continue  # a packing trial or a fresh placement owns the GPUs for now
+        if any(m in state.trials for m in members):
+            continue  # the trial's verdict comes first (judge_trials wakes the policy)
+        if any(m in ledger.changed for m in members):
+            # Changed in this very call: its slice starts now.
+            state.wake_at(now + config.quantum_s - config.slice_slack_s)
+            continue
         units = group_units(ledger, members, state)
         running = [u for u in units if ledger.state[u[0]] == "RUNNING"]
         waiting = [u for u in units if ledger.state[u[0]] == "SUSPENDED"]

@@ -1,0 +1,213 @@
+"""`gandiva sim`: replay a trace (or a generated workload) through the policies in virtual time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from scheduler.policy import POLICIES, PolicyConfig, get_policy
+from scheduler.sim.engine import SimResult, Simulator, make_cluster
+from scheduler.sim.generator import generate
+from scheduler.sim.load import offered_load, scale_to_load
+from scheduler.sim.metrics import summarize
+from scheduler.sim.model import Costs, MechanismModel
+from scheduler.sim.trace import FORMATS, JobSpec, TraceError, detect_format, read_trace
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Replay a workload through the scheduling policies in virtual time. The simulator drives
+the very same policy code as the live scheduler; only the clock and the cluster are
+simulated (docs/simulator.md documents the mechanism model and every parameter).
+
+Workload: --trace FILE (Gavel 7- or 10-column, Tiresias CSV, or generic CSV
+submit_time,num_gpus,duration[,model]; detected from the first line), else a synthetic
+Philly-like workload from the project's generator (--jobs, --seed).
+"""
+
+EPILOG = """\
+examples:
+  gandiva sim --trace ../shared/traces/gavel/traces/msr/seed=0/0e4a51.trace \\
+      --compare gandiva,yarn-cs,tiresias --cluster 25x4 --target-load 0.9
+  gandiva sim --jobs 2000 --cluster 50x4 --policy gandiva -o json
+  gandiva sim --jobs 500 --compare gandiva,fifo --plot plots/
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `gandiva sim` to the gandiva CLI."""
+    p = subparsers.add_parser("sim", help="replay a trace through the policies in virtual time",
+                              description=DESCRIPTION, epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    w = p.add_argument_group("workload")
+    w.add_argument("--trace", type=Path, help="trace file to replay (default: a generated workload)")
+    w.add_argument("--format", choices=FORMATS, default="auto", help="trace layout (default: detect)")
+    w.add_argument("--jobs", type=int, default=1000, help="generated workload: number of jobs")
+    w.add_argument("--seed", type=int, default=0, help="generated workload: random seed")
+    w.add_argument("--target-load", type=float, metavar="L",
+                   help="scale arrival times so the offered load (GPU-time demanded / "
+                        "(GPUs x span)) is L; the factor is printed")
+    s = p.add_argument_group("cluster and policies")
+    s.add_argument("--cluster", default="25x4", help="SERVERSxGPUS (default 25x4 = 100 GPUs)")
+    s.add_argument("--policy", default="gandiva", choices=list(POLICIES), help="policy to run")
+    s.add_argument("--compare", metavar="P1,P2,...",
+                   help="run several policies side by side (overrides --policy)")
+    s.add_argument("--quantum", type=float, default=60.0, help="time slice in seconds (gandiva)")
+    s.add_argument("--defrag-free-gpus", type=int, default=3,
+                   help="defragment non-idle servers with at least this many free GPUs")
+    m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
+    m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
+                   help="Gavel simulation_throughputs.json for rates, packing and spread; "
+                        "auto: found next to a Gavel trace; none: built-in table")
+    m.add_argument("--gpu-type", default="v100", help="GPU type in the throughput table")
+    m.add_argument("--suspend-resume-s", type=float, default=Costs.suspend_resume_s)
+    m.add_argument("--migrate-s", type=float, default=Costs.migrate_s)
+    m.add_argument("--restart-s", type=float, default=Costs.restart_s)
+    o = p.add_argument_group("output")
+    o.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    o.add_argument("--plot", type=Path, metavar="DIR", help="write jct_cdf.png and utilization.png")
+    o.add_argument("--first-n", type=int, default=100,
+                   help="report the time until each job's first N mini-batches (default 100)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    names = [n.strip() for n in (args.compare or args.policy).split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policy {', '.join(unknown)}; valid policies: {', '.join(POLICIES)}")
+    return names
+
+
+def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
+    costs = Costs(args.suspend_resume_s, args.migrate_s, args.restart_s)
+    path: Path | None = None
+    if args.throughputs not in ("auto", "none"):
+        path = Path(args.throughputs)
+    elif args.throughputs == "auto" and args.trace is not None and trace_fmt in ("gavel7", "gavel10"):
+        for parent in args.trace.resolve().parents[:5]:
+            if (parent / "simulation_throughputs.json").is_file():
+                path = parent / "simulation_throughputs.json"
+                break
+    if path is None:
+        return MechanismModel.default(costs)
+    return MechanismModel.from_gavel(path, args.gpu_type, costs)
+
+
+def _workload(args: argparse.Namespace) -> tuple[list[JobSpec], str | None]:
+    if args.trace is None:
+        return generate(args.jobs, seed=args.seed), None
+    jobs = read_trace(args.trace, args.format)
+    fmt = args.format
+    if fmt == "auto":
+        with args.trace.open() as fh:
+            fmt = detect_format(next((ln for ln in fh if ln.strip()), ""))
+    return jobs, fmt
+
+
+def run(args: argparse.Namespace) -> int:
+    err = _console(stderr=True)
+    try:
+        names = _policies(args)
+        servers = make_cluster(args.cluster)
+        jobs, fmt = _workload(args)
+        model = _model(args, fmt)
+        config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
+                              migration_cost_s=args.migrate_s)
+    except (TraceError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
+    unknown = sorted({j.model for j in jobs if j.model and not model.knows(j.model)})
+    if unknown:
+        err.print(f"[yellow]note:[/yellow] {len(unknown)} model name(s) not in {model.source} "
+                  f"(e.g. {unknown[0]!r}); they run with the default model's figures")
+    load = offered_load(jobs, servers, model) if len(jobs) > 1 else float("nan")
+    if args.target_load is not None:
+        try:
+            jobs, factor = scale_to_load(jobs, servers, model, args.target_load)
+        except ValueError as exc:
+            err.print(f"[red]error:[/red] {exc}")
+            return 2
+        err.print(f"offered load {load:.3f} -> {args.target_load}: arrival times x{factor:.4f}")
+    else:
+        err.print(f"offered load {load:.3f} (use --target-load to change it)")
+    err.print(f"{len(jobs)} jobs on {args.cluster} ({sum(s.num_gpus for s in servers)} GPUs); "
+              f"rates from {model.source}")
+    results = {name: _simulate(name, jobs, servers, model, config, args, err) for name in names}
+    summaries = {name: summarize(r) for name, r in results.items()}
+    if args.output == "json":
+        print(json.dumps(summaries, indent=2, sort_keys=True))
+    else:
+        _table(summaries, args.first_n)
+    if args.plot is not None:
+        from scheduler.sim.plots import write_plots
+
+        for path in write_plots(results, args.plot):
+            err.print(f"wrote {path}")
+    return 0
+
+
+def _simulate(name: str, jobs: list[JobSpec], servers: tuple, model: MechanismModel,
+              config: PolicyConfig, args: argparse.Namespace, err: Any) -> SimResult:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if args.no_progress or not err.is_terminal:
+        return Simulator(jobs, servers, get_policy(name, config), model, first_n=args.first_n).run()
+    with Progress(TextColumn(f"{name:>9}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("jobs done"), TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task(name, total=len(jobs))
+        last = [-1]
+
+        def progress(done: int, total: int) -> None:
+            if done != last[0]:
+                last[0] = done
+                bar.update(task, completed=done)
+
+        return Simulator(jobs, servers, get_policy(name, config), model, first_n=args.first_n,
+                         progress=progress).run()
+
+
+def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
+    from rich.table import Table
+
+    rows = [
+        ("avg JCT", "avg_jct_s", _hours), ("median JCT", "median_jct_s", _hours),
+        ("p95 JCT", "p95_jct_s", _hours), ("makespan", "makespan_s", _hours),
+        ("avg queueing delay", "avg_queueing_delay_s", _hours),
+        (f"avg time to first {first_n} mini-batches", "avg_time_to_first_n_s", _seconds),
+        ("GPU utilization", "utilization", lambda v: f"{100 * v:.1f}%"),
+        ("suspends", "suspends", str), ("packs (kept or tried)", "packs", str),
+        ("unpacks", "unpacks", str), ("migrations", "migrations", str),
+        ("grows / shrinks", None, None), ("jobs finished", "jobs_finished", str),
+        ("jobs unfinished", "jobs_unfinished", str),
+    ]
+    table = Table()
+    table.add_column("metric")
+    for name in summaries:
+        table.add_column(name, justify="right")
+    for label, key, fmt in rows:
+        if key is None:
+            cells = [f"{s['grows']} / {s['shrinks']}" for s in summaries.values()]
+        else:
+            cells = [fmt(s[key]) for s in summaries.values()]  # type: ignore[misc]
+        table.add_row(label, *cells)
+    _console().print(table)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.0f} s"
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, file=sys.stderr if stderr else sys.stdout)

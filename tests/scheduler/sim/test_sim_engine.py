@@ -1,0 +1,143 @@
+"""The simulator replays workloads through the real policies with the documented mechanism costs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
+from scheduler.sim.engine import Simulator, make_cluster
+from scheduler.sim.generator import generate
+from scheduler.sim.load import offered_load, scale_to_load
+from scheduler.sim.metrics import summarize
+from scheduler.sim.model import MechanismModel
+from scheduler.sim.trace import JobSpec
+
+MODEL = MechanismModel.default()
+
+
+def _run(jobs: list[JobSpec], cluster: str, policy: str | Policy, **kw: object) -> dict:
+    p = get_policy(policy) if isinstance(policy, str) else policy
+    return summarize(Simulator(jobs, make_cluster(cluster), p, MODEL, **kw).run())  # type: ignore[arg-type]
+
+
+def _jct(jobs: list[JobSpec], cluster: str, policy: str) -> dict[str, float]:
+    result = Simulator(jobs, make_cluster(cluster), get_policy(policy), MODEL).run()
+    return {j.spec.id: j.finished_at - j.spec.submit_time for j in result.jobs}
+
+
+@pytest.mark.parametrize("policy", ["gandiva", "fifo", "yarn-cs", "tiresias"])
+def test_a_lone_job_takes_exactly_its_duration(policy: str) -> None:
+    m = _run([JobSpec("a", 0.0, 2, "resnet50", duration_s=600)], "1x4", policy)
+    assert m["avg_jct_s"] == pytest.approx(600, abs=1e-6)
+    assert m["jobs_finished"] == 1 and m["utilization"] == pytest.approx(0.5)
+
+
+def test_time_slicing_lets_a_short_job_finish_before_a_long_one() -> None:
+    jobs = [JobSpec("long", 0.0, 1, "resnet50", duration_s=3600),
+            JobSpec("short", 10.0, 1, "resnet50", duration_s=600)]
+    fifo, gandiva = _jct(jobs, "1x1", "fifo"), _jct(jobs, "1x1", "gandiva")
+    assert fifo["short"] == pytest.approx(3600 - 10 + 600)
+    assert gandiva["short"] < 1300  # it shares the GPU in 60 s slices instead of waiting
+    # Both finish; the suspend/resume round trips cost the long job only seconds.
+    assert gandiva["long"] == pytest.approx(4200 - 0, abs=60)
+
+
+def test_tiresias_preemption_pays_the_restart_cost() -> None:
+    jobs = [JobSpec("hog", 0.0, 1, "resnet50", duration_s=20000),
+            JobSpec("new", 10000.0, 1, "resnet50", duration_s=100)]
+    jct = _jct(jobs, "1x1", "tiresias")
+    assert jct["new"] == pytest.approx(100, abs=1e-6)
+    assert jct["hog"] == pytest.approx(20000 + 100 + MODEL.costs.restart_s, abs=1e-6)
+
+
+def test_compatible_jobs_stay_packed_and_incompatible_ones_are_unpacked() -> None:
+    config = PolicyConfig(pack_trial_s=60)
+    for model, kept in (("vae", True), ("lstm", False)):
+        jobs = [JobSpec(f"{model}{i}", 0.0, 1, model, duration_s=3000) for i in range(2)]
+        m = _run(jobs, "1x1", get_policy("gandiva", config))
+        assert m["packs"] >= 1
+        assert (m["unpacks"] == 0) is kept, model
+
+
+def test_departure_triggers_a_migration_onto_the_freed_gpu() -> None:
+    # a and b time-share server-0 while short runs on server-1; when short leaves,
+    # one of them moves over instead of waiting for its turn.
+    jobs = [JobSpec("a", 0.0, 1, "resnet50", duration_s=5000),
+            JobSpec("short", 1.0, 1, "resnet50", duration_s=300),
+            JobSpec("b", 2.0, 1, "resnet50", duration_s=5000)]
+    m = _run(jobs, "2x1", "gandiva")
+    assert m["migrations"] == 1 and m["jobs_finished"] == 3
+    assert m["makespan_s"] < 5600  # without the move both would need ~10,000 s of GPU 0
+
+
+class CheckedGandiva(Policy):
+    """Gandiva, asserting on every snapshot what the cluster must never show."""
+
+    name = "gandiva"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = get_policy("gandiva")
+        self.calls = 0
+
+    def next_wakeup(self) -> float | None:
+        return self.inner.next_wakeup()
+
+    def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
+        self.calls += 1
+        running = Counter(g for j in snapshot.jobs if j.state == "RUNNING" for g in j.placement)
+        assert max(running.values(), default=0) <= 2, "more than two jobs packed on a GPU"
+        bound = Counter(g for j in snapshot.jobs for g in j.placement)
+        assert max(bound.values(), default=0) <= PolicyConfig().max_jobs_per_gpu
+        assert all(not j.placement for j in snapshot.jobs if j.state == "QUEUED")
+        return self.inner.decide(snapshot)
+
+
+def test_generated_workload_runs_to_completion_without_breaking_invariants() -> None:
+    jobs = generate(150, seed=3, mean_interarrival_s=30, median_duration_s=600, max_gpus=8)
+    policy = CheckedGandiva()
+    m = _run(jobs, "4x4", policy)
+    assert m["jobs_finished"] == 150 and m["jobs_unfinished"] == 0 and policy.calls > 150
+    assert m["suspends"] > 0 and 0 < m["utilization"] <= 1
+
+
+def test_same_seed_same_result_and_another_seed_differs() -> None:
+    def once(seed: int) -> dict:
+        return _run(generate(80, seed=seed, mean_interarrival_s=60, median_duration_s=600), "2x4",
+                    "gandiva")
+    assert once(1) == once(1)
+    assert once(1) != once(2)
+
+
+def test_target_load_scales_arrivals_to_the_requested_load() -> None:
+    servers = make_cluster("4x4")
+    jobs = generate(200, seed=0)
+    scaled, factor = scale_to_load(jobs, servers, MODEL, 0.9)
+    assert offered_load(scaled, servers, MODEL) == pytest.approx(0.9)
+    assert factor == pytest.approx(offered_load(jobs, servers, MODEL) / 0.9)
+    with pytest.raises(ValueError, match="positive"):
+        scale_to_load(jobs, servers, MODEL, 0)
+
+
+def test_jobs_larger_than_the_cluster_are_skipped_and_counted() -> None:
+    m = _run([JobSpec("huge", 0.0, 64, duration_s=60), JobSpec("ok", 0.0, 1, duration_s=60)],
+             "1x4", "yarn-cs")
+    assert m["jobs_skipped"] == 1 and m["jobs_finished"] == 1
+
+
+def test_generator_is_deterministic_and_philly_like() -> None:
+    a, b = generate(2000, seed=7), generate(2000, seed=7)
+    assert a == b and len(a) == 2000
+    sizes = Counter(j.num_gpus for j in a)
+    assert sizes[1] > 0.6 * len(a) and sizes[8] > 0 and sizes[4] > 0
+    assert any(j.multi_job for j in a)
+    durations = sorted(j.duration_s or 0 for j in a)
+    assert durations[len(a) // 2] < durations[-1] / 20  # a heavy tail
+
+
+@pytest.mark.parametrize(("spec", "message"), [("25", "SERVERSxGPUS"), ("0x4", "at least one")])
+def test_bad_cluster_spec_is_explained(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_cluster(spec)
