@@ -78,9 +78,10 @@ class Follower:
     def _on_retry(self, reason: str) -> None:
         if not self.outage:
             self.outage = True
-            self.say(f"lost the scheduler at {self.client.address}; retrying for up to "
-                     f"{self.give_up_after:.0f}s")
-            log.debug("poll failed: %s", reason)
+            # Not reaching it at all, or it answered that something behind it is down.
+            what = (f"lost the scheduler at {self.client.address}" if reason.startswith("cannot")
+                    else reason.removesuffix("; try again shortly"))
+            self.say(f"{what}; retrying for up to {self.give_up_after:.0f}s")
 
     def poll(self) -> list[common_pb2.Job]:
         if self.multi_id:
