@@ -157,3 +157,21 @@ def make_scheduler(gandiva_home: Path) -> Iterator:
     yield start
     for sched in started:
         sched.stop()
+
+
+def _wait_for(predicate, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+    """Poll `predicate` until it returns something truthy; return that, or fail."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met within {timeout:.0f}s")
+
+
+@pytest.fixture(name="wait_for")
+def wait_for_fixture():  # type: ignore[no-untyped-def]
+    return _wait_for

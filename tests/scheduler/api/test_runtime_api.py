@@ -21,13 +21,6 @@ from protos.gandiva.v1 import (
 )
 
 
-def wait_for(pred, timeout: float = 10.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := pred():
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 class FakeShim:
@@ -57,7 +50,7 @@ class FakeShim:
         self.stream.cancel()
 
 
-def test_progress_and_operator_suspend_resume(scheduler_server) -> None:  # type: ignore[no-untyped-def]
+def test_progress_and_operator_suspend_resume(scheduler_server, wait_for) -> None:  # type: ignore[no-untyped-def]
     with grpc.insecure_channel(scheduler_server.address) as ch:
         stub = scheduler_pb2_grpc.SchedulerStub(ch)
         helper = helper_pb2_grpc.HelperStub(ch)

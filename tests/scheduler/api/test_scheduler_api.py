@@ -84,17 +84,9 @@ def test_health_and_reflection(channel: grpc.Channel) -> None:
     assert {"gandiva.v1.Scheduler", "gandiva.v1.Runtime", "gandiva.v1.Helper", "grpc.health.v1.Health"} <= names
 
 
-def wait_for(pred, timeout: float = 10.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
-def test_helper_receives_launch_and_exit_completes_job(channel: grpc.Channel) -> None:
+def test_helper_receives_launch_and_exit_completes_job(channel: grpc.Channel, wait_for) -> None:  # type: ignore[no-untyped-def]
     """A helper (here a plain gRPC client) registers; the policy places a job on it;
     the helper gets the launch command; the reported exit ends the job."""
     helper = helper_pb2_grpc.HelperStub(channel)

@@ -77,11 +77,6 @@ def bin_dir() -> Path:
     return BIN
 
 
-@pytest.fixture(name="wait_for")
-def _wait_for_fixture() -> Callable[..., object]:
-    return wait_for
-
-
 @pytest.fixture
 def sched(scheduler_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """The test scheduler, found by every client through GANDIVA_SCHEDULER."""
