@@ -2,8 +2,8 @@
 
 The rule: a command whose program is a Python interpreter (``python``,
 ``python3``, ``python3.11``, or a path to one) runs under the tf_runtime shim:
-``python [interpreter options] -m tf_runtime.run SCRIPT ARGS`` (or ``-m MODULE
-ARGS``). A bare ``python``/``python3`` means the helper's own interpreter, where
+``python [interpreter options] -m tf_runtime.run SCRIPT ARGS`` (``-m MODULE``
+and ``-c`` are refused: the shim runs a script file). A bare ``python``/``python3`` means the helper's own interpreter, where
 tf_runtime is installed; an explicit path is kept. Any other program runs as it is
 (it gets the same environment, but no shim: it cannot be suspended or migrated).
 """
@@ -51,8 +51,10 @@ def shim_command(command: Sequence[str], interpreter: str = sys.executable) -> l
     rest = list(command[i:])
     if rest[:2] == ["-m", "tf_runtime.run"]:  # already wrapped by the user
         rest = rest[2:]
-    if not rest or rest[0] == "-c":
-        raise ValueError(f"command {list(command)!r}: give a script or -m MODULE for Python jobs")
+    if not rest or rest[0] in ("-c", "-m", "-"):
+        # tf_runtime.run runs a script file (runpy.run_path); modules and -c have no file.
+        raise ValueError(f"command {list(command)!r}: Python jobs must name a script file, "
+                         "e.g. python train.py ARGS")
     return [python, *opts, "-m", "tf_runtime.run", *rest]
 
 
