@@ -30,6 +30,7 @@ class RunInfo:
     is_training: bool = False         # advances the global step or applies gradients
     reads_global_step: bool = False   # the program fetches the global step's value
     initializes: bool = False         # initialises all global variables
+    restores: bool = False            # runs a Saver restore (the program's own checkpoint)
     metric_slots: tuple[tuple[int, str], ...] = ()  # flat fetch index -> metric name
 
 

@@ -83,6 +83,8 @@ class Controller:
         self.migratable: bool | None = None
         self._read_global_step = False
         self._not_migratable_reason = ""
+        self._restored_into: SessionAdapter | None = None
+        self._restore_again = False
         self._lock = threading.Lock()  # serialises binding and command application
 
     # -- commands from the stream thread ------------------------------------------------
@@ -110,9 +112,16 @@ class Controller:
             self._read_global_step = True
         if self.trained:
             return  # a second model or an evaluation session: not the job's training
-        if info.initializes or (before and info.is_training):
+        if (info.initializes or info.restores) and self._restored_into is adapter:
+            # The program overwrote variables after our restore (e.g. it restored a
+            # pre-trained backbone): restore again before its first training step.
+            self._restore_again = True
+        elif info.initializes or info.restores or (before and info.is_training):
             self._bind(adapter)
         if before and info.is_training and adapter is self.adapter:
+            if self._restore_again and self.settings.restore_dir:
+                self._restore(adapter, self.settings.restore_dir)
+            self._restore_again = False
             self.trained = True
             self.meter.pause()
 
@@ -131,6 +140,12 @@ class Controller:
             self._first_boundaries(adapter)
         if self._queue:
             self._apply_queued(adapter)
+
+    def finish(self) -> None:
+        """The program ended: answer commands that will never reach a boundary."""
+        while (cmd := self._next(block=False)) is not None:
+            self._ack(Ack(cmd.id, False, "the program finished before its next training step",
+                          step=self.meter.steps))
 
     # -- binding, restore, warm hold ---------------------------------------------------------
     def _bind(self, adapter: SessionAdapter) -> None:
@@ -173,6 +188,7 @@ class Controller:
 
     def _restore(self, adapter: SessionAdapter, directory: str) -> None:
         info = adapter.restore(directory)  # CheckpointError: refuse to start from step 0
+        self._restored_into = adapter
         self.restored_step = info.step
         self.meter.set_steps(info.step)
         self._event("restored", step=info.step, restore_s=round(info.seconds, 6))

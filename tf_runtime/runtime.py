@@ -33,6 +33,7 @@ class Runtime:
 
     def finish(self) -> None:
         """The program ended on its own: send the last progress, close the stream."""
+        self.controller.finish()
         if self.client is not None:
             self.client.close(timeout_s=2.0)  # type: ignore[attr-defined]
 

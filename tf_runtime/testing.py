@@ -158,6 +158,7 @@ RUN_KINDS = {
     "init": RunInfo(initializes=True),
     "eval": RunInfo(),
     "read_gs": RunInfo(reads_global_step=True),
+    "own_restore": RunInfo(restores=True),  # the program's own Saver restore (sets step 100)
 }
 
 
@@ -176,6 +177,8 @@ class FakeSession:
             self.in_block.set()
             self.block.wait(10)
             return None
+        if fetches == "own_restore":
+            self.step = 100
         if RUN_KINDS[fetches].is_training:
             self.step += 1
             hook = self.hooks.get(self.step)

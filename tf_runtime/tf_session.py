@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 _TRAIN_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
 _STEP_UPDATES = {"AssignAdd", "AssignAddVariableOp", "AssignSub", "AssignSubVariableOp"}
 _READS = {"ReadVariableOp", "Identity", "Cast", "AssignAdd", "AssignAddVariableOp", "Snapshot"}
+_RESTORES = {"RestoreV2", "Restore", "RestoreSlice"}
 _CACHE_LIMIT = 512
 
 
@@ -164,7 +165,8 @@ class TFSessionAdapter:
             reads_gs = reads_gs or self._reads_global_step(op)
         training, reached = self._walk(roots)
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
-        return RunInfo(training, reads_gs, initializes, tuple(metric_slots))
+        restores = any(op.type in _RESTORES for op in reached)
+        return RunInfo(training, reads_gs, initializes, restores, tuple(metric_slots))
 
     def _reads_global_step(self, op: Any) -> bool:
         for _ in range(4):  # gs, gs/read, a cast of it, the value of an increment...

@@ -168,6 +168,24 @@ def test_restore_happens_right_after_the_init_run(tmp_path: Path) -> None:
     assert world.controller.meter.steps == 8 and world.controller.restored_step == 7
 
 
+def test_program_restoring_its_own_checkpoint(tmp_path: Path) -> None:
+    donor = FakeWorld()
+    start_training(donor, steps=7)
+    donor.adapter.save(str(tmp_path / "ck"), "j")
+    # No init run: the program restores its own checkpoint; ours follows right after it.
+    world = FakeWorld(Settings(restore_dir=str(tmp_path / "ck")))
+    world.run("own_restore")
+    assert world.sess.step == 7
+    # Init, then the program restores a pre-trained checkpoint over it: restored again
+    # before the first training step, so the migrated state wins.
+    world = FakeWorld(Settings(restore_dir=str(tmp_path / "ck")))
+    world.run("init")
+    world.run("own_restore")
+    assert world.sess.step == 100
+    world.run("train")
+    assert world.sess.step == 8 and world.controller.meter.steps == 8
+
+
 def test_half_written_checkpoint_is_refused_at_restore(tmp_path: Path) -> None:
     donor = FakeWorld()
     start_training(donor, steps=3)
@@ -212,6 +230,14 @@ def test_bad_control_line_names_the_problem() -> None:
     world = FakeWorld(Settings(warm=True, control_fd=control_r))
     with pytest.raises(RuntimeError, match="unknown cmd 'go'"):
         world.run("init")
+
+
+def test_commands_left_when_the_program_ends_are_refused(world: FakeWorld) -> None:
+    start_training(world)
+    world.controller.enqueue(Command("late", Kind.SUSPEND))
+    world.controller.finish()
+    ack = world.channel.acks[-1]
+    assert ack.command_id == "late" and not ack.ok and "finished" in ack.message
 
 
 def test_commands_need_a_directory_where_they_write() -> None:

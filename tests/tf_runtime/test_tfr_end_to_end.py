@@ -121,3 +121,26 @@ def test_kill_and_warm_exit(runtime_server: Any, launch: Any) -> None:
     warm.send_control({"cmd": "exit"})
     assert warm.wait() == 0
     assert "first_step_done" not in [e["event"] for e in warm.events]
+
+
+def test_supervisor_program_migrates_bit_identical(runtime_server: Any, launch: Any,
+                                                   tmp_path: Path) -> None:
+    """Supervisor: finalized graph, background threads calling run(), its own checkpoints."""
+    common = ["--steps", str(STEPS), "--seed", "5", "--step-sleep", "0.02"]
+    baseline = launch("supervisor_mlp.py", *common, "--logdir", str(tmp_path / "sv-base"),
+                      "--dump", str(tmp_path / "base.npz"), status=False)
+    env = {"GANDIVA_JOB_ID": "sv", "GANDIVA_SCHEDULER": runtime_server.address}
+    run = [*common, "--logdir", str(tmp_path / "sv"), "--dump", str(tmp_path / "run.npz")]
+    first = launch("supervisor_mlp.py", *run, env={**env, "GANDIVA_INCARNATION": "0"})
+    first.wait_event("first_step_done")
+    hello_of(runtime_server, "sv", "0")
+    ack = exercise(runtime_server, "sv", random.Random(5), tmp_path / "ck")
+    assert first.wait() == EXIT_MIGRATED
+    # Restarted in the same logdir: the Supervisor restores its own (older) checkpoint,
+    # then the shim's restore brings it to the migration point.
+    second = launch("supervisor_mlp.py", *run, env={
+        **env, "GANDIVA_INCARNATION": "1", "GANDIVA_RESTORE_CHECKPOINT": ack.checkpoint_path})
+    assert second.wait_event("restored")["step"] == ack.step
+    assert second.wait() == 0 and baseline.wait() == 0
+    base, out = load(tmp_path / "base.npz"), load(tmp_path / "run.npz")
+    assert [k for k in base if base[k] != out.get(k)] == []

@@ -218,3 +218,4 @@ def test_suspend_holds_a_background_thread_without_deadlock(controller: Controll
         assert not trainer.is_alive() and not bg.is_alive()
         assert background_runs[0] > held
         assert sess.run(gs) == 2
+
