@@ -29,8 +29,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tf_runtime.run: no such script: {script}", file=sys.stderr)
         return 2
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=os.environ.get("GANDIVA_LOG_LEVEL", "INFO"),
-                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        level = os.environ.get("GANDIVA_LOG_LEVEL", "INFO").upper()
+        if level not in logging.getLevelNamesMapping():
+            print(f"tf_runtime.run: GANDIVA_LOG_LEVEL={level!r} is not a logging level",
+                  file=sys.stderr)
+            return 2
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         rt = runtime.start()
     except (CheckpointError, ValueError) as exc:

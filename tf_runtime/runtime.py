@@ -65,6 +65,9 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     control_fd = _int_env(env, "GANDIVA_CONTROL_FD")
     if not (scheduler or restore or warm or status_fd is not None):
         return None  # standalone: a transparent pass-through
+    if scheduler and not env.get("GANDIVA_JOB_ID"):
+        raise ValueError("GANDIVA_SCHEDULER is set but GANDIVA_JOB_ID is empty: the scheduler "
+                         "needs the job id in the runtime hello")
     restored_step = 0
     if restore and not warm:
         # Refuse to start at all rather than train from step 0 by mistake.

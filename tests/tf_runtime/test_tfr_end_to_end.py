@@ -144,3 +144,42 @@ def test_supervisor_program_migrates_bit_identical(runtime_server: Any, launch: 
     assert second.wait() == 0 and baseline.wait() == 0
     base, out = load(tmp_path / "base.npz"), load(tmp_path / "run.npz")
     assert [k for k in base if base[k] != out.get(k)] == []
+
+
+def test_killed_while_writing_a_checkpoint(runtime_server: Any, launch: Any,
+                                           tmp_path: Path) -> None:
+    """SIGKILL a job in the middle of replacing its checkpoint (a 2048-wide MLP: 34 MB)."""
+    import signal
+
+    import tensorflow as tf
+
+    from tf_runtime.checkpoint import validate
+
+    job = launch("mlp.py", "--steps", "100000", "--hidden", "2048", "--step-sleep", "0.01",
+                 env={"GANDIVA_JOB_ID": "rk", "GANDIVA_SCHEDULER": runtime_server.address})
+    job.wait_event("first_step_done", timeout=120)
+    hello_of(runtime_server, "rk", "")
+    ck = tmp_path / "ck"
+    good = runtime_server.wait_ack(runtime_server.send("rk", pb.COMMAND_KIND_CHECKPOINT, str(ck)))
+    assert good.ok
+    caught = False
+    for _ in range(5):  # the write lasts tens of ms: catch it in the act
+        cid = runtime_server.send("rk", pb.COMMAND_KIND_CHECKPOINT, str(ck))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any(".tmp-" in p.name for p in tmp_path.iterdir()):
+                job.proc.send_signal(signal.SIGKILL)
+                caught = True
+                break
+            if [m for _, m in runtime_server.messages
+                    if m.HasField("ack") and m.ack.command_id == cid]:
+                break
+            time.sleep(0.001)
+        if caught:
+            break
+    assert caught, "never saw a checkpoint being written"
+    assert job.wait() == -signal.SIGKILL
+    assert validate(ck)["global_step"] == good.step  # the previous checkpoint is intact
+    reader = tf.train.load_checkpoint(str(ck / "model"))
+    assert int(reader.get_tensor("global_step")) == good.step
+    assert reader.get_variable_to_shape_map()["fc2/w/Momentum"] == [2048, 2048]

@@ -96,6 +96,8 @@ def test_standalone_installs_nothing() -> None:
 
 
 def test_bad_environment_is_named() -> None:
+    with pytest.raises(ValueError, match="GANDIVA_JOB_ID is empty"):
+        runtime.start({"GANDIVA_SCHEDULER": "127.0.0.1:1"})
     with pytest.raises(ValueError, match="GANDIVA_STATUS_FD='x' is not an integer"):
         runtime.start({"GANDIVA_STATUS_FD": "x"})
     with pytest.raises(ValueError, match="GANDIVA_GPU_RELEASE='tpu'"):

@@ -11,11 +11,12 @@ import sys
 import tensorflow as tf
 
 from tf_runtime.examples.common import build_replicated, configure, dump, parse_args, session_config
-from tf_runtime.examples.mlp import model
+from tf_runtime.examples.mlp import hidden_flag, model
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args("MLP with a Python loop counter", argv, steps=200, batch=16, lr=0.05)
+    args = parse_args("MLP with a Python loop counter", argv, hidden_flag, steps=200, batch=16,
+                      lr=0.05)
     configure(args.seed)
     _, train, _ = build_replicated(lambda g, i: model(args, g, i), args,
                                    tf.compat.v1.train.MomentumOptimizer(args.lr, 0.9))

@@ -1,4 +1,4 @@
-"""A small MLP regression (32-64-64-1) trained with momentum: the quick example.
+"""A small MLP regression (32-64-64-1, --hidden sets the width) trained with momentum.
 
 Momentum slots make the optimizer state part of the checkpoint. Usage:
     python -m tf_runtime.run mlp.py --steps 200 --replicas 4 --dump out.npz
@@ -14,23 +14,27 @@ import tensorflow as tf
 
 from tf_runtime.examples.common import batch_seed, dense, run_example
 
-DIM, HIDDEN = 32, 64
+DIM = 32
 
 
 def model(args: argparse.Namespace, gs: Any, tower: int) -> Any:
     x = tf.random.stateless_normal([args.batch, DIM], seed=batch_seed(args, tower, gs))
     teacher = tf.random.stateless_normal([DIM, 1], seed=[args.seed, 424242])
     target = tf.sin(tf.matmul(x, teacher))
-    h = dense(x, "fc1", HIDDEN, tf.nn.tanh)
-    h = dense(h, "fc2", HIDDEN, tf.nn.tanh)
+    h = dense(x, "fc1", args.hidden, tf.nn.tanh)
+    h = dense(h, "fc2", args.hidden, tf.nn.tanh)
     out = dense(h, "out", 1, act=None)
     return tf.reduce_mean(tf.square(out - target))
+
+
+def hidden_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
 
 
 def main(argv: list[str] | None = None) -> int:
     return run_example("MLP regression", model,
                        lambda lr: tf.compat.v1.train.MomentumOptimizer(lr, 0.9), argv,
-                       steps=200, batch=16, lr=0.05)
+                       hidden_flag, steps=200, batch=16, lr=0.05)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,12 @@ from tf_runtime.examples.common import (
     session_config,
     train_loop,
 )
-from tf_runtime.examples.mlp import model
+from tf_runtime.examples.mlp import hidden_flag, model
 
 
 def main(argv: list[str] | None = None) -> int:
     def flags(p: argparse.ArgumentParser) -> None:
+        hidden_flag(p)
         p.add_argument("--logdir", default=None, help="the Supervisor's own directory")
 
     args = parse_args("MLP under tf.train.Supervisor", argv, flags, steps=200, batch=16, lr=0.05)
