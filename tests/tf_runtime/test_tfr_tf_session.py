@@ -219,3 +219,17 @@ def test_suspend_holds_a_background_thread_without_deadlock(controller: Controll
         assert background_runs[0] > held
         assert sess.run(gs) == 2
 
+
+
+@pytest.mark.parametrize("module,params", [("resnet50", 25.5e6), ("vgg16", 138.3e6)])
+def test_big_examples_have_the_real_models_sizes(module: str, params: float) -> None:
+    import importlib
+
+    model = importlib.import_module(f"tf_runtime.examples.{module}").model
+    g = tf.Graph()
+    with g.as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        loss = model(argparse.Namespace(seed=0, batch=1, image_size=32), gs, 0)
+        count = sum(int(np.prod(v.shape.as_list())) for v in tf.compat.v1.trainable_variables())
+        assert loss.shape.rank == 0
+    assert abs(count - params) / params < 0.01
