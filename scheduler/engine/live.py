@@ -42,6 +42,8 @@ class LiveEngine:
         self.tick_s = tick_s
         # At most this often a round, however many wake-ups arrive in between.
         self.min_gap_s = 0.2
+        # How long a round waits for suspensions before placing onto the same GPUs.
+        self.vacate_timeout_s = 10.0
         self.scheduler_address = scheduler_address
         # Jobs with a command in flight: the policy's next decisions about them wait.
         self.inflight: set[str] = set()
@@ -88,8 +90,17 @@ class LiveEngine:
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
         if queued:
             await self._note_queued(queued)
+        # Suspensions first, and waited for (briefly): a job placed or resumed on the
+        # same GPUs must find their memory released, not share it for a moment.
+        vacating = [
+            self._background(d.job_id, self._suspend(d.job_id, d.reason or "time slice over"))
+            for d in decisions
+            if isinstance(d, (pt.Suspend, pt.Unpack))
+        ]
+        if vacating:
+            await asyncio.wait(vacating, timeout=self.vacate_timeout_s)
         for d in decisions:
-            if not isinstance(d, pt.Queue):
+            if not isinstance(d, (pt.Queue, pt.Suspend, pt.Unpack)):
                 await self.apply(d)
         return decisions
 
@@ -137,7 +148,7 @@ class LiveEngine:
             gpus = d.to_gpus if isinstance(d, pt.Migrate) else d.gpus
             self._background(d.job_id, self.migrate(d.job_id, gpus, d.reason or type(d).__name__.lower()))
 
-    def _background(self, job_id: str, coro: Awaitable[object]) -> None:
+    def _background(self, job_id: str, coro: Awaitable[object]) -> asyncio.Task:
         self.inflight.add(job_id)
 
         async def run() -> None:
@@ -154,6 +165,7 @@ class LiveEngine:
         task = asyncio.create_task(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _job(self, job_id: str) -> Job:
         async with self.core.tx(read=True) as s:
@@ -294,9 +306,17 @@ class LiveEngine:
             raise FailedPrecondition(f"server {to_server} has {len(free)} free GPU(s); job {job_id} needs {job.gpus}")
         if job_id in self.inflight:
             raise FailedPrecondition(f"job {job_id} has a command in progress; try again shortly")
+        from scheduler.engine.live_migration import begin_migration
+
         gpus = [pt.GpuRef(to_server, i) for i in free[: job.gpus]]
-        self._background(job_id, self.migrate(job_id, gpus, "requested by operator"))
-        await asyncio.sleep(0)
+        self.inflight.add(job_id)
+        try:
+            rest = await begin_migration(self, job_id, gpus, "requested by operator")
+        except BaseException:
+            self.inflight.discard(job_id)
+            raise
+        # The job is MIGRATING now; the phases run in the background.
+        self._background(job_id, rest)
         return await self.core.get_job(job_id)
 
     # ---- reconciliation -------------------------------------------------------

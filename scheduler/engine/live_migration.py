@@ -8,8 +8,8 @@ state) in one transaction at the end.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.engine.migration import Endpoint, MigrationPlan, Outcome, migrate
@@ -45,6 +45,14 @@ class LivePorts:
 
 
 async def run_migration(engine: LiveEngine, job_id: str, to_gpus: Sequence[GpuRef], reason: str) -> None:
+    await (await begin_migration(engine, job_id, to_gpus, reason))
+
+
+async def begin_migration(
+    engine: LiveEngine, job_id: str, to_gpus: Sequence[GpuRef], reason: str
+) -> Coroutine[Any, Any, None]:
+    """Move the job to MIGRATING (one transaction) and return the coroutine that
+    carries the migration out and records its outcome."""
     core = engine.core
     async with core.tx() as s:
         job = await repo.get_job(s, job_id, for_update=True)
@@ -69,6 +77,13 @@ async def run_migration(engine: LiveEngine, job_id: str, to_gpus: Sequence[GpuRe
             dest=Endpoint(dst.name, dst.address, dst.ramdisk, dst.shared_root),
             dest_gpus=tuple(g.index for g in to_gpus if g.server == dest_name),
         )
+    return _carry_out(engine, plan, was, list(to_gpus))
+
+
+async def _carry_out(engine: LiveEngine, plan: MigrationPlan, was: JobState, to_gpus: list[GpuRef]) -> None:
+    core = engine.core
+    job_id, dest_name = plan.job_id, plan.dest.name
+    failure = ""
     try:
         result = await migrate(plan, LivePorts(engine))
     except Exception as err:  # a bug in the orchestration must not leave the job MIGRATING

@@ -1,0 +1,77 @@
+"""A real local cluster for end-to-end tests: an in-process scheduler on a fresh
+SQLite database and `gandiva helper` daemons as separate processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
+from scheduler.core import Settings
+from scheduler.policy.types import PolicyConfig
+
+
+class Cluster:
+    def __init__(self, sched, tmp: Path, wait_for: Callable) -> None:  # type: ignore[no-untyped-def]
+        self.sched = sched
+        self.tmp = tmp
+        self.wait_for = wait_for
+        self.helpers: list[subprocess.Popen] = []
+        self.channel = grpc.insecure_channel(sched.address)
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+
+    def add_helper(self, name: str, gpus: int) -> None:
+        log = open(self.tmp / f"helper-{name}.log", "w")
+        self.helpers.append(subprocess.Popen(
+            [sys.executable, "-m", "scheduler.cli.main", "helper", "--server-name", name,
+             "--gpus", str(gpus), "--scheduler", self.sched.address,
+             "--ramdisk", str(self.tmp / f"ramdisk-{name}"), "--log-dir", str(self.tmp / "logs")],
+            stdout=log, stderr=subprocess.STDOUT,
+        ))
+        self.wait_for(lambda: any(
+            s.name == name and s.up
+            for s in self.stub.ListServers(scheduler_pb2.ListServersRequest()).servers
+        ), 60)
+
+    def job(self, job_id: str):  # type: ignore[no-untyped-def]
+        return self.stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+
+    def close(self) -> None:
+        for p in self.helpers:
+            p.terminate()
+        for p in self.helpers:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.channel.close()
+
+
+@pytest.fixture
+def cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    sched = make_scheduler(
+        sqlite_url,
+        tick_s=0.2,
+        policy_config=PolicyConfig(quantum_s=1.5),
+        settings=Settings(heartbeat_interval_s=1.0, down_after_s=10.0),
+    )
+    c = Cluster(sched, tmp_path, wait_for)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def mlp() -> Callable[..., list[str]]:
+    import importlib.util
+
+    origin = importlib.util.find_spec("tf_runtime.examples.mlp").origin  # type: ignore[union-attr]
+
+    def command(steps: int, sleep: float = 0.02, *extra: str) -> list[str]:
+        return ["python", str(origin), "--steps", str(steps), "--step-sleep", str(sleep), *extra]
+
+    return command
