@@ -84,7 +84,8 @@ def write_chart(summaries: list[Summary], out: Path) -> None:
 
     models = sorted({s.model for s in summaries})
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.5), squeeze=False)
-    colors = dict(zip(PHASES, plt.cm.tab10.colors, strict=False))
+    cmap = plt.get_cmap("tab10")
+    colors = {p: cmap(i) for i, p in enumerate(PHASES)}
     for ax, model in zip(axes[0], models, strict=True):
         rows = [s for s in summaries if s.model == model]
         replicas = sorted({s.replicas for s in rows})

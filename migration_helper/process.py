@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -80,7 +81,8 @@ class JobProcess:
     stopped: bool = False
     activated: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
-    _proc: asyncio.subprocess.Process | None = None
+    _proc: subprocess.Popen[bytes] | None = None
+    _exited: asyncio.Future[int] | None = None
     _control_fd: int = -1
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -102,13 +104,15 @@ class JobProcess:
             )
             logf.flush()
             try:
-                self._proc = await asyncio.create_subprocess_exec(
-                    *_with_parent_death_signal(self.argv),
+                # subprocess (vfork + exec), not the event loop's spawn: uvloop forks, and
+                # gRPC's fork handlers then abort or hang the child before its exec.
+                self._proc = subprocess.Popen(  # noqa: ASYNC220
+                    _with_parent_death_signal(self.argv),
                     cwd=self.workdir or None,
                     env=env,
-                    stdin=asyncio.subprocess.DEVNULL,
+                    stdin=subprocess.DEVNULL,
                     stdout=logf,
-                    stderr=asyncio.subprocess.STDOUT,
+                    stderr=subprocess.STDOUT,
                     pass_fds=(ctrl_r, status_w),
                     # Its own process group: stopping the job reaches the workers it forks,
                     # and a Ctrl-C at the helper's terminal does not.
@@ -154,14 +158,45 @@ class JobProcess:
 
     async def _wait_exit(self, on_exit: Callable[[JobProcess], None]) -> None:
         assert self._proc is not None
-        code = await self._proc.wait()
+        loop = asyncio.get_running_loop()
+        self._exited = loop.create_future()
+        try:
+            pidfd = os.pidfd_open(self._proc.pid)
+        except (AttributeError, OSError):  # no pidfd (old kernel, not Linux): a thread waits
+            code = await asyncio.to_thread(self._proc.wait)
+        else:
+            # The pidfd becomes readable when the process ends: no thread, no SIGCHLD handler.
+            readable: asyncio.Future[None] = loop.create_future()
+
+            def ready() -> None:
+                if not readable.done():
+                    readable.set_result(None)
+
+            loop.add_reader(pidfd, ready)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
+            code = self._proc.wait()
         self.exit_code = code
         if self._control_fd >= 0:
             os.close(self._control_fd)
             self._control_fd = -1
         log.info("job %s/%s exited: %s", self.job_id, self.incarnation, exit_reason(code, self.stopped))
+        self._exited.set_result(code)
         self._notify()
         on_exit(self)
+
+    async def _wait(self, timeout_s: float) -> bool:
+        """True once the process has exited (within ``timeout_s``)."""
+        while self._exited is None:  # the exit watcher has not run yet
+            await asyncio.sleep(0)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._exited), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
     def _notify(self) -> None:
         self._changed.set()
@@ -209,8 +244,8 @@ class JobProcess:
         if self.exit_code is None and self.warm and not self.activated:
             try:
                 self.send({"cmd": "exit"})
-                await asyncio.wait_for(asyncio.shield(self._proc.wait()), min(2.0, grace_s))
-            except (OSError, ProcessExited, asyncio.TimeoutError):
+                await self._wait(min(2.0, grace_s))
+            except (OSError, ProcessExited):
                 pass
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)):
             if self.exit_code is not None:
@@ -219,12 +254,6 @@ class JobProcess:
                 os.killpg(self.pid, sig)
             except ProcessLookupError:
                 pass
-            try:
-                await asyncio.wait_for(asyncio.shield(self._proc.wait()), wait)
-            except asyncio.TimeoutError:
-                continue
-        code = await self._proc.wait()
-        # _wait_exit records exit_code; give it a turn so callers see it set.
-        while self.exit_code is None:
-            await asyncio.sleep(0)
-        return code
+            await self._wait(wait)
+        await self._wait(30.0)
+        return self.exit_code if self.exit_code is not None else -signal.SIGKILL
