@@ -194,8 +194,8 @@ class Controller:
         self._event("restored", step=info.step, restore_s=round(info.seconds, 6))
         log.info("restored step %d from %s in %.3f s", info.step, directory, info.seconds)
 
-    def _first_boundaries(self, adapter: SessionAdapter) -> None:
-        if self.boundaries == 1:
+    def _first_boundaries(self, adapter: SessionAdapter, final: bool = False) -> None:
+        if self.boundaries == 1 and not final:
             self._event("first_step_done", step=self.meter.steps, t=time.time())
         if self.migratable is not None:
             return
@@ -204,7 +204,7 @@ class Controller:
                                "cannot know where to resume")
         elif self._read_global_step:
             self._judge(True, "the program reads the global step")
-        elif self.boundaries >= JUDGE_AFTER_BOUNDARIES:
+        elif self.boundaries >= JUDGE_AFTER_BOUNDARIES or final:
             self._judge(False, "the program never reads the global step: its loop counts "
                                "in Python and would restart from 0 after a restore")
 
@@ -225,6 +225,12 @@ class Controller:
     def _apply_queued(self, adapter: SessionAdapter) -> None:
         with self._lock:
             while (cmd := self._next(block=False)) is not None:
+                if cmd.kind is Kind.STOP_FOR_MIGRATION and self.migratable is None:
+                    # Not known yet whether the loop resumes from the global step: wait
+                    # (at most JUDGE_AFTER_BOUNDARIES steps) rather than risk a restart from 0.
+                    with self._cond:
+                        self._queue.appendleft(cmd)
+                    break
                 self._apply(adapter, cmd)
         self.meter.pause()
 
@@ -310,6 +316,8 @@ class Controller:
                       {"wait_boundary": waited, "save": info.seconds}))
 
     def _stop_for_migration(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:
+        if self.migratable is None:  # suspended before the verdict: judge on what was seen
+            self._first_boundaries(adapter, final=True)
         if self.migratable is False:
             self._ack(Ack(cmd.id, False, f"not migratable: {self._not_migratable_reason}",
                           step=self.meter.steps))

@@ -150,6 +150,16 @@ def test_program_that_never_reads_the_global_step_is_not_migratable(tmp_path: Pa
     assert not (tmp_path / "m").exists()
 
 
+def test_stop_for_migration_waits_for_the_verdict(tmp_path: Path) -> None:
+    world = FakeWorld()
+    world.run("init")
+    world.controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
+    world.run("train_nogs")  # step 1: not yet known whether the loop resumes from the step
+    assert world.channel.acks == []
+    world.run("train_nogs")  # step 2: judged not migratable, so refused
+    assert not world.channel.acks[0].ok and not (tmp_path / "m").exists()
+
+
 def test_program_reading_the_global_step_is_migratable(world: FakeWorld) -> None:
     start_training(world)
     assert world.channel.migratability == [(True, "")]
