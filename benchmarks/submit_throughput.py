@@ -90,7 +90,7 @@ def pg_database(admin_url: str) -> str | None:
 
     try:
         asyncio.run(create())
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - report why PostgreSQL is skipped
         print(f"PostgreSQL skipped: {err.__class__.__name__}: {err} (run scripts/pg-test-setup.sh)")
         return None
     return admin_url.rsplit("/", 1)[0] + "/" + name

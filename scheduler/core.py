@@ -16,7 +16,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from protos.gandiva.v1 import common_pb2, helper_pb2
-from scheduler.errors import FailedPrecondition, InvalidArgument, Unavailable
+from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.state import repo
@@ -344,7 +344,7 @@ class SchedulerCore:
         async with self.tx() as s:
             try:
                 job = await repo.get_job(s, req.job_id, for_update=True)
-            except Exception:
+            except NotFound:
                 log.warning("exit reported for unknown job %s", req.job_id)
                 return
             state = JobState(job.state)

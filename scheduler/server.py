@@ -77,7 +77,7 @@ class SchedulerServer:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        host, _, port = self.listen.rpartition(":")
+        host = self.listen.rpartition(":")[0]
         bound = self.server.add_insecure_port(self.listen)
         if bound == 0:
             raise OSError(f"cannot listen on {self.listen}")

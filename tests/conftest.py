@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,7 @@ def _pg_reachable() -> str | None:
     try:
         asyncio.run(probe())
         return None
-    except Exception as exc:  # any failure to connect means: no server for these tests
+    except Exception as exc:  # noqa: BLE001 - any failure to connect means: no server for these tests
         return f"PostgreSQL not reachable at {PG_ADMIN_URL} ({exc.__class__.__name__}: {exc}); run scripts/pg-test-setup.sh"
 
 

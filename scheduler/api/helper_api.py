@@ -63,8 +63,6 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
                     # Not delivered: keep it for the helper's next stream.
                     box.queue.put_nowait(cmd)
                     raise
-        except asyncio.CancelledError:
-            raise
         finally:
             hub.connected.discard(request.server)
 

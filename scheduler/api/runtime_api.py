@@ -26,6 +26,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("body") != "hello" or not first.hello.job_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello: the first message must be a RuntimeHello with job_id")
+            return
         hello = first.hello
         try:
             await self.core.get_job(hello.job_id)

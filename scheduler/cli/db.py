@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     except GandivaError as err:
         print(f"gandiva db: {err}")
         return 2
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - any failure: one line for the operator, exit 1
         print(f"gandiva db: {type(err).__name__}: {err}")
         return 1
     return 0

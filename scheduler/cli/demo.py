@@ -72,24 +72,25 @@ def run(args: argparse.Namespace) -> int:
         port = _port()
         port_file = run_dir / "scheduler.addr"
         console.print(f"[bold]1/6[/] scheduler on 127.0.0.1:{port}, state in {db}")
-        sched_log = open(run_dir / "scheduler.log", "w")
-        procs.append(subprocess.Popen(
-            [*gandiva, "scheduler", "--listen", f"127.0.0.1:{port}", "--db", db,
-             "--port-file", str(port_file), "--quantum", "20"],
-            stdout=sched_log, stderr=subprocess.STDOUT,
-        ))
+        # The children keep their own copies of the log descriptors.
+        with open(run_dir / "scheduler.log", "w") as sched_log:
+            procs.append(subprocess.Popen(
+                [*gandiva, "scheduler", "--listen", f"127.0.0.1:{port}", "--db", db,
+                 "--port-file", str(port_file), "--quantum", "20"],
+                stdout=sched_log, stderr=subprocess.STDOUT,
+            ))
         address = _wait_file(port_file, procs[0], "the scheduler")
         env = {**os.environ, "GANDIVA_SCHEDULER": address, "GANDIVA_HOME": str(home)}
         names = [f"node-{i + 1}" for i in range(args.servers)]
         console.print(f"[bold]2/6[/] helpers {', '.join(names)} with {args.gpus} virtual GPUs each")
         for name in names:
-            log = open(run_dir / f"helper-{name}.log", "w")
-            procs.append(subprocess.Popen(
-                [*gandiva, "helper", "--server-name", name, "--gpus", str(args.gpus),
-                 "--ramdisk", str(Path("/dev/shm") / f"gandiva-demo-{name}-{os.getpid()}"),
-                 "--log-dir", str(run_dir / "logs" / name)],
-                stdout=log, stderr=subprocess.STDOUT, env=env,
-            ))
+            with open(run_dir / f"helper-{name}.log", "w") as log:
+                procs.append(subprocess.Popen(
+                    [*gandiva, "helper", "--server-name", name, "--gpus", str(args.gpus),
+                     "--ramdisk", str(Path("/dev/shm") / f"gandiva-demo-{name}-{os.getpid()}"),
+                     "--log-dir", str(run_dir / "logs" / name)],
+                    stdout=log, stderr=subprocess.STDOUT, env=env,
+                ))
         from scheduler.cli.demo_run import DemoRun
 
         demo = DemoRun(address, names, args.gpus, args.steps, run_dir, console)

@@ -11,8 +11,9 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import Table, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from scheduler.errors import NotFound
@@ -121,6 +122,10 @@ async def unfinished_job_rows(session: AsyncSession) -> Sequence:
 
 
 _JOB_COLUMNS = [c.key for c in Job.__table__.columns]
+# The tables themselves, for Core statements on the hot path.
+JOBS = cast(Table, Job.__table__)
+TRANSITIONS = cast(Table, Transition.__table__)
+EVENTS = cast(Table, Event.__table__)
 
 
 async def add_jobs(session: AsyncSession, jobs: Sequence[Job], now: float) -> None:
@@ -130,15 +135,18 @@ async def add_jobs(session: AsyncSession, jobs: Sequence[Job], now: float) -> No
     and this is several times cheaper per job. The Job objects stay detached.
     """
     # Table-level (Core) inserts skip the ORM's bulk-insert machinery entirely.
-    await session.execute(insert(Job.__table__), [{k: getattr(j, k) for k in _JOB_COLUMNS} for j in jobs])
+    await session.execute(insert(JOBS), [{k: getattr(j, k) for k in _JOB_COLUMNS} for j in jobs])
     await session.execute(
-        insert(Transition.__table__),
-        [dict(job_id=j.id, from_state="", to_state=j.state, at=now, reason="submitted") for j in jobs],
+        insert(TRANSITIONS),
+        [
+            {"job_id": j.id, "from_state": "", "to_state": j.state, "at": now, "reason": "submitted"}
+            for j in jobs
+        ],
     )
     await session.execute(
-        insert(Event.__table__),
+        insert(EVENTS),
         [
-            dict(at=now, kind="job.submitted", job_id=j.id, server="", message=f"{j.name}: {j.gpus} GPU(s)")
+            {"at": now, "kind": "job.submitted", "job_id": j.id, "server": "", "message": f"{j.name}: {j.gpus} GPU(s)"}
             for j in jobs
         ],
     )

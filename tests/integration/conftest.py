@@ -26,13 +26,13 @@ class Cluster:
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
 
     def add_helper(self, name: str, gpus: int) -> None:
-        log = open(self.tmp / f"helper-{name}.log", "w")
-        self.helpers.append(subprocess.Popen(
-            [sys.executable, "-m", "scheduler.cli.main", "helper", "--server-name", name,
-             "--gpus", str(gpus), "--scheduler", self.sched.address,
-             "--ramdisk", str(self.tmp / f"ramdisk-{name}"), "--log-dir", str(self.tmp / "logs")],
-            stdout=log, stderr=subprocess.STDOUT,
-        ))
+        with open(self.tmp / f"helper-{name}.log", "w") as log:
+            self.helpers.append(subprocess.Popen(
+                [sys.executable, "-m", "scheduler.cli.main", "helper", "--server-name", name,
+                 "--gpus", str(gpus), "--scheduler", self.sched.address,
+                 "--ramdisk", str(self.tmp / f"ramdisk-{name}"), "--log-dir", str(self.tmp / "logs")],
+                stdout=log, stderr=subprocess.STDOUT,
+            ))
         self.wait_for(lambda: any(
             s.name == name and s.up
             for s in self.stub.ListServers(scheduler_pb2.ListServersRequest()).servers

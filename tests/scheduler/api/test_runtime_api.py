@@ -21,8 +21,6 @@ from protos.gandiva.v1 import (
 )
 
 
-
-
 class FakeShim:
     """Speaks the Runtime protocol like tf_runtime does: hello, progress, acks."""
 

@@ -3,14 +3,18 @@ status codes, health, reflection, and a helper-driven job life cycle."""
 
 from __future__ import annotations
 
-import time
-
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from protos.gandiva.v1 import (
+    common_pb2,
+    helper_pb2,
+    helper_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 
 
 @pytest.fixture

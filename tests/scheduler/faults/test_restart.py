@@ -13,7 +13,13 @@ from pathlib import Path
 
 import grpc
 
-from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from protos.gandiva.v1 import (
+    common_pb2,
+    helper_pb2,
+    helper_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 
 
 def free_port() -> int:

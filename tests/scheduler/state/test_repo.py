@@ -54,7 +54,7 @@ async def test_multi_job_is_all_or_nothing(core: SchedulerCore) -> None:
         await core.submit_multi("sweep", [spec(1), spec(1), spec(0)])
     assert err.value.field == "jobs[2].gpus"
     assert await core.list_jobs() == []
-    mj, jobs = await core.submit_multi("sweep", [spec(1, index=i) for i in range(4)])
+    mj, _ = await core.submit_multi("sweep", [spec(1, index=i) for i in range(4)])
     listed = await core.list_jobs(multi_job_id=mj)
     assert sorted(d.job.array_index for d in listed) == [0, 1, 2, 3]
 
