@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 
-from alembic import context
 from sqlalchemy.engine import Connection
 
+from alembic import context
 from scheduler.config import default_db_url
 from scheduler.state.db import make_engine
 from scheduler.state.models import Base

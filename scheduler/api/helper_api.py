@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
