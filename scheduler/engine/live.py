@@ -301,6 +301,8 @@ class LiveEngine:
             raise FailedPrecondition(f"job {job_id} is {job.state}; only a running or suspended job can migrate")
         if not job.migratable:
             raise FailedPrecondition(f"job {job_id} cannot resume from a checkpoint (its loop ignores the restored step); it can only be suspended in place")
+        if job_id in dest.job_gpus:
+            raise FailedPrecondition(f"job {job_id} already runs on {to_server}")
         free = [g.index for g in dest.gpus if not dest.jobs_by_gpu.get(g.index)]
         if len(free) < job.gpus:
             raise FailedPrecondition(f"server {to_server} has {len(free)} free GPU(s); job {job_id} needs {job.gpus}")
