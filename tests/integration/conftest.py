@@ -58,7 +58,7 @@ def cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for) -> Iterat
         sqlite_url,
         tick_s=0.2,
         policy_config=PolicyConfig(quantum_s=1.5),
-        settings=Settings(heartbeat_interval_s=1.0, down_after_s=10.0),
+        settings=Settings(heartbeat_interval_s=1.0, down_after_s=4.0),
     )
     c = Cluster(sched, tmp_path, wait_for)
     yield c

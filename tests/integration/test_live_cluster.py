@@ -74,3 +74,23 @@ def test_kill_stops_the_process(cluster, mlp) -> None:  # type: ignore[no-untype
     steps = cluster.job(job_id).steps
     time.sleep(1.5)
     assert cluster.job(job_id).steps == steps
+
+
+def test_server_lost_job_requeued_and_finished_elsewhere(cluster, mlp) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import signal
+
+    cluster.add_helper("doomed", gpus=1)
+    job_id = submit(cluster, "survivor", mlp(120, 0.03))
+    cluster.wait_for(lambda: cluster.job(job_id).steps > 5, 120)
+    cluster.add_helper("spare", gpus=1)
+    os.kill(cluster.helpers[0].pid, signal.SIGKILL)  # the server dies without a word
+    done = cluster.wait_for(lambda: (j := cluster.job(job_id)).state in DONE and j, 300)
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED, done.message
+    assert done.steps == 120
+    hist = states(done)
+    assert hist.count("QUEUED") == 2 and hist[-1] == "SUCCEEDED", hist
+    servers = {s.name: s.up for s in cluster.stub.ListServers(scheduler_pb2.ListServersRequest()).servers}
+    assert servers == {"doomed": False, "spare": True}
+    # Exactly one job, never duplicated.
+    assert [j.id for j in cluster.stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs] == [job_id]
