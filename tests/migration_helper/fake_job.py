@@ -103,9 +103,11 @@ def main() -> int:
         if first:
             event("first_step_done", step=step, t=time.time())
             first = False
-        if step % 10 == 0:
+        if step % 10 == 0 or (limit and step >= limit):
             outgoing.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(steps=step)))
         if limit and step >= limit:
+            outgoing.put(None)
+            time.sleep(0.2)  # the last progress leaves before the exit, as with the shim
             return 0
         try:
             cmd = commands.get_nowait()

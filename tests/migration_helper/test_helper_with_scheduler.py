@@ -1,0 +1,122 @@
+"""`gandiva helper` as a real process against the real scheduler: it registers its
+GPUs, runs what the scheduler places there, migrates on `MigrateJob`, comes back
+after the scheduler restarts, and `gandiva logs` shows the job's output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+
+
+@pytest.fixture
+def helpers(scheduler_server: Any, tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(name: str) -> subprocess.Popen[str]:
+        with open(tmp_path / f"{name}.err", "w") as err:
+            proc = subprocess.Popen(
+                [*GANDIVA, "helper", "--server-name", name, "--gpus", "2", "--virtual",
+                 "--scheduler", scheduler_server.address, "--ramdisk", str(tmp_path / "rd" / name),
+                 "--shared-root", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs")],
+                stdout=subprocess.PIPE, stderr=err, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith(f"helper {name} listening on 127.0.0.1:"), line
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(15)
+
+
+def stub(address: str) -> scheduler_pb2_grpc.SchedulerStub:
+    return scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
+
+
+def servers(api: scheduler_pb2_grpc.SchedulerStub) -> dict[str, common_pb2.Server]:
+    return {s.name: s for s in api.ListServers(scheduler_pb2.ListServersRequest(), timeout=5).servers}
+
+
+def job(api: scheduler_pb2_grpc.SchedulerStub, job_id: str) -> common_pb2.Job:
+    return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+
+
+def test_helper_runs_and_migrates_a_job_for_the_scheduler(
+    scheduler_server: Any, helpers: Any, fake_job: str, tmp_path: Path, wait_for: Any
+) -> None:
+    helpers("s1")
+    api = stub(scheduler_server.address)
+    up = wait_for(lambda: servers(api).get("s1"), 10)
+    assert up.up and up.gpus == 2 and up.address.startswith("127.0.0.1:")
+    spec = common_pb2.JobSpec(name="fake", command=[fake_job], workdir=str(tmp_path), gpus=1,
+                              env={"FAKE_STEP_S": "0.05"})
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+    wait_for(lambda: job(api, job_id).steps >= 20, 30)
+    helpers("s2")
+    wait_for(lambda: servers(api).get("s2"), 10)
+    before = job(api, job_id).steps
+    api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server="s2"), timeout=10)
+
+    def moved() -> bool:
+        j = job(api, job_id)
+        return j.state == common_pb2.JOB_STATE_RUNNING and {g.server for g in j.placement} == {"s2"}
+
+    wait_for(moved, 30)
+    wait_for(lambda: job(api, job_id).steps > before + 20, 30)
+    # `gandiva logs` shows both incarnations' output, in order.
+    out = subprocess.run([*GANDIVA, "logs", job_id, "--log-dir", str(tmp_path / "logs")],
+                         check=False, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.count(f"=== gandiva: job {job_id} incarnation") == 2
+    assert " on s1 " in out.stdout and " on s2 " in out.stdout
+
+
+def test_logs_of_an_unknown_job_say_where_logs_live(tmp_path: Path) -> None:
+    out = subprocess.run([*GANDIVA, "logs", "nope", "--log-dir", str(tmp_path)],
+                         check=False, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "no output for job 'nope'" in out.stderr
+
+
+def test_bad_flags_exit_2_with_one_clear_line() -> None:
+    out = subprocess.run([*GANDIVA, "helper", "--server-name", "bad name!"],
+                         check=False, capture_output=True, text=True, timeout=30, env={**os.environ, "GANDIVA_SCHEDULER": "x:1"})
+    assert out.returncode == 2 and "--server-name 'bad name!'" in out.stderr
+
+
+def test_helper_comes_back_after_the_scheduler_restarts(
+    make_scheduler: Any, sqlite_url: str, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    first = make_scheduler(sqlite_url, tick_s=0.2)
+    helper = subprocess.Popen(
+        [*GANDIVA, "helper", "--server-name", "s1", "--gpus", "1", "--virtual", "--scheduler", first.address,
+         "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert helper.stdout is not None and "listening" in helper.stdout.readline()
+        wait_for(lambda: servers(stub(first.address)).get("s1"), 10)
+        address = first.address
+        first.call(first.server.stop(grace=0.5))  # the process dies; the fixture cleans up
+        second = make_scheduler(sqlite_url, listen=address, tick_s=0.2)
+        api = stub(second.address)
+        # The helper reopens its command stream: a job submitted now runs on it.
+        spec = common_pb2.JobSpec(name="after", command=[fake_job], workdir=str(tmp_path), gpus=1,
+                                  env={"FAKE_STEPS": "30", "FAKE_STEP_S": "0.01"})
+        job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+        wait_for(lambda: job(api, job_id).state == common_pb2.JOB_STATE_SUCCEEDED, 30)
+        assert job(api, job_id).steps >= 30 and servers(api)["s1"].up
+    finally:
+        helper.terminate()
+        helper.wait(15)

@@ -1,0 +1,112 @@
+"""PutCheckpoint over real gRPC: a streamed checkpoint lands whole or not at all."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from migration_helper.agent import HelperAgentServicer, send_checkpoint
+from migration_helper.ramdisk import INCOMING_PREFIX, Ramdisk, checkpoint_chunks
+from protos.gandiva.v1 import helper_pb2, helper_pb2_grpc
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[tuple[str, Ramdisk]]:
+    ramdisk = Ramdisk(tmp_path / "dest-ramdisk")
+    ramdisk.prepare()
+    server = grpc.aio.server()
+    helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield f"127.0.0.1:{port}", ramdisk
+    await server.stop(0)
+
+
+def make_checkpoint(root: Path, sizes: dict[str, int]) -> Path:
+    root.mkdir(parents=True)
+    for name, size in sizes.items():
+        (root / name).write_bytes(os.urandom(size))
+    return root
+
+
+def digest_of(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir()}
+
+
+def leftovers(ramdisk: Ramdisk) -> list[Path]:
+    return list(ramdisk.root.glob(f"*/{INCOMING_PREFIX}*"))
+
+
+async def test_a_checkpoint_arrives_byte_for_byte(agent: tuple[str, Ramdisk], tmp_path: Path) -> None:
+    address, ramdisk = agent
+    # Several chunks for the big file, an empty file, and the manifest.
+    src = make_checkpoint(tmp_path / "src" / "ckpt-7", {
+        "model.data-00000-of-00001": 3 * (1 << 20) + 123, "model.index": 0, "gandiva.json": 200})
+    reply = await send_checkpoint(address, src, "job-1")
+    landed = Path(reply.path)
+    assert landed == ramdisk.root / "job-1" / "ckpt-7"
+    assert reply.bytes == 3 * (1 << 20) + 323 and digest_of(landed) == digest_of(src)
+    assert leftovers(ramdisk) == []
+
+
+async def _stream(address: str, chunks: list[helper_pb2.CheckpointChunk]) -> helper_pb2.PutCheckpointResponse:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await helper_pb2_grpc.HelperAgentStub(channel).PutCheckpoint(iter(chunks), timeout=10)
+
+
+async def test_a_cut_transfer_is_never_visible(agent: tuple[str, Ramdisk], tmp_path: Path) -> None:
+    address, ramdisk = agent
+    src = make_checkpoint(tmp_path / "src" / "c", {"data": 2 * (1 << 20), "gandiva.json": 10})
+    chunks = list(checkpoint_chunks(src, "job-1", chunk_bytes=1 << 19))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _stream(address, chunks[:3])  # the sender went away before the last chunk
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "transfer cut" in (err.value.details() or "")
+    assert not (ramdisk.root / "job-1" / "c").exists() and leftovers(ramdisk) == []
+
+
+async def test_a_corrupted_transfer_is_refused(agent: tuple[str, Ramdisk], tmp_path: Path) -> None:
+    address, ramdisk = agent
+    src = make_checkpoint(tmp_path / "src" / "c", {"data": 1000})
+    chunks = list(checkpoint_chunks(src, "job-1"))
+    chunks[0].data = b"x" + chunks[0].data[1:]  # a flipped byte on the way
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _stream(address, chunks)
+    assert err.value.code() == grpc.StatusCode.DATA_LOSS
+    assert not (ramdisk.root / "job-1" / "c").exists() and leftovers(ramdisk) == []
+
+
+@pytest.mark.parametrize(("field", "value"), [("name", "../escape"), ("job_id", "a/b"), ("checkpoint_name", "..")])
+async def test_unsafe_names_are_refused_naming_the_field(
+    agent: tuple[str, Ramdisk], tmp_path: Path, field: str, value: str
+) -> None:
+    address, ramdisk = agent
+    chunks = list(checkpoint_chunks(make_checkpoint(tmp_path / "src" / "c", {"data": 10}), "job-1"))
+    setattr(chunks[0], field, value)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _stream(address, chunks)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and value in (err.value.details() or "")
+    assert not (tmp_path / "escape").exists() and leftovers(ramdisk) == []
+
+
+async def test_an_existing_checkpoint_is_not_overwritten(agent: tuple[str, Ramdisk], tmp_path: Path) -> None:
+    address, _ = agent
+    src = make_checkpoint(tmp_path / "src" / "c", {"data": 10})
+    await send_checkpoint(address, src, "job-1")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await send_checkpoint(address, src, "job-1")
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+def test_prepare_drops_transfers_a_crash_left_behind(tmp_path: Path) -> None:
+    ramdisk = Ramdisk(tmp_path / "rd")
+    stale = ramdisk.root / "job-1" / f"{INCOMING_PREFIX}abc"
+    stale.mkdir(parents=True)
+    done = ramdisk.root / "job-1" / "ckpt"
+    done.mkdir()
+    ramdisk.prepare()
+    assert not stale.exists() and done.exists()
