@@ -13,8 +13,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import psutil
-
 log = logging.getLogger(__name__)
 
 
@@ -58,6 +56,8 @@ class GpuBackend(Protocol):
 
 def process_tree(pid: int) -> frozenset[int]:
     """The pid and its live descendants (a job's launcher may fork workers)."""
+    import psutil  # here, not at the top: the NVML check script runs where psutil may be absent
+
     try:
         proc = psutil.Process(pid)
         return frozenset([pid, *(c.pid for c in proc.children(recursive=True))])
@@ -150,14 +150,17 @@ class CpuBackend:
     name = "cpu"
 
     def __init__(self, count: int, server: str = "local") -> None:
+        import psutil
+
+        self._psutil = psutil
         if count < 1:
             raise ValueError(f"virtual GPU count must be at least 1, got {count}")
         self._count = count
         self._server = server
-        self._procs: dict[int, psutil.Process] = {}
+        self._procs: dict[int, Any] = {}  # pid -> psutil.Process
 
     def gpus(self) -> list[GpuInfo]:
-        per_gpu = psutil.virtual_memory().total // self._count
+        per_gpu = self._psutil.virtual_memory().total // self._count
         return [
             GpuInfo(i, f"virtual-{self._server}-{i}", "virtual", int(per_gpu))
             for i in range(self._count)
@@ -170,11 +173,11 @@ class CpuBackend:
             try:
                 if proc is None:
                     # The first cpu_percent() call only primes the counter and reads 0.
-                    proc = self._procs[pid] = psutil.Process(pid)
+                    proc = self._procs[pid] = self._psutil.Process(pid)
                     proc.cpu_percent(None)
                 rss += proc.memory_info().rss
                 cpu += proc.cpu_percent(None)
-            except psutil.Error:
+            except self._psutil.Error:
                 self._procs.pop(pid, None)
         return rss, cpu
 
