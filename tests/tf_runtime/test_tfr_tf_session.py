@@ -39,7 +39,7 @@ def mlp_graph(replicas: int = 1, seed: int = 0) -> tuple[Any, Any, Any, Any, arg
     from tf_runtime.examples.mlp import model
 
     g = tf.Graph()
-    args = argparse.Namespace(seed=seed, batch=4, replicas=replicas)
+    args = argparse.Namespace(seed=seed, batch=4, replicas=replicas, hidden=64)
     with g.as_default():
         tf.compat.v1.set_random_seed(seed)
         gs, train, loss = build_replicated(lambda s, i: model(args, s, i), args,
