@@ -233,3 +233,30 @@ def test_big_examples_have_the_real_models_sizes(module: str, params: float) -> 
         count = sum(int(np.prod(v.shape.as_list())) for v in tf.compat.v1.trainable_variables())
         assert loss.shape.rank == 0
     assert abs(count - params) / params < 0.01
+
+
+def test_ref_variables_of_disable_v2_behavior_programs(controller: Controller,
+                                                       tmp_path: Path) -> None:
+    """Programs calling disable_v2_behavior() get reference variables (VariableV2, Apply*)."""
+    tf.compat.v1.disable_resource_variables()
+    try:
+        g, gs, train, loss, _ = mlp_graph(replicas=2)
+    finally:
+        tf.compat.v1.enable_resource_variables()
+    assert gs.op.type == "VariableV2"
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+        w1 = next(v for v in tf.compat.v1.global_variables() if v.name == "tower_1/fc1/w:0")
+    with session(g, 2) as sess:
+        sess.run(init)
+        adapter = sess._gandiva_chain.adapter
+        assert adapter.classify(train).is_training and adapter.classify(gs).reads_global_step
+        for _ in range(3):
+            sess.run([train, loss])
+        controller.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        sess.run(train)
+        saved = sess.run(w1)
+        sess.run(train)
+        adapter.restore(str(tmp_path / "ck"))
+        np.testing.assert_array_equal(sess.run(w1), saved)
+        assert sess.run(gs) == 4 == acks(controller)[-1].step
