@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
-from scheduler.policy.types import ClusterSnapshot, Decision, PolicyConfig
+from scheduler.policy.cluster import Ledger
+from scheduler.policy.types import ClusterSnapshot, Decision, JobView, PolicyConfig
 
 
 class Policy(ABC):
@@ -22,6 +24,17 @@ class Policy(ABC):
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config or PolicyConfig()
+        self._ledger: Ledger | None = None
+
+    def ledger_for(self, snapshot: ClusterSnapshot,
+                   holds: Callable[[JobView], bool] | None = None) -> Ledger:
+        """The occupancy ledger for this call, kept between calls and synced to the snapshot
+        (a fresh policy builds it from scratch, so nothing depends on the kept copy)."""
+        if self._ledger is None:
+            self._ledger = Ledger.of(snapshot, holds)
+        else:
+            self._ledger = self._ledger.sync(snapshot, holds)
+        return self._ledger
 
     @abstractmethod
     def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:

@@ -36,7 +36,7 @@ class _Exclusive(Policy):
     strict = False
 
     def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
-        ledger = Ledger(snapshot)
+        ledger = self.ledger_for(snapshot)
         out: list[Decision] = []
         blocked_by: str | None = None
         for job in arrival_order([j for j in snapshot.jobs if j.state == "QUEUED"]):

@@ -4,14 +4,18 @@ Height of a server = ceil(M/N) for M GPUs allocated (a GPU shared by two jobs co
 twice) and N GPUs in it; cluster height = max over servers; the cluster is
 *overloaded* when its height is above 1 (brief section 3).
 
-The Ledger starts from the snapshot and is updated as the policy makes decisions,
-so that two decisions in one call never hand out the same free GPU twice.
+The Ledger mirrors the snapshot's occupancy and is updated as the policy makes
+decisions, so that two decisions in one call never hand out the same free GPU twice.
+A policy may keep its ledger between calls and ``sync`` it to the next snapshot:
+sync compares every job with the ledger (so decisions the live side did not carry
+out are corrected) and only rebinds what differs, which keeps a decide() call cheap
+in a large cluster.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from scheduler.policy.types import ClusterSnapshot, GpuRef, JobView, ServerView
 
@@ -43,7 +47,7 @@ def server_affinity(snapshot: ClusterSnapshot, server: str) -> int | None:
     return _affinity_of(sizes)
 
 
-def _affinity_of(sizes: Counter[int]) -> int | None:
+def _affinity_of(sizes: Mapping[int, int]) -> int | None:
     if not sizes:
         return None
     # Ties go to the larger size: it is the harder one to place elsewhere.
@@ -51,54 +55,130 @@ def _affinity_of(sizes: Counter[int]) -> int | None:
 
 
 class Ledger:
-    """Mutable occupancy for one decide() call: which jobs are bound to which GPUs."""
+    """Occupancy of the cluster: which jobs are bound to which GPUs, in which state."""
 
-    def __init__(self, snapshot: ClusterSnapshot) -> None:
-        self.snapshot = snapshot
-        self.servers: dict[str, ServerView] = {s.name: s for s in snapshot.servers if s.up}
+    def __init__(self, servers: tuple[ServerView, ...]) -> None:
+        self.source_servers = servers
+        self.servers: dict[str, ServerView] = {s.name: s for s in servers if s.up}
+        self.snapshot = ClusterSnapshot(0.0, servers)
         self.jobs: dict[str, JobView] = {}
         self.placement: dict[str, Placement] = {}
         self.state: dict[str, str] = {}
+        self.by_state: dict[str, set[str]] = {}
         self.bound: dict[GpuRef, list[str]] = {}
         self.load: dict[str, int] = dict.fromkeys(self.servers, 0)
-        self.sizes: dict[str, Counter[int]] = {name: Counter() for name in self.servers}
+        # Per server: GPU count -> how many jobs of that size touch it (for affinity).
+        self.sizes: dict[str, dict[int, int]] = {name: {} for name in self.servers}
+        self.jobs_on: dict[str, set[str]] = {name: set() for name in self.servers}
+        self.servers_of: dict[str, tuple[str, ...]] = {}
         self._groups: dict[Placement, list[str]] = {}
+        self.groups_by_size: dict[int, set[Placement]] = {}
+        # Placements shared by two or more jobs (time-slice groups or packs).
+        self.shared: set[Placement] = set()
+        # Jobs whose GPUs span more than one server; jobs holding more than they asked.
+        self.spread: set[str] = set()
+        self.grown: set[str] = set()
         self._free: dict[str, set[int]] = {
             name: set(range(s.num_gpus)) for name, s in self.servers.items()
         }
+        self._over: set[str] = set()
+        self.max_server_gpus = max((s.num_gpus for s in self.servers.values()), default=1)
         # Bumped on every change; lets callers cache "nothing fits" answers.
         self.version = 0
         # Jobs whose state or placement this decide() call already changed.
         self.changed: set[str] = set()
-        for job in snapshot.jobs:
-            self.jobs[job.id] = job
-            self.state[job.id] = job.state
-            if job.placement:
-                self._bind(job.id, job.placement)
+
+    @classmethod
+    def of(cls, snapshot: ClusterSnapshot, holds: Callable[[JobView], bool] | None = None) -> Ledger:
+        """A fresh ledger for ``snapshot``; ``holds`` says which jobs occupy their GPUs."""
+        ledger = cls(snapshot.servers)
+        ledger.sync(snapshot, holds)
+        return ledger
+
+    def sync(self, snapshot: ClusterSnapshot,
+             holds: Callable[[JobView], bool] | None = None) -> Ledger:
+        """Bring the ledger to ``snapshot``; returns a fresh ledger if the servers changed."""
+        servers = snapshot.servers
+        if servers is not self.source_servers and servers != self.source_servers:
+            return Ledger.of(snapshot, holds)
+        self.snapshot = snapshot
+        self.changed = set()
+        seen = set()
+        placement, state, jobs = self.placement, self.state, self.jobs
+        for view in snapshot.jobs:
+            jid = view.id
+            seen.add(jid)
+            jobs[jid] = view
+            if state.get(jid) != view.state:
+                self._set(jid, view.state)
+            want = view.placement if holds is None or holds(view) else ()
+            if placement.get(jid, ()) != want:
+                self.unbind(jid)
+                if want:
+                    self._bind(jid, want)
+        for jid in [j for j in jobs if j not in seen]:
+            self.unbind(jid)
+            self.by_state[state.pop(jid)].discard(jid)
+            del jobs[jid]
+        self.changed = set()
+        return self
 
     # --- mutation -----------------------------------------------------------------
 
+    def _set(self, job_id: str, state: str) -> None:
+        old = self.state.get(job_id)
+        if old is not None:
+            self.by_state[old].discard(job_id)
+        self.state[job_id] = state
+        self.by_state.setdefault(state, set()).add(job_id)
+
     def _bind(self, job_id: str, gpus: Placement) -> None:
+        # Hot path (once per changed job per event): no comprehensions here.
         self.placement[job_id] = gpus
-        self._groups.setdefault(gpus, []).append(job_id)
-        size = len(gpus)
+        group = self._groups.get(gpus)
+        if group is None:
+            self._groups[gpus] = [job_id]
+            self.groups_by_size.setdefault(len(gpus), set()).add(gpus)
+        else:
+            group.append(job_id)
+            self.shared.add(gpus)
         self.version += 1
+        bound, load, free = self.bound, self.load, self._free
         for gpu in gpus:
-            self.bound.setdefault(gpu, []).append(job_id)
-            if gpu.server in self.load:
-                self.load[gpu.server] += 1
-                self._free[gpu.server].discard(gpu.index)
-        for name in {g.server for g in gpus}:
-            if name in self.sizes:
-                self.sizes[name][size] += 1
+            ids = bound.get(gpu)
+            if ids is None:
+                bound[gpu] = [job_id]
+            else:
+                ids.append(job_id)
+            if gpu.server in load:
+                load[gpu.server] += 1
+                free[gpu.server].discard(gpu.index)
+                if load[gpu.server] > self.servers[gpu.server].num_gpus:
+                    self._over.add(gpu.server)
+        names = (gpus[0].server,) if len(gpus) == 1 else tuple(dict.fromkeys(g.server for g in gpus))
+        self.servers_of[job_id] = names
+        if len(names) > 1:
+            self.spread.add(job_id)
+        if len(gpus) > self.jobs[job_id].requested_gpus:
+            self.grown.add(job_id)
+        size = len(gpus)
+        for name in names:
+            sizes = self.sizes.get(name)
+            if sizes is not None:
+                sizes[size] = sizes.get(size, 0) + 1
+                self.jobs_on[name].add(job_id)
 
     def unbind(self, job_id: str) -> None:
         gpus = self.placement.pop(job_id, ())
-        if gpus:
-            group = self._groups[gpus]
-            group.remove(job_id)
-            if not group:
-                del self._groups[gpus]
+        if not gpus:
+            return
+        group = self._groups[gpus]
+        group.remove(job_id)
+        if len(group) < 2:
+            self.shared.discard(gpus)
+        if not group:
+            del self._groups[gpus]
+            self.groups_by_size[len(gpus)].discard(gpus)
         self.version += 1
         for gpu in gpus:
             self.bound[gpu].remove(job_id)
@@ -106,24 +186,35 @@ class Ledger:
                 self.load[gpu.server] -= 1
                 if not self.bound[gpu]:
                     self._free[gpu.server].add(gpu.index)
-        for name in {g.server for g in gpus}:
-            if name in self.sizes:
-                self.sizes[name][len(gpus)] -= 1
-                if self.sizes[name][len(gpus)] <= 0:
-                    del self.sizes[name][len(gpus)]
+                if self.load[gpu.server] <= self.servers[gpu.server].num_gpus:
+                    self._over.discard(gpu.server)
+        self.spread.discard(job_id)
+        self.grown.discard(job_id)
+        for name in self.servers_of.pop(job_id):
+            sizes = self.sizes.get(name)
+            if sizes is not None:
+                sizes[len(gpus)] -= 1
+                if sizes[len(gpus)] <= 0:
+                    del sizes[len(gpus)]
+                self.jobs_on[name].discard(job_id)
 
     def bind(self, job_id: str, gpus: Placement, state: str) -> None:
         """Move ``job_id`` onto ``gpus`` (unbinding it from wherever it was)."""
         self.unbind(job_id)
         self._bind(job_id, gpus)
-        self.state[job_id] = state
+        self._set(job_id, state)
         self.changed.add(job_id)
 
     def set_state(self, job_id: str, state: str) -> None:
-        self.state[job_id] = state
+        self._set(job_id, state)
         self.changed.add(job_id)
 
     # --- queries ------------------------------------------------------------------
+
+    def ids_in(self, state: str) -> list[str]:
+        """Jobs in ``state``, in snapshot order (deterministic)."""
+        members = self.by_state.get(state, set())
+        return [j for j in self.jobs if j in members] if members else []
 
     def free_gpus(self, server: str) -> list[GpuRef]:
         """GPUs on the server that no job is bound to, by index."""
@@ -153,7 +244,8 @@ class Ledger:
         return {gpus: list(members) for gpus, members in self._groups.items()}
 
     def overloaded(self) -> bool:
-        return any(self.height(name) > 1 for name in self.servers)
+        """Some server's height is above 1."""
+        return bool(self._over)
 
     def running_on(self, gpus: Iterable[GpuRef]) -> set[str]:
         return {j for g in gpus for j in self.bound.get(g, ()) if self.state[j] == "RUNNING"}

@@ -52,8 +52,8 @@ class GandivaPolicy(Policy):
     def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
         cfg, state = self.config, self.state
         state.next_wakeup = None
-        state.forget_missing(set(snapshot.job_by_id))
-        ledger = Ledger(snapshot)
+        ledger = self.ledger_for(snapshot)
+        state.forget_missing(ledger.jobs)
         out: list[Decision] = judge_trials(ledger, state, cfg)
         out += self._place_queued(ledger)
         if cfg.enable_migration:
@@ -69,7 +69,7 @@ class GandivaPolicy(Policy):
         return out
 
     def _place_queued(self, ledger: Ledger) -> list[Decision]:
-        queued = [j for j in ledger.jobs.values() if j.state == "QUEUED"]
+        queued = [ledger.jobs[j] for j in ledger.ids_in("QUEUED")]
         out: list[Decision] = []
         shrunk = False
         misses: dict[tuple[int, int], int] = {}

@@ -16,9 +16,9 @@ from scheduler.policy.types import Decision, Grow, PolicyConfig, Shrink
 def shrink_all(ledger: Ledger, reason: str) -> list[Decision]:
     """Return every grown job to its own GPU count (keeping its first GPUs)."""
     out: list[Decision] = []
-    for job_id, gpus in list(ledger.placement.items()):
-        job = ledger.jobs[job_id]
-        if len(gpus) > job.requested_gpus and ledger.state[job_id] == "RUNNING":
+    for job_id in sorted(ledger.grown):
+        job, gpus = ledger.jobs[job_id], ledger.placement[job_id]
+        if ledger.state[job_id] == "RUNNING":
             kept = gpus[: job.requested_gpus]
             ledger.bind(job_id, kept, "RUNNING")
             out.append(Shrink(job_id, kept, reason=reason))
@@ -27,8 +27,8 @@ def shrink_all(ledger: Ledger, reason: str) -> list[Decision]:
 
 def grow(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
     now = ledger.snapshot.now
-    waiting = any(s != "RUNNING" for s in ledger.state.values())
-    has_free = any(ledger.num_free(n) for n in ledger.servers)
+    waiting = any(ids for st, ids in ledger.by_state.items() if st != "RUNNING")
+    has_free = ledger.total_free() > 0
     if not config.enable_grow_shrink or waiting or not has_free:
         state.idle_since = None
         return []
@@ -38,8 +38,8 @@ def grow(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Deci
         state.wake_at(state.idle_since + config.grow_idle_s)
         return []
     out: list[Decision] = []
-    for job_id, gpus in list(ledger.placement.items()):
-        job = ledger.jobs[job_id]
+    for job in [j for j in ledger.jobs.values() if j.grow_shrink]:
+        job_id, gpus = job.id, ledger.placement.get(job.id, ())
         servers = {g.server for g in gpus}
         if (not job.grow_shrink or len(servers) != 1 or job_id in ledger.changed
                 or len(ledger.members(gpus)) > 1 or ledger.state[job_id] != "RUNNING"):

@@ -22,8 +22,7 @@ from scheduler.policy.types import Decision, JobView, Migrate, PolicyConfig
 
 
 def _servers_needed(ledger: Ledger, job: JobView) -> int:
-    size = max((s.num_gpus for s in ledger.servers.values()), default=1)
-    return -(-job.gpus // size)
+    return -(-job.gpus // ledger.max_server_gpus)
 
 
 def _compact_target(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
@@ -53,8 +52,7 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     if ledger.total_free() == 0:
         return out
     misses: dict[int, int] = {}
-    groups = sorted((kv for kv in ledger.groups().items() if len(kv[1]) > 1),
-                    key=lambda kv: (-len(kv[1]), kv[0]))
+    groups = sorted(((g, ledger.members(g)) for g in ledger.shared), key=lambda kv: (-len(kv[1]), kv[0]))
     for gpus, members in groups:
         if misses.get(len(gpus)) == ledger.version:
             continue
@@ -73,11 +71,11 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
 
 def consolidate(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
     out: list[Decision] = []
-    for job_id, gpus in list(ledger.placement.items()):
+    for job_id in sorted(ledger.spread):
         if len(out) >= budget:
             break
-        job = ledger.jobs[job_id]
-        used = len({g.server for g in gpus})
+        job, gpus = ledger.jobs[job_id], ledger.placement[job_id]
+        used = len(ledger.servers_of[job_id])
         if (ledger.state[job_id] != "RUNNING" or used <= _servers_needed(ledger, job)
                 or len(ledger.members(gpus)) > 1 or not _movable(ledger, job_id, state)):
             continue
@@ -89,9 +87,9 @@ def consolidate(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
 
 def _demand(ledger: Ledger) -> bool:
     """Would a freed server be used? Jobs waiting, queued, or spread out."""
-    if any(s in ("QUEUED", "SUSPENDED") for s in ledger.state.values()):
+    if ledger.by_state.get("QUEUED") or ledger.by_state.get("SUSPENDED"):
         return True
-    return any(len({g.server for g in gpus}) > 1 for gpus in ledger.placement.values())
+    return bool(ledger.spread)
 
 
 def defragment(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
@@ -121,7 +119,7 @@ def defragment(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget
 
 def _plan_evacuation(ledger: Ledger, source: str, state: GandivaState) -> list[tuple[str, Placement]] | None:
     """Where each job on ``source`` would go on fuller servers; None if any does not fit."""
-    jobs = [j for j, gpus in ledger.placement.items() if any(g.server == source for g in gpus)]
+    jobs = sorted(ledger.jobs_on[source])
     plan: list[tuple[str, Placement]] = []
     taken: set = set()
     for job_id in jobs:

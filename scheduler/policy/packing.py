@@ -67,25 +67,29 @@ def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> l
     """Start one packing trial in every eligible time-slice group."""
     if not config.enable_packing or not ledger.overloaded():
         return []
-    util = {j: (v.profile.gpu_util if v.profile else 1.0) for j, v in ledger.jobs.items()}
+    def util(job_id: str) -> float:
+        profile = ledger.jobs[job_id].profile
+        return profile.gpu_util if profile else 1.0
+
     choices = []
-    for members in ledger.groups().values():
+    for gpus in sorted(ledger.shared):
+        members = ledger.members(gpus)
         running = [m for m in members if ledger.state[m] == "RUNNING"]
         if len(running) != 1 or any(m in state.trials or m in ledger.changed for m in members):
             continue
         host = ledger.jobs[running[0]]
-        if host.id in state.kept_pairs or util[host.id] > config.pack_max_util:
+        if host.id in state.kept_pairs or util(host.id) > config.pack_max_util:
             continue
         guests = sorted(
             (ledger.jobs[m] for m in members if ledger.state[m] == "SUSPENDED"
              and m not in state.kept_pairs and ledger.jobs[m].migratable),
-            key=lambda v: (util[v.id], v.id),
+            key=lambda v: (util(v.id), v.id),
         )
         for guest in guests:
-            if (util[guest.id] <= config.pack_max_util and _fits(guest, host, ledger)
+            if (util(guest.id) <= config.pack_max_util and _fits(guest, host, ledger)
                     and pair_key(guest, host) not in state.rejected
                     and alone_rate(guest) and alone_rate(host)):
-                choices.append((util[host.id], util[guest.id], guest, host))
+                choices.append((util(host.id), util(guest.id), guest, host))
                 break
     out: list[Decision] = []
     for _, _, guest, host in sorted(choices, key=lambda c: (c[0], c[1], c[2].id)):
@@ -94,5 +98,5 @@ def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> l
         state.wake_at(ledger.snapshot.now + config.pack_trial_s)
         ledger.set_state(guest.id, "RUNNING")
         out.append(Pack(guest.id, ledger.placement[host.id],
-                        reason=f"trial: utilization {util[guest.id]:.2f} + {util[host.id]:.2f}"))
+                        reason=f"trial: utilization {util(guest.id):.2f} + {util(host.id):.2f}"))
     return out

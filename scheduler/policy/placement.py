@@ -51,8 +51,8 @@ def _least_loaded(ledger: Ledger, names: list[str]) -> list[str]:
 
 def affinity_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
     names = [
-        n for n, s in ledger.servers.items()
-        if job.gpus <= s.num_gpus and not ledger.is_idle(n) and ledger.affinity(n) == job.gpus
+        n for n, sizes in ledger.sizes.items()
+        if job.gpus in sizes and len(ledger._free[n]) >= job.gpus and ledger.affinity(n) == job.gpus
     ]
     return _single_server(ledger, job.gpus, _least_loaded(ledger, names))
 
@@ -86,8 +86,9 @@ def relaxed_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placem
 
 def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
     best: tuple | None = None
-    for gpus, members in ledger.groups().items():
-        if len(gpus) != job.gpus or len(members) >= config.max_jobs_per_gpu:
+    for gpus in ledger.groups_by_size.get(job.gpus, ()):
+        members = ledger.members(gpus)
+        if len(members) >= config.max_jobs_per_gpu:
             continue
         names = {g.server for g in gpus}
         if any(n not in ledger.servers or ledger.affinity(n) != job.gpus for n in names):

@@ -6,6 +6,7 @@ rejected pairs may be tried once more, and timers start again.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 
@@ -46,7 +47,7 @@ class GandivaState:
             if job_id in (guest, trial.partner_id):
                 del self.trials[guest]
 
-    def forget_missing(self, live_ids: set[str]) -> None:
+    def forget_missing(self, live_ids: Container[str]) -> None:
         """Drop trials and pairs of jobs that finished or were killed."""
         for job_id, trial in list(self.trials.items()):
             if job_id not in live_ids or trial.partner_id not in live_ids:

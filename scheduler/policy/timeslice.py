@@ -46,7 +46,10 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
     """Suspend units whose slice is over and resume the next in each group."""
     now = ledger.snapshot.now
     out: list[Decision] = []
-    for gpus, members in ledger.groups().items():
+    candidates = set(ledger.shared)
+    candidates.update(ledger.placement[j] for j in ledger.by_state.get("SUSPENDED", ()))
+    for gpus in sorted(candidates):
+        members = ledger.members(gpus)
         if len(members) == 1 and ledger.state[members[0]] != "SUSPENDED":
             continue
         if any(ledger.state[m] == "MIGRATING" for m in members):

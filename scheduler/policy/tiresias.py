@@ -13,12 +13,13 @@ may land on any free GPUs (consolidated when possible).
 
 from __future__ import annotations
 
-import dataclasses
-
 from scheduler.policy.base import Policy
 from scheduler.policy.baselines import exclusive_placement
-from scheduler.policy.cluster import Ledger
 from scheduler.policy.types import ClusterSnapshot, Decision, JobView, Place, Queue, Resume, Suspend
+
+
+def _holds(job: JobView) -> bool:
+    return job.state in ("RUNNING", "MIGRATING")
 
 
 class TiresiasPolicy(Policy):
@@ -32,17 +33,18 @@ class TiresiasPolicy(Policy):
         return self._wakeup
 
     def _queue_index(self, job: JobView, now: float) -> int:
-        executed = job.attained_service_s / job.gpus
+        attained = job.attained_at(now)
+        executed = attained / job.gpus
         if job.state != "RUNNING" and executed > 0:
             promote_at = job.last_state_change_at + self.config.tiresias_starve_factor * executed
             if now >= promote_at:
                 return 0
             self._wake(promote_at)
-        idx = sum(1 for t in self.config.tiresias_thresholds_gpu_s if job.attained_service_s >= t)
+        idx = sum(1 for t in self.config.tiresias_thresholds_gpu_s if attained >= t)
         if job.state == "RUNNING":
             for t in self.config.tiresias_thresholds_gpu_s:
-                if job.attained_service_s < t:
-                    self._wake(now + (t - job.attained_service_s) / job.gpus)
+                if attained < t:
+                    self._wake(now + (t - attained) / job.gpus)
                     break
         return idx
 
@@ -63,10 +65,9 @@ class TiresiasPolicy(Policy):
                 admitted.add(job.id)
                 used += job.gpus
         # Only running jobs hold GPUs: a preempted job gave its GPUs back.
-        holding = tuple(j for j in snapshot.jobs if j.state in ("RUNNING", "MIGRATING"))
-        ledger = Ledger(dataclasses.replace(snapshot, jobs=holding))
+        ledger = self.ledger_for(snapshot, holds=_holds)
         out: list[Decision] = []
-        for job in holding:
+        for job in snapshot.jobs:
             if job.state == "RUNNING" and job.id not in admitted:
                 ledger.unbind(job.id)
                 out.append(Suspend(job.id, reason="preempted by jobs with less attained service"))

@@ -72,6 +72,8 @@ class JobView:
     last_state_change_at: snapshot time of the last state or placement change; time
         slices and packing trials are measured from it.
     attained_service_s: GPU-seconds the job has run so far (Tiresias' LAS input).
+    reported_at: when ``steps`` and ``attained_service_s`` were measured (progress
+        arrives periodically); None means at the snapshot's ``now``.
     model: a free-form model name (used to remember which pairs packed badly).
     multi_job: the id of the hyper-parameter multi-job it belongs to, if any.
     """
@@ -89,6 +91,7 @@ class JobView:
     profile: JobProfile | None = None
     last_state_change_at: float = 0.0
     attained_service_s: float = 0.0
+    reported_at: float | None = None
     base_gpus: int | None = None
     model: str = ""
     multi_job: str | None = None
@@ -103,6 +106,12 @@ class JobView:
     def requested_gpus(self) -> int:
         """The user's GPU count (what a Shrink returns to)."""
         return self.base_gpus if self.base_gpus is not None else self.gpus
+
+    def attained_at(self, now: float) -> float:
+        """Attained GPU-seconds at ``now``, extrapolated from the last report if running."""
+        if self.state != "RUNNING" or self.reported_at is None:
+            return self.attained_service_s
+        return self.attained_service_s + len(self.placement) * max(0.0, now - self.reported_at)
 
     @property
     def weight(self) -> int:

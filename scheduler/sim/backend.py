@@ -16,7 +16,6 @@ from scheduler.policy.types import (
     GpuRef,
     Grow,
     JobProfile,
-    JobView,
     Migrate,
     Pack,
     Place,
@@ -63,8 +62,6 @@ class SimJob:
     first_n_at: float | None = None
     finished_at: float | None = None
     version: int = 0
-    view: JobView | None = None
-    view_t: float = -1.0
     counts: dict[str, int] = field(default_factory=dict)
 
     def steps_at(self, t: float) -> float:
@@ -91,6 +88,8 @@ class SimBackend:
         self.completions: list[tuple[float, int, str]] = []
         self.busy = 0
         self.busy_gpus: set[GpuRef] = set()
+        # Jobs whose JobView must be rebuilt before the next snapshot.
+        self.view_dirty: set[str] = set()
         self.dirty_gpus: set[GpuRef] = set()
         self.busy_area = 0.0
         self.busy_t = 0.0
@@ -175,7 +174,7 @@ class SimBackend:
                 if job.first_run_at is None:
                     job.first_run_at = now
             job.version += 1
-            job.view = None
+            self.view_dirty.add(job.spec.id)
             if new > 0:
                 start = max(now, job.paused_until)
                 done = start + (job.total_steps - job.anchor_steps) / new
@@ -199,7 +198,7 @@ class SimBackend:
             self._apply_one(job, d, now)
             self.dirty_gpus.update(job.placement)
             job.last_change = now
-            job.view = None
+            self.view_dirty.add(job.spec.id)
         return touched
 
     def _apply_one(self, job: SimJob, d: Decision, now: float) -> None:

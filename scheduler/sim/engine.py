@@ -4,8 +4,9 @@ The loop jumps from event to event: the next arrival, the next completion, or th
 time the policy asked to be woken at (end of a time slice, of a packing trial, ...).
 At each event it builds a ClusterSnapshot, calls ``policy.decide`` and applies the
 decisions to the SimBackend. A running job's progress fields in the snapshot are
-refreshed at most every ``report_interval_s`` (the live shim also reports
-periodically); state, placement and rate changes show at once.
+refreshed every ``report_interval_s`` (the live shim also reports periodically; the
+view says when, and policies extrapolate attained service from it); state,
+placement and rate changes show at once.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Simulator:
     """Replays ``jobs`` on ``servers`` under ``policy`` with the given mechanism model."""
 
     def __init__(self, jobs: list[JobSpec], servers: tuple[ServerView, ...], policy: Policy,
-                 model: MechanismModel, first_n: int = 100, report_interval_s: float = 30.0,
+                 model: MechanismModel, first_n: int = 100, report_interval_s: float = 300.0,
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.servers = servers
         self.policy = policy
@@ -86,25 +87,34 @@ class Simulator:
         return SimJob(spec=spec, total_steps=max(1.0, steps), profile=profile)
 
     def _view(self, job: SimJob, now: float) -> JobView:
-        fresh = job.view is not None and (job.state != "RUNNING"
-                                          or now - job.view_t < self.report_interval_s)
-        if fresh:
-            return job.view  # type: ignore[return-value]
         spec = job.spec
-        job.view = JobView(
+        return JobView(
             id=spec.id, gpus=len(job.placement) or spec.num_gpus, priority=spec.priority,
             state=job.state, placement=job.placement, submitted_at=spec.submit_time,
             steps=int(job.steps_at(now)), rate=job.rate if job.state == "RUNNING" else job.last_rate,
             grow_shrink=spec.grow_shrink, profile=job.profile, last_state_change_at=job.last_change,
-            attained_service_s=job.attained_at(now), base_gpus=spec.num_gpus, model=spec.model,
+            attained_service_s=job.attained_at(now), reported_at=now, base_gpus=spec.num_gpus, model=spec.model,
             multi_job=spec.multi_job,
         )
-        job.view_t = now
-        return job.view
+
+    def _snapshot(self, now: float, active: dict[str, SimJob], views: dict[str, JobView]) -> ClusterSnapshot:
+        """Rebuild only the views that changed (and running ones at each report interval)."""
+        dirty = self.backend.view_dirty
+        if now >= self._next_report:
+            self._next_report = now + self.report_interval_s
+            dirty.update(jid for jid, j in active.items() if j.state == "RUNNING")
+        for jid in dirty:
+            job = active.get(jid)
+            if job is not None:
+                views[jid] = self._view(job, now)
+        dirty.clear()
+        return ClusterSnapshot(now, self.servers, tuple(views.values()))
 
     def run(self) -> SimResult:
         backend, clock, specs = self.backend, self.clock, self.specs
         active: dict[str, SimJob] = {}
+        views: dict[str, JobView] = {}
+        self._next_report = 0.0
         finished: list[SimJob] = []
         i, calls, idle_call = 0, 0, False
         if specs:
@@ -122,12 +132,14 @@ class Simulator:
             clock.advance_to(t)
             for job in backend.pop_finished(t):
                 finished.append(active.pop(job.spec.id))
+                views.pop(job.spec.id, None)
             while i < len(specs) and specs[i].submit_time <= t:
                 job = self._new_job(specs[i])
                 backend.add(job, t)
                 active[job.spec.id] = job
+                backend.view_dirty.add(job.spec.id)
                 i += 1
-            snapshot = ClusterSnapshot(t, self.servers, tuple(self._view(j, t) for j in active.values()))
+            snapshot = self._snapshot(t, active, views)
             decisions = self.policy.decide(snapshot)
             calls += 1
             idle_call = not any(not isinstance(d, Queue) for d in decisions)
