@@ -21,7 +21,7 @@ from tf_runtime import EXIT_KILLED, EXIT_MIGRATED
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
-STEPS = 40
+STEPS = 60
 
 
 def hello_of(server: Any, job: str, incarnation: str, timeout: float = 60) -> Any:
@@ -30,14 +30,25 @@ def hello_of(server: Any, job: str, incarnation: str, timeout: float = 60) -> An
 
 
 def exercise(server: Any, job_id: str, rng: random.Random, ck: Path) -> Any:
-    """Suspend, resume, checkpoint, then stop for migration, each at a random boundary."""
-    for kind, arg in ((pb.COMMAND_KIND_SUSPEND, ""), (pb.COMMAND_KIND_RESUME, ""),
-                      (pb.COMMAND_KIND_CHECKPOINT, str(ck)),
-                      (pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(ck))):
-        time.sleep(rng.uniform(0.0, 0.15))
+    """Suspend/resume, checkpoint and stop for migration at random boundaries.
+
+    The job runs only for the random intervals between a resume and the next
+    command, so it cannot reach its last step before it is stopped.
+    """
+    def command(kind: int, arg: str = "") -> Any:
         ack = server.wait_ack(server.send(job_id, kind, arg))
         assert ack.ok, ack.message
-    return ack
+        return ack
+
+    command(pb.COMMAND_KIND_SUSPEND)
+    for _ in range(2):
+        command(pb.COMMAND_KIND_RESUME)
+        time.sleep(rng.uniform(0.0, 0.1))
+        command(pb.COMMAND_KIND_SUSPEND)
+    command(pb.COMMAND_KIND_CHECKPOINT, str(ck))  # while suspended
+    command(pb.COMMAND_KIND_RESUME)
+    time.sleep(rng.uniform(0.0, 0.1))
+    return command(pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(ck))
 
 
 def load(path: Path) -> dict[str, bytes]:
