@@ -98,7 +98,7 @@ def write_chart(summaries: list[Summary], out: Path) -> None:
                 bottom = 0.0
                 for p in PHASES:
                     ax.bar(x, s.phases[p], 0.36, bottom=bottom, color=colors[p],
-                           label=p if (i, j) == (0, 0) or (i == 0 and s.phases[p] and path == "naive") else None,
+                           label=p if i == 0 else None,
                            hatch="//" if path == "naive" else None, edgecolor="white")
                     bottom += s.phases[p]
                 ax.errorbar(x, s.median_s, yerr=[[s.median_s - s.min_s], [s.max_s - s.median_s]],
@@ -108,7 +108,9 @@ def write_chart(summaries: list[Summary], out: Path) -> None:
         ax.set_ylabel("stop command to first step at destination (s)")
         ax.set_title(model)
         handles, labels = ax.get_legend_handles_labels()
-        uniq = dict(zip(labels, handles, strict=False))
+        uniq: dict[str, object] = {}
+        for label, handle in zip(labels, handles, strict=True):
+            uniq.setdefault(label, handle)  # the plain (fast) bar's patch, not the hatched one
         ax.legend(uniq.values(), uniq.keys(), fontsize=7)
     fig.suptitle("Gandiva migration latency: pre-warmed fast path vs naive restart (median, min-max)")
     fig.tight_layout()
