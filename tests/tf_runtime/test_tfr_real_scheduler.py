@@ -32,7 +32,7 @@ def test_real_scheduler_sees_progress_and_commands_work(scheduler_server: Any, l
     detail = scheduler_server.call(core.submit(common_pb2.JobSpec(
         command=["python", "mlp.py"], gpus=1, name="shim-e2e")))
     job_id = detail.job.id
-    job = launch("mlp.py", "--steps", "100000", "--step-sleep", "0.01",
+    job = launch("mlp.py", "--steps", "100000", "--step-sleep", "0.01", "--eval-every", "5",
                  env={"GANDIVA_JOB_ID": job_id, "GANDIVA_SCHEDULER": scheduler_server.address})
     poll(lambda: core.runtimes.connected(job_id))
 
@@ -46,5 +46,8 @@ def test_real_scheduler_sees_progress_and_commands_work(scheduler_server: Any, l
     row = poll(lambda: (j := scheduler_server.call(core.get_job(job_id)).job).steps >= ack.step
                and j)
     assert row.rate > 0 and "loss" in row.metrics and row.migratable
+    # tf_runtime.report() from the program; its evaluation runs are not counted as steps.
+    row = poll(lambda: "eval_loss" in (j := scheduler_server.call(core.get_job(job_id)).job).metrics
+               and j)
     assert call(pb.COMMAND_KIND_KILL).ok
     assert job.wait() == EXIT_KILLED

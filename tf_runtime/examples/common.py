@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+import tf_runtime
+
 ModelFn = Callable[[argparse.Namespace, Any, int], Any]  # (args, global step, tower) -> loss
 
 
@@ -36,6 +38,8 @@ def parse_args(description: str, argv: list[str] | None = None,
     p.add_argument("--threads", type=int, default=defaults.get("threads", 1),
                    help="intra-op threads")
     p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="every N steps, evaluate the loss and publish it with tf_runtime.report")
     p.add_argument("--dump", default=None, help="write all variables to this .npz at the end")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="sleep this long after each step (slows a demo down)")
@@ -128,6 +132,9 @@ def train_loop(args: argparse.Namespace, gs: Any, train: Any, loss: Any,
         step, value = session.run([train, loss])
         if args.log_every and step % args.log_every == 0:
             print(f"step {step} loss {value:.6f} ({time.time() - start:.1f} s)", flush=True)
+        if args.eval_every and step % args.eval_every == 0:
+            # An evaluation run (not a mini-batch), published as a metric.
+            tf_runtime.report(eval_loss=float(session.run(loss)))
         if args.step_sleep:
             time.sleep(args.step_sleep)
     return int(step)
