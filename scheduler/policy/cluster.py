@@ -81,6 +81,7 @@ class Ledger:
         self._free: dict[str, set[int]] = {
             name: set(range(s.num_gpus)) for name, s in self.servers.items()
         }
+        self._n_free = sum(len(f) for f in self._free.values())
         self._over: set[str] = set()
         self.max_server_gpus = max((s.num_gpus for s in self.servers.values()), default=1)
         # Bumped on every change; lets callers cache "nothing fits" answers.
@@ -102,13 +103,19 @@ class Ledger:
         if servers is not self.source_servers and servers != self.source_servers:
             return Ledger.of(snapshot, holds)
         self.snapshot = snapshot
-        self.changed = set()
-        seen = set()
-        placement, state, jobs = self.placement, self.state, self.jobs
-        for view in snapshot.jobs:
-            jid = view.id
-            seen.add(jid)
-            jobs[jid] = view
+        old, touched = self.jobs, self.changed
+        # Views the caller kept (same object) need no look unless our last decide()
+        # changed that job tentatively; everything else is compared in full.
+        new = {view.id: view for view in snapshot.jobs}
+        for jid in old.keys() - new.keys():
+            self.unbind(jid)
+            self.by_state[self.state.pop(jid)].discard(jid)
+        self.jobs = new
+        placement, state = self.placement, self.state
+        for jid in [j for j, v in new.items() if old.get(j) is not v] + list(touched):
+            view = new.get(jid)
+            if view is None:
+                continue
             if state.get(jid) != view.state:
                 self._set(jid, view.state)
             want = view.placement if holds is None or holds(view) else ()
@@ -116,10 +123,6 @@ class Ledger:
                 self.unbind(jid)
                 if want:
                     self._bind(jid, want)
-        for jid in [j for j in jobs if j not in seen]:
-            self.unbind(jid)
-            self.by_state[state.pop(jid)].discard(jid)
-            del jobs[jid]
         self.changed = set()
         return self
 
@@ -152,7 +155,9 @@ class Ledger:
                 ids.append(job_id)
             if gpu.server in load:
                 load[gpu.server] += 1
-                free[gpu.server].discard(gpu.index)
+                if gpu.index in free[gpu.server]:
+                    free[gpu.server].discard(gpu.index)
+                    self._n_free -= 1
                 if load[gpu.server] > self.servers[gpu.server].num_gpus:
                     self._over.add(gpu.server)
         names = (gpus[0].server,) if len(gpus) == 1 else tuple(dict.fromkeys(g.server for g in gpus))
@@ -186,6 +191,7 @@ class Ledger:
                 self.load[gpu.server] -= 1
                 if not self.bound[gpu]:
                     self._free[gpu.server].add(gpu.index)
+                    self._n_free += 1
                 if self.load[gpu.server] <= self.servers[gpu.server].num_gpus:
                     self._over.discard(gpu.server)
         self.spread.discard(job_id)
@@ -212,9 +218,8 @@ class Ledger:
     # --- queries ------------------------------------------------------------------
 
     def ids_in(self, state: str) -> list[str]:
-        """Jobs in ``state``, in snapshot order (deterministic)."""
-        members = self.by_state.get(state, set())
-        return [j for j in self.jobs if j in members] if members else []
+        """Jobs in ``state``, sorted by id (deterministic)."""
+        return sorted(self.by_state.get(state, ()))
 
     def free_gpus(self, server: str) -> list[GpuRef]:
         """GPUs on the server that no job is bound to, by index."""
@@ -224,7 +229,7 @@ class Ledger:
         return len(self._free[server])
 
     def total_free(self) -> int:
-        return sum(len(f) for f in self._free.values())
+        return self._n_free
 
     def height(self, server: str) -> int:
         return _ceil_div(self.load[server], self.servers[server].num_gpus)
