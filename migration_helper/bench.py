@@ -181,6 +181,7 @@ class MigrationBench:
             raise RuntimeError(f"naive restart of {job} failed: {started.message}")
         if started.step != ack.step:
             raise RuntimeError(f"naive restart of {job} restored step {started.step}, saved {ack.step}")
+        shutil.rmtree(ckpt, ignore_errors=True)  # restored; VGG16 checkpoints are 0.5 GB each
         d = started.durations_s
         phases = {p: 0.0 for p in PHASES}
         phases["wait_boundary"] = ack.durations_s.get("wait_boundary", 0.0)

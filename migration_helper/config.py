@@ -43,6 +43,8 @@ class HelperConfig:
     sample_interval_s: float = 1.0
     report_interval_s: float = 5.0
     stop_grace_s: float = 10.0
+    # Old checkpoints stay this long in the ramdisk (a migration may fall back on one).
+    checkpoint_retain_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.server_name):

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 2.0
+HOUSEKEEPING_S = 60.0
 
 
 class SessionEnded(Exception):
@@ -75,7 +76,8 @@ class HelperDaemon:
         log.info("helper %s: agent on %s, ramdisk %s, %s GPUs (%s)", self.config.server_name,
                  self.address, self.ramdisk.root, len(self.backend.gpus()), self.backend.name)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._run_sessions()), loop.create_task(self._sample_loop())]
+        self._tasks = [loop.create_task(self._run_sessions()), loop.create_task(self._sample_loop()),
+                       loop.create_task(self._housekeeping())]
 
     async def stop(self) -> None:
         """Stop the jobs (they cannot be supervised without us), tell the scheduler if
@@ -216,6 +218,14 @@ class HelperDaemon:
         if not result.ok:
             log.warning("command %s failed: %s", command.command_id, result.message)
         self._post(result)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_S)
+            try:
+                self.ramdisk.prune(set(self.jobs.running_jobs()), self.config.checkpoint_retain_s)
+            except OSError:  # a checkpoint vanishing under us is fine; retry next round
+                log.warning("ramdisk housekeeping failed", exc_info=True)
 
     # ---- GPU sampling ---------------------------------------------------------------
 

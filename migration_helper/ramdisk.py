@@ -14,6 +14,7 @@ import hashlib
 import logging
 import re
 import shutil
+import time
 import uuid
 from collections.abc import AsyncIterable, Iterator
 from pathlib import Path
@@ -59,6 +60,31 @@ class Ramdisk:
         for stale in self.root.glob(f"*/{INCOMING_PREFIX}*"):
             log.info("removing an incomplete incoming checkpoint %s", stale)
             shutil.rmtree(stale, ignore_errors=True)
+
+    def prune(self, live_jobs: set[str], retain_s: float, now: float | None = None) -> list[Path]:
+        """Delete checkpoints nobody here needs, so the ramdisk does not fill up with
+        every migration's copy: anything older than ``retain_s`` (long enough for a
+        migration to fall back on it), except the newest checkpoint of each job with a
+        live process here. Returns what was removed."""
+        now = time.time() if now is None else now
+        removed: list[Path] = []
+        if not self.root.is_dir():
+            return removed
+        for job in self.root.iterdir():
+            if not job.is_dir():
+                continue
+            ckpts = sorted((c for c in job.iterdir() if c.is_dir() and not c.name.startswith(INCOMING_PREFIX)),
+                           key=lambda c: c.stat().st_mtime)
+            keep = {ckpts[-1]} if ckpts and job.name in live_jobs else set()
+            for ckpt in ckpts:
+                if ckpt not in keep and now - ckpt.stat().st_mtime > retain_s:
+                    shutil.rmtree(ckpt, ignore_errors=True)
+                    removed.append(ckpt)
+            if not any(job.iterdir()):
+                job.rmdir()
+        for path in removed:
+            log.info("removed old checkpoint %s", path)
+        return removed
 
     def job_dir(self, job_id: str) -> Path:
         return self.root / safe_name(job_id, "job_id")

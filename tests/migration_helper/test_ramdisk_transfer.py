@@ -110,3 +110,23 @@ def test_prepare_drops_transfers_a_crash_left_behind(tmp_path: Path) -> None:
     done.mkdir()
     ramdisk.prepare()
     assert not stale.exists() and done.exists()
+
+
+def test_old_checkpoints_are_pruned_but_a_live_jobs_newest_stays(tmp_path: Path) -> None:
+    ramdisk = Ramdisk(tmp_path / "rd")
+    now = 10_000.0
+
+    def ckpt(job: str, name: str, age_s: float) -> Path:
+        path = ramdisk.root / job / name
+        path.mkdir(parents=True)
+        os.utime(path, (now - age_s, now - age_s))
+        return path
+
+    old_live, newest_live = ckpt("live", "a", 5000), ckpt("live", "b", 4000)
+    recent = ckpt("gone", "c", 60)  # a migration may still fall back on it
+    old_gone = ckpt("gone", "d", 5000)
+    removed = ramdisk.prune({"live"}, retain_s=600, now=now)
+    assert set(removed) == {old_live, old_gone}
+    assert newest_live.exists() and recent.exists()
+    ramdisk.prune(set(), retain_s=600, now=now + 1000)
+    assert not (ramdisk.root / "gone").exists() and not (ramdisk.root / "live").exists()
