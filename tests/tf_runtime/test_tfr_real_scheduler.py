@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +15,15 @@ from tf_runtime.checkpoint import validate
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 
-def poll(check: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"condition not met within {timeout} s")
-
-
 def test_real_scheduler_sees_progress_and_commands_work(scheduler_server: Any, launch: Any,
-                                                        tmp_path: Path) -> None:
+                                                        wait_for: Any, tmp_path: Path) -> None:
     core = scheduler_server.server.core
     detail = scheduler_server.call(core.submit(common_pb2.JobSpec(
         command=["python", "mlp.py"], gpus=1, name="shim-e2e")))
     job_id = detail.job.id
     job = launch("mlp.py", "--steps", "100000", "--step-sleep", "0.01", "--eval-every", "5",
                  env={"GANDIVA_JOB_ID": job_id, "GANDIVA_SCHEDULER": scheduler_server.address})
-    poll(lambda: core.runtimes.connected(job_id))
+    wait_for(lambda: core.runtimes.connected(job_id))
 
     def call(kind: int, directory: str = "") -> Any:
         return scheduler_server.call(core.runtimes.call(job_id, kind, 60, checkpoint_dir=directory))
@@ -43,11 +32,11 @@ def test_real_scheduler_sees_progress_and_commands_work(scheduler_server: Any, l
     assert call(pb.COMMAND_KIND_RESUME).ok
     ack = call(pb.COMMAND_KIND_CHECKPOINT, str(tmp_path / "ck"))
     assert ack.ok and validate(ack.checkpoint_path)["global_step"] == ack.step
-    row = poll(lambda: (j := scheduler_server.call(core.get_job(job_id)).job).steps >= ack.step
+    row = wait_for(lambda: (j := scheduler_server.call(core.get_job(job_id)).job).steps >= ack.step
                and j)
     assert row.rate > 0 and "loss" in row.metrics and row.migratable
     # tf_runtime.report() from the program; its evaluation runs are not counted as steps.
-    row = poll(lambda: "eval_loss" in (j := scheduler_server.call(core.get_job(job_id)).job).metrics
+    row = wait_for(lambda: "eval_loss" in (j := scheduler_server.call(core.get_job(job_id)).job).metrics
                and j)
     assert call(pb.COMMAND_KIND_KILL).ok
     assert job.wait() == EXIT_KILLED
