@@ -120,3 +120,18 @@ def test_helper_comes_back_after_the_scheduler_restarts(
     finally:
         helper.terminate()
         helper.wait(15)
+
+
+def test_logs_follow_prints_output_as_it_is_written(tmp_path: Path) -> None:
+    log = tmp_path / "j9.log"
+    log.write_text("first line\n")
+    follow = subprocess.Popen([*GANDIVA, "logs", "j9", "-f", "--log-dir", str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert follow.stdout is not None and follow.stdout.readline() == "first line\n"
+        with open(log, "a") as f:
+            f.write("written later\n")
+        assert follow.stdout.readline() == "written later\n"
+    finally:
+        follow.terminate()
+        follow.wait(10)
