@@ -134,22 +134,26 @@ def test_kill_and_warm_exit(runtime_server: Any, launch: Any) -> None:
     assert "first_step_done" not in [e["event"] for e in warm.events]
 
 
-def test_supervisor_program_migrates_bit_identical(runtime_server: Any, launch: Any,
-                                                   tmp_path: Path) -> None:
-    """Supervisor: finalized graph, background threads calling run(), its own checkpoints."""
+@pytest.mark.parametrize("program,own_dir", [("supervisor_mlp.py", "--logdir"),
+                                             ("mts_mlp.py", "--checkpoint-dir")])
+def test_finalized_graph_programs_migrate_bit_identical(program: str, own_dir: str,
+                                                        runtime_server: Any, launch: Any,
+                                                        tmp_path: Path) -> None:
+    """Supervisor (background threads calling run()) and MonitoredTrainingSession (hooks):
+    finalized graphs, and their own checkpoints in their own directory."""
     common = ["--steps", str(STEPS), "--seed", "5", "--step-sleep", "0.02"]
-    baseline = launch("supervisor_mlp.py", *common, "--logdir", str(tmp_path / "sv-base"),
+    baseline = launch(program, *common, own_dir, str(tmp_path / "own-base"),
                       "--dump", str(tmp_path / "base.npz"), status=False)
     env = {"GANDIVA_JOB_ID": "sv", "GANDIVA_SCHEDULER": runtime_server.address}
-    run = [*common, "--logdir", str(tmp_path / "sv"), "--dump", str(tmp_path / "run.npz")]
-    first = launch("supervisor_mlp.py", *run, env={**env, "GANDIVA_INCARNATION": "0"})
+    run = [*common, own_dir, str(tmp_path / "own"), "--dump", str(tmp_path / "run.npz")]
+    first = launch(program, *run, env={**env, "GANDIVA_INCARNATION": "0"})
     first.wait_event("first_step_done")
     hello_of(runtime_server, "sv", "0")
     ack = exercise(runtime_server, "sv", random.Random(5), tmp_path / "ck")
     assert first.wait() == EXIT_MIGRATED
-    # Restarted in the same logdir: the Supervisor restores its own (older) checkpoint,
+    # Restarted in the same directory: the program restores its own (older) checkpoint,
     # then the shim's restore brings it to the migration point.
-    second = launch("supervisor_mlp.py", *run, env={
+    second = launch(program, *run, env={
         **env, "GANDIVA_INCARNATION": "1", "GANDIVA_RESTORE_CHECKPOINT": ack.checkpoint_path})
     assert second.wait_event("restored")["step"] == ack.step
     assert second.wait() == 0 and baseline.wait() == 0
