@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 RPC_TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 2.0
 HOUSEKEEPING_S = 60.0
+MAX_REMEMBERED_COMMANDS = 10_000
 
 
 class SessionEnded(Exception):
@@ -57,7 +58,8 @@ class HelperDaemon:
         self.sessions = 0  # how many times it registered (tests watch reconnects)
         self._outbox: collections.deque[Any] = collections.deque()
         self._outbox_ready = asyncio.Event()
-        self._seen_commands: dict[str, asyncio.Task[None]] = {}
+        # Command ids already taken (bounded: a re-send comes within seconds, not days).
+        self._seen_commands: collections.OrderedDict[str, asyncio.Task[None]] = collections.OrderedDict()
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -82,6 +84,9 @@ class HelperDaemon:
     async def stop(self) -> None:
         """Stop the jobs (they cannot be supervised without us), tell the scheduler if
         it is reachable, and close the server."""
+        for task in self._seen_commands.values():
+            task.cancel()  # a launch or activation waiting on a process we are about to stop
+        await asyncio.gather(*self._seen_commands.values(), return_exceptions=True)
         await self.jobs.stop_all()
         # Let the live session deliver the exits just posted, then take over what is left.
         deadline = asyncio.get_running_loop().time() + 2.0
@@ -210,6 +215,8 @@ class HelperDaemon:
                 log.info("command %s seen before; not run twice", command.command_id)
                 continue
             self._seen_commands[command.command_id] = asyncio.create_task(self._run_command(command))
+            while len(self._seen_commands) > MAX_REMEMBERED_COMMANDS:
+                self._seen_commands.popitem(last=False)
         raise SessionEnded("the scheduler closed the command stream")
 
     async def _run_command(self, command: helper_pb2.HelperCommand) -> None:
