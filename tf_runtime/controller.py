@@ -253,13 +253,14 @@ class Controller:
             self._exit(EXIT_KILLED)
 
     def _suspend(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:
+        if not self.backend.releases_memory and cmd.checkpoint_dir and self.migratable:
+            # GPU memory cannot be released in place: checkpoint and exit instead (the
+            # ack says why if that fails; the job then keeps running).
+            self._stop_for_migration(adapter, cmd, waited)
+            return
         t0 = time.monotonic()
         drained = self.gate.close_and_drain(DRAIN_TIMEOUT_S)
         t1 = time.monotonic()
-        if not self.backend.releases_memory and cmd.checkpoint_dir:
-            # GPU memory cannot be released in place: checkpoint and exit instead.
-            self._stop_for_migration(adapter, cmd, waited)
-            return
         try:
             self.backend.release()
         except ReleaseError as exc:

@@ -15,6 +15,7 @@ from tf_runtime import EXIT_KILLED, EXIT_MIGRATED
 from tf_runtime.checkpoint import CheckpointError, validate
 from tf_runtime.commands import Command, Kind
 from tf_runtime.controller import Settings
+from tf_runtime.gpu_release import NoReleaseBackend
 from tf_runtime.pipes import StatusPipe
 from tf_runtime.testing import Exited, FakeWorld
 
@@ -108,6 +109,20 @@ def test_suspend_does_not_deadlock_with_a_run_in_flight(world: FakeWorld,
     world.controller.enqueue(Command("r", Kind.RESUME))
     trainer.join(5)
     assert not bg.is_alive() and not trainer.is_alive()
+
+
+def test_without_memory_release_a_suspend_with_a_directory_migrates(tmp_path: Path) -> None:
+    world = FakeWorld()
+    world.controller.backend = NoReleaseBackend("driver too old")
+    start_training(world)
+    world.controller.enqueue(Command("s1", Kind.SUSPEND))  # no directory: suspend in place
+    world.controller.enqueue(Command("r1", Kind.RESUME))
+    world.run("train")
+    assert "GPU memory held (driver too old)" in world.channel.acks[0].message
+    world.controller.enqueue(Command("s2", Kind.SUSPEND, str(tmp_path / "ck")))
+    with pytest.raises(Exited) as exc:
+        world.run("train")
+    assert exc.value.code == EXIT_MIGRATED and validate(tmp_path / "ck")["global_step"] == 3
 
 
 def test_checkpoint_and_kill_while_suspended(world: FakeWorld, tmp_path: Path) -> None:
