@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
     mig.add_argument("--out", type=Path, default=None,
                      help="directory for the CSV, the chart and job logs (default ./bench-migration-TIME)")
     mig.add_argument("--quick", action="store_true",
-                     help="mlp and resnet50, 1 and 8 replicas, 1 repeat (a minute or two)")
+                     help="mlp and resnet50, 1 and 2 replicas, 1 repeat (a minute or two)")
     mig.add_argument("--job-arg", action="append", default=[],
                      help="extra argument for every example program (repeatable), e.g. --job-arg=--threads=1")
     mig.set_defaults(func=run_migration)
@@ -54,7 +54,7 @@ def run_migration(args: argparse.Namespace) -> int:
     try:
         config = BenchConfig(
             models=("mlp", "resnet50") if args.quick else tuple(m.strip() for m in args.models.split(",") if m.strip()),
-            replicas=(1, 8) if args.quick else _ints(args.replicas, "--replicas"),
+            replicas=(1, 2) if args.quick else _ints(args.replicas, "--replicas"),
             repeats=1 if args.quick else args.repeats,
             out_dir=out, transfer=args.transfer, job_args=tuple(args.job_arg),
         )
