@@ -71,6 +71,9 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
 
 def consolidate(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
     out: list[Decision] = []
+    if not ledger.spread or ledger.total_free() == 0:
+        return out
+    misses: dict[int, int] = {}
     for job_id in sorted(ledger.spread):
         if len(out) >= budget:
             break
@@ -79,8 +82,12 @@ def consolidate(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
         if (ledger.state[job_id] != "RUNNING" or used <= _servers_needed(ledger, job)
                 or len(ledger.members(gpus)) > 1 or not _movable(ledger, job_id, state)):
             continue
+        if misses.get(job.gpus) == ledger.version or ledger.total_free() < job.gpus:
+            continue
         target = _compact_target(ledger, job, config)
-        if target is not None and len({g.server for g in target}) < used:
+        if target is None:
+            misses[job.gpus] = ledger.version
+        elif len({g.server for g in target}) < used:
             out.append(_move(ledger, job_id, target, f"bring together from {used} servers"))
     return out
 

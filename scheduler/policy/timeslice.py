@@ -60,19 +60,22 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
             # Changed in this very call: its slice starts now.
             state.wake_at(now + config.quantum_s - config.slice_slack_s)
             continue
-        units = group_units(ledger, members, state)
-        running = [u for u in units if ledger.state[u[0]] == "RUNNING"]
-        waiting = [u for u in units if ledger.state[u[0]] == "SUSPENDED"]
-        if not waiting:
-            continue
-        if running:
-            unit = running[0]
-            started = max(ledger.jobs[j].last_state_change_at for j in unit)
-            ends = started + _slice_of(ledger, unit, config)
+        running_ids = [m for m in members if ledger.state[m] == "RUNNING"]
+        if len(running_ids) == len(members):
+            continue  # nobody waits: a kept pack, or a lone job
+        if running_ids:
+            # Cheap test first: most groups are in the middle of a slice.
+            started = max(ledger.jobs[j].last_state_change_at for j in running_ids)
+            ends = started + _slice_of(ledger, tuple(running_ids), config)
             if now < ends - config.slice_slack_s:
                 state.wake_at(ends - config.slice_slack_s)
                 continue
-            for j in unit:
+        units = group_units(ledger, members, state)
+        waiting = [u for u in units if ledger.state[u[0]] == "SUSPENDED"]
+        if not waiting:
+            continue
+        if running_ids:
+            for j in sorted(running_ids):
                 ledger.set_state(j, "SUSPENDED")
                 out.append(Suspend(j, reason=f"time slice of {ends - started:.0f}s over"))
         out.extend(_resume_unit(ledger, _next_unit(ledger, waiting), gpus, config, state))
