@@ -167,6 +167,8 @@ class SchedulerCore:
             started_at=0.0,
             state_changed_at=now,
             finished_at=0.0,
+            restore_checkpoint="",
+            restore_server="",
             attained_service_s=0.0,
         )
 

@@ -76,6 +76,9 @@ class RuntimeConn:
 
 
 class RuntimeHub:
+    # A shim whose stream dropped reconnects within about a second (its back-off).
+    reconnect_grace_s = 5.0
+
     def __init__(self) -> None:
         self._conns: dict[str, RuntimeConn] = {}
 
@@ -95,6 +98,15 @@ class RuntimeHub:
     def connected(self, job_id: str) -> bool:
         return job_id in self._conns
 
+    async def wait_connected(self, job_id: str, timeout: float) -> bool:
+        """Give a shim that is reconnecting (its stream dropped) a moment to come back."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while job_id not in self._conns:
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
     async def call(
         self,
         job_id: str,
@@ -112,6 +124,7 @@ class RuntimeHub:
         self, job_id: str, cmd: runtime_pb2.RuntimeCommand, timeout: float, incarnation: str = ""
     ) -> runtime_pb2.CommandAck:
         """Send `cmd` to the job's shim (that incarnation, if given) and await its ack."""
+        await self.wait_connected(job_id, min(timeout, self.reconnect_grace_s))
         conn = self._conns.get(job_id)
         if conn is None:
             raise FailedPrecondition(f"job {job_id} has no running process connected to the scheduler")

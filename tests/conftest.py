@@ -126,8 +126,16 @@ class ThreadedScheduler:
         return self
 
     def stop(self) -> None:
+        async def drain() -> None:
+            # Streams still open (a helper's commands, a watcher) end here, on a live loop.
+            tasks = [t for t in _asyncio.all_tasks() if t is not _asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await _asyncio.gather(*tasks, return_exceptions=True)
+
         try:
             self.call(self.server.stop(grace=1.0))
+            self.call(drain())
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)

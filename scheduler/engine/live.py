@@ -199,8 +199,12 @@ class LiveEngine:
             self._queue_reason.pop(job_id, None)
             job.incarnation = incarnation
             where = ", ".join(f"{g.server}/{g.index}" for g in gpus)
+            restore = ""
+            if job.restore_checkpoint and job.restore_server == gpus[0].server:
+                restore, job.restore_checkpoint, job.restore_server = job.restore_checkpoint, "", ""
+                where += f", resuming from {restore}"
             await repo.transition(s, job, JobState.RUNNING, now, f"{reason} on {where}")
-        self.launch(job, gpus, incarnation)
+        self.launch(job, gpus, incarnation, restore_checkpoint=restore)
 
     def launch(
         self,
@@ -220,12 +224,15 @@ class LiveEngine:
             )
         )
         fut = self.core.helpers.send(primary, cmd)
-        self._background(job.id, self._launch_result(job.id, incarnation, fut))
+        # Watched, but not "in flight": the job can be suspended or killed meanwhile.
+        task = asyncio.create_task(self._launch_result(job.id, incarnation, fut))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _launch_result(self, job_id: str, incarnation: str, fut: Awaitable) -> None:
         try:
             result = await asyncio.wait_for(fut, self.core.settings.command_timeout_s)
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, GandivaError):
             return  # the heartbeat reconciliation notices a launch that never happened
         if result.ok:
             return

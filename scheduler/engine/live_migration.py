@@ -97,13 +97,21 @@ async def _carry_out(engine: LiveEngine, plan: MigrationPlan, was: JobState, to_
             return  # killed meanwhile
         if result is None or result.outcome is Outcome.FAILED:
             why = failure if result is None else result.reason
+            if result is not None and result.step >= 0 and result.checkpoint_path:
+                # Never silently from step 0: the next launch on that server restores it.
+                job.restore_checkpoint = result.checkpoint_path
+                job.restore_server = plan.source.name
+                why += f"; will resume from step {result.step} when placed on {plan.source.name}"
             await repo.transition(s, job, JobState.QUEUED, now, f"migration failed, re-placing: {why}")
             await repo.clear_placement(s, job_id)
         elif result.outcome is Outcome.MIGRATED:
             job.incarnation = result.incarnation
             await repo.set_placement(s, job_id, [(g.server, g.index) for g in to_gpus])
-            total = sum(result.durations_s.values())
-            await repo.transition(s, job, JobState.RUNNING, now, f"migrated to {dest_name} at step {result.step} ({total:.2f}s of phases)")
+            paused = result.durations_s.get("total", 0.0)
+            await repo.transition(
+                s, job, JobState.RUNNING, now,
+                f"migrated to {dest_name} at step {result.step} (training paused {paused:.2f}s)",
+            )
         else:
             job.incarnation = result.incarnation
             back = JobState.SUSPENDED if (was is JobState.SUSPENDED and result.outcome is Outcome.STAYED) else JobState.RUNNING

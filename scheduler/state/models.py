@@ -99,6 +99,10 @@ class Job(Base):
     # When the state or placement last changed: time slices and packing trials run from it.
     state_changed_at: Mapped[float] = mapped_column(Double, default=0.0)
     finished_at: Mapped[float] = mapped_column(Double, default=0.0)
+    # A checkpoint to restore at the next launch (after a failed migration), and the
+    # server whose ramdisk holds it: the job resumes from it only when placed there.
+    restore_checkpoint: Mapped[str] = mapped_column(Text, default="")
+    restore_server: Mapped[str] = mapped_column(String(128), default="")
     # GPU-seconds received so far (least-attained-service policies use it).
     attained_service_s: Mapped[float] = mapped_column(Double, default=0.0)
 

@@ -1,0 +1,42 @@
+"""A migration that fails after the checkpoint was written: the job goes back to the
+queue remembering its checkpoint, and its next launch on that server restores it
+instead of starting again from step 0."""
+
+from __future__ import annotations
+
+import grpc
+
+from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from scheduler.engine import live_migration
+from scheduler.engine.migration import MigrationResult, Outcome
+
+
+def test_failed_migration_resumes_from_its_checkpoint(scheduler_server, wait_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    async def failing_migrate(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+        return MigrationResult(Outcome.FAILED, "", "", step=7, checkpoint_path="/dev/shm/a/j/ckpt-7", reason="destination lost")
+
+    monkeypatch.setattr(live_migration, "migrate", failing_migrate)
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        helper = helper_pb2_grpc.HelperStub(ch)
+        for name in ("a", "b"):
+            helper.Register(helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=0)]))
+        a_cmds = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="a"))
+        b_cmds = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="b"))
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
+        first = wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).placement)
+        src = first[0].server
+        cmds = a_cmds if src == "a" else b_cmds
+        launch = next(cmds).launch
+        assert launch.restore_checkpoint == ""
+        # Keep the other server busy so that the job can only come back to its source.
+        stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server="b" if src == "a" else "a"))
+        relaunch = next(cmds).launch
+        assert relaunch.job_id == job.id
+        assert relaunch.restore_checkpoint == "/dev/shm/a/j/ckpt-7"
+        assert relaunch.incarnation != launch.incarnation
+        got = stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))
+        reasons = [t.reason for t in got.history]
+        assert any("will resume from step 7" in r for r in reasons), reasons
+        a_cmds.cancel()
+        b_cmds.cancel()
