@@ -3,7 +3,9 @@
 One decide() call runs, in this order:
 1. forget trials and pairs of departed jobs; judge packing trials that are due;
 2. reactive mode: place queued jobs by priority, then arrival, through Algorithm 1;
-   a job that would only fit by time-sharing first shrinks grown jobs;
+   a job that would only fit by time-sharing first shrinks grown jobs; the first job
+   that has waited ``reserve_after_s`` without fitting reserves the free GPUs (jobs
+   behind it may only time-share) - our addition against starving large jobs;
 3. migration (lower the height, bring spread jobs together, defragment);
 4. new packing trials (only when overloaded);
 5. time-slicing rotation in every oversubscribed group without a trial;
@@ -17,7 +19,13 @@ from scheduler.policy.cluster import Ledger
 from scheduler.policy.growshrink import grow, shrink_all
 from scheduler.policy.migration import consolidate, defragment, lower_height
 from scheduler.policy.packing import judge_trials, start_trials
-from scheduler.policy.placement import ALGORITHM_1, FREE_FILTERS, find_placement, queue_reason
+from scheduler.policy.placement import (
+    ALGORITHM_1,
+    FREE_FILTERS,
+    OVERSUBSCRIBE_ONLY,
+    find_placement,
+    queue_reason,
+)
 from scheduler.policy.state import GandivaState
 from scheduler.policy.timeslice import rotate
 from scheduler.policy.types import (
@@ -45,6 +53,9 @@ class GandivaPolicy(Policy):
     def __init__(self, config: PolicyConfig | None = None) -> None:
         super().__init__(config)
         self.state = GandivaState()
+        # A queued job that waited reserve_after_s and still does not fit: jobs behind
+        # it may only time-share, so that free GPUs add up for it (no starvation).
+        self._reserved: str | None = None
 
     def next_wakeup(self) -> float | None:
         return self.state.next_wakeup
@@ -58,15 +69,26 @@ class GandivaPolicy(Policy):
         out += self._place_queued(ledger)
         if cfg.enable_migration:
             budget = cfg.max_migrations_per_round
-            for step in (lower_height, consolidate, defragment):
+            # While a starving job holds a reservation, free GPUs are kept for it.
+            steps = (consolidate, defragment) if self._reserved else (lower_height, consolidate, defragment)
+            for step in steps:
                 moves = step(ledger, state, cfg, budget)
                 budget -= len(moves)
                 out += moves
         # Trials start before rotation so that a group about to rotate can pack instead.
         out += start_trials(ledger, state, cfg)
         out += rotate(ledger, state, cfg)
-        out += grow(ledger, state, cfg)
+        if not self._reserved:
+            out += grow(ledger, state, cfg)
         return out
+
+    def _queue_reason(self, ledger: Ledger, job: JobView, cache: dict[tuple[int, int], str]) -> str:
+        if self._reserved is not None:
+            return f"job {self._reserved} has waited longest and has first claim on free GPUs"
+        key = (job.gpus, ledger.version)
+        if key not in cache:
+            cache[key] = queue_reason(ledger, job)
+        return cache[key]
 
     def _place_queued(self, ledger: Ledger) -> list[Decision]:
         queued = [ledger.jobs[j] for j in ledger.ids_in("QUEUED")]
@@ -74,21 +96,25 @@ class GandivaPolicy(Policy):
         shrunk = False
         misses: dict[tuple[int, int], int] = {}
         reasons: dict[tuple[int, int], str] = {}
+        self._reserved = None
         for job in queue_order(queued):
-            cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
+            cand = None
+            if self._reserved is None:
+                cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
             if cand is None and not shrunk:
                 shrunk = True
                 shrinks = shrink_all(ledger, reason=f"job {job.id} needs GPUs")
                 out += shrinks
-                if shrinks:
+                if shrinks and self._reserved is None:
                     cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
             if cand is None:
-                cand = find_placement(ledger, job, self.config, ALGORITHM_1, misses)
+                filters = ALGORITHM_1 if self._reserved is None else OVERSUBSCRIBE_ONLY
+                cand = find_placement(ledger, job, self.config, filters, misses)
             if cand is None:
-                key = (job.gpus, ledger.version)
-                if key not in reasons:
-                    reasons[key] = queue_reason(ledger, job)
-                out.append(Queue(job.id, reasons[key]))
+                out.append(Queue(job.id, self._queue_reason(ledger, job, reasons)))
+                if (self._reserved is None
+                        and ledger.snapshot.now - job.submitted_at >= self.config.reserve_after_s):
+                    self._reserved = job.id
                 continue
             if cand.oversubscribed:
                 # The newcomer runs first so that every job gets early feedback; the

@@ -107,6 +107,7 @@ FREE_FILTERS: list[tuple[str, Filter]] = [
     ("relaxed", relaxed_filter),
 ]
 ALGORITHM_1: list[tuple[str, Filter]] = [*FREE_FILTERS, ("oversubscribe", oversubscribe_filter)]
+OVERSUBSCRIBE_ONLY: list[tuple[str, Filter]] = [("oversubscribe", oversubscribe_filter)]
 
 
 def find_placement(
