@@ -250,6 +250,8 @@ class LiveEngine:
             raise FailedPrecondition(f"job {job_id} could not suspend: {ack.message}")
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
+            # The ack carries the exact step; batched progress may not have caught up yet.
+            job.steps = max(job.steps, ack.step)
             await repo.transition(s, job, JobState.SUSPENDED, self.core.clock(), f"{reason} (step {ack.step})")
         return await self.core.get_job(job_id)
 
