@@ -112,8 +112,9 @@ class GandivaPolicy(Policy):
                 cand = find_placement(ledger, job, self.config, filters, misses)
             if cand is None:
                 out.append(Queue(job.id, self._queue_reason(ledger, job, reasons)))
-                if (self._reserved is None
-                        and ledger.snapshot.now - job.submitted_at >= self.config.reserve_after_s):
+                limit = self.config.reserve_after_s
+                if (self._reserved is None and limit is not None
+                        and ledger.snapshot.now - job.submitted_at >= limit):
                     self._reserved = job.id
                 continue
             if cand.oversubscribed:

@@ -4,10 +4,12 @@ A group is the set of jobs bound to exactly the same GPUs. One *unit* of the gro
 runs at a time: a single job, or a pair that packing decided to keep together (both
 run at once). The running unit keeps the GPUs for ``quantum_s x weight`` (weight =
 the highest priority in the unit, at least 1), then the unit that has waited longest
-gets them. Suspend/resume happen at the jobs' next mini-batch boundary (live side).
+gets them. Slices end on a cluster-wide beat of ``quantum_s`` (see ``_slice_end``). Suspend/resume happen at the jobs' next mini-batch boundary (live side).
 """
 
 from __future__ import annotations
+
+import math
 
 from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.state import GandivaState
@@ -58,7 +60,7 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
             continue  # the trial's verdict comes first (judge_trials wakes the policy)
         if any(m in ledger.changed for m in members):
             # Changed in this very call: its slice starts now.
-            state.wake_at(now + config.quantum_s - config.slice_slack_s)
+            state.wake_at(_slice_end(now + config.quantum_s, config))
             continue
         running_ids = [m for m in members if ledger.state[m] == "RUNNING"]
         if len(running_ids) == len(members):
@@ -66,9 +68,9 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
         if running_ids:
             # Cheap test first: most groups are in the middle of a slice.
             started = max(ledger.jobs[j].last_state_change_at for j in running_ids)
-            ends = started + _slice_of(ledger, tuple(running_ids), config)
-            if now < ends - config.slice_slack_s:
-                state.wake_at(ends - config.slice_slack_s)
+            ends = _slice_end(started + _slice_of(ledger, tuple(running_ids), config), config)
+            if now < ends:
+                state.wake_at(ends)
                 continue
         units = group_units(ledger, members, state)
         waiting = [u for u in units if ledger.state[u[0]] == "SUSPENDED"]
@@ -77,7 +79,7 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
         if running_ids:
             for j in sorted(running_ids):
                 ledger.set_state(j, "SUSPENDED")
-                out.append(Suspend(j, reason=f"time slice of {ends - started:.0f}s over"))
+                out.append(Suspend(j, reason=f"time slice of {now - started:.0f}s over"))
         out.extend(_resume_unit(ledger, _next_unit(ledger, waiting), gpus, config, state))
     return out
 
@@ -88,5 +90,16 @@ def _resume_unit(ledger: Ledger, unit: tuple[str, ...], gpus: Placement,
     for j in unit:
         ledger.set_state(j, "RUNNING")
         out.append(Resume(j, gpus, reason="its turn in the time-slice group"))
-    state.wake_at(ledger.snapshot.now + _slice_of(ledger, unit, config))
+    state.wake_at(_slice_end(ledger.snapshot.now + _slice_of(ledger, unit, config), config))
     return out
+
+
+def _slice_end(ends: float, config: PolicyConfig) -> float:
+    """The beat (a multiple of quantum_s) at which a slice ending at ``ends`` is switched.
+
+    Slices end on a cluster-wide beat so that all groups switch together: one round of
+    commands per beat instead of one per group. Only a job's first slice is stretched
+    (by less than a quantum); ``slice_slack_s`` keeps a slice that ends just after a
+    beat from waiting for the next one.
+    """
+    return math.ceil((ends - config.slice_slack_s) / config.quantum_s) * config.quantum_s

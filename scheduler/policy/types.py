@@ -245,8 +245,10 @@ class PolicyConfig:
 
     quantum_s: time slice at weight 1 (brief: the paper fixes 60 s).
     reserve_after_s: a queued job that has waited this long and still does not fit
-        reserves the free GPUs: jobs queued behind it may only time-share.
-    slice_slack_s: a slice ending within this many seconds is ended now, so groups
+        reserves the free GPUs: jobs queued behind it may only time-share. Off (None)
+        by default: on the Philly traces it made both average JCT and makespan worse.
+    slice_slack_s: a slice ending within this many seconds after a beat (a multiple
+        of quantum_s) is switched at that beat; slices end on beats so that groups
         rotate together (one round of switch commands instead of many).
     max_jobs_per_gpu: how many jobs a GPU may be time-shared by before jobs queue.
     pack_trial_s: how long a packing trial runs before its measured rates decide.
@@ -263,7 +265,7 @@ class PolicyConfig:
     """
 
     quantum_s: float = 60.0
-    reserve_after_s: float = 3600.0
+    reserve_after_s: float | None = None
     slice_slack_s: float = 5.0
     max_jobs_per_gpu: int = 4
     enable_packing: bool = True
