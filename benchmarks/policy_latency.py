@@ -35,7 +35,7 @@ def busy_cluster(servers: int, seed: int, full: bool) -> tuple[tuple[ServerView,
     return srv, jobs
 
 
-def median_ms(fn, repeat: int) -> float:  # noqa: ANN001
+def median_ms(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -57,13 +57,13 @@ def main() -> None:
         for name in ("gandiva", "yarn-cs", "tiresias"):
             decisions = get_policy(name).decide(after)
             placed = any(isinstance(d, Place) and d.job_id == "arriving" for d in decisions)
-            cold = median_ms(lambda n=name: get_policy(n).decide(after), args.repeat)
+            cold = median_ms(lambda n=name, a=after: get_policy(n).decide(a), args.repeat)
             warm_policy = get_policy(name)
             warm_policy.decide(before)
 
-            def warm(p=warm_policy) -> None:  # noqa: ANN001
-                p.decide(after)
-                p.decide(before)  # back to the state before the arrival
+            def warm(p=warm_policy, a=after, b=before) -> None:
+                p.decide(a)
+                p.decide(b)  # back to the state before the arrival
 
             warm_ms = median_ms(warm, args.repeat) / 2
             print(f"{'full' if full else '90% busy':>8} {name:>8}: {len(jobs)} jobs on "
