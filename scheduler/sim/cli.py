@@ -210,4 +210,6 @@ def _seconds(seconds: float) -> str:
 def _console(stderr: bool = False) -> Any:
     from rich.console import Console
 
-    return Console(stderr=stderr, file=sys.stderr if stderr else sys.stdout)
+    # soft_wrap: messages naming files must stay on one line, whatever the terminal width.
+    return Console(stderr=stderr, file=sys.stderr if stderr else sys.stdout, soft_wrap=stderr,
+                   highlight=False)

@@ -1,0 +1,75 @@
+"""`gandiva sim`: the command a user runs, its JSON, table, plots and error messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scheduler.cli.main import main
+
+TRACES = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
+
+
+def _sim(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["sim", "--no-progress", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_compare_prints_json_keyed_by_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _sim(capsys, "--jobs", "40", "--cluster", "2x4", "--compare",
+                          "gandiva,yarn-cs,tiresias", "-o", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert list(data) == ["gandiva", "tiresias", "yarn-cs"]
+    for metrics in data.values():
+        assert {"avg_jct_s", "p95_jct_s", "makespan_s", "utilization", "migrations"} <= set(metrics)
+        assert metrics["jobs_finished"] == 40
+    assert "offered load" in err
+
+
+def test_table_and_target_load_factor(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _sim(capsys, "--jobs", "30", "--cluster", "2x4", "--policy", "fifo",
+                          "--target-load", "0.5")
+    assert code == 0
+    assert "avg JCT" in out and "makespan" in out and "fifo" in out
+    assert "-> 0.5: arrival times x" in err
+
+
+def test_plot_writes_the_two_pngs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = _sim(capsys, "--jobs", "20", "--cluster", "2x4", "--compare", "gandiva,fifo",
+                        "--plot", str(tmp_path / "plots"))
+    assert code == 0
+    for name in ("jct_cdf.png", "utilization.png"):
+        png = tmp_path / "plots" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and name in err
+
+
+def test_bad_trace_line_names_file_and_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "bad.csv"
+    trace.write_text("0,1,60\n5,1,abc\n")
+    code, out, err = _sim(capsys, "--trace", str(trace))
+    assert code == 2 and out == ""
+    assert "bad.csv:2: duration 'abc' is not a number" in err.replace("\n", "")
+
+
+def test_unknown_policy_lists_the_valid_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _sim(capsys, "--compare", "gandiva,slurm")
+    assert code == 2 and "unknown policy slurm" in err and "yarn-cs" in err
+
+
+def test_help_explains_workloads_and_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["sim", "--help"])
+    text = capsys.readouterr().out
+    assert "--target-load" in text and "Gavel" in text and "--compare gandiva,yarn-cs,tiresias" in text
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason=f"real traces not present at {TRACES.resolve()}")
+def test_gavel_trace_finds_the_throughput_table(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = TRACES / "gavel" / "traces" / "physical_cluster" / "small_test.trace"
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "-o", "json")
+    assert code == 0 and "simulation_throughputs.json" in err.replace("\n", "")
+    assert json.loads(out)["gandiva"]["jobs_finished"] > 0
