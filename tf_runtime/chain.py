@@ -51,6 +51,8 @@ class SessionAdapter(Protocol):
 
     def restore(self, directory: str) -> CheckpointInfo: ...
 
+    def rehearse(self, step: Callable[[], Any]) -> dict[str, float]: ...
+
 
 class Runner(Protocol):
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
@@ -62,7 +64,8 @@ class BoundaryHandler(Protocol):
 
     def is_hot(self, adapter: SessionAdapter) -> bool: ...
 
-    def setup_run(self, adapter: SessionAdapter, info: RunInfo, before: bool) -> None: ...
+    def setup_run(self, adapter: SessionAdapter, info: RunInfo, before: bool,
+                  rehearse: Callable[[], Any] | None = None) -> None: ...
 
     def boundary(self, adapter: SessionAdapter, info: RunInfo, results: Any,
                  duration_s: float, now: float) -> None: ...
@@ -146,10 +149,12 @@ class GateLayer:
 class BoundaryLayer:
     """Finds the mini-batch boundaries and reports them to the controller."""
 
-    def __init__(self, inner: Runner, adapter: SessionAdapter, handler: BoundaryHandler) -> None:
+    def __init__(self, inner: Runner, adapter: SessionAdapter, handler: BoundaryHandler,
+                 real: Runner | None = None) -> None:
         self.inner = inner
         self.adapter = adapter
         self._handler = handler
+        self._real = real or inner  # the ungated run, for a warm process's rehearsal step
         self._hot = False  # set once this session is the job's training session
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
@@ -175,7 +180,11 @@ class BoundaryLayer:
         """Runs before this session's first training step (init, restore, checks)."""
         handler = self._handler
         if info.is_training:
-            handler.setup_run(self.adapter, info, before=True)
+            # A warm process rehearses this exact run (same fetches, feeds, options) on
+            # the ungated session, so that its executors exist before it holds.
+            real = self._real
+            handler.setup_run(self.adapter, info, before=True,
+                              rehearse=lambda: real.run(fetches, feed_dict, options, None))
             self._hot = handler.is_hot(self.adapter)
             t0 = time.perf_counter()
             results = self.inner.run(fetches, feed_dict, options, run_metadata)
@@ -191,4 +200,5 @@ class BoundaryLayer:
 def build_chain(run_fn: Callable[..., Any], adapter: SessionAdapter, handler: BoundaryHandler,
                 gate: RunGate) -> BoundaryLayer:
     """Stack the layers around `run_fn(fetches, feed_dict, options, run_metadata)`."""
-    return BoundaryLayer(GateLayer(RealRun(run_fn), gate), adapter, handler)
+    real = RealRun(run_fn)
+    return BoundaryLayer(GateLayer(real, gate), adapter, handler, real)

@@ -56,6 +56,9 @@ class Settings:
     restore_dir: str | None = None
     warm: bool = False
     control_fd: int | None = None
+    # Warm mode: rehearse the first training step before holding, so the held process
+    # has built every executor (GANDIVA_WARM_STEP=0 holds at the restore point instead).
+    warm_step: bool = False
 
 
 class Controller:
@@ -85,6 +88,7 @@ class Controller:
         self._not_migratable_reason = ""
         self._restored_into: SessionAdapter | None = None
         self._restore_again = False
+        self._warm_pending = False  # warm with rehearsal: hold at the first training step
         self._lock = threading.Lock()  # serialises binding and command application
 
     # -- commands from the stream thread ------------------------------------------------
@@ -101,12 +105,14 @@ class Controller:
         if info.reads_global_step and adapter is self.adapter:
             self._read_global_step = True
 
-    def setup_run(self, adapter: SessionAdapter, info: RunInfo, before: bool) -> None:
+    def setup_run(self, adapter: SessionAdapter, info: RunInfo, before: bool,
+                  rehearse: Callable[[], Any] | None = None) -> None:
         """A run before the first training step: bind the session at the restore point.
 
         The restore point is right after the run that initialises the variables, or
         right before the first training step when no such run was seen (a program
         that restores its own checkpoint, MonitoredSession restoring from its dir).
+        `rehearse` runs this very training run on the ungated session (warm mode).
         """
         if info.reads_global_step and adapter is self.adapter:
             self._read_global_step = True
@@ -119,7 +125,10 @@ class Controller:
         elif info.initializes or info.restores or (before and info.is_training):
             self._bind(adapter)
         if before and info.is_training and adapter is self.adapter:
-            if self._restore_again and self.settings.restore_dir:
+            if self._warm_pending:
+                self._warm_pending = False
+                self._warm_first_step(adapter, rehearse)
+            elif self._restore_again and self.settings.restore_dir:
                 self._restore(adapter, self.settings.restore_dir)
             self._restore_again = False
             self.trained = True
@@ -156,18 +165,52 @@ class Controller:
             self.adapter = adapter
             if first:
                 self._event("session_ready", t=time.time())
-                if self.settings.warm:
+                if self.settings.warm and self.settings.warm_step:
+                    if self.settings.control_fd is None:
+                        raise RuntimeError("GANDIVA_WARM=1 needs GANDIVA_CONTROL_FD "
+                                           "(the helper's control pipe)")
+                    self._warm_pending = True  # hold at the first training step instead
+                elif self.settings.warm:
                     self._warm_hold()
             if self.settings.restore_dir:
                 self._restore(adapter, self.settings.restore_dir)
             elif adapter.has_global_step():
                 self.meter.set_steps(adapter.global_step())
 
-    def _warm_hold(self) -> None:
+    def _warm_first_step(self, adapter: SessionAdapter, rehearse: Callable[[], Any] | None) -> None:
+        """Warm mode, at the first training run: rehearse it, hold, restore, go on.
+
+        The first run of the training fetches builds the session's executors (graph
+        optimisation, partitioning over the replicas' devices): seconds for large
+        models, most of a migration's first step. The rehearsal runs that exact step
+        once between a snapshot save and its restore (so the save and restore ops'
+        executors are built too, and the global variables are back as they were);
+        then the process holds. On activation the checkpoint is restored over all
+        training state and the program's own first step runs on warm executors.
+        Other threads' runs are held by the gate meanwhile (a Supervisor thread
+        must not save or summarise the rehearsed state).
+        """
+        self.gate.close_and_drain(DRAIN_TIMEOUT_S)
+        try:
+            timings: dict[str, float] = {}
+            if rehearse is not None:
+                try:
+                    timings = adapter.rehearse(rehearse)
+                except (CheckpointError, OSError) as exc:
+                    log.warning("warm: no rehearsal of the first step (%s); holding without it", exc)
+            log.info("warm: first step rehearsed %s",
+                     {k: round(v, 3) for k, v in timings.items()})
+            self._warm_hold(**{k: round(v, 6) for k, v in timings.items()})
+            if self.settings.restore_dir:
+                self._restore(adapter, self.settings.restore_dir)
+        finally:
+            self.gate.open()
+
+    def _warm_hold(self, **fields: Any) -> None:
         fd = self.settings.control_fd
         if fd is None:
             raise RuntimeError("GANDIVA_WARM=1 needs GANDIVA_CONTROL_FD (the helper's control pipe)")
-        self._event("warm_ready")
+        self._event("warm_ready", **fields)
         log.info("warm: holding before the first training step")
         activation = read_activation(fd)
         if activation.exit:

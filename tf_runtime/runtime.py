@@ -5,6 +5,8 @@ Environment (set by the Migration Helper; all optional):
   GANDIVA_SCHEDULER          host:port of the scheduler; absent => no control stream
   GANDIVA_RESTORE_CHECKPOINT checkpoint directory restored after the session exists
   GANDIVA_WARM=1             hold before the first training step (pre-warmed migration)
+  GANDIVA_WARM_STEP=0        warm mode without the rehearsed first step (hold at the
+                             restore point; the first step then builds the executors)
   GANDIVA_CONTROL_FD / GANDIVA_STATUS_FD   pipes shared with the helper
   GANDIVA_GPU_RELEASE        cpu | cuda | auto (tf_runtime.gpu_release)
 With none of them set, nothing is installed and the program runs untouched.
@@ -61,6 +63,7 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     scheduler = env.get("GANDIVA_SCHEDULER") or None
     restore = env.get("GANDIVA_RESTORE_CHECKPOINT") or None
     warm = env.get("GANDIVA_WARM") == "1"
+    warm_step = env.get("GANDIVA_WARM_STEP", "1") not in ("0", "false", "no", "off")
     status_fd = _int_env(env, "GANDIVA_STATUS_FD")
     control_fd = _int_env(env, "GANDIVA_CONTROL_FD")
     if not (scheduler or restore or warm or status_fd is not None):
@@ -73,7 +76,7 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
         # Refuse to start at all rather than train from step 0 by mistake.
         restored_step = int(validate(restore)["global_step"])
     settings = Settings(job_id=env.get("GANDIVA_JOB_ID", ""), restore_dir=restore,
-                        warm=warm, control_fd=control_fd)
+                        warm=warm, control_fd=control_fd, warm_step=warm and warm_step)
     status = StatusPipe.from_env() if status_fd is not None else None
     rt = Runtime(controller=None)  # type: ignore[arg-type]
 

@@ -195,6 +195,7 @@ class FakeAdapter:
         self.sess = sess
         self.closed = False
         self.saves: list[str] = []
+        self.rehearsals = 0
 
     def classify(self, fetches: Any) -> RunInfo:
         return RUN_KINDS.get(fetches, RunInfo())
@@ -215,6 +216,15 @@ class FakeAdapter:
             {"job_id": job_id, "global_step": step, "replicas": 1})
         self.saves.append(str(path))
         return CheckpointInfo(str(path), step, 1, size, 0.001)
+
+    def rehearse(self, step: Callable[[], Any]) -> dict[str, float]:
+        before = self.sess.step
+        try:
+            step()
+        finally:
+            self.sess.step = before
+        self.rehearsals += 1
+        return {"warm_step_s": 0.001}
 
     def restore(self, directory: str) -> CheckpointInfo:
         manifest = validate(directory)

@@ -11,6 +11,9 @@ shim builds them when a session is created or when `Graph.finalize` is called
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 import weakref
@@ -78,6 +81,12 @@ class Checkpointer:
 
     def restore(self, run: Callable[..., Any], prefix: str) -> None:
         run(self.restore_op, {self._prefix: prefix}, None, None)
+
+
+def _scratch_root() -> str | None:
+    """RAM-backed /dev/shm where there is one (the rehearsal snapshot is one model copy)."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
 
 
 _CHECKPOINTERS: weakref.WeakKeyDictionary[tf.Graph, Checkpointer] = weakref.WeakKeyDictionary()
@@ -232,6 +241,32 @@ class TFSessionAdapter:
             {"job_id": job_id, "global_step": step, "replicas": ckpt.replicas,
              "variables": len(ckpt.groups)})
         return CheckpointInfo(str(path), step, ckpt.replicas, size, time.perf_counter() - t0)
+
+    def rehearse(self, step: Callable[[], Any]) -> dict[str, float]:
+        """Run `step` (a training run) once and undo it; returns phase timings.
+
+        The global variables (weights, optimizer slots, global step: everything a
+        checkpoint holds) are saved to a scratch directory first and restored after,
+        which also builds the save and restore ops' executors. What is not a global
+        variable is not undone: local variables, input iterators and queues (one
+        batch consumed), stateful random ops (their sequence advanced once).
+        """
+        ckpt = self.checkpointer()
+        scratch = Path(tempfile.mkdtemp(prefix="gandiva-warm-", dir=_scratch_root()))
+        try:
+            prefix = str(scratch / PREFIX)
+            t0 = time.perf_counter()
+            ckpt.save(self._run, prefix)
+            t1 = time.perf_counter()
+            try:
+                step()
+            finally:
+                t2 = time.perf_counter()
+                ckpt.restore(self._run, prefix)
+            t3 = time.perf_counter()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return {"snapshot_s": t1 - t0, "warm_step_s": t2 - t1, "unwind_s": t3 - t2}
 
     def restore(self, directory: str) -> CheckpointInfo:
         t0 = time.perf_counter()

@@ -221,14 +221,21 @@ def test_half_written_checkpoint_is_refused_at_restore(tmp_path: Path) -> None:
         world.run("init")
 
 
-def test_status_pipe_and_warm_activation(tmp_path: Path) -> None:
+def warm_world(tmp_path: Path, warm_step: bool) -> tuple[FakeWorld, int, int, int]:
+    """A warm FakeWorld with status and control pipes, and a step-4 checkpoint at ck."""
     donor = FakeWorld()
     start_training(donor, steps=4)
     donor.adapter.save(str(tmp_path / "ck"), "j")
     status_r, status_w = os.pipe()
     control_r, control_w = os.pipe()
     status = StatusPipe(os.fdopen(status_w, "w", buffering=1))
-    world = FakeWorld(Settings(warm=True, control_fd=control_r), status=status)
+    world = FakeWorld(Settings(warm=True, warm_step=warm_step, control_fd=control_r),
+                      status=status)
+    return world, status_r, status_w, control_w
+
+
+def test_status_pipe_and_warm_activation(tmp_path: Path) -> None:
+    world, status_r, status_w, control_w = warm_world(tmp_path, warm_step=False)
     os.write(control_w, (json.dumps({"cmd": "activate", "restore_checkpoint": str(tmp_path / "ck")})
                          + "\n").encode())
     world.run("init")  # holds, reads the activation, restores
@@ -247,6 +254,53 @@ def test_warm_exit_leaves_without_training() -> None:
     with pytest.raises(Exited) as exc:
         world.run("init")
     assert exc.value.code == 0 and world.sess.step == 0
+
+
+def test_warm_step_rehearses_the_first_step_then_holds(tmp_path: Path) -> None:
+    """GANDIVA_WARM_STEP: the hold moves to the first training run, which is run once
+    (and undone) before warm_ready, with other threads' runs held by the gate."""
+    world, status_r, status_w, control_w = warm_world(tmp_path, warm_step=True)
+    world.run("init")  # no hold here any more
+    world.run("read_gs")
+    seen: dict[str, object] = {}
+
+    def helper() -> None:
+        while not world.controller.gate.closed:
+            time.sleep(0.001)
+        seen.update(rehearsals=world.adapter.rehearsals, step=world.sess.step)
+        os.write(control_w, (json.dumps({"cmd": "activate", "restore_checkpoint":
+                                         str(tmp_path / "ck")}) + "\n").encode())
+
+    t = threading.Thread(target=helper)
+    t.start()
+    assert world.run("train") == [1 / 5]  # the program's own step, from the restored step
+    t.join()
+    assert world.adapter.rehearsals == 1 and not world.controller.gate.closed
+    world.run("train")
+    assert world.controller.meter.steps == 6 and world.sess.step == 6
+    os.close(status_w)
+    events = [json.loads(line) for line in os.fdopen(status_r).read().splitlines()]
+    assert [e["event"] for e in events] == ["session_ready", "warm_ready", "restored",
+                                           "first_step_done"]
+    assert "warm_step_s" in events[1]
+    assert events[2]["step"] == 4 and events[3]["step"] == 5
+
+
+def test_warm_step_exit_and_activation_without_checkpoint() -> None:
+    control_r, control_w = os.pipe()
+    os.write(control_w, b'{"cmd": "exit"}\n')
+    world = FakeWorld(Settings(warm=True, warm_step=True, control_fd=control_r))
+    world.run("init")
+    with pytest.raises(Exited) as exc:
+        world.run("train")
+    assert exc.value.code == 0 and world.sess.step == 0 and world.adapter.rehearsals == 1
+
+    control_r, control_w = os.pipe()
+    os.write(control_w, b'{"cmd": "activate"}\n')
+    world = FakeWorld(Settings(warm=True, warm_step=True, control_fd=control_r))
+    world.run("init")
+    world.run("train")  # rehearsed and undone: the job goes on from its own state
+    assert world.sess.step == 1 and world.controller.meter.steps == 1
 
 
 def test_bad_control_line_names_the_problem() -> None:

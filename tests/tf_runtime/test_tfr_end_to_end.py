@@ -2,8 +2,9 @@
 
 The determinism test runs an example once untouched (no shim at all) and once with
 suspend/resumes, checkpoints and stop-for-migration restarts at random boundaries
-(one restart pre-warmed, as the helper does it): the final variables must be
-bit-identical and the global step the same.
+(one restart pre-warmed, as the helper does it, with its first step rehearsed before
+the hold and undone): the final variables must be bit-identical and the global step
+the same.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def test_interrupted_run_ends_bit_identical(replicas: int, runtime_server: Any, 
     assert second.wait() == EXIT_MIGRATED
     assert ack1.step > ack0.step
 
-    third.wait_event("warm_ready")
+    warm_ready = third.wait_event("warm_ready")
+    assert warm_ready["warm_step_s"] > 0  # the first step really ran (and was undone)
     assert not [m for j, m in runtime_server.messages
                 if m.HasField("hello") and m.hello.incarnation == "2"]  # silent until activated
     third.send_control({"cmd": "activate", "restore_checkpoint": ack1.checkpoint_path})
@@ -121,14 +123,16 @@ def test_counter_from_zero_is_not_migratable(runtime_server: Any, launch: Any,
 
 
 def test_kill_and_warm_exit(runtime_server: Any, launch: Any) -> None:
-    warm = launch("mlp.py", "--steps", "5", env={"GANDIVA_JOB_ID": "w"}, warm=True)
+    # GANDIVA_WARM_STEP=0: held at the restore point, no rehearsed step.
+    warm = launch("mlp.py", "--steps", "5", env={"GANDIVA_JOB_ID": "w", "GANDIVA_WARM_STEP": "0"},
+                  warm=True)
     job = launch("mlp.py", "--steps", "100000", "--step-sleep", "0.01",
                  env={"GANDIVA_JOB_ID": "k", "GANDIVA_SCHEDULER": runtime_server.address})
     job.wait_event("first_step_done")
     hello_of(runtime_server, "k", "")
     ack = runtime_server.wait_ack(runtime_server.send("k", pb.COMMAND_KIND_KILL))
     assert ack.ok and job.wait() == EXIT_KILLED
-    warm.wait_event("warm_ready")
+    assert "warm_step_s" not in warm.wait_event("warm_ready")
     warm.send_control({"cmd": "exit"})
     assert warm.wait() == 0
     assert "first_step_done" not in [e["event"] for e in warm.events]
