@@ -259,7 +259,6 @@ class PolicyConfig:
     defrag_interval_s: background defragmentation runs at most this often.
     max_migrations_per_round: cap on migrations issued by one decide() call.
     grow_idle_s: GPUs must have been idle this long before a grow-shrink job grows.
-    migration_cost_s: expected seconds a migration costs the job (payoff test).
     tiresias_thresholds_gpu_s: attained-service queue limits of Tiresias' discretized LAS.
     tiresias_starve_factor: a job waiting longer than this times its last run is promoted.
     """
@@ -278,7 +277,6 @@ class PolicyConfig:
     defrag_interval_s: float = 300.0
     max_migrations_per_round: int = 8
     grow_idle_s: float = 300.0
-    migration_cost_s: float = 1.0
     tiresias_thresholds_gpu_s: tuple[float, ...] = (3200.0, 3200.0 * 10)
     tiresias_starve_factor: float = 8.0
 

@@ -117,8 +117,7 @@ def run(args: argparse.Namespace) -> int:
         servers = make_cluster(args.cluster)
         jobs, fmt = _workload(args)
         model = _model(args, fmt)
-        config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
-                              migration_cost_s=args.migrate_s)
+        config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus)
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2
