@@ -32,7 +32,8 @@ class GpuRef(NamedTuple):
     """
 
     server: str
-    index: int
+    # Shadows tuple.index(); the contract names the field so, and nothing calls the method.
+    index: int  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

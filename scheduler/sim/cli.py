@@ -193,7 +193,7 @@ def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
         if key is None:
             cells = [f"{s['grows']} / {s['shrinks']}" for s in summaries.values()]
         else:
-            cells = [fmt(s[key]) for s in summaries.values()]  # type: ignore[misc]
+            cells = [fmt(s[key]) for s in summaries.values()]  # type: ignore[operator]
         table.add_row(label, *cells)
     _console().print(table)
 

@@ -68,6 +68,7 @@ class Simulator:
         self.first_n = first_n
         self.report_interval_s = report_interval_s
         self.progress = progress
+        self._next_report = 0.0
         self.clock = SimClock()
         self.backend = SimBackend(servers, model, policy.preemption, first_n)
         total = sum(s.num_gpus for s in servers)

@@ -64,7 +64,7 @@ def _gpus(text: str, path: Path, line: int) -> int:
 
 
 def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int) -> list[JobSpec]:
-    jobs = []
+    jobs: list[JobSpec] = []
     for line, cols in rows:
         if len(cols) != columns:
             raise TraceError(path, line, f"expected {columns} tab-separated columns, got {len(cols)}")
@@ -83,7 +83,7 @@ def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int) -> 
 
 
 def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str) -> list[JobSpec]:
-    jobs = []
+    jobs: list[JobSpec] = []
     for line, cols in rows:
         if fmt == "tiresias":
             if len(cols) < 6:
