@@ -97,3 +97,15 @@ def test_unknown_policy_names_the_valid_ones(mk) -> None:
 def test_bad_config_is_refused_with_the_field_name(mk) -> None:
     with pytest.raises(ValueError, match="quantum_s"):
         PolicyConfig(quantum_s=0)
+
+
+def test_reservation_keeps_free_gpus_for_a_job_that_waited_too_long(mk) -> None:
+    busy = [mk.job(f"r{i}", state="RUNNING", placement=mk.on("s0", i)) for i in range(3)]
+    big = mk.job("big", gpus=4, submitted_at=0)
+    small = mk.job("small", submitted_at=4000)
+    s = mk.snap(5000, mk.servers(1), *busy, big, small)
+    assert mk.kinds(get_policy("gandiva").decide(s)) == [("Queue", "big"), ("Place", "small")]
+    d = get_policy("gandiva", PolicyConfig(reserve_after_s=3600)).decide(s)
+    # The small job time-shares GPU 0 instead of taking the free GPU 3.
+    assert mk.kinds(d) == [("Queue", "big"), ("Suspend", "r0"), ("Place", "small")]
+    assert d[2].gpus == mk.on("s0", 0) and "oversubscribe" in d[2].reason
