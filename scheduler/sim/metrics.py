@@ -63,13 +63,14 @@ def utilization_series(result: SimResult, buckets: int = 200) -> tuple[list[floa
     width = (t1 - t0) / buckets
     area = [0.0] * buckets
     for (ta, busy), (tb, _) in itertools.pairwise(series):
-        a = ta
-        while a < tb:
-            k = min(int((a - t0) / width), buckets - 1)
-            b = min(tb, t0 + (k + 1) * width)
-            if b <= a:  # floating point at a bucket edge
-                b = tb
-            area[k] += busy * (b - a)
-            a = b
+        if tb <= ta or busy == 0:
+            continue
+        first = min(int((ta - t0) / width), buckets - 1)
+        last = min(int((tb - t0) / width), buckets - 1)
+        for k in range(first, last + 1):
+            lo = max(ta, t0 + k * width)
+            hi = min(tb, t0 + (k + 1) * width) if k < buckets - 1 else tb
+            if hi > lo:
+                area[k] += busy * (hi - lo)
     xs = [(t0 + (k + 0.5) * width) / 3600.0 for k in range(buckets)]
     return xs, [a / (width * result.num_gpus) for a in area]

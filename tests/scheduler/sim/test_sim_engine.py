@@ -141,3 +141,15 @@ def test_generator_is_deterministic_and_philly_like() -> None:
 def test_bad_cluster_spec_is_explained(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_cluster(spec)
+
+
+def test_utilization_series_stays_within_zero_and_one() -> None:
+    from scheduler.sim.metrics import utilization_series
+
+    jobs = generate(120, seed=5, mean_interarrival_s=60, median_duration_s=900, max_gpus=8)
+    result = Simulator(jobs, make_cluster("4x4"), get_policy("gandiva"), MODEL).run()
+    xs, ys = utilization_series(result)
+    assert len(xs) == 200 and all(0.0 <= y <= 1.0 + 1e-9 for y in ys)
+    # The series integrates to the same busy GPU-time as the summary.
+    span = (result.busy_series[-1][0] - result.busy_series[0][0]) / 200
+    assert sum(ys) * span * result.num_gpus == pytest.approx(result.busy_gpu_s, rel=1e-6)
