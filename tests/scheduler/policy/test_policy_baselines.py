@@ -64,3 +64,15 @@ def test_tiresias_promotes_a_starving_job(mk) -> None:
     assert policy.next_wakeup() == 1000  # waited 2x its 500 s of running
     assert mk.kinds(policy.decide(mk.snap(1000, mk.servers(1, 1), starving, hog))) == [
         ("Suspend", "h"), ("Resume", "s")]
+
+
+def test_tiresias_extrapolates_attained_service_from_the_last_report(mk) -> None:
+    cfg = PolicyConfig(tiresias_thresholds_gpu_s=(1000.0,))
+    # Reported 900 GPU-s at t=0; by t=200 it has run 1,100 and drops below the newcomer.
+    runner = mk.job("r", state="RUNNING", placement=mk.on("s0", 0), attained_service_s=900,
+                    reported_at=0.0, submitted_at=0)
+    new = mk.job("n", submitted_at=150)
+    assert mk.kinds(get_policy("tiresias", cfg).decide(mk.snap(50, mk.servers(1, 1), runner, new))) == [
+        ("Queue", "n")]
+    assert mk.kinds(get_policy("tiresias", cfg).decide(mk.snap(200, mk.servers(1, 1), runner, new))) == [
+        ("Suspend", "r"), ("Place", "n")]
