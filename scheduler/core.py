@@ -416,5 +416,22 @@ class SchedulerCore:
                 )
 
 
+def spec_of(job: Job) -> common_pb2.JobSpec:
+    """The JobSpec a job was submitted with, rebuilt from its row."""
+    return common_pb2.JobSpec(
+        name=job.name,
+        command=job.command,
+        workdir=job.workdir,
+        env=job.env or {},
+        gpus=job.gpus,
+        priority=job.priority,
+        grow_shrink=job.grow_shrink,
+        user=job.user,
+        multi_job_id=job.multi_job_id or "",
+        index=job.array_index,
+        params=job.params or {},
+    )
+
+
 def new_incarnation() -> str:
     return uuid.uuid4().hex[:12]

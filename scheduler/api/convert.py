@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from protos.gandiva.v1 import common_pb2
-from scheduler.core import JobDetail
+from scheduler.core import JobDetail, spec_of
 from scheduler.lifecycle import JobState
 from scheduler.state.models import Event
 from scheduler.state.repo import ServerLoad
@@ -20,19 +20,7 @@ def state_from_pb(value: int) -> JobState:
 
 def job_to_pb(d: JobDetail) -> common_pb2.Job:
     j = d.job
-    spec = common_pb2.JobSpec(
-        name=j.name,
-        command=j.command,
-        workdir=j.workdir,
-        env=j.env or {},
-        gpus=j.gpus,
-        priority=j.priority,
-        grow_shrink=j.grow_shrink,
-        user=j.user,
-        multi_job_id=j.multi_job_id or "",
-        index=j.array_index,
-        params=j.params or {},
-    )
+    spec = spec_of(j)
     return common_pb2.Job(
         id=j.id,
         spec=spec,

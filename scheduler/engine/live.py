@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
-from scheduler.core import JobDetail, SchedulerCore, new_incarnation
+from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
 from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.policy import types as pt
@@ -218,7 +218,7 @@ class LiveEngine:
             launch=helper_pb2.LaunchJob(
                 job_id=job.id,
                 incarnation=incarnation,
-                spec=_spec(job),
+                spec=spec_of(job),
                 gpu_indices=[g.index for g in gpus if g.server == primary],
                 restore_checkpoint=restore_checkpoint,
             )
@@ -243,28 +243,26 @@ class LiveEngine:
                 await repo.clear_placement(s, job_id)
 
     async def _suspend(self, job_id: str, reason: str) -> JobDetail:
-        ack = await self.core.runtimes.call(
-            job_id, runtime_pb2.COMMAND_KIND_SUSPEND, self.core.settings.command_timeout_s, reason=reason
-        )
+        return await self._obey(job_id, runtime_pb2.COMMAND_KIND_SUSPEND, JobState.SUSPENDED, reason)
+
+    async def _resume(self, job_id: str, reason: str) -> JobDetail:
+        return await self._obey(job_id, runtime_pb2.COMMAND_KIND_RESUME, JobState.RUNNING, reason)
+
+    async def _obey(
+        self, job_id: str, kind: runtime_pb2.CommandKind.ValueType, target: JobState, reason: str
+    ) -> JobDetail:
+        """Send suspend/resume to the job's shim; record the new state once it acks at a boundary."""
+        ack = await self.core.runtimes.call(job_id, kind, self.core.settings.command_timeout_s, reason=reason)
         if not ack.ok:
-            raise FailedPrecondition(f"job {job_id} could not suspend: {ack.message}")
+            verb = runtime_pb2.CommandKind.Name(kind).removeprefix("COMMAND_KIND_").lower()
+            raise FailedPrecondition(f"job {job_id} could not {verb}: {ack.message}")
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
             # The ack carries the exact step; batched progress may not have caught up yet.
             job.steps = max(job.steps, ack.step)
-            await repo.transition(s, job, JobState.SUSPENDED, self.core.clock(), f"{reason} (step {ack.step})")
-        return await self.core.get_job(job_id)
-
-    async def _resume(self, job_id: str, reason: str) -> JobDetail:
-        ack = await self.core.runtimes.call(
-            job_id, runtime_pb2.COMMAND_KIND_RESUME, self.core.settings.command_timeout_s, reason=reason
-        )
-        if not ack.ok:
-            raise FailedPrecondition(f"job {job_id} could not resume: {ack.message}")
-        async with self.core.tx() as s:
-            job = await repo.get_job(s, job_id, for_update=True)
-            job.held = False
-            await repo.transition(s, job, JobState.RUNNING, self.core.clock(), reason)
+            if target is JobState.RUNNING:
+                job.held = False
+            await repo.transition(s, job, target, self.core.clock(), f"{reason} (step {ack.step})")
         return await self.core.get_job(job_id)
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
@@ -363,24 +361,6 @@ def _profiles_query():  # type: ignore[no-untyped-def]
     from sqlalchemy import select
 
     return select(JobProfile)
-
-
-def _spec(job: Job):  # type: ignore[no-untyped-def]
-    from protos.gandiva.v1 import common_pb2
-
-    return common_pb2.JobSpec(
-        name=job.name,
-        command=job.command,
-        workdir=job.workdir,
-        env=job.env or {},
-        gpus=job.gpus,
-        priority=job.priority,
-        grow_shrink=job.grow_shrink,
-        user=job.user,
-        multi_job_id=job.multi_job_id or "",
-        index=job.array_index,
-        params=job.params or {},
-    )
 
 
 def _job_view(job, placement: list, profile: JobProfile | None, now: float) -> pt.JobView:  # type: ignore[no-untyped-def]

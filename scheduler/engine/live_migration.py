@@ -12,6 +12,7 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
+from scheduler.core import spec_of
 from scheduler.engine.migration import Endpoint, MigrationPlan, Outcome, migrate
 from scheduler.errors import FailedPrecondition
 from scheduler.lifecycle import JobState
@@ -66,11 +67,9 @@ async def begin_migration(
         src_name, dest_name = placement[0].server_name, to_gpus[0].server
         src, dst = servers[src_name], servers[dest_name]
         await repo.transition(s, job, JobState.MIGRATING, core.clock(), f"{reason}: {src_name} -> {dest_name}")
-        from scheduler.engine.live import _spec
-
         plan = MigrationPlan(
             job_id=job_id,
-            spec=_spec(job),
+            spec=spec_of(job),
             source=Endpoint(src.name, src.address, src.ramdisk, src.shared_root),
             source_incarnation=job.incarnation,
             source_gpus=tuple(p.gpu_index for p in placement if p.server_name == src_name),
