@@ -187,19 +187,20 @@ class Controller:
         executors are built too, and the global variables are back as they were);
         then the process holds. On activation the checkpoint is restored over all
         training state and the program's own first step runs on warm executors.
-        Other threads' runs are held by the gate meanwhile (a Supervisor thread
-        must not save or summarise the rehearsed state).
+        Other threads keep running during the rehearsal (queue runners must be able to
+        feed it); the gate holds them from the hold until the restore is done.
         """
+        timings: dict[str, float] = {}
+        if rehearse is not None:
+            try:
+                timings = adapter.rehearse(rehearse)
+            except (CheckpointError, OSError) as exc:
+                log.warning("warm: no rehearsal of the first step (%s); holding without it", exc)
+            else:
+                log.info("warm: first step rehearsed %s",
+                         {k: round(v, 3) for k, v in timings.items()})
         self.gate.close_and_drain(DRAIN_TIMEOUT_S)
         try:
-            timings: dict[str, float] = {}
-            if rehearse is not None:
-                try:
-                    timings = adapter.rehearse(rehearse)
-                except (CheckpointError, OSError) as exc:
-                    log.warning("warm: no rehearsal of the first step (%s); holding without it", exc)
-            log.info("warm: first step rehearsed %s",
-                     {k: round(v, 3) for k, v in timings.items()})
             self._warm_hold(**{k: round(v, 6) for k, v in timings.items()})
             if self.settings.restore_dir:
                 self._restore(adapter, self.settings.restore_dir)

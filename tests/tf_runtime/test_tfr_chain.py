@@ -258,7 +258,7 @@ def test_warm_exit_leaves_without_training() -> None:
 
 def test_warm_step_rehearses_the_first_step_then_holds(tmp_path: Path) -> None:
     """GANDIVA_WARM_STEP: the hold moves to the first training run, which is run once
-    (and undone) before warm_ready, with other threads' runs held by the gate."""
+    (and undone) before warm_ready; other threads' runs are held by the gate while held."""
     world, status_r, status_w, control_w = warm_world(tmp_path, warm_step=True)
     world.run("init")  # no hold here any more
     world.run("read_gs")
@@ -275,6 +275,7 @@ def test_warm_step_rehearses_the_first_step_then_holds(tmp_path: Path) -> None:
     t.start()
     assert world.run("train") == [1 / 5]  # the program's own step, from the restored step
     t.join()
+    assert seen == {"rehearsals": 1, "step": 0}  # rehearsed and undone before the hold
     assert world.adapter.rehearsals == 1 and not world.controller.gate.closed
     world.run("train")
     assert world.controller.meter.steps == 6 and world.sess.step == 6
