@@ -353,8 +353,10 @@ class SchedulerCore:
             if req.incarnation and req.incarnation != job.incarnation:
                 repo.add_event(s, now, "job.stale_exit", f"old launch {req.incarnation} exited", job_id=job.id, server=req.server)
                 return
-            if state.terminal or state is JobState.MIGRATING or state is JobState.QUEUED:
-                return  # killed already, or the migration in progress owns the outcome
+            if state.terminal or state is JobState.QUEUED:
+                return  # killed already, or already re-queued
+            if state is JobState.MIGRATING and req.exit_code == EXIT_MIGRATED:
+                return  # the source stopping for the migration in progress, as planned
             job.exit_code = req.exit_code
             if req.exit_code == 0:
                 await repo.transition(s, job, JobState.SUCCEEDED, now, req.reason or "finished")

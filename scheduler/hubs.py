@@ -76,32 +76,51 @@ class RuntimeConn:
 
 
 class RuntimeHub:
+    """The shims connected now, by job and incarnation.
+
+    During a migration two processes of one job are connected at once: the source
+    and the pre-warmed destination, each with its own incarnation; commands name
+    the incarnation they are for, so neither is mistaken for the other.
+    """
+
     # A shim whose stream dropped reconnects within about a second (its back-off).
     reconnect_grace_s = 5.0
 
     def __init__(self) -> None:
-        self._conns: dict[str, RuntimeConn] = {}
+        self._conns: dict[str, dict[str, RuntimeConn]] = {}
 
     def attach(self, job_id: str, incarnation: str) -> RuntimeConn:
-        old = self._conns.get(job_id)
+        conns = self._conns.setdefault(job_id, {})
+        old = conns.pop(incarnation, None)
         conn = RuntimeConn(job_id, incarnation)
-        self._conns[job_id] = conn
+        conns[incarnation] = conn
         if old is not None:
             self._fail(old, "the job's runtime reconnected")
         return conn
 
     def detach(self, conn: RuntimeConn) -> None:
-        if self._conns.get(conn.job_id) is conn:
-            del self._conns[conn.job_id]
+        conns = self._conns.get(conn.job_id, {})
+        if conns.get(conn.incarnation) is conn:
+            del conns[conn.incarnation]
+            if not conns:
+                del self._conns[conn.job_id]
         self._fail(conn, "the job's runtime disconnected")
 
-    def connected(self, job_id: str) -> bool:
-        return job_id in self._conns
+    def _find(self, job_id: str, incarnation: str) -> RuntimeConn | None:
+        conns = self._conns.get(job_id, {})
+        if incarnation:
+            # A shim launched without an incarnation (by hand) answers for any.
+            return conns.get(incarnation) or conns.get("")
+        # No incarnation named: the most recently connected process.
+        return next(reversed(conns.values()), None)
 
-    async def wait_connected(self, job_id: str, timeout: float) -> bool:
+    def connected(self, job_id: str, incarnation: str = "") -> bool:
+        return self._find(job_id, incarnation) is not None
+
+    async def wait_connected(self, job_id: str, timeout: float, incarnation: str = "") -> bool:
         """Give a shim that is reconnecting (its stream dropped) a moment to come back."""
         deadline = asyncio.get_running_loop().time() + timeout
-        while job_id not in self._conns:
+        while self._find(job_id, incarnation) is None:
             if asyncio.get_running_loop().time() >= deadline:
                 return False
             await asyncio.sleep(0.05)
@@ -114,22 +133,22 @@ class RuntimeHub:
         timeout: float,
         checkpoint_dir: str = "",
         reason: str = "",
+        incarnation: str = "",
     ) -> runtime_pb2.CommandAck:
         cmd = runtime_pb2.RuntimeCommand(
             command_id=_command_id(), kind=kind, checkpoint_dir=checkpoint_dir, reason=reason
         )
-        return await self.send(job_id, cmd, timeout)
+        return await self.send(job_id, cmd, timeout, incarnation)
 
     async def send(
         self, job_id: str, cmd: runtime_pb2.RuntimeCommand, timeout: float, incarnation: str = ""
     ) -> runtime_pb2.CommandAck:
         """Send `cmd` to the job's shim (that incarnation, if given) and await its ack."""
-        await self.wait_connected(job_id, min(timeout, self.reconnect_grace_s))
-        conn = self._conns.get(job_id)
+        await self.wait_connected(job_id, min(timeout, self.reconnect_grace_s), incarnation)
+        conn = self._find(job_id, incarnation)
         if conn is None:
-            raise FailedPrecondition(f"job {job_id} has no running process connected to the scheduler")
-        if incarnation and conn.incarnation and incarnation != conn.incarnation:
-            raise FailedPrecondition(f"job {job_id}: the connected process is not launch {incarnation}")
+            which = f" (launch {incarnation})" if incarnation else ""
+            raise FailedPrecondition(f"job {job_id} has no running process{which} connected to the scheduler")
         if not cmd.command_id:
             cmd.command_id = _command_id()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()

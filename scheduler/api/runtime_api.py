@@ -49,6 +49,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             self.core.runtimes.detach(conn)
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
                 log.warning("runtime stream of job %s ended by an error: %r", conn.job_id, reader.exception())
+            else:
+                log.info("runtime of job %s (incarnation %s) disconnected", conn.job_id, conn.incarnation)
 
     async def _read(self, conn: RuntimeConn, it: AsyncIterator[runtime_pb2.RuntimeMessage]) -> None:
         async for msg in it:

@@ -252,7 +252,10 @@ class LiveEngine:
         self, job_id: str, kind: runtime_pb2.CommandKind.ValueType, target: JobState, reason: str
     ) -> JobDetail:
         """Send suspend/resume to the job's shim; record the new state once it acks at a boundary."""
-        ack = await self.core.runtimes.call(job_id, kind, self.core.settings.command_timeout_s, reason=reason)
+        incarnation = (await self._job(job_id)).incarnation
+        ack = await self.core.runtimes.call(
+            job_id, kind, self.core.settings.command_timeout_s, reason=reason, incarnation=incarnation
+        )
         if not ack.ok:
             verb = runtime_pb2.CommandKind.Name(kind).removeprefix("COMMAND_KIND_").lower()
             raise FailedPrecondition(f"job {job_id} could not {verb}: {ack.message}")

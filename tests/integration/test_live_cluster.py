@@ -43,7 +43,7 @@ def test_oversubscribed_gpu_is_time_sliced(cluster, mlp) -> None:  # type: ignor
 def test_operator_migrates_a_running_job(cluster, mlp) -> None:  # type: ignore[no-untyped-def]
     cluster.add_helper("left", gpus=2)
     cluster.add_helper("right", gpus=2)
-    job_id = submit(cluster, "mover", mlp(300, 0.03))
+    job_id = submit(cluster, "mover", mlp(1000, 0.03))
     job = cluster.wait_for(lambda: (j := cluster.job(job_id)).steps >= 30 and j, 120)
     src = job.placement[0].server
     dest = "right" if src == "left" else "left"
@@ -55,7 +55,7 @@ def test_operator_migrates_a_running_job(cluster, mlp) -> None:  # type: ignore[
     assert {g.server for g in moved.placement} == {dest}, moved.message
     done = cluster.wait_for(lambda: (j := cluster.job(job_id)).state in DONE and j, 300)
     assert done.state == common_pb2.JOB_STATE_SUCCEEDED, done.message
-    assert done.steps == 300
+    assert done.steps == 1000
     phases = [e.message for e in cluster.stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events if e.kind == "job.migration"]
     assert any(p.startswith("save") for p in phases) and any(p.startswith("restore") for p in phases), phases
 

@@ -40,3 +40,35 @@ def test_failed_migration_resumes_from_its_checkpoint(scheduler_server, wait_for
         assert any("will resume from step 7" in r for r in reasons), reasons
         a_cmds.cancel()
         b_cmds.cancel()
+
+
+def test_job_finishing_during_a_migration_succeeds(scheduler_server, wait_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The source ends the job (exit 0) while the destination is still pre-warming:
+    the job succeeded; the migration must not put it back in the queue."""
+    import asyncio
+
+    release = asyncio.Event()
+
+    async def slow_migrate(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+        await release.wait()
+        return MigrationResult(Outcome.FAILED, "", "", reason="source gone")
+
+    monkeypatch.setattr(live_migration, "migrate", slow_migrate)
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        helper = helper_pb2_grpc.HelperStub(ch)
+        for name in ("a", "b"):
+            helper.Register(helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=0)]))
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
+        placed = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).placement and j)
+        src = placed.placement[0].server
+        moving = stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server="b" if src == "a" else "a"))
+        assert moving.state == common_pb2.JOB_STATE_MIGRATING
+        helper.ReportProcessExit(helper_pb2.ProcessExitRequest(server=src, job_id=job.id, incarnation="", exit_code=0))
+        scheduler_server.loop.call_soon_threadsafe(release.set)
+        done = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).state == common_pb2.JOB_STATE_SUCCEEDED and j)
+        assert list(done.placement) == []
+        import time
+
+        time.sleep(0.5)  # the migration's own ending must not undo it
+        assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).state == common_pb2.JOB_STATE_SUCCEEDED
