@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import grpc
 
-from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from protos.gandiva.v1 import (
+    common_pb2,
+    helper_pb2,
+    helper_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 from scheduler.engine import live_migration
 from scheduler.engine.migration import MigrationResult, Outcome
 
