@@ -58,9 +58,10 @@ class SchedulerServer:
 
     async def start(self) -> str:
         self.db = make_engine(self.db_url)
-        await migrate.upgrade(self.db)
         self.core = SchedulerCore(self.db, self.settings)
+        # The policy is checked before anything touches the database.
         self.engine = LiveEngine(self.core, self.policy, self.policy_config, self.tick_s)
+        await migrate.upgrade(self.db)
         self.server = grpc.aio.server(
             options=[
                 ("grpc.keepalive_time_ms", 20_000),
