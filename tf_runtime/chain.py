@@ -53,6 +53,8 @@ class SessionAdapter(Protocol):
 
     def rehearse(self, step: Callable[[], Any]) -> dict[str, float]: ...
 
+    def prebuild_save(self) -> float: ...
+
 
 class Runner(Protocol):
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,

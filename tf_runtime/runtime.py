@@ -7,6 +7,8 @@ Environment (set by the Migration Helper; all optional):
   GANDIVA_WARM=1             hold before the first training step (pre-warmed migration)
   GANDIVA_WARM_STEP=0        warm mode without the rehearsed first step (hold at the
                              restore point; the first step then builds the executors)
+  GANDIVA_PREBUILD_SAVE=0    no scratch save after the first step (the first real save
+                             then builds the save op's executors)
   GANDIVA_CONTROL_FD / GANDIVA_STATUS_FD   pipes shared with the helper
   GANDIVA_GPU_RELEASE        cpu | cuda | auto (tf_runtime.gpu_release)
 With none of them set, nothing is installed and the program runs untouched.
@@ -57,13 +59,19 @@ def _int_env(env: Mapping[str, str], name: str) -> int | None:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    """An on-by-default switch: 0, false, no or off turn it off."""
+    return env.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     """Set up the shim for this process from `env`; None when nothing is asked for."""
     env = os.environ if env is None else env
     scheduler = env.get("GANDIVA_SCHEDULER") or None
     restore = env.get("GANDIVA_RESTORE_CHECKPOINT") or None
     warm = env.get("GANDIVA_WARM") == "1"
-    warm_step = env.get("GANDIVA_WARM_STEP", "1") not in ("0", "false", "no", "off")
+    warm_step = _flag(env, "GANDIVA_WARM_STEP")
+    prebuild_save = _flag(env, "GANDIVA_PREBUILD_SAVE")
     status_fd = _int_env(env, "GANDIVA_STATUS_FD")
     control_fd = _int_env(env, "GANDIVA_CONTROL_FD")
     if not (scheduler or restore or warm or status_fd is not None):
@@ -76,7 +84,8 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
         # Refuse to start at all rather than train from step 0 by mistake.
         restored_step = int(validate(restore)["global_step"])
     settings = Settings(job_id=env.get("GANDIVA_JOB_ID", ""), restore_dir=restore,
-                        warm=warm, control_fd=control_fd, warm_step=warm and warm_step)
+                        warm=warm, control_fd=control_fd, warm_step=warm and warm_step,
+                        prebuild_save=prebuild_save)
     status = StatusPipe.from_env() if status_fd is not None else None
     rt = Runtime(controller=None)  # type: ignore[arg-type]
 

@@ -196,6 +196,7 @@ class FakeAdapter:
         self.closed = False
         self.saves: list[str] = []
         self.rehearsals = 0
+        self.prebuilt_saves = 0
 
     def classify(self, fetches: Any) -> RunInfo:
         return RUN_KINDS.get(fetches, RunInfo())
@@ -225,6 +226,10 @@ class FakeAdapter:
             self.sess.step = before
         self.rehearsals += 1
         return {"warm_step_s": 0.001}
+
+    def prebuild_save(self) -> float:
+        self.prebuilt_saves += 1
+        return 0.001
 
     def restore(self, directory: str) -> CheckpointInfo:
         manifest = validate(directory)

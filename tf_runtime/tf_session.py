@@ -268,6 +268,17 @@ class TFSessionAdapter:
             shutil.rmtree(scratch, ignore_errors=True)
         return {"snapshot_s": t1 - t0, "warm_step_s": t2 - t1, "unwind_s": t3 - t2}
 
+    def prebuild_save(self) -> float:
+        """Save once into a scratch directory (deleted) so the save op's executors exist."""
+        ckpt = self.checkpointer()
+        scratch = Path(tempfile.mkdtemp(prefix="gandiva-prebuild-", dir=_scratch_root()))
+        try:
+            t0 = time.perf_counter()
+            ckpt.save(self._run, str(scratch / PREFIX))
+            return time.perf_counter() - t0
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
     def restore(self, directory: str) -> CheckpointInfo:
         t0 = time.perf_counter()
         manifest = validate(directory)

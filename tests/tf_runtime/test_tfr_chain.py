@@ -304,6 +304,20 @@ def test_warm_step_exit_and_activation_without_checkpoint() -> None:
     assert world.sess.step == 1 and world.controller.meter.steps == 1
 
 
+def test_save_op_prebuilt_once_after_the_first_step_unless_a_rehearsal_did() -> None:
+    world = FakeWorld(Settings(prebuild_save=True))
+    start_training(world, steps=3)
+    assert world.adapter.prebuilt_saves == 1 and world.controller.meter.steps == 3
+    control_r, control_w = os.pipe()
+    os.write(control_w, b'{"cmd": "activate"}\n')
+    warm = FakeWorld(Settings(warm=True, warm_step=True, prebuild_save=True, control_fd=control_r))
+    start_training(warm, steps=2)
+    assert warm.adapter.prebuilt_saves == 0 and warm.adapter.rehearsals == 1
+    off = FakeWorld()  # Settings' default: no pre-build
+    start_training(off, steps=2)
+    assert off.adapter.prebuilt_saves == 0
+
+
 def test_bad_control_line_names_the_problem() -> None:
     control_r, control_w = os.pipe()
     os.write(control_w, b'{"cmd": "go"}\n')
