@@ -152,15 +152,3 @@ def test_fresh_policy_adopts_a_running_pack_after_a_restart(mk) -> None:
     assert mk.kinds(d) == [("Suspend", "a"), ("Suspend", "b"), ("Resume", "c")]
     assert all(not isinstance(x, Resume) or x.gpus == mk.on("s0", 0) for x in d)
 
-
-def test_a_kept_pack_splits_onto_free_gpus_when_the_cluster_has_room(mk) -> None:
-    policy = get_policy("gandiva", PACK_ONLY)
-    policy.decide(_packable(mk))
-    packed = _packable(mk, rate_run=8.0, rate_wait=8.0, now=80)
-    packed = dataclasses.replace(packed, jobs=tuple(dataclasses.replace(j, state="RUNNING")
-                                                    for j in packed.jobs))
-    assert policy.decide(packed) == []  # kept
-    policy.config = dataclasses.replace(PACK_ONLY, enable_migration=True)
-    d = policy.decide(dataclasses.replace(packed, now=90, servers=mk.servers(2, 1)))
-    assert mk.kinds(d) == [("Migrate", "wait")] and d[0].to_gpus == mk.on("s1", 0)
-    assert "unpack" in d[0].reason
