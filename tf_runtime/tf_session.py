@@ -26,7 +26,14 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import io_ops
 
 from .chain import RunInfo
-from .checkpoint import PREFIX, CheckpointError, CheckpointInfo, validate, write_atomically
+from .checkpoint import (
+    PREFIX,
+    CheckpointError,
+    CheckpointInfo,
+    remove_stale_temporaries,
+    validate,
+    write_atomically,
+)
 from .fetches import fetch_key, flatten
 from .replicas import Group, VarSpec, group_replicas, strip_output
 
@@ -83,10 +90,19 @@ class Checkpointer:
         run(self.restore_op, {self._prefix: prefix}, None, None)
 
 
-def _scratch_root() -> str | None:
-    """RAM-backed /dev/shm where there is one (the rehearsal snapshot is one model copy)."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+def _scratch_dir(kind: str) -> Path:
+    """A fresh scratch directory for one throw-away save (a rehearsal's snapshot, a
+    pre-built save), in RAM-backed /dev/shm where there is one.
+
+    They live in a per-user parent and are named like checkpoint temporaries
+    (`.KIND.tmp-PID-RAND`), so those of processes killed mid-save are removed here.
+    """
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    parent = base / f"gandiva-scratch-{os.getuid()}"
+    parent.mkdir(mode=0o700, exist_ok=True)
+    remove_stale_temporaries(parent)
+    return Path(tempfile.mkdtemp(prefix=f".{kind}.tmp-{os.getpid()}-", dir=parent))
 
 
 _CHECKPOINTERS: weakref.WeakKeyDictionary[tf.Graph, Checkpointer] = weakref.WeakKeyDictionary()
@@ -252,7 +268,7 @@ class TFSessionAdapter:
         batch consumed), stateful random ops (their sequence advanced once).
         """
         ckpt = self.checkpointer()
-        scratch = Path(tempfile.mkdtemp(prefix="gandiva-warm-", dir=_scratch_root()))
+        scratch = _scratch_dir("rehearsal")
         try:
             prefix = str(scratch / PREFIX)
             t0 = time.perf_counter()
@@ -271,7 +287,7 @@ class TFSessionAdapter:
     def prebuild_save(self) -> float:
         """Save once into a scratch directory (deleted) so the save op's executors exist."""
         ckpt = self.checkpointer()
-        scratch = Path(tempfile.mkdtemp(prefix="gandiva-prebuild-", dir=_scratch_root()))
+        scratch = _scratch_dir("prebuild")
         try:
             t0 = time.perf_counter()
             ckpt.save(self._run, str(scratch / PREFIX))

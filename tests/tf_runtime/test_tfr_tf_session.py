@@ -141,6 +141,40 @@ def test_replicas_saved_once_and_restored_into_every_replica(controller: Control
         assert sess2.run(gs2) == 3
 
 
+def test_rehearsal_undoes_all_training_state_and_leaves_no_scratch(controller: Controller) -> None:
+    """The warm rehearsal: one real step between a snapshot and its restore (weights,
+    momentum slots and global step of every replica back as before); scratch
+    directories of killed writers are swept."""
+    import os
+    import subprocess
+
+    from tf_runtime.tf_session import _scratch_dir
+
+    mine = _scratch_dir("rehearsal")
+    proc = subprocess.Popen(["true"])
+    proc.wait()  # a writer that has died
+    dead_stale = mine.parent / f".rehearsal.tmp-{proc.pid}-gone"
+    dead_stale.mkdir()
+    mine.rmdir()
+    g, gs, train, _, _ = mlp_graph(replicas=2)
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+        variables = tf.compat.v1.global_variables()
+    with session(g, 2) as sess:
+        sess.run(init)
+        sess.run(train)
+        before = {v.name: sess.run(v) for v in variables}
+        adapter = sess._gandiva_chain.adapter
+        stepped: list[int] = []
+        timings = adapter.rehearse(lambda: stepped.append(int(sess.run(train))))
+        assert stepped == [2] and set(timings) == {"snapshot_s", "warm_step_s", "unwind_s"}
+        after = {v.name: sess.run(v) for v in variables}
+        assert [n for n in before if not np.array_equal(before[n], after[n])] == []
+        assert sess.run(gs) == 1
+    assert not dead_stale.exists()
+    assert [p for p in mine.parent.iterdir() if f"-{os.getpid()}-" in p.name] == []
+
+
 def test_truncated_checkpoint_is_refused_and_nothing_changes(controller: Controller,
                                                              tmp_path: Path) -> None:
     g, gs, train, _, _ = mlp_graph()
