@@ -47,6 +47,14 @@ def mlp_graph(replicas: int = 1, seed: int = 0) -> tuple[Any, Any, Any, Any, arg
     return g, gs, train, loss, args
 
 
+def trainable_graph(replicas: int) -> tuple[Any, Any, Any, Any, list[Any]]:
+    """mlp_graph plus its initializer and global variables: (g, gs, train, init, variables)."""
+    g, gs, train, _, _ = mlp_graph(replicas=replicas)
+    with g.as_default():
+        return (g, gs, train, tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.global_variables())
+
+
 def session(g: Any, replicas: int = 1) -> Any:
     return tf.compat.v1.Session(graph=g, config=tf.compat.v1.ConfigProto(
         device_count={"CPU": replicas}, intra_op_parallelism_threads=1))
@@ -102,10 +110,7 @@ def test_throwaway_session_then_the_real_one(controller: Controller, tmp_path: P
 
 def test_replicas_saved_once_and_restored_into_every_replica(controller: Controller,
                                                              tmp_path: Path) -> None:
-    g, _gs, train, _, _ = mlp_graph(replicas=4)
-    with g.as_default():
-        init = tf.compat.v1.global_variables_initializer()
-        variables = tf.compat.v1.global_variables()
+    g, _gs, train, init, variables = trainable_graph(replicas=4)
     with session(g, 4) as sess:
         sess.run(init)
         for _ in range(3):
@@ -156,10 +161,7 @@ def test_rehearsal_undoes_all_training_state_and_leaves_no_scratch(controller: C
     dead_stale = mine.parent / f".rehearsal.tmp-{proc.pid}-gone"
     dead_stale.mkdir()
     mine.rmdir()
-    g, gs, train, _, _ = mlp_graph(replicas=2)
-    with g.as_default():
-        init = tf.compat.v1.global_variables_initializer()
-        variables = tf.compat.v1.global_variables()
+    g, gs, train, init, variables = trainable_graph(replicas=2)
     with session(g, 2) as sess:
         sess.run(init)
         sess.run(train)
