@@ -54,6 +54,8 @@ class LiveEngine:
         # job id -> the queueing reason last written, so unchanged reasons cost nothing.
         self._queue_reason: dict[str, str] = {}
         self._held: set[str] = set()
+        # job id -> (the row it was built from, its JobView), reused while unchanged.
+        self._views: dict[str, tuple[tuple, pt.JobView]] = {}
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -110,7 +112,9 @@ class LiveEngine:
             loads = await repo.server_loads(s)
             jobs = await repo.unfinished_job_rows(s)
             self._held = {j.id for j in jobs if j.held}
-            placements = await repo.placements_of(s, [j.id for j in jobs])
+            placements: dict[str, list[pt.GpuRef]] = {}
+            for p in await repo.all_placements(s):
+                placements.setdefault(p.job_id, []).append(pt.GpuRef(p.server_name, p.gpu_index))
             profiles = {p.job_id: p for p in (await s.scalars(_profiles_query())).all()}
         servers = tuple(
             pt.ServerView(
@@ -121,11 +125,18 @@ class LiveEngine:
             )
             for ld in loads
         )
-        return pt.ClusterSnapshot(
-            now=now,
-            servers=servers,
-            jobs=tuple(_job_view(j, placements.get(j.id, []), profiles.get(j.id), now) for j in jobs),
-        )
+        views: dict[str, tuple[tuple, pt.JobView]] = {}
+        for j in jobs:
+            gpus = tuple(sorted(placements.get(j.id, ())))
+            prof = profiles.get(j.id)
+            key = (tuple(j), gpus, prof and (prof.memory_max, prof.utilization, prof.step_time_s))
+            cached = self._views.get(j.id)
+            # An unchanged job keeps its very JobView object: cheaper here, and the
+            # policy skips re-syncing views it has already seen.
+            view = cached[1] if cached is not None and cached[0] == key else _job_view(j, gpus, prof)
+            views[j.id] = (key, view)
+        self._views = views
+        return pt.ClusterSnapshot(now=now, servers=servers, jobs=tuple(v for _, v in views.values()))
 
     # ---- applying decisions -----------------------------------------------------
 
@@ -366,18 +377,15 @@ def _profiles_query():  # type: ignore[no-untyped-def]
     return select(JobProfile)
 
 
-def _job_view(job, placement: list, profile: JobProfile | None, now: float) -> pt.JobView:  # type: ignore[no-untyped-def]
-    """`job`: a row of repo.SNAPSHOT_COLUMNS."""
-    attained = job.attained_service_s
-    if job.state == JobState.RUNNING.value and job.state_changed_at:
-        attained += max(0.0, now - job.state_changed_at) * job.gpus
-    gpus = len(placement) if placement else job.gpus
+def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None) -> pt.JobView:  # type: ignore[no-untyped-def]
+    """`job`: a row of repo.SNAPSHOT_COLUMNS. Attained service is as of the last state
+    change; the policy extrapolates it for running jobs from `reported_at`."""
     return pt.JobView(
         id=job.id,
-        gpus=max(gpus, 1),
+        gpus=max(len(placement) or job.gpus, 1),
         priority=job.priority,
         state=job.state,
-        placement=tuple(pt.GpuRef(p.server_name, p.gpu_index) for p in placement),
+        placement=placement,
         submitted_at=job.submitted_at,
         steps=job.steps,
         rate=job.rate or None,
@@ -393,7 +401,8 @@ def _job_view(job, placement: list, profile: JobProfile | None, now: float) -> p
             else None
         ),
         last_state_change_at=job.state_changed_at,
-        attained_service_s=attained,
+        attained_service_s=job.attained_service_s,
+        reported_at=job.state_changed_at if job.state == JobState.RUNNING.value else None,
         base_gpus=job.gpus,
         multi_job=job.multi_job_id,
     )
