@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.pool import NullPool
 
 from scheduler.errors import InvalidArgument
 
@@ -45,8 +46,56 @@ def _sqlite_engine(url: str, database: str | None, immediate: bool = True, **kwa
     if database and database != ":memory:":
         Path(database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
+    _configure_sqlite(engine.sync_engine, immediate)
+    return engine
 
-    @event.listens_for(engine.sync_engine, "connect")
+
+class SqliteWriter:
+    """A synchronous SQLite connection for the write hot path, used from one thread.
+
+    Configured like the async engine's connections (WAL, busy timeout, foreign keys)
+    and its transactions begin IMMEDIATE. The caller serialises writers (the core's
+    write lock), so it never waits on SQLite's busy handler.
+    """
+
+    def __init__(self, database: str) -> None:
+        # check_same_thread=False: the connection is opened and used on the writer
+        # thread, but closed at shutdown from wherever dispose runs.
+        self._engine = create_engine(
+            f"sqlite:///{database}", poolclass=NullPool, connect_args={"check_same_thread": False, "timeout": 30}
+        )
+        _configure_sqlite(self._engine, immediate=True)
+        self._conn: Connection | None = None
+
+    def run(self, statements: list[tuple[Any, list[dict[str, Any]]]]) -> None:
+        """Execute (statement, parameters) pairs in one transaction."""
+        if self._conn is None:
+            self._conn = self._engine.connect()
+        try:
+            with self._conn.begin():
+                for stmt, params in statements:
+                    self._conn.execute(stmt, params)
+        except Exception:
+            # A broken connection is replaced on the next call.
+            self._conn.close()
+            self._conn = None
+            raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._engine.dispose()
+
+
+def is_sqlite(engine: AsyncEngine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def _configure_sqlite(engine: Engine, immediate: bool) -> None:
+    """Connection settings for a server that keeps its state in SQLite."""
+
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Let SQLAlchemy, not the driver, decide when transactions begin (see _on_begin).
         dbapi_conn.isolation_level = None
@@ -62,17 +111,11 @@ def _sqlite_engine(url: str, database: str | None, immediate: bool = True, **kwa
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         # IMMEDIATE takes the write lock at BEGIN: a read-then-write transaction
         # can never fail half-way with SQLITE_BUSY when another writer commits first.
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
-    return engine
-
-
-def is_sqlite(engine: AsyncEngine) -> bool:
-    return engine.dialect.name == "sqlite"
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

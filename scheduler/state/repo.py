@@ -126,35 +126,44 @@ _JOB_COLUMNS = [c.key for c in Job.__table__.columns]
 JOBS = cast(Table, Job.__table__)
 TRANSITIONS = cast(Table, Transition.__table__)
 EVENTS = cast(Table, Event.__table__)
+MULTI_JOBS = cast(Table, MultiJob.__table__)
 
 
-async def add_jobs(session: AsyncSession, jobs: Sequence[Job], now: float) -> None:
-    """Insert new jobs with their first transition and event.
+def job_inserts(jobs: Sequence[Job], now: float, multi_job: MultiJob | None = None) -> list[tuple]:
+    """The statements that submit `jobs`: the jobs, their first transition and event.
 
-    Plain INSERTs rather than the ORM's unit of work: submission is the hot path,
-    and this is several times cheaper per job. The Job objects stay detached.
+    Plain table INSERTs rather than the ORM's unit of work: submission is the hot
+    path, and this is several times cheaper per job. The Job objects stay detached.
+    Each item is (statement, parameter list), for an async session or a sync connection.
     """
-    # Table-level (Core) inserts skip the ORM's bulk-insert machinery entirely.
-    await session.execute(insert(JOBS), [{k: getattr(j, k) for k in _JOB_COLUMNS} for j in jobs])
-    await session.execute(
+    out: list[tuple] = []
+    if multi_job is not None:
+        out.append((insert(MULTI_JOBS), [{"id": multi_job.id, "name": multi_job.name, "created_at": multi_job.created_at}]))
+    out.append((insert(JOBS), [{k: getattr(j, k) for k in _JOB_COLUMNS} for j in jobs]))
+    out.append((
         insert(TRANSITIONS),
         [
             {"job_id": j.id, "from_state": "", "to_state": j.state, "at": now, "reason": "submitted"}
             for j in jobs
         ],
-    )
-    await session.execute(
+    ))
+    out.append((
         insert(EVENTS),
         [
             {"at": now, "kind": "job.submitted", "job_id": j.id, "server": "", "message": f"{j.name}: {j.gpus} GPU(s)"}
             for j in jobs
         ],
-    )
+    ))
+    return out
+
+
+async def add_jobs(
+    session: AsyncSession, jobs: Sequence[Job], now: float, multi_job: MultiJob | None = None
+) -> None:
+    """Insert new jobs (and their multi-job) with their first transition and event."""
+    for stmt, params in job_inserts(jobs, now, multi_job):
+        await session.execute(stmt, params)
     session.info["events"] = True
-
-
-def add_multi_job(session: AsyncSession, mj: MultiJob) -> None:
-    session.add(mj)
 
 
 async def transition(
