@@ -116,8 +116,10 @@ class SchedulerCore:
     async def dispose(self) -> None:
         if self.read_engine is not self.engine:
             await self.read_engine.dispose()
-        if self._sync_writer is not None:
-            await asyncio.get_running_loop().run_in_executor(self._writer_thread, self._sync_writer.close)
+        # Idempotent: a scheduler may be stopped twice (a test's restart, then its teardown).
+        writer, self._sync_writer = self._sync_writer, None
+        if writer is not None:
+            await asyncio.get_running_loop().run_in_executor(self._writer_thread, writer.close)
         self._writer_thread.shutdown(wait=False)
 
     @asynccontextmanager
