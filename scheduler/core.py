@@ -27,9 +27,8 @@ from scheduler.validation import default_name, validate_spec
 
 log = logging.getLogger(__name__)
 
-# Exit codes agreed with tf_runtime (tf_runtime.EXIT_MIGRATED / EXIT_KILLED).
+# Exit code agreed with tf_runtime (tf_runtime.EXIT_MIGRATED): stopped for a migration.
 EXIT_MIGRATED = 75
-EXIT_KILLED = 143
 
 
 @dataclass(frozen=True)
@@ -399,20 +398,21 @@ class SchedulerCore:
     async def mark_stale_servers_down(self) -> list[str]:
         """Servers silent for `down_after_s` go down; their jobs return to the queue."""
         now = self.clock()
+        cutoff = now - self.settings.down_after_s
+        # Every scheduling round asks; only an actual change takes the write lock.
+        async with self.tx(read=True) as s:
+            if not await repo.stale_servers(s, cutoff):
+                return []
         async with self.tx() as s:
-            stale = await repo.stale_servers(s, now - self.settings.down_after_s)
+            stale = await repo.stale_servers(s, cutoff)
             names = [srv.name for srv in stale]
             for srv in stale:
                 srv.up = False
                 repo.add_event(s, now, "server.down", f"no heartbeat for {now - srv.last_heartbeat:.0f}s", server=srv.name)
-            if names:
-                loads = {ld.server.name: ld for ld in await repo.server_loads(s)}
-                lost = {jid for n in names for jid in loads[n].job_gpus}
-                for job_id in sorted(lost):
-                    job = await repo.get_job(s, job_id, for_update=True)
+                for job in await repo.jobs_on_server(s, srv.name):
                     if JobState(job.state) in ACTIVE:
                         await repo.transition(s, job, JobState.QUEUED, now, "its server went down")
-                        await repo.clear_placement(s, job_id)
+                        await repo.clear_placement(s, job.id)
         for n in names:
             self.helpers.fail_all(n, f"server {n} went down")
         if names:

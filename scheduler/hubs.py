@@ -29,7 +29,6 @@ class _Outbox:
 class HelperHub:
     def __init__(self) -> None:
         self._boxes: dict[str, _Outbox] = {}
-        self.connected: set[str] = set()
 
     def box(self, server: str) -> _Outbox:
         return self._boxes.setdefault(server, _Outbox())

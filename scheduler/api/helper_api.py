@@ -51,7 +51,6 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             raise InvalidArgument("server", "required")
         hub = self.core.helpers
         box = hub.box(request.server)
-        hub.connected.add(request.server)
         log.info("helper %s connected its command stream", request.server)
         try:
             while True:
@@ -63,7 +62,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
                     box.queue.put_nowait(cmd)
                     raise
         finally:
-            hub.connected.discard(request.server)
+            log.info("helper %s closed its command stream", request.server)
 
     @grpc_errors
     async def ReportCommandResult(self, request, context):  # type: ignore[no-untyped-def]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
+
+from sqlalchemy import select
 
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
@@ -115,7 +117,7 @@ class LiveEngine:
             placements: dict[str, list[pt.GpuRef]] = {}
             for p in await repo.all_placements(s):
                 placements.setdefault(p.job_id, []).append(pt.GpuRef(p.server_name, p.gpu_index))
-            profiles = {p.job_id: p for p in (await s.scalars(_profiles_query())).all()}
+            profiles = {p.job_id: p for p in (await s.scalars(select(JobProfile))).all()}
         servers = tuple(
             pt.ServerView(
                 name=ld.server.name,
@@ -345,36 +347,36 @@ class LiveEngine:
     # ---- reconciliation -------------------------------------------------------
 
     async def reconcile_server(self, server: str, running_jobs: Sequence[str]) -> None:
-        """Jobs placed on `server` whose process its helper no longer has go back to the queue."""
+        """Jobs placed on `server` whose process its helper no longer has go back to the queue.
+
+        Runs on every heartbeat, so it only reads, unless a job's grace period ran out."""
         now = self.core.clock()
         grace = self.core.settings.down_after_s
         alive = set(running_jobs)
+        async with self.core.tx(read=True) as s:
+            placed = await repo.jobs_on_server(s, server)
+        lost = []
+        for job in placed:
+            if job.id in alive or job.id in self.inflight:
+                self.missing_since.pop(job.id, None)
+                continue
+            if job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
+                continue
+            if now - job.state_changed_at < grace:
+                continue
+            if now - self.missing_since.setdefault(job.id, now) >= grace:
+                lost.append(job.id)
+        if not lost:
+            return
         async with self.core.tx() as s:
-            loads = {ld.server.name: ld for ld in await repo.server_loads(s)}
-            load = loads.get(server)
-            if load is None:
-                return
-            for job_id in load.job_gpus:
-                if job_id in alive or job_id in self.inflight:
-                    self.missing_since.pop(job_id, None)
-                    continue
+            for job_id in lost:
+                self.missing_since.pop(job_id, None)
                 job = await repo.get_job(s, job_id, for_update=True)
-                if JobState(job.state) not in (JobState.RUNNING, JobState.SUSPENDED):
-                    continue
-                if now - job.state_changed_at < grace:
-                    continue
-                first = self.missing_since.setdefault(job_id, now)
-                if now - first >= grace:
-                    self.missing_since.pop(job_id, None)
+                # Re-checked inside the write transaction: it may have moved meanwhile.
+                if job.state in (JobState.RUNNING.value, JobState.SUSPENDED.value):
                     await repo.transition(s, job, JobState.QUEUED, now, f"its process on {server} was lost")
                     await repo.clear_placement(s, job_id)
-                    self.core.poke()
-
-
-def _profiles_query():  # type: ignore[no-untyped-def]
-    from sqlalchemy import select
-
-    return select(JobProfile)
+        self.core.poke()
 
 
 def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None) -> pt.JobView:  # type: ignore[no-untyped-def]
@@ -407,5 +409,3 @@ def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None)
         multi_job=job.multi_job_id,
     )
 
-
-Reconciler = Callable[[str, Sequence[str]], Awaitable[None]]

@@ -62,10 +62,9 @@ async def begin_migration(
         placement = (await repo.placements_of(s, [job_id])).get(job_id, [])
         if not placement:
             raise FailedPrecondition(f"job {job_id} has no placement to migrate from")
-        servers = {ld.server.name: ld.server for ld in await repo.server_loads(s)}
         was = JobState(job.state)
         src_name, dest_name = placement[0].server_name, to_gpus[0].server
-        src, dst = servers[src_name], servers[dest_name]
+        src, dst = await repo.get_server(s, src_name), await repo.get_server(s, dest_name)
         await repo.transition(s, job, JobState.MIGRATING, core.clock(), f"{reason}: {src_name} -> {dest_name}")
         plan = MigrationPlan(
             job_id=job_id,

@@ -222,6 +222,12 @@ async def placements_of(session: AsyncSession, job_ids: Sequence[str]) -> dict[s
     return out
 
 
+async def jobs_on_server(session: AsyncSession, server: str) -> Sequence[Job]:
+    """The jobs holding at least one GPU of `server`."""
+    placed = select(Placement.job_id).where(Placement.server_name == server)
+    return (await session.scalars(select(Job).where(Job.id.in_(placed)).order_by(Job.id))).all()
+
+
 async def all_placements(session: AsyncSession) -> Sequence[Placement]:
     return (await session.scalars(select(Placement))).all()
 
