@@ -44,10 +44,11 @@ def cluster_height(snapshot: ClusterSnapshot) -> int:
 def server_affinity(snapshot: ClusterSnapshot, server: str) -> int | None:
     """The GPU count of the jobs on the server (the most common one), None when empty."""
     sizes = Counter(job.gpus for job in snapshot.jobs_on_server.get(server, ()))
-    return _affinity_of(sizes)
+    return affinity_of(sizes)
 
 
-def _affinity_of(sizes: Mapping[int, int]) -> int | None:
+def affinity_of(sizes: Mapping[int, int]) -> int | None:
+    """Affinity from a count of jobs per GPU size: the most common size, None when empty."""
     if not sizes:
         return None
     # Ties go to the larger size: it is the harder one to place elsewhere.
@@ -235,7 +236,7 @@ class Ledger:
         return _ceil_div(self.load[server], self.servers[server].num_gpus)
 
     def affinity(self, server: str) -> int | None:
-        return _affinity_of(self.sizes[server])
+        return affinity_of(self.sizes[server])
 
     def is_idle(self, server: str) -> bool:
         return self.load[server] == 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from scheduler.errors import NotFound
 from scheduler.lifecycle import JobState, check_transition
+from scheduler.policy.cluster import affinity_of
 from scheduler.state.models import (
     Event,
     Gpu,
@@ -267,8 +268,8 @@ class ServerLoad:
 
     @property
     def affinity(self) -> int:
-        """The GPU count of the jobs placed here (the largest, if they differ); 0 when empty."""
-        return max(self.job_gpus.values(), default=0)
+        """The GPU count of the jobs placed here, as the policy defines it; 0 when empty."""
+        return affinity_of(Counter(self.job_gpus.values())) or 0
 
 
 async def get_server(session: AsyncSession, name: str) -> Server:
