@@ -143,20 +143,17 @@ class LiveEngine:
     # ---- applying decisions -----------------------------------------------------
 
     async def apply(self, d: pt.Decision) -> None:
-        if isinstance(d, pt.Queue):
-            await self._note_queued([d])
-        elif isinstance(d, (pt.Place, pt.Pack)):
+        """Start, resume or move a job. Queue and Suspend/Unpack decisions are handled
+        by tick() itself (batched, and awaited before GPUs are reused); jobs in flight
+        or held by an operator never get here."""
+        if isinstance(d, (pt.Place, pt.Pack)):
             job = await self._job(d.job_id)
             if job.state == JobState.QUEUED.value:
                 await self.place(d.job_id, d.gpus, d.reason or "placed")
             elif job.state == JobState.SUSPENDED.value:
                 self._background(d.job_id, self._resume(d.job_id, d.reason or "packed"))
         elif isinstance(d, pt.Resume):
-            job = await self._job(d.job_id)
-            if not job.held:
-                self._background(d.job_id, self._resume(d.job_id, d.reason or "time slice"))
-        elif isinstance(d, (pt.Suspend, pt.Unpack)):
-            self._background(d.job_id, self._suspend(d.job_id, d.reason or "time slice over"))
+            self._background(d.job_id, self._resume(d.job_id, d.reason or "time slice"))
         elif isinstance(d, (pt.Migrate, pt.Grow, pt.Shrink)):
             gpus = d.to_gpus if isinstance(d, pt.Migrate) else d.gpus
             self._background(d.job_id, self.migrate(d.job_id, gpus, d.reason or type(d).__name__.lower()))
