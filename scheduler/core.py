@@ -17,7 +17,13 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from protos.gandiva.v1 import common_pb2, helper_pb2
-from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from scheduler.errors import (
+    FailedPrecondition,
+    GandivaError,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.state import repo
@@ -36,6 +42,8 @@ class Settings:
     heartbeat_interval_s: float = 2.0
     down_after_s: float = 10.0
     command_timeout_s: float = 60.0
+    # How long job progress is coalesced in memory before one transaction writes it.
+    progress_flush_s: float = 0.25
 
 
 @dataclass
@@ -102,6 +110,9 @@ class SchedulerCore:
             SqliteWriter(database) if is_sqlite(engine) and database not in ("", ":memory:") else None
         )
         self._writer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gandiva-sqlite-writer")
+        # job id -> (incarnation, steps, rate, last step s, metrics): reported, not yet written.
+        self._progress: dict[str, tuple[str, int, float, float, dict[str, float]]] = {}
+        self._flusher: asyncio.Task | None = None
         self.settings = settings or Settings()
         self.clock = clock
         self.events = EventBus()
@@ -113,6 +124,12 @@ class SchedulerCore:
     # ---- transactions ---------------------------------------------------------
 
     async def dispose(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+        try:
+            await self.flush_progress()  # graceful shutdown keeps the last progress
+        except GandivaError as err:
+            log.warning("progress not recorded at shutdown: %s", err)
         if self.read_engine is not self.engine:
             await self.read_engine.dispose()
         # Idempotent: a scheduler may be stopped twice (a test's restart, then its teardown).
@@ -424,16 +441,38 @@ class SchedulerCore:
     async def record_progress(
         self, job_id: str, incarnation: str, steps: int, rate: float, last_step_s: float, metrics: dict[str, float]
     ) -> None:
+        """Progress of every job is coalesced and written in one transaction per
+        `progress_flush_s`, not one per report: with many jobs this is the busiest write."""
+        earlier = self._progress.get(job_id)
+        merged = {**earlier[4], **metrics} if earlier is not None and earlier[0] == incarnation else metrics
+        self._progress[job_id] = (incarnation, steps, rate, last_step_s, merged)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_progress_soon())
+
+    async def _flush_progress_soon(self) -> None:
+        await asyncio.sleep(self.settings.progress_flush_s)
+        try:
+            await self.flush_progress()
+        except GandivaError as err:
+            # Lost to a brief database outage; the next reports supersede these.
+            log.warning("progress not recorded: %s", err)
+
+    async def flush_progress(self) -> None:
+        batch, self._progress = self._progress, {}
+        if not batch:
+            return
+        now = self.clock()
         async with self.tx() as s:
-            job = await repo.get_job(s, job_id)
-            if incarnation and job.incarnation and incarnation != job.incarnation:
-                return
-            job.steps = max(job.steps, steps)
-            job.rate = rate
-            job.last_step_s = last_step_s
-            if metrics:
-                job.metrics = {**(job.metrics or {}), **metrics}
-            job.updated_at = self.clock()
+            for job in await repo.jobs_by_id(s, list(batch)):
+                incarnation, steps, rate, last_step_s, metrics = batch[job.id]
+                if incarnation and job.incarnation and incarnation != job.incarnation:
+                    continue  # an older launch, or a pre-warmed destination not yet current
+                job.steps = max(job.steps, steps)
+                job.rate = rate
+                job.last_step_s = last_step_s
+                if metrics:
+                    job.metrics = {**(job.metrics or {}), **metrics}
+                job.updated_at = now
 
     async def record_migratability(self, job_id: str, migratable: bool, reason: str) -> None:
         async with self.tx() as s:
