@@ -14,5 +14,8 @@ DO $$ BEGIN
   END IF;
 END $$;
 SELECT 'CREATE DATABASE gandiva OWNER gandiva' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'gandiva')\gexec
+-- Dropping a test database WITH (FORCE) must be able to end an autovacuum worker
+-- that happens to be in it (such processes have no role of their own).
+GRANT pg_signal_backend TO gandiva;
 SQL
 echo "PostgreSQL ready: postgresql+asyncpg://gandiva:gandiva@127.0.0.1:5432/gandiva"

@@ -85,7 +85,17 @@ def pg_url() -> Iterator[str]:
     asyncio.run(admin(f'CREATE DATABASE "{name}"'))
     base = PG_ADMIN_URL.rsplit("/", 1)[0]
     yield f"{base}/{name}"
-    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    import time
+
+    for attempt in range(5):
+        try:
+            asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            break
+        except asyncpg.PostgresError:
+            # A background process was in the database at that instant; it leaves soon.
+            if attempt == 4:
+                raise
+            time.sleep(0.5)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])
