@@ -6,7 +6,8 @@ average JCT at most 0.8x yarn-cs and its makespan at most 0.9x (the paper: 0.79x
 packing and spread slowdowns come from Gavel's measured V100 table; suspend/resume
 and migration costs are our own measurements (docs/simulator.md). Nothing is tuned.
 The "bound/y" column is the best makespan ratio any policy could reach: the latest
-(arrival + duration alone) of any job, over yarn-cs's makespan.
+(arrival + fastest possible run) of any job, over yarn-cs's makespan, where a job
+larger than one server runs at least at its spread slowdown (scheduler.sim.load).
 
     .venv/bin/python benchmarks/sim_philly.py [--traces DIR] [--min-jobs 500] [--json OUT]
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from scheduler.policy import get_policy
 from scheduler.sim.engine import Simulator, make_cluster
-from scheduler.sim.load import duration_alone, scale_to_load
+from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import read_trace
@@ -56,8 +57,7 @@ def main() -> int:
             continue
         jobs, factor = scale_to_load(jobs, servers, model, args.target_load)
         # No policy can finish before the job that ends last when run alone on arrival.
-        t0 = min(j.submit_time for j in jobs)
-        bound = max(j.submit_time + duration_alone(j, model) for j in jobs) - t0
+        bound, _ = makespan_bound(jobs, servers, model)
         start = time.perf_counter()
         res = {p: summarize(Simulator(jobs, servers, get_policy(p), model).run()) for p in POLICIES}
         everything[path.stem] = {"jobs": len(jobs), "arrival_factor": factor,

@@ -12,7 +12,7 @@ from typing import Any
 from scheduler.policy import POLICIES, PolicyConfig, get_policy
 from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.generator import generate
-from scheduler.sim.load import offered_load, scale_to_load
+from scheduler.sim.load import makespan_bound, offered_load, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import Costs, MechanismModel
 from scheduler.sim.trace import FORMATS, JobSpec, TraceError, detect_format, read_trace
@@ -137,8 +137,13 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"offered load {load:.3f} (use --target-load to change it)")
     err.print(f"{len(jobs)} jobs on {args.cluster} ({sum(s.num_gpus for s in servers)} GPUs); "
               f"rates from {model.source}")
+    bound, critical = makespan_bound(jobs, servers, model)
+    if critical is not None:
+        spread = " spread over servers" if critical.num_gpus > max(s.num_gpus for s in servers) else ""
+        err.print(f"makespan lower bound {_hours(bound)}: job {critical.id} ({critical.num_gpus} GPUs{spread}) "
+                  f"cannot finish sooner under any policy")
     results = {name: _simulate(name, jobs, servers, model, config, args, err) for name in names}
-    summaries = {name: summarize(r) for name, r in results.items()}
+    summaries = {name: {**summarize(r), "makespan_bound_s": bound} for name, r in results.items()}
     if args.output == "json":
         print(json.dumps(summaries, indent=2, sort_keys=True))
     else:
@@ -177,6 +182,7 @@ def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
     rows = [
         ("avg JCT", "avg_jct_s", _hours), ("median JCT", "median_jct_s", _hours),
         ("p95 JCT", "p95_jct_s", _hours), ("makespan", "makespan_s", _hours),
+        ("makespan lower bound (any policy)", "makespan_bound_s", _hours),
         ("avg queueing delay", "avg_queueing_delay_s", _hours),
         (f"avg time to first {first_n} mini-batches", "avg_time_to_first_n_s", _seconds),
         ("GPU utilization", "utilization", lambda v: f"{100 * v:.1f}%"),

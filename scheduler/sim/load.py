@@ -40,3 +40,36 @@ def scale_to_load(jobs: list[JobSpec], servers: tuple[ServerView, ...], model: M
     t0 = min(j.submit_time for j in jobs)
     scaled = [dataclasses.replace(j, submit_time=t0 + (j.submit_time - t0) * factor) for j in jobs]
     return scaled, factor
+
+
+def fastest_run_s(job: JobSpec, servers: tuple[ServerView, ...], model: MechanismModel) -> float:
+    """The shortest time the job can possibly run: alone, on as few servers as it needs.
+
+    A job that fits one server runs at its alone rate there. A job larger than the
+    largest server must span servers, so it runs at least at the spread slowdown
+    (``MechanismModel.spread``); no placement avoids it. Packing never speeds a job up
+    (Gavel's packed rates are at most the alone rate), so nothing runs faster.
+    """
+    alone = model.alone_rate(job.model, job.num_gpus)
+    steps = job.total_steps if job.total_steps is not None else (job.duration_s or 0.0) * alone
+    rate = alone
+    if job.num_gpus > max(s.num_gpus for s in servers):
+        rate *= model.spread(job.model, job.num_gpus)
+    return steps / rate if rate > 0 else float("inf")
+
+
+def makespan_bound(jobs: list[JobSpec], servers: tuple[ServerView, ...],
+                   model: MechanismModel) -> tuple[float, JobSpec | None]:
+    """(a makespan no policy can beat, the job that sets it).
+
+    The latest (arrival + fastest possible run) over all jobs, measured from the first
+    arrival: that job cannot finish earlier under any policy, whatever the others do.
+    Jobs larger than the cluster are left out (the simulator skips them).
+    """
+    total = sum(s.num_gpus for s in servers)
+    fits = [j for j in jobs if j.num_gpus <= total]
+    if not fits:
+        return 0.0, None
+    t0 = min(j.submit_time for j in fits)
+    last = max(fits, key=lambda j: j.submit_time + fastest_run_s(j, servers, model))
+    return last.submit_time + fastest_run_s(last, servers, model) - t0, last

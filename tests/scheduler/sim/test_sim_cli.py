@@ -27,7 +27,8 @@ def test_compare_prints_json_keyed_by_policy(capsys: pytest.CaptureFixture[str])
     for metrics in data.values():
         assert {"avg_jct_s", "p95_jct_s", "makespan_s", "utilization", "migrations"} <= set(metrics)
         assert metrics["jobs_finished"] == 40
-    assert "offered load" in err
+        assert 0 < metrics["makespan_bound_s"] <= metrics["makespan_s"]
+    assert "offered load" in err and "makespan lower bound" in err
 
 
 def test_table_and_target_load_factor(capsys: pytest.CaptureFixture[str]) -> None:

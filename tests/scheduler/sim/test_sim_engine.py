@@ -9,7 +9,7 @@ import pytest
 from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
 from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.generator import generate
-from scheduler.sim.load import offered_load, scale_to_load
+from scheduler.sim.load import makespan_bound, offered_load, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import JobSpec
@@ -153,3 +153,24 @@ def test_utilization_series_stays_within_zero_and_one() -> None:
     # The series integrates to the same busy GPU-time as the summary.
     span = (result.busy_series[-1][0] - result.busy_series[0][0]) / 200
     assert sum(ys) * span * result.num_gpus == pytest.approx(result.busy_gpu_s, rel=1e-6)
+
+
+def test_a_job_larger_than_a_server_sets_the_bound_at_its_spread_rate() -> None:
+    jobs = [JobSpec("small", 0.0, 1, "resnet50", duration_s=7200),
+            JobSpec("big", 100.0, 8, "lstm", duration_s=3600)]
+    servers = make_cluster("3x4")
+    bound, critical = makespan_bound(jobs, servers, MODEL)
+    # 8 GPUs on 4-GPU servers always span two: its hour takes 1 / spread hours.
+    assert critical is not None and critical.id == "big"
+    assert bound == pytest.approx(100 + 3600 / MODEL.spread("lstm", 8))
+    for policy in ("gandiva", "yarn-cs"):
+        assert _run(jobs, "3x4", policy)["makespan_s"] == pytest.approx(bound, rel=1e-3)
+
+
+@pytest.mark.parametrize("policy", ["gandiva", "fifo", "yarn-cs", "tiresias"])
+def test_no_policy_beats_the_makespan_bound(policy: str) -> None:
+    jobs, _ = scale_to_load(generate(150, seed=3), make_cluster("4x4"), MODEL, 1.2)
+    bound, _ = makespan_bound(jobs, make_cluster("4x4"), MODEL)
+    m = _run(jobs, "4x4", policy)
+    assert m["jobs_finished"] == 150
+    assert m["makespan_s"] >= bound * (1 - 1e-9)
