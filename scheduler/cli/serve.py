@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="database URL: sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER:PW@HOST/DB "
         "(default $GANDIVA_DB, else an SQLite file under $GANDIVA_HOME, default ~/.gandiva)",
     )
-    p.add_argument("--policy", default="gandiva", help="scheduling policy: gandiva (default), fifo, yarn-cs, tiresias")
+    p.add_argument("--policy", default="gandiva", help="scheduling policy: gandiva (default), fifo, yarn-cs, tiresias, yarn-cs-local")
     p.add_argument("--quantum", type=float, default=60.0, help="time slice in seconds at priority 1 (default 60)")
     p.add_argument("--tick", type=float, default=1.0, help="seconds between scheduling rounds (default 1)")
     p.add_argument("--heartbeat-timeout", type=float, default=10.0, help="mark a server down after this many seconds without a heartbeat")

@@ -6,7 +6,8 @@ One decide() call runs, in this order:
    a job that would only fit by time-sharing first shrinks grown jobs; the first job
    that has waited ``reserve_after_s`` without fitting reserves the free GPUs (jobs
    behind it may only time-share) - our addition against starving large jobs;
-3. migration (lower the height, bring spread jobs together, defragment);
+3. migration (lower the height, make room on one server for a queued job, bring
+   spread jobs together, defragment);
 4. new packing trials (only when overloaded);
 5. time-slicing rotation in every oversubscribed group without a trial;
 6. grow opt-in jobs when GPUs have been idle.
@@ -17,13 +18,14 @@ from __future__ import annotations
 from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger
 from scheduler.policy.growshrink import grow, shrink_all
-from scheduler.policy.migration import consolidate, defragment, lower_height
+from scheduler.policy.migration import consolidate, defragment, lower_height, make_room
 from scheduler.policy.packing import judge_trials, start_trials
 from scheduler.policy.placement import (
     ALGORITHM_1,
     FREE_FILTERS,
     OVERSUBSCRIBE_ONLY,
     find_placement,
+    queue_order,
     queue_reason,
 )
 from scheduler.policy.state import GandivaState
@@ -37,11 +39,6 @@ from scheduler.policy.types import (
     Queue,
     Suspend,
 )
-
-
-def queue_order(jobs: list[JobView]) -> list[JobView]:
-    """Higher priority first, then earlier submission (dynamic priority reorders the queue)."""
-    return sorted(jobs, key=lambda j: (-j.priority, j.submitted_at, j.id))
 
 
 class GandivaPolicy(Policy):
@@ -70,7 +67,8 @@ class GandivaPolicy(Policy):
         if cfg.enable_migration:
             budget = cfg.max_migrations_per_round
             # While a starving job holds a reservation, free GPUs are kept for it.
-            steps = (consolidate, defragment) if self._reserved else (lower_height, consolidate, defragment)
+            steps = ((make_room, consolidate, defragment) if self._reserved
+                     else (lower_height, make_room, consolidate, defragment))
             for step in steps:
                 moves = step(ledger, state, cfg, budget)
                 budget -= len(moves)

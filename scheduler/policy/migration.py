@@ -9,7 +9,12 @@ Three passes, each only when the move is expected to pay off:
    0e4a51, the packs re-formed and paid new trials.)
 2. ``consolidate``: a running job spread over more servers than it needs moves onto
    the fewest servers with free GPUs, removing the cross-server slowdown.
-3. ``defragment`` (every ``defrag_interval_s``, only while some job waits or is
+3. ``make_room``: the first queued job (in queue order) that fits one server finds no
+   server with room although the free GPUs add up to it: empty the non-idle server
+   with the most free GPUs by moving its jobs onto fuller servers (each must fit
+   without time-sharing); the job is placed on it in the next round. Reactive
+   placement never spreads such a job, so without this it would wait for a departure.
+4. ``defragment`` (every ``defrag_interval_s``, only while some job waits or is
    spread, i.e. while a freed server would be used): take the non-idle server with
    the most free GPUs (at least ``defrag_free_gpus``) and move all its jobs onto
    fuller non-idle servers, if every one of them fits without time-sharing.
@@ -18,7 +23,12 @@ Three passes, each only when the move is expected to pay off:
 from __future__ import annotations
 
 from scheduler.policy.cluster import Ledger, Placement
-from scheduler.policy.placement import _single_server, affinity_filter, unallocated_filter
+from scheduler.policy.placement import (
+    _single_server,
+    affinity_filter,
+    queue_order,
+    unallocated_filter,
+)
 from scheduler.policy.state import GandivaState
 from scheduler.policy.types import Decision, JobView, Migrate, PolicyConfig
 
@@ -91,6 +101,30 @@ def consolidate(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
             misses[job.gpus] = ledger.version
         elif len({g.server for g in target}) < used:
             out.append(_move(ledger, job_id, target, f"bring together from {used} servers"))
+    return out
+
+
+# After make_room's moves the policy looks again this soon, to place the waiting job.
+MAKE_ROOM_RECHECK_S = 5.0
+
+
+def make_room(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
+    out: list[Decision] = []
+    queued = [ledger.jobs[j] for j in ledger.ids_in("QUEUED")]
+    first = next((j for j in queue_order(queued) if j.gpus <= ledger.max_server_gpus), None)
+    if first is None or ledger.total_free() < first.gpus:
+        return out
+    if any(ledger.num_free(n) >= first.gpus for n in ledger.servers):
+        return out  # it fits somewhere already; placement will take it
+    for source in sorted((n for n in ledger.servers if not ledger.is_idle(n) and ledger.num_free(n) > 0),
+                         key=lambda n: (-ledger.num_free(n), n)):
+        moves = _plan_evacuation(ledger, source, state)
+        if moves is None or len(moves) > budget:
+            continue
+        for job_id, gpus in moves:
+            out.append(_move(ledger, job_id, gpus, f"make room for job {first.id}: empty {source}"))
+        state.wake_at(ledger.snapshot.now + MAKE_ROOM_RECHECK_S)
+        break
     return out
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scheduler.policy.base import Policy
-from scheduler.policy.baselines import FifoPolicy, YarnCsPolicy
+from scheduler.policy.baselines import FifoPolicy, YarnCsLocalPolicy, YarnCsPolicy
 from scheduler.policy.gandiva import GandivaPolicy
 from scheduler.policy.tiresias import TiresiasPolicy
 from scheduler.policy.types import PolicyConfig
@@ -13,6 +13,7 @@ POLICIES: dict[str, type[Policy]] = {
     "fifo": FifoPolicy,
     "yarn-cs": YarnCsPolicy,
     "tiresias": TiresiasPolicy,
+    "yarn-cs-local": YarnCsLocalPolicy,
 }
 
 

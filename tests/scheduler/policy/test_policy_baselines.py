@@ -26,7 +26,7 @@ def test_yarn_cs_lets_a_smaller_job_start_past_a_blocked_one(mk) -> None:
 
 
 def test_exclusive_baselines_never_preempt_or_time_share(mk) -> None:
-    for name in ("fifo", "yarn-cs"):
+    for name in ("fifo", "yarn-cs", "yarn-cs-local"):
         d = get_policy(name).decide(_busy_cluster(mk))
         assert {type(x).__name__ for x in d} <= {"Place", "Queue"}
 
@@ -35,6 +35,16 @@ def test_yarn_cs_prefers_one_server_and_spreads_only_when_it_must(mk) -> None:
     running = [mk.job("r0", state="RUNNING", placement=mk.on("s0", 0))]
     d = get_policy("yarn-cs").decide(mk.snap(0, mk.servers(2), *running, mk.job("two", gpus=2)))
     assert {g.server for g in d[0].gpus} == {"s0"}  # best fit on the fuller server
+
+
+def test_yarn_cs_local_waits_for_one_server_where_yarn_cs_spreads(mk) -> None:
+    busy = [mk.job(f"b{i}{k}", state="RUNNING", placement=mk.on(f"s{i}", k)) for i in range(2) for k in range(3)]
+    snap = mk.snap(0, mk.servers(2), *busy, mk.job("pair", gpus=2), mk.job("one", submitted_at=1))
+    spread = get_policy("yarn-cs").decide(snap)
+    assert mk.kinds(spread) == [("Place", "pair"), ("Queue", "one")]
+    local = get_policy("yarn-cs-local").decide(snap)
+    # The pair waits for a server with 2 free GPUs; the 1-GPU job behind it starts.
+    assert mk.kinds(local) == [("Queue", "pair"), ("Place", "one")]
 
 
 def test_tiresias_preempts_the_job_with_most_attained_service(mk) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from scheduler.policy import Grow, Migrate, Pack, PolicyConfig, Resume, Shrink, Unpack, get_policy
+from scheduler.policy import Grow, Migrate, Pack, Place, PolicyConfig, Resume, Shrink, Unpack, get_policy
 
 NO_MOVES = PolicyConfig(enable_migration=False, enable_packing=False, enable_grow_shrink=False)
 
@@ -152,3 +152,29 @@ def test_fresh_policy_adopts_a_running_pack_after_a_restart(mk) -> None:
     assert mk.kinds(d) == [("Suspend", "a"), ("Suspend", "b"), ("Resume", "c")]
     assert all(not isinstance(x, Resume) or x.gpus == mk.on("s0", 0) for x in d)
 
+
+
+def test_a_server_is_emptied_for_a_queued_job_that_no_server_has_room_for(mk) -> None:
+    lonely = mk.job("lonely", state="RUNNING", placement=mk.on("s0", 0))
+    two = [mk.job(f"t{i}", state="RUNNING", placement=mk.on("s1", i)) for i in range(2)]
+    three = [mk.job(f"h{i}", state="RUNNING", placement=mk.on("s2", i)) for i in range(3)]
+    waiting = mk.job("four", gpus=4, submitted_at=5)
+    policy = get_policy("gandiva")
+    d = policy.decide(mk.snap(10, mk.servers(3), lonely, *two, *three, waiting))
+    # 6 GPUs are free (3 + 2 + 1) but no server has 4: the lonely job moves to the fullest server.
+    moves = [x for x in d if isinstance(x, Migrate)]
+    assert [m.job_id for m in moves] == ["lonely"]
+    assert moves[0].to_gpus == mk.on("s2", 3) and "make room for job four" in moves[0].reason
+    assert policy.next_wakeup() is not None and policy.next_wakeup() <= 15
+    # Next round, with the move carried out, the job gets the emptied server.
+    moved = mk.job("lonely", state="RUNNING", placement=mk.on("s2", 3))
+    d = policy.decide(mk.snap(16, mk.servers(3), moved, *two, *three, waiting))
+    (place,) = [x for x in d if isinstance(x, Place)]
+    assert place.job_id == "four" and {g.server for g in place.gpus} == {"s0"}
+
+
+def test_no_server_is_emptied_when_its_jobs_would_have_to_time_share(mk) -> None:
+    jobs = [mk.job(f"j{i}{k}", state="RUNNING", placement=mk.on(f"s{i}", k)) for i in range(2) for k in range(2)]
+    d = get_policy("gandiva").decide(mk.snap(10, mk.servers(2), *jobs, mk.job("four", gpus=4)))
+    # 2 + 2 free GPUs: emptying either server needs 2 GPUs on a fuller one, and there is none.
+    assert not [x for x in d if isinstance(x, Migrate)]

@@ -109,3 +109,28 @@ def test_reservation_keeps_free_gpus_for_a_job_that_waited_too_long(mk) -> None:
     # The small job time-shares GPU 0 instead of taking the free GPU 3.
     assert mk.kinds(d) == [("Queue", "big"), ("Suspend", "r0"), ("Place", "small")]
     assert d[2].gpus == mk.on("s0", 0) and "oversubscribe" in d[2].reason
+
+
+def test_a_job_that_fits_one_server_is_never_spread_and_says_why(mk) -> None:
+    busy = [mk.job(f"b{i}{k}", state="RUNNING", placement=mk.on(f"s{i}", k)) for i in range(2) for k in range(3)]
+    d = get_policy("gandiva").decide(mk.snap(0, mk.servers(2), *busy, mk.job("pair", gpus=2)))
+    # Two GPUs are free, one on each server: spreading would slow the job, so it waits.
+    (q,) = [x for x in d if x.job_id == "pair"]
+    assert isinstance(q, Queue)
+    assert "2 free but no server has 2 free" in q.reason
+
+
+def test_a_job_larger_than_a_server_spreads_over_the_fewest_servers(mk) -> None:
+    busy = [mk.job("a", state="RUNNING", placement=mk.on("s0", 0)),
+            mk.job("b", state="RUNNING", placement=mk.on("s1", 0)),
+            mk.job("c", gpus=2, state="RUNNING", placement=mk.on("s2", 0, 1))]
+    d = get_policy("gandiva").decide(mk.snap(0, mk.servers(3), *busy, mk.job("big", gpus=8)))
+    gpus = _placed(d, "big")
+    assert len(gpus) == 8 and len(set(gpus)) == 8
+    assert "relaxed" in next(x for x in d if isinstance(x, Place)).reason
+
+
+def test_yarn_cs_still_spreads_a_small_job_like_a_locality_unaware_allocator(mk) -> None:
+    busy = [mk.job(f"b{i}{k}", state="RUNNING", placement=mk.on(f"s{i}", k)) for i in range(2) for k in range(3)]
+    d = get_policy("yarn-cs").decide(mk.snap(0, mk.servers(2), *busy, mk.job("pair", gpus=2)))
+    assert {g.server for g in _placed(d, "pair")} == {"s0", "s1"}
