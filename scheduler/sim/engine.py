@@ -61,13 +61,17 @@ class Simulator:
 
     def __init__(self, jobs: list[JobSpec], servers: tuple[ServerView, ...], policy: Policy,
                  model: MechanismModel, first_n: int = 100, report_interval_s: float = 300.0,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None,
+                 observer: Callable[[float, dict[str, SimJob]], None] | None = None) -> None:
         self.servers = servers
         self.policy = policy
         self.model = model
         self.first_n = first_n
         self.report_interval_s = report_interval_s
         self.progress = progress
+        # Called after every event with the time and the unfinished jobs as they stay until
+        # the next event (benchmarks/sim_breakdown.py adds up where GPU-hours go with it).
+        self.observer = observer
         self._next_report = 0.0
         self.clock = SimClock()
         self.backend = SimBackend(servers, model, policy.preemption, first_n)
@@ -147,6 +151,8 @@ class Simulator:
             backend.refresh(backend.apply(decisions, t), t)
             if self.progress is not None:
                 self.progress(len(finished), len(specs))
+            if self.observer is not None:
+                self.observer(t, active)
         backend.busy_area += backend.busy * (clock.now - backend.busy_t)
         backend.busy_t = clock.now
         return SimResult(

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from scheduler.policy import Grow, Migrate, Pack, Place, PolicyConfig, Resume, Shrink, Unpack, get_policy
+from scheduler.policy import (
+    Grow,
+    Migrate,
+    Pack,
+    Place,
+    PolicyConfig,
+    Resume,
+    Shrink,
+    Unpack,
+    get_policy,
+)
 
 NO_MOVES = PolicyConfig(enable_migration=False, enable_packing=False, enable_grow_shrink=False)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import pytest
@@ -174,3 +175,17 @@ def test_no_policy_beats_the_makespan_bound(policy: str) -> None:
     m = _run(jobs, "4x4", policy)
     assert m["jobs_finished"] == 150
     assert m["makespan_s"] >= bound * (1 - 1e-9)
+
+
+def test_the_observer_sees_every_event_and_its_busy_time_adds_up() -> None:
+    jobs, _ = scale_to_load(generate(60, seed=5), make_cluster("2x4"), MODEL, 1.0)
+    seen: list[tuple[float, int]] = []
+
+    def observe(now: float, active: dict) -> None:
+        busy = {g for j in active.values() if j.state == "RUNNING" for g in j.placement}
+        seen.append((now, len(busy)))
+
+    result = Simulator(jobs, make_cluster("2x4"), get_policy("gandiva"), MODEL, observer=observe).run()
+    assert len(seen) == result.decide_calls
+    area = sum(busy * (t1 - t0) for (t0, busy), (t1, _) in itertools.pairwise(seen))
+    assert area == pytest.approx(result.busy_gpu_s, rel=1e-9)

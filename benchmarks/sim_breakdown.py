@@ -1,0 +1,106 @@
+"""Where the GPU-hours go: why one policy's makespan or JCT is longer than another's.
+
+For each policy, replays a trace and adds up, between consecutive simulator events:
+
+- busy: GPU-hours with at least one job running;
+- idle while jobs wait: GPU-hours of unallocated GPUs while some job is queued or suspended
+  (room that fragmentation or policy kept from the waiting jobs);
+- spread loss: GPU-hours a job spread over several servers loses to the spread slowdown,
+  GPUs x (1 - spread factor), split into "forced" (the job is larger than any server) and
+  "avoidable" (it would have fit on one server);
+- the critical job (the one that sets the makespan lower bound, scheduler.sim.load): hours
+  queued, suspended and running, and when it finished.
+
+    .venv/bin/python benchmarks/sim_breakdown.py --trace FILE [--compare gandiva,yarn-cs]
+        [--cluster 25x4] [--target-load 0.9]
+
+With a Gavel trace the Gavel throughput table next to it is used, as in `gandiva sim`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from scheduler.policy import get_policy
+from scheduler.sim.engine import Simulator, make_cluster
+from scheduler.sim.load import makespan_bound, scale_to_load
+from scheduler.sim.metrics import summarize
+from scheduler.sim.model import MechanismModel
+from scheduler.sim.trace import read_trace
+
+
+class Breakdown:
+    """Integrates the cluster's state over time, one interval per simulator event."""
+
+    def __init__(self, num_gpus: int, server_gpus: int, model: MechanismModel, critical: str) -> None:
+        self.num_gpus, self.server_gpus, self.model, self.critical = num_gpus, server_gpus, model, critical
+        self.hours = dict.fromkeys(("busy", "idle_while_waiting", "spread_forced", "spread_avoidable",
+                                    "critical_queued", "critical_suspended", "critical_running"), 0.0)
+        self._last: tuple[float, dict[str, float]] | None = None
+
+    def __call__(self, now: float, active: dict) -> None:
+        if self._last is not None:
+            t, rates = self._last
+            for key, gpus in rates.items():
+                self.hours[key] += gpus * (now - t) / 3600.0
+        allocated, running, waiting = set(), set(), False
+        rates = dict.fromkeys(self.hours, 0.0)
+        for job in active.values():
+            allocated.update(job.placement)
+            if job.state == "RUNNING":
+                running.update(job.placement)
+                k = len(job.placement)
+                if len({g.server for g in job.placement}) > 1:
+                    loss = k * (1.0 - min(1.0, self.model.spread(job.spec.model, k)))
+                    rates["spread_forced" if k > self.server_gpus else "spread_avoidable"] += loss
+            elif job.state in ("QUEUED", "SUSPENDED"):
+                waiting = True
+            if job.spec.id == self.critical:
+                rates[f"critical_{job.state.lower()}"] = 1.0
+        rates["busy"] = len(running)
+        if waiting:
+            rates["idle_while_waiting"] = self.num_gpus - len(allocated)
+        self._last = (now, rates)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", type=Path, required=True)
+    ap.add_argument("--compare", default="gandiva,yarn-cs")
+    ap.add_argument("--cluster", default="25x4")
+    ap.add_argument("--target-load", type=float, default=0.9)
+    ap.add_argument("--throughputs", type=Path, help="Gavel table (default: found next to the trace)")
+    args = ap.parse_args()
+    if not args.trace.is_file():
+        print(f"no trace at {args.trace}", file=sys.stderr)
+        return 2
+    table = args.throughputs or next((p / "simulation_throughputs.json" for p in args.trace.resolve().parents
+                                      if (p / "simulation_throughputs.json").is_file()), None)
+    model = MechanismModel.from_gavel(table) if table else MechanismModel.default()
+    servers = make_cluster(args.cluster)
+    jobs, factor = scale_to_load(read_trace(args.trace), servers, model, args.target_load)
+    bound, critical = makespan_bound(jobs, servers, model)
+    assert critical is not None
+    print(f"{args.trace.stem}: {len(jobs)} jobs, arrivals x{factor:.4f}, rates from {model.source}")
+    print(f"makespan lower bound {bound / 3600:.0f} h, set by {critical.id} ({critical.num_gpus} GPUs, "
+          f"{critical.model}, arrives at {(critical.submit_time - min(j.submit_time for j in jobs)) / 3600:.0f} h)")
+    cols = ("policy", "avg JCT h", "makespan h", "busy GPU-h", "idle while waiting", "spread loss forced",
+            "spread loss avoidable", "critical queued h", "critical suspended h", "critical running h")
+    print(" | ".join(cols))
+    for name in args.compare.split(","):
+        start = time.perf_counter()
+        probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id)
+        m = summarize(Simulator(jobs, servers, get_policy(name), model, observer=probe).run())
+        h = probe.hours
+        print(f"{name} | {m['avg_jct_s'] / 3600:.1f} | {m['makespan_s'] / 3600:.0f} | {h['busy']:.0f} | "
+              f"{h['idle_while_waiting']:.0f} | {h['spread_forced']:.0f} | {h['spread_avoidable']:.0f} | "
+              f"{h['critical_queued']:.0f} | {h['critical_suspended']:.0f} | {h['critical_running']:.0f}"
+              f"   ({time.perf_counter() - start:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
