@@ -1,6 +1,7 @@
 """End to end on a real local cluster: the Gandiva policy time-slices an
 oversubscribed GPU with real TensorFlow jobs suspended and resumed at mini-batch
-boundaries, and an operator migrates a running job to another server. Every job
+boundaries, an operator migrates a running job to another server, and the policy
+empties a server for a job that no server has room for. Every job
 ends with exactly the mini-batches it asked for: none lost, none run twice."""
 
 from __future__ import annotations
@@ -94,3 +95,28 @@ def test_server_lost_job_requeued_and_finished_elsewhere(cluster, mlp) -> None: 
     assert servers == {"doomed": False, "spare": True}
     # Exactly one job, never duplicated.
     assert [j.id for j in cluster.stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs] == [job_id]
+
+
+def test_a_server_is_emptied_for_a_job_that_no_server_has_room_for(cluster, mlp) -> None:  # type: ignore[no-untyped-def]
+    cluster.add_helper("right", gpus=4)
+    small = [submit(cluster, f"s{i}", mlp(3000, 0.02)) for i in range(4)]
+    cluster.wait_for(lambda: all(cluster.job(j).steps > 0 for j in small), 180)
+    # Move one job away by hand: "left" then has 3 free GPUs and "right" 1, so a 4-GPU job
+    # finds 4 free GPUs but no server with 4 of them.
+    cluster.add_helper("left", gpus=4)
+    lonely = small[0]
+    cluster.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=lonely, to_server="left"))
+    cluster.wait_for(lambda: (j := cluster.job(lonely)).state == common_pb2.JOB_STATE_RUNNING
+                     and {g.server for g in j.placement} == {"left"}, 180)
+    big = submit(cluster, "big", mlp(100, 0.02), gpus=4)
+    placed = cluster.wait_for(lambda: (j := cluster.job(big)).placement and j, 240)
+    # The policy moved the lonely job back beside the others instead of spreading the big one.
+    assert {g.server for g in placed.placement} == {"left"} and len(placed.placement) == 4
+    back = cluster.job(lonely)
+    assert {g.server for g in back.placement} == {"right"}
+    assert any("make room for job" in t.reason for t in back.history), [t.reason for t in back.history]
+    jobs = cluster.wait_for(lambda: (js := [cluster.job(j) for j in [*small, big]])
+                            and all(j.state in DONE for j in js) and js, 600)
+    for job in jobs:
+        assert job.state == common_pb2.JOB_STATE_SUCCEEDED, (job.id, job.message)
+    assert [j.steps for j in jobs] == [3000] * 4 + [100]
