@@ -140,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     bound, critical = makespan_bound(jobs, servers, model)
     if critical is not None:
         spread = " spread over servers" if critical.num_gpus > max(s.num_gpus for s in servers) else ""
-        err.print(f"makespan lower bound {_hours(bound)}: job {critical.id} ({critical.num_gpus} GPUs{spread}) "
+        gpus = f"{critical.num_gpus} GPU{'s' if critical.num_gpus != 1 else ''}"
+        err.print(f"makespan lower bound {_hours(bound)}: job {critical.id} ({gpus}{spread}) "
                   f"cannot finish sooner under any policy")
     results = {name: _simulate(name, jobs, servers, model, config, args, err) for name in names}
     summaries = {name: {**summarize(r), "makespan_bound_s": bound} for name, r in results.items()}
