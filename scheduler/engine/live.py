@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from sqlalchemy import select
 
@@ -23,8 +23,6 @@ from scheduler.state import repo
 from scheduler.state.models import Job, JobProfile
 
 log = logging.getLogger(__name__)
-
-MIB = 1 << 20
 
 
 class LiveEngine:
@@ -252,15 +250,21 @@ class LiveEngine:
                 await repo.transition(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
                 await repo.clear_placement(s, job_id)
 
-    async def _suspend(self, job_id: str, reason: str) -> JobDetail:
-        return await self._obey(job_id, runtime_pb2.COMMAND_KIND_SUSPEND, JobState.SUSPENDED, reason)
+    async def _suspend(self, job_id: str, reason: str, hold: bool = False) -> None:
+        """`hold`: an operator's suspension, which the policy leaves alone until resumed."""
+        await self._obey(job_id, runtime_pb2.COMMAND_KIND_SUSPEND, JobState.SUSPENDED, reason, hold)
 
-    async def _resume(self, job_id: str, reason: str) -> JobDetail:
-        return await self._obey(job_id, runtime_pb2.COMMAND_KIND_RESUME, JobState.RUNNING, reason)
+    async def _resume(self, job_id: str, reason: str) -> None:
+        await self._obey(job_id, runtime_pb2.COMMAND_KIND_RESUME, JobState.RUNNING, reason)
 
     async def _obey(
-        self, job_id: str, kind: runtime_pb2.CommandKind.ValueType, target: JobState, reason: str
-    ) -> JobDetail:
+        self,
+        job_id: str,
+        kind: runtime_pb2.CommandKind.ValueType,
+        target: JobState,
+        reason: str,
+        hold: bool = False,
+    ) -> None:
         """Send suspend/resume to the job's shim; record the new state once it acks at a boundary."""
         incarnation = (await self._job(job_id)).incarnation
         ack = await self.core.runtimes.call(
@@ -275,8 +279,9 @@ class LiveEngine:
             job.steps = max(job.steps, ack.step)
             if target is JobState.RUNNING:
                 job.held = False
+            elif hold:
+                job.held = True
             await repo.transition(s, job, target, self.core.clock(), f"{reason} (step {ack.step})")
-        return await self.core.get_job(job_id)
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
         from scheduler.engine.live_migration import run_migration
@@ -286,25 +291,29 @@ class LiveEngine:
     # ---- operator actions -----------------------------------------------------
 
     async def operator_suspend(self, job_id: str, reason: str) -> JobDetail:
-        job = await self._job(job_id)
-        if job.state != JobState.RUNNING.value:
-            raise FailedPrecondition(f"job {job_id} is {job.state}; only a RUNNING job can be suspended")
-        self.inflight.add(job_id)
-        try:
-            await self._suspend(job_id, reason or "suspended by operator")
-            async with self.core.tx() as s:
-                (await repo.get_job(s, job_id)).held = True
-            return await self.core.get_job(job_id)
-        finally:
-            self.inflight.discard(job_id)
+        return await self._by_operator(
+            job_id, JobState.RUNNING, "suspended",
+            lambda: self._suspend(job_id, reason or "suspended by operator", hold=True),
+        )
 
     async def operator_resume(self, job_id: str, reason: str) -> JobDetail:
+        return await self._by_operator(
+            job_id, JobState.SUSPENDED, "resumed",
+            lambda: self._resume(job_id, reason or "resumed by operator"),
+        )
+
+    async def _by_operator(
+        self, job_id: str, required: JobState, verb: str, command: Callable[[], Awaitable[None]]
+    ) -> JobDetail:
+        """Run an operator's suspend/resume of a job in state `required`, the policy's
+        decisions about it waiting meanwhile; the job as it is afterwards."""
         job = await self._job(job_id)
-        if job.state != JobState.SUSPENDED.value:
-            raise FailedPrecondition(f"job {job_id} is {job.state}; only a SUSPENDED job can be resumed")
+        if job.state != required.value:
+            raise FailedPrecondition(f"job {job_id} is {job.state}; only a {required.value} job can be {verb}")
         self.inflight.add(job_id)
         try:
-            return await self._resume(job_id, reason or "resumed by operator")
+            await command()
+            return await self.core.get_job(job_id)
         finally:
             self.inflight.discard(job_id)
 
