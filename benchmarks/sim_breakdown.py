@@ -28,7 +28,7 @@ from scheduler.policy import get_policy
 from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
-from scheduler.sim.model import MechanismModel
+from scheduler.sim.model import MechanismModel, gavel_table_near
 from scheduler.sim.trace import read_trace
 
 
@@ -77,8 +77,7 @@ def main() -> int:
     if not args.trace.is_file():
         print(f"no trace at {args.trace}", file=sys.stderr)
         return 2
-    table = args.throughputs or next((p / "simulation_throughputs.json" for p in args.trace.resolve().parents
-                                      if (p / "simulation_throughputs.json").is_file()), None)
+    table = args.throughputs or gavel_table_near(args.trace)
     model = MechanismModel.from_gavel(table) if table else MechanismModel.default()
     servers = make_cluster(args.cluster)
     jobs, factor = scale_to_load(read_trace(args.trace), servers, model, args.target_load)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger, Placement
-from scheduler.policy.placement import any_free_filter, relaxed_filter, unallocated_filter
+from scheduler.policy.placement import any_free_filter, best_fit, unallocated_filter
 from scheduler.policy.types import ClusterSnapshot, Decision, JobView, Place, PolicyConfig, Queue
 
 
@@ -39,7 +39,7 @@ def exclusive_placement(ledger: Ledger, job: JobView, config: PolicyConfig) -> P
 def local_placement(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
     """Free GPUs on one server for a job that fits one; else as ``exclusive_placement``."""
     if job.gpus <= ledger.max_server_gpus:
-        return relaxed_filter(ledger, job, config)
+        return best_fit(ledger, job.gpus)
     return exclusive_placement(ledger, job, config)
 
 

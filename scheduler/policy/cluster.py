@@ -245,10 +245,6 @@ class Ledger:
         """Jobs bound to exactly this placement: one time-slice group."""
         return list(self._groups.get(gpus, ()))
 
-    def groups(self) -> dict[Placement, list[str]]:
-        """Every distinct placement with the jobs bound to it (time-slice groups)."""
-        return {gpus: list(members) for gpus, members in self._groups.items()}
-
     def overloaded(self) -> bool:
         """Some server's height is above 1."""
         return bool(self._over)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.placement import (
-    _single_server,
     affinity_filter,
+    best_fit,
     queue_order,
     unallocated_filter,
 )
@@ -43,9 +43,7 @@ def _compact_target(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
         gpus = fn(ledger, job, config)
         if gpus is not None and len({g.server for g in gpus}) <= _servers_needed(ledger, job):
             return gpus
-    with_free = sorted((n for n in ledger.servers if ledger.num_free(n) >= job.gpus),
-                       key=lambda n: (ledger.num_free(n), n))
-    return _single_server(ledger, job.gpus, with_free)
+    return best_fit(ledger, job.gpus)
 
 
 def _movable(ledger: Ledger, job_id: str, state: GandivaState) -> bool:

@@ -76,12 +76,12 @@ def unallocated_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Pl
 def relaxed_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
     """Any free GPUs on one server (best fit); only a job larger than a server spreads."""
     if job.gpus <= ledger.max_server_gpus:
-        return _best_fit(ledger, job.gpus)
+        return best_fit(ledger, job.gpus)
     return any_free_filter(ledger, job, config)
 
 
-def _best_fit(ledger: Ledger, size: int) -> Placement | None:
-    # The server with the fewest free GPUs that still hold the job.
+def best_fit(ledger: Ledger, size: int) -> Placement | None:
+    """Free GPUs on the one server with the fewest free GPUs that still hold ``size``."""
     fits = sorted((n for n in ledger.servers if ledger.num_free(n) >= size), key=lambda n: (ledger.num_free(n), n))
     return _single_server(ledger, size, fits)
 
@@ -93,7 +93,7 @@ def any_free_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
     """
     if ledger.total_free() < job.gpus:
         return None
-    one = _best_fit(ledger, job.gpus)
+    one = best_fit(ledger, job.gpus)
     if one is not None:
         return one
     with_free = [n for n in ledger.servers if ledger.num_free(n) > 0]

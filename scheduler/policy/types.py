@@ -133,19 +133,6 @@ class ClusterSnapshot:
         return {s.name: s for s in self.servers}
 
     @cached_property
-    def job_by_id(self) -> dict[str, JobView]:
-        return {j.id: j for j in self.jobs}
-
-    @cached_property
-    def jobs_on_gpu(self) -> dict[GpuRef, tuple[JobView, ...]]:
-        """Every job bound to each GPU (running, suspended or migrating)."""
-        acc: dict[GpuRef, list[JobView]] = {}
-        for job in self.jobs:
-            for gpu in job.placement:
-                acc.setdefault(gpu, []).append(job)
-        return {gpu: tuple(js) for gpu, js in acc.items()}
-
-    @cached_property
     def jobs_on_server(self) -> dict[str, tuple[JobView, ...]]:
         """Every placed job touching each server, each job once per server."""
         acc: dict[str, list[JobView]] = {}

@@ -14,7 +14,7 @@ from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.generator import generate
 from scheduler.sim.load import makespan_bound, offered_load, scale_to_load
 from scheduler.sim.metrics import summarize
-from scheduler.sim.model import Costs, MechanismModel
+from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
 from scheduler.sim.trace import FORMATS, JobSpec, TraceError, detect_format, read_trace
 
 logger = logging.getLogger(__name__)
@@ -90,10 +90,7 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
     if args.throughputs not in ("auto", "none"):
         path = Path(args.throughputs)
     elif args.throughputs == "auto" and args.trace is not None and trace_fmt in ("gavel7", "gavel10"):
-        for parent in args.trace.resolve().parents[:5]:
-            if (parent / "simulation_throughputs.json").is_file():
-                path = parent / "simulation_throughputs.json"
-                break
+        path = gavel_table_near(args.trace)
     if path is None:
         return MechanismModel.default(costs)
     return MechanismModel.from_gavel(path, args.gpu_type, costs)

@@ -50,12 +50,11 @@ def fastest_run_s(job: JobSpec, servers: tuple[ServerView, ...], model: Mechanis
     (``MechanismModel.spread``); no placement avoids it. Packing never speeds a job up
     (Gavel's packed rates are at most the alone rate), so nothing runs faster.
     """
-    alone = model.alone_rate(job.model, job.num_gpus)
-    steps = job.total_steps if job.total_steps is not None else (job.duration_s or 0.0) * alone
-    rate = alone
+    duration = duration_alone(job, model)
     if job.num_gpus > max(s.num_gpus for s in servers):
-        rate *= model.spread(job.model, job.num_gpus)
-    return steps / rate if rate > 0 else float("inf")
+        factor = model.spread(job.model, job.num_gpus)
+        return duration / factor if factor > 0 else float("inf")
+    return duration
 
 
 def makespan_bound(jobs: list[JobSpec], servers: tuple[ServerView, ...],

@@ -162,6 +162,14 @@ class MechanismModel:
         return int(info.memory_gib * GIB), info.util
 
 
+def gavel_table_near(trace: Path) -> Path | None:
+    """Gavel's ``simulation_throughputs.json`` in the trace's folder or up to 5 above it."""
+    for parent in trace.resolve().parents[:5]:
+        if (parent / "simulation_throughputs.json").is_file():
+            return parent / "simulation_throughputs.json"
+    return None
+
+
 def _key(text: str) -> tuple[str, int]:
     name, scale = ast.literal_eval(text)
     return str(name), int(scale)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from scheduler.sim.engine import SimResult
 from scheduler.sim.metrics import utilization_series
@@ -16,6 +17,19 @@ def write_plots(results: dict[str, SimResult], directory: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     directory.mkdir(parents=True, exist_ok=True)
+
+    def save(fig: Any, ax: Any, name: str, title: str, xlabel: str, ylabel: str) -> Path:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        path = directory / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, result in results.items():
         jct = sorted((j.finished_at - j.spec.submit_time) / 3600.0
@@ -23,28 +37,13 @@ def write_plots(results: dict[str, SimResult], directory: Path) -> list[Path]:
         if jct:
             ax.plot(jct, [(i + 1) / len(jct) for i in range(len(jct))], label=name)
     ax.set_xscale("log")
-    ax.set_xlabel("job completion time (hours, log scale)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT CDF")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    cdf = directory / "jct_cdf.png"
-    fig.tight_layout()
-    fig.savefig(cdf, dpi=120)
-    plt.close(fig)
+    cdf = save(fig, ax, "jct_cdf.png", "JCT CDF", "job completion time (hours, log scale)", "fraction of jobs")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, result in results.items():
         xs, ys = utilization_series(result)
         ax.plot(xs, ys, label=name)
-    ax.set_xlabel("time (hours)")
-    ax.set_ylabel("fraction of GPUs running a job")
     ax.set_ylim(0, 1.05)
-    ax.set_title("GPU utilization over time")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    util = directory / "utilization.png"
-    fig.tight_layout()
-    fig.savefig(util, dpi=120)
-    plt.close(fig)
+    util = save(fig, ax, "utilization.png", "GPU utilization over time", "time (hours)",
+                "fraction of GPUs running a job")
     return [cdf, util]
