@@ -38,10 +38,12 @@ def grow(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Deci
         state.wake_at(state.idle_since + config.grow_idle_s)
         return []
     out: list[Decision] = []
-    for job in [j for j in ledger.jobs.values() if j.grow_shrink]:
+    for job in ledger.jobs.values():
+        if not job.grow_shrink:
+            continue
         job_id, gpus = job.id, ledger.placement.get(job.id, ())
         servers = {g.server for g in gpus}
-        if (not job.grow_shrink or len(servers) != 1 or job_id in ledger.changed
+        if (len(servers) != 1 or job_id in ledger.changed
                 or len(ledger.members(gpus)) > 1 or ledger.state[job_id] != "RUNNING"):
             continue
         free = ledger.free_gpus(next(iter(servers)))
