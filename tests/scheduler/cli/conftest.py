@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,16 +48,6 @@ def script(name: str, *argv: str, timeout: float = 60, env: dict | None = None) 
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 # The helpers above, as fixtures: with --import-mode=importlib a test module
 # cannot import this conftest, but it can ask for these.
 @pytest.fixture(name="list_jobs")
@@ -91,30 +80,28 @@ def stub(sched) -> Iterator[scheduler_pb2_grpc.SchedulerStub]:  # type: ignore[n
         yield scheduler_pb2_grpc.SchedulerStub(channel)
 
 
-@pytest.fixture
-def gandiva(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
-    """`gandiva ARGS...` through its entry function, output captured."""
+def _in_process(entry: Callable[[list[str]], int], capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    """A console script run through its entry function, output captured."""
 
     def run(*argv: str) -> Result:
         capsys.readouterr()
-        code = gandiva_main.main(list(argv))
+        code = entry(list(argv))
         captured = capsys.readouterr()
         return Result(code, captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture
+def gandiva(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    """`gandiva ARGS...` through its entry function, output captured."""
+    return _in_process(gandiva_main.main, capsys)
 
 
 @pytest.fixture
 def submit(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
     """`gandiva-submit ARGS...` through its entry function, output captured."""
-
-    def run(*argv: str) -> Result:
-        capsys.readouterr()
-        code = submit_main.main(list(argv))
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return run
+    return _in_process(submit_main.main, capsys)
 
 
 class ScriptedHelper:
@@ -122,8 +109,10 @@ class ScriptedHelper:
     `gandiva helper` does, but runs no processes: the test says when a launched
     job makes progress and how it ends, so exit codes can be checked exactly."""
 
-    def __init__(self, address: str, name: str = "n1", gpus: int = 2) -> None:
+    def __init__(self, address: str, wait_for: Callable[..., object], name: str = "n1",
+                 gpus: int = 2) -> None:
         self.name = name
+        self.wait_for = wait_for
         self.channel = grpc.insecure_channel(address)
         self.helper = helper_pb2_grpc.HelperStub(self.channel)
         self.helper.Register(helper_pb2.RegisterServerRequest(
@@ -146,7 +135,7 @@ class ScriptedHelper:
 
     def progress(self, job_id: str, steps: int, rate: float) -> None:
         """What the job's shim reports after `steps` mini-batches."""
-        incarnation = wait_for(lambda: self.launched.get(job_id))
+        incarnation = self.wait_for(lambda: self.launched.get(job_id))
         messages = iter([
             runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(
                 job_id=job_id, incarnation=str(incarnation), pid=1)),
@@ -154,12 +143,12 @@ class ScriptedHelper:
         ])
         stream = runtime_pb2_grpc.RuntimeStub(self.channel).Connect(messages)
         scheduler = scheduler_pb2_grpc.SchedulerStub(self.channel)
-        wait_for(lambda: scheduler.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).steps == steps)
+        self.wait_for(lambda: scheduler.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).steps == steps)
         stream.cancel()
 
     def exit(self, job_id: str, code: int) -> None:
         """The job's process ends with this status."""
-        incarnation = wait_for(lambda: self.launched.get(job_id))
+        incarnation = self.wait_for(lambda: self.launched.get(job_id))
         self.helper.ReportProcessExit(helper_pb2.ProcessExitRequest(
             server=self.name, job_id=job_id, incarnation=str(incarnation), exit_code=code))
 
@@ -169,9 +158,9 @@ class ScriptedHelper:
 
 
 @pytest.fixture
-def helper(sched) -> Iterator[ScriptedHelper]:  # type: ignore[no-untyped-def]
+def helper(sched, wait_for) -> Iterator[ScriptedHelper]:  # type: ignore[no-untyped-def]
     """A registered server "n1" with 2 GPUs whose jobs the test drives."""
-    scripted = ScriptedHelper(sched.address)
+    scripted = ScriptedHelper(sched.address, wait_for)
     try:
         yield scripted
     finally:
