@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                 ))
         from scheduler.cli.demo_run import DemoRun
 
-        demo = DemoRun(address, names, args.gpus, args.steps, run_dir, console)
+        demo = DemoRun(address, names, args.steps, run_dir, console)
         ok = demo.play(args.timeout)
         if args.keep:
             console.print(

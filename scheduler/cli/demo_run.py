@@ -13,8 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-
-TERMINAL = {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED}
+from scheduler.cli.client import TERMINAL_STATES, state_name
 
 
 def _example(name: str) -> str:
@@ -27,12 +26,8 @@ def _example(name: str) -> str:
     return spec.origin
 
 
-def _state(job: common_pb2.Job) -> str:
-    return common_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
-
-
 class DemoRun:
-    def __init__(self, address: str, servers: list[str], gpus: int, steps: int, run_dir: Path, console: Console) -> None:
+    def __init__(self, address: str, servers: list[str], steps: int, run_dir: Path, console: Console) -> None:
         self.address = address
         self.servers = servers
         self.steps = steps
@@ -64,7 +59,7 @@ class DemoRun:
             t.add_column(col)
         for j in self.jobs():
             servers = ",".join(sorted({g.server for g in j.placement})) or "-"
-            t.add_row(j.id, j.spec.name, _state(j), str(j.spec.gpus), servers, str(j.steps), f"{j.rate:.1f}")
+            t.add_row(j.id, j.spec.name, state_name(j.state), str(j.spec.gpus), servers, str(j.steps), f"{j.rate:.1f}")
         return t
 
     def watch(self, live: Live, note: str, until, timeout: float) -> bool:  # type: ignore[no-untyped-def]
@@ -131,7 +126,7 @@ class DemoRun:
                 for ev in self.stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=first)).events:
                     if ev.kind in ("job.migration", "job.state"):
                         c.print(f"     {ev.kind:<14} {ev.message}")
-            ok = self.watch(live, "training to the end", lambda js: all(j.state in TERMINAL for j in js),
+            ok = self.watch(live, "training to the end", lambda js: all(j.state in TERMINAL_STATES for j in js),
                             max(1.0, t_end - time.monotonic()))
 
         c.print("[bold]6/6[/] the cluster view (gandiva get servers / gandiva get jobs)")
