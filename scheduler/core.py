@@ -8,9 +8,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 from sqlalchemy import exc as sa_exc
@@ -28,7 +28,7 @@ from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.state import repo
 from scheduler.state.db import SqliteWriter, is_sqlite, make_engine, make_sessionmaker
-from scheduler.state.models import Event, Gpu, Job, MultiJob
+from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
 from scheduler.validation import default_name, validate_spec
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,21 @@ def _is_connectivity_error(err: BaseException) -> bool:
     )
 
 
+@contextmanager
+def _db_errors() -> Iterator[None]:
+    """Database connectivity failures become Unavailable; other errors pass through."""
+    try:
+        yield
+    except Exception as err:
+        if _is_connectivity_error(err):
+            raise Unavailable(f"database unreachable ({type(err).__name__}); retry shortly") from err
+        raise
+
+
+def _gpus_of(placements: dict[str, list[Placement]], job_id: str) -> list[tuple[str, int]]:
+    return [(p.server_name, p.gpu_index) for p in placements.get(job_id, [])]
+
+
 class EventBus:
     """Wakes the event watchers after a commit that added events."""
 
@@ -94,20 +109,21 @@ class SchedulerCore:
     ) -> None:
         self.engine = engine
         self.sessions: async_sessionmaker[AsyncSession] = make_sessionmaker(engine)
+        sqlite = is_sqlite(engine)
         # SQLite: reads get their own engine so they never wait for the writer's lock.
         self.read_engine = (
             make_engine(engine.url.render_as_string(hide_password=False), readonly=True)
-            if is_sqlite(engine)
+            if sqlite
             else engine
         )
         self.read_sessions = make_sessionmaker(self.read_engine)
         # SQLite has one writer at a time; queueing writers here, in order, avoids
         # SQLite's busy-wait back-off (sleeps of up to 100 ms) under concurrent load.
-        self._write_lock: asyncio.Lock | None = asyncio.Lock() if is_sqlite(engine) else None
+        self._write_lock: asyncio.Lock | None = asyncio.Lock() if sqlite else None
         # SQLite's submission hot path: a synchronous connection on one dedicated thread.
         database = engine.url.database or ""
         self._sync_writer = (
-            SqliteWriter(database) if is_sqlite(engine) and database not in ("", ":memory:") else None
+            SqliteWriter(database) if sqlite and database not in ("", ":memory:") else None
         )
         self._writer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gandiva-sqlite-writer")
         # job id -> (incarnation, steps, rate, last step s, metrics): reported, not yet written.
@@ -144,7 +160,7 @@ class SchedulerCore:
         ``read``: the transaction only reads (on SQLite it does not take the write lock)."""
         wrote_events = False
         lock = None if read else self._write_lock
-        try:
+        with _db_errors():
             if lock is not None:
                 await lock.acquire()
             try:
@@ -154,10 +170,6 @@ class SchedulerCore:
             finally:
                 if lock is not None:
                     lock.release()
-        except Exception as err:
-            if _is_connectivity_error(err):
-                raise Unavailable(f"database unreachable ({type(err).__name__}); retry shortly") from err
-            raise
         if wrote_events:
             await self.events.publish()
 
@@ -204,9 +216,8 @@ class SchedulerCore:
         validate_spec(spec)
         now = self.clock()
         job = self._job_row(spec, now, None)
-        if dry_run:
-            return JobDetail(job, [])
-        await self._insert_jobs([job], now)
+        if not dry_run:
+            await self._insert_jobs([job], now)
         return JobDetail(job, [])
 
     async def submit_multi(
@@ -221,9 +232,8 @@ class SchedulerCore:
         jobs = [self._job_row(spec, now, mj.id) for spec in specs]
         for i, job in enumerate(jobs):
             job.array_index = specs[i].index or i
-        if dry_run:
-            return mj.id, [JobDetail(j, []) for j in jobs]
-        await self._insert_jobs(jobs, now, mj)
+        if not dry_run:
+            await self._insert_jobs(jobs, now, mj)
         return mj.id, [JobDetail(j, []) for j in jobs]
 
     async def _insert_jobs(self, jobs: Sequence[Job], now: float, mj: MultiJob | None = None) -> None:
@@ -236,14 +246,10 @@ class SchedulerCore:
             assert self._write_lock is not None
             statements = repo.job_inserts(jobs, now, mj)
             async with self._write_lock:
-                try:
+                with _db_errors():
                     await asyncio.get_running_loop().run_in_executor(
                         self._writer_thread, self._sync_writer.run, statements
                     )
-                except Exception as err:
-                    if _is_connectivity_error(err):
-                        raise Unavailable(f"database unreachable ({type(err).__name__}); retry shortly") from err
-                    raise
             await self.events.publish()
         self.poke()
 
@@ -256,7 +262,7 @@ class SchedulerCore:
             job = await repo.get_job(s, job_id)
             placement = await repo.placements_of(s, [job_id])
             hist = await repo.history(s, job_id)
-        return JobDetail(job, [(p.server_name, p.gpu_index) for p in placement.get(job_id, [])], hist)
+        return JobDetail(job, _gpus_of(placement, job_id), hist)
 
     async def list_jobs(
         self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0
@@ -264,10 +270,7 @@ class SchedulerCore:
         async with self.tx(read=True) as s:
             jobs = await repo.list_jobs(s, states, multi_job_id, limit)
             placements = await repo.placements_of(s, [j.id for j in jobs])
-        return [
-            JobDetail(j, [(p.server_name, p.gpu_index) for p in placements.get(j.id, [])])
-            for j in jobs
-        ]
+        return [JobDetail(j, _gpus_of(placements, j.id)) for j in jobs]
 
     async def list_servers(self) -> list[repo.ServerLoad]:
         async with self.tx(read=True) as s:
@@ -283,12 +286,18 @@ class SchedulerCore:
 
     # ---- user and operator actions --------------------------------------------
 
+    @staticmethod
+    async def _unfinished_job(s: AsyncSession, job_id: str) -> Job:
+        """The job, locked for update; FailedPrecondition if it already ended."""
+        job = await repo.get_job(s, job_id, for_update=True)
+        if JobState(job.state).terminal:
+            raise FailedPrecondition(f"job {job_id} already ended ({job.state})")
+        return job
+
     async def kill(self, job_id: str, reason: str = "") -> JobDetail:
         reason = reason or "killed by user"
         async with self.tx() as s:
-            job = await repo.get_job(s, job_id, for_update=True)
-            if JobState(job.state).terminal:
-                raise FailedPrecondition(f"job {job_id} already ended ({job.state})")
+            job = await self._unfinished_job(s, job_id)
             placement = await repo.placements_of(s, [job_id])
             servers = sorted({p.server_name for p in placement.get(job_id, [])})
             await repo.transition(s, job, JobState.KILLED, self.clock(), reason)
@@ -308,9 +317,7 @@ class SchedulerCore:
         if priority < 0:
             raise InvalidArgument("priority", f"{priority} is negative; use 0 or more")
         async with self.tx() as s:
-            job = await repo.get_job(s, job_id, for_update=True)
-            if JobState(job.state).terminal:
-                raise FailedPrecondition(f"job {job_id} already ended ({job.state})")
+            job = await self._unfinished_job(s, job_id)
             old = job.priority
             job.priority = priority
             job.updated_at = self.clock()
@@ -403,7 +410,7 @@ class SchedulerCore:
             job.exit_code = req.exit_code
             if req.exit_code == 0:
                 await repo.transition(s, job, JobState.SUCCEEDED, now, req.reason or "finished")
-            elif req.exit_code in (EXIT_MIGRATED,):
+            elif req.exit_code == EXIT_MIGRATED:
                 await repo.transition(s, job, JobState.QUEUED, now, "stopped with a checkpoint; re-placing")
             else:
                 await repo.transition(
