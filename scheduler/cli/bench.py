@@ -9,7 +9,6 @@ machine are noisy: compare fast and naive from the same run.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 import time
@@ -64,12 +63,9 @@ def run_migration(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(filename=out / "bench.log", level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        import uvloop
+    from scheduler.cli.serve import run_loop
 
-        return uvloop.run(_run(config))
-    except ImportError:  # uvloop is not built for every platform
-        return asyncio.run(_run(config))
+    return run_loop(_run(config))
 
 
 async def _run(config: Any) -> int:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from scheduler.config import DEFAULT_LISTEN, default_db_url
+
+T = TypeVar("T")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,20 +53,20 @@ def run(args: argparse.Namespace) -> int:
             policy_config=config,
             tick_s=args.tick,
         )
-        _run_loop(serve(server, args.port_file))
+        run_loop(serve(server, args.port_file))
     except (InvalidArgument, ValueError, OSError) as err:
         print(f"gandiva scheduler: {err}")
         return 2
     return 0
 
 
-def _run_loop(coro) -> None:  # type: ignore[no-untyped-def]
-    """uvloop where available: it is set up here, in the entry point, only."""
+def run_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run an entry point's coroutine on uvloop where available (it is not built for
+    every platform), else on asyncio's loop; set up in entry points only."""
     try:
         import uvloop
-
-        uvloop.run(coro)
     except ImportError:
         import asyncio
 
-        asyncio.run(coro)
+        return asyncio.run(coro)
+    return uvloop.run(coro)
