@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
 
-from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-
-log = logging.getLogger(__name__)
+from scheduler.errors import (
+    FailedPrecondition,
+    GandivaError,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,6 +33,14 @@ def code_for(err: Exception) -> grpc.StatusCode | None:
     return None
 
 
+async def _abort_with(err: GandivaError, context: grpc.aio.ServicerContext) -> None:
+    """Abort the call with `err`'s status code; re-raise `err` if it has none."""
+    code = code_for(err)
+    if code is None:
+        raise err
+    await context.abort(code, str(err))
+
+
 def grpc_errors(fn: F) -> F:
     """Unary methods: domain errors abort the call with their status code."""
 
@@ -37,11 +48,8 @@ def grpc_errors(fn: F) -> F:
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await fn(self, request, context)
-        except Exception as err:
-            code = code_for(err)
-            if code is None:
-                raise
-            await context.abort(code, str(err))
+        except GandivaError as err:
+            await _abort_with(err, context)
 
     return wrapper  # type: ignore[return-value]
 
@@ -54,10 +62,7 @@ def grpc_stream_errors(fn: F) -> F:
         try:
             async for item in fn(self, request, context):
                 yield item
-        except Exception as err:
-            code = code_for(err)
-            if code is None:
-                raise
-            await context.abort(code, str(err))
+        except GandivaError as err:
+            await _abort_with(err, context)
 
     return wrapper  # type: ignore[return-value]
