@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -33,6 +33,12 @@ from scheduler.state.models import (
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _chunks(ids: Sequence[str], size: int = 500) -> Iterator[Sequence[str]]:
+    """`ids` in slices: very long IN lists are slow on SQLite and capped on some drivers."""
+    for i in range(0, len(ids), size):
+        yield ids[i : i + size]
 
 
 # ---- events -----------------------------------------------------------------
@@ -99,8 +105,8 @@ async def list_jobs(
 
 async def jobs_by_id(session: AsyncSession, ids: Sequence[str]) -> list[Job]:
     out: list[Job] = []
-    for i in range(0, len(ids), 500):
-        out.extend((await session.scalars(select(Job).where(Job.id.in_(ids[i : i + 500])))).all())
+    for chunk in _chunks(ids):
+        out.extend((await session.scalars(select(Job).where(Job.id.in_(chunk)))).all())
     return out
 
 
@@ -109,6 +115,7 @@ SNAPSHOT_COLUMNS = (
     Job.grow_shrink, Job.migratable, Job.state_changed_at, Job.attained_service_s,
     Job.multi_job_id, Job.held,
 )
+_UNFINISHED = [s.value for s in JobState if not s.terminal]
 
 
 async def unfinished_job_rows(session: AsyncSession) -> Sequence:
@@ -116,7 +123,7 @@ async def unfinished_job_rows(session: AsyncSession) -> Sequence:
     objects and no JSON decoding, since this runs every scheduling round."""
     q = (
         select(*SNAPSHOT_COLUMNS)
-        .where(Job.state.in_(["QUEUED", "RUNNING", "SUSPENDED", "MIGRATING"]))
+        .where(Job.state.in_(_UNFINISHED))
         .order_by(Job.submitted_at, Job.id)
     )
     return (await session.execute(q)).all()
@@ -192,10 +199,10 @@ async def transition(
 
 
 async def set_queued_message(session: AsyncSession, job_ids: Sequence[str], message: str) -> None:
-    for i in range(0, len(job_ids), 500):
+    for chunk in _chunks(job_ids):
         await session.execute(
             update(Job)
-            .where(Job.id.in_(job_ids[i : i + 500]), Job.state == JobState.QUEUED.value)
+            .where(Job.id.in_(chunk), Job.state == JobState.QUEUED.value)
             .values(message=message)
             .execution_options(synchronize_session=False)
         )
@@ -211,11 +218,8 @@ async def history(session: AsyncSession, job_id: str) -> Sequence[Transition]:
 
 async def placements_of(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, list[Placement]]:
     out: dict[str, list[Placement]] = defaultdict(list)
-    if not job_ids:
-        return out
-    # Chunked: very long IN lists are slow on SQLite and capped on some drivers.
-    for i in range(0, len(job_ids), 500):
-        q = select(Placement).where(Placement.job_id.in_(job_ids[i : i + 500]))
+    for chunk in _chunks(job_ids):
+        q = select(Placement).where(Placement.job_id.in_(chunk))
         for p in (await session.scalars(q)).all():
             out[p.job_id].append(p)
     for ps in out.values():
@@ -236,7 +240,7 @@ async def all_placements(session: AsyncSession) -> Sequence[Placement]:
 async def set_placement(
     session: AsyncSession, job_id: str, gpus: Iterable[tuple[str, int]]
 ) -> None:
-    await session.execute(delete(Placement).where(Placement.job_id == job_id))
+    await clear_placement(session, job_id)
     for server, index in gpus:
         session.add(Placement(job_id=job_id, server_name=server, gpu_index=index))
 
