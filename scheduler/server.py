@@ -29,6 +29,7 @@ from protos.gandiva.v1 import (
 from scheduler.api.helper_api import HelperServicer
 from scheduler.api.runtime_api import RuntimeServicer
 from scheduler.api.scheduler_api import SchedulerServicer
+from scheduler.config import DEFAULT_LISTEN
 from scheduler.core import SchedulerCore, Settings
 from scheduler.engine.live import LiveEngine
 from scheduler.policy.types import PolicyConfig
@@ -49,7 +50,7 @@ class SchedulerServer:
     """A running scheduler: its gRPC server, core, engine and bound address."""
 
     db_url: str
-    listen: str = "127.0.0.1:50051"
+    listen: str = DEFAULT_LISTEN
     policy: str = "gandiva"
     settings: Settings = field(default_factory=Settings)
     policy_config: PolicyConfig | None = None

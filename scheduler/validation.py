@@ -20,7 +20,7 @@ def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
     """Raise InvalidArgument naming the first bad field of `spec`."""
     if not spec.command or not spec.command[0].strip():
         raise InvalidArgument(f"{field}.command", "empty command; give the program to run")
-    if spec.gpus <= 0 or not is_power_of_two(spec.gpus):
+    if not is_power_of_two(spec.gpus):
         raise InvalidArgument(
             f"{field}.gpus", f"{spec.gpus} is not a power of two >= 1 (1, 2, 4, 8, ...)"
         )
