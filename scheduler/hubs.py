@@ -20,6 +20,19 @@ def _command_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def _resolve(pending: dict[str, asyncio.Future], command_id: str, result: object) -> None:
+    fut = pending.pop(command_id, None)
+    if fut is not None and not fut.done():
+        fut.set_result(result)
+
+
+def _fail(pending: dict[str, asyncio.Future], reason: str) -> None:
+    for fut in pending.values():
+        if not fut.done():
+            fut.set_exception(Unavailable(reason))
+    pending.clear()
+
+
 @dataclass
 class _Outbox:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -53,17 +66,12 @@ class HelperHub:
             raise Unavailable(f"helper on {server} did not answer within {timeout:.0f}s") from None
 
     def resolve(self, server: str, result: helper_pb2.HelperCommandResult) -> None:
-        fut = self.box(server).pending.pop(result.command_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(result)
+        _resolve(self.box(server).pending, result.command_id, result)
 
     def fail_all(self, server: str, reason: str) -> None:
         box = self._boxes.pop(server, None)
-        if box is None:
-            return
-        for fut in box.pending.values():
-            if not fut.done():
-                fut.set_exception(Unavailable(reason))
+        if box is not None:
+            _fail(box.pending, reason)
 
 
 @dataclass
@@ -94,7 +102,7 @@ class RuntimeHub:
         conn = RuntimeConn(job_id, incarnation)
         conns[incarnation] = conn
         if old is not None:
-            self._fail(old, "the job's runtime reconnected")
+            _fail(old.pending, "the job's runtime reconnected")
         return conn
 
     def detach(self, conn: RuntimeConn) -> None:
@@ -103,7 +111,7 @@ class RuntimeHub:
             del conns[conn.incarnation]
             if not conns:
                 del self._conns[conn.job_id]
-        self._fail(conn, "the job's runtime disconnected")
+        _fail(conn.pending, "the job's runtime disconnected")
 
     def _find(self, job_id: str, incarnation: str) -> RuntimeConn | None:
         conns = self._conns.get(job_id, {})
@@ -162,13 +170,4 @@ class RuntimeHub:
             ) from None
 
     def resolve(self, conn: RuntimeConn, ack: runtime_pb2.CommandAck) -> None:
-        fut = conn.pending.pop(ack.command_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(ack)
-
-    @staticmethod
-    def _fail(conn: RuntimeConn, reason: str) -> None:
-        for fut in conn.pending.values():
-            if not fut.done():
-                fut.set_exception(Unavailable(reason))
-        conn.pending.clear()
+        _resolve(conn.pending, ack.command_id, ack)
