@@ -119,8 +119,7 @@ class Controller:
         that restores its own checkpoint, MonitoredSession restoring from its dir).
         `rehearse` runs this very training run on the ungated session (warm mode).
         """
-        if info.reads_global_step and adapter is self.adapter:
-            self._read_global_step = True
+        self.saw_run(adapter, info)
         if self.trained:
             return  # a second model or an evaluation session: not the job's training
         if (info.initializes or info.restores) and self._restored_into is adapter:

@@ -131,9 +131,9 @@ class CudaCheckpointBackend:
         self.pid = pid or os.getpid()
         self.in_process = in_process
         self.timeout_s = timeout_s
-        self._driver = CudaDriver.load() if in_process else None
-        if not in_process:
-            CudaDriver.load()  # fail now, with the reason, rather than at the first suspend
+        # Loaded either way: fail now, with the reason, rather than at the first suspend.
+        driver = CudaDriver.load()
+        self._driver = driver if in_process else None
 
     def _do(self, action: str) -> None:
         if self._driver is not None:

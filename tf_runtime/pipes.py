@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -77,8 +76,3 @@ def read_activation(fd: int) -> Activation:
             raise RuntimeError(f"control pipe: restore_checkpoint must be a string, got {ckpt!r}")
         return Activation(exit=False, restore_checkpoint=ckpt)
     raise RuntimeError(f"control pipe: unknown cmd {cmd!r} in {line!r} (expected activate or exit)")
-
-
-def now() -> float:
-    """Wall-clock seconds for event timestamps (the helper compares across processes)."""
-    return time.time()

@@ -145,9 +145,10 @@ class TFSessionAdapter:
         self._run = run_fn  # the original, unwrapped run bound to the session
         self._cache: dict[Any, tuple[Any, RunInfo]] = {}
         self.closed = False
-        self._gs = tf.compat.v1.train.get_global_step(self.graph)
+        self._gs: Any = None
+        self._gs_op: Any = None
+        self.has_global_step()  # looks it up now; again later while the graph lacks one
         self._init_ops: frozenset[Any] | None = None
-        self._gs_op = self._gs.op if self._gs is not None else None
         self._watched_key: tuple[str, ...] | None = None
 
     # -- classification ---------------------------------------------------------------
@@ -169,9 +170,7 @@ class TFSessionAdapter:
         if key != self._watched_key:
             self._watched_key = key
             self._init_ops = frozenset(v.initializer for v in variables)
-            if self._gs is None:
-                self._gs = tf.compat.v1.train.get_global_step(self.graph)
-                self._gs_op = self._gs.op if self._gs is not None else None
+            self.has_global_step()
             self._trainable_ops = frozenset(
                 v.op for v in self.graph.get_collection(tf_ops.GraphKeys.TRAINABLE_VARIABLES))
 
