@@ -126,12 +126,15 @@ class HelperDaemon:
         else:
             await stub.ReportGpuSamples(message, timeout=RPC_TIMEOUT_S)
 
+    async def _send_queued(self, stub: helper_pb2_grpc.HelperStub) -> None:
+        while self._outbox:
+            # Sent in order and removed only once taken: a failure reconnects and retries.
+            await self._send(stub, self._outbox[0])
+            self._outbox.popleft()
+
     async def _drain_outbox(self, stub: helper_pb2_grpc.HelperStub) -> None:
         while True:
-            while self._outbox:
-                # Sent in order and removed only once taken: a failure reconnects and retries.
-                await self._send(stub, self._outbox[0])
-                self._outbox.popleft()
+            await self._send_queued(stub)
             self._outbox_ready.clear()
             await self._outbox_ready.wait()
 
@@ -142,9 +145,7 @@ class HelperDaemon:
             async with grpc.aio.insecure_channel(self.config.scheduler) as channel:
                 stub = helper_pb2_grpc.HelperStub(channel)
                 async with asyncio.timeout(timeout_s):
-                    while self._outbox:
-                        await self._send(stub, self._outbox[0])
-                        self._outbox.popleft()
+                    await self._send_queued(stub)
         except (grpc.aio.AioRpcError, TimeoutError):
             log.warning("scheduler unreachable; %d report(s) not delivered", len(self._outbox))
 

@@ -22,11 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from tf_runtime import EXIT_KILLED, EXIT_MIGRATED  # the shim's exit codes (no TensorFlow import)
 
-# Exit codes agreed with tf_runtime.
-EXIT_MIGRATED = 75
-EXIT_KILLED = 143
+log = logging.getLogger(__name__)
 
 
 def exit_reason(code: int, stopped: bool) -> str:
