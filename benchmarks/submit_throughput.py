@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,12 +31,6 @@ import psutil
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 PG_ADMIN = "postgresql+asyncpg://gandiva:gandiva@127.0.0.1:5432/gandiva"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(db_url: str, workdir: Path) -> tuple[subprocess.Popen, str]:
