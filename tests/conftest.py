@@ -16,6 +16,8 @@ import pytest
 PG_ADMIN_URL = os.environ.get(
     "GANDIVA_TEST_PG_URL", "postgresql+asyncpg://gandiva:gandiva@127.0.0.1:5432/gandiva"
 )
+# The same server, as asyncpg itself spells it.
+PG_ADMIN_DSN = PG_ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
 
 
 def _pg_reachable() -> str | None:
@@ -24,10 +26,8 @@ def _pg_reachable() -> str | None:
 
     import asyncpg
 
-    dsn = PG_ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
-
     async def probe() -> None:
-        conn = await asyncpg.connect(dsn, timeout=3)
+        conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=3)
         await conn.close()
 
     try:
@@ -72,11 +72,10 @@ def pg_url() -> Iterator[str]:
 
     import asyncpg
 
-    dsn = PG_ADMIN_URL.replace("postgresql+asyncpg://", "postgresql://")
     name = f"gandiva_test_{uuid.uuid4().hex[:12]}"
 
     async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(dsn)
+        conn = await asyncpg.connect(PG_ADMIN_DSN)
         try:
             await conn.execute(sql)
         finally:
@@ -99,12 +98,9 @@ def pg_url() -> Iterator[str]:
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+def db_url(request: pytest.FixtureRequest) -> str:
     """Each state test runs once on SQLite and once on a real PostgreSQL."""
-    if request.param == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'state.db'}"
-    else:
-        yield request.getfixturevalue("pg_url")
+    return str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url"))
 
 
 # ---- a real scheduler -----------------------------------------------------------
