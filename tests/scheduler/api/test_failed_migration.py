@@ -17,19 +17,29 @@ from scheduler.engine import live_migration
 from scheduler.engine.migration import MigrationResult, Outcome
 
 
+def _two_one_gpu_servers(ch: grpc.Channel) -> tuple[scheduler_pb2_grpc.SchedulerStub, helper_pb2_grpc.HelperStub]:
+    """Servers "a" and "b", one GPU each, registered over `ch`."""
+    helper = helper_pb2_grpc.HelperStub(ch)
+    for name in ("a", "b"):
+        helper.Register(helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=0)]))
+    return scheduler_pb2_grpc.SchedulerStub(ch), helper
+
+
+def _submit_one_gpu_job(stub: scheduler_pb2_grpc.SchedulerStub) -> common_pb2.Job:
+    spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1)
+    return stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job
+
+
 def test_failed_migration_resumes_from_its_checkpoint(scheduler_server, wait_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     async def failing_migrate(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
         return MigrationResult(Outcome.FAILED, "", "", step=7, checkpoint_path="/dev/shm/a/j/ckpt-7", reason="destination lost")
 
     monkeypatch.setattr(live_migration, "migrate", failing_migrate)
     with grpc.insecure_channel(scheduler_server.address) as ch:
-        stub = scheduler_pb2_grpc.SchedulerStub(ch)
-        helper = helper_pb2_grpc.HelperStub(ch)
-        for name in ("a", "b"):
-            helper.Register(helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=0)]))
+        stub, helper = _two_one_gpu_servers(ch)
         a_cmds = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="a"))
         b_cmds = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="b"))
-        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
+        job = _submit_one_gpu_job(stub)
         first = wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).placement)
         src = first[0].server
         cmds = a_cmds if src == "a" else b_cmds
@@ -61,11 +71,8 @@ def test_job_finishing_during_a_migration_succeeds(scheduler_server, wait_for, m
 
     monkeypatch.setattr(live_migration, "migrate", slow_migrate)
     with grpc.insecure_channel(scheduler_server.address) as ch:
-        stub = scheduler_pb2_grpc.SchedulerStub(ch)
-        helper = helper_pb2_grpc.HelperStub(ch)
-        for name in ("a", "b"):
-            helper.Register(helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=0)]))
-        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
+        stub, helper = _two_one_gpu_servers(ch)
+        job = _submit_one_gpu_job(stub)
         placed = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).placement and j)
         src = placed.placement[0].server
         moving = stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server="b" if src == "a" else "a"))
