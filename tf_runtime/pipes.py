@@ -27,12 +27,10 @@ class StatusPipe:
         self._broken = False
 
     @classmethod
-    def from_env(cls) -> StatusPipe | None:
-        fd = os.environ.get("GANDIVA_STATUS_FD")
-        if not fd:
-            return None
+    def from_fd(cls, fd: int) -> StatusPipe:
+        """The pipe on GANDIVA_STATUS_FD, already parsed by the caller."""
         try:
-            return cls(os.fdopen(int(fd), "w", buffering=1, closefd=False))
+            return cls(os.fdopen(fd, "w", buffering=1, closefd=False))
         except (ValueError, OSError) as exc:
             raise ValueError(f"GANDIVA_STATUS_FD={fd!r} is not an open file descriptor: {exc}") from exc
 

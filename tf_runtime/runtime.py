@@ -86,7 +86,7 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     settings = Settings(job_id=env.get("GANDIVA_JOB_ID", ""), restore_dir=restore,
                         warm=warm, control_fd=control_fd, warm_step=warm and warm_step,
                         prebuild_save=prebuild_save)
-    status = StatusPipe.from_env() if status_fd is not None else None
+    status = StatusPipe.from_fd(status_fd) if status_fd is not None else None
     rt = Runtime(controller=None)  # type: ignore[arg-type]
 
     def connect(step: int) -> None:
