@@ -12,8 +12,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from sqlalchemy import select
-
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
 from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument
@@ -115,7 +113,7 @@ class LiveEngine:
             placements: dict[str, list[pt.GpuRef]] = {}
             for p in await repo.all_placements(s):
                 placements.setdefault(p.job_id, []).append(pt.GpuRef(p.server_name, p.gpu_index))
-            profiles = {p.job_id: p for p in (await s.scalars(select(JobProfile))).all()}
+            profiles = await repo.unfinished_profiles(s)
         servers = tuple(
             pt.ServerView(
                 name=ld.server.name,

@@ -129,6 +129,13 @@ async def unfinished_job_rows(session: AsyncSession) -> Sequence:
     return (await session.execute(q)).all()
 
 
+async def unfinished_profiles(session: AsyncSession) -> dict[str, JobProfile]:
+    """Profiles of unfinished jobs only (finished jobs' rows stay for history, but a
+    scheduling round has no use for them)."""
+    q = select(JobProfile).join(Job, Job.id == JobProfile.job_id).where(Job.state.in_(_UNFINISHED))
+    return {p.job_id: p for p in (await session.scalars(q)).all()}
+
+
 _JOB_COLUMNS = [c.key for c in Job.__table__.columns]
 # The tables themselves, for Core statements on the hot path.
 JOBS = cast(Table, Job.__table__)
