@@ -71,12 +71,9 @@ def run_helper(args: argparse.Namespace) -> int:
         import os
 
         os.environ["GANDIVA_FORCE_VIRTUAL_GPUS"] = "1"
-    try:
-        import uvloop
+    from scheduler.cli.serve import run_loop
 
-        uvloop.run(_serve(config))
-    except ImportError:  # uvloop is not built for every platform; asyncio's loop works too
-        asyncio.run(_serve(config))
+    run_loop(_serve(config))
     return 0
 
 
