@@ -40,6 +40,9 @@ def register(subparsers: Any) -> None:
                         help="job logs directory (default $GANDIVA_HOME/logs)")
     helper.add_argument("--sample-interval", type=float, default=1.0,
                         help="seconds between GPU samples (default 1)")
+    helper.add_argument("--http-listen", default="", metavar="HOST:PORT",
+                        help="serve Prometheus /metrics (GPU utilization and memory, jobs) here; "
+                        "port 0 picks a free one (off by default)")
     helper.set_defaults(func=run_helper)
 
     logs = subparsers.add_parser("logs", help="print (or follow) a job's output on this server")
@@ -73,15 +76,24 @@ def run_helper(args: argparse.Namespace) -> int:
         os.environ["GANDIVA_FORCE_VIRTUAL_GPUS"] = "1"
     from scheduler.cli.serve import run_loop
 
-    run_loop(_serve(config))
+    try:
+        run_loop(_serve(config, args.http_listen))
+    except (OSError, ValueError) as exc:
+        print(f"gandiva helper: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
-async def _serve(config: HelperConfig) -> None:
+async def _serve(config: HelperConfig, http_listen: str = "") -> None:
     from migration_helper.daemon import HelperDaemon
+    from migration_helper.metrics import HelperMetrics
+    from scheduler.observe.http import HttpServer
 
     daemon = HelperDaemon(config)
+    http = HttpServer(http_listen, HelperMetrics(daemon).routes()) if http_listen else None
     await daemon.start()
+    if http is not None:
+        print(f"helper {config.server_name} metrics on http://{await http.start()}/metrics", flush=True)
     # One line on stdout that scripts (and the benchmark) wait for.
     print(f"helper {config.server_name} listening on {daemon.address}", flush=True)
     stop = asyncio.Event()
@@ -90,6 +102,8 @@ async def _serve(config: HelperConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down: stopping jobs")
+    if http is not None:
+        await http.stop()
     await daemon.stop()
 
 

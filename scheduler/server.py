@@ -56,6 +56,9 @@ class SchedulerServer:
     policy_config: PolicyConfig | None = None
     tick_s: float = 1.0
     address: str = ""
+    # HOST:PORT for /metrics and the dashboard ("" = off); http_address once bound.
+    http_listen: str = ""
+    http_address: str = ""
 
     async def start(self) -> str:
         self.db = make_engine(self.db_url)
@@ -63,7 +66,9 @@ class SchedulerServer:
         # The policy is checked before anything touches the database.
         self.engine = LiveEngine(self.core, self.policy, self.policy_config, self.tick_s)
         await migrate.upgrade(self.db)
+        interceptors = self._observe()
         self.server = grpc.aio.server(
+            interceptors=interceptors,
             options=[
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_permit_without_calls", 1),
@@ -89,10 +94,34 @@ class SchedulerServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.engine.scheduler_address = self.address
         self._engine_task = asyncio.create_task(self.engine.run())
+        if self.http is not None:
+            self.http_address = await self.http.start()
+            log.info("metrics and dashboard on http://%s/", self.http_address)
         log.info("scheduler listening on %s (db %s, policy %s)", self.address, _redact(self.db_url), self.policy)
         return self.address
 
+    def _observe(self) -> list[grpc.aio.ServerInterceptor]:
+        """With http_listen: metrics, decision log and timeline hooked in; the
+        interceptors that time RPCs. The HTTP server starts once gRPC is up."""
+        self.http = None
+        if not self.http_listen:
+            return []
+        from scheduler.observe.dashboard import routes
+        from scheduler.observe.http import HttpServer
+        from scheduler.observe.metrics import RpcMetricsInterceptor, SchedulerMetrics
+
+        metrics = SchedulerMetrics(lambda: getattr(self.engine.policy, "state", None))
+        self.engine.observer = metrics
+        separate = self.core.read_engine is not self.core.engine  # SQLite: a reader engine apart
+        metrics.watch_engine(self.core.engine, "write" if separate else "all")
+        if separate:
+            metrics.watch_engine(self.core.read_engine, "read")
+        self.http = HttpServer(self.http_listen, routes(self.core, metrics))
+        return [RpcMetricsInterceptor(metrics)]
+
     async def stop(self, grace: float = 5.0) -> None:
+        if self.http is not None:
+            await self.http.stop()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.engine.stop()
@@ -109,15 +138,21 @@ def _redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-async def serve(server: SchedulerServer, port_file: str | None = None) -> None:
+def _write_atomically(path: str, text: str) -> None:
+    from pathlib import Path
+
+    tmp = Path(path + ".tmp")
+    tmp.write_text(text + "\n")
+    tmp.rename(path)
+
+
+async def serve(server: SchedulerServer, port_file: str | None = None, http_port_file: str | None = None) -> None:
     """Run until SIGINT/SIGTERM, then shut down gracefully."""
     address = await server.start()
+    if http_port_file and server.http_address:
+        _write_atomically(http_port_file, server.http_address)
     if port_file:
-        from pathlib import Path
-
-        tmp = Path(port_file + ".tmp")
-        tmp.write_text(address + "\n")
-        tmp.rename(port_file)
+        _write_atomically(port_file, address)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

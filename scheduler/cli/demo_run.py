@@ -1,19 +1,37 @@
-"""The choreography of `gandiva demo`: submit, watch, suspend/resume, migrate, report."""
+"""The story of `gandiva demo`: an oversubscribed cluster, and the scheduler's own decisions.
+
+Phases, each started when the previous one has shown what it is for (with a deadline):
+1. a grow-shrink job and a sweep of 8 configurations on 4 GPUs: the cluster is
+   oversubscribed, so the policy time-slices and tries packs it keeps or undoes;
+2. a 2-GPU job arrives while GPUs free up one by one: placed across servers, then
+   migrated to one server for locality (or room is made for it);
+3. the sweep ends: GPUs idle, the grow-shrink job grows;
+4. a late job arrives: the grown job shrinks at once to make room.
+Every decision is printed with its reason as the scheduler makes it (from its
+decision log, /api/decisions); the end is a summary and a PNG timeline.
+"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import json
 import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler.cli.client import TERMINAL_STATES, state_name
+
+# The sweep: learning rate x hidden width of the MLP example.
+SWEEP = [(lr, hidden) for hidden in (32, 64) for lr in ("0.001", "0.003", "0.01", "0.03")]
+STYLE = {"place": "green", "suspend": "yellow", "resume": "yellow", "pack": "magenta",
+         "unpack": "magenta", "keep-pack": "magenta", "migrate": "cyan", "grow": "blue", "shrink": "blue"}
 
 
 def _example(name: str) -> str:
@@ -26,114 +44,212 @@ def _example(name: str) -> str:
     return spec.origin
 
 
+@dataclass
 class DemoRun:
-    def __init__(self, address: str, servers: list[str], steps: int, run_dir: Path, console: Console) -> None:
-        self.address = address
-        self.servers = servers
-        self.steps = steps
-        self.run_dir = run_dir
-        self.console = console
-        self.channel = grpc.insecure_channel(address)
+    address: str
+    http: str
+    servers: list[str]
+    steps: int
+    run_dir: Path
+    console: Console
+    ids: dict[str, str] = field(default_factory=dict)  # job id -> name
+    kinds_seen: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.channel = grpc.insecure_channel(self.address)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
-        self.ids: list[str] = []
+        self.t0 = time.time()
+        self.last_decision = 0
+        self.last_event = 0
 
-    # ---- helpers ---------------------------------------------------------------
+    # ---- talking to the scheduler ---------------------------------------------
 
-    def _spec(self, name: str, gpus: int, *extra: str) -> common_pb2.JobSpec:
+    def _get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"http://{self.http}{path}", timeout=10) as r:
+            return json.load(r)
+
+    def _spec(self, name: str, gpus: int, steps: int, *extra: str, grow: bool = False) -> common_pb2.JobSpec:
         return common_pb2.JobSpec(
             name=name,
-            command=["python", _example("mlp"), "--steps", str(self.steps),
-                     "--step-sleep", "0.05", "--replicas", str(gpus), *extra],
-            workdir=str(self.run_dir),
-            gpus=gpus,
-            priority=1,
+            command=["python", _example("mlp"), "--steps", str(steps), "--step-sleep", "0.03",
+                     "--replicas", "1", "--lr", "0.01", *extra],
+            workdir=str(self.run_dir), gpus=gpus, priority=1, grow_shrink=grow,
         )
 
+    def submit(self, spec: common_pb2.JobSpec) -> str:
+        job = self.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job
+        self.ids[job.id] = spec.name
+        self.say("submit", job.id, f"{spec.gpus} GPU(s){', grow-shrink' if spec.grow_shrink else ''}")
+        return job.id
+
     def jobs(self) -> list[common_pb2.Job]:
-        wanted = set(self.ids)
-        return [j for j in self.stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs if j.id in wanted]
+        return [j for j in self.stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs if j.id in self.ids]
 
-    def table(self, note: str) -> Table:
-        t = Table(title=note, title_justify="left")
-        for col in ("job", "name", "state", "gpus", "servers", "steps", "rate/s"):
-            t.add_column(col)
-        for j in self.jobs():
-            servers = ",".join(sorted({g.server for g in j.placement})) or "-"
-            t.add_row(j.id, j.spec.name, state_name(j.state), str(j.spec.gpus), servers, str(j.steps), f"{j.rate:.1f}")
-        return t
+    # ---- printing as it happens -----------------------------------------------
 
-    def watch(self, live: Live, note: str, until, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    def say(self, kind: str, job: str, text: str) -> None:
+        name = self.ids.get(job, "")
+        for other, other_name in self.ids.items():
+            text = text.replace(other, other_name)  # names read better than ids in reasons
+        style = STYLE.get(kind, "white")
+        self.console.print(f"[dim]{time.time() - self.t0:6.1f}s[/] [{style}]{kind:<9}[/] "
+                           f"{name:<12} {text}", highlight=False)
+
+    def pump(self) -> None:
+        """Print the scheduler's new decisions and the outcomes users care about."""
+        got = self._get(f"/api/decisions?after={self.last_decision}")
+        for d in got["decisions"]:
+            self.last_decision = d["id"]
+            if d["job"] not in self.ids:
+                continue
+            self.kinds_seen[d["kind"]] = self.kinds_seen.get(d["kind"], 0) + 1
+            where = f" on {','.join(d['gpus'])}" if d["gpus"] else ""
+            self.say(d["kind"], d["job"], f"{d['reason']}{where}")
+        events = self.stub.ListEvents(scheduler_pb2.ListEventsRequest(after_id=self.last_event)).events
+        for ev in events:
+            self.last_event = ev.id
+            if ev.job_id not in self.ids:
+                continue
+            if ev.kind == "job.migration" and ev.message.startswith("total"):
+                self.say("migrated", ev.job_id, f"training paused {ev.message.split()[1]}")
+            elif ev.kind == "job.state" and ("-> SUCCEEDED" in ev.message or "-> FAILED" in ev.message):
+                self.say("finished", ev.job_id, ev.message.split(": ", 1)[-1])
+
+    def until(self, what: str, done: Callable[[list[common_pb2.Job]], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self.pump()
             jobs = self.jobs()
-            live.update(self.table(note))
-            if until(jobs):
+            if done(jobs):
                 return True
-            if any(j.state == common_pb2.JOB_STATE_FAILED for j in jobs):
-                return False
             time.sleep(0.5)
+        self.console.print(f"[yellow]({what}: not within {timeout:.0f}s; going on)[/]")
         return False
 
-    # ---- the story -------------------------------------------------------------
+    # ---- the story --------------------------------------------------------------
 
-    def play(self, timeout: float) -> bool:
-        c = self.console
-        t_end = time.monotonic() + timeout
-        deadline = time.monotonic() + 120
-        while True:
+    def wait_for_helpers(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             try:
-                up = [s for s in self.stub.ListServers(scheduler_pb2.ListServersRequest()).servers if s.up and s.name in self.servers]
+                up = [s for s in self.stub.ListServers(scheduler_pb2.ListServersRequest()).servers
+                      if s.up and s.name in self.servers]
             except grpc.RpcError:
                 up = []
             if len(up) == len(self.servers):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("helpers did not register within 120s; see helper-*.log")
+                return
             time.sleep(0.3)
+        raise RuntimeError(f"helpers did not register within {timeout:.0f}s; see helper-*.log")
 
-        c.print("[bold]3/6[/] submitting real TensorFlow jobs (an MLP; 1, 2 and a 2-member sweep)")
-        for name, gpus in (("mlp-a", 1), ("mlp-b", 1), ("mlp-2gpu", 2)):
-            self.ids.append(self.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=self._spec(name, gpus))).job.id)
-        sweep = [self._spec("sweep", 1, "--lr", lr) for lr in ("0.01", "0.1")]
-        for i, s in enumerate(sweep):
-            s.index, s.params["lr"] = i, ("0.01", "0.1")[i]
+    def play(self, timeout: float) -> bool:
+        c, s = self.console, self.steps
+        t_end = time.monotonic() + timeout
+        left = lambda: max(1.0, t_end - time.monotonic())
+        self.wait_for_helpers()
+        self.t0 = time.time()
+        c.rule("1. oversubscribed: a grow-shrink job and a sweep of 8 configurations on 4 GPUs")
+        solo = self.submit(self._spec("solo-gs", 1, s * 7, grow=True))
+        sweep = [self._spec(f"lr{lr}-h{h}", 1, s, "--lr", lr, "--hidden", str(h)) for lr, h in SWEEP]
+        for i, (spec, (lr, h)) in enumerate(zip(sweep, SWEEP)):
+            spec.index = i
+            spec.params["lr"], spec.params["hidden"] = lr, str(h)
         resp = self.stub.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(name="sweep", jobs=sweep))
-        self.ids.extend(j.id for j in resp.jobs)
-        first, second = self.ids[0], self.ids[1]
+        for j in resp.jobs:
+            self.ids[j.id] = j.spec.name
+        self.say("submit", resp.jobs[0].id, f"... and 7 more: a sweep of {len(sweep)} configurations, 1 GPU each")
+        sweep_ids = {j.id for j in resp.jobs}
 
-        with Live(self.table("starting"), console=c, refresh_per_second=4) as live:
-            if not self.watch(live, "placed by the Gandiva policy; TensorFlow starting",
-                              lambda js: all(j.steps >= 20 for j in js), max(1.0, t_end - time.monotonic())):
-                c.print("[red]jobs did not start training in time[/]")
-                return False
+        def sweep_done(n: int) -> Callable[[list[common_pb2.Job]], bool]:
+            return lambda js: sum(j.id in sweep_ids and j.state in TERMINAL_STATES for j in js) >= n
 
-            c.print(f"[bold]4/6[/] suspending {second} at its next mini-batch boundary, then resuming it")
-            self.stub.SuspendJob(scheduler_pb2.JobActionRequest(id=second, reason="demo"))
-            frozen = self.stub.GetJob(scheduler_pb2.GetJobRequest(id=second)).steps
-            self.watch(live, "suspended (its GPU memory would be released)", lambda js: False, 3.0)
-            after = self.stub.GetJob(scheduler_pb2.GetJobRequest(id=second)).steps
-            self.stub.ResumeJob(scheduler_pb2.JobActionRequest(id=second, reason="demo"))
-            c.print(f"     steps while suspended: {frozen} -> {after}")
+        self.until("a few sweep members finish", sweep_done(3), min(left(), 100))
+        c.rule("2. a 2-GPU job arrives while GPUs free up one at a time")
+        self.submit(self._spec("big-2gpu", 2, s * 2, "--hidden", "128"))
+        self.until("the sweep finishes", sweep_done(len(sweep_ids)), min(left(), 120))
+        c.rule("3. the sweep is over: idle GPUs, the grow-shrink job may grow")
+        # Grown means: the grow decided, and the job running again on its new GPUs.
+        grown = self.until("a grow", lambda js: self.kinds_seen.get("grow", 0) > 0 and any(
+            j.id == solo and len(j.placement) > 1 and j.state == common_pb2.JOB_STATE_RUNNING for j in js),
+            min(left(), 45))
+        c.rule("4. a late job arrives" + (": the grown job shrinks at once" if grown else ""))
+        self.submit(self._spec("late", 1, s))
+        ok = self.until("all jobs finish", lambda js: all(j.state in TERMINAL_STATES for j in js), left())
+        self.pump()
+        return self.report() and ok
 
-            src = {g.server for g in self.stub.GetJob(scheduler_pb2.GetJobRequest(id=first)).placement}
-            dest = next((s for s in self.servers if s not in src), None)
-            if dest:
-                c.print(f"[bold]5/6[/] migrating {first} to {dest} (pre-warmed destination, checkpoint in the ramdisk)")
-                self.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=first, to_server=dest))
-                time.sleep(0.5)
-                self.watch(live, f"migrating {first} to {dest}",
-                           lambda js: any(j.id == first and j.state != common_pb2.JOB_STATE_MIGRATING for j in js), 180)
-                for ev in self.stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=first)).events:
-                    if ev.kind in ("job.migration", "job.state"):
-                        c.print(f"     {ev.kind:<14} {ev.message}")
-            ok = self.watch(live, "training to the end", lambda js: all(j.state in TERMINAL_STATES for j in js),
-                            max(1.0, t_end - time.monotonic()))
+    # ---- the end ------------------------------------------------------------------
 
-        c.print("[bold]6/6[/] the cluster view (gandiva get servers / gandiva get jobs)")
-        env_cmd = [sys.executable, "-m", "scheduler.cli.main"]
-        for what in ("servers", "jobs"):
-            subprocess.run([*env_cmd, "get", what, "--scheduler", self.address], check=False)
+    def report(self) -> bool:
+        c = self.console
+        table = Table(title="summary", title_justify="left")
+        for col in ("job", "state", "done after s", "mini-batches", "time slices", "migrations", "loss"):
+            table.add_column(col, justify="left" if col in ("job", "state") else "right")
+        best: tuple[float, str] | None = None
         jobs = self.jobs()
-        done = sum(j.state == common_pb2.JOB_STATE_SUCCEEDED for j in jobs)
-        c.print(f"{done}/{len(jobs)} jobs succeeded")
-        return ok and done == len(jobs)
+        migrations = self._migrations()
+        for j in sorted(jobs, key=lambda j: j.submitted_at):
+            full = self.stub.GetJob(scheduler_pb2.GetJobRequest(id=j.id))
+            slices = sum(t.to_state == common_pb2.JOB_STATE_SUSPENDED for t in full.history)
+            loss = j.metrics.get("loss")
+            finished = j.state == common_pb2.JOB_STATE_SUCCEEDED
+            if j.spec.multi_job_id and loss is not None and finished and (best is None or loss < best[0]):
+                best = (loss, j.id)
+            done = f"{j.finished_at - j.submitted_at:.1f}" if j.finished_at else "-"
+            table.add_row(j.spec.name, state_name(j.state).lower(), done, str(j.steps), str(slices),
+                          str(migrations.get(j.id, 0)), f"{loss:.4f}" if loss is not None else "-")
+        c.print(table)
+        if best is not None:
+            params = dict(next(j for j in jobs if j.id == best[1]).spec.params)
+            c.print(f"best configuration of the sweep: {self.ids[best[1]]} ({params}), final loss {best[0]:.4f}")
+        c.print("the scheduler's decisions: " + ", ".join(f"{k} {n}" for k, n in sorted(self.kinds_seen.items())))
+        png = self.run_dir / "timeline.png"
+        try:
+            self.plot(png)
+            c.print(f"timeline of the GPUs: {png}")
+        except ImportError:
+            c.print("(no matplotlib: pip install 'gandiva[plots]' for the PNG timeline)")
+        succeeded = sum(j.state == common_pb2.JOB_STATE_SUCCEEDED for j in jobs)
+        c.print(f"{succeeded}/{len(jobs)} jobs succeeded")
+        return succeeded == len(jobs)
+
+    def _migrations(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for ev in self.stub.ListEvents(scheduler_pb2.ListEventsRequest()).events:
+            if ev.kind == "job.migration" and ev.message.startswith("total"):
+                out[ev.job_id] = out.get(ev.job_id, 0) + 1
+        return out
+
+    def plot(self, path: Path) -> None:
+        plot_timeline(self._get("/api/timeline?since=3600"), path, self.t0)
+
+
+def plot_timeline(timeline: dict[str, Any], path: Path, t0: float | None = None) -> None:
+    """GPUs over time, a bar per job coloured by job (pale: waiting its time slice)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gpus = list(timeline["gpus"])
+    names = timeline["jobs"]
+    start = t0 if t0 is not None else min((s["t0"] for segs in timeline["gpus"].values() for s in segs), default=0)
+    cmap = plt.get_cmap("tab20")
+    colour = {j: cmap(i % 20) for i, j in enumerate(sorted(names))}
+    fig, ax = plt.subplots(figsize=(11, 1.0 + 0.7 * max(1, len(gpus))))
+    for row, gpu in enumerate(gpus):
+        for seg in timeline["gpus"][gpu]:
+            layers = [(j, 1.0) for j in seg["running"]] + [(j, 0.6) for j in seg["migrating"]] + \
+                     [(j, 0.25) for j in seg["waiting"]]
+            h = 0.8 / max(1, len(layers))
+            for k, (job, alpha) in enumerate(layers):
+                ax.broken_barh([(seg["t0"] - start, max(0.2, seg["t1"] - seg["t0"]))],
+                               (row - 0.4 + k * h, h), color=colour[job], alpha=alpha)
+    ax.set_yticks(range(len(gpus)), gpus)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first submission (solid: running, pale: waiting its time slice)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[j]) for j in sorted(names)]
+    ax.legend(handles, [names[j] or j for j in sorted(names)], loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

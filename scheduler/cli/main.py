@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = [
     "scheduler.sim.cli",        # gandiva sim
     "scheduler.cli.bench",      # gandiva bench ...
     "scheduler.cli.demo",       # gandiva demo
+    "scheduler.cli.top",        # gandiva top
 ]
 
 

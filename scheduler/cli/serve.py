@@ -32,6 +32,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tick", type=float, default=1.0, help="seconds between scheduling rounds (default 1)")
     p.add_argument("--heartbeat-timeout", type=float, default=10.0, help="mark a server down after this many seconds without a heartbeat")
     p.add_argument("--port-file", help="write the bound host:port to this file once listening")
+    p.add_argument("--http-listen", default="", metavar="HOST:PORT",
+                   help="serve Prometheus /metrics and the live dashboard (/) on this address; "
+                   "port 0 picks a free one (off by default)")
+    p.add_argument("--http-port-file", help="write the bound HTTP host:port to this file once listening")
+    p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="set one policy knob (repeatable), e.g. pack_trial_s=20 grow_idle_s=10; "
+                   "the knobs are the fields of scheduler.policy.types.PolicyConfig (docs/policy.md)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 
@@ -44,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = PolicyConfig(quantum_s=args.quantum)
+        config = PolicyConfig(quantum_s=args.quantum, **policy_options(args.policy_option))
         server = SchedulerServer(
             db_url=args.db or default_db_url(),
             listen=args.listen,
@@ -52,12 +59,44 @@ def run(args: argparse.Namespace) -> int:
             settings=Settings(down_after_s=args.heartbeat_timeout),
             policy_config=config,
             tick_s=args.tick,
+            http_listen=args.http_listen,
         )
-        run_loop(serve(server, args.port_file))
+        run_loop(serve(server, args.port_file, args.http_port_file))
     except (InvalidArgument, ValueError, OSError) as err:
         print(f"gandiva scheduler: {err}")
         return 2
     return 0
+
+
+def policy_options(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE strings -> PolicyConfig keyword arguments, each converted to the
+    field's type; a ValueError naming the bad option otherwise."""
+    import dataclasses
+
+    from scheduler.policy.types import PolicyConfig
+
+    fields = {f.name: f for f in dataclasses.fields(PolicyConfig) if f.name != "quantum_s"}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--policy-option {pair!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(fields))}")
+        default = fields[key].default
+        try:
+            if isinstance(default, bool):
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(raw)
+                out[key] = raw.lower() in ("true", "1")
+            elif isinstance(default, int):
+                out[key] = int(raw)
+            elif isinstance(default, float) or default is None:
+                out[key] = None if raw.lower() == "none" else float(raw)
+            else:
+                raise ValueError(raw)
+        except ValueError:
+            kind = type(default).__name__ if default is not None else "number or none"
+            raise ValueError(f"--policy-option {pair!r}: {raw!r} is not a {kind}") from None
+    return out
 
 
 def run_loop(coro: Coroutine[Any, Any, T]) -> T:

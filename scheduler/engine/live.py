@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
 from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument
 from scheduler.lifecycle import ACTIVE, JobState
+from scheduler.observe.observer import Observer
 from scheduler.policy import types as pt
 from scheduler.state import repo
 from scheduler.state.models import Job, JobProfile
@@ -54,6 +56,11 @@ class LiveEngine:
         self._held: set[str] = set()
         # job id -> (the row it was built from, its JobView), reused while unchanged.
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
+        # job id -> the GPUs a migration in flight moves it to: the policy sees them taken
+        # (the database records the new placement only once the move is done).
+        self.moving: dict[str, tuple[pt.GpuRef, ...]] = {}
+        # Metrics, the decision log and the timeline (gandiva scheduler --http-listen).
+        self.observer = Observer()
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -86,7 +93,9 @@ class LiveEngine:
         snap = await self.snapshot()
         # Jobs with a command in flight, and jobs an operator suspended, are left alone.
         skip = self.inflight | self._held
+        t0 = time.perf_counter()
         decisions = [d for d in self.policy.decide(snap) if d.job_id not in skip]
+        self.observer.decided(snap, decisions, time.perf_counter() - t0)
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
         if queued:
             await self._note_queued(queued)
@@ -125,7 +134,7 @@ class LiveEngine:
         )
         views: dict[str, tuple[tuple, pt.JobView]] = {}
         for j in jobs:
-            gpus = tuple(sorted(placements.get(j.id, ())))
+            gpus = self.moving.get(j.id) or tuple(sorted(placements.get(j.id, ())))
             prof = profiles.get(j.id)
             key = (tuple(j), gpus, prof and (prof.memory_max, prof.utilization, prof.step_time_s))
             cached = self._views.get(j.id)
@@ -265,9 +274,16 @@ class LiveEngine:
     ) -> None:
         """Send suspend/resume to the job's shim; record the new state once it acks at a boundary."""
         incarnation = (await self._job(job_id)).incarnation
+        # A job launched moments ago (e.g. time-sliced with a newcomer in the same round)
+        # is still starting TensorFlow: its shim connects when its session exists. Wait for
+        # it, or the suspend fails and both jobs run at once, unknown to the policy.
+        await self.core.runtimes.wait_connected(job_id, self.core.settings.command_timeout_s, incarnation)
+        t0 = time.perf_counter()
         ack = await self.core.runtimes.call(
             job_id, kind, self.core.settings.command_timeout_s, reason=reason, incarnation=incarnation
         )
+        if ack.ok:
+            self.observer.switched("resume" if target is JobState.RUNNING else "suspend", time.perf_counter() - t0)
         if not ack.ok:
             verb = runtime_pb2.CommandKind.Name(kind).removeprefix("COMMAND_KIND_").lower()
             raise FailedPrecondition(f"job {job_id} could not {verb}: {ack.message}")
@@ -284,7 +300,11 @@ class LiveEngine:
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
         from scheduler.engine.live_migration import run_migration
 
-        await run_migration(self, job_id, list(to_gpus), reason)
+        self.moving[job_id] = tuple(sorted(to_gpus))
+        try:
+            await run_migration(self, job_id, list(to_gpus), reason)
+        finally:
+            self.moving.pop(job_id, None)
 
     # ---- operator actions -----------------------------------------------------
 

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 class LivePorts:
     def __init__(self, engine: LiveEngine) -> None:
         self.core = engine.core
+        self.observer = engine.observer
 
     async def helper_command(
         self, server: str, command: helper_pb2.HelperCommand, timeout_s: float
@@ -40,6 +41,7 @@ class LivePorts:
         return await self.core.runtimes.send(job_id, command, timeout_s, incarnation)
 
     async def record_phase(self, job_id: str, phase: str, seconds: float, detail: str) -> None:
+        self.observer.migration_phase(phase, seconds)
         async with self.core.tx() as s:
             msg = f"{phase} {seconds:.3f}s" + (f" ({detail})" if detail else "")
             repo.add_event(s, self.core.clock(), "job.migration", msg, job_id=job_id)

@@ -118,6 +118,11 @@ class _StepFailed(Exception):
 def checkpoint_paths(plan: MigrationPlan, name: str) -> tuple[str, str | None]:
     """(where the source shim writes, where the destination reads it or None when the
     checkpoint has to be streamed)."""
+    if plan.source.name == plan.dest.name:
+        # Within one server (grow, shrink, a move between its GPUs): the checkpoint
+        # stays in the server's ramdisk; streaming it to itself would collide with itself.
+        here = posixpath.join(plan.source.ramdisk, plan.job_id, name)
+        return here, here
     shared = plan.use_shared_mount
     if shared is None:
         shared = bool(plan.source.shared_root)
@@ -215,7 +220,7 @@ class _Migration:
             await self._phase("transfer", moved.durations_s.get("transfer", time.monotonic() - t_tr))
         else:
             dest_dir = dest_dir + saved[len(src_dir):]  # the shim may have used a subdirectory
-            await self._phase("transfer", 0.0, "shared mount")
+            await self._phase("transfer", 0.0, "same server" if p.source.name == p.dest.name else "shared mount")
 
         try:
             active = await self._helper(p.dest.name, self.t.activate_s, activate=helper_pb2.ActivateJob(

@@ -25,12 +25,13 @@ class Cluster:
         self.channel = grpc.insecure_channel(sched.address)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
 
-    def add_helper(self, name: str, gpus: int) -> None:
+    def add_helper(self, name: str, gpus: int, *extra: str) -> None:
         with open(self.tmp / f"helper-{name}.log", "w") as log:
             self.helpers.append(subprocess.Popen(
                 [sys.executable, "-m", "scheduler.cli.main", "helper", "--server-name", name,
                  "--gpus", str(gpus), "--scheduler", self.sched.address,
-                 "--ramdisk", str(self.tmp / f"ramdisk-{name}"), "--log-dir", str(self.tmp / "logs")],
+                 "--ramdisk", str(self.tmp / f"ramdisk-{name}"), "--log-dir", str(self.tmp / "logs"),
+                 *extra],
                 stdout=log, stderr=subprocess.STDOUT,
             ))
         self.wait_for(lambda: any(
@@ -52,17 +53,29 @@ class Cluster:
         self.channel.close()
 
 
-@pytest.fixture
-def cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+def _cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for, **extra: object) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     sched = make_scheduler(
         sqlite_url,
         tick_s=0.2,
         policy_config=PolicyConfig(quantum_s=1.5),
         settings=Settings(heartbeat_interval_s=1.0, down_after_s=4.0),
+        **extra,
     )
     c = Cluster(sched, tmp_path, wait_for)
     yield c
     c.close()
+
+
+@pytest.fixture
+def cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    yield from _cluster(make_scheduler, sqlite_url, tmp_path, wait_for)
+
+
+@pytest.fixture
+def observed_cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    """The same cluster with the scheduler's /metrics and dashboard on a free port
+    (``cluster.sched.server.http_address``)."""
+    yield from _cluster(make_scheduler, sqlite_url, tmp_path, wait_for, http_listen="127.0.0.1:0")
 
 
 @pytest.fixture

@@ -1,0 +1,101 @@
+"""`gandiva top`: the live dashboard's view in the terminal.
+
+Reads the scheduler's dashboard JSON (``/api/state``, served by
+``gandiva scheduler --http-listen``) and redraws: servers and their GPUs (who runs,
+who waits for a time slice, who is packed), the jobs with state, mini-batches, rate
+and the reason for the scheduler's last decision about them, and the latest decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("top", help="watch the cluster live in the terminal (servers, GPUs, jobs, decisions)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--http", default=os.environ.get("GANDIVA_HTTP", ""), metavar="HOST:PORT",
+                   help="the scheduler's --http-listen address (default $GANDIVA_HTTP)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--once", action="store_true", help="print one view and exit (e.g. into a file)")
+    p.add_argument("--all", action="store_true", help="also list finished jobs")
+    p.set_defaults(func=run)
+
+
+def fetch(http: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{http}/api/state", timeout=10) as r:
+        return json.load(r)  # type: ignore[no-any-return]
+
+
+def render(state: dict[str, Any], show_all: bool = False) -> Group:
+    names = {j["id"]: j["name"] for j in state["jobs"]}
+    active = [j for j in state["jobs"] if show_all or j["state"] not in TERMINAL]
+    head = Text(f"Gandiva: {len(state['servers'])} servers, {len(active)} jobs shown, cluster height "
+                f"{state['height']}" + (" (overloaded: time-slicing)" if state["overloaded"] else ""),
+                style="bold")
+    servers = Table(title="servers and GPUs", title_justify="left", expand=False)
+    for col in ("server", "height", "GPU", "mode", "util", "jobs (dim: waiting its time slice)"):
+        servers.add_column(col)
+    for srv in state["servers"]:
+        for k, g in enumerate(srv["gpus"]):
+            on_gpu = Text()
+            for e in g["jobs"]:
+                on_gpu.append(f"{e['name'] or e['id']} ", style="" if e["state"] == "RUNNING" else "dim")
+            servers.add_row(srv["name"] + ("" if srv["up"] else " (down)") if k == 0 else "",
+                            str(srv["height"]) if k == 0 else "", str(g["index"]), g["mode"],
+                            f"{g['utilization']:.0%}", on_gpu)
+    jobs = Table(title="jobs", title_justify="left")
+    for col in ("job", "name", "state", "GPUs", "where", "mini-batches", "rate/s", "last decision"):
+        jobs.add_column(col, justify="right" if col in ("mini-batches", "rate/s") else "left",
+                        no_wrap=col != "last decision", overflow="ellipsis" if col != "last decision" else "fold")
+    for j in active:
+        d = j["last_decision"]
+        jobs.add_row(j["id"], j["name"], j["state"].lower(), str(j["gpus"]), " ".join(j["placement"]),
+                     str(j["steps"]), f"{j['rate']:.1f}", f"{d['kind']}: {d['reason']}" if d else j["message"])
+    latest = Text()
+    for d in state["decisions"][-8:]:
+        latest.append(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "
+                   f"{names.get(d['job'], d['job'])}: {d['reason']}\n")
+    return Group(head, servers, jobs, Text("latest decisions", style="bold"), latest)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    if not args.http:
+        console.print("gandiva top: no address; start the scheduler with --http-listen HOST:PORT and pass "
+                      "--http HOST:PORT (or set GANDIVA_HTTP)")
+        return 2
+    try:
+        state = fetch(args.http)
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        console.print(f"gandiva top: cannot read http://{args.http}/api/state ({err}); is the scheduler "
+                      "running with --http-listen on that address?")
+        return 1
+    if args.once:
+        console.print(render(state, args.all))
+        return 0
+    try:
+        with Live(render(state, args.all), console=console, refresh_per_second=4, screen=False) as live:
+            while True:
+                time.sleep(args.interval)
+                try:
+                    live.update(render(fetch(args.http), args.all))
+                except (urllib.error.URLError, OSError, ValueError) as err:
+                    live.update(Text(f"cannot reach the scheduler ({err}); retrying", style="red"))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,113 @@
+"""The scheduler's HTTP routes: ``/metrics``, the dashboard page ``/`` and its JSON.
+
+``/api/state``     servers with their GPUs (who runs and who waits on each, the height),
+                   the jobs (state, mini-batches, rate, the last decision's reason) and
+                   the latest decisions
+``/api/decisions`` the decision log, ``?after=ID`` for the ones after ID
+``/api/timeline``  per GPU, segments of what ran and what waited, ``?since=SECONDS_AGO``
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+from scheduler.lifecycle import JobState
+from scheduler.observe.http import Handler, Response, prometheus_route
+from scheduler.observe.metrics import SchedulerMetrics
+
+
+def _int(query: Mapping[str, str], name: str, default: int) -> int:
+    raw = query.get(name, "")
+    try:
+        return int(float(raw)) if raw else default
+    except ValueError:
+        raise ValueError(f"?{name}={raw!r} is not a number") from None
+
+
+def gpu_mode(running: int, waiting: int) -> str:
+    """How a GPU is shared: idle, running (one job), packed (several at once),
+    time-sliced (jobs take turns), or packed+time-sliced."""
+    if running + waiting == 0:
+        return "idle"
+    mode = "packed" if running > 1 else "running" if running == 1 else "waiting"
+    if waiting:
+        mode = "time-sliced" if running <= 1 else "packed+time-sliced"
+    return mode
+
+
+async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
+    """The whole view: what /api/state returns and `gandiva top` shows."""
+    loads = await core.list_servers()
+    jobs = await core.list_jobs()
+    now = core.clock()
+    by_id = {d.job.id: d for d in jobs}
+    last = metrics.log.last_for()
+    servers = []
+    for ld in loads:
+        gpus = []
+        for g in sorted(ld.gpus, key=lambda g: g.index):
+            placed = ld.jobs_by_gpu.get(g.index, [])
+            entries = []
+            for jid in placed:
+                d = by_id.get(jid)
+                entries.append({"id": jid, "name": d.job.name if d else "", "state": d.job.state if d else ""})
+            running = sum(e["state"] == JobState.RUNNING.value for e in entries)
+            gpus.append({
+                "index": g.index, "model": g.model, "utilization": g.utilization,
+                "memory_used": g.memory_used, "memory_total": g.memory_total,
+                "jobs": entries, "mode": gpu_mode(running, len(entries) - running),
+            })
+        servers.append({"name": ld.server.name, "up": ld.server.up, "gpus": gpus,
+                        "height": ld.height, "allocated": ld.allocated, "affinity": ld.affinity})
+    out_jobs = []
+    for d in jobs:
+        j = d.job
+        dec = last.get(j.id)
+        out_jobs.append({
+            "id": j.id, "name": j.name, "state": j.state, "gpus": j.gpus, "priority": j.priority,
+            "placement": [f"{server}/{index}" for server, index in d.placement],
+            "steps": j.steps, "rate": j.rate, "metrics": dict(j.metrics or {}),
+            "message": j.message, "submitted_at": j.submitted_at, "finished_at": j.finished_at,
+            "multi_job": j.multi_job_id or "", "grow_shrink": j.grow_shrink,
+            "last_decision": ({"kind": dec.kind, "reason": dec.reason, "at": dec.at} if dec else None),
+        })
+    height = max((s["height"] for s in servers), default=0)
+    return {"now": now, "height": height, "overloaded": height > 1, "servers": servers,
+            "jobs": out_jobs, "decisions": metrics.log.after(max(0, metrics.log.last_id - 30))}
+
+
+def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
+    page = resources.files("scheduler.observe").joinpath("static/index.html").read_bytes()
+
+    async def index(_: Mapping[str, str]) -> Response:
+        return Response(200, page, "text/html; charset=utf-8")
+
+    async def state(_: Mapping[str, str]) -> Response:
+        return Response.json(await cluster_state(core, metrics))
+
+    async def decisions(q: Mapping[str, str]) -> Response:
+        try:
+            after = _int(q, "after", 0)
+        except ValueError as err:
+            return Response(400, f"{err}\n".encode())
+        return Response.json({"last": metrics.log.last_id, "decisions": metrics.log.after(after)})
+
+    async def timeline(q: Mapping[str, str]) -> Response:
+        try:
+            ago = _int(q, "since", 3600)
+        except ValueError as err:
+            return Response(400, f"{err}\n".encode())
+        now = core.clock()
+        names = {d.job.id: d.job.name for d in await core.list_jobs()}
+        gpus = metrics.timeline.export(now - ago)
+        used = {j for segs in gpus.values() for s in segs for k in ("running", "waiting", "migrating") for j in s[k]}
+        return Response.json({"now": now, "since": now - ago, "gpus": gpus,
+                              "jobs": {j: names.get(j, "") for j in sorted(used)}})
+
+    async def refresh() -> None:
+        await metrics.refresh(core)
+
+    return {"/": index, "/index.html": index, "/api/state": state, "/api/decisions": decisions,
+            "/api/timeline": timeline, "/metrics": prometheus_route(metrics.registry, refresh)}

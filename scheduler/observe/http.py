@@ -1,0 +1,122 @@
+"""A minimal HTTP/1.1 server on asyncio for ``/metrics``, the dashboard and its JSON.
+
+GET and HEAD only, one request per connection, no framework: the scheduler and the
+helpers already run an asyncio loop, and this is all Prometheus and a browser need.
+Routes map a path to an async handler returning a ``Response``; query parameters
+arrive as a dict of single values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 16 << 10
+READ_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+
+    @staticmethod
+    def json(value: Any, status: int = 200) -> Response:
+        return Response(status, json.dumps(value, separators=(",", ":")).encode(), "application/json")
+
+
+Handler = Callable[[Mapping[str, str]], Awaitable[Response]]
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """'HOST:PORT' -> (host, port); a clear ValueError for anything else."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--http-listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9100 (port 0 picks one)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class HttpServer:
+    """Serve ``routes`` on ``listen`` (HOST:PORT; port 0 picks a free one)."""
+
+    def __init__(self, listen: str, routes: Mapping[str, Handler]) -> None:
+        self.host, self.port = split_listen(listen)
+        self.routes = dict(routes)
+        self._server: asyncio.base_events.Server | None = None
+        self.address = ""
+
+    async def start(self) -> str:
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        except OSError as err:
+            raise OSError(f"--http-listen {self.host}:{self.port}: {err.strerror or err}") from err
+        port = self._server.sockets[0].getsockname()[1]
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        self.address = f"{host}:{port}"
+        return self.address
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
+            writer.close()
+            return
+        method = ""
+        try:
+            method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+            response = await self._respond(method, target)
+        except ValueError:
+            response = Response(400, b"malformed request line\n")
+        except Exception:  # a bug in one page must not take the server down
+            log.exception("HTTP handler failed")
+            response = Response(500, b"internal error; see the server log\n")
+        reason = _REASONS.get(response.status, "")
+        header = (f"HTTP/1.1 {response.status} {reason}\r\nContent-Type: {response.content_type}\r\n"
+                  f"Content-Length: {len(response.body)}\r\nCache-Control: no-store\r\n"
+                  "Connection: close\r\n\r\n").encode()
+        try:
+            writer.write(header + (b"" if method == "HEAD" else response.body))
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _respond(self, method: str, target: str) -> Response:
+        if method not in ("GET", "HEAD"):
+            return Response(405, f"{method} is not supported; use GET\n".encode())
+        url = urlsplit(target)
+        handler = self.routes.get(url.path)
+        if handler is None:
+            known = ", ".join(sorted(self.routes))
+            return Response(404, f"no page at {url.path}; try one of: {known}\n".encode())
+        return await handler(dict(parse_qsl(url.query)))
+
+
+def prometheus_route(registry: Any, refresh: Callable[[], Awaitable[None]] | None = None) -> Handler:
+    """A ``/metrics`` handler: refresh the gauges computed at scrape time, then render."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    async def handle(_: Mapping[str, str]) -> Response:
+        if refresh is not None:
+            await refresh()
+        return Response(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+
+    return handle

@@ -1,0 +1,290 @@
+"""The scheduler's metrics (Prometheus), its decision log and its per-GPU timeline.
+
+``SchedulerMetrics`` is the engine's observer when ``--http-listen`` is given. Counters
+and histograms are fed as things happen (decisions, suspend/resume acks, migration
+phases, RPCs, database transactions); gauges about the cluster (jobs by state, queue,
+GPUs and height per server, per-job rates) are computed from the database at scrape
+time, so they are never stale. Each scheduler has its own registry (tests run several
+in one process).
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from scheduler.lifecycle import JobState
+from scheduler.observe.observer import Observer
+from scheduler.policy import types as pt
+
+# Per-job series are bounded: only this many running jobs (fastest first) get one.
+MAX_JOB_SERIES = 50
+DECISION_LOG_SIZE = 2000
+TIMELINE_S = 3600.0
+# Decision kinds as operators name them; Queue decisions repeat every round and are not counted.
+KINDS = {pt.Place: "place", pt.Suspend: "suspend", pt.Resume: "resume", pt.Pack: "pack",
+         pt.Unpack: "unpack", pt.Migrate: "migrate", pt.Grow: "grow", pt.Shrink: "shrink"}
+
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    id: int
+    at: float
+    kind: str  # place, suspend, resume, pack, unpack, keep-pack, migrate, grow, shrink
+    job: str
+    gpus: tuple[str, ...]
+    reason: str
+
+
+def gpu_names(gpus: Sequence[pt.GpuRef]) -> tuple[str, ...]:
+    return tuple(f"{g.server}/{g.index}" for g in gpus)
+
+
+class DecisionLog:
+    """The scheduler's recent decisions with their reasons, numbered for polling."""
+
+    def __init__(self, size: int = DECISION_LOG_SIZE) -> None:
+        self.records: collections.deque[DecisionRecord] = collections.deque(maxlen=size)
+        self.last_id = 0
+
+    def add(self, at: float, kind: str, job: str, gpus: tuple[str, ...], reason: str) -> None:
+        self.last_id += 1
+        self.records.append(DecisionRecord(self.last_id, at, kind, job, gpus, reason))
+
+    def after(self, after_id: int, limit: int = 500) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.records if r.id > after_id][:limit]
+
+    def last_for(self) -> dict[str, DecisionRecord]:
+        out: dict[str, DecisionRecord] = {}
+        for r in self.records:
+            out[r.job] = r
+        return out
+
+
+class Timeline:
+    """Per GPU, what ran on it and what waited on it (time-sliced), over the last hour.
+
+    Fed by every scheduling round's snapshot; a segment grows while nothing changes."""
+
+    def __init__(self, keep_s: float = TIMELINE_S) -> None:
+        self.keep_s = keep_s
+        # "server/index" -> segments [t0, t1, running job ids, waiting job ids, migrating ids]
+        self.gpus: dict[str, list[list[Any]]] = {}
+
+    def record(self, snap: pt.ClusterSnapshot) -> None:
+        now = snap.now
+        current: dict[str, tuple[list[str], list[str], list[str]]] = {}
+        for s in snap.servers:
+            for i in range(s.num_gpus):
+                current[f"{s.name}/{i}"] = ([], [], [])
+        slot = {JobState.RUNNING.value: 0, JobState.SUSPENDED.value: 1, JobState.MIGRATING.value: 2}
+        for job in snap.jobs:
+            k = slot.get(job.state)
+            if k is None:
+                continue
+            for name in dict.fromkeys(gpu_names(job.placement)):
+                current.setdefault(name, ([], [], []))[k].append(job.id)
+        for name, (running, waiting, moving) in current.items():
+            segs = self.gpus.setdefault(name, [])
+            state = [sorted(running), sorted(waiting), sorted(moving)]
+            # A gap (no rounds for a while) starts a new segment rather than bridging it.
+            last = segs[-1] if segs and segs[-1][1] >= now - 30 else None
+            if last is not None:
+                last[1] = now  # the previous state lasted until now
+                if last[2:] == state:
+                    continue
+            segs.append([now, now, *state])
+            while segs and segs[0][1] < now - self.keep_s:
+                segs.pop(0)
+
+    def export(self, since: float = 0.0) -> dict[str, list[dict[str, Any]]]:
+        return {
+            name: [{"t0": s[0], "t1": s[1], "running": s[2], "waiting": s[3], "migrating": s[4]}
+                   for s in segs if s[1] >= since and any(s[2:])]
+            for name, segs in sorted(self.gpus.items())
+        }
+
+
+class SchedulerMetrics(Observer):
+    """Prometheus metrics, the decision log and the timeline of one scheduler."""
+
+    def __init__(self, policy_state: Callable[[], Any] = lambda: None) -> None:
+        self.registry = r = CollectorRegistry()
+        self._policy_state = policy_state
+        self.log = DecisionLog()
+        self.timeline = Timeline()
+        self._kept: set[frozenset[str]] = set()
+        self.decisions = Counter("gandiva_decisions", "Decisions applied, by kind", ["kind"], registry=r)
+        self.decision_seconds = Histogram(
+            "gandiva_policy_decision_seconds", "Time the policy takes for one scheduling round",
+            buckets=_FAST, registry=r)
+        self.switch_seconds = Histogram(
+            "gandiva_switch_seconds",
+            "Suspend and resume commands, sent until acknowledged at a mini-batch boundary "
+            "(command=resume is suspend-to-running)", ["command"], buckets=_SLOW, registry=r)
+        self.migration_seconds = Histogram(
+            "gandiva_migration_phase_seconds", "Duration of each migration phase", ["phase"],
+            buckets=_SLOW, registry=r)
+        self.rpc_seconds = Histogram(
+            "gandiva_rpc_seconds", "Unary gRPC calls served, by method and status code",
+            ["method", "code"], buckets=_FAST, registry=r)
+        self.db_seconds = Histogram(
+            "gandiva_db_transaction_seconds", "Database transactions, begin to commit or rollback",
+            ["mode"], buckets=_FAST, registry=r)
+        self.jobs = Gauge("gandiva_jobs", "Jobs by state", ["state"], registry=r)
+        self.queue_length = Gauge("gandiva_queue_length", "Jobs waiting for a placement", registry=r)
+        self.longest_wait = Gauge("gandiva_queue_longest_wait_seconds",
+                                  "How long the longest-waiting queued job has waited", registry=r)
+        self.server_up = Gauge("gandiva_server_up", "1 when the server's helper heartbeats", ["server"], registry=r)
+        self.server_gpus = Gauge("gandiva_server_gpus", "GPUs in the server", ["server"], registry=r)
+        self.gpus_allocated = Gauge("gandiva_server_gpus_allocated", "GPUs with at least one job placed",
+                                    ["server"], registry=r)
+        self.gpus_oversubscribed = Gauge(
+            "gandiva_server_gpus_oversubscribed", "GPUs shared by more than one job (time-sliced or packed)",
+            ["server"], registry=r)
+        self.height = Gauge("gandiva_server_height", "ceil(GPUs allocated, counting each sharing job / GPUs)",
+                            ["server"], registry=r)
+        self.job_rate = Gauge(
+            "gandiva_job_minibatch_rate",
+            f"Mini-batches per second of running jobs (the {MAX_JOB_SERIES} fastest)",
+            ["job", "name"], registry=r)
+        self.job_series_dropped = Gauge(
+            "gandiva_job_rate_series_dropped", "Running jobs left out of gandiva_job_minibatch_rate",
+            registry=r)
+
+    # ---- Observer hooks ---------------------------------------------------------
+
+    def decided(self, snapshot: pt.ClusterSnapshot, decisions: Sequence[pt.Decision], seconds: float) -> None:
+        self.decision_seconds.observe(seconds)
+        self.timeline.record(snapshot)
+        states = {j.id: j.state for j in snapshot.jobs}
+        for d in decisions:
+            kind = KINDS.get(type(d))
+            if kind is None:
+                continue
+            if kind == "place" and states.get(d.job_id) == JobState.SUSPENDED.value:
+                kind = "pack"  # a suspended job placed beside a running one
+            self.decisions.labels(kind).inc()
+            gpus: Sequence[pt.GpuRef] = getattr(d, "gpus", None) or getattr(d, "to_gpus", None) or ()
+            self.log.add(snapshot.now, kind, d.job_id, gpu_names(gpus), d.reason)
+        self._note_kept_packs(snapshot.now)
+
+    def _note_kept_packs(self, now: float) -> None:
+        """Packs the policy kept after their trial (a verdict with no decision of its own)."""
+        state = self._policy_state()
+        kept = getattr(state, "kept_pairs", None)
+        if kept is None:
+            return
+        pairs = {frozenset((a, b)) for a, b in kept.items()}
+        for pair in pairs - self._kept:
+            a, b = sorted(pair)
+            self.decisions.labels("keep-pack").inc()
+            self.log.add(now, "keep-pack", a, (), f"packed with {b}: measured rates beat time-slicing")
+        self._kept = pairs
+
+    def switched(self, command: str, seconds: float) -> None:
+        self.switch_seconds.labels(command).observe(seconds)
+
+    def migration_phase(self, phase: str, seconds: float) -> None:
+        self.migration_seconds.labels(phase).observe(seconds)
+
+    # ---- database transactions ------------------------------------------------
+
+    def watch_engine(self, engine: Any, mode: str) -> None:
+        """Time every transaction on a SQLAlchemy (async) engine, begin to commit/rollback."""
+        from sqlalchemy import event
+
+        sync = getattr(engine, "sync_engine", engine)
+        hist = self.db_seconds.labels(mode)
+
+        def begin(conn: Any) -> None:
+            conn.info["gandiva_tx_t0"] = time.perf_counter()
+
+        def end(conn: Any) -> None:
+            t0 = conn.info.pop("gandiva_tx_t0", None)
+            if t0 is not None:
+                hist.observe(time.perf_counter() - t0)
+
+        event.listen(sync, "begin", begin)
+        event.listen(sync, "commit", end)
+        event.listen(sync, "rollback", end)
+
+    # ---- scrape-time gauges ---------------------------------------------------
+
+    async def refresh(self, core: Any) -> None:
+        """Recompute the gauges about the cluster from the database."""
+        now = core.clock()
+        async with core.tx(read=True) as s:
+            from sqlalchemy import func, select
+
+            from scheduler.state.models import Job
+
+            counts = dict((await s.execute(select(Job.state, func.count()).group_by(Job.state))).all())
+            oldest = (await s.execute(
+                select(func.min(Job.state_changed_at)).where(Job.state == JobState.QUEUED.value))).scalar()
+            running = (await s.execute(
+                select(Job.id, Job.name, Job.rate).where(Job.state == JobState.RUNNING.value)
+                .order_by(Job.rate.desc()).limit(MAX_JOB_SERIES + 1))).all()
+            n_running = counts.get(JobState.RUNNING.value, 0)
+        loads = await core.list_servers()
+        for st in JobState:
+            self.jobs.labels(st.value.lower()).set(counts.get(st.value, 0))
+        self.queue_length.set(counts.get(JobState.QUEUED.value, 0))
+        self.longest_wait.set(max(0.0, now - oldest) if oldest else 0.0)
+        for metric in (self.server_up, self.server_gpus, self.gpus_allocated, self.gpus_oversubscribed,
+                       self.height, self.job_rate):
+            metric.clear()  # servers and jobs that are gone leave no stale series
+        for ld in loads:
+            name = ld.server.name
+            self.server_up.labels(name).set(1 if ld.server.up else 0)
+            self.server_gpus.labels(name).set(ld.server.num_gpus)
+            self.gpus_allocated.labels(name).set(sum(1 for v in ld.jobs_by_gpu.values() if v))
+            self.gpus_oversubscribed.labels(name).set(sum(1 for v in ld.jobs_by_gpu.values() if len(v) > 1))
+            self.height.labels(name).set(ld.height)
+        for job_id, name, rate in running[:MAX_JOB_SERIES]:
+            self.job_rate.labels(job_id, name).set(rate or 0.0)
+        self.job_series_dropped.set(max(0, n_running - MAX_JOB_SERIES))
+
+
+class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Times every unary call by method and status code (streams are long-lived; not timed)."""
+
+    def __init__(self, metrics: SchedulerMetrics) -> None:
+        self.hist = metrics.rpc_seconds
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner, method, hist = handler.unary_unary, details.method, self.hist
+
+        async def timed(request: Any, context: Any) -> Any:
+            t0 = time.perf_counter()
+            code = "OK"
+            try:
+                result = inner(request, context)
+                if inspect.isawaitable(result):
+                    result = await result
+                return result
+            except BaseException:
+                code = "ERROR"
+                raise
+            finally:
+                got = context.code()
+                if isinstance(got, grpc.StatusCode) and got is not grpc.StatusCode.OK:
+                    code = got.name
+                hist.labels(method, code).observe(time.perf_counter() - t0)
+
+        return grpc.unary_unary_rpc_method_handler(
+            timed, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)

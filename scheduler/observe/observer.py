@@ -1,0 +1,24 @@
+"""The hooks the live engine calls about what it does; by default they do nothing.
+
+``LiveEngine.observer`` is an ``Observer``; ``gandiva scheduler --http-listen`` swaps in
+``scheduler.observe.metrics.SchedulerMetrics``, which counts, times and logs. Kept
+free of prometheus and of I/O so that the engine pays nothing when nobody watches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scheduler.policy import types as pt
+
+
+class Observer:
+    def decided(self, snapshot: pt.ClusterSnapshot, decisions: Sequence[pt.Decision], seconds: float) -> None:
+        """One scheduling round: the snapshot the policy saw, the decisions the engine
+        will apply (jobs with commands in flight left out) and the policy's run time."""
+
+    def switched(self, command: str, seconds: float) -> None:
+        """A suspend or resume command acknowledged at a mini-batch boundary."""
+
+    def migration_phase(self, phase: str, seconds: float) -> None:
+        """One phase of a migration (prewarm, checkpoint, transfer, restore, ..., total)."""

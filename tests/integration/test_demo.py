@@ -1,0 +1,43 @@
+"""`gandiva demo` end to end, as the README's first command runs it (bounded): real
+scheduler and helper processes, real TensorFlow jobs, the scheduler's own decisions."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+
+
+def test_demo_shows_the_scheduler_time_slice_pack_migrate_grow_and_shrink(tmp_path: Path) -> None:
+    env = {**os.environ, "GANDIVA_HOME": str(tmp_path / "home"), "COLUMNS": "160"}
+    env.pop("GANDIVA_SCHEDULER", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "scheduler.cli.main", "demo", "--steps", "200", "--timeout", "420"],
+        check=False, capture_output=True, text=True, env=env, timeout=540)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert re.search(r"dashboard: http://127\.0\.0\.1:\d+/", out)
+
+    def decisions(kind: str) -> list[str]:
+        return re.findall(rf"^\s*[\d.]+s {re.escape(kind)}\s+(\S+)\s+(.+)$", out, re.MULTILINE)
+
+    # Oversubscribed: newcomers time-slice with incumbents, and turns come round.
+    assert any("time-slice with new job" in why for _, why in decisions("suspend")), out
+    assert any("its turn in the time-slice group" in why for _, why in decisions("resume")), out
+    # Packing is tried, and judged by the measured rates.
+    assert decisions("pack"), out
+    assert decisions("keep-pack") or decisions("unpack"), out
+    # The grow-shrink job grows onto idle GPUs; the late job makes it shrink.
+    assert [job for job, _ in decisions("grow")] and {job for job, _ in decisions("grow")} == {"solo-gs"}, out
+    assert [job for job, _ in decisions("shrink")] == ["solo-gs"], out
+    assert decisions("migrate"), out
+    assert re.search(r"best configuration of the sweep: lr[\d.]+-h\d+ .*final loss \d", out), out
+    assert "11/11 jobs succeeded" in out
+    png = Path(re.search(r"timeline of the GPUs: (\S+\.png)", out).group(1))  # type: ignore[union-attr]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

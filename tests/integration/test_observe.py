@@ -1,0 +1,187 @@
+"""Metrics and the live dashboard against a live cluster: a real scheduler with
+--http-listen, a real helper process with its own --http-listen, real TensorFlow jobs,
+scraped over HTTP; the dashboard rendered by a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def get(address: str, path: str) -> bytes:
+    with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as r:
+        return r.read()
+
+
+def scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    out = {}
+    for family in text_string_to_metric_families(get(address, "/metrics").decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    """The sum over the samples of `name` whose labels include `labels` (0 if none)."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+def helper_http(cluster, name: str) -> str:  # type: ignore[no-untyped-def]
+    log = cluster.tmp / f"helper-{name}.log"
+
+    def found() -> str | None:
+        m = re.search(r"metrics on http://(\S+)/metrics", log.read_text())
+        return m.group(1) if m else None
+
+    return cluster.wait_for(found, 30)
+
+
+def submit(cluster, mlp, name: str, steps: int) -> str:  # type: ignore[no-untyped-def]
+    spec = common_pb2.JobSpec(name=name, command=mlp(steps, 0.02), workdir=str(cluster.tmp), gpus=1)
+    return cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+
+
+def test_metrics_follow_a_time_sliced_cluster(observed_cluster, mlp) -> None:  # type: ignore[no-untyped-def]
+    c = observed_cluster
+    c.add_helper("node-a", 2, "--http-listen", "127.0.0.1:0", "--sample-interval", "0.5")
+    http, helper = c.sched.server.http_address, helper_http(c, "node-a")
+
+    before = scrape(http)
+    assert value(before, "gandiva_server_gpus", server="node-a") == 2
+    assert value(before, "gandiva_server_height", server="node-a") == 0
+    assert value(before, "gandiva_jobs", state="running") == 0
+    assert value(scrape(helper), "gandiva_helper_jobs_running", server="node-a") == 0
+
+    # Three one-GPU jobs on two GPUs: one GPU is time-sliced.
+    ids = [submit(c, mlp, f"job-{i}", 260) for i in range(3)]
+    c.wait_for(lambda: value(scrape(http), "gandiva_switch_seconds_count", command="suspend") >= 1, 120)
+    during = scrape(http)
+    assert value(during, "gandiva_server_height", server="node-a") == 2
+    assert value(during, "gandiva_server_gpus_oversubscribed", server="node-a") == 1
+    assert value(during, "gandiva_server_gpus_allocated", server="node-a") == 2
+    assert value(during, "gandiva_decisions_total", kind="place") == 3
+    assert value(during, "gandiva_decisions_total", kind="suspend") >= 1
+    assert value(during, "gandiva_jobs", state="running") + value(during, "gandiva_jobs", state="suspended") == 3
+    assert value(during, "gandiva_rpc_seconds_count", method="/gandiva.v1.Scheduler/SubmitJob", code="OK") == 3
+    assert value(during, "gandiva_policy_decision_seconds_count") > 0
+    assert value(during, "gandiva_db_transaction_seconds_count", mode="write") > 0
+    # A user watching the rates sees the running jobs move.
+    rated = c.wait_for(lambda: {ls for (n, ls), v in scrape(http).items()
+                                if n == "gandiva_job_minibatch_rate" and v > 0}, 60)
+    assert {dict(ls)["job"] for ls in rated} <= set(ids)
+    on_helper = c.wait_for(lambda: (s := scrape(helper)) and
+                           value(s, "gandiva_helper_jobs_running", server="node-a") >= 2 and s, 60)
+    assert value(on_helper, "gandiva_helper_gpu_memory_used_bytes", server="node-a") > 50 << 20
+    assert value(on_helper, "gandiva_helper_gpu_memory_total_bytes", server="node-a", gpu="0") > 0
+    assert value(on_helper, "gandiva_helper_info", backend="cpu") == 1
+
+    c.wait_for(lambda: all(c.job(j).state == common_pb2.JOB_STATE_SUCCEEDED for j in ids), 240)
+    after = scrape(http)
+    assert value(after, "gandiva_jobs", state="succeeded") == 3
+    assert value(after, "gandiva_jobs", state="running") == 0
+    assert value(after, "gandiva_server_height", server="node-a") == 0
+    assert value(after, "gandiva_switch_seconds_count", command="resume") >= 1
+    assert value(after, "gandiva_job_minibatch_rate") == 0  # no running job, no per-job series
+    c.wait_for(lambda: value(scrape(helper), "gandiva_helper_jobs_running", server="node-a") == 0, 30)
+
+    # The dashboard's JSON tells the same story: the decisions with their reasons, the timeline.
+    decisions = json.loads(get(http, "/api/decisions?after=0"))["decisions"]
+    assert [d["kind"] for d in decisions].count("place") == 3
+    assert any(d["kind"] == "suspend" and d["reason"] for d in decisions)
+    timeline = json.loads(get(http, "/api/timeline"))
+    assert set(timeline["gpus"]) == {"node-a/0", "node-a/1"}
+    shared = [s for segs in timeline["gpus"].values() for s in segs if s["waiting"]]
+    assert shared, "a time-sliced GPU shows its waiting job"
+    assert set(timeline["jobs"]) == set(ids)
+
+
+def chromium_dom(url: str, budget_ms: int = 6000) -> str:
+    """The page's DOM after its scripts ran, from a real headless Chromium."""
+    profile = tempfile.mkdtemp(prefix="gandiva-chromium-")
+    try:
+        out = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+            capture_output=True, text=True, timeout=90, check=True)
+        return out.stdout
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def chromium() -> str:
+    if CHROMIUM is None:
+        reason = "no chromium on PATH (apt-get install -y chromium)"
+        if os.environ.get("GANDIVA_REQUIRE_BROWSER") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return CHROMIUM
+
+
+def test_dashboard_shows_servers_and_jobs_in_a_browser(observed_cluster, mlp, chromium) -> None:  # type: ignore[no-untyped-def]
+    c = observed_cluster
+    c.add_helper("node-a", 1)
+    c.add_helper("node-b", 1)
+    ids = [submit(c, mlp, f"shown-{i}", 2000) for i in range(3)]
+    c.wait_for(lambda: sum(c.job(j).state == common_pb2.JOB_STATE_RUNNING for j in ids) == 2, 120)
+    c.wait_for(lambda: all(c.job(j).steps > 0 for j in ids if c.job(j).state == common_pb2.JOB_STATE_RUNNING), 120)
+
+    dom = chromium_dom(f"http://{c.sched.server.http_address}/")
+    for server in ("node-a", "node-b"):
+        assert f'data-server="{server}"' in dom
+    for i, job_id in enumerate(ids):
+        assert f'data-job="{job_id}"' in dom and f"shown-{i}" in dom
+    # One server time-slices two jobs, and the page says so.
+    assert "time-sliced" in dom
+    assert "cannot reach the scheduler" not in dom
+    for j in ids:
+        c.stub.KillJob(scheduler_pb2.JobActionRequest(id=j))
+
+
+async def test_http_errors_name_what_to_do() -> None:
+    from scheduler.observe.http import HttpServer, Response
+
+    async def hello(_):  # type: ignore[no-untyped-def]
+        return Response(200, b"hi")
+
+    server = HttpServer("127.0.0.1:0", {"/hello": hello})
+    address = await server.start()
+    try:
+        import asyncio
+
+        def fetch(path: str, method: str = "GET") -> tuple[int, str]:
+            req = urllib.request.Request(f"http://{address}{path}", method=method)
+            try:
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as err:
+                return err.code, err.read().decode()
+
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, fetch, "/hello") == (200, "hi")
+        status, body = await loop.run_in_executor(None, fetch, "/nope")
+        assert status == 404 and "/hello" in body
+        status, body = await loop.run_in_executor(None, fetch, "/hello", "POST")
+        assert status == 405 and "GET" in body
+    finally:
+        await server.stop()
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        HttpServer("9100", {})
