@@ -9,9 +9,11 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,6 +36,19 @@ def scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
     for family in text_string_to_metric_families(get(address, "/metrics").decode()):
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def families(address: str) -> set[str]:
+    """The metric names /metrics declares (histograms with their _bucket/_count/_sum),
+    including labelled metrics that have no series yet."""
+    out = set()
+    for family in text_string_to_metric_families(get(address, "/metrics").decode()):
+        out.add(family.name)
+        if family.type == "histogram":
+            out |= {family.name + suffix for suffix in ("_bucket", "_count", "_sum")}
+        elif family.type == "counter":
+            out.add(family.name + "_total")
     return out
 
 
@@ -101,6 +116,16 @@ def test_metrics_follow_a_time_sliced_cluster(observed_cluster, mlp) -> None:  #
     assert value(after, "gandiva_job_minibatch_rate") == 0  # no running job, no per-job series
     c.wait_for(lambda: value(scrape(helper), "gandiva_helper_jobs_running", server="node-a") == 0, 30)
 
+    # Every metric the Grafana dashboard in docs/ queries is one the cluster exports.
+    grafana = (Path(__file__).parents[2] / "docs" / "grafana-dashboard.json").read_text()
+    assert set(re.findall(r"gandiva_\w+", grafana)) <= families(http) | families(helper)
+
+    # gandiva top shows the servers and the jobs with the reason of the last decision.
+    top = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "top", "--http", http, "--once", "--all"],
+                         capture_output=True, text=True, timeout=60, check=True, env={**os.environ, "COLUMNS": "200"})
+    assert "node-a" in top.stdout and all(j in top.stdout for j in ids)
+    assert "succeeded" in top.stdout and "time-slice" in top.stdout
+
     # The dashboard's JSON tells the same story: the decisions with their reasons, the timeline.
     decisions = json.loads(get(http, "/api/decisions?after=0"))["decisions"]
     assert [d["kind"] for d in decisions].count("place") == 3
@@ -149,11 +174,44 @@ def test_dashboard_shows_servers_and_jobs_in_a_browser(observed_cluster, mlp, ch
         assert f'data-server="{server}"' in dom
     for i, job_id in enumerate(ids):
         assert f'data-job="{job_id}"' in dom and f"shown-{i}" in dom
-    # One server time-slices two jobs, and the page says so.
-    assert "time-sliced" in dom
-    assert "cannot reach the scheduler" not in dom
+    # One server shares its GPU between two jobs (taking turns, or packed on trial), and the page says so.
+    modes = re.findall(r'<span class="mode">([^<]+)</span>', dom)
+    assert sorted(modes) in (["running", "time-sliced"], ["packed", "running"]), modes
+    assert '<div id="error" class="bad"></div>' in dom  # no "cannot reach the scheduler"
     for j in ids:
         c.stub.KillJob(scheduler_pb2.JobActionRequest(id=j))
+
+
+def test_top_without_a_scheduler_says_what_to_do() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GANDIVA_HTTP"}
+    missing = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "top", "--once"],
+                             capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert missing.returncode == 2 and "--http-listen" in missing.stdout
+    down = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "top", "--once", "--http", "127.0.0.1:1"],
+                          capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert down.returncode == 1 and "is the scheduler running with --http-listen" in down.stdout
+
+
+@pytest.mark.parametrize(("option", "error"), [
+    ("nope=1", "KEY one of"), ("pack_trial_s", "KEY=VALUE"), ("pack_trial_s=soon", "not a float"),
+    ("enable_packing=maybe", "not a bool"), ("max_jobs_per_gpu=0", "at least 1"),
+])
+def test_bad_policy_options_are_named(option: str, error: str, tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", "127.0.0.1:0",
+         "--db", f"sqlite+aiosqlite:///{tmp_path}/x.db", "--policy-option", option],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2 and error in run.stdout, run.stdout + run.stderr
+
+
+def test_policy_options_reach_the_policy() -> None:
+    from scheduler.cli.serve import policy_options
+    from scheduler.policy.types import PolicyConfig
+
+    options = ["pack_trial_s=10", "enable_grow_shrink=false", "reserve_after_s=none", "max_jobs_per_gpu=2"]
+    config = PolicyConfig(quantum_s=6, **policy_options(options))
+    assert (config.pack_trial_s, config.enable_grow_shrink, config.reserve_after_s, config.max_jobs_per_gpu) == \
+        (10.0, False, None, 2)
 
 
 async def test_http_errors_name_what_to_do() -> None:
