@@ -40,6 +40,9 @@ def register(subparsers: Any) -> None:
                         help="job logs directory (default $GANDIVA_HOME/logs)")
     helper.add_argument("--sample-interval", type=float, default=1.0,
                         help="seconds between GPU samples (default 1)")
+    helper.add_argument("--log-format", default="text", choices=("text", "json"),
+                        help="text (default) or json: one object per line, with job_id and "
+                        "command_id on every line about a job or a command")
     helper.add_argument("--http-listen", default="", metavar="HOST:PORT",
                         help="serve Prometheus /metrics (GPU utilization and memory, jobs) here; "
                         "port 0 picks a free one (off by default)")
@@ -69,7 +72,9 @@ def run_helper(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"gandiva helper: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from scheduler.observe.logs import setup_logging
+
+    setup_logging("INFO", args.log_format)
     if args.virtual:
         import os
 

@@ -221,10 +221,12 @@ class HelperDaemon:
         raise SessionEnded("the scheduler closed the command stream")
 
     async def _run_command(self, command: helper_pb2.HelperCommand) -> None:
-        log.info("command %s: %s", command.command_id, command.WhichOneof("body"))
+        kind = command.WhichOneof("body") or ""
+        job_id = getattr(getattr(command, kind), "job_id", "") if kind else ""
+        log.info("command %s: %s job %s", command.command_id, kind, job_id)
         result = await self.jobs.handle(command)
         if not result.ok:
-            log.warning("command %s failed: %s", command.command_id, result.message)
+            log.warning("command %s failed (job %s): %s", command.command_id, job_id, result.message)
         self._post(result)
 
     async def _housekeeping(self) -> None:

@@ -3,9 +3,10 @@
 Starts a real scheduler on the SQLite file under GANDIVA_HOME (with its metrics and
 live dashboard on an HTTP port), two real helpers with two virtual GPUs each, and
 submits real TensorFlow training jobs: a grow-shrink job, a sweep of 8
-configurations, then a 2-GPU job and a late job. Four GPUs for ten jobs: the
-scheduler itself time-slices, tries packs and keeps or undoes them by the measured
-rate, migrates for locality, grows and shrinks, and each decision is printed with its
+configurations, then a short, a long and a 2-GPU job, then late jobs. Four GPUs for
+thirteen jobs and more: the scheduler itself time-slices, tries packs and keeps or undoes them by
+the measured rate, migrates to make room for the 2-GPU job on one server, grows and
+shrinks, and each decision is printed with its
 reason as it happens. The end: a summary per job, the best configuration of the
 sweep and a PNG timeline of the GPUs. Everything runs as separate processes talking
 gRPC over loopback, exactly as on a real cluster; the policy's timers are shortened
@@ -16,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
+from scheduler.cli.local_cluster import LocalCluster, free_port
 from scheduler.config import default_db_url, gandiva_home
 
 
@@ -48,28 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 DEMO_POLICY = ("pack_trial_s=10", "slice_slack_s=1", "grow_idle_s=5", "defrag_interval_s=10")
 
 
-def _port(preferred: int = 50051) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise OSError("no free port on 127.0.0.1")
-
-
-def _wait_file(path: Path, proc: subprocess.Popen, what: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode}; see its log")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not start within {timeout:.0f}s")
-        time.sleep(0.1)
-    return path.read_text().strip()
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -79,36 +56,18 @@ def run(args: argparse.Namespace) -> int:
     run_dir = home / "demo" / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     db = args.db or default_db_url()
-    procs: list[subprocess.Popen] = []
-    gandiva = [sys.executable, "-m", "scheduler.cli.main"]
+    names = [f"node-{i + 1}" for i in range(args.servers)]
+    cluster = LocalCluster(run_dir, db, names, args.gpus, http_listen=args.http_listen, port=free_port(),
+                           scheduler_args=["--quantum", "6", "--tick", "0.5",
+                                           *(x for opt in DEMO_POLICY for x in ("--policy-option", opt))])
     try:
-        port = _port()
-        port_file, http_file = run_dir / "scheduler.addr", run_dir / "http.addr"
-        console.print(f"scheduler on 127.0.0.1:{port}, state in {db}")
-        # The children keep their own copies of the log descriptors.
-        with open(run_dir / "scheduler.log", "w") as sched_log:
-            procs.append(subprocess.Popen(
-                [*gandiva, "scheduler", "--listen", f"127.0.0.1:{port}", "--db", db,
-                 "--port-file", str(port_file), "--http-listen", args.http_listen,
-                 "--http-port-file", str(http_file), "--quantum", "6", "--tick", "0.5",
-                 *(x for opt in DEMO_POLICY for x in ("--policy-option", opt))],
-                stdout=sched_log, stderr=subprocess.STDOUT,
-            ))
-        address = _wait_file(port_file, procs[0], "the scheduler")
-        http = _wait_file(http_file, procs[0], "the scheduler's HTTP server")
+        console.print(f"scheduler on 127.0.0.1:{cluster.port}, state in {db}")
+        address = cluster.start_scheduler()
+        http = cluster.http
         console.print(f"[bold]dashboard: http://{http}/[/]   (metrics: http://{http}/metrics, "
                       f"or `gandiva top --http {http}`)")
-        env = {**os.environ, "GANDIVA_SCHEDULER": address, "GANDIVA_HOME": str(home)}
-        names = [f"node-{i + 1}" for i in range(args.servers)]
         console.print(f"helpers {', '.join(names)} with {args.gpus} virtual GPUs each")
-        for name in names:
-            with open(run_dir / f"helper-{name}.log", "w") as log:
-                procs.append(subprocess.Popen(
-                    [*gandiva, "helper", "--server-name", name, "--gpus", str(args.gpus), "--virtual",
-                     "--ramdisk", str(Path("/dev/shm") / f"gandiva-demo-{name}-{os.getpid()}"),
-                     "--log-dir", str(run_dir / "logs" / name)],
-                    stdout=log, stderr=subprocess.STDOUT, env=env,
-                ))
+        cluster.start_helpers({**os.environ, "GANDIVA_HOME": str(home)})
         from scheduler.cli.demo_run import DemoRun
 
         demo = DemoRun(address, http, names, args.steps, run_dir, console)
@@ -118,19 +77,13 @@ def run(args: argparse.Namespace) -> int:
                 f"\nStill running (scheduler at {address}); try:\n"
                 f"  export GANDIVA_SCHEDULER={address}\n  gandiva get jobs\n  gandiva get events\n"
                 f"  open http://{http}/\n"
-                f"Stop it with: kill {' '.join(str(p.pid) for p in procs)}"
+                f"Stop it with: kill {' '.join(str(p) for p in cluster.pids())}"
             )
-            procs.clear()
+            cluster.procs.clear()
         console.print(f"\nLogs: {run_dir}")
         return 0 if ok else 1
     except (RuntimeError, OSError) as err:
         console.print(f"[red]gandiva demo: {err}[/] (logs in {run_dir})")
         return 1
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        cluster.stop()

@@ -3,10 +3,11 @@
 Phases, each started when the previous one has shown what it is for (with a deadline):
 1. a grow-shrink job and a sweep of 8 configurations on 4 GPUs: the cluster is
    oversubscribed, so the policy time-slices and tries packs it keeps or undoes;
-2. a 2-GPU job arrives while GPUs free up one by one: placed across servers, then
-   migrated to one server for locality (or room is made for it);
-3. the sweep ends: GPUs idle, the grow-shrink job grows;
-4. a late job arrives: the grown job shrinks at once to make room.
+2. locality: a short and a long job take one GPU on each server beside the grow-shrink
+   job, then a 2-GPU job arrives; when the short one ends each server has one free GPU,
+   and the scheduler migrates a job to empty a server for the 2-GPU job (it is never spread);
+3. idle GPUs: the grow-shrink job grows;
+4. late jobs take the free GPUs, one more than there are: the grown job shrinks at once.
 Every decision is printed with its reason as the scheduler makes it (from its
 decision log, /api/decisions); the end is a summary and a PNG timeline.
 """
@@ -148,7 +149,7 @@ class DemoRun:
         self.wait_for_helpers()
         self.t0 = time.time()
         c.rule("1. oversubscribed: a grow-shrink job and a sweep of 8 configurations on 4 GPUs")
-        solo = self.submit(self._spec("solo-gs", 1, s * 7, grow=True))
+        solo = self.submit(self._spec("solo-gs", 1, s * 12, grow=True))
         sweep = [self._spec(f"lr{lr}-h{h}", 1, s, "--lr", lr, "--hidden", str(h)) for lr, h in SWEEP]
         for i, (spec, (lr, h)) in enumerate(zip(sweep, SWEEP)):
             spec.index = i
@@ -162,17 +163,28 @@ class DemoRun:
         def sweep_done(n: int) -> Callable[[list[common_pb2.Job]], bool]:
             return lambda js: sum(j.id in sweep_ids and j.state in TERMINAL_STATES for j in js) >= n
 
-        self.until("a few sweep members finish", sweep_done(3), min(left(), 100))
-        c.rule("2. a 2-GPU job arrives while GPUs free up one at a time")
-        self.submit(self._spec("big-2gpu", 2, s * 2, "--hidden", "128"))
-        self.until("the sweep finishes", sweep_done(len(sweep_ids)), min(left(), 120))
-        c.rule("3. the sweep is over: idle GPUs, the grow-shrink job may grow")
+        self.until("the sweep finishes", sweep_done(len(sweep_ids)), min(left(), 150))
+        c.rule("2. locality: a 2-GPU job finds one free GPU on each server")
+        self.submit(self._spec("short", 1, s // 2))
+        self.submit(self._spec("long", 1, s * 2))
+        self.until("both placed", lambda js: sum(j.state == common_pb2.JOB_STATE_RUNNING for j in js) >= 3,
+                   min(left(), 30))
+        big = self.submit(self._spec("big-2gpu", 2, s * 2, "--hidden", "128"))
+        # When `short` ends, each server has a free GPU: the scheduler empties one for `big`.
+        self.until("big placed", lambda js: any(j.id == big and j.state != common_pb2.JOB_STATE_QUEUED
+                                                for j in js), min(left(), 90))
+        self.until("the locality jobs finish", lambda js: all(
+            j.state in TERMINAL_STATES for j in js if j.id != solo), min(left(), 90))
+        c.rule("3. idle GPUs: the grow-shrink job grows")
         # Grown means: the grow decided, and the job running again on its new GPUs.
         grown = self.until("a grow", lambda js: self.kinds_seen.get("grow", 0) > 0 and any(
             j.id == solo and len(j.placement) > 1 and j.state == common_pb2.JOB_STATE_RUNNING for j in js),
             min(left(), 45))
-        c.rule("4. a late job arrives" + (": the grown job shrinks at once" if grown else ""))
-        self.submit(self._spec("late", 1, s))
+        c.rule("4. late jobs take the free GPUs" + (": the grown job shrinks at once for the last" if grown else ""))
+        state = self._get("/api/state")
+        free = sum(not g["jobs"] for srv in state["servers"] for g in srv["gpus"])
+        for i in range(free + 1):  # one more than fits: it needs the grown job's extra GPU
+            self.submit(self._spec(f"late-{i + 1}", 1, s))
         ok = self.until("all jobs finish", lambda js: all(j.state in TERMINAL_STATES for j in js), left())
         self.pump()
         return self.report() and ok

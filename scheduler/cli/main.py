@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES = [
     "scheduler.cli.bench",      # gandiva bench ...
     "scheduler.cli.demo",       # gandiva demo
     "scheduler.cli.top",        # gandiva top
+    "scheduler.cli.automl",     # gandiva automl
 ]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -39,18 +38,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="set one policy knob (repeatable), e.g. pack_trial_s=20 grow_idle_s=10; "
                    "the knobs are the fields of scheduler.policy.types.PolicyConfig (docs/policy.md)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
+    p.add_argument("--log-format", default="text", choices=("text", "json"),
+                   help="text (default) or json: one object per line, with job_id and command_id "
+                   "on every line about a job or a command")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from scheduler.core import Settings
     from scheduler.errors import InvalidArgument
+    from scheduler.observe.logs import setup_logging
     from scheduler.policy.types import PolicyConfig
     from scheduler.server import SchedulerServer, serve
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        setup_logging(args.log_level, args.log_format)
         config = PolicyConfig(quantum_s=args.quantum, **policy_options(args.policy_option))
         server = SchedulerServer(
             db_url=args.db or default_db_url(),

@@ -11,7 +11,7 @@ Three passes, each only when the move is expected to pay off:
    the fewest servers with free GPUs, removing the cross-server slowdown.
 3. ``make_room``: the first queued job (in queue order) that fits one server finds no
    server with room although the free GPUs add up to it: empty the non-idle server
-   with the most free GPUs by moving its jobs onto fuller servers (each must fit
+   with the most free GPUs by moving its jobs onto servers at least as full (each must fit
    without time-sharing); the job is placed on it in the next round. Reactive
    placement never spreads such a job, so without this it would wait for a departure.
 4. ``defragment`` (every ``defrag_interval_s``, only while some job waits or is
@@ -116,7 +116,9 @@ def make_room(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget:
         return out  # it fits somewhere already; placement will take it
     for source in sorted((n for n in ledger.servers if not ledger.is_idle(n) and ledger.num_free(n) > 0),
                          key=lambda n: (-ledger.num_free(n), n)):
-        moves = _plan_evacuation(ledger, source, state)
+        # Onto servers as full as the source, too: emptying it is the point (on two-GPU
+        # servers with one free each, "only fuller" would never let the job in).
+        moves = _plan_evacuation(ledger, source, state, as_full_ok=True)
         if moves is None or len(moves) > budget:
             continue
         for job_id, gpus in moves:
@@ -158,8 +160,11 @@ def defragment(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget
     return out
 
 
-def _plan_evacuation(ledger: Ledger, source: str, state: GandivaState) -> list[tuple[str, Placement]] | None:
-    """Where each job on ``source`` would go on fuller servers; None if any does not fit."""
+def _plan_evacuation(
+    ledger: Ledger, source: str, state: GandivaState, as_full_ok: bool = False
+) -> list[tuple[str, Placement]] | None:
+    """Where each job on ``source`` would go on fuller servers (``as_full_ok``: or as
+    full); None if any does not fit."""
     jobs = sorted(ledger.jobs_on[source])
     plan: list[tuple[str, Placement]] = []
     taken: set = set()
@@ -177,7 +182,8 @@ def _plan_evacuation(ledger: Ledger, source: str, state: GandivaState) -> list[t
         for name in dests:
             free = [g for g in ledger.free_gpus(name) if g not in taken]
             # Only fuller servers: moving to an emptier one would not defragment.
-            if len(free) >= job.gpus and ledger.num_free(name) < ledger.num_free(source):
+            fuller = ledger.num_free(name) < ledger.num_free(source) + (1 if as_full_ok else 0)
+            if len(free) >= job.gpus and fuller:
                 target = tuple(free[: job.gpus])
                 break
         if target is None:

@@ -75,7 +75,7 @@ def submit(cluster, mlp, name: str, steps: int) -> str:  # type: ignore[no-untyp
 
 def test_metrics_follow_a_time_sliced_cluster(observed_cluster, mlp) -> None:  # type: ignore[no-untyped-def]
     c = observed_cluster
-    c.add_helper("node-a", 2, "--http-listen", "127.0.0.1:0", "--sample-interval", "0.5")
+    c.add_helper("node-a", 2, "--http-listen", "127.0.0.1:0", "--sample-interval", "0.5", "--log-format", "json")
     http, helper = c.sched.server.http_address, helper_http(c, "node-a")
 
     before = scrape(http)
@@ -115,6 +115,13 @@ def test_metrics_follow_a_time_sliced_cluster(observed_cluster, mlp) -> None:  #
     assert value(after, "gandiva_switch_seconds_count", command="resume") >= 1
     assert value(after, "gandiva_job_minibatch_rate") == 0  # no running job, no per-job series
     c.wait_for(lambda: value(scrape(helper), "gandiva_helper_jobs_running", server="node-a") == 0, 30)
+
+    # The helper logged JSON lines; each line about one of the jobs names it, each about a command names that.
+    logged = [json.loads(x) for x in (c.tmp / "helper-node-a.log").read_text().splitlines() if x.startswith("{")]
+    about_jobs = [x for x in logged if any(j in x["msg"] for j in ids)]
+    assert {x["job_id"] for x in about_jobs} == set(ids)
+    launches = [x for x in about_jobs if x["msg"].startswith("command ")]
+    assert len(launches) >= 3 and all(x["command_id"] in x["msg"] for x in launches)
 
     # Every metric the Grafana dashboard in docs/ queries is one the cluster exports.
     grafana = (Path(__file__).parents[2] / "docs" / "grafana-dashboard.json").read_text()

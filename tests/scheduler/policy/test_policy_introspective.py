@@ -184,7 +184,16 @@ def test_a_server_is_emptied_for_a_queued_job_that_no_server_has_room_for(mk) ->
 
 
 def test_no_server_is_emptied_when_its_jobs_would_have_to_time_share(mk) -> None:
-    jobs = [mk.job(f"j{i}{k}", state="RUNNING", placement=mk.on(f"s{i}", k)) for i in range(2) for k in range(2)]
-    d = get_policy("gandiva").decide(mk.snap(10, mk.servers(2), *jobs, mk.job("four", gpus=4)))
-    # 2 + 2 free GPUs: emptying either server needs 2 GPUs on a fuller one, and there is none.
+    jobs = [mk.job(f"j{i}{k}", state="RUNNING", placement=mk.on(f"s{i}", k)) for i in range(2) for k in range(3)]
+    d = get_policy("gandiva").decide(mk.snap(10, mk.servers(2), *jobs, mk.job("two", gpus=2)))
+    # 1 + 1 free GPUs: emptying either server needs 3 free GPUs on the other, and there is 1.
     assert not [x for x in d if isinstance(x, Migrate)]
+
+
+def test_a_server_is_emptied_onto_one_as_full_when_that_lets_the_job_in(mk) -> None:
+    # Two-GPU servers with one job each: the 2-GPU job fits neither, though 2 GPUs are free.
+    jobs = [mk.job(f"j{i}", state="RUNNING", placement=mk.on(f"s{i}", 0)) for i in range(2)]
+    d = get_policy("gandiva").decide(mk.snap(10, mk.servers(2, gpus=2), *jobs, mk.job("two", gpus=2)))
+    (move,) = [x for x in d if isinstance(x, Migrate)]
+    assert move.job_id == "j0" and move.to_gpus == mk.on("s1", 1)
+    assert move.reason == "make room for job two: empty s0"

@@ -1,0 +1,91 @@
+"""A scheduler and helpers as local processes, as `gandiva demo` and the benchmarks run them.
+
+Each is a separate process talking gRPC over loopback, exactly as on a real cluster; the
+helpers use virtual GPUs and a ramdisk under /dev/shm. Logs go to ``run_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+
+
+def free_port(preferred: int = 50051) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise OSError("no free port on 127.0.0.1")
+
+
+def wait_file(path: Path, proc: subprocess.Popen, what: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}; see its log")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start within {timeout:.0f}s")
+        time.sleep(0.1)
+    return path.read_text().strip()
+
+
+@dataclass
+class LocalCluster:
+    run_dir: Path
+    db: str
+    servers: Sequence[str]
+    gpus: int
+    scheduler_args: Sequence[str] = ()
+    http_listen: str = "127.0.0.1:0"
+    port: int = 0
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    address: str = ""
+    http: str = ""
+
+    def start_scheduler(self) -> str:
+        """Start the scheduler; its gRPC address (``http`` is set too)."""
+        port_file, http_file = self.run_dir / "scheduler.addr", self.run_dir / "http.addr"
+        # The child keeps its own copy of the log descriptor.
+        with open(self.run_dir / "scheduler.log", "w") as log:
+            self.procs.append(subprocess.Popen(
+                [*GANDIVA, "scheduler", "--listen", f"127.0.0.1:{self.port}", "--db", self.db,
+                 "--port-file", str(port_file), "--http-listen", self.http_listen,
+                 "--http-port-file", str(http_file), *self.scheduler_args],
+                stdout=log, stderr=subprocess.STDOUT))
+        self.address = wait_file(port_file, self.procs[0], "the scheduler")
+        self.http = wait_file(http_file, self.procs[0], "the scheduler's HTTP server")
+        return self.address
+
+    def start_helpers(self, env: dict[str, str] | None = None) -> None:
+        env = {**(env or os.environ), "GANDIVA_SCHEDULER": self.address}
+        for name in self.servers:
+            with open(self.run_dir / f"helper-{name}.log", "w") as log:
+                self.procs.append(subprocess.Popen(
+                    [*GANDIVA, "helper", "--server-name", name, "--gpus", str(self.gpus), "--virtual",
+                     "--ramdisk", str(Path("/dev/shm") / f"gandiva-local-{name}-{os.getpid()}"),
+                     "--log-dir", str(self.run_dir / "logs" / name)],
+                    stdout=log, stderr=subprocess.STDOUT, env=env))
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.procs.clear()
