@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                 f"Stop it with: kill {' '.join(str(p) for p in cluster.pids())}"
             )
             cluster.procs.clear()
-        console.print(f"\nLogs: {run_dir}")
+        console.print(f"\nLogs: {run_dir}", soft_wrap=True)
         return 0 if ok else 1
     except (RuntimeError, OSError) as err:
         console.print(f"[red]gandiva demo: {err}[/] (logs in {run_dir})")

@@ -217,7 +217,7 @@ class DemoRun:
         png = self.run_dir / "timeline.png"
         try:
             self.plot(png)
-            c.print(f"timeline of the GPUs: {png}")
+            c.print(f"timeline of the GPUs: {png}", soft_wrap=True)
         except ImportError:
             c.print("(no matplotlib: pip install 'gandiva[plots]' for the PNG timeline)")
         succeeded = sum(j.state == common_pb2.JOB_STATE_SUCCEEDED for j in jobs)
