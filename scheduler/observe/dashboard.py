@@ -37,10 +37,28 @@ def gpu_mode(running: int, waiting: int) -> str:
     return mode
 
 
+# Finished jobs the dashboard lists (the most recent); unfinished ones are all listed.
+RECENT_FINISHED = 100
+
+
+async def _recently_finished(core: Any, limit: int) -> list[Any]:
+    from sqlalchemy import select
+
+    from scheduler.core import JobDetail
+    from scheduler.state.models import Job
+
+    terminal = [st.value for st in JobState if st.terminal]
+    async with core.tx(read=True) as s:
+        rows = (await s.scalars(select(Job).where(Job.state.in_(terminal))
+                                .order_by(Job.finished_at.desc()).limit(limit))).all()
+    return [JobDetail(j, []) for j in reversed(rows)]
+
+
 async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
     """The whole view: what /api/state returns and `gandiva top` shows."""
     loads = await core.list_servers()
-    jobs = await core.list_jobs()
+    jobs = await core.list_jobs(states=[st for st in JobState if not st.terminal])
+    jobs += await _recently_finished(core, RECENT_FINISHED)
     now = core.clock()
     by_id = {d.job.id: d for d in jobs}
     last = metrics.log.last_for()
@@ -78,6 +96,13 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
             "jobs": out_jobs, "decisions": metrics.log.after(max(0, metrics.log.last_id - 30))}
 
 
+async def _names(core: Any, ids: list[str]) -> dict[str, str]:
+    from scheduler.state import repo
+
+    async with core.tx(read=True) as s:
+        return {j.id: j.name for j in await repo.jobs_by_id(s, ids)}
+
+
 def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
     page = resources.files("scheduler.observe").joinpath("static/index.html").read_bytes()
 
@@ -100,9 +125,9 @@ def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
         except ValueError as err:
             return Response(400, f"{err}\n".encode())
         now = core.clock()
-        names = {d.job.id: d.job.name for d in await core.list_jobs()}
         gpus = metrics.timeline.export(now - ago)
         used = {j for segs in gpus.values() for s in segs for k in ("running", "waiting", "migrating") for j in s[k]}
+        names = await _names(core, sorted(used))
         return Response.json({"now": now, "since": now - ago, "gpus": gpus,
                               "jobs": {j: names.get(j, "") for j in sorted(used)}})
 
