@@ -245,20 +245,24 @@ def plot_timeline(timeline: dict[str, Any], path: Path, t0: float | None = None)
     gpus = list(timeline["gpus"])
     names = timeline["jobs"]
     start = t0 if t0 is not None else min((s["t0"] for segs in timeline["gpus"].values() for s in segs), default=0)
-    cmap = plt.get_cmap("tab20")
-    colour = {j: cmap(i % 20) for i, j in enumerate(sorted(names))}
+    from matplotlib.colors import hsv_to_rgb
+
+    # Saturated hues far apart (the golden angle), so that pale always means waiting.
+    colour = {j: tuple(hsv_to_rgb(((i * 0.618) % 1.0, 0.7, 0.85))) for i, j in enumerate(sorted(names))}
     fig, ax = plt.subplots(figsize=(11, 1.0 + 0.7 * max(1, len(gpus))))
     for row, gpu in enumerate(gpus):
         for seg in timeline["gpus"][gpu]:
-            layers = [(j, 1.0) for j in seg["running"]] + [(j, 0.6) for j in seg["migrating"]] + \
-                     [(j, 0.25) for j in seg["waiting"]]
+            layers = [(j, 1.0, "") for j in seg["running"]] + [(j, 1.0, "///") for j in seg["migrating"]] + \
+                     [(j, 0.25, "") for j in seg["waiting"]]
             h = 0.8 / max(1, len(layers))
-            for k, (job, alpha) in enumerate(layers):
+            for k, (job, alpha, hatch) in enumerate(layers):
                 ax.broken_barh([(seg["t0"] - start, max(0.2, seg["t1"] - seg["t0"]))],
-                               (row - 0.4 + k * h, h), color=colour[job], alpha=alpha)
+                               (row - 0.4 + k * h, h), facecolor=colour[job], alpha=alpha, hatch=hatch,
+                               edgecolor="white" if hatch else colour[job], linewidth=0)
     ax.set_yticks(range(len(gpus)), gpus)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds since the first submission (solid: running, pale: waiting its time slice)")
+    ax.set_xlabel("seconds since the first submission (solid: running, pale: waiting its time slice, "
+                  "hatched: migrating here)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colour[j]) for j in sorted(names)]
     ax.legend(handles, [names[j] or j for j in sorted(names)], loc="upper left", bbox_to_anchor=(1.0, 1.0),
               fontsize=8, frameon=False)

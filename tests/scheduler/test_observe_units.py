@@ -1,0 +1,71 @@
+"""The decision log, the GPU timeline and the demo's PNG, from snapshots and decisions
+(no cluster): what the dashboard and `gandiva demo` show is built from these."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from scheduler.cli.demo_run import plot_timeline
+from scheduler.observe.dashboard import gpu_mode
+from scheduler.observe.metrics import SchedulerMetrics, Timeline
+from scheduler.policy import types as pt
+
+G = pt.GpuRef
+SERVERS = (pt.ServerView("n1", 2),)
+
+
+def snap(now: float, *jobs: pt.JobView) -> pt.ClusterSnapshot:
+    return pt.ClusterSnapshot(now, SERVERS, jobs)
+
+
+def job(job_id: str, state: str, *gpus: int) -> pt.JobView:
+    return pt.JobView(job_id, max(1, len(gpus)), state=state, placement=tuple(G("n1", g) for g in gpus))
+
+
+def test_timeline_segments_follow_time_slices_and_gaps() -> None:
+    t = Timeline()
+    t.record(snap(0, job("a", "RUNNING", 0), job("b", "SUSPENDED", 0)))
+    t.record(snap(5, job("a", "RUNNING", 0), job("b", "SUSPENDED", 0)))
+    t.record(snap(10, job("a", "SUSPENDED", 0), job("b", "RUNNING", 0), job("c", "MIGRATING", 1)))
+    t.record(snap(12, job("b", "RUNNING", 0)))
+    t.record(snap(100, job("b", "RUNNING", 0)))  # a gap of 88 s: not bridged
+    got = t.export()
+    assert [(s["t0"], s["t1"], s["running"], s["waiting"]) for s in got["n1/0"]] == [
+        (0, 10, ["a"], ["b"]), (10, 12, ["b"], ["a"]), (12, 12, ["b"], []), (100, 100, ["b"], [])]
+    assert [(s["t0"], s["t1"], s["migrating"]) for s in got["n1/1"]] == [(10, 12, ["c"])]
+    assert [s["t0"] for s in t.export(since=50)["n1/0"]] == [100]
+
+
+def test_decision_log_counts_kinds_and_notes_kept_packs() -> None:
+    state = SimpleNamespace(kept_pairs={})
+    m = SchedulerMetrics(lambda: state)
+    before = snap(0, job("a", "RUNNING", 0), job("b", "SUSPENDED", 0), job("q", "QUEUED"))
+    m.decided(before, [pt.Place("b", (G("n1", 0),), reason="trial: utilization 0.1 + 0.2"),
+                       pt.Place("q", (G("n1", 1),), reason="Algorithm 1: affinity"),
+                       pt.Queue("z", "no room"), pt.Grow("a", (G("n1", 0), G("n1", 1)), reason="idle")], 0.001)
+    state.kept_pairs = {"b": "a", "a": "b"}
+    m.decided(before, [], 0.002)
+    m.decided(before, [], 0.002)  # a verdict is logged once
+    kinds = [(r["kind"], r["job"]) for r in m.log.after(0)]
+    assert kinds == [("pack", "b"), ("place", "q"), ("grow", "a"), ("keep-pack", "a")]
+    assert m.log.after(3) == m.log.after(0)[3:]
+    assert m.log.last_for()["a"].kind == "keep-pack"
+    assert m.registry.get_sample_value("gandiva_decisions_total", {"kind": "pack"}) == 1
+    assert m.registry.get_sample_value("gandiva_decisions_total", {"kind": "queue"}) is None
+    assert m.registry.get_sample_value("gandiva_policy_decision_seconds_count") == 3
+
+
+def test_gpu_modes() -> None:
+    assert [gpu_mode(r, w) for r, w in ((0, 0), (1, 0), (2, 0), (1, 2), (0, 2), (2, 1))] == [
+        "idle", "running", "packed", "time-sliced", "time-sliced", "packed+time-sliced"]
+
+
+def test_demo_timeline_png(tmp_path: Path) -> None:
+    t = Timeline()
+    t.record(snap(0, job("a", "RUNNING", 0), job("b", "SUSPENDED", 0)))
+    t.record(snap(8, job("a", "SUSPENDED", 0), job("b", "RUNNING", 0), job("c", "MIGRATING", 1)))
+    t.record(snap(9, job("b", "RUNNING", 0)))
+    out = tmp_path / "t.png"
+    plot_timeline({"gpus": t.export(), "jobs": {"a": "A", "b": "B", "c": "C"}}, out, 0)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
