@@ -31,6 +31,8 @@ from typing import Any
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
+# How long a poll keeps retrying a scheduler that does not answer before the search fails.
+READ_PATIENCE_S = 300.0
 TERMINAL = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
 
 
@@ -60,8 +62,8 @@ class Result:
 class SuccessiveHalving:
     """Successive halving driven by the metric jobs report; see the module docstring.
 
-    ``client``: anything with ``call(method, request)`` for the Scheduler service
-    (``scheduler.cli.client.Client``). ``on_event(text)`` hears each step taken.
+    ``client``: a ``scheduler.cli.client.Client`` (``call`` and ``call_retrying`` on the
+    Scheduler service). ``on_event(text)`` hears each step taken.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class SuccessiveHalving:
             raise ValueError("--metric: name the metric the jobs report, e.g. loss")
         self.client, self.metric, self.mode = client, metric, mode
         self.min_steps, self.eta, self.poll_s, self.say = min_steps, eta, poll_s, on_event
+        self.multi_job_id = ""
 
     def _better_first(self, scored: list[tuple[str, float]]) -> list[tuple[str, float]]:
         # NaN (a diverged run) ranks last whatever the mode.
@@ -95,7 +98,9 @@ class SuccessiveHalving:
 
     def _jobs(self, ids: Sequence[str]) -> dict[str, common_pb2.Job]:
         wanted = set(ids)
-        jobs = self.client.call("ListJobs", scheduler_pb2.ListJobsRequest()).jobs
+        # A busy scheduler (many jobs starting at once) may answer slowly: wait it out.
+        request = scheduler_pb2.ListJobsRequest(multi_job_id=self.multi_job_id)
+        jobs = self.client.call_retrying("ListJobs", request, give_up_after=READ_PATIENCE_S).jobs
         return {j.id: j for j in jobs if j.id in wanted}
 
     def run(self, name: str, specs: Sequence[common_pb2.JobSpec], timeout_s: float = 3600) -> Result:
@@ -103,6 +108,7 @@ class SuccessiveHalving:
             raise ValueError("a search needs at least 2 configurations")
         t0 = time.monotonic()
         reply = self.client.call("SubmitMultiJob", scheduler_pb2.SubmitMultiJobRequest(name=name, jobs=list(specs)))
+        self.multi_job_id = reply.multi_job_id
         alive = [j.id for j in reply.jobs]
         params = {j.id: dict(j.spec.params) for j in reply.jobs}
         self.say(f"submitted {len(alive)} configurations as multi-job {reply.multi_job_id}")
@@ -123,12 +129,12 @@ class SuccessiveHalving:
             priority += 1
             for j in promoted:
                 if jobs[j].state not in TERMINAL:
-                    self.client.call("SetPriority", scheduler_pb2.SetPriorityRequest(id=j, priority=priority))
+                    self._act("SetPriority", scheduler_pb2.SetPriorityRequest(id=j, priority=priority))
             for j in killed:
                 if jobs[j].state not in TERMINAL:
                     value = dict(scored).get(j)
                     why = f"automl rung {len(rungs)} at {budget} steps: {self.metric}={value} not in the best {keep}"
-                    self.client.call("KillJob", scheduler_pb2.JobActionRequest(id=j, reason=why))
+                    self._act("KillJob", scheduler_pb2.JobActionRequest(id=j, reason=why))
             rung = Rung(budget, ranked, promoted, killed, time.monotonic() - t0)
             rungs.append(rung)
             self.say(f"rung {len(rungs) - 1} at {budget} mini-batches ({rung.at_s:.1f}s): best "
@@ -141,6 +147,18 @@ class SuccessiveHalving:
         identified = time.monotonic() - t0
         self.say(f"best configuration: {params[winner]} ({self.metric}={value:.4g}) after {identified:.1f}s")
         return Result(reply.multi_job_id, winner, params[winner], value, identified, rungs)
+
+    def _act(self, method: str, request: Any) -> None:
+        """Kill or re-prioritize, waiting out a busy scheduler; a job that ended meanwhile
+        (it finished, or a retried call already went through) is not an error."""
+        from scheduler.cli.client import CliError
+
+        try:
+            self.client.call_retrying(method, request, give_up_after=READ_PATIENCE_S)
+        except CliError as err:
+            if "already ended" not in str(err):
+                raise
+            self.say(f"{method} {request.id}: {err}")
 
     def _wait_for_rung(self, alive: Sequence[str], budget: int, deadline: float) -> dict[str, common_pb2.Job]:
         """Until every survivor has done ``budget`` mini-batches (or ended)."""
