@@ -4,8 +4,9 @@ All configurations are submitted at once as one multi-job; the scheduler time-sl
 so every one of them starts early and reports its metric at mini-batch boundaries (the shim
 reads scalar fetches such as ``loss``; programs may add their own with
 ``tf_runtime.report``). At each rung (``min_steps * eta**r`` mini-batches) the survivors
-are ranked by their latest metric: the best ``1/eta`` get a higher priority (a larger share
-of the time slices) and the others are killed. The last survivor is the best configuration.
+are ranked by the metric each reported when it reached that many mini-batches (as first
+seen by the poll): the best ``1/eta`` get a higher priority (a larger share of the time
+slices) and the others are killed. The last survivor is the best configuration.
 
 Python API::
 
@@ -87,6 +88,8 @@ class SuccessiveHalving:
         self.client, self.metric, self.mode = client, metric, mode
         self.min_steps, self.eta, self.poll_s, self.say = min_steps, eta, poll_s, on_event
         self.multi_job_id = ""
+        # (job id, rung budget) -> the metric first seen once the job had done that many mini-batches.
+        self._at: dict[tuple[str, int], float] = {}
 
     def _better_first(self, scored: list[tuple[str, float]]) -> list[tuple[str, float]]:
         # NaN (a diverged run) ranks last whatever the mode.
@@ -117,7 +120,9 @@ class SuccessiveHalving:
         best: tuple[str, float] | None = None
         while len(alive) > 1:
             jobs = self._wait_for_rung(alive, budget, t0 + timeout_s)
-            scored = [(j, jobs[j].metrics[self.metric]) for j in alive
+            # Each compared at the rung's step (as first seen there), not wherever it is now:
+            # a job that ran ahead must not win by its extra mini-batches.
+            scored = [(j, self._at.get((j, budget), jobs[j].metrics.get(self.metric, math.nan))) for j in alive
                       if jobs[j].state != common_pb2.JOB_STATE_FAILED and self.metric in jobs[j].metrics]
             if not scored:
                 raise AutoMLError(f"no configuration reported the metric {self.metric!r} by step {budget}; "
@@ -164,6 +169,12 @@ class SuccessiveHalving:
         """Until every survivor has done ``budget`` mini-batches (or ended)."""
         while True:
             jobs = self._jobs(alive)
+            for j in alive:
+                value = jobs[j].metrics.get(self.metric)
+                b = budget
+                while value is not None and jobs[j].steps >= b:
+                    self._at.setdefault((j, b), value)
+                    b *= self.eta
             if all(jobs[j].steps >= budget or jobs[j].state in TERMINAL for j in alive):
                 return jobs
             if all(jobs[j].state == common_pb2.JOB_STATE_FAILED for j in alive):

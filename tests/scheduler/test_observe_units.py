@@ -69,3 +69,16 @@ def test_demo_timeline_png(tmp_path: Path) -> None:
     out = tmp_path / "t.png"
     plot_timeline({"gpus": t.export(), "jobs": {"a": "A", "b": "B", "c": "C"}}, out, 0)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def test_a_migration_within_one_server_reads_the_checkpoint_where_it_was_written() -> None:
+    from protos.gandiva.v1 import common_pb2
+    from scheduler.engine.migration import Endpoint, MigrationPlan, checkpoint_paths
+
+    here = Endpoint("n1", "127.0.0.1:1", "/dev/shm/n1", shared_root="/mnt/peers")
+    there = Endpoint("n2", "127.0.0.1:2", "/dev/shm/n2", shared_root="/mnt/peers")
+    grow = MigrationPlan("j-1", common_pb2.JobSpec(), here, "inc", (0,), here, (0, 1))
+    # Grow and shrink stay on the server: no transfer to itself, not even through the shared mount.
+    assert checkpoint_paths(grow, "ck") == ("/dev/shm/n1/j-1/ck", "/dev/shm/n1/j-1/ck")
+    move = MigrationPlan("j-1", common_pb2.JobSpec(), here, "inc", (0,), there, (0,))
+    assert checkpoint_paths(move, "ck") == ("/mnt/peers/n2/j-1/ck", "/dev/shm/n2/j-1/ck")
