@@ -40,6 +40,10 @@ def register(subparsers: Any) -> None:
                         help="job logs directory (default $GANDIVA_HOME/logs)")
     helper.add_argument("--sample-interval", type=float, default=1.0,
                         help="seconds between GPU samples (default 1)")
+    helper.add_argument("--lease", type=float, default=None,
+                        help="freeze this server's jobs after this many seconds without an answered "
+                        "heartbeat (default: the scheduler's lease, sent at registration; a value "
+                        "here can only shorten it)")
     helper.set_defaults(func=run_helper)
 
     logs = subparsers.add_parser("logs", help="print (or follow) a job's output on this server")
@@ -62,6 +66,7 @@ def run_helper(args: argparse.Namespace) -> int:
             log_dir=args.log_dir,
             sample_interval_s=args.sample_interval,
             report_interval_s=max(5.0, args.sample_interval),
+            lease_s=args.lease,
         )
     except ConfigError as exc:
         print(f"gandiva helper: {exc}", file=sys.stderr)

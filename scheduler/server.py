@@ -56,6 +56,9 @@ class SchedulerServer:
     policy_config: PolicyConfig | None = None
     tick_s: float = 1.0
     address: str = ""
+    # More addresses to serve on, e.g. unix:/run/gandiva.sock for operator tools on the
+    # scheduler's own host, whatever its network does.
+    also_listen: tuple[str, ...] = ()
 
     async def start(self) -> str:
         self.db = make_engine(self.db_url)
@@ -84,6 +87,9 @@ class SchedulerServer:
         if bound == 0:
             raise OSError(f"cannot listen on {self.listen}")
         self.address = f"{host or '127.0.0.1'}:{bound}"
+        for extra in self.also_listen:
+            if self.server.add_insecure_port(extra) == 0:
+                raise OSError(f"cannot listen on {extra}")
         await self.server.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
