@@ -25,6 +25,21 @@ def cluster_height(loads: list[ServerLoad]) -> int:
     return max((ld.height for ld in loads if ld.server.up), default=0)
 
 
+def _bounded(details: list) -> list[common_pb2.Job]:
+    """All members, in full while they fit a page; past that without their command,
+    env and workdir (GetJob has them), so the answer fits a client's receive limit."""
+    out, used = [], 0
+    for d in details:
+        job = job_to_pb(d)
+        used += job.ByteSize()
+        if used > paging.PAGE_BYTES:
+            job.spec.ClearField("command")
+            job.spec.ClearField("env")
+            job.spec.ClearField("workdir")
+        out.append(job)
+    return out
+
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, core: SchedulerCore, engine: LiveEngine) -> None:
         self.core = core
@@ -58,9 +73,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def SubmitMultiJob(self, request, context):  # type: ignore[no-untyped-def]
         specs = [self._as_caller(s) for s in request.jobs]
         mj_id, details = await self.core.submit_multi(request.name, specs, request.dry_run)
-        return scheduler_pb2.SubmitMultiJobResponse(
-            multi_job_id=mj_id, jobs=[job_to_pb(d) for d in details]
-        )
+        return scheduler_pb2.SubmitMultiJobResponse(multi_job_id=mj_id, jobs=_bounded(details))
 
     @grpc_errors
     async def GetJob(self, request, context):  # type: ignore[no-untyped-def]
