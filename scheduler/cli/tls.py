@@ -74,7 +74,7 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
                                        encipher_only=False, decipher_only=False), critical=True)
           .sign(ca_key, hashes.SHA256()))
 
-    def leaf(cn: str, sans: list[x509.GeneralName], usage: x509.ObjectIdentifier):  # type: ignore[no-untyped-def]
+    def leaf(cn: str, sans: list[x509.GeneralName], usage: list[x509.ObjectIdentifier]):  # type: ignore[no-untyped-def]
         key = _key()
         builder = (x509.CertificateBuilder()
                    .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
@@ -82,7 +82,7 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
                    .serial_number(x509.random_serial_number())
                    .not_valid_before(now).not_valid_after(until)
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+                   .add_extension(x509.ExtendedKeyUsage(usage), critical=False))
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         return key, builder.sign(ca_key, hashes.SHA256())
@@ -97,10 +97,11 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
     pem = serialization.Encoding.PEM
     written = []
     files = [("ca.pem", ca.public_bytes(pem), False), ("ca-key.pem", _pem_key(ca_key), True)]
-    skey, scert = leaf(hosts[0], sans, ExtendedKeyUsageOID.SERVER_AUTH)
+    # Also a client certificate: a helper presents it to the scheduler and its peers (mTLS).
+    skey, scert = leaf(hosts[0], sans, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
     files += [("server.pem", scert.public_bytes(pem), False), ("server-key.pem", _pem_key(skey), True)]
     for name in clients:
-        ckey, ccert = leaf(name, [], ExtendedKeyUsageOID.CLIENT_AUTH)
+        ckey, ccert = leaf(name, [], [ExtendedKeyUsageOID.CLIENT_AUTH])
         files += [(f"{name}.pem", ccert.public_bytes(pem), False), (f"{name}-key.pem", _pem_key(ckey), True)]
     for fname, data, secret in files:
         _write(out / fname, data, secret)

@@ -65,7 +65,7 @@ def test_the_scheduler_command_refuses_an_open_address(tmp_path: Path) -> None:
     db = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
     out = subprocess.run(
         [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", "0.0.0.0:0", "--db", db],
-        capture_output=True, text=True, timeout=60)
+        check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "refusing to listen on 0.0.0.0:0" in out.stdout + out.stderr
     assert not (tmp_path / "x.db").exists()  # refused before touching anything
@@ -75,7 +75,7 @@ def test_tls_init_writes_a_usable_cluster_pki(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "scheduler.cli.main", "tls", "init", str(tmp_path / "pki"),
          "--host", "head.example", "--host", "10.0.0.1", "--client", "alice"],
-        capture_output=True, text=True, timeout=60)
+        check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     names = {p.name for p in (tmp_path / "pki").iterdir()}
     assert names == {"ca.pem", "ca-key.pem", "server.pem", "server-key.pem", "alice.pem", "alice-key.pem"}
@@ -87,5 +87,5 @@ def test_tls_init_writes_a_usable_cluster_pki(tmp_path: Path) -> None:
     assert "head.example" in sans.get_values_for_type(x509.DNSName)
     again = subprocess.run(
         [sys.executable, "-m", "scheduler.cli.main", "tls", "init", str(tmp_path / "pki"), "--host", "x"],
-        capture_output=True, text=True, timeout=60)
+        check=False, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "--force" in again.stderr
