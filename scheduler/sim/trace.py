@@ -65,8 +65,10 @@ def _num(text: str, what: str, path: Path, line: int, kind: type = float) -> flo
 
 def _gpus(text: str, path: Path, line: int) -> int:
     n = int(_num(text, "GPU count", path, line, int))
-    if not 1 <= n <= MAX_GPUS:
-        raise TraceError(path, line, f"GPU count {text!r} must be from 1 to {MAX_GPUS}")
+    if n < 1:
+        raise TraceError(path, line, f"GPU count {text!r} must be at least 1")
+    if n > MAX_GPUS:
+        raise TraceError(path, line, f"GPU count {text!r} is more than {MAX_GPUS}")
     return n
 
 
