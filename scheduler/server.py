@@ -94,7 +94,8 @@ class SchedulerServer:
             ],
         )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(self.core, self.engine), self.server)
-        runtime_pb2_grpc.add_RuntimeServicer_to_server(RuntimeServicer(self.core), self.server)
+        self.runtime_servicer = RuntimeServicer(self.core)
+        runtime_pb2_grpc.add_RuntimeServicer_to_server(self.runtime_servicer, self.server)
         helper_pb2_grpc.add_HelperServicer_to_server(HelperServicer(self.core, self.engine), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -130,6 +131,8 @@ class SchedulerServer:
         await self.server.stop(grace)
         await self.core.dispose()
         await self.db.dispose()
+        log.info("stopped; runtime streams delivered %d progress reports",
+                 self.runtime_servicer.progress_received)
 
 
     async def _prune_loop(self, every_s: float = 3600.0) -> None:

@@ -43,6 +43,9 @@ def _metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
     def __init__(self, core: SchedulerCore) -> None:
         self.core = core
+        # Progress reports taken off the streams (the load benchmark compares it with
+        # what its simulated runtimes sent).
+        self.progress_received = 0
 
     async def Connect(  # type: ignore[override]
         self, request_iterator: AsyncIterator[runtime_pb2.RuntimeMessage], context: grpc.aio.ServicerContext
@@ -84,6 +87,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             kind = msg.WhichOneof("body")
             try:
                 if kind == "progress":
+                    self.progress_received += 1
                     p = msg.progress
                     await self.core.record_progress(
                         conn.job_id, conn.incarnation, max(0, p.steps), _finite(p.rate),
