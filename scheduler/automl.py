@@ -102,8 +102,11 @@ class SuccessiveHalving:
     def _jobs(self, ids: Sequence[str]) -> dict[str, common_pb2.Job]:
         wanted = set(ids)
         # A busy scheduler (many jobs starting at once) may answer slowly: wait it out.
+        from scheduler.cli.client import list_all
+
         request = scheduler_pb2.ListJobsRequest(multi_job_id=self.multi_job_id)
-        jobs = self.client.call_retrying("ListJobs", request, give_up_after=READ_PATIENCE_S).jobs
+        jobs = list_all(self.client, "ListJobs", request, "jobs", call=lambda method, req: self.client.call_retrying(
+            method, req, give_up_after=READ_PATIENCE_S))
         return {j.id: j for j in jobs if j.id in wanted}
 
     def run(self, name: str, specs: Sequence[common_pb2.JobSpec], timeout_s: float = 3600) -> Result:

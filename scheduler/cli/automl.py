@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from scheduler.cli.client import Client, CliError
+from scheduler.cli.client import CliError, add_security_flags, client_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=3600, help="give up after this many seconds (default 3600)")
     p.add_argument("--scheduler", metavar="ADDR",
                    help="scheduler address (default: $GANDIVA_SCHEDULER, else 127.0.0.1:50051)")
+    add_security_flags(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the training command")
     p.set_defaults(func=run)
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         env=args.env, env_pass=[], no_default_env=False, sweep=args.sweep, array=None)
     try:
         submission = build_submission(submit_args, command, os.environ, os.getcwd())
-        search = SuccessiveHalving(Client(args.scheduler), args.metric, args.mode, args.min_steps, args.eta,
+        search = SuccessiveHalving(client_from_args(args), args.metric, args.mode, args.min_steps, args.eta,
                                    on_event=lambda text: print(text, flush=True))
         result = search.run(submission.name, submission.jobs, args.timeout)
     except (SpecError, ValueError) as err:

@@ -84,7 +84,14 @@ class DemoRun:
         return job.id
 
     def jobs(self) -> list[common_pb2.Job]:
-        return [j for j in self.stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs if j.id in self.ids]
+        # Page by page: the SQLite file under GANDIVA_HOME keeps earlier runs' jobs too.
+        out, request = [], scheduler_pb2.ListJobsRequest(page_size=1000)
+        while True:
+            reply = self.stub.ListJobs(request)
+            out += [j for j in reply.jobs if j.id in self.ids]
+            if not reply.next_page_token:
+                return out
+            request.page_token = reply.next_page_token
 
     # ---- printing as it happens -----------------------------------------------
 
@@ -226,9 +233,10 @@ class DemoRun:
 
     def _migrations(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for ev in self.stub.ListEvents(scheduler_pb2.ListEventsRequest()).events:
-            if ev.kind == "job.migration" and ev.message.startswith("total"):
-                out[ev.job_id] = out.get(ev.job_id, 0) + 1
+        for job_id in self.ids:
+            for ev in self.stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id, page_size=5000)).events:
+                if ev.kind == "job.migration" and ev.message.startswith("total"):
+                    out[job_id] = out.get(job_id, 0) + 1
         return out
 
     def plot(self, path: Path) -> None:
