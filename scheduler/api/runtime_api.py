@@ -15,7 +15,7 @@ from scheduler.api.status import code_for
 from scheduler.core import SchedulerCore
 from scheduler.errors import GandivaError
 from scheduler.hubs import RuntimeConn
-from scheduler.validation import check_id, check_text
+from scheduler.validation import check_id, check_text, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +94,13 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                         _finite(p.last_step_s), _metrics(p.metrics),
                     )
                 elif kind == "ack":
+                    msg.ack.message = clean_text(msg.ack.message)
+                    msg.ack.checkpoint_path = clean_text(msg.ack.checkpoint_path)
                     self.core.runtimes.resolve(conn, msg.ack)
                 elif kind == "migratability":
                     await self.core.record_migratability(
-                        conn.job_id, msg.migratability.migratable, msg.migratability.reason[:1024]
+                        conn.job_id, msg.migratability.migratable,
+                        clean_text(msg.migratability.reason, 1024)
                     )
             except GandivaError as err:
                 # A progress report lost to a brief database outage is superseded by the next one.
