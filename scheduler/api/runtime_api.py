@@ -11,7 +11,7 @@ import grpc
 
 from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
 from scheduler import auth
-from scheduler.api.status import code_for
+from scheduler.api.status import code_for, unexpected_status
 from scheduler.core import SchedulerCore
 from scheduler.errors import GandivaError
 from scheduler.hubs import RuntimeConn
@@ -62,6 +62,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             await self.core.get_job(hello.job_id)
         except GandivaError as err:
             await context.abort(code_for(err) or grpc.StatusCode.INTERNAL, str(err))
+        except Exception as err:  # noqa: BLE001 - never UNKNOWN; logged with its trace
+            await context.abort(*unexpected_status(err, "Connect"))
         conn = self.core.runtimes.attach(hello.job_id, hello.incarnation)
         log.info("runtime of job %s (incarnation %s, pid %d) connected", hello.job_id, hello.incarnation, hello.pid)
         reader = asyncio.create_task(self._read(conn, request_iterator))
