@@ -40,6 +40,10 @@ def register(subparsers: Any) -> None:
                         help="job logs directory (default $GANDIVA_HOME/logs)")
     helper.add_argument("--sample-interval", type=float, default=1.0,
                         help="seconds between GPU samples (default 1)")
+    helper.add_argument("--lease", type=float, default=None,
+                        help="freeze this server's jobs after this many seconds without an answered "
+                        "heartbeat (default: the scheduler's lease, sent at registration; a value "
+                        "here can only shorten it)")
     sec = helper.add_argument_group(
         "security", "The helper's token comes from `gandiva token create SERVER --helper`; each job "
         "it launches gets a token good for that job only. An agent on a non-loopback address "
@@ -85,6 +89,7 @@ def run_helper(args: argparse.Namespace) -> int:
             log_dir=args.log_dir,
             sample_interval_s=args.sample_interval,
             report_interval_s=max(5.0, args.sample_interval),
+            lease_s=args.lease,
             security=security,
             tls=tls,
             insecure=args.insecure,

@@ -46,6 +46,8 @@ class HelperConfig:
     stop_grace_s: float = 10.0
     # Old checkpoints stay this long in the ramdisk (a migration may fall back on one).
     checkpoint_retain_s: float = 600.0
+    # A shorter lease than the scheduler's (None: the scheduler's, sent at registration).
+    lease_s: float | None = None
     # The helper's token and TLS trust, towards the scheduler and its peers' agents.
     security: ClientSecurity = field(default_factory=ClientSecurity)
     # The agent port's certificate (and client CA: only cluster members may connect).
@@ -63,6 +65,8 @@ class HelperConfig:
             raise ConfigError(f"--gpus {self.gpus}: must be at least 1")
         if ":" not in self.listen:
             raise ConfigError(f"--listen {self.listen!r}: expected HOST:PORT")
+        if self.lease_s is not None and self.lease_s <= 0:
+            raise ConfigError(f"--lease {self.lease_s}: must be positive")
         if self.sample_interval_s <= 0 or self.report_interval_s <= 0:
             raise ConfigError("sample and report intervals must be positive")
 

@@ -33,6 +33,14 @@ RPC_TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 2.0
 HOUSEKEEPING_S = 60.0
 MAX_REMEMBERED_COMMANDS = 10_000
+LEASE_POLL_S = 0.1
+# Answers the scheduler will give again however often a report is retried: such a
+# report is logged and dropped, so it never blocks the reports queued behind it.
+PERMANENT = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNIMPLEMENTED,
+})
 
 
 class SessionEnded(Exception):
@@ -59,7 +67,12 @@ class HelperDaemon:
         self.address = ""
         self.registered = asyncio.Event()
         self.sessions = 0  # how many times it registered (tests watch reconnects)
+        # The lease (from the scheduler; 0 until registered: no jobs run before that).
+        self.lease_s = 0.0
+        self._lease_from = 0.0
+        self.frozen = False
         self._outbox: collections.deque[Any] = collections.deque()
+        self.dropped = 0  # reports the scheduler refused for good
         self._outbox_ready = asyncio.Event()
         # Command ids already taken (bounded: a re-send comes within seconds, not days).
         self._seen_commands: collections.OrderedDict[str, asyncio.Task[None]] = collections.OrderedDict()
@@ -87,7 +100,7 @@ class HelperDaemon:
                  self.address, self.ramdisk.root, len(self.backend.gpus()), self.backend.name)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run_sessions()), loop.create_task(self._sample_loop()),
-                       loop.create_task(self._housekeeping())]
+                       loop.create_task(self._housekeeping()), loop.create_task(self._lease_watchdog())]
 
     async def stop(self) -> None:
         """Stop the jobs (they cannot be supervised without us), tell the scheduler if
@@ -136,8 +149,16 @@ class HelperDaemon:
 
     async def _send_queued(self, stub: helper_pb2_grpc.HelperStub) -> None:
         while self._outbox:
-            # Sent in order and removed only once taken: a failure reconnects and retries.
-            await self._send(stub, self._outbox[0])
+            # Sent in order and removed only once taken: a transient failure reconnects
+            # and retries; a refusal for good is logged and the report dropped.
+            try:
+                await self._send(stub, self._outbox[0])
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in PERMANENT:
+                    raise
+                self.dropped += 1
+                log.error("scheduler refused a %s for good (%s: %s); dropped",
+                          type(self._outbox[0]).__name__, exc.code().name, exc.details())
             self._outbox.popleft()
 
     async def _drain_outbox(self, stub: helper_pb2_grpc.HelperStub) -> None:
@@ -187,6 +208,12 @@ class HelperDaemon:
 
     async def _session(self, stub: helper_pb2_grpc.HelperStub) -> None:
         reply = await stub.Register(self._register_request(), timeout=RPC_TIMEOUT_S)
+        lease = reply.lease_s
+        if self.config.lease_s is not None:
+            lease = min(lease, self.config.lease_s) if lease else self.config.lease_s
+        self.lease_s = lease
+        if not self._lease_from:  # the first registration: the lease starts now
+            self._lease_from = asyncio.get_running_loop().time()
         self.sessions += 1
         self.registered.set()
         interval = reply.heartbeat_interval_s or 2.0
@@ -208,14 +235,48 @@ class HelperDaemon:
 
     async def _heartbeats(self, stub: helper_pb2_grpc.HelperStub, interval: float) -> None:
         while True:
+            sent_at = asyncio.get_running_loop().time()
+            pairs = self.jobs.running_pairs()
             reply = await stub.Heartbeat(
-                helper_pb2.HeartbeatRequest(name=self.config.server_name,
-                                            running_jobs=self.jobs.running_jobs()),
-                timeout=RPC_TIMEOUT_S,
+                helper_pb2.HeartbeatRequest(
+                    name=self.config.server_name,
+                    running_jobs=sorted({j for j, _ in pairs}),
+                    running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs],
+                ),
+                timeout=min(RPC_TIMEOUT_S, max(interval, self.lease_s / 2 or RPC_TIMEOUT_S)),
             )
             if not reply.known:
                 raise SessionEnded("the scheduler does not know this server; registering again")
+            # Stale launches die first; then, the lease renewed, the others may train again.
+            for stop in reply.stop:
+                self.jobs.fence(stop.job_id, stop.incarnation)
+            self._lease_renewed(sent_at)
             await asyncio.sleep(interval)
+
+    def _lease_renewed(self, sent_at: float) -> None:
+        """A heartbeat sent at `sent_at` was answered: the lease runs from then."""
+        self._lease_from = max(self._lease_from, sent_at)
+        if self.frozen:
+            self.frozen = False
+            log.warning("lease renewed: jobs thawed")
+            self.jobs.thaw_all()
+
+    async def _lease_watchdog(self) -> None:
+        """No heartbeat answered for the lease: freeze every job. The scheduler re-places
+        a silent server's jobs only after its lease has surely run out (down_after_s),
+        so a cut-off server never trains a job while its replacement runs elsewhere."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(LEASE_POLL_S)
+            if self.lease_s <= 0:
+                continue
+            if loop.time() - self._lease_from > self.lease_s:
+                if not self.frozen:
+                    log.warning("no heartbeat answered for %.1f s (lease %.1f s): freezing jobs",
+                                loop.time() - self._lease_from, self.lease_s)
+                self.frozen = True
+                # Again on every poll: a launch that started meanwhile is frozen too.
+                self.jobs.freeze_all()
 
     async def _commands(self, stub: helper_pb2_grpc.HelperStub) -> None:
         stream = stub.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=self.config.server_name))

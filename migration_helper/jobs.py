@@ -64,6 +64,29 @@ class JobTable:
     def running_jobs(self) -> list[str]:
         return sorted({p.job_id for p in self.processes.values() if p.alive})
 
+    def running_pairs(self) -> list[tuple[str, str]]:
+        """(job id, incarnation) of every live process: what heartbeats report."""
+        return sorted(key for key, p in self.processes.items() if p.alive)
+
+    def freeze_all(self) -> int:
+        """Freeze every live process (lease ran out); how many were not frozen yet."""
+        fresh = [p for p in self.processes.values() if p.alive and not p.frozen]
+        for p in fresh:
+            p.freeze()
+        return len(fresh)
+
+    def thaw_all(self) -> None:
+        for p in self.processes.values():
+            p.thaw()
+
+    def fence(self, job_id: str, incarnation: str) -> None:
+        """Kill that launch at once: the scheduler does not expect it (anymore)."""
+        proc = self.processes.get((job_id, incarnation))
+        if proc is not None and proc.alive:
+            log.warning("job %s/%s is stale (the scheduler does not expect it here): killing it",
+                        job_id, incarnation)
+            proc.kill_now()
+
     def log_path(self, job_id: str) -> Path:
         return self.log_dir / f"{safe_name(job_id, 'job_id')}.log"
 

@@ -59,6 +59,9 @@ class SchedulerServer:
     policy_config: PolicyConfig | None = None
     tick_s: float = 1.0
     address: str = ""
+    # More addresses to serve on, e.g. unix:/run/gandiva.sock for operator tools on the
+    # scheduler's own host, whatever its network does.
+    also_listen: tuple[str, ...] = ()
     # "token": every call needs a token (`gandiva token create`); "none": trusted callers.
     auth: str = "none"
     tls: ServerTls | None = None
@@ -107,6 +110,13 @@ class SchedulerServer:
         if bound == 0:
             raise OSError(f"cannot listen on {self.listen}")
         self.address = f"{host or '127.0.0.1'}:{bound}"
+        for extra in self.also_listen:
+            # A unix socket is reachable only on this host; a TCP address is checked like --listen.
+            if not extra.startswith("unix:"):
+                check_exposure(extra, self.tls, self.auth == "token", self.insecure, "the scheduler")
+            tls = None if extra.startswith("unix:") else self.tls
+            if add_port(self.server, extra, tls) == 0:
+                raise OSError(f"cannot listen on {extra}")
         await self.server.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0003_auth_tokens"
-down_revision = "0002"
+down_revision = "0002_fencing_migrations"
 branch_labels = None
 depends_on = None
 

@@ -49,18 +49,19 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         await self.core.register_server(request)
         st = self.core.settings
         return helper_pb2.RegisterServerResponse(
-            heartbeat_interval_s=st.heartbeat_interval_s, down_after_s=st.down_after_s
+            heartbeat_interval_s=st.heartbeat_interval_s, down_after_s=st.down_after_s, lease_s=st.lease
         )
 
     @grpc_errors
     async def Heartbeat(self, request, context):  # type: ignore[no-untyped-def]
         _as_server(request.name, "name")
-        if len(request.running_jobs) > MAX_RUNNING_JOBS:
-            raise InvalidArgument("running_jobs", f"more than {MAX_RUNNING_JOBS}")
-        known = await self.core.heartbeat(request.name, request.running_jobs)
+        if len(request.running_jobs) > MAX_RUNNING_JOBS or len(request.running) > MAX_RUNNING_JOBS:
+            raise InvalidArgument("running", f"more than {MAX_RUNNING_JOBS} jobs")
+        running = [(r.job_id, r.incarnation) for r in request.running]
+        known, stop = await self.core.heartbeat(request.name, running)
         if known:
-            await self.engine.reconcile_server(request.name, request.running_jobs)
-        return helper_pb2.HeartbeatResponse(known=known)
+            await self.engine.reconcile_server(request.name, running, request.running_jobs)
+        return helper_pb2.HeartbeatResponse(known=known, stop=stop)
 
     @grpc_errors
     async def ReportGpuSamples(self, request, context):  # type: ignore[no-untyped-def]
