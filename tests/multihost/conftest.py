@@ -211,9 +211,8 @@ class Cluster:
             "scheduler", "--listen", f"{self.sched_addr}:{SCHED_PORT}", "--also-listen", f"unix:{self.sock}",
             "--db", f"sqlite+aiosqlite:///{self.tmp / 'state.db'}", "--tick", "0.2", "--quantum", "1000",
             "--heartbeat-interval", "0.5", "--heartbeat-timeout", str(heartbeat_timeout),
-            "--port-file", str(port_file),
-            # Plaintext on the test's own namespace addresses (not loopback), on purpose.
-            "--insecure"])
+            # A private bridge inside namespaces this test made: plaintext is allowed explicitly.
+            "--port-file", str(port_file), "--insecure"])
         self._wait_for(port_file.exists, 60)
         if self.channel is not None:
             self.channel.close()
