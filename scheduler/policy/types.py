@@ -121,12 +121,34 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class SnapshotDelta:
+    """What differs from the snapshot numbered ``since``: a hint for incremental consumers.
+
+    changed: the views that are new objects since then (new jobs and rebuilt views);
+    removed: ids of jobs that finished or left since then. A consumer that saw snapshot
+    ``since`` may apply only these; any other consumer compares everything.
+    """
+
+    since: int
+    changed: tuple[JobView, ...] = ()
+    removed: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class ClusterSnapshot:
-    """The whole cluster at one instant. ``jobs`` holds only unfinished jobs."""
+    """The whole cluster at one instant. ``jobs`` holds only unfinished jobs.
+
+    ``seq`` numbers the snapshots of one producer and ``delta`` says what changed since
+    an earlier one; both are optional (the live scheduler leaves them out and the policy
+    then compares every job; the simulator sets them so a decision costs time in
+    proportion to what changed, not to the number of jobs waiting).
+    """
 
     now: float
     servers: tuple[ServerView, ...]
     jobs: tuple[JobView, ...] = ()
+    seq: int | None = None
+    delta: SnapshotDelta | None = None
 
     @cached_property
     def server_by_name(self) -> dict[str, ServerView]:
@@ -249,6 +271,10 @@ class PolicyConfig:
     grow_idle_s: GPUs must have been idle this long before a grow-shrink job grows.
     tiresias_thresholds_gpu_s: attained-service queue limits of Tiresias' discretized LAS.
     tiresias_starve_factor: a job waiting longer than this times its last run is promoted.
+    queue_reasons: return a Queue decision, with its reason, for every job left queued
+        (the live scheduler shows them to users). The simulator turns it off: it ignores
+        them, and with it off a call skips the queued jobs that cannot be placed instead
+        of visiting each one, so it costs time in proportion to what it decides.
     """
 
     quantum_s: float = 60.0
@@ -267,6 +293,7 @@ class PolicyConfig:
     grow_idle_s: float = 300.0
     tiresias_thresholds_gpu_s: tuple[float, ...] = (3200.0, 3200.0 * 10)
     tiresias_starve_factor: float = 8.0
+    queue_reasons: bool = True
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:

@@ -67,6 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--suspend-resume-s", type=float, default=Costs.suspend_resume_s)
     m.add_argument("--migrate-s", type=float, default=Costs.migrate_s)
     m.add_argument("--restart-s", type=float, default=Costs.restart_s)
+    m.add_argument("--spread-factor", type=float, metavar="F",
+                   help="rate factor of a job spread over servers, for every model (default: "
+                        "Gavel's per-model ratio with a table, else 0.42); 1 replays the "
+                        "trace's durations as they are, wherever a job runs")
     o = p.add_argument_group("output")
     o.add_argument("-o", "--output", choices=("table", "json"), default="table")
     o.add_argument("--plot", type=Path, metavar="DIR", help="write jct_cdf.png and utilization.png")
@@ -91,9 +95,11 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
         path = Path(args.throughputs)
     elif args.throughputs == "auto" and args.trace is not None and trace_fmt in ("gavel7", "gavel10"):
         path = gavel_table_near(args.trace)
-    if path is None:
-        return MechanismModel.default(costs)
-    return MechanismModel.from_gavel(path, args.gpu_type, costs)
+    if args.spread_factor is not None and not 0 < args.spread_factor <= 1:
+        raise ValueError(f"--spread-factor must be in (0, 1], got {args.spread_factor}")
+    model = MechanismModel.default(costs) if path is None else MechanismModel.from_gavel(path, args.gpu_type, costs)
+    model.spread_override = args.spread_factor
+    return model
 
 
 def _workload(args: argparse.Namespace) -> tuple[list[JobSpec], str | None]:

@@ -74,3 +74,19 @@ def test_gavel_trace_finds_the_throughput_table(capsys: pytest.CaptureFixture[st
     code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "-o", "json")
     assert code == 0 and "simulation_throughputs.json" in err.replace("\n", "")
     assert json.loads(out)["gandiva"]["jobs_finished"] > 0
+
+
+def test_spread_factor_one_replays_durations_as_they_are(capsys: pytest.CaptureFixture[str],
+                                                         tmp_path: Path) -> None:
+    """A 4-GPU job on 2x2 must spread: at --spread-factor 1 it takes exactly its duration."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,4,1000\n")
+    jct = {}
+    for factor in ("1", "0.5"):
+        code, out, _ = _sim(capsys, "--trace", str(trace), "--cluster", "2x2", "--policy", "yarn-cs",
+                            "--spread-factor", factor, "-o", "json")
+        assert code == 0
+        jct[factor] = json.loads(out)["yarn-cs"]["avg_jct_s"]
+    assert jct == {"1": pytest.approx(1000), "0.5": pytest.approx(2000)}
+    code, _, err = _sim(capsys, "--trace", str(trace), "--spread-factor", "0")
+    assert code == 2 and "--spread-factor must be in (0, 1], got 0.0" in err
