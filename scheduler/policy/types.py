@@ -271,6 +271,11 @@ class PolicyConfig:
     grow_idle_s: GPUs must have been idle this long before a grow-shrink job grows.
     tiresias_thresholds_gpu_s: attained-service queue limits of Tiresias' discretized LAS.
     tiresias_starve_factor: a job waiting longer than this times its last run is promoted.
+    las_slices: in a time-slice group the unit with the least attained service runs next
+        (the running one keeps the GPUs while it has the least); off: the one waiting
+        longest, as in the paper (scheduler/policy/timeslice.py).
+    slice_growth: g > 0 makes a unit's slice g x its attained service per GPU (between
+        one and 32 quanta); 0: every slice is one quantum, as in the paper.
     queue_reasons: return a Queue decision, with its reason, for every job left queued
         (the live scheduler shows them to users). The simulator turns it off: it ignores
         them, and with it off a call skips the queued jobs that cannot be placed instead
@@ -294,11 +299,15 @@ class PolicyConfig:
     tiresias_thresholds_gpu_s: tuple[float, ...] = (3200.0, 3200.0 * 10)
     tiresias_starve_factor: float = 8.0
     queue_reasons: bool = True
+    las_slices: bool = False
+    slice_growth: float = 0.0
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:
             raise ValueError(f"quantum_s must be positive, got {self.quantum_s}")
         if self.max_jobs_per_gpu < 1:
             raise ValueError(f"max_jobs_per_gpu must be at least 1, got {self.max_jobs_per_gpu}")
+        if self.slice_growth < 0:
+            raise ValueError(f"slice_growth must not be negative, got {self.slice_growth}")
         if self.defrag_free_gpus < 1:
             raise ValueError(f"defrag_free_gpus must be at least 1, got {self.defrag_free_gpus}")

@@ -59,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--quantum", type=float, default=60.0, help="time slice in seconds (gandiva)")
     s.add_argument("--defrag-free-gpus", type=int, default=3,
                    help="defragment non-idle servers with at least this many free GPUs")
+    s.add_argument("--max-jobs-per-gpu", type=int, default=PolicyConfig.max_jobs_per_gpu,
+                   help="jobs that may time-share one GPU before new jobs queue (gandiva)")
+    s.add_argument("--las-slices", action="store_true",
+                   help="gandiva: in a time-slice group the least-served job runs next")
+    s.add_argument("--slice-growth", type=float, default=0.0, metavar="G",
+                   help="gandiva: a slice is G x the job's attained service (1-32 quanta)")
     m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
     m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "
@@ -73,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "trace's durations as they are, wherever a job runs")
     o = p.add_argument_group("output")
     o.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    o.add_argument("--plot", type=Path, metavar="DIR", help="write jct_cdf.png and utilization.png")
+    o.add_argument("--plot", type=Path, metavar="DIR", help="write jct_cdf.png, first_n_cdf.png and utilization.png")
     o.add_argument("--first-n", type=int, default=100,
                    help="report the time until each job's first N mini-batches (default 100)")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -120,7 +126,9 @@ def run(args: argparse.Namespace) -> int:
         servers = make_cluster(args.cluster)
         jobs, fmt = _workload(args)
         model = _model(args, fmt)
-        config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus)
+        config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
+                              max_jobs_per_gpu=args.max_jobs_per_gpu, las_slices=args.las_slices,
+                              slice_growth=args.slice_growth)
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2

@@ -43,7 +43,7 @@ def test_plot_writes_the_two_pngs(capsys: pytest.CaptureFixture[str], tmp_path: 
     code, _, err = _sim(capsys, "--jobs", "20", "--cluster", "2x4", "--compare", "gandiva,fifo",
                         "--plot", str(tmp_path / "plots"))
     assert code == 0
-    for name in ("jct_cdf.png", "utilization.png"):
+    for name in ("jct_cdf.png", "first_n_cdf.png", "utilization.png"):
         png = tmp_path / "plots" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and name in err
 
