@@ -270,7 +270,9 @@ class PolicyConfig:
     max_migrations_per_round: cap on migrations issued by one decide() call.
     grow_idle_s: GPUs must have been idle this long before a grow-shrink job grows.
     tiresias_thresholds_gpu_s: attained-service queue limits of Tiresias' discretized LAS.
-    tiresias_starve_factor: a job waiting longer than this times its last run is promoted.
+    tiresias_starve_factor: N > 0: a pending job outside the first queue that has waited N
+        times as long as it ran (since it last entered the first queue) goes back to the
+        first queue; 0 (the original's dlas-gpu): never.
     las_slices: in a time-slice group the unit with the least attained service runs next
         (the running one keeps the GPUs while it has the least); off: the one waiting
         longest, as in the paper (scheduler/policy/timeslice.py).
@@ -296,8 +298,10 @@ class PolicyConfig:
     defrag_interval_s: float = 300.0
     max_migrations_per_round: int = 8
     grow_idle_s: float = 300.0
-    tiresias_thresholds_gpu_s: tuple[float, ...] = (3200.0, 3200.0 * 10)
-    tiresias_starve_factor: float = 8.0
+    # The original simulator's dlas-gpu: three queues split at 3,250 and 7,200 GPU-seconds,
+    # no starvation rule (its dlas-gpu-N variants set N).
+    tiresias_thresholds_gpu_s: tuple[float, ...] = (3250.0, 7200.0)
+    tiresias_starve_factor: float = 0.0
     queue_reasons: bool = True
     las_slices: bool = False
     slice_growth: float = 0.0
