@@ -287,7 +287,7 @@ class PolicyConfig:
     quantum_s: float = 60.0
     reserve_after_s: float | None = None
     slice_slack_s: float = 5.0
-    max_jobs_per_gpu: int = 4
+    max_jobs_per_gpu: int = 16
     enable_packing: bool = True
     enable_migration: bool = True
     enable_grow_shrink: bool = True
@@ -303,8 +303,8 @@ class PolicyConfig:
     tiresias_thresholds_gpu_s: tuple[float, ...] = (3250.0, 7200.0)
     tiresias_starve_factor: float = 0.0
     queue_reasons: bool = True
-    las_slices: bool = False
-    slice_growth: float = 0.0
+    las_slices: bool = True
+    slice_growth: float = 0.1
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:

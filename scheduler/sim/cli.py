@@ -60,11 +60,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--defrag-free-gpus", type=int, default=3,
                    help="defragment non-idle servers with at least this many free GPUs")
     s.add_argument("--max-jobs-per-gpu", type=int, default=PolicyConfig.max_jobs_per_gpu,
-                   help="jobs that may time-share one GPU before new jobs queue (gandiva)")
-    s.add_argument("--las-slices", action="store_true",
-                   help="gandiva: in a time-slice group the least-served job runs next")
-    s.add_argument("--slice-growth", type=float, default=0.0, metavar="G",
-                   help="gandiva: a slice is G x the job's attained service (1-32 quanta)")
+                   help="jobs that may time-share one GPU before new jobs queue (gandiva; "
+                        "default %(default)s, the paper's setup used 4)")
+    s.add_argument("--las-slices", action=argparse.BooleanOptionalAction, default=PolicyConfig.las_slices,
+                   help="gandiva: in a time-slice group the least-served job runs next "
+                        "(--no-las-slices: the one waiting longest, as in the paper)")
+    s.add_argument("--slice-growth", type=float, default=PolicyConfig.slice_growth, metavar="G",
+                   help="gandiva: a slice is G x the job's attained service, 1-32 quanta "
+                        "(default %(default)s; 0: one quantum, as in the paper)")
     m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
     m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "

@@ -90,3 +90,16 @@ def test_spread_factor_one_replays_durations_as_they_are(capsys: pytest.CaptureF
     assert jct == {"1": pytest.approx(1000), "0.5": pytest.approx(2000)}
     code, _, err = _sim(capsys, "--trace", str(trace), "--spread-factor", "0")
     assert code == 2 and "--spread-factor must be in (0, 1], got 0.0" in err
+
+
+def test_paper_time_slicing_can_be_chosen_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--jobs", "60", "--cluster", "1x4", "--target-load", "2", "--policy", "gandiva", "-o", "json")
+    code, out, _ = _sim(capsys, *args)
+    ours = json.loads(out)["gandiva"]
+    code2, out2, _ = _sim(capsys, *args, "--no-las-slices", "--slice-growth", "0", "--max-jobs-per-gpu", "4")
+    paper = json.loads(out2)["gandiva"]
+    assert code == code2 == 0
+    assert ours["jobs_finished"] == paper["jobs_finished"] > 40
+    assert ours["jobs_unfinished"] == paper["jobs_unfinished"] == 0
+    # Growing slices switch long jobs far less often than one-minute round-robin.
+    assert ours["suspends"] < paper["suspends"] / 2

@@ -18,10 +18,13 @@ from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import JobSpec
 
 MODEL = MechanismModel.default()
+# The paper's time-slicing: round-robin, one-quantum slices, at most 4 jobs per GPU.
+PAPER = {"las_slices": False, "slice_growth": 0.0, "max_jobs_per_gpu": 4}
 
 
 def _run(jobs: list[JobSpec], cluster: str, **cfg: object) -> tuple[dict, dict[str, float]]:
-    result = Simulator(jobs, make_cluster(cluster), get_policy("gandiva", PolicyConfig(**cfg)), MODEL).run()  # type: ignore[arg-type]
+    config = PolicyConfig(**{**PAPER, **cfg})  # type: ignore[arg-type]
+    result = Simulator(jobs, make_cluster(cluster), get_policy("gandiva", config), MODEL).run()
     return summarize(result), {j.spec.id: j.finished_at - j.spec.submit_time for j in result.jobs}
 
 
