@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from sim_table import parse_rules  # benchmarks/ is the script's folder
+
 from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
 from scheduler.policy.cluster import Ledger
 from scheduler.sim.engine import Simulator, make_cluster
@@ -136,6 +138,8 @@ def main() -> int:
     ap.add_argument("--target-load", type=float, default=0.9)
     ap.add_argument("--throughputs", type=Path, help="Gavel table (default: found next to the trace)")
     ap.add_argument("--spread-factor", type=float, help="as in `gandiva sim`")
+    ap.add_argument("--config", default="", help="gandiva rules, as sim_table.py's --config, e.g. "
+                    "las_slices:false+slice_growth:0+max_jobs_per_gpu:4 (the paper's time-slicing)")
     args = ap.parse_args()
     if not args.trace.is_file():
         print(f"no trace at {args.trace}", file=sys.stderr)
@@ -157,7 +161,7 @@ def main() -> int:
     for name in args.compare.split(","):
         start = time.perf_counter()
         probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id)
-        policy = get_policy(name)
+        policy = get_policy(name, parse_rules(f"g={args.config}")["g"] if name == "gandiva" else None)
         if name == "gandiva":
             policy = waits[name] = WaitProbe(policy)
         m = summarize(Simulator(jobs, servers, policy, model, observer=probe).run())
