@@ -7,7 +7,7 @@ the highest priority in the unit, at least 1), then the unit that has waited lon
 gets them. Slices end on a cluster-wide beat of ``quantum_s`` (see ``_slice_end``).
 Suspend/resume happen at the jobs' next mini-batch boundary (live side).
 
-Two rules of our own, each off by default and measured on and off (docs/policy.md):
+Two rules of our own, on by default and each measured on and off (docs/policy.md):
 - ``las_slices``: when a slice ends, the unit with the least attained service (GPU-seconds
   per GPU of its least-served job) runs next, the running unit included (it then keeps
   the GPUs, no switch); ties go to the running unit, then to the one waiting longest.

@@ -260,7 +260,9 @@ class PolicyConfig:
     slice_slack_s: a slice ending within this many seconds after a beat (a multiple
         of quantum_s) is switched at that beat; slices end on beats so that groups
         rotate together (one round of switch commands instead of many).
-    max_jobs_per_gpu: how many jobs a GPU may be time-shared by before jobs queue.
+    max_jobs_per_gpu: how many jobs a GPU may be time-shared by before jobs queue (16; the
+        paper's setup used 4: new jobs then queued behind full groups for days on the ITP
+        traces, and a suspended job holds no GPU memory).
     pack_trial_s: how long a packing trial runs before its measured rates decide.
     pack_min_gain: packed jobs' combined normalized rate must exceed 1 + this to be kept.
     pack_max_util: jobs above this GPU utilization are not packing candidates.
