@@ -153,7 +153,8 @@ class MigrationBench:
                     gpus: list[int]) -> tuple[Measurement, str]:
         plan = MigrationPlan(job_id=job, spec=spec, source=self.control.endpoint(src),
                              source_incarnation=incarnation, source_gpus=tuple(gpus),
-                             dest=self.control.endpoint(dst), dest_gpus=tuple(gpus))
+                             dest=self.control.endpoint(dst), dest_gpus=tuple(gpus),
+                             warm_signature=self.control.train_signature(job, incarnation))
         result = await migrate(plan, self.control)
         if result.outcome is not Outcome.MIGRATED:
             raise RuntimeError(f"fast migration of {job} failed: {result.outcome.value}: {result.reason}")

@@ -109,6 +109,8 @@ class JobTable:
             gpu_indices=list(req.gpu_indices),
             restore_checkpoint=req.restore_checkpoint,
         )
+        if req.warm and req.warm_signature:
+            env["GANDIVA_WARM_SIGNATURE"] = req.warm_signature
         workdir = req.spec.workdir or os.getcwd()
         if not os.path.isdir(workdir):
             raise CommandFailed(f"launch: workdir {workdir!r} does not exist on {self.server}")

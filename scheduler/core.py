@@ -44,6 +44,10 @@ class Settings:
     command_timeout_s: float = 60.0
     # How long job progress is coalesced in memory before one transaction writes it.
     progress_flush_s: float = 0.25
+    # A launched job none of whose processes connects a runtime within this time is
+    # marked not suspendable and not migratable (a wrapper hid python from the shim,
+    # or the job is not a TensorFlow program): the scheduler cannot stop it at a boundary.
+    runtime_connect_deadline_s: float = 120.0
 
 
 @dataclass
@@ -199,6 +203,8 @@ class SchedulerCore:
             last_step_s=0.0,
             metrics={},
             migratable=True,
+            suspendable=True,
+            control_note="",
             held=False,
             message="waiting for a placement",
             exit_code=0,
@@ -484,11 +490,37 @@ class SchedulerCore:
     async def record_migratability(self, job_id: str, migratable: bool, reason: str) -> None:
         async with self.tx() as s:
             job = await repo.get_job(s, job_id)
+            if not job.suspendable:
+                return  # the job's current launch was found uncontrollable
             if job.migratable != migratable:
                 job.migratable = migratable
+                job.control_note = "" if migratable else reason
                 repo.add_event(
                     s, self.clock(), "job.migratable", f"{'migratable' if migratable else 'not migratable'}: {reason}", job_id=job_id
                 )
+
+
+    async def record_uncontrollable(self, job_id: str, incarnation: str, reason: str) -> bool:
+        """The launch `incarnation` never connected a runtime: the job can be neither
+        suspended nor migrated (one transaction). False when that launch is no longer
+        current or the job no longer runs."""
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.incarnation != incarnation or job.state != JobState.RUNNING.value or not job.suspendable:
+                return False
+            job.suspendable, job.migratable, job.control_note = False, False, reason
+            repo.add_event(s, self.clock(), "job.uncontrollable", reason, job_id=job_id)
+            return True
+
+    async def record_runtime_connected(self, job_id: str, incarnation: str) -> None:
+        """A runtime of the current launch connected after all: suspendable again (its
+        migratability verdict follows from the shim)."""
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.suspendable or (incarnation and job.incarnation != incarnation):
+                return
+            job.suspendable, job.control_note = True, ""
+            repo.add_event(s, self.clock(), "job.controllable", f"runtime of launch {incarnation} connected", job_id=job_id)
 
 
 def spec_of(job: Job) -> common_pb2.JobSpec:

@@ -15,6 +15,8 @@ from scheduler.hubs import RuntimeConn
 
 log = logging.getLogger(__name__)
 
+MAX_SIGNATURE_CHARS = 64 * 1024
+
 
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
     def __init__(self, core: SchedulerCore) -> None:
@@ -33,6 +35,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         except GandivaError as err:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(err))
         conn = self.core.runtimes.attach(hello.job_id, hello.incarnation)
+        try:
+            await self.core.record_runtime_connected(hello.job_id, hello.incarnation)
+        except GandivaError as err:
+            log.warning("could not record that job %s's runtime connected: %s", hello.job_id, err)
         log.info("runtime of job %s (incarnation %s, pid %d) connected", hello.job_id, hello.incarnation, hello.pid)
         reader = asyncio.create_task(self._read(conn, request_iterator))
         try:
@@ -63,6 +69,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     )
                 elif kind == "ack":
                     self.core.runtimes.resolve(conn, msg.ack)
+                elif kind == "train_signature":
+                    # Bounded: a signature is a few names; a huge one is not worth relaying.
+                    sig = msg.train_signature.json
+                    conn.train_signature = sig if len(sig) <= MAX_SIGNATURE_CHARS else ""
                 elif kind == "migratability":
                     await self.core.record_migratability(
                         conn.job_id, msg.migratability.migratable, msg.migratability.reason

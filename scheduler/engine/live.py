@@ -46,6 +46,7 @@ class LiveEngine:
         # Jobs with a command in flight: the policy's next decisions about them wait.
         self.inflight: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._watches: set[asyncio.Task] = set()  # runtime-connect deadlines of launches
         self._stopping = False
         # job id -> when a helper first reported it missing (lost processes are requeued).
         self.missing_since: dict[str, float] = {}
@@ -79,6 +80,8 @@ class LiveEngine:
         """Finish: no new rounds; commands in flight get a moment to complete."""
         self._stopping = True
         self.core.poke()
+        for watch in self._watches:
+            watch.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
 
@@ -229,6 +232,7 @@ class LiveEngine:
                 restore_checkpoint=restore_checkpoint,
             )
         )
+        self.core.runtimes.watch(job.id, incarnation)
         fut = self.core.helpers.send(primary, cmd)
         # Watched, but not "in flight": the job can be suspended or killed meanwhile.
         task = asyncio.create_task(self._launch_result(job.id, incarnation, fut))
@@ -241,12 +245,34 @@ class LiveEngine:
         except (asyncio.TimeoutError, GandivaError):
             return  # the heartbeat reconciliation notices a launch that never happened
         if result.ok:
+            # Not one of self._tasks: stopping the engine cancels it rather than waiting.
+            watch = asyncio.create_task(self._watch_runtime(job_id, incarnation))
+            self._watches.add(watch)
+            watch.add_done_callback(self._watches.discard)
             return
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation == incarnation and JobState(job.state) in ACTIVE:
                 await repo.transition(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
                 await repo.clear_placement(s, job_id)
+
+    async def _watch_runtime(self, job_id: str, incarnation: str) -> None:
+        """A launch none of whose processes connects a runtime within the deadline is
+        uncontrollable: no suspend, pack, migration or time slice can stop it."""
+        deadline = self.core.settings.runtime_connect_deadline_s
+        await asyncio.sleep(deadline)
+        if self.core.runtimes.ever_connected(job_id, incarnation):
+            return
+        reason = (f"no process of it connected the Gandiva runtime within {deadline:.0f}s of its "
+                  "launch (is it a TensorFlow 1-style program run by a python that has "
+                  "tf_runtime installed?); it runs to its end on its GPUs and cannot be "
+                  "suspended, packed or migrated")
+        try:
+            if await self.core.record_uncontrollable(job_id, incarnation, reason):
+                log.warning("job %s: %s", job_id, reason)
+                self.core.poke()
+        except GandivaError as err:
+            log.warning("could not mark job %s uncontrollable: %s", job_id, err)
 
     async def _suspend(self, job_id: str, reason: str, hold: bool = False) -> None:
         """`hold`: an operator's suspension, which the policy leaves alone until resumed."""
@@ -289,6 +315,9 @@ class LiveEngine:
     # ---- operator actions -----------------------------------------------------
 
     async def operator_suspend(self, job_id: str, reason: str) -> JobDetail:
+        job = await self._job(job_id)
+        if not job.suspendable:
+            raise FailedPrecondition(f"job {job_id} cannot be suspended: {job.control_note}")
         return await self._by_operator(
             job_id, JobState.RUNNING, "suspended",
             lambda: self._suspend(job_id, reason or "suspended by operator", hold=True),
@@ -326,6 +355,8 @@ class LiveEngine:
             raise FailedPrecondition(f"server {to_server} is down")
         if job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
             raise FailedPrecondition(f"job {job_id} is {job.state}; only a running or suspended job can migrate")
+        if not job.suspendable:
+            raise FailedPrecondition(f"job {job_id} cannot be migrated: {job.control_note}")
         if not job.migratable:
             raise FailedPrecondition(f"job {job_id} cannot resume from a checkpoint (its loop ignores the restored step); it can only be suspended in place")
         if job_id in dest.job_gpus:
@@ -397,6 +428,7 @@ def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None)
         rate=job.rate or None,
         grow_shrink=job.grow_shrink,
         migratable=job.migratable,
+        suspendable=job.suspendable,
         profile=(
             pt.JobProfile(
                 memory_bytes=profile.memory_max,

@@ -74,6 +74,7 @@ async def begin_migration(
             source_gpus=tuple(p.gpu_index for p in placement if p.server_name == src_name),
             dest=Endpoint(dst.name, dst.address, dst.ramdisk, dst.shared_root),
             dest_gpus=tuple(g.index for g in to_gpus if g.server == dest_name),
+            warm_signature=core.runtimes.train_signature(job_id, job.incarnation),
         )
     return _carry_out(engine, plan, was, list(to_gpus))
 

@@ -57,11 +57,14 @@ class TiresiasPolicy(Policy):
         self._wakeup = None
         capacity = sum(s.num_gpus for s in snapshot.servers if s.up)
         active = [j for j in snapshot.jobs if j.state != "MIGRATING"]
-        order = sorted(active, key=lambda j: (self._queue_index(j, now), j.submitted_at, j.id))
+        # A running job that cannot be stopped (no runtime) keeps its GPUs: admitted first.
+        fixed = {j.id for j in active if j.state == "RUNNING" and not j.suspendable}
+        order = sorted(active, key=lambda j: (j.id not in fixed, self._queue_index(j, now),
+                                              j.submitted_at, j.id))
         admitted: set[str] = set()
         used = sum(j.gpus for j in snapshot.jobs if j.state == "MIGRATING")
         for job in order:
-            if used + job.gpus <= capacity:
+            if job.id in fixed or used + job.gpus <= capacity:
                 admitted.add(job.id)
                 used += job.gpus
         # Only running jobs hold GPUs: a preempted job gave its GPUs back.

@@ -112,7 +112,7 @@ async def jobs_by_id(session: AsyncSession, ids: Sequence[str]) -> list[Job]:
 
 SNAPSHOT_COLUMNS = (
     Job.id, Job.gpus, Job.priority, Job.state, Job.submitted_at, Job.steps, Job.rate,
-    Job.grow_shrink, Job.migratable, Job.state_changed_at, Job.attained_service_s,
+    Job.grow_shrink, Job.migratable, Job.suspendable, Job.state_changed_at, Job.attained_service_s,
     Job.multi_job_id, Job.held,
 )
 _UNFINISHED = [s.value for s in JobState if not s.terminal]
