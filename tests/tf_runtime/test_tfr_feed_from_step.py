@@ -22,9 +22,9 @@ from .conftest import FEED_SCRIPT, FeedJob, assert_same_variables, feed_args
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
-# A covering set: each loop style with each optimizer, each tower count with each.
-FAMILY = [("session", "momentum", 2), ("session", "adam", 1),
-          ("mts", "momentum", 1), ("mts", "adam", 2)]
+# Both loop styles, both optimizers, both tower counts (the finding's own program, session +
+# Momentum + 2 towers, is the regression test below; the property test draws the rest).
+FAMILY = [("session", "adam", 2), ("mts", "momentum", 1)]
 
 
 @pytest.mark.parametrize("loop,optimizer,replicas", FAMILY)

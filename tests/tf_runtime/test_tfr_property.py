@@ -33,7 +33,7 @@ PROGRAMS = st.tuples(st.sampled_from(["session", "mts"]), st.sampled_from(["mome
                      st.sampled_from([1, 2]))
 OPERATIONS = ["pause", "checkpoint", "migrate_warm", "migrate_warm_no_rehearsal",
               "migrate_naive", "crash_and_restart"]
-SCHEDULES = st.lists(st.sampled_from(OPERATIONS), min_size=1, max_size=4)
+SCHEDULES = st.lists(st.sampled_from(OPERATIONS), min_size=1, max_size=3)
 
 
 def apply(job: FeedJob, op: str) -> None:
@@ -51,7 +51,7 @@ def apply(job: FeedJob, op: str) -> None:
         job.crash_and_restart()
 
 
-@settings(max_examples=_EXAMPLES or 3, derandomize=not _EXAMPLES, deadline=None,
+@settings(max_examples=_EXAMPLES or 2, derandomize=not _EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(program=PROGRAMS, schedule=SCHEDULES)
 def test_any_schedule_ends_with_the_uninterrupted_variables(program: tuple[str, str, int],
