@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler.config import gandiva_home, scheduler_address
+from scheduler.transport import ClientSecurity, ServerTls
 
 DEFAULT_LISTEN = "127.0.0.1:0"
 DEFAULT_VIRTUAL_GPUS = 4
@@ -45,6 +46,15 @@ class HelperConfig:
     stop_grace_s: float = 10.0
     # Old checkpoints stay this long in the ramdisk (a migration may fall back on one).
     checkpoint_retain_s: float = 600.0
+    # A shorter lease than the scheduler's (None: the scheduler's, sent at registration).
+    lease_s: float | None = None
+    # The helper's token and TLS trust, towards the scheduler and its peers' agents.
+    security: ClientSecurity = field(default_factory=ClientSecurity)
+    # The agent port's certificate (and client CA: only cluster members may connect).
+    tls: ServerTls | None = None
+    insecure: bool = False
+    # The largest checkpoint a peer may stream in.
+    max_transfer_bytes: int = 64 << 30
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.server_name):
@@ -55,6 +65,8 @@ class HelperConfig:
             raise ConfigError(f"--gpus {self.gpus}: must be at least 1")
         if ":" not in self.listen:
             raise ConfigError(f"--listen {self.listen!r}: expected HOST:PORT")
+        if self.lease_s is not None and self.lease_s <= 0:
+            raise ConfigError(f"--lease {self.lease_s}: must be positive")
         if self.sample_interval_s <= 0 or self.report_interval_s <= 0:
             raise ConfigError("sample and report intervals must be positive")
 

@@ -25,6 +25,7 @@ from migration_helper.process import JobProcess, exit_reason
 from migration_helper.ramdisk import Ramdisk
 from migration_helper.sampling import Sampler
 from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
+from scheduler.transport import add_port, aio_channel, check_exposure
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,14 @@ RPC_TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 2.0
 HOUSEKEEPING_S = 60.0
 MAX_REMEMBERED_COMMANDS = 10_000
+LEASE_POLL_S = 0.1
+# Answers the scheduler will give again however often a report is retried: such a
+# report is logged and dropped, so it never blocks the reports queued behind it.
+PERMANENT = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNIMPLEMENTED,
+})
 
 
 class SessionEnded(Exception):
@@ -42,13 +51,15 @@ class HelperDaemon:
     def __init__(self, config: HelperConfig, backend: GpuBackend | None = None) -> None:
         self.config = config
         self.backend = backend or open_backend(config.gpus, config.server_name)
-        self.ramdisk = Ramdisk(config.ramdisk_dir)
+        self.ramdisk = Ramdisk(config.ramdisk_dir, max_bytes=config.max_transfer_bytes)
         self.jobs = JobTable(
             server=config.server_name,
             scheduler=config.scheduler,
             log_dir=config.logs_dir,
             on_exit=self._process_exited,
             stop_grace_s=config.stop_grace_s,
+            security=config.security,
+            roots=[config.ramdisk_dir, *([config.shared_root] if config.shared_root else [])],
         )
         self.sampler = Sampler(
             self.backend, lambda: self.jobs.processes.values(), config.sample_interval_s
@@ -56,7 +67,12 @@ class HelperDaemon:
         self.address = ""
         self.registered = asyncio.Event()
         self.sessions = 0  # how many times it registered (tests watch reconnects)
+        # The lease (from the scheduler; 0 until registered: no jobs run before that).
+        self.lease_s = 0.0
+        self._lease_from = 0.0
+        self.frozen = False
         self._outbox: collections.deque[Any] = collections.deque()
+        self.dropped = 0  # reports the scheduler refused for good
         self._outbox_ready = asyncio.Event()
         # Command ids already taken (bounded: a re-send comes within seconds, not days).
         self._seen_commands: collections.OrderedDict[str, asyncio.Task[None]] = collections.OrderedDict()
@@ -67,7 +83,12 @@ class HelperDaemon:
         self.ramdisk.prepare()
         self._server = grpc.aio.server()
         helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(self.ramdisk), self._server)
-        port = self._server.add_insecure_port(self.config.listen)
+        warning = check_exposure(self.config.listen, self.config.tls, self.config.tls is not None
+                                 and bool(self.config.tls.client_ca), self.config.insecure,
+                                 f"helper {self.config.server_name}'s agent")
+        if warning:
+            log.warning("%s", warning)
+        port = add_port(self._server, self.config.listen, self.config.tls)
         if port == 0:
             raise OSError(f"--listen {self.config.listen}: cannot bind")
         await self._server.start()
@@ -79,7 +100,7 @@ class HelperDaemon:
                  self.address, self.ramdisk.root, len(self.backend.gpus()), self.backend.name)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run_sessions()), loop.create_task(self._sample_loop()),
-                       loop.create_task(self._housekeeping())]
+                       loop.create_task(self._housekeeping()), loop.create_task(self._lease_watchdog())]
 
     async def stop(self) -> None:
         """Stop the jobs (they cannot be supervised without us), tell the scheduler if
@@ -128,8 +149,16 @@ class HelperDaemon:
 
     async def _send_queued(self, stub: helper_pb2_grpc.HelperStub) -> None:
         while self._outbox:
-            # Sent in order and removed only once taken: a failure reconnects and retries.
-            await self._send(stub, self._outbox[0])
+            # Sent in order and removed only once taken: a transient failure reconnects
+            # and retries; a refusal for good is logged and the report dropped.
+            try:
+                await self._send(stub, self._outbox[0])
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in PERMANENT:
+                    raise
+                self.dropped += 1
+                log.error("scheduler refused a %s for good (%s: %s); dropped",
+                          type(self._outbox[0]).__name__, exc.code().name, exc.details())
             self._outbox.popleft()
 
     async def _drain_outbox(self, stub: helper_pb2_grpc.HelperStub) -> None:
@@ -142,7 +171,7 @@ class HelperDaemon:
         if not self._outbox:
             return
         try:
-            async with grpc.aio.insecure_channel(self.config.scheduler) as channel:
+            async with aio_channel(self.config.scheduler, self.config.security) as channel:
                 stub = helper_pb2_grpc.HelperStub(channel)
                 async with asyncio.timeout(timeout_s):
                     await self._send_queued(stub)
@@ -168,7 +197,7 @@ class HelperDaemon:
         backoff = 0.2
         while True:
             try:
-                async with grpc.aio.insecure_channel(self.config.scheduler) as channel:
+                async with aio_channel(self.config.scheduler, self.config.security) as channel:
                     await self._session(helper_pb2_grpc.HelperStub(channel))
             except (grpc.aio.AioRpcError, SessionEnded) as exc:
                 self.registered.clear()
@@ -179,6 +208,12 @@ class HelperDaemon:
 
     async def _session(self, stub: helper_pb2_grpc.HelperStub) -> None:
         reply = await stub.Register(self._register_request(), timeout=RPC_TIMEOUT_S)
+        lease = reply.lease_s
+        if self.config.lease_s is not None:
+            lease = min(lease, self.config.lease_s) if lease else self.config.lease_s
+        self.lease_s = lease
+        if not self._lease_from:  # the first registration: the lease starts now
+            self._lease_from = asyncio.get_running_loop().time()
         self.sessions += 1
         self.registered.set()
         interval = reply.heartbeat_interval_s or 2.0
@@ -200,14 +235,48 @@ class HelperDaemon:
 
     async def _heartbeats(self, stub: helper_pb2_grpc.HelperStub, interval: float) -> None:
         while True:
+            sent_at = asyncio.get_running_loop().time()
+            pairs = self.jobs.running_pairs()
             reply = await stub.Heartbeat(
-                helper_pb2.HeartbeatRequest(name=self.config.server_name,
-                                            running_jobs=self.jobs.running_jobs()),
-                timeout=RPC_TIMEOUT_S,
+                helper_pb2.HeartbeatRequest(
+                    name=self.config.server_name,
+                    running_jobs=sorted({j for j, _ in pairs}),
+                    running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs],
+                ),
+                timeout=min(RPC_TIMEOUT_S, max(interval, self.lease_s / 2 or RPC_TIMEOUT_S)),
             )
             if not reply.known:
                 raise SessionEnded("the scheduler does not know this server; registering again")
+            # Stale launches die first; then, the lease renewed, the others may train again.
+            for stop in reply.stop:
+                self.jobs.fence(stop.job_id, stop.incarnation)
+            self._lease_renewed(sent_at)
             await asyncio.sleep(interval)
+
+    def _lease_renewed(self, sent_at: float) -> None:
+        """A heartbeat sent at `sent_at` was answered: the lease runs from then."""
+        self._lease_from = max(self._lease_from, sent_at)
+        if self.frozen:
+            self.frozen = False
+            log.warning("lease renewed: jobs thawed")
+            self.jobs.thaw_all()
+
+    async def _lease_watchdog(self) -> None:
+        """No heartbeat answered for the lease: freeze every job. The scheduler re-places
+        a silent server's jobs only after its lease has surely run out (down_after_s),
+        so a cut-off server never trains a job while its replacement runs elsewhere."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(LEASE_POLL_S)
+            if self.lease_s <= 0:
+                continue
+            if loop.time() - self._lease_from > self.lease_s:
+                if not self.frozen:
+                    log.warning("no heartbeat answered for %.1f s (lease %.1f s): freezing jobs",
+                                loop.time() - self._lease_from, self.lease_s)
+                self.frozen = True
+                # Again on every poll: a launch that started meanwhile is frozen too.
+                self.jobs.freeze_all()
 
     async def _commands(self, stub: helper_pb2_grpc.HelperStub) -> None:
         stream = stub.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=self.config.server_name))

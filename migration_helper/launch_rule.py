@@ -34,6 +34,10 @@ _HELPER_ONLY = (
     "GANDIVA_JOB_ID",
     "GANDIVA_INCARNATION",
     "GANDIVA_WARM_SIGNATURE",
+    # The helper's own credentials: a job gets a token scoped to itself instead.
+    "GANDIVA_TOKEN",
+    "GANDIVA_TLS_CERT",
+    "GANDIVA_TLS_KEY",
 )
 
 

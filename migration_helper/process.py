@@ -78,6 +78,7 @@ class JobProcess:
     exit_code: int | None = None
     stopped: bool = False
     activated: bool = False
+    frozen: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
     _proc: subprocess.Popen[bytes] | None = None
     _exited: asyncio.Future[int] | None = None
@@ -228,6 +229,33 @@ class JobProcess:
             except asyncio.TimeoutError:
                 pass
 
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def freeze(self) -> None:
+        """Stop every process of the job where it stands (SIGSTOP): it trains no further
+        until thawed, and spends no CPU time. Used when the helper's lease runs out."""
+        if self.alive and not self.frozen:
+            self._signal_group(signal.SIGSTOP)
+            self.frozen = True
+            log.warning("job %s/%s frozen: lease with the scheduler ran out", self.job_id, self.incarnation)
+
+    def thaw(self) -> None:
+        if self.alive and self.frozen and not self.stopped:
+            self._signal_group(signal.SIGCONT)
+            log.info("job %s/%s thawed", self.job_id, self.incarnation)
+        self.frozen = False
+
+    def kill_now(self) -> None:
+        """SIGKILL, no grace: a stale launch must not train another step. Its exit is
+        reported as for any other stop."""
+        self.stopped = True
+        if self.alive:
+            self._signal_group(signal.SIGKILL)
+
     def send(self, command: dict[str, Any]) -> None:
         """Write one command line to the shim's control pipe."""
         if self._control_fd < 0:
@@ -248,10 +276,9 @@ class JobProcess:
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)):
             if self.exit_code is not None:
                 break
-            try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
-                pass
+            self._signal_group(sig)
+            if self.frozen:  # a frozen process handles its SIGTERM only once continued
+                self.thaw()
             await self._wait(wait)
         await self._wait(30.0)
         return self.exit_code if self.exit_code is not None else -signal.SIGKILL

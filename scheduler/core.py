@@ -29,7 +29,7 @@ from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.state import repo
 from scheduler.state.db import SqliteWriter, is_sqlite, make_engine, make_sessionmaker
 from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
-from scheduler.validation import default_name, validate_spec
+from scheduler.validation import default_name, validate_members, validate_spec
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,21 @@ log = logging.getLogger(__name__)
 EXIT_MIGRATED = 75
 
 
+# The lease must run out this long before the scheduler gives up on a server: the
+# helper's watchdog polls its lease and freezes its jobs within this time.
+LEASE_MARGIN_S = 1.0
+
+
 @dataclass(frozen=True)
 class Settings:
+    """Timing of the scheduler's side of the helper protocol.
+
+    ``lease_s``: a helper that has had no heartbeat answered for this long freezes its
+    jobs (SIGSTOP) by itself. ``down_after_s``: the scheduler marks a silent server down,
+    and re-places its jobs, only after this long. The lease always runs out first
+    (``lease_s + LEASE_MARGIN_S <= down_after_s``), so a job is never trained by a cut-off
+    server and its replacement at once. Default lease: 60% of ``down_after_s``."""
+
     heartbeat_interval_s: float = 2.0
     down_after_s: float = 10.0
     command_timeout_s: float = 60.0
@@ -48,6 +61,28 @@ class Settings:
     # marked not suspendable and not migratable (a wrapper hid python from the shim,
     # or the job is not a TensorFlow program): the scheduler cannot stop it at a boundary.
     runtime_connect_deadline_s: float = 120.0
+    lease_s: float | None = None
+
+    def __post_init__(self) -> None:
+        lease = self.lease
+        if self.heartbeat_interval_s <= 0:
+            raise InvalidArgument("heartbeat_interval_s", f"{self.heartbeat_interval_s} must be positive")
+        if lease + LEASE_MARGIN_S > self.down_after_s:
+            raise InvalidArgument(
+                "lease_s",
+                f"a lease of {lease:g}s does not run out {LEASE_MARGIN_S:g}s before servers are "
+                f"marked down ({self.down_after_s:g}s): raise the heartbeat timeout or shorten the lease",
+            )
+        if lease < 2 * self.heartbeat_interval_s:
+            raise InvalidArgument(
+                "lease_s",
+                f"a lease of {lease:g}s is shorter than two heartbeats ({self.heartbeat_interval_s:g}s "
+                "each): helpers would freeze their jobs after one late heartbeat",
+            )
+
+    @property
+    def lease(self) -> float:
+        return self.lease_s if self.lease_s is not None else 0.6 * self.down_after_s
 
 
 @dataclass
@@ -216,6 +251,7 @@ class SchedulerCore:
             restore_checkpoint="",
             restore_server="",
             attained_service_s=0.0,
+            fenced_until=0.0,
         )
 
     async def submit(self, spec: common_pb2.JobSpec, dry_run: bool = False) -> JobDetail:
@@ -229,8 +265,7 @@ class SchedulerCore:
     async def submit_multi(
         self, name: str, specs: Sequence[common_pb2.JobSpec], dry_run: bool = False
     ) -> tuple[str, list[JobDetail]]:
-        if not specs:
-            raise InvalidArgument("jobs", "a multi-job needs at least one job")
+        validate_members(name, len(specs))
         for i, spec in enumerate(specs):
             validate_spec(spec, field=f"jobs[{i}]")
         now = self.clock()
@@ -271,10 +306,11 @@ class SchedulerCore:
         return JobDetail(job, _gpus_of(placement, job_id), hist)
 
     async def list_jobs(
-        self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0
+        self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0,
+        user: str | None = None, after: tuple[float, str] | None = None,
     ) -> list[JobDetail]:
         async with self.tx(read=True) as s:
-            jobs = await repo.list_jobs(s, states, multi_job_id, limit)
+            jobs = await repo.list_jobs(s, states, multi_job_id, limit, user, after)
             placements = await repo.placements_of(s, [j.id for j in jobs])
         return [JobDetail(j, _gpus_of(placements, j.id)) for j in jobs]
 
@@ -282,9 +318,11 @@ class SchedulerCore:
         async with self.tx(read=True) as s:
             return await repo.server_loads(s)
 
-    async def list_events(self, after_id: int = 0, job_id: str = "", limit: int = 0) -> Sequence[Event]:
+    async def list_events(
+        self, after_id: int = 0, job_id: str = "", limit: int = 0, user: str | None = None
+    ) -> Sequence[Event]:
         async with self.tx(read=True) as s:
-            return await repo.list_events(s, after_id, job_id, limit)
+            return await repo.list_events(s, after_id, job_id, limit, user)
 
     async def last_event_id(self) -> int:
         async with self.tx(read=True) as s:
@@ -305,19 +343,32 @@ class SchedulerCore:
         async with self.tx() as s:
             job = await self._unfinished_job(s, job_id)
             placement = await repo.placements_of(s, [job_id])
-            servers = sorted({p.server_name for p in placement.get(job_id, [])})
+            stops = {(p.server_name, job.incarnation) for p in placement.get(job_id, [])}
+            migration = await repo.get_migration(s, job_id)
+            if migration is not None:
+                # Killed mid-migration: the pre-warmed destination (and a restart at the
+                # source, if the migration fell back to one) must stop too.
+                stops |= {(migration.dest_server, migration.dest_incarnation),
+                          (migration.source_server, migration.fallback_incarnation)}
             await repo.transition(s, job, JobState.KILLED, self.clock(), reason)
             await repo.clear_placement(s, job_id)
-            incarnation = job.incarnation
-        for server in servers:
-            self.helpers.send(
-                server,
-                helper_pb2.HelperCommand(
-                    stop=helper_pb2.StopJob(job_id=job_id, incarnation=incarnation, reason=reason)
-                ),
-            )
+            await repo.end_migration(s, job_id)
+        for server, incarnation in sorted(stops):
+            self.stop_on(server, job_id, incarnation, reason)
         self.poke()
         return await self.get_job(job_id)
+
+    def stop_on(self, server: str, job_id: str, incarnation: str, reason: str) -> asyncio.Future:
+        """Tell `server`'s helper to stop that launch of the job (fire and forget; the
+        heartbeat fencing stops it anyway if this command is lost)."""
+        fut = self.helpers.send(
+            server,
+            helper_pb2.HelperCommand(
+                stop=helper_pb2.StopJob(job_id=job_id, incarnation=incarnation, reason=reason)
+            ),
+        )
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it
+        return fut
 
     async def set_priority(self, job_id: str, priority: int) -> JobDetail:
         if priority < 0:
@@ -364,17 +415,35 @@ class SchedulerCore:
             )
         self.poke()
 
-    async def heartbeat(self, name: str, running_jobs: Sequence[str]) -> bool:
+    async def heartbeat(
+        self, name: str, running: Sequence[tuple[str, str]] = ()
+    ) -> tuple[bool, list[helper_pb2.StopJob]]:
+        """Record a heartbeat; (whether the server is known, the processes it runs that
+        the scheduler does not expect there and that must stop).
+
+        `running`: the (job, incarnation) pairs the helper runs. A pair is stale when
+        the job ended, moved, was re-placed while this server was cut off, or that
+        launch was withdrawn: only the current launch (and a migration's destination
+        or fallback) may run, which keeps at most one live copy of every job."""
         now = self.clock()
         async with self.tx() as s:
             server = await repo.heartbeat(s, name, now)
             if server is None:
-                return False
+                return False, []
             if not server.up:
                 server.up = True
                 repo.add_event(s, now, "server.up", "heartbeats resumed", server=name)
                 self.poke()
-        return True
+            stale = sorted(set(running) - await repo.expected_incarnations(s, name)) if running else []
+            for job_id, incarnation in stale:
+                repo.add_event(
+                    s, now, "job.fenced", f"stale launch {incarnation or '(none)'} told to stop",
+                    job_id=job_id, server=name,
+                )
+        return True, [
+            helper_pb2.StopJob(job_id=j, incarnation=i, reason="not the launch the scheduler expects here")
+            for j, i in stale
+        ]
 
     async def gpu_samples(self, req: helper_pb2.GpuSamplesRequest) -> None:
         now = self.clock()
@@ -385,8 +454,9 @@ class SchedulerCore:
         ]
         async with self.tx() as s:
             await repo.update_gpu_samples(s, req.server, device)
+            known = {j.id for j in await repo.jobs_by_id(s, sorted({x.job_id for x in req.samples if x.job_id}))}
             for x in req.samples:
-                if x.job_id:
+                if x.job_id in known:  # samples of a job this scheduler never had are dropped
                     values: dict[str, float] = {"utilization": x.utilization}
                     if x.job_memory_max_bytes or x.job_memory_bytes:
                         values["memory_max"] = x.job_memory_max_bytes or x.job_memory_bytes
@@ -406,23 +476,29 @@ class SchedulerCore:
                 log.warning("exit reported for unknown job %s", req.job_id)
                 return
             state = JobState(job.state)
-            if req.incarnation and req.incarnation != job.incarnation:
-                repo.add_event(s, now, "job.stale_exit", f"old launch {req.incarnation} exited", job_id=job.id, server=req.server)
+            # Fencing: only the current launch decides the job's fate. An exit without an
+            # incarnation cannot prove it is the current one, so it is stale too.
+            if req.incarnation != job.incarnation or not req.incarnation:
+                repo.add_event(s, now, "job.stale_exit", f"old launch {req.incarnation or '(none)'} exited", job_id=job.id, server=req.server)
                 return
             if state.terminal or state is JobState.QUEUED:
                 return  # killed already, or already re-queued
             if state is JobState.MIGRATING and req.exit_code == EXIT_MIGRATED:
                 return  # the source stopping for the migration in progress, as planned
             job.exit_code = req.exit_code
-            if req.exit_code == 0:
+            if req.exit_code == 0 and state is not JobState.SUSPENDED:
                 await repo.transition(s, job, JobState.SUCCEEDED, now, req.reason or "finished")
+                await repo.clear_placement(s, job.id)
+                await repo.end_migration(s, job.id)
             elif req.exit_code == EXIT_MIGRATED:
-                await repo.transition(s, job, JobState.QUEUED, now, "stopped with a checkpoint; re-placing")
+                await repo.requeue(s, job, now, "stopped with a checkpoint; re-placing")
             else:
-                await repo.transition(
-                    s, job, JobState.FAILED, now, req.reason or f"exited with status {req.exit_code}"
-                )
-            await repo.clear_placement(s, job.id)
+                why = req.reason or f"exited with status {req.exit_code}"
+                if state is JobState.SUSPENDED and req.exit_code == 0:
+                    why = "its process exited while suspended"
+                await repo.transition(s, job, JobState.FAILED, now, why)
+                await repo.clear_placement(s, job.id)
+                await repo.end_migration(s, job.id)
         self.poke()
 
     async def mark_stale_servers_down(self) -> list[str]:
@@ -436,13 +512,19 @@ class SchedulerCore:
         async with self.tx() as s:
             stale = await repo.stale_servers(s, cutoff)
             names = [srv.name for srv in stale]
+            stops: list[tuple[str, str, str]] = []
             for srv in stale:
                 srv.up = False
                 repo.add_event(s, now, "server.down", f"no heartbeat for {now - srv.last_heartbeat:.0f}s", server=srv.name)
                 for job in await repo.jobs_on_server(s, srv.name):
                     if JobState(job.state) in ACTIVE:
-                        await repo.transition(s, job, JobState.QUEUED, now, "its server went down")
-                        await repo.clear_placement(s, job.id)
+                        migration = await repo.get_migration(s, job.id)
+                        if migration is not None:
+                            stops.append((migration.dest_server, job.id, migration.dest_incarnation))
+                        # The server's lease ran out before now (Settings): nothing of it trains.
+                        await repo.requeue(s, job, now, f"its server {srv.name} went down")
+        for server, job_id, incarnation in stops:
+            self.stop_on(server, job_id, incarnation, "its source server went down mid-migration")
         for n in names:
             self.helpers.fail_all(n, f"server {n} went down")
         if names:
@@ -478,7 +560,7 @@ class SchedulerCore:
         async with self.tx() as s:
             for job in await repo.jobs_by_id(s, list(batch)):
                 incarnation, steps, rate, last_step_s, metrics = batch[job.id]
-                if incarnation and job.incarnation and incarnation != job.incarnation:
+                if incarnation != job.incarnation:
                     continue  # an older launch, or a pre-warmed destination not yet current
                 job.steps = max(job.steps, steps)
                 job.rate = rate

@@ -106,6 +106,9 @@ class RuntimeHub:
         """Start remembering whether launch `incarnation` of the job ever connects."""
         self._watched[(job_id, incarnation)] = self.connected(job_id, incarnation)
 
+    def unwatch(self, job_id: str, incarnation: str) -> None:
+        self._watched.pop((job_id, incarnation), None)
+
     def ever_connected(self, job_id: str, incarnation: str) -> bool:
         """Whether the watched launch connected since `watch`; stops watching it."""
         return self._watched.pop((job_id, incarnation), False) or self.connected(job_id, incarnation)

@@ -1,7 +1,7 @@
 """jobs remember whether their processes are under the runtime (suspendable) and why not
 
 Revision ID: 0004_runtime
-Revises: 0002
+Revises: 0003_auth_tokens
 Create Date: 2026-11-30
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0004_runtime"
-down_revision = "0002"
+down_revision = "0003_auth_tokens"
 branch_labels = None
 depends_on = None
 

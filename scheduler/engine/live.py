@@ -48,8 +48,9 @@ class LiveEngine:
         self._tasks: set[asyncio.Task] = set()
         self._watches: set[asyncio.Task] = set()  # runtime-connect deadlines of launches
         self._stopping = False
-        # job id -> when a helper first reported it missing (lost processes are requeued).
-        self.missing_since: dict[str, float] = {}
+        # job id -> (when its server's helper first reported it missing, that server):
+        # lost processes are requeued. Pruned on every heartbeat of that server.
+        self.missing_since: dict[str, tuple[float, str]] = {}
         # job id -> the queueing reason last written, so unchanged reasons cost nothing.
         self._queue_reason: dict[str, str] = {}
         self._held: set[str] = set()
@@ -59,6 +60,10 @@ class LiveEngine:
     # ---- the loop ---------------------------------------------------------------
 
     async def run(self) -> None:
+        try:
+            await self.recover()
+        except GandivaError as err:
+            log.warning("recovery after start skipped: %s", err)
         while not self._stopping:
             try:
                 await self.core.mark_stale_servers_down()
@@ -91,6 +96,9 @@ class LiveEngine:
         skip = self.inflight | self._held
         decisions = [d for d in self.policy.decide(snap) if d.job_id not in skip]
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
+        # Only jobs still waiting keep a remembered reason: the map stays bounded.
+        waiting = {d.job_id for d in queued}
+        self._queue_reason = {j: r for j, r in self._queue_reason.items() if j in waiting}
         if queued:
             await self._note_queued(queued)
         # Suspensions first, and waited for (briefly): a job placed or resumed on the
@@ -116,7 +124,14 @@ class LiveEngine:
             placements: dict[str, list[pt.GpuRef]] = {}
             for p in await repo.all_placements(s):
                 placements.setdefault(p.job_id, []).append(pt.GpuRef(p.server_name, p.gpu_index))
+            # A migration holds its destination GPUs from its first phase on: the policy
+            # sees them as the migrating job's, so no other job is placed on them.
+            for m in await repo.migrations(s):
+                held = placements.setdefault(m.job_id, [])
+                held.extend(g for g in (pt.GpuRef(m.dest_server, i) for i in m.dest_gpus) if g not in held)
             profiles = await repo.unfinished_profiles(s)
+        # A fenced job waits until an older copy of it has surely stopped (lease expiry).
+        jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now)]
         servers = tuple(
             pt.ServerView(
                 name=ld.server.name,
@@ -138,6 +153,15 @@ class LiveEngine:
             views[j.id] = (key, view)
         self._views = views
         return pt.ClusterSnapshot(now=now, servers=servers, jobs=tuple(v for _, v in views.values()))
+
+    async def recover(self) -> None:
+        """On start: give every server a full heartbeat timeout to reach this scheduler,
+        and finish every migration a previous scheduler left unfinished."""
+        from scheduler.engine.live_migration import recover_migrations
+
+        async with self.core.tx() as s:
+            await repo.reset_heartbeats(s, self.core.clock())
+        await recover_migrations(self.core)
 
     # ---- applying decisions -----------------------------------------------------
 
@@ -200,9 +224,14 @@ class LiveEngine:
         """Bind a queued job to `gpus` and have the primary server's helper launch it."""
         now = self.core.clock()
         incarnation = new_incarnation()
+        if len({g.server for g in gpus}) > 1:
+            # No launch spans servers yet: never start a job on part of its GPUs.
+            await self._note_queued([pt.Queue(job_id, "needs GPUs on more than one server; "
+                                              "multi-server launches are not supported")])
+            return
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
-            if job.state != JobState.QUEUED.value:
+            if job.state != JobState.QUEUED.value or job.fenced_until > now:
                 return
             await repo.set_placement(s, job_id, [(g.server, g.index) for g in gpus])
             self._queue_reason.pop(job_id, None)
@@ -235,15 +264,22 @@ class LiveEngine:
         self.core.runtimes.watch(job.id, incarnation)
         fut = self.core.helpers.send(primary, cmd)
         # Watched, but not "in flight": the job can be suspended or killed meanwhile.
-        task = asyncio.create_task(self._launch_result(job.id, incarnation, fut))
+        task = asyncio.create_task(self._launch_result(job.id, incarnation, fut, primary))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _launch_result(self, job_id: str, incarnation: str, fut: Awaitable) -> None:
+    async def _launch_result(self, job_id: str, incarnation: str, fut: Awaitable, server: str) -> None:
         try:
             result = await asyncio.wait_for(fut, self.core.settings.command_timeout_s)
-        except (asyncio.TimeoutError, GandivaError):
-            return  # the heartbeat reconciliation notices a launch that never happened
+        except asyncio.TimeoutError:
+            self.core.runtimes.unwatch(job_id, incarnation)
+            await self._withdraw(job_id, incarnation, server)
+            return
+        except GandivaError:
+            self.core.runtimes.unwatch(job_id, incarnation)
+            return  # the server went down: its jobs were re-queued with it
+        if not result.ok:
+            self.core.runtimes.unwatch(job_id, incarnation)
         if result.ok:
             # Not one of self._tasks: stopping the engine cancels it rather than waiting.
             watch = asyncio.create_task(self._watch_runtime(job_id, incarnation))
@@ -273,6 +309,21 @@ class LiveEngine:
                 self.core.poke()
         except GandivaError as err:
             log.warning("could not mark job %s uncontrollable: %s", job_id, err)
+
+    async def _withdraw(self, job_id: str, incarnation: str, server: str) -> None:
+        """A launch with no answer in time is withdrawn: the job goes back to the queue,
+        fenced until `server`'s lease has surely run out, and that launch is told to stop
+        (the heartbeat fencing stops it too should it start after all)."""
+        now = self.core.clock()
+        timeout = self.core.settings.command_timeout_s
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.incarnation != incarnation or job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
+                return
+            await repo.requeue(s, job, now, f"launch on {server} not confirmed within {timeout:.0f}s; withdrawn",
+                               fenced_until=now + self.core.settings.down_after_s)
+        self.core.stop_on(server, job_id, incarnation, "launch withdrawn")
+        self.core.poke()
 
     async def _suspend(self, job_id: str, reason: str, hold: bool = False) -> None:
         """`hold`: an operator's suspension, which the policy leaves alone until resumed."""
@@ -381,25 +432,34 @@ class LiveEngine:
 
     # ---- reconciliation -------------------------------------------------------
 
-    async def reconcile_server(self, server: str, running_jobs: Sequence[str]) -> None:
-        """Jobs placed on `server` whose process its helper no longer has go back to the queue.
+    async def reconcile_server(
+        self, server: str, running: Sequence[tuple[str, str]], running_jobs: Sequence[str] = ()
+    ) -> None:
+        """Jobs placed on `server` whose current launch its helper no longer has go back
+        to the queue. `running`: the (job, incarnation) pairs it runs; `running_jobs`:
+        job ids alone, from a helper that does not report incarnations.
 
         Runs on every heartbeat, so it only reads, unless a job's grace period ran out."""
         now = self.core.clock()
         grace = self.core.settings.down_after_s
-        alive = set(running_jobs)
+        alive = set(running)
+        legacy = set(running_jobs) if not running else set()
         async with self.core.tx(read=True) as s:
             placed = await repo.jobs_on_server(s, server)
+        placed_ids = {job.id for job in placed}
+        # Forget jobs no longer placed here (they ended or moved): the map stays bounded.
+        for job_id in [j for j, srv in self.missing_since.items() if srv[1] == server and j not in placed_ids]:
+            del self.missing_since[job_id]
         lost = []
         for job in placed:
-            if job.id in alive or job.id in self.inflight:
+            if (job.id, job.incarnation) in alive or job.id in legacy or job.id in self.inflight:
                 self.missing_since.pop(job.id, None)
                 continue
             if job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
                 continue
             if now - job.state_changed_at < grace:
                 continue
-            if now - self.missing_since.setdefault(job.id, now) >= grace:
+            if now - self.missing_since.setdefault(job.id, (now, server))[0] >= grace:
                 lost.append(job.id)
         if not lost:
             return
@@ -409,8 +469,7 @@ class LiveEngine:
                 job = await repo.get_job(s, job_id, for_update=True)
                 # Re-checked inside the write transaction: it may have moved meanwhile.
                 if job.state in (JobState.RUNNING.value, JobState.SUSPENDED.value):
-                    await repo.transition(s, job, JobState.QUEUED, now, f"its process on {server} was lost")
-                    await repo.clear_placement(s, job_id)
+                    await repo.requeue(s, job, now, f"its process on {server} was lost")
         self.core.poke()
 
 

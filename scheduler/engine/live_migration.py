@@ -12,17 +12,21 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
-from scheduler.core import spec_of
+from scheduler.core import SchedulerCore, spec_of
 from scheduler.engine.migration import Endpoint, MigrationPlan, Outcome, migrate
-from scheduler.errors import FailedPrecondition
+from scheduler.errors import FailedPrecondition, GandivaError
 from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
+from scheduler.state.models import Migration
 
 if TYPE_CHECKING:
     from scheduler.engine.live import LiveEngine
 
 log = logging.getLogger(__name__)
+
+# A migration's durable phase (migrations.phase) after each phase completes.
+NEXT_PHASE = {"prewarm": "checkpoint", "checkpoint": "transfer", "transfer": "activate"}
 
 
 class LivePorts:
@@ -40,9 +44,22 @@ class LivePorts:
         return await self.core.runtimes.send(job_id, command, timeout_s, incarnation)
 
     async def record_phase(self, job_id: str, phase: str, seconds: float, detail: str) -> None:
+        """The event, and the durable phase: the one the migration enters next."""
         async with self.core.tx() as s:
             msg = f"{phase} {seconds:.3f}s" + (f" ({detail})" if detail else "")
-            repo.add_event(s, self.core.clock(), "job.migration", msg, job_id=job_id)
+            now = self.core.clock()
+            repo.add_event(s, now, "job.migration", msg, job_id=job_id)
+            row = await repo.get_migration(s, job_id)
+            if row is not None and phase in NEXT_PHASE:
+                row.phase = NEXT_PHASE[phase]
+                row.updated_at = now
+
+    async def checkpoint_confirmed(self, job_id: str, step: int, path: str) -> None:
+        """The source stopped with a checkpoint: a restart can always resume from it."""
+        async with self.core.tx() as s:
+            row = await repo.get_migration(s, job_id)
+            if row is not None:
+                row.checkpoint_path, row.step, row.updated_at = path, step, self.core.clock()
 
 
 async def run_migration(engine: LiveEngine, job_id: str, to_gpus: Sequence[GpuRef], reason: str) -> None:
@@ -65,7 +82,8 @@ async def begin_migration(
         was = JobState(job.state)
         src_name, dest_name = placement[0].server_name, to_gpus[0].server
         src, dst = await repo.get_server(s, src_name), await repo.get_server(s, dest_name)
-        await repo.transition(s, job, JobState.MIGRATING, core.clock(), f"{reason}: {src_name} -> {dest_name}")
+        now = core.clock()
+        await repo.transition(s, job, JobState.MIGRATING, now, f"{reason}: {src_name} -> {dest_name}")
         plan = MigrationPlan(
             job_id=job_id,
             spec=spec_of(job),
@@ -76,6 +94,15 @@ async def begin_migration(
             dest_gpus=tuple(g.index for g in to_gpus if g.server == dest_name),
             warm_signature=core.runtimes.train_signature(job_id, job.incarnation),
         )
+        # Durable from here: the destination GPUs are held, and a scheduler restart
+        # finds this row and completes or rolls back the migration (recover_migrations).
+        s.add(Migration(
+            job_id=job_id, phase="prewarm", was_state=was.value, reason=reason,
+            source_server=src_name, source_incarnation=job.incarnation,
+            dest_server=dest_name, dest_gpus=list(plan.dest_gpus),
+            dest_incarnation=plan.dest_incarnation, fallback_incarnation=plan.fallback_incarnation,
+            checkpoint_path="", step=-1, started_at=now, updated_at=now,
+        ))
     return _carry_out(engine, plan, was, list(to_gpus))
 
 
@@ -89,11 +116,22 @@ async def _carry_out(engine: LiveEngine, plan: MigrationPlan, was: JobState, to_
         log.exception("migration of %s crashed", job_id)
         result = None
         failure = f"migration crashed: {err}"
+    fence = 0.0
+    if result is None or (result.outcome is Outcome.FAILED and result.step < 0):
+        # The source never confirmed a checkpoint: it may still be training. Stop it
+        # before anything else runs the job; if that cannot be confirmed, the job waits
+        # until the source's lease has surely run out.
+        fence = await _stop_source(engine, plan)
     now = core.clock()
     async with core.tx() as s:
         job = await repo.get_job(s, job_id, for_update=True)
         if job.state != JobState.MIGRATING.value:
-            return  # killed meanwhile
+            # Killed, or its source server went down, meanwhile: whatever this migration
+            # left running is not the job any more.
+            if result is not None and result.incarnation and result.server:
+                core.stop_on(result.server, job_id, result.incarnation, "migration overtaken")
+            return
+        await repo.end_migration(s, job_id)
         if result is None or result.outcome is Outcome.FAILED:
             why = failure if result is None else result.reason
             if result is not None and result.step >= 0 and result.checkpoint_path:
@@ -101,8 +139,9 @@ async def _carry_out(engine: LiveEngine, plan: MigrationPlan, was: JobState, to_
                 job.restore_checkpoint = result.checkpoint_path
                 job.restore_server = plan.source.name
                 why += f"; will resume from step {result.step} when placed on {plan.source.name}"
-            await repo.transition(s, job, JobState.QUEUED, now, f"migration failed, re-placing: {why}")
-            await repo.clear_placement(s, job_id)
+            if fence:
+                why += f"; waiting {fence - now:.0f}s for {plan.source.name}'s lease to run out"
+            await repo.requeue(s, job, now, f"migration failed, re-placing: {why}", fenced_until=fence)
         elif result.outcome is Outcome.MIGRATED:
             job.incarnation = result.incarnation
             await repo.set_placement(s, job_id, [(g.server, g.index) for g in to_gpus])
@@ -121,3 +160,60 @@ async def _carry_out(engine: LiveEngine, plan: MigrationPlan, was: JobState, to_
             else:
                 await repo.transition(s, job, JobState.RUNNING, now, f"{result.outcome.value}: {result.reason}")
     core.poke()
+
+
+async def _stop_source(engine: LiveEngine, plan: MigrationPlan) -> float:
+    """Stop the source launch; 0 once its helper confirmed, else the time until which
+    the job must not run anywhere (the source's lease has surely run out by then)."""
+    core = engine.core
+    stop = helper_pb2.HelperCommand(stop=helper_pb2.StopJob(
+        job_id=plan.job_id, incarnation=plan.source_incarnation, reason="migration failed before its checkpoint"))
+    try:
+        result = await core.helpers.call(plan.source.name, stop, core.settings.command_timeout_s)
+        if result.ok:
+            return 0.0
+    except GandivaError as err:  # unreachable or gone: fall back on the lease
+        log.warning("could not stop the source of %s on %s (%s); waiting out its lease", plan.job_id, plan.source.name, err)
+    return core.clock() + core.settings.down_after_s
+
+
+async def recover_migrations(core: SchedulerCore) -> list[str]:
+    """Complete or roll back every migration left in SQL by a scheduler that stopped
+    (or crashed) mid-way; returns the jobs concerned. Nothing in memory survives a
+    restart, so each is decided from its durable phase alone:
+
+    - before the source confirmed a checkpoint (prewarm, checkpoint): rolled back; the
+      job stays where it was, in the state it had, and the destination is stopped. Had
+      the source already stopped, its exit report re-queues the job;
+    - after (transfer, activate): completed by a restart from that checkpoint (the
+      destination, which may or may not have started training, is stopped): the job is
+      re-queued to resume from the checkpoint's step, never from 0.
+    """
+    now = core.clock()
+    stops: list[tuple[str, str, str]] = []
+    async with core.tx() as s:
+        rows = list(await repo.migrations(s))
+        for m in rows:
+            job = await repo.get_job(s, m.job_id, for_update=True)
+            stops.append((m.dest_server, m.job_id, m.dest_incarnation))
+            if job.state != JobState.MIGRATING.value:
+                await repo.end_migration(s, m.job_id)
+                continue
+            if m.step < 0:
+                await repo.end_migration(s, m.job_id)
+                await repo.transition(s, job, JobState.RUNNING, now,
+                                      f"migration to {m.dest_server} rolled back after a scheduler restart (phase {m.phase})")
+                if m.was_state == JobState.SUSPENDED.value:
+                    await repo.transition(s, job, JobState.SUSPENDED, now, "still suspended")
+            else:
+                stops.append((m.source_server, m.job_id, m.fallback_incarnation))
+                job.restore_checkpoint, job.restore_server = m.checkpoint_path, m.source_server
+                await repo.requeue(s, job, now, (
+                    f"scheduler restarted mid-migration (phase {m.phase}); will resume from step "
+                    f"{m.step} when placed on {m.source_server}"))
+            repo.add_event(s, now, "job.migration", f"recovered after restart from phase {m.phase}", job_id=m.job_id)
+    for server, job_id, incarnation in stops:
+        core.stop_on(server, job_id, incarnation, "migration abandoned by a scheduler restart")
+    if rows:
+        core.poke()
+    return [m.job_id for m in rows]

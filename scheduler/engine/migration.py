@@ -202,6 +202,14 @@ class _Migration:
         for phase in ("wait_boundary", "save"):
             if phase in ack.durations_s:
                 await self._phase(phase, ack.durations_s[phase])
+        # Optional port: a scheduler keeps the confirmed checkpoint in its durable record
+        # of the migration, so a restart mid-migration resumes from it, never from step 0.
+        confirmed = getattr(self.ports, "checkpoint_confirmed", None)
+        if confirmed is not None:
+            try:
+                await confirmed(p.job_id, ack.step, saved)
+            except Exception:
+                log.warning("could not record the checkpoint of %s", p.job_id, exc_info=True)
         await self._phase("checkpoint", time.monotonic() - t_stop, f"step {ack.step} at {saved}")
 
         if dest_dir is None:

@@ -110,6 +110,9 @@ class Job(Base):
     restore_server: Mapped[str] = mapped_column(String(128), default="")
     # GPU-seconds received so far (least-attained-service policies use it).
     attained_service_s: Mapped[float] = mapped_column(Double, default=0.0)
+    # A queued job is not placed before this time: an earlier copy may still run on a
+    # server that cannot be reached until that server's lease has surely expired.
+    fenced_until: Mapped[float] = mapped_column(Double, default=0.0)
 
 
 class Placement(Base):
@@ -124,6 +127,33 @@ class Placement(Base):
     )
     gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     __table_args__ = (Index("ix_placements_server", "server_name", "gpu_index"),)
+
+
+class Migration(Base):
+    """A migration in progress, durable: its phase, and the destination GPUs it holds
+    from the first phase on (no later round places another job on them). After a
+    scheduler restart every row left is completed or rolled back."""
+
+    __tablename__ = "migrations"
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    # prewarm -> checkpoint -> transfer -> activate (see engine/migration.py)
+    phase: Mapped[str] = mapped_column(String(16))
+    # The state the job returns to if the migration is rolled back before the source stopped.
+    was_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    source_server: Mapped[str] = mapped_column(String(128))
+    source_incarnation: Mapped[str] = mapped_column(String(32))
+    dest_server: Mapped[str] = mapped_column(String(128))
+    dest_gpus: Mapped[list[int]] = mapped_column(JSON)
+    dest_incarnation: Mapped[str] = mapped_column(String(32))
+    fallback_incarnation: Mapped[str] = mapped_column(String(32))
+    # Once the source confirmed its checkpoint: where it is (on the source) and its step.
+    checkpoint_path: Mapped[str] = mapped_column(Text, default="")
+    step: Mapped[int] = mapped_column(BigInteger, default=-1)
+    started_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
 
 
 class Transition(Base):
@@ -158,3 +188,15 @@ class JobProfile(Base):
     utilization: Mapped[float] = mapped_column(Double, default=0.0)
     step_time_s: Mapped[float] = mapped_column(Double, default=0.0)
     updated_at: Mapped[float] = mapped_column(Double, default=0.0)
+
+
+class AuthToken(Base):
+    """A credential: a user's, an operator's, or a helper's (scoped to the server of
+    the same name). Only the SHA-256 of the token is stored."""
+
+    __tablename__ = "auth_tokens"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Double)
+    revoked_at: Mapped[float] = mapped_column(Double, default=0.0)

@@ -13,17 +13,18 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy import Table, and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from scheduler.errors import NotFound
-from scheduler.lifecycle import JobState, check_transition
+from scheduler.lifecycle import ACTIVE, JobState, check_transition
 from scheduler.policy.cluster import affinity_of
 from scheduler.state.models import (
     Event,
     Gpu,
     Job,
     JobProfile,
+    Migration,
     MultiJob,
     Placement,
     Server,
@@ -59,11 +60,15 @@ def add_event(
 
 
 async def list_events(
-    session: AsyncSession, after_id: int = 0, job_id: str = "", limit: int = 0
+    session: AsyncSession, after_id: int = 0, job_id: str = "", limit: int = 0,
+    user: str | None = None,
 ) -> Sequence[Event]:
+    """Events after ``after_id`` in id order; ``user``: only events of that user's jobs."""
     q = select(Event).where(Event.id > after_id).order_by(Event.id)
     if job_id:
         q = q.where(Event.job_id == job_id)
+    if user is not None:
+        q = q.where(Event.job_id.in_(select(Job.id).where(Job.user == user)))
     if limit > 0:
         q = q.limit(limit)
     return (await session.scalars(q)).all()
@@ -91,13 +96,22 @@ async def list_jobs(
     states: Iterable[JobState] = (),
     multi_job_id: str = "",
     limit: int = 0,
+    user: str | None = None,
+    after: tuple[float, str] | None = None,
 ) -> Sequence[Job]:
+    """Jobs in submission order; ``after`` (submitted_at, id) resumes after a page's
+    last job (keyset paging: stable while new jobs arrive)."""
     q = select(Job).order_by(Job.submitted_at, Job.id)
     wanted = [s.value for s in states]
     if wanted:
         q = q.where(Job.state.in_(wanted))
     if multi_job_id:
         q = q.where(Job.multi_job_id == multi_job_id)
+    if user is not None:
+        q = q.where(Job.user == user)
+    if after is not None:
+        at, job_id = after
+        q = q.where(or_(Job.submitted_at > at, and_(Job.submitted_at == at, Job.id > job_id)))
     if limit > 0:
         q = q.limit(limit)
     return (await session.scalars(q)).all()
@@ -113,7 +127,7 @@ async def jobs_by_id(session: AsyncSession, ids: Sequence[str]) -> list[Job]:
 SNAPSHOT_COLUMNS = (
     Job.id, Job.gpus, Job.priority, Job.state, Job.submitted_at, Job.steps, Job.rate,
     Job.grow_shrink, Job.migratable, Job.suspendable, Job.state_changed_at, Job.attained_service_s,
-    Job.multi_job_id, Job.held,
+    Job.multi_job_id, Job.held, Job.fenced_until,
 )
 _UNFINISHED = [s.value for s in JobState if not s.terminal]
 
@@ -205,6 +219,17 @@ async def transition(
     add_event(session, now, "job.state", f"{current.value} -> {target.value}: {reason}", job_id=job.id)
 
 
+async def requeue(
+    session: AsyncSession, job: Job, now: float, reason: str, fenced_until: float = 0.0
+) -> None:
+    """Back to the queue: no GPUs, no migration in progress. ``fenced_until``: not to be
+    placed before then (an older copy may still run where the scheduler cannot reach)."""
+    await transition(session, job, JobState.QUEUED, now, reason)
+    await clear_placement(session, job.id)
+    await end_migration(session, job.id)
+    job.fenced_until = max(job.fenced_until or 0.0, fenced_until)
+
+
 async def set_queued_message(session: AsyncSession, job_ids: Sequence[str], message: str) -> None:
     for chunk in _chunks(job_ids):
         await session.execute(
@@ -215,9 +240,14 @@ async def set_queued_message(session: AsyncSession, job_ids: Sequence[str], mess
         )
 
 
-async def history(session: AsyncSession, job_id: str) -> Sequence[Transition]:
-    q = select(Transition).where(Transition.job_id == job_id).order_by(Transition.id)
-    return (await session.scalars(q)).all()
+# A job time-sliced for weeks gathers thousands of transitions; a GetJob shows the latest.
+MAX_HISTORY = 200
+
+
+async def history(session: AsyncSession, job_id: str, limit: int = MAX_HISTORY) -> Sequence[Transition]:
+    """The job's last ``limit`` transitions, oldest first."""
+    q = select(Transition).where(Transition.job_id == job_id).order_by(Transition.id.desc()).limit(limit)
+    return list(reversed((await session.scalars(q)).all()))
 
 
 # ---- placements ---------------------------------------------------------------
@@ -352,6 +382,43 @@ async def server_loads(session: AsyncSession) -> list[ServerLoad]:
             load.jobs_by_gpu.setdefault(gpu_index, []).append(job_id)
             load.job_gpus[job_id] = job_gpus
     return list(by_name.values())
+
+
+# ---- fencing and migrations --------------------------------------------------------
+
+
+async def expected_incarnations(session: AsyncSession, server: str) -> set[tuple[str, str]]:
+    """The (job, incarnation) pairs that may run on `server` now: the current launch of
+    each active job placed there, and the destination (or fallback) launch of each
+    migration in progress that involves it. Anything else found there is stale."""
+    active = [s.value for s in ACTIVE]
+    placed = select(Placement.job_id).where(Placement.server_name == server)
+    q = select(Job.id, Job.incarnation).where(Job.id.in_(placed), Job.state.in_(active))
+    pairs = {(job_id, inc) for job_id, inc in (await session.execute(q)).all()}
+    for m in (await session.scalars(select(Migration))).all():
+        if m.dest_server == server:
+            pairs.add((m.job_id, m.dest_incarnation))
+        if m.source_server == server:
+            pairs.update({(m.job_id, m.source_incarnation), (m.job_id, m.fallback_incarnation)})
+    return pairs
+
+
+async def migrations(session: AsyncSession) -> Sequence[Migration]:
+    return (await session.scalars(select(Migration).order_by(Migration.started_at))).all()
+
+
+async def get_migration(session: AsyncSession, job_id: str) -> Migration | None:
+    return await session.get(Migration, job_id)
+
+
+async def end_migration(session: AsyncSession, job_id: str) -> None:
+    await session.execute(delete(Migration).where(Migration.job_id == job_id))
+
+
+async def reset_heartbeats(session: AsyncSession, now: float) -> None:
+    """A scheduler (re)starting gives every up server a full `down_after_s` to reach it
+    again, instead of judging it by the time the previous scheduler last heard it."""
+    await session.execute(update(Server).where(Server.up.is_(True)).values(last_heartbeat=now))
 
 
 async def update_gpu_samples(

@@ -63,17 +63,24 @@ class RegisterServerResponse(_message.Message):
 
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     DOWN_AFTER_S_FIELD_NUMBER: _builtins.int
+    LEASE_S_FIELD_NUMBER: _builtins.int
     heartbeat_interval_s: _builtins.float
     down_after_s: _builtins.float
+    lease_s: _builtins.float
+    """The helper's lease: with no heartbeat answered for this long it freezes its
+    jobs (SIGSTOP) on its own, so a partitioned server never trains a job the
+    scheduler has re-placed elsewhere. Always shorter than down_after_s.
+    """
     def __init__(
         self,
         *,
         heartbeat_interval_s: _builtins.float = ...,
         down_after_s: _builtins.float = ...,
+        lease_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["down_after_s", b"down_after_s", "heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["down_after_s", b"down_after_s", "heartbeat_interval_s", b"heartbeat_interval_s", "lease_s", b"lease_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -85,40 +92,78 @@ class HeartbeatRequest(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     RUNNING_JOBS_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     @_builtins.property
     def running_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """job ids whose processes are alive here"""
+
+    @_builtins.property
+    def running(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobIncarnation]:
+        """The same processes as (job, incarnation) pairs: the fencing tokens the
+        scheduler checks against the launches it expects on this server.
+        """
 
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         running_jobs: _abc.Iterable[_builtins.str] | None = ...,
+        running: _abc.Iterable[Global___JobIncarnation] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "running_jobs", b"running_jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "running", b"running", "running_jobs", b"running_jobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatRequest: _TypeAlias = HeartbeatRequest  # noqa: Y015
 
 @_typing.final
+class JobIncarnation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    incarnation: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        incarnation: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobIncarnation: _TypeAlias = JobIncarnation  # noqa: Y015
+
+@_typing.final
 class HeartbeatResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     KNOWN_FIELD_NUMBER: _builtins.int
+    STOP_FIELD_NUMBER: _builtins.int
     known: _builtins.bool
     """false: the scheduler lost this server; register again"""
+    @_builtins.property
+    def stop(self) -> _containers.RepeatedCompositeFieldContainer[Global___StopJob]:
+        """Processes the scheduler does not expect here (a stale incarnation, a job
+        re-placed while this server was cut off, a withdrawn launch): stop them.
+        """
+
     def __init__(
         self,
         *,
         known: _builtins.bool = ...,
+        stop: _abc.Iterable[Global___StopJob] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["known", b"known"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["known", b"known", "stop", b"stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

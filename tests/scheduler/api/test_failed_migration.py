@@ -75,9 +75,15 @@ def test_job_finishing_during_a_migration_succeeds(scheduler_server, wait_for, m
         job = _submit_one_gpu_job(stub)
         placed = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).placement and j)
         src = placed.placement[0].server
+        cmds = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=src))
+        incarnation = next(cmds).launch.incarnation
+        cmds.cancel()
         moving = stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server="b" if src == "a" else "a"))
         assert moving.state == common_pb2.JOB_STATE_MIGRATING
+        # An exit without an incarnation cannot prove it is the current launch's: ignored.
         helper.ReportProcessExit(helper_pb2.ProcessExitRequest(server=src, job_id=job.id, incarnation="", exit_code=0))
+        assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).state == common_pb2.JOB_STATE_MIGRATING
+        helper.ReportProcessExit(helper_pb2.ProcessExitRequest(server=src, job_id=job.id, incarnation=incarnation, exit_code=0))
         scheduler_server.loop.call_soon_threadsafe(release.set)
         done = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).state == common_pb2.JOB_STATE_SUCCEEDED and j)
         assert list(done.placement) == []

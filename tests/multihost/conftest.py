@@ -1,0 +1,324 @@
+"""A multi-host cluster on one machine: the scheduler and each helper in its own
+Linux network namespace, each with its own address on a private bridge that lives
+in a namespace of its own (no traffic touches the machine's own network).
+
+Faults: a host's link cut and restored (its veth on the bridge set down/up), a
+process killed with -9. A sampler thread reads every job process's CPU time from
+/proc throughout the test and records each moment two copies of one job trained at
+once. Needs root (CI runs as root); elsewhere the tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+# Every name this harness creates starts with this (namespaces, links, the bridge).
+PREFIX = os.environ.get("GANDIVA_NETNS_PREFIX", "i9sched")
+SUBNET = "10.77.0"
+SCHED_PORT = 50051
+DONE = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
+
+
+def _skip_reason() -> str | None:
+    if sys.platform != "linux":
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "network namespaces need root (CI runs these as root)"
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed"
+    probe = f"{PREFIX}-probe-{uuid.uuid4().hex[:4]}"
+    made = subprocess.run(["ip", "netns", "add", probe], check=False, capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], check=False, capture_output=True)
+    return None
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+class Net:
+    """A bridge in its own namespace and one namespace per host, each on a veth pair."""
+
+    def __init__(self) -> None:
+        self.tok = uuid.uuid4().hex[:4]
+        self.bridge_ns = f"{PREFIX}-{self.tok}-br"
+        self.bridge = f"{PREFIX}{self.tok}br"
+        self.hosts: dict[str, tuple[str, str, str]] = {}  # name -> (netns, address, bridge-side link)
+        self.made: list[str] = [self.bridge_ns]  # namespaces to delete, made or not
+        _ip("netns", "add", self.bridge_ns)
+        _ip("-n", self.bridge_ns, "link", "add", self.bridge, "type", "bridge")
+        _ip("-n", self.bridge_ns, "link", "set", self.bridge, "up")
+
+    def add_host(self, name: str) -> tuple[str, str]:
+        """A host on the bridge: (its namespace, its address)."""
+        i = len(self.hosts) + 1
+        ns, addr = f"{PREFIX}-{self.tok}-{name}", f"{SUBNET}.{i}"
+        inside, outside = f"{PREFIX}{self.tok}{i}h", f"{PREFIX}{self.tok}{i}b"
+        self.made.append(ns)
+        _ip("netns", "add", ns)
+        self.hosts[name] = (ns, addr, outside)
+        _ip("link", "add", inside, "netns", ns, "type", "veth", "peer", "name", outside, "netns", self.bridge_ns)
+        _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", inside)
+        _ip("-n", ns, "link", "set", inside, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", self.bridge_ns, "link", "set", outside, "master", self.bridge)
+        _ip("-n", self.bridge_ns, "link", "set", outside, "up")
+        return ns, addr
+
+    def cut(self, name: str) -> None:
+        _ip("-n", self.bridge_ns, "link", "set", self.hosts[name][2], "down")
+
+    def restore(self, name: str) -> None:
+        _ip("-n", self.bridge_ns, "link", "set", self.hosts[name][2], "up")
+
+    def close(self) -> None:
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+@dataclass
+class Copy:
+    """One process of a job, as /proc shows it."""
+
+    job_id: str
+    incarnation: str
+    warm: bool
+    cpu: int = 0             # utime + stime, clock ticks
+    busy_runs: int = 0       # consecutive samples with CPU growth
+    idle_runs: int = 0
+    held: bool = False       # a warm process seen idle (holding before its first step)
+
+
+@dataclass
+class Sampler:
+    """Samples every job process's CPU time; a copy is training when its CPU time grew
+    over two consecutive samples (a pre-warmed process only once it held idle first:
+    warming up is not training). Records each sample where two copies trained."""
+
+    interval_s: float = 0.2
+    copies: dict[int, Copy] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    training_seen: dict[str, set[str]] = field(default_factory=dict)
+    samples: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    @staticmethod
+    def _read(pid: int) -> tuple[dict[str, str], int, str] | None:
+        try:
+            env = dict(
+                kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0") if "=" in kv
+            )
+            if "GANDIVA_JOB_ID" not in env:
+                return None
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat.rsplit(")", 1)[1].split()
+        return env, int(fields[11]) + int(fields[12]), fields[0]
+
+    def sample(self) -> None:
+        seen: set[int] = set()
+        training: dict[str, list[str]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            pid = int(entry)
+            got = self._read(pid)
+            if got is None:
+                continue
+            env, cpu, state = got
+            if state == "Z":
+                continue
+            seen.add(pid)
+            copy = self.copies.get(pid)
+            if copy is None:
+                copy = self.copies[pid] = Copy(env["GANDIVA_JOB_ID"], env.get("GANDIVA_INCARNATION", ""),
+                                               env.get("GANDIVA_WARM") == "1", cpu)
+                continue
+            grew, copy.cpu = cpu > copy.cpu, cpu
+            copy.busy_runs, copy.idle_runs = (copy.busy_runs + 1, 0) if grew else (0, copy.idle_runs + 1)
+            if copy.warm and copy.idle_runs >= 3:
+                copy.held = True
+            if copy.busy_runs >= 2 and (not copy.warm or copy.held):
+                training.setdefault(copy.job_id, []).append(copy.incarnation)
+                self.training_seen.setdefault(copy.job_id, set()).add(copy.incarnation)
+        for pid in set(self.copies) - seen:
+            del self.copies[pid]
+        self.samples += 1
+        for job_id, incs in training.items():
+            if len(incs) > 1:
+                self.violations.append(f"{time.strftime('%H:%M:%S')} job {job_id}: {len(incs)} copies training ({', '.join(incs)})")
+
+    def cpu_of(self, job_id: str) -> dict[str, int]:
+        """incarnation -> CPU ticks, for the job's live processes."""
+        return {c.incarnation: c.cpu for c in list(self.copies.values()) if c.job_id == job_id}
+
+
+class Cluster:
+    """The scheduler on host "sched" and helpers on their own hosts, all real processes."""
+
+    def __init__(self, net: Net, tmp: Path, wait_for: Callable[..., object]) -> None:
+        self.net, self.tmp, self._wait_for = net, tmp, wait_for
+        self.sched_ns, self.sched_addr = net.add_host("sched")
+        self.sock = tmp / "sched.sock"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.sampler = Sampler()
+        self.channel: grpc.Channel | None = None
+
+    # ---- processes -----------------------------------------------------------
+
+    def _spawn(self, name: str, ns: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "scheduler.cli.main", *argv],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def start_scheduler(self, heartbeat_timeout: float = 5.0) -> None:
+        port_file = self.tmp / "sched.port"
+        port_file.unlink(missing_ok=True)
+        self.sock.unlink(missing_ok=True)
+        self._spawn("scheduler", self.sched_ns, [
+            "scheduler", "--listen", f"{self.sched_addr}:{SCHED_PORT}", "--also-listen", f"unix:{self.sock}",
+            "--db", f"sqlite+aiosqlite:///{self.tmp / 'state.db'}", "--tick", "0.2", "--quantum", "1000",
+            "--heartbeat-interval", "0.5", "--heartbeat-timeout", str(heartbeat_timeout),
+            "--port-file", str(port_file)])
+        self._wait_for(port_file.exists, 60)
+        if self.channel is not None:
+            self.channel.close()
+        self.channel = grpc.insecure_channel(f"unix:{self.sock}")
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+
+    def add_helper(self, name: str, gpus: int = 1) -> None:
+        ns, addr = self.net.add_host(name) if name not in self.net.hosts else self.net.hosts[name][:2]
+        self._spawn(name, ns, [
+            "helper", "--server-name", name, "--gpus", str(gpus), "--scheduler", f"{self.sched_addr}:{SCHED_PORT}",
+            "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / f"rd-{name}"), "--log-dir", str(self.tmp / "logs")])
+        self._wait_for(lambda: self.server_up(name), 60)
+
+    def kill9(self, name: str) -> None:
+        proc = self.procs[name]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    # ---- the scheduler's view ---------------------------------------------------
+
+    def servers(self) -> dict[str, bool]:
+        return {s.name: s.up for s in self.stub.ListServers(scheduler_pb2.ListServersRequest()).servers}
+
+    def server_up(self, name: str) -> bool:
+        try:
+            return self.servers().get(name, False)
+        except grpc.RpcError:
+            return False
+
+    def job(self, job_id: str) -> common_pb2.Job:
+        return self.stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=10)
+
+    def submit(self, name: str, command: list[str], gpus: int = 1) -> str:
+        spec = common_pb2.JobSpec(name=name, command=command, gpus=gpus, workdir=str(self.tmp), priority=1)
+        return self.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+
+    def where(self, job_id: str) -> str:
+        job = self.job(job_id)
+        return job.placement[0].server if job.placement and job.state == common_pb2.JOB_STATE_RUNNING else ""
+
+    def events(self, job_id: str) -> list[scheduler_pb2.Event]:
+        return list(self.stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events)
+
+    def wait(self, predicate: Callable[[], object], timeout: float) -> object:
+        def safe() -> object:
+            try:
+                return predicate()
+            except grpc.RpcError:  # the scheduler is restarting
+                return None
+        return self._wait_for(safe, timeout)
+
+    def close(self) -> None:
+        self.sampler.stop()
+        for name, proc in reversed(list(self.procs.items())):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        # Job processes left behind (a helper killed with -9 takes its jobs with it by
+        # the parent-death signal; anything else still running is ours to end).
+        for pid in list(self.sampler.copies):
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes()
+                if str(self.tmp).encode() in env or b"GANDIVA_SCHEDULER=" + self.sched_addr.encode() in env:
+                    os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if self.channel is not None:
+            self.channel.close()
+
+
+@pytest.fixture
+def multihost(wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    # Short: unix socket paths are limited to 108 bytes.
+    tmp = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-"))
+    net: Net | None = None
+    cluster = None
+    try:
+        net = Net()
+        cluster = Cluster(net, tmp, wait_for)
+        cluster.start_scheduler()
+        cluster.sampler.start()
+        yield cluster
+    finally:
+        if cluster is not None:
+            cluster.close()
+        if net is not None:
+            net.close()
+        if os.environ.get("GANDIVA_KEEP_MULTIHOST_LOGS") != "1":
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"multihost logs kept in {tmp}")
+
+
+@pytest.fixture
+def mlp_command() -> Callable[..., list[str]]:
+    import importlib.util
+
+    origin = importlib.util.find_spec("tf_runtime.examples.mlp").origin  # type: ignore[union-attr]
+
+    def command(steps: int, sleep: float = 0.03) -> list[str]:
+        return ["python", str(origin), "--steps", str(steps), "--step-sleep", str(sleep), "--threads", "1"]
+
+    return command
