@@ -3,7 +3,7 @@ migrated back and forth by the fast path and by the naive path.
 
 Fast path: scheduler.engine.migration.migrate() (pre-warmed destination, checkpoint
 into its ramdisk through the shared mount, or streamed with --transfer stream).
-Naive path: stop-for-migration into a checkpoint on disk, then a cold start at the
+Naive path: stop-for-migration into a checkpoint in the destination's ramdisk, then a cold start at the
 destination (import TensorFlow, rebuild the graph, create the session), restore,
 first step. Both are timed from the stop command to the first step done at the
 destination; pre-warming is reported apart, since the job trains meanwhile.
@@ -165,7 +165,9 @@ class MigrationBench:
 
     async def _naive(self, job: str, spec: common_pb2.JobSpec, incarnation: str, src: str, dst: str,
                      gpus: list[int]) -> tuple[Measurement, str]:
-        ckpt = self.config.out_dir.resolve() / "checkpoints" / job / f"naive-{uuid.uuid4().hex[:8]}"
+        # In the destination helper's ramdisk: a helper restores only from its ramdisk or
+        # shared root (the fast path's checkpoint lies there too, so the paths compare).
+        ckpt = self.ramdisks / dst / job / f"naive-{uuid.uuid4().hex[:8]}"
         t0 = time.monotonic()
         ack = await self.control.runtime_command(job, incarnation, runtime_pb2.RuntimeCommand(
             command_id=uuid.uuid4().hex, kind=runtime_pb2.COMMAND_KIND_STOP_FOR_MIGRATION,
