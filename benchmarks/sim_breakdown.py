@@ -9,7 +9,14 @@ For each policy, replays a trace and adds up, between consecutive simulator even
   GPUs x (1 - spread factor), split into "forced" (the job is larger than any server) and
   "avoidable" (it would have fit on one server);
 - the critical job (the one that sets the makespan lower bound, scheduler.sim.load): hours
-  queued, suspended and running, and when it finished.
+  queued, suspended and running, and when it finished;
+- where queued jobs wait (job-hours, for gandiva, from its own ledger after every call):
+  ``reserved`` another job holds a reservation; ``locality`` enough GPUs are free but no one
+  server has them (a job that fits one server is not spread); ``cap`` same-size time-slice
+  groups exist on same-affinity servers but all have ``max_jobs_per_gpu`` members;
+  ``affinity`` same-size groups exist but only on servers whose affinity is another size;
+  ``no group`` no time-slice group of that size anywhere and too few free GPUs; ``large``
+  the job is larger than a server and needs whole idle servers.
 
     .venv/bin/python benchmarks/sim_breakdown.py --trace FILE [--compare gandiva,yarn-cs]
         [--cluster 25x4] [--target-load 0.9]
@@ -24,7 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-from scheduler.policy import get_policy
+from sim_table import parse_rules  # benchmarks/ is the script's folder
+
+from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
+from scheduler.policy.cluster import Ledger
 from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
@@ -66,6 +76,60 @@ class Breakdown:
         self._last = (now, rates)
 
 
+WAIT_KINDS = ("reserved", "locality", "cap", "affinity", "no group", "large")
+
+
+def wait_kind(ledger: Ledger, job_id: str, config: PolicyConfig, reserved: str | None) -> str:
+    """Why a queued job found no place (see the module docstring)."""
+    k = ledger.jobs[job_id].gpus
+    if reserved is not None and reserved != job_id:
+        return "reserved"
+    if k > ledger.max_server_gpus:
+        return "large"
+    if ledger.total_free() >= k:
+        return "locality"
+    groups = ledger.groups_by_size.get(k, ())
+    same = [g for g in groups if all(n in ledger.servers and ledger.affinity(n) == k for n in {x.server for x in g})]
+    if same:
+        return "cap"
+    return "affinity" if groups else "no group"
+
+
+class WaitProbe(Policy):
+    """Wraps a Gandiva policy and adds up queued job-hours by ``wait_kind``."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner, self.name, self.preemption = inner, inner.name, inner.preemption
+        self.hours = dict.fromkeys(WAIT_KINDS, 0.0)
+        self._last: tuple[float, dict[str, int]] | None = None
+
+    @property  # type: ignore[override]
+    def config(self) -> PolicyConfig:
+        return self.inner.config
+
+    @config.setter
+    def config(self, value: PolicyConfig) -> None:
+        self.inner.config = value
+
+    def next_wakeup(self) -> float | None:
+        return self.inner.next_wakeup()
+
+    def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
+        out = self.inner.decide(snapshot)
+        if self._last is not None:
+            t, counts = self._last
+            for kind, n in counts.items():
+                self.hours[kind] += n * (snapshot.now - t) / 3600.0
+        ledger = self.inner._ledger
+        counts = dict.fromkeys(WAIT_KINDS, 0)
+        if ledger is not None:
+            reserved = getattr(self.inner, "_reserved", None)
+            for job_id in ledger.by_state.get("QUEUED", ()):
+                counts[wait_kind(ledger, job_id, self.config, reserved)] += 1
+        self._last = (snapshot.now, counts)
+        return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, required=True)
@@ -73,12 +137,16 @@ def main() -> int:
     ap.add_argument("--cluster", default="25x4")
     ap.add_argument("--target-load", type=float, default=0.9)
     ap.add_argument("--throughputs", type=Path, help="Gavel table (default: found next to the trace)")
+    ap.add_argument("--spread-factor", type=float, help="as in `gandiva sim`")
+    ap.add_argument("--config", default="", help="gandiva rules, as sim_table.py's --config, e.g. "
+                    "las_slices:false+slice_growth:0+max_jobs_per_gpu:4 (the paper's time-slicing)")
     args = ap.parse_args()
     if not args.trace.is_file():
         print(f"no trace at {args.trace}", file=sys.stderr)
         return 2
     table = args.throughputs or gavel_table_near(args.trace)
     model = MechanismModel.from_gavel(table) if table else MechanismModel.default()
+    model.spread_override = args.spread_factor
     servers = make_cluster(args.cluster)
     jobs, factor = scale_to_load(read_trace(args.trace), servers, model, args.target_load)
     bound, critical = makespan_bound(jobs, servers, model)
@@ -89,15 +157,23 @@ def main() -> int:
     cols = ("policy", "avg JCT h", "makespan h", "busy GPU-h", "idle while waiting", "spread loss forced",
             "spread loss avoidable", "critical queued h", "critical suspended h", "critical running h")
     print(" | ".join(cols))
+    waits = {}
     for name in args.compare.split(","):
         start = time.perf_counter()
         probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id)
-        m = summarize(Simulator(jobs, servers, get_policy(name), model, observer=probe).run())
+        policy = get_policy(name, parse_rules(f"g={args.config}")["g"] if name == "gandiva" else None)
+        if name == "gandiva":
+            policy = waits[name] = WaitProbe(policy)
+        m = summarize(Simulator(jobs, servers, policy, model, observer=probe).run())
         h = probe.hours
         print(f"{name} | {m['avg_jct_s'] / 3600:.1f} | {m['makespan_s'] / 3600:.0f} | {h['busy']:.0f} | "
               f"{h['idle_while_waiting']:.0f} | {h['spread_forced']:.0f} | {h['spread_avoidable']:.0f} | "
               f"{h['critical_queued']:.0f} | {h['critical_suspended']:.0f} | {h['critical_running']:.0f}"
               f"   ({time.perf_counter() - start:.0f} s)", flush=True)
+    for name, wait in waits.items():
+        total = sum(wait.hours.values()) or 1.0
+        print(f"{name}: queued job-hours by reason: " + ", ".join(
+            f"{kind} {hours:.0f} ({100 * hours / total:.0f}%)" for kind, hours in wait.hours.items()))
     return 0
 
 

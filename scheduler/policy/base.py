@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from scheduler.policy.cluster import Ledger
+from scheduler.policy.cluster import Ledger, QueueKey, queue_key
 from scheduler.policy.types import ClusterSnapshot, Decision, JobView, PolicyConfig
 
 
@@ -21,6 +21,8 @@ class Policy(ABC):
 
     name: str = ""
     preemption: str = "hook"
+    # The queue order of the ledger's queue index (Ledger.queued_in_order).
+    queue_by: Callable[[JobView], QueueKey] = staticmethod(queue_key)
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config or PolicyConfig()
@@ -31,7 +33,7 @@ class Policy(ABC):
         """The occupancy ledger for this call, kept between calls and synced to the snapshot
         (a fresh policy builds it from scratch, so nothing depends on the kept copy)."""
         if self._ledger is None:
-            self._ledger = Ledger.of(snapshot, holds)
+            self._ledger = Ledger.of(snapshot, holds, self.queue_by)
         else:
             self._ledger = self._ledger.sync(snapshot, holds)
         return self._ledger

@@ -19,13 +19,9 @@ None of these policies keeps any state between calls.
 from __future__ import annotations
 
 from scheduler.policy.base import Policy
-from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.cluster import Ledger, Placement, arrival_key
 from scheduler.policy.placement import any_free_filter, best_fit, unallocated_filter
 from scheduler.policy.types import ClusterSnapshot, Decision, JobView, Place, PolicyConfig, Queue
-
-
-def arrival_order(jobs: list[JobView]) -> list[JobView]:
-    return sorted(jobs, key=lambda j: (j.submitted_at, j.id))
 
 
 def exclusive_placement(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
@@ -46,18 +42,31 @@ def local_placement(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
 class _Exclusive(Policy):
     strict = False
     local = False
+    queue_by = staticmethod(arrival_key)
 
     def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
         ledger = self.ledger_for(snapshot)
         out: list[Decision] = []
         blocked_by: str | None = None
-        for job in arrival_order([j for j in snapshot.jobs if j.state == "QUEUED"]):
+        reasons = self.config.queue_reasons
+        # GPU counts that found no room at a ledger version: binds only take GPUs away,
+        # so a later job of that count cannot fit either until something changes.
+        misses: dict[int, int] = {}
+
+        def skip(size: int) -> bool:
+            return not reasons and (blocked_by is not None or misses.get(size) == ledger.version)
+
+        for job in ledger.queued_in_order(skip):
             if blocked_by is not None:
                 out.append(Queue(job.id, f"behind job {blocked_by} (first come, first served)"))
                 continue
-            gpus = (local_placement if self.local else exclusive_placement)(ledger, job, self.config)
+            gpus = None
+            if misses.get(job.gpus) != ledger.version:
+                gpus = (local_placement if self.local else exclusive_placement)(ledger, job, self.config)
             if gpus is None:
-                out.append(Queue(job.id, f"needs {job.gpus} free GPUs"))
+                misses[job.gpus] = ledger.version
+                if reasons:
+                    out.append(Queue(job.id, f"needs {job.gpus} free GPUs"))
                 if self.strict:
                     blocked_by = job.id
                 continue

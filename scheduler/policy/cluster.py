@@ -14,12 +14,25 @@ in a large cluster.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from scheduler.policy.types import ClusterSnapshot, GpuRef, JobView, ServerView
 
 Placement = tuple[GpuRef, ...]
+# Queue order: higher priority first, then earlier submission, then id.
+QueueKey = tuple[int, float, str]
+
+
+def queue_key(job: JobView) -> QueueKey:
+    """Where a queued job stands in the queue (smaller goes first)."""
+    return (-job.priority, job.submitted_at, job.id)
+
+
+def arrival_key(job: JobView) -> QueueKey:
+    """Arrival order only (first come, first served; priorities ignored)."""
+    return (0, job.submitted_at, job.id)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -58,8 +71,10 @@ def affinity_of(sizes: Mapping[int, int]) -> int | None:
 class Ledger:
     """Occupancy of the cluster: which jobs are bound to which GPUs, in which state."""
 
-    def __init__(self, servers: tuple[ServerView, ...]) -> None:
+    def __init__(self, servers: tuple[ServerView, ...],
+                 order: Callable[[JobView], QueueKey] = queue_key) -> None:
         self.source_servers = servers
+        self.order = order
         self.servers: dict[str, ServerView] = {s.name: s for s in servers if s.up}
         self.snapshot = ClusterSnapshot(0.0, servers)
         self.jobs: dict[str, JobView] = {}
@@ -89,43 +104,128 @@ class Ledger:
         self.version = 0
         # Jobs whose state or placement this decide() call already changed.
         self.changed: set[str] = set()
+        # The snapshot number last synced to (None: unknown, compare everything).
+        self.seq: int | None = None
+        # QUEUED jobs per GPU count, sorted by queue_key; _qkey says where each one is.
+        self.queued_by_size: dict[int, list[QueueKey]] = {}
+        self._qkey: dict[str, tuple[int, QueueKey]] = {}
 
     @classmethod
-    def of(cls, snapshot: ClusterSnapshot, holds: Callable[[JobView], bool] | None = None) -> Ledger:
-        """A fresh ledger for ``snapshot``; ``holds`` says which jobs occupy their GPUs."""
-        ledger = cls(snapshot.servers)
+    def of(cls, snapshot: ClusterSnapshot, holds: Callable[[JobView], bool] | None = None,
+           order: Callable[[JobView], QueueKey] = queue_key) -> Ledger:
+        """A fresh ledger for ``snapshot``; ``holds`` says which jobs occupy their GPUs and
+        ``order`` sorts the queue (``queued_in_order``)."""
+        ledger = cls(snapshot.servers, order)
         ledger.sync(snapshot, holds)
         return ledger
 
     def sync(self, snapshot: ClusterSnapshot,
              holds: Callable[[JobView], bool] | None = None) -> Ledger:
-        """Bring the ledger to ``snapshot``; returns a fresh ledger if the servers changed."""
+        """Bring the ledger to ``snapshot``; returns a fresh ledger if the servers changed.
+
+        When the snapshot says what changed since the one this ledger last saw
+        (``snapshot.delta``), only those jobs are looked at; otherwise every job is.
+        """
         servers = snapshot.servers
         if servers is not self.source_servers and servers != self.source_servers:
-            return Ledger.of(snapshot, holds)
+            return Ledger.of(snapshot, holds, self.order)
         self.snapshot = snapshot
-        old, touched = self.jobs, self.changed
-        # Views the caller kept (same object) need no look unless our last decide()
-        # changed that job tentatively; everything else is compared in full.
-        new = {view.id: view for view in snapshot.jobs}
-        for jid in old.keys() - new.keys():
-            self.unbind(jid)
-            self.by_state[self.state.pop(jid)].discard(jid)
-        self.jobs = new
+        touched = self.changed
+        delta = snapshot.delta
+        if delta is not None and self.seq is not None and delta.since == self.seq:
+            jobs = self.jobs
+            for jid in delta.removed:
+                if jobs.pop(jid, None) is not None:
+                    self._forget(jid)
+            for fresh in delta.changed:
+                jobs[fresh.id] = fresh
+            look = [fresh.id for fresh in delta.changed]
+        else:
+            old = self.jobs
+            # Views the caller kept (same object) need no look unless our last decide()
+            # changed that job tentatively; everything else is compared in full.
+            new = {view.id: view for view in snapshot.jobs}
+            for jid in old.keys() - new.keys():
+                self._forget(jid)
+            self.jobs = jobs = new
+            look = [j for j, v in new.items() if old.get(j) is not v]
         placement, state = self.placement, self.state
-        for jid in [j for j, v in new.items() if old.get(j) is not v] + list(touched):
-            view = new.get(jid)
+        for jid in look + list(touched):
+            view = jobs.get(jid)
             if view is None:
                 continue
             if state.get(jid) != view.state:
                 self._set(jid, view.state)
+            elif view.state == "QUEUED":
+                self._index_queued(jid)  # its priority may have changed
             want = view.placement if holds is None or holds(view) else ()
             if placement.get(jid, ()) != want:
                 self.unbind(jid)
                 if want:
                     self._bind(jid, want)
         self.changed = set()
+        self.seq = snapshot.seq
         return self
+
+    def _forget(self, job_id: str) -> None:
+        """Drop a job that left the snapshot."""
+        self.unbind(job_id)
+        self._unindex_queued(job_id)
+        self.by_state[self.state.pop(job_id)].discard(job_id)
+
+    # --- the queue, in queue order per GPU count ------------------------------------
+
+    def _index_queued(self, job_id: str) -> None:
+        view = self.jobs[job_id]
+        entry = (view.gpus, self.order(view))
+        if self._qkey.get(job_id) == entry:
+            return
+        self._unindex_queued(job_id)
+        self._qkey[job_id] = entry
+        insort(self.queued_by_size.setdefault(entry[0], []), entry[1])
+
+    def _unindex_queued(self, job_id: str) -> None:
+        entry = self._qkey.pop(job_id, None)
+        if entry is None:
+            return
+        keys = self.queued_by_size[entry[0]]
+        del keys[bisect_left(keys, entry[1])]
+        if not keys:
+            del self.queued_by_size[entry[0]]
+
+    def next_queued(self, size: int, after: QueueKey | None = None) -> QueueKey | None:
+        """The first queued ``size``-GPU job in queue order after ``after`` (its key)."""
+        keys = self.queued_by_size.get(size)
+        if not keys:
+            return None
+        i = 0 if after is None else bisect_right(keys, after)
+        return keys[i] if i < len(keys) else None
+
+    def queued_in_order(self, skip: Callable[[int], bool] | None = None) -> Iterator[JobView]:
+        """QUEUED jobs in queue order, leaving out every job whose GPU count ``skip`` says
+        cannot be placed now. ``skip`` is asked again at every step (binds change what
+        fits), and the caller may bind the jobs it is given as it goes. A step costs
+        O(GPU counts x log(queue)), so a walk that stops or skips is cheap however long
+        the queue is."""
+        pos: QueueKey | None = None
+        while True:
+            best: QueueKey | None = None
+            for size in self.queued_by_size:
+                if skip is not None and skip(size):
+                    continue
+                key = self.next_queued(size, pos)
+                if key is not None and (best is None or key < best):
+                    best = key
+            if best is None:
+                return
+            pos = best
+            yield self.jobs[best[2]]
+
+    def first_queued(self, max_gpus: int | None = None) -> QueueKey | None:
+        """The first queued job in queue order (of at most ``max_gpus`` GPUs), by key."""
+        heads = [keys[0] for size, keys in self.queued_by_size.items()
+                 if keys and (max_gpus is None or size <= max_gpus)]
+        return min(heads) if heads else None
 
     # --- mutation -----------------------------------------------------------------
 
@@ -133,8 +233,12 @@ class Ledger:
         old = self.state.get(job_id)
         if old is not None:
             self.by_state[old].discard(job_id)
+            if old == "QUEUED":
+                self._unindex_queued(job_id)
         self.state[job_id] = state
         self.by_state.setdefault(state, set()).add(job_id)
+        if state == "QUEUED":
+            self._index_queued(job_id)
 
     def _bind(self, job_id: str, gpus: Placement) -> None:
         # Hot path (once per changed job per event): no comprehensions here.

@@ -25,7 +25,6 @@ from scheduler.policy.placement import (
     FREE_FILTERS,
     OVERSUBSCRIBE_ONLY,
     find_placement,
-    queue_order,
     queue_reason,
 )
 from scheduler.policy.state import GandivaState
@@ -89,13 +88,22 @@ class GandivaPolicy(Policy):
         return cache[key]
 
     def _place_queued(self, ledger: Ledger) -> list[Decision]:
-        queued = [ledger.jobs[j] for j in ledger.ids_in("QUEUED")]
         out: list[Decision] = []
         shrunk = False
         misses: dict[tuple[int, int], int] = {}
         reasons: dict[tuple[int, int], str] = {}
         self._reserved = None
-        for job in queue_order(queued):
+        limit = self.config.reserve_after_s
+        # Without reasons to give and no reservation to find, a job whose GPU count
+        # found no place at this ledger version is not visited at all (find_placement
+        # would answer None from its cache); otherwise every queued job is.
+        walk_all = self.config.queue_reasons or limit is not None
+        full = id(ALGORITHM_1)
+
+        def skip(size: int) -> bool:
+            return not walk_all and misses.get((full, size)) == ledger.version
+
+        for job in ledger.queued_in_order(skip):
             cand = None
             if self._reserved is None:
                 cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
@@ -109,8 +117,8 @@ class GandivaPolicy(Policy):
                 filters = ALGORITHM_1 if self._reserved is None else OVERSUBSCRIBE_ONLY
                 cand = find_placement(ledger, job, self.config, filters, misses)
             if cand is None:
-                out.append(Queue(job.id, self._queue_reason(ledger, job, reasons)))
-                limit = self.config.reserve_after_s
+                if self.config.queue_reasons:
+                    out.append(Queue(job.id, self._queue_reason(ledger, job, reasons)))
                 if (self._reserved is None and limit is not None
                         and ledger.snapshot.now - job.submitted_at >= limit):
                     self._reserved = job.id

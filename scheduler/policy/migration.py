@@ -26,7 +26,6 @@ from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.placement import (
     affinity_filter,
     best_fit,
-    queue_order,
     unallocated_filter,
 )
 from scheduler.policy.state import GandivaState
@@ -108,8 +107,8 @@ MAKE_ROOM_RECHECK_S = 5.0
 
 def make_room(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
     out: list[Decision] = []
-    queued = [ledger.jobs[j] for j in ledger.ids_in("QUEUED")]
-    first = next((j for j in queue_order(queued) if j.gpus <= ledger.max_server_gpus), None)
+    key = ledger.first_queued(ledger.max_server_gpus)
+    first = ledger.jobs[key[2]] if key is not None else None
     if first is None or ledger.total_free() < first.gpus:
         return out
     if any(ledger.num_free(n) >= first.gpus for n in ledger.servers):

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.cluster import Ledger, Placement, queue_key
 from scheduler.policy.types import JobView, PolicyConfig
 
 Filter = Callable[[Ledger, JobView, PolicyConfig], "Placement | None"]
@@ -158,7 +158,7 @@ def find_placement(
 
 def queue_order(jobs: list[JobView]) -> list[JobView]:
     """Higher priority first, then earlier submission (dynamic priority reorders the queue)."""
-    return sorted(jobs, key=lambda j: (-j.priority, j.submitted_at, j.id))
+    return sorted(jobs, key=queue_key)
 
 
 def queue_reason(ledger: Ledger, job: JobView) -> str:

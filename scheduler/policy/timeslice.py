@@ -4,7 +4,19 @@ A group is the set of jobs bound to exactly the same GPUs. One *unit* of the gro
 runs at a time: a single job, or a pair that packing decided to keep together (both
 run at once). The running unit keeps the GPUs for ``quantum_s x weight`` (weight =
 the highest priority in the unit, at least 1), then the unit that has waited longest
-gets them. Slices end on a cluster-wide beat of ``quantum_s`` (see ``_slice_end``). Suspend/resume happen at the jobs' next mini-batch boundary (live side).
+gets them. Slices end on a cluster-wide beat of ``quantum_s`` (see ``_slice_end``).
+Suspend/resume happen at the jobs' next mini-batch boundary (live side).
+
+Two rules of our own, on by default and each measured on and off (docs/policy.md):
+- ``las_slices``: when a slice ends, the unit with the least attained service (GPU-seconds
+  per GPU of its least-served job) runs next, the running unit included (it then keeps
+  the GPUs, no switch); ties go to the running unit, then to the one waiting longest.
+  Short and new jobs finish first, as under Tiresias, but inside a group and at once.
+- ``slice_growth`` g > 0: a unit's slice is g x its attained service per GPU (at least
+  ``quantum_s``, at most ``MAX_SLICE_QUANTA`` quanta), times its weight: a job that has
+  run for days switches every half hour, not every minute, while new jobs keep
+  minute-long slices (and a newcomer still starts at once: placement suspends the
+  incumbent).
 """
 
 from __future__ import annotations
@@ -34,14 +46,34 @@ def group_units(ledger: Ledger, members: list[str], state: GandivaState) -> list
     return units
 
 
-def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig) -> float:
-    return config.quantum_s * max(ledger.jobs[j].weight for j in unit)
+# The longest slice slice_growth can give, in quanta.
+MAX_SLICE_QUANTA = 32
 
 
-def _next_unit(ledger: Ledger, units: list[tuple[str, ...]]) -> tuple[str, ...]:
-    # The unit suspended longest goes next; higher priority breaks ties.
-    return min(units, key=lambda u: (min(ledger.jobs[j].last_state_change_at for j in u),
-                                     -max(ledger.jobs[j].priority for j in u), u))
+def _served(ledger: Ledger, unit: tuple[str, ...], at: float) -> float:
+    """Attained service per GPU, in seconds, of the unit's least-served job at ``at``."""
+    return min(ledger.jobs[j].attained_at(at) / max(1, len(ledger.placement.get(j, ())) or ledger.jobs[j].gpus)
+               for j in unit)
+
+
+def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig, at: float) -> float:
+    base = config.quantum_s
+    if config.slice_growth > 0:
+        grown = config.slice_growth * _served(ledger, unit, at)
+        base = min(max(base, grown), MAX_SLICE_QUANTA * config.quantum_s)
+    return base * max(ledger.jobs[j].weight for j in unit)
+
+
+def _next_unit(ledger: Ledger, units: list[tuple[str, ...]], config: PolicyConfig,
+               running: tuple[str, ...] = ()) -> tuple[str, ...]:
+    def waited(u: tuple[str, ...]) -> tuple[float, int, tuple[str, ...]]:
+        # The unit suspended longest goes next; higher priority breaks ties.
+        return (min(ledger.jobs[j].last_state_change_at for j in u), -max(ledger.jobs[j].priority for j in u), u)
+
+    if config.las_slices:
+        now = ledger.snapshot.now
+        return min(units, key=lambda u: (_served(ledger, u, now), u != running, waited(u)))
+    return min(units, key=waited)
 
 
 def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
@@ -70,7 +102,7 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
         if running_ids:
             # Cheap test first: most groups are in the middle of a slice.
             started = max(ledger.jobs[j].last_state_change_at for j in running_ids)
-            ends = _slice_end(started + _slice_of(ledger, tuple(running_ids), config), config)
+            ends = _slice_end(started + _slice_of(ledger, tuple(running_ids), config, started), config)
             if now < ends:
                 state.wake_at(ends)
                 continue
@@ -78,11 +110,17 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
         waiting = [u for u in units if ledger.state[u[0]] == "SUSPENDED"]
         if not waiting:
             continue
+        if running_ids and config.las_slices:
+            running = tuple(sorted(running_ids))
+            if _next_unit(ledger, [running, *waiting], config, running) == running:
+                # It still has the least attained service: it keeps the GPUs.
+                state.wake_at(_slice_end(now + _slice_of(ledger, running, config, now), config))
+                continue
         if running_ids:
             for j in sorted(running_ids):
                 ledger.set_state(j, "SUSPENDED")
                 out.append(Suspend(j, reason=f"time slice of {now - started:.0f}s over"))
-        out.extend(_resume_unit(ledger, _next_unit(ledger, waiting), gpus, config, state))
+        out.extend(_resume_unit(ledger, _next_unit(ledger, waiting, config), gpus, config, state))
     return out
 
 
@@ -92,7 +130,8 @@ def _resume_unit(ledger: Ledger, unit: tuple[str, ...], gpus: Placement,
     for j in unit:
         ledger.set_state(j, "RUNNING")
         out.append(Resume(j, gpus, reason="its turn in the time-slice group"))
-    state.wake_at(_slice_end(ledger.snapshot.now + _slice_of(ledger, unit, config), config))
+    now = ledger.snapshot.now
+    state.wake_at(_slice_end(now + _slice_of(ledger, unit, config, now), config))
     return out
 
 

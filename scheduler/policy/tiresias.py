@@ -1,25 +1,95 @@
-"""``tiresias``: discretized two-dimensional least-attained-service with preemption.
+"""``tiresias``: discretized two-dimensional least-attained-service (Tiresias' ``dlas-gpu``).
 
-What it models (Gu et al., NSDI'19, "Tiresias"): a job's attained service is GPUs x
-seconds run so far (the two dimensions). Jobs sit in priority queues split at
-``tiresias_thresholds_gpu_s``; lower queues go first and, within a queue, earlier
-arrivals go first. Every call, jobs are admitted in that order while their GPUs fit
-the cluster; running jobs outside the admitted set are preempted. A job that has
-waited ``tiresias_starve_factor`` times as long as it has run is promoted to the
-first queue (Tiresias' starvation guard). Tiresias has no job-side hook, so its
-preemption is checkpoint-kill-restart (``preemption = "restart"``), and a resumed job
-may land on any free GPUs (consolidated when possible).
+What it models (Gu et al., NSDI'19, and the ``dlas-gpu`` scheduler of its simulator,
+SymbioticLab/Tiresias): a job's attained service is GPUs x seconds run (the two
+dimensions). There are ``len(tiresias_thresholds_gpu_s) + 1`` priority queues; a new job
+joins the end of the first. A running job whose service since it last entered the
+first queue reaches its queue's threshold moves to the end of the next queue (one
+queue per event, as the original checks once per event). At every event the queues are
+walked in order, and inside a queue in its order; each job is admitted while its GPUs
+fit the GPUs not yet handed out (a job that does not fit is skipped, not waited for);
+running jobs that are not admitted are preempted, admitted pending jobs start. After
+the walk every queue is reordered as the original does: the jobs running now first,
+then the pending ones, each part in its previous order - so a running job stays ahead
+of a pending job of the same queue, and a just-preempted job goes to the head of the
+pending part. Starvation (the original's ``dlas-gpu-N`` variants, off in its default
+``dlas-gpu``): with ``tiresias_starve_factor`` N > 0, a pending job outside the first
+queue that has waited N times as long as it ran since it last entered the first queue
+goes back to the end of the first queue, its count started afresh.
+
+Where we differ from the original, on purpose: Tiresias has no job-side hook, so a
+preemption is a checkpoint-kill-restart that costs ``--restart-s`` (the original's is
+free); a started job is placed on free GPUs, on one server when one has room, else
+spread (the original's ``dlas-gpu`` only counts GPUs); times are not rounded to seconds.
+
+The queues are kept between calls (``_Queues``); a fresh policy (a restarted live
+scheduler) files the jobs it finds by their attained service. A call visits the jobs
+that run or start, and skips a queue's pending part once no GPU is left, so it costs
+time in proportion to the running jobs and decisions, not to the queue.
 """
 
 from __future__ import annotations
 
+import heapq
+from dataclasses import dataclass, field
+
 from scheduler.policy.base import Policy
 from scheduler.policy.baselines import exclusive_placement
-from scheduler.policy.types import ClusterSnapshot, Decision, JobView, Place, Queue, Resume, Suspend
+from scheduler.policy.types import (
+    ClusterSnapshot,
+    Decision,
+    JobView,
+    Place,
+    PolicyConfig,
+    Queue,
+    Resume,
+    Suspend,
+)
 
 
 def _holds(job: JobView) -> bool:
     return job.state in ("RUNNING", "MIGRATING")
+
+
+@dataclass
+class _Queues:
+    """The priority queues: per queue the running part, the pending part and the jobs
+    appended since the last walk (new, demoted or promoted), each in order."""
+
+    run: list[list[str]]
+    pend: list[list[str]]
+    tail: list[list[str]]
+    qid: dict[str, int] = field(default_factory=dict)
+    # Attained GPU-seconds when the job last entered the first queue.
+    base: dict[str, float] = field(default_factory=dict)
+    # When a pending job that had run was last preempted (starvation clock).
+    pending_since: dict[str, float] = field(default_factory=dict)
+    # (time, job, its pending_since) at which a pending job is due for promotion;
+    # an entry whose pending_since changed since is stale and skipped.
+    promotions: list[tuple[float, str, float]] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, n: int) -> _Queues:
+        return cls([[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)])
+
+    def remove(self, job_id: str) -> None:
+        q = self.qid.pop(job_id)
+        for part in (self.run[q], self.tail[q], self.pend[q]):
+            if job_id in part:
+                part.remove(job_id)
+                break
+        self.base.pop(job_id, None)
+        self.pending_since.pop(job_id, None)
+
+    def move(self, job_id: str, q: int) -> None:
+        """To the end of queue ``q``."""
+        old = self.qid[job_id]
+        for part in (self.run[old], self.tail[old], self.pend[old]):
+            if job_id in part:
+                part.remove(job_id)
+                break
+        self.qid[job_id] = q
+        self.tail[q].append(job_id)
 
 
 class TiresiasPolicy(Policy):
@@ -27,67 +97,169 @@ class TiresiasPolicy(Policy):
 
     name = "tiresias"
     preemption = "restart"
-    _wakeup: float | None = None
+
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        super().__init__(config)
+        self._wakeup: float | None = None
+        self._queues = _Queues.empty(len(self.config.tiresias_thresholds_gpu_s) + 1)
+        self._seq: int | None = None
 
     def next_wakeup(self) -> float | None:
         return self._wakeup
-
-    def _queue_index(self, job: JobView, now: float) -> int:
-        attained = job.attained_at(now)
-        executed = attained / job.gpus
-        if job.state != "RUNNING" and executed > 0:
-            promote_at = job.last_state_change_at + self.config.tiresias_starve_factor * executed
-            if now >= promote_at:
-                return 0
-            self._wake(promote_at)
-        idx = sum(1 for t in self.config.tiresias_thresholds_gpu_s if attained >= t)
-        if job.state == "RUNNING":
-            for t in self.config.tiresias_thresholds_gpu_s:
-                if attained < t:
-                    self._wake(now + (t - attained) / job.gpus)
-                    break
-        return idx
 
     def _wake(self, when: float) -> None:
         if self._wakeup is None or when < self._wakeup:
             self._wakeup = when
 
+    # --- keeping the queues ---------------------------------------------------------
+
+    def _file(self, snapshot: ClusterSnapshot) -> None:
+        """Add new jobs to the queues and drop departed ones (only the changed ones when
+        the snapshot says what changed since the one we saw last)."""
+        qs, limits = self._queues, self.config.tiresias_thresholds_gpu_s
+        delta = snapshot.delta
+        if delta is not None and self._seq is not None and delta.since == self._seq:
+            gone: set[str] = set(delta.removed)
+            views: tuple[JobView, ...] = delta.changed
+        else:
+            present = {j.id for j in snapshot.jobs}
+            gone = {j for j in qs.qid if j not in present}
+            views = snapshot.jobs
+        self._seq = snapshot.seq
+        for job_id in gone:
+            if job_id in qs.qid:
+                qs.remove(job_id)
+        fresh = [v for v in views if v.id not in qs.qid]
+        # A fresh policy meets running jobs too: running first, then by arrival.
+        for view in sorted(fresh, key=lambda v: (v.state != "RUNNING", v.submitted_at, v.id)):
+            attained = view.attained_at(snapshot.now)
+            q = sum(1 for t in limits if attained >= t)
+            qs.qid[view.id] = q
+            qs.base[view.id] = 0.0
+            qs.tail[q].append(view.id)
+            if view.state == "SUSPENDED" and attained > 0:
+                self._preempted(view.id, view.last_state_change_at, attained / view.gpus)
+
+    def _preempted(self, job_id: str, at: float, executed_s: float) -> None:
+        qs, factor = self._queues, self.config.tiresias_starve_factor
+        qs.pending_since[job_id] = at
+        if factor > 0 and executed_s > 0 and qs.qid[job_id] > 0:
+            heapq.heappush(qs.promotions, (at + factor * executed_s, job_id, at))
+
+    def _promotable(self, jobs: dict[str, JobView], job_id: str, since: float) -> bool:
+        qs = self._queues
+        view = jobs.get(job_id)
+        return (view is not None and view.state != "RUNNING" and qs.pending_since.get(job_id) == since
+                and qs.qid.get(job_id, 0) > 0)
+
+    def _executed(self, view: JobView, now: float) -> float:
+        """GPU-seconds run since the job last entered the first queue."""
+        return view.attained_at(now) - self._queues.base.get(view.id, 0.0)
+
+    def _demote_and_promote(self, jobs: dict[str, JobView], now: float) -> None:
+        qs, limits = self._queues, self.config.tiresias_thresholds_gpu_s
+        for q in range(len(limits)):
+            for job_id in [j for j in qs.run[q] + qs.tail[q] if jobs[j].state == "RUNNING"]:
+                if self._executed(jobs[job_id], now) >= limits[q]:
+                    qs.move(job_id, q + 1)
+        while qs.promotions and qs.promotions[0][0] <= now:
+            _, job_id, since = heapq.heappop(qs.promotions)
+            if not self._promotable(jobs, job_id, since):
+                continue  # ran again, finished or already promoted since
+            view = jobs[job_id]
+            qs.base[job_id] = view.attained_at(now)
+            del qs.pending_since[job_id]
+            qs.move(job_id, 0)
+
+    # --- one event ------------------------------------------------------------------
+
     def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
         now = snapshot.now
         self._wakeup = None
-        capacity = sum(s.num_gpus for s in snapshot.servers if s.up)
-        active = [j for j in snapshot.jobs if j.state != "MIGRATING"]
-        # A running job that cannot be stopped (no runtime) keeps its GPUs: admitted first.
-        fixed = {j.id for j in active if j.state == "RUNNING" and not j.suspendable}
-        order = sorted(active, key=lambda j: (j.id not in fixed, self._queue_index(j, now),
-                                              j.submitted_at, j.id))
-        admitted: set[str] = set()
-        used = sum(j.gpus for j in snapshot.jobs if j.state == "MIGRATING")
-        for job in order:
-            if job.id in fixed or used + job.gpus <= capacity:
-                admitted.add(job.id)
-                used += job.gpus
-        # Only running jobs hold GPUs: a preempted job gave its GPUs back.
         ledger = self.ledger_for(snapshot, holds=_holds)
+        jobs = ledger.jobs
+        self._file(snapshot)
+        qs = self._queues
+        self._demote_and_promote(jobs, now)
+        capacity = sum(s.num_gpus for s in snapshot.servers if s.up)
+        free = capacity - sum(jobs[j].gpus for j in ledger.by_state.get("MIGRATING", ()))
+        # A running job that cannot be stopped (no runtime) keeps its GPUs: never preempted.
+        fixed = {j for j in ledger.by_state.get("RUNNING", ()) if not jobs[j].suspendable}
+        free -= sum(jobs[j].gpus for j in fixed)
+        stop: list[str] = []
+        start: list[str] = []
+
+        def admit(job_id: str) -> bool:
+            """Hand the job GPUs if they are left; record what changes for it."""
+            nonlocal free
+            view = jobs[job_id]
+            if view.state == "MIGRATING" or job_id in fixed:
+                return True  # its GPUs were counted out above
+            if free >= view.gpus:
+                free -= view.gpus
+                if view.state != "RUNNING":
+                    start.append(job_id)
+                return True
+            if view.state == "RUNNING":
+                stop.append(job_id)
+            return False
+
+        for q in range(len(qs.run)):
+            new_run: list[str] = []
+            preempted: list[str] = []
+            for job_id in qs.run[q]:
+                (new_run if admit(job_id) else preempted).append(job_id)
+            # The pending part is walked only while GPUs are left (a job the live side
+            # has not suspended yet is found again at the next call).
+            pend, k = qs.pend[q], 0
+            kept: list[str] = []
+            while k < len(pend) and free > 0:
+                job_id = pend[k]
+                k += 1
+                (new_run if admit(job_id) else kept).append(job_id)
+            rest: list[str] = []
+            for job_id in qs.tail[q]:
+                (new_run if admit(job_id) else rest).append(job_id)
+            qs.run[q] = new_run
+            qs.pend[q] = preempted + kept + pend[k:] + rest
+            qs.tail[q] = []
         out: list[Decision] = []
-        for job in snapshot.jobs:
-            if job.state == "RUNNING" and job.id not in admitted:
-                ledger.unbind(job.id)
-                out.append(Suspend(job.id, reason="preempted by jobs with less attained service"))
-        for job in order:
-            if job.id not in admitted or job.state in ("RUNNING", "MIGRATING"):
+        for job_id in stop:
+            view = jobs[job_id]
+            ledger.unbind(job_id)
+            self._preempted(job_id, now, self._executed(view, now) / view.gpus)
+            out.append(Suspend(job_id, reason="preempted by jobs with less attained service"))
+        for job_id in start:
+            view = jobs[job_id]
+            gpus = exclusive_placement(ledger, view, self.config)
+            if gpus is None:  # cannot happen while admission counts free GPUs; kept safe
                 continue
-            gpus = exclusive_placement(ledger, job, self.config)
-            if gpus is None:
-                if job.state == "QUEUED":
-                    out.append(Queue(job.id, f"needs {job.gpus} free GPUs together"))
-                continue
-            ledger.bind(job.id, gpus, "RUNNING")
-            if job.state == "QUEUED":
-                out.append(Place(job.id, gpus, reason="least attained service"))
+            ledger.bind(job_id, gpus, "RUNNING")
+            qs.pending_since.pop(job_id, None)
+            if view.state == "QUEUED":
+                out.append(Place(job_id, gpus, reason="least attained service"))
             else:
-                out.append(Resume(job.id, gpus, reason="least attained service"))
-        for job in order:
-            if job.id not in admitted and job.state == "QUEUED":
-                out.append(Queue(job.id, "jobs with less attained service hold the GPUs"))
+                out.append(Resume(job_id, gpus, reason="least attained service"))
+        if self.config.queue_reasons:
+            started = set(start)
+            for job_id in sorted(ledger.by_state.get("QUEUED", ())):
+                if job_id not in started:
+                    out.append(Queue(job_id, "jobs with less attained service hold the GPUs"))
+        self._plan_wakeups(jobs, now)
         return out
+
+    def _plan_wakeups(self, jobs: dict[str, JobView], now: float) -> None:
+        qs, limits = self._queues, self.config.tiresias_thresholds_gpu_s
+        for q, part in enumerate(qs.run):
+            if q >= len(limits):
+                break
+            for job_id in part:
+                view = jobs[job_id]
+                if view.state == "RUNNING":
+                    self._wake(now + max(0.0, limits[q] - self._executed(view, now)) / view.gpus)
+        while qs.promotions:
+            when, job_id, since = qs.promotions[0]
+            if self._promotable(jobs, job_id, since):
+                self._wake(when)
+                break
+            heapq.heappop(qs.promotions)

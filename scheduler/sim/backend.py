@@ -85,11 +85,16 @@ class SimBackend:
         self.gpus = {GpuRef(s.name, i) for s in servers for i in range(s.num_gpus)}
         self.jobs: dict[str, SimJob] = {}
         self.on_gpu: dict[GpuRef, set[str]] = {}
+        # The RUNNING jobs on each GPU: only they change each other's rates. (A job
+        # preempted by restart stays bound to its old GPUs, so on_gpu can grow long.)
+        self.run_on: dict[GpuRef, set[str]] = {}
         self.completions: list[tuple[float, int, str]] = []
         self.busy = 0
         self.busy_gpus: set[GpuRef] = set()
         # Jobs whose JobView must be rebuilt before the next snapshot.
         self.view_dirty: set[str] = set()
+        # Jobs RUNNING now (their progress is reported periodically).
+        self.running: set[str] = set()
         self.dirty_gpus: set[GpuRef] = set()
         self.busy_area = 0.0
         self.busy_t = 0.0
@@ -106,7 +111,7 @@ class SimBackend:
     def _track_busy(self, now: float) -> None:
         """Update the count of GPUs running at least one job (only GPUs that changed)."""
         for g in self.dirty_gpus:
-            if any(self.jobs[j].state == "RUNNING" for j in self.on_gpu.get(g, ())):
+            if self.run_on.get(g):
                 self.busy_gpus.add(g)
             else:
                 self.busy_gpus.discard(g)
@@ -129,6 +134,9 @@ class SimBackend:
     def _bind(self, job: SimJob, gpus: tuple[GpuRef, ...]) -> None:
         self.dirty_gpus.update(job.placement)
         self.dirty_gpus.update(gpus)
+        running = job.state == "RUNNING"
+        if running:
+            self._run_on(job, False)
         for g in job.placement:
             self.on_gpu[g].discard(job.spec.id)
             if not self.on_gpu[g]:
@@ -138,6 +146,19 @@ class SimBackend:
             if g not in self.gpus:
                 raise ValueError(f"decision for job {job.spec.id} names unknown GPU {g}")
             self.on_gpu.setdefault(g, set()).add(job.spec.id)
+        if running:
+            self._run_on(job, True)
+
+    def _run_on(self, job: SimJob, add: bool) -> None:
+        jid = job.spec.id
+        for g in job.placement:
+            if add:
+                self.run_on.setdefault(g, set()).add(jid)
+            else:
+                ids = self.run_on[g]
+                ids.discard(jid)
+                if not ids:
+                    del self.run_on[g]
 
     def _effective_rate(self, job: SimJob) -> float:
         if job.state != "RUNNING":
@@ -146,8 +167,7 @@ class SimBackend:
         rate = self.model.alone_rate(job.spec.model, k)
         if len({g.server for g in job.placement}) > 1:
             rate *= self.model.spread(job.spec.model, k)
-        others = {o for g in job.placement for o in self.on_gpu.get(g, ())
-                  if o != job.spec.id and self.jobs[o].state == "RUNNING"}
+        others = {o for g in job.placement for o in self.run_on.get(g, ()) if o != job.spec.id}
         for other in others:
             rate *= self.model.packed(job.spec.model, self.jobs[other].spec.model, k)
         return rate
@@ -159,7 +179,7 @@ class SimBackend:
             job = self.jobs.get(jid)
             if job is not None:
                 for g in job.placement:
-                    affected |= self.on_gpu.get(g, set())
+                    affected |= self.run_on.get(g, set())
         for jid in affected:
             job = self.jobs.get(jid)
             if job is None or job.finished_at is not None:
@@ -194,7 +214,8 @@ class SimBackend:
                 raise ValueError(f"decision {d!r} names a job that is not active")
             self._reanchor(job, now)
             touched.add(d.job_id)
-            touched.update(j for g in job.placement for j in self.on_gpu.get(g, ()))
+            # Its GPU neighbours' rates may change (only running ones have a rate).
+            touched.update(j for g in job.placement for j in self.run_on.get(g, ()))
             self._apply_one(job, d, now)
             self.dirty_gpus.update(job.placement)
             job.last_change = now
@@ -206,34 +227,46 @@ class SimBackend:
         if isinstance(d, Place):
             self._expect(job, d, ("QUEUED",))
             self._bind(job, d.gpus)
-            job.state = "RUNNING"
+            self._set_state(job, "RUNNING")
         elif isinstance(d, Suspend):
             self._expect(job, d, ("RUNNING",))
-            job.state = "SUSPENDED"
+            self._set_state(job, "SUSPENDED")
             self.counts["suspends"] += 1
         elif isinstance(d, (Resume, Pack)):
             self._expect(job, d, ("SUSPENDED", "QUEUED") if isinstance(d, Pack) else ("SUSPENDED",))
             moved = d.gpus != job.placement
             self._bind(job, d.gpus)
-            job.state = "RUNNING"
+            self._set_state(job, "RUNNING")
             job.paused_until = now + (costs.migrate_s if moved and self.resume_cost < costs.migrate_s
                                       else self.resume_cost)
             self.counts["packs" if isinstance(d, Pack) else "resumes"] += 1
         elif isinstance(d, Unpack):
             self._expect(job, d, ("RUNNING",))
             self._bind(job, d.gpus)
-            job.state = "SUSPENDED"
+            self._set_state(job, "SUSPENDED")
             self.counts["unpacks"] += 1
         elif isinstance(d, (Migrate, Grow, Shrink)):
             self._expect(job, d, ("RUNNING", "SUSPENDED"))
             gpus = d.to_gpus if isinstance(d, Migrate) else d.gpus
             self._bind(job, gpus)
-            job.state = "RUNNING"
+            self._set_state(job, "RUNNING")
             job.paused_until = now + costs.migrate_s
             kind = {Migrate: "migrations", Grow: "grows", Shrink: "shrinks"}[type(d)]
             self.counts[kind] += 1
         else:
             raise TypeError(f"unknown decision {d!r}")
+
+    def _set_state(self, job: SimJob, state: str) -> None:
+        was = job.state == "RUNNING"
+        job.state = state
+        if state == "RUNNING":
+            self.running.add(job.spec.id)
+            if not was:
+                self._run_on(job, True)
+        else:
+            self.running.discard(job.spec.id)
+            if was:
+                self._run_on(job, False)
 
     @staticmethod
     def _expect(job: SimJob, d: Decision, states: tuple[str, ...]) -> None:
@@ -265,9 +298,9 @@ class SimBackend:
             job.finished_at = t
             if job.first_n_at is None:
                 job.first_n_at = t  # a job shorter than N mini-batches
-            neighbours = {j for g in job.placement for j in self.on_gpu.get(g, ()) if j != jid}
+            neighbours = {j for g in job.placement for j in self.run_on.get(g, ()) if j != jid}
             self._bind(job, ())
-            job.state = "DONE"
+            self._set_state(job, "DONE")
             done.append(job)
             self.refresh(neighbours, t)
         self._track_busy(now)

@@ -59,6 +59,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--quantum", type=float, default=60.0, help="time slice in seconds (gandiva)")
     s.add_argument("--defrag-free-gpus", type=int, default=3,
                    help="defragment non-idle servers with at least this many free GPUs")
+    s.add_argument("--max-jobs-per-gpu", type=int, default=PolicyConfig.max_jobs_per_gpu,
+                   help="jobs that may time-share one GPU before new jobs queue (gandiva; "
+                        "default %(default)s, the paper's setup used 4)")
+    s.add_argument("--las-slices", action=argparse.BooleanOptionalAction, default=PolicyConfig.las_slices,
+                   help="gandiva: in a time-slice group the least-served job runs next "
+                        "(--no-las-slices: the one waiting longest, as in the paper)")
+    s.add_argument("--slice-growth", type=float, default=PolicyConfig.slice_growth, metavar="G",
+                   help="gandiva: a slice is G x the job's attained service, 1-32 quanta "
+                        "(default %(default)s; 0: one quantum, as in the paper)")
     m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
     m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "
@@ -67,9 +76,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--suspend-resume-s", type=float, default=Costs.suspend_resume_s)
     m.add_argument("--migrate-s", type=float, default=Costs.migrate_s)
     m.add_argument("--restart-s", type=float, default=Costs.restart_s)
+    m.add_argument("--spread-factor", type=float, metavar="F",
+                   help="rate factor of a job spread over servers, for every model (default: "
+                        "Gavel's per-model ratio with a table, else 0.42); 1 replays the "
+                        "trace's durations as they are, wherever a job runs")
     o = p.add_argument_group("output")
     o.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    o.add_argument("--plot", type=Path, metavar="DIR", help="write jct_cdf.png and utilization.png")
+    o.add_argument("--plot", type=Path, metavar="DIR", help="write jct_cdf.png, first_n_cdf.png and utilization.png")
     o.add_argument("--first-n", type=int, default=100,
                    help="report the time until each job's first N mini-batches (default 100)")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -91,9 +104,11 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
         path = Path(args.throughputs)
     elif args.throughputs == "auto" and args.trace is not None and trace_fmt in ("gavel7", "gavel10"):
         path = gavel_table_near(args.trace)
-    if path is None:
-        return MechanismModel.default(costs)
-    return MechanismModel.from_gavel(path, args.gpu_type, costs)
+    if args.spread_factor is not None and not 0 < args.spread_factor <= 1:
+        raise ValueError(f"--spread-factor must be in (0, 1], got {args.spread_factor}")
+    model = MechanismModel.default(costs) if path is None else MechanismModel.from_gavel(path, args.gpu_type, costs)
+    model.spread_override = args.spread_factor
+    return model
 
 
 def _workload(args: argparse.Namespace) -> tuple[list[JobSpec], str | None]:
@@ -114,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
         servers = make_cluster(args.cluster)
         jobs, fmt = _workload(args)
         model = _model(args, fmt)
-        config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus)
+        config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
+                              max_jobs_per_gpu=args.max_jobs_per_gpu, las_slices=args.las_slices,
+                              slice_growth=args.slice_growth)
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2

@@ -87,6 +87,9 @@ class MechanismModel:
 
     costs: Costs = field(default_factory=Costs)
     spread_factor: float = DEFAULT_SPREAD_FACTOR
+    # --spread-factor: one factor for every model, over Gavel's per-model ratios too
+    # (1.0 replays a trace's durations as they are, wherever a job is placed).
+    spread_override: float | None = None
     gavel: dict[tuple[str, int], dict] | None = None
     gavel_spread: dict[tuple[str, int], float] | None = None
     source: str = "built-in defaults"
@@ -138,6 +141,8 @@ class MechanismModel:
 
     def spread(self, model: str, gpus: int) -> float:
         """Factor on the rate when the job's GPUs span more than one server."""
+        if self.spread_override is not None:
+            return self.spread_override
         if self.gavel_spread:
             measured = [k for (m, k) in self.gavel_spread if m == model and k <= gpus]
             if measured:

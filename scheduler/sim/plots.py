@@ -1,4 +1,4 @@
-"""PNG plots of simulated runs: JCT CDF per policy and GPU utilization over time."""
+"""PNG plots of simulated runs: JCT and time-to-first-N CDFs per policy, GPU utilization over time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from scheduler.sim.metrics import utilization_series
 
 
 def write_plots(results: dict[str, SimResult], directory: Path) -> list[Path]:
-    """Write jct_cdf.png and utilization.png into ``directory``; returns their paths."""
+    """Write jct_cdf.png, first_n_cdf.png and utilization.png into ``directory``; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
@@ -41,9 +41,19 @@ def write_plots(results: dict[str, SimResult], directory: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, result in results.items():
+        waits = sorted(max(1.0, j.first_n_at - j.spec.submit_time)
+                       for j in result.jobs if j.first_n_at is not None)
+        if waits:
+            ax.plot(waits, [(i + 1) / len(waits) for i in range(len(waits))], label=name)
+    ax.set_xscale("log")
+    first = save(fig, ax, "first_n_cdf.png", "Early feedback: time to the first mini-batches",
+                 "seconds from submission to the first N mini-batches (log scale)", "fraction of jobs")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, result in results.items():
         xs, ys = utilization_series(result)
         ax.plot(xs, ys, label=name)
     ax.set_ylim(0, 1.05)
     util = save(fig, ax, "utilization.png", "GPU utilization over time", "time (hours)",
                 "fraction of GPUs running a job")
-    return [cdf, util]
+    return [cdf, first, util]

@@ -211,7 +211,8 @@ class Cluster:
             "scheduler", "--listen", f"{self.sched_addr}:{SCHED_PORT}", "--also-listen", f"unix:{self.sock}",
             "--db", f"sqlite+aiosqlite:///{self.tmp / 'state.db'}", "--tick", "0.2", "--quantum", "1000",
             "--heartbeat-interval", "0.5", "--heartbeat-timeout", str(heartbeat_timeout),
-            "--port-file", str(port_file)])
+            # A private bridge inside namespaces this test made: plaintext is allowed explicitly.
+            "--port-file", str(port_file), "--insecure"])
         self._wait_for(port_file.exists, 60)
         if self.channel is not None:
             self.channel.close()
@@ -222,7 +223,8 @@ class Cluster:
         ns, addr = self.net.add_host(name) if name not in self.net.hosts else self.net.hosts[name][:2]
         self._spawn(name, ns, [
             "helper", "--server-name", name, "--gpus", str(gpus), "--scheduler", f"{self.sched_addr}:{SCHED_PORT}",
-            "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / f"rd-{name}"), "--log-dir", str(self.tmp / "logs")])
+            "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / f"rd-{name}"), "--log-dir", str(self.tmp / "logs"),
+            "--insecure"])
         self._wait_for(lambda: self.server_up(name), 60)
 
     def kill9(self, name: str) -> None:

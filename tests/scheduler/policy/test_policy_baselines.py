@@ -63,6 +63,20 @@ def test_tiresias_keeps_fifo_order_inside_a_queue(mk) -> None:
         ("Queue", "b")]
 
 
+def test_tiresias_keeps_a_running_job_ahead_of_an_earlier_pending_one_in_its_queue(mk) -> None:
+    """As the original: no preemption inside a queue, whatever the submission order."""
+    late = mk.job("late", state="RUNNING", placement=mk.on("s0", 0), attained_service_s=100,
+                  submitted_at=10)
+    early = mk.job("early", submitted_at=0)
+    policy = get_policy("tiresias")
+    assert mk.kinds(policy.decide(mk.snap(20, mk.servers(1, 1), late, early))) == [("Queue", "early")]
+    # Once the running job crosses the first threshold it is demoted and the pending one runs.
+    crossed = mk.job("late", state="RUNNING", placement=mk.on("s0", 0), attained_service_s=3300,
+                     submitted_at=10, reported_at=3000.0)
+    assert mk.kinds(policy.decide(mk.snap(3000, mk.servers(1, 1), crossed, early))) == [
+        ("Suspend", "late"), ("Place", "early")]
+
+
 def test_tiresias_promotes_a_starving_job(mk) -> None:
     cfg = PolicyConfig(tiresias_thresholds_gpu_s=(100.0,), tiresias_starve_factor=2.0)
     starving = mk.job("s", state="SUSPENDED", placement=mk.on("s0", 0), attained_service_s=500,

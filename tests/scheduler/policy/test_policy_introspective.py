@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from scheduler.policy import (
     Grow,
     Migrate,
@@ -16,7 +18,9 @@ from scheduler.policy import (
     get_policy,
 )
 
-NO_MOVES = PolicyConfig(enable_migration=False, enable_packing=False, enable_grow_shrink=False)
+# The paper's time-slicing: round-robin, one-quantum slices, at most 4 jobs per GPU.
+PAPER = PolicyConfig(las_slices=False, slice_growth=0.0, max_jobs_per_gpu=4)
+NO_MOVES = dataclasses.replace(PAPER, enable_migration=False, enable_packing=False, enable_grow_shrink=False)
 
 
 def _group(mk, now_started: float = 0.0, priority: int = 1):
@@ -48,6 +52,19 @@ def test_quantum_is_configurable(mk) -> None:
     cfg = dataclasses.replace(NO_MOVES, quantum_s=10, slice_slack_s=0)
     d = get_policy("gandiva", cfg).decide(mk.snap(11, mk.servers(1, 1), *_group(mk)))
     assert mk.kinds(d) == [("Suspend", "run"), ("Resume", "wait")]
+
+
+@pytest.mark.parametrize(("run_s", "wait_s", "switch"), [(500.0, 100.0, True), (100.0, 500.0, False),
+                                                        (100.0, 100.0, False)])
+def test_las_slices_give_the_gpu_to_the_least_served_job(mk, run_s: float, wait_s: float,
+                                                         switch: bool) -> None:
+    cfg = dataclasses.replace(NO_MOVES, las_slices=True)
+    run, wait = _group(mk)
+    run = dataclasses.replace(run, attained_service_s=run_s, reported_at=61.0)
+    wait = dataclasses.replace(wait, attained_service_s=wait_s)
+    d = get_policy("gandiva", cfg).decide(mk.snap(61, mk.servers(1, 1), run, wait))
+    # A tie keeps the running job: no switch for nothing.
+    assert mk.kinds(d) == ([("Suspend", "run"), ("Resume", "wait")] if switch else [])
 
 
 def _packable(mk, rate_run: float = 10.0, rate_wait: float = 10.0, now: float = 10.0):
@@ -158,7 +175,7 @@ def test_fresh_policy_adopts_a_running_pack_after_a_restart(mk) -> None:
     packed = [mk.job(j, state="RUNNING", placement=mk.on("s0", 0), last_state_change_at=0)
               for j in ("a", "b")]
     waiting = mk.job("c", state="SUSPENDED", placement=mk.on("s0", 0))
-    d = get_policy("gandiva").decide(mk.snap(100, mk.servers(1, 1), *packed, waiting))
+    d = get_policy("gandiva", PAPER).decide(mk.snap(100, mk.servers(1, 1), *packed, waiting))
     assert mk.kinds(d) == [("Suspend", "a"), ("Suspend", "b"), ("Resume", "c")]
     assert all(not isinstance(x, Resume) or x.gpus == mk.on("s0", 0) for x in d)
 

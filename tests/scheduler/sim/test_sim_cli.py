@@ -43,7 +43,7 @@ def test_plot_writes_the_two_pngs(capsys: pytest.CaptureFixture[str], tmp_path: 
     code, _, err = _sim(capsys, "--jobs", "20", "--cluster", "2x4", "--compare", "gandiva,fifo",
                         "--plot", str(tmp_path / "plots"))
     assert code == 0
-    for name in ("jct_cdf.png", "utilization.png"):
+    for name in ("jct_cdf.png", "first_n_cdf.png", "utilization.png"):
         png = tmp_path / "plots" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and name in err
 
@@ -74,3 +74,32 @@ def test_gavel_trace_finds_the_throughput_table(capsys: pytest.CaptureFixture[st
     code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "-o", "json")
     assert code == 0 and "simulation_throughputs.json" in err.replace("\n", "")
     assert json.loads(out)["gandiva"]["jobs_finished"] > 0
+
+
+def test_spread_factor_one_replays_durations_as_they_are(capsys: pytest.CaptureFixture[str],
+                                                         tmp_path: Path) -> None:
+    """A 4-GPU job on 2x2 must spread: at --spread-factor 1 it takes exactly its duration."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,4,1000\n")
+    jct = {}
+    for factor in ("1", "0.5"):
+        code, out, _ = _sim(capsys, "--trace", str(trace), "--cluster", "2x2", "--policy", "yarn-cs",
+                            "--spread-factor", factor, "-o", "json")
+        assert code == 0
+        jct[factor] = json.loads(out)["yarn-cs"]["avg_jct_s"]
+    assert jct == {"1": pytest.approx(1000), "0.5": pytest.approx(2000)}
+    code, _, err = _sim(capsys, "--trace", str(trace), "--spread-factor", "0")
+    assert code == 2 and "--spread-factor must be in (0, 1], got 0.0" in err
+
+
+def test_paper_time_slicing_can_be_chosen_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--jobs", "60", "--cluster", "1x4", "--target-load", "2", "--policy", "gandiva", "-o", "json")
+    code, out, _ = _sim(capsys, *args)
+    ours = json.loads(out)["gandiva"]
+    code2, out2, _ = _sim(capsys, *args, "--no-las-slices", "--slice-growth", "0", "--max-jobs-per-gpu", "4")
+    paper = json.loads(out2)["gandiva"]
+    assert code == code2 == 0
+    assert ours["jobs_finished"] == paper["jobs_finished"] > 40
+    assert ours["jobs_unfinished"] == paper["jobs_unfinished"] == 0
+    # Growing slices switch long jobs far less often than one-minute round-robin.
+    assert ours["suspends"] < paper["suspends"] / 2

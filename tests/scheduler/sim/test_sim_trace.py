@@ -75,3 +75,31 @@ def test_every_real_trace_reads() -> None:
     for path in (TRACES / "gavel" / "traces" / "physical_cluster").glob("*.trace"):
         assert read_trace(path)
     assert len(read_trace(TRACES / "tiresias" / "60_job.csv")) == 60
+
+
+ITP = ("job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration\n"
+       "b2,5016,14137,resnet50,6955,64,8,2066\n"
+       "a1,5010,7628,bert,5985,64,1,1265\n")
+
+
+def test_itp_trace_keeps_real_gpu_counts_and_durations(tmp_path: Path) -> None:
+    jobs = read_trace(_write(tmp_path, "cluster99.csv", ITP))
+    assert [(j.id, j.submit_time, j.num_gpus, j.model, j.duration_s) for j in jobs] == [
+        ("cluster99-a1", 5010.0, 1, "bert", 1265.0), ("cluster99-b2", 5016.0, 8, "resnet50", 2066.0)]
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ("a,1,2,bert,3,4,1\n", "c.csv:2: expected 8 ITP columns, got 7"),
+    ("a,1,2,bert,3,4,1,0\n", "c.csv:2: duration '0' must be positive"),
+    ("a,1,2,bert,3,4,x,5\n", "c.csv:2: GPU count 'x' is not a number"),
+])
+def test_bad_itp_line_names_file_and_line(tmp_path: Path, row: str, message: str) -> None:
+    with pytest.raises(TraceError, match=re.escape(message)):
+        read_trace(_write(tmp_path, "c.csv", ITP.splitlines(keepends=True)[0] + row))
+
+
+@needs_traces
+def test_every_itp_trace_reads() -> None:
+    for path in sorted((TRACES / "itp").glob("cluster*.csv")):
+        jobs = read_trace(path)
+        assert len(jobs) > 200 and all(j.duration_s and j.duration_s > 0 for j in jobs)

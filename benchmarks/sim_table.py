@@ -1,0 +1,154 @@
+"""The whole table: every ITP trace and every Gavel Philly trace of >= 500 jobs, four policies.
+
+Each trace is replayed on 25x4 at --target-load 0.9 with the mechanism costs of
+docs/simulator.md (Gavel's V100 table for the Gavel traces, the built-in table for ITP,
+whose model names it does not know). Per trace it prints avg JCT, avg and median time to
+the first 100 mini-batches, makespan with its lower bound, yarn-cs's queueing share, and
+the ratios the goals of issue 11 are stated in, with a verdict per goal:
+
+- ff: gandiva's average time to the first 100 mini-batches <= 0.25x yarn-cs's;
+- jct: gandiva's avg JCT <= 0.8x yarn-cs's where yarn-cs queues >= 25% of its JCT,
+  else never above yarn-cs; and within 10% of tiresias's (<= 1.1x);
+- mk: makespan <= 1.05x yarn-cs's.
+
+--ablate adds one row per gandiva rule set (see docs/policy.md), e.g.
+--ablate paper=,las=las_slices,all=las_slices+slice_growth:0.1+max_jobs_per_gpu:16
+where every rule set is CONFIG_FIELD[:VALUE] joined with +, applied on top of the defaults.
+--plot DIR writes each trace's CDFs and utilization plot into DIR/TRACE/.
+
+    .venv/bin/python benchmarks/sim_table.py [--only cluster10,2869ce] [--json OUT] [--plot DIR]
+
+Needs ../shared/traces. All traces take hours on this shared machine: use --only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from scheduler.policy import PolicyConfig, get_policy
+from scheduler.sim.engine import SimResult, Simulator, make_cluster
+from scheduler.sim.load import makespan_bound, scale_to_load
+from scheduler.sim.metrics import summarize
+from scheduler.sim.model import MechanismModel
+from scheduler.sim.trace import read_trace
+
+TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+POLICIES = ("gandiva", "yarn-cs", "tiresias", "yarn-cs-local")
+JCT, FIRST = "avg_jct_s", "avg_time_to_first_n_s"
+
+
+def trace_files(root: Path, min_jobs: int) -> list[Path]:
+    """Every ITP trace, then every Gavel msr trace with at least ``min_jobs`` jobs."""
+    itp = sorted((root / "itp").glob("cluster*.csv"))
+    gavel = [p for p in sorted((root / "gavel" / "traces" / "msr" / "seed=0").glob("*.trace"))
+             if sum(1 for line in p.open() if line.strip()) >= min_jobs]
+    return itp + gavel
+
+
+def parse_rules(text: str) -> dict[str, PolicyConfig]:
+    """``name=field[:value]+field...,name2=...`` into PolicyConfigs on top of the defaults."""
+    out: dict[str, PolicyConfig] = {}
+    types = {f.name: f.type for f in dataclasses.fields(PolicyConfig)}
+    for item in filter(None, text.split(",")):
+        name, _, spec = item.partition("=")
+        changes: dict[str, Any] = {}
+        for rule in filter(None, spec.split("+")):
+            field, _, value = rule.partition(":")
+            if field not in types:
+                raise SystemExit(f"--ablate: {field!r} is not a PolicyConfig field")
+            kind = str(types[field])
+            changes[field] = (True if not value else value.lower() == "true") if kind == "bool" else \
+                (int(value) if kind == "int" else float(value))
+        out[name] = PolicyConfig(**changes)
+    return out
+
+
+def verdicts(g: dict, y: dict, t: dict) -> dict[str, Any]:
+    """The goals of issue 11 for one trace."""
+    queue_share = y["avg_queueing_delay_s"] / y["avg_jct_s"] if y["avg_jct_s"] else 0.0
+    ff = g["avg_time_to_first_n_s"] / y["avg_time_to_first_n_s"] if y["avg_time_to_first_n_s"] else 0.0
+    jct_y = g["avg_jct_s"] / y["avg_jct_s"]
+    jct_t = g["avg_jct_s"] / t["avg_jct_s"]
+    mk = g["makespan_s"] / y["makespan_s"]
+    jct_goal = 0.8 if queue_share >= 0.25 else 1.0
+    return {"yarn_queue_share": queue_share, "ff_ratio": ff, "jct_ratio_yarn": jct_y, "jct_ratio_tiresias": jct_t,
+            "makespan_ratio": mk, "ff_ok": ff <= 0.25, "jct_ok": jct_y <= jct_goal and jct_t <= 1.1,
+            "makespan_ok": mk <= 1.05, "jct_goal": jct_goal}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=Path, default=TRACES)
+    ap.add_argument("--only", help="comma-separated trace names (file stems)")
+    ap.add_argument("--min-jobs", type=int, default=500, help="Gavel traces with at least this many jobs")
+    ap.add_argument("--cluster", default="25x4")
+    ap.add_argument("--target-load", type=float, default=0.9)
+    ap.add_argument("--ablate", default="", help="extra gandiva rows: NAME=FIELD[:VALUE]+...,NAME2=...")
+    ap.add_argument("--config", default="", help="rules for the gandiva column (FIELD[:VALUE]+...)")
+    ap.add_argument("--json", type=Path, help="also write every metric here")
+    ap.add_argument("--plot", type=Path, metavar="DIR", help="plots per trace into DIR/TRACE/")
+    args = ap.parse_args()
+    if not args.traces.is_dir():
+        print(f"no traces at {args.traces.resolve()}: this benchmark needs ../shared/traces")
+        return 2
+    gavel = MechanismModel.from_gavel(args.traces / "gavel" / "simulation_throughputs.json")
+    builtin = MechanismModel.default()
+    servers = make_cluster(args.cluster)
+    gandiva_cfg = parse_rules(f"g={args.config}")["g"]
+    ablations = parse_rules(args.ablate)
+    wanted = set(args.only.split(",")) if args.only else None
+    everything: dict[str, Any] = {}
+    print(f"{'trace':>9} {'jobs':>5} | {'avg JCT h g/y/t/yl':>24} | {'first-100 avg s g/y/t':>24} "
+          f"{'med g':>6} | {'mksp h g/y':>11} {'bound':>6} | {'yQ%':>4} {'ff':>5} {'jct/y':>5} {'jct/t':>5} "
+          f"{'mk/y':>5} | goals ff/jct/mk | secs")
+    for path in trace_files(args.traces, args.min_jobs):
+        if wanted is not None and path.stem not in wanted:
+            continue
+        model = builtin if path.suffix == ".csv" else gavel
+        jobs, _ = scale_to_load(read_trace(path), servers, model, args.target_load)
+        bound, _ = makespan_bound(jobs, servers, model)
+        start = time.process_time()
+        results: dict[str, SimResult] = {}
+        for name in POLICIES:
+            policy = get_policy(name, gandiva_cfg if name == "gandiva" else None)
+            results[name] = Simulator(jobs, servers, policy, model).run()
+        for label, cfg in ablations.items():
+            results[f"gandiva[{label}]"] = Simulator(jobs, servers, get_policy("gandiva", cfg), model).run()
+        m = {name: summarize(r) for name, r in results.items()}
+        g, y, t, yl = (m[p] for p in POLICIES)
+        v = verdicts(g, y, t)
+        everything[path.stem] = {"jobs": len(jobs), "makespan_lower_bound_s": bound, "goals": v, **m}
+        ok = "/".join("yes" if v[k] else "NO" for k in ("ff_ok", "jct_ok", "makespan_ok"))
+        print(f"{path.stem:>9} {len(jobs):>5} | "
+              f"{'/'.join(f'{x[JCT] / 3600:.1f}' for x in (g, y, t, yl)):>24} | "
+              f"{'/'.join(f'{x[FIRST]:.0f}' for x in (g, y, t)):>24} "
+              f"{g['median_time_to_first_n_s']:>6.0f} | "
+              f"{g['makespan_s'] / 3600:>5.0f}/{y['makespan_s'] / 3600:<5.0f} {bound / 3600:>6.0f} | "
+              f"{100 * v['yarn_queue_share']:>4.0f} {v['ff_ratio']:>5.2f} {v['jct_ratio_yarn']:>5.2f} "
+              f"{v['jct_ratio_tiresias']:>5.2f} {v['makespan_ratio']:>5.2f} | {ok:>15} | "
+              f"{time.process_time() - start:.0f}", flush=True)
+        for label in ablations:
+            a = m[f"gandiva[{label}]"]
+            va = verdicts(a, y, t)
+            print(f"{'':>9} {'':>5}   gandiva[{label}]: JCT {a['avg_jct_s'] / 3600:.1f} h, first-100 avg "
+                  f"{a['avg_time_to_first_n_s']:.0f} s median {a['median_time_to_first_n_s']:.0f} s, makespan "
+                  f"{a['makespan_s'] / 3600:.0f} h, suspends {a['suspends']}, ratios ff {va['ff_ratio']:.2f} "
+                  f"jct/y {va['jct_ratio_yarn']:.2f} jct/t {va['jct_ratio_tiresias']:.2f} "
+                  f"mk/y {va['makespan_ratio']:.2f}", flush=True)
+        if args.plot is not None:
+            from scheduler.sim.plots import write_plots
+
+            write_plots(results, args.plot / path.stem)
+    if args.json:
+        args.json.write_text(json.dumps(everything, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
