@@ -50,7 +50,8 @@ class Settings:
     jobs (SIGSTOP) by itself. ``down_after_s``: the scheduler marks a silent server down,
     and re-places its jobs, only after this long. The lease always runs out first
     (``lease_s + LEASE_MARGIN_S <= down_after_s``), so a job is never trained by a cut-off
-    server and its replacement at once. Default lease: 60% of ``down_after_s``."""
+    server and its replacement at once. Default lease: 60% of ``down_after_s`` (at most
+    ``down_after_s - LEASE_MARGIN_S``)."""
 
     heartbeat_interval_s: float = 2.0
     down_after_s: float = 10.0
@@ -78,7 +79,9 @@ class Settings:
 
     @property
     def lease(self) -> float:
-        return self.lease_s if self.lease_s is not None else 0.6 * self.down_after_s
+        if self.lease_s is not None:
+            return self.lease_s
+        return min(0.6 * self.down_after_s, self.down_after_s - LEASE_MARGIN_S)
 
 
 @dataclass
@@ -171,6 +174,8 @@ class SchedulerCore:
         self.runtimes = RuntimeHub()
         # Set whenever something happened that may change scheduling decisions.
         self.wake = asyncio.Event()
+        # (GPUs, name) of the largest server, for the submission check; None: not read yet.
+        self._largest: tuple[int, str] | None = None
 
     # ---- transactions ---------------------------------------------------------
 
@@ -248,8 +253,27 @@ class SchedulerCore:
             fenced_until=0.0,
         )
 
+    async def _largest_server(self) -> tuple[int, str]:
+        """(GPUs, name) of the largest registered server; (0, "") before any registers."""
+        if self._largest is None:
+            async with self.tx(read=True) as s:
+                self._largest = await repo.largest_server(s)
+        return self._largest
+
+    async def _check_fits_one_server(self, spec: common_pb2.JobSpec, field: str = "spec.gpus") -> None:
+        """No launch spans servers yet: a job larger than every server would never run
+        (or run on part of its GPUs), so it is refused now, with the largest named."""
+        gpus, name = await self._largest_server()
+        if gpus and spec.gpus > gpus:
+            raise InvalidArgument(
+                field,
+                f"{spec.gpus} GPUs do not fit on one server: the largest, {name}, has {gpus}; "
+                f"jobs spanning servers are not supported yet, so ask for {gpus} or fewer",
+            )
+
     async def submit(self, spec: common_pb2.JobSpec, dry_run: bool = False) -> JobDetail:
         validate_spec(spec)
+        await self._check_fits_one_server(spec)
         now = self.clock()
         job = self._job_row(spec, now, None)
         if not dry_run:
@@ -263,6 +287,7 @@ class SchedulerCore:
             raise InvalidArgument("jobs", "a multi-job needs at least one job")
         for i, spec in enumerate(specs):
             validate_spec(spec, field=f"jobs[{i}]")
+            await self._check_fits_one_server(spec, field=f"jobs[{i}].gpus")
         now = self.clock()
         mj = MultiJob(id=repo.new_id("mj"), name=name or default_name(specs[0]), created_at=now)
         jobs = [self._job_row(spec, now, mj.id) for spec in specs]
@@ -398,6 +423,7 @@ class SchedulerCore:
             created = await repo.upsert_server(
                 s, req.name, req.address, gpus, req.ramdisk, req.shared_root, now
             )
+            self._largest = await repo.largest_server(s)
             repo.add_event(
                 s,
                 now,
@@ -406,6 +432,11 @@ class SchedulerCore:
                 server=req.name,
             )
         self.poke()
+
+    async def known_server(self, name: str) -> None:
+        """NotFound unless `name` is registered (its helper must Register first)."""
+        async with self.tx(read=True) as s:
+            await repo.get_server(s, name)
 
     async def heartbeat(
         self, name: str, running: Sequence[tuple[str, str]] = ()

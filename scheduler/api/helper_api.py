@@ -50,6 +50,8 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
     async def ReceiveCommands(self, request, context):  # type: ignore[no-untyped-def, override]
         if not request.server:
             raise InvalidArgument("server", "required")
+        # Only a registered server gets a command box: one per name ever seen would grow forever.
+        await self.core.known_server(request.server)
         hub = self.core.helpers
         box = hub.box(request.server)
         log.info("helper %s connected its command stream", request.server)
