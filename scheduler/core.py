@@ -59,9 +59,15 @@ class Settings:
     # How long job progress is coalesced in memory before one transaction writes it.
     progress_flush_s: float = 0.25
     lease_s: float | None = None
+    # Every running migratable job checkpoints this often (0: never) into its server's
+    # ramdisk; a job that loses its server resumes from the last one instead of step 0
+    # (on another server too, when that one sees the ramdisk through its shared root).
+    checkpoint_interval_s: float = 300.0
 
     def __post_init__(self) -> None:
         lease = self.lease
+        if self.checkpoint_interval_s < 0:
+            raise InvalidArgument("checkpoint_interval_s", f"{self.checkpoint_interval_s} is negative; 0 turns periodic checkpoints off")
         if self.heartbeat_interval_s <= 0:
             raise InvalidArgument("heartbeat_interval_s", f"{self.heartbeat_interval_s} must be positive")
         if lease + LEASE_MARGIN_S > self.down_after_s:

@@ -143,6 +143,8 @@ async def _carry_out(engine: LiveEngine, plan: MigrationPlan, was: JobState, to_
             await repo.requeue(s, job, now, f"migration failed, re-placing: {why}", fenced_until=fence)
         elif result.outcome is Outcome.MIGRATED:
             job.incarnation = result.incarnation
+            # The migration's checkpoint, at the destination, is the job's latest restore point.
+            job.restore_checkpoint, job.restore_server = result.checkpoint_path, dest_name
             await repo.set_placement(s, job_id, [(g.server, g.index) for g in to_gpus])
             paused = result.durations_s.get("total", 0.0)
             await repo.transition(

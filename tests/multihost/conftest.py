@@ -32,6 +32,7 @@ from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 PREFIX = os.environ.get("GANDIVA_NETNS_PREFIX", "i9sched")
 SUBNET = "10.77.0"
 SCHED_PORT = 50051
+CHECKPOINT_INTERVAL_S = 2.0
 DONE = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
 
 
@@ -183,7 +184,9 @@ class Sampler:
 
 
 class Cluster:
-    """The scheduler on host "sched" and helpers on their own hosts, all real processes."""
+    """The scheduler on host "sched" and helpers on their own hosts, all real processes.
+    The helpers' ramdisks sit side by side under one directory, each helper's shared
+    root (as over NFS): a checkpoint written on one host is readable on the others."""
 
     def __init__(self, net: Net, tmp: Path, wait_for: Callable[..., object]) -> None:
         self.net, self.tmp, self._wait_for = net, tmp, wait_for
@@ -211,6 +214,7 @@ class Cluster:
             "scheduler", "--listen", f"{self.sched_addr}:{SCHED_PORT}", "--also-listen", f"unix:{self.sock}",
             "--db", f"sqlite+aiosqlite:///{self.tmp / 'state.db'}", "--tick", "0.2", "--quantum", "1000",
             "--heartbeat-interval", "0.5", "--heartbeat-timeout", str(heartbeat_timeout),
+            "--checkpoint-interval", str(CHECKPOINT_INTERVAL_S),
             "--port-file", str(port_file)])
         self._wait_for(port_file.exists, 60)
         if self.channel is not None:
@@ -222,7 +226,8 @@ class Cluster:
         ns, addr = self.net.add_host(name) if name not in self.net.hosts else self.net.hosts[name][:2]
         self._spawn(name, ns, [
             "helper", "--server-name", name, "--gpus", str(gpus), "--scheduler", f"{self.sched_addr}:{SCHED_PORT}",
-            "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / f"rd-{name}"), "--log-dir", str(self.tmp / "logs")])
+            "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / "rd" / name), "--shared-root", str(self.tmp / "rd"),
+            "--log-dir", str(self.tmp / "logs")])
         self._wait_for(lambda: self.server_up(name), 60)
 
     def kill9(self, name: str) -> None:
