@@ -7,9 +7,11 @@ latency percentiles and RSS.
 
     python benchmarks/submit_throughput.py                  # SQLite, and PostgreSQL if reachable
     python benchmarks/submit_throughput.py --db sqlite --n 3000 --concurrency 16
+    python benchmarks/submit_throughput.py --mode both      # plaintext, then --auth token + TLS
 
 PostgreSQL: scripts/pg-test-setup.sh starts a local server; override with --pg-url.
 Goals (issue 2): >= 500 submissions/s sustained, p99 < 50 ms, idle RSS < 150 MB.
+Goal (issue 10): with auth and TLS on, at most 20% fewer submissions/s than plaintext.
 """
 
 from __future__ import annotations
@@ -25,19 +27,39 @@ import time
 import uuid
 from pathlib import Path
 
-import grpc
 import psutil
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler.transport import ClientSecurity, aio_channel
 
 PG_ADMIN = "postgresql+asyncpg://gandiva:gandiva@127.0.0.1:5432/gandiva"
 
 
-def start(db_url: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+
+
+def secure_setup(db_url: str, workdir: Path) -> tuple[list[str], Path]:
+    """Certificates (`gandiva tls init`) and the scheduler flags for auth + TLS."""
+    pki = workdir / "pki"
+    if not (pki / "ca.pem").exists():
+        subprocess.run([*GANDIVA, "tls", "init", str(pki), "--host", "127.0.0.1", "--host", "localhost"],
+                       check=True, capture_output=True)
+    flags = ["--auth", "token", "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server-key.pem")]
+    return flags, pki / "ca.pem"
+
+
+def make_token(db_url: str, name: str, *role: str) -> str:
+    """A token as the administrator makes it (`gandiva token create`)."""
+    out = subprocess.run([*GANDIVA, "token", "--db", db_url, "create", name, *role],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def start(db_url: str, workdir: Path, extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     port_file = workdir / f"port-{uuid.uuid4().hex}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", "127.0.0.1:0",
-         "--db", db_url, "--port-file", str(port_file), "--log-level", "WARNING"],
+        [*GANDIVA, "scheduler", "--listen", "127.0.0.1:0",
+         "--db", db_url, "--port-file", str(port_file), "--log-level", "WARNING", *(extra or [])],
         env={**os.environ, "GANDIVA_HOME": str(workdir)},
     )
     deadline = time.monotonic() + 60
@@ -48,7 +70,7 @@ def start(db_url: str, workdir: Path) -> tuple[subprocess.Popen, str]:
     return proc, port_file.read_text().strip()
 
 
-async def drive(address: str, n: int, concurrency: int) -> list[float]:
+async def drive(address: str, n: int, concurrency: int, security: ClientSecurity | None = None) -> list[float]:
     latencies: list[float] = []
     counter = iter(range(n))
     spec = common_pb2.JobSpec(command=["python", "train.py", "--lr", "0.1"], gpus=1, name="bench")
@@ -59,7 +81,7 @@ async def drive(address: str, n: int, concurrency: int) -> list[float]:
             await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec))
             latencies.append(time.perf_counter() - t0)
 
-    async with grpc.aio.insecure_channel(address) as ch:
+    async with aio_channel(address, security) as ch:
         stub = scheduler_pb2_grpc.SchedulerStub(ch)
         await stub.ListJobs(scheduler_pb2.ListJobsRequest(limit=1))  # connect first
         await asyncio.gather(*(worker(stub) for _ in range(concurrency)))
@@ -95,6 +117,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=3000, help="submissions per database (default 3000)")
     ap.add_argument("--concurrency", type=int, default=16, help="concurrent clients (default 16)")
     ap.add_argument("--pg-url", default=PG_ADMIN, help="admin URL of a PostgreSQL whose role may create databases")
+    ap.add_argument("--mode", choices=["plain", "secure", "both"], default="plain",
+                    help="plain: no TLS, no tokens (default); secure: --auth token and TLS; both: each, compared")
     args = ap.parse_args()
 
     targets: list[tuple[str, str]] = []
@@ -106,25 +130,44 @@ def main() -> int:
         if url:
             targets.append(("postgresql", url))
 
-    print(f"{'database':<11} {'subs':>6} {'subs/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'idle RSS MB':>12} {'loaded RSS MB':>14}")
-    for label, url in targets:
-        proc, address = start(url, work)
-        try:
-            time.sleep(2.0)  # let start-up work (migrations, first rounds) settle
-            idle_rss = psutil.Process(proc.pid).memory_info().rss / 2**20
-            asyncio.run(drive(address, min(200, args.n), args.concurrency))  # warm-up
-            t0 = time.perf_counter()
-            lat = asyncio.run(drive(address, args.n, args.concurrency))
-            elapsed = time.perf_counter() - t0
-            loaded_rss = psutil.Process(proc.pid).memory_info().rss / 2**20
-            print(
-                f"{label:<11} {len(lat):>6} {len(lat) / elapsed:>8.0f} {pct(lat, 0.5) * 1e3:>7.1f} "
-                f"{pct(lat, 0.99) * 1e3:>7.1f} {max(lat) * 1e3:>7.1f} {idle_rss:>12.1f} {loaded_rss:>14.1f}"
-            )
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    modes = ["plain", "secure"] if args.mode == "both" else [args.mode]
+    print(f"{'database':<11} {'mode':<7} {'subs':>6} {'subs/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'idle RSS MB':>12} {'loaded RSS MB':>14}")
+    for label, base_url in targets:
+        rates: dict[str, float] = {}
+        for mode in modes:
+            url = base_url if mode == modes[0] else fresh(base_url, work, label, args.pg_url)
+            security, extra = None, []
+            if mode == "secure":
+                extra, ca = secure_setup(url, work)
+                security = ClientSecurity(token=make_token(url, "bench"), tls_ca=str(ca))
+            proc, address = start(url, work, extra)
+            try:
+                time.sleep(2.0)  # let start-up work (migrations, first rounds) settle
+                idle_rss = psutil.Process(proc.pid).memory_info().rss / 2**20
+                asyncio.run(drive(address, min(200, args.n), args.concurrency, security))  # warm-up
+                t0 = time.perf_counter()
+                lat = asyncio.run(drive(address, args.n, args.concurrency, security))
+                elapsed = time.perf_counter() - t0
+                loaded_rss = psutil.Process(proc.pid).memory_info().rss / 2**20
+                rates[mode] = len(lat) / elapsed
+                print(
+                    f"{label:<11} {mode:<7} {len(lat):>6} {len(lat) / elapsed:>8.0f} {pct(lat, 0.5) * 1e3:>7.1f} "
+                    f"{pct(lat, 0.99) * 1e3:>7.1f} {max(lat) * 1e3:>7.1f} {idle_rss:>12.1f} {loaded_rss:>14.1f}"
+                )
+            finally:
+                proc.terminate()
+                proc.wait(30)
+        if len(rates) == 2:
+            print(f"{label:<11} auth+TLS vs plaintext: {100 * (rates['secure'] / rates['plain'] - 1):+.1f}% "
+                  "submissions/s (goal: no worse than -20%)")
     return 0
+
+
+def fresh(url: str, work: Path, label: str, pg_admin: str) -> str:
+    """Another empty database of the same kind, so each mode starts alike."""
+    if label == "sqlite":
+        return f"sqlite+aiosqlite:///{work / f'bench-{uuid.uuid4().hex[:6]}.db'}"
+    return pg_database(pg_admin) or url
 
 
 if __name__ == "__main__":

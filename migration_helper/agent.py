@@ -15,9 +15,11 @@ from migration_helper.ramdisk import (
     CheckpointExists,
     DigestMismatch,
     Ramdisk,
+    TransferTooLarge,
     checkpoint_chunks,
 )
 from protos.gandiva.v1 import helper_pb2, helper_pb2_grpc
+from scheduler.transport import ClientSecurity, aio_channel
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
             path, size = await self._ramdisk.receive(request_iterator)
         except CheckpointExists as exc:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        except TransferTooLarge as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except DigestMismatch as exc:
             await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
         except CheckpointError as exc:
@@ -43,7 +47,8 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
 
 
 async def send_checkpoint(
-    address: str, directory: Path, job_id: str, name: str | None = None, timeout_s: float = 300.0
+    address: str, directory: Path, job_id: str, name: str | None = None, timeout_s: float = 300.0,
+    security: ClientSecurity | None = None,
 ) -> helper_pb2.PutCheckpointResponse:
     """Stream ``directory`` to the HelperAgent at ``address``; returns where it landed.
 
@@ -53,7 +58,7 @@ async def send_checkpoint(
     chunks = checkpoint_chunks(directory, job_id, name)
     # Take the first chunk now so a missing or empty directory fails before connecting.
     first = next(chunks)
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with aio_channel(address, security) as channel:
         stub = helper_pb2_grpc.HelperAgentStub(channel)
         response: helper_pb2.PutCheckpointResponse = await stub.PutCheckpoint(
             itertools.chain([first], chunks), timeout=timeout_s

@@ -44,6 +44,23 @@ def register(subparsers: Any) -> None:
                         help="freeze this server's jobs after this many seconds without an answered "
                         "heartbeat (default: the scheduler's lease, sent at registration; a value "
                         "here can only shorten it)")
+    sec = helper.add_argument_group(
+        "security", "The helper's token comes from `gandiva token create SERVER --helper`; each job "
+        "it launches gets a token good for that job only. An agent on a non-loopback address "
+        "needs --tls-cert/--tls-key and --tls-client-ca (only cluster members connect), or --insecure.")
+    sec.add_argument("--token", help="this helper's token (default: $GANDIVA_TOKEN)")
+    sec.add_argument("--tls-ca", metavar="FILE",
+                     help="CA that signed the scheduler's and peers' certificates (default: $GANDIVA_TLS_CA)")
+    sec.add_argument("--tls-cert", metavar="FILE",
+                     help="this server's certificate: served on the agent port and presented to "
+                     "the scheduler and peers")
+    sec.add_argument("--tls-key", metavar="FILE", help="its private key")
+    sec.add_argument("--tls-client-ca", metavar="FILE",
+                     help="the agent accepts only clients with a certificate from this CA (mTLS)")
+    sec.add_argument("--insecure", action="store_true",
+                     help="allow a non-loopback agent address without TLS (not recommended)")
+    sec.add_argument("--max-transfer-gib", type=float, default=64.0,
+                     help="largest checkpoint a peer may stream in (default 64 GiB)")
     helper.set_defaults(func=run_helper)
 
     logs = subparsers.add_parser("logs", help="print (or follow) a job's output on this server")
@@ -55,7 +72,13 @@ def register(subparsers: Any) -> None:
 
 
 def run_helper(args: argparse.Namespace) -> int:
+    from scheduler.transport import ClientSecurity, SecurityError, ServerTls
+
     try:
+        security = ClientSecurity.from_env(args.token, args.tls_ca, args.tls_cert, args.tls_key)
+        tls = ServerTls.from_flags(args.tls_cert, args.tls_key, args.tls_client_ca)
+        if not args.max_transfer_gib > 0:
+            raise ConfigError(f"--max-transfer-gib {args.max_transfer_gib}: must be positive")
         config = HelperConfig(
             server_name=args.server_name,
             scheduler=scheduler_address(args.scheduler),
@@ -67,8 +90,12 @@ def run_helper(args: argparse.Namespace) -> int:
             sample_interval_s=args.sample_interval,
             report_interval_s=max(5.0, args.sample_interval),
             lease_s=args.lease,
+            security=security,
+            tls=tls,
+            insecure=args.insecure,
+            max_transfer_bytes=int(args.max_transfer_gib * (1 << 30)),
         )
-    except ConfigError as exc:
+    except (ConfigError, SecurityError) as exc:
         print(f"gandiva helper: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -78,7 +105,11 @@ def run_helper(args: argparse.Namespace) -> int:
         os.environ["GANDIVA_FORCE_VIRTUAL_GPUS"] = "1"
     from scheduler.cli.serve import run_loop
 
-    run_loop(_serve(config))
+    try:
+        run_loop(_serve(config))
+    except SecurityError as exc:
+        print(f"gandiva helper: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler.config import gandiva_home, scheduler_address
+from scheduler.transport import ClientSecurity, ServerTls
 
 DEFAULT_LISTEN = "127.0.0.1:0"
 DEFAULT_VIRTUAL_GPUS = 4
@@ -47,6 +48,13 @@ class HelperConfig:
     checkpoint_retain_s: float = 600.0
     # A shorter lease than the scheduler's (None: the scheduler's, sent at registration).
     lease_s: float | None = None
+    # The helper's token and TLS trust, towards the scheduler and its peers' agents.
+    security: ClientSecurity = field(default_factory=ClientSecurity)
+    # The agent port's certificate (and client CA: only cluster members may connect).
+    tls: ServerTls | None = None
+    insecure: bool = False
+    # The largest checkpoint a peer may stream in.
+    max_transfer_bytes: int = 64 << 30
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.server_name):

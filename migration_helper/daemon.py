@@ -25,6 +25,7 @@ from migration_helper.process import JobProcess, exit_reason
 from migration_helper.ramdisk import Ramdisk
 from migration_helper.sampling import Sampler
 from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
+from scheduler.transport import add_port, aio_channel, check_exposure
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +51,15 @@ class HelperDaemon:
     def __init__(self, config: HelperConfig, backend: GpuBackend | None = None) -> None:
         self.config = config
         self.backend = backend or open_backend(config.gpus, config.server_name)
-        self.ramdisk = Ramdisk(config.ramdisk_dir)
+        self.ramdisk = Ramdisk(config.ramdisk_dir, max_bytes=config.max_transfer_bytes)
         self.jobs = JobTable(
             server=config.server_name,
             scheduler=config.scheduler,
             log_dir=config.logs_dir,
             on_exit=self._process_exited,
             stop_grace_s=config.stop_grace_s,
+            security=config.security,
+            roots=[config.ramdisk_dir, *([config.shared_root] if config.shared_root else [])],
         )
         self.sampler = Sampler(
             self.backend, lambda: self.jobs.processes.values(), config.sample_interval_s
@@ -80,7 +83,12 @@ class HelperDaemon:
         self.ramdisk.prepare()
         self._server = grpc.aio.server()
         helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(self.ramdisk), self._server)
-        port = self._server.add_insecure_port(self.config.listen)
+        warning = check_exposure(self.config.listen, self.config.tls, self.config.tls is not None
+                                 and bool(self.config.tls.client_ca), self.config.insecure,
+                                 f"helper {self.config.server_name}'s agent")
+        if warning:
+            log.warning("%s", warning)
+        port = add_port(self._server, self.config.listen, self.config.tls)
         if port == 0:
             raise OSError(f"--listen {self.config.listen}: cannot bind")
         await self._server.start()
@@ -163,7 +171,7 @@ class HelperDaemon:
         if not self._outbox:
             return
         try:
-            async with grpc.aio.insecure_channel(self.config.scheduler) as channel:
+            async with aio_channel(self.config.scheduler, self.config.security) as channel:
                 stub = helper_pb2_grpc.HelperStub(channel)
                 async with asyncio.timeout(timeout_s):
                     await self._send_queued(stub)
@@ -189,7 +197,7 @@ class HelperDaemon:
         backoff = 0.2
         while True:
             try:
-                async with grpc.aio.insecure_channel(self.config.scheduler) as channel:
+                async with aio_channel(self.config.scheduler, self.config.security) as channel:
                     await self._session(helper_pb2_grpc.HelperStub(channel))
             except (grpc.aio.AioRpcError, SessionEnded) as exc:
                 self.registered.clear()

@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from migration_helper.agent import send_checkpoint
@@ -15,6 +15,8 @@ from migration_helper.launch_rule import job_environment, shim_command
 from migration_helper.process import JobProcess, ProcessExited
 from migration_helper.ramdisk import CheckpointError, safe_name
 from protos.gandiva.v1 import helper_pb2
+from scheduler.auth import runtime_token
+from scheduler.transport import ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,13 @@ class JobTable:
         stop_grace_s: float = 10.0,
         prewarm_timeout_s: float = 600.0,
         first_step_timeout_s: float = 600.0,
+        security: ClientSecurity | None = None,
+        roots: Sequence[Path] = (),
     ) -> None:
+        # The helper's credentials: each launch gets a runtime token derived from them.
+        self.security = security or ClientSecurity()
+        # Checkpoint paths a command names must lie under one of these (empty: anywhere).
+        self.roots = [r.resolve() for r in roots]
         self.server = server
         self.scheduler = scheduler
         self.log_dir = log_dir
@@ -130,8 +138,9 @@ class JobTable:
             scheduler=self.scheduler,
             server=self.server,
             gpu_indices=list(req.gpu_indices),
-            restore_checkpoint=req.restore_checkpoint,
+            restore_checkpoint=self._confined(req.restore_checkpoint, "launch: restore_checkpoint"),
         )
+        env.update(self.runtime_credentials(req.job_id, req.incarnation))
         workdir = req.spec.workdir or os.getcwd()
         if not os.path.isdir(workdir):
             raise CommandFailed(f"launch: workdir {workdir!r} does not exist on {self.server}")
@@ -174,6 +183,7 @@ class JobTable:
             raise CommandFailed(f"activate: no live pre-warmed process for {req.job_id}/{req.incarnation}")
         if not proc.warm or proc.activated:
             raise CommandFailed(f"activate: {req.job_id}/{req.incarnation} is not waiting warm")
+        self._confined(req.restore_checkpoint, "activate: restore_checkpoint")
         if req.restore_checkpoint and not os.path.isdir(req.restore_checkpoint):
             raise CommandFailed(f"activate: checkpoint {req.restore_checkpoint} not found on {self.server}")
         mark = len(proc.events)
@@ -207,12 +217,32 @@ class JobTable:
         if not req.dest_address:
             raise CommandFailed("transfer: dest_address is required")
         t0 = time.monotonic()
+        source = Path(self._confined(req.checkpoint_path, "transfer: checkpoint_path"))
         sent = await send_checkpoint(
-            req.dest_address, Path(req.checkpoint_path), req.job_id, req.checkpoint_name or None
+            req.dest_address, source, req.job_id, req.checkpoint_name or None, security=self.security
         )
         result = Result(checkpoint_path=sent.path, message=f"{sent.bytes} bytes")
         result.durations_s["transfer"] = time.monotonic() - t0
         return result
+
+    def runtime_credentials(self, job_id: str, incarnation: str) -> dict[str, str]:
+        """What the job's runtime needs to reach the scheduler: a token good for this
+        job and launch only (never the helper's own), and the CA to trust."""
+        out = {}
+        if self.security.token:
+            out["GANDIVA_TOKEN"] = runtime_token(self.security.token, job_id, incarnation)
+        if self.security.tls_ca:
+            out["GANDIVA_TLS_CA"] = str(Path(self.security.tls_ca).resolve())
+        return out
+
+    def _confined(self, path: str, what: str) -> str:
+        """``path`` when it lies under the ramdisk or shared root; else CommandFailed."""
+        if not path or not self.roots:
+            return path
+        real = Path(path).resolve()
+        if not any(real == r or r in real.parents for r in self.roots):
+            raise CommandFailed(f"{what} {path!r} is outside this helper's ramdisk and shared root")
+        return str(real)
 
     async def _wait(self, proc: JobProcess, kind: str, timeout_s: float, after: int = 0) -> dict:
         try:

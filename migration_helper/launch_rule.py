@@ -26,6 +26,10 @@ _HELPER_ONLY = (
     "GANDIVA_RESTORE_CHECKPOINT",
     "GANDIVA_JOB_ID",
     "GANDIVA_INCARNATION",
+    # The helper's own credentials: a job gets a token scoped to itself instead.
+    "GANDIVA_TOKEN",
+    "GANDIVA_TLS_CERT",
+    "GANDIVA_TLS_KEY",
 )
 
 

@@ -37,6 +37,10 @@ class CheckpointExists(CheckpointError):
     """A checkpoint with that name is already there."""
 
 
+class TransferTooLarge(CheckpointError):
+    """More bytes or files than this helper accepts in one checkpoint."""
+
+
 class DigestMismatch(CheckpointError):
     """The bytes received do not match the sender's sha256."""
 
@@ -51,8 +55,11 @@ def safe_name(value: str, what: str) -> str:
 class Ramdisk:
     """The checkpoint area of one helper."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, max_bytes: int = 64 << 30, max_files: int = 10_000) -> None:
         self.root = root
+        # A peer cannot fill this server's RAM: a checkpoint over these is refused.
+        self.max_bytes = max_bytes
+        self.max_files = max_files
 
     def prepare(self) -> None:
         """Create the ramdisk and drop transfers a previous run left half-done."""
@@ -115,15 +122,20 @@ class Ramdisk:
                         out.close()
                         done.add(current)
                     current = chunk.name
+                    if len(done) >= self.max_files:
+                        raise TransferTooLarge(f"more than {self.max_files} files in one checkpoint")
                     # A ramdisk write is a memory copy; a thread hop per chunk would cost more.
                     # The file stays open across chunks, closed below or in `finally`.
                     out = open(tmp / safe_name(current, "file name"), "wb")  # noqa: ASYNC230, SIM115
                 if chunk.data:
                     if out is None:
                         raise CheckpointError("data before any file name")
+                    total += len(chunk.data)
+                    if total > self.max_bytes:
+                        raise TransferTooLarge(
+                            f"checkpoint larger than this helper's cap of {self.max_bytes} bytes")
                     out.write(chunk.data)
                     digest.update(chunk.data)
-                    total += len(chunk.data)
                 if chunk.last:
                     if out is not None:
                         out.close()

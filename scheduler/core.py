@@ -29,7 +29,7 @@ from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.state import repo
 from scheduler.state.db import SqliteWriter, is_sqlite, make_engine, make_sessionmaker
 from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
-from scheduler.validation import default_name, validate_spec
+from scheduler.validation import default_name, validate_members, validate_spec
 
 log = logging.getLogger(__name__)
 
@@ -289,8 +289,7 @@ class SchedulerCore:
     async def submit_multi(
         self, name: str, specs: Sequence[common_pb2.JobSpec], dry_run: bool = False
     ) -> tuple[str, list[JobDetail]]:
-        if not specs:
-            raise InvalidArgument("jobs", "a multi-job needs at least one job")
+        validate_members(name, len(specs))
         for i, spec in enumerate(specs):
             validate_spec(spec, field=f"jobs[{i}]")
             await self._check_fits_one_server(spec, field=f"jobs[{i}].gpus")
@@ -332,10 +331,11 @@ class SchedulerCore:
         return JobDetail(job, _gpus_of(placement, job_id), hist)
 
     async def list_jobs(
-        self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0
+        self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0,
+        user: str | None = None, after: tuple[float, str] | None = None,
     ) -> list[JobDetail]:
         async with self.tx(read=True) as s:
-            jobs = await repo.list_jobs(s, states, multi_job_id, limit)
+            jobs = await repo.list_jobs(s, states, multi_job_id, limit, user, after)
             placements = await repo.placements_of(s, [j.id for j in jobs])
         return [JobDetail(j, _gpus_of(placements, j.id)) for j in jobs]
 
@@ -343,9 +343,11 @@ class SchedulerCore:
         async with self.tx(read=True) as s:
             return await repo.server_loads(s)
 
-    async def list_events(self, after_id: int = 0, job_id: str = "", limit: int = 0) -> Sequence[Event]:
+    async def list_events(
+        self, after_id: int = 0, job_id: str = "", limit: int = 0, user: str | None = None
+    ) -> Sequence[Event]:
         async with self.tx(read=True) as s:
-            return await repo.list_events(s, after_id, job_id, limit)
+            return await repo.list_events(s, after_id, job_id, limit, user)
 
     async def last_event_id(self) -> int:
         async with self.tx(read=True) as s:

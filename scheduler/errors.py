@@ -29,3 +29,11 @@ class FailedPrecondition(GandivaError):
 
 class Unavailable(GandivaError):
     """Infrastructure the scheduler depends on (the database) cannot be reached."""
+
+
+class Unauthenticated(GandivaError):
+    """No credential, or one the scheduler does not accept."""
+
+
+class PermissionDenied(GandivaError):
+    """A valid credential that may not do this."""

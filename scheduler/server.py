@@ -26,6 +26,7 @@ from protos.gandiva.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
+from scheduler import auth
 from scheduler.api.helper_api import HelperServicer
 from scheduler.api.runtime_api import RuntimeServicer
 from scheduler.api.scheduler_api import SchedulerServicer
@@ -33,8 +34,10 @@ from scheduler.config import DEFAULT_LISTEN
 from scheduler.core import SchedulerCore, Settings
 from scheduler.engine.live import LiveEngine
 from scheduler.policy.types import PolicyConfig
-from scheduler.state import migrate
+from scheduler.state import migrate, prune
 from scheduler.state.db import make_engine
+from scheduler.transport import ServerTls, add_port, check_exposure
+from scheduler.validation import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -59,23 +62,43 @@ class SchedulerServer:
     # More addresses to serve on, e.g. unix:/run/gandiva.sock for operator tools on the
     # scheduler's own host, whatever its network does.
     also_listen: tuple[str, ...] = ()
+    # "token": every call needs a token (`gandiva token create`); "none": trusted callers.
+    auth: str = "none"
+    tls: ServerTls | None = None
+    # Allow an open address without TLS and tokens (otherwise start() refuses).
+    insecure: bool = False
+    # Finished jobs' events older than this are deleted (0: kept forever).
+    event_retention_days: float = 0.0
+    interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
 
     async def start(self) -> str:
+        if self.auth not in ("none", "token"):
+            raise ValueError(f"--auth {self.auth!r}: use 'token' or 'none'")
+        warning = check_exposure(self.listen, self.tls, self.auth == "token", self.insecure, "the scheduler")
+        if warning:
+            log.warning("%s", warning)
         self.db = make_engine(self.db_url)
         self.core = SchedulerCore(self.db, self.settings)
         # The policy is checked before anything touches the database.
         self.engine = LiveEngine(self.core, self.policy, self.policy_config, self.tick_s)
         await migrate.upgrade(self.db)
+        interceptors = list(self.interceptors)
+        if self.auth == "token":
+            interceptors.insert(0, auth.AuthInterceptor(auth.Authenticator(self.core.read_sessions)))
         self.server = grpc.aio.server(
+            interceptors=interceptors,
             options=[
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                ("grpc.max_receive_message_length", 64 << 20),
-            ]
+                # The largest valid request (a full multi-job); larger ones are refused
+                # with RESOURCE_EXHAUSTED before they are parsed.
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+            ],
         )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(self.core, self.engine), self.server)
-        runtime_pb2_grpc.add_RuntimeServicer_to_server(RuntimeServicer(self.core), self.server)
+        self.runtime_servicer = RuntimeServicer(self.core)
+        runtime_pb2_grpc.add_RuntimeServicer_to_server(self.runtime_servicer, self.server)
         helper_pb2_grpc.add_HelperServicer_to_server(HelperServicer(self.core, self.engine), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -83,19 +106,27 @@ class SchedulerServer:
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
         host = self.listen.rpartition(":")[0]
-        bound = self.server.add_insecure_port(self.listen)
+        bound = add_port(self.server, self.listen, self.tls)
         if bound == 0:
             raise OSError(f"cannot listen on {self.listen}")
         self.address = f"{host or '127.0.0.1'}:{bound}"
         for extra in self.also_listen:
-            if self.server.add_insecure_port(extra) == 0:
+            # A unix socket is reachable only on this host; a TCP address is checked like --listen.
+            if not extra.startswith("unix:"):
+                check_exposure(extra, self.tls, self.auth == "token", self.insecure, "the scheduler")
+            tls = None if extra.startswith("unix:") else self.tls
+            if add_port(self.server, extra, tls) == 0:
                 raise OSError(f"cannot listen on {extra}")
         await self.server.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.engine.scheduler_address = self.address
         self._engine_task = asyncio.create_task(self.engine.run())
-        log.info("scheduler listening on %s (db %s, policy %s)", self.address, _redact(self.db_url), self.policy)
+        self._prune_task = (
+            asyncio.create_task(self._prune_loop()) if self.event_retention_days > 0 else None
+        )
+        log.info("scheduler listening on %s (db %s, policy %s, auth %s, %s)", self.address,
+                 _redact(self.db_url), self.policy, self.auth, "TLS" if self.tls else "plaintext")
         return self.address
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -103,10 +134,28 @@ class SchedulerServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.engine.stop()
         self._engine_task.cancel()
-        await asyncio.gather(self._engine_task, return_exceptions=True)
+        if self._prune_task is not None:
+            self._prune_task.cancel()
+        await asyncio.gather(self._engine_task, *([self._prune_task] if self._prune_task else []),
+                             return_exceptions=True)
         await self.server.stop(grace)
         await self.core.dispose()
         await self.db.dispose()
+        log.info("stopped; runtime streams delivered %d progress reports",
+                 self.runtime_servicer.progress_received)
+
+
+    async def _prune_loop(self, every_s: float = 3600.0) -> None:
+        """Delete finished jobs' old events once an hour (the retention setting)."""
+        while True:
+            try:
+                n = await prune.prune(self.core, self.event_retention_days * 86400.0)
+                if n.events:
+                    log.info("retention: deleted %d events of jobs finished over %g days ago",
+                             n.events, self.event_retention_days)
+            except Exception:  # a database outage: try again next hour
+                log.warning("retention pruning failed", exc_info=True)
+            await asyncio.sleep(every_s)
 
 
 def _redact(url: str) -> str:

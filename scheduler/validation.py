@@ -1,23 +1,103 @@
-"""Validation of what users submit. Every error names the offending field."""
+"""Validation of what users submit. Every error names the offending field.
+
+The limits keep every stored row, and so every listing, of a bounded size: a job
+whose spec is too large to list would break `gandiva get jobs` for everyone.
+They also keep out what a database cannot store (PostgreSQL refuses NUL in text)
+and what would garble a terminal (control characters in names).
+"""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
 
 from protos.gandiva.v1 import common_pb2
 from scheduler.errors import InvalidArgument
 
 MAX_GPUS = 1024
+MAX_NAME = 256              # job and multi-job names
+MAX_USER = 128
+MAX_ID = 64                 # job ids, server names and other identifiers in requests
+MAX_ARGS = 4096             # entries of a command
+MAX_COMMAND_BYTES = 128 << 10  # a command's arguments, in total (Linux's ARG_MAX is 2 MiB)
+MAX_WORKDIR = 4096
+MAX_ENV_ENTRIES = 256
+MAX_ENV_BYTES = 64 << 10    # names and values, in total
+MAX_PARAMS = 64
+MAX_PARAM_BYTES = 16 << 10  # names and values, in total
+MAX_REASON = 1024           # free text a user attaches to an action
+MAX_MEMBERS = 10_000        # jobs of one multi-job (sweep or array)
+MAX_PRIORITY = 1_000_000
+# The scheduler's receive limit: the largest valid request is a multi-job, whose
+# members are checked one by one; this bounds the whole message before parsing.
+MAX_REQUEST_BYTES = 16 << 20
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# C0 controls (tab included) and DEL.
+_CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_text(field: str, value: str, limit: int, *, control_ok: bool = False) -> None:
+    """A string field: at most `limit` bytes, no NUL, and no control characters
+    unless `control_ok` (free text such as an argument or a variable's value)."""
+    if _utf8_len(value) > limit:
+        raise InvalidArgument(field, f"longer than {limit} bytes ({_utf8_len(value)})")
+    if "\x00" in value:
+        raise InvalidArgument(field, "contains a NUL character, which cannot be stored")
+    if not control_ok and _CONTROL_OR_TAB.search(value):
+        raise InvalidArgument(field, "contains control characters")
+
+
+def check_id(field: str, value: str, required: bool = True) -> None:
+    """An identifier a request names (a job id, a server name)."""
+    if required and not value:
+        raise InvalidArgument(field, "required")
+    check_text(field, value, MAX_ID)
+
+
+def _check_map(field: str, mapping: Mapping[str, str], max_entries: int, max_bytes: int,
+               key_pattern: re.Pattern[str] | None) -> None:
+    if len(mapping) > max_entries:
+        raise InvalidArgument(field, f"{len(mapping)} entries; at most {max_entries}")
+    total = 0
+    for key, value in mapping.items():
+        if key_pattern is not None and not key_pattern.match(key):
+            raise InvalidArgument(field, f"{key[:64]!r} is not a valid variable name")
+        check_text(f"{field}[{key[:64]}]", key, max_bytes)
+        check_text(f"{field}[{key[:64]}]", value, max_bytes, control_ok=True)
+        total += _utf8_len(key) + _utf8_len(value)
+    if total > max_bytes:
+        raise InvalidArgument(field, f"{total} bytes in total; at most {max_bytes}")
+
+
+def _check_command(field: str, command: Iterable[str]) -> None:
+    args = list(command)
+    if len(args) > MAX_ARGS:
+        raise InvalidArgument(field, f"{len(args)} arguments; at most {MAX_ARGS}")
+    total = 0
+    for i, arg in enumerate(args):
+        if "\x00" in arg:
+            raise InvalidArgument(f"{field}[{i}]", "contains a NUL character, which no program can receive")
+        total += _utf8_len(arg)
+        if total > MAX_COMMAND_BYTES:
+            raise InvalidArgument(
+                field, f"the arguments exceed {MAX_COMMAND_BYTES} bytes in total; pass large "
+                "inputs in a file on the server instead"
+            )
+
+
 def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
     """Raise InvalidArgument naming the first bad field of `spec`."""
+    _check_command(f"{field}.command", spec.command)
     if not spec.command or not spec.command[0].strip():
         raise InvalidArgument(f"{field}.command", "empty command; give the program to run")
     if not is_power_of_two(spec.gpus):
@@ -28,13 +108,27 @@ def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
         raise InvalidArgument(f"{field}.gpus", f"{spec.gpus} exceeds the limit of {MAX_GPUS}")
     if spec.priority < 0:
         raise InvalidArgument(f"{field}.priority", f"{spec.priority} is negative; use 0 or more")
+    if spec.priority > MAX_PRIORITY:
+        raise InvalidArgument(f"{field}.priority", f"{spec.priority} exceeds {MAX_PRIORITY}")
+    check_text(f"{field}.workdir", spec.workdir, MAX_WORKDIR)
     if spec.workdir and not os.path.isabs(spec.workdir):
         raise InvalidArgument(f"{field}.workdir", f"{spec.workdir!r} is not an absolute path")
-    if len(spec.name) > 256:
-        raise InvalidArgument(f"{field}.name", "longer than 256 characters")
-    for key in spec.env:
-        if not _ENV_NAME.match(key):
-            raise InvalidArgument(f"{field}.env", f"{key!r} is not a valid environment variable name")
+    check_text(f"{field}.name", spec.name, MAX_NAME)
+    check_text(f"{field}.user", spec.user, MAX_USER)
+    check_text(f"{field}.multi_job_id", spec.multi_job_id, MAX_ID)
+    _check_map(f"{field}.env", spec.env, MAX_ENV_ENTRIES, MAX_ENV_BYTES, _ENV_NAME)
+    _check_map(f"{field}.params", spec.params, MAX_PARAMS, MAX_PARAM_BYTES, None)
+    if spec.index < 0:
+        raise InvalidArgument(f"{field}.index", f"{spec.index} is negative")
+
+
+def validate_members(name: str, count: int) -> None:
+    """A multi-job as a whole: its name and how many members it has."""
+    check_text("name", name, MAX_NAME)
+    if count == 0:
+        raise InvalidArgument("jobs", "a multi-job needs at least one job")
+    if count > MAX_MEMBERS:
+        raise InvalidArgument("jobs", f"{count} members; at most {MAX_MEMBERS} in one multi-job")
 
 
 def default_name(spec: common_pb2.JobSpec) -> str:
@@ -43,4 +137,6 @@ def default_name(spec: common_pb2.JobSpec) -> str:
         return spec.name
     args = [a for a in spec.command if not a.startswith("-")]
     script = next((a for a in args[1:] if a.endswith(".py")), args[0] if args else "job")
-    return os.path.splitext(os.path.basename(script))[0] or "job"
+    name = os.path.splitext(os.path.basename(script))[0] or "job"
+    # Derived from an argument, which may hold anything: keep it a printable name.
+    return _CONTROL_OR_TAB.sub("?", name)[:MAX_NAME] or "job"

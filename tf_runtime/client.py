@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import grpc
 
 from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
+from scheduler import transport
 
 from .commands import Ack, Command, Kind
 from .progress import ProgressMeter
@@ -79,6 +80,7 @@ class StreamClient:
         self._migratability: runtime_pb2.MigratabilityReport | None = None
         self._thread = threading.Thread(target=self._loop, name="gandiva-stream", daemon=True)
         self._channel: grpc.Channel | None = None
+        self._security = transport.ClientSecurity.from_env()
         self.connections = 0  # streams opened so far (reconnects + 1)
 
     def start(self) -> StreamClient:
@@ -108,7 +110,8 @@ class StreamClient:
     def _loop(self) -> None:
         backoff = 0.1
         while not self._closing.is_set():
-            self._channel = grpc.insecure_channel(self.target)
+            # The token and CA the helper handed this process (GANDIVA_TOKEN, GANDIVA_TLS_CA).
+            self._channel = transport.channel(self.target, self._security)
             stub = runtime_pb2_grpc.RuntimeStub(self._channel)
             alive = threading.Event()
             alive.set()

@@ -5,10 +5,23 @@ from __future__ import annotations
 import logging
 
 from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
+from scheduler import auth
 from scheduler.api.status import grpc_errors, grpc_stream_errors
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument
+from scheduler.validation import MAX_WORKDIR, check_id, check_text
+
+# More GPUs, jobs or samples than any server has: a broken or hostile helper.
+MAX_SERVER_GPUS = 256
+MAX_RUNNING_JOBS = 10_000
+MAX_SAMPLES = 100_000
+
+
+def _as_server(name: str, field: str = "server") -> None:
+    """The server a helper names: a valid name, and the one its credential is for."""
+    check_id(field, name)
+    auth.require_server(auth.current(), name, field)
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +33,19 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
 
     @grpc_errors
     async def Register(self, request, context):  # type: ignore[no-untyped-def]
+        _as_server(request.name, "name")
+        check_text("address", request.address, 256)
+        check_text("ramdisk", request.ramdisk, MAX_WORKDIR)
+        check_text("shared_root", request.shared_root, MAX_WORKDIR)
+        if len(request.gpus) > MAX_SERVER_GPUS:
+            raise InvalidArgument("gpus", f"{len(request.gpus)} GPUs; at most {MAX_SERVER_GPUS}")
+        if len({g.index for g in request.gpus}) != len(request.gpus):
+            raise InvalidArgument("gpus", "GPU indices must be distinct")
+        for i, g in enumerate(request.gpus):
+            check_text(f"gpus[{i}].uuid", g.uuid, 128)
+            check_text(f"gpus[{i}].model", g.model, 128)
+            if g.index < 0 or g.memory_total_bytes < 0:
+                raise InvalidArgument(f"gpus[{i}]", "index and memory must not be negative")
         await self.core.register_server(request)
         st = self.core.settings
         return helper_pb2.RegisterServerResponse(
@@ -28,6 +54,9 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
 
     @grpc_errors
     async def Heartbeat(self, request, context):  # type: ignore[no-untyped-def]
+        _as_server(request.name, "name")
+        if len(request.running_jobs) > MAX_RUNNING_JOBS or len(request.running) > MAX_RUNNING_JOBS:
+            raise InvalidArgument("running", f"more than {MAX_RUNNING_JOBS} jobs")
         running = [(r.job_id, r.incarnation) for r in request.running]
         known, stop = await self.core.heartbeat(request.name, running)
         if known:
@@ -36,20 +65,26 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
 
     @grpc_errors
     async def ReportGpuSamples(self, request, context):  # type: ignore[no-untyped-def]
+        _as_server(request.server)
+        if len(request.samples) > MAX_SAMPLES:
+            raise InvalidArgument("samples", f"more than {MAX_SAMPLES} in one report")
+        for i, x in enumerate(request.samples):
+            check_text(f"samples[{i}].job_id", x.job_id, 64)
         await self.core.gpu_samples(request)
         return common_pb2.Empty()
 
     @grpc_errors
     async def ReportProcessExit(self, request, context):  # type: ignore[no-untyped-def]
-        if not request.job_id:
-            raise InvalidArgument("job_id", "required")
+        _as_server(request.server)
+        check_id("job_id", request.job_id)
+        check_text("incarnation", request.incarnation, 64)
+        check_text("reason", request.reason, 1024)
         await self.core.process_exit(request)
         return common_pb2.Empty()
 
     @grpc_stream_errors
     async def ReceiveCommands(self, request, context):  # type: ignore[no-untyped-def, override]
-        if not request.server:
-            raise InvalidArgument("server", "required")
+        _as_server(request.server)
         # Only a registered server gets a command box: one per name ever seen would grow forever.
         await self.core.known_server(request.server)
         hub = self.core.helpers
@@ -69,5 +104,6 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
 
     @grpc_errors
     async def ReportCommandResult(self, request, context):  # type: ignore[no-untyped-def]
+        _as_server(request.server)
         self.core.helpers.resolve(request.server, request)
         return common_pb2.Empty()

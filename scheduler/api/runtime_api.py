@@ -4,21 +4,48 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
 from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
+from scheduler import auth
+from scheduler.api.status import code_for
 from scheduler.core import SchedulerCore
 from scheduler.errors import GandivaError
 from scheduler.hubs import RuntimeConn
+from scheduler.validation import check_id, check_text
 
 log = logging.getLogger(__name__)
+
+
+MAX_METRICS = 64
+
+
+def _finite(x: float) -> float:
+    """NaN and infinities cannot be stored (SQLite turns NaN into NULL), nor mean a rate."""
+    return x if math.isfinite(x) else 0.0
+
+
+def _metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """What a job reports, bounded: one program's bad loss must not spoil the batch
+    write that records every job's progress (PostgreSQL's JSON refuses NaN)."""
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        if len(out) >= MAX_METRICS:
+            break
+        if len(name) <= 64 and "\x00" not in name and math.isfinite(value):
+            out[name] = value
+    return out
 
 
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
     def __init__(self, core: SchedulerCore) -> None:
         self.core = core
+        # Progress reports taken off the streams (the load benchmark compares it with
+        # what its simulated runtimes sent).
+        self.progress_received = 0
 
     async def Connect(  # type: ignore[override]
         self, request_iterator: AsyncIterator[runtime_pb2.RuntimeMessage], context: grpc.aio.ServicerContext
@@ -29,9 +56,12 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             return
         hello = first.hello
         try:
+            check_id("hello.job_id", hello.job_id)
+            check_text("hello.incarnation", hello.incarnation, 64)
+            auth.require_runtime(auth.current(), hello.job_id, hello.incarnation)
             await self.core.get_job(hello.job_id)
         except GandivaError as err:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+            await context.abort(code_for(err) or grpc.StatusCode.INTERNAL, str(err))
         conn = self.core.runtimes.attach(hello.job_id, hello.incarnation)
         log.info("runtime of job %s (incarnation %s, pid %d) connected", hello.job_id, hello.incarnation, hello.pid)
         reader = asyncio.create_task(self._read(conn, request_iterator))
@@ -57,15 +87,17 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             kind = msg.WhichOneof("body")
             try:
                 if kind == "progress":
+                    self.progress_received += 1
                     p = msg.progress
                     await self.core.record_progress(
-                        conn.job_id, conn.incarnation, p.steps, p.rate, p.last_step_s, dict(p.metrics)
+                        conn.job_id, conn.incarnation, max(0, p.steps), _finite(p.rate),
+                        _finite(p.last_step_s), _metrics(p.metrics),
                     )
                 elif kind == "ack":
                     self.core.runtimes.resolve(conn, msg.ack)
                 elif kind == "migratability":
                     await self.core.record_migratability(
-                        conn.job_id, msg.migratability.migratable, msg.migratability.reason
+                        conn.job_id, msg.migratability.migratable, msg.migratability.reason[:1024]
                     )
             except GandivaError as err:
                 # A progress report lost to a brief database outage is superseded by the next one.

@@ -7,16 +7,37 @@ from collections.abc import AsyncIterator
 import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler import auth
+from scheduler.api import paging
 from scheduler.api.convert import event_to_pb, job_to_pb, server_to_pb, state_from_pb
 from scheduler.api.status import grpc_errors, grpc_stream_errors
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument
 from scheduler.state.repo import ServerLoad
+from scheduler.validation import MAX_REASON, check_id, check_text
+
+JOBS_PAGE, JOBS_PAGE_MAX = 500, 1000
+EVENTS_PAGE, EVENTS_PAGE_MAX = 1000, 5000
 
 
 def cluster_height(loads: list[ServerLoad]) -> int:
     return max((ld.height for ld in loads if ld.server.up), default=0)
+
+
+def _bounded(details: list) -> list[common_pb2.Job]:
+    """All members, in full while they fit a page; past that without their command,
+    env and workdir (GetJob has them), so the answer fits a client's receive limit."""
+    out, used = [], 0
+    for d in details:
+        job = job_to_pb(d)
+        used += job.ByteSize()
+        if used > paging.PAGE_BYTES:
+            job.spec.ClearField("command")
+            job.spec.ClearField("env")
+            job.spec.ClearField("workdir")
+        out.append(job)
+    return out
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -24,54 +45,93 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.core = core
         self.engine = engine
 
+    async def _own_job(self, job_id: str) -> None:
+        """The caller may see and act on this job (its owner, or an operator)."""
+        check_id("id", job_id)
+        ident = auth.current()
+        if not ident.sees_all:
+            detail = await self.core.get_job(job_id)
+            auth.require_job_access(ident, detail.job.user, job_id)
+
+    @staticmethod
+    def _as_caller(spec: common_pb2.JobSpec) -> common_pb2.JobSpec:
+        """The spec with its user taken from the credential, never from the client."""
+        ident = auth.current()
+        if ident.role == "anonymous":
+            return spec
+        own = common_pb2.JobSpec()
+        own.CopyFrom(spec)
+        own.user = ident.name
+        return own
+
     @grpc_errors
     async def SubmitJob(self, request, context):  # type: ignore[no-untyped-def]
-        detail = await self.core.submit(request.spec, dry_run=request.dry_run)
+        detail = await self.core.submit(self._as_caller(request.spec), dry_run=request.dry_run)
         return scheduler_pb2.SubmitJobResponse(job=job_to_pb(detail))
 
     @grpc_errors
     async def SubmitMultiJob(self, request, context):  # type: ignore[no-untyped-def]
-        mj_id, details = await self.core.submit_multi(request.name, request.jobs, request.dry_run)
-        return scheduler_pb2.SubmitMultiJobResponse(
-            multi_job_id=mj_id, jobs=[job_to_pb(d) for d in details]
-        )
+        specs = [self._as_caller(s) for s in request.jobs]
+        mj_id, details = await self.core.submit_multi(request.name, specs, request.dry_run)
+        return scheduler_pb2.SubmitMultiJobResponse(multi_job_id=mj_id, jobs=_bounded(details))
 
     @grpc_errors
     async def GetJob(self, request, context):  # type: ignore[no-untyped-def]
-        return job_to_pb(await self.core.get_job(request.id))
+        check_id("id", request.id)
+        detail = await self.core.get_job(request.id)
+        auth.require_job_access(auth.current(), detail.job.user, request.id)
+        return job_to_pb(detail)
 
     @grpc_errors
     async def ListJobs(self, request, context):  # type: ignore[no-untyped-def]
-        if request.limit < 0:
-            raise InvalidArgument("limit", "must be 0 (no limit) or positive")
+        size = paging.page_size(request.page_size, request.limit, JOBS_PAGE, JOBS_PAGE_MAX)
         states = []
         for value in request.states:
             if value == common_pb2.JOB_STATE_UNSPECIFIED or value not in common_pb2.JobState.values():
                 raise InvalidArgument("states", f"unknown job state {value}")
             states.append(state_from_pb(value))
-        details = await self.core.list_jobs(states, request.multi_job_id, request.limit)
-        return scheduler_pb2.ListJobsResponse(jobs=[job_to_pb(d) for d in details])
+        check_text("multi_job_id", request.multi_job_id, 64)
+        check_text("user", request.user, 128)
+        ident = auth.current()
+        user: str | None = request.user or None
+        if not ident.sees_all:
+            if user not in (None, ident.name):
+                raise auth.PermissionDenied(f"user: you may list only your own jobs ({ident.name})")
+            user = ident.name
+        details = await self.core.list_jobs(
+            states, request.multi_job_id, size, user, paging.job_cursor(request.page_token)
+        )
+        jobs, last = paging.fill(details, job_to_pb, full=len(details) == size)
+        token = paging.encode([last.job.submitted_at, last.job.id]) if last is not None else ""
+        return scheduler_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     @grpc_errors
     async def KillJob(self, request, context):  # type: ignore[no-untyped-def]
+        check_text("reason", request.reason, MAX_REASON)
+        await self._own_job(request.id)
         return job_to_pb(await self.core.kill(request.id, request.reason))
 
     @grpc_errors
     async def SetPriority(self, request, context):  # type: ignore[no-untyped-def]
+        await self._own_job(request.id)
         return job_to_pb(await self.core.set_priority(request.id, request.priority))
 
     @grpc_errors
     async def SuspendJob(self, request, context):  # type: ignore[no-untyped-def]
+        check_text("reason", request.reason, MAX_REASON)
+        await self._own_job(request.id)
         return job_to_pb(await self.engine.operator_suspend(request.id, request.reason))
 
     @grpc_errors
     async def ResumeJob(self, request, context):  # type: ignore[no-untyped-def]
+        check_text("reason", request.reason, MAX_REASON)
+        await self._own_job(request.id)
         return job_to_pb(await self.engine.operator_resume(request.id, request.reason))
 
     @grpc_errors
     async def MigrateJob(self, request, context):  # type: ignore[no-untyped-def]
-        if not request.to_server:
-            raise InvalidArgument("to_server", "name the destination server")
+        check_id("to_server", request.to_server)
+        await self._own_job(request.id)
         return job_to_pb(await self.engine.operator_migrate(request.id, request.to_server))
 
     @grpc_errors
@@ -81,19 +141,36 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             servers=[server_to_pb(ld) for ld in loads], cluster_height=cluster_height(loads)
         )
 
+    async def _event_scope(self, job_id: str) -> str | None:
+        """The user whose jobs' events the caller may see (None: all)."""
+        check_text("job_id", job_id, 64)
+        ident = auth.current()
+        if ident.sees_all:
+            return None
+        if job_id:
+            await self._own_job(job_id)
+        return ident.name
+
     @grpc_errors
     async def ListEvents(self, request, context):  # type: ignore[no-untyped-def]
-        events = await self.core.list_events(request.after_id, request.job_id, request.limit)
-        return scheduler_pb2.ListEventsResponse(events=[event_to_pb(e) for e in events])
+        size = paging.page_size(request.page_size, request.limit, EVENTS_PAGE, EVENTS_PAGE_MAX)
+        after = paging.event_cursor(request.page_token, request.after_id)
+        user = await self._event_scope(request.job_id)
+        events = await self.core.list_events(after, request.job_id, size, user=user)
+        out, last = paging.fill(events, event_to_pb, full=len(events) == size)
+        return scheduler_pb2.ListEventsResponse(
+            events=out, next_page_token=paging.encode(last.id) if last is not None else ""
+        )
 
     @grpc_stream_errors
     async def WatchEvents(  # type: ignore[no-untyped-def, override]
         self, request, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.Event]:
+        user = await self._event_scope(request.job_id)
         seen_version = self.core.events.version
         last = request.after_id if request.after_id >= 0 else await self.core.last_event_id()
         while True:
-            for ev in await self.core.list_events(last, request.job_id, 500):
+            for ev in await self.core.list_events(last, request.job_id, 500, user=user):
                 last = ev.id
                 yield event_to_pb(ev)
             # Also wakes every second, so a watcher notices events another

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler import transport
 from scheduler.config import scheduler_address
 
 log = logging.getLogger(__name__)
@@ -51,12 +52,52 @@ class CliError(Exception):
         self.code = code
 
 
+def add_security_flags(parser: Any) -> None:
+    """--token and the TLS flags every client command takes."""
+    parser.add_argument("--token", help="access token (default: $GANDIVA_TOKEN)")
+    parser.add_argument("--tls-ca", metavar="FILE",
+                        help="CA certificate to trust the scheduler by (default: $GANDIVA_TLS_CA)")
+    parser.add_argument("--tls-cert", metavar="FILE",
+                        help="client certificate, for mutual TLS (default: $GANDIVA_TLS_CERT)")
+    parser.add_argument("--tls-key", metavar="FILE", help="its key (default: $GANDIVA_TLS_KEY)")
+
+
+def client_from_args(args: Any) -> Client:
+    try:
+        security = transport.ClientSecurity.from_env(
+            args.token, args.tls_ca, args.tls_cert, args.tls_key)
+    except transport.SecurityError as exc:
+        raise CliError(str(exc)) from None
+    return Client(args.scheduler, security)
+
+
+def list_all(client: Client, method: str, request: Any, field: str, limit: int = 0,
+             call: Callable[[str, Any], Any] | None = None) -> list[Any]:
+    """Every item of a paged listing (at most ``limit`` when positive), page by page.
+    ``call``: how to make each call (default ``client.call``)."""
+    out: list[Any] = []
+    request.page_token = ""
+    call = call or client.call
+    while True:
+        if limit:
+            request.limit = min(limit - len(out), 1000)
+        reply = call(method, request)
+        out.extend(getattr(reply, field))
+        if not reply.next_page_token or (limit and len(out) >= limit):
+            return out[:limit] if limit else out
+        request.page_token = reply.next_page_token
+
+
 class Client:
     """A Scheduler stub bound to one address, with errors mapped to CliError."""
 
-    def __init__(self, flag: str | None = None) -> None:
+    def __init__(self, flag: str | None = None, security: transport.ClientSecurity | None = None) -> None:
         self.address = scheduler_address(flag)
-        self.channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        try:
+            security = security or transport.ClientSecurity.from_env()
+            self.channel = transport.channel(self.address, security, CHANNEL_OPTIONS)
+        except transport.SecurityError as exc:
+            raise CliError(str(exc)) from None
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
 
     def close(self) -> None:
@@ -113,15 +154,23 @@ def describe_rpc_error(exc: grpc.RpcError, address: str) -> str:
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"the scheduler at {address} did not answer in time; is it overloaded or stuck?"
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return f"invalid: {details}"
-    if code == grpc.StatusCode.NOT_FOUND:
-        return f"not found: {details}"
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return f"not possible now: {details}"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return f"not signed in to the scheduler at {address}: {details}"
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return f"too large: {_first_line(details)} (the scheduler takes requests up to 16 MiB)"
+    if code in _PREFIXES:
+        return f"{_PREFIXES[code]}: {details}"
     name = code.name if code is not None else "ERROR"
     return f"the scheduler at {address} answered {name}: {_first_line(details)}"
 
+
+# Answers whose details already say what is wrong: one word of context before them.
+_PREFIXES = {
+    grpc.StatusCode.INVALID_ARGUMENT: "invalid",
+    grpc.StatusCode.NOT_FOUND: "not found",
+    grpc.StatusCode.FAILED_PRECONDITION: "not possible now",
+    grpc.StatusCode.PERMISSION_DENIED: "not allowed",
+}
 
 # How grpc words a failure to reach the server at all (as opposed to an
 # UNAVAILABLE the scheduler sent, e.g. while its database is down).

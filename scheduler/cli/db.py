@@ -18,6 +18,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions.add_parser("current", help="print the schema revision in the database")
     down = actions.add_parser("downgrade", help="migrate down to REVISION (e.g. base)")
     down.add_argument("revision")
+    prune = actions.add_parser(
+        "prune", help="delete events of jobs that finished more than DAYS ago",
+        description="Delete the events of jobs that finished more than --older-than DAYS ago, "
+        "and server events older than that; with --jobs, those finished jobs too. Unfinished "
+        "jobs are never touched. Safe while the scheduler runs.")
+    prune.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+                       help="age in days (fractions allowed)")
+    prune.add_argument("--jobs", action="store_true", help="also delete the finished jobs themselves")
     p.set_defaults(func=run)
 
 
@@ -29,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     async def go() -> str:
         engine = make_engine(args.db or default_db_url())
         try:
+            if args.db_action == "prune":
+                return await _prune(engine, args)
             if args.db_action == "upgrade":
                 await migrate.upgrade(engine, args.revision)
             elif args.db_action == "downgrade":
@@ -46,3 +56,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"gandiva db: {type(err).__name__}: {err}")
         return 1
     return 0
+
+
+async def _prune(engine, args: argparse.Namespace) -> str:  # type: ignore[no-untyped-def]
+    from scheduler.core import SchedulerCore
+    from scheduler.errors import InvalidArgument
+    from scheduler.state import migrate, prune
+
+    if not args.older_than >= 0:
+        raise InvalidArgument("--older-than", f"{args.older_than}: give 0 or more days")
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        done = await prune.prune(core, args.older_than * 86400.0, jobs=args.jobs)
+    finally:
+        await core.dispose()
+    return f"deleted {done.events} events and {done.jobs} jobs"

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 
 SUBCOMMAND_MODULES = [
     "scheduler.cli.serve",      # gandiva scheduler
-    "scheduler.cli.db",         # gandiva db upgrade|current|downgrade
+    "scheduler.cli.db",         # gandiva db upgrade|current|downgrade|prune
+    "scheduler.cli.token",      # gandiva token create|list|revoke
+    "scheduler.cli.tls",        # gandiva tls init
     "scheduler.cli.ops",        # gandiva get|describe|kill|suspend|resume|priority|migrate
     "migration_helper.cli",     # gandiva helper, gandiva logs
     "scheduler.sim.cli",        # gandiva sim

@@ -18,9 +18,12 @@ from scheduler.cli.client import (
     Client,
     CliError,
     EventFollower,
+    add_security_flags,
+    client_from_args,
     event_to_dict,
     job_servers,
     job_to_dict,
+    list_all,
     run_command,
     server_to_dict,
     state_name,
@@ -38,6 +41,7 @@ def register(subparsers: Any) -> None:
     common.add_argument("-o", "--output", choices=["table", "wide", "json"], default="table",
                         help="table (default), wide (more columns) or json")
     common.add_argument("--no-headers", action="store_true", help="tables without the header row")
+    add_security_flags(common)
     _register_get(subparsers, common)
     _register_actions(subparsers, common)
 
@@ -50,7 +54,10 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
     jobs.add_argument("--state", action="append", default=[], metavar="STATE",
                       help="only jobs in this state (repeatable), e.g. RUNNING")
     jobs.add_argument("--multi-job", default="", metavar="ID", help="only members of this multi-job")
-    jobs.add_argument("--limit", type=int, default=0, help="at most this many jobs")
+    jobs.add_argument("--user", default="", help="only this user's jobs (operators; "
+                      "others always see their own)")
+    jobs.add_argument("--limit", type=int, default=0,
+                      help="at most this many jobs (default: all, fetched page by page)")
     _set(jobs, get_jobs)
     servers = kinds.add_parser("servers", aliases=["server"], parents=[common], help="list servers")
     _set(servers, get_servers)
@@ -58,7 +65,8 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
     events.add_argument("--job", default="", metavar="ID", help="only this job's events")
     events.add_argument("--after", type=int, default=0, metavar="EVENT_ID",
                         help="only events after this id")
-    events.add_argument("--limit", type=int, default=0, help="at most this many events")
+    events.add_argument("--limit", type=int, default=0,
+                        help="at most this many events (default: all, fetched page by page)")
     events.add_argument("-w", "--watch", action="store_true",
                         help="keep following new events (reconnects when the scheduler restarts)")
     _set(events, get_events)
@@ -98,7 +106,7 @@ def _set(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Cl
 
     def func(args: argparse.Namespace) -> int:
         def run() -> int:
-            client = Client(args.scheduler)
+            client = client_from_args(args)
             try:
                 return body(args, client)
             finally:
@@ -147,9 +155,9 @@ def get_jobs(args: argparse.Namespace, client: Client) -> int:
             raise CliError(f"--limit must be 0 or more, got {args.limit}")
         request = scheduler_pb2.ListJobsRequest(
             states=[state_value(s) for s in args.state], multi_job_id=args.multi_job,
-            limit=args.limit,
+            user=args.user,
         )
-        jobs = list(client.call("ListJobs", request).jobs)
+        jobs = list_all(client, "ListJobs", request, "jobs", args.limit)
     print_jobs(args, jobs)
     return EXIT_OK
 
@@ -196,8 +204,10 @@ def event_row(event: common_pb2.Event) -> list[Any]:
 def get_events(args: argparse.Namespace, client: Client) -> int:
     if args.watch:
         return watch_events(args, client)
-    request = scheduler_pb2.ListEventsRequest(after_id=args.after, job_id=args.job, limit=args.limit)
-    events = list(client.call("ListEvents", request).events)
+    if args.limit < 0:
+        raise CliError(f"--limit must be 0 or more, got {args.limit}")
+    request = scheduler_pb2.ListEventsRequest(after_id=args.after, job_id=args.job)
+    events = list_all(client, "ListEvents", request, "events", args.limit)
     if args.output == "json":
         output.print_json([event_to_dict(e) for e in events])
     else:
@@ -283,7 +293,7 @@ DESCRIBE_EVENTS = 20
 
 def describe_job(args: argparse.Namespace, client: Client) -> int:
     job = client.call("GetJob", scheduler_pb2.GetJobRequest(id=args.id))
-    events = list(client.call("ListEvents", scheduler_pb2.ListEventsRequest(job_id=job.id)).events)
+    events = list_all(client, "ListEvents", scheduler_pb2.ListEventsRequest(job_id=job.id), "events")
     migrations = [e for e in events if MIGRATION_MARK in e.kind or MIGRATION_MARK in e.message]
     if args.output == "json":
         output.print_json(dict(job_to_dict(job), events=[event_to_dict(e) for e in events],

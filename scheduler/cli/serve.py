@@ -36,6 +36,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-interval", type=float, default=300.0, help="seconds between periodic checkpoints of each running migratable job (default 300; 0: none): a job whose server is lost resumes from its last one")
     p.add_argument("--also-listen", action="append", default=[], metavar="ADDRESS", help="serve on this address too (repeatable), e.g. unix:/run/gandiva.sock for operator tools on this host")
     p.add_argument("--port-file", help="write the bound host:port to this file once listening")
+    sec = p.add_argument_group(
+        "security", "Listening on anything but loopback needs --tls-cert/--tls-key and --auth token "
+        "(or --insecure). Make certificates with `gandiva tls init`, tokens with `gandiva token create`.")
+    sec.add_argument("--auth", choices=["none", "token"], default="none",
+                     help="token: every call must carry a token (--token / GANDIVA_TOKEN); "
+                     "none (default): trust every caller")
+    sec.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM)")
+    sec.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    sec.add_argument("--tls-client-ca", metavar="FILE",
+                     help="require client certificates signed by this CA (mutual TLS)")
+    sec.add_argument("--insecure", action="store_true",
+                     help="allow a non-loopback address without TLS and tokens (not recommended)")
+    p.add_argument("--event-retention-days", type=float, default=0.0, metavar="DAYS",
+                   help="delete events of jobs finished more than DAYS ago, hourly (default 0: keep)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 
@@ -45,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.errors import InvalidArgument
     from scheduler.policy.types import PolicyConfig
     from scheduler.server import SchedulerServer, serve
+    from scheduler.transport import SecurityError, ServerTls
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -58,9 +73,13 @@ def run(args: argparse.Namespace) -> int:
             policy_config=config,
             tick_s=args.tick,
             also_listen=tuple(args.also_listen),
+            auth=args.auth,
+            tls=ServerTls.from_flags(args.tls_cert, args.tls_key, args.tls_client_ca),
+            insecure=args.insecure,
+            event_retention_days=args.event_retention_days,
         )
         run_loop(serve(server, args.port_file))
-    except (InvalidArgument, ValueError, OSError) as err:
+    except (InvalidArgument, ValueError, OSError, SecurityError) as err:
         print(f"gandiva scheduler: {err}")
         return 2
     return 0

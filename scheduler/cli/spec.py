@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from scheduler.validation import MAX_GPUS, MAX_MEMBERS, MAX_PRIORITY
+
 # Passed from the caller's environment unless the user says otherwise: what a
 # Python/TensorFlow program needs to start the same way it does in the user's
 # shell. CUDA_VISIBLE_DEVICES is deliberately absent: the helper pins the GPUs.
@@ -55,7 +57,8 @@ SPEC_FIELDS: dict[str, type | tuple[type, ...]] = {
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-MAX_MEMBERS = 10_000
+# An index travels as an int32 (JobSpec.index).
+MAX_INDEX = 2**31 - 1
 
 
 class SpecError(ValueError):
@@ -98,9 +101,11 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
 
 def _load_yaml(path: str | Path) -> Any:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -108,14 +113,17 @@ def _load_yaml(path: str | Path) -> Any:
 
 
 def check_gpus(gpus: int, where: str = "--gpus") -> int:
-    if gpus < 1 or gpus & (gpus - 1):
-        raise SpecError(f"{where} must be a power of two (1, 2, 4, 8, ...), got {gpus}")
+    if gpus < 1 or gpus & (gpus - 1) or gpus > MAX_GPUS:
+        raise SpecError(f"{where} must be a power of two (1, 2, 4, 8, ...) up to {MAX_GPUS}, "
+                        f"got {gpus}")
     return gpus
 
 
 def check_priority(priority: int, where: str = "--priority") -> int:
     if priority < 0:
         raise SpecError(f"{where} must be 0 or more, got {priority}")
+    if priority > MAX_PRIORITY:
+        raise SpecError(f"{where} must be at most {MAX_PRIORITY}, got {priority}")
     return priority
 
 
@@ -173,9 +181,13 @@ def parse_array(text: str | int) -> list[Member]:
         step = int(match.group(3)) if match.group(3) is not None else 1
         if end < start or step < 1:
             raise SpecError(f"--array: {part!r} is empty (end before start, or step 0)")
-        indices.extend(range(start, end + 1, step))
-        if len(indices) > MAX_MEMBERS:
+        if end > MAX_INDEX:
+            raise SpecError(f"--array: index {end} in {text!r} is larger than {MAX_INDEX}")
+        members = range(start, end + 1, step)
+        # Counted before anything is allocated: 0-1000000000 must not build a list.
+        if len(indices) + len(members) > MAX_MEMBERS:
             raise SpecError(f"--array: more than {MAX_MEMBERS} members in {text!r}")
+        indices.extend(members)
     if len(set(indices)) != len(indices):
         raise SpecError(f"--array: {text!r} lists an index more than once")
     return [Member(index=i) for i in indices]
@@ -231,6 +243,8 @@ def _grid(grid: Any, where: str) -> list[dict[str, str]]:
 def _list(items: Any, where: str) -> list[dict[str, str]]:
     if not isinstance(items, list) or not items:
         raise SpecError(f"{where}: 'list' must be a non-empty list of parameter mappings")
+    if len(items) > MAX_MEMBERS:
+        raise SpecError(f"{where}: {len(items)} members is more than {MAX_MEMBERS}")
     out = []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not item:

@@ -23,7 +23,15 @@ import yaml
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.cli import spec as specs
-from scheduler.cli.client import EXIT_ERROR, EXIT_OK, Client, CliError, run_command, spec_to_dict
+from scheduler.cli.client import (
+    EXIT_ERROR,
+    EXIT_OK,
+    CliError,
+    add_security_flags,
+    client_from_args,
+    run_command,
+    spec_to_dict,
+)
 from scheduler.cli.spec import SpecError
 from scheduler.cli.wait import follow
 from scheduler.validation import default_name
@@ -72,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 600)")
     p.add_argument("--scheduler", metavar="ADDR",
                    help="scheduler address (default: $GANDIVA_SCHEDULER, else 127.0.0.1:50051)")
+    add_security_flags(p)
     return p
 
 
@@ -177,7 +186,7 @@ def submit(args: argparse.Namespace, command: Sequence[str]) -> int:
         submission = build_submission(args, command, os.environ, os.getcwd())
     except SpecError as exc:
         raise CliError(str(exc)) from None
-    client = Client(args.scheduler)
+    client = client_from_args(args)
     try:
         if submission.multi:
             request = scheduler_pb2.SubmitMultiJobRequest(

@@ -27,6 +27,7 @@ from scheduler.cli.client import (
     TERMINAL_STATES,
     Client,
     EventFollower,
+    list_all,
     state_name,
 )
 
@@ -83,11 +84,13 @@ class Follower:
                     else reason.removesuffix("; try again shortly"))
             self.say(f"{what}; retrying for up to {self.give_up_after:.0f}s")
 
+    def _retrying(self, method: str, request: Any) -> Any:
+        return self.client.call_retrying(method, request, self.give_up_after, self._on_retry)
+
     def poll(self) -> list[common_pb2.Job]:
         if self.multi_id:
             request = scheduler_pb2.ListJobsRequest(multi_job_id=self.multi_id)
-            jobs = list(self.client.call_retrying("ListJobs", request, self.give_up_after,
-                                                  self._on_retry).jobs)
+            jobs = list_all(self.client, "ListJobs", request, "jobs", call=self._retrying)
         else:
             request1 = scheduler_pb2.GetJobRequest(id=self.ids[0])
             jobs = [self.client.call_retrying("GetJob", request1, self.give_up_after,
@@ -182,8 +185,7 @@ class Follower:
             self.report_event(event)
         request = scheduler_pb2.ListEventsRequest(after_id=max(self.last_event_id, 0),
                                                   job_id=single)
-        for event in self.client.call_retrying("ListEvents", request, self.give_up_after,
-                                               self._on_retry).events:
+        for event in list_all(self.client, "ListEvents", request, "events", call=self._retrying):
             self.report_event(event)
 
     def _stream_start(self) -> int:

@@ -16,8 +16,11 @@ A bad line raises TraceError naming the file and the line.
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from scheduler.validation import MAX_GPUS
 
 FORMATS = ("auto", "gavel7", "gavel10", "tiresias", "csv")
 
@@ -48,9 +51,13 @@ class JobSpec:
 
 def _num(text: str, what: str, path: Path, line: int, kind: type = float) -> float:
     try:
-        value = kind(float(text)) if kind is int else float(text)
+        value = float(text)
     except ValueError:
         raise TraceError(path, line, f"{what} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise TraceError(path, line, f"{what} {text!r} is not a finite number")
+    if kind is int:
+        value = int(value)
     if value < 0:
         raise TraceError(path, line, f"{what} {text!r} is negative")
     return value
@@ -60,6 +67,8 @@ def _gpus(text: str, path: Path, line: int) -> int:
     n = int(_num(text, "GPU count", path, line, int))
     if n < 1:
         raise TraceError(path, line, f"GPU count {text!r} must be at least 1")
+    if n > MAX_GPUS:
+        raise TraceError(path, line, f"GPU count {text!r} is more than {MAX_GPUS}")
     return n
 
 
@@ -123,9 +132,11 @@ def read_trace(path: str | Path, fmt: str = "auto") -> list[JobSpec]:
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; valid formats: {', '.join(FORMATS)}")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TraceError(path, None, f"cannot read trace: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, None, f"not UTF-8 text (byte {exc.start})") from None
     lines = [(i, ln) for i, ln in enumerate(text.splitlines(), start=1) if ln.strip()]
     if not lines:
         raise TraceError(path, None, "trace is empty")

@@ -183,3 +183,15 @@ class JobProfile(Base):
     utilization: Mapped[float] = mapped_column(Double, default=0.0)
     step_time_s: Mapped[float] = mapped_column(Double, default=0.0)
     updated_at: Mapped[float] = mapped_column(Double, default=0.0)
+
+
+class AuthToken(Base):
+    """A credential: a user's, an operator's, or a helper's (scoped to the server of
+    the same name). Only the SHA-256 of the token is stored."""
+
+    __tablename__ = "auth_tokens"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Double)
+    revoked_at: Mapped[float] = mapped_column(Double, default=0.0)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy import Table, and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from scheduler.errors import NotFound
@@ -60,11 +60,15 @@ def add_event(
 
 
 async def list_events(
-    session: AsyncSession, after_id: int = 0, job_id: str = "", limit: int = 0
+    session: AsyncSession, after_id: int = 0, job_id: str = "", limit: int = 0,
+    user: str | None = None,
 ) -> Sequence[Event]:
+    """Events after ``after_id`` in id order; ``user``: only events of that user's jobs."""
     q = select(Event).where(Event.id > after_id).order_by(Event.id)
     if job_id:
         q = q.where(Event.job_id == job_id)
+    if user is not None:
+        q = q.where(Event.job_id.in_(select(Job.id).where(Job.user == user)))
     if limit > 0:
         q = q.limit(limit)
     return (await session.scalars(q)).all()
@@ -92,13 +96,22 @@ async def list_jobs(
     states: Iterable[JobState] = (),
     multi_job_id: str = "",
     limit: int = 0,
+    user: str | None = None,
+    after: tuple[float, str] | None = None,
 ) -> Sequence[Job]:
+    """Jobs in submission order; ``after`` (submitted_at, id) resumes after a page's
+    last job (keyset paging: stable while new jobs arrive)."""
     q = select(Job).order_by(Job.submitted_at, Job.id)
     wanted = [s.value for s in states]
     if wanted:
         q = q.where(Job.state.in_(wanted))
     if multi_job_id:
         q = q.where(Job.multi_job_id == multi_job_id)
+    if user is not None:
+        q = q.where(Job.user == user)
+    if after is not None:
+        at, job_id = after
+        q = q.where(or_(Job.submitted_at > at, and_(Job.submitted_at == at, Job.id > job_id)))
     if limit > 0:
         q = q.limit(limit)
     return (await session.scalars(q)).all()
@@ -227,9 +240,14 @@ async def set_queued_message(session: AsyncSession, job_ids: Sequence[str], mess
         )
 
 
-async def history(session: AsyncSession, job_id: str) -> Sequence[Transition]:
-    q = select(Transition).where(Transition.job_id == job_id).order_by(Transition.id)
-    return (await session.scalars(q)).all()
+# A job time-sliced for weeks gathers thousands of transitions; a GetJob shows the latest.
+MAX_HISTORY = 200
+
+
+async def history(session: AsyncSession, job_id: str, limit: int = MAX_HISTORY) -> Sequence[Transition]:
+    """The job's last ``limit`` transitions, oldest first."""
+    q = select(Transition).where(Transition.job_id == job_id).order_by(Transition.id.desc()).limit(limit)
+    return list(reversed((await session.scalars(q)).all()))
 
 
 # ---- placements ---------------------------------------------------------------

@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
+from scheduler import transport
 
 ENV = os.environ
 MODE = ENV.get("FAKE_MODE", "")
@@ -43,7 +44,8 @@ def connect(restored_step: int) -> None:
         server=ENV["GANDIVA_SERVER"], restored_step=restored_step)))
 
     def run() -> None:
-        channel = grpc.insecure_channel(ENV["GANDIVA_SCHEDULER"])
+        # With the token and CA the helper handed this process, as tf_runtime does.
+        channel = transport.channel(ENV["GANDIVA_SCHEDULER"], transport.ClientSecurity.from_env())
         stub = runtime_pb2_grpc.RuntimeStub(channel)
         try:
             for cmd in stub.Connect(iter(outgoing.get, None)):

@@ -215,6 +215,7 @@ class Cluster:
             "--db", f"sqlite+aiosqlite:///{self.tmp / 'state.db'}", "--tick", "0.2", "--quantum", "1000",
             "--heartbeat-interval", "0.5", "--heartbeat-timeout", str(heartbeat_timeout),
             "--checkpoint-interval", str(CHECKPOINT_INTERVAL_S),
+            "--insecure",  # plaintext on the test's private bridge: no traffic leaves its namespaces
             "--port-file", str(port_file)])
         self._wait_for(port_file.exists, 60)
         if self.channel is not None:
@@ -227,7 +228,7 @@ class Cluster:
         self._spawn(name, ns, [
             "helper", "--server-name", name, "--gpus", str(gpus), "--scheduler", f"{self.sched_addr}:{SCHED_PORT}",
             "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / "rd" / name), "--shared-root", str(self.tmp / "rd"),
-            "--log-dir", str(self.tmp / "logs")])
+            "--log-dir", str(self.tmp / "logs"), "--insecure"])
         self._wait_for(lambda: self.server_up(name), 60)
 
     def kill9(self, name: str) -> None:

@@ -133,14 +133,28 @@ Global___GetJobRequest: _TypeAlias = GetJobRequest  # noqa: Y015
 
 @_typing.final
 class ListJobsRequest(_message.Message):
+    """Paged: a response holds at most `page_size` jobs (and at most a few MiB);
+    pass its `next_page_token` back for the next page. Without credentials that
+    name an operator, only the caller's own jobs are listed.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     STATES_FIELD_NUMBER: _builtins.int
     MULTI_JOB_ID_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
     multi_job_id: _builtins.str
     limit: _builtins.int
-    """0: no limit"""
+    """at most this many in this response; 0: the page size"""
+    page_size: _builtins.int
+    """0: the server's default (500); at most 1000"""
+    page_token: _builtins.str
+    """from the previous response; empty: the first page"""
+    user: _builtins.str
+    """only this user's jobs (operators; others see their own)"""
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.JobState.ValueType]:
         """empty: all"""
@@ -151,10 +165,13 @@ class ListJobsRequest(_message.Message):
         states: _abc.Iterable[_common_pb2.JobState.ValueType] | None = ...,
         multi_job_id: _builtins.str = ...,
         limit: _builtins.int = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "multi_job_id", b"multi_job_id", "states", b"states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "multi_job_id", b"multi_job_id", "page_size", b"page_size", "page_token", b"page_token", "states", b"states", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -165,16 +182,20 @@ class ListJobsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """empty: this was the last page"""
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Job]: ...
     def __init__(
         self,
         *,
         jobs: _abc.Iterable[_common_pb2.Job] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -286,24 +307,34 @@ Global___ListServersResponse: _TypeAlias = ListServersResponse  # noqa: Y015
 
 @_typing.final
 class ListEventsRequest(_message.Message):
+    """Paged like ListJobs, in id order."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     AFTER_ID_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     after_id: _builtins.int
     job_id: _builtins.str
     limit: _builtins.int
+    """at most this many in this response; 0: the page size"""
+    page_size: _builtins.int
+    """0: the server's default (1000); at most 5000"""
+    page_token: _builtins.str
     def __init__(
         self,
         *,
         after_id: _builtins.int = ...,
         job_id: _builtins.str = ...,
         limit: _builtins.int = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "job_id", b"job_id", "limit", b"limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "job_id", b"job_id", "limit", b"limit", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -314,16 +345,20 @@ class ListEventsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """empty: no more events (for now)"""
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Event]: ...
     def __init__(
         self,
         *,
         events: _abc.Iterable[_common_pb2.Event] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

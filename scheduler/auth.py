@@ -1,0 +1,285 @@
+"""Who is calling: per-user tokens, helper tokens scoped to a server, and runtime
+tokens scoped to one launch of one job; and the server interceptor that checks
+them on every call.
+
+Tokens
+  ``gdv.NAME.SECRET``   a user's, an operator's or a helper's (`gandiva token create`);
+                        the database keeps only sha256(token).
+  ``gdvr.HELPER.JOB.INCARNATION.MAC``  a job runtime's, minted by the helper that
+                        launches it: MAC = HMAC-SHA256(key=sha256(helper token),
+                        "JOB\\nINCARNATION"). The scheduler checks it against the
+                        helper's stored hash, so a runtime can speak only for its
+                        own job and launch, and revoking the helper revokes them all.
+
+With authentication off (the loopback default) every caller is ANONYMOUS and
+trusted as an operator; spec.user is then what the client says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from sqlalchemy import select
+
+from scheduler.errors import (
+    GandivaError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+)
+from scheduler.state.models import AuthToken
+from scheduler.transport import AUTH_HEADER
+
+log = logging.getLogger(__name__)
+
+ROLES = ("user", "operator", "helper")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+# Revocation takes effect within this many seconds (verified tokens are cached).
+CACHE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    role: str  # user | operator | helper | runtime | anonymous
+    job_id: str = ""
+    incarnation: str = ""
+
+    @property
+    def sees_all(self) -> bool:
+        """Operators, and everyone when authentication is off."""
+        return self.role in ("operator", "anonymous")
+
+    @property
+    def server(self) -> str:
+        """The server a helper's credential is scoped to."""
+        return self.name if self.role == "helper" else ""
+
+
+ANONYMOUS = Identity("", "anonymous")
+_current: ContextVar[Identity] = ContextVar("gandiva_identity", default=ANONYMOUS)
+
+
+def current() -> Identity:
+    """The caller of the RPC being served."""
+    return _current.get()
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name or ""):
+        raise InvalidArgument("name", f"{name!r}: use 1-64 letters, digits, '_' or '-'")
+    return name
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token(name: str) -> str:
+    return f"gdv.{name}.{secrets.token_urlsafe(32)}"
+
+
+def runtime_token(helper_token: str, job_id: str, incarnation: str) -> str:
+    """The credential a helper hands the runtime of one launch of a job."""
+    helper = helper_token.split(".")[1] if helper_token.count(".") >= 2 else ""
+    return f"gdvr.{helper}.{job_id}.{incarnation}.{_mac(digest(helper_token), job_id, incarnation)}"
+
+
+def _mac(key_hex: str, job_id: str, incarnation: str) -> str:
+    return hmac.new(bytes.fromhex(key_hex), f"{job_id}\n{incarnation}".encode(), hashlib.sha256).hexdigest()
+
+
+# ---- the token store ---------------------------------------------------------------
+
+
+async def create_token(session: Any, name: str, role: str, now: float | None = None) -> str:
+    """A new token for NAME (replacing a revoked one); returns it: it is shown once."""
+    check_name(name)
+    if role not in ROLES:
+        raise InvalidArgument("role", f"{role!r}: one of {', '.join(ROLES)}")
+    token = new_token(name)
+    row = await session.get(AuthToken, name)
+    if row is not None and not row.revoked_at:
+        raise InvalidArgument("name", f"{name!r} already has a token; revoke it first")
+    if row is None:
+        row = AuthToken(name=name)
+        session.add(row)
+    row.role, row.token_hash, row.created_at, row.revoked_at = role, digest(token), now or time.time(), 0.0
+    return token
+
+
+async def revoke_token(session: Any, name: str, now: float | None = None) -> None:
+    row = await session.get(AuthToken, name)
+    if row is None or row.revoked_at:
+        raise NotFound("token", name)
+    row.revoked_at = now or time.time()
+
+
+async def list_tokens(session: Any) -> list[AuthToken]:
+    return list((await session.scalars(select(AuthToken).order_by(AuthToken.name))).all())
+
+
+class Authenticator:
+    """Turns a bearer token into an Identity, with a short cache so the database is
+    not read on every call (a revocation takes effect within CACHE_S)."""
+
+    def __init__(self, sessions: Callable[[], Any], clock: Callable[[], float] = time.monotonic) -> None:
+        self._sessions = sessions
+        self._clock = clock
+        self._rows: dict[str, tuple[float, tuple[str, str] | None]] = {}
+
+    async def _row(self, name: str) -> tuple[str, str] | None:
+        """(role, token hash) of a live token, None if unknown or revoked."""
+        now = self._clock()
+        hit = self._rows.get(name)
+        if hit is not None and now - hit[0] < CACHE_S:
+            return hit[1]
+        async with self._sessions() as s:
+            row = await s.get(AuthToken, name)
+        value = (row.role, row.token_hash) if row is not None and not row.revoked_at else None
+        if len(self._rows) > 100_000:
+            self._rows.clear()
+        self._rows[name] = (now, value)
+        return value
+
+    async def identify(self, token: str) -> Identity:
+        parts = token.split(".")
+        if parts[0] == "gdv" and len(parts) == 3 and _NAME.match(parts[1]):
+            row = await self._row(parts[1])
+            if row is not None and hmac.compare_digest(row[1], digest(token)):
+                return Identity(parts[1], row[0])
+        elif parts[0] == "gdvr" and len(parts) == 5 and _NAME.match(parts[1]):
+            _, helper, job_id, incarnation, mac = parts
+            row = await self._row(helper)
+            if row is not None and row[0] == "helper" and hmac.compare_digest(
+                mac, _mac(row[1], job_id, incarnation)
+            ):
+                return Identity(helper, "runtime", job_id=job_id, incarnation=incarnation)
+        raise Unauthenticated("the token is unknown or revoked; ask an operator for a new one "
+                              "(`gandiva token create`)")
+
+
+# ---- the server interceptor ----------------------------------------------------------
+
+# Which kind of caller may use which service (operators: all but the runtime stream).
+_SERVICE_ROLES = {
+    "gandiva.v1.Scheduler": {"user", "operator"},
+    "gandiva.v1.Helper": {"helper"},
+    "gandiva.v1.Runtime": {"runtime"},
+}
+# Callable without a credential: load balancers' and tools' health checks.
+_OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
+def _token_of(metadata: Any) -> str:
+    for key, value in metadata or ():
+        if key == AUTH_HEADER and isinstance(value, str) and value.startswith("Bearer "):
+            return value[len("Bearer "):].strip()
+    return ""
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Checks every call's token before its handler runs, and makes the caller's
+    Identity available to the handler through :func:`current`."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self.auth = authenticator
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        method = details.method
+        if handler is None or method.startswith(_OPEN_PREFIXES):
+            return handler
+        service = method.split("/")[1] if method.count("/") >= 2 else ""
+        allowed = _SERVICE_ROLES.get(service)
+        return _wrap(handler, lambda ctx: self._admit(ctx, method, allowed))
+
+    async def _admit(self, context: grpc.aio.ServicerContext, method: str, allowed: set[str] | None) -> Identity | None:
+        token = _token_of(context.invocation_metadata())
+        if not token:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "this scheduler requires a token: pass --token or set GANDIVA_TOKEN")
+        try:
+            ident = await self.auth.identify(token)
+        except Unauthenticated as err:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(err))
+        except GandivaError as err:  # the database is down: say so, not "unauthenticated"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        except Exception as err:
+            log.error("token check failed", exc_info=err)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot check the token now ({type(err).__name__})")
+        if allowed is not None and ident.role not in allowed:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"{method}: not allowed for a {ident.role} credential ({ident.name})")
+        return ident
+
+
+def _wrap(handler: grpc.RpcMethodHandler, admit: Callable[[Any], Awaitable[Identity | None]]) -> grpc.RpcMethodHandler:
+    """The same handler, admitting the caller first and binding its identity.
+    (Each RPC runs in its own task, so a streaming call's binding stays its own.)"""
+
+    def unary(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def call(request: Any, context: Any) -> Any:
+            _current.set(await admit(context) or ANONYMOUS)
+            return await inner(request, context)
+        return call
+
+    def streaming(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+        async def call(request: Any, context: Any) -> AsyncIterator[Any]:
+            _current.set(await admit(context) or ANONYMOUS)
+            async for item in inner(request, context):
+                yield item
+        return call
+
+    codec = (handler.request_deserializer, handler.response_serializer)
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), *codec)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), *codec)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), *codec)
+    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), *codec)
+
+
+# ---- authorization rules the servicers apply --------------------------------------------
+
+
+def may_see_job(ident: Identity, owner: str) -> bool:
+    return ident.sees_all or (ident.role == "user" and ident.name == owner)
+
+
+def require_job_access(ident: Identity, owner: str, job_id: str) -> None:
+    if not may_see_job(ident, owner):
+        raise PermissionDenied(f"job {job_id} belongs to another user; only its owner and operators may see or act on it")
+
+
+def require_server(ident: Identity, server: str, field: str = "server") -> None:
+    """A helper speaks only for the server its credential names."""
+    if ident.role == "anonymous":
+        return
+    if ident.role != "helper" or ident.server != server:
+        raise PermissionDenied(f"{field}: this credential may act only for server {ident.server or '(none)'!r}, not {server!r}")
+
+
+def require_runtime(ident: Identity, job_id: str, incarnation: str) -> None:
+    """A runtime speaks only for its own job and launch."""
+    if ident.role == "anonymous":
+        return
+    if ident.role != "runtime" or ident.job_id != job_id or ident.incarnation != incarnation:
+        raise PermissionDenied(
+            f"hello: this credential is for job {ident.job_id!r} incarnation {ident.incarnation!r}, "
+            f"not {job_id!r} {incarnation!r}")

@@ -1,0 +1,231 @@
+"""How every Gandiva process talks gRPC securely: TLS credentials for servers and
+clients, and the bearer token each client call carries. One place that the
+scheduler, its CLIs, each helper and each job's runtime import.
+
+Settings come from flags, else the environment:
+  GANDIVA_TOKEN     the caller's token (`gandiva token create`)
+  GANDIVA_TLS_CA    CA certificate (PEM) that signed the server's certificate
+  GANDIVA_TLS_CERT / GANDIVA_TLS_KEY   a client certificate, for mutual TLS
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+AUTH_HEADER = "authorization"
+ENV_TOKEN = "GANDIVA_TOKEN"
+ENV_TLS_CA = "GANDIVA_TLS_CA"
+ENV_TLS_CERT = "GANDIVA_TLS_CERT"
+ENV_TLS_KEY = "GANDIVA_TLS_KEY"
+
+
+class SecurityError(ValueError):
+    """A TLS or token setting that cannot be used; the message names it."""
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise SecurityError(f"{what} {path}: cannot read ({exc.strerror})") from None
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """What a client presents: a token, and the TLS trust (and identity) to use."""
+
+    token: str = ""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+
+    @classmethod
+    def from_env(
+        cls,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> ClientSecurity:
+        """Flags win over the environment."""
+        sec = cls(
+            token=(token or environ.get(ENV_TOKEN, "")).strip(),
+            tls_ca=tls_ca or environ.get(ENV_TLS_CA, ""),
+            tls_cert=tls_cert or environ.get(ENV_TLS_CERT, ""),
+            tls_key=tls_key or environ.get(ENV_TLS_KEY, ""),
+        )
+        if bool(sec.tls_cert) != bool(sec.tls_key):
+            raise SecurityError("--tls-cert and --tls-key go together (a client certificate and its key)")
+        if sec.tls_cert and not sec.tls_ca:
+            raise SecurityError("a client certificate needs --tls-ca (or GANDIVA_TLS_CA) too")
+        return sec
+
+    def env(self) -> dict[str, str]:
+        """The same settings as environment variables, for a child process."""
+        out = {ENV_TOKEN: self.token, ENV_TLS_CA: self.tls_ca,
+               ENV_TLS_CERT: self.tls_cert, ENV_TLS_KEY: self.tls_key}
+        return {k: v for k, v in out.items() if v}
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if not self.tls_ca:
+            return None
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.tls_ca, "--tls-ca"),
+            private_key=_read(self.tls_key, "--tls-key") if self.tls_key else None,
+            certificate_chain=_read(self.tls_cert, "--tls-cert") if self.tls_cert else None,
+        )
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((AUTH_HEADER, f"Bearer {self.token}"),) if self.token else ()
+
+
+class _Details(
+    collections.namedtuple("_Details", ("method", "timeout", "metadata", "credentials",
+                                        "wait_for_ready", "compression")),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+def _with_token(details: Any, metadata: Sequence[tuple[str, str]]) -> Any:
+    merged = list(details.metadata or ()) + list(metadata)
+    return _Details(details.method, details.timeout, merged, details.credentials,
+                    getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+
+
+class _SyncToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                 grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    def __init__(self, metadata: Sequence[tuple[str, str]]) -> None:
+        self.md = metadata
+
+    def intercept_unary_unary(self, cont, details, request):  # type: ignore[no-untyped-def]
+        return cont(_with_token(details, self.md), request)
+
+    def intercept_unary_stream(self, cont, details, request):  # type: ignore[no-untyped-def]
+        return cont(_with_token(details, self.md), request)
+
+    def intercept_stream_unary(self, cont, details, it):  # type: ignore[no-untyped-def]
+        return cont(_with_token(details, self.md), it)
+
+    def intercept_stream_stream(self, cont, details, it):  # type: ignore[no-untyped-def]
+        return cont(_with_token(details, self.md), it)
+
+
+def _aio_interceptors(md: Sequence[tuple[str, str]]) -> list[grpc.aio.ClientInterceptor]:
+    class Unary(grpc.aio.UnaryUnaryClientInterceptor):
+        async def intercept_unary_unary(self, cont, details, request):  # type: ignore[no-untyped-def]
+            return await cont(_with_token(details, md), request)
+
+    class UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+        async def intercept_unary_stream(self, cont, details, request):  # type: ignore[no-untyped-def]
+            return await cont(_with_token(details, md), request)
+
+    class StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+        async def intercept_stream_unary(self, cont, details, it):  # type: ignore[no-untyped-def]
+            return await cont(_with_token(details, md), it)
+
+    class StreamStream(grpc.aio.StreamStreamClientInterceptor):
+        async def intercept_stream_stream(self, cont, details, it):  # type: ignore[no-untyped-def]
+            return await cont(_with_token(details, md), it)
+
+    return [Unary(), UnaryStream(), StreamUnary(), StreamStream()]
+
+
+def channel(address: str, security: ClientSecurity | None = None,
+            options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+    """A blocking channel: TLS when a CA is configured, the token on every call."""
+    security = security or ClientSecurity()
+    creds = security.credentials()
+    ch = (grpc.secure_channel(address, creds, options=list(options)) if creds is not None
+          else grpc.insecure_channel(address, options=list(options)))
+    md = security.metadata()
+    return grpc.intercept_channel(ch, _SyncToken(md)) if md else ch
+
+
+def aio_channel(address: str, security: ClientSecurity | None = None,
+                options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+    """The asyncio counterpart of :func:`channel`."""
+    security = security or ClientSecurity()
+    creds = security.credentials()
+    md = security.metadata()
+    interceptors = _aio_interceptors(md) if md else None
+    if creds is not None:
+        return grpc.aio.secure_channel(address, creds, options=list(options), interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """A listener's certificate and key, and the CA its clients' certificates must
+    chain to (mutual TLS) when ``client_ca`` is set."""
+
+    cert: str
+    key: str
+    client_ca: str = ""
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(_read(self.key, "--tls-key"), _read(self.cert, "--tls-cert"))],
+            root_certificates=_read(self.client_ca, "--tls-client-ca") if self.client_ca else None,
+            require_client_auth=bool(self.client_ca),
+        )
+
+    @classmethod
+    def from_flags(cls, cert: str | None, key: str | None, client_ca: str | None) -> ServerTls | None:
+        if not cert and not key:
+            if client_ca:
+                raise SecurityError("--tls-client-ca needs --tls-cert and --tls-key")
+            return None
+        if not (cert and key):
+            raise SecurityError("--tls-cert and --tls-key go together")
+        tls = cls(cert, key, client_ca or "")
+        tls.credentials()  # unreadable files fail now, naming the flag
+        return tls
+
+
+def is_loopback(listen: str) -> bool:
+    """True when ``host:port`` listens on loopback only (127.0.0.0/8, ::1, localhost)."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name or a wildcard ("", 0.0.0.0, [::]): reachable from elsewhere
+
+
+def add_port(server: grpc.aio.Server, listen: str, tls: ServerTls | None) -> int:
+    if tls is None:
+        return server.add_insecure_port(listen)
+    return server.add_secure_port(listen, tls.credentials())
+
+
+def check_exposure(listen: str, tls: ServerTls | None, auth: bool, insecure: bool, what: str) -> str:
+    """Refuse to serve an open address without TLS and authentication.
+
+    Returns the warning to log when serving without them is allowed (loopback, or
+    --insecure); raises SecurityError naming the flags otherwise."""
+    missing = [flag for flag, ok in (("--tls-cert/--tls-key", tls is not None),
+                                     ("--auth token", auth)) if not ok]
+    if not missing:
+        return ""
+    if is_loopback(listen):
+        return (f"{what} listens on loopback {listen} without {' and '.join(missing)}: "
+                "only this machine can reach it")
+    if insecure:
+        return (f"{what} listens on {listen} WITHOUT {' and '.join(missing)} (--insecure): "
+                "anyone who can reach it can act as any user")
+    raise SecurityError(
+        f"refusing to listen on {listen} without {' and '.join(missing)}: anyone who can reach "
+        f"it could run commands on every GPU server. Give {' and '.join(missing)} (see "
+        "`gandiva tls init` and `gandiva token create`), listen on 127.0.0.1, or pass --insecure"
+    )

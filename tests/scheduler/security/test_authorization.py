@@ -1,0 +1,182 @@
+"""Authentication and authorization over real gRPC: one test per rule of
+docs/security.md. Tokens are made as `gandiva token create` makes them."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import (
+    common_pb2,
+    helper_pb2,
+    helper_pb2_grpc,
+    runtime_pb2,
+    runtime_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+from scheduler import auth
+
+from .conftest import make_token, revoke
+
+
+def _spec(user: str = "") -> common_pb2.JobSpec:
+    return common_pb2.JobSpec(command=["python", "t.py"], gpus=1, user=user,
+                              env={"SECRET": "hunter2"})
+
+
+def _code(call) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code()
+
+
+@pytest.fixture
+def users(secured, connect):  # type: ignore[no-untyped-def]
+    """Stubs for alice, bob (users) and root (operator), and alice's first job."""
+    stubs = {
+        name: scheduler_pb2_grpc.SchedulerStub(
+            connect(secured.address, make_token(secured.db_url, name, role)))
+        for name, role in (("alice", "user"), ("bob", "user"), ("root", "operator"))
+    }
+    job = stubs["alice"].SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job
+    return stubs, job
+
+
+def test_a_call_without_a_token_is_unauthenticated(secured, connect) -> None:  # type: ignore[no-untyped-def]
+    stub = scheduler_pb2_grpc.SchedulerStub(connect(secured.address))
+    assert _code(lambda: stub.ListJobs(scheduler_pb2.ListJobsRequest())) == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_an_unknown_or_forged_token_is_unauthenticated(secured, connect) -> None:  # type: ignore[no-untyped-def]
+    real = make_token(secured.db_url, "alice")
+    for bad in ("nonsense", "gdv.alice.wrong", real[:-2] + "xx", "gdv.nobody." + real.split(".")[2]):
+        stub = scheduler_pb2_grpc.SchedulerStub(connect(secured.address, bad))
+        assert _code(lambda s=stub: s.ListJobs(scheduler_pb2.ListJobsRequest())) == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_revoked_token_is_refused_within_seconds(secured, connect, wait_for) -> None:  # type: ignore[no-untyped-def]
+    stub = scheduler_pb2_grpc.SchedulerStub(connect(secured.address, make_token(secured.db_url, "alice")))
+    stub.ListJobs(scheduler_pb2.ListJobsRequest())
+    revoke(secured.db_url, "alice")
+
+    def refused() -> bool:
+        try:
+            stub.ListJobs(scheduler_pb2.ListJobsRequest())
+            return False
+        except grpc.RpcError as err:
+            return err.code() == grpc.StatusCode.UNAUTHENTICATED
+
+    wait_for(refused, timeout=auth.CACHE_S + 10)
+
+
+def test_health_needs_no_token(secured, connect) -> None:  # type: ignore[no-untyped-def]
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    reply = health_pb2_grpc.HealthStub(connect(secured.address)).Check(health_pb2.HealthCheckRequest())
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_the_user_comes_from_the_credential_not_the_request(users) -> None:  # type: ignore[no-untyped-def]
+    stubs, job = users
+    assert job.spec.user == "alice"
+    forged = stubs["bob"].SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec(user="alice"))).job
+    assert forged.spec.user == "bob"
+
+
+def test_a_user_cannot_see_anothers_job(users) -> None:  # type: ignore[no-untyped-def]
+    stubs, job = users
+    bob = stubs["bob"]
+    assert _code(lambda: bob.GetJob(scheduler_pb2.GetJobRequest(id=job.id))) == grpc.StatusCode.PERMISSION_DENIED
+    assert list(bob.ListJobs(scheduler_pb2.ListJobsRequest()).jobs) == []
+    assert _code(lambda: bob.ListJobs(scheduler_pb2.ListJobsRequest(user="alice"))) == grpc.StatusCode.PERMISSION_DENIED
+    assert list(bob.ListEvents(scheduler_pb2.ListEventsRequest()).events) == []
+    assert _code(lambda: bob.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id))) == grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize("method", ["KillJob", "SuspendJob", "ResumeJob", "SetPriority", "MigrateJob"])
+def test_a_user_cannot_act_on_anothers_job(users, method: str) -> None:  # type: ignore[no-untyped-def]
+    stubs, job = users
+    request = {
+        "SetPriority": scheduler_pb2.SetPriorityRequest(id=job.id, priority=3),
+        "MigrateJob": scheduler_pb2.MigrateJobRequest(id=job.id, to_server="s1"),
+    }.get(method, scheduler_pb2.JobActionRequest(id=job.id))
+    assert _code(lambda: getattr(stubs["bob"], method)(request)) == grpc.StatusCode.PERMISSION_DENIED
+    after = stubs["alice"].GetJob(scheduler_pb2.GetJobRequest(id=job.id))
+    assert after.state == common_pb2.JOB_STATE_QUEUED and after.spec.priority == job.spec.priority
+
+
+def test_owner_sees_env_and_acts_on_own_job(users) -> None:  # type: ignore[no-untyped-def]
+    stubs, job = users
+    alice = stubs["alice"]
+    assert alice.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).spec.env["SECRET"] == "hunter2"
+    assert [j.id for j in alice.ListJobs(scheduler_pb2.ListJobsRequest()).jobs] == [job.id]
+    assert alice.SetPriority(scheduler_pb2.SetPriorityRequest(id=job.id, priority=5)).spec.priority == 5
+    assert alice.KillJob(scheduler_pb2.JobActionRequest(id=job.id)).state == common_pb2.JOB_STATE_KILLED
+
+
+def test_an_operator_sees_and_acts_on_every_job(users) -> None:  # type: ignore[no-untyped-def]
+    stubs, job = users
+    stubs["bob"].SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec()))
+    root = stubs["root"]
+    assert {j.spec.user for j in root.ListJobs(scheduler_pb2.ListJobsRequest()).jobs} == {"alice", "bob"}
+    assert [j.spec.user for j in root.ListJobs(scheduler_pb2.ListJobsRequest(user="bob")).jobs] == ["bob"]
+    assert root.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).spec.env["SECRET"] == "hunter2"
+    assert root.KillJob(scheduler_pb2.JobActionRequest(id=job.id)).state == common_pb2.JOB_STATE_KILLED
+
+
+def test_users_cannot_call_the_helper_or_runtime_services(secured, connect) -> None:  # type: ignore[no-untyped-def]
+    ch = connect(secured.address, make_token(secured.db_url, "root", "operator"))
+    helper = helper_pb2_grpc.HelperStub(ch)
+    assert _code(lambda: helper.Heartbeat(helper_pb2.HeartbeatRequest(name="s1"))) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def _register(stub, name: str) -> None:  # type: ignore[no-untyped-def]
+    stub.Register(helper_pb2.RegisterServerRequest(
+        name=name, address="127.0.0.1:1", gpus=[common_pb2.Gpu(index=0, memory_total_bytes=1 << 30)]))
+
+
+def test_a_helper_acts_only_as_its_own_server(secured, connect) -> None:  # type: ignore[no-untyped-def]
+    helper = helper_pb2_grpc.HelperStub(connect(secured.address, make_token(secured.db_url, "s1", "helper")))
+    _register(helper, "s1")
+    assert helper.Heartbeat(helper_pb2.HeartbeatRequest(name="s1")).known
+    assert _code(lambda: _register(helper, "s2")) == grpc.StatusCode.PERMISSION_DENIED
+    for call in (
+        lambda: helper.Heartbeat(helper_pb2.HeartbeatRequest(name="s2")),
+        lambda: helper.ReportProcessExit(helper_pb2.ProcessExitRequest(server="s2", job_id="j-1")),
+        lambda: helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="s2", command_id="c")),
+        lambda: helper.ReportGpuSamples(helper_pb2.GpuSamplesRequest(server="s2")),
+        lambda: next(iter(helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="s2")))),
+    ):
+        assert _code(call) == grpc.StatusCode.PERMISSION_DENIED
+    # A helper is not a user either.
+    sched = scheduler_pb2_grpc.SchedulerStub(connect(secured.address, make_token(secured.db_url, "s3", "helper")))
+    assert _code(lambda: sched.ListJobs(scheduler_pb2.ListJobsRequest())) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def _hello(stub, job_id: str, incarnation: str) -> grpc.StatusCode | None:  # type: ignore[no-untyped-def]
+    msgs = iter([runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job_id, incarnation=incarnation))])
+    call = stub.Connect(msgs, timeout=3)
+    try:
+        for _ in call:
+            pass
+    except grpc.RpcError as err:
+        return err.code()
+    return None
+
+
+def test_a_runtime_speaks_only_for_its_own_job_and_launch(users, secured, connect) -> None:  # type: ignore[no-untyped-def]
+    _, job = users
+    helper_token = make_token(secured.db_url, "s1", "helper")
+    token = auth.runtime_token(helper_token, job.id, "inc1")
+    stub = runtime_pb2_grpc.RuntimeStub(connect(secured.address, token))
+    # Its own job and launch: accepted (the stream stays open until the deadline).
+    assert _hello(stub, job.id, "inc1") in (None, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert _hello(stub, job.id, "inc2") == grpc.StatusCode.PERMISSION_DENIED
+    assert _hello(stub, "j-other", "inc1") == grpc.StatusCode.PERMISSION_DENIED
+    # Minted with a key that is not a registered helper's: refused.
+    forged = runtime_pb2_grpc.RuntimeStub(connect(secured.address, auth.runtime_token("gdv.s1.guess", job.id, "inc1")))
+    assert _hello(forged, job.id, "inc1") == grpc.StatusCode.UNAUTHENTICATED
+    # A runtime credential is not a user's.
+    sched = scheduler_pb2_grpc.SchedulerStub(connect(secured.address, token))
+    assert _code(lambda: sched.ListJobs(scheduler_pb2.ListJobsRequest())) == grpc.StatusCode.PERMISSION_DENIED

@@ -1,0 +1,91 @@
+"""TLS (server-only and mutual) over real sockets, certificates from `gandiva tls
+init`, and the refusal to serve an open address without TLS and tokens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
+from scheduler.transport import SecurityError, ServerTls, check_exposure
+
+from .conftest import make_token
+
+
+def _tls(certs: Path, mutual: bool = False) -> ServerTls:
+    return ServerTls(str(certs / "server.pem"), str(certs / "server-key.pem"),
+                     str(certs / "ca.pem") if mutual else "")
+
+
+def test_tls_with_tokens(make_scheduler, sqlite_url, certs, connect) -> None:  # type: ignore[no-untyped-def]
+    sched = make_scheduler(sqlite_url, auth="token", tls=_tls(certs), listen="localhost:0")
+    token = make_token(sqlite_url, "alice")
+    ok = scheduler_pb2_grpc.SchedulerStub(connect(sched.address, token, ca=str(certs / "ca.pem")))
+    assert list(ok.ListJobs(scheduler_pb2.ListJobsRequest()).jobs) == []
+    plain = scheduler_pb2_grpc.SchedulerStub(connect(sched.address, token))
+    with pytest.raises(grpc.RpcError) as err:
+        plain.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=3)
+    assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def test_mutual_tls_needs_a_client_certificate(make_scheduler, sqlite_url, certs, connect) -> None:  # type: ignore[no-untyped-def]
+    sched = make_scheduler(sqlite_url, tls=_tls(certs, mutual=True), listen="localhost:0")
+    ca = str(certs / "ca.pem")
+    with_cert = scheduler_pb2_grpc.SchedulerStub(
+        connect(sched.address, ca=ca, cert=str(certs / "alice.pem"), key=str(certs / "alice-key.pem")))
+    assert list(with_cert.ListJobs(scheduler_pb2.ListJobsRequest()).jobs) == []
+    without = scheduler_pb2_grpc.SchedulerStub(connect(sched.address, ca=ca))
+    with pytest.raises(grpc.RpcError) as err:
+        without.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=3)
+    assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:0", "[::]:0", "10.1.2.3:50051", "gpu-head:50051"])
+def test_an_open_address_without_tls_and_auth_is_refused(listen: str, certs: Path) -> None:
+    for tls, auth in ((None, False), (_tls(certs), False), (None, True)):
+        with pytest.raises(SecurityError) as err:
+            check_exposure(listen, tls, auth, insecure=False, what="the scheduler")
+        assert "--insecure" in str(err.value)
+        assert ("--tls-cert" in str(err.value)) == (tls is None)
+        assert ("--auth token" in str(err.value)) == (not auth)
+    assert check_exposure(listen, _tls(certs), True, insecure=False, what="x") == ""
+    assert "WITHOUT" in check_exposure(listen, None, False, insecure=True, what="x")
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "localhost:50051", "[::1]:0"])
+def test_loopback_may_run_open_and_says_so(listen: str) -> None:
+    assert "loopback" in check_exposure(listen, None, False, insecure=False, what="the scheduler")
+
+
+def test_the_scheduler_command_refuses_an_open_address(tmp_path: Path) -> None:
+    db = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    out = subprocess.run(
+        [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", "0.0.0.0:0", "--db", db],
+        check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "refusing to listen on 0.0.0.0:0" in out.stdout + out.stderr
+    assert not (tmp_path / "x.db").exists()  # refused before touching anything
+
+
+def test_tls_init_writes_a_usable_cluster_pki(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "scheduler.cli.main", "tls", "init", str(tmp_path / "pki"),
+         "--host", "head.example", "--host", "10.0.0.1", "--client", "alice"],
+        check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    names = {p.name for p in (tmp_path / "pki").iterdir()}
+    assert names == {"ca.pem", "ca-key.pem", "server.pem", "server-key.pem", "alice.pem", "alice-key.pem"}
+    assert (tmp_path / "pki" / "server-key.pem").stat().st_mode & 0o077 == 0
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate((tmp_path / "pki" / "server.pem").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "head.example" in sans.get_values_for_type(x509.DNSName)
+    again = subprocess.run(
+        [sys.executable, "-m", "scheduler.cli.main", "tls", "init", str(tmp_path / "pki"), "--host", "x"],
+        check=False, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "--force" in again.stderr
