@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
+from scheduler.engine.live_migration import begin_migration, recover_migrations, run_migration
 from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument, NotFound
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.policy import types as pt
@@ -203,8 +204,6 @@ class LiveEngine:
     async def recover(self) -> None:
         """On start: give every server a full heartbeat timeout to reach this scheduler,
         and finish every migration a previous scheduler left unfinished."""
-        from scheduler.engine.live_migration import recover_migrations
-
         async with self.core.tx() as s:
             await repo.reset_heartbeats(s, self.core.clock())
         await recover_migrations(self.core)
@@ -378,9 +377,7 @@ class LiveEngine:
             await repo.transition(s, job, target, self.core.clock(), f"{reason} (step {ack.step})")
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
-        from scheduler.engine.live_migration import run_migration
-
-        await run_migration(self, job_id, list(to_gpus), reason)
+        await run_migration(self.core, job_id, list(to_gpus), reason)
 
     # ---- operator actions -----------------------------------------------------
 
@@ -431,12 +428,10 @@ class LiveEngine:
             raise FailedPrecondition(f"server {to_server} has {len(free)} free GPU(s); job {job_id} needs {job.gpus}")
         if job_id in self.inflight:
             raise FailedPrecondition(f"job {job_id} has a command in progress; try again shortly")
-        from scheduler.engine.live_migration import begin_migration
-
         gpus = [pt.GpuRef(to_server, i) for i in free[: job.gpus]]
         self.inflight.add(job_id)
         try:
-            rest = await begin_migration(self, job_id, gpus, "requested by operator")
+            rest = await begin_migration(self.core, job_id, gpus, "requested by operator")
         except BaseException:
             self.inflight.discard(job_id)
             raise

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from migration_protocol.fast_path import MigrationResult, Outcome
 from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
@@ -24,7 +25,6 @@ from protos.gandiva.v1 import (
 )
 from scheduler.core import Settings
 from scheduler.engine import live_migration
-from scheduler.engine.migration import MigrationResult, Outcome
 from scheduler.errors import InvalidArgument
 
 FAST = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=1.0)
