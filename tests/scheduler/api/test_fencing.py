@@ -20,6 +20,7 @@ from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
     helper_pb2_grpc,
+    runtime_pb2,
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
@@ -33,14 +34,15 @@ FAST = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=1.
 class Fake:
     """Helpers "a" and "b" (one GPU each unless told) spoken for by the test itself."""
 
-    def __init__(self, address: str, gpus: dict[str, int] | None = None) -> None:
+    def __init__(self, address: str, gpus: dict[str, int] | None = None, shared_root: str = "") -> None:
         self.ch = grpc.insecure_channel(address)
         self.helper = helper_pb2_grpc.HelperStub(self.ch)
         self.api = scheduler_pb2_grpc.SchedulerStub(self.ch)
         self.streams: dict[str, Any] = {}
         for name, n in (gpus or {"a": 1, "b": 1}).items():
             self.helper.Register(helper_pb2.RegisterServerRequest(
-                name=name, gpus=[common_pb2.Gpu(index=i) for i in range(n)]))
+                name=name, gpus=[common_pb2.Gpu(index=i) for i in range(n)],
+                ramdisk=f"/ram/{name}", shared_root=shared_root))
         self._beating = threading.Event()
 
     def commands(self, server: str) -> Any:
@@ -81,6 +83,15 @@ class Fake:
                 assert cmd.launch.job_id == job_id
                 return server, cmd.launch
         raise AssertionError(f"no launch of {job_id} on {server}")
+
+    def launched_again(self, job_id: str, old: str, wait_for: Any) -> tuple[str, helper_pb2.LaunchJob]:
+        """(server, launch command) of the job's next launch after incarnation `old`."""
+        server = wait_for(lambda: (j := self.job(job_id)).placement and j.state == common_pb2.JOB_STATE_RUNNING
+                          and len(j.history) > 3 and j.placement[0].server, 15)
+        for cmd in self.commands(server):
+            if cmd.WhichOneof("body") == "launch" and cmd.launch.incarnation != old:
+                return server, cmd.launch
+        raise AssertionError(f"no new launch of {job_id} on {server}")
 
     def close(self) -> None:
         self._beating.set()
@@ -319,3 +330,36 @@ def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
             assert g.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
     finally:
         g.close()
+
+
+def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A running job checkpoints every interval into its server's ramdisk, under its
+    launch's incarnation; when its server is lost, the relaunch on another server
+    restores that checkpoint through the other server's shared root."""
+    from .test_runtime_api import FakeShim
+
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0, checkpoint_interval_s=0.5)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    f = Fake(sched.address, shared_root="/peers")
+    try:
+        job_id = f.submit()
+        server, launch = f.launched(job_id, wait_for)
+        other = "b" if server == "a" else "a"
+        shim = FakeShim(f.ch, job_id, launch.incarnation)
+        path = f"/ram/{server}/{job_id}/periodic-{launch.incarnation}"
+
+        def checkpointed() -> bool:
+            f.heartbeat(server, (job_id, launch.incarnation))
+            f.heartbeat(other)
+            events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+            return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
+
+        wait_for(checkpointed, 15)
+        assert any(c.kind == runtime_pb2.COMMAND_KIND_CHECKPOINT and c.checkpoint_dir == path for c in shim.received)
+        f.keep_alive(other)  # and `server` falls silent
+        where, relaunch = f.launched_again(job_id, launch.incarnation, wait_for)
+        assert where == other
+        assert relaunch.restore_checkpoint == f"/peers/{server}/{job_id}/periodic-{launch.incarnation}"
+        shim.close()
+    finally:
+        f.close()
