@@ -86,8 +86,9 @@ async def test_warm_launch_holds_until_activated_and_restores(
     assert warm.ok and warm.durations_s["prewarm"] > 0
     proc = helper.jobs.processes[("j1", "i1")]
     assert proc.last_event("warm_ready") and not proc.last_event("first_step_done")
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
+    # A restore reads only from this helper's ramdisk (or its shared root), where transfers land.
+    ckpt = tmp_path / "ramdisks" / "s1" / "ckpt"
+    ckpt.mkdir(parents=True)
     (ckpt / "gandiva.json").write_text(json.dumps({"global_step": 41}))
     activate = helper_pb2.HelperCommand(activate=helper_pb2.ActivateJob(
         job_id="j1", incarnation="i1", restore_checkpoint=str(ckpt)))
