@@ -44,6 +44,7 @@ class Fake:
                 name=name, gpus=[common_pb2.Gpu(index=i) for i in range(n)],
                 ramdisk=f"/ram/{name}", shared_root=shared_root))
         self._beating = threading.Event()
+        self.alive: set[str] = set()
 
     def commands(self, server: str) -> Any:
         if server not in self.streams:
@@ -57,16 +58,21 @@ class Fake:
         return sorted((s.job_id, s.incarnation) for s in reply.stop)
 
     def keep_alive(self, *servers: str) -> None:
-        """Heartbeats (reporting nothing) in the background, so the servers stay up."""
+        """Heartbeats (reporting nothing) in the background, so the servers stay up
+        (until the test discards one from ``alive``)."""
+        first = not self.alive
+        self.alive.update(servers)
+
         def run() -> None:
             while not self._beating.is_set():
                 try:
-                    for s in servers:
+                    for s in list(self.alive):
                         self.helper.Heartbeat(helper_pb2.HeartbeatRequest(name=s))
                 except grpc.RpcError:
                     return  # the test is over
                 time.sleep(0.1)
-        threading.Thread(target=run, daemon=True).start()
+        if first:
+            threading.Thread(target=run, daemon=True).start()
 
     def submit(self, gpus: int = 1) -> str:
         spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=gpus)
@@ -144,10 +150,11 @@ def test_exit_of_a_launch_that_is_not_current_changes_nothing(fake: Fake, wait_f
 
 def test_a_server_back_from_down_is_told_to_stop_its_old_launches(fast: tuple[Any, Fake], wait_for: Any) -> None:
     _, f = fast
+    f.keep_alive("a", "b")
     job_id = f.submit()
     server, launch = f.launched(job_id, wait_for)
     other = "b" if server == "a" else "a"
-    f.keep_alive(other)
+    f.alive.discard(server)
     # The job's server falls silent: down, and its job re-placed after the heartbeat timeout.
     wait_for(lambda: f.job(job_id).placement and f.job(job_id).placement[0].server == other, 10)
     assert f.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
