@@ -64,6 +64,7 @@ class Net:
         self.bridge = f"{PREFIX}{self.tok}br"
         self.hosts: dict[str, tuple[str, str, str]] = {}  # name -> (netns, address, bridge-side link)
         self.made: list[str] = [self.bridge_ns]  # namespaces to delete, made or not
+        self._inodes: set[int] = set()
         _ip("netns", "add", self.bridge_ns)
         _ip("-n", self.bridge_ns, "link", "add", self.bridge, "type", "bridge")
         _ip("-n", self.bridge_ns, "link", "set", self.bridge, "up")
@@ -89,6 +90,28 @@ class Net:
 
     def restore(self, name: str) -> None:
         _ip("-n", self.bridge_ns, "link", "set", self.hosts[name][2], "up")
+
+    def owns(self, pid: int) -> bool:
+        """Whether the process lives in one of this test's namespaces (other tests, and
+        other people's, may run the same harness on this machine at the same time)."""
+        try:
+            inode = int(os.readlink(f"/proc/{pid}/ns/net").split("[")[1].rstrip("]"))
+        except (OSError, IndexError, ValueError):
+            return False
+        return inode in self.inodes
+
+    @property
+    def inodes(self) -> set[int]:
+        if len(self._inodes) < len(self.made):
+            self._inodes = {os.stat(f"/run/netns/{ns}").st_ino for ns in self.made if os.path.exists(f"/run/netns/{ns}")}
+        return self._inodes
+
+    def pids(self) -> list[int]:
+        out: list[int] = []
+        for ns in self.made:
+            got = subprocess.run(["ip", "netns", "pids", ns], check=False, capture_output=True, text=True)
+            out += [int(p) for p in got.stdout.split()]
+        return out
 
     def close(self) -> None:
         for ns in reversed(self.made):
@@ -119,6 +142,7 @@ class Sampler:
     violations: list[str] = field(default_factory=list)
     training_seen: dict[str, set[str]] = field(default_factory=dict)
     samples: int = 0
+    owns: Callable[[int], bool] = lambda pid: True  # only processes of this test's hosts
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
@@ -152,6 +176,8 @@ class Sampler:
             if not entry.isdigit():
                 continue
             pid = int(entry)
+            if pid not in self.copies and not self.owns(pid):
+                continue
             got = self._read(pid)
             if got is None:
                 continue
@@ -193,7 +219,7 @@ class Cluster:
         self.sched_ns, self.sched_addr = net.add_host("sched")
         self.sock = tmp / "sched.sock"
         self.procs: dict[str, subprocess.Popen] = {}
-        self.sampler = Sampler()
+        self.sampler = Sampler(owns=net.owns)
         self.channel: grpc.Channel | None = None
 
     # ---- processes -----------------------------------------------------------
@@ -280,12 +306,10 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
         # Job processes left behind (a helper killed with -9 takes its jobs with it by
-        # the parent-death signal; anything else still running is ours to end).
-        for pid in list(self.sampler.copies):
+        # the parent-death signal): whatever still runs in this test's namespaces, only.
+        for pid in self.net.pids():
             try:
-                env = Path(f"/proc/{pid}/environ").read_bytes()
-                if str(self.tmp).encode() in env or b"GANDIVA_SCHEDULER=" + self.sched_addr.encode() in env:
-                    os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         if self.channel is not None:

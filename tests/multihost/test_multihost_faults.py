@@ -111,16 +111,16 @@ def test_scheduler_killed_9_mid_migration(multihost: Cluster, mlp_command, phase
     """Killed while the destination pre-warms (rolled back: the job goes on where it
     was) or right after the source's checkpoint (completed from that checkpoint)."""
     c = multihost
-    # Long enough to outlast a slow pre-warm (a loaded machine): 1,200 steps of at least 20 ms.
-    steps = 1200
+    # Long enough to outlast a slow pre-warm (a loaded machine): 2,000 steps of at least 20 ms.
+    steps = 2000
     job_id, _, dest = _training_on_one_of_two(c, "mover", mlp_command(steps, 0.02))
     c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
     if phase == "checkpoint":
         c.wait(lambda: any(e.kind == "job.migration" and e.message.startswith("checkpoint")
-                           for e in c.events(job_id)), 60)
+                           for e in c.events(job_id)), 90)
     c.kill9("scheduler")
     c.start_scheduler()
-    done = _ends_once(c, job_id, steps, 120)
+    done = _ends_once(c, job_id, steps, 150)
     reasons = [t.reason for t in done.history]
     assert any("after a scheduler restart" in r or "scheduler restarted mid-migration" in r for r in reasons), reasons
     if phase == "prewarm":
