@@ -2,14 +2,15 @@
 
 One real `gandiva scheduler` process (SQLite, then PostgreSQL if reachable). This
 process simulates, over real gRPC with real tokens:
-  * --helpers helpers (default 100, 4 virtual GPUs each), each with its own helper
+  * --helpers helpers (default 100, 16 virtual GPUs each), each with its own helper
     token: register, heartbeat at the interval the scheduler asks, take commands off
-    ReceiveCommands and answer them (a launch adds the job to its heartbeat's
-    running set, a stop removes it);
-  * --runtimes job runtimes (default 1,000), each a Runtime.Connect stream with a
-    token minted the way a helper mints it, sending one ProgressReport a second
-    (steps = how many it has sent);
-  * --submitters concurrent users (default 4) looping SubmitJob then GetJob.
+    ReceiveCommands and answer them; a launch starts a simulated runtime with a
+    token minted for that launch, as a real helper does;
+  * --runtimes jobs (default 1,000) submitted first, so the scheduler places them and
+    the helpers start their runtimes: each a Runtime.Connect stream sending one
+    ProgressReport a second (steps = how many it has sent) and acking commands;
+  * --submitters concurrent users (default 4) looping SubmitJob then GetJob (of
+    jobs too large to place, so that they queue).
 After --duration seconds (default 60) it reports p50/p99 of SubmitJob and GetJob,
 the scheduler's CPU (percent of one core) and RSS, and counts progress reports on
 both sides: sent here, received by the scheduler (it logs the count at shutdown),
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import random
 import re
 import subprocess
@@ -31,6 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -71,41 +74,62 @@ async def make_tokens(db_url: str, helpers: int) -> tuple[str, list[str]]:
 
 
 class Load:
+    """The simulated cluster: helpers that launch simulated runtimes when the scheduler
+    places a job on them, runtimes that stream progress and acknowledge commands."""
+
     def __init__(self, address: str, ca: str, user: str, helper_tokens: list[str], args: argparse.Namespace) -> None:
         self.address, self.ca, self.user, self.helper_tokens, self.args = address, ca, user, helper_tokens, args
         self.lat: dict[str, list[float]] = {"SubmitJob": [], "GetJob": []}
-        self.sent: dict[str, int] = {}
+        self.sent: dict[str, int] = {}       # job id -> progress reports its runtimes sent
+        self.runtimes: dict[tuple[str, str], asyncio.Task] = {}
+        self.active: dict[tuple[str, str], asyncio.Event] = {}
+        self.connected = 0
         self.broken_streams = 0
         self.errors: dict[str, int] = {}
         self.stop = asyncio.Event()
+        self.channels: list = []
 
     def error(self, what: str, err: Exception) -> None:
         key = f"{what}: {getattr(err, 'code', lambda: type(err).__name__)()}"
         self.errors[key] = self.errors.get(key, 0) + 1
 
-    async def helper(self, ch, token: str) -> None:  # type: ignore[no-untyped-def]
+    async def helper(self, i: int, token: str) -> None:
         name = token.split(".")[1]
-        stub = helper_pb2_grpc.HelperStub(ch)
+        stub = helper_pb2_grpc.HelperStub(self.channels[i % len(self.channels)])
         md = bearer(token)
-        gpus = [common_pb2.Gpu(index=i, model="virtual", memory_total_bytes=16 << 30) for i in range(4)]
-        reply = await stub.Register(helper_pb2.RegisterServerRequest(name=name, address="127.0.0.1:1", gpus=gpus), metadata=md)
-        running: set[str] = set()
+        gpus = [common_pb2.Gpu(index=g, model="virtual", memory_total_bytes=16 << 30)
+                for g in range(self.args.gpus_per_helper)]
+        reply = await stub.Register(helper_pb2.RegisterServerRequest(name=name, address="127.0.0.1:1", gpus=gpus),
+                                    metadata=md)
+        mine: set[str] = set()
 
         async def commands() -> None:
             async for cmd in stub.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=name), metadata=md):
                 body = cmd.WhichOneof("body")
                 if body == "launch":
-                    running.add(cmd.launch.job_id)
+                    key = (cmd.launch.job_id, cmd.launch.incarnation)
+                    mine.add(key[0])
+                    # A pre-warmed process holds before its first step until activated.
+                    self.active[key] = asyncio.Event()
+                    if not cmd.launch.warm:
+                        self.active[key].set()
+                    # What a real helper does: start the job with a token for this launch only.
+                    self.runtimes[key] = asyncio.create_task(self.runtime(i, *key, auth.runtime_token(token, *key)))
+                elif body == "activate":
+                    self.active.setdefault((cmd.activate.job_id, cmd.activate.incarnation), asyncio.Event()).set()
                 elif body == "stop":
-                    running.discard(cmd.stop.job_id)
+                    mine.discard(cmd.stop.job_id)
+                    for key, task in list(self.runtimes.items()):
+                        if key[0] == cmd.stop.job_id:
+                            task.cancel()
                 await stub.ReportCommandResult(helper_pb2.HelperCommandResult(
-                    server=name, command_id=cmd.command_id, ok=True, step=0), metadata=md)
+                    server=name, command_id=cmd.command_id, ok=True), metadata=md)
 
         task = asyncio.create_task(commands())
         try:
             while not self.stop.is_set():
                 try:
-                    await stub.Heartbeat(helper_pb2.HeartbeatRequest(name=name, running_jobs=sorted(running)),
+                    await stub.Heartbeat(helper_pb2.HeartbeatRequest(name=name, running_jobs=sorted(mine)),
                                          metadata=md, timeout=10)
                 except Exception as err:  # noqa: BLE001 - counted and reported
                     self.error("Heartbeat", err)
@@ -113,79 +137,127 @@ class Load:
         finally:
             task.cancel()
 
-    async def runtime(self, ch, job_id: str, helper_token: str) -> None:  # type: ignore[no-untyped-def]
-        stub = runtime_pb2_grpc.RuntimeStub(ch)
-        token = auth.runtime_token(helper_token, job_id, "")
-        self.sent[job_id] = 0
-        await asyncio.sleep(random.random())  # spread the streams over the second
+    async def runtime(self, i: int, job_id: str, incarnation: str, token: str) -> None:
+        stub = runtime_pb2_grpc.RuntimeStub(self.channels[i % len(self.channels)])
+        acks: asyncio.Queue = asyncio.Queue()
+        self.sent.setdefault(job_id, 0)
+
+        ended = asyncio.Event()  # stopped for a migration, or killed: the process would exit
 
         async def messages():  # type: ignore[no-untyped-def]
-            yield runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job_id, pid=1))
-            while not self.stop.is_set():
-                self.sent[job_id] += 1
-                yield runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
-                    steps=self.sent[job_id], rate=1.0, last_step_s=1.0, at=time.time()))
-                await asyncio.sleep(1.0)
+            yield runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job_id, incarnation=incarnation, pid=1))
+            await asyncio.sleep(random.random())  # spread the reports over the second
+            next_at = time.monotonic()
+            active = self.active[(job_id, incarnation)]
+            while not self.stop.is_set() and not ended.is_set():
+                while not acks.empty():
+                    yield acks.get_nowait()
+                if active.is_set() and time.monotonic() >= next_at:
+                    self.sent[job_id] += 1
+                    yield runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
+                        steps=self.sent[job_id], rate=1.0, last_step_s=1.0, at=time.time()))
+                    next_at += 1.0
+                await asyncio.sleep(0.05)
+            while not acks.empty():
+                yield acks.get_nowait()
+            # Stop: the stream is half-closed; the scheduler has read everything once it ends.
 
         call = stub.Connect(messages(), metadata=bearer(token))
+        self.connected += 1
         try:
-            async for _ in call:
-                pass
-        except Exception as err:  # noqa: BLE001 - a broken stream loses reports: counted
-            if not self.stop.is_set():
-                self.broken_streams += 1
-                self.error("Connect", err)
-
-    async def submitter(self, ch) -> None:  # type: ignore[no-untyped-def]
-        stub = scheduler_pb2_grpc.SchedulerStub(ch)
-        md = bearer(self.user)
-        while not self.stop.is_set():
-            try:
-                t0 = time.perf_counter()
-                job = (await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=SPEC), metadata=md, timeout=30)).job
-                t1 = time.perf_counter()
-                await stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id), metadata=md, timeout=30)
-                t2 = time.perf_counter()
-                self.lat["SubmitJob"].append(t1 - t0)
-                self.lat["GetJob"].append(t2 - t1)
-            except Exception as err:  # noqa: BLE001 - counted and reported
-                self.error("submit", err)
-            await asyncio.sleep(0.05)
+            async for cmd in call:
+                acks.put_nowait(runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(
+                    command_id=cmd.command_id, ok=True, step=self.sent[job_id])))
+                if cmd.kind in (runtime_pb2.COMMAND_KIND_STOP_FOR_MIGRATION, runtime_pb2.COMMAND_KIND_KILL):
+                    ended.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a broken stream may lose reports: counted
+            self.broken_streams += 1
+            self.error("Connect", err)
 
     async def run(self, sched_pid: int) -> dict:
         a = self.args
         sec = ClientSecurity(tls_ca=self.ca)
-        channels = [aio_channel(self.address, sec) for _ in range(8)]
-        stub = scheduler_pb2_grpc.SchedulerStub(channels[0])
-        # The jobs whose runtimes stream: submitted first, by the user.
-        reply = await stub.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(
+        self.channels = [aio_channel(self.address, sec) for _ in range(8)]
+        stub = scheduler_pb2_grpc.SchedulerStub(self.channels[0])
+        helpers = [asyncio.create_task(self.helper(i, t)) for i, t in enumerate(self.helper_tokens)]
+        await asyncio.sleep(3.0)
+        # The jobs whose runtimes stream, placed by the scheduler on the helpers.
+        await stub.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(
             name="runtimes", jobs=[SPEC] * a.runtimes), metadata=bearer(self.user), timeout=120)
-        job_ids = [j.id for j in reply.jobs]
-        tasks = [asyncio.create_task(self.helper(channels[i % 8], t)) for i, t in enumerate(self.helper_tokens)]
-        await asyncio.sleep(2.0)
-        tasks += [asyncio.create_task(self.runtime(channels[i % 8], j, self.helper_tokens[i % len(self.helper_tokens)]))
-                  for i, j in enumerate(job_ids)]
-        await asyncio.sleep(3.0)  # streams open
+        deadline = time.monotonic() + 180
+        while self.connected < a.runtimes and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        print(f"  {self.connected} runtimes connected; measuring for {a.duration:.0f} s", flush=True)
         proc = psutil.Process(sched_pid)
         cpu0, t0 = proc.cpu_times(), time.monotonic()
-        subs = [asyncio.create_task(self.submitter(channels[i % 8])) for i in range(a.submitters)]
-        await asyncio.sleep(a.duration)
+        # The submitters run in a process of their own, so that this process's busy event
+        # loop (1,000 streams) does not inflate the latencies they measure.
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            self.lat = await loop.run_in_executor(pool, submitters, self.address, self.ca, self.user,
+                                                  a.submitters, a.duration, 2 * a.gpus_per_helper, a.think_s)
         cpu1, t1 = proc.cpu_times(), time.monotonic()
         rss = proc.memory_info().rss / 2**20
         self.stop.set()
-        await asyncio.sleep(1.5)  # the last reports are flushed (progress_flush_s is 0.25 s)
-        for t in tasks + subs:
+        # Every runtime half-closes; its call ends once the scheduler has read it all.
+        await asyncio.wait(list(self.runtimes.values()), timeout=60)
+        for t in [*helpers, *self.runtimes.values()]:
             t.cancel()
-        await asyncio.gather(*tasks, *subs, return_exceptions=True)
-        # The database's view: each job's steps must equal the last report its runtime sent.
-        stored: dict[str, int] = {}
-        for jid in job_ids:
-            stored[jid] = (await stub.GetJob(scheduler_pb2.GetJobRequest(id=jid), metadata=bearer(self.user))).steps
-        for ch in channels:
+        await asyncio.gather(*helpers, *self.runtimes.values(), return_exceptions=True)
+        # The database's view: each job's steps reach the last report its runtime sent.
+        short: list[str] = []
+        deadline = time.monotonic() + 60
+        for jid, sent in self.sent.items():
+            while True:
+                got = (await stub.GetJob(scheduler_pb2.GetJobRequest(id=jid), metadata=bearer(self.user))).steps
+                if got == sent or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            if got != sent:
+                short.append(jid)
+                if len(short) <= 3:
+                    job = await stub.GetJob(scheduler_pb2.GetJobRequest(id=jid), metadata=bearer(self.user))
+                    print(f"  {jid}: sent {sent}, stored {got}, {common_pb2.JobState.Name(job.state)}: "
+                          f"{job.message}", flush=True)
+        for ch in self.channels:
             await ch.close()
         cpu = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / (t1 - t0) * 100
-        short = sum(1 for j in job_ids if stored[j] != self.sent[j])
-        return {"cpu": cpu, "rss": rss, "stored_short": short, "sent": sum(self.sent.values())}
+        return {"cpu": cpu, "rss": rss, "stored_short": len(short), "sent": sum(self.sent.values())}
+
+
+def submitters(address: str, ca: str, user: str, n: int, duration: float, gpus: int,
+               think_s: float) -> dict[str, list[float]]:
+    """n users looping SubmitJob then GetJob for ``duration`` seconds (in a child process).
+    Their jobs ask for more GPUs than any server has: they queue (the policy sees them
+    every round) and never start runtimes, so the streaming load stays what was asked."""
+    lat: dict[str, list[float]] = {"SubmitJob": [], "GetJob": [], "errors": []}
+    spec = common_pb2.JobSpec(command=["python", "train.py"], gpus=gpus, name="q")
+
+    async def one(ch) -> None:  # type: ignore[no-untyped-def]
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        md = bearer(user)
+        end = time.monotonic() + duration
+        while time.monotonic() < end:
+            try:
+                t0 = time.perf_counter()
+                job = (await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), metadata=md, timeout=30)).job
+                t1 = time.perf_counter()
+                await stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id), metadata=md, timeout=30)
+                t2 = time.perf_counter()
+                lat["SubmitJob"].append(t1 - t0)
+                lat["GetJob"].append(t2 - t1)
+            except Exception:  # noqa: BLE001 - counted and reported
+                lat["errors"].append(1.0)
+            await asyncio.sleep(think_s)
+
+    async def go() -> None:
+        async with aio_channel(address, ClientSecurity(tls_ca=ca)) as ch:
+            await asyncio.gather(*(one(ch) for _ in range(n)))
+
+    asyncio.run(go())
+    return lat
 
 
 def run_one(label: str, db_url: str, work: Path, args: argparse.Namespace) -> None:
@@ -212,7 +284,7 @@ def run_one(label: str, db_url: str, work: Path, args: argparse.Namespace) -> No
     m = re.search(r"delivered (\d+) progress reports", log_path.read_text())
     received = int(m.group(1)) if m else -1
     s, g = load.lat["SubmitJob"], load.lat["GetJob"]
-    print(f"{label}: {args.helpers} helpers, {args.runtimes} runtimes, {args.submitters} submitters, "
+    print(f"{label}: {args.helpers} helpers x {args.gpus_per_helper} GPUs, {args.runtimes} runtimes, {args.submitters} submitters, "
           f"{args.duration:.0f} s, --auth token + TLS")
     for name, lat in (("SubmitJob", s), ("GetJob", g)):
         if lat:
@@ -221,8 +293,8 @@ def run_one(label: str, db_url: str, work: Path, args: argparse.Namespace) -> No
     print(f"  scheduler CPU {res['cpu']:.0f}% of one core, RSS {res['rss']:.0f} MB")
     print(f"  progress reports: sent {res['sent']}, received by the scheduler {received}, "
           f"broken streams {load.broken_streams}, jobs whose stored step != last sent {res['stored_short']}")
-    if load.errors:
-        print(f"  errors: {load.errors}")
+    if load.errors or load.lat.get("errors"):
+        print(f"  errors: {load.errors}, submitter errors: {len(load.lat.get('errors', []))}")
     ok = received == res["sent"] and res["stored_short"] == 0 and load.broken_streams == 0
     print("  OK: no progress report lost" if ok else "  LOST: some progress reports did not arrive")
 
@@ -234,6 +306,9 @@ def main() -> int:
     ap.add_argument("--helpers", type=int, default=100)
     ap.add_argument("--runtimes", type=int, default=1000)
     ap.add_argument("--submitters", type=int, default=4)
+    ap.add_argument("--gpus-per-helper", type=int, default=16,
+                    help="virtual GPUs per simulated helper (default 16: room for every runtime's job)")
+    ap.add_argument("--think-s", type=float, default=0.05, help="pause between a submitter's calls")
     ap.add_argument("--pg-url", default=PG_ADMIN)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gandiva-load-"))

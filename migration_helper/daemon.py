@@ -85,7 +85,7 @@ class HelperDaemon:
         helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(self.ramdisk), self._server)
         warning = check_exposure(self.config.listen, self.config.tls, self.config.tls is not None
                                  and bool(self.config.tls.client_ca), self.config.insecure,
-                                 f"helper {self.config.server_name}'s agent")
+                                 f"helper {self.config.server_name}'s agent", auth_flag="--tls-client-ca")
         if warning:
             log.warning("%s", warning)
         port = add_port(self._server, self.config.listen, self.config.tls)

@@ -233,6 +233,12 @@ class JobTable:
             out["GANDIVA_TOKEN"] = runtime_token(self.security.token, job_id, incarnation)
         if self.security.tls_ca:
             out["GANDIVA_TLS_CA"] = str(Path(self.security.tls_ca).resolve())
+        if self.security.tls_cert:
+            # A scheduler with mutual TLS admits only cluster certificates. The job runs as
+            # the helper's user and could read these files anyway; what it may do is still
+            # bounded by its token.
+            out["GANDIVA_TLS_CERT"] = str(Path(self.security.tls_cert).resolve())
+            out["GANDIVA_TLS_KEY"] = str(Path(self.security.tls_key).resolve())
         return out
 
     def _confined(self, path: str, what: str) -> str:

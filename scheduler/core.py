@@ -576,12 +576,18 @@ class SchedulerCore:
             self._flusher = asyncio.create_task(self._flush_progress_soon())
 
     async def _flush_progress_soon(self) -> None:
-        await asyncio.sleep(self.settings.progress_flush_s)
-        try:
-            await self.flush_progress()
-        except GandivaError as err:
-            # Lost to a brief database outage; the next reports supersede these.
-            log.warning("progress not recorded: %s", err)
+        # Reports that arrive while a flush is writing are flushed by the next turn of
+        # this loop: no new flusher is started while this one runs, and the last
+        # reports of a quiet cluster must not wait in memory for someone's next report.
+        while True:
+            await asyncio.sleep(self.settings.progress_flush_s)
+            try:
+                await self.flush_progress()
+            except GandivaError as err:
+                # Lost to a brief database outage; the next reports supersede these.
+                log.warning("progress not recorded: %s", err)
+            if not self._progress:
+                return
 
     async def flush_progress(self) -> None:
         batch, self._progress = self._progress, {}

@@ -209,13 +209,14 @@ def add_port(server: grpc.aio.Server, listen: str, tls: ServerTls | None) -> int
     return server.add_secure_port(listen, tls.credentials())
 
 
-def check_exposure(listen: str, tls: ServerTls | None, auth: bool, insecure: bool, what: str) -> str:
+def check_exposure(listen: str, tls: ServerTls | None, auth: bool, insecure: bool, what: str,
+                   auth_flag: str = "--auth token") -> str:
     """Refuse to serve an open address without TLS and authentication.
 
     Returns the warning to log when serving without them is allowed (loopback, or
     --insecure); raises SecurityError naming the flags otherwise."""
     missing = [flag for flag, ok in (("--tls-cert/--tls-key", tls is not None),
-                                     ("--auth token", auth)) if not ok]
+                                     (auth_flag, auth)) if not ok]
     if not missing:
         return ""
     if is_loopback(listen):
@@ -226,6 +227,6 @@ def check_exposure(listen: str, tls: ServerTls | None, auth: bool, insecure: boo
                 "anyone who can reach it can act as any user")
     raise SecurityError(
         f"refusing to listen on {listen} without {' and '.join(missing)}: anyone who can reach "
-        f"it could run commands on every GPU server. Give {' and '.join(missing)} (see "
-        "`gandiva tls init` and `gandiva token create`), listen on 127.0.0.1, or pass --insecure"
+        f"it could act as the cluster. Give {' and '.join(missing)} (see `gandiva tls init` and "
+        "`gandiva token create`), listen on 127.0.0.1, or pass --insecure"
     )

@@ -57,6 +57,13 @@ def check_text(field: str, value: str, limit: int, *, control_ok: bool = False) 
         raise InvalidArgument(field, "contains control characters")
 
 
+def clean_text(value: str, limit: int = 4096) -> str:
+    """Free text a helper or runtime reports (an error message, an exit reason), made
+    storable rather than refused: a refused report would be retried forever."""
+    value = value.replace("\x00", "\ufffd")
+    return value if len(value) <= limit else value[: limit - 1] + "\u2026"
+
+
 def check_id(field: str, value: str, required: bool = True) -> None:
     """An identifier a request names (a job id, a server name)."""
     if required and not value:

@@ -10,7 +10,7 @@ from scheduler.api.status import grpc_errors, grpc_stream_errors
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument
-from scheduler.validation import MAX_WORKDIR, check_id, check_text
+from scheduler.validation import MAX_WORKDIR, check_id, check_text, clean_text
 
 # More GPUs, jobs or samples than any server has: a broken or hostile helper.
 MAX_SERVER_GPUS = 256
@@ -78,7 +78,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         _as_server(request.server)
         check_id("job_id", request.job_id)
         check_text("incarnation", request.incarnation, 64)
-        check_text("reason", request.reason, 1024)
+        request.reason = clean_text(request.reason, 1024)
         await self.core.process_exit(request)
         return common_pb2.Empty()
 
@@ -105,5 +105,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
     @grpc_errors
     async def ReportCommandResult(self, request, context):  # type: ignore[no-untyped-def]
         _as_server(request.server)
+        request.message = clean_text(request.message)
+        request.checkpoint_path = clean_text(request.checkpoint_path)
         self.core.helpers.resolve(request.server, request)
         return common_pb2.Empty()

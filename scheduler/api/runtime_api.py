@@ -11,11 +11,11 @@ import grpc
 
 from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
 from scheduler import auth
-from scheduler.api.status import code_for
+from scheduler.api.status import code_for, unexpected_status
 from scheduler.core import SchedulerCore
 from scheduler.errors import GandivaError
 from scheduler.hubs import RuntimeConn
-from scheduler.validation import check_id, check_text
+from scheduler.validation import check_id, check_text, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             await self.core.get_job(hello.job_id)
         except GandivaError as err:
             await context.abort(code_for(err) or grpc.StatusCode.INTERNAL, str(err))
+        except Exception as err:  # noqa: BLE001 - never UNKNOWN; logged with its trace
+            await context.abort(*unexpected_status(err, "Connect"))
         conn = self.core.runtimes.attach(hello.job_id, hello.incarnation)
         log.info("runtime of job %s (incarnation %s, pid %d) connected", hello.job_id, hello.incarnation, hello.pid)
         reader = asyncio.create_task(self._read(conn, request_iterator))
@@ -94,10 +96,13 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                         _finite(p.last_step_s), _metrics(p.metrics),
                     )
                 elif kind == "ack":
+                    msg.ack.message = clean_text(msg.ack.message)
+                    msg.ack.checkpoint_path = clean_text(msg.ack.checkpoint_path)
                     self.core.runtimes.resolve(conn, msg.ack)
                 elif kind == "migratability":
                     await self.core.record_migratability(
-                        conn.job_id, msg.migratability.migratable, msg.migratability.reason[:1024]
+                        conn.job_id, msg.migratability.migratable,
+                        clean_text(msg.migratability.reason, 1024)
                     )
             except GandivaError as err:
                 # A progress report lost to a brief database outage is superseded by the next one.

@@ -149,18 +149,25 @@ def test_streaming_rpcs(fuzz_server: grpc.Channel) -> None:
 
 
 def test_runtime_reports_of_a_real_job_are_stored_or_cleaned(fuzz_server: grpc.Channel) -> None:
-    """A connected runtime sends any progress (NaN, huge metrics): the job's row stays
-    readable and the scheduler keeps recording progress for it."""
+    """A connected runtime sends any progress (NaN, huge metrics), migratability (NUL in
+    the reason) and acks: the job's row stays readable and storable."""
     sched = scheduler_pb2_grpc.SchedulerStub(fuzz_server)
     job = sched.SubmitJob(scheduler_pb2.SubmitJobRequest(
         spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
     runtime = runtime_pb2_grpc.RuntimeStub(fuzz_server)
     hello = runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job.id))
 
+    report = st.one_of(
+        message_dict(runtime_pb2.ProgressReport.DESCRIPTOR).map(
+            lambda p: runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(**p))),
+        messages(runtime_pb2.MigratabilityReport).map(lambda m: runtime_pb2.RuntimeMessage(migratability=m)),
+        messages(runtime_pb2.CommandAck).map(lambda a: runtime_pb2.RuntimeMessage(ack=a)),
+    )
+
     @FUZZ
-    @given(progress=st.lists(message_dict(runtime_pb2.ProgressReport.DESCRIPTOR), min_size=1, max_size=4))
-    def prop(progress: list[dict]) -> None:
-        msgs = [hello, *(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(**p)) for p in progress)]
+    @given(reports=st.lists(report, min_size=1, max_size=4))
+    def prop(reports: list[Any]) -> None:
+        msgs = [hello, *reports]
         call = runtime.Connect(iter(msgs), timeout=1.0)
         _check(lambda: list(call))
         got = sched.GetJob(scheduler_pb2.GetJobRequest(id=job.id), timeout=10)

@@ -89,3 +89,16 @@ def test_tls_init_writes_a_usable_cluster_pki(tmp_path: Path) -> None:
         [sys.executable, "-m", "scheduler.cli.main", "tls", "init", str(tmp_path / "pki"), "--host", "x"],
         check=False, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "--force" in again.stderr
+
+
+async def test_a_helper_agent_refuses_an_open_address_without_mtls(tmp_path: Path, monkeypatch, certs: Path) -> None:  # type: ignore[no-untyped-def]
+    from migration_helper.config import HelperConfig
+    from migration_helper.daemon import HelperDaemon
+
+    monkeypatch.setenv("GANDIVA_FORCE_VIRTUAL_GPUS", "1")
+    for tls in (None, _tls(certs)):  # TLS without client certificates is not enough either
+        config = HelperConfig(server_name="s1", scheduler="127.0.0.1:9", listen="0.0.0.0:0", gpus=1,
+                              ramdisk=tmp_path / "rd", log_dir=tmp_path / "logs", tls=tls)
+        with pytest.raises(SecurityError) as err:
+            await HelperDaemon(config).start()
+        assert "--insecure" in str(err.value) and "--tls-client-ca" in str(err.value)
