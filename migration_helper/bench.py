@@ -1,7 +1,7 @@
 """The migration latency benchmark: real TensorFlow jobs on two local helpers,
 migrated back and forth by the fast path and by the naive path.
 
-Fast path: scheduler.engine.migration.migrate() (pre-warmed destination, checkpoint
+Fast path: migration_protocol.fast_path.migrate() (pre-warmed destination, checkpoint
 into its ramdisk through the shared mount, or streamed with --transfer stream).
 Naive path: stop-for-migration into a checkpoint in the destination's ramdisk, then a cold start at the
 destination (import TensorFlow, rebuild the graph, create the session), restore,
@@ -29,8 +29,8 @@ from migration_helper.config import HelperConfig
 from migration_helper.daemon import HelperDaemon
 from migration_helper.gpus import CpuBackend
 from migration_helper.local_control import LocalControl
+from migration_protocol.fast_path import MigrationPlan, Outcome, migrate
 from protos.gandiva.v1 import common_pb2, helper_pb2, runtime_pb2
-from scheduler.engine.migration import MigrationPlan, Outcome, migrate
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ It lets helpers and job shims run without the scheduler: `gandiva bench migratio
 drives real helpers and real TensorFlow jobs through it, and the helper's tests use
 it as the far end of its gRPC session. It keeps everything in memory and decides
 nothing: the caller sends commands and reads what came back. It also implements
-scheduler.engine.migration.MigrationPorts, so migrate() runs against it unchanged.
+migration_protocol.fast_path.MigrationPorts, so migrate() runs against it unchanged.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from migration_protocol.fast_path import Endpoint
 from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
@@ -26,7 +27,6 @@ from protos.gandiva.v1 import (
     runtime_pb2,
     runtime_pb2_grpc,
 )
-from scheduler.engine.migration import Endpoint
 
 log = logging.getLogger(__name__)
 

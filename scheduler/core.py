@@ -50,7 +50,8 @@ class Settings:
     jobs (SIGSTOP) by itself. ``down_after_s``: the scheduler marks a silent server down,
     and re-places its jobs, only after this long. The lease always runs out first
     (``lease_s + LEASE_MARGIN_S <= down_after_s``), so a job is never trained by a cut-off
-    server and its replacement at once. Default lease: 60% of ``down_after_s``."""
+    server and its replacement at once. Default lease: 60% of ``down_after_s`` (at most
+    ``down_after_s - LEASE_MARGIN_S``)."""
 
     heartbeat_interval_s: float = 2.0
     down_after_s: float = 10.0
@@ -62,9 +63,15 @@ class Settings:
     # or the job is not a TensorFlow program): the scheduler cannot stop it at a boundary.
     runtime_connect_deadline_s: float = 120.0
     lease_s: float | None = None
+    # Every running migratable job checkpoints this often (0: never) into its server's
+    # ramdisk; a job that loses its server resumes from the last one instead of step 0
+    # (on another server too, when that one sees the ramdisk through its shared root).
+    checkpoint_interval_s: float = 300.0
 
     def __post_init__(self) -> None:
         lease = self.lease
+        if self.checkpoint_interval_s < 0:
+            raise InvalidArgument("checkpoint_interval_s", f"{self.checkpoint_interval_s} is negative; 0 turns periodic checkpoints off")
         if self.heartbeat_interval_s <= 0:
             raise InvalidArgument("heartbeat_interval_s", f"{self.heartbeat_interval_s} must be positive")
         if lease + LEASE_MARGIN_S > self.down_after_s:
@@ -82,7 +89,9 @@ class Settings:
 
     @property
     def lease(self) -> float:
-        return self.lease_s if self.lease_s is not None else 0.6 * self.down_after_s
+        if self.lease_s is not None:
+            return self.lease_s
+        return min(0.6 * self.down_after_s, self.down_after_s - LEASE_MARGIN_S)
 
 
 @dataclass
@@ -175,6 +184,8 @@ class SchedulerCore:
         self.runtimes = RuntimeHub()
         # Set whenever something happened that may change scheduling decisions.
         self.wake = asyncio.Event()
+        # (GPUs, name) of the largest server, for the submission check; None: not read yet.
+        self._largest: tuple[int, str] | None = None
 
     # ---- transactions ---------------------------------------------------------
 
@@ -254,8 +265,27 @@ class SchedulerCore:
             fenced_until=0.0,
         )
 
+    async def _largest_server(self) -> tuple[int, str]:
+        """(GPUs, name) of the largest registered server; (0, "") before any registers."""
+        if self._largest is None:
+            async with self.tx(read=True) as s:
+                self._largest = await repo.largest_server(s)
+        return self._largest
+
+    async def _check_fits_one_server(self, spec: common_pb2.JobSpec, field: str = "spec.gpus") -> None:
+        """No launch spans servers yet: a job larger than every server would never run
+        (or run on part of its GPUs), so it is refused now, with the largest named."""
+        gpus, name = await self._largest_server()
+        if gpus and spec.gpus > gpus:
+            raise InvalidArgument(
+                field,
+                f"{spec.gpus} GPUs do not fit on one server: the largest, {name}, has {gpus}; "
+                f"jobs spanning servers are not supported yet, so ask for {gpus} or fewer",
+            )
+
     async def submit(self, spec: common_pb2.JobSpec, dry_run: bool = False) -> JobDetail:
         validate_spec(spec)
+        await self._check_fits_one_server(spec)
         now = self.clock()
         job = self._job_row(spec, now, None)
         if not dry_run:
@@ -268,6 +298,7 @@ class SchedulerCore:
         validate_members(name, len(specs))
         for i, spec in enumerate(specs):
             validate_spec(spec, field=f"jobs[{i}]")
+            await self._check_fits_one_server(spec, field=f"jobs[{i}].gpus")
         now = self.clock()
         mj = MultiJob(id=repo.new_id("mj"), name=name or default_name(specs[0]), created_at=now)
         jobs = [self._job_row(spec, now, mj.id) for spec in specs]
@@ -406,6 +437,7 @@ class SchedulerCore:
             created = await repo.upsert_server(
                 s, req.name, req.address, gpus, req.ramdisk, req.shared_root, now
             )
+            self._largest = await repo.largest_server(s)
             repo.add_event(
                 s,
                 now,
@@ -414,6 +446,11 @@ class SchedulerCore:
                 server=req.name,
             )
         self.poke()
+
+    async def known_server(self, name: str) -> None:
+        """NotFound unless `name` is registered (its helper must Register first)."""
+        async with self.tx(read=True) as s:
+            await repo.get_server(s, name)
 
     async def heartbeat(
         self, name: str, running: Sequence[tuple[str, str]] = ()

@@ -66,7 +66,14 @@ class HelperHub:
             raise Unavailable(f"helper on {server} did not answer within {timeout:.0f}s") from None
 
     def resolve(self, server: str, result: helper_pb2.HelperCommandResult) -> None:
-        _resolve(self.box(server).pending, result.command_id, result)
+        box = self._boxes.get(server)  # a result for a server without a box has no taker
+        if box is not None:
+            _resolve(box.pending, result.command_id, result)
+
+    def servers(self) -> list[str]:
+        """The servers with a box now (at most the registered ones: a server that goes
+        down loses its box, see fail_all)."""
+        return list(self._boxes)
 
     def fail_all(self, server: str, reason: str) -> None:
         box = self._boxes.pop(server, None)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import posixpath
 from collections.abc import Awaitable, Callable, Sequence
+
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
-from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument
+from scheduler.engine.live_migration import begin_migration, recover_migrations, run_migration
+from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument, NotFound
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.policy import types as pt
 from scheduler.state import repo
@@ -54,6 +58,8 @@ class LiveEngine:
         # job id -> the queueing reason last written, so unchanged reasons cost nothing.
         self._queue_reason: dict[str, str] = {}
         self._held: set[str] = set()
+        # job id -> when its last periodic checkpoint started (running jobs only).
+        self._checkpointed: dict[str, float] = {}
         # job id -> (the row it was built from, its JobView), reused while unchanged.
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
 
@@ -68,6 +74,7 @@ class LiveEngine:
             try:
                 await self.core.mark_stale_servers_down()
                 await self.tick()
+                await self.checkpoint_due()
             except GandivaError as err:
                 log.warning("scheduling round skipped: %s", err)
             except Exception:  # a bug in one round must not stop scheduling for good
@@ -154,11 +161,52 @@ class LiveEngine:
         self._views = views
         return pt.ClusterSnapshot(now=now, servers=servers, jobs=tuple(v for _, v in views.values()))
 
+    async def checkpoint_due(self) -> None:
+        """Start a checkpoint of every running, migratable job whose last one (or whose
+        start) is older than the checkpoint interval; each runs in the background."""
+        interval = self.core.settings.checkpoint_interval_s
+        if interval <= 0:
+            return
+        now = self.core.clock()
+        async with self.core.tx(read=True) as s:
+            jobs = await repo.list_jobs(s, [JobState.RUNNING])
+        live = {j.id for j in jobs}
+        self._checkpointed = {j: t for j, t in self._checkpointed.items() if j in live}
+        for job in jobs:
+            last = max(self._checkpointed.get(job.id, 0.0), job.state_changed_at)
+            if job.migratable and job.id not in self.inflight and now - last >= interval:
+                self._checkpointed[job.id] = now
+                self._background(job.id, self._checkpoint(job.id, job.incarnation))
+
+    async def _checkpoint(self, job_id: str, incarnation: str) -> None:
+        """One periodic checkpoint, into the job's server's ramdisk under a name that
+        carries the launch's incarnation (swapped atomically by the shim each time);
+        recorded as the job's restore point only if that launch is still current."""
+        async with self.core.tx(read=True) as s:
+            placement = (await repo.placements_of(s, [job_id])).get(job_id, [])
+            if not placement:
+                return
+            server = await repo.get_server(s, placement[0].server_name)
+        directory = posixpath.join(server.ramdisk, job_id, f"periodic-{incarnation}")
+        ack = await self.core.runtimes.call(
+            job_id, runtime_pb2.COMMAND_KIND_CHECKPOINT, self.core.settings.command_timeout_s,
+            checkpoint_dir=directory, reason="periodic checkpoint", incarnation=incarnation)
+        self._checkpointed[job_id] = self.core.clock()  # the next one an interval after this one
+        if not ack.ok:
+            log.warning("periodic checkpoint of %s failed: %s", job_id, ack.message)
+            return
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
+                return  # moved or ended meanwhile: this checkpoint is not its latest
+            job.restore_checkpoint, job.restore_server = ack.checkpoint_path or directory, server.name
+            job.steps = max(job.steps, ack.step)
+            repo.add_event(s, self.core.clock(), "job.checkpoint", f"step {ack.step} at {job.restore_checkpoint}",
+                           job_id=job_id, server=server.name)
+
     async def recover(self) -> None:
         """On start: give every server a full heartbeat timeout to reach this scheduler,
         and finish every migration a previous scheduler left unfinished."""
-        from scheduler.engine.live_migration import recover_migrations
-
         async with self.core.tx() as s:
             await repo.reset_heartbeats(s, self.core.clock())
         await recover_migrations(self.core)
@@ -237,9 +285,9 @@ class LiveEngine:
             self._queue_reason.pop(job_id, None)
             job.incarnation = incarnation
             where = ", ".join(f"{g.server}/{g.index}" for g in gpus)
-            restore = ""
-            if job.restore_checkpoint and job.restore_server == gpus[0].server:
-                restore, job.restore_checkpoint, job.restore_server = job.restore_checkpoint, "", ""
+            restore = await _restore_path(s, job, gpus[0].server)
+            if restore:
+                job.restore_checkpoint, job.restore_server = "", ""
                 where += f", resuming from {restore}"
             await repo.transition(s, job, JobState.RUNNING, now, f"{reason} on {where}")
         self.launch(job, gpus, incarnation, restore_checkpoint=restore)
@@ -359,9 +407,7 @@ class LiveEngine:
             await repo.transition(s, job, target, self.core.clock(), f"{reason} (step {ack.step})")
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
-        from scheduler.engine.live_migration import run_migration
-
-        await run_migration(self, job_id, list(to_gpus), reason)
+        await run_migration(self.core, job_id, list(to_gpus), reason)
 
     # ---- operator actions -----------------------------------------------------
 
@@ -417,12 +463,10 @@ class LiveEngine:
             raise FailedPrecondition(f"server {to_server} has {len(free)} free GPU(s); job {job_id} needs {job.gpus}")
         if job_id in self.inflight:
             raise FailedPrecondition(f"job {job_id} has a command in progress; try again shortly")
-        from scheduler.engine.live_migration import begin_migration
-
         gpus = [pt.GpuRef(to_server, i) for i in free[: job.gpus]]
         self.inflight.add(job_id)
         try:
-            rest = await begin_migration(self, job_id, gpus, "requested by operator")
+            rest = await begin_migration(self.core, job_id, gpus, "requested by operator")
         except BaseException:
             self.inflight.discard(job_id)
             raise
@@ -471,6 +515,25 @@ class LiveEngine:
                 if job.state in (JobState.RUNNING.value, JobState.SUSPENDED.value):
                     await repo.requeue(s, job, now, f"its process on {server} was lost")
         self.core.poke()
+
+
+async def _restore_path(s: AsyncSession, job: Job, server: str) -> str:
+    """Where a launch on `server` finds the job's last checkpoint: as recorded when
+    placed on the server that holds it; through `server`'s shared root (peers' ramdisks
+    as ROOT/PEER-NAME) when it has one; else nowhere ("": it starts from step 0)."""
+    if not job.restore_checkpoint:
+        return ""
+    if job.restore_server == server:
+        return job.restore_checkpoint
+    target = await repo.get_server(s, server)
+    try:
+        holder = await repo.get_server(s, job.restore_server)
+    except NotFound:
+        return ""
+    root = holder.ramdisk.rstrip("/") + "/"
+    if not target.shared_root or not holder.ramdisk or not job.restore_checkpoint.startswith(root):
+        return ""
+    return posixpath.join(target.shared_root, holder.name, job.restore_checkpoint[len(root):])
 
 
 def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None) -> pt.JobView:  # type: ignore[no-untyped-def]

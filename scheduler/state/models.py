@@ -138,7 +138,7 @@ class Migration(Base):
     job_id: Mapped[str] = mapped_column(
         ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
     )
-    # prewarm -> checkpoint -> transfer -> activate (see engine/migration.py)
+    # prewarm -> checkpoint -> transfer -> activate (see migration_protocol/fast_path.py)
     phase: Mapped[str] = mapped_column(String(16))
     # The state the job returns to if the migration is rolled back before the source stopped.
     was_state: Mapped[str] = mapped_column(String(16))

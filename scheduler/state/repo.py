@@ -357,6 +357,12 @@ async def heartbeat(session: AsyncSession, name: str, now: float) -> Server | No
     return server
 
 
+async def largest_server(session: AsyncSession) -> tuple[int, str]:
+    """(GPUs, name) of the server with the most GPUs; (0, "") when none is registered."""
+    row = (await session.execute(select(Server.num_gpus, Server.name).order_by(Server.num_gpus.desc(), Server.name).limit(1))).first()
+    return (row[0], row[1]) if row else (0, "")
+
+
 async def stale_servers(session: AsyncSession, before: float) -> Sequence[Server]:
     q = select(Server).where(Server.up.is_(True), Server.last_heartbeat < before)
     return (await session.scalars(q)).all()

@@ -205,3 +205,12 @@ def test_no_server_is_emptied_when_its_jobs_would_have_to_time_share(mk) -> None
     d = get_policy("gandiva").decide(mk.snap(10, mk.servers(2), *jobs, mk.job("four", gpus=4)))
     # 2 + 2 free GPUs: emptying either server needs 2 GPUs on a fuller one, and there is none.
     assert not [x for x in d if isinstance(x, Migrate)]
+
+
+def test_rejected_pairs_of_ended_jobs_are_forgotten_model_verdicts_kept() -> None:
+    from scheduler.policy.state import GandivaState
+
+    state = GandivaState(rejected={frozenset({"job:a", "job:b"}), frozenset({"job:a", "job:c"}),
+                                   frozenset({"model:vae", "model:lstm"})})
+    state.forget_missing({"a", "c"})
+    assert state.rejected == {frozenset({"job:a", "job:c"}), frozenset({"model:vae", "model:lstm"})}
