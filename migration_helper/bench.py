@@ -1,9 +1,9 @@
 """The migration latency benchmark: real TensorFlow jobs on two local helpers,
 migrated back and forth by the fast path and by the naive path.
 
-Fast path: scheduler.engine.migration.migrate() (pre-warmed destination, checkpoint
+Fast path: migration_protocol.fast_path.migrate() (pre-warmed destination, checkpoint
 into its ramdisk through the shared mount, or streamed with --transfer stream).
-Naive path: stop-for-migration into a checkpoint on disk, then a cold start at the
+Naive path: stop-for-migration into a checkpoint in the destination's ramdisk, then a cold start at the
 destination (import TensorFlow, rebuild the graph, create the session), restore,
 first step. Both are timed from the stop command to the first step done at the
 destination; pre-warming is reported apart, since the job trains meanwhile.
@@ -29,8 +29,8 @@ from migration_helper.config import HelperConfig
 from migration_helper.daemon import HelperDaemon
 from migration_helper.gpus import CpuBackend
 from migration_helper.local_control import LocalControl
+from migration_protocol.fast_path import MigrationPlan, Outcome, migrate
 from protos.gandiva.v1 import common_pb2, helper_pb2, runtime_pb2
-from scheduler.engine.migration import MigrationPlan, Outcome, migrate
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,8 @@ class MigrationBench:
                     gpus: list[int]) -> tuple[Measurement, str]:
         plan = MigrationPlan(job_id=job, spec=spec, source=self.control.endpoint(src),
                              source_incarnation=incarnation, source_gpus=tuple(gpus),
-                             dest=self.control.endpoint(dst), dest_gpus=tuple(gpus))
+                             dest=self.control.endpoint(dst), dest_gpus=tuple(gpus),
+                             warm_signature=self.control.train_signature(job, incarnation))
         result = await migrate(plan, self.control)
         if result.outcome is not Outcome.MIGRATED:
             raise RuntimeError(f"fast migration of {job} failed: {result.outcome.value}: {result.reason}")
@@ -164,7 +165,9 @@ class MigrationBench:
 
     async def _naive(self, job: str, spec: common_pb2.JobSpec, incarnation: str, src: str, dst: str,
                      gpus: list[int]) -> tuple[Measurement, str]:
-        ckpt = self.config.out_dir.resolve() / "checkpoints" / job / f"naive-{uuid.uuid4().hex[:8]}"
+        # In the destination helper's ramdisk: a helper restores only from its ramdisk or
+        # shared root (the fast path's checkpoint lies there too, so the paths compare).
+        ckpt = self.ramdisks / dst / job / f"naive-{uuid.uuid4().hex[:8]}"
         t0 = time.monotonic()
         ack = await self.control.runtime_command(job, incarnation, runtime_pb2.RuntimeCommand(
             command_id=uuid.uuid4().hex, kind=runtime_pb2.COMMAND_KIND_STOP_FOR_MIGRATION,

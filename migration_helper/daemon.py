@@ -243,7 +243,7 @@ class HelperDaemon:
                     running_jobs=sorted({j for j, _ in pairs}),
                     running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs],
                 ),
-                timeout=min(RPC_TIMEOUT_S, max(interval, self.lease_s / 2 or RPC_TIMEOUT_S)),
+                timeout=RPC_TIMEOUT_S,  # the lease watchdog runs apart: a slow answer freezes nothing early
             )
             if not reply.known:
                 raise SessionEnded("the scheduler does not know this server; registering again")

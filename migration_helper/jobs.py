@@ -140,6 +140,8 @@ class JobTable:
             gpu_indices=list(req.gpu_indices),
             restore_checkpoint=self._confined(req.restore_checkpoint, "launch: restore_checkpoint"),
         )
+        if req.warm and req.warm_signature:
+            env["GANDIVA_WARM_SIGNATURE"] = req.warm_signature
         env.update(self.runtime_credentials(req.job_id, req.incarnation))
         workdir = req.spec.workdir or os.getcwd()
         if not os.path.isdir(workdir):

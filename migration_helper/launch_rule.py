@@ -4,8 +4,13 @@ The rule: a command whose program is a Python interpreter (``python``,
 ``python3``, ``python3.11``, or a path to one) runs under the tf_runtime shim:
 ``python [interpreter options] -m tf_runtime.run SCRIPT ARGS`` (``-m MODULE``
 and ``-c`` are refused: the shim runs a script file). A bare ``python``/``python3`` means the helper's own interpreter, where
-tf_runtime is installed; an explicit path is kept. Any other program runs as it is
-(it gets the same environment, but no shim: it cannot be suspended or migrated).
+tf_runtime is installed; an explicit path is kept. Any other program runs
+as it is, and so does everything a wrapper starts (``env FOO=1 python train.py``,
+``bash -c '...'``, a shell script that runs python): the shim reaches their Python
+processes through the ``sitecustomize`` of tf_runtime.autoload, which the job's
+environment puts first on PYTHONPATH (the job's own PYTHONPATH follows, and a
+sitecustomize of its own still runs). A job none of whose processes connects a
+runtime is marked uncontrollable by the scheduler (docs/tf_runtime.md).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
+
+from tf_runtime.autoload import path_with_autoload
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
 # Interpreter options that take a separate value (python -W ignore, -X dev).
@@ -26,6 +33,7 @@ _HELPER_ONLY = (
     "GANDIVA_RESTORE_CHECKPOINT",
     "GANDIVA_JOB_ID",
     "GANDIVA_INCARNATION",
+    "GANDIVA_WARM_SIGNATURE",
     # The helper's own credentials: a job gets a token scoped to itself instead.
     "GANDIVA_TOKEN",
     "GANDIVA_TLS_CERT",
@@ -76,6 +84,7 @@ def job_environment(
     """The server's environment, the job's own variables on top, then Gandiva's."""
     env = {k: v for k, v in base.items() if k not in _HELPER_ONLY}
     env.update(job_env)
+    env["PYTHONPATH"] = path_with_autoload(env.get("PYTHONPATH"))
     # Logs are followed live (gandiva logs -f); a block-buffered stdout would hide them.
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(

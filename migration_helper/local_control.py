@@ -4,7 +4,7 @@ It lets helpers and job shims run without the scheduler: `gandiva bench migratio
 drives real helpers and real TensorFlow jobs through it, and the helper's tests use
 it as the far end of its gRPC session. It keeps everything in memory and decides
 nothing: the caller sends commands and reads what came back. It also implements
-scheduler.engine.migration.MigrationPorts, so migrate() runs against it unchanged.
+migration_protocol.fast_path.MigrationPorts, so migrate() runs against it unchanged.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from migration_protocol.fast_path import Endpoint
 from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
@@ -26,7 +27,6 @@ from protos.gandiva.v1 import (
     runtime_pb2,
     runtime_pb2_grpc,
 )
-from scheduler.engine.migration import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class _RuntimeConn:
     outbox: asyncio.Queue[runtime_pb2.RuntimeCommand] = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future[runtime_pb2.CommandAck]] = field(default_factory=dict)
     steps: int = 0
+    train_signature: str = ""
 
 
 class LocalControl(helper_pb2_grpc.HelperServicer, runtime_pb2_grpc.RuntimeServicer):
@@ -143,6 +144,8 @@ class LocalControl(helper_pb2_grpc.HelperServicer, runtime_pb2_grpc.RuntimeServi
                     fut = conn.pending.pop(msg.ack.command_id, None)
                     if fut is not None and not fut.done():
                         fut.set_result(msg.ack)
+                elif msg.WhichOneof("body") == "train_signature":
+                    conn.train_signature = msg.train_signature.json
                 elif msg.WhichOneof("body") == "progress":
                     conn.steps = msg.progress.steps
                     self._notify()
@@ -204,6 +207,10 @@ class LocalControl(helper_pb2_grpc.HelperServicer, runtime_pb2_grpc.RuntimeServi
     def steps(self, job_id: str, incarnation: str) -> int:
         conn = self._runtimes.get((job_id, incarnation))
         return conn.steps if conn else -1
+
+    def train_signature(self, job_id: str, incarnation: str) -> str:
+        conn = self._runtimes.get((job_id, incarnation))
+        return conn.train_signature if conn else ""
 
     def connected(self, job_id: str, incarnation: str) -> bool:
         return (job_id, incarnation) in self._runtimes

@@ -26,6 +26,7 @@ from scheduler.errors import (
 )
 from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
+from scheduler.observe.observer import Observer
 from scheduler.state import repo
 from scheduler.state.db import SqliteWriter, is_sqlite, make_engine, make_sessionmaker
 from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
@@ -50,17 +51,28 @@ class Settings:
     jobs (SIGSTOP) by itself. ``down_after_s``: the scheduler marks a silent server down,
     and re-places its jobs, only after this long. The lease always runs out first
     (``lease_s + LEASE_MARGIN_S <= down_after_s``), so a job is never trained by a cut-off
-    server and its replacement at once. Default lease: 60% of ``down_after_s``."""
+    server and its replacement at once. Default lease: 60% of ``down_after_s`` (at most
+    ``down_after_s - LEASE_MARGIN_S``)."""
 
     heartbeat_interval_s: float = 2.0
     down_after_s: float = 10.0
     command_timeout_s: float = 60.0
     # How long job progress is coalesced in memory before one transaction writes it.
     progress_flush_s: float = 0.25
+    # A launched job none of whose processes connects a runtime within this time is
+    # marked not suspendable and not migratable (a wrapper hid python from the shim,
+    # or the job is not a TensorFlow program): the scheduler cannot stop it at a boundary.
+    runtime_connect_deadline_s: float = 120.0
     lease_s: float | None = None
+    # Every running migratable job checkpoints this often (0: never) into its server's
+    # ramdisk; a job that loses its server resumes from the last one instead of step 0
+    # (on another server too, when that one sees the ramdisk through its shared root).
+    checkpoint_interval_s: float = 300.0
 
     def __post_init__(self) -> None:
         lease = self.lease
+        if self.checkpoint_interval_s < 0:
+            raise InvalidArgument("checkpoint_interval_s", f"{self.checkpoint_interval_s} is negative; 0 turns periodic checkpoints off")
         if self.heartbeat_interval_s <= 0:
             raise InvalidArgument("heartbeat_interval_s", f"{self.heartbeat_interval_s} must be positive")
         if lease + LEASE_MARGIN_S > self.down_after_s:
@@ -78,7 +90,9 @@ class Settings:
 
     @property
     def lease(self) -> float:
-        return self.lease_s if self.lease_s is not None else 0.6 * self.down_after_s
+        if self.lease_s is not None:
+            return self.lease_s
+        return min(0.6 * self.down_after_s, self.down_after_s - LEASE_MARGIN_S)
 
 
 @dataclass
@@ -171,6 +185,10 @@ class SchedulerCore:
         self.runtimes = RuntimeHub()
         # Set whenever something happened that may change scheduling decisions.
         self.wake = asyncio.Event()
+        # Hooks for metrics (gandiva scheduler --http-listen); they do nothing by default.
+        self.observer = Observer()
+        # (GPUs, name) of the largest server, for the submission check; None: not read yet.
+        self._largest: tuple[int, str] | None = None
 
     # ---- transactions ---------------------------------------------------------
 
@@ -234,6 +252,8 @@ class SchedulerCore:
             last_step_s=0.0,
             metrics={},
             migratable=True,
+            suspendable=True,
+            control_note="",
             held=False,
             message="waiting for a placement",
             exit_code=0,
@@ -248,8 +268,27 @@ class SchedulerCore:
             fenced_until=0.0,
         )
 
+    async def _largest_server(self) -> tuple[int, str]:
+        """(GPUs, name) of the largest registered server; (0, "") before any registers."""
+        if self._largest is None:
+            async with self.tx(read=True) as s:
+                self._largest = await repo.largest_server(s)
+        return self._largest
+
+    async def _check_fits_one_server(self, spec: common_pb2.JobSpec, field: str = "spec.gpus") -> None:
+        """No launch spans servers yet: a job larger than every server would never run
+        (or run on part of its GPUs), so it is refused now, with the largest named."""
+        gpus, name = await self._largest_server()
+        if gpus and spec.gpus > gpus:
+            raise InvalidArgument(
+                field,
+                f"{spec.gpus} GPUs do not fit on one server: the largest, {name}, has {gpus}; "
+                f"jobs spanning servers are not supported yet, so ask for {gpus} or fewer",
+            )
+
     async def submit(self, spec: common_pb2.JobSpec, dry_run: bool = False) -> JobDetail:
         validate_spec(spec)
+        await self._check_fits_one_server(spec)
         now = self.clock()
         job = self._job_row(spec, now, None)
         if not dry_run:
@@ -262,6 +301,7 @@ class SchedulerCore:
         validate_members(name, len(specs))
         for i, spec in enumerate(specs):
             validate_spec(spec, field=f"jobs[{i}]")
+            await self._check_fits_one_server(spec, field=f"jobs[{i}].gpus")
         now = self.clock()
         mj = MultiJob(id=repo.new_id("mj"), name=name or default_name(specs[0]), created_at=now)
         jobs = [self._job_row(spec, now, mj.id) for spec in specs]
@@ -400,6 +440,7 @@ class SchedulerCore:
             created = await repo.upsert_server(
                 s, req.name, req.address, gpus, req.ramdisk, req.shared_root, now
             )
+            self._largest = await repo.largest_server(s)
             repo.add_event(
                 s,
                 now,
@@ -408,6 +449,11 @@ class SchedulerCore:
                 server=req.name,
             )
         self.poke()
+
+    async def known_server(self, name: str) -> None:
+        """NotFound unless `name` is registered (its helper must Register first)."""
+        async with self.tx(read=True) as s:
+            await repo.get_server(s, name)
 
     async def heartbeat(
         self, name: str, running: Sequence[tuple[str, str]] = ()
@@ -572,11 +618,37 @@ class SchedulerCore:
     async def record_migratability(self, job_id: str, migratable: bool, reason: str) -> None:
         async with self.tx() as s:
             job = await repo.get_job(s, job_id)
+            if not job.suspendable:
+                return  # the job's current launch was found uncontrollable
             if job.migratable != migratable:
                 job.migratable = migratable
+                job.control_note = "" if migratable else reason
                 repo.add_event(
                     s, self.clock(), "job.migratable", f"{'migratable' if migratable else 'not migratable'}: {reason}", job_id=job_id
                 )
+
+
+    async def record_uncontrollable(self, job_id: str, incarnation: str, reason: str) -> bool:
+        """The launch `incarnation` never connected a runtime: the job can be neither
+        suspended nor migrated (one transaction). False when that launch is no longer
+        current or the job no longer runs."""
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.incarnation != incarnation or job.state != JobState.RUNNING.value or not job.suspendable:
+                return False
+            job.suspendable, job.migratable, job.control_note = False, False, reason
+            repo.add_event(s, self.clock(), "job.uncontrollable", reason, job_id=job_id)
+            return True
+
+    async def record_runtime_connected(self, job_id: str, incarnation: str) -> None:
+        """A runtime of the current launch connected after all: suspendable again (its
+        migratability verdict follows from the shim)."""
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.suspendable or (incarnation and job.incarnation != incarnation):
+                return
+            job.suspendable, job.control_note = True, ""
+            repo.add_event(s, self.clock(), "job.controllable", f"runtime of launch {incarnation} connected", job_id=job_id)
 
 
 def spec_of(job: Job) -> common_pb2.JobSpec:

@@ -66,7 +66,14 @@ class HelperHub:
             raise Unavailable(f"helper on {server} did not answer within {timeout:.0f}s") from None
 
     def resolve(self, server: str, result: helper_pb2.HelperCommandResult) -> None:
-        _resolve(self.box(server).pending, result.command_id, result)
+        box = self._boxes.get(server)  # a result for a server without a box has no taker
+        if box is not None:
+            _resolve(box.pending, result.command_id, result)
+
+    def servers(self) -> list[str]:
+        """The servers with a box now (at most the registered ones: a server that goes
+        down loses its box, see fail_all)."""
+        return list(self._boxes)
 
     def fail_all(self, server: str, reason: str) -> None:
         box = self._boxes.pop(server, None)
@@ -80,6 +87,9 @@ class RuntimeConn:
     incarnation: str
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future] = field(default_factory=dict)
+    # The process's first training run as names (TrainSignature JSON): what a
+    # pre-warmed destination rehearses when the job migrates.
+    train_signature: str = ""
 
 
 class RuntimeHub:
@@ -95,8 +105,24 @@ class RuntimeHub:
 
     def __init__(self) -> None:
         self._conns: dict[str, dict[str, RuntimeConn]] = {}
+        # Launches whose runtime said hello, until their connect deadline is checked
+        # (LiveEngine.watch_runtime pops them; bounded by the launches being watched).
+        self._watched: dict[tuple[str, str], bool] = {}
+
+    def watch(self, job_id: str, incarnation: str) -> None:
+        """Start remembering whether launch `incarnation` of the job ever connects."""
+        self._watched[(job_id, incarnation)] = self.connected(job_id, incarnation)
+
+    def unwatch(self, job_id: str, incarnation: str) -> None:
+        self._watched.pop((job_id, incarnation), None)
+
+    def ever_connected(self, job_id: str, incarnation: str) -> bool:
+        """Whether the watched launch connected since `watch`; stops watching it."""
+        return self._watched.pop((job_id, incarnation), False) or self.connected(job_id, incarnation)
 
     def attach(self, job_id: str, incarnation: str) -> RuntimeConn:
+        if (job_id, incarnation) in self._watched:
+            self._watched[(job_id, incarnation)] = True
         conns = self._conns.setdefault(job_id, {})
         old = conns.pop(incarnation, None)
         conn = RuntimeConn(job_id, incarnation)
@@ -120,6 +146,11 @@ class RuntimeHub:
             return conns.get(incarnation) or conns.get("")
         # No incarnation named: the most recently connected process.
         return next(reversed(conns.values()), None)
+
+    def train_signature(self, job_id: str, incarnation: str = "") -> str:
+        """The connected process's TrainSignature JSON; "" when none is known."""
+        conn = self._find(job_id, incarnation)
+        return conn.train_signature if conn is not None else ""
 
     def connected(self, job_id: str, incarnation: str = "") -> bool:
         return self._find(job_id, incarnation) is not None

@@ -148,7 +148,7 @@ class SchedulerServer:
         from scheduler.observe.metrics import RpcMetricsInterceptor, SchedulerMetrics
 
         metrics = SchedulerMetrics(lambda: getattr(self.engine.policy, "state", None))
-        self.engine.observer = metrics
+        self.engine.observer = self.core.observer = metrics
         separate = self.core.read_engine is not self.core.engine  # SQLite: a reader engine apart
         metrics.watch_engine(self.core.engine, "write" if separate else "all")
         if separate:

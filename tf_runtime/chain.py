@@ -34,6 +34,20 @@ class RunInfo:
     metric_slots: tuple[tuple[int, str], ...] = ()  # flat fetch index -> metric name
 
 
+@dataclass(frozen=True)
+class FirstRun:
+    """A session's first training run, before it executes: the rehearsal a warm
+    process runs (on the ungated session) and the signature it reports."""
+
+    fetches: Any
+    feed_dict: Any
+    options: Any
+    run_fn: Callable[..., Any]
+
+    def __call__(self) -> Any:
+        return self.run_fn(self.fetches, self.feed_dict, self.options, None)
+
+
 class SessionAdapter(Protocol):
     """The session-specific side the controller needs (real TF or a fake)."""
 
@@ -55,6 +69,10 @@ class SessionAdapter(Protocol):
 
     def prebuild_save(self) -> float: ...
 
+    def signature(self, fetches: Any, feed_dict: Any, options: Any) -> str | None: ...
+
+    def signature_step(self, signature: str) -> Callable[[], Any] | None: ...
+
 
 class Runner(Protocol):
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
@@ -67,7 +85,9 @@ class BoundaryHandler(Protocol):
     def is_hot(self, adapter: SessionAdapter) -> bool: ...
 
     def setup_run(self, adapter: SessionAdapter, info: RunInfo, before: bool,
-                  rehearse: Callable[[], Any] | None = None) -> None: ...
+                  rehearse: FirstRun | None = None) -> None: ...
+
+    def before_setup_run(self, adapter: SessionAdapter, info: RunInfo) -> None: ...
 
     def boundary(self, adapter: SessionAdapter, info: RunInfo, results: Any,
                  duration_s: float, now: float) -> None: ...
@@ -184,9 +204,8 @@ class BoundaryLayer:
         if info.is_training:
             # A warm process rehearses this exact run (same fetches, feeds, options) on
             # the ungated session, so that its executors exist before it holds.
-            real = self._real
             handler.setup_run(self.adapter, info, before=True,
-                              rehearse=lambda: real.run(fetches, feed_dict, options, None))
+                              rehearse=FirstRun(fetches, feed_dict, options, self._real.run))
             self._hot = handler.is_hot(self.adapter)
             t0 = time.perf_counter()
             results = self.inner.run(fetches, feed_dict, options, run_metadata)
@@ -194,6 +213,8 @@ class BoundaryLayer:
             if self._hot:
                 handler.boundary(self.adapter, info, results, t1 - t0, t1)
             return results
+        # A warm process may hold here, before the program reads anything.
+        handler.before_setup_run(self.adapter, info)
         results = self.inner.run(fetches, feed_dict, options, run_metadata)
         handler.setup_run(self.adapter, info, before=False)
         return results

@@ -5,7 +5,8 @@ progress in batches (a snapshot of the ProgressMeter at most every
 `flush_interval_s`, and only when it changed), MigratabilityReport and CommandAcks
 as they come. Commands received are converted and handed to the controller's
 queue. When the stream breaks (the scheduler restarted) it reconnects with
-exponential back-off, says hello again and re-sends the migratability verdict;
+exponential back-off, says hello again and re-sends the migratability verdict and
+the first training run's signature (TrainSignature, for pre-warming a destination);
 progress lives in the meter, so nothing is lost.
 """
 
@@ -78,6 +79,7 @@ class StreamClient:
         self._outbox: queue.Queue[object] = queue.Queue()
         self._closing = threading.Event()
         self._migratability: runtime_pb2.MigratabilityReport | None = None
+        self._signature: runtime_pb2.RuntimeMessage | None = None
         self._thread = threading.Thread(target=self._loop, name="gandiva-stream", daemon=True)
         self._channel: grpc.Channel | None = None
         self._security = transport.ClientSecurity.from_env()
@@ -95,6 +97,11 @@ class StreamClient:
         report = runtime_pb2.MigratabilityReport(migratable=migratable, reason=reason)
         self._migratability = report
         self._outbox.put(runtime_pb2.RuntimeMessage(migratability=report))
+
+    def send_train_signature(self, signature: str) -> None:
+        msg = runtime_pb2.RuntimeMessage(train_signature=runtime_pb2.TrainSignature(json=signature))
+        self._signature = msg
+        self._outbox.put(msg)
 
     def close(self, timeout_s: float) -> None:
         """Send what is queued plus a last progress report, half-close, wait for the end."""
@@ -152,6 +159,8 @@ class StreamClient:
             server=ident.server, restored_step=ident.restored_step))
         if self._migratability is not None:
             yield runtime_pb2.RuntimeMessage(migratability=self._migratability)
+        if self._signature is not None:  # again after a reconnect (a duplicate is harmless)
+            yield self._signature
         sent_version = -1
         next_flush = time.monotonic()
         while alive.is_set():

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .chain import RunGate, RunInfo, SessionAdapter
+from .chain import FirstRun, RunGate, RunInfo, SessionAdapter
 from .checkpoint import CheckpointError, CheckpointInfo
 from .commands import Ack, Command, Kind
 from .gpu_release import CpuBackend, GpuReleaseBackend, ReleaseError
@@ -45,6 +45,8 @@ class Channel(Protocol):
 
     def send_migratability(self, migratable: bool, reason: str) -> None: ...
 
+    def send_train_signature(self, signature: str) -> None: ...
+
     def close(self, timeout_s: float) -> None: ...
 
 
@@ -59,6 +61,9 @@ class Settings:
     # Warm mode: rehearse the first training step before holding, so the held process
     # has built every executor (GANDIVA_WARM_STEP=0 holds at the restore point instead).
     warm_step: bool = False
+    # Warm mode: the source's first training run (TrainSignature JSON), rehearsed when
+    # the program reads something before its first training run (see before_setup_run).
+    warm_signature: str = ""
     # After the first training step, save once into scratch space so that the first
     # real save (a migration's) does not build the save op's executors.
     prebuild_save: bool = False
@@ -91,7 +96,9 @@ class Controller:
         self._not_migratable_reason = ""
         self._restored_into: SessionAdapter | None = None
         self._restore_again = False
-        self._warm_pending = False  # warm with rehearsal: hold at the first training step
+        # Warm with rehearsal: hold before the next run after the restore point.
+        self._warm_pending = False
+        self.train_signature: str | None = None  # the first training run, as names
         # Whether the save op's executors exist (a rehearsal or a save built them).
         self._save_built = not settings.prebuild_save
         self._lock = threading.Lock()  # serialises binding and command application
@@ -110,8 +117,27 @@ class Controller:
         if info.reads_global_step and adapter is self.adapter:
             self._read_global_step = True
 
+    def before_setup_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
+        """A warm process holds before the first run after its restore point that is
+        not a training run: that run may read the global step (or any variable) into
+        the program, which must see the restored value, never the warm process's own.
+
+        Holding here means the program's first training run is not known yet: the
+        source's signature (GANDIVA_WARM_SIGNATURE), when given, is rehearsed instead.
+        """
+        if not self._warm_pending or adapter is not self.adapter or self.trained:
+            return
+        self._warm_pending = False
+        step = None
+        if self.settings.warm_signature:
+            step = adapter.signature_step(self.settings.warm_signature)
+        if step is None:
+            log.info("warm: holding before the program's first read, without a rehearsal "
+                     "(no usable signature of its training run)")
+        self._warm_first_step(adapter, step)
+
     def setup_run(self, adapter: SessionAdapter, info: RunInfo, before: bool,
-                  rehearse: Callable[[], Any] | None = None) -> None:
+                  rehearse: FirstRun | None = None) -> None:
         """A run before the first training step: bind the session at the restore point.
 
         The restore point is right after the run that initialises the variables, or
@@ -129,7 +155,11 @@ class Controller:
         elif info.initializes or info.restores or (before and info.is_training):
             self._bind(adapter)
         if before and info.is_training and adapter is self.adapter:
+            if rehearse is not None:
+                self._report_signature(adapter, rehearse)
             if self._warm_pending:
+                # Nothing ran since the restore point: the program's own first training
+                # run is rehearsed exactly, and it read nothing the restore changes.
                 self._warm_pending = False
                 self._warm_first_step(adapter, rehearse)
             elif self._restore_again and self.settings.restore_dir:
@@ -183,8 +213,21 @@ class Controller:
             elif adapter.has_global_step():
                 self.meter.set_steps(adapter.global_step())
 
+    def _report_signature(self, adapter: SessionAdapter, first: FirstRun) -> None:
+        try:
+            self.train_signature = adapter.signature(first.fetches, first.feed_dict, first.options)
+        except Exception:  # never break the program's first step
+            log.exception("could not describe the first training run")
+            return
+        if self.train_signature and self.channel is not None:
+            self.channel.send_train_signature(self.train_signature)
+
     def _warm_first_step(self, adapter: SessionAdapter, rehearse: Callable[[], Any] | None) -> None:
-        """Warm mode, at the first training run: rehearse it, hold, restore, go on.
+        """Warm mode: rehearse the first training run, hold, restore, go on.
+
+        Called right before the program's first training run when nothing ran since
+        the restore point (`rehearse` is that very run), or before the first other run
+        after it (`rehearse` is the source's signature, or None: no rehearsal).
 
         The first run of the training fetches builds the session's executors (graph
         optimisation, partitioning over the replicas' devices): seconds for large
@@ -228,6 +271,8 @@ class Controller:
         self.settings.restore_dir = activation.restore_checkpoint
         if self._on_activate is not None:
             self._on_activate(self._peek_restored_step(activation.restore_checkpoint))
+        if self.train_signature and self.channel is not None:  # rehearsed before the stream
+            self.channel.send_train_signature(self.train_signature)
 
     @staticmethod
     def _peek_restored_step(directory: str | None) -> int:

@@ -7,6 +7,9 @@ Environment (set by the Migration Helper; all optional):
   GANDIVA_WARM=1             hold before the first training step (pre-warmed migration)
   GANDIVA_WARM_STEP=0        warm mode without the rehearsed first step (hold at the
                              restore point; the first step then builds the executors)
+  GANDIVA_WARM_SIGNATURE     warm mode: the source's first training run (JSON, from its
+                             TrainSignature), rehearsed when the program reads the global
+                             step (or anything) before its first training run
   GANDIVA_PREBUILD_SAVE=0    no scratch save after the first step (the first real save
                              then builds the save op's executors)
   GANDIVA_CONTROL_FD / GANDIVA_STATUS_FD   pipes shared with the helper
@@ -16,6 +19,7 @@ With none of them set, nothing is installed and the program runs untouched.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -76,6 +80,13 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     control_fd = _int_env(env, "GANDIVA_CONTROL_FD")
     if not (scheduler or restore or warm or status_fd is not None):
         return None  # standalone: a transparent pass-through
+    warm_signature = env.get("GANDIVA_WARM_SIGNATURE", "")
+    if warm_signature:
+        try:
+            json.loads(warm_signature)
+        except ValueError:
+            raise ValueError("GANDIVA_WARM_SIGNATURE is not JSON (it is the TrainSignature "
+                             "the source's shim reported)") from None
     if scheduler and not env.get("GANDIVA_JOB_ID"):
         raise ValueError("GANDIVA_SCHEDULER is set but GANDIVA_JOB_ID is empty: the scheduler "
                          "needs the job id in the runtime hello")
@@ -85,14 +96,19 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
         restored_step = int(validate(restore)["global_step"])
     settings = Settings(job_id=env.get("GANDIVA_JOB_ID", ""), restore_dir=restore,
                         warm=warm, control_fd=control_fd, warm_step=warm and warm_step,
-                        prebuild_save=prebuild_save)
+                        prebuild_save=prebuild_save, warm_signature=warm_signature)
     status = StatusPipe.from_fd(status_fd) if status_fd is not None else None
     rt = Runtime(controller=None)  # type: ignore[arg-type]
+
+    if scheduler is not None:
+        # Imported now, not at a warm process's activation: gRPC's import is not on the
+        # migration's critical path, and the script's directory (sys.path[0] once the
+        # program runs) cannot shadow the installed protos.
+        from .client import Identity, StreamClient
 
     def connect(step: int) -> None:
         if scheduler is None:
             return
-        from .client import Identity, StreamClient
 
         ident = Identity(settings.job_id, env.get("GANDIVA_INCARNATION", ""), os.getpid(),
                          env.get("GANDIVA_SERVER", ""), step)

@@ -112,6 +112,12 @@ def _remove_hook() -> None:
         sys.meta_path.remove(_HOOK)
 
 
+def hook_spec(fullname: str, path: Any) -> Any:
+    """The spec of `fullname` (tensorflow) through the post-import hook, for a finder
+    that starts the runtime in the middle of that import (tf_runtime.autoload)."""
+    return _HOOK.find_spec(fullname, path)
+
+
 def install(controller: Controller) -> None:
     """Route every Session created from now on through `controller`."""
     _CONTROLLER[:] = [controller]

@@ -179,6 +179,8 @@ class FakeSession:
             return None
         if fetches == "own_restore":
             self.step = 100
+        if fetches == "read_gs":
+            return self.step
         if RUN_KINDS[fetches].is_training:
             self.step += 1
             hook = self.hooks.get(self.step)
@@ -231,6 +233,14 @@ class FakeAdapter:
         self.prebuilt_saves += 1
         return 0.001
 
+    def signature(self, fetches: Any, feed_dict: Any, options: Any) -> str | None:
+        return fetches if isinstance(fetches, str) else None
+
+    def signature_step(self, signature: str) -> Callable[[], Any] | None:
+        if signature not in RUN_KINDS:
+            return None
+        return lambda: self.sess.run(signature)
+
     def restore(self, directory: str) -> CheckpointInfo:
         manifest = validate(directory)
         self.sess.step = int((Path(directory) / "model.index").read_text())
@@ -242,6 +252,7 @@ class FakeChannel:
     def __init__(self) -> None:
         self.acks: list[Ack] = []
         self.migratability: list[tuple[bool, str]] = []
+        self.signatures: list[str] = []
         self.closed = False
         self.cond = threading.Condition()
 
@@ -252,6 +263,9 @@ class FakeChannel:
 
     def send_migratability(self, migratable: bool, reason: str) -> None:
         self.migratability.append((migratable, reason))
+
+    def send_train_signature(self, signature: str) -> None:
+        self.signatures.append(signature)
 
     def close(self, timeout_s: float) -> None:
         self.closed = True

@@ -10,6 +10,7 @@ shim builds them when a session is created or when `Graph.finalize` is called
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,7 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import io_ops
 
@@ -282,6 +285,47 @@ class TFSessionAdapter:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return {"snapshot_s": t1 - t0, "warm_step_s": t2 - t1, "unwind_s": t3 - t2}
+
+    # -- the first training run as names (pre-warming a destination) ------------------
+    def signature(self, fetches: Any, feed_dict: Any, options: Any) -> str | None:
+        """The run as JSON names (fetches, feeds' dtypes and shapes, run options), or None
+        when it cannot be named (a SparseTensor feed, a callable fetch...)."""
+        names = []
+        for leaf in flatten(fetches):
+            try:  # what Session.run fetches for it (a variable: its value tensor)
+                el = self.graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
+            except (TypeError, ValueError, KeyError):
+                return None
+            names.append(el.name)
+        feeds: dict[str, Any] = {}
+        for key, value in (feed_dict or {}).items():
+            name = key if isinstance(key, str) else getattr(key, "name", None)
+            if not isinstance(name, str) or not isinstance(key, (str, tf.Tensor)):
+                return None
+            arr = np.asarray(value)
+            if arr.dtype.kind not in "biufc":
+                return None
+            feeds[name] = [arr.dtype.str, list(arr.shape)]
+        opts = options.SerializeToString().hex() if options is not None else ""
+        return json.dumps({"fetches": names, "feeds": feeds, "options": opts}, sort_keys=True)
+
+    def signature_step(self, signature: str) -> Callable[[], Any] | None:
+        """A run with `signature`'s fetches and zero-valued feeds on this session (None
+        when its names do not resolve in this graph): building its executors is what
+        matters, its values are undone by the rehearsal."""
+        try:
+            sig = json.loads(signature)
+            fetches = [self.graph.as_graph_element(n, allow_tensor=True, allow_operation=True)
+                       for n in sig["fetches"]]
+            feeds = {self.graph.get_tensor_by_name(n): np.zeros(shape, np.dtype(dt))
+                     for n, (dt, shape) in sig["feeds"].items()}
+            options = None
+            if sig.get("options"):
+                options = config_pb2.RunOptions.FromString(bytes.fromhex(sig["options"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("warm: the training run's signature does not fit this graph (%s)", exc)
+            return None
+        return lambda: self._run(fetches, feeds, options, None)
 
     def prebuild_save(self) -> float:
         """Save once into a scratch directory (deleted) so the save op's executors exist."""

@@ -41,6 +41,8 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
             for t in d.history
         ],
         migratable=j.migratable,
+        suspendable=j.suspendable,
+        control_note=j.control_note,
         message=j.message,
         exit_code=j.exit_code,
         metrics={k: float(v) for k, v in (j.metrics or {}).items() if isinstance(v, (int, float))},

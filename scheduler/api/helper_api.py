@@ -85,6 +85,8 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
     @grpc_stream_errors
     async def ReceiveCommands(self, request, context):  # type: ignore[no-untyped-def, override]
         _as_server(request.server)
+        # Only a registered server gets a command box: one per name ever seen would grow forever.
+        await self.core.known_server(request.server)
         hub = self.core.helpers
         box = hub.box(request.server)
         log.info("helper %s connected its command stream", request.server)

@@ -19,6 +19,8 @@ from scheduler.validation import check_id, check_text, clean_text
 
 log = logging.getLogger(__name__)
 
+MAX_SIGNATURE_CHARS = 64 * 1024
+
 
 MAX_METRICS = 64
 
@@ -65,6 +67,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         except Exception as err:  # noqa: BLE001 - never UNKNOWN; logged with its trace
             await context.abort(*unexpected_status(err, "Connect"))
         conn = self.core.runtimes.attach(hello.job_id, hello.incarnation)
+        try:
+            await self.core.record_runtime_connected(hello.job_id, hello.incarnation)
+        except GandivaError as err:
+            log.warning("could not record that job %s's runtime connected: %s", hello.job_id, err)
         log.info("runtime of job %s (incarnation %s, pid %d) connected", hello.job_id, hello.incarnation, hello.pid)
         reader = asyncio.create_task(self._read(conn, request_iterator))
         try:
@@ -99,6 +105,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     msg.ack.message = clean_text(msg.ack.message)
                     msg.ack.checkpoint_path = clean_text(msg.ack.checkpoint_path)
                     self.core.runtimes.resolve(conn, msg.ack)
+                elif kind == "train_signature":
+                    # Bounded: a signature is a few names; a huge one is not worth relaying.
+                    sig = msg.train_signature.json
+                    conn.train_signature = sig if len(sig) <= MAX_SIGNATURE_CHARS else ""
                 elif kind == "migratability":
                     await self.core.record_migratability(
                         conn.job_id, msg.migratability.migratable,

@@ -390,6 +390,8 @@ def job_to_dict(job: common_pb2.Job) -> dict[str, Any]:
         "env": dict(sorted(spec.env.items())),
         "grow_shrink": spec.grow_shrink,
         "migratable": job.migratable,
+        "suspendable": job.suspendable,
+        "control_note": job.control_note,
         "message": job.message,
         "exit_code": job.exit_code,
         "metrics": dict(sorted(job.metrics.items())),

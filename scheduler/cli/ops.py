@@ -308,7 +308,9 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         ("Submitted", f"{output.timestamp(job.submitted_at)} ({output.age(job.submitted_at)} ago)"),
         ("Finished", output.timestamp(job.finished_at)),
         ("Steps", job.steps), ("Rate", f"{output.rate(job.rate)} mini-batches/s" if job.rate > 0 else "-"),
-        ("Migratable", "yes" if job.migratable else "no"),
+        ("Suspendable", "yes" if job.suspendable else f"no ({job.control_note})"),
+        ("Migratable", "yes" if job.migratable else
+         f"no ({job.control_note})" if job.control_note else "no"),
         ("Exit code", job.exit_code if job.finished_at else "-"), ("Message", job.message or "-"),
     ]
     if spec.multi_job_id:

@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heartbeat-timeout", type=float, default=10.0, help="mark a server down, and re-place its jobs, after this many seconds without a heartbeat (default 10)")
     p.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds between a helper's heartbeats (default 2)")
     p.add_argument("--lease", type=float, default=None, help="a helper freezes its jobs after this many seconds without an answered heartbeat; at least 1 s shorter than --heartbeat-timeout so the two never overlap (default 60%% of it)")
+    p.add_argument("--checkpoint-interval", type=float, default=300.0, help="seconds between periodic checkpoints of each running migratable job (default 300; 0: none): a job whose server is lost resumes from its last one")
     p.add_argument("--also-listen", action="append", default=[], metavar="ADDRESS", help="serve on this address too (repeatable), e.g. unix:/run/gandiva.sock for operator tools on this host")
     p.add_argument("--port-file", help="write the bound host:port to this file once listening")
     sec = p.add_argument_group(
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
             db_url=args.db or default_db_url(),
             listen=args.listen,
             policy=args.policy,
-            settings=Settings(down_after_s=args.heartbeat_timeout, heartbeat_interval_s=args.heartbeat_interval, lease_s=args.lease),
+            settings=Settings(down_after_s=args.heartbeat_timeout, heartbeat_interval_s=args.heartbeat_interval, lease_s=args.lease,
+                              checkpoint_interval_s=args.checkpoint_interval),
             policy_config=config,
             tick_s=args.tick,
             also_listen=tuple(args.also_listen),

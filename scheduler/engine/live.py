@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import posixpath
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
-from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument
+from scheduler.engine.live_migration import begin_migration, recover_migrations, run_migration
+from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument, NotFound
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
 from scheduler.policy import types as pt
@@ -48,6 +52,7 @@ class LiveEngine:
         # Jobs with a command in flight: the policy's next decisions about them wait.
         self.inflight: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._watches: set[asyncio.Task] = set()  # runtime-connect deadlines of launches
         self._stopping = False
         # job id -> (when its server's helper first reported it missing, that server):
         # lost processes are requeued. Pruned on every heartbeat of that server.
@@ -55,6 +60,8 @@ class LiveEngine:
         # job id -> the queueing reason last written, so unchanged reasons cost nothing.
         self._queue_reason: dict[str, str] = {}
         self._held: set[str] = set()
+        # job id -> when its last periodic checkpoint started (running jobs only).
+        self._checkpointed: dict[str, float] = {}
         # job id -> (the row it was built from, its JobView), reused while unchanged.
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
         # Metrics, the decision log and the timeline (gandiva scheduler --http-listen).
@@ -71,6 +78,7 @@ class LiveEngine:
             try:
                 await self.core.mark_stale_servers_down()
                 await self.tick()
+                await self.checkpoint_due()
             except GandivaError as err:
                 log.warning("scheduling round skipped: %s", err)
             except Exception:  # a bug in one round must not stop scheduling for good
@@ -88,6 +96,8 @@ class LiveEngine:
         """Finish: no new rounds; commands in flight get a moment to complete."""
         self._stopping = True
         self.core.poke()
+        for watch in self._watches:
+            watch.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
 
@@ -157,11 +167,52 @@ class LiveEngine:
         self._views = views
         return pt.ClusterSnapshot(now=now, servers=servers, jobs=tuple(v for _, v in views.values()))
 
+    async def checkpoint_due(self) -> None:
+        """Start a checkpoint of every running, migratable job whose last one (or whose
+        start) is older than the checkpoint interval; each runs in the background."""
+        interval = self.core.settings.checkpoint_interval_s
+        if interval <= 0:
+            return
+        now = self.core.clock()
+        async with self.core.tx(read=True) as s:
+            jobs = await repo.list_jobs(s, [JobState.RUNNING])
+        live = {j.id for j in jobs}
+        self._checkpointed = {j: t for j, t in self._checkpointed.items() if j in live}
+        for job in jobs:
+            last = max(self._checkpointed.get(job.id, 0.0), job.state_changed_at)
+            if job.migratable and job.id not in self.inflight and now - last >= interval:
+                self._checkpointed[job.id] = now
+                self._background(job.id, self._checkpoint(job.id, job.incarnation))
+
+    async def _checkpoint(self, job_id: str, incarnation: str) -> None:
+        """One periodic checkpoint, into the job's server's ramdisk under a name that
+        carries the launch's incarnation (swapped atomically by the shim each time);
+        recorded as the job's restore point only if that launch is still current."""
+        async with self.core.tx(read=True) as s:
+            placement = (await repo.placements_of(s, [job_id])).get(job_id, [])
+            if not placement:
+                return
+            server = await repo.get_server(s, placement[0].server_name)
+        directory = posixpath.join(server.ramdisk, job_id, f"periodic-{incarnation}")
+        ack = await self.core.runtimes.call(
+            job_id, runtime_pb2.COMMAND_KIND_CHECKPOINT, self.core.settings.command_timeout_s,
+            checkpoint_dir=directory, reason="periodic checkpoint", incarnation=incarnation)
+        self._checkpointed[job_id] = self.core.clock()  # the next one an interval after this one
+        if not ack.ok:
+            log.warning("periodic checkpoint of %s failed: %s", job_id, ack.message)
+            return
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
+                return  # moved or ended meanwhile: this checkpoint is not its latest
+            job.restore_checkpoint, job.restore_server = ack.checkpoint_path or directory, server.name
+            job.steps = max(job.steps, ack.step)
+            repo.add_event(s, self.core.clock(), "job.checkpoint", f"step {ack.step} at {job.restore_checkpoint}",
+                           job_id=job_id, server=server.name)
+
     async def recover(self) -> None:
         """On start: give every server a full heartbeat timeout to reach this scheduler,
         and finish every migration a previous scheduler left unfinished."""
-        from scheduler.engine.live_migration import recover_migrations
-
         async with self.core.tx() as s:
             await repo.reset_heartbeats(s, self.core.clock())
         await recover_migrations(self.core)
@@ -240,9 +291,9 @@ class LiveEngine:
             self._queue_reason.pop(job_id, None)
             job.incarnation = incarnation
             where = ", ".join(f"{g.server}/{g.index}" for g in gpus)
-            restore = ""
-            if job.restore_checkpoint and job.restore_server == gpus[0].server:
-                restore, job.restore_checkpoint, job.restore_server = job.restore_checkpoint, "", ""
+            restore = await _restore_path(s, job, gpus[0].server)
+            if restore:
+                job.restore_checkpoint, job.restore_server = "", ""
                 where += f", resuming from {restore}"
             await repo.transition(s, job, JobState.RUNNING, now, f"{reason} on {where}")
         self.launch(job, gpus, incarnation, restore_checkpoint=restore)
@@ -264,6 +315,7 @@ class LiveEngine:
                 restore_checkpoint=restore_checkpoint,
             )
         )
+        self.core.runtimes.watch(job.id, incarnation)
         fut = self.core.helpers.send(primary, cmd)
         # Watched, but not "in flight": the job can be suspended or killed meanwhile.
         task = asyncio.create_task(self._launch_result(job.id, incarnation, fut, primary))
@@ -274,17 +326,43 @@ class LiveEngine:
         try:
             result = await asyncio.wait_for(fut, self.core.settings.command_timeout_s)
         except asyncio.TimeoutError:
+            self.core.runtimes.unwatch(job_id, incarnation)
             await self._withdraw(job_id, incarnation, server)
             return
         except GandivaError:
+            self.core.runtimes.unwatch(job_id, incarnation)
             return  # the server went down: its jobs were re-queued with it
+        if not result.ok:
+            self.core.runtimes.unwatch(job_id, incarnation)
         if result.ok:
+            # Not one of self._tasks: stopping the engine cancels it rather than waiting.
+            watch = asyncio.create_task(self._watch_runtime(job_id, incarnation))
+            self._watches.add(watch)
+            watch.add_done_callback(self._watches.discard)
             return
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation == incarnation and JobState(job.state) in ACTIVE:
                 await repo.transition(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
                 await repo.clear_placement(s, job_id)
+
+    async def _watch_runtime(self, job_id: str, incarnation: str) -> None:
+        """A launch none of whose processes connects a runtime within the deadline is
+        uncontrollable: no suspend, pack, migration or time slice can stop it."""
+        deadline = self.core.settings.runtime_connect_deadline_s
+        await asyncio.sleep(deadline)
+        if self.core.runtimes.ever_connected(job_id, incarnation):
+            return
+        reason = (f"no process of it connected the Gandiva runtime within {deadline:.0f}s of its "
+                  "launch (is it a TensorFlow 1-style program run by a python that has "
+                  "tf_runtime installed?); it runs to its end on its GPUs and cannot be "
+                  "suspended, packed or migrated")
+        try:
+            if await self.core.record_uncontrollable(job_id, incarnation, reason):
+                log.warning("job %s: %s", job_id, reason)
+                self.core.poke()
+        except GandivaError as err:
+            log.warning("could not mark job %s uncontrollable: %s", job_id, err)
 
     async def _withdraw(self, job_id: str, incarnation: str, server: str) -> None:
         """A launch with no answer in time is withdrawn: the job goes back to the queue,
@@ -342,13 +420,14 @@ class LiveEngine:
             await repo.transition(s, job, target, self.core.clock(), f"{reason} (step {ack.step})")
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
-        from scheduler.engine.live_migration import run_migration
-
-        await run_migration(self, job_id, list(to_gpus), reason)
+        await run_migration(self.core, job_id, list(to_gpus), reason)
 
     # ---- operator actions -----------------------------------------------------
 
     async def operator_suspend(self, job_id: str, reason: str) -> JobDetail:
+        job = await self._job(job_id)
+        if not job.suspendable:
+            raise FailedPrecondition(f"job {job_id} cannot be suspended: {job.control_note}")
         return await self._by_operator(
             job_id, JobState.RUNNING, "suspended",
             lambda: self._suspend(job_id, reason or "suspended by operator", hold=True),
@@ -386,6 +465,8 @@ class LiveEngine:
             raise FailedPrecondition(f"server {to_server} is down")
         if job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
             raise FailedPrecondition(f"job {job_id} is {job.state}; only a running or suspended job can migrate")
+        if not job.suspendable:
+            raise FailedPrecondition(f"job {job_id} cannot be migrated: {job.control_note}")
         if not job.migratable:
             raise FailedPrecondition(f"job {job_id} cannot resume from a checkpoint (its loop ignores the restored step); it can only be suspended in place")
         if job_id in dest.job_gpus:
@@ -395,12 +476,10 @@ class LiveEngine:
             raise FailedPrecondition(f"server {to_server} has {len(free)} free GPU(s); job {job_id} needs {job.gpus}")
         if job_id in self.inflight:
             raise FailedPrecondition(f"job {job_id} has a command in progress; try again shortly")
-        from scheduler.engine.live_migration import begin_migration
-
         gpus = [pt.GpuRef(to_server, i) for i in free[: job.gpus]]
         self.inflight.add(job_id)
         try:
-            rest = await begin_migration(self, job_id, gpus, "requested by operator")
+            rest = await begin_migration(self.core, job_id, gpus, "requested by operator")
         except BaseException:
             self.inflight.discard(job_id)
             raise
@@ -451,6 +530,25 @@ class LiveEngine:
         self.core.poke()
 
 
+async def _restore_path(s: AsyncSession, job: Job, server: str) -> str:
+    """Where a launch on `server` finds the job's last checkpoint: as recorded when
+    placed on the server that holds it; through `server`'s shared root (peers' ramdisks
+    as ROOT/PEER-NAME) when it has one; else nowhere ("": it starts from step 0)."""
+    if not job.restore_checkpoint:
+        return ""
+    if job.restore_server == server:
+        return job.restore_checkpoint
+    target = await repo.get_server(s, server)
+    try:
+        holder = await repo.get_server(s, job.restore_server)
+    except NotFound:
+        return ""
+    root = holder.ramdisk.rstrip("/") + "/"
+    if not target.shared_root or not holder.ramdisk or not job.restore_checkpoint.startswith(root):
+        return ""
+    return posixpath.join(target.shared_root, holder.name, job.restore_checkpoint[len(root):])
+
+
 def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None) -> pt.JobView:  # type: ignore[no-untyped-def]
     """`job`: a row of repo.SNAPSHOT_COLUMNS. Attained service is as of the last state
     change; the policy extrapolates it for running jobs from `reported_at`."""
@@ -465,6 +563,7 @@ def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None)
         rate=job.rate or None,
         grow_shrink=job.grow_shrink,
         migratable=job.migratable,
+        suspendable=job.suspendable,
         profile=(
             pt.JobProfile(
                 memory_bytes=profile.memory_max,

@@ -1,4 +1,4 @@
-"""Live migration: the scheduler's side of scheduler/engine/migration.py.
+"""Live migration: the scheduler's side of migration_protocol/fast_path.py.
 
 It implements MigrationPorts over the helper and runtime streams, moves the job
 to MIGRATING for the duration, and records the outcome (placement, incarnation,
@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from migration_protocol.fast_path import Endpoint, MigrationPlan, Outcome, migrate
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import SchedulerCore, spec_of
-from scheduler.engine.migration import Endpoint, MigrationPlan, Outcome, migrate
 from scheduler.errors import FailedPrecondition, GandivaError
 from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
 from scheduler.state.models import Migration
-
-if TYPE_CHECKING:
-    from scheduler.engine.live import LiveEngine
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +27,9 @@ NEXT_PHASE = {"prewarm": "checkpoint", "checkpoint": "transfer", "transfer": "ac
 
 
 class LivePorts:
-    def __init__(self, engine: LiveEngine) -> None:
-        self.core = engine.core
-        self.observer = engine.observer
+    def __init__(self, core: SchedulerCore) -> None:
+        self.core = core
+        self.observer = core.observer
 
     async def helper_command(
         self, server: str, command: helper_pb2.HelperCommand, timeout_s: float
@@ -64,16 +61,15 @@ class LivePorts:
                 row.checkpoint_path, row.step, row.updated_at = path, step, self.core.clock()
 
 
-async def run_migration(engine: LiveEngine, job_id: str, to_gpus: Sequence[GpuRef], reason: str) -> None:
-    await (await begin_migration(engine, job_id, to_gpus, reason))
+async def run_migration(core: SchedulerCore, job_id: str, to_gpus: Sequence[GpuRef], reason: str) -> None:
+    await (await begin_migration(core, job_id, to_gpus, reason))
 
 
 async def begin_migration(
-    engine: LiveEngine, job_id: str, to_gpus: Sequence[GpuRef], reason: str
+    core: SchedulerCore, job_id: str, to_gpus: Sequence[GpuRef], reason: str
 ) -> Coroutine[Any, Any, None]:
     """Move the job to MIGRATING (one transaction) and return the coroutine that
     carries the migration out and records its outcome."""
-    core = engine.core
     async with core.tx() as s:
         job = await repo.get_job(s, job_id, for_update=True)
         if not job.migratable:
@@ -94,6 +90,7 @@ async def begin_migration(
             source_gpus=tuple(p.gpu_index for p in placement if p.server_name == src_name),
             dest=Endpoint(dst.name, dst.address, dst.ramdisk, dst.shared_root),
             dest_gpus=tuple(g.index for g in to_gpus if g.server == dest_name),
+            warm_signature=core.runtimes.train_signature(job_id, job.incarnation),
         )
         # Durable from here: the destination GPUs are held, and a scheduler restart
         # finds this row and completes or rolls back the migration (recover_migrations).
@@ -104,15 +101,14 @@ async def begin_migration(
             dest_incarnation=plan.dest_incarnation, fallback_incarnation=plan.fallback_incarnation,
             checkpoint_path="", step=-1, started_at=now, updated_at=now,
         ))
-    return _carry_out(engine, plan, was, list(to_gpus))
+    return _carry_out(core, plan, was, list(to_gpus))
 
 
-async def _carry_out(engine: LiveEngine, plan: MigrationPlan, was: JobState, to_gpus: list[GpuRef]) -> None:
-    core = engine.core
+async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to_gpus: list[GpuRef]) -> None:
     job_id, dest_name = plan.job_id, plan.dest.name
     failure = ""
     try:
-        result = await migrate(plan, LivePorts(engine))
+        result = await migrate(plan, LivePorts(core))
     except Exception as err:  # a bug in the orchestration must not leave the job MIGRATING
         log.exception("migration of %s crashed", job_id)
         result = None
@@ -122,7 +118,7 @@ async def _carry_out(engine: LiveEngine, plan: MigrationPlan, was: JobState, to_
         # The source never confirmed a checkpoint: it may still be training. Stop it
         # before anything else runs the job; if that cannot be confirmed, the job waits
         # until the source's lease has surely run out.
-        fence = await _stop_source(engine, plan)
+        fence = await _stop_source(core, plan)
     now = core.clock()
     async with core.tx() as s:
         job = await repo.get_job(s, job_id, for_update=True)
@@ -145,6 +141,8 @@ async def _carry_out(engine: LiveEngine, plan: MigrationPlan, was: JobState, to_
             await repo.requeue(s, job, now, f"migration failed, re-placing: {why}", fenced_until=fence)
         elif result.outcome is Outcome.MIGRATED:
             job.incarnation = result.incarnation
+            # The migration's checkpoint, at the destination, is the job's latest restore point.
+            job.restore_checkpoint, job.restore_server = result.checkpoint_path, dest_name
             await repo.set_placement(s, job_id, [(g.server, g.index) for g in to_gpus])
             paused = result.durations_s.get("total", 0.0)
             await repo.transition(
@@ -163,10 +161,9 @@ async def _carry_out(engine: LiveEngine, plan: MigrationPlan, was: JobState, to_
     core.poke()
 
 
-async def _stop_source(engine: LiveEngine, plan: MigrationPlan) -> float:
+async def _stop_source(core: SchedulerCore, plan: MigrationPlan) -> float:
     """Stop the source launch; 0 once its helper confirmed, else the time until which
     the job must not run anywhere (the source's lease has surely run out by then)."""
-    core = engine.core
     stop = helper_pb2.HelperCommand(stop=helper_pb2.StopJob(
         job_id=plan.job_id, incarnation=plan.source_incarnation, reason="migration failed before its checkpoint"))
     try:

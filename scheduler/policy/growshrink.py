@@ -39,7 +39,7 @@ def grow(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Deci
         return []
     out: list[Decision] = []
     for job in ledger.jobs.values():
-        if not job.grow_shrink:
+        if not job.grow_shrink or not job.suspendable:
             continue
         job_id, gpus = job.id, ledger.placement.get(job.id, ())
         servers = {g.server for g in gpus}

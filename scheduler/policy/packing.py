@@ -78,7 +78,7 @@ def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> l
         if len(running) != 1 or any(m in state.trials or m in ledger.changed for m in members):
             continue
         host = ledger.jobs[running[0]]
-        if host.id in state.kept_pairs or util(host.id) > config.pack_max_util:
+        if not host.suspendable or host.id in state.kept_pairs or util(host.id) > config.pack_max_util:
             continue
         guests = sorted(
             (ledger.jobs[m] for m in members if ledger.state[m] == "SUSPENDED"

@@ -114,8 +114,8 @@ def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> 
         names = {g.server for g in gpus}
         if any(n not in ledger.servers or ledger.affinity(n) != job.gpus for n in names):
             continue
-        if any(ledger.state[m] == "MIGRATING" for m in members):
-            continue
+        if any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable for m in members):
+            continue  # an uncontrollable job cannot take turns: it keeps its GPUs alone
         key = (len(members), max(ledger.height(n) for n in names), gpus)
         if best is None or key < best:
             best = key

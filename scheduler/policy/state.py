@@ -48,10 +48,16 @@ class GandivaState:
                 del self.trials[guest]
 
     def forget_missing(self, live_ids: Container[str]) -> None:
-        """Drop trials and pairs of jobs that finished or were killed."""
+        """Drop trials, kept pairs and rejected job pairs of jobs that finished or were killed."""
         for job_id, trial in list(self.trials.items()):
             if job_id not in live_ids or trial.partner_id not in live_ids:
                 del self.trials[job_id]
         for a, b in list(self.kept_pairs.items()):
             if a not in live_ids or b not in live_ids:
                 del self.kept_pairs[a]
+        # A verdict on a pair of jobs outlives neither job, so those stay bounded by the live
+        # jobs; verdicts on a pair of models ("model:...") are knowledge kept for later jobs.
+        self.rejected = {
+            pair for pair in self.rejected
+            if all(not k.startswith("job:") or k[len("job:"):] in live_ids for k in pair)
+        }

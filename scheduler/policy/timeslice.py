@@ -97,6 +97,8 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
         running_ids = [m for m in members if ledger.state[m] == "RUNNING"]
         if len(running_ids) == len(members):
             continue  # nobody waits: a kept pack, or a lone job
+        if any(not ledger.jobs[m].suspendable for m in running_ids):
+            continue  # it cannot be stopped: the others wait for it to end
         if running_ids:
             # Cheap test first: most groups are in the middle of a slice.
             started = max(ledger.jobs[j].last_state_change_at for j in running_ids)

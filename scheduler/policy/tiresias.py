@@ -183,6 +183,9 @@ class TiresiasPolicy(Policy):
         self._demote_and_promote(jobs, now)
         capacity = sum(s.num_gpus for s in snapshot.servers if s.up)
         free = capacity - sum(jobs[j].gpus for j in ledger.by_state.get("MIGRATING", ()))
+        # A running job that cannot be stopped (no runtime) keeps its GPUs: never preempted.
+        fixed = {j for j in ledger.by_state.get("RUNNING", ()) if not jobs[j].suspendable}
+        free -= sum(jobs[j].gpus for j in fixed)
         stop: list[str] = []
         start: list[str] = []
 
@@ -190,7 +193,7 @@ class TiresiasPolicy(Policy):
             """Hand the job GPUs if they are left; record what changes for it."""
             nonlocal free
             view = jobs[job_id]
-            if view.state == "MIGRATING":
+            if view.state == "MIGRATING" or job_id in fixed:
                 return True  # its GPUs were counted out above
             if free >= view.gpus:
                 free -= view.gpus

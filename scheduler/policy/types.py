@@ -77,6 +77,8 @@ class JobView:
         arrives periodically); None means at the snapshot's ``now``.
     model: a free-form model name (used to remember which pairs packed badly).
     multi_job: the id of the hyper-parameter multi-job it belongs to, if any.
+    suspendable: False when the scheduler cannot stop the job at a mini-batch boundary
+        (no process of it connected a runtime); such a job holds its GPUs alone.
     """
 
     id: str
@@ -89,6 +91,9 @@ class JobView:
     rate: float | None = None
     grow_shrink: bool = False
     migratable: bool = True
+    # False: none of its processes is under the runtime, so it cannot be stopped at a
+    # boundary: never time-sliced, preempted, packed, grown or moved.
+    suspendable: bool = True
     profile: JobProfile | None = None
     last_state_change_at: float = 0.0
     attained_service_s: float = 0.0

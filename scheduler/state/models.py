@@ -89,6 +89,11 @@ class Job(Base):
     last_step_s: Mapped[float] = mapped_column(Double, default=0.0)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     migratable: Mapped[bool] = mapped_column(Boolean, default=True)
+    # False when none of the job's processes connected a runtime in time: the scheduler
+    # cannot stop it at a mini-batch boundary, so it never suspends, packs or moves it.
+    suspendable: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Why the job is not suspendable or not migratable, for people ("" when it is both).
+    control_note: Mapped[str] = mapped_column(Text, default="")
     # Suspended by an operator: the policy must not resume it on its own.
     held: Mapped[bool] = mapped_column(Boolean, default=False)
     message: Mapped[str] = mapped_column(Text, default="")
@@ -133,7 +138,7 @@ class Migration(Base):
     job_id: Mapped[str] = mapped_column(
         ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
     )
-    # prewarm -> checkpoint -> transfer -> activate (see engine/migration.py)
+    # prewarm -> checkpoint -> transfer -> activate (see migration_protocol/fast_path.py)
     phase: Mapped[str] = mapped_column(String(16))
     # The state the job returns to if the migration is rolled back before the source stopped.
     was_state: Mapped[str] = mapped_column(String(16))

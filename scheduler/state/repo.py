@@ -126,7 +126,7 @@ async def jobs_by_id(session: AsyncSession, ids: Sequence[str]) -> list[Job]:
 
 SNAPSHOT_COLUMNS = (
     Job.id, Job.gpus, Job.priority, Job.state, Job.submitted_at, Job.steps, Job.rate,
-    Job.grow_shrink, Job.migratable, Job.state_changed_at, Job.attained_service_s,
+    Job.grow_shrink, Job.migratable, Job.suspendable, Job.state_changed_at, Job.attained_service_s,
     Job.multi_job_id, Job.held, Job.fenced_until,
 )
 _UNFINISHED = [s.value for s in JobState if not s.terminal]
@@ -355,6 +355,12 @@ async def heartbeat(session: AsyncSession, name: str, now: float) -> Server | No
         return None
     server.last_heartbeat = now
     return server
+
+
+async def largest_server(session: AsyncSession) -> tuple[int, str]:
+    """(GPUs, name) of the server with the most GPUs; (0, "") when none is registered."""
+    row = (await session.execute(select(Server.num_gpus, Server.name).order_by(Server.num_gpus.desc(), Server.name).limit(1))).first()
+    return (row[0], row[1]) if row else (0, "")
 
 
 async def stale_servers(session: AsyncSession, before: float) -> Sequence[Server]:

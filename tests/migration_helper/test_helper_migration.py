@@ -11,8 +11,8 @@ import pytest
 
 from migration_helper.daemon import HelperDaemon
 from migration_helper.local_control import LocalControl
+from migration_protocol.fast_path import MigrationPlan, MigrationTimeouts, Outcome, migrate
 from protos.gandiva.v1 import common_pb2, helper_pb2
-from scheduler.engine.migration import MigrationPlan, MigrationTimeouts, Outcome, migrate
 
 from .conftest import MakeHelper
 

@@ -10,8 +10,8 @@ import pytest
 
 import tf_runtime.examples
 from migration_helper.local_control import LocalControl
+from migration_protocol.fast_path import MigrationPlan, Outcome, migrate
 from protos.gandiva.v1 import common_pb2, helper_pb2
-from scheduler.engine.migration import MigrationPlan, Outcome, migrate
 
 from .conftest import MakeHelper
 

@@ -32,6 +32,7 @@ from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 PREFIX = os.environ.get("GANDIVA_NETNS_PREFIX", "i9sched")
 SUBNET = "10.77.0"
 SCHED_PORT = 50051
+CHECKPOINT_INTERVAL_S = 2.0
 DONE = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
 
 
@@ -63,6 +64,7 @@ class Net:
         self.bridge = f"{PREFIX}{self.tok}br"
         self.hosts: dict[str, tuple[str, str, str]] = {}  # name -> (netns, address, bridge-side link)
         self.made: list[str] = [self.bridge_ns]  # namespaces to delete, made or not
+        self._inodes: set[int] = set()
         _ip("netns", "add", self.bridge_ns)
         _ip("-n", self.bridge_ns, "link", "add", self.bridge, "type", "bridge")
         _ip("-n", self.bridge_ns, "link", "set", self.bridge, "up")
@@ -88,6 +90,28 @@ class Net:
 
     def restore(self, name: str) -> None:
         _ip("-n", self.bridge_ns, "link", "set", self.hosts[name][2], "up")
+
+    def owns(self, pid: int) -> bool:
+        """Whether the process lives in one of this test's namespaces (other tests, and
+        other people's, may run the same harness on this machine at the same time)."""
+        try:
+            inode = int(os.readlink(f"/proc/{pid}/ns/net").split("[")[1].rstrip("]"))
+        except (OSError, IndexError, ValueError):
+            return False
+        return inode in self.inodes
+
+    @property
+    def inodes(self) -> set[int]:
+        if len(self._inodes) < len(self.made):
+            self._inodes = {os.stat(f"/run/netns/{ns}").st_ino for ns in self.made if os.path.exists(f"/run/netns/{ns}")}
+        return self._inodes
+
+    def pids(self) -> list[int]:
+        out: list[int] = []
+        for ns in self.made:
+            got = subprocess.run(["ip", "netns", "pids", ns], check=False, capture_output=True, text=True)
+            out += [int(p) for p in got.stdout.split()]
+        return out
 
     def close(self) -> None:
         for ns in reversed(self.made):
@@ -118,6 +142,7 @@ class Sampler:
     violations: list[str] = field(default_factory=list)
     training_seen: dict[str, set[str]] = field(default_factory=dict)
     samples: int = 0
+    owns: Callable[[int], bool] = lambda pid: True  # only processes of this test's hosts
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
@@ -151,6 +176,8 @@ class Sampler:
             if not entry.isdigit():
                 continue
             pid = int(entry)
+            if pid not in self.copies and not self.owns(pid):
+                continue
             got = self._read(pid)
             if got is None:
                 continue
@@ -183,14 +210,16 @@ class Sampler:
 
 
 class Cluster:
-    """The scheduler on host "sched" and helpers on their own hosts, all real processes."""
+    """The scheduler on host "sched" and helpers on their own hosts, all real processes.
+    The helpers' ramdisks sit side by side under one directory, each helper's shared
+    root (as over NFS): a checkpoint written on one host is readable on the others."""
 
     def __init__(self, net: Net, tmp: Path, wait_for: Callable[..., object]) -> None:
         self.net, self.tmp, self._wait_for = net, tmp, wait_for
         self.sched_ns, self.sched_addr = net.add_host("sched")
         self.sock = tmp / "sched.sock"
         self.procs: dict[str, subprocess.Popen] = {}
-        self.sampler = Sampler()
+        self.sampler = Sampler(owns=net.owns)
         self.channel: grpc.Channel | None = None
 
     # ---- processes -----------------------------------------------------------
@@ -211,8 +240,9 @@ class Cluster:
             "scheduler", "--listen", f"{self.sched_addr}:{SCHED_PORT}", "--also-listen", f"unix:{self.sock}",
             "--db", f"sqlite+aiosqlite:///{self.tmp / 'state.db'}", "--tick", "0.2", "--quantum", "1000",
             "--heartbeat-interval", "0.5", "--heartbeat-timeout", str(heartbeat_timeout),
-            # A private bridge inside namespaces this test made: plaintext is allowed explicitly.
-            "--port-file", str(port_file), "--insecure"])
+            "--checkpoint-interval", str(CHECKPOINT_INTERVAL_S),
+            "--insecure",  # plaintext on the test's private bridge: no traffic leaves its namespaces
+            "--port-file", str(port_file)])
         self._wait_for(port_file.exists, 60)
         if self.channel is not None:
             self.channel.close()
@@ -223,8 +253,8 @@ class Cluster:
         ns, addr = self.net.add_host(name) if name not in self.net.hosts else self.net.hosts[name][:2]
         self._spawn(name, ns, [
             "helper", "--server-name", name, "--gpus", str(gpus), "--scheduler", f"{self.sched_addr}:{SCHED_PORT}",
-            "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / f"rd-{name}"), "--log-dir", str(self.tmp / "logs"),
-            "--insecure"])
+            "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / "rd" / name), "--shared-root", str(self.tmp / "rd"),
+            "--log-dir", str(self.tmp / "logs"), "--insecure"])
         self._wait_for(lambda: self.server_up(name), 60)
 
     def kill9(self, name: str) -> None:
@@ -276,12 +306,10 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
         # Job processes left behind (a helper killed with -9 takes its jobs with it by
-        # the parent-death signal; anything else still running is ours to end).
-        for pid in list(self.sampler.copies):
+        # the parent-death signal): whatever still runs in this test's namespaces, only.
+        for pid in self.net.pids():
             try:
-                env = Path(f"/proc/{pid}/environ").read_bytes()
-                if str(self.tmp).encode() in env or b"GANDIVA_SCHEDULER=" + self.sched_addr.encode() in env:
-                    os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         if self.channel is not None:

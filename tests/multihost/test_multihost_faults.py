@@ -19,6 +19,9 @@ DONE = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 STEPS = 400
+# As tests/multihost/conftest.py starts the scheduler.
+CHECKPOINT_INTERVAL_S = 2.0
+HEARTBEAT_TIMEOUT_S = 5.0
 
 
 def _states(job: common_pb2.Job) -> list[str]:
@@ -38,6 +41,11 @@ def _ends_once(c: Cluster, job_id: str, steps: int, timeout: float) -> common_pb
 def _no_two_copies(c: Cluster) -> None:
     assert c.sampler.samples > 20, "the sampler did not run"
     assert c.sampler.violations == [], c.sampler.violations
+
+
+def _checkpoint_steps(c: Cluster, job_id: str, server: str) -> list[int]:
+    """Steps of the job's periodic checkpoints taken on `server`."""
+    return [int(e.message.split()[1]) for e in c.events(job_id) if e.kind == "job.checkpoint" and e.server == server]
 
 
 def _training_on_one_of_two(c: Cluster, name: str, command: list[str]) -> tuple[str, str, str]:
@@ -74,12 +82,26 @@ def test_cut_link_freezes_the_copy_and_a_restored_host_stops_it(multihost: Clust
     _no_two_copies(c)
 
 
-def test_helper_killed_9_job_runs_again_elsewhere(multihost: Cluster, mlp_command) -> None:  # type: ignore[no-untyped-def]
+def test_helper_killed_9_job_resumes_elsewhere_from_its_last_checkpoint(multihost: Cluster, mlp_command) -> None:  # type: ignore[no-untyped-def]
     c = multihost
     job_id, src, other = _training_on_one_of_two(c, "orphan", mlp_command(STEPS))
+    c.wait(lambda: max(_checkpoint_steps(c, job_id, src), default=0) >= 100, 40)
     c.kill9(src)
+    lost_at = time.monotonic()
     c.wait(lambda: c.where(job_id) == other, 40)
     assert not c.servers()[src]
+    placed = c.job(job_id)
+    resumed = [t.reason for t in placed.history if "resuming from" in t.reason]
+    assert resumed and f"/rd/{src}/{job_id}/periodic-" in resumed[-1], [t.reason for t in placed.history]
+    replaced_s = time.monotonic() - lost_at
+    step = max(_checkpoint_steps(c, job_id, src))
+    # Training again elsewhere, past the restored step: the new launch's own checkpoint.
+    c.wait(lambda: _checkpoint_steps(c, job_id, other), 60)
+    again_s = time.monotonic() - lost_at
+    assert min(_checkpoint_steps(c, job_id, other)) > step
+    print(f"\nlost host: job re-placed on {other} {replaced_s:.1f}s after its helper was killed, "
+          f"training again (first checkpoint there) after {again_s:.1f}s, resumed from step {step} of {STEPS} "
+          f"(checkpoint every {CHECKPOINT_INTERVAL_S:g}s, heartbeat timeout {HEARTBEAT_TIMEOUT_S:g}s)")
     _ends_once(c, job_id, STEPS, 90)
     _no_two_copies(c)
 
@@ -89,14 +111,16 @@ def test_scheduler_killed_9_mid_migration(multihost: Cluster, mlp_command, phase
     """Killed while the destination pre-warms (rolled back: the job goes on where it
     was) or right after the source's checkpoint (completed from that checkpoint)."""
     c = multihost
-    job_id, _, dest = _training_on_one_of_two(c, "mover", mlp_command(STEPS))
+    # Long enough to outlast a slow pre-warm (a loaded machine): 2,000 steps of at least 20 ms.
+    steps = 2000
+    job_id, _, dest = _training_on_one_of_two(c, "mover", mlp_command(steps, 0.02))
     c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
     if phase == "checkpoint":
         c.wait(lambda: any(e.kind == "job.migration" and e.message.startswith("checkpoint")
-                           for e in c.events(job_id)), 60)
+                           for e in c.events(job_id)), 90)
     c.kill9("scheduler")
     c.start_scheduler()
-    done = _ends_once(c, job_id, STEPS, 120)
+    done = _ends_once(c, job_id, steps, 150)
     reasons = [t.reason for t in done.history]
     assert any("after a scheduler restart" in r or "scheduler restarted mid-migration" in r for r in reasons), reasons
     if phase == "prewarm":

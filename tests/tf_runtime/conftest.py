@@ -3,6 +3,7 @@ a real local Runtime gRPC server, and launching example jobs as real processes."
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -117,3 +118,133 @@ def launch(tmp_path: Path) -> Iterator[Any]:
         if job.proc.poll() is None:
             job.proc.kill()
             job.proc.wait()
+
+
+# -- the feed_step program family, driven through every interruption --------------------
+
+FEED_SCRIPT = "feed_step.py"
+
+
+def feed_args(loop: str, optimizer: str, replicas: int, steps: int = 60) -> list[str]:
+    """feed_step.py: each mini-batch fed from the global step the program read."""
+    return ["--loop", loop, "--optimizer", optimizer, "--replicas", str(replicas),
+            "--steps", str(steps), "--seed", "7", "--step-sleep", "0.05"]
+
+
+def load_variables(path: Path) -> dict[str, bytes]:
+    import numpy as np
+
+    with np.load(path) as data:
+        return {k: data[k].tobytes() for k in data.files}
+
+
+def assert_same_variables(base: Path, run: Path) -> None:
+    b, r = load_variables(base), load_variables(run)
+    assert b.keys() == r.keys()
+    assert [k for k in b if b[k] != r[k]] == [], "final variables differ from the uninterrupted run"
+
+
+class FeedJob:
+    """One job of the feed_step family under a real Runtime server, moved between real
+    processes the way the scheduler and helpers do it. Between operations the current
+    process is suspended, so nothing depends on timing; `pause` lets it train a little.
+    Every command must succeed; the checkpoints' and hellos' steps are checked."""
+
+    def __init__(self, launch: Any, server: Any, job_id: str, args: list[str], out: Path,
+                 work: Path) -> None:
+        from protos.gandiva.v1 import runtime_pb2 as pb
+
+        self.pb = pb
+        self.launch, self.server, self.job_id = launch, server, job_id
+        self.args = [*args, "--dump", str(out)]
+        self.env = {"GANDIVA_JOB_ID": job_id, "GANDIVA_SCHEDULER": server.address}
+        self.work = work
+        self.incarnation = -1
+        self.proc: Any = None
+        self.last_checkpoint: Any = None  # the ack of the latest CHECKPOINT
+        self._dirs = itertools.count()
+
+    def _hello(self, incarnation: int) -> Any:
+        return self.server.wait_for(lambda j, m: j == self.job_id and m.HasField("hello")
+                                    and m.hello.incarnation == str(incarnation), 60).hello
+
+    def command(self, kind: int, arg: str = "") -> Any:
+        ack = self.server.wait_ack(self.server.send(self.job_id, kind, arg), 60)
+        assert ack.ok, ack.message
+        return ack
+
+    def _spawn(self, extra: dict[str, str], warm: bool = False) -> Any:
+        self.incarnation += 1
+        env = {**self.env, **extra, "GANDIVA_INCARNATION": str(self.incarnation)}
+        return self.launch(FEED_SCRIPT, *self.args, env=env, warm=warm)
+
+    def _dir(self, kind: str) -> str:
+        return str(self.work / f"{kind}{next(self._dirs)}")
+
+    def start(self) -> None:
+        self.proc = self._spawn({})
+        self.proc.wait_event("first_step_done", 120)
+        self._hello(self.incarnation)
+        self.command(self.pb.COMMAND_KIND_SUSPEND)
+
+    def pause(self, seconds: float) -> None:
+        """Resume, train for about `seconds`, suspend again."""
+        self.command(self.pb.COMMAND_KIND_RESUME)
+        time.sleep(seconds)
+        self.command(self.pb.COMMAND_KIND_SUSPEND)
+
+    def checkpoint(self) -> None:
+        self.last_checkpoint = self.command(self.pb.COMMAND_KIND_CHECKPOINT, self._dir("periodic"))
+
+    def migrate_warm(self, rehearse: bool = True, signature: bool = True) -> Any:
+        """Pre-warm the next process (with the source's signature, as the scheduler
+        passes it), stop this one for migration, activate the warm one."""
+        from tf_runtime import EXIT_MIGRATED
+
+        extra = {} if rehearse else {"GANDIVA_WARM_STEP": "0"}
+        if signature:
+            reported = self.server.of_kind(self.job_id, "train_signature")
+            assert reported, "the source never reported its first training run"
+            extra["GANDIVA_WARM_SIGNATURE"] = reported[-1].json
+        old, nxt = self.proc, self._spawn(extra, warm=True)
+        ready = nxt.wait_event("warm_ready", 120)
+        # The rehearsal ran, or was switched off, or had no signature to go by.
+        assert ("warm_step_s" in ready) == (rehearse and signature)
+        ack = self.command(self.pb.COMMAND_KIND_STOP_FOR_MIGRATION, self._dir("migrate"))
+        nxt.send_control({"cmd": "activate", "restore_checkpoint": ack.checkpoint_path})
+        assert nxt.wait_event("restored")["step"] == ack.step
+        assert self._hello(self.incarnation).restored_step == ack.step
+        self.command(self.pb.COMMAND_KIND_SUSPEND)
+        assert old.wait() == EXIT_MIGRATED
+        self.proc = nxt
+        return ack
+
+    def migrate_naive(self) -> Any:
+        """Stop for migration, then a cold start that restores the checkpoint."""
+        from tf_runtime import EXIT_MIGRATED
+
+        ack = self.command(self.pb.COMMAND_KIND_STOP_FOR_MIGRATION, self._dir("naive"))
+        assert self.proc.wait() == EXIT_MIGRATED
+        self._restart_from(ack)
+        return ack
+
+    def crash_and_restart(self) -> None:
+        """The host is lost (the process killed): restart from the last checkpoint."""
+        from tf_runtime import EXIT_KILLED
+
+        if self.last_checkpoint is None:
+            self.checkpoint()
+            self.pause(0.1)  # steps after it are lost with the host, and redone
+        self.command(self.pb.COMMAND_KIND_KILL)
+        assert self.proc.wait() == EXIT_KILLED
+        self._restart_from(self.last_checkpoint)
+
+    def _restart_from(self, ack: Any) -> None:
+        self.proc = self._spawn({"GANDIVA_RESTORE_CHECKPOINT": ack.checkpoint_path})
+        assert self.proc.wait_event("restored", 120)["step"] == ack.step
+        assert self._hello(self.incarnation).restored_step == ack.step
+        self.command(self.pb.COMMAND_KIND_SUSPEND)
+
+    def finish(self) -> None:
+        self.command(self.pb.COMMAND_KIND_RESUME)
+        assert self.proc.wait() == 0

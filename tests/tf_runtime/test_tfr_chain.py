@@ -221,7 +221,7 @@ def test_half_written_checkpoint_is_refused_at_restore(tmp_path: Path) -> None:
         world.run("init")
 
 
-def warm_world(tmp_path: Path, warm_step: bool) -> tuple[FakeWorld, int, int, int]:
+def warm_world(tmp_path: Path, warm_step: bool) -> tuple[FakeWorld, int, int]:
     """A warm FakeWorld with status and control pipes, and a step-4 checkpoint at ck."""
     donor = FakeWorld()
     start_training(donor, steps=4)
@@ -231,16 +231,16 @@ def warm_world(tmp_path: Path, warm_step: bool) -> tuple[FakeWorld, int, int, in
     status = StatusPipe(os.fdopen(status_w, "w", buffering=1))
     world = FakeWorld(Settings(warm=True, warm_step=warm_step, control_fd=control_r),
                       status=status)
-    return world, status_r, status_w, control_w
+    return world, status_r, control_w
 
 
 def test_status_pipe_and_warm_activation(tmp_path: Path) -> None:
-    world, status_r, status_w, control_w = warm_world(tmp_path, warm_step=False)
+    world, status_r, control_w = warm_world(tmp_path, warm_step=False)
     os.write(control_w, (json.dumps({"cmd": "activate", "restore_checkpoint": str(tmp_path / "ck")})
                          + "\n").encode())
     world.run("init")  # holds, reads the activation, restores
     world.run("train")
-    os.close(status_w)
+    world.controller.status._stream.close()  # type: ignore[union-attr]
     events = [json.loads(line) for line in os.fdopen(status_r).read().splitlines()]
     assert [e["event"] for e in events] == ["session_ready", "warm_ready", "restored",
                                            "first_step_done"]
@@ -256,35 +256,74 @@ def test_warm_exit_leaves_without_training() -> None:
     assert exc.value.code == 0 and world.sess.step == 0
 
 
-def test_warm_step_rehearses_the_first_step_then_holds(tmp_path: Path) -> None:
-    """GANDIVA_WARM_STEP: the hold moves to the first training run, which is run once
-    (and undone) before warm_ready; other threads' runs are held by the gate while held."""
-    world, status_r, status_w, control_w = warm_world(tmp_path, warm_step=True)
-    world.run("init")  # no hold here any more
-    world.run("read_gs")
+def activate_when_held(world: FakeWorld, control_w: int, ck: Path) -> tuple[threading.Thread, dict[str, object]]:
+    """A helper thread: once the warm process holds (its gate closed), note what it
+    rehearsed and where its step is, then activate it with checkpoint `ck`."""
     seen: dict[str, object] = {}
 
     def helper() -> None:
         while not world.controller.gate.closed:
             time.sleep(0.001)
         seen.update(rehearsals=world.adapter.rehearsals, step=world.sess.step)
-        os.write(control_w, (json.dumps({"cmd": "activate", "restore_checkpoint":
-                                         str(tmp_path / "ck")}) + "\n").encode())
+        os.write(control_w, (json.dumps({"cmd": "activate", "restore_checkpoint": str(ck)})
+                             + "\n").encode())
 
     t = threading.Thread(target=helper)
     t.start()
+    return t, seen
+
+
+def status_events(world: FakeWorld, status_r: int) -> list[dict[str, object]]:
+    # Closed through its file object: closing the bare fd would leave that object to
+    # close the number again when collected, maybe another test's pipe by then.
+    world.controller.status._stream.close()  # type: ignore[union-attr]
+    return [json.loads(line) for line in os.fdopen(status_r).read().splitlines()]
+
+
+def test_warm_step_rehearses_the_first_step_then_holds(tmp_path: Path) -> None:
+    """GANDIVA_WARM_STEP, a program that trains right after initialising: its first
+    training run is run once (and undone) before warm_ready; other threads' runs are
+    held by the gate while it holds."""
+    world, status_r, control_w = warm_world(tmp_path, warm_step=True)
+    world.run("init")  # no hold here: the next run may be the training run
+    t, seen = activate_when_held(world, control_w, tmp_path / "ck")
     assert world.run("train") == [1 / 5]  # the program's own step, from the restored step
     t.join()
     assert seen == {"rehearsals": 1, "step": 0}  # rehearsed and undone before the hold
     assert world.adapter.rehearsals == 1 and not world.controller.gate.closed
     world.run("train")
     assert world.controller.meter.steps == 6 and world.sess.step == 6
-    os.close(status_w)
-    events = [json.loads(line) for line in os.fdopen(status_r).read().splitlines()]
+    events = status_events(world, status_r)
     assert [e["event"] for e in events] == ["session_ready", "warm_ready", "restored",
                                            "first_step_done"]
     assert "warm_step_s" in events[1]
     assert events[2]["step"] == 4 and events[3]["step"] == 5
+
+
+@pytest.mark.parametrize("signature", ["train", "", "no_such_run"])
+def test_warm_process_holds_before_the_program_reads_the_step(tmp_path: Path,
+                                                              signature: str) -> None:
+    """A program that reads the global step after initialising (and feeds its first
+    mini-batch from it) must read the restored step: the warm process holds before that
+    read. It rehearses the source's training run when it has its signature."""
+    world, status_r, control_w = warm_world(tmp_path, warm_step=True)
+    world.controller.settings.warm_signature = signature
+    world.run("init")
+    t, seen = activate_when_held(world, control_w, tmp_path / "ck")
+    assert world.run("read_gs") == 4  # the checkpoint's step, not the warm process's 0
+    t.join()
+    rehearsed = 1 if signature == "train" else 0
+    assert seen == {"rehearsals": rehearsed, "step": 0}
+    assert world.run("train") == [1 / 5]
+    events = status_events(world, status_r)
+    assert [e["event"] for e in events] == ["session_ready", "warm_ready", "restored",
+                                           "first_step_done"]
+    assert ("warm_step_s" in events[1]) == bool(rehearsed)
+
+
+def test_first_training_run_is_reported_as_a_signature(world: FakeWorld) -> None:
+    start_training(world, steps=3)
+    assert world.channel.signatures == ["train"]  # once, at the first training run
 
 
 def test_warm_step_exit_and_activation_without_checkpoint() -> None:
@@ -310,9 +349,16 @@ def test_save_op_prebuilt_once_after_the_first_step_unless_a_rehearsal_did() -> 
     assert world.adapter.prebuilt_saves == 1 and world.controller.meter.steps == 3
     control_r, control_w = os.pipe()
     os.write(control_w, b'{"cmd": "activate"}\n')
-    warm = FakeWorld(Settings(warm=True, warm_step=True, prebuild_save=True, control_fd=control_r))
+    warm = FakeWorld(Settings(warm=True, warm_step=True, prebuild_save=True, control_fd=control_r,
+                              warm_signature="train"))
     start_training(warm, steps=2)
     assert warm.adapter.prebuilt_saves == 0 and warm.adapter.rehearsals == 1
+    control_r, control_w = os.pipe()
+    os.write(control_w, b'{"cmd": "activate"}\n')
+    unrehearsed = FakeWorld(Settings(warm=True, warm_step=True, prebuild_save=True,
+                                     control_fd=control_r))  # no signature: no rehearsal
+    start_training(unrehearsed, steps=2)
+    assert unrehearsed.adapter.prebuilt_saves == 1 and unrehearsed.adapter.rehearsals == 0
     off = FakeWorld()  # Settings' default: no pre-build
     start_training(off, steps=2)
     assert off.adapter.prebuilt_saves == 0

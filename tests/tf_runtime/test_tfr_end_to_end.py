@@ -2,8 +2,8 @@
 
 The determinism test runs an example once untouched (no shim at all) and once with
 suspend/resumes, checkpoints and stop-for-migration restarts at random boundaries
-(one restart pre-warmed, as the helper does it, with its first step rehearsed before
-the hold and undone): the final variables must be bit-identical and the global step
+(one restart pre-warmed, as the helper does it, with the job's first step rehearsed
+before the hold and undone): the final variables must be bit-identical and the global step
 the same.
 """
 
@@ -76,9 +76,11 @@ def test_interrupted_run_ends_bit_identical(replicas: int, runtime_server: Any, 
 
     second = launch("mlp.py", *common, "--dump", out, env={
         **env, "GANDIVA_INCARNATION": "1", "GANDIVA_RESTORE_CHECKPOINT": ack0.checkpoint_path})
-    # The next destination is pre-warmed while the second incarnation trains.
-    third = launch("mlp.py", *common, "--dump", out,
-                   env={**env, "GANDIVA_INCARNATION": "2"}, warm=True)
+    # The next destination is pre-warmed while the second incarnation trains, with the
+    # job's first training run (as the scheduler relays it) to rehearse.
+    signature = runtime_server.of_kind(job_id, "train_signature")[-1].json
+    third = launch("mlp.py", *common, "--dump", out, warm=True,
+                   env={**env, "GANDIVA_INCARNATION": "2", "GANDIVA_WARM_SIGNATURE": signature})
     assert second.wait_event("restored")["step"] == ack0.step
     assert hello_of(runtime_server, job_id, "1").restored_step == ack0.step
     second.wait_event("first_step_done")

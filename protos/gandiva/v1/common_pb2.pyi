@@ -248,6 +248,8 @@ class Job(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    SUSPENDABLE_FIELD_NUMBER: _builtins.int
+    CONTROL_NOTE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___JobState.ValueType
     steps: _builtins.int
@@ -262,6 +264,12 @@ class Job(_message.Message):
     """last reason or error, for people"""
     exit_code: _builtins.int
     finished_at: _builtins.float
+    suspendable: _builtins.bool
+    """false when none of the job's processes connected a runtime in time (a wrapper that
+    hides python, another interpreter): it is never suspended, packed or migrated.
+    """
+    control_note: _builtins.str
+    """why the job is not suspendable or not migratable"""
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -291,10 +299,12 @@ class Job(_message.Message):
         exit_code: _builtins.int = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         finished_at: _builtins.float = ...,
+        suspendable: _builtins.bool = ...,
+        control_note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "finished_at", b"finished_at", "history", b"history", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "exit_code", b"exit_code", "finished_at", b"finished_at", "history", b"history", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -304,6 +304,7 @@ class LaunchJob(_message.Message):
     RESTORE_CHECKPOINT_FIELD_NUMBER: _builtins.int
     WARM_FIELD_NUMBER: _builtins.int
     WAIT_FIRST_STEP_FIELD_NUMBER: _builtins.int
+    WARM_SIGNATURE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     incarnation: _builtins.str
     restore_checkpoint: _builtins.str
@@ -314,6 +315,11 @@ class LaunchJob(_message.Message):
     """Report the result only once the first training step is done (durations:
     startup, restore, first_step) instead of as soon as the process started.
     A warm launch always reports when the session is warm (durations: prewarm).
+    """
+    warm_signature: _builtins.str
+    """With warm: the source's TrainSignature.json. The warm process then holds before the
+    program reads anything (so the restored step is what it reads) and rehearses this
+    run before holding; empty: it holds at the same point without the rehearsal.
     """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec: ...
@@ -329,10 +335,11 @@ class LaunchJob(_message.Message):
         restore_checkpoint: _builtins.str = ...,
         warm: _builtins.bool = ...,
         wait_first_step: _builtins.bool = ...,
+        warm_signature: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_indices", b"gpu_indices", "incarnation", b"incarnation", "job_id", b"job_id", "restore_checkpoint", b"restore_checkpoint", "spec", b"spec", "wait_first_step", b"wait_first_step", "warm", b"warm"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_indices", b"gpu_indices", "incarnation", b"incarnation", "job_id", b"job_id", "restore_checkpoint", b"restore_checkpoint", "spec", b"spec", "wait_first_step", b"wait_first_step", "warm", b"warm", "warm_signature", b"warm_signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

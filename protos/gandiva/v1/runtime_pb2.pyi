@@ -219,6 +219,31 @@ class CommandAck(_message.Message):
 Global___CommandAck: _TypeAlias = CommandAck  # noqa: Y015
 
 @_typing.final
+class TrainSignature(_message.Message):
+    """The program's first training run, as names: what a pre-warmed destination rehearses
+    (with zero-valued feeds of these shapes) so that its first real step finds the
+    executors built. Sent once per process, after its first training step.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JSON_FIELD_NUMBER: _builtins.int
+    json: _builtins.str
+    """{"fetches": [names], "feeds": {name: [dtype, shape]}, "options": hex}"""
+    def __init__(
+        self,
+        *,
+        json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["json", b"json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrainSignature: _TypeAlias = TrainSignature  # noqa: Y015
+
+@_typing.final
 class RuntimeMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -226,6 +251,7 @@ class RuntimeMessage(_message.Message):
     PROGRESS_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
     MIGRATABILITY_FIELD_NUMBER: _builtins.int
+    TRAIN_SIGNATURE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___RuntimeHello: ...
     @_builtins.property
@@ -234,6 +260,8 @@ class RuntimeMessage(_message.Message):
     def ack(self) -> Global___CommandAck: ...
     @_builtins.property
     def migratability(self) -> Global___MigratabilityReport: ...
+    @_builtins.property
+    def train_signature(self) -> Global___TrainSignature: ...
     def __init__(
         self,
         *,
@@ -241,12 +269,13 @@ class RuntimeMessage(_message.Message):
         progress: Global___ProgressReport | None = ...,
         ack: Global___CommandAck | None = ...,
         migratability: Global___MigratabilityReport | None = ...,
+        train_signature: Global___TrainSignature | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "hello", b"hello", "migratability", b"migratability", "progress", b"progress"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "hello", b"hello", "migratability", b"migratability", "progress", b"progress", "train_signature", b"train_signature"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "hello", b"hello", "migratability", b"migratability", "progress", b"progress"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "hello", b"hello", "migratability", b"migratability", "progress", b"progress", "train_signature", b"train_signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "progress", "ack", "migratability"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "progress", "ack", "migratability", "train_signature"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import grpc
 
+from migration_protocol.fast_path import MigrationResult, Outcome
 from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
@@ -14,7 +15,6 @@ from protos.gandiva.v1 import (
     scheduler_pb2_grpc,
 )
 from scheduler.engine import live_migration
-from scheduler.engine.migration import MigrationResult, Outcome
 
 
 def _two_one_gpu_servers(ch: grpc.Channel) -> tuple[scheduler_pb2_grpc.SchedulerStub, helper_pb2_grpc.HelperStub]:

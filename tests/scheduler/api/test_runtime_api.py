@@ -85,3 +85,29 @@ def test_suspend_without_connected_runtime_fails_cleanly(scheduler_server) -> No
             stub.SuspendJob(scheduler_pb2.JobActionRequest(id=job.id))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "QUEUED" in err.value.details()
+
+
+def test_the_sources_first_training_run_goes_with_the_warm_launch(scheduler_server) -> None:  # type: ignore[no-untyped-def]
+    """The shim's TrainSignature is what the destination of a migration rehearses: the
+    scheduler passes the source's in the pre-warm LaunchJob."""
+    signature = '{"feeds": {"x:0": ["<f4", [8, 12]]}, "fetches": ["train:0"], "options": ""}'
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        helper = helper_pb2_grpc.HelperStub(ch)
+        helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+        at_n1 = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
+        launch = next(at_n1).launch
+        assert not launch.warm_signature  # a first launch has nothing to rehearse by
+        shim = FakeShim(ch, job.id, launch.incarnation)
+        shim.out.put(runtime_pb2.RuntimeMessage(train_signature=runtime_pb2.TrainSignature(json=signature)))
+        shim.progress(5, 1.0)
+        helper.Register(helper_pb2.RegisterServerRequest(name="n2", gpus=[common_pb2.Gpu(index=0)]))
+        at_n2 = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n2"))
+        time.sleep(0.5)  # the signature is read before the migration starts
+        stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server="n2"))
+        warm = next(at_n2).launch
+        assert warm.warm and warm.warm_signature == signature
+        shim.close()
+        at_n1.cancel()
+        at_n2.cancel()

@@ -104,7 +104,8 @@ def test_describe_job_shows_spec_history_and_events(gandiva, stub) -> None:
     stub.KillJob(scheduler_pb2.JobActionRequest(id=job_id, reason="enough"))
     r = gandiva("describe", "job", job_id)
     assert r.code == 0
-    for text in ("Name:       resnet", "Command:     python resnet.py", "GPUs:        2",
+    for text in ("Name:        resnet", "Command:     python resnet.py", "GPUs:        2",
+                 "Suspendable: yes", "Migratable:  yes",
                  "History:", "QUEUED  KILLED  enough", "job.priority", "job.submitted"):
         assert text in r.out
     r = gandiva("describe", "job", job_id, "-o", "json")

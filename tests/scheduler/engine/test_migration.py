@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from protos.gandiva.v1 import common_pb2, helper_pb2, runtime_pb2
-from scheduler.engine.migration import (
+from migration_protocol.fast_path import (
     Endpoint,
     MigrationPlan,
     Outcome,
     checkpoint_paths,
     migrate,
 )
+from protos.gandiva.v1 import common_pb2, helper_pb2, runtime_pb2
 
 A = Endpoint("a", "127.0.0.1:7001", "/shm/a", "/mnt/peers")
 B = Endpoint("b", "127.0.0.1:7002", "/shm/b", "/mnt/peers")

@@ -214,3 +214,12 @@ def test_a_server_is_emptied_onto_one_as_full_when_that_lets_the_job_in(mk) -> N
     (move,) = [x for x in d if isinstance(x, Migrate)]
     assert move.job_id == "j0" and move.to_gpus == mk.on("s1", 1)
     assert move.reason == "make room for job two: empty s0"
+
+
+def test_rejected_pairs_of_ended_jobs_are_forgotten_model_verdicts_kept() -> None:
+    from scheduler.policy.state import GandivaState
+
+    state = GandivaState(rejected={frozenset({"job:a", "job:b"}), frozenset({"job:a", "job:c"}),
+                                   frozenset({"model:vae", "model:lstm"})})
+    state.forget_missing({"a", "c"})
+    assert state.rejected == {frozenset({"job:a", "job:c"}), frozenset({"model:vae", "model:lstm"})}

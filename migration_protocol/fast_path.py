@@ -81,6 +81,8 @@ class MigrationPlan:
     fallback_incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     # None: through the shared mount when the source has one; False: always stream.
     use_shared_mount: bool | None = None
+    # The source's first training run (TrainSignature JSON), rehearsed by the warm process.
+    warm_signature: str = ""
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ class _Migration:
         try:
             warm = await self._helper(p.dest.name, self.t.prewarm_s, launch=helper_pb2.LaunchJob(
                 job_id=p.job_id, incarnation=p.dest_incarnation, spec=p.spec,
-                gpu_indices=list(p.dest_gpus), warm=True))
+                gpu_indices=list(p.dest_gpus), warm=True, warm_signature=p.warm_signature))
         except _StepFailed as exc:
             await self._stop_dest("pre-warm failed")
             return await self._stayed(f"pre-warm at {p.dest.name} failed: {exc}")

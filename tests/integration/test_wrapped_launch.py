@@ -1,0 +1,124 @@
+"""Jobs launched through wrappers, on a real scheduler and a real `gandiva helper`.
+
+`env FOO=1 python train.py`, `bash -c '...'` and a shell script that runs python all
+train under the shim (through the sitecustomize the helper puts on the job's
+PYTHONPATH, chained to the job's own): they report mini-batches and can be suspended.
+A wrapped job none of whose processes ever connects a runtime is marked not
+suspendable and not migratable after the deadline: `gandiva describe` and `gandiva
+suspend` say why, and the policy never time-slices another job onto its GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from scheduler.core import Settings
+from scheduler.policy.types import PolicyConfig
+
+from .conftest import Cluster
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+DEADLINE_S = 30.0
+RUNNING = common_pb2.JOB_STATE_RUNNING
+
+
+@pytest.fixture
+def cluster(make_scheduler: Any, sqlite_url: str, tmp_path: Path, wait_for: Any) -> Iterator[Cluster]:
+    sched = make_scheduler(
+        sqlite_url, tick_s=0.2, policy_config=PolicyConfig(quantum_s=1.5),
+        settings=Settings(heartbeat_interval_s=1.0, down_after_s=4.0,
+                          runtime_connect_deadline_s=DEADLINE_S))
+    c = Cluster(sched, tmp_path, wait_for)
+    yield c
+    c.close()
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """`python` on PATH is this interpreter, with tf_runtime importable (as on a server
+    where the job's interpreter has Gandiva installed)."""
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.update(extra)
+    return env
+
+
+def submit(cluster: Cluster, name: str, command: list[str], workdir: Path, gpus: int = 1,
+           **env: str) -> str:
+    spec = common_pb2.JobSpec(name=name, command=command, workdir=str(workdir), gpus=gpus,
+                              env=job_env(**env))
+    return cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
+
+
+def gandiva(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GANDIVA, *args, "--scheduler", cluster.sched.address],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_wrapped_python_runs_under_the_shim(cluster: Cluster, mlp: Any, tmp_path: Path) -> None:
+    cluster.add_helper("w1", 4)
+    train = " ".join(mlp(100000, 0.05))
+    # The job's own sitecustomize (first on its PYTHONPATH) must still run.
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text(
+        "import os\nopen(os.path.join(os.environ['MARK_DIR'], f'mark-{os.getpid()}'), 'w').close()\n")
+    script = tmp_path / "train.sh"
+    script.write_text(f"#!/bin/sh\nset -e\nexport FROM_SCRIPT=1\n{train}\n")
+    script.chmod(0o755)
+    jobs = {
+        "env": submit(cluster, "env", ["env", "FOO=1", *mlp(100000, 0.05)], tmp_path),
+        "bash": submit(cluster, "bash", ["bash", "-c", f"true && {train}"], tmp_path),
+        "script": submit(cluster, "script", [str(script)], tmp_path, MARK_DIR=str(tmp_path),
+                         PYTHONPATH=f"{own}{os.pathsep}{REPO}"),
+    }
+    for name, job_id in jobs.items():
+        cluster.wait_for(lambda j=job_id: cluster.job(j).steps >= 5, 120)  # mini-batches reported
+        out = gandiva(cluster, "suspend", job_id)
+        assert out.returncode == 0, (name, out.stdout, out.stderr)
+        assert cluster.job(job_id).state == common_pb2.JOB_STATE_SUSPENDED
+        assert gandiva(cluster, "resume", job_id).returncode == 0
+        described = gandiva(cluster, "describe", "job", job_id).stdout
+        assert re.search(r"Suspendable:?\s+yes", described), described
+    assert list(tmp_path.glob("mark-*")), "the job's own sitecustomize did not run"
+    for job_id in jobs.values():
+        gandiva(cluster, "kill", job_id)
+
+
+def test_a_job_that_never_connects_is_honestly_uncontrollable(cluster: Cluster,
+                                                               tmp_path: Path) -> None:
+    cluster.add_helper("w1", 1)
+    # Python without TensorFlow behind a wrapper: it never connects a runtime.
+    stuck = submit(cluster, "stuck", ["bash", "-c", "python -c 'import time; time.sleep(600)'"],
+                   tmp_path)
+    cluster.wait_for(lambda: cluster.job(stuck).state == RUNNING, 30)
+    cluster.wait_for(lambda: not cluster.job(stuck).suspendable, DEADLINE_S + 30)
+    job = cluster.job(stuck)
+    assert not job.migratable and "connected the Gandiva runtime" in job.control_note
+
+    described = gandiva(cluster, "describe", "job", stuck)
+    assert re.search(r"Suspendable:?\s+no \(no process of it connected the Gandiva runtime",
+                     described.stdout), described.stdout
+    refused = gandiva(cluster, "suspend", stuck)
+    assert refused.returncode != 0
+    assert "cannot be suspended" in refused.stdout + refused.stderr
+    assert "connected the Gandiva runtime" in refused.stdout + refused.stderr
+
+    # The policy never time-slices a newcomer onto its GPU: it waits.
+    other = submit(cluster, "other", ["bash", "-c", "sleep 600"], tmp_path)
+    time.sleep(4 * 1.5)  # several time slices
+    assert cluster.job(stuck).state == RUNNING
+    assert cluster.job(other).state == common_pb2.JOB_STATE_QUEUED
+    gandiva(cluster, "kill", stuck, other)

@@ -1,0 +1,112 @@
+"""The helper against the real scheduler: with the scheduler gone for longer than its
+lease it freezes its jobs (they stop using CPU) and thaws them once a heartbeat is
+answered again; a report the scheduler refuses for good is dropped, not retried
+ahead of every later report."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from migration_helper.config import HelperConfig
+from migration_helper.daemon import HelperDaemon
+from migration_helper.gpus import CpuBackend
+from protos.gandiva.v1 import common_pb2, helper_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler.core import Settings
+
+GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+SETTINGS = Settings(heartbeat_interval_s=0.2, down_after_s=3.0)  # lease 1.8 s
+
+
+def _job_pids(job_id: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if f"GANDIVA_JOB_ID={job_id}\0".encode() in Path(f"/proc/{entry}/environ").read_bytes():
+                    pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def _state_and_cpu(pid: int) -> tuple[str, int]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+def test_jobs_freeze_when_the_lease_runs_out_and_thaw_when_it_is_renewed(
+    make_scheduler: Any, sqlite_url: str, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    first = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    address = first.address
+    helper = subprocess.Popen(
+        [*GANDIVA, "helper", "--server-name", "s1", "--gpus", "1", "--virtual", "--scheduler", address,
+         "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert helper.stdout is not None and "listening" in helper.stdout.readline()
+        api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
+        spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1,
+                                  env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.02"})
+        job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+        wait_for(lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).steps >= 10, 30)
+        (pid,) = _job_pids(job_id)
+        first.call(first.server.stop(grace=0.5))
+        gone = time.monotonic()
+        wait_for(lambda: _state_and_cpu(pid)[0] == "T", 10)
+        frozen_after = time.monotonic() - gone
+        assert frozen_after < SETTINGS.down_after_s, f"frozen only {frozen_after:.1f}s after the scheduler went"
+        cpu = _state_and_cpu(pid)[1]
+        time.sleep(1.0)
+        assert _state_and_cpu(pid) == ("T", cpu), "a frozen job used CPU"
+        second = make_scheduler(sqlite_url, listen=address, tick_s=0.1, settings=SETTINGS)
+        # Heartbeats answered again, and the job still expected here: it goes on.
+        wait_for(lambda: _state_and_cpu(pid)[0] != "T", 15)
+        wait_for(lambda: _state_and_cpu(pid)[1] > cpu, 15)  # training again
+        api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(second.address))
+        job = api.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+        assert job.state == common_pb2.JOB_STATE_RUNNING and job.placement[0].server == "s1"
+        assert [t.to_state for t in job.history].count(common_pb2.JOB_STATE_RUNNING) == 1, "never re-placed"
+        api.KillJob(scheduler_pb2.JobActionRequest(id=job_id))
+        wait_for(lambda: not _job_pids(job_id), 15)
+    finally:
+        helper.terminate()
+        helper.wait(15)
+
+
+async def test_a_report_refused_for_good_is_dropped_and_later_ones_still_arrive(
+    scheduler_server: Any, tmp_path: Path, wait_for: Any
+) -> None:
+    daemon = HelperDaemon(HelperConfig(server_name="s1", scheduler=scheduler_server.address,
+                                       ramdisk=tmp_path / "rd", log_dir=tmp_path / "logs"), CpuBackend(1, "s1"))
+    await daemon.start()
+    try:
+        await asyncio.wait_for(daemon.registered.wait(), 10)
+        with grpc.insecure_channel(scheduler_server.address) as ch:
+            api = scheduler_pb2_grpc.SchedulerStub(ch)
+            job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(
+                spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id
+            # First a report the scheduler refuses (no job id), then one it takes.
+            daemon._post(helper_pb2.ProcessExitRequest(server="s1", job_id="", exit_code=1))
+            daemon._post(helper_pb2.ProcessExitRequest(server="s1", job_id=job_id, incarnation="old", exit_code=1))
+
+            def taken() -> bool:
+                events = api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+                return any(e.kind == "job.stale_exit" for e in events)
+
+            for _ in range(100):
+                if taken():
+                    break
+                await asyncio.sleep(0.1)
+            assert taken(), "the report behind the refused one never arrived"
+        assert daemon.dropped == 1 and not daemon._outbox
+    finally:
+        await daemon.stop()

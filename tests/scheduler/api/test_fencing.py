@@ -1,0 +1,372 @@
+"""Fencing over the real Helper API: the scheduler tells a helper to stop every launch
+it does not expect, ignores reports of stale launches, withdraws launches nobody
+confirmed, stops a migration's destination when the job is killed, re-queues after a
+failed stop-for-migration only once the source is surely stopped, holds a migration's
+destination GPUs, and refuses jobs no single server can hold."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from migration_protocol.fast_path import MigrationResult, Outcome
+from protos.gandiva.v1 import (
+    common_pb2,
+    helper_pb2,
+    helper_pb2_grpc,
+    runtime_pb2,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+from scheduler.core import Settings
+from scheduler.engine import live_migration
+from scheduler.errors import InvalidArgument
+
+FAST = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=1.0)
+
+
+class Fake:
+    """Helpers "a" and "b" (one GPU each unless told) spoken for by the test itself."""
+
+    def __init__(self, address: str, gpus: dict[str, int] | None = None, shared_root: str = "") -> None:
+        self.ch = grpc.insecure_channel(address)
+        self.helper = helper_pb2_grpc.HelperStub(self.ch)
+        self.api = scheduler_pb2_grpc.SchedulerStub(self.ch)
+        self.streams: dict[str, Any] = {}
+        for name, n in (gpus or {"a": 1, "b": 1}).items():
+            self.helper.Register(helper_pb2.RegisterServerRequest(
+                name=name, gpus=[common_pb2.Gpu(index=i) for i in range(n)],
+                ramdisk=f"/ram/{name}", shared_root=shared_root))
+        self._beating = threading.Event()
+        self.alive: set[str] = set()
+
+    def commands(self, server: str) -> Any:
+        if server not in self.streams:
+            self.streams[server] = self.helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=server))
+        return self.streams[server]
+
+    def heartbeat(self, server: str, *pairs: tuple[str, str]) -> list[tuple[str, str]]:
+        reply = self.helper.Heartbeat(helper_pb2.HeartbeatRequest(
+            name=server, running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs]))
+        assert reply.known
+        return sorted((s.job_id, s.incarnation) for s in reply.stop)
+
+    def keep_alive(self, *servers: str) -> None:
+        """Heartbeats (reporting nothing) in the background, so the servers stay up
+        (until the test discards one from ``alive``)."""
+        first = not self.alive
+        self.alive.update(servers)
+
+        def run() -> None:
+            while not self._beating.is_set():
+                try:
+                    for s in list(self.alive):
+                        self.helper.Heartbeat(helper_pb2.HeartbeatRequest(name=s))
+                except grpc.RpcError:
+                    return  # the test is over
+                time.sleep(0.1)
+        if first:
+            threading.Thread(target=run, daemon=True).start()
+
+    def submit(self, gpus: int = 1) -> str:
+        spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=gpus)
+        return self.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+
+    def job(self, job_id: str) -> common_pb2.Job:
+        return self.api.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+
+    def launched(self, job_id: str, wait_for: Any) -> tuple[str, helper_pb2.LaunchJob]:
+        """(server, launch command) of the job's first placement."""
+        server = wait_for(lambda: (j := self.job(job_id)).placement and j.placement[0].server)
+        for cmd in self.commands(server):  # stops of abandoned launches may come first
+            if cmd.WhichOneof("body") == "launch":
+                assert cmd.launch.job_id == job_id
+                return server, cmd.launch
+        raise AssertionError(f"no launch of {job_id} on {server}")
+
+    def launched_again(self, job_id: str, old: str, wait_for: Any) -> tuple[str, helper_pb2.LaunchJob]:
+        """(server, launch command) of the job's next launch after incarnation `old`."""
+        server = wait_for(lambda: (j := self.job(job_id)).placement and j.state == common_pb2.JOB_STATE_RUNNING
+                          and len(j.history) > 3 and j.placement[0].server, 15)
+        for cmd in self.commands(server):
+            if cmd.WhichOneof("body") == "launch" and cmd.launch.incarnation != old:
+                return server, cmd.launch
+        raise AssertionError(f"no new launch of {job_id} on {server}")
+
+    def close(self) -> None:
+        self._beating.set()
+        for s in self.streams.values():
+            s.cancel()
+        self.ch.close()
+
+
+@pytest.fixture
+def fake(scheduler_server: Any) -> Iterator[Fake]:
+    f = Fake(scheduler_server.address)
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def fast(make_scheduler: Any, sqlite_url: str) -> Iterator[tuple[Any, Fake]]:
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=FAST)
+    f = Fake(sched.address)
+    yield sched, f
+    f.close()
+
+
+def test_heartbeat_names_every_launch_the_scheduler_does_not_expect(fake: Fake, wait_for: Any) -> None:
+    job_id = fake.submit()
+    server, launch = fake.launched(job_id, wait_for)
+    current = (job_id, launch.incarnation)
+    stale = [(job_id, "older"), (job_id, ""), ("j-never-seen", "x1")]
+    assert fake.heartbeat(server, current, *stale) == sorted(stale)
+    other = "b" if server == "a" else "a"
+    assert fake.heartbeat(other, current) == [current], "the current launch, but on the wrong server"
+    fake.api.KillJob(scheduler_pb2.JobActionRequest(id=job_id))
+    assert fake.heartbeat(server, current) == [current], "a killed job's launch"
+    kinds = [e.kind for e in fake.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events]
+    assert "job.fenced" in kinds
+
+
+@pytest.mark.parametrize("incarnation", ["", "older"])
+def test_exit_of_a_launch_that_is_not_current_changes_nothing(fake: Fake, wait_for: Any, incarnation: str) -> None:
+    job_id = fake.submit()
+    server, launch = fake.launched(job_id, wait_for)
+    for code in (0, 1, 75):
+        fake.helper.ReportProcessExit(helper_pb2.ProcessExitRequest(
+            server=server, job_id=job_id, incarnation=incarnation, exit_code=code))
+        assert fake.job(job_id).state == common_pb2.JOB_STATE_RUNNING
+    fake.helper.ReportProcessExit(helper_pb2.ProcessExitRequest(
+        server=server, job_id=job_id, incarnation=launch.incarnation, exit_code=0))
+    assert fake.job(job_id).state == common_pb2.JOB_STATE_SUCCEEDED
+
+
+def test_a_server_back_from_down_is_told_to_stop_its_old_launches(fast: tuple[Any, Fake], wait_for: Any) -> None:
+    _, f = fast
+    f.keep_alive("a", "b")
+    job_id = f.submit()
+    server, launch = f.launched(job_id, wait_for)
+    other = "b" if server == "a" else "a"
+    f.alive.discard(server)
+    # The job's server falls silent: down, and its job re-placed after the heartbeat timeout.
+    wait_for(lambda: f.job(job_id).placement and f.job(job_id).placement[0].server == other, 10)
+    assert f.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
+
+
+def test_a_launch_nobody_confirms_is_withdrawn(fast: tuple[Any, Fake], wait_for: Any) -> None:
+    _, f = fast
+    f.keep_alive("a", "b")
+    job_id = f.submit()
+    server, launch = f.launched(job_id, wait_for)  # read, never answered
+    def withdrawn_job() -> common_pb2.Job | None:
+        j = f.job(job_id)
+        return j if any("withdrawn" in t.reason for t in j.history) else None
+
+    withdrawn = wait_for(withdrawn_job, 10)
+    assert [common_pb2.JobState.Name(t.to_state) for t in withdrawn.history][:3] == [
+        "JOB_STATE_QUEUED", "JOB_STATE_RUNNING", "JOB_STATE_QUEUED"]
+    stop = next(f.commands(server))
+    assert stop.stop.job_id == job_id and stop.stop.incarnation == launch.incarnation
+    assert f.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
+
+
+def _blocking_migrate(monkeypatch: pytest.MonkeyPatch, result: MigrationResult | None = None) -> tuple[list, threading.Event]:
+    plans: list = []
+    release = threading.Event()
+
+    async def migrate(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+        plans.append(plan)
+        while not release.is_set():
+            await asyncio.sleep(0.02)
+        return result or MigrationResult(Outcome.STAYED, plan.source.name, plan.source_incarnation, reason="test")
+
+    monkeypatch.setattr(live_migration, "migrate", migrate)
+    return plans, release
+
+
+def _migrating(fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, Any, threading.Event]:
+    """A job placed, then told to migrate by an operator; the migration stays in its
+    first phase until released: (job id, destination, its plan, the release)."""
+    plans, release = _blocking_migrate(monkeypatch)
+    job_id = fake.submit()
+    server, _ = fake.launched(job_id, wait_for)
+    dest = "b" if server == "a" else "a"
+    fake.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    return job_id, dest, wait_for(lambda: plans and plans[0]), release
+
+
+def test_kill_during_a_migration_stops_the_destination(fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    job_id, dest, plan, release = _migrating(fake, wait_for, monkeypatch)
+    fake.api.KillJob(scheduler_pb2.JobActionRequest(id=job_id))
+    stop = next(fake.commands(dest)).stop
+    assert (stop.job_id, stop.incarnation) == (job_id, plan.dest_incarnation)
+    assert fake.heartbeat(dest, (job_id, plan.dest_incarnation)) == [(job_id, plan.dest_incarnation)]
+    release.set()
+
+
+def test_a_migration_holds_its_destination_gpus(fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    mover, dest, plan, release = _migrating(fake, wait_for, monkeypatch)
+    # The destination pre-warm is expected there, and no second job lands on its GPU.
+    assert fake.heartbeat(dest, (mover, plan.dest_incarnation)) == []
+    waiting = fake.submit()
+    time.sleep(1.0)  # several scheduling rounds
+    assert fake.job(waiting).state == common_pb2.JOB_STATE_QUEUED
+    release.set()  # the migration ends (stays at the source): the GPU is free again
+    wait_for(lambda: fake.job(waiting).placement, 10)
+    assert fake.job(waiting).placement[0].server == dest
+
+
+@pytest.mark.parametrize("source_confirms", [True, False])
+def test_failed_stop_for_migration_requeues_only_once_the_source_is_stopped(
+    fast: tuple[Any, Fake], wait_for: Any, monkeypatch: pytest.MonkeyPatch, source_confirms: bool
+) -> None:
+    _, f = fast
+    f.keep_alive("a", "b")
+    failed = MigrationResult(Outcome.FAILED, "", "", reason="the source shim did not confirm its checkpoint")
+    _, release = _blocking_migrate(monkeypatch, failed)
+    release.set()
+    job_id = f.submit()
+    server, launch = f.launched(job_id, wait_for)
+    dest = "b" if server == "a" else "a"
+    f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    stop = next(f.commands(server))
+    assert (stop.stop.job_id, stop.stop.incarnation) == (job_id, launch.incarnation)
+    started = time.monotonic()
+    if source_confirms:
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=server, command_id=stop.command_id, ok=True))
+    placed = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and len(j.history) > 4 and j, 15)
+    waited = time.monotonic() - started
+    if source_confirms:
+        assert waited < FAST.down_after_s, f"re-placed after {waited:.1f}s though the source confirmed its stop"
+    else:
+        # No answer within the command timeout: the job waits out the source's lease.
+        assert waited >= FAST.command_timeout_s + FAST.down_after_s * 0.9, f"re-placed after {waited:.1f}s"
+        assert any("lease to run out" in t.reason for t in placed.history), [t.reason for t in placed.history]
+
+
+def test_a_job_no_server_can_hold_is_refused_naming_the_largest(make_scheduler: Any, sqlite_url: str) -> None:
+    sched = make_scheduler(sqlite_url, tick_s=0.2)
+    with grpc.insecure_channel(sched.address) as ch:
+        api = scheduler_pb2_grpc.SchedulerStub(ch)
+        big = common_pb2.JobSpec(command=["python", "t.py"], gpus=8)
+        # Before any server registers nothing is known: accepted (and queued).
+        api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=big))
+        f = Fake(sched.address, {"wide": 4, "narrow": 2})
+        for gpus in (8, 16):
+            with pytest.raises(grpc.RpcError) as err:
+                api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=gpus)))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "the largest, wide, has 4" in err.value.details(), err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            api.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(jobs=[
+                common_pb2.JobSpec(command=["python", "t.py"], gpus=1), big]))
+        assert "jobs[1].gpus" in err.value.details()
+        assert api.SubmitJob(scheduler_pb2.SubmitJobRequest(
+            spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=4))).job.id
+        f.close()
+
+
+@pytest.mark.parametrize(("lease", "down", "beat", "word"), [
+    (9.5, 10.0, 2.0, "does not run out"),
+    (10.0, 10.0, 2.0, "does not run out"),
+    (3.0, 10.0, 2.0, "shorter than two heartbeats"),
+])
+def test_a_lease_that_could_overlap_the_down_timeout_is_refused(lease: float, down: float, beat: float, word: str) -> None:
+    with pytest.raises(InvalidArgument, match=word):
+        Settings(lease_s=lease, down_after_s=down, heartbeat_interval_s=beat)
+
+
+def test_default_leases_run_out_before_servers_are_marked_down() -> None:
+    for down in (4.0, 10.0, 60.0):
+        s = Settings(down_after_s=down, heartbeat_interval_s=min(2.0, down / 4))
+        assert s.lease + 1.0 <= s.down_after_s
+
+
+@pytest.mark.parametrize("confirmed", [False, True], ids=["before-checkpoint", "after-checkpoint"])
+def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
+    make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch, confirmed: bool
+) -> None:
+    """The scheduler stops mid-migration (its in-memory migration is gone). The next one
+    rolls the migration back (before the source's checkpoint: the job stays where it
+    was) or completes it from the checkpoint (after: never from step 0); either way the
+    destination's launch is stopped and the destination GPU is free again."""
+    plans: list = []
+
+    async def stuck(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+        plans.append(plan)
+        await ports.record_phase(plan.job_id, "prewarm", 0.1, plan.dest.name)
+        if confirmed:
+            await ports.checkpoint_confirmed(plan.job_id, 7, "/dev/shm/src/ckpt-7")
+            await ports.record_phase(plan.job_id, "checkpoint", 0.1, "step 7")
+        await asyncio.Event().wait()  # until the scheduler stops
+
+    monkeypatch.setattr(live_migration, "migrate", stuck)
+    first = make_scheduler(sqlite_url, tick_s=0.1)
+    f = Fake(first.address)
+    job_id = f.submit()
+    server, launch = f.launched(job_id, wait_for)
+    dest = "b" if server == "a" else "a"
+    f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    plan = wait_for(lambda: plans and plans[0])
+    time.sleep(0.3)  # the phases are recorded
+    f.close()
+    first.call(first.server.stop(grace=0.5))  # its loop lives on, with the migration stuck
+    second = make_scheduler(sqlite_url, tick_s=0.1)
+    g = Fake(second.address)
+    try:
+        stop = next(g.commands(dest)).stop
+        assert (stop.job_id, stop.incarnation) == (job_id, plan.dest_incarnation)
+        job = g.job(job_id)
+        reasons = [t.reason for t in job.history]
+        if not confirmed:
+            assert job.state == common_pb2.JOB_STATE_RUNNING and job.placement[0].server == server, reasons
+            assert "rolled back after a scheduler restart" in reasons[-1], reasons
+            assert g.heartbeat(server, (job_id, launch.incarnation)) == []
+            assert g.heartbeat(dest, (job_id, plan.dest_incarnation)) == [(job_id, plan.dest_incarnation)]
+        else:
+            assert any(f"will resume from step 7 when placed on {server}" in r for r in reasons), reasons
+            where, relaunch = g.launched(job_id, wait_for)
+            assert relaunch.restore_checkpoint == ("/dev/shm/src/ckpt-7" if where == server else "")
+            assert g.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
+    finally:
+        g.close()
+
+
+def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A running job checkpoints every interval into its server's ramdisk, under its
+    launch's incarnation; when its server is lost, the relaunch on another server
+    restores that checkpoint through the other server's shared root."""
+    from .test_runtime_api import FakeShim
+
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0, checkpoint_interval_s=0.5)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    f = Fake(sched.address, shared_root="/peers")
+    try:
+        job_id = f.submit()
+        server, launch = f.launched(job_id, wait_for)
+        other = "b" if server == "a" else "a"
+        shim = FakeShim(f.ch, job_id, launch.incarnation)
+        path = f"/ram/{server}/{job_id}/periodic-{launch.incarnation}"
+
+        def checkpointed() -> bool:
+            f.heartbeat(server, (job_id, launch.incarnation))
+            f.heartbeat(other)
+            events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+            return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
+
+        wait_for(checkpointed, 15)
+        assert any(c.kind == runtime_pb2.COMMAND_KIND_CHECKPOINT and c.checkpoint_dir == path for c in shim.received)
+        f.keep_alive(other)  # and `server` falls silent
+        where, relaunch = f.launched_again(job_id, launch.incarnation, wait_for)
+        assert where == other
+        assert relaunch.restore_checkpoint == f"/peers/{server}/{job_id}/periodic-{launch.incarnation}"
+        shim.close()
+    finally:
+        f.close()

@@ -1,0 +1,52 @@
+"""The shim for every Python process of a job, whatever started it.
+
+The Migration Helper puts this directory first on a job's PYTHONPATH, so Python runs
+this file at start-up in every process of the job: the one behind `env FOO=1 python
+train.py`, `bash -c '...'`, or a shell script that sets things up and then runs
+python. It arms tf_runtime.autoload, which starts the shim from the job's GANDIVA_*
+environment when the process imports TensorFlow (a process that never does, such as a
+data-preparation step, stays untouched and never connects to the scheduler).
+
+It then runs the sitecustomize that would have run without it (the next one on
+sys.path), so a site's or a virtualenv's own customisation still applies. Nothing
+here may break the program: any failure is reported on stderr and ignored.
+"""
+
+import os
+import sys
+
+
+def _arm() -> None:
+    try:
+        from tf_runtime import autoload
+    except Exception as exc:  # noqa: BLE001  (another interpreter, without tf_runtime)
+        print(f"gandiva: tf_runtime is not importable in {sys.executable} ({exc}); "
+              "this process runs without the shim", file=sys.stderr)
+        return
+    try:
+        autoload.arm()
+    except Exception as exc:  # noqa: BLE001  (never break the interpreter's start-up)
+        print(f"gandiva: could not arm the tf_runtime shim: {exc}", file=sys.stderr)
+
+
+def _chain() -> None:
+    """Run the sitecustomize this one shadows, if there is one."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    try:
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+        if spec is None or spec.loader is None:
+            return
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["sitecustomize"] = module
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001  (never break the interpreter's start-up)
+        print(f"gandiva: the next sitecustomize failed: {exc!r}", file=sys.stderr)
+
+
+if os.environ.get("GANDIVA_JOB_ID"):
+    _arm()
+_chain()
