@@ -72,8 +72,8 @@ def test_demo_timeline_png(tmp_path: Path) -> None:
 
 
 def test_a_migration_within_one_server_reads_the_checkpoint_where_it_was_written() -> None:
-    from protos.gandiva.v1 import common_pb2
     from migration_protocol.fast_path import Endpoint, MigrationPlan, checkpoint_paths
+    from protos.gandiva.v1 import common_pb2
 
     here = Endpoint("n1", "127.0.0.1:1", "/dev/shm/n1", shared_root="/mnt/peers")
     there = Endpoint("n2", "127.0.0.1:2", "/dev/shm/n2", shared_root="/mnt/peers")
