@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # Shorter timers than the paper's, so that every primitive shows within minutes.
-DEMO_POLICY = ("pack_trial_s=10", "slice_slack_s=1", "grow_idle_s=5", "defrag_interval_s=10")
+DEMO_POLICY = ("pack_trial_s=6", "slice_growth=0", "slice_slack_s=1", "grow_idle_s=5", "defrag_interval_s=10")
 
 
 def run(args: argparse.Namespace) -> int:
