@@ -10,7 +10,7 @@ shrinks, and each decision is printed with its
 reason as it happens. The end: a summary per job, the best configuration of the
 sweep and a PNG timeline of the GPUs. Everything runs as separate processes talking
 gRPC over loopback, exactly as on a real cluster; the policy's timers are shortened
-(6 s time slices, 10 s packing trials) so that the story fits in about 3 minutes.
+(6 s time slices, 4 s packing trials) so that the story fits in about 3 minutes.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--servers", type=int, default=2, help="local helpers to start (default 2)")
     p.add_argument("--gpus", type=int, default=2, help="virtual GPUs per helper (default 2)")
-    p.add_argument("--steps", type=int, default=300,
-                   help="mini-batches per sweep member (default 300; the other jobs run multiples of it)")
+    p.add_argument("--steps", type=int, default=400,
+                   help="mini-batches per sweep member (default 400; the other jobs run multiples of it)")
     p.add_argument("--http-listen", default="127.0.0.1:0",
                    help="where the dashboard and /metrics listen (default 127.0.0.1, a free port)")
     p.add_argument("--db", default=None, help="database URL (default: the SQLite file under GANDIVA_HOME)")
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # Shorter timers than the paper's, so that every primitive shows within minutes.
-DEMO_POLICY = ("pack_trial_s=6", "slice_growth=0", "slice_slack_s=1", "grow_idle_s=5", "defrag_interval_s=10")
+DEMO_POLICY = ("pack_trial_s=4", "slice_growth=0", "slice_slack_s=1", "grow_idle_s=5", "defrag_interval_s=10")
 
 
 def run(args: argparse.Namespace) -> int:
