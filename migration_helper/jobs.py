@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 
 Result = helper_pb2.HelperCommandResult
 
+# The checkpoint path each command may name: confined (in `handle`) to the helper's roots.
+_PATH_FIELDS = {"launch": "restore_checkpoint", "activate": "restore_checkpoint",
+                "transfer": "checkpoint_path"}
+
 
 class CommandFailed(Exception):
     """A command that could not be carried out; becomes ok=false with this message."""
@@ -99,6 +103,8 @@ class JobTable:
         kind = cmd.WhichOneof("body")
         started = time.monotonic()
         try:
+            if kind in _PATH_FIELDS:
+                self._confine(cmd, kind)
             if kind == "launch":
                 result = await self.launch(cmd.launch)
             elif kind == "activate":
@@ -138,7 +144,7 @@ class JobTable:
             scheduler=self.scheduler,
             server=self.server,
             gpu_indices=list(req.gpu_indices),
-            restore_checkpoint=self._confined(req.restore_checkpoint, "launch: restore_checkpoint"),
+            restore_checkpoint=req.restore_checkpoint,
         )
         if req.warm and req.warm_signature:
             env["GANDIVA_WARM_SIGNATURE"] = req.warm_signature
@@ -185,7 +191,6 @@ class JobTable:
             raise CommandFailed(f"activate: no live pre-warmed process for {req.job_id}/{req.incarnation}")
         if not proc.warm or proc.activated:
             raise CommandFailed(f"activate: {req.job_id}/{req.incarnation} is not waiting warm")
-        self._confined(req.restore_checkpoint, "activate: restore_checkpoint")
         if req.restore_checkpoint and not os.path.isdir(req.restore_checkpoint):
             raise CommandFailed(f"activate: checkpoint {req.restore_checkpoint} not found on {self.server}")
         mark = len(proc.events)
@@ -219,9 +224,9 @@ class JobTable:
         if not req.dest_address:
             raise CommandFailed("transfer: dest_address is required")
         t0 = time.monotonic()
-        source = Path(self._confined(req.checkpoint_path, "transfer: checkpoint_path"))
         sent = await send_checkpoint(
-            req.dest_address, source, req.job_id, req.checkpoint_name or None, security=self.security
+            req.dest_address, Path(req.checkpoint_path), req.job_id, req.checkpoint_name or None,
+            security=self.security,
         )
         result = Result(checkpoint_path=sent.path, message=f"{sent.bytes} bytes")
         result.durations_s["transfer"] = time.monotonic() - t0
@@ -243,14 +248,17 @@ class JobTable:
             out["GANDIVA_TLS_KEY"] = str(Path(self.security.tls_key).resolve())
         return out
 
-    def _confined(self, path: str, what: str) -> str:
-        """``path`` when it lies under the ramdisk or shared root; else CommandFailed."""
+    def _confine(self, cmd: helper_pb2.HelperCommand, kind: str) -> None:
+        """Replace the checkpoint path the command names by its real path, which must lie
+        under the ramdisk or shared root; else CommandFailed."""
+        body, name = getattr(cmd, kind), _PATH_FIELDS[kind]
+        path = getattr(body, name)
         if not path or not self.roots:
-            return path
+            return
         real = Path(path).resolve()
         if not any(real == r or r in real.parents for r in self.roots):
-            raise CommandFailed(f"{what} {path!r} is outside this helper's ramdisk and shared root")
-        return str(real)
+            raise CommandFailed(f"{kind}: {name} {path!r} is outside this helper's ramdisk and shared root")
+        setattr(body, name, str(real))
 
     async def _wait(self, proc: JobProcess, kind: str, timeout_s: float, after: int = 0) -> dict:
         try:
