@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from migration_helper.agent import send_checkpoint
@@ -234,19 +235,15 @@ class JobTable:
 
     def runtime_credentials(self, job_id: str, incarnation: str) -> dict[str, str]:
         """What the job's runtime needs to reach the scheduler: a token good for this
-        job and launch only (never the helper's own), and the CA to trust."""
-        out = {}
-        if self.security.token:
-            out["GANDIVA_TOKEN"] = runtime_token(self.security.token, job_id, incarnation)
-        if self.security.tls_ca:
-            out["GANDIVA_TLS_CA"] = str(Path(self.security.tls_ca).resolve())
-        if self.security.tls_cert:
-            # A scheduler with mutual TLS admits only cluster certificates. The job runs as
-            # the helper's user and could read these files anyway; what it may do is still
-            # bounded by its token.
-            out["GANDIVA_TLS_CERT"] = str(Path(self.security.tls_cert).resolve())
-            out["GANDIVA_TLS_KEY"] = str(Path(self.security.tls_key).resolve())
-        return out
+        job and launch only (never the helper's own), and the CA to trust, by absolute
+        path (the job runs in its own workdir). A scheduler with mutual TLS admits only
+        cluster certificates, so the client certificate goes along too: the job runs as
+        the helper's user and could read those files anyway; what it may do is still
+        bounded by its token."""
+        sec = self.security
+        return replace(sec, token=runtime_token(sec.token, job_id, incarnation) if sec.token else "",
+                       tls_ca=_absolute(sec.tls_ca), tls_cert=_absolute(sec.tls_cert),
+                       tls_key=_absolute(sec.tls_key)).env()
 
     def _confine(self, cmd: helper_pb2.HelperCommand, kind: str) -> None:
         """Replace the checkpoint path the command names by its real path, which must lie
@@ -272,6 +269,11 @@ class JobTable:
     async def stop_all(self) -> None:
         for proc in list(self.processes.values()):
             await proc.stop(self.stop_grace_s)
+
+
+def _absolute(path: str) -> str:
+    """A path as the helper reads it (`~` expanded, as scheduler.transport does), made absolute."""
+    return str(Path(path).expanduser().resolve()) if path else ""
 
 
 def _at(proc: JobProcess, kind: str, t0: float) -> float:

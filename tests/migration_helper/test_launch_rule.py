@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from migration_helper.launch_rule import job_environment, shim_command
@@ -37,3 +39,23 @@ def test_environment_layers_server_job_and_gandiva_variables() -> None:
     # A helper started from a shell that had these set must not leak them into jobs.
     fresh = job_environment(base, {}, job_id="j", incarnation="i", scheduler="s", server="x", gpu_indices=[0])
     assert "GANDIVA_WARM" not in fresh and "GANDIVA_RESTORE_CHECKPOINT" not in fresh
+
+
+def test_a_job_gets_its_own_token_and_the_helpers_tls_files_by_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper reads `~/...` TLS paths with `~` expanded; so must the job, which runs
+    in another directory."""
+    from migration_helper.jobs import JobTable
+    from scheduler.auth import runtime_token
+    from scheduler.transport import ClientSecurity
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    table = JobTable(server="s1", scheduler="x:1", log_dir=tmp_path, on_exit=lambda p: None,
+                     security=ClientSecurity(token="gdv.s1.secret", tls_ca="~/ca.pem",
+                                             tls_cert="~/c.pem", tls_key="~/k.pem"))
+    assert table.runtime_credentials("j", "i") == {
+        "GANDIVA_TOKEN": runtime_token("gdv.s1.secret", "j", "i"),
+        "GANDIVA_TLS_CA": str(tmp_path / "ca.pem"), "GANDIVA_TLS_CERT": str(tmp_path / "c.pem"),
+        "GANDIVA_TLS_KEY": str(tmp_path / "k.pem")}
+    assert JobTable(server="s1", scheduler="x:1", log_dir=tmp_path,
+                    on_exit=lambda p: None).runtime_credentials("j", "i") == {}
