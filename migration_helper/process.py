@@ -244,7 +244,7 @@ class JobProcess:
             log.warning("job %s/%s frozen: lease with the scheduler ran out", self.job_id, self.incarnation)
 
     def thaw(self) -> None:
-        if self.alive and self.frozen and not self.stopped:
+        if self.alive and self.frozen:  # a stopping process too: it must see its SIGTERM
             self._signal_group(signal.SIGCONT)
             log.info("job %s/%s thawed", self.job_id, self.incarnation)
         self.frozen = False

@@ -110,3 +110,19 @@ async def test_a_report_refused_for_good_is_dropped_and_later_ones_still_arrive(
         assert daemon.dropped == 1 and not daemon._outbox
     finally:
         await daemon.stop()
+
+
+async def test_stopping_a_frozen_job_continues_it_so_its_sigterm_ends_it(tmp_path: Path) -> None:
+    """A frozen process group handles its SIGTERM only once continued: stop() must not
+    wait out the grace period and SIGKILL it."""
+    import signal
+
+    from migration_helper.process import JobProcess
+
+    proc = JobProcess(job_id="j", incarnation="i", argv=["sleep", "60"], workdir=str(tmp_path),
+                      env=dict(os.environ), gpu_indices=(), log_path=tmp_path / "j.log")
+    await proc.start(lambda p: None)
+    proc.freeze()
+    t0 = time.monotonic()
+    assert await proc.stop(grace_s=20.0) == -signal.SIGTERM
+    assert time.monotonic() - t0 < 10.0 and not proc.frozen
