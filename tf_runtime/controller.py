@@ -98,7 +98,6 @@ class Controller:
         self._restore_again = False
         # Warm with rehearsal: hold before the next run after the restore point.
         self._warm_pending = False
-        self.train_signature: str | None = None  # the first training run, as names
         # Whether the save op's executors exist (a rehearsal or a save built them).
         self._save_built = not settings.prebuild_save
         self._lock = threading.Lock()  # serialises binding and command application
@@ -155,8 +154,6 @@ class Controller:
         elif info.initializes or info.restores or (before and info.is_training):
             self._bind(adapter)
         if before and info.is_training and adapter is self.adapter:
-            if rehearse is not None:
-                self._report_signature(adapter, rehearse)
             if self._warm_pending:
                 # Nothing ran since the restore point: the program's own first training
                 # run is rehearsed exactly, and it read nothing the restore changes.
@@ -165,6 +162,8 @@ class Controller:
             elif self._restore_again and self.settings.restore_dir:
                 self._restore(adapter, self.settings.restore_dir)
             self._restore_again = False
+            if rehearse is not None:  # after any warm hold: the stream is open by now
+                self._report_signature(adapter, rehearse)
             self.trained = True
             self.meter.pause()
 
@@ -214,13 +213,15 @@ class Controller:
                 self.meter.set_steps(adapter.global_step())
 
     def _report_signature(self, adapter: SessionAdapter, first: FirstRun) -> None:
+        if self.channel is None:
+            return
         try:
-            self.train_signature = adapter.signature(first.fetches, first.feed_dict, first.options)
+            signature = adapter.signature(first.fetches, first.feed_dict, first.options)
         except Exception:  # never break the program's first step
             log.exception("could not describe the first training run")
             return
-        if self.train_signature and self.channel is not None:
-            self.channel.send_train_signature(self.train_signature)
+        if signature:
+            self.channel.send_train_signature(signature)
 
     def _warm_first_step(self, adapter: SessionAdapter, rehearse: Callable[[], Any] | None) -> None:
         """Warm mode: rehearse the first training run, hold, restore, go on.
@@ -271,8 +272,6 @@ class Controller:
         self.settings.restore_dir = activation.restore_checkpoint
         if self._on_activate is not None:
             self._on_activate(self._peek_restored_step(activation.restore_checkpoint))
-        if self.train_signature and self.channel is not None:  # rehearsed before the stream
-            self.channel.send_train_signature(self.train_signature)
 
     @staticmethod
     def _peek_restored_step(directory: str | None) -> int:

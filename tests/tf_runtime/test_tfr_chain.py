@@ -326,6 +326,22 @@ def test_first_training_run_is_reported_as_a_signature(world: FakeWorld) -> None
     assert world.channel.signatures == ["train"]  # once, at the first training run
 
 
+def test_warm_process_reports_its_signature_once_its_stream_opens() -> None:
+    """A warm process rehearses its first training run before it has a stream (that
+    opens at activation): the signature goes out once, on the stream it activated."""
+    control_r, control_w = os.pipe()
+    os.write(control_w, b'{"cmd": "activate"}\n')
+    world = FakeWorld(Settings(warm=True, warm_step=True, control_fd=control_r))
+    ctl = world.controller
+    ctl.channel = None
+    ctl._on_activate = lambda step: setattr(ctl, "channel", world.channel)
+    world.run("init")
+    world.run("train")
+    world.run("train")
+    assert world.adapter.rehearsals == 1 and ctl.channel is world.channel
+    assert world.channel.signatures == ["train"]
+
+
 def test_warm_step_exit_and_activation_without_checkpoint() -> None:
     control_r, control_w = os.pipe()
     os.write(control_w, b'{"cmd": "exit"}\n')
