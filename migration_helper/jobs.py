@@ -73,12 +73,10 @@ class JobTable:
         """(job id, incarnation) of every live process: what heartbeats report."""
         return sorted(key for key, p in self.processes.items() if p.alive)
 
-    def freeze_all(self) -> int:
-        """Freeze every live process (lease ran out); how many were not frozen yet."""
-        fresh = [p for p in self.processes.values() if p.alive and not p.frozen]
-        for p in fresh:
+    def freeze_all(self) -> None:
+        """Freeze every live process (lease ran out); those frozen already stay so."""
+        for p in self.processes.values():
             p.freeze()
-        return len(fresh)
 
     def thaw_all(self) -> None:
         for p in self.processes.values():
