@@ -11,10 +11,14 @@ is left alone.
 
 from __future__ import annotations
 
-import importlib.abc
 import os
 import sys
-from typing import Any
+
+# Imported by every Python process of a job at start-up: no importlib.abc (it pulls in
+# tempfile, shutil, random...) and no typing; the finder below is duck-typed.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
@@ -25,7 +29,7 @@ def path_with_autoload(pythonpath: str | None) -> str:
     return os.pathsep.join([DIRECTORY, *rest])
 
 
-class _StartOnTensorFlow(importlib.abc.MetaPathFinder):
+class _StartOnTensorFlow:
     """Fires once, at the process's `import tensorflow`. It stays in sys.meta_path
     (inert) rather than removing itself while the import system iterates that list."""
 
