@@ -237,8 +237,9 @@ class JobProcess:
 
     def freeze(self) -> None:
         """Stop every process of the job where it stands (SIGSTOP): it trains no further
-        until thawed, and spends no CPU time. Used when the helper's lease runs out."""
-        if self.alive and not self.frozen:
+        until thawed, and spends no CPU time. Used when the helper's lease runs out. A
+        process being stopped is left to handle its SIGTERM (SIGKILL follows the grace)."""
+        if self.alive and not self.frozen and not self.stopped:
             self._signal_group(signal.SIGSTOP)
             self.frozen = True
             log.warning("job %s/%s frozen: lease with the scheduler ran out", self.job_id, self.incarnation)

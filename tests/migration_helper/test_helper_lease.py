@@ -126,3 +126,30 @@ async def test_stopping_a_frozen_job_continues_it_so_its_sigterm_ends_it(tmp_pat
     t0 = time.monotonic()
     assert await proc.stop(grace_s=20.0) == -signal.SIGTERM
     assert time.monotonic() - t0 < 10.0 and not proc.frozen
+
+
+async def test_the_lease_watchdog_does_not_freeze_a_job_while_it_handles_its_sigterm(
+        tmp_path: Path) -> None:
+    """The watchdog freezes again every poll while the lease is out; a job being stopped
+    must still get to finish its SIGTERM handler rather than wait for the SIGKILL."""
+    from migration_helper.process import JobProcess
+
+    handler = ("import signal, sys, time\n"
+               "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), sys.exit(3)))\n"
+               "print('handler' + ' installed', flush=True)\n"
+               "time.sleep(60)\n")
+    log_path = tmp_path / "j.log"
+    proc = JobProcess(job_id="j", incarnation="i", argv=[sys.executable, "-c", handler],
+                      workdir=str(tmp_path), env=dict(os.environ), gpu_indices=(), log_path=log_path)
+    await proc.start(lambda p: None)
+    for _ in range(100):
+        if "handler installed" in log_path.read_text():  # (the log's header shows the script)
+            break
+        await asyncio.sleep(0.05)
+    proc.freeze()
+    t0 = time.monotonic()
+    stopping = asyncio.create_task(proc.stop(grace_s=20.0))
+    await asyncio.sleep(0.2)  # the SIGTERM handler is running
+    proc.freeze()  # the watchdog's next poll
+    assert await stopping == 3
+    assert time.monotonic() - t0 < 10.0
