@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -62,7 +63,10 @@ class DecisionLog:
         self.records.append(DecisionRecord(self.last_id, at, kind, job, gpus, reason))
 
     def after(self, after_id: int, limit: int = 500) -> list[dict[str, Any]]:
-        return [asdict(r) for r in self.records if r.id > after_id][:limit]
+        # Ids are consecutive, so the first wanted record's position is known: only the
+        # records returned are converted (the dashboard polls this every few seconds).
+        skip = max(0, after_id - (self.last_id - len(self.records)))
+        return [asdict(r) for r in itertools.islice(self.records, skip, skip + limit)]
 
     def last_for(self) -> dict[str, DecisionRecord]:
         out: dict[str, DecisionRecord] = {}
