@@ -226,13 +226,14 @@ class SchedulerMetrics(Observer):
     # ---- scrape-time gauges ---------------------------------------------------
 
     async def refresh(self, core: Any) -> None:
-        """Recompute the gauges about the cluster from the database."""
+        """Recompute the gauges about the cluster from the database (one read transaction)."""
+        from sqlalchemy import func, select
+
+        from scheduler.state import repo
+        from scheduler.state.models import Job
+
         now = core.clock()
         async with core.tx(read=True) as s:
-            from sqlalchemy import func, select
-
-            from scheduler.state.models import Job
-
             counts = dict((await s.execute(select(Job.state, func.count()).group_by(Job.state))).all())
             oldest = (await s.execute(
                 select(func.min(Job.state_changed_at)).where(Job.state == JobState.QUEUED.value))).scalar()
@@ -240,7 +241,7 @@ class SchedulerMetrics(Observer):
                 select(Job.id, Job.name, Job.rate).where(Job.state == JobState.RUNNING.value)
                 .order_by(Job.rate.desc()).limit(MAX_JOB_SERIES + 1))).all()
             n_running = counts.get(JobState.RUNNING.value, 0)
-        loads = await core.list_servers()
+            loads = await repo.server_loads(s)
         for st in JobState:
             self.jobs.labels(st.value.lower()).set(counts.get(st.value, 0))
         self.queue_length.set(counts.get(JobState.QUEUED.value, 0))
