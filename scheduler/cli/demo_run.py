@@ -63,6 +63,7 @@ class DemoRun:
         self.t0 = time.time()
         self.last_decision = 0
         self.last_event = 0
+        self.first_page = ""  # the ListJobs page token of this run's first job's page
 
     # ---- talking to the scheduler ---------------------------------------------
 
@@ -86,10 +87,16 @@ class DemoRun:
 
     def jobs(self) -> list[common_pb2.Job]:
         # Page by page: the SQLite file under GANDIVA_HOME keeps earlier runs' jobs too.
-        out, request = [], scheduler_pb2.ListJobsRequest(page_size=1000)
+        # Jobs are listed in submission order (keyset tokens), so each poll starts at the
+        # page where this run's jobs began instead of reading the earlier runs' again.
+        out: list[common_pb2.Job] = []
+        request = scheduler_pb2.ListJobsRequest(page_size=1000, page_token=self.first_page)
         while True:
             reply = self.stub.ListJobs(request)
-            out += [j for j in reply.jobs if j.id in self.ids]
+            mine = [j for j in reply.jobs if j.id in self.ids]
+            if mine and not out:
+                self.first_page = request.page_token
+            out += mine
             if not reply.next_page_token:
                 return out
             request.page_token = reply.next_page_token
