@@ -23,7 +23,7 @@ from pathlib import Path
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.automl import SuccessiveHalving
-from scheduler.cli.client import Client, CliError
+from scheduler.cli.client import TERMINAL_STATES, Client, CliError
 from scheduler.cli.demo_run import _example
 from scheduler.cli.local_cluster import LocalCluster
 
@@ -86,10 +86,9 @@ def run_fcfs(tmp: Path, steps: int) -> tuple[float, list[tuple[float, dict[str, 
         t0 = time.monotonic()
         reply = client.call("SubmitMultiJob", scheduler_pb2.SubmitMultiJobRequest(name="fcfs", jobs=specs(steps, str(tmp))))
         ids = {j.id for j in reply.jobs}
-        terminal = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
         while True:
             jobs = [j for j in client.call("ListJobs", scheduler_pb2.ListJobsRequest()).jobs if j.id in ids]
-            if all(j.state in terminal for j in jobs):
+            if all(j.state in TERMINAL_STATES for j in jobs):
                 break
             if time.monotonic() - t0 > 1800:
                 raise RuntimeError("fcfs did not finish within 1800 s")
