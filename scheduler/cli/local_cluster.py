@@ -81,11 +81,16 @@ class LocalCluster:
         return [p.pid for p in self.procs]
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(self.procs[::-1])
         self.procs.clear()
+
+
+def stop_processes(procs: Sequence[subprocess.Popen], grace_s: float = 15) -> None:
+    """SIGTERM each, in order; then wait for each, killing any still there after ``grace_s``."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
