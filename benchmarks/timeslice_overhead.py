@@ -39,12 +39,8 @@ def run(tmp: Path, policy: str, quantum: float, steps: int, sleep: float) -> tup
     try:
         c.start_scheduler()
         c.start_helpers()
+        c.wait_for_helpers()
         client = Client(c.address)
-        deadline = time.monotonic() + 120
-        while not any(s.up for s in client.call("ListServers", scheduler_pb2.ListServersRequest()).servers):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the helper did not register")
-            time.sleep(0.3)
         t0 = time.time()
         ids = []
         for i in range(4):

@@ -50,7 +50,6 @@ def _example(name: str) -> str:
 class DemoRun:
     address: str
     http: str
-    servers: list[str]
     steps: int
     run_dir: Path
     console: Console
@@ -144,24 +143,10 @@ class DemoRun:
 
     # ---- the story --------------------------------------------------------------
 
-    def wait_for_helpers(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                up = [s for s in self.stub.ListServers(scheduler_pb2.ListServersRequest()).servers
-                      if s.up and s.name in self.servers]
-            except grpc.RpcError:
-                up = []
-            if len(up) == len(self.servers):
-                return
-            time.sleep(0.3)
-        raise RuntimeError(f"helpers did not register within {timeout:.0f}s; see helper-*.log")
-
     def play(self, timeout: float) -> bool:
         c, s = self.console, self.steps
         t_end = time.monotonic() + timeout
         left = lambda: max(1.0, t_end - time.monotonic())
-        self.wait_for_helpers()
         self.t0 = time.time()
         c.rule("1. oversubscribed: a grow-shrink job and a sweep of 8 configurations on 4 GPUs")
         # The grow-shrink job trains until the story is over (then the demo stops it), so
