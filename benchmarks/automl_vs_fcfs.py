@@ -23,7 +23,7 @@ from pathlib import Path
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.automl import SuccessiveHalving
-from scheduler.cli.client import Client, CliError
+from scheduler.cli.client import TERMINAL_STATES, Client
 from scheduler.cli.demo_run import _example
 from scheduler.cli.local_cluster import LocalCluster
 
@@ -42,18 +42,6 @@ def specs(steps: int, workdir: str) -> list[common_pb2.JobSpec]:
     return out
 
 
-def wait_helpers(client: Client, n: int) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if sum(s.up for s in client.call("ListServers", scheduler_pb2.ListServersRequest()).servers) == n:
-                return
-        except CliError as err:  # the scheduler may still be starting
-            print(f"  waiting for the scheduler: {err}", flush=True)
-        time.sleep(0.3)
-    raise RuntimeError("helpers did not register within 120 s")
-
-
 def cluster(tmp: Path, policy: str) -> LocalCluster:
     run_dir = tmp / policy
     run_dir.mkdir()
@@ -62,6 +50,7 @@ def cluster(tmp: Path, policy: str) -> LocalCluster:
                                      "--policy-option", "slice_slack_s=1"])
     c.start_scheduler()
     c.start_helpers()
+    c.wait_for_helpers()
     return c
 
 
@@ -69,7 +58,6 @@ def run_automl(tmp: Path, steps: int, min_steps: int) -> tuple[float, dict[str, 
     c = cluster(tmp, "gandiva")
     try:
         client = Client(c.address)
-        wait_helpers(client, 2)
         search = SuccessiveHalving(client, "loss", "min", min_steps=min_steps, eta=2,
                                    on_event=lambda t: print("  automl:", t, flush=True))
         result = search.run("automl", specs(steps, str(tmp)), timeout_s=1800)
@@ -82,14 +70,12 @@ def run_fcfs(tmp: Path, steps: int) -> tuple[float, list[tuple[float, dict[str, 
     c = cluster(tmp, "fifo")
     try:
         client = Client(c.address)
-        wait_helpers(client, 2)
         t0 = time.monotonic()
         reply = client.call("SubmitMultiJob", scheduler_pb2.SubmitMultiJobRequest(name="fcfs", jobs=specs(steps, str(tmp))))
         ids = {j.id for j in reply.jobs}
-        terminal = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
         while True:
             jobs = [j for j in client.call("ListJobs", scheduler_pb2.ListJobsRequest()).jobs if j.id in ids]
-            if all(j.state in terminal for j in jobs):
+            if all(j.state in TERMINAL_STATES for j in jobs):
                 break
             if time.monotonic() - t0 > 1800:
                 raise RuntimeError("fcfs did not finish within 1800 s")

@@ -28,16 +28,14 @@ import asyncio
 import multiprocessing
 import random
 import re
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import psutil
-from submit_throughput import GANDIVA, pct, pg_database, secure_setup
+from submit_throughput import pct, pg_database, secure_setup, start
 
 from protos.gandiva.v1 import (
     common_pb2,
@@ -263,18 +261,9 @@ def submitters(address: str, ca: str, user: str, n: int, duration: float, gpus: 
 def run_one(label: str, db_url: str, work: Path, args: argparse.Namespace) -> None:
     extra, ca = secure_setup(db_url, work)
     user, helper_tokens = asyncio.run(make_tokens(db_url, args.helpers))
-    port_file = work / f"port-{uuid.uuid4().hex}"
     log_path = work / f"sched-{label}.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([*GANDIVA, "scheduler", "--listen", "127.0.0.1:0", "--db", db_url,
-                                 "--port-file", str(port_file), "--log-level", "INFO", *extra],
-                                stdout=log, stderr=log, env={"GANDIVA_HOME": str(work), **dict(__import__("os").environ)})
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"scheduler failed to start; see {log_path}")
-        time.sleep(0.05)
-    address = port_file.read_text().strip()
+    with open(log_path, "w") as log:  # INFO: the progress-report count at the end is read from it
+        proc, address = start(db_url, work, ["--log-level", "INFO", *extra], log)
     load = Load(address, str(ca), user, helper_tokens, args)
     try:
         res = asyncio.run(load.run(proc.pid))

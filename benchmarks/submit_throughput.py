@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import IO
 
 import psutil
 
@@ -55,17 +56,20 @@ def make_token(db_url: str, name: str, *role: str) -> str:
     return out.stdout.strip()
 
 
-def start(db_url: str, workdir: Path, extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+def start(db_url: str, workdir: Path, extra: list[str] | None = None,
+          log: IO[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """A scheduler process (``extra`` flags win over the defaults); its address once it listens.
+    ``log``: where its output goes (default: this process's)."""
     port_file = workdir / f"port-{uuid.uuid4().hex}"
     proc = subprocess.Popen(
         [*GANDIVA, "scheduler", "--listen", "127.0.0.1:0",
          "--db", db_url, "--port-file", str(port_file), "--log-level", "WARNING", *(extra or [])],
-        env={**os.environ, "GANDIVA_HOME": str(workdir)},
+        env={**os.environ, "GANDIVA_HOME": str(workdir)}, stdout=log, stderr=log,
     )
     deadline = time.monotonic() + 60
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"scheduler failed to start on {db_url}")
+            raise SystemExit(f"scheduler failed to start on {db_url}" + (f"; see {log.name}" if log else ""))
         time.sleep(0.05)
     return proc, port_file.read_text().strip()
 

@@ -23,11 +23,10 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
-from scheduler.cli.client import Client
+from scheduler.cli.client import TERMINAL_STATES, Client
 from scheduler.cli.demo_run import _example
 from scheduler.cli.local_cluster import LocalCluster
 
-TERMINAL = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
 ONLY_TIME_SLICING = ("enable_packing=false", "enable_migration=false", "enable_grow_shrink=false", "slice_slack_s=0.5")
 
 
@@ -40,12 +39,8 @@ def run(tmp: Path, policy: str, quantum: float, steps: int, sleep: float) -> tup
     try:
         c.start_scheduler()
         c.start_helpers()
+        c.wait_for_helpers()
         client = Client(c.address)
-        deadline = time.monotonic() + 120
-        while not any(s.up for s in client.call("ListServers", scheduler_pb2.ListServersRequest()).servers):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the helper did not register")
-            time.sleep(0.3)
         t0 = time.time()
         ids = []
         for i in range(4):
@@ -54,7 +49,7 @@ def run(tmp: Path, policy: str, quantum: float, steps: int, sleep: float) -> tup
             ids.append(client.call("SubmitJob", scheduler_pb2.SubmitJobRequest(spec=spec)).job.id)
         while True:
             jobs = [client.call("GetJob", scheduler_pb2.GetJobRequest(id=j)) for j in ids]
-            if all(j.state in TERMINAL for j in jobs):
+            if all(j.state in TERMINAL_STATES for j in jobs):
                 break
             time.sleep(0.5)
         if any(j.state != common_pb2.JOB_STATE_SUCCEEDED for j in jobs):

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from scheduler.cli.client import TERMINAL_STATES, CliError, list_all
 
 # How long a poll keeps retrying a scheduler that does not answer before the search fails.
 READ_PATIENCE_S = 300.0
-TERMINAL = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
 
 
 class AutoMLError(RuntimeError):
@@ -102,8 +102,6 @@ class SuccessiveHalving:
     def _jobs(self, ids: Sequence[str]) -> dict[str, common_pb2.Job]:
         wanted = set(ids)
         # A busy scheduler (many jobs starting at once) may answer slowly: wait it out.
-        from scheduler.cli.client import list_all
-
         request = scheduler_pb2.ListJobsRequest(multi_job_id=self.multi_job_id)
         jobs = list_all(self.client, "ListJobs", request, "jobs", call=lambda method, req: self.client.call_retrying(
             method, req, give_up_after=READ_PATIENCE_S))
@@ -136,10 +134,10 @@ class SuccessiveHalving:
             killed = [j for j in alive if j not in promoted]
             priority += 1
             for j in promoted:
-                if jobs[j].state not in TERMINAL:
+                if jobs[j].state not in TERMINAL_STATES:
                     self._act("SetPriority", scheduler_pb2.SetPriorityRequest(id=j, priority=priority))
             for j in killed:
-                if jobs[j].state not in TERMINAL:
+                if jobs[j].state not in TERMINAL_STATES:
                     value = dict(scored).get(j)
                     why = f"automl rung {len(rungs)} at {budget} steps: {self.metric}={value} not in the best {keep}"
                     self._act("KillJob", scheduler_pb2.JobActionRequest(id=j, reason=why))
@@ -159,8 +157,6 @@ class SuccessiveHalving:
     def _act(self, method: str, request: Any) -> None:
         """Kill or re-prioritize, waiting out a busy scheduler; a job that ended meanwhile
         (it finished, or a retried call already went through) is not an error."""
-        from scheduler.cli.client import CliError
-
         try:
             self.client.call_retrying(method, request, give_up_after=READ_PATIENCE_S)
         except CliError as err:
@@ -178,7 +174,7 @@ class SuccessiveHalving:
                 while value is not None and jobs[j].steps >= b:
                     self._at.setdefault((j, b), value)
                     b *= self.eta
-            if all(jobs[j].steps >= budget or jobs[j].state in TERMINAL for j in alive):
+            if all(jobs[j].steps >= budget or jobs[j].state in TERMINAL_STATES for j in alive):
                 return jobs
             if all(jobs[j].state == common_pb2.JOB_STATE_FAILED for j in alive):
                 raise AutoMLError("every configuration failed; see gandiva describe job / gandiva logs")

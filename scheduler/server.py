@@ -77,9 +77,12 @@ class SchedulerServer:
     async def start(self) -> str:
         if self.auth not in ("none", "token"):
             raise ValueError(f"--auth {self.auth!r}: use 'token' or 'none'")
-        warning = check_exposure(self.listen, self.tls, self.auth == "token", self.insecure, "the scheduler")
-        if warning:
-            log.warning("%s", warning)
+        # Every TCP address is checked (a unix socket is reachable only on this host), and
+        # refused before anything is touched.
+        for address in (self.listen, *(a for a in self.also_listen if not a.startswith("unix:"))):
+            warning = check_exposure(address, self.tls, self.auth == "token", self.insecure, "the scheduler")
+            if warning:
+                log.warning("%s", warning)
         self.db = make_engine(self.db_url)
         self.core = SchedulerCore(self.db, self.settings)
         # The policy is checked before anything touches the database.
@@ -116,9 +119,6 @@ class SchedulerServer:
             raise OSError(f"cannot listen on {self.listen}")
         self.address = f"{host or '127.0.0.1'}:{bound}"
         for extra in self.also_listen:
-            # A unix socket is reachable only on this host; a TCP address is checked like --listen.
-            if not extra.startswith("unix:"):
-                check_exposure(extra, self.tls, self.auth == "token", self.insecure, "the scheduler")
             tls = None if extra.startswith("unix:") else self.tls
             if add_port(self.server, extra, tls) == 0:
                 raise OSError(f"cannot listen on {extra}")

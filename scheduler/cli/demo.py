@@ -68,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
                       f"or `gandiva top --http {http}`)")
         console.print(f"helpers {', '.join(names)} with {args.gpus} virtual GPUs each")
         cluster.start_helpers({**os.environ, "GANDIVA_HOME": str(home)})
+        cluster.wait_for_helpers()
         from scheduler.cli.demo_run import DemoRun
 
-        demo = DemoRun(address, http, names, args.steps, run_dir, console)
+        demo = DemoRun(address, http, args.steps, run_dir, console)
         ok = demo.play(args.timeout)
         if args.keep:
             console.print(

@@ -50,7 +50,6 @@ def _example(name: str) -> str:
 class DemoRun:
     address: str
     http: str
-    servers: list[str]
     steps: int
     run_dir: Path
     console: Console
@@ -63,6 +62,7 @@ class DemoRun:
         self.t0 = time.time()
         self.last_decision = 0
         self.last_event = 0
+        self.first_page = ""  # the ListJobs page token of this run's first job's page
 
     # ---- talking to the scheduler ---------------------------------------------
 
@@ -86,10 +86,16 @@ class DemoRun:
 
     def jobs(self) -> list[common_pb2.Job]:
         # Page by page: the SQLite file under GANDIVA_HOME keeps earlier runs' jobs too.
-        out, request = [], scheduler_pb2.ListJobsRequest(page_size=1000)
+        # Jobs are listed in submission order (keyset tokens), so each poll starts at the
+        # page where this run's jobs began instead of reading the earlier runs' again.
+        out: list[common_pb2.Job] = []
+        request = scheduler_pb2.ListJobsRequest(page_size=1000, page_token=self.first_page)
         while True:
             reply = self.stub.ListJobs(request)
-            out += [j for j in reply.jobs if j.id in self.ids]
+            mine = [j for j in reply.jobs if j.id in self.ids]
+            if mine and not out:
+                self.first_page = request.page_token
+            out += mine
             if not reply.next_page_token:
                 return out
             request.page_token = reply.next_page_token
@@ -137,24 +143,10 @@ class DemoRun:
 
     # ---- the story --------------------------------------------------------------
 
-    def wait_for_helpers(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                up = [s for s in self.stub.ListServers(scheduler_pb2.ListServersRequest()).servers
-                      if s.up and s.name in self.servers]
-            except grpc.RpcError:
-                up = []
-            if len(up) == len(self.servers):
-                return
-            time.sleep(0.3)
-        raise RuntimeError(f"helpers did not register within {timeout:.0f}s; see helper-*.log")
-
     def play(self, timeout: float) -> bool:
         c, s = self.console, self.steps
         t_end = time.monotonic() + timeout
         left = lambda: max(1.0, t_end - time.monotonic())
-        self.wait_for_helpers()
         self.t0 = time.time()
         c.rule("1. oversubscribed: a grow-shrink job and a sweep of 8 configurations on 4 GPUs")
         # The grow-shrink job trains until the story is over (then the demo stops it), so

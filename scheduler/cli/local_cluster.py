@@ -77,15 +77,39 @@ class LocalCluster:
                      "--log-dir", str(self.run_dir / "logs" / name)],
                     stdout=log, stderr=subprocess.STDOUT, env=env))
 
+    def wait_for_helpers(self, timeout: float = 120) -> None:
+        """Until every helper has registered and is up (the scheduler may still be starting)."""
+        import grpc
+
+        from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            while time.monotonic() < deadline:
+                try:
+                    up = {s.name for s in stub.ListServers(scheduler_pb2.ListServersRequest()).servers if s.up}
+                except grpc.RpcError:
+                    up = set()
+                if up.issuperset(self.servers):
+                    return
+                time.sleep(0.3)
+        raise RuntimeError(f"helpers did not register within {timeout:.0f}s; see helper-*.log")
+
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(self.procs[::-1])
         self.procs.clear()
+
+
+def stop_processes(procs: Sequence[subprocess.Popen], grace_s: float = 15) -> None:
+    """SIGTERM each, in order; then wait for each, killing any still there after ``grace_s``."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()

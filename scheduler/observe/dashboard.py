@@ -41,28 +41,29 @@ def gpu_mode(running: int, waiting: int) -> str:
 RECENT_FINISHED = 100
 
 
-async def _recently_finished(core: Any, limit: int) -> list[Any]:
+async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
+    """The whole view: what /api/state returns and `gandiva top` shows."""
     from sqlalchemy import select
 
     from scheduler.core import JobDetail
+    from scheduler.state import repo
     from scheduler.state.models import Job
 
-    terminal = [st.value for st in JobState if st.terminal]
+    # One read transaction for the servers, the unfinished jobs (with their GPUs) and
+    # the most recently finished ones.
     async with core.tx(read=True) as s:
-        rows = (await s.scalars(select(Job).where(Job.state.in_(terminal))
-                                .order_by(Job.finished_at.desc()).limit(limit))).all()
-    return [JobDetail(j, []) for j in reversed(rows)]
-
-
-async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
-    """The whole view: what /api/state returns and `gandiva top` shows."""
-    loads = await core.list_servers()
-    jobs = await core.list_jobs(states=[st for st in JobState if not st.terminal])
-    jobs += await _recently_finished(core, RECENT_FINISHED)
+        loads = await repo.server_loads(s)
+        live = await repo.list_jobs(s, [st for st in JobState if not st.terminal])
+        placements = await repo.placements_of(s, [j.id for j in live])
+        finished = (await s.scalars(
+            select(Job).where(Job.state.in_([st.value for st in JobState if st.terminal]))
+            .order_by(Job.finished_at.desc()).limit(RECENT_FINISHED))).all()
+    jobs = [JobDetail(j, [(p.server_name, p.gpu_index) for p in placements.get(j.id, [])]) for j in live]
+    jobs += [JobDetail(j, []) for j in reversed(finished)]
     now = core.clock()
     by_id = {d.job.id: d for d in jobs}
     last = metrics.log.last_for()
-    servers = []
+    servers: list[dict[str, Any]] = []
     for ld in loads:
         gpus = []
         for g in sorted(ld.gpus, key=lambda g: g.index):

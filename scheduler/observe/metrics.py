@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -62,7 +63,10 @@ class DecisionLog:
         self.records.append(DecisionRecord(self.last_id, at, kind, job, gpus, reason))
 
     def after(self, after_id: int, limit: int = 500) -> list[dict[str, Any]]:
-        return [asdict(r) for r in self.records if r.id > after_id][:limit]
+        # Ids are consecutive, so the first wanted record's position is known: only the
+        # records returned are converted (the dashboard polls this every few seconds).
+        skip = max(0, after_id - (self.last_id - len(self.records)))
+        return [asdict(r) for r in itertools.islice(self.records, skip, skip + limit)]
 
     def last_for(self) -> dict[str, DecisionRecord]:
         out: dict[str, DecisionRecord] = {}
@@ -222,13 +226,14 @@ class SchedulerMetrics(Observer):
     # ---- scrape-time gauges ---------------------------------------------------
 
     async def refresh(self, core: Any) -> None:
-        """Recompute the gauges about the cluster from the database."""
+        """Recompute the gauges about the cluster from the database (one read transaction)."""
+        from sqlalchemy import func, select
+
+        from scheduler.state import repo
+        from scheduler.state.models import Job
+
         now = core.clock()
         async with core.tx(read=True) as s:
-            from sqlalchemy import func, select
-
-            from scheduler.state.models import Job
-
             counts = dict((await s.execute(select(Job.state, func.count()).group_by(Job.state))).all())
             oldest = (await s.execute(
                 select(func.min(Job.state_changed_at)).where(Job.state == JobState.QUEUED.value))).scalar()
@@ -236,7 +241,7 @@ class SchedulerMetrics(Observer):
                 select(Job.id, Job.name, Job.rate).where(Job.state == JobState.RUNNING.value)
                 .order_by(Job.rate.desc()).limit(MAX_JOB_SERIES + 1))).all()
             n_running = counts.get(JobState.RUNNING.value, 0)
-        loads = await core.list_servers()
+            loads = await repo.server_loads(s)
         for st in JobState:
             self.jobs.labels(st.value.lower()).set(counts.get(st.value, 0))
         self.queue_length.set(counts.get(JobState.QUEUED.value, 0))

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
+from scheduler.cli.local_cluster import stop_processes
 from scheduler.core import Settings
 from scheduler.policy.types import PolicyConfig
 
@@ -43,13 +44,7 @@ class Cluster:
         return self.stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
 
     def close(self) -> None:
-        for p in self.helpers:
-            p.terminate()
-        for p in self.helpers:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(self.helpers)
         self.channel.close()
 
 
