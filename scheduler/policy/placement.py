@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduler.policy.cluster import Ledger, Placement, queue_key
+from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.types import JobView, PolicyConfig
 
 Filter = Callable[[Ledger, JobView, PolicyConfig], "Placement | None"]
@@ -154,11 +154,6 @@ def find_placement(
     if misses is not None:
         misses[key] = ledger.version
     return None
-
-
-def queue_order(jobs: list[JobView]) -> list[JobView]:
-    """Higher priority first, then earlier submission (dynamic priority reorders the queue)."""
-    return sorted(jobs, key=queue_key)
 
 
 def queue_reason(ledger: Ledger, job: JobView) -> str:
