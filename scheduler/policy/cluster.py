@@ -104,8 +104,6 @@ class Ledger:
         self.version = 0
         # Jobs whose state or placement this decide() call already changed.
         self.changed: set[str] = set()
-        # The snapshot number last synced to (None: unknown, compare everything).
-        self.seq: int | None = None
         # QUEUED jobs per GPU count, sorted by queue_key; _qkey says where each one is.
         self.queued_by_size: dict[int, list[QueueKey]] = {}
         self._qkey: dict[str, tuple[int, QueueKey]] = {}
@@ -129,10 +127,10 @@ class Ledger:
         servers = snapshot.servers
         if servers is not self.source_servers and servers != self.source_servers:
             return Ledger.of(snapshot, holds, self.order)
+        delta = snapshot.delta_since(self.snapshot.seq)  # the last snapshot synced to
         self.snapshot = snapshot
         touched = self.changed
-        delta = snapshot.delta
-        if delta is not None and self.seq is not None and delta.since == self.seq:
+        if delta is not None:
             jobs = self.jobs
             for jid in delta.removed:
                 if jobs.pop(jid, None) is not None:
@@ -164,7 +162,6 @@ class Ledger:
                 if want:
                     self._bind(jid, want)
         self.changed = set()
-        self.seq = snapshot.seq
         return self
 
     def _forget(self, job_id: str) -> None:

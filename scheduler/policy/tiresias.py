@@ -117,8 +117,8 @@ class TiresiasPolicy(Policy):
         """Add new jobs to the queues and drop departed ones (only the changed ones when
         the snapshot says what changed since the one we saw last)."""
         qs, limits = self._queues, self.config.tiresias_thresholds_gpu_s
-        delta = snapshot.delta
-        if delta is not None and self._seq is not None and delta.since == self._seq:
+        delta = snapshot.delta_since(self._seq)
+        if delta is not None:
             gone: set[str] = set(delta.removed)
             views: tuple[JobView, ...] = delta.changed
         else:
