@@ -72,22 +72,21 @@ class _Queues:
     def empty(cls, n: int) -> _Queues:
         return cls([[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)])
 
-    def remove(self, job_id: str) -> None:
-        q = self.qid.pop(job_id)
+    def _take_out(self, job_id: str, q: int) -> None:
+        """Out of whichever part of queue ``q`` holds it."""
         for part in (self.run[q], self.tail[q], self.pend[q]):
             if job_id in part:
                 part.remove(job_id)
-                break
+                return
+
+    def remove(self, job_id: str) -> None:
+        self._take_out(job_id, self.qid.pop(job_id))
         self.base.pop(job_id, None)
         self.pending_since.pop(job_id, None)
 
     def move(self, job_id: str, q: int) -> None:
         """To the end of queue ``q``."""
-        old = self.qid[job_id]
-        for part in (self.run[old], self.tail[old], self.pend[old]):
-            if job_id in part:
-                part.remove(job_id)
-                break
+        self._take_out(job_id, self.qid[job_id])
         self.qid[job_id] = q
         self.tail[q].append(job_id)
 
