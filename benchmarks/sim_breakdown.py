@@ -146,7 +146,8 @@ def main() -> int:
         return 2
     table = args.throughputs or gavel_table_near(args.trace)
     model = MechanismModel.from_gavel(table) if table else MechanismModel.default()
-    model.spread_override = args.spread_factor
+    if args.spread_factor is not None:
+        model.fix_spread(args.spread_factor)
     servers = make_cluster(args.cluster)
     jobs, factor = scale_to_load(read_trace(args.trace), servers, model, args.target_load)
     bound, critical = makespan_bound(jobs, servers, model)
