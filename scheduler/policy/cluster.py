@@ -100,6 +100,8 @@ class Ledger:
         self._n_free = sum(len(f) for f in self._free.values())
         self._over: set[str] = set()
         self.max_server_gpus = max((s.num_gpus for s in self.servers.values()), default=1)
+        # GPUs of the up servers.
+        self.num_gpus = sum(s.num_gpus for s in self.servers.values())
         # Bumped on every change; lets callers cache "nothing fits" answers.
         self.version = 0
         # Jobs whose state or placement this decide() call already changed.

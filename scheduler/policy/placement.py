@@ -164,7 +164,7 @@ def missed(ledger: Ledger, misses: dict[tuple[int, int], int], filters: list[tup
 
 def queue_reason(ledger: Ledger, job: JobView) -> str:
     """Why a job found no place, in words a user understands."""
-    total = sum(s.num_gpus for s in ledger.servers.values())
+    total = ledger.num_gpus
     if job.gpus > total:
         return f"needs {job.gpus} GPUs, the cluster's up servers have {total}"
     free = ledger.total_free()

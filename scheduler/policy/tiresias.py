@@ -180,8 +180,7 @@ class TiresiasPolicy(Policy):
         self._file(snapshot)
         qs = self._queues
         self._demote_and_promote(jobs, now)
-        capacity = sum(s.num_gpus for s in snapshot.servers if s.up)
-        free = capacity - sum(jobs[j].gpus for j in ledger.by_state.get("MIGRATING", ()))
+        free = ledger.num_gpus - sum(jobs[j].gpus for j in ledger.by_state.get("MIGRATING", ()))
         # A running job that cannot be stopped (no runtime) keeps its GPUs: never preempted.
         fixed = {j for j in ledger.by_state.get("RUNNING", ()) if not jobs[j].suspendable}
         free -= sum(jobs[j].gpus for j in fixed)
