@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim_table import parse_rules  # benchmarks/ is the script's folder
+from sim_table import parse_config  # benchmarks/ is the script's folder
 
 from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
 from scheduler.policy.cluster import Ledger
@@ -162,7 +162,7 @@ def main() -> int:
     for name in args.compare.split(","):
         start = time.perf_counter()
         probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id)
-        policy = get_policy(name, parse_rules(f"g={args.config}")["g"] if name == "gandiva" else None)
+        policy = get_policy(name, parse_config(args.config) if name == "gandiva" else None)
         if name == "gandiva":
             policy = waits[name] = WaitProbe(policy)
         m = summarize(Simulator(jobs, servers, policy, model, observer=probe).run())

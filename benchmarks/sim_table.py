@@ -51,21 +51,26 @@ def trace_files(root: Path, min_jobs: int) -> list[Path]:
     return itp + gavel
 
 
+def parse_config(spec: str) -> PolicyConfig:
+    """``field[:value]+field...`` into a PolicyConfig on top of the defaults."""
+    types = {f.name: f.type for f in dataclasses.fields(PolicyConfig)}
+    changes: dict[str, Any] = {}
+    for rule in filter(None, spec.split("+")):
+        field, _, value = rule.partition(":")
+        if field not in types:
+            raise SystemExit(f"--ablate: {field!r} is not a PolicyConfig field")
+        kind = str(types[field])
+        changes[field] = (True if not value else value.lower() == "true") if kind == "bool" else \
+            (int(value) if kind == "int" else float(value))
+    return PolicyConfig(**changes)
+
+
 def parse_rules(text: str) -> dict[str, PolicyConfig]:
     """``name=field[:value]+field...,name2=...`` into PolicyConfigs on top of the defaults."""
     out: dict[str, PolicyConfig] = {}
-    types = {f.name: f.type for f in dataclasses.fields(PolicyConfig)}
     for item in filter(None, text.split(",")):
         name, _, spec = item.partition("=")
-        changes: dict[str, Any] = {}
-        for rule in filter(None, spec.split("+")):
-            field, _, value = rule.partition(":")
-            if field not in types:
-                raise SystemExit(f"--ablate: {field!r} is not a PolicyConfig field")
-            kind = str(types[field])
-            changes[field] = (True if not value else value.lower() == "true") if kind == "bool" else \
-                (int(value) if kind == "int" else float(value))
-        out[name] = PolicyConfig(**changes)
+        out[name] = parse_config(spec)
     return out
 
 
@@ -100,7 +105,7 @@ def main() -> int:
     gavel = MechanismModel.from_gavel(args.traces / "gavel" / "simulation_throughputs.json")
     builtin = MechanismModel.default()
     servers = make_cluster(args.cluster)
-    gandiva_cfg = parse_rules(f"g={args.config}")["g"]
+    gandiva_cfg = parse_config(args.config)
     ablations = parse_rules(args.ablate)
     wanted = set(args.only.split(",")) if args.only else None
     everything: dict[str, Any] = {}
