@@ -12,8 +12,9 @@ the ratios the goals of issue 11 are stated in, with a verdict per goal:
 - mk: makespan <= 1.05x yarn-cs's.
 
 --ablate adds one row per gandiva rule set (see docs/policy.md), e.g.
---ablate paper=,las=las_slices,all=las_slices+slice_growth:0.1+max_jobs_per_gpu:16
-where every rule set is CONFIG_FIELD[:VALUE] joined with +, applied on top of the defaults.
+--ablate paper=las_slices:false+slice_growth:0+max_jobs_per_gpu:4,no-las=las_slices:false
+where every rule set is CONFIG_FIELD[:VALUE] joined with +, applied on top of the defaults
+(which already have las_slices, slice_growth 0.1 and max_jobs_per_gpu 16).
 --plot DIR writes each trace's CDFs and utilization plot into DIR/TRACE/.
 
     .venv/bin/python benchmarks/sim_table.py [--only cluster10,2869ce] [--json OUT] [--plot DIR]
