@@ -321,10 +321,6 @@ class Ledger:
 
     # --- queries ------------------------------------------------------------------
 
-    def ids_in(self, state: str) -> list[str]:
-        """Jobs in ``state``, sorted by id (deterministic)."""
-        return sorted(self.by_state.get(state, ()))
-
     def free_gpus(self, server: str) -> list[GpuRef]:
         """GPUs on the server that no job is bound to, by index."""
         return [GpuRef(server, i) for i in sorted(self._free[server])]
