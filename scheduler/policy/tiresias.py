@@ -155,11 +155,14 @@ class TiresiasPolicy(Policy):
         """GPU-seconds run since the job last entered the first queue."""
         return view.attained_at(now) - self._queues.base.get(view.id, 0.0)
 
-    def _demote_and_promote(self, jobs: dict[str, JobView], now: float) -> None:
+    def _demote_and_promote(self, jobs: dict[str, JobView], now: float) -> dict[str, float]:
+        """Returns ``_executed`` of the running jobs it looked at (for ``_plan_wakeups``)."""
         qs, limits = self._queues, self.config.tiresias_thresholds_gpu_s
+        executed: dict[str, float] = {}
         for q in range(len(limits)):
             for job_id in [j for j in qs.run[q] + qs.tail[q] if jobs[j].state == "RUNNING"]:
-                if self._executed(jobs[job_id], now) >= limits[q]:
+                executed[job_id] = done = self._executed(jobs[job_id], now)
+                if done >= limits[q]:
                     qs.move(job_id, q + 1)
         while qs.promotions and qs.promotions[0][0] <= now:
             _, job_id, since = heapq.heappop(qs.promotions)
@@ -169,6 +172,7 @@ class TiresiasPolicy(Policy):
             qs.base[job_id] = view.attained_at(now)
             del qs.pending_since[job_id]
             qs.move(job_id, 0)
+        return executed
 
     # --- one event ------------------------------------------------------------------
 
@@ -179,7 +183,7 @@ class TiresiasPolicy(Policy):
         jobs = ledger.jobs
         self._file(snapshot)
         qs = self._queues
-        self._demote_and_promote(jobs, now)
+        executed = self._demote_and_promote(jobs, now)
         free = ledger.num_gpus - sum(jobs[j].gpus for j in ledger.by_state.get("MIGRATING", ()))
         # A running job that cannot be stopped (no runtime) keeps its GPUs: never preempted.
         fixed = {j for j in ledger.by_state.get("RUNNING", ()) if not jobs[j].suspendable}
@@ -243,10 +247,10 @@ class TiresiasPolicy(Policy):
             for job_id in sorted(ledger.by_state.get("QUEUED", ())):
                 if job_id not in started:
                     out.append(Queue(job_id, "jobs with less attained service hold the GPUs"))
-        self._plan_wakeups(jobs, now)
+        self._plan_wakeups(jobs, now, executed)
         return out
 
-    def _plan_wakeups(self, jobs: dict[str, JobView], now: float) -> None:
+    def _plan_wakeups(self, jobs: dict[str, JobView], now: float, executed: dict[str, float]) -> None:
         qs, limits = self._queues, self.config.tiresias_thresholds_gpu_s
         for q, part in enumerate(qs.run):
             if q >= len(limits):
@@ -254,7 +258,10 @@ class TiresiasPolicy(Policy):
             for job_id in part:
                 view = jobs[job_id]
                 if view.state == "RUNNING":
-                    self._wake(now + max(0.0, limits[q] - self._executed(view, now)) / view.gpus)
+                    done = executed.get(job_id)
+                    if done is None:  # admitted from the pending part, not yet suspended live
+                        done = self._executed(view, now)
+                    self._wake(now + max(0.0, limits[q] - done) / view.gpus)
         while qs.promotions:
             when, job_id, since = qs.promotions[0]
             if self._promotable(jobs, job_id, since):
