@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim_table import parse_rules  # benchmarks/ is the script's folder
+from sim_table import parse_config  # benchmarks/ is the script's folder
 
 from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
 from scheduler.policy.cluster import Ledger
@@ -146,7 +146,8 @@ def main() -> int:
         return 2
     table = args.throughputs or gavel_table_near(args.trace)
     model = MechanismModel.from_gavel(table) if table else MechanismModel.default()
-    model.spread_override = args.spread_factor
+    if args.spread_factor is not None:
+        model.fix_spread(args.spread_factor)
     servers = make_cluster(args.cluster)
     jobs, factor = scale_to_load(read_trace(args.trace), servers, model, args.target_load)
     bound, critical = makespan_bound(jobs, servers, model)
@@ -161,7 +162,7 @@ def main() -> int:
     for name in args.compare.split(","):
         start = time.perf_counter()
         probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id)
-        policy = get_policy(name, parse_rules(f"g={args.config}")["g"] if name == "gandiva" else None)
+        policy = get_policy(name, parse_config(args.config) if name == "gandiva" else None)
         if name == "gandiva":
             policy = waits[name] = WaitProbe(policy)
         m = summarize(Simulator(jobs, servers, policy, model, observer=probe).run())

@@ -12,8 +12,9 @@ the ratios the goals of issue 11 are stated in, with a verdict per goal:
 - mk: makespan <= 1.05x yarn-cs's.
 
 --ablate adds one row per gandiva rule set (see docs/policy.md), e.g.
---ablate paper=,las=las_slices,all=las_slices+slice_growth:0.1+max_jobs_per_gpu:16
-where every rule set is CONFIG_FIELD[:VALUE] joined with +, applied on top of the defaults.
+--ablate paper=las_slices:false+slice_growth:0+max_jobs_per_gpu:4,no-las=las_slices:false
+where every rule set is CONFIG_FIELD[:VALUE] joined with +, applied on top of the defaults
+(which already have las_slices, slice_growth 0.1 and max_jobs_per_gpu 16).
 --plot DIR writes each trace's CDFs and utilization plot into DIR/TRACE/.
 
     .venv/bin/python benchmarks/sim_table.py [--only cluster10,2869ce] [--json OUT] [--plot DIR]
@@ -51,21 +52,26 @@ def trace_files(root: Path, min_jobs: int) -> list[Path]:
     return itp + gavel
 
 
+def parse_config(spec: str) -> PolicyConfig:
+    """``field[:value]+field...`` into a PolicyConfig on top of the defaults."""
+    types = {f.name: f.type for f in dataclasses.fields(PolicyConfig)}
+    changes: dict[str, Any] = {}
+    for rule in filter(None, spec.split("+")):
+        field, _, value = rule.partition(":")
+        if field not in types:
+            raise SystemExit(f"--ablate: {field!r} is not a PolicyConfig field")
+        kind = str(types[field])
+        changes[field] = (True if not value else value.lower() == "true") if kind == "bool" else \
+            (int(value) if kind == "int" else float(value))
+    return PolicyConfig(**changes)
+
+
 def parse_rules(text: str) -> dict[str, PolicyConfig]:
     """``name=field[:value]+field...,name2=...`` into PolicyConfigs on top of the defaults."""
     out: dict[str, PolicyConfig] = {}
-    types = {f.name: f.type for f in dataclasses.fields(PolicyConfig)}
     for item in filter(None, text.split(",")):
         name, _, spec = item.partition("=")
-        changes: dict[str, Any] = {}
-        for rule in filter(None, spec.split("+")):
-            field, _, value = rule.partition(":")
-            if field not in types:
-                raise SystemExit(f"--ablate: {field!r} is not a PolicyConfig field")
-            kind = str(types[field])
-            changes[field] = (True if not value else value.lower() == "true") if kind == "bool" else \
-                (int(value) if kind == "int" else float(value))
-        out[name] = PolicyConfig(**changes)
+        out[name] = parse_config(spec)
     return out
 
 
@@ -100,7 +106,7 @@ def main() -> int:
     gavel = MechanismModel.from_gavel(args.traces / "gavel" / "simulation_throughputs.json")
     builtin = MechanismModel.default()
     servers = make_cluster(args.cluster)
-    gandiva_cfg = parse_rules(f"g={args.config}")["g"]
+    gandiva_cfg = parse_config(args.config)
     ablations = parse_rules(args.ablate)
     wanted = set(args.only.split(",")) if args.only else None
     everything: dict[str, Any] = {}

@@ -18,9 +18,18 @@ None of these policies keeps any state between calls.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger, Placement, arrival_key
-from scheduler.policy.placement import any_free_filter, best_fit, unallocated_filter
+from scheduler.policy.placement import (
+    Filter,
+    any_free_filter,
+    best_fit,
+    find_placement,
+    missed,
+    unallocated_filter,
+)
 from scheduler.policy.types import ClusterSnapshot, Decision, JobView, Place, PolicyConfig, Queue
 
 
@@ -39,9 +48,13 @@ def local_placement(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
     return exclusive_placement(ledger, job, config)
 
 
+EXCLUSIVE: list[tuple[str, Filter]] = [("exclusive", exclusive_placement)]
+LOCAL: list[tuple[str, Filter]] = [("local", local_placement)]
+
+
 class _Exclusive(Policy):
     strict = False
-    local = False
+    filters: ClassVar[list[tuple[str, Filter]]] = EXCLUSIVE
     queue_by = staticmethod(arrival_key)
 
     def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
@@ -49,29 +62,27 @@ class _Exclusive(Policy):
         out: list[Decision] = []
         blocked_by: str | None = None
         reasons = self.config.queue_reasons
-        # GPU counts that found no room at a ledger version: binds only take GPUs away,
-        # so a later job of that count cannot fit either until something changes.
-        misses: dict[int, int] = {}
+        # GPU counts that found no room at a ledger version (find_placement keeps them):
+        # binds only take GPUs away, so a later job of that count cannot fit either
+        # until something changes.
+        misses: dict[tuple[int, int], int] = {}
 
         def skip(size: int) -> bool:
-            return not reasons and (blocked_by is not None or misses.get(size) == ledger.version)
+            return not reasons and (blocked_by is not None or missed(ledger, misses, self.filters, size))
 
         for job in ledger.queued_in_order(skip):
             if blocked_by is not None:
                 out.append(Queue(job.id, f"behind job {blocked_by} (first come, first served)"))
                 continue
-            gpus = None
-            if misses.get(job.gpus) != ledger.version:
-                gpus = (local_placement if self.local else exclusive_placement)(ledger, job, self.config)
-            if gpus is None:
-                misses[job.gpus] = ledger.version
+            cand = find_placement(ledger, job, self.config, self.filters, misses)
+            if cand is None:
                 if reasons:
                     out.append(Queue(job.id, f"needs {job.gpus} free GPUs"))
                 if self.strict:
                     blocked_by = job.id
                 continue
-            ledger.bind(job.id, gpus, "RUNNING")
-            out.append(Place(job.id, gpus, reason=f"{self.name}: dedicated GPUs"))
+            ledger.bind(job.id, cand.gpus, "RUNNING")
+            out.append(Place(job.id, cand.gpus, reason=f"{self.name}: dedicated GPUs"))
         return out
 
 
@@ -94,4 +105,4 @@ class YarnCsLocalPolicy(_Exclusive):
 
     name = "yarn-cs-local"
     strict = False
-    local = True
+    filters = LOCAL

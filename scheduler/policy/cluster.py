@@ -100,12 +100,12 @@ class Ledger:
         self._n_free = sum(len(f) for f in self._free.values())
         self._over: set[str] = set()
         self.max_server_gpus = max((s.num_gpus for s in self.servers.values()), default=1)
+        # GPUs of the up servers.
+        self.num_gpus = sum(s.num_gpus for s in self.servers.values())
         # Bumped on every change; lets callers cache "nothing fits" answers.
         self.version = 0
         # Jobs whose state or placement this decide() call already changed.
         self.changed: set[str] = set()
-        # The snapshot number last synced to (None: unknown, compare everything).
-        self.seq: int | None = None
         # QUEUED jobs per GPU count, sorted by queue_key; _qkey says where each one is.
         self.queued_by_size: dict[int, list[QueueKey]] = {}
         self._qkey: dict[str, tuple[int, QueueKey]] = {}
@@ -129,10 +129,10 @@ class Ledger:
         servers = snapshot.servers
         if servers is not self.source_servers and servers != self.source_servers:
             return Ledger.of(snapshot, holds, self.order)
+        delta = snapshot.delta_since(self.snapshot.seq)  # the last snapshot synced to
         self.snapshot = snapshot
         touched = self.changed
-        delta = snapshot.delta
-        if delta is not None and self.seq is not None and delta.since == self.seq:
+        if delta is not None:
             jobs = self.jobs
             for jid in delta.removed:
                 if jobs.pop(jid, None) is not None:
@@ -164,7 +164,6 @@ class Ledger:
                 if want:
                     self._bind(jid, want)
         self.changed = set()
-        self.seq = snapshot.seq
         return self
 
     def _forget(self, job_id: str) -> None:
@@ -321,10 +320,6 @@ class Ledger:
         self.changed.add(job_id)
 
     # --- queries ------------------------------------------------------------------
-
-    def ids_in(self, state: str) -> list[str]:
-        """Jobs in ``state``, sorted by id (deterministic)."""
-        return sorted(self.by_state.get(state, ()))
 
     def free_gpus(self, server: str) -> list[GpuRef]:
         """GPUs on the server that no job is bound to, by index."""

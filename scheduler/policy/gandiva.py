@@ -25,6 +25,7 @@ from scheduler.policy.placement import (
     FREE_FILTERS,
     OVERSUBSCRIBE_ONLY,
     find_placement,
+    missed,
     queue_reason,
 )
 from scheduler.policy.state import GandivaState
@@ -98,10 +99,9 @@ class GandivaPolicy(Policy):
         # found no place at this ledger version is not visited at all (find_placement
         # would answer None from its cache); otherwise every queued job is.
         walk_all = self.config.queue_reasons or limit is not None
-        full = id(ALGORITHM_1)
 
         def skip(size: int) -> bool:
-            return not walk_all and misses.get((full, size)) == ledger.version
+            return not walk_all and missed(ledger, misses, ALGORITHM_1, size)
 
         for job in ledger.queued_in_order(skip):
             cand = None

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduler.policy.cluster import Ledger, Placement, queue_key
+from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.types import JobView, PolicyConfig
 
 Filter = Callable[[Ledger, JobView, PolicyConfig], "Placement | None"]
@@ -144,26 +144,27 @@ def find_placement(
     version: the filters look at nothing but the GPU count and the ledger, so a long
     queue costs one search per size until something changes.
     """
-    key = (id(filters), job.gpus)
-    if misses is not None and misses.get(key) == ledger.version:
+    if misses is not None and missed(ledger, misses, filters, job.gpus):
         return None
     for name, fn in filters:
         gpus = fn(ledger, job, config)
         if gpus is not None:
             return Candidate(gpus, name, oversubscribed=name == "oversubscribe")
     if misses is not None:
-        misses[key] = ledger.version
+        misses[(id(filters), job.gpus)] = ledger.version
     return None
 
 
-def queue_order(jobs: list[JobView]) -> list[JobView]:
-    """Higher priority first, then earlier submission (dynamic priority reorders the queue)."""
-    return sorted(jobs, key=queue_key)
+def missed(ledger: Ledger, misses: dict[tuple[int, int], int], filters: list[tuple[str, Filter]],
+           size: int) -> bool:
+    """``find_placement`` with ``filters`` found no place for ``size`` GPUs at this ledger
+    version (so a walk of the queue may skip every job of that size)."""
+    return misses.get((id(filters), size)) == ledger.version
 
 
 def queue_reason(ledger: Ledger, job: JobView) -> str:
     """Why a job found no place, in words a user understands."""
-    total = sum(s.num_gpus for s in ledger.servers.values())
+    total = ledger.num_gpus
     if job.gpus > total:
         return f"needs {job.gpus} GPUs, the cluster's up servers have {total}"
     free = ledger.total_free()

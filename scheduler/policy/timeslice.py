@@ -107,20 +107,21 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[De
                 state.wake_at(ends)
                 continue
         units = group_units(ledger, members, state)
-        waiting = [u for u in units if ledger.state[u[0]] == "SUSPENDED"]
+        # The running unit, if any, comes first; the others wait.
+        running = units[0] if running_ids else ()
+        waiting = units[1:] if running_ids else units
         if not waiting:
             continue
-        if running_ids and config.las_slices:
-            running = tuple(sorted(running_ids))
-            if _next_unit(ledger, [running, *waiting], config, running) == running:
-                # It still has the least attained service: it keeps the GPUs.
-                state.wake_at(_slice_end(now + _slice_of(ledger, running, config, now), config))
-                continue
-        if running_ids:
-            for j in sorted(running_ids):
-                ledger.set_state(j, "SUSPENDED")
-                out.append(Suspend(j, reason=f"time slice of {now - started:.0f}s over"))
-        out.extend(_resume_unit(ledger, _next_unit(ledger, waiting, config), gpus, config, state))
+        # Under las_slices the running unit competes too (and keeps the GPUs if it wins).
+        nxt = _next_unit(ledger, units if config.las_slices else waiting, config, running)
+        if nxt == running:
+            # It still has the least attained service: it keeps the GPUs.
+            state.wake_at(_slice_end(now + _slice_of(ledger, running, config, now), config))
+            continue
+        for j in running:
+            ledger.set_state(j, "SUSPENDED")
+            out.append(Suspend(j, reason=f"time slice of {now - started:.0f}s over"))
+        out.extend(_resume_unit(ledger, nxt, gpus, config, state))
     return out
 
 

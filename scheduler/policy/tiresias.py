@@ -72,22 +72,21 @@ class _Queues:
     def empty(cls, n: int) -> _Queues:
         return cls([[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)])
 
-    def remove(self, job_id: str) -> None:
-        q = self.qid.pop(job_id)
+    def _take_out(self, job_id: str, q: int) -> None:
+        """Out of whichever part of queue ``q`` holds it."""
         for part in (self.run[q], self.tail[q], self.pend[q]):
             if job_id in part:
                 part.remove(job_id)
-                break
+                return
+
+    def remove(self, job_id: str) -> None:
+        self._take_out(job_id, self.qid.pop(job_id))
         self.base.pop(job_id, None)
         self.pending_since.pop(job_id, None)
 
     def move(self, job_id: str, q: int) -> None:
         """To the end of queue ``q``."""
-        old = self.qid[job_id]
-        for part in (self.run[old], self.tail[old], self.pend[old]):
-            if job_id in part:
-                part.remove(job_id)
-                break
+        self._take_out(job_id, self.qid[job_id])
         self.qid[job_id] = q
         self.tail[q].append(job_id)
 
@@ -117,8 +116,8 @@ class TiresiasPolicy(Policy):
         """Add new jobs to the queues and drop departed ones (only the changed ones when
         the snapshot says what changed since the one we saw last)."""
         qs, limits = self._queues, self.config.tiresias_thresholds_gpu_s
-        delta = snapshot.delta
-        if delta is not None and self._seq is not None and delta.since == self._seq:
+        delta = snapshot.delta_since(self._seq)
+        if delta is not None:
             gone: set[str] = set(delta.removed)
             views: tuple[JobView, ...] = delta.changed
         else:
@@ -156,11 +155,14 @@ class TiresiasPolicy(Policy):
         """GPU-seconds run since the job last entered the first queue."""
         return view.attained_at(now) - self._queues.base.get(view.id, 0.0)
 
-    def _demote_and_promote(self, jobs: dict[str, JobView], now: float) -> None:
+    def _demote_and_promote(self, jobs: dict[str, JobView], now: float) -> dict[str, float]:
+        """Returns ``_executed`` of the running jobs it looked at (for ``_plan_wakeups``)."""
         qs, limits = self._queues, self.config.tiresias_thresholds_gpu_s
+        executed: dict[str, float] = {}
         for q in range(len(limits)):
             for job_id in [j for j in qs.run[q] + qs.tail[q] if jobs[j].state == "RUNNING"]:
-                if self._executed(jobs[job_id], now) >= limits[q]:
+                executed[job_id] = done = self._executed(jobs[job_id], now)
+                if done >= limits[q]:
                     qs.move(job_id, q + 1)
         while qs.promotions and qs.promotions[0][0] <= now:
             _, job_id, since = heapq.heappop(qs.promotions)
@@ -170,6 +172,7 @@ class TiresiasPolicy(Policy):
             qs.base[job_id] = view.attained_at(now)
             del qs.pending_since[job_id]
             qs.move(job_id, 0)
+        return executed
 
     # --- one event ------------------------------------------------------------------
 
@@ -180,9 +183,8 @@ class TiresiasPolicy(Policy):
         jobs = ledger.jobs
         self._file(snapshot)
         qs = self._queues
-        self._demote_and_promote(jobs, now)
-        capacity = sum(s.num_gpus for s in snapshot.servers if s.up)
-        free = capacity - sum(jobs[j].gpus for j in ledger.by_state.get("MIGRATING", ()))
+        executed = self._demote_and_promote(jobs, now)
+        free = ledger.num_gpus - sum(jobs[j].gpus for j in ledger.by_state.get("MIGRATING", ()))
         # A running job that cannot be stopped (no runtime) keeps its GPUs: never preempted.
         fixed = {j for j in ledger.by_state.get("RUNNING", ()) if not jobs[j].suspendable}
         free -= sum(jobs[j].gpus for j in fixed)
@@ -245,10 +247,10 @@ class TiresiasPolicy(Policy):
             for job_id in sorted(ledger.by_state.get("QUEUED", ())):
                 if job_id not in started:
                     out.append(Queue(job_id, "jobs with less attained service hold the GPUs"))
-        self._plan_wakeups(jobs, now)
+        self._plan_wakeups(jobs, now, executed)
         return out
 
-    def _plan_wakeups(self, jobs: dict[str, JobView], now: float) -> None:
+    def _plan_wakeups(self, jobs: dict[str, JobView], now: float, executed: dict[str, float]) -> None:
         qs, limits = self._queues, self.config.tiresias_thresholds_gpu_s
         for q, part in enumerate(qs.run):
             if q >= len(limits):
@@ -256,7 +258,10 @@ class TiresiasPolicy(Policy):
             for job_id in part:
                 view = jobs[job_id]
                 if view.state == "RUNNING":
-                    self._wake(now + max(0.0, limits[q] - self._executed(view, now)) / view.gpus)
+                    done = executed.get(job_id)
+                    if done is None:  # admitted from the pending part, not yet suspended live
+                        done = self._executed(view, now)
+                    self._wake(now + max(0.0, limits[q] - done) / view.gpus)
         while qs.promotions:
             when, job_id, since = qs.promotions[0]
             if self._promotable(jobs, job_id, since):

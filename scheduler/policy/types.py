@@ -155,6 +155,12 @@ class ClusterSnapshot:
     seq: int | None = None
     delta: SnapshotDelta | None = None
 
+    def delta_since(self, seq: int | None) -> SnapshotDelta | None:
+        """``delta`` if it is relative to snapshot ``seq`` (so a consumer that saw that one
+        last may apply it alone); None: the consumer compares every job."""
+        delta = self.delta
+        return delta if delta is not None and seq is not None and delta.since == seq else None
+
     @cached_property
     def server_by_name(self) -> dict[str, ServerView]:
         return {s.name: s for s in self.servers}

@@ -84,18 +84,16 @@ class SimBackend:
         self.first_n = first_n
         self.gpus = {GpuRef(s.name, i) for s in servers for i in range(s.num_gpus)}
         self.jobs: dict[str, SimJob] = {}
-        self.on_gpu: dict[GpuRef, set[str]] = {}
-        # The RUNNING jobs on each GPU: only they change each other's rates. (A job
-        # preempted by restart stays bound to its old GPUs, so on_gpu can grow long.)
+        # The RUNNING jobs on each GPU (only they change each other's rates; a job
+        # preempted by restart stays bound to its old GPUs but is not here). A GPU is
+        # busy while it has an entry.
         self.run_on: dict[GpuRef, set[str]] = {}
         self.completions: list[tuple[float, int, str]] = []
         self.busy = 0
-        self.busy_gpus: set[GpuRef] = set()
         # Jobs whose JobView must be rebuilt before the next snapshot.
         self.view_dirty: set[str] = set()
         # Jobs RUNNING now (their progress is reported periodically).
         self.running: set[str] = set()
-        self.dirty_gpus: set[GpuRef] = set()
         self.busy_area = 0.0
         self.busy_t = 0.0
         self.busy_series: list[tuple[float, int]] = [(0.0, 0)]
@@ -109,14 +107,8 @@ class SimBackend:
         self.jobs[job.spec.id] = job
 
     def _track_busy(self, now: float) -> None:
-        """Update the count of GPUs running at least one job (only GPUs that changed)."""
-        for g in self.dirty_gpus:
-            if self.run_on.get(g):
-                self.busy_gpus.add(g)
-            else:
-                self.busy_gpus.discard(g)
-        self.dirty_gpus.clear()
-        busy = len(self.busy_gpus)
+        """Update the count of GPUs running at least one job."""
+        busy = len(self.run_on)
         if busy != self.busy:
             self.busy_area += self.busy * (now - self.busy_t)
             self.busy, self.busy_t = busy, now
@@ -132,20 +124,13 @@ class SimBackend:
         job.anchor_steps, job.anchor_t = min(steps, job.total_steps), now
 
     def _bind(self, job: SimJob, gpus: tuple[GpuRef, ...]) -> None:
-        self.dirty_gpus.update(job.placement)
-        self.dirty_gpus.update(gpus)
-        running = job.state == "RUNNING"
-        if running:
-            self._run_on(job, False)
-        for g in job.placement:
-            self.on_gpu[g].discard(job.spec.id)
-            if not self.on_gpu[g]:
-                del self.on_gpu[g]
-        job.placement = gpus
         for g in gpus:
             if g not in self.gpus:
                 raise ValueError(f"decision for job {job.spec.id} names unknown GPU {g}")
-            self.on_gpu.setdefault(g, set()).add(job.spec.id)
+        running = job.state == "RUNNING"
+        if running:
+            self._run_on(job, False)
+        job.placement = gpus
         if running:
             self._run_on(job, True)
 
@@ -217,7 +202,6 @@ class SimBackend:
             # Its GPU neighbours' rates may change (only running ones have a rate).
             touched.update(j for g in job.placement for j in self.run_on.get(g, ()))
             self._apply_one(job, d, now)
-            self.dirty_gpus.update(job.placement)
             job.last_change = now
             self.view_dirty.add(job.spec.id)
         return touched

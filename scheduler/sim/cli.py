@@ -107,7 +107,8 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
     if args.spread_factor is not None and not 0 < args.spread_factor <= 1:
         raise ValueError(f"--spread-factor must be in (0, 1], got {args.spread_factor}")
     model = MechanismModel.default(costs) if path is None else MechanismModel.from_gavel(path, args.gpu_type, costs)
-    model.spread_override = args.spread_factor
+    if args.spread_factor is not None:
+        model.fix_spread(args.spread_factor)
     return model
 
 

@@ -87,9 +87,6 @@ class MechanismModel:
 
     costs: Costs = field(default_factory=Costs)
     spread_factor: float = DEFAULT_SPREAD_FACTOR
-    # --spread-factor: one factor for every model, over Gavel's per-model ratios too
-    # (1.0 replays a trace's durations as they are, wherever a job is placed).
-    spread_override: float | None = None
     gavel: dict[tuple[str, int], dict] | None = None
     gavel_spread: dict[tuple[str, int], float] | None = None
     source: str = "built-in defaults"
@@ -141,13 +138,16 @@ class MechanismModel:
 
     def spread(self, model: str, gpus: int) -> float:
         """Factor on the rate when the job's GPUs span more than one server."""
-        if self.spread_override is not None:
-            return self.spread_override
         if self.gavel_spread:
             measured = [k for (m, k) in self.gavel_spread if m == model and k <= gpus]
             if measured:
                 return min(1.0, self.gavel_spread[(model, max(measured))])
         return self.spread_factor
+
+    def fix_spread(self, factor: float) -> None:
+        """One spread factor for every model, over Gavel's per-model ratios too
+        (``--spread-factor``; 1.0 replays a trace's durations as they are, wherever a job runs)."""
+        self.spread_factor, self.gavel_spread = factor, None
 
     def packed(self, model: str, other: str, gpus: int) -> float:
         """Factor on ``model``'s alone rate when packed with ``other`` on the same GPUs."""

@@ -76,6 +76,13 @@ def _gpus(text: str, path: Path, line: int) -> int:
     return n
 
 
+def _duration(text: str, path: Path, line: int) -> float:
+    duration = _num(text, "duration", path, line)
+    if duration <= 0:
+        raise TraceError(path, line, f"duration {text!r} must be positive")
+    return duration
+
+
 def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int) -> list[JobSpec]:
     jobs: list[JobSpec] = []
     for line, cols in rows:
@@ -101,9 +108,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str) -> list[J
         if fmt == "itp":
             if len(cols) != 8:
                 raise TraceError(path, line, f"expected 8 ITP columns, got {len(cols)}")
-            duration = _num(cols[7], "duration", path, line)
-            if duration <= 0:
-                raise TraceError(path, line, f"duration {cols[7]!r} must be positive")
+            duration = _duration(cols[7], path, line)
             jobs.append(JobSpec(
                 id=f"{path.stem}-{cols[0]}", submit_time=_num(cols[1], "submission_time", path, line),
                 num_gpus=_gpus(cols[6], path, line), model=cols[3], duration_s=duration,
@@ -120,9 +125,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str) -> list[J
             if len(cols) not in (3, 4):
                 raise TraceError(path, line, f"expected submit_time,num_gpus,duration[,model], "
                                              f"got {len(cols)} columns")
-            duration = _num(cols[2], "duration", path, line)
-            if duration <= 0:
-                raise TraceError(path, line, f"duration {cols[2]!r} must be positive")
+            duration = _duration(cols[2], path, line)
             jobs.append(JobSpec(
                 id=f"{path.stem}-{len(jobs)}", submit_time=_num(cols[0], "submit_time", path, line),
                 num_gpus=_gpus(cols[1], path, line), model=cols[3] if len(cols) == 4 else "",

@@ -35,7 +35,7 @@ EXPECTED_1X8 = {0: (0, 164), 2: (53, 180), 3: (79, 200), 4: (99, 220), 6: (176, 
 
 def _replay(cluster: str) -> tuple[dict, dict[int, tuple[float, float]]]:
     model = MechanismModel.default(Costs(restart_s=0.0))
-    model.spread_override = 1.0
+    model.fix_spread(1.0)
     result = Simulator(read_trace(TRACE), make_cluster(cluster), get_policy("tiresias"), model).run()
     times = {int(j.spec.id.rsplit("-", 1)[1]): (j.first_run_at, j.finished_at) for j in result.jobs}
     return result.counts, times
