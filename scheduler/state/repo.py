@@ -401,7 +401,8 @@ async def expected_incarnations(session: AsyncSession, server: str) -> set[tuple
     placed = select(Placement.job_id).where(Placement.server_name == server)
     q = select(Job.id, Job.incarnation).where(Job.id.in_(placed), Job.state.in_(active))
     pairs = {(job_id, inc) for job_id, inc in (await session.execute(q)).all()}
-    for m in (await session.scalars(select(Migration))).all():
+    involved = select(Migration).where(or_(Migration.dest_server == server, Migration.source_server == server))
+    for m in (await session.scalars(involved)).all():
         if m.dest_server == server:
             pairs.add((m.job_id, m.dest_incarnation))
         if m.source_server == server:
