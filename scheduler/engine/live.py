@@ -175,7 +175,7 @@ class LiveEngine:
             return
         now = self.core.clock()
         async with self.core.tx(read=True) as s:
-            jobs = await repo.list_jobs(s, [JobState.RUNNING])
+            jobs = await repo.running_job_rows(s)
         live = {j.id for j in jobs}
         self._checkpointed = {j: t for j, t in self._checkpointed.items() if j in live}
         for job in jobs:

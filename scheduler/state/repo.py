@@ -143,6 +143,17 @@ async def unfinished_job_rows(session: AsyncSession) -> Sequence:
     return (await session.execute(q)).all()
 
 
+async def running_job_rows(session: AsyncSession) -> Sequence:
+    """(id, incarnation, state_changed_at, migratable) of every running job, as plain
+    rows: the periodic checkpoints read them every scheduling round."""
+    q = (
+        select(Job.id, Job.incarnation, Job.state_changed_at, Job.migratable)
+        .where(Job.state == JobState.RUNNING.value)
+        .order_by(Job.submitted_at, Job.id)
+    )
+    return (await session.execute(q)).all()
+
+
 async def unfinished_profiles(session: AsyncSession) -> dict[str, JobProfile]:
     """Profiles of unfinished jobs only (finished jobs' rows stay for history, but a
     scheduling round has no use for them)."""
