@@ -332,19 +332,17 @@ class LiveEngine:
         except GandivaError:
             self.core.runtimes.unwatch(job_id, incarnation)
             return  # the server went down: its jobs were re-queued with it
-        if not result.ok:
-            self.core.runtimes.unwatch(job_id, incarnation)
         if result.ok:
             # Not one of self._tasks: stopping the engine cancels it rather than waiting.
             watch = asyncio.create_task(self._watch_runtime(job_id, incarnation))
             self._watches.add(watch)
             watch.add_done_callback(self._watches.discard)
             return
+        self.core.runtimes.unwatch(job_id, incarnation)
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation == incarnation and JobState(job.state) in ACTIVE:
-                await repo.transition(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
-                await repo.clear_placement(s, job_id)
+                await repo.finish(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
 
     async def _watch_runtime(self, job_id: str, incarnation: str) -> None:
         """A launch none of whose processes connects a runtime within the deadline is

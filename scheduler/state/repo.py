@@ -230,6 +230,13 @@ async def transition(
     add_event(session, now, "job.state", f"{current.value} -> {target.value}: {reason}", job_id=job.id)
 
 
+async def finish(session: AsyncSession, job: Job, state: JobState, now: float, reason: str) -> None:
+    """To a terminal `state`: no GPUs, no migration in progress."""
+    await transition(session, job, state, now, reason)
+    await clear_placement(session, job.id)
+    await end_migration(session, job.id)
+
+
 async def requeue(
     session: AsyncSession, job: Job, now: float, reason: str, fenced_until: float = 0.0
 ) -> None:

@@ -223,6 +223,25 @@ def test_a_migration_holds_its_destination_gpus(fake: Fake, wait_for: Any, monke
     assert fake.job(waiting).placement[0].server == dest
 
 
+def test_a_launch_failure_reported_mid_migration_ends_the_migration(
+    fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job fails (its launch failed after all) while it migrates: the migration's
+    destination launch is no longer expected anywhere."""
+    plans, release = _blocking_migrate(monkeypatch)
+    job_id = fake.submit()
+    server = wait_for(lambda: (j := fake.job(job_id)).placement and j.placement[0].server)
+    launch = next(c for c in fake.commands(server) if c.WhichOneof("body") == "launch")
+    dest = "b" if server == "a" else "a"
+    fake.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    plan = wait_for(lambda: plans and plans[0])
+    fake.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+        server=server, command_id=launch.command_id, ok=False, message="no such program"))
+    wait_for(lambda: fake.job(job_id).state == common_pb2.JOB_STATE_FAILED)
+    assert fake.heartbeat(dest, (job_id, plan.dest_incarnation)) == [(job_id, plan.dest_incarnation)]
+    release.set()
+
+
 @pytest.mark.parametrize("source_confirms", [True, False])
 def test_failed_stop_for_migration_requeues_only_once_the_source_is_stopped(
     fast: tuple[Any, Fake], wait_for: Any, monkeypatch: pytest.MonkeyPatch, source_confirms: bool
