@@ -492,7 +492,7 @@ class SchedulerCore:
         ]
         async with self.tx() as s:
             await repo.update_gpu_samples(s, req.server, device)
-            known = {j.id for j in await repo.jobs_by_id(s, sorted({x.job_id for x in req.samples if x.job_id}))}
+            known = await repo.known_job_ids(s, (x.job_id for x in req.samples if x.job_id))
             for x in req.samples:
                 if x.job_id in known:  # samples of a job this scheduler never had are dropped
                     values: dict[str, float] = {"utilization": x.utilization}

@@ -124,6 +124,14 @@ async def jobs_by_id(session: AsyncSession, ids: Sequence[str]) -> list[Job]:
     return out
 
 
+async def known_job_ids(session: AsyncSession, ids: Iterable[str]) -> set[str]:
+    """Those of `ids` that are jobs (their ids only: no rows are loaded)."""
+    out: set[str] = set()
+    for chunk in _chunks(sorted(set(ids))):
+        out.update((await session.scalars(select(Job.id).where(Job.id.in_(chunk)))).all())
+    return out
+
+
 SNAPSHOT_COLUMNS = (
     Job.id, Job.gpus, Job.priority, Job.state, Job.submitted_at, Job.steps, Job.rate,
     Job.grow_shrink, Job.migratable, Job.suspendable, Job.state_changed_at, Job.attained_service_s,
