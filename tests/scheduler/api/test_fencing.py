@@ -156,7 +156,7 @@ def test_a_server_back_from_down_is_told_to_stop_its_old_launches(fast: tuple[An
     other = "b" if server == "a" else "a"
     f.alive.discard(server)
     # The job's server falls silent: down, and its job re-placed after the heartbeat timeout.
-    wait_for(lambda: f.job(job_id).placement and f.job(job_id).placement[0].server == other, 10)
+    wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server == other, 10)
     assert f.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
 
 
