@@ -500,7 +500,7 @@ class LiveEngine:
         alive = set(running)
         legacy = set(running_jobs) if not running else set()
         async with self.core.tx(read=True) as s:
-            placed = await repo.jobs_on_server(s, server)
+            placed = await repo.placed_job_rows(s, server)
         placed_ids = {job.id for job in placed}
         # Forget jobs no longer placed here (they ended or moved): the map stays bounded.
         for job_id in [j for j, srv in self.missing_since.items() if srv[1] == server and j not in placed_ids]:

@@ -296,6 +296,14 @@ async def jobs_on_server(session: AsyncSession, server: str) -> Sequence[Job]:
     return (await session.scalars(select(Job).where(Job.id.in_(placed)).order_by(Job.id))).all()
 
 
+async def placed_job_rows(session: AsyncSession, server: str) -> Sequence:
+    """(id, incarnation, state, state_changed_at) of the jobs holding a GPU of `server`,
+    as plain rows: every heartbeat of that server reconciles them."""
+    placed = select(Placement.job_id).where(Placement.server_name == server)
+    q = select(Job.id, Job.incarnation, Job.state, Job.state_changed_at).where(Job.id.in_(placed)).order_by(Job.id)
+    return (await session.execute(q)).all()
+
+
 async def all_placements(session: AsyncSession) -> Sequence[Placement]:
     return (await session.scalars(select(Placement))).all()
 

@@ -160,6 +160,25 @@ def test_a_server_back_from_down_is_told_to_stop_its_old_launches(fast: tuple[An
     assert f.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
 
 
+def test_a_job_its_server_no_longer_runs_is_requeued(fast: tuple[Any, Fake], wait_for: Any) -> None:
+    """The launch was confirmed, but the server's heartbeats stop listing it: after the
+    grace period the job is back in the queue (and placed again)."""
+    _, f = fast
+    job_id = f.submit()
+    server = wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server)
+    launch = next(c for c in f.commands(server) if c.WhichOneof("body") == "launch")
+    f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=server, command_id=launch.command_id, ok=True))
+    other = "b" if server == "a" else "a"
+
+    def lost() -> bool:
+        f.heartbeat(server, ("j-other", "x"))
+        f.heartbeat(other)
+        return any(f"its process on {server} was lost" in t.reason for t in f.job(job_id).history)
+
+    wait_for(lost, 15)
+    assert f.heartbeat(server, (job_id, launch.launch.incarnation)) == [(job_id, launch.launch.incarnation)]
+
+
 def test_a_launch_nobody_confirms_is_withdrawn(fast: tuple[Any, Fake], wait_for: Any) -> None:
     _, f = fast
     f.keep_alive("a", "b")
