@@ -64,8 +64,16 @@ class LiveEngine:
         self._checkpointed: dict[str, float] = {}
         # job id -> (the row it was built from, its JobView), reused while unchanged.
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
-        # Metrics, the decision log and the timeline (gandiva scheduler --http-listen).
-        self.observer = Observer()
+
+    @property
+    def observer(self) -> Observer:
+        """Metrics, the decision log and the timeline (gandiva scheduler --http-listen):
+        the core's, so the engine, its migrations and the core report to one observer."""
+        return self.core.observer
+
+    @observer.setter
+    def observer(self, observer: Observer) -> None:
+        self.core.observer = observer
 
     # ---- the loop ---------------------------------------------------------------
 
