@@ -464,6 +464,8 @@ class LiveEngine:
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id)
             loads = {ld.server.name: ld for ld in await repo.server_loads(s)}
+            # GPUs a migration in progress holds for its destination are not free either.
+            held = {i for m in await repo.migrations(s) if m.dest_server == to_server for i in m.dest_gpus}
         if to_server not in loads:
             raise InvalidArgument("to_server", f"no server named {to_server!r}")
         dest = loads[to_server]
@@ -477,7 +479,7 @@ class LiveEngine:
             raise FailedPrecondition(f"job {job_id} cannot resume from a checkpoint (its loop ignores the restored step); it can only be suspended in place")
         if job_id in dest.job_gpus:
             raise FailedPrecondition(f"job {job_id} already runs on {to_server}")
-        free = [g.index for g in dest.gpus if not dest.jobs_by_gpu.get(g.index)]
+        free = [g.index for g in dest.gpus if not dest.jobs_by_gpu.get(g.index) and g.index not in held]
         if len(free) < job.gpus:
             raise FailedPrecondition(f"server {to_server} has {len(free)} free GPU(s); job {job_id} needs {job.gpus}")
         if job_id in self.inflight:

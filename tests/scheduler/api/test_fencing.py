@@ -261,6 +261,23 @@ def test_a_launch_failure_reported_mid_migration_ends_the_migration(
     release.set()
 
 
+def test_an_operator_cannot_migrate_onto_gpus_another_migration_holds(
+    scheduler_server: Any, wait_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = Fake(scheduler_server.address, {"a": 1, "b": 1, "c": 1})
+    try:
+        _, dest, _, release = _migrating(f, wait_for, monkeypatch)
+        other = f.submit()
+        wait_for(lambda: f.job(other).placement)
+        with pytest.raises(grpc.RpcError) as err:
+            f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=other, to_server=dest))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "0 free GPU(s)" in err.value.details(), err.value.details()
+        release.set()
+    finally:
+        f.close()
+
+
 @pytest.mark.parametrize("source_confirms", [True, False])
 def test_failed_stop_for_migration_requeues_only_once_the_source_is_stopped(
     fast: tuple[Any, Fake], wait_for: Any, monkeypatch: pytest.MonkeyPatch, source_confirms: bool
