@@ -261,6 +261,27 @@ def test_a_launch_failure_reported_mid_migration_ends_the_migration(
     release.set()
 
 
+def test_a_suspended_job_whose_migration_stays_at_the_source_is_suspended_again(
+    fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .test_runtime_api import FakeShim
+
+    _, release = _blocking_migrate(monkeypatch)  # its outcome: stayed at the source
+    release.set()
+    job_id = fake.submit()
+    server, launch = fake.launched(job_id, wait_for)
+    shim = FakeShim(fake.ch, job_id, launch.incarnation)
+    try:
+        fake.api.SuspendJob(scheduler_pb2.JobActionRequest(id=job_id))
+        fake.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server="b" if server == "a" else "a"))
+        job = wait_for(lambda: (j := fake.job(job_id)).history[-1].reason == "still suspended" and j)
+        assert [common_pb2.JobState.Name(t.to_state) for t in job.history[-3:]] == [
+            "JOB_STATE_MIGRATING", "JOB_STATE_RUNNING", "JOB_STATE_SUSPENDED"]
+        assert job.history[-2].reason == "test" and job.state == common_pb2.JOB_STATE_SUSPENDED
+    finally:
+        shim.close()
+
+
 def test_an_operator_cannot_migrate_onto_gpus_another_migration_holds(
     scheduler_server: Any, wait_for: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
