@@ -384,9 +384,7 @@ class SchedulerCore:
                 # source, if the migration fell back to one) must stop too.
                 stops |= {(migration.dest_server, migration.dest_incarnation),
                           (migration.source_server, migration.fallback_incarnation)}
-            await repo.transition(s, job, JobState.KILLED, self.clock(), reason)
-            await repo.clear_placement(s, job_id)
-            await repo.end_migration(s, job_id)
+            await repo.finish(s, job, JobState.KILLED, self.clock(), reason)
         for server, incarnation in sorted(stops):
             self.stop_on(server, job_id, incarnation, reason)
         self.poke()
@@ -494,7 +492,7 @@ class SchedulerCore:
         ]
         async with self.tx() as s:
             await repo.update_gpu_samples(s, req.server, device)
-            known = {j.id for j in await repo.jobs_by_id(s, sorted({x.job_id for x in req.samples if x.job_id}))}
+            known = await repo.known_job_ids(s, (x.job_id for x in req.samples if x.job_id))
             for x in req.samples:
                 if x.job_id in known:  # samples of a job this scheduler never had are dropped
                     values: dict[str, float] = {"utilization": x.utilization}
@@ -526,19 +524,15 @@ class SchedulerCore:
             if state is JobState.MIGRATING and req.exit_code == EXIT_MIGRATED:
                 return  # the source stopping for the migration in progress, as planned
             job.exit_code = req.exit_code
-            if req.exit_code == 0 and state is not JobState.SUSPENDED:
-                await repo.transition(s, job, JobState.SUCCEEDED, now, req.reason or "finished")
-                await repo.clear_placement(s, job.id)
-                await repo.end_migration(s, job.id)
-            elif req.exit_code == EXIT_MIGRATED:
+            if req.exit_code == EXIT_MIGRATED:
                 await repo.requeue(s, job, now, "stopped with a checkpoint; re-placing")
+            elif req.exit_code == 0 and state is not JobState.SUSPENDED:
+                await repo.finish(s, job, JobState.SUCCEEDED, now, req.reason or "finished")
             else:
                 why = req.reason or f"exited with status {req.exit_code}"
                 if state is JobState.SUSPENDED and req.exit_code == 0:
                     why = "its process exited while suspended"
-                await repo.transition(s, job, JobState.FAILED, now, why)
-                await repo.clear_placement(s, job.id)
-                await repo.end_migration(s, job.id)
+                await repo.finish(s, job, JobState.FAILED, now, why)
         self.poke()
 
     async def mark_stale_servers_down(self) -> list[str]:

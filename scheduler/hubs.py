@@ -70,11 +70,6 @@ class HelperHub:
         if box is not None:
             _resolve(box.pending, result.command_id, result)
 
-    def servers(self) -> list[str]:
-        """The servers with a box now (at most the registered ones: a server that goes
-        down loses its box, see fail_all)."""
-        return list(self._boxes)
-
     def fail_all(self, server: str, reason: str) -> None:
         box = self._boxes.pop(server, None)
         if box is not None:

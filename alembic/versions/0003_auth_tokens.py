@@ -1,7 +1,7 @@
 """per-user, operator and helper tokens (only their hashes)
 
 Revision ID: 0003_auth_tokens
-Revises: 0002
+Revises: 0002_fencing_migrations
 Create Date: 2026-11-30
 """
 

@@ -64,8 +64,16 @@ class LiveEngine:
         self._checkpointed: dict[str, float] = {}
         # job id -> (the row it was built from, its JobView), reused while unchanged.
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
-        # Metrics, the decision log and the timeline (gandiva scheduler --http-listen).
-        self.observer = Observer()
+
+    @property
+    def observer(self) -> Observer:
+        """Metrics, the decision log and the timeline (gandiva scheduler --http-listen):
+        the core's, so the engine, its migrations and the core report to one observer."""
+        return self.core.observer
+
+    @observer.setter
+    def observer(self, observer: Observer) -> None:
+        self.core.observer = observer
 
     # ---- the loop ---------------------------------------------------------------
 
@@ -175,7 +183,7 @@ class LiveEngine:
             return
         now = self.core.clock()
         async with self.core.tx(read=True) as s:
-            jobs = await repo.list_jobs(s, [JobState.RUNNING])
+            jobs = await repo.running_job_rows(s)
         live = {j.id for j in jobs}
         self._checkpointed = {j: t for j, t in self._checkpointed.items() if j in live}
         for job in jobs:
@@ -332,19 +340,17 @@ class LiveEngine:
         except GandivaError:
             self.core.runtimes.unwatch(job_id, incarnation)
             return  # the server went down: its jobs were re-queued with it
-        if not result.ok:
-            self.core.runtimes.unwatch(job_id, incarnation)
         if result.ok:
             # Not one of self._tasks: stopping the engine cancels it rather than waiting.
             watch = asyncio.create_task(self._watch_runtime(job_id, incarnation))
             self._watches.add(watch)
             watch.add_done_callback(self._watches.discard)
             return
+        self.core.runtimes.unwatch(job_id, incarnation)
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation == incarnation and JobState(job.state) in ACTIVE:
-                await repo.transition(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
-                await repo.clear_placement(s, job_id)
+                await repo.finish(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
 
     async def _watch_runtime(self, job_id: str, incarnation: str) -> None:
         """A launch none of whose processes connects a runtime within the deadline is
@@ -458,6 +464,8 @@ class LiveEngine:
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id)
             loads = {ld.server.name: ld for ld in await repo.server_loads(s)}
+            # GPUs a migration in progress holds for its destination are not free either.
+            held = {i for m in await repo.migrations(s) if m.dest_server == to_server for i in m.dest_gpus}
         if to_server not in loads:
             raise InvalidArgument("to_server", f"no server named {to_server!r}")
         dest = loads[to_server]
@@ -471,7 +479,7 @@ class LiveEngine:
             raise FailedPrecondition(f"job {job_id} cannot resume from a checkpoint (its loop ignores the restored step); it can only be suspended in place")
         if job_id in dest.job_gpus:
             raise FailedPrecondition(f"job {job_id} already runs on {to_server}")
-        free = [g.index for g in dest.gpus if not dest.jobs_by_gpu.get(g.index)]
+        free = [g.index for g in dest.gpus if not dest.jobs_by_gpu.get(g.index) and g.index not in held]
         if len(free) < job.gpus:
             raise FailedPrecondition(f"server {to_server} has {len(free)} free GPU(s); job {job_id} needs {job.gpus}")
         if job_id in self.inflight:
@@ -502,7 +510,7 @@ class LiveEngine:
         alive = set(running)
         legacy = set(running_jobs) if not running else set()
         async with self.core.tx(read=True) as s:
-            placed = await repo.jobs_on_server(s, server)
+            placed = await repo.placed_job_rows(s, server)
         placed_ids = {job.id for job in placed}
         # Forget jobs no longer placed here (they ended or moved): the map stays bounded.
         for job_id in [j for j, srv in self.missing_since.items() if srv[1] == server and j not in placed_ids]:

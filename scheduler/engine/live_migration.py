@@ -11,6 +11,8 @@ import logging
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from migration_protocol.fast_path import Endpoint, MigrationPlan, Outcome, migrate
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import SchedulerCore, spec_of
@@ -18,7 +20,7 @@ from scheduler.errors import FailedPrecondition, GandivaError
 from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
-from scheduler.state.models import Migration
+from scheduler.state.models import Job, Migration
 
 log = logging.getLogger(__name__)
 
@@ -151,14 +153,18 @@ async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to
             )
         else:
             job.incarnation = result.incarnation
-            back = JobState.SUSPENDED if (was is JobState.SUSPENDED and result.outcome is Outcome.STAYED) else JobState.RUNNING
-            if back is JobState.SUSPENDED:
-                # MIGRATING -> RUNNING -> SUSPENDED keeps the state machine's rules in one place.
-                await repo.transition(s, job, JobState.RUNNING, now, result.reason)
-                await repo.transition(s, job, JobState.SUSPENDED, now, "still suspended")
-            else:
-                await repo.transition(s, job, JobState.RUNNING, now, f"{result.outcome.value}: {result.reason}")
+            still_suspended = was is JobState.SUSPENDED and result.outcome is Outcome.STAYED
+            why = result.reason if still_suspended else f"{result.outcome.value}: {result.reason}"
+            await _roll_back(s, job, now, why, suspended=still_suspended)
     core.poke()
+
+
+async def _roll_back(s: AsyncSession, job: Job, now: float, reason: str, suspended: bool) -> None:
+    """Out of MIGRATING, back to running (and on to suspended when `suspended`):
+    MIGRATING -> RUNNING -> SUSPENDED keeps the state machine's rules in one place."""
+    await repo.transition(s, job, JobState.RUNNING, now, reason)
+    if suspended:
+        await repo.transition(s, job, JobState.SUSPENDED, now, "still suspended")
 
 
 async def _stop_source(core: SchedulerCore, plan: MigrationPlan) -> float:
@@ -199,10 +205,8 @@ async def recover_migrations(core: SchedulerCore) -> list[str]:
                 continue
             if m.step < 0:
                 await repo.end_migration(s, m.job_id)
-                await repo.transition(s, job, JobState.RUNNING, now,
-                                      f"migration to {m.dest_server} rolled back after a scheduler restart (phase {m.phase})")
-                if m.was_state == JobState.SUSPENDED.value:
-                    await repo.transition(s, job, JobState.SUSPENDED, now, "still suspended")
+                await _roll_back(s, job, now, f"migration to {m.dest_server} rolled back after a scheduler restart "
+                                 f"(phase {m.phase})", suspended=m.was_state == JobState.SUSPENDED.value)
             else:
                 stops.append((m.source_server, m.job_id, m.fallback_incarnation))
                 job.restore_checkpoint, job.restore_server = m.checkpoint_path, m.source_server

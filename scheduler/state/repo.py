@@ -124,6 +124,14 @@ async def jobs_by_id(session: AsyncSession, ids: Sequence[str]) -> list[Job]:
     return out
 
 
+async def known_job_ids(session: AsyncSession, ids: Iterable[str]) -> set[str]:
+    """Those of `ids` that are jobs (their ids only: no rows are loaded)."""
+    out: set[str] = set()
+    for chunk in _chunks(sorted(set(ids))):
+        out.update((await session.scalars(select(Job.id).where(Job.id.in_(chunk)))).all())
+    return out
+
+
 SNAPSHOT_COLUMNS = (
     Job.id, Job.gpus, Job.priority, Job.state, Job.submitted_at, Job.steps, Job.rate,
     Job.grow_shrink, Job.migratable, Job.suspendable, Job.state_changed_at, Job.attained_service_s,
@@ -138,6 +146,17 @@ async def unfinished_job_rows(session: AsyncSession) -> Sequence:
     q = (
         select(*SNAPSHOT_COLUMNS)
         .where(Job.state.in_(_UNFINISHED))
+        .order_by(Job.submitted_at, Job.id)
+    )
+    return (await session.execute(q)).all()
+
+
+async def running_job_rows(session: AsyncSession) -> Sequence:
+    """(id, incarnation, state_changed_at, migratable) of every running job, as plain
+    rows: the periodic checkpoints read them every scheduling round."""
+    q = (
+        select(Job.id, Job.incarnation, Job.state_changed_at, Job.migratable)
+        .where(Job.state == JobState.RUNNING.value)
         .order_by(Job.submitted_at, Job.id)
     )
     return (await session.execute(q)).all()
@@ -219,6 +238,13 @@ async def transition(
     add_event(session, now, "job.state", f"{current.value} -> {target.value}: {reason}", job_id=job.id)
 
 
+async def finish(session: AsyncSession, job: Job, state: JobState, now: float, reason: str) -> None:
+    """To a terminal `state`: no GPUs, no migration in progress."""
+    await transition(session, job, state, now, reason)
+    await clear_placement(session, job.id)
+    await end_migration(session, job.id)
+
+
 async def requeue(
     session: AsyncSession, job: Job, now: float, reason: str, fenced_until: float = 0.0
 ) -> None:
@@ -268,6 +294,14 @@ async def jobs_on_server(session: AsyncSession, server: str) -> Sequence[Job]:
     """The jobs holding at least one GPU of `server`."""
     placed = select(Placement.job_id).where(Placement.server_name == server)
     return (await session.scalars(select(Job).where(Job.id.in_(placed)).order_by(Job.id))).all()
+
+
+async def placed_job_rows(session: AsyncSession, server: str) -> Sequence:
+    """(id, incarnation, state, state_changed_at) of the jobs holding a GPU of `server`,
+    as plain rows: every heartbeat of that server reconciles them."""
+    placed = select(Placement.job_id).where(Placement.server_name == server)
+    q = select(Job.id, Job.incarnation, Job.state, Job.state_changed_at).where(Job.id.in_(placed)).order_by(Job.id)
+    return (await session.execute(q)).all()
 
 
 async def all_placements(session: AsyncSession) -> Sequence[Placement]:
@@ -401,7 +435,8 @@ async def expected_incarnations(session: AsyncSession, server: str) -> set[tuple
     placed = select(Placement.job_id).where(Placement.server_name == server)
     q = select(Job.id, Job.incarnation).where(Job.id.in_(placed), Job.state.in_(active))
     pairs = {(job_id, inc) for job_id, inc in (await session.execute(q)).all()}
-    for m in (await session.scalars(select(Migration))).all():
+    involved = select(Migration).where(or_(Migration.dest_server == server, Migration.source_server == server))
+    for m in (await session.scalars(involved)).all():
         if m.dest_server == server:
             pairs.add((m.job_id, m.dest_incarnation))
         if m.source_server == server:

@@ -156,8 +156,27 @@ def test_a_server_back_from_down_is_told_to_stop_its_old_launches(fast: tuple[An
     other = "b" if server == "a" else "a"
     f.alive.discard(server)
     # The job's server falls silent: down, and its job re-placed after the heartbeat timeout.
-    wait_for(lambda: f.job(job_id).placement and f.job(job_id).placement[0].server == other, 10)
+    wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server == other, 10)
     assert f.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
+
+
+def test_a_job_its_server_no_longer_runs_is_requeued(fast: tuple[Any, Fake], wait_for: Any) -> None:
+    """The launch was confirmed, but the server's heartbeats stop listing it: after the
+    grace period the job is back in the queue (and placed again)."""
+    _, f = fast
+    job_id = f.submit()
+    server = wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server)
+    launch = next(c for c in f.commands(server) if c.WhichOneof("body") == "launch")
+    f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=server, command_id=launch.command_id, ok=True))
+    other = "b" if server == "a" else "a"
+
+    def lost() -> bool:
+        f.heartbeat(server, ("j-other", "x"))
+        f.heartbeat(other)
+        return any(f"its process on {server} was lost" in t.reason for t in f.job(job_id).history)
+
+    wait_for(lost, 15)
+    assert f.heartbeat(server, (job_id, launch.launch.incarnation)) == [(job_id, launch.launch.incarnation)]
 
 
 def test_a_launch_nobody_confirms_is_withdrawn(fast: tuple[Any, Fake], wait_for: Any) -> None:
@@ -221,6 +240,63 @@ def test_a_migration_holds_its_destination_gpus(fake: Fake, wait_for: Any, monke
     release.set()  # the migration ends (stays at the source): the GPU is free again
     wait_for(lambda: fake.job(waiting).placement, 10)
     assert fake.job(waiting).placement[0].server == dest
+
+
+def test_a_launch_failure_reported_mid_migration_ends_the_migration(
+    fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job fails (its launch failed after all) while it migrates: the migration's
+    destination launch is no longer expected anywhere."""
+    plans, release = _blocking_migrate(monkeypatch)
+    job_id = fake.submit()
+    server = wait_for(lambda: (j := fake.job(job_id)).placement and j.placement[0].server)
+    launch = next(c for c in fake.commands(server) if c.WhichOneof("body") == "launch")
+    dest = "b" if server == "a" else "a"
+    fake.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    plan = wait_for(lambda: plans and plans[0])
+    fake.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+        server=server, command_id=launch.command_id, ok=False, message="no such program"))
+    wait_for(lambda: fake.job(job_id).state == common_pb2.JOB_STATE_FAILED)
+    assert fake.heartbeat(dest, (job_id, plan.dest_incarnation)) == [(job_id, plan.dest_incarnation)]
+    release.set()
+
+
+def test_a_suspended_job_whose_migration_stays_at_the_source_is_suspended_again(
+    fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .test_runtime_api import FakeShim
+
+    _, release = _blocking_migrate(monkeypatch)  # its outcome: stayed at the source
+    release.set()
+    job_id = fake.submit()
+    server, launch = fake.launched(job_id, wait_for)
+    shim = FakeShim(fake.ch, job_id, launch.incarnation)
+    try:
+        fake.api.SuspendJob(scheduler_pb2.JobActionRequest(id=job_id))
+        fake.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server="b" if server == "a" else "a"))
+        job = wait_for(lambda: (j := fake.job(job_id)).history[-1].reason == "still suspended" and j)
+        assert [common_pb2.JobState.Name(t.to_state) for t in job.history[-3:]] == [
+            "JOB_STATE_MIGRATING", "JOB_STATE_RUNNING", "JOB_STATE_SUSPENDED"]
+        assert job.history[-2].reason == "test" and job.state == common_pb2.JOB_STATE_SUSPENDED
+    finally:
+        shim.close()
+
+
+def test_an_operator_cannot_migrate_onto_gpus_another_migration_holds(
+    scheduler_server: Any, wait_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = Fake(scheduler_server.address, {"a": 1, "b": 1, "c": 1})
+    try:
+        _, dest, _, release = _migrating(f, wait_for, monkeypatch)
+        other = f.submit()
+        wait_for(lambda: f.job(other).placement)
+        with pytest.raises(grpc.RpcError) as err:
+            f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=other, to_server=dest))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "0 free GPU(s)" in err.value.details(), err.value.details()
+        release.set()
+    finally:
+        f.close()
 
 
 @pytest.mark.parametrize("source_confirms", [True, False])
