@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
 import time
@@ -83,8 +84,6 @@ def run_helper(args: argparse.Namespace) -> int:
     try:
         security = ClientSecurity.from_env(args.token, args.tls_ca, args.tls_cert, args.tls_key)
         tls = ServerTls.from_flags(args.tls_cert, args.tls_key, args.tls_client_ca)
-        if not args.max_transfer_gib > 0:
-            raise ConfigError(f"--max-transfer-gib {args.max_transfer_gib}: must be positive")
         config = HelperConfig(
             server_name=args.server_name,
             scheduler=scheduler_address(args.scheduler),
@@ -99,7 +98,8 @@ def run_helper(args: argparse.Namespace) -> int:
             security=security,
             tls=tls,
             insecure=args.insecure,
-            max_transfer_bytes=int(args.max_transfer_gib * (1 << 30)),
+            # NaN and negative sizes fail in HelperConfig, which names the flag.
+            max_transfer_bytes=_gib_to_bytes(args.max_transfer_gib),
         )
     except (ConfigError, SecurityError) as exc:
         print(f"gandiva helper: {exc}", file=sys.stderr)
@@ -119,6 +119,15 @@ def run_helper(args: argparse.Namespace) -> int:
         print(f"gandiva helper: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _gib_to_bytes(gib: float) -> int:
+    """GiB as bytes; NaN or infinity as 0 or -1 (refused by HelperConfig, which names the flag)."""
+    if math.isnan(gib):
+        return 0
+    if math.isinf(gib):
+        return -1 if gib < 0 else 1 << 62
+    return int(gib * (1 << 30))
 
 
 async def _serve(config: HelperConfig, http_listen: str = "") -> None:

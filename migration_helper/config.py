@@ -69,6 +69,10 @@ class HelperConfig:
             raise ConfigError(f"--lease {self.lease_s}: must be positive")
         if self.sample_interval_s <= 0 or self.report_interval_s <= 0:
             raise ConfigError("sample and report intervals must be positive")
+        if not self.max_transfer_bytes > 0:
+            raise ConfigError(f"--max-transfer-gib {self.max_transfer_bytes / (1 << 30):g} "
+                              f"(max_transfer_bytes {self.max_transfer_bytes}): must be positive; "
+                              "it caps the checkpoint a peer may stream in")
 
     @property
     def ramdisk_dir(self) -> Path:

@@ -87,3 +87,20 @@ async def test_a_checkpoint_over_the_cap_is_refused_and_leaves_nothing(tmp_path:
     with pytest.raises(TransferTooLarge):
         await ramdisk.receive(chunks())
     assert list((tmp_path / "rd").rglob("*.data")) == []
+
+
+def test_the_transfer_cap_is_checked_by_the_helpers_settings(tmp_path: Path) -> None:
+    """Whoever builds a HelperConfig (the CLI, a test, an embedding program) gets the
+    same clear refusal of a cap that is not a positive size, naming the flag."""
+    import pytest
+
+    from migration_helper.config import ConfigError, HelperConfig
+
+    for bad in (0, -1, -(64 << 30)):
+        with pytest.raises(ConfigError, match="--max-transfer-gib.*must be positive"):
+            HelperConfig(server_name="s1", ramdisk=tmp_path, max_transfer_bytes=bad)
+    assert HelperConfig(server_name="s1", max_transfer_bytes=1).max_transfer_bytes == 1
+    for flag in ("0", "-2", "nan", "-inf"):
+        out = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "helper", "--server-name", "s1",
+                              f"--max-transfer-gib={flag}"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "--max-transfer-gib" in out.stderr and "must be positive" in out.stderr, out
