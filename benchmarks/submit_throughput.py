@@ -57,12 +57,17 @@ def make_token(db_url: str, name: str, *role: str) -> str:
 
 
 def start(db_url: str, workdir: Path, extra: list[str] | None = None,
-          log: IO[str] | None = None) -> tuple[subprocess.Popen, str]:
+          log: IO[str] | None = None, profile: Path | None = None) -> tuple[subprocess.Popen, str]:
     """A scheduler process (``extra`` flags win over the defaults); its address once it listens.
-    ``log``: where its output goes (default: this process's)."""
+    ``log``: where its output goes (default: this process's). ``profile``: run it under
+    benchmarks/sampler.py, whose report goes to that file when it stops (SIGTERM is a
+    graceful stop)."""
     port_file = workdir / f"port-{uuid.uuid4().hex}"
+    sampler = str(Path(__file__).with_name("sampler.py"))
+    gandiva = GANDIVA if profile is None else [sys.executable, sampler, "-o", str(profile),
+                                                "-m", "scheduler.cli.main"]
     proc = subprocess.Popen(
-        [*GANDIVA, "scheduler", "--listen", "127.0.0.1:0",
+        [*gandiva, "scheduler", "--listen", "127.0.0.1:0",
          "--db", db_url, "--port-file", str(port_file), "--log-level", "WARNING", *(extra or [])],
         env={**os.environ, "GANDIVA_HOME": str(workdir)}, stdout=log, stderr=log,
     )

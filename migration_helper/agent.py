@@ -19,22 +19,47 @@ from migration_helper.ramdisk import (
     checkpoint_chunks,
 )
 from protos.gandiva.v1 import helper_pb2, helper_pb2_grpc
+from scheduler import auth
+from scheduler.errors import PermissionDenied, Unauthenticated
 from scheduler.transport import ClientSecurity, aio_channel
 
 log = logging.getLogger(__name__)
 
 
 class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
-    def __init__(self, ramdisk: Ramdisk) -> None:
+    """Takes checkpoints streamed by peers into the ramdisk.
+
+    With a helper token (``token``), a stream is taken only with the scheduler's
+    transfer ticket for this helper and the stream's job (scheduler.auth): the
+    scheduler issues one only with a TransferCheckpoint to a registered helper, so
+    only registered helpers sending what the scheduler asked for get in, whatever
+    certificate they hold. Without a token (a cluster without --auth token) only
+    TLS (``--tls-client-ca``) guards this port."""
+
+    def __init__(self, ramdisk: Ramdisk, token: str = "") -> None:
         self._ramdisk = ramdisk
+        self._token = token
 
     async def PutCheckpoint(
         self,
         request_iterator: AsyncIterator[helper_pb2.CheckpointChunk],
         context: grpc.aio.ServicerContext,
     ) -> helper_pb2.PutCheckpointResponse:
+        chunks = request_iterator
+        if self._token:
+            ticket = next((v for k, v in context.invocation_metadata() or () if k == auth.TICKET_HEADER), "")
+            # The ticket names the job: read the first chunk (which names it) before anything is written.
+            first = await anext(aiter(request_iterator), None)
+            try:
+                auth.check_transfer_ticket(self._token, str(ticket), first.job_id if first else "")
+            except Unauthenticated as exc:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+            except PermissionDenied as exc:
+                log.warning("checkpoint stream from %s refused: %s", context.peer(), exc)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            chunks = _prepend(first, request_iterator)
         try:
-            path, size = await self._ramdisk.receive(request_iterator)
+            path, size = await self._ramdisk.receive(chunks)
         except CheckpointExists as exc:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
         except TransferTooLarge as exc:
@@ -46,11 +71,21 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
         return helper_pb2.PutCheckpointResponse(path=str(path), bytes=size)
 
 
+async def _prepend(
+    first: helper_pb2.CheckpointChunk | None, rest: AsyncIterator[helper_pb2.CheckpointChunk]
+) -> AsyncIterator[helper_pb2.CheckpointChunk]:
+    if first is not None:
+        yield first
+        async for chunk in rest:
+            yield chunk
+
+
 async def send_checkpoint(
     address: str, directory: Path, job_id: str, name: str | None = None, timeout_s: float = 300.0,
-    security: ClientSecurity | None = None,
+    security: ClientSecurity | None = None, ticket: str = "",
 ) -> helper_pb2.PutCheckpointResponse:
     """Stream ``directory`` to the HelperAgent at ``address``; returns where it landed.
+    ``ticket``: the scheduler's transfer ticket for that helper and job.
 
     Raises CheckpointError for a bad local directory and grpc.aio.AioRpcError when the
     peer refuses it or is unreachable.
@@ -61,6 +96,7 @@ async def send_checkpoint(
     async with aio_channel(address, security) as channel:
         stub = helper_pb2_grpc.HelperAgentStub(channel)
         response: helper_pb2.PutCheckpointResponse = await stub.PutCheckpoint(
-            itertools.chain([first], chunks), timeout=timeout_s
+            itertools.chain([first], chunks), timeout=timeout_s,
+            metadata=((auth.TICKET_HEADER, ticket),) if ticket else None,
         )
         return response

@@ -30,6 +30,9 @@ from scheduler.transport import add_port, aio_channel, check_exposure
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 5.0
+# How long a transfer to an address not (yet) in the registered-helpers list waits for
+# the next heartbeat answer before it is refused: at least two default heartbeats.
+PEER_WAIT_S = 5.0
 MAX_BACKOFF_S = 2.0
 HOUSEKEEPING_S = 60.0
 MAX_REMEMBERED_COMMANDS = 10_000
@@ -60,7 +63,13 @@ class HelperDaemon:
             stop_grace_s=config.stop_grace_s,
             security=config.security,
             roots=[config.ramdisk_dir, *([config.shared_root] if config.shared_root else [])],
+            peer_check=self.not_a_peer,
         )
+        # The registered helpers' agents, address -> name, as the scheduler last sent them
+        # in a heartbeat answer (with their version): checkpoints go only to these.
+        self.peers: dict[str, str] = {}
+        self._peers_version = 0
+        self._peers_updated = asyncio.Condition()
         self.sampler = Sampler(
             self.backend, lambda: self.jobs.processes.values(), config.sample_interval_s
         )
@@ -82,7 +91,8 @@ class HelperDaemon:
     async def start(self) -> None:
         self.ramdisk.prepare()
         self._server = grpc.aio.server()
-        helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(self.ramdisk), self._server)
+        helper_pb2_grpc.add_HelperAgentServicer_to_server(
+            HelperAgentServicer(self.ramdisk, self.config.security.token), self._server)
         warning = check_exposure(self.config.listen, self.config.tls, self.config.tls is not None
                                  and bool(self.config.tls.client_ca), self.config.insecure,
                                  f"helper {self.config.server_name}'s agent", auth_flag="--tls-client-ca")
@@ -242,16 +252,38 @@ class HelperDaemon:
                     name=self.config.server_name,
                     running_jobs=sorted({j for j, _ in pairs}),
                     running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs],
+                    peers_version=self._peers_version,
                 ),
                 timeout=RPC_TIMEOUT_S,  # the lease watchdog runs apart: a slow answer freezes nothing early
             )
             if not reply.known:
                 raise SessionEnded("the scheduler does not know this server; registering again")
+            async with self._peers_updated:
+                if reply.peers_version != self._peers_version and reply.peers:
+                    self.peers = {p.address: p.name for p in reply.peers}
+                    self._peers_version = reply.peers_version
+                self._peers_updated.notify_all()
             # Stale launches die first; then, the lease renewed, the others may train again.
             for stop in reply.stop:
                 self.jobs.fence(stop.job_id, stop.incarnation)
             self._lease_renewed(sent_at)
             await asyncio.sleep(interval)
+
+    async def not_a_peer(self, address: str) -> str:
+        """Why ``address`` is not the agent of a registered helper ("" when it is). An
+        address not in the list waits for the next heartbeat answer first: a helper
+        that registered moments ago may not be in the copy this helper holds yet."""
+        if address in self.peers:
+            return ""
+        try:
+            async with self._peers_updated:
+                await asyncio.wait_for(self._peers_updated.wait_for(lambda: address in self.peers),
+                                       PEER_WAIT_S)
+            return ""
+        except asyncio.TimeoutError:
+            return (f"{address} is not the agent address of a registered helper (the scheduler "
+                    f"lists {len(self.peers)}: {', '.join(sorted(self.peers)[:5]) or 'none yet'}); "
+                    "a checkpoint is streamed only to the scheduler's registered helpers")
 
     def _lease_renewed(self, sent_at: float) -> None:
         """A heartbeat sent at `sent_at` was answered: the lease runs from then."""

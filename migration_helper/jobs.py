@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,9 +52,12 @@ class JobTable:
         first_step_timeout_s: float = 600.0,
         security: ClientSecurity | None = None,
         roots: Sequence[Path] = (),
+        peer_check: Callable[[str], Awaitable[str]] | None = None,
     ) -> None:
         # The helper's credentials: each launch gets a runtime token derived from them.
         self.security = security or ClientSecurity()
+        # Why an address is not a registered helper's agent ("" when it is); None: no check.
+        self.peer_check = peer_check
         # Checkpoint paths a command names must lie under one of these (empty: anywhere).
         self.roots = [r.resolve() for r in roots]
         self.server = server
@@ -222,10 +225,14 @@ class JobTable:
     async def transfer(self, req: helper_pb2.TransferCheckpoint) -> Result:
         if not req.dest_address:
             raise CommandFailed("transfer: dest_address is required")
+        # A checkpoint is the job's data: it goes only to a helper the scheduler registered.
+        refusal = await self.peer_check(req.dest_address) if self.peer_check is not None else ""
+        if refusal:
+            raise CommandFailed(f"transfer: {refusal}")
         t0 = time.monotonic()
         sent = await send_checkpoint(
             req.dest_address, Path(req.checkpoint_path), req.job_id, req.checkpoint_name or None,
-            security=self.security,
+            security=self.security, ticket=req.ticket,
         )
         result = Result(checkpoint_path=sent.path, message=f"{sent.bytes} bytes")
         result.durations_s["transfer"] = time.monotonic() - t0

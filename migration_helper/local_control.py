@@ -99,7 +99,11 @@ class LocalControl(helper_pb2_grpc.HelperServicer, runtime_pb2_grpc.RuntimeServi
     async def Heartbeat(self, request, context):  # type: ignore[no-untyped-def]
         self.heartbeats[request.name] = request
         self._notify()
-        return helper_pb2.HeartbeatResponse(known=self.known and request.name in self.servers)
+        known = self.known and request.name in self.servers
+        # As the scheduler does: the registered helpers, whose agents alone get checkpoints.
+        peers = [helper_pb2.Peer(name=r.name, address=r.address) for r in self.servers.values()]
+        version = len(self.registrations) * 1_000_003 + sum(self.registrations.values())
+        return helper_pb2.HeartbeatResponse(known=known, peers=peers if known else [], peers_version=version)
 
     async def ReportGpuSamples(self, request, context):  # type: ignore[no-untyped-def]
         self.samples.append(request)

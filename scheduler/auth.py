@@ -17,9 +17,11 @@ trusted as an operator; spec.user is then what the client says.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
+import math
 import re
 import secrets
 import time
@@ -100,6 +102,47 @@ def _mac(key_hex: str, job_id: str, incarnation: str) -> str:
     return hmac.new(bytes.fromhex(key_hex), f"{job_id}\n{incarnation}".encode(), hashlib.sha256).hexdigest()
 
 
+# ---- transfer tickets: the scheduler vouches for a checkpoint stream to a helper ------------
+
+# The gRPC metadata key a helper sends a peer's agent its ticket under.
+TICKET_HEADER = "gandiva-transfer-ticket"
+# How long a ticket stays good (the transfer of a large checkpoint included).
+TICKET_S = 3600.0
+
+
+def transfer_ticket(dest_token_hash: str, dest: str, job_id: str, expires: float) -> str:
+    """``gdvt.EXPIRES.MAC``: the scheduler's leave for one job's checkpoint to be
+    streamed into helper ``dest``'s agent until ``expires`` (Unix time).
+    MAC = HMAC-SHA256(key = sha256(dest's helper token), "transfer\nDEST\nJOB\nEXPIRES"):
+    only the scheduler (which stores that hash) can make one, and only ``dest`` (which
+    holds the token) can check it; no secret crosses the wire."""
+    stamp = f"{int(expires)}"
+    return f"gdvt.{stamp}.{_ticket_mac(dest_token_hash, dest, job_id, stamp)}"
+
+
+def _ticket_mac(key_hex: str, dest: str, job_id: str, stamp: str) -> str:
+    return hmac.new(bytes.fromhex(key_hex), f"transfer\n{dest}\n{job_id}\n{stamp}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def check_transfer_ticket(own_token: str, ticket: str, job_id: str, now: float | None = None) -> None:
+    """On the destination helper (whose token is ``own_token``): the ticket must be the
+    scheduler's, for this helper and this job, and not expired; else PermissionDenied
+    (Unauthenticated when there is none), saying which."""
+    if not ticket:
+        raise Unauthenticated("this helper's agent takes checkpoints only from the scheduler's "
+                              "registered helpers: the stream carries no transfer ticket (the "
+                              "scheduler issues one with each TransferCheckpoint when --auth token is on)")
+    parts = ticket.split(".")
+    me = own_token.split(".")[1] if own_token.count(".") >= 2 else ""
+    if len(parts) != 3 or parts[0] != "gdvt" or not parts[1].isdigit():
+        raise PermissionDenied("the transfer ticket is malformed")
+    if not hmac.compare_digest(parts[2], _ticket_mac(digest(own_token), me, job_id, parts[1])):
+        raise PermissionDenied(f"the transfer ticket is not the scheduler's for job {job_id!r} to helper {me!r}")
+    if int(parts[1]) < (time.time() if now is None else now):
+        raise PermissionDenied("the transfer ticket has expired; the scheduler issues a new one with the next migration")
+
+
 # ---- the token store ---------------------------------------------------------------
 
 
@@ -130,17 +173,49 @@ async def list_tokens(session: Any) -> list[AuthToken]:
     return list((await session.scalars(select(AuthToken).order_by(AuthToken.name))).all())
 
 
+# Up to this many tokens, the whole table is read at once (one query per CACHE_S
+# however many helpers and users call); past it, each name is read on its own.
+TABLE_MAX = 10_000
+
+
 class Authenticator:
     """Turns a bearer token into an Identity, with a short cache so the database is
-    not read on every call (a revocation takes effect within CACHE_S)."""
+    not read on every call (a revocation takes effect within CACHE_S).
+
+    The cache is the whole tokens table, read at most once per CACHE_S while calls
+    come (a busy cluster's hundred helpers cost one query, not one per helper); a
+    name not in it (created since, or unknown) is read on its own and cached alike."""
 
     def __init__(self, sessions: Callable[[], Any], clock: Callable[[], float] = time.monotonic) -> None:
         self._sessions = sessions
         self._clock = clock
         self._rows: dict[str, tuple[float, tuple[str, str] | None]] = {}
+        self._table: dict[str, tuple[str, str] | None] = {}
+        self._table_at = -math.inf
+        self._refreshing: asyncio.Lock | None = None
+
+    async def _refresh(self) -> None:
+        """Read the tokens table (one caller reads; the others wait for its answer)."""
+        if self._refreshing is None:
+            self._refreshing = asyncio.Lock()
+        async with self._refreshing:
+            if self._clock() - self._table_at < CACHE_S:
+                return  # read meanwhile by another call
+            now = self._clock()
+            q = select(AuthToken.name, AuthToken.role, AuthToken.token_hash, AuthToken.revoked_at).limit(TABLE_MAX + 1)
+            async with self._sessions() as s:
+                rows = (await s.execute(q)).all()
+            table = {n: ((role, h) if not revoked else None) for n, role, h, revoked in rows}
+            self._rows.clear()
+            # Too many to read whole every CACHE_S: from now on each name on its own.
+            self._table, self._table_at = (table, now) if len(table) <= TABLE_MAX else ({}, math.inf)
 
     async def _row(self, name: str) -> tuple[str, str] | None:
         """(role, token hash) of a live token, None if unknown or revoked."""
+        if self._clock() - self._table_at >= CACHE_S:
+            await self._refresh()
+        if name in self._table:
+            return self._table[name]
         now = self._clock()
         hit = self._rows.get(name)
         if hit is not None and now - hit[0] < CACHE_S:

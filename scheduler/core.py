@@ -5,6 +5,7 @@ watchers only after their transaction commits."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -12,7 +13,9 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
+from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -33,6 +36,8 @@ from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
 from scheduler.validation import default_name, validate_members, validate_spec
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Exit code agreed with tf_runtime (tf_runtime.EXIT_MIGRATED): stopped for a migration.
 EXIT_MIGRATED = 75
@@ -189,6 +194,8 @@ class SchedulerCore:
         self.observer = Observer()
         # (GPUs, name) of the largest server, for the submission check; None: not read yet.
         self._largest: tuple[int, str] | None = None
+        # (version, [(name, agent address)]) of the registered helpers; None: read again.
+        self._peers: tuple[int, list[tuple[str, str]]] | None = None
 
     # ---- transactions ---------------------------------------------------------
 
@@ -225,6 +232,23 @@ class SchedulerCore:
                     lock.release()
         if wrote_events:
             await self.events.publish()
+
+    async def write_sync(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(connection)`` in one write transaction of plain (Core) statements, for the
+        busiest writes. On SQLite it runs whole on the writer thread: one hop off the
+        event loop instead of one per statement; elsewhere through the async engine.
+        ``fn`` must not add events (watchers are not woken)."""
+        with _db_errors():
+            if self._sync_writer is not None:
+                assert self._write_lock is not None
+                async with self._write_lock:
+                    return await asyncio.get_running_loop().run_in_executor(
+                        self._writer_thread, self._sync_writer.call, fn)
+            if self._write_lock is not None:  # an in-memory SQLite database (tests)
+                async with self._write_lock, self.engine.begin() as conn:
+                    return await conn.run_sync(fn)
+            async with self.engine.begin() as conn:
+                return await conn.run_sync(fn)
 
     def poke(self) -> None:
         self.wake.set()
@@ -439,6 +463,7 @@ class SchedulerCore:
                 s, req.name, req.address, gpus, req.ramdisk, req.shared_root, now
             )
             self._largest = await repo.largest_server(s)
+            self._peers = None  # a new helper, or one at a new address
             repo.add_event(
                 s,
                 now,
@@ -448,6 +473,17 @@ class SchedulerCore:
             )
         self.poke()
 
+    async def peers(self) -> tuple[int, list[tuple[str, str]]]:
+        """(version, [(name, agent address)]) of the registered helpers: the only agents a
+        helper streams checkpoints to. The version is a digest of the list, so it is the
+        same after a scheduler restart if the list is."""
+        if self._peers is None:
+            async with self.tx(read=True) as s:
+                agents = await repo.helper_agents(s)
+            digest = hashlib.sha256(repr(agents).encode()).digest()
+            self._peers = (int.from_bytes(digest[:7], "big") or 1, agents)
+        return self._peers
+
     async def known_server(self, name: str) -> None:
         """NotFound unless `name` is registered (its helper must Register first)."""
         async with self.tx(read=True) as s:
@@ -455,15 +491,28 @@ class SchedulerCore:
 
     async def heartbeat(
         self, name: str, running: Sequence[tuple[str, str]] = ()
-    ) -> tuple[bool, list[helper_pb2.StopJob]]:
+    ) -> tuple[bool, list[helper_pb2.StopJob], Sequence | None]:
         """Record a heartbeat; (whether the server is known, the processes it runs that
-        the scheduler does not expect there and that must stop).
+        the scheduler does not expect there and that must stop, the rows of the jobs
+        placed there for LiveEngine.reconcile_server, or None when not read).
 
         `running`: the (job, incarnation) pairs the helper runs. A pair is stale when
         the job ended, moved, was re-placed while this server was cut off, or that
         launch was withdrawn: only the current launch (and a migration's destination
-        or fallback) may run, which keeps at most one live copy of every job."""
+        or fallback) may run, which keeps at most one live copy of every job.
+
+        A server that is up and runs nothing stale (nearly every heartbeat) takes one
+        transaction of plain statements (repo.heartbeat_fast); otherwise the full path."""
         now = self.clock()
+        beat = await self.write_sync(lambda conn: repo.heartbeat_fast(conn, name, now, running))
+        if beat is not None and not beat.stale:
+            return True, [], beat.placed
+        known, stop = await self._heartbeat_full(name, now, running)
+        return known, stop, None
+
+    async def _heartbeat_full(
+        self, name: str, now: float, running: Sequence[tuple[str, str]]
+    ) -> tuple[bool, list[helper_pb2.StopJob]]:
         async with self.tx() as s:
             server = await repo.heartbeat(s, name, now)
             if server is None:
@@ -597,17 +646,8 @@ class SchedulerCore:
         if not batch:
             return
         now = self.clock()
-        async with self.tx() as s:
-            for job in await repo.jobs_by_id(s, list(batch)):
-                incarnation, steps, rate, last_step_s, metrics = batch[job.id]
-                if incarnation != job.incarnation:
-                    continue  # an older launch, or a pre-warmed destination not yet current
-                job.steps = max(job.steps, steps)
-                job.rate = rate
-                job.last_step_s = last_step_s
-                if metrics:
-                    job.metrics = {**(job.metrics or {}), **metrics}
-                job.updated_at = now
+        # Batched plain UPDATEs (no ORM objects), on SQLite off the event loop.
+        await self.write_sync(lambda conn: repo.write_progress(conn, batch, now))
 
     async def record_migratability(self, job_id: str, migratable: bool, reason: str) -> None:
         async with self.tx() as s:

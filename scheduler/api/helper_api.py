@@ -58,10 +58,17 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         if len(request.running_jobs) > MAX_RUNNING_JOBS or len(request.running) > MAX_RUNNING_JOBS:
             raise InvalidArgument("running", f"more than {MAX_RUNNING_JOBS} jobs")
         running = [(r.job_id, r.incarnation) for r in request.running]
-        known, stop = await self.core.heartbeat(request.name, running)
-        if known:
-            await self.engine.reconcile_server(request.name, running, request.running_jobs)
-        return helper_pb2.HeartbeatResponse(known=known, stop=stop)
+        known, stop, placed = await self.core.heartbeat(request.name, running)
+        if not known:
+            return helper_pb2.HeartbeatResponse(known=False)
+        await self.engine.reconcile_server(request.name, running, request.running_jobs, placed)
+        reply = helper_pb2.HeartbeatResponse(known=True, stop=stop)
+        # The registered helpers, when the helper's copy is out of date.
+        version, agents = await self.core.peers()
+        reply.peers_version = version
+        if request.peers_version != version:
+            reply.peers.extend(helper_pb2.Peer(name=n, address=a) for n, a in agents)
+        return reply
 
     @grpc_errors
     async def ReportGpuSamples(self, request, context):  # type: ignore[no-untyped-def]

@@ -46,6 +46,8 @@ class LiveEngine:
         self.tick_s = tick_s
         # At most this often a round, however many wake-ups arrive in between.
         self.min_gap_s = 0.2
+        # After a round that took T seconds, the next waits at least round_pause * T.
+        self.round_pause = 1.0
         # How long a round waits for suspensions before placing onto the same GPUs.
         self.vacate_timeout_s = 10.0
         self.scheduler_address = scheduler_address
@@ -83,6 +85,7 @@ class LiveEngine:
         except GandivaError as err:
             log.warning("recovery after start skipped: %s", err)
         while not self._stopping:
+            began = time.monotonic()
             try:
                 await self.core.mark_stale_servers_down()
                 await self.tick()
@@ -91,13 +94,16 @@ class LiveEngine:
                 log.warning("scheduling round skipped: %s", err)
             except Exception:  # a bug in one round must not stop scheduling for good
                 log.exception("scheduling round failed")
+            took = time.monotonic() - began
             try:
                 await asyncio.wait_for(self.core.wake.wait(), self.tick_s)
             except asyncio.TimeoutError:
                 pass
             # A short pause batches a burst of submissions into one round instead of
-            # one round per submission.
-            await asyncio.sleep(min(self.tick_s, self.min_gap_s))
+            # one round per submission; after a long round, a pause as long as it (at
+            # most a tick), so that under load rounds take no more than about half of
+            # the event loop from the calls it serves (a round is mostly work on the loop).
+            await asyncio.sleep(min(self.tick_s, max(self.min_gap_s, self.round_pause * took)))
             self.core.wake.clear()
 
     async def stop(self) -> None:
@@ -498,19 +504,22 @@ class LiveEngine:
     # ---- reconciliation -------------------------------------------------------
 
     async def reconcile_server(
-        self, server: str, running: Sequence[tuple[str, str]], running_jobs: Sequence[str] = ()
+        self, server: str, running: Sequence[tuple[str, str]], running_jobs: Sequence[str] = (),
+        placed: Sequence | None = None,
     ) -> None:
         """Jobs placed on `server` whose current launch its helper no longer has go back
         to the queue. `running`: the (job, incarnation) pairs it runs; `running_jobs`:
-        job ids alone, from a helper that does not report incarnations.
+        job ids alone, from a helper that does not report incarnations; `placed`: the
+        rows of repo.placed_job_rows when the heartbeat's transaction read them already.
 
         Runs on every heartbeat, so it only reads, unless a job's grace period ran out."""
         now = self.core.clock()
         grace = self.core.settings.down_after_s
         alive = set(running)
         legacy = set(running_jobs) if not running else set()
-        async with self.core.tx(read=True) as s:
-            placed = await repo.placed_job_rows(s, server)
+        if placed is None:
+            async with self.core.tx(read=True) as s:
+                placed = await repo.placed_job_rows(s, server)
         placed_ids = {job.id for job in placed}
         # Forget jobs no longer placed here (they ended or moved): the map stays bounded.
         for job_id in [j for j, srv in self.missing_since.items() if srv[1] == server and j not in placed_ids]:

@@ -15,12 +15,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from migration_protocol.fast_path import Endpoint, MigrationPlan, Outcome, migrate
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
+from scheduler import auth
 from scheduler.core import SchedulerCore, spec_of
 from scheduler.errors import FailedPrecondition, GandivaError
 from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
-from scheduler.state.models import Job, Migration
+from scheduler.state.models import AuthToken, Job, Migration
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,23 @@ class LivePorts:
     async def helper_command(
         self, server: str, command: helper_pb2.HelperCommand, timeout_s: float
     ) -> helper_pb2.HelperCommandResult:
+        if command.WhichOneof("body") == "transfer":
+            await self._vouch(command.transfer)
         return await self.core.helpers.call(server, command, timeout_s)
+
+    async def _vouch(self, transfer: helper_pb2.TransferCheckpoint) -> None:
+        """A checkpoint goes only to a registered helper's agent; when that helper has a
+        token, the command carries a ticket for it (auth.transfer_ticket), without which
+        its agent refuses the stream."""
+        async with self.core.tx(read=True) as s:
+            dest = await repo.server_at(s, transfer.dest_address)
+            if dest is None:
+                raise FailedPrecondition(f"transfer of {transfer.job_id}: {transfer.dest_address!r} is not "
+                                         "the agent address of a registered helper")
+            token = await s.get(AuthToken, dest.name)
+        if token is not None and token.role == "helper" and not token.revoked_at:
+            transfer.ticket = auth.transfer_ticket(token.token_hash, dest.name, transfer.job_id,
+                                                   self.core.clock() + auth.TICKET_S)
 
     async def runtime_command(
         self, job_id: str, incarnation: str, command: runtime_pb2.RuntimeCommand, timeout_s: float

@@ -6,8 +6,9 @@ is for production. Everything else goes through :func:`make_engine`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -20,6 +21,8 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.pool import NullPool
 
 from scheduler.errors import InvalidArgument
+
+T = TypeVar("T")
 
 SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
 
@@ -69,12 +72,20 @@ class SqliteWriter:
 
     def run(self, statements: list[tuple[Any, list[dict[str, Any]]]]) -> None:
         """Execute (statement, parameters) pairs in one transaction."""
+
+        def execute(conn: Connection) -> None:
+            for stmt, params in statements:
+                conn.execute(stmt, params)
+
+        self.call(execute)
+
+    def call(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(connection)`` in one transaction; its result."""
         if self._conn is None:
             self._conn = self._engine.connect()
         try:
             with self._conn.begin():
-                for stmt, params in statements:
-                    self._conn.execute(stmt, params)
+                return fn(self._conn)
         except Exception:
             # A broken connection is replaced on the next call.
             self._conn.close()

@@ -13,7 +13,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from sqlalchemy import Table, and_, delete, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from scheduler.errors import NotFound
@@ -174,6 +187,7 @@ _JOB_COLUMNS = [c.key for c in Job.__table__.columns]
 JOBS = cast(Table, Job.__table__)
 TRANSITIONS = cast(Table, Transition.__table__)
 EVENTS = cast(Table, Event.__table__)
+SERVERS = cast(Table, Server.__table__)
 MULTI_JOBS = cast(Table, MultiJob.__table__)
 
 
@@ -296,12 +310,15 @@ async def jobs_on_server(session: AsyncSession, server: str) -> Sequence[Job]:
     return (await session.scalars(select(Job).where(Job.id.in_(placed)).order_by(Job.id))).all()
 
 
+def _placed_rows_query(server: str) -> Select:
+    placed = select(Placement.job_id).where(Placement.server_name == server)
+    return select(Job.id, Job.incarnation, Job.state, Job.state_changed_at).where(Job.id.in_(placed)).order_by(Job.id)
+
+
 async def placed_job_rows(session: AsyncSession, server: str) -> Sequence:
     """(id, incarnation, state, state_changed_at) of the jobs holding a GPU of `server`,
     as plain rows: every heartbeat of that server reconciles them."""
-    placed = select(Placement.job_id).where(Placement.server_name == server)
-    q = select(Job.id, Job.incarnation, Job.state, Job.state_changed_at).where(Job.id.in_(placed)).order_by(Job.id)
-    return (await session.execute(q)).all()
+    return (await session.execute(_placed_rows_query(server))).all()
 
 
 async def all_placements(session: AsyncSession) -> Sequence[Placement]:
@@ -391,6 +408,17 @@ async def heartbeat(session: AsyncSession, name: str, now: float) -> Server | No
     return server
 
 
+async def helper_agents(session: AsyncSession) -> list[tuple[str, str]]:
+    """(name, agent address) of every registered server, by name."""
+    rows = await session.execute(select(Server.name, Server.address).order_by(Server.name))
+    return [(name, address) for name, address in rows.all()]
+
+
+async def server_at(session: AsyncSession, address: str) -> Server | None:
+    """The registered server whose helper's agent listens on ``address``."""
+    return (await session.scalars(select(Server).where(Server.address == address).limit(1))).first()
+
+
 async def largest_server(session: AsyncSession) -> tuple[int, str]:
     """(GPUs, name) of the server with the most GPUs; (0, "") when none is registered."""
     row = (await session.execute(select(Server.num_gpus, Server.name).order_by(Server.num_gpus.desc(), Server.name).limit(1))).first()
@@ -427,21 +455,88 @@ async def server_loads(session: AsyncSession) -> list[ServerLoad]:
 # ---- fencing and migrations --------------------------------------------------------
 
 
+def _expected_queries(server: str) -> tuple[Select, Select]:
+    active = [s.value for s in ACTIVE]
+    placed = select(Placement.job_id).where(Placement.server_name == server)
+    current = select(Job.id, Job.incarnation).where(Job.id.in_(placed), Job.state.in_(active))
+    involved = select(
+        Migration.job_id, Migration.source_server, Migration.dest_server, Migration.source_incarnation,
+        Migration.dest_incarnation, Migration.fallback_incarnation,
+    ).where(or_(Migration.dest_server == server, Migration.source_server == server))
+    return current, involved
+
+
+def _expected_pairs(server: str, current: Iterable, involved: Iterable) -> set[tuple[str, str]]:
+    pairs = {(job_id, inc) for job_id, inc in current}
+    for job_id, source, dest, source_inc, dest_inc, fallback_inc in involved:
+        if dest == server:
+            pairs.add((job_id, dest_inc))
+        if source == server:
+            pairs.update({(job_id, source_inc), (job_id, fallback_inc)})
+    return pairs
+
+
 async def expected_incarnations(session: AsyncSession, server: str) -> set[tuple[str, str]]:
     """The (job, incarnation) pairs that may run on `server` now: the current launch of
     each active job placed there, and the destination (or fallback) launch of each
     migration in progress that involves it. Anything else found there is stale."""
-    active = [s.value for s in ACTIVE]
-    placed = select(Placement.job_id).where(Placement.server_name == server)
-    q = select(Job.id, Job.incarnation).where(Job.id.in_(placed), Job.state.in_(active))
-    pairs = {(job_id, inc) for job_id, inc in (await session.execute(q)).all()}
-    involved = select(Migration).where(or_(Migration.dest_server == server, Migration.source_server == server))
-    for m in (await session.scalars(involved)).all():
-        if m.dest_server == server:
-            pairs.add((m.job_id, m.dest_incarnation))
-        if m.source_server == server:
-            pairs.update({(m.job_id, m.source_incarnation), (m.job_id, m.fallback_incarnation)})
-    return pairs
+    current, involved = _expected_queries(server)
+    return _expected_pairs(server, (await session.execute(current)).all(), (await session.execute(involved)).all())
+
+
+@dataclass
+class Beat:
+    """What one heartbeat's fast path read: the jobs placed on the server (for the
+    engine's reconciliation) and the launches it runs that must stop."""
+
+    placed: Sequence
+    stale: list[tuple[str, str]]
+
+
+def heartbeat_fast(conn: Connection, name: str, now: float, running: Sequence[tuple[str, str]]) -> Beat | None:
+    """A heartbeat of a registered server that is up, in one round trip to the writer:
+    its time is recorded and what reconciliation needs is read, all with plain
+    statements (no ORM objects). None when the server is unknown or down: the caller
+    takes the full path, which records the server coming back."""
+    done = conn.execute(update(SERVERS).where(SERVERS.c.name == name, SERVERS.c.up.is_(True)).values(last_heartbeat=now))
+    if done.rowcount != 1:
+        return None
+    placed = conn.execute(_placed_rows_query(name)).all()
+    stale: list[tuple[str, str]] = []
+    if running:
+        # The current launches are those of the placed rows (the same query's answer).
+        active = {s.value for s in ACTIVE}
+        current = [(job_id, inc) for job_id, inc, state, _ in placed if state in active]
+        involved = _expected_queries(name)[1]
+        expected = _expected_pairs(name, current, conn.execute(involved).all())
+        stale = sorted(set(running) - expected)
+    return Beat(placed, stale)
+
+
+def write_progress(conn: Connection, batch: dict[str, tuple[str, int, float, float, dict[str, float]]], now: float) -> None:
+    """Reported progress of many jobs, in one transaction of two batched UPDATEs: each
+    row only for its job's current launch (a report of an older launch, or of a
+    pre-warmed destination not yet current, changes nothing), steps never going back.
+    Metrics are merged into the stored ones, so only jobs that sent some are read."""
+    with_metrics = {j: v for j, v in batch.items() if v[4]}
+    stored: dict[str, dict] = {}
+    for chunk in _chunks(sorted(with_metrics)):
+        rows = conn.execute(select(JOBS.c.id, JOBS.c.incarnation, JOBS.c.metrics).where(JOBS.c.id.in_(chunk)))
+        stored.update({job_id: metrics or {} for job_id, inc, metrics in rows if inc == with_metrics[job_id][0]})
+    steps = bindparam("b_steps", type_=JOBS.c.steps.type)
+    base = update(JOBS).where(JOBS.c.id == bindparam("b_id"), JOBS.c.incarnation == bindparam("b_inc"))
+    values = {"steps": case((JOBS.c.steps > steps, JOBS.c.steps), else_=steps), "rate": bindparam("b_rate"),
+              "last_step_s": bindparam("b_last"), "updated_at": bindparam("b_now")}
+    plain = [_progress_params(j, v, now) for j, v in batch.items() if j not in stored]
+    merged = [{**_progress_params(j, v, now), "b_metrics": {**stored[j], **v[4]}} for j, v in batch.items() if j in stored]
+    if plain:
+        conn.execute(base.values(**values), plain)
+    if merged:
+        conn.execute(base.values(**values, metrics=bindparam("b_metrics", type_=JOBS.c.metrics.type)), merged)
+
+
+def _progress_params(job_id: str, v: tuple[str, int, float, float, dict[str, float]], now: float) -> dict:
+    return {"b_id": job_id, "b_inc": v[0], "b_steps": v[1], "b_rate": v[2], "b_last": v[3], "b_now": now}
 
 
 async def migrations(session: AsyncSession) -> Sequence[Migration]:

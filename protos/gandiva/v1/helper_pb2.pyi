@@ -93,7 +93,10 @@ class HeartbeatRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     RUNNING_JOBS_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
+    PEERS_VERSION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    peers_version: _builtins.int
+    """The version of the registered-helpers list this helper holds (0: none yet)."""
     @_builtins.property
     def running_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """job ids whose processes are alive here"""
@@ -110,10 +113,11 @@ class HeartbeatRequest(_message.Message):
         name: _builtins.str = ...,
         running_jobs: _abc.Iterable[_builtins.str] | None = ...,
         running: _abc.Iterable[Global___JobIncarnation] | None = ...,
+        peers_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "running", b"running", "running_jobs", b"running_jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "peers_version", b"peers_version", "running", b"running", "running_jobs", b"running_jobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -147,12 +151,21 @@ class HeartbeatResponse(_message.Message):
 
     KNOWN_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
+    PEERS_FIELD_NUMBER: _builtins.int
+    PEERS_VERSION_FIELD_NUMBER: _builtins.int
     known: _builtins.bool
     """false: the scheduler lost this server; register again"""
+    peers_version: _builtins.int
     @_builtins.property
     def stop(self) -> _containers.RepeatedCompositeFieldContainer[Global___StopJob]:
         """Processes the scheduler does not expect here (a stale incarnation, a job
         re-placed while this server was cut off, a withdrawn launch): stop them.
+        """
+
+    @_builtins.property
+    def peers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Peer]:
+        """The registered helpers (their agents' addresses), sent only when the list differs
+        from the request's peers_version: a helper streams checkpoints only to these.
         """
 
     def __init__(
@@ -160,14 +173,39 @@ class HeartbeatResponse(_message.Message):
         *,
         known: _builtins.bool = ...,
         stop: _abc.Iterable[Global___StopJob] | None = ...,
+        peers: _abc.Iterable[Global___Peer] | None = ...,
+        peers_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["known", b"known", "stop", b"stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["known", b"known", "peers", b"peers", "peers_version", b"peers_version", "stop", b"stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
+
+@_typing.final
+class Peer(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    address: _builtins.str
+    """its HelperAgent host:port"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Peer: _TypeAlias = Peer  # noqa: Y015
 
 @_typing.final
 class GpuSample(_message.Message):
@@ -410,6 +448,7 @@ class TransferCheckpoint(_message.Message):
     CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
     DEST_ADDRESS_FIELD_NUMBER: _builtins.int
     CHECKPOINT_NAME_FIELD_NUMBER: _builtins.int
+    TICKET_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     checkpoint_path: _builtins.str
     """directory on this helper"""
@@ -417,6 +456,11 @@ class TransferCheckpoint(_message.Message):
     """the peer's HelperAgent host:port"""
     checkpoint_name: _builtins.str
     """directory name on the peer; default: the source's"""
+    ticket: _builtins.str
+    """The scheduler's voucher for this job's checkpoint to enter the destination
+    (scheduler.auth.transfer_ticket; set when the destination has a helper token):
+    sent with PutCheckpoint, which the destination refuses without a valid one.
+    """
     def __init__(
         self,
         *,
@@ -424,10 +468,11 @@ class TransferCheckpoint(_message.Message):
         checkpoint_path: _builtins.str = ...,
         dest_address: _builtins.str = ...,
         checkpoint_name: _builtins.str = ...,
+        ticket: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_name", b"checkpoint_name", "checkpoint_path", b"checkpoint_path", "dest_address", b"dest_address", "job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_name", b"checkpoint_name", "checkpoint_path", b"checkpoint_path", "dest_address", b"dest_address", "job_id", b"job_id", "ticket", b"ticket"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,144 @@
+"""The helper's agent (checkpoint streaming) takes checkpoints only from the
+scheduler's registered helpers, sending what the scheduler asked for, and a helper
+streams a checkpoint only to a registered helper: on real gRPC, with a real
+scheduler (--auth token) and real helper daemons."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from migration_helper import daemon as daemon_mod
+from migration_helper.agent import HelperAgentServicer, send_checkpoint
+from migration_helper.config import HelperConfig
+from migration_helper.daemon import HelperDaemon
+from migration_helper.gpus import CpuBackend
+from migration_helper.ramdisk import Ramdisk
+from protos.gandiva.v1 import helper_pb2, helper_pb2_grpc
+from scheduler import auth
+from scheduler.core import Settings
+from scheduler.errors import FailedPrecondition, PermissionDenied, Unauthenticated
+from scheduler.transport import ClientSecurity
+
+from .conftest import make_token
+
+DEST = "gdv.gpu2.secret-of-gpu2"
+OTHER = "gdv.gpu3.secret-of-gpu3"
+
+
+def ticket(token: str = DEST, job: str = "j-1", expires_in: float = 600.0) -> str:
+    return auth.transfer_ticket(auth.digest(token), token.split(".")[1], job, time.time() + expires_in)
+
+
+@pytest.mark.parametrize(("given", "refusal", "says"), [
+    ("", Unauthenticated, "no transfer ticket"),
+    ("gdvt.x.y", PermissionDenied, "malformed"),
+    ("gdvt.123", PermissionDenied, "malformed"),
+    (ticket(job="j-2"), PermissionDenied, "not the scheduler's for job 'j-1'"),
+    (ticket(token=OTHER), PermissionDenied, "to helper 'gpu2'"),
+    (ticket()[:-4] + "0000", PermissionDenied, "not the scheduler's"),
+    (ticket(expires_in=-5), PermissionDenied, "expired"),
+])
+def test_a_transfer_ticket_is_good_for_one_helper_and_one_job_until_it_expires(
+    given: str, refusal: type[Exception], says: str
+) -> None:
+    auth.check_transfer_ticket(DEST, ticket(), "j-1")  # the scheduler's, for this helper and job
+    with pytest.raises(refusal, match=says):
+        auth.check_transfer_ticket(DEST, given, "j-1")
+
+
+def checkpoint(root: Path, files: int = 2) -> Path:
+    src = root / "ck"
+    src.mkdir(parents=True)
+    for i in range(files):
+        (src / f"part-{i}.data").write_bytes(bytes([i]) * 3000)
+    return src
+
+
+async def test_the_agent_takes_a_stream_only_with_the_schedulers_ticket(tmp_path: Path) -> None:
+    ramdisk = Ramdisk(tmp_path / "rd")
+    ramdisk.prepare()
+    server = grpc.aio.server()
+    helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk, DEST), server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    src = checkpoint(tmp_path / "src")
+    try:
+        for given, code in [("", grpc.StatusCode.UNAUTHENTICATED),
+                            (ticket(job="j-2"), grpc.StatusCode.PERMISSION_DENIED),
+                            (ticket(token=OTHER), grpc.StatusCode.PERMISSION_DENIED),
+                            (ticket(expires_in=-5), grpc.StatusCode.PERMISSION_DENIED)]:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await send_checkpoint(address, src, "j-1", "ck", ticket=given)
+            assert err.value.code() == code, (given, err.value.details())
+            assert not (tmp_path / "rd" / "j-1").exists(), "a refused stream leaves nothing behind"
+        landed = await send_checkpoint(address, src, "j-1", "ck", ticket=ticket())
+        assert Path(landed.path) == (tmp_path / "rd" / "j-1" / "ck").resolve()
+        assert (Path(landed.path) / "part-1.data").read_bytes() == bytes([1]) * 3000
+    finally:
+        await server.stop(None)
+
+
+async def test_checkpoints_go_only_between_registered_helpers(
+    make_scheduler: Any, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end: the scheduler vouches for a transfer to a registered helper and refuses
+    an unregistered address; a helper refuses to stream to an address the scheduler did
+    not list; a destination refuses a stream the scheduler did not vouch for."""
+    from scheduler.engine.live_migration import LivePorts
+
+    monkeypatch.setattr(daemon_mod, "PEER_WAIT_S", 0.5)
+    tokens = {n: await asyncio.to_thread(make_token, sqlite_url, n, "helper") for n in ("gpu1", "gpu2")}
+    sched = make_scheduler(sqlite_url, tick_s=0.2, auth="token",
+                           settings=Settings(heartbeat_interval_s=0.2, down_after_s=10.0))
+    helpers: dict[str, HelperDaemon] = {}
+    try:
+        for name, token in tokens.items():
+            config = HelperConfig(server_name=name, scheduler=sched.address, ramdisk=tmp_path / name,
+                                  log_dir=tmp_path / "logs", security=ClientSecurity(token=token))
+            helpers[name] = HelperDaemon(config, CpuBackend(1, name))
+            await helpers[name].start()
+        a, b = helpers["gpu1"], helpers["gpu2"]
+        deadline = time.monotonic() + 20
+        while b.address not in a.peers and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert a.peers.get(b.address) == "gpu2", "the scheduler lists the registered helpers to each helper"
+        src = checkpoint(a.ramdisk.root / "j-1")
+        ports = LivePorts(sched.server.core)
+
+        def transfer(address: str) -> helper_pb2.HelperCommand:
+            return helper_pb2.HelperCommand(command_id=f"c-{time.monotonic_ns()}", transfer=helper_pb2.TransferCheckpoint(
+                job_id="j-1", checkpoint_path=str(src), dest_address=address, checkpoint_name="ck"))
+
+        async def on_scheduler(coro: Any) -> Any:
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, sched.loop))
+
+        # The scheduler's way: a ticket for gpu2, which its agent accepts.
+        done = await on_scheduler(ports.helper_command("gpu1", transfer(b.address), 30))
+        assert done.ok, done.message
+        assert (Path(done.checkpoint_path) / "part-0.data").is_file()
+        assert Path(done.checkpoint_path).is_relative_to(b.ramdisk.root)
+
+        # An address no helper registered: the scheduler sends no such command.
+        with pytest.raises(FailedPrecondition, match="not the agent address of a registered helper"):
+            await on_scheduler(ports.helper_command("gpu1", transfer("127.0.0.1:9"), 30))
+
+        # The helper itself refuses an address the scheduler did not list (a command
+        # that reached it some other way), before connecting anywhere.
+        refused = await a.jobs.handle(transfer("127.0.0.1:9"))
+        assert not refused.ok and "not the agent address of a registered helper" in refused.message
+
+        # A registered destination refuses a stream without the scheduler's ticket: a
+        # cluster certificate or a listed address alone is not enough.
+        (b.ramdisk.root / "j-1").rename(b.ramdisk.root / "j-1-first")
+        refused = await a.jobs.handle(transfer(b.address))
+        assert not refused.ok and "no transfer ticket" in refused.message, refused.message
+        assert not (b.ramdisk.root / "j-1").exists()
+    finally:
+        for h in helpers.values():
+            await h.stop()
