@@ -70,11 +70,23 @@ def register(subparsers: Any) -> None:
                      help="largest checkpoint a peer may stream in (default 64 GiB)")
     helper.set_defaults(func=run_helper)
 
-    logs = subparsers.add_parser("logs", help="print (or follow) a job's output on this server")
+    logs = subparsers.add_parser(
+        "logs", help="print (or follow) a job's output",
+        description="Print (or follow) a job's output. By default through the scheduler, from the "
+        "server the job runs or ran on last: only the job's owner and operators may read it "
+        "(with --auth token). With --local or --log-dir, read this server's log file directly "
+        "(an operator on the GPU server).")
     logs.add_argument("job", help="job id")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output")
+    logs.add_argument("--local", action="store_true",
+                      help="read this server's log file instead of asking the scheduler")
     logs.add_argument("--log-dir", type=Path, default=None,
-                      help="job logs directory (default $GANDIVA_HOME/logs)")
+                      help="with --local: job logs directory (default $GANDIVA_HOME/logs); implies --local")
+    logs.add_argument("--scheduler", metavar="ADDR",
+                      help="scheduler address (default: $GANDIVA_SCHEDULER, else 127.0.0.1:50051)")
+    from scheduler.cli.client import add_security_flags
+
+    add_security_flags(logs)
     logs.set_defaults(func=run_logs)
 
 
@@ -154,6 +166,10 @@ async def _serve(config: HelperConfig, http_listen: str = "") -> None:
 
 
 def run_logs(args: argparse.Namespace) -> int:
+    if not args.local and args.log_dir is None:
+        from scheduler.cli.client import client_from_args, run_command
+
+        return run_command("gandiva logs", lambda: _remote_logs(args, client_from_args(args)))
     log_dir = (args.log_dir or default_log_dir()).expanduser()
     path = log_dir / f"{args.job}.log"
     if "/" in args.job or not path.is_file():
@@ -173,3 +189,23 @@ def run_logs(args: argparse.Namespace) -> int:
                 time.sleep(0.2)
     except KeyboardInterrupt:
         return 0
+
+
+def _remote_logs(args: argparse.Namespace, client: Any) -> int:
+    """Page through the job's output with ReadJobLog (the scheduler checks who may)."""
+    from protos.gandiva.v1 import scheduler_pb2
+
+    offset = 0
+    try:
+        while True:
+            got = client.call("ReadJobLog", scheduler_pb2.ReadJobLogRequest(id=args.job, offset=offset))
+            if got.data:
+                sys.stdout.buffer.write(got.data)
+                sys.stdout.flush()
+                offset = got.next_offset
+                continue
+            if not args.follow:
+                return 0
+            time.sleep(0.5)
+    finally:
+        client.close()

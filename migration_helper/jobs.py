@@ -22,6 +22,8 @@ from scheduler.transport import ClientSecurity
 log = logging.getLogger(__name__)
 
 Result = helper_pb2.HelperCommandResult
+# The most of a job's log one read_log command returns.
+MAX_LOG_READ = 1 << 20
 
 # The checkpoint path each command may name: confined (in `handle`) to the helper's roots.
 _PATH_FIELDS = {"launch": "restore_checkpoint", "activate": "restore_checkpoint",
@@ -115,6 +117,8 @@ class JobTable:
                 result = await self.stop(cmd.stop)
             elif kind == "transfer":
                 result = await self.transfer(cmd.transfer)
+            elif kind == "read_log":
+                result = self.read_log(cmd.read_log)
             else:
                 raise CommandFailed(f"command {cmd.command_id}: no body (unknown command kind?)")
             result.ok = True
@@ -237,6 +241,21 @@ class JobTable:
         result = Result(checkpoint_path=sent.path, message=f"{sent.bytes} bytes")
         result.durations_s["transfer"] = time.monotonic() - t0
         return result
+
+    def read_log(self, req: helper_pb2.ReadLog) -> Result:
+        """Up to 1 MiB of the job's output from ``offset`` (the scheduler has checked
+        that the caller may read it)."""
+        path = self.log_path(req.job_id)
+        if req.offset < 0:
+            raise CommandFailed(f"read_log: offset {req.offset} is negative")
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(min(req.offset, size))
+                data = f.read(min(req.max_bytes or MAX_LOG_READ, MAX_LOG_READ))
+        except FileNotFoundError:
+            raise CommandFailed(f"no output of job {req.job_id} on server {self.server}") from None
+        return Result(data=data, log_size=size)
 
     def runtime_credentials(self, job_id: str, incarnation: str) -> dict[str, str]:
         """What the job's runtime needs to reach the scheduler: a token good for this

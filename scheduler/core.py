@@ -484,6 +484,19 @@ class SchedulerCore:
             self._peers = (int.from_bytes(digest[:7], "big") or 1, agents)
         return self._peers
 
+    async def read_log(self, job_id: str, offset: int, max_bytes: int) -> tuple[str, helper_pb2.HelperCommandResult]:
+        """Part of the job's output, from the helper of the server it runs or ran on last:
+        (that server, the helper's answer). The caller checks who may read it."""
+        async with self.tx(read=True) as s:
+            server = await repo.last_server(s, job_id)
+        if not server:
+            raise NotFound("log of job", job_id)
+        result = await self.helpers.call(server, helper_pb2.HelperCommand(read_log=helper_pb2.ReadLog(
+            job_id=job_id, offset=offset, max_bytes=max_bytes)), self.settings.command_timeout_s)
+        if not result.ok:
+            raise FailedPrecondition(f"server {server}: {result.message}")
+        return server, result
+
     async def known_server(self, name: str) -> None:
         """NotFound unless `name` is registered (its helper must Register first)."""
         async with self.tx(read=True) as s:

@@ -19,6 +19,7 @@ from scheduler.validation import MAX_REASON, check_id, check_text
 
 JOBS_PAGE, JOBS_PAGE_MAX = 500, 1000
 EVENTS_PAGE, EVENTS_PAGE_MAX = 1000, 5000
+LOG_READ_MAX = 1 << 20  # bytes of a job's output per ReadJobLog
 
 
 def cluster_height(loads: list[ServerLoad]) -> int:
@@ -81,6 +82,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         detail = await self.core.get_job(request.id)
         auth.require_job_access(auth.current(), detail.job.user, request.id)
         return job_to_pb(detail)
+
+    @grpc_errors
+    async def ReadJobLog(self, request, context):  # type: ignore[no-untyped-def]
+        check_id("id", request.id)
+        if request.offset < 0:
+            raise InvalidArgument("offset", f"{request.offset} is negative")
+        if not 0 <= request.max_bytes <= LOG_READ_MAX:
+            raise InvalidArgument("max_bytes", f"{request.max_bytes}: use 1 to {LOG_READ_MAX} (0: the most)")
+        detail = await self.core.get_job(request.id)
+        # A job's output is its owner's (and operators'), like its environment.
+        auth.require_job_access(auth.current(), detail.job.user, request.id)
+        server, got = await self.core.read_log(request.id, request.offset, request.max_bytes or LOG_READ_MAX)
+        return scheduler_pb2.ReadJobLogResponse(
+            data=got.data, next_offset=min(request.offset, got.log_size) + len(got.data), size=got.log_size,
+            server=server)
 
     @grpc_errors
     async def ListJobs(self, request, context):  # type: ignore[no-untyped-def]

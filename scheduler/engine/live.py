@@ -309,7 +309,7 @@ class LiveEngine:
             if restore:
                 job.restore_checkpoint, job.restore_server = "", ""
                 where += f", resuming from {restore}"
-            await repo.transition(s, job, JobState.RUNNING, now, f"{reason} on {where}")
+            await repo.transition(s, job, JobState.RUNNING, now, f"{reason} on {where}", server=gpus[0].server)
         self.launch(job, gpus, incarnation, restore_checkpoint=restore)
 
     def launch(

@@ -167,6 +167,7 @@ async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to
             await repo.transition(
                 s, job, JobState.RUNNING, now,
                 f"migrated to {dest_name} at step {result.step} (training paused {paused:.2f}s)",
+                server=dest_name,
             )
         else:
             job.incarnation = result.incarnation

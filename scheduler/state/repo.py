@@ -229,9 +229,10 @@ async def add_jobs(
 
 
 async def transition(
-    session: AsyncSession, job: Job, target: JobState, now: float, reason: str = ""
+    session: AsyncSession, job: Job, target: JobState, now: float, reason: str = "", server: str = ""
 ) -> None:
-    """Move `job` to `target` if the state machine allows it, recording why."""
+    """Move `job` to `target` if the state machine allows it, recording why (and, for a
+    launch, on which server: where its output is; see last_server)."""
     current = JobState(job.state)
     check_transition(job.id, current, target)
     if current is JobState.RUNNING and job.state_changed_at:
@@ -249,7 +250,18 @@ async def transition(
     session.add(
         Transition(job_id=job.id, from_state=current.value, to_state=target.value, at=now, reason=reason)
     )
-    add_event(session, now, "job.state", f"{current.value} -> {target.value}: {reason}", job_id=job.id)
+    add_event(session, now, "job.state", f"{current.value} -> {target.value}: {reason}", job_id=job.id,
+              server=server)
+
+
+async def last_server(session: AsyncSession, job_id: str) -> str:
+    """The server the job runs on, or ran on last ("" if it never ran): where its output is."""
+    placed = await session.scalar(select(Placement.server_name).where(Placement.job_id == job_id).limit(1))
+    if placed:
+        return str(placed)
+    q = (select(Event.server).where(Event.job_id == job_id, Event.kind == "job.state", Event.server != "")
+         .order_by(Event.id.desc()).limit(1))
+    return str(await session.scalar(q) or "")
 
 
 async def finish(session: AsyncSession, job: Job, state: JobState, now: float, reason: str) -> None:

@@ -487,6 +487,7 @@ class HelperCommand(_message.Message):
     ACTIVATE_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
     TRANSFER_FIELD_NUMBER: _builtins.int
+    READ_LOG_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     @_builtins.property
     def launch(self) -> Global___LaunchJob: ...
@@ -496,6 +497,8 @@ class HelperCommand(_message.Message):
     def stop(self) -> Global___StopJob: ...
     @_builtins.property
     def transfer(self) -> Global___TransferCheckpoint: ...
+    @_builtins.property
+    def read_log(self) -> Global___ReadLog: ...
     def __init__(
         self,
         *,
@@ -504,16 +507,46 @@ class HelperCommand(_message.Message):
         activate: Global___ActivateJob | None = ...,
         stop: Global___StopJob | None = ...,
         transfer: Global___TransferCheckpoint | None = ...,
+        read_log: Global___ReadLog | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "body", b"body", "launch", b"launch", "stop", b"stop", "transfer", b"transfer"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "body", b"body", "launch", b"launch", "read_log", b"read_log", "stop", b"stop", "transfer", b"transfer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "body", b"body", "command_id", b"command_id", "launch", b"launch", "stop", b"stop", "transfer", b"transfer"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate", b"activate", "body", b"body", "command_id", b"command_id", "launch", b"launch", "read_log", b"read_log", "stop", b"stop", "transfer", b"transfer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["launch", "activate", "stop", "transfer"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["launch", "activate", "stop", "transfer", "read_log"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___HelperCommand: _TypeAlias = HelperCommand  # noqa: Y015
+
+@_typing.final
+class ReadLog(_message.Message):
+    """Part of a job's output as this helper wrote it (GANDIVA_HOME/logs/JOB.log)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    offset: _builtins.int
+    """byte offset to read from"""
+    max_bytes: _builtins.int
+    """at most this many (the helper caps it at 1 MiB)"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "max_bytes", b"max_bytes", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadLog: _TypeAlias = ReadLog  # noqa: Y015
 
 @_typing.final
 class HelperCommandResult(_message.Message):
@@ -547,6 +580,8 @@ class HelperCommandResult(_message.Message):
     CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    LOG_SIZE_FIELD_NUMBER: _builtins.int
     server: _builtins.str
     command_id: _builtins.str
     ok: _builtins.bool
@@ -557,6 +592,10 @@ class HelperCommandResult(_message.Message):
     """activate / wait_first_step: global step restored or reached"""
     exit_code: _builtins.int
     """when the command failed because the process exited"""
+    data: _builtins.bytes
+    """read_log: the bytes read"""
+    log_size: _builtins.int
+    """read_log: the log's size now"""
     @_builtins.property
     def durations_s(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     def __init__(
@@ -570,10 +609,12 @@ class HelperCommandResult(_message.Message):
         checkpoint_path: _builtins.str = ...,
         step: _builtins.int = ...,
         exit_code: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        log_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "command_id", b"command_id", "durations_s", b"durations_s", "exit_code", b"exit_code", "message", b"message", "ok", b"ok", "server", b"server", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "command_id", b"command_id", "data", b"data", "durations_s", b"durations_s", "exit_code", b"exit_code", "log_size", b"log_size", "message", b"message", "ok", b"ok", "server", b"server", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

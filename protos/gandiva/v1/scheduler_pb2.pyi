@@ -20,6 +20,64 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ReadJobLogRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    offset: _builtins.int
+    """byte offset to read from (0: the start)"""
+    max_bytes: _builtins.int
+    """default and at most 1 MiB"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "max_bytes", b"max_bytes", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadJobLogRequest: _TypeAlias = ReadJobLogRequest  # noqa: Y015
+
+@_typing.final
+class ReadJobLogResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    next_offset: _builtins.int
+    """pass back to read on (follow with -f)"""
+    size: _builtins.int
+    """the log's size on that server now"""
+    server: _builtins.str
+    """where the log is"""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        next_offset: _builtins.int = ...,
+        size: _builtins.int = ...,
+        server: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "next_offset", b"next_offset", "server", b"server", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadJobLogResponse: _TypeAlias = ReadJobLogResponse  # noqa: Y015
+
+@_typing.final
 class SubmitJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -95,6 +95,11 @@ class SchedulerStub:
                 request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=protos_dot_gandiva_dot_v1_dot_common__pb2.Event.FromString,
                 _registered_method=True)
+        self.ReadJobLog = channel.unary_unary(
+                '/gandiva.v1.Scheduler/ReadJobLog',
+                request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogRequest.SerializeToString,
+                response_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -174,6 +179,14 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadJobLog(self, request, context):
+        """Part of a job's output, read from the server that ran it last; only for the
+        job's owner and operators.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -236,6 +249,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.WatchEventsRequest.FromString,
                     response_serializer=protos_dot_gandiva_dot_v1_dot_common__pb2.Event.SerializeToString,
+            ),
+            'ReadJobLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadJobLog,
+                    request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogRequest.FromString,
+                    response_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -562,6 +580,33 @@ class Scheduler:
             '/gandiva.v1.Scheduler/WatchEvents',
             protos_dot_gandiva_dot_v1_dot_scheduler__pb2.WatchEventsRequest.SerializeToString,
             protos_dot_gandiva_dot_v1_dot_common__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadJobLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gandiva.v1.Scheduler/ReadJobLog',
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogRequest.SerializeToString,
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,10 @@ class SchedulerStub:
     ListEvents: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListEventsRequest, _scheduler_pb2.ListEventsResponse]
     WatchEvents: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.WatchEventsRequest, _common_pb2.Event]
     """Events after `after_id`, then new ones as they happen."""
+    ReadJobLog: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReadJobLogRequest, _scheduler_pb2.ReadJobLogResponse]
+    """Part of a job's output, read from the server that ran it last; only for the
+    job's owner and operators.
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -64,6 +68,10 @@ class SchedulerAsyncStub(SchedulerStub):
     ListEvents: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListEventsRequest, _scheduler_pb2.ListEventsResponse]  # type: ignore[assignment]
     WatchEvents: _aio.UnaryStreamMultiCallable[_scheduler_pb2.WatchEventsRequest, _common_pb2.Event]  # type: ignore[assignment]
     """Events after `after_id`, then new ones as they happen."""
+    ReadJobLog: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReadJobLogRequest, _scheduler_pb2.ReadJobLogResponse]  # type: ignore[assignment]
+    """Part of a job's output, read from the server that ran it last; only for the
+    job's owner and operators.
+    """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -151,5 +159,15 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_common_pb2.Event], _abc.AsyncIterator[_common_pb2.Event]]:
         """Events after `after_id`, then new ones as they happen."""
+
+    @_abc_1.abstractmethod
+    def ReadJobLog(
+        self,
+        request: _scheduler_pb2.ReadJobLogRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ReadJobLogResponse, _abc.Awaitable[_scheduler_pb2.ReadJobLogResponse]]:
+        """Part of a job's output, read from the server that ran it last; only for the
+        job's owner and operators.
+        """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
