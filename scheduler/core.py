@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -686,6 +686,18 @@ class SchedulerCore:
             job.suspendable, job.migratable, job.control_note = False, False, reason
             repo.add_event(s, self.clock(), "job.uncontrollable", reason, job_id=job_id)
             return True
+
+    async def runtime_hello(self, job_id: str, incarnation: str) -> bool:
+        """A runtime says hello: NotFound unless the job exists. One small read; the write
+        of record_runtime_connected only for a job marked uncontrollable (rare), so a
+        thousand runtimes connecting at once do not queue a thousand write transactions.
+        True when that write is due."""
+        async with self.tx(read=True) as s:
+            row = (await s.execute(select(Job.suspendable, Job.incarnation).where(Job.id == job_id))).first()
+        if row is None:
+            raise NotFound("job", job_id)
+        suspendable, current = row
+        return not suspendable and (not incarnation or incarnation == current)
 
     async def record_runtime_connected(self, job_id: str, incarnation: str) -> None:
         """A runtime of the current launch connected after all: suspendable again (its

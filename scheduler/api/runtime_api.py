@@ -61,14 +61,15 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             check_id("hello.job_id", hello.job_id)
             check_text("hello.incarnation", hello.incarnation, 64)
             auth.require_runtime(auth.current(), hello.job_id, hello.incarnation)
-            await self.core.get_job(hello.job_id)
+            uncontrollable = await self.core.runtime_hello(hello.job_id, hello.incarnation)
         except GandivaError as err:
             await context.abort(code_for(err) or grpc.StatusCode.INTERNAL, str(err))
         except Exception as err:  # noqa: BLE001 - never UNKNOWN; logged with its trace
             await context.abort(*unexpected_status(err, "Connect"))
         conn = self.core.runtimes.attach(hello.job_id, hello.incarnation)
         try:
-            await self.core.record_runtime_connected(hello.job_id, hello.incarnation)
+            if uncontrollable:
+                await self.core.record_runtime_connected(hello.job_id, hello.incarnation)
         except GandivaError as err:
             log.warning("could not record that job %s's runtime connected: %s", hello.job_id, err)
         log.info("runtime of job %s (incarnation %s, pid %d) connected", hello.job_id, hello.incarnation, hello.pid)

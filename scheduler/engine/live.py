@@ -64,6 +64,7 @@ class LiveEngine:
         self._held: set[str] = set()
         # job id -> when its last periodic checkpoint started (running jobs only).
         self._checkpointed: dict[str, float] = {}
+        self._checkpoints_checked = float("-inf")  # when checkpoint_due last looked
         # job id -> (the row it was built from, its JobView), reused while unchanged.
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
 
@@ -145,7 +146,7 @@ class LiveEngine:
     async def snapshot(self) -> pt.ClusterSnapshot:
         now = self.core.clock()
         async with self.core.tx(read=True) as s:
-            loads = await repo.server_loads(s)
+            server_rows = await repo.snapshot_servers(s)
             jobs = await repo.unfinished_job_rows(s)
             self._held = {j.id for j in jobs if j.held}
             placements: dict[str, list[pt.GpuRef]] = {}
@@ -160,13 +161,8 @@ class LiveEngine:
         # A fenced job waits until an older copy of it has surely stopped (lease expiry).
         jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now)]
         servers = tuple(
-            pt.ServerView(
-                name=ld.server.name,
-                num_gpus=ld.server.num_gpus,
-                up=ld.server.up,
-                gpu_memory_bytes=min((g.memory_total for g in ld.gpus), default=0) or 16 * pt.GIB,
-            )
-            for ld in loads
+            pt.ServerView(name=name, num_gpus=num_gpus, up=up, gpu_memory_bytes=memory or 16 * pt.GIB)
+            for name, num_gpus, up, memory in server_rows
         )
         views: dict[str, tuple[tuple, pt.JobView]] = {}
         for j in jobs:
@@ -188,6 +184,10 @@ class LiveEngine:
         if interval <= 0:
             return
         now = self.core.clock()
+        # Looked for at most once a second (or interval), not every round: it reads every running job.
+        if now - self._checkpoints_checked < min(1.0, interval):
+            return
+        self._checkpoints_checked = now
         async with self.core.tx(read=True) as s:
             jobs = await repo.running_job_rows(s)
         live = {j.id for j in jobs}

@@ -41,8 +41,10 @@ def make_engine(url: str, readonly: bool = False, **kwargs: Any) -> AsyncEngine:
     if parsed.drivername.startswith("sqlite"):
         return _sqlite_engine(url, parsed.database, immediate=not readonly, **kwargs)
     # pool_pre_ping: after the database restarts, stale pooled connections are
-    # replaced instead of failing the next request.
-    return create_async_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, **kwargs)
+    # replaced instead of failing the next request. 20 kept: under load (100 helpers'
+    # heartbeats, progress batches, rounds, users) fewer made overflow connections be
+    # opened and closed again all the time (benchmarks/control_plane_load.py).
+    return create_async_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=10, **kwargs)
 
 
 def _sqlite_engine(url: str, database: str | None, immediate: bool = True, **kwargs: Any) -> AsyncEngine:

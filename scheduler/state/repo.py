@@ -333,8 +333,19 @@ async def placed_job_rows(session: AsyncSession, server: str) -> Sequence:
     return (await session.execute(_placed_rows_query(server))).all()
 
 
-async def all_placements(session: AsyncSession) -> Sequence[Placement]:
-    return (await session.scalars(select(Placement))).all()
+async def all_placements(session: AsyncSession) -> Sequence:
+    """(job_id, server_name, gpu_index) of every placement, as plain rows (every round)."""
+    return (await session.execute(select(Placement.job_id, Placement.server_name, Placement.gpu_index))).all()
+
+
+async def snapshot_servers(session: AsyncSession) -> Sequence:
+    """(name, num_gpus, up, smallest GPU memory or None) of every server, by name, as
+    plain rows: what a scheduling round needs of them (server_loads builds much more)."""
+    memory = (select(Gpu.server_name, func.min(Gpu.memory_total).label("memory"))
+              .group_by(Gpu.server_name).subquery())
+    q = (select(Server.name, Server.num_gpus, Server.up, memory.c.memory)
+         .outerjoin(memory, memory.c.server_name == Server.name).order_by(Server.name))
+    return (await session.execute(q)).all()
 
 
 async def set_placement(
