@@ -33,7 +33,7 @@ from scheduler.cli.client import TERMINAL_STATES, state_name
 # The sweep: learning rate x hidden width of the MLP example.
 SWEEP = [(lr, hidden) for hidden in (32, 64) for lr in ("0.001", "0.003", "0.01", "0.03")]
 STYLE = {"place": "green", "suspend": "yellow", "resume": "yellow", "pack": "magenta",
-         "unpack": "magenta", "keep-pack": "magenta", "migrate": "cyan", "grow": "blue", "shrink": "blue"}
+         "unpack": "magenta", "keep-pack": "magenta", "reject-pack": "magenta", "pack-void": "magenta", "migrate": "cyan", "grow": "blue", "shrink": "blue"}
 
 
 def _example(name: str) -> str:

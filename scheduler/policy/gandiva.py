@@ -1,7 +1,7 @@
 """Gandiva's policy: reactive placement plus the introspective passes (brief section 3).
 
 One decide() call runs, in this order:
-1. forget trials and pairs of departed jobs; judge packing trials that are due;
+1. judge packing trials that are due or whose jobs departed; forget departed jobs;
 2. reactive mode: place queued jobs by priority, then arrival, through Algorithm 1;
    a job that would only fit by time-sharing first shrinks grown jobs; the first job
    that has waited ``reserve_after_s`` without fitting reserves the free GPUs (jobs
@@ -19,7 +19,7 @@ from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger
 from scheduler.policy.growshrink import grow, shrink_all
 from scheduler.policy.migration import consolidate, defragment, lower_height, make_room
-from scheduler.policy.packing import judge_trials, start_trials
+from scheduler.policy.packing import end_trials_of, judge_trials, start_trials
 from scheduler.policy.placement import (
     ALGORITHM_1,
     FREE_FILTERS,
@@ -61,8 +61,9 @@ class GandivaPolicy(Policy):
         cfg, state = self.config, self.state
         state.next_wakeup = None
         ledger = self.ledger_for(snapshot)
-        state.forget_missing(ledger.jobs)
+        # Trials of departed jobs get their verdicts before the state forgets them.
         out: list[Decision] = judge_trials(ledger, state, cfg)
+        state.forget_missing(ledger.jobs)
         out += self._place_queued(ledger)
         if cfg.enable_migration:
             budget = cfg.max_migrations_per_round
@@ -128,7 +129,7 @@ class GandivaPolicy(Policy):
                 # incumbent waits for its next turn in the group.
                 for other in ledger.running_on(cand.gpus):
                     ledger.set_state(other, "SUSPENDED")
-                    self.state.drop_trials_of(other)
+                    end_trials_of(ledger, self.state, self.config, other, f"time-slice with new job {job.id}")
                     out.append(Suspend(other, reason=f"time-slice with new job {job.id}"))
             ledger.bind(job.id, cand.gpus, "RUNNING")
             out.append(Place(job.id, cand.gpus, reason=f"Algorithm 1: {cand.filter}"))
