@@ -29,9 +29,10 @@ class ProgressMeter:
     The rate uses the interval between two boundaries (step time plus the
     program's own work between steps), which is what the scheduler's
     introspection compares. A process's first mini-batch (TensorFlow's lazy
-    set-up: often tens of times a step) does not seed the average, or a job
-    suspended after a few steps would report a fraction of its rate (the
-    policy judges packing trials against that rate).
+    set-up: often tens of times a step) does not count: the rate is 0 (not
+    measured) until a second one, or a job suspended after its first step
+    would report a fraction of its rate (the policy judges packing trials
+    against it).
     """
 
     def __init__(self, alpha: float = 0.1) -> None:
@@ -39,7 +40,7 @@ class ProgressMeter:
         self.steps = 0
         self.last_step_s = 0.0
         self._avg_interval = 0.0
-        self._first_interval = 0.0  # the process's first mini-batch, kept out of the average
+        self._warm = False  # the process's first mini-batch is behind it
         self._last_boundary: float | None = None
         self._metrics: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -60,8 +61,8 @@ class ProgressMeter:
         self.last_step_s = duration_s
         last, self._last_boundary = self._last_boundary, now
         interval = now - last if last is not None else duration_s
-        if self._first_interval == 0.0:
-            self._first_interval = interval
+        if not self._warm:
+            self._warm = True
         elif self._avg_interval == 0.0:
             self._avg_interval = interval
         else:
@@ -77,6 +78,5 @@ class ProgressMeter:
     def snapshot(self) -> Snapshot:
         with self._lock:
             metrics = dict(self._metrics)
-        interval = self._avg_interval or self._first_interval
-        rate = 1.0 / interval if interval > 0 else 0.0
+        rate = 1.0 / self._avg_interval if self._avg_interval > 0 else 0.0
         return Snapshot(self.steps, rate, self.last_step_s, time.time(), metrics)
