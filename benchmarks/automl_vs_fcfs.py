@@ -3,11 +3,11 @@
 A local cluster (2 helpers x 2 virtual GPUs, real TensorFlow MLPs), 16 configurations
 (learning rate x width), each trained for --steps mini-batches if left alone:
 
-* automl: the gandiva policy time-slices all 16; scheduler.automl (--algorithm sha:
-  successive halving, ranked by the reported loss at --min-steps x 2^r mini-batches;
-  hyperband: brackets compared at --steps; --async: rung decisions as soon as they are
+* automl: the gandiva policy time-slices all 16; scheduler.automl (--variants: sha,
+  successive halving ranked by the reported loss at --min-steps x 2^r mini-batches;
+  hyperband, brackets compared at --steps; -async: rung decisions as soon as they are
   certain) raises the priority of the best and kills the rest; the clock stops when it
-  names the best;
+  names the best. Each variant runs on a fresh cluster;
 * fcfs: the fifo policy runs them 4 at a time to completion; the best is known when the
   last one ends (also printed: when the eventually-best one ended, which only an oracle
   would know to stop at).
@@ -17,7 +17,7 @@ whether automl's pick is the true best (its rank among the full runs' final loss
 the TensorFlow start-up share: the GPU time jobs spent running before their first
 mini-batch (process start, TensorFlow import, graph, session), over 4 GPUs x the run's
 time. `--steps 2400` makes training longer against the fixed start-up. Run under
-`nice -n 15`; about 5-9 minutes with the defaults.
+`nice -n 15`; about 6-10 minutes with the defaults (two variants).
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ def specs(steps: int, workdir: str) -> list[common_pb2.JobSpec]:
     return out
 
 
-def cluster(tmp: Path, policy: str) -> LocalCluster:
-    run_dir = tmp / policy
+def cluster(tmp: Path, name: str) -> LocalCluster:
+    run_dir = tmp / name
     run_dir.mkdir()
+    policy = name.split("-")[0]
     c = LocalCluster(run_dir, f"sqlite+aiosqlite:///{run_dir}/g.db", ["node-1", "node-2"], 2,
                      scheduler_args=["--policy", policy, "--quantum", "6", "--tick", "0.5",
                                      "--policy-option", "slice_slack_s=1"])
@@ -106,21 +107,23 @@ class Watch:
         return total, n
 
 
-def run_automl(tmp: Path, args: argparse.Namespace) -> tuple[float, dict[str, str], float, int]:
-    c = cluster(tmp, "gandiva")
+def run_automl(tmp: Path, variant: str, args: argparse.Namespace) -> tuple[float, dict[str, str], float, int]:
+    c = cluster(tmp, f"gandiva-{variant}")
     try:
         client = Client(c.address)
         watch = Watch(Client(c.address)).start()
-        def say(text: str) -> None:
-            print(f"  {args.algorithm}:", text, flush=True)
 
+        def say(text: str) -> None:
+            print(f"  {variant}:", text, flush=True)
+
+        asynchronous = variant.endswith("-async")
         search: SuccessiveHalving
-        if args.algorithm == "hyperband":
+        if variant.startswith("hyperband"):
             search = Hyperband(client, "loss", "min", min_steps=args.min_steps, max_steps=args.steps, eta=2,
-                               on_event=say, asynchronous=args.asynchronous)
+                               on_event=say, asynchronous=asynchronous)
         else:
             search = SuccessiveHalving(client, "loss", "min", min_steps=args.min_steps, eta=2, on_event=say,
-                                       asynchronous=args.asynchronous)
+                                       asynchronous=asynchronous)
         result = search.run("automl", specs(args.steps, str(tmp)), timeout_s=1800)
         startup, n = watch.startup_gpu_s()
         return result.identified_after_s, result.best_params, startup, n
@@ -153,30 +156,36 @@ def run_fcfs(tmp: Path, steps: int) -> tuple[float, float, list[tuple[float, dic
         c.stop()
 
 
+VARIANTS = ("sha", "sha-async", "hyperband", "hyperband-async")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=800,
                    help="mini-batches of a full run (default 800; hyperband compares survivors there)")
     p.add_argument("--min-steps", type=int, default=50, help="first rung (default 50)")
-    p.add_argument("--algorithm", choices=("sha", "hyperband"), default="sha", help="default sha")
-    p.add_argument("--async", dest="asynchronous", action="store_true", help="asynchronous rung decisions")
+    p.add_argument("--variants", default="sha,sha-async",
+                   help=f"automl variants to run, each on a fresh cluster, against one fcfs run: comma-separated "
+                        f"of {', '.join(VARIANTS)} (default sha,sha-async)")
     args = p.parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants or any(v not in VARIANTS for v in variants):
+        p.error(f"--variants {args.variants!r}: choose from {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory(prefix="gandiva-automl-bench-") as d:
         tmp = Path(d)
-        mode = args.algorithm + (" (async)" if args.asynchronous else "")
-        print(f"16 configurations x {args.steps} mini-batches on 2 x 2 virtual GPUs; automl: {mode}")
-        t_automl, picked, start_a, n_a = run_automl(tmp, args)
+        print(f"16 configurations x {args.steps} mini-batches on 2 x 2 virtual GPUs; automl: {', '.join(variants)}")
+        automl = {v: run_automl(tmp, v, args) for v in variants}
         t_fcfs, t_oracle, finals, start_f = run_fcfs(tmp, args.steps)
-    rank = next((i for i, (_, params) in enumerate(finals) if params == picked), -1) + 1
-    print(f"time until the best configuration is identified: automl {t_automl:.1f}s, fcfs {t_fcfs:.1f}s: "
-          f"{t_fcfs / t_automl:.2f}x faster (paper 5.5x-7x); fcfs's eventual best ended at {t_oracle:.1f}s "
-          f"({t_oracle / t_automl:.2f}x; only an oracle would stop there)")
-    print(f"automl picked {picked}; among the full runs' final losses it ranks {rank} of {len(finals)} "
-          f"({'the true best' if rank == 1 else 'not the true best'}; best {finals[0][1]} at {finals[0][0]:.4f}, "
-          f"pick at {finals[rank - 1][0]:.4f})")
-    print(f"TensorFlow start-up (running before the first mini-batch): automl {start_a:.0f} GPU-s over {n_a} jobs "
-          f"= {start_a / (GPUS * t_automl):.0%} of 4 GPUs x {t_automl:.0f}s; fcfs {start_f:.0f} GPU-s "
-          f"= {start_f / (GPUS * t_fcfs):.0%} of 4 GPUs x {t_fcfs:.0f}s")
+    print(f"fcfs: the best is known when all 16 have ended: {t_fcfs:.1f}s (its eventual best ended at {t_oracle:.1f}s; "
+          f"only an oracle would stop there); TensorFlow start-up {start_f:.0f} GPU-s = "
+          f"{start_f / (GPUS * t_fcfs):.0%} of 4 GPUs x {t_fcfs:.0f}s; best {finals[0][1]} at {finals[0][0]:.4f}")
+    for v, (t, picked, start, n) in automl.items():
+        rank = next((i for i, (_, params) in enumerate(finals) if params == picked), -1) + 1
+        print(f"{v}: best identified after {t:.1f}s: {t_fcfs / t:.2f}x faster than fcfs (paper 5.5x-7x; "
+              f"{t_oracle / t:.2f}x against the oracle); picked {picked}, rank {rank} of {len(finals)} by the full "
+              f"runs' final losses ({'the true best' if rank == 1 else 'not the true best'}, "
+              f"{finals[rank - 1][0]:.4f}); TensorFlow start-up {start:.0f} GPU-s over {n} jobs = "
+              f"{start / (GPUS * t):.0%} of 4 GPUs x {t:.0f}s")
 
 
 if __name__ == "__main__":
