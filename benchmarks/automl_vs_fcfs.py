@@ -12,6 +12,10 @@ A local cluster (2 helpers x 2 virtual GPUs, real TensorFlow MLPs), 16 configura
   last one ends (also printed: when the eventually-best one ended, which only an oracle
   would know to stop at).
 
+Configurations are ranked (at the rungs, and at the end of the full runs) by --metric:
+loss_avg, the mean loss of the last 20 mini-batches (default), or loss, one mini-batch's
+(batches of 16: noisy enough that the "true best" is partly luck).
+
 Printed for both: the time until the best configuration is identified, their ratio,
 whether automl's pick is the true best (its rank among the full runs' final losses), and
 the TensorFlow start-up share (process start, TensorFlow import, graph, session): for
@@ -42,14 +46,14 @@ WIDTHS = ("32", "64")
 GPUS = 4
 
 
-def specs(steps: int, workdir: str) -> list[common_pb2.JobSpec]:
+def specs(steps: int, workdir: str, avg: int) -> list[common_pb2.JobSpec]:
     out = []
     for i, (lr, width) in enumerate((lr, w) for w in WIDTHS for lr in LRS):
         out.append(common_pb2.JobSpec(
             name=f"lr{lr}-h{width}", gpus=1, priority=1, workdir=workdir, index=i,
             params={"lr": lr, "hidden": width},
             command=["python", _example("mlp"), "--steps", str(steps), "--step-sleep", "0.02",
-                     "--lr", lr, "--hidden", width]))
+                     "--lr", lr, "--hidden", width, "--loss-avg", str(avg)]))
     return out
 
 
@@ -124,13 +128,13 @@ def run_automl(tmp: Path, variant: str, args: argparse.Namespace) -> tuple[float
         asynchronous = variant.endswith("-async")
         search: SuccessiveHalving
         if variant.startswith("hyperband"):
-            search = Hyperband(client, "loss", "min", min_steps=args.min_steps, max_steps=args.steps, eta=2,
+            search = Hyperband(client, args.metric, "min", min_steps=args.min_steps, max_steps=args.steps, eta=2,
                                on_event=say, asynchronous=asynchronous)
         else:
-            search = SuccessiveHalving(client, "loss", "min", min_steps=args.min_steps, eta=2, on_event=say,
+            search = SuccessiveHalving(client, args.metric, "min", min_steps=args.min_steps, eta=2, on_event=say,
                                        asynchronous=asynchronous)
         wall0 = time.time()
-        result = search.run("automl", specs(args.steps, str(tmp)), timeout_s=1800)
+        result = search.run("automl", specs(args.steps, str(tmp), args.loss_avg), timeout_s=1800)
         watch.stop.set()
         # Under time-slicing every process starts at once (the suspended ones wait at their
         # first boundary): what counts is when the last of them could give feedback.
@@ -139,13 +143,13 @@ def run_automl(tmp: Path, variant: str, args: argparse.Namespace) -> tuple[float
         c.stop()
 
 
-def run_fcfs(tmp: Path, steps: int) -> tuple[float, float, list[tuple[float, dict[str, str]]], float]:
+def run_fcfs(tmp: Path, args: argparse.Namespace) -> tuple[float, float, list[tuple[float, dict[str, str]]], float]:
     c = cluster(tmp, "fifo")
     try:
         client = Client(c.address)
         watch = Watch(Client(c.address)).start()
         t0, wall0 = time.monotonic(), time.time()
-        reply = client.call("SubmitMultiJob", scheduler_pb2.SubmitMultiJobRequest(name="fcfs", jobs=specs(steps, str(tmp))))
+        reply = client.call("SubmitMultiJob", scheduler_pb2.SubmitMultiJobRequest(name="fcfs", jobs=specs(args.steps, str(tmp), args.loss_avg)))
         ids = {j.id for j in reply.jobs}
         while True:
             jobs = [j for j in list_all(client, "ListJobs", scheduler_pb2.ListJobsRequest(), "jobs") if j.id in ids]
@@ -156,7 +160,8 @@ def run_fcfs(tmp: Path, steps: int) -> tuple[float, float, list[tuple[float, dic
             time.sleep(0.5)
         elapsed = time.monotonic() - t0
         print(f"  fcfs: all {len(jobs)} done after {elapsed:.1f}s", flush=True)
-        finals = sorted(((j.metrics.get("loss", math.nan), dict(j.spec.params), j.finished_at - wall0) for j in jobs),
+        finals = sorted(((j.metrics.get(args.metric, math.nan), dict(j.spec.params), j.finished_at - wall0)
+                         for j in jobs),
                         key=lambda f: (math.isnan(f[0]), f[0]))
         startup, _ = watch.startup_gpu_s()
         return elapsed, finals[0][2], [(loss, params) for loss, params, _ in finals], startup
@@ -172,6 +177,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=800,
                    help="mini-batches of a full run (default 800; hyperband compares survivors there)")
     p.add_argument("--min-steps", type=int, default=50, help="first rung (default 50)")
+    p.add_argument("--metric", choices=("loss_avg", "loss"), default="loss_avg",
+                   help="what ranks configurations, at rungs and at the end: loss_avg (default), the mean loss of "
+                        "the last --loss-avg mini-batches; loss, one mini-batch's (batch 16: noisy)")
+    p.add_argument("--loss-avg", type=int, default=20, help="mini-batches in loss_avg (default 20)")
     p.add_argument("--variants", default="sha,sha-async",
                    help=f"automl variants to run, each on a fresh cluster, against one fcfs run: comma-separated "
                         f"of {', '.join(VARIANTS)} (default sha,sha-async)")
@@ -181,9 +190,10 @@ def main() -> None:
         p.error(f"--variants {args.variants!r}: choose from {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory(prefix="gandiva-automl-bench-") as d:
         tmp = Path(d)
-        print(f"16 configurations x {args.steps} mini-batches on 2 x 2 virtual GPUs; automl: {', '.join(variants)}")
+        print(f"16 configurations x {args.steps} mini-batches on 2 x 2 virtual GPUs; automl: {', '.join(variants)}; "
+              f"ranked by {args.metric}")
         automl = {v: run_automl(tmp, v, args) for v in variants}
-        t_fcfs, t_oracle, finals, start_f = run_fcfs(tmp, args.steps)
+        t_fcfs, t_oracle, finals, start_f = run_fcfs(tmp, args)
     print(f"fcfs: the best is known when all 16 have ended: {t_fcfs:.1f}s (its eventual best ended at {t_oracle:.1f}s; "
           f"only an oracle would stop there); TensorFlow start-up {start_f:.0f} GPU-s = "
           f"{start_f / (GPUS * t_fcfs):.0%} of 4 GPUs x {t_fcfs:.0f}s; best {finals[0][1]} at {finals[0][0]:.4f}")
