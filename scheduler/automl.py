@@ -126,8 +126,6 @@ class SuccessiveHalving:
     Scheduler service). ``on_event(text)`` hears each step taken.
     """
 
-    algorithm = "sha"
-
     def __init__(
         self,
         client: Any,
@@ -179,6 +177,7 @@ class SuccessiveHalving:
         if len(specs) < 2:
             raise ValueError("a search needs at least 2 configurations")
         self._t0 = t0 = time.monotonic()
+        self._at, self._rungs = {}, []
         reply = self.client.call("SubmitMultiJob", scheduler_pb2.SubmitMultiJobRequest(name=name, jobs=list(specs)))
         self.multi_job_id = reply.multi_job_id
         ids = [j.id for j in reply.jobs]
@@ -305,8 +304,6 @@ class Hyperband(SuccessiveHalving):
     """Hyperband over a finite sweep; see the module docstring. ``max_steps``: R, the
     budget every bracket's survivors are compared at; ``seed``: how configurations are
     dealt into brackets."""
-
-    algorithm = "hyperband"
 
     def __init__(self, client: Any, metric: str, mode: str = "min", min_steps: int = 50, max_steps: int = 800,
                  eta: int = 2, poll_s: float = 0.5, on_event: Callable[[str], None] = lambda _: None,
