@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim_table import parse_config  # benchmarks/ is the script's folder
+from sim_traces import parse_config  # benchmarks/ is the script's folder
 
 from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
 from scheduler.policy.cluster import Ledger
