@@ -62,8 +62,13 @@ def _attained(view: JobView, at: float) -> float:
 
 def _served(ledger: Ledger, unit: tuple[str, ...], at: float) -> float:
     """Attained service per GPU, in seconds, of the unit's least-served job at ``at``."""
-    return min(_attained(ledger.jobs[j], at) / max(1, len(ledger.placement.get(j, ())) or ledger.jobs[j].gpus)
-               for j in unit)
+    jobs, placement = ledger.jobs, ledger.placement
+    best = math.inf
+    for j in unit:
+        view = jobs[j]
+        served = _attained(view, at) / max(1, len(placement.get(j, ())) or view.gpus)
+        best = min(best, served)
+    return best
 
 
 def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig, at: float) -> float:
@@ -75,14 +80,20 @@ def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig, at: f
 
 
 def _next_unit(ledger: Ledger, units: list[tuple[str, ...]], config: PolicyConfig,
-               running: tuple[str, ...] = ()) -> tuple[str, ...]:
+               running: tuple[str, ...] = (), served: dict[tuple[str, ...], float] | None = None,
+               ) -> tuple[str, ...]:
+    """The unit to run next; ``served`` (las_slices): each unit's ``_served`` now."""
     def waited(u: tuple[str, ...]) -> tuple[float, int, tuple[str, ...]]:
         # The unit suspended longest goes next; higher priority breaks ties.
         return (min(ledger.jobs[j].last_state_change_at for j in u), -max(ledger.jobs[j].priority for j in u), u)
 
-    if config.las_slices:
-        now = ledger.snapshot.now
-        return min(units, key=lambda u: (_served(ledger, u, now), u != running, waited(u)))
+    if served is not None:
+        # Least attained service; ties to the running unit, then to the one waiting longest.
+        least = min(served[u] for u in units)
+        units = [u for u in units if served[u] == least]
+        if len(units) == 1:
+            return units[0]
+        return min(units, key=lambda u: (u != running, waited(u)))
     return min(units, key=waited)
 
 
@@ -136,15 +147,26 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     if not members or (len(members) == 1 and ledger.state[members[0]] != "SUSPENDED"):
         kept.pop(gpus, None)
         return None
-    if any(ledger.state[m] == "MIGRATING" for m in members):
+    # One pass over the members (a group may hold many): what the checks below ask.
+    states, trials, changed = ledger.state, state.trials, ledger.changed
+    running_ids: list[str] = []
+    migrating = in_trial = was_changed = False
+    for m in members:
+        st = states[m]
+        if st == "RUNNING":
+            running_ids.append(m)
+        elif st == "MIGRATING":
+            migrating = True
+        in_trial = in_trial or m in trials
+        was_changed = was_changed or m in changed
+    if migrating:
         return None
-    if any(m in state.trials for m in members):
+    if in_trial:
         return None  # the trial's verdict comes first (judge_trials wakes the policy)
-    if any(m in ledger.changed for m in members):
+    if was_changed:
         # Changed in this very call: its slice starts now.
         kept.pop(gpus, None)
         return _slice_end(now + config.quantum_s, config)
-    running_ids = [m for m in members if ledger.state[m] == "RUNNING"]
     if len(running_ids) == len(members):
         return None  # nobody waits: a kept pack, or a lone job
     if any(not ledger.jobs[m].suspendable for m in running_ids):
@@ -167,13 +189,17 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     if not waiting:
         return None
     # Under las_slices the running unit competes too (and keeps the GPUs if it wins).
-    nxt = _next_unit(ledger, units if config.las_slices else waiting, config, running)
+    if config.las_slices:
+        served = {u: _served(ledger, u, now) for u in units}
+        nxt = _next_unit(ledger, units, config, running, served)
+    else:
+        nxt = _next_unit(ledger, waiting, config)
     if nxt == running:
         # It still has the least attained service: it keeps the GPUs until the first beat
         # after it no longer has (its service per GPU grows one second a second; the
         # waiting units' stands still), or the end of another slice if that comes first.
-        least = min(_served(ledger, u, now) for u in waiting)
-        crossing = now + max(0.0, least - _served(ledger, running, now))
+        least = min(served[u] for u in waiting)
+        crossing = now + max(0.0, least - served[running])
         beat = (math.floor(crossing / config.quantum_s) + 1) * config.quantum_s
         until = min(beat, _slice_end(now + _slice_of(ledger, running, config, now), config))
         kept[gpus] = (running, until)
