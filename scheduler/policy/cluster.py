@@ -83,6 +83,8 @@ class Ledger:
         self.by_state: dict[str, set[str]] = {}
         self.bound: dict[GpuRef, list[str]] = {}
         self.load: dict[str, int] = dict.fromkeys(self.servers, 0)
+        # Up servers no job is bound to.
+        self.idle_servers: set[str] = set(self.servers)
         # Per server: GPU count -> how many jobs of that size touch it (for affinity).
         self.sizes: dict[str, dict[int, int]] = {name: {} for name in self.servers}
         self.jobs_on: dict[str, set[str]] = {name: set() for name in self.servers}
@@ -274,6 +276,7 @@ class Ledger:
                 ids.append(job_id)
             if gpu.server in load:
                 load[gpu.server] += 1
+                self.idle_servers.discard(gpu.server)
                 if gpu.index in free[gpu.server]:
                     free[gpu.server].discard(gpu.index)
                     self._n_free -= 1
@@ -310,6 +313,8 @@ class Ledger:
             self.bound[gpu].remove(job_id)
             if gpu.server in self.load:
                 self.load[gpu.server] -= 1
+                if not self.load[gpu.server]:
+                    self.idle_servers.add(gpu.server)
                 if not self.bound[gpu]:
                     self._free[gpu.server].add(gpu.index)
                     self._n_free += 1
