@@ -359,7 +359,7 @@ class LiveEngine:
         await asyncio.sleep(deadline)
         if self.core.runtimes.ever_connected(job_id, incarnation):
             return
-        reason = (f"no process of it connected the Gandiva runtime within {deadline:.0f}s of its "
+        reason = (f"no process of it connected the Gandiva runtime within {deadline:g}s of its "
                   "launch (is it a TensorFlow 1-style program run by a python that has "
                   "tf_runtime installed?); it runs to its end on its GPUs and cannot be "
                   "suspended, packed or migrated")
