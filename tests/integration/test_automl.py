@@ -23,7 +23,7 @@ def test_successive_halving_kills_the_worst_and_promotes_the_best(cluster, mlp, 
     # lr 2.0 with momentum diverges: it must not survive the first rung.
     sweep.write_text("name: search\ngrid:\n  lr: [0.003, 0.01, 0.03, 2.0]\n")
     run = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", "automl", "--sweep", str(sweep), "--metric", "loss",
+        [sys.executable, "-m", "gandiva_cli.main", "automl", "--sweep", str(sweep), "--metric", "loss",
          "--mode", "min", "--min-steps", "40", "--eta", "2", "--scheduler", cluster.sched.address,
          "--", *mlp(600, 0.02), "--lr", "{lr}"],
         capture_output=True, text=True, timeout=400, check=False)
@@ -62,6 +62,6 @@ def test_nan_ranks_last_whatever_the_mode() -> None:
 
 
 def test_cli_without_a_sweep_or_metric_says_what_is_missing() -> None:
-    run = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "automl", "--metric", "loss", "--", "x"],
+    run = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "automl", "--metric", "loss", "--", "x"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2 and "--sweep" in run.stderr

@@ -226,7 +226,7 @@ class Cluster:
 
     def _spawn(self, name: str, ns: str, argv: list[str]) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "scheduler.cli.main", *argv],
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "gandiva_cli.main", *argv],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
         log.close()
         self.procs[name] = proc

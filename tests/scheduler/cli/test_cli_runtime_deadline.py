@@ -16,10 +16,10 @@ from typing import Any
 import grpc
 import pytest
 
+from gandiva_cli.main import main
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from scheduler.cli.main import main
 
-GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 DEADLINE_S = 2.5
 
 
