@@ -73,6 +73,7 @@ class HelperDaemon:
         self.frozen = False
         # When the watchdog froze the jobs (loop time): only a heartbeat sent after it thaws.
         self._frozen_at = 0.0
+        self._heartbeat_interval_s = MAX_BACKOFF_S  # the scheduler's, from the last registration
         self._outbox: collections.deque[Any] = collections.deque()
         self.dropped = 0  # reports the scheduler refused for good
         self._outbox_ready = asyncio.Event()
@@ -206,7 +207,10 @@ class HelperDaemon:
                 detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                 log.warning("scheduler session ended (%s); reconnecting", detail)
             await asyncio.sleep(backoff)
-            backoff = min(MAX_BACKOFF_S, backoff * 2) if not self.registered.is_set() else 0.2
+            # Never slower than a heartbeat: a scheduler back from a restart hears from
+            # every live helper well before it may call a silent server down.
+            backoff = (min(MAX_BACKOFF_S, self._heartbeat_interval_s, backoff * 2)
+                       if not self.registered.is_set() else 0.2)
 
     async def _session(self, stub: helper_pb2_grpc.HelperStub) -> None:
         reply = await stub.Register(self._register_request(), timeout=RPC_TIMEOUT_S)
@@ -219,6 +223,7 @@ class HelperDaemon:
         self.sessions += 1
         self.registered.set()
         interval = reply.heartbeat_interval_s or 2.0
+        self._heartbeat_interval_s = interval
         log.info("registered with %s (heartbeat every %.1f s)", self.config.scheduler, interval)
         tasks = [
             asyncio.create_task(self._heartbeats(stub, interval)),

@@ -186,6 +186,8 @@ class SchedulerCore:
         self._flusher: asyncio.Task | None = None
         self.settings = settings or Settings()
         self.clock = clock
+        # A server's silence counts only while this scheduler was there to hear it.
+        self.started_at = clock()
         self.events = EventBus()
         self.helpers = HelperHub()
         self.runtimes = RuntimeHub()
@@ -542,9 +544,14 @@ class SchedulerCore:
         self.poke()
 
     async def mark_stale_servers_down(self) -> list[str]:
-        """Servers silent for `down_after_s` go down; their jobs return to the queue."""
+        """Servers silent for `down_after_s` go down; their jobs return to the queue.
+        After a (re)start, none goes down before the scheduler has itself been up for
+        `down_after_s`: a helper that could not reach a stopped scheduler was silent for
+        that reason, and its jobs are still expected where they run."""
         now = self.clock()
         cutoff = now - self.settings.down_after_s
+        if cutoff < self.started_at:
+            return []
         # Every scheduling round asks; only an actual change takes the write lock.
         async with self.tx(read=True) as s:
             if not await repo.stale_servers(s, cutoff):

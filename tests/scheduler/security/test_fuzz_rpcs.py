@@ -89,7 +89,9 @@ HELPER_RPCS = {
 
 
 @pytest.fixture
-def fuzz_server(make_scheduler, db_url: str):  # type: ignore[no-untyped-def]
+def fuzz_server(db_url: str, make_scheduler):  # type: ignore[no-untyped-def]
+    # db_url first: fixtures end in reverse order, so the scheduler stops (and
+    # flushes its last progress) before a PostgreSQL test database is dropped.
     sched = make_scheduler(db_url, tick_s=0.5)
     with grpc.insecure_channel(sched.address) as ch:
         yield ch

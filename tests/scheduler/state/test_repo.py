@@ -36,6 +36,29 @@ async def test_submit_persists_job_transition_and_event(core: SchedulerCore) -> 
     assert [e.kind for e in events] == ["job.submitted"]
 
 
+async def test_a_restarted_scheduler_waits_before_calling_a_silent_server_down(db_url: str) -> None:
+    """Servers that went quiet while the scheduler was stopped are not declared down (and
+    their jobs not re-placed) until the new scheduler has itself waited `down_after_s`."""
+    engine = make_engine(db_url)
+    await migrate.upgrade(engine)
+    now = [1000.0]
+    first = SchedulerCore(engine, clock=lambda: now[0])
+    gpus = [common_pb2.Gpu(index=0, model="virtual")]
+    await first.register_server(helper_pb2.RegisterServerRequest(name="s1", gpus=gpus))
+    # The scheduler is down for a long time; a new one starts.
+    now[0] += 10 * first.settings.down_after_s
+    second = SchedulerCore(engine, clock=lambda: now[0])
+    assert await second.mark_stale_servers_down() == []
+    now[0] += second.settings.down_after_s / 2
+    assert await second.mark_stale_servers_down() == []
+    (load,) = await second.list_servers()
+    assert load.server.up
+    # Still silent a whole down_after_s after the restart: down.
+    now[0] += second.settings.down_after_s
+    assert await second.mark_stale_servers_down() == ["s1"]
+    await engine.dispose()
+
+
 async def test_invalid_submission_writes_nothing(core: SchedulerCore) -> None:
     with pytest.raises(InvalidArgument) as err:
         await core.submit(spec(3))
