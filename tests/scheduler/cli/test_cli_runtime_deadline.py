@@ -6,10 +6,12 @@ job that never connects (bash, no TensorFlow)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,17 @@ from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 DEADLINE_S = 2.5
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """`gandiva scheduler` run in-process configures the root logger onto this test's
+    captured stderr; later tests must not log into that closed stream."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
