@@ -12,7 +12,7 @@ tried again.
 
 from __future__ import annotations
 
-from scheduler.policy.cluster import Ledger
+from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.state import GandivaState, PackTrial
 from scheduler.policy.types import Decision, JobView, Pack, PolicyConfig, Unpack
 
@@ -43,6 +43,7 @@ def judge_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> l
             state.wake_at(max(ends, now + config.quantum_s / 4))
             continue
         del state.trials[job_id]
+        ledger.touch(ledger.placement[job_id])  # its group may rotate or pack again
         gain = job.rate / trial.base_rates[0] + partner.rate / trial.base_rates[1]
         if gain > 1.0 + config.pack_min_gain:
             state.kept_pairs[job_id] = partner.id
@@ -63,16 +64,21 @@ def _fits(a: JobView, b: JobView, ledger: Ledger) -> bool:
     return a.profile.memory_bytes + b.profile.memory_bytes <= capacity
 
 
-def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
-    """Start one packing trial in every eligible time-slice group."""
+def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig,
+                 look: set[Placement] | None = None) -> list[Decision] | None:
+    """Start one packing trial in every eligible time-slice group; None: none looked at.
+
+    ``look``: only these groups changed since the last call that looked (the others were
+    not eligible then and nothing about them changed); None: look at every group.
+    """
     if not config.enable_packing or not ledger.overloaded():
-        return []
+        return None
     def util(job_id: str) -> float:
         profile = ledger.jobs[job_id].profile
         return profile.gpu_util if profile else 1.0
 
     choices = []
-    for gpus in sorted(ledger.shared):
+    for gpus in (ledger.shared if look is None else ledger.shared.intersection(look)):
         members = ledger.members(gpus)
         running = [m for m in members if ledger.state[m] == "RUNNING"]
         if len(running) != 1 or any(m in state.trials or m in ledger.changed for m in members):

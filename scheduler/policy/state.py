@@ -25,8 +25,22 @@ class PackTrial:
 
 
 @dataclass
+class SliceBook:
+    """When each time-slice group next needs a look (scheduler/policy/timeslice.py).
+
+    due: the time a group's slice ends (a group with nothing to decide until it changes
+    has none); heap: (time, group) entries, stale once ``due`` says otherwise; kept: the
+    unit that kept its group's GPUs under ``las_slices``, and until when.
+    """
+
+    due: dict[tuple, float] = field(default_factory=dict)
+    heap: list[tuple[float, tuple]] = field(default_factory=list)
+    kept: dict[tuple, tuple[tuple[str, ...], float]] = field(default_factory=dict)
+
+
+@dataclass
 class GandivaState:
-    """Packing trials and verdicts, defragmentation and grow timers."""
+    """Packing trials and verdicts, defragmentation and grow timers, slice ends."""
 
     trials: dict[str, PackTrial] = field(default_factory=dict)
     kept_pairs: dict[str, str] = field(default_factory=dict)
@@ -36,6 +50,7 @@ class GandivaState:
     # The earliest time at which decide() would act without any new event (slice end,
     # trial end, defrag or grow timer); the simulator wakes the policy then.
     next_wakeup: float | None = None
+    slices: SliceBook = field(default_factory=SliceBook)
 
     def wake_at(self, when: float) -> None:
         if self.next_wakeup is None or when < self.next_wakeup:
