@@ -36,7 +36,7 @@ from scheduler.transport import ClientSecurity, aio_channel
 PG_ADMIN = "postgresql+asyncpg://gandiva:gandiva@127.0.0.1:5432/gandiva"
 
 
-GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 
 
 def secure_setup(db_url: str, workdir: Path) -> tuple[list[str], Path]:

@@ -18,7 +18,7 @@ def test_demo_shows_the_scheduler_time_slice_pack_migrate_grow_and_shrink(tmp_pa
     env = {**os.environ, "GANDIVA_HOME": str(tmp_path / "home"), "COLUMNS": "160"}
     env.pop("GANDIVA_SCHEDULER", None)
     done = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", "demo", "--steps", "400", "--timeout", "420"],
+        [sys.executable, "-m", "gandiva_cli.main", "demo", "--steps", "400", "--timeout", "420"],
         check=False, capture_output=True, text=True, env=env, timeout=540)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]

@@ -26,7 +26,7 @@ def test_a_job_reports_progress_with_its_scoped_token(secured: Any, connect: Any
     helper_token = make_token(secured.db_url, "s1", "helper")
     env = {**os.environ, "GANDIVA_TOKEN": helper_token, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler.cli.main", "helper", "--server-name", "s1", "--gpus", "1",
+        [sys.executable, "-m", "gandiva_cli.main", "helper", "--server-name", "s1", "--gpus", "1",
          "--virtual", "--scheduler", secured.address, "--ramdisk", str(tmp_path / "rd"),
          "--log-dir", str(tmp_path / "logs")],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
