@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scheduler.cli import bench
+from migration_helper import bench_cli as bench
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,9 @@ For each policy, replays a trace and adds up, between consecutive simulator even
   groups exist on same-affinity servers but all have ``max_jobs_per_gpu`` members;
   ``affinity`` same-size groups exist but only on servers whose affinity is another size;
   ``no group`` no time-slice group of that size anywhere and too few free GPUs; ``large``
-  the job is larger than a server and needs whole idle servers.
+  the job is larger than a server and needs whole idle servers. With ``--sample-s S`` the
+  queue is classified at most every S virtual seconds (each classification stands until
+  the next), which a trace with a queue of thousands needs.
 
     .venv/bin/python benchmarks/sim_breakdown.py --trace FILE [--compare gandiva,yarn-cs]
         [--cluster 25x4] [--target-load 0.9]
@@ -27,11 +29,12 @@ With a Gavel trace the Gavel throughput table next to it is used, as in `gandiva
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
-from sim_table import parse_config  # benchmarks/ is the script's folder
+from sim_traces import parse_config  # benchmarks/ is the script's folder
 
 from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
 from scheduler.policy.cluster import Ledger
@@ -96,12 +99,21 @@ def wait_kind(ledger: Ledger, job_id: str, config: PolicyConfig, reserved: str |
 
 
 class WaitProbe(Policy):
-    """Wraps a Gandiva policy and adds up queued job-hours by ``wait_kind``."""
+    """Wraps a Gandiva policy and adds up queued job-hours by ``wait_kind``.
 
-    def __init__(self, inner: Policy) -> None:
+    The queued jobs are classified after a call at most every ``sample_s`` virtual seconds
+    (each classification stands until the next), so a long queue does not make every call
+    visit every queued job; ``sample_s`` 0 classifies after every call.
+    """
+
+    def __init__(self, inner: Policy, sample_s: float = 0.0) -> None:
         self.inner, self.name, self.preemption = inner, inner.name, inner.preemption
         self.hours = dict.fromkeys(WAIT_KINDS, 0.0)
+        self.by_size: dict[int, float] = {}  # queued job-hours per GPU count
         self._last: tuple[float, dict[str, int]] | None = None
+        self._sizes: dict[int, int] = {}
+        self.sample_s = sample_s
+        self._next_sample = -math.inf
 
     @property  # type: ignore[override]
     def config(self) -> PolicyConfig:
@@ -120,8 +132,15 @@ class WaitProbe(Policy):
             t, counts = self._last
             for kind, n in counts.items():
                 self.hours[kind] += n * (snapshot.now - t) / 3600.0
+            for size, n in self._sizes.items():
+                self.by_size[size] = self.by_size.get(size, 0.0) + n * (snapshot.now - t) / 3600.0
+            if snapshot.now < self._next_sample:
+                self._last = (snapshot.now, counts)
+                return out
+        self._next_sample = snapshot.now + self.sample_s
         ledger = self.inner._ledger
         counts = dict.fromkeys(WAIT_KINDS, 0)
+        self._sizes = {size: len(keys) for size, keys in ledger.queued_by_size.items()} if ledger else {}
         if ledger is not None:
             reserved = getattr(self.inner, "_reserved", None)
             for job_id in ledger.by_state.get("QUEUED", ()):
@@ -138,6 +157,8 @@ def main() -> int:
     ap.add_argument("--target-load", type=float, default=0.9)
     ap.add_argument("--throughputs", type=Path, help="Gavel table (default: found next to the trace)")
     ap.add_argument("--spread-factor", type=float, help="as in `gandiva sim`")
+    ap.add_argument("--sample-s", type=float, default=0.0, help="classify the queued jobs at most every this "
+                    "many virtual seconds (0: after every call; use e.g. 600 for traces with long queues)")
     ap.add_argument("--config", default="", help="gandiva rules, as sim_table.py's --config, e.g. "
                     "las_slices:false+slice_growth:0+max_jobs_per_gpu:4 (the paper's time-slicing)")
     args = ap.parse_args()
@@ -164,7 +185,7 @@ def main() -> int:
         probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id)
         policy = get_policy(name, parse_config(args.config) if name == "gandiva" else None)
         if name == "gandiva":
-            policy = waits[name] = WaitProbe(policy)
+            policy = waits[name] = WaitProbe(policy, args.sample_s)
         m = summarize(Simulator(jobs, servers, policy, model, observer=probe).run())
         h = probe.hours
         print(f"{name} | {m['avg_jct_s'] / 3600:.1f} | {m['makespan_s'] / 3600:.0f} | {h['busy']:.0f} | "
@@ -175,6 +196,8 @@ def main() -> int:
         total = sum(wait.hours.values()) or 1.0
         print(f"{name}: queued job-hours by reason: " + ", ".join(
             f"{kind} {hours:.0f} ({100 * hours / total:.0f}%)" for kind, hours in wait.hours.items()))
+        print(f"{name}: queued job-hours by GPU count: " + ", ".join(
+            f"{size} GPUs {hours:.0f} ({100 * hours / total:.0f}%)" for size, hours in sorted(wait.by_size.items())))
     return 0
 
 

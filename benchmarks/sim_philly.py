@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from sim_traces import GAVEL, gavel_traces  # benchmarks/ is the script's folder
+
 from scheduler.policy import get_policy
 from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
@@ -31,14 +33,13 @@ from scheduler.sim.metrics import summarize
 from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import read_trace
 
-ROOT = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "gavel"
 POLICIES = ("gandiva", "yarn-cs", "tiresias", "yarn-cs-local")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", type=Path, default=ROOT / "traces" / "msr" / "seed=0")
-    ap.add_argument("--throughputs", type=Path, default=ROOT / "simulation_throughputs.json")
+    ap.add_argument("--traces", type=Path, default=GAVEL / "traces" / "msr" / "seed=0")
+    ap.add_argument("--throughputs", type=Path, default=GAVEL / "simulation_throughputs.json")
     ap.add_argument("--min-jobs", type=int, default=500)
     ap.add_argument("--cluster", default="25x4")
     ap.add_argument("--target-load", type=float, default=0.9)
@@ -54,10 +55,10 @@ def main() -> int:
     print(f"{'trace':>8} {'jobs':>5} {'factor':>7} | {'JCT g/y':>7} {'JCT t/y':>7} {'JCT g/yl':>8} | "
           f"{'mksp g/y':>8} {'mksp t/y':>8} {'mksp g/yl':>9} {'bound/y':>7} | {'util g':>6} {'util y':>6} | "
           f"{'migr':>5} | secs")
-    for path in sorted(args.traces.glob("*.trace")):
-        jobs = read_trace(path)
-        if len(jobs) < args.min_jobs or (args.only and path.stem not in args.only.split(",")):
+    for path in gavel_traces(args.traces, args.min_jobs):
+        if args.only and path.stem not in args.only.split(","):
             continue
+        jobs = read_trace(path)
         jobs, factor = scale_to_load(jobs, servers, model, args.target_load)
         # No policy can finish before the job that ends last when run alone on arrival.
         bound, _ = makespan_bound(jobs, servers, model)

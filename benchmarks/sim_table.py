@@ -25,54 +25,28 @@ Needs ../shared/traces. All traces take hours on this shared machine: use --only
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from scheduler.policy import PolicyConfig, get_policy
+from sim_traces import (  # benchmarks/ is the script's folder
+    TRACES,
+    parse_config,
+    parse_rules,
+    trace_files,
+)
+
+from scheduler.policy import get_policy
 from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import read_trace
 
-TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
 POLICIES = ("gandiva", "yarn-cs", "tiresias", "yarn-cs-local")
 JCT, FIRST = "avg_jct_s", "avg_time_to_first_n_s"
-
-
-def trace_files(root: Path, min_jobs: int) -> list[Path]:
-    """Every ITP trace, then every Gavel msr trace with at least ``min_jobs`` jobs."""
-    itp = sorted((root / "itp").glob("cluster*.csv"))
-    gavel = [p for p in sorted((root / "gavel" / "traces" / "msr" / "seed=0").glob("*.trace"))
-             if sum(1 for line in p.open() if line.strip()) >= min_jobs]
-    return itp + gavel
-
-
-def parse_config(spec: str) -> PolicyConfig:
-    """``field[:value]+field...`` into a PolicyConfig on top of the defaults."""
-    types = {f.name: f.type for f in dataclasses.fields(PolicyConfig)}
-    changes: dict[str, Any] = {}
-    for rule in filter(None, spec.split("+")):
-        field, _, value = rule.partition(":")
-        if field not in types:
-            raise SystemExit(f"--ablate: {field!r} is not a PolicyConfig field")
-        kind = str(types[field])
-        changes[field] = (True if not value else value.lower() == "true") if kind == "bool" else \
-            (int(value) if kind == "int" else float(value))
-    return PolicyConfig(**changes)
-
-
-def parse_rules(text: str) -> dict[str, PolicyConfig]:
-    """``name=field[:value]+field...,name2=...`` into PolicyConfigs on top of the defaults."""
-    out: dict[str, PolicyConfig] = {}
-    for item in filter(None, text.split(",")):
-        name, _, spec = item.partition("=")
-        out[name] = parse_config(spec)
-    return out
 
 
 def verdicts(g: dict, y: dict, t: dict) -> dict[str, Any]:

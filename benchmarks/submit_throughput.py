@@ -37,7 +37,7 @@ from scheduler.transport import ClientSecurity, aio_channel
 PG_ADMIN = "postgresql+asyncpg://gandiva:gandiva@127.0.0.1:5432/gandiva"
 
 
-GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 
 
 def secure_setup(db_url: str, workdir: Path) -> tuple[list[str], Path]:
@@ -66,7 +66,7 @@ def start(db_url: str, workdir: Path, extra: list[str] | None = None,
     port_file = workdir / f"port-{uuid.uuid4().hex}"
     sampler = str(Path(__file__).with_name("sampler.py"))
     gandiva = GANDIVA if profile is None else [sys.executable, sampler, "-o", str(profile),
-                                                "-m", "scheduler.cli.main"]
+                                                "-m", "gandiva_cli.main"]
     proc = subprocess.Popen(
         [*gandiva, "scheduler", "--listen", "127.0.0.1:0",
          "--db", db_url, "--port-file", str(port_file), "--log-level", "WARNING", *(extra or [])],

@@ -80,6 +80,8 @@ class HelperDaemon:
         self.lease_s = 0.0
         self._lease_from = 0.0
         self.frozen = False
+        # When the watchdog froze the jobs (loop time): only a heartbeat sent after it thaws.
+        self._frozen_at = 0.0
         self._heartbeat_interval_s = MAX_BACKOFF_S  # the scheduler's, from the last registration
         self._outbox: collections.deque[Any] = collections.deque()
         self.dropped = 0  # reports the scheduler refused for good
@@ -291,9 +293,15 @@ class HelperDaemon:
                     "a checkpoint is streamed only to the scheduler's registered helpers")
 
     def _lease_renewed(self, sent_at: float) -> None:
-        """A heartbeat sent at `sent_at` was answered: the lease runs from then."""
+        """A heartbeat sent at `sent_at` was answered: the lease runs from then.
+
+        Frozen jobs thaw only on the answer to a heartbeat sent after they were frozen:
+        a late answer to one sent before the lease ran out says nothing about the
+        scheduler now (it may already be re-placing them), so it must not thaw them
+        for a moment (issue 9). A fresh round trip does, and brings the stops with it."""
         self._lease_from = max(self._lease_from, sent_at)
-        if self.frozen:
+        fresh = sent_at >= self._frozen_at and asyncio.get_running_loop().time() - sent_at <= self.lease_s
+        if self.frozen and fresh:
             self.frozen = False
             log.warning("lease renewed: jobs thawed")
             self.jobs.thaw_all()
@@ -307,12 +315,13 @@ class HelperDaemon:
             await asyncio.sleep(LEASE_POLL_S)
             if self.lease_s <= 0:
                 continue
-            if loop.time() - self._lease_from > self.lease_s:
-                if not self.frozen:
-                    log.warning("no heartbeat answered for %.1f s (lease %.1f s): freezing jobs",
-                                loop.time() - self._lease_from, self.lease_s)
+            if not self.frozen and loop.time() - self._lease_from > self.lease_s:
+                log.warning("no heartbeat answered for %.1f s (lease %.1f s): freezing jobs",
+                            loop.time() - self._lease_from, self.lease_s)
+                self._frozen_at = loop.time()
                 self.frozen = True
-                # Again on every poll: a launch that started meanwhile is frozen too.
+            if self.frozen:
+                # Again on every poll until thawed: a launch that started meanwhile is frozen too.
                 self.jobs.freeze_all()
 
     async def _commands(self, stub: helper_pb2_grpc.HelperStub) -> None:

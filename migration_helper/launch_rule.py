@@ -20,6 +20,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
+from scheduler.transport import ENV_TLS_CERT, ENV_TLS_KEY, ENV_TOKEN
 from tf_runtime.autoload import path_with_autoload
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -34,10 +35,11 @@ _HELPER_ONLY = (
     "GANDIVA_JOB_ID",
     "GANDIVA_INCARNATION",
     "GANDIVA_WARM_SIGNATURE",
-    # The helper's own credentials: a job gets a token scoped to itself instead.
-    "GANDIVA_TOKEN",
-    "GANDIVA_TLS_CERT",
-    "GANDIVA_TLS_KEY",
+    # The helper's own credentials (named where they are read): a job gets a token scoped
+    # to itself instead, and the CA only.
+    ENV_TOKEN,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
 )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -78,6 +79,11 @@ class Settings:
         lease = self.lease
         if self.checkpoint_interval_s < 0:
             raise InvalidArgument("checkpoint_interval_s", f"{self.checkpoint_interval_s} is negative; 0 turns periodic checkpoints off")
+        if not self.runtime_connect_deadline_s > 0 or math.isinf(self.runtime_connect_deadline_s):
+            raise InvalidArgument(
+                "runtime_connect_deadline_s",
+                f"{self.runtime_connect_deadline_s:g} is not a positive number of seconds: give how long "
+                "a launched job's processes have to connect the Gandiva runtime (e.g. 120)")
         if self.heartbeat_interval_s <= 0:
             raise InvalidArgument("heartbeat_interval_s", f"{self.heartbeat_interval_s} must be positive")
         if lease + LEASE_MARGIN_S > self.down_after_s:

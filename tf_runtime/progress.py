@@ -28,7 +28,11 @@ class ProgressMeter:
 
     The rate uses the interval between two boundaries (step time plus the
     program's own work between steps), which is what the scheduler's
-    introspection compares.
+    introspection compares. A process's first mini-batch (TensorFlow's lazy
+    set-up: often tens of times a step) does not count: the rate is 0 (not
+    measured) until a second one, or a job suspended after its first step
+    would report a fraction of its rate (the policy judges packing trials
+    against it).
     """
 
     def __init__(self, alpha: float = 0.1) -> None:
@@ -36,6 +40,7 @@ class ProgressMeter:
         self.steps = 0
         self.last_step_s = 0.0
         self._avg_interval = 0.0
+        self._warm = False  # the process's first mini-batch is behind it
         self._last_boundary: float | None = None
         self._metrics: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -56,7 +61,9 @@ class ProgressMeter:
         self.last_step_s = duration_s
         last, self._last_boundary = self._last_boundary, now
         interval = now - last if last is not None else duration_s
-        if self._avg_interval == 0.0:
+        if not self._warm:
+            self._warm = True
+        elif self._avg_interval == 0.0:
             self._avg_interval = interval
         else:
             self._avg_interval += self._alpha * (interval - self._avg_interval)

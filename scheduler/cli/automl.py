@@ -1,10 +1,19 @@
-"""`gandiva automl`: successive halving over a sweep, from the metric the jobs report.
+"""`gandiva automl`: successive halving or Hyperband over a sweep, from the metric the jobs report.
 
 Every configuration of the sweep starts at once (the scheduler time-slices them); at each
 rung of --min-steps x eta^r mini-batches the best 1/eta (by --metric, --mode) get a larger
-share of the GPUs and the others are killed; the last one standing is printed. The sweep
-file and the {param} placeholders are those of `gandiva-submit --sweep`. Python API:
-scheduler.automl.SuccessiveHalving.
+share of the GPUs and the others are killed; the best is printed.
+
+  --algorithm sha (default): one bracket, until one configuration is left.
+  --algorithm hyperband: the configurations are dealt into brackets that start halving
+      at --max-steps x eta^-s mini-batches (the last bracket stops none early); the
+      survivors of every bracket run to --max-steps and the best there wins. Slower to
+      answer than sha; it hedges against early feedback that misleads.
+  --async: decide each job at a rung as soon as its fate is certain (same choices,
+      without waiting for the rung's slowest entrant).
+
+The sweep file and the {param} placeholders are those of `gandiva-submit --sweep`.
+Python API: scheduler.automl.SuccessiveHalving, scheduler.automl.Hyperband.
 """
 
 from __future__ import annotations
@@ -18,15 +27,25 @@ from scheduler.cli.client import CliError, add_security_flags, client_from_args
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "automl", help="hyper-parameter search with early feedback (successive halving) over a sweep",
+        "automl", help="hyper-parameter search with early feedback (successive halving, Hyperband) over a sweep",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="gandiva automl --sweep FILE --metric NAME [--mode min|max] [options] -- COMMAND [ARG ...]")
+        usage="gandiva automl --sweep FILE --metric NAME [--mode min|max] [--algorithm sha|hyperband] "
+              "[options] -- COMMAND [ARG ...]")
     p.add_argument("--sweep", required=True, metavar="FILE",
                    help="sweep file: 'grid:' of value lists, or 'list:' of parameter sets")
     p.add_argument("--metric", required=True, help="the metric to rank by, as the jobs report it (e.g. loss)")
     p.add_argument("--mode", choices=("min", "max"), default="min", help="min: lower is better (default); max")
     p.add_argument("--min-steps", type=int, default=50, help="mini-batches before the first rung (default 50)")
     p.add_argument("--eta", type=int, default=2, help="keep the best 1/eta at each rung (default 2)")
+    p.add_argument("--algorithm", choices=("sha", "hyperband"), default="sha",
+                   help="sha: successive halving until one is left (default); hyperband: brackets")
+    p.add_argument("--hyperband", dest="algorithm", action="store_const", const="hyperband",
+                   help="the same as --algorithm hyperband")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="hyperband: the budget survivors are compared at (required with hyperband)")
+    p.add_argument("--async", dest="asynchronous", action="store_true",
+                   help="decide each job at a rung as soon as its fate is certain")
+    p.add_argument("--seed", type=int, default=0, help="hyperband: how configurations are dealt into brackets")
     p.add_argument("--gpus", type=int, default=1, help="GPUs per configuration (default 1)")
     p.add_argument("--name", help="the multi-job's name (default: the sweep's name, else the script's)")
     p.add_argument("--workdir", help="working directory of the jobs (default: the current one)")
@@ -41,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scheduler.automl import AutoMLError, SuccessiveHalving
+    from scheduler.automl import AutoMLError, Hyperband, SuccessiveHalving
     from scheduler.cli.spec import SpecError
     from scheduler.cli.submit import build_submission
 
@@ -52,8 +71,20 @@ def run(args: argparse.Namespace) -> int:
         env=args.env, env_pass=[], no_default_env=False, sweep=args.sweep, array=None)
     try:
         submission = build_submission(submit_args, command, os.environ, os.getcwd())
-        search = SuccessiveHalving(client_from_args(args), args.metric, args.mode, args.min_steps, args.eta,
-                                   on_event=lambda text: print(text, flush=True))
+        def say(text: str) -> None:
+            print(text, flush=True)
+
+        search: SuccessiveHalving
+        if args.algorithm == "hyperband":
+            if args.max_steps is None:
+                raise ValueError("--algorithm hyperband needs --max-steps (the budget survivors are compared at)")
+            search = Hyperband(client_from_args(args), args.metric, args.mode, args.min_steps, args.max_steps,
+                               args.eta, on_event=say, asynchronous=args.asynchronous, seed=args.seed)
+        else:
+            if args.max_steps is not None:
+                raise ValueError("--max-steps is for --algorithm hyperband; sha runs until one is left")
+            search = SuccessiveHalving(client_from_args(args), args.metric, args.mode, args.min_steps, args.eta,
+                                       on_event=say, asynchronous=args.asynchronous)
         result = search.run(submission.name, submission.jobs, args.timeout)
     except (SpecError, ValueError) as err:
         print(f"gandiva automl: {err}", file=sys.stderr)

@@ -33,7 +33,7 @@ from scheduler.cli.client import TERMINAL_STATES, state_name
 # The sweep: learning rate x hidden width of the MLP example.
 SWEEP = [(lr, hidden) for hidden in (32, 64) for lr in ("0.001", "0.003", "0.01", "0.03")]
 STYLE = {"place": "green", "suspend": "yellow", "resume": "yellow", "pack": "magenta",
-         "unpack": "magenta", "keep-pack": "magenta", "migrate": "cyan", "grow": "blue", "shrink": "blue"}
+         "unpack": "magenta", "keep-pack": "magenta", "reject-pack": "magenta", "pack-void": "magenta", "migrate": "cyan", "grow": "blue", "shrink": "blue"}
 
 
 def _example(name: str) -> str:
@@ -166,12 +166,18 @@ class DemoRun:
             return lambda js: sum(j.id in sweep_ids and j.state in TERMINAL_STATES for j in js) >= n
 
         self.until("the sweep finishes", sweep_done(len(sweep_ids)), min(left(), 150))
+        # A migration the policy started while the sweep ran (to lower the height) must land
+        # first: the short job is to be placed beside the grow-shrink job, not beside its
+        # migration's source, or one server empties by itself and nothing needs to move.
+        self.until("the grow-shrink job settles", lambda js: any(
+            j.id == solo and j.state == common_pb2.JOB_STATE_RUNNING for j in js) and not any(
+            j.state == common_pb2.JOB_STATE_MIGRATING for j in js), min(left(), 60))
         c.rule("2. locality: a 2-GPU job finds one free GPU on each server")
         self.submit(self._spec("short", 1, s // 2))
         self.submit(self._spec("long", 1, s * 2))
         self.until("both placed", lambda js: sum(j.state == common_pb2.JOB_STATE_RUNNING for j in js) >= 3,
                    min(left(), 30))
-        big = self.submit(self._spec("big-2gpu", 2, s * 2, "--hidden", "128"))
+        big = self.submit(self._spec("big-2gpu", 2, s, "--hidden", "128"))
         # When `short` ends, each server has a free GPU: the scheduler empties one for `big`.
         self.until("big placed", lambda js: any(j.id == big and j.state != common_pb2.JOB_STATE_QUEUED
                                                 for j in js), min(left(), 90))

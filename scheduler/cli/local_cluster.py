@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 
 
 def free_port(preferred: int = 50051) -> int:

@@ -11,6 +11,13 @@ from scheduler.config import DEFAULT_LISTEN, default_db_url
 
 T = TypeVar("T")
 
+# scheduler.core.Settings field -> the flag that sets it (errors name the flag).
+SETTINGS_FLAGS = {
+    "down_after_s": "--heartbeat-timeout", "heartbeat_interval_s": "--heartbeat-interval",
+    "lease_s": "--lease", "checkpoint_interval_s": "--checkpoint-interval",
+    "runtime_connect_deadline_s": "--runtime-connect-deadline",
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -33,6 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds between a helper's heartbeats (default 2)")
     p.add_argument("--lease", type=float, default=None, help="a helper freezes its jobs after this many seconds without an answered heartbeat; at least 1 s shorter than --heartbeat-timeout so the two never overlap (default 60%% of it)")
     p.add_argument("--checkpoint-interval", type=float, default=300.0, help="seconds between periodic checkpoints of each running migratable job (default 300; 0: none): a job whose server is lost resumes from its last one")
+    p.add_argument("--runtime-connect-deadline", type=float, default=120.0, metavar="S",
+                   help="a launched job none of whose processes connects the Gandiva runtime (tf_runtime) "
+                   "within S seconds is marked not suspendable and not migratable: it is never "
+                   "time-sliced, packed or migrated and keeps its GPUs to its end (default 120; "
+                   "raise it for jobs that prepare data for long before importing TensorFlow)")
     p.add_argument("--also-listen", action="append", default=[], metavar="ADDRESS", help="serve on this address too (repeatable), e.g. unix:/run/gandiva.sock for operator tools on this host")
     p.add_argument("--port-file", help="write the bound host:port to this file once listening")
     sec = p.add_argument_group(
@@ -79,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
             listen=args.listen,
             policy=args.policy,
             settings=Settings(down_after_s=args.heartbeat_timeout, heartbeat_interval_s=args.heartbeat_interval, lease_s=args.lease,
-                              checkpoint_interval_s=args.checkpoint_interval),
+                              checkpoint_interval_s=args.checkpoint_interval,
+                              runtime_connect_deadline_s=args.runtime_connect_deadline),
             policy_config=config,
             tick_s=args.tick,
             also_listen=tuple(args.also_listen),
@@ -90,7 +103,12 @@ def run(args: argparse.Namespace) -> int:
             http_listen=args.http_listen,
         )
         run_loop(serve(server, args.port_file, args.http_port_file))
-    except (InvalidArgument, ValueError, OSError, SecurityError) as err:
+    except InvalidArgument as err:
+        # A Settings field named by its flag, the way the operator gave it.
+        flag = SETTINGS_FLAGS.get(err.field)
+        print(f"gandiva scheduler: {flag + ': ' + str(err).split(': ', 1)[1] if flag else err}")
+        return 2
+    except (ValueError, OSError, SecurityError) as err:
         print(f"gandiva scheduler: {err}")
         return 2
     return 0

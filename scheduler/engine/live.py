@@ -301,15 +301,13 @@ class LiveEngine:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.state != JobState.QUEUED.value or job.fenced_until > now:
                 return
-            await repo.set_placement(s, job_id, [(g.server, g.index) for g in gpus])
             self._queue_reason.pop(job_id, None)
-            job.incarnation = incarnation
             where = ", ".join(f"{g.server}/{g.index}" for g in gpus)
             restore = await _restore_path(s, job, gpus[0].server)
             if restore:
                 job.restore_checkpoint, job.restore_server = "", ""
                 where += f", resuming from {restore}"
-            await repo.transition(s, job, JobState.RUNNING, now, f"{reason} on {where}", server=gpus[0].server)
+            await repo.place(s, job, [(g.server, g.index) for g in gpus], incarnation, now, f"{reason} on {where}")
         self.launch(job, gpus, incarnation, restore_checkpoint=restore)
 
     def launch(
@@ -365,7 +363,7 @@ class LiveEngine:
         await asyncio.sleep(deadline)
         if self.core.runtimes.ever_connected(job_id, incarnation):
             return
-        reason = (f"no process of it connected the Gandiva runtime within {deadline:.0f}s of its "
+        reason = (f"no process of it connected the Gandiva runtime within {deadline:g}s of its "
                   "launch (is it a TensorFlow 1-style program run by a python that has "
                   "tf_runtime installed?); it runs to its end on its GPUs and cannot be "
                   "suspended, packed or migrated")

@@ -100,7 +100,6 @@ async def begin_migration(
         src_name, dest_name = placement[0].server_name, to_gpus[0].server
         src, dst = await repo.get_server(s, src_name), await repo.get_server(s, dest_name)
         now = core.clock()
-        await repo.transition(s, job, JobState.MIGRATING, now, f"{reason}: {src_name} -> {dest_name}")
         plan = MigrationPlan(
             job_id=job_id,
             spec=spec_of(job),
@@ -113,13 +112,14 @@ async def begin_migration(
         )
         # Durable from here: the destination GPUs are held, and a scheduler restart
         # finds this row and completes or rolls back the migration (recover_migrations).
-        s.add(Migration(
+        row = Migration(
             job_id=job_id, phase="prewarm", was_state=was.value, reason=reason,
             source_server=src_name, source_incarnation=job.incarnation,
             dest_server=dest_name, dest_gpus=list(plan.dest_gpus),
             dest_incarnation=plan.dest_incarnation, fallback_incarnation=plan.fallback_incarnation,
             checkpoint_path="", step=-1, started_at=now, updated_at=now,
-        ))
+        )
+        await repo.start_migration(s, job, row, now, f"{reason}: {src_name} -> {dest_name}")
     return _carry_out(core, plan, was, list(to_gpus))
 
 
@@ -159,16 +159,11 @@ async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to
                 why += f"; waiting {fence - now:.0f}s for {plan.source.name}'s lease to run out"
             await repo.requeue(s, job, now, f"migration failed, re-placing: {why}", fenced_until=fence)
         elif result.outcome is Outcome.MIGRATED:
-            job.incarnation = result.incarnation
             # The migration's checkpoint, at the destination, is the job's latest restore point.
             job.restore_checkpoint, job.restore_server = result.checkpoint_path, dest_name
-            await repo.set_placement(s, job_id, [(g.server, g.index) for g in to_gpus])
             paused = result.durations_s.get("total", 0.0)
-            await repo.transition(
-                s, job, JobState.RUNNING, now,
-                f"migrated to {dest_name} at step {result.step} (training paused {paused:.2f}s)",
-                server=dest_name,
-            )
+            await repo.place(s, job, [(g.server, g.index) for g in to_gpus], result.incarnation, now,
+                             f"migrated to {dest_name} at step {result.step} (training paused {paused:.2f}s)")
         else:
             job.incarnation = result.incarnation
             still_suspended = was is JobState.SUSPENDED and result.outcome is Outcome.STAYED

@@ -41,7 +41,8 @@ _SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 class DecisionRecord:
     id: int
     at: float
-    kind: str  # place, suspend, resume, pack, unpack, keep-pack, migrate, grow, shrink
+    # place, suspend, resume, pack, unpack, keep-pack, reject-pack, pack-void, migrate, grow, shrink
+    kind: str
     job: str
     gpus: tuple[str, ...]
     reason: str
@@ -127,7 +128,7 @@ class SchedulerMetrics(Observer):
         self._policy_state = policy_state
         self.log = DecisionLog()
         self.timeline = Timeline()
-        self._kept: set[frozenset[str]] = set()
+        self._verdict_seq = 0
         self.decisions = Counter("gandiva_decisions", "Decisions applied, by kind", ["kind"], registry=r)
         self.decision_seconds = Histogram(
             "gandiva_policy_decision_seconds", "Time the policy takes for one scheduling round",
@@ -181,20 +182,25 @@ class SchedulerMetrics(Observer):
             self.decisions.labels(kind).inc()
             gpus: Sequence[pt.GpuRef] = getattr(d, "gpus", None) or getattr(d, "to_gpus", None) or ()
             self.log.add(snapshot.now, kind, d.job_id, gpu_names(gpus), d.reason)
-        self._note_kept_packs(snapshot.now)
+        self._note_verdicts(snapshot.now)
 
-    def _note_kept_packs(self, now: float) -> None:
-        """Packs the policy kept after their trial (a verdict with no decision of its own)."""
+    def _note_verdicts(self, now: float) -> None:
+        """The policy's verdicts on packing trials (GandivaState.verdicts): kept
+        (keep-pack), no gain with nothing left to unpack (reject-pack: its partner had
+        ended), void (pack-void); an undone pack is the Unpack decision already logged."""
         state = self._policy_state()
-        kept = getattr(state, "kept_pairs", None)
-        if kept is None:
+        verdicts = getattr(state, "verdicts", None)
+        if verdicts is None:
             return
-        pairs = {frozenset((a, b)) for a, b in kept.items()}
-        for pair in pairs - self._kept:
-            a, b = sorted(pair)
-            self.decisions.labels("keep-pack").inc()
-            self.log.add(now, "keep-pack", a, (), f"packed with {b}: measured rates beat time-slicing")
-        self._kept = pairs
+        for v in verdicts:
+            if v.seq <= self._verdict_seq:
+                continue
+            self._verdict_seq = v.seq
+            if v.unpacked:
+                continue
+            kind = {True: "keep-pack", False: "reject-pack", None: "pack-void"}[v.kept]
+            self.decisions.labels(kind).inc()
+            self.log.add(now, kind, v.job_id, (), f"with {v.partner_id}: {v.reason}")
 
     def switched(self, command: str, seconds: float) -> None:
         self.switch_seconds.labels(command).observe(seconds)

@@ -83,6 +83,8 @@ class Ledger:
         self.by_state: dict[str, set[str]] = {}
         self.bound: dict[GpuRef, list[str]] = {}
         self.load: dict[str, int] = dict.fromkeys(self.servers, 0)
+        # Up servers no job is bound to.
+        self.idle_servers: set[str] = set(self.servers)
         # Per server: GPU count -> how many jobs of that size touch it (for affinity).
         self.sizes: dict[str, dict[int, int]] = {name: {} for name in self.servers}
         self.jobs_on: dict[str, set[str]] = {name: set() for name in self.servers}
@@ -109,6 +111,10 @@ class Ledger:
         # QUEUED jobs per GPU count, sorted by queue_key; _qkey says where each one is.
         self.queued_by_size: dict[int, list[QueueKey]] = {}
         self._qkey: dict[str, tuple[int, QueueKey]] = {}
+        # When a set (a policy turns it on): every placement whose group changed - a job
+        # bound to or unbound from it, a member's state or view replaced - collected until
+        # the policy takes them (Gandiva looks again only at groups that changed or are due).
+        self.touched_groups: set[Placement] | None = None
 
     @classmethod
     def of(cls, snapshot: ClusterSnapshot, holds: Callable[[JobView], bool] | None = None,
@@ -149,11 +155,13 @@ class Ledger:
                 self._forget(jid)
             self.jobs = jobs = new
             look = [j for j, v in new.items() if old.get(j) is not v]
-        placement, state = self.placement, self.state
+        placement, state, groups = self.placement, self.state, self.touched_groups
         for jid in look + list(touched):
             view = jobs.get(jid)
             if view is None:
                 continue
+            if groups is not None and jid in placement:
+                groups.add(placement[jid])  # its view (service, rate, ...) may differ
             if state.get(jid) != view.state:
                 self._set(jid, view.state)
             elif view.state == "QUEUED":
@@ -228,7 +236,14 @@ class Ledger:
 
     # --- mutation -----------------------------------------------------------------
 
+    def touch(self, gpus: Placement) -> None:
+        """Note that the group on ``gpus`` changed in a way the ledger cannot see."""
+        if self.touched_groups is not None:
+            self.touched_groups.add(gpus)
+
     def _set(self, job_id: str, state: str) -> None:
+        if self.touched_groups is not None and job_id in self.placement:
+            self.touched_groups.add(self.placement[job_id])
         old = self.state.get(job_id)
         if old is not None:
             self.by_state[old].discard(job_id)
@@ -242,6 +257,8 @@ class Ledger:
     def _bind(self, job_id: str, gpus: Placement) -> None:
         # Hot path (once per changed job per event): no comprehensions here.
         self.placement[job_id] = gpus
+        if self.touched_groups is not None:
+            self.touched_groups.add(gpus)
         group = self._groups.get(gpus)
         if group is None:
             self._groups[gpus] = [job_id]
@@ -259,6 +276,7 @@ class Ledger:
                 ids.append(job_id)
             if gpu.server in load:
                 load[gpu.server] += 1
+                self.idle_servers.discard(gpu.server)
                 if gpu.index in free[gpu.server]:
                     free[gpu.server].discard(gpu.index)
                     self._n_free -= 1
@@ -281,6 +299,8 @@ class Ledger:
         gpus = self.placement.pop(job_id, ())
         if not gpus:
             return
+        if self.touched_groups is not None:
+            self.touched_groups.add(gpus)
         group = self._groups[gpus]
         group.remove(job_id)
         if len(group) < 2:
@@ -293,6 +313,8 @@ class Ledger:
             self.bound[gpu].remove(job_id)
             if gpu.server in self.load:
                 self.load[gpu.server] -= 1
+                if not self.load[gpu.server]:
+                    self.idle_servers.add(gpu.server)
                 if not self.bound[gpu]:
                     self._free[gpu.server].add(gpu.index)
                     self._n_free += 1

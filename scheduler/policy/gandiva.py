@@ -1,7 +1,7 @@
 """Gandiva's policy: reactive placement plus the introspective passes (brief section 3).
 
 One decide() call runs, in this order:
-1. forget trials and pairs of departed jobs; judge packing trials that are due;
+1. judge packing trials that are due or whose jobs departed; forget departed jobs;
 2. reactive mode: place queued jobs by priority, then arrival, through Algorithm 1;
    a job that would only fit by time-sharing first shrinks grown jobs; the first job
    that has waited ``reserve_after_s`` without fitting reserves the free GPUs (jobs
@@ -16,10 +16,10 @@ One decide() call runs, in this order:
 from __future__ import annotations
 
 from scheduler.policy.base import Policy
-from scheduler.policy.cluster import Ledger
+from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.growshrink import grow, shrink_all
 from scheduler.policy.migration import consolidate, defragment, lower_height, make_room
-from scheduler.policy.packing import judge_trials, start_trials
+from scheduler.policy.packing import end_trials_of, judge_trials, start_trials
 from scheduler.policy.placement import (
     ALGORITHM_1,
     FREE_FILTERS,
@@ -53,6 +53,28 @@ class GandivaPolicy(Policy):
         # A queued job that waited reserve_after_s and still does not fit: jobs behind
         # it may only time-share, so that free GPUs add up for it (no starvation).
         self._reserved: str | None = None
+        # Groups changed since packing / rotation last looked (None: look at every group).
+        self._look_trials: set[Placement] | None = None
+        self._look_rotate: set[Placement] | None = None
+        self._tracked: Ledger | None = None
+
+    # Off: packing and rotation look at every group at every call (the reference the
+    # incremental path is tested against; same decisions, cost grows with the groups).
+    incremental = True
+
+    def _take_touched(self, ledger: Ledger) -> None:
+        """Hand the groups the ledger saw change to packing and rotation."""
+        if ledger is not self._tracked or ledger.touched_groups is None:
+            # A fresh ledger: nothing is known about its groups, so both look at all.
+            self._tracked = ledger
+            ledger.touched_groups = set()
+            self._look_trials = self._look_rotate = None
+            return
+        touched = ledger.touched_groups
+        for look in (self._look_trials, self._look_rotate):
+            if look is not None:
+                look.update(touched)
+        touched.clear()
 
     def next_wakeup(self) -> float | None:
         return self.state.next_wakeup
@@ -61,8 +83,9 @@ class GandivaPolicy(Policy):
         cfg, state = self.config, self.state
         state.next_wakeup = None
         ledger = self.ledger_for(snapshot)
-        state.forget_missing(ledger.jobs)
+        # Trials of departed jobs get their verdicts before the state forgets them.
         out: list[Decision] = judge_trials(ledger, state, cfg)
+        state.forget_missing(ledger.jobs)
         out += self._place_queued(ledger)
         if cfg.enable_migration:
             budget = cfg.max_migrations_per_round
@@ -74,8 +97,16 @@ class GandivaPolicy(Policy):
                 budget -= len(moves)
                 out += moves
         # Trials start before rotation so that a group about to rotate can pack instead.
-        out += start_trials(ledger, state, cfg)
-        out += rotate(ledger, state, cfg)
+        # Both look only at the groups that changed since they last looked (and rotate at
+        # those whose slice is due); a fresh ledger, or ``incremental`` off, looks at all.
+        self._take_touched(ledger)
+        trials = start_trials(ledger, state, cfg, self._look_trials)
+        if trials is not None:  # it looked (else the changes wait for when it does)
+            out += trials
+            self._look_trials = set() if self.incremental else None
+        self._take_touched(ledger)
+        out += rotate(ledger, state, cfg, self._look_rotate)
+        self._look_rotate = set() if self.incremental else None
         if not self._reserved:
             out += grow(ledger, state, cfg)
         return out
@@ -128,7 +159,7 @@ class GandivaPolicy(Policy):
                 # incumbent waits for its next turn in the group.
                 for other in ledger.running_on(cand.gpus):
                     ledger.set_state(other, "SUSPENDED")
-                    self.state.drop_trials_of(other)
+                    end_trials_of(ledger, self.state, self.config, other, f"time-slice with new job {job.id}")
                     out.append(Suspend(other, reason=f"time-slice with new job {job.id}"))
             ledger.bind(job.id, cand.gpus, "RUNNING")
             out.append(Place(job.id, cand.gpus, reason=f"Algorithm 1: {cand.filter}"))

@@ -61,7 +61,16 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     if ledger.total_free() == 0:
         return out
     misses: dict[int, int] = {}
-    groups = sorted(((g, ledger.members(g)) for g in ledger.shared), key=lambda kv: (-len(kv[1]), kv[0]))
+    # A size no free GPUs can take now is skipped before sorting (moves only use GPUs up):
+    # up to a server's size it needs one server with that many free, beyond it idle servers.
+    max_free = max((ledger.num_free(n) for n in ledger.servers), default=0)
+    idle_free = sum(ledger.num_free(n) for n in ledger.idle_servers)
+
+    def feasible(size: int) -> bool:
+        return size <= max_free if size <= ledger.max_server_gpus else size <= idle_free
+
+    groups = sorted(((g, ledger.members(g)) for g in ledger.shared if feasible(len(g))),
+                    key=lambda kv: (-len(kv[1]), kv[0]))
     for gpus, members in groups:
         if misses.get(len(gpus)) == ledger.version:
             continue

@@ -7,12 +7,17 @@ running job's GPUs (groups whose running job has the lowest utilization go first
 After ``pack_trial_s`` the two measured rates, each divided by that job's rate
 alone, must sum to more than 1 + ``pack_min_gain`` (time-slicing gives exactly 1);
 otherwise the job is unpacked and the pair (by model names, else job ids) is not
-tried again.
+tried again. A trial cut short (a job of the pair finished, or was suspended or moved
+for another job) is judged by the rates sampled in its second half, or is void if it
+had not run that long. Every verdict is kept in ``GandivaState.verdicts`` with its
+reason (the live scheduler's decision log shows them).
 """
 
 from __future__ import annotations
 
-from scheduler.policy.cluster import Ledger
+from dataclasses import replace
+
+from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.state import GandivaState, PackTrial
 from scheduler.policy.types import Decision, JobView, Pack, PolicyConfig, Unpack
 
@@ -32,26 +37,78 @@ def pair_key(a: JobView, b: JobView) -> frozenset[str]:
     return frozenset((f"job:{a.id}", f"job:{b.id}"))
 
 
+def _verdict(state: GandivaState, trial: PackTrial, rates: tuple[float, float], config: PolicyConfig,
+             how: str) -> tuple[bool, float, str]:
+    """Keep (True) or not, the gain, and the reason; a pair found no better is rejected."""
+    gain = rates[0] / trial.base_rates[0] + rates[1] / trial.base_rates[1]
+    kept = gain > 1.0 + config.pack_min_gain
+    if not kept:
+        state.rejected.add(trial.pair)
+    what = ": kept" if kept else " is no gain"
+    return kept, gain, f"packed rate {gain:.2f}x of time-slicing{what} ({how})"
+
+
+def _end_early(state: GandivaState, trial: PackTrial, now: float, config: PolicyConfig,
+               why: str) -> bool | None:
+    """A trial that cannot run to its end (a job of the pair finished, was suspended or
+    moved): judged by the rates sampled in its second half, else void. Returns the verdict."""
+    state.trials.pop(trial.job_id, None)
+    ran = now - trial.started_at
+    if trial.sample is None:
+        state.add_verdict(now, trial, None, None,
+                          f"trial void: {why} after {ran:.1f}s, before the packed rates settled")
+        return None
+    kept, gain, reason = _verdict(state, trial, trial.sample, config,
+                                  f"measured over {trial.sampled_at - trial.started_at:.1f}s, then {why}"
+                                  if trial.sampled_at is not None else why)
+    state.add_verdict(now, trial, kept, gain, reason)
+    return kept
+
+
+def end_trials_of(ledger: Ledger, state: GandivaState, config: PolicyConfig, job_id: str, why: str) -> None:
+    """The job is being suspended or moved: end its trial, judged as far as it was measured.
+    A pair found worth keeping becomes a kept pair (it then takes its turns together)."""
+    for trial in [t for t in state.trials.values() if job_id in (t.job_id, t.partner_id)]:
+        if _end_early(state, trial, ledger.snapshot.now, config, why) and trial.partner_id in ledger.jobs:
+            state.kept_pairs[trial.job_id] = trial.partner_id
+            state.kept_pairs[trial.partner_id] = trial.job_id
+
+
 def judge_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
-    """Keep or undo every packing trial that has run for ``pack_trial_s``."""
+    """Keep or undo every packing trial that has run for ``pack_trial_s``.
+
+    Rates are sampled on every call in a trial's second half (the jobs' rates have
+    settled at their packed values by then); a trial whose job or partner finished
+    before its end is judged by the last sample (nothing is left to unpack: a pair
+    found no better is only not tried again), or void without one.
+    """
     now = ledger.snapshot.now
     out: list[Decision] = []
     for job_id, trial in list(state.trials.items()):
-        job, partner = ledger.jobs[job_id], ledger.jobs[trial.partner_id]
+        job, partner = ledger.jobs.get(job_id), ledger.jobs.get(trial.partner_id)
+        if job is None or partner is None:
+            gone = job_id if job is None else trial.partner_id
+            _end_early(state, trial, now, config, f"job {gone} ended")
+            continue
         ends = trial.started_at + config.pack_trial_s
+        packed = ledger.state[job_id] == ledger.state[partner.id] == "RUNNING"
+        if (packed and job.rate is not None and partner.rate is not None
+                and now >= trial.started_at + config.pack_trial_s / 2):
+            trial = state.trials[job_id] = replace(trial, sample=(job.rate, partner.rate), sampled_at=now)
         if now < ends or job.rate is None or partner.rate is None:
             state.wake_at(max(ends, now + config.quantum_s / 4))
             continue
         del state.trials[job_id]
-        gain = job.rate / trial.base_rates[0] + partner.rate / trial.base_rates[1]
-        if gain > 1.0 + config.pack_min_gain:
+        ledger.touch(ledger.placement[job_id])  # its group may rotate or pack again
+        kept, gain, reason = _verdict(state, trial, (job.rate, partner.rate), config,
+                                      f"measured over {now - trial.started_at:.1f}s")
+        state.add_verdict(now, trial, kept, gain, reason, unpacked=not kept)
+        if kept:
             state.kept_pairs[job_id] = partner.id
             state.kept_pairs[partner.id] = job_id
             continue
-        state.rejected.add(pair_key(job, partner))
         ledger.set_state(job_id, "SUSPENDED")
-        out.append(Unpack(job_id, ledger.placement[job_id],
-                          reason=f"packed rate {gain:.2f}x of time-slicing is no gain"))
+        out.append(Unpack(job_id, ledger.placement[job_id], reason=reason))
     return out
 
 
@@ -63,16 +120,21 @@ def _fits(a: JobView, b: JobView, ledger: Ledger) -> bool:
     return a.profile.memory_bytes + b.profile.memory_bytes <= capacity
 
 
-def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
-    """Start one packing trial in every eligible time-slice group."""
+def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig,
+                 look: set[Placement] | None = None) -> list[Decision] | None:
+    """Start one packing trial in every eligible time-slice group; None: none looked at.
+
+    ``look``: only these groups changed since the last call that looked (the others were
+    not eligible then and nothing about them changed); None: look at every group.
+    """
     if not config.enable_packing or not ledger.overloaded():
-        return []
+        return None
     def util(job_id: str) -> float:
         profile = ledger.jobs[job_id].profile
         return profile.gpu_util if profile else 1.0
 
     choices = []
-    for gpus in sorted(ledger.shared):
+    for gpus in (ledger.shared if look is None else ledger.shared.intersection(look)):
         members = ledger.members(gpus)
         running = [m for m in members if ledger.state[m] == "RUNNING"]
         if len(running) != 1 or any(m in state.trials or m in ledger.changed for m in members):
@@ -94,7 +156,7 @@ def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> l
     out: list[Decision] = []
     for _, _, guest, host in sorted(choices, key=lambda c: (c[0], c[1], c[2].id)):
         base = (alone_rate(guest) or 1.0, alone_rate(host) or 1.0)
-        state.trials[guest.id] = PackTrial(guest.id, host.id, ledger.snapshot.now, base)
+        state.trials[guest.id] = PackTrial(guest.id, host.id, ledger.snapshot.now, base, pair_key(guest, host))
         state.wake_at(ledger.snapshot.now + config.pack_trial_s)
         ledger.set_state(guest.id, "RUNNING")
         out.append(Pack(guest.id, ledger.placement[host.id],

@@ -63,8 +63,7 @@ def affinity_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
 
 
 def unallocated_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
-    idle = sorted((n for n in ledger.servers if ledger.is_idle(n)),
-                  key=lambda n: (-ledger.servers[n].num_gpus, n))
+    idle = sorted(ledger.idle_servers, key=lambda n: (-ledger.servers[n].num_gpus, n))
     chosen: list = []
     for name in idle:
         if len(chosen) >= job.gpus:

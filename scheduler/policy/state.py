@@ -6,8 +6,12 @@ rejected pairs may be tried once more, and timers start again.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Container
 from dataclasses import dataclass, field
+
+# Verdicts kept for observers (the live scheduler's decision log reads the new ones).
+VERDICTS_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -22,11 +26,51 @@ class PackTrial:
     partner_id: str
     started_at: float
     base_rates: tuple[float, float]
+    # The pair's key (model names, else job ids), kept for a verdict after a job has gone.
+    pair: frozenset[str] = frozenset()
+    # The latest (job, partner) rates seen in the trial's second half, both running
+    # packed: an early verdict uses them if the trial cannot run to its end.
+    sample: tuple[float, float] | None = None
+    sampled_at: float | None = None
+
+
+@dataclass(frozen=True)
+class PackVerdict:
+    """The outcome of a packing trial, for observers (the decision log, the demo).
+
+    kept: True (kept packed), False (no gain: undone, and the pair is not tried again),
+    None (void: the trial ended before its rates settled). gain: the packed rates over
+    the alone rates, summed (time-slicing gives 1). unpacked: an Unpack decision carries
+    this verdict (observers already see that one).
+    """
+
+    seq: int
+    at: float
+    job_id: str
+    partner_id: str
+    kept: bool | None
+    gain: float | None
+    reason: str
+    unpacked: bool = False
+
+
+@dataclass
+class SliceBook:
+    """When each time-slice group next needs a look (scheduler/policy/timeslice.py).
+
+    due: the time a group's slice ends (a group with nothing to decide until it changes
+    has none); heap: (time, group) entries, stale once ``due`` says otherwise; kept: the
+    unit that kept its group's GPUs under ``las_slices``, and until when.
+    """
+
+    due: dict[tuple, float] = field(default_factory=dict)
+    heap: list[tuple[float, tuple]] = field(default_factory=list)
+    kept: dict[tuple, tuple[tuple[str, ...], float]] = field(default_factory=dict)
 
 
 @dataclass
 class GandivaState:
-    """Packing trials and verdicts, defragmentation and grow timers."""
+    """Packing trials and verdicts, defragmentation and grow timers, slice ends."""
 
     trials: dict[str, PackTrial] = field(default_factory=dict)
     kept_pairs: dict[str, str] = field(default_factory=dict)
@@ -36,19 +80,25 @@ class GandivaState:
     # The earliest time at which decide() would act without any new event (slice end,
     # trial end, defrag or grow timer); the simulator wakes the policy then.
     next_wakeup: float | None = None
+    slices: SliceBook = field(default_factory=SliceBook)
+    # The latest verdicts on packing trials, numbered (``seq``) for observers.
+    verdicts: collections.deque[PackVerdict] = field(
+        default_factory=lambda: collections.deque(maxlen=VERDICTS_KEPT))
+    verdict_seq: int = 0
+
+    def add_verdict(self, at: float, trial: PackTrial, kept: bool | None, gain: float | None,
+                    reason: str, unpacked: bool = False) -> None:
+        self.verdict_seq += 1
+        self.verdicts.append(PackVerdict(self.verdict_seq, at, trial.job_id, trial.partner_id,
+                                         kept, gain, reason, unpacked))
 
     def wake_at(self, when: float) -> None:
         if self.next_wakeup is None or when < self.next_wakeup:
             self.next_wakeup = when
 
-    def drop_trials_of(self, job_id: str) -> None:
-        """End any trial the job takes part in (it was suspended or moved)."""
-        for guest, trial in list(self.trials.items()):
-            if job_id in (guest, trial.partner_id):
-                del self.trials[guest]
-
     def forget_missing(self, live_ids: Container[str]) -> None:
-        """Drop trials, kept pairs and rejected job pairs of jobs that finished or were killed."""
+        """Drop trials, kept pairs and rejected job pairs of jobs that finished or were killed
+        (judge_trials has given the trials of departed jobs their verdicts first)."""
         for job_id, trial in list(self.trials.items()):
             if job_id not in live_ids or trial.partner_id not in live_ids:
                 del self.trials[job_id]

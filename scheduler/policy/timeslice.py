@@ -21,11 +21,12 @@ Two rules of our own, on by default and each measured on and off (docs/policy.md
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.state import GandivaState
-from scheduler.policy.types import Decision, PolicyConfig, Resume, Suspend
+from scheduler.policy.types import Decision, JobView, PolicyConfig, Resume, Suspend
 
 
 def group_units(ledger: Ledger, members: list[str], state: GandivaState) -> list[tuple[str, ...]]:
@@ -50,10 +51,24 @@ def group_units(ledger: Ledger, members: list[str], state: GandivaState) -> list
 MAX_SLICE_QUANTA = 32
 
 
+def _attained(view: JobView, at: float) -> float:
+    """Attained GPU-seconds at ``at``; for a running job also before its last report (it ran
+    since ``at``: callers ask about the start of its current slice), so that a slice's
+    length does not depend on when the job last reported."""
+    if view.state == "RUNNING" and view.reported_at is not None and at < view.reported_at:
+        return max(0.0, view.attained_service_s - len(view.placement) * (view.reported_at - at))
+    return view.attained_at(at)
+
+
 def _served(ledger: Ledger, unit: tuple[str, ...], at: float) -> float:
     """Attained service per GPU, in seconds, of the unit's least-served job at ``at``."""
-    return min(ledger.jobs[j].attained_at(at) / max(1, len(ledger.placement.get(j, ())) or ledger.jobs[j].gpus)
-               for j in unit)
+    jobs, placement = ledger.jobs, ledger.placement
+    best = math.inf
+    for j in unit:
+        view = jobs[j]
+        served = _attained(view, at) / max(1, len(placement.get(j, ())) or view.gpus)
+        best = min(best, served)
+    return best
 
 
 def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig, at: float) -> float:
@@ -65,75 +80,145 @@ def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig, at: f
 
 
 def _next_unit(ledger: Ledger, units: list[tuple[str, ...]], config: PolicyConfig,
-               running: tuple[str, ...] = ()) -> tuple[str, ...]:
+               running: tuple[str, ...] = (), served: dict[tuple[str, ...], float] | None = None,
+               ) -> tuple[str, ...]:
+    """The unit to run next; ``served`` (las_slices): each unit's ``_served`` now."""
     def waited(u: tuple[str, ...]) -> tuple[float, int, tuple[str, ...]]:
         # The unit suspended longest goes next; higher priority breaks ties.
         return (min(ledger.jobs[j].last_state_change_at for j in u), -max(ledger.jobs[j].priority for j in u), u)
 
-    if config.las_slices:
-        now = ledger.snapshot.now
-        return min(units, key=lambda u: (_served(ledger, u, now), u != running, waited(u)))
+    if served is not None:
+        # Least attained service; ties to the running unit, then to the one waiting longest.
+        least = min(served[u] for u in units)
+        units = [u for u in units if served[u] == least]
+        if len(units) == 1:
+            return units[0]
+        return min(units, key=lambda u: (u != running, waited(u)))
     return min(units, key=waited)
 
 
-def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
-    """Suspend units whose slice is over and resume the next in each group."""
+def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig,
+           look: set[Placement] | None = None) -> list[Decision]:
+    """Suspend units whose slice is over and resume the next in each group.
+
+    ``look``: the groups that changed since the last call (``Ledger.touched_groups``);
+    with it only those and the groups whose slice is due are looked at, so a call costs
+    time in proportion to what changed and what is due, not to the groups. None: every
+    group is looked at (a fresh policy, and tests comparing both ways).
+    """
     now = ledger.snapshot.now
+    book = state.slices
     out: list[Decision] = []
-    candidates = set(ledger.shared)
-    candidates.update(ledger.placement[j] for j in ledger.by_state.get("SUSPENDED", ()))
-    for gpus in sorted(candidates):
-        members = ledger.members(gpus)
-        if len(members) == 1 and ledger.state[members[0]] != "SUSPENDED":
-            continue
-        if any(ledger.state[m] == "MIGRATING" for m in members):
-            continue
-        if any(m in state.trials for m in members):
-            continue  # the trial's verdict comes first (judge_trials wakes the policy)
-        if any(m in ledger.changed for m in members):
-            # Changed in this very call: its slice starts now.
-            state.wake_at(_slice_end(now + config.quantum_s, config))
-            continue
-        running_ids = [m for m in members if ledger.state[m] == "RUNNING"]
-        if len(running_ids) == len(members):
-            continue  # nobody waits: a kept pack, or a lone job
-        if any(not ledger.jobs[m].suspendable for m in running_ids):
-            continue  # it cannot be stopped: the others wait for it to end
-        if running_ids:
-            # Cheap test first: most groups are in the middle of a slice.
-            started = max(ledger.jobs[j].last_state_change_at for j in running_ids)
-            ends = _slice_end(started + _slice_of(ledger, tuple(running_ids), config, started), config)
-            if now < ends:
-                state.wake_at(ends)
-                continue
-        units = group_units(ledger, members, state)
-        # The running unit, if any, comes first; the others wait.
-        running = units[0] if running_ids else ()
-        waiting = units[1:] if running_ids else units
-        if not waiting:
-            continue
-        # Under las_slices the running unit competes too (and keeps the GPUs if it wins).
-        nxt = _next_unit(ledger, units if config.las_slices else waiting, config, running)
-        if nxt == running:
-            # It still has the least attained service: it keeps the GPUs.
-            state.wake_at(_slice_end(now + _slice_of(ledger, running, config, now), config))
-            continue
-        for j in running:
-            ledger.set_state(j, "SUSPENDED")
-            out.append(Suspend(j, reason=f"time slice of {now - started:.0f}s over"))
-        out.extend(_resume_unit(ledger, nxt, gpus, config, state))
+    if look is None:
+        visit = set(ledger.shared)
+        visit.update(ledger.placement[j] for j in ledger.by_state.get("SUSPENDED", ()))
+        visit.update(book.due)
+        book.due.clear()
+        book.heap.clear()
+    else:
+        visit = set(look)
+        heap, due = book.heap, book.due
+        while heap and heap[0][0] <= now:
+            at, gpus = heapq.heappop(heap)
+            if due.get(gpus) == at:
+                del due[gpus]
+                visit.add(gpus)
+    for gpus in sorted(visit):
+        when = _look_at(ledger, state, config, gpus, now, out)
+        if when is None:
+            book.due.pop(gpus, None)
+        elif book.due.get(gpus) != when:
+            book.due[gpus] = when
+            heapq.heappush(book.heap, (when, gpus))
+    heap = book.heap
+    while heap and book.due.get(heap[0][1]) != heap[0][0]:
+        heapq.heappop(heap)  # stale: the group changed since
+    if heap:
+        state.wake_at(heap[0][0])
     return out
 
 
+def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Placement, now: float,
+             out: list[Decision]) -> float | None:
+    """Rotate the group on ``gpus`` if its slice is over; when to look at it next (None:
+    not until it changes)."""
+    members = ledger.members(gpus)
+    kept = state.slices.kept
+    if not members or (len(members) == 1 and ledger.state[members[0]] != "SUSPENDED"):
+        kept.pop(gpus, None)
+        return None
+    # One pass over the members (a group may hold many): what the checks below ask.
+    states, trials, changed = ledger.state, state.trials, ledger.changed
+    running_ids: list[str] = []
+    migrating = in_trial = was_changed = False
+    for m in members:
+        st = states[m]
+        if st == "RUNNING":
+            running_ids.append(m)
+        elif st == "MIGRATING":
+            migrating = True
+        in_trial = in_trial or m in trials
+        was_changed = was_changed or m in changed
+    if migrating:
+        return None
+    if in_trial:
+        return None  # the trial's verdict comes first (judge_trials wakes the policy)
+    if was_changed:
+        # Changed in this very call: its slice starts now.
+        kept.pop(gpus, None)
+        return _slice_end(now + config.quantum_s, config)
+    if len(running_ids) == len(members):
+        return None  # nobody waits: a kept pack, or a lone job
+    if any(not ledger.jobs[m].suspendable for m in running_ids):
+        return None  # it cannot be stopped: the others wait for it to end
+    started = now
+    if running_ids:
+        # Cheap test first: most groups are in the middle of a slice.
+        started = max(ledger.jobs[j].last_state_change_at for j in running_ids)
+        ends = _slice_end(started + _slice_of(ledger, tuple(running_ids), config, started), config)
+        if now < ends:
+            return ends
+        # A unit that kept the GPUs (las_slices) is in a slice of its own until then.
+        unit, until = kept.get(gpus, ((), 0.0))
+        if now < until and unit == tuple(sorted(running_ids)):
+            return until
+    units = group_units(ledger, members, state)
+    # The running unit, if any, comes first; the others wait.
+    running = units[0] if running_ids else ()
+    waiting = units[1:] if running_ids else units
+    if not waiting:
+        return None
+    # Under las_slices the running unit competes too (and keeps the GPUs if it wins).
+    if config.las_slices:
+        served = {u: _served(ledger, u, now) for u in units}
+        nxt = _next_unit(ledger, units, config, running, served)
+    else:
+        nxt = _next_unit(ledger, waiting, config)
+    if nxt == running:
+        # It still has the least attained service: it keeps the GPUs until the first beat
+        # after it no longer has (its service per GPU grows one second a second; the
+        # waiting units' stands still), or the end of another slice if that comes first.
+        least = min(served[u] for u in waiting)
+        crossing = now + max(0.0, least - served[running])
+        beat = (math.floor(crossing / config.quantum_s) + 1) * config.quantum_s
+        until = min(beat, _slice_end(now + _slice_of(ledger, running, config, now), config))
+        kept[gpus] = (running, until)
+        return until
+    kept.pop(gpus, None)
+    for j in running:
+        ledger.set_state(j, "SUSPENDED")
+        out.append(Suspend(j, reason=f"time slice of {now - started:.0f}s over"))
+    return _resume_unit(ledger, nxt, gpus, config, out)
+
+
 def _resume_unit(ledger: Ledger, unit: tuple[str, ...], gpus: Placement,
-                 config: PolicyConfig, state: GandivaState) -> list[Decision]:
-    out: list[Decision] = []
+                 config: PolicyConfig, out: list[Decision]) -> float:
+    """Resume ``unit``; when its slice ends."""
     for j in unit:
         ledger.set_state(j, "RUNNING")
         out.append(Resume(j, gpus, reason="its turn in the time-slice group"))
     now = ledger.snapshot.now
-    state.wake_at(_slice_end(now + _slice_of(ledger, unit, config, now), config))
-    return out
+    return _slice_end(now + _slice_of(ledger, unit, config, now), config)
 
 
 def _slice_end(ends: float, config: PolicyConfig) -> float:

@@ -159,11 +159,17 @@ class TiresiasPolicy(Policy):
         """Returns ``_executed`` of the running jobs it looked at (for ``_plan_wakeups``)."""
         qs, limits = self._queues, self.config.tiresias_thresholds_gpu_s
         executed: dict[str, float] = {}
+        # Decide every demotion first, then move: a job moves down one queue per event
+        # (as the original), never on through the next queue's check in the same call.
+        demote: list[tuple[str, int]] = []
         for q in range(len(limits)):
-            for job_id in [j for j in qs.run[q] + qs.tail[q] if jobs[j].state == "RUNNING"]:
-                executed[job_id] = done = self._executed(jobs[job_id], now)
-                if done >= limits[q]:
-                    qs.move(job_id, q + 1)
+            for job_id in qs.run[q] + qs.tail[q]:
+                if jobs[job_id].state == "RUNNING":
+                    executed[job_id] = done = self._executed(jobs[job_id], now)
+                    if done >= limits[q]:
+                        demote.append((job_id, q + 1))
+        for job_id, q in demote:
+            qs.move(job_id, q)
         while qs.promotions and qs.promotions[0][0] <= now:
             _, job_id, since = heapq.heappop(qs.promotions)
             if not self._promotable(jobs, job_id, since):

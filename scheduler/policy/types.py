@@ -16,6 +16,7 @@ Conventions the policy relies on:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
@@ -328,3 +329,8 @@ class PolicyConfig:
             raise ValueError(f"slice_growth must not be negative, got {self.slice_growth}")
         if self.defrag_free_gpus < 1:
             raise ValueError(f"defrag_free_gpus must be at least 1, got {self.defrag_free_gpus}")
+        limits = self.tiresias_thresholds_gpu_s
+        if any(t <= 0 for t in limits) or any(b <= a for a, b in itertools.pairwise(limits)):
+            raise ValueError(f"tiresias_thresholds_gpu_s must be positive and strictly rising, got {limits}")
+        if self.tiresias_starve_factor < 0:
+            raise ValueError(f"tiresias_starve_factor must not be negative, got {self.tiresias_starve_factor}")

@@ -67,8 +67,10 @@ class SimResult:
 class Simulator:
     """Replays ``jobs`` on ``servers`` under ``policy`` with the given mechanism model.
 
-    The policy's ``queue_reasons`` is turned off (the simulator ignores Queue decisions,
-    and with it off a decide() call costs time in proportion to what it decides).
+    For the length of ``run()`` the policy's ``queue_reasons`` is turned off (the simulator
+    ignores Queue decisions, and with it off a decide() call costs time in proportion to
+    what it decides); ``run()`` gives the policy its own config back when it returns or
+    fails, so the caller's policy object keeps the config it was given.
     """
 
     def __init__(self, jobs: list[JobSpec], servers: tuple[ServerView, ...], policy: Policy,
@@ -77,7 +79,6 @@ class Simulator:
                  observer: Callable[[float, dict[str, SimJob]], None] | None = None) -> None:
         self.servers = servers
         self.policy = policy
-        policy.config = dataclasses.replace(policy.config, queue_reasons=False)
         self.model = model
         self.first_n = first_n
         self.report_interval_s = report_interval_s
@@ -140,6 +141,15 @@ class Simulator:
         return ClusterSnapshot(now, self.servers, tuple(views.values()), seq=self._seq, delta=delta)
 
     def run(self) -> SimResult:
+        policy = self.policy
+        given = policy.config
+        policy.config = dataclasses.replace(given, queue_reasons=False)
+        try:
+            return self._run()
+        finally:
+            policy.config = given
+
+    def _run(self) -> SimResult:
         backend, clock, specs = self.backend, self.clock, self.specs
         active: dict[str, SimJob] = {}
         views: dict[str, JobView] = {}

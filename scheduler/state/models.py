@@ -3,6 +3,9 @@ alembic/; tests check that the migrated schema equals this metadata."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import (
@@ -17,7 +20,7 @@ from sqlalchemy import (
     String,
     Text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, validates
 
 # Deterministic constraint names, so alembic migrations can refer to them on both dialects.
 NAMING = {
@@ -26,6 +29,21 @@ NAMING = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+
+# Set only inside scheduler.state.repo.transition: the one place a job's state changes
+# (validated against scheduler.lifecycle's table, with its transition record and event).
+_IN_TRANSITION: contextvars.ContextVar[bool] = contextvars.ContextVar("job_state_transition", default=False)
+
+
+@contextlib.contextmanager
+def state_change() -> Iterator[None]:
+    """Lets Job.state be assigned; for scheduler.state.repo.transition alone."""
+    token = _IN_TRANSITION.set(True)
+    try:
+        yield
+    finally:
+        _IN_TRANSITION.reset(token)
 
 
 class Base(DeclarativeBase):
@@ -113,6 +131,17 @@ class Job(Base):
     # A queued job is not placed before this time: an earlier copy may still run on a
     # server that cannot be reached until that server's lease has surely expired.
     fenced_until: Mapped[float] = mapped_column(Double, default=0.0)
+
+    @validates("state")
+    def _one_owner(self, key: str, value: str) -> str:
+        """A job is created QUEUED; after that its state changes only through
+        scheduler.state.repo.transition (and finish/requeue/place built on it)."""
+        if _IN_TRANSITION.get() or (self.state is None and value == "QUEUED"):
+            return value
+        raise RuntimeError(
+            f"job {self.id}: state {self.state!r} -> {value!r} assigned directly; every state change "
+            "goes through scheduler.state.repo.transition (the allowed-transition table, the "
+            "transition record and the event in one transaction)")
 
 
 class Placement(Base):

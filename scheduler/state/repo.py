@@ -42,6 +42,7 @@ from scheduler.state.models import (
     Placement,
     Server,
     Transition,
+    state_change,
 )
 
 
@@ -232,13 +233,19 @@ async def transition(
     session: AsyncSession, job: Job, target: JobState, now: float, reason: str = "", server: str = ""
 ) -> None:
     """Move `job` to `target` if the state machine allows it, recording why (and, for a
-    launch, on which server: where its output is; see last_server)."""
+    launch, on which server: where its output is; see last_server).
+
+    The one place a job's state changes (Job refuses any other assignment): checked
+    against scheduler.lifecycle.ALLOWED_FROM, with its Transition row and its event added
+    to the caller's transaction, so all three commit together or not at all. finish,
+    requeue, place and start_migration below add what goes with each kind of change."""
     current = JobState(job.state)
     check_transition(job.id, current, target)
     if current is JobState.RUNNING and job.state_changed_at:
         # GPU-seconds received, for least-attained-service policies.
         job.attained_service_s += max(0.0, now - job.state_changed_at) * job.gpus
-    job.state = target.value
+    with state_change():
+        job.state = target.value
     job.updated_at = now
     job.state_changed_at = now
     if reason:
@@ -280,6 +287,26 @@ async def requeue(
     await clear_placement(session, job.id)
     await end_migration(session, job.id)
     job.fenced_until = max(job.fenced_until or 0.0, fenced_until)
+
+
+async def place(
+    session: AsyncSession, job: Job, gpus: Iterable[tuple[str, int]], incarnation: str, now: float,
+    reason: str,
+) -> None:
+    """To RUNNING on `gpus` as the launch `incarnation`: from the queue, or a migration
+    arriving at its destination. Its state, GPUs and fencing token change together; the
+    event names the (first) server, where the job's output goes (see last_server)."""
+    gpus = list(gpus)
+    await transition(session, job, JobState.RUNNING, now, reason, server=gpus[0][0] if gpus else "")
+    await set_placement(session, job.id, gpus)
+    job.incarnation = incarnation
+
+
+async def start_migration(session: AsyncSession, job: Job, row: Migration, now: float, reason: str) -> None:
+    """To MIGRATING, with the migration's durable row (its phase, and the destination GPUs
+    held from now on) in the same transaction."""
+    await transition(session, job, JobState.MIGRATING, now, reason)
+    session.add(row)
 
 
 async def set_queued_message(session: AsyncSession, job_ids: Sequence[str], message: str) -> None:

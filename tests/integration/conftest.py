@@ -29,7 +29,7 @@ class Cluster:
     def add_helper(self, name: str, gpus: int, *extra: str) -> None:
         with open(self.tmp / f"helper-{name}.log", "w") as log:
             self.helpers.append(subprocess.Popen(
-                [sys.executable, "-m", "scheduler.cli.main", "helper", "--server-name", name,
+                [sys.executable, "-m", "gandiva_cli.main", "helper", "--server-name", name,
                  "--gpus", str(gpus), "--scheduler", self.sched.address,
                  "--ramdisk", str(self.tmp / f"ramdisk-{name}"), "--log-dir", str(self.tmp / "logs"),
                  *extra],

@@ -18,17 +18,19 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 
 def test_successive_halving_kills_the_worst_and_promotes_the_best(cluster, mlp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Asynchronous rungs (the synchronous ones choose the same: tests/scheduler/test_automl_rungs.py).
     cluster.add_helper("node-a", 2)
     sweep = tmp_path / "sweep.yaml"
-    # lr 2.0 with momentum diverges: it must not survive the first rung.
+    # lr 2.0 with momentum diverges: it must not survive the first rung. Ranked by the mean
+    # loss of the last 10 mini-batches the example publishes (a diverged run's is the largest float).
     sweep.write_text("name: search\ngrid:\n  lr: [0.003, 0.01, 0.03, 2.0]\n")
     run = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", "automl", "--sweep", str(sweep), "--metric", "loss",
-         "--mode", "min", "--min-steps", "40", "--eta", "2", "--scheduler", cluster.sched.address,
-         "--", *mlp(600, 0.02), "--lr", "{lr}"],
+        [sys.executable, "-m", "gandiva_cli.main", "automl", "--sweep", str(sweep), "--metric", "loss_avg",
+         "--mode", "min", "--min-steps", "40", "--eta", "2", "--async", "--scheduler", cluster.sched.address,
+         "--", *mlp(600, 0.02), "--lr", "{lr}", "--loss-avg", "10"],
         capture_output=True, text=True, timeout=400, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
-    best = re.search(r"best: lr=(\S+) loss=(\S+) \(job (j-\w+)", run.stdout)
+    best = re.search(r"best: lr=(\S+) loss_avg=(\S+) \(job (j-\w+)", run.stdout)
     assert best, run.stdout
     jobs = {j.id: j for j in cluster.stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs}
     by_lr = {j.spec.params["lr"]: j for j in jobs.values()}
@@ -61,7 +63,15 @@ def test_nan_ranks_last_whatever_the_mode() -> None:
         assert [j for j, _ in ranked] == order
 
 
-def test_cli_without_a_sweep_or_metric_says_what_is_missing() -> None:
-    run = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "automl", "--metric", "loss", "--", "x"],
+def test_cli_without_a_sweep_or_metric_says_what_is_missing(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "automl", "--metric", "loss", "--", "x"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2 and "--sweep" in run.stderr
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("grid:\n  lr: [0.1, 0.2]\n")
+    for extra, error in ((["--hyperband"], "needs --max-steps"), (["--max-steps", "100"], "is for --algorithm hyperband"),
+                         (["--hyperband", "--max-steps", "10", "--min-steps", "50"], "--max-steps 10")):
+        run = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "automl", "--sweep", str(sweep), "--metric",
+                              "loss", *extra, "--scheduler", "127.0.0.1:9", "--", "x", "{lr}"],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert run.returncode == 2 and error in run.stderr, (extra, run.stderr)

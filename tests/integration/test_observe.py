@@ -128,7 +128,7 @@ def test_metrics_follow_a_time_sliced_cluster(observed_cluster, mlp) -> None:  #
     assert set(re.findall(r"gandiva_\w+", grafana)) <= families(http) | families(helper)
 
     # gandiva top shows the servers and the jobs with the reason of the last decision.
-    top = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "top", "--http", http, "--once", "--all"],
+    top = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "top", "--http", http, "--once", "--all"],
                          capture_output=True, text=True, timeout=60, check=True, env={**os.environ, "COLUMNS": "200"})
     assert "node-a" in top.stdout and all(j in top.stdout for j in ids)
     assert "succeeded" in top.stdout and "time-slice" in top.stdout
@@ -191,10 +191,10 @@ def test_dashboard_shows_servers_and_jobs_in_a_browser(observed_cluster, mlp, ch
 
 def test_top_without_a_scheduler_says_what_to_do() -> None:
     env = {k: v for k, v in os.environ.items() if k != "GANDIVA_HTTP"}
-    missing = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "top", "--once"],
+    missing = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "top", "--once"],
                              capture_output=True, text=True, timeout=60, check=False, env=env)
     assert missing.returncode == 2 and "--http-listen" in missing.stdout
-    down = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "top", "--once", "--http", "127.0.0.1:1"],
+    down = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "top", "--once", "--http", "127.0.0.1:1"],
                           capture_output=True, text=True, timeout=60, check=False, env=env)
     assert down.returncode == 1 and "is the scheduler running with --http-listen" in down.stdout
 
@@ -205,7 +205,7 @@ def test_top_without_a_scheduler_says_what_to_do() -> None:
 ])
 def test_bad_policy_options_are_named(option: str, error: str, tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", "127.0.0.1:0",
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0",
          "--db", f"sqlite+aiosqlite:///{tmp_path}/x.db", "--policy-option", option],
         capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2 and error in run.stdout, run.stdout + run.stderr

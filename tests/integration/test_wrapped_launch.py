@@ -30,7 +30,7 @@ from .conftest import Cluster
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 DEADLINE_S = 30.0
 RUNNING = common_pb2.JOB_STATE_RUNNING
 

@@ -53,6 +53,6 @@ def test_bad_settings_name_the_flag(kw: dict[str, object], message: str) -> None
 
 
 def test_cli_refuses_bad_input_with_exit_2(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "bench", "migration", "--replicas", "1,x",
+    out = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "bench", "migration", "--replicas", "1,x",
                           "--out", str(tmp_path / "o")], check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--replicas '1,x': expected comma-separated integers" in out.stderr

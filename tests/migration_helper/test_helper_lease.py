@@ -21,7 +21,7 @@ from migration_helper.gpus import CpuBackend
 from protos.gandiva.v1 import common_pb2, helper_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler.core import Settings
 
-GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 SETTINGS = Settings(heartbeat_interval_s=0.2, down_after_s=3.0)  # lease 1.8 s
 
 

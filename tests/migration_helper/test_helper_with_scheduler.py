@@ -16,7 +16,7 @@ import pytest
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
-GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 
 
 @pytest.fixture

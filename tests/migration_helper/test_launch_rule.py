@@ -59,3 +59,15 @@ def test_a_job_gets_its_own_token_and_the_helpers_tls_files_by_absolute_path(
         "GANDIVA_TLS_KEY": str(tmp_path / "k.pem")}
     assert JobTable(server="s1", scheduler="x:1", log_dir=tmp_path,
                     on_exit=lambda p: None).runtime_credentials("j", "i") == {}
+
+
+def test_a_job_never_inherits_the_helpers_own_credentials() -> None:
+    """The helper's token and client key, however the helper got them (its environment as
+    ClientSecurity writes it for a child), never reach a job; the CA may."""
+    from scheduler.transport import ClientSecurity
+
+    helper = ClientSecurity(token="gdv.s1.secret", tls_ca="/ca.pem", tls_cert="/c.pem", tls_key="/k.pem")
+    env = job_environment({"PATH": "/usr/bin", **helper.env()}, {}, job_id="j", incarnation="i",
+                          scheduler="s", server="x", gpu_indices=[0])
+    assert "gdv.s1.secret" not in env.values() and "/k.pem" not in env.values() and "/c.pem" not in env.values()
+    assert env["GANDIVA_TLS_CA"] == "/ca.pem"

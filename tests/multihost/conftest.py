@@ -10,16 +10,18 @@ once. Needs root (CI runs as root); elsewhere the tests skip with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,18 +223,22 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.sampler = Sampler(owns=net.owns)
         self.channel: grpc.Channel | None = None
+        self.heartbeat_timeout = 5.0
 
     # ---- processes -----------------------------------------------------------
 
-    def _spawn(self, name: str, ns: str, argv: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, ns: str, argv: list[str], wrapper: Sequence[str] = (),
+               env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "scheduler.cli.main", *argv],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, *wrapper, sys.executable, "-m", "gandiva_cli.main", *argv],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2],
+                                env={**os.environ, **(env or {})})
         log.close()
         self.procs[name] = proc
         return proc
 
-    def start_scheduler(self, heartbeat_timeout: float = 5.0) -> None:
+    def start_scheduler(self, heartbeat_timeout: float | None = None) -> None:
+        heartbeat_timeout = self.heartbeat_timeout = heartbeat_timeout or self.heartbeat_timeout
         port_file = self.tmp / "sched.port"
         port_file.unlink(missing_ok=True)
         self.sock.unlink(missing_ok=True)
@@ -249,13 +255,21 @@ class Cluster:
         self.channel = grpc.insecure_channel(f"unix:{self.sock}")
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
 
-    def add_helper(self, name: str, gpus: int = 1) -> None:
+    def add_helper(self, name: str, gpus: int = 1, shared: bool = True, wrapper: Sequence[str] = (),
+                   env: dict[str, str] | None = None) -> None:
+        """A helper on its own host. ``shared=False``: no shared root (checkpoints move by
+        the gRPC stream); ``wrapper``: a command the helper runs under (unshare ...);
+        ``env``: extra environment (its jobs inherit it)."""
         ns, addr = self.net.add_host(name) if name not in self.net.hosts else self.net.hosts[name][:2]
         self._spawn(name, ns, [
             "helper", "--server-name", name, "--gpus", str(gpus), "--scheduler", f"{self.sched_addr}:{SCHED_PORT}",
-            "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / "rd" / name), "--shared-root", str(self.tmp / "rd"),
-            "--log-dir", str(self.tmp / "logs"), "--insecure"])
+            "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / "rd" / name),
+            *(["--shared-root", str(self.tmp / "rd")] if shared else []),
+            "--log-dir", str(self.tmp / "logs"), "--insecure"], wrapper=wrapper, env=env)
         self._wait_for(lambda: self.server_up(name), 60)
+
+    def signal(self, name: str, sig: int) -> None:
+        os.kill(self.procs[name].pid, sig)
 
     def kill9(self, name: str) -> None:
         proc = self.procs[name]
@@ -284,6 +298,19 @@ class Cluster:
         job = self.job(job_id)
         return job.placement[0].server if job.placement and job.state == common_pb2.JOB_STATE_RUNNING else ""
 
+    def migration_row(self, job_id: str) -> tuple[str, int] | None:
+        """(phase, confirmed checkpoint step) of the job's migration as the scheduler's
+        database holds it (read-only, straight from SQLite: also while the scheduler is
+        stopped); None when there is none."""
+        with contextlib.closing(sqlite3.connect(f"file:{self.tmp / 'state.db'}?mode=ro", uri=True, timeout=5)) as db:
+            row = db.execute("SELECT phase, step FROM migrations WHERE job_id = ?", (job_id,)).fetchone()
+        return (str(row[0]), int(row[1])) if row else None
+
+    def pids_of(self, job_id: str, warm: bool | None = None) -> list[int]:
+        """The job's live processes the sampler knows (``warm``: only pre-warmed ones, or none)."""
+        return [pid for pid, c in list(self.sampler.copies.items())
+                if c.job_id == job_id and (warm is None or c.warm == warm)]
+
     def events(self, job_id: str) -> list[scheduler_pb2.Event]:
         return list(self.stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events)
 
@@ -299,7 +326,10 @@ class Cluster:
         self.sampler.stop()
         for name, proc in reversed(list(self.procs.items())):
             if proc.poll() is None:
-                proc.terminate()
+                # A helper under a wrapper (unshare --fork) is the wrapper's child: stop it too.
+                for pid in [proc.pid, *_children(proc.pid)]:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGTERM)
         for proc in self.procs.values():
             try:
                 proc.wait(15)
@@ -316,8 +346,17 @@ class Cluster:
             self.channel.close()
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 @pytest.fixture
-def multihost(wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+def multihost(request, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    """The cluster; parametrize indirectly with {"heartbeat_timeout": S} to change the
+    scheduler's heartbeat timeout (default 5 s, lease 3 s)."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -328,7 +367,7 @@ def multihost(wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     try:
         net = Net()
         cluster = Cluster(net, tmp, wait_for)
-        cluster.start_scheduler()
+        cluster.start_scheduler(getattr(request, "param", {}).get("heartbeat_timeout", 5.0))
         cluster.sampler.start()
         yield cluster
     finally:
@@ -352,3 +391,50 @@ def mlp_command() -> Callable[..., list[str]]:
         return ["python", str(origin), "--steps", str(steps), "--step-sleep", str(sleep), "--threads", "1"]
 
     return command
+
+
+# ---- the feed_step family: final variables against an uninterrupted run -------------
+
+FEED_ARGS = ["--loop", "session", "--optimizer", "momentum", "--replicas", "2", "--seed", "9"]
+
+
+def feed_step_origin() -> str:
+    import importlib.util
+
+    return str(importlib.util.find_spec("tf_runtime.examples.feed_step").origin)  # type: ignore[union-attr]
+
+
+def feed_command(steps: int, dump: Path, sleep: float = 0.03) -> list[str]:
+    """A feed_step job (every mini-batch fed from the global step it read; momentum, two
+    towers) that writes its final variables to `dump`."""
+    return ["python", feed_step_origin(), *FEED_ARGS, "--steps", str(steps), "--step-sleep", str(sleep),
+            "--dump", str(dump)]
+
+
+_BASELINES: dict[int, dict[str, bytes]] = {}
+
+
+def uninterrupted_variables(steps: int, tmp: Path) -> dict[str, bytes]:
+    """The final variables of the same program run once without any interruption (and
+    without the shim: plain python), computed once per step count."""
+    if steps not in _BASELINES:
+        dump = tmp / f"baseline-{steps}.npz"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+        subprocess.run([sys.executable, feed_step_origin(), *FEED_ARGS, "--steps", str(steps), "--dump", str(dump)],
+                       env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, check=True, capture_output=True, timeout=300)
+        _BASELINES[steps] = load_variables(dump)
+    return _BASELINES[steps]
+
+
+def load_variables(path: Path) -> dict[str, bytes]:
+    import numpy as np
+
+    with np.load(path) as data:
+        return {k: data[k].tobytes() for k in data.files}
+
+
+def assert_bit_identical(dump: Path, steps: int, tmp: Path) -> None:
+    got, base = load_variables(dump), uninterrupted_variables(steps, tmp)
+    assert got.keys() == base.keys()
+    differ = [k for k in base if got[k] != base[k]]
+    assert differ == [], f"final variables differ from the uninterrupted run: {differ}"

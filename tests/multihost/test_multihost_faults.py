@@ -106,27 +106,20 @@ def test_helper_killed_9_job_resumes_elsewhere_from_its_last_checkpoint(multihos
     _no_two_copies(c)
 
 
-@pytest.mark.parametrize("phase", ["prewarm", "checkpoint"])
-def test_scheduler_killed_9_mid_migration(multihost: Cluster, mlp_command, phase: str) -> None:  # type: ignore[no-untyped-def]
-    """Killed while the destination pre-warms (rolled back: the job goes on where it
-    was) or right after the source's checkpoint (completed from that checkpoint)."""
+def test_scheduler_killed_9_mid_migration(multihost: Cluster, mlp_command) -> None:  # type: ignore[no-untyped-def]
+    """Killed while the destination pre-warms: rolled back, the job goes on where it was.
+    (Kills after the source's checkpoint, in the transfer and activate phases, are in
+    test_i9s_faults.py, where each phase is held with SIGSTOP instead of raced.)"""
     c = multihost
     # Long enough to outlast a slow pre-warm (a loaded machine): 2,000 steps of at least 20 ms.
     steps = 2000
     job_id, _, dest = _training_on_one_of_two(c, "mover", mlp_command(steps, 0.02))
     c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
-    if phase == "checkpoint":
-        c.wait(lambda: any(e.kind == "job.migration" and e.message.startswith("checkpoint")
-                           for e in c.events(job_id)), 90)
     c.kill9("scheduler")
     c.start_scheduler()
     done = _ends_once(c, job_id, steps, 150)
     reasons = [t.reason for t in done.history]
     assert any("after a scheduler restart" in r or "scheduler restarted mid-migration" in r for r in reasons), reasons
-    if phase == "prewarm":
-        # Rolled back: it never left its source.
-        assert "QUEUED" not in _states(done)[1:], _states(done)
-    else:
-        # Completed from the source's checkpoint, never from step 0.
-        assert any("will resume from step" in r for r in reasons), reasons
+    # Rolled back: it never left its source.
+    assert "QUEUED" not in _states(done)[1:], _states(done)
     _no_two_copies(c)

@@ -55,7 +55,7 @@ def test_bad_format_or_level_is_named() -> None:
 def test_scheduler_writes_json_lines(tmp_path: Path) -> None:
     port_file = tmp_path / "addr"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", "127.0.0.1:0",
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0",
          "--db", f"sqlite+aiosqlite:///{tmp_path}/g.db", "--port-file", str(port_file), "--log-format", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

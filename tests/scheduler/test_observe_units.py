@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 from scheduler.cli.demo_run import plot_timeline
 from scheduler.observe.dashboard import gpu_mode
@@ -37,21 +36,31 @@ def test_timeline_segments_follow_time_slices_and_gaps() -> None:
     assert [s["t0"] for s in t.export(since=50)["n1/0"]] == [100]
 
 
-def test_decision_log_counts_kinds_and_notes_kept_packs() -> None:
-    state = SimpleNamespace(kept_pairs={})
+def test_decision_log_counts_kinds_and_notes_pack_verdicts() -> None:
+    from scheduler.policy.state import GandivaState, PackTrial
+
+    state = GandivaState()
     m = SchedulerMetrics(lambda: state)
     before = snap(0, job("a", "RUNNING", 0), job("b", "SUSPENDED", 0), job("q", "QUEUED"))
     m.decided(before, [pt.Place("b", (G("n1", 0),), reason="trial: utilization 0.1 + 0.2"),
                        pt.Place("q", (G("n1", 1),), reason="Algorithm 1: affinity"),
                        pt.Queue("z", "no room"), pt.Grow("a", (G("n1", 0), G("n1", 1)), reason="idle")], 0.001)
-    state.kept_pairs = {"b": "a", "a": "b"}
+    trial = PackTrial("b", "a", 0.0, (1.0, 1.0))
+    state.add_verdict(4, trial, True, 1.4, "packed rate 1.40x of time-slicing: kept")
+    state.add_verdict(5, trial, False, 0.8, "no gain", unpacked=True)  # the Unpack decision says it
+    state.add_verdict(6, trial, False, 0.8, "no gain (then job a ended)")
+    state.add_verdict(7, trial, None, None, "trial void")
     m.decided(before, [], 0.002)
     m.decided(before, [], 0.002)  # a verdict is logged once
     kinds = [(r["kind"], r["job"]) for r in m.log.after(0)]
-    assert kinds == [("pack", "b"), ("place", "q"), ("grow", "a"), ("keep-pack", "a")]
+    assert kinds == [("pack", "b"), ("place", "q"), ("grow", "a"), ("keep-pack", "b"), ("reject-pack", "b"),
+                     ("pack-void", "b")]
+    assert "1.40x" in m.log.after(3)[0]["reason"] and "with a" in m.log.after(3)[0]["reason"]
     assert m.log.after(3) == m.log.after(0)[3:]
-    assert m.log.last_for()["a"].kind == "keep-pack"
+    assert m.log.last_for()["b"].kind == "pack-void"
     assert m.registry.get_sample_value("gandiva_decisions_total", {"kind": "pack"}) == 1
+    assert m.registry.get_sample_value("gandiva_decisions_total", {"kind": "keep-pack"}) == 1
+    assert m.registry.get_sample_value("gandiva_decisions_total", {"kind": "unpack"}) is None
     assert m.registry.get_sample_value("gandiva_decisions_total", {"kind": "queue"}) is None
     assert m.registry.get_sample_value("gandiva_policy_decision_seconds_count") == 3
 

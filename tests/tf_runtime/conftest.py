@@ -157,12 +157,16 @@ class FeedJob:
         self.pb = pb
         self.launch, self.server, self.job_id = launch, server, job_id
         self.args = [*args, "--dump", str(out)]
+        self.towers = int(args[args.index("--replicas") + 1]) if "--replicas" in args else 1
         self.env = {"GANDIVA_JOB_ID": job_id, "GANDIVA_SCHEDULER": server.address}
         self.work = work
         self.incarnation = -1
         self.proc: Any = None
         self.last_checkpoint: Any = None  # the ack of the latest CHECKPOINT
         self._dirs = itertools.count()
+        # Devices the program's towers run on (feed_step --devices); None: one per tower.
+        # A migration or restart given `devices` is a grow or a shrink.
+        self.devices: int | None = None
 
     def _hello(self, incarnation: int) -> Any:
         return self.server.wait_for(lambda j, m: j == self.job_id and m.HasField("hello")
@@ -173,10 +177,12 @@ class FeedJob:
         assert ack.ok, ack.message
         return ack
 
-    def _spawn(self, extra: dict[str, str], warm: bool = False) -> Any:
+    def _spawn(self, extra: dict[str, str], warm: bool = False, devices: int | None = None) -> Any:
         self.incarnation += 1
+        self.devices = devices or self.devices
         env = {**self.env, **extra, "GANDIVA_INCARNATION": str(self.incarnation)}
-        return self.launch(FEED_SCRIPT, *self.args, env=env, warm=warm)
+        on = ["--devices", str(self.devices)] if self.devices else []
+        return self.launch(FEED_SCRIPT, *self.args, *on, env=env, warm=warm)
 
     def _dir(self, kind: str) -> str:
         return str(self.work / f"{kind}{next(self._dirs)}")
@@ -196,9 +202,10 @@ class FeedJob:
     def checkpoint(self) -> None:
         self.last_checkpoint = self.command(self.pb.COMMAND_KIND_CHECKPOINT, self._dir("periodic"))
 
-    def migrate_warm(self, rehearse: bool = True, signature: bool = True) -> Any:
+    def migrate_warm(self, rehearse: bool = True, signature: bool = True, devices: int | None = None) -> Any:
         """Pre-warm the next process (with the source's signature, as the scheduler
-        passes it), stop this one for migration, activate the warm one."""
+        passes it; on `devices` devices: a grow or shrink), stop this one for
+        migration, activate the warm one."""
         from tf_runtime import EXIT_MIGRATED
 
         extra = {} if rehearse else {"GANDIVA_WARM_STEP": "0"}
@@ -206,7 +213,7 @@ class FeedJob:
             reported = self.server.of_kind(self.job_id, "train_signature")
             assert reported, "the source never reported its first training run"
             extra["GANDIVA_WARM_SIGNATURE"] = reported[-1].json
-        old, nxt = self.proc, self._spawn(extra, warm=True)
+        old, nxt = self.proc, self._spawn(extra, warm=True, devices=devices)
         ready = nxt.wait_event("warm_ready", 120)
         # The rehearsal ran, or was switched off, or had no signature to go by.
         assert ("warm_step_s" in ready) == (rehearse and signature)
@@ -219,17 +226,18 @@ class FeedJob:
         self.proc = nxt
         return ack
 
-    def migrate_naive(self) -> Any:
-        """Stop for migration, then a cold start that restores the checkpoint."""
+    def migrate_naive(self, devices: int | None = None) -> Any:
+        """Stop for migration, then a cold start (on `devices` devices) that restores the checkpoint."""
         from tf_runtime import EXIT_MIGRATED
 
         ack = self.command(self.pb.COMMAND_KIND_STOP_FOR_MIGRATION, self._dir("naive"))
         assert self.proc.wait() == EXIT_MIGRATED
-        self._restart_from(ack)
+        self._restart_from(ack, devices)
         return ack
 
-    def crash_and_restart(self) -> None:
-        """The host is lost (the process killed): restart from the last checkpoint."""
+    def crash_and_restart(self, devices: int | None = None) -> None:
+        """The host is lost (the process killed): restart from the last checkpoint
+        (on `devices` devices)."""
         from tf_runtime import EXIT_KILLED
 
         if self.last_checkpoint is None:
@@ -237,10 +245,10 @@ class FeedJob:
             self.pause(0.1)  # steps after it are lost with the host, and redone
         self.command(self.pb.COMMAND_KIND_KILL)
         assert self.proc.wait() == EXIT_KILLED
-        self._restart_from(self.last_checkpoint)
+        self._restart_from(self.last_checkpoint, devices)
 
-    def _restart_from(self, ack: Any) -> None:
-        self.proc = self._spawn({"GANDIVA_RESTORE_CHECKPOINT": ack.checkpoint_path})
+    def _restart_from(self, ack: Any, devices: int | None = None) -> None:
+        self.proc = self._spawn({"GANDIVA_RESTORE_CHECKPOINT": ack.checkpoint_path}, devices=devices)
         assert self.proc.wait_event("restored", 120)["step"] == ack.step
         assert self._hello(self.incarnation).restored_step == ack.step
         self.command(self.pb.COMMAND_KIND_SUSPEND)

@@ -1,9 +1,11 @@
 """Property: whatever the runtime does to a job, it ends with the uninterrupted run's variables.
 
 Hypothesis draws a program of the feed_step family (Session or MonitoredTrainingSession
-loop, Momentum or Adam, 1 or 2 towers; every feed computed from the global step the
+loop, Momentum or Adam, 1, 2 or 4 towers; every feed computed from the global step the
 program read) and a schedule of suspend/resume, checkpoint, migration (pre-warmed with
-and without the rehearsal, and naive) and restart-after-loss from the last checkpoint,
+and without the rehearsal, and naive), grow and shrink (a pre-warmed migration onto
+twice or half the devices, the towers staying fixed: tf_runtime.towers) and
+restart-after-loss from the last checkpoint,
 runs it on real processes under a real Runtime server, and compares the final variables
 bit for bit with an uninterrupted run of the same program.
 
@@ -30,9 +32,9 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 _EXAMPLES = int(os.environ.get("GANDIVA_PROPERTY_EXAMPLES", "0"))
 
 PROGRAMS = st.tuples(st.sampled_from(["session", "mts"]), st.sampled_from(["momentum", "adam"]),
-                     st.sampled_from([1, 2]))
+                     st.sampled_from([1, 2, 4]))
 OPERATIONS = ["pause", "checkpoint", "migrate_warm", "migrate_warm_no_rehearsal",
-              "migrate_naive", "crash_and_restart"]
+              "migrate_naive", "crash_and_restart", "grow", "shrink"]
 SCHEDULES = st.lists(st.sampled_from(OPERATIONS), min_size=1, max_size=3)
 
 
@@ -47,6 +49,10 @@ def apply(job: FeedJob, op: str) -> None:
         job.migrate_warm(rehearse=False)
     elif op == "migrate_naive":
         job.migrate_naive()
+    elif op == "grow":
+        job.migrate_warm(devices=min(job.towers, 2 * (job.devices or job.towers)))
+    elif op == "shrink":
+        job.migrate_warm(devices=max(1, (job.devices or job.towers) // 2))
     else:
         job.crash_and_restart()
 

@@ -63,7 +63,9 @@ def test_fetch_keys_are_stable_for_rebuilt_structures() -> None:
 
 def test_rate_is_a_moving_average_and_suspension_is_not_a_slow_step() -> None:
     m = ProgressMeter(alpha=0.5)
-    for t in (1.0, 1.1, 1.2, 1.3):
+    m.step(2.5, 1.0)  # the first mini-batch: TensorFlow's set-up, not the job's pace
+    assert m.snapshot().rate == 0.0  # not measured yet
+    for t in (1.1, 1.2, 1.3):
         m.step(0.1, t)
     assert m.snapshot().rate == pytest.approx(10.0)
     m.pause()  # suspended for a minute

@@ -24,8 +24,10 @@ DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
 
 def path_with_autoload(pythonpath: str | None) -> str:
-    """PYTHONPATH with this directory first, the job's own entries kept after it."""
-    rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != DIRECTORY]
+    """PYTHONPATH with this directory first, the job's own entries kept after it (less
+    this directory, also when reached through a symlink)."""
+    mine = os.path.realpath(DIRECTORY)
+    rest = [p for p in (pythonpath or "").split(os.pathsep) if p and os.path.realpath(p) != mine]
     return os.pathsep.join([DIRECTORY, *rest])
 
 

@@ -34,8 +34,11 @@ def _chain() -> None:
     import importlib.machinery
     import importlib.util
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    # realpath, not abspath: this directory may be on sys.path twice, once through a
+    # symlink (a symlinked checkout or virtualenv); finding this file again would run it
+    # again, recursively.
+    here = os.path.dirname(os.path.realpath(__file__))
+    rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
     try:
         spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
         if spec is None or spec.loader is None:

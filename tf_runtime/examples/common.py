@@ -10,7 +10,10 @@ from the global step, so a restored program picks up where it stopped.
 from __future__ import annotations
 
 import argparse
+import collections
+import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +43,9 @@ def parse_args(description: str, argv: list[str] | None = None,
     p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps")
     p.add_argument("--eval-every", type=int, default=0,
                    help="every N steps, evaluate the loss and publish it with tf_runtime.report")
+    p.add_argument("--loss-avg", type=int, default=0, metavar="N",
+                   help="publish loss_avg, the mean loss of the last N mini-batches (a single mini-batch's "
+                        "loss is noisy: AutoML ranks better by this)")
     p.add_argument("--dump", default=None, help="write all variables to this .npz at the end")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="sleep this long after each step (slows a demo down)")
@@ -128,8 +134,14 @@ def train_loop(args: argparse.Namespace, gs: Any, train: Any, loss: Any,
     """The program's own loop, driven by the global step (so it resumes)."""
     step = int(session.run(gs))
     start = time.time()
+    recent: collections.deque[float] = collections.deque(maxlen=max(1, args.loss_avg))
     while step < args.steps:
         step, value = session.run([train, loss])
+        if args.loss_avg:
+            recent.append(float(value))
+            mean = sum(recent) / len(recent)
+            # report() refuses NaN: a diverged run reports the largest float, so it ranks last.
+            tf_runtime.report(loss_avg=mean if math.isfinite(mean) else sys.float_info.max)
         if args.log_every and step % args.log_every == 0:
             print(f"step {step} loss {value:.6f} ({time.time() - start:.1f} s)", flush=True)
         if args.eval_every and step % args.eval_every == 0:

@@ -12,8 +12,11 @@ sees the restored step.
 `--loop session`: a `tf.compat.v1.Session` loop (`while step < steps`).
 `--loop mts`: a `MonitoredTrainingSession` with `StopAtStepHook(last_step=steps)`.
 `--optimizer momentum|adam`: slot variables in the checkpoint. `--replicas N`:
-N towers on /cpu:0..N-1, each fed its own slice, gradients averaged and applied
-to every replica. `--dump FILE.npz` writes every global variable at the end.
+N towers, each fed its own slice, gradients averaged and applied to every replica,
+on /cpu:0..N-1 (one device per tower), or with `--devices D` on D devices, several
+towers to a device (tf_runtime.towers: grow and shrink that keep the result);
+`--devices auto` counts the devices the helper gave the launch (CUDA_VISIBLE_DEVICES).
+`--dump FILE.npz` writes every global variable at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tf_runtime.towers import tower_devices, visible_device_count
+
 DIM, HIDDEN, CLASSES = 12, 16, 4
 
 
@@ -34,7 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loop", choices=("session", "mts"), default="session")
     p.add_argument("--optimizer", choices=("momentum", "adam"), default="momentum")
-    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--replicas", type=int, default=1, help="towers (logical: fixed for the job's life)")
+    p.add_argument("--devices", default=None,
+                   help="devices the towers run on (default: one per tower); 'auto': as many as "
+                   "CUDA_VISIBLE_DEVICES lists")
     p.add_argument("--steps", type=int, default=50, help="train until the global step reaches this")
     p.add_argument("--batch", type=int, default=8, help="per tower")
     p.add_argument("--seed", type=int, default=0)
@@ -43,6 +51,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.replicas < 1 or args.steps < 0 or args.batch < 1:
         p.error("--replicas and --batch must be >= 1, --steps >= 0")
+    if args.devices is None:
+        args.devices = args.replicas
+    elif args.devices == "auto":
+        args.devices = visible_device_count(default=args.replicas)
+    else:
+        try:
+            args.devices = int(args.devices)
+        except ValueError:
+            p.error(f"--devices {args.devices!r}: a number of devices, or auto")
+        if args.devices < 1:
+            p.error("--devices must be >= 1")
+    args.devices = min(args.devices, args.replicas)  # more devices than towers: the rest idle
     return args
 
 
@@ -69,8 +89,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any]]:
              "w2": init_rng.standard_normal((HIDDEN, CLASSES)).astype(np.float32) * 0.3,
              "b2": np.zeros(CLASSES, np.float32)}
     xs, ys, grads, tower_vars = [], [], [], []
-    for i in range(args.replicas):
-        with tf.device(f"/cpu:{i}"), tf.compat.v1.variable_scope(f"tower_{i}"):
+    for i, device in enumerate(tower_devices(args.replicas, args.devices, kind="cpu")):
+        with tf.device(device), tf.compat.v1.variable_scope(f"tower_{i}"):
             x = tf.compat.v1.placeholder(tf.float32, [None, DIM], name="x")
             y = tf.compat.v1.placeholder(tf.int64, [None], name="y")
             v = {k: tf.compat.v1.get_variable(k, initializer=val) for k, val in start.items()}
@@ -142,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tf.compat.v1.disable_eager_execution()
     tf.config.experimental.enable_op_determinism()
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": args.replicas},
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": args.devices},
                                       intra_op_parallelism_threads=1,
                                       inter_op_parallelism_threads=1)
     step = (mts_loop if args.loop == "mts" else session_loop)(args, config)

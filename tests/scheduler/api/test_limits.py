@@ -81,7 +81,7 @@ def test_listings_of_large_jobs_stay_within_a_clients_message_limit(scheduler_se
     first = stub.ListJobs(scheduler_pb2.ListJobsRequest())
     assert 0 < len(first.jobs) < 60 and first.next_page_token
     out = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", "get", "jobs", "-o", "json",
+        [sys.executable, "-m", "gandiva_cli.main", "get", "jobs", "-o", "json",
          "--scheduler", scheduler_server.address], check=False, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     listed = json.loads(out.stdout)
@@ -122,7 +122,7 @@ def test_cli_limit_and_user_filter(scheduler_server, stub) -> None:  # type: ign
         stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec(user=user)))
 
     def cli(*args: str) -> list[dict]:
-        out = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "get", "jobs", "-o", "json",
+        out = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "get", "jobs", "-o", "json",
                               "--scheduler", scheduler_server.address, *args],
                              check=False, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr

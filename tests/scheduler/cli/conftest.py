@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gandiva_cli import main as gandiva_main
 from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
@@ -24,7 +25,6 @@ from protos.gandiva.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
-from scheduler.cli import main as gandiva_main
 from scheduler.cli import submit as submit_main
 
 BIN = Path(sys.executable).parent

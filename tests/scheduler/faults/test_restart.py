@@ -31,7 +31,7 @@ def free_port() -> int:
 def start_scheduler(db_url: str, port: int, tmp: Path) -> subprocess.Popen:
     port_file = tmp / f"port-{time.monotonic_ns()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", f"127.0.0.1:{port}",
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", f"127.0.0.1:{port}",
          "--db", db_url, "--port-file", str(port_file), "--heartbeat-timeout", "120", "--tick", "0.2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )

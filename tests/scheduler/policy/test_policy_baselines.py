@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler.policy import PolicyConfig, get_policy
 
 
@@ -100,3 +102,28 @@ def test_tiresias_extrapolates_attained_service_from_the_last_report(mk) -> None
         ("Queue", "n")]
     assert mk.kinds(get_policy("tiresias", cfg).decide(mk.snap(200, mk.servers(1, 1), runner, new))) == [
         ("Suspend", "r"), ("Place", "n")]
+
+
+def test_tiresias_demotes_a_job_one_queue_per_event(mk) -> None:
+    """As the original: a job past two thresholds at once moves down one queue now, the next
+    one at the next event - so for one event it stays ahead of a job of the lowest queue."""
+    cfg = PolicyConfig(tiresias_thresholds_gpu_s=(100.0, 200.0))
+    old = mk.job("old", state="SUSPENDED", placement=mk.on("s0", 0), attained_service_s=300,
+                 last_state_change_at=0, submitted_at=0)  # filed in the last queue
+
+    def runner(attained: float) -> object:
+        return mk.job("r", state="RUNNING", placement=mk.on("s0", 0), attained_service_s=attained,
+                      reported_at=0.0, submitted_at=1)
+
+    policy = get_policy("tiresias", cfg)
+    assert policy.decide(mk.snap(0, mk.servers(1, 1), runner(50), old)) == []
+    # 500 GPU-s: past both thresholds. Queue 1 now, still ahead of "old" in queue 2.
+    assert policy.decide(mk.snap(0, mk.servers(1, 1), runner(500), old)) == []
+    assert mk.kinds(policy.decide(mk.snap(0, mk.servers(1, 1), runner(500), old))) == [
+        ("Suspend", "r"), ("Resume", "old")]
+
+
+@pytest.mark.parametrize("limits", [(100.0, 100.0), (200.0, 100.0), (0.0, 100.0), (-5.0,)])
+def test_tiresias_thresholds_must_be_positive_and_rising(limits: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match="tiresias_thresholds_gpu_s must be positive and strictly rising"):
+        PolicyConfig(tiresias_thresholds_gpu_s=limits)

@@ -223,3 +223,51 @@ def test_rejected_pairs_of_ended_jobs_are_forgotten_model_verdicts_kept() -> Non
                                    frozenset({"model:vae", "model:lstm"})})
     state.forget_missing({"a", "c"})
     assert state.rejected == {frozenset({"job:a", "job:c"}), frozenset({"model:vae", "model:lstm"})}
+
+
+def _packed(mk, rate: float, now: float, *, without: str = ""):
+    """The pair of _packable packed (both running) at ``now``, each at ``rate``; ``without``
+    a job that has finished."""
+    s = _packable(mk, rate_run=rate, rate_wait=rate, now=now)
+    return dataclasses.replace(s, jobs=tuple(dataclasses.replace(j, state="RUNNING") for j in s.jobs
+                                             if j.id != without))
+
+
+@pytest.mark.parametrize(("rate", "kept"), [(8.0, True), (4.0, False)])  # 0.8 + 0.8 > 1; 0.4 + 0.4 < 1
+def test_a_trial_cut_short_by_a_finished_job_is_judged_by_its_second_half_rates(mk, rate: float,
+                                                                                 kept: bool) -> None:
+    policy = get_policy("gandiva", PACK_ONLY)
+    assert mk.kinds(policy.decide(_packable(mk))) == [("Pack", "wait")]
+    assert policy.decide(_packed(mk, rate, now=30)) == []  # first half: no sample yet
+    assert policy.decide(_packed(mk, rate, now=45)) == []  # second half: sampled
+    # The host finished before the trial's end (70): nothing to unpack, but a verdict.
+    assert policy.decide(_packed(mk, rate, now=50, without="run")) == []
+    verdict = policy.state.verdicts[-1]
+    assert (verdict.job_id, verdict.partner_id, verdict.kept) == ("wait", "run", kept)
+    assert verdict.gain == pytest.approx(2 * rate / 10) and "job run ended" in verdict.reason
+    assert not policy.state.trials
+    # A pair of these models found no better is not tried again (model verdicts outlive jobs).
+    again = policy.decide(_packable(mk, now=200))
+    assert any(isinstance(d, Pack) for d in again) == kept
+
+
+def test_a_trial_cut_short_before_its_rates_settled_is_void_and_may_be_tried_again(mk) -> None:
+    policy = get_policy("gandiva", PACK_ONLY)
+    policy.decide(_packable(mk))
+    assert policy.decide(_packed(mk, 4.0, now=30, without="run")) == []  # 20 s of 60: no sample
+    verdict = policy.state.verdicts[-1]
+    assert verdict.kept is None and verdict.gain is None and "void" in verdict.reason
+    assert any(isinstance(d, Pack) for d in policy.decide(_packable(mk, now=200)))
+
+
+def test_a_pack_suspended_for_a_newcomer_is_judged_and_a_good_pair_stays_together(mk) -> None:
+    policy = get_policy("gandiva", PACK_ONLY)
+    policy.decide(_packable(mk))
+    policy.decide(_packed(mk, 8.0, now=45))
+    newcomer = mk.job("new", submitted_at=50)
+    packed = _packed(mk, 8.0, now=50)
+    d = policy.decide(dataclasses.replace(packed, jobs=(*packed.jobs, newcomer)))
+    assert sorted(mk.kinds(d)) == [("Place", "new"), ("Suspend", "run"), ("Suspend", "wait")]
+    verdict = policy.state.verdicts[-1]
+    assert verdict.kept is True and "time-slice with new job new" in verdict.reason
+    assert policy.state.kept_pairs == {"run": "wait", "wait": "run"}

@@ -19,7 +19,7 @@ from .conftest import make_token
 
 HERE = Path(__file__).resolve().parents[2] / "migration_helper"
 ROOT = Path(__file__).resolve().parents[3]
-GANDIVA = [sys.executable, "-m", "scheduler.cli.main"]
+GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 
 
 def logs(address: str, job_id: str, token: str) -> subprocess.CompletedProcess:

@@ -26,7 +26,7 @@ def test_a_job_reports_progress_with_its_scoped_token(secured: Any, connect: Any
     helper_token = make_token(secured.db_url, "s1", "helper")
     env = {**os.environ, "GANDIVA_TOKEN": helper_token, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler.cli.main", "helper", "--server-name", "s1", "--gpus", "1",
+        [sys.executable, "-m", "gandiva_cli.main", "helper", "--server-name", "s1", "--gpus", "1",
          "--virtual", "--scheduler", secured.address, "--ramdisk", str(tmp_path / "rd"),
          "--log-dir", str(tmp_path / "logs")],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -101,6 +101,6 @@ def test_the_transfer_cap_is_checked_by_the_helpers_settings(tmp_path: Path) -> 
             HelperConfig(server_name="s1", ramdisk=tmp_path, max_transfer_bytes=bad)
     assert HelperConfig(server_name="s1", max_transfer_bytes=1).max_transfer_bytes == 1
     for flag in ("0", "-2", "nan", "-inf"):
-        out = subprocess.run([sys.executable, "-m", "scheduler.cli.main", "helper", "--server-name", "s1",
+        out = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "helper", "--server-name", "s1",
                               f"--max-transfer-gib={flag}"], check=False, capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and "--max-transfer-gib" in out.stderr and "must be positive" in out.stderr, out

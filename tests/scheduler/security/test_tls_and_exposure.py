@@ -64,7 +64,7 @@ def test_loopback_may_run_open_and_says_so(listen: str) -> None:
 def test_the_scheduler_command_refuses_an_open_address(tmp_path: Path) -> None:
     db = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
     out = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", "0.0.0.0:0", "--db", db],
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "0.0.0.0:0", "--db", db],
         check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "refusing to listen on 0.0.0.0:0" in out.stdout + out.stderr
@@ -74,7 +74,7 @@ def test_the_scheduler_command_refuses_an_open_address(tmp_path: Path) -> None:
 def test_an_open_also_listen_address_is_refused_first_and_warned_of_with_insecure(tmp_path: Path) -> None:
     db = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
     out = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", "127.0.0.1:0", "--db", db,
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0", "--db", db,
          "--also-listen", "0.0.0.0:0"],
         check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
@@ -82,7 +82,7 @@ def test_an_open_also_listen_address_is_refused_first_and_warned_of_with_insecur
     assert not (tmp_path / "x.db").exists()  # refused before touching anything
     # With --insecure it serves, and says so for that address too.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler.cli.main", "scheduler", "--listen", "127.0.0.1:0", "--db", db,
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0", "--db", db,
          "--also-listen", "0.0.0.0:0", "--insecure"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.cli.main import main
+from gandiva_cli.main import main
 
 TRACES = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
 

@@ -7,7 +7,15 @@ from collections import Counter
 
 import pytest
 
-from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
+from scheduler.policy import (
+    ClusterSnapshot,
+    Decision,
+    GpuRef,
+    JobView,
+    Policy,
+    PolicyConfig,
+    get_policy,
+)
 from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.generator import generate
 from scheduler.sim.load import makespan_bound, offered_load, scale_to_load
@@ -189,3 +197,43 @@ def test_the_observer_sees_every_event_and_its_busy_time_adds_up() -> None:
     assert len(seen) == result.decide_calls
     area = sum(busy * (t1 - t0) for (t0, busy), (t1, _) in itertools.pairwise(seen))
     assert area == pytest.approx(result.busy_gpu_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_simulation_leaves_the_callers_policy_config_as_it_was(fails: bool) -> None:
+    """The simulator turns Queue reasons off only while it runs, also when the policy fails,
+    so a policy object used for a replay still explains queued jobs afterwards."""
+    jobs = [JobSpec(f"j{i}", submit_time=float(i), num_gpus=4, duration_s=600.0, model="resnet50")
+            for i in range(3)]
+    config = PolicyConfig()
+    seen: list[bool] = []
+
+    class Watching(Policy):
+        name = "yarn-cs"
+
+        def __init__(self) -> None:
+            super().__init__(config)
+            self.inner = get_policy("yarn-cs", config)
+
+        def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
+            seen.append(self.config.queue_reasons)
+            if fails and len(seen) == 2:
+                raise RuntimeError("policy broke")
+            self.inner.config = self.config
+            return self.inner.decide(snapshot)
+
+    policy = Watching()
+    sim = Simulator(jobs, make_cluster("1x4"), policy, MODEL)
+    assert policy.config is config
+    if fails:
+        with pytest.raises(RuntimeError, match="policy broke"):
+            sim.run()
+    else:
+        assert len(sim.run().jobs) == 3
+    assert policy.config is config and config.queue_reasons
+    assert seen and not any(seen)
+    # The same policy object, used live afterwards, says why a job waits.
+    servers = make_cluster("1x4")
+    busy = JobView("busy", 4, state="RUNNING", placement=tuple(GpuRef(servers[0].name, i) for i in range(4)))
+    out = policy.decide(ClusterSnapshot(0.0, servers, (busy, JobView("waits", 4))))
+    assert [(type(d).__name__, d.job_id) for d in out] == [("Queue", "waits")] and out[0].reason

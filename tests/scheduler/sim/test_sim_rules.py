@@ -68,3 +68,22 @@ def test_a_larger_group_cap_means_no_job_waits_for_a_full_group(seed: int) -> No
 def test_negative_slice_growth_is_refused() -> None:
     with pytest.raises(ValueError, match="slice_growth must not be negative, got -1"):
         PolicyConfig(slice_growth=-1)
+
+
+def test_las_switches_do_not_depend_on_unrelated_events_elsewhere() -> None:
+    """A unit that keeps its GPUs (least attained service) hands them over at the first beat
+    after it no longer has the least, whether or not another server is busy meanwhile."""
+    group = [JobSpec("long", 0.0, 2, "resnet50", duration_s=7200),
+             JobSpec("blocker", 0.0, 1, "resnet50", duration_s=9000),
+             JobSpec("b", 610.0, 2, "resnet50", duration_s=2000)]
+    noise = [JobSpec(f"n{i}", 613.0 + 37.0 * i, 1, "resnet50", duration_s=20) for i in range(150)]
+    rules = {"las_slices": True, "slice_growth": 0.1, "max_jobs_per_gpu": 16}
+    quiet, quiet_jct = _run(group, "2x2", **rules)
+    busy, busy_jct = _run(group + noise, "2x2", **rules)
+    assert busy["decide_calls"] > quiet["decide_calls"] + 250
+    assert {j: busy_jct[j] for j in quiet_jct} == quiet_jct
+    # b ran alone until it caught up with long's 610 s (650 s after it arrived, the first
+    # beat after), then they alternated: b's other 1,350 s took twice as long.
+    assert quiet["suspends"] > 2
+    assert quiet_jct["b"] == pytest.approx(650 + 2 * 1350, abs=120)
+    assert quiet_jct["long"] > 7200 + 1900

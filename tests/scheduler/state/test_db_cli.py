@@ -10,7 +10,7 @@ from scheduler.state import migrate
 
 def gandiva(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "scheduler.cli.main", *argv], capture_output=True, text=True, check=False, timeout=120
+        [sys.executable, "-m", "gandiva_cli.main", *argv], capture_output=True, text=True, check=False, timeout=120
     )
 
 

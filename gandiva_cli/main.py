@@ -2,6 +2,10 @@
 
 A module in SUBCOMMAND_MODULES exposes ``register(subparsers)``, which adds its
 parsers and sets ``func`` (taking the parsed args, returning the exit code).
+
+This entry point lives outside the packages it assembles: the scheduler's commands
+(scheduler.cli), the Migration Helper's (`gandiva helper`, `logs`, `bench`) and the
+simulator's, so that `scheduler/` never imports `migration_helper/` (issue 9).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ SUBCOMMAND_MODULES = [
     "scheduler.cli.ops",        # gandiva get|describe|kill|suspend|resume|priority|migrate
     "migration_helper.cli",     # gandiva helper, gandiva logs
     "scheduler.sim.cli",        # gandiva sim
-    "scheduler.cli.bench",      # gandiva bench ...
+    "migration_helper.bench_cli",  # gandiva bench ...
     "scheduler.cli.demo",       # gandiva demo
     "scheduler.cli.top",        # gandiva top
     "scheduler.cli.automl",     # gandiva automl

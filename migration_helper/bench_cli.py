@@ -1,4 +1,5 @@
-"""`gandiva bench migration`: the migration latency benchmark (issue 4).
+"""`gandiva bench migration`: the migration latency benchmark (issue 4), with the helper
+code it drives (migration_helper.bench).
 
 Runs real TensorFlow jobs on two local helpers and migrates them back and forth by
 the pre-warmed fast path and by the naive path (stop, cold start, restore from

@@ -1,0 +1,60 @@
+"""What the simulator benchmarks share: where the evaluation traces are and which count,
+and the ``FIELD[:VALUE]+...`` rule sets their ``--config``/``--ablate`` flags take.
+
+The evaluation set (issue 11): every ITP trace (``itp/cluster*.csv``) and every Gavel
+Philly msr trace (``gavel/traces/msr/seed=0/*.trace``) with at least ``min_jobs`` jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from scheduler.policy import PolicyConfig
+
+# ../shared/traces next to the repository (never committed).
+TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+GAVEL = TRACES / "gavel"
+
+
+def _jobs_in(path: Path) -> int:
+    with path.open() as f:
+        return sum(1 for line in f if line.strip())
+
+
+def gavel_traces(folder: Path, min_jobs: int) -> list[Path]:
+    """The Gavel traces in ``folder`` (one job a line) with at least ``min_jobs`` jobs, by name."""
+    return [p for p in sorted(folder.glob("*.trace")) if _jobs_in(p) >= min_jobs]
+
+
+def trace_files(root: Path, min_jobs: int) -> list[Path]:
+    """Every ITP trace under ``root``, then every Gavel msr trace with at least ``min_jobs`` jobs."""
+    itp = sorted((root / "itp").glob("cluster*.csv"))
+    return itp + gavel_traces(root / "gavel" / "traces" / "msr" / "seed=0", min_jobs)
+
+
+def parse_config(spec: str) -> PolicyConfig:
+    """``field[:value]+field...`` into a PolicyConfig on top of the defaults."""
+    types = {f.name: f.type for f in dataclasses.fields(PolicyConfig)}
+    changes: dict[str, Any] = {}
+    for rule in filter(None, spec.split("+")):
+        field, _, value = rule.partition(":")
+        if field not in types:
+            raise SystemExit(f"{field!r} is not a PolicyConfig field (one of {', '.join(sorted(types))})")
+        kind = str(types[field])
+        try:
+            changes[field] = (True if not value else value.lower() == "true") if kind == "bool" else \
+                (int(value) if kind == "int" else float(value))
+        except ValueError:
+            raise SystemExit(f"{rule!r}: {value!r} is not a {kind}") from None
+    return PolicyConfig(**changes)
+
+
+def parse_rules(text: str) -> dict[str, PolicyConfig]:
+    """``name=field[:value]+field...,name2=...`` into PolicyConfigs on top of the defaults."""
+    out: dict[str, PolicyConfig] = {}
+    for item in filter(None, text.split(",")):
+        name, _, spec = item.partition("=")
+        out[name] = parse_config(spec)
+    return out

@@ -1,0 +1,231 @@
+"""More faults on the multi-host cluster (each host its own network namespace; issue 9):
+the scheduler killed with -9 while a migration transfers its checkpoint and while the
+destination activates, a helper whose clocks differ and jump, and a job whose host is
+lost. Throughout each test no job trains in two places at once (the sampler), every job
+ends exactly once, and its final variables are bit-identical to an uninterrupted run of
+the same program (feed_step: every mini-batch fed from the global step; momentum, two
+towers).
+
+Each phase is reached deterministically, not by racing the migration: processes are
+held with SIGSTOP where the real fault would leave them waiting, and the durable phase
+is read from the scheduler's database before it is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+
+from .conftest import assert_bit_identical, feed_command, uninterrupted_variables
+
+Cluster = Any  # the `multihost` fixture's Cluster (tests/multihost/conftest.py)
+DONE = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
+RUNNING = common_pb2.JOB_STATE_RUNNING
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+
+
+def _states(job: common_pb2.Job) -> list[str]:
+    return [common_pb2.JobState.Name(t.to_state).removeprefix("JOB_STATE_") for t in job.history]
+
+
+def _ends_once(c: Cluster, job_id: str, steps: int, timeout: float) -> common_pb2.Job:
+    done = c.wait(lambda: (j := c.job(job_id)).state in DONE and j, timeout)
+    assert isinstance(done, common_pb2.Job)
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED, (done.message, _states(done))
+    assert done.steps == steps
+    assert [s for s in _states(done) if s in ("SUCCEEDED", "FAILED", "KILLED")] == ["SUCCEEDED"], _states(done)
+    return done
+
+
+def _no_two_copies(c: Cluster) -> None:
+    assert c.sampler.samples > 20, "the sampler did not run"
+    assert c.sampler.violations == [], c.sampler.violations
+
+
+def _start(c: Cluster, steps: int, shared: bool = True) -> tuple[str, str, str, Path]:
+    """Helpers h1 and h2 and a feed_step job training on one of them:
+    (job id, its server, the other, where its final variables will be)."""
+    c.add_helper("h1", shared=shared)
+    c.add_helper("h2", shared=shared)
+    dump = c.tmp / "final.npz"
+    job_id = c.submit("feed", feed_command(steps, dump))
+    c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 90)
+    src = c.where(job_id)
+    return job_id, src, "h2" if src == "h1" else "h1", dump
+
+
+def _phase_reached(c: Cluster, job_id: str, phase: str) -> bool:
+    row = c.migration_row(job_id)
+    return row is not None and row[0] == phase and row[1] >= 0
+
+
+STEPS = 120
+
+
+@pytest.mark.parametrize(("phase", "multihost"), [
+    ("transfer", {"heartbeat_timeout": 30.0}),  # the source helper is held (SIGSTOP) for a while
+    ("activate", {"heartbeat_timeout": 5.0}),
+], indirect=["multihost"])
+def test_i9s_scheduler_killed_9_in_transfer_and_activate(multihost: Cluster, phase: str, tmp_path: Path) -> None:
+    """After the source's checkpoint is confirmed, a restarted scheduler completes the
+    migration by a restart from that checkpoint: the destination is stopped, the job
+    ends once, never two copies, with the uninterrupted run's variables.
+
+    transfer: no shared root (the checkpoint moves by the gRPC stream); the source
+    helper is held, so the migration waits in `transfer`. activate: the pre-warmed
+    process is held, so the migration waits in `activate`."""
+    c = multihost
+    uninterrupted_variables(STEPS, tmp_path)  # (computed while nothing else runs)
+    job_id, src, dest, dump = _start(c, STEPS, shared=(phase == "activate"))
+    (source_pid,) = c.pids_of(job_id)
+    # Hold the source at a step until the destination has pre-warmed, so that what
+    # follows happens in this order whatever the machine's load.
+    os.kill(source_pid, signal.SIGSTOP)
+    c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    c.wait(lambda: any(e.kind == "job.migration" and e.message.startswith("prewarm") for e in c.events(job_id)), 90)
+    held: list[tuple[str, int]] = []
+    if phase == "transfer":
+        c.signal(src, signal.SIGSTOP)  # its TransferCheckpoint will wait
+        held.append(("helper", c.procs[src].pid))
+    else:
+        (warm_pid,) = c.pids_of(job_id, warm=True)
+        os.kill(warm_pid, signal.SIGSTOP)  # its activation will wait
+        held.append(("warm", warm_pid))
+    os.kill(source_pid, signal.SIGCONT)  # checkpoints, acks, exits 75
+    c.wait(lambda: _phase_reached(c, job_id, phase), 60)
+    c.kill9("scheduler")
+    # The held process goes on while no scheduler runs (a warm process then trains alone:
+    # the source has exited).
+    for _, pid in held:
+        os.kill(pid, signal.SIGCONT)
+    c.start_scheduler()
+    restarted = time.monotonic()
+    done = _ends_once(c, job_id, STEPS, 120)
+    print(f"\n{phase}: the job ended {time.monotonic() - restarted:.1f}s after the scheduler restarted")
+    reasons = [t.reason for t in done.history]
+    assert any(f"scheduler restarted mid-migration (phase {phase})" in r for r in reasons), reasons
+    assert c.migration_row(job_id) is None
+    assert_bit_identical(dump, STEPS, tmp_path)
+    _no_two_copies(c)
+
+
+CLOCK_JUMP = '''
+# The host's wall clock, as Python sees it (time.time, time.time_ns), offset by the number
+# of seconds in $I9S_CLOCK_FILE, re-read every 50 ms: a jump forward or back at any moment.
+# gRPC's Python layer turns timeouts into deadlines with time.time() and hands them to its
+# C core, which reads the real clock; on a real jump both would move together, so those
+# gRPC modules keep the real time.time (otherwise every call would miss its deadline).
+import importlib, os, threading, time, types
+_real_time, _real_time_ns, _real_sleep = time.time, time.time_ns, time.sleep
+_offset = [0.0]
+class _RealClock(types.ModuleType):
+    def __getattr__(self, name):
+        return getattr(time, name)
+_real = _RealClock("time")
+_real.time, _real.time_ns = _real_time, _real_time_ns
+for _name in ("grpc._channel", "grpc._common", "grpc._server", "grpc._utilities", "grpc.aio._utils"):
+    try:
+        importlib.import_module(_name).time = _real
+    except Exception:
+        pass
+def _watch(path=os.environ["I9S_CLOCK_FILE"]):
+    seen = None
+    while True:
+        try:
+            value = float(open(path).read() or 0)
+        except (OSError, ValueError):
+            value = 0.0
+        if value != seen:
+            _offset[0] = seen = value
+            with open(path + ".seen", "a") as f:
+                f.write(f"{os.getpid()} {value}\\n")
+        _real_sleep(0.05)
+time.time = lambda: _real_time() + _offset[0]
+time.time_ns = lambda: _real_time_ns() + int(_offset[0] * 1e9)
+threading.Thread(target=_watch, daemon=True).start()
+'''
+
+
+def test_i9s_helper_clock_offset_and_wall_clock_jump_neither_freeze_nor_double_run(
+        multihost: Cluster, tmp_path: Path) -> None:
+    """h1 runs in a time namespace whose monotonic and boot clocks are a day ahead of the
+    scheduler's, and its wall clock (time.time, for it and its jobs) jumps an hour ahead,
+    then an hour behind real time, while its job trains. The lease runs on monotonic
+    time: the job is never frozen, h1 never goes down, the job is never re-placed (h2
+    stands by) and ends once with the uninterrupted run's variables."""
+    c = multihost
+    steps = 400
+    uninterrupted_variables(steps, tmp_path)
+    site = c.tmp / "clockjump"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(CLOCK_JUMP)
+    clock = c.tmp / "clock"
+    clock.write_text("0")
+    c.add_helper("h1", wrapper=["unshare", "--fork", "--kill-child=SIGTERM", "--time",
+                                "--monotonic", "86400", "--boottime", "86400"],
+                 env={"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep),
+                      "I9S_CLOCK_FILE": str(clock)})
+    dump = c.tmp / "final.npz"
+    job_id = c.submit("feed", feed_command(steps, dump, sleep=0.04))
+    c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 90)
+    assert c.where(job_id) == "h1"
+    c.add_helper("h2")
+    (pid,) = c.pids_of(job_id)
+    offsets = Path(f"/proc/{pid}/timens_offsets").read_text().split()
+    assert offsets[offsets.index("monotonic") + 1] == "86400", offsets  # the job, and h1, a day ahead
+
+    states, down, running = [], [], []
+    for value in ("3600", "-3600", "0"):
+        clock.write_text(value)
+        running.append(c.job(job_id).state == RUNNING)
+        until = time.monotonic() + 3.0 + 1.0  # past the lease (heartbeat timeout 5 s)
+        while time.monotonic() < until and c.job(job_id).state == RUNNING:
+            try:
+                states.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                break  # finished
+            down += [n for n, up in c.servers().items() if not up]
+            time.sleep(0.05)
+    seen = (clock.parent / "clock.seen").read_text().split()
+    helper_pid = [line.split()[0] for line in (clock.parent / "clock.seen").read_text().splitlines()]
+    assert "3600.0" in seen and "-3600.0" in seen, "the helper's wall clock never jumped"
+    assert len(set(helper_pid)) >= 2, "only one process of h1 saw the jump"  # the helper and its job
+    assert running == [True, True, True], "the job ended before every jump was made"
+    assert "T" not in states, "the job was frozen: the lease followed the wall clock"
+    assert down == [], f"servers marked down: {set(down)}"
+    assert "freezing jobs" not in (c.tmp / "h1.log").read_text()
+    done = _ends_once(c, job_id, steps, 120)
+    assert _states(done).count("RUNNING") == 1 and {g.server for g in done.placement} <= {"h1"}, _states(done)
+    assert_bit_identical(dump, steps, tmp_path)
+    _no_two_copies(c)
+
+
+def test_i9s_lost_host_job_ends_with_the_uninterrupted_variables(multihost: Cluster, tmp_path: Path) -> None:
+    """The helper of the job's host killed with -9 after a periodic checkpoint: the job
+    resumes on the other host from that checkpoint (through the shared root) and ends
+    with the variables of an uninterrupted run."""
+    c = multihost
+    steps = 300
+    uninterrupted_variables(steps, tmp_path)
+    job_id, src, other, dump = _start(c, steps)
+
+    def checkpoint_steps(server: str) -> list[int]:
+        return [int(e.message.split()[1]) for e in c.events(job_id) if e.kind == "job.checkpoint" and e.server == server]
+
+    c.wait(lambda: max(checkpoint_steps(src), default=0) >= 40, 60)
+    c.kill9(src)
+    c.wait(lambda: c.where(job_id) == other, 40)
+    placed = c.job(job_id)
+    assert any("resuming from" in t.reason and f"/rd/{src}/" in t.reason for t in placed.history), \
+        [t.reason for t in placed.history]
+    _ends_once(c, job_id, steps, 120)
+    assert_bit_identical(dump, steps, tmp_path)
+    _no_two_copies(c)
