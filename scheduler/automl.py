@@ -94,10 +94,6 @@ class _Level:
         self.killed: list[str] = []
         self.done = False
 
-    def ranked(self, better_first: Callable[[list[tuple[str, float]]], list[tuple[str, float]]]
-               ) -> list[tuple[str, float]]:
-        return better_first(list(self.values.items()))  # stable: ties go to the earlier report
-
 
 class _Bracket:
     def __init__(self, index: int, ids: list[str], min_steps: int, eta: int, max_steps: int | None) -> None:
@@ -248,7 +244,7 @@ class SuccessiveHalving:
             pending = level.n - len(level.values)
             if not self.asynchronous and pending > 0:
                 continue
-            ranked = level.ranked(self._better_first)
+            ranked = self._better_first(list(level.values.items()))  # stable: ties go to the earlier report
             if pending == 0 and all(math.isnan(v) for _, v in ranked) and not any(
                     self.metric in jobs[j].metrics for j, _ in ranked):
                 raise AutoMLError(f"no configuration reported the metric {self.metric!r} by step {level.steps}; "
@@ -257,7 +253,7 @@ class SuccessiveHalving:
                 if pending == 0:
                     level.done = True
                     self._rungs.append(Rung(level.steps, ranked, [], [], time.monotonic() - self._t0, bracket.index))
-                    self.say(f"{self._where(bracket, r)}final at {level.steps} mini-batches: best "
+                    self.say(f"{self._where(bracket)}final at {level.steps} mini-batches: best "
                              f"{self.metric}={ranked[0][1]:.4g} {self._params[ranked[0][0]]}")
                 continue
             nxt = bracket.levels[r + 1]
@@ -273,7 +269,7 @@ class SuccessiveHalving:
                 elif i >= level.keep:
                     level.killed.append(j)
                     if jobs[j].state not in TERMINAL_STATES:
-                        why = (f"automl {self._where(bracket, r)}rung {r} at {level.steps} steps: "
+                        why = (f"automl {self._where(bracket)}rung {r} at {level.steps} steps: "
                                f"{self.metric}={value} not in the best {level.keep}")
                         self._act("KillJob", scheduler_pb2.JobActionRequest(id=j, reason=why))
             if len(level.promoted) + len(level.killed) == level.n:
@@ -281,12 +277,12 @@ class SuccessiveHalving:
                 rung = Rung(level.steps, ranked, list(level.promoted), list(level.killed),
                             time.monotonic() - self._t0, bracket.index)
                 self._rungs.append(rung)
-                self.say(f"{self._where(bracket, r)}rung {r} at {level.steps} mini-batches ({rung.at_s:.1f}s): best "
+                self.say(f"{self._where(bracket)}rung {r} at {level.steps} mini-batches ({rung.at_s:.1f}s): best "
                          f"{self.metric}={ranked[0][1]:.4g} {self._params[ranked[0][0]]}; kept {len(level.promoted)}, "
                          f"killed {len(level.killed)}, priority of the kept -> {priority}")
 
     @staticmethod
-    def _where(bracket: _Bracket, r: int) -> str:
+    def _where(bracket: _Bracket) -> str:
         return f"bracket {bracket.index} " if bracket.index else ""
 
     def _act(self, method: str, request: Any) -> None:
