@@ -157,10 +157,11 @@ class GandivaPolicy(Policy):
             if cand.oversubscribed:
                 # The newcomer runs first so that every job gets early feedback; the
                 # incumbent waits for its next turn in the group.
+                why = f"time-slice with new job {job.id}"
                 for other in ledger.running_on(cand.gpus):
                     ledger.set_state(other, "SUSPENDED")
-                    end_trials_of(ledger, self.state, self.config, other, f"time-slice with new job {job.id}")
-                    out.append(Suspend(other, reason=f"time-slice with new job {job.id}"))
+                    end_trials_of(ledger, self.state, self.config, other, why)
+                    out.append(Suspend(other, reason=why))
             ledger.bind(job.id, cand.gpus, "RUNNING")
             out.append(Place(job.id, cand.gpus, reason=f"Algorithm 1: {cand.filter}"))
         return out

@@ -54,13 +54,12 @@ def _end_early(state: GandivaState, trial: PackTrial, now: float, config: Policy
     moved): judged by the rates sampled in its second half, else void. Returns the verdict."""
     state.trials.pop(trial.job_id, None)
     ran = now - trial.started_at
-    if trial.sample is None:
+    if trial.sample is None or trial.sampled_at is None:  # set together (judge_trials)
         state.add_verdict(now, trial, None, None,
                           f"trial void: {why} after {ran:.1f}s, before the packed rates settled")
         return None
     kept, gain, reason = _verdict(state, trial, trial.sample, config,
-                                  f"measured over {trial.sampled_at - trial.started_at:.1f}s, then {why}"
-                                  if trial.sampled_at is not None else why)
+                                  f"measured over {trial.sampled_at - trial.started_at:.1f}s, then {why}")
     state.add_verdict(now, trial, kept, gain, reason)
     return kept
 

@@ -97,11 +97,8 @@ class GandivaState:
             self.next_wakeup = when
 
     def forget_missing(self, live_ids: Container[str]) -> None:
-        """Drop trials, kept pairs and rejected job pairs of jobs that finished or were killed
-        (judge_trials has given the trials of departed jobs their verdicts first)."""
-        for job_id, trial in list(self.trials.items()):
-            if job_id not in live_ids or trial.partner_id not in live_ids:
-                del self.trials[job_id]
+        """Drop kept pairs and rejected job pairs of jobs that finished or were killed
+        (their trials judge_trials has already ended, each with its verdict)."""
         for a, b in list(self.kept_pairs.items()):
             if a not in live_ids or b not in live_ids:
                 del self.kept_pairs[a]

@@ -79,9 +79,8 @@ def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig, at: f
     return base * max(ledger.jobs[j].weight for j in unit)
 
 
-def _next_unit(ledger: Ledger, units: list[tuple[str, ...]], config: PolicyConfig,
-               running: tuple[str, ...] = (), served: dict[tuple[str, ...], float] | None = None,
-               ) -> tuple[str, ...]:
+def _next_unit(ledger: Ledger, units: list[tuple[str, ...]], running: tuple[str, ...] = (),
+               served: dict[tuple[str, ...], float] | None = None) -> tuple[str, ...]:
     """The unit to run next; ``served`` (las_slices): each unit's ``_served`` now."""
     def waited(u: tuple[str, ...]) -> tuple[float, int, tuple[str, ...]]:
         # The unit suspended longest goes next; higher priority breaks ties.
@@ -191,9 +190,9 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     # Under las_slices the running unit competes too (and keeps the GPUs if it wins).
     if config.las_slices:
         served = {u: _served(ledger, u, now) for u in units}
-        nxt = _next_unit(ledger, units, config, running, served)
+        nxt = _next_unit(ledger, units, running, served)
     else:
-        nxt = _next_unit(ledger, waiting, config)
+        nxt = _next_unit(ledger, waiting)
     if nxt == running:
         # It still has the least attained service: it keeps the GPUs until the first beat
         # after it no longer has (its service per GPU grows one second a second; the
