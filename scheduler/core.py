@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -247,16 +247,12 @@ class SchedulerCore:
         event loop instead of one per statement; elsewhere through the async engine.
         ``fn`` must not add events (watchers are not woken)."""
         with _db_errors():
-            if self._sync_writer is not None:
-                assert self._write_lock is not None
-                async with self._write_lock:
+            async with self._write_lock or nullcontext():  # the lock: SQLite only
+                if self._sync_writer is not None:
                     return await asyncio.get_running_loop().run_in_executor(
                         self._writer_thread, self._sync_writer.call, fn)
-            if self._write_lock is not None:  # an in-memory SQLite database (tests)
-                async with self._write_lock, self.engine.begin() as conn:
+                async with self.engine.begin() as conn:
                     return await conn.run_sync(fn)
-            async with self.engine.begin() as conn:
-                return await conn.run_sync(fn)
 
     def poke(self) -> None:
         self.wake.set()

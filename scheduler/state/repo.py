@@ -505,19 +505,17 @@ async def server_loads(session: AsyncSession) -> list[ServerLoad]:
 # ---- fencing and migrations --------------------------------------------------------
 
 
-def _expected_queries(server: str) -> tuple[Select, Select]:
-    active = [s.value for s in ACTIVE]
-    placed = select(Placement.job_id).where(Placement.server_name == server)
-    current = select(Job.id, Job.incarnation).where(Job.id.in_(placed), Job.state.in_(active))
-    involved = select(
+def _involved_query(server: str) -> Select:
+    return select(
         Migration.job_id, Migration.source_server, Migration.dest_server, Migration.source_incarnation,
         Migration.dest_incarnation, Migration.fallback_incarnation,
     ).where(or_(Migration.dest_server == server, Migration.source_server == server))
-    return current, involved
 
 
-def _expected_pairs(server: str, current: Iterable, involved: Iterable) -> set[tuple[str, str]]:
-    pairs = {(job_id, inc) for job_id, inc in current}
+def _expected_pairs(server: str, placed: Iterable, involved: Iterable) -> set[tuple[str, str]]:
+    """From the rows of _placed_rows_query and _involved_query."""
+    active = {s.value for s in ACTIVE}
+    pairs = {(job_id, inc) for job_id, inc, state, _ in placed if state in active}
     for job_id, source, dest, source_inc, dest_inc, fallback_inc in involved:
         if dest == server:
             pairs.add((job_id, dest_inc))
@@ -530,8 +528,8 @@ async def expected_incarnations(session: AsyncSession, server: str) -> set[tuple
     """The (job, incarnation) pairs that may run on `server` now: the current launch of
     each active job placed there, and the destination (or fallback) launch of each
     migration in progress that involves it. Anything else found there is stale."""
-    current, involved = _expected_queries(server)
-    return _expected_pairs(server, (await session.execute(current)).all(), (await session.execute(involved)).all())
+    placed = (await session.execute(_placed_rows_query(server))).all()
+    return _expected_pairs(server, placed, (await session.execute(_involved_query(server))).all())
 
 
 @dataclass
@@ -554,11 +552,7 @@ def heartbeat_fast(conn: Connection, name: str, now: float, running: Sequence[tu
     placed = conn.execute(_placed_rows_query(name)).all()
     stale: list[tuple[str, str]] = []
     if running:
-        # The current launches are those of the placed rows (the same query's answer).
-        active = {s.value for s in ACTIVE}
-        current = [(job_id, inc) for job_id, inc, state, _ in placed if state in active]
-        involved = _expected_queries(name)[1]
-        expected = _expected_pairs(name, current, conn.execute(involved).all())
+        expected = _expected_pairs(name, placed, conn.execute(_involved_query(name)).all())
         stale = sorted(set(running) - expected)
     return Beat(placed, stale)
 
