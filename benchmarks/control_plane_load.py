@@ -46,7 +46,7 @@ from pathlib import Path
 
 import grpc
 import psutil
-from submit_throughput import pct, pg_database, secure_setup, start
+from submit_throughput import PG_ADMIN, pct, pg_database, secure_setup, start
 
 from protos.gandiva.v1 import (
     common_pb2,
@@ -62,7 +62,6 @@ from scheduler.state import migrate
 from scheduler.state.db import make_engine, make_sessionmaker
 from scheduler.transport import AUTH_HEADER, ClientSecurity, aio_channel
 
-PG_ADMIN = "postgresql+asyncpg://gandiva:gandiva@127.0.0.1:5432/gandiva"
 SPEC = common_pb2.JobSpec(command=["python", "train.py"], gpus=1, name="load")
 
 

@@ -19,10 +19,13 @@ import runpy
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
 # An idle loop waits in C (uvloop) below these frames: no Python frame above them.
 IDLE = ("asyncio/runners.py", "uvloop/__init__.py", "asyncio/base_events.py", "selectors.py")
+# Files of this checkout are named from its root, wherever it is.
+ROOT = f"{Path(__file__).resolve().parents[1]}/"
 
 
 def main() -> None:
@@ -39,7 +42,7 @@ def main() -> None:
 
     def name(frame: FrameType) -> str:
         code = frame.f_code
-        return f"{code.co_filename.split('site-packages/')[-1].split('wt-i10/')[-1]}:{code.co_name}"
+        return f"{code.co_filename.split('site-packages/')[-1].removeprefix(ROOT)}:{code.co_name}"
 
     def sample() -> None:
         while not stop.wait(args.interval_ms / 1000):

@@ -152,7 +152,8 @@ def main() -> int:
         # modes then take turns (order alternating per round), so that a change in the
         # machine's load hits both alike: on a shared machine, one run of each in a row
         # measures the load more than the difference.
-        procs: dict[str, tuple[subprocess.Popen, str, ClientSecurity | None, float]] = {}
+        procs: dict[str, tuple[subprocess.Popen, str, ClientSecurity | None]] = {}
+        idle_rss: dict[str, float] = {}  # MB, once start-up work has settled
         try:
             for mode in modes:
                 url = base_url if mode == modes[0] else fresh(base_url, work, label, args.pg_url)
@@ -161,16 +162,15 @@ def main() -> int:
                     extra, ca = secure_setup(url, work)
                     security = ClientSecurity(token=make_token(url, "bench"), tls_ca=str(ca))
                 proc, address = start(url, work, extra)
-                procs[mode] = (proc, address, security, 0.0)
+                procs[mode] = (proc, address, security)
             time.sleep(2.0)  # let start-up work (migrations, first rounds) settle
-            for mode, (proc, address, security, _) in procs.items():
-                idle_rss = psutil.Process(proc.pid).memory_info().rss / 2**20
-                procs[mode] = (proc, address, security, idle_rss)
+            for mode, (proc, address, security) in procs.items():
+                idle_rss[mode] = psutil.Process(proc.pid).memory_info().rss / 2**20
                 asyncio.run(drive(address, min(200, args.n), args.concurrency, security))  # warm-up
             rates: dict[str, list[float]] = {m: [] for m in modes}
             for r in range(rounds):
                 for mode in (modes if r % 2 == 0 else modes[::-1]):
-                    proc, address, security, idle_rss = procs[mode]
+                    proc, address, security = procs[mode]
                     t0 = time.perf_counter()
                     lat = asyncio.run(drive(address, max(1, args.n // rounds), args.concurrency, security))
                     elapsed = time.perf_counter() - t0
@@ -179,9 +179,9 @@ def main() -> int:
                     print(
                         f"{label:<11} {mode:<7} {r + 1:>5} {len(lat):>6} {len(lat) / elapsed:>8.0f} "
                         f"{pct(lat, 0.5) * 1e3:>7.1f} {pct(lat, 0.99) * 1e3:>7.1f} {max(lat) * 1e3:>7.1f} "
-                        f"{idle_rss:>12.1f} {loaded_rss:>14.1f}", flush=True)
+                        f"{idle_rss[mode]:>12.1f} {loaded_rss:>14.1f}", flush=True)
         finally:
-            for proc, *_ in procs.values():
+            for proc, _, _ in procs.values():
                 proc.terminate()
                 proc.wait(30)
         if len(modes) == 2:

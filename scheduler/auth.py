@@ -94,8 +94,12 @@ def new_token(name: str) -> str:
 
 def runtime_token(helper_token: str, job_id: str, incarnation: str) -> str:
     """The credential a helper hands the runtime of one launch of a job."""
-    helper = helper_token.split(".")[1] if helper_token.count(".") >= 2 else ""
-    return f"gdvr.{helper}.{job_id}.{incarnation}.{_mac(digest(helper_token), job_id, incarnation)}"
+    return f"gdvr.{_name_of(helper_token)}.{job_id}.{incarnation}.{_mac(digest(helper_token), job_id, incarnation)}"
+
+
+def _name_of(token: str) -> str:
+    """NAME of a ``gdv.NAME.SECRET`` token ("" when it has no such part)."""
+    return token.split(".")[1] if token.count(".") >= 2 else ""
 
 
 def _mac(key_hex: str, job_id: str, incarnation: str) -> str:
@@ -134,7 +138,7 @@ def check_transfer_ticket(own_token: str, ticket: str, job_id: str, now: float |
                               "registered helpers: the stream carries no transfer ticket (the "
                               "scheduler issues one with each TransferCheckpoint when --auth token is on)")
     parts = ticket.split(".")
-    me = own_token.split(".")[1] if own_token.count(".") >= 2 else ""
+    me = _name_of(own_token)
     if len(parts) != 3 or parts[0] != "gdvt" or not parts[1].isdigit():
         raise PermissionDenied("the transfer ticket is malformed")
     if not hmac.compare_digest(parts[2], _ticket_mac(digest(own_token), me, job_id, parts[1])):

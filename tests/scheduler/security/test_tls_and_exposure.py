@@ -95,3 +95,36 @@ def test_an_open_also_listen_address_is_refused_first_and_warned_of_with_insecur
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_tls_init_writes_a_usable_cluster_pki(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gandiva_cli.main", "tls", "init", str(tmp_path / "pki"),
+         "--host", "head.example", "--host", "10.0.0.1", "--client", "alice"],
+        check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    names = {p.name for p in (tmp_path / "pki").iterdir()}
+    assert names == {"ca.pem", "ca-key.pem", "server.pem", "server-key.pem", "alice.pem", "alice-key.pem"}
+    assert (tmp_path / "pki" / "server-key.pem").stat().st_mode & 0o077 == 0
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate((tmp_path / "pki" / "server.pem").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "head.example" in sans.get_values_for_type(x509.DNSName)
+    again = subprocess.run(
+        [sys.executable, "-m", "gandiva_cli.main", "tls", "init", str(tmp_path / "pki"), "--host", "x"],
+        check=False, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "--force" in again.stderr
+
+
+async def test_a_helper_agent_refuses_an_open_address_without_mtls(tmp_path: Path, monkeypatch, certs: Path) -> None:  # type: ignore[no-untyped-def]
+    from migration_helper.config import HelperConfig
+    from migration_helper.daemon import HelperDaemon
+
+    monkeypatch.setenv("GANDIVA_FORCE_VIRTUAL_GPUS", "1")
+    for tls in (None, _tls(certs)):  # TLS without client certificates is not enough either
+        config = HelperConfig(server_name="s1", scheduler="127.0.0.1:9", listen="0.0.0.0:0", gpus=1,
+                              ramdisk=tmp_path / "rd", log_dir=tmp_path / "logs", tls=tls)
+        with pytest.raises(SecurityError) as err:
+            await HelperDaemon(config).start()
+        assert "--insecure" in str(err.value) and "--tls-client-ca" in str(err.value)
