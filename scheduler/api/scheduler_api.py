@@ -90,7 +90,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument("offset", f"{request.offset} is negative")
         if not 0 <= request.max_bytes <= LOG_READ_MAX:
             raise InvalidArgument("max_bytes", f"{request.max_bytes}: use 1 to {LOG_READ_MAX} (0: the most)")
-        await self._own_job(request.id)  # a job's output is its owner's (and operators'), like its environment
+        detail = await self.core.get_job(request.id)
+        # A job's output is its owner's (and operators'), like its environment.
+        auth.require_job_access(auth.current(), detail.job.user, request.id)
         server, got = await self.core.read_log(request.id, request.offset, request.max_bytes or LOG_READ_MAX)
         return scheduler_pb2.ReadJobLogResponse(
             data=got.data, next_offset=min(request.offset, got.log_size) + len(got.data), size=got.log_size,
