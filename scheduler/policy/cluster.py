@@ -14,6 +14,8 @@ in a large cluster.
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -60,6 +62,17 @@ def server_affinity(snapshot: ClusterSnapshot, server: str) -> int | None:
     return affinity_of(sizes)
 
 
+# What a running job's periodic report changes; its attained service at any time (what a
+# time-slice group's look reads) is the same before and after, extrapolated from either.
+PROGRESS_FIELDS = frozenset(("steps", "attained_service_s", "reported_at"))
+_others = operator.attrgetter(*(f.name for f in dataclasses.fields(JobView) if f.name not in PROGRESS_FIELDS))
+
+
+def progress_only(old: JobView, new: JobView) -> bool:
+    """``new`` is ``old`` with newer progress of a running job, nothing else changed."""
+    return old.state == "RUNNING" and _others(old) == _others(new)
+
+
 def affinity_of(sizes: Mapping[int, int]) -> int | None:
     """Affinity from a count of jobs per GPU size: the most common size, None when empty."""
     if not sizes:
@@ -104,7 +117,9 @@ class Ledger:
         self.max_server_gpus = max((s.num_gpus for s in self.servers.values()), default=1)
         # GPUs of the up servers.
         self.num_gpus = sum(s.num_gpus for s in self.servers.values())
-        # Bumped on every change; lets callers cache "nothing fits" answers.
+        # Bumped on every change the placement filters can see (a bind or unbind, a job
+        # entering or leaving MIGRATING, a view's ``suspendable`` changing); lets callers
+        # cache "nothing fits" answers, within a call and across calls.
         self.version = 0
         # Jobs whose state or placement this decide() call already changed.
         self.changed: set[str] = set()
@@ -138,12 +153,19 @@ class Ledger:
         delta = snapshot.delta_since(self.snapshot.seq)  # the last snapshot synced to
         self.snapshot = snapshot
         touched = self.changed
+        progressed: list[str] = []
         if delta is not None:
             jobs = self.jobs
             for jid in delta.removed:
                 if jobs.pop(jid, None) is not None:
                     self._forget(jid)
             for fresh in delta.changed:
+                was = jobs.get(fresh.id)
+                if was is not None:
+                    if was.suspendable != fresh.suspendable:
+                        self.version += 1
+                    elif progress_only(was, fresh):
+                        progressed.append(fresh.id)
                 jobs[fresh.id] = fresh
             look = [fresh.id for fresh in delta.changed]
         else:
@@ -155,12 +177,22 @@ class Ledger:
                 self._forget(jid)
             self.jobs = jobs = new
             look = [j for j, v in new.items() if old.get(j) is not v]
+            for jid in look:
+                was = old.get(jid)
+                if was is not None:
+                    if was.suspendable != new[jid].suspendable:
+                        self.version += 1
+                    elif progress_only(was, new[jid]):
+                        progressed.append(jid)
         placement, state, groups = self.placement, self.state, self.touched_groups
+        # A job whose view only reports progress leaves its group as it was (unless our
+        # last decide() changed it): nothing a group's look decides from changed.
+        quiet = set(progressed).difference(touched) if groups is not None else ()
         for jid in look + list(touched):
             view = jobs.get(jid)
             if view is None:
                 continue
-            if groups is not None and jid in placement:
+            if groups is not None and jid in placement and jid not in quiet:
                 groups.add(placement[jid])  # its view (service, rate, ...) may differ
             if state.get(jid) != view.state:
                 self._set(jid, view.state)
@@ -245,6 +277,8 @@ class Ledger:
         if self.touched_groups is not None and job_id in self.placement:
             self.touched_groups.add(self.placement[job_id])
         old = self.state.get(job_id)
+        if old == "MIGRATING" or state == "MIGRATING":
+            self.version += 1
         if old is not None:
             self.by_state[old].discard(job_id)
             if old == "QUEUED":

@@ -57,9 +57,15 @@ class GandivaPolicy(Policy):
         self._look_trials: set[Placement] | None = None
         self._look_rotate: set[Placement] | None = None
         self._tracked: Ledger | None = None
+        # find_placement's "nothing fits" answers, kept across calls for the ledger and
+        # config they were found with: each is keyed by the ledger's version, which moves
+        # with everything the filters read, so one stands until the occupancy changes.
+        self._misses: dict[tuple[int, int], int] = {}
+        self._misses_of: tuple[Ledger, PolicyConfig] | None = None
 
-    # Off: packing and rotation look at every group at every call (the reference the
-    # incremental path is tested against; same decisions, cost grows with the groups).
+    # Off: packing and rotation look at every group at every call, and placement searches
+    # again at every call (the reference the incremental path is tested against; same
+    # decisions, cost grows with the groups and the GPU counts waiting).
     incremental = True
 
     def _take_touched(self, ledger: Ledger) -> None:
@@ -119,10 +125,20 @@ class GandivaPolicy(Policy):
             cache[key] = queue_reason(ledger, job)
         return cache[key]
 
+    def _kept_misses(self, ledger: Ledger) -> dict[tuple[int, int], int]:
+        """The misses to start this call with. While a grown job exists they start empty:
+        the first job that does not fit must be visited, to shrink grown jobs for it."""
+        key = self._misses_of
+        if (not self.incremental or ledger.grown or key is None or key[0] is not ledger
+                or (key[1] is not self.config and key[1] != self.config)):
+            self._misses = {}
+            self._misses_of = (ledger, self.config)
+        return self._misses
+
     def _place_queued(self, ledger: Ledger) -> list[Decision]:
         out: list[Decision] = []
         shrunk = False
-        misses: dict[tuple[int, int], int] = {}
+        misses = self._kept_misses(ledger)
         reasons: dict[tuple[int, int], str] = {}
         self._reserved = None
         limit = self.config.reserve_after_s

@@ -66,7 +66,9 @@ def _served(ledger: Ledger, unit: tuple[str, ...], at: float) -> float:
     best = math.inf
     for j in unit:
         view = jobs[j]
-        served = _attained(view, at) / max(1, len(placement.get(j, ())) or view.gpus)
+        # A job not running has the service it reported (what _attained answers, quicker).
+        attained = _attained(view, at) if view.state == "RUNNING" else view.attained_service_s
+        served = attained / (len(placement.get(j, ())) or view.gpus)  # gpus >= 1: JobView checks
         best = min(best, served)
     return best
 

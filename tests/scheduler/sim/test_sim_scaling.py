@@ -135,9 +135,10 @@ RULES = {
 
 @pytest.mark.parametrize("rules", sorted(RULES))
 def test_gandiva_looking_only_at_changed_and_due_groups_changes_nothing(rules: str) -> None:
-    """Rotation and packing look only at the groups that changed or whose slice is due; every
-    job starts, reaches its first 100 mini-batches and finishes exactly when it does with
-    every group looked at in every call."""
+    """Rotation and packing look only at the groups that changed (a progress report alone is
+    no change) or whose slice is due, and placement remembers across calls which GPU counts
+    found no place; every job starts, reaches its first 100 mini-batches and finishes exactly
+    when it does with every group looked at, and every search made again, in every call."""
     servers = make_cluster("3x4")
     jobs = generate(160, seed=3, median_duration_s=1800, max_gpus=4, grow_shrink_prob=0.1)
     jobs, _ = scale_to_load(jobs, servers, MODEL, 2.0)
