@@ -18,7 +18,12 @@ For each policy, replays a trace and adds up, between consecutive simulator even
   ``no group`` no time-slice group of that size anywhere and too few free GPUs; ``large``
   the job is larger than a server and needs whole idle servers. With ``--sample-s S`` the
   queue is classified at most every S virtual seconds (each classification stands until
-  the next), which a trace with a queue of thousands needs.
+  the next).
+
+Its cost is proportional to the simulator's decisions, not to the jobs waiting: the
+GPU-hours are kept up to date from the jobs each event changed (``Simulator.changed``), and
+the queue is classified once per GPU count (a reason depends on nothing else but who holds
+the reservation), from the ledger's queue index.
 
     .venv/bin/python benchmarks/sim_breakdown.py --trace FILE [--compare gandiva,yarn-cs]
         [--cluster 25x4] [--target-load 0.9]
@@ -32,12 +37,14 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from sim_traces import parse_config  # benchmarks/ is the script's folder
 
 from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
 from scheduler.policy.cluster import Ledger
+from scheduler.sim.backend import SimJob
 from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
@@ -45,37 +52,99 @@ from scheduler.sim.model import MechanismModel, gavel_table_near
 from scheduler.sim.trace import read_trace
 
 
+def _add(count: dict, gpus: tuple) -> None:
+    for g in gpus:
+        count[g] = count.get(g, 0) + 1
+
+
+def _drop(count: dict, gpus: tuple) -> None:
+    for g in gpus:
+        count[g] -= 1
+        if not count[g]:
+            del count[g]
+
+
 class Breakdown:
-    """Integrates the cluster's state over time, one interval per simulator event."""
+    """Integrates the cluster's state over time, one interval per simulator event.
+
+    The state is kept up to date from the jobs each event changed (``Simulator.changed``,
+    once ``watch`` has been given the simulator), so an event costs time in proportion to
+    what it changed, not to the jobs waiting; without a simulator every job is looked at.
+    """
 
     def __init__(self, num_gpus: int, server_gpus: int, model: MechanismModel, critical: str) -> None:
         self.num_gpus, self.server_gpus, self.model, self.critical = num_gpus, server_gpus, model, critical
         self.hours = dict.fromkeys(("busy", "idle_while_waiting", "spread_forced", "spread_avoidable",
                                     "critical_queued", "critical_suspended", "critical_running"), 0.0)
         self._last: tuple[float, dict[str, float]] | None = None
+        self._sim: Simulator | None = None
+        # Per job as last seen: its state and GPUs. From them: how many jobs hold (allocated)
+        # and run on (running) each GPU, how many wait, the spread loss of each running job
+        # spread over servers, and the critical job's state.
+        self._seen: dict[str, tuple[str, tuple]] = {}
+        self._allocated: dict = {}
+        self._running: dict = {}
+        self._waiting = 0
+        self._spread: dict[str, tuple[str, float]] = {}
+        self._critical_state: str | None = None
+
+    def watch(self, sim: Simulator) -> None:
+        """Follow only the jobs each of ``sim``'s events changed."""
+        self._sim = sim
+
+    def _forget(self, job_id: str) -> None:
+        seen = self._seen.pop(job_id, None)
+        if seen is None:
+            return
+        state, placement = seen
+        _drop(self._allocated, placement)
+        if state == "RUNNING":
+            _drop(self._running, placement)
+        elif state in ("QUEUED", "SUSPENDED"):
+            self._waiting -= 1
+        self._spread.pop(job_id, None)
+        if job_id == self.critical:
+            self._critical_state = None
+
+    def _note(self, job: SimJob) -> None:
+        jid, state, placement = job.spec.id, job.state, job.placement
+        self._seen[jid] = (state, placement)
+        _add(self._allocated, placement)
+        if state == "RUNNING":
+            _add(self._running, placement)
+            k = len(placement)
+            if len({g.server for g in placement}) > 1:
+                loss = k * (1.0 - min(1.0, self.model.spread(job.spec.model, k)))
+                self._spread[jid] = ("spread_forced" if k > self.server_gpus else "spread_avoidable", loss)
+        elif state in ("QUEUED", "SUSPENDED"):
+            self._waiting += 1
+        if jid == self.critical:
+            self._critical_state = state
 
     def __call__(self, now: float, active: dict) -> None:
         if self._last is not None:
             t, rates = self._last
             for key, gpus in rates.items():
                 self.hours[key] += gpus * (now - t) / 3600.0
-        allocated, running, waiting = set(), set(), False
+        if self._sim is None:
+            for jid in list(self._seen):
+                self._forget(jid)
+            changed: Iterable[str] = active
+        else:
+            changed = self._sim.changed
+        for jid in changed:
+            self._forget(jid)
+            job = active.get(jid)
+            if job is not None:
+                self._note(job)
         rates = dict.fromkeys(self.hours, 0.0)
-        for job in active.values():
-            allocated.update(job.placement)
-            if job.state == "RUNNING":
-                running.update(job.placement)
-                k = len(job.placement)
-                if len({g.server for g in job.placement}) > 1:
-                    loss = k * (1.0 - min(1.0, self.model.spread(job.spec.model, k)))
-                    rates["spread_forced" if k > self.server_gpus else "spread_avoidable"] += loss
-            elif job.state in ("QUEUED", "SUSPENDED"):
-                waiting = True
-            if job.spec.id == self.critical:
-                rates[f"critical_{job.state.lower()}"] = 1.0
-        rates["busy"] = len(running)
-        if waiting:
-            rates["idle_while_waiting"] = self.num_gpus - len(allocated)
+        for key, loss in self._spread.values():
+            rates[key] += loss
+        if self._critical_state is not None:
+            rates[f"critical_{self._critical_state.lower()}"] = 1.0
+        rates["busy"] = len(self._running)
+        if self._waiting:
+            rates["idle_while_waiting"] = self.num_gpus - len(self._allocated)
         self._last = (now, rates)
 
 
@@ -84,16 +153,20 @@ WAIT_KINDS = ("reserved", "locality", "cap", "affinity", "no group", "large")
 
 def wait_kind(ledger: Ledger, job_id: str, config: PolicyConfig, reserved: str | None) -> str:
     """Why a queued job found no place (see the module docstring)."""
-    k = ledger.jobs[job_id].gpus
     if reserved is not None and reserved != job_id:
         return "reserved"
+    return size_kind(ledger, ledger.jobs[job_id].gpus)
+
+
+def size_kind(ledger: Ledger, k: int) -> str:
+    """Why a queued ``k``-GPU job that holds no reservation found no place: the same for
+    every such job, so a queue is classified once per GPU count."""
     if k > ledger.max_server_gpus:
         return "large"
     if ledger.total_free() >= k:
         return "locality"
     groups = ledger.groups_by_size.get(k, ())
-    same = [g for g in groups if all(n in ledger.servers and ledger.affinity(n) == k for n in {x.server for x in g})]
-    if same:
+    if any(all(n in ledger.servers and ledger.affinity(n) == k for n in {x.server for x in g}) for g in groups):
         return "cap"
     return "affinity" if groups else "no group"
 
@@ -142,9 +215,18 @@ class WaitProbe(Policy):
         counts = dict.fromkeys(WAIT_KINDS, 0)
         self._sizes = {size: len(keys) for size, keys in ledger.queued_by_size.items()} if ledger else {}
         if ledger is not None:
+            # By GPU count (wait_kind depends on nothing else but the reservation), so a
+            # call costs time in proportion to the GPU counts waiting, not to the queue.
             reserved = getattr(self.inner, "_reserved", None)
-            for job_id in ledger.by_state.get("QUEUED", ()):
-                counts[wait_kind(ledger, job_id, self.config, reserved)] += 1
+            if reserved is not None:
+                queued = len(ledger.by_state.get("QUEUED", ()))
+                if ledger.state.get(reserved) == "QUEUED":
+                    queued -= 1
+                    counts[size_kind(ledger, ledger.jobs[reserved].gpus)] += 1
+                counts["reserved"] += queued
+            else:
+                for size, keys in ledger.queued_by_size.items():
+                    counts[size_kind(ledger, size)] += len(keys)
         self._last = (snapshot.now, counts)
         return out
 
@@ -186,7 +268,9 @@ def main() -> int:
         policy = get_policy(name, parse_config(args.config) if name == "gandiva" else None)
         if name == "gandiva":
             policy = waits[name] = WaitProbe(policy, args.sample_s)
-        m = summarize(Simulator(jobs, servers, policy, model, observer=probe).run())
+        sim = Simulator(jobs, servers, policy, model, observer=probe)
+        probe.watch(sim)
+        m = summarize(sim.run())
         h = probe.hours
         print(f"{name} | {m['avg_jct_s'] / 3600:.1f} | {m['makespan_s'] / 3600:.0f} | {h['busy']:.0f} | "
               f"{h['idle_while_waiting']:.0f} | {h['spread_forced']:.0f} | {h['spread_avoidable']:.0f} | "

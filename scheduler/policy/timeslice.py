@@ -34,8 +34,9 @@ def group_units(ledger: Ledger, members: list[str], state: GandivaState) -> list
     running = tuple(sorted(m for m in members if ledger.state[m] == "RUNNING"))
     units: list[tuple[str, ...]] = [running] if running else []
     seen = set(running)
-    for m in sorted(members, key=lambda j: (ledger.jobs[j].last_state_change_at, j)):
-        if m in seen or ledger.state[m] != "SUSPENDED":
+    jobs, states = ledger.jobs, ledger.state
+    for _, m in sorted([(jobs[j].last_state_change_at, j) for j in members if states[j] == "SUSPENDED"]):
+        if m in seen:
             continue
         partner = state.kept_pairs.get(m)
         if partner in members and partner not in seen and ledger.state[partner] == "SUSPENDED":

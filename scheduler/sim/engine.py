@@ -86,6 +86,10 @@ class Simulator:
         # Called after every event with the time and the unfinished jobs as they stay until
         # the next event (benchmarks/sim_breakdown.py adds up where GPU-hours go with it).
         self.observer = observer
+        # Ids of the jobs whose state or placement the latest event may have changed: those
+        # that arrived, finished or were named by a decision, and their GPU neighbours. An
+        # observer that keeps its own totals looks at these only (benchmarks/sim_breakdown.py).
+        self.changed: set[str] = set()
         self._next_report = 0.0
         self._seq = 0
         self._removed: set[str] = set()
@@ -169,21 +173,27 @@ class Simulator:
                     break  # nothing can ever run again: report the rest as unfinished
             t = min(t_arrival, t_done, t_wake)
             clock.advance_to(t)
+            changed: set[str] = set()
             for job in backend.pop_finished(t):
                 finished.append(active.pop(job.spec.id))
                 views.pop(job.spec.id, None)
                 self._removed.add(job.spec.id)
+                changed.add(job.spec.id)
             while i < len(specs) and specs[i].submit_time <= t:
                 job = self._new_job(specs[i])
                 backend.add(job, t)
                 active[job.spec.id] = job
                 backend.view_dirty.add(job.spec.id)
+                changed.add(job.spec.id)
                 i += 1
             snapshot = self._snapshot(t, active, views)
             decisions = self.policy.decide(snapshot)
             calls += 1
             idle_call = not any(not isinstance(d, Queue) for d in decisions)
-            backend.refresh(backend.apply(decisions, t), t)
+            touched = backend.apply(decisions, t)
+            backend.refresh(touched, t)
+            changed |= touched
+            self.changed = changed
             if self.progress is not None:
                 self.progress(len(finished), len(specs))
             if self.observer is not None:

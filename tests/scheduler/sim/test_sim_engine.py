@@ -199,6 +199,37 @@ def test_the_observer_sees_every_event_and_its_busy_time_adds_up() -> None:
     assert area == pytest.approx(result.busy_gpu_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("policy", ["gandiva", "tiresias", "yarn-cs"])
+def test_an_observer_that_follows_only_the_changed_jobs_sees_what_a_full_scan_sees(policy: str) -> None:
+    """``Simulator.changed`` names every job whose state or placement an event changed, so an
+    observer keeping its own copy from those alone (as benchmarks/sim_breakdown.py does)
+    agrees with the simulator after every event."""
+    servers = make_cluster("2x4")
+    jobs, _ = scale_to_load(generate(80, seed=7, max_gpus=4, median_duration_s=1800), servers, MODEL, 1.5)
+    kept: dict[str, tuple[str, tuple]] = {}
+    checks: list[int] = []
+
+    def observe(now: float, active: dict) -> None:
+        for jid in sim.changed:
+            job = active.get(jid)
+            if job is None:
+                kept.pop(jid, None)
+            else:
+                kept[jid] = (job.state, job.placement)
+        assert kept == {jid: (j.state, j.placement) for jid, j in active.items()}, now
+        checks.append(len(sim.changed))
+        sizes.append(len(active))
+
+    sizes: list[int] = []
+    sim = Simulator(jobs, servers, get_policy(policy), MODEL, observer=observe)
+    result = sim.run()
+    assert len(checks) == result.decide_calls and not result.unfinished
+    if policy != "yarn-cs":  # jobs were preempted too, not only started and finished
+        assert result.counts["suspends"] > 0
+    # An event names a few jobs, not every active one (the queue is long at load 1.5).
+    assert sum(checks) < 0.5 * sum(sizes)
+
+
 @pytest.mark.parametrize("fails", [False, True])
 def test_a_simulation_leaves_the_callers_policy_config_as_it_was(fails: bool) -> None:
     """The simulator turns Queue reasons off only while it runs, also when the policy fails,
