@@ -32,7 +32,7 @@ from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
 from scheduler.state import repo
-from scheduler.state.db import SqliteWriter, is_sqlite, make_engine, make_sessionmaker
+from scheduler.state.db import SqliteWriter, execute_all, is_sqlite, make_engine, make_sessionmaker
 from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
 from scheduler.validation import default_name, validate_members, validate_spec
 
@@ -134,6 +134,10 @@ def _db_errors() -> Iterator[None]:
         raise
 
 
+def _nothing() -> None:
+    """Run on the writer thread: once it returns, every write queued before it is done."""
+
+
 def _gpus_of(placements: dict[str, list[Placement]], job_id: str) -> list[tuple[str, int]]:
     return [(p.server_name, p.gpu_index) for p in placements.get(job_id, [])]
 
@@ -179,6 +183,8 @@ class SchedulerCore:
         self.read_sessions = make_sessionmaker(self.read_engine)
         # SQLite has one writer at a time; queueing writers here, in order, avoids
         # SQLite's busy-wait back-off (sleeps of up to 100 ms) under concurrent load.
+        # Held by the ORM write transactions (tx); writes on the writer thread
+        # (write_sync) queue on that thread instead and only wait while it is held.
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if sqlite else None
         # SQLite's submission hot path: a synchronous connection on one dedicated thread.
         database = engine.url.database or ""
@@ -232,6 +238,9 @@ class SchedulerCore:
             if lock is not None:
                 await lock.acquire()
             try:
+                if lock is not None and self._sync_writer is not None:
+                    # Writes queued on the writer thread before this one finish first.
+                    await asyncio.get_running_loop().run_in_executor(self._writer_thread, _nothing)
                 async with (self.read_sessions if read else self.sessions)() as session, session.begin():
                     yield session
                     wrote_events = bool(session.info.get("events"))
@@ -245,14 +254,25 @@ class SchedulerCore:
         """``fn(connection)`` in one write transaction of plain (Core) statements, for the
         busiest writes. On SQLite it runs whole on the writer thread: one hop off the
         event loop instead of one per statement; elsewhere through the async engine.
-        ``fn`` must not add events (watchers are not woken)."""
+        ``fn`` must not add events (watchers are not woken).
+
+        On the writer thread, writes queue there and run back to back, each its own
+        transaction: no turn of the event loop between two (under load, waiting for
+        that turn, once per write, was most of a submission's time). Only an ORM write
+        transaction (tx) holds them back, while it runs."""
         with _db_errors():
-            async with self._write_lock or nullcontext():  # the lock: SQLite only
-                if self._sync_writer is not None:
-                    return await asyncio.get_running_loop().run_in_executor(
-                        self._writer_thread, self._sync_writer.call, fn)
-                async with self.engine.begin() as conn:
-                    return await conn.run_sync(fn)
+            if self._sync_writer is not None:
+                assert self._write_lock is not None
+                while self._write_lock.locked():
+                    async with self._write_lock:
+                        pass
+                # Queued now, with no await since the check: a tx that takes the lock
+                # after this waits for it on the writer thread (see tx).
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._writer_thread, self._sync_writer.call, fn)
+            # The lock: SQLite in memory only.
+            async with self._write_lock or nullcontext(), self.engine.begin() as conn:
+                return await conn.run_sync(fn)
 
     def poke(self) -> None:
         self.wake.set()
@@ -346,13 +366,8 @@ class SchedulerCore:
             async with self.tx() as s:
                 await repo.add_jobs(s, jobs, now, mj)
         else:
-            assert self._write_lock is not None
             statements = repo.job_inserts(jobs, now, mj)
-            async with self._write_lock:
-                with _db_errors():
-                    await asyncio.get_running_loop().run_in_executor(
-                        self._writer_thread, self._sync_writer.run, statements
-                    )
+            await self.write_sync(lambda conn: execute_all(conn, statements))
             await self.events.publish()
         self.poke()
 

@@ -281,9 +281,7 @@ class LiveEngine:
                 changed.setdefault(d.reason, []).append(d.job_id)
         if not changed:
             return
-        async with self.core.tx() as s:
-            for reason, ids in changed.items():
-                await repo.set_queued_message(s, ids, reason)
+        await self.core.write_sync(lambda conn: repo.set_queued_messages(conn, changed))
         for reason, ids in changed.items():
             for job_id in ids:
                 self._queue_reason[job_id] = reason

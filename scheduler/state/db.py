@@ -72,15 +72,6 @@ class SqliteWriter:
         _configure_sqlite(self._engine, immediate=True)
         self._conn: Connection | None = None
 
-    def run(self, statements: list[tuple[Any, list[dict[str, Any]]]]) -> None:
-        """Execute (statement, parameters) pairs in one transaction."""
-
-        def execute(conn: Connection) -> None:
-            for stmt, params in statements:
-                conn.execute(stmt, params)
-
-        self.call(execute)
-
     def call(self, fn: Callable[[Connection], T]) -> T:
         """``fn(connection)`` in one transaction; its result."""
         if self._conn is None:
@@ -99,6 +90,12 @@ class SqliteWriter:
             self._conn.close()
             self._conn = None
         self._engine.dispose()
+
+
+def execute_all(conn: Connection, statements: list[tuple[Any, list[dict[str, Any]]]]) -> None:
+    """Execute (statement, parameters) pairs on ``conn`` (in its transaction)."""
+    for stmt, params in statements:
+        conn.execute(stmt, params)
 
 
 def is_sqlite(engine: AsyncEngine) -> bool:

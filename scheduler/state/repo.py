@@ -309,14 +309,14 @@ async def start_migration(session: AsyncSession, job: Job, row: Migration, now: 
     session.add(row)
 
 
-async def set_queued_message(session: AsyncSession, job_ids: Sequence[str], message: str) -> None:
-    for chunk in _chunks(job_ids):
-        await session.execute(
-            update(Job)
-            .where(Job.id.in_(chunk), Job.state == JobState.QUEUED.value)
-            .values(message=message)
-            .execution_options(synchronize_session=False)
-        )
+def set_queued_messages(conn: Connection, by_reason: dict[str, list[str]]) -> None:
+    """Why queued jobs wait: one plain UPDATE per reason (and chunk of ids), for the
+    writer (SchedulerCore.write_sync): every round names the newly queued jobs."""
+    for message, job_ids in by_reason.items():
+        for chunk in _chunks(job_ids):
+            conn.execute(
+                update(Job).where(Job.id.in_(chunk), Job.state == JobState.QUEUED.value).values(message=message)
+            )
 
 
 # A job time-sliced for weeks gathers thousands of transitions; a GetJob shows the latest.
