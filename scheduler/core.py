@@ -19,6 +19,7 @@ from typing import TypeVar
 from sqlalchemy import Connection, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session
 
 from protos.gandiva.v1 import common_pb2, helper_pb2
 from scheduler.errors import (
@@ -32,7 +33,14 @@ from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
 from scheduler.state import repo
-from scheduler.state.db import SqliteWriter, execute_all, is_sqlite, make_engine, make_sessionmaker
+from scheduler.state.db import (
+    SqliteReader,
+    SqliteWriter,
+    execute_all,
+    is_sqlite,
+    make_engine,
+    make_sessionmaker,
+)
 from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
 from scheduler.validation import default_name, validate_members, validate_spec
 
@@ -192,6 +200,8 @@ class SchedulerCore:
             SqliteWriter(database) if sqlite and database not in ("", ":memory:") else None
         )
         self._writer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gandiva-sqlite-writer")
+        # SQLite's busiest reads: sync sessions on reader threads (read_sync).
+        self._sync_reader = SqliteReader(database) if self._sync_writer is not None else None
         # job id -> (incarnation, steps, rate, last step s, metrics): reported, not yet written.
         self._progress: dict[str, tuple[str, int, float, float, dict[str, float]]] = {}
         self._flusher: asyncio.Task | None = None
@@ -222,6 +232,9 @@ class SchedulerCore:
             log.warning("progress not recorded at shutdown: %s", err)
         if self.read_engine is not self.engine:
             await self.read_engine.dispose()
+        reader, self._sync_reader = self._sync_reader, None
+        if reader is not None:
+            await asyncio.get_running_loop().run_in_executor(None, reader.close)
         # Idempotent: a scheduler may be stopped twice (a test's restart, then its teardown).
         writer, self._sync_writer = self._sync_writer, None
         if writer is not None:
@@ -273,6 +286,17 @@ class SchedulerCore:
             # The lock: SQLite in memory only.
             async with self._write_lock or nullcontext(), self.engine.begin() as conn:
                 return await conn.run_sync(fn)
+
+    async def read_sync(self, fn: Callable[[Session], T]) -> T:
+        """``fn(session)`` on a sync session, in one read transaction: on SQLite whole on
+        a reader thread (one hop off the event loop; see SqliteReader), elsewhere
+        through the async engine."""
+        with _db_errors():
+            if self._sync_reader is not None:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._sync_reader.threads, self._sync_reader.call, fn)
+            async with self.read_sessions() as session, session.begin():
+                return await session.run_sync(fn)
 
     def poke(self) -> None:
         self.wake.set()
@@ -376,11 +400,8 @@ class SchedulerCore:
     async def get_job(self, job_id: str) -> JobDetail:
         if not job_id:
             raise InvalidArgument("id", "a job id is required")
-        async with self.tx(read=True) as s:
-            job = await repo.get_job(s, job_id)
-            placement = await repo.placements_of(s, [job_id])
-            hist = await repo.history(s, job_id)
-        return JobDetail(job, _gpus_of(placement, job_id), hist)
+        job, gpus, hist = await self.read_sync(lambda s: repo.job_detail(s, job_id))
+        return JobDetail(job, gpus, hist)
 
     async def list_jobs(
         self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0,

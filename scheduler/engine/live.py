@@ -145,19 +145,17 @@ class LiveEngine:
 
     async def snapshot(self) -> pt.ClusterSnapshot:
         now = self.core.clock()
-        async with self.core.tx(read=True) as s:
-            server_rows = await repo.snapshot_servers(s)
-            jobs = await repo.unfinished_job_rows(s)
-            self._held = {j.id for j in jobs if j.held}
-            placements: dict[str, list[pt.GpuRef]] = {}
-            for p in await repo.all_placements(s):
-                placements.setdefault(p.job_id, []).append(pt.GpuRef(p.server_name, p.gpu_index))
-            # A migration holds its destination GPUs from its first phase on: the policy
-            # sees them as the migrating job's, so no other job is placed on them.
-            for m in await repo.migrations(s):
-                held = placements.setdefault(m.job_id, [])
-                held.extend(g for g in (pt.GpuRef(m.dest_server, i) for i in m.dest_gpus) if g not in held)
-            profiles = await repo.unfinished_profiles(s)
+        rows = await self.core.read_sync(repo.snapshot_rows)
+        server_rows, jobs, profiles = rows.servers, rows.jobs, rows.profiles
+        self._held = {j.id for j in jobs if j.held}
+        placements: dict[str, list[pt.GpuRef]] = {}
+        for p in rows.placements:
+            placements.setdefault(p.job_id, []).append(pt.GpuRef(p.server_name, p.gpu_index))
+        # A migration holds its destination GPUs from its first phase on: the policy
+        # sees them as the migrating job's, so no other job is placed on them.
+        for m in rows.migrations:
+            held = placements.setdefault(m.job_id, [])
+            held.extend(g for g in (pt.GpuRef(m.dest_server, i) for i in m.dest_gpus) if g not in held)
         # A fenced job waits until an older copy of it has surely stopped (lease expiry).
         jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now)]
         servers = tuple(

@@ -101,3 +101,35 @@ def test_the_serving_collector_still_frees_garbage_in_cycles() -> None:
         "assert all(r() is None for r in refs)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("clients", [2, 8])
+def test_over_grpc_each_submission_is_readable_at_once_amid_other_writes(scheduler_server, clients: int) -> None:  # type: ignore[no-untyped-def]
+    """Real gRPC, real SQLite file: clients submit and read back at once (the read
+    runs on a reader thread, the write on the writer thread) while others change
+    priorities (ORM transactions): every job is found, with its own priority."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+
+        def client(i: int) -> list[str]:
+            ids = []
+            for k in range(15):
+                job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=SPEC), timeout=30).job
+                got = stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id), timeout=30)
+                assert got.id == job.id and got.state == common_pb2.JOB_STATE_QUEUED
+                if i % 2:
+                    stub.SetPriority(scheduler_pb2.SetPriorityRequest(id=job.id, priority=k + 1), timeout=30)
+                    assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id), timeout=30).spec.priority == k + 1
+                ids.append(job.id)
+            return ids
+
+        with ThreadPoolExecutor(clients) as pool:
+            ids = [j for got in pool.map(client, range(clients)) for j in got]
+        listed = stub.ListJobs(scheduler_pb2.ListJobsRequest(page_size=1000)).jobs
+        assert sorted(j.id for j in listed) == sorted(ids) and len(set(ids)) == clients * 15
