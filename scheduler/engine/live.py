@@ -145,7 +145,14 @@ class LiveEngine:
 
     async def snapshot(self) -> pt.ClusterSnapshot:
         now = self.core.clock()
-        rows = await self.core.read_sync(repo.snapshot_rows)
+        # Read and built whole off the event loop where the database allows (SQLite's
+        # reader thread): with thousands of queued jobs building the views took tens
+        # of milliseconds, which every call arriving meanwhile waited for.
+        return await self.core.read_sync(lambda s: self._build_snapshot(repo.snapshot_rows(s), now))
+
+    def _build_snapshot(self, rows: repo.SnapshotRows, now: float) -> pt.ClusterSnapshot:
+        """The policy's view of the rows. Runs on a reader thread on SQLite; only this
+        engine's rounds (one at a time) touch the view cache."""
         server_rows, jobs, profiles = rows.servers, rows.jobs, rows.profiles
         self._held = {j.id for j in jobs if j.held}
         placements: dict[str, list[pt.GpuRef]] = {}
