@@ -145,14 +145,15 @@ class LiveEngine:
 
     async def snapshot(self) -> pt.ClusterSnapshot:
         now = self.core.clock()
-        # Read and built whole off the event loop where the database allows (SQLite's
-        # reader thread): with thousands of queued jobs building the views took tens
-        # of milliseconds, which every call arriving meanwhile waited for.
-        return await self.core.read_sync(lambda s: self._build_snapshot(repo.snapshot_rows(s), now))
+        # Built off the event loop: with thousands of queued jobs building the views took
+        # tens of milliseconds, which every call arriving meanwhile waited for (on a
+        # thread the loop waits at most the interpreter's switch interval at a time).
+        rows = await self.core.read_sync(repo.snapshot_rows)
+        return await asyncio.get_running_loop().run_in_executor(None, self._build_snapshot, rows, now)
 
     def _build_snapshot(self, rows: repo.SnapshotRows, now: float) -> pt.ClusterSnapshot:
-        """The policy's view of the rows. Runs on a reader thread on SQLite; only this
-        engine's rounds (one at a time) touch the view cache."""
+        """The policy's view of the rows (on a worker thread; only this engine's rounds,
+        one at a time, touch the view cache)."""
         server_rows, jobs, profiles = rows.servers, rows.jobs, rows.profiles
         self._held = {j.id for j in jobs if j.held}
         placements: dict[str, list[pt.GpuRef]] = {}
