@@ -17,7 +17,9 @@ process simulates, over real gRPC with real tokens:
     stays what was asked.
 After --duration seconds (default 60) it reports p50/p99 of SubmitJob and GetJob,
 how many submissions succeeded and how many were refused (and by what status), the
-scheduler's CPU (percent of one core) and RSS, the machine's load average, and counts
+scheduler's CPU (percent of one core, by thread) and RSS, the load generator's own CPU
+(this process's simulated cluster, and the submitters' process: they share the machine
+with the scheduler), the machine's load average, and counts
 progress reports on both sides: sent here, received by the scheduler (it logs the
 count at shutdown), and the last step each job has in the database equals what its
 runtime sent last. It exits non-zero unless every submission succeeded and no
