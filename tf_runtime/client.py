@@ -103,6 +103,10 @@ class StreamClient:
         self._signature = msg
         self._outbox.put(msg)
 
+    def send_towers(self, towers: int, checkpoint_towers: int, devices: int, reason: str) -> None:
+        self._outbox.put(runtime_pb2.RuntimeMessage(towers=runtime_pb2.TowerReport(
+            towers=towers, checkpoint_towers=checkpoint_towers, devices=devices, reason=reason)))
+
     def close(self, timeout_s: float) -> None:
         """Send what is queued plus a last progress report, half-close, wait for the end."""
         if self._closing.is_set():

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .chain import FirstRun, RunGate, RunInfo, SessionAdapter
-from .checkpoint import CheckpointError, CheckpointInfo
+from .checkpoint import CheckpointError, CheckpointInfo, TowersChanged
 from .commands import Ack, Command, Kind
 from .gpu_release import CpuBackend, GpuReleaseBackend, ReleaseError
 from .pipes import StatusPipe, read_activation
@@ -30,6 +30,9 @@ from .progress import ProgressMeter
 log = logging.getLogger(__name__)
 
 EXIT_MIGRATED = 75
+# A restore refused before any training step: the checkpoint holds another number of
+# tower copies than this launch's graph (one tower per device, after a grow or shrink).
+EXIT_TOWERS_CHANGED = 76
 EXIT_KILLED = 143
 
 # How long a suspension waits for other threads' runs to finish before releasing.
@@ -46,6 +49,8 @@ class Channel(Protocol):
     def send_migratability(self, migratable: bool, reason: str) -> None: ...
 
     def send_train_signature(self, signature: str) -> None: ...
+
+    def send_towers(self, towers: int, checkpoint_towers: int, devices: int, reason: str) -> None: ...
 
     def close(self, timeout_s: float) -> None: ...
 
@@ -282,12 +287,29 @@ class Controller:
         return int(validate(directory)["global_step"])
 
     def _restore(self, adapter: SessionAdapter, directory: str) -> None:
-        info = adapter.restore(directory)  # CheckpointError: refuse to start from step 0
+        try:
+            info = adapter.restore(directory)  # CheckpointError: refuse to start from step 0
+        except TowersChanged as exc:
+            self._refuse_towers(exc)
+            raise  # only where exit_fn returns (tests): the process is gone otherwise
         self._restored_into = adapter
         self.restored_step = info.step
         self.meter.set_steps(info.step)
         self._event("restored", step=info.step, restore_s=round(info.seconds, 6))
         log.info("restored step %d from %s in %.3f s", info.step, directory, info.seconds)
+
+    def _refuse_towers(self, exc: TowersChanged) -> None:
+        """Leave without training a step: tell the scheduler (which stops growing and
+        shrinking the job, and restarts it where the checkpoint came from) and exit."""
+        log.error("%s", exc)
+        self._event("restore_refused", reason=str(exc), towers=exc.towers,
+                    checkpoint_towers=exc.checkpoint_towers)
+        if self.channel is not None:
+            from .towers import visible_device_count
+
+            self.channel.send_towers(exc.towers, exc.checkpoint_towers,
+                                     visible_device_count(default=0), str(exc))
+        self._exit(EXIT_TOWERS_CHANGED)
 
     def _first_boundaries(self, adapter: SessionAdapter, final: bool = False) -> None:
         if self.boundaries == 1 and not final:

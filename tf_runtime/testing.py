@@ -27,7 +27,7 @@ import grpc
 from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
 
 from .chain import RunInfo, build_chain
-from .checkpoint import CheckpointInfo, validate, write_atomically
+from .checkpoint import CheckpointInfo, check_towers, validate, write_atomically
 from .commands import Ack
 from .controller import Controller, Settings
 
@@ -199,6 +199,7 @@ class FakeAdapter:
         self.saves: list[str] = []
         self.rehearsals = 0
         self.prebuilt_saves = 0
+        self.towers = 1  # tower copies of the variables "in the graph"
 
     def classify(self, fetches: Any) -> RunInfo:
         return RUN_KINDS.get(fetches, RunInfo())
@@ -216,9 +217,9 @@ class FakeAdapter:
         step = self.sess.step
         path, size = write_atomically(
             directory, lambda tmp: (tmp / "model.index").write_text(str(step)),
-            {"job_id": job_id, "global_step": step, "replicas": 1})
+            {"job_id": job_id, "global_step": step, "replicas": self.towers})
         self.saves.append(str(path))
-        return CheckpointInfo(str(path), step, 1, size, 0.001)
+        return CheckpointInfo(str(path), step, self.towers, size, 0.001)
 
     def rehearse(self, step: Callable[[], Any]) -> dict[str, float]:
         before = self.sess.step
@@ -243,9 +244,10 @@ class FakeAdapter:
 
     def restore(self, directory: str) -> CheckpointInfo:
         manifest = validate(directory)
+        check_towers(directory, manifest, self.towers)
         self.sess.step = int((Path(directory) / "model.index").read_text())
         assert self.sess.step == manifest["global_step"]
-        return CheckpointInfo(directory, self.sess.step, 1, 0, 0.001)
+        return CheckpointInfo(directory, self.sess.step, self.towers, 0, 0.001)
 
 
 class FakeChannel:
@@ -253,6 +255,7 @@ class FakeChannel:
         self.acks: list[Ack] = []
         self.migratability: list[tuple[bool, str]] = []
         self.signatures: list[str] = []
+        self.towers: list[tuple[int, int, int, str]] = []
         self.closed = False
         self.cond = threading.Condition()
 
@@ -266,6 +269,9 @@ class FakeChannel:
 
     def send_train_signature(self, signature: str) -> None:
         self.signatures.append(signature)
+
+    def send_towers(self, towers: int, checkpoint_towers: int, devices: int, reason: str) -> None:
+        self.towers.append((towers, checkpoint_towers, devices, reason))
 
     def close(self, timeout_s: float) -> None:
         self.closed = True

@@ -33,6 +33,7 @@ from .checkpoint import (
     PREFIX,
     CheckpointError,
     CheckpointInfo,
+    check_towers,
     remove_stale_temporaries,
     validate,
     write_atomically,
@@ -342,6 +343,8 @@ class TFSessionAdapter:
         t0 = time.perf_counter()
         manifest = validate(directory)
         ckpt = self.checkpointer()
+        # Before any variable is touched: a checkpoint of another tower count is refused.
+        check_towers(directory, manifest, ckpt.replicas)
         try:
             ckpt.restore(self._run, str(Path(directory) / manifest["prefix"]))
         except tf.errors.OpError as exc:

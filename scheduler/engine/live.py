@@ -576,7 +576,8 @@ def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None)
         submitted_at=job.submitted_at,
         steps=job.steps,
         rate=job.rate or None,
-        grow_shrink=job.grow_shrink,
+        # Off for good once its runtime found that a grow changes its result.
+        grow_shrink=job.grow_shrink and not job.grow_shrink_note,
         migratable=job.migratable,
         suspendable=job.suspendable,
         profile=(

@@ -221,6 +221,43 @@ def test_half_written_checkpoint_is_refused_at_restore(tmp_path: Path) -> None:
         world.run("init")
 
 
+@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("saved,built", [(1, 2), (4, 2), (2, 2), (1, 1)])
+def test_a_checkpoint_of_another_tower_count_is_refused_before_any_training_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm: bool, saved: int, built: int) -> None:
+    """One tower per device, grown (1 -> 2) or shrunk (4 -> 2): the restore is refused, the
+    scheduler hears why (TowerReport), and the process exits 76 without training a step,
+    cold or pre-warmed. The same tower count restores as ever."""
+    from tf_runtime import EXIT_TOWERS_CHANGED
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(built)))
+    donor = FakeWorld()
+    donor.adapter.towers = saved
+    start_training(donor, steps=5)
+    donor.adapter.save(str(tmp_path / "ck"), "j")
+    if warm:
+        control_r, control_w = os.pipe()
+        os.write(control_w, json.dumps({"cmd": "activate", "restore_checkpoint": str(tmp_path / "ck")})
+                 .encode() + b"\n")
+        world = FakeWorld(Settings(job_id="j", warm=True, warm_step=True, control_fd=control_r))
+    else:
+        world = FakeWorld(Settings(job_id="j", restore_dir=str(tmp_path / "ck")))
+    world.adapter.towers = built
+    if saved == built:
+        world.run("init")
+        world.run("train")
+        assert world.sess.step == 6 and world.channel.towers == []
+        return
+    with pytest.raises(Exited) as exc:  # cold: at the restore point; warm: at activation
+        world.run("init")
+        world.run("train")
+    assert exc.value.code == EXIT_TOWERS_CHANGED
+    assert world.sess.step == 0 and world.controller.meter.steps == 0  # nothing trained, nothing restored
+    ((towers, in_checkpoint, devices, reason),) = world.channel.towers
+    assert (towers, in_checkpoint, devices) == (built, saved, built)
+    assert "one tower per device" in reason and "tf_runtime.towers" in reason
+
+
 def warm_world(tmp_path: Path, warm_step: bool) -> tuple[FakeWorld, int, int]:
     """A warm FakeWorld with status and control pipes, and a step-4 checkpoint at ck."""
     donor = FakeWorld()
