@@ -552,8 +552,10 @@ class SchedulerCore:
 
     async def gpu_samples(self, req: helper_pb2.GpuSamplesRequest) -> None:
         now = self.clock()
+        # Stamped on arrival with this scheduler's clock: a helper's wall clock may be off
+        # or jump (NTP, an operator's date -s), and the sample is seconds old at most.
         device = [
-            (x.gpu_index, x.at or now, x.memory_used_bytes, x.utilization)
+            (x.gpu_index, now, x.memory_used_bytes, x.utilization)
             for x in req.samples
             if not x.job_id
         ]
