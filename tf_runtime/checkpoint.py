@@ -44,11 +44,11 @@ class TowersChanged(CheckpointError):
     restore it: the program builds one tower per device and was grown or shrunk, so
     training on would average another number of gradients (a different result)."""
 
-    def __init__(self, directory: str, checkpoint_towers: int, towers: int) -> None:
+    def __init__(self, what: str, checkpoint_towers: int, towers: int) -> None:
         self.checkpoint_towers = checkpoint_towers
         self.towers = towers
         super().__init__(
-            f"checkpoint {directory} holds {checkpoint_towers} tower cop"
+            f"{what} holds {checkpoint_towers} tower cop"
             f"{'y' if checkpoint_towers == 1 else 'ies'} of the variables, this launch's graph "
             f"builds {towers}: the program builds one tower per device, so training on after "
             "this grow or shrink would change its result; use tf_runtime.towers for fixed "
@@ -133,7 +133,7 @@ def check_towers(directory: str | os.PathLike[str], manifest: dict[str, Any], to
     `towers` tower copies. A manifest without the count (an older writer) passes."""
     saved = manifest.get("replicas")
     if isinstance(saved, int) and saved >= 1 and saved != towers:
-        raise TowersChanged(str(directory), saved, towers)
+        raise TowersChanged(f"checkpoint {directory}", saved, towers)
 
 
 def remove_stale_temporaries(parent: str | os.PathLike[str]) -> list[Path]:

@@ -199,7 +199,7 @@ class FakeAdapter:
         self.saves: list[str] = []
         self.rehearsals = 0
         self.prebuilt_saves = 0
-        self.towers = 1  # tower copies of the variables "in the graph"
+        self.tower_count = 1  # tower copies of the variables "in the graph"
 
     def classify(self, fetches: Any) -> RunInfo:
         return RUN_KINDS.get(fetches, RunInfo())
@@ -217,9 +217,9 @@ class FakeAdapter:
         step = self.sess.step
         path, size = write_atomically(
             directory, lambda tmp: (tmp / "model.index").write_text(str(step)),
-            {"job_id": job_id, "global_step": step, "replicas": self.towers})
+            {"job_id": job_id, "global_step": step, "replicas": self.tower_count})
         self.saves.append(str(path))
-        return CheckpointInfo(str(path), step, self.towers, size, 0.001)
+        return CheckpointInfo(str(path), step, self.tower_count, size, 0.001)
 
     def rehearse(self, step: Callable[[], Any]) -> dict[str, float]:
         before = self.sess.step
@@ -242,12 +242,15 @@ class FakeAdapter:
             return None
         return lambda: self.sess.run(signature)
 
+    def towers(self) -> int:
+        return self.tower_count
+
     def restore(self, directory: str) -> CheckpointInfo:
         manifest = validate(directory)
-        check_towers(directory, manifest, self.towers)
+        check_towers(directory, manifest, self.tower_count)
         self.sess.step = int((Path(directory) / "model.index").read_text())
         assert self.sess.step == manifest["global_step"]
-        return CheckpointInfo(directory, self.sess.step, self.towers, 0, 0.001)
+        return CheckpointInfo(directory, self.sess.step, self.tower_count, 0, 0.001)
 
 
 class FakeChannel:

@@ -339,6 +339,10 @@ class TFSessionAdapter:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def towers(self) -> int:
+        """Tower copies of the variables in this graph (1: nothing replicated)."""
+        return self.checkpointer().replicas
+
     def restore(self, directory: str) -> CheckpointInfo:
         t0 = time.perf_counter()
         manifest = validate(directory)

@@ -4,11 +4,11 @@ Two opted-in feed_step jobs of one GPU each on an idle 4-GPU server, both grown 
 policy once the GPUs have been idle:
 
 - one builds ONE TOWER PER DEVICE (`--replicas auto`): its pre-warmed destination on 2
-  GPUs builds 2 towers, refuses the 1-tower checkpoint before training a step (exit 76,
-  TowerReport), the migration restarts it at its source GPU from that checkpoint, and the
-  scheduler turns grow-shrink off for it for good (`gandiva describe` says why, event
-  `job.grow_shrink`). It is never grown again and ends with exactly the variables of an
-  uninterrupted 1-tower run;
+  GPUs builds 2 towers where the source (which reported its count) has 1, and refuses
+  before holding (exit 76, TowerReport): the grow is aborted, the source never stops, and
+  the scheduler turns grow-shrink off for the job for good (`gandiva describe` says why,
+  event `job.grow_shrink`). It is never grown again and ends with exactly the variables
+  of an uninterrupted 1-tower run;
 - one builds a fixed number of logical towers (`--replicas 2 --devices auto`): it grows,
   and ends bit-identical to an uninterrupted run.
 """
@@ -99,6 +99,11 @@ def test_a_per_device_program_is_grown_once_then_left_alone_and_its_result_never
     assert "tf_runtime.towers" in job.grow_shrink_note
     events = cluster.stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=pd)).events
     assert [e.kind for e in events].count("job.grow_shrink") == 1
+    # Refused at the pre-warm (its graph has 2 towers, the source's 1): the source was
+    # never stopped, no checkpoint taken, nothing restarted.
+    phases = {e.message.split()[0]: e.message for e in events if e.kind == "job.migration"}
+    assert "aborted" in phases and "code 76" in phases["aborted"], phases
+    assert not {"checkpoint", "restarted_at_source"} & set(phases), phases
     described = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "describe", "job", pd,
                                 "--scheduler", cluster.sched.address],
                                capture_output=True, text=True, timeout=60, check=False).stdout

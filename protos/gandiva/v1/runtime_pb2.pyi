@@ -245,11 +245,14 @@ Global___TrainSignature: _TypeAlias = TrainSignature  # noqa: Y015
 
 @_typing.final
 class TowerReport(_message.Message):
-    """A restore the runtime refused because the checkpoint holds another number of tower
-    copies than the graph this launch built: the program builds one tower per device, so
-    training on after a grow or shrink would change its result. Sent before the process
-    exits (status 76) without training a step; the scheduler then never grows or shrinks
-    the job again.
+    """The tower copies of the variables in this launch's graph. Sent after the first training
+    step (checkpoint_towers 0: for the scheduler to hand a pre-warmed destination, which
+    compares), and again after every reconnect. Sent with checkpoint_towers set when the
+    launch refuses to go on because the launch it replaces (its checkpoint, or the source
+    a warm process was pre-warmed for) had another number: the program builds one tower per
+    device, so training on after a grow or shrink would change its result. The process
+    then exits (status 76) without training a step, and the scheduler never grows or
+    shrinks the job again.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -261,11 +264,11 @@ class TowerReport(_message.Message):
     towers: _builtins.int
     """replicated copies of the variables in this launch's graph"""
     checkpoint_towers: _builtins.int
-    """in the checkpoint it was asked to restore"""
+    """in the launch it replaces (its checkpoint or source); 0: none"""
     devices: _builtins.int
     """devices this launch holds (CUDA_VISIBLE_DEVICES entries; 0: unset)"""
     reason: _builtins.str
-    """for people"""
+    """for people ("" in the report after the first step)"""
     def __init__(
         self,
         *,
