@@ -326,6 +326,7 @@ class SchedulerCore:
             migratable=True,
             suspendable=True,
             control_note="",
+            grow_shrink_note="",
             held=False,
             message="waiting for a placement",
             exit_code=0,
@@ -587,8 +588,10 @@ class SchedulerCore:
 
     async def gpu_samples(self, req: helper_pb2.GpuSamplesRequest) -> None:
         now = self.clock()
+        # Stamped on arrival with this scheduler's clock: a helper's wall clock may be off
+        # or jump (NTP, an operator's date -s), and the sample is seconds old at most.
         device = [
-            (x.gpu_index, x.at or now, x.memory_used_bytes, x.utilization)
+            (x.gpu_index, now, x.memory_used_bytes, x.utilization)
             for x in req.samples
             if not x.job_id
         ]
@@ -719,6 +722,27 @@ class SchedulerCore:
                     s, self.clock(), "job.migratable", f"{'migratable' if migratable else 'not migratable'}: {reason}", job_id=job_id
                 )
 
+
+    async def record_towers_changed(self, job_id: str, incarnation: str, towers: int,
+                                    checkpoint_towers: int, devices: int) -> bool:
+        """A launch of the job (`incarnation`: any, the current one or a migration's
+        destination) refused to restore a checkpoint with `checkpoint_towers` tower
+        copies into its graph of `towers`: the program builds one tower per device, so a
+        grow or shrink changes its result. Grow-shrink is turned off for the job for good
+        (one transaction, event `job.grow_shrink`); the policy then never grows it and
+        shrinks it back if it is grown. False when it was off already."""
+        reason = (f"the program builds one tower per device: growing it would change its result "
+                  f"(launch {incarnation or '?'} on {devices or '?'} GPU(s) built {towers} tower(s), "
+                  f"its checkpoint holds {checkpoint_towers}); use tf_runtime.towers for fixed "
+                  "logical towers")
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.grow_shrink_note or JobState(job.state).terminal:
+                return False
+            job.grow_shrink_note = reason
+            repo.add_event(s, self.clock(), "job.grow_shrink", f"grow-shrink off: {reason}", job_id=job_id)
+        self.poke()
+        return True
 
     async def record_uncontrollable(self, job_id: str, incarnation: str, reason: str) -> bool:
         """The launch `incarnation` never connected a runtime: the job can be neither

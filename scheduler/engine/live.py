@@ -121,7 +121,12 @@ class LiveEngine:
         # Jobs with a command in flight, and jobs an operator suspended, are left alone.
         skip = self.inflight | self._held
         t0 = time.perf_counter()
-        decisions = [d for d in self.policy.decide(snap) if d.job_id not in skip]
+        decisions = [d for d in self.policy.decide(snap) if d.job_id not in skip
+                     # A job grows only once its runtime reported its first training step:
+                     # the pre-warmed destination needs its tower count (to refuse a
+                     # one-tower-per-device program before the source stops) and its
+                     # first run (to rehearse). Until then the policy asks again each round.
+                     and not (isinstance(d, pt.Grow) and not self.core.runtimes.towers(d.job_id))]
         self.observer.decided(snap, decisions, time.perf_counter() - t0)
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
         # Only jobs still waiting keep a remembered reason: the map stays bounded.
@@ -580,7 +585,8 @@ def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None)
         submitted_at=job.submitted_at,
         steps=job.steps,
         rate=job.rate or None,
-        grow_shrink=job.grow_shrink,
+        # Off for good once its runtime found that a grow changes its result.
+        grow_shrink=job.grow_shrink and not job.grow_shrink_note,
         migratable=job.migratable,
         suspendable=job.suspendable,
         profile=(
