@@ -18,7 +18,8 @@ For each policy, replays a trace and adds up, between consecutive simulator even
   ``no group`` no time-slice group of that size anywhere and too few free GPUs; ``large``
   the job is larger than a server and needs whole idle servers. With ``--sample-s S`` the
   queue is classified at most every S virtual seconds (each classification stands until
-  the next), which a trace with a queue of thousands needs.
+  the next), which a trace with a queue of thousands needs; the GPU-hours above are then
+  sampled the same way.
 
     .venv/bin/python benchmarks/sim_breakdown.py --trace FILE [--compare gandiva,yarn-cs]
         [--cluster 25x4] [--target-load 0.9]
@@ -48,17 +49,26 @@ from scheduler.sim.trace import read_trace
 class Breakdown:
     """Integrates the cluster's state over time, one interval per simulator event."""
 
-    def __init__(self, num_gpus: int, server_gpus: int, model: MechanismModel, critical: str) -> None:
+    def __init__(self, num_gpus: int, server_gpus: int, model: MechanismModel, critical: str,
+                 sample_s: float = 0.0) -> None:
         self.num_gpus, self.server_gpus, self.model, self.critical = num_gpus, server_gpus, model, critical
         self.hours = dict.fromkeys(("busy", "idle_while_waiting", "spread_forced", "spread_avoidable",
                                     "critical_queued", "critical_suspended", "critical_running"), 0.0)
         self._last: tuple[float, dict[str, float]] | None = None
+        # As WaitProbe's: the state is read at most every sample_s virtual seconds and
+        # stands until the next reading (0: at every event).
+        self.sample_s = sample_s
+        self._next_sample = -math.inf
 
     def __call__(self, now: float, active: dict) -> None:
         if self._last is not None:
             t, rates = self._last
             for key, gpus in rates.items():
                 self.hours[key] += gpus * (now - t) / 3600.0
+            if now < self._next_sample:
+                self._last = (now, rates)
+                return
+        self._next_sample = now + self.sample_s
         allocated, running, waiting = set(), set(), False
         rates = dict.fromkeys(self.hours, 0.0)
         for job in active.values():
@@ -157,8 +167,8 @@ def main() -> int:
     ap.add_argument("--target-load", type=float, default=0.9)
     ap.add_argument("--throughputs", type=Path, help="Gavel table (default: found next to the trace)")
     ap.add_argument("--spread-factor", type=float, help="as in `gandiva sim`")
-    ap.add_argument("--sample-s", type=float, default=0.0, help="classify the queued jobs at most every this "
-                    "many virtual seconds (0: after every call; use e.g. 600 for traces with long queues)")
+    ap.add_argument("--sample-s", type=float, default=0.0, help="read the cluster and classify the queued jobs at most "
+                    "every this many virtual seconds (0: after every call; use e.g. 600 for traces with long queues)")
     ap.add_argument("--config", default="", help="gandiva rules, as sim_table.py's --config, e.g. "
                     "las_slices:false+slice_growth:0+max_jobs_per_gpu:4 (the paper's time-slicing)")
     args = ap.parse_args()
@@ -182,7 +192,8 @@ def main() -> int:
     waits = {}
     for name in args.compare.split(","):
         start = time.perf_counter()
-        probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id)
+        probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id,
+                          args.sample_s)
         policy = get_policy(name, parse_config(args.config) if name == "gandiva" else None)
         if name == "gandiva":
             policy = waits[name] = WaitProbe(policy, args.sample_s)
