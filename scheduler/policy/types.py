@@ -299,6 +299,10 @@ class PolicyConfig:
     starve_factor: K > 0 (with las_slices): a suspended unit that has waited K x its
         attained service per GPU (at least a quantum) runs next, for one slice (a
         starvation limit as Tiresias' dlas-gpu-K); 0: no limit.
+    share_block_after_s: once a queued job has waited this long, jobs queued behind it
+        may not join time-slice groups (they take free GPUs only), so that groups drain
+        and free GPUs reach it instead of every newcomer joining a group ahead of it;
+        None: off.
     queue_reasons: return a Queue decision, with its reason, for every job left queued
         (the live scheduler shows them to users). The simulator turns it off: it ignores
         them, and with it off a call skips the queued jobs that cannot be placed instead
@@ -328,6 +332,7 @@ class PolicyConfig:
     slice_growth: float = 0.1
     fifo_after_s: float = 0.0
     starve_factor: float = 0.0
+    share_block_after_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:
@@ -340,6 +345,8 @@ class PolicyConfig:
             raise ValueError(f"fifo_after_s must not be negative, got {self.fifo_after_s}")
         if self.starve_factor < 0:
             raise ValueError(f"starve_factor must not be negative, got {self.starve_factor}")
+        if self.share_block_after_s is not None and self.share_block_after_s < 0:
+            raise ValueError(f"share_block_after_s must not be negative, got {self.share_block_after_s}")
         if self.defrag_free_gpus < 1:
             raise ValueError(f"defrag_free_gpus must be at least 1, got {self.defrag_free_gpus}")
         limits = self.tiresias_thresholds_gpu_s

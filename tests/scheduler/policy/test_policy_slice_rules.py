@@ -98,7 +98,53 @@ def test_the_starving_job_is_woken_for_at_its_limit(mk, factor: float, wake: flo
     assert mk.kinds(d) == ([("Suspend", "run"), ("Resume", "long")] if factor else [])
 
 
-@pytest.mark.parametrize(("field", "value"), [("fifo_after_s", -1.0), ("starve_factor", -0.5)])
+@pytest.mark.parametrize(("field", "value"), [("fifo_after_s", -1.0), ("starve_factor", -0.5),
+                                            ("share_block_after_s", -1.0)])
 def test_negative_rule_values_are_refused_naming_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"{field} must not be negative"):
         PolicyConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def _blocked_cluster(mk, now: float, old_gpus: int = 2, free_gpu: bool = False):
+    """s0: a 2-GPU group at its cap of 2; s1: two 1-GPU jobs (s1/1 idle if ``free_gpu``, else
+    three); queued: ``old`` (submitted at 0, no place: its group is full) and ``new``, a
+    1-GPU job that arrived just now."""
+    jobs = [mk.job("big", state="RUNNING", placement=mk.on("s0", 0, 1)),
+            mk.job("big2", state="SUSPENDED", placement=mk.on("s0", 0, 1)),
+            mk.job("one", state="RUNNING", placement=mk.on("s1", 0))]
+    if not free_gpu:
+        jobs.append(mk.job("two", state="RUNNING", placement=mk.on("s1", 1)))
+    jobs += [mk.job("old", gpus=old_gpus, submitted_at=0.0), mk.job("new", submitted_at=now - 5)]
+    return mk.snap(now, mk.servers(2, 2), *jobs)
+
+
+CAP2 = dataclasses.replace(LAS, max_jobs_per_gpu=2)
+
+
+@pytest.mark.parametrize(("waited", "blocked"), [(3000.0, False), (3700.0, True), (50000.0, True)])
+def test_after_a_job_waited_the_limit_later_jobs_do_not_join_time_slice_groups(mk, waited: float,
+                                                                               blocked: bool) -> None:
+    """share_block_after_s 3600: the 1-GPU newcomer would time-share on s1, ahead of the 2-GPU
+    job queued for longer; once that one has waited an hour the newcomer queues behind it
+    (and says why), so s1's groups drain instead of filling up."""
+    d = get_policy("gandiva", dataclasses.replace(CAP2, share_block_after_s=3600.0)).decide(
+        _blocked_cluster(mk, waited))
+    placed = [x.job_id for x in d if type(x).__name__ == "Place"]
+    assert placed == ([] if blocked else ["new"])
+    queued = {x.job_id: x.reason for x in d if type(x).__name__ == "Queue"}
+    assert "old" in queued
+    if blocked:
+        assert "job old has waited" in queued["new"] and "do not join time-slice groups" in queued["new"]
+    # Without the rule the newcomer always time-shares at once.
+    assert [x.job_id for x in get_policy("gandiva", CAP2).decide(_blocked_cluster(mk, waited))
+            if type(x).__name__ == "Place"] == ["new"]
+
+
+def test_the_block_leaves_free_gpus_to_later_jobs_and_ignores_jobs_larger_than_a_server(mk) -> None:
+    cfg = dataclasses.replace(CAP2, share_block_after_s=3600.0)
+    # A free GPU is no time-slice group: the newcomer takes it (nothing is reserved).
+    d = get_policy("gandiva", cfg).decide(_blocked_cluster(mk, 9000.0, free_gpu=True))
+    assert [(type(x).__name__, x.job_id) for x in d if type(x).__name__ != "Queue"] == [("Place", "new")]
+    # A queued job larger than every server cannot use what a group frees: it blocks nobody.
+    d = get_policy("gandiva", cfg).decide(_blocked_cluster(mk, 9000.0, old_gpus=4))
+    assert "new" in [x.job_id for x in d if type(x).__name__ == "Place"]
