@@ -1,7 +1,9 @@
-"""Gandiva's time-slice rules against starvation inside a group (issue 11), as pure policy calls:
-service buckets (``fifo_after_s``) and a starvation limit (``starve_factor``).
+"""Gandiva's rules against starvation (issue 11), as pure policy calls: service buckets
+(``fifo_after_s``) and a starvation limit (``starve_factor``) inside a time-slice group, and
+a limit on how long newcomers may overtake a queued job by joining groups
+(``share_block_after_s``).
 
-Each test builds one time-slice group on a one-GPU server and asks the policy at a slice's
+Most tests build one time-slice group on a one-GPU server and ask the policy at a slice's
 end who runs next: what a user sees as "whose job gets the GPU now".
 """
 
