@@ -197,6 +197,7 @@ class SuccessiveHalving:
                 raise AutoMLError(f"timed out after {timeout_s:.0f}s waiting for mini-batches from the configurations")
             time.sleep(self.poll_s)
         winner, value = self._winner(brackets, jobs)
+        self._stop_finalists(brackets, jobs, winner, value)
         identified = time.monotonic() - t0
         self.say(f"best configuration: {self._params[winner]} ({self.metric}={value:.4g}) after {identified:.1f}s")
         return Result(reply.multi_job_id, winner, self._params[winner], value, identified, self._rungs)
@@ -207,6 +208,10 @@ class SuccessiveHalving:
         # The value it was promoted with (a lone survivor is not compared again).
         prev = brackets[0].levels[-2] if len(brackets[0].levels) > 1 else last
         return winner, prev.values.get(winner, math.nan)
+
+    def _stop_finalists(self, brackets: list[_Bracket], jobs: dict[str, common_pb2.Job], winner: str,
+                        value: float) -> None:
+        """Stop finalists other than the winner that still run (one bracket: none is left)."""
 
     def _note_rung_values(self, jobs: dict[str, common_pb2.Job], brackets: list[_Bracket]) -> None:
         for bracket in brackets:
@@ -335,11 +340,14 @@ class Hyperband(SuccessiveHalving):
 
     def _winner(self, brackets: list[_Bracket], jobs: dict[str, common_pb2.Job]) -> tuple[str, float]:
         finalists = [(j, v) for b in brackets for j, v in b.levels[-1].values.items()]
-        ranked = self._better_first(finalists)
-        winner, value = ranked[0]
-        for j, v in ranked[1:]:
-            if jobs[j].state not in TERMINAL_STATES:
-                why = (f"automl hyperband: {self.metric}={v} at {self.max_steps} steps, "
-                       f"not the best across brackets ({value})")
-                self._act("KillJob", scheduler_pb2.JobActionRequest(id=j, reason=why))
-        return winner, value
+        return self._better_first(finalists)[0]
+
+    def _stop_finalists(self, brackets: list[_Bracket], jobs: dict[str, common_pb2.Job], winner: str,
+                        value: float) -> None:
+        """The other brackets' finalists lost across brackets: stop those still running."""
+        for b in brackets:
+            for j, v in b.levels[-1].values.items():
+                if j != winner and jobs[j].state not in TERMINAL_STATES:
+                    why = (f"automl hyperband: {self.metric}={v} at {self.max_steps} steps, "
+                           f"not the best across brackets ({value})")
+                    self._act("KillJob", scheduler_pb2.JobActionRequest(id=j, reason=why))
