@@ -17,7 +17,9 @@ process simulates, over real gRPC with real tokens:
     stays what was asked.
 After --duration seconds (default 60) it reports p50/p99 of SubmitJob and GetJob,
 how many submissions succeeded and how many were refused (and by what status), the
-scheduler's CPU (percent of one core) and RSS, the machine's load average, and counts
+scheduler's CPU (percent of one core, by thread) and RSS, the load generator's own CPU
+(this process's simulated cluster, and the submitters' process: they share the machine
+with the scheduler), the machine's load average, and counts
 progress reports on both sides: sent here, received by the scheduler (it logs the
 count at shutdown), and the last step each job has in the database equals what its
 runtime sent last. It exits non-zero unless every submission succeeded and no
@@ -43,6 +45,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TypedDict
 
 import grpc
 import psutil
@@ -60,13 +63,24 @@ from protos.gandiva.v1 import (
 from scheduler import auth
 from scheduler.state import migrate
 from scheduler.state.db import make_engine, make_sessionmaker
-from scheduler.transport import AUTH_HEADER, ClientSecurity, aio_channel
+from scheduler.transport import ClientSecurity, aio_channel
 
 SPEC = common_pb2.JobSpec(command=["python", "train.py"], gpus=1, name="load")
 
 
-def bearer(token: str) -> tuple[tuple[str, str]]:
-    return ((AUTH_HEADER, f"Bearer {token}"),)
+class Latencies(TypedDict):
+    """What the submitters measured: seconds per successful call, refused calls by
+    "METHOD STATUS", and the CPU seconds their process used."""
+
+    SubmitJob: list[float]
+    GetJob: list[float]
+    refused: dict[str, int]
+    cpu_s: float
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    """The call metadata that carries ``token``, as every gandiva client sends it."""
+    return ClientSecurity(token=token).metadata()
 
 
 async def make_tokens(db_url: str, helpers: int) -> tuple[str, list[str]]:
@@ -87,7 +101,7 @@ class Load:
 
     def __init__(self, address: str, ca: str, user: str, helper_tokens: list[str], args: argparse.Namespace) -> None:
         self.address, self.ca, self.user, self.helper_tokens, self.args = address, ca, user, helper_tokens, args
-        self.lat: dict = {"SubmitJob": [], "GetJob": []}
+        self.lat = Latencies(SubmitJob=[], GetJob=[], refused={}, cpu_s=0.0)
         self.sent: dict[str, int] = {}       # job id -> progress reports its runtimes sent
         self.runtimes: dict[tuple[str, str], asyncio.Task] = {}
         self.active: dict[tuple[str, str], asyncio.Event] = {}
@@ -203,8 +217,8 @@ class Load:
         while self.connected < a.runtimes and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
         print(f"  {self.connected} runtimes connected; measuring for {a.duration:.0f} s", flush=True)
-        proc = psutil.Process(sched_pid)
-        cpu0, t0 = proc.cpu_times(), time.monotonic()
+        proc, me = psutil.Process(sched_pid), psutil.Process()
+        cpu0, mine0, t0 = proc.cpu_times(), me.cpu_times(), time.monotonic()
         threads0 = thread_cpu(sched_pid)
         load0 = os.getloadavg()
         # The submitters run in a process of their own, so that this process's busy event
@@ -213,7 +227,7 @@ class Load:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             self.lat = await loop.run_in_executor(pool, submitters, self.address, self.ca, self.user,
                                                   a.submitters, a.duration, a.think_s)
-        cpu1, t1 = proc.cpu_times(), time.monotonic()
+        cpu1, mine1, t1 = proc.cpu_times(), me.cpu_times(), time.monotonic()
         threads1 = thread_cpu(sched_pid)
         load1 = os.getloadavg()
         by_thread: dict[str, float] = {}
@@ -244,7 +258,8 @@ class Load:
         for ch in self.channels:
             await ch.close()
         cpu = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / (t1 - t0) * 100
-        return {"cpu": cpu, "rss": rss, "stored_short": len(short), "sent": sum(self.sent.values()),
+        cluster = ((mine1.user + mine1.system) - (mine0.user + mine0.system)) / (t1 - t0) * 100
+        return {"cpu": cpu, "rss": rss, "cluster_cpu": cluster, "submitters_cpu": self.lat["cpu_s"] / (t1 - t0) * 100, "stored_short": len(short), "sent": sum(self.sent.values()),
                 "load": (load0[0], load1[0]), "threads": by_thread}
 
 
@@ -265,12 +280,12 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
 
 
 def submitters(address: str, ca: str, user: str, n: int, duration: float,
-               think_s: float) -> dict:
+               think_s: float) -> Latencies:
     """n users looping SubmitJob then GetJob for ``duration`` seconds (in a child process).
     Their 1-GPU jobs fit any server but find every GPU taken: they queue (the policy
     sees them every round) and never start runtimes. Refused calls are counted by
     status, per method (key "refused"); latencies are of successful calls only."""
-    lat: dict = {"SubmitJob": [], "GetJob": [], "refused": {}}
+    lat = Latencies(SubmitJob=[], GetJob=[], refused={}, cpu_s=0.0)
     spec = common_pb2.JobSpec(command=["python", "train.py"], gpus=1, name="q")
 
     def refused(method: str, err: Exception) -> None:
@@ -303,7 +318,9 @@ def submitters(address: str, ca: str, user: str, n: int, duration: float,
         async with aio_channel(address, ClientSecurity(tls_ca=ca)) as ch:
             await asyncio.gather(*(one(ch) for _ in range(n)))
 
+    cpu0 = time.process_time()
     asyncio.run(go())
+    lat["cpu_s"] = time.process_time() - cpu0
     return lat
 
 
@@ -326,7 +343,7 @@ def run_one(label: str, db_url: str, work: Path, args: argparse.Namespace) -> bo
     m = re.search(r"delivered (\d+) progress reports", log_path.read_text())
     received = int(m.group(1)) if m else -1
     s, g = load.lat["SubmitJob"], load.lat["GetJob"]
-    refused: dict[str, int] = load.lat.get("refused", {})
+    refused = load.lat["refused"]
     print(f"{label}: {args.helpers} helpers x {args.gpus_per_helper} GPUs, {args.runtimes} runtimes, {args.submitters} submitters, "
           f"{args.duration:.0f} s, --auth token + TLS")
     print(f"  submissions: {len(s)} OK, {sum(v for k, v in refused.items() if k.startswith('SubmitJob'))} refused; "
@@ -339,6 +356,8 @@ def run_one(label: str, db_url: str, work: Path, args: argparse.Namespace) -> bo
     print(f"  scheduler CPU {res['cpu']:.0f}% of one core, RSS {res['rss']:.0f} MB; "
           f"load average (1 min) {res['load'][0]:.1f} at the start, {res['load'][1]:.1f} at the end "
           f"of the measurement, {os.cpu_count()} CPUs")
+    print(f"  load generator CPU (same machine, % of one core): simulated helpers and runtimes {res['cluster_cpu']:.0f}, "
+          f"submitters {res['submitters_cpu']:.0f}")
     top = sorted(res["threads"].items(), key=lambda kv: -kv[1])[:6]
     print("  scheduler CPU by thread (% of one core): " + ", ".join(f"{n} {v:.0f}" for n, v in top))
     print(f"  progress reports: sent {res['sent']}, received by the scheduler {received}, "

@@ -266,7 +266,9 @@ class HelperDaemon:
             if not reply.known:
                 raise SessionEnded("the scheduler does not know this server; registering again")
             async with self._peers_updated:
-                if reply.peers_version != self._peers_version and reply.peers:
+                # A new version replaces the list, even by an empty one (every peer gone);
+                # version 0 is a scheduler that lists no peers at all: keep what we have.
+                if reply.peers_version and reply.peers_version != self._peers_version:
                     self.peers = {p.address: p.name for p in reply.peers}
                     self._peers_version = reply.peers_version
                 self._peers_updated.notify_all()

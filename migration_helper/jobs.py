@@ -154,6 +154,8 @@ class JobTable:
         )
         if req.warm and req.warm_signature:
             env["GANDIVA_WARM_SIGNATURE"] = req.warm_signature
+        if req.warm and req.source_towers > 0:
+            env["GANDIVA_SOURCE_TOWERS"] = str(req.source_towers)
         env.update(self.runtime_credentials(req.job_id, req.incarnation))
         workdir = req.spec.workdir or os.getcwd()
         if not os.path.isdir(workdir):

@@ -14,6 +14,7 @@ import collections
 import logging
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -44,6 +45,8 @@ class LocalControl(helper_pb2_grpc.HelperServicer, runtime_pb2_grpc.RuntimeServi
     def __init__(self, heartbeat_interval_s: float = 0.5, known: bool = True) -> None:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.known = known  # False: answer heartbeats with known=false (forces a re-register)
+        # The servers listed to helpers as peers (None: every registered one).
+        self.listed: set[str] | None = None
         self.servers: dict[str, helper_pb2.RegisterServerRequest] = {}
         self.registrations: collections.Counter[str] = collections.Counter()
         self.heartbeats: dict[str, helper_pb2.HeartbeatRequest] = {}
@@ -101,8 +104,10 @@ class LocalControl(helper_pb2_grpc.HelperServicer, runtime_pb2_grpc.RuntimeServi
         self._notify()
         known = self.known and request.name in self.servers
         # As the scheduler does: the registered helpers, whose agents alone get checkpoints.
-        peers = [helper_pb2.Peer(name=r.name, address=r.address) for r in self.servers.values()]
-        version = len(self.registrations) * 1_000_003 + sum(self.registrations.values())
+        peers = [helper_pb2.Peer(name=r.name, address=r.address) for r in self.servers.values()
+                 if self.listed is None or r.name in self.listed]
+        version = (len(self.registrations) * 1_000_003 + sum(self.registrations.values())
+                   + 7 * zlib.crc32(",".join(sorted(p.name for p in peers)).encode()))
         return helper_pb2.HeartbeatResponse(known=known, peers=peers if known else [], peers_version=version)
 
     async def ReportGpuSamples(self, request, context):  # type: ignore[no-untyped-def]

@@ -22,7 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tf_runtime import EXIT_KILLED, EXIT_MIGRATED  # the shim's exit codes (no TensorFlow import)
+from tf_runtime import (  # the shim's exit codes (no TensorFlow import)
+    EXIT_KILLED,
+    EXIT_MIGRATED,
+    EXIT_TOWERS_CHANGED,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,9 @@ def exit_reason(code: int, stopped: bool) -> str:
         return "finished"
     if code == EXIT_MIGRATED:
         return "migrated"
+    if code == EXIT_TOWERS_CHANGED:
+        return ("refused to restore a checkpoint of another tower count (one tower per device: "
+                "training on would change the result)")
     if stopped:
         return "stopped"
     if code == EXIT_KILLED:

@@ -83,6 +83,9 @@ class MigrationPlan:
     use_shared_mount: bool | None = None
     # The source's first training run (TrainSignature JSON), rehearsed by the warm process.
     warm_signature: str = ""
+    # Tower copies in the source's graph (0: unknown): a warm process with another number
+    # refuses before holding, and the source is never stopped (one tower per device).
+    source_towers: int = 0
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,8 @@ class _Migration:
         try:
             warm = await self._helper(p.dest.name, self.t.prewarm_s, launch=helper_pb2.LaunchJob(
                 job_id=p.job_id, incarnation=p.dest_incarnation, spec=p.spec,
-                gpu_indices=list(p.dest_gpus), warm=True, warm_signature=p.warm_signature))
+                gpu_indices=list(p.dest_gpus), warm=True, warm_signature=p.warm_signature,
+                source_towers=p.source_towers))
         except _StepFailed as exc:
             await self._stop_dest("pre-warm failed")
             return await self._stayed(f"pre-warm at {p.dest.name} failed: {exc}")

@@ -19,6 +19,7 @@ from typing import TypeVar
 from sqlalchemy import Connection, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session
 
 from protos.gandiva.v1 import common_pb2, helper_pb2
 from scheduler.errors import (
@@ -32,7 +33,14 @@ from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
 from scheduler.state import repo
-from scheduler.state.db import SqliteWriter, is_sqlite, make_engine, make_sessionmaker
+from scheduler.state.db import (
+    SqliteReader,
+    SqliteWriter,
+    execute_all,
+    is_sqlite,
+    make_engine,
+    make_sessionmaker,
+)
 from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
 from scheduler.validation import default_name, validate_members, validate_spec
 
@@ -134,6 +142,10 @@ def _db_errors() -> Iterator[None]:
         raise
 
 
+def _nothing() -> None:
+    """Run on the writer thread: once it returns, every write queued before it is done."""
+
+
 def _gpus_of(placements: dict[str, list[Placement]], job_id: str) -> list[tuple[str, int]]:
     return [(p.server_name, p.gpu_index) for p in placements.get(job_id, [])]
 
@@ -179,6 +191,8 @@ class SchedulerCore:
         self.read_sessions = make_sessionmaker(self.read_engine)
         # SQLite has one writer at a time; queueing writers here, in order, avoids
         # SQLite's busy-wait back-off (sleeps of up to 100 ms) under concurrent load.
+        # Held by the ORM write transactions (tx); writes on the writer thread
+        # (write_sync) queue on that thread instead and only wait while it is held.
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if sqlite else None
         # SQLite's submission hot path: a synchronous connection on one dedicated thread.
         database = engine.url.database or ""
@@ -186,6 +200,8 @@ class SchedulerCore:
             SqliteWriter(database) if sqlite and database not in ("", ":memory:") else None
         )
         self._writer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gandiva-sqlite-writer")
+        # SQLite's busiest reads: sync sessions on reader threads (read_sync).
+        self._sync_reader = SqliteReader(database) if self._sync_writer is not None else None
         # job id -> (incarnation, steps, rate, last step s, metrics): reported, not yet written.
         self._progress: dict[str, tuple[str, int, float, float, dict[str, float]]] = {}
         self._flusher: asyncio.Task | None = None
@@ -216,6 +232,9 @@ class SchedulerCore:
             log.warning("progress not recorded at shutdown: %s", err)
         if self.read_engine is not self.engine:
             await self.read_engine.dispose()
+        reader, self._sync_reader = self._sync_reader, None
+        if reader is not None:
+            await asyncio.get_running_loop().run_in_executor(None, reader.close)
         # Idempotent: a scheduler may be stopped twice (a test's restart, then its teardown).
         writer, self._sync_writer = self._sync_writer, None
         if writer is not None:
@@ -232,6 +251,9 @@ class SchedulerCore:
             if lock is not None:
                 await lock.acquire()
             try:
+                if lock is not None and self._sync_writer is not None:
+                    # Writes queued on the writer thread before this one finish first.
+                    await asyncio.get_running_loop().run_in_executor(self._writer_thread, _nothing)
                 async with (self.read_sessions if read else self.sessions)() as session, session.begin():
                     yield session
                     wrote_events = bool(session.info.get("events"))
@@ -245,14 +267,36 @@ class SchedulerCore:
         """``fn(connection)`` in one write transaction of plain (Core) statements, for the
         busiest writes. On SQLite it runs whole on the writer thread: one hop off the
         event loop instead of one per statement; elsewhere through the async engine.
-        ``fn`` must not add events (watchers are not woken)."""
+        ``fn`` must not add events (watchers are not woken).
+
+        On the writer thread, writes queue there and run back to back, each its own
+        transaction: no turn of the event loop between two (under load, waiting for
+        that turn, once per write, was most of a submission's time). Only an ORM write
+        transaction (tx) holds them back, while it runs."""
         with _db_errors():
-            async with self._write_lock or nullcontext():  # the lock: SQLite only
-                if self._sync_writer is not None:
-                    return await asyncio.get_running_loop().run_in_executor(
-                        self._writer_thread, self._sync_writer.call, fn)
-                async with self.engine.begin() as conn:
-                    return await conn.run_sync(fn)
+            if self._sync_writer is not None:
+                assert self._write_lock is not None
+                while self._write_lock.locked():
+                    async with self._write_lock:
+                        pass
+                # Queued now, with no await since the check: a tx that takes the lock
+                # after this waits for it on the writer thread (see tx).
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._writer_thread, self._sync_writer.call, fn)
+            # The lock: SQLite in memory only.
+            async with self._write_lock or nullcontext(), self.engine.begin() as conn:
+                return await conn.run_sync(fn)
+
+    async def read_sync(self, fn: Callable[[Session], T]) -> T:
+        """``fn(session)`` on a sync session, in one read transaction: on SQLite whole on
+        a reader thread (one hop off the event loop; see SqliteReader), elsewhere
+        through the async engine."""
+        with _db_errors():
+            if self._sync_reader is not None:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._sync_reader.threads, self._sync_reader.call, fn)
+            async with self.read_sessions() as session, session.begin():
+                return await session.run_sync(fn)
 
     def poke(self) -> None:
         self.wake.set()
@@ -282,6 +326,7 @@ class SchedulerCore:
             migratable=True,
             suspendable=True,
             control_note="",
+            grow_shrink_note="",
             held=False,
             message="waiting for a placement",
             exit_code=0,
@@ -346,13 +391,8 @@ class SchedulerCore:
             async with self.tx() as s:
                 await repo.add_jobs(s, jobs, now, mj)
         else:
-            assert self._write_lock is not None
             statements = repo.job_inserts(jobs, now, mj)
-            async with self._write_lock:
-                with _db_errors():
-                    await asyncio.get_running_loop().run_in_executor(
-                        self._writer_thread, self._sync_writer.run, statements
-                    )
+            await self.write_sync(lambda conn: execute_all(conn, statements))
             await self.events.publish()
         self.poke()
 
@@ -361,11 +401,8 @@ class SchedulerCore:
     async def get_job(self, job_id: str) -> JobDetail:
         if not job_id:
             raise InvalidArgument("id", "a job id is required")
-        async with self.tx(read=True) as s:
-            job = await repo.get_job(s, job_id)
-            placement = await repo.placements_of(s, [job_id])
-            hist = await repo.history(s, job_id)
-        return JobDetail(job, _gpus_of(placement, job_id), hist)
+        job, gpus, hist = await self.read_sync(lambda s: repo.job_detail(s, job_id))
+        return JobDetail(job, gpus, hist)
 
     async def list_jobs(
         self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0,
@@ -551,8 +588,10 @@ class SchedulerCore:
 
     async def gpu_samples(self, req: helper_pb2.GpuSamplesRequest) -> None:
         now = self.clock()
+        # Stamped on arrival with this scheduler's clock: a helper's wall clock may be off
+        # or jump (NTP, an operator's date -s), and the sample is seconds old at most.
         device = [
-            (x.gpu_index, x.at or now, x.memory_used_bytes, x.utilization)
+            (x.gpu_index, now, x.memory_used_bytes, x.utilization)
             for x in req.samples
             if not x.job_id
         ]
@@ -683,6 +722,27 @@ class SchedulerCore:
                     s, self.clock(), "job.migratable", f"{'migratable' if migratable else 'not migratable'}: {reason}", job_id=job_id
                 )
 
+
+    async def record_towers_changed(self, job_id: str, incarnation: str, towers: int,
+                                    checkpoint_towers: int, devices: int) -> bool:
+        """A launch of the job (`incarnation`: any, the current one or a migration's
+        destination) refused to restore a checkpoint with `checkpoint_towers` tower
+        copies into its graph of `towers`: the program builds one tower per device, so a
+        grow or shrink changes its result. Grow-shrink is turned off for the job for good
+        (one transaction, event `job.grow_shrink`); the policy then never grows it and
+        shrinks it back if it is grown. False when it was off already."""
+        reason = (f"the program builds one tower per device: growing it would change its result "
+                  f"(launch {incarnation or '?'} on {devices or '?'} GPU(s) built {towers} tower(s), "
+                  f"its checkpoint holds {checkpoint_towers}); use tf_runtime.towers for fixed "
+                  "logical towers")
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.grow_shrink_note or JobState(job.state).terminal:
+                return False
+            job.grow_shrink_note = reason
+            repo.add_event(s, self.clock(), "job.grow_shrink", f"grow-shrink off: {reason}", job_id=job_id)
+        self.poke()
+        return True
 
     async def record_uncontrollable(self, job_id: str, incarnation: str, reason: str) -> bool:
         """The launch `incarnation` never connected a runtime: the job can be neither

@@ -85,6 +85,9 @@ class RuntimeConn:
     # The process's first training run as names (TrainSignature JSON): what a
     # pre-warmed destination rehearses when the job migrates.
     train_signature: str = ""
+    # Tower copies of the variables in its graph (its TowerReport; 0: not known yet): a
+    # pre-warmed destination of a grow or shrink refuses another number.
+    towers: int = 0
 
 
 class RuntimeHub:
@@ -146,6 +149,11 @@ class RuntimeHub:
         """The connected process's TrainSignature JSON; "" when none is known."""
         conn = self._find(job_id, incarnation)
         return conn.train_signature if conn is not None else ""
+
+    def towers(self, job_id: str, incarnation: str = "") -> int:
+        """The connected process's tower count; 0 when none is known."""
+        conn = self._find(job_id, incarnation)
+        return conn.towers if conn is not None else 0
 
     def connected(self, job_id: str, incarnation: str = "") -> bool:
         return self._find(job_id, incarnation) is not None

@@ -12,14 +12,14 @@ TYPE_CHECKING = False  # not typing's: that import alone costs every process ~3 
 if TYPE_CHECKING:
     from typing import Any
 
-    from .controller import EXIT_KILLED, EXIT_MIGRATED
+    from .controller import EXIT_KILLED, EXIT_MIGRATED, EXIT_TOWERS_CHANGED
     from .runtime import report
 
-__all__ = ["EXIT_KILLED", "EXIT_MIGRATED", "report"]
+__all__ = ["EXIT_KILLED", "EXIT_MIGRATED", "EXIT_TOWERS_CHANGED", "report"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("EXIT_KILLED", "EXIT_MIGRATED"):
+    if name in ("EXIT_KILLED", "EXIT_MIGRATED", "EXIT_TOWERS_CHANGED"):
         from . import controller
 
         return getattr(controller, name)

@@ -73,6 +73,8 @@ class SessionAdapter(Protocol):
 
     def signature_step(self, signature: str) -> Callable[[], Any] | None: ...
 
+    def towers(self) -> int: ...
+
 
 class Runner(Protocol):
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,

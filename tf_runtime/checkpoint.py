@@ -39,6 +39,22 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be written or is not a complete, valid checkpoint."""
 
 
+class TowersChanged(CheckpointError):
+    """The checkpoint holds another number of tower copies than the graph that would
+    restore it: the program builds one tower per device and was grown or shrunk, so
+    training on would average another number of gradients (a different result)."""
+
+    def __init__(self, what: str, checkpoint_towers: int, towers: int) -> None:
+        self.checkpoint_towers = checkpoint_towers
+        self.towers = towers
+        super().__init__(
+            f"{what} holds {checkpoint_towers} tower cop"
+            f"{'y' if checkpoint_towers == 1 else 'ies'} of the variables, this launch's graph "
+            f"builds {towers}: the program builds one tower per device, so training on after "
+            "this grow or shrink would change its result; use tf_runtime.towers for fixed "
+            "logical towers")
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     path: str
@@ -110,6 +126,14 @@ def validate(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if f"{manifest['prefix']}.index" not in names:
         raise CheckpointError(f"checkpoint {d}: no {manifest['prefix']}.index in the file list")
     return manifest
+
+
+def check_towers(directory: str | os.PathLike[str], manifest: dict[str, Any], towers: int) -> None:
+    """TowersChanged unless the checkpoint (its manifest) was saved by a graph with
+    `towers` tower copies. A manifest without the count (an older writer) passes."""
+    saved = manifest.get("replicas")
+    if isinstance(saved, int) and saved >= 1 and saved != towers:
+        raise TowersChanged(f"checkpoint {directory}", saved, towers)
 
 
 def remove_stale_temporaries(parent: str | os.PathLike[str]) -> list[Path]:

@@ -80,6 +80,7 @@ class StreamClient:
         self._closing = threading.Event()
         self._migratability: runtime_pb2.MigratabilityReport | None = None
         self._signature: runtime_pb2.RuntimeMessage | None = None
+        self._towers: runtime_pb2.RuntimeMessage | None = None
         self._thread = threading.Thread(target=self._loop, name="gandiva-stream", daemon=True)
         self._channel: grpc.Channel | None = None
         self._security = transport.ClientSecurity.from_env()
@@ -101,6 +102,13 @@ class StreamClient:
     def send_train_signature(self, signature: str) -> None:
         msg = runtime_pb2.RuntimeMessage(train_signature=runtime_pb2.TrainSignature(json=signature))
         self._signature = msg
+        self._outbox.put(msg)
+
+    def send_towers(self, towers: int, checkpoint_towers: int, devices: int, reason: str) -> None:
+        msg = runtime_pb2.RuntimeMessage(towers=runtime_pb2.TowerReport(
+            towers=towers, checkpoint_towers=checkpoint_towers, devices=devices, reason=reason))
+        if not checkpoint_towers:
+            self._towers = msg  # the graph's count: again after a reconnect
         self._outbox.put(msg)
 
     def close(self, timeout_s: float) -> None:
@@ -161,6 +169,8 @@ class StreamClient:
             yield runtime_pb2.RuntimeMessage(migratability=self._migratability)
         if self._signature is not None:  # again after a reconnect (a duplicate is harmless)
             yield self._signature
+        if self._towers is not None:
+            yield self._towers
         sent_version = -1
         next_flush = time.monotonic()
         while alive.is_set():

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .chain import FirstRun, RunGate, RunInfo, SessionAdapter
-from .checkpoint import CheckpointError, CheckpointInfo
+from .checkpoint import CheckpointError, CheckpointInfo, TowersChanged
 from .commands import Ack, Command, Kind
 from .gpu_release import CpuBackend, GpuReleaseBackend, ReleaseError
 from .pipes import StatusPipe, read_activation
@@ -30,6 +30,9 @@ from .progress import ProgressMeter
 log = logging.getLogger(__name__)
 
 EXIT_MIGRATED = 75
+# A restore refused before any training step: the checkpoint holds another number of
+# tower copies than this launch's graph (one tower per device, after a grow or shrink).
+EXIT_TOWERS_CHANGED = 76
 EXIT_KILLED = 143
 
 # How long a suspension waits for other threads' runs to finish before releasing.
@@ -46,6 +49,8 @@ class Channel(Protocol):
     def send_migratability(self, migratable: bool, reason: str) -> None: ...
 
     def send_train_signature(self, signature: str) -> None: ...
+
+    def send_towers(self, towers: int, checkpoint_towers: int, devices: int, reason: str) -> None: ...
 
     def close(self, timeout_s: float) -> None: ...
 
@@ -67,6 +72,9 @@ class Settings:
     # After the first training step, save once into scratch space so that the first
     # real save (a migration's) does not build the save op's executors.
     prebuild_save: bool = False
+    # Warm mode: the tower copies in the source's graph (0: unknown). Another number in
+    # this graph: refuse before holding (one tower per device: a grow or shrink).
+    source_towers: int = 0
 
 
 class Controller:
@@ -164,6 +172,7 @@ class Controller:
             self._restore_again = False
             if rehearse is not None:  # after any warm hold: the stream is open by now
                 self._report_signature(adapter, rehearse)
+            self._report_towers(adapter)
             self.trained = True
             self.meter.pause()
 
@@ -200,6 +209,8 @@ class Controller:
             self.adapter = adapter
             if first:
                 self._event("session_ready", t=time.time())
+                if self.settings.warm and self.settings.source_towers:
+                    self._check_source_towers(adapter)
                 if self.settings.warm and self.settings.warm_step:
                     if self.settings.control_fd is None:
                         raise RuntimeError("GANDIVA_WARM=1 needs GANDIVA_CONTROL_FD "
@@ -222,6 +233,28 @@ class Controller:
             return
         if signature:
             self.channel.send_train_signature(signature)
+
+    def _report_towers(self, adapter: SessionAdapter) -> None:
+        """Tell the scheduler how many tower copies this graph has: a pre-warmed
+        destination of a grow or shrink compares its own with them."""
+        if self.channel is None:
+            return
+        try:
+            towers = adapter.towers()
+        except Exception:  # never break the program's first step
+            log.exception("could not count the graph's towers")
+            return
+        from .towers import visible_device_count
+
+        self.channel.send_towers(towers, 0, visible_device_count(default=0), "")
+
+    def _check_source_towers(self, adapter: SessionAdapter) -> None:
+        """Warm mode: refuse, before holding, a graph whose tower count differs from the
+        source's. Nothing is stopped yet: the source trains on, unchanged."""
+        towers = adapter.towers()
+        if towers != self.settings.source_towers:
+            self._refuse_towers(TowersChanged("the launch this one would replace",
+                                              self.settings.source_towers, towers))
 
     def _warm_first_step(self, adapter: SessionAdapter, rehearse: Callable[[], Any] | None) -> None:
         """Warm mode: rehearse the first training run, hold, restore, go on.
@@ -282,12 +315,31 @@ class Controller:
         return int(validate(directory)["global_step"])
 
     def _restore(self, adapter: SessionAdapter, directory: str) -> None:
-        info = adapter.restore(directory)  # CheckpointError: refuse to start from step 0
+        try:
+            info = adapter.restore(directory)  # CheckpointError: refuse to start from step 0
+        except TowersChanged as exc:
+            self._refuse_towers(exc)
+            raise  # only where exit_fn returns (tests): the process is gone otherwise
         self._restored_into = adapter
         self.restored_step = info.step
         self.meter.set_steps(info.step)
         self._event("restored", step=info.step, restore_s=round(info.seconds, 6))
         log.info("restored step %d from %s in %.3f s", info.step, directory, info.seconds)
+
+    def _refuse_towers(self, exc: TowersChanged) -> None:
+        """Leave without training a step: tell the scheduler (which stops growing and
+        shrinking the job, and restarts it where the checkpoint came from) and exit."""
+        log.error("%s", exc)
+        self._event("restore_refused", reason=str(exc), towers=exc.towers,
+                    checkpoint_towers=exc.checkpoint_towers)
+        if self.channel is None and self._on_activate is not None:
+            self._on_activate(0)  # a warm process opens its stream only to say why
+        if self.channel is not None:
+            from .towers import visible_device_count
+
+            self.channel.send_towers(exc.towers, exc.checkpoint_towers,
+                                     visible_device_count(default=0), str(exc))
+        self._exit(EXIT_TOWERS_CHANGED)
 
     def _first_boundaries(self, adapter: SessionAdapter, final: bool = False) -> None:
         if self.boundaries == 1 and not final:

@@ -8,8 +8,9 @@ replica when its name is `<family><sep><index>/<rest>` with family one of
 replicated only if every index holds exactly the same canonical names with the
 same shapes and dtypes, and no canonical name clashes with an unprefixed
 variable; otherwise its variables are kept as distinct variables (safe: nothing is
-merged by mistake). A single tower (`tower_0/` only) is stripped too, so one
-checkpoint restores into any number of replicas (grow and shrink). Optimizer slots
+merged by mistake). A single tower (`tower_0/` only) is stripped too, so the saved
+names do not depend on the replica count (which the manifest records: a restore into
+a graph with another count is refused, tf_runtime.checkpoint.check_towers). Optimizer slots
 (`tower_1/w/Momentum`) follow their primary variable automatically.
 
 The checkpoint holds one entry per canonical name, taken from the lowest index;

@@ -7,6 +7,8 @@ Environment (set by the Migration Helper; all optional):
   GANDIVA_WARM=1             hold before the first training step (pre-warmed migration)
   GANDIVA_WARM_STEP=0        warm mode without the rehearsed first step (hold at the
                              restore point; the first step then builds the executors)
+  GANDIVA_SOURCE_TOWERS      warm mode: the tower copies in the source's graph; another
+                             number here refuses before holding (exit 76)
   GANDIVA_WARM_SIGNATURE     warm mode: the source's first training run (JSON, from its
                              TrainSignature), rehearsed when the program reads the global
                              step (or anything) before its first training run
@@ -94,9 +96,11 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     if restore and not warm:
         # Refuse to start at all rather than train from step 0 by mistake.
         restored_step = int(validate(restore)["global_step"])
+    source_towers = _int_env(env, "GANDIVA_SOURCE_TOWERS") or 0
     settings = Settings(job_id=env.get("GANDIVA_JOB_ID", ""), restore_dir=restore,
                         warm=warm, control_fd=control_fd, warm_step=warm and warm_step,
-                        prebuild_save=prebuild_save, warm_signature=warm_signature)
+                        prebuild_save=prebuild_save, warm_signature=warm_signature,
+                        source_towers=source_towers if warm else 0)
     status = StatusPipe.from_fd(status_fd) if status_fd is not None else None
     rt = Runtime(controller=None)  # type: ignore[arg-type]
 

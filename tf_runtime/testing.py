@@ -27,7 +27,7 @@ import grpc
 from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
 
 from .chain import RunInfo, build_chain
-from .checkpoint import CheckpointInfo, validate, write_atomically
+from .checkpoint import CheckpointInfo, check_towers, validate, write_atomically
 from .commands import Ack
 from .controller import Controller, Settings
 
@@ -199,6 +199,7 @@ class FakeAdapter:
         self.saves: list[str] = []
         self.rehearsals = 0
         self.prebuilt_saves = 0
+        self.tower_count = 1  # tower copies of the variables "in the graph"
 
     def classify(self, fetches: Any) -> RunInfo:
         return RUN_KINDS.get(fetches, RunInfo())
@@ -216,9 +217,9 @@ class FakeAdapter:
         step = self.sess.step
         path, size = write_atomically(
             directory, lambda tmp: (tmp / "model.index").write_text(str(step)),
-            {"job_id": job_id, "global_step": step, "replicas": 1})
+            {"job_id": job_id, "global_step": step, "replicas": self.tower_count})
         self.saves.append(str(path))
-        return CheckpointInfo(str(path), step, 1, size, 0.001)
+        return CheckpointInfo(str(path), step, self.tower_count, size, 0.001)
 
     def rehearse(self, step: Callable[[], Any]) -> dict[str, float]:
         before = self.sess.step
@@ -241,11 +242,15 @@ class FakeAdapter:
             return None
         return lambda: self.sess.run(signature)
 
+    def towers(self) -> int:
+        return self.tower_count
+
     def restore(self, directory: str) -> CheckpointInfo:
         manifest = validate(directory)
+        check_towers(directory, manifest, self.tower_count)
         self.sess.step = int((Path(directory) / "model.index").read_text())
         assert self.sess.step == manifest["global_step"]
-        return CheckpointInfo(directory, self.sess.step, 1, 0, 0.001)
+        return CheckpointInfo(directory, self.sess.step, self.tower_count, 0, 0.001)
 
 
 class FakeChannel:
@@ -253,6 +258,7 @@ class FakeChannel:
         self.acks: list[Ack] = []
         self.migratability: list[tuple[bool, str]] = []
         self.signatures: list[str] = []
+        self.towers: list[tuple[int, int, int, str]] = []
         self.closed = False
         self.cond = threading.Condition()
 
@@ -266,6 +272,9 @@ class FakeChannel:
 
     def send_train_signature(self, signature: str) -> None:
         self.signatures.append(signature)
+
+    def send_towers(self, towers: int, checkpoint_towers: int, devices: int, reason: str) -> None:
+        self.towers.append((towers, checkpoint_towers, devices, reason))
 
     def close(self, timeout_s: float) -> None:
         self.closed = True

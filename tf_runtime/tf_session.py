@@ -33,6 +33,7 @@ from .checkpoint import (
     PREFIX,
     CheckpointError,
     CheckpointInfo,
+    check_towers,
     remove_stale_temporaries,
     validate,
     write_atomically,
@@ -338,10 +339,16 @@ class TFSessionAdapter:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def towers(self) -> int:
+        """Tower copies of the variables in this graph (1: nothing replicated)."""
+        return self.checkpointer().replicas
+
     def restore(self, directory: str) -> CheckpointInfo:
         t0 = time.perf_counter()
         manifest = validate(directory)
         ckpt = self.checkpointer()
+        # Before any variable is touched: a checkpoint of another tower count is refused.
+        check_towers(directory, manifest, ckpt.replicas)
         try:
             ckpt.restore(self._run, str(Path(directory) / manifest["prefix"]))
         except tf.errors.OpError as exc:

@@ -43,6 +43,7 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
         migratable=j.migratable,
         suspendable=j.suspendable,
         control_note=j.control_note,
+        grow_shrink_note=j.grow_shrink_note,
         message=j.message,
         exit_code=j.exit_code,
         metrics={k: float(v) for k, v in (j.metrics or {}).items() if isinstance(v, (int, float))},

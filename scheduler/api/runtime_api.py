@@ -110,6 +110,14 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     # Bounded: a signature is a few names; a huge one is not worth relaying.
                     sig = msg.train_signature.json
                     conn.train_signature = sig if len(sig) <= MAX_SIGNATURE_CHARS else ""
+                elif kind == "towers":
+                    t = msg.towers
+                    if not t.checkpoint_towers:  # the graph's count, for a grow's destination
+                        conn.towers = max(0, t.towers)
+                    elif t.checkpoint_towers != t.towers:
+                        await self.core.record_towers_changed(
+                            conn.job_id, conn.incarnation, max(0, t.towers),
+                            max(0, t.checkpoint_towers), max(0, t.devices))
                 elif kind == "migratability":
                     await self.core.record_migratability(
                         conn.job_id, msg.migratability.migratable,

@@ -392,6 +392,7 @@ def job_to_dict(job: common_pb2.Job) -> dict[str, Any]:
         "migratable": job.migratable,
         "suspendable": job.suspendable,
         "control_note": job.control_note,
+        "grow_shrink_note": job.grow_shrink_note,
         "message": job.message,
         "exit_code": job.exit_code,
         "metrics": dict(sorted(job.metrics.items())),

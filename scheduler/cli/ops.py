@@ -313,6 +313,9 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
          f"no ({job.control_note})" if job.control_note else "no"),
         ("Exit code", job.exit_code if job.finished_at else "-"), ("Message", job.message or "-"),
     ]
+    if spec.grow_shrink:
+        fields.insert(-2, ("Grow-shrink", f"off ({job.grow_shrink_note})" if job.grow_shrink_note
+                           else "yes (grows onto idle GPUs of its server)"))
     if spec.multi_job_id:
         fields.insert(2, ("Multi-job", f"{spec.multi_job_id} (index {spec.index})"))
     _print_fields(fields)

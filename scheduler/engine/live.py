@@ -121,7 +121,12 @@ class LiveEngine:
         # Jobs with a command in flight, and jobs an operator suspended, are left alone.
         skip = self.inflight | self._held
         t0 = time.perf_counter()
-        decisions = [d for d in self.policy.decide(snap) if d.job_id not in skip]
+        decisions = [d for d in self.policy.decide(snap) if d.job_id not in skip
+                     # A job grows only once its runtime reported its first training step:
+                     # the pre-warmed destination needs its tower count (to refuse a
+                     # one-tower-per-device program before the source stops) and its
+                     # first run (to rehearse). Until then the policy asks again each round.
+                     and not (isinstance(d, pt.Grow) and not self.core.runtimes.towers(d.job_id))]
         self.observer.decided(snap, decisions, time.perf_counter() - t0)
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
         # Only jobs still waiting keep a remembered reason: the map stays bounded.
@@ -145,19 +150,25 @@ class LiveEngine:
 
     async def snapshot(self) -> pt.ClusterSnapshot:
         now = self.core.clock()
-        async with self.core.tx(read=True) as s:
-            server_rows = await repo.snapshot_servers(s)
-            jobs = await repo.unfinished_job_rows(s)
-            self._held = {j.id for j in jobs if j.held}
-            placements: dict[str, list[pt.GpuRef]] = {}
-            for p in await repo.all_placements(s):
-                placements.setdefault(p.job_id, []).append(pt.GpuRef(p.server_name, p.gpu_index))
-            # A migration holds its destination GPUs from its first phase on: the policy
-            # sees them as the migrating job's, so no other job is placed on them.
-            for m in await repo.migrations(s):
-                held = placements.setdefault(m.job_id, [])
-                held.extend(g for g in (pt.GpuRef(m.dest_server, i) for i in m.dest_gpus) if g not in held)
-            profiles = await repo.unfinished_profiles(s)
+        # Built off the event loop: with thousands of queued jobs building the views took
+        # tens of milliseconds, which every call arriving meanwhile waited for (on a
+        # thread the loop waits at most the interpreter's switch interval at a time).
+        rows = await self.core.read_sync(repo.snapshot_rows)
+        return await asyncio.get_running_loop().run_in_executor(None, self._build_snapshot, rows, now)
+
+    def _build_snapshot(self, rows: repo.SnapshotRows, now: float) -> pt.ClusterSnapshot:
+        """The policy's view of the rows (on a worker thread; only this engine's rounds,
+        one at a time, touch the view cache)."""
+        server_rows, jobs, profiles = rows.servers, rows.jobs, rows.profiles
+        self._held = {j.id for j in jobs if j.held}
+        placements: dict[str, list[pt.GpuRef]] = {}
+        for p in rows.placements:
+            placements.setdefault(p.job_id, []).append(pt.GpuRef(p.server_name, p.gpu_index))
+        # A migration holds its destination GPUs from its first phase on: the policy
+        # sees them as the migrating job's, so no other job is placed on them.
+        for m in rows.migrations:
+            held = placements.setdefault(m.job_id, [])
+            held.extend(g for g in (pt.GpuRef(m.dest_server, i) for i in m.dest_gpus) if g not in held)
         # A fenced job waits until an older copy of it has surely stopped (lease expiry).
         jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now)]
         servers = tuple(
@@ -281,9 +292,7 @@ class LiveEngine:
                 changed.setdefault(d.reason, []).append(d.job_id)
         if not changed:
             return
-        async with self.core.tx() as s:
-            for reason, ids in changed.items():
-                await repo.set_queued_message(s, ids, reason)
+        await self.core.write_sync(lambda conn: repo.set_queued_messages(conn, changed))
         for reason, ids in changed.items():
             for job_id in ids:
                 self._queue_reason[job_id] = reason
@@ -576,7 +585,8 @@ def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None)
         submitted_at=job.submitted_at,
         steps=job.steps,
         rate=job.rate or None,
-        grow_shrink=job.grow_shrink,
+        # Off for good once its runtime found that a grow changes its result.
+        grow_shrink=job.grow_shrink and not job.grow_shrink_note,
         migratable=job.migratable,
         suspendable=job.suspendable,
         profile=(

@@ -109,6 +109,7 @@ async def begin_migration(
             dest=Endpoint(dst.name, dst.address, dst.ramdisk, dst.shared_root),
             dest_gpus=tuple(g.index for g in to_gpus if g.server == dest_name),
             warm_signature=core.runtimes.train_signature(job_id, job.incarnation),
+            source_towers=core.runtimes.towers(job_id, job.incarnation),
         )
         # Durable from here: the destination GPUs are held, and a scheduler restart
         # finds this row and completes or rolls back the migration (recover_migrations).

@@ -109,6 +109,8 @@ class GandivaPolicy(Policy):
         self._take_touched(ledger)
         out += rotate(ledger, state, cfg, self._look_rotate)
         self._look_rotate = set() if self.incremental else None
+        if ledger.grown:
+            out += shrink_all(ledger, "grow-shrink is off for this job", opted_out_only=True)
         if not self._reserved:
             out += grow(ledger, state, cfg)
         return out

@@ -3,7 +3,9 @@
 Grow: when GPUs have been free, with nothing queued or waiting, for ``grow_idle_s``,
 an opt-in job running alone on one server grows to the largest power of two of GPUs
 that its server has free (never beyond the server). Shrink: at once, back to the
-job's own GPU count, when a job needs GPUs that are not free.
+job's own GPU count, when a job needs GPUs that are not free. A grown job that is no
+longer grow-shrink (its runtime found that a grow changes its result) is shrunk back
+at once, whatever else is going on.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from scheduler.policy.state import GandivaState
 from scheduler.policy.types import Decision, Grow, PolicyConfig, Shrink
 
 
-def shrink_all(ledger: Ledger, reason: str) -> list[Decision]:
-    """Return every grown job to its own GPU count (keeping its first GPUs)."""
+def shrink_all(ledger: Ledger, reason: str, opted_out_only: bool = False) -> list[Decision]:
+    """Return every grown job to its own GPU count (keeping its first GPUs); with
+    `opted_out_only`, only those that may no longer grow (grow_shrink off)."""
     out: list[Decision] = []
     for job_id in sorted(ledger.grown):
         job, gpus = ledger.jobs[job_id], ledger.placement[job_id]
+        if opted_out_only and job.grow_shrink:
+            continue
         if ledger.state[job_id] == "RUNNING":
             kept = gpus[: job.requested_gpus]
             ledger.bind(job_id, kept, "RUNNING")

@@ -112,6 +112,9 @@ class Job(Base):
     suspendable: Mapped[bool] = mapped_column(Boolean, default=True)
     # Why the job is not suspendable or not migratable, for people ("" when it is both).
     control_note: Mapped[str] = mapped_column(Text, default="")
+    # Why a grow-shrink job is no longer grown or shrunk ("" while it may be): its
+    # program builds one tower per device, so a grow would change its result.
+    grow_shrink_note: Mapped[str] = mapped_column(Text, default="")
     # Suspended by an operator: the policy must not resume it on its own.
     held: Mapped[bool] = mapped_column(Boolean, default=False)
     message: Mapped[str] = mapped_column(Text, default="")

@@ -28,6 +28,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from scheduler.errors import NotFound
 from scheduler.lifecycle import ACTIVE, JobState, check_transition
@@ -99,10 +100,23 @@ async def get_job(session: AsyncSession, job_id: str, for_update: bool = False) 
     q = select(Job).where(Job.id == job_id)
     if for_update:
         q = q.with_for_update()
-    job = await session.scalar(q)
+    return _found(await session.scalar(q), job_id)
+
+
+def _found(job: Job | None, job_id: str) -> Job:
     if job is None:
         raise NotFound("job", job_id)
     return job
+
+
+def job_detail(session: Session, job_id: str) -> tuple[Job, list[tuple[str, int]], list[Transition]]:
+    """A job, its GPUs (server, index) and its last transitions, read in one go on a
+    sync session (SchedulerCore.read_sync: on SQLite one hop to a reader thread instead
+    of about ten through aiosqlite, each waiting for a turn of the busy event loop)."""
+    job = _found(session.scalar(select(Job).where(Job.id == job_id)), job_id)
+    gpus = session.execute(select(Placement.server_name, Placement.gpu_index).where(Placement.job_id == job_id)
+                           .order_by(Placement.server_name, Placement.gpu_index)).all()
+    return job, [(str(g[0]), int(g[1])) for g in gpus], list(reversed(session.scalars(_history_q(job_id)).all()))
 
 
 async def list_jobs(
@@ -149,20 +163,9 @@ async def known_job_ids(session: AsyncSession, ids: Iterable[str]) -> set[str]:
 SNAPSHOT_COLUMNS = (
     Job.id, Job.gpus, Job.priority, Job.state, Job.submitted_at, Job.steps, Job.rate,
     Job.grow_shrink, Job.migratable, Job.suspendable, Job.state_changed_at, Job.attained_service_s,
-    Job.multi_job_id, Job.held, Job.fenced_until,
+    Job.multi_job_id, Job.held, Job.fenced_until, Job.grow_shrink_note,
 )
 _UNFINISHED = [s.value for s in JobState if not s.terminal]
-
-
-async def unfinished_job_rows(session: AsyncSession) -> Sequence:
-    """The columns the policy needs, for every unfinished job: plain rows, no ORM
-    objects and no JSON decoding, since this runs every scheduling round."""
-    q = (
-        select(*SNAPSHOT_COLUMNS)
-        .where(Job.state.in_(_UNFINISHED))
-        .order_by(Job.submitted_at, Job.id)
-    )
-    return (await session.execute(q)).all()
 
 
 async def running_job_rows(session: AsyncSession) -> Sequence:
@@ -176,11 +179,39 @@ async def running_job_rows(session: AsyncSession) -> Sequence:
     return (await session.execute(q)).all()
 
 
-async def unfinished_profiles(session: AsyncSession) -> dict[str, JobProfile]:
-    """Profiles of unfinished jobs only (finished jobs' rows stay for history, but a
-    scheduling round has no use for them)."""
-    q = select(JobProfile).join(Job, Job.id == JobProfile.job_id).where(Job.state.in_(_UNFINISHED))
-    return {p.job_id: p for p in (await session.scalars(q)).all()}
+@dataclass
+class SnapshotRows:
+    """What a scheduling round reads, as plain rows where it can."""
+
+    # (name, num_gpus, up, smallest GPU memory or None) of every server, by name.
+    servers: Sequence
+    # SNAPSHOT_COLUMNS of every unfinished job, in submission order (no ORM objects,
+    # no JSON decoding).
+    jobs: Sequence
+    # (job_id, server_name, gpu_index) of every placement.
+    placements: Sequence
+    migrations: Sequence[Migration]
+    # Profiles of unfinished jobs only (finished jobs' rows stay for history).
+    profiles: dict[str, JobProfile]
+
+
+def snapshot_rows(session: Session) -> SnapshotRows:
+    """Everything a scheduling round reads, in one read transaction on a sync session
+    (SchedulerCore.read_sync): on SQLite its queries and rows are made on a reader
+    thread, not in stretches on the event loop."""
+    memory = (select(Gpu.server_name, func.min(Gpu.memory_total).label("memory"))
+              .group_by(Gpu.server_name).subquery())
+    servers = (select(Server.name, Server.num_gpus, Server.up, memory.c.memory)
+               .outerjoin(memory, memory.c.server_name == Server.name).order_by(Server.name))
+    jobs = select(*SNAPSHOT_COLUMNS).where(Job.state.in_(_UNFINISHED)).order_by(Job.submitted_at, Job.id)
+    profiles = select(JobProfile).join(Job, Job.id == JobProfile.job_id).where(Job.state.in_(_UNFINISHED))
+    return SnapshotRows(
+        servers=session.execute(servers).all(),
+        jobs=session.execute(jobs).all(),
+        placements=session.execute(select(Placement.job_id, Placement.server_name, Placement.gpu_index)).all(),
+        migrations=session.scalars(_MIGRATIONS_Q).all(),
+        profiles={p.job_id: p for p in session.scalars(profiles).all()},
+    )
 
 
 _JOB_COLUMNS = [c.key for c in Job.__table__.columns]
@@ -309,14 +340,14 @@ async def start_migration(session: AsyncSession, job: Job, row: Migration, now: 
     session.add(row)
 
 
-async def set_queued_message(session: AsyncSession, job_ids: Sequence[str], message: str) -> None:
-    for chunk in _chunks(job_ids):
-        await session.execute(
-            update(Job)
-            .where(Job.id.in_(chunk), Job.state == JobState.QUEUED.value)
-            .values(message=message)
-            .execution_options(synchronize_session=False)
-        )
+def set_queued_messages(conn: Connection, by_reason: dict[str, list[str]]) -> None:
+    """Why queued jobs wait: one plain UPDATE per reason (and chunk of ids), for the
+    writer (SchedulerCore.write_sync): every round names the newly queued jobs."""
+    for message, job_ids in by_reason.items():
+        for chunk in _chunks(job_ids):
+            conn.execute(
+                update(Job).where(Job.id.in_(chunk), Job.state == JobState.QUEUED.value).values(message=message)
+            )
 
 
 # A job time-sliced for weeks gathers thousands of transitions; a GetJob shows the latest.
@@ -325,8 +356,11 @@ MAX_HISTORY = 200
 
 async def history(session: AsyncSession, job_id: str, limit: int = MAX_HISTORY) -> Sequence[Transition]:
     """The job's last ``limit`` transitions, oldest first."""
-    q = select(Transition).where(Transition.job_id == job_id).order_by(Transition.id.desc()).limit(limit)
-    return list(reversed((await session.scalars(q)).all()))
+    return list(reversed((await session.scalars(_history_q(job_id, limit))).all()))
+
+
+def _history_q(job_id: str, limit: int = MAX_HISTORY) -> Select:
+    return select(Transition).where(Transition.job_id == job_id).order_by(Transition.id.desc()).limit(limit)
 
 
 # ---- placements ---------------------------------------------------------------
@@ -358,21 +392,6 @@ async def placed_job_rows(session: AsyncSession, server: str) -> Sequence:
     """(id, incarnation, state, state_changed_at) of the jobs holding a GPU of `server`,
     as plain rows: every heartbeat of that server reconciles them."""
     return (await session.execute(_placed_rows_query(server))).all()
-
-
-async def all_placements(session: AsyncSession) -> Sequence:
-    """(job_id, server_name, gpu_index) of every placement, as plain rows (every round)."""
-    return (await session.execute(select(Placement.job_id, Placement.server_name, Placement.gpu_index))).all()
-
-
-async def snapshot_servers(session: AsyncSession) -> Sequence:
-    """(name, num_gpus, up, smallest GPU memory or None) of every server, by name, as
-    plain rows: what a scheduling round needs of them (server_loads builds much more)."""
-    memory = (select(Gpu.server_name, func.min(Gpu.memory_total).label("memory"))
-              .group_by(Gpu.server_name).subquery())
-    q = (select(Server.name, Server.num_gpus, Server.up, memory.c.memory)
-         .outerjoin(memory, memory.c.server_name == Server.name).order_by(Server.name))
-    return (await session.execute(q)).all()
 
 
 async def set_placement(
@@ -583,8 +602,11 @@ def _progress_params(job_id: str, v: tuple[str, int, float, float, dict[str, flo
     return {"b_id": job_id, "b_inc": v[0], "b_steps": v[1], "b_rate": v[2], "b_last": v[3], "b_now": now}
 
 
+_MIGRATIONS_Q = select(Migration).order_by(Migration.started_at)
+
+
 async def migrations(session: AsyncSession) -> Sequence[Migration]:
-    return (await session.scalars(select(Migration).order_by(Migration.started_at))).all()
+    return (await session.scalars(_MIGRATIONS_Q)).all()
 
 
 async def get_migration(session: AsyncSession, job_id: str) -> Migration | None:

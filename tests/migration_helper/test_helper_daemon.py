@@ -7,6 +7,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from migration_helper.local_control import LocalControl
 from protos.gandiva.v1 import common_pb2, helper_pb2
 
@@ -139,6 +141,21 @@ async def test_registers_again_when_the_scheduler_forgot_the_server(
     control.servers.clear()  # as after a scheduler restart with a lost server row
     await control.wait_for(lambda: "s1" in control.servers and helper.sessions == 2, 10, "re-registration")
     assert control.registrations["s1"] == 2
+
+
+@pytest.mark.parametrize("left", [{"s2"}, set()])
+async def test_a_changed_peer_list_replaces_the_helpers_copy_even_when_it_is_empty(
+    control: LocalControl, make_helper: MakeHelper, left: set[str]
+) -> None:
+    # Peers gone (all of them, too): the helper must stop trusting their agents.
+    helper = await make_helper("s1")
+    other = await make_helper("s2")
+    await control.wait_for(lambda: set(helper.peers.values()) == {"s1", "s2"}, 10, "both peers listed")
+    assert await helper.not_a_peer(other.address) == ""
+    control.listed = left
+    await control.wait_for(lambda: set(helper.peers.values()) == left, 10, f"the peers to become {left or 'none'}")
+    if "s2" not in left:
+        assert "is not the agent address of a registered helper" in await helper.not_a_peer(other.address)
 
 
 async def test_gpu_samples_report_the_jobs_memory(

@@ -11,6 +11,7 @@ once. Needs root (CI runs as root); elsewhere the tests skip with the reason.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -118,6 +119,84 @@ class Net:
     def close(self) -> None:
         for ns in reversed(self.made):
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+# Python 3.11's time.sleep is clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME), which
+# libfaketime 0.9.10 breaks (EINVAL) when it leaves the monotonic clock alone
+# (wolfcw/libfaketime#426). This waits with select()'s relative timeout instead; nothing
+# else about the clocks is touched. Loaded by the helper and, through the sitecustomize
+# chain of tf_runtime.autoload, by its jobs.
+SLEEP_FIX = """
+import os, select, time
+if "faketime" in os.environ.get("LD_PRELOAD", ""):
+    def _sleep(secs, _monotonic=time.monotonic, _select=select.select):
+        if secs < 0:
+            raise ValueError("sleep length must be non-negative")
+        deadline = _monotonic() + secs
+        while (left := deadline - _monotonic()) > 0:
+            _select([], [], [], left)
+    time.sleep = _sleep
+"""
+
+
+def faketime_library() -> str | None:
+    """libfaketime's multi-threaded variant (Debian package libfaketime), or None."""
+    for pattern in ("/usr/lib/*/faketime/libfaketimeMT.so.1", "/usr/lib/faketime/libfaketimeMT.so.1",
+                    "/usr/local/lib/faketime/libfaketimeMT.so.1"):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+class WallClock:
+    """One host's wall clock (CLOCK_REALTIME) moved for real by libfaketime, for every
+    process that host runs (the helper, its jobs, gRPC's C core, TensorFlow), while its
+    monotonic clock runs on untouched, as on a real jump (NTP stepping the clock, an
+    operator's `date -s`). `set(offset)` moves it at any moment: the offset file is
+    re-read every second (FAKETIME_CACHE_DURATION)."""
+
+    def __init__(self, directory: Path) -> None:
+        lib = faketime_library()
+        if lib is None:
+            why = ("libfaketime is not installed (Debian: apt-get install faketime libfaketime; "
+                   "CI installs it): a helper's wall clock cannot be jumped")
+            if os.environ.get("GANDIVA_REQUIRE_FAKETIME") == "1":
+                pytest.fail(why)
+            pytest.skip(why)
+        self.lib = lib
+        self.file = directory / "faketime.rc"
+        self.site = directory / "faketime-site"
+        self.site.mkdir(exist_ok=True)
+        (self.site / "sitecustomize.py").write_text(SLEEP_FIX)
+        self.set(0)
+
+    def env(self) -> dict[str, str]:
+        path = os.pathsep.join(p for p in (str(self.site), os.environ.get("PYTHONPATH", "")) if p)
+        return {"LD_PRELOAD": self.lib, "FAKETIME_TIMESTAMP_FILE": str(self.file),
+                "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+                "FAKETIME_DISABLE_SHM": "1", "PYTHONPATH": path}
+
+    def set(self, offset_s: int) -> None:
+        tmp = self.file.with_name(self.file.name + ".tmp")
+        tmp.write_text(f"{offset_s:+d}\n")
+        os.replace(tmp, self.file)
+
+    def offset_seen(self) -> float:
+        """The wall clock's offset from the real one, as a process of that host sees it now."""
+        before = time.time()
+        out = subprocess.run([sys.executable, "-c", "import time; print(time.time())"],
+                             env={**os.environ, **self.env()}, capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        return float(out) - (before + time.time()) / 2
+
+    @staticmethod
+    def loaded_in(pid: int) -> bool:
+        """Whether libfaketime is mapped into that process."""
+        try:
+            return "libfaketime" in Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            return False
 
 
 @dataclass
@@ -327,7 +406,7 @@ class Cluster:
         for name, proc in reversed(list(self.procs.items())):
             if proc.poll() is None:
                 # A helper under a wrapper (unshare --fork) is the wrapper's child: stop it too.
-                for pid in [proc.pid, *_children(proc.pid)]:
+                for pid in [proc.pid, *child_pids(proc.pid)]:
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGTERM)
         for proc in self.procs.values():
@@ -346,7 +425,7 @@ class Cluster:
             self.channel.close()
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:

@@ -1,6 +1,7 @@
 """More faults on the multi-host cluster (each host its own network namespace; issue 9):
 the scheduler killed with -9 while a migration transfers its checkpoint and while the
-destination activates, a helper whose clocks differ and jump, and a job whose host is
+destination activates, a helper whose clocks differ and whose wall clock jumps for real
+(libfaketime) while it runs or is cut off, and a job whose host is
 lost. Throughout each test no job trains in two places at once (the sampler), every job
 ends exactly once, and its final variables are bit-identical to an uninterrupted run of
 the same program (feed_step: every mini-batch fed from the global step; momentum, two
@@ -23,7 +24,13 @@ import pytest
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
-from .conftest import assert_bit_identical, feed_command, uninterrupted_variables
+from .conftest import (
+    WallClock,
+    assert_bit_identical,
+    child_pids,
+    feed_command,
+    uninterrupted_variables,
+)
 
 Cluster = Any  # the `multihost` fixture's Cluster (tests/multihost/conftest.py)
 DONE = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
@@ -117,95 +124,99 @@ def test_i9s_scheduler_killed_9_in_transfer_and_activate(multihost: Cluster, pha
     _no_two_copies(c)
 
 
-CLOCK_JUMP = '''
-# The host's wall clock, as Python sees it (time.time, time.time_ns), offset by the number
-# of seconds in $I9S_CLOCK_FILE, re-read every 50 ms: a jump forward or back at any moment.
-# gRPC's Python layer turns timeouts into deadlines with time.time() and hands them to its
-# C core, which reads the real clock; on a real jump both would move together, so those
-# gRPC modules keep the real time.time (otherwise every call would miss its deadline).
-import importlib, os, threading, time, types
-_real_time, _real_time_ns, _real_sleep = time.time, time.time_ns, time.sleep
-_offset = [0.0]
-class _RealClock(types.ModuleType):
-    def __getattr__(self, name):
-        return getattr(time, name)
-_real = _RealClock("time")
-_real.time, _real.time_ns = _real_time, _real_time_ns
-for _name in ("grpc._channel", "grpc._common", "grpc._server", "grpc._utilities", "grpc.aio._utils"):
-    try:
-        importlib.import_module(_name).time = _real
-    except Exception:
-        pass
-def _watch(path=os.environ["I9S_CLOCK_FILE"]):
-    seen = None
-    while True:
-        try:
-            value = float(open(path).read() or 0)
-        except (OSError, ValueError):
-            value = 0.0
-        if value != seen:
-            _offset[0] = seen = value
-            with open(path + ".seen", "a") as f:
-                f.write(f"{os.getpid()} {value}\\n")
-        _real_sleep(0.05)
-time.time = lambda: _real_time() + _offset[0]
-time.time_ns = lambda: _real_time_ns() + int(_offset[0] * 1e9)
-threading.Thread(target=_watch, daemon=True).start()
-'''
+def _gpu_sampled_at(c: Cluster, server: str) -> float:
+    """When the scheduler's database says the server's GPUs were last sampled."""
+    import contextlib
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"file:{c.tmp / 'state.db'}?mode=ro", uri=True, timeout=5)) as db:
+        return float(db.execute("SELECT max(sampled_at) FROM gpus WHERE server_name = ?", (server,)).fetchone()[0])
 
 
-def test_i9s_helper_clock_offset_and_wall_clock_jump_neither_freeze_nor_double_run(
-        multihost: Cluster, tmp_path: Path) -> None:
-    """h1 runs in a time namespace whose monotonic and boot clocks are a day ahead of the
-    scheduler's, and its wall clock (time.time, for it and its jobs) jumps an hour ahead,
-    then an hour behind real time, while its job trains. The lease runs on monotonic
-    time: the job is never frozen, h1 never goes down, the job is never re-placed (h2
-    stands by) and ends once with the uninterrupted run's variables."""
-    c = multihost
-    steps = 400
-    uninterrupted_variables(steps, tmp_path)
-    site = c.tmp / "clockjump"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(CLOCK_JUMP)
-    clock = c.tmp / "clock"
-    clock.write_text("0")
-    c.add_helper("h1", wrapper=["unshare", "--fork", "--kill-child=SIGTERM", "--time",
-                                "--monotonic", "86400", "--boottime", "86400"],
-                 env={"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep),
-                      "I9S_CLOCK_FILE": str(clock)})
+def _on_jumped_host(c: Cluster, steps: int, wrapper: list[str] | None = None) -> tuple[WallClock, str, int, Path]:
+    """h1 with its wall clock under libfaketime (and `wrapper`), a feed_step job training
+    on it, h2 standing by: (the clock, the job, its process, where its variables go)."""
+    clock = WallClock(c.tmp)
+    c.add_helper("h1", wrapper=wrapper or [], env=clock.env())
     dump = c.tmp / "final.npz"
     job_id = c.submit("feed", feed_command(steps, dump, sleep=0.04))
     c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 90)
     assert c.where(job_id) == "h1"
     c.add_helper("h2")
     (pid,) = c.pids_of(job_id)
+    helper = c.procs["h1"].pid
+    helper = ([helper, *child_pids(helper)] if wrapper else [helper])[-1]
+    assert WallClock.loaded_in(helper) and WallClock.loaded_in(pid), "libfaketime is not in h1 or its job"
+    return clock, job_id, pid, dump
+
+
+def _jump(clock: WallClock, offset_s: int) -> None:
+    clock.set(offset_s)
+    seen = clock.offset_seen()
+    assert abs(seen - offset_s) < 5, f"h1's wall clock is {seen:+.0f}s off, not {offset_s:+d}s"
+    time.sleep(1.2)  # libfaketime re-reads the offset every second: every process of h1 has it now
+
+
+def test_i9s_helper_wall_clock_jumps_neither_freeze_a_connected_job_nor_keep_a_cut_off_one_training(
+        multihost: Cluster, tmp_path: Path) -> None:
+    """h1 runs in a time namespace whose monotonic and boot clocks are a day ahead of the
+    scheduler's, and its wall clock (CLOCK_REALTIME, moved by libfaketime for the helper,
+    its job, gRPC's C core and TensorFlow alike) jumps an hour ahead, then an hour behind
+    real time, while its job trains. The lease runs on monotonic time: the job is not
+    frozen, h1 does not go down, the job is not re-placed (h2 stands by), and the
+    scheduler stamps h1's GPU samples with its own clock, not h1's. Then, the wall clock
+    still an hour behind (a lease measured on it would never run out), h1's link is cut:
+    its job is frozen once the real lease (3 s) has run out, re-placed on h2 only after
+    that, and once the link is back h1 stops its stale copy. The job ends once, with the
+    uninterrupted run's variables."""
+    c = multihost
+    steps = 400
+    uninterrupted_variables(steps, tmp_path)
+    clock, job_id, pid, dump = _on_jumped_host(c, steps, wrapper=[
+        "unshare", "--fork", "--kill-child=SIGTERM", "--time", "--monotonic", "86400", "--boottime", "86400"])
     offsets = Path(f"/proc/{pid}/timens_offsets").read_text().split()
     assert offsets[offsets.index("monotonic") + 1] == "86400", offsets  # the job, and h1, a day ahead
 
-    states, down, running = [], [], []
-    for value in ("3600", "-3600", "0"):
-        clock.write_text(value)
+    states, down, running, stamped = [], [], [], []
+    for value in (3600, -3600):
+        _jump(clock, value)
         running.append(c.job(job_id).state == RUNNING)
         until = time.monotonic() + 3.0 + 1.0  # past the lease (heartbeat timeout 5 s)
-        while time.monotonic() < until and c.job(job_id).state == RUNNING:
-            try:
-                states.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
-            except OSError:
-                break  # finished
+        while time.monotonic() < until:
+            states.append(_proc_state(pid))
             down += [n for n, up in c.servers().items() if not up]
             time.sleep(0.05)
-    seen = (clock.parent / "clock.seen").read_text().split()
-    helper_pid = [line.split()[0] for line in (clock.parent / "clock.seen").read_text().splitlines()]
-    assert "3600.0" in seen and "-3600.0" in seen, "the helper's wall clock never jumped"
-    assert len(set(helper_pid)) >= 2, "only one process of h1 saw the jump"  # the helper and its job
-    assert running == [True, True, True], "the job ended before every jump was made"
+        stamped.append(_gpu_sampled_at(c, "h1") - time.time())
+    assert running == [True, True], "the job ended before every jump was made"
     assert "T" not in states, "the job was frozen: the lease followed the wall clock"
     assert down == [], f"servers marked down: {set(down)}"
+    assert all(abs(s) < 30 for s in stamped), f"GPU samples stamped with h1's clock: {stamped}"
     assert "freezing jobs" not in (c.tmp / "h1.log").read_text()
-    done = _ends_once(c, job_id, steps, 120)
-    assert _states(done).count("RUNNING") == 1 and {g.server for g in done.placement} <= {"h1"}, _states(done)
+    assert c.where(job_id) == "h1"
+
+    c.net.cut("h1")
+    cut_at = time.monotonic()
+    frozen = c.wait(lambda: time.monotonic() - cut_at if _proc_state(pid) == "T" else None, 20)
+    assert isinstance(frozen, float) and frozen < 3.0 + 2.5, f"frozen {frozen:.1f}s after the cut"
+    c.wait(lambda: c.where(job_id) == "h2", 40)
+    replaced = time.monotonic() - cut_at
+    assert replaced >= 3.0 and replaced > frozen, f"re-placed {replaced:.1f}s after the cut (frozen at {frozen:.1f}s)"
+    c.net.restore("h1")
+    c.wait(lambda: pid not in c.pids_of(job_id), 30)  # h1, back, stops its stale copy
+    clock.set(0)
+    done = _ends_once(c, job_id, steps, 150)
+    assert {g.server for g in done.placement} <= {"h2"}
+    assert _states(done).count("RUNNING") == 2, _states(done)  # on h1, then on h2: never a third launch
     assert_bit_identical(dump, steps, tmp_path)
     _no_two_copies(c)
+
+
+def _proc_state(pid: int) -> str:
+    """The process's state letter (T: stopped); a copy that is gone was never frozen."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        raise AssertionError(f"job process {pid} ended: it trained on to its end instead of being frozen") from None
 
 
 def test_i9s_lost_host_job_ends_with_the_uninterrupted_variables(multihost: Cluster, tmp_path: Path) -> None:

@@ -221,6 +221,77 @@ def test_half_written_checkpoint_is_refused_at_restore(tmp_path: Path) -> None:
         world.run("init")
 
 
+@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("saved,built", [(1, 2), (4, 2), (2, 2), (1, 1)])
+def test_a_checkpoint_of_another_tower_count_is_refused_before_any_training_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm: bool, saved: int, built: int) -> None:
+    """One tower per device, grown (1 -> 2) or shrunk (4 -> 2): the restore is refused, the
+    scheduler hears why (TowerReport), and the process exits 76 without training a step,
+    cold or pre-warmed. The same tower count restores as ever."""
+    from tf_runtime import EXIT_TOWERS_CHANGED
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(built)))
+    donor = FakeWorld()
+    donor.adapter.tower_count = saved
+    start_training(donor, steps=5)
+    donor.adapter.save(str(tmp_path / "ck"), "j")
+    if warm:
+        control_r, control_w = os.pipe()
+        os.write(control_w, json.dumps({"cmd": "activate", "restore_checkpoint": str(tmp_path / "ck")})
+                 .encode() + b"\n")
+        world = FakeWorld(Settings(job_id="j", warm=True, warm_step=True, control_fd=control_r))
+    else:
+        world = FakeWorld(Settings(job_id="j", restore_dir=str(tmp_path / "ck")))
+    world.adapter.tower_count = built
+    if saved == built:
+        world.run("init")
+        world.run("train")
+        assert world.sess.step == 6 and [t[:2] for t in world.channel.towers] == [(built, 0)]  # no refusal
+        return
+    with pytest.raises(Exited) as exc:  # cold: at the restore point; warm: at activation
+        world.run("init")
+        world.run("train")
+    assert exc.value.code == EXIT_TOWERS_CHANGED
+    assert world.sess.step == 0 and world.controller.meter.steps == 0  # nothing trained, nothing restored
+    ((towers, in_checkpoint, devices, reason),) = world.channel.towers
+    assert (towers, in_checkpoint, devices) == (built, saved, built)
+    assert "one tower per device" in reason and "tf_runtime.towers" in reason
+
+
+@pytest.mark.parametrize("source,built", [(1, 2), (2, 1), (2, 2)])
+def test_a_warm_destination_with_another_tower_count_refuses_before_holding(
+        monkeypatch: pytest.MonkeyPatch, source: int, built: int) -> None:
+    """The source reports its graph's towers after its first step; a grow's pre-warmed
+    destination given that count (GANDIVA_SOURCE_TOWERS) refuses, before it rehearses or
+    holds, when its own graph has another: the source is never stopped."""
+    from tf_runtime import EXIT_TOWERS_CHANGED
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(built)))
+    src = FakeWorld()
+    src.adapter.tower_count = source
+    start_training(src, steps=2)
+    assert [t[:2] for t in src.channel.towers] == [(source, 0)]  # its graph's count, once
+    control_r, control_w = os.pipe()
+    os.write(control_w, b'{"cmd": "activate"}\n')
+    status_r, status_w = os.pipe()
+    world = FakeWorld(Settings(job_id="j", warm=True, warm_step=True, control_fd=control_r,
+                               source_towers=source), status=StatusPipe.from_fd(status_w))
+    world.adapter.tower_count = built
+    if source == built:
+        start_training(world, steps=1)  # held, activated, trained
+        assert world.sess.step == 1 and world.channel.towers[-1][:2] == (built, 0)
+        return
+    with pytest.raises(Exited) as exc:
+        world.run("init")
+    assert exc.value.code == EXIT_TOWERS_CHANGED and world.sess.step == 0
+    ((towers, of_source, devices, reason),) = world.channel.towers
+    assert (towers, of_source, devices) == (built, source, built) and "one tower per device" in reason
+    os.close(status_w)
+    with os.fdopen(status_r) as fh:
+        events = [json.loads(line)["event"] for line in fh]
+    assert "restore_refused" in events and "warm_ready" not in events
+
+
 def warm_world(tmp_path: Path, warm_step: bool) -> tuple[FakeWorld, int, int]:
     """A warm FakeWorld with status and control pipes, and a step-4 checkpoint at ck."""
     donor = FakeWorld()

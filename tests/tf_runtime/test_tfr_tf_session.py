@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tf_runtime import shim
-from tf_runtime.checkpoint import CheckpointError, validate
+from tf_runtime.checkpoint import CheckpointError, TowersChanged, validate
 from tf_runtime.commands import Command, Kind
 from tf_runtime.controller import Controller, Settings
 from tf_runtime.testing import Exited, FakeChannel
@@ -134,16 +134,19 @@ def test_replicas_saved_once_and_restored_into_every_replica(controller: Control
     trainable_per_tower = 6
     assert len(names) == 2 * trainable_per_tower + 1
 
-    # The same checkpoint fills a 2-replica graph (the job shrank).
+    # A 2-replica graph (the job shrank, one tower per device) refuses it, untouched:
+    # averaging 2 towers' gradients instead of 4 would change the result.
     g2, gs2, *_ = mlp_graph(replicas=2)
     with g2.as_default():
         init2 = tf.compat.v1.global_variables_initializer()
         w1 = next(v for v in tf.compat.v1.global_variables() if v.name == "tower_1/fc1/w:0")
     with session(g2, 2) as sess2:
         sess2.run(init2)
-        sess2._gandiva_chain.adapter.restore(str(tmp_path / "ck"))
-        np.testing.assert_array_equal(sess2.run(w1), saved["tower_0/fc1/w:0"])
-        assert sess2.run(gs2) == 3
+        before = sess2.run(w1)
+        with pytest.raises(TowersChanged, match="holds 4 tower copies .* builds 2"):
+            sess2._gandiva_chain.adapter.restore(str(tmp_path / "ck"))
+        np.testing.assert_array_equal(sess2.run(w1), before)
+        assert sess2.run(gs2) == 0
 
 
 def test_rehearsal_undoes_all_training_state_and_leaves_no_scratch(controller: Controller) -> None:

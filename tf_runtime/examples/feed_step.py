@@ -16,6 +16,8 @@ N towers, each fed its own slice, gradients averaged and applied to every replic
 on /cpu:0..N-1 (one device per tower), or with `--devices D` on D devices, several
 towers to a device (tf_runtime.towers: grow and shrink that keep the result);
 `--devices auto` counts the devices the helper gave the launch (CUDA_VISIBLE_DEVICES).
+`--replicas auto`: one tower per device the launch holds (the common pattern whose
+result a grow or shrink changes: its shim refuses such a restore, docs/tf_runtime.md).
 `--dump FILE.npz` writes every global variable at the end.
 """
 
@@ -39,7 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loop", choices=("session", "mts"), default="session")
     p.add_argument("--optimizer", choices=("momentum", "adam"), default="momentum")
-    p.add_argument("--replicas", type=int, default=1, help="towers (logical: fixed for the job's life)")
+    p.add_argument("--replicas", default="1",
+                   help="towers (logical: fixed for the job's life); 'auto': one per device "
+                   "CUDA_VISIBLE_DEVICES lists (a grow or shrink then changes the result)")
     p.add_argument("--devices", default=None,
                    help="devices the towers run on (default: one per tower); 'auto': as many as "
                    "CUDA_VISIBLE_DEVICES lists")
@@ -49,6 +53,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0, help="sleep after each step (s)")
     p.add_argument("--dump", default=None, help="write all global variables to this .npz at the end")
     args = p.parse_args(argv)
+    if args.replicas == "auto":
+        args.replicas = visible_device_count(default=1)
+        if args.devices is not None:
+            p.error("--replicas auto builds one tower per device: leave --devices out")
+    else:
+        try:
+            args.replicas = int(args.replicas)
+        except ValueError:
+            p.error(f"--replicas {args.replicas!r}: a number of towers, or auto")
     if args.replicas < 1 or args.steps < 0 or args.batch < 1:
         p.error("--replicas and --batch must be >= 1, --steps >= 0")
     if args.devices is None:

@@ -250,6 +250,7 @@ class Job(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     SUSPENDABLE_FIELD_NUMBER: _builtins.int
     CONTROL_NOTE_FIELD_NUMBER: _builtins.int
+    GROW_SHRINK_NOTE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___JobState.ValueType
     steps: _builtins.int
@@ -270,6 +271,10 @@ class Job(_message.Message):
     """
     control_note: _builtins.str
     """why the job is not suspendable or not migratable"""
+    grow_shrink_note: _builtins.str
+    """Why the scheduler no longer grows or shrinks this grow-shrink job ("" while it may):
+    its program builds one tower per device, so a grow would change its result.
+    """
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -301,10 +306,11 @@ class Job(_message.Message):
         finished_at: _builtins.float = ...,
         suspendable: _builtins.bool = ...,
         control_note: _builtins.str = ...,
+        grow_shrink_note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "exit_code", b"exit_code", "finished_at", b"finished_at", "history", b"history", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "exit_code", b"exit_code", "finished_at", b"finished_at", "grow_shrink_note", b"grow_shrink_note", "history", b"history", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -343,6 +343,7 @@ class LaunchJob(_message.Message):
     WARM_FIELD_NUMBER: _builtins.int
     WAIT_FIRST_STEP_FIELD_NUMBER: _builtins.int
     WARM_SIGNATURE_FIELD_NUMBER: _builtins.int
+    SOURCE_TOWERS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     incarnation: _builtins.str
     restore_checkpoint: _builtins.str
@@ -359,6 +360,12 @@ class LaunchJob(_message.Message):
     program reads anything (so the restored step is what it reads) and rehearses this
     run before holding; empty: it holds at the same point without the rehearsal.
     """
+    source_towers: _builtins.int
+    """With warm: the tower copies of the variables in the source's graph (its TowerReport;
+    0: unknown). A warm process whose graph has another number refuses before holding
+    (exit 76): the program builds one tower per device, so this grow or shrink would
+    change its result, and the source never stops.
+    """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec: ...
     @_builtins.property
@@ -374,10 +381,11 @@ class LaunchJob(_message.Message):
         warm: _builtins.bool = ...,
         wait_first_step: _builtins.bool = ...,
         warm_signature: _builtins.str = ...,
+        source_towers: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_indices", b"gpu_indices", "incarnation", b"incarnation", "job_id", b"job_id", "restore_checkpoint", b"restore_checkpoint", "spec", b"spec", "wait_first_step", b"wait_first_step", "warm", b"warm", "warm_signature", b"warm_signature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_indices", b"gpu_indices", "incarnation", b"incarnation", "job_id", b"job_id", "restore_checkpoint", b"restore_checkpoint", "source_towers", b"source_towers", "spec", b"spec", "wait_first_step", b"wait_first_step", "warm", b"warm", "warm_signature", b"warm_signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

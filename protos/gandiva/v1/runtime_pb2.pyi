@@ -244,6 +244,48 @@ class TrainSignature(_message.Message):
 Global___TrainSignature: _TypeAlias = TrainSignature  # noqa: Y015
 
 @_typing.final
+class TowerReport(_message.Message):
+    """The tower copies of the variables in this launch's graph. Sent after the first training
+    step (checkpoint_towers 0: for the scheduler to hand a pre-warmed destination, which
+    compares), and again after every reconnect. Sent with checkpoint_towers set when the
+    launch refuses to go on because the launch it replaces (its checkpoint, or the source
+    a warm process was pre-warmed for) had another number: the program builds one tower per
+    device, so training on after a grow or shrink would change its result. The process
+    then exits (status 76) without training a step, and the scheduler never grows or
+    shrinks the job again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOWERS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_TOWERS_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    towers: _builtins.int
+    """replicated copies of the variables in this launch's graph"""
+    checkpoint_towers: _builtins.int
+    """in the launch it replaces (its checkpoint or source); 0: none"""
+    devices: _builtins.int
+    """devices this launch holds (CUDA_VISIBLE_DEVICES entries; 0: unset)"""
+    reason: _builtins.str
+    """for people ("" in the report after the first step)"""
+    def __init__(
+        self,
+        *,
+        towers: _builtins.int = ...,
+        checkpoint_towers: _builtins.int = ...,
+        devices: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_towers", b"checkpoint_towers", "devices", b"devices", "reason", b"reason", "towers", b"towers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TowerReport: _TypeAlias = TowerReport  # noqa: Y015
+
+@_typing.final
 class RuntimeMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -252,6 +294,7 @@ class RuntimeMessage(_message.Message):
     ACK_FIELD_NUMBER: _builtins.int
     MIGRATABILITY_FIELD_NUMBER: _builtins.int
     TRAIN_SIGNATURE_FIELD_NUMBER: _builtins.int
+    TOWERS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___RuntimeHello: ...
     @_builtins.property
@@ -262,6 +305,8 @@ class RuntimeMessage(_message.Message):
     def migratability(self) -> Global___MigratabilityReport: ...
     @_builtins.property
     def train_signature(self) -> Global___TrainSignature: ...
+    @_builtins.property
+    def towers(self) -> Global___TowerReport: ...
     def __init__(
         self,
         *,
@@ -270,12 +315,13 @@ class RuntimeMessage(_message.Message):
         ack: Global___CommandAck | None = ...,
         migratability: Global___MigratabilityReport | None = ...,
         train_signature: Global___TrainSignature | None = ...,
+        towers: Global___TowerReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "hello", b"hello", "migratability", b"migratability", "progress", b"progress", "train_signature", b"train_signature"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "hello", b"hello", "migratability", b"migratability", "progress", b"progress", "towers", b"towers", "train_signature", b"train_signature"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "hello", b"hello", "migratability", b"migratability", "progress", b"progress", "train_signature", b"train_signature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "body", b"body", "hello", b"hello", "migratability", b"migratability", "progress", b"progress", "towers", b"towers", "train_signature", b"train_signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "progress", "ack", "migratability", "train_signature"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "progress", "ack", "migratability", "train_signature", "towers"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 

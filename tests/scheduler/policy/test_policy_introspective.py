@@ -164,6 +164,23 @@ def test_opt_in_job_grows_after_the_idle_period_and_shrinks_for_a_newcomer(mk) -
     assert isinstance(d[0], Shrink) and d[0].gpus == mk.on("s0", 0)
 
 
+@pytest.mark.parametrize("others", [0, 1])
+def test_a_grown_job_whose_grow_shrink_was_turned_off_is_shrunk_back_and_never_grows_again(
+        mk, others: int) -> None:
+    # Its runtime found that a grow changes its result (one tower per device): the live
+    # engine then shows it to the policy with grow_shrink off; idle GPUs or not, it goes
+    # back to its own GPU count at once and stays there.
+    policy = get_policy("gandiva", PolicyConfig(grow_idle_s=0))
+    grown = mk.job("e", state="RUNNING", placement=mk.on("s0", 0, 1), gpus=2, base_gpus=1)
+    busy = [mk.job(f"b{i}", state="RUNNING", placement=mk.on("s0", 2 + i)) for i in range(others)]
+    (d,) = policy.decide(mk.snap(10, mk.servers(1), grown, *busy))
+    assert isinstance(d, Shrink) and d.job_id == "e" and d.gpus == mk.on("s0", 0)
+    assert "grow-shrink is off" in d.reason
+    back = dataclasses.replace(grown, gpus=1, placement=d.gpus)
+    for now in (20, 500):
+        assert policy.decide(mk.snap(now, mk.servers(1), back, *busy)) == []
+
+
 def test_jobs_that_did_not_opt_in_never_grow(mk) -> None:
     policy = get_policy("gandiva", PolicyConfig(grow_idle_s=0))
     plain = mk.job("p", state="RUNNING", placement=mk.on("s0", 0))
