@@ -18,7 +18,7 @@ For each policy, replays a trace and adds up, between consecutive simulator even
   ``no group`` no time-slice group of that size anywhere and too few free GPUs; ``large``
   the job is larger than a server and needs whole idle servers. With ``--sample-s S`` the
   queue is classified at most every S virtual seconds (each classification stands until
-  the next).
+  the next), and the GPU-hours above are then sampled the same way.
 
 Its cost is proportional to the simulator's decisions, not to the jobs waiting: the
 GPU-hours are kept up to date from the jobs each event changed (``Simulator.changed``), and
@@ -37,7 +37,6 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 from sim_traces import parse_config  # benchmarks/ is the script's folder
@@ -72,7 +71,8 @@ class Breakdown:
     what it changed, not to the jobs waiting; without a simulator every job is looked at.
     """
 
-    def __init__(self, num_gpus: int, server_gpus: int, model: MechanismModel, critical: str) -> None:
+    def __init__(self, num_gpus: int, server_gpus: int, model: MechanismModel, critical: str,
+                 sample_s: float = 0.0) -> None:
         self.num_gpus, self.server_gpus, self.model, self.critical = num_gpus, server_gpus, model, critical
         self.hours = dict.fromkeys(("busy", "idle_while_waiting", "spread_forced", "spread_avoidable",
                                     "critical_queued", "critical_suspended", "critical_running"), 0.0)
@@ -87,6 +87,10 @@ class Breakdown:
         self._waiting = 0
         self._spread: dict[str, tuple[str, float]] = {}
         self._critical_state: str | None = None
+        # As WaitProbe's: the state is read at most every sample_s virtual seconds and
+        # stands until the next reading (0: at every event).
+        self.sample_s = sample_s
+        self._next_sample = -math.inf
 
     def watch(self, sim: Simulator) -> None:
         """Follow only the jobs each of ``sim``'s events changed."""
@@ -126,16 +130,20 @@ class Breakdown:
             t, rates = self._last
             for key, gpus in rates.items():
                 self.hours[key] += gpus * (now - t) / 3600.0
-        if self._sim is None:
+        if self._sim is not None:
+            for jid in self._sim.changed:
+                self._forget(jid)
+                job = active.get(jid)
+                if job is not None:
+                    self._note(job)
+        if self._last is not None and now < self._next_sample:
+            self._last = (now, self._last[1])
+            return
+        self._next_sample = now + self.sample_s
+        if self._sim is None:  # no simulator to say what changed: look at every job
             for jid in list(self._seen):
                 self._forget(jid)
-            changed: Iterable[str] = active
-        else:
-            changed = self._sim.changed
-        for jid in changed:
-            self._forget(jid)
-            job = active.get(jid)
-            if job is not None:
+            for job in active.values():
                 self._note(job)
         rates = dict.fromkeys(self.hours, 0.0)
         for key, loss in self._spread.values():
@@ -239,8 +247,8 @@ def main() -> int:
     ap.add_argument("--target-load", type=float, default=0.9)
     ap.add_argument("--throughputs", type=Path, help="Gavel table (default: found next to the trace)")
     ap.add_argument("--spread-factor", type=float, help="as in `gandiva sim`")
-    ap.add_argument("--sample-s", type=float, default=0.0, help="classify the queued jobs at most every this "
-                    "many virtual seconds (0: after every call; use e.g. 600 for traces with long queues)")
+    ap.add_argument("--sample-s", type=float, default=0.0, help="read the cluster and classify the queued jobs at most "
+                    "every this many virtual seconds (0: after every call; use e.g. 600 for traces with long queues)")
     ap.add_argument("--config", default="", help="gandiva rules, as sim_table.py's --config, e.g. "
                     "las_slices:false+slice_growth:0+max_jobs_per_gpu:4 (the paper's time-slicing)")
     args = ap.parse_args()
@@ -264,7 +272,8 @@ def main() -> int:
     waits = {}
     for name in args.compare.split(","):
         start = time.perf_counter()
-        probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id)
+        probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id,
+                          args.sample_s)
         policy = get_policy(name, parse_config(args.config) if name == "gandiva" else None)
         if name == "gandiva":
             policy = waits[name] = WaitProbe(policy, args.sample_s)

@@ -5,7 +5,9 @@ One decide() call runs, in this order:
 2. reactive mode: place queued jobs by priority, then arrival, through Algorithm 1;
    a job that would only fit by time-sharing first shrinks grown jobs; the first job
    that has waited ``reserve_after_s`` without fitting reserves the free GPUs (jobs
-   behind it may only time-share) - our addition against starving large jobs;
+   behind it may only time-share) - our addition against starving large jobs; the
+   first that has waited ``share_block_after_s`` stops the jobs behind it from joining
+   time-slice groups (they take free GPUs only), so that the groups drain toward it;
 3. migration (lower the height, make room on one server for a queued job, bring
    spread jobs together, defragment);
 4. new packing trials (only when overloaded);
@@ -143,6 +145,10 @@ class GandivaPolicy(Policy):
         misses = self._kept_misses(ledger)
         reasons: dict[tuple[int, int], str] = {}
         self._reserved = None
+        # share_block_after_s: once the first job still queued (it was passed over: it
+        # found no place) has waited that long, the jobs after it may not time-share.
+        blocker: str | None = None
+        block_s = self.config.share_block_after_s
         limit = self.config.reserve_after_s
         # Without reasons to give and no reservation to find, a job whose GPU count
         # found no place at this ledger version is not visited at all (find_placement
@@ -150,9 +156,16 @@ class GandivaPolicy(Policy):
         walk_all = self.config.queue_reasons or limit is not None
 
         def skip(size: int) -> bool:
-            return not walk_all and missed(ledger, misses, ALGORITHM_1, size)
+            return not walk_all and (missed(ledger, misses, ALGORITHM_1, size) or (
+                blocker is not None and missed(ledger, misses, FREE_FILTERS, size)))
 
+        now = ledger.snapshot.now
         for job in ledger.queued_in_order(skip):
+            if blocker is None and block_s is not None:
+                # Only a job that fits one server blocks: it can use GPUs a group frees.
+                head = ledger.first_queued(ledger.max_server_gpus)
+                if head is not None and head[2] != job.id and now - ledger.jobs[head[2]].submitted_at >= block_s:
+                    blocker = head[2]  # it stays first for the rest of this walk
             cand = None
             if self._reserved is None:
                 cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
@@ -162,12 +175,16 @@ class GandivaPolicy(Policy):
                 out += shrinks
                 if shrinks and self._reserved is None:
                     cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
-            if cand is None:
+            if cand is None and (blocker is None or self._reserved is not None):
                 filters = ALGORITHM_1 if self._reserved is None else OVERSUBSCRIBE_ONLY
                 cand = find_placement(ledger, job, self.config, filters, misses)
             if cand is None:
                 if self.config.queue_reasons:
-                    out.append(Queue(job.id, self._queue_reason(ledger, job, reasons)))
+                    why = self._queue_reason(ledger, job, reasons)
+                    if blocker is not None and self._reserved is None:
+                        why = (f"job {blocker} has waited {now - ledger.jobs[blocker].submitted_at:.0f}s; "
+                               f"until it runs, later jobs do not join time-slice groups ({why})")
+                    out.append(Queue(job.id, why))
                 if (self._reserved is None and limit is not None
                         and ledger.snapshot.now - job.submitted_at >= limit):
                     self._reserved = job.id

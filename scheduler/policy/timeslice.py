@@ -17,12 +17,26 @@ Two rules of our own, on by default and each measured on and off (docs/policy.md
   run for days switches every half hour, not every minute, while new jobs keep
   minute-long slices (and a newcomer still starts at once: placement suspends the
   incumbent).
+
+Two more rules against what ``las_slices`` alone does where jobs are not heavy-tailed
+(issue 11, ITP cluster09: a long job starves inside a full group while newcomers keep
+arriving with less service, and keeps its place, so later jobs queue behind the cap):
+- ``fifo_after_s`` S > 0 (service buckets, as Tiresias' discretized LAS): a unit with at
+  least S seconds of attained service per GPU is in the long bucket; the short bucket
+  runs first (least attained service, as ``las_slices``), and inside the long bucket the
+  unit submitted first runs, the running unit keeping the GPUs while it stays in its
+  bucket. Long jobs then finish one after another, first come first served, instead of
+  all progressing a little at a time and holding the group's places meanwhile.
+- ``starve_factor`` K > 0 (a starvation limit, as Tiresias' ``dlas-gpu-K``): a waiting unit
+  that has been suspended for at least K x its attained service per GPU (and at least a
+  quantum) runs next, ahead of the order above, for one slice.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 
 from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.state import GandivaState
@@ -82,13 +96,41 @@ def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig, at: f
     return base * max(ledger.jobs[j].weight for j in unit)
 
 
+def _rank(ledger: Ledger, config: PolicyConfig, now: float,
+          served: dict[tuple[str, ...], float]) -> Callable[[tuple[str, ...]], tuple[int, float]]:
+    """The las_slices order as a key (lower runs first): (class, value), where class -1 is a
+    starving unit (``starve_factor``), 0 the short bucket ordered by attained service, 1 the
+    long bucket (``fifo_after_s``) ordered by submission (service counts no more there)."""
+    jobs = ledger.jobs
+
+    def rank(u: tuple[str, ...]) -> tuple[int, float]:
+        if config.starve_factor > 0 and ledger.state[u[0]] == "SUSPENDED":
+            waited = now - min(jobs[j].last_state_change_at for j in u)
+            if waited >= max(config.quantum_s, config.starve_factor * served[u]):
+                return (-1, 0.0)
+        if 0 < config.fifo_after_s <= served[u]:
+            return (1, min(jobs[j].submitted_at for j in u))
+        return (0, served[u])
+
+    return rank
+
+
 def _next_unit(ledger: Ledger, units: list[tuple[str, ...]], running: tuple[str, ...] = (),
-               served: dict[tuple[str, ...], float] | None = None) -> tuple[str, ...]:
-    """The unit to run next; ``served`` (las_slices): each unit's ``_served`` now."""
+               served: dict[tuple[str, ...], float] | None = None,
+               rank: Callable[[tuple[str, ...]], tuple[int, float]] | None = None) -> tuple[str, ...]:
+    """The unit to run next; ``served`` (las_slices): each unit's ``_served`` now; ``rank``:
+    the order of ``_rank`` when a bucket or starvation rule is on."""
     def waited(u: tuple[str, ...]) -> tuple[float, int, tuple[str, ...]]:
         # The unit suspended longest goes next; higher priority breaks ties.
         return (min(ledger.jobs[j].last_state_change_at for j in u), -max(ledger.jobs[j].priority for j in u), u)
 
+    if rank is not None:
+        ranks = {u: rank(u) for u in units}
+        best = min(ranks.values())
+        units = [u for u in units if ranks[u] == best]
+        if len(units) == 1:
+            return units[0]
+        return min(units, key=lambda u: (u != running, waited(u)))
     if served is not None:
         # Least attained service; ties to the running unit, then to the one waiting longest.
         least = min(served[u] for u in units)
@@ -191,19 +233,26 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     if not waiting:
         return None
     # Under las_slices the running unit competes too (and keeps the GPUs if it wins).
+    rank = None
     if config.las_slices:
         served = {u: _served(ledger, u, now) for u in units}
-        nxt = _next_unit(ledger, units, running, served)
+        if config.fifo_after_s > 0 or config.starve_factor > 0:
+            rank = _rank(ledger, config, now, served)
+        nxt = _next_unit(ledger, units, running, served, rank)
     else:
         nxt = _next_unit(ledger, waiting)
     if nxt == running:
         # It still has the least attained service: it keeps the GPUs until the first beat
         # after it no longer has (its service per GPU grows one second a second; the
         # waiting units' stands still), or the end of another slice if that comes first.
-        least = min(served[u] for u in waiting)
-        crossing = now + max(0.0, least - served[running])
-        beat = (math.floor(crossing / config.quantum_s) + 1) * config.quantum_s
-        until = min(beat, _slice_end(now + _slice_of(ledger, running, config, now), config))
+        if rank is not None:
+            crossing = _handover(ledger, config, now, served, running, waiting, rank)
+        else:
+            least = min(served[u] for u in waiting)
+            crossing = now + max(0.0, least - served[running])
+        until = _slice_end(now + _slice_of(ledger, running, config, now), config)
+        if crossing < until:
+            until = min(until, (math.floor(crossing / config.quantum_s) + 1) * config.quantum_s)
         kept[gpus] = (running, until)
         return until
     kept.pop(gpus, None)
@@ -211,6 +260,29 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
         ledger.set_state(j, "SUSPENDED")
         out.append(Suspend(j, reason=f"time slice of {now - started:.0f}s over"))
     return _resume_unit(ledger, nxt, gpus, config, out)
+
+
+def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[str, ...], float],
+              running: tuple[str, ...], waiting: list[tuple[str, ...]],
+              rank: Callable[[tuple[str, ...]], tuple[int, float]]) -> float:
+    """When a running unit that won under ``_rank`` stops winning if nothing else changes
+    (inf: not before its slice ends): the first waiting unit to starve, the running unit's
+    service passing the least-served short-bucket unit's, or (in the short bucket, with a
+    long-bucket unit waiting) its own move into the long bucket."""
+    when = math.inf
+    if config.starve_factor > 0:
+        for u in waiting:
+            since = min(ledger.jobs[j].last_state_change_at for j in u)
+            when = min(when, since + max(config.quantum_s, config.starve_factor * served[u]))
+    ranks = [rank(u) for u in waiting]
+    short = [v for c, v in ranks if c == 0]
+    mine = served[running]
+    if not 0 < config.fifo_after_s <= mine:  # it is in the short bucket
+        if short:
+            when = min(when, now + max(0.0, min(short) - mine))
+        if config.fifo_after_s > 0 and len(short) < len(ranks):
+            when = min(when, now + max(0.0, config.fifo_after_s - mine))
+    return max(now, when)
 
 
 def _resume_unit(ledger: Ledger, unit: tuple[str, ...], gpus: Placement,

@@ -292,6 +292,17 @@ class PolicyConfig:
         longest, as in the paper (scheduler/policy/timeslice.py).
     slice_growth: g > 0 makes a unit's slice g x its attained service per GPU (between
         one and 32 quanta); 0: every slice is one quantum, as in the paper.
+    fifo_after_s: S > 0 (with las_slices): a unit with at least S seconds of attained
+        service per GPU is in the long bucket, behind every shorter one; inside it the
+        unit submitted first runs, and the running one keeps the GPUs while it stays in
+        its bucket (Tiresias-style service buckets); 0: least attained service throughout.
+    starve_factor: K > 0 (with las_slices): a suspended unit that has waited K x its
+        attained service per GPU (at least a quantum) runs next, for one slice (a
+        starvation limit as Tiresias' dlas-gpu-K); 0: no limit.
+    share_block_after_s: once a queued job has waited this long, jobs queued behind it
+        may not join time-slice groups (they take free GPUs only), so that groups drain
+        and free GPUs reach it instead of every newcomer joining a group ahead of it;
+        None: off.
     queue_reasons: return a Queue decision, with its reason, for every job left queued
         (the live scheduler shows them to users). The simulator turns it off: it ignores
         them, and with it off a call skips the queued jobs that cannot be placed instead
@@ -319,6 +330,9 @@ class PolicyConfig:
     queue_reasons: bool = True
     las_slices: bool = True
     slice_growth: float = 0.1
+    fifo_after_s: float = 0.0
+    starve_factor: float = 0.0
+    share_block_after_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:
@@ -327,6 +341,12 @@ class PolicyConfig:
             raise ValueError(f"max_jobs_per_gpu must be at least 1, got {self.max_jobs_per_gpu}")
         if self.slice_growth < 0:
             raise ValueError(f"slice_growth must not be negative, got {self.slice_growth}")
+        if self.fifo_after_s < 0:
+            raise ValueError(f"fifo_after_s must not be negative, got {self.fifo_after_s}")
+        if self.starve_factor < 0:
+            raise ValueError(f"starve_factor must not be negative, got {self.starve_factor}")
+        if self.share_block_after_s is not None and self.share_block_after_s < 0:
+            raise ValueError(f"share_block_after_s must not be negative, got {self.share_block_after_s}")
         if self.defrag_free_gpus < 1:
             raise ValueError(f"defrag_free_gpus must be at least 1, got {self.defrag_free_gpus}")
         limits = self.tiresias_thresholds_gpu_s

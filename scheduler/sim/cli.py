@@ -68,6 +68,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--slice-growth", type=float, default=PolicyConfig.slice_growth, metavar="G",
                    help="gandiva: a slice is G x the job's attained service, 1-32 quanta "
                         "(default %(default)s; 0: one quantum, as in the paper)")
+    s.add_argument("--fifo-after", type=float, default=PolicyConfig.fifo_after_s, metavar="S",
+                   help="gandiva, with --las-slices: a job with S seconds of service per GPU joins the "
+                        "long bucket, served first come first served after every shorter job "
+                        "(default %(default)s; 0: least attained service throughout)")
+    s.add_argument("--starve-factor", type=float, default=PolicyConfig.starve_factor, metavar="K",
+                   help="gandiva, with --las-slices: a job suspended for K x its service per GPU "
+                        "runs next (default %(default)s; 0: no starvation limit)")
+    s.add_argument("--share-block-after", type=float, default=PolicyConfig.share_block_after_s, metavar="S",
+                   help="gandiva: once the first queued job that fits a server has waited S seconds, "
+                        "later jobs take free GPUs only and do not join time-slice groups "
+                        "(default: off)")
     m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
     m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "
@@ -132,7 +143,9 @@ def run(args: argparse.Namespace) -> int:
         model = _model(args, fmt)
         config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
                               max_jobs_per_gpu=args.max_jobs_per_gpu, las_slices=args.las_slices,
-                              slice_growth=args.slice_growth)
+                              slice_growth=args.slice_growth, fifo_after_s=args.fifo_after,
+                              starve_factor=args.starve_factor,
+                              share_block_after_s=args.share_block_after)
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2

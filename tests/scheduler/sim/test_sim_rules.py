@@ -7,6 +7,8 @@ must not break (every job finishes, the total work takes as long).
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from scheduler.policy import PolicyConfig, get_policy
@@ -87,3 +89,41 @@ def test_las_switches_do_not_depend_on_unrelated_events_elsewhere() -> None:
     assert quiet["suspends"] > 2
     assert quiet_jct["b"] == pytest.approx(650 + 2 * 1350, abs=120)
     assert quiet_jct["long"] > 7200 + 1900
+
+
+DEFAULTS = {"las_slices": True, "slice_growth": 0.1, "max_jobs_per_gpu": 16}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_service_buckets_finish_similar_jobs_sooner_and_keep_newcomers_responsive(seed: int) -> None:
+    """Jobs of similar length (1-3 h, not heavy-tailed) arriving faster than two GPUs serve
+    them: least attained service alone lets all of them progress together, so each ends
+    late; with fifo_after_s the ones past an hour of service run one after another."""
+    rng = random.Random(seed)
+    t, jobs = 0.0, []
+    for i in range(40):
+        t += rng.expovariate(1 / 2400)
+        jobs.append(JobSpec(f"j{i}", t, 1, "resnet50", duration_s=rng.uniform(3600, 3 * 3600)))
+    las, _ = _run(jobs, "1x2", **DEFAULTS)
+    buckets, _ = _run(jobs, "1x2", **DEFAULTS, fifo_after_s=3600)
+    assert buckets["jobs_finished"] == las["jobs_finished"] == 40
+    assert buckets["avg_jct_s"] < 0.85 * las["avg_jct_s"]
+    # A newcomer still gets the GPU at once: it is in the short bucket.
+    assert buckets["median_time_to_first_n_s"] < 120
+    assert buckets["makespan_s"] == pytest.approx(las["makespan_s"], rel=0.02)
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0])
+def test_a_starvation_limit_lets_a_long_job_progress_under_a_stream_of_short_ones(factor: float) -> None:
+    """A 4-hour job and, from 10 minutes on, a 20-minute job every 20 minutes for 48 hours on
+    one GPU: under least attained service the long job waits for the stream to end; with
+    starve_factor K it gets a slice (0.1 x its service, slice_growth) whenever it has waited
+    K x its service, so it ends while the stream goes on."""
+    jobs = [JobSpec("long", 0.0, 1, "resnet50", duration_s=4 * 3600)]
+    jobs += [JobSpec(f"s{i}", 600.0 + 1200.0 * i, 1, "resnet50", duration_s=1200) for i in range(144)]
+    _, las = _run(jobs, "1x1", **DEFAULTS)
+    _, starve = _run(jobs, "1x1", **DEFAULTS, starve_factor=factor)
+    assert las["long"] > 48 * 3600  # it waited for the stream to end
+    assert starve["long"] < las["long"] - 4 * 3600
+    # The short jobs pay for it, but each still finishes.
+    assert len(starve) == 145

@@ -130,6 +130,9 @@ RULES = {
     "paper": PolicyConfig(las_slices=False, slice_growth=0.0, max_jobs_per_gpu=4),
     "no-las": PolicyConfig(las_slices=False),
     "no-growth": PolicyConfig(slice_growth=0.0),
+    "buckets": PolicyConfig(fifo_after_s=600.0),
+    "starve": PolicyConfig(starve_factor=1.0),
+    "block": PolicyConfig(share_block_after_s=600.0, fifo_after_s=600.0),
 }
 
 
