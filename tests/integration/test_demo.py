@@ -35,9 +35,12 @@ def test_demo_shows_the_scheduler_time_slice_pack_migrate_grow_and_shrink(tmp_pa
     assert decisions("pack"), out
     verdicts = decisions("keep-pack") + decisions("unpack") + decisions("reject-pack")
     assert verdicts and all(re.search(r"packed rate \d+\.\d\dx of time-slicing", why) for _, why in verdicts), out
-    # The grow-shrink job grows onto idle GPUs; the late job makes it shrink.
-    assert [job for job, _ in decisions("grow")] and {job for job, _ in decisions("grow")} == {"solo-gs"}, out
-    assert [job for job, _ in decisions("shrink")] == ["solo-gs"], out
+    # The grow-shrink job grows onto idle GPUs; newcomers make it shrink. On a slow machine it
+    # may also grow in the idle seconds between the story's steps and shrink for the next one:
+    # every grow is followed by a shrink, and only the opt-in job is ever grown or shrunk.
+    grows, shrinks = [job for job, _ in decisions("grow")], [job for job, _ in decisions("shrink")]
+    assert grows and set(grows) == {"solo-gs"}, out
+    assert shrinks and set(shrinks) == {"solo-gs"} and len(grows) - 1 <= len(shrinks) <= len(grows), out
     # Locality: one server is emptied so that the 2-GPU job runs on one server.
     assert any("make room for job big-2gpu" in why for _, why in decisions("migrate")), out
     assert re.search(r"place\s+big-2gpu\s+Algorithm 1: unallocated on (node-\d)/0,\1/1", out), out
