@@ -14,6 +14,7 @@ class InvalidArgument(GandivaError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
 
 
 class NotFound(GandivaError):

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     except InvalidArgument as err:
         # A Settings field named by its flag, the way the operator gave it.
         flag = SETTINGS_FLAGS.get(err.field)
-        print(f"gandiva scheduler: {flag + ': ' + str(err).split(': ', 1)[1] if flag else err}")
+        print(f"gandiva scheduler: {f'{flag}: {err.message}' if flag else err}")
         return 2
     except (ValueError, OSError, SecurityError) as err:
         print(f"gandiva scheduler: {err}")
