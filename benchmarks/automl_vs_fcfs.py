@@ -96,11 +96,11 @@ class Watch:
         """Seconds from ``wall0`` until the last job showed its first mini-batch."""
         return max(self.first_step_at.values(), default=wall0) - wall0
 
-    def startup_gpu_s(self) -> tuple[float, int]:
+    def startup_gpu_s(self) -> float:
         """GPU-seconds jobs ran before their first mini-batch was seen (poll and progress
-        flush add up to about a second each), and how many jobs got that far."""
+        flush add up to about a second each)."""
         self.stop.set()
-        total, n = 0.0, 0
+        total = 0.0
         for job_id, first in self.first_step_at.items():
             history = self.client.call("GetJob", scheduler_pb2.GetJobRequest(id=job_id)).history
             since = None
@@ -112,8 +112,7 @@ class Watch:
                     since = t.at
             if since is not None:
                 total += max(0.0, first - since)
-            n += 1
-        return total, n
+        return total
 
 
 def run_automl(tmp: Path, variant: str, args: argparse.Namespace) -> tuple[float, dict[str, str], float]:
@@ -163,7 +162,7 @@ def run_fcfs(tmp: Path, args: argparse.Namespace) -> tuple[float, float, list[tu
         finals = sorted(((j.metrics.get(args.metric, math.nan), dict(j.spec.params), j.finished_at - wall0)
                          for j in jobs),
                         key=lambda f: (math.isnan(f[0]), f[0]))
-        startup, _ = watch.startup_gpu_s()
+        startup = watch.startup_gpu_s()
         return elapsed, finals[0][2], [(loss, params) for loss, params, _ in finals], startup
     finally:
         c.stop()
