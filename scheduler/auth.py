@@ -196,12 +196,10 @@ class Authenticator:
         self._rows: dict[str, tuple[float, tuple[str, str] | None]] = {}
         self._table: dict[str, tuple[str, str] | None] = {}
         self._table_at = -math.inf
-        self._refreshing: asyncio.Lock | None = None
+        self._refreshing = asyncio.Lock()
 
     async def _refresh(self) -> None:
         """Read the tokens table (one caller reads; the others wait for its answer)."""
-        if self._refreshing is None:
-            self._refreshing = asyncio.Lock()
         async with self._refreshing:
             if self._clock() - self._table_at < CACHE_S:
                 return  # read meanwhile by another call

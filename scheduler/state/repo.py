@@ -354,12 +354,8 @@ def set_queued_messages(conn: Connection, by_reason: dict[str, list[str]]) -> No
 MAX_HISTORY = 200
 
 
-async def history(session: AsyncSession, job_id: str, limit: int = MAX_HISTORY) -> Sequence[Transition]:
-    """The job's last ``limit`` transitions, oldest first."""
-    return list(reversed((await session.scalars(_history_q(job_id, limit))).all()))
-
-
 def _history_q(job_id: str, limit: int = MAX_HISTORY) -> Select:
+    """The job's last ``limit`` transitions, newest first (job_detail shows them oldest first)."""
     return select(Transition).where(Transition.job_id == job_id).order_by(Transition.id.desc()).limit(limit)
 
 
