@@ -140,6 +140,17 @@ class Ledger:
         ledger.sync(snapshot, holds)
         return ledger
 
+    def _note_change(self, was: JobView | None, fresh: JobView, progressed: list[str]) -> None:
+        """A job's view changed from ``was`` (None: new job) to ``fresh``: a change of
+        ``suspendable`` moves the version (the placement filters read it); a view that only
+        reports progress goes to ``progressed`` (read only when groups are tracked)."""
+        if was is None:
+            return
+        if was.suspendable != fresh.suspendable:
+            self.version += 1
+        elif self.touched_groups is not None and progress_only(was, fresh):
+            progressed.append(fresh.id)
+
     def sync(self, snapshot: ClusterSnapshot,
              holds: Callable[[JobView], bool] | None = None) -> Ledger:
         """Bring the ledger to ``snapshot``; returns a fresh ledger if the servers changed.
@@ -160,12 +171,7 @@ class Ledger:
                 if jobs.pop(jid, None) is not None:
                     self._forget(jid)
             for fresh in delta.changed:
-                was = jobs.get(fresh.id)
-                if was is not None:
-                    if was.suspendable != fresh.suspendable:
-                        self.version += 1
-                    elif progress_only(was, fresh):
-                        progressed.append(fresh.id)
+                self._note_change(jobs.get(fresh.id), fresh, progressed)
                 jobs[fresh.id] = fresh
             look = [fresh.id for fresh in delta.changed]
         else:
@@ -178,12 +184,7 @@ class Ledger:
             self.jobs = jobs = new
             look = [j for j, v in new.items() if old.get(j) is not v]
             for jid in look:
-                was = old.get(jid)
-                if was is not None:
-                    if was.suspendable != new[jid].suspendable:
-                        self.version += 1
-                    elif progress_only(was, new[jid]):
-                        progressed.append(jid)
+                self._note_change(old.get(jid), new[jid], progressed)
         placement, state, groups = self.placement, self.state, self.touched_groups
         # A job whose view only reports progress leaves its group as it was (unless our
         # last decide() changed it): nothing a group's look decides from changed.

@@ -70,7 +70,9 @@ def _attained(view: JobView, at: float) -> float:
     """Attained GPU-seconds at ``at``; for a running job also before its last report (it ran
     since ``at``: callers ask about the start of its current slice), so that a slice's
     length does not depend on when the job last reported."""
-    if view.state == "RUNNING" and view.reported_at is not None and at < view.reported_at:
+    if view.state != "RUNNING":
+        return view.attained_service_s  # what it reported (attained_at's answer, quicker)
+    if view.reported_at is not None and at < view.reported_at:
         return max(0.0, view.attained_service_s - len(view.placement) * (view.reported_at - at))
     return view.attained_at(at)
 
@@ -81,9 +83,7 @@ def _served(ledger: Ledger, unit: tuple[str, ...], at: float) -> float:
     best = math.inf
     for j in unit:
         view = jobs[j]
-        # A job not running has the service it reported (what _attained answers, quicker).
-        attained = _attained(view, at) if view.state == "RUNNING" else view.attained_service_s
-        served = attained / (len(placement.get(j, ())) or view.gpus)  # gpus >= 1: JobView checks
+        served = _attained(view, at) / (len(placement.get(j, ())) or view.gpus)  # gpus >= 1: JobView checks
         best = min(best, served)
     return best
 
