@@ -61,6 +61,7 @@ def main() -> None:
 
     def report() -> None:
         stop.set()
+        sampler.join()  # its last sample lands before the counters are read
         n = max(samples[0], 1)
         with open(args.output, "w") as out:
             out.write(f"{samples[0]} samples every {args.interval_ms} ms; "
@@ -70,8 +71,9 @@ def main() -> None:
             out.write("\nself (top of the stack):\n")
             out.writelines(f"  {100 * c / n:5.1f}%  {fn}\n" for fn, c in leaf.most_common(40))
 
+    sampler = threading.Thread(target=sample, daemon=True, name="sampler")
     atexit.register(report)
-    threading.Thread(target=sample, daemon=True, name="sampler").start()
+    sampler.start()
     sys.argv = [args.module, *rest]
     t0 = time.monotonic()
     try:
