@@ -244,9 +244,15 @@ class Controller:
         except Exception:  # never break the program's first step
             log.exception("could not count the graph's towers")
             return
+        self._send_towers(towers, 0, "")
+
+    def _send_towers(self, towers: int, checkpoint_towers: int, reason: str) -> None:
+        """A TowerReport, with the devices this launch was given (none without a stream)."""
+        if self.channel is None:
+            return
         from .towers import visible_device_count
 
-        self.channel.send_towers(towers, 0, visible_device_count(default=0), "")
+        self.channel.send_towers(towers, checkpoint_towers, visible_device_count(default=0), reason)
 
     def _check_source_towers(self, adapter: SessionAdapter) -> None:
         """Warm mode: refuse, before holding, a graph whose tower count differs from the
@@ -334,11 +340,7 @@ class Controller:
                     checkpoint_towers=exc.checkpoint_towers)
         if self.channel is None and self._on_activate is not None:
             self._on_activate(0)  # a warm process opens its stream only to say why
-        if self.channel is not None:
-            from .towers import visible_device_count
-
-            self.channel.send_towers(exc.towers, exc.checkpoint_towers,
-                                     visible_device_count(default=0), str(exc))
+        self._send_towers(exc.towers, exc.checkpoint_towers, str(exc))
         self._exit(EXIT_TOWERS_CHANGED)
 
     def _first_boundaries(self, adapter: SessionAdapter, final: bool = False) -> None:

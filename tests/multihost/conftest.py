@@ -31,6 +31,8 @@ import pytest
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
+from ..tf_runtime.conftest import load_variables
+
 # Every name this harness creates starts with this (namespaces, links, the bridge).
 PREFIX = os.environ.get("GANDIVA_NETNS_PREFIX", "i9sched")
 SUBNET = "10.77.0"
@@ -503,13 +505,6 @@ def uninterrupted_variables(steps: int, tmp: Path) -> dict[str, bytes]:
                        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, check=True, capture_output=True, timeout=300)
         _BASELINES[steps] = load_variables(dump)
     return _BASELINES[steps]
-
-
-def load_variables(path: Path) -> dict[str, bytes]:
-    import numpy as np
-
-    with np.load(path) as data:
-        return {k: data[k].tobytes() for k in data.files}
 
 
 def assert_bit_identical(dump: Path, steps: int, tmp: Path) -> None:
