@@ -24,12 +24,14 @@ spread (the original's ``dlas-gpu`` only counts GPUs); times are not rounded to 
 
 The queues are kept between calls (``_Queues``); a fresh policy (a restarted live
 scheduler) files the jobs it finds by their attained service. A call visits the jobs
-that run or start, and skips a queue's pending part once no GPU is left, so it costs
-time in proportion to the running jobs and decisions, not to the queue.
+that run or start; a queue's pending part (``_Pending``) is filed by GPU count as well,
+so its walk steps over the jobs too large for the GPUs left and stops once none is left:
+a call costs time in proportion to the running jobs and decisions, not to the queue.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
 
@@ -51,13 +53,86 @@ def _holds(job: JobView) -> bool:
     return job.state in ("RUNNING", "MIGRATING")
 
 
+class _Pending:
+    """A queue's pending part: its jobs in order, filed by GPU count as well, so that a walk
+    with ``free`` GPUs left visits only the jobs that fit (and the ones it must look at
+    whatever their size) instead of every job that waits.
+
+    The order is kept as a position per job: ``push_front`` files jobs before every
+    present one, ``append`` after; each GPU count's list is in position order."""
+
+    __slots__ = ("_hi", "_lo", "by_gpus", "gpus", "pos")
+
+    def __init__(self) -> None:
+        self.pos: dict[str, int] = {}
+        self.gpus: dict[str, int] = {}
+        self.by_gpus: dict[int, list[str]] = {}
+        self._lo = 0
+        self._hi = 0
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.pos
+
+    def order(self) -> list[str]:
+        """Every job, in order (for checks; the walk never needs it whole)."""
+        return sorted(self.pos, key=self.pos.__getitem__)
+
+    def append(self, job_id: str, gpus: int) -> None:
+        self._hi += 1
+        self.pos[job_id] = self._hi
+        self.gpus[job_id] = gpus
+        self.by_gpus.setdefault(gpus, []).append(job_id)
+
+    def push_front(self, ids: list[str], gpus_of: dict[str, int]) -> None:
+        """``ids`` (in their order) before every job already here."""
+        ahead: dict[int, list[str]] = {}
+        for job_id in reversed(ids):
+            self._lo -= 1
+            self.pos[job_id] = self._lo
+            self.gpus[job_id] = g = gpus_of[job_id]
+            ahead.setdefault(g, []).append(job_id)
+        for g, part in ahead.items():
+            part.reverse()
+            self.by_gpus.setdefault(g, [])[0:0] = part
+
+    def remove(self, job_id: str) -> None:
+        del self.pos[job_id]
+        g = self.gpus.pop(job_id)
+        part = self.by_gpus[g]
+        part.remove(job_id)
+        if not part:
+            del self.by_gpus[g]
+
+    def refile(self, job_id: str, gpus: int) -> None:
+        """The job's GPU count changed: file it under the new count, in the same place."""
+        at = self.pos[job_id]
+        self.remove(job_id)
+        self.pos[job_id], self.gpus[job_id] = at, gpus
+        part = self.by_gpus.setdefault(gpus, [])
+        part.insert(bisect.bisect(part, at, key=self.pos.__getitem__), job_id)
+
+    def drop_prefixes(self, visited: dict[int, int], gone: set[str]) -> None:
+        """Take the ``gone`` jobs out of the first ``visited[g]`` jobs of each GPU count."""
+        for g, n in visited.items():
+            part = self.by_gpus[g]
+            part[:n] = [j for j in part[:n] if j not in gone]
+            if not part:
+                del self.by_gpus[g]
+        for job_id in gone:
+            del self.pos[job_id]
+            del self.gpus[job_id]
+
+
 @dataclass
 class _Queues:
     """The priority queues: per queue the running part, the pending part and the jobs
     appended since the last walk (new, demoted or promoted), each in order."""
 
     run: list[list[str]]
-    pend: list[list[str]]
+    pend: list[_Pending]
     tail: list[list[str]]
     qid: dict[str, int] = field(default_factory=dict)
     # Attained GPU-seconds when the job last entered the first queue.
@@ -70,11 +145,14 @@ class _Queues:
 
     @classmethod
     def empty(cls, n: int) -> _Queues:
-        return cls([[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)])
+        return cls([[] for _ in range(n)], [_Pending() for _ in range(n)], [[] for _ in range(n)])
 
     def _take_out(self, job_id: str, q: int) -> None:
         """Out of whichever part of queue ``q`` holds it."""
-        for part in (self.run[q], self.tail[q], self.pend[q]):
+        if job_id in self.pend[q]:
+            self.pend[q].remove(job_id)
+            return
+        for part in (self.run[q], self.tail[q]):
             if job_id in part:
                 part.remove(job_id)
                 return
@@ -96,6 +174,9 @@ class TiresiasPolicy(Policy):
 
     name = "tiresias"
     preemption = "restart"
+    # False: the pending walk visits every pending job in order until no GPU is left, as
+    # the original does (the reference the size-skipping walk is tested against).
+    incremental = True
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         super().__init__(config)
@@ -128,6 +209,10 @@ class TiresiasPolicy(Policy):
         for job_id in gone:
             if job_id in qs.qid:
                 qs.remove(job_id)
+        for view in views:
+            q = qs.qid.get(view.id)
+            if q is not None and view.id in qs.pend[q] and qs.pend[q].gpus[view.id] != view.gpus:
+                qs.pend[q].refile(view.id, view.gpus)
         fresh = [v for v in views if v.id not in qs.qid]
         # A fresh policy meets running jobs too: running first, then by arrival.
         for view in sorted(fresh, key=lambda v: (v.state != "RUNNING", v.submitted_at, v.id)):
@@ -212,6 +297,59 @@ class TiresiasPolicy(Policy):
                 stop.append(job_id)
             return False
 
+        # Pending jobs whose view still holds GPUs (the live side has not suspended them
+        # yet, or they migrate): the pending walk visits these whatever their size.
+        held = ledger.by_state.get("RUNNING", set())
+        if ledger.by_state.get("MIGRATING"):
+            held = held | ledger.by_state["MIGRATING"]
+
+        def walk_pending(pend: _Pending, odd: list[str], new_run: list[str]) -> None:
+            """Visit the pending part in order while GPUs are left, as a plain walk over
+            every pending job would, but step over the jobs too large for the GPUs left
+            (a plain walk visits them and admits none: ``free`` only falls): at each step
+            the next job is the first, by position, of the heads of the GPU counts that
+            fit and of ``odd`` (jobs admit() must see whatever their size)."""
+            if not self.incremental:
+                for job_id in pend.order():
+                    if free <= 0:
+                        break
+                    if admit(job_id):
+                        new_run.append(job_id)
+                        pend.remove(job_id)
+                return
+            pos, parts = pend.pos, pend.by_gpus
+            odd.sort(key=pos.__getitem__)
+            skip = set(odd)
+            sizes = sorted(parts)
+            seen = dict.fromkeys(sizes, 0)
+            admitted: set[str] = set()
+            o = 0
+            while free > 0:
+                best, best_at, best_g = "", float("inf"), 0
+                for g in sizes:
+                    if g > free:
+                        break
+                    part, i = parts[g], seen[g]
+                    while i < len(part) and part[i] in skip:
+                        i += 1
+                    seen[g] = i
+                    if i < len(part) and pos[part[i]] < best_at:
+                        best, best_at, best_g = part[i], pos[part[i]], g
+                if o < len(odd) and pos[odd[o]] < best_at:
+                    job_id = odd[o]
+                    o += 1
+                elif best_g:
+                    job_id = best
+                    seen[best_g] += 1
+                else:
+                    break
+                if admit(job_id):
+                    new_run.append(job_id)
+                    admitted.add(job_id)
+            pend.drop_prefixes(seen, admitted.difference(odd))
+            for job_id in admitted.intersection(odd):
+                pend.remove(job_id)
+
         for q in range(len(qs.run)):
             new_run: list[str] = []
             preempted: list[str] = []
@@ -219,17 +357,16 @@ class TiresiasPolicy(Policy):
                 (new_run if admit(job_id) else preempted).append(job_id)
             # The pending part is walked only while GPUs are left (a job the live side
             # has not suspended yet is found again at the next call).
-            pend, k = qs.pend[q], 0
-            kept: list[str] = []
-            while k < len(pend) and free > 0:
-                job_id = pend[k]
-                k += 1
-                (new_run if admit(job_id) else kept).append(job_id)
-            rest: list[str] = []
+            pend = qs.pend[q]
+            if free > 0 and pend:
+                walk_pending(pend, list(pend.pos.keys() & held), new_run)
             for job_id in qs.tail[q]:
-                (new_run if admit(job_id) else rest).append(job_id)
+                if admit(job_id):
+                    new_run.append(job_id)
+                else:
+                    pend.append(job_id, jobs[job_id].gpus)
+            pend.push_front(preempted, {j: jobs[j].gpus for j in preempted})
             qs.run[q] = new_run
-            qs.pend[q] = preempted + kept + pend[k:] + rest
             qs.tail[q] = []
         out: list[Decision] = []
         for job_id in stop:
