@@ -162,7 +162,8 @@ class SchedulerServer:
             await self.http.stop()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.engine.stop()
+        # The same grace for the commands in flight as for the open calls (None: none).
+        await self.engine.stop(grace or 0.0)
         self._engine_task.cancel()
         if self._prune_task is not None:
             self._prune_task.cancel()

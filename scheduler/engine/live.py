@@ -107,14 +107,14 @@ class LiveEngine:
             await asyncio.sleep(min(self.tick_s, max(self.min_gap_s, self.round_pause * took)))
             self.core.wake.clear()
 
-    async def stop(self) -> None:
-        """Finish: no new rounds; commands in flight get a moment to complete."""
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Finish: no new rounds; commands in flight get up to ``grace_s`` to complete."""
         self._stopping = True
         self.core.poke()
         for watch in self._watches:
             watch.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=5)
+        if self._tasks and grace_s > 0:
+            await asyncio.wait(self._tasks, timeout=grace_s)
 
     async def tick(self) -> list[pt.Decision]:
         snap = await self.snapshot()
