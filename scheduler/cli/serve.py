@@ -76,16 +76,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from scheduler.policy.types import PolicyConfig
+
+    # The policy's options first, before the server's imports: a typo fails in a blink.
+    try:
+        config = PolicyConfig(quantum_s=args.quantum, **policy_options(args.policy_option))
+    except ValueError as err:
+        print(f"gandiva scheduler: {err}")
+        return 2
     from scheduler.core import Settings
     from scheduler.errors import InvalidArgument
     from scheduler.observe.logs import setup_logging
-    from scheduler.policy.types import PolicyConfig
     from scheduler.server import SchedulerServer, serve
     from scheduler.transport import SecurityError, ServerTls
 
     try:
         setup_logging(args.log_level, args.log_format)
-        config = PolicyConfig(quantum_s=args.quantum, **policy_options(args.policy_option))
         server = SchedulerServer(
             db_url=args.db or default_db_url(),
             listen=args.listen,
