@@ -25,6 +25,7 @@ import pytest
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
 from .conftest import (
+    CHECKPOINT_INTERVAL_S,
     WallClock,
     assert_bit_identical,
     child_pids,
@@ -220,23 +221,35 @@ def _proc_state(pid: int) -> str:
 
 
 def test_i9s_lost_host_job_ends_with_the_uninterrupted_variables(multihost: Cluster, tmp_path: Path) -> None:
-    """The helper of the job's host killed with -9 after a periodic checkpoint: the job
-    resumes on the other host from that checkpoint (through the shared root) and ends
-    with the variables of an uninterrupted run."""
+    """The helper of the job's host killed with -9 after a periodic checkpoint: the host is
+    marked down, the job resumes on the other host from that checkpoint (through the shared
+    root) and trains on past it there, ends once, and with the variables of an uninterrupted
+    run. (This also covers what test_multihost_faults.py's helper-killed test checked.)"""
     c = multihost
-    steps = 300
+    steps = 400  # the wall-clock test's step count: one uninterrupted run serves both
     uninterrupted_variables(steps, tmp_path)
     job_id, src, other, dump = _start(c, steps)
 
     def checkpoint_steps(server: str) -> list[int]:
         return [int(e.message.split()[1]) for e in c.events(job_id) if e.kind == "job.checkpoint" and e.server == server]
 
-    c.wait(lambda: max(checkpoint_steps(src), default=0) >= 40, 60)
+    c.wait(lambda: max(checkpoint_steps(src), default=0) >= 100, 60)
     c.kill9(src)
+    lost_at = time.monotonic()
     c.wait(lambda: c.where(job_id) == other, 40)
+    assert not c.servers()[src]
     placed = c.job(job_id)
-    assert any("resuming from" in t.reason and f"/rd/{src}/" in t.reason for t in placed.history), \
-        [t.reason for t in placed.history]
+    resumed = [t.reason for t in placed.history if "resuming from" in t.reason]
+    assert resumed and f"/rd/{src}/{job_id}/periodic-" in resumed[-1], [t.reason for t in placed.history]
+    replaced_s = time.monotonic() - lost_at
+    step = max(checkpoint_steps(src))
+    # Training again elsewhere, past the restored step: the new launch's own checkpoint.
+    c.wait(lambda: checkpoint_steps(other), 60)
+    again_s = time.monotonic() - lost_at
+    assert min(checkpoint_steps(other)) > step
+    print(f"\nlost host: job re-placed on {other} {replaced_s:.1f}s after its helper was killed, "
+          f"training again (first checkpoint there) after {again_s:.1f}s, resumed from step {step} of {steps} "
+          f"(checkpoint every {CHECKPOINT_INTERVAL_S:g}s, heartbeat timeout {c.heartbeat_timeout:g}s)")
     _ends_once(c, job_id, steps, 120)
     assert_bit_identical(dump, steps, tmp_path)
     _no_two_copies(c)
