@@ -3,7 +3,9 @@ servers of 2 virtual GPUs each. The first four take the free GPUs; each later on
 time-slice group and runs at once (the incumbent is suspended for it), so every job gets its
 first 100 mini-batches within moments of arriving, placed in the order the jobs arrived, while
 none of the long jobs before it has finished (a scheduler that queues would make the later four
-wait half an hour).
+wait half an hour). Each of the later four is the paper's case of a new job arriving at a GPU a
+long job holds (this test replaced test_first_feedback.py, one newcomer on one GPU, whose
+every check it makes for each of the four).
 
 The newcomers arrive once the first four have started training: a job that is still starting
 TensorFlow cannot be suspended yet, and the live engine then waits up to its vacate timeout
