@@ -30,15 +30,6 @@ arriving with less service, and keeps its place, so later jobs queue behind the 
 - ``starve_factor`` K > 0 (a starvation limit, as Tiresias' ``dlas-gpu-K``): a waiting unit
   that has been suspended for at least K x its attained service per GPU (and at least a
   quantum) runs next, ahead of the order above, for one slice.
-
-One rule against the imbalance between groups (issue 11, ITP cluster05 and 08: half of the
-job-hours suspended jobs waited, a job of the same size with more attained service ran on
-another GPU of the same server, because the order above is per group):
-- ``las_server``: when a group's slice ends, the suspended single jobs of the same GPU count
-  in the other groups on the same server(s) compete too; if one of them has the least
-  service it moves into this group (a ``Migrate`` of a suspended job: it runs here
-  afterwards) and runs, the running unit suspended. A lone running job is looked at when
-  its slice ends too, so it does not keep its GPU against a less-served job next to it.
 """
 
 from __future__ import annotations
@@ -49,7 +40,7 @@ from collections.abc import Callable
 
 from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.state import GandivaState
-from scheduler.policy.types import Decision, JobView, Migrate, PolicyConfig, Resume, Suspend
+from scheduler.policy.types import Decision, JobView, PolicyConfig, Resume, Suspend
 
 
 def group_units(ledger: Ledger, members: list[str], state: GandivaState) -> list[tuple[str, ...]]:
@@ -197,9 +188,7 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     not until it changes)."""
     members = ledger.members(gpus)
     kept = state.slices.kept
-    across = config.las_slices and config.las_server
-    if not members or (len(members) == 1 and ledger.state[members[0]] != "SUSPENDED" and not (
-            across and ledger.state[members[0]] == "RUNNING")):
+    if not members or (len(members) == 1 and ledger.state[members[0]] != "SUSPENDED"):
         kept.pop(gpus, None)
         return None
     # One pass over the members (a group may hold many): what the checks below ask.
@@ -222,8 +211,8 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
         # Changed in this very call: its slice starts now.
         kept.pop(gpus, None)
         return _slice_end(now + config.quantum_s, config)
-    if len(running_ids) == len(members) and not (across and len(members) == 1):
-        return None  # nobody waits: a kept pack, or a lone job (las_server: looked at below)
+    if len(running_ids) == len(members):
+        return None  # nobody waits: a kept pack, or a lone job
     if any(not ledger.jobs[m].suspendable for m in running_ids):
         return None  # it cannot be stopped: the others wait for it to end
     started = now
@@ -241,20 +230,15 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     # The running unit, if any, comes first; the others wait.
     running = units[0] if running_ids else ()
     waiting = units[1:] if running_ids else units
-    # las_server: suspended single jobs of other same-size groups on these servers compete
-    # too, while this group has room for one more.
-    outside = _server_candidates(ledger, state, gpus) if across and len(members) < config.max_jobs_per_gpu else []
-    if not waiting and not outside:
-        if across and running:
-            return _slice_end(now + _slice_of(ledger, running, config, now), config)
+    if not waiting:
         return None
     # Under las_slices the running unit competes too (and keeps the GPUs if it wins).
     rank = None
     if config.las_slices:
-        served = {u: _served(ledger, u, now) for u in [*units, *outside]}
+        served = {u: _served(ledger, u, now) for u in units}
         if config.fifo_after_s > 0 or config.starve_factor > 0:
             rank = _rank(ledger, config, now, served)
-        nxt = _next_unit(ledger, [*units, *outside], running, served, rank)
+        nxt = _next_unit(ledger, units, running, served, rank)
     else:
         nxt = _next_unit(ledger, waiting)
     if nxt == running:
@@ -262,9 +246,9 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
         # after it no longer has (its service per GPU grows one second a second; the
         # waiting units' stands still), or the end of another slice if that comes first.
         if rank is not None:
-            crossing = _handover(ledger, config, now, served, running, [*waiting, *outside], rank)
+            crossing = _handover(ledger, config, now, served, running, waiting, rank)
         else:
-            least = min(served[u] for u in [*waiting, *outside])
+            least = min(served[u] for u in waiting)
             crossing = now + max(0.0, least - served[running])
         until = _slice_end(now + _slice_of(ledger, running, config, now), config)
         if crossing < until:
@@ -275,33 +259,7 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     for j in running:
         ledger.set_state(j, "SUSPENDED")
         out.append(Suspend(j, reason=f"time slice of {now - started:.0f}s over"))
-    if nxt in outside:
-        (job_id,) = nxt
-        ledger.bind(job_id, gpus, "RUNNING")
-        out.append(Migrate(job_id, gpus, reason="least attained service on its server (las_server)"))
-        return _slice_end(now + _slice_of(ledger, nxt, config, now), config)
     return _resume_unit(ledger, nxt, gpus, config, out)
-
-
-def _server_candidates(ledger: Ledger, state: GandivaState, gpus: Placement) -> list[tuple[str, ...]]:
-    """las_server: the suspended jobs of ``len(gpus)`` GPUs in other groups that lie on the
-    servers of ``gpus`` only, each a unit of its own (kept pairs, jobs in a packing trial,
-    jobs that cannot move and jobs changed in this call stay where they are)."""
-    names = {g.server for g in gpus}
-    size = len(gpus)
-    placement, states, jobs, servers_of = ledger.placement, ledger.state, ledger.jobs, ledger.servers_of
-    found: set[str] = set()
-    for name in names:
-        for j in ledger.jobs_on.get(name, ()):
-            if (states[j] != "SUSPENDED" or j in found or len(placement[j]) != size or placement[j] == gpus
-                    or not names.issuperset(servers_of[j])):
-                continue
-            view = jobs[j]
-            if (not view.migratable or not view.suspendable or j in state.kept_pairs or j in state.trials
-                    or j in ledger.changed):
-                continue
-            found.add(j)
-    return [(j,) for j in sorted(found)]
 
 
 def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[str, ...], float],

@@ -299,10 +299,6 @@ class PolicyConfig:
     starve_factor: K > 0 (with las_slices): a suspended unit that has waited K x its
         attained service per GPU (at least a quantum) runs next, for one slice (a
         starvation limit as Tiresias' dlas-gpu-K); 0: no limit.
-    las_server: (with las_slices) when a group's slice ends, suspended single jobs of the
-        same GPU count in the other groups on the same server(s) compete for its GPUs too;
-        the least-served one moves in (Migrate) and runs, so no GPU runs a job with more
-        attained service than a suspended one beside it for longer than a slice.
     balance_sizes: every ``defrag_interval_s``, when the GPU count whose jobs are most
         crowded (jobs per same-size GPU set) has jobs waiting, a server of a less crowded
         GPU count is handed to it: its jobs move into same-size time-slice groups
@@ -341,7 +337,6 @@ class PolicyConfig:
     fifo_after_s: float = 0.0
     starve_factor: float = 0.0
     share_block_after_s: float | None = None
-    las_server: bool = False
     balance_sizes: bool = False
 
     def __post_init__(self) -> None:
