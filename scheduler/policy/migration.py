@@ -25,8 +25,8 @@ Three passes, each only when the move is expected to pay off:
    server of a less crowded GPU count is handed over: its jobs join same-size
    time-slice groups on other servers (the migrated job runs first there, as a
    newcomer does), if afterwards that GPU count is still less crowded than the
-   crowded one with the server added; the freed server is filled by placement and
-   ``lower_height``.
+   crowded one with the server added; in the same call the crowded count's queued
+   jobs, then its suspended ones from the fullest groups, take the freed server.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from scheduler.policy.placement import (
     unallocated_filter,
 )
 from scheduler.policy.state import GandivaState
-from scheduler.policy.types import Decision, JobView, Migrate, PolicyConfig, Suspend
+from scheduler.policy.types import Decision, JobView, Migrate, Place, PolicyConfig, Suspend
 
 
 def _servers_needed(ledger: Ledger, job: JobView) -> int:
@@ -269,9 +269,37 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
                 ledger.set_state(other, "SUSPENDED")
                 out.append(Suspend(other, reason=why))
             out.append(_move(ledger, job_id, target, why))
-        state.wake_at(now + MAKE_ROOM_RECHECK_S)
+        # The crowded jobs take the server at once: left idle, the next call's placement or
+        # lower_height could give it to any GPU count (the donors' own waiting jobs first).
+        out += _fill(ledger, state, name, crowded, budget - len(plan), why)
         return out
     return []
+
+
+def _fill(ledger: Ledger, state: GandivaState, server: str, size: int, budget: int, why: str) -> list[Decision]:
+    """Put waiting ``size``-GPU jobs on the idle ``server``, one per ``size`` GPUs: queued ones
+    first, in queue order (they have waited without running), then suspended ones from the
+    fullest groups (a migration each, within ``budget``)."""
+    free = ledger.free_gpus(server)
+    sets = [tuple(free[i:i + size]) for i in range(0, len(free) - size + 1, size)]
+    out: list[Decision] = []
+    while sets:
+        key = ledger.next_queued(size)
+        if key is None:
+            break
+        gpus = sets.pop(0)
+        ledger.bind(key[2], gpus, "RUNNING")
+        out.append(Place(key[2], gpus, reason=why))
+    groups = sorted(ledger.groups_by_size.get(size, ()), key=lambda g: (-len(ledger.members(g)), g))
+    for group in groups:
+        for job_id in sorted(ledger.members(group), key=lambda j: (ledger.jobs[j].last_state_change_at, j)):
+            if not sets or budget <= 0:
+                return out
+            if (ledger.state[job_id] == "SUSPENDED" and ledger.jobs[job_id].suspendable
+                    and _movable(ledger, job_id, state)):
+                out.append(_move(ledger, job_id, sets.pop(0), why))
+                budget -= 1
+    return out
 
 
 def _plan_handover(ledger: Ledger, state: GandivaState, config: PolicyConfig, source: str,

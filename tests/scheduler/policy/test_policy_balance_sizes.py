@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from scheduler.policy import PolicyConfig, get_policy
-from scheduler.policy.types import ClusterSnapshot, Migrate, Resume, Suspend
+from scheduler.policy.types import ClusterSnapshot, Migrate, Place, Resume, Suspend
 
 CFG = PolicyConfig(enable_packing=False, enable_grow_shrink=False, balance_sizes=True)
 
@@ -41,7 +41,7 @@ def _apply(snap: ClusterSnapshot, decisions: list, now: float) -> ClusterSnapsho
             jobs[d.job_id] = dataclasses.replace(j, state="SUSPENDED", last_state_change_at=now)
         elif isinstance(d, Migrate):
             jobs[d.job_id] = dataclasses.replace(j, state="RUNNING", placement=d.to_gpus, last_state_change_at=now)
-        elif isinstance(d, Resume):
+        elif isinstance(d, (Resume, Place)):
             jobs[d.job_id] = dataclasses.replace(j, state="RUNNING", placement=d.gpus, last_state_change_at=now)
     return ClusterSnapshot(now, snap.servers, tuple(jobs.values()))
 
@@ -53,9 +53,9 @@ def _small_running(snap: ClusterSnapshot) -> int:
 @pytest.mark.parametrize(("per_gpu", "hands_over"), [(3, False), (4, False), (5, True), (8, True)])
 def test_a_server_of_the_less_crowded_size_goes_to_the_crowded_one(mk, per_gpu: int, hands_over: bool) -> None:
     """With five or more 1-GPU jobs per GPU, s1's 4-GPU job joins s2's (which it suspends: it
-    runs first, as a newcomer would) and in the next call four more 1-GPU jobs run on s1. With
-    four or fewer, the two 4-GPU jobs sharing s2 would be as crowded as the 1-GPU jobs with s1
-    added (2 jobs per GPU set against 4 x 4 / 8), so nothing moves."""
+    runs first, as a newcomer would) and four suspended 1-GPU jobs, from the groups in turn,
+    run on s1 at once. With four or fewer, the two 4-GPU jobs sharing s2 would be as crowded
+    as the 1-GPU jobs with s1 added (2 jobs per GPU set against 4 x 4 / 8): nothing moves."""
     policy = get_policy("gandiva", CFG)
     snap = _cluster(mk, per_gpu)
     first = policy.decide(snap)
@@ -64,14 +64,30 @@ def test_a_server_of_the_less_crowded_size_goes_to_the_crowded_one(mk, per_gpu: 
         assert moved == [] and [d for d in first if isinstance(d, Suspend)] == []
         assert _small_running(_apply(snap, first, 1001.0)) == 4
         return
-    assert mk.kinds(first) == [("Suspend", "big-s2"), ("Migrate", "big-s1")]
+    assert mk.kinds(first)[:2] == [("Suspend", "big-s2"), ("Migrate", "big-s1")]
     assert moved[0].to_gpus == mk.on("s2", 0, 1, 2, 3)
-    after = _apply(snap, first, 1001.0)
-    second = policy.decide(after)
-    onto_s1 = [d for d in second if isinstance(d, Migrate) and {g.server for g in d.to_gpus} == {"s1"}]
+    onto_s1 = [d for d in moved if {g.server for g in d.to_gpus} == {"s1"}]
     assert len(onto_s1) == 4 and all(d.job_id.startswith("small") for d in onto_s1)
+    assert sorted(d.to_gpus for d in onto_s1) == [mk.on("s1", i) for i in range(4)]
     # Eight 1-GPU jobs now run where four did; the 4-GPU jobs take turns on s2.
-    assert _small_running(_apply(after, second, 1002.0)) == 8
+    after = _apply(snap, first, 1001.0)
+    assert _small_running(after) == 8
+    # Nothing moves back in the next call.
+    assert not any(isinstance(d, Migrate) for d in policy.decide(dataclasses.replace(after, now=1002.0)))
+
+
+def test_queued_jobs_of_the_crowded_size_take_the_server_first(mk) -> None:
+    """Two 1-GPU jobs queued (every group is at the cap of 5): they are placed on the freed
+    server ahead of the suspended ones, which take the other two GPUs."""
+    cfg = dataclasses.replace(CFG, max_jobs_per_gpu=5)
+    snap = _cluster(mk, 5)
+    queued = [mk.job(f"new{i}", submitted_at=900.0 + i) for i in range(2)]
+    snap = mk.snap(1000.0, snap.servers, *snap.jobs, *queued)
+    d = get_policy("gandiva", cfg).decide(snap)
+    placed = [x for x in d if isinstance(x, Place)]
+    assert [(x.job_id, x.gpus) for x in placed] == [("new0", mk.on("s1", 0)), ("new1", mk.on("s1", 1))]
+    onto_s1 = [x for x in d if isinstance(x, Migrate) and x.to_gpus[0].server == "s1"]
+    assert sorted(x.to_gpus for x in onto_s1) == [mk.on("s1", 2), mk.on("s1", 3)]
 
 
 @pytest.mark.parametrize("per_gpu", [5, 8])
