@@ -179,22 +179,11 @@ def size_kind(ledger: Ledger, k: int) -> str:
     return "affinity" if groups else "no group"
 
 
-class WaitProbe(Policy):
-    """Wraps a Gandiva policy and adds up queued job-hours by ``wait_kind``.
+class Probe(Policy):
+    """Wraps a policy: decides as it does, and lets a subclass read its ledger after a call."""
 
-    The queued jobs are classified after a call at most every ``sample_s`` virtual seconds
-    (each classification stands until the next), so a long queue does not make every call
-    visit every queued job; ``sample_s`` 0 classifies after every call.
-    """
-
-    def __init__(self, inner: Policy, sample_s: float = 0.0) -> None:
+    def __init__(self, inner: Policy) -> None:
         self.inner, self.name, self.preemption = inner, inner.name, inner.preemption
-        self.hours = dict.fromkeys(WAIT_KINDS, 0.0)
-        self.by_size: dict[int, float] = {}  # queued job-hours per GPU count
-        self._last: tuple[float, dict[str, int]] | None = None
-        self._sizes: dict[int, int] = {}
-        self.sample_s = sample_s
-        self._next_sample = -math.inf
 
     @property  # type: ignore[override]
     def config(self) -> PolicyConfig:
@@ -206,6 +195,24 @@ class WaitProbe(Policy):
 
     def next_wakeup(self) -> float | None:
         return self.inner.next_wakeup()
+
+
+class WaitProbe(Probe):
+    """Wraps a Gandiva policy and adds up queued job-hours by ``wait_kind``.
+
+    The queued jobs are classified after a call at most every ``sample_s`` virtual seconds
+    (each classification stands until the next), so a long queue does not make every call
+    visit every queued job; ``sample_s`` 0 classifies after every call.
+    """
+
+    def __init__(self, inner: Policy, sample_s: float = 0.0) -> None:
+        super().__init__(inner)
+        self.hours = dict.fromkeys(WAIT_KINDS, 0.0)
+        self.by_size: dict[int, float] = {}  # queued job-hours per GPU count
+        self._last: tuple[float, dict[str, int]] | None = None
+        self._sizes: dict[int, int] = {}
+        self.sample_s = sample_s
+        self._next_sample = -math.inf
 
     def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
         out = self.inner.decide(snapshot)

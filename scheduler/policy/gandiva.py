@@ -20,7 +20,13 @@ from __future__ import annotations
 from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.growshrink import grow, shrink_all
-from scheduler.policy.migration import consolidate, defragment, lower_height, make_room
+from scheduler.policy.migration import (
+    balance_sizes,
+    consolidate,
+    defragment,
+    lower_height,
+    make_room,
+)
 from scheduler.policy.packing import end_trials_of, judge_trials, start_trials
 from scheduler.policy.placement import (
     ALGORITHM_1,
@@ -100,6 +106,8 @@ class GandivaPolicy(Policy):
             # While a starving job holds a reservation, free GPUs are kept for it.
             steps = ((make_room, consolidate, defragment) if self._reserved
                      else (lower_height, make_room, consolidate, defragment))
+            if cfg.balance_sizes:
+                steps = (*steps, balance_sizes)
             for step in steps:
                 moves = step(ledger, state, cfg, budget)
                 budget -= len(moves)

@@ -18,6 +18,15 @@ Three passes, each only when the move is expected to pay off:
    spread, i.e. while a freed server would be used): take the non-idle server with
    the most free GPUs (at least ``defrag_free_gpus``) and move all its jobs onto
    fuller non-idle servers, if every one of them fits without time-sharing.
+5. ``balance_sizes`` (``PolicyConfig.balance_sizes``, every ``defrag_interval_s``):
+   Algorithm 1 gives each server to one GPU count (affinity), so each GPU count
+   time-shares only its own servers, however crowded they are. When the GPU count
+   whose jobs are most crowded (jobs per same-size GPU set) has jobs waiting, the
+   server of a less crowded GPU count is handed over: its jobs join same-size
+   time-slice groups on other servers (the migrated job runs first there, as a
+   newcomer does), if afterwards that GPU count is still less crowded than the
+   crowded one with the server added; in the same call the crowded count's queued
+   jobs, then its suspended ones from the fullest groups, take the freed server.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from scheduler.policy.placement import (
     unallocated_filter,
 )
 from scheduler.policy.state import GandivaState
-from scheduler.policy.types import Decision, JobView, Migrate, PolicyConfig
+from scheduler.policy.types import Decision, JobView, Migrate, Place, PolicyConfig, Suspend
 
 
 def _servers_needed(ledger: Ledger, job: JobView) -> int:
@@ -197,5 +206,127 @@ def _plan_evacuation(
         if target is None:
             return None
         taken.update(target)
+        plan.append((job_id, target))
+    return plan
+
+
+def _crowding(ledger: Ledger) -> tuple[dict[int, int], set[int]]:
+    """Jobs (bound or queued) per GPU count up to a server's size, and the GPU counts
+    with jobs waiting (queued or suspended)."""
+    count: dict[int, int] = {}
+    waiting: set[int] = set()
+    top, jobs = ledger.max_server_gpus, ledger.jobs
+    for job_id, st in ledger.state.items():
+        k = jobs[job_id].requested_gpus
+        if k > top:
+            continue
+        count[k] = count.get(k, 0) + 1
+        if st == "QUEUED" or st == "SUSPENDED":
+            waiting.add(k)
+    return count, waiting
+
+
+def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
+    """Hand a server of a less crowded GPU count to the most crowded one (module docstring, 5)."""
+    now = ledger.snapshot.now
+    if state.last_balance_at is not None and now < state.last_balance_at + config.defrag_interval_s:
+        state.wake_at(state.last_balance_at + config.defrag_interval_s)
+        return []
+    if not (ledger.by_state.get("QUEUED") or ledger.by_state.get("SUSPENDED")):
+        return []
+    state.last_balance_at = now
+    state.wake_at(now + config.defrag_interval_s)
+    count, waiting = _crowding(ledger)
+    sets = {k: len(ledger.groups_by_size.get(k, ())) for k in count}
+
+    def crowd(k: int, more_sets: int = 0) -> float:
+        return count[k] / max(1, sets[k] + more_sets)
+
+    if not waiting:
+        return []
+    crowded = max(waiting, key=lambda k: (crowd(k), k))
+    donors = []
+    for name in ledger.servers:
+        sizes = ledger.sizes[name]
+        if len(sizes) != 1 or ledger.is_idle(name):
+            continue
+        (size,) = sizes
+        gets = ledger.servers[name].num_gpus // crowded
+        if size == crowded or size not in count or gets == 0 or crowd(crowded) <= crowd(size):
+            continue
+        donors.append((len(ledger.jobs_on[name]), name, size, gets))
+    for _, name, size, gets in sorted(donors):
+        plan = _plan_handover(ledger, state, config, name, size)
+        if plan is None or len(plan) > budget:
+            continue
+        own = {ledger.placement[j] for j, _ in plan}
+        if count[size] / max(1, sets[size] - len(own)) >= crowd(crowded, gets):
+            continue  # it would leave this GPU count more crowded than the one it helps
+        out: list[Decision] = []
+        why = f"hand {name} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs)"
+        for job_id, target in plan:
+            for other in sorted(ledger.running_on(target)):
+                ledger.set_state(other, "SUSPENDED")
+                out.append(Suspend(other, reason=why))
+            out.append(_move(ledger, job_id, target, why))
+        # The crowded jobs take the server at once: left idle, the next call's placement or
+        # lower_height could give it to any GPU count (the donors' own waiting jobs first).
+        out += _fill(ledger, state, name, crowded, budget - len(plan), why)
+        return out
+    return []
+
+
+def _fill(ledger: Ledger, state: GandivaState, server: str, size: int, budget: int, why: str) -> list[Decision]:
+    """Put waiting ``size``-GPU jobs on the idle ``server``, one per ``size`` GPUs: queued ones
+    first, in queue order (they have waited without running), then suspended ones from the
+    fullest groups (a migration each, within ``budget``)."""
+    free = ledger.free_gpus(server)
+    sets = [tuple(free[i:i + size]) for i in range(0, len(free) - size + 1, size)]
+    out: list[Decision] = []
+    while sets:
+        key = ledger.next_queued(size)
+        if key is None:
+            break
+        gpus = sets.pop(0)
+        ledger.bind(key[2], gpus, "RUNNING")
+        out.append(Place(key[2], gpus, reason=why))
+    groups = sorted(ledger.groups_by_size.get(size, ()), key=lambda g: (-len(ledger.members(g)), g))
+    for group in groups:
+        for job_id in sorted(ledger.members(group), key=lambda j: (ledger.jobs[j].last_state_change_at, j)):
+            if not sets or budget <= 0:
+                return out
+            if (ledger.state[job_id] == "SUSPENDED" and ledger.jobs[job_id].suspendable
+                    and _movable(ledger, job_id, state)):
+                out.append(_move(ledger, job_id, sets.pop(0), why))
+                budget -= 1
+    return out
+
+
+def _plan_handover(ledger: Ledger, state: GandivaState, config: PolicyConfig, source: str,
+                   size: int) -> list[tuple[str, Placement]] | None:
+    """For each job on ``source``: a ``size``-GPU time-slice group on another server of that
+    affinity with room, the least full first; None if any job cannot move."""
+    jobs = sorted(ledger.jobs_on[source])
+    members: dict[Placement, int] = {}
+    for gpus in ledger.groups_by_size.get(size, ()):
+        names = {g.server for g in gpus}
+        if source in names or any(n not in ledger.servers or ledger.affinity(n) != size for n in names):
+            continue
+        group = ledger.members(gpus)
+        if any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable or m in state.trials
+               or m in state.kept_pairs for m in group):
+            continue
+        members[gpus] = len(group)
+    plan: list[tuple[str, Placement]] = []
+    for job_id in jobs:
+        view = ledger.jobs[job_id]
+        if (ledger.servers_of[job_id] != (source,) or ledger.state[job_id] not in ("RUNNING", "SUSPENDED")
+                or not view.suspendable or not _movable(ledger, job_id, state)):
+            return None
+        room = [(n, gpus) for gpus, n in members.items() if n < config.max_jobs_per_gpu]
+        if not room:
+            return None
+        n, target = min(room)
+        members[target] = n + 1
         plan.append((job_id, target))
     return plan

@@ -76,6 +76,7 @@ class GandivaState:
     kept_pairs: dict[str, str] = field(default_factory=dict)
     rejected: set[frozenset[str]] = field(default_factory=set)
     last_defrag_at: float | None = None
+    last_balance_at: float | None = None
     idle_since: float | None = None
     # The earliest time at which decide() would act without any new event (slice end,
     # trial end, defrag or grow timer); the simulator wakes the policy then.

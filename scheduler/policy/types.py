@@ -299,6 +299,10 @@ class PolicyConfig:
     starve_factor: K > 0 (with las_slices): a suspended unit that has waited K x its
         attained service per GPU (at least a quantum) runs next, for one slice (a
         starvation limit as Tiresias' dlas-gpu-K); 0: no limit.
+    balance_sizes: every ``defrag_interval_s``, when the GPU count whose jobs are most
+        crowded (jobs per same-size GPU set) has jobs waiting, a server of a less crowded
+        GPU count is handed to it: its jobs move into same-size time-slice groups
+        elsewhere, if that leaves their GPU count less crowded than the one it helps.
     share_block_after_s: once a queued job has waited this long, jobs queued behind it
         may not join time-slice groups (they take free GPUs only), so that groups drain
         and free GPUs reach it instead of every newcomer joining a group ahead of it;
@@ -333,6 +337,7 @@ class PolicyConfig:
     fifo_after_s: float = 0.0
     starve_factor: float = 0.0
     share_block_after_s: float | None = None
+    balance_sizes: bool = False
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:

@@ -152,3 +152,17 @@ def test_gandiva_looking_only_at_changed_and_due_groups_changes_nothing(rules: s
     assert fast == full
     # The workload really time-slices and packs (else rotation and packing were idle).
     assert fast[0]["suspends"] > 50 and fast[0]["packs"] > 0
+
+
+def test_gandiva_balancing_sizes_decides_the_same_looking_only_at_changes() -> None:
+    """balance_sizes moves whole servers' jobs into other groups; the groups it changes are
+    looked at as any other change, so every job's times are those of looking at every group."""
+    servers = make_cluster("6x4")
+    jobs, _ = scale_to_load(generate(200, seed=0, max_gpus=4), servers, MODEL, 3.0)
+    fast = _result(jobs, servers, get_policy("gandiva", PolicyConfig(balance_sizes=True)))
+    every = get_policy("gandiva", PolicyConfig(balance_sizes=True))
+    every.incremental = False  # type: ignore[attr-defined]
+    assert fast == _result(jobs, servers, every)
+    plain = _result(jobs, servers, get_policy("gandiva", PolicyConfig()))
+    # The rule really acted here: it handed servers over (each a handful of migrations).
+    assert fast[0]["migrations"] > plain[0]["migrations"] + 20

@@ -1,0 +1,117 @@
+"""``balance_sizes`` (issue 11, ITP cluster08): Algorithm 1 gives each server to one GPU count,
+so 1-GPU jobs crowd their servers' time-slice groups while servers given to 4-GPU jobs run one
+job each. With the rule the policy hands such a server to the crowded jobs: its 4-GPU job joins
+the other 4-GPU job's group, and the suspended 1-GPU jobs move onto the freed GPUs and run.
+
+The cluster: s0 holds four 1-GPU groups of ``per_gpu`` jobs each (one running, the others
+suspended); s1 and s2 one 4-GPU job each, running alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from scheduler.policy import PolicyConfig, get_policy
+from scheduler.policy.types import ClusterSnapshot, Migrate, Place, Resume, Suspend
+
+CFG = PolicyConfig(enable_packing=False, enable_grow_shrink=False, balance_sizes=True)
+
+
+def _cluster(mk, per_gpu: int, big_migratable: bool = True) -> ClusterSnapshot:
+    jobs = []
+    for gpu in range(4):
+        for k in range(per_gpu):
+            jobs.append(mk.job(f"small{gpu}.{k}", state="RUNNING" if k == 0 else "SUSPENDED",
+                               placement=mk.on("s0", gpu), attained_service_s=600.0 * (k + 1),
+                               submitted_at=0.0, last_state_change_at=0.0))
+    for name in ("s1", "s2"):
+        jobs.append(mk.job(f"big-{name}", state="RUNNING", placement=mk.on(name, 0, 1, 2, 3),
+                           attained_service_s=4 * 36000.0, migratable=big_migratable, last_state_change_at=0.0))
+    return mk.snap(1000.0, mk.servers(3), *jobs)
+
+
+def _apply(snap: ClusterSnapshot, decisions: list, now: float) -> ClusterSnapshot:
+    """The snapshot after the decisions, as the live engine or the simulator applies them."""
+    jobs = {j.id: j for j in snap.jobs}
+    for d in decisions:
+        j = jobs[d.job_id]
+        if isinstance(d, Suspend):
+            jobs[d.job_id] = dataclasses.replace(j, state="SUSPENDED", last_state_change_at=now)
+        elif isinstance(d, Migrate):
+            jobs[d.job_id] = dataclasses.replace(j, state="RUNNING", placement=d.to_gpus, last_state_change_at=now)
+        elif isinstance(d, (Resume, Place)):
+            jobs[d.job_id] = dataclasses.replace(j, state="RUNNING", placement=d.gpus, last_state_change_at=now)
+    return ClusterSnapshot(now, snap.servers, tuple(jobs.values()))
+
+
+def _small_running(snap: ClusterSnapshot) -> int:
+    return sum(1 for j in snap.jobs if j.id.startswith("small") and j.state == "RUNNING")
+
+
+@pytest.mark.parametrize(("per_gpu", "hands_over"), [(3, False), (4, False), (5, True), (8, True)])
+def test_a_server_of_the_less_crowded_size_goes_to_the_crowded_one(mk, per_gpu: int, hands_over: bool) -> None:
+    """With five or more 1-GPU jobs per GPU, s1's 4-GPU job joins s2's (which it suspends: it
+    runs first, as a newcomer would) and four suspended 1-GPU jobs, from the groups in turn,
+    run on s1 at once. With four or fewer, the two 4-GPU jobs sharing s2 would be as crowded
+    as the 1-GPU jobs with s1 added (2 jobs per GPU set against 4 x 4 / 8): nothing moves."""
+    policy = get_policy("gandiva", CFG)
+    snap = _cluster(mk, per_gpu)
+    first = policy.decide(snap)
+    moved = [d for d in first if isinstance(d, Migrate)]
+    if not hands_over:
+        assert moved == [] and [d for d in first if isinstance(d, Suspend)] == []
+        assert _small_running(_apply(snap, first, 1001.0)) == 4
+        return
+    assert mk.kinds(first)[:2] == [("Suspend", "big-s2"), ("Migrate", "big-s1")]
+    assert moved[0].to_gpus == mk.on("s2", 0, 1, 2, 3)
+    onto_s1 = [d for d in moved if {g.server for g in d.to_gpus} == {"s1"}]
+    assert len(onto_s1) == 4 and all(d.job_id.startswith("small") for d in onto_s1)
+    assert sorted(d.to_gpus for d in onto_s1) == [mk.on("s1", i) for i in range(4)]
+    # Eight 1-GPU jobs now run where four did; the 4-GPU jobs take turns on s2.
+    after = _apply(snap, first, 1001.0)
+    assert _small_running(after) == 8
+    # Nothing moves back in the next call.
+    assert not any(isinstance(d, Migrate) for d in policy.decide(dataclasses.replace(after, now=1002.0)))
+
+
+def test_queued_jobs_of_the_crowded_size_take_the_server_first(mk) -> None:
+    """Two 1-GPU jobs queued (every group is at the cap of 5): they are placed on the freed
+    server ahead of the suspended ones, which take the other two GPUs."""
+    cfg = dataclasses.replace(CFG, max_jobs_per_gpu=5)
+    snap = _cluster(mk, 5)
+    queued = [mk.job(f"new{i}", submitted_at=900.0 + i) for i in range(2)]
+    snap = mk.snap(1000.0, snap.servers, *snap.jobs, *queued)
+    d = get_policy("gandiva", cfg).decide(snap)
+    placed = [x for x in d if isinstance(x, Place)]
+    assert [(x.job_id, x.gpus) for x in placed] == [("new0", mk.on("s1", 0)), ("new1", mk.on("s1", 1))]
+    onto_s1 = [x for x in d if isinstance(x, Migrate) and x.to_gpus[0].server == "s1"]
+    assert sorted(x.to_gpus for x in onto_s1) == [mk.on("s1", 2), mk.on("s1", 3)]
+
+
+@pytest.mark.parametrize("per_gpu", [5, 8])
+def test_without_the_rule_the_crowded_jobs_keep_waiting(mk, per_gpu: int) -> None:
+    policy = get_policy("gandiva", dataclasses.replace(CFG, balance_sizes=False))
+    snap = _cluster(mk, per_gpu)
+    d = policy.decide(snap)
+    assert [x for x in d if isinstance(x, Migrate)] == []
+    assert _small_running(_apply(snap, d, 1001.0)) == 4
+
+
+def test_a_job_that_cannot_move_keeps_its_server(mk) -> None:
+    d = get_policy("gandiva", CFG).decide(_cluster(mk, 8, big_migratable=False))
+    assert [x for x in d if isinstance(x, (Migrate, Suspend))] == []
+
+
+def test_the_rule_acts_at_most_once_per_interval(mk) -> None:
+    """After a handover the next one waits defrag_interval_s (300 s): a crowded cluster does
+    not move a server at every event."""
+    policy = get_policy("gandiva", CFG)
+    snap = _cluster(mk, 8)
+    first = policy.decide(snap)
+    assert any(isinstance(d, Migrate) for d in first)
+    assert policy.next_wakeup() is not None and policy.next_wakeup() <= 1000.0 + 300.0
+    # The same crowded cluster again, 100 s later (as if the moves had not happened).
+    again = policy.decide(dataclasses.replace(snap, now=1100.0))
+    assert not any(isinstance(d, Migrate) and d.job_id.startswith("big") for d in again)
