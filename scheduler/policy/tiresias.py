@@ -231,10 +231,13 @@ class TiresiasPolicy(Policy):
             heapq.heappush(qs.promotions, (at + factor * executed_s, job_id, at))
 
     def _promotable(self, jobs: dict[str, JobView], job_id: str, since: float) -> bool:
+        """Still pending since ``since`` (the policy's own record: a start clears it), and
+        outside the first queue. Not the view's state: a job preempted in this call (or
+        whose suspension the live side has not confirmed yet) still shows RUNNING, and
+        reading that as 'ran again' dropped every promotion of a job preempted while
+        running, so the starvation rule never fired for them."""
         qs = self._queues
-        view = jobs.get(job_id)
-        return (view is not None and view.state != "RUNNING" and qs.pending_since.get(job_id) == since
-                and qs.qid.get(job_id, 0) > 0)
+        return job_id in jobs and qs.pending_since.get(job_id) == since and qs.qid.get(job_id, 0) > 0
 
     def _executed(self, view: JobView, now: float) -> float:
         """GPU-seconds run since the job last entered the first queue."""

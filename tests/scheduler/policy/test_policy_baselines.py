@@ -92,6 +92,30 @@ def test_tiresias_promotes_a_starving_job(mk) -> None:
         ("Suspend", "h"), ("Resume", "s")]
 
 
+def test_tiresias_promotes_a_job_it_preempted_itself_once_it_starves(mk) -> None:
+    """The starvation rule also covers a job the policy preempts while it runs (not only
+    one a fresh policy finds suspended): preempted at 10 s after 10,010 GPU-s (the last
+    queue), factor 0.5, it is back in the first queue at 10 + 0.5 x 10,010 = 5,015 s and
+    takes the GPU from the newcomer, which is still in the middle queue."""
+    cfg = PolicyConfig(tiresias_thresholds_gpu_s=(100.0, 10_000.0), tiresias_starve_factor=0.5)
+    policy = get_policy("tiresias", cfg)
+    old = mk.job("a", state="RUNNING", placement=mk.on("s0", 0), attained_service_s=10_000,
+                 reported_at=0.0, submitted_at=0)
+    assert mk.kinds(policy.decide(mk.snap(10, mk.servers(1, 1), old, mk.job("n", submitted_at=10)))) == [
+        ("Suspend", "a"), ("Place", "n")]
+
+    def cluster(at: float) -> object:
+        a = mk.job("a", state="SUSPENDED", placement=mk.on("s0", 0), attained_service_s=10_010,
+                   last_state_change_at=10, submitted_at=0)
+        n = mk.job("n", state="RUNNING", placement=mk.on("s0", 0), attained_service_s=0,
+                   reported_at=10.0, submitted_at=10)
+        return mk.snap(at, mk.servers(1, 1), a, n)
+
+    assert policy.decide(cluster(2000)) == []  # n demoted to the middle queue, still ahead
+    assert policy.next_wakeup() == 5015
+    assert mk.kinds(policy.decide(cluster(5015))) == [("Suspend", "n"), ("Resume", "a")]
+
+
 def test_tiresias_extrapolates_attained_service_from_the_last_report(mk) -> None:
     cfg = PolicyConfig(tiresias_thresholds_gpu_s=(1000.0,))
     # Reported 900 GPU-s at t=0; by t=200 it has run 1,100 and drops below the newcomer.
