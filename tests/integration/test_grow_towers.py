@@ -87,7 +87,9 @@ def test_a_per_device_program_is_grown_once_then_left_alone_and_its_result_never
     cluster.add_helper("g1", 4)
     pd = submit(cluster, "per-device", [*per_device, "--step-sleep", "0.1",
                                         "--dump", str(tmp_path / "pd.npz")], tmp_path)
-    lt = submit(cluster, "logical", [*logical, "--step-sleep", "0.1",
+    # Slower steps: its grow (a pre-warmed destination starting TensorFlow) must land
+    # before it ends, also on a loaded machine (at 0.1 s it once finished mid-grow).
+    lt = submit(cluster, "logical", [*logical, "--step-sleep", "0.25",
                                      "--dump", str(tmp_path / "lt.npz")], tmp_path)
 
     # The per-device job: one grow attempt, refused at its destination, back on its GPU.
