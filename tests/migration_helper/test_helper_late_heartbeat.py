@@ -72,6 +72,11 @@ async def test_a_late_heartbeat_answer_does_not_thaw_only_a_fresh_round_trip_doe
             assert time.monotonic() - t0 < LEASE_S + 3, "the lease ran out but the jobs were not frozen"
             await asyncio.sleep(0.01)
         frozen_at = time.monotonic()
+        # SIGSTOP is sent now; the kernel stops the process when it next runs (on a loaded
+        # machine it may show R or S for a moment first): that is the freeze landing, not a thaw.
+        while _state(proc.pid) != "T":
+            assert time.monotonic() - frozen_at < 2.0, "the lease ran out but the job never stopped"
+            await asyncio.sleep(0.005)
         # Late answers to heartbeats sent before the freeze arrive now: sample the process
         # throughout; it must stay stopped, and nothing may thaw it.
         late_answers = lambda: [a for a in control.log if a[0] < frozen_at and a[0] >= slow_from]
