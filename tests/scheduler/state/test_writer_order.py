@@ -14,24 +14,9 @@ from sqlalchemy import func, select, update
 
 from protos.gandiva.v1 import common_pb2
 from scheduler.core import SchedulerCore
-from scheduler.state import migrate
-from scheduler.state.db import make_engine
 from scheduler.state.models import Job
 
 SPEC = common_pb2.JobSpec(command=["python", "t.py"], gpus=1)
-
-
-@pytest.fixture
-async def core(sqlite_url: str):  # type: ignore[no-untyped-def]
-    engine = make_engine(sqlite_url)
-    core = SchedulerCore(engine)
-    await migrate.upgrade(engine)
-    await core.submit(SPEC)  # the first submission reads the largest server: done here
-    try:
-        yield core
-    finally:
-        await core.dispose()
-        await engine.dispose()
 
 
 async def _count(core: SchedulerCore) -> int:
