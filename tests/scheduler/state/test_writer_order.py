@@ -68,10 +68,14 @@ async def test_concurrent_submissions_and_transactions_all_land(core: SchedulerC
 
 def test_the_serving_collector_still_frees_garbage_in_cycles() -> None:
     """quiet_gc (run by `gandiva scheduler`) freezes start-up objects and collects young
-    ones less often; garbage in reference cycles is still freed (in a process of its own)."""
+    ones less often; garbage in reference cycles is still freed (in a process of its own).
+    quick_switches shortens the interpreter's switch interval there."""
     code = (
-        "import gc, weakref\n"
-        "from scheduler.server import GC_YOUNG, quiet_gc\n"
+        "import gc, sys, weakref\n"
+        "from scheduler.server import GC_YOUNG, SWITCH_INTERVAL_S, quick_switches, quiet_gc\n"
+        "before = sys.getswitchinterval()\n"
+        "quick_switches()\n"
+        "assert sys.getswitchinterval() == SWITCH_INTERVAL_S < before, sys.getswitchinterval()\n"
         "quiet_gc()\n"
         "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()\n"
         "assert gc.get_threshold()[0] == GC_YOUNG\n"
