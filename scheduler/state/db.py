@@ -254,8 +254,17 @@ class LoopThread:
         return await self._on_thread(run)
 
     async def close(self) -> None:
+        """Work still running on this loop is cancelled (its callers get CancelledError),
+        then its connections are closed and the thread ends."""
+        async def shut() -> None:
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            await self.engine.dispose()
+
         try:
-            await self._on_thread(self.engine.dispose)
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(shut(), self._loop))
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
