@@ -69,8 +69,7 @@ def end_trials_of(ledger: Ledger, state: GandivaState, config: PolicyConfig, job
     A pair found worth keeping becomes a kept pair (it then takes its turns together)."""
     for trial in [t for t in state.trials.values() if job_id in (t.job_id, t.partner_id)]:
         if _end_early(state, trial, ledger.snapshot.now, config, why) and trial.partner_id in ledger.jobs:
-            state.kept_pairs[trial.job_id] = trial.partner_id
-            state.kept_pairs[trial.partner_id] = trial.job_id
+            state.keep_pair(trial.job_id, trial.partner_id)
 
 
 def judge_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
@@ -103,8 +102,7 @@ def judge_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> l
                                       f"measured over {now - trial.started_at:.1f}s")
         state.add_verdict(now, trial, kept, gain, reason, unpacked=not kept)
         if kept:
-            state.kept_pairs[job_id] = partner.id
-            state.kept_pairs[partner.id] = job_id
+            state.keep_pair(job_id, partner.id)
             continue
         ledger.set_state(job_id, "SUSPENDED")
         out.append(Unpack(job_id, ledger.placement[job_id], reason=reason))

@@ -92,6 +92,12 @@ class GandivaState:
         self.verdicts.append(PackVerdict(self.verdict_seq, at, trial.job_id, trial.partner_id,
                                          kept, gain, reason, unpacked))
 
+    def keep_pair(self, a: str, b: str) -> None:
+        """A packed pair found worth keeping: each is the other's partner (they take their
+        turns together, and neither is migrated or packed with a third job)."""
+        self.kept_pairs[a] = b
+        self.kept_pairs[b] = a
+
     def wake_at(self, when: float) -> None:
         if self.next_wakeup is None or when < self.next_wakeup:
             self.next_wakeup = when

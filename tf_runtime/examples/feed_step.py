@@ -37,6 +37,19 @@ from tf_runtime.towers import tower_devices, visible_device_count
 DIM, HIDDEN, CLASSES = 12, 16, 4
 
 
+def _count(p: argparse.ArgumentParser, flag: str, value: str, what: str, default: int) -> int:
+    """A positive count, or 'auto': as many as CUDA_VISIBLE_DEVICES lists (``default`` if unset)."""
+    if value == "auto":
+        return visible_device_count(default=default)
+    try:
+        n = int(value)
+    except ValueError:
+        p.error(f"{flag} {value!r}: {what}, or auto")
+    if n < 1:
+        p.error(f"{flag} must be >= 1")
+    return n
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loop", choices=("session", "mts"), default="session")
@@ -53,28 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0, help="sleep after each step (s)")
     p.add_argument("--dump", default=None, help="write all global variables to this .npz at the end")
     args = p.parse_args(argv)
-    if args.replicas == "auto":
-        args.replicas = visible_device_count(default=1)
-        if args.devices is not None:
-            p.error("--replicas auto builds one tower per device: leave --devices out")
-    else:
-        try:
-            args.replicas = int(args.replicas)
-        except ValueError:
-            p.error(f"--replicas {args.replicas!r}: a number of towers, or auto")
-    if args.replicas < 1 or args.steps < 0 or args.batch < 1:
-        p.error("--replicas and --batch must be >= 1, --steps >= 0")
-    if args.devices is None:
-        args.devices = args.replicas
-    elif args.devices == "auto":
-        args.devices = visible_device_count(default=args.replicas)
-    else:
-        try:
-            args.devices = int(args.devices)
-        except ValueError:
-            p.error(f"--devices {args.devices!r}: a number of devices, or auto")
-        if args.devices < 1:
-            p.error("--devices must be >= 1")
+    if args.replicas == "auto" and args.devices is not None:
+        p.error("--replicas auto builds one tower per device: leave --devices out")
+    args.replicas = _count(p, "--replicas", args.replicas, "a number of towers", 1)
+    if args.steps < 0 or args.batch < 1:
+        p.error("--batch must be >= 1, --steps >= 0")
+    args.devices = (args.replicas if args.devices is None
+                    else _count(p, "--devices", args.devices, "a number of devices", args.replicas))
     args.devices = min(args.devices, args.replicas)  # more devices than towers: the rest idle
     return args
 
