@@ -24,7 +24,7 @@ async def _count(core: SchedulerCore) -> int:
         return int(await s.scalar(select(func.count(Job.id))) or 0)
 
 
-@pytest.mark.parametrize("queued", [1, 10, 60])
+@pytest.mark.parametrize("queued", [1, 60])
 async def test_a_transaction_sees_every_write_queued_before_it(core: SchedulerCore, queued: int) -> None:
     before = await _count(core)
     subs = [asyncio.create_task(core.submit(SPEC)) for _ in range(queued)]
@@ -34,7 +34,7 @@ async def test_a_transaction_sees_every_write_queued_before_it(core: SchedulerCo
     assert await counted == before + queued
 
 
-@pytest.mark.parametrize("writes", [1, 5, 30])
+@pytest.mark.parametrize("writes", [1, 30])
 async def test_writes_made_during_a_transaction_wait_for_it_and_see_its_change(
     core: SchedulerCore, writes: int
 ) -> None:
@@ -92,7 +92,7 @@ def test_the_serving_collector_still_frees_garbage_in_cycles() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-@pytest.mark.parametrize("clients", [2, 8])
+@pytest.mark.parametrize("clients", [8])
 def test_over_grpc_each_submission_is_readable_at_once_amid_other_writes(scheduler_server, clients: int) -> None:  # type: ignore[no-untyped-def]
     """Real gRPC, real SQLite file: clients submit and read back at once (the read
     runs on a reader thread, the write on the writer thread) while others change
