@@ -188,7 +188,10 @@ class Authenticator:
 
     The cache is the whole tokens table, read at most once per CACHE_S while calls
     come (a busy cluster's hundred helpers cost one query, not one per helper); a
-    name not in it (created since, or unknown) is read on its own and cached alike."""
+    name not in it (created since, or unknown) is read on its own and cached alike.
+    Once the table is half that old, a call starts reading it again in the background
+    and is answered from the table it has: under steady calls none waits for the read
+    (every call arriving during it did, up to a quarter of a second under load)."""
 
     def __init__(self, sessions: Callable[[], Any], clock: Callable[[], float] = time.monotonic) -> None:
         self._sessions = sessions
@@ -197,11 +200,13 @@ class Authenticator:
         self._table: dict[str, tuple[str, str] | None] = {}
         self._table_at = -math.inf
         self._refreshing = asyncio.Lock()
+        self._ahead: asyncio.Task | None = None
 
-    async def _refresh(self) -> None:
-        """Read the tokens table (one caller reads; the others wait for its answer)."""
+    async def _refresh(self, max_age: float = CACHE_S) -> None:
+        """Read the tokens table unless it is younger than ``max_age`` (one caller reads;
+        the others wait for its answer)."""
         async with self._refreshing:
-            if self._clock() - self._table_at < CACHE_S:
+            if self._clock() - self._table_at < max_age:
                 return  # read meanwhile by another call
             now = self._clock()
             q = select(AuthToken.name, AuthToken.role, AuthToken.token_hash, AuthToken.revoked_at).limit(TABLE_MAX + 1)
@@ -214,8 +219,11 @@ class Authenticator:
 
     async def _row(self, name: str) -> tuple[str, str] | None:
         """(role, token hash) of a live token, None if unknown or revoked."""
-        if self._clock() - self._table_at >= CACHE_S:
+        age = self._clock() - self._table_at
+        if age >= CACHE_S:
             await self._refresh()
+        elif age >= CACHE_S / 2 and (self._ahead is None or self._ahead.done()):
+            self._ahead = asyncio.create_task(self._refresh_ahead())
         if name in self._table:
             return self._table[name]
         now = self._clock()
@@ -229,6 +237,12 @@ class Authenticator:
             self._rows.clear()
         self._rows[name] = (now, value)
         return value
+
+    async def _refresh_ahead(self) -> None:
+        try:
+            await self._refresh(CACHE_S / 2)
+        except Exception as err:  # noqa: BLE001 - a call past CACHE_S reads it itself and says why
+            log.debug("reading the tokens table ahead of time failed: %s", err)
 
     async def identify(self, token: str) -> Identity:
         parts = token.split(".")

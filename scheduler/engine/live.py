@@ -199,8 +199,7 @@ class LiveEngine:
         if now - self._checkpoints_checked < min(1.0, interval):
             return
         self._checkpoints_checked = now
-        async with self.core.tx(read=True) as s:
-            jobs = await repo.running_job_rows(s)
+        jobs = await self.core.read_sync(repo.running_job_rows)
         live = {j.id for j in jobs}
         self._checkpointed = {j: t for j, t in self._checkpointed.items() if j in live}
         for job in jobs:

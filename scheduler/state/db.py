@@ -6,13 +6,17 @@ is for production. Everything else goes through :func:`make_engine`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Executable, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -94,6 +98,76 @@ class SqliteWriter:
         self._engine.dispose()
 
 
+class WriteQueue:
+    """One thread that runs writes one at a time, in two classes: urgent ones (a user
+    waits for the answer: a submission) before bulk ones (heartbeats, progress batches,
+    queueing reasons), so a submission does not queue behind a burst of heartbeats.
+    Each class runs in the order it was queued. A bulk write is never starved: while
+    one waits, at most ``URGENT_RUN`` urgent writes run before it. A ``barrier`` (bulk)
+    runs only once every write queued before it, of either class, has run.
+
+    ``submit`` returns a concurrent Future (``asyncio.wrap_future`` awaits it)."""
+
+    URGENT_RUN = 4
+
+    def __init__(self, name: str) -> None:
+        self._urgent: deque[tuple[Future, Callable[[], Any]]] = deque()
+        self._bulk: deque[tuple[Future, Callable[[], Any]]] = deque()
+        self._barriers: set[Future] = set()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], T], urgent: bool = False, barrier: bool = False) -> Future[T]:
+        fut: Future[T] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the writer is shut down")
+            if barrier:
+                # Only urgent writes queued before it can be ahead of it in the thread's
+                # order: the urgent queue is empty when it runs (see _next).
+                self._barriers.add(fut)
+            (self._urgent if urgent and not barrier else self._bulk).append((fut, fn))
+            self._cond.notify()
+        return fut
+
+    def _next(self, streak: int) -> tuple[tuple[Future, Callable[[], Any]] | None, int]:
+        """The next write to run (None: closed and drained), and the new urgent streak."""
+        with self._cond:
+            while not (self._urgent or self._bulk or self._closed):
+                self._cond.wait()
+            if self._urgent and (not self._bulk or streak < self.URGENT_RUN or self._bulk[0][0] in self._barriers):
+                return self._urgent.popleft(), streak + 1
+            if self._bulk and self._bulk[0][0] in self._barriers:
+                self._barriers.discard(self._bulk[0][0])
+            if self._bulk:
+                return self._bulk.popleft(), 0
+            return None, 0
+
+    def _run(self) -> None:
+        streak = 0
+        while True:
+            item, streak = self._next(streak)
+            if item is None:
+                return
+            fut, fn = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as err:  # noqa: BLE001 - handed to the waiting caller
+                fut.set_exception(err)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No more writes; those queued still run. ``wait``: until they have."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if wait:
+            self._thread.join()
+
+
 class SqliteReader:
     """Sync SQLite sessions for the busiest reads (a job's detail, a scheduling round's
     rows), each run whole on one of a few reader threads: one hop off the event loop
@@ -119,6 +193,90 @@ class SqliteReader:
     def close(self) -> None:
         self.threads.shutdown(wait=True)
         self._engine.dispose()
+
+
+class LoopThread:
+    """PostgreSQL's busiest reads and writes (heartbeats, progress batches, submissions,
+    a job's detail, a scheduling round's rows), on an event loop of their own on one
+    thread, through an engine of their own: one hop from the scheduler's event loop
+    instead of one per statement, row batch and commit (asyncpg answers on the loop
+    that made its connection; under load the scheduler's loop, busy with a thousand
+    runtime streams, made every such hop wait its turn: most of a submission's time)."""
+
+    def __init__(self, url: str, name: str = "gandiva-db", pool: int = 4, durable: bool = True) -> None:
+        self._loop = _new_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+        # Not durable: commits do not wait for the WAL to reach the disk (a crash of the
+        # database may lose the last fraction of a second of them, never half of one).
+        settings = {} if durable else {"server_settings": {"synchronous_commit": "off"}}
+        self.engine = create_async_engine(url, pool_pre_ping=False, pool_size=pool, max_overflow=0,
+                                          connect_args=settings)
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        # Reads without BEGIN and COMMIT round trips: at PostgreSQL's default isolation
+        # (read committed) each statement sees the latest commits either way.
+        self._reads = async_sessionmaker(self._autocommit, expire_on_commit=False)
+
+    def _on_thread(self, make: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+        async def run() -> T:
+            try:
+                return await make()
+            except DBAPIError as err:
+                # Pooled connections are not pinged before use (a round trip each time):
+                # after the database restarted, the first use of a stale one fails and the
+                # pool is replaced; the work is tried once more on a fresh connection. (A
+                # dead connection never ran it; a repeated INSERT would only collide.)
+                if not err.connection_invalidated:
+                    raise
+            return await make()
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self._loop))
+
+    async def write(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(connection)`` in one write transaction, on this thread's loop."""
+        async def run() -> T:
+            async with self.engine.begin() as conn:
+                return await conn.run_sync(fn)
+        return await self._on_thread(run)
+
+    async def execute(self, stmt: Executable) -> None:
+        """One statement, which PostgreSQL runs as a transaction of its own (no BEGIN
+        and COMMIT round trips), on this thread's loop."""
+        async def run() -> None:
+            async with self._autocommit.connect() as conn:
+                await conn.execute(stmt)
+        await self._on_thread(run)
+
+    async def read(self, fn: Callable[[Session], T]) -> T:
+        """``fn(session)`` in one read transaction, on this thread's loop."""
+        async def run() -> T:
+            async with self._reads() as session:
+                return await session.run_sync(fn)
+        return await self._on_thread(run)
+
+    async def close(self) -> None:
+        """Work still running on this loop is cancelled (its callers get CancelledError),
+        then its connections are closed and the thread ends."""
+        async def shut() -> None:
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            await self.engine.dispose()
+
+        try:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(shut(), self._loop))
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            self._loop.close()
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 def execute_all(conn: Connection, statements: list[tuple[Any, list[dict[str, Any]]]]) -> None:

@@ -15,6 +15,7 @@ from typing import cast
 
 from sqlalchemy import (
     Connection,
+    Executable,
     Select,
     Table,
     and_,
@@ -168,15 +169,16 @@ SNAPSHOT_COLUMNS = (
 _UNFINISHED = [s.value for s in JobState if not s.terminal]
 
 
-async def running_job_rows(session: AsyncSession) -> Sequence:
+def running_job_rows(session: Session) -> Sequence:
     """(id, incarnation, state_changed_at, migratable) of every running job, as plain
-    rows: the periodic checkpoints read them every scheduling round."""
+    rows: the periodic checkpoints read them once a second (SchedulerCore.read_sync:
+    a thousand rows off the event loop)."""
     q = (
         select(Job.id, Job.incarnation, Job.state_changed_at, Job.migratable)
         .where(Job.state == JobState.RUNNING.value)
         .order_by(Job.submitted_at, Job.id)
     )
-    return (await session.execute(q)).all()
+    return session.execute(q).all()
 
 
 @dataclass
@@ -249,6 +251,23 @@ def job_inserts(jobs: Sequence[Job], now: float, multi_job: MultiJob | None = No
         ],
     ))
     return out
+
+
+# The most bind parameters one statement may have (asyncpg's limit is 32,767).
+MAX_STATEMENT_PARAMS = 30_000
+
+
+def job_insert_statement(jobs: Sequence[Job], now: float, multi_job: MultiJob | None = None) -> Executable | None:
+    """job_inserts as one PostgreSQL statement (the first INSERTs as data-modifying
+    CTEs of the last): atomic on its own, so a submission is one round trip to the
+    database instead of five or six (begin, an INSERT per table, commit). None when it
+    would have too many parameters (a large multi-job): use job_inserts."""
+    items = job_inserts(jobs, now, multi_job)
+    if sum(len(params) * len(params[0]) for _, params in items) > MAX_STATEMENT_PARAMS:
+        return None
+    ctes = [stmt.values(params).cte(f"w{i}") for i, (stmt, params) in enumerate(items[:-1])]
+    stmt, params = items[-1]
+    return stmt.values(params).add_cte(*ctes)
 
 
 async def add_jobs(

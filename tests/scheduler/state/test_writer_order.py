@@ -14,24 +14,9 @@ from sqlalchemy import func, select, update
 
 from protos.gandiva.v1 import common_pb2
 from scheduler.core import SchedulerCore
-from scheduler.state import migrate
-from scheduler.state.db import make_engine
 from scheduler.state.models import Job
 
 SPEC = common_pb2.JobSpec(command=["python", "t.py"], gpus=1)
-
-
-@pytest.fixture
-async def core(sqlite_url: str):  # type: ignore[no-untyped-def]
-    engine = make_engine(sqlite_url)
-    core = SchedulerCore(engine)
-    await migrate.upgrade(engine)
-    await core.submit(SPEC)  # the first submission reads the largest server: done here
-    try:
-        yield core
-    finally:
-        await core.dispose()
-        await engine.dispose()
 
 
 async def _count(core: SchedulerCore) -> int:
@@ -39,7 +24,7 @@ async def _count(core: SchedulerCore) -> int:
         return int(await s.scalar(select(func.count(Job.id))) or 0)
 
 
-@pytest.mark.parametrize("queued", [1, 10, 60])
+@pytest.mark.parametrize("queued", [1, 60])
 async def test_a_transaction_sees_every_write_queued_before_it(core: SchedulerCore, queued: int) -> None:
     before = await _count(core)
     subs = [asyncio.create_task(core.submit(SPEC)) for _ in range(queued)]
@@ -49,7 +34,7 @@ async def test_a_transaction_sees_every_write_queued_before_it(core: SchedulerCo
     assert await counted == before + queued
 
 
-@pytest.mark.parametrize("writes", [1, 5, 30])
+@pytest.mark.parametrize("writes", [1, 30])
 async def test_writes_made_during_a_transaction_wait_for_it_and_see_its_change(
     core: SchedulerCore, writes: int
 ) -> None:
@@ -83,10 +68,14 @@ async def test_concurrent_submissions_and_transactions_all_land(core: SchedulerC
 
 def test_the_serving_collector_still_frees_garbage_in_cycles() -> None:
     """quiet_gc (run by `gandiva scheduler`) freezes start-up objects and collects young
-    ones less often; garbage in reference cycles is still freed (in a process of its own)."""
+    ones less often; garbage in reference cycles is still freed (in a process of its own).
+    quick_switches shortens the interpreter's switch interval there."""
     code = (
-        "import gc, weakref\n"
-        "from scheduler.server import GC_YOUNG, quiet_gc\n"
+        "import gc, sys, weakref\n"
+        "from scheduler.server import GC_YOUNG, SWITCH_INTERVAL_S, quick_switches, quiet_gc\n"
+        "before = sys.getswitchinterval()\n"
+        "quick_switches()\n"
+        "assert sys.getswitchinterval() == SWITCH_INTERVAL_S < before, sys.getswitchinterval()\n"
         "quiet_gc()\n"
         "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()\n"
         "assert gc.get_threshold()[0] == GC_YOUNG\n"
@@ -103,7 +92,7 @@ def test_the_serving_collector_still_frees_garbage_in_cycles() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-@pytest.mark.parametrize("clients", [2, 8])
+@pytest.mark.parametrize("clients", [8])
 def test_over_grpc_each_submission_is_readable_at_once_amid_other_writes(scheduler_server, clients: int) -> None:  # type: ignore[no-untyped-def]
     """Real gRPC, real SQLite file: clients submit and read back at once (the read
     runs on a reader thread, the write on the writer thread) while others change

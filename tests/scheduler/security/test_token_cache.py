@@ -1,0 +1,62 @@
+"""The token cache under steady calls: once the tokens table is half CACHE_S old, calls
+are answered from it while it is read again in the background (under load every call
+arriving during that read waited for it); a revocation still takes effect within
+CACHE_S, and a table older than that is never trusted. Real SQLite file, fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from scheduler import auth
+from scheduler.errors import Unauthenticated
+from scheduler.state import migrate
+from scheduler.state.db import make_engine, make_sessionmaker
+
+
+@pytest.fixture
+async def store(sqlite_url: str):  # type: ignore[no-untyped-def]
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    try:
+        yield make_sessionmaker(engine)
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.parametrize("age", [0.5, 0.75, 0.99])
+async def test_a_half_stale_table_answers_at_once_and_is_read_again_behind(store, age: float) -> None:  # type: ignore[no-untyped-def]
+    async with store() as s, s.begin():
+        alice = await auth.create_token(s, "alice", "user")
+        bob = await auth.create_token(s, "bob", "user")
+    now = [100.0]
+    a = auth.Authenticator(store, clock=lambda: now[0])
+    assert (await a.identify(alice)).name == "alice"  # reads the table
+    async with store() as s, s.begin():
+        await auth.revoke_token(s, "bob")
+    now[0] += age * auth.CACHE_S
+    async with a._refreshing:  # the database read cannot finish meanwhile
+        # Answered from the table it has, without waiting for the read it started.
+        assert (await asyncio.wait_for(a.identify(bob), 1.0)).name == "bob"
+    await asyncio.wait_for(a._ahead, 5)  # type: ignore[arg-type]
+    with pytest.raises(Unauthenticated):  # the revocation is seen, well within CACHE_S
+        await a.identify(bob)
+    assert (await a.identify(alice)).name == "alice"
+
+
+@pytest.mark.parametrize("age", [1.0, 1.5])
+async def test_a_table_cache_s_old_is_never_trusted(store, age: float) -> None:  # type: ignore[no-untyped-def]
+    async with store() as s, s.begin():
+        bob = await auth.create_token(s, "bob", "user")
+    now = [100.0]
+    a = auth.Authenticator(store, clock=lambda: now[0])
+    await a.identify(bob)
+    async with store() as s, s.begin():
+        await auth.revoke_token(s, "bob")
+    now[0] += age * auth.CACHE_S
+    async with a._refreshing:  # a call must wait for a fresh read: it cannot end now
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(a.identify(bob), 0.3)
+    with pytest.raises(Unauthenticated):
+        await a.identify(bob)
