@@ -154,10 +154,9 @@ def policy_options(pairs: list[str]) -> dict[str, Any]:
 def run_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Run an entry point's coroutine on uvloop where available (it is not built for
     every platform), else on asyncio's loop; set up in entry points only."""
-    try:
-        import uvloop
-    except ImportError:
-        import asyncio
+    import asyncio
 
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+    from scheduler.loops import new_event_loop
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(coro)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from scheduler.errors import InvalidArgument
+from scheduler.loops import new_event_loop
 
 T = TypeVar("T")
 
@@ -204,7 +205,7 @@ class LoopThread:
     runtime streams, made every such hop wait its turn: most of a submission's time)."""
 
     def __init__(self, url: str, name: str = "gandiva-db", pool: int = 4, durable: bool = True) -> None:
-        self._loop = _new_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self._thread.start()
         # Not durable: commits do not wait for the WAL to reach the disk (a crash of the
@@ -269,14 +270,6 @@ class LoopThread:
             self._loop.call_soon_threadsafe(self._loop.stop)
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._loop.close()
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 def execute_all(conn: Connection, statements: list[tuple[Any, list[dict[str, Any]]]]) -> None:
