@@ -237,13 +237,13 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
     state.last_balance_at = now
     state.wake_at(now + config.defrag_interval_s)
     count, waiting = _crowding(ledger)
+    if not waiting:
+        return []
     sets = {k: len(ledger.groups_by_size.get(k, ())) for k in count}
 
     def crowd(k: int, more_sets: int = 0) -> float:
         return count[k] / max(1, sets[k] + more_sets)
 
-    if not waiting:
-        return []
     crowded = max(waiting, key=lambda k: (crowd(k), k))
     donors = []
     for name in ledger.servers:
@@ -260,7 +260,7 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
         if plan is None or len(plan) > budget:
             continue
         own = {ledger.placement[j] for j, _ in plan}
-        if count[size] / max(1, sets[size] - len(own)) >= crowd(crowded, gets):
+        if crowd(size, -len(own)) >= crowd(crowded, gets):
             continue  # it would leave this GPU count more crowded than the one it helps
         out: list[Decision] = []
         why = f"hand {name} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs)"
