@@ -16,8 +16,14 @@ the ratios the goals of issue 11 are stated in, with a verdict per goal:
 where every rule set is CONFIG_FIELD[:VALUE] joined with +, applied on top of the defaults
 (which already have las_slices, slice_growth 0.1 and max_jobs_per_gpu 16).
 --plot DIR writes each trace's CDFs and utilization plot into DIR/TRACE/.
+--baselines FILE takes yarn-cs's, tiresias' and yarn-cs-local's results from a file an
+earlier run wrote with --json (same --cluster and --target-load) and replays gandiva alone:
+an ablation over every trace then costs gandiva's time only. The last lines count the goals
+met by the gandiva column and by each --ablate rule set.
 
     .venv/bin/python benchmarks/sim_table.py [--only cluster10,2869ce] [--json OUT] [--plot DIR]
+    .venv/bin/python benchmarks/sim_table.py --json base.json          # once: every policy
+    .venv/bin/python benchmarks/sim_table.py --baselines base.json --ablate rule=FIELD:VALUE
 
 Needs ../shared/traces. All traces take hours on this shared machine: use --only.
 """
@@ -46,6 +52,7 @@ from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import read_trace
 
 POLICIES = ("gandiva", "yarn-cs", "tiresias", "yarn-cs-local")
+BASELINES = POLICIES[1:]
 JCT, FIRST = "avg_jct_s", "avg_time_to_first_n_s"
 
 
@@ -73,10 +80,21 @@ def main() -> int:
     ap.add_argument("--config", default="", help="rules for the gandiva column (FIELD[:VALUE]+...)")
     ap.add_argument("--json", type=Path, help="also write every metric here")
     ap.add_argument("--plot", type=Path, metavar="DIR", help="plots per trace into DIR/TRACE/")
+    ap.add_argument("--baselines", type=Path, metavar="FILE",
+                    help="reuse the baselines' results from an earlier --json file; replay gandiva only")
     args = ap.parse_args()
     if not args.traces.is_dir():
         print(f"no traces at {args.traces.resolve()}: this benchmark needs ../shared/traces")
         return 2
+    settings = {"cluster": args.cluster, "target_load": args.target_load}
+    stored: dict[str, Any] = {}
+    if args.baselines is not None:
+        if args.plot is not None:
+            ap.error("--plot needs every policy's replay: leave out --baselines")
+        try:
+            stored = json.loads(args.baselines.read_text())
+        except (OSError, ValueError) as exc:
+            ap.error(f"--baselines {args.baselines}: {exc}")
     gavel = MechanismModel.from_gavel(args.traces / "gavel" / "simulation_throughputs.json")
     builtin = MechanismModel.default()
     servers = make_cluster(args.cluster)
@@ -84,6 +102,7 @@ def main() -> int:
     ablations = parse_rules(args.ablate)
     wanted = set(args.only.split(",")) if args.only else None
     everything: dict[str, Any] = {}
+    tally: dict[str, list[int]] = {}  # rule set -> goals met: ff, jct, mk, traces
     print(f"{'trace':>9} {'jobs':>5} | {'avg JCT h g/y/t/yl':>24} | {'first-100 avg s g/y/t':>24} "
           f"{'med g':>6} | {'mksp h g/y':>11} {'bound':>6} | {'yQ%':>4} {'ff':>5} {'jct/y':>5} {'jct/t':>5} "
           f"{'mk/y':>5} | goals ff/jct/mk | secs")
@@ -95,15 +114,31 @@ def main() -> int:
         bound, _ = makespan_bound(jobs, servers, model)
         start = time.process_time()
         results: dict[str, SimResult] = {}
+        old: dict[str, Any] = {}
+        if args.baselines is not None:
+            old = stored.get(path.stem) or {}
+            if old.get("settings") != settings or old.get("jobs") != len(jobs):
+                print(f"{args.baselines} has no baselines for {path.stem} at {settings} ({len(jobs)} jobs): "
+                      f"write them first with --json (every policy)", file=sys.stderr)
+                return 2
         for name in POLICIES:
+            if name in BASELINES and name in old:
+                continue
             policy = get_policy(name, gandiva_cfg if name == "gandiva" else None)
             results[name] = Simulator(jobs, servers, policy, model).run()
         for label, cfg in ablations.items():
             results[f"gandiva[{label}]"] = Simulator(jobs, servers, get_policy("gandiva", cfg), model).run()
         m = {name: summarize(r) for name, r in results.items()}
+        m.update({name: old[name] for name in BASELINES if name in old})
         g, y, t, yl = (m[p] for p in POLICIES)
         v = verdicts(g, y, t)
-        everything[path.stem] = {"jobs": len(jobs), "makespan_lower_bound_s": bound, "goals": v, **m}
+        everything[path.stem] = {"jobs": len(jobs), "makespan_lower_bound_s": bound, "goals": v,
+                                 "settings": settings, **m}
+        for label, met in [("gandiva", v)] + [(lb, verdicts(m[f"gandiva[{lb}]"], y, t)) for lb in ablations]:
+            row = tally.setdefault(label, [0, 0, 0, 0])
+            for i, k in enumerate(("ff_ok", "jct_ok", "makespan_ok")):
+                row[i] += bool(met[k])
+            row[3] += 1
         ok = "/".join("yes" if v[k] else "NO" for k in ("ff_ok", "jct_ok", "makespan_ok"))
         print(f"{path.stem:>9} {len(jobs):>5} | "
               f"{'/'.join(f'{x[JCT] / 3600:.1f}' for x in (g, y, t, yl)):>24} | "
@@ -120,11 +155,14 @@ def main() -> int:
                   f"{a['avg_time_to_first_n_s']:.0f} s median {a['median_time_to_first_n_s']:.0f} s, makespan "
                   f"{a['makespan_s'] / 3600:.0f} h, suspends {a['suspends']}, ratios ff {va['ff_ratio']:.2f} "
                   f"jct/y {va['jct_ratio_yarn']:.2f} jct/t {va['jct_ratio_tiresias']:.2f} "
-                  f"mk/y {va['makespan_ratio']:.2f}", flush=True)
+                  f"mk/y {va['makespan_ratio']:.2f}, goals "
+                  f"{'/'.join('yes' if va[k] else 'NO' for k in ('ff_ok', 'jct_ok', 'makespan_ok'))}", flush=True)
         if args.plot is not None:
             from scheduler.sim.plots import write_plots
 
             write_plots(results, args.plot / path.stem)
+    for label, (ff, jct, mk, n) in tally.items():
+        print(f"goals met, {label}: ff {ff} / jct {jct} / mk {mk} of {n} traces")
     if args.json:
         args.json.write_text(json.dumps(everything, indent=2, sort_keys=True))
     return 0
