@@ -8,6 +8,8 @@ One decide() call runs, in this order:
    behind it may only time-share) - our addition against starving large jobs; the
    first that has waited ``share_block_after_s`` stops the jobs behind it from joining
    time-slice groups (they take free GPUs only), so that the groups drain toward it;
+   while the first that fits one server has waited ``large_block_after_s``, jobs larger
+   than a server do not join time-slice groups (smaller newcomers still do);
 3. migration (lower the height, make room on one server for a queued job, bring
    spread jobs together, defragment);
 4. new packing trials (only when overloaded);
@@ -18,7 +20,7 @@ One decide() call runs, in this order:
 from __future__ import annotations
 
 from scheduler.policy.base import Policy
-from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.cluster import Ledger, Placement, QueueKey
 from scheduler.policy.growshrink import grow, shrink_all
 from scheduler.policy.migration import (
     balance_sizes,
@@ -157,23 +159,40 @@ class GandivaPolicy(Policy):
         # found no place) has waited that long, the jobs after it may not time-share.
         blocker: str | None = None
         block_s = self.config.share_block_after_s
+        # large_block_after_s: once the first queued job that fits one server has waited
+        # that long, the jobs larger than a server may not time-share, so that their
+        # groups drain and free whole servers; smaller jobs still join groups at once.
+        large_blocker: str | None = None
+        large_s = self.config.large_block_after_s
+        top = ledger.max_server_gpus
         limit = self.config.reserve_after_s
         # Without reasons to give and no reservation to find, a job whose GPU count
         # found no place at this ledger version is not visited at all (find_placement
         # would answer None from its cache); otherwise every queued job is.
         walk_all = self.config.queue_reasons or limit is not None
 
+        def shut(size: int) -> bool:
+            """Jobs of ``size`` GPUs may take free GPUs only (a block holds for them)."""
+            return blocker is not None or (large_blocker is not None and size > top)
+
         def skip(size: int) -> bool:
             return not walk_all and (missed(ledger, misses, ALGORITHM_1, size) or (
-                blocker is not None and missed(ledger, misses, FREE_FILTERS, size)))
+                shut(size) and missed(ledger, misses, FREE_FILTERS, size)))
+
+        def waited(head: QueueKey | None, after_s: float) -> str | None:
+            if head is not None and now - ledger.jobs[head[2]].submitted_at >= after_s:
+                return head[2]
+            return None
 
         now = ledger.snapshot.now
         for job in ledger.queued_in_order(skip):
             if blocker is None and block_s is not None:
                 # Only a job that fits one server blocks: it can use GPUs a group frees.
-                head = ledger.first_queued(ledger.max_server_gpus)
-                if head is not None and head[2] != job.id and now - ledger.jobs[head[2]].submitted_at >= block_s:
-                    blocker = head[2]  # it stays first for the rest of this walk
+                head = ledger.first_queued(top)
+                if head is not None and head[2] != job.id:
+                    blocker = waited(head, block_s)  # it stays first for the rest of this walk
+            if large_blocker is None and large_s is not None and job.gpus > top:
+                large_blocker = waited(ledger.first_queued(top), large_s)
             cand = None
             if self._reserved is None:
                 cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
@@ -183,7 +202,7 @@ class GandivaPolicy(Policy):
                 out += shrinks
                 if shrinks and self._reserved is None:
                     cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
-            if cand is None and (blocker is None or self._reserved is not None):
+            if cand is None and (not shut(job.gpus) or self._reserved is not None):
                 filters = ALGORITHM_1 if self._reserved is None else OVERSUBSCRIBE_ONLY
                 cand = find_placement(ledger, job, self.config, filters, misses)
             if cand is None:
@@ -192,6 +211,10 @@ class GandivaPolicy(Policy):
                     if blocker is not None and self._reserved is None:
                         why = (f"job {blocker} has waited {now - ledger.jobs[blocker].submitted_at:.0f}s; "
                                f"until it runs, later jobs do not join time-slice groups ({why})")
+                    elif large_blocker is not None and job.gpus > top and self._reserved is None:
+                        why = (f"job {large_blocker} fits one server and has waited "
+                               f"{now - ledger.jobs[large_blocker].submitted_at:.0f}s; until it runs, "
+                               f"jobs larger than a server ({top} GPUs) do not join time-slice groups ({why})")
                     out.append(Queue(job.id, why))
                 if (self._reserved is None and limit is not None
                         and ledger.snapshot.now - job.submitted_at >= limit):

@@ -307,6 +307,10 @@ class PolicyConfig:
         may not join time-slice groups (they take free GPUs only), so that groups drain
         and free GPUs reach it instead of every newcomer joining a group ahead of it;
         None: off.
+    large_block_after_s: once a queued job that fits one server has waited this long, jobs
+        larger than a server may not join time-slice groups (they take free GPUs only),
+        so that their groups drain and free whole servers for it; smaller jobs still join
+        groups at once (early feedback kept); None: off.
     queue_reasons: return a Queue decision, with its reason, for every job left queued
         (the live scheduler shows them to users). The simulator turns it off: it ignores
         them, and with it off a call skips the queued jobs that cannot be placed instead
@@ -337,6 +341,7 @@ class PolicyConfig:
     fifo_after_s: float = 0.0
     starve_factor: float = 0.0
     share_block_after_s: float | None = None
+    large_block_after_s: float | None = None
     balance_sizes: bool = False
 
     def __post_init__(self) -> None:
@@ -350,8 +355,10 @@ class PolicyConfig:
             raise ValueError(f"fifo_after_s must not be negative, got {self.fifo_after_s}")
         if self.starve_factor < 0:
             raise ValueError(f"starve_factor must not be negative, got {self.starve_factor}")
-        if self.share_block_after_s is not None and self.share_block_after_s < 0:
-            raise ValueError(f"share_block_after_s must not be negative, got {self.share_block_after_s}")
+        for name in ("share_block_after_s", "large_block_after_s"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must not be negative, got {value}")
         if self.defrag_free_gpus < 1:
             raise ValueError(f"defrag_free_gpus must be at least 1, got {self.defrag_free_gpus}")
         limits = self.tiresias_thresholds_gpu_s

@@ -79,6 +79,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="gandiva: once the first queued job that fits a server has waited S seconds, "
                         "later jobs take free GPUs only and do not join time-slice groups "
                         "(default: off)")
+    s.add_argument("--large-block-after", type=float, default=PolicyConfig.large_block_after_s, metavar="S",
+                   help="gandiva: once the first queued job that fits a server has waited S seconds, "
+                        "jobs larger than a server take free GPUs only and do not join time-slice "
+                        "groups, so their groups drain and free servers for it; smaller jobs still "
+                        "time-share at once (default: off)")
     s.add_argument("--balance-sizes", action=argparse.BooleanOptionalAction, default=PolicyConfig.balance_sizes,
                    help="gandiva: when the jobs of one GPU count are more crowded on their servers than "
                         "another count's, hand a server of the less crowded count to them (its jobs "
@@ -149,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
                               max_jobs_per_gpu=args.max_jobs_per_gpu, las_slices=args.las_slices,
                               slice_growth=args.slice_growth, fifo_after_s=args.fifo_after,
                               starve_factor=args.starve_factor,
-                              share_block_after_s=args.share_block_after, balance_sizes=args.balance_sizes)
+                              share_block_after_s=args.share_block_after,
+                              large_block_after_s=args.large_block_after, balance_sizes=args.balance_sizes)
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2

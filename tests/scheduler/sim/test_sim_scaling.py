@@ -166,3 +166,20 @@ def test_gandiva_balancing_sizes_decides_the_same_looking_only_at_changes() -> N
     plain = _result(jobs, servers, get_policy("gandiva", PolicyConfig()))
     # The rule really acted here: it handed servers over (each a handful of migrations).
     assert fast[0]["migrations"] > plain[0]["migrations"] + 20
+
+
+def test_gandiva_blocking_large_jobs_decides_the_same_looking_only_at_changes() -> None:
+    """large_block_after_s keeps jobs larger than a server (4 GPUs on 2-GPU servers) out of
+    time-slice groups while a job that fits one server has waited; placement remembers which
+    GPU counts found no free GPUs, and every job's times are those of searching again in
+    every call."""
+    servers = make_cluster("6x2")
+    cfg = PolicyConfig(large_block_after_s=600.0, max_jobs_per_gpu=4)
+    jobs, _ = scale_to_load(generate(160, seed=5, median_duration_s=1800, max_gpus=4), servers, MODEL, 2.0)
+    fast = _result(jobs, servers, get_policy("gandiva", cfg))
+    every = get_policy("gandiva", cfg)
+    every.incremental = False  # type: ignore[attr-defined]
+    assert fast == _result(jobs, servers, every)
+    # The rule really acted here: many jobs start or finish at other times than without it.
+    plain = _result(jobs, servers, get_policy("gandiva", dataclasses.replace(cfg, large_block_after_s=None)))
+    assert sum(a != b for a, b in zip(fast[1], plain[1], strict=True)) > 20
