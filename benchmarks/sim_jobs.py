@@ -22,6 +22,8 @@ no inversion). The cluster is read at most every ``--sample-s`` virtual seconds.
 
     .venv/bin/python benchmarks/sim_jobs.py --trace ../shared/traces/itp/cluster05.csv \
         --compare gandiva,tiresias [--config RULES] [--sample-s 600]
+    .venv/bin/python benchmarks/sim_jobs.py --trace ../shared/traces/gavel/traces/msr/seed=0/b436b2.trace \
+        --compare gandiva@balance_sizes,gandiva        # one rule set against the defaults
 """
 
 from __future__ import annotations
@@ -122,7 +124,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, required=True)
     ap.add_argument("--compare", default="gandiva,tiresias", help="policies; the first is examined, "
-                    "the second is the reference")
+                    "the second is the reference; gandiva@RULES is gandiva with its own rule set "
+                    "(as --config), e.g. gandiva@balance_sizes,gandiva")
     ap.add_argument("--cluster", default="25x4")
     ap.add_argument("--target-load", type=float, default=0.9)
     ap.add_argument("--config", default="", help="gandiva rules, as sim_table.py's --config")
@@ -145,10 +148,16 @@ def main() -> int:
     cls = {j.id: (j.num_gpus, length_class(length[j.id])) for j in jobs}
     per: dict[str, dict[str, tuple[float, float, float]]] = {}
     probe: InversionProbe | None = None
+    if len(set(names)) < len(names):
+        print(f"--compare {args.compare}: a policy twice (give gandiva a rule set: gandiva@RULES)",
+              file=sys.stderr)
+        return 2
     for name in names:
         start = time.perf_counter()
-        policy = get_policy(name, parse_config(args.config) if name == "gandiva" else None)
-        if name == "gandiva" and name == names[0]:
+        base, _, rules = name.partition("@")
+        config = parse_config(rules or args.config) if base == "gandiva" else None
+        policy = get_policy(base, config)
+        if base == "gandiva" and name == names[0]:
             policy = probe = InversionProbe(policy, args.sample_s)
         result = Simulator(jobs, servers, policy, model).run()
         rows = {}

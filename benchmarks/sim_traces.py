@@ -35,7 +35,8 @@ def trace_files(root: Path, min_jobs: int) -> list[Path]:
 
 
 def parse_config(spec: str) -> PolicyConfig:
-    """``field[:value]+field...`` into a PolicyConfig on top of the defaults."""
+    """``field[:value]+field...`` into a PolicyConfig on top of the defaults; ``none`` turns
+    off a rule whose field may be None (e.g. ``large_block_after_s:none``)."""
     types = {f.name: f.type for f in dataclasses.fields(PolicyConfig)}
     changes: dict[str, Any] = {}
     for rule in filter(None, spec.split("+")):
@@ -43,6 +44,9 @@ def parse_config(spec: str) -> PolicyConfig:
         if field not in types:
             raise SystemExit(f"{field!r} is not a PolicyConfig field (one of {', '.join(sorted(types))})")
         kind = str(types[field])
+        if value.lower() == "none" and "None" in kind:
+            changes[field] = None
+            continue
         try:
             changes[field] = (True if not value else value.lower() == "true") if kind == "bool" else \
                 (int(value) if kind == "int" else float(value))

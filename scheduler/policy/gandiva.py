@@ -9,7 +9,7 @@ One decide() call runs, in this order:
    first that has waited ``share_block_after_s`` stops the jobs behind it from joining
    time-slice groups (they take free GPUs only), so that the groups drain toward it;
    while the first that fits one server has waited ``large_block_after_s``, jobs larger
-   than a server do not join time-slice groups (smaller newcomers still do);
+   than a server queued after it do not join time-slice groups (smaller ones still do);
 3. migration (lower the height, make room on one server for a queued job, bring
    spread jobs together, defragment);
 4. new packing trials (only when overloaded);
@@ -160,11 +160,12 @@ class GandivaPolicy(Policy):
         blocker: str | None = None
         block_s = self.config.share_block_after_s
         # large_block_after_s: once the first queued job that fits one server has waited
-        # that long, the jobs larger than a server may not time-share, so that their
-        # groups drain and free whole servers; smaller jobs still join groups at once.
-        large_blocker: str | None = None
+        # that long, the jobs larger than a server queued after it may not time-share, so
+        # that their groups drain and free whole servers; smaller jobs still join groups.
+        large_head: QueueKey | None = None  # that job's queue key, found at the first large job
         large_s = self.config.large_block_after_s
         top = ledger.max_server_gpus
+        at: QueueKey | None = None  # the walk's position: the key of the job visited last
         limit = self.config.reserve_after_s
         # Without reasons to give and no reservation to find, a job whose GPU count
         # found no place at this ledger version is not visited at all (find_placement
@@ -172,27 +173,28 @@ class GandivaPolicy(Policy):
         walk_all = self.config.queue_reasons or limit is not None
 
         def shut(size: int) -> bool:
-            """Jobs of ``size`` GPUs may take free GPUs only (a block holds for them)."""
-            return blocker is not None or (large_blocker is not None and size > top)
+            """The next ``size``-GPU job of the walk may take free GPUs only (a block holds):
+            the walk goes in queue order, so every job after ``at`` is behind ``large_head``
+            once ``at`` is."""
+            return blocker is not None or (
+                size > top and large_head is not None and at is not None and at > large_head)
 
         def skip(size: int) -> bool:
             return not walk_all and (missed(ledger, misses, ALGORITHM_1, size) or (
                 shut(size) and missed(ledger, misses, FREE_FILTERS, size)))
-
-        def waited(head: QueueKey | None, after_s: float) -> str | None:
-            if head is not None and now - ledger.jobs[head[2]].submitted_at >= after_s:
-                return head[2]
-            return None
 
         now = ledger.snapshot.now
         for job in ledger.queued_in_order(skip):
             if blocker is None and block_s is not None:
                 # Only a job that fits one server blocks: it can use GPUs a group frees.
                 head = ledger.first_queued(top)
-                if head is not None and head[2] != job.id:
-                    blocker = waited(head, block_s)  # it stays first for the rest of this walk
-            if large_blocker is None and large_s is not None and job.gpus > top:
-                large_blocker = waited(ledger.first_queued(top), large_s)
+                if head is not None and head[2] != job.id and now - ledger.jobs[head[2]].submitted_at >= block_s:
+                    blocker = head[2]  # it stays first for the rest of this walk
+            if large_head is None and large_s is not None and job.gpus > top:
+                head = ledger.first_queued(top)
+                if head is not None and now - ledger.jobs[head[2]].submitted_at >= large_s:
+                    large_head = head  # it stays the one for the rest of this walk
+            at = ledger.order(job)
             cand = None
             if self._reserved is None:
                 cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
@@ -211,10 +213,11 @@ class GandivaPolicy(Policy):
                     if blocker is not None and self._reserved is None:
                         why = (f"job {blocker} has waited {now - ledger.jobs[blocker].submitted_at:.0f}s; "
                                f"until it runs, later jobs do not join time-slice groups ({why})")
-                    elif large_blocker is not None and job.gpus > top and self._reserved is None:
-                        why = (f"job {large_blocker} fits one server and has waited "
-                               f"{now - ledger.jobs[large_blocker].submitted_at:.0f}s; until it runs, "
-                               f"jobs larger than a server ({top} GPUs) do not join time-slice groups ({why})")
+                    elif large_head is not None and shut(job.gpus) and self._reserved is None:
+                        why = (f"job {large_head[2]} fits one server and has waited "
+                               f"{now - ledger.jobs[large_head[2]].submitted_at:.0f}s; until it runs, jobs "
+                               f"larger than a server ({top} GPUs) queued after it do not join time-slice "
+                               f"groups ({why})")
                     out.append(Queue(job.id, why))
                 if (self._reserved is None and limit is not None
                         and ledger.snapshot.now - job.submitted_at >= limit):

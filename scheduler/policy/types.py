@@ -307,10 +307,13 @@ class PolicyConfig:
         may not join time-slice groups (they take free GPUs only), so that groups drain
         and free GPUs reach it instead of every newcomer joining a group ahead of it;
         None: off.
-    large_block_after_s: once a queued job that fits one server has waited this long, jobs
-        larger than a server may not join time-slice groups (they take free GPUs only),
-        so that their groups drain and free whole servers for it; smaller jobs still join
-        groups at once (early feedback kept); None: off.
+    large_block_after_s: once the first queued job that fits one server has waited this
+        long, jobs larger than a server queued after it may not join time-slice groups (they
+        take free GPUs only), so that their groups drain and free whole servers for it;
+        smaller jobs still join groups at once (early feedback kept). 3600: Tiresias' first
+        queue limit (3,250 GPU-seconds) rounded to an hour, as the other rules' S; on the
+        19 traces of issue 11 it met 13 / 13 / 16 goals against 12 / 12 / 16 without it and
+        lost none (docs/simulator.md). None: off.
     queue_reasons: return a Queue decision, with its reason, for every job left queued
         (the live scheduler shows them to users). The simulator turns it off: it ignores
         them, and with it off a call skips the queued jobs that cannot be placed instead
@@ -341,7 +344,7 @@ class PolicyConfig:
     fifo_after_s: float = 0.0
     starve_factor: float = 0.0
     share_block_after_s: float | None = None
-    large_block_after_s: float | None = None
+    large_block_after_s: float | None = 3600.0
     balance_sizes: bool = False
 
     def __post_init__(self) -> None:

@@ -75,15 +75,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--starve-factor", type=float, default=PolicyConfig.starve_factor, metavar="K",
                    help="gandiva, with --las-slices: a job suspended for K x its service per GPU "
                         "runs next (default %(default)s; 0: no starvation limit)")
-    s.add_argument("--share-block-after", type=float, default=PolicyConfig.share_block_after_s, metavar="S",
+    s.add_argument("--share-block-after", type=_seconds_or_off, default=PolicyConfig.share_block_after_s, metavar="S",
                    help="gandiva: once the first queued job that fits a server has waited S seconds, "
                         "later jobs take free GPUs only and do not join time-slice groups "
                         "(default: off)")
-    s.add_argument("--large-block-after", type=float, default=PolicyConfig.large_block_after_s, metavar="S",
+    s.add_argument("--large-block-after", type=_seconds_or_off, default=PolicyConfig.large_block_after_s, metavar="S",
                    help="gandiva: once the first queued job that fits a server has waited S seconds, "
                         "jobs larger than a server take free GPUs only and do not join time-slice "
                         "groups, so their groups drain and free servers for it; smaller jobs still "
-                        "time-share at once (default: off)")
+                        "time-share at once (default %(default)s; off: no block)")
     s.add_argument("--balance-sizes", action=argparse.BooleanOptionalAction, default=PolicyConfig.balance_sizes,
                    help="gandiva: when the jobs of one GPU count are more crowded on their servers than "
                         "another count's, hand a server of the less crowded count to them (its jobs "
@@ -107,6 +107,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="report the time until each job's first N mini-batches (default 100)")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
+
+
+def _seconds_or_off(text: str) -> float | None:
+    """A rule's limit in seconds, or ``off`` (also ``none``) to turn the rule off."""
+    if text.lower() in ("off", "none"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'off', got {text!r}") from None
 
 
 def _policies(args: argparse.Namespace) -> list[str]:

@@ -1,8 +1,8 @@
 """``large_block_after_s`` (issue 11, ITP cluster07): jobs larger than a server always found a
 time-slice group of their size with room, so the servers those groups held never freed up
 while jobs that fit one server queued behind full groups. Once such a job has waited S,
-jobs larger than a server queue instead of joining groups, while smaller newcomers still
-time-share at once; the large groups drain and the servers they free go to the waiting job.
+jobs larger than a server queued after it queue instead of joining groups, while smaller
+newcomers still time-share at once; the large groups drain and the servers they free go to the waiting job.
 
 The cluster: four 2-GPU servers. s0+s1 hold one 4-GPU job (a group with room under the cap
 of 2); s2 a 2-GPU group at the cap; s3 two 1-GPU jobs, each group with room. Queued: ``old``
@@ -18,7 +18,8 @@ import pytest
 
 from scheduler.policy import PolicyConfig, get_policy
 
-CAP2 = PolicyConfig(max_jobs_per_gpu=2, enable_packing=False, enable_grow_shrink=False)
+CAP2 = PolicyConfig(max_jobs_per_gpu=2, enable_packing=False, enable_grow_shrink=False,
+                    large_block_after_s=None)
 RULE = dataclasses.replace(CAP2, large_block_after_s=3600.0)
 
 
@@ -57,7 +58,7 @@ def test_large_jobs_stop_joining_groups_once_a_job_that_fits_a_server_waited(mk,
     if blocked:
         assert "large_new" not in placed
         reason = queued["large_new"]
-        assert "job old fits one server" in reason and "larger than a server" in reason
+        assert "job old fits one server" in reason and "larger than a server (2 GPUs) queued after it" in reason
     else:
         assert placed["large_new"] == {"s0", "s1"}  # it joins big's group, suspending big
         assert ("Suspend", "big") in mk.kinds(d)
@@ -83,12 +84,24 @@ def test_the_server_a_drained_large_group_frees_goes_to_the_waiting_job(mk, wait
     assert "old" not in _placed(d)
 
 
+def test_a_large_job_queued_before_the_waiting_job_still_joins_a_group(mk) -> None:
+    """The block keeps later large jobs from overtaking the waiting job; one that has waited
+    longer (queued first) is not held back for it."""
+    snap = _cluster(mk, 9000.0)
+    jobs = tuple(dataclasses.replace(j, submitted_at=-100.0) if j.id == "large_new" else j for j in snap.jobs)
+    assert _placed(get_policy("gandiva", RULE).decide(dataclasses.replace(snap, jobs=jobs)))["large_new"] == {"s0", "s1"}
+
+
 def test_a_job_larger_than_every_server_blocks_nobody(mk) -> None:
     """Only a queued job that fits one server can use a server a group frees."""
     snap = _cluster(mk, 9000.0)
     jobs = tuple(dataclasses.replace(j, gpus=6) if j.id == "old" else j for j in snap.jobs)
     d = get_policy("gandiva", RULE).decide(dataclasses.replace(snap, jobs=jobs))
     assert _placed(d)["large_new"] == {"s0", "s1"}
+
+
+def test_the_rule_is_on_by_default_with_an_hour() -> None:
+    assert PolicyConfig().large_block_after_s == 3600.0
 
 
 def test_a_negative_limit_is_refused_naming_the_field() -> None:

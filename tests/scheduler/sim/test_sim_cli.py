@@ -132,14 +132,17 @@ def test_balance_sizes_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureF
 
 
 def test_large_block_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
-    """--large-block-after S: with 4- and 8-GPU jobs on 2-GPU servers the same seed decides
-    differently (large jobs queue instead of joining groups), every job still ends; a
-    negative S is refused naming the field."""
+    """--large-block-after S (on by default, ``off`` turns it off): with 4- and 8-GPU jobs on
+    2-GPU servers the same seed decides differently (large jobs queue instead of joining
+    groups), every job still ends; a negative S or a word is refused naming what is wrong."""
     args = ("--jobs", "80", "--cluster", "4x2", "--target-load", "2", "--max-jobs-per-gpu", "4",
             "--seed", "1", "--policy", "gandiva", "-o", "json")
     code, _, err = _sim(capsys, *args, "--large-block-after", "-1")
     assert code == 2 and "large_block_after_s must not be negative" in err
-    base = json.loads(_sim(capsys, *args)[1])["gandiva"]
+    with pytest.raises(SystemExit) as exit_:
+        _sim(capsys, *args, "--large-block-after", "soon")
+    assert exit_.value.code == 2 and "expected seconds or 'off', got 'soon'" in capsys.readouterr().err
+    base = json.loads(_sim(capsys, *args, "--large-block-after", "off")[1])["gandiva"]
     ruled = json.loads(_sim(capsys, *args, "--large-block-after", "600")[1])["gandiva"]
     assert ruled["jobs_finished"] == base["jobs_finished"] and ruled["jobs_unfinished"] == 0
     assert ruled["avg_jct_s"] != base["avg_jct_s"]
