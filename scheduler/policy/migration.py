@@ -26,7 +26,10 @@ Three passes, each only when the move is expected to pay off:
    time-slice groups on other servers (the migrated job runs first there, as a
    newcomer does), if afterwards that GPU count is still less crowded than the
    crowded one with the server added; in the same call the crowded count's queued
-   jobs, then its suspended ones from the fullest groups, take the freed server.
+   jobs, then its suspended ones from the fullest groups, take the freed server. Jobs
+   larger than a server are counted too and can give (never take): their group moves
+   into other groups of its size and hands over every server it spans (else the
+   servers the rule frees drift to them, whose groups never drain).
 """
 
 from __future__ import annotations
@@ -211,15 +214,13 @@ def _plan_evacuation(
 
 
 def _crowding(ledger: Ledger) -> tuple[dict[int, int], set[int]]:
-    """Jobs (bound or queued) per GPU count up to a server's size, and the GPU counts
-    with jobs waiting (queued or suspended)."""
+    """Jobs (bound or queued) per GPU count, and the GPU counts with jobs waiting (queued
+    or suspended)."""
     count: dict[int, int] = {}
     waiting: set[int] = set()
-    top, jobs = ledger.max_server_gpus, ledger.jobs
+    jobs = ledger.jobs
     for job_id, st in ledger.state.items():
         k = jobs[job_id].requested_gpus
-        if k > top:
-            continue
         count[k] = count.get(k, 0) + 1
         if st == "QUEUED" or st == "SUSPENDED":
             waiting.add(k)
@@ -244,7 +245,12 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
     def crowd(k: int, more_sets: int = 0) -> float:
         return count[k] / max(1, sets[k] + more_sets)
 
-    crowded = max(waiting, key=lambda k: (crowd(k), k))
+    # Only a GPU count that fits one server can take a server; any count can give one (a
+    # group of jobs larger than a server gives all the servers it spans, whole).
+    helped = [k for k in waiting if k <= ledger.max_server_gpus]
+    if not helped:
+        return []
+    crowded = max(helped, key=lambda k: (crowd(k), k))
     donors = []
     for name in ledger.servers:
         sizes = ledger.sizes[name]
@@ -259,11 +265,15 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
         plan = _plan_handover(ledger, state, config, name, size)
         if plan is None or len(plan) > budget:
             continue
+        freed = _whole_servers(ledger, name, plan)
+        if freed is None:
+            continue
+        gets *= len(freed)
         own = {ledger.placement[j] for j, _ in plan}
         if crowd(size, -len(own)) >= crowd(crowded, gets):
             continue  # it would leave this GPU count more crowded than the one it helps
         out: list[Decision] = []
-        why = f"hand {name} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs)"
+        why = f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs)"
         for job_id, target in plan:
             for other in sorted(ledger.running_on(target)):
                 ledger.set_state(other, "SUSPENDED")
@@ -271,9 +281,23 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
             out.append(_move(ledger, job_id, target, why))
         # The crowded jobs take the server at once: left idle, the next call's placement or
         # lower_height could give it to any GPU count (the donors' own waiting jobs first).
-        out += _fill(ledger, state, name, crowded, budget - len(plan), why)
+        left = budget - len(plan)
+        for server in freed:
+            filled = _fill(ledger, state, server, crowded, left, why)
+            left -= sum(isinstance(d, Migrate) for d in filled)
+            out += filled
         return out
     return []
+
+
+def _whole_servers(ledger: Ledger, source: str, plan: list[tuple[str, Placement]]) -> list[str] | None:
+    """The servers the plan's jobs leave idle: ``source``, and for a group of jobs larger
+    than a server every server it spans; None if another job stays on one of them."""
+    moving = {job_id for job_id, _ in plan}
+    names = sorted({n for job_id in moving for n in ledger.servers_of[job_id]})
+    if any(not ledger.jobs_on[n] <= moving for n in names):
+        return None
+    return names
 
 
 def _fill(ledger: Ledger, state: GandivaState, server: str, size: int, budget: int, why: str) -> list[Decision]:
@@ -320,7 +344,7 @@ def _plan_handover(ledger: Ledger, state: GandivaState, config: PolicyConfig, so
     plan: list[tuple[str, Placement]] = []
     for job_id in jobs:
         view = ledger.jobs[job_id]
-        if (ledger.servers_of[job_id] != (source,) or ledger.state[job_id] not in ("RUNNING", "SUSPENDED")
+        if (source not in ledger.servers_of[job_id] or ledger.state[job_id] not in ("RUNNING", "SUSPENDED")
                 or not view.suspendable or not _movable(ledger, job_id, state)):
             return None
         room = [(n, gpus) for gpus, n in members.items() if n < config.max_jobs_per_gpu]

@@ -115,3 +115,33 @@ def test_the_rule_acts_at_most_once_per_interval(mk) -> None:
     # The same crowded cluster again, 100 s later (as if the moves had not happened).
     again = policy.decide(dataclasses.replace(snap, now=1100.0))
     assert not any(isinstance(d, Migrate) and d.job_id.startswith("big") for d in again)
+
+
+def _large_cluster(mk, per_gpu: int) -> ClusterSnapshot:
+    """Five 2-GPU servers: s0 two 1-GPU groups of ``per_gpu`` jobs; s1+s2 and s3+s4 one 4-GPU
+    job each (larger than a server), running alone."""
+    jobs = [mk.job(f"small{gpu}.{k}", state="RUNNING" if k == 0 else "SUSPENDED", placement=mk.on("s0", gpu),
+                   attained_service_s=600.0 * (k + 1), last_state_change_at=0.0)
+            for gpu in range(2) for k in range(per_gpu)]
+    jobs += [mk.job("big-a", state="RUNNING", placement=mk.on("s1", 0, 1) + mk.on("s2", 0, 1), last_state_change_at=0.0),
+             mk.job("big-b", state="RUNNING", placement=mk.on("s3", 0, 1) + mk.on("s4", 0, 1), last_state_change_at=0.0)]
+    return mk.snap(1000.0, mk.servers(5, 2), *jobs)
+
+
+@pytest.mark.parametrize(("per_gpu", "hands_over"), [(3, False), (8, True), (12, True)])
+def test_a_job_larger_than_a_server_hands_over_every_server_it_spans(mk, per_gpu: int, hands_over: bool) -> None:
+    """Jobs larger than a server count too: with eight or more 1-GPU jobs per GPU, big-a joins
+    big-b's group and both servers it held go to suspended 1-GPU jobs, which run at once
+    (before, such a job was no donor, and servers drifted to large jobs for good). With three,
+    the two 4-GPU jobs sharing one set would be more crowded than the 1-GPU jobs: nothing moves."""
+    snap = _large_cluster(mk, per_gpu)
+    d = get_policy("gandiva", CFG).decide(snap)
+    moved = [x for x in d if isinstance(x, Migrate)]
+    if not hands_over:
+        assert moved == []
+        return
+    assert mk.kinds(d)[:2] == [("Suspend", "big-b"), ("Migrate", "big-a")]
+    assert moved[0].to_gpus == mk.on("s3", 0, 1) + mk.on("s4", 0, 1) and "hand s1, s2" in moved[0].reason
+    small = sorted(x.to_gpus for x in moved[1:])
+    assert small == [mk.on(s, i) for s in ("s1", "s2") for i in range(2)]
+    assert _small_running(_apply(snap, d, 1001.0)) == 6

@@ -154,11 +154,13 @@ def test_gandiva_looking_only_at_changed_and_due_groups_changes_nothing(rules: s
     assert fast[0]["suspends"] > 50 and fast[0]["packs"] > 0
 
 
-def test_gandiva_balancing_sizes_decides_the_same_looking_only_at_changes() -> None:
-    """balance_sizes moves whole servers' jobs into other groups; the groups it changes are
-    looked at as any other change, so every job's times are those of looking at every group."""
+@pytest.mark.parametrize("max_gpus", [4, 8])
+def test_gandiva_balancing_sizes_decides_the_same_looking_only_at_changes(max_gpus: int) -> None:
+    """balance_sizes moves whole servers' jobs into other groups (with 8-GPU jobs, larger than
+    a server, also a group's two servers at once); the groups it changes are looked at as any
+    other change, so every job's times are those of looking at every group."""
     servers = make_cluster("6x4")
-    jobs, _ = scale_to_load(generate(200, seed=0, max_gpus=4), servers, MODEL, 3.0)
+    jobs, _ = scale_to_load(generate(200, seed=0, max_gpus=max_gpus), servers, MODEL, 3.0)
     fast = _result(jobs, servers, get_policy("gandiva", PolicyConfig(balance_sizes=True)))
     every = get_policy("gandiva", PolicyConfig(balance_sizes=True))
     every.incremental = False  # type: ignore[attr-defined]
