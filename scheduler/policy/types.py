@@ -302,7 +302,9 @@ class PolicyConfig:
     balance_sizes: every ``defrag_interval_s``, when the GPU count whose jobs are most
         crowded (jobs per same-size GPU set) has jobs waiting, a server of a less crowded
         GPU count is handed to it: its jobs move into same-size time-slice groups
-        elsewhere, if that leaves their GPU count less crowded than the one it helps.
+        elsewhere, if that leaves their GPU count less crowded than the one it helps (a
+        group of jobs larger than a server gives every server it spans; such jobs never
+        take one).
     share_block_after_s: once a queued job has waited this long, jobs queued behind it
         may not join time-slice groups (they take free GPUs only), so that groups drain
         and free GPUs reach it instead of every newcomer joining a group ahead of it;
