@@ -30,6 +30,15 @@ arriving with less service, and keeps its place, so later jobs queue behind the 
 - ``starve_factor`` K > 0 (a starvation limit, as Tiresias' ``dlas-gpu-K``): a waiting unit
   that has been suspended for at least K x its attained service per GPU (and at least a
   quantum) runs next, ahead of the order above, for one slice.
+
+And one that tells the two kinds of trace apart from what the policy sees:
+- ``gittins_slices``: the unit with the highest Gittins index of its attained service per
+  GPU runs next instead of the least served (scheduler/policy/gittins.py: the index comes
+  from the service with which the latest jobs left; least attained service where lengths
+  are heavy-tailed, first come first served where they are not). Ties as ``las_slices``'s:
+  the running unit, then the one waiting longest. Until enough jobs have left: least
+  attained service. The running unit keeps the GPUs until its service crosses the next
+  point of the index's grid (where its index can change) or its slice ends.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import math
 from collections.abc import Callable
 
 from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.gittins import GittinsTable
 from scheduler.policy.state import GandivaState
 from scheduler.policy.types import Decision, JobView, PolicyConfig, Resume, Suspend
 
@@ -96,11 +106,12 @@ def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig, at: f
     return base * max(ledger.jobs[j].weight for j in unit)
 
 
-def _rank(ledger: Ledger, config: PolicyConfig, now: float,
-          served: dict[tuple[str, ...], float]) -> Callable[[tuple[str, ...]], tuple[int, float]]:
+def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[str, ...], float],
+          table: GittinsTable | None = None) -> Callable[[tuple[str, ...]], tuple[int, float]]:
     """The las_slices order as a key (lower runs first): (class, value), where class -1 is a
-    starving unit (``starve_factor``), 0 the short bucket ordered by attained service, 1 the
-    long bucket (``fifo_after_s``) ordered by submission (service counts no more there)."""
+    starving unit (``starve_factor``), 0 the short bucket ordered by attained service (with
+    ``table``, ``gittins_slices``: by its Gittins index, highest first), 1 the long bucket
+    (``fifo_after_s``) ordered by submission (service counts no more there)."""
     jobs = ledger.jobs
 
     def rank(u: tuple[str, ...]) -> tuple[int, float]:
@@ -110,6 +121,8 @@ def _rank(ledger: Ledger, config: PolicyConfig, now: float,
                 return (-1, 0.0)
         if 0 < config.fifo_after_s <= served[u]:
             return (1, min(jobs[j].submitted_at for j in u))
+        if table is not None:
+            return (0, -table.at(served[u]))
         return (0, served[u])
 
     return rank
@@ -236,8 +249,9 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     rank = None
     if config.las_slices:
         served = {u: _served(ledger, u, now) for u in units}
-        if config.fifo_after_s > 0 or config.starve_factor > 0:
-            rank = _rank(ledger, config, now, served)
+        table = state.service.table if config.gittins_slices else None
+        if config.fifo_after_s > 0 or config.starve_factor > 0 or table is not None:
+            rank = _rank(ledger, config, now, served, table)
         nxt = _next_unit(ledger, units, running, served, rank)
     else:
         nxt = _next_unit(ledger, waiting)
@@ -246,7 +260,7 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
         # after it no longer has (its service per GPU grows one second a second; the
         # waiting units' stands still), or the end of another slice if that comes first.
         if rank is not None:
-            crossing = _handover(ledger, config, now, served, running, waiting, rank)
+            crossing = _handover(ledger, config, now, served, running, waiting, rank, table)
         else:
             least = min(served[u] for u in waiting)
             crossing = now + max(0.0, least - served[running])
@@ -264,11 +278,13 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
 
 def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[str, ...], float],
               running: tuple[str, ...], waiting: list[tuple[str, ...]],
-              rank: Callable[[tuple[str, ...]], tuple[int, float]]) -> float:
+              rank: Callable[[tuple[str, ...]], tuple[int, float]],
+              table: GittinsTable | None = None) -> float:
     """When a running unit that won under ``_rank`` stops winning if nothing else changes
     (inf: not before its slice ends): the first waiting unit to starve, the running unit's
-    service passing the least-served short-bucket unit's, or (in the short bucket, with a
-    long-bucket unit waiting) its own move into the long bucket."""
+    service passing the least-served short-bucket unit's (with ``table``: its service
+    reaching the next grid point, where its index may change), or (in the short bucket, with
+    a long-bucket unit waiting) its own move into the long bucket."""
     when = math.inf
     if config.starve_factor > 0:
         for u in waiting:
@@ -278,7 +294,9 @@ def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tup
     short = [v for c, v in ranks if c == 0]
     mine = served[running]
     if not 0 < config.fifo_after_s <= mine:  # it is in the short bucket
-        if short:
+        if table is not None and short:
+            when = min(when, now + max(0.0, table.next_change(mine) - mine))
+        elif short:
             when = min(when, now + max(0.0, min(short) - mine))
         if config.fifo_after_s > 0 and len(short) < len(ranks):
             when = min(when, now + max(0.0, config.fifo_after_s - mine))

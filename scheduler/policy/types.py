@@ -299,6 +299,11 @@ class PolicyConfig:
     starve_factor: K > 0 (with las_slices): a suspended unit that has waited K x its
         attained service per GPU (at least a quantum) runs next, for one slice (a
         starvation limit as Tiresias' dlas-gpu-K); 0: no limit.
+    gittins_slices: with las_slices, the unit with the highest Gittins index of its
+        attained service per GPU runs next, the index computed from the service with which
+        the latest 1,000 jobs left the cluster (scheduler/policy/gittins.py): least attained
+        service where lengths are heavy-tailed, first come first served where they are not;
+        least attained service until 100 jobs have left.
     balance_sizes: every ``defrag_interval_s``, when the GPU count whose jobs are most
         crowded (jobs per same-size GPU set) has jobs waiting, a server of a less crowded
         GPU count is handed to it: its jobs move into same-size time-slice groups
@@ -338,6 +343,7 @@ class PolicyConfig:
     starve_factor: float = 0.0
     share_block_after_s: float | None = None
     balance_sizes: bool = False
+    gittins_slices: bool = False
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:
@@ -350,6 +356,8 @@ class PolicyConfig:
             raise ValueError(f"fifo_after_s must not be negative, got {self.fifo_after_s}")
         if self.starve_factor < 0:
             raise ValueError(f"starve_factor must not be negative, got {self.starve_factor}")
+        if self.gittins_slices and not self.las_slices:
+            raise ValueError("gittins_slices orders the units las_slices orders: turn las_slices on too")
         if self.share_block_after_s is not None and self.share_block_after_s < 0:
             raise ValueError(f"share_block_after_s must not be negative, got {self.share_block_after_s}")
         if self.defrag_free_gpus < 1:

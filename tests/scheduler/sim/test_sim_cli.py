@@ -129,3 +129,8 @@ def test_balance_sizes_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureF
     ruled = json.loads(_sim(capsys, *args, "--balance-sizes")[1])["gandiva"]
     assert ruled["jobs_finished"] == base["jobs_finished"] and ruled["jobs_unfinished"] == 0
     assert ruled["migrations"] > 2 * base["migrations"]
+
+
+def test_gittins_slices_needs_las_slices_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _sim(capsys, "--jobs", "5", "--policy", "gandiva", "--no-las-slices", "--gittins-slices")
+    assert code == 2 and "gittins_slices" in err and "las_slices on" in err
