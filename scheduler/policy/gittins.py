@@ -59,11 +59,15 @@ class GittinsTable:
     """The index on the grid: ``grid[i]`` the ages, ``index[i]`` G there (both rising in i
     for the grid; the last point is the tail's)."""
 
-    __slots__ = ("grid", "index")
+    __slots__ = ("grid", "index", "mrl_peak")
 
-    def __init__(self, grid: list[float], index: list[float]) -> None:
+    def __init__(self, grid: list[float], index: list[float], mrl_peak: float | None = None) -> None:
         self.grid = grid
         self.index = index
+        # ``fifo_after_measured``'s bucket boundary: the grid point where the mean residual
+        # service E[S - a | S > a] is highest; None (no bucket) when that is the last point,
+        # the mean residual service still rising where the departures end.
+        self.mrl_peak = mrl_peak
 
     @classmethod
     def of(cls, samples: list[float] | deque[float], tail_share: float = TAIL_SHARE) -> GittinsTable:
@@ -73,6 +77,7 @@ class GittinsTable:
         least = max(1, math.ceil(tail_share * n))
         grid: list[float] = []
         index: list[float] = []
+        residual: list[float] = []
         point = 0.0
         while True:
             i = int(np.searchsorted(s, point, side="right"))
@@ -94,12 +99,14 @@ class GittinsTable:
             ratios = (k / spent)[r >= least_d]
             short = r < least_d
             at_least = np.count_nonzero(short) / (float(np.sum(r[short])) + least_d * (m - np.count_nonzero(short)))
+            residual.append(float(np.mean(r)))
             grid.append(point)
             index.append(max(at_least, float(np.max(ratios)) if len(ratios) else 0.0))
             point = after
         if not grid:  # every sample is 0: nobody ran, G is that of a job about to start
-            grid, index = [0.0], [0.0]
-        return cls(grid, index)
+            return cls([0.0], [0.0])
+        peak = max(range(len(grid)), key=lambda b: (residual[b], -b))  # the first of equal peaks
+        return cls(grid, index, grid[peak] if peak < len(grid) - 1 else None)
 
     def _bin(self, served: float) -> int:
         return max(0, bisect_right(self.grid, served) - 1)

@@ -39,6 +39,11 @@ And one that tells the two kinds of trace apart from what the policy sees:
   the running unit, then the one waiting longest. Until enough jobs have left: least
   attained service. The running unit keeps the GPUs until its service crosses the next
   point of the index's grid (where its index can change) or its slice ends.
+- ``fifo_after_measured`` (the cheaper alternative): the service buckets of ``fifo_after_s``
+  with the boundary taken from the same departures: the service at which the mean residual
+  service of the jobs that ran that long is highest (below it a job that has run longer
+  has more left, so least attained service is right; above it less, so first come first
+  served is); no long bucket while it is still rising where the departures end.
 """
 
 from __future__ import annotations
@@ -107,11 +112,13 @@ def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig, at: f
 
 
 def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[str, ...], float],
-          table: GittinsTable | None = None) -> Callable[[tuple[str, ...]], tuple[int, float]]:
+          table: GittinsTable | None = None,
+          fifo_s: float | None = None) -> Callable[[tuple[str, ...]], tuple[int, float]]:
     """The las_slices order as a key (lower runs first): (class, value), where class -1 is a
     starving unit (``starve_factor``), 0 the short bucket ordered by attained service (with
     ``table``, ``gittins_slices``: by its Gittins index, highest first), 1 the long bucket
-    (``fifo_after_s``) ordered by submission (service counts no more there)."""
+    (service per GPU at least ``fifo_s``: ``fifo_after_s`` or ``fifo_after_measured``'s)
+    ordered by submission (service counts no more there)."""
     jobs = ledger.jobs
 
     def rank(u: tuple[str, ...]) -> tuple[int, float]:
@@ -119,7 +126,7 @@ def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[s
             waited = now - min(jobs[j].last_state_change_at for j in u)
             if waited >= max(config.quantum_s, config.starve_factor * served[u]):
                 return (-1, 0.0)
-        if 0 < config.fifo_after_s <= served[u]:
+        if fifo_s is not None and fifo_s <= served[u]:
             return (1, min(jobs[j].submitted_at for j in u))
         if table is not None:
             return (0, -table.at(served[u]))
@@ -249,9 +256,13 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     rank = None
     if config.las_slices:
         served = {u: _served(ledger, u, now) for u in units}
-        table = state.service.table if config.gittins_slices else None
-        if config.fifo_after_s > 0 or config.starve_factor > 0 or table is not None:
-            rank = _rank(ledger, config, now, served, table)
+        known = state.service.table
+        table = known if config.gittins_slices else None
+        fifo_s = config.fifo_after_s or None
+        if config.fifo_after_measured:
+            fifo_s = known.mrl_peak if known is not None else None
+        if fifo_s is not None or config.starve_factor > 0 or table is not None:
+            rank = _rank(ledger, config, now, served, table, fifo_s)
         nxt = _next_unit(ledger, units, running, served, rank)
     else:
         nxt = _next_unit(ledger, waiting)
@@ -260,7 +271,7 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
         # after it no longer has (its service per GPU grows one second a second; the
         # waiting units' stands still), or the end of another slice if that comes first.
         if rank is not None:
-            crossing = _handover(ledger, config, now, served, running, waiting, rank, table)
+            crossing = _handover(ledger, config, now, served, running, waiting, rank, table, fifo_s)
         else:
             least = min(served[u] for u in waiting)
             crossing = now + max(0.0, least - served[running])
@@ -279,7 +290,7 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
 def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[str, ...], float],
               running: tuple[str, ...], waiting: list[tuple[str, ...]],
               rank: Callable[[tuple[str, ...]], tuple[int, float]],
-              table: GittinsTable | None = None) -> float:
+              table: GittinsTable | None = None, fifo_s: float | None = None) -> float:
     """When a running unit that won under ``_rank`` stops winning if nothing else changes
     (inf: not before its slice ends): the first waiting unit to starve, the running unit's
     service passing the least-served short-bucket unit's (with ``table``: its service
@@ -293,13 +304,13 @@ def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tup
     ranks = [rank(u) for u in waiting]
     short = [v for c, v in ranks if c == 0]
     mine = served[running]
-    if not 0 < config.fifo_after_s <= mine:  # it is in the short bucket
+    if fifo_s is None or mine < fifo_s:  # it is in the short bucket
         if table is not None and short:
             when = min(when, now + max(0.0, table.next_change(mine) - mine))
         elif short:
             when = min(when, now + max(0.0, min(short) - mine))
-        if config.fifo_after_s > 0 and len(short) < len(ranks):
-            when = min(when, now + max(0.0, config.fifo_after_s - mine))
+        if fifo_s is not None and len(short) < len(ranks):
+            when = min(when, now + max(0.0, fifo_s - mine))
     return max(now, when)
 
 

@@ -131,6 +131,9 @@ def test_balance_sizes_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureF
     assert ruled["migrations"] > 2 * base["migrations"]
 
 
-def test_gittins_slices_needs_las_slices_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _sim(capsys, "--jobs", "5", "--policy", "gandiva", "--no-las-slices", "--gittins-slices")
-    assert code == 2 and "gittins_slices" in err and "las_slices on" in err
+@pytest.mark.parametrize(("flag", "field"), [("--gittins-slices", "gittins_slices"),
+                                           ("--fifo-after-measured", "fifo_after_measured")])
+def test_measured_slice_orders_need_las_slices_and_say_so(capsys: pytest.CaptureFixture[str], flag: str,
+                                                          field: str) -> None:
+    code, _, err = _sim(capsys, "--jobs", "5", "--policy", "gandiva", "--no-las-slices", flag)
+    assert code == 2 and field in err and "las_slices on" in err
