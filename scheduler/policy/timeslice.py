@@ -36,8 +36,9 @@ And one that tells the two kinds of trace apart from what the policy sees:
   GPU runs next instead of the least served (scheduler/policy/gittins.py: the index comes
   from the service with which the latest jobs left; least attained service where lengths
   are heavy-tailed, first come first served where they are not). Ties as ``las_slices``'s:
-  the running unit, then the one waiting longest. Until enough jobs have left: least
-  attained service. The running unit keeps the GPUs until its service crosses the next
+  the running unit, then the one waiting longest. Until enough jobs have left, and for
+  units with more service than the departures tell about: least attained service (those
+  after every unit with an index). The running unit keeps the GPUs until its service crosses the next
   point of the index's grid (where its index can change) or its slice ends.
 - ``fifo_after_measured`` (the cheaper alternative): the service buckets of ``fifo_after_s``
   with the boundary taken from the same departures: the service at which the mean residual
@@ -116,7 +117,8 @@ def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[s
           fifo_s: float | None = None) -> Callable[[tuple[str, ...]], tuple[int, float]]:
     """The las_slices order as a key (lower runs first): (class, value), where class -1 is a
     starving unit (``starve_factor``), 0 the short bucket ordered by attained service (with
-    ``table``, ``gittins_slices``: by its Gittins index, highest first), 1 the long bucket
+    ``table``, ``gittins_slices``: by its Gittins index, highest first, then the units past
+    the table's end by attained service), 1 the long bucket
     (service per GPU at least ``fifo_s``: ``fifo_after_s`` or ``fifo_after_measured``'s)
     ordered by submission (service counts no more there)."""
     jobs = ledger.jobs
@@ -129,7 +131,9 @@ def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[s
         if fifo_s is not None and fifo_s <= served[u]:
             return (1, min(jobs[j].submitted_at for j in u))
         if table is not None:
-            return (0, -table.at(served[u]))
+            index = table.at(served[u])
+            if index is not None:
+                return (0, -index)  # an index is > 0: ahead of every unit past the table's end
         return (0, served[u])
 
     return rank
@@ -305,10 +309,12 @@ def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tup
     short = [v for c, v in ranks if c == 0]
     mine = served[running]
     if fifo_s is None or mine < fifo_s:  # it is in the short bucket
-        if table is not None and short:
-            when = min(when, now + max(0.0, table.next_change(mine) - mine))
-        elif short:
-            when = min(when, now + max(0.0, min(short) - mine))
+        if short:
+            if table is not None and table.at(mine) is not None:
+                passed = table.next_change(mine)  # where its index may change
+            else:
+                passed = min(short)  # least attained service (past the table's end too)
+            when = min(when, now + max(0.0, passed - mine))
         if fifo_s is not None and len(short) < len(ranks):
             when = min(when, now + max(0.0, fifo_s - mine))
     return max(now, when)
