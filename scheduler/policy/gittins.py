@@ -28,10 +28,11 @@ it follows a workload that changes.
   past it (fewer say little about what remains); from the first grid point with fewer
   (``end``) the distribution says nothing, and a unit there has no index (``at`` is None):
   callers rank it behind every unit with one, by least attained service, as before any
-  job left. (A first version gave it the last estimated point's index, estimated from the
-  top 5% of the window: on Philly b436b2, where 95% of the departures are shorter than
-  1.3 hours, that index was high, estimated from a cluster of jobs just past the point,
-  and jobs of days then ran first come first served ahead of newcomers; docs/simulator.md.)
+  job left. (A first version estimated points only while 5% of the window ran past them and
+  gave a unit beyond the last the index there: on Philly b436b2, whose window's top 5%
+  started near an hour, that index was above a newcomer's, and jobs of days then ran first
+  come first served ahead of newcomers; docs/simulator.md, "Ablation of the measured slice
+  orders".)
 - The survivor bias: early in a trace only short jobs have left, so the window ends where
   the short ones do; a long job is then past ``end`` and ordered by least attained service
   behind the jobs the window covers, as under ``las_slices``. The window's reach grows as
