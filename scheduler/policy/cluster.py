@@ -130,6 +130,9 @@ class Ledger:
         # bound to or unbound from it, a member's state or view replaced - collected until
         # the policy takes them (Gandiva looks again only at groups that changed or are due).
         self.touched_groups: set[Placement] | None = None
+        # When a list (a policy turns it on): the last views of the jobs that left the
+        # snapshot (finished or killed), collected until the policy takes them.
+        self.departed: list[JobView] | None = None
 
     @classmethod
     def of(cls, snapshot: ClusterSnapshot, holds: Callable[[JobView], bool] | None = None,
@@ -167,9 +170,13 @@ class Ledger:
         progressed: list[str] = []
         if delta is not None:
             jobs = self.jobs
+            departed = self.departed
             for jid in delta.removed:
-                if jobs.pop(jid, None) is not None:
+                gone = jobs.pop(jid, None)
+                if gone is not None:
                     self._forget(jid)
+                    if departed is not None:
+                        departed.append(gone)
             for fresh in delta.changed:
                 self._note_change(jobs.get(fresh.id), fresh, progressed)
                 jobs[fresh.id] = fresh
@@ -181,6 +188,8 @@ class Ledger:
             new = {view.id: view for view in snapshot.jobs}
             for jid in old.keys() - new.keys():
                 self._forget(jid)
+                if self.departed is not None:
+                    self.departed.append(old[jid])
             self.jobs = jobs = new
             look = [j for j, v in new.items() if old.get(j) is not v]
             for jid in look:

@@ -99,6 +99,8 @@ class GandivaPolicy(Policy):
         cfg, state = self.config, self.state
         state.next_wakeup = None
         ledger = self.ledger_for(snapshot)
+        if cfg.gittins_slices or cfg.fifo_after_measured:
+            self._note_departures(ledger)
         # Trials of departed jobs get their verdicts before the state forgets them.
         out: list[Decision] = judge_trials(ledger, state, cfg)
         state.forget_missing(ledger.jobs)
@@ -130,6 +132,18 @@ class GandivaPolicy(Policy):
         if not self._reserved:
             out += grow(ledger, state, cfg)
         return out
+
+    def _note_departures(self, ledger: Ledger) -> None:
+        """Add the service per GPU of the jobs that left since the last call to the window
+        the Gittins index is computed from (a fresh ledger starts collecting them)."""
+        gone = ledger.departed
+        if gone is None:
+            ledger.departed = []
+            return
+        now = ledger.snapshot.now
+        for view in sorted(gone, key=lambda v: v.id):  # removals come as a set: a fixed order
+            self.state.service.add(view.attained_at(now) / (len(view.placement) or view.gpus))
+        gone.clear()
 
     def _queue_reason(self, ledger: Ledger, job: JobView, cache: dict[tuple[int, int], str]) -> str:
         if self._reserved is not None:

@@ -10,6 +10,8 @@ import collections
 from collections.abc import Container
 from dataclasses import dataclass, field
 
+from scheduler.policy.gittins import ServiceWindow
+
 # Verdicts kept for observers (the live scheduler's decision log reads the new ones).
 VERDICTS_KEPT = 256
 
@@ -86,6 +88,9 @@ class GandivaState:
     verdicts: collections.deque[PackVerdict] = field(
         default_factory=lambda: collections.deque(maxlen=VERDICTS_KEPT))
     verdict_seq: int = 0
+    # The service per GPU with which the latest jobs left, and its Gittins index
+    # (``gittins_slices``; scheduler/policy/gittins.py). A restart starts it empty.
+    service: ServiceWindow = field(default_factory=ServiceWindow)
 
     def add_verdict(self, at: float, trial: PackTrial, kept: bool | None, gain: float | None,
                     reason: str, unpacked: bool = False) -> None:

@@ -30,6 +30,21 @@ arriving with less service, and keeps its place, so later jobs queue behind the 
 - ``starve_factor`` K > 0 (a starvation limit, as Tiresias' ``dlas-gpu-K``): a waiting unit
   that has been suspended for at least K x its attained service per GPU (and at least a
   quantum) runs next, ahead of the order above, for one slice.
+
+And one that tells the two kinds of trace apart from what the policy sees:
+- ``gittins_slices``: the unit with the highest Gittins index of its attained service per
+  GPU runs next instead of the least served (scheduler/policy/gittins.py: the index comes
+  from the service with which the latest jobs left; least attained service where lengths
+  are heavy-tailed, first come first served where they are not). Ties as ``las_slices``'s:
+  the running unit, then the one waiting longest. Until enough jobs have left, and for
+  units with more service than the departures tell about: least attained service (those
+  after every unit with an index). The running unit keeps the GPUs until its service crosses the next
+  point of the index's grid (where its index can change) or its slice ends.
+- ``fifo_after_measured`` (the cheaper alternative): the service buckets of ``fifo_after_s``
+  with the boundary taken from the same departures: the service at which the mean residual
+  service of the jobs that ran that long is highest (below it a job that has run longer
+  has more left, so least attained service is right; above it less, so first come first
+  served is); no long bucket while it is still rising where the departures end.
 """
 
 from __future__ import annotations
@@ -39,6 +54,7 @@ import math
 from collections.abc import Callable
 
 from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.gittins import GittinsTable
 from scheduler.policy.state import GandivaState
 from scheduler.policy.types import Decision, JobView, PolicyConfig, Resume, Suspend
 
@@ -96,11 +112,15 @@ def _slice_of(ledger: Ledger, unit: tuple[str, ...], config: PolicyConfig, at: f
     return base * max(ledger.jobs[j].weight for j in unit)
 
 
-def _rank(ledger: Ledger, config: PolicyConfig, now: float,
-          served: dict[tuple[str, ...], float]) -> Callable[[tuple[str, ...]], tuple[int, float]]:
+def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[str, ...], float],
+          table: GittinsTable | None = None,
+          fifo_s: float | None = None) -> Callable[[tuple[str, ...]], tuple[int, float]]:
     """The las_slices order as a key (lower runs first): (class, value), where class -1 is a
-    starving unit (``starve_factor``), 0 the short bucket ordered by attained service, 1 the
-    long bucket (``fifo_after_s``) ordered by submission (service counts no more there)."""
+    starving unit (``starve_factor``), 0 the short bucket ordered by attained service (with
+    ``table``, ``gittins_slices``: by its Gittins index, highest first, then the units past
+    the table's end by attained service), 1 the long bucket
+    (service per GPU at least ``fifo_s``: ``fifo_after_s`` or ``fifo_after_measured``'s)
+    ordered by submission (service counts no more there)."""
     jobs = ledger.jobs
 
     def rank(u: tuple[str, ...]) -> tuple[int, float]:
@@ -108,8 +128,12 @@ def _rank(ledger: Ledger, config: PolicyConfig, now: float,
             waited = now - min(jobs[j].last_state_change_at for j in u)
             if waited >= max(config.quantum_s, config.starve_factor * served[u]):
                 return (-1, 0.0)
-        if 0 < config.fifo_after_s <= served[u]:
+        if fifo_s is not None and fifo_s <= served[u]:
             return (1, min(jobs[j].submitted_at for j in u))
+        if table is not None:
+            index = table.at(served[u])
+            if index is not None:
+                return (0, -index)  # an index is > 0: ahead of every unit past the table's end
         return (0, served[u])
 
     return rank
@@ -236,8 +260,13 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     rank = None
     if config.las_slices:
         served = {u: _served(ledger, u, now) for u in units}
-        if config.fifo_after_s > 0 or config.starve_factor > 0:
-            rank = _rank(ledger, config, now, served)
+        known = state.service.table
+        table = known if config.gittins_slices else None
+        fifo_s = config.fifo_after_s or None
+        if config.fifo_after_measured:
+            fifo_s = known.mrl_peak if known is not None else None
+        if fifo_s is not None or config.starve_factor > 0 or table is not None:
+            rank = _rank(ledger, config, now, served, table, fifo_s)
         nxt = _next_unit(ledger, units, running, served, rank)
     else:
         nxt = _next_unit(ledger, waiting)
@@ -246,7 +275,7 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
         # after it no longer has (its service per GPU grows one second a second; the
         # waiting units' stands still), or the end of another slice if that comes first.
         if rank is not None:
-            crossing = _handover(ledger, config, now, served, running, waiting, rank)
+            crossing = _handover(ledger, config, now, served, running, waiting, rank, table, fifo_s)
         else:
             least = min(served[u] for u in waiting)
             crossing = now + max(0.0, least - served[running])
@@ -264,11 +293,13 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
 
 def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[str, ...], float],
               running: tuple[str, ...], waiting: list[tuple[str, ...]],
-              rank: Callable[[tuple[str, ...]], tuple[int, float]]) -> float:
+              rank: Callable[[tuple[str, ...]], tuple[int, float]],
+              table: GittinsTable | None = None, fifo_s: float | None = None) -> float:
     """When a running unit that won under ``_rank`` stops winning if nothing else changes
     (inf: not before its slice ends): the first waiting unit to starve, the running unit's
-    service passing the least-served short-bucket unit's, or (in the short bucket, with a
-    long-bucket unit waiting) its own move into the long bucket."""
+    service passing the least-served short-bucket unit's (with ``table``: its service
+    reaching the next grid point, where its index may change), or (in the short bucket, with
+    a long-bucket unit waiting) its own move into the long bucket."""
     when = math.inf
     if config.starve_factor > 0:
         for u in waiting:
@@ -277,11 +308,15 @@ def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tup
     ranks = [rank(u) for u in waiting]
     short = [v for c, v in ranks if c == 0]
     mine = served[running]
-    if not 0 < config.fifo_after_s <= mine:  # it is in the short bucket
+    if fifo_s is None or mine < fifo_s:  # it is in the short bucket
         if short:
-            when = min(when, now + max(0.0, min(short) - mine))
-        if config.fifo_after_s > 0 and len(short) < len(ranks):
-            when = min(when, now + max(0.0, config.fifo_after_s - mine))
+            if table is not None and table.at(mine) is not None:
+                passed = table.next_change(mine)  # where its index may change
+            else:
+                passed = min(short)  # least attained service (past the table's end too)
+            when = min(when, now + max(0.0, passed - mine))
+        if fifo_s is not None and len(short) < len(ranks):
+            when = min(when, now + max(0.0, fifo_s - mine))
     return max(now, when)
 
 

@@ -299,6 +299,15 @@ class PolicyConfig:
     starve_factor: K > 0 (with las_slices): a suspended unit that has waited K x its
         attained service per GPU (at least a quantum) runs next, for one slice (a
         starvation limit as Tiresias' dlas-gpu-K); 0: no limit.
+    gittins_slices: with las_slices, the unit with the highest Gittins index of its
+        attained service per GPU runs next, the index computed from the service with which
+        the latest 1,000 jobs left the cluster (scheduler/policy/gittins.py): least attained
+        service where lengths are heavy-tailed, first come first served where they are not;
+        least attained service until 100 jobs have left.
+    fifo_after_measured: with las_slices, the ``fifo_after_s`` buckets with the boundary set
+        from the same departures as ``gittins_slices``'s: the service per GPU at which the
+        mean residual service of the jobs that ran that long is highest (none while it
+        still rises where the departures end, or before 100 jobs have left).
     balance_sizes: every ``defrag_interval_s``, when the GPU count whose jobs are most
         crowded (jobs per same-size GPU set) has jobs waiting, a server of a less crowded
         GPU count is handed to it: its jobs move into same-size time-slice groups
@@ -348,6 +357,8 @@ class PolicyConfig:
     share_block_after_s: float | None = None
     large_block_after_s: float | None = 3600.0
     balance_sizes: bool = False
+    gittins_slices: bool = False
+    fifo_after_measured: bool = False
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:
@@ -360,6 +371,12 @@ class PolicyConfig:
             raise ValueError(f"fifo_after_s must not be negative, got {self.fifo_after_s}")
         if self.starve_factor < 0:
             raise ValueError(f"starve_factor must not be negative, got {self.starve_factor}")
+        for rule in ("gittins_slices", "fifo_after_measured"):
+            if getattr(self, rule) and not self.las_slices:
+                raise ValueError(f"{rule} orders the units las_slices orders: turn las_slices on too")
+        if self.fifo_after_measured and self.fifo_after_s > 0:
+            raise ValueError(f"fifo_after_measured sets the bucket boundary that fifo_after_s "
+                             f"({self.fifo_after_s}) fixes: set one of them")
         for name in ("share_block_after_s", "large_block_after_s"):
             value = getattr(self, name)
             if value is not None and value < 0:

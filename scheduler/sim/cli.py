@@ -88,6 +88,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="gandiva: when the jobs of one GPU count are more crowded on their servers than "
                         "another count's, hand a server of the less crowded count to them (its jobs "
                         "join same-size time-slice groups elsewhere; default: off)")
+    s.add_argument("--gittins-slices", action=argparse.BooleanOptionalAction, default=PolicyConfig.gittins_slices,
+                   help="gandiva, with --las-slices: the job with the highest Gittins index of its service per "
+                        "GPU runs next, the index computed from the service with which the latest 1,000 jobs "
+                        "left (least attained service on heavy-tailed lengths, first come first served on "
+                        "others; least attained service until 100 jobs have left; default: off)")
+    s.add_argument("--fifo-after-measured", action=argparse.BooleanOptionalAction,
+                   default=PolicyConfig.fifo_after_measured,
+                   help="gandiva, with --las-slices: --fifo-after's buckets with the boundary set from the "
+                        "service with which the latest 1,000 jobs left: where their mean residual service "
+                        "is highest (no bucket while it still rises; default: off)")
     m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
     m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "
@@ -165,7 +175,9 @@ def run(args: argparse.Namespace) -> int:
                               slice_growth=args.slice_growth, fifo_after_s=args.fifo_after,
                               starve_factor=args.starve_factor,
                               share_block_after_s=args.share_block_after,
-                              large_block_after_s=args.large_block_after, balance_sizes=args.balance_sizes)
+                              large_block_after_s=args.large_block_after, balance_sizes=args.balance_sizes,
+                              gittins_slices=args.gittins_slices,
+                              fifo_after_measured=args.fifo_after_measured)
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2

@@ -146,3 +146,11 @@ def test_large_block_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureFix
     ruled = json.loads(_sim(capsys, *args, "--large-block-after", "600")[1])["gandiva"]
     assert ruled["jobs_finished"] == base["jobs_finished"] and ruled["jobs_unfinished"] == 0
     assert ruled["avg_jct_s"] != base["avg_jct_s"]
+
+
+@pytest.mark.parametrize(("flag", "field"), [("--gittins-slices", "gittins_slices"),
+                                           ("--fifo-after-measured", "fifo_after_measured")])
+def test_measured_slice_orders_need_las_slices_and_say_so(capsys: pytest.CaptureFixture[str], flag: str,
+                                                          field: str) -> None:
+    code, _, err = _sim(capsys, "--jobs", "5", "--policy", "gandiva", "--no-las-slices", flag)
+    assert code == 2 and field in err and "las_slices on" in err

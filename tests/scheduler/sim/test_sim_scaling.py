@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
+from scheduler.policy.gittins import ServiceWindow
 from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.generator import generate
 from scheduler.sim.load import scale_to_load
@@ -152,6 +153,26 @@ def test_gandiva_looking_only_at_changed_and_due_groups_changes_nothing(rules: s
     assert fast == full
     # The workload really time-slices and packs (else rotation and packing were idle).
     assert fast[0]["suspends"] > 50 and fast[0]["packs"] > 0
+
+
+@pytest.mark.parametrize("rule", ["gittins_slices", "fifo_after_measured"])
+def test_gandiva_measured_slice_orders_decide_the_same_looking_only_at_changes(rule: str) -> None:
+    """gittins_slices orders each group by an index (fifo_after_measured: by buckets whose
+    boundary) the departures keep changing; a group is looked at again when its slice ends
+    or its runner's service crosses the index's next grid point (the boundary), so every
+    job's times are those of looking at every group at every call. A small window (the
+    index from the 10th departure on, again every 5) makes it act early."""
+    servers = make_cluster("3x4")
+    jobs, _ = scale_to_load(generate(160, seed=3, median_duration_s=1800, max_gpus=4), servers, MODEL, 2.0)
+    cfg = PolicyConfig(**{rule: True})  # type: ignore[arg-type]
+    fast, every = get_policy("gandiva", cfg), get_policy("gandiva", cfg)
+    every.incremental = False  # type: ignore[attr-defined]
+    for policy in (fast, every):
+        policy.state.service = ServiceWindow(size=50, cold_start=10, refresh=5)  # type: ignore[attr-defined]
+    got = _result(jobs, servers, fast)
+    assert got == _result(jobs, servers, every)
+    # The rule really acted: the jobs' times differ from least attained service's.
+    assert got != _result(jobs, servers, get_policy("gandiva", PolicyConfig()))
 
 
 @pytest.mark.parametrize("max_gpus", [4, 8])
