@@ -99,7 +99,7 @@ class GandivaPolicy(Policy):
         cfg, state = self.config, self.state
         state.next_wakeup = None
         ledger = self.ledger_for(snapshot)
-        if cfg.gittins_slices or cfg.fifo_after_measured:
+        if cfg.las_slices and (cfg.gittins_slices or cfg.fifo_after_measured):
             self._note_departures(ledger)
         # Trials of departed jobs get their verdicts before the state forgets them.
         out: list[Decision] = judge_trials(ledger, state, cfg)

@@ -303,7 +303,8 @@ class PolicyConfig:
         attained service per GPU runs next, the index computed from the service with which
         the latest 1,000 jobs left the cluster (scheduler/policy/gittins.py): least attained
         service where lengths are heavy-tailed, first come first served where they are not;
-        least attained service until 100 jobs have left.
+        least attained service until 100 jobs have left. A refinement of las_slices's order:
+        without las_slices (round-robin) it has nothing to order and does nothing.
     fifo_after_measured: with las_slices, the ``fifo_after_s`` buckets with the boundary set
         from the same departures as ``gittins_slices``'s: the service per GPU at which the
         mean residual service of the jobs that ran that long is highest (none while it
@@ -357,7 +358,7 @@ class PolicyConfig:
     share_block_after_s: float | None = None
     large_block_after_s: float | None = 3600.0
     balance_sizes: bool = False
-    gittins_slices: bool = False
+    gittins_slices: bool = True
     fifo_after_measured: bool = False
 
     def __post_init__(self) -> None:
@@ -371,9 +372,8 @@ class PolicyConfig:
             raise ValueError(f"fifo_after_s must not be negative, got {self.fifo_after_s}")
         if self.starve_factor < 0:
             raise ValueError(f"starve_factor must not be negative, got {self.starve_factor}")
-        for rule in ("gittins_slices", "fifo_after_measured"):
-            if getattr(self, rule) and not self.las_slices:
-                raise ValueError(f"{rule} orders the units las_slices orders: turn las_slices on too")
+        if self.fifo_after_measured and not self.las_slices:
+            raise ValueError("fifo_after_measured orders the units las_slices orders: turn las_slices on too")
         if self.fifo_after_measured and self.fifo_after_s > 0:
             raise ValueError(f"fifo_after_measured sets the bucket boundary that fifo_after_s "
                              f"({self.fifo_after_s}) fixes: set one of them")

@@ -92,7 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="gandiva, with --las-slices: the job with the highest Gittins index of its service per "
                         "GPU runs next, the index computed from the service with which the latest 1,000 jobs "
                         "left (least attained service on heavy-tailed lengths, first come first served on "
-                        "others; least attained service until 100 jobs have left; default: off)")
+                        "others; least attained service until 100 jobs have left; default: on; nothing "
+                        "to order with --no-las-slices)")
     s.add_argument("--fifo-after-measured", action=argparse.BooleanOptionalAction,
                    default=PolicyConfig.fifo_after_measured,
                    help="gandiva, with --las-slices: --fifo-after's buckets with the boundary set from the "

@@ -172,7 +172,7 @@ def test_gandiva_measured_slice_orders_decide_the_same_looking_only_at_changes(r
     got = _result(jobs, servers, fast)
     assert got == _result(jobs, servers, every)
     # The rule really acted: the jobs' times differ from least attained service's.
-    assert got != _result(jobs, servers, get_policy("gandiva", PolicyConfig()))
+    assert got != _result(jobs, servers, get_policy("gandiva", PolicyConfig(gittins_slices=False)))
 
 
 @pytest.mark.parametrize("max_gpus", [4, 8])
