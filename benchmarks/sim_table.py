@@ -105,7 +105,7 @@ def main() -> int:
     tally: dict[str, list[int]] = {}  # rule set -> goals met: ff, jct, mk, traces
     print(f"{'trace':>9} {'jobs':>5} | {'avg JCT h g/y/t/yl':>24} | {'first-100 avg s g/y/t':>24} "
           f"{'med g':>6} | {'mksp h g/y':>11} {'bound':>6} | {'yQ%':>4} {'ff':>5} {'jct/y':>5} {'jct/t':>5} "
-          f"{'mk/y':>5} | goals ff/jct/mk | secs")
+          f"{'mk/y':>5} | goals ff/jct/mk | CPU s (gandiva)")
     for path in trace_files(args.traces, args.min_jobs):
         if wanted is not None and path.stem not in wanted:
             continue
@@ -121,14 +121,19 @@ def main() -> int:
                 print(f"{args.baselines} has no baselines for {path.stem} at {settings} ({len(jobs)} jobs): "
                       f"write them first with --json (every policy)", file=sys.stderr)
                 return 2
+        cpu: dict[str, float] = {}  # CPU seconds of each replay
         for name in POLICIES:
             if name in BASELINES and name in old:
                 continue
             policy = get_policy(name, gandiva_cfg if name == "gandiva" else None)
+            began = time.process_time()
             results[name] = Simulator(jobs, servers, policy, model).run()
+            cpu[name] = time.process_time() - began
         for label, cfg in ablations.items():
+            began = time.process_time()
             results[f"gandiva[{label}]"] = Simulator(jobs, servers, get_policy("gandiva", cfg), model).run()
-        m = {name: summarize(r) for name, r in results.items()}
+            cpu[f"gandiva[{label}]"] = time.process_time() - began
+        m = {name: {**summarize(r), "cpu_s": cpu[name]} for name, r in results.items()}
         m.update({name: old[name] for name in BASELINES if name in old})
         g, y, t, yl = (m[p] for p in POLICIES)
         v = verdicts(g, y, t)
@@ -147,7 +152,7 @@ def main() -> int:
               f"{g['makespan_s'] / 3600:>5.0f}/{y['makespan_s'] / 3600:<5.0f} {bound / 3600:>6.0f} | "
               f"{100 * v['yarn_queue_share']:>4.0f} {v['ff_ratio']:>5.2f} {v['jct_ratio_yarn']:>5.2f} "
               f"{v['jct_ratio_tiresias']:>5.2f} {v['makespan_ratio']:>5.2f} | {ok:>15} | "
-              f"{time.process_time() - start:.0f}", flush=True)
+              f"{time.process_time() - start:.0f} (g {cpu['gandiva']:.0f})", flush=True)
         for label in ablations:
             a = m[f"gandiva[{label}]"]
             va = verdicts(a, y, t)
