@@ -27,6 +27,9 @@ Placement = tuple[GpuRef, ...]
 QueueKey = tuple[int, float, str]
 
 
+# The states balance_sizes counts as waiting for GPUs.
+WAITING = frozenset(("QUEUED", "SUSPENDED"))
+
 def queue_key(job: JobView) -> QueueKey:
     """Where a queued job stands in the queue (smaller goes first)."""
     return (-job.priority, job.submitted_at, job.id)
@@ -126,6 +129,12 @@ class Ledger:
         # QUEUED jobs per GPU count, sorted by queue_key; _qkey says where each one is.
         self.queued_by_size: dict[int, list[QueueKey]] = {}
         self._qkey: dict[str, tuple[int, QueueKey]] = {}
+        # Jobs per requested GPU count, all of them and those waiting (QUEUED or SUSPENDED),
+        # kept as states change (balance_sizes reads them at every look); _request says
+        # which count each job is filed under.
+        self.jobs_by_request: dict[int, int] = {}
+        self.waiting_by_request: dict[int, int] = {}
+        self._request: dict[str, int] = {}
         # When a set (a policy turns it on): every placement whose group changed - a job
         # bound to or unbound from it, a member's state or view replaced - collected until
         # the policy takes them (Gandiva looks again only at groups that changed or are due).
@@ -149,6 +158,11 @@ class Ledger:
         reports progress goes to ``progressed`` (read only when groups are tracked)."""
         if was is None:
             return
+        size = self._request.get(fresh.id)
+        if size is not None and fresh.requested_gpus != size:
+            self._file_request(fresh.id, size, -1)
+            self._request[fresh.id] = fresh.requested_gpus
+            self._file_request(fresh.id, fresh.requested_gpus, 1)
         if was.suspendable != fresh.suspendable:
             self.version += 1
         elif self.touched_groups is not None and progress_only(was, fresh):
@@ -220,7 +234,14 @@ class Ledger:
         """Drop a job that left the snapshot."""
         self.unbind(job_id)
         self._unindex_queued(job_id)
+        self._file_request(job_id, self._request.pop(job_id), -1)
         self.by_state[self.state.pop(job_id)].discard(job_id)
+
+    def _file_request(self, job_id: str, size: int, sign: int) -> None:
+        """Count a job in (``sign`` 1) or out of (-1) its requested GPU count's tallies."""
+        self.jobs_by_request[size] = self.jobs_by_request.get(size, 0) + sign
+        if self.state.get(job_id) in WAITING:
+            self.waiting_by_request[size] = self.waiting_by_request.get(size, 0) + sign
 
     # --- the queue, in queue order per GPU count ------------------------------------
 
@@ -289,6 +310,13 @@ class Ledger:
         old = self.state.get(job_id)
         if old == "MIGRATING" or state == "MIGRATING":
             self.version += 1
+        if old is None:
+            size = self._request[job_id] = self.jobs[job_id].requested_gpus
+            self.jobs_by_request[size] = self.jobs_by_request.get(size, 0) + 1
+        else:
+            size = self._request[job_id]
+        if (old in WAITING) != (state in WAITING):
+            self.waiting_by_request[size] = self.waiting_by_request.get(size, 0) + (1 if state in WAITING else -1)
         if old is not None:
             self.by_state[old].discard(job_id)
             if old == "QUEUED":

@@ -34,6 +34,8 @@ Three passes, each only when the move is expected to pay off:
 
 from __future__ import annotations
 
+import heapq
+
 from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.placement import (
     affinity_filter,
@@ -214,16 +216,10 @@ def _plan_evacuation(
 
 
 def _crowding(ledger: Ledger) -> tuple[dict[int, int], set[int]]:
-    """Jobs (bound or queued) per GPU count, and the GPU counts with jobs waiting (queued
-    or suspended)."""
-    count: dict[int, int] = {}
-    waiting: set[int] = set()
-    jobs = ledger.jobs
-    for job_id, st in ledger.state.items():
-        k = jobs[job_id].requested_gpus
-        count[k] = count.get(k, 0) + 1
-        if st == "QUEUED" or st == "SUSPENDED":
-            waiting.add(k)
+    """Jobs (bound or queued) per requested GPU count, and the GPU counts with jobs waiting
+    (queued or suspended): the ledger's tallies, kept as states change."""
+    count = {k: n for k, n in ledger.jobs_by_request.items() if n}
+    waiting = {k for k, n in ledger.waiting_by_request.items() if n}
     return count, waiting
 
 
@@ -236,7 +232,6 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
     if not (ledger.by_state.get("QUEUED") or ledger.by_state.get("SUSPENDED")):
         return []
     state.last_balance_at = now
-    state.wake_at(now + config.defrag_interval_s)
     count, waiting = _crowding(ledger)
     if not waiting:
         return []
@@ -261,17 +256,25 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
         if size == crowded or size not in count or gets == 0 or crowd(crowded) <= crowd(size):
             continue
         donors.append((len(ledger.jobs_on[name]), name, size, gets))
+    targets: dict[int, list[tuple[Placement, set[str], int]]] = {}  # per size; no donor changes them
     for _, name, size, gets in sorted(donors):
-        plan = _plan_handover(ledger, state, config, name, size)
-        if plan is None or len(plan) > budget:
+        if size not in targets:
+            targets[size] = _handover_targets(ledger, state, size)
+        # Every job on the server moves (or none): what the hand-over would free and leave
+        # is known before its plan, which is made only for a hand-over worth making.
+        moving = ledger.jobs_on[name]
+        if len(moving) > budget:
             continue
-        freed = _whole_servers(ledger, name, plan)
+        freed = _whole_servers(ledger, moving)
         if freed is None:
             continue
         gets *= len(freed)
-        own = {ledger.placement[j] for j, _ in plan}
+        own = {ledger.placement[j] for j in moving}
         if crowd(size, -len(own)) >= crowd(crowded, gets):
             continue  # it would leave this GPU count more crowded than the one it helps
+        plan = _plan_handover(ledger, state, config, name, targets[size])
+        if plan is None:
+            continue
         out: list[Decision] = []
         why = f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs)"
         for job_id, target in plan:
@@ -290,10 +293,10 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
     return []
 
 
-def _whole_servers(ledger: Ledger, source: str, plan: list[tuple[str, Placement]]) -> list[str] | None:
-    """The servers the plan's jobs leave idle: ``source``, and for a group of jobs larger
-    than a server every server it spans; None if another job stays on one of them."""
-    moving = {job_id for job_id, _ in plan}
+def _whole_servers(ledger: Ledger, moving: set[str]) -> list[str] | None:
+    """The servers the ``moving`` jobs (every job on a donor server) leave idle: that server,
+    and for a group of jobs larger than a server every server it spans; None if another job
+    stays on one of them."""
     names = sorted({n for job_id in moving for n in ledger.servers_of[job_id]})
     if any(not ledger.jobs_on[n] <= moving for n in names):
         return None
@@ -326,31 +329,41 @@ def _fill(ledger: Ledger, state: GandivaState, server: str, size: int, budget: i
     return out
 
 
-def _plan_handover(ledger: Ledger, state: GandivaState, config: PolicyConfig, source: str,
-                   size: int) -> list[tuple[str, Placement]] | None:
-    """For each job on ``source``: a ``size``-GPU time-slice group on another server of that
-    affinity with room, the least full first; None if any job cannot move."""
-    jobs = sorted(ledger.jobs_on[source])
-    members: dict[Placement, int] = {}
+def _handover_targets(ledger: Ledger, state: GandivaState, size: int) -> list[tuple[Placement, set[str], int]]:
+    """The ``size``-GPU time-slice groups a donor's jobs may join: on servers of that affinity,
+    every member free to be joined (not migrating, suspendable, not in a trial or kept pair);
+    each with the servers it spans and its members."""
+    out: list[tuple[Placement, set[str], int]] = []
     for gpus in ledger.groups_by_size.get(size, ()):
         names = {g.server for g in gpus}
-        if source in names or any(n not in ledger.servers or ledger.affinity(n) != size for n in names):
+        if any(n not in ledger.servers or ledger.affinity(n) != size for n in names):
             continue
         group = ledger.members(gpus)
         if any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable or m in state.trials
                or m in state.kept_pairs for m in group):
             continue
-        members[gpus] = len(group)
+        out.append((gpus, names, len(group)))
+    return out
+
+
+def _plan_handover(ledger: Ledger, state: GandivaState, config: PolicyConfig, source: str,
+                   targets: list[tuple[Placement, set[str], int]]) -> list[tuple[str, Placement]] | None:
+    """For each job on ``source``: one of ``targets`` (``_handover_targets``) on other servers
+    with room, the least full first; None if any job cannot move."""
+    jobs = sorted(ledger.jobs_on[source])
+    # The groups with room, least full first (then by GPUs), as a heap.
+    room = [(n, gpus) for gpus, names, n in targets if source not in names and n < config.max_jobs_per_gpu]
+    heapq.heapify(room)
     plan: list[tuple[str, Placement]] = []
     for job_id in jobs:
         view = ledger.jobs[job_id]
         if (source not in ledger.servers_of[job_id] or ledger.state[job_id] not in ("RUNNING", "SUSPENDED")
                 or not view.suspendable or not _movable(ledger, job_id, state)):
             return None
-        room = [(n, gpus) for gpus, n in members.items() if n < config.max_jobs_per_gpu]
         if not room:
             return None
-        n, target = min(room)
-        members[target] = n + 1
+        n, target = heapq.heappop(room)
+        if n + 1 < config.max_jobs_per_gpu:
+            heapq.heappush(room, (n + 1, target))
         plan.append((job_id, target))
     return plan

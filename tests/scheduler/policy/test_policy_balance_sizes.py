@@ -145,3 +145,41 @@ def test_a_job_larger_than_a_server_hands_over_every_server_it_spans(mk, per_gpu
     small = sorted(x.to_gpus for x in moved[1:])
     assert small == [mk.on(s, i) for s in ("s1", "s2") for i in range(2)]
     assert _small_running(_apply(snap, d, 1001.0)) == 6
+
+
+def test_the_ledgers_job_counts_per_gpu_count_match_a_recount_after_every_call() -> None:
+    """balance_sizes reads how many jobs each requested GPU count has (all, and waiting:
+    queued or suspended) from tallies the ledger keeps as states change, not from a count over
+    every job at every look. Through a replay with arrivals, departures, suspensions,
+    migrations and handovers of 1- to 8-GPU jobs on 4-GPU servers, after every call the
+    tallies equal a count over every job the ledger holds."""
+    from scheduler.policy.gandiva import GandivaPolicy
+    from scheduler.sim.engine import Simulator, make_cluster
+    from scheduler.sim.generator import generate
+    from scheduler.sim.load import scale_to_load
+    from scheduler.sim.model import MechanismModel
+
+    calls = []
+
+    class Recounted(GandivaPolicy):
+        def decide(self, snapshot: ClusterSnapshot) -> list:
+            out = super().decide(snapshot)
+            ledger = self._ledger
+            assert ledger is not None
+            count: dict[int, int] = {}
+            waiting: dict[int, int] = {}
+            for job_id, st in ledger.state.items():
+                k = ledger.jobs[job_id].requested_gpus
+                count[k] = count.get(k, 0) + 1
+                waiting[k] = waiting.get(k, 0) + (st in ("QUEUED", "SUSPENDED"))
+            assert {k: n for k, n in ledger.jobs_by_request.items() if n} == count
+            assert {k: n for k, n in ledger.waiting_by_request.items() if n} == {k: n for k, n in waiting.items() if n}
+            calls.append(len(ledger.state))
+            return out
+
+    model = MechanismModel.default()
+    servers = make_cluster("6x4")
+    jobs, _ = scale_to_load(generate(150, seed=2, max_gpus=8), servers, model, 3.0)
+    result = Simulator(jobs, servers, Recounted(dataclasses.replace(CFG, enable_packing=True)), model).run()
+    assert not result.unfinished and len(calls) > 100 and max(calls) > 30
+    assert result.counts.get("migrations", 0) > 0
