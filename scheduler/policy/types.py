@@ -357,7 +357,7 @@ class PolicyConfig:
     starve_factor: float = 0.0
     share_block_after_s: float | None = None
     large_block_after_s: float | None = 3600.0
-    balance_sizes: bool = False
+    balance_sizes: bool = True
     gittins_slices: bool = True
     fifo_after_measured: bool = False
 

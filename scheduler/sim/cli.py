@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--balance-sizes", action=argparse.BooleanOptionalAction, default=PolicyConfig.balance_sizes,
                    help="gandiva: when the jobs of one GPU count are more crowded on their servers than "
                         "another count's, hand a server of the less crowded count to them (its jobs "
-                        "join same-size time-slice groups elsewhere; default: off)")
+                        "join same-size time-slice groups elsewhere; default: on)")
     s.add_argument("--gittins-slices", action=argparse.BooleanOptionalAction, default=PolicyConfig.gittins_slices,
                    help="gandiva, with --las-slices: the job with the highest Gittins index of its service per "
                         "GPU runs next, the index computed from the service with which the latest 1,000 jobs "

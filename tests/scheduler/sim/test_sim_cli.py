@@ -122,10 +122,11 @@ def test_starvation_rules_are_flags_and_bad_values_are_named(capsys: pytest.Capt
 
 
 def test_balance_sizes_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
-    """--balance-sizes hands servers between GPU counts by migrating whole servers' jobs:
-    on a crowded mixed workload the same seed then migrates far more, and every job still ends."""
+    """--balance-sizes (on by default) hands servers between GPU counts by migrating whole
+    servers' jobs: on a crowded mixed workload the same seed then migrates far more than with
+    --no-balance-sizes, and every job still ends."""
     args = ("--jobs", "200", "--cluster", "6x4", "--target-load", "3", "--policy", "gandiva", "-o", "json")
-    base = json.loads(_sim(capsys, *args)[1])["gandiva"]
+    base = json.loads(_sim(capsys, *args, "--no-balance-sizes")[1])["gandiva"]
     ruled = json.loads(_sim(capsys, *args, "--balance-sizes")[1])["gandiva"]
     assert ruled["jobs_finished"] == base["jobs_finished"] and ruled["jobs_unfinished"] == 0
     assert ruled["migrations"] > 2 * base["migrations"]

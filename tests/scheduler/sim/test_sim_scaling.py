@@ -186,7 +186,7 @@ def test_gandiva_balancing_sizes_decides_the_same_looking_only_at_changes(max_gp
     every = get_policy("gandiva", PolicyConfig(balance_sizes=True))
     every.incremental = False  # type: ignore[attr-defined]
     assert fast == _result(jobs, servers, every)
-    plain = _result(jobs, servers, get_policy("gandiva", PolicyConfig()))
+    plain = _result(jobs, servers, get_policy("gandiva", PolicyConfig(balance_sizes=False)))
     # The rule really acted here: it handed servers over (each a handful of migrations).
     assert fast[0]["migrations"] > plain[0]["migrations"] + 20
 
