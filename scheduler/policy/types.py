@@ -309,7 +309,8 @@ class PolicyConfig:
         from the same departures as ``gittins_slices``'s: the service per GPU at which the
         mean residual service of the jobs that ran that long is highest (none while it
         still rises where the departures end, or before 100 jobs have left).
-    balance_sizes: every ``defrag_interval_s``, when the GPU count whose jobs are most
+    balance_sizes: at the first call at least ``defrag_interval_s`` after its last look
+        (it does not wake the policy itself), when the GPU count whose jobs are most
         crowded (jobs per same-size GPU set) has jobs waiting, a server of a less crowded
         GPU count is handed to it: its jobs move into same-size time-slice groups
         elsewhere, if that leaves their GPU count less crowded than the one it helps (a
