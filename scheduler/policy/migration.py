@@ -18,7 +18,8 @@ Three passes, each only when the move is expected to pay off:
    spread, i.e. while a freed server would be used): take the non-idle server with
    the most free GPUs (at least ``defrag_free_gpus``) and move all its jobs onto
    fuller non-idle servers, if every one of them fits without time-sharing.
-5. ``balance_sizes`` (``PolicyConfig.balance_sizes``, every ``defrag_interval_s``):
+5. ``balance_sizes`` (``PolicyConfig.balance_sizes``, on by default; at the first call at least
+   ``defrag_interval_s`` after its last look):
    Algorithm 1 gives each server to one GPU count (affinity), so each GPU count
    time-shares only its own servers, however crowded they are. When the GPU count
    whose jobs are most crowded (jobs per same-size GPU set) has jobs waiting, the
