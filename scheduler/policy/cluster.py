@@ -310,11 +310,10 @@ class Ledger:
         old = self.state.get(job_id)
         if old == "MIGRATING" or state == "MIGRATING":
             self.version += 1
-        if old is None:
-            size = self._request[job_id] = self.jobs[job_id].requested_gpus
-            self.jobs_by_request[size] = self.jobs_by_request.get(size, 0) + 1
-        else:
-            size = self._request[job_id]
+        if old is None:  # a new job: counted among its GPU count's jobs (not yet waiting)
+            self._request[job_id] = self.jobs[job_id].requested_gpus
+            self._file_request(job_id, self._request[job_id], 1)
+        size = self._request[job_id]
         if (old in WAITING) != (state in WAITING):
             self.waiting_by_request[size] = self.waiting_by_request.get(size, 0) + (1 if state in WAITING else -1)
         if old is not None:
