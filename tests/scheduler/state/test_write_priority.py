@@ -30,10 +30,13 @@ def _run_queued(kinds: list[str]) -> tuple[list[int], list[int]]:
     """Queue writes of these kinds while the writer is busy, then let it go: (the order
     they ran in, their results)."""
     q = WriteQueue("test-writer")
-    gate = threading.Event()
+    gate, busy = threading.Event(), threading.Event()
     ran: list[int] = []
     try:
-        q.submit(gate.wait)
+        # The writer must be inside this (bulk) write before the others are queued: else
+        # urgent ones queued first run ahead of it, and it would end their run unseen.
+        q.submit(lambda: busy.set() or gate.wait())
+        busy.wait(timeout=10)
         futures = [q.submit(lambda i=i: ran.append(i) or i, urgent=k == "urgent", barrier=k == "barrier")
                    for i, k in enumerate(kinds)]
         gate.set()
