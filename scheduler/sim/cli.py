@@ -88,6 +88,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="gandiva: when the jobs of one GPU count are more crowded on their servers than "
                         "another count's, hand a server of the less crowded count to them (its jobs "
                         "join same-size time-slice groups elsewhere; default: on)")
+    s.add_argument("--balance-per-gpu", action=argparse.BooleanOptionalAction, default=PolicyConfig.balance_per_gpu,
+                   help="gandiva, with --balance-sizes: measure a GPU count's crowding in jobs per GPU "
+                        "instead of per same-size GPU set, so servers go to the jobs that get the fewest "
+                        "GPU-seconds each (favours small jobs; default: off)")
     s.add_argument("--gittins-slices", action=argparse.BooleanOptionalAction, default=PolicyConfig.gittins_slices,
                    help="gandiva, with --las-slices: the job with the highest Gittins index of its service per "
                         "GPU runs next, the index computed from the service with which the latest 1,000 jobs "
@@ -177,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
                               starve_factor=args.starve_factor,
                               share_block_after_s=args.share_block_after,
                               large_block_after_s=args.large_block_after, balance_sizes=args.balance_sizes,
+                              balance_per_gpu=args.balance_per_gpu,
                               gittins_slices=args.gittins_slices,
                               fifo_after_measured=args.fifo_after_measured)
     except (TraceError, ValueError) as exc:

@@ -76,6 +76,26 @@ def test_a_server_of_the_less_crowded_size_goes_to_the_crowded_one(mk, per_gpu: 
     assert not any(isinstance(d, Migrate) for d in policy.decide(dataclasses.replace(after, now=1002.0)))
 
 
+@pytest.mark.parametrize("per_gpu", [2, 3, 4])
+def test_balance_per_gpu_weighs_a_job_by_its_gpus(mk, per_gpu: int) -> None:
+    """balance_per_gpu: crowding is jobs per GPU, not per same-size GPU set. With two to
+    four 1-GPU jobs per GPU the per-set measure moves nothing (the two 4-GPU jobs sharing s2
+    would be as crowded per set as the 1-GPU jobs with s1 added), while per GPU the 4-GPU
+    jobs, 2 jobs on 4 GPUs, are far less crowded than 1-GPU jobs on 8 GPUs: s1 goes to the
+    1-GPU jobs, and eight of them run where four did."""
+    snap = _cluster(mk, per_gpu)
+    per_set = get_policy("gandiva", CFG).decide(snap)
+    assert [d for d in per_set if isinstance(d, Migrate)] == []
+    d = get_policy("gandiva", dataclasses.replace(CFG, balance_per_gpu=True)).decide(snap)
+    assert mk.kinds(d)[:2] == [("Suspend", "big-s2"), ("Migrate", "big-s1")]
+    assert _small_running(_apply(snap, d, 1001.0)) == 8
+
+
+def test_balance_per_gpu_needs_balance_sizes() -> None:
+    with pytest.raises(ValueError, match="turn balance_sizes on too"):
+        PolicyConfig(balance_sizes=False, balance_per_gpu=True)
+
+
 def test_queued_jobs_of_the_crowded_size_take_the_server_first(mk) -> None:
     """Two 1-GPU jobs queued (every group is at the cap of 5): they are placed on the freed
     server ahead of the suspended ones, which take the other two GPUs."""

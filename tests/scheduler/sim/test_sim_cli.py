@@ -130,6 +130,11 @@ def test_balance_sizes_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureF
     ruled = json.loads(_sim(capsys, *args, "--balance-sizes")[1])["gandiva"]
     assert ruled["jobs_finished"] == base["jobs_finished"] and ruled["jobs_unfinished"] == 0
     assert ruled["migrations"] > 2 * base["migrations"]
+    # --balance-per-gpu changes its measure (the same seed decides differently) and needs it.
+    per_gpu = json.loads(_sim(capsys, *args, "--balance-per-gpu")[1])["gandiva"]
+    assert per_gpu["jobs_unfinished"] == 0 and per_gpu != ruled
+    code, _, err = _sim(capsys, *args, "--no-balance-sizes", "--balance-per-gpu")
+    assert code == 2 and "turn balance_sizes on too" in err
 
 
 def test_large_block_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
