@@ -141,8 +141,12 @@ class GandivaPolicy(Policy):
             ledger.departed = []
             return
         now = ledger.snapshot.now
+        live = None
+        if self.config.gittins_censored:
+            def live() -> list[float]:
+                return [v.attained_at(now) / (len(v.placement) or v.gpus) for v in ledger.jobs.values()]
         for view in sorted(gone, key=lambda v: v.id):  # removals come as a set: a fixed order
-            self.state.service.add(view.attained_at(now) / (len(view.placement) or view.gpus))
+            self.state.service.add(view.attained_at(now) / (len(view.placement) or view.gpus), live)
         gone.clear()
 
     def _queue_reason(self, ledger: Ledger, job: JobView, cache: dict[tuple[int, int], str]) -> str:

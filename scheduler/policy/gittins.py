@@ -37,12 +37,20 @@ it follows a workload that changes.
   the short ones do; a long job is then past ``end`` and ordered by least attained service
   behind the jobs the window covers, as under ``las_slices``. The window's reach grows as
   long jobs depart.
+- ``gittins_censored`` (off by default) removes that bias: when the table is computed, the
+  jobs still in the cluster with some service count too, as observations censored at the
+  service they have (they will run at least that long), and the distribution is the
+  Kaplan-Meier estimate of the departures and those. A grid point then has an index while
+  20 jobs, departed or present, ran past it and some departed past it; the mass the
+  estimate leaves beyond the longest departure (jobs still running past it) never finishes
+  within any D.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -113,6 +121,59 @@ class GittinsTable:
         peak = max(range(len(grid)), key=lambda b: (residual[b], -b))  # the first of equal peaks
         return cls(grid, index, point, grid[peak] if peak < len(grid) - 1 else None)
 
+    @classmethod
+    def censored(cls, samples: list[float] | deque[float], live: list[float],
+                 least: int = MIN_ABOVE) -> GittinsTable:
+        """The table of the Kaplan-Meier estimate of ``samples`` (service per GPU of departed
+        jobs) and ``live`` (service per GPU of jobs still present: censored there)."""
+        values = np.concatenate([np.asarray(samples, dtype=float), np.asarray(live, dtype=float)])
+        event = np.concatenate([np.ones(len(samples), dtype=bool), np.zeros(len(live), dtype=bool)])
+        # Ascending; at a tie the departure first (a job censored at c ran at least c).
+        order = np.lexsort((~event, values))
+        values, event = values[order], event[order]
+        n = len(values)
+        at_risk = n - np.arange(n)
+        hazard = event / at_risk
+        after = np.cumprod(1.0 - hazard)  # KM survival just after each observation
+        before = np.concatenate([[1.0], after[:-1]])
+        mass = before * hazard  # the estimate's mass at each departure (0 at a censoring)
+        grid: list[float] = []
+        index: list[float] = []
+        residual: list[float] = []
+        point = 0.0
+        while True:
+            i = int(np.searchsorted(values, point, side="right"))
+            if n - i < least or not event[i:].any():
+                break  # too few past it, or no departure: the estimate says nothing there
+            nxt = GRID_FIRST_S if point == 0.0 else point * GRID_RATIO
+            least_d = max(GRID_FIRST_S, nxt - point)
+            total = float(before[i])  # P(S > point)
+            r = values[i:][event[i:]] - point
+            w = mass[i:][event[i:]]
+            value = 0.0
+            if total > 0:
+                cum = np.cumsum(w)
+                spent = np.cumsum(w * r) + (total - cum) * r
+                ok = r >= least_d
+                if np.any(ok):
+                    value = float(np.max(cum[ok] / spent[ok]))
+                short = ~ok
+                ws = float(np.sum(w[short]))
+                value = max(value, ws / (float(np.sum(w[short] * r[short])) + least_d * (total - ws)))
+                # The mean residual, the mass left beyond the last departure put at the
+                # longest observation (a lower bound: those jobs run at least that long).
+                tail = total - float(cum[-1])
+                residual.append((float(np.sum(w * r)) + tail * (values[-1] - point)) / total)
+            else:
+                residual.append(0.0)
+            grid.append(point)
+            index.append(value)
+            point = nxt
+        if not grid:
+            return cls([0.0], [0.0], 0.0)
+        peak = max(range(len(grid)), key=lambda b: (residual[b], -b))
+        return cls(grid, index, point, grid[peak] if peak < len(grid) - 1 else None)
+
     def _bin(self, served: float) -> int:
         return max(0, bisect_right(self.grid, served) - 1)
 
@@ -140,9 +201,15 @@ class ServiceWindow:
         self.since = 0  # departures since the table was computed
         self.table: GittinsTable | None = None
 
-    def add(self, served: float) -> None:
+    def add(self, served: float, live: Callable[[], list[float]] | None = None) -> None:
+        """One departure with ``served`` seconds of service per GPU. ``live``: with
+        ``gittins_censored``, what gives the service per GPU of the jobs still present
+        (called only when the table is computed)."""
         self.samples.append(max(0.0, served))
         self.since += 1
         if len(self.samples) >= self.cold_start and (self.table is None or self.since >= self.refresh):
-            self.table = GittinsTable.of(self.samples)
+            if live is None:
+                self.table = GittinsTable.of(self.samples)
+            else:
+                self.table = GittinsTable.censored(self.samples, [x for x in live() if x > 0])
             self.since = 0

@@ -118,7 +118,8 @@ def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[s
     """The las_slices order as a key (lower runs first): (class, value), where class -1 is a
     starving unit (``starve_factor``), 0 the short bucket ordered by attained service (with
     ``table``, ``gittins_slices``: by its Gittins index, highest first, then the units past
-    the table's end by attained service), 1 the long bucket
+    the table's end by attained service, or with ``gittins_tail_fifo`` in class 1 by
+    submission), 1 the long bucket
     (service per GPU at least ``fifo_s``: ``fifo_after_s`` or ``fifo_after_measured``'s)
     ordered by submission (service counts no more there)."""
     jobs = ledger.jobs
@@ -134,6 +135,8 @@ def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[s
             index = table.at(served[u])
             if index is not None:
                 return (0, -index)  # an index is > 0: ahead of every unit past the table's end
+            if config.gittins_tail_fifo:  # past the end: first come first served, last
+                return (1, min(jobs[j].submitted_at for j in u))
         return (0, served[u])
 
     return rank

@@ -305,6 +305,15 @@ class PolicyConfig:
         service where lengths are heavy-tailed, first come first served where they are not;
         least attained service until 100 jobs have left. A refinement of las_slices's order:
         without las_slices (round-robin) it has nothing to order and does nothing.
+    gittins_censored: with gittins_slices, the index's distribution is the Kaplan-Meier
+        estimate of the departures and of the jobs still present, censored at the service
+        they have (scheduler/policy/gittins.py): early in a trace the long jobs still
+        running count too, instead of only the short ones that already left. Off by default.
+    gittins_tail_fifo: with gittins_slices, the units past the table's end (service per GPU
+        beyond which fewer than 20 of the latest departures ran) run first come first served
+        behind every unit with an index, as Tiresias' last queue, instead of by least
+        attained service: the oldest of the longest jobs finishes instead of sharing its
+        GPUs with every later long job (the makespan). Off by default.
     fifo_after_measured: with las_slices, the ``fifo_after_s`` buckets with the boundary set
         from the same departures as ``gittins_slices``'s: the service per GPU at which the
         mean residual service of the jobs that ran that long is highest (none while it
@@ -369,6 +378,8 @@ class PolicyConfig:
     balance_sizes: bool = True
     balance_per_gpu: bool = False
     gittins_slices: bool = True
+    gittins_censored: bool = False
+    gittins_tail_fifo: bool = False
     fifo_after_measured: bool = False
 
     def __post_init__(self) -> None:
@@ -387,6 +398,9 @@ class PolicyConfig:
         if self.fifo_after_measured and self.fifo_after_s > 0:
             raise ValueError(f"fifo_after_measured sets the bucket boundary that fifo_after_s "
                              f"({self.fifo_after_s}) fixes: set one of them")
+        for name in ("gittins_censored", "gittins_tail_fifo"):
+            if getattr(self, name) and not self.gittins_slices:
+                raise ValueError(f"{name} changes gittins_slices's order: turn gittins_slices on too")
         if self.balance_per_gpu and not self.balance_sizes:
             raise ValueError("balance_per_gpu changes how balance_sizes measures crowding: turn balance_sizes on too")
         for name in ("share_block_after_s", "large_block_after_s"):

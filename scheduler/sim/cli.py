@@ -98,6 +98,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "left (least attained service on heavy-tailed lengths, first come first served on "
                         "others; least attained service until 100 jobs have left; default: on; nothing "
                         "to order with --no-las-slices)")
+    s.add_argument("--gittins-censored", action=argparse.BooleanOptionalAction, default=PolicyConfig.gittins_censored,
+                   help="gandiva, with --gittins-slices: the index's distribution counts the jobs still "
+                        "present too, censored at the service they have (Kaplan-Meier), not only the "
+                        "jobs that left (default: off)")
+    s.add_argument("--gittins-tail-fifo", action=argparse.BooleanOptionalAction, default=PolicyConfig.gittins_tail_fifo,
+                   help="gandiva, with --gittins-slices: jobs served longer than the departures tell about "
+                        "run first come first served behind the others, not by least attained service "
+                        "(default: off)")
     s.add_argument("--fifo-after-measured", action=argparse.BooleanOptionalAction,
                    default=PolicyConfig.fifo_after_measured,
                    help="gandiva, with --las-slices: --fifo-after's buckets with the boundary set from the "
@@ -183,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
                               large_block_after_s=args.large_block_after, balance_sizes=args.balance_sizes,
                               balance_per_gpu=args.balance_per_gpu,
                               gittins_slices=args.gittins_slices,
+                              gittins_censored=args.gittins_censored, gittins_tail_fifo=args.gittins_tail_fifo,
                               fifo_after_measured=args.fifo_after_measured)
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")

@@ -128,3 +128,32 @@ def test_the_measured_buckets_without_las_slices_are_refused_naming_both() -> No
 def test_measured_and_fixed_bucket_boundaries_together_are_refused() -> None:
     with pytest.raises(ValueError, match="fifo_after_measured .* fifo_after_s .* set one"):
         PolicyConfig(fifo_after_measured=True, fifo_after_s=3600.0)
+
+
+@pytest.mark.parametrize("lengths", [light(1000), heavy(1000)], ids=["light", "heavy"])
+def test_without_jobs_present_the_censored_estimate_is_the_plain_one(lengths: list[float]) -> None:
+    plain, censored = GittinsTable.of(lengths), GittinsTable.censored(lengths, [])
+    assert censored.grid == plain.grid and censored.end == plain.end and censored.mrl_peak == plain.mrl_peak
+    assert censored.index == pytest.approx(plain.index, rel=1e-9)
+
+
+def test_jobs_still_running_extend_the_index_past_the_short_ones_that_left() -> None:
+    """gittins_censored: early in a light-tailed trace (jobs of 5-7 hours) the 100 jobs that
+    have left were mostly the shortest; 300 still run, at 3-8 hours. From departures alone
+    the index ends near 6 h (fewer than 20 left later), so a job at 6.5 h has none and waits
+    behind every job with one; with the running jobs counted, censored where they are, the
+    estimate reaches the last departure (7 h) and that job has an index."""
+    left = light(1000)[:90] + light(1000)[-10:]
+    running = [3 * HOUR + 5 * HOUR * (i + 0.5) / 300 for i in range(300)]
+    plain = GittinsTable.of(left)
+    censored = GittinsTable.censored(left, running)
+    assert plain.end < 6.5 * HOUR and plain.at(6.5 * HOUR) is None
+    assert 6.5 * HOUR < censored.end and censored.at(6.5 * HOUR) > 0
+    # Past the last departure the estimate says nothing, however many jobs run there.
+    assert censored.at(7.5 * HOUR) is None
+
+
+def test_the_refinements_without_gittins_slices_are_refused() -> None:
+    for name in ("gittins_censored", "gittins_tail_fifo"):
+        with pytest.raises(ValueError, match=f"{name} .* turn gittins_slices on too"):
+            PolicyConfig(gittins_slices=False, **{name: True})

@@ -157,3 +157,19 @@ def test_large_block_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureFix
 def test_measured_buckets_need_las_slices_and_say_so(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _sim(capsys, "--jobs", "5", "--policy", "gandiva", "--no-las-slices", "--fifo-after-measured")
     assert code == 2 and "fifo_after_measured" in err and "las_slices on" in err
+
+
+@pytest.mark.parametrize("flag", ["--gittins-censored", "--gittins-tail-fifo"])
+def test_gittins_refinements_are_flags_that_reach_the_policy(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    """--gittins-censored and --gittins-tail-fifo (off by default) change what the index
+    orders once 100 jobs have left: the same seed then decides differently and every job
+    still ends; without --gittins-slices each is refused, naming both."""
+    args = ("--jobs", "400", "--cluster", "4x4", "--target-load", "2", "--seed", "3", "--policy", "gandiva",
+            "-o", "json")
+    base = json.loads(_sim(capsys, *args)[1])["gandiva"]
+    ruled = json.loads(_sim(capsys, *args, flag)[1])["gandiva"]
+    assert ruled["jobs_finished"] == base["jobs_finished"] and ruled["jobs_unfinished"] == 0
+    assert ruled["avg_jct_s"] != base["avg_jct_s"]
+    code, _, err = _sim(capsys, "--jobs", "5", "--policy", "gandiva", "--no-gittins-slices", flag)
+    name = flag.lstrip("-").replace("-", "_")
+    assert code == 2 and name in err and "turn gittins_slices on too" in err
