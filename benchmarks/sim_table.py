@@ -16,6 +16,11 @@ the ratios the goals of issue 11 are stated in, with a verdict per goal:
 where every rule set is CONFIG_FIELD[:VALUE] joined with +, applied on top of the defaults
 (which already have las_slices, slice_growth 0.1 and max_jobs_per_gpu 16).
 --plot DIR writes each trace's CDFs and utilization plot into DIR/TRACE/.
+--compare A.json,B.json,... replays nothing: it prints, from files earlier runs wrote with
+--json, one markdown row per trace with gandiva's result in each (avg JCT h, its ratios to
+yarn-cs / to tiresias, ff, makespan to yarn-cs, goals ff/jct/mk, and each goal won (+) or
+lost (-) against the first file), and the goals met per file: the table docs/simulator.md
+shows for each rule set.
 --baselines FILE takes yarn-cs's, tiresias' and yarn-cs-local's results from a file an
 earlier run wrote with --json (same --cluster and --target-load) and replays gandiva alone:
 an ablation over every trace then costs gandiva's time only. The last lines count the goals
@@ -69,6 +74,55 @@ def verdicts(g: dict, y: dict, t: dict) -> dict[str, Any]:
             "makespan_ok": mk <= 1.05, "jct_goal": jct_goal}
 
 
+GOALS = (("ff_ok", "ff"), ("jct_ok", "jct"), ("makespan_ok", "mk"))
+
+
+def compare(paths: list[Path]) -> int:
+    """Print gandiva's result per trace in each of ``paths`` (``--json`` files), the goals won
+    or lost against the first, and the goals met per file."""
+    runs: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            runs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            print(f"--compare {path}: {exc}", file=sys.stderr)
+            return 2
+    traces = [t for t in runs[0] if all(t in r for r in runs)]
+    missing = sorted({t for r in runs for t in r} - set(traces))
+    if not traces:
+        print("--compare: the files have no trace in common", file=sys.stderr)
+        return 2
+    for t in traces:
+        settings = {json.dumps(r[t].get("settings"), sort_keys=True) for r in runs}
+        if len(settings) > 1:
+            print(f"--compare: {t} was replayed with different settings: {' / '.join(sorted(settings))}",
+                  file=sys.stderr)
+            return 2
+
+    def cell(entry: dict[str, Any], first: dict[str, Any] | None) -> str:
+        v, g = entry["goals"], entry["gandiva"]
+        met = "/".join("yes" if v[k] else "**no**" for k, _ in GOALS)
+        if first is not None:
+            moved = [("+" if v[k] else "-") + n for k, n in GOALS if v[k] != first["goals"][k]]
+            met += f" ({', '.join(moved)})" if moved else ""
+        return (f"{g[JCT] / 3600:,.1f} h ({v['jct_ratio_yarn']:.2f} / {v['jct_ratio_tiresias']:.2f}), "
+                f"ff {v['ff_ratio']:.2f}, mk {v['makespan_ratio']:.2f}: {met}")
+
+    print("| trace | " + " | ".join(p.stem for p in paths) + " |")
+    print("|---|" + "---|" * len(paths))
+    totals = [[0, 0, 0] for _ in runs]
+    for t in traces:
+        print(f"| {t} | " + " | ".join(cell(r[t], None if i == 0 else runs[0][t]) for i, r in enumerate(runs)) + " |")
+        for i, r in enumerate(runs):
+            for j, (k, _) in enumerate(GOALS):
+                totals[i][j] += bool(r[t]["goals"][k])
+    print("| goals met (ff / jct / mk) | " + " | ".join(f"**{a} / {b} / {c}** of {len(traces)}" for a, b, c in totals)
+          + " |")
+    if missing:
+        print(f"left out (not in every file): {', '.join(missing)}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", type=Path, default=TRACES)
@@ -82,7 +136,11 @@ def main() -> int:
     ap.add_argument("--plot", type=Path, metavar="DIR", help="plots per trace into DIR/TRACE/")
     ap.add_argument("--baselines", type=Path, metavar="FILE",
                     help="reuse the baselines' results from an earlier --json file; replay gandiva only")
+    ap.add_argument("--compare", metavar="A.json,B.json", help="replay nothing: compare gandiva's results "
+                    "in files earlier --json runs wrote, trace by trace, goals won or lost against the first")
     args = ap.parse_args()
+    if args.compare:
+        return compare([Path(p) for p in args.compare.split(",")])
     if not args.traces.is_dir():
         print(f"no traces at {args.traces.resolve()}: this benchmark needs ../shared/traces")
         return 2

@@ -1,0 +1,50 @@
+"""``benchmarks/sim_table.py --compare``: the per-trace comparison of rule sets that
+docs/simulator.md shows, printed from files earlier ``--json`` runs wrote, without replaying."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+SETTINGS = {"cluster": "25x4", "target_load": 0.9}
+
+
+def _entry(jct_h: float, ff: bool, jct: bool, mk: bool, settings: dict = SETTINGS) -> dict:
+    return {"settings": settings, "jobs": 10, "gandiva": {"avg_jct_s": jct_h * 3600},
+            "goals": {"ff_ok": ff, "jct_ok": jct, "makespan_ok": mk, "ff_ratio": 0.1 if ff else 0.5,
+                      "jct_ratio_yarn": 0.5, "jct_ratio_tiresias": 0.9, "makespan_ratio": 1.0 if mk else 1.2}}
+
+
+def _run(*files: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "benchmarks/sim_table.py", "--compare", ",".join(map(str, files))],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_compare_marks_each_goal_won_or_lost_and_counts_the_goals(tmp_path: Path) -> None:
+    base, rule = tmp_path / "defaults.json", tmp_path / "rule.json"
+    base.write_text(json.dumps({"a": _entry(10.0, False, True, True), "b": _entry(20.0, True, True, True),
+                                "c": _entry(1.0, True, True, True)}))
+    rule.write_text(json.dumps({"a": _entry(8.0, True, True, False), "b": _entry(20.0, True, True, True)}))
+    out = _run(base, rule)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "| trace | defaults | rule |"
+    row_a = next(line for line in lines if line.startswith("| a |"))
+    assert "10.0 h" in row_a and "8.0 h" in row_a and "(+ff, -mk)" in row_a
+    row_b = next(line for line in lines if line.startswith("| b |"))
+    assert "(" not in row_b.split(" | ")[2].split(":")[-1]  # nothing won or lost
+    assert "**1 / 2 / 2** of 2 | **2 / 2 / 1** of 2" in out.stdout
+    assert "left out (not in every file): c" in out.stdout
+
+
+def test_compare_refuses_results_replayed_with_different_settings(tmp_path: Path) -> None:
+    base, other = tmp_path / "a.json", tmp_path / "b.json"
+    base.write_text(json.dumps({"a": _entry(10.0, True, True, True)}))
+    other.write_text(json.dumps({"a": _entry(10.0, True, True, True, {"cluster": "8x4", "target_load": 0.9})}))
+    out = _run(base, other)
+    assert out.returncode == 2 and "a was replayed with different settings" in out.stderr
+    out = _run(base, tmp_path / "missing.json")
+    assert out.returncode == 2 and "missing.json" in out.stderr
