@@ -216,7 +216,8 @@ def main() -> int:
             va = verdicts(a, y, t)
             print(f"{'':>9} {'':>5}   gandiva[{label}]: JCT {a['avg_jct_s'] / 3600:.1f} h, first-100 avg "
                   f"{a['avg_time_to_first_n_s']:.0f} s median {a['median_time_to_first_n_s']:.0f} s, makespan "
-                  f"{a['makespan_s'] / 3600:.0f} h, suspends {a['suspends']}, ratios ff {va['ff_ratio']:.2f} "
+                  f"{a['makespan_s'] / 3600:.0f} h, suspends {a['suspends']} (at most {a['max_suspended_per_server']} "
+                  f"on one server; gandiva {g['max_suspended_per_server']}), ratios ff {va['ff_ratio']:.2f} "
                   f"jct/y {va['jct_ratio_yarn']:.2f} jct/t {va['jct_ratio_tiresias']:.2f} "
                   f"mk/y {va['makespan_ratio']:.2f}, goals "
                   f"{'/'.join('yes' if va[k] else 'NO' for k in ('ff_ok', 'jct_ok', 'makespan_ok'))}", flush=True)

@@ -99,6 +99,17 @@ class SimBackend:
         self.busy_series: list[tuple[float, int]] = [(0.0, 0)]
         self.counts = {"suspends": 0, "resumes": 0, "packs": 0, "unpacks": 0,
                        "migrations": 0, "grows": 0, "shrinks": 0}
+        # Suspended jobs per server now, and the most any server held at once: a suspended
+        # job keeps its process and state in its server's host memory (a job spread over
+        # servers counts on each).
+        # Under restart preemption (tiresias) a preempted job is checkpointed and holds
+        # nothing: not counted (``holds_suspended`` False).
+        self.holds_suspended = preemption != "restart"
+        self.suspended_on: dict[str, int] = {}
+        self.max_suspended_on = 0
+        # Servers whose count changed in this batch of decisions: the peak is read once a
+        # batch is applied (inside one, a group's suspend comes before its resume).
+        self._suspended_dirty: set[str] = set()
 
     # --- bookkeeping --------------------------------------------------------------
 
@@ -128,11 +139,30 @@ class SimBackend:
             if g not in self.gpus:
                 raise ValueError(f"decision for job {job.spec.id} names unknown GPU {g}")
         running = job.state == "RUNNING"
+        suspended = job.state == "SUSPENDED"
         if running:
             self._run_on(job, False)
+        if suspended:
+            self._count_suspended(job, -1)
         job.placement = gpus
         if running:
             self._run_on(job, True)
+        if suspended:
+            self._count_suspended(job, 1)
+
+    def _count_suspended(self, job: SimJob, delta: int) -> None:
+        if not self.holds_suspended:
+            return
+        on = self.suspended_on
+        for name in {g.server for g in job.placement}:
+            on[name] = on.get(name, 0) + delta
+            self._suspended_dirty.add(name)
+
+    def _note_suspended_peak(self) -> None:
+        dirty = self._suspended_dirty
+        if dirty:
+            self.max_suspended_on = max(self.max_suspended_on, max(self.suspended_on[n] for n in dirty))
+            dirty.clear()
 
     def _run_on(self, job: SimJob, add: bool) -> None:
         jid = job.spec.id
@@ -204,6 +234,7 @@ class SimBackend:
             self._apply_one(job, d, now)
             job.last_change = now
             self.view_dirty.add(job.spec.id)
+        self._note_suspended_peak()
         return touched
 
     def _apply_one(self, job: SimJob, d: Decision, now: float) -> None:
@@ -242,6 +273,8 @@ class SimBackend:
 
     def _set_state(self, job: SimJob, state: str) -> None:
         was = job.state == "RUNNING"
+        if (job.state == "SUSPENDED") != (state == "SUSPENDED"):
+            self._count_suspended(job, 1 if state == "SUSPENDED" else -1)
         job.state = state
         if state == "RUNNING":
             self.running.add(job.spec.id)

@@ -264,7 +264,9 @@ def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
         ("GPU utilization", "utilization", lambda v: f"{100 * v:.1f}%"),
         ("suspends", "suspends", str), ("packs (kept or tried)", "packs", str),
         ("unpacks", "unpacks", str), ("migrations", "migrations", str),
-        ("grows / shrinks", None, None), ("jobs finished", "jobs_finished", str),
+        ("grows / shrinks", None, None),
+        ("most suspended jobs on one server (host memory)", "max_suspended_per_server",
+         lambda v: "-" if v is None else str(v)), ("jobs finished", "jobs_finished", str),
         ("jobs unfinished", "jobs_unfinished", str),
     ]
     table = Table()

@@ -62,6 +62,9 @@ class SimResult:
     unfinished: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     decide_calls: int = 0
+    # The most suspended jobs one server held at once (each keeps its process and state in
+    # the server's host memory); None under restart preemption, where they hold nothing.
+    max_suspended_per_server: int | None = None
 
 
 class Simulator:
@@ -205,4 +208,5 @@ class Simulator:
             jobs=finished, counts=dict(backend.counts), busy_series=backend.busy_series,
             busy_gpu_s=backend.busy_area, unfinished=sorted(active), skipped=self.skipped,
             decide_calls=calls,
+            max_suspended_per_server=backend.max_suspended_on if backend.holds_suspended else None,
         )

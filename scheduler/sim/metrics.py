@@ -49,6 +49,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "grows": result.counts.get("grows", 0),
         "shrinks": result.counts.get("shrinks", 0),
         "decide_calls": result.decide_calls,
+        "max_suspended_per_server": result.max_suspended_per_server,
     }
 
 

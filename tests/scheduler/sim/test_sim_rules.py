@@ -127,3 +127,26 @@ def test_a_starvation_limit_lets_a_long_job_progress_under_a_stream_of_short_one
     assert starve["long"] < las["long"] - 4 * 3600
     # The short jobs pay for it, but each still finishes.
     assert len(starve) == 145
+
+
+def test_the_most_suspended_jobs_on_one_server_follows_the_group_cap() -> None:
+    """``max_suspended_per_server``: what time-slicing asks of a server's host memory (a
+    suspended job keeps its process and state there). On an oversubscribed 4x4 cluster of
+    1-GPU jobs the cap bounds it (cap x 4 GPUs, less the 4 running) and a higher cap raises
+    it; yarn-cs never suspends (0) and tiresias checkpoints what it preempts (no count). Every
+    suspension is undone by the end: the per-server counts return to 0."""
+    jobs, _ = scale_to_load(generate(300, seed=5, max_gpus=1), make_cluster("4x4"), MODEL, 3.0)
+    peaks = {}
+    for cap in (2, 8):
+        config = PolicyConfig(max_jobs_per_gpu=cap, enable_packing=False)
+        sim = Simulator(jobs, make_cluster("4x4"), get_policy("gandiva", config), MODEL)
+        result = sim.run()
+        assert not result.unfinished
+        peaks[cap] = summarize(result)["max_suspended_per_server"]
+        assert 0 < peaks[cap] <= (cap - 1) * 4
+        assert set(sim.backend.suspended_on.values()) <= {0}
+    assert peaks[8] > peaks[2]
+    assert summarize(Simulator(jobs, make_cluster("4x4"), get_policy("yarn-cs"), MODEL).run())[
+        "max_suspended_per_server"] == 0
+    assert summarize(Simulator(jobs, make_cluster("4x4"), get_policy("tiresias"), MODEL).run())[
+        "max_suspended_per_server"] is None
