@@ -332,7 +332,7 @@ class PolicyConfig:
         default: on the 19 traces of issue 11 it meets 16 / 16 / 15 goals against the
         defaults' 16 / 16 / 16; it wins every goal on ITP cluster02 (average JCT 75.9 -> 24.6 h)
         and loses cluster07's (212 -> 377 h), where 8-GPU jobs are most of the work
-        (docs/simulator.md, "balance_per_gpu").
+        (docs/simulator.md, "Three refinements measured and left off").
     share_block_after_s: once a queued job has waited this long, jobs queued behind it
         may not join time-slice groups (they take free GPUs only), so that groups drain
         and free GPUs reach it instead of every newcomer joining a group ahead of it;
