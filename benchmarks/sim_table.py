@@ -199,10 +199,10 @@ def main() -> int:
                                  "settings": settings, **m}
         for label, met in [("gandiva", v)] + [(lb, verdicts(m[f"gandiva[{lb}]"], y, t)) for lb in ablations]:
             row = tally.setdefault(label, [0, 0, 0, 0])
-            for i, k in enumerate(("ff_ok", "jct_ok", "makespan_ok")):
+            for i, (k, _) in enumerate(GOALS):
                 row[i] += bool(met[k])
             row[3] += 1
-        ok = "/".join("yes" if v[k] else "NO" for k in ("ff_ok", "jct_ok", "makespan_ok"))
+        ok = "/".join("yes" if v[k] else "NO" for k, _ in GOALS)
         print(f"{path.stem:>9} {len(jobs):>5} | "
               f"{'/'.join(f'{x[JCT] / 3600:.1f}' for x in (g, y, t, yl)):>24} | "
               f"{'/'.join(f'{x[FIRST]:.0f}' for x in (g, y, t)):>24} "

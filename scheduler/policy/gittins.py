@@ -150,22 +150,18 @@ class GittinsTable:
             total = float(before[i])  # P(S > point)
             r = values[i:][event[i:]] - point
             w = mass[i:][event[i:]]
-            value = 0.0
-            if total > 0:
-                cum = np.cumsum(w)
-                spent = np.cumsum(w * r) + (total - cum) * r
-                ok = r >= least_d
-                if np.any(ok):
-                    value = float(np.max(cum[ok] / spent[ok]))
-                short = ~ok
-                ws = float(np.sum(w[short]))
-                value = max(value, ws / (float(np.sum(w[short] * r[short])) + least_d * (total - ws)))
-                # The mean residual, the mass left beyond the last departure put at the
-                # longest observation (a lower bound: those jobs run at least that long).
-                tail = total - float(cum[-1])
-                residual.append((float(np.sum(w * r)) + tail * (values[-1] - point)) / total)
-            else:
-                residual.append(0.0)
+            # A departure lies past ``point``, so total > 0 (the estimate keeps its mass).
+            cum = np.cumsum(w)
+            spent = np.cumsum(w * r) + (total - cum) * r
+            ok = r >= least_d
+            value = float(np.max(cum[ok] / spent[ok])) if np.any(ok) else 0.0
+            short = ~ok
+            ws = float(np.sum(w[short]))
+            value = max(value, ws / (float(np.sum(w[short] * r[short])) + least_d * (total - ws)))
+            # The mean residual, the mass left beyond the last departure put at the
+            # longest observation (a lower bound: those jobs run at least that long).
+            tail = total - float(cum[-1])
+            residual.append((float(np.sum(w * r)) + tail * (values[-1] - point)) / total)
             grid.append(point)
             index.append(value)
             point = nxt

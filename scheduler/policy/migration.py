@@ -238,10 +238,8 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
         return []
     sets = {k: len(ledger.groups_by_size.get(k, ())) for k in count}
 
-    per = (lambda k: k) if config.balance_per_gpu else (lambda k: 1)
-
     def crowd(k: int, more_sets: int = 0) -> float:
-        return count[k] / (max(1, sets[k] + more_sets) * per(k))
+        return count[k] / (max(1, sets[k] + more_sets) * (k if config.balance_per_gpu else 1))
 
     # Only a GPU count that fits one server can take a server; any count can give one (a
     # group of jobs larger than a server gives all the servers it spans, whole).
