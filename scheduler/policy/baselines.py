@@ -24,6 +24,7 @@ from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger, Placement, arrival_key
 from scheduler.policy.placement import (
     Filter,
+    Misses,
     any_free_filter,
     best_fit,
     find_placement,
@@ -44,7 +45,7 @@ def exclusive_placement(ledger: Ledger, job: JobView, config: PolicyConfig) -> P
 def local_placement(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
     """Free GPUs on one server for a job that fits one; else as ``exclusive_placement``."""
     if job.gpus <= ledger.max_server_gpus:
-        return best_fit(ledger, job.gpus)
+        return best_fit(ledger, job.gpus, job, config)
     return exclusive_placement(ledger, job, config)
 
 
@@ -65,7 +66,7 @@ class _Exclusive(Policy):
         # GPU counts that found no room at a ledger version (find_placement keeps them):
         # binds only take GPUs away, so a later job of that count cannot fit either
         # until something changes.
-        misses: dict[tuple[int, int], int] = {}
+        misses: Misses = {}
 
         def skip(size: int) -> bool:
             return not reasons and (blocked_by is not None or missed(ledger, misses, self.filters, size))

@@ -71,6 +71,11 @@ PROGRESS_FIELDS = frozenset(("steps", "attained_service_s", "reported_at"))
 _others = operator.attrgetter(*(f.name for f in dataclasses.fields(JobView) if f.name not in PROGRESS_FIELDS))
 
 
+def host_need(job: JobView) -> int:
+    """The job's measured host memory (0: not measured)."""
+    return job.profile.host_memory_bytes if job.profile is not None else 0
+
+
 def progress_only(old: JobView, new: JobView) -> bool:
     """``new`` is ``old`` with newer progress of a running job, nothing else changed."""
     return old.state == "RUNNING" and _others(old) == _others(new)
@@ -142,6 +147,14 @@ class Ledger:
         # When a list (a policy turns it on): the last views of the jobs that left the
         # snapshot (finished or killed), collected until the policy takes them.
         self.departed: list[JobView] | None = None
+        # Host memory (ServerView.host_memory_bytes; 0: not checked). Every job bound to a
+        # server holds its share there (its host memory x its GPUs there / its GPUs),
+        # running or suspended: measured bytes in host_bytes, the GPU-share of jobs not
+        # measured yet in host_unmeasured (priced at the config's assumption when asked).
+        self.host_limit = {name: s.host_memory_bytes for name, s in self.servers.items() if s.host_memory_bytes > 0}
+        self.host_bytes: dict[str, float] = dict.fromkeys(self.host_limit, 0.0)
+        self.host_unmeasured: dict[str, float] = dict.fromkeys(self.host_limit, 0.0)
+        self._host_charge: dict[str, list[tuple[str, float, float]]] = {}
 
     @classmethod
     def of(cls, snapshot: ClusterSnapshot, holds: Callable[[JobView], bool] | None = None,
@@ -163,6 +176,11 @@ class Ledger:
             self._file_request(fresh.id, size, -1)
             self._request[fresh.id] = fresh.requested_gpus
             self._file_request(fresh.id, fresh.requested_gpus, 1)
+        if self.host_limit and host_need(was) != host_need(fresh) and fresh.id in self._host_charge:
+            gpus = self.placement[fresh.id]
+            self._uncharge_host(fresh.id)
+            self._charge_host(fresh.id, gpus, fresh)
+            self.version += 1
         if was.suspendable != fresh.suspendable:
             self.version += 1
         elif self.touched_groups is not None and progress_only(was, fresh):
@@ -355,6 +373,8 @@ class Ledger:
                     self._over.add(gpu.server)
         names = (gpus[0].server,) if len(gpus) == 1 else tuple(dict.fromkeys(g.server for g in gpus))
         self.servers_of[job_id] = names
+        if self.host_limit:
+            self._charge_host(job_id, gpus, self.jobs[job_id])
         if len(names) > 1:
             self.spread.add(job_id)
         if len(gpus) > self.jobs[job_id].requested_gpus:
@@ -393,6 +413,8 @@ class Ledger:
                     self._over.discard(gpu.server)
         self.spread.discard(job_id)
         self.grown.discard(job_id)
+        if self.host_limit:
+            self._uncharge_host(job_id)
         for name in self.servers_of.pop(job_id):
             sizes = self.sizes.get(name)
             if sizes is not None:
@@ -400,6 +422,48 @@ class Ledger:
                 if sizes[len(gpus)] <= 0:
                     del sizes[len(gpus)]
                 self.jobs_on[name].discard(job_id)
+
+    def _charge_host(self, job_id: str, gpus: Placement, view: JobView) -> None:
+        need = host_need(view)
+        charge = []
+        for name, k in Counter(g.server for g in gpus).items():
+            if name in self.host_limit:
+                share = k / len(gpus)
+                charge.append((name, need * share, 0.0 if need else share))
+                self.host_bytes[name] += need * share
+                self.host_unmeasured[name] += 0.0 if need else share
+        self._host_charge[job_id] = charge
+
+    def _uncharge_host(self, job_id: str) -> None:
+        for name, held, unmeasured in self._host_charge.pop(job_id, ()):
+            self.host_bytes[name] -= held
+            self.host_unmeasured[name] -= unmeasured
+
+    def host_fits(self, job: JobView, gpus: Placement, use: float, assumed: int,
+                  planned: Mapping[str, float] | None = None) -> bool:
+        """The job's host memory fits on every server of ``gpus`` under ``use`` x the server's
+        host memory, beside the jobs bound there (its own share there, if it is bound there,
+        counts as free): a server no other job is bound to takes any job, so a job larger
+        than every server's budget still runs alone. ``assumed``: the host memory of a job
+        not measured yet; ``planned``: bytes per server that moves planned but not yet
+        bound will add."""
+        if not self.host_limit:
+            return True
+        need = host_need(job) or assumed
+        own = {name: held + unmeasured * assumed for name, held, unmeasured in self._host_charge.get(job.id, ())}
+        for name, k in Counter(g.server for g in gpus).items():
+            limit = self.host_limit.get(name)
+            extra = planned.get(name, 0.0) if planned else 0.0
+            if limit is None or (not extra and not self.jobs_on[name] - {job.id}):
+                continue
+            used = self.host_bytes[name] + self.host_unmeasured[name] * assumed - own.get(name, 0.0) + extra
+            if used + need * k / len(gpus) > limit * use + 0.5:
+                return False
+        return True
+
+    def host_used(self, name: str, assumed: int) -> float:
+        """Host memory the jobs bound to ``name`` hold (unmeasured ones at ``assumed``)."""
+        return self.host_bytes.get(name, 0.0) + self.host_unmeasured.get(name, 0.0) * assumed
 
     def bind(self, job_id: str, gpus: Placement, state: str) -> None:
         """Move ``job_id`` onto ``gpus`` (unbinding it from wherever it was)."""

@@ -20,7 +20,7 @@ One decide() call runs, in this order:
 from __future__ import annotations
 
 from scheduler.policy.base import Policy
-from scheduler.policy.cluster import Ledger, Placement, QueueKey
+from scheduler.policy.cluster import Ledger, Placement, QueueKey, host_need
 from scheduler.policy.growshrink import grow, shrink_all
 from scheduler.policy.migration import (
     balance_sizes,
@@ -34,6 +34,7 @@ from scheduler.policy.placement import (
     ALGORITHM_1,
     FREE_FILTERS,
     OVERSUBSCRIBE_ONLY,
+    Misses,
     find_placement,
     missed,
     queue_reason,
@@ -70,7 +71,7 @@ class GandivaPolicy(Policy):
         # find_placement's "nothing fits" answers, kept across calls for the ledger and
         # config they were found with: each is keyed by the ledger's version, which moves
         # with everything the filters read, so one stands until the occupancy changes.
-        self._misses: dict[tuple[int, int], int] = {}
+        self._misses: Misses = {}
         self._misses_of: tuple[Ledger, PolicyConfig] | None = None
 
     # Off: packing and rotation look at every group at every call, and placement searches
@@ -149,15 +150,15 @@ class GandivaPolicy(Policy):
             self.state.service.add(view.attained_at(now) / (len(view.placement) or view.gpus), live)
         gone.clear()
 
-    def _queue_reason(self, ledger: Ledger, job: JobView, cache: dict[tuple[int, int], str]) -> str:
+    def _queue_reason(self, ledger: Ledger, job: JobView, cache: dict[tuple[int, int, int], str]) -> str:
         if self._reserved is not None:
             return f"job {self._reserved} has waited longest and has first claim on free GPUs"
-        key = (job.gpus, ledger.version)
+        key = (job.gpus, ledger.version, host_need(job))
         if key not in cache:
-            cache[key] = queue_reason(ledger, job)
+            cache[key] = queue_reason(ledger, job, self.config)
         return cache[key]
 
-    def _kept_misses(self, ledger: Ledger) -> dict[tuple[int, int], int]:
+    def _kept_misses(self, ledger: Ledger) -> Misses:
         """The misses to start this call with. While a grown job exists they start empty:
         the first job that does not fit must be visited, to shrink grown jobs for it."""
         key = self._misses_of
@@ -171,7 +172,7 @@ class GandivaPolicy(Policy):
         out: list[Decision] = []
         shrunk = False
         misses = self._kept_misses(ledger)
-        reasons: dict[tuple[int, int], str] = {}
+        reasons: dict[tuple[int, int, int], str] = {}
         self._reserved = None
         # share_block_after_s: once the first job still queued (it was passed over: it
         # found no place) has waited that long, the jobs after it may not time-share.

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import heapq
 
-from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.cluster import Ledger, Placement, host_need
 from scheduler.policy.placement import (
     affinity_filter,
     best_fit,
@@ -57,7 +57,7 @@ def _compact_target(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
         gpus = fn(ledger, job, config)
         if gpus is not None and len({g.server for g in gpus}) <= _servers_needed(ledger, job):
             return gpus
-    return best_fit(ledger, job.gpus)
+    return best_fit(ledger, job.gpus, job, config)
 
 
 def _movable(ledger: Ledger, job_id: str, state: GandivaState) -> bool:
@@ -141,7 +141,7 @@ def make_room(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget:
                          key=lambda n: (-ledger.num_free(n), n)):
         # Onto servers as full as the source, too: emptying it is the point (on two-GPU
         # servers with one free each, "only fuller" would never let the job in).
-        moves = _plan_evacuation(ledger, source, state, as_full_ok=True)
+        moves = _plan_evacuation(ledger, source, state, config, as_full_ok=True)
         if moves is None or len(moves) > budget:
             continue
         for job_id, gpus in moves:
@@ -175,7 +175,7 @@ def defragment(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget
             break
         source = max(sources, key=lambda n: (ledger.num_free(n), n))
         tried.add(source)
-        moves = _plan_evacuation(ledger, source, state)
+        moves = _plan_evacuation(ledger, source, state, config)
         if moves is None or len(out) + len(moves) > budget:
             continue
         for job_id, gpus in moves:
@@ -184,13 +184,14 @@ def defragment(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget
 
 
 def _plan_evacuation(
-    ledger: Ledger, source: str, state: GandivaState, as_full_ok: bool = False
+    ledger: Ledger, source: str, state: GandivaState, config: PolicyConfig, as_full_ok: bool = False
 ) -> list[tuple[str, Placement]] | None:
     """Where each job on ``source`` would go on fuller servers (``as_full_ok``: or as
     full); None if any does not fit."""
     jobs = sorted(ledger.jobs_on[source])
     plan: list[tuple[str, Placement]] = []
     taken: set = set()
+    planned: dict[str, float] = {}
     for job_id in jobs:
         gpus = ledger.placement[job_id]
         if (len({g.server for g in gpus}) > 1 or len(ledger.members(gpus)) > 1
@@ -206,14 +207,34 @@ def _plan_evacuation(
             free = [g for g in ledger.free_gpus(name) if g not in taken]
             # Only fuller servers: moving to an emptier one would not defragment.
             fuller = ledger.num_free(name) < ledger.num_free(source) + (1 if as_full_ok else 0)
-            if len(free) >= job.gpus and fuller:
+            if len(free) >= job.gpus and fuller and _host_room(ledger, job, tuple(free[: job.gpus]), planned, config):
                 target = tuple(free[: job.gpus])
                 break
         if target is None:
             return None
         taken.update(target)
+        _plan_host(ledger, job, target, planned, config)
         plan.append((job_id, target))
     return plan
+
+
+def _host_room(ledger: Ledger, job: JobView, gpus: Placement, planned: dict[str, float],
+               config: PolicyConfig) -> bool:
+    """``job`` fits in the host memory of ``gpus``'s servers beside the jobs there and those
+    a plan already sends there (``planned``: bytes per server, ``_plan_host``)."""
+    return not ledger.host_limit or ledger.host_fits(job, gpus, config.host_memory_use,
+                                                     config.job_host_memory_bytes, planned)
+
+
+def _plan_host(ledger: Ledger, job: JobView, gpus: Placement, planned: dict[str, float],
+               config: PolicyConfig) -> None:
+    """Note in ``planned`` the host memory ``job`` will hold on ``gpus``'s servers."""
+    if not ledger.host_limit:
+        return
+    need = host_need(job) or config.job_host_memory_bytes
+    for g in gpus:
+        if g.server in ledger.host_limit:
+            planned[g.server] = planned.get(g.server, 0.0) + need / len(gpus)
 
 
 def _crowding(ledger: Ledger) -> tuple[dict[int, int], set[int]]:
@@ -287,7 +308,7 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
         # lower_height could give it to any GPU count (the donors' own waiting jobs first).
         left = budget - len(plan)
         for server in freed:
-            filled = _fill(ledger, state, server, crowded, left, why)
+            filled = _fill(ledger, state, config, server, crowded, left, why)
             left -= sum(isinstance(d, Migrate) for d in filled)
             out += filled
         return out
@@ -304,16 +325,19 @@ def _whole_servers(ledger: Ledger, moving: set[str]) -> list[str] | None:
     return names
 
 
-def _fill(ledger: Ledger, state: GandivaState, server: str, size: int, budget: int, why: str) -> list[Decision]:
+def _fill(ledger: Ledger, state: GandivaState, config: PolicyConfig, server: str, size: int, budget: int,
+          why: str) -> list[Decision]:
     """Put waiting ``size``-GPU jobs on the idle ``server``, one per ``size`` GPUs: queued ones
     first, in queue order (they have waited without running), then suspended ones from the
-    fullest groups (a migration each, within ``budget``)."""
+    fullest groups (a migration each, within ``budget``); each while its host memory fits."""
     free = ledger.free_gpus(server)
     sets = [tuple(free[i:i + size]) for i in range(0, len(free) - size + 1, size)]
     out: list[Decision] = []
     while sets:
         key = ledger.next_queued(size)
         if key is None:
+            break
+        if not _host_room(ledger, ledger.jobs[key[2]], sets[0], {}, config):
             break
         gpus = sets.pop(0)
         ledger.bind(key[2], gpus, "RUNNING")
@@ -324,7 +348,7 @@ def _fill(ledger: Ledger, state: GandivaState, server: str, size: int, budget: i
             if not sets or budget <= 0:
                 return out
             if (ledger.state[job_id] == "SUSPENDED" and ledger.jobs[job_id].suspendable
-                    and _movable(ledger, job_id, state)):
+                    and _movable(ledger, job_id, state) and _host_room(ledger, ledger.jobs[job_id], sets[0], {}, config)):
                 out.append(_move(ledger, job_id, sets.pop(0), why))
                 budget -= 1
     return out
@@ -356,15 +380,23 @@ def _plan_handover(ledger: Ledger, state: GandivaState, config: PolicyConfig, so
     room = [(n, gpus) for gpus, names, n in targets if source not in names and n < config.max_jobs_per_gpu]
     heapq.heapify(room)
     plan: list[tuple[str, Placement]] = []
+    planned: dict[str, float] = {}
     for job_id in jobs:
         view = ledger.jobs[job_id]
         if (source not in ledger.servers_of[job_id] or ledger.state[job_id] not in ("RUNNING", "SUSPENDED")
                 or not view.suspendable or not _movable(ledger, job_id, state)):
             return None
+        # The least full group whose servers' host memory takes the job too.
+        passed = []
+        while room and not _host_room(ledger, view, room[0][1], planned, config):
+            passed.append(heapq.heappop(room))
         if not room:
             return None
         n, target = heapq.heappop(room)
+        for entry in passed:
+            heapq.heappush(room, entry)
         if n + 1 < config.max_jobs_per_gpu:
             heapq.heappush(room, (n + 1, target))
+        _plan_host(ledger, view, target, planned, config)
         plan.append((job_id, target))
     return plan

@@ -26,10 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.cluster import Ledger, Placement, host_need
 from scheduler.policy.types import JobView, PolicyConfig
 
 Filter = Callable[[Ledger, JobView, PolicyConfig], "Placement | None"]
+# (filter list id, GPU count) -> (ledger version, host memory of the job that found no place).
+Misses = dict[tuple[int, int], tuple[int, float]]
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,18 @@ class Candidate:
     oversubscribed: bool = False
 
 
-def _single_server(ledger: Ledger, size: int, names: list[str]) -> Placement | None:
+def host_ok(ledger: Ledger, job: JobView | None, gpus: Placement, config: PolicyConfig | None) -> bool:
+    """``job``'s host memory fits where ``gpus`` are (``Ledger.host_fits``); True without a job."""
+    if job is None or config is None or not ledger.host_limit:
+        return True
+    return ledger.host_fits(job, gpus, config.host_memory_use, config.job_host_memory_bytes)
+
+
+def _single_server(ledger: Ledger, size: int, names: list[str], job: JobView | None = None,
+                   config: PolicyConfig | None = None) -> Placement | None:
     for name in names:
         free = ledger.free_gpus(name)
-        if len(free) >= size:
+        if len(free) >= size and host_ok(ledger, job, tuple(free[:size]), config):
             return tuple(free[:size])
     return None
 
@@ -59,7 +69,7 @@ def affinity_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
         n for n, sizes in ledger.sizes.items()
         if job.gpus in sizes and len(ledger._free[n]) >= job.gpus and ledger.affinity(n) == job.gpus
     ]
-    return _single_server(ledger, job.gpus, _least_loaded(ledger, names))
+    return _single_server(ledger, job.gpus, _least_loaded(ledger, names), job, config)
 
 
 def unallocated_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
@@ -75,14 +85,16 @@ def unallocated_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Pl
 def relaxed_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
     """Any free GPUs on one server (best fit); only a job larger than a server spreads."""
     if job.gpus <= ledger.max_server_gpus:
-        return best_fit(ledger, job.gpus)
+        return best_fit(ledger, job.gpus, job, config)
     return any_free_filter(ledger, job, config)
 
 
-def best_fit(ledger: Ledger, size: int) -> Placement | None:
-    """Free GPUs on the one server with the fewest free GPUs that still hold ``size``."""
+def best_fit(ledger: Ledger, size: int, job: JobView | None = None,
+             config: PolicyConfig | None = None) -> Placement | None:
+    """Free GPUs on the one server with the fewest free GPUs that still hold ``size``
+    (and, given the job, its host memory)."""
     fits = sorted((n for n in ledger.servers if ledger.num_free(n) >= size), key=lambda n: (ledger.num_free(n), n))
-    return _single_server(ledger, size, fits)
+    return _single_server(ledger, size, fits, job, config)
 
 
 def any_free_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
@@ -92,7 +104,7 @@ def any_free_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
     """
     if ledger.total_free() < job.gpus:
         return None
-    one = best_fit(ledger, job.gpus)
+    one = best_fit(ledger, job.gpus, job, config)
     if one is not None:
         return one
     with_free = [n for n in ledger.servers if ledger.num_free(n) > 0]
@@ -101,7 +113,7 @@ def any_free_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
         chosen.extend(ledger.free_gpus(name)[: job.gpus - len(chosen)])
         if len(chosen) == job.gpus:
             break
-    return tuple(chosen)
+    return tuple(chosen) if host_ok(ledger, job, tuple(chosen), config) else None
 
 
 def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
@@ -115,6 +127,8 @@ def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> 
             continue
         if any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable for m in members):
             continue  # an uncontrollable job cannot take turns: it keeps its GPUs alone
+        if not host_ok(ledger, job, gpus, config):
+            continue  # its process would not fit beside the group's in the server's memory
         key = (len(members), max(ledger.height(n) for n in names), gpus)
         if best is None or key < best:
             best = key
@@ -135,7 +149,7 @@ def find_placement(
     job: JobView,
     config: PolicyConfig,
     filters: list[tuple[str, Filter]] = ALGORITHM_1,
-    misses: dict[tuple[int, int], int] | None = None,
+    misses: Misses | None = None,
 ) -> Candidate | None:
     """The first filter's answer, in order; None means: queue the job.
 
@@ -143,25 +157,30 @@ def find_placement(
     version: the filters look at nothing but the GPU count and the ledger, so a long
     queue costs one search per size until something changes.
     """
-    if misses is not None and missed(ledger, misses, filters, job.gpus):
+    need = (host_need(job) or config.job_host_memory_bytes) if ledger.host_limit else 0
+    if misses is not None and missed(ledger, misses, filters, job.gpus, need):
         return None
     for name, fn in filters:
         gpus = fn(ledger, job, config)
         if gpus is not None:
             return Candidate(gpus, name, oversubscribed=name == "oversubscribe")
     if misses is not None:
-        misses[(id(filters), job.gpus)] = ledger.version
+        misses[(id(filters), job.gpus)] = (ledger.version, need)
     return None
 
 
-def missed(ledger: Ledger, misses: dict[tuple[int, int], int], filters: list[tuple[str, Filter]],
-           size: int) -> bool:
+def missed(ledger: Ledger, misses: Misses, filters: list[tuple[str, Filter]], size: int,
+           need: float | None = None) -> bool:
     """``find_placement`` with ``filters`` found no place for ``size`` GPUs at this ledger
-    version (so a walk of the queue may skip every job of that size)."""
-    return misses.get((id(filters), size)) == ledger.version
+    version, for a job of ``need`` bytes of host memory or less (so a walk of the queue may
+    skip every job of that size). ``need`` None: any job of that size; where host memory
+    is checked a job needing less than the one that missed might fit, and is passed over
+    only until the ledger changes."""
+    entry = misses.get((id(filters), size))
+    return entry is not None and entry[0] == ledger.version and (need is None or need >= entry[1])
 
 
-def queue_reason(ledger: Ledger, job: JobView) -> str:
+def queue_reason(ledger: Ledger, job: JobView, config: PolicyConfig | None = None) -> str:
     """Why a job found no place, in words a user understands."""
     total = ledger.num_gpus
     if job.gpus > total:
@@ -171,5 +190,14 @@ def queue_reason(ledger: Ledger, job: JobView) -> str:
     if free >= job.gpus and job.gpus <= ledger.max_server_gpus:
         # Free GPUs add up, but no server has enough: spreading would slow the job down.
         where = f" but no server has {job.gpus} free (a job that fits one server is not spread)"
-    return (f"needs {job.gpus} GPUs, {free} free{where}; no time-slice group of {job.gpus}-GPU jobs "
-            f"with room on a same-affinity server")
+    why = (f"needs {job.gpus} GPUs, {free} free{where}; no time-slice group of {job.gpus}-GPU jobs "
+           f"with room on a same-affinity server")
+    if config is not None and ledger.host_limit:
+        need = host_need(job) or config.job_host_memory_bytes
+        full = sorted(n for n, limit in ledger.host_limit.items() if ledger.jobs_on[n]
+                      and ledger.host_used(n, config.job_host_memory_bytes) + need > limit * config.host_memory_use)
+        if full:
+            shown = ", ".join(full[:3]) + (f" and {len(full) - 3} more" if len(full) > 3 else "")
+            why += (f"; the host memory of {shown} is full: its jobs, running and suspended, hold "
+                    f"{config.host_memory_use:.0%} of it and this job needs {need / (1 << 30):.1f} GiB more")
+    return why

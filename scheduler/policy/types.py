@@ -44,21 +44,32 @@ class JobProfile:
     memory_bytes: peak GPU memory per GPU over a mini-batch cycle.
     gpu_util: mean GPU utilization while running, 0..1.
     step_time_s: seconds per mini-batch when running alone on its GPUs.
+    host_memory_bytes: host memory (resident set) the job's processes hold, which a
+        suspended job keeps holding (its process stays, with its GPU state copied out);
+        0: not measured (the policy assumes ``PolicyConfig.job_host_memory_bytes``).
     """
 
     memory_bytes: int
     gpu_util: float
     step_time_s: float | None = None
+    host_memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class ServerView:
-    """A GPU server as the policy sees it. ``gpu_memory_bytes`` is per GPU."""
+    """A GPU server as the policy sees it. ``gpu_memory_bytes`` is per GPU.
+
+    ``host_memory_bytes``: the server's host memory its jobs may hold (its helper reports
+    the machine's total, or what the operator set); 0: unknown, not checked. Every job
+    bound to the server holds host memory there, running or suspended, so the policy
+    puts no job's process on a server where it would not fit (``PolicyConfig.host_memory_use``).
+    """
 
     name: str
     num_gpus: int
     up: bool = True
     gpu_memory_bytes: int = 16 * GIB
+    host_memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -275,6 +286,14 @@ class PolicyConfig:
     max_jobs_per_gpu: how many jobs a GPU may be time-shared by before jobs queue (16; the
         paper's setup used 4: new jobs then queued behind full groups for days on the ITP
         traces, and a suspended job holds no GPU memory).
+    host_memory_use: the fraction of a server's host memory (``ServerView.host_memory_bytes``)
+        its jobs may hold together, running and suspended: a job is placed on, or moved to,
+        a server only if its host memory fits under that beside the jobs already there
+        (the rest is left to the system and the page cache). A suspended job keeps its
+        process, so this, not ``max_jobs_per_gpu`` alone, bounds time-slicing on a server.
+    job_host_memory_bytes: the host memory assumed for a job not measured yet (its
+        ``JobProfile.host_memory_bytes`` is 0): 4 GiB, a TensorFlow process with its CUDA
+        context and input pipeline.
     pack_trial_s: how long a packing trial runs before its measured rates decide.
     pack_min_gain: packed jobs' combined normalized rate must exceed 1 + this to be kept.
     pack_max_util: jobs above this GPU utilization are not packing candidates.
@@ -354,6 +373,8 @@ class PolicyConfig:
     reserve_after_s: float | None = None
     slice_slack_s: float = 5.0
     max_jobs_per_gpu: int = 16
+    host_memory_use: float = 0.9
+    job_host_memory_bytes: int = 4 * GIB
     enable_packing: bool = True
     enable_migration: bool = True
     enable_grow_shrink: bool = True
@@ -387,6 +408,10 @@ class PolicyConfig:
             raise ValueError(f"quantum_s must be positive, got {self.quantum_s}")
         if self.max_jobs_per_gpu < 1:
             raise ValueError(f"max_jobs_per_gpu must be at least 1, got {self.max_jobs_per_gpu}")
+        if not 0 < self.host_memory_use <= 1:
+            raise ValueError(f"host_memory_use must be in (0, 1], got {self.host_memory_use}")
+        if self.job_host_memory_bytes < 0:
+            raise ValueError(f"job_host_memory_bytes must not be negative, got {self.job_host_memory_bytes}")
         if self.slice_growth < 0:
             raise ValueError(f"slice_growth must not be negative, got {self.slice_growth}")
         if self.fifo_after_s < 0:
