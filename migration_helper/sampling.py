@@ -1,14 +1,17 @@
 """Periodic GPU sampling: feeds each job's memory into its MemoryCycle and builds
-the ReportGpuSamples batch (latest sample per GPU and per job, with the cycle)."""
+the ReportGpuSamples batch (latest sample per GPU and per job, with the cycle, and
+each launch's host memory: the resident set of its processes, measured per report)."""
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable
 
 from migration_helper.cycle import MemoryCycle
 from migration_helper.gpus import GpuBackend, JobProcesses, Sample, process_tree
 from migration_helper.process import JobProcess
+from migration_protocol.host_memory import resident_bytes
 from protos.gandiva.v1 import helper_pb2
 
 log = logging.getLogger(__name__)
@@ -54,8 +57,29 @@ class Sampler:
                 self.cycles.pop(key, None)
         return samples
 
+    def host_memory(self) -> list[helper_pb2.JobHostMemory]:
+        """The resident set of each live launch's processes: its own, its descendants' and
+        those left in its session (the helper starts each job in a session of its own, so
+        a worker whose parent exited is still counted). A suspended (or SIGSTOPped)
+        process keeps its pages and is counted; a process gone meanwhile counts 0, and a
+        launch none of whose processes could be read is left out."""
+        procs = [p for p in list(self.processes()) if p.alive and p.pid]
+        if not procs:
+            return []
+        members = session_members({p.pid for p in procs})
+        out = []
+        for p in procs:
+            rss = resident_bytes(process_tree(p.pid) | members.get(p.pid, set()) | {p.pid})
+            if rss:
+                out.append(helper_pb2.JobHostMemory(job_id=p.job_id, incarnation=p.incarnation, rss_bytes=rss))
+        return out
+
     def report(self, server: str) -> helper_pb2.GpuSamplesRequest:
         request = helper_pb2.GpuSamplesRequest(server=server)
+        try:
+            request.host_memory.extend(self.host_memory())
+        except Exception:  # measuring must not take the helper (or the GPU report) down
+            log.warning("host memory sampling failed", exc_info=True)
         for key, s in sorted(self.latest.items()):
             msg = helper_pb2.GpuSample(
                 gpu_index=s.gpu_index, at=s.at, memory_used_bytes=s.memory_used_bytes,
@@ -69,3 +93,27 @@ class Sampler:
                 msg.minibatch_s = summary.minibatch_s
             request.samples.append(msg)
         return request
+
+
+def session_members(sessions: set[int], proc: str = "/proc") -> dict[int, set[int]]:
+    """Session id -> the pids of its processes, for each of ``sessions`` (from
+    /proc/PID/stat; processes that vanish meanwhile are skipped)."""
+    out: dict[int, set[int]] = {}
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as f:
+                stat = f.read()
+            # After the command name (in parentheses, which may itself hold spaces or
+            # parentheses): state, ppid, pgrp, session.
+            sid = int(stat[stat.rindex(b")") + 2:].split()[3])
+        except (OSError, ValueError, IndexError):
+            continue
+        if sid in sessions:
+            out.setdefault(sid, set()).add(int(name))
+    return out
