@@ -170,8 +170,8 @@ def chromium() -> str:
 
 def test_dashboard_shows_servers_and_jobs_in_a_browser(observed_cluster, mlp, chromium) -> None:  # type: ignore[no-untyped-def]
     c = observed_cluster
-    c.add_helper("node-a", 1)
-    c.add_helper("node-b", 1)
+    c.add_helper("node-a", 1, "--host-memory", "8GiB")
+    c.add_helper("node-b", 1, "--host-memory", "0")
     ids = [submit(c, mlp, f"shown-{i}", 2000) for i in range(3)]
     c.wait_for(lambda: sum(c.job(j).state == common_pb2.JOB_STATE_RUNNING for j in ids) == 2, 120)
     c.wait_for(lambda: all(c.job(j).steps > 0 for j in ids if c.job(j).state == common_pb2.JOB_STATE_RUNNING), 120)
@@ -179,6 +179,9 @@ def test_dashboard_shows_servers_and_jobs_in_a_browser(observed_cluster, mlp, ch
     dom = chromium_dom(f"http://{c.sched.server.http_address}/")
     for server in ("node-a", "node-b"):
         assert f'data-server="{server}"' in dom
+    # Host memory held by each server's jobs, of what its helper reported (none: unknown).
+    assert re.search(r"host memory \d+\.\d / 8\.0 GiB", dom), dom
+    assert re.search(r"host memory \d+\.\d / \? GiB \(not reported\)", dom), dom
     for i, job_id in enumerate(ids):
         assert f'data-job="{job_id}"' in dom and f"shown-{i}" in dom
     # One server shares its GPU between two jobs (taking turns, or packed on trial), and the page says so.
