@@ -26,6 +26,8 @@ class Sampler:
         self.window_s = max(30.0, interval_s * 60)
         self.cycles: dict[tuple[str, int], MemoryCycle] = {}
         self.latest: dict[tuple[str, int], Sample] = {}
+        # Each launch's host memory as of the last report.
+        self.host_latest: list[helper_pb2.JobHostMemory] = []
 
     def jobs(self) -> dict[str, JobProcesses]:
         out: dict[str, JobProcesses] = {}
@@ -77,7 +79,8 @@ class Sampler:
     def report(self, server: str) -> helper_pb2.GpuSamplesRequest:
         request = helper_pb2.GpuSamplesRequest(server=server)
         try:
-            request.host_memory.extend(self.host_memory())
+            self.host_latest = self.host_memory()
+            request.host_memory.extend(self.host_latest)
         except Exception:  # measuring must not take the helper (or the GPU report) down
             log.warning("host memory sampling failed", exc_info=True)
         for key, s in sorted(self.latest.items()):

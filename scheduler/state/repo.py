@@ -689,19 +689,31 @@ async def upsert_profile(
     return prof
 
 
+# A job's host memory is rewritten only when it moved by more than this (bytes, or this
+# fraction of the stored value): a resident set drifts by pages from one report to the next,
+# and every change is a write and a new view of the job for the policy.
+HOST_MEMORY_STEP = 16 << 20
+HOST_MEMORY_STEP_FRACTION = 0.02
+
+
 async def record_host_memory(session: AsyncSession, measured: Sequence[tuple[str, str, int]], now: float) -> int:
     """Store each job's measured host memory: ``measured`` holds (job id, incarnation,
     resident bytes) as a helper reported them. Only a job's current launch counts (a
     stale copy, or a migration's pre-warmed destination, is another process); finished
-    jobs and jobs this scheduler never had are skipped. How many were stored."""
+    jobs and jobs this scheduler never had are skipped, and so is a value within
+    HOST_MEMORY_STEP (or HOST_MEMORY_STEP_FRACTION) of the stored one. How many were stored."""
     by_job = {job_id: (incarnation, rss) for job_id, incarnation, rss in measured if rss > 0 and incarnation}
     stored = 0
     for chunk in _chunks(sorted(by_job)):
         rows = await session.execute(
-            select(Job.id, Job.incarnation).where(Job.id.in_(chunk), Job.state.in_(_UNFINISHED)))
-        for job_id, incarnation in rows.all():
-            if by_job[job_id][0] == incarnation:
-                await upsert_profile(session, job_id, now, host_memory_bytes=by_job[job_id][1], host_memory_at=now)
-                stored += 1
+            select(Job.id, Job.incarnation, JobProfile.host_memory_bytes)
+            .outerjoin(JobProfile, JobProfile.job_id == Job.id)
+            .where(Job.id.in_(chunk), Job.state.in_(_UNFINISHED)))
+        for job_id, incarnation, old in rows.all():
+            want, rss = by_job[job_id]
+            if want != incarnation or (old and abs(rss - old) <= max(HOST_MEMORY_STEP, old * HOST_MEMORY_STEP_FRACTION)):
+                continue
+            await upsert_profile(session, job_id, now, host_memory_bytes=rss, host_memory_at=now)
+            stored += 1
     return stored
 

@@ -106,6 +106,9 @@ def test_metrics_follow_a_time_sliced_cluster(observed_cluster, mlp) -> None:  #
     assert value(on_helper, "gandiva_helper_gpu_memory_used_bytes", server="node-a") > 50 << 20
     assert value(on_helper, "gandiva_helper_gpu_memory_total_bytes", server="node-a", gpu="0") > 0
     assert value(on_helper, "gandiva_helper_info", backend="cpu") == 1
+    assert value(on_helper, "gandiva_helper_host_memory_bytes", server="node-a") > 1 << 30  # this machine's
+    # The jobs' processes hold host memory (TensorFlow: hundreds of MB each), measured per report.
+    c.wait_for(lambda: value(scrape(helper), "gandiva_helper_jobs_host_memory_bytes", server="node-a") > 200 << 20, 30)
 
     c.wait_for(lambda: all(c.job(j).state == common_pb2.JOB_STATE_SUCCEEDED for j in ids), 240)
     after = scrape(http)

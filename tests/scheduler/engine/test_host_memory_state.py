@@ -39,6 +39,11 @@ async def test_reports_are_stored_and_reach_the_policy(db_url: str) -> None:
             helper_pb2.JobHostMemory(job_id="job-unknown", incarnation="x", rss_bytes=9 * GIB),
         ]))
         assert [(await core.get_job(j)).host_memory_bytes for j in ids] == [3 * GIB, 0, 0, 0]
+        # A resident set that drifts by pages is not rewritten; one that moved is.
+        for rss, stored in [(3 * GIB + (8 << 20), 3 * GIB), (2 * GIB, 2 * GIB), (3 * GIB, 3 * GIB)]:
+            await core.gpu_samples(helper_pb2.GpuSamplesRequest(server="s1", host_memory=[
+                helper_pb2.JobHostMemory(job_id=ids[0], incarnation="inc0", rss_bytes=rss)]))
+            assert (await core.get_job(ids[0])).host_memory_bytes == stored
         assert [d.host_memory_bytes for d in await core.list_jobs()] == [3 * GIB, 0, 0, 0]
         loads = {ld.server.name: ld for ld in await core.list_servers()}
         assert loads["s1"].server.host_memory_bytes == 64 * GIB and loads["s2"].server.host_memory_bytes == 0
