@@ -78,7 +78,6 @@ class HelperConfig:
             raise ConfigError(f"--max-transfer-gib {self.max_transfer_bytes / (1 << 30):g} "
                               f"(max_transfer_bytes {self.max_transfer_bytes}): must be positive; "
                               "it caps the checkpoint a peer may stream in")
-
         if self.host_memory_bytes is not None and self.host_memory_bytes < 0:
             raise ConfigError(f"--host-memory {self.host_memory_bytes}: must not be negative")
 

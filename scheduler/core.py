@@ -33,6 +33,7 @@ from scheduler.errors import (
 from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
+from scheduler.policy.types import PolicyConfig
 from scheduler.state import repo
 from scheduler.state.db import (
     LoopThread,
@@ -238,7 +239,8 @@ class SchedulerCore:
         self._peers: tuple[int, list[tuple[str, str]]] | None = None
         # (host_memory_use, job_host_memory_bytes) of the policy the engine runs: how
         # server listings count host memory (the engine sets it; the defaults till then).
-        self.host_memory_budget: tuple[float, int] = (0.9, 4 << 30)
+        defaults = PolicyConfig()
+        self.host_memory_budget: tuple[float, int] = (defaults.host_memory_use, defaults.job_host_memory_bytes)
 
     # ---- transactions ---------------------------------------------------------
 

@@ -51,7 +51,7 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
     )
 
 
-def server_to_pb(load: ServerLoad, host_memory_budget: tuple[float, int] = (0.9, 4 << 30)) -> common_pb2.Server:
+def server_to_pb(load: ServerLoad, host_memory_budget: tuple[float, int]) -> common_pb2.Server:
     """``host_memory_budget``: the policy's (host_memory_use, job_host_memory_bytes)."""
     s = load.server
     use, assumed = host_memory_budget
