@@ -13,11 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gandiva_cli.main import main
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 MIB = 1 << 20
+GIB = 1 << 30
 HOST = 3 << 30  # the helper's --host-memory
 ASSUMED = 512 * MIB  # the policy's job_host_memory_bytes: a job not measured yet
 MARGIN = 400 * MIB
@@ -59,7 +61,8 @@ def resident(job_id: str) -> int:
     return total
 
 
-def test_host_memory_bounds_the_jobs_a_server_holds(policy_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_host_memory_bounds_the_jobs_a_server_holds(policy_cluster, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     cluster = policy_cluster(job_host_memory_bytes=ASSUMED)
     cluster.add_helper("s1", 1, "--host-memory", "3GiB")
     server = cluster.stub.ListServers(scheduler_pb2.ListServersRequest()).servers[0]
@@ -104,6 +107,14 @@ def test_host_memory_bounds_the_jobs_a_server_holds(policy_cluster, tmp_path: Pa
         assert sorted({j for g in s1.gpu_list for j in g.jobs}) == sorted([j1, j2])
         assert budget - ASSUMED < s1.host_memory_used_bytes <= budget + MARGIN
         time.sleep(0.3)
+    # Users see it: the reason in the job listing, host memory held / total per server.
+    at = ["--scheduler", cluster.sched.address]
+    capsys.readouterr()
+    assert main(["get", "jobs", j3, "-o", "wide", *at]) == 0
+    assert "the host memory of s1 is full" in capsys.readouterr().out
+    assert main(["get", "servers", "--no-headers", *at]) == 0
+    used, total = capsys.readouterr().out.split()[7].removesuffix("Gi").split("/")
+    assert total == "3.0" and abs(float(used) - s1.host_memory_used_bytes / GIB) < 0.2
     # Time-slicing went on meanwhile: the suspended job's memory counted all along.
     assert {cluster.job(j).state for j in (j1, j2)} <= {common_pb2.JOB_STATE_RUNNING, common_pb2.JOB_STATE_SUSPENDED}
 
