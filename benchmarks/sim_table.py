@@ -132,6 +132,11 @@ def main() -> int:
     ap.add_argument("--target-load", type=float, default=0.9)
     ap.add_argument("--ablate", default="", help="extra gandiva rows: NAME=FIELD[:VALUE]+...,NAME2=...")
     ap.add_argument("--config", default="", help="rules for the gandiva column (FIELD[:VALUE]+...)")
+    ap.add_argument("--host-memory-gib", type=float, default=0.0, metavar="G",
+                    help="each server's host memory: the policies place a job on a server only while its "
+                         "jobs' processes, running and suspended, fit in 90%% of it (default 0: not checked)")
+    ap.add_argument("--job-host-memory-gib", type=float, default=MechanismModel.job_host_memory_gib, metavar="G",
+                    help="host memory each job's processes hold (default %(default)s, an assumption)")
     ap.add_argument("--json", type=Path, help="also write every metric here")
     ap.add_argument("--plot", type=Path, metavar="DIR", help="plots per trace into DIR/TRACE/")
     ap.add_argument("--baselines", type=Path, metavar="FILE",
@@ -155,7 +160,18 @@ def main() -> int:
             ap.error(f"--baselines {args.baselines}: {exc}")
     gavel = MechanismModel.from_gavel(args.traces / "gavel" / "simulation_throughputs.json")
     builtin = MechanismModel.default()
-    servers = make_cluster(args.cluster)
+    servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
+    host = args.host_memory_gib
+    if host < 0 or args.job_host_memory_gib < 0:
+        ap.error("--host-memory-gib and --job-host-memory-gib must not be negative")
+    widest = max(s.num_gpus for s in servers)
+    if host and args.baselines is not None and 0.9 * host < widest * args.job_host_memory_gib:
+        # The stored baselines ran without the check; one job per GPU must fit for them to stand.
+        ap.error(f"--baselines: the stored baselines ran one job per GPU without a host memory check; "
+                 f"{widest} jobs of {args.job_host_memory_gib} GiB do not fit in 90% of {host} GiB, so "
+                 f"replay the baselines too (leave out --baselines)")
+    for m in (gavel, builtin):
+        m.job_host_memory_gib = args.job_host_memory_gib
     gandiva_cfg = parse_config(args.config)
     ablations = parse_rules(args.ablate)
     wanted = set(args.only.split(",")) if args.only else None
@@ -197,6 +213,8 @@ def main() -> int:
         v = verdicts(g, y, t)
         everything[path.stem] = {"jobs": len(jobs), "makespan_lower_bound_s": bound, "goals": v,
                                  "settings": settings, **m}
+        if host:
+            everything[path.stem]["host_memory"] = {"server_gib": host, "job_gib": args.job_host_memory_gib}
         for label, met in [("gandiva", v)] + [(lb, verdicts(m[f"gandiva[{lb}]"], y, t)) for lb in ablations]:
             row = tally.setdefault(label, [0, 0, 0, 0])
             for i, (k, _) in enumerate(GOALS):

@@ -148,9 +148,9 @@ class Ledger:
         # snapshot (finished or killed), collected until the policy takes them.
         self.departed: list[JobView] | None = None
         # Host memory (ServerView.host_memory_bytes; 0: not checked). Every job bound to a
-        # server holds its share there (its host memory x its GPUs there / its GPUs),
-        # running or suspended: measured bytes in host_bytes, the GPU-share of jobs not
-        # measured yet in host_unmeasured (priced at the config's assumption when asked).
+        # server holds its host memory there (its processes on that server), running or
+        # suspended: measured bytes in host_bytes, the number of jobs not measured yet in
+        # host_unmeasured (priced at the config's assumption when asked).
         self.host_limit = {name: s.host_memory_bytes for name, s in self.servers.items() if s.host_memory_bytes > 0}
         self.host_bytes: dict[str, float] = dict.fromkeys(self.host_limit, 0.0)
         self.host_unmeasured: dict[str, float] = dict.fromkeys(self.host_limit, 0.0)
@@ -426,12 +426,11 @@ class Ledger:
     def _charge_host(self, job_id: str, gpus: Placement, view: JobView) -> None:
         need = host_need(view)
         charge = []
-        for name, k in Counter(g.server for g in gpus).items():
+        for name in self.servers_of[job_id]:
             if name in self.host_limit:
-                share = k / len(gpus)
-                charge.append((name, need * share, 0.0 if need else share))
-                self.host_bytes[name] += need * share
-                self.host_unmeasured[name] += 0.0 if need else share
+                charge.append((name, float(need), 0.0 if need else 1.0))
+                self.host_bytes[name] += need
+                self.host_unmeasured[name] += 0.0 if need else 1.0
         self._host_charge[job_id] = charge
 
     def _uncharge_host(self, job_id: str) -> None:
@@ -442,22 +441,22 @@ class Ledger:
     def host_fits(self, job: JobView, gpus: Placement, use: float, assumed: int,
                   planned: Mapping[str, float] | None = None) -> bool:
         """The job's host memory fits on every server of ``gpus`` under ``use`` x the server's
-        host memory, beside the jobs bound there (its own share there, if it is bound there,
-        counts as free): a server no other job is bound to takes any job, so a job larger
-        than every server's budget still runs alone. ``assumed``: the host memory of a job
-        not measured yet; ``planned``: bytes per server that moves planned but not yet
-        bound will add."""
+        host memory, beside the jobs bound there (on a server it is bound to already, it
+        holds its memory there already): a server no other job is bound to takes any job,
+        so a job larger than every server's budget still runs alone. ``assumed``: the host
+        memory of a job not measured yet; ``planned``: bytes per server that moves planned
+        but not yet bound will add."""
         if not self.host_limit:
             return True
         need = host_need(job) or assumed
-        own = {name: held + unmeasured * assumed for name, held, unmeasured in self._host_charge.get(job.id, ())}
-        for name, k in Counter(g.server for g in gpus).items():
+        here = self.servers_of.get(job.id, ())
+        for name in {g.server for g in gpus}:
             limit = self.host_limit.get(name)
             extra = planned.get(name, 0.0) if planned else 0.0
-            if limit is None or (not extra and not self.jobs_on[name] - {job.id}):
+            if limit is None or name in here or (not extra and not self.jobs_on[name]):
                 continue
-            used = self.host_bytes[name] + self.host_unmeasured[name] * assumed - own.get(name, 0.0) + extra
-            if used + need * k / len(gpus) > limit * use + 0.5:
+            used = self.host_bytes[name] + self.host_unmeasured[name] * assumed + extra
+            if used + need > limit * use + 0.5:
                 return False
         return True
 

@@ -232,9 +232,9 @@ def _plan_host(ledger: Ledger, job: JobView, gpus: Placement, planned: dict[str,
     if not ledger.host_limit:
         return
     need = host_need(job) or config.job_host_memory_bytes
-    for g in gpus:
-        if g.server in ledger.host_limit:
-            planned[g.server] = planned.get(g.server, 0.0) + need / len(gpus)
+    for name in {g.server for g in gpus}:
+        if name in ledger.host_limit:
+            planned[name] = planned.get(name, 0.0) + need
 
 
 def _crowding(ledger: Ledger) -> tuple[dict[int, int], set[int]]:

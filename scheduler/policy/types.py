@@ -44,9 +44,10 @@ class JobProfile:
     memory_bytes: peak GPU memory per GPU over a mini-batch cycle.
     gpu_util: mean GPU utilization while running, 0..1.
     step_time_s: seconds per mini-batch when running alone on its GPUs.
-    host_memory_bytes: host memory (resident set) the job's processes hold, which a
-        suspended job keeps holding (its process stays, with its GPU state copied out);
-        0: not measured (the policy assumes ``PolicyConfig.job_host_memory_bytes``).
+    host_memory_bytes: host memory (resident set) the job's processes hold on each server
+        it runs on, which a suspended job keeps holding (its process stays, with its GPU
+        state copied out); 0: not measured (the policy assumes
+        ``PolicyConfig.job_host_memory_bytes``).
     """
 
     memory_bytes: int

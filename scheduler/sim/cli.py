@@ -53,6 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(GPUs x span)) is L; the factor is printed")
     s = p.add_argument_group("cluster and policies")
     s.add_argument("--cluster", default="25x4", help="SERVERSxGPUS (default 25x4 = 100 GPUs)")
+    s.add_argument("--host-memory-gib", type=float, default=0.0, metavar="G",
+                   help="each server's host memory: a server takes a job only while its jobs' processes, "
+                        "running and suspended, fit in 90%% of it (--job-host-memory-gib each; default 0: "
+                        "not checked, only --max-jobs-per-gpu bounds time-slicing)")
     s.add_argument("--policy", default="gandiva", choices=list(POLICIES), help="policy to run")
     s.add_argument("--compare", metavar="P1,P2,...",
                    help="run several policies side by side (overrides --policy)")
@@ -119,6 +123,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--suspend-resume-s", type=float, default=Costs.suspend_resume_s)
     m.add_argument("--migrate-s", type=float, default=Costs.migrate_s)
     m.add_argument("--restart-s", type=float, default=Costs.restart_s)
+    m.add_argument("--job-host-memory-gib", type=float, default=MechanismModel.job_host_memory_gib, metavar="G",
+                   help="host memory each job's processes hold, running or suspended (default %(default)s, "
+                        "an assumption; read only with --host-memory-gib)")
     m.add_argument("--spread-factor", type=float, metavar="F",
                    help="rate factor of a job spread over servers, for every model (default: "
                         "Gavel's per-model ratio with a table, else 0.42); 1 replays the "
@@ -162,6 +169,9 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
     model = MechanismModel.default(costs) if path is None else MechanismModel.from_gavel(path, args.gpu_type, costs)
     if args.spread_factor is not None:
         model.fix_spread(args.spread_factor)
+    if args.job_host_memory_gib < 0:
+        raise ValueError(f"--job-host-memory-gib must not be negative, got {args.job_host_memory_gib}")
+    model.job_host_memory_gib = args.job_host_memory_gib
     return model
 
 
@@ -180,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     err = _console(stderr=True)
     try:
         names = _policies(args)
-        servers = make_cluster(args.cluster)
+        servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
         jobs, fmt = _workload(args)
         model = _model(args, fmt)
         config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,

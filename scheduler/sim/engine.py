@@ -36,8 +36,13 @@ logger = logging.getLogger(__name__)
 MIN_WAKEUP_STEP_S = 0.1
 
 
-def make_cluster(spec: str, gpu_memory_gib: float = 16.0) -> tuple[ServerView, ...]:
-    """Servers from ``SERVERSxGPUS`` (e.g. ``25x4``); ValueError says what is wrong."""
+def make_cluster(spec: str, gpu_memory_gib: float = 16.0, host_memory_gib: float = 0.0) -> tuple[ServerView, ...]:
+    """Servers from ``SERVERSxGPUS`` (e.g. ``25x4``); ValueError says what is wrong.
+
+    ``host_memory_gib``: each server's host memory, which its jobs' processes hold, running
+    and suspended (0: not checked, as before the policy could check it)."""
+    if host_memory_gib < 0:
+        raise ValueError(f"host memory must not be negative, got {host_memory_gib} GiB")
     try:
         n, g = (int(x) for x in spec.lower().split("x"))
     except ValueError:
@@ -45,7 +50,8 @@ def make_cluster(spec: str, gpu_memory_gib: float = 16.0) -> tuple[ServerView, .
     if n < 1 or g < 1:
         raise ValueError(f"cluster {spec!r} needs at least one server with one GPU")
     width = len(str(n - 1))
-    return tuple(ServerView(f"server-{i:0{width}d}", g, gpu_memory_bytes=int(gpu_memory_gib * (1 << 30)))
+    return tuple(ServerView(f"server-{i:0{width}d}", g, gpu_memory_bytes=int(gpu_memory_gib * (1 << 30)),
+                            host_memory_bytes=int(host_memory_gib * (1 << 30)))
                  for i in range(n))
 
 
@@ -111,7 +117,8 @@ class Simulator:
             steps = (spec.duration_s or 0.0) * self.model.alone_rate(spec.model, spec.num_gpus)
         memory, util = self.model.profile(spec.model)
         alone = self.model.alone_rate(spec.model, spec.num_gpus)
-        profile = JobProfile(memory, util, step_time_s=spec.num_gpus / alone if alone else None)
+        profile = JobProfile(memory, util, step_time_s=spec.num_gpus / alone if alone else None,
+                             host_memory_bytes=int(self.model.job_host_memory_gib * (1 << 30)))
         return SimJob(spec=spec, total_steps=max(1.0, steps), profile=profile)
 
     def _view(self, job: SimJob, now: float) -> JobView:

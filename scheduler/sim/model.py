@@ -87,6 +87,10 @@ class MechanismModel:
 
     costs: Costs = field(default_factory=Costs)
     spread_factor: float = DEFAULT_SPREAD_FACTOR
+    # Host memory each job's processes hold (what its helper would measure), running or
+    # suspended: 4 GiB, the policy's assumption for a job not measured yet (an assumption
+    # of a TensorFlow process with its CUDA context and input pipeline, not a measurement).
+    job_host_memory_gib: float = 4.0
     gavel: dict[tuple[str, int], dict] | None = None
     gavel_spread: dict[tuple[str, int], float] | None = None
     source: str = "built-in defaults"
