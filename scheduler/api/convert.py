@@ -78,7 +78,7 @@ def server_to_pb(load: ServerLoad, host_memory_budget: tuple[float, int]) -> com
         allocated=load.allocated,
         ramdisk=s.ramdisk,
         host_memory_bytes=s.host_memory_bytes,
-        host_memory_used_bytes=round(load.host_used(assumed)),
+        host_memory_used_bytes=load.host_used(assumed),
         host_memory_use=use,
     )
 

@@ -445,13 +445,13 @@ class ServerLoad:
     gpus: list[Gpu]
     jobs_by_gpu: dict[int, list[str]] = field(default_factory=dict)
     job_gpus: dict[str, int] = field(default_factory=dict)  # job id -> its GPU count
-    # job id -> (its measured host memory, 0 when not measured; the share of its GPUs here).
-    job_host: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # job id -> its measured host memory (0: not measured yet).
+    job_host: dict[str, int] = field(default_factory=dict)
 
-    def host_used(self, assumed: int) -> float:
-        """Host memory the jobs placed here hold, as the policy counts it (each job's
-        share by its GPUs here; a job not measured yet at ``assumed``)."""
-        return sum((held or assumed) * share for held, share in self.job_host.values())
+    def host_used(self, assumed: int) -> int:
+        """Host memory the jobs placed here hold, as the policy counts it (a job holds its
+        whole host memory on every server it spans; one not measured yet ``assumed``)."""
+        return sum(held or assumed for held in self.job_host.values())
 
     @property
     def allocated(self) -> int:
@@ -551,14 +551,12 @@ async def server_loads(session: AsyncSession) -> list[ServerLoad]:
     for g in gpus:
         if g.server_name in by_name:
             by_name[g.server_name].gpus.append(g)
-    placed = Counter(job_id for _, _, job_id, _, _ in rows)
     for server_name, gpu_index, job_id, job_gpus, host in rows:
         load = by_name.get(server_name)
         if load is not None:
             load.jobs_by_gpu.setdefault(gpu_index, []).append(job_id)
             load.job_gpus[job_id] = job_gpus
-            share = load.job_host.get(job_id, (0, 0.0))[1] + 1 / placed[job_id]
-            load.job_host[job_id] = (host, share)
+            load.job_host[job_id] = host
     return list(by_name.values())
 
 

@@ -50,13 +50,20 @@ async def test_reports_are_stored_and_reach_the_policy(db_url: str) -> None:
         # The measured job at what it holds, the two not measured at the policy's assumption.
         assert loads["s1"].host_used(GIB // 2) == 4 * GIB
         assert core.host_memory_budget == (0.9, GIB // 2)
+        # A job spread over two servers holds its whole host memory on each (its processes there).
+        async with core.tx() as s:
+            await repo.place(s, await repo.get_job(s, ids[3], for_update=True), [("s1", 0), ("s2", 0)], "inc3", 2.0, "test")
+        await core.gpu_samples(helper_pb2.GpuSamplesRequest(server="s2", host_memory=[
+            helper_pb2.JobHostMemory(job_id=ids[3], incarnation="inc3", rss_bytes=GIB)]))
+        loads = {ld.server.name: ld for ld in await core.list_servers()}
+        assert (loads["s1"].host_used(GIB // 2), loads["s2"].host_used(GIB // 2)) == (5 * GIB, GIB)
 
         snap = await live.snapshot()
         assert {s.name: s.host_memory_bytes for s in snap.servers} == {"s1": 64 * GIB, "s2": 0}
         views = {j.id: j for j in snap.jobs}
         measured = views[ids[0]].profile
         assert measured is not None and measured.host_memory_bytes == 3 * GIB and not measured.gpu_measured
-        assert views[ids[1]].profile is None
+        assert views[ids[1]].profile is None and views[ids[3]].profile.host_memory_bytes == GIB  # type: ignore[union-attr]
         # GPU memory measured later joins the host memory in one profile.
         await core.gpu_samples(helper_pb2.GpuSamplesRequest(server="s1", samples=[helper_pb2.GpuSample(
             gpu_index=0, job_id=ids[0], job_memory_bytes=2 * GIB, utilization=0.4)]))
