@@ -68,10 +68,21 @@ class Sampler:
         procs = [p for p in list(self.processes()) if p.alive and p.pid]
         if not procs:
             return []
-        members = session_members({p.pid for p in procs})
+        table = proc_table()  # one pass over /proc for every launch
+        children: dict[int, list[int]] = {}
+        sessions: dict[int, list[int]] = {}
+        for pid, (ppid, sid) in table.items():
+            children.setdefault(ppid, []).append(pid)
+            sessions.setdefault(sid, []).append(pid)
         out = []
         for p in procs:
-            rss = resident_bytes(process_tree(p.pid) | members.get(p.pid, set()) | {p.pid})
+            pids = {p.pid, *sessions.get(p.pid, ())}
+            todo = [p.pid]
+            while todo:  # descendants, also those that left the session (setsid)
+                kids = [c for c in children.get(todo.pop(), ()) if c not in pids]
+                pids.update(kids)
+                todo.extend(kids)
+            rss = resident_bytes(pids)
             if rss:
                 out.append(helper_pb2.JobHostMemory(job_id=p.job_id, incarnation=p.incarnation, rss_bytes=rss))
         return out
@@ -98,10 +109,10 @@ class Sampler:
         return request
 
 
-def session_members(sessions: set[int], proc: str = "/proc") -> dict[int, set[int]]:
-    """Session id -> the pids of its processes, for each of ``sessions`` (from
-    /proc/PID/stat; processes that vanish meanwhile are skipped)."""
-    out: dict[int, set[int]] = {}
+def proc_table(proc: str = "/proc") -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, session id) of every process, from /proc/PID/stat (processes
+    that vanish meanwhile are skipped)."""
+    out: dict[int, tuple[int, int]] = {}
     try:
         names = os.listdir(proc)
     except OSError:
@@ -114,9 +125,8 @@ def session_members(sessions: set[int], proc: str = "/proc") -> dict[int, set[in
                 stat = f.read()
             # After the command name (in parentheses, which may itself hold spaces or
             # parentheses): state, ppid, pgrp, session.
-            sid = int(stat[stat.rindex(b")") + 2:].split()[3])
+            fields = stat[stat.rindex(b")") + 2:].split()
+            out[int(name)] = (int(fields[1]), int(fields[3]))
         except (OSError, ValueError, IndexError):
             continue
-        if sid in sessions:
-            out.setdefault(sid, set()).add(int(name))
     return out
