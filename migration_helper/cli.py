@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from migration_helper.config import ConfigError, HelperConfig, default_log_dir
+from migration_protocol.host_memory import parse_size
 from scheduler.config import scheduler_address
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,13 @@ def register(subparsers: Any) -> None:
     helper.add_argument("--http-listen", default="", metavar="HOST:PORT",
                         help="serve Prometheus /metrics (GPU utilization and memory, jobs) here; "
                         "port 0 picks a free one (off by default)")
+    helper.add_argument("--host-memory", default=None, metavar="SIZE",
+                        help="host memory this server's jobs may hold together, running and "
+                        "suspended (a suspended job keeps its process), e.g. 64GiB, 512MiB or "
+                        "bytes; 0 reports none and the scheduler does not check it here. Default: "
+                        "this machine's MemTotal, or the memory.max of this helper's cgroup when "
+                        "lower. Several helpers on one machine each claim the whole machine "
+                        "unless each is given its share here")
     helper.add_argument("--lease", type=float, default=None,
                         help="freeze this server's jobs after this many seconds without an answered "
                         "heartbeat (default: the scheduler's lease, sent at registration; a value "
@@ -94,6 +102,11 @@ def run_helper(args: argparse.Namespace) -> int:
     from scheduler.transport import ClientSecurity, SecurityError, ServerTls
 
     try:
+        host_memory = None if args.host_memory is None else parse_size(args.host_memory)
+    except ValueError as exc:
+        print(f"gandiva helper: --host-memory: {exc}", file=sys.stderr)
+        return 2
+    try:
         security = ClientSecurity.from_env(args.token, args.tls_ca, args.tls_cert, args.tls_key)
         tls = ServerTls.from_flags(args.tls_cert, args.tls_key, args.tls_client_ca)
         config = HelperConfig(
@@ -112,6 +125,7 @@ def run_helper(args: argparse.Namespace) -> int:
             insecure=args.insecure,
             # NaN and negative sizes fail in HelperConfig, which names the flag.
             max_transfer_bytes=_gib_to_bytes(args.max_transfer_gib),
+            host_memory_bytes=host_memory,
         )
     except (ConfigError, SecurityError) as exc:
         print(f"gandiva helper: {exc}", file=sys.stderr)

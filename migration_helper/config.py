@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from migration_protocol.host_memory import server_host_memory
 from scheduler.config import gandiva_home, scheduler_address
 from scheduler.transport import ClientSecurity, ServerTls
 
@@ -55,6 +56,10 @@ class HelperConfig:
     insecure: bool = False
     # The largest checkpoint a peer may stream in.
     max_transfer_bytes: int = 64 << 30
+    # The host memory this server's jobs may hold, reported at registration: None
+    # measures it (MemTotal, or the cgroup's memory.max when lower); 0 reports nothing
+    # (the scheduler does not check host memory on this server).
+    host_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.server_name):
@@ -73,6 +78,15 @@ class HelperConfig:
             raise ConfigError(f"--max-transfer-gib {self.max_transfer_bytes / (1 << 30):g} "
                               f"(max_transfer_bytes {self.max_transfer_bytes}): must be positive; "
                               "it caps the checkpoint a peer may stream in")
+        if self.host_memory_bytes is not None and self.host_memory_bytes < 0:
+            raise ConfigError(f"--host-memory {self.host_memory_bytes}: must not be negative")
+
+    @property
+    def reported_host_memory(self) -> int:
+        """What registration reports: the flag's value, else this machine's (or cgroup's)."""
+        if self.host_memory_bytes is not None:
+            return self.host_memory_bytes
+        return server_host_memory()
 
     @property
     def ramdisk_dir(self) -> Path:

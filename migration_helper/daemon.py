@@ -24,6 +24,7 @@ from migration_helper.jobs import JobTable
 from migration_helper.process import JobProcess, exit_reason
 from migration_helper.ramdisk import Ramdisk
 from migration_helper.sampling import Sampler
+from migration_protocol.host_memory import format_size
 from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
 from scheduler.transport import add_port, aio_channel, check_exposure
 
@@ -74,6 +75,8 @@ class HelperDaemon:
             self.backend, lambda: self.jobs.processes.values(), config.sample_interval_s
         )
         self.address = ""
+        # Reported at every registration; measured once (the machine does not change).
+        self.host_memory_bytes = config.reported_host_memory
         self.registered = asyncio.Event()
         self.sessions = 0  # how many times it registered (tests watch reconnects)
         # The lease (from the scheduler; 0 until registered: no jobs run before that).
@@ -109,8 +112,10 @@ class HelperDaemon:
         if host in ("0.0.0.0", "[::]", ""):
             host = socket.getfqdn()  # peers need a name they can reach, not the wildcard
         self.address = f"{host}:{port}"
-        log.info("helper %s: agent on %s, ramdisk %s, %s GPUs (%s)", self.config.server_name,
-                 self.address, self.ramdisk.root, len(self.backend.gpus()), self.backend.name)
+        log.info("helper %s: agent on %s, ramdisk %s, %s GPUs (%s), host memory for jobs %s",
+                 self.config.server_name, self.address, self.ramdisk.root, len(self.backend.gpus()),
+                 self.backend.name, format_size(self.host_memory_bytes) if self.host_memory_bytes
+                 else "not reported (not checked)")
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run_sessions()), loop.create_task(self._sample_loop()),
                        loop.create_task(self._housekeeping()), loop.create_task(self._lease_watchdog())]
@@ -204,6 +209,7 @@ class HelperDaemon:
             ],
             ramdisk=str(self.ramdisk.root),
             shared_root=str(self.config.shared_root.resolve()) if self.config.shared_root else "",
+            host_memory_bytes=self.host_memory_bytes,
         )
 
     async def _run_sessions(self) -> None:

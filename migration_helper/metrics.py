@@ -1,7 +1,8 @@
 """`gandiva helper --http-listen`: this server's Prometheus metrics.
 
 Per GPU: utilization and memory (NVML, or the CPU backend's virtual GPUs: their jobs'
-CPU share and RSS) from the helper's latest samples; the jobs running here. All of it
+CPU share and RSS) from the helper's latest samples; the jobs running here; host memory
+(reported, and held by the jobs' processes as of the last report). All of it
 is read at scrape time from the daemon's sampler and job table, so it is never stale.
 """
 
@@ -28,6 +29,12 @@ class HelperMetrics:
         self.gpu_jobs = Gauge("gandiva_helper_gpu_jobs", "Job processes on the GPU", labels, registry=r)
         self.jobs = Gauge("gandiva_helper_jobs_running", "Job processes alive on this server", ["server"], registry=r)
         self.backend = Gauge("gandiva_helper_info", "The GPU backend (nvml or cpu)", ["server", "backend"], registry=r)
+        self.host_memory = Gauge("gandiva_helper_host_memory_bytes",
+                                 "Host memory this server's jobs may hold, as reported at registration (0: not checked)",
+                                 ["server"], registry=r)
+        self.jobs_host_memory = Gauge("gandiva_helper_jobs_host_memory_bytes",
+                                      "Resident set of this server's job processes together (last report)",
+                                      ["server"], registry=r)
 
     async def refresh(self) -> None:
         d = self.daemon
@@ -42,6 +49,8 @@ class HelperMetrics:
             self.gpu_jobs.labels(*key).set(sum(1 for job, gpu in latest if job and gpu == g.index))
         self.jobs.labels(server).set(len(d.jobs.running_jobs()))
         self.backend.labels(server, d.backend.name).set(1)
+        self.host_memory.labels(server).set(d.host_memory_bytes)
+        self.jobs_host_memory.labels(server).set(sum(m.rss_bytes for m in d.sampler.host_latest))
 
     def routes(self) -> dict[str, Handler]:
         return {"/metrics": prometheus_route(self.registry, self.refresh)}

@@ -21,6 +21,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
 
+from migration_protocol.host_memory import format_size
 from protos.gandiva.v1 import common_pb2, helper_pb2
 from scheduler.errors import (
     FailedPrecondition,
@@ -32,6 +33,7 @@ from scheduler.errors import (
 from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
+from scheduler.policy.types import PolicyConfig
 from scheduler.state import repo
 from scheduler.state.db import (
     LoopThread,
@@ -121,6 +123,7 @@ class JobDetail:
     job: Job
     placement: list[tuple[str, int]]
     history: Sequence = ()
+    host_memory_bytes: int = 0  # its processes' resident set, last measured (0: not measured)
 
 
 def _is_connectivity_error(err: BaseException) -> bool:
@@ -234,6 +237,10 @@ class SchedulerCore:
         self._largest: tuple[int, str] | None = None
         # (version, [(name, agent address)]) of the registered helpers; None: read again.
         self._peers: tuple[int, list[tuple[str, str]]] | None = None
+        # (host_memory_use, job_host_memory_bytes) of the policy the engine runs: how
+        # server listings count host memory (the engine sets it; the defaults till then).
+        defaults = PolicyConfig()
+        self.host_memory_budget: tuple[float, int] = (defaults.host_memory_use, defaults.job_host_memory_bytes)
 
     # ---- transactions ---------------------------------------------------------
 
@@ -430,8 +437,8 @@ class SchedulerCore:
     async def get_job(self, job_id: str) -> JobDetail:
         if not job_id:
             raise InvalidArgument("id", "a job id is required")
-        job, gpus, hist = await self.read_sync(lambda s: repo.job_detail(s, job_id), urgent=True)
-        return JobDetail(job, gpus, hist)
+        job, gpus, hist, host = await self.read_sync(lambda s: repo.job_detail(s, job_id), urgent=True)
+        return JobDetail(job, gpus, hist, host)
 
     async def list_jobs(
         self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0,
@@ -440,7 +447,8 @@ class SchedulerCore:
         async with self.tx(read=True) as s:
             jobs = await repo.list_jobs(s, states, multi_job_id, limit, user, after)
             placements = await repo.placements_of(s, [j.id for j in jobs])
-        return [JobDetail(j, _gpus_of(placements, j.id)) for j in jobs]
+            host = await repo.host_memory_of(s, [j.id for j in jobs])
+        return [JobDetail(j, _gpus_of(placements, j.id), host_memory_bytes=host.get(j.id, 0)) for j in jobs]
 
     async def list_servers(self) -> list[repo.ServerLoad]:
         async with self.tx(read=True) as s:
@@ -530,7 +538,7 @@ class SchedulerCore:
         ]
         async with self.tx() as s:
             created = await repo.upsert_server(
-                s, req.name, req.address, gpus, req.ramdisk, req.shared_root, now
+                s, req.name, req.address, gpus, req.ramdisk, req.shared_root, now, req.host_memory_bytes
             )
             self._largest = await repo.largest_server(s)
             self._peers = None  # a new helper, or one at a new address
@@ -538,7 +546,8 @@ class SchedulerCore:
                 s,
                 now,
                 "server.registered" if created else "server.up",
-                f"{len(gpus)} GPU(s) at {req.address or '-'}",
+                f"{len(gpus)} GPU(s) at {req.address or '-'}, host memory for jobs "
+                f"{format_size(req.host_memory_bytes) if req.host_memory_bytes else 'not reported'}",
                 server=req.name,
             )
         self.poke()
@@ -637,6 +646,8 @@ class SchedulerCore:
                     if x.minibatch_s:
                         values["step_time_s"] = x.minibatch_s
                     await repo.upsert_profile(s, x.job_id, now, **values)
+            if req.host_memory:
+                await repo.record_host_memory(s, [(m.job_id, m.incarnation, m.rss_bytes) for m in req.host_memory], now)
 
     async def process_exit(self, req: helper_pb2.ProcessExitRequest) -> None:
         """A job's process ended on a helper. Exits of older incarnations are ignored."""

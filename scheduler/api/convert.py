@@ -44,14 +44,17 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
         suspendable=j.suspendable,
         control_note=j.control_note,
         grow_shrink_note=j.grow_shrink_note,
+        host_memory_bytes=d.host_memory_bytes,
         message=j.message,
         exit_code=j.exit_code,
         metrics={k: float(v) for k, v in (j.metrics or {}).items() if isinstance(v, (int, float))},
     )
 
 
-def server_to_pb(load: ServerLoad) -> common_pb2.Server:
+def server_to_pb(load: ServerLoad, host_memory_budget: tuple[float, int]) -> common_pb2.Server:
+    """``host_memory_budget``: the policy's (host_memory_use, job_host_memory_bytes)."""
     s = load.server
+    use, assumed = host_memory_budget
     return common_pb2.Server(
         name=s.name,
         address=s.address,
@@ -74,6 +77,9 @@ def server_to_pb(load: ServerLoad) -> common_pb2.Server:
         last_heartbeat=s.last_heartbeat,
         allocated=load.allocated,
         ramdisk=s.ramdisk,
+        host_memory_bytes=s.host_memory_bytes,
+        host_memory_used_bytes=load.host_used(assumed),
+        host_memory_use=use,
     )
 
 

@@ -46,6 +46,8 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             check_text(f"gpus[{i}].model", g.model, 128)
             if g.index < 0 or g.memory_total_bytes < 0:
                 raise InvalidArgument(f"gpus[{i}]", "index and memory must not be negative")
+        if request.host_memory_bytes < 0:
+            raise InvalidArgument("host_memory_bytes", f"{request.host_memory_bytes}: must not be negative (0: unknown)")
         await self.core.register_server(request)
         st = self.core.settings
         return helper_pb2.RegisterServerResponse(
@@ -77,6 +79,13 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             raise InvalidArgument("samples", f"more than {MAX_SAMPLES} in one report")
         for i, x in enumerate(request.samples):
             check_text(f"samples[{i}].job_id", x.job_id, 64)
+        if len(request.host_memory) > MAX_RUNNING_JOBS:
+            raise InvalidArgument("host_memory", f"more than {MAX_RUNNING_JOBS} jobs in one report")
+        for i, m in enumerate(request.host_memory):
+            check_text(f"host_memory[{i}].job_id", m.job_id, 64)
+            check_text(f"host_memory[{i}].incarnation", m.incarnation, 64)
+            if m.rss_bytes < 0:
+                raise InvalidArgument(f"host_memory[{i}].rss_bytes", f"{m.rss_bytes}: must not be negative")
         await self.core.gpu_samples(request)
         return common_pb2.Empty()
 

@@ -154,7 +154,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def ListServers(self, request, context):  # type: ignore[no-untyped-def]
         loads = await self.core.list_servers()
         return scheduler_pb2.ListServersResponse(
-            servers=[server_to_pb(ld) for ld in loads], cluster_height=cluster_height(loads)
+            servers=[server_to_pb(ld, self.core.host_memory_budget) for ld in loads],
+            cluster_height=cluster_height(loads)
         )
 
     async def _event_scope(self, job_id: str) -> str | None:

@@ -393,6 +393,7 @@ def job_to_dict(job: common_pb2.Job) -> dict[str, Any]:
         "suspendable": job.suspendable,
         "control_note": job.control_note,
         "grow_shrink_note": job.grow_shrink_note,
+        "host_memory_bytes": job.host_memory_bytes,
         "message": job.message,
         "exit_code": job.exit_code,
         "metrics": dict(sorted(job.metrics.items())),
@@ -418,7 +419,8 @@ def _fields(message: Any, names: str) -> dict[str, Any]:
 
 def server_to_dict(server: common_pb2.Server) -> dict[str, Any]:
     """A server as ``-o json`` prints it: name, gpus, height, affinity, up first."""
-    out = _fields(server, "name gpus height affinity up allocated address last_heartbeat ramdisk")
+    out = _fields(server, "name gpus height affinity up allocated address last_heartbeat ramdisk "
+                  "host_memory_bytes host_memory_used_bytes host_memory_use")
     out["gpu_list"] = [
         dict(_fields(g, "index uuid model memory_total_bytes memory_used_bytes utilization"),
              jobs=list(g.jobs))

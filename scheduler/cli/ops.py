@@ -118,7 +118,7 @@ def _set(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Cl
 
 
 JOB_HEADERS = ["ID", "NAME", "STATE", "GPUS", "SERVERS", "STEPS", "RATE", "PRIORITY", "AGE"]
-JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "MULTI-JOB", "PARAMS", "USER", "MESSAGE",
+JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "HOST-MEMORY", "MULTI-JOB", "PARAMS", "USER", "MESSAGE",
                                   "COMMAND"]
 
 
@@ -130,7 +130,9 @@ def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
     ]
     if wide:
         row += [
-            output.placement(job.placement), job.spec.multi_job_id or "-",
+            output.placement(job.placement),
+            output.size(job.host_memory_bytes) if job.host_memory_bytes else "-",
+            job.spec.multi_job_id or "-",
             " ".join(f"{k}={v}" for k, v in sorted(job.spec.params.items())) or "-",
             job.spec.user or "-",
             job.message or "-", " ".join(job.spec.command),
@@ -162,7 +164,8 @@ def get_jobs(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
-SERVER_HEADERS = ["NAME", "GPUS", "ALLOCATED", "HEIGHT", "AFFINITY", "UP", "JOBS", "HEARTBEAT"]
+SERVER_HEADERS = ["NAME", "GPUS", "ALLOCATED", "HEIGHT", "AFFINITY", "UP", "JOBS", "HOST-MEMORY",
+                  "HEARTBEAT"]
 SERVER_WIDE_HEADERS = SERVER_HEADERS + ["ADDRESS", "GPU-UTIL", "GPU-MEMORY"]
 
 
@@ -170,7 +173,9 @@ def server_row(server: common_pb2.Server, wide: bool) -> list[Any]:
     jobs = sorted({job for gpu in server.gpu_list for job in gpu.jobs})
     row: list[Any] = [
         server.name, server.gpus, server.allocated, server.height, server.affinity or "-",
-        "yes" if server.up else "no", len(jobs), output.age(server.last_heartbeat),
+        "yes" if server.up else "no", len(jobs),
+        output.host_memory(server.host_memory_used_bytes, server.host_memory_bytes),
+        output.age(server.last_heartbeat),
     ]
     if wide:
         row += [
@@ -308,6 +313,8 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         ("Submitted", f"{output.timestamp(job.submitted_at)} ({output.age(job.submitted_at)} ago)"),
         ("Finished", output.timestamp(job.finished_at)),
         ("Steps", job.steps), ("Rate", f"{output.rate(job.rate)} mini-batches/s" if job.rate > 0 else "-"),
+        ("Host memory", f"{output.size(job.host_memory_bytes)} (its processes' resident set, last measured; "
+                        "held while suspended too)" if job.host_memory_bytes else "not measured"),
         ("Suspendable", "yes" if job.suspendable else f"no ({job.control_note})"),
         ("Migratable", "yes" if job.migratable else
          f"no ({job.control_note})" if job.control_note else "no"),

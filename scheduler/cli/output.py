@@ -105,3 +105,10 @@ def size(num_bytes: int) -> str:
     if num_bytes >= 1 << 30:
         return f"{num_bytes / (1 << 30):.1f}Gi"
     return f"{num_bytes / (1 << 20):.0f}Mi"
+
+
+def host_memory(used: int, total: int) -> str:
+    """A server's host memory held by its jobs over what it has, e.g. ``12.3/64.0Gi``;
+    ``12.3Gi/-`` when its helper reported none (not checked)."""
+    return f"{used / (1 << 30):.1f}/{total / (1 << 30):.1f}Gi" if total else f"{used / (1 << 30):.1f}Gi/-"
+

@@ -66,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "port 0 picks a free one (off by default)")
     p.add_argument("--http-port-file", help="write the bound HTTP host:port to this file once listening")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="set one policy knob (repeatable), e.g. pack_trial_s=20 grow_idle_s=10; "
+                   help="set one policy knob (repeatable), e.g. pack_trial_s=20 grow_idle_s=10 "
+                   "host_memory_use=0.8 job_host_memory_bytes=2GiB (sizes: bytes or K/M/G/T units); "
                    "the knobs are the fields of scheduler.policy.types.PolicyConfig (docs/policy.md)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
     p.add_argument("--log-format", default="text", choices=("text", "json"),
@@ -125,6 +126,7 @@ def policy_options(pairs: list[str]) -> dict[str, Any]:
     field's type; a ValueError naming the bad option otherwise."""
     import dataclasses
 
+    from migration_protocol.host_memory import parse_size
     from scheduler.policy.types import PolicyConfig
 
     fields = {f.name: f for f in dataclasses.fields(PolicyConfig) if f.name != "quantum_s"}
@@ -139,13 +141,17 @@ def policy_options(pairs: list[str]) -> dict[str, Any]:
                 if raw.lower() not in ("true", "false", "1", "0"):
                     raise ValueError(raw)
                 out[key] = raw.lower() in ("true", "1")
+            elif isinstance(default, int) and key.endswith("_bytes"):
+                out[key] = parse_size(raw)  # 4GiB, 512MiB or bytes
             elif isinstance(default, int):
                 out[key] = int(raw)
             elif isinstance(default, float) or default is None:
                 out[key] = None if raw.lower() == "none" else float(raw)
             else:
                 raise ValueError(raw)
-        except ValueError:
+        except ValueError as err:
+            if key.endswith("_bytes"):
+                raise ValueError(f"--policy-option {pair!r}: {err}") from None
             kind = type(default).__name__ if default is not None else "number or none"
             raise ValueError(f"--policy-option {pair!r}: {raw!r} is not a {kind}") from None
     return out

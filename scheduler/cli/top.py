@@ -20,6 +20,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from scheduler.cli import output
+
 TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
 
 
@@ -46,7 +48,7 @@ def render(state: dict[str, Any], show_all: bool = False) -> Group:
                 f"{state['height']}" + (" (overloaded: time-slicing)" if state["overloaded"] else ""),
                 style="bold")
     servers = Table(title="servers and GPUs", title_justify="left", expand=False)
-    for col in ("server", "height", "GPU", "mode", "util", "jobs (dim: waiting its time slice)"):
+    for col in ("server", "height", "host memory", "GPU", "mode", "util", "jobs (dim: waiting its time slice)"):
         servers.add_column(col)
     for srv in state["servers"]:
         for k, g in enumerate(srv["gpus"]):
@@ -54,7 +56,9 @@ def render(state: dict[str, Any], show_all: bool = False) -> Group:
             for e in g["jobs"]:
                 on_gpu.append(f"{e['name'] or e['id']} ", style="" if e["state"] == "RUNNING" else "dim")
             servers.add_row(srv["name"] + ("" if srv["up"] else " (down)") if k == 0 else "",
-                            str(srv["height"]) if k == 0 else "", str(g["index"]), g["mode"],
+                            str(srv["height"]) if k == 0 else "",
+                            output.host_memory(srv.get("host_memory_used", 0), srv.get("host_memory", 0)) if k == 0 else "",
+                            str(g["index"]), g["mode"],
                             f"{g['utilization']:.0%}", on_gpu)
     jobs = Table(title="jobs", title_justify="left")
     for col in ("job", "name", "state", "GPUs", "where", "mini-batches", "rate/s", "last decision"):

@@ -43,6 +43,8 @@ class LiveEngine:
         self.core = core
         self.policy_name = policy_name
         self.policy = get_policy(policy_name, config)
+        cfg = self.policy.config
+        core.host_memory_budget = (cfg.host_memory_use, cfg.job_host_memory_bytes)
         self.tick_s = tick_s
         # At most this often a round, however many wake-ups arrive in between.
         self.min_gap_s = 0.2
@@ -172,14 +174,16 @@ class LiveEngine:
         # A fenced job waits until an older copy of it has surely stopped (lease expiry).
         jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now)]
         servers = tuple(
-            pt.ServerView(name=name, num_gpus=num_gpus, up=up, gpu_memory_bytes=memory or 16 * pt.GIB)
-            for name, num_gpus, up, memory in server_rows
+            pt.ServerView(name=name, num_gpus=num_gpus, up=up, gpu_memory_bytes=memory or 16 * pt.GIB,
+                          host_memory_bytes=host_memory or 0)
+            for name, num_gpus, up, memory, host_memory in server_rows
         )
         views: dict[str, tuple[tuple, pt.JobView]] = {}
         for j in jobs:
             gpus = tuple(sorted(placements.get(j.id, ())))
             prof = profiles.get(j.id)
-            key = (tuple(j), gpus, prof and (prof.memory_max, prof.utilization, prof.step_time_s))
+            key = (tuple(j), gpus,
+                   prof and (prof.memory_max, prof.utilization, prof.step_time_s, prof.host_memory_bytes))
             cached = self._views.get(j.id)
             # An unchanged job keeps its very JobView object: cheaper here, and the
             # policy skips re-syncing views it has already seen.
@@ -588,19 +592,24 @@ def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None)
         grow_shrink=job.grow_shrink and not job.grow_shrink_note,
         migratable=job.migratable,
         suspendable=job.suspendable,
-        profile=(
-            pt.JobProfile(
-                memory_bytes=profile.memory_max,
-                gpu_util=profile.utilization,
-                step_time_s=profile.step_time_s or None,
-            )
-            if profile is not None and profile.memory_max
-            else None
-        ),
+        profile=_profile(profile),
         last_state_change_at=job.state_changed_at,
         attained_service_s=job.attained_service_s,
         reported_at=job.state_changed_at if job.state == JobState.RUNNING.value else None,
         base_gpus=job.gpus,
         multi_job=job.multi_job_id,
     )
+
+
+def _profile(row: JobProfile | None) -> pt.JobProfile | None:
+    """The policy's profile of a job: its GPU side once the helper measured its GPU memory
+    (packing reads nothing else before), its host memory once measured; None before
+    either. A profile with host memory alone has memory_bytes 0 (JobProfile.gpu_measured
+    false), and its utilization and step time are left out as before."""
+    if row is None or not (row.memory_max or row.host_memory_bytes):
+        return None
+    if not row.memory_max:
+        return pt.JobProfile(memory_bytes=0, gpu_util=1.0, host_memory_bytes=row.host_memory_bytes)
+    return pt.JobProfile(memory_bytes=row.memory_max, gpu_util=row.utilization,
+                         step_time_s=row.step_time_s or None, host_memory_bytes=row.host_memory_bytes)
 

@@ -110,8 +110,8 @@ def judge_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> l
 
 
 def _fits(a: JobView, b: JobView, ledger: Ledger) -> bool:
-    if a.profile is None or b.profile is None:
-        return False  # only after profiling (brief section 2)
+    if a.profile is None or b.profile is None or not (a.profile.gpu_measured and b.profile.gpu_measured):
+        return False  # only after profiling (brief section 2); host memory alone is not enough
     gpus = ledger.placement[b.id]
     capacity = min(ledger.servers[g.server].gpu_memory_bytes for g in gpus)
     return a.profile.memory_bytes + b.profile.memory_bytes <= capacity
@@ -128,7 +128,7 @@ def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig,
         return None
     def util(job_id: str) -> float:
         profile = ledger.jobs[job_id].profile
-        return profile.gpu_util if profile else 1.0
+        return profile.gpu_util if profile and profile.gpu_measured else 1.0
 
     choices = []
     for gpus in (ledger.shared if look is None else ledger.shared.intersection(look)):

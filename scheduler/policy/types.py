@@ -55,6 +55,13 @@ class JobProfile:
     step_time_s: float | None = None
     host_memory_bytes: int = 0
 
+    @property
+    def gpu_measured(self) -> bool:
+        """Whether the GPU side was profiled (memory_bytes > 0): the live scheduler also
+        builds a profile for a job whose host memory alone was measured so far, with
+        memory_bytes 0, and packing must not read that as a job that needs no memory."""
+        return self.memory_bytes > 0
+
 
 @dataclass(frozen=True)
 class ServerView:

@@ -60,6 +60,8 @@ class Server(Base):
     up: Mapped[bool] = mapped_column(Boolean, default=True)
     registered_at: Mapped[float] = mapped_column(Double)
     last_heartbeat: Mapped[float] = mapped_column(Double)
+    # The host memory its jobs may hold, as its helper reported at registration (0: unknown).
+    host_memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class Gpu(Base):
@@ -209,7 +211,8 @@ class Event(Base):
 
 
 class JobProfile(Base):
-    """What profiling learned about a job: memory cycle, utilization, step time."""
+    """What profiling learned about a job: memory cycle, utilization, step time, and the
+    host memory its processes hold."""
 
     __tablename__ = "job_profiles"
     job_id: Mapped[str] = mapped_column(
@@ -220,6 +223,10 @@ class JobProfile(Base):
     utilization: Mapped[float] = mapped_column(Double, default=0.0)
     step_time_s: Mapped[float] = mapped_column(Double, default=0.0)
     updated_at: Mapped[float] = mapped_column(Double, default=0.0)
+    # The resident set of its current launch's processes, as its helper last measured it
+    # (0: not measured), and when that report arrived.
+    host_memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    host_memory_at: Mapped[float] = mapped_column(Double, default=0.0)
 
 
 class AuthToken(Base):

@@ -110,14 +110,27 @@ def _found(job: Job | None, job_id: str) -> Job:
     return job
 
 
-def job_detail(session: Session, job_id: str) -> tuple[Job, list[tuple[str, int]], list[Transition]]:
-    """A job, its GPUs (server, index) and its last transitions, read in one go on a
-    sync session (SchedulerCore.read_sync: on SQLite one hop to a reader thread instead
-    of about ten through aiosqlite, each waiting for a turn of the busy event loop)."""
+def job_detail(session: Session, job_id: str) -> tuple[Job, list[tuple[str, int]], list[Transition], int]:
+    """A job, its GPUs (server, index), its last transitions and its measured host memory
+    (0: not measured), read in one go on a sync session (SchedulerCore.read_sync: on
+    SQLite one hop to a reader thread instead of about ten through aiosqlite, each
+    waiting for a turn of the busy event loop)."""
     job = _found(session.scalar(select(Job).where(Job.id == job_id)), job_id)
     gpus = session.execute(select(Placement.server_name, Placement.gpu_index).where(Placement.job_id == job_id)
                            .order_by(Placement.server_name, Placement.gpu_index)).all()
-    return job, [(str(g[0]), int(g[1])) for g in gpus], list(reversed(session.scalars(_history_q(job_id)).all()))
+    host = session.scalar(select(JobProfile.host_memory_bytes).where(JobProfile.job_id == job_id)) or 0
+    return (job, [(str(g[0]), int(g[1])) for g in gpus], list(reversed(session.scalars(_history_q(job_id)).all())),
+            int(host))
+
+
+async def host_memory_of(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, int]:
+    """job id -> its measured host memory, for those of ``job_ids`` measured."""
+    out: dict[str, int] = {}
+    for chunk in _chunks(job_ids):
+        rows = await session.execute(select(JobProfile.job_id, JobProfile.host_memory_bytes)
+                                     .where(JobProfile.job_id.in_(chunk), JobProfile.host_memory_bytes > 0))
+        out.update((job_id, int(host)) for job_id, host in rows.all())
+    return out
 
 
 async def list_jobs(
@@ -185,7 +198,7 @@ def running_job_rows(session: Session) -> Sequence:
 class SnapshotRows:
     """What a scheduling round reads, as plain rows where it can."""
 
-    # (name, num_gpus, up, smallest GPU memory or None) of every server, by name.
+    # (name, num_gpus, up, smallest GPU memory or None, host memory) of every server, by name.
     servers: Sequence
     # SNAPSHOT_COLUMNS of every unfinished job, in submission order (no ORM objects,
     # no JSON decoding).
@@ -203,7 +216,7 @@ def snapshot_rows(session: Session) -> SnapshotRows:
     thread, not in stretches on the event loop."""
     memory = (select(Gpu.server_name, func.min(Gpu.memory_total).label("memory"))
               .group_by(Gpu.server_name).subquery())
-    servers = (select(Server.name, Server.num_gpus, Server.up, memory.c.memory)
+    servers = (select(Server.name, Server.num_gpus, Server.up, memory.c.memory, Server.host_memory_bytes)
                .outerjoin(memory, memory.c.server_name == Server.name).order_by(Server.name))
     jobs = select(*SNAPSHOT_COLUMNS).where(Job.state.in_(_UNFINISHED)).order_by(Job.submitted_at, Job.id)
     profiles = select(JobProfile).join(Job, Job.id == JobProfile.job_id).where(Job.state.in_(_UNFINISHED))
@@ -432,6 +445,13 @@ class ServerLoad:
     gpus: list[Gpu]
     jobs_by_gpu: dict[int, list[str]] = field(default_factory=dict)
     job_gpus: dict[str, int] = field(default_factory=dict)  # job id -> its GPU count
+    # job id -> its measured host memory (0: not measured yet).
+    job_host: dict[str, int] = field(default_factory=dict)
+
+    def host_used(self, assumed: int) -> int:
+        """Host memory the jobs placed here hold, as the policy counts it (a job holds its
+        whole host memory on every server it spans; one not measured yet ``assumed``)."""
+        return sum(held or assumed for held in self.job_host.values())
 
     @property
     def allocated(self) -> int:
@@ -463,6 +483,7 @@ async def upsert_server(
     ramdisk: str,
     shared_root: str,
     now: float,
+    host_memory_bytes: int = 0,
 ) -> bool:
     """Create or refresh a server and its GPUs. Returns True if it is new."""
     server = await session.get(Server, name)
@@ -474,6 +495,7 @@ async def upsert_server(
     server.num_gpus = len(gpus)
     server.ramdisk = ramdisk
     server.shared_root = shared_root
+    server.host_memory_bytes = host_memory_bytes
     server.up = True
     server.last_heartbeat = now
     await session.flush()
@@ -519,20 +541,22 @@ async def server_loads(session: AsyncSession) -> list[ServerLoad]:
     gpus = (await session.scalars(select(Gpu).order_by(Gpu.server_name, Gpu.index))).all()
     rows = (
         await session.execute(
-            select(Placement.server_name, Placement.gpu_index, Placement.job_id, Job.gpus).join(
-                Job, Job.id == Placement.job_id
-            )
+            select(Placement.server_name, Placement.gpu_index, Placement.job_id, Job.gpus,
+                   func.coalesce(JobProfile.host_memory_bytes, 0))
+            .join(Job, Job.id == Placement.job_id)
+            .outerjoin(JobProfile, JobProfile.job_id == Placement.job_id)
         )
     ).all()
     by_name = {s.name: ServerLoad(s, []) for s in servers}
     for g in gpus:
         if g.server_name in by_name:
             by_name[g.server_name].gpus.append(g)
-    for server_name, gpu_index, job_id, job_gpus in rows:
+    for server_name, gpu_index, job_id, job_gpus, host in rows:
         load = by_name.get(server_name)
         if load is not None:
             load.jobs_by_gpu.setdefault(gpu_index, []).append(job_id)
             load.job_gpus[job_id] = job_gpus
+            load.job_host[job_id] = host
     return list(by_name.values())
 
 
@@ -661,3 +685,33 @@ async def upsert_profile(
         setattr(prof, k, v)
     prof.updated_at = now
     return prof
+
+
+# A job's host memory is rewritten only when it moved by more than this (bytes, or this
+# fraction of the stored value): a resident set drifts by pages from one report to the next,
+# and every change is a write and a new view of the job for the policy.
+HOST_MEMORY_STEP = 16 << 20
+HOST_MEMORY_STEP_FRACTION = 0.02
+
+
+async def record_host_memory(session: AsyncSession, measured: Sequence[tuple[str, str, int]], now: float) -> int:
+    """Store each job's measured host memory: ``measured`` holds (job id, incarnation,
+    resident bytes) as a helper reported them. Only a job's current launch counts (a
+    stale copy, or a migration's pre-warmed destination, is another process); finished
+    jobs and jobs this scheduler never had are skipped, and so is a value within
+    HOST_MEMORY_STEP (or HOST_MEMORY_STEP_FRACTION) of the stored one. How many were stored."""
+    by_job = {job_id: (incarnation, rss) for job_id, incarnation, rss in measured if rss > 0 and incarnation}
+    stored = 0
+    for chunk in _chunks(sorted(by_job)):
+        rows = await session.execute(
+            select(Job.id, Job.incarnation, JobProfile.host_memory_bytes)
+            .outerjoin(JobProfile, JobProfile.job_id == Job.id)
+            .where(Job.id.in_(chunk), Job.state.in_(_UNFINISHED)))
+        for job_id, incarnation, old in rows.all():
+            want, rss = by_job[job_id]
+            if want != incarnation or (old and abs(rss - old) <= max(HOST_MEMORY_STEP, old * HOST_MEMORY_STEP_FRACTION)):
+                continue
+            await upsert_profile(session, job_id, now, host_memory_bytes=rss, host_memory_at=now)
+            stored += 1
+    return stored
+

@@ -48,11 +48,12 @@ class Cluster:
         self.channel.close()
 
 
-def _cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for, **extra: object) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+def _cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for,  # type: ignore[no-untyped-def]
+             policy: PolicyConfig | None = None, **extra: object) -> Iterator[Cluster]:
     sched = make_scheduler(
         sqlite_url,
         tick_s=0.2,
-        policy_config=PolicyConfig(quantum_s=1.5),
+        policy_config=policy or PolicyConfig(quantum_s=1.5),
         settings=Settings(heartbeat_interval_s=1.0, down_after_s=4.0),
         **extra,
     )
@@ -64,6 +65,22 @@ def _cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for, **extra:
 @pytest.fixture
 def cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     yield from _cluster(make_scheduler, sqlite_url, tmp_path, wait_for)
+
+
+@pytest.fixture
+def policy_cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for):  # type: ignore[no-untyped-def]
+    """The same cluster with policy knobs of the test's choosing: call it with
+    PolicyConfig fields (quantum_s is 1.5 unless given)."""
+    made: list[Iterator[Cluster]] = []
+
+    def make(**knobs: object) -> Cluster:
+        gen = _cluster(make_scheduler, sqlite_url, tmp_path, wait_for, PolicyConfig(**{"quantum_s": 1.5, **knobs}))  # type: ignore[arg-type]
+        made.append(gen)
+        return next(gen)
+
+    yield make
+    for gen in made:
+        next(gen, None)
 
 
 @pytest.fixture

@@ -106,6 +106,9 @@ def test_metrics_follow_a_time_sliced_cluster(observed_cluster, mlp) -> None:  #
     assert value(on_helper, "gandiva_helper_gpu_memory_used_bytes", server="node-a") > 50 << 20
     assert value(on_helper, "gandiva_helper_gpu_memory_total_bytes", server="node-a", gpu="0") > 0
     assert value(on_helper, "gandiva_helper_info", backend="cpu") == 1
+    assert value(on_helper, "gandiva_helper_host_memory_bytes", server="node-a") > 1 << 30  # this machine's
+    # The jobs' processes hold host memory (TensorFlow: hundreds of MB each), measured per report.
+    c.wait_for(lambda: value(scrape(helper), "gandiva_helper_jobs_host_memory_bytes", server="node-a") > 200 << 20, 30)
 
     c.wait_for(lambda: all(c.job(j).state == common_pb2.JOB_STATE_SUCCEEDED for j in ids), 240)
     after = scrape(http)
@@ -170,8 +173,8 @@ def chromium() -> str:
 
 def test_dashboard_shows_servers_and_jobs_in_a_browser(observed_cluster, mlp, chromium) -> None:  # type: ignore[no-untyped-def]
     c = observed_cluster
-    c.add_helper("node-a", 1)
-    c.add_helper("node-b", 1)
+    c.add_helper("node-a", 1, "--host-memory", "8GiB")
+    c.add_helper("node-b", 1, "--host-memory", "0")
     ids = [submit(c, mlp, f"shown-{i}", 2000) for i in range(3)]
     c.wait_for(lambda: sum(c.job(j).state == common_pb2.JOB_STATE_RUNNING for j in ids) == 2, 120)
     c.wait_for(lambda: all(c.job(j).steps > 0 for j in ids if c.job(j).state == common_pb2.JOB_STATE_RUNNING), 120)
@@ -179,6 +182,9 @@ def test_dashboard_shows_servers_and_jobs_in_a_browser(observed_cluster, mlp, ch
     dom = chromium_dom(f"http://{c.sched.server.http_address}/")
     for server in ("node-a", "node-b"):
         assert f'data-server="{server}"' in dom
+    # Host memory held by each server's jobs, of what its helper reported (none: unknown).
+    assert re.search(r"host memory \d+\.\d / 8\.0 GiB", dom), dom
+    assert re.search(r"host memory \d+\.\d / \? GiB \(not reported\)", dom), dom
     for i, job_id in enumerate(ids):
         assert f'data-job="{job_id}"' in dom and f"shown-{i}" in dom
     # One server shares its GPU between two jobs (taking turns, or packed on trial), and the page says so.

@@ -251,6 +251,7 @@ class Job(_message.Message):
     SUSPENDABLE_FIELD_NUMBER: _builtins.int
     CONTROL_NOTE_FIELD_NUMBER: _builtins.int
     GROW_SHRINK_NOTE_FIELD_NUMBER: _builtins.int
+    HOST_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___JobState.ValueType
     steps: _builtins.int
@@ -274,6 +275,10 @@ class Job(_message.Message):
     grow_shrink_note: _builtins.str
     """Why the scheduler no longer grows or shrinks this grow-shrink job ("" while it may):
     its program builds one tower per device, so a grow would change its result.
+    """
+    host_memory_bytes: _builtins.int
+    """The host memory (resident set) its processes held when its helper last measured it
+    (0: not measured); a suspended job keeps holding it.
     """
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
@@ -307,10 +312,11 @@ class Job(_message.Message):
         suspendable: _builtins.bool = ...,
         control_note: _builtins.str = ...,
         grow_shrink_note: _builtins.str = ...,
+        host_memory_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "exit_code", b"exit_code", "finished_at", b"finished_at", "grow_shrink_note", b"grow_shrink_note", "history", b"history", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "exit_code", b"exit_code", "finished_at", b"finished_at", "grow_shrink_note", b"grow_shrink_note", "history", b"history", "host_memory_bytes", b"host_memory_bytes", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -372,6 +378,9 @@ class Server(_message.Message):
     LAST_HEARTBEAT_FIELD_NUMBER: _builtins.int
     ALLOCATED_FIELD_NUMBER: _builtins.int
     RAMDISK_FIELD_NUMBER: _builtins.int
+    HOST_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    HOST_MEMORY_USED_BYTES_FIELD_NUMBER: _builtins.int
+    HOST_MEMORY_USE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     """the helper's own gRPC address, for peers"""
@@ -386,6 +395,14 @@ class Server(_message.Message):
     """GPUs allocated, counting each sharing job"""
     ramdisk: _builtins.str
     """the helper's ramdisk directory"""
+    host_memory_bytes: _builtins.int
+    """The host memory its jobs may hold together, as its helper reported it (0: unknown,
+    not checked), and what the jobs placed here hold: measured, or the policy's
+    assumption (job_host_memory_bytes) for a job not measured yet.
+    """
+    host_memory_used_bytes: _builtins.int
+    host_memory_use: _builtins.float
+    """The fraction of host_memory_bytes the policy lets jobs hold (host_memory_use)."""
     @_builtins.property
     def gpu_list(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
     def __init__(
@@ -401,10 +418,13 @@ class Server(_message.Message):
         last_heartbeat: _builtins.float = ...,
         allocated: _builtins.int = ...,
         ramdisk: _builtins.str = ...,
+        host_memory_bytes: _builtins.int = ...,
+        host_memory_used_bytes: _builtins.int = ...,
+        host_memory_use: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "affinity", b"affinity", "allocated", b"allocated", "gpu_list", b"gpu_list", "gpus", b"gpus", "height", b"height", "last_heartbeat", b"last_heartbeat", "name", b"name", "ramdisk", b"ramdisk", "up", b"up"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "affinity", b"affinity", "allocated", b"allocated", "gpu_list", b"gpu_list", "gpus", b"gpus", "height", b"height", "host_memory_bytes", b"host_memory_bytes", "host_memory_use", b"host_memory_use", "host_memory_used_bytes", b"host_memory_used_bytes", "last_heartbeat", b"last_heartbeat", "name", b"name", "ramdisk", b"ramdisk", "up", b"up"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -31,6 +31,7 @@ class RegisterServerRequest(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     RAMDISK_FIELD_NUMBER: _builtins.int
     SHARED_ROOT_FIELD_NUMBER: _builtins.int
+    HOST_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     """host:port of this helper's HelperAgent service"""
@@ -38,6 +39,11 @@ class RegisterServerRequest(_message.Message):
     """local ramdisk directory for checkpoints"""
     shared_root: _builtins.str
     """where peers' ramdisks are mounted (NFS-style), if any"""
+    host_memory_bytes: _builtins.int
+    """The host memory this server's jobs may hold together, running and suspended (a
+    suspended job keeps its process): the machine's MemTotal, its cgroup's memory.max
+    when lower, or the helper's --host-memory. 0: unknown, not checked.
+    """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Gpu]: ...
     def __init__(
@@ -48,10 +54,11 @@ class RegisterServerRequest(_message.Message):
         gpus: _abc.Iterable[_common_pb2.Gpu] | None = ...,
         ramdisk: _builtins.str = ...,
         shared_root: _builtins.str = ...,
+        host_memory_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "gpus", b"gpus", "name", b"name", "ramdisk", b"ramdisk", "shared_root", b"shared_root"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "gpus", b"gpus", "host_memory_bytes", b"host_memory_bytes", "name", b"name", "ramdisk", b"ramdisk", "shared_root", b"shared_root"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -262,22 +269,57 @@ class GpuSamplesRequest(_message.Message):
 
     SERVER_FIELD_NUMBER: _builtins.int
     SAMPLES_FIELD_NUMBER: _builtins.int
+    HOST_MEMORY_FIELD_NUMBER: _builtins.int
     server: _builtins.str
     @_builtins.property
     def samples(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuSample]: ...
+    @_builtins.property
+    def host_memory(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobHostMemory]:
+        """The host memory of each job process tree this helper runs, as of this report."""
+
     def __init__(
         self,
         *,
         server: _builtins.str = ...,
         samples: _abc.Iterable[Global___GpuSample] | None = ...,
+        host_memory: _abc.Iterable[Global___JobHostMemory] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["samples", b"samples", "server", b"server"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_memory", b"host_memory", "samples", b"samples", "server", b"server"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GpuSamplesRequest: _TypeAlias = GpuSamplesRequest  # noqa: Y015
+
+@_typing.final
+class JobHostMemory(_message.Message):
+    """The resident set (VmRSS) of one launch's processes together: the job's process, its
+    descendants and the rest of its session. A suspended or frozen process keeps it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    RSS_BYTES_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    incarnation: _builtins.str
+    rss_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        incarnation: _builtins.str = ...,
+        rss_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "job_id", b"job_id", "rss_bytes", b"rss_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobHostMemory: _TypeAlias = JobHostMemory  # noqa: Y015
 
 @_typing.final
 class ProcessExitRequest(_message.Message):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import pytest
 
-from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from protos.gandiva.v1 import common_pb2, helper_pb2, scheduler_pb2
 
 
 def submit_jobs(stub, *names: str, gpus: int = 1) -> list[str]:  # type: ignore[no-untyped-def]
@@ -58,6 +59,28 @@ def test_servers_and_placement_of_a_running_job(gandiva, helper, stub, wait_for)
     assert sorted(p["gpu"] for p in job["placement"]) == [0, 1]
     assert gandiva("get", "jobs", "--no-headers").out.split()[4:7] == ["n1", "50", "12.5"]
     assert "Placement: n1:0,1" in gandiva("describe", "job", job_id).out
+    # Host memory: unknown until the helper reports it; then held / total, and the job's own.
+    assert gandiva("get", "servers", "--no-headers").out.split()[7] == "4.0Gi/-"  # 1 job, not measured yet
+    assert "Host memory: not measured" in gandiva("describe", "job", job_id).out
+    helper.helper.Register(helper_pb2.RegisterServerRequest(
+        name="n1", gpus=[common_pb2.Gpu(index=i, memory_total_bytes=16 << 30) for i in range(2)],
+        host_memory_bytes=64 << 30))
+    helper.helper.ReportGpuSamples(helper_pb2.GpuSamplesRequest(server="n1", host_memory=[
+        helper_pb2.JobHostMemory(job_id=job_id, incarnation=helper.launched[job_id], rss_bytes=3 << 30)]))
+    assert gandiva("get", "servers", "--no-headers").out.split()[7] == "3.0/64.0Gi"
+    for bad, field in [
+        (lambda: helper.helper.Register(helper_pb2.RegisterServerRequest(
+            name="n1", gpus=[common_pb2.Gpu(index=0)], host_memory_bytes=-1)), "host_memory_bytes"),
+        (lambda: helper.helper.ReportGpuSamples(helper_pb2.GpuSamplesRequest(server="n1", host_memory=[
+            helper_pb2.JobHostMemory(job_id=job_id, incarnation="x", rss_bytes=-5)])), "host_memory[0].rss_bytes"),
+    ]:
+        with pytest.raises(grpc.RpcError) as err:
+            bad()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
+    (server,) = json.loads(gandiva("get", "servers", "-o", "json").out)
+    assert (server["host_memory_bytes"], server["host_memory_used_bytes"]) == (64 << 30, 3 << 30)
+    assert "Host memory: 3.0Gi" in gandiva("describe", "job", job_id).out
+    assert json.loads(gandiva("get", "jobs", job_id, "-o", "json").out)[0]["host_memory_bytes"] == 3 << 30
     assert gandiva("kill", job_id).code == 0
 
 

@@ -52,3 +52,38 @@ async def test_upgrade_downgrade_upgrade_with_data(db_url: str) -> None:
         assert await migrate.current(engine) == migrate.heads()[0]
     finally:
         await engine.dispose()
+
+
+async def test_host_memory_revision_keeps_servers_and_profiles(db_url: str) -> None:
+    """0006_host_memory down and up again with a server and a profile present: the rows stay,
+    the new columns go and come back as 0 (unknown, not measured)."""
+    from protos.gandiva.v1 import common_pb2, helper_pb2
+    from scheduler.core import SchedulerCore
+    from scheduler.state import repo
+
+    engine = make_engine(db_url)
+    try:
+        await migrate.upgrade(engine)
+        core = SchedulerCore(engine)
+        await core.register_server(helper_pb2.RegisterServerRequest(
+            name="s1", gpus=[common_pb2.Gpu(index=0)], host_memory_bytes=64 << 30))
+        job_id = (await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id
+        async with core.tx() as s:
+            await repo.upsert_profile(s, job_id, 1.0, memory_max=1 << 30, host_memory_bytes=5 << 30)
+        await migrate.downgrade(engine, "0005_i9rt")
+
+        def columns(c, table: str) -> set[str]:  # type: ignore[no-untyped-def]
+            return {col["name"] for col in c.dialect.get_columns(c, table)}
+
+        async with engine.connect() as conn:
+            assert "host_memory_bytes" not in await conn.run_sync(columns, "servers")
+            assert "host_memory_bytes" not in await conn.run_sync(columns, "job_profiles")
+            assert (await conn.execute(text("select memory_max from job_profiles"))).scalar() == 1 << 30
+        await migrate.upgrade(engine)
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("select host_memory_bytes from servers"))).scalar() == 0
+            assert (await conn.execute(text("select host_memory_bytes, memory_max from job_profiles"))).one() == (0, 1 << 30)
+        await core.dispose()
+    finally:
+        await engine.dispose()
+
