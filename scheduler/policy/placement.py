@@ -194,10 +194,15 @@ def queue_reason(ledger: Ledger, job: JobView, config: PolicyConfig | None = Non
            f"with room on a same-affinity server")
     if config is not None and ledger.host_limit:
         need = host_need(job) or config.job_host_memory_bytes
+        assumed, use = config.job_host_memory_bytes, config.host_memory_use
         full = sorted(n for n, limit in ledger.host_limit.items() if ledger.jobs_on[n]
-                      and ledger.host_used(n, config.job_host_memory_bytes) + need > limit * config.host_memory_use)
+                      and ledger.host_used(n, assumed) + need > limit * use)
         if full:
+            gib = 1 << 30
+            first = full[0]
             shown = ", ".join(full[:3]) + (f" and {len(full) - 3} more" if len(full) > 3 else "")
-            why += (f"; the host memory of {shown} is full: its jobs, running and suspended, hold "
-                    f"{config.host_memory_use:.0%} of it and this job needs {need / (1 << 30):.1f} GiB more")
+            why += (f"; the host memory of {shown} is full: on {first} its jobs, running and suspended, "
+                    f"hold {ledger.host_used(first, assumed) / gib:.1f} GiB of the "
+                    f"{ledger.host_limit[first] * use / gib:.1f} GiB they may use ({use:.0%} of "
+                    f"{ledger.host_limit[first] / gib:.1f} GiB), and this job needs {need / gib:.1f} GiB")
     return why
