@@ -222,6 +222,12 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"offered load {load:.3f} (use --target-load to change it)")
     err.print(f"{len(jobs)} jobs on {args.cluster} ({sum(s.num_gpus for s in servers)} GPUs); "
               f"rates from {model.source}")
+    if args.host_memory_gib:
+        per = int(config.host_memory_use * args.host_memory_gib / model.job_host_memory_gib) \
+            if model.job_host_memory_gib else None
+        err.print(f"host memory {args.host_memory_gib:g} GiB per server, {model.job_host_memory_gib:g} GiB per job: "
+                  + (f"at most {max(per, 1)} jobs per server, running and suspended" if per is not None
+                     else "jobs hold none, nothing is bounded"))
     bound, critical = makespan_bound(jobs, servers, model)
     if critical is not None:
         spread = " spread over servers" if critical.num_gpus > max(s.num_gpus for s in servers) else ""

@@ -100,12 +100,15 @@ def test_the_cli_refuses_negative_memory(capsys: pytest.CaptureFixture[str], fla
 def test_the_cli_reports_the_bound(capsys: pytest.CaptureFixture[str]) -> None:
     """``gandiva sim --host-memory-gib`` reaches the policy: fewer jobs wait suspended per
     server than without it, on the same workload."""
-    def run(*extra: str) -> dict:
+    def run(*extra: str) -> tuple[dict, str]:
         assert main(["sim", "--no-progress", "--jobs", "300", "--cluster", "2x4", "--target-load", "3",
                      "-o", "json", *extra]) == 0
-        return json.loads(capsys.readouterr().out)["gandiva"]
-    free = run()
-    bound = run("--host-memory-gib", "24", "--job-host-memory-gib", "4")
+        out = capsys.readouterr()
+        return json.loads(out.out)["gandiva"], out.err
+    free, said = run()
+    bound, said_bound = run("--host-memory-gib", "24", "--job-host-memory-gib", "4")
+    assert "host memory" not in said
+    assert "host memory 24 GiB per server, 4 GiB per job: at most 5 jobs per server" in said_bound
     assert free["max_suspended_per_server"] > 4
     # 90% of 24 GiB holds five jobs of 4 GiB: at least one of them runs.
     assert 0 < bound["max_suspended_per_server"] <= 4
