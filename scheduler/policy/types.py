@@ -293,7 +293,8 @@ class PolicyConfig:
         rotate together (one round of switch commands instead of many).
     max_jobs_per_gpu: how many jobs a GPU may be time-shared by before jobs queue (16; the
         paper's setup used 4: new jobs then queued behind full groups for days on the ITP
-        traces, and a suspended job holds no GPU memory).
+        traces, and a suspended job holds no GPU memory). A server's host memory bounds its
+        groups too (``host_memory_use``): whichever is reached first holds newcomers back.
     host_memory_use: the fraction of a server's host memory (``ServerView.host_memory_bytes``)
         its jobs may hold together, running and suspended: a job is placed on, or moved to,
         a server only if its host memory fits under that beside the jobs already there
