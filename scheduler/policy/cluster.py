@@ -177,9 +177,8 @@ class Ledger:
             self._request[fresh.id] = fresh.requested_gpus
             self._file_request(fresh.id, fresh.requested_gpus, 1)
         if self.host_limit and host_need(was) != host_need(fresh) and fresh.id in self._host_charge:
-            gpus = self.placement[fresh.id]
             self._uncharge_host(fresh.id)
-            self._charge_host(fresh.id, gpus, fresh)
+            self._charge_host(fresh.id, fresh)
             self.version += 1
         if was.suspendable != fresh.suspendable:
             self.version += 1
@@ -374,7 +373,7 @@ class Ledger:
         names = (gpus[0].server,) if len(gpus) == 1 else tuple(dict.fromkeys(g.server for g in gpus))
         self.servers_of[job_id] = names
         if self.host_limit:
-            self._charge_host(job_id, gpus, self.jobs[job_id])
+            self._charge_host(job_id, self.jobs[job_id])
         if len(names) > 1:
             self.spread.add(job_id)
         if len(gpus) > self.jobs[job_id].requested_gpus:
@@ -423,7 +422,7 @@ class Ledger:
                     del sizes[len(gpus)]
                 self.jobs_on[name].discard(job_id)
 
-    def _charge_host(self, job_id: str, gpus: Placement, view: JobView) -> None:
+    def _charge_host(self, job_id: str, view: JobView) -> None:
         need = host_need(view)
         charge = []
         for name in self.servers_of[job_id]:
@@ -455,8 +454,7 @@ class Ledger:
             extra = planned.get(name, 0.0) if planned else 0.0
             if limit is None or name in here or (not extra and not self.jobs_on[name]):
                 continue
-            used = self.host_bytes[name] + self.host_unmeasured[name] * assumed + extra
-            if used + need > limit * use + 0.5:
+            if self.host_used(name, assumed) + extra + need > limit * use + 0.5:
                 return False
         return True
 

@@ -41,6 +41,7 @@ from scheduler.policy.cluster import Ledger, Placement, host_need
 from scheduler.policy.placement import (
     affinity_filter,
     best_fit,
+    host_ok,
     unallocated_filter,
 )
 from scheduler.policy.state import GandivaState
@@ -207,7 +208,7 @@ def _plan_evacuation(
             free = [g for g in ledger.free_gpus(name) if g not in taken]
             # Only fuller servers: moving to an emptier one would not defragment.
             fuller = ledger.num_free(name) < ledger.num_free(source) + (1 if as_full_ok else 0)
-            if len(free) >= job.gpus and fuller and _host_room(ledger, job, tuple(free[: job.gpus]), planned, config):
+            if len(free) >= job.gpus and fuller and host_ok(ledger, job, tuple(free[: job.gpus]), config, planned):
                 target = tuple(free[: job.gpus])
                 break
         if target is None:
@@ -216,14 +217,6 @@ def _plan_evacuation(
         _plan_host(ledger, job, target, planned, config)
         plan.append((job_id, target))
     return plan
-
-
-def _host_room(ledger: Ledger, job: JobView, gpus: Placement, planned: dict[str, float],
-               config: PolicyConfig) -> bool:
-    """``job`` fits in the host memory of ``gpus``'s servers beside the jobs there and those
-    a plan already sends there (``planned``: bytes per server, ``_plan_host``)."""
-    return not ledger.host_limit or ledger.host_fits(job, gpus, config.host_memory_use,
-                                                     config.job_host_memory_bytes, planned)
 
 
 def _plan_host(ledger: Ledger, job: JobView, gpus: Placement, planned: dict[str, float],
@@ -337,7 +330,7 @@ def _fill(ledger: Ledger, state: GandivaState, config: PolicyConfig, server: str
         key = ledger.next_queued(size)
         if key is None:
             break
-        if not _host_room(ledger, ledger.jobs[key[2]], sets[0], {}, config):
+        if not host_ok(ledger, ledger.jobs[key[2]], sets[0], config):
             break
         gpus = sets.pop(0)
         ledger.bind(key[2], gpus, "RUNNING")
@@ -348,7 +341,7 @@ def _fill(ledger: Ledger, state: GandivaState, config: PolicyConfig, server: str
             if not sets or budget <= 0:
                 return out
             if (ledger.state[job_id] == "SUSPENDED" and ledger.jobs[job_id].suspendable
-                    and _movable(ledger, job_id, state) and _host_room(ledger, ledger.jobs[job_id], sets[0], {}, config)):
+                    and _movable(ledger, job_id, state) and host_ok(ledger, ledger.jobs[job_id], sets[0], config)):
                 out.append(_move(ledger, job_id, sets.pop(0), why))
                 budget -= 1
     return out
@@ -388,7 +381,7 @@ def _plan_handover(ledger: Ledger, state: GandivaState, config: PolicyConfig, so
             return None
         # The least full group whose servers' host memory takes the job too.
         passed = []
-        while room and not _host_room(ledger, view, room[0][1], planned, config):
+        while room and not host_ok(ledger, view, room[0][1], config, planned):
             passed.append(heapq.heappop(room))
         if not room:
             return None

@@ -23,7 +23,7 @@ Filters 1-3 also serve the migration and baseline code, which need "free GPUs on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from scheduler.policy.cluster import Ledger, Placement, host_need
@@ -43,11 +43,13 @@ class Candidate:
     oversubscribed: bool = False
 
 
-def host_ok(ledger: Ledger, job: JobView | None, gpus: Placement, config: PolicyConfig | None) -> bool:
-    """``job``'s host memory fits where ``gpus`` are (``Ledger.host_fits``); True without a job."""
+def host_ok(ledger: Ledger, job: JobView | None, gpus: Placement, config: PolicyConfig | None,
+            planned: Mapping[str, float] | None = None) -> bool:
+    """``job``'s host memory fits where ``gpus`` are (``Ledger.host_fits``), beside what
+    moves already planned send there (``planned``: bytes per server); True without a job."""
     if job is None or config is None or not ledger.host_limit:
         return True
-    return ledger.host_fits(job, gpus, config.host_memory_use, config.job_host_memory_bytes)
+    return ledger.host_fits(job, gpus, config.host_memory_use, config.job_host_memory_bytes, planned)
 
 
 def _single_server(ledger: Ledger, size: int, names: list[str], job: JobView | None = None,
