@@ -2,8 +2,9 @@
 
 The rule: a command whose program is a Python interpreter (``python``,
 ``python3``, ``python3.11``, or a path to one) runs under the tf_runtime shim:
-``python [interpreter options] -m tf_runtime.run SCRIPT ARGS`` (``-m MODULE``
-and ``-c`` are refused: the shim runs a script file). A bare ``python``/``python3`` means the helper's own interpreter, where
+``python [interpreter options] -m tf_runtime.run SCRIPT ARGS``; ``python -m MODULE``
+and ``python -c CODE`` run as they are (tf_runtime.run runs a script file; the
+autoload below reaches them). A bare ``python``/``python3`` means the helper's own interpreter, where
 tf_runtime is installed; an explicit path is kept. Any other program runs
 as it is, and so does everything a wrapper starts (``env FOO=1 python train.py``,
 ``bash -c '...'``, a shell script that runs python): the shim reaches their Python
@@ -65,10 +66,14 @@ def shim_command(command: Sequence[str], interpreter: str = sys.executable) -> l
     rest = list(command[i:])
     if rest[:2] == ["-m", "tf_runtime.run"]:  # already wrapped by the user
         rest = rest[2:]
-    if not rest or rest[0] in ("-c", "-m", "-"):
-        # tf_runtime.run runs a script file (runpy.run_path); modules and -c have no file.
-        raise ValueError(f"command {list(command)!r}: Python jobs must name a script file, "
-                         "e.g. python train.py ARGS")
+    if not rest:
+        raise ValueError(f"command {list(command)!r}: no script, module or -c code to run; "
+                         "give e.g. python train.py ARGS or python -m package.module ARGS")
+    if rest[0] in ("-c", "-m", "-"):
+        # tf_runtime.run runs a script file (runpy.run_path); a module, -c code or stdin
+        # has none: it runs as it is, and the autoload's sitecustomize starts the shim in
+        # it when it imports TensorFlow, as behind any wrapper.
+        return [python, *opts, *rest]
     return [python, *opts, "-m", "tf_runtime.run", *rest]
 
 

@@ -32,6 +32,13 @@ class RunInfo:
     initializes: bool = False         # initialises all global variables
     restores: bool = False            # runs a Saver restore (the program's own checkpoint)
     metric_slots: tuple[tuple[int, str], ...] = ()  # flat fetch index -> metric name
+    # Increments the global step (apply_gradients(global_step=...), an assign_add of it).
+    # A program with several training runs per step (a GAN's discriminator and generator
+    # runs) is between two steps only after the run that advances it.
+    advances_step: bool = False
+    # Reads input whose position is not a variable (a tf.data iterator, a queue, a
+    # stateful random op): the op's type, or "" (see TFSessionAdapter._walk).
+    stateful_input: str = ""
 
 
 @dataclass(frozen=True)

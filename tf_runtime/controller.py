@@ -37,8 +37,12 @@ EXIT_KILLED = 143
 
 # How long a suspension waits for other threads' runs to finish before releasing.
 DRAIN_TIMEOUT_S = 2.0
-# Boundaries after which a program that never read the global step is judged.
+# Steps (runs that advance the global step) after which a program that never read the
+# global step is judged.
 JUDGE_AFTER_BOUNDARIES = 2
+# Training runs after which a program none of whose runs advanced the global step is
+# judged (a GAN runs several training runs per step, only one of which advances it).
+ADVANCE_WITHIN_RUNS = 16
 
 
 class Channel(Protocol):
@@ -101,6 +105,10 @@ class Controller:
         self.restored_step = 0
         self.migratable: bool | None = None
         self._read_global_step = False
+        self._advances_seen = False  # a training run of the bound session advanced the step
+        self._steps_seen = 0  # boundaries of runs that advanced it
+        self._stateful_input = ""  # what a training run read that no checkpoint holds
+        self._warned_second = False
         self._not_migratable_reason = ""
         self._restored_into: SessionAdapter | None = None
         self._restore_again = False
@@ -154,6 +162,8 @@ class Controller:
         """
         self.saw_run(adapter, info)
         if self.trained:
+            if before and info.is_training:
+                self._training_elsewhere(adapter)
             return  # a second model or an evaluation session: not the job's training
         if (info.initializes or info.restores) and self._restored_into is adapter:
             # The program overwrote variables after our restore (e.g. it restored a
@@ -181,24 +191,70 @@ class Controller:
         """A training run returned: measure it, then apply queued commands."""
         if adapter is not self.adapter:
             return
-        self.meter.step(duration_s, now)
+        if info.advances_step:
+            if not self._advances_seen and self.boundaries:
+                # Runs before it were counted as mini-batches: count from the step again.
+                self.meter.set_steps(adapter.global_step() - 1)
+            self._advances_seen = True
+            self._steps_seen += 1
+        if info.advances_step or not self._advances_seen:
+            # One of several training runs of a step (a GAN's discriminator run) is not a
+            # mini-batch of its own: the step ends with the run that advances the step.
+            self.meter.step(duration_s, now)
         if info.metric_slots:
             self.meter.add_metrics(adapter.metrics(info, results))
         if info.reads_global_step:
             self._read_global_step = True
+        if info.stateful_input and not self._stateful_input:
+            self._stateful_input = info.stateful_input
+            if self.migratable:  # a later run reads it: judge again
+                self.migratable = None
         self.boundaries += 1
-        if self.boundaries <= JUDGE_AFTER_BOUNDARIES:
+        if self.boundaries == 1:
+            self._event("first_step_done", step=self.meter.steps, t=time.time())
+        if self.migratable is None:
             self._first_boundaries(adapter)
+        if not self._between_steps(adapter, info):
+            return  # commands wait for the run that completes this step
         if self._queue:
             self._apply_queued(adapter)
         elif not self._save_built:
             self._prebuild_save(adapter)
+
+    def _between_steps(self, adapter: SessionAdapter, info: RunInfo) -> bool:
+        """Whether the training state is whole here: a checkpoint taken now holds what
+        a restarted program expects at the global step it will read. After a run that
+        leaves the global step alone, in a program whose step advances in another of
+        its runs, it is not: a discriminator run already applied, the step not yet
+        counted, would be applied a second time after a restore."""
+        if info.advances_step or not adapter.has_global_step():
+            return True
+        # Until a run advanced it, wait for the verdict (at most ADVANCE_WITHIN_RUNS runs).
+        return not self._advances_seen and self.migratable is not None
 
     def finish(self) -> None:
         """The program ended: answer commands that will never reach a boundary."""
         while (cmd := self._next(block=False)) is not None:
             self._ack(Ack(cmd.id, False, "the program finished before its next training step",
                           step=self.meter.steps))
+
+    def _training_elsewhere(self, adapter: SessionAdapter) -> None:
+        """A training run in another session after training began. When the training
+        session was closed, the program goes on training in this one (it closed its
+        session and opened a new one, restoring its own checkpoint): commands follow it
+        there. Otherwise (a second model) it is not the job's training, said once."""
+        with self._lock:
+            old = self.adapter
+            if old is not None and old.closed:
+                self.adapter = adapter
+                log.info("the training session was closed; training goes on in a new session, "
+                         "whose steps are now the boundaries")
+                return
+        if not self._warned_second:
+            self._warned_second = True
+            log.warning("a training run in a second session while the first is still open: "
+                        "only the first session's steps are boundaries (close the old session "
+                        "before training in a new one)")
 
     # -- binding, restore, warm hold ---------------------------------------------------------
     def _bind(self, adapter: SessionAdapter) -> None:
@@ -283,8 +339,13 @@ class Controller:
         if rehearse is not None:
             try:
                 timings = adapter.rehearse(rehearse)
-            except (CheckpointError, OSError) as exc:
-                log.warning("warm: no rehearsal of the first step (%s); holding without it", exc)
+            except Exception as exc:  # noqa: BLE001  (never break the program's own start)
+                # CheckpointError, OSError, or the run itself failing where the program
+                # had not yet set up its input (an iterator it initialises after the
+                # restore point): the snapshot is restored; the first real step builds.
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                log.warning("warm: no rehearsal of the first step (%s); holding without it",
+                            first_line)
             else:
                 self._save_built = True
                 log.info("warm: first step rehearsed %s",
@@ -344,16 +405,29 @@ class Controller:
         self._exit(EXIT_TOWERS_CHANGED)
 
     def _first_boundaries(self, adapter: SessionAdapter, final: bool = False) -> None:
-        if self.boundaries == 1 and not final:
-            self._event("first_step_done", step=self.meter.steps, t=time.time())
         if self.migratable is not None:
             return
         if not adapter.has_global_step():
             self._judge(False, "the graph has no global step, so a restarted program "
-                               "cannot know where to resume")
+                               "cannot know where to resume (create its step counter with "
+                               "tf.compat.v1.train.get_or_create_global_step() and pass it "
+                               "to the optimizer's minimize(global_step=...))")
+        elif self._stateful_input:
+            self._judge(False, f"its training run reads {self._stateful_input}: input whose "
+                               "position is not in any checkpoint (a tf.data iterator, an "
+                               "input queue or a stateful random op) starts from its "
+                               "beginning after a restore, so a migrated job would train on "
+                               "other data than an uninterrupted run; compute the input from "
+                               "the global step (feeds, stateless random ops seeded by it) "
+                               "to make it migratable")
+        elif not self._advances_seen:
+            if self.boundaries >= ADVANCE_WITHIN_RUNS or final:
+                self._judge(False, "no training run advances the global step, so a restarted "
+                                   "program cannot know where to resume (pass it to the "
+                                   "optimizer's minimize(global_step=...))")
         elif self._read_global_step:
             self._judge(True, "the program reads the global step")
-        elif self.boundaries >= JUDGE_AFTER_BOUNDARIES or final:
+        elif self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
             self._judge(False, "the program never reads the global step: its loop counts "
                                "in Python and would restart from 0 after a restore")
 

@@ -153,8 +153,11 @@ class Exited(Exception):
 
 
 RUN_KINDS = {
-    "train": RunInfo(is_training=True, reads_global_step=True, metric_slots=((0, "loss"),)),
-    "train_nogs": RunInfo(is_training=True),
+    "train": RunInfo(is_training=True, reads_global_step=True, metric_slots=((0, "loss"),),
+                     advances_step=True),
+    "train_nogs": RunInfo(is_training=True, advances_step=True),
+    # A training run that leaves the global step alone (a GAN's discriminator run).
+    "train_d": RunInfo(is_training=True),
     "init": RunInfo(initializes=True),
     "eval": RunInfo(),
     "read_gs": RunInfo(reads_global_step=True),
@@ -181,12 +184,14 @@ class FakeSession:
             self.step = 100
         if fetches == "read_gs":
             return self.step
-        if RUN_KINDS[fetches].is_training:
+        if RUN_KINDS[fetches].advances_step:
             self.step += 1
             hook = self.hooks.get(self.step)
             if hook:
                 hook()
             return [1.0 / self.step]
+        if RUN_KINDS[fetches].is_training:
+            return [0.5]
         return None
 
 

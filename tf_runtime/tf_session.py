@@ -47,6 +47,17 @@ _TRAIN_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply
 _STEP_UPDATES = {"AssignAdd", "AssignAddVariableOp", "AssignSub", "AssignSubVariableOp"}
 _READS = {"ReadVariableOp", "Identity", "Cast", "AssignAdd", "AssignAddVariableOp", "Snapshot"}
 _RESTORES = {"RestoreV2", "Restore", "RestoreSlice"}
+# Input whose position lives in the process, not in a variable: a tf.data iterator, an
+# input queue or reader, a stateful random op (dropout, random crops). A restored copy
+# starts it from its beginning, so its training data differs from an uninterrupted run's.
+_STATEFUL_INPUTS = frozenset({
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
+    "QueueDequeue", "QueueDequeueV2", "QueueDequeueMany", "QueueDequeueManyV2",
+    "QueueDequeueUpTo", "QueueDequeueUpToV2", "ReaderRead", "ReaderReadV2",
+    "ReaderReadUpTo", "ReaderReadUpToV2",
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
+    "RandomPoisson", "RandomPoissonV2"})
 _CACHE_LIMIT = 512
 
 
@@ -194,7 +205,14 @@ class TFSessionAdapter:
         training, reached = self._walk(roots)
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
         restores = any(op.type in _RESTORES for op in reached)
-        return RunInfo(training, reads_gs, initializes, restores, tuple(metric_slots))
+        advances = self._gs_op is not None and any(
+            op.type in _STEP_UPDATES and op.inputs and op.inputs[0].op is self._gs_op
+            for op in reached)
+        stateful = "" if not training else next(
+            (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
+             if op.type in _STATEFUL_INPUTS), "")
+        return RunInfo(training, reads_gs, initializes, restores, tuple(metric_slots),
+                       advances_step=advances, stateful_input=stateful)
 
     def _reads_global_step(self, op: Any) -> bool:
         for _ in range(4):  # gs, gs/read, a cast of it, the value of an increment...

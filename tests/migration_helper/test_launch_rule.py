@@ -15,13 +15,16 @@ from migration_helper.launch_rule import job_environment, shim_command
     (["/opt/env/bin/python", "t.py"], ["/opt/env/bin/python", "-m", "tf_runtime.run", "t.py"]),
     (["python", "-m", "tf_runtime.run", "t.py"], ["/py", "-m", "tf_runtime.run", "t.py"]),
     (["bash", "run.sh"], ["bash", "run.sh"]),
+    # No script file for tf_runtime.run: run as they are, the autoload starts the shim.
+    (["python", "-u", "-m", "trainer.main", "--lr", "1"], ["/py", "-u", "-m", "trainer.main", "--lr", "1"]),
+    (["python3", "-c", "import train"], ["/py", "-c", "import train"]),
     (["./pythonic-tool", "x"], ["./pythonic-tool", "x"]),
 ])
 def test_python_commands_run_under_the_shim(command: list[str], expected: list[str]) -> None:
     assert shim_command(command, interpreter="/py") == expected
 
 
-@pytest.mark.parametrize("command", [[], ["python"], ["python", "-c", "print(1)"], ["python", "-m", "trainer"]])
+@pytest.mark.parametrize("command", [[], ["python"], ["python", "-u"]])
 def test_commands_the_shim_cannot_run_are_refused_clearly(command: list[str]) -> None:
     with pytest.raises(ValueError, match="command"):
         shim_command(command, interpreter="/py")

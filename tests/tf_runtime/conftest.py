@@ -41,7 +41,8 @@ class Job:
     """A real training process under `python -m tf_runtime.run`, with the helper's pipes."""
 
     def __init__(self, script: str, args: list[str], env: dict[str, str], warm: bool = False,
-                 log_path: Path | None = None, status: bool = True) -> None:
+                 log_path: Path | None = None, status: bool = True,
+                 command: list[str] | None = None) -> None:
         self.status_r, status_w = os.pipe()
         pass_fds = [status_w]
         base = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
@@ -55,8 +56,10 @@ class Job:
             full_env.update(GANDIVA_WARM="1", GANDIVA_CONTROL_FD=str(control_r))
         self.log_path = log_path
         with open(log_path or os.devnull, "w") as out:  # the child keeps its own copy
+            # `command`: the job's own command line (a wrapper), instead of tf_runtime.run.
+            argv = command or [sys.executable, "-m", "tf_runtime.run", str(EXAMPLES / script)]
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tf_runtime.run", str(EXAMPLES / script), *args],
+                [*argv, *args],
                 env=full_env, pass_fds=pass_fds, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         os.close(status_w)
         if control_r is not None:
@@ -108,8 +111,9 @@ def launch(tmp_path: Path) -> Iterator[Any]:
     jobs: list[Job] = []
 
     def _launch(script: str, *args: str, env: dict[str, str] | None = None,
-                warm: bool = False, status: bool = True) -> Job:
-        job = Job(script, list(args), env or {}, warm, tmp_path / f"job{len(jobs)}.log", status)
+                warm: bool = False, status: bool = True, command: list[str] | None = None) -> Job:
+        job = Job(script, list(args), env or {}, warm, tmp_path / f"job{len(jobs)}.log", status,
+                  command)
         jobs.append(job)
         return job
 
@@ -151,14 +155,17 @@ class FeedJob:
     Every command must succeed; the checkpoints' and hellos' steps are checked."""
 
     def __init__(self, launch: Any, server: Any, job_id: str, args: list[str], out: Path,
-                 work: Path) -> None:
+                 work: Path, script: str = FEED_SCRIPT, command: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         from protos.gandiva.v1 import runtime_pb2 as pb
 
         self.pb = pb
+        self.script = script
+        self.command_line = command  # the job's own command line (a wrapper), if any
         self.launch, self.server, self.job_id = launch, server, job_id
         self.args = [*args, "--dump", str(out)]
         self.towers = int(args[args.index("--replicas") + 1]) if "--replicas" in args else 1
-        self.env = {"GANDIVA_JOB_ID": job_id, "GANDIVA_SCHEDULER": server.address}
+        self.env = {**(env or {}), "GANDIVA_JOB_ID": job_id, "GANDIVA_SCHEDULER": server.address}
         self.work = work
         self.incarnation = -1
         self.proc: Any = None
@@ -182,7 +189,8 @@ class FeedJob:
         self.devices = devices or self.devices
         env = {**self.env, **extra, "GANDIVA_INCARNATION": str(self.incarnation)}
         on = ["--devices", str(self.devices)] if self.devices else []
-        return self.launch(FEED_SCRIPT, *self.args, *on, env=env, warm=warm)
+        return self.launch(self.script, *self.args, *on, env=env, warm=warm,
+                           command=self.command_line)
 
     def _dir(self, kind: str) -> str:
         return str(self.work / f"{kind}{next(self._dirs)}")

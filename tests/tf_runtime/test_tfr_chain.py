@@ -470,3 +470,67 @@ def test_commands_left_when_the_program_ends_are_refused(world: FakeWorld) -> No
 def test_commands_need_a_directory_where_they_write() -> None:
     with pytest.raises(ValueError, match="CHECKPOINT needs a checkpoint_dir"):
         Command("x", Kind.CHECKPOINT)
+
+
+def test_a_step_of_several_training_runs_takes_commands_after_the_one_that_advances_it(
+        world: FakeWorld, tmp_path: Path) -> None:
+    """A GAN-style loop: a discriminator run that leaves the global step alone, then a
+    generator run that advances it. A checkpoint between the two would hold the
+    discriminator's update without the step, and a restored program would apply it
+    again; commands wait for the run that completes the step."""
+    start_training(world, steps=0)
+    world.run("train_d")
+    world.run("train")  # step 1
+    world.controller.enqueue(Command("ck", Kind.CHECKPOINT, str(tmp_path / "ck")))
+    world.run("train_d")
+    assert world.channel.acks == []  # mid-step: not yet
+    world.run("train")
+    ack = world.channel.acks[0]
+    assert (ack.ok, ack.step) == (True, 2) and validate(tmp_path / "ck")["global_step"] == 2
+    world.controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
+    world.run("train_d")
+    assert len(world.channel.acks) == 1
+    with pytest.raises(Exited):
+        world.run("train")
+    assert world.channel.acks[-1].step == 3
+    assert world.controller.meter.steps == 3  # a mini-batch per step, not per run
+    assert world.channel.migratability == [(True, "")]
+
+
+def test_a_program_whose_training_never_advances_the_step_is_not_migratable(
+        world: FakeWorld, tmp_path: Path) -> None:
+    start_training(world, steps=0)
+    world.controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
+    for _ in range(controller_mod.ADVANCE_WITHIN_RUNS - 1):
+        world.run("train_d")
+    assert world.channel.acks == [] and world.channel.migratability == []
+    world.run("train_d")
+    verdict = world.channel.migratability[0]
+    assert verdict[0] is False and "advances the global step" in verdict[1]
+    assert not world.channel.acks[0].ok and "not migratable" in world.channel.acks[0].message
+    world.controller.enqueue(Command("s", Kind.SUSPEND))
+    world.controller.enqueue(Command("r", Kind.RESUME))
+    world.run("train_d")  # suspending in place still works, at any run
+    assert [a.ok for a in world.channel.acks[1:]] == [True, True]
+
+
+def test_training_moves_to_a_new_session_when_the_program_closes_its_own(
+        world: FakeWorld, tmp_path: Path) -> None:
+    """A program that closes its session mid-run and goes on in a new one (restoring its
+    own checkpoint): the new session's steps are the boundaries from then on."""
+    from tf_runtime.chain import build_chain
+    from tf_runtime.testing import FakeAdapter
+
+    start_training(world, steps=3)
+    second = FakeAdapter(world.sess)
+    chain = build_chain(lambda f, fd, o, m: world.sess.run(f, fd, o, m), second, world.controller,
+                        world.controller.gate)
+    chain.run("train")  # the first session is still open: a second model, not a boundary
+    assert world.controller.meter.steps == 3
+    world.adapter.closed = True
+    world.controller.enqueue(Command("ck", Kind.CHECKPOINT, str(tmp_path / "ck")))
+    chain.run("read_gs")
+    chain.run("train")
+    ack = world.channel.acks[0]
+    assert ack.ok and ack.step == 5 == validate(tmp_path / "ck")["global_step"]
+    assert second.saves == [str(tmp_path / "ck")]

@@ -12,13 +12,18 @@ variables are bit-identical to an uninterrupted run of the same program.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from .conftest import FEED_SCRIPT, FeedJob, assert_same_variables, feed_args
+from protos.gandiva.v1 import runtime_pb2 as pb
+from tf_runtime.autoload import path_with_autoload
+
+from .conftest import FEED_SCRIPT, REPO, FeedJob, assert_same_variables, feed_args
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
@@ -56,16 +61,15 @@ def test_every_interruption_keeps_the_result(loop: str, optimizer: str, replicas
         assert int(data["global_step:0"]) == 60
 
 
-@pytest.mark.parametrize("signature", [True, False])
-def test_rehearsal_never_runs_a_feed_computed_before_the_restore(signature: bool,
-                                                                 runtime_server: Any,
+def test_rehearsal_never_runs_a_feed_computed_before_the_restore(runtime_server: Any,
                                                                  launch: Any,
                                                                  tmp_path: Path) -> None:
     """The finding of issue 9: with the rehearsal on, the held first run used to execute
     after the restore with the feed of the pre-restore step (0), so the migrated job
     trained one mini-batch on the wrong data and ended with different variables. Now
     the warm process holds before the program reads the step, and rehearses the
-    source's signature (or nothing, without one)."""
+    source's signature (or nothing, without one: here; with one, the journeys above)."""
+    signature = False
     args = feed_args("session", "momentum", 2)
     baseline = launch(FEED_SCRIPT, *args, "--dump", str(tmp_path / "base.npz"), status=False)
     job = FeedJob(launch, runtime_server, "f1", args, tmp_path / "run.npz", tmp_path)
@@ -75,4 +79,83 @@ def test_rehearsal_never_runs_a_feed_computed_before_the_restore(signature: bool
     assert ack.step > 0
     job.finish()
     assert baseline.wait() == 0
+    assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
+
+
+# -- more kinds of TF1 program (tests/tf_runtime/programs) --------------------------------
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def _autoload_env() -> dict[str, str]:
+    """A wrapped launch as the helper makes it: `python` on PATH, the autoload first on
+    PYTHONPATH (the programs' directory after it, for `python -m`)."""
+    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": path_with_autoload(f"{REPO}{os.pathsep}{PROGRAMS}")}
+
+
+@pytest.mark.parametrize("kind", ["gan", "module", "reopen"])
+def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
+                                               tmp_path: Path) -> None:
+    """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
+    step) per step; commands wait for the generator run (a checkpoint between them
+    used to apply the discriminator's update twice after a restore), and the warm
+    destination rehearses the discriminator run. module: `python -m optimizers` (Ftrl,
+    a piecewise-constant learning rate of the global step) reached through the
+    autoload, migrated at its first step. reopen: its own
+    Saver directory, a SIGTERM handler, and a session closed and reopened at step 3
+    (commands used to be never applied after that)."""
+    steps = ["--steps", "30", "--step-sleep", "0.03"]
+    script, command, env = {"gan": ("gan.py", None, {}),
+                            "module": ("optimizers.py", ["python", "-m", "optimizers"],
+                                       _autoload_env()),
+                            "reopen": ("reopen.py", None, {})}[kind]
+
+    def flags(run: str) -> list[str]:
+        if kind == "module":
+            return ["--opt", "ftrl", "--decay", "piecewise", *steps]
+        if kind == "reopen":  # its own checkpoints, one directory per run
+            return ["--workdir", str(tmp_path / f"own-{run}"), *steps]
+        return steps
+
+    baseline = launch(str(PROGRAMS / script), *flags("base"), "--dump", str(tmp_path / "base.npz"),
+                      status=False)
+    job = FeedJob(launch, runtime_server, f"kind-{kind}", flags("run"), tmp_path / "run.npz",
+                  tmp_path, script=str(PROGRAMS / script), command=command, env=env)
+    job.start()
+    if kind == "gan":
+        job.pause(0.2)
+        job.migrate_warm()
+    elif kind == "module":
+        job.migrate_naive()
+    else:
+        job.command(pb.COMMAND_KIND_RESUME)
+        runtime_server.wait_progress(job.job_id, 6)
+        assert job.command(pb.COMMAND_KIND_SUSPEND).step >= 6  # in the reopened session
+        job.migrate_naive()
+    job.finish()
+    assert baseline.wait() == 0
+    assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
+
+
+def test_input_no_checkpoint_holds_is_refused_migration_and_keeps_the_result(
+        runtime_server: Any, launch: Any, tmp_path: Path) -> None:
+    """A tf.data pipeline (seeded shuffle, repeat, batch) would restart from its beginning
+    after a restore: the job is judged not migratable, naming the op, its migration is
+    refused, and suspended and resumed in place it ends as an uninterrupted run."""
+    script = str(PROGRAMS / "tfdata.py")
+    args = ["--iterator", "initializable", "--steps", "30", "--step-sleep", "0.03"]
+    baseline = launch(script, *args, "--dump", str(tmp_path / "base.npz"), status=False)
+    job = FeedJob(launch, runtime_server, "tfdata", args, tmp_path / "run.npz", tmp_path,
+                  script=script)
+    job.start()
+    verdict = runtime_server.wait_for(lambda j, m: j == "tfdata" and m.HasField("migratability"))
+    assert not verdict.migratability.migratable
+    assert "IteratorGetNext" in verdict.migratability.reason
+    refused = runtime_server.wait_ack(runtime_server.send(
+        "tfdata", pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(tmp_path / "ck")), 60)
+    assert not refused.ok and "tf.data iterator" in refused.message
+    job.pause(0.2)
+    job.finish()
+    assert baseline.wait() == 0 and not (tmp_path / "ck").exists()
     assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")

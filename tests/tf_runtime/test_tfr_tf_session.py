@@ -92,6 +92,48 @@ def test_runs_are_classified_like_a_person_would(controller: Controller, tmp_pat
         assert snap.steps == 3 and "loss" in snap.metrics
 
 
+def test_which_training_runs_advance_the_step_and_which_read_unsaved_input(
+        controller: Controller) -> None:
+    """A GAN's discriminator run trains without advancing the global step; a run fed by
+    a tf.data iterator, a queue or a stateful random op (dropout) reads input no
+    checkpoint holds, and the verdict names the op."""
+    g = tf.Graph()
+    with g.as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x, _ = tf.compat.v1.data.make_one_shot_iterator(
+            tf.data.Dataset.from_tensors((tf.ones([2, 3]), 0)).repeat()).get_next()
+        w = tf.compat.v1.get_variable("w", [3, 1])
+        d = tf.compat.v1.get_variable("d", [3, 1])
+        loss = tf.reduce_sum(tf.matmul(tf.ones([2, 3]), w))
+        d_train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.matmul(tf.ones([2, 3]), d)), var_list=[d])
+        g_train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            loss, var_list=[w], global_step=gs)
+        fed = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.matmul(x, w)), var_list=[w])
+        dropout = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.matmul(tf.compat.v1.nn.dropout(tf.ones([2, 3]), rate=0.5), w)),
+            var_list=[w], global_step=gs)
+        init = tf.compat.v1.global_variables_initializer()
+    with session(g) as sess:
+        adapter = sess._gandiva_chain.adapter
+        d_info, g_info = adapter.classify(d_train), adapter.classify(g_train)
+        assert d_info.is_training and not d_info.advances_step and not d_info.stateful_input
+        assert g_info.is_training and g_info.advances_step and not g_info.stateful_input
+        assert adapter.classify(fed).stateful_input.startswith("IteratorGetNext")
+        assert adapter.classify(dropout).stateful_input.startswith("RandomUniform")
+        sess.run(init)
+        sess.run(gs)
+        for _ in range(2):
+            sess.run(d_train)
+            sess.run(g_train)
+        assert controller.migratable is True and controller.meter.steps == 2
+        sess.run(fed)  # a later run reads a tf.data iterator: judged again
+        assert controller.migratable is False
+        migratability = controller.channel.migratability  # type: ignore[union-attr]
+        assert "IteratorGetNext" in migratability[-1][1] and "tf.data" in migratability[-1][1]
+
+
 def test_throwaway_session_then_the_real_one(controller: Controller, tmp_path: Path) -> None:
     g, _gs, train, _, _ = mlp_graph()
     with g.as_default():

@@ -1,0 +1,56 @@
+"""Shared bits of the unseen-program family: flags, determinism, data from a step, dumping."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+DIM, CLASSES = 6, 3
+
+
+def parse(extra: Any = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--dump", default=None)
+    p.add_argument("--workdir", default=None)
+    if extra:
+        extra(p)
+    args = p.parse_args()
+    tf.compat.v1.disable_eager_execution()
+    tf.config.experimental.enable_op_determinism()
+    tf.compat.v1.set_random_seed(1)
+    return args
+
+
+def config() -> Any:
+    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+
+
+def batch(step: int, n: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.RandomState(1000 + int(step))
+    return (rng.standard_normal((n, DIM)).astype(np.float32),
+            rng.randint(0, CLASSES, size=n).astype(np.int64))
+
+
+def classifier(x: Any, y: Any, scope: str = "net") -> Any:
+    with tf.compat.v1.variable_scope(scope):
+        w = tf.compat.v1.get_variable("w", initializer=np.random.RandomState(3).standard_normal(
+            (DIM, CLASSES)).astype(np.float32) * 0.3)
+        b = tf.compat.v1.get_variable("b", initializer=np.zeros(CLASSES, np.float32))
+        logits = tf.matmul(x, w) + b
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+
+
+def dump(path: str | None, sess: Any) -> None:
+    if not path:
+        return
+    variables = tf.compat.v1.global_variables()
+    values = {v.name: x for v, x in zip(variables, sess.run(variables))}
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **values)
+    os.replace(tmp, path)
