@@ -137,25 +137,3 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     assert baseline.wait() == 0
     assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
 
-
-def test_input_no_checkpoint_holds_is_refused_migration_and_keeps_the_result(
-        runtime_server: Any, launch: Any, tmp_path: Path) -> None:
-    """A tf.data pipeline (seeded shuffle, repeat, batch) would restart from its beginning
-    after a restore: the job is judged not migratable, naming the op, its migration is
-    refused, and suspended and resumed in place it ends as an uninterrupted run."""
-    script = str(PROGRAMS / "tfdata.py")
-    args = ["--iterator", "initializable", "--steps", "30", "--step-sleep", "0.03"]
-    baseline = launch(script, *args, "--dump", str(tmp_path / "base.npz"), status=False)
-    job = FeedJob(launch, runtime_server, "tfdata", args, tmp_path / "run.npz", tmp_path,
-                  script=script)
-    job.start()
-    verdict = runtime_server.wait_for(lambda j, m: j == "tfdata" and m.HasField("migratability"))
-    assert not verdict.migratability.migratable
-    assert "IteratorGetNext" in verdict.migratability.reason
-    refused = runtime_server.wait_ack(runtime_server.send(
-        "tfdata", pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(tmp_path / "ck")), 60)
-    assert not refused.ok and "tf.data iterator" in refused.message
-    job.pause(0.2)
-    job.finish()
-    assert baseline.wait() == 0 and not (tmp_path / "ck").exists()
-    assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
