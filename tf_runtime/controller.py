@@ -117,6 +117,7 @@ class Controller:
         # Whether the save op's executors exist (a rehearsal or a save built them).
         self._save_built = not settings.prebuild_save
         self._lock = threading.Lock()  # serialises binding and command application
+        self._pid = os.getpid()  # a forked child's training runs are not the job's steps
 
     # -- commands from the stream thread ------------------------------------------------
     def enqueue(self, cmd: Command) -> None:
@@ -189,7 +190,7 @@ class Controller:
     def boundary(self, adapter: SessionAdapter, info: RunInfo, results: Any,
                  duration_s: float, now: float) -> None:
         """A training run returned: measure it, then apply queued commands."""
-        if adapter is not self.adapter:
+        if adapter is not self.adapter or os.getpid() != self._pid:
             return
         if info.advances_step:
             if not self._advances_seen and self.boundaries:

@@ -26,7 +26,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .checkpoint import validate
 from .controller import Controller, Settings
@@ -40,9 +40,17 @@ log = logging.getLogger(__name__)
 class Runtime:
     controller: Controller
     client: object | None = None  # tf_runtime.client.StreamClient
+    pid: int = field(default_factory=os.getpid)  # the process that started it
 
     def finish(self) -> None:
-        """The program ended on its own: send the last progress, close the stream."""
+        """The program ended on its own: send the last progress, close the stream.
+
+        Not in a child the program forked (os.fork, a multiprocessing pool): the stream,
+        the pipes and the queued commands are the parent's, and gRPC is unusable after
+        a fork (closing its channel there hung the child, and with it a parent that
+        waits for it)."""
+        if os.getpid() != self.pid:
+            return
         self.controller.finish()
         if self.client is not None:
             self.client.close(timeout_s=2.0)  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,3 +183,31 @@ def test_cuda_checkpoint_releases_and_restores_device_memory() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_forked_child_leaves_the_parents_stream_alone(runtime_server: Any, tmp_path: Path) -> None:
+    """A program that forks (os.fork, a multiprocessing pool) and whose child ends through
+    the interpreter's exit: the child used to close the parent's gRPC stream at exit,
+    which hangs after a fork (and the parent waiting for it with it)."""
+    script = tmp_path / "forks.py"
+    script.write_text(
+        "import os, sys\n"
+        "from tf_runtime import runtime\n"
+        "rt = runtime.start()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    rt.finish()\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "rt.finish()\n"
+        "print('parent done')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    env.update(GANDIVA_JOB_ID="fork", GANDIVA_SCHEDULER=runtime_server.address,
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    try:
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the forked child hung at exit: {exc.stderr!r}") from None
+    assert proc.returncode == 0 and "parent done" in proc.stdout, proc.stderr
+    runtime_server.wait_for(lambda j, m: j == "fork" and m.HasField("hello"), 10)
