@@ -165,6 +165,7 @@ class TFSessionAdapter:
         self.has_global_step()  # looks it up now; again later while the graph lacks one
         self._init_ops: frozenset[Any] | None = None
         self._watched_key: tuple[str, ...] | None = None
+        self._warned_racy_read = False
 
     # -- classification ---------------------------------------------------------------
     def classify(self, fetches: Any) -> RunInfo:
@@ -191,7 +192,7 @@ class TFSessionAdapter:
 
     def _classify(self, fetches: Any) -> RunInfo:
         self._refresh_graph_facts()
-        roots, metric_slots, reads_gs = [], [], False
+        roots, metric_slots, reads_gs, plain_read = [], [], False, False
         for i, leaf in enumerate(flatten(fetches)):
             try:
                 el = self.graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
@@ -201,7 +202,9 @@ class TFSessionAdapter:
             roots.append(op)
             if isinstance(el, tf.Tensor) and el.shape.rank == 0 and el.dtype.is_floating:
                 metric_slots.append((i, op.name))
-            reads_gs = reads_gs or self._reads_global_step(op)
+            if self._reads_global_step(op):
+                reads_gs = True
+                plain_read = plain_read or not self._reads_global_step(op, via_update=True)
         training, reached = self._walk(roots)
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
         restores = any(op.type in _RESTORES for op in reached)
@@ -211,15 +214,30 @@ class TFSessionAdapter:
         stateful = "" if not training else next(
             (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
              if op.type in _STATEFUL_INPUTS), "")
+        if advances and plain_read and not self._warned_racy_read:
+            self._warned_racy_read = True
+            log.warning(
+                "a training run fetches the global step together with the op that increments "
+                "it (e.g. sess.run([train, global_step])): TensorFlow does not order the two, so "
+                "the value read is the step before or after the increment depending on its "
+                "executor's timing, and a migrated (or a second plain) run may read other values "
+                "than this one; fetch the increment's own value to read a deterministic step "
+                "(docs/tf_runtime.md)")
         return RunInfo(training, reads_gs, initializes, restores, tuple(metric_slots),
                        advances_step=advances, stateful_input=stateful)
 
-    def _reads_global_step(self, op: Any) -> bool:
+    def _reads_global_step(self, op: Any, via_update: bool = False) -> bool:
+        """Whether fetching `op` reads the global step (with `via_update`: as the value
+        of its increment, which is ordered after it, rather than the variable itself)."""
+        updated = False
         for _ in range(4):  # gs, gs/read, a cast of it, the value of an increment...
             if op is self._gs_op:
-                return True
+                return updated or not via_update
             if op.type not in _READS or not op.inputs:
                 return False
+            # The increment's value, or a read ordered by control inputs (a resource
+            # variable's assign_add(read_value=True), tf.control_dependencies([train])).
+            updated = updated or op.type in _STEP_UPDATES or bool(op.control_inputs)
             op = op.inputs[0].op
         return False
 

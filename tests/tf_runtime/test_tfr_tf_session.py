@@ -93,10 +93,11 @@ def test_runs_are_classified_like_a_person_would(controller: Controller, tmp_pat
 
 
 def test_which_training_runs_advance_the_step_and_which_read_unsaved_input(
-        controller: Controller) -> None:
+        controller: Controller, caplog: pytest.LogCaptureFixture) -> None:
     """A GAN's discriminator run trains without advancing the global step; a run fed by
     a tf.data iterator, a queue or a stateful random op (dropout) reads input no
-    checkpoint holds, and the verdict names the op."""
+    checkpoint holds, and the verdict names the op. Fetching the global step with its
+    own increment (an unordered read) is warned about; the increment's value is not."""
     g = tf.Graph()
     with g.as_default():
         gs = tf.compat.v1.train.get_or_create_global_step()
@@ -117,6 +118,12 @@ def test_which_training_runs_advance_the_step_and_which_read_unsaved_input(
         init = tf.compat.v1.global_variables_initializer()
     with session(g) as sess:
         adapter = sess._gandiva_chain.adapter
+        with g.as_default(), tf.control_dependencies([g_train]):
+            ordered = tf.identity(gs.read_value())
+        adapter.classify([g_train, ordered])
+        assert "does not order the two" not in caplog.text
+        adapter.classify([g_train, gs])
+        assert "does not order the two" in caplog.text
         d_info, g_info = adapter.classify(d_train), adapter.classify(g_train)
         assert d_info.is_training and not d_info.advances_step and not d_info.stateful_input
         assert g_info.is_training and g_info.advances_step and not g_info.stateful_input
