@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 _TRAIN_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")
 _STEP_UPDATES = {"AssignAdd", "AssignAddVariableOp", "AssignSub", "AssignSubVariableOp"}
+# What sets the global step in a training run: its increment, or `gs.assign(gs + 1)`.
+_STEP_SETS = _STEP_UPDATES | {"Assign", "AssignVariableOp"}
 _READS = {"ReadVariableOp", "Identity", "Cast", "AssignAdd", "AssignAddVariableOp", "Snapshot"}
 _RESTORES = {"RestoreV2", "Restore", "RestoreSlice"}
 # Input whose position lives in the process, not in a variable: a tf.data iterator, an
@@ -209,7 +211,7 @@ class TFSessionAdapter:
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
         restores = any(op.type in _RESTORES for op in reached)
         advances = self._gs_op is not None and any(
-            op.type in _STEP_UPDATES and op.inputs and op.inputs[0].op is self._gs_op
+            op.type in _STEP_SETS and op.inputs and op.inputs[0].op is self._gs_op
             for op in reached)
         stateful = "" if not training else next(
             (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)

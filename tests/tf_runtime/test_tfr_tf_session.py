@@ -115,9 +115,12 @@ def test_which_training_runs_advance_the_step_and_which_read_unsaved_input(
         dropout = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
             tf.reduce_sum(tf.matmul(tf.compat.v1.nn.dropout(tf.ones([2, 3]), rate=0.5), w)),
             var_list=[w], global_step=gs)
+        with tf.control_dependencies([d_train]):  # the step set by hand
+            d_assigns = gs.assign(gs + 1)
         init = tf.compat.v1.global_variables_initializer()
     with session(g) as sess:
         adapter = sess._gandiva_chain.adapter
+        assert adapter.classify(d_assigns).advances_step
         with g.as_default(), tf.control_dependencies([g_train]):
             ordered = tf.identity(gs.read_value())
         adapter.classify([g_train, ordered])
