@@ -15,7 +15,7 @@ from scheduler.sim.generator import generate
 from scheduler.sim.load import makespan_bound, offered_load, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
-from scheduler.sim.trace import FORMATS, JobSpec, TraceError, detect_format, read_trace
+from scheduler.sim.trace import FORMATS, JobSpec, TraceError, read_trace, trace_format
 
 logger = logging.getLogger(__name__)
 
@@ -178,12 +178,7 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
 def _workload(args: argparse.Namespace) -> tuple[list[JobSpec], str | None]:
     if args.trace is None:
         return generate(args.jobs, seed=args.seed), None
-    jobs = read_trace(args.trace, args.format)
-    fmt = args.format
-    if fmt == "auto":
-        with args.trace.open() as fh:
-            fmt = detect_format(next((ln for ln in fh if ln.strip()), ""))
-    return jobs, fmt
+    return read_trace(args.trace, args.format), trace_format(args.trace, args.format)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -284,6 +279,7 @@ def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
         ("most suspended jobs on one server (host memory)", "max_suspended_per_server",
          lambda v: "-" if v is None else str(v)), ("jobs finished", "jobs_finished", str),
         ("jobs unfinished", "jobs_unfinished", str),
+        ("jobs skipped (more GPUs than the cluster)", "jobs_skipped", str),
     ]
     table = Table()
     table.add_column("metric")

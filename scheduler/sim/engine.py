@@ -107,8 +107,10 @@ class Simulator:
         total = sum(s.num_gpus for s in servers)
         self.skipped = [j.id for j in jobs if j.num_gpus > total]
         if self.skipped:
-            logger.warning("%d jobs need more GPUs than the cluster's %d and are skipped",
-                           len(self.skipped), total)
+            widest = max(jobs, key=lambda j: j.num_gpus)
+            logger.warning("%d job(s) need more GPUs than the cluster's %d (e.g. %s with %d) and are left "
+                           "out of this replay, counted as skipped; a cluster of %d GPUs or more replays them",
+                           len(self.skipped), total, widest.id, widest.num_gpus, widest.num_gpus)
         self.specs = sorted((j for j in jobs if j.num_gpus <= total), key=lambda j: j.submit_time)
 
     def _new_job(self, spec: JobSpec) -> SimJob:

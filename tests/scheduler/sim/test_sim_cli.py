@@ -173,3 +173,13 @@ def test_gittins_refinements_are_flags_that_reach_the_policy(capsys: pytest.Capt
     code, _, err = _sim(capsys, "--jobs", "5", "--policy", "gandiva", "--no-gittins-slices", flag)
     name = flag.lstrip("-").replace("-", "_")
     assert code == 2 and name in err and "turn gittins_slices on too" in err
+
+
+def test_jobs_larger_than_the_cluster_are_counted_and_named(capsys: pytest.CaptureFixture[str],
+                                                            caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    trace = tmp_path / "wide.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,1,60\n5,64,60\n")
+    code, out, _ = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo")
+    assert code == 0
+    assert any(line.startswith("│ jobs skipped") and line.rstrip("│ ").endswith(" 1") for line in out.splitlines())
+    assert "e.g. wide-1 with 64" in caplog.text and "a cluster of 64 GPUs or more" in caplog.text
