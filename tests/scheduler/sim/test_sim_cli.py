@@ -183,3 +183,22 @@ def test_jobs_larger_than_the_cluster_are_counted_and_named(capsys: pytest.Captu
     assert code == 0
     assert any(line.startswith("│ jobs skipped") and line.rstrip("│ ").endswith(" 1") for line in out.splitlines())
     assert "e.g. wide-1 with 64" in caplog.text and "a cluster of 64 GPUs or more" in caplog.text
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--quantum", "nan"), "argument --quantum: expected a finite number, got 'nan'"),
+    (("--slice-growth", "inf"), "argument --slice-growth: expected a finite number, got 'inf'"),
+    (("--host-memory-gib", "nan"), "argument --host-memory-gib: expected a finite number"),
+    (("--migrate-s", "-1"), "argument --migrate-s: must not be negative, got '-1'"),
+    (("--first-n", "0"), "argument --first-n: must be at least 1, got '0'"),
+    (("--large-block-after", "nan"), "argument --large-block-after: expected seconds or 'off', got 'nan'"),
+    (("--cluster", "1000000x8"), "larger than the simulator replays: at most 100000 servers"),
+    (("--plot", "/proc/no/such"), "--plot /proc/no/such: cannot create the folder"),
+])
+def test_absurd_flags_are_refused_before_any_replay(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
+                                                    message: str) -> None:
+    try:
+        code, out, err = _sim(capsys, "--jobs", "5", *argv)
+    except SystemExit as exc:  # argparse refuses a bad value itself
+        code, out, err = exc.code, *capsys.readouterr()
+    assert code == 2 and out == "" and message in err.replace("\n", " ") and "Traceback" not in err
