@@ -46,7 +46,7 @@ from scheduler.state.db import (
     make_sessionmaker,
 )
 from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
-from scheduler.validation import default_name, validate_members, validate_spec
+from scheduler.validation import check_priority, default_name, validate_members, validate_spec
 
 log = logging.getLogger(__name__)
 
@@ -407,8 +407,17 @@ class SchedulerCore:
         now = self.clock()
         mj = MultiJob(id=repo.new_id("mj"), name=name or default_name(specs[0]), created_at=now)
         jobs = [self._job_row(spec, now, mj.id) for spec in specs]
+        # Members given indices keep them (0 included: `--array 3,0`); otherwise a member's
+        # index is its position.
+        explicit = any(spec.index for spec in specs)
+        taken: dict[int, int] = {}
         for i, job in enumerate(jobs):
-            job.array_index = specs[i].index or i
+            job.array_index = specs[i].index if explicit else i
+            if job.array_index in taken:
+                raise InvalidArgument(f"jobs[{i}].index", f"{job.array_index} is also jobs[{taken[job.array_index]}]'s; "
+                                                          f"give each member its own index (or none to number "
+                                                          f"them by position)")
+            taken[job.array_index] = i
         if not dry_run:
             await self._insert_jobs(jobs, now, mj)
         return mj.id, [JobDetail(j, []) for j in jobs]
@@ -505,8 +514,7 @@ class SchedulerCore:
         return fut
 
     async def set_priority(self, job_id: str, priority: int) -> JobDetail:
-        if priority < 0:
-            raise InvalidArgument("priority", f"{priority} is negative; use 0 or more")
+        check_priority("priority", priority)  # the limits a submission has
         async with self.tx() as s:
             job = await self._unfinished_job(s, job_id)
             old = job.priority

@@ -102,6 +102,13 @@ def _check_command(field: str, command: Iterable[str]) -> None:
             )
 
 
+def check_priority(field: str, priority: int) -> None:
+    if priority < 0:
+        raise InvalidArgument(field, f"{priority} is negative; use 0 or more")
+    if priority > MAX_PRIORITY:
+        raise InvalidArgument(field, f"{priority} exceeds {MAX_PRIORITY}")
+
+
 def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
     """Raise InvalidArgument naming the first bad field of `spec`."""
     _check_command(f"{field}.command", spec.command)
@@ -113,16 +120,17 @@ def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
         )
     if spec.gpus > MAX_GPUS:
         raise InvalidArgument(f"{field}.gpus", f"{spec.gpus} exceeds the limit of {MAX_GPUS}")
-    if spec.priority < 0:
-        raise InvalidArgument(f"{field}.priority", f"{spec.priority} is negative; use 0 or more")
-    if spec.priority > MAX_PRIORITY:
-        raise InvalidArgument(f"{field}.priority", f"{spec.priority} exceeds {MAX_PRIORITY}")
+    check_priority(f"{field}.priority", spec.priority)
     check_text(f"{field}.workdir", spec.workdir, MAX_WORKDIR)
     if spec.workdir and not os.path.isabs(spec.workdir):
         raise InvalidArgument(f"{field}.workdir", f"{spec.workdir!r} is not an absolute path")
     check_text(f"{field}.name", spec.name, MAX_NAME)
     check_text(f"{field}.user", spec.user, MAX_USER)
-    check_text(f"{field}.multi_job_id", spec.multi_job_id, MAX_ID)
+    if spec.multi_job_id:
+        # Only the scheduler groups jobs: a client naming a multi-job would slip its job into
+        # another's sweep (its listing, `gandiva wait`, an AutoML driver's ranking).
+        raise InvalidArgument(f"{field}.multi_job_id", "is set by the scheduler (SubmitMultiJob's reply names "
+                                                        "it); leave it empty")
     _check_map(f"{field}.env", spec.env, MAX_ENV_ENTRIES, MAX_ENV_BYTES, _ENV_NAME)
     _check_map(f"{field}.params", spec.params, MAX_PARAMS, MAX_PARAM_BYTES, None)
     if spec.index < 0:
