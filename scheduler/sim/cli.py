@@ -16,7 +16,7 @@ from scheduler.sim.generator import generate
 from scheduler.sim.load import makespan_bound, offered_load, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
-from scheduler.sim.trace import FORMATS, JobSpec, TraceError, read_trace, trace_format
+from scheduler.sim.trace import FORMATS, JobSpec, TraceError, read_trace_as
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
 def _workload(args: argparse.Namespace) -> tuple[list[JobSpec], str | None]:
     if args.trace is None:
         return generate(args.jobs, seed=args.seed), None
-    return read_trace(args.trace, args.format), trace_format(args.trace, args.format)
+    return read_trace_as(args.trace, args.format)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 from scheduler.validation import MAX_GPUS
 
 FORMATS = ("auto", "gavel7", "gavel10", "tiresias", "itp", "csv")
+MAX_TRACE_BYTES = 1 << 30  # 1 GiB: some 20 million jobs; the largest trace we know is 1 MB
 
 # CSV columns: the names a header may give each role (any case, any order), and the order of
 # each format's columns when it has no header.
@@ -272,9 +273,23 @@ def detect_format(first: str) -> str:
 
 
 def _lines(path: Path) -> list[tuple[int, str]]:
+    chunks: list[bytes] = []
+    size = 0
     try:
+        # In chunks, so that a stream that never ends (or a binary file) is refused at once:
+        # a text trace has no NUL byte, and none is larger than MAX_TRACE_BYTES.
+        with path.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                nul = chunk.find(b"\x00")
+                if nul >= 0:
+                    raise TraceError(path, None, f"NUL byte at byte {size + nul}: not a text trace "
+                                                 f"(a compressed file? decompress it first)")
+                size += len(chunk)
+                if size > MAX_TRACE_BYTES:
+                    raise TraceError(path, None, f"larger than {MAX_TRACE_BYTES >> 20} MiB; split the trace")
+                chunks.append(chunk)
         # utf-8-sig: a byte order mark (Excel and Windows exports) is dropped, not read as text.
-        text = path.read_text(encoding="utf-8-sig")
+        text = b"".join(chunks).decode("utf-8-sig")
     except OSError as exc:
         raise TraceError(path, None, f"cannot read trace: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
@@ -286,11 +301,6 @@ def _lines(path: Path) -> list[tuple[int, str]]:
     return lines
 
 
-def trace_format(path: str | Path, fmt: str = "auto") -> str:
-    """The format ``read_trace`` reads ``path`` as."""
-    return fmt if fmt != "auto" else _detect(Path(path), _lines(Path(path)))
-
-
 def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
     detected = detect_format(lines[0][1])
     if detected not in FORMATS:
@@ -300,6 +310,12 @@ def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
 
 def read_trace(path: str | Path, fmt: str = "auto") -> list[JobSpec]:
     """Read a trace file into JobSpecs sorted by submit time (stable)."""
+    return read_trace_as(path, fmt)[0]
+
+
+def read_trace_as(path: str | Path, fmt: str = "auto") -> tuple[list[JobSpec], str]:
+    """The jobs of a trace and the format they were read as (the file is read once, so a
+    pipe such as ``--trace <(zcat t.csv.gz)`` works)."""
     path = Path(path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; valid formats: {', '.join(FORMATS)}")
@@ -319,7 +335,7 @@ def read_trace(path: str | Path, fmt: str = "auto") -> list[JobSpec]:
         jobs = _read_csv(path, rows, fmt)
     if not jobs:
         raise TraceError(path, None, "trace has no jobs (only a header line)")
-    return sorted(jobs, key=lambda j: j.submit_time)
+    return sorted(jobs, key=lambda j: j.submit_time), fmt
 
 
 def _is_number(text: str) -> bool:

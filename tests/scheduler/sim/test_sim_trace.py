@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
-from scheduler.sim.trace import TraceError, read_trace
+from scheduler.sim.trace import TraceError, read_trace, read_trace_as
 
 TRACES = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(),
@@ -59,6 +61,20 @@ def test_bad_line_error_names_file_and_line(tmp_path: Path, text: str, message: 
 def test_bad_gavel_line_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"a.trace:2: expected 7 tab-separated columns, got 3"):
         read_trace(_write(tmp_path, "a.trace", GAVEL7.splitlines()[0] + "\nx\ty\tz\n"))
+
+
+def test_an_endless_stream_is_refused_and_a_pipe_is_read_once(tmp_path: Path) -> None:
+    """--trace /dev/zero read until memory ran out; --trace <(zcat ...) was read twice."""
+    if Path("/dev/zero").exists():
+        with pytest.raises(TraceError, match="^/dev/zero: NUL byte at byte 0: not a text trace"):
+            read_trace("/dev/zero")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(ITP))
+    writer.start()
+    jobs, fmt = read_trace_as(fifo)
+    writer.join(10)
+    assert fmt == "itp" and [j.num_gpus for j in jobs] == [1, 8]
 
 
 def test_missing_and_empty_files_are_reported(tmp_path: Path) -> None:
@@ -162,6 +178,7 @@ def test_another_clusters_export_replays_the_same_jobs(tmp_path: Path, content: 
     (_itp(rows=[]), "x.csv: trace has no jobs"),
     (b"\xef\xbb\xbfa\tb\tc\td\n", "x.csv:1: unrecognised trace layout (tab-separated with 4 columns"),
     (GAVEL7.replace("\t5000\t", "\t0\t").encode(), "x.csv:1: total steps '0' must be positive"),
+    (b"\x1f\x8b\x08\x00\x12", "x.csv: NUL byte at byte 3: not a text trace (a compressed file?"),
 ])
 def test_an_export_that_would_replay_wrongly_is_refused(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "x.csv"
