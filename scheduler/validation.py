@@ -8,6 +8,7 @@ and what would garble a terminal (control characters in names).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -62,6 +63,13 @@ def clean_text(value: str, limit: int = 4096) -> str:
     storable rather than refused: a refused report would be retried forever."""
     value = value.replace("\x00", "\ufffd")
     return value if len(value) <= limit else value[: limit - 1] + "\u2026"
+
+
+def clean_number(x: float, low: float = -math.inf, high: float = math.inf) -> float:
+    """A number a helper or runtime reports, made storable rather than refused: NaN and
+    infinities (SQLite turns NaN into NULL, PostgreSQL's JSON refuses it) become 0, and the
+    rest is held to [low, high]."""
+    return min(high, max(low, x)) if math.isfinite(x) else 0.0
 
 
 def check_id(field: str, value: str, required: bool = True) -> None:

@@ -204,3 +204,30 @@ def test_the_dashboards_odd_requests_get_a_clear_answer(make_scheduler: Any, sql
         got, body = _http(sched.server.http_address, head)
         assert (got, fragment in body) == (status, True), (head[:60], got, body[:200])
     assert _http(sched.server.http_address, b"GET /api/state HTTP/1.1\r\n\r\n")[0] == 200
+
+
+def test_a_helpers_nan_and_infinite_figures_are_cleaned_not_refused(db_url: str, make_scheduler: Any,
+                                                                    wait_for: Any) -> None:
+    """A NaN utilization was an integrity error on SQLite (FAILED_PRECONDITION "retry": a helper
+    retried forever, losing every other sample of the report) and infinity a profile."""
+    sched = make_scheduler(db_url, tick_s=0.2)
+    nan, inf = float("nan"), float("inf")
+    with grpc.insecure_channel(sched.address) as ch:
+        helper = helper_pb2_grpc.HelperStub(ch)
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[
+            common_pb2.Gpu(index=0, utilization=nan, memory_used_bytes=-7), common_pb2.Gpu(index=1, utilization=inf)]))
+        job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+        wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).placement)
+        for value in (nan, inf, -inf, 0.5):
+            helper.ReportGpuSamples(helper_pb2.GpuSamplesRequest(server="n1", samples=[
+                helper_pb2.GpuSample(gpu_index=0, utilization=value, memory_used_bytes=-1),
+                helper_pb2.GpuSample(gpu_index=1, utilization=value, job_id=job_id, minibatch_s=value)]))
+            expected = (0.5 if value == 0.5 else 0.0, 0)  # NaN and infinities: unknown, 0
+
+            def first_gpu() -> tuple[float, int]:
+                (server,) = stub.ListServers(scheduler_pb2.ListServersRequest()).servers
+                return server.gpu_list[0].utilization, server.gpu_list[0].memory_used_bytes
+
+            wait_for(lambda: first_gpu() == expected)  # noqa: B023 - called at once
+        assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).id == job_id
