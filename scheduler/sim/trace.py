@@ -205,7 +205,12 @@ def _csv_format(cells: list[str]) -> str:
 
 
 def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str) -> list[JobSpec]:
-    roles = _header_roles(rows[0][1])
+    first = rows[0][1]
+    if len(first) == 1 and (";" in first[0] or "|" in first[0]):
+        sep = ";" if ";" in first[0] else "|"
+        raise TraceError(path, rows[0][0], f"one column only, its fields separated by {sep!r}: save the trace "
+                                           f"with commas (or tabs for a Gavel trace)")
+    roles = _header_roles(first)
     header_line = 0
     if roles:
         header_line, header = rows[0][0], rows[0][1]
@@ -263,7 +268,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str) -> list[J
 
 def detect_format(first: str) -> str:
     """The layout a trace's first line (not blank, not a comment) shows."""
-    first = first.lstrip("\ufeff").rstrip("\r\n")
+    first = first.lstrip("\ufeff").rstrip()  # a trailing tab or blank is not a column
     if "\t" in first:
         n = len(first.split("\t"))
         return {7: "gavel7", 10: "gavel10"}.get(
@@ -323,7 +328,7 @@ def read_trace_as(path: str | Path, fmt: str = "auto") -> tuple[list[JobSpec], s
     if fmt == "auto":
         fmt = _detect(path, lines)
     if fmt in ("gavel7", "gavel10"):
-        rows = [(i, ln.split("\t")) for i, ln in lines]
+        rows = [(i, ln.rstrip().split("\t")) for i, ln in lines]
         jobs = _read_gavel(path, rows, 7 if fmt == "gavel7" else 10)
     else:
         rows = []

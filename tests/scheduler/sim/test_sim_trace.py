@@ -58,6 +58,18 @@ def test_bad_line_error_names_file_and_line(tmp_path: Path, text: str, message: 
         read_trace(_write(tmp_path, "g.csv", text))
 
 
+@pytest.mark.parametrize("variant", [
+    pytest.param(lambda t: t.replace("\n", "\r\n"), id="crlf"),
+    pytest.param(lambda t: t.replace("\n", "\t \n"), id="trailing-tab"),
+    pytest.param(lambda t: "# exported\njob_type\tcommand\tnum_steps_arg\tneeds_data_dir\ttotal_steps\t"
+                           "arrival_time_s\tscale_factor\n\n" + t, id="comment-and-header"),
+])
+def test_a_gavel_export_with_other_line_ends_or_a_header_reads_the_same(tmp_path: Path, variant) -> None:  # type: ignore[no-untyped-def]
+    jobs = read_trace(_write(tmp_path, "a.trace", variant(GAVEL7)))
+    assert [(j.model, j.num_gpus, j.total_steps, j.submit_time) for j in jobs] == [
+        ("LM (batch size 20)", 1, 1200, 0.0), ("ResNet-50 (batch size 64)", 4, 5000, 30.0)]
+
+
 def test_bad_gavel_line_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"a.trace:2: expected 7 tab-separated columns, got 3"):
         read_trace(_write(tmp_path, "a.trace", GAVEL7.splitlines()[0] + "\nx\ty\tz\n"))
@@ -179,6 +191,7 @@ def test_another_clusters_export_replays_the_same_jobs(tmp_path: Path, content: 
     (b"\xef\xbb\xbfa\tb\tc\td\n", "x.csv:1: unrecognised trace layout (tab-separated with 4 columns"),
     (GAVEL7.replace("\t5000\t", "\t0\t").encode(), "x.csv:1: total steps '0' must be positive"),
     (b"\x1f\x8b\x08\x00\x12", "x.csv: NUL byte at byte 3: not a text trace (a compressed file?"),
+    (b"job_id;submit_time;num_gpu;duration\na;0;1;60\n", "x.csv:1: one column only, its fields separated by ';'"),
 ])
 def test_an_export_that_would_replay_wrongly_is_refused(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "x.csv"
