@@ -44,6 +44,7 @@ from typing import Any
 
 from sim_traces import (  # benchmarks/ is the script's folder
     TRACES,
+    load_trace,
     parse_config,
     parse_rules,
     trace_files,
@@ -54,7 +55,7 @@ from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import MechanismModel
-from scheduler.sim.trace import JobSpec, TraceError, read_trace
+from scheduler.sim.trace import JobSpec
 
 POLICIES = ("gandiva", "yarn-cs", "tiresias", "yarn-cs-local")
 BASELINES = POLICIES[1:]
@@ -170,9 +171,9 @@ def main() -> int:
     workloads: dict[Path, list[JobSpec]] = {}
     for path in paths:  # every trace is read before hours of replay, so a bad one stops the run at once
         try:
-            workloads[path] = read_trace(path)
-        except TraceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            workloads[path] = load_trace(path)
+        except SystemExit as exc:
+            print(exc, file=sys.stderr)
     if len(workloads) < len(paths):
         print("fix or leave out (--only) the traces above; nothing was replayed", file=sys.stderr)
         return 2
