@@ -35,8 +35,9 @@ MAX_PRIORITY = 1_000_000
 MAX_REQUEST_BYTES = 16 << 20
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# C0 controls (tab included) and DEL.
-_CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f]")
+# C0 controls (tab included), DEL, C1 controls (U+009B is a terminal's CSI) and the Unicode
+# bidirectional controls, with which a name displays as another (`\u202e` reverses the rest).
+_CONTROL_OR_TAB = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def is_power_of_two(n: int) -> bool:
@@ -55,7 +56,8 @@ def check_text(field: str, value: str, limit: int, *, control_ok: bool = False) 
     if "\x00" in value:
         raise InvalidArgument(field, "contains a NUL character, which cannot be stored")
     if not control_ok and _CONTROL_OR_TAB.search(value):
-        raise InvalidArgument(field, "contains control characters")
+        raise InvalidArgument(field, "contains control characters (or Unicode bidirectional controls); "
+                                     "use printable text")
 
 
 def clean_text(value: str, limit: int = 4096) -> str:
