@@ -544,10 +544,26 @@ class SchedulerCore:
             )
             for g in req.gpus
         ]
+        stops: list[tuple[str, str, str]] = []
         async with self.tx() as s:
             created = await repo.upsert_server(
                 s, req.name, req.address, gpus, req.ramdisk, req.shared_root, now, req.host_memory_bytes
             )
+            # A helper back with fewer GPUs (one failed, or CUDA_VISIBLE_DEVICES changed): a job
+            # on a GPU it no longer reports has nowhere to run there, so it goes back to the queue.
+            indices = {g.index for g in gpus}
+            placed = await repo.jobs_on_server(s, req.name)
+            where = await repo.placements_of(s, [j.id for j in placed])
+            for job in placed:
+                gone = sorted(p.gpu_index for p in where[job.id] if p.server_name == req.name
+                              and p.gpu_index not in indices)
+                if gone and JobState(job.state) in ACTIVE:
+                    stops.append((req.name, job.id, job.incarnation))
+                    migration = await repo.get_migration(s, job.id)
+                    if migration is not None:
+                        stops.append((migration.dest_server, job.id, migration.dest_incarnation))
+                    await repo.requeue(s, job, now, f"its GPU(s) {', '.join(map(str, gone))} on {req.name} are no "
+                                                    f"longer reported by the server's helper")
             self._largest = await repo.largest_server(s)
             self._peers = None  # a new helper, or one at a new address
             repo.add_event(
@@ -558,6 +574,8 @@ class SchedulerCore:
                 f"{format_size(req.host_memory_bytes) if req.host_memory_bytes else 'not reported'}",
                 server=req.name,
             )
+        for server, job_id, incarnation in stops:
+            self.stop_on(server, job_id, incarnation, f"its GPUs on {req.name} are gone")
         self.poke()
 
     async def peers(self) -> tuple[int, list[tuple[str, str]]]:

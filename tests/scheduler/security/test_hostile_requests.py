@@ -231,3 +231,26 @@ def test_a_helpers_nan_and_infinite_figures_are_cleaned_not_refused(db_url: str,
 
             wait_for(lambda: first_gpu() == expected)  # noqa: B023 - called at once
         assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).id == job_id
+
+
+def test_a_helper_back_with_fewer_gpus_requeues_the_jobs_on_the_missing_ones(channel: Any, wait_for: Any) -> None:
+    """They stayed RUNNING on GPUs the server no longer had (height 2 on one GPU)."""
+    helper = helper_pb2_grpc.HelperStub(channel)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=i) for i in range(2)]))
+    ids = [stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id for _ in range(2)]
+
+    def placed_jobs() -> list[common_pb2.Job] | None:
+        jobs = [stub.GetJob(scheduler_pb2.GetJobRequest(id=i)) for i in ids]
+        return jobs if all(j.placement for j in jobs) else None
+
+    placed = wait_for(placed_jobs)
+    on_gpu1 = next(j.id for j in placed if j.placement[0].index == 1)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+    moved = stub.GetJob(scheduler_pb2.GetJobRequest(id=on_gpu1))
+    assert moved.state == common_pb2.JOB_STATE_QUEUED and not moved.placement
+    assert "its GPU(s) 1 on n1 are no longer reported" in moved.history[-1].reason
+    (server,) = stub.ListServers(scheduler_pb2.ListServersRequest()).servers
+    assert (server.gpus, server.allocated) == (1, 1)
+    assert {stub.GetJob(scheduler_pb2.GetJobRequest(id=i)).state for i in ids if i != on_gpu1} == {
+        common_pb2.JOB_STATE_RUNNING}
