@@ -216,6 +216,11 @@ def run(args: argparse.Namespace) -> int:
         names = _policies(args)
         servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
         jobs, fmt = _workload(args)
+        total = sum(srv.num_gpus for srv in servers)
+        smallest = min(j.num_gpus for j in jobs)
+        if smallest > total:  # nothing would replay: a table of zeros says nothing
+            raise ValueError(f"every job needs more GPUs than the cluster's {total} (the smallest needs "
+                             f"{smallest}); give a --cluster of at least {smallest} GPUs")
         if args.plot is not None:  # before the replay, which may take hours
             try:
                 args.plot.mkdir(parents=True, exist_ok=True)

@@ -183,6 +183,10 @@ def test_jobs_larger_than_the_cluster_are_counted_and_named(capsys: pytest.Captu
     assert code == 0
     assert any(line.startswith("│ jobs skipped") and line.rstrip("│ ").endswith(" 1") for line in out.splitlines())
     assert "e.g. wide-1 with 64" in caplog.text and "a cluster of 64 GPUs or more" in caplog.text
+    trace.write_text("submit_time,num_gpus,duration\n0,16,60\n5,64,60\n")
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo")
+    assert code == 2 and out == ""
+    assert "every job needs more GPUs than the cluster's 8 (the smallest needs 16)" in err.replace("\n", "")
 
 
 @pytest.mark.parametrize(("argv", "message"), [
