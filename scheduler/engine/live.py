@@ -138,15 +138,17 @@ class LiveEngine:
             await self._note_queued(queued)
         # Suspensions first, and waited for (briefly): a job placed or resumed on the
         # same GPUs must find their memory released, not share it for a moment.
+        # A parked job leaves its GPUs too (it checkpoints and exits).
         vacating = [
-            self._background(d.job_id, self._suspend(d.job_id, d.reason or "time slice over"))
+            self._background(d.job_id, self._park(d.job_id, d.reason or "parked") if isinstance(d, pt.Park)
+                             else self._suspend(d.job_id, d.reason or "time slice over"))
             for d in decisions
-            if isinstance(d, (pt.Suspend, pt.Unpack))
+            if isinstance(d, (pt.Suspend, pt.Unpack, pt.Park))
         ]
         if vacating:
             await asyncio.wait(vacating, timeout=self.vacate_timeout_s)
         for d in decisions:
-            if not isinstance(d, (pt.Queue, pt.Suspend, pt.Unpack)):
+            if not isinstance(d, (pt.Queue, pt.Suspend, pt.Unpack, pt.Park)):
                 await self.apply(d)
         return decisions
 
@@ -404,6 +406,34 @@ class LiveEngine:
     async def _suspend(self, job_id: str, reason: str, hold: bool = False) -> None:
         """`hold`: an operator's suspension, which the policy leaves alone until resumed."""
         await self._obey(job_id, runtime_pb2.COMMAND_KIND_SUSPEND, JobState.SUSPENDED, reason, hold)
+
+    async def _park(self, job_id: str, reason: str) -> None:
+        """Checkpoint the job into its server's ramdisk and let its process exit (the shim's
+        stop-for-migration, at its next boundary or while suspended); then it is queued
+        again, its restore point that checkpoint, with no GPUs and no host memory held.
+        Its next launch resumes from the checkpoint's step (docs/policy.md, probe_slices)."""
+        async with self.core.tx(read=True) as s:
+            job = await repo.get_job(s, job_id)
+            placement = (await repo.placements_of(s, [job_id])).get(job_id, [])
+            if not placement or job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
+                return
+            server = await repo.get_server(s, placement[0].server_name)
+        incarnation = job.incarnation
+        directory = posixpath.join(server.ramdisk, job_id, f"park-{incarnation}")
+        timeout = self.core.settings.command_timeout_s
+        await self.core.runtimes.wait_connected(job_id, timeout, incarnation)
+        ack = await self.core.runtimes.call(
+            job_id, runtime_pb2.COMMAND_KIND_STOP_FOR_MIGRATION, timeout,
+            checkpoint_dir=directory, reason=reason, incarnation=incarnation)
+        if not ack.ok:
+            raise FailedPrecondition(f"job {job_id} could not be parked: {ack.message}")
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.incarnation != incarnation or job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
+                return  # ended or moved meanwhile; its exit report decides
+            job.steps = max(job.steps, ack.step)
+            job.restore_checkpoint, job.restore_server = ack.checkpoint_path or directory, server.name
+            await repo.requeue(s, job, self.core.clock(), f"{reason} (step {ack.step}, checkpoint {job.restore_checkpoint})")
 
     async def _resume(self, job_id: str, reason: str) -> None:
         await self._obey(job_id, runtime_pb2.COMMAND_KIND_RESUME, JobState.RUNNING, reason)

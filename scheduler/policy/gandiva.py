@@ -36,6 +36,7 @@ from scheduler.policy.placement import (
     OVERSUBSCRIBE_ONLY,
     Misses,
     find_placement,
+    host_ok,
     missed,
     queue_reason,
 )
@@ -45,11 +46,18 @@ from scheduler.policy.types import (
     ClusterSnapshot,
     Decision,
     JobView,
+    Park,
     Place,
     PolicyConfig,
     Queue,
     Suspend,
 )
+
+# probe_slices: a newcomer let into a full time-slice group runs until its first this many
+# mini-batches (the early feedback of the paper's section 2) and at least one quantum.
+PROBE_STEPS = 100
+# ... or this many quanta of service.
+PROBE_MAX_QUANTA = 16
 
 
 class GandivaPolicy(Policy):
@@ -106,6 +114,11 @@ class GandivaPolicy(Policy):
         out: list[Decision] = judge_trials(ledger, state, cfg)
         state.forget_missing(ledger.jobs)
         out += self._place_queued(ledger)
+        if cfg.probe_slices:
+            probed = self._probe(ledger)
+            if probed:
+                placed = {d.job_id for d in probed if isinstance(d, Place)}
+                out = [d for d in out if not (isinstance(d, Queue) and d.job_id in placed)] + probed
         if cfg.enable_migration:
             budget = cfg.max_migrations_per_round
             # While a starving job holds a reservation, free GPUs are kept for it.
@@ -126,8 +139,12 @@ class GandivaPolicy(Policy):
             out += trials
             self._look_trials = set() if self.incremental else None
         self._take_touched(ledger)
+        if state.probes:  # turns that are over, before rotation gives their GPUs on
+            out = self._park(ledger, out)
         out += rotate(ledger, state, cfg, self._look_rotate)
         self._look_rotate = set() if self.incremental else None
+        if state.probes:  # newcomers this rotation suspended
+            out = self._park(ledger, out)
         if ledger.grown:
             out += shrink_all(ledger, "grow-shrink is off for this job", opted_out_only=True)
         if not self._reserved:
@@ -242,14 +259,108 @@ class GandivaPolicy(Policy):
                         and ledger.snapshot.now - job.submitted_at >= limit):
                     self._reserved = job.id
                 continue
-            if cand.oversubscribed:
-                # The newcomer runs first so that every job gets early feedback; the
-                # incumbent waits for its next turn in the group.
-                why = f"time-slice with new job {job.id}"
-                for other in ledger.running_on(cand.gpus):
-                    ledger.set_state(other, "SUSPENDED")
-                    end_trials_of(ledger, self.state, self.config, other, why)
-                    out.append(Suspend(other, reason=why))
-            ledger.bind(job.id, cand.gpus, "RUNNING")
-            out.append(Place(job.id, cand.gpus, reason=f"Algorithm 1: {cand.filter}"))
+            out += self._start(ledger, job, cand.gpus, cand.oversubscribed, f"Algorithm 1: {cand.filter}")
         return out
+
+    def _start(self, ledger: Ledger, job: JobView, gpus: Placement, shared: bool, reason: str) -> list[Decision]:
+        """Place ``job`` on ``gpus``; on a time-slice group the newcomer runs first, so that
+        every job gets early feedback, and the incumbent waits for its next turn."""
+        out: list[Decision] = []
+        if shared:
+            why = f"time-slice with new job {job.id}"
+            for other in ledger.running_on(gpus):
+                ledger.set_state(other, "SUSPENDED")
+                end_trials_of(ledger, self.state, self.config, other, why)
+                out.append(Suspend(other, reason=why))
+        ledger.bind(job.id, gpus, "RUNNING")
+        out.append(Place(job.id, gpus, reason=reason))
+        return out
+
+    def _probe(self, ledger: Ledger) -> list[Decision]:
+        """``probe_slices``: queued jobs that have never run, and found no place, join a
+        full time-slice group of their GPU count for their first turn (one at a time per
+        group; the group's servers' host memory permitting)."""
+        cfg, probes = self.config, self.state.probes
+        out: list[Decision] = []
+        taken = {ledger.placement.get(j) for j in probes}
+        for size in sorted(ledger.queued_by_size):
+            groups = [
+                g for g in ledger.groups_by_size.get(size, ())
+                if g not in taken and len(ledger.members(g)) >= cfg.max_jobs_per_gpu
+                and all(ledger.servers.get(x.server) is not None for x in g)
+                and not any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable
+                            for m in ledger.members(g))
+            ]
+            if not groups:
+                continue
+            groups.sort(key=lambda g: (len(ledger.members(g)), g))
+            for key in list(ledger.queued_by_size.get(size, ())):
+                job = ledger.jobs[key[2]]
+                if job.steps or job.attained_service_s or ledger.state[job.id] != "QUEUED":
+                    continue  # it has run before: it gets a turn when its group has room
+                fit = next((g for g in groups if host_ok(ledger, job, g, cfg)), None)
+                if fit is None:
+                    break
+                groups.remove(fit)
+                probes[job.id] = fit
+                out += self._start(ledger, job, fit, True, "probe slice: first turn in a full time-slice group")
+                if not groups:
+                    break
+        return out
+
+    def _park(self, ledger: Ledger, out: list[Decision]) -> list[Decision]:
+        """Park each probing newcomer whose first turn is over while its group still holds
+        more than the cap: it leaves the GPUs and its host memory to the group's members
+        (before rotation, so that the group's next unit runs at once). A turn is at least one
+        quantum and lasts until the job's first ``PROBE_STEPS`` mini-batches, the early
+        feedback it was let in for. A newcomer whose group has room again, or that was
+        moved, stays on as an ordinary member."""
+        cap, now = self.config.max_jobs_per_gpu, ledger.snapshot.now
+        parked: set[str] = set()
+        for job_id, gpus in list(self.state.probes.items()):
+            state = ledger.state.get(job_id)
+            if state is None or ledger.placement.get(job_id) != gpus or len(ledger.members(gpus)) <= cap:
+                del self.state.probes[job_id]
+                continue
+            if state == "RUNNING":
+                until = self._turn_ends(ledger.jobs[job_id], now)
+                if until is not None:
+                    self.state.wake_at(until)
+                    continue
+            elif state != "SUSPENDED":
+                continue
+            del self.state.probes[job_id]
+            ledger.unbind(job_id)
+            ledger.set_state(job_id, "QUEUED")
+            parked.add(job_id)
+        if not parked:
+            return out
+        # A job suspended by this call's rotation is parked instead (one decision).
+        kept = [d for d in out if not (isinstance(d, Suspend) and d.job_id in parked)]
+        kept += [Park(j, reason="first turn over and its time-slice group is full: checkpointed, back in the queue")
+                 for j in sorted(parked)]
+        return kept
+
+    def _turn_ends(self, job: JobView, now: float) -> float | None:
+        """When to look again at a probing newcomer's first turn (None: it is over). A turn
+        is at least one quantum of service per GPU and lasts until the job has reported its
+        first PROBE_STEPS mini-batches, or PROBE_MAX_QUANTA quanta have passed (a slow job
+        leaves with the mini-batches it has). The next look is when its measured rate says
+        they are due (a job still starting, with no rate yet, is looked at every quantum)."""
+        gpus = len(job.placement) or job.gpus
+        served = job.attained_at(now) / gpus
+        quantum = self.config.quantum_s
+        if served < quantum - 1e-9:
+            return now + quantum - served
+        # Its steps as last reported (not extrapolated: live, a running job's reported_at is
+        # when it started running, and its steps are newer than that).
+        if job.steps >= PROBE_STEPS or served >= PROBE_MAX_QUANTA * quantum - 1e-9:
+            return None
+        due = (PROBE_STEPS - job.steps) / job.rate if job.rate else quantum
+        return now + min(max(due, 1e-3), PROBE_MAX_QUANTA * quantum - served)
+        steps = float(job.steps)
+        if job.rate and job.reported_at is not None:
+            steps += job.rate * max(0.0, now - job.reported_at)
+        if steps < PROBE_STEPS:
+            return now + ((PROBE_STEPS - steps) / job.rate if job.rate else quantum)
+        return None

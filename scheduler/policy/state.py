@@ -91,6 +91,10 @@ class GandivaState:
     # The service per GPU with which the latest jobs left, and its Gittins index
     # (``gittins_slices``; scheduler/policy/gittins.py). A restart starts it empty.
     service: ServiceWindow = field(default_factory=ServiceWindow)
+    # ``probe_slices``: the newcomers let into full time-slice groups for their first turn,
+    # and the group each joined (parked when that turn is over). A restart forgets them:
+    # they then stay on as ordinary members.
+    probes: dict[str, tuple] = field(default_factory=dict)
 
     def add_verdict(self, at: float, trial: PackTrial, kept: bool | None, gain: float | None,
                     reason: str, unpacked: bool = False) -> None:

@@ -224,6 +224,19 @@ class Suspend:
 
 
 @dataclass(frozen=True)
+class Park:
+    """Checkpoint a SUSPENDED job to disk and let its process exit: it holds no GPU and no
+    host memory, and goes back to the queue with its progress (a later Place restores it
+    from the checkpoint). Gandiva's ``probe_slices`` parks the newcomers it let into full
+    time-slice groups once their first turn is over. Live: the shim's stop-for-migration
+    into the server's ramdisk, then the job is queued with that checkpoint as its restore
+    point; simulated: a later Place costs ``--restart-s``."""
+
+    job_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Resume:
     """Resume a SUSPENDED job on ``gpus`` (its placement)."""
 
@@ -277,7 +290,7 @@ class Shrink:
     reason: str = ""
 
 
-Decision = Place | Queue | Suspend | Resume | Pack | Unpack | Migrate | Grow | Shrink
+Decision = Place | Queue | Suspend | Park | Resume | Pack | Unpack | Migrate | Grow | Shrink
 
 
 @dataclass(frozen=True)
@@ -372,6 +385,13 @@ class PolicyConfig:
         queue limit (3,250 GPU-seconds) rounded to an hour, as the other rules' S; on the
         19 traces of issue 11 it met 13 / 13 / 16 goals against 12 / 12 / 16 without it and
         lost none (docs/simulator.md). None: off.
+    probe_slices: a queued job that has never run and finds no place (every time-slice
+        group of its GPU count holds ``max_jobs_per_gpu`` jobs a GPU) joins one such group
+        anyway for its first turn (one newcomer at a time per group; its servers' host
+        memory permitting), so that it gets early feedback however full the cluster is; once
+        its turn is over and its group still holds more than the cap, it is parked
+        (``Park``: checkpointed to disk, back in the queue with its progress) instead of
+        staying suspended in host memory. Off by default.
     queue_reasons: return a Queue decision, with its reason, for every job left queued
         (the live scheduler shows them to users). The simulator turns it off: it ignores
         them, and with it off a call skips the queued jobs that cannot be placed instead
@@ -411,6 +431,7 @@ class PolicyConfig:
     gittins_censored: bool = False
     gittins_tail_fifo: bool = False
     fifo_after_measured: bool = False
+    probe_slices: bool = False
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:

@@ -18,6 +18,7 @@ from scheduler.policy.types import (
     JobProfile,
     Migrate,
     Pack,
+    Park,
     Place,
     Queue,
     Resume,
@@ -63,6 +64,8 @@ class SimJob:
     finished_at: float | None = None
     version: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    # Parked (checkpointed to disk, back in the queue): its next Place restores it.
+    parked: bool = False
 
     def steps_at(self, t: float) -> float:
         return self.anchor_steps + self.rate * max(0.0, t - max(self.anchor_t, self.paused_until))
@@ -98,7 +101,7 @@ class SimBackend:
         self.busy_t = 0.0
         self.busy_series: list[tuple[float, int]] = [(0.0, 0)]
         self.counts = {"suspends": 0, "resumes": 0, "packs": 0, "unpacks": 0,
-                       "migrations": 0, "grows": 0, "shrinks": 0}
+                       "migrations": 0, "grows": 0, "shrinks": 0, "parks": 0}
         # Suspended jobs per server now, and the most any server held at once: a suspended
         # job keeps its process and state in its server's host memory (a job spread over
         # servers counts on each).
@@ -243,10 +246,19 @@ class SimBackend:
             self._expect(job, d, ("QUEUED",))
             self._bind(job, d.gpus)
             self._set_state(job, "RUNNING")
+            if job.parked:  # restored from its checkpoint in a new process
+                job.parked = False
+                job.paused_until = now + costs.restart_s
         elif isinstance(d, Suspend):
             self._expect(job, d, ("RUNNING",))
             self._set_state(job, "SUSPENDED")
             self.counts["suspends"] += 1
+        elif isinstance(d, Park):
+            self._expect(job, d, ("SUSPENDED", "RUNNING"))
+            self._bind(job, ())
+            self._set_state(job, "QUEUED")
+            job.parked = True
+            self.counts["parks"] += 1
         elif isinstance(d, (Resume, Pack)):
             self._expect(job, d, ("SUSPENDED", "QUEUED") if isinstance(d, Pack) else ("SUSPENDED",))
             moved = d.gpus != job.placement

@@ -116,6 +116,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="gandiva, with --las-slices: --fifo-after's buckets with the boundary set from the "
                         "service with which the latest 1,000 jobs left: where their mean residual service "
                         "is highest (no bucket while it still rises; default: off)")
+    s.add_argument("--probe-slices", action=argparse.BooleanOptionalAction, default=PolicyConfig.probe_slices,
+                   help="gandiva: a job that has never run and finds every time-slice group of its size "
+                        "full joins one anyway for its first turn, then is parked (checkpointed to disk, "
+                        "back in the queue; its next start costs --restart-s) if the group is still full "
+                        "(default: off)")
     m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
     m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "
@@ -237,7 +242,8 @@ def run(args: argparse.Namespace) -> int:
                               balance_per_gpu=args.balance_per_gpu,
                               gittins_slices=args.gittins_slices,
                               gittins_censored=args.gittins_censored, gittins_tail_fifo=args.gittins_tail_fifo,
-                              fifo_after_measured=args.fifo_after_measured)
+                              fifo_after_measured=args.fifo_after_measured,
+                              probe_slices=args.probe_slices)
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2
@@ -313,7 +319,8 @@ def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
         ("avg queueing delay", "avg_queueing_delay_s", _hours),
         (f"avg time to first {first_n} mini-batches", "avg_time_to_first_n_s", _seconds),
         ("GPU utilization", "utilization", lambda v: f"{100 * v:.1f}%"),
-        ("suspends", "suspends", str), ("packs (kept or tried)", "packs", str),
+        ("suspends", "suspends", str),
+        ("parked to disk (probe_slices)", "parks", str), ("packs (kept or tried)", "packs", str),
         ("unpacks", "unpacks", str), ("migrations", "migrations", str),
         ("grows / shrinks", None, None),
         ("most suspended jobs on one server (host memory)", "max_suspended_per_server",
@@ -321,6 +328,8 @@ def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
         ("jobs unfinished", "jobs_unfinished", str),
         ("jobs skipped (more GPUs than the cluster)", "jobs_skipped", str),
     ]
+    if not any(s.get("parks") for s in summaries.values()):
+        rows = [r for r in rows if r[1] != "parks"]
     table = Table()
     table.add_column("metric")
     for name in summaries:

@@ -43,6 +43,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "avg_time_to_first_n_s": statistics.fmean(first_n) if first_n else 0.0,
         "median_time_to_first_n_s": percentile(first_n, 50),
         "suspends": result.counts.get("suspends", 0),
+        "parks": result.counts.get("parks", 0),
         "packs": result.counts.get("packs", 0),
         "unpacks": result.counts.get("unpacks", 0),
         "migrations": result.counts.get("migrations", 0),

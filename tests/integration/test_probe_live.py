@@ -1,0 +1,93 @@
+"""``probe_slices`` live: a newcomer gets its first mini-batches at a full GPU, is parked to
+disk, and later ends with exactly the variables of an uninterrupted run.
+
+One helper with one virtual GPU and a group cap of one job a GPU: a long job holds the GPU,
+so without probes a newcomer would wait for it to end. With them, the newcomer is placed
+for a first turn (the long job suspended for it), trains past its first 100 mini-batches,
+then is parked: the shim checkpoints it into the server's ramdisk and exits, and the job is
+queued again with that checkpoint as its restore point, holding no GPU and no host memory.
+The long job resumes; once it ends, the newcomer is launched again from its checkpoint's
+step (not from 0) and finishes. Both end bit-identical to runs without the scheduler.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+
+from ..tf_runtime.conftest import assert_same_variables
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+FEED = importlib.util.find_spec("tf_runtime.examples.feed_step").origin  # type: ignore[union-attr]
+SUCCEEDED, QUEUED = common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_QUEUED
+
+
+def _env() -> dict[str, str]:
+    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def _program(steps: int, seed: int, optimizer: str) -> list[str]:
+    return ["python", str(FEED), "--steps", str(steps), "--seed", str(seed), "--optimizer", optimizer]
+
+
+def _story(job: Any) -> str:
+    return "\n".join(f"{t.at:.1f} {common_pb2.JobState.Name(t.to_state)}: {t.reason}" for t in job.history)
+
+
+def test_a_newcomer_probes_a_full_gpu_is_parked_and_resumes_bit_identical(
+        policy_cluster: Any, tmp_path: Path) -> None:
+    # The long job would need an hour alone; the test kills it once the newcomer is parked.
+    long = _program(100000, 1, "momentum")
+    new = _program(300, 2, "adam")
+    base = subprocess.Popen([sys.executable, *new[1:], "--dump", str(tmp_path / "base.npz")],
+                            env={**os.environ, **_env()}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # A quantum of 5 s: a turn may last up to 16 quanta, TensorFlow's start on a loaded machine included.
+    cluster = policy_cluster(quantum_s=5.0, max_jobs_per_gpu=1, probe_slices=True, enable_packing=False)
+    cluster.add_helper("p1", 1)
+
+    def submit(name: str, prog: list[str]) -> str:
+        spec = common_pb2.JobSpec(name=name, command=[*prog, "--step-sleep", "0.02", "--dump",
+                                                      str(tmp_path / f"{name}.npz")],
+                                  workdir=str(tmp_path), gpus=1, env=_env())
+        return cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
+
+    first = submit("long", long)
+    # The long job has served longer than the newcomer's turn will (the group's order, least
+    # attained service first, then keeps the GPU for the newcomer until its turn is over).
+    cluster.wait_for(lambda: cluster.job(first).steps >= 400, 120)
+    second = submit("new", new)
+    # Its first turn, at the GPU the long job holds: placed at once, the long job suspended.
+    cluster.wait_for(lambda: cluster.job(second).state == common_pb2.JOB_STATE_RUNNING, 30)
+    assert "probe slice" in cluster.job(second).history[-1].reason
+    # Then parked: back in the queue with its checkpoint, the long job running again.
+    parked = cluster.wait_for(lambda: (j := cluster.job(second)).state == QUEUED and j, 120)
+    story = _story(parked)
+    reason = parked.history[-1].reason
+    assert "first turn over" in reason and "/park-" in reason, story
+    assert int(re.search(r"\(step (\d+),", reason).group(1)) > 0, story  # type: ignore[union-attr]
+    assert parked.steps >= 100, story
+    cluster.wait_for(lambda: cluster.job(first).state == common_pb2.JOB_STATE_RUNNING, 30)
+    assert not any("first turn over" in t.reason for t in cluster.job(first).history)
+    # Nothing else frees the GPU: the newcomer waits in the queue, holding nothing.
+    time.sleep(2.0)
+    assert cluster.job(second).state == QUEUED
+    cluster.stub.KillJob(scheduler_pb2.JobActionRequest(id=first), timeout=10)
+    cluster.wait_for(lambda: cluster.job(second).state == SUCCEEDED, 180)
+    done = cluster.job(second)
+    # Launched again from that checkpoint, not from step 0, and bit-identical at the end.
+    assert "resuming from" in done.history[-2].reason and "/park-" in done.history[-2].reason, _story(done)
+    assert base.wait(60) == 0
+    assert_same_variables(tmp_path / "base.npz", tmp_path / "new.npz")
