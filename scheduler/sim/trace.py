@@ -156,6 +156,9 @@ class _Times:
             if "not a number" in str(exc):
                 raise TraceError(self.path, line, f"{self.what} {text.strip()!r} is neither seconds nor an "
                                                   f"ISO 8601 date (e.g. 2021-03-01 10:00:00)") from None
+            if "is negative" in str(exc):
+                raise TraceError(self.path, line, f"{self.what} {text.strip()!r} is negative; shift the "
+                                                  f"trace's times so that none is before 0") from None
             raise
 
 
