@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim_traces import parse_config  # benchmarks/ is the script's folder
+from sim_traces import load_trace, parse_config  # benchmarks/ is the script's folder
 
 from scheduler.policy import ClusterSnapshot, Decision, Policy, PolicyConfig, get_policy
 from scheduler.policy.cluster import Ledger
@@ -48,7 +48,6 @@ from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import MechanismModel, gavel_table_near
-from scheduler.sim.trace import read_trace
 
 
 def _add(count: dict, gpus: tuple) -> None:
@@ -267,7 +266,7 @@ def main() -> int:
     if args.spread_factor is not None:
         model.fix_spread(args.spread_factor)
     servers = make_cluster(args.cluster)
-    jobs, factor = scale_to_load(read_trace(args.trace), servers, model, args.target_load)
+    jobs, factor = scale_to_load(load_trace(args.trace), servers, model, args.target_load)
     bound, critical = makespan_bound(jobs, servers, model)
     assert critical is not None
     print(f"{args.trace.stem}: {len(jobs)} jobs, arrivals x{factor:.4f}, rates from {model.source}")

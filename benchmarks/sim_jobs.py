@@ -35,13 +35,12 @@ import time
 from pathlib import Path
 
 from sim_breakdown import Probe  # benchmarks/ is the script's folder
-from sim_traces import parse_config
+from sim_traces import load_trace, parse_config
 
 from scheduler.policy import ClusterSnapshot, Decision, Policy, get_policy
 from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.load import scale_to_load
 from scheduler.sim.model import MechanismModel, gavel_table_near
-from scheduler.sim.trace import read_trace
 
 LENGTHS = ((3600.0, "<1h"), (36000.0, "1-10h"), (360000.0, "10-100h"), (math.inf, ">=100h"))
 INVERSIONS = ("suspended, server", "suspended, elsewhere", "suspended, none", "queued, anywhere", "queued, none")
@@ -142,7 +141,7 @@ def main() -> int:
     table = gavel_table_near(args.trace)
     model = MechanismModel.from_gavel(table) if table else MechanismModel.default()
     servers = make_cluster(args.cluster)
-    jobs, _ = scale_to_load(read_trace(args.trace), servers, model, args.target_load)
+    jobs, _ = scale_to_load(load_trace(args.trace), servers, model, args.target_load)
     length = {j.id: (j.duration_s if j.duration_s is not None
                      else (j.total_steps or 0.0) / model.alone_rate(j.model, j.num_gpus)) for j in jobs}
     cls = {j.id: (j.num_gpus, length_class(length[j.id])) for j in jobs}

@@ -24,14 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-from sim_traces import GAVEL, gavel_traces  # benchmarks/ is the script's folder
+from sim_traces import GAVEL, gavel_traces, load_trace  # benchmarks/ is the script's folder
 
 from scheduler.policy import get_policy
 from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import MechanismModel
-from scheduler.sim.trace import read_trace
 
 POLICIES = ("gandiva", "yarn-cs", "tiresias", "yarn-cs-local")
 
@@ -58,7 +57,7 @@ def main() -> int:
     for path in gavel_traces(args.traces, args.min_jobs):
         if args.only and path.stem not in args.only.split(","):
             continue
-        jobs = read_trace(path)
+        jobs = load_trace(path)
         jobs, factor = scale_to_load(jobs, servers, model, args.target_load)
         # No policy can finish before the job that ends last when run alone on arrival.
         bound, _ = makespan_bound(jobs, servers, model)

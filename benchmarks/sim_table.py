@@ -44,6 +44,7 @@ from typing import Any
 
 from sim_traces import (  # benchmarks/ is the script's folder
     TRACES,
+    load_trace,
     parse_config,
     parse_rules,
     trace_files,
@@ -54,7 +55,7 @@ from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import MechanismModel
-from scheduler.sim.trace import read_trace
+from scheduler.sim.trace import JobSpec
 
 POLICIES = ("gandiva", "yarn-cs", "tiresias", "yarn-cs-local")
 BASELINES = POLICIES[1:]
@@ -158,7 +159,33 @@ def main() -> int:
             stored = json.loads(args.baselines.read_text())
         except (OSError, ValueError) as exc:
             ap.error(f"--baselines {args.baselines}: {exc}")
-    gavel = MechanismModel.from_gavel(args.traces / "gavel" / "simulation_throughputs.json")
+    wanted = set(args.only.split(",")) if args.only else None
+    paths = [p for p in trace_files(args.traces, args.min_jobs) if wanted is None or p.stem in wanted]
+    unknown = sorted(wanted - {p.stem for p in paths}) if wanted else []
+    if unknown or not paths:
+        found = ", ".join(p.stem for p in trace_files(args.traces, args.min_jobs)) or "none"
+        print(f"{args.traces}: no trace {', '.join(unknown) or 'at all'} (expected itp/cluster*.csv or "
+              f"gavel/traces/msr/seed=0/*.trace with at least --min-jobs {args.min_jobs} jobs; found: {found})",
+              file=sys.stderr)
+        return 2
+    workloads: dict[Path, list[JobSpec]] = {}
+    for path in paths:  # every trace is read before hours of replay, so a bad one stops the run at once
+        try:
+            workloads[path] = load_trace(path)
+        except SystemExit as exc:
+            print(exc, file=sys.stderr)
+    if len(workloads) < len(paths):
+        print("fix or leave out (--only) the traces above; nothing was replayed", file=sys.stderr)
+        return 2
+    table = args.traces / "gavel" / "simulation_throughputs.json"
+    if any(p.suffix != ".csv" for p in paths):
+        try:
+            gavel = MechanismModel.from_gavel(table)
+        except ValueError as exc:
+            print(f"error: {exc} (the Gavel traces need it)", file=sys.stderr)
+            return 2
+    else:
+        gavel = MechanismModel.default()  # not used: no Gavel trace
     builtin = MechanismModel.default()
     servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
     host = args.host_memory_gib
@@ -174,17 +201,14 @@ def main() -> int:
         m.job_host_memory_gib = args.job_host_memory_gib
     gandiva_cfg = parse_config(args.config)
     ablations = parse_rules(args.ablate)
-    wanted = set(args.only.split(",")) if args.only else None
     everything: dict[str, Any] = {}
     tally: dict[str, list[int]] = {}  # rule set -> goals met: ff, jct, mk, traces
     print(f"{'trace':>9} {'jobs':>5} | {'avg JCT h g/y/t/yl':>24} | {'first-100 avg s g/y/t':>24} "
           f"{'med g':>6} | {'mksp h g/y':>11} {'bound':>6} | {'yQ%':>4} {'ff':>5} {'jct/y':>5} {'jct/t':>5} "
           f"{'mk/y':>5} | goals ff/jct/mk | CPU s (gandiva)")
-    for path in trace_files(args.traces, args.min_jobs):
-        if wanted is not None and path.stem not in wanted:
-            continue
+    for path, workload in workloads.items():
         model = builtin if path.suffix == ".csv" else gavel
-        jobs, _ = scale_to_load(read_trace(path), servers, model, args.target_load)
+        jobs, _ = scale_to_load(workload, servers, model, args.target_load)
         bound, _ = makespan_bound(jobs, servers, model)
         start = time.process_time()
         results: dict[str, SimResult] = {}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.policy import PolicyConfig
+from scheduler.sim.trace import JobSpec, TraceError, read_trace
 
 # ../shared/traces next to the repository (never committed).
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
@@ -32,6 +33,14 @@ def trace_files(root: Path, min_jobs: int) -> list[Path]:
     """Every ITP trace under ``root``, then every Gavel msr trace with at least ``min_jobs`` jobs."""
     itp = sorted((root / "itp").glob("cluster*.csv"))
     return itp + gavel_traces(root / "gavel" / "traces" / "msr" / "seed=0", min_jobs)
+
+
+def load_trace(path: Path) -> list[JobSpec]:
+    """The trace's jobs, or exit with its FILE:LINE error (never a traceback)."""
+    try:
+        return read_trace(path)
+    except TraceError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 def parse_config(spec: str) -> PolicyConfig:

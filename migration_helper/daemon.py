@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from migration_helper.agent import HelperAgentServicer
+from migration_helper.agent import agent_server
 from migration_helper.config import HelperConfig
 from migration_helper.gpus import GpuBackend, open_backend
 from migration_helper.jobs import JobTable
@@ -96,9 +96,7 @@ class HelperDaemon:
 
     async def start(self) -> None:
         self.ramdisk.prepare()
-        self._server = grpc.aio.server()
-        helper_pb2_grpc.add_HelperAgentServicer_to_server(
-            HelperAgentServicer(self.ramdisk, self.config.security.token), self._server)
+        self._server = agent_server(self.ramdisk, self.config.security.token)
         warning = check_exposure(self.config.listen, self.config.tls, self.config.tls is not None
                                  and bool(self.config.tls.client_ca), self.config.insecure,
                                  f"helper {self.config.server_name}'s agent", auth_flag="--tls-client-ca")

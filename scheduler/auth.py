@@ -41,7 +41,7 @@ from scheduler.errors import (
     Unauthenticated,
 )
 from scheduler.state.models import AuthToken
-from scheduler.transport import AUTH_HEADER
+from scheduler.transport import AUTH_HEADER, rewrap_handler
 
 log = logging.getLogger(__name__)
 
@@ -336,14 +336,8 @@ def _wrap(handler: grpc.RpcMethodHandler, admit: Callable[[Any], Awaitable[Ident
                 yield item
         return call
 
-    codec = (handler.request_deserializer, handler.response_serializer)
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), *codec)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), *codec)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), *codec)
-    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), *codec)
+    # A single response (unary_unary, stream_unary) is awaited; a stream is iterated.
+    return rewrap_handler(handler, lambda kind, inner: unary(inner) if kind.endswith("_unary") else streaming(inner))
 
 
 # ---- authorization rules the servicers apply --------------------------------------------

@@ -46,7 +46,7 @@ from scheduler.state.db import (
     make_sessionmaker,
 )
 from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
-from scheduler.validation import default_name, validate_members, validate_spec
+from scheduler.validation import check_priority, default_name, validate_members, validate_spec
 
 log = logging.getLogger(__name__)
 
@@ -407,8 +407,17 @@ class SchedulerCore:
         now = self.clock()
         mj = MultiJob(id=repo.new_id("mj"), name=name or default_name(specs[0]), created_at=now)
         jobs = [self._job_row(spec, now, mj.id) for spec in specs]
+        # Members given indices keep them (0 included: `--array 3,0`); otherwise a member's
+        # index is its position.
+        explicit = any(spec.index for spec in specs)
+        taken: dict[int, int] = {}
         for i, job in enumerate(jobs):
-            job.array_index = specs[i].index or i
+            job.array_index = specs[i].index if explicit else i
+            if job.array_index in taken:
+                raise InvalidArgument(f"jobs[{i}].index", f"{job.array_index} is also jobs[{taken[job.array_index]}]'s; "
+                                                          f"give each member its own index (or none to number "
+                                                          f"them by position)")
+            taken[job.array_index] = i
         if not dry_run:
             await self._insert_jobs(jobs, now, mj)
         return mj.id, [JobDetail(j, []) for j in jobs]
@@ -505,8 +514,7 @@ class SchedulerCore:
         return fut
 
     async def set_priority(self, job_id: str, priority: int) -> JobDetail:
-        if priority < 0:
-            raise InvalidArgument("priority", f"{priority} is negative; use 0 or more")
+        check_priority("priority", priority)  # the limits a submission has
         async with self.tx() as s:
             job = await self._unfinished_job(s, job_id)
             old = job.priority
@@ -536,10 +544,26 @@ class SchedulerCore:
             )
             for g in req.gpus
         ]
+        stops: list[tuple[str, str, str]] = []
         async with self.tx() as s:
             created = await repo.upsert_server(
                 s, req.name, req.address, gpus, req.ramdisk, req.shared_root, now, req.host_memory_bytes
             )
+            # A helper back with fewer GPUs (one failed, or CUDA_VISIBLE_DEVICES changed): a job
+            # on a GPU it no longer reports has nowhere to run there, so it goes back to the queue.
+            indices = {g.index for g in gpus}
+            placed = await repo.jobs_on_server(s, req.name)
+            where = await repo.placements_of(s, [j.id for j in placed])
+            for job in placed:
+                gone = sorted(p.gpu_index for p in where[job.id] if p.server_name == req.name
+                              and p.gpu_index not in indices)
+                if gone and JobState(job.state) in ACTIVE:
+                    stops.append((req.name, job.id, job.incarnation))
+                    migration = await repo.get_migration(s, job.id)
+                    if migration is not None:
+                        stops.append((migration.dest_server, job.id, migration.dest_incarnation))
+                    await repo.requeue(s, job, now, f"its GPU(s) {', '.join(map(str, gone))} on {req.name} are no "
+                                                    f"longer reported by the server's helper")
             self._largest = await repo.largest_server(s)
             self._peers = None  # a new helper, or one at a new address
             repo.add_event(
@@ -550,6 +574,8 @@ class SchedulerCore:
                 f"{format_size(req.host_memory_bytes) if req.host_memory_bytes else 'not reported'}",
                 server=req.name,
             )
+        for server, job_id, incarnation in stops:
+            self.stop_on(server, job_id, incarnation, f"its GPUs on {req.name} are gone")
         self.poke()
 
     async def peers(self) -> tuple[int, list[tuple[str, str]]]:

@@ -38,7 +38,7 @@ from scheduler.engine.live import LiveEngine
 from scheduler.policy.types import PolicyConfig
 from scheduler.state import migrate, prune
 from scheduler.state.db import make_engine
-from scheduler.transport import ServerTls, add_port, check_exposure
+from scheduler.transport import MalformedRequestInterceptor, ServerTls, add_port, check_exposure
 from scheduler.validation import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ class SchedulerServer:
         # The policy is checked before anything touches the database.
         self.engine = LiveEngine(self.core, self.policy, self.policy_config, self.tick_s)
         await migrate.upgrade(self.db)
-        interceptors = list(self.interceptors)
+        # Innermost: a request that is not its method's message is INVALID_ARGUMENT, not UNKNOWN.
+        interceptors = [*self.interceptors, MalformedRequestInterceptor()]
         if self.auth == "token":
             interceptors.insert(0, auth.AuthInterceptor(auth.Authenticator(self.core.read_sessions)))
         # Outermost, so that refused calls are timed too.

@@ -230,3 +230,100 @@ def check_exposure(listen: str, tls: ServerTls | None, auth: bool, insecure: boo
         f"it could act as the cluster. Give {' and '.join(missing)} (see `gandiva tls init` and "
         "`gandiva token create`), listen on 127.0.0.1, or pass --insecure"
     )
+
+
+# ---- requests that are not protobuf messages ---------------------------------------------
+
+
+class _Malformed:
+    """What a request that does not parse as its method's message turns into."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _tolerant(deserialize: Any) -> Any:
+    def load(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except Exception as err:  # noqa: BLE001 - protobuf's DecodeError, or anything a parser raises
+            return _Malformed(str(err) or type(err).__name__)
+    return load
+
+
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses a request that does not parse as its method's protobuf message with
+    INVALID_ARGUMENT naming the method and the message type: gRPC itself answers UNKNOWN
+    with its internal exception's text. Every Gandiva gRPC server installs it (innermost:
+    the other interceptors, such as the token check, see the request first)."""
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        message = getattr(getattr(handler.request_deserializer, "__self__", None), "DESCRIPTOR", None)
+        expected = f"a {message.full_name} message" if message is not None else "a valid message"
+        method = details.method
+
+        async def refuse(request: _Malformed, context: Any) -> None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{method}: the request is not {expected} ({request.error}); "
+                                f"check that the client sends this method's request type")
+
+        def unary(inner: Any) -> Any:
+            async def call(request: Any, context: Any) -> Any:
+                if isinstance(request, _Malformed):
+                    await refuse(request, context)
+                return await inner(request, context)
+            return call
+
+        def unary_streaming(inner: Any) -> Any:
+            async def call(request: Any, context: Any) -> Any:
+                if isinstance(request, _Malformed):
+                    await refuse(request, context)
+                async for item in inner(request, context):
+                    yield item
+            return call
+
+        def checked(requests: Any, context: Any) -> Any:
+            async def each() -> Any:
+                async for request in requests:
+                    if isinstance(request, _Malformed):
+                        await refuse(request, context)
+                    yield request
+            return each()
+
+        def stream_unary(inner: Any) -> Any:
+            async def call(requests: Any, context: Any) -> Any:
+                return await inner(checked(requests, context), context)
+            return call
+
+        def stream_stream(inner: Any) -> Any:
+            async def call(requests: Any, context: Any) -> Any:
+                async for item in inner(checked(requests, context), context):
+                    yield item
+            return call
+
+        wrappers = {"unary_unary": unary, "unary_stream": unary_streaming, "stream_unary": stream_unary,
+                    "stream_stream": stream_stream}
+        return rewrap_handler(handler, lambda kind, inner: wrappers[kind](inner),
+                              _tolerant(handler.request_deserializer))
+
+
+_HANDLER_KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler),
+                  ("unary_stream", grpc.unary_stream_rpc_method_handler),
+                  ("stream_unary", grpc.stream_unary_rpc_method_handler),
+                  ("stream_stream", grpc.stream_stream_rpc_method_handler))
+
+
+def rewrap_handler(handler: grpc.RpcMethodHandler, wrap: Any, request_deserializer: Any = None) -> grpc.RpcMethodHandler:
+    """``handler`` with its behaviour replaced by ``wrap(kind, behaviour)`` (kind: unary_unary,
+    unary_stream, stream_unary or stream_stream), for server interceptors."""
+    codec = (request_deserializer or handler.request_deserializer, handler.response_serializer)
+    for kind, make in _HANDLER_KINDS:
+        inner = getattr(handler, kind)
+        if inner is not None:
+            return make(wrap(kind, inner), *codec)
+    raise ValueError(f"a gRPC method handler with no behaviour: {handler!r}")

@@ -8,6 +8,7 @@ and what would garble a terminal (control characters in names).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -34,8 +35,9 @@ MAX_PRIORITY = 1_000_000
 MAX_REQUEST_BYTES = 16 << 20
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# C0 controls (tab included) and DEL.
-_CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f]")
+# C0 controls (tab included), DEL, C1 controls (U+009B is a terminal's CSI) and the Unicode
+# bidirectional controls, with which a name displays as another (`\u202e` reverses the rest).
+_CONTROL_OR_TAB = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def is_power_of_two(n: int) -> bool:
@@ -54,7 +56,8 @@ def check_text(field: str, value: str, limit: int, *, control_ok: bool = False) 
     if "\x00" in value:
         raise InvalidArgument(field, "contains a NUL character, which cannot be stored")
     if not control_ok and _CONTROL_OR_TAB.search(value):
-        raise InvalidArgument(field, "contains control characters")
+        raise InvalidArgument(field, "contains control characters (or Unicode bidirectional controls); "
+                                     "use printable text")
 
 
 def clean_text(value: str, limit: int = 4096) -> str:
@@ -62,6 +65,13 @@ def clean_text(value: str, limit: int = 4096) -> str:
     storable rather than refused: a refused report would be retried forever."""
     value = value.replace("\x00", "\ufffd")
     return value if len(value) <= limit else value[: limit - 1] + "\u2026"
+
+
+def clean_number(x: float, low: float = -math.inf, high: float = math.inf) -> float:
+    """A number a helper or runtime reports, made storable rather than refused: NaN and
+    infinities (SQLite turns NaN into NULL, PostgreSQL's JSON refuses it) become 0, and the
+    rest is held to [low, high]."""
+    return min(high, max(low, x)) if math.isfinite(x) else 0.0
 
 
 def check_id(field: str, value: str, required: bool = True) -> None:
@@ -102,6 +112,13 @@ def _check_command(field: str, command: Iterable[str]) -> None:
             )
 
 
+def check_priority(field: str, priority: int) -> None:
+    if priority < 0:
+        raise InvalidArgument(field, f"{priority} is negative; use 0 or more")
+    if priority > MAX_PRIORITY:
+        raise InvalidArgument(field, f"{priority} exceeds {MAX_PRIORITY}")
+
+
 def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
     """Raise InvalidArgument naming the first bad field of `spec`."""
     _check_command(f"{field}.command", spec.command)
@@ -113,16 +130,17 @@ def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
         )
     if spec.gpus > MAX_GPUS:
         raise InvalidArgument(f"{field}.gpus", f"{spec.gpus} exceeds the limit of {MAX_GPUS}")
-    if spec.priority < 0:
-        raise InvalidArgument(f"{field}.priority", f"{spec.priority} is negative; use 0 or more")
-    if spec.priority > MAX_PRIORITY:
-        raise InvalidArgument(f"{field}.priority", f"{spec.priority} exceeds {MAX_PRIORITY}")
+    check_priority(f"{field}.priority", spec.priority)
     check_text(f"{field}.workdir", spec.workdir, MAX_WORKDIR)
     if spec.workdir and not os.path.isabs(spec.workdir):
         raise InvalidArgument(f"{field}.workdir", f"{spec.workdir!r} is not an absolute path")
     check_text(f"{field}.name", spec.name, MAX_NAME)
     check_text(f"{field}.user", spec.user, MAX_USER)
-    check_text(f"{field}.multi_job_id", spec.multi_job_id, MAX_ID)
+    if spec.multi_job_id:
+        # Only the scheduler groups jobs: a client naming a multi-job would slip its job into
+        # another's sweep (its listing, `gandiva wait`, an AutoML driver's ranking).
+        raise InvalidArgument(f"{field}.multi_job_id", "is set by the scheduler (SubmitMultiJob's reply names "
+                                                        "it); leave it empty")
     _check_map(f"{field}.env", spec.env, MAX_ENV_ENTRIES, MAX_ENV_BYTES, _ENV_NAME)
     _check_map(f"{field}.params", spec.params, MAX_PARAMS, MAX_PARAM_BYTES, None)
     if spec.index < 0:

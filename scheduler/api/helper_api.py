@@ -10,7 +10,7 @@ from scheduler.api.status import grpc_errors, grpc_stream_errors
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument
-from scheduler.validation import MAX_WORKDIR, check_id, check_text, clean_text
+from scheduler.validation import MAX_WORKDIR, check_id, check_text, clean_number, clean_text
 
 # More GPUs, jobs or samples than any server has: a broken or hostile helper.
 MAX_SERVER_GPUS = 256
@@ -46,6 +46,9 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             check_text(f"gpus[{i}].model", g.model, 128)
             if g.index < 0 or g.memory_total_bytes < 0:
                 raise InvalidArgument(f"gpus[{i}]", "index and memory must not be negative")
+            # A sample, cleaned (NaN was an integrity error the helper would retry forever).
+            g.utilization = clean_number(g.utilization, 0.0, 1.0)
+            g.memory_used_bytes = max(0, g.memory_used_bytes)
         if request.host_memory_bytes < 0:
             raise InvalidArgument("host_memory_bytes", f"{request.host_memory_bytes}: must not be negative (0: unknown)")
         await self.core.register_server(request)
@@ -79,6 +82,12 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             raise InvalidArgument("samples", f"more than {MAX_SAMPLES} in one report")
         for i, x in enumerate(request.samples):
             check_text(f"samples[{i}].job_id", x.job_id, 64)
+            # Cleaned, not refused: one bad sample must not lose the others, nor the report
+            # be retried forever (NaN was an integrity error; inf a profile that packs anything).
+            x.utilization = clean_number(x.utilization, 0.0, 1.0)
+            x.minibatch_s = clean_number(x.minibatch_s, 0.0)
+            for name in ("memory_used_bytes", "job_memory_bytes", "job_memory_min_bytes", "job_memory_max_bytes"):
+                setattr(x, name, max(0, getattr(x, name)))
         if len(request.host_memory) > MAX_RUNNING_JOBS:
             raise InvalidArgument("host_memory", f"more than {MAX_RUNNING_JOBS} jobs in one report")
         for i, m in enumerate(request.host_memory):

@@ -15,7 +15,7 @@ from scheduler.api.status import code_for, unexpected_status
 from scheduler.core import SchedulerCore
 from scheduler.errors import GandivaError
 from scheduler.hubs import RuntimeConn
-from scheduler.validation import check_id, check_text, clean_text
+from scheduler.validation import check_id, check_text, clean_number, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +23,6 @@ MAX_SIGNATURE_CHARS = 64 * 1024
 
 
 MAX_METRICS = 64
-
-
-def _finite(x: float) -> float:
-    """NaN and infinities cannot be stored (SQLite turns NaN into NULL), nor mean a rate."""
-    return x if math.isfinite(x) else 0.0
 
 
 def _metrics(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -99,8 +94,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     self.progress_received += 1
                     p = msg.progress
                     await self.core.record_progress(
-                        conn.job_id, conn.incarnation, max(0, p.steps), _finite(p.rate),
-                        _finite(p.last_step_s), _metrics(p.metrics),
+                        conn.job_id, conn.incarnation, max(0, p.steps), clean_number(p.rate),
+                        clean_number(p.last_step_s), _metrics(p.metrics),
                     )
                 elif kind == "ack":
                     msg.ack.message = clean_text(msg.ack.message)

@@ -29,6 +29,7 @@ from scheduler.cli.client import (
     state_name,
     state_value,
 )
+from scheduler.validation import MAX_PRIORITY
 
 PROG = "gandiva"
 
@@ -207,6 +208,8 @@ def event_row(event: common_pb2.Event) -> list[Any]:
 
 
 def get_events(args: argparse.Namespace, client: Client) -> int:
+    if not 0 <= args.after < 2**63:  # an event id travels as an int64
+        raise CliError(f"--after must be an event id, 0 or more (0: from the first), got {args.after}")
     if args.watch:
         return watch_events(args, client)
     if args.limit < 0:
@@ -278,8 +281,8 @@ def _report(args: argparse.Namespace, job: common_pb2.Job, text: str) -> int:
 
 
 def set_priority(args: argparse.Namespace, client: Client) -> int:
-    if args.priority < 0:
-        raise CliError(f"priority must be 0 or more, got {args.priority}")
+    if not 0 <= args.priority <= MAX_PRIORITY:
+        raise CliError(f"priority must be from 0 to {MAX_PRIORITY}, got {args.priority}")
     job = client.call("SetPriority", scheduler_pb2.SetPriorityRequest(id=args.id,
                                                                      priority=args.priority))
     return _report(args, job, f"job {job.id} priority {job.spec.priority}")

@@ -73,6 +73,9 @@ class Member:
     params: dict[str, str] = field(default_factory=dict)
 
 
+MAX_SPEC_FILE_BYTES = 1 << 20
+
+
 def load_spec_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML job spec; unknown fields and wrong types are SpecErrors naming the field."""
     data = _load_yaml(path)
@@ -101,7 +104,13 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
 
 def _load_yaml(path: str | Path) -> Any:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # Bounded: `-f /dev/zero` (or any endless stream) must not read forever.
+        with Path(path).open("rb") as fh:
+            raw = fh.read(MAX_SPEC_FILE_BYTES + 1)
+        if len(raw) > MAX_SPEC_FILE_BYTES:
+            raise SpecError(f"{path}: larger than {MAX_SPEC_FILE_BYTES >> 20} MiB; a job spec or sweep is a "
+                            f"YAML file of a few lines")
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
     except UnicodeDecodeError as exc:

@@ -499,6 +499,8 @@ class LiveEngine:
         job = await self._job(job_id)
         if job.state != required.value:
             raise FailedPrecondition(f"job {job_id} is {job.state}; only a {required.value} job can be {verb}")
+        if job_id in self.inflight:  # another caller's (or the policy's) command: one at a time
+            raise FailedPrecondition(f"job {job_id} has a command in progress; try again shortly")
         self.inflight.add(job_id)
         try:
             await command()

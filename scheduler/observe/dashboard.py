@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
@@ -17,13 +18,21 @@ from scheduler.lifecycle import JobState
 from scheduler.observe.http import Handler, Response, prometheus_route
 from scheduler.observe.metrics import SchedulerMetrics
 
+QUERY_MAX = 2**53  # the largest whole number JSON (and a browser) carries exactly
+
 
 def _int(query: Mapping[str, str], name: str, default: int) -> int:
+    """A query parameter that is a whole number from 0 to QUERY_MAX; ValueError says what was given."""
     raw = query.get(name, "")
+    if not raw:
+        return default
     try:
-        return int(float(raw)) if raw else default
+        value = float(raw)
     except ValueError:
-        raise ValueError(f"?{name}={raw!r} is not a number") from None
+        value = math.nan
+    if not 0 <= value <= QUERY_MAX:  # NaN, infinities and negatives included
+        raise ValueError(f"?{name}={raw!r} is not a number from 0 to {QUERY_MAX}")
+    return int(value)
 
 
 def gpu_mode(running: int, waiting: int) -> str:

@@ -36,7 +36,7 @@ class Response:
 Handler = Callable[[Mapping[str, str]], Awaitable[Response]]
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -58,7 +58,7 @@ class HttpServer:
 
     async def start(self) -> str:
         try:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+            self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_REQUEST_BYTES)
         except OSError as err:
             raise OSError(f"--http-listen {self.host}:{self.port}: {err.strerror or err}") from err
         port = self._server.sockets[0].getsockname()[1]
@@ -73,20 +73,26 @@ class HttpServer:
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
-            writer.close()
-            return
         method = ""
         try:
-            method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
-            response = await self._respond(method, target)
-        except ValueError:
-            response = Response(400, b"malformed request line\n")
-        except Exception:  # a bug in one page must not take the server down
-            log.exception("HTTP handler failed")
-            response = Response(500, b"internal error; see the server log\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+        except (asyncio.LimitOverrunError, ValueError):
+            response = Response(431, f"request head over {MAX_REQUEST_BYTES} bytes\n".encode())
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+            writer.close()
+            return
+        else:
+            try:
+                # UTF-8 as browsers send it; undecodable bytes are replaced, not an error.
+                method, target, _ = head.split(b"\r\n", 1)[0].decode("utf-8", "replace").split(" ", 2)
+            except ValueError:
+                response = Response(400, b"malformed request line; expected METHOD PATH HTTP/1.1\n")
+            else:
+                try:
+                    response = await self._respond(method, target)
+                except Exception:  # a bug in one page must not take the server down
+                    log.exception("HTTP handler failed")
+                    response = Response(500, b"internal error; see the server log\n")
         reason = _REASONS.get(response.status, "")
         header = (f"HTTP/1.1 {response.status} {reason}\r\nContent-Type: {response.content_type}\r\n"
                   f"Content-Length: {len(response.body)}\r\nCache-Control: no-store\r\n"

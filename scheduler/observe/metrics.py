@@ -31,7 +31,7 @@ DECISION_LOG_SIZE = 2000
 TIMELINE_S = 3600.0
 # Decision kinds as operators name them; Queue decisions repeat every round and are not counted.
 KINDS = {pt.Place: "place", pt.Suspend: "suspend", pt.Resume: "resume", pt.Pack: "pack",
-         pt.Unpack: "unpack", pt.Migrate: "migrate", pt.Grow: "grow", pt.Shrink: "shrink"}
+         pt.Unpack: "unpack", pt.Migrate: "migrate", pt.Grow: "grow", pt.Shrink: "shrink", pt.Park: "park"}
 
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)

@@ -330,6 +330,11 @@ class GandivaPolicy(Policy):
             elif state != "SUSPENDED":
                 continue
             del self.state.probes[job_id]
+            why = "first turn over: parked"
+            end_trials_of(ledger, self.state, self.config, job_id, why)
+            partner = self.state.kept_pairs.pop(job_id, None)  # a pair takes turns together:
+            if partner is not None:                            # not once one of it has left
+                self.state.kept_pairs.pop(partner, None)
             ledger.unbind(job_id)
             ledger.set_state(job_id, "QUEUED")
             parked.add(job_id)
@@ -346,7 +351,8 @@ class GandivaPolicy(Policy):
         is at least one quantum of service per GPU and lasts until the job has reported its
         first PROBE_STEPS mini-batches, or PROBE_MAX_QUANTA quanta have passed (a slow job
         leaves with the mini-batches it has). The next look is when its measured rate says
-        they are due (a job still starting, with no rate yet, is looked at every quantum)."""
+        they are due, and at most one a quantum (a job still starting, with no rate yet, is
+        looked at every quantum)."""
         gpus = len(job.placement) or job.gpus
         served = job.attained_at(now) / gpus
         quantum = self.config.quantum_s
@@ -356,8 +362,10 @@ class GandivaPolicy(Policy):
         # when it started running, and its steps are newer than that).
         if job.steps >= PROBE_STEPS or served >= PROBE_MAX_QUANTA * quantum - 1e-9:
             return None
+        # At most one look a quantum: the reported steps may be older than the rate says
+        # they are due (a report comes when it comes).
         due = (PROBE_STEPS - job.steps) / job.rate if job.rate else quantum
-        return now + min(max(due, 1e-3), PROBE_MAX_QUANTA * quantum - served)
+        return now + min(max(due, quantum), PROBE_MAX_QUANTA * quantum - served)
         steps = float(job.steps)
         if job.rate and job.reported_at is not None:
             steps += job.rate * max(0.0, now - job.reported_at)

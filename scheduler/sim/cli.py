@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from scheduler.sim.generator import generate
 from scheduler.sim.load import makespan_bound, offered_load, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
-from scheduler.sim.trace import FORMATS, JobSpec, TraceError, detect_format, read_trace
+from scheduler.sim.trace import FORMATS, JobSpec, TraceError, read_trace_as
 
 logger = logging.getLogger(__name__)
 
@@ -48,19 +49,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.add_argument("--format", choices=FORMATS, default="auto", help="trace layout (default: detect)")
     w.add_argument("--jobs", type=int, default=1000, help="generated workload: number of jobs")
     w.add_argument("--seed", type=int, default=0, help="generated workload: random seed")
-    w.add_argument("--target-load", type=float, metavar="L",
+    w.add_argument("--target-load", type=_finite, metavar="L",
                    help="scale arrival times so the offered load (GPU-time demanded / "
                         "(GPUs x span)) is L; the factor is printed")
     s = p.add_argument_group("cluster and policies")
     s.add_argument("--cluster", default="25x4", help="SERVERSxGPUS (default 25x4 = 100 GPUs)")
-    s.add_argument("--host-memory-gib", type=float, default=0.0, metavar="G",
+    s.add_argument("--host-memory-gib", type=_finite, default=0.0, metavar="G",
                    help="each server's host memory: a server takes a job only while its jobs' processes, "
                         "running and suspended, fit in 90%% of it (--job-host-memory-gib each; default 0: "
                         "not checked, only --max-jobs-per-gpu bounds time-slicing)")
     s.add_argument("--policy", default="gandiva", choices=list(POLICIES), help="policy to run")
     s.add_argument("--compare", metavar="P1,P2,...",
                    help="run several policies side by side (overrides --policy)")
-    s.add_argument("--quantum", type=float, default=60.0, help="time slice in seconds (gandiva)")
+    s.add_argument("--quantum", type=_finite, default=60.0, help="time slice in seconds (gandiva)")
     s.add_argument("--defrag-free-gpus", type=int, default=3,
                    help="defragment non-idle servers with at least this many free GPUs")
     s.add_argument("--max-jobs-per-gpu", type=int, default=PolicyConfig.max_jobs_per_gpu,
@@ -69,14 +70,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--las-slices", action=argparse.BooleanOptionalAction, default=PolicyConfig.las_slices,
                    help="gandiva: in a time-slice group the least-served job runs next "
                         "(--no-las-slices: the one waiting longest, as in the paper)")
-    s.add_argument("--slice-growth", type=float, default=PolicyConfig.slice_growth, metavar="G",
+    s.add_argument("--slice-growth", type=_finite, default=PolicyConfig.slice_growth, metavar="G",
                    help="gandiva: a slice is G x the job's attained service, 1-32 quanta "
                         "(default %(default)s; 0: one quantum, as in the paper)")
-    s.add_argument("--fifo-after", type=float, default=PolicyConfig.fifo_after_s, metavar="S",
+    s.add_argument("--fifo-after", type=_finite, default=PolicyConfig.fifo_after_s, metavar="S",
                    help="gandiva, with --las-slices: a job with S seconds of service per GPU joins the "
                         "long bucket, served first come first served after every shorter job "
                         "(default %(default)s; 0: least attained service throughout)")
-    s.add_argument("--starve-factor", type=float, default=PolicyConfig.starve_factor, metavar="K",
+    s.add_argument("--starve-factor", type=_finite, default=PolicyConfig.starve_factor, metavar="K",
                    help="gandiva, with --las-slices: a job suspended for K x its service per GPU "
                         "runs next (default %(default)s; 0: no starvation limit)")
     s.add_argument("--share-block-after", type=_seconds_or_off, default=PolicyConfig.share_block_after_s, metavar="S",
@@ -125,20 +126,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "
                         "auto: found next to a Gavel trace; none: built-in table")
     m.add_argument("--gpu-type", default="v100", help="GPU type in the throughput table")
-    m.add_argument("--suspend-resume-s", type=float, default=Costs.suspend_resume_s)
-    m.add_argument("--migrate-s", type=float, default=Costs.migrate_s)
-    m.add_argument("--restart-s", type=float, default=Costs.restart_s)
-    m.add_argument("--job-host-memory-gib", type=float, default=MechanismModel.job_host_memory_gib, metavar="G",
+    m.add_argument("--suspend-resume-s", type=_not_negative, default=Costs.suspend_resume_s)
+    m.add_argument("--migrate-s", type=_not_negative, default=Costs.migrate_s)
+    m.add_argument("--restart-s", type=_not_negative, default=Costs.restart_s)
+    m.add_argument("--job-host-memory-gib", type=_finite, default=MechanismModel.job_host_memory_gib, metavar="G",
                    help="host memory each job's processes hold, running or suspended (default %(default)s, "
                         "an assumption; read only with --host-memory-gib)")
-    m.add_argument("--spread-factor", type=float, metavar="F",
+    m.add_argument("--spread-factor", type=_finite, metavar="F",
                    help="rate factor of a job spread over servers, for every model (default: "
                         "Gavel's per-model ratio with a table, else 0.42); 1 replays the "
                         "trace's durations as they are, wherever a job runs")
     o = p.add_argument_group("output")
     o.add_argument("-o", "--output", choices=("table", "json"), default="table")
     o.add_argument("--plot", type=Path, metavar="DIR", help="write jct_cdf.png, first_n_cdf.png and utilization.png")
-    o.add_argument("--first-n", type=int, default=100,
+    o.add_argument("--first-n", type=_at_least_one, default=100,
                    help="report the time until each job's first N mini-batches (default 100)")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -149,9 +150,37 @@ def _seconds_or_off(text: str) -> float | None:
     if text.lower() in ("off", "none"):
         return None
     try:
-        return float(text)
-    except ValueError:
+        return _finite(text)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected seconds or 'off', got {text!r}") from None
+
+
+def _finite(text: str) -> float:
+    """A number flag: NaN and infinity would replay nonsense without a word, so they are refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _not_negative(text: str) -> float:
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
@@ -183,12 +212,7 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
 def _workload(args: argparse.Namespace) -> tuple[list[JobSpec], str | None]:
     if args.trace is None:
         return generate(args.jobs, seed=args.seed), None
-    jobs = read_trace(args.trace, args.format)
-    fmt = args.format
-    if fmt == "auto":
-        with args.trace.open() as fh:
-            fmt = detect_format(next((ln for ln in fh if ln.strip()), ""))
-    return jobs, fmt
+    return read_trace_as(args.trace, args.format)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,6 +221,17 @@ def run(args: argparse.Namespace) -> int:
         names = _policies(args)
         servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
         jobs, fmt = _workload(args)
+        total = sum(srv.num_gpus for srv in servers)
+        smallest = min(j.num_gpus for j in jobs)
+        if smallest > total:  # nothing would replay: a table of zeros says nothing
+            raise ValueError(f"every job needs more GPUs than the cluster's {total} (the smallest needs "
+                             f"{smallest}); give a --cluster of at least {smallest} GPUs")
+        if args.plot is not None:  # before the replay, which may take hours
+            try:
+                args.plot.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ValueError(f"--plot {args.plot}: cannot create the folder ({exc.strerror or exc}); "
+                                 f"give a folder you can write") from None
         model = _model(args, fmt)
         config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
                               max_jobs_per_gpu=args.max_jobs_per_gpu, las_slices=args.las_slices,
@@ -291,6 +326,7 @@ def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
         ("most suspended jobs on one server (host memory)", "max_suspended_per_server",
          lambda v: "-" if v is None else str(v)), ("jobs finished", "jobs_finished", str),
         ("jobs unfinished", "jobs_unfinished", str),
+        ("jobs skipped (more GPUs than the cluster)", "jobs_skipped", str),
     ]
     if not any(s.get("parks") for s in summaries.values()):
         rows = [r for r in rows if r[1] != "parks"]

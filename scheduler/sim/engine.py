@@ -29,11 +29,13 @@ from scheduler.policy.types import (
 from scheduler.sim.backend import SimBackend, SimClock, SimJob
 from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import JobSpec
+from scheduler.validation import MAX_GPUS
 
 logger = logging.getLogger(__name__)
 # The policy is woken no sooner than this after the current event, so a policy that
 # asks for "now" again cannot stall virtual time.
 MIN_WAKEUP_STEP_S = 0.1
+MAX_SERVERS = 100_000  # 100,000 servers of 8 GPUs replay 50 jobs in about 20 s; a typo must not hang
 
 
 def make_cluster(spec: str, gpu_memory_gib: float = 16.0, host_memory_gib: float = 0.0) -> tuple[ServerView, ...]:
@@ -49,6 +51,9 @@ def make_cluster(spec: str, gpu_memory_gib: float = 16.0, host_memory_gib: float
         raise ValueError(f"cluster {spec!r} is not SERVERSxGPUS, e.g. 25x4") from None
     if n < 1 or g < 1:
         raise ValueError(f"cluster {spec!r} needs at least one server with one GPU")
+    if n > MAX_SERVERS or g > MAX_GPUS:
+        raise ValueError(f"cluster {spec!r} is larger than the simulator replays: at most {MAX_SERVERS} "
+                         f"servers of at most {MAX_GPUS} GPUs")
     width = len(str(n - 1))
     return tuple(ServerView(f"server-{i:0{width}d}", g, gpu_memory_bytes=int(gpu_memory_gib * (1 << 30)),
                             host_memory_bytes=int(host_memory_gib * (1 << 30)))
@@ -107,8 +112,10 @@ class Simulator:
         total = sum(s.num_gpus for s in servers)
         self.skipped = [j.id for j in jobs if j.num_gpus > total]
         if self.skipped:
-            logger.warning("%d jobs need more GPUs than the cluster's %d and are skipped",
-                           len(self.skipped), total)
+            widest = max(jobs, key=lambda j: j.num_gpus)
+            logger.warning("%d job(s) need more GPUs than the cluster's %d (e.g. %s with %d) and are left "
+                           "out of this replay, counted as skipped; a cluster of %d GPUs or more replays them",
+                           len(self.skipped), total, widest.id, widest.num_gpus, widest.num_gpus)
         self.specs = sorted((j for j in jobs if j.num_gpus <= total), key=lambda j: j.submit_time)
 
     def _new_job(self, spec: JobSpec) -> SimJob:

@@ -1,6 +1,6 @@
 """Trace readers: each returns a list of JobSpec sorted by submit time.
 
-Formats (``--format``, or detected from the first line):
+Formats (``--format``, or detected from the first line that is not blank or a ``#`` comment):
 - ``gavel7``   Gavel/Philly msr traces, tab separated, no header:
                job_type, command, num_steps_arg, needs_data_dir, total_steps,
                arrival_time_s, scale_factor
@@ -14,7 +14,13 @@ Formats (``--format``, or detected from the first line):
                authors, so only the duration sets the job's length)
 - ``csv``      generic CSV: submit_time,num_gpus,duration[,model] (header optional)
 
-A bad line raises TraceError naming the file and the line.
+Exports of other clusters differ in small ways, and these are read as they come: a UTF-8 byte
+order mark, CRLF line ends, blank lines and ``#`` comment lines, quoted fields, header names in
+any case and any order with extra columns (a CSV with a header is read by column name), and
+submit times as ISO 8601 dates (read as seconds after the earliest date of the trace).
+Anything else that would replay wrongly - a missing or fractional GPU count, a zero or negative
+length, a repeated job id, a row with more or fewer fields than the header - raises TraceError
+naming the file, the line and what to do, so no job is dropped or changed without a word.
 """
 
 from __future__ import annotations
@@ -22,11 +28,37 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler.validation import MAX_GPUS
 
 FORMATS = ("auto", "gavel7", "gavel10", "tiresias", "itp", "csv")
+MAX_TRACE_BYTES = 1 << 30  # 1 GiB: some 20 million jobs; the largest trace we know is 1 MB
+
+# CSV columns: the names a header may give each role (any case, any order), and the order of
+# each format's columns when it has no header.
+NAMES = {
+    "id": ("job_id", "jobid", "id"),
+    "submit": ("submit_time", "submission_time", "arrival_time", "arrival_time_s", "submit_time_s"),
+    "gpus": ("num_gpu", "num_gpus", "gpus", "gpu_num"),
+    "duration": ("duration", "duration_s", "run_time"),
+    "model": ("model_name", "model"),
+}
+POSITIONS: dict[str, dict[str, int]] = {
+    "tiresias": {"id": 0, "gpus": 1, "submit": 2, "model": 4, "duration": 5},
+    "itp": {"id": 0, "submit": 1, "model": 3, "gpus": 6, "duration": 7},
+    "csv": {"submit": 0, "gpus": 1, "duration": 2, "model": 3},
+}
+COLUMN_COUNTS = {"tiresias": (6, 7), "itp": (8,), "csv": (3, 4)}
+HEADERS = {
+    "tiresias": "job_id,num_gpu,submit_time,iterations,model_name,duration,interval",
+    "itp": "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration",
+    "csv": "submit_time,num_gpus,duration[,model]",
+}
+LABELS = {"tiresias": "Tiresias", "itp": "ITP", "csv": "CSV"}
+REQUIRED = {"tiresias": ("id", "gpus", "submit", "duration"), "itp": ("id", "gpus", "submit", "duration"),
+            "csv": ("gpus", "submit", "duration")}
 
 
 class TraceError(ValueError):
@@ -54,6 +86,9 @@ class JobSpec:
 
 
 def _num(text: str, what: str, path: Path, line: int, kind: type = float) -> float:
+    text = text.strip()
+    if not text:
+        raise TraceError(path, line, f"{what} is missing")
     try:
         value = float(text)
     except ValueError:
@@ -61,6 +96,8 @@ def _num(text: str, what: str, path: Path, line: int, kind: type = float) -> flo
     if not math.isfinite(value):
         raise TraceError(path, line, f"{what} {text!r} is not a finite number")
     if kind is int:
+        if value != int(value):
+            raise TraceError(path, line, f"{what} {text!r} is not a whole number")
         value = int(value)
     if value < 0:
         raise TraceError(path, line, f"{what} {text!r} is negative")
@@ -76,15 +113,59 @@ def _gpus(text: str, path: Path, line: int) -> int:
     return n
 
 
-def _duration(text: str, path: Path, line: int) -> float:
-    duration = _num(text, "duration", path, line)
-    if duration <= 0:
-        raise TraceError(path, line, f"duration {text!r} must be positive")
-    return duration
+def _positive(text: str, what: str, path: Path, line: int) -> float:
+    value = _num(text, what, path, line)
+    if value <= 0:
+        raise TraceError(path, line, f"{what} {text!r} must be positive (a job of no length "
+                                     f"cannot be replayed: fix or remove the line)")
+    return value
+
+
+def _date(text: str) -> float | None:
+    """Seconds since the epoch of an ISO 8601 date (UTC unless it names a zone), else None."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+class _Times:
+    """Submit times of one trace: all seconds, or all dates (made relative to the earliest)."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path, self.what = path, what
+        self.kind: tuple[str, int] | None = None  # ("date" or "seconds", first line of that kind)
+
+    def read(self, text: str, line: int) -> tuple[float, bool]:
+        stamp = _date(text) if text.strip() and not _is_number(text) else None
+        kind = "date" if stamp is not None else "seconds"
+        if self.kind is None:
+            self.kind = (kind, line)
+        elif self.kind[0] != kind:
+            raise TraceError(self.path, line, f"{self.what} {text.strip()!r} is a {kind} but line "
+                                              f"{self.kind[1]}'s is a {self.kind[0]}: use one kind for "
+                                              f"every job")
+        if stamp is not None:
+            return stamp, True
+        try:
+            return _num(text, self.what, self.path, line), False
+        except TraceError as exc:
+            if "not a number" in str(exc):
+                raise TraceError(self.path, line, f"{self.what} {text.strip()!r} is neither seconds nor an "
+                                                  f"ISO 8601 date (e.g. 2021-03-01 10:00:00)") from None
+            if "is negative" in str(exc):
+                raise TraceError(self.path, line, f"{self.what} {text.strip()!r} is negative; shift the "
+                                                  f"trace's times so that none is before 0") from None
+            raise
 
 
 def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int) -> list[JobSpec]:
     jobs: list[JobSpec] = []
+    if rows and rows[0][1][0].strip().lower() == "job_type":
+        rows = rows[1:]  # a header line
     for line, cols in rows:
         if len(cols) != columns:
             raise TraceError(path, line, f"expected {columns} tab-separated columns, got {len(cols)}")
@@ -97,83 +178,172 @@ def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int) -> 
         jobs.append(JobSpec(
             id=f"{path.stem}-{len(jobs)}", submit_time=_num(arrival, "arrival time", path, line),
             num_gpus=_gpus(gpus, path, line), model=cols[0],
-            total_steps=_num(steps, "total steps", path, line), priority=priority,
+            total_steps=_positive(steps, "total steps", path, line), priority=priority,
         ))
     return jobs
 
 
+def _norm(cell: str) -> str:
+    return cell.strip().strip('"').strip().lower().replace(" ", "_")
+
+
+def _header_roles(cells: list[str]) -> dict[str, int]:
+    """Role -> column index of the names a header row gives (empty when it names none)."""
+    roles: dict[str, int] = {}
+    for index, cell in enumerate(cells):
+        name = _norm(cell)
+        for role, names in NAMES.items():
+            if name in names and role not in roles:
+                roles[role] = index
+    return roles
+
+
+def _csv_format(cells: list[str]) -> str:
+    names = {_norm(c) for c in cells}
+    if "job_id" in names and "submission_time" in names:
+        return "itp"
+    if "job_id" in names and "num_gpu" in names and "submit_time" in names:
+        return "tiresias"
+    return "csv"
+
+
 def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str) -> list[JobSpec]:
+    first = rows[0][1]
+    if len(first) == 1 and (";" in first[0] or "|" in first[0]):
+        sep = ";" if ";" in first[0] else "|"
+        raise TraceError(path, rows[0][0], f"one column only, its fields separated by {sep!r}: save the trace "
+                                           f"with commas (or tabs for a Gavel trace)")
+    roles = _header_roles(first)
+    header_line = 0
+    if roles:
+        header_line, header = rows[0][0], rows[0][1]
+        rows = rows[1:]
+        missing = [r for r in REQUIRED[fmt] if r not in roles]
+        if missing:
+            raise TraceError(path, header_line, f"the header names no {NAMES[missing[0]][0]} column (nor "
+                                                f"{', '.join(NAMES[missing[0]][1:])}) "
+                                                f"(it names {', '.join(c.strip() for c in header)}); "
+                                                f"a {fmt} trace needs the columns {HEADERS[fmt]}, "
+                                                f"in any order and case")
+        # Rows may leave out trailing columns the reader does not need (the generic CSV's model).
+        need = max(roles[r] for r in REQUIRED[fmt]) + 1
+        counts: tuple[int, ...] = tuple(range(need, len(header) + 1))
+        note = f" (the header on line {header_line} names {len(header)}; a field with a comma must be quoted)"
+    else:
+        if all(not _is_number(c) and _date(c) is None for c in rows[0][1]):
+            raise TraceError(path, rows[0][0], f"the header names none of the columns this reader knows; "
+                                               f"name them {HEADERS[fmt]} (any order and case)")
+        roles, counts = POSITIONS[fmt], COLUMN_COUNTS[fmt]
+        note = f" ({HEADERS[fmt]})"
+    times = _Times(path, "submit time")
+    seen: dict[str, int] = {}
     jobs: list[JobSpec] = []
+    dates = False
     for line, cols in rows:
-        if fmt == "itp":
-            if len(cols) != 8:
-                raise TraceError(path, line, f"expected 8 ITP columns, got {len(cols)}")
-            duration = _duration(cols[7], path, line)
-            jobs.append(JobSpec(
-                id=f"{path.stem}-{cols[0]}", submit_time=_num(cols[1], "submission_time", path, line),
-                num_gpus=_gpus(cols[6], path, line), model=cols[3], duration_s=duration,
-            ))
-        elif fmt == "tiresias":
-            if len(cols) < 6:
-                raise TraceError(path, line, f"expected 7 Tiresias columns, got {len(cols)}")
-            jobs.append(JobSpec(
-                id=f"{path.stem}-{cols[0]}", submit_time=_num(cols[2], "submit_time", path, line),
-                num_gpus=_gpus(cols[1], path, line), model=cols[4],
-                duration_s=_num(cols[5], "duration", path, line),
-            ))
+        if len(cols) not in counts:
+            if fmt == "csv" and not header_line and len(cols) >= 6:
+                note += "; an ITP or Tiresias trace needs its header line, or --format itp/tiresias"
+            expected = " or ".join(map(str, counts)) if len(counts) < 3 else f"{counts[0]} to {counts[-1]}"
+            raise TraceError(path, line, f"expected {expected} {LABELS[fmt]} columns, got {len(cols)}{note}")
+        if "id" in roles:
+            raw = cols[roles["id"]].strip()
+            if not raw:
+                raise TraceError(path, line, "job id is missing")
+            if raw in seen:
+                raise TraceError(path, line, f"job id {raw!r} is also on line {seen[raw]}: job ids must be "
+                                             f"unique (rename one, or remove the repeated line)")
+            seen[raw] = line
+            job_id = f"{path.stem}-{raw}"
         else:
-            if len(cols) not in (3, 4):
-                raise TraceError(path, line, f"expected submit_time,num_gpus,duration[,model], "
-                                             f"got {len(cols)} columns")
-            duration = _duration(cols[2], path, line)
-            jobs.append(JobSpec(
-                id=f"{path.stem}-{len(jobs)}", submit_time=_num(cols[0], "submit_time", path, line),
-                num_gpus=_gpus(cols[1], path, line), model=cols[3] if len(cols) == 4 else "",
-                duration_s=duration,
-            ))
+            job_id = f"{path.stem}-{len(jobs)}"
+        submit, dates = times.read(cols[roles["submit"]], line)
+        model = cols[roles["model"]].strip() if "model" in roles and roles["model"] < len(cols) else ""
+        jobs.append(JobSpec(
+            id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line), model=model,
+            duration_s=_positive(cols[roles["duration"]], "duration", path, line),
+        ))
+    if dates:
+        start = min(j.submit_time for j in jobs)
+        jobs = [JobSpec(id=j.id, submit_time=j.submit_time - start, num_gpus=j.num_gpus, model=j.model,
+                        duration_s=j.duration_s) for j in jobs]
     return jobs
 
 
 def detect_format(first: str) -> str:
+    """The layout a trace's first line (not blank, not a comment) shows."""
+    first = first.lstrip("\ufeff").rstrip()  # a trailing tab or blank is not a column
     if "\t" in first:
-        n = len(first.rstrip("\n").split("\t"))
-        return {7: "gavel7", 10: "gavel10"}.get(n, f"tab-separated with {n} columns")
-    if first.startswith("job_id,num_gpu"):
-        return "tiresias"
-    if first.startswith("job_id,submission_time"):
-        return "itp"
-    return "csv"
+        n = len(first.split("\t"))
+        return {7: "gavel7", 10: "gavel10"}.get(
+            n, f"tab-separated with {n} columns; Gavel traces have 7 or 10 - see gandiva sim --help")
+    cells = next(csv.reader([first]), [])
+    return _csv_format(cells)
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        # In chunks, so that a stream that never ends (or a binary file) is refused at once:
+        # a text trace has no NUL byte, and none is larger than MAX_TRACE_BYTES.
+        with path.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                nul = chunk.find(b"\x00")
+                if nul >= 0:
+                    raise TraceError(path, None, f"NUL byte at byte {size + nul}: not a text trace "
+                                                 f"(a compressed file? decompress it first)")
+                size += len(chunk)
+                if size > MAX_TRACE_BYTES:
+                    raise TraceError(path, None, f"larger than {MAX_TRACE_BYTES >> 20} MiB; split the trace")
+                chunks.append(chunk)
+        # utf-8-sig: a byte order mark (Excel and Windows exports) is dropped, not read as text.
+        text = b"".join(chunks).decode("utf-8-sig")
+    except OSError as exc:
+        raise TraceError(path, None, f"cannot read trace: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, None, f"not UTF-8 text (byte {exc.start}): save the trace as UTF-8") from None
+    lines = [(i, ln) for i, ln in enumerate(text.splitlines(), start=1)
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise TraceError(path, None, "trace is empty (no line but blank ones and # comments)")
+    return lines
+
+
+def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
+    detected = detect_format(lines[0][1])
+    if detected not in FORMATS:
+        raise TraceError(path, lines[0][0], f"unrecognised trace layout ({detected})")
+    return detected
 
 
 def read_trace(path: str | Path, fmt: str = "auto") -> list[JobSpec]:
     """Read a trace file into JobSpecs sorted by submit time (stable)."""
+    return read_trace_as(path, fmt)[0]
+
+
+def read_trace_as(path: str | Path, fmt: str = "auto") -> tuple[list[JobSpec], str]:
+    """The jobs of a trace and the format they were read as (the file is read once, so a
+    pipe such as ``--trace <(zcat t.csv.gz)`` works)."""
     path = Path(path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; valid formats: {', '.join(FORMATS)}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TraceError(path, None, f"cannot read trace: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise TraceError(path, None, f"not UTF-8 text (byte {exc.start})") from None
-    lines = [(i, ln) for i, ln in enumerate(text.splitlines(), start=1) if ln.strip()]
-    if not lines:
-        raise TraceError(path, None, "trace is empty")
+    lines = _lines(path)
     if fmt == "auto":
-        fmt = detect_format(lines[0][1])
-        if fmt not in FORMATS:
-            raise TraceError(path, lines[0][0], f"unrecognised trace layout ({fmt})")
+        fmt = _detect(path, lines)
     if fmt in ("gavel7", "gavel10"):
-        rows = [(i, ln.rstrip("\n").split("\t")) for i, ln in lines]
+        rows = [(i, ln.rstrip().split("\t")) for i, ln in lines]
         jobs = _read_gavel(path, rows, 7 if fmt == "gavel7" else 10)
     else:
-        rows = [(i, [c.strip() for c in next(csv.reader([ln]))]) for i, ln in lines]
-        if rows and not _is_number(rows[0][1][0]):
-            rows = rows[1:]  # a header line
+        rows = []
+        for i, ln in lines:
+            try:
+                rows.append((i, [c.strip() for c in next(csv.reader([ln], strict=True))]))
+            except csv.Error as exc:
+                raise TraceError(path, i, f"not a CSV line ({exc}): check its quotes") from None
         jobs = _read_csv(path, rows, fmt)
     if not jobs:
-        raise TraceError(path, None, "trace has no jobs")
-    return sorted(jobs, key=lambda j: j.submit_time)
+        raise TraceError(path, None, "trace has no jobs (only a header line)")
+    return sorted(jobs, key=lambda j: j.submit_time), fmt
 
 
 def _is_number(text: str) -> bool:

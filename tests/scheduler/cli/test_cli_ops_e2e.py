@@ -99,8 +99,9 @@ def test_priority_changes_and_refuses_negative(gandiva, stub) -> None:
     r = gandiva("priority", job_id, "7", "-o", "json")
     assert r.code == 0 and json.loads(r.out)["priority"] == 7
     assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).spec.priority == 7
-    r = gandiva("priority", job_id, "-1")
-    assert r.code == 2 and "priority must be 0 or more" in r.err
+    for bad in ("-1", "99999999999999"):  # the latter was a traceback (protobuf's int32 range)
+        r = gandiva("priority", job_id, bad)
+        assert r.code == 2 and f"priority must be from 0 to 1000000, got {bad}" in r.err and "Traceback" not in r.err
     assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).spec.priority == 7
 
 
@@ -111,6 +112,7 @@ def test_priority_changes_and_refuses_negative(gandiva, stub) -> None:
         (["resume", "JOB"], "not possible now"),
         (["migrate", "JOB", "--to", "nowhere"], "nowhere"),
         (["describe", "job", "j-missing"], "not found"),
+        (["get", "events", "--after", "-99999999999999999999999"], "--after must be an event id"),
     ],
 )
 def test_refused_actions_exit_2_with_the_reason(gandiva, stub, argv: list[str], fragment: str) -> None:

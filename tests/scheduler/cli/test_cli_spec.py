@@ -99,6 +99,17 @@ def test_missing_spec_file_says_so(tmp_path: Path) -> None:
         specs.load_spec_file(tmp_path / "nope.yaml")
 
 
+@pytest.mark.parametrize("load", [specs.load_spec_file, specs.load_sweep])
+def test_an_endless_or_huge_spec_file_is_refused_at_once(tmp_path: Path, load) -> None:  # type: ignore[no-untyped-def]
+    """`-f /dev/zero` read until memory ran out."""
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# padding\n" * 120_000)
+    for path in (Path("/dev/zero"), huge):
+        if path.exists():
+            with pytest.raises(SpecError, match=f"^{path}: larger than 1 MiB; a job spec or sweep is a YAML file"):
+                load(path)
+
+
 @pytest.mark.parametrize("gpus", [0, 3, 6, -2])
 def test_gpus_must_be_a_power_of_two(gpus: int) -> None:
     with pytest.raises(SpecError, match="--gpus must be a power of two"):

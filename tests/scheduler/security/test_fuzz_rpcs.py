@@ -190,7 +190,7 @@ def agent(tmp_path):  # type: ignore[no-untyped-def]
     import asyncio
     import threading
 
-    from migration_helper.agent import HelperAgentServicer
+    from migration_helper.agent import agent_server
     from migration_helper.ramdisk import Ramdisk
 
     ramdisk = Ramdisk(tmp_path / "rd", max_bytes=1 << 20)
@@ -200,8 +200,7 @@ def agent(tmp_path):  # type: ignore[no-untyped-def]
     thread.start()
 
     async def start() -> tuple[grpc.aio.Server, int]:
-        server = grpc.aio.server()
-        helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk), server)
+        server = agent_server(ramdisk)  # as the helper serves it
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, port
@@ -209,17 +208,32 @@ def agent(tmp_path):  # type: ignore[no-untyped-def]
     server, port = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            yield ramdisk, helper_pb2_grpc.HelperAgentStub(ch)
+            yield ramdisk, helper_pb2_grpc.HelperAgentStub(ch), ch
     finally:
         asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
 
 
+def test_a_checkpoint_stream_of_bytes_that_are_not_chunks_is_invalid_argument(agent, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A peer's stream that does not parse was UNKNOWN with gRPC's exception text."""
+    ramdisk, _, channel = agent
+    put = channel.stream_unary("/gandiva.v1.HelperAgent/PutCheckpoint")  # raw bytes, no stub codec
+    for stream in ([b"\xff\xff\xff\xff"], [helper_pb2.CheckpointChunk(job_id="j-1").SerializeToString(), b"\xff"]):
+        try:
+            put(iter(stream), timeout=10)
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+            assert "PutCheckpoint: the request is not a gandiva.v1.CheckpointChunk message" in err.details()
+        else:
+            raise AssertionError("a malformed stream was taken")
+        assert {p.name for p in tmp_path.iterdir()} == {"rd"} and not list(ramdisk.root.rglob(".incoming-*"))
+
+
 def test_helper_agent_put_checkpoint(agent, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from pathlib import Path
 
-    ramdisk, stub = agent
+    ramdisk, stub, _ = agent
 
     @FUZZ
     @given(chunks=st.lists(messages(helper_pb2.CheckpointChunk), max_size=6))

@@ -173,3 +173,36 @@ def test_gittins_refinements_are_flags_that_reach_the_policy(capsys: pytest.Capt
     code, _, err = _sim(capsys, "--jobs", "5", "--policy", "gandiva", "--no-gittins-slices", flag)
     name = flag.lstrip("-").replace("-", "_")
     assert code == 2 and name in err and "turn gittins_slices on too" in err
+
+
+def test_jobs_larger_than_the_cluster_are_counted_and_named(capsys: pytest.CaptureFixture[str],
+                                                            caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    trace = tmp_path / "wide.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,1,60\n5,64,60\n")
+    code, out, _ = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo")
+    assert code == 0
+    assert any(line.startswith("│ jobs skipped") and line.rstrip("│ ").endswith(" 1") for line in out.splitlines())
+    assert "e.g. wide-1 with 64" in caplog.text and "a cluster of 64 GPUs or more" in caplog.text
+    trace.write_text("submit_time,num_gpus,duration\n0,16,60\n5,64,60\n")
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo")
+    assert code == 2 and out == ""
+    assert "every job needs more GPUs than the cluster's 8 (the smallest needs 16)" in err.replace("\n", "")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--quantum", "nan"), "argument --quantum: expected a finite number, got 'nan'"),
+    (("--slice-growth", "inf"), "argument --slice-growth: expected a finite number, got 'inf'"),
+    (("--host-memory-gib", "nan"), "argument --host-memory-gib: expected a finite number"),
+    (("--migrate-s", "-1"), "argument --migrate-s: must not be negative, got '-1'"),
+    (("--first-n", "0"), "argument --first-n: must be at least 1, got '0'"),
+    (("--large-block-after", "nan"), "argument --large-block-after: expected seconds or 'off', got 'nan'"),
+    (("--cluster", "1000000x8"), "larger than the simulator replays: at most 100000 servers"),
+    (("--plot", "/proc/no/such"), "--plot /proc/no/such: cannot create the folder"),
+])
+def test_absurd_flags_are_refused_before_any_replay(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
+                                                    message: str) -> None:
+    try:
+        code, out, err = _sim(capsys, "--jobs", "5", *argv)
+    except SystemExit as exc:  # argparse refuses a bad value itself
+        code, out, err = exc.code, *capsys.readouterr()
+    assert code == 2 and out == "" and message in err.replace("\n", " ") and "Traceback" not in err

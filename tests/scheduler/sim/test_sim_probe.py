@@ -26,7 +26,7 @@ CAP = 2
 
 
 def _run(jobs: list[JobSpec], cluster: str, probe: bool, cap: int = CAP,
-         host_gib: float = 0.0) -> tuple[SimResult, int]:
+         host_gib: float = 0.0, packing: bool = True) -> tuple[SimResult, int]:
     """Replay under gandiva (jobs of 4 GiB of host memory, servers of ``host_gib``, 0: not
     checked); return the result and the most jobs bound to one GPU set."""
     most = [0]
@@ -38,7 +38,7 @@ def _run(jobs: list[JobSpec], cluster: str, probe: bool, cap: int = CAP,
                 groups[job.placement] = groups.get(job.placement, 0) + 1
         most[0] = max([most[0], *groups.values()])
 
-    cfg = PolicyConfig(max_jobs_per_gpu=cap, probe_slices=probe, enable_packing=False)
+    cfg = PolicyConfig(max_jobs_per_gpu=cap, probe_slices=probe, enable_packing=packing)
     model = MechanismModel.default()
     model.job_host_memory_gib = 4.0
     result = Simulator(jobs, make_cluster(cluster, host_memory_gib=host_gib), get_policy("gandiva", cfg), model,
@@ -63,6 +63,7 @@ def test_new_jobs_get_their_first_mini_batches_within_a_few_quanta(seed: int) ->
     assert len(on.jobs) == len(off.jobs) == len(jobs)
     assert most_off == CAP and most_on == CAP + 1
     assert off.counts["parks"] == 0 < on.counts["parks"]
+    assert on.counts["packs"] > 0  # a packing trial with a newcomer ends when it is parked
     quantum = PolicyConfig().quantum_s
     assert statistics.median(_waits(off)) > 20 * quantum
     assert statistics.median(_waits(on)) <= 5 * quantum
@@ -88,7 +89,7 @@ def test_a_parked_job_pays_a_restart_and_keeps_its_progress() -> None:
     model = MechanismModel.default()
     long = JobSpec("long", 0.0, 1, duration_s=3600.0)
     short = JobSpec("short", 100.0, 1, duration_s=600.0)
-    result, most = _run([long, short], "1x1", probe=True, cap=1)
+    result, most = _run([long, short], "1x1", probe=True, cap=1, packing=False)
     jobs = {j.spec.id: j for j in result.jobs}
     assert result.counts["parks"] == 1 and most == 2
     turn = jobs["short"].first_n_at - short.submit_time
@@ -112,3 +113,31 @@ def test_off_by_default_and_on_with_the_flag(capsys: pytest.CaptureFixture[str])
     assert "parked to disk" not in capsys.readouterr().out
     assert main([*args, "--probe-slices"]) == 0
     assert "parked to disk (probe_slices)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_a_parked_job_leaves_no_packing_trial_or_pair_behind(seed: int) -> None:
+    """With packing on, a newcomer on its first turn may be packed with a member of its
+    group; parking it ends the trial and the pair (a trial or pair naming a job no longer
+    there kept a group from rotating: two packed jobs ran at a rate of 0 forever). After
+    every call, every trial and kept pair names bound jobs, and every job finishes."""
+    jobs, _ = scale_to_load(generate(160, seed=seed, max_gpus=4), make_cluster("2x4"), MechanismModel.default(), 4.0)
+    policy = get_policy("gandiva", PolicyConfig(max_jobs_per_gpu=CAP, probe_slices=True))
+    decide = policy.decide
+    parked_in_trial = [0]
+
+    def checked(snapshot):  # type: ignore[no-untyped-def]
+        before = {j for t in policy.state.trials.values() for j in (t.job_id, t.partner_id)}
+        out = decide(snapshot)
+        ledger = policy._ledger  # as the call left it (not synced again)
+        assert ledger is not None
+        parked = {d.job_id for d in out if type(d).__name__ == "Park"}
+        parked_in_trial[0] += len(parked & before)
+        named = {j for t in policy.state.trials.values() for j in (t.job_id, t.partner_id)} | set(policy.state.kept_pairs)
+        assert all(j in ledger.placement for j in named), sorted(j for j in named if j not in ledger.placement)
+        return out
+
+    policy.decide = checked  # type: ignore[method-assign]
+    result = Simulator(jobs, make_cluster("2x4"), policy, MechanismModel.default()).run()
+    assert not result.unfinished and result.counts["parks"] > 0
+    assert parked_in_trial[0] > 0  # the case this test is about happened

@@ -48,3 +48,20 @@ def test_compare_refuses_results_replayed_with_different_settings(tmp_path: Path
     assert out.returncode == 2 and "a was replayed with different settings" in out.stderr
     out = _run(base, tmp_path / "missing.json")
     assert out.returncode == 2 and "missing.json" in out.stderr
+
+
+def test_another_clusters_traces_are_read_before_any_replay(tmp_path: Path) -> None:
+    """A bad trace under --traces DIR was a traceback (after the traces before it had replayed
+    for hours); an --only name that matches no trace replayed nothing without a word."""
+    itp = tmp_path / "itp"
+    itp.mkdir()
+    (itp / "cluster90.csv").write_text("job_id,submission_time,num_gpu,duration\na,0,1,60\na,5,2,60\n")
+    (itp / "cluster91.csv").write_text("job_id,submission_time,num_gpu,duration\na,0,1,60\n")
+    run = [sys.executable, "benchmarks/sim_table.py", "--traces", str(tmp_path)]
+    out = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"{itp / 'cluster90.csv'}:3: job id 'a' is also on line 2" in out.stderr
+    assert "nothing was replayed" in out.stderr and out.stdout == ""
+    out = subprocess.run([*run, "--only", "cluster91,cluster99"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 2 and "no trace cluster99" in out.stderr and "found: cluster90, cluster91" in out.stderr

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
-from scheduler.sim.trace import TraceError, read_trace
+from scheduler.sim.trace import TraceError, read_trace, read_trace_as
 
 TRACES = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(),
@@ -48,7 +50,7 @@ def test_tiresias_csv_and_generic_csv(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "message"), [
     ("0,1,60\n10,two,60\n", "g.csv:2: GPU count 'two' is not a number"),
     ("0,1,60\n10,0,60\n", "g.csv:2: GPU count '0' must be at least 1"),
-    ("0,1,60\n\n10,1\n", "g.csv:3: expected submit_time,num_gpus,duration[,model], got 2 columns"),
+    ("0,1,60\n\n10,1\n", "g.csv:3: expected 3 or 4 CSV columns, got 2 (submit_time,num_gpus,duration[,model])"),
     ("0,1,-5\n", "g.csv:1: duration '-5' is negative"),
 ])
 def test_bad_line_error_names_file_and_line(tmp_path: Path, text: str, message: str) -> None:
@@ -56,9 +58,35 @@ def test_bad_line_error_names_file_and_line(tmp_path: Path, text: str, message: 
         read_trace(_write(tmp_path, "g.csv", text))
 
 
+@pytest.mark.parametrize("variant", [
+    pytest.param(lambda t: t.replace("\n", "\r\n"), id="crlf"),
+    pytest.param(lambda t: t.replace("\n", "\t \n"), id="trailing-tab"),
+    pytest.param(lambda t: "# exported\njob_type\tcommand\tnum_steps_arg\tneeds_data_dir\ttotal_steps\t"
+                           "arrival_time_s\tscale_factor\n\n" + t, id="comment-and-header"),
+])
+def test_a_gavel_export_with_other_line_ends_or_a_header_reads_the_same(tmp_path: Path, variant) -> None:  # type: ignore[no-untyped-def]
+    jobs = read_trace(_write(tmp_path, "a.trace", variant(GAVEL7)))
+    assert [(j.model, j.num_gpus, j.total_steps, j.submit_time) for j in jobs] == [
+        ("LM (batch size 20)", 1, 1200, 0.0), ("ResNet-50 (batch size 64)", 4, 5000, 30.0)]
+
+
 def test_bad_gavel_line_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"a.trace:2: expected 7 tab-separated columns, got 3"):
         read_trace(_write(tmp_path, "a.trace", GAVEL7.splitlines()[0] + "\nx\ty\tz\n"))
+
+
+def test_an_endless_stream_is_refused_and_a_pipe_is_read_once(tmp_path: Path) -> None:
+    """--trace /dev/zero read until memory ran out; --trace <(zcat ...) was read twice."""
+    if Path("/dev/zero").exists():
+        with pytest.raises(TraceError, match="^/dev/zero: NUL byte at byte 0: not a text trace"):
+            read_trace("/dev/zero")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(ITP))
+    writer.start()
+    jobs, fmt = read_trace_as(fifo)
+    writer.join(10)
+    assert fmt == "itp" and [j.num_gpus for j in jobs] == [1, 8]
 
 
 def test_missing_and_empty_files_are_reported(tmp_path: Path) -> None:
@@ -103,3 +131,71 @@ def test_every_itp_trace_reads() -> None:
     for path in sorted((TRACES / "itp").glob("cluster*.csv")):
         jobs = read_trace(path)
         assert len(jobs) > 200 and all(j.duration_s and j.duration_s > 0 for j in jobs)
+
+
+# Another cluster's export of the same jobs: each variant must replay exactly these jobs.
+ITP_JOBS = [("cluster99-a1", 10.0, 1, "bert", 1265.0), ("cluster99-b2", 0.0, 8, "resnet50", 2066.0)]
+ITP_HEAD = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration"
+ITP_ROWS = ["a1,10,7628,bert,5985,64,1,1265", "b2,0,14137,resnet50,6955,64,8,2066"]
+TIRESIAS_HEAD = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval"
+TIRESIAS_ROWS = ["a1,1,10,606,bert,1265,30", "b2,8,0,133,resnet50,2066,23"]
+
+
+def _itp(head: str = ITP_HEAD, rows: list[str] = ITP_ROWS, end: str = "\n") -> bytes:
+    return end.join([head, *rows, ""]).encode()
+
+
+@pytest.mark.parametrize(("content", "fmt"), [
+    pytest.param(b"\xef\xbb\xbf" + _itp(), "auto", id="byte-order-mark"),
+    pytest.param(_itp(end="\r\n"), "auto", id="crlf"),
+    pytest.param(_itp(head=ITP_HEAD.upper().replace(",", " , ")), "auto", id="header-case-and-spaces"),
+    pytest.param(_itp("job_id,num_gpu,duration,submission_time,model_name",
+                      ["a1,1,1265,10,bert", "b2,8,2066,0,resnet50"]), "auto", id="reordered-fewer-columns"),
+    pytest.param(_itp(ITP_HEAD + ",user,queue", [r + ",alice,q1" for r in ITP_ROWS]), "auto", id="extra-columns"),
+    pytest.param(b"# exported by cluster X\n\n" + _itp(rows=[ITP_ROWS[0], "", "  # a comment", ITP_ROWS[1]]),
+                 "auto", id="comments-and-blank-lines"),
+    pytest.param(_itp(rows=['"' + r.replace(",", '","') + '"' for r in ITP_ROWS]), "auto", id="quoted-fields"),
+    pytest.param(_itp(rows=["a1,2021-03-01 10:00:10,7628,bert,5985,64,1,1265",
+                            "b2,2021-03-01T10:00:00+00:00,14137,resnet50,6955,64,8,2066"]), "auto", id="iso-dates"),
+    pytest.param(_itp(rows=ITP_ROWS[::-1]), "auto", id="unsorted"),
+    pytest.param("\n".join(ITP_ROWS).encode(), "itp", id="itp-without-header"),
+    pytest.param(_itp(TIRESIAS_HEAD, TIRESIAS_ROWS), "auto", id="tiresias-same-jobs"),
+    pytest.param("\n".join(TIRESIAS_ROWS).encode(), "tiresias", id="tiresias-without-header"),
+])
+def test_another_clusters_export_replays_the_same_jobs(tmp_path: Path, content: bytes, fmt: str) -> None:
+    path = tmp_path / "cluster99.csv"
+    path.write_bytes(content)
+    jobs = read_trace(path, fmt)
+    assert [(j.id, j.submit_time, j.num_gpus, j.model, j.duration_s) for j in jobs] == ITP_JOBS[::-1]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (_itp(rows=[ITP_ROWS[0], "a1,20,1,bert,1,1,2,60"]),
+     "x.csv:3: job id 'a1' is also on line 2: job ids must be unique"),
+    (_itp(rows=["a1,10,7628,bert,5985,64,1.5,1265"]), "x.csv:2: GPU count '1.5' is not a whole number"),
+    (_itp(rows=["a1,10,7628,bert,5985,64,,1265"]), "x.csv:2: GPU count is missing"),
+    (_itp(rows=["a1,10,7628,bert,5985,64,1,-3"]), "x.csv:2: duration '-3' is negative"),
+    (_itp(rows=["a1,10,7628,resnet, 50,5985,64,1,1265"]), "x.csv:2: expected 8 ITP columns, got 9 (the header"),
+    (_itp(TIRESIAS_HEAD, ["0,1,0,606,vgg19,0,30"]), "x.csv:2: duration '0' must be positive"),
+    (_itp(rows=["a1,2021-03-01 10:00:10,7628,bert,5985,64,1,1265", "b2,5,1,bert,1,1,1,60"]),
+     "x.csv:3: submit time '5' is a seconds but line 2's is a date"),
+    (_itp(rows=["a1,-60,7628,bert,5985,64,1,1265"]), "x.csv:2: submit time '-60' is negative; shift the trace's"),
+    (_itp(rows=["a1,03/01/2021,7628,bert,5985,64,1,1265"]),
+     "x.csv:2: submit time '03/01/2021' is neither seconds nor an ISO 8601 date"),
+    (_itp("job_id,submission_time,gpus_wanted,duration", ["a1,1,1,60"]),
+     "x.csv:1: the header names no num_gpu column (nor num_gpus, gpus, gpu_num)"),
+    (b"time,count,length\n0,1,60\n", "x.csv:1: the header names none of the columns this reader knows"),
+    (b'0,1,60\n"1,1,60\n', "x.csv:2: not a CSV line"),
+    ("\n".join(ITP_ROWS).encode(), "x.csv:1: expected 3 or 4 CSV columns, got 8"),
+    (b"# only a comment\n\n", "x.csv: trace is empty"),
+    (_itp(rows=[]), "x.csv: trace has no jobs"),
+    (b"\xef\xbb\xbfa\tb\tc\td\n", "x.csv:1: unrecognised trace layout (tab-separated with 4 columns"),
+    (GAVEL7.replace("\t5000\t", "\t0\t").encode(), "x.csv:1: total steps '0' must be positive"),
+    (b"\x1f\x8b\x08\x00\x12", "x.csv: NUL byte at byte 3: not a text trace (a compressed file?"),
+    (b"job_id;submit_time;num_gpu;duration\na;0;1;60\n", "x.csv:1: one column only, its fields separated by ';'"),
+])
+def test_an_export_that_would_replay_wrongly_is_refused(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "x.csv"
+    path.write_bytes(content)
+    with pytest.raises(TraceError, match=re.escape(message)):
+        read_trace(path)

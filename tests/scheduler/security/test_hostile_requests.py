@@ -1,0 +1,256 @@
+"""Hostile requests a fuzzer does not build, over real gRPC and real HTTP: bytes that are
+not protobuf, fields only the scheduler may set, 50 clients acting on one job at once,
+and the dashboard's query strings. Each gets a clear status naming what is wrong, the
+scheduler keeps serving, and no job is lost, duplicated or half-written."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import socket
+import threading
+from collections import Counter
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.gandiva.v1 import (
+    common_pb2,
+    helper_pb2,
+    helper_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+from scheduler.validation import MAX_PRIORITY
+
+GARBAGE = b"\xff\xff\xff\xff"  # a field number 0 with a broken varint: no message parses it
+
+
+def _spec(**kw: Any) -> common_pb2.JobSpec:
+    return common_pb2.JobSpec(command=["python", "t.py"], gpus=1, **kw)
+
+
+def _all_jobs(stub: Any) -> list[common_pb2.Job]:
+    return list(stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10).jobs)
+
+
+@pytest.fixture
+def channel(scheduler_server: Any) -> Any:
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        yield ch
+
+
+@pytest.mark.parametrize(("method", "kind", "message"), [
+    ("/gandiva.v1.Scheduler/SubmitJob", "unary", "gandiva.v1.SubmitJobRequest"),
+    ("/gandiva.v1.Helper/Heartbeat", "unary", "gandiva.v1.HeartbeatRequest"),
+    ("/grpc.health.v1.Health/Check", "unary", "grpc.health.v1.HealthCheckRequest"),
+    ("/gandiva.v1.Scheduler/WatchEvents", "response-stream", "gandiva.v1.WatchEventsRequest"),
+    ("/gandiva.v1.Runtime/Connect", "both-streams", "gandiva.v1.RuntimeMessage"),
+])
+def test_bytes_that_are_not_the_methods_message_are_invalid_argument(channel: Any, method: str, kind: str,
+                                                                     message: str) -> None:
+    """gRPC alone answers UNKNOWN with its internal exception's text."""
+    with pytest.raises(grpc.RpcError) as err:
+        if kind == "unary":
+            channel.unary_unary(method)(GARBAGE, timeout=10)
+        elif kind == "response-stream":
+            list(channel.unary_stream(method)(GARBAGE, timeout=10))
+        else:
+            list(channel.stream_stream(method)(iter([GARBAGE]), timeout=10))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"{method}: the request is not a {message} message" in err.value.details()
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize(("call", "field", "fragment"), [
+    (lambda s: s.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec(multi_job_id="mj-someone-elses"))),
+     "spec.multi_job_id", "is set by the scheduler"),
+    (lambda s: s.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(
+        name="sweep", jobs=[_spec(), _spec(multi_job_id="mj-someone-elses")])), "jobs[1].multi_job_id",
+     "is set by the scheduler"),
+    (lambda s: s.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(
+        name="sweep", jobs=[_spec(index=4), _spec(index=2), _spec(index=4)])), "jobs[2].index",
+     "4 is also jobs[0]'s"),
+    (lambda s: s.SetPriority(scheduler_pb2.SetPriorityRequest(
+        id=s.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id, priority=2**31 - 1)),
+     "priority", f"exceeds {MAX_PRIORITY}"),
+])
+def test_fields_a_client_may_not_set_are_refused_and_nothing_is_written(channel: Any, call: Any, field: str,
+                                                                       fragment: str) -> None:
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    with pytest.raises(grpc.RpcError) as err:
+        call(stub)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(f"{field}: ") and fragment in err.value.details()
+    jobs = _all_jobs(stub)
+    assert all(not j.spec.multi_job_id and j.spec.priority == 0 for j in jobs) and len(jobs) <= 1
+
+
+def test_members_keep_the_indices_they_are_given_zero_included(channel: Any) -> None:
+    """`gandiva submit --array 3,0` sends indices 3 and 0: the member for 0 was stored as 1."""
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    reply = stub.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(name="a", jobs=[_spec(index=3), _spec(index=0)]))
+    assert [j.spec.index for j in reply.jobs] == [3, 0]
+    unnumbered = stub.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(name="b", jobs=[_spec(), _spec(), _spec()]))
+    assert [j.spec.index for j in unnumbered.jobs] == [0, 1, 2]
+
+
+class _Helper:
+    """One registered server whose helper acks every command and whose jobs' runtimes
+    (FakeShim, as tf_runtime speaks) ack every suspend and resume."""
+
+    def __init__(self, channel: Any, name: str) -> None:
+        from tests.scheduler.api.test_runtime_api import FakeShim
+
+        self.stub = helper_pb2_grpc.HelperStub(channel)
+        self.stub.Register(helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=i) for i in range(2)],
+                                                            ramdisk=f"/ram/{name}"))
+        self.commands = self.stub.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=name))
+        self.shims: list[Any] = []
+
+        def obey() -> None:
+            try:
+                for cmd in self.commands:
+                    if cmd.WhichOneof("body") == "launch":
+                        self.shims.append(FakeShim(channel, cmd.launch.job_id, cmd.launch.incarnation))
+                    self.stub.ReportCommandResult(helper_pb2.HelperCommandResult(
+                        server=name, command_id=cmd.command_id, ok=True))
+            except grpc.RpcError:
+                pass  # the test is over
+
+        threading.Thread(target=obey, daemon=True).start()
+
+    def close(self) -> None:
+        for shim in self.shims:
+            shim.close()
+        self.commands.cancel()
+
+
+def test_fifty_clients_acting_on_one_job_leave_one_consistent_history(db_url: str, make_scheduler: Any,
+                                                                       wait_for: Any) -> None:
+    """Suspend, resume, re-prioritise and kill the same running job from 50 clients at
+    once: one of each conflicting pair wins, the others hear FAILED_PRECONDITION saying
+    why, and the job's history is one unbroken chain ending KILLED, its GPUs free."""
+    sched = make_scheduler(db_url, tick_s=0.2)
+    with grpc.insecure_channel(sched.address) as ch:
+        helper = _Helper(ch, "n1")
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+        wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state == common_pb2.JOB_STATE_RUNNING)
+
+        def act(i: int) -> str:
+            request = scheduler_pb2.JobActionRequest(id=job_id)
+            calls = [lambda: stub.SuspendJob(request, timeout=60), lambda: stub.ResumeJob(request, timeout=60),
+                     lambda: stub.SetPriority(scheduler_pb2.SetPriorityRequest(id=job_id, priority=i), timeout=60)]
+            if i >= 40:  # the last ten kill it
+                calls = [lambda: stub.KillJob(request, timeout=60)]
+            try:
+                calls[i % len(calls)]()
+                return "OK"
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+                assert job_id in err.details()
+                return "refused"
+
+        with concurrent.futures.ThreadPoolExecutor(50) as pool:
+            outcomes = Counter(pool.map(act, range(50)))
+        job = stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+        helper.close()
+    assert outcomes["OK"] >= 1 and sum(outcomes.values()) == 50
+    assert job.state == common_pb2.JOB_STATE_KILLED and not job.placement
+    history = [(h.from_state, h.to_state) for h in job.history]
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(history)), history
+    assert sum(1 for _, to in history if to == common_pb2.JOB_STATE_KILLED) == 1
+    with grpc.insecure_channel(sched.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        assert [j.id for j in _all_jobs(stub)] == [job_id]
+        (server,) = stub.ListServers(scheduler_pb2.ListServersRequest()).servers
+        assert server.allocated == 0
+
+
+def _http(address: str, head: bytes) -> tuple[int, bytes]:
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(head)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+    return status, data.partition(b"\r\n\r\n")[2]
+
+
+ODD_HTTP = [
+    (b"GET /api/timeline?since=inf HTTP/1.1\r\n\r\n", 400, b"?since='inf' is not a number from 0 to"),
+    (b"GET /api/timeline?since=1e400 HTTP/1.1\r\n\r\n", 400, b"?since='1e400' is not a number"),
+    (b"GET /api/timeline?since=-5 HTTP/1.1\r\n\r\n", 400, b"?since='-5' is not a number"),
+    (b"GET /api/decisions?after=nan HTTP/1.1\r\n\r\n", 400, b"?after='nan' is not a number"),
+    (b"GET /api/decisions?after=1e30 HTTP/1.1\r\n\r\n", 400, b"?after='1e30' is not a number"),
+    (b"GET /api/decisions?after=12 HTTP/1.1\r\n\r\n", 200, b'"decisions":'),
+    (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 431, b"request head over"),
+    (b"GET /\r\n\r\n", 400, b"expected METHOD PATH HTTP/1.1"),
+    (b"GET /../../etc/passwd HTTP/1.1\r\n\r\n", 404, b"no page at /../../etc/passwd; try one of"),
+    ("GET /caf\u00e9 HTTP/1.1\r\n\r\n".encode(), 404, "no page at /caf\u00e9;".encode()),
+]
+
+
+def test_the_dashboards_odd_requests_get_a_clear_answer(make_scheduler: Any, sqlite_url: str) -> None:
+    """Infinite, negative and huge query numbers were a 500 (and a traceback in the log) or
+    "malformed request line"; an oversized head was a closed connection."""
+    sched = make_scheduler(sqlite_url, tick_s=0.5, http_listen="127.0.0.1:0")
+    for head, status, fragment in ODD_HTTP:
+        got, body = _http(sched.server.http_address, head)
+        assert (got, fragment in body) == (status, True), (head[:60], got, body[:200])
+    assert _http(sched.server.http_address, b"GET /api/state HTTP/1.1\r\n\r\n")[0] == 200
+
+
+def test_a_helpers_nan_and_infinite_figures_are_cleaned_not_refused(db_url: str, make_scheduler: Any,
+                                                                    wait_for: Any) -> None:
+    """A NaN utilization was an integrity error on SQLite (FAILED_PRECONDITION "retry": a helper
+    retried forever, losing every other sample of the report) and infinity a profile."""
+    sched = make_scheduler(db_url, tick_s=0.2)
+    nan, inf = float("nan"), float("inf")
+    with grpc.insecure_channel(sched.address) as ch:
+        helper = helper_pb2_grpc.HelperStub(ch)
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[
+            common_pb2.Gpu(index=0, utilization=nan, memory_used_bytes=-7), common_pb2.Gpu(index=1, utilization=inf)]))
+        job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+        wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).placement)
+        for value in (nan, inf, -inf, 0.5):
+            helper.ReportGpuSamples(helper_pb2.GpuSamplesRequest(server="n1", samples=[
+                helper_pb2.GpuSample(gpu_index=0, utilization=value, memory_used_bytes=-1),
+                helper_pb2.GpuSample(gpu_index=1, utilization=value, job_id=job_id, minibatch_s=value)]))
+            expected = (0.5 if value == 0.5 else 0.0, 0)  # NaN and infinities: unknown, 0
+
+            def first_gpu() -> tuple[float, int]:
+                (server,) = stub.ListServers(scheduler_pb2.ListServersRequest()).servers
+                return server.gpu_list[0].utilization, server.gpu_list[0].memory_used_bytes
+
+            wait_for(lambda: first_gpu() == expected)  # noqa: B023 - called at once
+        assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).id == job_id
+
+
+def test_a_helper_back_with_fewer_gpus_requeues_the_jobs_on_the_missing_ones(channel: Any, wait_for: Any) -> None:
+    """They stayed RUNNING on GPUs the server no longer had (height 2 on one GPU)."""
+    helper = helper_pb2_grpc.HelperStub(channel)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=i) for i in range(2)]))
+    ids = [stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id for _ in range(2)]
+
+    def placed_jobs() -> list[common_pb2.Job] | None:
+        jobs = [stub.GetJob(scheduler_pb2.GetJobRequest(id=i)) for i in ids]
+        return jobs if all(j.placement for j in jobs) else None
+
+    placed = wait_for(placed_jobs)
+    on_gpu1 = next(j.id for j in placed if j.placement[0].index == 1)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+    moved = stub.GetJob(scheduler_pb2.GetJobRequest(id=on_gpu1))
+    assert moved.state == common_pb2.JOB_STATE_QUEUED and not moved.placement
+    assert "its GPU(s) 1 on n1 are no longer reported" in moved.history[-1].reason
+    (server,) = stub.ListServers(scheduler_pb2.ListServersRequest()).servers
+    assert (server.gpus, server.allocated) == (1, 1)
+    assert {stub.GetJob(scheduler_pb2.GetJobRequest(id=i)).state for i in ids if i != on_gpu1} == {
+        common_pb2.JOB_STATE_RUNNING}
