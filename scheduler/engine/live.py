@@ -24,7 +24,7 @@ from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
 from scheduler.policy import types as pt
 from scheduler.state import repo
-from scheduler.state.models import Job, JobProfile
+from scheduler.state.models import Job, JobProfile, Server
 
 log = logging.getLogger(__name__)
 
@@ -214,15 +214,21 @@ class LiveEngine:
                 self._checkpointed[job.id] = now
                 self._background(job.id, self._checkpoint(job.id, job.incarnation))
 
+    async def _where(self, job_id: str) -> tuple[Job, Server | None]:
+        """The job's row and the server it runs on (its first GPU's), None if it holds none."""
+        async with self.core.tx(read=True) as s:
+            job = await repo.get_job(s, job_id)
+            placement = (await repo.placements_of(s, [job_id])).get(job_id, [])
+            server = await repo.get_server(s, placement[0].server_name) if placement else None
+        return job, server
+
     async def _checkpoint(self, job_id: str, incarnation: str) -> None:
         """One periodic checkpoint, into the job's server's ramdisk under a name that
         carries the launch's incarnation (swapped atomically by the shim each time);
         recorded as the job's restore point only if that launch is still current."""
-        async with self.core.tx(read=True) as s:
-            placement = (await repo.placements_of(s, [job_id])).get(job_id, [])
-            if not placement:
-                return
-            server = await repo.get_server(s, placement[0].server_name)
+        job, server = await self._where(job_id)
+        if server is None:
+            return
         directory = posixpath.join(server.ramdisk, job_id, f"periodic-{incarnation}")
         ack = await self.core.runtimes.call(
             job_id, runtime_pb2.COMMAND_KIND_CHECKPOINT, self.core.settings.command_timeout_s,
@@ -412,12 +418,9 @@ class LiveEngine:
         stop-for-migration, at its next boundary or while suspended); then it is queued
         again, its restore point that checkpoint, with no GPUs and no host memory held.
         Its next launch resumes from the checkpoint's step (docs/policy.md, probe_slices)."""
-        async with self.core.tx(read=True) as s:
-            job = await repo.get_job(s, job_id)
-            placement = (await repo.placements_of(s, [job_id])).get(job_id, [])
-            if not placement or job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
-                return
-            server = await repo.get_server(s, placement[0].server_name)
+        job, server = await self._where(job_id)
+        if server is None or job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
+            return
         incarnation = job.incarnation
         directory = posixpath.join(server.ramdisk, job_id, f"park-{incarnation}")
         timeout = self.core.settings.command_timeout_s

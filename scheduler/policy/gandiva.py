@@ -39,6 +39,7 @@ from scheduler.policy.placement import (
     host_ok,
     missed,
     queue_reason,
+    takes_turns,
 )
 from scheduler.policy.state import GandivaState
 from scheduler.policy.timeslice import rotate
@@ -287,9 +288,7 @@ class GandivaPolicy(Policy):
             groups = [
                 g for g in ledger.groups_by_size.get(size, ())
                 if g not in taken and len(ledger.members(g)) >= cfg.max_jobs_per_gpu
-                and all(ledger.servers.get(x.server) is not None for x in g)
-                and not any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable
-                            for m in ledger.members(g))
+                and all(ledger.servers.get(x.server) is not None for x in g) and takes_turns(ledger, g)
             ]
             if not groups:
                 continue
@@ -332,9 +331,7 @@ class GandivaPolicy(Policy):
             del self.state.probes[job_id]
             why = "first turn over: parked"
             end_trials_of(ledger, self.state, self.config, job_id, why)
-            partner = self.state.kept_pairs.pop(job_id, None)  # a pair takes turns together:
-            if partner is not None:                            # not once one of it has left
-                self.state.kept_pairs.pop(partner, None)
+            self.state.drop_pair(job_id)  # a pair takes turns together: not once one has left
             ledger.unbind(job_id)
             ledger.set_state(job_id, "QUEUED")
             parked.add(job_id)
@@ -366,9 +363,3 @@ class GandivaPolicy(Policy):
         # they are due (a report comes when it comes).
         due = (PROBE_STEPS - job.steps) / job.rate if job.rate else quantum
         return now + min(max(due, quantum), PROBE_MAX_QUANTA * quantum - served)
-        steps = float(job.steps)
-        if job.rate and job.reported_at is not None:
-            steps += job.rate * max(0.0, now - job.reported_at)
-        if steps < PROBE_STEPS:
-            return now + ((PROBE_STEPS - steps) / job.rate if job.rate else quantum)
-        return None

@@ -118,6 +118,13 @@ def any_free_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
     return tuple(chosen) if host_ok(ledger, job, tuple(chosen), config) else None
 
 
+def takes_turns(ledger: Ledger, gpus: Placement) -> bool:
+    """The group on ``gpus`` can take one more job in turns: none of its members is
+    migrating or uncontrollable (such a job cannot take turns: it keeps its GPUs alone)."""
+    return not any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable
+                   for m in ledger.members(gpus))
+
+
 def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
     best: tuple | None = None
     for gpus in ledger.groups_by_size.get(job.gpus, ()):
@@ -127,8 +134,8 @@ def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> 
         names = {g.server for g in gpus}
         if any(n not in ledger.servers or ledger.affinity(n) != job.gpus for n in names):
             continue
-        if any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable for m in members):
-            continue  # an uncontrollable job cannot take turns: it keeps its GPUs alone
+        if not takes_turns(ledger, gpus):
+            continue
         if not host_ok(ledger, job, gpus, config):
             continue  # its process would not fit beside the group's in the server's memory
         key = (len(members), max(ledger.height(n) for n in names), gpus)

@@ -108,6 +108,12 @@ class GandivaState:
         self.kept_pairs[a] = b
         self.kept_pairs[b] = a
 
+    def drop_pair(self, job_id: str) -> None:
+        """The job leaves its kept pair, if it is in one (its partner takes turns alone)."""
+        partner = self.kept_pairs.pop(job_id, None)
+        if partner is not None:
+            self.kept_pairs.pop(partner, None)
+
     def wake_at(self, when: float) -> None:
         if self.next_wakeup is None or when < self.next_wakeup:
             self.next_wakeup = when
