@@ -121,6 +121,11 @@ class Ledger:
             name: set(range(s.num_gpus)) for name, s in self.servers.items()
         }
         self._n_free = sum(len(f) for f in self._free.values())
+        # Servers held for one GPU count larger than a server (``hold``): their free GPUs
+        # are kept apart in _held_free (no filter sees them; the holder reads held_free) and
+        # their affinity reads as that count, so no job of another count joins them.
+        self.held: dict[str, int] = {}
+        self._held_free: dict[str, set[int]] = {}
         self._over: set[str] = set()
         self.max_server_gpus = max((s.num_gpus for s in self.servers.values()), default=1)
         # GPUs of the up servers.
@@ -368,6 +373,8 @@ class Ledger:
                 if gpu.index in free[gpu.server]:
                     free[gpu.server].discard(gpu.index)
                     self._n_free -= 1
+                elif self.held:
+                    self._held_free.get(gpu.server, set()).discard(gpu.index)
                 if load[gpu.server] > self.servers[gpu.server].num_gpus:
                     self._over.add(gpu.server)
         names = (gpus[0].server,) if len(gpus) == 1 else tuple(dict.fromkeys(g.server for g in gpus))
@@ -403,11 +410,15 @@ class Ledger:
             self.bound[gpu].remove(job_id)
             if gpu.server in self.load:
                 self.load[gpu.server] -= 1
-                if not self.load[gpu.server]:
+                held = self._held_free.get(gpu.server) if self.held else None
+                if not self.load[gpu.server] and held is None:
                     self.idle_servers.add(gpu.server)
                 if not self.bound[gpu]:
-                    self._free[gpu.server].add(gpu.index)
-                    self._n_free += 1
+                    if held is not None:
+                        held.add(gpu.index)
+                    else:
+                        self._free[gpu.server].add(gpu.index)
+                        self._n_free += 1
                 if self.load[gpu.server] <= self.servers[gpu.server].num_gpus:
                     self._over.discard(gpu.server)
         self.spread.discard(job_id)
@@ -473,6 +484,38 @@ class Ledger:
         self._set(job_id, state)
         self.changed.add(job_id)
 
+    def hold(self, names: Iterable[str], size: int) -> None:
+        """Keep the up servers ``names`` for ``size``-GPU jobs: their free GPUs, now and as
+        jobs leave them, are seen by no placement filter (only ``held_free``), and their
+        affinity reads ``size`` (no time-slice group there takes a job of another count).
+        Idempotent; ``release`` ends it."""
+        for name in names:
+            if name not in self.servers or name in self.held:
+                continue
+            self.held[name] = size
+            free = self._free[name]
+            self._held_free[name] = set(free)
+            self._n_free -= len(free)
+            free.clear()
+            self.idle_servers.discard(name)
+        self.version += 1
+
+    def release(self) -> None:
+        """End every hold: the held servers' free GPUs are free to all again."""
+        for name, free in self._held_free.items():
+            if name in self.servers:
+                self._free[name] |= free
+                self._n_free += len(free)
+                if not self.load[name]:
+                    self.idle_servers.add(name)
+        self.held.clear()
+        self._held_free.clear()
+        self.version += 1
+
+    def held_free(self, server: str) -> list[GpuRef]:
+        """The free GPUs of a held server, by index."""
+        return [GpuRef(server, i) for i in sorted(self._held_free.get(server, ()))]
+
     # --- queries ------------------------------------------------------------------
 
     def free_gpus(self, server: str) -> list[GpuRef]:
@@ -489,6 +532,10 @@ class Ledger:
         return _ceil_div(self.load[server], self.servers[server].num_gpus)
 
     def affinity(self, server: str) -> int | None:
+        if self.held:
+            size = self.held.get(server)
+            if size is not None:
+                return size
         return affinity_of(self.sizes[server])
 
     def is_idle(self, server: str) -> bool:

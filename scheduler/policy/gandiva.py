@@ -26,6 +26,7 @@ from scheduler.policy.migration import (
     balance_sizes,
     consolidate,
     defragment,
+    gather_large,
     lower_height,
     make_room,
 )
@@ -125,6 +126,8 @@ class GandivaPolicy(Policy):
             # While a starving job holds a reservation, free GPUs are kept for it.
             steps = ((make_room, consolidate, defragment) if self._reserved
                      else (lower_height, make_room, consolidate, defragment))
+            if cfg.gather_large:
+                steps = (*steps, gather_large)
             if cfg.balance_sizes:
                 steps = (*steps, balance_sizes)
             for step in steps:
@@ -288,6 +291,7 @@ class GandivaPolicy(Policy):
             groups = [
                 g for g in ledger.groups_by_size.get(size, ())
                 if g not in taken and len(ledger.members(g)) >= cfg.max_jobs_per_gpu
+                and not any(x.server in ledger.held for x in g)
                 and all(ledger.servers.get(x.server) is not None for x in g) and takes_turns(ledger, g)
             ]
             if not groups:

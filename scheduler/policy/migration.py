@@ -31,11 +31,24 @@ Three passes, each only when the move is expected to pay off:
    larger than a server are counted too and can give (never take): their group moves
    into other groups of its size and hands over every server it spans (else the
    servers the rule frees drift to them, whose groups never drain).
+6. ``gather_large`` (``PolicyConfig.gather_large``, off by default; its own look at the same
+   pace as ``balance_sizes``): jobs larger than a server start only on idle servers, and
+   where time-slice groups hold every server none goes idle. When such a GPU count has jobs
+   waiting and is the most crowded of those counts, servers are *held* for it
+   (``Ledger.hold``: no filter sees their free GPUs, and no group there takes a job of
+   another count): idle ones and those of less crowded counts, the fewest jobs first,
+   each only if its jobs find room in same-size groups elsewhere and its count stays less
+   crowded than the one it helps. Their jobs move off, at most the round's budget a call;
+   once none is left, the count's first queued job (else a suspended one) starts there and
+   the hold ends (the servers now have that count's affinity, so its next jobs join the
+   group). A gathering not done within an hour (``GATHER_MAX_S``) is given up.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
+from collections.abc import Callable
 
 from scheduler.policy.cluster import Ledger, Placement, host_need
 from scheduler.policy.placement import (
@@ -238,23 +251,25 @@ def _crowding(ledger: Ledger) -> tuple[dict[int, int], set[int]]:
     return count, waiting
 
 
+def _look_due(ledger: Ledger, state: GandivaState, config: PolicyConfig, last_at: float | None) -> bool:
+    """A look paced at ``defrag_interval_s`` (its last at ``last_at``) is due, with jobs waiting
+    for it to help; when it is not due yet the policy wakes when it is."""
+    if last_at is not None and ledger.snapshot.now < last_at + config.defrag_interval_s:
+        state.wake_at(last_at + config.defrag_interval_s)
+        return False
+    return bool(ledger.by_state.get("QUEUED") or ledger.by_state.get("SUSPENDED"))
+
+
 def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
     """Hand a server of a less crowded GPU count to the most crowded one (module docstring, 5)."""
     now = ledger.snapshot.now
-    if state.last_balance_at is not None and now < state.last_balance_at + config.defrag_interval_s:
-        state.wake_at(state.last_balance_at + config.defrag_interval_s)
-        return []
-    if not (ledger.by_state.get("QUEUED") or ledger.by_state.get("SUSPENDED")):
+    if not _look_due(ledger, state, config, state.last_balance_at):
         return []
     state.last_balance_at = now
     count, waiting = _crowding(ledger)
     if not waiting:
         return []
-    sets = {k: len(ledger.groups_by_size.get(k, ())) for k in count}
-
-    def crowd(k: int, more_sets: int = 0) -> float:
-        return count[k] / (max(1, sets[k] + more_sets) * (k if config.balance_per_gpu else 1))
-
+    crowd = _crowd(ledger, count, config.balance_per_gpu)
     # Only a GPU count that fits one server can take a server; any count can give one (a
     # group of jobs larger than a server gives all the servers it spans, whole).
     helped = [k for k in waiting if k <= ledger.max_server_gpus]
@@ -264,7 +279,7 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
     donors = []
     for name in ledger.servers:
         sizes = ledger.sizes[name]
-        if len(sizes) != 1 or ledger.is_idle(name):
+        if len(sizes) != 1 or ledger.is_idle(name) or name in ledger.held:
             continue
         (size,) = sizes
         gets = ledger.servers[name].num_gpus // crowded
@@ -306,6 +321,151 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
             out += filled
         return out
     return []
+
+
+def _crowd(ledger: Ledger, count: dict[int, int], per_gpu: bool) -> Callable[..., float]:
+    """A GPU count's crowding: its jobs per same-size GPU set (``per_gpu``: per GPU of those
+    sets), with ``more_sets`` sets added or taken away."""
+    sets = {k: len(ledger.groups_by_size.get(k, ())) for k in count}
+
+    def crowd(k: int, more_sets: int = 0) -> float:
+        return count[k] / (max(1, sets[k] + more_sets) * (k if per_gpu else 1))
+
+    return crowd
+
+
+# A gathering whose servers are not empty this long after it began is given up (their
+# free GPUs are free to all again): an hour, as the other rules' S.
+GATHER_MAX_S = 3600.0
+
+
+def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
+    """Hold whole servers for the most crowded GPU count larger than a server, empty them
+    into other time-slice groups, and start its first waiting job there (module docstring, 6)."""
+    now = ledger.snapshot.now
+    if state.gather is not None:
+        size, names, since = state.gather
+        if (not ledger.waiting_by_request.get(size) or any(n not in ledger.servers for n in names)
+                or now - since > GATHER_MAX_S):
+            state.gather = None
+            ledger.release()
+            return []
+        ledger.hold(names, size)  # a fresh ledger (servers changed) has forgotten it
+        return _empty_held(ledger, state, config, budget)
+    if not _look_due(ledger, state, config, state.last_gather_at):
+        return []
+    state.last_gather_at = now
+    count, waiting = _crowding(ledger)
+    large = [k for k in waiting if ledger.max_server_gpus < k <= ledger.num_gpus]
+    if not large:
+        return []
+    # Per GPU: a set of jobs larger than a server takes several servers, so its jobs are
+    # weighed by the GPUs each needs (as Tiresias' 2D attained service weighs them).
+    crowd = _crowd(ledger, count, per_gpu=True)
+    size = max(large, key=lambda k: (crowd(k), k))
+    # Servers in units that empty together (an idle server; a server of one less crowded
+    # GPU count with every server its jobs span), the fewest jobs to move first.
+    units: list[tuple[int, list[str], int]] = []
+    for name in ledger.servers:
+        if ledger.is_idle(name):
+            units.append((0, [name], 0))
+            continue
+        sizes = ledger.sizes[name]
+        if len(sizes) != 1:
+            continue
+        (own,) = sizes
+        if own == size or own not in count or crowd(size) <= crowd(own):
+            continue
+        moving = ledger.jobs_on[name]
+        freed = _whole_servers(ledger, moving)
+        if freed is None or freed[0] != name:  # a unit is listed once, under its first server
+            continue
+        if any(ledger.state[j] not in ("RUNNING", "SUSPENDED") or not ledger.jobs[j].suspendable
+               or not _movable(ledger, j, state) for j in moving):
+            continue
+        units.append((len(moving), freed, own))
+    units.sort()
+    chosen: list[str] = []
+    lost: Counter[int] = Counter()  # sets each donor GPU count gives up
+    moves: Counter[int] = Counter()  # jobs of each GPU count to move
+    targets: dict[int, list[tuple[Placement, set[str], int]]] = {}
+    got = 0
+    for n_jobs, freed, own in units:
+        if got >= size:
+            break
+        if n_jobs:
+            sets = len({ledger.placement[j] for j in ledger.jobs_on[freed[0]]})
+            if crowd(own, -(lost[own] + sets)) >= crowd(size, 1):
+                continue  # it would leave its GPU count more crowded than the one it helps
+            if own not in targets:
+                targets[own] = _handover_targets(ledger, state, own)
+            away = {*chosen, *freed}
+            room = sum(config.max_jobs_per_gpu - m for gpus, names, m in targets[own]
+                       if away.isdisjoint(names) and m < config.max_jobs_per_gpu)
+            if room < moves[own] + n_jobs:
+                continue
+            lost[own] += sets
+            moves[own] += n_jobs
+        chosen += freed
+        got += sum(ledger.servers[n].num_gpus for n in freed)
+    if got < size:
+        return []
+    state.gather = (size, tuple(sorted(chosen)), now)
+    ledger.hold(chosen, size)
+    return _empty_held(ledger, state, config, budget)
+
+
+def _empty_held(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
+    """Move the jobs off the held servers (at most ``budget``) into other time-slice groups
+    of their GPU count; once none is left, start the gathered count's first waiting job on
+    them (queued first, else a suspended one) and end the hold."""
+    assert state.gather is not None
+    size, names, _ = state.gather
+    why = f"gather {', '.join(names)} for the {size}-GPU jobs (the most crowded GPU count)"
+    out: list[Decision] = []
+    jobs = sorted({j for n in names for j in ledger.jobs_on[n]})
+    if jobs:
+        targets: dict[int, list[tuple[Placement, set[str], int]]] = {}
+
+        def targets_of(k: int) -> list[tuple[Placement, set[str], int]]:
+            if k not in targets:
+                targets[k] = _handover_targets(ledger, state, k)
+            return targets[k]
+
+        plan = _plan_into_groups(ledger, state, config, jobs, set(names), targets_of, budget) or []
+        for job_id, target in plan:
+            for other in sorted(ledger.running_on(target)):
+                ledger.set_state(other, "SUSPENDED")
+                out.append(Suspend(other, reason=why))
+            out.append(_move(ledger, job_id, target, why))
+        if any(ledger.jobs_on[n] for n in names):
+            if not plan and budget > 0 and not any(j in ledger.changed or j in state.trials for j in jobs):
+                # Nothing can move and waiting will not change that (newcomers took the room
+                # in the other groups, or a job is not migratable): give the servers back.
+                state.gather = None
+                ledger.release()
+                return out
+            state.wake_at(ledger.snapshot.now + MAKE_ROOM_RECHECK_S)
+            return out
+    free = [g for n in names for g in ledger.held_free(n)]
+    state.gather = None
+    ledger.release()
+    gpus = tuple(free[:size])
+    if len(gpus) < size:
+        return out
+    key = ledger.next_queued(size)
+    if key is not None and host_ok(ledger, ledger.jobs[key[2]], gpus, config):
+        ledger.bind(key[2], gpus, "RUNNING")
+        out.append(Place(key[2], gpus, reason=why))
+        return out
+    groups = sorted(ledger.groups_by_size.get(size, ()), key=lambda g: (-len(ledger.members(g)), g))
+    for group in groups:
+        for job_id in sorted(ledger.members(group), key=lambda j: (ledger.jobs[j].last_state_change_at, j)):
+            if (ledger.state[job_id] == "SUSPENDED" and ledger.jobs[job_id].suspendable
+                    and _movable(ledger, job_id, state) and host_ok(ledger, ledger.jobs[job_id], gpus, config)):
+                out.append(_move(ledger, job_id, gpus, why))
+                return out
+    return out
 
 
 def _whole_servers(ledger: Ledger, moving: set[str]) -> list[str] | None:
@@ -368,23 +528,46 @@ def _plan_handover(ledger: Ledger, state: GandivaState, config: PolicyConfig, so
                    targets: list[tuple[Placement, set[str], int]]) -> list[tuple[str, Placement]] | None:
     """For each job on ``source``: one of ``targets`` (``_handover_targets``) on other servers
     with room, the least full first; None if any job cannot move."""
-    jobs = sorted(ledger.jobs_on[source])
-    # The groups with room, least full first (then by GPUs), as a heap.
-    room = [(n, gpus) for gpus, names, n in targets if source not in names and n < config.max_jobs_per_gpu]
-    heapq.heapify(room)
+    return _plan_into_groups(ledger, state, config, sorted(ledger.jobs_on[source]), {source},
+                             lambda size: targets)
+
+
+def _plan_into_groups(ledger: Ledger, state: GandivaState, config: PolicyConfig, jobs: list[str],
+                      away: set[str], targets_of: Callable[[int], list[tuple[Placement, set[str], int]]],
+                      limit: int | None = None) -> list[tuple[str, Placement]] | None:
+    """For each of ``jobs`` (on the ``away`` servers): a time-slice group of its size from
+    ``targets_of(size)`` (``_handover_targets``) on none of the ``away`` servers, with room
+    and host memory for it, the least full first. ``limit`` None: every job or None if one
+    cannot move; else at most ``limit`` moves, passing over the jobs that cannot move."""
+    # Per size, the groups with room, least full first (then by GPUs), as a heap.
+    rooms: dict[int, list[tuple[int, Placement]]] = {}
     plan: list[tuple[str, Placement]] = []
     planned: dict[str, float] = {}
     for job_id in jobs:
+        if limit is not None and len(plan) >= limit:
+            break
         view = ledger.jobs[job_id]
-        if (source not in ledger.servers_of[job_id] or ledger.state[job_id] not in ("RUNNING", "SUSPENDED")
+        if (away.isdisjoint(ledger.servers_of[job_id]) or ledger.state[job_id] not in ("RUNNING", "SUSPENDED")
                 or not view.suspendable or not _movable(ledger, job_id, state)):
-            return None
+            if limit is None:
+                return None
+            continue
+        size = len(ledger.placement[job_id])
+        room = rooms.get(size)
+        if room is None:
+            room = rooms[size] = [(n, gpus) for gpus, names, n in targets_of(size)
+                                  if away.isdisjoint(names) and n < config.max_jobs_per_gpu]
+            heapq.heapify(room)
         # The least full group whose servers' host memory takes the job too.
         passed = []
         while room and not host_ok(ledger, view, room[0][1], config, planned):
             passed.append(heapq.heappop(room))
         if not room:
-            return None
+            for entry in passed:
+                heapq.heappush(room, entry)
+            if limit is None:
+                return None
+            continue
         n, target = heapq.heappop(room)
         for entry in passed:
             heapq.heappush(room, entry)

@@ -95,6 +95,11 @@ class GandivaState:
     # and the group each joined (parked when that turn is over). A restart forgets them:
     # they then stay on as ordinary members.
     probes: dict[str, tuple] = field(default_factory=dict)
+    # ``gather_large``: the GPU count larger than a server being gathered whole servers
+    # for, the servers held for it, and since when; and when it last looked. A restart
+    # forgets it (the servers are then free to all again).
+    gather: tuple[int, tuple[str, ...], float] | None = None
+    last_gather_at: float | None = None
 
     def add_verdict(self, at: float, trial: PackTrial, kept: bool | None, gain: float | None,
                     reason: str, unpacked: bool = False) -> None:

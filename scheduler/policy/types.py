@@ -392,6 +392,14 @@ class PolicyConfig:
         its turn is over and its group still holds more than the cap, it is parked
         (``Park``: checkpointed to disk, back in the queue with its progress) instead of
         staying suspended in host memory. Off by default.
+    gather_large: at the first call at least ``defrag_interval_s`` after its last look, when
+        a GPU count larger than a server has jobs waiting, the most crowded of those (jobs
+        per same-size GPU set, as ``balance_sizes`` counts) has whole servers held for it:
+        idle servers and servers of less crowded GPU counts, the fewest jobs first, as many
+        as it needs, if their jobs find room in same-size time-slice groups elsewhere and
+        their GPU counts stay less crowded than it. No filter sees the held servers' free
+        GPUs; their jobs move off (``max_migrations_per_round`` a call) and then its first
+        waiting job starts there. Given up after an hour. Off by default.
     queue_reasons: return a Queue decision, with its reason, for every job left queued
         (the live scheduler shows them to users). The simulator turns it off: it ignores
         them, and with it off a call skips the queued jobs that cannot be placed instead
@@ -432,6 +440,7 @@ class PolicyConfig:
     gittins_tail_fifo: bool = False
     fifo_after_measured: bool = False
     probe_slices: bool = False
+    gather_large: bool = False
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:

@@ -121,6 +121,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "full joins one anyway for its first turn, then is parked (checkpointed to disk, "
                         "back in the queue; its next start costs --restart-s) if the group is still full "
                         "(default: off)")
+    s.add_argument("--gather-large", action=argparse.BooleanOptionalAction, default=PolicyConfig.gather_large,
+                   help="gandiva: when jobs larger than a server wait and their GPU count is the most "
+                        "crowded, hold whole servers for them, move the jobs there into other time-slice "
+                        "groups, and start the first of them there (default: off)")
     m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
     m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "
@@ -243,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
                               gittins_slices=args.gittins_slices,
                               gittins_censored=args.gittins_censored, gittins_tail_fifo=args.gittins_tail_fifo,
                               fifo_after_measured=args.fifo_after_measured,
-                              probe_slices=args.probe_slices)
+                              probe_slices=args.probe_slices, gather_large=args.gather_large)
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2

@@ -26,7 +26,8 @@ GIB = 1 << 30
 
 
 def _replay(jobs, cluster: str, host_gib: float, job_gib: float, policy: str = "gandiva",
-            check: bool = True, probe: bool = False, cap: int = 16) -> tuple[dict, int]:
+            check: bool = True, probe: bool = False, cap: int = 16,
+            gather: bool = False) -> tuple[dict, int]:
     servers = make_cluster(cluster, host_memory_gib=host_gib)
     model = MechanismModel.default()
     model.job_host_memory_gib = job_gib
@@ -44,7 +45,8 @@ def _replay(jobs, cluster: str, host_gib: float, job_gib: float, policy: str = "
             if check and host_gib:
                 assert len(needs) == 1 or sum(needs) <= budget + 1, (now, name, len(needs))
 
-    result = Simulator(jobs, servers, get_policy(policy, PolicyConfig(max_jobs_per_gpu=cap, probe_slices=probe)), model,
+    result = Simulator(jobs, servers, get_policy(policy, PolicyConfig(max_jobs_per_gpu=cap, probe_slices=probe,
+                                                                          gather_large=gather)), model,
                        observer=observe).run()
     assert not result.unfinished
     assert sorted(j.spec.id for j in result.jobs) == sorted(j.id for j in jobs if j.num_gpus <= len(servers) * int(
@@ -55,15 +57,17 @@ def _replay(jobs, cluster: str, host_gib: float, job_gib: float, policy: str = "
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), cluster=st.sampled_from(["2x4", "3x2", "4x1"]),
        host_gib=st.sampled_from([6.0, 16.0, 40.0]), job_gib=st.sampled_from([0.5, 2.0, 4.0, 9.0]),
-       load=st.sampled_from([1.5, 3.0]), probe=st.booleans(), cap=st.sampled_from([2, 16]))
+       load=st.sampled_from([1.5, 3.0]), probe=st.booleans(), cap=st.sampled_from([2, 16]),
+       gather=st.booleans())
 def test_every_server_s_jobs_fit_its_host_memory_at_every_event(seed: int, cluster: str, host_gib: float,
                                                                  job_gib: float, load: float, probe: bool,
-                                                                 cap: int) -> None:
+                                                                 cap: int, gather: bool) -> None:
     """Also with ``probe_slices``, whose newcomers join full groups for a turn (memory
-    permitting only), and with a group cap that binds before memory does."""
+    permitting only), with ``gather_large``, which moves whole servers' jobs into other
+    groups, and with a group cap that binds before memory does."""
     servers = make_cluster(cluster)
     jobs, _ = scale_to_load(generate(40, seed=seed, max_gpus=8), servers, MechanismModel.default(), load)
-    _replay(jobs, cluster, host_gib, job_gib, probe=probe, cap=cap)
+    _replay(jobs, cluster, host_gib, job_gib, probe=probe, cap=cap, gather=gather)
 
 
 def test_host_memory_bounds_what_time_slicing_asks_of_a_server() -> None:

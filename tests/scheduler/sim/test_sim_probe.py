@@ -20,6 +20,7 @@ from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.generator import generate
 from scheduler.sim.load import scale_to_load
 from scheduler.sim.model import MechanismModel
+from scheduler.sim.observers import GroupWatch
 from scheduler.sim.trace import JobSpec
 
 CAP = 2
@@ -29,21 +30,14 @@ def _run(jobs: list[JobSpec], cluster: str, probe: bool, cap: int = CAP,
          host_gib: float = 0.0, packing: bool = True) -> tuple[SimResult, int]:
     """Replay under gandiva (jobs of 4 GiB of host memory, servers of ``host_gib``, 0: not
     checked); return the result and the most jobs bound to one GPU set."""
-    most = [0]
-
-    def observe(now: float, active: dict) -> None:
-        groups: dict[tuple, int] = {}
-        for job in active.values():
-            if job.placement:
-                groups[job.placement] = groups.get(job.placement, 0) + 1
-        most[0] = max([most[0], *groups.values()])
+    watch = GroupWatch()
 
     cfg = PolicyConfig(max_jobs_per_gpu=cap, probe_slices=probe, enable_packing=packing)
     model = MechanismModel.default()
     model.job_host_memory_gib = 4.0
     result = Simulator(jobs, make_cluster(cluster, host_memory_gib=host_gib), get_policy("gandiva", cfg), model,
-                       observer=observe).run()
-    return result, most[0]
+                       observer=watch).run()
+    return result, watch.most
 
 
 def _waits(result: SimResult) -> list[float]:
