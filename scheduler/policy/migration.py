@@ -58,7 +58,8 @@ from scheduler.policy.placement import (
     unallocated_filter,
 )
 from scheduler.policy.state import GandivaState
-from scheduler.policy.types import Decision, JobView, Migrate, Place, PolicyConfig, Suspend
+from scheduler.policy.timeslice import probe_turn_ends
+from scheduler.policy.types import Decision, JobView, Migrate, Park, Place, PolicyConfig, Suspend
 
 
 def _servers_needed(ledger: Ledger, job: JobView) -> int:
@@ -316,7 +317,7 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
         # lower_height could give it to any GPU count (the donors' own waiting jobs first).
         left = budget - len(plan)
         for server in freed:
-            filled = _fill(ledger, state, config, server, crowded, left, why)
+            filled = _fill(ledger, state, config, [server], crowded, left, why)
             left -= sum(isinstance(d, Migrate) for d in filled)
             out += filled
         return out
@@ -343,12 +344,14 @@ def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     """Hold whole servers for the most crowded GPU count larger than a server, empty them
     into other time-slice groups, and start its first waiting job there (module docstring, 6)."""
     now = ledger.snapshot.now
+    if state.lent is not None:
+        return _end_loan(ledger, state, config, budget)
     if state.gather is not None:
         size, names, since = state.gather
-        if (not ledger.waiting_by_request.get(size) or any(n not in ledger.servers for n in names)
-                or now - since > GATHER_MAX_S):
-            state.gather = None
-            ledger.release()
+        target = state.gather_job
+        if ((ledger.state.get(target) != "QUEUED" if target is not None else not ledger.waiting_by_request.get(size))
+                or any(n not in ledger.servers for n in names) or now - since > GATHER_MAX_S):
+            _end_gather(ledger, state)
             return []
         ledger.hold(names, size)  # a fresh ledger (servers changed) has forgotten it
         return _empty_held(ledger, state, config, budget)
@@ -363,6 +366,16 @@ def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     # weighed by the GPUs each needs (as Tiresias' 2D attained service weighs them).
     crowd = _crowd(ledger, count, per_gpu=True)
     size = max(large, key=lambda k: (crowd(k), k))
+    # With probe_slices the servers are only lent, for the first turn of the first job larger
+    # than a server that has never run (then they go back): no count gives up servers for good.
+    lend = None
+    if config.probe_slices:
+        firsts = [key for k in large for key in ledger.queued_by_size.get(k, ())[:64]
+                  if not (ledger.jobs[key[2]].steps or ledger.jobs[key[2]].attained_service_s)]
+        if not firsts:
+            return []
+        lend = min(firsts)[2]
+        size = ledger.jobs[lend].gpus
     # Servers in units that empty together (an idle server; a server of one less crowded
     # GPU count with every server its jobs span), the fewest jobs to move first.
     units: list[tuple[int, list[str], int]] = []
@@ -374,7 +387,7 @@ def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
         if len(sizes) != 1:
             continue
         (own,) = sizes
-        if own == size or own not in count or crowd(size) <= crowd(own):
+        if own == size or own not in count or (lend is None and crowd(size) <= crowd(own)):
             continue
         moving = ledger.jobs_on[name]
         freed = _whole_servers(ledger, moving)
@@ -389,13 +402,14 @@ def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     lost: Counter[int] = Counter()  # sets each donor GPU count gives up
     moves: Counter[int] = Counter()  # jobs of each GPU count to move
     targets: dict[int, list[tuple[Placement, set[str], int]]] = {}
+    donors: list[tuple[str, int | None]] = []
     got = 0
     for n_jobs, freed, own in units:
         if got >= size:
             break
         if n_jobs:
             sets = len({ledger.placement[j] for j in ledger.jobs_on[freed[0]]})
-            if crowd(own, -(lost[own] + sets)) >= crowd(size, 1):
+            if lend is None and crowd(own, -(lost[own] + sets)) >= crowd(size, 1):
                 continue  # it would leave its GPU count more crowded than the one it helps
             if own not in targets:
                 targets[own] = _handover_targets(ledger, state, own)
@@ -407,10 +421,13 @@ def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
             lost[own] += sets
             moves[own] += n_jobs
         chosen += freed
+        donors += [(n, own if n_jobs else None) for n in freed]
         got += sum(ledger.servers[n].num_gpus for n in freed)
     if got < size:
         return []
     state.gather = (size, tuple(sorted(chosen)), now)
+    state.gather_job = lend
+    state.gather_donors = tuple(sorted(donors))
     ledger.hold(chosen, size)
     return _empty_held(ledger, state, config, budget)
 
@@ -421,7 +438,9 @@ def _empty_held(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
     them (queued first, else a suspended one) and end the hold."""
     assert state.gather is not None
     size, names, _ = state.gather
-    why = f"gather {', '.join(names)} for the {size}-GPU jobs (the most crowded GPU count)"
+    why = (f"gather {', '.join(names)} for the {size}-GPU jobs (the most crowded GPU count)"
+           if state.gather_job is None else
+           f"lend {', '.join(names)} to job {state.gather_job} for its first turn (larger than a server)")
     out: list[Decision] = []
     jobs = sorted({j for n in names for j in ledger.jobs_on[n]})
     if jobs:
@@ -442,16 +461,24 @@ def _empty_held(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
             if not plan and budget > 0 and not any(j in ledger.changed or j in state.trials for j in jobs):
                 # Nothing can move and waiting will not change that (newcomers took the room
                 # in the other groups, or a job is not migratable): give the servers back.
-                state.gather = None
-                ledger.release()
+                _end_gather(ledger, state)
                 return out
             state.wake_at(ledger.snapshot.now + MAKE_ROOM_RECHECK_S)
             return out
     free = [g for n in names for g in ledger.held_free(n)]
-    state.gather = None
-    ledger.release()
+    lend, donors = state.gather_job, state.gather_donors
+    _end_gather(ledger, state)
     gpus = tuple(free[:size])
     if len(gpus) < size:
+        return out
+    if lend is not None:
+        if ledger.state.get(lend) == "QUEUED" and host_ok(ledger, ledger.jobs[lend], gpus, config):
+            ledger.bind(lend, gpus, "RUNNING")
+            out.append(Place(lend, gpus, reason=f"probe slice: first turn on {', '.join(names)}, lent to it"))
+            state.lent = (lend, gpus, donors)
+            ledger.hold(names, 0)  # its group takes no one else: the servers go back after the turn
+        else:
+            out += _refill(ledger, state, config, donors, budget - len(out), why)
         return out
     key = ledger.next_queued(size)
     if key is not None and host_ok(ledger, ledger.jobs[key[2]], gpus, config):
@@ -468,6 +495,65 @@ def _empty_held(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
     return out
 
 
+def _end_gather(ledger: Ledger, state: GandivaState) -> None:
+    """The gathering is over (done or given up): its servers are free to all again."""
+    state.gather = None
+    state.gather_job = None
+    state.gather_donors = ()
+    ledger.release()
+
+
+def _end_loan(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
+    """Servers lent for a never-run job's first turn (``gather_large`` with ``probe_slices``):
+    once the turn is over (``probe_turn_ends``) the job is parked (checkpointed, queued again
+    with its progress) and each server goes back to the GPU count it was taken from."""
+    assert state.lent is not None
+    job_id, gpus, donors = state.lent
+    names = [n for n, _ in donors]
+    out: list[Decision] = []
+    if ledger.state.get(job_id) is not None and ledger.placement.get(job_id) == gpus:
+        if any(n not in ledger.servers for n in names):
+            state.lent = None
+            ledger.release()
+            return out
+        ledger.hold(names, 0)  # a fresh ledger (servers changed) has forgotten it
+        now = ledger.snapshot.now
+        if ledger.state[job_id] == "RUNNING":
+            until = probe_turn_ends(ledger.jobs[job_id], now, config.quantum_s)
+            if until is not None:
+                state.wake_at(until)
+                return out
+        if ledger.state[job_id] not in ("RUNNING", "SUSPENDED") or job_id in ledger.changed:
+            state.wake_at(now + MAKE_ROOM_RECHECK_S)
+            return out
+        state.drop_pair(job_id)
+        ledger.unbind(job_id)
+        ledger.set_state(job_id, "QUEUED")
+        out.append(Park(job_id, reason=f"first turn on the servers lent to it is over: checkpointed, back in "
+                                       f"the queue ({', '.join(names)} go back)"))
+    # Finished, killed or moved meanwhile, or parked: the servers go back.
+    state.lent = None
+    ledger.release()
+    return out + _refill(ledger, state, config, donors, budget, "servers lent for a first turn come back")
+
+
+def _refill(ledger: Ledger, state: GandivaState, config: PolicyConfig, donors: tuple[tuple[str, int | None], ...],
+            budget: int, why: str) -> list[Decision]:
+    """Give each of ``donors``' servers back to the GPU count its jobs had (``_fill``)."""
+    by_size: dict[int, list[str]] = {}
+    for name, size in donors:
+        if size is not None and name in ledger.servers and ledger.is_idle(name):
+            by_size.setdefault(size, []).append(name)
+    out: list[Decision] = []
+    for size, names in sorted(by_size.items()):
+        parts = [[n] for n in names] if size <= ledger.max_server_gpus else [names]
+        for part in parts:
+            filled = _fill(ledger, state, config, part, size, budget, why)
+            budget -= sum(isinstance(d, Migrate) for d in filled)
+            out += filled
+    return out
+
+
 def _whole_servers(ledger: Ledger, moving: set[str]) -> list[str] | None:
     """The servers the ``moving`` jobs (every job on a donor server) leave idle: that server,
     and for a group of jobs larger than a server every server it spans; None if another job
@@ -478,13 +564,20 @@ def _whole_servers(ledger: Ledger, moving: set[str]) -> list[str] | None:
     return names
 
 
-def _fill(ledger: Ledger, state: GandivaState, config: PolicyConfig, server: str, size: int, budget: int,
+def _fill(ledger: Ledger, state: GandivaState, config: PolicyConfig, servers: list[str], size: int, budget: int,
           why: str) -> list[Decision]:
-    """Put waiting ``size``-GPU jobs on the idle ``server``, one per ``size`` GPUs: queued ones
-    first, in queue order (they have waited without running), then suspended ones from the
-    fullest groups (a migration each, within ``budget``); each while its host memory fits."""
-    free = ledger.free_gpus(server)
-    sets = [tuple(free[i:i + size]) for i in range(0, len(free) - size + 1, size)]
+    """Put waiting ``size``-GPU jobs on the idle ``servers``, one per ``size`` GPUs (of one
+    server, or of several for jobs larger than a server): queued ones first, in queue order
+    (they have waited without running), then suspended ones from the fullest groups (a
+    migration each, within ``budget``); each while its host memory fits."""
+    sets: list[Placement] = []
+    if size <= ledger.max_server_gpus:
+        for server in servers:
+            free = ledger.free_gpus(server)
+            sets += [tuple(free[i:i + size]) for i in range(0, len(free) - size + 1, size)]
+    else:
+        free = [g for server in servers for g in ledger.free_gpus(server)]
+        sets = [tuple(free[i:i + size]) for i in range(0, len(free) - size + 1, size)]
     out: list[Decision] = []
     while sets:
         key = ledger.next_queued(size)

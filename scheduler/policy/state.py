@@ -100,6 +100,12 @@ class GandivaState:
     # forgets it (the servers are then free to all again).
     gather: tuple[int, tuple[str, ...], float] | None = None
     last_gather_at: float | None = None
+    # With ``probe_slices`` too, the servers are lent for one never-run job's first turn: that
+    # job, and each held server with the GPU count its jobs had (None: it was idle), to which
+    # it goes back; then, while the job has its turn there, (job, its GPUs, those servers).
+    gather_job: str | None = None
+    gather_donors: tuple[tuple[str, int | None], ...] = ()
+    lent: tuple[str, tuple, tuple[tuple[str, int | None], ...]] | None = None
 
     def add_verdict(self, at: float, trial: PackTrial, kept: bool | None, gain: float | None,
                     reason: str, unpacked: bool = False) -> None:

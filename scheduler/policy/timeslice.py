@@ -342,3 +342,31 @@ def _slice_end(ends: float, config: PolicyConfig) -> float:
     beat from waiting for the next one.
     """
     return math.ceil((ends - config.slice_slack_s) / config.quantum_s) * config.quantum_s
+
+
+# probe_slices: a newcomer let into a full time-slice group runs until its first this many
+# mini-batches (the early feedback of the paper's section 2) and at least one quantum.
+PROBE_STEPS = 100
+# ... or this many quanta of service.
+PROBE_MAX_QUANTA = 16
+
+
+def probe_turn_ends(job: JobView, now: float, quantum: float) -> float | None:
+    """When to look again at a probing newcomer's first turn (None: it is over). A turn
+    is at least one quantum of service per GPU and lasts until the job has reported its
+    first PROBE_STEPS mini-batches, or PROBE_MAX_QUANTA quanta have passed (a slow job
+    leaves with the mini-batches it has). The next look is when its measured rate says
+    they are due, and at most one a quantum (a job still starting, with no rate yet, is
+    looked at every quantum)."""
+    gpus = len(job.placement) or job.gpus
+    served = job.attained_at(now) / gpus
+    if served < quantum - 1e-9:
+        return now + quantum - served
+    # Its steps as last reported (not extrapolated: live, a running job's reported_at is
+    # when it started running, and its steps are newer than that).
+    if job.steps >= PROBE_STEPS or served >= PROBE_MAX_QUANTA * quantum - 1e-9:
+        return None
+    # At most one look a quantum: the reported steps may be older than the rate says
+    # they are due (a report comes when it comes).
+    due = (PROBE_STEPS - job.steps) / job.rate if job.rate else quantum
+    return now + min(max(due, quantum), PROBE_MAX_QUANTA * quantum - served)

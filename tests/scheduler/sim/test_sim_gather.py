@@ -132,6 +132,23 @@ def test_a_gathering_newcomers_leave_no_room_for_is_given_up_at_once() -> None:
     assert spans and all(end - start < 120 for start, end in spans), spans
 
 
+def test_with_probe_slices_servers_are_lent_for_a_first_turn_and_come_back() -> None:
+    """With ``probe_slices`` too, servers are only lent: each 8-GPU newcomer, one at a time,
+    gets two servers emptied for its first turn (its first 100 mini-batches), is parked
+    (checkpointed, queued again), and the servers go back to the 4-GPU jobs. Every 8-GPU
+    job has its first mini-batches within half an hour of arrival instead of 20 hours, the
+    4-GPU jobs lose minutes, not the hours a lasting 8-GPU group would take from them."""
+    jobs = _workload(5)
+    policy = get_policy("gandiva", PolicyConfig(max_jobs_per_gpu=CAP, gather_large=True, probe_slices=True))
+    result = Simulator(jobs, make_cluster("4x4"), policy, MechanismModel.default()).run()
+    assert not result.unfinished and len(result.jobs) == len(jobs)
+    assert result.counts["parks"] == 5
+    assert max(_first(result, "L")) < 0.5 * HOUR
+    small_end = max(j.finished_at for j in result.jobs if j.spec.id.startswith("s"))
+    assert small_end < 20 * HOUR + 0.5 * HOUR
+    assert policy.state.lent is None and policy.state.gather is None
+
+
 def test_off_by_default_and_on_with_the_flag(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     """The default is off; ``gandiva sim --gather-large`` turns it on: the first workload
     above as a CSV trace replays with the two servers' jobs moved."""
