@@ -208,6 +208,7 @@ def test_top_without_a_scheduler_says_what_to_do() -> None:
 @pytest.mark.parametrize(("option", "error"), [
     ("nope=1", "KEY one of"), ("pack_trial_s", "KEY=VALUE"), ("pack_trial_s=soon", "not a float"),
     ("enable_packing=maybe", "not a bool"), ("max_jobs_per_gpu=0", "at least 1"),
+    ("gather_large=true", "does not launch jobs over several servers"),
 ])
 def test_bad_policy_options_are_named(option: str, error: str, tmp_path: Path) -> None:
     run = subprocess.run(
