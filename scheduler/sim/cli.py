@@ -124,7 +124,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--gather-large", action=argparse.BooleanOptionalAction, default=PolicyConfig.gather_large,
                    help="gandiva: when jobs larger than a server wait and their GPU count is the most "
                         "crowded, hold whole servers for them, move the jobs there into other time-slice "
-                        "groups, and start the first of them there (default: off)")
+                        "groups, and start the first of them there; with --probe-slices the servers are "
+                        "only lent, for a never-run job's first turn, then parked and given back "
+                        "(default: off; the live scheduler cannot launch over servers yet)")
     m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
     m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "
