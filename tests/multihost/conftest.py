@@ -217,7 +217,7 @@ class Copy:
 @dataclass
 class Sampler:
     """Samples every job process's CPU time; a copy is training when its CPU time grew
-    over two consecutive samples (a pre-warmed process only once it held idle first:
+    over two consecutive samples (a pre-warmed process only once it held asleep first:
     warming up is not training). Records each sample where two copies trained."""
 
     interval_s: float = 0.2
@@ -274,7 +274,11 @@ class Sampler:
                                                env.get("GANDIVA_WARM") == "1", cpu)
                 continue
             grew, copy.cpu = cpu > copy.cpu, cpu
-            copy.busy_runs, copy.idle_runs = (copy.busy_runs + 1, 0) if grew else (0, copy.idle_runs + 1)
+            # Idle means asleep (a held copy blocks reading its control pipe: state S); a copy
+            # that did not run because the loaded machine gave it no CPU is runnable (R) and
+            # has not held, and its warm-up going on after is not training.
+            copy.busy_runs, copy.idle_runs = ((copy.busy_runs + 1, 0) if grew
+                                              else (0, copy.idle_runs + 1 if state == "S" else 0))
             if copy.warm and copy.idle_runs >= 3:
                 copy.held = True
             if copy.busy_runs >= 2 and (not copy.warm or copy.held):
