@@ -41,7 +41,10 @@ Three passes, each only when the move is expected to pay off:
    crowded than the one it helps. Their jobs move off, at most the round's budget a call;
    once none is left, the count's first queued job (else a suspended one) starts there and
    the hold ends (the servers now have that count's affinity, so its next jobs join the
-   group). A gathering not done within an hour (``GATHER_MAX_S``) is given up.
+   group). A gathering not done within an hour (``GATHER_MAX_S``) is given up. With
+   ``probe_slices`` on too the servers are only lent: the first never-run job larger than a
+   server gets them for its first turn, is parked, and each goes back to the count it was
+   taken from (no crowding test: nothing is given for good).
 """
 
 from __future__ import annotations
@@ -342,7 +345,9 @@ GATHER_MAX_S = 3600.0
 
 def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
     """Hold whole servers for the most crowded GPU count larger than a server, empty them
-    into other time-slice groups, and start its first waiting job there (module docstring, 6)."""
+    into other time-slice groups, and start its first waiting job there; with probe_slices,
+    lend them for the first turn of the first never-run such job instead, then give them
+    back (``_end_loan``; module docstring, 6)."""
     now = ledger.snapshot.now
     if state.lent is not None:
         return _end_loan(ledger, state, config, budget)
