@@ -119,6 +119,12 @@ class Controller:
         self._lock = threading.Lock()  # serialises binding and command application
         self._pid = os.getpid()  # a forked child's training runs are not the job's steps
 
+    @property
+    def in_forked_child(self) -> bool:
+        """Running in a child the program forked (os.fork, a multiprocessing pool): its
+        training runs are not the job's steps, and the stream and pipes are the parent's."""
+        return os.getpid() != self._pid
+
     # -- commands from the stream thread ------------------------------------------------
     def enqueue(self, cmd: Command) -> None:
         with self._cond:
@@ -190,7 +196,7 @@ class Controller:
     def boundary(self, adapter: SessionAdapter, info: RunInfo, results: Any,
                  duration_s: float, now: float) -> None:
         """A training run returned: measure it, then apply queued commands."""
-        if adapter is not self.adapter or os.getpid() != self._pid:
+        if adapter is not self.adapter or self.in_forked_child:
             return
         if info.advances_step:
             if not self._advances_seen and self.boundaries:

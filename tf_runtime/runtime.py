@@ -26,7 +26,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .checkpoint import validate
 from .controller import Controller, Settings
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 class Runtime:
     controller: Controller
     client: object | None = None  # tf_runtime.client.StreamClient
-    pid: int = field(default_factory=os.getpid)  # the process that started it
 
     def finish(self) -> None:
         """The program ended on its own: send the last progress, close the stream.
@@ -49,7 +48,7 @@ class Runtime:
         the pipes and the queued commands are the parent's, and gRPC is unusable after
         a fork (closing its channel there hung the child, and with it a parent that
         waits for it)."""
-        if os.getpid() != self.pid:
+        if self.controller.in_forked_child:
             return
         self.controller.finish()
         if self.client is not None:

@@ -204,9 +204,10 @@ class TFSessionAdapter:
             roots.append(op)
             if isinstance(el, tf.Tensor) and el.shape.rank == 0 and el.dtype.is_floating:
                 metric_slots.append((i, op.name))
-            if self._reads_global_step(op):
+            read = self._global_step_read(op)
+            if read is not None:
                 reads_gs = True
-                plain_read = plain_read or not self._reads_global_step(op, via_update=True)
+                plain_read = plain_read or read == "plain"
         training, reached = self._walk(roots)
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
         restores = any(op.type in _RESTORES for op in reached)
@@ -228,20 +229,20 @@ class TFSessionAdapter:
         return RunInfo(training, reads_gs, initializes, restores, tuple(metric_slots),
                        advances_step=advances, stateful_input=stateful)
 
-    def _reads_global_step(self, op: Any, via_update: bool = False) -> bool:
-        """Whether fetching `op` reads the global step (with `via_update`: as the value
-        of its increment, which is ordered after it, rather than the variable itself)."""
+    def _global_step_read(self, op: Any) -> str | None:
+        """How fetching `op` reads the global step: "ordered" (the value of its increment,
+        or a read ordered by control inputs), "plain" (the variable itself), None (not)."""
         updated = False
         for _ in range(4):  # gs, gs/read, a cast of it, the value of an increment...
             if op is self._gs_op:
-                return updated or not via_update
+                return "ordered" if updated else "plain"
             if op.type not in _READS or not op.inputs:
-                return False
+                return None
             # The increment's value, or a read ordered by control inputs (a resource
             # variable's assign_add(read_value=True), tf.control_dependencies([train])).
             updated = updated or op.type in _STEP_UPDATES or bool(op.control_inputs)
             op = op.inputs[0].op
-        return False
+        return None
 
     def _walk(self, roots: list[Any]) -> tuple[bool, set[Any]]:
         seen: set[Any] = set()

@@ -373,8 +373,8 @@ class Ledger:
                 if gpu.index in free[gpu.server]:
                     free[gpu.server].discard(gpu.index)
                     self._n_free -= 1
-                elif self.held:
-                    self._held_free.get(gpu.server, set()).discard(gpu.index)
+                elif gpu.server in self._held_free:
+                    self._held_free[gpu.server].discard(gpu.index)
                 if load[gpu.server] > self.servers[gpu.server].num_gpus:
                     self._over.add(gpu.server)
         names = (gpus[0].server,) if len(gpus) == 1 else tuple(dict.fromkeys(g.server for g in gpus))
@@ -488,7 +488,8 @@ class Ledger:
         """Keep the up servers ``names`` for ``size``-GPU jobs: their free GPUs, now and as
         jobs leave them, are seen by no placement filter (only ``held_free``), and their
         affinity reads ``size`` (no time-slice group there takes a job of another count).
-        Idempotent; ``release`` ends it."""
+        Idempotent: holding held servers again changes nothing (the version stays, so the
+        placement filters' cached answers stand); ``release`` ends it."""
         for name in names:
             if name not in self.servers or name in self.held:
                 continue
@@ -498,10 +499,12 @@ class Ledger:
             self._n_free -= len(free)
             free.clear()
             self.idle_servers.discard(name)
-        self.version += 1
+            self.version += 1
 
     def release(self) -> None:
         """End every hold: the held servers' free GPUs are free to all again."""
+        if not self.held:
+            return
         for name, free in self._held_free.items():
             if name in self.servers:
                 self._free[name] |= free

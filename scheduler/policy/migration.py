@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from scheduler.policy.cluster import Ledger, Placement, host_need
 from scheduler.policy.placement import (
@@ -60,7 +60,7 @@ from scheduler.policy.placement import (
     host_ok,
     unallocated_filter,
 )
-from scheduler.policy.state import GandivaState
+from scheduler.policy.state import GandivaState, Gathering
 from scheduler.policy.timeslice import probe_turn_ends
 from scheduler.policy.types import Decision, JobView, Migrate, Park, Place, PolicyConfig, Suspend
 
@@ -352,8 +352,7 @@ def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     if state.lent is not None:
         return _end_loan(ledger, state, config, budget)
     if state.gather is not None:
-        size, names, since = state.gather
-        target = state.gather_job
+        size, names, since, target, _ = state.gather
         if ((ledger.state.get(target) != "QUEUED" if target is not None else not ledger.waiting_by_request.get(size))
                 or any(n not in ledger.servers for n in names) or now - since > GATHER_MAX_S):
             _end_gather(ledger, state)
@@ -430,9 +429,7 @@ def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
         got += sum(ledger.servers[n].num_gpus for n in freed)
     if got < size:
         return []
-    state.gather = (size, tuple(sorted(chosen)), now)
-    state.gather_job = lend
-    state.gather_donors = tuple(sorted(donors))
+    state.gather = Gathering(size, tuple(sorted(chosen)), now, lend, tuple(sorted(donors)))
     ledger.hold(chosen, size)
     return _empty_held(ledger, state, config, budget)
 
@@ -442,10 +439,9 @@ def _empty_held(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
     of their GPU count; once none is left, start the gathered count's first waiting job on
     them (queued first, else a suspended one) and end the hold."""
     assert state.gather is not None
-    size, names, _ = state.gather
+    size, names, _, lend, donors = state.gather
     why = (f"gather {', '.join(names)} for the {size}-GPU jobs (the most crowded GPU count)"
-           if state.gather_job is None else
-           f"lend {', '.join(names)} to job {state.gather_job} for its first turn (larger than a server)")
+           if lend is None else f"lend {', '.join(names)} to job {lend} for its first turn (larger than a server)")
     out: list[Decision] = []
     jobs = sorted({j for n in names for j in ledger.jobs_on[n]})
     if jobs:
@@ -471,7 +467,6 @@ def _empty_held(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
             state.wake_at(ledger.snapshot.now + MAKE_ROOM_RECHECK_S)
             return out
     free = [g for n in names for g in ledger.held_free(n)]
-    lend, donors = state.gather_job, state.gather_donors
     _end_gather(ledger, state)
     gpus = tuple(free[:size])
     if len(gpus) < size:
@@ -490,21 +485,16 @@ def _empty_held(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
         ledger.bind(key[2], gpus, "RUNNING")
         out.append(Place(key[2], gpus, reason=why))
         return out
-    groups = sorted(ledger.groups_by_size.get(size, ()), key=lambda g: (-len(ledger.members(g)), g))
-    for group in groups:
-        for job_id in sorted(ledger.members(group), key=lambda j: (ledger.jobs[j].last_state_change_at, j)):
-            if (ledger.state[job_id] == "SUSPENDED" and ledger.jobs[job_id].suspendable
-                    and _movable(ledger, job_id, state) and host_ok(ledger, ledger.jobs[job_id], gpus, config)):
-                out.append(_move(ledger, job_id, gpus, why))
-                return out
+    for job_id in _suspended_movers(ledger, state, size):
+        if host_ok(ledger, ledger.jobs[job_id], gpus, config):
+            out.append(_move(ledger, job_id, gpus, why))
+            break
     return out
 
 
 def _end_gather(ledger: Ledger, state: GandivaState) -> None:
     """The gathering is over (done or given up): its servers are free to all again."""
     state.gather = None
-    state.gather_job = None
-    state.gather_donors = ()
     ledger.release()
 
 
@@ -593,16 +583,23 @@ def _fill(ledger: Ledger, state: GandivaState, config: PolicyConfig, servers: li
         gpus = sets.pop(0)
         ledger.bind(key[2], gpus, "RUNNING")
         out.append(Place(key[2], gpus, reason=why))
-    groups = sorted(ledger.groups_by_size.get(size, ()), key=lambda g: (-len(ledger.members(g)), g))
-    for group in groups:
-        for job_id in sorted(ledger.members(group), key=lambda j: (ledger.jobs[j].last_state_change_at, j)):
-            if not sets or budget <= 0:
-                return out
-            if (ledger.state[job_id] == "SUSPENDED" and ledger.jobs[job_id].suspendable
-                    and _movable(ledger, job_id, state) and host_ok(ledger, ledger.jobs[job_id], sets[0], config)):
-                out.append(_move(ledger, job_id, sets.pop(0), why))
-                budget -= 1
+    for job_id in _suspended_movers(ledger, state, size):
+        if not sets or budget <= 0:
+            break
+        if host_ok(ledger, ledger.jobs[job_id], sets[0], config):
+            out.append(_move(ledger, job_id, sets.pop(0), why))
+            budget -= 1
     return out
+
+
+def _suspended_movers(ledger: Ledger, state: GandivaState, size: int) -> Iterator[str]:
+    """The suspended ``size``-GPU jobs free to move, from the fullest groups first, the
+    longest suspended of each first (each looked at when the caller asks for it)."""
+    for group in sorted(ledger.groups_by_size.get(size, ()), key=lambda g: (-len(ledger.members(g)), g)):
+        for job_id in sorted(ledger.members(group), key=lambda j: (ledger.jobs[j].last_state_change_at, j)):
+            if (ledger.state[job_id] == "SUSPENDED" and ledger.jobs[job_id].suspendable
+                    and _movable(ledger, job_id, state)):
+                yield job_id
 
 
 def _handover_targets(ledger: Ledger, state: GandivaState, size: int) -> list[tuple[Placement, set[str], int]]:

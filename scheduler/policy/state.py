@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Container
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from scheduler.policy.gittins import ServiceWindow
 
@@ -70,6 +71,19 @@ class SliceBook:
     kept: dict[tuple, tuple[tuple[str, ...], float]] = field(default_factory=dict)
 
 
+class Gathering(NamedTuple):
+    """``gather_large``: servers held for ``size``-GPU jobs since ``since``. ``job``: with
+    ``probe_slices``, the never-run job they are lent to for its first turn (None: the
+    count keeps them); ``donors``: each server with the GPU count its jobs had (None: it
+    was idle), to which it goes back after a loan."""
+
+    size: int
+    servers: tuple[str, ...]
+    since: float
+    job: str | None = None
+    donors: tuple[tuple[str, int | None], ...] = ()
+
+
 @dataclass
 class GandivaState:
     """Packing trials and verdicts, defragmentation and grow timers, slice ends."""
@@ -95,16 +109,12 @@ class GandivaState:
     # and the group each joined (parked when that turn is over). A restart forgets them:
     # they then stay on as ordinary members.
     probes: dict[str, tuple] = field(default_factory=dict)
-    # ``gather_large``: the GPU count larger than a server being gathered whole servers
-    # for, the servers held for it, and since when; and when it last looked. A restart
-    # forgets it (the servers are then free to all again).
-    gather: tuple[int, tuple[str, ...], float] | None = None
+    # ``gather_large``: the gathering under way, and when it last looked. A restart forgets
+    # it (the servers are then free to all again).
+    gather: Gathering | None = None
     last_gather_at: float | None = None
-    # With ``probe_slices`` too, the servers are lent for one never-run job's first turn: that
-    # job, and each held server with the GPU count its jobs had (None: it was idle), to which
-    # it goes back; then, while the job has its turn there, (job, its GPUs, those servers).
-    gather_job: str | None = None
-    gather_donors: tuple[tuple[str, int | None], ...] = ()
+    # With ``probe_slices`` too, while the job the servers were lent to has its first turn:
+    # (that job, its GPUs, the gathering's donors, to which the servers go back).
     lent: tuple[str, tuple, tuple[tuple[str, int | None], ...]] | None = None
 
     def add_verdict(self, at: float, trial: PackTrial, kept: bool | None, gain: float | None,

@@ -394,12 +394,15 @@ class PolicyConfig:
         staying suspended in host memory. Off by default.
     gather_large: at the first call at least ``defrag_interval_s`` after its last look, when
         a GPU count larger than a server has jobs waiting, the most crowded of those (jobs
-        per same-size GPU set, as ``balance_sizes`` counts) has whole servers held for it:
-        idle servers and servers of less crowded GPU counts, the fewest jobs first, as many
-        as it needs, if their jobs find room in same-size time-slice groups elsewhere and
-        their GPU counts stay less crowded than it. No filter sees the held servers' free
-        GPUs; their jobs move off (``max_migrations_per_round`` a call) and then its first
-        waiting job starts there. Given up after an hour. Off by default.
+        per GPU of its groups) has whole servers held for it: idle servers and servers of
+        less crowded GPU counts, the fewest jobs first, as many as it needs, if their jobs
+        find room in same-size time-slice groups elsewhere and their GPU counts stay less
+        crowded than it. No filter sees the held servers' free GPUs; their jobs move off
+        (``max_migrations_per_round`` a call) and then its first waiting job starts there.
+        Given up when no move can advance it, or after an hour. With ``probe_slices`` the
+        servers are only lent, for the first turn of the first never-run such job, then
+        given back. Off by default; the live scheduler refuses it (it launches no job over
+        several servers yet).
     queue_reasons: return a Queue decision, with its reason, for every job left queued
         (the live scheduler shows them to users). The simulator turns it off: it ignores
         them, and with it off a call skips the queued jobs that cannot be placed instead

@@ -39,6 +39,18 @@ examples:
 """
 
 
+# The boolean PolicyConfig rules that `gandiva sim` takes as --RULE / --no-RULE (_rule_flag).
+RULE_FLAGS: dict[str, None] = {}
+
+
+def _rule_flag(group: argparse._ArgumentGroup, field: str, help: str) -> None:
+    """The boolean PolicyConfig field ``field`` as --FIELD / --no-FIELD, its default the
+    field's, passed to the policy's config by run()."""
+    group.add_argument("--" + field.replace("_", "-"), action=argparse.BooleanOptionalAction,
+                       default=getattr(PolicyConfig, field), help=help)
+    RULE_FLAGS[field] = None
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `gandiva sim` to the gandiva CLI."""
     p = subparsers.add_parser("sim", help="replay a trace through the policies in virtual time",
@@ -67,9 +79,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--max-jobs-per-gpu", type=int, default=PolicyConfig.max_jobs_per_gpu,
                    help="jobs that may time-share one GPU before new jobs queue (gandiva; "
                         "default %(default)s, the paper's setup used 4)")
-    s.add_argument("--las-slices", action=argparse.BooleanOptionalAction, default=PolicyConfig.las_slices,
-                   help="gandiva: in a time-slice group the least-served job runs next "
-                        "(--no-las-slices: the one waiting longest, as in the paper)")
+    _rule_flag(s, "las_slices",
+               help="gandiva: in a time-slice group the least-served job runs next "
+                    "(--no-las-slices: the one waiting longest, as in the paper)")
     s.add_argument("--slice-growth", type=_finite, default=PolicyConfig.slice_growth, metavar="G",
                    help="gandiva: a slice is G x the job's attained service, 1-32 quanta "
                         "(default %(default)s; 0: one quantum, as in the paper)")
@@ -89,44 +101,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "jobs larger than a server take free GPUs only and do not join time-slice "
                         "groups, so their groups drain and free servers for it; smaller jobs still "
                         "time-share at once (default %(default)s; off: no block)")
-    s.add_argument("--balance-sizes", action=argparse.BooleanOptionalAction, default=PolicyConfig.balance_sizes,
-                   help="gandiva: when the jobs of one GPU count are more crowded on their servers than "
-                        "another count's, hand a server of the less crowded count to them (its jobs "
-                        "join same-size time-slice groups elsewhere; default: on)")
-    s.add_argument("--balance-per-gpu", action=argparse.BooleanOptionalAction, default=PolicyConfig.balance_per_gpu,
-                   help="gandiva, with --balance-sizes: measure a GPU count's crowding in jobs per GPU "
-                        "instead of per same-size GPU set, so servers go to the jobs that get the fewest "
-                        "GPU-seconds each (favours small jobs; default: off)")
-    s.add_argument("--gittins-slices", action=argparse.BooleanOptionalAction, default=PolicyConfig.gittins_slices,
-                   help="gandiva, with --las-slices: the job with the highest Gittins index of its service per "
-                        "GPU runs next, the index computed from the service with which the latest 1,000 jobs "
-                        "left (least attained service on heavy-tailed lengths, first come first served on "
-                        "others; least attained service until 100 jobs have left; default: on; nothing "
-                        "to order with --no-las-slices)")
-    s.add_argument("--gittins-censored", action=argparse.BooleanOptionalAction, default=PolicyConfig.gittins_censored,
-                   help="gandiva, with --gittins-slices: the index's distribution counts the jobs still "
-                        "present too, censored at the service they have (Kaplan-Meier), not only the "
-                        "jobs that left (default: off)")
-    s.add_argument("--gittins-tail-fifo", action=argparse.BooleanOptionalAction, default=PolicyConfig.gittins_tail_fifo,
-                   help="gandiva, with --gittins-slices: jobs served longer than the departures tell about "
-                        "run first come first served behind the others, not by least attained service "
-                        "(default: off)")
-    s.add_argument("--fifo-after-measured", action=argparse.BooleanOptionalAction,
-                   default=PolicyConfig.fifo_after_measured,
-                   help="gandiva, with --las-slices: --fifo-after's buckets with the boundary set from the "
-                        "service with which the latest 1,000 jobs left: where their mean residual service "
-                        "is highest (no bucket while it still rises; default: off)")
-    s.add_argument("--probe-slices", action=argparse.BooleanOptionalAction, default=PolicyConfig.probe_slices,
-                   help="gandiva: a job that has never run and finds every time-slice group of its size "
-                        "full joins one anyway for its first turn, then is parked (checkpointed to disk, "
-                        "back in the queue; its next start costs --restart-s) if the group is still full "
-                        "(default: off)")
-    s.add_argument("--gather-large", action=argparse.BooleanOptionalAction, default=PolicyConfig.gather_large,
-                   help="gandiva: when jobs larger than a server wait and their GPU count is the most "
-                        "crowded, hold whole servers for them, move the jobs there into other time-slice "
-                        "groups, and start the first of them there; with --probe-slices the servers are "
-                        "only lent, for a never-run job's first turn, then parked and given back "
-                        "(default: off; the live scheduler cannot launch over servers yet)")
+    _rule_flag(s, "balance_sizes",
+               help="gandiva: when the jobs of one GPU count are more crowded on their servers than "
+                    "another count's, hand a server of the less crowded count to them (its jobs "
+                    "join same-size time-slice groups elsewhere; default: on)")
+    _rule_flag(s, "balance_per_gpu",
+               help="gandiva, with --balance-sizes: measure a GPU count's crowding in jobs per GPU "
+                    "instead of per same-size GPU set, so servers go to the jobs that get the fewest "
+                    "GPU-seconds each (favours small jobs; default: off)")
+    _rule_flag(s, "gittins_slices",
+               help="gandiva, with --las-slices: the job with the highest Gittins index of its service per "
+                    "GPU runs next, the index computed from the service with which the latest 1,000 jobs "
+                    "left (least attained service on heavy-tailed lengths, first come first served on "
+                    "others; least attained service until 100 jobs have left; default: on; nothing "
+                    "to order with --no-las-slices)")
+    _rule_flag(s, "gittins_censored",
+               help="gandiva, with --gittins-slices: the index's distribution counts the jobs still "
+                    "present too, censored at the service they have (Kaplan-Meier), not only the "
+                    "jobs that left (default: off)")
+    _rule_flag(s, "gittins_tail_fifo",
+               help="gandiva, with --gittins-slices: jobs served longer than the departures tell about "
+                    "run first come first served behind the others, not by least attained service "
+                    "(default: off)")
+    _rule_flag(s, "fifo_after_measured",
+               help="gandiva, with --las-slices: --fifo-after's buckets with the boundary set from the "
+                    "service with which the latest 1,000 jobs left: where their mean residual service "
+                    "is highest (no bucket while it still rises; default: off)")
+    _rule_flag(s, "probe_slices",
+               help="gandiva: a job that has never run and finds every time-slice group of its size "
+                    "full joins one anyway for its first turn, then is parked (checkpointed to disk, "
+                    "back in the queue; its next start costs --restart-s) if the group is still full "
+                    "(default: off)")
+    _rule_flag(s, "gather_large",
+               help="gandiva: when jobs larger than a server wait and their GPU count is the most "
+                    "crowded, hold whole servers for them, move the jobs there into other time-slice "
+                    "groups, and start the first of them there; with --probe-slices the servers are "
+                    "only lent, for a never-run job's first turn, then parked and given back "
+                    "(default: off; the live scheduler cannot launch over servers yet)")
     m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
     m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "
@@ -240,16 +251,12 @@ def run(args: argparse.Namespace) -> int:
                                  f"give a folder you can write") from None
         model = _model(args, fmt)
         config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
-                              max_jobs_per_gpu=args.max_jobs_per_gpu, las_slices=args.las_slices,
+                              max_jobs_per_gpu=args.max_jobs_per_gpu,
                               slice_growth=args.slice_growth, fifo_after_s=args.fifo_after,
                               starve_factor=args.starve_factor,
                               share_block_after_s=args.share_block_after,
-                              large_block_after_s=args.large_block_after, balance_sizes=args.balance_sizes,
-                              balance_per_gpu=args.balance_per_gpu,
-                              gittins_slices=args.gittins_slices,
-                              gittins_censored=args.gittins_censored, gittins_tail_fifo=args.gittins_tail_fifo,
-                              fifo_after_measured=args.fifo_after_measured,
-                              probe_slices=args.probe_slices, gather_large=args.gather_large)
+                              large_block_after_s=args.large_block_after,
+                              **{field: getattr(args, field) for field in RULE_FLAGS})
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2

@@ -50,7 +50,7 @@ def _run(jobs: list[JobSpec], gather: bool, moves: int = 8, cap: int = CAP) -> t
         out = decide(snapshot)
         held = held or policy.state.gather  # one held before the call, or one it began
         if held is not None:
-            size, names, _ = held
+            size, names = held.size, held.servers
             for d in out:
                 gpus = d.gpus if isinstance(d, Place) else d.to_gpus if isinstance(d, Migrate) else ()
                 if any(g.server in names for g in gpus) and asked[d.job_id] != size:
@@ -123,7 +123,7 @@ def test_a_gathering_newcomers_leave_no_room_for_is_given_up_at_once() -> None:
         before = policy.state.gather
         out = decide(snapshot)
         if before is not None and policy.state.gather is None:
-            spans.append((before[2], snapshot.now))
+            spans.append((before.since, snapshot.now))
         return out
 
     policy.decide = watched  # type: ignore[method-assign]
