@@ -311,12 +311,16 @@ class GandivaPolicy(Policy):
         (before rotation, so that the group's next unit runs at once). A turn is at least one
         quantum and lasts until the job's first ``PROBE_STEPS`` mini-batches, the early
         feedback it was let in for. A newcomer whose group has room again, or that was
-        moved, stays on as an ordinary member."""
+        moved, stays on as an ordinary member; so does one its runtime has meanwhile found
+        not migratable (a ``tf.data`` iterator, say): a park restarts the job from its
+        checkpoint, which such a job cannot survive, so it is only ever suspended in place
+        and its group holds one job over the cap until a member leaves."""
         cap, now = self.config.max_jobs_per_gpu, ledger.snapshot.now
         parked: set[str] = set()
         for job_id, gpus in list(self.state.probes.items()):
             state = ledger.state.get(job_id)
-            if state is None or ledger.placement.get(job_id) != gpus or len(ledger.members(gpus)) <= cap:
+            if (state is None or ledger.placement.get(job_id) != gpus or len(ledger.members(gpus)) <= cap
+                    or not ledger.jobs[job_id].migratable):
                 del self.state.probes[job_id]
                 continue
             if state == "RUNNING":

@@ -47,14 +47,13 @@ def _story(job: Any) -> str:
     return "\n".join(f"{t.at:.1f} {common_pb2.JobState.Name(t.to_state)}: {t.reason}" for t in job.history)
 
 
-def test_a_newcomer_probes_a_full_gpu_is_parked_and_resumes_bit_identical(
-        policy_cluster: Any, tmp_path: Path) -> None:
-    # The long job would need an hour alone; the test kills it once the newcomer is parked.
-    long = _program(100000, 1, "momentum")
-    new = _program(300, 2, "adam")
+def _setup(policy_cluster: Any, tmp_path: Path, new: list[str]) -> tuple[subprocess.Popen, Any, Any]:
+    """The newcomer's uninterrupted reference run (dumping base.npz), a cluster of one
+    helper with one GPU and a cap of one job a GPU, and a function that submits a program
+    there (dumping NAME.npz). A quantum of 5 s: a turn may last up to 16 quanta,
+    TensorFlow's start on a loaded machine included."""
     base = subprocess.Popen([sys.executable, *new[1:], "--dump", str(tmp_path / "base.npz")],
                             env={**os.environ, **_env()}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # A quantum of 5 s: a turn may last up to 16 quanta, TensorFlow's start on a loaded machine included.
     cluster = policy_cluster(quantum_s=5.0, max_jobs_per_gpu=1, probe_slices=True, enable_packing=False)
     cluster.add_helper("p1", 1)
 
@@ -63,6 +62,16 @@ def test_a_newcomer_probes_a_full_gpu_is_parked_and_resumes_bit_identical(
                                                       str(tmp_path / f"{name}.npz")],
                                   workdir=str(tmp_path), gpus=1, env=_env())
         return cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
+
+    return base, cluster, submit
+
+
+def test_a_newcomer_probes_a_full_gpu_is_parked_and_resumes_bit_identical(
+        policy_cluster: Any, tmp_path: Path) -> None:
+    # The long job would need an hour alone; the test kills it once the newcomer is parked.
+    long = _program(100000, 1, "momentum")
+    new = _program(300, 2, "adam")
+    base, cluster, submit = _setup(policy_cluster, tmp_path, new)
 
     first = submit("long", long)
     # The long job has served longer than the newcomer's turn will (the group's order, least
@@ -89,5 +98,40 @@ def test_a_newcomer_probes_a_full_gpu_is_parked_and_resumes_bit_identical(
     done = cluster.job(second)
     # Launched again from that checkpoint, not from step 0, and bit-identical at the end.
     assert "resuming from" in done.history[-2].reason and "/park-" in done.history[-2].reason, _story(done)
+    assert base.wait(60) == 0
+    assert_same_variables(tmp_path / "base.npz", tmp_path / "new.npz")
+
+
+def test_a_newcomer_found_not_migratable_keeps_its_place_and_ends_bit_identical(
+        policy_cluster: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The newcomer reads its input through a tf.data iterator, whose position no checkpoint
+    holds: its runtime reports it not migratable during the first turn, so it is not parked
+    (a restart would train it on other data, and its runtime refuses the park: the scheduler
+    used to ask anyway and log the refusal); it stays in the group, time-sliced in place,
+    and ends with the variables of an uninterrupted run."""
+    caplog.set_level("WARNING", logger="scheduler")
+    program = REPO / "tests" / "tf_runtime" / "programs" / "dataset_loop.py"
+    new = ["python", str(program), "--steps", "300"]
+    base, cluster, submit = _setup(policy_cluster, tmp_path, new)
+
+    first = submit("long", _program(100000, 1, "momentum"))
+    cluster.wait_for(lambda: cluster.job(first).steps >= 400, 120)
+    second = submit("new", new)
+    cluster.wait_for(lambda: cluster.job(second).state == common_pb2.JOB_STATE_RUNNING, 30)
+    assert "probe slice" in cluster.job(second).history[-1].reason
+    judged = cluster.wait_for(lambda: (j := cluster.job(second)).control_note and j, 60)
+    assert not judged.migratable and "IteratorGetNext" in judged.control_note, judged.control_note
+    # Its turn ends (one quantum, 100 mini-batches) and it stays: it finishes without ever
+    # going back to the queue, while the long job waits suspended beside it.
+    cluster.wait_for(lambda: cluster.job(second).state == SUCCEEDED, 180)
+    done = cluster.job(second)
+    story = _story(done)
+    assert not any(t.to_state == QUEUED for t in done.history[1:]), story
+    assert "first turn over" not in story and "could not" not in story, story
+    assert "resuming from" not in story, story
+    refused = [r.getMessage() for r in caplog.records if "could not be parked" in r.getMessage()]
+    assert not refused, refused
+    cluster.wait_for(lambda: cluster.job(first).state == common_pb2.JOB_STATE_RUNNING, 30)
+    cluster.stub.KillJob(scheduler_pb2.JobActionRequest(id=first), timeout=10)
     assert base.wait(60) == 0
     assert_same_variables(tmp_path / "base.npz", tmp_path / "new.npz")

@@ -11,6 +11,8 @@ and nothing lands on the held servers meanwhile.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gandiva_cli.main import main
@@ -147,6 +149,28 @@ def test_with_probe_slices_servers_are_lent_for_a_first_turn_and_come_back() -> 
     small_end = max(j.finished_at for j in result.jobs if j.spec.id.startswith("s"))
     assert small_end < 20 * HOUR + 0.5 * HOUR
     assert policy.state.lent is None and policy.state.gather is None
+
+
+def test_a_lent_job_found_not_migratable_keeps_the_servers() -> None:
+    """As above, but the 8-GPU jobs' runtimes report them not migratable (a ``tf.data``
+    input, say) during their first turn: a park would restart them from a checkpoint they
+    cannot resume from, so none is parked. The first keeps the lent servers as a group of
+    its own, the loan ends, and the later 8-GPU jobs join that group; every job finishes."""
+    jobs = _workload(5)
+    policy = get_policy("gandiva", PolicyConfig(max_jobs_per_gpu=CAP, gather_large=True, probe_slices=True))
+    decide = policy.decide
+
+    def unmigratable(snapshot):  # type: ignore[no-untyped-def]
+        views = tuple(dataclasses.replace(j, migratable=False) if j.id.startswith("L") and j.steps else j
+                      for j in snapshot.jobs)
+        return decide(dataclasses.replace(snapshot, jobs=views, seq=None, delta=None))  # every job read anew
+
+    policy.decide = unmigratable  # type: ignore[method-assign]
+    result = Simulator(jobs, make_cluster("4x4"), policy, MechanismModel.default()).run()
+    assert not result.unfinished and len(result.jobs) == len(jobs)
+    assert result.counts["parks"] == 0
+    assert max(_first(result, "L")) < 0.5 * HOUR
+    assert policy.state.lent is None
 
 
 def test_off_by_default_and_on_with_the_flag(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
