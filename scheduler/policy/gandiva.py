@@ -314,13 +314,15 @@ class GandivaPolicy(Policy):
         moved, stays on as an ordinary member; so does one its runtime has meanwhile found
         not migratable (a ``tf.data`` iterator, say): a park restarts the job from its
         checkpoint, which such a job cannot survive, so it is only ever suspended in place
-        and its group holds one job over the cap until a member leaves."""
+        and its group holds one job over the cap until a member leaves. One found not under
+        the runtime at all (not suspendable) cannot be checkpointed either: it keeps the
+        GPUs until it ends, as such a job does in any group."""
         cap, now = self.config.max_jobs_per_gpu, ledger.snapshot.now
         parked: set[str] = set()
         for job_id, gpus in list(self.state.probes.items()):
             state = ledger.state.get(job_id)
             if (state is None or ledger.placement.get(job_id) != gpus or len(ledger.members(gpus)) <= cap
-                    or not ledger.jobs[job_id].migratable):
+                    or not ledger.jobs[job_id].migratable or not ledger.jobs[job_id].suspendable):
                 del self.state.probes[job_id]
                 continue
             if state == "RUNNING":

@@ -521,13 +521,14 @@ def _end_loan(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget:
         if ledger.state[job_id] not in ("RUNNING", "SUSPENDED") or job_id in ledger.changed:
             state.wake_at(now + MAKE_ROOM_RECHECK_S)
             return out
-        if ledger.jobs[job_id].migratable:
+        if ledger.jobs[job_id].migratable and ledger.jobs[job_id].suspendable:
             state.drop_pair(job_id)
             ledger.unbind(job_id)
             ledger.set_state(job_id, "QUEUED")
             out.append(Park(job_id, reason=f"first turn on the servers lent to it is over: checkpointed, back in "
                                            f"the queue ({', '.join(names)} go back)"))
-        # Not migratable (a park would restart it from a checkpoint it cannot survive): it
+        # Not migratable (a park would restart it from a checkpoint it cannot survive) or
+        # not under the runtime at all (nothing can checkpoint it): it
         # keeps the servers as a group of its own, and the loan ends.
     # Finished, killed or moved meanwhile, or parked: the servers go back.
     state.lent = None

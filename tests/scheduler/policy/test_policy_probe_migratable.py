@@ -18,8 +18,10 @@ CFG = PolicyConfig(max_jobs_per_gpu=1, probe_slices=True, enable_migration=False
                    enable_grow_shrink=False)
 
 
-@pytest.mark.parametrize("migratable", [True, False])
-def test_a_probe_found_not_migratable_is_not_parked(mk, migratable: bool) -> None:
+@pytest.mark.parametrize(("migratable", "suspendable"), [(True, True), (False, True), (True, False)])
+def test_a_probe_found_not_migratable_is_not_parked(mk, migratable: bool, suspendable: bool) -> None:
+    """``suspendable`` False: none of the job's processes is under the runtime (a wrapper
+    that hides python, say), so it cannot be checkpointed either."""
     policy = get_policy("gandiva", CFG)
     gpu = mk.on("s0", 0)
     first = policy.decide(mk.snap(
@@ -38,10 +40,11 @@ def test_a_probe_found_not_migratable_is_not_parked(mk, migratable: bool) -> Non
         mk.job("old", state="SUSPENDED", placement=gpu, attained_service_s=5000.0, submitted_at=0.0,
                last_state_change_at=100.0, steps=20_000, rate=4.0),
         mk.job("new", state="RUNNING", placement=gpu, attained_service_s=CFG.quantum_s + 1.0, submitted_at=99.0,
-               reported_at=now, last_state_change_at=100.0, steps=250, rate=4.0, migratable=migratable),
+               reported_at=now, last_state_change_at=100.0, steps=250, rate=4.0, migratable=migratable,
+               suspendable=suspendable),
     ))
     parks = [j for kind, j in mk.kinds(later) if kind == "Park"]
-    if migratable:
+    if migratable and suspendable:
         assert parks == ["new"]
         assert ("Resume", "old") in mk.kinds(later)
     else:
@@ -53,6 +56,6 @@ def test_a_probe_found_not_migratable_is_not_parked(mk, migratable: bool) -> Non
                    last_state_change_at=100.0, steps=20_000, rate=4.0),
             mk.job("new", state="RUNNING", placement=gpu, attained_service_s=CFG.quantum_s + 2.0,
                    submitted_at=99.0, reported_at=now + 1.0, last_state_change_at=100.0, steps=254, rate=4.0,
-                   migratable=False),
+                   migratable=migratable, suspendable=suspendable),
         ))
         assert "Park" not in {kind for kind, _ in mk.kinds(again)}
