@@ -139,6 +139,7 @@ class GandivaPolicy(Policy):
         self._take_touched(ledger)
         if state.probes:  # turns that are over, before rotation gives their GPUs on
             out = self._park(ledger, out)
+            self._take_touched(ledger)  # a park changes its group: rotation looks at it now
         out += rotate(ledger, state, cfg, self._look_rotate)
         self._look_rotate = set() if self.incremental else None
         if state.probes:  # newcomers this rotation suspended

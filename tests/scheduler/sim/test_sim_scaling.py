@@ -134,6 +134,8 @@ RULES = {
     "buckets": PolicyConfig(fifo_after_s=600.0),
     "starve": PolicyConfig(starve_factor=1.0),
     "block": PolicyConfig(share_block_after_s=600.0, fifo_after_s=600.0),
+    # A newcomer's first turn in a full group, then parked: its group is looked at again.
+    "probe": PolicyConfig(probe_slices=True, max_jobs_per_gpu=4),
 }
 
 
