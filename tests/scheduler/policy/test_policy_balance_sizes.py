@@ -16,7 +16,8 @@ import pytest
 from scheduler.policy import PolicyConfig, get_policy
 from scheduler.policy.types import ClusterSnapshot, Migrate, Place, Resume, Suspend
 
-CFG = PolicyConfig(enable_packing=False, enable_grow_shrink=False, balance_sizes=True)
+# probe_slices off: these tests are about who waits for a full group, not about first turns.
+CFG = PolicyConfig(enable_packing=False, enable_grow_shrink=False, balance_sizes=True, probe_slices=False)
 
 
 def _cluster(mk, per_gpu: int, big_migratable: bool = True) -> ClusterSnapshot:

@@ -18,7 +18,8 @@ from scheduler.policy.cluster import Ledger
 from scheduler.policy.types import ClusterSnapshot, JobProfile, Migrate, Place, Queue, ServerView
 
 GIB = 1 << 30
-CFG = PolicyConfig(enable_packing=False, enable_grow_shrink=False)
+# probe_slices off: the cap and host memory alone decide who joins a group here.
+CFG = PolicyConfig(enable_packing=False, enable_grow_shrink=False, probe_slices=False)
 
 
 def _server(name: str, gpus: int, host_gib: float) -> ServerView:

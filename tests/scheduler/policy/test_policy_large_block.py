@@ -19,7 +19,7 @@ import pytest
 from scheduler.policy import PolicyConfig, get_policy
 
 CAP2 = PolicyConfig(max_jobs_per_gpu=2, enable_packing=False, enable_grow_shrink=False,
-                    large_block_after_s=None)
+                    large_block_after_s=None, probe_slices=False)  # no first turns: who waits is the subject
 RULE = dataclasses.replace(CAP2, large_block_after_s=3600.0)
 
 

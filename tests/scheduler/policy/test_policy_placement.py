@@ -68,7 +68,7 @@ def test_full_cluster_without_a_group_of_the_same_size_queues_with_a_reason(mk) 
 
 
 def test_time_sharing_stops_at_max_jobs_per_gpu(mk) -> None:
-    cfg = PolicyConfig(max_jobs_per_gpu=2)
+    cfg = PolicyConfig(max_jobs_per_gpu=2, probe_slices=False)
     jobs = [mk.job("r", state="RUNNING", placement=mk.on("s0", 0)),
             mk.job("w", state="SUSPENDED", placement=mk.on("s0", 0)), mk.job("new")]
     d = get_policy("gandiva", cfg).decide(mk.snap(0, mk.servers(1, gpus=1), *jobs))
@@ -78,7 +78,7 @@ def test_time_sharing_stops_at_max_jobs_per_gpu(mk) -> None:
 def test_higher_priority_queued_job_is_placed_first(mk) -> None:
     s = mk.snap(0, mk.servers(1, gpus=1), mk.job("early", submitted_at=0),
              mk.job("urgent", submitted_at=10, priority=5))
-    d = get_policy("gandiva", PolicyConfig(max_jobs_per_gpu=1)).decide(s)
+    d = get_policy("gandiva", PolicyConfig(max_jobs_per_gpu=1, probe_slices=False)).decide(s)
     assert mk.kinds(d) == [("Place", "urgent"), ("Queue", "early")]
 
 

@@ -16,7 +16,7 @@ import pytest
 from scheduler.policy import PolicyConfig, get_policy
 
 LAS = PolicyConfig(las_slices=True, slice_growth=0.0, enable_migration=False, enable_packing=False,
-                   enable_grow_shrink=False)
+                   enable_grow_shrink=False, probe_slices=False)
 HOUR = 3600.0
 
 

@@ -40,7 +40,7 @@ def _run(jobs: list[JobSpec], gather: bool, moves: int = 8, cap: int = CAP) -> t
     """Replay on 4x4 with a cap of ``cap`` jobs a GPU, at most ``moves`` migrations a call; also
     return, for every decision that put a job of another size on a server held at the time,
     a line naming it, and the most jobs on one GPU set."""
-    cfg = PolicyConfig(max_jobs_per_gpu=cap, gather_large=gather, max_migrations_per_round=moves)
+    cfg = PolicyConfig(max_jobs_per_gpu=cap, gather_large=gather, max_migrations_per_round=moves, probe_slices=False)
     policy = get_policy("gandiva", cfg)
     decide = policy.decide
     intruders: list[str] = []
@@ -117,7 +117,8 @@ def test_a_gathering_newcomers_leave_no_room_for_is_given_up_at_once() -> None:
     groups before the held servers are empty. The rule gives the servers back at once (not
     after an hour of half-idle GPUs), and every job finishes."""
     jobs = _workload(10, later=4, small=8)
-    policy = get_policy("gandiva", PolicyConfig(max_jobs_per_gpu=CAP, gather_large=True, max_migrations_per_round=1))
+    policy = get_policy("gandiva", PolicyConfig(max_jobs_per_gpu=CAP, gather_large=True, max_migrations_per_round=1,
+                                                probe_slices=False))
     decide = policy.decide
     spans: list[tuple[float, float]] = []
 

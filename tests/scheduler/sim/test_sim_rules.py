@@ -21,7 +21,7 @@ from scheduler.sim.trace import JobSpec
 
 MODEL = MechanismModel.default()
 # The paper's time-slicing: round-robin, one-quantum slices, at most 4 jobs per GPU.
-PAPER = {"las_slices": False, "slice_growth": 0.0, "max_jobs_per_gpu": 4}
+PAPER = {"las_slices": False, "slice_growth": 0.0, "max_jobs_per_gpu": 4, "probe_slices": False}
 
 
 def _run(jobs: list[JobSpec], cluster: str, **cfg: object) -> tuple[dict, dict[str, float]]:
@@ -91,7 +91,7 @@ def test_las_switches_do_not_depend_on_unrelated_events_elsewhere() -> None:
     assert quiet_jct["long"] > 7200 + 1900
 
 
-DEFAULTS = {"las_slices": True, "slice_growth": 0.1, "max_jobs_per_gpu": 16}
+DEFAULTS = {"las_slices": True, "slice_growth": 0.1, "max_jobs_per_gpu": 16, "probe_slices": False}
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -138,7 +138,7 @@ def test_the_most_suspended_jobs_on_one_server_follows_the_group_cap() -> None:
     jobs, _ = scale_to_load(generate(300, seed=5, max_gpus=1), make_cluster("4x4"), MODEL, 3.0)
     peaks = {}
     for cap in (2, 8):
-        config = PolicyConfig(max_jobs_per_gpu=cap, enable_packing=False)
+        config = PolicyConfig(max_jobs_per_gpu=cap, enable_packing=False, probe_slices=False)
         sim = Simulator(jobs, make_cluster("4x4"), get_policy("gandiva", config), MODEL)
         result = sim.run()
         assert not result.unfinished

@@ -128,7 +128,7 @@ def test_same_seed_gives_the_same_output_in_separate_processes() -> None:
 
 RULES = {
     "defaults": PolicyConfig(),
-    "paper": PolicyConfig(las_slices=False, slice_growth=0.0, max_jobs_per_gpu=4),
+    "paper": PolicyConfig(las_slices=False, slice_growth=0.0, max_jobs_per_gpu=4, probe_slices=False),
     "no-las": PolicyConfig(las_slices=False),
     "no-growth": PolicyConfig(slice_growth=0.0),
     "buckets": PolicyConfig(fifo_after_s=600.0),
