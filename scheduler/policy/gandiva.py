@@ -43,7 +43,7 @@ from scheduler.policy.placement import (
     takes_turns,
 )
 from scheduler.policy.state import GandivaState
-from scheduler.policy.timeslice import probe_turn_ends, rotate
+from scheduler.policy.timeslice import probe_turn_ends, ranked_last, rotate
 from scheduler.policy.types import (
     ClusterSnapshot,
     Decision,
@@ -319,7 +319,7 @@ class GandivaPolicy(Policy):
         the runtime at all (not suspendable) cannot be checkpointed either: it keeps the
         GPUs until it ends, as such a job does in any group."""
         cap, now = self.config.max_jobs_per_gpu, ledger.snapshot.now
-        parked: set[str] = set()
+        parked: dict[str, str] = {}  # whom each finished turn parks -> the newcomer
         for job_id, gpus in list(self.state.probes.items()):
             state = ledger.state.get(job_id)
             if (state is None or ledger.placement.get(job_id) != gpus or len(ledger.members(gpus)) <= cap
@@ -334,16 +334,36 @@ class GandivaPolicy(Policy):
             elif state != "SUSPENDED":
                 continue
             del self.state.probes[job_id]
+            victim = self._ranked_last(ledger, job_id, gpus, now)
             why = "first turn over: parked"
-            end_trials_of(ledger, self.state, self.config, job_id, why)
-            self.state.drop_pair(job_id)  # a pair takes turns together: not once one has left
-            ledger.unbind(job_id)
-            ledger.set_state(job_id, "QUEUED")
-            parked.add(job_id)
+            end_trials_of(ledger, self.state, self.config, victim, why)
+            self.state.drop_pair(victim)  # a pair takes turns together: not once one has left
+            ledger.unbind(victim)
+            ledger.set_state(victim, "QUEUED")
+            parked[victim] = job_id
         if not parked:
             return out
         # A job suspended by this call's rotation is parked instead (one decision).
         kept = [d for d in out if not (isinstance(d, Suspend) and d.job_id in parked)]
-        kept += [Park(j, reason="first turn over and its time-slice group is full: checkpointed, back in the queue")
-                 for j in sorted(parked)]
+        for victim, newcomer in sorted(parked.items()):
+            reason = ("first turn over and its time-slice group is full: checkpointed, back in the queue"
+                      if victim == newcomer else
+                      f"newcomer {newcomer} ranks ahead of it in its full time-slice group: checkpointed, "
+                      f"back in the queue")
+            kept.append(Park(victim, reason=reason))
         return kept
+
+    def _ranked_last(self, ledger: Ledger, newcomer: str, gpus: Placement, now: float) -> str:
+        """Whom a newcomer's finished first turn parks: the newcomer, or with
+        ``probe_park_last`` the suspended member free to move that the group's slice order
+        ranks last, if that is not the newcomer."""
+        cfg, state = self.config, self.state
+        if not (cfg.probe_park_last and cfg.las_slices):
+            return newcomer
+        movable = [m for m in ledger.members(gpus)
+                   if m != newcomer and ledger.state[m] == "SUSPENDED" and m not in ledger.changed
+                   and ledger.jobs[m].migratable and ledger.jobs[m].suspendable
+                   and m not in state.trials and m not in state.kept_pairs]
+        if not movable:
+            return newcomer
+        return ranked_last(ledger, state, cfg, [newcomer, *movable], now)

@@ -142,6 +142,21 @@ def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[s
     return rank
 
 
+def ranked_last(ledger: Ledger, state: GandivaState, config: PolicyConfig, candidates: list[str],
+                now: float) -> str:
+    """Of ``candidates`` (members of one time-slice group, each a unit of its own), the one
+    the group's ``las_slices`` order (``_rank``: attained service, the Gittins index, the
+    buckets) would run last; ties go to the most served, then the last id."""
+    units: list[tuple[str, ...]] = [(j,) for j in candidates]
+    served = {u: _served(ledger, u, now) for u in units}
+    known = state.service.table
+    fifo_s = config.fifo_after_s or None
+    if config.fifo_after_measured:
+        fifo_s = known.mrl_peak if known is not None else None
+    rank = _rank(ledger, config, now, served, known if config.gittins_slices else None, fifo_s)
+    return max(units, key=lambda u: (rank(u), served[u], u))[0]
+
+
 def _next_unit(ledger: Ledger, units: list[tuple[str, ...]], running: tuple[str, ...] = (),
                served: dict[tuple[str, ...], float] | None = None,
                rank: Callable[[tuple[str, ...]], tuple[int, float]] | None = None) -> tuple[str, ...]:

@@ -392,6 +392,14 @@ class PolicyConfig:
         its turn is over and its group still holds more than the cap, it is parked
         (``Park``: checkpointed to disk, back in the queue with its progress) instead of
         staying suspended in host memory. Off by default.
+    probe_park_last: with ``probe_slices`` and ``las_slices``, when a newcomer's first turn
+        is over in a group still over the cap, the member the group's slice order ranks
+        last (the most attained service, or the lowest Gittins index) is parked instead of
+        the newcomer, if the newcomer ranks ahead of it: the cap's places in host memory go
+        to the jobs the group would run first, and the rest wait on disk (as Tiresias keeps
+        preempted jobs in its queue). Only a suspended single member that is free to move
+        (migratable, under the runtime, in no packing trial or kept pair) is parked. Off by
+        default.
     gather_large: at the first call at least ``defrag_interval_s`` after its last look, when
         a GPU count larger than a server has jobs waiting, the most crowded of those (jobs
         per GPU of its groups) has whole servers held for it: idle servers and servers of
@@ -443,6 +451,7 @@ class PolicyConfig:
     gittins_tail_fifo: bool = False
     fifo_after_measured: bool = False
     probe_slices: bool = False
+    probe_park_last: bool = False
     gather_large: bool = False
 
     def __post_init__(self) -> None:

@@ -132,6 +132,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "full joins one anyway for its first turn, then is parked (checkpointed to disk, "
                     "back in the queue; its next start costs --restart-s) if the group is still full "
                     "(default: off)")
+    _rule_flag(s, "probe_park_last",
+               help="gandiva, with --probe-slices: when a newcomer's first turn is over in a full group, "
+                    "park the member the group's slice order ranks last (most service, lowest Gittins "
+                    "index) instead of the newcomer, if the newcomer ranks ahead of it (default: off)")
     _rule_flag(s, "gather_large",
                help="gandiva: when jobs larger than a server wait and their GPU count is the most "
                     "crowded, hold whole servers for them, move the jobs there into other time-slice "

@@ -136,6 +136,8 @@ RULES = {
     "block": PolicyConfig(share_block_after_s=600.0, fifo_after_s=600.0),
     # A newcomer's first turn in a full group, then parked: its group is looked at again.
     "probe": PolicyConfig(probe_slices=True, max_jobs_per_gpu=4),
+    # ... and the member ranked last parked in its place.
+    "probe-last": PolicyConfig(probe_slices=True, probe_park_last=True, max_jobs_per_gpu=4),
 }
 
 

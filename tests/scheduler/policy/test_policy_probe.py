@@ -1,4 +1,4 @@
-"""``probe_slices`` and jobs that cannot be restarted from a checkpoint.
+"""``probe_slices``: whom a finished first turn parks, and jobs that cannot be restarted from a checkpoint.
 
 A newcomer let into a full time-slice group for its first turn is parked once the turn is
 over: checkpointed, its process ended, queued again to resume from the checkpoint. A
@@ -59,3 +59,52 @@ def test_a_probe_found_not_migratable_is_not_parked(mk, migratable: bool, suspen
                    migratable=migratable, suspendable=suspendable),
         ))
         assert "Park" not in {kind for kind, _ in mk.kinds(again)}
+
+
+def _full_group(mk, now: float, new: dict, old_parked: bool = False) -> object:
+    """A cap of 2 on one GPU: "old" (20 h of service; or parked: queued, on no GPU) and
+    "mid" (10 min) suspended, and the newcomer "new" (``new``: its state and progress)."""
+    gpu = mk.on("s0", 0)
+    old: dict = {"state": "QUEUED"} if old_parked else {"state": "SUSPENDED", "placement": gpu}
+    return mk.snap(
+        now, mk.servers(1, 1),
+        mk.job("old", attained_service_s=72_000.0, submitted_at=0.0, last_state_change_at=50.0, steps=300_000,
+               rate=4.0, **old),
+        mk.job("mid", state="SUSPENDED", placement=gpu, attained_service_s=600.0, submitted_at=40.0,
+               last_state_change_at=100.0, steps=2_400, rate=4.0),
+        mk.job("new", placement=gpu, submitted_at=99.0, **new),
+    )
+
+
+@pytest.mark.parametrize("park_last", [False, True])
+def test_a_finished_first_turn_parks_the_member_ranked_last(mk, park_last: bool) -> None:
+    """Without ``probe_park_last`` the newcomer leaves once its turn is over; with it, the
+    member the group's order would run last (20 hours of service) goes to disk instead and
+    the newcomer stays, so the cap's places go to the jobs that have run least."""
+    cfg = PolicyConfig(max_jobs_per_gpu=2, probe_slices=True, probe_park_last=park_last, enable_migration=False,
+                       enable_packing=False, enable_grow_shrink=False)
+    policy = get_policy("gandiva", cfg)
+    gpu = mk.on("s0", 0)
+    # "mid" runs; the newcomer finds the group full (2) and gets a first turn.
+    first = policy.decide(mk.snap(
+        100.0, mk.servers(1, 1),
+        mk.job("old", state="SUSPENDED", placement=gpu, attained_service_s=72_000.0, submitted_at=0.0,
+               last_state_change_at=50.0, steps=300_000, rate=4.0),
+        mk.job("mid", state="RUNNING", placement=gpu, attained_service_s=600.0, submitted_at=40.0,
+               reported_at=100.0, last_state_change_at=90.0, steps=2_400, rate=4.0),
+        mk.job("new", submitted_at=99.0),
+    ))
+    assert mk.kinds(first) == [("Suspend", "mid"), ("Place", "new")]
+    now = 100.0 + cfg.quantum_s + 1.0
+    later = policy.decide(_full_group(mk, now, {
+        "state": "RUNNING", "attained_service_s": cfg.quantum_s + 1.0, "reported_at": now,
+        "last_state_change_at": 100.0, "steps": 250, "rate": 4.0}))
+    parks = [d for d in later if type(d).__name__ == "Park"]
+    assert [d.job_id for d in parks] == (["old"] if park_last else ["new"])
+    if park_last:
+        assert "newcomer new ranks ahead of it" in parks[0].reason
+        # The newcomer is an ordinary member now: no later call parks it.
+        again = policy.decide(_full_group(mk, now + cfg.quantum_s, {
+            "state": "RUNNING", "attained_service_s": 2 * cfg.quantum_s, "reported_at": now + cfg.quantum_s,
+            "last_state_change_at": 100.0, "steps": 500, "rate": 4.0}, old_parked=True))
+        assert "Park" not in {type(d).__name__ for d in again}
