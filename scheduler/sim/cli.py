@@ -131,7 +131,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                help="gandiva: a job that has never run and finds every time-slice group of its size "
                     "full joins one anyway for its first turn, then is parked (checkpointed to disk, "
                     "back in the queue; its next start costs --restart-s) if the group is still full "
-                    "(default: off)")
+                    "(default: on; --no-probe-slices: it waits for room, as in the paper)")
     _rule_flag(s, "probe_park_last",
                help="gandiva, with --probe-slices: when a newcomer's first turn is over in a full group, "
                     "park the member the group's slice order ranks last (most service, lowest Gittins "

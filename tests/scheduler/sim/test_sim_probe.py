@@ -97,16 +97,16 @@ def test_a_parked_job_pays_a_restart_and_keeps_its_progress() -> None:
     assert jobs["short"].finished_at == pytest.approx(expected, abs=1.0)
 
 
-def test_off_by_default_and_on_with_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    """The default replays without probes; ``gandiva sim --probe-slices`` turns them on and
-    shows the parks."""
-    assert PolicyConfig().probe_slices is False
+def test_on_by_default_and_off_with_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """The default replays with probes and shows the parks; ``gandiva sim --no-probe-slices``
+    (the paper's behaviour: a newcomer waits for room) has none."""
+    assert PolicyConfig().probe_slices is True
     args = ["sim", "--no-progress", "--jobs", "150", "--cluster", "2x2", "--target-load", "4",
             "--max-jobs-per-gpu", "2"]
     assert main(args) == 0
-    assert "parked to disk" not in capsys.readouterr().out
-    assert main([*args, "--probe-slices"]) == 0
     assert "parked to disk (probe_slices)" in capsys.readouterr().out
+    assert main([*args, "--no-probe-slices"]) == 0
+    assert "parked to disk" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("seed", [3, 7])
