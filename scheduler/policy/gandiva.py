@@ -19,6 +19,8 @@ One decide() call runs, in this order:
 
 from __future__ import annotations
 
+import math
+
 from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger, Placement, QueueKey, host_need
 from scheduler.policy.growshrink import grow, shrink_all
@@ -282,6 +284,15 @@ class GandivaPolicy(Policy):
         cfg, probes = self.config, self.state.probes
         out: list[Decision] = []
         taken = {ledger.placement.get(j) for j in probes}
+        # The blocks of _place_queued hold for first turns too: once the first queued job
+        # that fits a server has waited share_block_after_s, no job behind it joins a group;
+        # once it has waited large_block_after_s, no job larger than a server behind it does
+        # (else first turns would keep the large groups from draining for it).
+        top, now = ledger.max_server_gpus, ledger.snapshot.now
+        head = ledger.first_queued(top)
+        waited = now - ledger.jobs[head[2]].submitted_at if head is not None else -math.inf
+        share_shut = cfg.share_block_after_s is not None and waited >= cfg.share_block_after_s
+        large_shut = cfg.large_block_after_s is not None and waited >= cfg.large_block_after_s
         for size in sorted(ledger.queued_by_size):
             groups = [
                 g for g in ledger.groups_by_size.get(size, ())
@@ -293,6 +304,8 @@ class GandivaPolicy(Policy):
                 continue
             groups.sort(key=lambda g: (len(ledger.members(g)), g))
             for key in list(ledger.queued_by_size.get(size, ())):
+                if head is not None and key > head and (share_shut or (large_shut and size > top)):
+                    break  # behind the head in queue order, as is every later key of this size
                 job = ledger.jobs[key[2]]
                 if job.steps or job.attained_service_s or ledger.state[job.id] != "QUEUED":
                     continue  # it has run before: it gets a turn when its group has room

@@ -108,3 +108,31 @@ def test_a_finished_first_turn_parks_the_member_ranked_last(mk, park_last: bool)
             "state": "RUNNING", "attained_service_s": 2 * cfg.quantum_s, "reported_at": now + cfg.quantum_s,
             "last_state_change_at": 100.0, "steps": 500, "rate": 4.0}, old_parked=True))
         assert "Park" not in {type(d).__name__ for d in again}
+
+
+@pytest.mark.parametrize(("now", "share_block", "placed"), [
+    (100.0, None, {"small", "small2", "large"}),  # no block yet: every newcomer gets a first turn
+    (4000.0, None, {"small", "small2"}),  # the large block holds: no large job joins a group
+    (1000.0, 600.0, {"small"}),  # the share block holds: only the job it waits for joins one
+])
+def test_first_turns_respect_the_blocks_for_the_longest_waiting_job(mk, now: float, share_block: float | None,
+                                                                     placed: set[str]) -> None:
+    """Every group is full (a cap of 1): an 8-GPU group over s0 and s1, a 1-GPU job on each
+    GPU of s2. Queued, never run: "small" (1 GPU, the first that fits a server, submitted at
+    0), "small2" and "large" (8 GPUs). Once "small" has waited ``large_block_after_s`` (an
+    hour), a first turn for "large" would keep the 8-GPU group from draining for it, so it
+    gets none; once it has waited ``share_block_after_s``, no job behind it gets one."""
+    cfg = PolicyConfig(max_jobs_per_gpu=1, probe_slices=True, share_block_after_s=share_block,
+                       enable_migration=False, enable_packing=False, enable_grow_shrink=False)
+    big = mk.job("big", state="RUNNING", placement=mk.on("s0", 0, 1, 2, 3) + mk.on("s1", 0, 1, 2, 3),
+                 attained_service_s=8 * now, submitted_at=0.0, reported_at=now, last_state_change_at=0.0,
+                 steps=10_000, rate=4.0)
+    ones = [mk.job(f"one{i}", state="RUNNING", placement=mk.on("s2", i), attained_service_s=now,
+                   submitted_at=0.0, reported_at=now, last_state_change_at=0.0, steps=10_000, rate=4.0)
+            for i in range(4)]
+    queued = [mk.job("small", submitted_at=0.0), mk.job("small2", submitted_at=5.0),
+              mk.job("large", 8, submitted_at=10.0)]
+    d = get_policy("gandiva", cfg).decide(mk.snap(now, mk.servers(3), big, *ones, *queued))
+    got = {x.job_id for x in d if type(x).__name__ == "Place"}
+    assert got == placed
+    assert all("probe slice" in x.reason for x in d if type(x).__name__ == "Place")
