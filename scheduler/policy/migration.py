@@ -528,8 +528,8 @@ def _end_loan(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget:
             out.append(Park(job_id, reason=f"first turn on the servers lent to it is over: checkpointed, back in "
                                            f"the queue ({', '.join(names)} go back)"))
         # Not migratable (a park would restart it from a checkpoint it cannot survive) or
-        # not under the runtime at all (nothing can checkpoint it): it
-        # keeps the servers as a group of its own, and the loan ends.
+        # not under the runtime at all (nothing can checkpoint it): it keeps the servers as
+        # a group of its own, and the loan ends.
     # Finished, killed or moved meanwhile, or parked: the servers go back.
     state.lent = None
     ledger.release()

@@ -149,12 +149,18 @@ def ranked_last(ledger: Ledger, state: GandivaState, config: PolicyConfig, candi
     buckets) would run last; ties go to the most served, then the last id."""
     units: list[tuple[str, ...]] = [(j,) for j in candidates]
     served = {u: _served(ledger, u, now) for u in units}
+    rank = _rank(ledger, config, now, served, *_order_inputs(state, config))
+    return max(units, key=lambda u: (rank(u), served[u], u))[0]
+
+
+def _order_inputs(state: GandivaState, config: PolicyConfig) -> tuple[GittinsTable | None, float | None]:
+    """What ``_rank`` orders by besides service: the Gittins table (``gittins_slices``, once
+    known) and the long bucket's boundary (``fifo_after_s``, or ``fifo_after_measured``'s)."""
     known = state.service.table
     fifo_s = config.fifo_after_s or None
     if config.fifo_after_measured:
         fifo_s = known.mrl_peak if known is not None else None
-    rank = _rank(ledger, config, now, served, known if config.gittins_slices else None, fifo_s)
-    return max(units, key=lambda u: (rank(u), served[u], u))[0]
+    return (known if config.gittins_slices else None), fifo_s
 
 
 def _next_unit(ledger: Ledger, units: list[tuple[str, ...]], running: tuple[str, ...] = (),
@@ -278,11 +284,7 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     rank = None
     if config.las_slices:
         served = {u: _served(ledger, u, now) for u in units}
-        known = state.service.table
-        table = known if config.gittins_slices else None
-        fifo_s = config.fifo_after_s or None
-        if config.fifo_after_measured:
-            fifo_s = known.mrl_peak if known is not None else None
+        table, fifo_s = _order_inputs(state, config)
         if fifo_s is not None or config.starve_factor > 0 or table is not None:
             rank = _rank(ledger, config, now, served, table, fifo_s)
         nxt = _next_unit(ledger, units, running, served, rank)
