@@ -31,6 +31,7 @@ from scheduler.policy.migration import (
     gather_large,
     lower_height,
     make_room,
+    movable,
 )
 from scheduler.policy.packing import end_trials_of, judge_trials, start_trials
 from scheduler.policy.placement import (
@@ -373,10 +374,9 @@ class GandivaPolicy(Policy):
         cfg, state = self.config, self.state
         if not (cfg.probe_park_last and cfg.las_slices):
             return newcomer
-        movable = [m for m in ledger.members(gpus)
-                   if m != newcomer and ledger.state[m] == "SUSPENDED" and m not in ledger.changed
-                   and ledger.jobs[m].migratable and ledger.jobs[m].suspendable
-                   and m not in state.trials and m not in state.kept_pairs]
-        if not movable:
+        free = [m for m in ledger.members(gpus)
+                if m != newcomer and ledger.state[m] == "SUSPENDED" and ledger.jobs[m].suspendable
+                and movable(ledger, m, state)]
+        if not free:
             return newcomer
-        return ranked_last(ledger, state, cfg, [newcomer, *movable], now)
+        return ranked_last(ledger, state, cfg, [newcomer, *free], now)

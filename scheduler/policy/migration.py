@@ -78,7 +78,9 @@ def _compact_target(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
     return best_fit(ledger, job.gpus, job, config)
 
 
-def _movable(ledger: Ledger, job_id: str, state: GandivaState) -> bool:
+def movable(ledger: Ledger, job_id: str, state: GandivaState) -> bool:
+    """The job may be moved (or parked) this call: migratable, not changed by this call,
+    in no packing trial and no kept pair."""
     job = ledger.jobs[job_id]
     return (job.migratable and job_id not in ledger.changed and job_id not in state.trials
             and job_id not in state.kept_pairs)
@@ -110,7 +112,7 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
         for job_id in sorted(members, key=lambda j: ledger.jobs[j].last_state_change_at):
             if len(out) >= budget:
                 return out
-            if ledger.state[job_id] != "SUSPENDED" or not _movable(ledger, job_id, state):
+            if ledger.state[job_id] != "SUSPENDED" or not movable(ledger, job_id, state):
                 continue
             target = _compact_target(ledger, ledger.jobs[job_id], config)
             if target is None:
@@ -131,7 +133,7 @@ def consolidate(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
         job, gpus = ledger.jobs[job_id], ledger.placement[job_id]
         used = len(ledger.servers_of[job_id])
         if (ledger.state[job_id] != "RUNNING" or used <= _servers_needed(ledger, job)
-                or len(ledger.members(gpus)) > 1 or not _movable(ledger, job_id, state)):
+                or len(ledger.members(gpus)) > 1 or not movable(ledger, job_id, state)):
             continue
         if misses.get(job.gpus) == ledger.version or ledger.total_free() < job.gpus:
             continue
@@ -213,7 +215,7 @@ def _plan_evacuation(
     for job_id in jobs:
         gpus = ledger.placement[job_id]
         if (len({g.server for g in gpus}) > 1 or len(ledger.members(gpus)) > 1
-                or ledger.state[job_id] != "RUNNING" or not _movable(ledger, job_id, state)):
+                or ledger.state[job_id] != "RUNNING" or not movable(ledger, job_id, state)):
             return None
         job = ledger.jobs[job_id]
         dests = sorted(
@@ -398,7 +400,7 @@ def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
         if freed is None or freed[0] != name:  # a unit is listed once, under its first server
             continue
         if any(ledger.state[j] not in ("RUNNING", "SUSPENDED") or not ledger.jobs[j].suspendable
-               or not _movable(ledger, j, state) for j in moving):
+               or not movable(ledger, j, state) for j in moving):
             continue
         units.append((len(moving), freed, own))
     units.sort()
@@ -602,7 +604,7 @@ def _suspended_movers(ledger: Ledger, state: GandivaState, size: int) -> Iterato
     for group in sorted(ledger.groups_by_size.get(size, ()), key=lambda g: (-len(ledger.members(g)), g)):
         for job_id in sorted(ledger.members(group), key=lambda j: (ledger.jobs[j].last_state_change_at, j)):
             if (ledger.state[job_id] == "SUSPENDED" and ledger.jobs[job_id].suspendable
-                    and _movable(ledger, job_id, state)):
+                    and movable(ledger, job_id, state)):
                 yield job_id
 
 
@@ -647,7 +649,7 @@ def _plan_into_groups(ledger: Ledger, state: GandivaState, config: PolicyConfig,
             break
         view = ledger.jobs[job_id]
         if (away.isdisjoint(ledger.servers_of[job_id]) or ledger.state[job_id] not in ("RUNNING", "SUSPENDED")
-                or not view.suspendable or not _movable(ledger, job_id, state)):
+                or not view.suspendable or not movable(ledger, job_id, state)):
             if limit is None:
                 return None
             continue
