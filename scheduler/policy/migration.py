@@ -293,14 +293,12 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
             continue
         donors.append((len(ledger.jobs_on[name]), name, size, gets))
     targets: dict[int, list[tuple[Placement, set[str], int]]] = {}  # per size; no donor changes them
+    # balance_park: the first donor whose jobs can all be parked, should none move into groups.
+    to_park: tuple[list[str], int, list[str]] | None = None
     for _, name, size, gets in sorted(donors):
-        if size not in targets:
-            targets[size] = _handover_targets(ledger, state, size)
         # Every job on the server moves (or none): what the hand-over would free and leave
         # is known before its plan, which is made only for a hand-over worth making.
         moving = ledger.jobs_on[name]
-        if len(moving) > budget:
-            continue
         freed = _whole_servers(ledger, moving)
         if freed is None:
             continue
@@ -308,25 +306,58 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
         own = {ledger.placement[j] for j in moving}
         if crowd(size, -len(own)) >= crowd(crowded, gets):
             continue  # it would leave this GPU count more crowded than the one it helps
-        plan = _plan_handover(ledger, state, config, name, targets[size])
+        plan = None
+        if len(moving) <= budget:
+            if size not in targets:
+                targets[size] = _handover_targets(ledger, state, size)
+            plan = _plan_handover(ledger, state, config, name, targets[size])
         if plan is None:
+            if to_park is None and config.balance_park and all(_parkable(ledger, state, j) for j in moving):
+                to_park = (freed, size, sorted(moving))
             continue
-        out: list[Decision] = []
         why = f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs)"
+        out: list[Decision] = []
         for job_id, target in plan:
             for other in sorted(ledger.running_on(target)):
                 ledger.set_state(other, "SUSPENDED")
                 out.append(Suspend(other, reason=why))
             out.append(_move(ledger, job_id, target, why))
-        # The crowded jobs take the server at once: left idle, the next call's placement or
-        # lower_height could give it to any GPU count (the donors' own waiting jobs first).
-        left = budget - len(plan)
-        for server in freed:
-            filled = _fill(ledger, state, config, [server], crowded, left, why)
-            left -= sum(isinstance(d, Migrate) for d in filled)
-            out += filled
-        return out
-    return []
+        return out + _fill_all(ledger, state, config, freed, crowded, budget - len(plan), why)
+    if to_park is None:
+        return []
+    # No donor's jobs fit into the other groups of their size (every group is full, or a
+    # server holds more jobs than a round may migrate): the fewest jobs are parked instead,
+    # checkpointed and queued again with their progress, to rejoin their groups as room comes.
+    freed, size, parking = to_park
+    why = (f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs, "
+           f"whose groups have no room for its jobs): checkpointed, back in the queue")
+    out = []
+    for job_id in parking:
+        state.probes.pop(job_id, None)
+        ledger.unbind(job_id)
+        ledger.set_state(job_id, "QUEUED")
+        out.append(Park(job_id, reason=why))
+    return out + _fill_all(ledger, state, config, freed, crowded, budget, why)
+
+
+def _parkable(ledger: Ledger, state: GandivaState, job_id: str) -> bool:
+    """The job may be parked this call: bound, free to move, and under the runtime (a
+    park checkpoints it and restarts it from the checkpoint later)."""
+    return (ledger.state[job_id] in ("RUNNING", "SUSPENDED") and ledger.jobs[job_id].suspendable
+            and movable(ledger, job_id, state))
+
+
+def _fill_all(ledger: Ledger, state: GandivaState, config: PolicyConfig, freed: list[str], size: int,
+              budget: int, why: str) -> list[Decision]:
+    """The crowded jobs take the handed-over servers at once: left idle, the next call's
+    placement or lower_height could give them to any GPU count (the donors' own waiting jobs
+    first)."""
+    out: list[Decision] = []
+    for server in freed:
+        filled = _fill(ledger, state, config, [server], size, budget, why)
+        budget -= sum(isinstance(d, Migrate) for d in filled)
+        out += filled
+    return out
 
 
 def _crowd(ledger: Ledger, count: dict[int, int], per_gpu: bool) -> Callable[..., float]:

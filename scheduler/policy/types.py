@@ -366,6 +366,13 @@ class PolicyConfig:
         elsewhere, if that leaves their GPU count less crowded than the one it helps (a
         group of jobs larger than a server gives every server it spans; such jobs never
         take one).
+    balance_park: with balance_sizes, when no less crowded GPU count's server can be handed
+        over by moving its jobs (every same-size group elsewhere is full, or the server holds
+        more jobs than ``max_migrations_per_round``), the server with the fewest jobs that
+        may all be parked (free to move and under the runtime) is handed over by parking
+        them instead: checkpointed to disk, back in the queue with their progress, to rejoin
+        their GPU count's groups as room comes. Without it, once every count's groups are
+        full a count with no group at all gets a server only when a whole group ends.
     balance_per_gpu: with balance_sizes, a GPU count's crowding is its jobs per GPU of its
         groups instead of per same-size GPU set: a k-GPU job counts k times less, so servers
         go to the GPU counts whose jobs get the fewest GPU-seconds each (as Tiresias' 2D
@@ -447,6 +454,7 @@ class PolicyConfig:
     large_block_after_s: float | None = 3600.0
     balance_sizes: bool = True
     balance_per_gpu: bool = False
+    balance_park: bool = False
     gittins_slices: bool = True
     gittins_censored: bool = False
     gittins_tail_fifo: bool = False
@@ -480,6 +488,8 @@ class PolicyConfig:
                 raise ValueError(f"{name} changes gittins_slices's order: turn gittins_slices on too")
         if self.balance_per_gpu and not self.balance_sizes:
             raise ValueError("balance_per_gpu changes how balance_sizes measures crowding: turn balance_sizes on too")
+        if self.balance_park and not self.balance_sizes:
+            raise ValueError("balance_park is a way for balance_sizes to hand a server over: turn balance_sizes on too")
         for name in ("share_block_after_s", "large_block_after_s"):
             value = getattr(self, name)
             if value is not None and value < 0:

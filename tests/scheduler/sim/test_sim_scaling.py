@@ -138,6 +138,8 @@ RULES = {
     "probe": PolicyConfig(probe_slices=True, max_jobs_per_gpu=4),
     # ... and the member ranked last parked in its place.
     "probe-last": PolicyConfig(probe_slices=True, probe_park_last=True, max_jobs_per_gpu=4),
+    # A server handed to a crowded GPU count by parking its jobs: their groups change.
+    "balance-park": PolicyConfig(balance_park=True, max_jobs_per_gpu=3),
 }
 
 
