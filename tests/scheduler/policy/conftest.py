@@ -5,11 +5,13 @@ helper module; a fixture hands the builders out instead."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
 
 from scheduler.policy import ClusterSnapshot, GpuRef, JobProfile, JobView, ServerView
+from scheduler.policy.types import Migrate, Park, Place, Resume, Suspend
 
 GIB = 1 << 30
 
@@ -37,6 +39,22 @@ def snap(now: float, srv: tuple[ServerView, ...], *jobs: JobView) -> ClusterSnap
     return ClusterSnapshot(now, srv, tuple(jobs))
 
 
+def after(snap: ClusterSnapshot, decisions: list, now: float) -> ClusterSnapshot:
+    """The snapshot after the decisions, as the live engine or the simulator applies them."""
+    jobs = {j.id: j for j in snap.jobs}
+    for d in decisions:
+        j = jobs[d.job_id]
+        if isinstance(d, Suspend):
+            jobs[d.job_id] = dataclasses.replace(j, state="SUSPENDED", last_state_change_at=now)
+        elif isinstance(d, Park):
+            jobs[d.job_id] = dataclasses.replace(j, state="QUEUED", placement=(), last_state_change_at=now)
+        elif isinstance(d, Migrate):
+            jobs[d.job_id] = dataclasses.replace(j, state="RUNNING", placement=d.to_gpus, last_state_change_at=now)
+        elif isinstance(d, (Resume, Place)):
+            jobs[d.job_id] = dataclasses.replace(j, state="RUNNING", placement=d.gpus, last_state_change_at=now)
+    return ClusterSnapshot(now, snap.servers, tuple(jobs.values()))
+
+
 def kinds(decisions: list) -> list[tuple[str, str]]:
     return [(type(d).__name__, d.job_id) for d in decisions]
 
@@ -44,4 +62,4 @@ def kinds(decisions: list) -> list[tuple[str, str]]:
 @pytest.fixture
 def mk() -> types.SimpleNamespace:
     return types.SimpleNamespace(servers=servers, on=on, job=job, profiled=profiled, snap=snap,
-                                 kinds=kinds)
+                                 kinds=kinds, after=after)

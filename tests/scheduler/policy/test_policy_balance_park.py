@@ -17,7 +17,7 @@ import dataclasses
 import pytest
 
 from scheduler.policy import PolicyConfig, get_policy
-from scheduler.policy.types import ClusterSnapshot, Migrate, Park, Place, Resume, Suspend
+from scheduler.policy.types import ClusterSnapshot, Migrate, Park, Place, Suspend
 
 CFG = PolicyConfig(enable_packing=False, enable_grow_shrink=False, max_jobs_per_gpu=2, balance_sizes=True,
                    balance_park=True)
@@ -41,20 +41,6 @@ def _cluster(mk, waiting: int, cap: int = 2, **big: object) -> ClusterSnapshot:
     return mk.snap(1000.0, mk.servers(3), *jobs)
 
 
-def _after(snap: ClusterSnapshot, decisions: list, now: float) -> ClusterSnapshot:
-    jobs = {j.id: j for j in snap.jobs}
-    for d in decisions:
-        j = jobs[d.job_id]
-        if isinstance(d, Suspend):
-            jobs[d.job_id] = dataclasses.replace(j, state="SUSPENDED", last_state_change_at=now)
-        elif isinstance(d, Park):
-            jobs[d.job_id] = dataclasses.replace(j, state="QUEUED", placement=(), last_state_change_at=now)
-        elif isinstance(d, Migrate):
-            jobs[d.job_id] = dataclasses.replace(j, state="RUNNING", placement=d.to_gpus, last_state_change_at=now)
-        elif isinstance(d, (Resume, Place)):
-            jobs[d.job_id] = dataclasses.replace(j, state="RUNNING", placement=d.gpus, last_state_change_at=now)
-    return ClusterSnapshot(now, snap.servers, tuple(jobs.values()))
-
 
 def test_a_full_servers_jobs_are_parked_and_the_crowded_count_starts_there(mk) -> None:
     """Ten 2-GPU jobs wait with no group of their size; every group is full. s1's two 4-GPU
@@ -67,7 +53,7 @@ def test_a_full_servers_jobs_are_parked_and_the_crowded_count_starts_there(mk) -
     assert all("hand s1 to the 2-GPU jobs" in x.reason and "back in the queue" in x.reason for x in parks)
     placed = {x.job_id: x.gpus for x in d if isinstance(x, Place)}
     assert placed["two0"] == mk.on("s1", 0, 1) and placed["two1"] == mk.on("s1", 2, 3)
-    after = _after(snap, d, 1001.0)
+    after = mk.after(snap, d, 1001.0)
     # No job lost or duplicated: the parked jobs are queued with their progress kept.
     assert len(after.jobs) == len(snap.jobs) and len({j.id for j in after.jobs}) == len(snap.jobs)
     by_id = {j.id: j for j in after.jobs}

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from scheduler.policy import PolicyConfig, get_policy
-from scheduler.policy.types import ClusterSnapshot, Migrate, Place, Resume, Suspend
+from scheduler.policy.types import ClusterSnapshot, Migrate, Place, Suspend
 
 # probe_slices off: these tests are about who waits for a full group, not about first turns.
 CFG = PolicyConfig(enable_packing=False, enable_grow_shrink=False, balance_sizes=True, probe_slices=False)
@@ -33,19 +33,6 @@ def _cluster(mk, per_gpu: int, big_migratable: bool = True) -> ClusterSnapshot:
     return mk.snap(1000.0, mk.servers(3), *jobs)
 
 
-def _apply(snap: ClusterSnapshot, decisions: list, now: float) -> ClusterSnapshot:
-    """The snapshot after the decisions, as the live engine or the simulator applies them."""
-    jobs = {j.id: j for j in snap.jobs}
-    for d in decisions:
-        j = jobs[d.job_id]
-        if isinstance(d, Suspend):
-            jobs[d.job_id] = dataclasses.replace(j, state="SUSPENDED", last_state_change_at=now)
-        elif isinstance(d, Migrate):
-            jobs[d.job_id] = dataclasses.replace(j, state="RUNNING", placement=d.to_gpus, last_state_change_at=now)
-        elif isinstance(d, (Resume, Place)):
-            jobs[d.job_id] = dataclasses.replace(j, state="RUNNING", placement=d.gpus, last_state_change_at=now)
-    return ClusterSnapshot(now, snap.servers, tuple(jobs.values()))
-
 
 def _small_running(snap: ClusterSnapshot) -> int:
     return sum(1 for j in snap.jobs if j.id.startswith("small") and j.state == "RUNNING")
@@ -63,7 +50,7 @@ def test_a_server_of_the_less_crowded_size_goes_to_the_crowded_one(mk, per_gpu: 
     moved = [d for d in first if isinstance(d, Migrate)]
     if not hands_over:
         assert moved == [] and [d for d in first if isinstance(d, Suspend)] == []
-        assert _small_running(_apply(snap, first, 1001.0)) == 4
+        assert _small_running(mk.after(snap, first, 1001.0)) == 4
         return
     assert mk.kinds(first)[:2] == [("Suspend", "big-s2"), ("Migrate", "big-s1")]
     assert moved[0].to_gpus == mk.on("s2", 0, 1, 2, 3)
@@ -71,7 +58,7 @@ def test_a_server_of_the_less_crowded_size_goes_to_the_crowded_one(mk, per_gpu: 
     assert len(onto_s1) == 4 and all(d.job_id.startswith("small") for d in onto_s1)
     assert sorted(d.to_gpus for d in onto_s1) == [mk.on("s1", i) for i in range(4)]
     # Eight 1-GPU jobs now run where four did; the 4-GPU jobs take turns on s2.
-    after = _apply(snap, first, 1001.0)
+    after = mk.after(snap, first, 1001.0)
     assert _small_running(after) == 8
     # Nothing moves back in the next call.
     assert not any(isinstance(d, Migrate) for d in policy.decide(dataclasses.replace(after, now=1002.0)))
@@ -89,7 +76,7 @@ def test_balance_per_gpu_weighs_a_job_by_its_gpus(mk, per_gpu: int) -> None:
     assert [d for d in per_set if isinstance(d, Migrate)] == []
     d = get_policy("gandiva", dataclasses.replace(CFG, balance_per_gpu=True)).decide(snap)
     assert mk.kinds(d)[:2] == [("Suspend", "big-s2"), ("Migrate", "big-s1")]
-    assert _small_running(_apply(snap, d, 1001.0)) == 8
+    assert _small_running(mk.after(snap, d, 1001.0)) == 8
 
 
 def test_balance_per_gpu_needs_balance_sizes() -> None:
@@ -117,7 +104,7 @@ def test_without_the_rule_the_crowded_jobs_keep_waiting(mk, per_gpu: int) -> Non
     snap = _cluster(mk, per_gpu)
     d = policy.decide(snap)
     assert [x for x in d if isinstance(x, Migrate)] == []
-    assert _small_running(_apply(snap, d, 1001.0)) == 4
+    assert _small_running(mk.after(snap, d, 1001.0)) == 4
 
 
 def test_a_job_that_cannot_move_keeps_its_server(mk) -> None:
@@ -165,7 +152,7 @@ def test_a_job_larger_than_a_server_hands_over_every_server_it_spans(mk, per_gpu
     assert moved[0].to_gpus == mk.on("s3", 0, 1) + mk.on("s4", 0, 1) and "hand s1, s2" in moved[0].reason
     small = sorted(x.to_gpus for x in moved[1:])
     assert small == [mk.on(s, i) for s in ("s1", "s2") for i in range(2)]
-    assert _small_running(_apply(snap, d, 1001.0)) == 6
+    assert _small_running(mk.after(snap, d, 1001.0)) == 6
 
 
 def test_the_ledgers_job_counts_per_gpu_count_match_a_recount_after_every_call() -> None:
