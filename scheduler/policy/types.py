@@ -371,8 +371,9 @@ class PolicyConfig:
         more jobs than ``max_migrations_per_round``), the server with the fewest jobs that
         may all be parked (free to move and under the runtime) is handed over by parking
         them instead: checkpointed to disk, back in the queue with their progress, to rejoin
-        their GPU count's groups as room comes. Without it, once every count's groups are
-        full a count with no group at all gets a server only when a whole group ends.
+        their GPU count's groups as room comes; never a count's last group. Without it,
+        once every count's groups are full a count with no group at all gets a server only
+        when a whole group ends.
     balance_per_gpu: with balance_sizes, a GPU count's crowding is its jobs per GPU of its
         groups instead of per same-size GPU set: a k-GPU job counts k times less, so servers
         go to the GPU counts whose jobs get the fewest GPU-seconds each (as Tiresias' 2D

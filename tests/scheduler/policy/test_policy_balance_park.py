@@ -3,7 +3,8 @@ every GPU count holds the cap, ``balance_sizes`` cannot hand a server over by mo
 jobs into other groups of their size (none has room), and a GPU count with no group at all
 (its jobs never ran, so ``probe_slices`` has no group to give them a first turn in) waits
 until a whole group ends. With the rule the donor server's jobs are parked instead
-(checkpointed, queued again with their progress) and the crowded count's jobs start there.
+(checkpointed, queued again with their progress) and the crowded count's jobs start there;
+a count's last group is never parked (that would make it the count with no group).
 
 The cluster: three servers of four GPUs, a cap of 2 jobs a GPU. s0 holds four full 1-GPU
 groups; s1 and s2 one full 4-GPU group each; ``waiting`` 2-GPU jobs are queued and no
@@ -23,14 +24,14 @@ CFG = PolicyConfig(enable_packing=False, enable_grow_shrink=False, max_jobs_per_
                    balance_park=True)
 
 
-def _cluster(mk, waiting: int, cap: int = 2, **big: object) -> ClusterSnapshot:
+def _cluster(mk, waiting: int, cap: int = 2, fours: tuple[str, ...] = ("s1", "s2"), **big: object) -> ClusterSnapshot:
     jobs = []
     for gpu in range(4):
         for k in range(cap):
             jobs.append(mk.job(f"one{gpu}.{k}", state="RUNNING" if k == 0 else "SUSPENDED",
                                placement=mk.on("s0", gpu), attained_service_s=600.0 * (k + 1),
                                steps=100 * (k + 1), last_state_change_at=0.0))
-    for name in ("s1", "s2"):
+    for name in fours:
         for k in range(cap):
             jobs.append(mk.job(f"four-{name}.{k}", state="RUNNING" if k == 0 else "SUSPENDED",
                                placement=mk.on(name, 0, 1, 2, 3), attained_service_s=4 * 3600.0 * (k + 1),
@@ -38,7 +39,7 @@ def _cluster(mk, waiting: int, cap: int = 2, **big: object) -> ClusterSnapshot:
                                **(big if (name, k) == ("s1", 1) else {})))
     for i in range(waiting):
         jobs.append(mk.job(f"two{i}", gpus=2, submitted_at=100.0 + i))
-    return mk.snap(1000.0, mk.servers(3), *jobs)
+    return mk.snap(1000.0, mk.servers(1 + len(fours)), *jobs)
 
 
 
@@ -100,6 +101,16 @@ def test_a_handover_that_would_leave_the_donor_more_crowded_is_not_made(mk) -> N
     snap = _cluster(mk, waiting=2)
     d = get_policy("gandiva", CFG).decide(snap)
     assert not [x for x in d if isinstance(x, (Park, Migrate))]
+
+
+def test_a_gpu_counts_last_group_is_never_parked(mk) -> None:
+    """With s1 the only 4-GPU server (and s0 holding every 1-GPU group), a hand-over by parks
+    would leave a GPU count without any group, its jobs waiting for a whole server: nothing
+    is parked and the 2-GPU jobs wait."""
+    snap = _cluster(mk, waiting=10, fours=("s1",))
+    d = get_policy("gandiva", CFG).decide(snap)
+    assert not [x for x in d if isinstance(x, (Park, Migrate))]
+    assert not [x for x in d if isinstance(x, Place) and x.job_id.startswith("two")]
 
 
 def test_balance_park_needs_balance_sizes() -> None:
