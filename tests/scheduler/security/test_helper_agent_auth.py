@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +36,23 @@ def ticket(token: str = DEST, job: str = "j-1", expires_in: float = 600.0) -> st
     return auth.transfer_ticket(auth.digest(token), token.split(".")[1], job, time.time() + expires_in)
 
 
+# Each ticket is made when its test runs (one made at collection could have expired by
+# then, and its text, which holds the time, would differ between pytest-xdist's workers).
 @pytest.mark.parametrize(("given", "refusal", "says"), [
-    ("", Unauthenticated, "no transfer ticket"),
-    ("gdvt.x.y", PermissionDenied, "malformed"),
-    ("gdvt.123", PermissionDenied, "malformed"),
-    (ticket(job="j-2"), PermissionDenied, "not the scheduler's for job 'j-1'"),
-    (ticket(token=OTHER), PermissionDenied, "to helper 'gpu2'"),
-    (ticket()[:-4] + "0000", PermissionDenied, "not the scheduler's"),
-    (ticket(expires_in=-5), PermissionDenied, "expired"),
-])
+    (lambda: "", Unauthenticated, "no transfer ticket"),
+    (lambda: "gdvt.x.y", PermissionDenied, "malformed"),
+    (lambda: "gdvt.123", PermissionDenied, "malformed"),
+    (lambda: ticket(job="j-2"), PermissionDenied, "not the scheduler's for job 'j-1'"),
+    (lambda: ticket(token=OTHER), PermissionDenied, "to helper 'gpu2'"),
+    (lambda: ticket()[:-4] + "0000", PermissionDenied, "not the scheduler's"),
+    (lambda: ticket(expires_in=-5), PermissionDenied, "expired"),
+], ids=["none", "malformed-dots", "malformed-short", "other-job", "other-helper", "forged", "expired"])
 def test_a_transfer_ticket_is_good_for_one_helper_and_one_job_until_it_expires(
-    given: str, refusal: type[Exception], says: str
+    given: Callable[[], str], refusal: type[Exception], says: str
 ) -> None:
     auth.check_transfer_ticket(DEST, ticket(), "j-1")  # the scheduler's, for this helper and job
     with pytest.raises(refusal, match=says):
-        auth.check_transfer_ticket(DEST, given, "j-1")
+        auth.check_transfer_ticket(DEST, given(), "j-1")
 
 
 def checkpoint(root: Path, files: int = 2) -> Path:
