@@ -312,10 +312,9 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
                 targets[size] = _handover_targets(ledger, state, size)
             plan = _plan_handover(ledger, state, config, name, targets[size])
         if plan is None:
-            # A count is never parked out of its last group: its never-run jobs would get no
-            # first turn, and the parked ones would wait for a whole server to free.
-            if (to_park is None and config.balance_park and len(ledger.groups_by_size.get(size, ())) > len(own)
-                    and all(_parkable(ledger, state, j) for j in moving)):
+            # A count's last group may go too (the crowding test above still holds): keeping
+            # it was measured and lost goals (docs/simulator.md, "balance_park").
+            if to_park is None and config.balance_park and all(_parkable(ledger, state, j) for j in moving):
                 to_park = (freed, size, sorted(moving))
             continue
         why = f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs)"

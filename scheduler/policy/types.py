@@ -371,9 +371,11 @@ class PolicyConfig:
         more jobs than ``max_migrations_per_round``), the server with the fewest jobs that
         may all be parked (free to move and under the runtime) is handed over by parking
         them instead: checkpointed to disk, back in the queue with their progress, to rejoin
-        their GPU count's groups as room comes; never a count's last group. Without it,
-        once every count's groups are full a count with no group at all gets a server only
-        when a whole group ends.
+        their GPU count's groups as room comes (a count's last group too, if the crowding
+        test allows). Without it, once every count's groups are full a count with no group
+        at all gets a server only when a whole group ends. On by default (measured at three
+        loads on 19 traces, docs/simulator.md, "balance_park"); no effect without
+        balance_sizes.
     balance_per_gpu: with balance_sizes, a GPU count's crowding is its jobs per GPU of its
         groups instead of per same-size GPU set: a k-GPU job counts k times less, so servers
         go to the GPU counts whose jobs get the fewest GPU-seconds each (as Tiresias' 2D
@@ -455,7 +457,7 @@ class PolicyConfig:
     large_block_after_s: float | None = 3600.0
     balance_sizes: bool = True
     balance_per_gpu: bool = False
-    balance_park: bool = False
+    balance_park: bool = True
     gittins_slices: bool = True
     gittins_censored: bool = False
     gittins_tail_fifo: bool = False
@@ -489,8 +491,6 @@ class PolicyConfig:
                 raise ValueError(f"{name} changes gittins_slices's order: turn gittins_slices on too")
         if self.balance_per_gpu and not self.balance_sizes:
             raise ValueError("balance_per_gpu changes how balance_sizes measures crowding: turn balance_sizes on too")
-        if self.balance_park and not self.balance_sizes:
-            raise ValueError("balance_park is a way for balance_sizes to hand a server over: turn balance_sizes on too")
         for name in ("share_block_after_s", "large_block_after_s"):
             value = getattr(self, name)
             if value is not None and value < 0:

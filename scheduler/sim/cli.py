@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _rule_flag(s, "balance_park",
                help="gandiva, with --balance-sizes: when no server can be handed over by moving its "
                     "jobs into other groups of their size (all full), park the jobs of the one with the "
-                    "fewest (checkpointed to disk, back in the queue) and hand it over (default: off)")
+                    "fewest (checkpointed to disk, back in the queue) and hand it over (default: on)")
     _rule_flag(s, "balance_per_gpu",
                help="gandiva, with --balance-sizes: measure a GPU count's crowding in jobs per GPU "
                     "instead of per same-size GPU set, so servers go to the jobs that get the fewest "

@@ -135,3 +135,61 @@ def test_a_newcomer_found_not_migratable_keeps_its_place_and_ends_bit_identical(
     cluster.stub.KillJob(scheduler_pb2.JobActionRequest(id=first), timeout=10)
     assert base.wait(60) == 0
     assert_same_variables(tmp_path / "base.npz", tmp_path / "new.npz")
+
+
+def test_a_server_handed_to_a_crowded_gpu_count_parks_its_job_which_resumes_bit_identical(
+        policy_cluster: Any, tmp_path: Path) -> None:
+    """``balance_park``: three helpers of two GPUs, a cap of one job a GPU. Two 2-GPU jobs
+    hold a server each, two 1-GPU jobs the third, and nine more 1-GPU jobs queue. The 1-GPU
+    jobs are the more crowded count (11 jobs on 2 GPUs against 2 on 2 GPU sets), but a 2-GPU
+    job cannot move into another group of its size (the other is full), so one 2-GPU server
+    is handed over by parking its job: checkpointed, queued again holding nothing, and two of
+    the queued 1-GPU jobs start on its GPUs. The other 2-GPU job keeps its server (handing it
+    over too would leave the 2-GPU jobs more crowded than the 1-GPU jobs). Once a server is free again the parked job is launched from its
+    checkpoint and ends with the variables of an uninterrupted run; every job succeeds."""
+    big = _program(1500, 3, "adam")
+    base = subprocess.Popen([sys.executable, *big[1:], "--dump", str(tmp_path / "base.npz")],
+                            env={**os.environ, **_env()}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cluster = policy_cluster(quantum_s=5.0, max_jobs_per_gpu=1, probe_slices=False, enable_packing=False,
+                             enable_grow_shrink=False, balance_sizes=True, balance_park=True,
+                             defrag_interval_s=2.0)
+
+    def submit(name: str, prog: list[str], gpus: int = 1) -> str:
+        spec = common_pb2.JobSpec(name=name, command=[*prog, "--step-sleep", "0.02", "--dump",
+                                                      str(tmp_path / f"{name}.npz")],
+                                  workdir=str(tmp_path), gpus=gpus, env=_env())
+        return cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
+
+    # Each server joins once the jobs before it are placed: "b" holds the job to be parked
+    # (a hand-over takes the server with the fewest jobs, then by name), "c" the other 2-GPU
+    # job, "d" the 1-GPU jobs.
+    cluster.add_helper("b", 2)
+    twos = [submit("big", big, gpus=2)]
+    cluster.wait_for(lambda: cluster.job(twos[0]).state == common_pb2.JOB_STATE_RUNNING, 60)
+    cluster.add_helper("c", 2)
+    twos.append(submit("other", _program(100000, 4, "momentum"), gpus=2))
+    cluster.wait_for(lambda: all(cluster.job(j).steps >= 200 for j in twos), 180)
+    assert [{g.server for g in cluster.job(j).placement} for j in twos] == [{"b"}, {"c"}]
+    cluster.add_helper("d", 2)
+    ones = [submit(f"one{i}", _program(150, 10 + i, "momentum")) for i in range(2)]
+    cluster.wait_for(lambda: all(cluster.job(j).state == common_pb2.JOB_STATE_RUNNING for j in ones), 90)
+    ones += [submit(f"more{i}", _program(150, 20 + i, "momentum")) for i in range(9)]
+    parked = cluster.wait_for(lambda: (j := cluster.job(twos[0])).state == QUEUED and j, 60)
+    story = _story(parked)
+    reason = parked.history[-1].reason
+    assert "hand" in reason and "to the 1-GPU jobs" in reason and "/park-" in reason, story
+    assert int(re.search(r"\(step (\d+),", reason).group(1)) >= 200, story  # type: ignore[union-attr]
+    # Two of the queued 1-GPU jobs run on the GPUs the parked job left; the other 2-GPU job
+    # is never parked.
+    cluster.wait_for(lambda: sum(1 for j in ones if {g.server for g in cluster.job(j).placement} == {"b"}) == 2, 60)
+    kept = twos[1]
+    jobs = cluster.wait_for(lambda: (js := [cluster.job(j) for j in ones])
+                            and all(j.state == SUCCEEDED for j in js) and js, 240)
+    assert [j.steps for j in jobs] == [150] * 11
+    assert not any(t.to_state == QUEUED for t in cluster.job(kept).history[1:]), _story(cluster.job(kept))
+    cluster.wait_for(lambda: cluster.job(twos[0]).state == SUCCEEDED, 240)
+    done = cluster.job(twos[0])
+    assert "resuming from" in done.history[-2].reason and "/park-" in done.history[-2].reason, _story(done)
+    cluster.stub.KillJob(scheduler_pb2.JobActionRequest(id=kept), timeout=10)
+    assert base.wait(60) == 0
+    assert_same_variables(tmp_path / "base.npz", tmp_path / "big.npz")

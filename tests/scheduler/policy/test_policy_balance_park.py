@@ -3,8 +3,7 @@ every GPU count holds the cap, ``balance_sizes`` cannot hand a server over by mo
 jobs into other groups of their size (none has room), and a GPU count with no group at all
 (its jobs never ran, so ``probe_slices`` has no group to give them a first turn in) waits
 until a whole group ends. With the rule the donor server's jobs are parked instead
-(checkpointed, queued again with their progress) and the crowded count's jobs start there;
-a count's last group is never parked (that would make it the count with no group).
+(checkpointed, queued again with their progress) and the crowded count's jobs start there.
 
 The cluster: three servers of four GPUs, a cap of 2 jobs a GPU. s0 holds four full 1-GPU
 groups; s1 and s2 one full 4-GPU group each; ``waiting`` 2-GPU jobs are queued and no
@@ -103,16 +102,21 @@ def test_a_handover_that_would_leave_the_donor_more_crowded_is_not_made(mk) -> N
     assert not [x for x in d if isinstance(x, (Park, Migrate))]
 
 
-def test_a_gpu_counts_last_group_is_never_parked(mk) -> None:
-    """With s1 the only 4-GPU server (and s0 holding every 1-GPU group), a hand-over by parks
-    would leave a GPU count without any group, its jobs waiting for a whole server: nothing
-    is parked and the 2-GPU jobs wait."""
+def test_a_gpu_counts_last_group_is_parked_when_crowding_says_so(mk) -> None:
+    """With s1 the only 4-GPU server, its group is the 4-GPU count's last: it is parked all
+    the same (the 4-GPU jobs, two on no group, are still less crowded than the 2-GPU jobs with
+    s1: ten on two GPU sets), and the 2-GPU jobs start there. Keeping the last group was
+    measured and lost goals (docs/simulator.md)."""
     snap = _cluster(mk, waiting=10, fours=("s1",))
     d = get_policy("gandiva", CFG).decide(snap)
+    assert sorted(x.job_id for x in d if isinstance(x, Park)) == ["four-s1.0", "four-s1.1"]
+    placed = {x.job_id: x.gpus for x in d if isinstance(x, Place)}
+    assert placed["two0"] == mk.on("s1", 0, 1) and placed["two1"] == mk.on("s1", 2, 3)
+
+
+def test_without_balance_sizes_nothing_is_handed_over(mk) -> None:
+    """balance_park is a way for balance_sizes to hand a server over (on by default, as
+    balance_sizes): with balance_sizes off it does nothing."""
+    snap = _cluster(mk, waiting=10)
+    d = get_policy("gandiva", dataclasses.replace(CFG, balance_sizes=False)).decide(snap)
     assert not [x for x in d if isinstance(x, (Park, Migrate))]
-    assert not [x for x in d if isinstance(x, Place) and x.job_id.startswith("two")]
-
-
-def test_balance_park_needs_balance_sizes() -> None:
-    with pytest.raises(ValueError, match="turn balance_sizes on too"):
-        PolicyConfig(balance_sizes=False, balance_park=True)
