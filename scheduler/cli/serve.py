@@ -154,6 +154,12 @@ def policy_options(pairs: list[str]) -> dict[str, Any]:
                 raise ValueError(f"--policy-option {pair!r}: {err}") from None
             kind = type(default).__name__ if default is not None else "number or none"
             raise ValueError(f"--policy-option {pair!r}: {raw!r} is not a {kind}") from None
+    # balance_park is off live unless asked for: a parked job restarts from its checkpoint
+    # only where that checkpoint can be read (its server, or any server through a shared
+    # root), and the server it parked on is the one handed over; elsewhere, without a shared
+    # root, it would start again from step 0. The simulator (which assumes shared storage)
+    # has it on.
+    out.setdefault("balance_park", False)
     if out.get("gather_large"):
         # Its jobs are larger than a server, and the live scheduler launches no job over
         # several servers yet: it would empty servers for a launch that is then refused.
