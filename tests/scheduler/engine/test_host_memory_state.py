@@ -8,7 +8,7 @@ import pytest
 
 from gandiva_cli.main import main
 from protos.gandiva.v1 import common_pb2, helper_pb2
-from scheduler.cli.serve import policy_options
+from scheduler.cli.serve import LIVE_DEFAULTS, policy_options
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.policy import ClusterSnapshot, GpuRef, JobProfile, JobView, ServerView, get_policy
@@ -102,6 +102,14 @@ def test_policy_options_take_sizes_and_fractions() -> None:
         policy_options(["job_host_memory_bytes=lots"])
     with pytest.raises(ValueError, match="host_memory_use=x'.*not a float"):
         policy_options(["host_memory_use=x"])
+
+
+def test_balance_park_is_off_live_unless_asked_for() -> None:
+    """The simulator's default is on; live, a parked job relaunched on another server without
+    a shared root would start from step 0, so the scheduler's default is off."""
+    assert PolicyConfig().balance_park
+    assert not PolicyConfig(**{**LIVE_DEFAULTS, **policy_options([])}).balance_park
+    assert PolicyConfig(**{**LIVE_DEFAULTS, **policy_options(["balance_park=true"])}).balance_park
 
 
 @pytest.mark.parametrize(("option", "says"), [
