@@ -331,8 +331,8 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
     # server holds more jobs than a round may migrate): the fewest jobs are parked instead,
     # checkpointed and queued again with their progress, to rejoin their groups as room comes.
     freed, size, parking = to_park
-    why = (f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs, "
-           f"whose groups have no room for its jobs): checkpointed, back in the queue")
+    why = (f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs; "
+           f"its jobs cannot all move into other groups of their size): checkpointed, back in the queue")
     out = []
     for job_id in parking:
         state.probes.pop(job_id, None)
