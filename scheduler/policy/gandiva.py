@@ -32,6 +32,7 @@ from scheduler.policy.migration import (
     lower_height,
     make_room,
     movable,
+    park,
 )
 from scheduler.policy.packing import end_trials_of, judge_trials, start_trials
 from scheduler.policy.placement import (
@@ -333,7 +334,7 @@ class GandivaPolicy(Policy):
         the runtime at all (not suspendable) cannot be checkpointed either: it keeps the
         GPUs until it ends, as such a job does in any group."""
         cap, now = self.config.max_jobs_per_gpu, ledger.snapshot.now
-        parked: dict[str, str] = {}  # whom each finished turn parks -> the newcomer
+        parked: dict[str, Park] = {}  # whom each finished turn parks -> its decision
         for job_id, gpus in list(self.state.probes.items()):
             state = ledger.state.get(job_id)
             if (state is None or ledger.placement.get(job_id) != gpus or len(ledger.members(gpus)) <= cap
@@ -351,21 +352,16 @@ class GandivaPolicy(Policy):
             victim = self._ranked_last(ledger, job_id, gpus, now)
             why = "first turn over: parked"
             end_trials_of(ledger, self.state, self.config, victim, why)
-            self.state.drop_pair(victim)  # a pair takes turns together: not once one has left
-            ledger.unbind(victim)
-            ledger.set_state(victim, "QUEUED")
-            parked[victim] = job_id
+            reason = ("first turn over and its time-slice group is full: checkpointed, back in the queue"
+                      if victim == job_id else
+                      f"newcomer {job_id} ranks ahead of it in its full time-slice group: checkpointed, "
+                      f"back in the queue")
+            parked[victim] = park(ledger, self.state, victim, reason)  # a pair no longer takes turns together
         if not parked:
             return out
         # A job suspended by this call's rotation is parked instead (one decision).
         kept = [d for d in out if not (isinstance(d, Suspend) and d.job_id in parked)]
-        for victim, newcomer in sorted(parked.items()):
-            reason = ("first turn over and its time-slice group is full: checkpointed, back in the queue"
-                      if victim == newcomer else
-                      f"newcomer {newcomer} ranks ahead of it in its full time-slice group: checkpointed, "
-                      f"back in the queue")
-            kept.append(Park(victim, reason=reason))
-        return kept
+        return kept + [parked[victim] for victim in sorted(parked)]
 
     def _ranked_last(self, ledger: Ledger, newcomer: str, gpus: Placement, now: float) -> str:
         """Whom a newcomer's finished first turn parks: the newcomer, or with

@@ -86,6 +86,22 @@ def movable(ledger: Ledger, job_id: str, state: GandivaState) -> bool:
             and job_id not in state.kept_pairs)
 
 
+def _can_leave(ledger: Ledger, state: GandivaState, job_id: str) -> bool:
+    """The job may leave its GPUs this call, moved into another group or parked: bound,
+    under the runtime (which checkpoints it), and free to move."""
+    return (ledger.state[job_id] in ("RUNNING", "SUSPENDED") and ledger.jobs[job_id].suspendable
+            and movable(ledger, job_id, state))
+
+
+def park(ledger: Ledger, state: GandivaState, job_id: str, reason: str) -> Park:
+    """Park the job: it leaves its GPUs and its kept pair, queued again with its progress
+    (the engine checkpoints it)."""
+    state.drop_pair(job_id)
+    ledger.unbind(job_id)
+    ledger.set_state(job_id, "QUEUED")
+    return Park(job_id, reason=reason)
+
+
 def _move(ledger: Ledger, job_id: str, gpus: Placement, reason: str) -> Migrate:
     ledger.bind(job_id, gpus, "RUNNING")
     return Migrate(job_id, gpus, reason=reason)
@@ -314,7 +330,7 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
         if plan is None:
             # A count's last group may go too (the crowding test above still holds): keeping
             # it was measured and lost goals (docs/simulator.md, "balance_park").
-            if to_park is None and config.balance_park and all(_parkable(ledger, state, j) for j in moving):
+            if to_park is None and config.balance_park and all(_can_leave(ledger, state, j) for j in moving):
                 to_park = (freed, size, sorted(moving))
             continue
         why = f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs)"
@@ -333,20 +349,12 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
     freed, size, parking = to_park
     why = (f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs; "
            f"its jobs cannot all move into other groups of their size): checkpointed, back in the queue")
-    out = []
     for job_id in parking:
         state.probes.pop(job_id, None)
-        ledger.unbind(job_id)
-        ledger.set_state(job_id, "QUEUED")
-        out.append(Park(job_id, reason=why))
-    return out + _fill_all(ledger, state, config, freed, crowded, budget, why)
+    parks = [park(ledger, state, job_id, why) for job_id in parking]
+    return [*parks, *_fill_all(ledger, state, config, freed, crowded, budget, why)]
 
 
-def _parkable(ledger: Ledger, state: GandivaState, job_id: str) -> bool:
-    """The job may be parked this call: bound, free to move, and under the runtime (a
-    park checkpoints it and restarts it from the checkpoint later)."""
-    return (ledger.state[job_id] in ("RUNNING", "SUSPENDED") and ledger.jobs[job_id].suspendable
-            and movable(ledger, job_id, state))
 
 
 def _fill_all(ledger: Ledger, state: GandivaState, config: PolicyConfig, freed: list[str], size: int,
@@ -432,8 +440,7 @@ def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
         freed = _whole_servers(ledger, moving)
         if freed is None or freed[0] != name:  # a unit is listed once, under its first server
             continue
-        if any(ledger.state[j] not in ("RUNNING", "SUSPENDED") or not ledger.jobs[j].suspendable
-               or not movable(ledger, j, state) for j in moving):
+        if not all(_can_leave(ledger, state, j) for j in moving):
             continue
         units.append((len(moving), freed, own))
     units.sort()
@@ -557,11 +564,8 @@ def _end_loan(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget:
             state.wake_at(now + MAKE_ROOM_RECHECK_S)
             return out
         if ledger.jobs[job_id].migratable and ledger.jobs[job_id].suspendable:
-            state.drop_pair(job_id)
-            ledger.unbind(job_id)
-            ledger.set_state(job_id, "QUEUED")
-            out.append(Park(job_id, reason=f"first turn on the servers lent to it is over: checkpointed, back in "
-                                           f"the queue ({', '.join(names)} go back)"))
+            out.append(park(ledger, state, job_id, f"first turn on the servers lent to it is over: checkpointed, "
+                                                   f"back in the queue ({', '.join(names)} go back)"))
         # Not migratable (a park would restart it from a checkpoint it cannot survive) or
         # not under the runtime at all (nothing can checkpoint it): it keeps the servers as
         # a group of its own, and the loan ends.
@@ -681,8 +685,7 @@ def _plan_into_groups(ledger: Ledger, state: GandivaState, config: PolicyConfig,
         if limit is not None and len(plan) >= limit:
             break
         view = ledger.jobs[job_id]
-        if (away.isdisjoint(ledger.servers_of[job_id]) or ledger.state[job_id] not in ("RUNNING", "SUSPENDED")
-                or not view.suspendable or not movable(ledger, job_id, state)):
+        if away.isdisjoint(ledger.servers_of[job_id]) or not _can_leave(ledger, state, job_id):
             if limit is None:
                 return None
             continue

@@ -47,24 +47,33 @@ def _story(job: Any) -> str:
     return "\n".join(f"{t.at:.1f} {common_pb2.JobState.Name(t.to_state)}: {t.reason}" for t in job.history)
 
 
+def _reference(prog: list[str], tmp_path: Path) -> subprocess.Popen:
+    """The program's uninterrupted run, without the scheduler, dumping base.npz."""
+    return subprocess.Popen([sys.executable, *prog[1:], "--dump", str(tmp_path / "base.npz")],
+                            env={**os.environ, **_env()}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _submitter(cluster: Any, tmp_path: Path) -> Any:
+    """A function that submits a program to the cluster (dumping NAME.npz); its job id."""
+    def submit(name: str, prog: list[str], gpus: int = 1) -> str:
+        spec = common_pb2.JobSpec(name=name, command=[*prog, "--step-sleep", "0.02", "--dump",
+                                                      str(tmp_path / f"{name}.npz")],
+                                  workdir=str(tmp_path), gpus=gpus, env=_env())
+        return cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
+
+    return submit
+
+
 def _setup(policy_cluster: Any, tmp_path: Path, new: list[str],
            quantum_s: float = 5.0) -> tuple[subprocess.Popen, Any, Any]:
     """The newcomer's uninterrupted reference run (dumping base.npz), a cluster of one
     helper with one GPU and a cap of one job a GPU, and a function that submits a program
     there (dumping NAME.npz). A quantum of 5 s: a turn may last up to 16 quanta,
     TensorFlow's start on a loaded machine included."""
-    base = subprocess.Popen([sys.executable, *new[1:], "--dump", str(tmp_path / "base.npz")],
-                            env={**os.environ, **_env()}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = _reference(new, tmp_path)
     cluster = policy_cluster(quantum_s=quantum_s, max_jobs_per_gpu=1, probe_slices=True, enable_packing=False)
     cluster.add_helper("p1", 1)
-
-    def submit(name: str, prog: list[str]) -> str:
-        spec = common_pb2.JobSpec(name=name, command=[*prog, "--step-sleep", "0.02", "--dump",
-                                                      str(tmp_path / f"{name}.npz")],
-                                  workdir=str(tmp_path), gpus=1, env=_env())
-        return cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
-
-    return base, cluster, submit
+    return base, cluster, _submitter(cluster, tmp_path)
 
 
 def test_a_newcomer_probes_a_full_gpu_is_parked_and_resumes_bit_identical(
@@ -156,17 +165,11 @@ def test_a_server_handed_to_a_crowded_gpu_count_parks_its_job_which_resumes_bit_
     another server starts from step 0) and ends with the variables of an uninterrupted run;
     every job succeeds."""
     big = _program(1500, 3, "adam")
-    base = subprocess.Popen([sys.executable, *big[1:], "--dump", str(tmp_path / "base.npz")],
-                            env={**os.environ, **_env()}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = _reference(big, tmp_path)
     cluster = policy_cluster(quantum_s=5.0, max_jobs_per_gpu=1, probe_slices=False, enable_packing=False,
                              enable_grow_shrink=False, balance_sizes=True, balance_park=True,
                              defrag_interval_s=2.0)
-
-    def submit(name: str, prog: list[str], gpus: int = 1) -> str:
-        spec = common_pb2.JobSpec(name=name, command=[*prog, "--step-sleep", "0.02", "--dump",
-                                                      str(tmp_path / f"{name}.npz")],
-                                  workdir=str(tmp_path), gpus=gpus, env=_env())
-        return cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
+    submit = _submitter(cluster, tmp_path)
 
     # The helpers share a root, ROOT/NAME being NAME's ramdisk (as a shared mount would):
     # the parked job may restart on another server than the one it parked on, and reads its
