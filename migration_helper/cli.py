@@ -35,6 +35,10 @@ def register(subparsers: Any) -> None:
                         help="checkpoint directory in RAM (default /dev/shm/gandiva-NAME)")
     helper.add_argument("--shared-root", type=Path, default=None,
                         help="where the peers' ramdisks are mounted, as ROOT/PEER-NAME (NFS-style)")
+    helper.add_argument("--checkpoint-retain", type=float, default=600.0, metavar="SECONDS",
+                        help="how long a checkpoint nobody needs stays in the ramdisk (default 600: "
+                        "a migration may fall back on it); a checkpoint the scheduler still names "
+                        "as a job's restore point (a parked or re-queued job) stays while it does")
     helper.add_argument("--listen", default="127.0.0.1:0",
                         help="address of this helper's agent service for peers (default 127.0.0.1:0)")
     helper.add_argument("--scheduler", default=None, help="scheduler address (or GANDIVA_SCHEDULER)")
@@ -117,6 +121,7 @@ def run_helper(args: argparse.Namespace) -> int:
             ramdisk=args.ramdisk,
             shared_root=args.shared_root,
             log_dir=args.log_dir,
+            checkpoint_retain_s=args.checkpoint_retain,
             sample_interval_s=args.sample_interval,
             report_interval_s=max(5.0, args.sample_interval),
             lease_s=args.lease,

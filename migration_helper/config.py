@@ -45,7 +45,8 @@ class HelperConfig:
     sample_interval_s: float = 1.0
     report_interval_s: float = 5.0
     stop_grace_s: float = 10.0
-    # Old checkpoints stay this long in the ramdisk (a migration may fall back on one).
+    # Old checkpoints stay this long in the ramdisk (a migration may fall back on one);
+    # one the scheduler still names as a job's restore point stays as long as it does.
     checkpoint_retain_s: float = 600.0
     # A shorter lease than the scheduler's (None: the scheduler's, sent at registration).
     lease_s: float | None = None
@@ -78,6 +79,8 @@ class HelperConfig:
             raise ConfigError(f"--max-transfer-gib {self.max_transfer_bytes / (1 << 30):g} "
                               f"(max_transfer_bytes {self.max_transfer_bytes}): must be positive; "
                               "it caps the checkpoint a peer may stream in")
+        if not self.checkpoint_retain_s > 0:
+            raise ConfigError(f"--checkpoint-retain {self.checkpoint_retain_s}: must be positive (seconds)")
         if self.host_memory_bytes is not None and self.host_memory_bytes < 0:
             raise ConfigError(f"--host-memory {self.host_memory_bytes}: must not be negative")
 
@@ -87,6 +90,11 @@ class HelperConfig:
         if self.host_memory_bytes is not None:
             return self.host_memory_bytes
         return server_host_memory()
+
+    @property
+    def housekeeping_s(self) -> float:
+        """How often the ramdisk is pruned: every minute, or a quarter of a shorter retention."""
+        return min(60.0, max(0.5, self.checkpoint_retain_s / 4))
 
     @property
     def ramdisk_dir(self) -> Path:

@@ -35,7 +35,6 @@ RPC_TIMEOUT_S = 5.0
 # the next heartbeat answer before it is refused: at least two default heartbeats.
 PEER_WAIT_S = 5.0
 MAX_BACKOFF_S = 2.0
-HOUSEKEEPING_S = 60.0
 MAX_REMEMBERED_COMMANDS = 10_000
 LEASE_POLL_S = 0.1
 # Answers the scheduler will give again however often a report is retried: such a
@@ -71,6 +70,11 @@ class HelperDaemon:
         self.peers: dict[str, str] = {}
         self._peers_version = 0
         self._peers_updated = asyncio.Condition()
+        # The checkpoints here the scheduler still needs (HeartbeatResponse.kept), and when
+        # they were listed; asked for once before each housekeeping round.
+        self._kept: set[str] | None = None
+        self._kept_at = float("-inf")
+        self._want_kept = True
         self.sampler = Sampler(
             self.backend, lambda: self.jobs.processes.values(), config.sample_interval_s
         )
@@ -264,6 +268,7 @@ class HelperDaemon:
                     running_jobs=sorted({j for j, _ in pairs}),
                     running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs],
                     peers_version=self._peers_version,
+                    want_kept=self._want_kept,
                 ),
                 timeout=RPC_TIMEOUT_S,  # the lease watchdog runs apart: a slow answer freezes nothing early
             )
@@ -276,11 +281,23 @@ class HelperDaemon:
                     self.peers = {p.address: p.name for p in reply.peers}
                     self._peers_version = reply.peers_version
                 self._peers_updated.notify_all()
+            if reply.kept_listed:
+                self._kept, self._kept_at = set(reply.kept), asyncio.get_running_loop().time()
+                self._want_kept = False
             # Stale launches die first; then, the lease renewed, the others may train again.
             for stop in reply.stop:
                 self.jobs.fence(stop.job_id, stop.incarnation)
             self._lease_renewed(sent_at)
             await asyncio.sleep(interval)
+
+    def kept_checkpoints(self) -> set[str] | None:
+        """What the scheduler last said it still needs here, if it said so since the last
+        housekeeping round (None: unknown, and housekeeping keeps every job's newest
+        checkpoint); the next heartbeat asks again."""
+        fresh = asyncio.get_running_loop().time() - self._kept_at <= 2 * self.config.housekeeping_s
+        kept = self._kept if fresh else None
+        self._want_kept = True
+        return kept
 
     async def not_a_peer(self, address: str) -> str:
         """Why ``address`` is not the agent of a registered helper ("" when it is). An
@@ -352,9 +369,10 @@ class HelperDaemon:
 
     async def _housekeeping(self) -> None:
         while True:
-            await asyncio.sleep(HOUSEKEEPING_S)
+            await asyncio.sleep(self.config.housekeeping_s)
             try:
-                self.ramdisk.prune(set(self.jobs.running_jobs()), self.config.checkpoint_retain_s)
+                self.ramdisk.prune(set(self.jobs.running_jobs()), self.config.checkpoint_retain_s,
+                                   kept=self.kept_checkpoints())
             except OSError:  # a checkpoint vanishing under us is fine; retry next round
                 log.warning("ramdisk housekeeping failed", exc_info=True)
 

@@ -157,6 +157,8 @@ class JobTable:
         if req.warm and req.source_towers > 0:
             env["GANDIVA_SOURCE_TOWERS"] = str(req.source_towers)
         env.update(self.runtime_credentials(req.job_id, req.incarnation))
+        if req.restore_checkpoint and not os.path.isdir(req.restore_checkpoint):
+            raise CommandFailed(f"launch: checkpoint {req.restore_checkpoint} not found on {self.server}")
         workdir = req.spec.workdir or os.getcwd()
         if not os.path.isdir(workdir):
             raise CommandFailed(f"launch: workdir {workdir!r} does not exist on {self.server}")

@@ -68,21 +68,31 @@ class Ramdisk:
             log.info("removing an incomplete incoming checkpoint %s", stale)
             shutil.rmtree(stale, ignore_errors=True)
 
-    def prune(self, live_jobs: set[str], retain_s: float, now: float | None = None) -> list[Path]:
+    def prune(
+        self, live_jobs: set[str], retain_s: float, now: float | None = None, kept: set[str] | None = None,
+    ) -> list[Path]:
         """Delete checkpoints nobody here needs, so the ramdisk does not fill up with
         every migration's copy: anything older than ``retain_s`` (long enough for a
         migration to fall back on it), except the newest checkpoint of each job with a
-        live process here. Returns what was removed."""
+        live process here and every checkpoint the scheduler still needs.
+
+        ``kept``: the paths the scheduler named as still needed (a parked or re-queued
+        job's restore point, which it may resume from hours later); a checkpoint is kept
+        when one of them is it or lies inside it. None when the scheduler has not said:
+        then the newest checkpoint of every job is kept, in doubt. Returns what was removed."""
         now = time.time() if now is None else now
         removed: list[Path] = []
         if not self.root.is_dir():
             return removed
+        needed = None if kept is None else {Path(p).resolve() for p in kept if p}
         for job in self.root.iterdir():
             if not job.is_dir():
                 continue
             ckpts = sorted((c for c in job.iterdir() if c.is_dir() and not c.name.startswith(INCOMING_PREFIX)),
                            key=lambda c: c.stat().st_mtime)
-            keep = {ckpts[-1]} if ckpts and job.name in live_jobs else set()
+            keep = {ckpts[-1]} if ckpts and (needed is None or job.name in live_jobs) else set()
+            if needed:
+                keep |= {c for c in ckpts if any(p == c.resolve() or c.resolve() in p.parents for p in needed)}
             for ckpt in ckpts:
                 if ckpt not in keep and now - ckpt.stat().st_mtime > retain_s:
                     shutil.rmtree(ckpt, ignore_errors=True)

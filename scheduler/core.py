@@ -589,6 +589,11 @@ class SchedulerCore:
             self._peers = (int.from_bytes(digest[:7], "big") or 1, agents)
         return self._peers
 
+    async def kept_checkpoints(self, server: str) -> list[str]:
+        """The checkpoints on `server` its helper must keep (repo.kept_checkpoints)."""
+        async with self.tx(read=True) as s:
+            return await repo.kept_checkpoints(s, server)
+
     async def read_log(self, job_id: str, offset: int, max_bytes: int) -> tuple[str, helper_pb2.HelperCommandResult]:
         """Part of the job's output, from the helper of the server it runs or ran on last:
         (that server, the helper's answer). The caller checks who may read it."""

@@ -73,6 +73,9 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         reply.peers_version = version
         if request.peers_version != version:
             reply.peers.extend(helper_pb2.Peer(name=n, address=a) for n, a in agents)
+        if request.want_kept:
+            reply.kept_listed = True
+            reply.kept.extend(await self.core.kept_checkpoints(request.name))
         return reply
 
     @grpc_errors

@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="set one policy knob (repeatable), e.g. pack_trial_s=20 grow_idle_s=10 "
                    "host_memory_use=0.8 job_host_memory_bytes=2GiB (sizes: bytes or K/M/G/T units); "
                    "the knobs are the fields of scheduler.policy.types.PolicyConfig (docs/policy.md), "
-                   "with its defaults except balance_park=false")
+                   "with its defaults")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
     p.add_argument("--log-format", default="text", choices=("text", "json"),
                    help="text (default) or json: one object per line, with job_id and command_id "
@@ -77,20 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-# Where the live scheduler's defaults differ from PolicyConfig's (which the simulator uses).
-# balance_park: a parked job restarts from its checkpoint only where that checkpoint can be
-# read (its server, or any server through a shared root), and the server it parked on is the
-# one handed over; elsewhere, without a shared root, it would start again from step 0. The
-# simulator assumes shared storage.
-LIVE_DEFAULTS: dict[str, Any] = {"balance_park": False}
-
-
 def run(args: argparse.Namespace) -> int:
     from scheduler.policy.types import PolicyConfig
 
     # The policy's options first, before the server's imports: a typo fails in a blink.
     try:
-        config = PolicyConfig(quantum_s=args.quantum, **{**LIVE_DEFAULTS, **policy_options(args.policy_option)})
+        config = PolicyConfig(quantum_s=args.quantum, **policy_options(args.policy_option))
     except ValueError as err:
         print(f"gandiva scheduler: {err}")
         return 2

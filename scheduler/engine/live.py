@@ -13,12 +13,19 @@ import logging
 import posixpath
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from migration_protocol.fast_path import MigrationTimeouts
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
-from scheduler.engine.live_migration import begin_migration, recover_migrations, run_migration
+from scheduler.engine.live_migration import (
+    begin_migration,
+    recover_migrations,
+    run_migration,
+    vouch_transfer,
+)
 from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument, NotFound
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
@@ -27,6 +34,9 @@ from scheduler.state import repo
 from scheduler.state.models import Job, JobProfile, Server
 
 log = logging.getLogger(__name__)
+
+# Fetches of a checkpoint that may fail in a row before the job starts from step 0 instead.
+MAX_FETCH_TRIES = 3
 
 
 class LiveEngine:
@@ -57,6 +67,8 @@ class LiveEngine:
         self.inflight: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self._watches: set[asyncio.Task] = set()  # runtime-connect deadlines of launches
+        # Failed fetches of a job's checkpoint from the server that holds it, in a row.
+        self._fetch_failures: dict[str, int] = {}
         self._stopping = False
         # job id -> (when its server's helper first reported it missing, that server):
         # lost processes are requeued. Pruned on every heartbeat of that server.
@@ -323,12 +335,70 @@ class LiveEngine:
                 return
             self._queue_reason.pop(job_id, None)
             where = ", ".join(f"{g.server}/{g.index}" for g in gpus)
-            restore = await _restore_path(s, job, gpus[0].server)
-            if restore:
+            restore = await _restore_plan(s, job, gpus[0].server)
+            if restore.path:
+                where += f", resuming from {restore.path}"
+            elif restore.fetch_from:
+                where += f", fetching its checkpoint from {restore.fetch_from} first"
+            elif restore.note:
+                where += f"; {restore.note}"
+            if not restore.fetch_from:
                 job.restore_checkpoint, job.restore_server = "", ""
-                where += f", resuming from {restore}"
             await repo.place(s, job, [(g.server, g.index) for g in gpus], incarnation, now, f"{reason} on {where}")
-        self.launch(job, gpus, incarnation, restore_checkpoint=restore)
+        if restore.fetch_from:
+            self._background(job_id, self._fetch_and_launch(job_id, tuple(gpus), incarnation, restore.fetch_from))
+        else:
+            self.launch(job, gpus, incarnation, restore_checkpoint=restore.path)
+
+    async def _fetch_and_launch(self, job_id: str, gpus: tuple[pt.GpuRef, ...], incarnation: str, holder: str) -> None:
+        """Have `holder`'s helper stream the job's checkpoint (its restore point, in that
+        server's ramdisk) to the server the job was just placed on, then launch it from the
+        copy: a parked or re-queued job resumes at its step wherever it is placed, as a
+        migration would carry it. The job stays in flight meanwhile. A fetch that fails
+        re-queues the job, its restore point kept, for another try once `holder` had time
+        to come back or be found down; after MAX_FETCH_TRIES in a row it starts from step 0."""
+        async with self.core.tx(read=True) as s:
+            job = await repo.get_job(s, job_id)
+            target = await repo.get_server(s, gpus[0].server)
+        if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
+            return
+        transfer = helper_pb2.TransferCheckpoint(
+            job_id=job_id, checkpoint_path=job.restore_checkpoint, dest_address=target.address,
+            checkpoint_name=f"resume-{incarnation}")
+        t0 = time.perf_counter()
+        try:
+            await vouch_transfer(self.core, transfer)
+            result = await self.core.helpers.call(
+                holder, helper_pb2.HelperCommand(transfer=transfer), MigrationTimeouts().transfer_s)
+            failure = "" if result.ok else result.message
+        except GandivaError as err:  # the holder down, its stream gone, no answer in time
+            failure = str(err) or err.__class__.__name__
+        seconds = time.perf_counter() - t0
+        now = self.core.clock()
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
+                return  # killed or moved meanwhile: the copy is pruned in time
+            if failure:
+                tries = self._fetch_failures[job_id] = self._fetch_failures.get(job_id, 0) + 1
+                why = f"could not fetch its checkpoint {job.restore_checkpoint} from {holder}: {failure}"
+                if tries >= MAX_FETCH_TRIES:
+                    self._fetch_failures.pop(job_id, None)
+                    job.restore_checkpoint, job.restore_server = "", ""
+                    why += f" ({tries} tries); it starts from step 0 when placed next"
+                    fence = 0.0
+                else:
+                    fence = now + self.core.settings.down_after_s
+                    why += f" (try {tries} of {MAX_FETCH_TRIES}); trying again in {fence - now:.0f}s"
+                await repo.requeue(s, job, now, why, fenced_until=fence)
+                log.warning("job %s: %s", job_id, why)
+                return
+            self._fetch_failures.pop(job_id, None)
+            repo.add_event(s, now, "job.checkpoint",
+                           f"fetched {job.restore_checkpoint} from {holder} to {result.checkpoint_path} "
+                           f"in {seconds:.2f}s ({result.message})", job_id=job_id, server=target.name)
+            job.restore_checkpoint, job.restore_server = "", ""
+        self.launch(job, gpus, incarnation, restore_checkpoint=result.checkpoint_path)
 
     def launch(
         self,
@@ -592,23 +662,36 @@ class LiveEngine:
         self.core.poke()
 
 
-async def _restore_path(s: AsyncSession, job: Job, server: str) -> str:
-    """Where a launch on `server` finds the job's last checkpoint: as recorded when
-    placed on the server that holds it; through `server`'s shared root (peers' ramdisks
-    as ROOT/PEER-NAME) when it has one; else nowhere ("": it starts from step 0)."""
+@dataclass(frozen=True)
+class _Restore:
+    """Where a launch finds the job's last checkpoint."""
+
+    path: str = ""        # as the launch's server sees it ("" with none, or one to fetch first)
+    fetch_from: str = ""  # the server whose helper must stream it to the launch's server first
+    note: str = ""        # why a checkpoint the job has cannot be used (it starts from step 0)
+
+
+async def _restore_plan(s: AsyncSession, job: Job, server: str) -> _Restore:
+    """How a launch on `server` resumes the job from its last checkpoint: as recorded,
+    when that checkpoint is on `server`; through `server`'s shared root (peers' ramdisks
+    as ROOT/PEER-NAME) when it has one; else fetched from the server that holds it, if
+    that server is up; else not at all (a note saying why)."""
     if not job.restore_checkpoint:
-        return ""
+        return _Restore()
     if job.restore_server == server:
-        return job.restore_checkpoint
+        return _Restore(job.restore_checkpoint)
     target = await repo.get_server(s, server)
     try:
         holder = await repo.get_server(s, job.restore_server)
     except NotFound:
-        return ""
+        return _Restore(note=f"its checkpoint was on {job.restore_server or 'a server'}, which is gone: "
+                             "it starts from step 0")
     root = holder.ramdisk.rstrip("/") + "/"
-    if not target.shared_root or not holder.ramdisk or not job.restore_checkpoint.startswith(root):
-        return ""
-    return posixpath.join(target.shared_root, holder.name, job.restore_checkpoint[len(root):])
+    if target.shared_root and holder.ramdisk and job.restore_checkpoint.startswith(root):
+        return _Restore(posixpath.join(target.shared_root, holder.name, job.restore_checkpoint[len(root):]))
+    if holder.up and holder.address:
+        return _Restore(fetch_from=holder.name)
+    return _Restore(note=f"its checkpoint is on {holder.name}, which is down: it starts from step 0")
 
 
 def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None) -> pt.JobView:  # type: ignore[no-untyped-def]

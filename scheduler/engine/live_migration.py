@@ -29,6 +29,21 @@ log = logging.getLogger(__name__)
 NEXT_PHASE = {"prewarm": "checkpoint", "checkpoint": "transfer", "transfer": "activate"}
 
 
+async def vouch_transfer(core: SchedulerCore, transfer: helper_pb2.TransferCheckpoint) -> None:
+    """A checkpoint goes only to a registered helper's agent; when that helper has a
+    token, the command carries a ticket for it (auth.transfer_ticket), without which
+    its agent refuses the stream."""
+    async with core.tx(read=True) as s:
+        dest = await repo.server_at(s, transfer.dest_address)
+        if dest is None:
+            raise FailedPrecondition(f"transfer of {transfer.job_id}: {transfer.dest_address!r} is not "
+                                     "the agent address of a registered helper")
+        token = await s.get(AuthToken, dest.name)
+    if token is not None and token.role == "helper" and not token.revoked_at:
+        transfer.ticket = auth.transfer_ticket(token.token_hash, dest.name, transfer.job_id,
+                                               core.clock() + auth.TICKET_S)
+
+
 class LivePorts:
     def __init__(self, core: SchedulerCore) -> None:
         self.core = core
@@ -42,18 +57,7 @@ class LivePorts:
         return await self.core.helpers.call(server, command, timeout_s)
 
     async def _vouch(self, transfer: helper_pb2.TransferCheckpoint) -> None:
-        """A checkpoint goes only to a registered helper's agent; when that helper has a
-        token, the command carries a ticket for it (auth.transfer_ticket), without which
-        its agent refuses the stream."""
-        async with self.core.tx(read=True) as s:
-            dest = await repo.server_at(s, transfer.dest_address)
-            if dest is None:
-                raise FailedPrecondition(f"transfer of {transfer.job_id}: {transfer.dest_address!r} is not "
-                                         "the agent address of a registered helper")
-            token = await s.get(AuthToken, dest.name)
-        if token is not None and token.role == "helper" and not token.revoked_at:
-            transfer.ticket = auth.transfer_ticket(token.token_hash, dest.name, transfer.job_id,
-                                                   self.core.clock() + auth.TICKET_S)
+        await vouch_transfer(self.core, transfer)
 
     async def runtime_command(
         self, job_id: str, incarnation: str, command: runtime_pb2.RuntimeCommand, timeout_s: float

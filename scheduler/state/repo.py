@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from scheduler.errors import NotFound
-from scheduler.lifecycle import ACTIVE, JobState, check_transition
+from scheduler.lifecycle import ACTIVE, TERMINAL, JobState, check_transition
 from scheduler.policy.cluster import affinity_of
 from scheduler.state.models import (
     Event,
@@ -518,6 +518,18 @@ async def helper_agents(session: AsyncSession) -> list[tuple[str, str]]:
     """(name, agent address) of every registered server, by name."""
     rows = await session.execute(select(Server.name, Server.address).order_by(Server.name))
     return [(name, address) for name, address in rows.all()]
+
+
+async def kept_checkpoints(session: AsyncSession, server: str) -> list[str]:
+    """The checkpoints on ``server`` that the scheduler still needs: every unfinished job's
+    restore point there (a parked or re-queued job resumes from it, possibly hours later)
+    and every migration's confirmed checkpoint there. Its helper's housekeeping keeps them."""
+    live = [s.value for s in JobState if s not in TERMINAL]
+    restore = await session.execute(select(Job.restore_checkpoint).where(
+        Job.restore_server == server, Job.restore_checkpoint != "", Job.state.in_(live)))
+    moving = await session.execute(select(Migration.checkpoint_path).where(
+        Migration.source_server == server, Migration.checkpoint_path != ""))
+    return sorted({p for (p,) in restore.all()} | {p for (p,) in moving.all()})
 
 
 async def server_at(session: AsyncSession, address: str) -> Server | None:

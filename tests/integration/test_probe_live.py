@@ -6,8 +6,11 @@ so without probes a newcomer would wait for it to end. With them, the newcomer i
 for a first turn (the long job suspended for it), trains past its first 100 mini-batches,
 then is parked: the shim checkpoints it into the server's ramdisk and exits, and the job is
 queued again with that checkpoint as its restore point, holding no GPU and no host memory.
-The long job resumes; once it ends, the newcomer is launched again from its checkpoint's
-step (not from 0) and finishes. Both end bit-identical to runs without the scheduler.
+The long job resumes. The newcomer waits in the queue longer than the helper keeps
+checkpoints nobody needs, and its checkpoint stays (the scheduler names it as needed); then
+a second server joins, without a shared root, and the newcomer is launched there from its
+checkpoint's step (not from 0), streamed over by the first server's helper, and finishes
+bit-identical to a run without the scheduler.
 """
 
 from __future__ import annotations
@@ -72,7 +75,9 @@ def _setup(policy_cluster: Any, tmp_path: Path, new: list[str],
     TensorFlow's start on a loaded machine included."""
     base = _reference(new, tmp_path)
     cluster = policy_cluster(quantum_s=quantum_s, max_jobs_per_gpu=1, probe_slices=True, enable_packing=False)
-    cluster.add_helper("p1", 1)
+    # Checkpoints nobody needs go after a second (housekeeping every half second): one
+    # that is a queued job's restore point must stay all the same.
+    cluster.add_helper("p1", 1, "--checkpoint-retain", "1")
     return base, cluster, _submitter(cluster, tmp_path)
 
 
@@ -100,16 +105,28 @@ def test_a_newcomer_probes_a_full_gpu_is_parked_and_resumes_bit_identical(
     assert parked.steps >= 100, story
     cluster.wait_for(lambda: cluster.job(first).state == common_pb2.JOB_STATE_RUNNING, 30)
     assert not any("first turn over" in t.reason for t in cluster.job(first).history)
-    # Nothing else frees the GPU: the newcomer waits in the queue, holding nothing.
-    time.sleep(2.0)
+    # Nothing else frees the GPU: the newcomer waits in the queue, holding nothing, longer
+    # than p1 keeps checkpoints nobody needs.
+    time.sleep(3.0)
     assert cluster.job(second).state == QUEUED
-    cluster.stub.KillJob(scheduler_pb2.JobActionRequest(id=first), timeout=10)
+    # A second server joins, with its own ramdisk and no shared root: the newcomer is placed
+    # there, and p1's helper streams the checkpoint over before the launch restores it.
+    cluster.add_helper("p2", 1)
     cluster.wait_for(lambda: cluster.job(second).state == SUCCEEDED, 180)
     done = cluster.job(second)
+    story = _story(done)
+    assert "fetching its checkpoint from p1 first" in done.history[-2].reason, story
+    assert "could not fetch" not in story, story
+    events = cluster.stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=second), timeout=10).events
+    fetched = [e.message for e in events if e.kind == "job.checkpoint" and e.message.startswith("fetched")]
+    assert len(fetched) == 1 and "/park-" in fetched[0] and "from p1 to" in fetched[0], fetched
     # Launched again from that checkpoint, not from step 0, and bit-identical at the end.
-    assert "resuming from" in done.history[-2].reason and "/park-" in done.history[-2].reason, _story(done)
+    step = int(re.search(r"\(step (\d+),", reason).group(1))  # type: ignore[union-attr]
+    restored = re.findall(r"restored step (\d+) from (\S+)", (tmp_path / "logs" / f"{second}.log").read_text())
+    assert [int(n) for n, _ in restored] == [step] and "/resume-" in restored[0][1], restored
     assert base.wait(60) == 0
     assert_same_variables(tmp_path / "base.npz", tmp_path / "new.npz")
+    cluster.stub.KillJob(scheduler_pb2.JobActionRequest(id=first), timeout=10)
 
 
 def test_a_newcomer_found_not_migratable_keeps_its_place_and_ends_bit_identical(
@@ -161,9 +178,8 @@ def test_a_server_handed_to_a_crowded_gpu_count_parks_its_job_which_resumes_bit_
     the queued 1-GPU jobs start on its GPUs. The other 2-GPU job keeps its server (handing it
     over too would leave the 2-GPU jobs more crowded than the 1-GPU jobs). Once a server is
     free again the parked job is launched from its checkpoint (through the helpers' shared
-    root: live, the rule is off unless asked for, since without one a job relaunched on
-    another server starts from step 0) and ends with the variables of an uninterrupted run;
-    every job succeeds."""
+    root; without one it is streamed over first, as the newcomer test above checks) and
+    ends with the variables of an uninterrupted run; every job succeeds."""
     big = _program(1500, 3, "adam")
     base = _reference(big, tmp_path)
     cluster = policy_cluster(quantum_s=5.0, max_jobs_per_gpu=1, probe_slices=False, enable_packing=False,

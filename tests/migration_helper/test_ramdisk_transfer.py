@@ -112,21 +112,49 @@ def test_prepare_drops_transfers_a_crash_left_behind(tmp_path: Path) -> None:
     assert not stale.exists() and done.exists()
 
 
-def test_old_checkpoints_are_pruned_but_a_live_jobs_newest_stays(tmp_path: Path) -> None:
-    ramdisk = Ramdisk(tmp_path / "rd")
-    now = 10_000.0
-
+def _aged(ramdisk: Ramdisk, now: float):  # type: ignore[no-untyped-def]
     def ckpt(job: str, name: str, age_s: float) -> Path:
         path = ramdisk.root / job / name
         path.mkdir(parents=True)
         os.utime(path, (now - age_s, now - age_s))
         return path
+    return ckpt
 
+
+def test_old_checkpoints_are_pruned_but_a_live_jobs_newest_stays(tmp_path: Path) -> None:
+    ramdisk = Ramdisk(tmp_path / "rd")
+    now = 10_000.0
+    ckpt = _aged(ramdisk, now)
     old_live, newest_live = ckpt("live", "a", 5000), ckpt("live", "b", 4000)
     recent = ckpt("gone", "c", 60)  # a migration may still fall back on it
     old_gone = ckpt("gone", "d", 5000)
-    removed = ramdisk.prune({"live"}, retain_s=600, now=now)
+    removed = ramdisk.prune({"live"}, retain_s=600, now=now, kept=set())
     assert set(removed) == {old_live, old_gone}
     assert newest_live.exists() and recent.exists()
-    ramdisk.prune(set(), retain_s=600, now=now + 1000)
+    ramdisk.prune(set(), retain_s=600, now=now + 1000, kept=set())
     assert not (ramdisk.root / "gone").exists() and not (ramdisk.root / "live").exists()
+
+
+def test_a_parked_jobs_checkpoint_stays_while_the_scheduler_needs_it(tmp_path: Path) -> None:
+    """A parked job has no process here, and may wait in the queue for hours: its restore
+    point, named by the scheduler, outlives the retention; the job's older ones do not."""
+    ramdisk = Ramdisk(tmp_path / "rd")
+    now = 10_000.0
+    ckpt = _aged(ramdisk, now)
+    older, parked = ckpt("parked", "periodic-1", 9000), ckpt("parked", "park-1", 8000)
+    other = ckpt("done", "park-2", 8000)
+    # The shim may save into a subdirectory of the directory it was given.
+    removed = ramdisk.prune(set(), retain_s=600, now=now, kept={str(parked / "model")})
+    assert set(removed) == {older, other}
+    assert parked.exists()
+    # Once the job resumed (or ended) the scheduler stops naming it: it goes too.
+    assert ramdisk.prune(set(), retain_s=600, now=now, kept=set()) == [parked]
+
+
+def test_when_the_scheduler_has_not_said_every_jobs_newest_checkpoint_stays(tmp_path: Path) -> None:
+    ramdisk = Ramdisk(tmp_path / "rd")
+    now = 10_000.0
+    ckpt = _aged(ramdisk, now)
+    older, newest = ckpt("parked", "a", 9000), ckpt("parked", "b", 8000)
+    assert ramdisk.prune(set(), retain_s=600, now=now, kept=None) == [older]
+    assert newest.exists()

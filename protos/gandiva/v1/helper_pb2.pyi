@@ -101,9 +101,14 @@ class HeartbeatRequest(_message.Message):
     RUNNING_JOBS_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
     PEERS_VERSION_FIELD_NUMBER: _builtins.int
+    WANT_KEPT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     peers_version: _builtins.int
     """The version of the registered-helpers list this helper holds (0: none yet)."""
+    want_kept: _builtins.bool
+    """Asks for the checkpoints on this server the scheduler still needs (the reply's
+    kept): sent before each ramdisk housekeeping round, not with every heartbeat.
+    """
     @_builtins.property
     def running_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """job ids whose processes are alive here"""
@@ -121,10 +126,11 @@ class HeartbeatRequest(_message.Message):
         running_jobs: _abc.Iterable[_builtins.str] | None = ...,
         running: _abc.Iterable[Global___JobIncarnation] | None = ...,
         peers_version: _builtins.int = ...,
+        want_kept: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "peers_version", b"peers_version", "running", b"running", "running_jobs", b"running_jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "peers_version", b"peers_version", "running", b"running", "running_jobs", b"running_jobs", "want_kept", b"want_kept"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -160,9 +166,16 @@ class HeartbeatResponse(_message.Message):
     STOP_FIELD_NUMBER: _builtins.int
     PEERS_FIELD_NUMBER: _builtins.int
     PEERS_VERSION_FIELD_NUMBER: _builtins.int
+    KEPT_LISTED_FIELD_NUMBER: _builtins.int
+    KEPT_FIELD_NUMBER: _builtins.int
     known: _builtins.bool
     """false: the scheduler lost this server; register again"""
     peers_version: _builtins.int
+    kept_listed: _builtins.bool
+    """Set when the request had want_kept: kept lists the checkpoints on this server that
+    are some unfinished job's restore point (a parked or re-queued job resumes from
+    one, possibly hours later) or a migration's; housekeeping must not delete them.
+    """
     @_builtins.property
     def stop(self) -> _containers.RepeatedCompositeFieldContainer[Global___StopJob]:
         """Processes the scheduler does not expect here (a stale incarnation, a job
@@ -175,6 +188,8 @@ class HeartbeatResponse(_message.Message):
         from the request's peers_version: a helper streams checkpoints only to these.
         """
 
+    @_builtins.property
+    def kept(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -182,10 +197,12 @@ class HeartbeatResponse(_message.Message):
         stop: _abc.Iterable[Global___StopJob] | None = ...,
         peers: _abc.Iterable[Global___Peer] | None = ...,
         peers_version: _builtins.int = ...,
+        kept_listed: _builtins.bool = ...,
+        kept: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["known", b"known", "peers", b"peers", "peers_version", b"peers_version", "stop", b"stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kept", b"kept", "kept_listed", b"kept_listed", "known", b"known", "peers", b"peers", "peers_version", b"peers_version", "stop", b"stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

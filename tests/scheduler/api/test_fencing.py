@@ -29,26 +29,37 @@ from scheduler.engine import live_migration
 from scheduler.errors import InvalidArgument
 
 FAST = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=1.0)
+# Agent addresses the fake helpers register (nothing listens there: the test answers for them).
+AGENTS = {name: f"127.0.0.1:{7100 + i}" for i, name in enumerate("abxy")}
 
 
 class Fake:
     """Helpers "a" and "b" (one GPU each unless told) spoken for by the test itself."""
 
-    def __init__(self, address: str, gpus: dict[str, int] | None = None, shared_root: str = "") -> None:
+    def __init__(self, address: str, gpus: dict[str, int] | None = None, shared_root: str = "",
+                 agents: bool = False) -> None:
+        """`agents`: each server registers an agent address (AGENTS[name]), which a
+        checkpoint can be streamed to."""
         self.ch = grpc.insecure_channel(address)
         self.helper = helper_pb2_grpc.HelperStub(self.ch)
         self.api = scheduler_pb2_grpc.SchedulerStub(self.ch)
         self.streams: dict[str, Any] = {}
+        self.shared_root, self.agents = shared_root, agents
         for name, n in (gpus or {"a": 1, "b": 1}).items():
-            self.helper.Register(helper_pb2.RegisterServerRequest(
-                name=name, gpus=[common_pb2.Gpu(index=i) for i in range(n)],
-                ramdisk=f"/ram/{name}", shared_root=shared_root))
+            self.register(name, n)
         self._beating = threading.Event()
         self.alive: set[str] = set()
 
+    def register(self, name: str, gpus: int = 1) -> None:
+        self.helper.Register(helper_pb2.RegisterServerRequest(
+            name=name, gpus=[common_pb2.Gpu(index=i) for i in range(gpus)], ramdisk=f"/ram/{name}",
+            shared_root=self.shared_root, address=AGENTS[name] if self.agents else ""))
+
     def commands(self, server: str) -> Any:
         if server not in self.streams:
-            self.streams[server] = self.helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=server))
+            # Bounded: a command that never comes fails the test instead of hanging it.
+            self.streams[server] = self.helper.ReceiveCommands(
+                helper_pb2.ReceiveCommandsRequest(server=server), timeout=120)
         return self.streams[server]
 
     def heartbeat(self, server: str, *pairs: tuple[str, str]) -> list[tuple[str, str]]:
@@ -445,4 +456,99 @@ def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_schedule
         assert relaunch.restore_checkpoint == f"/peers/{server}/{job_id}/periodic-{launch.incarnation}"
         shim.close()
     finally:
+        f.close()
+
+
+def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any) -> tuple[Fake, str, str, Any]:
+    """Server "y" runs a job and records its periodic checkpoint; server "x" (idle, and
+    first by name) joins; then "y"'s heartbeats stop listing the job, which goes back to
+    the queue with its checkpoint on "y" as its restore point and is placed on "x". No
+    shared root: "x" can read the checkpoint only once "y"'s helper has streamed it over.
+    Returns (the fake helpers, the job, its checkpoint on "y", its shim)."""
+    from .test_runtime_api import FakeShim
+
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0, checkpoint_interval_s=0.5)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    f = Fake(sched.address, gpus={"y": 1}, agents=True)
+    job_id = f.submit()
+    wait_for(lambda: f.job(job_id).placement)
+    cmd = _next_command(f, "y", "launch")
+    launch = cmd.launch
+    f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="y", command_id=cmd.command_id, ok=True))
+    shim = FakeShim(f.ch, job_id, launch.incarnation)
+    path = f"/ram/y/{job_id}/periodic-{launch.incarnation}"
+
+    def checkpointed() -> bool:
+        f.heartbeat("y", (job_id, launch.incarnation))
+        events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+        return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
+
+    wait_for(checkpointed, 15)
+    f.register("x")
+    f.keep_alive("x", "y")  # reporting nothing: the job's process on "y" is lost
+    wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server == "x", 15)
+    return f, job_id, path, shim
+
+
+def _next_command(f: Fake, server: str, kind: str) -> helper_pb2.HelperCommand:
+    for cmd in f.commands(server):
+        if cmd.WhichOneof("body") == kind:
+            return cmd
+    raise AssertionError(f"no {kind} command for {server}")
+
+
+def test_a_job_placed_away_from_its_checkpoint_has_it_fetched_first(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """The holder's helper streams the checkpoint to the new server's agent (a transfer,
+    as in a migration) before the launch, which restores that copy: the job resumes at
+    its step, not at 0. Until then the holder is told to keep the checkpoint."""
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for)
+    try:
+        placed = f.job(job_id)
+        assert "fetching its checkpoint from y first" in placed.history[-1].reason, placed.history[-1].reason
+        transfer = _next_command(f, "y", "transfer")
+        assert (transfer.transfer.job_id, transfer.transfer.checkpoint_path,
+                transfer.transfer.dest_address) == (job_id, path, AGENTS["x"])
+        # Meanwhile the holder's housekeeping must not delete it.
+        kept = f.helper.Heartbeat(helper_pb2.HeartbeatRequest(name="y", want_kept=True))
+        assert kept.kept_listed and list(kept.kept) == [path]
+        assert not f.helper.Heartbeat(helper_pb2.HeartbeatRequest(name="y")).kept_listed
+        copy = f"/ram/x/{job_id}/{transfer.transfer.checkpoint_name}"
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server="y", command_id=transfer.command_id, ok=True, checkpoint_path=copy, message="2048 bytes"))
+        launch = _next_command(f, "x", "launch").launch
+        assert launch.job_id == job_id and launch.restore_checkpoint == copy
+        events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+        assert any(e.kind == "job.checkpoint" and e.message.startswith(f"fetched {path} from y to {copy}")
+                   for e in events), [e.message for e in events]
+        # Resumed: no restore point is left for the holder to keep.
+        assert list(f.helper.Heartbeat(helper_pb2.HeartbeatRequest(name="y", want_kept=True)).kept) == []
+    finally:
+        shim.close()
+        f.close()
+
+
+def test_a_checkpoint_that_cannot_be_fetched_is_tried_again_then_given_up_saying_so(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """Each failed fetch re-queues the job with its restore point kept (the holder may be
+    restarting); after three in a row it starts from step 0, and its history says why."""
+    from scheduler.engine.live import MAX_FETCH_TRIES
+
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for)
+    try:
+        for attempt in range(1, MAX_FETCH_TRIES + 1):
+            transfer = _next_command(f, "y", "transfer")
+            assert transfer.transfer.checkpoint_path == path
+            f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+                server="y", command_id=transfer.command_id, ok=False, message=f"disk error {attempt}"))
+            wait_for(lambda a=attempt: any(f"disk error {a}" in t.reason for t in f.job(job_id).history), 10)
+        reasons = [t.reason for t in f.job(job_id).history]
+        failed = [r for r in reasons if "could not fetch its checkpoint" in r]
+        assert len(failed) == MAX_FETCH_TRIES, reasons
+        assert f"try 1 of {MAX_FETCH_TRIES}" in failed[0] and "trying again" in failed[0]
+        assert "starts from step 0" in failed[-1]
+        launch = _next_command(f, "x", "launch").launch
+        assert launch.job_id == job_id and launch.restore_checkpoint == ""
+    finally:
+        shim.close()
         f.close()

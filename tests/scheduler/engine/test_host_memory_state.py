@@ -8,7 +8,7 @@ import pytest
 
 from gandiva_cli.main import main
 from protos.gandiva.v1 import common_pb2, helper_pb2
-from scheduler.cli.serve import LIVE_DEFAULTS, policy_options
+from scheduler.cli.serve import policy_options
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.policy import ClusterSnapshot, GpuRef, JobProfile, JobView, ServerView, get_policy
@@ -104,12 +104,11 @@ def test_policy_options_take_sizes_and_fractions() -> None:
         policy_options(["host_memory_use=x"])
 
 
-def test_balance_park_is_off_live_unless_asked_for() -> None:
-    """The simulator's default is on; live, a parked job relaunched on another server without
-    a shared root would start from step 0, so the scheduler's default is off."""
-    assert PolicyConfig().balance_park
-    assert not PolicyConfig(**{**LIVE_DEFAULTS, **policy_options([])}).balance_park
-    assert PolicyConfig(**{**LIVE_DEFAULTS, **policy_options(["balance_park=true"])}).balance_park
+def test_balance_park_is_on_live_as_in_the_simulator_and_can_be_turned_off() -> None:
+    """A parked job relaunched on another server has its checkpoint fetched there first
+    (tests/scheduler/api/test_fencing.py), so the live default is the simulator's."""
+    assert PolicyConfig(**policy_options([])).balance_park
+    assert not PolicyConfig(**policy_options(["balance_park=false"])).balance_park
 
 
 @pytest.mark.parametrize(("option", "says"), [
