@@ -104,7 +104,8 @@ def test_i9s_scheduler_killed_9_in_transfer_and_activate(multihost: Cluster, pha
         c.signal(src, signal.SIGSTOP)  # its TransferCheckpoint will wait
         held.append(("helper", c.procs[src].pid))
     else:
-        (warm_pid,) = c.pids_of(job_id, warm=True)
+        # The prewarm event can come before the process sampler's next look at /proc.
+        (warm_pid,) = c.wait(lambda: c.pids_of(job_id, warm=True), 15)  # type: ignore[misc]
         os.kill(warm_pid, signal.SIGSTOP)  # its activation will wait
         held.append(("warm", warm_pid))
     os.kill(source_pid, signal.SIGCONT)  # checkpoints, acks, exits 75
