@@ -374,6 +374,7 @@ class LiveEngine:
         except GandivaError as err:  # the holder down, its stream gone, no answer in time
             failure = str(err) or err.__class__.__name__
         seconds = time.perf_counter() - t0
+        self.observer.checkpoint_fetched("failed" if failure else "fetched", seconds)
         now = self.core.clock()
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)

@@ -140,6 +140,10 @@ class SchedulerMetrics(Observer):
         self.migration_seconds = Histogram(
             "gandiva_migration_phase_seconds", "Duration of each migration phase", ["phase"],
             buckets=_SLOW, registry=r)
+        self.fetch_seconds = Histogram(
+            "gandiva_checkpoint_fetch_seconds",
+            "A queued job's checkpoint streamed to the server it was placed on, before its launch",
+            ["outcome"], buckets=_SLOW, registry=r)
         self.rpc_seconds = Histogram(
             "gandiva_rpc_seconds", "Unary gRPC calls served, by method and status code",
             ["method", "code"], buckets=_FAST, registry=r)
@@ -207,6 +211,9 @@ class SchedulerMetrics(Observer):
 
     def migration_phase(self, phase: str, seconds: float) -> None:
         self.migration_seconds.labels(phase).observe(seconds)
+
+    def checkpoint_fetched(self, outcome: str, seconds: float) -> None:
+        self.fetch_seconds.labels(outcome).observe(seconds)
 
     # ---- database transactions ------------------------------------------------
 

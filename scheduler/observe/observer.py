@@ -22,3 +22,7 @@ class Observer:
 
     def migration_phase(self, phase: str, seconds: float) -> None:
         """One phase of a migration (prewarm, checkpoint, transfer, restore, ..., total)."""
+
+    def checkpoint_fetched(self, outcome: str, seconds: float) -> None:
+        """A queued job's checkpoint streamed from the server that holds it to the one it
+        was just placed on, before its launch (outcome: fetched or failed)."""

@@ -91,3 +91,15 @@ def test_a_migration_within_one_server_reads_the_checkpoint_where_it_was_written
     assert checkpoint_paths(grow, "ck") == ("/dev/shm/n1/j-1/ck", "/dev/shm/n1/j-1/ck")
     move = MigrationPlan("j-1", common_pb2.JobSpec(), here, "inc", (0,), there, (0,))
     assert checkpoint_paths(move, "ck") == ("/mnt/peers/n2/j-1/ck", "/dev/shm/n2/j-1/ck")
+
+
+def test_checkpoint_fetches_are_timed_by_outcome() -> None:
+    from scheduler.policy.state import GandivaState
+
+    m = SchedulerMetrics(lambda: GandivaState())
+    m.checkpoint_fetched("fetched", 0.4)
+    m.checkpoint_fetched("fetched", 1.6)
+    m.checkpoint_fetched("failed", 60.0)
+    assert m.registry.get_sample_value("gandiva_checkpoint_fetch_seconds_count", {"outcome": "fetched"}) == 2
+    assert m.registry.get_sample_value("gandiva_checkpoint_fetch_seconds_sum", {"outcome": "fetched"}) == 2.0
+    assert m.registry.get_sample_value("gandiva_checkpoint_fetch_seconds_count", {"outcome": "failed"}) == 1
