@@ -236,11 +236,14 @@ def wait_for_fixture():  # type: ignore[no-untyped-def]
 
 # The tests that run real processes end to end (a scheduler, helpers, TensorFlow jobs,
 # network namespaces) run one after another on one pytest-xdist worker, as without xdist:
-# they share the machine's cores with their own processes and some use fixed names (the
-# namespaces). The other tests, unit and simulator tests, are spread over the workers and
-# run beside them (pyproject's addopts: -n 2). A scheduler of our own does the grouping:
-# xdist's xdist_group marker renames each test's node id, which pytest 9 no longer allows.
-_LIVE_DIRS = ("integration", "multihost", "tf_runtime")
+# they share the machine's cores with their own processes, some use fixed names (the
+# namespaces) and many wait on timeouts. The runtime's own tests (tests/tf_runtime: real
+# TensorFlow programs, interrupted and compared, most without a scheduler) are a second
+# unit, run in order on the other worker, before or beside the unit and simulator tests,
+# which are spread over both (pyproject's addopts: -n 2): the live unit alone is then the
+# longest. A scheduler of our own does the grouping: xdist's xdist_group marker renames
+# each test's node id, which pytest 9 no longer allows.
+_UNITS = {"integration": "live", "multihost": "live", "tf_runtime": "tf_runtime"}
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -248,11 +251,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
     class LiveTestsTogether(LoadScopeScheduling):
-        """Every test under a live directory is one unit of work (one worker runs them in
-        order); every other test is a unit of its own."""
+        """The tests under each directory of _UNITS are one unit of work (one worker runs
+        them in order); every other test is a unit of its own."""
 
         def _split_scope(self, nodeid: str) -> str:
             parts = nodeid.split("/", 2)
-            return "live" if len(parts) == 3 and parts[0] == "tests" and parts[1] in _LIVE_DIRS else nodeid
+            if len(parts) == 3 and parts[0] == "tests" and parts[1] in _UNITS:
+                return _UNITS[parts[1]]
+            return nodeid
 
     return LiveTestsTogether(config, log)

@@ -180,7 +180,7 @@ def test_a_server_handed_to_a_crowded_gpu_count_parks_its_job_which_resumes_bit_
     free again the parked job is launched from its checkpoint (through the helpers' shared
     root; without one it is streamed over first, as the newcomer test above checks) and
     ends with the variables of an uninterrupted run; every job succeeds."""
-    big = _program(1500, 3, "adam")
+    big = _program(900, 3, "adam")
     base = _reference(big, tmp_path)
     cluster = policy_cluster(quantum_s=5.0, max_jobs_per_gpu=1, probe_slices=False, enable_packing=False,
                              enable_grow_shrink=False, balance_sizes=True, balance_park=True,
