@@ -421,11 +421,12 @@ class LiveEngine:
         self.core.runtimes.watch(job.id, incarnation)
         fut = self.core.helpers.send(primary, cmd)
         # Watched, but not "in flight": the job can be suspended or killed meanwhile.
-        task = asyncio.create_task(self._launch_result(job.id, incarnation, fut, primary))
+        task = asyncio.create_task(self._launch_result(job.id, incarnation, fut, primary, restore_checkpoint))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _launch_result(self, job_id: str, incarnation: str, fut: Awaitable, server: str) -> None:
+    async def _launch_result(self, job_id: str, incarnation: str, fut: Awaitable, server: str,
+                             restore: str = "") -> None:
         try:
             result = await asyncio.wait_for(fut, self.core.settings.command_timeout_s)
         except asyncio.TimeoutError:
@@ -444,8 +445,18 @@ class LiveEngine:
         self.core.runtimes.unwatch(job_id, incarnation)
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
-            if job.incarnation == incarnation and JobState(job.state) in ACTIVE:
+            if job.incarnation != incarnation or JobState(job.state) not in ACTIVE:
+                return
+            if restore:
+                # The checkpoint is gone (its server restarted with an empty ramdisk, say) or
+                # unreadable: the job is not lost with it, it starts again from step 0. A
+                # launch that fails for another reason fails again then, and the job with it.
+                job.restore_checkpoint, job.restore_server = "", ""
+                await repo.requeue(s, job, self.core.clock(), f"launch from checkpoint {restore} on {server} "
+                                   f"failed: {result.message}; it starts from step 0 when placed next")
+            else:
                 await repo.finish(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
+        self.core.poke()
 
     async def _watch_runtime(self, job_id: str, incarnation: str) -> None:
         """A launch none of whose processes connects a runtime within the deadline is

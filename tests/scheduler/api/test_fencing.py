@@ -459,7 +459,8 @@ def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_schedule
         f.close()
 
 
-def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any) -> tuple[Fake, str, str, Any]:
+def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any,
+                          other: bool = True) -> tuple[Fake, str, str, Any]:
     """Server "y" runs a job and records its periodic checkpoint; server "x" (idle, and
     first by name) joins; then "y"'s heartbeats stop listing the job, which goes back to
     the queue with its checkpoint on "y" as its restore point and is placed on "x". No
@@ -484,6 +485,10 @@ def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any) -
         return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
 
     wait_for(checkpointed, 15)
+    if not other:  # "y" alone: the job comes back to it
+        f.keep_alive("y")
+        wait_for(lambda: "was lost" in f.job(job_id).history[-2].reason, 15)
+        return f, job_id, path, shim
     f.register("x")
     f.keep_alive("x", "y")  # reporting nothing: the job's process on "y" is lost
     wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server == "x", 15)
@@ -549,6 +554,33 @@ def test_a_checkpoint_that_cannot_be_fetched_is_tried_again_then_given_up_saying
         assert "starts from step 0" in failed[-1]
         launch = _next_command(f, "x", "launch").launch
         assert launch.job_id == job_id and launch.restore_checkpoint == ""
+    finally:
+        shim.close()
+        f.close()
+
+
+def test_a_launch_whose_checkpoint_is_gone_starts_the_job_from_step_0_instead_of_failing_it(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """The job comes back to the server that holds its checkpoint, but the helper refuses the
+    launch: the checkpoint is not there (the server restarted with an empty ramdisk). The job
+    is not failed for it: it is queued again without the checkpoint and starts from step 0."""
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for, other=False)
+    try:
+        cmd = _next_command(f, "y", "launch")
+        assert cmd.launch.restore_checkpoint == path
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server="y", command_id=cmd.command_id, ok=False, message=f"launch: checkpoint {path} not found on y"))
+        again = _next_command(f, "y", "launch")
+        assert again.launch.job_id == job_id and again.launch.restore_checkpoint == ""
+        job = f.job(job_id)
+        assert job.state == common_pb2.JOB_STATE_RUNNING
+        reasons = [t.reason for t in job.history]
+        assert any(f"launch from checkpoint {path} on y failed" in r and "starts from step 0" in r
+                   for r in reasons), reasons
+        # A launch that fails again, with no checkpoint to blame, fails the job.
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server="y", command_id=again.command_id, ok=False, message="no such program"))
+        wait_for(lambda: f.job(job_id).state == common_pb2.JOB_STATE_FAILED, 10)
     finally:
         shim.close()
         f.close()
