@@ -348,6 +348,7 @@ class LiveEngine:
         if restore.fetch_from:
             self._background(job_id, self._fetch_and_launch(job_id, tuple(gpus), incarnation, restore.fetch_from))
         else:
+            self._fetch_failures.pop(job_id, None)
             self.launch(job, gpus, incarnation, restore_checkpoint=restore.path)
 
     async def _fetch_and_launch(self, job_id: str, gpus: tuple[pt.GpuRef, ...], incarnation: str, holder: str) -> None:
@@ -701,9 +702,11 @@ async def _restore_plan(s: AsyncSession, job: Job, server: str) -> _Restore:
     root = holder.ramdisk.rstrip("/") + "/"
     if target.shared_root and holder.ramdisk and job.restore_checkpoint.startswith(root):
         return _Restore(posixpath.join(target.shared_root, holder.name, job.restore_checkpoint[len(root):]))
-    if holder.up and holder.address:
+    if holder.up and holder.address and target.address:
         return _Restore(fetch_from=holder.name)
-    return _Restore(note=f"its checkpoint is on {holder.name}, which is down: it starts from step 0")
+    why = ("which is down" if not holder.up else
+           f"and {holder.name if not holder.address else server}'s helper has no agent address to stream it")
+    return _Restore(note=f"its checkpoint is on {holder.name}, {why}: it starts from step 0")
 
 
 def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None) -> pt.JobView:  # type: ignore[no-untyped-def]

@@ -421,6 +421,9 @@ def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
             assert any(f"will resume from step 7 when placed on {server}" in r for r in reasons), reasons
             where, relaunch = g.launched(job_id, wait_for)
             assert relaunch.restore_checkpoint == ("/dev/shm/src/ckpt-7" if where == server else "")
+            if where != server:  # these fake helpers register no agent to stream it with: it says so
+                placed = g.job(job_id).history[-1].reason
+                assert f"its checkpoint is on {server}, and {server}'s helper has no agent address" in placed, placed
             assert g.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
     finally:
         g.close()
