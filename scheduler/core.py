@@ -86,9 +86,16 @@ class Settings:
     # ramdisk; a job that loses its server resumes from the last one instead of step 0
     # (on another server too, when that one sees the ramdisk through its shared root).
     checkpoint_interval_s: float = 300.0
+    # A queued job whose checkpoint is in the ramdisk of a server that is down waits this
+    # long after that server's last heartbeat for it to come back (a helper restarting, a
+    # short partition) before it starts again from step 0 elsewhere (0: never waits).
+    checkpoint_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
         lease = self.lease
+        if not 0 <= self.checkpoint_wait_s < math.inf:
+            raise InvalidArgument("checkpoint_wait_s", f"{self.checkpoint_wait_s:g} is not a number of seconds >= 0: "
+                                  "give how long a job waits for the server holding its checkpoint (0: not at all)")
         if self.checkpoint_interval_s < 0:
             raise InvalidArgument("checkpoint_interval_s", f"{self.checkpoint_interval_s} is negative; 0 turns periodic checkpoints off")
         if not self.runtime_connect_deadline_s > 0 or math.isinf(self.runtime_connect_deadline_s):

@@ -15,7 +15,7 @@ T = TypeVar("T")
 SETTINGS_FLAGS = {
     "down_after_s": "--heartbeat-timeout", "heartbeat_interval_s": "--heartbeat-interval",
     "lease_s": "--lease", "checkpoint_interval_s": "--checkpoint-interval",
-    "runtime_connect_deadline_s": "--runtime-connect-deadline",
+    "runtime_connect_deadline_s": "--runtime-connect-deadline", "checkpoint_wait_s": "--checkpoint-wait",
 }
 
 
@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds between a helper's heartbeats (default 2)")
     p.add_argument("--lease", type=float, default=None, help="a helper freezes its jobs after this many seconds without an answered heartbeat; at least 1 s shorter than --heartbeat-timeout so the two never overlap (default 60%% of it)")
     p.add_argument("--checkpoint-interval", type=float, default=300.0, help="seconds between periodic checkpoints of each running migratable job (default 300; 0: none): a job whose server is lost resumes from its last one")
+    p.add_argument("--checkpoint-wait", type=float, default=60.0, metavar="S",
+                   help="a queued job whose checkpoint is in the ramdisk of a server that is down waits up "
+                   "to S seconds after that server's last heartbeat for it to come back, then starts "
+                   "again from step 0 elsewhere (default 60; 0: no wait)")
     p.add_argument("--runtime-connect-deadline", type=float, default=120.0, metavar="S",
                    help="a launched job none of whose processes connects the Gandiva runtime (tf_runtime) "
                    "within S seconds is marked not suspendable and not migratable: it is never "
@@ -100,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             policy=args.policy,
             settings=Settings(down_after_s=args.heartbeat_timeout, heartbeat_interval_s=args.heartbeat_interval, lease_s=args.lease,
                               checkpoint_interval_s=args.checkpoint_interval,
-                              runtime_connect_deadline_s=args.runtime_connect_deadline),
+                              runtime_connect_deadline_s=args.runtime_connect_deadline,
+                              checkpoint_wait_s=args.checkpoint_wait),
             policy_config=config,
             tick_s=args.tick,
             also_listen=tuple(args.also_listen),

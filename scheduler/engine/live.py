@@ -335,7 +335,13 @@ class LiveEngine:
                 return
             self._queue_reason.pop(job_id, None)
             where = ", ".join(f"{g.server}/{g.index}" for g in gpus)
-            restore = await _restore_plan(s, job, gpus[0].server)
+            restore = await _restore_plan(s, job, gpus[0].server, now, self.core.settings.checkpoint_wait_s)
+            if restore.wait_until:
+                # Not placed: not to be looked at again until its checkpoint's server may be
+                # back (rechecked every heartbeat timeout), then at most until the wait ends.
+                job.fenced_until = min(restore.wait_until, now + self.core.settings.down_after_s)
+                job.message = restore.note
+                return
             if restore.path:
                 where += f", resuming from {restore.path}"
             elif restore.fetch_from:
@@ -681,14 +687,17 @@ class _Restore:
 
     path: str = ""        # as the launch's server sees it ("" with none, or one to fetch first)
     fetch_from: str = ""  # the server whose helper must stream it to the launch's server first
-    note: str = ""        # why a checkpoint the job has cannot be used (it starts from step 0)
+    note: str = ""        # why a checkpoint the job has cannot be used (it starts from step 0),
+                          # or why it waits
+    wait_until: float = 0.0  # not placed now: its checkpoint's server is down, and may be back
 
 
-async def _restore_plan(s: AsyncSession, job: Job, server: str) -> _Restore:
+async def _restore_plan(s: AsyncSession, job: Job, server: str, now: float = 0.0, wait_s: float = 0.0) -> _Restore:
     """How a launch on `server` resumes the job from its last checkpoint: as recorded,
     when that checkpoint is on `server`; through `server`'s shared root (peers' ramdisks
     as ROOT/PEER-NAME) when it has one; else fetched from the server that holds it, if
-    that server is up; else not at all (a note saying why)."""
+    that server is up; not yet, while that server is down for less than `wait_s` since its
+    last heartbeat; else not at all (a note saying why)."""
     if not job.restore_checkpoint:
         return _Restore()
     if job.restore_server == server:
@@ -704,6 +713,11 @@ async def _restore_plan(s: AsyncSession, job: Job, server: str) -> _Restore:
         return _Restore(posixpath.join(target.shared_root, holder.name, job.restore_checkpoint[len(root):]))
     if holder.up and holder.address and target.address:
         return _Restore(fetch_from=holder.name)
+    until = (holder.last_heartbeat or 0.0) + wait_s
+    if not holder.up and holder.address and target.address and until > now:
+        return _Restore(wait_until=until, note=(
+            f"waits for server {holder.name}, which is down and holds its checkpoint, to come back: "
+            f"{until - now:.0f}s more at most, then it starts again from step 0 elsewhere"))
     why = ("which is down" if not holder.up else
            f"and {holder.name if not holder.address else server}'s helper has no agent address to stream it")
     return _Restore(note=f"its checkpoint is on {holder.name}, {why}: it starts from step 0")

@@ -587,3 +587,60 @@ def test_a_launch_whose_checkpoint_is_gone_starts_the_job_from_step_0_instead_of
     finally:
         shim.close()
         f.close()
+
+
+@pytest.mark.parametrize("back", [True, False], ids=["holder-back", "wait-over"])
+def test_a_job_whose_checkpoint_server_is_down_waits_for_it_a_bounded_time(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, back: bool) -> None:
+    """The server holding a queued job's checkpoint goes down (its helper restarting, say):
+    the job is not started from step 0 elsewhere at once; it waits, saying why, up to
+    `checkpoint_wait_s` after that server's last heartbeat. Back in time, the server streams
+    the checkpoint to where the job is placed; not back, the job starts from step 0."""
+    from .test_runtime_api import FakeShim
+
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0,
+                        checkpoint_interval_s=0.5, checkpoint_wait_s=30.0 if back else 4.0)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    f = Fake(sched.address, gpus={"y": 1}, agents=True)
+    shim = None
+    try:
+        job_id = f.submit()
+        wait_for(lambda: f.job(job_id).placement)
+        cmd = _next_command(f, "y", "launch")
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="y", command_id=cmd.command_id, ok=True))
+        shim = FakeShim(f.ch, job_id, cmd.launch.incarnation)
+        path = f"/ram/y/{job_id}/periodic-{cmd.launch.incarnation}"
+
+        def checkpointed() -> bool:
+            f.heartbeat("y", (job_id, cmd.launch.incarnation))
+            events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+            return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
+
+        wait_for(checkpointed, 15)
+        f.register("x")
+        silent_at = time.monotonic()
+        f.keep_alive("x")  # and "y" falls silent: down after 2 s, its job re-queued
+        waiting = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_QUEUED
+                           and "waits for server y" in j.message and j, 15)
+        assert "holds its checkpoint" in waiting.message and "then it starts again from step 0" in waiting.message
+        time.sleep(1.0)
+        assert f.job(job_id).state == common_pb2.JOB_STATE_QUEUED, "placed while its checkpoint's server may come back"
+        if back:
+            f.streams.pop("y").cancel()  # a helper coming back opens a new command stream
+            f.keep_alive("y")
+            transfer = _next_command(f, "y", "transfer")
+            assert (transfer.transfer.checkpoint_path, transfer.transfer.dest_address) == (path, AGENTS["x"])
+            copy = f"/ram/x/{job_id}/{transfer.transfer.checkpoint_name}"
+            f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+                server="y", command_id=transfer.command_id, ok=True, checkpoint_path=copy))
+            assert _next_command(f, "x", "launch").launch.restore_checkpoint == copy
+        else:
+            launch = _next_command(f, "x", "launch").launch
+            assert launch.job_id == job_id and launch.restore_checkpoint == ""
+            assert time.monotonic() - silent_at >= 4.0
+            placed = f.job(job_id).history[-1].reason
+            assert "its checkpoint is on y, which is down: it starts from step 0" in placed, placed
+    finally:
+        if shim is not None:
+            shim.close()
+        f.close()

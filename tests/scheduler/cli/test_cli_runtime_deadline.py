@@ -85,3 +85,14 @@ def test_the_deadline_given_on_the_command_line_is_the_one_applied(
             if proc is not None:
                 proc.terminate()
                 proc.wait(20)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_checkpoint_wait_that_is_not_a_number_of_seconds_is_refused_naming_the_flag(
+        value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["scheduler", "--checkpoint-wait", value, "--listen", "127.0.0.1:0",
+                 "--db", f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert "--checkpoint-wait" in out and "number of seconds >= 0" in out, out
+    assert not (tmp_path / "g.db").exists(), "the database was touched before the flags were checked"
