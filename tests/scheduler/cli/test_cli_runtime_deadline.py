@@ -36,14 +36,17 @@ def _root_logging_restored() -> Iterator[None]:
     root.setLevel(level)
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
-def test_a_deadline_that_is_not_a_positive_number_is_refused_naming_the_flag(
-        value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["scheduler", "--runtime-connect-deadline", value, "--listen", "127.0.0.1:0",
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    *[("--runtime-connect-deadline", v, "positive number of seconds") for v in ("0", "-1", "nan", "inf")],
+    *[("--checkpoint-wait", v, "number of seconds >= 0") for v in ("-1", "nan", "inf")],
+])
+def test_a_timing_flag_that_is_not_a_number_of_seconds_is_refused_naming_the_flag(
+        flag: str, value: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["scheduler", flag, value, "--listen", "127.0.0.1:0",
                  "--db", f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"])
     out = capsys.readouterr().out
     assert code == 2, out
-    assert "--runtime-connect-deadline" in out and "positive number of seconds" in out, out
+    assert flag in out and says in out, out
     assert not (tmp_path / "g.db").exists(), "the database was touched before the flags were checked"
 
 
@@ -86,13 +89,3 @@ def test_the_deadline_given_on_the_command_line_is_the_one_applied(
                 proc.terminate()
                 proc.wait(20)
 
-
-@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
-def test_a_checkpoint_wait_that_is_not_a_number_of_seconds_is_refused_naming_the_flag(
-        value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["scheduler", "--checkpoint-wait", value, "--listen", "127.0.0.1:0",
-                 "--db", f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"])
-    out = capsys.readouterr().out
-    assert code == 2, out
-    assert "--checkpoint-wait" in out and "number of seconds >= 0" in out, out
-    assert not (tmp_path / "g.db").exists(), "the database was touched before the flags were checked"
