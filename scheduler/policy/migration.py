@@ -355,8 +355,6 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
     return [*parks, *_fill_all(ledger, state, config, freed, crowded, budget, why)]
 
 
-
-
 def _fill_all(ledger: Ledger, state: GandivaState, config: PolicyConfig, freed: list[str], size: int,
               budget: int, why: str) -> list[Decision]:
     """The crowded jobs take the handed-over servers at once: left idle, the next call's

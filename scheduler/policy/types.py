@@ -373,11 +373,10 @@ class PolicyConfig:
         them instead: checkpointed to disk, back in the queue with their progress, to rejoin
         their GPU count's groups as room comes (a count's last group too, if the crowding
         test allows). Without it, once every count's groups are full a count with no group
-        at all gets a server only when a whole group ends. On by default here, as the
-        simulator runs it (measured at three loads on 19 traces, docs/simulator.md,
-        "balance_park"); the live scheduler's default is off (scheduler/cli/serve.py,
-        LIVE_DEFAULTS: a job relaunched on another server without a shared root would start
-        from step 0). No effect without balance_sizes.
+        at all gets a server only when a whole group ends. On by default, in the simulator and
+        live (measured at three loads on 19 traces, docs/simulator.md, "balance_park"; live, a
+        parked job relaunched on another server has its checkpoint streamed there first).
+        No effect without balance_sizes.
     balance_per_gpu: with balance_sizes, a GPU count's crowding is its jobs per GPU of its
         groups instead of per same-size GPU set: a k-GPU job counts k times less, so servers
         go to the GPU counts whose jobs get the fewest GPU-seconds each (as Tiresias' 2D
