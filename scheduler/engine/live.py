@@ -352,25 +352,22 @@ class LiveEngine:
                 job.restore_checkpoint, job.restore_server = "", ""
             await repo.place(s, job, [(g.server, g.index) for g in gpus], incarnation, now, f"{reason} on {where}")
         if restore.fetch_from:
-            self._background(job_id, self._fetch_and_launch(job_id, tuple(gpus), incarnation, restore.fetch_from))
+            self._background(job_id, self._fetch_and_launch(
+                job_id, tuple(gpus), incarnation, restore.fetch_from, job.restore_checkpoint, restore.dest_address))
         else:
             self._fetch_failures.pop(job_id, None)
             self.launch(job, gpus, incarnation, restore_checkpoint=restore.path)
 
-    async def _fetch_and_launch(self, job_id: str, gpus: tuple[pt.GpuRef, ...], incarnation: str, holder: str) -> None:
+    async def _fetch_and_launch(self, job_id: str, gpus: tuple[pt.GpuRef, ...], incarnation: str, holder: str,
+                                checkpoint: str, dest_address: str) -> None:
         """Have `holder`'s helper stream the job's checkpoint (its restore point, in that
         server's ramdisk) to the server the job was just placed on, then launch it from the
         copy: a parked or re-queued job resumes at its step wherever it is placed, as a
         migration would carry it. The job stays in flight meanwhile. A fetch that fails
         re-queues the job, its restore point kept, for another try once `holder` had time
         to come back or be found down; after MAX_FETCH_TRIES in a row it starts from step 0."""
-        async with self.core.tx(read=True) as s:
-            job = await repo.get_job(s, job_id)
-            target = await repo.get_server(s, gpus[0].server)
-        if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
-            return
         transfer = helper_pb2.TransferCheckpoint(
-            job_id=job_id, checkpoint_path=job.restore_checkpoint, dest_address=target.address,
+            job_id=job_id, checkpoint_path=checkpoint, dest_address=dest_address,
             checkpoint_name=f"resume-{incarnation}")
         t0 = time.perf_counter()
         try:
@@ -404,7 +401,7 @@ class LiveEngine:
             self._fetch_failures.pop(job_id, None)
             repo.add_event(s, now, "job.checkpoint",
                            f"fetched {job.restore_checkpoint} from {holder} to {result.checkpoint_path} "
-                           f"in {seconds:.2f}s ({result.message})", job_id=job_id, server=target.name)
+                           f"in {seconds:.2f}s ({result.message})", job_id=job_id, server=gpus[0].server)
             job.restore_checkpoint, job.restore_server = "", ""
         self.launch(job, gpus, incarnation, restore_checkpoint=result.checkpoint_path)
 
@@ -687,6 +684,7 @@ class _Restore:
 
     path: str = ""        # as the launch's server sees it ("" with none, or one to fetch first)
     fetch_from: str = ""  # the server whose helper must stream it to the launch's server first
+    dest_address: str = ""  # then: the launch's server's agent, where it is streamed
     note: str = ""        # why a checkpoint the job has cannot be used (it starts from step 0),
                           # or why it waits
     wait_until: float = 0.0  # not placed now: its checkpoint's server is down, and may be back
@@ -712,7 +710,7 @@ async def _restore_plan(s: AsyncSession, job: Job, server: str, now: float = 0.0
     if target.shared_root and holder.ramdisk and job.restore_checkpoint.startswith(root):
         return _Restore(posixpath.join(target.shared_root, holder.name, job.restore_checkpoint[len(root):]))
     if holder.up and holder.address and target.address:
-        return _Restore(fetch_from=holder.name)
+        return _Restore(fetch_from=holder.name, dest_address=target.address)
     until = (holder.last_heartbeat or 0.0) + wait_s
     if not holder.up and holder.address and target.address and until > now:
         return _Restore(wait_until=until, note=(
