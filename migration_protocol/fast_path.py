@@ -139,6 +139,19 @@ def checkpoint_paths(plan: MigrationPlan, name: str) -> tuple[str, str | None]:
     return posixpath.join(plan.source.ramdisk, plan.job_id, name), None
 
 
+def checkpoint_home(source: Endpoint, dest: Endpoint, path: str) -> tuple[str, str]:
+    """(the server whose ramdisk holds ``path``, a checkpoint the source of a migration to
+    ``dest`` wrote, and its path there). Through a shared mount the source writes into the
+    destination's ramdisk (as SHARED-ROOT/DEST/JOB/NAME, ``checkpoint_paths``), and it stays
+    there if the migration fails; otherwise it is the source's."""
+    root = source.shared_root.rstrip("/")
+    if root and source.name != dest.name and dest.ramdisk:
+        prefix = posixpath.join(root, dest.name) + "/"
+        if path.startswith(prefix):
+            return dest.name, posixpath.join(dest.ramdisk, path[len(prefix):])
+    return source.name, path
+
+
 async def migrate(
     plan: MigrationPlan, ports: MigrationPorts, timeouts: MigrationTimeouts | None = None
 ) -> MigrationResult:

@@ -78,6 +78,9 @@ class LiveEngine:
         self._held: set[str] = set()
         # job id -> when its last periodic checkpoint started (running jobs only).
         self._checkpointed: dict[str, float] = {}
+        # Jobs whose command in flight is a periodic checkpoint: it moves nothing, so unlike
+        # a launch or a migration it is no reason to think a helper's silence is not a loss.
+        self._checkpointing: set[str] = set()
         self._checkpoints_checked = float("-inf")  # when checkpoint_due last looked
         # job id -> (the row it was built from, its JobView), reused while unchanged.
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
@@ -242,9 +245,13 @@ class LiveEngine:
         if server is None:
             return
         directory = posixpath.join(server.ramdisk, job_id, f"periodic-{incarnation}")
-        ack = await self.core.runtimes.call(
-            job_id, runtime_pb2.COMMAND_KIND_CHECKPOINT, self.core.settings.command_timeout_s,
-            checkpoint_dir=directory, reason="periodic checkpoint", incarnation=incarnation)
+        self._checkpointing.add(job_id)
+        try:
+            ack = await self.core.runtimes.call(
+                job_id, runtime_pb2.COMMAND_KIND_CHECKPOINT, self.core.settings.command_timeout_s,
+                checkpoint_dir=directory, reason="periodic checkpoint", incarnation=incarnation)
+        finally:
+            self._checkpointing.discard(job_id)
         self._checkpointed[job_id] = self.core.clock()  # the next one an interval after this one
         if not ack.ok:
             log.warning("periodic checkpoint of %s failed: %s", job_id, ack.message)
@@ -348,7 +355,9 @@ class LiveEngine:
                 where += f", fetching its checkpoint from {restore.fetch_from} first"
             elif restore.note:
                 where += f"; {restore.note}"
-            if not restore.fetch_from:
+            if not restore.fetch_from and not restore.path:
+                # Starts from step 0. A job that resumes keeps its restore point until its
+                # next checkpoint (the holder keeps it; a job lost before then resumes there).
                 job.restore_checkpoint, job.restore_server = "", ""
             await repo.place(s, job, [(g.server, g.index) for g in gpus], incarnation, now, f"{reason} on {where}")
         if restore.fetch_from:
@@ -402,7 +411,9 @@ class LiveEngine:
             repo.add_event(s, now, "job.checkpoint",
                            f"fetched {job.restore_checkpoint} from {holder} to {result.checkpoint_path} "
                            f"in {seconds:.2f}s ({result.message})", job_id=job_id, server=gpus[0].server)
-            job.restore_checkpoint, job.restore_server = "", ""
+            # The copy is the restore point now, until the job's next checkpoint: its new
+            # server keeps it, and a job lost before then resumes from it again.
+            job.restore_checkpoint, job.restore_server = result.checkpoint_path, gpus[0].server
         self.launch(job, gpus, incarnation, restore_checkpoint=result.checkpoint_path)
 
     def launch(
@@ -657,7 +668,8 @@ class LiveEngine:
             del self.missing_since[job_id]
         lost = []
         for job in placed:
-            if (job.id, job.incarnation) in alive or job.id in legacy or job.id in self.inflight:
+            moving = job.id in self.inflight and job.id not in self._checkpointing
+            if (job.id, job.incarnation) in alive or job.id in legacy or moving:
                 self.missing_since.pop(job.id, None)
                 continue
             if job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):

@@ -13,11 +13,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from migration_protocol.fast_path import Endpoint, MigrationPlan, Outcome, migrate
+from migration_protocol.fast_path import Endpoint, MigrationPlan, Outcome, checkpoint_home, migrate
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler import auth
 from scheduler.core import SchedulerCore, spec_of
-from scheduler.errors import FailedPrecondition, GandivaError
+from scheduler.errors import FailedPrecondition, GandivaError, NotFound
 from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
@@ -156,10 +156,12 @@ async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to
         if result is None or result.outcome is Outcome.FAILED:
             why = failure if result is None else result.reason
             if result is not None and result.step >= 0 and result.checkpoint_path:
-                # Never silently from step 0: the next launch on that server restores it.
-                job.restore_checkpoint = result.checkpoint_path
-                job.restore_server = plan.source.name
-                why += f"; will resume from step {result.step} when placed on {plan.source.name}"
+                # Never silently from step 0: the next launch restores it, recorded on the
+                # server whose ramdisk holds it (the destination's, through a shared mount),
+                # so that that server's helper keeps it and a launch elsewhere can fetch it.
+                holder, path = checkpoint_home(plan.source, plan.dest, result.checkpoint_path)
+                job.restore_checkpoint, job.restore_server = path, holder
+                why += f"; will resume from step {result.step} (its checkpoint is on {holder})"
             if fence:
                 why += f"; waiting {fence - now:.0f}s for {plan.source.name}'s lease to run out"
             await repo.requeue(s, job, now, f"migration failed, re-placing: {why}", fenced_until=fence)
@@ -199,6 +201,16 @@ async def _stop_source(core: SchedulerCore, plan: MigrationPlan) -> float:
     return core.clock() + core.settings.down_after_s
 
 
+async def _checkpoint_home(s: AsyncSession, source: str, dest: str, path: str) -> tuple[str, str]:
+    """``checkpoint_home`` for a migration known by its servers' names (after a restart)."""
+    try:
+        src, dst = await repo.get_server(s, source), await repo.get_server(s, dest)
+    except NotFound:  # a server deregistered meanwhile: the path says no more than it did
+        return source, path
+    return checkpoint_home(Endpoint(src.name, src.address, src.ramdisk, src.shared_root),
+                           Endpoint(dst.name, dst.address, dst.ramdisk, dst.shared_root), path)
+
+
 async def recover_migrations(core: SchedulerCore) -> list[str]:
     """Complete or roll back every migration left in SQL by a scheduler that stopped
     (or crashed) mid-way; returns the jobs concerned. Nothing in memory survives a
@@ -227,10 +239,11 @@ async def recover_migrations(core: SchedulerCore) -> list[str]:
                                  f"(phase {m.phase})", suspended=m.was_state == JobState.SUSPENDED.value)
             else:
                 stops.append((m.source_server, m.job_id, m.fallback_incarnation))
-                job.restore_checkpoint, job.restore_server = m.checkpoint_path, m.source_server
+                holder, path = await _checkpoint_home(s, m.source_server, m.dest_server, m.checkpoint_path)
+                job.restore_checkpoint, job.restore_server = path, holder
                 await repo.requeue(s, job, now, (
                     f"scheduler restarted mid-migration (phase {m.phase}); will resume from step "
-                    f"{m.step} when placed on {m.source_server}"))
+                    f"{m.step} (its checkpoint is on {holder})"))
             repo.add_event(s, now, "job.migration", f"recovered after restart from phase {m.phase}", job_id=m.job_id)
     for server, job_id, incarnation in stops:
         core.stop_on(server, job_id, incarnation, "migration abandoned by a scheduler restart")

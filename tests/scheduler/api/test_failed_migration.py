@@ -91,3 +91,43 @@ def test_job_finishing_during_a_migration_succeeds(scheduler_server, wait_for, m
 
         time.sleep(0.5)  # the migration's own ending must not undo it
         assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).state == common_pb2.JOB_STATE_SUCCEEDED
+
+
+def test_a_checkpoint_left_in_the_destinations_ramdisk_through_a_shared_mount_is_kept_there(  # type: ignore[no-untyped-def]
+        scheduler_server, wait_for, monkeypatch) -> None:
+    """Through a shared mount the source writes its checkpoint into the destination's
+    ramdisk (SHARED-ROOT/DEST/...). When the migration then fails, the restore point is
+    recorded on the destination, where it lies: that server's helper is told to keep it
+    (its housekeeping would otherwise prune it while the job waits), and the relaunch reads
+    it there, or through the shared mount from the source."""
+    async def failing_migrate(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+        written = f"{plan.source.shared_root}/{plan.dest.name}/{plan.job_id}/ckpt-7"
+        return MigrationResult(Outcome.FAILED, "", "", step=7, checkpoint_path=written, reason="activate failed")
+
+    monkeypatch.setattr(live_migration, "migrate", failing_migrate)
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        helper = helper_pb2_grpc.HelperStub(ch)
+        for name in ("a", "b"):
+            helper.Register(helper_pb2.RegisterServerRequest(
+                name=name, gpus=[common_pb2.Gpu(index=0)], ramdisk=f"/ram/{name}", shared_root="/peers"))
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        streams = {n: helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=n), timeout=60) for n in "ab"}
+        job = _submit_one_gpu_job(stub)
+        src = wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).placement)[0].server
+        dest = "b" if src == "a" else "a"
+        assert next(streams[src]).launch.restore_checkpoint == ""
+        stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server=dest))
+        there = f"/ram/{dest}/{job.id}/ckpt-7"
+        got = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).placement and
+                       any("will resume from step 7" in t.reason for t in j.history) and j)
+        assert any(f"will resume from step 7 (its checkpoint is on {dest})" in t.reason for t in got.history)
+        where = got.placement[0].server
+        relaunch = next(streams[where]).launch
+        assert relaunch.job_id == job.id
+        assert relaunch.restore_checkpoint == (there if where == dest else f"/peers/{dest}/{job.id}/ckpt-7")
+        # The destination's helper keeps it; the source's list does not name it.
+        kept = helper.Heartbeat(helper_pb2.HeartbeatRequest(name=dest, want_kept=True))
+        assert kept.kept_listed and list(kept.kept) == [there], [t.reason for t in stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).history]
+        assert list(helper.Heartbeat(helper_pb2.HeartbeatRequest(name=src, want_kept=True)).kept) == []
+        for stream in streams.values():
+            stream.cancel()

@@ -418,7 +418,7 @@ def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
             assert g.heartbeat(server, (job_id, launch.incarnation)) == []
             assert g.heartbeat(dest, (job_id, plan.dest_incarnation)) == [(job_id, plan.dest_incarnation)]
         else:
-            assert any(f"will resume from step 7 when placed on {server}" in r for r in reasons), reasons
+            assert any(f"will resume from step 7 (its checkpoint is on {server})" in r for r in reasons), reasons
             where, relaunch = g.launched(job_id, wait_for)
             assert relaunch.restore_checkpoint == ("/dev/shm/src/ckpt-7" if where == server else "")
             if where != server:  # these fake helpers register no agent to stream it with: it says so
@@ -584,6 +584,31 @@ def test_a_launch_whose_checkpoint_is_gone_starts_the_job_from_step_0_instead_of
         f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
             server="y", command_id=again.command_id, ok=False, message="no such program"))
         wait_for(lambda: f.job(job_id).state == common_pb2.JOB_STATE_FAILED, 10)
+    finally:
+        shim.close()
+        f.close()
+
+
+def test_a_job_lost_again_before_its_next_checkpoint_resumes_from_the_same_one(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """Relaunched from its checkpoint, a job whose process is lost again before it has
+    written another resumes from that checkpoint once more, not from step 0; the holder's
+    helper is told to keep it all the while. (Its runtime never connects here, so periodic
+    checkpoints are tried and fail every half second: they do not hide the loss.)"""
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for, other=False)
+    try:
+        cmd = _next_command(f, "y", "launch")
+        assert cmd.launch.restore_checkpoint == path
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="y", command_id=cmd.command_id, ok=True))
+        kept = f.helper.Heartbeat(helper_pb2.HeartbeatRequest(name="y", want_kept=True))
+        assert kept.kept_listed and list(kept.kept) == [path]
+        # It runs (one heartbeat lists it), then "y"'s heartbeats list nothing again: lost.
+        f.heartbeat("y", (job_id, cmd.launch.incarnation))
+        again = _next_command(f, "y", "launch").launch
+        assert again.incarnation != cmd.launch.incarnation
+        assert again.restore_checkpoint == path
+        reasons = [t.reason for t in f.job(job_id).history]
+        assert sum("was lost" in r for r in reasons) == 2, reasons
     finally:
         shim.close()
         f.close()
