@@ -81,11 +81,14 @@ def _setup(policy_cluster: Any, tmp_path: Path, new: list[str],
     return base, cluster, _submitter(cluster, tmp_path)
 
 
+@pytest.mark.parametrize("loop", ["session", "mts"], ids=["session-loop", "mts-loop"])
 def test_a_newcomer_probes_a_full_gpu_is_parked_and_resumes_bit_identical(
-        policy_cluster: Any, tmp_path: Path) -> None:
+        policy_cluster: Any, tmp_path: Path, loop: str) -> None:
+    """Both TF1 loop styles for the newcomer: a plain Session loop that reads the global
+    step into Python, and a MonitoredTrainingSession loop."""
     # The long job would need an hour alone; the test kills it once the newcomer is parked.
     long = _program(100000, 1, "momentum")
-    new = _program(300, 2, "adam")
+    new = [*_program(300, 2, "adam"), "--loop", loop]
     base, cluster, submit = _setup(policy_cluster, tmp_path, new)
 
     first = submit("long", long)
