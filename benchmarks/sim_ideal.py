@@ -207,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print(f"no traces found (looked in {args.traces}); pass --trace FILE or --traces DIR", file=sys.stderr)
         return 2
-    servers = make_cluster(args.cluster)
+    try:
+        servers = make_cluster(args.cluster)
+    except ValueError as exc:
+        ap.error(f"--cluster: {exc}")
+    settings = {"cluster": args.cluster, "target_load": args.target_load}
     head = ["trace", "jobs", "yarn-cs JCT h (queueing)", "goal"] + [f"ideal {o} h (x yarn-cs)" for o in orders]
     if results:
         head += ["gandiva (x yarn-cs)", "tiresias (x yarn-cs)"]
@@ -217,8 +221,17 @@ def main(argv: list[str] | None = None) -> int:
         clock = time.perf_counter()
         table = gavel_table_near(path)
         model = MechanismModel.from_gavel(table) if table else MechanismModel.default()
-        jobs, _ = scale_to_load(load_trace(path), servers, model, args.target_load)
+        try:
+            jobs, _ = scale_to_load(load_trace(path), servers, model, args.target_load)
+        except ValueError as exc:
+            print(f"{path}: {exc}", file=sys.stderr)
+            return 2
         known = results.get(path.stem, {})
+        if known and (known.get("settings") != settings or known.get("jobs") != len(jobs)):
+            print(f"--results: {path.stem} there was replayed at {known.get('settings')} with {known.get('jobs')} "
+                  f"jobs, not at {settings} with {len(jobs)}: pass a file written with the same --cluster and "
+                  "--target-load", file=sys.stderr)
+            return 2
         yarn = known.get("yarn-cs") or summarize(Simulator(jobs, servers, get_policy("yarn-cs"), model).run())
         goal, share = _goal(yarn)
         y = yarn["avg_jct_s"]

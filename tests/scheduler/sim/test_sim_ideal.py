@@ -95,9 +95,10 @@ def test_the_table_shows_each_order_and_the_results_file_beside_them(tmp_path: P
     trace.write_text("submit_time,num_gpus,duration\n0,1,36000\n3600,1,7200\n")
     results = tmp_path / "r.json"
     # A results file whose yarn-cs (12 h) stands in for a replay, and whose gandiva took 9 h.
-    results.write_text(json.dumps({"mini": {
-        "yarn-cs": {"avg_jct_s": 12 * H, "avg_queueing_delay_s": 6 * H},
-        "gandiva": {"avg_jct_s": 9 * H}, "tiresias": {"avg_jct_s": 10 * H}}}))
+    entry = {"settings": {"cluster": "1x1", "target_load": 0.5}, "jobs": 2,
+             "yarn-cs": {"avg_jct_s": 12 * H, "avg_queueing_delay_s": 6 * H},
+             "gandiva": {"avg_jct_s": 9 * H}, "tiresias": {"avg_jct_s": 10 * H}}
+    results.write_text(json.dumps({"mini": entry}))
     out = _cli("--trace", str(trace), "--cluster", "1x1", "--target-load", "0.5", "--results", str(results))
     assert out.returncode == 0, out.stderr
     head, _, row = out.stdout.splitlines()[:3]
@@ -105,6 +106,9 @@ def test_the_table_shows_each_order_and_the_results_file_beside_them(tmp_path: P
     cells = [c.strip() for c in row.split("|")[1:-1]]
     assert cells[:4] == ["mini", "2", "12.0 (50%)", "<= 0.8x"]
     assert cells[-2:] == ["9.0 (0.75)", "10.0 (0.83)"]
+    # The same file at another load is refused, not mixed in.
+    out = _cli("--trace", str(trace), "--cluster", "1x1", "--target-load", "0.9", "--results", str(results))
+    assert out.returncode == 2 and "pass a file written with the same --cluster and --target-load" in out.stderr
 
 
 def test_bad_arguments_say_what_is_wrong(tmp_path: Path) -> None:
@@ -116,3 +120,5 @@ def test_bad_arguments_say_what_is_wrong(tmp_path: Path) -> None:
     trace.write_text("submit_time,num_gpus,duration\n0,1,60\n5,1,60\n")
     out = _cli("--trace", str(trace), "--results", str(bad))
     assert out.returncode == 2 and f"--results {bad}" in out.stderr
+    out = _cli("--trace", str(trace), "--cluster", "four")
+    assert out.returncode == 2 and "--cluster: cluster 'four' is not SERVERSxGPUS" in out.stderr
