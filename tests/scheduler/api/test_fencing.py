@@ -48,6 +48,7 @@ class Fake:
         for name, n in (gpus or {"a": 1, "b": 1}).items():
             self.register(name, n)
         self._beating = threading.Event()
+        self._beater: threading.Thread | None = None
         self.alive: set[str] = set()
 
     def register(self, name: str, gpus: int = 1) -> None:
@@ -83,7 +84,8 @@ class Fake:
                     return  # the test is over
                 time.sleep(0.1)
         if first:
-            threading.Thread(target=run, daemon=True).start()
+            self._beater = threading.Thread(target=run, daemon=True)
+            self._beater.start()
 
     def submit(self, gpus: int = 1) -> str:
         spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=gpus)
@@ -112,6 +114,8 @@ class Fake:
 
     def close(self) -> None:
         self._beating.set()
+        if self._beater is not None:  # its heartbeat in progress ends before the channel does
+            self._beater.join(timeout=5)
         for s in self.streams.values():
             s.cancel()
         self.ch.close()
