@@ -71,3 +71,11 @@ def parse_rules(text: str) -> dict[str, PolicyConfig]:
         name, _, spec = item.partition("=")
         out[name] = parse_config(spec)
     return out
+
+
+def jct_goal(yarn: dict[str, Any]) -> tuple[float, float]:
+    """Issue 11's JCT goal against yarn-cs's result ``yarn`` (summarize's keys), and yarn-cs's
+    queueing share: at most 0.8x yarn-cs's average JCT where yarn-cs queues at least 25% of
+    it (room a better order can take), else at most 1.0x."""
+    share = yarn["avg_queueing_delay_s"] / yarn["avg_jct_s"] if yarn["avg_jct_s"] else 0.0
+    return (0.8 if share >= 0.25 else 1.0), share

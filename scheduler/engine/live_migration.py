@@ -21,7 +21,7 @@ from scheduler.errors import FailedPrecondition, GandivaError, NotFound
 from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
-from scheduler.state.models import AuthToken, Job, Migration
+from scheduler.state.models import AuthToken, Job, Migration, Server
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,10 @@ async def begin_migration(
         plan = MigrationPlan(
             job_id=job_id,
             spec=spec_of(job),
-            source=Endpoint(src.name, src.address, src.ramdisk, src.shared_root),
+            source=_endpoint(src),
             source_incarnation=job.incarnation,
             source_gpus=tuple(p.gpu_index for p in placement if p.server_name == src_name),
-            dest=Endpoint(dst.name, dst.address, dst.ramdisk, dst.shared_root),
+            dest=_endpoint(dst),
             dest_gpus=tuple(g.index for g in to_gpus if g.server == dest_name),
             warm_signature=core.runtimes.train_signature(job_id, job.incarnation),
             source_towers=core.runtimes.towers(job_id, job.incarnation),
@@ -201,14 +201,18 @@ async def _stop_source(core: SchedulerCore, plan: MigrationPlan) -> float:
     return core.clock() + core.settings.down_after_s
 
 
+def _endpoint(server: Server) -> Endpoint:
+    """A registered server as a migration's endpoint."""
+    return Endpoint(server.name, server.address, server.ramdisk, server.shared_root)
+
+
 async def _checkpoint_home(s: AsyncSession, source: str, dest: str, path: str) -> tuple[str, str]:
     """``checkpoint_home`` for a migration known by its servers' names (after a restart)."""
     try:
         src, dst = await repo.get_server(s, source), await repo.get_server(s, dest)
     except NotFound:  # a server deregistered meanwhile: the path says no more than it did
         return source, path
-    return checkpoint_home(Endpoint(src.name, src.address, src.ramdisk, src.shared_root),
-                           Endpoint(dst.name, dst.address, dst.ramdisk, dst.shared_root), path)
+    return checkpoint_home(_endpoint(src), _endpoint(dst), path)
 
 
 async def recover_migrations(core: SchedulerCore) -> list[str]:

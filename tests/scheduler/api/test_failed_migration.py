@@ -17,11 +17,15 @@ from protos.gandiva.v1 import (
 from scheduler.engine import live_migration
 
 
-def _two_one_gpu_servers(ch: grpc.Channel) -> tuple[scheduler_pb2_grpc.SchedulerStub, helper_pb2_grpc.HelperStub]:
-    """Servers "a" and "b", one GPU each, registered over `ch`."""
+def _two_one_gpu_servers(ch: grpc.Channel, shared_root: str = "",
+                         ) -> tuple[scheduler_pb2_grpc.SchedulerStub, helper_pb2_grpc.HelperStub]:
+    """Servers "a" and "b", one GPU each, registered over `ch`; with `shared_root`, each
+    with its ramdisk /ram/NAME and that shared root."""
     helper = helper_pb2_grpc.HelperStub(ch)
     for name in ("a", "b"):
-        helper.Register(helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=0)]))
+        helper.Register(helper_pb2.RegisterServerRequest(
+            name=name, gpus=[common_pb2.Gpu(index=0)], ramdisk=f"/ram/{name}" if shared_root else "",
+            shared_root=shared_root))
     return scheduler_pb2_grpc.SchedulerStub(ch), helper
 
 
@@ -106,11 +110,7 @@ def test_a_checkpoint_left_in_the_destinations_ramdisk_through_a_shared_mount_is
 
     monkeypatch.setattr(live_migration, "migrate", failing_migrate)
     with grpc.insecure_channel(scheduler_server.address) as ch:
-        helper = helper_pb2_grpc.HelperStub(ch)
-        for name in ("a", "b"):
-            helper.Register(helper_pb2.RegisterServerRequest(
-                name=name, gpus=[common_pb2.Gpu(index=0)], ramdisk=f"/ram/{name}", shared_root="/peers"))
-        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        stub, helper = _two_one_gpu_servers(ch, shared_root="/peers")
         streams = {n: helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=n), timeout=60) for n in "ab"}
         job = _submit_one_gpu_job(stub)
         src = wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).placement)[0].server
