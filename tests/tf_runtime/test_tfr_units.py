@@ -190,10 +190,14 @@ def test_a_forked_child_leaves_the_parents_stream_alone(runtime_server: Any, tmp
     the interpreter's exit: the child used to close the parent's gRPC stream at exit,
     which hangs after a fork (and the parent waiting for it with it)."""
     script = tmp_path / "forks.py"
+    # The program forks only once its stream is up (the test answers on stdin after the
+    # server has its hello): the child must not disturb a live stream, and on a loaded
+    # machine a stream still connecting when the parent finishes proves nothing.
     script.write_text(
         "import os, sys\n"
         "from tf_runtime import runtime\n"
         "rt = runtime.start()\n"
+        "sys.stdin.readline()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    rt.finish()\n"
@@ -204,10 +208,24 @@ def test_a_forked_child_leaves_the_parents_stream_alone(runtime_server: Any, tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
     env.update(GANDIVA_JOB_ID="fork", GANDIVA_SCHEDULER=runtime_server.address,
                PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                              text=True, timeout=30, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"the forked child hung at exit: {exc.stderr!r}") from None
-    assert proc.returncode == 0 and "parent done" in proc.stdout, proc.stderr
-    runtime_server.wait_for(lambda j, m: j == "fork" and m.HasField("hello"), 10)
+        runtime_server.wait_for(lambda j, m: j == "fork" and m.HasField("hello"), 60)
+        seen = len(runtime_server.messages)
+        try:
+            out, err = proc.communicate("fork now\n", timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"the forked child hung at exit: {proc.communicate()[1]!r}") \
+                from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "parent done" in out, err
+    # The parent's own finish() still reached the scheduler over its stream: the last
+    # progress report is sent at close, after the child has exited.
+    early = {id(m) for _, m in runtime_server.messages[:seen]}
+    runtime_server.wait_for(
+        lambda j, m: j == "fork" and m.HasField("progress") and id(m) not in early, 10)
