@@ -466,8 +466,11 @@ def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_schedule
         f.close()
 
 
+FETCH = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0, checkpoint_interval_s=0.5)
+
+
 def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any,
-                          other: bool = True) -> tuple[Fake, str, str, Any]:
+                          other: bool = True, sched: Any = None) -> tuple[Fake, str, str, Any]:
     """Server "y" runs a job and records its periodic checkpoint; server "x" (idle, and
     first by name) joins; then "y"'s heartbeats stop listing the job, which goes back to
     the queue with its checkpoint on "y" as its restore point and is placed on "x". No
@@ -475,8 +478,8 @@ def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any,
     Returns (the fake helpers, the job, its checkpoint on "y", its shim)."""
     from .test_runtime_api import FakeShim
 
-    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0, checkpoint_interval_s=0.5)
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    if sched is None:
+        sched = make_scheduler(sqlite_url, tick_s=0.1, settings=FETCH)
     f = Fake(sched.address, gpus={"y": 1}, agents=True)
     job_id = f.submit()
     wait_for(lambda: f.job(job_id).placement)
@@ -538,6 +541,66 @@ def test_a_job_placed_away_from_its_checkpoint_has_it_fetched_first(
     finally:
         shim.close()
         f.close()
+
+
+def test_a_scheduler_restarted_in_the_middle_of_a_fetch_fetches_again_and_launches_once(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """The scheduler stops while the holder streams a placed job's checkpoint (the fetch
+    and its launch lived in its memory only). The next scheduler finds the job placed but
+    launched nowhere: it is re-queued with its restore point kept, fetched again and
+    launched from the new copy, once; the first fetch's late answer launches nothing, and
+    the job never starts from step 0."""
+    first = make_scheduler(sqlite_url, tick_s=0.1, settings=FETCH)
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for, sched=first)
+    old = _next_command(f, "y", "transfer")  # never answered before the stop
+    assert old.transfer.checkpoint_path == path
+    placed = f.job(job_id)
+    shim.close()
+    f.close()
+    first.call(first.server.stop(grace=0.5))
+    second = make_scheduler(sqlite_url, tick_s=0.1, settings=FETCH)
+    g = Fake(second.address, gpus={"x": 1, "y": 1}, agents=True)  # the helpers re-register
+    try:
+        g.keep_alive("x", "y")  # reporting nothing: no launch of the job runs anywhere
+        # The first fetch's answer reaches the new scheduler late: it starts nothing.
+        copy = f"/ram/x/{job_id}/{old.transfer.checkpoint_name}"
+        g.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server="y", command_id=old.command_id, ok=True, checkpoint_path=copy))
+        launches: list[helper_pb2.LaunchJob] = []
+        transfers: list[helper_pb2.TransferCheckpoint] = []
+
+        def drain(server: str) -> None:
+            """Read `server`'s commands up to the job's next launch or transfer (answered)."""
+            for cmd in g.commands(server):
+                kind = cmd.WhichOneof("body")
+                if kind == "launch" and cmd.launch.job_id == job_id:
+                    launches.append(cmd.launch)
+                    return
+                if kind == "transfer":
+                    transfers.append(cmd.transfer)
+                    fresh = f"/ram/x/{job_id}/{cmd.transfer.checkpoint_name}"
+                    g.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+                        server=server, command_id=cmd.command_id, ok=True, checkpoint_path=fresh))
+                    return
+
+        job = wait_for(lambda: (j := g.job(job_id)).placement and len(j.history) > len(placed.history)
+                       and j.state == common_pb2.JOB_STATE_RUNNING and j, 20)
+        where = job.placement[0].server
+        if where == "x":  # away from its checkpoint: fetched again first, from "y"
+            drain("y")
+            assert [t.checkpoint_path for t in transfers] == [path], transfers
+            assert transfers[0].checkpoint_name != old.transfer.checkpoint_name
+        drain(where)
+        assert len(launches) == 1 and launches[0].incarnation != old.transfer.checkpoint_name[len("resume-"):]
+        expected = path if where == "y" else f"/ram/x/{job_id}/{transfers[0].checkpoint_name}"
+        assert launches[0].restore_checkpoint == expected
+        reasons = [t.reason for t in g.job(job_id).history]
+        assert not any("step 0" in r for r in reasons), reasons
+        assert g.job(job_id).state == common_pb2.JOB_STATE_RUNNING
+        jobs = g.api.ListJobs(scheduler_pb2.ListJobsRequest()).jobs
+        assert [j.id for j in jobs] == [job_id]
+    finally:
+        g.close()
 
 
 def test_a_checkpoint_that_cannot_be_fetched_is_tried_again_then_given_up_saying_so(
