@@ -740,11 +740,21 @@ class SchedulerCore:
                 repo.add_event(s, now, "server.down", f"no heartbeat for {now - srv.last_heartbeat:.0f}s", server=srv.name)
                 for job in await repo.jobs_on_server(s, srv.name):
                     if JobState(job.state) in ACTIVE:
+                        why = f"its server {srv.name} went down"
                         migration = await repo.get_migration(s, job.id)
                         if migration is not None:
                             stops.append((migration.dest_server, job.id, migration.dest_incarnation))
+                            if migration.step >= 0 and migration.checkpoint_path:
+                                # The source confirmed its migration checkpoint (and exited):
+                                # the job resumes from that step, not from an older checkpoint
+                                # or step 0. Through a shared mount it lies at the destination.
+                                holder, path = await repo.migration_checkpoint_home(s, migration)
+                                job.restore_checkpoint, job.restore_server = path, holder
+                                why += (f" mid-migration; will resume from step {migration.step} "
+                                        f"(its checkpoint is on {holder})")
+                                stops.append((srv.name, job.id, migration.fallback_incarnation))
                         # The server's lease ran out before now (Settings): nothing of it trains.
-                        await repo.requeue(s, job, now, f"its server {srv.name} went down")
+                        await repo.requeue(s, job, now, why)
         for server, job_id, incarnation in stops:
             self.stop_on(server, job_id, incarnation, "its source server went down mid-migration")
         for n in names:

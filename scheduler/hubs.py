@@ -33,6 +33,12 @@ def _fail(pending: dict[str, asyncio.Future], reason: str) -> None:
     pending.clear()
 
 
+# Put in a dropped box's queue (``HelperHub.fail_all``): the command stream reading it ends,
+# so that a helper that was only silent (paused, cut off for a while) reconnects its stream
+# to the server's new box instead of waiting on the old one for commands that never come.
+END_STREAM = object()
+
+
 @dataclass
 class _Outbox:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -71,9 +77,15 @@ class HelperHub:
             _resolve(box.pending, result.command_id, result)
 
     def fail_all(self, server: str, reason: str) -> None:
+        """The server went down: its commands in flight fail, those not yet delivered are
+        dropped (their callers were told), and its command stream, if one is still open,
+        ends (``END_STREAM``): the helper reconnects to a new box when it comes back."""
         box = self._boxes.pop(server, None)
         if box is not None:
             _fail(box.pending, reason)
+            while not box.queue.empty():
+                box.queue.get_nowait()
+            box.queue.put_nowait(END_STREAM)
 
 
 @dataclass

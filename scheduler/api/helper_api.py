@@ -10,6 +10,7 @@ from scheduler.api.status import grpc_errors, grpc_stream_errors
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument
+from scheduler.hubs import END_STREAM
 from scheduler.validation import MAX_WORKDIR, check_id, check_text, clean_number, clean_text
 
 # More GPUs, jobs or samples than any server has: a broken or hostile helper.
@@ -121,6 +122,10 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         try:
             while True:
                 cmd = await box.queue.get()
+                if cmd is END_STREAM:
+                    # Marked down meanwhile: the helper reconnects (and registers) again.
+                    log.info("helper %s: its server went down; ending its command stream", request.server)
+                    return
                 try:
                     yield cmd
                 except BaseException:

@@ -13,15 +13,15 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from migration_protocol.fast_path import Endpoint, MigrationPlan, Outcome, checkpoint_home, migrate
+from migration_protocol.fast_path import MigrationPlan, Outcome, checkpoint_home, migrate
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler import auth
 from scheduler.core import SchedulerCore, spec_of
-from scheduler.errors import FailedPrecondition, GandivaError, NotFound
+from scheduler.errors import FailedPrecondition, GandivaError
 from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
-from scheduler.state.models import AuthToken, Job, Migration, Server
+from scheduler.state.models import AuthToken, Job, Migration
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,10 @@ async def begin_migration(
         plan = MigrationPlan(
             job_id=job_id,
             spec=spec_of(job),
-            source=_endpoint(src),
+            source=repo.endpoint(src),
             source_incarnation=job.incarnation,
             source_gpus=tuple(p.gpu_index for p in placement if p.server_name == src_name),
-            dest=_endpoint(dst),
+            dest=repo.endpoint(dst),
             dest_gpus=tuple(g.index for g in to_gpus if g.server == dest_name),
             warm_signature=core.runtimes.train_signature(job_id, job.incarnation),
             source_towers=core.runtimes.towers(job_id, job.incarnation),
@@ -201,20 +201,6 @@ async def _stop_source(core: SchedulerCore, plan: MigrationPlan) -> float:
     return core.clock() + core.settings.down_after_s
 
 
-def _endpoint(server: Server) -> Endpoint:
-    """A registered server as a migration's endpoint."""
-    return Endpoint(server.name, server.address, server.ramdisk, server.shared_root)
-
-
-async def _checkpoint_home(s: AsyncSession, source: str, dest: str, path: str) -> tuple[str, str]:
-    """``checkpoint_home`` for a migration known by its servers' names (after a restart)."""
-    try:
-        src, dst = await repo.get_server(s, source), await repo.get_server(s, dest)
-    except NotFound:  # a server deregistered meanwhile: the path says no more than it did
-        return source, path
-    return checkpoint_home(_endpoint(src), _endpoint(dst), path)
-
-
 async def recover_migrations(core: SchedulerCore) -> list[str]:
     """Complete or roll back every migration left in SQL by a scheduler that stopped
     (or crashed) mid-way; returns the jobs concerned. Nothing in memory survives a
@@ -243,7 +229,7 @@ async def recover_migrations(core: SchedulerCore) -> list[str]:
                                  f"(phase {m.phase})", suspended=m.was_state == JobState.SUSPENDED.value)
             else:
                 stops.append((m.source_server, m.job_id, m.fallback_incarnation))
-                holder, path = await _checkpoint_home(s, m.source_server, m.dest_server, m.checkpoint_path)
+                holder, path = await repo.migration_checkpoint_home(s, m)
                 job.restore_checkpoint, job.restore_server = path, holder
                 await repo.requeue(s, job, now, (
                     f"scheduler restarted mid-migration (phase {m.phase}); will resume from step "

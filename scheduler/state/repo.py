@@ -31,6 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from migration_protocol.fast_path import Endpoint, checkpoint_home
 from scheduler.errors import NotFound
 from scheduler.lifecycle import ACTIVE, TERMINAL, JobState, check_transition
 from scheduler.policy.cluster import affinity_of
@@ -339,6 +340,23 @@ async def finish(session: AsyncSession, job: Job, state: JobState, now: float, r
     await transition(session, job, state, now, reason)
     await clear_placement(session, job.id)
     await end_migration(session, job.id)
+
+
+def endpoint(server: Server) -> Endpoint:
+    """A registered server as a migration's endpoint."""
+    return Endpoint(server.name, server.address, server.ramdisk, server.shared_root)
+
+
+async def migration_checkpoint_home(session: AsyncSession, migration: Migration) -> tuple[str, str]:
+    """(the server whose ramdisk holds the checkpoint the migration's source confirmed, its
+    path there): ``checkpoint_home`` for a migration known by its durable row (after a
+    scheduler restart, or when its source went down)."""
+    try:
+        src = await get_server(session, migration.source_server)
+        dst = await get_server(session, migration.dest_server)
+    except NotFound:  # a server deregistered meanwhile: the path says no more than it did
+        return migration.source_server, migration.checkpoint_path
+    return checkpoint_home(endpoint(src), endpoint(dst), migration.checkpoint_path)
 
 
 async def requeue(

@@ -1,8 +1,8 @@
 """More faults on the multi-host cluster (each host its own network namespace; issue 9):
 the scheduler killed with -9 while a migration transfers its checkpoint and while the
 destination activates, a helper whose clocks differ and whose wall clock jumps for real
-(libfaketime) while it runs or is cut off, and a job whose host is
-lost. Throughout each test no job trains in two places at once (the sampler), every job
+(libfaketime) while it runs or is cut off, a job whose host is lost, and a migration that
+fails at both ends (the destination's process and the source's helper). Throughout each test no job trains in two places at once (the sampler), every job
 ends exactly once, and its final variables are bit-identical to an uninterrupted run of
 the same program (feed_step: every mini-batch fed from the global step; momentum, two
 towers).
@@ -253,4 +253,45 @@ def test_i9s_lost_host_job_ends_with_the_uninterrupted_variables(multihost: Clus
           f"(checkpoint every {CHECKPOINT_INTERVAL_S:g}s, heartbeat timeout {c.heartbeat_timeout:g}s)")
     _ends_once(c, job_id, steps, 120)
     assert_bit_identical(dump, steps, tmp_path)
+    _no_two_copies(c)
+
+
+@pytest.mark.parametrize("multihost", [{"heartbeat_timeout": 5.0}], indirect=True)
+def test_i9s_migration_failed_at_both_ends_resumes_from_the_checkpoint_it_left_at_the_destination(
+        multihost: Cluster, tmp_path: Path) -> None:
+    """Through the shared mount the source checkpoints straight into the destination's
+    ramdisk; then the pre-warmed destination process dies (kill -9) before it activates,
+    and the source's helper, which should restart the job from the checkpoint, is frozen
+    (SIGSTOP) until it is marked down. No process runs the job: it is re-queued with that
+    checkpoint (on the destination, where it lies) as its restore point, not an older
+    periodic one on the lost source, resumes from its step, ends once and with the
+    uninterrupted run's variables; the source helper, let go, never trains a second copy."""
+    c = multihost
+    uninterrupted_variables(STEPS, tmp_path)
+    job_id, src, dest, dump = _start(c, STEPS)
+    (source_pid,) = c.pids_of(job_id)
+    os.kill(source_pid, signal.SIGSTOP)  # at a step until the destination has pre-warmed
+    c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    c.wait(lambda: any(e.kind == "job.migration" and e.message.startswith("prewarm") for e in c.events(job_id)), 90)
+    (warm_pid,) = c.wait(lambda: c.pids_of(job_id, warm=True), 15)  # type: ignore[misc]
+    os.kill(warm_pid, signal.SIGSTOP)  # its activation waits
+    os.kill(source_pid, signal.SIGCONT)  # checkpoints into the destination's ramdisk, exits 75
+    c.wait(lambda: _phase_reached(c, job_id, "activate"), 60)
+    step = c.migration_row(job_id)[1]  # type: ignore[index]
+    c.signal(src, signal.SIGSTOP)  # the restart at the source will get no answer
+    os.kill(warm_pid, signal.SIGKILL)
+    try:
+        c.wait(lambda: not c.servers()[src], 30)
+    finally:
+        c.signal(src, signal.SIGCONT)
+    requeued = c.wait(lambda: (j := c.job(job_id)).state != common_pb2.JOB_STATE_MIGRATING and j, 60)
+    reasons = [t.reason for t in requeued.history]  # type: ignore[attr-defined]
+    assert any(f"its server {src} went down mid-migration; will resume from step {step} "
+               f"(its checkpoint is on {dest})" in r for r in reasons), reasons
+    placed = c.wait(lambda: (j := c.job(job_id)).state == RUNNING and j.placement and j, 60)
+    resumed = placed.history[-1].reason  # type: ignore[attr-defined]
+    assert "resuming from" in resumed and f"/rd/{dest}/{job_id}/migrate-" in resumed, resumed
+    done = _ends_once(c, job_id, STEPS, 120)
+    assert not any("step 0" in t.reason for t in done.history), [t.reason for t in done.history]
+    assert_bit_identical(dump, STEPS, tmp_path)
     _no_two_copies(c)

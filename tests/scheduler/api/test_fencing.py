@@ -175,6 +175,34 @@ def test_a_server_back_from_down_is_told_to_stop_its_old_launches(fast: tuple[An
     assert f.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
 
 
+def test_a_server_silent_for_a_while_gets_its_commands_again_once_back(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A helper paused (or cut off) past the heartbeat timeout keeps its command stream
+    open, as TCP does not notice: when its server is marked down that stream ends, so the
+    helper reconnects, and the commands for its server after it is back reach it. (The old
+    stream used to stay open on a queue nothing was sent to any more: every launch there
+    was then lost, and the job placed there again and again.)"""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=FAST)
+    f = Fake(sched.address, gpus={"a": 1})
+
+    def up() -> bool:
+        return f.api.ListServers(scheduler_pb2.ListServersRequest()).servers[0].up
+
+    try:
+        stream = f.commands("a")  # open, and nothing on it yet
+        wait_for(lambda: not up(), 10)  # no heartbeat: down after 2 s
+        assert list(stream) == []  # ended by the scheduler (an error would raise here)
+        del f.streams["a"]
+        f.register("a")  # the helper reconnects: registers, opens its command stream again
+        f.keep_alive("a")
+        wait_for(up, 10)
+        job_id = f.submit()
+        where, launch = f.launched(job_id, wait_for)
+        assert where == "a" and launch.job_id == job_id
+    finally:
+        f.close()
+
+
 def test_a_job_its_server_no_longer_runs_is_requeued(fast: tuple[Any, Fake], wait_for: Any) -> None:
     """The launch was confirmed, but the server's heartbeats stop listing it: after the
     grace period the job is back in the queue (and placed again)."""
