@@ -1,9 +1,10 @@
 """More faults on the multi-host cluster (each host its own network namespace; issue 9):
 the scheduler killed with -9 while a migration transfers its checkpoint and while the
 destination activates, a helper whose clocks differ and whose wall clock jumps for real
-(libfaketime) while it runs or is cut off, a job whose host is lost, and a migration that
-fails at both ends (the destination's process and the source's helper). Throughout each test no job trains in two places at once (the sampler), every job
-ends exactly once, and its final variables are bit-identical to an uninterrupted run of
+(libfaketime) while it runs or is cut off, a job whose host is lost, a migration that
+fails at both ends (the destination's process and the source's helper), and the
+scheduler cut off from every host at once. Throughout each test no job trains in two
+places at once (the sampler), every job ends exactly once, and its final variables are bit-identical to an uninterrupted run of
 the same program (feed_step: every mini-batch fed from the global step; momentum, two
 towers).
 
@@ -294,4 +295,45 @@ def test_i9s_migration_failed_at_both_ends_resumes_from_the_checkpoint_it_left_a
     done = _ends_once(c, job_id, STEPS, 120)
     assert not any("step 0" in t.reason for t in done.history), [t.reason for t in done.history]
     assert_bit_identical(dump, STEPS, tmp_path)
+    _no_two_copies(c)
+
+
+def test_i9s_scheduler_cut_off_from_every_host(multihost: Cluster, tmp_path: Path) -> None:
+    """The scheduler's own link is cut while a job trains on each of two hosts: every
+    helper freezes its job once its lease runs out, the scheduler marks both servers down
+    and re-queues both jobs, with nowhere to place them. When the link is back the helpers
+    reconnect, stop their frozen stale copies, and each job resumes from its periodic
+    checkpoint, ends once and with the uninterrupted run's variables; never two copies."""
+    c = multihost
+    steps = 400  # as the other tests here: one uninterrupted run serves them all
+    uninterrupted_variables(steps, tmp_path)
+    c.add_helper("h1")
+    c.add_helper("h2")
+    dumps = {}
+    for name in ("a", "b"):
+        dump = c.tmp / f"final-{name}.npz"
+        dumps[c.submit(name, feed_command(steps, dump))] = dump
+
+    def checkpointed(job_id: str) -> bool:
+        return any(e.kind == "job.checkpoint" and "/periodic-" in e.message for e in c.events(job_id))
+
+    c.wait(lambda: all(c.job(j).state == RUNNING and checkpointed(j) for j in dumps), 90)
+    assert {c.where(j) for j in dumps} == {"h1", "h2"}
+    pids = {j: c.pids_of(j)[0] for j in dumps}
+    c.net.cut("sched")
+    cut_at = time.monotonic()
+    c.wait(lambda: all(_proc_state(pid) == "T" for pid in pids.values()), 20)
+    frozen = time.monotonic() - cut_at
+    c.wait(lambda: not any(c.servers().values()), 30)
+    assert all(c.job(j).state == common_pb2.JOB_STATE_QUEUED for j in dumps)
+    assert all(_proc_state(pid) == "T" for pid in pids.values()), "a stale copy thawed while cut off"
+    c.net.restore("sched")
+    c.wait(lambda: not any(pid in c.pids_of(j) for j, pid in pids.items()), 40)  # stale copies stopped
+    for job_id, dump in dumps.items():
+        done = _ends_once(c, job_id, steps, 150)
+        reasons = [t.reason for t in done.history]
+        assert any("went down" in r for r in reasons), reasons
+        assert any("resuming from" in r and "/periodic-" in r for r in reasons), reasons
+        assert_bit_identical(dump, steps, tmp_path)
+    print(f"\nscheduler cut off: both jobs frozen {frozen:.1f}s after the cut")
     _no_two_copies(c)
