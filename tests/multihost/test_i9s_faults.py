@@ -4,9 +4,9 @@ destination activates, a helper whose clocks differ and whose wall clock jumps f
 (libfaketime) while it runs or is cut off, a job whose host is lost, a migration that
 fails at both ends (the destination's process and the source's helper), and the
 scheduler cut off from every host at once. Throughout each test no job trains in two
-places at once (the sampler), every job ends exactly once, and its final variables are bit-identical to an uninterrupted run of
-the same program (feed_step: every mini-batch fed from the global step; momentum, two
-towers).
+places at once (the sampler), every job ends exactly once, and its final variables are
+bit-identical to an uninterrupted run of the same program (feed_step: every mini-batch
+fed from the global step; momentum, two towers).
 
 Each phase is reached deterministically, not by racing the migration: processes are
 held with SIGSTOP where the real fault would leave them waiting, and the durable phase
