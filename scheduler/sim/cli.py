@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--trace", type=Path, help="trace file to replay (default: a generated workload)")
     w.add_argument("--format", choices=FORMATS, default="auto", help="trace layout (default: detect)")
+    w.add_argument("--skip-invalid", action="store_true",
+                   help="leave out the trace's job lines that cannot be replayed (CPU jobs with 0 GPUs, "
+                        "jobs of no length, repeated ids, missing fields) instead of stopping at the "
+                        "first; how many, and why, is printed (default: stop, naming the line)")
     w.add_argument("--jobs", type=int, default=1000, help="generated workload: number of jobs")
     w.add_argument("--seed", type=int, default=0, help="generated workload: random seed")
     w.add_argument("--target-load", type=_finite, metavar="L",
@@ -234,10 +239,36 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
     return model
 
 
-def _workload(args: argparse.Namespace) -> tuple[list[JobSpec], str | None]:
+def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | None]:
     if args.trace is None:
         return generate(args.jobs, seed=args.seed), None
-    return read_trace_as(args.trace, args.format)
+    if not args.skip_invalid:
+        try:
+            return read_trace_as(args.trace, args.format)
+        except TraceError as exc:
+            if exc.line is None:
+                raise
+            raise TraceError(args.trace, exc.line, f"{exc.reason} (or --skip-invalid: leave out every job "
+                                                   f"line that cannot be replayed, counted by reason)") from None
+    skipped: list[TraceError] = []
+    jobs, fmt = read_trace_as(args.trace, args.format, skipped)
+    if skipped:
+        err.print(f"[yellow]note:[/yellow] --skip-invalid left out {len(skipped):,} of "
+                  f"{len(skipped) + len(jobs):,} job lines:")
+        for count, first in skip_reasons(skipped).values():
+            err.print(f"  {count:,} like line {first.line}: {first.reason}")
+    return jobs, fmt
+
+
+def skip_reasons(skipped: list[TraceError]) -> dict[str, tuple[int, TraceError]]:
+    """The left-out lines by reason, most first: reason (the message with its quoted values
+    and line numbers blanked) -> (how many, the first such line's error)."""
+    groups: dict[str, tuple[int, TraceError]] = {}
+    for exc in skipped:
+        key = re.sub(r"'[^']*'|\bline \d+", lambda m: "line N" if m[0].startswith("line") else "'...'", exc.reason)
+        count, first = groups.get(key, (0, exc))
+        groups[key] = (count + 1, first)
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1][0]))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -245,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         names = _policies(args)
         servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
-        jobs, fmt = _workload(args)
+        jobs, fmt = _workload(args, err)
         total = sum(srv.num_gpus for srv in servers)
         smallest = min(j.num_gpus for j in jobs)
         if smallest > total:  # nothing would replay: a table of zeros says nothing

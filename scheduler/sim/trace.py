@@ -67,6 +67,7 @@ class TraceError(ValueError):
     def __init__(self, path: Path | str, line: int | None, message: str) -> None:
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {message}")
+        self.line, self.reason = line, message
 
 
 @dataclass(frozen=True)
@@ -162,24 +163,45 @@ class _Times:
             raise
 
 
-def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int) -> list[JobSpec]:
+class _Rows:
+    """Per-row errors: raised at once, or, with ``skipped`` (``--skip-invalid``), collected
+    there and the row left out."""
+
+    def __init__(self, skipped: list[TraceError] | None) -> None:
+        self.skipped = skipped
+
+    def fail(self, exc: TraceError) -> None:
+        if self.skipped is None:
+            raise exc
+        self.skipped.append(exc)
+
+
+def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
+                skipped: list[TraceError] | None = None) -> list[JobSpec]:
     jobs: list[JobSpec] = []
+    errors = _Rows(skipped)
     if rows and rows[0][1][0].strip().lower() == "job_type":
         rows = rows[1:]  # a header line
     for line, cols in rows:
-        if len(cols) != columns:
-            raise TraceError(path, line, f"expected {columns} tab-separated columns, got {len(cols)}")
-        if columns == 7:
-            steps, arrival, gpus = cols[4], cols[5], cols[6]
-            priority = 1
-        else:
-            steps, gpus, arrival = cols[5], cols[6], cols[9]
-            priority = max(1, int(_num(cols[7], "priority weight", path, line)))
-        jobs.append(JobSpec(
-            id=f"{path.stem}-{len(jobs)}", submit_time=_num(arrival, "arrival time", path, line),
-            num_gpus=_gpus(gpus, path, line), model=cols[0],
-            total_steps=_positive(steps, "total steps", path, line), priority=priority,
-        ))
+        try:
+            if len(cols) != columns:
+                raise TraceError(path, line, f"expected {columns} tab-separated columns, got {len(cols)}")
+            if columns == 7:
+                steps, arrival, gpus = cols[4], cols[5], cols[6]
+                priority = 1
+            else:
+                steps, gpus, arrival = cols[5], cols[6], cols[9]
+                priority = max(1, int(_num(cols[7], "priority weight", path, line)))
+            # Named by its line (Gavel traces have no job ids): the same id with or without
+            # rows left out.
+            jobs.append(JobSpec(
+                id=f"{path.stem}-{len(jobs) if skipped is None else line}",
+                submit_time=_num(arrival, "arrival time", path, line),
+                num_gpus=_gpus(gpus, path, line), model=cols[0],
+                total_steps=_positive(steps, "total steps", path, line), priority=priority,
+            ))
+        except TraceError as exc:
+            errors.fail(exc)
     return jobs
 
 
@@ -207,7 +229,8 @@ def _csv_format(cells: list[str]) -> str:
     return "csv"
 
 
-def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str) -> list[JobSpec]:
+def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
+              skipped: list[TraceError] | None = None) -> list[JobSpec]:
     first = rows[0][1]
     if len(first) == 1 and (";" in first[0] or "|" in first[0]):
         sep = ";" if ";" in first[0] else "|"
@@ -239,29 +262,39 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str) -> list[J
     seen: dict[str, int] = {}
     jobs: list[JobSpec] = []
     dates = False
+    errors = _Rows(skipped)
     for line, cols in rows:
-        if len(cols) not in counts:
-            if fmt == "csv" and not header_line and len(cols) >= 6:
-                note += "; an ITP or Tiresias trace needs its header line, or --format itp/tiresias"
-            expected = " or ".join(map(str, counts)) if len(counts) < 3 else f"{counts[0]} to {counts[-1]}"
-            raise TraceError(path, line, f"expected {expected} {LABELS[fmt]} columns, got {len(cols)}{note}")
+        try:
+            if len(cols) not in counts:
+                hint = note
+                if fmt == "csv" and not header_line and len(cols) >= 6:
+                    hint += "; an ITP or Tiresias trace needs its header line, or --format itp/tiresias"
+                expected = " or ".join(map(str, counts)) if len(counts) < 3 else f"{counts[0]} to {counts[-1]}"
+                raise TraceError(path, line, f"expected {expected} {LABELS[fmt]} columns, got {len(cols)}{hint}")
+            if "id" in roles:
+                raw = cols[roles["id"]].strip()
+                if not raw:
+                    raise TraceError(path, line, "job id is missing")
+                if raw in seen:
+                    raise TraceError(path, line, f"job id {raw!r} is also on line {seen[raw]}: job ids must be "
+                                                 f"unique (rename one, or remove the repeated line)")
+                job_id = f"{path.stem}-{raw}"
+            else:
+                # Named by its line with rows left out: the same id whatever is left out.
+                job_id = f"{path.stem}-{len(jobs) if skipped is None else line}"
+            submit, is_date = times.read(cols[roles["submit"]], line)
+            model = cols[roles["model"]].strip() if "model" in roles and roles["model"] < len(cols) else ""
+            job = JobSpec(
+                id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line), model=model,
+                duration_s=_positive(cols[roles["duration"]], "duration", path, line),
+            )
+        except TraceError as exc:
+            errors.fail(exc)
+            continue
         if "id" in roles:
-            raw = cols[roles["id"]].strip()
-            if not raw:
-                raise TraceError(path, line, "job id is missing")
-            if raw in seen:
-                raise TraceError(path, line, f"job id {raw!r} is also on line {seen[raw]}: job ids must be "
-                                             f"unique (rename one, or remove the repeated line)")
             seen[raw] = line
-            job_id = f"{path.stem}-{raw}"
-        else:
-            job_id = f"{path.stem}-{len(jobs)}"
-        submit, dates = times.read(cols[roles["submit"]], line)
-        model = cols[roles["model"]].strip() if "model" in roles and roles["model"] < len(cols) else ""
-        jobs.append(JobSpec(
-            id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line), model=model,
-            duration_s=_positive(cols[roles["duration"]], "duration", path, line),
-        ))
+        dates = is_date
+        jobs.append(job)
     if dates:
         start = min(j.submit_time for j in jobs)
         jobs = [JobSpec(id=j.id, submit_time=j.submit_time - start, num_gpus=j.num_gpus, model=j.model,
@@ -321,9 +354,16 @@ def read_trace(path: str | Path, fmt: str = "auto") -> list[JobSpec]:
     return read_trace_as(path, fmt)[0]
 
 
-def read_trace_as(path: str | Path, fmt: str = "auto") -> tuple[list[JobSpec], str]:
+def read_trace_as(path: str | Path, fmt: str = "auto",
+                  skipped: list[TraceError] | None = None) -> tuple[list[JobSpec], str]:
     """The jobs of a trace and the format they were read as (the file is read once, so a
-    pipe such as ``--trace <(zcat t.csv.gz)`` works)."""
+    pipe such as ``--trace <(zcat t.csv.gz)`` works).
+
+    ``skipped``: a list to collect the error of every job line that cannot be replayed (a
+    CPU job with no GPU, a job of no length, a repeated id, a line with missing fields...)
+    instead of raising the first; those lines are left out (``gandiva sim --skip-invalid``,
+    for exports of other clusters that hold such jobs). Errors of the file as a whole (its
+    layout, its header, its encoding) are raised either way."""
     path = Path(path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; valid formats: {', '.join(FORMATS)}")
@@ -332,7 +372,7 @@ def read_trace_as(path: str | Path, fmt: str = "auto") -> tuple[list[JobSpec], s
         fmt = _detect(path, lines)
     if fmt in ("gavel7", "gavel10"):
         rows = [(i, ln.rstrip().split("\t")) for i, ln in lines]
-        jobs = _read_gavel(path, rows, 7 if fmt == "gavel7" else 10)
+        jobs = _read_gavel(path, rows, 7 if fmt == "gavel7" else 10, skipped)
     else:
         rows = []
         for i, ln in lines:
@@ -340,8 +380,11 @@ def read_trace_as(path: str | Path, fmt: str = "auto") -> tuple[list[JobSpec], s
                 rows.append((i, [c.strip() for c in next(csv.reader([ln], strict=True))]))
             except csv.Error as exc:
                 raise TraceError(path, i, f"not a CSV line ({exc}): check its quotes") from None
-        jobs = _read_csv(path, rows, fmt)
+        jobs = _read_csv(path, rows, fmt, skipped)
     if not jobs:
+        if skipped:
+            raise TraceError(path, None, f"no job can be replayed: all {len(skipped)} job lines were left out "
+                                         f"(the first: {skipped[0]})")
         raise TraceError(path, None, "trace has no jobs (only a header line)")
     return sorted(jobs, key=lambda j: j.submit_time), fmt
 

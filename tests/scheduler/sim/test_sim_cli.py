@@ -212,3 +212,26 @@ def test_absurd_flags_are_refused_before_any_replay(capsys: pytest.CaptureFixtur
     except SystemExit as exc:  # argparse refuses a bad value itself
         code, out, err = exc.code, *capsys.readouterr()
     assert code == 2 and out == "" and message in err.replace("\n", " ") and "Traceback" not in err
+
+
+def test_skip_invalid_leaves_out_lines_that_cannot_be_replayed_and_counts_them(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Another cluster's export holds CPU jobs and failed jobs of no length: without the
+    flag the first stops the replay, naming it and the flag; with it they are left out,
+    counted by reason, and the rest replays."""
+    trace = tmp_path / "export.csv"
+    trace.write_text("job_id,gpu_num,submit_time,duration,state\n"
+                     "a,1,0,3600,COMPLETED\nb,0,10,600,COMPLETED\nc,2,20,0,FAILED\n"
+                     "d,0,30,60,COMPLETED\ne,4,40,1800,COMPLETED\n")
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4")
+    assert code == 2 and out == ""
+    err = err.replace("\n", "")
+    assert "export.csv:3: GPU count '0' must be at least 1 (or --skip-invalid" in err
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "--skip-invalid", "-o", "json")
+    assert code == 0
+    assert json.loads(out)["gandiva"]["jobs_finished"] == 2
+    lines = err.splitlines()
+    assert lines[:3] == ["note: --skip-invalid left out 3 of 5 job lines:",
+                         "  2 like line 3: GPU count '0' must be at least 1",
+                         "  1 like line 4: duration '0' must be positive (a job of no length cannot be "
+                         "replayed: fix or remove the line)"]

@@ -199,3 +199,58 @@ def test_an_export_that_would_replay_wrongly_is_refused(tmp_path: Path, content:
     path.write_bytes(content)
     with pytest.raises(TraceError, match=re.escape(message)):
         read_trace(path)
+
+
+# A cluster export in the shape of SenseTime's Helios traces: CPU jobs (0 GPUs), failed
+# jobs of no length, a repeated id, a cut-off line, among the jobs that can be replayed.
+HELIOS = (
+    "job_id,user,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration,queue\n"
+    "j1,u1,8,48,1,COMPLETED,2020-04-01 00:00:05,2020-04-01 00:00:10,2020-04-01 02:00:10,7200,0\n"
+    "j2,u2,1,6,1,COMPLETED,2020-04-01 00:10:00,2020-04-01 00:10:00,2020-04-01 00:40:00,1800,0\n"
+    "j3,u3,0,6,1,COMPLETED,2020-04-01 00:12:00,2020-04-01 00:12:00,2020-04-01 00:40:00,1680,0\n"
+    "j4,u3,2,6,1,FAILED,2020-04-01 00:13:00,2020-04-01 00:13:00,2020-04-01 00:13:00,0,0\n"
+    "j5,u4,4,6,1,COMPLETED,2020-04-01 00:20:00,2020-04-01 00:20:00,2020-04-01 00:50:00,1800,0\n"
+    "j2,u2,1,6,1,COMPLETED,2020-04-01 00:30:00,2020-04-01 00:30:00,2020-04-01 00:40:00,600,0\n"
+    "j7,u3,0,6,1,COMPLETED,2020-04-01 00:42:00,2020-04-01 00:42:00,2020-04-01 00:50:00,480,0\n"
+    "j8,u5,1,6\n"
+)
+
+
+def test_lines_that_cannot_be_replayed_stop_the_read_or_are_left_out_and_named(tmp_path: Path) -> None:
+    path = _write(tmp_path, "helios.csv", HELIOS)
+    with pytest.raises(TraceError, match=r"helios.csv:4: GPU count '0' must be at least 1"):
+        read_trace(path)
+    skipped: list[TraceError] = []
+    jobs, fmt = read_trace_as(path, skipped=skipped)
+    assert fmt == "csv"
+    # The first j2 is kept, the repeat left out; dates become seconds after the earliest.
+    assert [(j.id, j.num_gpus, j.submit_time, j.duration_s) for j in jobs] == [
+        ("helios-j1", 8, 0.0, 7200.0), ("helios-j2", 1, 595.0, 1800.0), ("helios-j5", 4, 1195.0, 1800.0)]
+    assert [(e.line, e.reason.split(":")[0].split(" (")[0]) for e in skipped] == [
+        (4, "GPU count '0' must be at least 1"),
+        (5, "duration '0' must be positive"),
+        (7, "job id 'j2' is also on line 3"),
+        (8, "GPU count '0' must be at least 1"),
+        (9, "expected 10 or 11 CSV columns, got 4"),
+    ]
+
+
+def test_left_out_lines_do_not_rename_the_jobs_kept(tmp_path: Path) -> None:
+    """Jobs of a layout without ids are named by their line when lines are left out, so
+    the names of the jobs kept do not depend on which others were left out."""
+    gavel = GAVEL7 + "LM (batch size 20)\tpython3 lm.py\t-n\t1\t0\t40.000000\t1\n" \
+        + "LM (batch size 20)\tpython3 lm.py\t-n\t1\t800\t50.000000\t2\n"
+    skipped: list[TraceError] = []
+    jobs, _ = read_trace_as(_write(tmp_path, "g.trace", gavel), skipped=skipped)
+    assert sorted(j.id for j in jobs) == ["g-1", "g-2", "g-4"]
+    assert [e.line for e in skipped] == [3]
+
+
+def test_a_trace_with_no_job_left_says_why(tmp_path: Path) -> None:
+    path = _write(tmp_path, "cpu.csv", "job_id,num_gpu,submit_time,duration\na,0,0,10\nb,0,5,10\n")
+    with pytest.raises(TraceError, match=r"no job can be replayed: all 2 job lines were left out "
+                                         r"\(the first: .*cpu.csv:2: GPU count '0' must be at least 1\)"):
+        read_trace_as(path, skipped=[])
+    # A file-level error is raised either way: nothing to leave out line by line.
+    with pytest.raises(TraceError, match="the header names no"):
+        read_trace_as(_write(tmp_path, "h.csv", "job_id,gpus,when\na,1,0\n"), skipped=[])
