@@ -461,6 +461,45 @@ def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
         g.close()
 
 
+def test_a_source_lost_after_its_migration_checkpoint_resumes_from_that_checkpoint(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The source confirmed its migration checkpoint (written through the shared mount into
+    the destination's ramdisk) and exited; then the source server goes silent and is marked
+    down. The job resumes from that checkpoint, recorded where it lies, not from step 0."""
+    plans: list = []
+
+    async def confirmed(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+        plans.append(plan)
+        await ports.record_phase(plan.job_id, "prewarm", 0.1, plan.dest.name)
+        path = f"/peers/{plan.dest.name}/{plan.job_id}/migrate-{plan.dest_incarnation}"
+        await ports.checkpoint_confirmed(plan.job_id, 7, path)
+        await asyncio.sleep(FAST.down_after_s + 2.0)  # the source is marked down meanwhile
+        # ... and the restart there fails with it (its helper's calls fail at once).
+        return MigrationResult(Outcome.FAILED, "", "", 7, path, "restarting at the source failed too")
+
+    monkeypatch.setattr(live_migration, "migrate", confirmed)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=FAST)
+    f = Fake(sched.address, shared_root="/peers")
+    try:
+        job_id = f.submit()
+        server, _ = f.launched(job_id, wait_for)
+        dest = "b" if server == "a" else "a"
+        f.keep_alive("a", "b")
+        f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+        plan = wait_for(lambda: plans and plans[0])
+        f.alive.discard(server)  # the source falls silent: down after 2 s
+        relaunch = _next_command(f, dest, "launch").launch
+        while relaunch.incarnation == plan.dest_incarnation:  # the pre-warm's, never run here
+            relaunch = _next_command(f, dest, "launch").launch
+        checkpoint = f"/ram/{dest}/{job_id}/migrate-{plan.dest_incarnation}"
+        assert relaunch.job_id == job_id and relaunch.restore_checkpoint == checkpoint
+        reasons = [t.reason for t in f.job(job_id).history]
+        assert any(f"its server {server} went down mid-migration; will resume from step 7 "
+                   f"(its checkpoint is on {dest})" in r for r in reasons), reasons
+    finally:
+        f.close()
+
+
 def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
     """A running job checkpoints every interval into its server's ramdisk, under its
     launch's incarnation; when its server is lost, the relaunch on another server
