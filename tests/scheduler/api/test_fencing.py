@@ -461,6 +461,17 @@ def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
         g.close()
 
 
+def _launched_with_shared_root(make_scheduler: Any, sqlite_url: str, wait_for: Any,
+                               settings: Settings) -> tuple[Fake, str, str, helper_pb2.LaunchJob, str]:
+    """Helpers "a" and "b" with a shared root ("/peers") and a job launched on one of them:
+    (the fake helpers, the job, its server, its launch, the other server)."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    f = Fake(sched.address, shared_root="/peers")
+    job_id = f.submit()
+    server, launch = f.launched(job_id, wait_for)
+    return f, job_id, server, launch, "b" if server == "a" else "a"
+
+
 def test_a_source_lost_after_its_migration_checkpoint_resumes_from_that_checkpoint(
         make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The source confirmed its migration checkpoint (written through the shared mount into
@@ -478,12 +489,8 @@ def test_a_source_lost_after_its_migration_checkpoint_resumes_from_that_checkpoi
         return MigrationResult(Outcome.FAILED, "", "", 7, path, "restarting at the source failed too")
 
     monkeypatch.setattr(live_migration, "migrate", confirmed)
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=FAST)
-    f = Fake(sched.address, shared_root="/peers")
+    f, job_id, server, _, dest = _launched_with_shared_root(make_scheduler, sqlite_url, wait_for, FAST)
     try:
-        job_id = f.submit()
-        server, _ = f.launched(job_id, wait_for)
-        dest = "b" if server == "a" else "a"
         f.keep_alive("a", "b")
         f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
         plan = wait_for(lambda: plans and plans[0])
@@ -506,13 +513,8 @@ def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_schedule
     restores that checkpoint through the other server's shared root."""
     from .test_runtime_api import FakeShim
 
-    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0, checkpoint_interval_s=0.5)
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
-    f = Fake(sched.address, shared_root="/peers")
+    f, job_id, server, launch, other = _launched_with_shared_root(make_scheduler, sqlite_url, wait_for, FETCH)
     try:
-        job_id = f.submit()
-        server, launch = f.launched(job_id, wait_for)
-        other = "b" if server == "a" else "a"
         shim = FakeShim(f.ch, job_id, launch.incarnation)
         path = f"/ram/{server}/{job_id}/periodic-{launch.incarnation}"
 

@@ -233,5 +233,5 @@ def test_skip_invalid_leaves_out_lines_that_cannot_be_replayed_and_counts_them(
     lines = err.splitlines()
     assert lines[:3] == ["note: --skip-invalid left out 3 of 5 job lines:",
                          "  2 like line 3: GPU count '0' must be at least 1",
-                         "  1 like line 4: duration '0' must be positive (a job of no length cannot be "
-                         "replayed: fix or remove the line)"]
+                         ("  1 like line 4: duration '0' must be positive (a job of no length cannot be "
+                          "replayed: fix or remove the line)")]
