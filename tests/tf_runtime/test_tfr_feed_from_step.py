@@ -94,7 +94,7 @@ def _autoload_env() -> dict[str, str]:
             "PYTHONPATH": path_with_autoload(f"{REPO}{os.pathsep}{PROGRAMS}")}
 
 
-@pytest.mark.parametrize("kind", ["gan", "module", "reopen"])
+@pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema"])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -104,17 +104,21 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     a piecewise-constant learning rate of the global step) reached through the
     autoload, migrated at its first step. reopen: its own
     Saver directory, a SIGTERM handler, and a session closed and reopened at step 3
-    (commands used to be never applied after that)."""
+    (commands used to be never applied after that). ema: a moving average of the weights
+    applied after each clipped Adam update, summaries fetched in the training run and
+    written by a FileWriter, its own Saver every 10 steps; suspended, then migrated warm
+    (the shadow variables and Adam's slots travel with the checkpoint)."""
     steps = ["--steps", "30", "--step-sleep", "0.03"]
     script, command, env = {"gan": ("gan.py", None, {}),
                             "module": ("optimizers.py", ["python", "-m", "optimizers"],
                                        _autoload_env()),
-                            "reopen": ("reopen.py", None, {})}[kind]
+                            "reopen": ("reopen.py", None, {}),
+                            "ema": ("ema_summaries.py", None, {})}[kind]
 
     def flags(run: str) -> list[str]:
         if kind == "module":
             return ["--opt", "ftrl", "--decay", "piecewise", *steps]
-        if kind == "reopen":  # its own checkpoints, one directory per run
+        if kind in ("reopen", "ema"):  # its own checkpoints, one directory per run
             return ["--workdir", str(tmp_path / f"own-{run}"), *steps]
         return steps
 
@@ -123,7 +127,7 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     job = FeedJob(launch, runtime_server, f"kind-{kind}", flags("run"), tmp_path / "run.npz",
                   tmp_path, script=str(PROGRAMS / script), command=command, env=env)
     job.start()
-    if kind == "gan":
+    if kind in ("gan", "ema"):
         job.pause(0.2)
         job.migrate_warm()
     elif kind == "module":
