@@ -13,6 +13,7 @@ import asyncio
 import collections
 import logging
 import socket
+import uuid
 from typing import Any
 
 import grpc
@@ -53,6 +54,9 @@ class SessionEnded(Exception):
 class HelperDaemon:
     def __init__(self, config: HelperConfig, backend: GpuBackend | None = None) -> None:
         self.config = config
+        # Who this helper is, for its whole life: the scheduler refuses a second helper
+        # started with the same --server-name while this one lives.
+        self.instance = uuid.uuid4().hex
         self.backend = backend or open_backend(config.gpus, config.server_name)
         self.ramdisk = Ramdisk(config.ramdisk_dir, max_bytes=config.max_transfer_bytes)
         self.jobs = JobTable(
@@ -212,6 +216,7 @@ class HelperDaemon:
             ramdisk=str(self.ramdisk.root),
             shared_root=str(self.config.shared_root.resolve()) if self.config.shared_root else "",
             host_memory_bytes=self.host_memory_bytes,
+            instance=self.instance,
         )
 
     async def _run_sessions(self) -> None:
@@ -269,6 +274,7 @@ class HelperDaemon:
                     running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs],
                     peers_version=self._peers_version,
                     want_kept=self._want_kept,
+                    instance=self.instance,
                 ),
                 timeout=RPC_TIMEOUT_S,  # the lease watchdog runs apart: a slow answer freezes nothing early
             )

@@ -233,6 +233,10 @@ class SchedulerCore:
         self.clock = clock
         # A server's silence counts only while this scheduler was there to hear it.
         self.started_at = clock()
+        # Server name -> (the instance of the helper that holds it, when last heard from):
+        # a second helper started with the same --server-name is refused while the first
+        # lives (in memory: after a restart the first helper heard from holds the name).
+        self._instances: dict[str, tuple[str, float]] = {}
         self.events = EventBus()
         self.helpers = HelperHub()
         self.runtimes = RuntimeHub()
@@ -533,12 +537,31 @@ class SchedulerCore:
 
     # ---- helpers --------------------------------------------------------------
 
+    def _claim_name(self, name: str, instance: str, now: float) -> bool:
+        """Whether helper `instance` may speak for server `name`: no other instance has
+        been heard from under that name within `down_after_s` (a helper with no instance,
+        an older one, is not checked). A helper that may is the name's holder from now on."""
+        if not instance:
+            return True
+        held = self._instances.get(name)
+        if held is not None and held[0] != instance and now - held[1] < self.settings.down_after_s:
+            return False
+        self._instances[name] = (instance, now)
+        return True
+
     async def register_server(self, req: helper_pb2.RegisterServerRequest) -> None:
         if not req.name:
             raise InvalidArgument("name", "a server name is required")
         if not req.gpus:
             raise InvalidArgument("gpus", f"server {req.name} reported no GPUs")
         now = self.clock()
+        if not self._claim_name(req.name, req.instance, now):
+            other, heard = self._instances[req.name]
+            free_in = self.settings.down_after_s - (now - heard)
+            raise FailedPrecondition(
+                f"server name {req.name} is held by another live helper (instance {other[:8]}, heard from "
+                f"{now - heard:.1f}s ago): two helpers were started with --server-name {req.name}; give this "
+                f"one its own name, or stop the other (its name is free {free_in:.0f}s after its last heartbeat)")
         gpus = [
             Gpu(
                 index=g.index,
@@ -620,7 +643,7 @@ class SchedulerCore:
             await repo.get_server(s, name)
 
     async def heartbeat(
-        self, name: str, running: Sequence[tuple[str, str]] = ()
+        self, name: str, running: Sequence[tuple[str, str]] = (), instance: str = ""
     ) -> tuple[bool, list[helper_pb2.StopJob], Sequence | None]:
         """Record a heartbeat; (whether the server is known, the processes it runs that
         the scheduler does not expect there and that must stop, the rows of the jobs
@@ -632,8 +655,14 @@ class SchedulerCore:
         or fallback) may run, which keeps at most one live copy of every job.
 
         A server that is up and runs nothing stale (nearly every heartbeat) takes one
-        transaction of plain statements (repo.heartbeat_fast); otherwise the full path."""
+        transaction of plain statements (repo.heartbeat_fast); otherwise the full path.
+
+        `instance`: the helper's (RegisterServerRequest.instance); a heartbeat of another
+        helper than the name's live holder is answered "not known", and its registration
+        is refused while that holder lives."""
         now = self.clock()
+        if not self._claim_name(name, instance, now):
+            return False, [], None
         beat = await self.write_sync(lambda conn: repo.heartbeat_fast(conn, name, now, running))
         if beat is not None and not beat.stale:
             return True, [], beat.placed

@@ -38,6 +38,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         check_text("address", request.address, 256)
         check_text("ramdisk", request.ramdisk, MAX_WORKDIR)
         check_text("shared_root", request.shared_root, MAX_WORKDIR)
+        check_text("instance", request.instance, 64)
         if len(request.gpus) > MAX_SERVER_GPUS:
             raise InvalidArgument("gpus", f"{len(request.gpus)} GPUs; at most {MAX_SERVER_GPUS}")
         if len({g.index for g in request.gpus}) != len(request.gpus):
@@ -64,7 +65,8 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         if len(request.running_jobs) > MAX_RUNNING_JOBS or len(request.running) > MAX_RUNNING_JOBS:
             raise InvalidArgument("running", f"more than {MAX_RUNNING_JOBS} jobs")
         running = [(r.job_id, r.incarnation) for r in request.running]
-        known, stop, placed = await self.core.heartbeat(request.name, running)
+        check_text("instance", request.instance, 64)
+        known, stop, placed = await self.core.heartbeat(request.name, running, request.instance)
         if not known:
             return helper_pb2.HeartbeatResponse(known=False)
         await self.engine.reconcile_server(request.name, running, request.running_jobs, placed)

@@ -24,7 +24,8 @@ def helpers(scheduler_server: Any, tmp_path: Path) -> Iterator[Callable[[str], s
     procs: list[subprocess.Popen[str]] = []
 
     def start(name: str) -> subprocess.Popen[str]:
-        with open(tmp_path / f"{name}.err", "w") as err:
+        # One log per process (two helpers may be started under one name).
+        with open(tmp_path / f"{name}-{len(procs)}.err", "w") as err:
             proc = subprocess.Popen(
                 [*GANDIVA, "helper", "--server-name", name, "--gpus", "2", "--virtual",
                  "--scheduler", scheduler_server.address, "--ramdisk", str(tmp_path / "rd" / name),
@@ -82,6 +83,30 @@ def test_helper_runs_and_migrates_a_job_for_the_scheduler(
                          check=False, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.count(f"=== gandiva: job {job_id} incarnation") == 2
     assert " on s1 " in out.stdout and " on s2 " in out.stdout
+
+
+def test_a_second_helper_with_the_same_name_is_refused_until_the_first_is_gone(
+    scheduler_server: Any, helpers: Any, tmp_path: Path, wait_for: Any
+) -> None:
+    """Two hosts started with one --server-name: the second helper is refused the name,
+    saying why and what to do, while the first lives (its GPUs are not counted twice, and
+    its heartbeats do not take turns with the first's); once the first is gone for the
+    heartbeat timeout, the second takes the name over."""
+    api = stub(scheduler_server.address)
+    first = helpers("h1")
+    wait_for(lambda: (s := servers(api).get("h1")) is not None and s.up, 30)
+    helpers("h1")
+    log = tmp_path / "h1-1.err"
+    wait_for(lambda: "is held by another live helper" in log.read_text(), 30)
+    text = log.read_text()
+    assert "two helpers were started with --server-name h1; give this one its own name, or stop the other" in text
+    assert "registered with" not in text
+    assert servers(api)["h1"].gpus == 2
+    first.terminate()
+    first.wait(15)
+    # The name is free down_after_s (10 s) after the first's last heartbeat.
+    wait_for(lambda: "registered with" in log.read_text(), 40)
+    wait_for(lambda: servers(api)["h1"].up, 20)
 
 
 def test_logs_of_an_unknown_job_say_where_logs_live(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ class RegisterServerRequest(_message.Message):
     RAMDISK_FIELD_NUMBER: _builtins.int
     SHARED_ROOT_FIELD_NUMBER: _builtins.int
     HOST_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    INSTANCE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     """host:port of this helper's HelperAgent service"""
@@ -44,6 +45,12 @@ class RegisterServerRequest(_message.Message):
     suspended job keeps its process): the machine's MemTotal, its cgroup's memory.max
     when lower, or the helper's --host-memory. 0: unknown, not checked.
     """
+    instance: _builtins.str
+    """A random id the helper draws when it starts and keeps for its whole life, through
+    every re-registration: while a helper of this name is alive (heartbeats within
+    down_after_s), a helper with another instance is refused the name (two hosts
+    started with one --server-name). "": not checked (older helpers).
+    """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Gpu]: ...
     def __init__(
@@ -55,10 +62,11 @@ class RegisterServerRequest(_message.Message):
         ramdisk: _builtins.str = ...,
         shared_root: _builtins.str = ...,
         host_memory_bytes: _builtins.int = ...,
+        instance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "gpus", b"gpus", "host_memory_bytes", b"host_memory_bytes", "name", b"name", "ramdisk", b"ramdisk", "shared_root", b"shared_root"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "gpus", b"gpus", "host_memory_bytes", b"host_memory_bytes", "instance", b"instance", "name", b"name", "ramdisk", b"ramdisk", "shared_root", b"shared_root"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -102,12 +110,17 @@ class HeartbeatRequest(_message.Message):
     RUNNING_FIELD_NUMBER: _builtins.int
     PEERS_VERSION_FIELD_NUMBER: _builtins.int
     WANT_KEPT_FIELD_NUMBER: _builtins.int
+    INSTANCE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     peers_version: _builtins.int
     """The version of the registered-helpers list this helper holds (0: none yet)."""
     want_kept: _builtins.bool
     """Asks for the checkpoints on this server the scheduler still needs (the reply's
     kept): sent before each ramdisk housekeeping round, not with every heartbeat.
+    """
+    instance: _builtins.str
+    """The helper's instance (RegisterServerRequest.instance): a heartbeat of another
+    instance than the one registered under this name is answered known=false.
     """
     @_builtins.property
     def running_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -127,10 +140,11 @@ class HeartbeatRequest(_message.Message):
         running: _abc.Iterable[Global___JobIncarnation] | None = ...,
         peers_version: _builtins.int = ...,
         want_kept: _builtins.bool = ...,
+        instance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "peers_version", b"peers_version", "running", b"running", "running_jobs", b"running_jobs", "want_kept", b"want_kept"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance", b"instance", "name", b"name", "peers_version", b"peers_version", "running", b"running", "running_jobs", b"running_jobs", "want_kept", b"want_kept"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

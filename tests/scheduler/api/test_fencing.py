@@ -203,6 +203,35 @@ def test_a_server_silent_for_a_while_gets_its_commands_again_once_back(
         f.close()
 
 
+def test_one_server_name_is_held_by_one_live_helper_at_a_time(make_scheduler: Any, sqlite_url: str) -> None:
+    """Helpers say who they are (an instance drawn at start). A second helper under a
+    live helper's name is refused, registering or heartbeating, until the first has been
+    silent for the heartbeat timeout; then the name is the second's, and the first, back,
+    is told it is not known and refused in turn."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=FAST)
+    helper = helper_pb2_grpc.HelperStub(grpc.insecure_channel(sched.address))
+
+    def register(instance: str) -> None:
+        helper.Register(helper_pb2.RegisterServerRequest(
+            name="a", gpus=[common_pb2.Gpu(index=0)], ramdisk="/ram/a", instance=instance))
+
+    def known(instance: str) -> bool:
+        return helper.Heartbeat(helper_pb2.HeartbeatRequest(name="a", instance=instance)).known
+
+    register("one")
+    assert known("one")
+    with pytest.raises(grpc.RpcError) as refused:
+        register("two")
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "server name a is held by another live helper (instance one" in refused.value.details()
+    assert not known("two") and known("one")
+    time.sleep(FAST.down_after_s + 0.3)  # "one" falls silent
+    register("two")
+    assert known("two") and not known("one")
+    with pytest.raises(grpc.RpcError, match="held by another live helper"):
+        register("one")
+
+
 def test_a_job_its_server_no_longer_runs_is_requeued(fast: tuple[Any, Fake], wait_for: Any) -> None:
     """The launch was confirmed, but the server's heartbeats stop listing it: after the
     grace period the job is back in the queue (and placed again)."""
