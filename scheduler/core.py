@@ -237,6 +237,7 @@ class SchedulerCore:
         # a second helper started with the same --server-name is refused while the first
         # lives (in memory: after a restart the first helper heard from holds the name).
         self._instances: dict[str, tuple[str, float]] = {}
+        self._refused: set[tuple[str, str]] = set()  # (name, instance) told so (bounded by helpers started)
         self.events = EventBus()
         self.helpers = HelperHub()
         self.runtimes = RuntimeHub()
@@ -558,6 +559,14 @@ class SchedulerCore:
         if not self._claim_name(req.name, req.instance, now):
             other, heard = self._instances[req.name]
             free_in = self.settings.down_after_s - (now - heard)
+            if (req.name, req.instance) not in self._refused:  # once per helper: it retries
+                self._refused.add((req.name, req.instance))
+                log.warning("refused helper %s (instance %s) at %s: the name is held by live instance %s",
+                            req.name, req.instance[:8], req.address or "no agent address", other[:8])
+                async with self.tx() as s:
+                    repo.add_event(s, now, "server.refused", f"a second helper (instance {req.instance[:8]}, agent "
+                                   f"{req.address or 'none'}) asked for this name, held by live instance "
+                                   f"{other[:8]}: two helpers share --server-name {req.name}", server=req.name)
             raise FailedPrecondition(
                 f"server name {req.name} is held by another live helper (instance {other[:8]}, heard from "
                 f"{now - heard:.1f}s ago): two helpers were started with --server-name {req.name}; give this "

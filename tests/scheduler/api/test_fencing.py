@@ -209,7 +209,8 @@ def test_one_server_name_is_held_by_one_live_helper_at_a_time(make_scheduler: An
     silent for the heartbeat timeout; then the name is the second's, and the first, back,
     is told it is not known and refused in turn."""
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=FAST)
-    helper = helper_pb2_grpc.HelperStub(grpc.insecure_channel(sched.address))
+    channel = grpc.insecure_channel(sched.address)
+    helper, api = helper_pb2_grpc.HelperStub(channel), scheduler_pb2_grpc.SchedulerStub(channel)
 
     def register(instance: str) -> None:
         helper.Register(helper_pb2.RegisterServerRequest(
@@ -225,11 +226,17 @@ def test_one_server_name_is_held_by_one_live_helper_at_a_time(make_scheduler: An
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "server name a is held by another live helper (instance one" in refused.value.details()
     assert not known("two") and known("one")
+    with pytest.raises(grpc.RpcError):  # it retries: one event says so, not one a try
+        register("two")
+    events = api.ListEvents(scheduler_pb2.ListEventsRequest()).events
+    refusals = [e.message for e in events if e.kind == "server.refused"]
+    assert len(refusals) == 1 and "two helpers share --server-name a" in refusals[0], refusals
     time.sleep(FAST.down_after_s + 0.3)  # "one" falls silent
     register("two")
     assert known("two") and not known("one")
     with pytest.raises(grpc.RpcError, match="held by another live helper"):
         register("one")
+    channel.close()
 
 
 def test_a_job_its_server_no_longer_runs_is_requeued(fast: tuple[Any, Fake], wait_for: Any) -> None:
