@@ -26,6 +26,7 @@ naming the file, the line and what to do, so no job is dropped or changed withou
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -169,16 +170,27 @@ class _Rows:
 
     def __init__(self, skipped: list[TraceError] | None) -> None:
         self.skipped = skipped
+        self.count = 0
 
     def fail(self, exc: TraceError) -> None:
         if self.skipped is None:
             raise exc
         self.skipped.append(exc)
+        self.count += 1
+
+    def named_by_line(self, path: Path, jobs: list[JobSpec], lines: list[int]) -> list[JobSpec]:
+        """Jobs of a layout without ids are named by their place in the trace (``STEM-0``,
+        ...); once lines were left out, by their line instead (``STEM-L12``), so that a name
+        still finds its line and does not depend on which others were left out."""
+        if not self.count:
+            return jobs
+        return [dataclasses.replace(j, id=f"{path.stem}-L{line}") for j, line in zip(jobs, lines, strict=True)]
 
 
 def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
                 skipped: list[TraceError] | None = None) -> list[JobSpec]:
     jobs: list[JobSpec] = []
+    lines: list[int] = []
     errors = _Rows(skipped)
     if rows and rows[0][1][0].strip().lower() == "job_type":
         rows = rows[1:]  # a header line
@@ -192,17 +204,17 @@ def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
             else:
                 steps, gpus, arrival = cols[5], cols[6], cols[9]
                 priority = max(1, int(_num(cols[7], "priority weight", path, line)))
-            # Named by its line (Gavel traces have no job ids): the same id with or without
-            # rows left out.
             jobs.append(JobSpec(
-                id=f"{path.stem}-{len(jobs) if skipped is None else line}",
+                id=f"{path.stem}-{len(jobs)}",
                 submit_time=_num(arrival, "arrival time", path, line),
                 num_gpus=_gpus(gpus, path, line), model=cols[0],
                 total_steps=_positive(steps, "total steps", path, line), priority=priority,
             ))
         except TraceError as exc:
             errors.fail(exc)
-    return jobs
+            continue
+        lines.append(line)
+    return errors.named_by_line(path, jobs, lines)
 
 
 def _norm(cell: str) -> str:
@@ -262,6 +274,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
     seen: dict[str, int] = {}
     jobs: list[JobSpec] = []
     dates = False
+    lines: list[int] = []
     errors = _Rows(skipped)
     for line, cols in rows:
         try:
@@ -280,8 +293,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                                                  f"unique (rename one, or remove the repeated line)")
                 job_id = f"{path.stem}-{raw}"
             else:
-                # Named by its line with rows left out: the same id whatever is left out.
-                job_id = f"{path.stem}-{len(jobs) if skipped is None else line}"
+                job_id = f"{path.stem}-{len(jobs)}"
             submit, is_date = times.read(cols[roles["submit"]], line)
             model = cols[roles["model"]].strip() if "model" in roles and roles["model"] < len(cols) else ""
             job = JobSpec(
@@ -295,6 +307,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
             seen[raw] = line
         dates = is_date
         jobs.append(job)
+        lines.append(line)
+    if "id" not in roles:
+        jobs = errors.named_by_line(path, jobs, lines)
     if dates:
         start = min(j.submit_time for j in jobs)
         jobs = [JobSpec(id=j.id, submit_time=j.submit_time - start, num_gpus=j.num_gpus, model=j.model,

@@ -236,14 +236,17 @@ def test_lines_that_cannot_be_replayed_stop_the_read_or_are_left_out_and_named(t
 
 
 def test_left_out_lines_do_not_rename_the_jobs_kept(tmp_path: Path) -> None:
-    """Jobs of a layout without ids are named by their line when lines are left out, so
-    the names of the jobs kept do not depend on which others were left out."""
+    """Jobs of a layout without ids are named by their line once lines are left out, so
+    the names of the jobs kept find their lines and do not depend on which others were
+    left out; with none left out, the names are as without the flag."""
     gavel = GAVEL7 + "LM (batch size 20)\tpython3 lm.py\t-n\t1\t0\t40.000000\t1\n" \
         + "LM (batch size 20)\tpython3 lm.py\t-n\t1\t800\t50.000000\t2\n"
     skipped: list[TraceError] = []
     jobs, _ = read_trace_as(_write(tmp_path, "g.trace", gavel), skipped=skipped)
-    assert sorted(j.id for j in jobs) == ["g-1", "g-2", "g-4"]
+    assert sorted(j.id for j in jobs) == ["g-L1", "g-L2", "g-L4"]
     assert [e.line for e in skipped] == [3]
+    clean = _write(tmp_path, "c.trace", GAVEL7)
+    assert [j.id for j in read_trace_as(clean, skipped=[])[0]] == [j.id for j in read_trace(clean)]
 
 
 def test_a_trace_with_no_job_left_says_why(tmp_path: Path) -> None:
