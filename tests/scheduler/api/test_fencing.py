@@ -189,10 +189,10 @@ def test_a_server_silent_for_a_while_gets_its_commands_again_once_back(
         return f.api.ListServers(scheduler_pb2.ListServersRequest()).servers[0].up
 
     try:
-        stream = f.commands("a")  # open, and nothing on it yet
+        # Open, and nothing on it yet (bounded: without the fix it would never end).
+        stream = f.helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="a"), timeout=15)
         wait_for(lambda: not up(), 10)  # no heartbeat: down after 2 s
-        assert list(stream) == []  # ended by the scheduler (an error would raise here)
-        del f.streams["a"]
+        assert list(stream) == []  # ended by the scheduler (a deadline would raise here)
         f.register("a")  # the helper reconnects: registers, opens its command stream again
         f.keep_alive("a")
         wait_for(up, 10)
