@@ -109,7 +109,9 @@ def test_interrupted_run_ends_bit_identical(replicas: int, runtime_server: Any, 
 
 def test_counter_from_zero_is_not_migratable(runtime_server: Any, launch: Any,
                                              tmp_path: Path) -> None:
-    job = launch("counter_from_zero.py", "--steps", "60", "--step-sleep", "0.02",
+    # Long enough (200 steps of at least 20 ms) that the commands below reach it while it
+    # trains, however loaded the machine (CI once saw 60 steps end before the suspend).
+    job = launch("counter_from_zero.py", "--steps", "200", "--step-sleep", "0.02",
                  env={"GANDIVA_JOB_ID": "cz", "GANDIVA_SCHEDULER": runtime_server.address})
     report = runtime_server.wait_for(lambda j, m: j == "cz" and m.HasField("migratability"), 60)
     assert report.migratability.migratable is False

@@ -514,13 +514,15 @@ def test_a_source_lost_after_its_migration_checkpoint_resumes_from_that_checkpoi
     the destination's ramdisk) and exited; then the source server goes silent and is marked
     down. The job resumes from that checkpoint, recorded where it lies, not from step 0."""
     plans: list = []
+    source_down = threading.Event()
 
     async def confirmed(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
         plans.append(plan)
         await ports.record_phase(plan.job_id, "prewarm", 0.1, plan.dest.name)
         path = f"/peers/{plan.dest.name}/{plan.job_id}/migrate-{plan.dest_incarnation}"
         await ports.checkpoint_confirmed(plan.job_id, 7, path)
-        await asyncio.sleep(FAST.down_after_s + 2.0)  # the source is marked down meanwhile
+        while not source_down.is_set():  # the source is marked down meanwhile ...
+            await asyncio.sleep(0.05)
         # ... and the restart there fails with it (its helper's calls fail at once).
         return MigrationResult(Outcome.FAILED, "", "", 7, path, "restarting at the source failed too")
 
@@ -531,6 +533,9 @@ def test_a_source_lost_after_its_migration_checkpoint_resumes_from_that_checkpoi
         f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
         plan = wait_for(lambda: plans and plans[0])
         f.alive.discard(server)  # the source falls silent: down after 2 s
+        wait_for(lambda: not next(s.up for s in f.api.ListServers(scheduler_pb2.ListServersRequest()).servers
+                                  if s.name == server), 15)
+        source_down.set()
         relaunch = _next_command(f, dest, "launch").launch
         while relaunch.incarnation == plan.dest_incarnation:  # the pre-warm's, never run here
             relaunch = _next_command(f, dest, "launch").launch
