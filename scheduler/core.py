@@ -786,10 +786,7 @@ class SchedulerCore:
                                 # The source confirmed its migration checkpoint (and exited):
                                 # the job resumes from that step, not from an older checkpoint
                                 # or step 0. Through a shared mount it lies at the destination.
-                                holder, path = await repo.migration_checkpoint_home(s, migration)
-                                job.restore_checkpoint, job.restore_server = path, holder
-                                why += (f" mid-migration; will resume from step {migration.step} "
-                                        f"(its checkpoint is on {holder})")
+                                why += f" mid-migration; {await repo.resume_from_migration(s, job, migration)}"
                                 stops.append((srv.name, job.id, migration.fallback_incarnation))
                         # The server's lease ran out before now (Settings): nothing of it trains.
                         await repo.requeue(s, job, now, why)

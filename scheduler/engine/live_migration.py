@@ -229,11 +229,8 @@ async def recover_migrations(core: SchedulerCore) -> list[str]:
                                  f"(phase {m.phase})", suspended=m.was_state == JobState.SUSPENDED.value)
             else:
                 stops.append((m.source_server, m.job_id, m.fallback_incarnation))
-                holder, path = await repo.migration_checkpoint_home(s, m)
-                job.restore_checkpoint, job.restore_server = path, holder
-                await repo.requeue(s, job, now, (
-                    f"scheduler restarted mid-migration (phase {m.phase}); will resume from step "
-                    f"{m.step} (its checkpoint is on {holder})"))
+                resume = await repo.resume_from_migration(s, job, m)
+                await repo.requeue(s, job, now, f"scheduler restarted mid-migration (phase {m.phase}); {resume}")
             repo.add_event(s, now, "job.migration", f"recovered after restart from phase {m.phase}", job_id=m.job_id)
     for server, job_id, incarnation in stops:
         core.stop_on(server, job_id, incarnation, "migration abandoned by a scheduler restart")

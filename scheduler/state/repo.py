@@ -347,16 +347,21 @@ def endpoint(server: Server) -> Endpoint:
     return Endpoint(server.name, server.address, server.ramdisk, server.shared_root)
 
 
-async def migration_checkpoint_home(session: AsyncSession, migration: Migration) -> tuple[str, str]:
-    """(the server whose ramdisk holds the checkpoint the migration's source confirmed, its
-    path there): ``checkpoint_home`` for a migration known by its durable row (after a
-    scheduler restart, or when its source went down)."""
+async def resume_from_migration(session: AsyncSession, job: Job, migration: Migration) -> str:
+    """Make the checkpoint the migration's source confirmed the job's restore point, recorded
+    on the server whose ramdisk holds it (``checkpoint_home``: the destination's, through a
+    shared mount), for a migration known by its durable row (after a scheduler restart, or
+    when its source went down); returns "will resume from step N (its checkpoint is on S)"."""
+    holder, path = migration.source_server, migration.checkpoint_path
     try:
         src = await get_server(session, migration.source_server)
         dst = await get_server(session, migration.dest_server)
     except NotFound:  # a server deregistered meanwhile: the path says no more than it did
-        return migration.source_server, migration.checkpoint_path
-    return checkpoint_home(endpoint(src), endpoint(dst), migration.checkpoint_path)
+        pass
+    else:
+        holder, path = checkpoint_home(endpoint(src), endpoint(dst), migration.checkpoint_path)
+    job.restore_checkpoint, job.restore_server = path, holder
+    return f"will resume from step {migration.step} (its checkpoint is on {holder})"
 
 
 async def requeue(
