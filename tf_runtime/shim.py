@@ -1,9 +1,12 @@
 """Installing the shim into TensorFlow: patches of Session and Graph.finalize.
 
 No user code changes: `BaseSession.__init__` gets a wrapper chain per session,
-`BaseSession.run` goes through it, `BaseSession.close` marks the session closed
-(a throw-away session is then forgotten), and `Graph.finalize` builds the shim's
-checkpoint ops while the graph can still take them. Patching waits for the
+`BaseSession.run` goes through it, so do the callables of `BaseSession.make_callable`
+and `_make_callable_from_options` (TensorFlow runs those without `run`: a program
+training through one would otherwise never reach a mini-batch boundary the shim
+sees), `BaseSession.close` marks the session closed (a throw-away session is then
+forgotten), and `Graph.finalize` builds the shim's checkpoint ops while the graph
+can still take them. Patching waits for the
 program's own `import tensorflow` (a post-import hook), so environment settings
 the program makes before importing TensorFlow still apply.
 """
@@ -35,8 +38,10 @@ def _patch_tensorflow() -> None:
 
     base = tf_session_mod.BaseSession
     orig_init, orig_run, orig_close = base.__init__, base.run, base.close
+    orig_make, orig_make_opts = base.make_callable, base._make_callable_from_options
     orig_finalize = ops.Graph.finalize
-    _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize)
+    _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize,
+                 make=orig_make, make_opts=orig_make_opts)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig_init(self, *args, **kwargs)
@@ -62,6 +67,40 @@ def _patch_tensorflow() -> None:
             return orig_run(self, fetches, feed_dict, options, run_metadata)
         return c.run(fetches, feed_dict, options, run_metadata)
 
+    def make_callable(self: Any, fetches: Any, feed_list: Any = None,
+                      accept_options: bool = False) -> Any:
+        made = orig_make(self, fetches, feed_list, accept_options)  # checks the arguments
+        if feed_list is not None or self.__dict__.get("_gandiva_chain") is None:
+            return made  # TensorFlow's own callable with feeds calls `run`
+
+        if accept_options:
+            def through_run_with(options: Any = None, run_metadata: Any = None) -> Any:
+                return run(self, fetches, None, options, run_metadata)
+            return through_run_with
+
+        def through_run() -> Any:
+            return run(self, fetches)
+        return through_run
+
+    def make_callable_from_options(self: Any, callable_options: Any) -> Any:
+        made = orig_make_opts(self, callable_options)
+        if self.__dict__.get("_gandiva_chain") is None:
+            return made
+        routed = _routable(callable_options)
+        if routed is None:
+            log.warning("a callable with tensor connections or fixed devices runs outside "
+                        "the shim: its runs are not mini-batch boundaries it can act at")
+            return made
+        fetch_names, target_names, feed_names, options = routed
+
+        def through_run(*feed_values: Any, **kwargs: Any) -> Any:
+            if len(feed_values) != len(feed_names):
+                return made(*feed_values, **kwargs)  # TensorFlow's own error
+            out = run(self, fetch_names + target_names, dict(zip(feed_names, feed_values)),
+                      options, kwargs.get("run_metadata"))
+            return out[:len(fetch_names)]
+        return through_run
+
     def close(self: Any) -> None:
         c = self.__dict__.get("_gandiva_chain")
         if c is not None:
@@ -77,9 +116,22 @@ def _patch_tensorflow() -> None:
         orig_finalize(self)
 
     run.__doc__ = orig_run.__doc__
+    make_callable.__doc__ = orig_make.__doc__
     base.__init__, base.run, base.close = __init__, run, close
+    base.make_callable, base._make_callable_from_options = (make_callable,
+                                                            make_callable_from_options)
     ops.Graph.finalize = finalize
     log.debug("tf_runtime: TensorFlow sessions patched")
+
+
+def _routable(opts: Any) -> tuple[list[str], list[str], list[str], Any] | None:
+    """(fetch names, target names, feed names, run options or None) of a CallableOptions
+    that `Session.run` can execute alike, or None where it cannot (tensor connections,
+    fixed feed or fetch devices)."""
+    if opts.tensor_connection or opts.feed_devices or opts.fetch_devices:
+        return None
+    options = opts.run_options if opts.HasField("run_options") else None
+    return list(opts.fetch), list(opts.target), list(opts.feed), options
 
 
 class _PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -138,5 +190,6 @@ def uninstall() -> None:
 
     base = tf_session_mod.BaseSession
     base.__init__, base.run, base.close = _ORIG["init"], _ORIG["run"], _ORIG["close"]
+    base.make_callable, base._make_callable_from_options = _ORIG["make"], _ORIG["make_opts"]
     ops.Graph.finalize = _ORIG["finalize"]
     _ORIG.clear()

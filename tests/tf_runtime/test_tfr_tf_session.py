@@ -312,6 +312,68 @@ def test_suspend_holds_a_background_thread_without_deadlock(controller: Controll
 
 
 
+@pytest.mark.parametrize("form", ["op", "list", "options", "feeds", "from_options"])
+def test_training_through_a_callable_is_seen_like_run(form: str, controller: Controller,
+                                                      tmp_path: Path) -> None:
+    """`Session.make_callable` without feeds (and `_make_callable_from_options`, which
+    graph-mode Keras uses) runs without `Session.run`. Its training steps must count,
+    commands must act at its boundaries, and it must return what TensorFlow's own
+    callable returns."""
+    g, gs, train, loss, _ = mlp_graph()
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+        lr_scale = tf.compat.v1.placeholder_with_default(1.0, [])
+        scaled = loss * lr_scale
+    with session(g) as sess:
+        sess.run(init)
+        if form == "op":
+            op = train.op  # an Operation: its callable returns nothing
+            step_fn, expect = sess.make_callable(op), type(None)
+        elif form == "list":
+            step_fn, expect = sess.make_callable([train, loss]), list
+        elif form == "options":
+            with_opts = sess.make_callable({"t": train, "l": loss}, accept_options=True)
+            meta = tf.compat.v1.RunMetadata()
+
+            def step_fn() -> Any:
+                return with_opts(options=tf.compat.v1.RunOptions(
+                    trace_level=tf.compat.v1.RunOptions.SOFTWARE_TRACE), run_metadata=meta)
+            expect = dict
+        elif form == "feeds":
+            fed = sess.make_callable([train, scaled], feed_list=[lr_scale])
+
+            def step_fn() -> Any:
+                return fed(1.0)
+            expect = list
+        else:
+            from tensorflow.core.protobuf.config_pb2 import CallableOptions
+
+            opts = CallableOptions()
+            opts.fetch.append(scaled.name)
+            opts.target.append(train.name)
+            opts.feed.append(lr_scale.name)
+            raw = sess._make_callable_from_options(opts)
+
+            def step_fn() -> Any:
+                return raw(np.float32(1.0))
+            expect = list
+        read_step = sess.make_callable(gs)
+        assert read_step() == 0
+        controller.enqueue(Command("c1", Kind.CHECKPOINT, str(tmp_path / "ours")))
+        results = [step_fn() for _ in range(5)]
+        assert all(isinstance(r, expect) for r in results)
+        if form == "from_options":
+            assert len(results[0]) == 1 and np.isfinite(results[0][0])  # the fetch, no target
+        if form == "options":
+            assert meta.step_stats.dev_stats  # the run metadata was filled in
+        assert read_step() == 5
+    by_id = {a.command_id: a for a in acks(controller)}
+    assert by_id["c1"].ok and by_id["c1"].step == 1  # at the first callable step's boundary
+    assert validate(tmp_path / "ours")["global_step"] == 1
+    assert controller.meter.steps == 5
+    assert controller.migratable is True  # it reads the step through its callable
+
+
 @pytest.mark.parametrize("module,params", [("resnet50", 25.5e6), ("vgg16", 138.3e6)])
 def test_big_examples_have_the_real_models_sizes(module: str, params: float) -> None:
     import importlib
