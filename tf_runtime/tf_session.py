@@ -154,6 +154,29 @@ def ensure_checkpointer(graph: tf.Graph) -> Checkpointer | None:
         return ckpt
 
 
+def _describe(fetches: Any) -> str:
+    names = []
+    for leaf in flatten(fetches)[:4]:
+        names.append(str(getattr(leaf, "name", leaf)))
+    return ", ".join(names) or "no fetches"
+
+
+def find_global_step(graph: Any) -> Any:
+    """The graph's global step as `tf.compat.v1.train.get_global_step` finds it, without
+    its TypeError on a hand-made one: `tf.Variable(0, name="global_step")` as a resource
+    variable (in no collection) makes `global_step:0` its handle, which TensorFlow's lookup
+    by name refuses, though the program trains fine with it. Then the integer variable
+    named `global_step`; None when there is none."""
+    try:
+        return tf.compat.v1.train.get_global_step(graph)
+    except TypeError:
+        pass
+    for v in graph.get_collection(tf_ops.GraphKeys.GLOBAL_VARIABLES):
+        if v.op.name == "global_step" and v.dtype.base_dtype.is_integer:
+            return v
+    return None
+
+
 class TFSessionAdapter:
     """One tf.compat.v1 Session, as the chain and the controller see it."""
 
@@ -175,7 +198,13 @@ class TFSessionAdapter:
         hit = self._cache.get(key)
         if hit is not None:
             return hit[1]
-        info = self._classify(fetches)
+        try:
+            info = self._classify(fetches)
+        except Exception:  # the shim's own fault: never the program's run
+            log.exception("tf_runtime could not classify a run of %s; it runs as a plain run, "
+                          "not a mini-batch boundary (please report this with the program)",
+                          _describe(fetches))
+            info = RunInfo()
         if len(self._cache) >= _CACHE_LIMIT:
             self._cache.clear()
         # Keep the fetches alive so the ids in the key cannot be reused.
@@ -275,7 +304,7 @@ class TFSessionAdapter:
     # -- state ------------------------------------------------------------------------------
     def has_global_step(self) -> bool:
         if self._gs is None:
-            self._gs = tf.compat.v1.train.get_global_step(self.graph)
+            self._gs = find_global_step(self.graph)
             self._gs_op = self._gs.op if self._gs is not None else None
         return self._gs is not None
 

@@ -94,7 +94,8 @@ def _autoload_env() -> dict[str, str]:
             "PYTHONPATH": path_with_autoload(f"{REPO}{os.pathsep}{PROGRAMS}")}
 
 
-@pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable"])
+@pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable",
+                                  "late"])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -110,14 +111,17 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     (the shadow variables and Adam's slots travel with the checkpoint). callable: trains
     and reads the step through `Session.make_callable` without feeds (which TensorFlow
     runs without `Session.run`), input computed in the graph from the step; suspended,
-    then migrated warm."""
+    then migrated warm. late: an InteractiveSession opened before the model is built, a
+    hand-made int32 global step, a partitioned variable, batch-norm moving averages
+    through UPDATE_OPS; suspended, then migrated warm."""
     steps = ["--steps", "30", "--step-sleep", "0.03"]
     script, command, env = {"gan": ("gan.py", None, {}),
                             "module": ("optimizers.py", ["python", "-m", "optimizers"],
                                        _autoload_env()),
                             "reopen": ("reopen.py", None, {}),
                             "ema": ("ema_summaries.py", None, {}),
-                            "callable": ("callable_loop.py", None, {})}[kind]
+                            "callable": ("callable_loop.py", None, {}),
+                            "late": ("late_graph.py", None, {})}[kind]
 
     def flags(run: str) -> list[str]:
         if kind == "module":
@@ -131,7 +135,7 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     job = FeedJob(launch, runtime_server, f"kind-{kind}", flags("run"), tmp_path / "run.npz",
                   tmp_path, script=str(PROGRAMS / script), command=command, env=env)
     job.start()
-    if kind in ("gan", "ema", "callable"):
+    if kind in ("gan", "ema", "callable", "late"):
         job.pause(0.2)
         job.migrate_warm()
     elif kind == "module":

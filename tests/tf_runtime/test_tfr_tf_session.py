@@ -374,6 +374,56 @@ def test_training_through_a_callable_is_seen_like_run(form: str, controller: Con
     assert controller.migratable is True  # it reads the step through its callable
 
 
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_a_hand_made_global_step_never_breaks_the_program(dtype: str, controller: Controller,
+                                                          tmp_path: Path) -> None:
+    """`tf.Variable(0, name="global_step")` with resource variables: TensorFlow's lookup by
+    name raises on it (its `global_step:0` is the handle), which used to stop the program
+    at its first run. An integer one is the job's step; a float one is none (the job is
+    then not migratable, and trains on)."""
+    g = tf.Graph()
+    with g.as_default():
+        gs = tf.Variable(tf.zeros([], dtype), trainable=False, name="global_step")
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        loss = tf.reduce_sum(w * w)
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        with tf.control_dependencies([train]):
+            train = gs.assign_add(tf.ones([], dtype)) if dtype == "int32" else tf.group(
+                train, gs.assign_add(1.0))
+        init = tf.compat.v1.global_variables_initializer()
+    with session(g) as sess:
+        sess.run(init)
+        controller.enqueue(Command("c1", Kind.CHECKPOINT, str(tmp_path / "ours")))
+        for _ in range(3):
+            sess.run(train)
+            sess.run(gs)
+        assert sess.run(gs) == 3
+    ack = {a.command_id: a for a in acks(controller)}["c1"]
+    assert ack.ok
+    if dtype == "int32":
+        assert ack.step == 1 and validate(tmp_path / "ours")["global_step"] == 1
+        assert controller.migratable is True
+    else:
+        assert controller.migratable is False
+
+
+def test_a_fault_in_the_shims_classification_leaves_the_run_alone(
+        controller: Controller, caplog: pytest.LogCaptureFixture) -> None:
+    g, gs, train, loss, _ = mlp_graph()
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with session(g) as sess:
+        adapter = sess._gandiva_chain.adapter
+
+        def broken(fetches: Any) -> Any:
+            raise RuntimeError("shim bug")
+        adapter._classify = broken
+        sess.run(init)
+        assert np.isfinite(sess.run(loss))
+        assert sess.run(train) == 1 and sess.run(gs) == 1  # the program goes on
+    assert "could not classify a run" in caplog.text and "shim bug" in caplog.text
+
+
 @pytest.mark.parametrize("module,params", [("resnet50", 25.5e6), ("vgg16", 138.3e6)])
 def test_big_examples_have_the_real_models_sizes(module: str, params: float) -> None:
     import importlib
