@@ -39,6 +39,7 @@ class RunInfo:
     # Reads input whose position is not a variable (a tf.data iterator, a queue, a
     # stateful random op): the op's type, or "" (see TFSessionAdapter._walk).
     stateful_input: str = ""
+    initializes_some: bool = False    # initialises at least one global variable
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class SessionAdapter(Protocol):
 
     def save(self, directory: str, job_id: str) -> CheckpointInfo: ...
 
-    def restore(self, directory: str) -> CheckpointInfo: ...
+    def restore(self, directory: str, partial: bool = False) -> CheckpointInfo: ...
 
     def rehearse(self, step: Callable[[], Any]) -> dict[str, float]: ...
 

@@ -172,9 +172,12 @@ class Controller:
             if before and info.is_training:
                 self._training_elsewhere(adapter)
             return  # a second model or an evaluation session: not the job's training
-        if (info.initializes or info.restores) and self._restored_into is adapter:
+        if (info.initializes or info.initializes_some or info.restores) and \
+                self._restored_into is adapter:
             # The program overwrote variables after our restore (e.g. it restored a
-            # pre-trained backbone): restore again before its first training step.
+            # pre-trained backbone), or created and initialised new ones the checkpoint
+            # holds (an optimizer it builds once it reads a step past a phase switch):
+            # restore again before its first training step.
             self._restore_again = True
         elif info.initializes or info.restores or (before and info.is_training):
             self._bind(adapter)
@@ -185,7 +188,7 @@ class Controller:
                 self._warm_pending = False
                 self._warm_first_step(adapter, rehearse)
             elif self._restore_again and self.settings.restore_dir:
-                self._restore(adapter, self.settings.restore_dir)
+                self._restore(adapter, self.settings.restore_dir, partial=True)
             self._restore_again = False
             if rehearse is not None:  # after any warm hold: the stream is open by now
                 self._report_signature(adapter, rehearse)
@@ -388,9 +391,10 @@ class Controller:
 
         return int(validate(directory)["global_step"])
 
-    def _restore(self, adapter: SessionAdapter, directory: str) -> None:
+    def _restore(self, adapter: SessionAdapter, directory: str, partial: bool = False) -> None:
         try:
-            info = adapter.restore(directory)  # CheckpointError: refuse to start from step 0
+            # CheckpointError: refuse to start from step 0
+            info = adapter.restore(directory, partial=partial)
         except TowersChanged as exc:
             self._refuse_towers(exc)
             raise  # only where exit_fn returns (tests): the process is gone otherwise

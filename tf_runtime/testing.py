@@ -250,7 +250,7 @@ class FakeAdapter:
     def towers(self) -> int:
         return self.tower_count
 
-    def restore(self, directory: str) -> CheckpointInfo:
+    def restore(self, directory: str, partial: bool = False) -> CheckpointInfo:
         manifest = validate(directory)
         check_towers(directory, manifest, self.tower_count)
         self.sess.step = int((Path(directory) / "model.index").read_text())

@@ -99,12 +99,53 @@ class Checkpointer:
             self.restore_op = tf.group(*assigns, name="restore_all")
         self._save_tensor = self.saver.saver_def.save_tensor_name
         self._filename = self.saver.saver_def.filename_tensor_name
+        self._graph, self._by_name = graph, by_name
+        self._subset: tuple[tuple[str, ...], tuple[Any, Any]] | None = None
 
     def save(self, run: Callable[..., Any], prefix: str) -> None:
         run(self._save_tensor, {self._filename: prefix}, None, None)
 
     def restore(self, run: Callable[..., Any], prefix: str) -> None:
         run(self.restore_op, {self._prefix: prefix}, None, None)
+
+    def restore_present(self, run: Callable[..., Any], prefix: str) -> None:
+        """Restore the variables the checkpoint at `prefix` holds; the others keep their
+        values. Its ops are built for this set of names once (the graph is briefly
+        unfinalized if it must be, as in `ensure_checkpointer`)."""
+        held = {name for name, _ in tf.train.list_variables(prefix)}
+        present = tuple(g.canonical for g in self.groups if g.canonical in held)
+        missing = [g.canonical for g in self.groups if g.canonical not in held]
+        if not missing:
+            self.restore(run, prefix)
+            return
+        log.info("restoring %d of %d variables; the checkpoint lacks %s (they keep the values "
+                 "the program gave them)", len(present), len(self.groups), ", ".join(missing[:5]))
+        if not present:
+            return
+        if self._subset is None or self._subset[0] != present:
+            self._subset = (present, self._build_restore(present))
+        placeholder, op = self._subset[1]
+        run(op, {placeholder: prefix}, None, None)
+
+    def _build_restore(self, names: tuple[str, ...]) -> tuple[Any, Any]:
+        groups = [g for g in self.groups if g.canonical in names]
+        with _BUILD_LOCK:
+            finalized = self._graph.finalized
+            if finalized:
+                self._graph._unsafe_unfinalize()
+            try:
+                with self._graph.as_default(), tf.name_scope("gandiva_checkpoint_subset"):
+                    with tf.device("/cpu:0"):
+                        prefix = tf.compat.v1.placeholder(tf.string, [], name="restore_prefix")
+                        values = io_ops.restore_v2(
+                            prefix, [g.canonical for g in groups], [""] * len(groups),
+                            [self._by_name[g.members[0]].dtype.base_dtype for g in groups])
+                    assigns = [self._by_name[m].assign(v, read_value=False)
+                               for g, v in zip(groups, values) for m in g.members]
+                    return prefix, tf.group(*assigns)
+            finally:
+                if finalized:
+                    self._graph.finalize()
 
 
 def _scratch_dir(kind: str) -> Path:
@@ -239,6 +280,7 @@ class TFSessionAdapter:
                 plain_read = plain_read or read == "plain"
         training, reached = self._walk(roots)
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
+        initializes_some = bool(self._init_ops and self._init_ops & reached)
         restores = any(op.type in _RESTORES for op in reached)
         advances = self._gs_op is not None and any(
             op.type in _STEP_SETS and op.inputs and op.inputs[0].op is self._gs_op
@@ -256,7 +298,8 @@ class TFSessionAdapter:
                 "than this one; fetch the increment's own value to read a deterministic step "
                 "(docs/tf_runtime.md)")
         return RunInfo(training, reads_gs, initializes, restores, tuple(metric_slots),
-                       advances_step=advances, stateful_input=stateful)
+                       advances_step=advances, stateful_input=stateful,
+                       initializes_some=initializes_some)
 
     def _global_step_read(self, op: Any) -> str | None:
         """How fetching `op` reads the global step: "ordered" (the value of its increment,
@@ -411,14 +454,21 @@ class TFSessionAdapter:
         """Tower copies of the variables in this graph (1: nothing replicated)."""
         return self.checkpointer().replicas
 
-    def restore(self, directory: str) -> CheckpointInfo:
+    def restore(self, directory: str, partial: bool = False) -> CheckpointInfo:
+        """Restore every variable of this graph from the checkpoint in `directory`.
+        `partial`: variables the checkpoint lacks keep their values (a restore again
+        after the program created and initialised new ones; refused otherwise)."""
         t0 = time.perf_counter()
         manifest = validate(directory)
         ckpt = self.checkpointer()
         # Before any variable is touched: a checkpoint of another tower count is refused.
         check_towers(directory, manifest, ckpt.replicas)
+        prefix = str(Path(directory) / manifest["prefix"])
         try:
-            ckpt.restore(self._run, str(Path(directory) / manifest["prefix"]))
+            if partial:
+                ckpt.restore_present(self._run, prefix)
+            else:
+                ckpt.restore(self._run, prefix)
         except tf.errors.OpError as exc:
             raise CheckpointError(f"checkpoint {directory} does not fit this graph: {exc.message}") from exc
         step = self.global_step()

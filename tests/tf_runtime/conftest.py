@@ -210,10 +210,12 @@ class FeedJob:
     def checkpoint(self) -> None:
         self.last_checkpoint = self.command(self.pb.COMMAND_KIND_CHECKPOINT, self._dir("periodic"))
 
-    def migrate_warm(self, rehearse: bool = True, signature: bool = True, devices: int | None = None) -> Any:
+    def migrate_warm(self, rehearse: bool = True, signature: bool = True, devices: int | None = None,
+                     rehearsed: bool | None = None) -> Any:
         """Pre-warm the next process (with the source's signature, as the scheduler
         passes it; on `devices` devices: a grow or shrink), stop this one for
-        migration, activate the warm one."""
+        migration, activate the warm one. `rehearsed`: whether the warm process must
+        have rehearsed a step (by default, when it had a signature and was let)."""
         from tf_runtime import EXIT_MIGRATED
 
         extra = {} if rehearse else {"GANDIVA_WARM_STEP": "0"}
@@ -224,7 +226,8 @@ class FeedJob:
         old, nxt = self.proc, self._spawn(extra, warm=True, devices=devices)
         ready = nxt.wait_event("warm_ready", 120)
         # The rehearsal ran, or was switched off, or had no signature to go by.
-        assert ("warm_step_s" in ready) == (rehearse and signature)
+        assert ("warm_step_s" in ready) == (rehearse and signature if rehearsed is None
+                                            else rehearsed)
         ack = self.command(self.pb.COMMAND_KIND_STOP_FOR_MIGRATION, self._dir("migrate"))
         nxt.send_control({"cmd": "activate", "restore_checkpoint": ack.checkpoint_path})
         assert nxt.wait_event("restored")["step"] == ack.step

@@ -95,7 +95,7 @@ def _autoload_env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable",
-                                  "late"])
+                                  "late", "two_phase"])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -113,7 +113,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     runs without `Session.run`), input computed in the graph from the step; suspended,
     then migrated warm. late: an InteractiveSession opened before the model is built, a
     hand-made int32 global step, a partitioned variable, batch-norm moving averages
-    through UPDATE_OPS; suspended, then migrated warm."""
+    through UPDATE_OPS; suspended, then migrated warm. two_phase: SGD, then at step 4 a
+    second optimizer (Adam) built mid-loop with only its new variables initialised; migrated
+    naive and warm after the switch (the destination creates the Adam slots only after the
+    shim's restore, and initialises them to zero)."""
     steps = ["--steps", "30", "--step-sleep", "0.03"]
     script, command, env = {"gan": ("gan.py", None, {}),
                             "module": ("optimizers.py", ["python", "-m", "optimizers"],
@@ -121,13 +124,16 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
                             "reopen": ("reopen.py", None, {}),
                             "ema": ("ema_summaries.py", None, {}),
                             "callable": ("callable_loop.py", None, {}),
-                            "late": ("late_graph.py", None, {})}[kind]
+                            "late": ("late_graph.py", None, {}),
+                            "two_phase": ("two_phase.py", None, {})}[kind]
 
     def flags(run: str) -> list[str]:
         if kind == "module":
             return ["--opt", "ftrl", "--decay", "piecewise", *steps]
         if kind in ("reopen", "ema"):  # its own checkpoints, one directory per run
             return ["--workdir", str(tmp_path / f"own-{run}"), *steps]
+        if kind == "two_phase":
+            return ["--switch", "4", *steps]
         return steps
 
     baseline = launch(str(PROGRAMS / script), *flags("base"), "--dump", str(tmp_path / "base.npz"),
@@ -140,6 +146,13 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
         job.migrate_warm()
     elif kind == "module":
         job.migrate_naive()
+    elif kind == "two_phase":
+        job.pause(0.4)
+        assert job.migrate_naive().step > 4  # past the switch: the Adam slots exist
+        job.pause(0.1)
+        # The source's first training run (Adam's) is not yet in the warm process's graph
+        # when it holds, so it holds without a rehearsal.
+        job.migrate_warm(rehearsed=False)
     else:
         job.command(pb.COMMAND_KIND_RESUME)
         runtime_server.wait_progress(job.job_id, 6)

@@ -424,6 +424,70 @@ def test_a_fault_in_the_shims_classification_leaves_the_run_alone(
     assert "could not classify a run" in caplog.text and "shim bug" in caplog.text
 
 
+def test_variables_created_after_the_restore_come_back_from_the_checkpoint(
+        tmp_path: Path) -> None:
+    """A program that builds its second optimizer once it reads a step past a phase switch
+    creates the optimizer's slots after the shim's restore and initialises them itself.
+    They must come back from the checkpoint before its first training step (its next step
+    then equals the source's), while a variable the checkpoint lacks keeps the program's
+    own value."""
+    def exit_fn(code: int) -> None:
+        raise Exited(code)
+
+    def phase1() -> tuple[Any, Any, Any]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant([1.0, -2.0, 3.0]))
+        return gs, w, tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(w * w), global_step=gs)
+
+    def phase2(gs: Any, w: Any) -> Any:
+        return tf.compat.v1.train.AdamOptimizer(0.1).minimize(tf.reduce_sum(w * w),
+                                                              global_step=gs)
+
+    def state(sess: Any) -> dict[str, Any]:
+        return {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()
+                if v.op.name != "extra"}
+
+    source = Controller(Settings(job_id="t"), channel=FakeChannel(), exit_fn=exit_fn)
+    shim.install(source)
+    try:
+        with tf.Graph().as_default() as g, session(g) as sess:
+            gs, w, _ = phase1()
+            train = phase2(gs, w)
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(3):
+                sess.run(train)
+            source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            sess.run(train)  # the checkpoint holds step 4
+            sess.run(train)
+            expected = state(sess)  # step 5
+    finally:
+        shim.uninstall()
+    assert acks(source)[-1].ok and acks(source)[-1].step == 4
+
+    restarted = Controller(Settings(job_id="t", restore_dir=str(tmp_path / "ck")),
+                           channel=FakeChannel(), exit_fn=exit_fn)
+    shim.install(restarted)
+    try:
+        with tf.Graph().as_default() as g, session(g) as sess:
+            gs, w, _ = phase1()
+            sess.run(tf.compat.v1.global_variables_initializer())  # the restore point
+            assert sess.run(gs) == 4  # past the switch: build phase 2 now
+            before = set(tf.compat.v1.global_variables())
+            train = phase2(gs, w)
+            extra = tf.compat.v1.get_variable("extra", initializer=tf.constant(7.0))
+            sess.run(tf.compat.v1.variables_initializer(
+                [v for v in tf.compat.v1.global_variables() if v not in before]))
+            sess.run(train)  # the shim restores again right before this
+            got = state(sess)
+            assert sess.run(extra) == 7.0  # not in the checkpoint: the program's own value
+    finally:
+        shim.uninstall()
+    assert set(got) == set(expected) and {"w/Adam", "w/Adam_1", "beta1_power"} <= set(got)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
 @pytest.mark.parametrize("module,params", [("resnet50", 25.5e6), ("vgg16", 138.3e6)])
 def test_big_examples_have_the_real_models_sizes(module: str, params: float) -> None:
     import importlib
