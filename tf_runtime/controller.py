@@ -112,6 +112,9 @@ class Controller:
         self._not_migratable_reason = ""
         self._restored_into: SessionAdapter | None = None
         self._restore_again = False
+        # A restore that failed into a session bound before the first training step (an
+        # evaluation session initialised first): fatal only if that session trains.
+        self._unfit: CheckpointError | None = None
         # Warm with rehearsal: hold before the next run after the restore point.
         self._warm_pending = False
         # Whether the save op's executors exist (a rehearsal or a save built them).
@@ -180,8 +183,11 @@ class Controller:
             # restore again before its first training step.
             self._restore_again = True
         elif info.initializes or info.restores or (before and info.is_training):
-            self._bind(adapter)
+            self._bind(adapter, training=before and info.is_training)
         if before and info.is_training and adapter is self.adapter:
+            if self.settings.restore_dir and self._restored_into is not adapter and \
+                    self._unfit is not None:
+                raise self._unfit  # never train from the program's own start
             if self._warm_pending:
                 # Nothing ran since the restore point: the program's own first training
                 # run is rehearsed exactly, and it read nothing the restore changes.
@@ -267,7 +273,7 @@ class Controller:
                         "before training in a new one)")
 
     # -- binding, restore, warm hold ---------------------------------------------------------
-    def _bind(self, adapter: SessionAdapter) -> None:
+    def _bind(self, adapter: SessionAdapter, training: bool = False) -> None:
         with self._lock:
             if adapter is self.adapter:
                 return
@@ -285,9 +291,28 @@ class Controller:
                 elif self.settings.warm:
                     self._warm_hold()
             if self.settings.restore_dir:
-                self._restore(adapter, self.settings.restore_dir)
+                self._restore_at_bind(adapter, training)
             elif adapter.has_global_step():
                 self.meter.set_steps(adapter.global_step())
+
+    def _restore_at_bind(self, adapter: SessionAdapter, training: bool) -> None:
+        """Restore into the session at its restore point. Before the first training run it
+        is not yet known which session trains: a program may create and initialise an
+        evaluation session (another graph) first. A checkpoint that does not fit such a
+        session is then not fatal; it is if that session goes on to train."""
+        try:
+            self._restore(adapter, self.settings.restore_dir)  # type: ignore[arg-type]
+        except TowersChanged:
+            raise
+        except CheckpointError as exc:
+            if training:
+                raise
+            self._unfit = exc
+            log.warning("the checkpoint does not fit the session initialised first (%s); "
+                        "restoring into the session that trains instead, if it fits that one",
+                        str(exc).splitlines()[0])
+        else:
+            self._unfit = None
 
     def _report_signature(self, adapter: SessionAdapter, first: FirstRun) -> None:
         if self.channel is None:

@@ -95,7 +95,7 @@ def _autoload_env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable",
-                                  "late", "two_phase"])
+                                  "late", "two_phase", "eval_graph"])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -116,7 +116,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     through UPDATE_OPS; suspended, then migrated warm. two_phase: SGD, then at step 4 a
     second optimizer (Adam) built mid-loop with only its new variables initialised; migrated
     naive and warm after the switch (the destination creates the Adam slots only after the
-    shim's restore, and initialises them to zero)."""
+    shim's restore, and initialises them to zero). eval_graph: an evaluation session on a
+    graph of its own, with a variable the checkpoint lacks, created and initialised before
+    the training session; migrated warm and naive (the naive restart used to exit at the
+    evaluation session's initialisation)."""
     steps = ["--steps", "30", "--step-sleep", "0.03"]
     script, command, env = {"gan": ("gan.py", None, {}),
                             "module": ("optimizers.py", ["python", "-m", "optimizers"],
@@ -125,13 +128,15 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
                             "ema": ("ema_summaries.py", None, {}),
                             "callable": ("callable_loop.py", None, {}),
                             "late": ("late_graph.py", None, {}),
-                            "two_phase": ("two_phase.py", None, {})}[kind]
+                            "two_phase": ("two_phase.py", None, {}),
+                            "eval_graph": ("eval_graph.py", None, {})}[kind]
 
     def flags(run: str) -> list[str]:
         if kind == "module":
             return ["--opt", "ftrl", "--decay", "piecewise", *steps]
-        if kind in ("reopen", "ema"):  # its own checkpoints, one directory per run
-            return ["--workdir", str(tmp_path / f"own-{run}"), *steps]
+        if kind in ("reopen", "ema", "eval_graph"):  # own checkpoints, a directory per run
+            counter = ["--eval-counter"] if kind == "eval_graph" else []
+            return ["--workdir", str(tmp_path / f"own-{run}"), *counter, *steps]
         if kind == "two_phase":
             return ["--switch", "4", *steps]
         return steps
@@ -141,9 +146,12 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     job = FeedJob(launch, runtime_server, f"kind-{kind}", flags("run"), tmp_path / "run.npz",
                   tmp_path, script=str(PROGRAMS / script), command=command, env=env)
     job.start()
-    if kind in ("gan", "ema", "callable", "late"):
+    if kind in ("gan", "ema", "callable", "late", "eval_graph"):
         job.pause(0.2)
         job.migrate_warm()
+        if kind == "eval_graph":
+            job.pause(0.2)
+            job.migrate_naive()
     elif kind == "module":
         job.migrate_naive()
     elif kind == "two_phase":
