@@ -115,6 +115,9 @@ class Controller:
         # A restore that failed into a session bound before the first training step (an
         # evaluation session initialised first): fatal only if that session trains.
         self._unfit: CheckpointError | None = None
+        # The global step the job's first process started training at (carried in every
+        # checkpoint): StopAtStepHook(num_steps=N) counts from it, not from a restore.
+        self.job_start_step: int | None = None
         # Warm with rehearsal: hold before the next run after the restore point.
         self._warm_pending = False
         # Whether the save op's executors exist (a rehearsal or a save built them).
@@ -199,6 +202,8 @@ class Controller:
             if rehearse is not None:  # after any warm hold: the stream is open by now
                 self._report_signature(adapter, rehearse)
             self._report_towers(adapter)
+            if self.job_start_step is None and adapter.has_global_step():
+                self.job_start_step = adapter.global_step()
             self.trained = True
             self.meter.pause()
 
@@ -409,6 +414,13 @@ class Controller:
             self._on_activate(self._peek_restored_step(activation.restore_checkpoint))
 
     @staticmethod
+    def _peek_start_step(directory: str) -> int | None:
+        from .checkpoint import validate
+
+        start = validate(directory).get("start_step")
+        return int(start) if isinstance(start, int) else None
+
+    @staticmethod
     def _peek_restored_step(directory: str | None) -> int:
         if not directory:
             return 0
@@ -425,6 +437,7 @@ class Controller:
             raise  # only where exit_fn returns (tests): the process is gone otherwise
         self._restored_into = adapter
         self.restored_step = info.step
+        self.job_start_step = self._peek_start_step(directory)
         self.meter.set_steps(info.step)
         self._event("restored", step=info.step, restore_s=round(info.seconds, 6))
         log.info("restored step %d from %s in %.3f s", info.step, directory, info.seconds)
@@ -578,7 +591,7 @@ class Controller:
 
     def _save(self, adapter: SessionAdapter, directory: str) -> CheckpointInfo:
         self._save_built = True
-        info = adapter.save(directory, self.settings.job_id)
+        info = adapter.save(directory, self.settings.job_id, start_step=self.job_start_step)
         self.meter.set_steps(info.step)
         self._event("checkpoint", path=info.path, save_s=round(info.seconds, 6), step=info.step)
         return info

@@ -5,8 +5,9 @@ No user code changes: `BaseSession.__init__` gets a wrapper chain per session,
 and `_make_callable_from_options` (TensorFlow runs those without `run`: a program
 training through one would otherwise never reach a mini-batch boundary the shim
 sees), `BaseSession.close` marks the session closed (a throw-away session is then
-forgotten), and `Graph.finalize` builds the shim's checkpoint ops while the graph
-can still take them. Patching waits for the
+forgotten), `Graph.finalize` builds the shim's checkpoint ops while the graph
+can still take them, and `StopAtStepHook(num_steps=N)` of a restored job counts its N
+steps from where the job started (carried in the checkpoint), not from the restore. Patching waits for the
 program's own `import tensorflow` (a post-import hook), so environment settings
 the program makes before importing TensorFlow still apply.
 """
@@ -33,6 +34,7 @@ def _patch_tensorflow() -> None:
         return
     from tensorflow.python.client import session as tf_session_mod
     from tensorflow.python.framework import ops
+    from tensorflow.python.training import basic_session_run_hooks as hooks_mod
 
     from . import chain, tf_session
 
@@ -40,8 +42,11 @@ def _patch_tensorflow() -> None:
     orig_init, orig_run, orig_close = base.__init__, base.run, base.close
     orig_make, orig_make_opts = base.make_callable, base._make_callable_from_options
     orig_finalize = ops.Graph.finalize
+    stop_hook = hooks_mod.StopAtStepHook
+    orig_stop_created, orig_stop_after_run = stop_hook.after_create_session, stop_hook.after_run
     _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize,
-                 make=orig_make, make_opts=orig_make_opts)
+                 make=orig_make, make_opts=orig_make_opts, stop_created=orig_stop_created,
+                 stop_after_run=orig_stop_after_run)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig_init(self, *args, **kwargs)
@@ -115,12 +120,35 @@ def _patch_tensorflow() -> None:
                 log.exception("could not build the checkpoint ops before Graph.finalize")
         orig_finalize(self)
 
+    def counted_from_the_job_start(hook: Any) -> None:
+        start = _CONTROLLER[0].job_start_step if _CONTROLLER else None
+        if start is not None and hook._last_step != start + hook._num_steps:
+            # A restored job: N steps from where the job started, not from the restore
+            # (its uninterrupted run stops there).
+            hook._last_step = start + hook._num_steps
+            log.info("StopAtStepHook(num_steps=%d): the job started at step %d, so it stops "
+                     "at step %d", hook._num_steps, start, hook._last_step)
+
+    def stop_after_create_session(self: Any, session: Any, coord: Any) -> None:
+        counted = self._last_step is None and getattr(self, "_num_steps", None) is not None
+        orig_stop_created(self, session, coord)
+        if counted:
+            self._gandiva_counted = True
+            counted_from_the_job_start(self)
+
+    def stop_after_run(self: Any, run_context: Any, run_values: Any) -> None:
+        if getattr(self, "_gandiva_counted", False):  # a warm process learns it on activation
+            counted_from_the_job_start(self)
+        orig_stop_after_run(self, run_context, run_values)
+
     run.__doc__ = orig_run.__doc__
     make_callable.__doc__ = orig_make.__doc__
     base.__init__, base.run, base.close = __init__, run, close
     base.make_callable, base._make_callable_from_options = (make_callable,
                                                             make_callable_from_options)
     ops.Graph.finalize = finalize
+    stop_hook.after_create_session = stop_after_create_session
+    stop_hook.after_run = stop_after_run
     log.debug("tf_runtime: TensorFlow sessions patched")
 
 
@@ -192,4 +220,8 @@ def uninstall() -> None:
     base.__init__, base.run, base.close = _ORIG["init"], _ORIG["run"], _ORIG["close"]
     base.make_callable, base._make_callable_from_options = _ORIG["make"], _ORIG["make_opts"]
     ops.Graph.finalize = _ORIG["finalize"]
+    from tensorflow.python.training import basic_session_run_hooks as hooks_mod
+
+    hooks_mod.StopAtStepHook.after_create_session = _ORIG["stop_created"]
+    hooks_mod.StopAtStepHook.after_run = _ORIG["stop_after_run"]
     _ORIG.clear()

@@ -362,14 +362,17 @@ class TFSessionAdapter:
             raise CheckpointError("the training graph has no variables to checkpoint")
         return ckpt
 
-    def save(self, directory: str, job_id: str) -> CheckpointInfo:
+    def save(self, directory: str, job_id: str, start_step: int | None = None) -> CheckpointInfo:
+        """A checkpoint of the training state; `start_step`, the global step the job's
+        first process started training at, goes into the manifest with it."""
         ckpt = self.checkpointer()
         t0 = time.perf_counter()
         step = self.global_step()
         path, size = write_atomically(
             directory, lambda tmp: ckpt.save(self._run, str(tmp / PREFIX)),
             {"job_id": job_id, "global_step": step, "replicas": ckpt.replicas,
-             "variables": len(ckpt.groups)})
+             "variables": len(ckpt.groups),
+             **({"start_step": start_step} if start_step is not None else {})})
         return CheckpointInfo(str(path), step, ckpt.replicas, size, time.perf_counter() - t0)
 
     def rehearse(self, step: Callable[[], Any]) -> dict[str, float]:

@@ -536,3 +536,26 @@ def test_training_moves_to_a_new_session_when_the_program_closes_its_own(
     ack = world.channel.acks[0]
     assert ack.ok and ack.step == 5 == validate(tmp_path / "ck")["global_step"]
     assert second.saves == [str(tmp_path / "ck")]
+
+
+def test_the_step_the_job_started_at_travels_with_its_checkpoints(tmp_path: Path) -> None:
+    """StopAtStepHook(num_steps=N) counts from where the job started: every checkpoint
+    carries that step (here 100, the program's own checkpoint it resumed from), and a
+    restored process takes it from there, not from its restore."""
+    first = FakeWorld()
+    first.run("init")
+    first.run("own_restore")  # the program resumes its own checkpoint of step 100
+    first.run("read_gs")
+    first.run("train")
+    first.controller.enqueue(Command("c1", Kind.CHECKPOINT, str(tmp_path / "a")))
+    first.run("train")
+    assert first.controller.job_start_step == 100
+    assert validate(tmp_path / "a")["start_step"] == 100
+    assert validate(tmp_path / "a")["global_step"] == 102
+
+    second = FakeWorld(Settings(job_id="j", restore_dir=str(tmp_path / "a")))
+    start_training(second, steps=1)
+    assert second.sess.step == 103 and second.controller.job_start_step == 100
+    second.controller.enqueue(Command("c2", Kind.CHECKPOINT, str(tmp_path / "b")))
+    second.run("train")
+    assert validate(tmp_path / "b")["start_step"] == 100

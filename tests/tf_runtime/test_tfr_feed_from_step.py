@@ -95,7 +95,7 @@ def _autoload_env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable",
-                                  "late", "two_phase", "eval_graph"])
+                                  "late", "two_phase", "eval_graph", "num_steps"])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -119,7 +119,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     shim's restore, and initialises them to zero). eval_graph: an evaluation session on a
     graph of its own, with a variable the checkpoint lacks, created and initialised before
     the training session; migrated warm and naive (the naive restart used to exit at the
-    evaluation session's initialisation)."""
+    evaluation session's initialisation). num_steps: StopAtStepHook(num_steps=30) in a
+    MonitoredTrainingSession, migrated naive and warm (a restored copy used to train 30
+    steps past its restore)."""
     steps = ["--steps", "30", "--step-sleep", "0.03"]
     script, command, env = {"gan": ("gan.py", None, {}),
                             "module": ("optimizers.py", ["python", "-m", "optimizers"],
@@ -129,7 +131,8 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
                             "callable": ("callable_loop.py", None, {}),
                             "late": ("late_graph.py", None, {}),
                             "two_phase": ("two_phase.py", None, {}),
-                            "eval_graph": ("eval_graph.py", None, {})}[kind]
+                            "eval_graph": ("eval_graph.py", None, {}),
+                            "num_steps": ("num_steps.py", None, {})}[kind]
 
     def flags(run: str) -> list[str]:
         if kind == "module":
@@ -154,6 +157,11 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
             job.migrate_naive()
     elif kind == "module":
         job.migrate_naive()
+    elif kind == "num_steps":
+        job.pause(0.2)
+        job.migrate_naive()
+        job.pause(0.2)
+        job.migrate_warm()
     elif kind == "two_phase":
         job.pause(0.4)
         assert job.migrate_naive().step > 4  # past the switch: the Adam slots exist

@@ -1,0 +1,44 @@
+"""A MonitoredTrainingSession (or a SingularMonitoredSession) that stops after a number of
+steps counted from where it started: `StopAtStepHook(num_steps=N)`, not `last_step`. Adagrad;
+each mini-batch fed from the global step it read."""
+
+import time
+
+import _base
+import tensorflow as tf
+
+
+def extra(p):
+    p.add_argument("--session", choices=["mts", "singular"], default="mts")
+
+
+class DumpAtEnd(tf.compat.v1.train.SessionRunHook):
+    def __init__(self, path):
+        self.path = path
+
+    def end(self, session):
+        _base.dump(self.path, session)
+
+
+args = _base.parse(extra)
+gs = tf.compat.v1.train.get_or_create_global_step()
+x = tf.compat.v1.placeholder(tf.float32, [None, _base.DIM])
+y = tf.compat.v1.placeholder(tf.int64, [None])
+loss = _base.classifier(x, y)
+train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, global_step=gs)
+hooks = [tf.compat.v1.train.StopAtStepHook(num_steps=args.steps), DumpAtEnd(args.dump)]
+if args.session == "mts":
+    sess = tf.compat.v1.train.MonitoredTrainingSession(
+        hooks=hooks, config=_base.config(), save_checkpoint_secs=None,
+        save_summaries_steps=None, save_summaries_secs=None, log_step_count_steps=None)
+else:
+    sess = tf.compat.v1.train.SingularMonitoredSession(hooks=hooks, config=_base.config())
+with sess:
+    step = sess.run(gs)
+    while not sess.should_stop():
+        bx, by = _base.batch(step)
+        sess.run(train, {x: bx, y: by})
+        if not sess.should_stop():
+            step = sess.run(gs)
+        time.sleep(args.step_sleep)
+print(f"done at step {step}", flush=True)
