@@ -37,6 +37,12 @@ def batch(step: int, n: int = 8) -> tuple[np.ndarray, np.ndarray]:
             rng.randint(0, CLASSES, size=n).astype(np.int64))
 
 
+def inputs() -> tuple[Any, Any]:
+    """The placeholders of a mini-batch: features and labels."""
+    return (tf.compat.v1.placeholder(tf.float32, [None, DIM]),
+            tf.compat.v1.placeholder(tf.int64, [None]))
+
+
 def classifier(x: Any, y: Any, scope: str = "net") -> Any:
     with tf.compat.v1.variable_scope(scope):
         w = tf.compat.v1.get_variable("w", initializer=np.random.RandomState(3).standard_normal(

@@ -11,8 +11,7 @@ import tensorflow as tf
 
 args = _base.parse()
 gs = tf.compat.v1.train.get_or_create_global_step()
-x = tf.compat.v1.placeholder(tf.float32, [None, _base.DIM])
-y = tf.compat.v1.placeholder(tf.int64, [None])
+x, y = _base.inputs()
 loss = _base.classifier(x, y)
 params = tf.compat.v1.trainable_variables()
 grads, norm = tf.clip_by_global_norm(tf.gradients(loss, params), 0.5)

@@ -25,8 +25,7 @@ os.makedirs(os.path.dirname(own), exist_ok=True)
 eval_graph = tf.Graph()
 with eval_graph.as_default():
     with tf.name_scope("eval"):
-        ex = tf.compat.v1.placeholder(tf.float32, [None, _base.DIM])
-        ey = tf.compat.v1.placeholder(tf.int64, [None])
+        ex, ey = _base.inputs()
     eval_loss = _base.classifier(ex, ey)
     eval_saver = tf.compat.v1.train.Saver(tf.compat.v1.trainable_variables())
     if args.eval_counter:
@@ -41,8 +40,7 @@ eval_sess.run(eval_init)
 train_graph = tf.Graph()
 with train_graph.as_default():
     gs = tf.compat.v1.train.get_or_create_global_step()
-    x = tf.compat.v1.placeholder(tf.float32, [None, _base.DIM])
-    y = tf.compat.v1.placeholder(tf.int64, [None])
+    x, y = _base.inputs()
     loss = _base.classifier(x, y)
     train = tf.compat.v1.train.RMSPropOptimizer(0.02).minimize(loss, global_step=gs)
     saver = tf.compat.v1.train.Saver(tf.compat.v1.trainable_variables(), max_to_keep=2)

@@ -11,8 +11,7 @@ import tensorflow as tf
 args = _base.parse()
 sess = tf.compat.v1.InteractiveSession(config=_base.config())
 gs = tf.Variable(0, trainable=False, name="global_step")
-x = tf.compat.v1.placeholder(tf.float32, [None, _base.DIM])
-y = tf.compat.v1.placeholder(tf.int64, [None])
+x, y = _base.inputs()
 w = tf.compat.v1.get_variable("w", shape=[_base.DIM, 16],
                               initializer=tf.compat.v1.glorot_uniform_initializer(seed=3),
                               partitioner=tf.compat.v1.fixed_size_partitioner(2))

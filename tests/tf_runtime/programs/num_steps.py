@@ -22,8 +22,7 @@ class DumpAtEnd(tf.compat.v1.train.SessionRunHook):
 
 args = _base.parse(extra)
 gs = tf.compat.v1.train.get_or_create_global_step()
-x = tf.compat.v1.placeholder(tf.float32, [None, _base.DIM])
-y = tf.compat.v1.placeholder(tf.int64, [None])
+x, y = _base.inputs()
 loss = _base.classifier(x, y)
 train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, global_step=gs)
 hooks = [tf.compat.v1.train.StopAtStepHook(num_steps=args.steps), DumpAtEnd(args.dump)]

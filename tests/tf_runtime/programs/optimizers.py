@@ -14,8 +14,7 @@ def flags(p):
 
 args = _base.parse(flags)
 gs = tf.compat.v1.train.get_or_create_global_step()
-x = tf.compat.v1.placeholder(tf.float32, [None, _base.DIM])
-y = tf.compat.v1.placeholder(tf.int64, [None])
+x, y = _base.inputs()
 loss = _base.classifier(x, y)
 if args.decay == "exponential":
     lr = tf.compat.v1.train.exponential_decay(0.1, gs, 5, 0.7, staircase=False)

@@ -16,8 +16,7 @@ def extra(p):
 
 args = _base.parse(extra)
 gs = tf.compat.v1.train.get_or_create_global_step()
-x = tf.compat.v1.placeholder(tf.float32, [None, _base.DIM])
-y = tf.compat.v1.placeholder(tf.int64, [None])
+x, y = _base.inputs()
 loss = _base.classifier(x, y)
 train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=gs)
 with tf.compat.v1.Session(config=_base.config()) as sess:
