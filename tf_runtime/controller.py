@@ -87,7 +87,8 @@ class Controller:
     def __init__(self, settings: Settings, *, channel: Channel | None = None,
                  status: StatusPipe | None = None, backend: GpuReleaseBackend | None = None,
                  exit_fn: Callable[[int], None] = os._exit,
-                 on_activate: Callable[[int], None] | None = None) -> None:
+                 on_activate: Callable[[int], None] | None = None,
+                 on_first_training: Callable[[int], None] | None = None) -> None:
         self.settings = settings
         self.channel = channel
         self.status = status
@@ -96,6 +97,8 @@ class Controller:
         self.gate = RunGate()
         self._exit_fn = exit_fn
         self._on_activate = on_activate  # starts the stream once a warm process is activated
+        # A secondary process's stream starts at its first training run (tf_runtime.runtime).
+        self._on_first_training = on_first_training
         self._queue: collections.deque[Command] = collections.deque()
         self._cond = threading.Condition()
         self.adapter: SessionAdapter | None = None  # the training session, once known
@@ -199,6 +202,8 @@ class Controller:
             elif self._restore_again and self.settings.restore_dir:
                 self._restore(adapter, self.settings.restore_dir, partial=True)
             self._restore_again = False
+            if self._on_first_training is not None:  # a secondary process: connect now
+                self._on_first_training(self.meter.steps)
             if rehearse is not None:  # after any warm hold: the stream is open by now
                 self._report_signature(adapter, rehearse)
             self._report_towers(adapter)

@@ -17,6 +17,16 @@ Environment (set by the Migration Helper; all optional):
   GANDIVA_CONTROL_FD / GANDIVA_STATUS_FD   pipes shared with the helper
   GANDIVA_GPU_RELEASE        cpu | cuda | auto (tf_runtime.gpu_release)
 With none of them set, nothing is installed and the program runs untouched.
+
+Set by the runtime itself for the job's other processes:
+  GANDIVA_RUNTIME_PID        the pid of the job's process that started the runtime first.
+                             A descendant that imports TensorFlow while that process lives
+                             (an evaluation or export script the training program runs with
+                             `subprocess`) is a *secondary*: the pipes are not its own (a
+                             Python subprocess has them closed, and their numbers may name
+                             its own files), and it connects to the scheduler only once it
+                             trains, so one that never trains never takes the job's stream
+                             from the process that does.
 """
 
 from __future__ import annotations
@@ -77,6 +87,24 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def _owner(env: Mapping[str, str]) -> int | None:
+    """The pid of a live ancestor that started this job's runtime first, or None (this
+    process is the first, or that one has ended)."""
+    try:
+        pid = int(env.get("GANDIVA_RUNTIME_PID", ""))
+    except ValueError:
+        return None
+    if pid == os.getpid() or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's: not ours, but alive all the same
+    return pid
+
+
 def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     """Set up the shim for this process from `env`; None when nothing is asked for."""
     env = os.environ if env is None else env
@@ -89,6 +117,14 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     control_fd = _int_env(env, "GANDIVA_CONTROL_FD")
     if not (scheduler or restore or warm or status_fd is not None):
         return None  # standalone: a transparent pass-through
+    owner = _owner(env)
+    secondary = owner is not None
+    warm_launch = warm
+    if secondary:
+        log.info("an ancestor process (pid %d) runs this job's Gandiva runtime: this one "
+                 "connects only if it trains, and leaves the helper's pipes alone", owner)
+        status_fd = control_fd = None
+        warm = False
     warm_signature = env.get("GANDIVA_WARM_SIGNATURE", "")
     if warm_signature:
         try:
@@ -127,10 +163,24 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
         rt.controller.channel = client
         rt.client = client.start()
 
+    def first_training(step: int) -> None:
+        if warm_launch:
+            # A pre-warmed launch holds only in the process that has the helper's pipes:
+            # a child training here would train beside the source.
+            log.error("this pre-warmed launch trains in a child process (pid %d) of the one "
+                      "that started the Gandiva runtime (pid %s), which cannot be held for "
+                      "the migration: exiting before its first step; the job stays where it "
+                      "is", os.getpid(), owner)
+            os._exit(2)
+        connect(step)
+
     rt.controller = Controller(settings, status=status, backend=select_backend(),
-                               on_activate=connect)
-    if not warm:
+                               on_activate=connect,
+                               on_first_training=first_training if secondary else None)
+    if not warm and not secondary:
         connect(restored_step)
+    if env is os.environ and not secondary:
+        os.environ["GANDIVA_RUNTIME_PID"] = str(os.getpid())  # for its descendants
     from . import shim
 
     shim.install(rt.controller)

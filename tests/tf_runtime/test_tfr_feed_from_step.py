@@ -95,7 +95,8 @@ def _autoload_env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable",
-                                  "late", "two_phase", "eval_graph", "num_steps"])
+                                  "late", "two_phase", "eval_graph", "num_steps",
+                                  "spawns_eval"])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -121,7 +122,11 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     the training session; migrated warm and naive (the naive restart used to exit at the
     evaluation session's initialisation). num_steps: StopAtStepHook(num_steps=30) in a
     MonitoredTrainingSession, migrated naive and warm (a restored copy used to train 30
-    steps past its restore)."""
+    steps past its restore). spawns_eval: every 10 steps the program evaluates its own
+    checkpoint in a Python subprocess that imports TensorFlow (the autoload on its path, as
+    the helper launches jobs); suspended across evaluations, migrated naive (such a child
+    used to exit at its import, the helper's pipes being closed in it, and would have
+    taken the job's stream)."""
     steps = ["--steps", "30", "--step-sleep", "0.03"]
     script, command, env = {"gan": ("gan.py", None, {}),
                             "module": ("optimizers.py", ["python", "-m", "optimizers"],
@@ -132,13 +137,15 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
                             "late": ("late_graph.py", None, {}),
                             "two_phase": ("two_phase.py", None, {}),
                             "eval_graph": ("eval_graph.py", None, {}),
-                            "num_steps": ("num_steps.py", None, {})}[kind]
+                            "num_steps": ("num_steps.py", None, {}),
+                            "spawns_eval": ("spawns_eval.py", None, _autoload_env())}[kind]
 
     def flags(run: str) -> list[str]:
         if kind == "module":
             return ["--opt", "ftrl", "--decay", "piecewise", *steps]
-        if kind in ("reopen", "ema", "eval_graph"):  # own checkpoints, a directory per run
-            counter = ["--eval-counter"] if kind == "eval_graph" else []
+        if kind in ("reopen", "ema", "eval_graph", "spawns_eval"):  # own checkpoints
+            counter = {"eval_graph": ["--eval-counter"],
+                       "spawns_eval": ["--eval-every", "10"]}.get(kind, [])
             return ["--workdir", str(tmp_path / f"own-{run}"), *counter, *steps]
         if kind == "two_phase":
             return ["--switch", "4", *steps]
@@ -157,6 +164,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
             job.migrate_naive()
     elif kind == "module":
         job.migrate_naive()
+    elif kind == "spawns_eval":
+        job.pause(0.6)  # through the first evaluation (step 10)
+        job.migrate_naive()
+        job.pause(0.6)
     elif kind == "num_steps":
         job.pause(0.2)
         job.migrate_naive()

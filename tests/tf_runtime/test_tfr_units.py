@@ -229,3 +229,83 @@ def test_a_forked_child_leaves_the_parents_stream_alone(runtime_server: Any, tmp
     early = {id(m) for _, m in runtime_server.messages[:seen]}
     runtime_server.wait_for(
         lambda j, m: j == "fork" and m.HasField("progress") and id(m) not in early, 10)
+
+
+def test_a_child_process_is_secondary_while_the_first_lives(tmp_path: Path) -> None:
+    """GANDIVA_RUNTIME_PID names the job's first runtime process: a live ancestor makes
+    this one secondary (the helper's pipes are not its own: here a closed descriptor,
+    which used to stop the child at its TensorFlow import); its own pid, or a pid that has
+    ended, does not."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert runtime._owner({"GANDIVA_RUNTIME_PID": str(os.getppid())}) == os.getppid()
+    assert runtime._owner({"GANDIVA_RUNTIME_PID": str(os.getpid())}) is None
+    assert runtime._owner({"GANDIVA_RUNTIME_PID": str(dead.pid)}) is None
+    assert runtime._owner({"GANDIVA_RUNTIME_PID": "junk"}) is None
+    closed = os.open(os.devnull, os.O_RDONLY)
+    os.close(closed)
+    rt = runtime.start({"GANDIVA_RUNTIME_PID": str(os.getppid()), "GANDIVA_JOB_ID": "j",
+                        "GANDIVA_STATUS_FD": str(closed), "GANDIVA_CONTROL_FD": str(closed)})
+    try:
+        assert rt is not None and rt.controller.status is None and rt.client is None
+        assert "GANDIVA_RUNTIME_PID" not in os.environ  # a dict env marks nothing
+    finally:
+        from tf_runtime import shim
+
+        shim.uninstall()
+        runtime._RUNTIME.clear()
+    with pytest.raises(ValueError, match="GANDIVA_STATUS_FD"):  # the first process's are
+        runtime.start({"GANDIVA_JOB_ID": "j", "GANDIVA_STATUS_FD": str(closed)})
+
+
+def test_a_launcher_that_imports_tensorflow_hands_the_stream_to_its_trainer(
+        runtime_server: Any, tmp_path: Path) -> None:
+    """`python launch.py`, which imports TensorFlow (to list the devices) and then runs the
+    training script with `subprocess`: the launcher connects first, never trains; the
+    trainer connects at its first training step and the job's commands reach it. The
+    trainer used to exit at its import: the status pipe's descriptor, named in its
+    environment, is closed in a Python subprocess."""
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(
+        "import subprocess, sys\n"
+        "import tensorflow as tf\n"
+        "print(tf.config.list_physical_devices(), flush=True)\n"
+        "sys.exit(subprocess.call([sys.executable, sys.argv[1], '--loop', 'session',\n"
+        "                          '--steps', '400', '--step-sleep', '0.02']))\n")
+    from tf_runtime.autoload import path_with_autoload
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    env.update(GANDIVA_JOB_ID="launched", GANDIVA_INCARNATION="0",
+               GANDIVA_SCHEDULER=runtime_server.address,
+               PYTHONPATH=path_with_autoload(str(Path(__file__).resolve().parents[2])))
+    trainer = str(Path(tf_runtime.__file__).parent / "examples" / "feed_step.py")
+    status_r, status_w = os.pipe()  # the helper's status pipe, as every launch has it
+    env["GANDIVA_STATUS_FD"] = str(status_w)
+    proc = subprocess.Popen([sys.executable, "-m", "tf_runtime.run", str(launcher), trainer],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            pass_fds=(status_w,))
+    os.close(status_w)
+    try:
+        first = runtime_server.wait_for(lambda j, m: j == "launched" and m.HasField("hello"),
+                                        60).hello
+        assert first.pid == proc.pid
+        child = runtime_server.wait_for(lambda j, m: j == "launched" and m.HasField("hello")
+                                        and m.hello.pid != proc.pid, 120).hello
+        ack = runtime_server.wait_ack(runtime_server.send("launched", 1, ""), 60)  # SUSPEND
+        assert ack.ok and ack.step >= 1, ack.message
+        progress = runtime_server.wait_for(
+            lambda j, m: j == "launched" and m.HasField("progress") and m.progress.steps >= 1,
+            30).progress
+        assert progress.steps >= 1
+        ack = runtime_server.wait_ack(runtime_server.send("launched", 2, ""), 60)  # RESUME
+        assert ack.ok, ack.message
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        with os.fdopen(status_r) as status:
+            events = status.read()
+    assert proc.returncode == 0, out
+    assert child.pid != first.pid and "done at step 400" in out
+    assert "first_step_done" not in events  # the pipe is the launcher's, which never trains
