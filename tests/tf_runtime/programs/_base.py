@@ -52,6 +52,13 @@ def classifier(x: Any, y: Any, scope: str = "net") -> Any:
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
 
 
+def fed_step(sess: Any, train: Any, gs: Any, x: Any, y: Any, step: int) -> int:
+    """One training run fed the mini-batch of `step`; the global step read after it."""
+    bx, by = batch(step)
+    sess.run(train, {x: bx, y: by})
+    return int(sess.run(gs))
+
+
 def dump(path: str | None, sess: Any) -> None:
     if not path:
         return

@@ -50,9 +50,7 @@ with tf.compat.v1.Session(graph=train_graph, config=_base.config()) as sess:
     sess.run(init)
     step = sess.run(gs)
     while step < args.steps:
-        bx, by = _base.batch(step)
-        sess.run(train, {x: bx, y: by})
-        step = sess.run(gs)
+        step = _base.fed_step(sess, train, gs, x, y, step)
         if step % args.eval_every == 0:
             path = saver.save(sess, own, global_step=step)
             eval_saver.restore(eval_sess, path)

@@ -29,8 +29,6 @@ with tf.compat.v1.Session(config=_base.config()) as sess:
     sess.run(tf.compat.v1.global_variables_initializer())
     step = sess.run(gs)
     while step < args.steps:
-        bx, by = _base.batch(step)
-        sess.run(train, {x: bx, y: by})
-        step = sess.run(gs)
+        step = _base.fed_step(sess, train, gs, x, y, step)
         time.sleep(args.step_sleep)
     _base.dump(args.dump, sess)

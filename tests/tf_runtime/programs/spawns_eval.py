@@ -46,9 +46,7 @@ with tf.compat.v1.Session(config=_base.config()) as sess:
     sess.run(tf.compat.v1.global_variables_initializer())
     step = sess.run(gs)
     while step < args.steps:
-        bx, by = _base.batch(step)
-        sess.run(train, {x: bx, y: by})
-        step = sess.run(gs)
+        step = _base.fed_step(sess, train, gs, x, y, step)
         if step % args.eval_every == 0:
             path = saver.save(sess, os.path.join(workdir, "own", "model"), global_step=step)
             subprocess.run([sys.executable, "-c", EVALUATE, path], env=env, check=True)

@@ -30,8 +30,6 @@ with tf.compat.v1.Session(config=_base.config()) as sess:
             fresh = [v for v in tf.compat.v1.global_variables() if v not in before]
             sess.run(tf.compat.v1.variables_initializer(fresh))
             phase = 2
-        bx, by = _base.batch(step)
-        sess.run(train, {x: bx, y: by})
-        step = sess.run(gs)
+        step = _base.fed_step(sess, train, gs, x, y, step)
         time.sleep(args.step_sleep)
     _base.dump(args.dump, sess)
