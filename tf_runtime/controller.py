@@ -469,7 +469,8 @@ class Controller:
         elif self._stateful_input:
             self._judge(False, f"its training run reads {self._stateful_input}: input whose "
                                "position is not in any checkpoint (a tf.data iterator, an "
-                               "input queue or a stateful random op) starts from its "
+                               "input queue, a stateful random op or a Python function "
+                               "given no tensor) starts from its "
                                "beginning after a restore, so a migrated job would train on "
                                "other data than an uninterrupted run; compute the input from "
                                "the global step (feeds, stateless random ops seeded by it) "

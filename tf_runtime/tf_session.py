@@ -63,6 +63,19 @@ _STATEFUL_INPUTS = frozenset({
 _CACHE_LIMIT = 512
 
 
+_PY_FUNCS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
+_CONSTANT_INPUTS = frozenset({"Const", "HostConst"})
+
+
+def _python_source(op: Any) -> bool:
+    """A Python function in the graph that takes nothing from it (`tf.numpy_function(
+    lambda: next(batches), [], ...)`): its values come from the program's Python state
+    (an iterator, a file position, numpy's global generator), which no checkpoint holds.
+    One given a tensor (the global step, a placeholder, the weights) is taken to compute
+    from it."""
+    return op.type in _PY_FUNCS and all(t.op.type in _CONSTANT_INPUTS for t in op.inputs)
+
+
 def _global_variables(graph: tf.Graph) -> list[Any]:
     local = {id(v) for v in graph.get_collection(tf_ops.GraphKeys.LOCAL_VARIABLES)}
     return [v for v in graph.get_collection(tf_ops.GraphKeys.GLOBAL_VARIABLES) if id(v) not in local]
@@ -287,7 +300,7 @@ class TFSessionAdapter:
             for op in reached)
         stateful = "" if not training else next(
             (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
-             if op.type in _STATEFUL_INPUTS), "")
+             if op.type in _STATEFUL_INPUTS or _python_source(op)), "")
         if advances and plain_read and not self._warned_racy_read:
             self._warned_racy_read = True
             log.warning(

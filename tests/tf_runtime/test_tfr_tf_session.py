@@ -95,8 +95,9 @@ def test_runs_are_classified_like_a_person_would(controller: Controller, tmp_pat
 def test_which_training_runs_advance_the_step_and_which_read_unsaved_input(
         controller: Controller, caplog: pytest.LogCaptureFixture) -> None:
     """A GAN's discriminator run trains without advancing the global step; a run fed by
-    a tf.data iterator, a queue or a stateful random op (dropout) reads input no
-    checkpoint holds, and the verdict names the op. Fetching the global step with its
+    a tf.data iterator, a queue, a stateful random op (dropout) or a Python function given
+    no tensor (the next item of a Python iterator) reads input no checkpoint holds, and
+    the verdict names the op (a Python function of the global step does not). Fetching the global step with its
     own increment (an unordered read) is warned about; the increment's value is not."""
     g = tf.Graph()
     with g.as_default():
@@ -115,6 +116,14 @@ def test_which_training_runs_advance_the_step_and_which_read_unsaved_input(
         dropout = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
             tf.reduce_sum(tf.matmul(tf.compat.v1.nn.dropout(tf.ones([2, 3]), rate=0.5), w)),
             var_list=[w], global_step=gs)
+        batches = iter(np.ones((100, 2, 3), np.float32))
+        from_python = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.matmul(tf.reshape(tf.numpy_function(
+                lambda: next(batches), [], tf.float32), [2, 3]), w)), var_list=[w])
+        of_step = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.matmul(tf.reshape(tf.compat.v1.py_func(
+                lambda s: np.full((2, 3), s, np.float32), [gs], tf.float32), [2, 3]), w)),
+            var_list=[w])
         with tf.control_dependencies([d_train]):  # the step set by hand
             d_assigns = gs.assign(gs + 1)
         init = tf.compat.v1.global_variables_initializer()
@@ -132,6 +141,8 @@ def test_which_training_runs_advance_the_step_and_which_read_unsaved_input(
         assert g_info.is_training and g_info.advances_step and not g_info.stateful_input
         assert adapter.classify(fed).stateful_input.startswith("IteratorGetNext")
         assert adapter.classify(dropout).stateful_input.startswith("RandomUniform")
+        assert adapter.classify(from_python).stateful_input.startswith("PyFunc")
+        assert not adapter.classify(of_step).stateful_input  # computed from the step
         sess.run(init)
         sess.run(gs)
         for _ in range(2):
