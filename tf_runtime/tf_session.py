@@ -76,6 +76,18 @@ def _python_source(op: Any) -> bool:
     return op.type in _PY_FUNCS and all(t.op.type in _CONSTANT_INPUTS for t in op.inputs)
 
 
+def _tables_prefix(prefix: str) -> str:
+    """Where the lookup tables go, beside the variables' files (`model` -> `tables`)."""
+    return str(Path(prefix).with_name("tables"))
+
+
+def _state_key(graph: tf.Graph, variables: list[Any]) -> tuple[str, ...]:
+    """What a checkpointer covers: the variables' names and the saveable objects'."""
+    tables = [getattr(t, "name", str(id(t)))
+              for t in graph.get_collection(tf_ops.GraphKeys.SAVEABLE_OBJECTS)]
+    return tuple(sorted(v.name for v in variables)) + tuple(sorted(f"table:{n}" for n in tables))
+
+
 def _global_variables(graph: tf.Graph) -> list[Any]:
     local = {id(v) for v in graph.get_collection(tf_ops.GraphKeys.LOCAL_VARIABLES)}
     return [v for v in graph.get_collection(tf_ops.GraphKeys.GLOBAL_VARIABLES) if id(v) not in local]
@@ -88,7 +100,7 @@ class Checkpointer:
         variables = _global_variables(graph)
         if not variables:
             raise CheckpointError("the graph has no global variables to checkpoint")
-        self.key = tuple(sorted(v.name for v in variables))
+        self.key = _state_key(graph, variables)
         by_name = {strip_output(v.name): v for v in variables}
         specs = [VarSpec(n, tuple(v.shape.as_list()), v.dtype.base_dtype.name)
                  for n, v in by_name.items()]
@@ -112,14 +124,38 @@ class Checkpointer:
             self.restore_op = tf.group(*assigns, name="restore_all")
         self._save_tensor = self.saver.saver_def.save_tensor_name
         self._filename = self.saver.saver_def.filename_tensor_name
+        # Training state that is not a variable: mutable lookup tables (MutableHashTable,
+        # DenseHashTable) register savers of their own, which the program's Saver uses.
+        tables = graph.get_collection(tf_ops.GraphKeys.SAVEABLE_OBJECTS)
+        self.tables: Any = None
+        if tables:
+            with graph.as_default(), tf.name_scope("gandiva_checkpoint"), tf.device("/cpu:0"):
+                self.tables = tf.compat.v1.train.Saver(
+                    var_list=tables, sharded=False, save_relative_paths=True,
+                    max_to_keep=None, write_version=tf.compat.v1.train.SaverDef.V2,
+                    name="tables_saver").saver_def
         self._graph, self._by_name = graph, by_name
         self._subset: tuple[tuple[str, ...], tuple[Any, Any]] | None = None
 
     def save(self, run: Callable[..., Any], prefix: str) -> None:
         run(self._save_tensor, {self._filename: prefix}, None, None)
+        if self.tables is not None:
+            run(self.tables.save_tensor_name,
+                {self.tables.filename_tensor_name: _tables_prefix(prefix)}, None, None)
 
     def restore(self, run: Callable[..., Any], prefix: str) -> None:
         run(self.restore_op, {self._prefix: prefix}, None, None)
+        self._restore_tables(run, prefix)
+
+    def _restore_tables(self, run: Callable[..., Any], prefix: str) -> None:
+        if self.tables is None:
+            return
+        tables = _tables_prefix(prefix)
+        if not Path(tables + ".index").exists():
+            log.warning("the checkpoint holds no lookup tables (written before they were "
+                        "saved, or by a graph without them): the tables keep their values")
+            return
+        run(self.tables.restore_op_name, {self.tables.filename_tensor_name: tables}, None, None)
 
     def restore_present(self, run: Callable[..., Any], prefix: str) -> None:
         """Restore the variables the checkpoint at `prefix` holds; the others keep their
@@ -139,6 +175,7 @@ class Checkpointer:
             self._subset = (present, self._build_restore(present))
         placeholder, op = self._subset[1]
         run(op, {placeholder: prefix}, None, None)
+        self._restore_tables(run, prefix)
 
     def _build_restore(self, names: tuple[str, ...]) -> tuple[Any, Any]:
         groups = [g for g in self.groups if g.canonical in names]
@@ -192,7 +229,7 @@ def ensure_checkpointer(graph: tf.Graph) -> Checkpointer | None:
         variables = _global_variables(graph)
         if not variables:
             return current
-        key = tuple(sorted(v.name for v in variables))
+        key = _state_key(graph, variables)
         if current is not None and current.key == key:
             return current
         finalized = graph.finalized

@@ -96,7 +96,7 @@ def _autoload_env() -> dict[str, str]:
 
 @pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable",
                                   "late", "two_phase", "eval_graph", "num_steps",
-                                  "spawns_eval", "accumulate"])
+                                  "spawns_eval", "accumulate", "tables"])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -128,7 +128,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     used to exit at its import, the helper's pipes being closed in it, and would have
     taken the job's stream). accumulate: gradients summed over 3 micro-batches into
     non-trainable accumulators, applied (RMSProp) and zeroed, then the global step advanced
-    in a run of its own; runs named by strings; migrated warm and naive (no fix needed)."""
+    in a run of its own; runs named by strings; migrated warm and naive (no fix needed).
+    tables: a MutableHashTable of label counts weighting the loss and a DenseHashTable,
+    both updated in the training run; migrated warm and naive (the tables used to restart
+    empty)."""
     steps = ["--steps", "30", "--step-sleep", "0.03"]
     script, command, env = {"gan": ("gan.py", None, {}),
                             "module": ("optimizers.py", ["python", "-m", "optimizers"],
@@ -141,7 +144,8 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
                             "eval_graph": ("eval_graph.py", None, {}),
                             "num_steps": ("num_steps.py", None, {}),
                             "spawns_eval": ("spawns_eval.py", None, _autoload_env()),
-                            "accumulate": ("accumulate.py", None, {})}[kind]
+                            "accumulate": ("accumulate.py", None, {}),
+                            "tables": ("tables.py", None, {})}[kind]
 
     def flags(run: str) -> list[str]:
         if kind == "module":
@@ -159,10 +163,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     job = FeedJob(launch, runtime_server, f"kind-{kind}", flags("run"), tmp_path / "run.npz",
                   tmp_path, script=str(PROGRAMS / script), command=command, env=env)
     job.start()
-    if kind in ("gan", "ema", "callable", "late", "eval_graph", "accumulate"):
+    if kind in ("gan", "ema", "callable", "late", "eval_graph", "accumulate", "tables"):
         job.pause(0.2)
         job.migrate_warm()
-        if kind in ("eval_graph", "accumulate"):
+        if kind in ("eval_graph", "accumulate", "tables"):
             job.pause(0.2)
             job.migrate_naive()
     elif kind == "module":

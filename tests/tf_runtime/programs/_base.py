@@ -59,6 +59,21 @@ def fed_step(sess: Any, train: Any, gs: Any, x: Any, y: Any, step: int) -> int:
     return int(sess.run(gs))
 
 
+def plain_loop(args: argparse.Namespace, train: Any, gs: Any, x: Any, y: Any) -> Any:
+    """The plain Session loop: initialise, read the global step, train each mini-batch fed
+    from the step it read until `--steps`, dump. Returns the session (closed)."""
+    import time
+
+    with tf.compat.v1.Session(config=config()) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        step = sess.run(gs)
+        while step < args.steps:
+            step = fed_step(sess, train, gs, x, y, step)
+            time.sleep(args.step_sleep)
+        dump(args.dump, sess)
+    return sess
+
+
 def dump(path: str | None, sess: Any) -> None:
     if not path:
         return

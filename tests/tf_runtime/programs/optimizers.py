@@ -1,8 +1,6 @@
 """Adagrad / Ftrl / Momentum-Nesterov / RMSProp with a learning-rate schedule of the global
 step, a `while step < N` loop that feeds each mini-batch from the step it read."""
 
-import time
-
 import _base
 import tensorflow as tf
 
@@ -25,10 +23,4 @@ opt = {"adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(lr),
        "nesterov": lambda: tf.compat.v1.train.MomentumOptimizer(lr, 0.9, use_nesterov=True),
        "rmsprop": lambda: tf.compat.v1.train.RMSPropOptimizer(lr, momentum=0.5)}[args.opt]()
 train = opt.minimize(loss, global_step=gs)
-with tf.compat.v1.Session(config=_base.config()) as sess:
-    sess.run(tf.compat.v1.global_variables_initializer())
-    step = sess.run(gs)
-    while step < args.steps:
-        step = _base.fed_step(sess, train, gs, x, y, step)
-        time.sleep(args.step_sleep)
-    _base.dump(args.dump, sess)
+_base.plain_loop(args, train, gs, x, y)
