@@ -36,6 +36,9 @@ _HELPER_ONLY = (
     "GANDIVA_JOB_ID",
     "GANDIVA_INCARNATION",
     "GANDIVA_WARM_SIGNATURE",
+    # Set by a job's first runtime process for its descendants (tf_runtime.runtime): a new
+    # launch is never the descendant of one, whatever environment it was submitted from.
+    "GANDIVA_RUNTIME_PID",
     # The helper's own credentials (named where they are read): a job gets a token scoped
     # to itself instead, and the CA only.
     ENV_TOKEN,
@@ -91,6 +94,7 @@ def job_environment(
     """The server's environment, the job's own variables on top, then Gandiva's."""
     env = {k: v for k, v in base.items() if k not in _HELPER_ONLY}
     env.update(job_env)
+    env.pop("GANDIVA_RUNTIME_PID", None)  # nor from the job's own variables
     env["PYTHONPATH"] = path_with_autoload(env.get("PYTHONPATH"))
     # Logs are followed live (gandiva logs -f); a block-buffered stdout would hide them.
     env.setdefault("PYTHONUNBUFFERED", "1")

@@ -42,6 +42,11 @@ def test_environment_layers_server_job_and_gandiva_variables() -> None:
     # A helper started from a shell that had these set must not leak them into jobs.
     fresh = job_environment(base, {}, job_id="j", incarnation="i", scheduler="s", server="x", gpu_indices=[0])
     assert "GANDIVA_WARM" not in fresh and "GANDIVA_RESTORE_CHECKPOINT" not in fresh
+    # A job submitted from inside another job's process must not start as its descendant
+    # (a secondary runtime: no pipes, no stream until it trains).
+    inner = job_environment({**base, "GANDIVA_RUNTIME_PID": "1"}, {"GANDIVA_RUNTIME_PID": "1"},
+                            job_id="j", incarnation="i", scheduler="s", server="x", gpu_indices=[0])
+    assert "GANDIVA_RUNTIME_PID" not in inner
 
 
 def test_a_job_gets_its_own_token_and_the_helpers_tls_files_by_absolute_path(
