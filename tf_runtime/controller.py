@@ -193,6 +193,8 @@ class Controller:
         if before and info.is_training and adapter is self.adapter:
             if self.settings.restore_dir and self._restored_into is not adapter and \
                     self._unfit is not None:
+                if isinstance(self._unfit, TowersChanged):
+                    self._refuse_towers(self._unfit)
                 raise self._unfit  # never train from the program's own start
             if self._warm_pending:
                 # Nothing ran since the restore point: the program's own first training
@@ -291,8 +293,9 @@ class Controller:
             self.adapter = adapter
             if first:
                 self._event("session_ready", t=time.time())
-                if self.settings.warm and self.settings.source_towers:
-                    self._check_source_towers(adapter)
+                if self.settings.warm and not self.settings.warm_step and \
+                        self.settings.source_towers:
+                    self._check_source_towers(adapter)  # it holds right here
                 if self.settings.warm and self.settings.warm_step:
                     if self.settings.control_fd is None:
                         raise RuntimeError("GANDIVA_WARM=1 needs GANDIVA_CONTROL_FD "
@@ -311,10 +314,9 @@ class Controller:
         evaluation session (another graph) first. A checkpoint that does not fit such a
         session is then not fatal; it is if that session goes on to train."""
         try:
-            self._restore(adapter, self.settings.restore_dir)  # type: ignore[arg-type]
-        except TowersChanged:
-            raise
-        except CheckpointError as exc:
+            self._restore(adapter, self.settings.restore_dir,  # type: ignore[arg-type]
+                          tentative=not training)
+        except CheckpointError as exc:  # TowersChanged too
             if training:
                 raise
             self._unfit = exc
@@ -380,6 +382,10 @@ class Controller:
         Other threads keep running during the rehearsal (queue runners must be able to
         feed it); the gate holds them from the hold until the restore is done.
         """
+        if self.settings.source_towers:
+            # Here, in the session about to hold, not in the first one initialised (an
+            # evaluation session may have another tower count than the training graph).
+            self._check_source_towers(adapter)
         timings: dict[str, float] = {}
         if rehearse is not None:
             try:
@@ -433,12 +439,16 @@ class Controller:
 
         return int(validate(directory)["global_step"])
 
-    def _restore(self, adapter: SessionAdapter, directory: str, partial: bool = False) -> None:
+    def _restore(self, adapter: SessionAdapter, directory: str, partial: bool = False,
+                 tentative: bool = False) -> None:
+        """`tentative`: a session that may not be the one that trains; a checkpoint of
+        another tower count is then raised to the caller, not refused at once."""
         try:
             # CheckpointError: refuse to start from step 0
             info = adapter.restore(directory, partial=partial)
         except TowersChanged as exc:
-            self._refuse_towers(exc)
+            if not tentative:
+                self._refuse_towers(exc)
             raise  # only where exit_fn returns (tests): the process is gone otherwise
         self._restored_into = adapter
         self.restored_step = info.step

@@ -106,7 +106,7 @@ def test_i9s_scheduler_killed_9_in_transfer_and_activate(multihost: Cluster, pha
         held.append(("helper", c.procs[src].pid))
     else:
         # The prewarm event can come before the process sampler's next look at /proc.
-        (warm_pid,) = c.wait(lambda: c.pids_of(job_id, warm=True), 15)  # type: ignore[misc]
+        (warm_pid,) = c.wait(lambda: c.pids_of(job_id, warm=True), 60)  # type: ignore[misc]
         os.kill(warm_pid, signal.SIGSTOP)  # its activation will wait
         held.append(("warm", warm_pid))
     os.kill(source_pid, signal.SIGCONT)  # checkpoints, acks, exits 75
@@ -274,7 +274,7 @@ def test_i9s_migration_failed_at_both_ends_resumes_from_the_checkpoint_it_left_a
     os.kill(source_pid, signal.SIGSTOP)  # at a step until the destination has pre-warmed
     c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
     c.wait(lambda: any(e.kind == "job.migration" and e.message.startswith("prewarm") for e in c.events(job_id)), 90)
-    (warm_pid,) = c.wait(lambda: c.pids_of(job_id, warm=True), 15)  # type: ignore[misc]
+    (warm_pid,) = c.wait(lambda: c.pids_of(job_id, warm=True), 60)  # type: ignore[misc]
     os.kill(warm_pid, signal.SIGSTOP)  # its activation waits
     os.kill(source_pid, signal.SIGCONT)  # checkpoints into the destination's ramdisk, exits 75
     c.wait(lambda: _phase_reached(c, job_id, "activate"), 60)

@@ -499,6 +499,48 @@ def test_variables_created_after_the_restore_come_back_from_the_checkpoint(
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
+def test_an_evaluation_session_initialised_first_does_not_decide_the_restore(
+        tmp_path: Path) -> None:
+    """A restarted program whose evaluation graph (one tower, a variable of its own) is
+    initialised before its two-tower training graph: the checkpoint fits neither the
+    evaluation graph's variables nor its tower count, which used to end the process there.
+    It is restored into the training session, which trains on from the checkpoint."""
+    def exit_fn(code: int) -> None:
+        raise Exited(code)
+
+    g, gs, train, init, _ = trainable_graph(replicas=2)
+    source = Controller(Settings(job_id="t"), channel=FakeChannel(), exit_fn=exit_fn)
+    shim.install(source)
+    try:
+        with session(g, 2) as sess:
+            sess.run(init)
+            source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            for _ in range(3):
+                sess.run(train)
+    finally:
+        shim.uninstall()
+    assert acks(source)[-1].ok and acks(source)[-1].step == 1
+
+    restarted = Controller(Settings(job_id="t", restore_dir=str(tmp_path / "ck")),
+                           channel=FakeChannel(), exit_fn=exit_fn)
+    shim.install(restarted)
+    try:
+        eval_graph, _, _, _, _ = mlp_graph(replicas=1)
+        with eval_graph.as_default():
+            tf.Variable(0, name="evaluations")
+            eval_init = tf.compat.v1.global_variables_initializer()
+        g, gs, train, init, _ = trainable_graph(replicas=2)
+        with session(eval_graph) as eval_sess, session(g, 2) as sess:
+            eval_sess.run(eval_init)  # not fatal: it may never train
+            sess.run(init)
+            assert sess.run(gs) == 1  # restored into the session that trains
+            sess.run(train)
+            assert sess.run(gs) == 2
+    finally:
+        shim.uninstall()
+    assert restarted.restored_step == 1
+
+
 @pytest.mark.parametrize("module,params", [("resnet50", 25.5e6), ("vgg16", 138.3e6)])
 def test_big_examples_have_the_real_models_sizes(module: str, params: float) -> None:
     import importlib
