@@ -4,6 +4,7 @@ throw-away sessions, MonitoredTrainingSession with hooks, concurrent background 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +33,21 @@ def controller() -> Iterator[Controller]:
     shim.install(ctl)
     yield ctl
     shim.uninstall()
+
+
+@contextlib.contextmanager
+def shimmed(restore_dir: Path | None = None) -> Iterator[Controller]:
+    """A controller installed for the block (a restarted process's, with `restore_dir`)."""
+    def exit_fn(code: int) -> None:
+        raise Exited(code)
+
+    ctl = Controller(Settings(job_id="t", restore_dir=str(restore_dir) if restore_dir else None),
+                     channel=FakeChannel(), exit_fn=exit_fn)
+    shim.install(ctl)
+    try:
+        yield ctl
+    finally:
+        shim.uninstall()
 
 
 def mlp_graph(replicas: int = 1, seed: int = 0) -> tuple[Any, Any, Any, Any, argparse.Namespace]:
@@ -442,9 +458,6 @@ def test_variables_created_after_the_restore_come_back_from_the_checkpoint(
     They must come back from the checkpoint before its first training step (its next step
     then equals the source's), while a variable the checkpoint lacks keeps the program's
     own value."""
-    def exit_fn(code: int) -> None:
-        raise Exited(code)
-
     def phase1() -> tuple[Any, Any, Any]:
         gs = tf.compat.v1.train.get_or_create_global_step()
         w = tf.compat.v1.get_variable("w", initializer=tf.constant([1.0, -2.0, 3.0]))
@@ -459,41 +472,30 @@ def test_variables_created_after_the_restore_come_back_from_the_checkpoint(
         return {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()
                 if v.op.name != "extra"}
 
-    source = Controller(Settings(job_id="t"), channel=FakeChannel(), exit_fn=exit_fn)
-    shim.install(source)
-    try:
-        with tf.Graph().as_default() as g, session(g) as sess:
-            gs, w, _ = phase1()
-            train = phase2(gs, w)
-            sess.run(tf.compat.v1.global_variables_initializer())
-            for _ in range(3):
-                sess.run(train)
-            source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
-            sess.run(train)  # the checkpoint holds step 4
+    with shimmed() as source, tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, _ = phase1()
+        train = phase2(gs, w)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(3):
             sess.run(train)
-            expected = state(sess)  # step 5
-    finally:
-        shim.uninstall()
+        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        sess.run(train)  # the checkpoint holds step 4
+        sess.run(train)
+        expected = state(sess)  # step 5
     assert acks(source)[-1].ok and acks(source)[-1].step == 4
 
-    restarted = Controller(Settings(job_id="t", restore_dir=str(tmp_path / "ck")),
-                           channel=FakeChannel(), exit_fn=exit_fn)
-    shim.install(restarted)
-    try:
-        with tf.Graph().as_default() as g, session(g) as sess:
-            gs, w, _ = phase1()
-            sess.run(tf.compat.v1.global_variables_initializer())  # the restore point
-            assert sess.run(gs) == 4  # past the switch: build phase 2 now
-            before = set(tf.compat.v1.global_variables())
-            train = phase2(gs, w)
-            extra = tf.compat.v1.get_variable("extra", initializer=tf.constant(7.0))
-            sess.run(tf.compat.v1.variables_initializer(
-                [v for v in tf.compat.v1.global_variables() if v not in before]))
-            sess.run(train)  # the shim restores again right before this
-            got = state(sess)
-            assert sess.run(extra) == 7.0  # not in the checkpoint: the program's own value
-    finally:
-        shim.uninstall()
+    with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, _ = phase1()
+        sess.run(tf.compat.v1.global_variables_initializer())  # the restore point
+        assert sess.run(gs) == 4  # past the switch: build phase 2 now
+        before = set(tf.compat.v1.global_variables())
+        train = phase2(gs, w)
+        extra = tf.compat.v1.get_variable("extra", initializer=tf.constant(7.0))
+        sess.run(tf.compat.v1.variables_initializer(
+            [v for v in tf.compat.v1.global_variables() if v not in before]))
+        sess.run(train)  # the shim restores again right before this
+        got = state(sess)
+        assert sess.run(extra) == 7.0  # not in the checkpoint: the program's own value
     assert set(got) == set(expected) and {"w/Adam", "w/Adam_1", "beta1_power"} <= set(got)
     for name, value in expected.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
@@ -505,26 +507,15 @@ def test_an_evaluation_session_initialised_first_does_not_decide_the_restore(
     initialised before its two-tower training graph: the checkpoint fits neither the
     evaluation graph's variables nor its tower count, which used to end the process there.
     It is restored into the training session, which trains on from the checkpoint."""
-    def exit_fn(code: int) -> None:
-        raise Exited(code)
-
     g, gs, train, init, _ = trainable_graph(replicas=2)
-    source = Controller(Settings(job_id="t"), channel=FakeChannel(), exit_fn=exit_fn)
-    shim.install(source)
-    try:
-        with session(g, 2) as sess:
-            sess.run(init)
-            source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
-            for _ in range(3):
-                sess.run(train)
-    finally:
-        shim.uninstall()
+    with shimmed() as source, session(g, 2) as sess:
+        sess.run(init)
+        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        for _ in range(3):
+            sess.run(train)
     assert acks(source)[-1].ok and acks(source)[-1].step == 1
 
-    restarted = Controller(Settings(job_id="t", restore_dir=str(tmp_path / "ck")),
-                           channel=FakeChannel(), exit_fn=exit_fn)
-    shim.install(restarted)
-    try:
+    with shimmed(tmp_path / "ck") as restarted:
         eval_graph, _, _, _, _ = mlp_graph(replicas=1)
         with eval_graph.as_default():
             tf.Variable(0, name="evaluations")
@@ -536,8 +527,6 @@ def test_an_evaluation_session_initialised_first_does_not_decide_the_restore(
             assert sess.run(gs) == 1  # restored into the session that trains
             sess.run(train)
             assert sess.run(gs) == 2
-    finally:
-        shim.uninstall()
     assert restarted.restored_step == 1
 
 
