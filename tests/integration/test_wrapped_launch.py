@@ -135,3 +135,28 @@ def test_a_job_that_never_connects_is_honestly_uncontrollable(cluster: Cluster,
     assert cluster.job(stuck).state == RUNNING
     assert cluster.job(other).state == common_pb2.JOB_STATE_QUEUED
     gandiva(cluster, "kill", stuck, other)
+
+
+def test_a_job_that_evaluates_in_a_python_subprocess_trains_to_the_end(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A training program that evaluates its own checkpoint in a Python subprocess importing
+    TensorFlow (tests/tf_runtime/programs/spawns_eval.py), launched by a real helper with its
+    status pipe: the evaluator used to exit at its import (the pipe's descriptor, named in
+    its environment, is closed in the child) and fail the job. It trains to the end, is
+    suspended and resumed across evaluations, and the evaluator never takes its stream."""
+    cluster.add_helper("w1", 1)
+    programs = REPO / "tests" / "tf_runtime" / "programs"
+    job_id = submit(cluster, "spawns", ["python", str(programs / "spawns_eval.py"), "--steps", "60",
+                                        "--eval-every", "10", "--step-sleep", "0.1",
+                                        "--workdir", str(tmp_path / "work")], tmp_path)
+    cluster.wait_for(lambda: cluster.job(job_id).steps >= 12, 180)  # past an evaluation
+    out = gandiva(cluster, "suspend", job_id)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    assert gandiva(cluster, "resume", job_id).returncode == 0
+    cluster.wait_for(lambda: cluster.job(job_id).steps >= 32, 180)
+    assert gandiva(cluster, "suspend", job_id).returncode == 0  # after more evaluations
+    assert gandiva(cluster, "resume", job_id).returncode == 0
+    cluster.wait_for(lambda: cluster.job(job_id).state == common_pb2.JOB_STATE_SUCCEEDED, 240)
+    log = (tmp_path / "logs" / f"{job_id}.log").read_text()
+    assert log.count("held-out loss") == 6, log[-3000:]
+    assert "did not start" not in log
