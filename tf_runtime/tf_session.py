@@ -39,6 +39,7 @@ from .checkpoint import (
     write_atomically,
 )
 from .fetches import fetch_key, flatten
+from .graph_walk import FunctionScan, Inside, through
 from .replicas import Group, VarSpec, group_replicas, strip_output
 
 log = logging.getLogger(__name__)
@@ -67,13 +68,15 @@ _PY_FUNCS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 _CONSTANT_INPUTS = frozenset({"Const", "HostConst"})
 
 
-def _python_source(op: Any) -> bool:
-    """A Python function in the graph that takes nothing from it (`tf.numpy_function(
-    lambda: next(batches), [], ...)`): its values come from the program's Python state
-    (an iterator, a file position, numpy's global generator), which no checkpoint holds.
-    One given a tensor (the global step, a placeholder, the weights) is taken to compute
-    from it."""
-    return op.type in _PY_FUNCS and all(t.op.type in _CONSTANT_INPUTS for t in op.inputs)
+def _stateful_node(kind: str, inputs: list[str]) -> bool:
+    """Whether an op of type `kind`, its inputs of the types `inputs`, reads input whose
+    position no checkpoint holds (the same rule for graph ops and function nodes): one of
+    `_STATEFUL_INPUTS`, or a Python function in the graph that takes nothing from it
+    (`tf.numpy_function(lambda: next(batches), [], ...)`), whose values come from the
+    program's Python state (an iterator, a file position, numpy's global generator). One
+    given a tensor (the global step, a placeholder, the weights) is taken to compute from it."""
+    return kind in _STATEFUL_INPUTS or (
+        kind in _PY_FUNCS and all(t in _CONSTANT_INPUTS for t in inputs))
 
 
 def _tables_prefix(prefix: str) -> str:
@@ -328,16 +331,19 @@ class TFSessionAdapter:
             if read is not None:
                 reads_gs = True
                 plain_read = plain_read or read == "plain"
-        training, reached = self._walk(roots)
+        inside, reached = self._walk(roots)
+        training = inside.training
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
         initializes_some = bool(self._init_ops and self._init_ops & reached)
         restores = any(op.type in _RESTORES for op in reached)
-        advances = self._gs_op is not None and any(
-            op.type in _STEP_SETS and op.inputs and op.inputs[0].op is self._gs_op
-            for op in reached)
+        # The step's op itself, or behind v1 control flow's Enter/Switch (a loop, a cond),
+        # or an update in a function of v2 control flow (`inside`).
+        advances = self._gs_op is not None and (inside.advances or any(
+            op.type in _STEP_SETS and op.inputs and through(op.inputs[0].op) is self._gs_op
+            for op in reached))
         stateful = "" if not training else next(
             (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
-             if op.type in _STATEFUL_INPUTS or _python_source(op)), "")
+             if _stateful_node(op.type, [t.op.type for t in op.inputs])), inside.stateful)
         if advances and plain_read and not self._warned_racy_read:
             self._warned_racy_read = True
             log.warning(
@@ -366,11 +372,16 @@ class TFSessionAdapter:
             op = op.inputs[0].op
         return None
 
-    def _walk(self, roots: list[Any]) -> tuple[bool, set[Any]]:
+    def _walk(self, roots: list[Any]) -> tuple[Inside, set[Any]]:
+        """The ops a run of `roots` reaches, and whether it trains: applies gradients or
+        updates a trainable variable or the global step, in the graph or in a function
+        its control flow calls (a v2 `tf.while_loop` of several updates per run)."""
         seen: set[Any] = set()
         stack = list(roots)
-        training = False
         targets = self._trainable_ops | ({self._gs_op} if self._gs_op is not None else set())
+        inside = Inside()
+        functions = FunctionScan(self.graph, self._gs_op, targets, _STEP_UPDATES, _STEP_SETS,
+                                 _TRAIN_PREFIXES, _stateful_node)
         while stack:
             op = stack.pop()
             if op in seen:
@@ -378,11 +389,12 @@ class TFSessionAdapter:
             seen.add(op)
             t = op.type
             if t.startswith(_TRAIN_PREFIXES) or (
-                    t in _STEP_UPDATES and op.inputs and op.inputs[0].op in targets):
-                training = True
+                    t in _STEP_UPDATES and op.inputs and through(op.inputs[0].op) in targets):
+                inside.training = True
+            functions.scan(op, inside)
             stack.extend(x.op for x in op.inputs)
             stack.extend(op.control_inputs)
-        return training, seen
+        return inside, seen
 
     def metrics(self, info: RunInfo, results: Any) -> dict[str, float]:
         flat = flatten(results)

@@ -96,7 +96,8 @@ def _autoload_env() -> dict[str, str]:
 
 @pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable",
                                   "late", "two_phase", "eval_graph", "num_steps",
-                                  "spawns_eval", "accumulate", "tables"])
+                                  "spawns_eval", "accumulate", "tables", "steps_per_run",
+                                  "loss_scale"])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -131,8 +132,11 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     in a run of its own; runs named by strings; migrated warm and naive (no fix needed).
     tables: a MutableHashTable of label counts weighting the loss and a DenseHashTable,
     both updated in the training run; migrated warm and naive (the tables used to restart
-    empty)."""
-    steps = ["--steps", "30", "--step-sleep", "0.03"]
+    empty). steps_per_run: `disable_v2_behavior()`, three Momentum updates per session run in
+    a v1 `tf.while_loop`, input computed in the graph from the step; loss_scale: TensorFlow's
+    dynamic loss scaling (the update applied in a v2 `tf.cond`); both migrated warm and naive
+    (the shim used to see no step of either: no progress, no command ever applied)."""
+    steps = ["--steps", "90" if kind == "steps_per_run" else "30", "--step-sleep", "0.03"]
     script, command, env = {"gan": ("gan.py", None, {}),
                             "module": ("optimizers.py", ["python", "-m", "optimizers"],
                                        _autoload_env()),
@@ -145,7 +149,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
                             "num_steps": ("num_steps.py", None, {}),
                             "spawns_eval": ("spawns_eval.py", None, _autoload_env()),
                             "accumulate": ("accumulate.py", None, {}),
-                            "tables": ("tables.py", None, {})}[kind]
+                            "tables": ("tables.py", None, {}),
+                            "steps_per_run": ("steps_per_run.py", None, {}),
+                            "loss_scale": ("cond_apply.py", None, {})}[kind]
 
     def flags(run: str) -> list[str]:
         if kind == "module":
@@ -163,10 +169,11 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     job = FeedJob(launch, runtime_server, f"kind-{kind}", flags("run"), tmp_path / "run.npz",
                   tmp_path, script=str(PROGRAMS / script), command=command, env=env)
     job.start()
-    if kind in ("gan", "ema", "callable", "late", "eval_graph", "accumulate", "tables"):
+    if kind in ("gan", "ema", "callable", "late", "eval_graph", "accumulate", "tables",
+                "steps_per_run", "loss_scale"):
         job.pause(0.2)
         job.migrate_warm()
-        if kind in ("eval_graph", "accumulate", "tables"):
+        if kind in ("eval_graph", "accumulate", "tables", "steps_per_run", "loss_scale"):
             job.pause(0.2)
             job.migrate_naive()
     elif kind == "module":

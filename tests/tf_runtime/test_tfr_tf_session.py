@@ -171,6 +171,98 @@ def test_which_training_runs_advance_the_step_and_which_read_unsaved_input(
         assert "IteratorGetNext" in migratability[-1][1] and "tf.data" in migratability[-1][1]
 
 
+@contextlib.contextmanager
+def control_flow(version: str) -> Iterator[None]:
+    """Graphs built in the block use v1 control flow and reference variables (as programs
+    calling `disable_v2_behavior()` do) or TensorFlow 2's functional control flow."""
+    if version == "v1":
+        tf.compat.v1.disable_control_flow_v2()
+        tf.compat.v1.disable_resource_variables()
+    try:
+        yield
+    finally:
+        tf.compat.v1.enable_control_flow_v2()
+        tf.compat.v1.enable_resource_variables()
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_updates_inside_control_flow_are_training_runs(version: str,
+                                                        controller: Controller) -> None:
+    """An update inside a `tf.while_loop` (several per run), a `tf.cond` (a step skipped
+    when the gradients are not finite: TensorFlow's own dynamic loss scaling, or by hand),
+    a cond nested in a loop or a `tf.function` called from the graph trains and advances
+    the global step: the shim used to see none of them (v2 control flow hides them in
+    functions, v1 passes the step through Enter/Switch), so the job counted no step and
+    took no command. Dropout inside a loop reads unsaved input; a loop that only
+    evaluates does not train."""
+    g = tf.Graph()
+    with control_flow(version), g.as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 1]))
+        opt = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
+
+        def loss_at(i: Any, rate: float = 0.0) -> Any:
+            x = tf.random.stateless_normal([2, 3], seed=tf.stack([tf.cast(i, tf.int32), 1]))
+            if rate:
+                x = tf.compat.v1.nn.dropout(x, rate=rate)
+            return tf.reduce_sum(tf.matmul(x, w) ** 2)
+
+        def loop(body_loss: Any, apply: bool = True) -> Any:
+            def body(i: Any) -> Any:
+                with tf.control_dependencies([i]):
+                    step = tf.identity(gs)
+                done = opt.minimize(body_loss(step), global_step=gs) if apply \
+                    else tf.identity(body_loss(step))
+                with tf.control_dependencies([done]):
+                    return i + 1
+            return tf.while_loop(lambda i: i < 3, body, [tf.constant(0)])
+
+        per_run = loop(loss_at)
+        dropout_loop = loop(lambda i: loss_at(i, rate=0.5))
+        evaluation = loop(loss_at, apply=False)
+        grads = tf.gradients(loss_at(gs), [w])
+
+        def skip_unless_finite() -> Any:
+            def apply() -> Any:
+                with tf.control_dependencies([opt.apply_gradients(zip(grads, [w]),
+                                                                  global_step=gs)]):
+                    return tf.constant(True)
+            return tf.cond(tf.reduce_all(tf.math.is_finite(grads[0])), apply,
+                           lambda: tf.constant(False))
+
+        by_hand = skip_unless_finite()
+        loss_scaled = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), "dynamic").minimize(
+                loss_at(gs), global_step=gs)
+        nested = tf.while_loop(lambda i: i < 2, lambda i: tf.tuple(
+            [i + 1], control_inputs=[skip_unless_finite()])[0], [tf.constant(0)])
+        runs = {"loop": per_run, "cond": by_hand, "loss scale": loss_scaled,
+                "cond in a loop": nested}
+        if version == "v2":
+            @tf.function
+            def step_fn() -> Any:
+                return gs.assign_add(1)
+
+            runs["tf.function"] = step_fn()
+        init = tf.compat.v1.global_variables_initializer()
+    with session(g) as sess:
+        adapter = sess._gandiva_chain.adapter
+        for name, run in runs.items():
+            info = adapter.classify(run)
+            assert info.is_training and info.advances_step, name
+            assert not info.stateful_input, name
+        info = adapter.classify(dropout_loop)
+        assert info.is_training and "RandomUniform" in info.stateful_input
+        assert not adapter.classify(evaluation).is_training
+        sess.run(init)
+        step = sess.run(gs)
+        for _ in range(3):
+            sess.run(per_run)
+            step = sess.run(gs)
+        assert step == 9  # three updates a run
+        assert controller.meter.steps == 3 and controller.migratable is True
+
+
 def test_throwaway_session_then_the_real_one(controller: Controller, tmp_path: Path) -> None:
     g, _gs, train, _, _ = mlp_graph()
     with g.as_default():
