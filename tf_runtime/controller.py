@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from .chain import FirstRun, RunGate, RunInfo, SessionAdapter
 from .checkpoint import CheckpointError, CheckpointInfo, TowersChanged
 from .commands import Ack, Command, Kind
+from .errors import error_summary
 from .gpu_release import CpuBackend, GpuReleaseBackend, ReleaseError
 from .pipes import StatusPipe, read_activation
 from .progress import ProgressMeter
@@ -394,9 +395,8 @@ class Controller:
                 # CheckpointError, OSError, or the run itself failing where the program
                 # had not yet set up its input (an iterator it initialises after the
                 # restore point): the snapshot is restored; the first real step builds.
-                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 log.warning("warm: no rehearsal of the first step (%s); holding without it",
-                            first_line)
+                            error_summary(exc))
             else:
                 self._save_built = True
                 log.info("warm: first step rehearsed %s",

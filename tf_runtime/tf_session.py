@@ -38,6 +38,7 @@ from .checkpoint import (
     validate,
     write_atomically,
 )
+from .errors import error_summary
 from .fetches import fetch_key, flatten
 from .graph_walk import FunctionScan, Inside, through
 from .replicas import Group, VarSpec, group_replicas, strip_output
@@ -91,19 +92,53 @@ def _state_key(graph: tf.Graph, variables: list[Any]) -> tuple[str, ...]:
     return tuple(sorted(v.name for v in variables)) + tuple(sorted(f"table:{n}" for n in tables))
 
 
+_VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable", "AutoReloadVariable"})
+_LOCAL_KEYS = (tf_ops.GraphKeys.LOCAL_VARIABLES, tf_ops.GraphKeys.METRIC_VARIABLES)
+
+
+def _state_variables(graph: tf.Graph) -> tuple[list[Any], list[Any]]:
+    """The graph's variables, as (model, local): every variable of any collection. The
+    model's are the global variables and those a program keeps in collections of its own
+    (`get_variable(..., collections=["model", TRAINABLE_VARIABLES])`, which
+    `global_variables()` misses); the local ones (streaming metrics' accumulators, an input
+    producer's epoch counter) are those only in LOCAL_VARIABLES or METRIC_VARIABLES. Each
+    variable once, in the order its collections list it."""
+    local_ids = {id(v) for key in _LOCAL_KEYS for v in graph.get_collection(key)}
+    model: dict[str, Any] = {}
+    local: dict[str, Any] = {}
+    keys = [tf_ops.GraphKeys.GLOBAL_VARIABLES, *sorted(
+        k for k in graph.get_all_collection_keys()
+        if isinstance(k, str) and k != tf_ops.GraphKeys.GLOBAL_VARIABLES)]
+    for key in keys:
+        for v in graph.get_collection(key):
+            # A variable itself: not what `assign` returns on a resource variable (an
+            # unread variable, which UPDATE_OPS holds for a moving average's update).
+            if not isinstance(v, tf.Variable) or v.op.type not in _VARIABLE_OPS or \
+                    v.name in model or v.name in local:
+                continue
+            (local if id(v) in local_ids and key != tf_ops.GraphKeys.GLOBAL_VARIABLES
+             else model)[v.name] = v
+    return list(model.values()), list(local.values())
+
+
 def _global_variables(graph: tf.Graph) -> list[Any]:
-    local = {id(v) for v in graph.get_collection(tf_ops.GraphKeys.LOCAL_VARIABLES)}
-    return [v for v in graph.get_collection(tf_ops.GraphKeys.GLOBAL_VARIABLES) if id(v) not in local]
+    """The variables a checkpoint must hold to restart training (see `_state_variables`)."""
+    return _state_variables(graph)[0]
+
+
+def _locals_prefix(prefix: str) -> str:
+    """Where the local variables go, beside the variables' files (`model` -> `locals`)."""
+    return str(Path(prefix).with_name("locals"))
 
 
 class Checkpointer:
     """Save and restore ops for one graph's training state."""
 
     def __init__(self, graph: tf.Graph) -> None:
-        variables = _global_variables(graph)
+        variables, local = _state_variables(graph)
         if not variables:
             raise CheckpointError("the graph has no global variables to checkpoint")
-        self.key = _state_key(graph, variables)
+        self.key = _state_key(graph, variables + local)
         by_name = {strip_output(v.name): v for v in variables}
         specs = [VarSpec(n, tuple(v.shape.as_list()), v.dtype.base_dtype.name)
                  for n, v in by_name.items()]
@@ -137,6 +172,17 @@ class Checkpointer:
                     var_list=tables, sharded=False, save_relative_paths=True,
                     max_to_keep=None, write_version=tf.compat.v1.train.SaverDef.V2,
                     name="tables_saver").saver_def
+        # Local variables (a streaming metric's total and count, updated in the training
+        # run) in a file of their own: a program may leave them uninitialised until it
+        # evaluates, and a checkpoint must not fail for them.
+        self.locals: Any = None
+        if local:
+            with graph.as_default(), tf.name_scope("gandiva_checkpoint"), tf.device("/cpu:0"):
+                self.locals = tf.compat.v1.train.Saver(
+                    var_list={strip_output(v.name): v for v in local}, sharded=False,
+                    save_relative_paths=True, max_to_keep=None,
+                    write_version=tf.compat.v1.train.SaverDef.V2, name="locals_saver").saver_def
+        self._locals_unsaved = ""
         self._graph, self._by_name = graph, by_name
         self._subset: tuple[tuple[str, ...], tuple[Any, Any]] | None = None
 
@@ -145,10 +191,34 @@ class Checkpointer:
         if self.tables is not None:
             run(self.tables.save_tensor_name,
                 {self.tables.filename_tensor_name: _tables_prefix(prefix)}, None, None)
+        if self.locals is not None:
+            try:
+                run(self.locals.save_tensor_name,
+                    {self.locals.filename_tensor_name: _locals_prefix(prefix)}, None, None)
+            except (tf.errors.FailedPreconditionError, tf.errors.NotFoundError) as exc:
+                # not initialised (yet): a reference variable's error, a resource one's
+                reason = error_summary(exc)
+                if reason != self._locals_unsaved:
+                    self._locals_unsaved = reason
+                    log.info("local variables not in this checkpoint: not all initialised "
+                             "(%s); a restored copy initialises them as the program does",
+                             reason)
 
     def restore(self, run: Callable[..., Any], prefix: str) -> None:
         run(self.restore_op, {self._prefix: prefix}, None, None)
         self._restore_tables(run, prefix)
+        self._restore_locals(run, prefix)
+
+    def _restore_locals(self, run: Callable[..., Any], prefix: str) -> None:
+        if self.locals is None or not Path(_locals_prefix(prefix) + ".index").exists():
+            return  # none saved: they keep the values the program gave them
+        try:
+            run(self.locals.restore_op_name,
+                {self.locals.filename_tensor_name: _locals_prefix(prefix)}, None, None)
+        except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as exc:
+            log.warning("the checkpoint's local variables do not fit this graph's (%s): "
+                        "they keep the values the program gave them",
+                        error_summary(exc))
 
     def _restore_tables(self, run: Callable[..., Any], prefix: str) -> None:
         if self.tables is None:
@@ -179,6 +249,7 @@ class Checkpointer:
         placeholder, op = self._subset[1]
         run(op, {placeholder: prefix}, None, None)
         self._restore_tables(run, prefix)
+        self._restore_locals(run, prefix)
 
     def _build_restore(self, names: tuple[str, ...]) -> tuple[Any, Any]:
         groups = [g for g in self.groups if g.canonical in names]
@@ -229,10 +300,10 @@ def ensure_checkpointer(graph: tf.Graph) -> Checkpointer | None:
     """
     with _BUILD_LOCK:
         current = _CHECKPOINTERS.get(graph)
-        variables = _global_variables(graph)
+        variables, local = _state_variables(graph)
         if not variables:
             return current
-        key = _state_key(graph, variables)
+        key = _state_key(graph, variables + local)
         if current is not None and current.key == key:
             return current
         finalized = graph.finalized
@@ -283,6 +354,7 @@ class TFSessionAdapter:
         self._gs_op: Any = None
         self.has_global_step()  # looks it up now; again later while the graph lacks one
         self._init_ops: frozenset[Any] | None = None
+        self._some_init_ops: frozenset[Any] = frozenset()
         self._watched_key: tuple[str, ...] | None = None
         self._warned_racy_read = False
 
@@ -306,11 +378,19 @@ class TFSessionAdapter:
         return info
 
     def _refresh_graph_facts(self) -> None:
-        variables = _global_variables(self.graph)
-        key = tuple(v.name for v in variables)
+        variables, local = _state_variables(self.graph)
+        key = tuple(v.name for v in variables + local)
         if key != self._watched_key:
             self._watched_key = key
-            self._init_ops = frozenset(v.initializer for v in variables)
+            # The restore point is the run that initialises the global variables (as
+            # `global_variables_initializer()` does); one initialising any variable the
+            # checkpoint holds after the restore (a collection of the program's own, the
+            # local variables of MonitoredSession's local_init_op) makes the shim restore
+            # again before the first training step.
+            in_global = {id(v) for v in self.graph.get_collection(
+                tf_ops.GraphKeys.GLOBAL_VARIABLES)}
+            self._init_ops = frozenset(v.initializer for v in variables if id(v) in in_global)
+            self._some_init_ops = frozenset(v.initializer for v in variables + local)
             self.has_global_step()
             self._trainable_ops = frozenset(
                 v.op for v in self.graph.get_collection(tf_ops.GraphKeys.TRAINABLE_VARIABLES))
@@ -334,7 +414,7 @@ class TFSessionAdapter:
         inside, reached = self._walk(roots)
         training = inside.training
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
-        initializes_some = bool(self._init_ops and self._init_ops & reached)
+        initializes_some = bool(self._some_init_ops & reached)
         restores = any(op.type in _RESTORES for op in reached)
         # The step's op itself, or behind v1 control flow's Enter/Switch (a loop, a cond),
         # or an update in a function of v2 control flow (`inside`).
@@ -440,11 +520,11 @@ class TFSessionAdapter:
     def rehearse(self, step: Callable[[], Any]) -> dict[str, float]:
         """Run `step` (a training run) once and undo it; returns phase timings.
 
-        The global variables (weights, optimizer slots, global step: everything a
-        checkpoint holds) are saved to a scratch directory first and restored after,
-        which also builds the save and restore ops' executors. What is not a global
-        variable is not undone: local variables, input iterators and queues (one
-        batch consumed), stateful random ops (their sequence advanced once).
+        Everything a checkpoint holds (weights, optimizer slots, global step, local
+        variables once initialised, lookup tables) is saved to a scratch directory first
+        and restored after, which also builds the save and restore ops' executors. What
+        no checkpoint holds is not undone: input iterators and queues (one batch
+        consumed), stateful random ops (their sequence advanced once).
         """
         ckpt = self.checkpointer()
         scratch = _scratch_dir("rehearsal")

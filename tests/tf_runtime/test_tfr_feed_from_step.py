@@ -97,7 +97,7 @@ def _autoload_env() -> dict[str, str]:
 @pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable",
                                   "late", "two_phase", "eval_graph", "num_steps",
                                   "spawns_eval", "accumulate", "tables", "steps_per_run",
-                                  "loss_scale"])
+                                  "loss_scale", "hooks", "metrics"])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -135,7 +135,14 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     empty). steps_per_run: `disable_v2_behavior()`, three Momentum updates per session run in
     a v1 `tf.while_loop`, input computed in the graph from the step; loss_scale: TensorFlow's
     dynamic loss scaling (the update applied in a v2 `tf.cond`); both migrated warm and naive
-    (the shim used to see no step of either: no progress, no command ever applied)."""
+    (the shim used to see no step of either: no progress, no command ever applied).
+    hooks: a MonitoredSession built from a Scaffold (init_fn, local_init_op) with most of
+    TensorFlow's hooks, a streaming mean of the loss updated in the training run and a
+    trainable scale in a collection of its own; metrics: a plain loop with such a scale
+    initialised in a run of its own, an accuracy metric reset before each evaluation (its
+    local variables uninitialised until the first); both migrated warm (holding without a
+    rehearsal: the program initialises that state after the restore point) and naive (the
+    scale and the metrics used to restart from their initial values)."""
     steps = ["--steps", "90" if kind == "steps_per_run" else "30", "--step-sleep", "0.03"]
     script, command, env = {"gan": ("gan.py", None, {}),
                             "module": ("optimizers.py", ["python", "-m", "optimizers"],
@@ -151,14 +158,17 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
                             "accumulate": ("accumulate.py", None, {}),
                             "tables": ("tables.py", None, {}),
                             "steps_per_run": ("steps_per_run.py", None, {}),
-                            "loss_scale": ("cond_apply.py", None, {})}[kind]
+                            "loss_scale": ("cond_apply.py", None, {}),
+                            "hooks": ("hooks_scaffold.py", None, {}),
+                            "metrics": ("metrics_plain.py", None, {})}[kind]
 
     def flags(run: str) -> list[str]:
         if kind == "module":
             return ["--opt", "ftrl", "--decay", "piecewise", *steps]
-        if kind in ("reopen", "ema", "eval_graph", "spawns_eval"):  # own checkpoints
+        if kind in ("reopen", "ema", "eval_graph", "spawns_eval", "hooks"):  # own checkpoints
             counter = {"eval_graph": ["--eval-counter"],
-                       "spawns_eval": ["--eval-every", "10"]}.get(kind, [])
+                       "spawns_eval": ["--eval-every", "10"],
+                       "hooks": ["--custom-collection"]}.get(kind, [])
             return ["--workdir", str(tmp_path / f"own-{run}"), *counter, *steps]
         if kind == "two_phase":
             return ["--switch", "4", *steps]
@@ -176,6 +186,11 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
         if kind in ("eval_graph", "accumulate", "tables", "steps_per_run", "loss_scale"):
             job.pause(0.2)
             job.migrate_naive()
+    elif kind in ("hooks", "metrics"):
+        job.pause(0.2)
+        job.migrate_warm(rehearsed=False)
+        job.pause(0.2)
+        job.migrate_naive()
     elif kind == "module":
         job.migrate_naive()
     elif kind == "spawns_eval":

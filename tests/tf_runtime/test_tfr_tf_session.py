@@ -76,6 +76,13 @@ def session(g: Any, replicas: int = 1) -> Any:
         device_count={"CPU": replicas}, intra_op_parallelism_threads=1))
 
 
+def checkpoint_at_the_next_step(ctl: Controller, sess: Any, train: Any, path: Path) -> None:
+    """A checkpoint into `path` at the end of the next training run, then one more run."""
+    ctl.enqueue(Command("c", Kind.CHECKPOINT, str(path)))
+    sess.run(train)
+    sess.run(train)
+
+
 def acks(ctl: Controller) -> list[Any]:
     return ctl.channel.acks  # type: ignore[union-attr, no-any-return]
 
@@ -570,9 +577,7 @@ def test_variables_created_after_the_restore_come_back_from_the_checkpoint(
         sess.run(tf.compat.v1.global_variables_initializer())
         for _ in range(3):
             sess.run(train)
-        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
-        sess.run(train)  # the checkpoint holds step 4
-        sess.run(train)
+        checkpoint_at_the_next_step(source, sess, train, tmp_path / "ck")  # step 4
         expected = state(sess)  # step 5
     assert acks(source)[-1].ok and acks(source)[-1].step == 4
 
@@ -591,6 +596,55 @@ def test_variables_created_after_the_restore_come_back_from_the_checkpoint(
     assert set(got) == set(expected) and {"w/Adam", "w/Adam_1", "beta1_power"} <= set(got)
     for name, value in expected.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_state_outside_the_global_variables_travels_with_the_checkpoint(
+        tmp_path: Path) -> None:
+    """A trainable variable in a collection of the program's own (not among the global
+    variables) and a streaming metric (local variables) updated in the training run come
+    back from the checkpoint; before, a restarted job retrained the first from its
+    initial value and restarted the metric. A checkpoint taken while the local variables
+    are not yet initialised (a metric reset only at evaluation) still succeeds, without
+    them; and the program's own initialisation of them after the restore (MonitoredSession's
+    local_init_op) is undone before its first training step."""
+    def build() -> tuple[Any, Any, Any, Any, Any]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant([1.0, -2.0]))
+        scale = tf.compat.v1.get_variable(
+            "scale", initializer=tf.constant(1.5),
+            collections=["model", tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES])
+        loss = tf.reduce_sum(w * w) * scale + tf.square(scale)
+        mean, update = tf.compat.v1.metrics.mean(loss)
+        plain = tf.compat.v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, global_step=gs)
+        with tf.control_dependencies([plain]):
+            train = tf.group(update)
+        return gs, scale, mean, (plain, train), tf.group(
+            tf.compat.v1.global_variables_initializer(),
+            tf.compat.v1.variables_initializer([scale]))
+
+    with shimmed() as source, tf.Graph().as_default() as g, session(g) as sess:
+        gs, scale, mean, (plain, train), init = build()
+        sess.run(init)
+        sess.run(gs)
+        source.enqueue(Command("c0", Kind.CHECKPOINT, str(tmp_path / "early")))
+        sess.run(plain)  # the local variables are not initialised yet
+        sess.run(tf.compat.v1.local_variables_initializer())
+        for _ in range(2):
+            sess.run(train)
+        checkpoint_at_the_next_step(source, sess, train, tmp_path / "ck")  # step 4
+        expected = sess.run({"gs": gs, "scale": scale, "mean": mean})
+    assert [a.ok for a in acks(source)] == [True, True]
+    assert not (tmp_path / "early" / "locals.index").exists()
+    assert (tmp_path / "ck" / "locals.index").exists()
+
+    with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
+        gs, scale, mean, (_, train), init = build()
+        sess.run(init)  # the restore point
+        assert sess.run(gs) == 4 and sess.run(scale) != 1.5
+        sess.run(tf.compat.v1.local_variables_initializer())  # undone before training
+        sess.run(train)
+        got = sess.run({"gs": gs, "scale": scale, "mean": mean})
+    assert got == expected
 
 
 def test_an_evaluation_session_initialised_first_does_not_decide_the_restore(

@@ -27,6 +27,12 @@ def parse(extra: Any = None) -> argparse.Namespace:
     return args
 
 
+def start(extra: Any = None) -> tuple[argparse.Namespace, Any, Any, Any]:
+    """Flags, then the graph's usual beginning: (args, global step, features, labels)."""
+    args = parse(extra)
+    return args, tf.compat.v1.train.get_or_create_global_step(), *inputs()
+
+
 def config() -> Any:
     return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
 
@@ -72,6 +78,22 @@ def plain_loop(args: argparse.Namespace, train: Any, gs: Any, x: Any, y: Any) ->
             time.sleep(args.step_sleep)
         dump(args.dump, sess)
     return sess
+
+
+def monitored_loop(sess: Any, args: argparse.Namespace, train: Any, gs: Any, x: Any,
+                   y: Any) -> int:
+    """A MonitoredSession's loop: read the step, train each mini-batch fed from it until a
+    hook asks to stop. Returns the last step read."""
+    import time
+
+    step = sess.run(gs)
+    while not sess.should_stop():
+        bx, by = batch(step)
+        sess.run(train, {x: bx, y: by})
+        if not sess.should_stop():
+            step = sess.run(gs)
+        time.sleep(args.step_sleep)
+    return int(step)
 
 
 def dump(path: str | None, sess: Any) -> None:

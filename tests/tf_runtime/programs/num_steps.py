@@ -2,8 +2,6 @@
 steps counted from where it started: `StopAtStepHook(num_steps=N)`, not `last_step`. Adagrad;
 each mini-batch fed from the global step it read."""
 
-import time
-
 import _base
 import tensorflow as tf
 
@@ -33,11 +31,5 @@ if args.session == "mts":
 else:
     sess = tf.compat.v1.train.SingularMonitoredSession(hooks=hooks, config=_base.config())
 with sess:
-    step = sess.run(gs)
-    while not sess.should_stop():
-        bx, by = _base.batch(step)
-        sess.run(train, {x: bx, y: by})
-        if not sess.should_stop():
-            step = sess.run(gs)
-        time.sleep(args.step_sleep)
+    step = _base.monitored_loop(sess, args, train, gs, x, y)
 print(f"done at step {step}", flush=True)
