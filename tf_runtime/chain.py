@@ -39,7 +39,9 @@ class RunInfo:
     # Reads input whose position is not a variable (a tf.data iterator, a queue, a
     # stateful random op): the op's type, or "" (see TFSessionAdapter._walk).
     stateful_input: str = ""
-    initializes_some: bool = False    # initialises at least one global variable
+    # Initialises or assigns (not as a training update) a variable a checkpoint holds: a
+    # pre-trained layer loaded from NumPy after the restore point would overwrite it.
+    initializes_some: bool = False
 
 
 @dataclass(frozen=True)

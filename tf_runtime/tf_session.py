@@ -63,6 +63,8 @@ _STATEFUL_INPUTS = frozenset({
     "ParameterizedTruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
     "RandomPoisson", "RandomPoissonV2"})
 _CACHE_LIMIT = 512
+_LOADS = frozenset({"Assign", "AssignVariableOp"})
+_DEPENDS_LIMIT = 200_000  # ops an assign's value is searched through for its own variable
 
 
 _PY_FUNCS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -342,6 +344,22 @@ def find_global_step(graph: Any) -> Any:
     return None
 
 
+def _computed_from(value: Any, variable: Any) -> bool:
+    """Whether the op `value` is computed from the variable op `variable` (its data inputs,
+    searched through at most _DEPENDS_LIMIT ops)."""
+    seen: set[Any] = set()
+    stack = [value]
+    while stack and len(seen) < _DEPENDS_LIMIT:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        if cur is variable:
+            return True
+        stack.extend(x.op for x in cur.inputs)
+    return False
+
+
 class TFSessionAdapter:
     """One tf.compat.v1 Session, as the chain and the controller see it."""
 
@@ -355,6 +373,7 @@ class TFSessionAdapter:
         self.has_global_step()  # looks it up now; again later while the graph lacks one
         self._init_ops: frozenset[Any] | None = None
         self._some_init_ops: frozenset[Any] = frozenset()
+        self._state_ops: frozenset[Any] = frozenset()
         self._watched_key: tuple[str, ...] | None = None
         self._warned_racy_read = False
 
@@ -391,6 +410,7 @@ class TFSessionAdapter:
                 tf_ops.GraphKeys.GLOBAL_VARIABLES)}
             self._init_ops = frozenset(v.initializer for v in variables if id(v) in in_global)
             self._some_init_ops = frozenset(v.initializer for v in variables + local)
+            self._state_ops = frozenset(v.op for v in variables + local)
             self.has_global_step()
             self._trainable_ops = frozenset(
                 v.op for v in self.graph.get_collection(tf_ops.GraphKeys.TRAINABLE_VARIABLES))
@@ -414,7 +434,16 @@ class TFSessionAdapter:
         inside, reached = self._walk(roots)
         training = inside.training
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
-        initializes_some = bool(self._some_init_ops & reached)
+        # A run that is not training but loads a variable the checkpoint holds: a layer
+        # loaded from NumPy (`sess.run(w.assign(array))`) after the restore point. Not an
+        # update computed from the variable (an accumulation, `acc.assign_add(grad)`, run
+        # before the first training run of a step, is part of that step).
+        assigns = not training and any(
+            op.type in _LOADS and len(op.inputs) > 1 and
+            through(op.inputs[0].op) in self._state_ops and
+            not _computed_from(op.inputs[1].op, through(op.inputs[0].op))
+            for op in reached)
+        initializes_some = bool(self._some_init_ops & reached) or assigns
         restores = any(op.type in _RESTORES for op in reached)
         # The step's op itself, or behind v1 control flow's Enter/Switch (a loop, a cond),
         # or an update in a function of v2 control flow (`inside`).
@@ -469,12 +498,25 @@ class TFSessionAdapter:
             seen.add(op)
             t = op.type
             if t.startswith(_TRAIN_PREFIXES) or (
-                    t in _STEP_UPDATES and op.inputs and through(op.inputs[0].op) in targets):
+                    t in _STEP_SETS and op.inputs and self._updates(op, targets)):
                 inside.training = True
             functions.scan(op, inside)
             stack.extend(x.op for x in op.inputs)
             stack.extend(op.control_inputs)
         return inside, seen
+
+    @staticmethod
+    def _updates(op: Any, targets: frozenset[Any] | set[Any]) -> bool:
+        """Whether an assignment is a training update of a trainable variable or the global
+        step: an increment (`assign_add`, `assign_sub`), or an `assign` whose value is
+        computed from the variable itself (gradient descent written by hand,
+        `tf.compat.v1.assign(w, w - rate * grad)`; `gs.assign(gs + 1)`). An assign of a
+        value from elsewhere (a NumPy array, a pre-trained checkpoint) loads, not trains."""
+        target = through(op.inputs[0].op)
+        if target not in targets:
+            return False
+        return op.type in _STEP_UPDATES or (
+            len(op.inputs) > 1 and _computed_from(op.inputs[1].op, target))
 
     def metrics(self, info: RunInfo, results: Any) -> dict[str, float]:
         flat = flatten(results)

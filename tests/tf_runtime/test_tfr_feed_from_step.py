@@ -97,7 +97,8 @@ def _autoload_env() -> dict[str, str]:
 @pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable",
                                   "late", "two_phase", "eval_graph", "num_steps",
                                   "spawns_eval", "accumulate", "tables", "steps_per_run",
-                                  "loss_scale", "hooks", "metrics"])
+                                  "loss_scale", "hooks", "metrics", "numpy", "manual",
+                                  "warm_start", "cluster"])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -142,7 +143,13 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     initialised in a run of its own, an accuracy metric reset before each evaluation (its
     local variables uninitialised until the first); both migrated warm (holding without a
     rehearsal: the program initialises that state after the restore point) and naive (the
-    scale and the metrics used to restart from their initial values)."""
+    scale and the metrics used to restart from their initial values). numpy: a layer loaded
+    from NumPy by `assign` after the initialiser (a restarted copy used to overwrite the
+    restored weights with it); manual: the same with gradient descent written by hand,
+    `gs.assign(gs + 1)` (no step of it used to be seen); both migrated warm and naive.
+    warm_start: `init_from_checkpoint` of a pre-trained backbone, part of it trained;
+    cluster: a parameter server and a worker as in-process gRPC servers,
+    `replica_device_setter`; both migrated warm and naive (no fix needed)."""
     steps = ["--steps", "90" if kind == "steps_per_run" else "30", "--step-sleep", "0.03"]
     script, command, env = {"gan": ("gan.py", None, {}),
                             "module": ("optimizers.py", ["python", "-m", "optimizers"],
@@ -160,18 +167,26 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
                             "steps_per_run": ("steps_per_run.py", None, {}),
                             "loss_scale": ("cond_apply.py", None, {}),
                             "hooks": ("hooks_scaffold.py", None, {}),
-                            "metrics": ("metrics_plain.py", None, {})}[kind]
+                            "metrics": ("metrics_plain.py", None, {}),
+                            "numpy": ("numpy_weights.py", None, {}),
+                            "manual": ("numpy_weights.py", None, {}),
+                            "warm_start": ("warm_start.py", None, {}),
+                            "cluster": ("in_process_cluster.py", None, {})}[kind]
 
     def flags(run: str) -> list[str]:
         if kind == "module":
             return ["--opt", "ftrl", "--decay", "piecewise", *steps]
-        if kind in ("reopen", "ema", "eval_graph", "spawns_eval", "hooks"):  # own checkpoints
+        if kind in ("reopen", "ema", "eval_graph", "spawns_eval", "hooks", "warm_start"):
             counter = {"eval_graph": ["--eval-counter"],
                        "spawns_eval": ["--eval-every", "10"],
                        "hooks": ["--custom-collection"]}.get(kind, [])
             return ["--workdir", str(tmp_path / f"own-{run}"), *counter, *steps]
         if kind == "two_phase":
             return ["--switch", "4", *steps]
+        if kind in ("numpy", "manual"):
+            return ["--update", "apply" if kind == "numpy" else "manual", *steps]
+        if kind == "cluster":
+            return ["--mode", "ps", *steps]
         return steps
 
     baseline = launch(str(PROGRAMS / script), *flags("base"), "--dump", str(tmp_path / "base.npz"),
@@ -180,10 +195,11 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
                   tmp_path, script=str(PROGRAMS / script), command=command, env=env)
     job.start()
     if kind in ("gan", "ema", "callable", "late", "eval_graph", "accumulate", "tables",
-                "steps_per_run", "loss_scale"):
+                "steps_per_run", "loss_scale", "numpy", "manual", "warm_start", "cluster"):
         job.pause(0.2)
         job.migrate_warm()
-        if kind in ("eval_graph", "accumulate", "tables", "steps_per_run", "loss_scale"):
+        if kind in ("eval_graph", "accumulate", "tables", "steps_per_run", "loss_scale",
+                    "numpy", "manual", "warm_start", "cluster"):
             job.pause(0.2)
             job.migrate_naive()
     elif kind in ("hooks", "metrics"):
@@ -218,3 +234,31 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     assert baseline.wait() == 0
     assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
 
+
+
+def test_queue_input_is_suspended_in_place_and_never_migrated(runtime_server: Any, launch: Any,
+                                                             tmp_path: Path) -> None:
+    """QueueRunner input (a batch queue whose runner blocks on a full queue while the job is
+    suspended): judged not migratable, naming the queue; a migration is refused and leaves no
+    checkpoint; suspended and resumed across the blocked enqueue and checkpointed, it ends
+    bit-identical to an uninterrupted run."""
+    script = str(PROGRAMS / "queue_input.py")
+    steps = ["--steps", "80", "--step-sleep", "0.03"]
+    baseline = launch(script, *steps, "--dump", str(tmp_path / "base.npz"), status=False)
+    job = FeedJob(launch, runtime_server, "queues", steps, tmp_path / "run.npz", tmp_path,
+                  script=script)
+    job.start()
+    report = runtime_server.wait_for(
+        lambda j, m: j == "queues" and m.HasField("migratability"), 60)
+    assert report.migratability.migratable is False
+    assert "QueueDequeue" in report.migratability.reason
+    ack = runtime_server.wait_ack(runtime_server.send(
+        "queues", pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(tmp_path / "ck")))
+    assert not ack.ok and "not migratable" in ack.message
+    assert not (tmp_path / "ck").exists()
+    for _ in range(3):
+        job.pause(0.3)
+    job.checkpoint()
+    job.finish()
+    assert baseline.wait() == 0
+    assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")

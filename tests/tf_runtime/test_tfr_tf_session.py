@@ -270,6 +270,52 @@ def test_updates_inside_control_flow_are_training_runs(version: str,
         assert controller.meter.steps == 3 and controller.migratable is True
 
 
+def test_an_assignment_trains_when_computed_from_its_variable(tmp_path: Path) -> None:
+    """Gradient descent written by hand (`assign(w, w - rate * grad)`, `gs.assign(gs + 1)`)
+    is a training run: the shim used to see no step of it. Loading a layer from NumPy
+    (`w.assign(array)`) is not; run after the restore point of a restarted job, it used to
+    overwrite the restored weights with the pre-trained ones: now the shim restores again
+    before the first training step. Accumulating into a variable (`acc.assign_add(grad)`,
+    a micro-batch run before the step's apply run) is neither: it is part of the step."""
+    def build() -> tuple[Any, Any, Any, Any, Any]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant([1.0, -2.0]))
+        (grad,) = tf.gradients(tf.reduce_sum(w * w), [w])
+        with tf.control_dependencies([tf.compat.v1.assign(w, w - 0.1 * grad)]):
+            train = gs.assign(gs + 1)
+        array = tf.compat.v1.placeholder(tf.float32, [2])
+        return gs, w, train, w.assign(array), array
+
+    pretrained = np.array([5.0, 5.0], np.float32)
+    with shimmed() as source, tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, train, load, array = build()
+        adapter = sess._gandiva_chain.adapter
+        manual = adapter.classify(train)
+        assert manual.is_training and manual.advances_step and not manual.initializes_some
+        loading = adapter.classify(load)
+        assert not loading.is_training and loading.initializes_some
+        with g.as_default():
+            acc = tf.compat.v1.get_variable("acc", initializer=tf.zeros([2]), trainable=False)
+            for accumulate in (acc.assign_add(w), acc.assign(acc + w)):
+                info = adapter.classify(accumulate)
+                assert not info.is_training and not info.initializes_some
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(load, {array: pretrained})
+        assert sess.run(gs) == 0
+        sess.run(train)
+        checkpoint_at_the_next_step(source, sess, train, tmp_path / "ck")  # step 2
+        expected = sess.run(w)
+    assert acks(source)[-1].ok and acks(source)[-1].step == 2 and source.meter.steps == 3
+
+    with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, train, load, array = build()
+        sess.run(tf.compat.v1.global_variables_initializer())  # the restore point
+        sess.run(load, {array: pretrained})  # the program loads its pre-trained layer
+        assert sess.run(gs) == 2
+        sess.run(train)  # the shim restores again right before this
+        np.testing.assert_array_equal(sess.run(w), expected)
+
+
 def test_throwaway_session_then_the_real_one(controller: Controller, tmp_path: Path) -> None:
     g, _gs, train, _, _ = mlp_graph()
     with g.as_default():

@@ -65,19 +65,36 @@ def fed_step(sess: Any, train: Any, gs: Any, x: Any, y: Any, step: int) -> int:
     return int(sess.run(gs))
 
 
-def plain_loop(args: argparse.Namespace, train: Any, gs: Any, x: Any, y: Any) -> Any:
-    """The plain Session loop: initialise, read the global step, train each mini-batch fed
-    from the step it read until `--steps`, dump. Returns the session (closed)."""
+def plain_loop(args: argparse.Namespace, train: Any, gs: Any, x: Any, y: Any,
+               after_init: Any = None) -> Any:
+    """The plain Session loop: initialise (then `after_init(sess)`), read the global step,
+    train each mini-batch fed from the step it read until `--steps`, dump. Returns the
+    session (closed)."""
     import time
 
     with tf.compat.v1.Session(config=config()) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
+        if after_init is not None:
+            after_init(sess)
         step = sess.run(gs)
         while step < args.steps:
             step = fed_step(sess, train, gs, x, y, step)
             time.sleep(args.step_sleep)
         dump(args.dump, sess)
     return sess
+
+
+def unfed_loop(sess: Any, args: argparse.Namespace, train: Any, gs: Any) -> int:
+    """A loop whose training run needs no feed (its input is in the graph): train until the
+    global step read after each run reaches `--steps`. Returns that step."""
+    import time
+
+    step = sess.run(gs)
+    while step < args.steps:
+        sess.run(train)
+        step = sess.run(gs)
+        time.sleep(args.step_sleep)
+    return int(step)
 
 
 def monitored_loop(sess: Any, args: argparse.Namespace, train: Any, gs: Any, x: Any,

@@ -4,8 +4,6 @@ session run in a `tf.while_loop` (as programs with `iterations_per_loop` do), ea
 iteration's input computed in the graph from the global step by stateless random ops.
 `--control-flow v2` builds the loop as a functional While op instead."""
 
-import time
-
 import _base
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -48,10 +46,6 @@ def body(i):
 train = tf.while_loop(lambda i: i < args.per_run, body, [tf.constant(0)])
 with tf.Session(config=_base.config()) as sess:
     sess.run(tf.global_variables_initializer())
-    step = sess.run(gs)
-    while step < args.steps:
-        sess.run(train)
-        step = sess.run(gs)
-        time.sleep(args.step_sleep)
+    step = _base.unfed_loop(sess, args, train, gs)
     _base.dump(args.dump, sess)
 print(f"done at step {step}", flush=True)
