@@ -88,7 +88,10 @@ class FunctionScan:
             self._function(name, outer, into, 0)
 
     def _definition(self, name: str) -> Any:
-        fn = self.graph._get_function(name)
+        # A private lookup of TensorFlow's Graph (as `_unsafe_unfinalize`); without it the
+        # bodies go unread, as before this module, and every run is still classified.
+        lookup = getattr(self.graph, "_get_function", None)
+        fn = lookup(name) if lookup is not None else None
         return getattr(fn, "definition", None) if fn is not None else None
 
     def _function(self, name: str, outer: list[Any], into: Inside, depth: int) -> None:

@@ -10,6 +10,7 @@ shim builds them when a session is created or when `Graph.finalize` is called
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -346,17 +347,18 @@ def find_global_step(graph: Any) -> Any:
 
 def _computed_from(value: Any, variable: Any) -> bool:
     """Whether the op `value` is computed from the variable op `variable` (its data inputs,
-    searched through at most _DEPENDS_LIMIT ops)."""
-    seen: set[Any] = set()
-    stack = [value]
-    while stack and len(seen) < _DEPENDS_LIMIT:
-        cur = stack.pop()
-        if cur in seen:
-            continue
-        seen.add(cur)
+    searched breadth first, nearest first: `w - rate * grad` reads `w` two ops up, while
+    `grad` leads through the whole backward graph; at most _DEPENDS_LIMIT ops)."""
+    seen = {value}
+    queue = collections.deque([value])
+    while queue and len(seen) < _DEPENDS_LIMIT:
+        cur = queue.popleft()
         if cur is variable:
             return True
-        stack.extend(x.op for x in cur.inputs)
+        for x in cur.inputs:
+            if x.op not in seen:
+                seen.add(x.op)
+                queue.append(x.op)
     return False
 
 
