@@ -124,11 +124,6 @@ def _state_variables(graph: tf.Graph) -> tuple[list[Any], list[Any]]:
     return list(model.values()), list(local.values())
 
 
-def _global_variables(graph: tf.Graph) -> list[Any]:
-    """The variables a checkpoint must hold to restart training (see `_state_variables`)."""
-    return _state_variables(graph)[0]
-
-
 def _locals_prefix(prefix: str) -> str:
     """Where the local variables go, beside the variables' files (`model` -> `locals`)."""
     return str(Path(prefix).with_name("locals"))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +96,91 @@ def _autoload_env() -> dict[str, str]:
             "PYTHONPATH": path_with_autoload(f"{REPO}{os.pathsep}{PROGRAMS}")}
 
 
-@pytest.mark.parametrize("kind", ["gan", "module", "reopen", "ema", "callable",
-                                  "late", "two_phase", "eval_graph", "num_steps",
-                                  "spawns_eval", "accumulate", "tables", "steps_per_run",
-                                  "loss_scale", "hooks", "metrics", "numpy", "manual",
-                                  "warm_start", "cluster"])
+def _warm(job: FeedJob, server: Any) -> None:
+    job.pause(0.2)
+    job.migrate_warm()
+
+
+def _warm_naive(rehearsed: bool | None = None) -> Any:
+    def journey(job: FeedJob, server: Any) -> None:
+        job.pause(0.2)
+        job.migrate_warm(rehearsed=rehearsed)
+        job.pause(0.2)
+        job.migrate_naive()
+    return journey
+
+
+def _naive_warm(job: FeedJob, server: Any) -> None:
+    job.pause(0.2)
+    job.migrate_naive()
+    job.pause(0.2)
+    job.migrate_warm()
+
+
+def _across_evaluations(job: FeedJob, server: Any) -> None:
+    job.pause(0.6)  # through the first evaluation (step 10)
+    job.migrate_naive()
+    job.pause(0.6)
+
+
+def _past_the_switch(job: FeedJob, server: Any) -> None:
+    job.pause(0.4)
+    assert job.migrate_naive().step > 4  # past the switch: the Adam slots exist
+    job.pause(0.1)
+    # The source's first training run (Adam's) is not yet in the warm process's graph
+    # when it holds, so it holds without a rehearsal.
+    job.migrate_warm(rehearsed=False)
+
+
+def _in_the_reopened_session(job: FeedJob, server: Any) -> None:
+    job.command(pb.COMMAND_KIND_RESUME)
+    server.wait_progress(job.job_id, 6)
+    assert job.command(pb.COMMAND_KIND_SUSPEND).step >= 6  # in the reopened session
+    job.migrate_naive()
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A program of tests/tf_runtime/programs, its flags and the journey its job takes.
+    `own_dir`: it keeps checkpoints of its own (`--workdir`, one per run)."""
+    script: str
+    journey: Callable[[FeedJob, Any], None]
+    flags: tuple[str, ...] = ()
+    own_dir: bool = False
+    command: tuple[str, ...] | None = None
+    autoload: bool = False
+    steps: int = 30
+
+
+KINDS = {
+    "gan": Kind("gan.py", _warm),
+    "module": Kind("optimizers.py", lambda job, server: job.migrate_naive(),
+                   ("--opt", "ftrl", "--decay", "piecewise"),
+                   command=("python", "-m", "optimizers"), autoload=True),
+    "reopen": Kind("reopen.py", _in_the_reopened_session, own_dir=True),
+    "ema": Kind("ema_summaries.py", _warm, own_dir=True),
+    "callable": Kind("callable_loop.py", _warm),
+    "late": Kind("late_graph.py", _warm),
+    "two_phase": Kind("two_phase.py", _past_the_switch, ("--switch", "4")),
+    "eval_graph": Kind("eval_graph.py", _warm_naive(), ("--eval-counter",), own_dir=True),
+    "num_steps": Kind("num_steps.py", _naive_warm),
+    "spawns_eval": Kind("spawns_eval.py", _across_evaluations, ("--eval-every", "10"),
+                        own_dir=True, autoload=True),
+    "accumulate": Kind("accumulate.py", _warm_naive()),
+    "tables": Kind("tables.py", _warm_naive()),
+    "steps_per_run": Kind("steps_per_run.py", _warm_naive(), steps=90),
+    "loss_scale": Kind("cond_apply.py", _warm_naive()),
+    "hooks": Kind("hooks_scaffold.py", _warm_naive(rehearsed=False), ("--custom-collection",),
+                  own_dir=True),
+    "metrics": Kind("metrics_plain.py", _warm_naive(rehearsed=False)),
+    "numpy": Kind("numpy_weights.py", _warm_naive(), ("--update", "apply")),
+    "manual": Kind("numpy_weights.py", _warm_naive(), ("--update", "manual")),
+    "warm_start": Kind("warm_start.py", _warm_naive(), own_dir=True),
+    "cluster": Kind("in_process_cluster.py", _warm_naive(), ("--mode", "ps")),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
@@ -150,90 +232,23 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     warm_start: `init_from_checkpoint` of a pre-trained backbone, part of it trained;
     cluster: a parameter server and a worker as in-process gRPC servers,
     `replica_device_setter`; both migrated warm and naive (no fix needed)."""
-    steps = ["--steps", "90" if kind == "steps_per_run" else "30", "--step-sleep", "0.03"]
-    script, command, env = {"gan": ("gan.py", None, {}),
-                            "module": ("optimizers.py", ["python", "-m", "optimizers"],
-                                       _autoload_env()),
-                            "reopen": ("reopen.py", None, {}),
-                            "ema": ("ema_summaries.py", None, {}),
-                            "callable": ("callable_loop.py", None, {}),
-                            "late": ("late_graph.py", None, {}),
-                            "two_phase": ("two_phase.py", None, {}),
-                            "eval_graph": ("eval_graph.py", None, {}),
-                            "num_steps": ("num_steps.py", None, {}),
-                            "spawns_eval": ("spawns_eval.py", None, _autoload_env()),
-                            "accumulate": ("accumulate.py", None, {}),
-                            "tables": ("tables.py", None, {}),
-                            "steps_per_run": ("steps_per_run.py", None, {}),
-                            "loss_scale": ("cond_apply.py", None, {}),
-                            "hooks": ("hooks_scaffold.py", None, {}),
-                            "metrics": ("metrics_plain.py", None, {}),
-                            "numpy": ("numpy_weights.py", None, {}),
-                            "manual": ("numpy_weights.py", None, {}),
-                            "warm_start": ("warm_start.py", None, {}),
-                            "cluster": ("in_process_cluster.py", None, {})}[kind]
+    spec = KINDS[kind]
+    script = str(PROGRAMS / spec.script)
 
     def flags(run: str) -> list[str]:
-        if kind == "module":
-            return ["--opt", "ftrl", "--decay", "piecewise", *steps]
-        if kind in ("reopen", "ema", "eval_graph", "spawns_eval", "hooks", "warm_start"):
-            counter = {"eval_graph": ["--eval-counter"],
-                       "spawns_eval": ["--eval-every", "10"],
-                       "hooks": ["--custom-collection"]}.get(kind, [])
-            return ["--workdir", str(tmp_path / f"own-{run}"), *counter, *steps]
-        if kind == "two_phase":
-            return ["--switch", "4", *steps]
-        if kind in ("numpy", "manual"):
-            return ["--update", "apply" if kind == "numpy" else "manual", *steps]
-        if kind == "cluster":
-            return ["--mode", "ps", *steps]
-        return steps
+        own = ["--workdir", str(tmp_path / f"own-{run}")] if spec.own_dir else []
+        return [*own, *spec.flags, "--steps", str(spec.steps), "--step-sleep", "0.03"]
 
-    baseline = launch(str(PROGRAMS / script), *flags("base"), "--dump", str(tmp_path / "base.npz"),
-                      status=False)
+    baseline = launch(script, *flags("base"), "--dump", str(tmp_path / "base.npz"), status=False)
     job = FeedJob(launch, runtime_server, f"kind-{kind}", flags("run"), tmp_path / "run.npz",
-                  tmp_path, script=str(PROGRAMS / script), command=command, env=env)
+                  tmp_path, script=script,
+                  command=list(spec.command) if spec.command else None,
+                  env=_autoload_env() if spec.autoload else {})
     job.start()
-    if kind in ("gan", "ema", "callable", "late", "eval_graph", "accumulate", "tables",
-                "steps_per_run", "loss_scale", "numpy", "manual", "warm_start", "cluster"):
-        job.pause(0.2)
-        job.migrate_warm()
-        if kind in ("eval_graph", "accumulate", "tables", "steps_per_run", "loss_scale",
-                    "numpy", "manual", "warm_start", "cluster"):
-            job.pause(0.2)
-            job.migrate_naive()
-    elif kind in ("hooks", "metrics"):
-        job.pause(0.2)
-        job.migrate_warm(rehearsed=False)
-        job.pause(0.2)
-        job.migrate_naive()
-    elif kind == "module":
-        job.migrate_naive()
-    elif kind == "spawns_eval":
-        job.pause(0.6)  # through the first evaluation (step 10)
-        job.migrate_naive()
-        job.pause(0.6)
-    elif kind == "num_steps":
-        job.pause(0.2)
-        job.migrate_naive()
-        job.pause(0.2)
-        job.migrate_warm()
-    elif kind == "two_phase":
-        job.pause(0.4)
-        assert job.migrate_naive().step > 4  # past the switch: the Adam slots exist
-        job.pause(0.1)
-        # The source's first training run (Adam's) is not yet in the warm process's graph
-        # when it holds, so it holds without a rehearsal.
-        job.migrate_warm(rehearsed=False)
-    else:
-        job.command(pb.COMMAND_KIND_RESUME)
-        runtime_server.wait_progress(job.job_id, 6)
-        assert job.command(pb.COMMAND_KIND_SUSPEND).step >= 6  # in the reopened session
-        job.migrate_naive()
+    spec.journey(job, runtime_server)
     job.finish()
     assert baseline.wait() == 0
     assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
-
 
 
 def test_queue_input_is_suspended_in_place_and_never_migrated(runtime_server: Any, launch: Any,
