@@ -50,6 +50,17 @@ _TRAIN_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply
 _STEP_UPDATES = {"AssignAdd", "AssignAddVariableOp", "AssignSub", "AssignSubVariableOp"}
 # What sets the global step in a training run: its increment, or `gs.assign(gs + 1)`.
 _STEP_SETS = _STEP_UPDATES | {"Assign", "AssignVariableOp"}
+# Sparse updates of a variable's rows (an embedding trained by hand:
+# `tf.compat.v1.scatter_sub(table, ids, rate * grad.values)`): in place, computed from the
+# rows they change, like AssignAdd; or rows set to a value, like Assign.
+_SCATTER_UPDATES = frozenset(f"{kind}Scatter{how}" for kind in ("", "Resource") for how in (
+    "Add", "Sub", "Mul", "Div", "Min", "Max", "NdAdd", "NdSub", "NdMin", "NdMax"))
+_SCATTER_SETS = frozenset({"ScatterUpdate", "ResourceScatterUpdate", "ScatterNdUpdate",
+                           "ResourceScatterNdUpdate"})
+# Every op that changes a variable in place (the variable is its first input, the value
+# its last).
+_INCREMENTS = frozenset(_STEP_UPDATES) | _SCATTER_UPDATES
+_CHANGES = frozenset(_STEP_SETS) | _SCATTER_UPDATES | _SCATTER_SETS
 _READS = {"ReadVariableOp", "Identity", "Cast", "AssignAdd", "AssignAddVariableOp", "Snapshot"}
 _RESTORES = {"RestoreV2", "Restore", "RestoreSlice"}
 # Input whose position lives in the process, not in a variable: a tf.data iterator, an
@@ -64,7 +75,7 @@ _STATEFUL_INPUTS = frozenset({
     "ParameterizedTruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
     "RandomPoisson", "RandomPoissonV2"})
 _CACHE_LIMIT = 512
-_LOADS = frozenset({"Assign", "AssignVariableOp"})
+_LOADS = frozenset({"Assign", "AssignVariableOp"}) | _SCATTER_SETS
 _DEPENDS_LIMIT = 200_000  # ops an assign's value is searched through for its own variable
 
 
@@ -438,7 +449,7 @@ class TFSessionAdapter:
         assigns = not training and any(
             op.type in _LOADS and len(op.inputs) > 1 and
             through(op.inputs[0].op) in self._state_ops and
-            not _computed_from(op.inputs[1].op, through(op.inputs[0].op))
+            not _computed_from(op.inputs[-1].op, through(op.inputs[0].op))
             for op in reached)
         initializes_some = bool(self._some_init_ops & reached) or assigns
         restores = any(op.type in _RESTORES for op in reached)
@@ -486,7 +497,7 @@ class TFSessionAdapter:
         stack = list(roots)
         targets = self._trainable_ops | ({self._gs_op} if self._gs_op is not None else set())
         inside = Inside()
-        functions = FunctionScan(self.graph, self._gs_op, targets, _STEP_UPDATES, _STEP_SETS,
+        functions = FunctionScan(self.graph, self._gs_op, targets, _INCREMENTS, _CHANGES,
                                  _TRAIN_PREFIXES, _stateful_node)
         while stack:
             op = stack.pop()
@@ -495,7 +506,7 @@ class TFSessionAdapter:
             seen.add(op)
             t = op.type
             if t.startswith(_TRAIN_PREFIXES) or (
-                    t in _STEP_SETS and op.inputs and self._updates(op, targets)):
+                    t in _CHANGES and op.inputs and self._updates(op, targets)):
                 inside.training = True
             functions.scan(op, inside)
             stack.extend(x.op for x in op.inputs)
@@ -505,15 +516,16 @@ class TFSessionAdapter:
     @staticmethod
     def _updates(op: Any, targets: frozenset[Any] | set[Any]) -> bool:
         """Whether an assignment is a training update of a trainable variable or the global
-        step: an increment (`assign_add`, `assign_sub`), or an `assign` whose value is
-        computed from the variable itself (gradient descent written by hand,
-        `tf.compat.v1.assign(w, w - rate * grad)`; `gs.assign(gs + 1)`). An assign of a
-        value from elsewhere (a NumPy array, a pre-trained checkpoint) loads, not trains."""
+        step: an increment (`assign_add`, `assign_sub`, a `scatter_sub` of some rows), or an
+        `assign` (`scatter_update`) whose value is computed from the variable itself
+        (gradient descent written by hand, `tf.compat.v1.assign(w, w - rate * grad)`;
+        `gs.assign(gs + 1)`). An assign of a value from elsewhere (a NumPy array, a
+        pre-trained checkpoint) loads, not trains."""
         target = through(op.inputs[0].op)
         if target not in targets:
             return False
-        return op.type in _STEP_UPDATES or (
-            len(op.inputs) > 1 and _computed_from(op.inputs[1].op, target))
+        return op.type in _INCREMENTS or (
+            len(op.inputs) > 1 and _computed_from(op.inputs[-1].op, target))
 
     def metrics(self, info: RunInfo, results: Any) -> dict[str, float]:
         flat = flatten(results)

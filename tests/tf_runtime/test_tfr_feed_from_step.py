@@ -177,6 +177,8 @@ KINDS = {
     "manual": Kind("numpy_weights.py", _warm_naive(), ("--update", "manual")),
     "warm_start": Kind("warm_start.py", _warm_naive(), own_dir=True),
     "cluster": Kind("in_process_cluster.py", _warm_naive(), ("--mode", "ps")),
+    "sparse": Kind("sparse_embedding.py", _warm_naive(), ("--update", "scatter_apart", "--ref")),
+    "keras": Kind("keras_layers.py", _warm_naive(), ("--optimizer", "rmsprop")),
 }
 
 
@@ -231,7 +233,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     `gs.assign(gs + 1)` (no step of it used to be seen); both migrated warm and naive.
     warm_start: `init_from_checkpoint` of a pre-trained backbone, part of it trained;
     cluster: a parameter server and a worker as in-process gRPC servers,
-    `replica_device_setter`; both migrated warm and naive (no fix needed)."""
+    `replica_device_setter`; both migrated warm and naive (no fix needed). sparse: an
+    embedding table trained by hand with `scatter_sub` of its rows in a run of its own
+    (reference variables), then the dense layer and the step; keras: Keras layers in graph
+    mode trained by a `tf.compat.v1` optimizer (RMSProp); both migrated warm and naive."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 

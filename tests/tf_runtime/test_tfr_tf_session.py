@@ -299,6 +299,20 @@ def test_an_assignment_trains_when_computed_from_its_variable(tmp_path: Path) ->
             for accumulate in (acc.assign_add(w), acc.assign(acc + w)):
                 info = adapter.classify(accumulate)
                 assert not info.is_training and not info.initializes_some
+            # Sparse updates of an embedding's rows, resource and reference variables: a
+            # scatter_sub is a training update even in a run that leaves the step alone; a
+            # scatter_update trains when computed from the table, loads when not.
+            for resource in (True, False):
+                table = tf.compat.v1.Variable(tf.ones([4, 2]), use_resource=resource,
+                                              name=f"table_{resource}")
+                rows = tf.compat.v1.scatter_sub(table, [1, 3], 0.1 * tf.ones([2, 2]))
+                info = adapter.classify(rows)
+                assert info.is_training and not info.advances_step, resource
+                halved = tf.compat.v1.scatter_update(table, [0], tf.gather(table, [1]) * 0.5)
+                assert adapter.classify(halved).is_training, resource
+                loading = adapter.classify(tf.compat.v1.scatter_update(
+                    table, [0], tf.zeros([1, 2])))
+                assert not loading.is_training and loading.initializes_some, resource
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(load, {array: pretrained})
         assert sess.run(gs) == 0
