@@ -20,7 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from .checkpoint import CheckpointInfo
+from .fetches import flatten
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ class RunInfo:
     # Initialises or assigns (not as a training update) a variable a checkpoint holds: a
     # pre-trained layer loaded from NumPy after the restore point would overwrite it.
     initializes_some: bool = False
+    # Flat fetch indices of tensors whose value a program could carry to its next step in
+    # Python: all but reads of a variable the checkpoint holds (the global step, a weight),
+    # which a restored copy reads again.
+    carry_slots: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,8 @@ class BoundaryHandler(Protocol):
                  duration_s: float, now: float) -> None: ...
 
     def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None: ...
+
+    def carried_state(self, adapter: SessionAdapter, what: str) -> None: ...
 
 
 class RealRun:
@@ -191,6 +200,10 @@ class BoundaryLayer:
         self._handler = handler
         self._real = real or inner  # the ungated run, for a warm process's rehearsal step
         self._hot = False  # set once this session is the job's training session
+        # The values the last run that advanced the global step returned (by identity),
+        # but reads of variables: one fed into a later run is state the program carries
+        # in Python from one step to the next, which no checkpoint holds.
+        self._carried: dict[int, Any] | None = {}
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
             run_metadata: Any = None) -> Any:
@@ -200,6 +213,8 @@ class BoundaryLayer:
             self._hot = handler.is_hot(self.adapter)
             if not self._hot:
                 return self._setup(info, fetches, feed_dict, options, run_metadata)
+        if self._carried and feed_dict:
+            self._check_carried(feed_dict)
         if not info.is_training:
             if info.reads_global_step:
                 handler.saw_run(self.adapter, info)
@@ -207,8 +222,33 @@ class BoundaryLayer:
         t0 = time.perf_counter()
         results = self.inner.run(fetches, feed_dict, options, run_metadata)
         t1 = time.perf_counter()
+        self._remember(info, results)
         handler.boundary(self.adapter, info, results, t1 - t0, t1)
         return results
+
+    def _remember(self, info: RunInfo, results: Any) -> None:
+        if self._carried is None or not info.advances_step:
+            return
+        if not info.carry_slots:  # ops and reads of variables only: nothing to carry
+            if self._carried:
+                self._carried = {}
+            return
+        leaves = flatten(results)
+        self._carried = {id(v): v for v in (leaves[i] for i in info.carry_slots if i < len(leaves))
+                         if isinstance(v, (np.ndarray, np.generic))}
+
+    def _check_carried(self, feed_dict: Any) -> None:
+        carried = self._carried or {}
+        items = feed_dict.items() if isinstance(feed_dict, dict) else ()
+        for key, value in items:
+            for leaf in flatten(value):
+                if carried.get(id(leaf)) is leaf:
+                    self._carried = None  # found: no more watching
+                    name = getattr(key, "name", None) or str(key)
+                    self._handler.carried_state(
+                        self.adapter, f"a value its training step returned is fed back "
+                        f"into a later run (the feed of {name!r})")
+                    return
 
     def _setup(self, info: RunInfo, fetches: Any, feed_dict: Any, options: Any,
                run_metadata: Any) -> Any:
@@ -224,6 +264,7 @@ class BoundaryLayer:
             results = self.inner.run(fetches, feed_dict, options, run_metadata)
             t1 = time.perf_counter()
             if self._hot:
+                self._remember(info, results)
                 handler.boundary(self.adapter, info, results, t1 - t0, t1)
             return results
         # A warm process may hold here, before the program reads anything.

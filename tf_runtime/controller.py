@@ -38,8 +38,9 @@ EXIT_KILLED = 143
 
 # How long a suspension waits for other threads' runs to finish before releasing.
 DRAIN_TIMEOUT_S = 2.0
-# Steps (runs that advance the global step) after which a program that never read the
-# global step is judged.
+# Steps (runs that advance the global step) after which a program is judged: one that never
+# read the global step is not migratable; one that reads it is, unless its second step is
+# fed a value its first returned (state carried in Python).
 JUDGE_AFTER_BOUNDARIES = 2
 # Training runs after which a program none of whose runs advanced the global step is
 # judged (a GAN runs several training runs per step, only one of which advances it).
@@ -112,6 +113,7 @@ class Controller:
         self._advances_seen = False  # a training run of the bound session advanced the step
         self._steps_seen = 0  # boundaries of runs that advanced it
         self._stateful_input = ""  # what a training run read that no checkpoint holds
+        self._carried_state = ""  # how the program carries Python state between steps
         self._warned_second = False
         self._not_migratable_reason = ""
         self._restored_into: SessionAdapter | None = None
@@ -148,6 +150,15 @@ class Controller:
     def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
         if info.reads_global_step and adapter is self.adapter:
             self._read_global_step = True
+
+    def carried_state(self, adapter: SessionAdapter, what: str) -> None:
+        """The program feeds a value a training step returned into a later run: state in
+        its Python variables (a recurrent network's state carried across mini-batches)."""
+        if adapter is not self.adapter or self._carried_state:
+            return
+        self._carried_state = what
+        if self.migratable:  # found after the verdict: judge again
+            self.migratable = None
 
     def before_setup_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
         """A warm process holds before the first run after its restore point that is
@@ -485,13 +496,23 @@ class Controller:
                                "other data than an uninterrupted run; compute the input from "
                                "the global step (feeds, stateless random ops seeded by it) "
                                "to make it migratable")
+        elif self._carried_state:
+            self._judge(False, f"{self._carried_state}: state the program keeps in Python "
+                               "from one step to the next (a recurrent network's state "
+                               "carried across mini-batches) is in no checkpoint, so a "
+                               "migrated job would start it over and train to another "
+                               "result; keep such state in a non-trainable variable "
+                               "(assign it in the training run) to make it migratable")
         elif not self._advances_seen:
             if self.boundaries >= ADVANCE_WITHIN_RUNS or final:
                 self._judge(False, "no training run advances the global step, so a restarted "
                                    "program cannot know where to resume (pass it to the "
                                    "optimizer's minimize(global_step=...))")
         elif self._read_global_step:
-            self._judge(True, "the program reads the global step")
+            # Not before its second step: that is where a value the first returned would
+            # first be fed back (carried_state).
+            if self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
+                self._judge(True, "the program reads the global step")
         elif self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
             self._judge(False, "the program never reads the global step: its loop counts "
                                "in Python and would restart from 0 after a restore")

@@ -425,7 +425,7 @@ class TFSessionAdapter:
 
     def _classify(self, fetches: Any) -> RunInfo:
         self._refresh_graph_facts()
-        roots, metric_slots, reads_gs, plain_read = [], [], False, False
+        roots, metric_slots, carry_slots, reads_gs, plain_read = [], [], [], False, False
         for i, leaf in enumerate(flatten(fetches)):
             try:
                 el = self.graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
@@ -439,6 +439,8 @@ class TFSessionAdapter:
             if read is not None:
                 reads_gs = True
                 plain_read = plain_read or read == "plain"
+            if isinstance(el, tf.Tensor) and read is None and not self._reads_state(op):
+                carry_slots.append(i)
         inside, reached = self._walk(roots)
         training = inside.training
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
@@ -472,7 +474,7 @@ class TFSessionAdapter:
                 "(docs/tf_runtime.md)")
         return RunInfo(training, reads_gs, initializes, restores, tuple(metric_slots),
                        advances_step=advances, stateful_input=stateful,
-                       initializes_some=initializes_some)
+                       initializes_some=initializes_some, carry_slots=tuple(carry_slots))
 
     def _global_step_read(self, op: Any) -> str | None:
         """How fetching `op` reads the global step: "ordered" (the value of its increment,
@@ -488,6 +490,17 @@ class TFSessionAdapter:
             updated = updated or op.type in _STEP_UPDATES or bool(op.control_inputs)
             op = op.inputs[0].op
         return None
+
+    def _reads_state(self, op: Any) -> bool:
+        """Whether fetching `op` reads a variable the checkpoint holds (the variable, its
+        read, a cast of it, the value of an update of it)."""
+        for _ in range(4):
+            if op in self._state_ops:
+                return True
+            if op.type not in _READS or not op.inputs:
+                return False
+            op = op.inputs[0].op
+        return False
 
     def _walk(self, roots: list[Any]) -> tuple[Inside, set[Any]]:
         """The ops a run of `roots` reaches, and whether it trains: applies gradients or

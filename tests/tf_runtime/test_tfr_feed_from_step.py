@@ -179,6 +179,7 @@ KINDS = {
     "cluster": Kind("in_process_cluster.py", _warm_naive(), ("--mode", "ps")),
     "sparse": Kind("sparse_embedding.py", _warm_naive(), ("--update", "scatter_apart", "--ref")),
     "keras": Kind("keras_layers.py", _warm_naive(), ("--optimizer", "rmsprop")),
+    "rnn_state": Kind("carried_state.py", _warm_naive(), ("--fetch", "variable")),
 }
 
 
@@ -236,7 +237,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     `replica_device_setter`; both migrated warm and naive (no fix needed). sparse: an
     embedding table trained by hand with `scatter_sub` of its rows in a run of its own
     (reference variables), then the dense layer and the step; keras: Keras layers in graph
-    mode trained by a `tf.compat.v1` optimizer (RMSProp); both migrated warm and naive."""
+    mode trained by a `tf.compat.v1` optimizer (RMSProp); rnn_state: a recurrent cell whose
+    state the training run assigns to non-trainable variables (how a program that carried
+    it in Python becomes migratable); each migrated warm and naive."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 
@@ -256,24 +259,32 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
 
 
-def test_queue_input_is_suspended_in_place_and_never_migrated(runtime_server: Any, launch: Any,
-                                                             tmp_path: Path) -> None:
-    """QueueRunner input (a batch queue whose runner blocks on a full queue while the job is
-    suspended): judged not migratable, naming the queue; a migration is refused and leaves no
-    checkpoint; suspended and resumed across the blocked enqueue and checkpointed, it ends
-    bit-identical to an uninterrupted run."""
-    script = str(PROGRAMS / "queue_input.py")
-    steps = ["--steps", "80", "--step-sleep", "0.03"]
-    baseline = launch(script, *steps, "--dump", str(tmp_path / "base.npz"), status=False)
-    job = FeedJob(launch, runtime_server, "queues", steps, tmp_path / "run.npz", tmp_path,
-                  script=script)
+@pytest.mark.parametrize("script,flags,reason", [
+    ("queue_input.py", (), "QueueDequeue"),
+    ("carried_state.py", ("--fetch", "tuple"), "fed back into a later run"),
+], ids=["queue_input", "carried_state"])
+def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
+        script: str, flags: tuple[str, ...], reason: str, runtime_server: Any, launch: Any,
+        tmp_path: Path) -> None:
+    """queue_input: QueueRunner input (a batch queue whose runner blocks on a full queue
+    while the job is suspended). carried_state: a recurrent cell whose state the program
+    carries in Python from one mini-batch to the next, fetched in a dict of fetches and fed
+    back (a migrated copy used to start it over and end with other weights, called
+    migratable because it reads the global step). Each is judged not migratable, naming
+    why; a migration is refused and leaves no checkpoint; suspended and resumed (across
+    the blocked enqueue) and checkpointed, it ends bit-identical to an uninterrupted run."""
+    path = str(PROGRAMS / script)
+    steps = [*flags, "--steps", "80", "--step-sleep", "0.03"]
+    baseline = launch(path, *steps, "--dump", str(tmp_path / "base.npz"), status=False)
+    job = FeedJob(launch, runtime_server, "held", steps, tmp_path / "run.npz", tmp_path,
+                  script=path)
     job.start()
     report = runtime_server.wait_for(
-        lambda j, m: j == "queues" and m.HasField("migratability"), 60)
+        lambda j, m: j == "held" and m.HasField("migratability"), 60)
     assert report.migratability.migratable is False
-    assert "QueueDequeue" in report.migratability.reason
+    assert reason in report.migratability.reason
     ack = runtime_server.wait_ack(runtime_server.send(
-        "queues", pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(tmp_path / "ck")))
+        "held", pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(tmp_path / "ck")))
     assert not ack.ok and "not migratable" in ack.message
     assert not (tmp_path / "ck").exists()
     for _ in range(3):

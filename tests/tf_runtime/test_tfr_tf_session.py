@@ -17,7 +17,7 @@ import pytest
 from tf_runtime import shim
 from tf_runtime.checkpoint import CheckpointError, TowersChanged, validate
 from tf_runtime.commands import Command, Kind
-from tf_runtime.controller import Controller, Settings
+from tf_runtime.controller import EXIT_MIGRATED, Controller, Settings
 from tf_runtime.testing import Exited, FakeChannel
 
 pytestmark = pytest.mark.tf
@@ -775,3 +775,59 @@ def test_ref_variables_of_disable_v2_behavior_programs(controller: Controller,
         adapter.restore(str(tmp_path / "ck"))
         np.testing.assert_array_equal(sess.run(w1), saved)
         assert sess.run(gs) == 4 == acks(controller)[-1].step
+
+
+def test_state_carried_in_python_from_step_to_step_is_not_migratable(tmp_path: Path) -> None:
+    """A recurrent cell whose state the program carries in Python from one mini-batch to
+    the next (`state = sess.run(final_state, {initial_state: state})`): a restarted copy
+    starts that state over, so a migrated job ended with other weights while the shim
+    called it migratable (it reads the global step). Now the value fed back is recognised,
+    the job is judged not migratable with the reason, and a migration asked for at its
+    first step is refused rather than taken before the second step shows the feedback.
+    Feeding back a read of the global step or of a weight (restored with it), or fetching
+    the state without feeding it back, stays migratable (migrated at the second step)."""
+    def build() -> tuple[Any, ...]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3])
+        h0 = tf.compat.v1.placeholder(tf.float32, [2, 3])
+        s0 = tf.compat.v1.placeholder_with_default(0.0, [])
+        m0 = tf.compat.v1.placeholder_with_default(tf.zeros([3, 3]), [3, 3])
+        w = tf.compat.v1.get_variable("w", initializer=tf.eye(3) * 0.5)
+        h1 = tf.tanh(tf.matmul(x + h0, w) + 0.0 * (s0 + tf.reduce_sum(m0)))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(h1 * h1), global_step=gs)
+        return gs, x, h0, s0, m0, w, h1, train, tf.identity(gs)
+
+    data = np.ones((2, 3), np.float32)
+    for carry in ("state", "tuple", "step", "weights", "none"):
+        with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+            gs, x, h0, s0, m0, w, h1, train, step_value = build()
+            sess.run(tf.compat.v1.global_variables_initializer())
+            ctl.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / carry)))
+            feeds: dict[Any, Any] = {x: data, h0: data}
+            exited = None
+            try:
+                for _ in range(4):
+                    if carry == "tuple":  # a structure of fetches, fed back leaf by leaf
+                        got = sess.run({"train": train, "state": (h1, gs)}, feeds)
+                        feeds = {x: data, h0: got["state"][0]}
+                    elif carry == "step":
+                        _, step = sess.run([train, step_value], feeds)
+                        feeds = {x: data, h0: data, s0: step}
+                    elif carry == "weights":
+                        _, weights = sess.run([train, w], feeds)
+                        feeds = {x: data, h0: data, m0: weights}
+                    else:
+                        _, h = sess.run([train, h1], feeds)
+                        feeds = {x: data, h0: h if carry == "state" else data}
+            except Exited as e:
+                exited = e.code
+            ack = acks(ctl)[0]
+            if carry in ("state", "tuple"):
+                assert exited is None and ctl.migratable is False, carry
+                assert "fed back" in ctl.channel.migratability[-1][1]  # type: ignore[union-attr]
+                assert not ack.ok and "not migratable" in ack.message, carry
+                assert not (tmp_path / carry).exists()
+            else:
+                assert exited == EXIT_MIGRATED and ctl.migratable is True, carry
+                assert ack.ok and ack.step == 2, (carry, ack)
