@@ -247,7 +247,12 @@ class BoundaryLayer:
                     name = getattr(key, "name", None) or str(key)
                     self._handler.carried_state(
                         self.adapter, f"a value its training step returned is fed back "
-                        f"into a later run (the feed of {name!r})")
+                        f"into a later run (the feed of {name!r}): state the program keeps "
+                        "in Python from one step to the next (a recurrent network's state "
+                        "carried across mini-batches) is in no checkpoint, so a migrated job "
+                        "would start it over and train to another result; keep such state "
+                        "in a non-trainable variable (assign it in the training run) to make "
+                        "it migratable")
                     return
 
     def _setup(self, info: RunInfo, fetches: Any, feed_dict: Any, options: Any,

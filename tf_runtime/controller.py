@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import python_rng
 from .chain import FirstRun, RunGate, RunInfo, SessionAdapter
 from .checkpoint import CheckpointError, CheckpointInfo, TowersChanged
 from .commands import Ack, Command, Kind
@@ -114,6 +115,7 @@ class Controller:
         self._steps_seen = 0  # boundaries of runs that advanced it
         self._stateful_input = ""  # what a training run read that no checkpoint holds
         self._carried_state = ""  # how the program carries Python state between steps
+        self._rng_watch = python_rng.Watch()
         self._warned_second = False
         self._not_migratable_reason = ""
         self._restored_into: SessionAdapter | None = None
@@ -152,8 +154,9 @@ class Controller:
             self._read_global_step = True
 
     def carried_state(self, adapter: SessionAdapter, what: str) -> None:
-        """The program feeds a value a training step returned into a later run: state in
-        its Python variables (a recurrent network's state carried across mini-batches)."""
+        """The program carries state in Python from one step to the next, which no
+        checkpoint holds (`what` says which and why): it feeds a value a training step
+        returned into a later run, or draws from a global random generator every step."""
         if adapter is not self.adapter or self._carried_state:
             return
         self._carried_state = what
@@ -237,6 +240,8 @@ class Controller:
                 self.meter.set_steps(adapter.global_step() - 1)
             self._advances_seen = True
             self._steps_seen += 1
+            if not self._carried_state:
+                self._watch_generators(adapter)
         if info.advances_step or not self._advances_seen:
             # One of several training runs of a step (a GAN's discriminator run) is not a
             # mini-batch of its own: the step ends with the run that advances the step.
@@ -260,6 +265,17 @@ class Controller:
             self._apply_queued(adapter)
         elif not self._save_built:
             self._prebuild_save(adapter)
+
+    def _watch_generators(self, adapter: SessionAdapter) -> None:
+        drawn = self._rng_watch.step(self._steps_seen)
+        if drawn:
+            self.carried_state(adapter, (
+                f"every step draws from {drawn}'s global generator, never reseeded "
+                f"({'np.random.uniform' if drawn == 'numpy.random' else 'random.random'}"
+                "(...) and the like): a restarted copy draws other numbers, so a migrated "
+                "job would train on other data than an uninterrupted run; draw from a "
+                "generator seeded by the global step (np.random.RandomState(step), or "
+                "reseed with it every step) to make it migratable"))
 
     def _between_steps(self, adapter: SessionAdapter, info: RunInfo) -> bool:
         """Whether the training state is whole here: a checkpoint taken now holds what
@@ -497,12 +513,7 @@ class Controller:
                                "the global step (feeds, stateless random ops seeded by it) "
                                "to make it migratable")
         elif self._carried_state:
-            self._judge(False, f"{self._carried_state}: state the program keeps in Python "
-                               "from one step to the next (a recurrent network's state "
-                               "carried across mini-batches) is in no checkpoint, so a "
-                               "migrated job would start it over and train to another "
-                               "result; keep such state in a non-trainable variable "
-                               "(assign it in the training run) to make it migratable")
+            self._judge(False, self._carried_state)
         elif not self._advances_seen:
             if self.boundaries >= ADVANCE_WITHIN_RUNS or final:
                 self._judge(False, "no training run advances the global step, so a restarted "

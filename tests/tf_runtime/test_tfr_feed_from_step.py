@@ -180,6 +180,7 @@ KINDS = {
     "sparse": Kind("sparse_embedding.py", _warm_naive(), ("--update", "scatter_apart", "--ref")),
     "keras": Kind("keras_layers.py", _warm_naive(), ("--optimizer", "rmsprop")),
     "rnn_state": Kind("carried_state.py", _warm_naive(), ("--fetch", "variable")),
+    "reseed": Kind("global_rng.py", _warm_naive(), ("--draw", "reseed")),
 }
 
 
@@ -239,7 +240,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     (reference variables), then the dense layer and the step; keras: Keras layers in graph
     mode trained by a `tf.compat.v1` optimizer (RMSProp); rnn_state: a recurrent cell whose
     state the training run assigns to non-trainable variables (how a program that carried
-    it in Python becomes migratable); each migrated warm and naive."""
+    it in Python becomes migratable); reseed: noise drawn from numpy's global generator
+    reseeded from the global step every step (not taken for a stream drawn on); each
+    migrated warm and naive."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 
@@ -262,7 +265,8 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
 @pytest.mark.parametrize("script,flags,reason", [
     ("queue_input.py", (), "QueueDequeue"),
     ("carried_state.py", ("--fetch", "tuple"), "fed back into a later run"),
-], ids=["queue_input", "carried_state"])
+    ("global_rng.py", ("--draw", "numpy"), "numpy.random's global generator"),
+], ids=["queue_input", "carried_state", "global_rng"])
 def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
         script: str, flags: tuple[str, ...], reason: str, runtime_server: Any, launch: Any,
         tmp_path: Path) -> None:
@@ -270,7 +274,9 @@ def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
     while the job is suspended). carried_state: a recurrent cell whose state the program
     carries in Python from one mini-batch to the next, fetched in a dict of fetches and fed
     back (a migrated copy used to start it over and end with other weights, called
-    migratable because it reads the global step). Each is judged not migratable, naming
+    migratable because it reads the global step). global_rng: noise and mini-batches drawn
+    from numpy's global generator in every step, seeded once (the same: another result
+    after a migration). Each is judged not migratable, naming
     why; a migration is refused and leaves no checkpoint; suspended and resumed (across
     the blocked enqueue) and checkpointed, it ends bit-identical to an uninterrupted run."""
     path = str(PROGRAMS / script)

@@ -1,0 +1,70 @@
+"""The shim's look at Python's global random generators between two steps
+(tf_runtime/python_rng.py): draws from one stream are found however many words a step
+takes (up to the search's ~160,000), a reseed or no draw is not."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tf_runtime.python_rng import TWISTS, Watch, continued, snapshot
+
+WORDS = st.integers(min_value=1, max_value=(TWISTS - 1) * 624)
+
+
+def _draw_numpy(words: int) -> None:
+    np.random.randint(0, 2**32, size=words, dtype=np.uint32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), words=WORDS, gauss=st.booleans())
+def test_numpy_draws_from_one_stream_are_found(seed: int, words: int, gauss: bool) -> None:
+    np.random.seed(seed)
+    before = snapshot()
+    _draw_numpy(words)
+    if gauss:  # any kind of draw: normals keep a cached value beside the block
+        np.random.normal(size=3)
+    assert continued(before, snapshot()) == "numpy.random"
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), draws=st.integers(1, 40_000))
+def test_python_draws_from_one_stream_are_found(seed: int, draws: int) -> None:
+    random.seed(seed)
+    before = snapshot()
+    for _ in range(draws):
+        random.random()
+    assert continued(before, snapshot()) == "random"
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), step=st.integers(0, 10**6), words=WORDS)
+def test_a_reseed_every_step_or_no_draw_is_not_a_stream(seed: int, step: int, words: int) -> None:
+    np.random.seed(seed)
+    random.seed(seed)
+    before = snapshot()
+    assert continued(before, snapshot()) == ""
+    np.random.seed(step)  # reseeded from the global step, as a restarted copy does
+    random.seed(step)
+    _draw_numpy(words)
+    random.random()
+    # A reseed to the very state it had is no reseed; any other is.
+    assert continued(before, snapshot()) == ("" if step != seed else "numpy.random")
+
+
+def test_the_watch_compares_consecutive_steps_only() -> None:
+    np.random.seed(0)
+    random.seed(0)
+    watch = Watch(first=3, every=8)
+    found = []
+    for n in range(1, 40):
+        if n >= 20:  # a program that starts drawing after a warm-up
+            np.random.uniform(size=5)
+        found.append((n, watch.step(n)))
+    # Steps 1-3 compared (nothing drawn), then one pair in every 8 steps: 24/25 is the
+    # first after step 20.
+    assert [n for n, what in found if what] == [25, 33]
+    assert all(what == "numpy.random" for _, what in found if what)
