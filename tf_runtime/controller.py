@@ -267,15 +267,21 @@ class Controller:
             self._prebuild_save(adapter)
 
     def _watch_generators(self, adapter: SessionAdapter) -> None:
-        drawn = self._rng_watch.step(self._steps_seen)
+        try:
+            drawn = self._rng_watch.step(self._steps_seen, sys._getframe(1))
+        except Exception:  # the shim's own fault: never the program's run
+            log.exception("tf_runtime could not look at the program's random generators; "
+                          "it stops looking")
+            self._rng_watch.every = 0
+            self._rng_watch.first = -1
+            return
         if drawn:
             self.carried_state(adapter, (
-                f"every step draws from {drawn}'s global generator, never reseeded "
-                f"({'np.random.uniform' if drawn == 'numpy.random' else 'random.random'}"
-                "(...) and the like): a restarted copy draws other numbers, so a migrated "
-                "job would train on other data than an uninterrupted run; draw from a "
-                "generator seeded by the global step (np.random.RandomState(step), or "
-                "reseed with it every step) to make it migratable"))
+                f"every step draws from {python_rng.describe(drawn)}, never reseeded: a "
+                "restarted copy draws other numbers, so a migrated job would train on "
+                "other data than an uninterrupted run; draw from a generator seeded by the "
+                "global step (np.random.RandomState(step), or reseed with it every step) "
+                "to make it migratable"))
 
     def _between_steps(self, adapter: SessionAdapter, info: RunInfo) -> bool:
         """Whether the training state is whole here: a checkpoint taken now holds what

@@ -12,23 +12,27 @@ from the same stream; another block that is the old one regenerated ("twisted") 
 `TWISTS` times means many draws from the same stream. Another block that is no twist of the
 old one means the program reseeded (`np.random.seed(step)` in every step keeps it migratable),
 and an unchanged state means no draws.
+
+Generators the program owns are looked at too: a `np.random.RandomState`, a
+`np.random.Generator` (`np.random.default_rng(0)`) or a `random.Random` held in a variable
+of the program's frames that called `Session.run` (its module's globals, a function's
+locals, an attribute of an object there such as `self.rng`). The same object drawn on
+between two steps is one stream; a new one made every step (`RandomState(step)`) is not
+the same object. A `Generator` cannot be reseeded in place, so any change of its state is
+a draw.
 """
 
 from __future__ import annotations
 
 import random
+import types
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 TWISTS = 256  # regenerations of the state searched between two steps: ~160,000 words
 _WORDS = 624
-
-
-def snapshot() -> tuple[Any, Any]:
-    """The state of numpy's global generator and of Python's `random` module."""
-    legacy: Any = np.random.get_state()  # ('MT19937', keys, pos, has_gauss, cached)
-    return ((legacy[1].copy(), int(legacy[2])), random.getstate()[1])
 
 
 def _temper(keys: Any) -> Any:
@@ -64,22 +68,108 @@ def _python_twist_of(keys: tuple[int, ...], target: tuple[int, ...]) -> bool:
     return False
 
 
-def continued(before: tuple[Any, Any], after: tuple[Any, Any]) -> str:
-    """Which global generator (`numpy.random`, `random`) drew from one stream between the
-    two snapshots, never reseeded; "" for neither."""
-    (np_keys0, np_pos0), py0 = before
-    (np_keys1, np_pos1), py1 = after
-    if np.array_equal(np_keys0, np_keys1):
-        if np_pos0 != np_pos1:
-            return "numpy.random"
-    elif _numpy_twist_of(np_keys0, np_keys1):
-        return "numpy.random"
-    keys0, keys1 = py0[:_WORDS], py1[:_WORDS]
+def _mt_numpy(rs: Any) -> Any:
+    legacy: Any = rs.get_state()  # ('MT19937', keys, pos, has_gauss, cached)
+    return (legacy[1].copy(), int(legacy[2]))
+
+
+def _mt_python(r: Any) -> Any:
+    return r.getstate()[1]
+
+
+def _generator(g: Any) -> Any:
+    return repr(g.bit_generator.state)
+
+
+def _numpy_continues(a: Any, b: Any) -> bool:
+    (keys0, pos0), (keys1, pos1) = a, b
+    if np.array_equal(keys0, keys1):
+        return bool(pos0 != pos1)
+    return _numpy_twist_of(keys0, keys1)
+
+
+def _python_continues(a: Any, b: Any) -> bool:
+    keys0, keys1 = a[:_WORDS], b[:_WORDS]
     if keys0 == keys1:
-        if py0[_WORDS] != py1[_WORDS]:
-            return "random"
-    elif _python_twist_of(keys0, keys1):
-        return "random"
+        return bool(a[_WORDS] != b[_WORDS])
+    return _python_twist_of(keys0, keys1)
+
+
+def _changed(a: Any, b: Any) -> bool:
+    return bool(a != b)
+
+
+# What to read of each kind of generator, and how to tell one stream drawn on.
+_KINDS: list[tuple[type, str, Callable[[Any], Any], Callable[[Any, Any], bool]]] = [
+    (np.random.RandomState, "np.random.RandomState", _mt_numpy, _numpy_continues),
+    (np.random.Generator, "np.random.Generator", _generator, _changed),
+    (random.Random, "random.Random", _mt_python, _python_continues),
+]
+_GLOBAL = (np.random.mtrand._rand, getattr(random, "_inst", None))
+_SKIP_MODULES = ("tf_runtime", "tensorflow", "keras", "numpy", "importlib", "runpy")
+_PLAIN = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+          types.MethodType)
+Snapshot = dict[str, tuple[Any, Callable[[Any, Any], bool], Any]]
+
+
+def snapshot(frame: Any = None) -> Snapshot:
+    """The state of numpy's global generator, of Python's `random` module and, given the
+    innermost frame to look from, of the generators the program's frames hold."""
+    out: Snapshot = {
+        "numpy.random": (_GLOBAL[0], _numpy_continues, _mt_numpy(np.random.mtrand._rand)),
+        "random": (_GLOBAL[1], _python_continues, random.getstate()[1]),
+    }
+    for label, obj in owned(frame).items():
+        for cls, name, read, continues in _KINDS:
+            if isinstance(obj, cls):
+                out[f"the {name} in {label}"] = (obj, continues, read(obj))
+                break
+    return out
+
+
+def owned(frame: Any, limit: int = 64) -> dict[str, Any]:
+    """Generators held by the program's frames from `frame` outwards: label -> object."""
+    found: dict[str, Any] = {}
+    seen: set[int] = {id(g) for g in _GLOBAL}
+    kinds = tuple(k[0] for k in _KINDS)
+
+    def visit(label: str, value: Any, depth: int) -> None:
+        if isinstance(value, kinds):
+            if id(value) not in seen:
+                seen.add(id(value))
+                found[label] = value
+        elif depth and not isinstance(value, _PLAIN) and \
+                not type(value).__module__.startswith(_SKIP_MODULES + ("builtins",)):
+            attrs = getattr(value, "__dict__", None)
+            if isinstance(attrs, dict):
+                for key, inner in list(attrs.items())[:limit]:
+                    visit(f"{label}.{key}", inner, depth - 1)
+
+    depth = 0
+    while frame is not None and depth < limit:
+        module = str(frame.f_globals.get("__name__", ""))
+        if not module.startswith(_SKIP_MODULES):
+            # A module's code: its globals; a function's: its locals.
+            for key, value in list(frame.f_locals.items())[:4 * limit]:
+                visit(key, value, 1)
+        frame, depth = frame.f_back, depth + 1
+    return found
+
+
+def describe(label: str) -> str:
+    """A generator `continued` names, as a person would say it."""
+    return {"numpy.random": "numpy's global generator (np.random.uniform(...) and the like)",
+            "random": "Python's global generator (random.random(...) and the like)"}.get(
+                label, label)
+
+
+def continued(before: Snapshot, after: Snapshot) -> str:
+    """The generator that drew from one stream between the two snapshots, never
+    reseeded (`numpy.random`, `random`, or the program's own, named); "" for none."""
+    for label, (obj, continues, state) in before.items():
+        now = after.get(label)
+        if now is not None and now[0] is obj and continues(state, now[2]):
+            return label
     return ""
 
 
@@ -90,13 +180,14 @@ class Watch:
 
     def __init__(self, first: int = 3, every: int = 128) -> None:
         self.first, self.every = first, every
-        self._last: tuple[int, tuple[Any, Any]] | None = None
+        self._last: tuple[int, Snapshot] | None = None
 
-    def step(self, n: int) -> str:
-        """At the end of step `n` (1, 2, ...): the generator found drawing, or ""."""
-        if n > self.first and n % self.every not in (0, 1):
+    def step(self, n: int, frame: Any = None) -> str:
+        """At the end of step `n` (1, 2, ...), `frame` the innermost frame to look for the
+        program's own generators from: the generator found drawing, or ""."""
+        if n > self.first and (not self.every or n % self.every not in (0, 1)):
             return ""
-        now = snapshot()
+        now = snapshot(frame)
         last, self._last = self._last, (n, now)
         if last is None or last[0] != n - 1:
             return ""

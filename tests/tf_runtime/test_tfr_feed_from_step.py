@@ -173,7 +173,6 @@ KINDS = {
     "hooks": Kind("hooks_scaffold.py", _warm_naive(rehearsed=False), ("--custom-collection",),
                   own_dir=True),
     "metrics": Kind("metrics_plain.py", _warm_naive(rehearsed=False)),
-    "numpy": Kind("numpy_weights.py", _warm_naive(), ("--update", "apply")),
     "manual": Kind("numpy_weights.py", _warm_naive(), ("--update", "manual")),
     "warm_start": Kind("warm_start.py", _warm_naive(), own_dir=True),
     "cluster": Kind("in_process_cluster.py", _warm_naive(), ("--mode", "ps")),
@@ -229,10 +228,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     initialised in a run of its own, an accuracy metric reset before each evaluation (its
     local variables uninitialised until the first); both migrated warm (holding without a
     rehearsal: the program initialises that state after the restore point) and naive (the
-    scale and the metrics used to restart from their initial values). numpy: a layer loaded
-    from NumPy by `assign` after the initialiser (a restarted copy used to overwrite the
-    restored weights with it); manual: the same with gradient descent written by hand,
-    `gs.assign(gs + 1)` (no step of it used to be seen); both migrated warm and naive.
+    scale and the metrics used to restart from their initial values). manual: a layer
+    loaded from NumPy by `assign` after the initialiser (a restarted copy used to overwrite
+    the restored weights with it), trained by gradient descent written by hand,
+    `gs.assign(gs + 1)` (no step of it used to be seen); migrated warm and naive.
     warm_start: `init_from_checkpoint` of a pre-trained backbone, part of it trained;
     cluster: a parameter server and a worker as in-process gRPC servers,
     `replica_device_setter`; both migrated warm and naive (no fix needed). sparse: an
@@ -265,7 +264,7 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
 @pytest.mark.parametrize("script,flags,reason", [
     ("queue_input.py", (), "QueueDequeue"),
     ("carried_state.py", ("--fetch", "tuple"), "fed back into a later run"),
-    ("global_rng.py", ("--draw", "numpy"), "numpy.random's global generator"),
+    ("global_rng.py", ("--draw", "numpy"), "numpy's global generator"),
 ], ids=["queue_input", "carried_state", "global_rng"])
 def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
         script: str, flags: tuple[str, ...], reason: str, runtime_server: Any, launch: Any,

@@ -5,6 +5,8 @@ takes (up to the search's ~160,000), a reseed or no draw is not."""
 from __future__ import annotations
 
 import random
+import sys
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
@@ -68,3 +70,46 @@ def test_the_watch_compares_consecutive_steps_only() -> None:
     # first after step 20.
     assert [n for n, what in found if what] == [25, 33]
     assert all(what == "numpy.random" for _, what in found if what)
+
+
+class _Trainer:
+    def __init__(self) -> None:
+        self.rng = np.random.RandomState(3)
+
+    def step(self, look: Any) -> Any:
+        self.rng.uniform(size=4)
+        return look()
+
+
+def test_the_programs_own_generators_are_found_in_its_frames() -> None:
+    """A Generator in a function's locals, a RandomState kept as `self.rng`: drawn on
+    between two steps, named; one made anew every step (seeded by the step) is not the same
+    object, so not a stream; the global generators untouched here are not named."""
+    watch = Watch(first=10)
+
+    def look(n: int) -> Any:
+        return lambda: watch.step(n, sys._getframe(1))
+
+    def loop(kind: str) -> list[str]:
+        rng = np.random.default_rng(5)  # found through this frame
+        trainer = _Trainer()
+        found = []
+        for n in range(1, 4):
+            if kind == "generator":
+                rng.normal(size=3)
+                found.append(look(n)())
+            elif kind == "trainer":
+                found.append(trainer.step(look(n)))
+            else:
+                fresh = np.random.RandomState(n)  # a new one every step
+                fresh.uniform(size=3)
+                found.append(look(n)())
+        return found
+
+    state = snapshot()
+    assert loop("generator")[1:] == ["the np.random.Generator in rng"] * 2
+    watch._last = None
+    assert loop("trainer")[1:] == ["the np.random.RandomState in self.rng"] * 2
+    watch._last = None
+    assert loop("fresh") == ["", "", ""]
+    assert continued(state, snapshot()) == ""
