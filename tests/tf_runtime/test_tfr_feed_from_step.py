@@ -263,19 +263,16 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
 
 @pytest.mark.parametrize("script,flags,reason", [
     ("queue_input.py", (), "QueueDequeue"),
-    ("carried_state.py", ("--fetch", "tuple"), "fed back into a later run"),
     ("global_rng.py", ("--draw", "numpy"), "numpy's global generator"),
-], ids=["queue_input", "carried_state", "global_rng"])
+], ids=["queue_input", "global_rng"])
 def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
         script: str, flags: tuple[str, ...], reason: str, runtime_server: Any, launch: Any,
         tmp_path: Path) -> None:
     """queue_input: QueueRunner input (a batch queue whose runner blocks on a full queue
-    while the job is suspended). carried_state: a recurrent cell whose state the program
-    carries in Python from one mini-batch to the next, fetched in a dict of fetches and fed
-    back (a migrated copy used to start it over and end with other weights, called
-    migratable because it reads the global step). global_rng: noise and mini-batches drawn
-    from numpy's global generator in every step, seeded once (the same: another result
-    after a migration). Each is judged not migratable, naming
+    while the job is suspended). global_rng: noise and mini-batches drawn from numpy's
+    global generator in every step, seeded once (a migrated copy drew other numbers and
+    ended with other weights, called migratable because it reads the global step). Each is
+    judged not migratable, naming
     why; a migration is refused and leaves no checkpoint; suspended and resumed (across
     the blocked enqueue) and checkpointed, it ends bit-identical to an uninterrupted run."""
     path = str(PROGRAMS / script)
