@@ -201,8 +201,8 @@ class BoundaryLayer:
         self._real = real or inner  # the ungated run, for a warm process's rehearsal step
         self._hot = False  # set once this session is the job's training session
         # The values the last run that advanced the global step returned (by identity),
-        # but reads of variables: one fed into a later run is state the program carries
-        # in Python from one step to the next, which no checkpoint holds.
+        # but reads of variables: one fed into a later training run is state the program
+        # carries in Python from one step to the next, which no checkpoint holds.
         self._carried: dict[int, Any] | None = {}
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
@@ -213,12 +213,12 @@ class BoundaryLayer:
             self._hot = handler.is_hot(self.adapter)
             if not self._hot:
                 return self._setup(info, fetches, feed_dict, options, run_metadata)
-        if self._carried and feed_dict:
-            self._check_carried(feed_dict)
         if not info.is_training:
             if info.reads_global_step:
                 handler.saw_run(self.adapter, info)
             return self.inner.run(fetches, feed_dict, options, run_metadata)
+        if self._carried and feed_dict:  # fed into training (a summary's feed is only logs)
+            self._check_carried(feed_dict)
         t0 = time.perf_counter()
         results = self.inner.run(fetches, feed_dict, options, run_metadata)
         t1 = time.perf_counter()
@@ -247,7 +247,7 @@ class BoundaryLayer:
                     name = getattr(key, "name", None) or str(key)
                     self._handler.carried_state(
                         self.adapter, f"a value its training step returned is fed back "
-                        f"into a later run (the feed of {name!r}): state the program keeps "
+                        f"into a later training run (the feed of {name!r}): state the program keeps "
                         "in Python from one step to the next (a recurrent network's state "
                         "carried across mini-batches) is in no checkpoint, so a migrated job "
                         "would start it over and train to another result; keep such state "

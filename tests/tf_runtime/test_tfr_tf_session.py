@@ -784,8 +784,9 @@ def test_state_carried_in_python_from_step_to_step_is_not_migratable(tmp_path: P
     called it migratable (it reads the global step). Now the value fed back is recognised,
     the job is judged not migratable with the reason, and a migration asked for at its
     first step is refused rather than taken before the second step shows the feedback.
-    Feeding back a read of the global step or of a weight (restored with it), or fetching
-    the state without feeding it back, stays migratable (migrated at the second step)."""
+    Feeding back a read of the global step or of a weight (restored with it), feeding the
+    state only into a run that does not train (what is logged), or fetching it without
+    feeding it back, stays migratable (migrated at the second step)."""
     def build() -> tuple[Any, ...]:
         gs = tf.compat.v1.train.get_or_create_global_step()
         x = tf.compat.v1.placeholder(tf.float32, [2, 3])
@@ -799,7 +800,7 @@ def test_state_carried_in_python_from_step_to_step_is_not_migratable(tmp_path: P
         return gs, x, h0, s0, m0, w, h1, train, tf.identity(gs)
 
     data = np.ones((2, 3), np.float32)
-    for carry in ("state", "tuple", "step", "weights", "none"):
+    for carry in ("state", "tuple", "step", "weights", "logged", "none"):
         with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
             gs, x, h0, s0, m0, w, h1, train, step_value = build()
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -820,6 +821,8 @@ def test_state_carried_in_python_from_step_to_step_is_not_migratable(tmp_path: P
                     else:
                         _, h = sess.run([train, h1], feeds)
                         feeds = {x: data, h0: h if carry == "state" else data}
+                        if carry == "logged":  # fed into a run that does not train
+                            sess.run(h1, {x: data, h0: h})
             except Exited as e:
                 exited = e.code
             ack = acks(ctl)[0]
