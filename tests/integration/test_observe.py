@@ -85,10 +85,13 @@ def test_metrics_follow_a_time_sliced_cluster(observed_cluster, mlp) -> None:  #
     assert value(scrape(helper), "gandiva_helper_jobs_running", server="node-a") == 0
 
     # Three one-GPU jobs on two GPUs: one GPU is time-sliced.
-    ids = [submit(c, mlp, f"job-{i}", 260) for i in range(3)]
-    c.wait_for(lambda: value(scrape(http), "gandiva_switch_seconds_count", command="suspend") >= 1, 120)
-    during = scrape(http)
-    assert value(during, "gandiva_server_height", server="node-a") == 2
+    # Each long enough (10 s of steps) that none ends before the shared GPU's first switch,
+    # however slowly the three TensorFlow processes start.
+    ids = [submit(c, mlp, f"job-{i}", 500) for i in range(3)]
+    # A scrape taken while the GPU is shared: after the first suspend and before any job ends.
+    during = c.wait_for(lambda: (s := scrape(http)) and
+                        value(s, "gandiva_switch_seconds_count", command="suspend") >= 1 and
+                        value(s, "gandiva_server_height", server="node-a") == 2 and s, 120)
     assert value(during, "gandiva_server_gpus_oversubscribed", server="node-a") == 1
     assert value(during, "gandiva_server_gpus_allocated", server="node-a") == 2
     assert value(during, "gandiva_decisions_total", kind="place") == 3
