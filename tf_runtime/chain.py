@@ -40,7 +40,9 @@ class RunInfo:
     # runs) is between two steps only after the run that advances it.
     advances_step: bool = False
     # Reads input whose position is not a variable (a tf.data iterator, a queue, a
-    # stateful random op): the op's type, or "" (see TFSessionAdapter._walk).
+    # stateful random op): the op's type, or "" (see TFSessionAdapter._walk). Of a run
+    # that does not train too (a batch fetched in a run of its own), but not of one that
+    # initialises or restores variables (initialisers draw random values once).
     stateful_input: str = ""
     # Initialises or assigns (not as a training update) a variable a checkpoint holds: a
     # pre-trained layer loaded from NumPy after the restore point would overwrite it.
@@ -204,6 +206,10 @@ class BoundaryLayer:
         # but reads of variables: one fed into a later training run is state the program
         # carries in Python from one step to the next, which no checkpoint holds.
         self._carried: dict[int, Any] | None = {}
+        # Steps this session completed, and the latest intervals between two of them
+        # (numbered by the steps before) in which a run of its own read stateful input.
+        self._steps = 0
+        self._stateful_at: dict[int, str] | None = {}
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
             run_metadata: Any = None) -> Any:
@@ -216,6 +222,8 @@ class BoundaryLayer:
         if not info.is_training:
             if info.reads_global_step:
                 handler.saw_run(self.adapter, info)
+            if info.stateful_input:
+                self._saw_stateful(info.stateful_input)
             return self.inner.run(fetches, feed_dict, options, run_metadata)
         if self._carried and feed_dict:  # fed into training (a summary's feed is only logs)
             self._check_carried(feed_dict)
@@ -226,7 +234,31 @@ class BoundaryLayer:
         handler.boundary(self.adapter, info, results, t1 - t0, t1)
         return results
 
+    def _saw_stateful(self, what: str) -> None:
+        """A run that does not train read input no checkpoint holds. Once that happens
+        between two consecutive pairs of steps, it is taken as the training input (a batch
+        fetched from an iterator, noise drawn, in a run of its own, then fed): an
+        evaluation now and then, or an initialiser, is not."""
+        seen = self._stateful_at
+        if seen is None:
+            return
+        seen[self._steps] = what
+        if self._steps - 1 not in seen:
+            for old in [k for k in seen if k < self._steps]:
+                del seen[old]
+            return
+        self._stateful_at = None  # found: no more watching
+        self._handler.carried_state(
+            self.adapter, f"before each training step a run of its own reads {what}: input "
+            "whose position is in no checkpoint (a tf.data iterator, an input queue, a "
+            "stateful random op), fetched and then fed to training, starts from its beginning "
+            "after a restore, so a migrated job would train on other data than an "
+            "uninterrupted run; compute the input from the global step (feeds, stateless "
+            "random ops seeded by it) to make it migratable")
+
     def _remember(self, info: RunInfo, results: Any) -> None:
+        if info.advances_step:
+            self._steps += 1
         if self._carried is None or not info.advances_step:
             return
         if not info.carry_slots:  # ops and reads of variables only: nothing to carry
@@ -272,6 +304,8 @@ class BoundaryLayer:
                 self._remember(info, results)
                 handler.boundary(self.adapter, info, results, t1 - t0, t1)
             return results
+        if info.stateful_input:
+            self._saw_stateful(info.stateful_input)
         # A warm process may hold here, before the program reads anything.
         handler.before_setup_run(self.adapter, info)
         results = self.inner.run(fetches, feed_dict, options, run_metadata)

@@ -122,6 +122,10 @@ def validate(directory: str | os.PathLike[str]) -> dict[str, Any]:
         if size != entry["size"]:
             raise CheckpointError(f"checkpoint {d}: {entry['name']} has {size} bytes, "
                                   f"{MANIFEST} says {entry['size']} (truncated or overwritten)")
+    split = manifest.get("split", [])
+    if not isinstance(split, list) or not all(isinstance(n, str) for n in split):
+        raise CheckpointError(f"checkpoint {d}: {MANIFEST} 'split' must be a list of variable "
+                              f"names, not {split!r}")
     names = {e["name"] for e in manifest["files"]}
     if f"{manifest['prefix']}.index" not in names:
         raise CheckpointError(f"checkpoint {d}: no {manifest['prefix']}.index in the file list")

@@ -14,7 +14,12 @@ a graph with another count is refused, tf_runtime.checkpoint.check_towers). Opti
 (`tower_1/w/Momentum`) follow their primary variable automatically.
 
 The checkpoint holds one entry per canonical name, taken from the lowest index;
-restore writes that value into every replica.
+restore writes that value into every replica. Names alone cannot tell replicas from
+distinct variables built alike (a two-tower model's query and document towers in
+`tower_0/` and `tower_1/`, each tower's own batch-norm statistics in a replicated
+program), so before each save the shim compares the copies' values
+(tf_runtime.tf_session): a canonical name whose copies differ is `split`, saved and
+restored one entry per copy under its own name, and the manifest lists it.
 """
 
 from __future__ import annotations
@@ -49,11 +54,13 @@ def strip_output(name: str) -> str:
     return name.removesuffix(":0")
 
 
-def group_replicas(specs: Sequence[VarSpec]) -> tuple[list[Group], int]:
+def group_replicas(specs: Sequence[VarSpec],
+                   split: frozenset[str] = frozenset()) -> tuple[list[Group], int]:
     """Group variables into saved entries; returns (groups, replica count).
 
     The replica count is the largest number of copies any canonical name has (1 when
-    nothing is replicated).
+    nothing is replicated). A canonical name in `split` (copies found to differ) gives
+    one entry per copy, each under the copy's own name; the count is unchanged.
     """
     by_family: dict[str, dict[int, dict[str, VarSpec]]] = defaultdict(lambda: defaultdict(dict))
     plain: list[VarSpec] = []
@@ -75,7 +82,10 @@ def group_replicas(specs: Sequence[VarSpec]) -> tuple[list[Group], int]:
             indices = sorted(by_index)
             for rest in sorted(by_index[indices[0]]):
                 members = tuple(by_index[i][rest].name for i in indices)
-                groups.append(Group(rest, members))
+                if rest in split:
+                    groups.extend(Group(m, (m,)) for m in members)
+                else:
+                    groups.append(Group(rest, members))
             replicas = max(replicas, len(indices))
         else:
             for index in sorted(by_index):

@@ -143,7 +143,7 @@ def _locals_prefix(prefix: str) -> str:
 class Checkpointer:
     """Save and restore ops for one graph's training state."""
 
-    def __init__(self, graph: tf.Graph) -> None:
+    def __init__(self, graph: tf.Graph, split: frozenset[str] = frozenset()) -> None:
         variables, local = _state_variables(graph)
         if not variables:
             raise CheckpointError("the graph has no global variables to checkpoint")
@@ -152,7 +152,30 @@ class Checkpointer:
         specs = [VarSpec(n, tuple(v.shape.as_list()), v.dtype.base_dtype.name)
                  for n, v in by_name.items()]
         self.groups: list[Group]
-        self.groups, self.replicas = group_replicas(specs)
+        self.groups, self.replicas = group_replicas(specs, split)
+        # Whether each grouped name's copies hold the same values (`differing`): names
+        # say a variable is one tower's copy, only its values say it is a replica.
+        self.split = split
+        self._same: Any = None
+        self._same_names: tuple[str, ...] = ()
+        unchecked: set[str] = set()
+        checks, names = [], []
+        with graph.as_default(), tf.name_scope("gandiva_checkpoint/same"):
+            for g in self.groups:
+                if len(g.members) < 2:
+                    continue
+                try:
+                    first = by_name[g.members[0]]
+                    checks.append(tf.reduce_all(tf.stack(
+                        [tf.reduce_all(tf.equal(first, by_name[m])) for m in g.members[1:]])))
+                    names.append(g.canonical)
+                except (TypeError, ValueError):  # a dtype tf.equal does not take: not trusted
+                    unchecked.add(g.canonical)
+            if checks:
+                self._same, self._same_names = tf.stack(checks), tuple(names)
+        if unchecked:
+            self.split = split | unchecked
+            self.groups, self.replicas = group_replicas(specs, self.split)
         with graph.as_default(), tf.name_scope("gandiva_checkpoint"), tf.device("/cpu:0"):
             self.saver = tf.compat.v1.train.Saver(
                 var_list={g.canonical: by_name[g.members[0]] for g in self.groups},
@@ -194,6 +217,14 @@ class Checkpointer:
         self._locals_unsaved = ""
         self._graph, self._by_name = graph, by_name
         self._subset: tuple[tuple[str, ...], tuple[Any, Any]] | None = None
+
+    def differing(self, run: Callable[..., Any]) -> frozenset[str]:
+        """The grouped names whose copies hold different values now (a save of one copy
+        would overwrite the others at the restore)."""
+        if self._same is None:
+            return frozenset()
+        same = run(self._same, None, None, None)
+        return frozenset(n for n, ok in zip(self._same_names, same) if not ok)
 
     def save(self, run: Callable[..., Any], prefix: str) -> None:
         run(self._save_tensor, {self._filename: prefix}, None, None)
@@ -300,12 +331,13 @@ _CHECKPOINTERS: weakref.WeakKeyDictionary[tf.Graph, Checkpointer] = weakref.Weak
 _BUILD_LOCK = threading.Lock()
 
 
-def ensure_checkpointer(graph: tf.Graph) -> Checkpointer | None:
+def ensure_checkpointer(graph: tf.Graph, split: frozenset[str] | None = None) -> Checkpointer | None:
     """The graph's checkpointer, (re)built while the graph can still take ops.
 
     Returns None when the graph has no variables yet (a throw-away session).
     A finalized graph whose checkpointer is missing or stale is briefly
-    unfinalized, as a last resort, to add the ops.
+    unfinalized, as a last resort, to add the ops. `split`: the grouped names to save
+    one entry per copy (None: those of the current checkpointer, if still current).
     """
     with _BUILD_LOCK:
         current = _CHECKPOINTERS.get(graph)
@@ -313,14 +345,22 @@ def ensure_checkpointer(graph: tf.Graph) -> Checkpointer | None:
         if not variables:
             return current
         key = _state_key(graph, variables + local)
-        if current is not None and current.key == key:
+        fresh = current is not None and current.key == key
+        if split is None:
+            split = current.split if fresh and current is not None else frozenset()
+        if fresh and current is not None and current.split == split:
             return current
         finalized = graph.finalized
         if finalized:
-            log.warning("graph finalized before the shim could add its saver; unfinalizing briefly")
+            if current is not None and current.key == key:
+                log.info("unfinalizing the graph briefly to save %d variable(s) one copy "
+                         "per tower", len(split))
+            else:
+                log.warning("graph finalized before the shim could add its saver; "
+                            "unfinalizing briefly")
             graph._unsafe_unfinalize()
         try:
-            ckpt = Checkpointer(graph)
+            ckpt = Checkpointer(graph, split)
         finally:
             if finalized:
                 graph.finalize()
@@ -460,7 +500,9 @@ class TFSessionAdapter:
         advances = self._gs_op is not None and (inside.advances or any(
             op.type in _STEP_SETS and op.inputs and through(op.inputs[0].op) is self._gs_op
             for op in reached))
-        stateful = "" if not training else next(
+        # In a training run, or in a run of its own whose values the program may feed to
+        # training (chain.BoundaryLayer judges which); an initialiser's random ops are not.
+        stateful = "" if (not training and (initializes_some or restores)) else next(
             (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
              if _stateful_node(op.type, [t.op.type for t in op.inputs])), inside.stateful)
         if advances and plain_read and not self._warned_racy_read:
@@ -568,16 +610,31 @@ class TFSessionAdapter:
             raise CheckpointError("the training graph has no variables to checkpoint")
         return ckpt
 
+    def checked_checkpointer(self) -> Checkpointer:
+        """The checkpointer for the values the variables hold now: tower copies found to
+        differ (distinct variables named alike) are saved one entry per copy from now on."""
+        ckpt = self.checkpointer()
+        differ = ckpt.differing(self._run)
+        if differ:
+            log.info("the tower copies of %s hold different values: not replicas, each "
+                     "copy is saved on its own", ", ".join(sorted(differ)[:5]))
+            rebuilt = ensure_checkpointer(self.graph, ckpt.split | differ)
+            if rebuilt is None:  # the variables are gone: nothing of ours to save
+                raise CheckpointError("the training graph has no variables to checkpoint")
+            ckpt = rebuilt
+        return ckpt
+
     def save(self, directory: str, job_id: str, start_step: int | None = None) -> CheckpointInfo:
         """A checkpoint of the training state; `start_step`, the global step the job's
         first process started training at, goes into the manifest with it."""
-        ckpt = self.checkpointer()
+        ckpt = self.checked_checkpointer()
         t0 = time.perf_counter()
         step = self.global_step()
         path, size = write_atomically(
             directory, lambda tmp: ckpt.save(self._run, str(tmp / PREFIX)),
             {"job_id": job_id, "global_step": step, "replicas": ckpt.replicas,
              "variables": len(ckpt.groups),
+             **({"split": sorted(ckpt.split)} if ckpt.split else {}),
              **({"start_step": start_step} if start_step is not None else {})})
         return CheckpointInfo(str(path), step, ckpt.replicas, size, time.perf_counter() - t0)
 
@@ -590,7 +647,7 @@ class TFSessionAdapter:
         no checkpoint holds is not undone: input iterators and queues (one batch
         consumed), stateful random ops (their sequence advanced once).
         """
-        ckpt = self.checkpointer()
+        ckpt = self.checked_checkpointer()
         scratch = _scratch_dir("rehearsal")
         try:
             prefix = str(scratch / PREFIX)
@@ -650,7 +707,7 @@ class TFSessionAdapter:
 
     def prebuild_save(self) -> float:
         """Save once into a scratch directory (deleted) so the save op's executors exist."""
-        ckpt = self.checkpointer()
+        ckpt = self.checked_checkpointer()
         scratch = _scratch_dir("prebuild")
         try:
             t0 = time.perf_counter()
@@ -672,6 +729,12 @@ class TFSessionAdapter:
         ckpt = self.checkpointer()
         # Before any variable is touched: a checkpoint of another tower count is refused.
         check_towers(directory, manifest, ckpt.replicas)
+        # Tower copies the writer saved one by one are restored one by one.
+        split = frozenset(manifest.get("split") or ())
+        if split != ckpt.split:
+            rebuilt = ensure_checkpointer(self.graph, split)
+            if rebuilt is not None:
+                ckpt = rebuilt
         prefix = str(Path(directory) / manifest["prefix"])
         try:
             if partial:

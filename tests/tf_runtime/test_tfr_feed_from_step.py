@@ -180,6 +180,7 @@ KINDS = {
     "keras": Kind("keras_layers.py", _warm_naive(), ("--optimizer", "rmsprop")),
     "rnn_state": Kind("carried_state.py", _warm_naive(), ("--fetch", "variable")),
     "reseed": Kind("global_rng.py", _warm_naive(), ("--draw", "reseed")),
+    "replicated_bn": Kind("replicated_bn.py", _warm_naive()),
 }
 
 
@@ -240,8 +241,11 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     mode trained by a `tf.compat.v1` optimizer (RMSProp); rnn_state: a recurrent cell whose
     state the training run assigns to non-trainable variables (how a program that carried
     it in Python becomes migratable); reseed: noise drawn from numpy's global generator
-    reseeded from the global step every step (not taken for a stream drawn on); each
-    migrated warm and naive."""
+    reseeded from the global step every step (not taken for a stream drawn on);
+    replicated_bn: tf_cnn_benchmarks' replicated mode, one copy of each variable per tower,
+    averaged gradients applied to every copy, each tower's own batch-norm statistics (the
+    copies differ: they used to be saved once and restored from tower 0 into every tower);
+    each migrated warm and naive."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 

@@ -834,3 +834,98 @@ def test_state_carried_in_python_from_step_to_step_is_not_migratable(tmp_path: P
             else:
                 assert exited == EXIT_MIGRATED and ctl.migratable is True, carry
                 assert ack.ok and ack.step == 2, (carry, ack)
+
+
+def test_tower_copies_that_differ_are_saved_one_by_one(tmp_path: Path) -> None:
+    """Names alone cannot tell a replica from a variable built alike: a two-tower model's
+    query and document towers (`tower_0/own`, `tower_1/own`, their own initial values and
+    updates) used to be saved as one copy, and a restore wrote the query tower into the
+    document tower (a migrated job ended with other weights). Now copies are compared
+    before each save: those that differ (and their Adam slots) are saved one entry per copy,
+    the manifest lists them, and a restarted process restores each into its own tower;
+    copies that are equal (`tower_i/shared`) are still saved once, under the canonical
+    name. Every variable comes back bit for bit, in a new process's graph too."""
+    def build() -> tuple[Any, Any, list[Any]]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.constant(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
+        loss = 0.0
+        for i in range(2):
+            with tf.compat.v1.variable_scope(f"tower_{i}"):
+                shared = tf.compat.v1.get_variable("shared", initializer=tf.ones([3]),
+                                                   trainable=False)
+                own = tf.compat.v1.get_variable(
+                    "own", initializer=np.random.RandomState(i).standard_normal((3, 2)).astype(np.float32))
+                loss += tf.reduce_sum(tf.tanh(tf.matmul(x * shared, own)) * (i + 1.0))
+        train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss, global_step=gs)
+        return train, tf.compat.v1.global_variables_initializer(), tf.compat.v1.global_variables()
+
+    with shimmed(), tf.Graph().as_default() as g, session(g) as sess:
+        train, init, variables = build()
+        sess.run(init)
+        for _ in range(3):
+            sess.run(train)
+        sess._gandiva_chain.adapter.save(str(tmp_path / "ck"), "t")
+        saved = {v.name: sess.run(v) for v in variables}
+        assert not np.array_equal(saved["tower_0/own:0"], saved["tower_1/own:0"])
+    manifest = validate(tmp_path / "ck")
+    assert manifest["split"] == ["own", "own/Adam", "own/Adam_1"] and manifest["replicas"] == 2
+    names = dict(tf.train.list_variables(str(tmp_path / "ck" / "model")))
+    assert {"tower_0/own", "tower_1/own", "tower_1/own/Adam_1", "shared"} <= set(names)
+    assert "tower_1/shared" not in names and "own" not in names
+
+    with shimmed(), tf.Graph().as_default() as g, session(g) as sess:  # a restarted copy
+        train, init, variables = build()
+        sess.run(init)
+        sess._gandiva_chain.adapter.restore(str(tmp_path / "ck"))
+        for v in variables:
+            np.testing.assert_array_equal(sess.run(v), saved[v.name], err_msg=v.name)
+
+
+@pytest.mark.parametrize("reads", ["batch", "noise", "evaluation"])
+def test_input_fetched_in_a_run_of_its_own_and_fed_to_training(reads: str, tmp_path: Path) -> None:
+    """The common `batch = sess.run(next_element); sess.run(train, {x: batch})`: the
+    iterator's position (or a stateful random op's sequence, `noise`) is in no checkpoint,
+    so a restarted copy reads its input from the beginning; the shim used to look for such
+    input in training runs only and called the job migratable (it reads the global step),
+    and a migrated job trained on other data. Now a run of its own that reads it before two
+    consecutive steps is taken as the training input: not migratable, with the reason, and
+    a migration asked for is refused. An evaluation that reads from its own iterator now and
+    then (here every third step), and the initialiser's random ops, leave the job
+    migratable."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [4, 3])
+        w = tf.compat.v1.get_variable("w", [3, 2])  # a random (glorot) initialiser
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.matmul(x, w) ** 2), global_step=gs)
+        data = tf.compat.v1.data.make_one_shot_iterator(
+            tf.data.Dataset.from_tensor_slices(np.ones((100, 4, 3), np.float32)).shuffle(
+                100, seed=1).repeat()).get_next()
+        noise = tf.random.normal([4, 3])
+        sess.run(tf.compat.v1.global_variables_initializer())
+        ctl.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "ck")))
+        exited = None
+        try:
+            for step in range(6):
+                if reads == "batch":
+                    batch = sess.run(data) * 0.5
+                elif reads == "noise":
+                    batch = np.ones((4, 3), np.float32) + sess.run(noise)
+                else:
+                    batch = np.full((4, 3), step, np.float32)
+                    if step % 3 == 0:
+                        sess.run(data)  # an evaluation batch, not fed to training
+                sess.run(train, {x: batch})
+        except Exited as e:
+            exited = e.code
+        ack = acks(ctl)[0]
+        if reads == "evaluation":
+            assert exited == EXIT_MIGRATED and ctl.migratable is True
+            assert ack.ok and ack.step == 2
+        else:
+            assert exited is None and ctl.migratable is False
+            reason = ctl.channel.migratability[-1][1]  # type: ignore[union-attr]
+            assert "a run of its own reads" in reason
+            assert ("IteratorGetNext" if reads == "batch" else "RandomStandardNormal") in reason
+            assert not ack.ok and "not migratable" in ack.message
+            assert not (tmp_path / "ck").exists()
