@@ -21,7 +21,12 @@ from migration_helper.ramdisk import (
 from protos.gandiva.v1 import helper_pb2, helper_pb2_grpc
 from scheduler import auth
 from scheduler.errors import PermissionDenied, Unauthenticated
-from scheduler.transport import ClientSecurity, MalformedRequestInterceptor, aio_channel
+from scheduler.transport import (
+    SERVER_OPTIONS,
+    ClientSecurity,
+    MalformedRequestInterceptor,
+    aio_channel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +34,7 @@ log = logging.getLogger(__name__)
 def agent_server(ramdisk: Ramdisk, token: str = "") -> grpc.aio.Server:
     """The gRPC server a helper serves its peers on (ports still to add): the HelperAgent
     service, with bytes that are not its messages refused as INVALID_ARGUMENT."""
-    server = grpc.aio.server(interceptors=[MalformedRequestInterceptor()])
+    server = grpc.aio.server(interceptors=[MalformedRequestInterceptor()], options=SERVER_OPTIONS)
     helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk, token), server)
     return server
 

@@ -38,7 +38,13 @@ from scheduler.engine.live import LiveEngine
 from scheduler.policy.types import PolicyConfig
 from scheduler.state import migrate, prune
 from scheduler.state.db import make_engine
-from scheduler.transport import MalformedRequestInterceptor, ServerTls, add_port, check_exposure
+from scheduler.transport import (
+    SERVER_OPTIONS,
+    MalformedRequestInterceptor,
+    ServerTls,
+    add_port,
+    check_exposure,
+)
 from scheduler.validation import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
@@ -105,6 +111,7 @@ class SchedulerServer:
                 # The largest valid request (a full multi-job); larger ones are refused
                 # with RESOURCE_EXHAUSTED before they are parsed.
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                *SERVER_OPTIONS,
             ],
         )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(self.core, self.engine), self.server)
@@ -123,7 +130,7 @@ class SchedulerServer:
         self.address = f"{host or '127.0.0.1'}:{bound}"
         for extra in self.also_listen:
             tls = None if extra.startswith("unix:") else self.tls
-            if add_port(self.server, extra, tls) == 0:
+            if add_port(self.server, extra, tls, "--also-listen") == 0:
                 raise OSError(f"cannot listen on {extra}")
         await self.server.start()
         for name in ("", *SERVICE_NAMES):

@@ -203,10 +203,34 @@ def is_loopback(listen: str) -> bool:
         return False  # a name or a wildcard ("", 0.0.0.0, [::]): reachable from elsewhere
 
 
-def add_port(server: grpc.aio.Server, listen: str, tls: ServerTls | None) -> int:
-    if tls is None:
-        return server.add_insecure_port(listen)
-    return server.add_secure_port(listen, tls.credentials())
+# Options of every gRPC server Gandiva runs. gRPC sets SO_REUSEPORT by default, so a
+# second scheduler (or helper) started on a port already in use would bind it too and take
+# half the connections; without it the second one stops with "address in use".
+SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (("grpc.so_reuseport", 0),)
+
+
+def check_listen(listen: str, flag: str = "--listen") -> None:
+    """ValueError unless ``listen`` is ``HOST:PORT`` with a port gRPC can bind (0-65535; 0
+    picks a free one) or a ``unix:`` path. gRPC itself takes 99999 as 99999 - 65536."""
+    if listen.startswith("unix:"):
+        return
+    _host, sep, port = listen.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit():
+        raise ValueError(f"{flag} {listen!r}: expected HOST:PORT (e.g. 127.0.0.1:50051)")
+    if int(port) > 65535:
+        raise ValueError(f"{flag} {listen!r}: port {int(port)} is out of range (0-65535)")
+
+
+def add_port(server: grpc.aio.Server, listen: str, tls: ServerTls | None, flag: str = "--listen") -> int:
+    """Bind ``listen``; OSError naming the address when it cannot be bound (in use, say)."""
+    check_listen(listen, flag)
+    try:
+        if tls is None:
+            return server.add_insecure_port(listen)
+        return server.add_secure_port(listen, tls.credentials())
+    except RuntimeError:  # grpc: "Failed to bind to address ..."
+        raise OSError(f"{flag} {listen}: cannot listen there: the address is in use (another "
+                      "scheduler or helper?) or not on this host") from None
 
 
 def check_exposure(listen: str, tls: ServerTls | None, auth: bool, insecure: bool, what: str,

@@ -33,6 +33,10 @@ EXIT_INTERRUPTED = 130
 
 # A unary call should never hang a terminal: the scheduler answers in milliseconds.
 CALL_TIMEOUT_S = 15.0
+# Except where it waits for the job: a suspend or resume is applied at the job's next
+# mini-batch boundary, and the scheduler waits up to its command timeout (60 s) for it.
+ACTION_TIMEOUT_S = 75.0
+ACTION_METHODS = frozenset({"SuspendJob", "ResumeJob"})
 # grpc's own reconnect back-off grows to 120 s by default; a client waiting on a
 # restarting scheduler should notice it is back within a couple of seconds.
 CHANNEL_OPTIONS = [
@@ -93,6 +97,10 @@ class Client:
 
     def __init__(self, flag: str | None = None, security: transport.ClientSecurity | None = None) -> None:
         self.address = scheduler_address(flag)
+        port = self.address.rpartition(":")[2]
+        if port.isascii() and port.isdigit() and int(port) > 65535:  # gRPC would wrap it around
+            raise CliError(f"scheduler address {self.address}: port {int(port)} is out of range "
+                           "(0-65535)")
         try:
             security = security or transport.ClientSecurity.from_env()
             self.channel = transport.channel(self.address, security, CHANNEL_OPTIONS)
@@ -103,8 +111,11 @@ class Client:
     def close(self) -> None:
         self.channel.close()
 
-    def call(self, method: str, request: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
-        """Call one unary RPC by name; any gRPC error becomes a CliError."""
+    def call(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        """Call one unary RPC by name; any gRPC error becomes a CliError. The timeout is
+        CALL_TIMEOUT_S, or ACTION_TIMEOUT_S for a call that waits for the job."""
+        if timeout is None:
+            timeout = ACTION_TIMEOUT_S if method in ACTION_METHODS else CALL_TIMEOUT_S
         try:
             return getattr(self.stub, method)(request, timeout=timeout)
         except grpc.RpcError as exc:

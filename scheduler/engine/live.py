@@ -21,7 +21,9 @@ from migration_protocol.fast_path import MigrationTimeouts
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
 from scheduler.engine.live_migration import (
+    OPERATOR_CONNECT_WAIT_S,
     begin_migration,
+    not_connected,
     recover_migrations,
     run_migration,
     vouch_transfer,
@@ -601,6 +603,10 @@ class LiveEngine:
             raise FailedPrecondition(f"job {job_id} is {job.state}; only a {required.value} job can be {verb}")
         if job_id in self.inflight:  # another caller's (or the policy's) command: one at a time
             raise FailedPrecondition(f"job {job_id} has a command in progress; try again shortly")
+        # A person is waiting: a job whose runtime has not connected (its program connects
+        # at its first training step) is answered within seconds, not after the policy's wait.
+        if not await self.core.runtimes.wait_connected(job_id, OPERATOR_CONNECT_WAIT_S, job.incarnation):
+            raise FailedPrecondition(not_connected(job_id, self.core.settings.runtime_connect_deadline_s))
         self.inflight.add(job_id)
         try:
             await command()

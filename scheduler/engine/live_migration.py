@@ -25,6 +25,17 @@ from scheduler.state.models import AuthToken, Job, Migration
 
 log = logging.getLogger(__name__)
 
+# How long an operator's suspend or resume waits for the job's runtime to connect.
+OPERATOR_CONNECT_WAIT_S = 10.0
+
+
+def not_connected(job_id: str, deadline_s: float) -> str:
+    """Why a job whose runtime is not connected cannot take a command now, and what to do."""
+    return (f"job {job_id} has no runtime connected: its program connects when it starts "
+            "training (TensorFlow under the shim); try again once it shows progress. A program "
+            f"that has not connected {deadline_s:g} s after its launch (not TensorFlow, or a "
+            "wrapper that hides it) is marked uncontrollable: it is never suspended or migrated")
+
 # A migration's durable phase (migrations.phase) after each phase completes.
 NEXT_PHASE = {"prewarm": "checkpoint", "checkpoint": "transfer", "transfer": "activate"}
 
@@ -97,6 +108,11 @@ async def begin_migration(
         job = await repo.get_job(s, job_id, for_update=True)
         if not job.migratable:
             raise FailedPrecondition(f"job {job_id} is not migratable")
+        # The destination is pre-warmed by starting the program there, which holds before
+        # it trains only under a connected runtime: without one it would be a second live
+        # copy of the program (a plain Python job in its first minutes).
+        if not core.runtimes.connected(job_id, job.incarnation):
+            raise FailedPrecondition(not_connected(job_id, core.settings.runtime_connect_deadline_s))
         placement = (await repo.placements_of(s, [job_id])).get(job_id, [])
         if not placement:
             raise FailedPrecondition(f"job {job_id} has no placement to migrate from")

@@ -16,6 +16,8 @@ from protos.gandiva.v1 import (
 )
 from scheduler.engine import live_migration
 
+from .test_runtime_api import FakeShim
+
 
 def _two_one_gpu_servers(ch: grpc.Channel, shared_root: str = "",
                          ) -> tuple[scheduler_pb2_grpc.SchedulerStub, helper_pb2_grpc.HelperStub]:
@@ -49,6 +51,7 @@ def test_failed_migration_resumes_from_its_checkpoint(scheduler_server, wait_for
         cmds = a_cmds if src == "a" else b_cmds
         launch = next(cmds).launch
         assert launch.restore_checkpoint == ""
+        _shim = FakeShim(ch, job.id, launch.incarnation)  # a job migrates with its runtime connected
         # Keep the other server busy so that the job can only come back to its source.
         stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server="b" if src == "a" else "a"))
         relaunch = next(cmds).launch
@@ -81,6 +84,7 @@ def test_job_finishing_during_a_migration_succeeds(scheduler_server, wait_for, m
         src = placed.placement[0].server
         cmds = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=src))
         incarnation = next(cmds).launch.incarnation
+        _shim = FakeShim(ch, job.id, incarnation)
         cmds.cancel()
         moving = stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server="b" if src == "a" else "a"))
         assert moving.state == common_pb2.JOB_STATE_MIGRATING
@@ -115,7 +119,9 @@ def test_a_checkpoint_left_in_the_destinations_ramdisk_through_a_shared_mount_is
         job = _submit_one_gpu_job(stub)
         src = wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).placement)[0].server
         dest = "b" if src == "a" else "a"
-        assert next(streams[src]).launch.restore_checkpoint == ""
+        first = next(streams[src]).launch
+        assert first.restore_checkpoint == ""
+        _shim = FakeShim(ch, job.id, first.incarnation)
         stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server=dest))
         there = f"/ram/{dest}/{job.id}/ckpt-7"
         got = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).placement and

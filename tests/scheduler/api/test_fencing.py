@@ -50,6 +50,15 @@ class Fake:
         self._beating = threading.Event()
         self._beater: threading.Thread | None = None
         self.alive: set[str] = set()
+        self.shims: list[Any] = []
+
+    def shim(self, job_id: str, incarnation: str) -> Any:
+        """The launch's runtime, connected (a job is migrated only with one: without it the
+        destination's pre-warm would be a second live copy of the program)."""
+        from .test_runtime_api import FakeShim
+
+        self.shims.append(FakeShim(self.ch, job_id, incarnation))
+        return self.shims[-1]
 
     def register(self, name: str, gpus: int = 1) -> None:
         self.helper.Register(helper_pb2.RegisterServerRequest(
@@ -113,6 +122,8 @@ class Fake:
         raise AssertionError(f"no new launch of {job_id} on {server}")
 
     def close(self) -> None:
+        for shim in self.shims:
+            shim.close()
         self._beating.set()
         if self._beater is not None:  # its heartbeat in progress ends before the channel does
             self._beater.join(timeout=5)
@@ -294,7 +305,8 @@ def _migrating(fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> tu
     first phase until released: (job id, destination, its plan, the release)."""
     plans, release = _blocking_migrate(monkeypatch)
     job_id = fake.submit()
-    server, _ = fake.launched(job_id, wait_for)
+    server, launch = fake.launched(job_id, wait_for)
+    fake.shim(job_id, launch.incarnation)
     dest = "b" if server == "a" else "a"
     fake.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
     return job_id, dest, wait_for(lambda: plans and plans[0]), release
@@ -330,6 +342,7 @@ def test_a_launch_failure_reported_mid_migration_ends_the_migration(
     job_id = fake.submit()
     server = wait_for(lambda: (j := fake.job(job_id)).placement and j.placement[0].server)
     launch = next(c for c in fake.commands(server) if c.WhichOneof("body") == "launch")
+    fake.shim(job_id, launch.launch.incarnation)
     dest = "b" if server == "a" else "a"
     fake.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
     plan = wait_for(lambda: plans and plans[0])
@@ -389,6 +402,7 @@ def test_failed_stop_for_migration_requeues_only_once_the_source_is_stopped(
     release.set()
     job_id = f.submit()
     server, launch = f.launched(job_id, wait_for)
+    f.shim(job_id, launch.incarnation)
     dest = "b" if server == "a" else "a"
     f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
     stop = next(f.commands(server))
@@ -467,6 +481,7 @@ def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
     f = Fake(first.address)
     job_id = f.submit()
     server, launch = f.launched(job_id, wait_for)
+    f.shim(job_id, launch.incarnation)
     dest = "b" if server == "a" else "a"
     f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
     plan = wait_for(lambda: plans and plans[0])
@@ -527,9 +542,10 @@ def test_a_source_lost_after_its_migration_checkpoint_resumes_from_that_checkpoi
         return MigrationResult(Outcome.FAILED, "", "", 7, path, "restarting at the source failed too")
 
     monkeypatch.setattr(live_migration, "migrate", confirmed)
-    f, job_id, server, _, dest = _launched_with_shared_root(make_scheduler, sqlite_url, wait_for, FAST)
+    f, job_id, server, launch, dest = _launched_with_shared_root(make_scheduler, sqlite_url, wait_for, FAST)
     try:
         f.keep_alive("a", "b")
+        f.shim(job_id, launch.incarnation)
         f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
         plan = wait_for(lambda: plans and plans[0])
         f.alive.discard(server)  # the source falls silent: down after 2 s

@@ -1,0 +1,106 @@
+"""Found by a hostile-input pass over the live system: a second scheduler bound a port
+already in use and took half the calls; a migration of a job whose runtime had not
+connected started a second live copy of its program (the destination's pre-warm); an
+operator's suspend of such a job answered after a minute, past the CLI's deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler.cli.client import Client, CliError
+from scheduler.engine import live
+from scheduler.transport import SERVER_OPTIONS, add_port, check_listen
+
+from .test_fencing import Fake
+
+
+def _scheduler(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gandiva_cli.main", "scheduler", *args],
+                          check=False, capture_output=True, text=True, timeout=60)
+
+
+def test_a_second_scheduler_on_a_port_in_use_stops_saying_so(make_scheduler: Any, sqlite_url: str,
+                                                             tmp_path: Path) -> None:
+    first = make_scheduler(sqlite_url)
+    out = _scheduler("--listen", first.address, "--db", f"sqlite+aiosqlite:///{tmp_path / 'b.db'}")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"--listen {first.address}: cannot listen there: the address is in use" in out.stdout
+    # The first one still answers every call (no second listener shares its port).
+    for _ in range(6):  # new connections, each to the first one
+        with grpc.insecure_channel(first.address) as ch:
+            scheduler_pb2_grpc.SchedulerStub(ch).ListServers(scheduler_pb2.ListServersRequest(), timeout=5)
+    bad = _scheduler("--listen", "127.0.0.1:99999", "--db", f"sqlite+aiosqlite:///{tmp_path / 'c.db'}")
+    assert bad.returncode == 2 and "port 99999 is out of range (0-65535)" in bad.stdout, bad.stdout
+
+
+async def test_every_gandiva_server_refuses_a_port_in_use() -> None:
+    """The helper's agent and the scheduler share add_port and SERVER_OPTIONS."""
+    one = grpc.aio.server(options=SERVER_OPTIONS)
+    port = add_port(one, "127.0.0.1:0", None)
+    await one.start()
+    try:
+        two = grpc.aio.server(options=SERVER_OPTIONS)
+        with pytest.raises(OSError, match=f"--listen 127.0.0.1:{port}: cannot listen there"):
+            add_port(two, f"127.0.0.1:{port}", None)
+    finally:
+        await one.stop(0)
+    for listen in ("127.0.0.1", "127.0.0.1:http", "127.0.0.1:70000"):
+        with pytest.raises(ValueError, match="--listen"):
+            check_listen(listen)
+    check_listen("unix:/tmp/gandiva.sock")
+    with pytest.raises(CliError, match="port 109465 is out of range"):
+        Client("127.0.0.1:109465")
+    await asyncio.sleep(0)
+
+
+def test_a_job_whose_runtime_has_not_connected_is_never_migrated(scheduler_server: Any, wait_for: Any) -> None:
+    """Its program would be started at the destination to pre-warm, and without a runtime
+    nothing holds it there: a second live copy (a plain Python job wrote from two
+    processes). The migration is refused, the job keeps running where it is, untouched."""
+    f = Fake(scheduler_server.address)
+    try:
+        job_id = f.submit()
+        server, launch = f.launched(job_id, wait_for)
+        dest = "b" if server == "a" else "a"
+        with pytest.raises(grpc.RpcError) as err:
+            f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "has no runtime connected" in err.value.details(), err.value.details()
+        job = f.job(job_id)
+        assert job.state == common_pb2.JOB_STATE_RUNNING and job.placement[0].server == server
+        assert not any("migrat" in t.reason for t in job.history), [t.reason for t in job.history]
+        f.shim(job_id, launch.incarnation)  # once it connects, it can be migrated
+        moving = f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+        assert moving.state == common_pb2.JOB_STATE_MIGRATING
+    finally:
+        f.close()
+
+
+def test_an_operator_suspend_of_a_job_without_runtime_answers_in_seconds(
+        scheduler_server: Any, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It used to wait the policy's command timeout (60 s) for the runtime, past the CLI's
+    own deadline (15 s), which then blamed the scheduler ("overloaded or stuck?")."""
+    monkeypatch.setattr(live, "OPERATOR_CONNECT_WAIT_S", 0.5)
+    f = Fake(scheduler_server.address)
+    try:
+        job_id = f.submit()
+        f.launched(job_id, wait_for)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            f.api.SuspendJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=30)
+        assert time.monotonic() - t0 < 10
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "has no runtime connected" in err.value.details()
+        assert "try again once it shows progress" in err.value.details()
+        assert f.job(job_id).state == common_pb2.JOB_STATE_RUNNING
+    finally:
+        f.close()
