@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from sqlalchemy.exc import SQLAlchemyError
 
 from protos.gandiva.v1 import (
     helper_pb2,
@@ -91,11 +92,17 @@ class SchedulerServer:
             warning = check_exposure(address, self.tls, self.auth == "token", self.insecure, "the scheduler")
             if warning:
                 log.warning("%s", warning)
-        self.db = make_engine(self.db_url)
+        self.db = make_engine(check_db_url(self.db_url))
         self.core = SchedulerCore(self.db, self.settings)
         # The policy is checked before anything touches the database.
         self.engine = LiveEngine(self.core, self.policy, self.policy_config, self.tick_s)
-        await migrate.upgrade(self.db)
+        try:
+            await migrate.upgrade(self.db)
+        except OSError as exc:  # PostgreSQL not there: "[Errno 111] Connection refused"
+            raise OSError(f"--db {_redact(self.db_url)}: cannot reach the database "
+                          f"({exc.strerror or exc}); is it running, and is the URL right?") from None
+        except SQLAlchemyError as exc:
+            raise ValueError(f"--db {_redact(self.db_url)}: {_db_trouble(exc)}") from None
         # Innermost: a request that is not its method's message is INVALID_ARGUMENT, not UNKNOWN.
         interceptors = [*self.interceptors, MalformedRequestInterceptor()]
         if self.auth == "token":
@@ -196,6 +203,34 @@ class SchedulerServer:
             except Exception:  # a database outage: try again next hour
                 log.warning("retention pruning failed", exc_info=True)
             await asyncio.sleep(every_s)
+
+
+def check_db_url(url: str) -> str:
+    """``url``, or ValueError naming what is wrong with it as the scheduler's database."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError(f"--db {url!r}: not a database URL; give one like "
+                         "sqlite+aiosqlite:////var/lib/gandiva/gandiva.db or "
+                         "postgresql+asyncpg://USER:PASSWORD@HOST/DB") from None
+    if parsed.drivername.startswith("sqlite") and parsed.database in (None, "", ":memory:"):
+        raise ValueError(f"--db {url!r}: an in-memory SQLite database lives in one connection, "
+                         "and the scheduler opens several; give a file "
+                         "(sqlite+aiosqlite:////var/lib/gandiva/gandiva.db)")
+    return url
+
+
+def _db_trouble(exc: Exception) -> str:
+    """A database error at start, in one line with what to check."""
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    if "not a database" in text:
+        return f"{text}: the file is not an SQLite database (is it a Gandiva database?)"
+    if "unable to open database file" in text:
+        return f"{text}: check that its directory exists and is writable (GANDIVA_HOME or --db)"
+    return text
 
 
 def _redact(url: str) -> str:

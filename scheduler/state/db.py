@@ -56,7 +56,12 @@ def make_engine(url: str, readonly: bool = False, **kwargs: Any) -> AsyncEngine:
 
 def _sqlite_engine(url: str, database: str | None, immediate: bool = True, **kwargs: Any) -> AsyncEngine:
     if database and database != ":memory:":
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+        parent = Path(database).parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(f"cannot make the database's directory {parent} ({exc.strerror}); "
+                          "point GANDIVA_HOME or --db to a writable place") from None
     engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
     _configure_sqlite(engine.sync_engine, immediate)
     return engine

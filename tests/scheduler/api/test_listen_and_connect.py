@@ -104,3 +104,23 @@ def test_an_operator_suspend_of_a_job_without_runtime_answers_in_seconds(
         assert f.job(job_id).state == common_pb2.JOB_STATE_RUNNING
     finally:
         f.close()
+
+
+@pytest.mark.parametrize("db,says", [
+    ("nonsense", "not a database URL; give one like"),
+    ("sqlite+aiosqlite:///", "an in-memory SQLite database lives in one connection"),
+    ("sqlite+aiosqlite:///:memory:", "an in-memory SQLite database lives in one connection"),
+    ("sqlite+aiosqlite:///{tmp}/text.db", "the file is not an SQLite database"),
+    ("sqlite+aiosqlite:///{tmp}/text.db/sub/g.db", "cannot make the database's directory"),
+    ("sqlite+aiosqlite:////proc/self/g.db", "check that its directory exists and is writable"),
+    ("postgresql+asyncpg://u:secret@127.0.0.1:9/x", "cannot reach the database (Connection refused)"),
+])
+def test_a_database_the_scheduler_cannot_use_stops_it_in_one_line(db: str, says: str, tmp_path: Path) -> None:
+    """Each used to end in a traceback, or (in-memory) to start a scheduler whose every
+    round and call failed with "database unreachable"."""
+    (tmp_path / "text.db").write_text("not a database\n")
+    out = _scheduler("--listen", "127.0.0.1:0", "--db", db.format(tmp=tmp_path))
+    assert out.returncode == 2, out.stdout + out.stderr
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("gandiva scheduler: ") and says in line, out.stdout
+    assert "Traceback" not in out.stdout + out.stderr and "secret" not in out.stdout
