@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Clients find the scheduler from --scheduler ADDR or GANDIVA_SCHEDULER "
         "(default 127.0.0.1:50051). Submit jobs with gandiva-submit.",
     )
+    # Also accepted before the command (`gandiva --scheduler ADDR get jobs`), as the
+    # usual habit of CLIs with global options; run() hands it to the command.
+    parser.add_argument("--scheduler", dest="global_scheduler", metavar="ADDR",
+                        help="scheduler address for the command (also accepted after it)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         try:
@@ -52,12 +56,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from scheduler.cli.output import quiet_on_broken_pipe
+
+    # Output piped into a reader that stopped (`gandiva describe job ID | head -1`): the
+    # reader has what it wanted; exit quietly, with the command's own code, or 0 when
+    # cut short (what was asked was done; the rest was output).
+    return quiet_on_broken_pipe(lambda: run(sys.argv[1:] if argv is None else list(argv)))
+
+
+def run(argv: list[str]) -> int:
     parser = build_parser()
+    _check_leading_options(parser, argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.global_scheduler is not None:
+        if not hasattr(args, "scheduler"):
+            parser.error(f"--scheduler: `gandiva {args.command}` takes no scheduler address")
+        if args.scheduler is None:  # given after the command too: that one wins
+            args.scheduler = args.global_scheduler
     return int(args.func(args) or 0)
+
+
+def _check_leading_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """An option before the command other than --scheduler (`gandiva -o json get jobs`)
+    would be read as the command's name ("invalid choice: 'json'"); say where it goes."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-", "--", "-h", "--help"):
+        arg = argv[i]
+        if arg == "--scheduler":
+            i += 2
+            continue
+        if arg.startswith("--scheduler="):
+            i += 1
+            continue
+        parser.error(f"{arg}: options go after the command, e.g. gandiva get jobs {arg} ...; "
+                     "only --scheduler may come before it")
 
 
 if __name__ == "__main__":

@@ -141,6 +141,7 @@ class HelperDaemon:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._flush_outbox(timeout_s=2.0)
+        await self._say_leaving(timeout_s=2.0)
         if self._server is not None:
             await self._server.stop(1.0)
         self.backend.close()
@@ -201,6 +202,20 @@ class HelperDaemon:
                     await self._send_queued(stub)
         except (grpc.aio.AioRpcError, TimeoutError):
             log.warning("scheduler unreachable; %d report(s) not delivered", len(self._outbox))
+
+    async def _say_leaving(self, timeout_s: float) -> None:
+        """Tell the scheduler this server runs nothing any more and is going (its jobs were
+        stopped and their exits reported): it goes down now, and the name is free at once
+        for this helper's restart, instead of after the heartbeat timeout."""
+        if not self.registered.is_set():
+            return
+        try:
+            async with aio_channel(self.config.scheduler, self.config.security) as channel:
+                await helper_pb2_grpc.HelperStub(channel).Heartbeat(helper_pb2.HeartbeatRequest(
+                    name=self.config.server_name, instance=self.instance, leaving=True), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not tell the scheduler this helper is leaving (%s); it marks "
+                        "the server down after its heartbeat timeout", exc.code().name)
 
     # ---- the session with the scheduler -------------------------------------------
 

@@ -45,7 +45,7 @@ from scheduler.state.db import (
     make_engine,
     make_sessionmaker,
 )
-from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement
+from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement, Server
 from scheduler.validation import check_priority, default_name, validate_members, validate_spec
 
 log = logging.getLogger(__name__)
@@ -774,29 +774,57 @@ class SchedulerCore:
             names = [srv.name for srv in stale]
             stops: list[tuple[str, str, str]] = []
             for srv in stale:
-                srv.up = False
-                repo.add_event(s, now, "server.down", f"no heartbeat for {now - srv.last_heartbeat:.0f}s", server=srv.name)
-                for job in await repo.jobs_on_server(s, srv.name):
-                    if JobState(job.state) in ACTIVE:
-                        why = f"its server {srv.name} went down"
-                        migration = await repo.get_migration(s, job.id)
-                        if migration is not None:
-                            stops.append((migration.dest_server, job.id, migration.dest_incarnation))
-                            if migration.step >= 0 and migration.checkpoint_path:
-                                # The source confirmed its migration checkpoint (and exited):
-                                # the job resumes from that step, not from an older checkpoint
-                                # or step 0. Through a shared mount it lies at the destination.
-                                why += f" mid-migration; {await repo.resume_from_migration(s, job, migration)}"
-                                stops.append((srv.name, job.id, migration.fallback_incarnation))
-                        # The server's lease ran out before now (Settings): nothing of it trains.
-                        await repo.requeue(s, job, now, why)
+                # The server's lease ran out before now (Settings): nothing of it trains.
+                await self._take_down(s, srv, now, f"no heartbeat for {now - srv.last_heartbeat:.0f}s",
+                                      "went down", stops)
+        self._after_down(names, stops)
+        return names
+
+    async def server_leaving(self, name: str, instance: str = "") -> bool:
+        """The server's helper is stopping and runs no job any more (HeartbeatRequest.
+        leaving): the server goes down now, its jobs back to the queue, and its name is
+        free for the next helper. False (nothing done) from a helper that is not the
+        name's holder, or for a server already down."""
+        now = self.clock()
+        if not self._claim_name(name, instance, now):
+            return False
+        stops: list[tuple[str, str, str]] = []
+        async with self.tx() as s:
+            srv = await s.get(Server, name)
+            if srv is None or not srv.up:
+                return False
+            await self._take_down(s, srv, now, "its helper stopped", "stopped its helper", stops)
+        self._instances.pop(name, None)
+        self._after_down([name], stops)
+        return True
+
+    async def _take_down(self, s: AsyncSession, srv: Server, now: float, event: str, verb: str,
+                         stops: list[tuple[str, str, str]]) -> None:
+        """Mark `srv` down in transaction `s`, its active jobs back to the queue; the
+        launches to stop elsewhere (a migration's destination, a fallback) go to `stops`."""
+        srv.up = False
+        repo.add_event(s, now, "server.down", event, server=srv.name)
+        for job in await repo.jobs_on_server(s, srv.name):
+            if JobState(job.state) in ACTIVE:
+                why = f"its server {srv.name} {verb}"
+                migration = await repo.get_migration(s, job.id)
+                if migration is not None:
+                    stops.append((migration.dest_server, job.id, migration.dest_incarnation))
+                    if migration.step >= 0 and migration.checkpoint_path:
+                        # The source confirmed its migration checkpoint (and exited):
+                        # the job resumes from that step, not from an older checkpoint
+                        # or step 0. Through a shared mount it lies at the destination.
+                        why += f" mid-migration; {await repo.resume_from_migration(s, job, migration)}"
+                        stops.append((srv.name, job.id, migration.fallback_incarnation))
+                await repo.requeue(s, job, now, why)
+
+    def _after_down(self, names: Sequence[str], stops: Sequence[tuple[str, str, str]]) -> None:
         for server, job_id, incarnation in stops:
             self.stop_on(server, job_id, incarnation, "its source server went down mid-migration")
         for n in names:
             self.helpers.fail_all(n, f"server {n} went down")
         if names:
             self.poke()
-        return names
 
     # ---- runtime progress -----------------------------------------------------
 

@@ -66,6 +66,9 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             raise InvalidArgument("running", f"more than {MAX_RUNNING_JOBS} jobs")
         running = [(r.job_id, r.incarnation) for r in request.running]
         check_text("instance", request.instance, 64)
+        if request.leaving:  # its last word: nothing to reconcile, nothing to send back
+            await self.core.server_leaving(request.name, request.instance)
+            return helper_pb2.HeartbeatResponse(known=True)
         known, stop, placed = await self.core.heartbeat(request.name, running, request.instance)
         if not known:
             return helper_pb2.HeartbeatResponse(known=False)

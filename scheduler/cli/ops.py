@@ -266,7 +266,10 @@ def _act(args: argparse.Namespace, client: Client, method: str, verb: str) -> in
             continue
         done.append(job)
         if args.output != "json":
-            print(f"job {job.id} {verb} (now {state_name(job.state)})")
+            try:
+                print(f"job {job.id} {verb} (now {state_name(job.state)})")
+            except BrokenPipeError:  # `| head -1`: the other ids are still acted on
+                output.stdout_gone()
     if args.output == "json":
         output.print_json([job_to_dict(j) for j in done])
     return EXIT_ERROR if failed else EXIT_OK

@@ -8,17 +8,62 @@ they are plain text, never wrapped, without trailing blanks, so ``awk`` and
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any
 
-from rich.console import Console
+from rich.console import Console as RichConsole
 from rich.table import Table
 
 # Piped output must not wrap: one row per line whatever its length.
 _PIPE_WIDTH = 10_000
+
+
+def stdout_gone() -> None:
+    """The reader of stdout went away (``| head`` has what it wanted): send what is still
+    buffered, and anything printed later, to the null device, so that neither the rest
+    of the command nor the interpreter's last flush fails on the closed pipe again.
+
+    The entry points call this on BrokenPipeError and exit quietly (Python's documented
+    way, docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's capture)
+        pass
+
+
+def quiet_on_broken_pipe(body: Callable[[], int], code_if_cut: int = 0) -> int:
+    """An entry point's body, exiting quietly when the reader of stdout goes away
+    (``| head``): with the body's own code when it finished (the pipe broke only at the
+    last flush; piped, stdout is buffered), else ``code_if_cut``."""
+    try:
+        code = body()
+    except BrokenPipeError:
+        stdout_gone()
+        return code_if_cut
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_gone()
+    return code
+
+
+class Console(RichConsole):
+    """rich's Console, but a closed pipe raises BrokenPipeError as print() does (rich's own
+    answer is SystemExit(1)), for the entry points to turn into a quiet exit with the
+    command's code (stdout_gone)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more from this console
+        raise BrokenPipeError(errno.EPIPE, "the reader of the output went away")
 
 
 def console(stream: IO[str] | None = None) -> Console:

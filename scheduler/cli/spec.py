@@ -95,11 +95,42 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
         values = data.get(key, {})
         if any(isinstance(v, (dict, list)) for v in (values.values() if key == "env" else values)):
             raise SpecError(f"{path}: field {key!r} must hold plain values, not lists or mappings")
+    if "env" in data:
+        for name in data["env"]:
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                raise SpecError(f"{path}: env: {name!r} is not a valid variable name "
+                                "(letters, digits and _, not starting with a digit)")
+        data["env"] = {name: _text(value, f"{path}: env.{name}")
+                       for name, value in data["env"].items()}
+    if "env_pass" in data:
+        data["env_pass"] = [_text(value, f"{path}: env_pass[{i}]")
+                            for i, value in enumerate(data["env_pass"])]
     if isinstance(data.get("command"), str):
-        data["command"] = shlex.split(data["command"])
+        try:
+            data["command"] = shlex.split(data["command"])
+        except ValueError as exc:  # "No closing quotation", "No escaped character"
+            raise SpecError(f"{path}: command: cannot split {data['command']!r} like a shell "
+                            f"({str(exc).lower()}); close the quote, or give the command as a "
+                            "list") from None
     if "command" in data:
-        data["command"] = [str(part) for part in data["command"]]
+        data["command"] = [_text(part, f"{path}: command[{i}]")
+                           for i, part in enumerate(data["command"])]
     return data
+
+
+def _text(value: Any, where: str) -> str:
+    """A value that becomes text (an argument, a variable): a number as its text; null
+    and booleans are refused, since YAML turns an unquoted ``yes`` or ``~`` into one."""
+    if value is None:
+        raise SpecError(f"{where}: no value (null); write '' in quotes for an empty text")
+    if isinstance(value, bool):
+        spelled = "true" if value else "false"
+        raise SpecError(f"{where}: {spelled} is a boolean (YAML reads unquoted true, yes, on, false, "
+                        f"no, off as one); write the value in quotes, e.g. '{spelled}', if you mean "
+                        "the text")
+    if isinstance(value, (dict, list)):
+        raise SpecError(f"{where}: must be a plain value, not a {type(value).__name__}")
+    return str(value)
 
 
 def _load_yaml(path: str | Path) -> Any:
@@ -177,6 +208,8 @@ def _matches(name: str, patterns: Sequence[str]) -> bool:
 def parse_array(text: str | int) -> list[Member]:
     """``0-31``, ``0-31:2``, ``1,3,5`` or a mix (``0-3,8``) -> members indexed by value."""
     text = str(text).strip()
+    if not text:
+        raise SpecError("--array: empty; give a range such as 0-31, 0-31:2 or 1,3,5")
     indices: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -241,6 +274,7 @@ def _grid(grid: Any, where: str) -> list[dict[str, str]]:
             raise SpecError(f"{where}: grid.{name} is an empty list")
         names.append(name)
         choices.append([_param_value(v, f"{where}: grid.{name}") for v in values])
+    _check_param_names(names, f"{where}: grid")
     total = 1
     for c in choices:
         total *= len(c)
@@ -263,6 +297,7 @@ def _list(items: Any, where: str) -> list[dict[str, str]]:
             _check_param_name(name, f"{where}: list[{i}]")
             params[name] = _param_value(value, f"{where}: list[{i}].{name}")
         out.append(params)
+    _check_param_names(list(dict.fromkeys(name for params in out for name in params)), f"{where}: list")
     return out
 
 
@@ -270,6 +305,20 @@ def _check_param_name(name: Any, where: str) -> None:
     # The name becomes GANDIVA_PARAM_<NAME>, so it must be a valid variable name.
     if not isinstance(name, str) or not _PARAM_NAME.match(name):
         raise SpecError(f"{where}: parameter name {name!r} must be letters, digits and _")
+
+
+def _check_param_names(names: Sequence[str], where: str) -> None:
+    """Each parameter must reach the job: ``{index}`` is the member's index, and
+    GANDIVA_PARAM_<NAME> is upper-cased, so names differing only in case would collide."""
+    if "index" in names:
+        raise SpecError(f"{where}: a parameter cannot be called 'index': {{index}} in the command "
+                        "is the member's index; rename it")
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(name.upper(), name)
+        if other != name:
+            raise SpecError(f"{where}: parameters {other!r} and {name!r} differ only in case; both "
+                            f"would be {ENV_PARAM_PREFIX}{name.upper()}; rename one")
 
 
 def _param_value(value: Any, where: str) -> str:

@@ -25,6 +25,7 @@ from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.cli import spec as specs
 from scheduler.cli.client import (
     EXIT_ERROR,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     CliError,
     add_security_flags,
@@ -32,9 +33,10 @@ from scheduler.cli.client import (
     run_command,
     spec_to_dict,
 )
+from scheduler.cli.output import quiet_on_broken_pipe, stdout_gone
 from scheduler.cli.spec import SpecError
 from scheduler.cli.wait import follow
-from scheduler.validation import default_name
+from scheduler.validation import MAX_NAME, default_name
 
 PROG = "gandiva-submit"
 DEFAULT_GPUS = 1
@@ -141,8 +143,32 @@ def build_submission(
     sweep_name, members = _members(args, spec)
     if members is None:
         return Submission(base.name, [base], multi=False)
-    name = args.name or spec.get("name") or sweep_name or default_name(base)
+    name = _multi_name(args, spec, sweep_name, base, members)
     return Submission(name, [_member_spec(base, name, m) for m in members], multi=True)
+
+
+def _multi_name(args: argparse.Namespace, spec: Mapping[str, Any], sweep_name: str,
+                base: common_pb2.JobSpec, members: Sequence[specs.Member]) -> str:
+    """The multi-job's name, with room for the ``-INDEX`` each member's name adds.
+
+    A name the user gave that leaves no room is refused naming where it came from
+    (the scheduler would blame ``jobs[0].name``, longer than the name given); a
+    name derived from the script is shortened instead.
+    """
+    suffix = f"-{max(m.index for m in members)}"  # the largest index is the longest
+    room = MAX_NAME - len(suffix)
+    sweep_where = f"{args.sweep}: name" if args.sweep else f"{args.file}: sweep.name"
+    for given, where in ((args.name, "--name"), (spec.get("name"), f"{args.file}: name"),
+                         (sweep_name, sweep_where)):
+        if given:
+            size = len(given.encode())
+            if size > room:
+                raise SpecError(f"{where}: too long for a multi-job: each member is named "
+                                f"NAME-INDEX, at most {MAX_NAME} bytes, and the longest suffix here "
+                                f"is {suffix!r}, which leaves {room} bytes for NAME; it has {size}")
+            return str(given)
+    derived = default_name(base).encode()[:room].decode(errors="ignore")
+    return derived or "job"
 
 
 def _member_spec(base: common_pb2.JobSpec, name: str, member: specs.Member) -> common_pb2.JobSpec:
@@ -161,9 +187,12 @@ def _member_spec(base: common_pb2.JobSpec, name: str, member: specs.Member) -> c
 def _members(args: argparse.Namespace, spec: Mapping[str, Any]
              ) -> tuple[str, list[specs.Member] | None]:
     """The multi-job members from --sweep/--array, else from the spec file, else None."""
-    if args.sweep:
+    # `is not None`: an empty --array "" or --sweep "" is a mistake, not "no multi-job".
+    if args.sweep is not None:
+        if not args.sweep.strip():
+            raise SpecError("--sweep: no file given; name a sweep file (docs/cli.md)")
         return specs.load_sweep(args.sweep)
-    if args.array:
+    if args.array is not None:
         return "", specs.parse_array(args.array)
     if "sweep" in spec and "array" in spec:
         raise SpecError(f"{args.file}: give 'sweep' or 'array', not both")
@@ -202,11 +231,18 @@ def submit(args: argparse.Namespace, command: Sequence[str]) -> int:
         if args.parsable:
             print("\n".join(ids), flush=True)
             return EXIT_OK
-        _print_submitted(multi_id, jobs)
         if args.no_wait:
+            _print_submitted(multi_id, jobs)
             _print_follow_hints(multi_id, ids)
             return EXIT_OK
-        return follow(client, ids, multi_id, args.reconnect_timeout)
+        try:
+            _print_submitted(multi_id, jobs)
+            return follow(client, ids, multi_id, args.reconnect_timeout)
+        except BrokenPipeError:
+            # The reader of our output stopped (`| head`): stop waiting as on Ctrl-C; the
+            # job keeps running, and no outcome we have not seen is claimed.
+            stdout_gone()
+            return EXIT_INTERRUPTED
     finally:
         client.close()
 
@@ -248,7 +284,15 @@ def _print_follow_hints(multi_id: str, ids: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options, command = split_command(sys.argv[1:] if argv is None else argv)
+    # The reader of our output stopped (`gandiva-submit --no-wait ... | head -2`). Output
+    # is printed only once the scheduler has accepted the job(s) (or for --help): with
+    # --no-wait, --parsable or --dry-run that is success. (While waiting, submit() stops
+    # waiting instead, exit 130.)
+    return quiet_on_broken_pipe(lambda: _main(sys.argv[1:] if argv is None else argv), EXIT_OK)
+
+
+def _main(argv: Sequence[str]) -> int:
+    options, command = split_command(argv)
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(options)

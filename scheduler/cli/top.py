@@ -9,7 +9,9 @@ and the reason for the scheduler's last decision about them, and the latest deci
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
+import math
 import os
 import time
 import urllib.error
@@ -30,15 +32,33 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--http", default=os.environ.get("GANDIVA_HTTP", ""), metavar="HOST:PORT",
                    help="the scheduler's --http-listen address (default $GANDIVA_HTTP)")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--interval", type=_interval, default=2.0, help="seconds between refreshes (default 2)")
     p.add_argument("--once", action="store_true", help="print one view and exit (e.g. into a file)")
     p.add_argument("--all", action="store_true", help="also list finished jobs")
     p.set_defaults(func=run)
 
 
-def fetch(http: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://{http}/api/state", timeout=10) as r:
-        return json.load(r)  # type: ignore[no-any-return]
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
+
+
+class NotHttp(ValueError):
+    """The address answered, but not in HTTP (a gRPC port, say)."""
+
+
+def fetch(address: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"http://{address}/api/state", timeout=10) as r:
+            return json.load(r)  # type: ignore[no-any-return]
+    except http.client.HTTPException:  # BadStatusLine, RemoteDisconnected, ...
+        raise NotHttp(f"{address} did not answer HTTP; is it the scheduler's --http-listen "
+                      "address?") from None
 
 
 def render(state: dict[str, Any], show_all: bool = False) -> Group:
@@ -76,8 +96,9 @@ def render(state: dict[str, Any], show_all: bool = False) -> Group:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.live import Live
+
+    from scheduler.cli.output import Console
 
     console = Console()
     if not args.http:
@@ -86,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         state = fetch(args.http)
+    except NotHttp as err:
+        console.print(f"gandiva top: {err}", soft_wrap=True)
+        return 1
     except (urllib.error.URLError, OSError, ValueError) as err:
         console.print(f"gandiva top: cannot read http://{args.http}/api/state ({err}); is the scheduler "
                       "running with --http-listen on that address?")

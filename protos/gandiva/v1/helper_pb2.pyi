@@ -111,6 +111,7 @@ class HeartbeatRequest(_message.Message):
     PEERS_VERSION_FIELD_NUMBER: _builtins.int
     WANT_KEPT_FIELD_NUMBER: _builtins.int
     INSTANCE_FIELD_NUMBER: _builtins.int
+    LEAVING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     peers_version: _builtins.int
     """The version of the registered-helpers list this helper holds (0: none yet)."""
@@ -121,6 +122,11 @@ class HeartbeatRequest(_message.Message):
     instance: _builtins.str
     """The helper's instance (RegisterServerRequest.instance): a heartbeat of another
     instance than the one registered under this name is answered known=false.
+    """
+    leaving: _builtins.bool
+    """The helper is stopping and runs no job any more (it stopped them first): the server
+    goes down at once, its jobs back to the queue, and its name is free to register again,
+    instead of both waiting for the heartbeat timeout.
     """
     @_builtins.property
     def running_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -141,10 +147,11 @@ class HeartbeatRequest(_message.Message):
         peers_version: _builtins.int = ...,
         want_kept: _builtins.bool = ...,
         instance: _builtins.str = ...,
+        leaving: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance", b"instance", "name", b"name", "peers_version", b"peers_version", "running", b"running", "running_jobs", b"running_jobs", "want_kept", b"want_kept"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance", b"instance", "leaving", b"leaving", "name", b"name", "peers_version", b"peers_version", "running", b"running", "running_jobs", b"running_jobs", "want_kept", b"want_kept"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

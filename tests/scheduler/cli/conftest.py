@@ -5,6 +5,7 @@ run and end in a chosen way."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -48,6 +49,19 @@ def script(name: str, *argv: str, timeout: float = 60, env: dict | None = None) 
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+def script_into_closed_pipe(name: str, *argv: str, timeout: float = 60) -> Result:
+    """An installed console script whose stdout is a pipe nobody reads any more (as in
+    `NAME ARGS | head -1` once head has exited): its first write fails with EPIPE."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([str(BIN / name), *argv], check=False, stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=timeout)
+    finally:
+        os.close(write)
+    return Result(proc.returncode, "", proc.stderr)
+
+
 # The helpers above, as fixtures: with --import-mode=importlib a test module
 # cannot import this conftest, but it can ask for these.
 @pytest.fixture(name="list_jobs")
@@ -58,6 +72,11 @@ def _list_jobs_fixture() -> Callable[..., list]:
 @pytest.fixture(name="script")
 def _script_fixture() -> Callable[..., Result]:
     return script
+
+
+@pytest.fixture(name="script_into_closed_pipe")
+def _script_into_closed_pipe_fixture() -> Callable[..., Result]:
+    return script_into_closed_pipe
 
 
 @pytest.fixture

@@ -107,3 +107,32 @@ def test_command_without_the_separator_is_explained(capsys: pytest.CaptureFixtur
     assert main(["--gpus", "2", "python", "train.py"]) == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments: python train.py" in err and "goes after --" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--array", ""], "--array: empty"),
+    (["--sweep", ""], "--sweep: no file given"),
+])
+def test_an_empty_array_or_sweep_is_refused(argv: list[str], message: str) -> None:
+    """`--array ""` submitted one ordinary job (the test was `if args.array:`)."""
+    with pytest.raises(SpecError, match=message):
+        build([*argv, "--", "python", "t.py"])
+
+
+def test_a_multi_job_name_too_long_for_its_suffix_names_the_room_left(tmp_path: Path) -> None:
+    """The scheduler blamed jobs[0].name, longer than 256 bytes (257), for a --name of 255:
+    the member suffix -0 was not the user's."""
+    with pytest.raises(SpecError) as err:
+        build(["--array", "0-2", "--name", "n" * 255, "--", "python", "t.py"])
+    assert str(err.value) == ("--name: too long for a multi-job: each member is named NAME-INDEX, at "
+                              "most 256 bytes, and the longest suffix here is '-2', which leaves 254 "
+                              "bytes for NAME; it has 255")
+    sub = build(["--array", "0-2", "--name", "n" * 254, "--", "python", "t.py"])
+    assert max(len(j.name) for j in sub.jobs) == 256
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"name: {'s' * 255}\ngrid: {{lr: [1]}}\n")
+    with pytest.raises(SpecError, match=f"^{sweep}: name: too long for a multi-job"):
+        build(["--sweep", str(sweep), "--", "python", "t.py"])
+    # A name derived from the script is shortened to fit instead.
+    sub = build(["--array", "0-10", "--", "python", "x" * 300 + ".py"])
+    assert sub.name == "x" * 253 and sub.jobs[-1].name == "x" * 253 + "-10"

@@ -155,3 +155,49 @@ def test_unreachable_scheduler_is_one_clear_line(gandiva) -> None:
     assert r.code == 2 and r.out == ""
     assert r.err.count("\n") == 1
     assert "cannot reach the scheduler at 127.0.0.1:1" in r.err and "GANDIVA_SCHEDULER" in r.err
+
+
+def test_output_into_a_closed_pipe_is_a_quiet_exit(sched, stub, script_into_closed_pipe) -> None:
+    """`gandiva describe job ID | head -1` ended in a BrokenPipeError traceback."""
+    (job_id,) = submit_jobs(stub, "a")
+    for argv in (("describe", "job", job_id), ("get", "jobs"), ("--help",)):
+        r = script_into_closed_pipe("gandiva", *argv)
+        assert (r.code, r.err) == (0, ""), argv
+    # kill acts on every id even once nobody reads, and keeps its own exit code.
+    (other,) = submit_jobs(stub, "b")
+    r = script_into_closed_pipe("gandiva", "kill", job_id, "j-nope", other)
+    assert r.code == 2 and "Traceback" not in r.err and "j-nope" in r.err
+    assert stub.GetJob(scheduler_pb2.GetJobRequest(id=other)).state == common_pb2.JOB_STATE_KILLED
+
+
+def test_scheduler_may_be_given_before_the_command(gandiva, sched, stub, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`gandiva --scheduler ADDR get jobs` said "invalid choice" (the address was read
+    as the command)."""
+    (job_id,) = submit_jobs(stub, "a")
+    monkeypatch.setenv("GANDIVA_SCHEDULER", "127.0.0.1:1")
+    for argv in (("--scheduler", sched.address, "get", "jobs", "--no-headers"),
+                 (f"--scheduler={sched.address}", "get", "jobs", "--no-headers"),
+                 ("--scheduler", "127.0.0.1:1", "get", "jobs", "--no-headers", "--scheduler", sched.address)):
+        r = gandiva(*argv)
+        assert r.code == 0 and r.out.startswith(job_id), (argv, r.err)
+    for argv, message in ((("-o", "json", "get", "jobs"), "-o: options go after the command"),
+                          (("--scheduler", "x:1", "sim"), "--scheduler: `gandiva sim` takes no scheduler address")):
+        with pytest.raises(SystemExit) as exit_:
+            gandiva(*argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_top_explains_an_address_that_is_not_http_and_a_bad_interval(gandiva, sched,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`gandiva top --http <the gRPC port>` ended in http.client.BadStatusLine, and
+    `--interval=-1` in "sleep length must be non-negative"."""
+    r = gandiva("top", "--http", sched.address, "--once")
+    assert r.code == 1 and "Traceback" not in r.err
+    assert r.out == (f"gandiva top: {sched.address} did not answer HTTP; is it the scheduler's "
+                     "--http-listen address?\n")
+    for interval in ("-1", "0", "nan"):
+        with pytest.raises(SystemExit) as exit_:
+            gandiva("top", "--http", sched.address, f"--interval={interval}")
+        assert exit_.value.code == 2
+        assert f"argument --interval: must be more than 0 seconds, got '{interval}'" in capsys.readouterr().err

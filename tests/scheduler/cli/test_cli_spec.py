@@ -159,3 +159,66 @@ def test_spec_file_env_must_be_plain_values(tmp_path: Path) -> None:
     path = write(tmp_path, "job.yaml", "env:\n  A: [1, 2]\n")
     with pytest.raises(SpecError, match="'env' must hold plain values"):
         specs.load_spec_file(path)
+
+
+def test_spec_file_command_with_an_unclosed_quote_is_named(tmp_path: Path) -> None:
+    """shlex's ValueError ("No closing quotation") came out as a traceback."""
+    path = write(tmp_path, "job.yaml", 'command: "python \\"unterminated"\n')
+    with pytest.raises(SpecError, match=r"job.yaml: command: cannot split .* \(no closing quotation\); "
+                                        "close the quote, or give the command as a list"):
+        specs.load_spec_file(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("env: {A: null}\n", "env.A: no value (null)"),
+        ("env: {A: ~}\n", "env.A: no value (null)"),
+        ("env: {B: true}\n", "env.B: true is a boolean"),
+        ("env: {B: no}\n", "env.B: false is a boolean"),
+        ("command: [python, 1, null]\n", "command[2]: no value (null)"),
+        ("command: [python, on]\n", "command[1]: true is a boolean"),
+        ("command: [python, [a]]\n", "command[1]: must be a plain value"),
+        ("env_pass: [null]\n", "env_pass[0]: no value (null)"),
+        ("env: {1A: x}\n", "env: '1A' is not a valid variable name"),
+    ],
+)
+def test_spec_file_null_and_boolean_values_are_refused(tmp_path: Path, text: str, fragment: str) -> None:
+    """`env: {A: null, B: true}` gave the job A=None and B=True; a command list
+    [python, 1, null] an argument "None"."""
+    path = write(tmp_path, "job.yaml", text)
+    with pytest.raises(SpecError) as err:
+        specs.load_spec_file(path)
+    assert str(err.value).startswith(f"{path}: {fragment}")
+    if "boolean" in fragment:
+        assert "in quotes" in str(err.value)
+
+
+def test_spec_file_numbers_become_their_text(tmp_path: Path) -> None:
+    path = write(tmp_path, "job.yaml", "command: [python, 1, 2.5]\nenv: {SEED: 7, RATE: 0.5, S: 'true'}\n")
+    assert specs.load_spec_file(path) == {"command": ["python", "1", "2.5"],
+                                          "env": {"SEED": "7", "RATE": "0.5", "S": "true"}}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("grid:\n  lr: [0.1]\n  LR: [1]\n",
+         "grid: parameters 'lr' and 'LR' differ only in case; both would be GANDIVA_PARAM_LR"),
+        ("list:\n  - {lr: 0.1}\n  - {Lr: 1}\n", "list: parameters 'lr' and 'Lr' differ only in case"),
+        ("grid:\n  index: [1, 2]\n", "grid: a parameter cannot be called 'index'"),
+        ("list:\n  - {index: 1}\n", "list: a parameter cannot be called 'index'"),
+    ],
+)
+def test_sweep_parameters_that_would_be_lost_are_refused(tmp_path: Path, text: str, fragment: str) -> None:
+    """Names differing only in case became one GANDIVA_PARAM_<NAME> (one value dropped);
+    a parameter called index was hidden by {index}, the member's index."""
+    path = write(tmp_path, "sweep.yaml", text)
+    with pytest.raises(SpecError) as err:
+        specs.load_sweep(path)
+    assert str(err.value).startswith(f"{path}: {fragment}")
+
+
+def test_an_empty_array_says_so() -> None:
+    with pytest.raises(SpecError, match="^--array: empty; give a range such as 0-31"):
+        specs.parse_array(" ")

@@ -46,6 +46,20 @@ def test_parsable_array_is_one_multi_job(sched, stub, list_jobs, script) -> None
     assert [j.spec.name for j in members] == ["seeds-0", "seeds-2", "seeds-4", "seeds-6"]
 
 
+def test_output_into_a_closed_pipe_is_a_quiet_success(sched, stub, list_jobs,
+                                                      script_into_closed_pipe) -> None:
+    """`gandiva-submit --no-wait --array 0-299 ... | head -2` submitted the jobs, then
+    ended in a BrokenPipeError traceback and exit 1, which a script reads as a failed
+    submission."""
+    r = script_into_closed_pipe("gandiva-submit", "--no-wait", "--array", "0-2", "--", "sleep", "1")
+    assert (r.code, r.err) == (0, "")
+    assert len(list_jobs(stub)) == 3
+    # Waiting, it stops waiting as on Ctrl-C (the job keeps running): no outcome is claimed.
+    r = script_into_closed_pipe("gandiva-submit", "--", "sleep", "1")
+    assert (r.code, r.err) == (130, "")
+    assert len(list_jobs(stub)) == 4
+
+
 def test_sweep_members_are_told_their_parameters(submit, stub, list_jobs, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text("grid:\n  lr: [0.1, 0.01]\n  bs: [32, 64]\n")
@@ -83,6 +97,11 @@ def test_dry_run_validates_through_the_server_and_writes_nothing(submit, stub, l
         (["-f", "SPEC"], "command: [python, t.py]\ngpu: 2\n", "unknown field 'gpu'"),
         (["--sweep", "SPEC", "--", "python"], "grid:\n  lr: []\n", "grid.lr is an empty list"),
         (["--array", "9-1", "--", "python"], None, "--array"),
+        (["--array", "", "--", "python"], None, "--array: empty"),
+        (["-f", "SPEC"], 'command: "python \\"unterminated"\n', "command: cannot split"),
+        (["-f", "SPEC"], "command: [python]\nenv: {B: true}\n", "env.B: true is a boolean"),
+        (["--array", "0-2", "--name", "n" * 255, "--", "python"], None,
+         "--name: too long for a multi-job"),
         # Passes the CLI's own checks; the scheduler's INVALID_ARGUMENT names the field.
         (["--name", "n" * 300, "--", "python", "t.py"], None, "spec.name"),
     ],
