@@ -211,10 +211,16 @@ def run_logs(args: argparse.Namespace) -> int:
 
 
 def _remote_logs(args: argparse.Namespace, client: Any) -> int:
-    """Page through the job's output with ReadJobLog (the scheduler checks who may)."""
+    """Page through the job's output with ReadJobLog (the scheduler checks who may).
+
+    With -f, until the job has finished: once it is seen finished, what is left of
+    the output is read and printed, then the command ends (as `kubectl logs -f`).
+    """
     from protos.gandiva.v1 import scheduler_pb2
+    from scheduler.cli.client import TERMINAL_STATES
 
     offset = 0
+    finished = False
     try:
         while True:
             got = client.call("ReadJobLog", scheduler_pb2.ReadJobLogRequest(id=args.job, offset=offset))
@@ -223,8 +229,12 @@ def _remote_logs(args: argparse.Namespace, client: Any) -> int:
                 sys.stdout.flush()
                 offset = got.next_offset
                 continue
-            if not args.follow:
+            # `finished` was seen before this read found nothing more: all is printed.
+            if not args.follow or finished:
                 return 0
-            time.sleep(0.5)
+            job = client.call("GetJob", scheduler_pb2.GetJobRequest(id=args.job))
+            finished = job.state in TERMINAL_STATES
+            if not finished:
+                time.sleep(0.5)
     finally:
         client.close()

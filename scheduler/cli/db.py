@@ -47,15 +47,30 @@ def run(args: argparse.Namespace) -> int:
         finally:
             await engine.dispose()
 
+    from alembic.util import CommandError
+
     try:
         print(asyncio.run(go()))
     except GandivaError as err:
         print(f"gandiva db: {err}")
         return 2
+    except CommandError as err:  # a revision that is not there, or not reachable from here
+        print(f"gandiva db: {err}; revisions: base, {', '.join(_revisions())} (head)")
+        return 2
     except Exception as err:  # noqa: BLE001 - any failure: one line for the operator, exit 1
         print(f"gandiva db: {type(err).__name__}: {err}")
         return 1
     return 0
+
+
+def _revisions() -> list[str]:
+    """The schema revisions, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    from scheduler.state import migrate
+
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    return [rev.revision for rev in reversed(list(script.walk_revisions()))]
 
 
 async def _prune(engine, args: argparse.Namespace) -> str:  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ import argparse
 import datetime
 import ipaddress
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -109,17 +110,69 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
     return written
 
 
+# A DNS name as certificates carry it: labels of letters, digits and hyphens (not at
+# either end), dot-separated; a leading "*." for a wildcard. 253 characters at most,
+# and the first name is also the certificate's common name, which X.509 bounds to 64.
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+MAX_COMMON_NAME = 64
+
+
+def check_host(host: str, first: bool = False) -> str | None:
+    """Why ``host`` cannot be a certificate's name or address, or None when it can."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if not host:
+        return "is empty; give the name or IP address clients use to reach the server"
+    name = host.removesuffix(".")
+    labels = name.split(".")
+    if labels[0] == "*":
+        labels = labels[1:]
+    if not labels or len(name) > 253 or not all(_LABEL.match(label) for label in labels):
+        return ("is neither an IP address nor a valid DNS name (letters, digits and hyphens, "
+                "in dot-separated parts)")
+    if first and len(host) > MAX_COMMON_NAME:
+        return (f"is longer than {MAX_COMMON_NAME} characters, the most a certificate's common "
+                "name may have; give a shorter --host first (later ones may be longer)")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     bad = [c for c in args.client if not c or "/" in c or c.startswith(".") or c in ("ca", "server")]
     if bad:
         print(f"gandiva tls: --client {bad[0]!r}: use a plain name (not ca or server)", file=sys.stderr)
+        return 2
+    long_client = [c for c in args.client if len(c) > MAX_COMMON_NAME]
+    if long_client:
+        print(f"gandiva tls: --client {long_client[0][:20]!r}...: longer than {MAX_COMMON_NAME} "
+              "characters, the most a certificate's common name may have", file=sys.stderr)
+        return 2
+    for i, host in enumerate(args.host):
+        why = check_host(host, first=i == 0)
+        if why:
+            print(f"gandiva tls: --host {host!r} {why}", file=sys.stderr)
+            return 2
+    if args.days < 1:
+        print(f"gandiva tls: --days must be 1 or more, got {args.days}", file=sys.stderr)
+        return 2
+    if args.dir.exists() and not args.dir.is_dir():
+        print(f"gandiva tls: {args.dir} exists and is not a directory; give a directory to "
+              "write the certificates into", file=sys.stderr)
         return 2
     existing = [p for p in ("ca.pem", "server.pem") if (args.dir / p).exists()]
     if existing and not args.force:
         print(f"gandiva tls: {args.dir / existing[0]} exists; pass --force to replace the "
               "cluster's certificates", file=sys.stderr)
         return 2
-    for path in make_certificates(args.dir, args.host, args.client, args.days):
+    try:
+        written = make_certificates(args.dir, args.host, args.client, args.days)
+    except OSError as exc:
+        print(f"gandiva tls: cannot write {exc.filename or args.dir} ({exc.strerror or exc}); give "
+              "a directory you can create and write", file=sys.stderr)
+        return 2
+    for path in written:
         print(path)
     print(f"scheduler: gandiva scheduler --tls-cert {args.dir}/server.pem --tls-key "
           f"{args.dir}/server-key.pem ...; clients: --tls-ca {args.dir}/ca.pem "

@@ -160,3 +160,24 @@ def test_logs_follow_prints_output_as_it_is_written(tmp_path: Path) -> None:
     finally:
         follow.terminate()
         follow.wait(10)
+
+
+def test_logs_follow_through_the_scheduler_ends_when_the_job_has_finished(
+    scheduler_server: Any, helpers: Any, fake_job: str, tmp_path: Path, wait_for: Any
+) -> None:
+    """`gandiva logs ID -f` polled forever once the job had finished (as `kubectl logs -f`,
+    it now follows until the job ends, prints what is left and exits 0)."""
+    helpers("s1")
+    api = stub(scheduler_server.address)
+    wait_for(lambda: servers(api).get("s1"), 10)
+    spec = common_pb2.JobSpec(name="short", command=[fake_job], workdir=str(tmp_path), gpus=1,
+                              env={"FAKE_STEPS": "20", "FAKE_STEP_S": "0.05"})
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+    wait_for(lambda: job(api, job_id).state == common_pb2.JOB_STATE_RUNNING, 30)
+    follow = [*GANDIVA, "logs", job_id, "-f", "--scheduler", scheduler_server.address]
+    running = subprocess.run(follow, check=False, capture_output=True, text=True, timeout=60)
+    assert running.returncode == 0, running.stderr
+    assert job(api, job_id).state == common_pb2.JOB_STATE_SUCCEEDED
+    assert running.stdout == (tmp_path / "logs" / f"{job_id}.log").read_text()
+    finished = subprocess.run(follow, check=False, capture_output=True, text=True, timeout=20)
+    assert (finished.returncode, finished.stdout) == (0, running.stdout)

@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gandiva_cli.main import main
 from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler.transport import SecurityError, ServerTls, check_exposure
 
@@ -128,3 +129,30 @@ async def test_a_helper_agent_refuses_an_open_address_without_mtls(tmp_path: Pat
         with pytest.raises(SecurityError) as err:
             await HelperDaemon(config).start()
         assert "--insecure" in str(err.value) and "--tls-client-ca" in str(err.value)
+
+
+@pytest.mark.parametrize(("where", "hosts", "message"), [
+    ("file", ["h"], "exists and is not a directory"),
+    ("/proc/gandiva-tls", ["h"], "gandiva tls: cannot write /proc/gandiva-tls ("),
+    ("pki", [""], "--host '' is empty"),
+    ("pki", ["a b/c"], "--host 'a b/c' is neither an IP address nor a valid DNS name"),
+    ("pki", ["-x.example"], "is neither an IP address nor a valid DNS name"),
+    ("pki", ["a" * 40 + "." + "b" * 40], "is longer than 64 characters, the most a certificate's common name"),
+])
+def test_tls_init_refuses_a_bad_dir_or_host_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        where: str, hosts: list[str], message: str) -> None:
+    """A DIR that is a file or cannot be created gave FileExistsError/FileNotFoundError
+    tracebacks; an empty or long --host cryptography's ValueError; "a b/c" was accepted."""
+    (tmp_path / "file").write_text("")
+    target = tmp_path / where if not where.startswith("/") else Path(where)
+    argv = ["tls", "init", str(target)] + [f"--host={h}" for h in hosts]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "pki").exists()
+
+
+def test_tls_init_takes_names_addresses_and_wildcards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    long_name = "a" * 40 + "." + "b" * 40  # longer than a common name: fine after the first
+    assert main(["tls", "init", str(tmp_path / "pki"), "--host", "head-1.example.", "--host", "::1",
+                 "--host", "*.example.org", "--host", long_name]) == 0, capsys.readouterr().err

@@ -29,3 +29,13 @@ def test_db_rejects_an_unsupported_url() -> None:
     bad = gandiva("db", "--db", "mysql://x/y", "current")
     assert bad.returncode == 2
     assert "unsupported database URL" in bad.stdout
+
+
+def test_db_an_unknown_revision_is_invalid_input(sqlite_url: str) -> None:
+    """`gandiva db downgrade bad-rev` exited 1, as for a failure, not 2 as other invalid input."""
+    assert gandiva("db", "--db", sqlite_url, "upgrade").returncode == 0
+    for action in ("downgrade", "upgrade"):
+        bad = gandiva("db", "--db", sqlite_url, action, "bad-rev")
+        assert bad.returncode == 2, bad.stdout
+        assert "Can't locate revision identified by 'bad-rev'; revisions: base, 0001" in bad.stdout
+        assert f"{migrate.heads()[0]} (head)" in bad.stdout
