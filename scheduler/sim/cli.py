@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from scheduler.policy import POLICIES, PolicyConfig, get_policy
 from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.generator import generate
@@ -214,7 +216,11 @@ def _at_least_one(text: str) -> int:
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
-    names = [n.strip() for n in (args.compare or args.policy).split(",") if n.strip()]
+    names = [n.strip() for n in (args.compare if args.compare is not None else args.policy).split(",")
+             if n.strip()]
+    if not names:
+        raise ValueError(f"--compare {args.compare!r} names no policy; give one or more of "
+                         f"{', '.join(POLICIES)}, separated by commas")
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
         raise ValueError(f"unknown policy {', '.join(unknown)}; valid policies: {', '.join(POLICIES)}")
@@ -297,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
                               large_block_after_s=args.large_block_after,
                               **{field: getattr(args, field) for field in RULE_FLAGS})
     except (TraceError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"gandiva sim: [red]error:[/red] {escape(str(exc))}")
         return 2
     unknown = sorted({j.model for j in jobs if j.model and not model.knows(j.model)})
     if unknown:
@@ -308,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             jobs, factor = scale_to_load(jobs, servers, model, args.target_load)
         except ValueError as exc:
-            err.print(f"[red]error:[/red] {exc}")
+            err.print(f"gandiva sim: [red]error:[/red] {escape(str(exc))}")
             return 2
         err.print(f"offered load {load:.3f} -> {args.target_load}: arrival times x{factor:.4f}")
     else:
@@ -404,7 +410,7 @@ def _seconds(seconds: float) -> str:
 
 
 def _console(stderr: bool = False) -> Any:
-    from rich.console import Console
+    from scheduler.cli.output import Console
 
     # soft_wrap: messages naming files must stay on one line, whatever the terminal width.
     return Console(stderr=stderr, file=sys.stderr if stderr else sys.stdout, soft_wrap=stderr,

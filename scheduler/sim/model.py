@@ -107,8 +107,14 @@ class MechanismModel:
             raw = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: cannot read the Gavel throughput table: {exc}") from exc
-        if gpu_type not in raw:
-            raise ValueError(f"{path}: no GPU type {gpu_type!r}; it has {', '.join(raw)}")
+        # The table maps GPU types to {"(model, gpus)": {"null": rate, ...}}.
+        types = [k for k, v in raw.items() if isinstance(v, dict)] if isinstance(raw, dict) else []
+        if not types:
+            raise ValueError(f"{path}: not a Gavel throughput table (a JSON object of GPU types, "
+                             f"e.g. {{\"v100\": {{...}}}}); it has no GPU types")
+        if gpu_type not in types:
+            raise ValueError(f"{path}: no GPU type {gpu_type!r}; it has {', '.join(types)} "
+                             "(--gpu-type)")
         table = {_key(k): v for k, v in raw[gpu_type].items()}
         spread = {}
         for k, v in raw.get(f"{gpu_type}_unconsolidated", {}).items():

@@ -235,3 +235,21 @@ def test_skip_invalid_leaves_out_lines_that_cannot_be_replayed_and_counts_them(
                          "  2 like line 3: GPU count '0' must be at least 1",
                          ("  1 like line 4: duration '0' must be positive (a job of no length cannot be "
                           "replayed: fix or remove the line)")]
+
+
+@pytest.mark.parametrize(("argv", "table", "message"), [
+    (("--compare", ","), None, "gandiva sim: error: --compare ',' names no policy; give one or more of gandiva"),
+    (("--throughputs", "TABLE"), "[]", "gandiva sim: error: TABLE: not a Gavel throughput table"),
+    (("--throughputs", "TABLE"), '{"k80": {}}', "gandiva sim: error: TABLE: no GPU type 'v100'; it has k80"),
+])
+def test_no_policy_or_an_empty_throughput_table_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                            argv: tuple[str, ...], table: str | None,
+                                                            message: str) -> None:
+    """`--compare ,` ran no policy and printed an empty table, exit 0; a table `[]` said
+    "no GPU type 'v100'; it has " and nothing; the lines began "error:", not the command."""
+    path = tmp_path / "table.json"
+    if table is not None:
+        path.write_text(table)
+    code, out, err = _sim(capsys, "--jobs", "5", *[str(path) if a == "TABLE" else a for a in argv])
+    assert code == 2 and out == ""
+    assert err.replace("\n", " ").startswith(message.replace("TABLE", str(path)))
