@@ -144,8 +144,13 @@ class SchedulerServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.engine.scheduler_address = self.address
         self._engine_task = asyncio.create_task(self.engine.run())
+        self._prune_task = None
         if self.http is not None:
-            self.http_address = await self.http.start()
+            try:
+                self.http_address = await self.http.start()
+            except OSError:  # in use: stop what started, so that nothing outlives the loop
+                await self.stop(grace=0)
+                raise
             log.info("metrics and dashboard on http://%s/", self.http_address)
         self._prune_task = (
             asyncio.create_task(self._prune_loop()) if self.event_retention_days > 0 else None

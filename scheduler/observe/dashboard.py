@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
@@ -21,15 +22,17 @@ from scheduler.observe.metrics import SchedulerMetrics
 QUERY_MAX = 2**53  # the largest whole number JSON (and a browser) carries exactly
 
 
+_NUMBER = re.compile(r"[0-9]+(\.[0-9]*)?(e[0-9]+)?", re.ASCII | re.IGNORECASE)
+
+
 def _int(query: Mapping[str, str], name: str, default: int) -> int:
     """A query parameter that is a whole number from 0 to QUERY_MAX; ValueError says what was given."""
     raw = query.get(name, "")
     if not raw:
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    # ASCII digits (a decimal point allowed), as documented: float() also takes "1_000",
+    # "+5", " 5" and other scripts' digits.
+    value = float(raw) if _NUMBER.fullmatch(raw) else math.nan
     if not 0 <= value <= QUERY_MAX:  # NaN, infinities and negatives included
         raise ValueError(f"?{name}={raw!r} is not a number from 0 to {QUERY_MAX}")
     return int(value)

@@ -75,7 +75,7 @@ class HttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         method = ""
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+            head = await asyncio.wait_for(_read_head(reader), READ_TIMEOUT_S)
         except (asyncio.LimitOverrunError, ValueError):
             response = Response(431, f"request head over {MAX_REQUEST_BYTES} bytes\n".encode())
         except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
@@ -84,7 +84,7 @@ class HttpServer:
         else:
             try:
                 # UTF-8 as browsers send it; undecodable bytes are replaced, not an error.
-                method, target, _ = head.split(b"\r\n", 1)[0].decode("utf-8", "replace").split(" ", 2)
+                method, target, _ = head.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8", "replace").split(" ", 2)
             except ValueError:
                 response = Response(400, b"malformed request line; expected METHOD PATH HTTP/1.1\n")
             else:
@@ -114,6 +114,24 @@ class HttpServer:
             known = ", ".join(sorted(self.routes))
             return Response(404, f"no page at {url.path}; try one of: {known}\n".encode())
         return await handler(dict(parse_qsl(url.query)))
+
+
+async def _read_head(reader: asyncio.StreamReader) -> bytes:
+    """The request line and headers, up to the blank line that ends them: CRLF as HTTP
+    says, or bare LF as tolerant servers take it (`printf 'GET / HTTP/1.1\n\n'` used to
+    wait out the read timeout and get no answer). ValueError past MAX_REQUEST_BYTES."""
+    lines: list[bytes] = []
+    size = 0
+    while True:
+        line = await reader.readline()  # the stream's limit: LimitOverrunError / ValueError
+        if not line.endswith(b"\n"):
+            raise asyncio.IncompleteReadError(b"".join(lines) + line, None)
+        size += len(line)
+        if size > MAX_REQUEST_BYTES:
+            raise ValueError("request head too large")
+        if line in (b"\r\n", b"\n"):
+            return b"".join(lines)
+        lines.append(line)
 
 
 def prometheus_route(registry: Any, refresh: Callable[[], Awaitable[None]] | None = None) -> Handler:

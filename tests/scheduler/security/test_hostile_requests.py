@@ -189,6 +189,11 @@ ODD_HTTP = [
     (b"GET /api/decisions?after=nan HTTP/1.1\r\n\r\n", 400, b"?after='nan' is not a number"),
     (b"GET /api/decisions?after=1e30 HTTP/1.1\r\n\r\n", 400, b"?after='1e30' is not a number"),
     (b"GET /api/decisions?after=12 HTTP/1.1\r\n\r\n", 200, b'"decisions":'),
+    (b"GET /api/decisions?after=12 HTTP/1.1\n\n", 200, b'"decisions":'),  # bare LF: no 10 s wait
+    (b"GET /api/timeline?since=1_000 HTTP/1.1\r\n\r\n", 400, b"?since='1_000' is not a number"),
+    (b"GET /api/timeline?since=%2B5 HTTP/1.1\r\n\r\n", 400, b"?since='+5' is not a number"),
+    (b"GET /api/timeline?since=%D9%A5 HTTP/1.1\r\n\r\n", 400, "?since='\u0665' is not a number".encode()),
+    (b"GET /api/timeline?since=2.5 HTTP/1.1\r\n\r\n", 200, b'"gpus":'),
     (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 431, b"request head over"),
     (b"GET /\r\n\r\n", 400, b"expected METHOD PATH HTTP/1.1"),
     (b"GET /../../etc/passwd HTTP/1.1\r\n\r\n", 404, b"no page at /../../etc/passwd; try one of"),
