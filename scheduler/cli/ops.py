@@ -15,6 +15,7 @@ from scheduler.cli import output
 from scheduler.cli.client import (
     EXIT_ERROR,
     EXIT_OK,
+    TERMINAL_STATES,
     Client,
     CliError,
     EventFollower,
@@ -80,8 +81,10 @@ def _register_actions(subparsers: Any, common: argparse.ArgumentParser) -> None:
     job.add_argument("id", metavar="ID")
     _set(job, describe_job)
 
-    kill = subparsers.add_parser("kill", parents=[common], help="kill jobs")
-    kill.add_argument("ids", nargs="+", metavar="ID")
+    kill = subparsers.add_parser("kill", parents=[common], help="kill jobs (a multi-job's id: its jobs not ended)")
+    kill.add_argument("ids", nargs="+", metavar="ID",
+                      help="job ids, or multi-job ids (mj-..., as gandiva-submit --sweep/--array "
+                           "prints) for every job of it that has not ended")
     kill.add_argument("--reason", default="", help="recorded in the job's history")
     _set(kill, _action("KillJob", "killed"))
     for name, method, verb in (("suspend", "SuspendJob", "suspended"),
@@ -253,11 +256,32 @@ def _action(method: str, verb: str) -> Callable[[argparse.Namespace, Client], in
     return lambda args, client: _act(args, client, method, verb)
 
 
+def _members(client: Client, ids: list[str]) -> list[str]:
+    """The ids to kill: a multi-job's id (`mj-...`, what `gandiva-submit --sweep/--array`
+    prints) stands for its members that have not ended; a job id for itself."""
+    out: list[str] = []
+    for job_id in ids:
+        if not job_id.startswith("mj-"):
+            out.append(job_id)
+            continue
+        members = list_all(client, "ListJobs", scheduler_pb2.ListJobsRequest(multi_job_id=job_id), "jobs")
+        if not members:
+            out.append(job_id)  # the scheduler says "not found", naming it
+            continue
+        live = [j.id for j in members if j.state not in TERMINAL_STATES]
+        if not live:
+            print(f"{PROG}: multi-job {job_id}: all {len(members)} jobs have ended already",
+                  file=sys.stderr)
+        out.extend(live)
+    return out
+
+
 def _act(args: argparse.Namespace, client: Client, method: str, verb: str) -> int:
     """Apply one action to each id; report each failure and go on with the rest."""
     failed = 0
     done: list[common_pb2.Job] = []
-    for job_id in args.ids:
+    ids = _members(client, args.ids) if method == "KillJob" else args.ids
+    for job_id in ids:
         try:
             job = client.call(method, scheduler_pb2.JobActionRequest(id=job_id, reason=args.reason))
         except CliError as exc:

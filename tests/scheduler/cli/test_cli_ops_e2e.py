@@ -94,6 +94,27 @@ def test_kill_goes_on_past_an_unknown_id(gandiva, stub) -> None:
     assert job.state == common_pb2.JOB_STATE_KILLED and job.message == "bad lr"
 
 
+def test_kill_of_a_multi_job_kills_its_jobs_that_have_not_ended(gandiva, stub) -> None:  # type: ignore[no-untyped-def]
+    """A sweep's id (what gandiva-submit --sweep/--array prints) was "not found"; killing
+    a sweep took a listing piped into kill. Now the multi-job's id stands for its jobs."""
+    specs = [common_pb2.JobSpec(name=f"lr{i}", command=["python", "t.py"], gpus=1) for i in range(3)]
+    reply = stub.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(name="sweep", jobs=specs))
+    first, *rest = [j.id for j in reply.jobs]
+    stub.KillJob(scheduler_pb2.JobActionRequest(id=first))  # ended already: left alone
+    other, = submit_jobs(stub, "other")
+    r = gandiva("kill", reply.multi_job_id, "--reason", "sweep over")
+    assert r.code == 0, r.err
+    assert sorted(line.split()[1] for line in r.out.splitlines()) == sorted(rest)
+    for job_id in rest:
+        job = stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+        assert job.state == common_pb2.JOB_STATE_KILLED and job.message == "sweep over"
+    assert stub.GetJob(scheduler_pb2.GetJobRequest(id=other)).state == common_pb2.JOB_STATE_QUEUED
+    r = gandiva("kill", reply.multi_job_id)
+    assert r.code == 0 and r.out == "" and "all 3 jobs have ended already" in r.err
+    r = gandiva("kill", "mj-0000000000")
+    assert r.code == 2 and "mj-0000000000" in r.err and "not found" in r.err
+
+
 def test_priority_changes_and_refuses_negative(gandiva, stub) -> None:
     (job_id,) = submit_jobs(stub, "a")
     r = gandiva("priority", job_id, "7", "-o", "json")
