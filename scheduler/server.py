@@ -98,10 +98,13 @@ class SchedulerServer:
         self.engine = LiveEngine(self.core, self.policy, self.policy_config, self.tick_s)
         try:
             await migrate.upgrade(self.db)
-        except OSError as exc:  # PostgreSQL not there: "[Errno 111] Connection refused"
-            raise OSError(f"--db {_redact(self.db_url)}: cannot reach the database "
-                          f"({exc.strerror or exc}); is it running, and is the URL right?") from None
-        except SQLAlchemyError as exc:
+        except (OSError, SQLAlchemyError) as exc:
+            # Closed before the error leaves: a connection thread still finishing would
+            # otherwise print its own traceback once the event loop is gone.
+            await self.db.dispose()
+            if isinstance(exc, OSError):  # PostgreSQL not there: "[Errno 111] Connection refused"
+                raise OSError(f"--db {_redact(self.db_url)}: cannot reach the database "
+                              f"({exc.strerror or exc}); is it running, and is the URL right?") from None
             raise ValueError(f"--db {_redact(self.db_url)}: {_db_trouble(exc)}") from None
         # Innermost: a request that is not its method's message is INVALID_ARGUMENT, not UNKNOWN.
         interceptors = [*self.interceptors, MalformedRequestInterceptor()]

@@ -627,8 +627,8 @@ class TFSessionAdapter:
     def save(self, directory: str, job_id: str, start_step: int | None = None) -> CheckpointInfo:
         """A checkpoint of the training state; `start_step`, the global step the job's
         first process started training at, goes into the manifest with it."""
+        t0 = time.perf_counter()  # the copies' comparison is part of the save's cost
         ckpt = self.checked_checkpointer()
-        t0 = time.perf_counter()
         step = self.global_step()
         path, size = write_atomically(
             directory, lambda tmp: ckpt.save(self._run, str(tmp / PREFIX)),

@@ -285,8 +285,12 @@ def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
     job = FeedJob(launch, runtime_server, "held", steps, tmp_path / "run.npz", tmp_path,
                   script=path)
     job.start()
+    # start() suspends it at its first or second step; the verdict comes at its second (CI
+    # once saw the suspend applied at the first, under load, and the verdict never came).
+    job.command(pb.COMMAND_KIND_RESUME)
     report = runtime_server.wait_for(
         lambda j, m: j == "held" and m.HasField("migratability"), 60)
+    job.command(pb.COMMAND_KIND_SUSPEND)
     assert report.migratability.migratable is False
     assert reason in report.migratability.reason
     ack = runtime_server.wait_ack(runtime_server.send(
