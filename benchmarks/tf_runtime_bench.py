@@ -183,13 +183,15 @@ def suspend(args: argparse.Namespace) -> None:
 def resnet_vars(replicas: int) -> tuple[Any, Any]:
     """A graph with `replicas` towers of ResNet-50's variables (forward graph only)."""
     from tf_runtime.examples import resnet50
+    from tf_runtime.examples.common import same_start_getter
 
     g = tf.Graph()
     targs = argparse.Namespace(seed=0, batch=1, image_size=32)
     with g.as_default():
         gs = tf.compat.v1.train.get_or_create_global_step()
+        same_start = same_start_getter()  # equal copies, as replicated training keeps them
         for i in range(replicas):
-            with tf.device(f"/cpu:{i}"), tf.compat.v1.variable_scope(f"tower_{i}"):
+            with tf.device(f"/cpu:{i}"), tf.compat.v1.variable_scope(f"tower_{i}", custom_getter=same_start):
                 resnet50.model(targs, gs, i)
         init = tf.compat.v1.global_variables_initializer()
     return g, init

@@ -70,6 +70,24 @@ def session_config(args: argparse.Namespace) -> Any:
         allow_soft_placement=False)
 
 
+def same_start_getter() -> Callable[..., Any]:
+    """A custom getter for `variable_scope("tower_I")`: every tower's copy of a variable
+    starts from tower 0's initial value (its random init, evaluated once), as replicated
+    training keeps its copies (tf_cnn_benchmarks copies tower 0 after initialisation)."""
+    first: dict[str, Any] = {}
+
+    def same_start(getter: Any, name: str, *a: Any, **kw: Any) -> Any:
+        rest = name.split("/", 1)[1]
+        if rest in first:
+            kw.update(initializer=first[rest].initial_value, shape=None)
+            return getter(name, *a, **kw)
+        var = getter(name, *a, **kw)
+        first[rest] = var
+        return var
+
+    return same_start
+
+
 def build_replicated(model: Callable[[Any, int], Any], args: argparse.Namespace,
                      optimizer: Any) -> tuple[Any, Any, Any]:
     """Towers + averaged gradients applied to every replica.
@@ -79,18 +97,7 @@ def build_replicated(model: Callable[[Any, int], Any], args: argparse.Namespace,
     """
     gs = tf.compat.v1.train.get_or_create_global_step()
     losses, grads, tower_vars = [], [], []
-    first: dict[str, Any] = {}
-
-    def same_start(getter: Any, name: str, *a: Any, **kw: Any) -> Any:
-        # Replicas start from tower 0's initial values (its random init, evaluated once).
-        rest = name.split("/", 1)[1]
-        if rest in first:
-            kw.update(initializer=first[rest].initial_value, shape=None)
-            return getter(name, *a, **kw)
-        var = getter(name, *a, **kw)
-        first[rest] = var
-        return var
-
+    same_start = same_start_getter()
     for i in range(args.replicas):
         with tf.device(f"/cpu:{i}"), tf.compat.v1.variable_scope(f"tower_{i}",
                                                                  custom_getter=same_start):
