@@ -51,6 +51,9 @@ class RunInfo:
     # Python: all but reads of a variable the checkpoint holds (the global step, a weight),
     # which a restored copy reads again.
     carry_slots: tuple[int, ...] = ()
+    # Does not train but changes a variable the checkpoint holds (an EMA of the weights
+    # applied in a run of its own after the training run).
+    changes_state: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ class BoundaryHandler(Protocol):
                  duration_s: float, now: float) -> None: ...
 
     def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None: ...
+
+    def before_run(self, adapter: SessionAdapter, info: RunInfo, fed: bool) -> None: ...
 
     def carried_state(self, adapter: SessionAdapter, what: str) -> None: ...
 
@@ -219,6 +224,7 @@ class BoundaryLayer:
             self._hot = handler.is_hot(self.adapter)
             if not self._hot:
                 return self._setup(info, fetches, feed_dict, options, run_metadata)
+        handler.before_run(self.adapter, info, bool(feed_dict))
         if not info.is_training:
             if info.reads_global_step:
                 handler.saw_run(self.adapter, info)

@@ -114,6 +114,11 @@ class Controller:
         self._advances_seen = False  # a training run of the bound session advanced the step
         self._steps_seen = 0  # boundaries of runs that advanced it
         self._stateful_input = ""  # what a training run read that no checkpoint holds
+        # Runs after the step-advancing one that update the training state (before_run):
+        # seen once (_trailing), commands wait after each step (_cut_pending) for them.
+        self._after_advance = False
+        self._trailing = False
+        self._cut_pending = False
         self._carried_state = ""  # how the program carries Python state between steps
         self._rng_watch = python_rng.Watch()
         self._warned_second = False
@@ -148,6 +153,34 @@ class Controller:
     # -- chain callbacks ----------------------------------------------------------------
     def is_hot(self, adapter: SessionAdapter) -> bool:
         return self.trained and adapter is self.adapter
+
+    def before_run(self, adapter: SessionAdapter, info: RunInfo, fed: bool) -> None:
+        """A run of the training session is about to execute. Right after a run that
+        advanced the step, a run that does not train, is fed nothing and changes a variable
+        the checkpoint holds (an EMA of the weights, `sess.run(ema_op)` after
+        `sess.run(train)`) finishes that step: a checkpoint taken before it would lack that
+        update, and a restored copy, resuming at the next step, would never make it. Once
+        seen, commands wait after each step for such runs, and are applied before the next
+        run of any other kind. (A fed one, an accumulation of the next mini-batch, begins
+        the next step.)"""
+        if not (self._after_advance or self._cut_pending) or adapter is not self.adapter:
+            return
+        # Not an initialiser, a restore or a load: those happen once, not in every step.
+        trailing = (not info.is_training and info.changes_state and not fed
+                    and not (info.initializes_some or info.initializes or info.restores))
+        if self._after_advance:
+            self._after_advance = False
+            if trailing and not self._trailing:
+                self._trailing = True
+                log.info("a run after the training step updates the training state (an "
+                         "average of the weights, say): commands wait for it")
+                self._cut_pending = True  # this step's commands too
+        if self._cut_pending and not trailing:
+            self._cut_pending = False
+            if self._queue:
+                self._apply_queued(adapter)
+            elif not self._save_built:
+                self._prebuild_save(adapter)
 
     def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
         if info.reads_global_step and adapter is self.adapter:
@@ -261,6 +294,11 @@ class Controller:
             self._first_boundaries(adapter)
         if not self._between_steps(adapter, info):
             return  # commands wait for the run that completes this step
+        if info.advances_step:
+            self._after_advance = True
+            if self._trailing:  # the step ends with updates in runs of their own (before_run)
+                self._cut_pending = True
+                return
         if self._queue:
             self._apply_queued(adapter)
         elif not self._save_built:

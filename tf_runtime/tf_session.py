@@ -76,6 +76,7 @@ _STATEFUL_INPUTS = frozenset({
     "RandomPoisson", "RandomPoissonV2"})
 _CACHE_LIMIT = 512
 _LOADS = frozenset({"Assign", "AssignVariableOp"}) | _SCATTER_SETS
+_CHANGES_ANY = _CHANGES | _LOADS | _INCREMENTS
 _DEPENDS_LIMIT = 200_000  # ops an assign's value is searched through for its own variable
 
 
@@ -494,6 +495,11 @@ class TFSessionAdapter:
             not _computed_from(op.inputs[-1].op, through(op.inputs[0].op))
             for op in reached)
         initializes_some = bool(self._some_init_ops & reached) or assigns
+        # A run that does not train but changes a variable the checkpoint holds (an EMA of
+        # the weights, `ema.apply(...)`, run after the training run).
+        changes_state = not training and any(
+            op.type in _CHANGES_ANY and op.inputs and through(op.inputs[0].op) in self._state_ops
+            for op in reached)
         restores = any(op.type in _RESTORES for op in reached)
         # The step's op itself, or behind v1 control flow's Enter/Switch (a loop, a cond),
         # or an update in a function of v2 control flow (`inside`).
@@ -516,7 +522,8 @@ class TFSessionAdapter:
                 "(docs/tf_runtime.md)")
         return RunInfo(training, reads_gs, initializes, restores, tuple(metric_slots),
                        advances_step=advances, stateful_input=stateful,
-                       initializes_some=initializes_some, carry_slots=tuple(carry_slots))
+                       initializes_some=initializes_some, carry_slots=tuple(carry_slots),
+                       changes_state=changes_state)
 
     def _global_step_read(self, op: Any) -> str | None:
         """How fetching `op` reads the global step: "ordered" (the value of its increment,

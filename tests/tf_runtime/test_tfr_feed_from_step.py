@@ -181,6 +181,7 @@ KINDS = {
     "rnn_state": Kind("carried_state.py", _warm_naive(), ("--fetch", "variable")),
     "reseed": Kind("global_rng.py", _warm_naive(), ("--draw", "reseed")),
     "replicated_bn": Kind("replicated_bn.py", _warm_naive()),
+    "ema_after": Kind("ema_after.py", _warm_naive(), ("--order", "after")),
 }
 
 
@@ -245,7 +246,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     replicated_bn: tf_cnn_benchmarks' replicated mode, one copy of each variable per tower,
     averaged gradients applied to every copy, each tower's own batch-norm statistics (the
     copies differ: they used to be saved once and restored from tower 0 into every tower);
-    each migrated warm and naive."""
+    ema_after: an average of the weights applied in a run of its own after each training
+    run (a checkpoint used to be taken between the two, so a restored copy never made that
+    step's update); each migrated warm and naive."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 

@@ -929,3 +929,34 @@ def test_input_fetched_in_a_run_of_its_own_and_fed_to_training(reads: str, tmp_p
             assert ("IteratorGetNext" if reads == "batch" else "RandomStandardNormal") in reason
             assert not ack.ok and "not migratable" in ack.message
             assert not (tmp_path / "ck").exists()
+
+
+def test_an_update_in_a_run_of_its_own_after_the_training_run_is_part_of_the_step(tmp_path: Path) -> None:
+    """`sess.run(train); sess.run(ema_op); step = sess.run(gs)`: the average of the weights
+    is updated in a run of its own after the step advanced. A checkpoint used to be taken
+    between the two, so it held the step's weights with the previous step's average, and a
+    restored copy, resuming at the next step, never made that update (a migrated job ended
+    with another average). Now the checkpoint waits for it: it holds the average as it is
+    when the program reads the step. A fed run after the training run (the next
+    mini-batch's accumulation) is not waited for."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.tanh(tf.matmul(x, w))), global_step=gs)
+        ema = tf.compat.v1.train.ExponentialMovingAverage(0.5)
+        ema_op = ema.apply([w])
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for step in range(4):
+            if step == 2:
+                ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            sess.run(train)
+            sess.run(ema_op)
+            if step == 2:
+                average, at = sess.run(ema.average(w)), sess.run(gs)
+            sess.run(gs)
+        assert acks(ctl)[0].ok and acks(ctl)[0].step == 3
+    prefix = str(tmp_path / "ck" / "model")
+    assert tf.train.load_variable(prefix, "global_step") == at == 3
+    np.testing.assert_array_equal(tf.train.load_variable(prefix, "w/ExponentialMovingAverage"), average)
