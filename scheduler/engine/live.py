@@ -32,6 +32,7 @@ from scheduler.errors import FailedPrecondition, GandivaError, InvalidArgument, 
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
 from scheduler.policy import types as pt
+from scheduler.policy.migration import HAND_OVER
 from scheduler.state import repo
 from scheduler.state.models import Job, JobProfile, Server
 
@@ -67,6 +68,8 @@ class LiveEngine:
         self.scheduler_address = scheduler_address
         # Jobs with a command in flight: the policy's next decisions about them wait.
         self.inflight: set[str] = set()
+        # Jobs being parked (checkpointing, then exiting): no hand-over is decided meanwhile.
+        self._parking: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self._watches: set[asyncio.Task] = set()  # runtime-connect deadlines of launches
         # Failed fetches of a job's checkpoint from the server that holds it, in a row.
@@ -145,7 +148,13 @@ class LiveEngine:
                      # the pre-warmed destination needs its tower count (to refuse a
                      # one-tower-per-device program before the source stops) and its
                      # first run (to rehearse). Until then the policy asks again each round.
-                     and not (isinstance(d, pt.Grow) and not self.core.runtimes.towers(d.job_id))]
+                     and not (isinstance(d, pt.Grow) and not self.core.runtimes.towers(d.job_id))
+                     # A server handed over by parking its jobs (balance_park) is handed
+                     # over once they have left: until then the snapshot shows them where
+                     # they were, and a hand-over decided from it could take the other
+                     # count's last server too (CI saw it under load). The policy looks
+                     # again after defrag_interval_s.
+                     and not (self._parking and (d.reason or "").startswith(HAND_OVER))]
         self.observer.decided(snap, decisions, time.perf_counter() - t0)
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
         # Only jobs still waiting keep a remembered reason: the map stays bounded.
@@ -517,6 +526,13 @@ class LiveEngine:
         stop-for-migration, at its next boundary or while suspended); then it is queued
         again, its restore point that checkpoint, with no GPUs and no host memory held.
         Its next launch resumes from the checkpoint's step (docs/policy.md, probe_slices)."""
+        self._parking.add(job_id)
+        try:
+            await self._park_now(job_id, reason)
+        finally:
+            self._parking.discard(job_id)
+
+    async def _park_now(self, job_id: str, reason: str) -> None:
         job, server = await self._where(job_id)
         if server is None or job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
             return

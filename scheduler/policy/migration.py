@@ -64,6 +64,11 @@ from scheduler.policy.state import GandivaState, Gathering
 from scheduler.policy.timeslice import probe_turn_ends
 from scheduler.policy.types import Decision, JobView, Migrate, Park, Place, PolicyConfig, Suspend
 
+# How the reasons of balance_sizes' hand-over decisions begin (its parks, moves and the
+# placements onto the servers it frees): the live engine holds them back while a park is
+# still in flight (scheduler/engine/live.py).
+HAND_OVER = "hand "
+
 
 def _servers_needed(ledger: Ledger, job: JobView) -> int:
     return -(-job.gpus // ledger.max_server_gpus)
@@ -333,7 +338,7 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
             if to_park is None and config.balance_park and all(_can_leave(ledger, state, j) for j in moving):
                 to_park = (freed, size, sorted(moving))
             continue
-        why = f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs)"
+        why = f"{HAND_OVER}{', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs)"
         out: list[Decision] = []
         for job_id, target in plan:
             for other in sorted(ledger.running_on(target)):
@@ -347,7 +352,7 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
     # server holds more jobs than a round may migrate): the fewest jobs are parked instead,
     # checkpointed and queued again with their progress, to rejoin their groups as room comes.
     freed, size, parking = to_park
-    why = (f"hand {', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs; "
+    why = (f"{HAND_OVER}{', '.join(freed)} to the {crowded}-GPU jobs (more crowded than the {size}-GPU jobs; "
            f"its jobs cannot all move into other groups of their size): checkpointed, back in the queue")
     for job_id in parking:
         state.probes.pop(job_id, None)
