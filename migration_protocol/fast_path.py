@@ -22,6 +22,7 @@ streams); tests and the benchmark supply their own.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import posixpath
@@ -33,6 +34,9 @@ from typing import Protocol
 from protos.gandiva.v1 import common_pb2, helper_pb2, runtime_pb2
 
 log = logging.getLogger(__name__)
+
+# Stops of pre-warmed destinations left running in the background (kept referenced).
+_CLEANUPS: set[asyncio.Task] = set()
 
 
 class MigrationPorts(Protocol):
@@ -241,7 +245,13 @@ class _Migration:
                     job_id=p.job_id, checkpoint_path=saved, dest_address=p.dest.address,
                     checkpoint_name=name))
             except _StepFailed as exc:
-                await self._stop_dest("transfer failed")
+                # The destination never activated (its warm process holds, training
+                # nothing), and it is likely unreachable (its link cut mid-copy): its stop
+                # goes on in the background instead of delaying the restart at the source
+                # by the cleanup timeout.
+                cleanup = asyncio.create_task(self._stop_dest("transfer failed"))
+                _CLEANUPS.add(cleanup)
+                cleanup.add_done_callback(_CLEANUPS.discard)
                 return await self._restart_at_source(ack.step, saved, f"transfer failed: {exc}")
             dest_dir = moved.checkpoint_path
             await self._phase("transfer", moved.durations_s.get("transfer", time.monotonic() - t_tr))

@@ -63,13 +63,20 @@ class HelperHub:
         return fut
 
     async def call(
-        self, server: str, cmd: helper_pb2.HelperCommand, timeout: float
+        self, server: str, cmd: helper_pb2.HelperCommand, timeout: float, watch: str = ""
     ) -> helper_pb2.HelperCommandResult:
+        """``watch``: another server whose going down fails the call too (a transfer to
+        its agent: a stream into a cut link would otherwise wait out the whole timeout)."""
         fut = self.send(server, cmd)
+        if watch and watch != server:
+            self.box(watch).pending[cmd.command_id] = fut
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise Unavailable(f"helper on {server} did not answer within {timeout:.0f}s") from None
+        finally:
+            if watch and (box := self._boxes.get(watch)) is not None:
+                box.pending.pop(cmd.command_id, None)
 
     def resolve(self, server: str, result: helper_pb2.HelperCommandResult) -> None:
         box = self._boxes.get(server)  # a result for a server without a box has no taker

@@ -391,9 +391,9 @@ class LiveEngine:
             checkpoint_name=f"resume-{incarnation}")
         t0 = time.perf_counter()
         try:
-            await vouch_transfer(self.core, transfer)
+            dest = await vouch_transfer(self.core, transfer)
             result = await self.core.helpers.call(
-                holder, helper_pb2.HelperCommand(transfer=transfer), MigrationTimeouts().transfer_s)
+                holder, helper_pb2.HelperCommand(transfer=transfer), MigrationTimeouts().transfer_s, watch=dest)
             failure = "" if result.ok else result.message
         except GandivaError as err:  # the holder down, its stream gone, no answer in time
             failure = str(err) or err.__class__.__name__

@@ -17,7 +17,7 @@ from migration_protocol.fast_path import MigrationPlan, Outcome, checkpoint_home
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler import auth
 from scheduler.core import SchedulerCore, spec_of
-from scheduler.errors import FailedPrecondition, GandivaError
+from scheduler.errors import FailedPrecondition, GandivaError, Unavailable
 from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
@@ -40,19 +40,24 @@ def not_connected(job_id: str, deadline_s: float) -> str:
 NEXT_PHASE = {"prewarm": "checkpoint", "checkpoint": "transfer", "transfer": "activate"}
 
 
-async def vouch_transfer(core: SchedulerCore, transfer: helper_pb2.TransferCheckpoint) -> None:
-    """A checkpoint goes only to a registered helper's agent; when that helper has a
-    token, the command carries a ticket for it (auth.transfer_ticket), without which
-    its agent refuses the stream."""
+async def vouch_transfer(core: SchedulerCore, transfer: helper_pb2.TransferCheckpoint) -> str:
+    """A checkpoint goes only to a registered helper's agent that is up; when that helper
+    has a token, the command carries a ticket for it (auth.transfer_ticket), without which
+    its agent refuses the stream. Returns the destination server's name: the caller
+    watches it (``HelperHub.call(watch=...)``), so that the transfer fails as soon as
+    that server goes down instead of streaming into a cut link until its timeout."""
     async with core.tx(read=True) as s:
         dest = await repo.server_at(s, transfer.dest_address)
         if dest is None:
             raise FailedPrecondition(f"transfer of {transfer.job_id}: {transfer.dest_address!r} is not "
                                      "the agent address of a registered helper")
+        if not dest.up:
+            raise Unavailable(f"transfer of {transfer.job_id}: its destination {dest.name} is down")
         token = await s.get(AuthToken, dest.name)
     if token is not None and token.role == "helper" and not token.revoked_at:
         transfer.ticket = auth.transfer_ticket(token.token_hash, dest.name, transfer.job_id,
                                                core.clock() + auth.TICKET_S)
+    return str(dest.name)
 
 
 class LivePorts:
@@ -64,11 +69,15 @@ class LivePorts:
         self, server: str, command: helper_pb2.HelperCommand, timeout_s: float
     ) -> helper_pb2.HelperCommandResult:
         if command.WhichOneof("body") == "transfer":
-            await self._vouch(command.transfer)
+            # Fails at once when the destination goes down (its link cut mid-copy): the
+            # job restarts at its source from the checkpoint instead of waiting out the
+            # transfer's timeout (300 s) without training.
+            dest = await self._vouch(command.transfer)
+            return await self.core.helpers.call(server, command, timeout_s, watch=dest)
         return await self.core.helpers.call(server, command, timeout_s)
 
-    async def _vouch(self, transfer: helper_pb2.TransferCheckpoint) -> None:
-        await vouch_transfer(self.core, transfer)
+    async def _vouch(self, transfer: helper_pb2.TransferCheckpoint) -> str:
+        return await vouch_transfer(self.core, transfer)
 
     async def runtime_command(
         self, job_id: str, incarnation: str, command: runtime_pb2.RuntimeCommand, timeout_s: float

@@ -9,7 +9,10 @@ is tested with real TensorFlow in test_helper_tf.py.
 
 FAKE_MODE: "" (train), "die_warm" (exit 3 before warm_ready), "die_restore" (exit 4
 when activated), "hang_warm" (never become warm). FAKE_STEPS: exit 0 after this
-many steps (0: never). FAKE_STEP_S: seconds per step.
+many steps (0: never). FAKE_STEP_S: seconds per step. FAKE_CKPT_BYTES: pad each
+checkpoint with this many bytes (a transfer that takes a while). A CHECKPOINT command
+saves and trains on; SUSPEND holds until RESUME (or another command); any other command
+ends the process (STOP_FOR_MIGRATION after its checkpoint).
 """
 
 from __future__ import annotations
@@ -68,9 +71,20 @@ def save(directory: str, step: int) -> str:
     tmp = target.with_name(target.name + ".tmp")
     tmp.mkdir(parents=True)
     (tmp / "state").write_text(str(step))
+    pad = int(ENV.get("FAKE_CKPT_BYTES", "0"))
+    if pad:
+        (tmp / "pad").write_bytes(b"\0" * pad)
     (tmp / "gandiva.json").write_text(json.dumps({"job_id": ENV["GANDIVA_JOB_ID"], "global_step": step,
                                                    "replicas": 1, "files": {"state": len(str(step))}}))
-    tmp.rename(target)
+    if target.exists():  # a periodic checkpoint replaces the last one
+        old = target.with_name(target.name + ".old")
+        target.rename(old)
+        tmp.rename(target)
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    else:
+        tmp.rename(target)
     return str(target)
 
 
@@ -116,6 +130,17 @@ def main() -> int:
         except queue.Empty:
             continue
         ack = runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True, step=step)
+        while cmd.kind in (runtime_pb2.COMMAND_KIND_CHECKPOINT, runtime_pb2.COMMAND_KIND_SUSPEND,
+                           runtime_pb2.COMMAND_KIND_RESUME):
+            if cmd.kind == runtime_pb2.COMMAND_KIND_CHECKPOINT:
+                ack.checkpoint_path = save(cmd.checkpoint_dir, step)
+            outgoing.put(runtime_pb2.RuntimeMessage(ack=ack))
+            if cmd.kind != runtime_pb2.COMMAND_KIND_SUSPEND:
+                break
+            cmd = commands.get()  # suspended: wait for the next command
+            ack = runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True, step=step)
+        if cmd.kind in (runtime_pb2.COMMAND_KIND_CHECKPOINT, runtime_pb2.COMMAND_KIND_RESUME):
+            continue
         if cmd.kind == runtime_pb2.COMMAND_KIND_STOP_FOR_MIGRATION:
             t0 = time.monotonic()
             ack.checkpoint_path = save(cmd.checkpoint_dir, step)

@@ -1,0 +1,112 @@
+"""Host and process faults against the real scheduler, real helper processes and the
+fake job: what a user would notice is that no job is lost, duplicated or stalled."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler.core import Settings
+
+GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
+SETTINGS = Settings(heartbeat_interval_s=0.2, down_after_s=3.0)  # lease 1.8 s
+DONE = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
+
+
+def _job_pids(job_id: str, warm: bool) -> list[int]:
+    """The job's live processes: pre-warmed ones (GANDIVA_WARM=1) or the others."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if f"GANDIVA_JOB_ID={job_id}".encode() in env and state != "Z" and (b"GANDIVA_WARM=1" in env) == warm:
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture
+def helpers(tmp_path: Path) -> Iterator[Callable[[str, str], subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(name: str, scheduler: str) -> subprocess.Popen[str]:
+        # No shared root: a migration's checkpoint is streamed to the destination's agent.
+        with open(tmp_path / f"{name}.err", "w") as err:
+            proc = subprocess.Popen(
+                [*GANDIVA, "helper", "--server-name", name, "--gpus", "1", "--virtual", "--scheduler", scheduler,
+                 "--ramdisk", str(tmp_path / "rd" / name), "--log-dir", str(tmp_path / "logs")],
+                stdout=subprocess.PIPE, stderr=err, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None and "listening" in proc.stdout.readline()
+        return proc
+
+    yield start
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_destination_lost_mid_transfer_restarts_the_job_at_its_source_at_once(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """A migration streams its checkpoint (no shared mount) to a destination that stops
+    answering mid-copy (its helper frozen with SIGSTOP: a cut link, as far as the stream
+    can tell). Once the destination is marked down, the job restarts at its source from
+    the checkpoint it just wrote: within seconds, not after the transfer's 300 s timeout
+    (the stream into the dead peer used to hold the job, not training, that long). The
+    destination, back, stops its pre-warmed copy; the job ends once with all its steps."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    procs = {name: helpers(name, sched.address) for name in ("s1", "s2")}
+    steps = 400
+    spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1, env={
+        "FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.02", "FAKE_CKPT_BYTES": str(64 << 20)})
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+
+    def job() -> common_pb2.Job:
+        return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+
+    wait_for(lambda: job().steps >= 20 and job().state == common_pb2.JOB_STATE_RUNNING, 30)
+    src = job().placement[0].server
+    dest = "s2" if src == "s1" else "s1"
+    (source_pid,) = wait_for(lambda: _job_pids(job_id, warm=False), 10)
+    os.kill(source_pid, signal.SIGSTOP)  # at a step until the destination has pre-warmed
+    api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest), timeout=10)
+    wait_for(lambda: any(e.kind == "job.migration" and e.message.startswith("prewarm")
+                         for e in api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events), 30)
+    os.kill(procs[dest].pid, signal.SIGSTOP)  # the destination stops answering
+    lost = time.monotonic()
+    os.kill(source_pid, signal.SIGCONT)  # checkpoints (64 MiB), exits 75; the stream stalls
+    try:
+        back = wait_for(lambda: (j := job()).state == common_pb2.JOB_STATE_RUNNING and j, 30)
+        took = time.monotonic() - lost
+    finally:
+        os.kill(procs[dest].pid, signal.SIGCONT)
+    assert back.placement[0].server == src
+    assert f"transfer failed: {src}: transfer failed: server {dest} went down" in back.history[-1].reason, \
+        back.history[-1].reason
+    assert took < SETTINGS.down_after_s + 8, f"the job trained again only {took:.1f}s after its destination was lost"
+    # The destination, back, stops its pre-warmed copy; the job ends once, with every step.
+    wait_for(lambda: not _job_pids(job_id, warm=True), 30)
+    done = wait_for(lambda: (j := job()).state in DONE and j, 60)
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, (done.message, done.steps)
+    ends = [t.to_state for t in done.history if t.to_state in DONE]
+    assert ends == [common_pb2.JOB_STATE_SUCCEEDED]
