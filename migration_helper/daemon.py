@@ -108,11 +108,12 @@ class HelperDaemon:
         warning = check_exposure(self.config.listen, self.config.tls, self.config.tls is not None
                                  and bool(self.config.tls.client_ca), self.config.insecure,
                                  f"helper {self.config.server_name}'s agent", auth_flag="--tls-client-ca")
-        if warning:
-            log.warning("%s", warning)
         port = add_port(self._server, self.config.listen, self.config.tls)
         if port == 0:
             raise OSError(f"--listen {self.config.listen}: cannot bind")
+        if warning:  # with the port bound, not `:0`
+            log.warning("%s", warning.replace(f" {self.config.listen} ",
+                                              f" {self.config.listen.rpartition(':')[0]}:{port} ", 1))
         await self._server.start()
         host = self.config.listen.rsplit(":", 1)[0]
         if host in ("0.0.0.0", "[::]", ""):

@@ -88,10 +88,9 @@ class SchedulerServer:
             raise ValueError(f"--auth {self.auth!r}: use 'token' or 'none'")
         # Every TCP address is checked (a unix socket is reachable only on this host), and
         # refused before anything is touched.
+        # The warnings are logged once bound, with the port that was bound (not `:0`).
         for address in (self.listen, *(a for a in self.also_listen if not a.startswith("unix:"))):
-            warning = check_exposure(address, self.tls, self.auth == "token", self.insecure, "the scheduler")
-            if warning:
-                log.warning("%s", warning)
+            check_exposure(address, self.tls, self.auth == "token", self.insecure, "the scheduler")
         self.db = make_engine(check_db_url(self.db_url))
         self.core = SchedulerCore(self.db, self.settings)
         # The policy is checked before anything touches the database.
@@ -138,10 +137,18 @@ class SchedulerServer:
         if bound == 0:
             raise OSError(f"cannot listen on {self.listen}")
         self.address = f"{host or '127.0.0.1'}:{bound}"
+        bound_at = [(host, bound)]
         for extra in self.also_listen:
             tls = None if extra.startswith("unix:") else self.tls
-            if add_port(self.server, extra, tls, "--also-listen") == 0:
+            port = add_port(self.server, extra, tls, "--also-listen")
+            if port == 0:
                 raise OSError(f"cannot listen on {extra}")
+            if not extra.startswith("unix:"):
+                bound_at.append((extra.rpartition(":")[0], port))
+        for at, port in bound_at:
+            warning = check_exposure(f"{at}:{port}", self.tls, self.auth == "token", self.insecure, "the scheduler")
+            if warning:
+                log.warning("%s", warning)
         await self.server.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
