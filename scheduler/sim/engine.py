@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -45,10 +46,13 @@ def make_cluster(spec: str, gpu_memory_gib: float = 16.0, host_memory_gib: float
     and suspended (0: not checked, as before the policy could check it)."""
     if host_memory_gib < 0:
         raise ValueError(f"host memory must not be negative, got {host_memory_gib} GiB")
-    try:
-        n, g = (int(x) for x in spec.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"cluster {spec!r} is not SERVERSxGPUS, e.g. 25x4") from None
+    # ASCII digits only: int() would also take ' 2', '+2', '2_0' and other scripts' digits.
+    # Any GPU count per server is a cluster (2x3: servers of 3 GPUs, as a live helper may
+    # report); only a job's request is a power of two.
+    match = re.fullmatch(r"([0-9]+)[xX]([0-9]+)", spec)
+    if match is None:
+        raise ValueError(f"cluster {spec!r} is not SERVERSxGPUS, e.g. 25x4")
+    n, g = int(match[1]), int(match[2])
     if n < 1 or g < 1:
         raise ValueError(f"cluster {spec!r} needs at least one server with one GPU")
     if n > MAX_SERVERS or g > MAX_GPUS:
