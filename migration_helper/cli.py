@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import math
+import re
 import signal
 import sys
 import time
@@ -195,6 +196,7 @@ def run_logs(args: argparse.Namespace) -> int:
         print(f"gandiva logs: no output for job {args.job!r} under {log_dir} "
               "(logs stay on the server that ran the job)", file=sys.stderr)
         return 1
+    ends = _ProcessEnds(args.job)
     try:
         with open(path, "rb") as f:
             while True:
@@ -202,12 +204,51 @@ def run_logs(args: argparse.Namespace) -> int:
                 if data:
                     sys.stdout.buffer.write(data)
                     sys.stdout.flush()
+                    ends.feed(data)
                     continue
                 if not args.follow:
+                    return 0
+                if ends.all_ended():
+                    # Every process of the job that wrote here has ended (the helper writes
+                    # a line after each one's output): nothing more comes.
+                    print(f"gandiva logs: job {args.job}'s process on this server ended ({ends.last}); "
+                          f"`gandiva logs {args.job} -f` follows the job wherever it runs", file=sys.stderr)
                     return 0
                 time.sleep(0.2)
     except KeyboardInterrupt:
         return 0
+
+
+class _ProcessEnds:
+    """Counts, from a job's log as it is read, the processes started there (the helper's
+    `=== gandiva: job J incarnation I on ...` line) and ended (`=== gandiva: end of job J
+    incarnation I: REASON ...`). A log written before the end lines existed never ends."""
+
+    START = re.compile(rb"=== gandiva: job (\S+) incarnation \S+ on ")
+    END = re.compile(rb"=== gandiva: end of job (\S+) incarnation \S+: (.*?)(?: at \d{4}-\d\d-\d\d [\d:]+)?$")
+
+    def __init__(self, job: str) -> None:
+        self.job = job.encode()
+        self.running = 0
+        self.ended = 0
+        self.last = ""
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        self._partial = self._partial[-4096:]  # a marker line is short; output lines may not be
+        for line in lines:
+            if b"=== gandiva: " not in line:
+                continue
+            if (m := self.START.search(line)) and m[1] == self.job:
+                self.running += 1
+            elif (m := self.END.search(line)) and m[1] == self.job:
+                self.running = max(self.running - 1, 0)
+                self.ended += 1
+                self.last = m[2].decode(errors="replace").strip()
+
+    def all_ended(self) -> bool:
+        return self.ended > 0 and self.running == 0
 
 
 def _remote_logs(args: argparse.Namespace, client: Any) -> int:
@@ -215,12 +256,15 @@ def _remote_logs(args: argparse.Namespace, client: Any) -> int:
 
     With -f, until the job has finished: once it is seen finished, what is left of
     the output is read and printed, then the command ends (as `kubectl logs -f`).
+    A job that has not run on any server yet has no output: said on stderr; -f waits
+    for it to start (or to end without running).
     """
-    from protos.gandiva.v1 import scheduler_pb2
+    from protos.gandiva.v1 import common_pb2, scheduler_pb2
     from scheduler.cli.client import TERMINAL_STATES
 
     offset = 0
     finished = False
+    said_waiting = False
     try:
         while True:
             got = client.call("ReadJobLog", scheduler_pb2.ReadJobLogRequest(id=args.job, offset=offset))
@@ -230,9 +274,22 @@ def _remote_logs(args: argparse.Namespace, client: Any) -> int:
                 offset = got.next_offset
                 continue
             # `finished` was seen before this read found nothing more: all is printed.
-            if not args.follow or finished:
+            if finished or (not args.follow and got.server):
                 return 0
             job = client.call("GetJob", scheduler_pb2.GetJobRequest(id=args.job))
+            state = common_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
+            if not got.server and job.state in TERMINAL_STATES:
+                print(f"gandiva logs: job {args.job} ended ({state}) without running on any server: "
+                      "it has no output", file=sys.stderr)
+                return 0
+            if not got.server and not said_waiting:
+                said_waiting = True
+                if not args.follow:
+                    print(f"gandiva logs: job {args.job} has no output yet: it has not run on any server "
+                          f"({state}); `gandiva logs {args.job} -f` waits for it", file=sys.stderr)
+                    return 0
+                print(f"gandiva logs: job {args.job} has not run on any server yet ({state}); "
+                      "waiting for its output", file=sys.stderr)
             finished = job.state in TERMINAL_STATES
             if not finished:
                 time.sleep(0.5)

@@ -124,9 +124,10 @@ class JobProcess:
                     # and a Ctrl-C at the helper's terminal does not.
                     start_new_session=True,
                 )
-            except BaseException:
+            except BaseException as exc:
                 for fd in (ctrl_r, ctrl_w, status_r, status_w):
                     os.close(fd)
+                logf.write(self._end_line(f"did not start ({exc})").lstrip(b"\n"))
                 raise
         # The child holds its ends now; the parent keeps only the write end of control
         # and the read end of status (so EOF arrives when the child exits).
@@ -140,6 +141,12 @@ class JobProcess:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._read_status(status_r)))
         self._tasks.append(loop.create_task(self._wait_exit(on_exit)))
+
+    def _end_line(self, reason: str) -> bytes:
+        """The line after this process's output (`gandiva logs --local -f` reads it), with
+        a newline first for output that did not end with one."""
+        return (f"\n=== gandiva: end of job {self.job_id} incarnation {self.incarnation}: {reason} "
+                f"at {time.strftime('%Y-%m-%d %H:%M:%S')}\n").encode()
 
     async def _read_status(self, fd: int) -> None:
         reader = asyncio.StreamReader()
@@ -186,6 +193,17 @@ class JobProcess:
                 os.close(pidfd)
             code = self._proc.wait()
         self.exit_code = code
+        # The log says where this process's output ends (`gandiva logs --local -f` stops
+        # there), before anyone is told of the exit: whoever reads on then has it all.
+        try:
+            with open(self.log_path, "ab+") as logf:  # noqa: ASYNC230 - one short local append
+                end = self._end_line(exit_reason(code, self.stopped))
+                size = logf.seek(0, os.SEEK_END)
+                if not size or (logf.seek(size - 1) >= 0 and logf.read(1) == b"\n"):
+                    end = end[1:]  # (appended at the end whatever was read)
+                logf.write(end)
+        except OSError as exc:
+            log.warning("job %s: cannot write the end of its log %s (%s)", self.job_id, self.log_path, exc)
         if self._control_fd >= 0:
             os.close(self._control_fd)
             self._control_fd = -1

@@ -635,11 +635,12 @@ class SchedulerCore:
 
     async def read_log(self, job_id: str, offset: int, max_bytes: int) -> tuple[str, helper_pb2.HelperCommandResult]:
         """Part of the job's output, from the helper of the server it runs or ran on last:
-        (that server, the helper's answer). The caller checks who may read it."""
+        (that server, the helper's answer); ("", nothing) for a job that has not run on
+        any server yet. The caller checks who may read it."""
         async with self.tx(read=True) as s:
             server = await repo.last_server(s, job_id)
-        if not server:
-            raise NotFound("log of job", job_id)
+        if not server:  # it has not run anywhere yet: no output, and nowhere to ask
+            return "", helper_pb2.HelperCommandResult(ok=True)
         result = await self.helpers.call(server, helper_pb2.HelperCommand(read_log=helper_pb2.ReadLog(
             job_id=job_id, offset=offset, max_bytes=max_bytes)), self.settings.command_timeout_s)
         if not result.ok:

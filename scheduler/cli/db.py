@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 
+from scheduler.cli.argtypes import non_negative_days
 from scheduler.config import default_db_url
 
 
@@ -23,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Delete the events of jobs that finished more than --older-than DAYS ago, "
         "and server events older than that; with --jobs, those finished jobs too. Unfinished "
         "jobs are never touched. Safe while the scheduler runs.")
-    prune.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+    prune.add_argument("--older-than", type=non_negative_days, required=True, metavar="DAYS",
                        help="age in days (fractions allowed)")
     prune.add_argument("--jobs", action="store_true", help="also delete the finished jobs themselves")
     p.set_defaults(func=run)
@@ -35,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.state.db import make_engine
 
     async def go() -> str:
-        engine = make_engine(args.db or default_db_url())
+        engine = make_engine(url)
         try:
             if args.db_action == "prune":
                 return await _prune(engine, args)
@@ -48,19 +50,48 @@ def run(args: argparse.Namespace) -> int:
             await engine.dispose()
 
     from alembic.util import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
 
+    from scheduler.server import _db_trouble, _redact, check_db_url
+
+    # Errors: one line on stderr; stdout has only the result.
+    url = args.db or default_db_url()
     try:
+        check_db_url(url)
+    except ValueError as err:
+        print(f"gandiva db: {err}", file=sys.stderr)
+        return 2
+    try:
+        missing = _missing_sqlite_file(url) if args.db_action != "upgrade" else None
+        if missing is not None:  # `current`, `downgrade`, `prune` of a typo: nothing is created
+            print(f"gandiva db: no database at {missing} (nothing was created); check --db or "
+                  "GANDIVA_DB/GANDIVA_HOME, or create it with `gandiva db upgrade`", file=sys.stderr)
+            return 2
         print(asyncio.run(go()))
     except GandivaError as err:
-        print(f"gandiva db: {err}")
+        print(f"gandiva db: {err}", file=sys.stderr)
         return 2
     except CommandError as err:  # a revision that is not there, or not reachable from here
-        print(f"gandiva db: {err}; revisions: base, {', '.join(_revisions())} (head)")
+        print(f"gandiva db: {err}; revisions: base, {', '.join(_revisions())} (head)", file=sys.stderr)
+        return 2
+    except (OSError, SQLAlchemyError) as err:  # not a database, cannot be opened, not reachable
+        print(f"gandiva db: --db {_redact(url)}: {_db_trouble(err)}", file=sys.stderr)
         return 2
     except Exception as err:  # noqa: BLE001 - any failure: one line for the operator, exit 1
-        print(f"gandiva db: {type(err).__name__}: {err}")
+        print(f"gandiva db: {type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}",
+              file=sys.stderr)
         return 1
     return 0
+
+
+def _missing_sqlite_file(url: str) -> str | None:
+    """The path of an SQLite database file that does not exist, else None."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)  # checked by check_db_url
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return None
+    return None if os.path.exists(parsed.database) else parsed.database
 
 
 def _revisions() -> list[str]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from scheduler.cli.argtypes import non_negative_days, non_negative_seconds, positive_seconds
 from scheduler.config import DEFAULT_LISTEN, default_db_url
 
 T = TypeVar("T")
@@ -34,17 +36,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default $GANDIVA_DB, else an SQLite file under $GANDIVA_HOME, default ~/.gandiva)",
     )
     p.add_argument("--policy", default="gandiva", help="scheduling policy: gandiva (default), fifo, yarn-cs, tiresias, yarn-cs-local")
-    p.add_argument("--quantum", type=float, default=60.0, help="time slice in seconds at priority 1 (default 60)")
-    p.add_argument("--tick", type=float, default=1.0, help="seconds between scheduling rounds (default 1)")
-    p.add_argument("--heartbeat-timeout", type=float, default=10.0, help="mark a server down, and re-place its jobs, after this many seconds without a heartbeat (default 10)")
-    p.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds between a helper's heartbeats (default 2)")
-    p.add_argument("--lease", type=float, default=None, help="a helper freezes its jobs after this many seconds without an answered heartbeat; at least 1 s shorter than --heartbeat-timeout so the two never overlap (default 60%% of it)")
-    p.add_argument("--checkpoint-interval", type=float, default=300.0, help="seconds between periodic checkpoints of each running migratable job (default 300; 0: none): a job whose server is lost resumes from its last one")
-    p.add_argument("--checkpoint-wait", type=float, default=60.0, metavar="S",
+    p.add_argument("--quantum", type=positive_seconds, default=60.0, help="time slice in seconds at priority 1 (default 60)")
+    p.add_argument("--tick", type=positive_seconds, default=1.0, help="seconds between scheduling rounds (default 1)")
+    p.add_argument("--heartbeat-timeout", type=positive_seconds, default=10.0, help="mark a server down, and re-place its jobs, after this many seconds without a heartbeat (default 10)")
+    p.add_argument("--heartbeat-interval", type=positive_seconds, default=2.0, help="seconds between a helper's heartbeats (default 2)")
+    p.add_argument("--lease", type=positive_seconds, default=None, help="a helper freezes its jobs after this many seconds without an answered heartbeat; at least 1 s shorter than --heartbeat-timeout so the two never overlap (default 60%% of it)")
+    p.add_argument("--checkpoint-interval", type=non_negative_seconds, default=300.0, help="seconds between periodic checkpoints of each running migratable job (default 300; 0: none): a job whose server is lost resumes from its last one")
+    p.add_argument("--checkpoint-wait", type=non_negative_seconds, default=60.0, metavar="S",
                    help="a queued job whose checkpoint is in the ramdisk of a server that is down waits up "
                    "to S seconds after that server's last heartbeat for it to come back, then starts "
                    "again from step 0 elsewhere (default 60; 0: no wait)")
-    p.add_argument("--runtime-connect-deadline", type=float, default=120.0, metavar="S",
+    p.add_argument("--runtime-connect-deadline", type=positive_seconds, default=120.0, metavar="S",
                    help="a launched job none of whose processes connects the Gandiva runtime (tf_runtime) "
                    "within S seconds is marked not suspendable and not migratable: it is never "
                    "time-sliced, packed or migrated and keeps its GPUs to its end (default 120; "
@@ -63,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="require client certificates signed by this CA (mutual TLS)")
     sec.add_argument("--insecure", action="store_true",
                      help="allow a non-loopback address without TLS and tokens (not recommended)")
-    p.add_argument("--event-retention-days", type=float, default=0.0, metavar="DAYS",
+    p.add_argument("--event-retention-days", type=non_negative_days, default=0.0, metavar="DAYS",
                    help="delete events of jobs finished more than DAYS ago, hourly (default 0: keep)")
     p.add_argument("--http-listen", default="", metavar="HOST:PORT",
                    help="serve Prometheus /metrics and the live dashboard (/) on this address; "
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = PolicyConfig(quantum_s=args.quantum, **policy_options(args.policy_option))
     except ValueError as err:
-        print(f"gandiva scheduler: {err}")
+        print(f"gandiva scheduler: {err}", file=sys.stderr)
         return 2
     from scheduler.core import Settings
     from scheduler.errors import InvalidArgument
@@ -119,10 +121,10 @@ def run(args: argparse.Namespace) -> int:
     except InvalidArgument as err:
         # A Settings field named by its flag, the way the operator gave it.
         flag = SETTINGS_FLAGS.get(err.field)
-        print(f"gandiva scheduler: {f'{flag}: {err.message}' if flag else err}")
+        print(f"gandiva scheduler: {f'{flag}: {err.message}' if flag else err}", file=sys.stderr)
         return 2
     except (ValueError, OSError, SecurityError) as err:
-        print(f"gandiva scheduler: {err}")
+        print(f"gandiva scheduler: {err}", file=sys.stderr)
         return 2
     return 0
 

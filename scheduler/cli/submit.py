@@ -23,6 +23,7 @@ import yaml
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.cli import spec as specs
+from scheduler.cli.argtypes import non_negative_seconds
 from scheduler.cli.client import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-wait", action="store_true", help="print the ids and return at once")
     p.add_argument("--parsable", action="store_true",
                    help="print only the job ids, one per line, and return at once")
-    p.add_argument("--reconnect-timeout", type=float, default=600.0, metavar="SECONDS",
+    p.add_argument("--reconnect-timeout", type=non_negative_seconds, default=600.0, metavar="SECONDS",
                    help="while waiting, how long to keep retrying a scheduler that went away "
                    "(default 600)")
     p.add_argument("--scheduler", metavar="ADDR",

@@ -13,6 +13,7 @@ import http.client
 import json
 import math
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -61,6 +62,12 @@ def fetch(address: str) -> dict[str, Any]:
                       "address?") from None
 
 
+def _why(err: Exception) -> str:
+    """The reason of a failed read, without urllib's wrapping (`<urlopen error ...>`)."""
+    reason = getattr(err, "reason", None) if isinstance(err, urllib.error.URLError) else None
+    return str(getattr(reason, "strerror", None) or reason or err)
+
+
 def render(state: dict[str, Any], show_all: bool = False) -> Group:
     names = {j["id"]: j["name"] for j in state["jobs"]}
     active = [j for j in state["jobs"] if show_all or j["state"] not in TERMINAL]
@@ -101,18 +108,19 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.cli.output import Console
 
     console = Console()
+    # Errors: one line on stderr (never wrapped, never mixed into a view piped to a file).
     if not args.http:
-        console.print("gandiva top: no address; start the scheduler with --http-listen HOST:PORT and pass "
-                      "--http HOST:PORT (or set GANDIVA_HTTP)")
+        print("gandiva top: no address; start the scheduler with --http-listen HOST:PORT and pass "
+              "--http HOST:PORT (or set GANDIVA_HTTP)", file=sys.stderr)
         return 2
     try:
         state = fetch(args.http)
     except NotHttp as err:
-        console.print(f"gandiva top: {err}", soft_wrap=True)
+        print(f"gandiva top: {err}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError, ValueError) as err:
-        console.print(f"gandiva top: cannot read http://{args.http}/api/state ({err}); is the scheduler "
-                      "running with --http-listen on that address?")
+        print(f"gandiva top: cannot read http://{args.http}/api/state ({_why(err)}); is the scheduler "
+              "running with --http-listen on that address?", file=sys.stderr)
         return 1
     if args.once:
         console.print(render(state, args.all))

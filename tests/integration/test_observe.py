@@ -202,10 +202,10 @@ def test_top_without_a_scheduler_says_what_to_do() -> None:
     env = {k: v for k, v in os.environ.items() if k != "GANDIVA_HTTP"}
     missing = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "top", "--once"],
                              capture_output=True, text=True, timeout=60, check=False, env=env)
-    assert missing.returncode == 2 and "--http-listen" in missing.stdout
+    assert missing.returncode == 2 and "--http-listen" in missing.stderr
     down = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "top", "--once", "--http", "127.0.0.1:1"],
                           capture_output=True, text=True, timeout=60, check=False, env=env)
-    assert down.returncode == 1 and "is the scheduler running with --http-listen" in down.stdout
+    assert down.returncode == 1 and "is the scheduler running with --http-listen" in down.stderr
 
 
 @pytest.mark.parametrize(("option", "error"), [
@@ -218,7 +218,7 @@ def test_bad_policy_options_are_named(option: str, error: str, tmp_path: Path) -
         [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0",
          "--db", f"sqlite+aiosqlite:///{tmp_path}/x.db", "--policy-option", option],
         capture_output=True, text=True, timeout=60, check=False)
-    assert run.returncode == 2 and error in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 2 and error in run.stderr, run.stdout + run.stderr
 
 
 def test_policy_options_reach_the_policy() -> None:

@@ -60,7 +60,7 @@ class ReadJobLogResponse(_message.Message):
     size: _builtins.int
     """the log's size on that server now"""
     server: _builtins.str
-    """where the log is"""
+    """where the log is ("": the job has not run on any server yet)"""
     def __init__(
         self,
         *,

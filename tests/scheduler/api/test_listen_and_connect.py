@@ -33,13 +33,13 @@ def test_a_second_scheduler_on_a_port_in_use_stops_saying_so(make_scheduler: Any
     first = make_scheduler(sqlite_url)
     out = _scheduler("--listen", first.address, "--db", f"sqlite+aiosqlite:///{tmp_path / 'b.db'}")
     assert out.returncode == 2, out.stdout + out.stderr
-    assert f"--listen {first.address}: cannot listen there: the address is in use" in out.stdout
+    assert f"--listen {first.address}: cannot listen there: the address is in use" in out.stderr
     # The first one still answers every call (no second listener shares its port).
     for _ in range(6):  # new connections, each to the first one
         with grpc.insecure_channel(first.address) as ch:
             scheduler_pb2_grpc.SchedulerStub(ch).ListServers(scheduler_pb2.ListServersRequest(), timeout=5)
     bad = _scheduler("--listen", "127.0.0.1:99999", "--db", f"sqlite+aiosqlite:///{tmp_path / 'c.db'}")
-    assert bad.returncode == 2 and "port 99999 is out of range (0-65535)" in bad.stdout, bad.stdout
+    assert bad.returncode == 2 and "port 99999 is out of range (0-65535)" in bad.stderr, bad.stderr
 
 
 async def test_every_gandiva_server_refuses_a_port_in_use() -> None:
@@ -121,6 +121,6 @@ def test_a_database_the_scheduler_cannot_use_stops_it_in_one_line(db: str, says:
     (tmp_path / "text.db").write_text("not a database\n")
     out = _scheduler("--listen", "127.0.0.1:0", "--db", db.format(tmp=tmp_path))
     assert out.returncode == 2, out.stdout + out.stderr
-    line = out.stdout.strip().splitlines()[-1]
-    assert line.startswith("gandiva scheduler: ") and says in line, out.stdout
-    assert "Traceback" not in out.stdout + out.stderr and "secret" not in out.stdout
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("gandiva scheduler: ") and says in line, out.stderr
+    assert "Traceback" not in out.stdout + out.stderr and "secret" not in out.stdout + out.stderr

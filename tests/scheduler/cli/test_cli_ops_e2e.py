@@ -214,8 +214,8 @@ def test_top_explains_an_address_that_is_not_http_and_a_bad_interval(gandiva, sc
     """`gandiva top --http <the gRPC port>` ended in http.client.BadStatusLine, and
     `--interval=-1` in "sleep length must be non-negative"."""
     r = gandiva("top", "--http", sched.address, "--once")
-    assert r.code == 1 and "Traceback" not in r.err
-    assert r.out == (f"gandiva top: {sched.address} did not answer HTTP; is it the scheduler's "
+    assert r.code == 1 and "Traceback" not in r.err and r.out == ""
+    assert r.err == (f"gandiva top: {sched.address} did not answer HTTP; is it the scheduler's "
                      "--http-listen address?\n")
     for interval in ("-1", "0", "nan"):
         with pytest.raises(SystemExit) as exit_:

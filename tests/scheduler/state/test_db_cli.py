@@ -28,7 +28,7 @@ def test_db_upgrade_current_downgrade(sqlite_url: str) -> None:
 def test_db_rejects_an_unsupported_url() -> None:
     bad = gandiva("db", "--db", "mysql://x/y", "current")
     assert bad.returncode == 2
-    assert "unsupported database URL" in bad.stdout
+    assert "unsupported database URL" in bad.stderr
 
 
 def test_db_an_unknown_revision_is_invalid_input(sqlite_url: str) -> None:
@@ -36,6 +36,6 @@ def test_db_an_unknown_revision_is_invalid_input(sqlite_url: str) -> None:
     assert gandiva("db", "--db", sqlite_url, "upgrade").returncode == 0
     for action in ("downgrade", "upgrade"):
         bad = gandiva("db", "--db", sqlite_url, action, "bad-rev")
-        assert bad.returncode == 2, bad.stdout
-        assert "Can't locate revision identified by 'bad-rev'; revisions: base, 0001" in bad.stdout
-        assert f"{migrate.heads()[0]} (head)" in bad.stdout
+        assert bad.returncode == 2, bad.stderr
+        assert "Can't locate revision identified by 'bad-rev'; revisions: base, 0001" in bad.stderr
+        assert f"{migrate.heads()[0]} (head)" in bad.stderr

@@ -42,13 +42,15 @@ async def test_prune_keeps_unfinished_and_recent(db_url: str) -> None:
 
 
 def test_db_prune_command(sqlite_url: str) -> None:
+    subprocess.run([sys.executable, "-m", "gandiva_cli.main", "db", "--db", sqlite_url, "upgrade"],
+                   check=True, capture_output=True, timeout=60)
     out = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "db", "--db", sqlite_url,
                           "prune", "--older-than", "30"], check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "deleted 0 events and 0 jobs" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "db", "--db", sqlite_url,
                           "prune", "--older-than", "nan"], check=False, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "--older-than" in bad.stdout
+    assert bad.returncode == 2 and "--older-than" in bad.stderr
 
 
 def test_token_commands(sqlite_url: str) -> None:

@@ -1,0 +1,133 @@
+"""Bad input to the command line: one line on stderr naming what is wrong, exit 2, and
+nothing created or left waiting (the defects a hostile-input pass left as found)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from migration_helper.process import JobProcess
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_submit_refuses_a_reconnect_timeout_that_is_not_a_finite_number_of_seconds(
+        submit, value: str) -> None:
+    r = submit(f"--reconnect-timeout={value}", "--", "python", "t.py")
+    assert (r.code, r.out) == (2, "")
+    assert f"argument --reconnect-timeout: must be 0 or more seconds (a finite number), got '{value}'" in r.err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--tick", "0"), ("--quantum", "nan"), ("--heartbeat-interval", "inf"),
+                                             ("--heartbeat-timeout", "-5"), ("--event-retention-days", "nan")])
+def test_scheduler_refuses_durations_that_are_not_finite_naming_the_flag(
+        gandiva, flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--tick 0` spun, `--quantum nan` and `--heartbeat-interval nan` started a scheduler,
+    and `--heartbeat-timeout -5` was refused naming --lease."""
+    with pytest.raises(SystemExit) as exit_:
+        gandiva("scheduler", f"{flag}={value}")
+    assert exit_.value.code == 2
+    assert f"argument {flag}: must be " in capsys.readouterr().err
+
+
+def test_top_says_what_is_wrong_on_stderr_in_one_line(gandiva, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its errors went to stdout (into a file a view was meant for), wrapped at 80 columns,
+    with urllib's `<urlopen error [Errno 111] ...>` inside."""
+    monkeypatch.delenv("GANDIVA_HTTP", raising=False)
+    missing = gandiva("top", "--once")
+    assert (missing.code, missing.out) == (2, "") and "--http-listen" in missing.err
+    down = gandiva("top", "--once", "--http", "127.0.0.1:1")
+    assert (down.code, down.out) == (1, "")
+    assert down.err == ("gandiva top: cannot read http://127.0.0.1:1/api/state (Connection refused); "
+                        "is the scheduler running with --http-listen on that address?\n")
+
+
+def test_db_errors_go_to_stderr_and_a_missing_database_is_not_created(gandiva, tmp_path: Path) -> None:
+    """`gandiva db current` of a mistyped path created its directory and an empty database
+    and said `base (empty)`; errors went to stdout; a file that is not a database was a
+    two-line sqlalchemy error (exit 1)."""
+    typo = tmp_path / "no-such-dir" / "gandiva.db"
+    for action in (("current",), ("downgrade", "base"), ("prune", "--older-than", "1")):
+        r = gandiva("db", "--db", f"sqlite+aiosqlite:///{typo}", *action)
+        assert (r.code, r.out) == (2, ""), r
+        assert r.err == (f"gandiva db: no database at {typo} (nothing was created); check --db or "
+                         "GANDIVA_DB/GANDIVA_HOME, or create it with `gandiva db upgrade`\n")
+    assert not typo.parent.exists()
+    (tmp_path / "text.db").write_text("not a database\n")
+    r = gandiva("db", "--db", f"sqlite+aiosqlite:///{tmp_path / 'text.db'}", "current")
+    assert (r.code, r.out, r.err.count("\n")) == (2, "", 1), r
+    assert "the file is not an SQLite database" in r.err
+    r = gandiva("db", "--db", "nonsense", "current")
+    assert (r.code, r.out, r.err.count("\n")) == (2, "", 1) and "not a database URL" in r.err
+
+
+def test_logs_of_a_job_that_never_ran_says_so_and_follow_waits_for_it(gandiva, stub) -> None:
+    """`gandiva logs [-f] ID` of a queued job said "not found: log of job ... not found"
+    (exit 2) of a job that exists. Now: no output yet, said on stderr; -f waits, and ends
+    when the job ends without having run."""
+    job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="queued", command=["python", "t.py"], gpus=1))).job.id  # no server: it stays queued
+    page = stub.ReadJobLog(scheduler_pb2.ReadJobLogRequest(id=job_id))
+    assert (page.data, page.size, page.server) == (b"", 0, "")
+    r = gandiva("logs", job_id)
+    assert (r.code, r.out) == (0, "")
+    assert f"job {job_id} has no output yet: it has not run on any server (QUEUED)" in r.err
+    killer = threading.Timer(0.7, lambda: stub.KillJob(scheduler_pb2.JobActionRequest(id=job_id)))
+    killer.start()
+    started = time.monotonic()
+    r = gandiva("logs", job_id, "-f")
+    killer.join()
+    assert (r.code, r.out) == (0, "") and time.monotonic() - started < 10
+    assert f"job {job_id} has not run on any server yet (QUEUED); waiting for its output" in r.err
+    assert f"job {job_id} ended (KILLED) without running on any server: it has no output" in r.err
+
+
+def _append_later(path: Path, *lines: str, after_s: float = 0.4) -> threading.Thread:
+    def write() -> None:
+        for line in lines:
+            time.sleep(after_s)
+            with open(path, "a") as f:
+                f.write(line)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    return thread
+
+
+def test_logs_local_follow_ends_when_the_job_process_on_this_server_has_ended(gandiva, tmp_path: Path) -> None:
+    """`gandiva logs --local -f` followed until Ctrl-C, long after the job had ended. The
+    helper now writes a line after each process's output, and the follower stops once
+    every process that wrote there has ended (a warm copy started before the first ended
+    keeps it following)."""
+    async def run_one() -> None:
+        ended = asyncio.Event()
+        proc = JobProcess("j1", "i1", [sys.executable, "-c", "import sys; sys.stdout.write('no newline')"],
+                          str(tmp_path), dict(os.environ), (), tmp_path / "j1.log")
+        await proc.start(lambda _: ended.set())
+        await asyncio.wait_for(ended.wait(), 30)
+
+    asyncio.run(run_one())
+    r = gandiva("logs", "j1", "-f", "--log-dir", str(tmp_path))
+    assert r.code == 0
+    lines = r.out.splitlines()
+    assert lines[0].startswith("=== gandiva: job j1 incarnation i1 on ") and lines[1] == "no newline"
+    assert lines[2].startswith("=== gandiva: end of job j1 incarnation i1: finished at ") and len(lines) == 3
+    assert "job j1's process on this server ended (finished)" in r.err
+
+    log = tmp_path / "j2.log"
+    log.write_text("=== gandiva: job j2 incarnation a on s1 at 2026-01-01 00:00:00: python t.py\nstep 1\n"
+                   "=== gandiva: job j2 incarnation b on s1 at 2026-01-01 00:00:01: python t.py\n")
+    writer = _append_later(log, "=== gandiva: end of job j2 incarnation a: migrated at 2026-01-01 00:00:02\n",
+                           "step 2\n=== gandiva: end of job j2 incarnation b: killed at 2026-01-01 00:00:03\n")
+    started = time.monotonic()
+    r = gandiva("logs", "j2", "-f", "--log-dir", str(tmp_path))
+    writer.join()
+    assert r.code == 0 and r.out.endswith("step 2\n=== gandiva: end of job j2 incarnation b: killed at "
+                                          "2026-01-01 00:00:03\n")
+    assert 0.7 < time.monotonic() - started < 10 and "ended (killed)" in r.err
