@@ -10,6 +10,8 @@ is never visible as a checkpoint (and is removed).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import re
@@ -39,6 +41,10 @@ class CheckpointExists(CheckpointError):
 
 class TransferTooLarge(CheckpointError):
     """More bytes or files than this helper accepts in one checkpoint."""
+
+
+class NoSpace(TransferTooLarge):
+    """The ramdisk filled up (ENOSPC, a quota) while a checkpoint was being received."""
 
 
 class DigestMismatch(CheckpointError):
@@ -110,9 +116,9 @@ class Ramdisk:
         """Store a streamed checkpoint; returns its directory and size in bytes."""
         tmp: Path | None = None
         out: BinaryIO | None = None
+        total = 0
         try:
             digest = hashlib.sha256()
-            total = 0
             done: set[str] = set()
             current = ""
             final: Path | None = None
@@ -160,9 +166,18 @@ class Ramdisk:
                     log.info("received checkpoint %s (%d bytes)", final, total)
                     return final, total
             raise CheckpointError("the stream ended before its last chunk (transfer cut)")
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise NoSpace(f"no space left in {self.root} for the checkpoint ({total} bytes received): "
+                          f"{exc.strerror}; the partial copy was removed") from exc
         finally:
             if out is not None:
-                out.close()
+                # Closing flushes what is buffered, which fails again on a full disk: the
+                # partial copy must go anyway, or it keeps the ramdisk full (housekeeping
+                # skips incoming transfers) until the helper restarts.
+                with contextlib.suppress(OSError):
+                    out.close()
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -158,3 +159,46 @@ def test_when_the_scheduler_has_not_said_every_jobs_newest_checkpoint_stays(tmp_
     older, newest = ckpt("parked", "a", 9000), ckpt("parked", "b", 8000)
     assert ramdisk.prune(set(), retain_s=600, now=now, kept=None) == [older]
     assert newest.exists()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (a ramdisk that fills up); needs root, as CI has."""
+    where = tmp_path / "small"
+    where.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+                          check=False, capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (root only): {made.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+async def test_a_full_ramdisk_refuses_the_checkpoint_clearly_and_keeps_no_partial_copy(
+    small_tmpfs: Path, tmp_path: Path
+) -> None:
+    """A checkpoint larger than the space left: RESOURCE_EXHAUSTED saying so, and the
+    partial copy is removed (it used to stay when closing the file failed as well, and
+    kept the ramdisk full until the helper restarted: every later transfer failed too)."""
+    ramdisk = Ramdisk(small_tmpfs / "rd")
+    ramdisk.prepare()
+    server = grpc.aio.server()
+    helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk), server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    try:
+        big = make_checkpoint(tmp_path / "src" / "big", {"data": 2 * (1 << 20), "gandiva.json": 10})
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            # Small chunks (a peer may send any size): the failed write leaves bytes buffered.
+            await _stream(address, list(checkpoint_chunks(big, "job-1", chunk_bytes=3000)))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
+        assert "no space left in" in (err.value.details() or "")
+        assert leftovers(ramdisk) == [] and not (ramdisk.root / "job-1" / "big").exists()
+        # The space is free again: the next checkpoint that fits lands.
+        small = make_checkpoint(tmp_path / "src" / "small", {"data": 300_000, "gandiva.json": 10})
+        reply = await send_checkpoint(address, small, "job-1")
+        assert digest_of(Path(reply.path)) == digest_of(small)
+    finally:
+        await server.stop(0)
