@@ -476,7 +476,10 @@ class TFSessionAdapter:
             roots.append(op)
             if isinstance(el, tf.Tensor) and el.shape.rank == 0 and el.dtype.is_floating:
                 metric_slots.append((i, op.name))
-            read = self._global_step_read(op)
+            # Only a fetched tensor's value reaches the program: fetching the op that
+            # increments the step (what `minimize(loss, global_step=gs)` returns) reads
+            # nothing, so a `for i in range(n): sess.run(train)` loop never reads it.
+            read = self._global_step_read(op) if isinstance(el, tf.Tensor) else None
             if read is not None:
                 reads_gs = True
                 plain_read = plain_read or read == "plain"

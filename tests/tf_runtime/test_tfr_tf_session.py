@@ -809,6 +809,7 @@ def test_state_carried_in_python_from_step_to_step_is_not_migratable(tmp_path: P
             exited = None
             try:
                 for _ in range(4):
+                    sess.run(gs)  # a loop that resumes from the step it reads
                     if carry == "tuple":  # a structure of fetches, fed back leaf by leaf
                         got = sess.run({"train": train, "state": (h1, gs)}, feeds)
                         feeds = {x: data, h0: got["state"][0]}
@@ -906,7 +907,8 @@ def test_input_fetched_in_a_run_of_its_own_and_fed_to_training(reads: str, tmp_p
         ctl.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "ck")))
         exited = None
         try:
-            for step in range(6):
+            for _ in range(6):
+                step = int(sess.run(gs))  # a loop that resumes from the step it reads
                 if reads == "batch":
                     batch = sess.run(data) * 0.5
                 elif reads == "noise":
@@ -960,3 +962,36 @@ def test_an_update_in_a_run_of_its_own_after_the_training_run_is_part_of_the_ste
     prefix = str(tmp_path / "ck" / "model")
     assert tf.train.load_variable(prefix, "global_step") == at == 3
     np.testing.assert_array_equal(tf.train.load_variable(prefix, "w/ExponentialMovingAverage"), average)
+
+
+@pytest.mark.parametrize("resource", [True, False], ids=["resource", "reference"])
+def test_fetching_the_op_that_increments_the_step_is_no_read_of_it(
+        resource: bool, controller: Controller, tmp_path: Path) -> None:
+    """`train = opt.minimize(loss, global_step=gs)` returns the op that increments the
+    step, and `for i in range(n): sess.run(train)` is the most common TF1 loop. Fetching
+    that op returns None, yet the shim took it for a read of the step: such a loop, which
+    restarts from 0 (or from a count of its own), was judged migratable, and a migrated
+    copy trained other steps than an uninterrupted run. Now only a fetched tensor reads."""
+    g = tf.Graph()
+    with g.as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step() if resource else tf.Variable(
+            0, trainable=False, name="global_step", use_resource=False,
+            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+                         tf.compat.v1.GraphKeys.GLOBAL_STEP])
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]), use_resource=resource)
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(w * w), global_step=gs)
+        init = tf.compat.v1.global_variables_initializer()
+    with session(g) as sess:
+        sess.run(init)
+        assert not sess._gandiva_chain.adapter.classify(train).reads_global_step
+        assert sess._gandiva_chain.adapter.classify([train, gs.value()]).reads_global_step
+        for _ in range(3):
+            sess.run(train)
+        assert controller.migratable is False
+        assert "never reads the global step" in controller.channel.migratability[-1][1]  # type: ignore[union-attr]
+        controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
+        sess.run(train)
+    ack = acks(controller)[-1]
+    assert not ack.ok and "not migratable" in ack.message
+
