@@ -89,8 +89,10 @@ def _check_map(field: str, mapping: Mapping[str, str], max_entries: int, max_byt
     for key, value in mapping.items():
         if key_pattern is not None and not key_pattern.match(key):
             raise InvalidArgument(field, f"{key[:64]!r} is not a valid variable name")
-        check_text(f"{field}[{key[:64]}]", key, max_bytes)
-        check_text(f"{field}[{key[:64]}]", value, max_bytes, control_ok=True)
+        # The key as it is when printable, escaped otherwise: the error stays one line.
+        shown = key[:64] if key[:64].isprintable() else ascii(key[:64])
+        check_text(f"{field}[{shown}]", key, max_bytes)
+        check_text(f"{field}[{shown}]", value, max_bytes, control_ok=True)
         total += _utf8_len(key) + _utf8_len(value)
     if total > max_bytes:
         raise InvalidArgument(field, f"{total} bytes in total; at most {max_bytes}")

@@ -17,3 +17,26 @@ def test_the_loopback_warning_names_the_port_that_was_bound(make_scheduler: Any,
     warnings = [r.getMessage() for r in caplog.records if "listens on loopback" in r.getMessage()]
     assert len(warnings) == 2 and f"listens on loopback {sched.address} without" in warnings[0], warnings
     assert all(":0 " not in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("key", ["a\nb", "a\x00", "\x1b[31mred"])
+def test_a_bad_map_key_is_named_on_one_line(scheduler_server: Any, key: str) -> None:
+    """The field named the key as it came: `spec.params[a<newline>b]` was a two-line error."""
+    import grpc
+
+    from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+    with grpc.insecure_channel(scheduler_server.address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        for field in ("params", "env_value"):
+            spec = common_pb2.JobSpec(name="m", command=["python", "t.py"], gpus=1)
+            if field == "params":
+                spec.params[key] = "v"
+            else:  # a value may hold newlines (a PEM key); its key is shown when the value is too long
+                spec.env["A"] = "v" * (1 << 17)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            details = err.value.details() or ""
+            assert details.isprintable() and details.startswith("spec.params[" if field == "params" else "spec.env[A]")
+        assert list(stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10).jobs) == []
