@@ -233,6 +233,10 @@ class SchedulerCore:
         self.clock = clock
         # A server's silence counts only while this scheduler was there to hear it.
         self.started_at = clock()
+        # When a helper's heartbeat or registration last came in but could not be recorded
+        # (the database unreachable, or locked): the servers' silence in SQL until then is
+        # the database's, not theirs (mark_stale_servers_down).
+        self.unrecorded_at = 0.0
         # Server name -> (the instance of the helper that holds it, when last heard from):
         # a second helper started with the same --server-name is refused while the first
         # lives (in memory: after a restart the first helper heard from holds the name).
@@ -550,7 +554,20 @@ class SchedulerCore:
         self._instances[name] = (instance, now)
         return True
 
+    @contextmanager
+    def _hearing(self) -> Iterator[None]:
+        """Around recording that a helper was heard from (a heartbeat, a registration)."""
+        try:
+            yield
+        except Unavailable:
+            self.unrecorded_at = self.clock()
+            raise
+
     async def register_server(self, req: helper_pb2.RegisterServerRequest) -> None:
+        with self._hearing():
+            await self._register_server(req)
+
+    async def _register_server(self, req: helper_pb2.RegisterServerRequest) -> None:
         if not req.name:
             raise InvalidArgument("name", "a server name is required")
         if not req.gpus:
@@ -673,10 +690,11 @@ class SchedulerCore:
         now = self.clock()
         if not self._claim_name(name, instance, now):
             return False, [], None
-        beat = await self.write_sync(lambda conn: repo.heartbeat_fast(conn, name, now, running))
-        if beat is not None and not beat.stale:
-            return True, [], beat.placed
-        known, stop = await self._heartbeat_full(name, now, running)
+        with self._hearing():
+            beat = await self.write_sync(lambda conn: repo.heartbeat_fast(conn, name, now, running))
+            if beat is not None and not beat.stale:
+                return True, [], beat.placed
+            known, stop = await self._heartbeat_full(name, now, running)
         return known, stop, None
 
     async def _heartbeat_full(
@@ -761,10 +779,15 @@ class SchedulerCore:
         """Servers silent for `down_after_s` go down; their jobs return to the queue.
         After a (re)start, none goes down before the scheduler has itself been up for
         `down_after_s`: a helper that could not reach a stopped scheduler was silent for
-        that reason, and its jobs are still expected where they run."""
+        that reason, and its jobs are still expected where they run. Likewise after the
+        database was unreachable (a PostgreSQL restart, a SQLite file locked by another
+        process) while helpers' heartbeats came in: those went unrecorded, so none goes
+        down before `down_after_s` after the last one that could not be recorded (every
+        server used to be marked down the moment the database was back, and every job
+        in the cluster restarted from its last checkpoint)."""
         now = self.clock()
         cutoff = now - self.settings.down_after_s
-        if cutoff < self.started_at:
+        if cutoff < max(self.started_at, self.unrecorded_at):
             return []
         # Every scheduling round asks; only an actual change takes the write lock.
         async with self.tx(read=True) as s:

@@ -4,13 +4,20 @@ message, and the service recovers by itself, without a restart."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler.core import Settings
 
 
 class TcpProxy:
@@ -103,3 +110,61 @@ def test_database_outage_gives_unavailable_then_recovers(proxied_pg_url, make_sc
 
 def _spec() -> common_pb2.JobSpec:
     return common_pb2.JobSpec(command=["python", "t.py"], gpus=1)
+
+
+@pytest.mark.pg
+def test_servers_stay_up_and_jobs_keep_their_process_across_a_database_outage(
+    proxied_pg_url, make_scheduler, tmp_path: Path, wait_for  # type: ignore[no-untyped-def]
+) -> None:
+    """PostgreSQL unreachable for longer than the heartbeat timeout while a helper runs a
+    job (a database restart or failover): the helper's heartbeats could not be recorded,
+    which is no sign of the server's death. Once the database is back the server stays
+    up and the job goes on in the same process (frozen by the lease meanwhile). Before,
+    every server was marked down the moment the database was back and every job in the
+    cluster was killed and restarted from its last checkpoint (here: from step 0)."""
+    url, proxy = proxied_pg_url
+    fake = tmp_path / "fake-job"
+    fake.write_text(f"#!{sys.executable}\n" + (Path(__file__).parents[2] / "migration_helper" / "fake_job.py").read_text())
+    fake.chmod(0o755)
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=3.0)
+    sched = make_scheduler(url, tick_s=0.1, settings=settings)
+    with open(tmp_path / "helper.err", "w") as err:
+        helper = subprocess.Popen(
+            [sys.executable, "-m", "gandiva_cli.main", "helper", "--server-name", "s1", "--gpus", "1", "--virtual",
+             "--scheduler", sched.address, "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs")],
+            stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        assert helper.stdout is not None and "listening" in helper.stdout.readline()
+        with grpc.insecure_channel(sched.address) as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)
+            spec = common_pb2.JobSpec(name="f", command=[str(fake)], workdir=str(tmp_path), gpus=1,
+                                      env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.02"})
+            job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
+
+            def job() -> common_pb2.Job:
+                return stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=10)
+
+            wait_for(lambda: job().steps >= 10, 30)
+            before = job().steps
+            proxy.cut()
+            time.sleep(settings.down_after_s + 2.0)
+            # The helper slow to come back (its reconnect back-off reaches 2 s): the first
+            # rounds after the outage find its heartbeats as old as the outage.
+            os.kill(helper.pid, signal.SIGSTOP)
+            time.sleep(0.5)
+            proxy.restore()
+            time.sleep(1.0)
+            os.kill(helper.pid, signal.SIGCONT)
+            wait_for(lambda: job().steps > before + 20, 30)  # training again
+            time.sleep(settings.down_after_s)  # the server would be marked down by now
+            servers = {s.name: s.up for s in stub.ListServers(scheduler_pb2.ListServersRequest()).servers}
+            assert servers == {"s1": True}
+            done = job()
+            assert done.state == common_pb2.JOB_STATE_RUNNING, done.message
+            assert [t.to_state for t in done.history] == [common_pb2.JOB_STATE_QUEUED, common_pb2.JOB_STATE_RUNNING], \
+                [t.reason for t in done.history]
+            stub.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=10)
+    finally:
+        os.kill(helper.pid, signal.SIGCONT)
+        helper.terminate()
+        helper.wait(15)
