@@ -84,6 +84,28 @@ class Settings:
     source_towers: int = 0
 
 
+_NOT_THE_PROGRAM = ("tf_runtime", "tensorflow", "keras", "runpy", "importlib")
+
+
+_PROGRAM_CODE: dict[Any, bool] = {}  # code object -> whether it is the program's own
+
+
+def program_stack(frame: Any, limit: int = 8) -> tuple[tuple[tuple[int, Any], int], ...]:
+    """The program's frames (not TensorFlow's or the shim's), innermost first, as
+    ((identity, code), line): where in the program's own code a run was called from."""
+    out: list[tuple[tuple[int, Any], int]] = []
+    while frame is not None and len(out) < limit:
+        code = frame.f_code
+        mine = _PROGRAM_CODE.get(code)
+        if mine is None:
+            mine = _PROGRAM_CODE[code] = not str(frame.f_globals.get("__name__", "")).startswith(
+                _NOT_THE_PROGRAM)
+        if mine:
+            out.append(((id(frame), code), frame.f_lineno))
+        frame = frame.f_back
+    return tuple(out)
+
+
 class Controller:
     """Applies scheduler commands at mini-batch boundaries."""
 
@@ -119,6 +141,14 @@ class Controller:
         self._after_advance = False
         self._trailing = False
         self._cut_pending = False
+        self._tail_updated = False  # such a run came since the last step-advancing run
+        # Runs of that kind made before the first training step (an average updated before
+        # each training run, `sess.run(ema_op); sess.run(train)`): they begin a step.
+        self._prelude: dict[int, RunInfo] = {}
+        # The program's frames at the last step-advancing run, and per kind of such update
+        # run whether the program makes it after that run (_after_training).
+        self._train_stack: tuple[tuple[tuple[int, Any], int], ...] = ()
+        self._order: dict[int, tuple[RunInfo, bool]] = {}
         self._carried_state = ""  # how the program carries Python state between steps
         self._rng_watch = python_rng.Watch()
         self._warned_second = False
@@ -166,8 +196,16 @@ class Controller:
         if not (self._after_advance or self._cut_pending) or adapter is not self.adapter:
             return
         # Not an initialiser, a restore or a load: those happen once, not in every step.
-        trailing = (not info.is_training and info.changes_state and not fed
-                    and not (info.initializes_some or info.initializes or info.restores))
+        once = info.initializes_some or info.initializes or info.restores
+        if (not info.is_training and not info.changes_state and not once
+                and not info.stateful_input and not self._tail_updated):
+            # A run that changes nothing (the step read, a summary, an evaluation) before
+            # any such update: the step may still end with one after it
+            # (`sess.run(train); step = sess.run(gs); sess.run(ema_op)`).
+            return
+        trailing = (not info.is_training and info.changes_state and not fed and not once
+                    and id(info) not in self._prelude and self._after_training(info))
+        self._tail_updated = trailing
         if self._after_advance:
             self._after_advance = False
             if trailing and not self._trailing:
@@ -181,6 +219,27 @@ class Controller:
                 self._apply_queued(adapter)
             elif not self._save_built:
                 self._prebuild_save(adapter)
+
+    def _after_training(self, info: RunInfo) -> bool:
+        """Whether the program makes this update run after its training run in its loop,
+        rather than before it (`if step % 5 == 0 and step: sess.run(decay)` at the top of
+        the loop, which a restored copy makes again): the frame the two calls share, and
+        the line of each in it. Same line or no shared frame: after. Decided once a kind."""
+        hit = self._order.get(id(info))
+        if hit is None:
+            trained_at = dict(self._train_stack)
+            after = True
+            for key, line in program_stack(sys._getframe(2)):  # innermost first
+                other = trained_at.get(key)
+                if other is not None and other != line:
+                    after = line > other
+                    if not after:
+                        log.info("a run that updates the training state comes before the "
+                                 "training run in the program's loop (line %d, the training "
+                                 "run's %d): it begins a step", line, other)
+                    break
+            hit = self._order[id(info)] = (info, after)
+        return hit[1]
 
     def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
         if info.reads_global_step and adapter is self.adapter:
@@ -225,6 +284,9 @@ class Controller:
         `rehearse` runs this very training run on the ungated session (warm mode).
         """
         self.saw_run(adapter, info)
+        if not before and info.changes_state and not (
+                info.initializes_some or info.initializes or info.restores):
+            self._prelude[id(info)] = info  # classifications are cached: one object per kind
         if self.trained:
             if before and info.is_training:
                 self._training_elsewhere(adapter)
@@ -296,6 +358,8 @@ class Controller:
             return  # commands wait for the run that completes this step
         if info.advances_step:
             self._after_advance = True
+            self._tail_updated = False
+            self._train_stack = program_stack(sys._getframe(1))
             if self._trailing:  # the step ends with updates in runs of their own (before_run)
                 self._cut_pending = True
                 return

@@ -995,3 +995,63 @@ def test_fetching_the_op_that_increments_the_step_is_no_read_of_it(
     ack = acks(controller)[-1]
     assert not ack.ok and "not migratable" in ack.message
 
+
+@pytest.mark.parametrize("order", ["read_between", "summary_between", "every_k", "before",
+                                   "every_k_before"])
+def test_an_update_after_the_step_is_read_is_part_of_the_step(order: str,
+                                                               tmp_path: Path) -> None:
+    """`sess.run(train); step = sess.run(gs); sess.run(ema_op)` (or a summary fetched, fed,
+    in between; or a rate halved in a run of its own when the step read is a multiple of
+    5): a run that updates the training state after the step advanced, with a read in
+    between. The shim waited only for such a run right after the training run, so it took
+    a checkpoint between the read and the update, and a restored copy, resuming at the
+    next step, never made it (a migrated job ended with another average or rate). Now
+    runs that change nothing are looked through. An update run before the first training
+    step (`before`: `sess.run(ema_op); sess.run(train)`), or earlier in the program's loop
+    than its training run (`every_k_before`: the halving at the top of the loop, which a
+    restored copy makes again), begins a step: not waited for."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3])
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+        rate = tf.compat.v1.get_variable("rate", initializer=0.1, trainable=False)
+        halve = rate.assign(rate * 0.5)
+        loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w)))
+        summary = tf.compat.v1.summary.scalar("loss", loss)
+        train = tf.compat.v1.train.GradientDescentOptimizer(rate).minimize(loss, global_step=gs)
+        ema = tf.compat.v1.train.ExponentialMovingAverage(0.5)
+        ema_op = ema.apply([w])
+        feed = {x: np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)}
+        sess.run(tf.compat.v1.global_variables_initializer())
+        step = sess.run(gs)
+        state = [ema.average(w), rate, gs]
+        seen = {}
+        while step < 12:
+            # Pending at the end of step 8 or 9 (every_k: just before the halving at 10).
+            if step == {"every_k": 9, "every_k_before": None}.get(order, 8):
+                ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            if order == "every_k_before" and step % 5 == 0 and step:
+                sess.run(halve)
+            if order == "before":
+                sess.run(ema_op)
+            sess.run(train, feed)
+            if order == "every_k_before" and step == 9:  # pending from step 10 on
+                ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            if order == "summary_between":
+                sess.run(summary, feed)
+                sess.run(ema_op)
+            step = int(sess.run(gs))
+            if order == "read_between":
+                sess.run(ema_op)
+            elif order == "every_k" and step % 5 == 0:
+                sess.run(halve)
+            seen[step] = sess.run(state)  # as a restarted copy starts from
+        ack = acks(ctl)[0]
+        # After the updates of the step it was enqueued at (pending still), or the next.
+        assert ack.ok and ack.step in (8, 9, 10, 11)
+    prefix = str(tmp_path / "ck" / "model")
+    average, at_rate, at = seen[ack.step]
+    assert tf.train.load_variable(prefix, "global_step") == at == ack.step
+    np.testing.assert_array_equal(tf.train.load_variable(prefix, "w/ExponentialMovingAverage"),
+                                  average)
+    assert tf.train.load_variable(prefix, "rate") == at_rate
