@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -252,7 +253,7 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
         try:
             return read_trace_as(args.trace, args.format)
         except TraceError as exc:
-            if exc.line is None:
+            if exc.line is None or not exc.skippable:  # the file as a whole: --skip-invalid cannot help
                 raise
             raise TraceError(args.trace, exc.line, f"{exc.reason} (or --skip-invalid: leave out every job "
                                                    f"line that cannot be replayed, counted by reason)") from None
@@ -278,6 +279,14 @@ def skip_reasons(skipped: list[TraceError]) -> dict[str, tuple[int, TraceError]]
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # Ctrl-C in a long replay: one line, nothing printed to stdout
+        print("gandiva sim: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
     err = _console(stderr=True)
     try:
         names = _policies(args)
@@ -294,6 +303,8 @@ def run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise ValueError(f"--plot {args.plot}: cannot create the folder ({exc.strerror or exc}); "
                                  f"give a folder you can write") from None
+            if not os.access(args.plot, os.W_OK | os.X_OK):
+                raise ValueError(f"--plot {args.plot}: the folder is not writable; give a folder you can write")
         model = _model(args, fmt)
         config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
                               max_jobs_per_gpu=args.max_jobs_per_gpu,
@@ -317,8 +328,11 @@ def run(args: argparse.Namespace) -> int:
             err.print(f"gandiva sim: [red]error:[/red] {escape(str(exc))}")
             return 2
         err.print(f"offered load {load:.3f} -> {args.target_load}: arrival times x{factor:.4f}")
-    else:
+    elif math.isfinite(load):
         err.print(f"offered load {load:.3f} (use --target-load to change it)")
+    else:  # one job, or all arriving at once: no span to spread them over, nothing to scale
+        err.print("offered load: not defined (" + ("one job" if len(jobs) < 2 else "all jobs arrive at the same time")
+                  + "; --target-load cannot scale it)")
     err.print(f"{len(jobs)} jobs on {args.cluster} ({sum(s.num_gpus for s in servers)} GPUs); "
               f"rates from {model.source}")
     if args.host_memory_gib:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,15 @@ def write_plots(results: dict[str, SimResult], directory: Path) -> list[Path]:
         ax.legend()
         path = directory / name
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        # Written whole or not at all: into a temporary file beside it, then renamed over
+        # it, so an interrupted run never leaves a truncated PNG (or loses the last good one).
+        tmp = directory / f".{name}.{os.getpid()}.tmp"
+        try:
+            fig.savefig(tmp, dpi=120, format="png")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+            plt.close(fig)
         return path
 
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +37,12 @@ from scheduler.validation import MAX_GPUS
 
 FORMATS = ("auto", "gavel7", "gavel10", "tiresias", "itp", "csv")
 MAX_TRACE_BYTES = 1 << 30  # 1 GiB: some 20 million jobs; the largest trace we know is 1 MB
+# Beyond these a number is a unit mistake (milliseconds) or garbage, not a job: the longest
+# job of the traces we know ran 18 days; their longest run is 8.7e8 steps; a submit time in
+# Unix seconds is 1.7e9.
+MAX_DURATION_S = 365 * 86400.0
+MAX_STEPS = 1e13
+MAX_SUBMIT_S = 1e11
 
 # CSV columns: the names a header may give each role (any case, any order), and the order of
 # each format's columns when it has no header.
@@ -69,6 +76,7 @@ class TraceError(ValueError):
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {message}")
         self.line, self.reason = line, message
+        self.skippable = False  # a job line --skip-invalid would leave out (set by _Rows.fail)
 
 
 @dataclass(frozen=True)
@@ -87,38 +95,48 @@ class JobSpec:
     multi_job: str | None = None
 
 
-def _num(text: str, what: str, path: Path, line: int, kind: type = float) -> float:
+def _shown(text: str, limit: int = 40) -> str:
+    """A field's text quoted for a message, cut short: the message stays one short line."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def _num(text: str, what: str, path: Path, line: int, kind: type = float, most: float = math.inf,
+         unit: str = "") -> float:
+    """``most``: the largest value that is a job's (``unit`` says it in words)."""
     text = text.strip()
     if not text:
         raise TraceError(path, line, f"{what} is missing")
     try:
         value = float(text)
     except ValueError:
-        raise TraceError(path, line, f"{what} {text!r} is not a number") from None
+        raise TraceError(path, line, f"{what} {_shown(text)} is not a number") from None
     if not math.isfinite(value):
-        raise TraceError(path, line, f"{what} {text!r} is not a finite number")
+        raise TraceError(path, line, f"{what} {_shown(text)} is not a finite number")
     if kind is int:
         if value != int(value):
-            raise TraceError(path, line, f"{what} {text!r} is not a whole number")
+            raise TraceError(path, line, f"{what} {_shown(text)} is not a whole number")
         value = int(value)
     if value < 0:
-        raise TraceError(path, line, f"{what} {text!r} is negative")
+        raise TraceError(path, line, f"{what} {_shown(text)} is negative")
+    if value > most:
+        raise TraceError(path, line, f"{what} {_shown(text)} is more than {unit or f'{most:g}'}: not a job "
+                                     f"this reader replays (is the unit right?)")
     return value
 
 
 def _gpus(text: str, path: Path, line: int) -> int:
     n = int(_num(text, "GPU count", path, line, int))
     if n < 1:
-        raise TraceError(path, line, f"GPU count {text!r} must be at least 1")
+        raise TraceError(path, line, f"GPU count {_shown(text)} must be at least 1")
     if n > MAX_GPUS:
-        raise TraceError(path, line, f"GPU count {text!r} is more than {MAX_GPUS}")
+        raise TraceError(path, line, f"GPU count {_shown(text)} is more than {MAX_GPUS}")
     return n
 
 
-def _positive(text: str, what: str, path: Path, line: int) -> float:
-    value = _num(text, what, path, line)
+def _positive(text: str, what: str, path: Path, line: int, most: float = math.inf, unit: str = "") -> float:
+    value = _num(text, what, path, line, most=most, unit=unit)
     if value <= 0:
-        raise TraceError(path, line, f"{what} {text!r} must be positive (a job of no length "
+        raise TraceError(path, line, f"{what} {_shown(text)} must be positive (a job of no length "
                                      f"cannot be replayed: fix or remove the line)")
     return value
 
@@ -147,19 +165,19 @@ class _Times:
         if self.kind is None:
             self.kind = (kind, line)
         elif self.kind[0] != kind:
-            raise TraceError(self.path, line, f"{self.what} {text.strip()!r} is a {kind} but line "
+            raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is a {kind} but line "
                                               f"{self.kind[1]}'s is a {self.kind[0]}: use one kind for "
                                               f"every job")
         if stamp is not None:
             return stamp, True
         try:
-            return _num(text, self.what, self.path, line), False
+            return _num(text, self.what, self.path, line, most=MAX_SUBMIT_S, unit="1e11 s (3,000 years)"), False
         except TraceError as exc:
             if "not a number" in str(exc):
-                raise TraceError(self.path, line, f"{self.what} {text.strip()!r} is neither seconds nor an "
+                raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is neither seconds nor an "
                                                   f"ISO 8601 date (e.g. 2021-03-01 10:00:00)") from None
             if "is negative" in str(exc):
-                raise TraceError(self.path, line, f"{self.what} {text.strip()!r} is negative; shift the "
+                raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is negative; shift the "
                                                   f"trace's times so that none is before 0") from None
             raise
 
@@ -173,6 +191,7 @@ class _Rows:
         self.count = 0
 
     def fail(self, exc: TraceError) -> None:
+        exc.skippable = True
         if self.skipped is None:
             raise exc
         self.skipped.append(exc)
@@ -206,9 +225,9 @@ def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
                 priority = max(1, int(_num(cols[7], "priority weight", path, line)))
             jobs.append(JobSpec(
                 id=f"{path.stem}-{len(jobs)}",
-                submit_time=_num(arrival, "arrival time", path, line),
+                submit_time=_num(arrival, "arrival time", path, line, most=MAX_SUBMIT_S, unit="1e11 s (3,000 years)"),
                 num_gpus=_gpus(gpus, path, line), model=cols[0],
-                total_steps=_positive(steps, "total steps", path, line), priority=priority,
+                total_steps=_positive(steps, "total steps", path, line, most=MAX_STEPS), priority=priority,
             ))
         except TraceError as exc:
             errors.fail(exc)
@@ -221,12 +240,18 @@ def _norm(cell: str) -> str:
     return cell.strip().strip('"').strip().lower().replace(" ", "_")
 
 
-def _header_roles(cells: list[str]) -> dict[str, int]:
-    """Role -> column index of the names a header row gives (empty when it names none)."""
+def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> dict[str, int]:
+    """Role -> column index of the names a header row gives (empty when it names none).
+    With ``path``, a role named by two columns (`duration` and `duration_s`) is a
+    TraceError: which one the replay should use is not for the reader to guess."""
     roles: dict[str, int] = {}
     for index, cell in enumerate(cells):
         name = _norm(cell)
         for role, names in NAMES.items():
+            if name in names and role in roles and path is not None:
+                raise TraceError(path, line, f"the header names the {names[0]} twice, in columns "
+                                             f"{roles[role] + 1} ({cells[roles[role]].strip()}) and {index + 1} "
+                                             f"({cell.strip()}): keep one of them")
             if name in names and role not in roles:
                 roles[role] = index
     return roles
@@ -248,8 +273,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         sep = ";" if ";" in first[0] else "|"
         raise TraceError(path, rows[0][0], f"one column only, its fields separated by {sep!r}: save the trace "
                                            f"with commas (or tabs for a Gavel trace)")
-    roles = _header_roles(first)
+    roles = _header_roles(first, path, rows[0][0])
     header_line = 0
+    header: list[str] = []
     if roles:
         header_line, header = rows[0][0], rows[0][1]
         rows = rows[1:]
@@ -265,6 +291,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         counts: tuple[int, ...] = tuple(range(need, len(header) + 1))
         note = f" (the header on line {header_line} names {len(header)}; a field with a comma must be quoted)"
     else:
+        if "num_gpu_p_node" in {_norm(c) for c in first}:
+            raise TraceError(path, rows[0][0], f"a Tiresias cluster description, not a job trace: give its "
+                                               f"size as --cluster{_tiresias_cluster(first, rows[1:])}")
         if all(not _is_number(c) and _date(c) is None for c in rows[0][1]):
             raise TraceError(path, rows[0][0], f"the header names none of the columns this reader knows; "
                                                f"name them {HEADERS[fmt]} (any order and case)")
@@ -278,6 +307,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
     errors = _Rows(skipped)
     for line, cols in rows:
         try:
+            if header_line and cols == header:
+                raise TraceError(path, line, f"the header of line {header_line} again (two traces joined?): "
+                                             f"remove this line")
             if len(cols) not in counts:
                 hint = note
                 if fmt == "csv" and not header_line and len(cols) >= 6:
@@ -289,7 +321,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 if not raw:
                     raise TraceError(path, line, "job id is missing")
                 if raw in seen:
-                    raise TraceError(path, line, f"job id {raw!r} is also on line {seen[raw]}: job ids must be "
+                    raise TraceError(path, line, f"job id {_shown(raw)} is also on line {seen[raw]}: job ids must be "
                                                  f"unique (rename one, or remove the repeated line)")
                 job_id = f"{path.stem}-{raw}"
             else:
@@ -298,7 +330,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
             model = cols[roles["model"]].strip() if "model" in roles and roles["model"] < len(cols) else ""
             job = JobSpec(
                 id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line), model=model,
-                duration_s=_positive(cols[roles["duration"]], "duration", path, line),
+                duration_s=_positive(cols[roles["duration"]], "duration", path, line, most=MAX_DURATION_S,
+                                     unit="a year (31,536,000 s)"),
             )
         except TraceError as exc:
             errors.fail(exc)
@@ -315,6 +348,17 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         jobs = [JobSpec(id=j.id, submit_time=j.submit_time - start, num_gpus=j.num_gpus, model=j.model,
                         duration_s=j.duration_s) for j in jobs]
     return jobs
+
+
+def _tiresias_cluster(header: list[str], rows: list[tuple[int, list[str]]]) -> str:
+    """` SERVERSxGPUS` of a Tiresias cluster file (num_switch,num_node_p_switch,num_gpu_p_node,...)."""
+    names = [_norm(c) for c in header]
+    try:
+        row = dict(zip(names, rows[0][1], strict=False))
+        servers = int(row.get("num_switch", "1") or "1") * int(row["num_node_p_switch"])
+        return f" {servers}x{int(row['num_gpu_p_node'])}"
+    except (IndexError, KeyError, ValueError):
+        return " SERVERSxGPUS"
 
 
 def detect_format(first: str) -> str:
@@ -350,11 +394,23 @@ def _lines(path: Path) -> list[tuple[int, str]]:
         raise TraceError(path, None, f"cannot read trace: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise TraceError(path, None, f"not UTF-8 text (byte {exc.start}): save the trace as UTF-8") from None
-    lines = [(i, ln) for i, ln in enumerate(text.splitlines(), start=1)
+    # Lines end at \n, \r\n or \r only (str.splitlines also splits at form feeds, \x1c-\x1e and
+    # U+2028, which would shift every later line number from what an editor shows).
+    lines = [(i, ln) for i, ln in enumerate(_LINE_END.split(text), start=1)
              if ln.strip() and not ln.lstrip().startswith("#")]
+    for i, ln in lines:
+        # A trace is plain text: a control character (a terminal escape in a job id) would
+        # reach the terminal in the messages that name the job.
+        if bad := _CONTROL.search(ln):
+            raise TraceError(path, i, f"control character {bad[0]!r} at column {bad.start() + 1}: a trace is "
+                                      f"plain text; remove it")
     if not lines:
         raise TraceError(path, None, "trace is empty (no line but blank ones and # comments)")
     return lines
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
@@ -394,6 +450,9 @@ def read_trace_as(path: str | Path, fmt: str = "auto",
             try:
                 rows.append((i, [c.strip() for c in next(csv.reader([ln], strict=True))]))
             except csv.Error as exc:
+                if "field larger than field limit" in str(exc):
+                    raise TraceError(path, i, f"a field longer than {csv.field_size_limit():,} characters: "
+                                              f"not a trace line") from None
                 raise TraceError(path, i, f"not a CSV line ({exc}): check its quotes") from None
         jobs = _read_csv(path, rows, fmt, skipped)
     if not jobs:

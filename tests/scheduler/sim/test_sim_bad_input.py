@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from gandiva_cli import main as gandiva_main
 from scheduler.sim.engine import make_cluster
+from scheduler.sim.trace import TraceError, read_trace_as
+
+
+@pytest.fixture
+def gandiva(capsys: pytest.CaptureFixture[str]) -> Callable[..., Any]:
+    """`gandiva ARGS...` in process: (code, out, err)."""
+    class Result:
+        def __init__(self, code: int, out: str, err: str) -> None:
+            self.code, self.out, self.err = code, out, err
+
+        def __repr__(self) -> str:
+            return f"Result({self.code}, {self.out!r}, {self.err!r})"
+
+    def run(*argv: str) -> Result:
+        capsys.readouterr()
+        code = gandiva_main.main(list(argv))
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
 
 
 @pytest.mark.parametrize("spec", [" 2x3", "+2x3", "2_0x4", "\u0662x4", "2x3x4", "2x", "x4", "2*4"])
@@ -18,3 +43,109 @@ def test_servers_of_any_gpu_count_are_a_cluster() -> None:
     """2x3 is valid: a server has the GPUs its helper reports (live too); only a job's
     request must be a power of two."""
     assert [s.num_gpus for s in make_cluster("2x3")] == [3, 3] and len(make_cluster("3X8")) == 3
+
+
+ITP = "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration\n"
+
+
+def _error(tmp_path: Path, text: str | bytes, skipped: list | None = None) -> TraceError:
+    trace = tmp_path / "t.csv"
+    trace.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(TraceError) as err:
+        read_trace_as(trace, skipped=skipped)
+    return err.value
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    # A terminal escape in a job id reached the terminal in "makespan lower bound: job ...".
+    (ITP + "\x1b[2J\x1b[31mEVIL,0,1,bert,1,1,1,100\n", "t.csv:2: control character '\\x1b' at column 1"),
+    (ITP + "a,0,1,bert\x07,1,1,1,100\n", "t.csv:2: control character '\\x07' at column 11"),
+    # str.splitlines split at the form feed: every later line number was one off.
+    ("submit_time,num_gpus,duration\n0,1,100\x0c\n5,1,abc\n", "t.csv:2: control character '\\x0c'"),
+    # Two columns for one role: the first was used without a word.
+    ("submit_time,num_gpus,duration,duration_s\n0,1,100,5\n",
+     "t.csv:1: the header names the duration twice, in columns 3 (duration) and 4 (duration_s)"),
+    ("submit_time,num_gpus,duration\n0,1,100\nsubmit_time,num_gpus,duration\n5,1,100\n",
+     "t.csv:3: the header of line 1 again (two traces joined?)"),
+    # 1e300 replayed, printing a 300-digit makespan bound.
+    (ITP + "a,0,1,bert,1,1,1,1e300\n", "t.csv:2: duration '1e300' is more than a year (31,536,000 s)"),
+    (ITP + "a,1e300,1,bert,1,1,1,100\n", "t.csv:2: submit time '1e300' is more than 1e11 s"),
+    ("m\tcmd\t-n\t1\t1e300\t0\t1\n", "t.csv:1: total steps '1e300' is more than 1e+13"),
+    # The whole 100,000-digit field was in the message.
+    (ITP + "a,0,1,bert,1,1," + "1" * 100_000 + ",100\n",
+     f"GPU count {'1' * 40!r}... (100,000 characters) is not a finite number"),
+    (ITP + "a,0,1," + "x" * 200_000 + ",1,1,1,100\n", "t.csv:2: a field longer than 131,072 characters"),
+    ("num_switch,num_node_p_switch,num_gpu_p_node,num_cpu_p_node,mem_p_node\n1,32,4,40,256\n",
+     "t.csv:1: a Tiresias cluster description, not a job trace: give its size as --cluster 32x4"),
+])
+def test_a_bad_trace_is_one_short_line_naming_the_line(tmp_path: Path, text: str, says: str) -> None:
+    err = _error(tmp_path, text)
+    assert says in str(err) and len(str(err)) < 400 and str(err).isprintable(), str(err)
+
+
+def test_skip_invalid_is_offered_only_where_it_helps(tmp_path: Path, gandiva: Any) -> None:
+    """Every error with a line number ended in "(or --skip-invalid: leave out every job line...)",
+    also those of the file as a whole (a header, a quote), which --skip-invalid does not change."""
+    trace = tmp_path / "t.csv"
+    for text, hint in ((ITP + "a,0,1,bert,1,1,0,100\n", True), ('submit_time,num_gpus,duration\n0,1,"100\n', False),
+                       ("submit_time,num_gpus,duration,gpus\n0,1,100,1\n", False)):
+        trace.write_text(text)
+        r = gandiva("sim", "--trace", str(trace), "--no-progress", "--policy", "fifo")
+        assert r.code == 2 and r.out == "" and r.err.count("\n") == 1, r
+        assert ("--skip-invalid" in r.err) == hint, r.err
+        assert "--skip-invalid" not in str(_error(tmp_path, text, skipped=[])) or hint
+
+
+def test_offered_load_of_jobs_arriving_at_once_is_not_a_number_to_scale(tmp_path: Path, gandiva: Any) -> None:
+    """It printed `offered load inf (use --target-load to change it)`, and --target-load then
+    refused: all jobs arrive at the same time (Gavel's physical-cluster traces)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,1,100\n0,2,100\n")
+    r = gandiva("sim", "--trace", str(trace), "--no-progress", "--policy", "fifo", "-o", "json")
+    assert r.code == 0 and "offered load: not defined (all jobs arrive at the same time; --target-load cannot" in r.err
+    assert "inf" not in r.err
+
+
+def test_plots_are_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fig.savefig wrote straight into the PNG: a run stopped while writing left a truncated
+    file in place of the last good one."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    from scheduler.policy.registry import get_policy
+    from scheduler.policy.types import PolicyConfig
+    from scheduler.sim.engine import Simulator
+    from scheduler.sim.generator import generate
+    from scheduler.sim.model import MechanismModel
+    from scheduler.sim.plots import write_plots
+
+    result = Simulator(generate(5, seed=1), make_cluster("2x4"), get_policy("fifo", PolicyConfig()),
+                       MechanismModel.default()).run()
+    (tmp_path / "jct_cdf.png").write_bytes(b"the last good plot")
+    real = matplotlib.figure.Figure.savefig
+
+    def stopped_half_way(self: Any, fname: Any, **kwargs: Any) -> None:
+        Path(fname).write_bytes(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", stopped_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        write_plots({"fifo": result}, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jct_cdf.png"]
+    assert (tmp_path / "jct_cdf.png").read_bytes() == b"the last good plot"
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", real)
+    written = write_plots({"fifo": result}, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in written)
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
+
+
+def test_ctrl_c_in_a_replay_is_one_line_and_exit_130(gandiva: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler.sim import engine
+
+    def interrupted(self: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.Simulator, "run", interrupted)
+    r = gandiva("sim", "--jobs", "5", "--no-progress")
+    assert (r.code, r.out, r.err.splitlines()[-1]) == (130, "", "gandiva sim: interrupted")
+    assert "Traceback" not in r.err
