@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import logging
 import math
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -54,6 +55,11 @@ T = TypeVar("T")
 
 # Exit code agreed with tf_runtime (tf_runtime.EXIT_MIGRATED): stopped for a migration.
 EXIT_MIGRATED = 75
+# A job process killed by SIGKILL that Gandiva did not send (the kernel's OOM killer, most
+# often: a server's memory is shared by every job packed or suspended there) is re-queued
+# to resume from its restore point, this many times at most; then it fails.
+KILLED_RESTARTS = 2
+KILLED = "its process was killed by SIGKILL"
 
 
 # The lease must run out this long before the scheduler gives up on a server: the
@@ -763,13 +769,29 @@ class SchedulerCore:
                 return  # killed already, or already re-queued
             if state is JobState.MIGRATING and req.exit_code == EXIT_MIGRATED:
                 return  # the source stopping for the migration in progress, as planned
+            # Not "stopped": the helper itself sends SIGKILL to a launch that outlives the
+            # grace of its stop.
+            sigkill = req.exit_code == -signal.SIGKILL and req.reason != "stopped"
+            if state is JobState.MIGRATING and sigkill:
+                # The migration in progress decides: without its checkpoint confirmed it
+                # fails and re-queues the job from its restore point; with it, it goes on.
+                return
             job.exit_code = req.exit_code
+            restarts = await repo.transitions_with_reason(s, job.id, KILLED) if sigkill else 0
             if req.exit_code == EXIT_MIGRATED:
                 await repo.requeue(s, job, now, "stopped with a checkpoint; re-placing")
+            elif sigkill and restarts < KILLED_RESTARTS:
+                n = restarts + 1
+                where = (f"resumes from its checkpoint {job.restore_checkpoint}" if job.restore_checkpoint
+                         else "starts again from step 0 (no checkpoint yet)")
+                await repo.requeue(s, job, now, f"{KILLED} (out of memory?), not by Gandiva: it {where} "
+                                   f"(restart {n} of {KILLED_RESTARTS}; then it fails)")
             elif req.exit_code == 0 and state is not JobState.SUSPENDED:
                 await repo.finish(s, job, JobState.SUCCEEDED, now, req.reason or "finished")
             else:
                 why = req.reason or f"exited with status {req.exit_code}"
+                if sigkill:
+                    why += f" (out of memory?), not by Gandiva, {KILLED_RESTARTS + 1} times"
                 if state is JobState.SUSPENDED and req.exit_code == 0:
                     why = "its process exited while suspended"
                 await repo.finish(s, job, JobState.FAILED, now, why)

@@ -364,6 +364,13 @@ async def resume_from_migration(session: AsyncSession, job: Job, migration: Migr
     return f"will resume from step {migration.step} (its checkpoint is on {holder})"
 
 
+async def transitions_with_reason(session: AsyncSession, job_id: str, prefix: str) -> int:
+    """How many of the job's state changes had a reason starting with ``prefix``."""
+    query = select(func.count()).select_from(Transition).where(
+        Transition.job_id == job_id, Transition.reason.startswith(prefix, autoescape=True))
+    return int((await session.execute(query)).scalar_one())
+
+
 async def requeue(
     session: AsyncSession, job: Job, now: float, reason: str, fenced_until: float = 0.0
 ) -> None:

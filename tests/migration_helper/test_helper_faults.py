@@ -110,3 +110,54 @@ def test_destination_lost_mid_transfer_restarts_the_job_at_its_source_at_once(
     assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, (done.message, done.steps)
     ends = [t.to_state for t in done.history if t.to_state in DONE]
     assert ends == [common_pb2.JOB_STATE_SUCCEEDED]
+
+
+def test_a_job_process_killed_by_sigkill_resumes_from_its_checkpoint_then_fails_if_it_keeps_dying(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """A job's process SIGKILLed by something other than Gandiva (the kernel's OOM killer,
+    most often: every job packed or suspended on a server shares its memory) is re-queued
+    and resumes from its last periodic checkpoint, saying why; it used to fail at once,
+    its training lost. One that keeps being killed fails on the third kill, saying so."""
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=3.0, checkpoint_interval_s=0.5)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    helpers("s1", sched.address)
+
+    def submit(steps: int) -> str:
+        spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1,
+                                  env={"FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.02"})
+        return api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+
+    def job(job_id: str) -> common_pb2.Job:
+        return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+
+    def kill(job_id: str) -> None:
+        (pid,) = wait_for(lambda: _job_pids(job_id, warm=False), 20)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: pid not in _job_pids(job_id, warm=False), 10)
+
+    steps = 300
+    a = submit(steps)
+    checkpoints = wait_for(lambda: [e.message for e in api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=a)).events
+                                    if e.kind == "job.checkpoint"], 30)
+    kill(a)
+    done = wait_for(lambda: (j := job(a)).state in DONE and j, 60)
+    reasons = [t.reason for t in done.history]
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, (done.message, reasons)
+    assert any(r.startswith("its process was killed by SIGKILL (out of memory?), not by Gandiva: it resumes from "
+                            "its checkpoint") and "(restart 1 of 2" in r for r in reasons), reasons
+    assert any("resuming from" in r for r in reasons), reasons
+    assert int(checkpoints[0].split()[1]) > 0
+    assert [t.to_state for t in done.history].count(common_pb2.JOB_STATE_SUCCEEDED) == 1
+
+    b = submit(0)
+    for n in range(3):
+        wait_for(lambda: job(b).state == common_pb2.JOB_STATE_RUNNING, 30)
+        kill(b)
+        if n < 2:
+            wait_for(lambda n=n: f"(restart {n + 1} of 2" in job(b).history[-1].reason
+                     or job(b).state == common_pb2.JOB_STATE_RUNNING, 10)
+    failed = wait_for(lambda: (j := job(b)).state in DONE and j, 30)
+    assert failed.state == common_pb2.JOB_STATE_FAILED
+    assert failed.message == "killed by signal SIGKILL (out of memory?), not by Gandiva, 3 times", failed.message
