@@ -25,6 +25,9 @@ from scheduler.sim.trace import JobSpec
 GPU_MIX = ((1, 0.70), (2, 0.04), (4, 0.13), (8, 0.11), (16, 0.015), (32, 0.005))
 
 
+MAX_JOBS = 1_000_000
+
+
 def generate(
     num_jobs: int,
     seed: int = 0,
@@ -37,6 +40,9 @@ def generate(
     """``num_jobs`` jobs sorted by submit time; deterministic for a given seed."""
     if num_jobs < 1:
         raise ValueError(f"num_jobs must be at least 1, got {num_jobs}")
+    if num_jobs > MAX_JOBS:  # a typo (--jobs 100000000) must not fill the memory for minutes
+        raise ValueError(f"--jobs {num_jobs:,} is more than the generator makes ({MAX_JOBS:,}; the largest "
+                         f"trace we know has 15,802 jobs)")
     rng = random.Random(seed)
     models = sorted(DEFAULT_MODELS)
     sizes = [g for g, _ in GPU_MIX if g <= max_gpus] or [1]

@@ -441,6 +441,21 @@ def read_trace_as(path: str | Path, fmt: str = "auto",
     lines = _lines(path)
     if fmt == "auto":
         fmt = _detect(path, lines)
+    else:
+        try:
+            return _read_as(path, lines, fmt, skipped)
+        except TraceError as exc:
+            # A --format that is not the file's: say what it reads as without it.
+            detected = detect_format(lines[0][1])
+            if detected == fmt or detected not in FORMATS or (exc.skippable and exc.line != lines[0][0]):
+                raise  # (a job line's own error, past the first: not the --format's doing)
+            raise TraceError(path, exc.line, f"{exc.reason} (--format {fmt}; the file's first line reads as "
+                                             f"{detected}: leave --format out)") from None
+    return _read_as(path, lines, fmt, skipped)
+
+
+def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str,
+             skipped: list[TraceError] | None) -> tuple[list[JobSpec], str]:
     if fmt in ("gavel7", "gavel10"):
         rows = [(i, ln.rstrip().split("\t")) for i, ln in lines]
         jobs = _read_gavel(path, rows, 7 if fmt == "gavel7" else 10, skipped)

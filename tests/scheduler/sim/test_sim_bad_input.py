@@ -149,3 +149,18 @@ def test_ctrl_c_in_a_replay_is_one_line_and_exit_130(gandiva: Any, monkeypatch: 
     r = gandiva("sim", "--jobs", "5", "--no-progress")
     assert (r.code, r.out, r.err.splitlines()[-1]) == (130, "", "gandiva sim: interrupted")
     assert "Traceback" not in r.err
+
+
+def test_a_format_that_is_not_the_files_says_what_it_reads_as(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(ITP + "a,0,1,bert,1,1,1,100\n")
+    with pytest.raises(TraceError, match=r"t.csv:1: expected 7 tab-separated columns, got 1 \(--format gavel7; "
+                                         r"the file's first line reads as itp: leave --format out\)"):
+        read_trace_as(trace, "gavel7")
+    assert read_trace_as(trace, "itp")[1] == "itp"
+
+
+def test_a_generated_workload_is_bounded(gandiva: Any) -> None:
+    """`--jobs 100000000` (a typo) generated for minutes, filling the memory."""
+    r = gandiva("sim", "--jobs", "100000000", "--no-progress")
+    assert (r.code, r.out) == (2, "") and "--jobs 100,000,000 is more than the generator makes (1,000,000" in r.err
