@@ -162,11 +162,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """The user whose jobs' events the caller may see (None: all)."""
         check_text("job_id", job_id, 64)
         ident = auth.current()
-        if ident.sees_all:
-            return None
-        if job_id:
-            await self._own_job(job_id)
-        return ident.name
+        if job_id:  # NOT_FOUND for an id no job has (a typo was an empty list, or a silent watch)
+            await self._own_job(job_id) if not ident.sees_all else await self.core.get_job(job_id)
+        return None if ident.sees_all else ident.name
 
     @grpc_errors
     async def ListEvents(self, request, context):  # type: ignore[no-untyped-def]

@@ -40,3 +40,21 @@ def test_a_bad_map_key_is_named_on_one_line(scheduler_server: Any, key: str) -> 
             details = err.value.details() or ""
             assert details.isprintable() and details.startswith("spec.params[" if field == "params" else "spec.env[A]")
         assert list(stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10).jobs) == []
+
+
+def test_events_of_a_job_no_one_has_are_not_found(scheduler_server: Any) -> None:
+    """`gandiva get events --job <typo>` printed an empty table (exit 0), and a watch of it
+    waited forever; a user's token already got NOT_FOUND, an operator's did not."""
+    import grpc
+
+    from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    with grpc.insecure_channel(scheduler_server.address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id="j-nope"), timeout=10)
+        assert (err.value.code(), err.value.details()) == (grpc.StatusCode.NOT_FOUND, "job 'j-nope' not found")
+        with pytest.raises(grpc.RpcError) as err:
+            next(stub.WatchEvents(scheduler_pb2.WatchEventsRequest(job_id="j-nope"), timeout=10))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert stub.ListEvents(scheduler_pb2.ListEventsRequest(), timeout=10) is not None
