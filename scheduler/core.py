@@ -778,14 +778,18 @@ class SchedulerCore:
                 return
             job.exit_code = req.exit_code
             restarts = await repo.transitions_with_reason(s, job.id, KILLED) if sigkill else 0
+            where = (f"resumes from its checkpoint {job.restore_checkpoint}" if job.restore_checkpoint
+                     else "starts again from step 0 (no checkpoint yet)")
             if req.exit_code == EXIT_MIGRATED:
                 await repo.requeue(s, job, now, "stopped with a checkpoint; re-placing")
+            elif req.reason == "stopped" and req.exit_code != 0:
+                # The current launch of a job still placed there, stopped by its helper on
+                # its own: the helper is shutting down (SIGTERM, `systemctl restart`). Not
+                # the job's failure: it used to fail every job of a helper restarted cleanly.
+                await repo.requeue(s, job, now, f"its helper on {req.server} stopped (shutting down): it {where}")
             elif sigkill and restarts < KILLED_RESTARTS:
-                n = restarts + 1
-                where = (f"resumes from its checkpoint {job.restore_checkpoint}" if job.restore_checkpoint
-                         else "starts again from step 0 (no checkpoint yet)")
                 await repo.requeue(s, job, now, f"{KILLED} (out of memory?), not by Gandiva: it {where} "
-                                   f"(restart {n} of {KILLED_RESTARTS}; then it fails)")
+                                   f"(restart {restarts + 1} of {KILLED_RESTARTS}; then it fails)")
             elif req.exit_code == 0 and state is not JobState.SUSPENDED:
                 await repo.finish(s, job, JobState.SUCCEEDED, now, req.reason or "finished")
             else:

@@ -55,8 +55,9 @@ def helpers(tmp_path: Path) -> Iterator[Callable[[str, str], subprocess.Popen[st
 
     yield start
     for proc in procs:
-        os.kill(proc.pid, signal.SIGCONT)
-        proc.terminate()
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.terminate()
     for proc in procs:
         try:
             proc.wait(15)
@@ -112,43 +113,53 @@ def test_destination_lost_mid_transfer_restarts_the_job_at_its_source_at_once(
     assert ends == [common_pb2.JOB_STATE_SUCCEEDED]
 
 
-def test_a_job_process_killed_by_sigkill_resumes_from_its_checkpoint_then_fails_if_it_keeps_dying(
+def test_a_job_whose_process_or_helper_is_stopped_from_outside_resumes_from_its_checkpoint(
     make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
 ) -> None:
     """A job's process SIGKILLed by something other than Gandiva (the kernel's OOM killer,
-    most often: every job packed or suspended on a server shares its memory) is re-queued
-    and resumes from its last periodic checkpoint, saying why; it used to fail at once,
-    its training lost. One that keeps being killed fails on the third kill, saying so."""
+    most often: every job packed or suspended on a server shares its memory), and then its
+    helper stopped cleanly and started again (SIGTERM: `systemctl restart`): each time the
+    job is re-queued and resumes from its last periodic checkpoint, saying why, and ends
+    once with all its steps. Both used to fail the job at once ("killed by signal
+    SIGKILL", "stopped"). A job that keeps being killed fails on the third kill, saying so."""
     settings = Settings(heartbeat_interval_s=0.2, down_after_s=3.0, checkpoint_interval_s=0.5)
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
-    helpers("s1", sched.address)
+    helper = helpers("s1", sched.address)
 
     def submit(steps: int) -> str:
         spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1,
-                                  env={"FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.02"})
+                                  env={"FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.01"})
         return api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
 
     def job(job_id: str) -> common_pb2.Job:
         return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+
+    def checkpointed(job_id: str, after: int = 0) -> list[int]:
+        return [int(e.message.split()[1]) for e in api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+                if e.kind == "job.checkpoint" and int(e.message.split()[1]) > after]
 
     def kill(job_id: str) -> None:
         (pid,) = wait_for(lambda: _job_pids(job_id, warm=False), 20)
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: pid not in _job_pids(job_id, warm=False), 10)
 
-    steps = 300
+    steps = 500
     a = submit(steps)
-    checkpoints = wait_for(lambda: [e.message for e in api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=a)).events
-                                    if e.kind == "job.checkpoint"], 30)
+    first = max(wait_for(lambda: checkpointed(a), 30))
     kill(a)
+    wait_for(lambda: checkpointed(a, first), 30)  # trains again, past its checkpoint
+    helper.terminate()
+    assert helper.wait(15) == 0
+    helpers("s1", sched.address)
     done = wait_for(lambda: (j := job(a)).state in DONE and j, 60)
     reasons = [t.reason for t in done.history]
     assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, (done.message, reasons)
     assert any(r.startswith("its process was killed by SIGKILL (out of memory?), not by Gandiva: it resumes from "
                             "its checkpoint") and "(restart 1 of 2" in r for r in reasons), reasons
-    assert any("resuming from" in r for r in reasons), reasons
-    assert int(checkpoints[0].split()[1]) > 0
+    assert any(r.startswith("its helper on s1 stopped (shutting down): it resumes from its checkpoint")
+               for r in reasons), reasons
+    assert sum("resuming from" in r for r in reasons) == 2, reasons
     assert [t.to_state for t in done.history].count(common_pb2.JOB_STATE_SUCCEEDED) == 1
 
     b = submit(0)
