@@ -51,9 +51,10 @@ T = TypeVar("T")
 class CliError(Exception):
     """A failure the user must fix or know about; printed as one line, exit code 2."""
 
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+    def __init__(self, message: str, code: int = EXIT_ERROR, status: grpc.StatusCode | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status  # the gRPC status it came from, if any
 
 
 def add_security_flags(parser: Any) -> None:
@@ -119,7 +120,13 @@ class Client:
         try:
             return getattr(self.stub, method)(request, timeout=timeout)
         except grpc.RpcError as exc:
-            raise CliError(describe_rpc_error(exc, self.address)) from None
+            status = exc.code() if hasattr(exc, "code") else None
+            if status in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) and \
+                    not _never_sent(exc) and method in ANSWER_MAY_BE_LOST:
+                # The request may have reached the scheduler and been done; only the answer is lost.
+                raise CliError(f"{describe_rpc_error(exc, self.address)}; {ANSWER_MAY_BE_LOST[method]}",
+                               status=status) from None
+            raise CliError(describe_rpc_error(exc, self.address), status=status) from None
 
     def call_retrying(
         self,
@@ -142,6 +149,23 @@ class Client:
                     on_retry(describe_rpc_error(exc, self.address))
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+# What a caller cannot tell when the scheduler stopped answering after the request went out.
+ANSWER_MAY_BE_LOST = {
+    "SubmitJob": "the job may have been submitted all the same: look for it with `gandiva get jobs` "
+                 "before submitting again",
+    "SubmitMultiJob": "the jobs may have been submitted all the same: look for them with `gandiva get jobs` "
+                      "before submitting again",
+}
+
+
+def _never_sent(exc: grpc.RpcError) -> bool:
+    """The call failed before the scheduler could have read it (nothing listens there, the
+    name does not resolve): what it asked for certainly was not done."""
+    details = ((exc.details() if hasattr(exc, "details") else None) or str(exc)).lower()
+    return any(m in details for m in ("connection refused", "failed to connect", "dns resolution failed",
+                                      "errors resolving", "lookup", "connections to all backends failing"))
 
 
 def is_transient(exc: grpc.RpcError) -> bool:

@@ -131,3 +131,35 @@ def test_logs_local_follow_ends_when_the_job_process_on_this_server_has_ended(ga
     assert r.code == 0 and r.out.endswith("step 2\n=== gandiva: end of job j2 incarnation b: killed at "
                                           "2026-01-01 00:00:03\n")
     assert 0.7 < time.monotonic() - started < 10 and "ended (killed)" in r.err
+
+
+def test_a_submission_whose_answer_is_lost_does_not_claim_nothing_was_submitted(
+        submit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduler that took the request and did not answer in time (or dropped the
+    connection after it) got `did not answer in time` and exit 2, which the docs read as
+    "nothing was submitted": a user submitting again ran the job twice."""
+    from concurrent import futures
+
+    import grpc
+
+    from protos.gandiva.v1 import scheduler_pb2_grpc
+    from scheduler.cli import client
+
+    class Slow(scheduler_pb2_grpc.SchedulerServicer):
+        def SubmitJob(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+            time.sleep(1.5)  # it was done; the answer comes too late
+            return scheduler_pb2.SubmitJobResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(Slow(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        monkeypatch.setattr(client, "CALL_TIMEOUT_S", 0.3)
+        r = submit("--scheduler", f"127.0.0.1:{port}", "--no-wait", "--", "python", "t.py")
+        assert (r.code, r.out, r.err.count("\n")) == (2, "", 1), r
+        assert "did not answer in time" in r.err and "the job may have been submitted all the same" in r.err
+    finally:
+        server.stop(0)
+    refused = submit("--scheduler", "127.0.0.1:1", "--no-wait", "--", "python", "t.py")
+    assert refused.code == 2 and "cannot reach the scheduler" in refused.err and "may have been" not in refused.err
