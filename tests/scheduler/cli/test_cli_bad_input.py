@@ -146,7 +146,7 @@ def test_a_submission_whose_answer_is_lost_does_not_claim_nothing_was_submitted(
     from scheduler.cli import client
 
     class Slow(scheduler_pb2_grpc.SchedulerServicer):
-        def SubmitJob(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        def SubmitJob(self, request, context):  # type: ignore[no-untyped-def]
             time.sleep(1.5)  # it was done; the answer comes too late
             return scheduler_pb2.SubmitJobResponse()
 
