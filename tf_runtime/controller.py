@@ -87,6 +87,18 @@ class Settings:
 _NOT_THE_PROGRAM = ("tf_runtime", "tensorflow", "keras", "runpy", "importlib")
 
 
+# TensorFlow code that reads the global step for itself, never for the program's loop.
+_SERVICES = ("tensorflow.python.training.supervisor",)
+
+
+def _called_from(frame: Any, modules: tuple[str, ...]) -> bool:
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith(modules):
+            return True
+        frame = frame.f_back
+    return False
+
+
 _PROGRAM_CODE: dict[Any, bool] = {}  # code object -> whether it is the program's own
 
 
@@ -242,7 +254,11 @@ class Controller:
         return hit[1]
 
     def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
-        if info.reads_global_step and adapter is self.adapter:
+        # Not a read the Supervisor makes for itself (its step counter thread, the session
+        # log it writes at the start: whatever loop the program runs): only the program's
+        # own reads tell that its loop resumes from the step.
+        if info.reads_global_step and adapter is self.adapter and not self._read_global_step \
+                and not _called_from(sys._getframe(1), _SERVICES):
             self._read_global_step = True
 
     def carried_state(self, adapter: SessionAdapter, what: str) -> None:

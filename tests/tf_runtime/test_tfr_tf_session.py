@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -1055,3 +1056,49 @@ def test_an_update_after_the_step_is_read_is_part_of_the_step(order: str,
     np.testing.assert_array_equal(tf.train.load_variable(prefix, "w/ExponentialMovingAverage"),
                                   average)
     assert tf.train.load_variable(prefix, "rate") == at_rate
+
+
+
+_SUPERVISED = """
+import sys, time
+import tensorflow as tf
+from tf_runtime import shim
+from tf_runtime.controller import Controller, Settings
+from tf_runtime.testing import FakeChannel
+
+tf.compat.v1.disable_eager_execution()  # as the program does: the Supervisor's threads run ops
+ctl = Controller(Settings(job_id="t"), channel=FakeChannel(), exit_fn=sys.exit)
+shim.install(ctl)
+gs = tf.compat.v1.train.get_or_create_global_step()
+w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(w * w),
+                                                                 global_step=gs)
+sv = tf.compat.v1.train.Supervisor(logdir=sys.argv[1], global_step=gs, summary_op=None,
+                                   save_model_secs=0, save_summaries_secs=0.01)
+with sv.managed_session(config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)) as s:
+    for _ in range(4):
+        s.run(train)
+        if sys.argv[2] == "step":
+            s.run(gs)
+        time.sleep(0.05)  # the step counter thread reads the step meanwhile
+    sv.request_stop()
+print("migratable", ctl.migratable)
+"""
+
+
+def test_the_supervisors_own_reads_of_the_step_are_not_the_programs(tmp_path: Path) -> None:
+    """`with sv.managed_session() as sess: for i in range(n): sess.run(train)`: the
+    Supervisor reads the global step itself (the session log it writes at the start, its
+    step counter thread), which made any such program look as if its loop resumed from
+    the step: judged migratable, a migrated copy trained n more steps. Now only the
+    program's own reads count (a Supervisor program that reads the step stays migratable:
+    `test_finalized_graph_programs_migrate_bit_identical`). In a process of its own: the
+    Supervisor's threads need eager execution off."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SUPERVISED, str(tmp_path / "sv"), "python"],
+                         check=False, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == "False"
