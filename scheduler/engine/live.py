@@ -662,8 +662,25 @@ class LiveEngine:
             self.inflight.discard(job_id)
             raise
         # The job is MIGRATING now; the phases run in the background.
-        self._background(job_id, rest)
+        self._background(job_id, self._hold_again(job_id, rest) if job.held else rest)
         return await self.core.get_job(job_id)
+
+    async def _hold_again(self, job_id: str, migration: Awaitable[None]) -> None:
+        """A migration resumes its job at the destination: one an operator suspended is
+        suspended again there (it ran there, held, out of the policy's reach). If that
+        fails the hold ends, saying so: a job is never RUNNING and held."""
+        await migration
+        job = await self._job(job_id)
+        if job.state != JobState.RUNNING.value or not job.held:
+            return  # it stayed at its source, still suspended, or it ended
+        try:
+            await self._suspend(job_id, "still suspended by operator (it was migrated meanwhile)", hold=True)
+        except GandivaError as err:
+            async with self.core.tx() as s:
+                job = await repo.get_job(s, job_id, for_update=True)
+                job.held = False
+                job.message = f"runs again: the operator's suspend could not be restored after its migration ({err})"
+            raise
 
     # ---- reconciliation -------------------------------------------------------
 

@@ -58,3 +58,54 @@ def test_events_of_a_job_no_one_has_are_not_found(scheduler_server: Any) -> None
             next(stub.WatchEvents(scheduler_pb2.WatchEventsRequest(job_id="j-nope"), timeout=10))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
         assert stub.ListEvents(scheduler_pb2.ListEventsRequest(), timeout=10) is not None
+
+
+def test_a_job_an_operator_suspended_is_suspended_again_where_it_was_migrated(
+        scheduler_server: Any, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gandiva suspend J; gandiva migrate J --to S` left J RUNNING on S, still marked held,
+    so the policy never time-sliced it: the operator's suspend was lost without a word."""
+    import grpc
+
+    from migration_protocol.fast_path import MigrationResult, Outcome
+    from protos.gandiva.v1 import (
+        common_pb2,
+        helper_pb2,
+        helper_pb2_grpc,
+        runtime_pb2,
+        scheduler_pb2,
+        scheduler_pb2_grpc,
+    )
+    from scheduler.engine import live_migration
+
+    from .test_runtime_api import FakeShim
+
+    plans: list = []
+
+    async def migrated(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+        plans.append(plan)
+        return MigrationResult(Outcome.MIGRATED, plan.dest.name, plan.dest_incarnation, step=42,
+                               checkpoint_path="/ram/ckpt")
+
+    monkeypatch.setattr(live_migration, "migrate", migrated)
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        api, helper = scheduler_pb2_grpc.SchedulerStub(ch), helper_pb2_grpc.HelperStub(ch)
+        helper.Register(helper_pb2.RegisterServerRequest(name="a", gpus=[common_pb2.Gpu(index=0)]))
+        at_a = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="a"), timeout=60)
+        job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+            command=["python", "t.py"], gpus=1))).job.id
+        shims = [FakeShim(ch, job_id, next(at_a).launch.incarnation)]
+        helper.Register(helper_pb2.RegisterServerRequest(name="b", gpus=[common_pb2.Gpu(index=0)]))
+        try:
+            assert api.SuspendJob(scheduler_pb2.JobActionRequest(id=job_id)).state == common_pb2.JOB_STATE_SUSPENDED
+            api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server="b"))
+            wait_for(lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state == common_pb2.JOB_STATE_RUNNING)
+            shims.append(FakeShim(ch, job_id, plans[0].dest_incarnation))  # the destination's runtime connects
+            job = wait_for(lambda: (j := api.GetJob(scheduler_pb2.GetJobRequest(id=job_id))).state
+                           == common_pb2.JOB_STATE_SUSPENDED and j)
+            assert [p.server for p in job.placement] == ["b"]
+            assert job.history[-1].reason.startswith("still suspended by operator (it was migrated meanwhile)")
+            assert shims[1].received[-1].kind == runtime_pb2.COMMAND_KIND_SUSPEND
+        finally:
+            for shim in shims:
+                shim.close()
+            at_a.cancel()
