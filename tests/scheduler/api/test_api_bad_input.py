@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import grpc
 import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 
 def test_the_loopback_warning_names_the_port_that_was_bound(make_scheduler: Any, sqlite_url: str,
@@ -22,9 +25,6 @@ def test_the_loopback_warning_names_the_port_that_was_bound(make_scheduler: Any,
 @pytest.mark.parametrize("key", ["a\nb", "a\x00", "\x1b[31mred"])
 def test_a_bad_map_key_is_named_on_one_line(scheduler_server: Any, key: str) -> None:
     """The field named the key as it came: `spec.params[a<newline>b]` was a two-line error."""
-    import grpc
-
-    from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
     with grpc.insecure_channel(scheduler_server.address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -45,9 +45,6 @@ def test_a_bad_map_key_is_named_on_one_line(scheduler_server: Any, key: str) -> 
 def test_events_of_a_job_no_one_has_are_not_found(scheduler_server: Any) -> None:
     """`gandiva get events --job <typo>` printed an empty table (exit 0), and a watch of it
     waited forever; a user's token already got NOT_FOUND, an operator's did not."""
-    import grpc
-
-    from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
 
     with grpc.insecure_channel(scheduler_server.address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -64,17 +61,8 @@ def test_a_job_an_operator_suspended_is_suspended_again_where_it_was_migrated(
         scheduler_server: Any, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """`gandiva suspend J; gandiva migrate J --to S` left J RUNNING on S, still marked held,
     so the policy never time-sliced it: the operator's suspend was lost without a word."""
-    import grpc
-
     from migration_protocol.fast_path import MigrationResult, Outcome
-    from protos.gandiva.v1 import (
-        common_pb2,
-        helper_pb2,
-        helper_pb2_grpc,
-        runtime_pb2,
-        scheduler_pb2,
-        scheduler_pb2_grpc,
-    )
+    from protos.gandiva.v1 import helper_pb2, helper_pb2_grpc, runtime_pb2
     from scheduler.engine import live_migration
 
     from .test_runtime_api import FakeShim
