@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=DESCRIPTION, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     w = p.add_argument_group("workload")
-    w.add_argument("--trace", type=Path, help="trace file to replay (default: a generated workload)")
+    w.add_argument("--trace", type=_trace_path, help="trace file to replay (default: a generated workload)")
     w.add_argument("--format", choices=FORMATS, default="auto", help="trace layout (default: detect)")
     w.add_argument("--skip-invalid", action="store_true",
                    help="leave out the trace's job lines that cannot be replayed (CPU jobs with 0 GPUs, "
@@ -265,6 +265,12 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
         for count, first in skip_reasons(skipped).values():
             err.print(f"  {count:,} like line {first.line}: {first.reason}")
     return jobs, fmt
+
+
+def _trace_path(text: str) -> Path:
+    if not text.strip():  # Path("") is ".", which read as "Is a directory"
+        raise argparse.ArgumentTypeError("empty; give a trace file")
+    return Path(text)
 
 
 def skip_reasons(skipped: list[TraceError]) -> dict[str, tuple[int, TraceError]]:

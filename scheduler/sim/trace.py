@@ -390,6 +390,9 @@ def _lines(path: Path) -> list[tuple[int, str]]:
                 chunks.append(chunk)
         # utf-8-sig: a byte order mark (Excel and Windows exports) is dropped, not read as text.
         text = b"".join(chunks).decode("utf-8-sig")
+    except IsADirectoryError:
+        raise TraceError(path, None, "a directory, not a trace file: give one of its traces (benchmarks/"
+                                     "sim_table.py --traces DIR replays a folder of them)") from None
     except OSError as exc:
         raise TraceError(path, None, f"cannot read trace: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

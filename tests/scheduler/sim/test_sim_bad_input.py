@@ -164,3 +164,12 @@ def test_a_generated_workload_is_bounded(gandiva: Any) -> None:
     """`--jobs 100000000` (a typo) generated for minutes, filling the memory."""
     r = gandiva("sim", "--jobs", "100000000", "--no-progress")
     assert (r.code, r.out) == (2, "") and "--jobs 100,000,000 is more than the generator makes (1,000,000" in r.err
+
+
+def test_an_empty_trace_argument_or_a_directory_says_what_to_give(gandiva: Any, tmp_path: Path) -> None:
+    """`--trace ""` was `.: cannot read trace: Is a directory`."""
+    with pytest.raises(SystemExit) as exit_:
+        gandiva("sim", "--trace", "", "--no-progress")
+    assert exit_.value.code == 2
+    r = gandiva("sim", "--trace", str(tmp_path), "--no-progress")
+    assert r.code == 2 and f"{tmp_path}: a directory, not a trace file: give one of its traces" in r.err
