@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -150,6 +151,13 @@ def main() -> int:
     if not args.traces.is_dir():
         print(f"no traces at {args.traces.resolve()}: this benchmark needs ../shared/traces")
         return 2
+    if args.json is not None:  # before hours of replay, not after
+        folder = args.json.parent
+        if args.json.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            why = "a directory" if args.json.is_dir() else f"no writable folder {folder}"
+            print(f"--json {args.json}: cannot write there ({why}); give a file in a folder you can write; "
+                  "nothing was replayed", file=sys.stderr)
+            return 2
     settings = {"cluster": args.cluster, "target_load": args.target_load}
     stored: dict[str, Any] = {}
     if args.baselines is not None:
@@ -270,7 +278,13 @@ def main() -> int:
     for label, (ff, jct, mk, n) in tally.items():
         print(f"goals met, {label}: ff {ff} / jct {jct} / mk {mk} of {n} traces")
     if args.json:
-        args.json.write_text(json.dumps(everything, indent=2, sort_keys=True))
+        # Whole or not at all: a stopped run leaves the last complete file, never half of one.
+        tmp = args.json.with_name(f".{args.json.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(everything, indent=2, sort_keys=True))
+            os.replace(tmp, args.json)
+        finally:
+            tmp.unlink(missing_ok=True)
     return 0
 
 

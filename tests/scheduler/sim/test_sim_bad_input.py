@@ -173,3 +173,44 @@ def test_an_empty_trace_argument_or_a_directory_says_what_to_give(gandiva: Any, 
     assert exit_.value.code == 2
     r = gandiva("sim", "--trace", str(tmp_path), "--no-progress")
     assert r.code == 2 and f"{tmp_path}: a directory, not a trace file: give one of its traces" in r.err
+
+
+def _tiny_traces(root: Path) -> Path:
+    (root / "itp").mkdir(parents=True)
+    (root / "itp" / "cluster01.csv").write_text(ITP + "a,0,1,bert,1,1,1,100\nb,10,1,bert,1,1,2,200\n")
+    return root
+
+
+def test_sim_table_json_is_checked_before_the_replay_and_written_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`benchmarks/sim_table.py --json` into a folder that does not exist failed after hours of
+    replay, and an interrupted write left half a JSON file in place of the last whole one."""
+    import importlib
+    import json
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    sim_table = importlib.import_module("sim_table")
+    traces = _tiny_traces(tmp_path / "traces")
+    base = ["--traces", str(traces), "--min-jobs", "1", "--cluster", "2x4"]
+    monkeypatch.setattr(sys, "argv", ["sim_table.py", *base, "--json", str(tmp_path / "no" / "x.json")])
+    assert sim_table.main() == 2
+    assert "cannot write there (no writable folder" in capsys.readouterr().err
+    out = tmp_path / "x.json"
+    out.write_text('{"the last": "whole file"}')
+    monkeypatch.setattr(sys, "argv", ["sim_table.py", *base, "--json", str(out)])
+
+    def interrupted(self: Path, text: str, *args: Any, **kwargs: Any) -> int:
+        with open(self, "w") as f:
+            f.write(text[: len(text) // 2])  # half of it written, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sim_table.main()
+    assert json.loads(out.read_text()) == {"the last": "whole file"} and sorted(tmp_path.iterdir()) == [traces, out]
+    monkeypatch.undo()
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    monkeypatch.setattr(sys, "argv", ["sim_table.py", *base, "--json", str(out)])
+    assert sim_table.main() == 0 and "cluster01" in json.loads(out.read_text())
