@@ -246,7 +246,7 @@ def watch_events(args: argparse.Namespace, client: Client) -> int:
             if args.output == "json":
                 output.print_json_line(event_to_dict(event))
             else:
-                print("\t".join(str(c) for c in event_row(event)), flush=True)
+                print("\t".join(output.visible(str(c)) for c in event_row(event)), flush=True)
     finally:
         follower.stop()
     return EXIT_OK  # not reached: the loop ends by an error or Ctrl-C
@@ -358,7 +358,7 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     _print_fields(fields)
     print("Spec:")
     _print_fields([
-        ("Command", " ".join(spec.command)), ("Workdir", spec.workdir), ("GPUs", spec.gpus),
+        ("Command", " ".join(output.visible(a) for a in spec.command)), ("Workdir", spec.workdir), ("GPUs", spec.gpus),
         ("Priority", spec.priority), ("Grow-shrink", "yes" if spec.grow_shrink else "no"),
         ("Params", _pairs(spec.params)), ("Env", _pairs(spec.env)),
     ], indent=2)
@@ -377,7 +377,8 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
 def _print_fields(fields: list[tuple[str, Any]], indent: int = 0) -> None:
     width = max(len(name) for name, _ in fields) + 2
     for name, value in fields:
-        lines = str(value).splitlines() or [""]
+        # Lines are the caller's (a map's pairs); control characters within are shown escaped.
+        lines = [output.visible(line) for line in str(value).split("\n")]
         print(" " * indent + f"{name + ':':<{width}}{lines[0]}")
         for line in lines[1:]:
             print(" " * (indent + width) + line)
@@ -385,7 +386,7 @@ def _print_fields(fields: list[tuple[str, Any]], indent: int = 0) -> None:
 
 def _pairs(mapping: Any) -> str:
     """A map as KEY=VALUE lines, sorted; '-' when empty."""
-    return "\n".join(f"{k}={v}" for k, v in sorted(mapping.items())) or "-"
+    return "\n".join(f"{output.visible(k)}={output.visible(str(v))}" for k, v in sorted(mapping.items())) or "-"
 
 
 def _section(title: str, headers: list[str], rows: list[list[Any]]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -18,6 +19,7 @@ from typing import IO, Any
 
 from rich.console import Console as RichConsole
 from rich.table import Table
+from rich.text import Text
 
 # Piped output must not wrap: one row per line whatever its length.
 _PIPE_WIDTH = 10_000
@@ -74,6 +76,19 @@ def console(stream: IO[str] | None = None) -> Console:
     return Console(file=stream, width=_PIPE_WIDTH, color_system=None, highlight=False)
 
 
+# What a terminal would act on rather than show: C0 and C1 controls (ESC starts colour,
+# title and clipboard-setting sequences), DEL, and the bidirectional overrides that reorder
+# what is shown. A job's command, environment or message is its owner's text, and an
+# operator's `describe` must not run it as terminal commands.
+_UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character written as its escape (``\\x1b``), so it shows
+    as text on one line and cannot act on the terminal."""
+    return _UNSHOWABLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
 def print_table(
     headers: Sequence[str],
     rows: Iterable[Sequence[Any]],
@@ -86,7 +101,9 @@ def print_table(
     for header in headers:
         table.add_column(header, overflow="fold")
     for row in rows:
-        table.add_row(*(str(cell) for cell in row))
+        # Text, not markup: a job named `[/x]` was a MarkupError (a traceback for everyone's
+        # `get jobs`), and `[link=...]x[/link]` showed as `x`.
+        table.add_row(*(Text(visible(str(cell))) for cell in row))
     with out.capture() as captured:
         out.print(table)
     text = "\n".join(line.rstrip() for line in captured.get().splitlines())

@@ -68,6 +68,12 @@ def _why(err: Exception) -> str:
     return str(getattr(reason, "strerror", None) or reason or err)
 
 
+def _cells(*values: str) -> list[Text]:
+    """Table cells as plain text: a job named `[/x]` is not rich markup (a MarkupError), and
+    its control characters are shown escaped."""
+    return [Text(output.visible(v)) for v in values]
+
+
 def render(state: dict[str, Any], show_all: bool = False) -> Group:
     names = {j["id"]: j["name"] for j in state["jobs"]}
     active = [j for j in state["jobs"] if show_all or j["state"] not in TERMINAL]
@@ -81,24 +87,23 @@ def render(state: dict[str, Any], show_all: bool = False) -> Group:
         for k, g in enumerate(srv["gpus"]):
             on_gpu = Text()
             for e in g["jobs"]:
-                on_gpu.append(f"{e['name'] or e['id']} ", style="" if e["state"] == "RUNNING" else "dim")
-            servers.add_row(srv["name"] + ("" if srv["up"] else " (down)") if k == 0 else "",
-                            str(srv["height"]) if k == 0 else "",
-                            output.host_memory(srv.get("host_memory_used", 0), srv.get("host_memory", 0)) if k == 0 else "",
-                            str(g["index"]), g["mode"],
-                            f"{g['utilization']:.0%}", on_gpu)
+                on_gpu.append(f"{output.visible(e['name'] or e['id'])} ", style="" if e["state"] == "RUNNING" else "dim")
+            servers.add_row(*_cells(srv["name"] + ("" if srv["up"] else " (down)") if k == 0 else "",
+                                    str(srv["height"]) if k == 0 else "",
+                                    output.host_memory(srv.get("host_memory_used", 0), srv.get("host_memory", 0))
+                                    if k == 0 else "", str(g["index"]), g["mode"], f"{g['utilization']:.0%}"), on_gpu)
     jobs = Table(title="jobs", title_justify="left")
     for col in ("job", "name", "state", "GPUs", "where", "mini-batches", "rate/s", "last decision"):
         jobs.add_column(col, justify="right" if col in ("mini-batches", "rate/s") else "left",
                         no_wrap=col != "last decision", overflow="ellipsis" if col != "last decision" else "fold")
     for j in active:
         d = j["last_decision"]
-        jobs.add_row(j["id"], j["name"], j["state"].lower(), str(j["gpus"]), " ".join(j["placement"]),
-                     str(j["steps"]), f"{j['rate']:.1f}", f"{d['kind']}: {d['reason']}" if d else j["message"])
+        jobs.add_row(*_cells(j["id"], j["name"], j["state"].lower(), str(j["gpus"]), " ".join(j["placement"]),
+                             str(j["steps"]), f"{j['rate']:.1f}", f"{d['kind']}: {d['reason']}" if d else j["message"]))
     latest = Text()
     for d in state["decisions"][-8:]:
-        latest.append(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "
-                   f"{names.get(d['job'], d['job'])}: {d['reason']}\n")
+        latest.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "
+                                     f"{names.get(d['job'], d['job'])}: {d['reason']}") + "\n")
     return Group(head, servers, jobs, Text("latest decisions", style="bold"), latest)
 
 

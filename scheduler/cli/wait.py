@@ -72,7 +72,7 @@ class Follower:
     def say(self, text: str) -> None:
         """A line above the live progress line (or plain, when piped)."""
         target: Console = self.live.console if self.live else self.console
-        target.print(Text(text), soft_wrap=True)
+        target.print(Text(output.visible(text)), soft_wrap=True)
         if not self.live:
             self.console.file.flush()
 

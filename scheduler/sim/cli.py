@@ -263,7 +263,7 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
         err.print(f"[yellow]note:[/yellow] --skip-invalid left out {len(skipped):,} of "
                   f"{len(skipped) + len(jobs):,} job lines:")
         for count, first in skip_reasons(skipped).values():
-            err.print(f"  {count:,} like line {first.line}: {first.reason}")
+            err.print(f"  {count:,} like line {first.line}: {escape(first.reason)}")
     return jobs, fmt
 
 
@@ -324,8 +324,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     unknown = sorted({j.model for j in jobs if j.model and not model.knows(j.model)})
     if unknown:
-        err.print(f"[yellow]note:[/yellow] {len(unknown)} model name(s) not in {model.source} "
-                  f"(e.g. {unknown[0]!r}); they run with the default model's figures")
+        err.print(f"[yellow]note:[/yellow] {len(unknown)} model name(s) not in {escape(str(model.source))} "
+                  f"(e.g. {escape(repr(unknown[0]))}); they run with the default model's figures")
     load = offered_load(jobs, servers, model) if len(jobs) > 1 else float("nan")
     if args.target_load is not None:
         try:
@@ -351,7 +351,7 @@ def _run(args: argparse.Namespace) -> int:
     if critical is not None:
         spread = " spread over servers" if critical.num_gpus > max(s.num_gpus for s in servers) else ""
         gpus = f"{critical.num_gpus} GPU{'s' if critical.num_gpus != 1 else ''}"
-        err.print(f"makespan lower bound {_hours(bound)}: job {critical.id} ({gpus}{spread}) "
+        err.print(f"makespan lower bound {_hours(bound)}: job {escape(critical.id)} ({gpus}{spread}) "
                   f"cannot finish sooner under any policy")
     results = {name: _simulate(name, jobs, servers, model, config, args, err) for name in names}
     summaries = {name: {**summarize(r), "makespan_bound_s": bound} for name, r in results.items()}
@@ -363,7 +363,7 @@ def _run(args: argparse.Namespace) -> int:
         from scheduler.sim.plots import write_plots
 
         for path in write_plots(results, args.plot):
-            err.print(f"wrote {path}")
+            err.print(f"wrote {escape(str(path))}")
     return 0
 
 

@@ -163,3 +163,37 @@ def test_a_submission_whose_answer_is_lost_does_not_claim_nothing_was_submitted(
         server.stop(0)
     refused = submit("--scheduler", "127.0.0.1:1", "--no-wait", "--", "python", "t.py")
     assert refused.code == 2 and "cannot reach the scheduler" in refused.err and "may have been" not in refused.err
+
+
+def test_a_jobs_own_text_cannot_act_on_an_operators_terminal(gandiva, stub) -> None:
+    """A job named `[/x]` made every `gandiva get jobs` a rich MarkupError traceback, one named
+    `[link=...]x[/link]` showed as `x`; escapes in a job's command or environment (a terminal
+    title, OSC 52 setting the clipboard, clearing the screen) reached `describe` raw."""
+    from scheduler.cli import top
+
+    evil = "\x1b]52;c;cHduZWQ=\x07\x1b[2J"
+    spec = common_pb2.JobSpec(name="[/x]", command=["python", f"t.py{evil}", "a\nb"], gpus=1, env={"E": evil})
+    job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+    stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="[link=http://x]click[/link]", command=["python", "t.py"], gpus=1)))
+    listed = gandiva("get", "jobs", "-o", "wide")
+    assert listed.code == 0 and "[/x]" in listed.out and "[link=http://x]click[/link]" in listed.out, listed
+    assert "\x1b" not in listed.out and "t.py\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J a\\nb" in listed.out
+    described = gandiva("describe", "job", job_id)
+    assert described.code == 0 and "\x1b" not in described.out and "\x07" not in described.out
+    assert "E=\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J" in described.out and "Name:        [/x]" in described.out
+    state = {"servers": [], "height": 0, "overloaded": False, "decisions": [],
+             "jobs": [{"id": job_id, "name": "[/x]" + evil, "state": "QUEUED", "gpus": 1, "placement": [],
+                       "steps": 0, "rate": 0.0, "last_decision": None, "message": evil}]}
+    console = output_console()
+    with console.capture() as shown:
+        console.print(top.render(state))
+    assert "[/x]\\x1b]52" in shown.get() and "\x1b" not in shown.get()
+
+
+def output_console():  # type: ignore[no-untyped-def]
+    import io
+
+    from scheduler.cli.output import Console
+
+    return Console(file=io.StringIO(), width=400, color_system=None)

@@ -214,3 +214,13 @@ def test_sim_table_json_is_checked_before_the_replay_and_written_whole(
     monkeypatch.syspath_prepend(str(root / "benchmarks"))
     monkeypatch.setattr(sys, "argv", ["sim_table.py", *base, "--json", str(out)])
     assert sim_table.main() == 0 and "cluster01" in json.loads(out.read_text())
+
+
+def test_trace_text_in_messages_is_not_rich_markup(tmp_path: Path, gandiva: Any) -> None:
+    """A model named `[/m]` ended the replay in a MarkupError traceback; a job id `[red]y` was
+    shown as `y`."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_time,num_gpus,duration,model\n[red]y,0,1,900,[/m]\nb,5,1,100,[/m]\n")
+    r = gandiva("sim", "--trace", str(trace), "--no-progress", "--policy", "fifo", "-o", "json")
+    assert r.code == 0 and "Traceback" not in r.err, r
+    assert "(e.g. '[/m]')" in r.err and "job t-[red]y (1 GPU)" in r.err
