@@ -160,7 +160,7 @@ class Controller:
         # The program's frames at the last step-advancing run, and per kind of such update
         # run whether the program makes it after that run (_after_training).
         self._train_stack: tuple[tuple[tuple[int, Any], int], ...] = ()
-        self._order: dict[int, tuple[RunInfo, bool]] = {}
+        self._order: dict[int, tuple[RunInfo, bool | None]] = {}
         self._carried_state = ""  # how the program carries Python state between steps
         self._rng_watch = python_rng.Watch()
         self._warned_second = False
@@ -215,8 +215,12 @@ class Controller:
             # any such update: the step may still end with one after it
             # (`sess.run(train); step = sess.run(gs); sess.run(ema_op)`).
             return
-        trailing = (not info.is_training and info.changes_state and not fed and not once
-                    and id(info) not in self._prelude and self._after_training(info))
+        # A training run that does not advance the step ends it only when the program
+        # calls it after the advancing run (a discriminator updated after the generator
+        # that advances the step); an update that does not train, unless called before it.
+        trailing = not once and not info.advances_step and id(info) not in self._prelude and (
+            self._after_training(info) is True if info.is_training else
+            info.changes_state and not fed and self._after_training(info) is not False)
         self._tail_updated = trailing
         if self._after_advance:
             self._after_advance = False
@@ -232,23 +236,26 @@ class Controller:
             elif not self._save_built:
                 self._prebuild_save(adapter)
 
-    def _after_training(self, info: RunInfo) -> bool:
-        """Whether the program makes this update run after its training run in its loop,
-        rather than before it (`if step % 5 == 0 and step: sess.run(decay)` at the top of
-        the loop, which a restored copy makes again): the frame the two calls share, and
-        the line of each in it. Same line or no shared frame: after. Decided once a kind."""
+    def _after_training(self, info: RunInfo) -> bool | None:
+        """Whether the program makes this run after its step-advancing run in its loop
+        (True), or before it (False: `if step % 5 == 0 and step: sess.run(decay)` at the
+        top of the loop, which a restored copy makes again; a GAN's discriminator run before
+        the generator's): the innermost frame of the program's the two calls share, and the
+        line of each in it. Same line everywhere, or no shared frame: None. Decided once a
+        kind."""
         hit = self._order.get(id(info))
         if hit is None:
             trained_at = dict(self._train_stack)
-            after = True
+            after = None
             for key, line in program_stack(sys._getframe(2)):  # innermost first
                 other = trained_at.get(key)
                 if other is not None and other != line:
                     after = line > other
-                    if not after:
-                        log.info("a run that updates the training state comes before the "
-                                 "training run in the program's loop (line %d, the training "
-                                 "run's %d): it begins a step", line, other)
+                    log.info("a run that %s comes %s the step-advancing run in the "
+                             "program's loop (line %d, that run's %d): it %s", "trains" if
+                             info.is_training else "updates the training state",
+                             "after" if after else "before", line, other,
+                             "ends the step" if after else "begins a step")
                     break
             hit = self._order[id(info)] = (info, after)
         return hit[1]

@@ -154,6 +154,7 @@ class Kind:
 
 KINDS = {
     "gan": Kind("gan.py", _warm),
+    "gan_first": Kind("gan.py", _warm_naive(), ("--advance", "first")),
     "module": Kind("optimizers.py", lambda job, server: job.migrate_naive(),
                    ("--opt", "ftrl", "--decay", "piecewise"),
                    command=("python", "-m", "optimizers"), autoload=True),
@@ -191,7 +192,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
     step) per step; commands wait for the generator run (a checkpoint between them
     used to apply the discriminator's update twice after a restore), and the warm
-    destination rehearses the discriminator run. module: `python -m optimizers` (Ftrl,
+    destination rehearses the discriminator run. gan_first: the discriminator run advances
+    the step and comes first; commands wait for the generator run after it (a checkpoint
+    between them used to lack the generator's update of that step, which a restored copy
+    never made); migrated warm and naive. module: `python -m optimizers` (Ftrl,
     a piecewise-constant learning rate of the global step) reached through the
     autoload, migrated at its first step. reopen: its own
     Saver directory, a SIGTERM handler, and a session closed and reopened at step 3

@@ -1102,3 +1102,39 @@ def test_the_supervisors_own_reads_of_the_step_are_not_the_programs(tmp_path: Pa
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-1] == "False"
+
+
+@pytest.mark.parametrize("order", ["advance_first", "advance_last"])
+def test_a_training_run_called_after_the_step_advancing_one_is_part_of_the_step(
+        order: str, tmp_path: Path) -> None:
+    """Two training runs per step, the first advancing the global step (a generator
+    updated with `global_step=gs`, then the discriminator): commands were applied right
+    after the first, so a checkpoint held the generator's update of a step without the
+    discriminator's, and a restored copy, reading the advanced step, never made the
+    latter. Now a training run the program calls from a later line of its loop than the
+    advancing run ends the step; one from an earlier line (`advance_last`, the usual
+    order) begins the next, as before."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [3])
+        a = tf.compat.v1.get_variable("a", initializer=tf.ones([3]))
+        b = tf.compat.v1.get_variable("b", initializer=tf.ones([3]))
+        sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        advance = sgd.minimize(tf.reduce_sum(tf.sin(a * x)), global_step=gs)
+        other = sgd.minimize(tf.reduce_sum(tf.cos(b * x + tf.stop_gradient(a))), var_list=[b])
+        sess.run(tf.compat.v1.global_variables_initializer())
+        step, seen = int(sess.run(gs)), {}
+        while step < 8:
+            if step == 4:
+                ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            feed = {x: np.full(3, 0.1 * step, np.float32)}
+            first, second = (advance, other) if order == "advance_first" else (other, advance)
+            sess.run(first, feed)
+            sess.run(second, feed)
+            step = int(sess.run(gs))
+            seen[step] = sess.run([a, b])  # what a restarted copy resumes from
+        ack = acks(ctl)[0]
+        assert ack.ok and ack.step == 5
+    prefix = str(tmp_path / "ck" / "model")
+    for name, value in zip("ab", seen[5], strict=True):
+        np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value)

@@ -1,5 +1,6 @@
 """GAN-style: a discriminator step (RMSProp, no global step) then a generator step (Adam,
-increments the global step), two sess.run calls per step."""
+increments the global step), two sess.run calls per step. `--advance first`: the
+discriminator step increments the global step instead, and comes first."""
 
 import time
 
@@ -7,7 +8,13 @@ import _base
 import numpy as np
 import tensorflow as tf
 
-args = _base.parse()
+
+def extra(p):
+    p.add_argument("--advance", default="last", choices=["first", "last"])
+
+
+args = _base.parse(extra)
+first = args.advance == "first"
 gs = tf.compat.v1.train.get_or_create_global_step()
 z = tf.compat.v1.placeholder(tf.float32, [None, 4])
 real = tf.compat.v1.placeholder(tf.float32, [None, _base.DIM])
@@ -26,8 +33,10 @@ def disc(v):
 
 d_loss = tf.reduce_mean(tf.nn.softplus(disc(fake)) + tf.nn.softplus(-disc(real)))
 g_loss = tf.reduce_mean(tf.nn.softplus(-disc(fake)))
-d_train = tf.compat.v1.train.RMSPropOptimizer(0.01).minimize(d_loss, var_list=[dw])
-g_train = tf.compat.v1.train.AdamOptimizer(0.01).minimize(g_loss, var_list=[gw], global_step=gs)
+d_train = tf.compat.v1.train.RMSPropOptimizer(0.01).minimize(
+    d_loss, var_list=[dw], global_step=gs if first else None)
+g_train = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
+    g_loss, var_list=[gw], global_step=None if first else gs)
 with tf.compat.v1.Session(config=_base.config()) as sess:
     sess.run(tf.compat.v1.global_variables_initializer())
     step = sess.run(gs)
