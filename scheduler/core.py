@@ -957,17 +957,20 @@ class SchedulerCore:
             repo.add_event(s, self.clock(), "job.uncontrollable", reason, job_id=job_id)
             return True
 
-    async def runtime_hello(self, job_id: str, incarnation: str) -> bool:
+    async def runtime_hello(self, job_id: str, incarnation: str) -> tuple[bool, bool]:
         """A runtime says hello: NotFound unless the job exists. One small read; the write
         of record_runtime_connected only for a job marked uncontrollable (rare), so a
         thousand runtimes connecting at once do not queue a thousand write transactions.
-        True when that write is due."""
+        (whether that write is due, whether the job is RUNNING as this launch: its shim is
+        told to resume, see RuntimeHub.resume_on_connect)."""
         async with self.tx(read=True) as s:
-            row = (await s.execute(select(Job.suspendable, Job.incarnation).where(Job.id == job_id))).first()
+            row = (await s.execute(select(Job.suspendable, Job.incarnation, Job.state)
+                                   .where(Job.id == job_id))).first()
         if row is None:
             raise NotFound("job", job_id)
-        suspendable, current = row
-        return not suspendable and (not incarnation or incarnation == current)
+        suspendable, current, state = row
+        this_launch = not incarnation or incarnation == current
+        return not suspendable and this_launch, this_launch and state == JobState.RUNNING.value
 
     async def record_runtime_connected(self, job_id: str, incarnation: str) -> None:
         """A runtime of the current launch connected after all: suspendable again (its

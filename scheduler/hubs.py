@@ -148,6 +148,17 @@ class RuntimeHub:
             _fail(old.pending, "the job's runtime reconnected")
         return conn
 
+    def resume_on_connect(self, conn: RuntimeConn) -> None:
+        """The job is RUNNING as this launch: its shim's first command is a resume. A
+        suspend whose answer was lost (a scheduler restarted or a stream dropped between
+        the shim's suspending and its ack reaching the scheduler) left the shim suspended
+        while the job is recorded RUNNING, and nothing would ever resume it: it sat there,
+        "running", training nothing. A shim that is not suspended answers "not suspended".
+        Queued before anything else can be sent on this connection; its ack has no taker."""
+        conn.outbox.put_nowait(runtime_pb2.RuntimeCommand(
+            command_id=_command_id(), kind=runtime_pb2.COMMAND_KIND_RESUME,
+            reason="the job is recorded running: resume if suspended"))
+
     def detach(self, conn: RuntimeConn) -> None:
         conns = self._conns.get(conn.job_id, {})
         if conns.get(conn.incarnation) is conn:

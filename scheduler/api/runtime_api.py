@@ -56,12 +56,14 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             check_id("hello.job_id", hello.job_id)
             check_text("hello.incarnation", hello.incarnation, 64)
             auth.require_runtime(auth.current(), hello.job_id, hello.incarnation)
-            uncontrollable = await self.core.runtime_hello(hello.job_id, hello.incarnation)
+            uncontrollable, running = await self.core.runtime_hello(hello.job_id, hello.incarnation)
         except GandivaError as err:
             await context.abort(code_for(err) or grpc.StatusCode.INTERNAL, str(err))
         except Exception as err:  # noqa: BLE001 - never UNKNOWN; logged with its trace
             await context.abort(*unexpected_status(err, "Connect"))
         conn = self.core.runtimes.attach(hello.job_id, hello.incarnation)
+        if running:
+            self.core.runtimes.resume_on_connect(conn)
         try:
             if uncontrollable:
                 await self.core.record_runtime_connected(hello.job_id, hello.incarnation)

@@ -10,7 +10,8 @@ is tested with real TensorFlow in test_helper_tf.py.
 FAKE_MODE: "" (train), "die_warm" (exit 3 before warm_ready), "die_restore" (exit 4
 when activated), "hang_warm" (never become warm). FAKE_STEPS: exit 0 after this
 many steps (0: never). FAKE_STEP_S: seconds per step. FAKE_CKPT_BYTES: pad each
-checkpoint with this many bytes (a transfer that takes a while). A CHECKPOINT command
+checkpoint with this many bytes (a transfer that takes a while). FAKE_SUSPEND_ACK_S: acks
+a SUSPEND that much later (suspended meanwhile). A CHECKPOINT command
 saves and trains on; SUSPEND holds until RESUME (or another command); any other command
 ends the process (STOP_FOR_MIGRATION after its checkpoint).
 """
@@ -42,19 +43,25 @@ def event(name: str, **fields: object) -> None:
 
 
 def connect(restored_step: int) -> None:
-    outgoing.put(runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(
+    hello = runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(
         job_id=ENV["GANDIVA_JOB_ID"], incarnation=ENV["GANDIVA_INCARNATION"], pid=os.getpid(),
-        server=ENV["GANDIVA_SERVER"], restored_step=restored_step)))
+        server=ENV["GANDIVA_SERVER"], restored_step=restored_step))
+
+    def messages():  # type: ignore[no-untyped-def]
+        yield hello
+        yield from iter(outgoing.get, None)
 
     def run() -> None:
         # With the token and CA the helper handed this process, as tf_runtime does.
         channel = transport.channel(ENV["GANDIVA_SCHEDULER"], transport.ClientSecurity.from_env())
         stub = runtime_pb2_grpc.RuntimeStub(channel)
-        try:
-            for cmd in stub.Connect(iter(outgoing.get, None)):
-                commands.put(cmd)
-        except grpc.RpcError:
-            pass
+        while True:  # reconnects (a restarted scheduler) with a new hello, as the shim does
+            try:
+                for cmd in stub.Connect(messages()):
+                    commands.put(cmd)
+                return
+            except grpc.RpcError:
+                time.sleep(0.2)
 
     threading.Thread(target=run, daemon=True).start()
 
@@ -134,6 +141,8 @@ def main() -> int:
                            runtime_pb2.COMMAND_KIND_RESUME):
             if cmd.kind == runtime_pb2.COMMAND_KIND_CHECKPOINT:
                 ack.checkpoint_path = save(cmd.checkpoint_dir, step)
+            if cmd.kind == runtime_pb2.COMMAND_KIND_SUSPEND:
+                time.sleep(float(ENV.get("FAKE_SUSPEND_ACK_S", "0")))  # an ack that comes late
             outgoing.put(runtime_pb2.RuntimeMessage(ack=ack))
             if cmd.kind != runtime_pb2.COMMAND_KIND_SUSPEND:
                 break

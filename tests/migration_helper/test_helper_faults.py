@@ -172,3 +172,45 @@ def test_a_job_whose_process_or_helper_is_stopped_from_outside_resumes_from_its_
     failed = wait_for(lambda: (j := job(b)).state in DONE and j, 30)
     assert failed.state == common_pb2.JOB_STATE_FAILED
     assert failed.message == "killed by signal SIGKILL (out of memory?), not by Gandiva, 3 times", failed.message
+
+
+def test_a_suspend_whose_answer_is_lost_leaves_no_job_suspended_while_recorded_running(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """An operator's suspend that the shim carries out but whose ack never reaches the
+    scheduler: first answered too late (a long mini-batch), then in flight when the
+    scheduler is restarted. Each time the job stays recorded RUNNING, and its process
+    must train on: it used to sit suspended for good, "running" and training nothing."""
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=3.0, command_timeout_s=1.0)
+    first = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    address = first.address
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
+    helpers("s1", address)
+    steps = 300
+    spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1, env={
+        "FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.01", "FAKE_SUSPEND_ACK_S": "2"})
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+
+    def job() -> common_pb2.Job:
+        return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+
+    def trains_on(after: int) -> None:
+        wait_for(lambda: job().steps >= min(after + 30, steps), 15)
+
+    wait_for(lambda: job().steps >= 10, 30)
+    with pytest.raises(grpc.RpcError) as err:  # the ack comes 2 s late, after the 1 s timeout
+        api.SuspendJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=20)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+    assert job().state == common_pb2.JOB_STATE_RUNNING
+    trains_on(job().steps)
+
+    # In flight when the scheduler stops: the shim suspends, its ack finds no scheduler.
+    before = job().steps
+    assert before < steps - 100, "the job ended too soon for the test"
+    with pytest.raises(grpc.RpcError):
+        api.SuspendJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=0.5)
+    first.call(first.server.stop(grace=0))
+    make_scheduler(sqlite_url, listen=address, tick_s=0.1, settings=settings)
+    assert job().state == common_pb2.JOB_STATE_RUNNING
+    done = wait_for(lambda: (j := job()).state in DONE and j, 30)
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, done.message
