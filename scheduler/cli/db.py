@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scheduler.errors import GandivaError
+    from scheduler.errors import GandivaError, InvalidArgument
     from scheduler.state import migrate
     from scheduler.state.db import make_engine
 
@@ -69,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(asyncio.run(go()))
     except GandivaError as err:
-        print(f"gandiva db: {err}", file=sys.stderr)
+        # make_engine names the field `db`: say it as the flag.
+        text = f"--{err}" if isinstance(err, InvalidArgument) and err.field == "db" else str(err)
+        print(f"gandiva db: {text}", file=sys.stderr)
         return 2
     except CommandError as err:  # a revision that is not there, or not reachable from here
         print(f"gandiva db: {err}; revisions: base, {', '.join(_revisions())} (head)", file=sys.stderr)

@@ -65,6 +65,8 @@ def test_db_errors_go_to_stderr_and_a_missing_database_is_not_created(gandiva, t
     assert "the file is not an SQLite database" in r.err
     r = gandiva("db", "--db", "nonsense", "current")
     assert (r.code, r.out, r.err.count("\n")) == (2, "", 1) and "not a database URL" in r.err
+    r = gandiva("db", "--db", "bogus://", "current")  # was `gandiva db: db: unsupported ...`
+    assert (r.code, r.out) == (2, "") and r.err.startswith("gandiva db: --db: unsupported database URL 'bogus'")
 
 
 def test_logs_of_a_job_that_never_ran_says_so_and_follow_waits_for_it(gandiva, stub) -> None:
