@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 from migration_protocol.host_memory import server_host_memory
 from scheduler.config import gandiva_home, scheduler_address
 from scheduler.transport import ClientSecurity, ServerTls
+from scheduler.validation import MAX_SERVER_GPUS
 
 DEFAULT_LISTEN = "127.0.0.1:0"
 DEFAULT_VIRTUAL_GPUS = 4
@@ -69,12 +71,16 @@ class HelperConfig:
             )
         if self.gpus is not None and self.gpus < 1:
             raise ConfigError(f"--gpus {self.gpus}: must be at least 1")
+        if self.gpus is not None and self.gpus > MAX_SERVER_GPUS:  # the scheduler would refuse it, again and again
+            raise ConfigError(f"--gpus {self.gpus}: a server has at most {MAX_SERVER_GPUS}")
         if ":" not in self.listen:
             raise ConfigError(f"--listen {self.listen!r}: expected HOST:PORT")
-        if self.lease_s is not None and self.lease_s <= 0:
-            raise ConfigError(f"--lease {self.lease_s}: must be positive")
-        if self.sample_interval_s <= 0 or self.report_interval_s <= 0:
-            raise ConfigError("sample and report intervals must be positive")
+        # `not x > 0` and isfinite: NaN compares false with everything and passed `x <= 0`.
+        if self.lease_s is not None and not (self.lease_s > 0 and math.isfinite(self.lease_s)):
+            raise ConfigError(f"--lease {self.lease_s}: must be a positive number of seconds")
+        for flag, value in (("--sample-interval", self.sample_interval_s), ("report interval", self.report_interval_s)):
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"{flag} {value}: must be a positive number of seconds")
         if not self.max_transfer_bytes > 0:
             raise ConfigError(f"--max-transfer-gib {self.max_transfer_bytes / (1 << 30):g} "
                               f"(max_transfer_bytes {self.max_transfer_bytes}): must be positive; "

@@ -17,6 +17,7 @@ from protos.gandiva.v1 import common_pb2
 from scheduler.errors import InvalidArgument
 
 MAX_GPUS = 1024
+MAX_SERVER_GPUS = 256       # GPUs one server registers (its helper's --gpus, or what NVML finds)
 MAX_NAME = 256              # job and multi-job names
 MAX_USER = 128
 MAX_ID = 64                 # job ids, server names and other identifiers in requests

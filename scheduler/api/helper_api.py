@@ -11,10 +11,16 @@ from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument
 from scheduler.hubs import END_STREAM
-from scheduler.validation import MAX_WORKDIR, check_id, check_text, clean_number, clean_text
+from scheduler.validation import (
+    MAX_SERVER_GPUS,
+    MAX_WORKDIR,
+    check_id,
+    check_text,
+    clean_number,
+    clean_text,
+)
 
 # More GPUs, jobs or samples than any server has: a broken or hostile helper.
-MAX_SERVER_GPUS = 256
 MAX_RUNNING_JOBS = 10_000
 MAX_SAMPLES = 100_000
 

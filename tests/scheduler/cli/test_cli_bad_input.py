@@ -199,3 +199,16 @@ def output_console():  # type: ignore[no-untyped-def]
     from scheduler.cli.output import Console
 
     return Console(file=io.StringIO(), width=400, color_system=None)
+
+
+@pytest.mark.parametrize(("flag", "says"), [
+    ("--sample-interval=nan", "--sample-interval nan: must be a positive number of seconds"),
+    ("--lease=nan", "--lease nan: must be a positive number of seconds"),
+    ("--gpus=1000", "--gpus 1000: a server has at most 256"),
+])
+def test_helper_refuses_at_start_what_would_never_work(gandiva, flag: str, says: str, tmp_path: Path) -> None:
+    """`--sample-interval nan` and `--lease nan` started a helper (NaN passed `x <= 0`);
+    `--gpus 1000` started one the scheduler refused to register every two seconds, forever."""
+    r = gandiva("helper", "--server-name", "h1", "--virtual", "--scheduler", "127.0.0.1:1",
+                "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs"), flag)
+    assert (r.code, r.out) == (2, "") and says in r.err, r
