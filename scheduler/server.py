@@ -14,6 +14,7 @@ import gc
 import logging
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import grpc
@@ -101,6 +102,7 @@ class SchedulerServer:
             # Closed before the error leaves: a connection thread still finishing would
             # otherwise print its own traceback once the event loop is gone.
             await self.db.dispose()
+            await _aiosqlite_threads_ended()
             if isinstance(exc, OSError):  # PostgreSQL not there: "[Errno 111] Connection refused"
                 raise OSError(f"--db {_redact(self.db_url)}: cannot reach the database "
                               f"({exc.strerror or exc}); is it running, and is the URL right?") from None
@@ -246,6 +248,20 @@ def _db_trouble(exc: Exception) -> str:
     if "unable to open database file" in text:
         return f"{text}: check that its directory exists and is writable (GANDIVA_HOME or --db)"
     return text
+
+
+async def _aiosqlite_threads_ended(timeout_s: float = 5.0) -> None:
+    """Wait, with this loop running, for aiosqlite's connection threads to end.
+
+    A connection that failed to open is stopped by aiosqlite without awaiting the stop:
+    its thread then posts the stop's result to this loop. Were the loop closed first (the
+    error leaving ``asyncio.run``), that thread would print its own traceback after the
+    one-line error. Python names a thread by its target, which is how they are found.
+    """
+    loop = asyncio.get_running_loop()
+    for thread in threading.enumerate():
+        if thread.name.endswith("(_connection_worker_thread)"):
+            await loop.run_in_executor(None, thread.join, timeout_s)
 
 
 def _redact(url: str) -> str:
