@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import ipaddress
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +34,16 @@ class SecurityError(ValueError):
 
 def _read(path: str, what: str) -> bytes:
     try:
-        return Path(path).expanduser().read_bytes()
+        data = Path(path).expanduser().read_bytes()
     except OSError as exc:
         raise SecurityError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    if b"-----BEGIN " not in data:  # gRPC said only "Failed to create security handshaker"
+        raise SecurityError(f"{what} {path}: not a PEM file (no -----BEGIN line); give the file "
+                            "`gandiva tls init` wrote")
+    return data
+
+
+_TOKEN_TEXT = re.compile(r"[!-~]+")  # what an HTTP header value may carry unquoted
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,13 @@ class ClientSecurity:
             tls_cert=tls_cert or environ.get(ENV_TLS_CERT, ""),
             tls_key=tls_key or environ.get(ENV_TLS_KEY, ""),
         )
+        if sec.token and not _TOKEN_TEXT.fullmatch(sec.token):
+            # A newline was "INTERNAL: Invalid metadata"; a non-ASCII byte, a traceback. The
+            # token is a secret: where, not what.
+            bad = next(i for i, c in enumerate(sec.token) if not _TOKEN_TEXT.fullmatch(c))
+            raise SecurityError(f"--token (or {ENV_TOKEN}): not a token: character {bad + 1} is not printable "
+                                "ASCII (a line end, a blank, a pasted quote?); copy it again from "
+                                "`gandiva token create`")
         if bool(sec.tls_cert) != bool(sec.tls_key):
             raise SecurityError("--tls-cert and --tls-key go together (a client certificate and its key)")
         if sec.tls_cert and not sec.tls_ca:

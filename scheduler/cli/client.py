@@ -97,11 +97,19 @@ class Client:
     """A Scheduler stub bound to one address, with errors mapped to CliError."""
 
     def __init__(self, flag: str | None = None, security: transport.ClientSecurity | None = None) -> None:
+        if flag is not None and not flag.strip():  # `--scheduler "$UNSET"` silently meant the default
+            raise CliError("--scheduler is empty; give HOST:PORT (or leave it out for GANDIVA_SCHEDULER, "
+                           f"else {scheduler_address()})")
         self.address = scheduler_address(flag)
         port = self.address.rpartition(":")[2]
         if port.isascii() and port.isdigit() and int(port) > 65535:  # gRPC would wrap it around
             raise CliError(f"scheduler address {self.address}: port {int(port)} is out of range "
                            "(0-65535)")
+        if ":" in self.address and not self.address.startswith("unix:") and "/" not in self.address \
+                and not (port.isascii() and port.isdigit()):
+            # gRPC said only "cannot reach the scheduler at host:abc (host:abc)".
+            raise CliError(f"scheduler address {self.address}: port {port!r} is not a number; give HOST:PORT, "
+                           "e.g. 127.0.0.1:50051")
         try:
             security = security or transport.ClientSecurity.from_env()
             self.channel = transport.channel(self.address, security, CHANNEL_OPTIONS)

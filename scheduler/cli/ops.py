@@ -285,7 +285,7 @@ def _act(args: argparse.Namespace, client: Client, method: str, verb: str) -> in
         try:
             job = client.call(method, scheduler_pb2.JobActionRequest(id=job_id, reason=args.reason))
         except CliError as exc:
-            print(f"{PROG}: error: {job_id}: {exc}", file=sys.stderr)
+            print(f"{PROG}: error: {output.visible(job_id) or repr(job_id)}: {exc}", file=sys.stderr)
             failed += 1
             continue
         done.append(job)

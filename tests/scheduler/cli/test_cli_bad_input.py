@@ -212,3 +212,22 @@ def test_helper_refuses_at_start_what_would_never_work(gandiva, flag: str, says:
     r = gandiva("helper", "--server-name", "h1", "--virtual", "--scheduler", "127.0.0.1:1",
                 "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs"), flag)
     assert (r.code, r.out) == (2, "") and says in r.err, r
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--scheduler", ""], "--scheduler is empty; give HOST:PORT"),  # silently meant the default
+    (["--scheduler", "host:abc"], "scheduler address host:abc: port 'abc' is not a number"),
+    (["--token", "a\nb"], "--token (or GANDIVA_TOKEN): not a token: character 2 is not printable ASCII"),
+    (["--token", "\udcff"], "--token (or GANDIVA_TOKEN): not a token: character 1"),  # was a UnicodeEncodeError
+    (["--tls-ca", "{tmp}/ca.pem"], "--tls-ca {tmp}/ca.pem: not a PEM file (no -----BEGIN line)"),  # "handshaker"
+])
+def test_client_flags_that_cannot_work_are_named(gandiva, argv: list[str], says: str, tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("not a certificate\n")
+    argv, says = [a.format(tmp=tmp_path) for a in argv], says.format(tmp=tmp_path)
+    r = gandiva("get", "jobs", *argv)
+    assert (r.code, r.out, r.err.count("\n")) == (2, "", 1) and says in r.err and "Traceback" not in r.err, r
+
+
+def test_an_empty_id_among_many_is_named(gandiva, sched) -> None:  # type: ignore[no-untyped-def]
+    r = gandiva("kill", "")
+    assert r.code == 2 and r.err.startswith("gandiva: error: '': invalid: id: required"), r
