@@ -823,11 +823,12 @@ class SchedulerCore:
             stale = await repo.stale_servers(s, cutoff)
             names = [srv.name for srv in stale]
             stops: list[tuple[str, str, str]] = []
+            lost: list[tuple[str, str]] = []
             for srv in stale:
                 # The server's lease ran out before now (Settings): nothing of it trains.
                 await self._take_down(s, srv, now, f"no heartbeat for {now - srv.last_heartbeat:.0f}s",
-                                      "went down", stops)
-        self._after_down(names, stops)
+                                      "went down", stops, lost)
+        self._after_down(names, stops, lost)
         return names
 
     async def server_leaving(self, name: str, instance: str = "") -> bool:
@@ -839,19 +840,21 @@ class SchedulerCore:
         if not self._claim_name(name, instance, now):
             return False
         stops: list[tuple[str, str, str]] = []
+        lost: list[tuple[str, str]] = []
         async with self.tx() as s:
             srv = await s.get(Server, name)
             if srv is None or not srv.up:
                 return False
-            await self._take_down(s, srv, now, "its helper stopped", "stopped its helper", stops)
+            await self._take_down(s, srv, now, "its helper stopped", "stopped its helper", stops, lost)
         self._instances.pop(name, None)
-        self._after_down([name], stops)
+        self._after_down([name], stops, lost)
         return True
 
     async def _take_down(self, s: AsyncSession, srv: Server, now: float, event: str, verb: str,
-                         stops: list[tuple[str, str, str]]) -> None:
+                         stops: list[tuple[str, str, str]], lost: list[tuple[str, str]]) -> None:
         """Mark `srv` down in transaction `s`, its active jobs back to the queue; the
-        launches to stop elsewhere (a migration's destination, a fallback) go to `stops`."""
+        launches to stop elsewhere (a migration's destination, a fallback) go to `stops`,
+        the (job, incarnation) of the launches lost with the server to `lost`."""
         srv.up = False
         repo.add_event(s, now, "server.down", event, server=srv.name)
         for job in await repo.jobs_on_server(s, srv.name):
@@ -866,11 +869,19 @@ class SchedulerCore:
                         # or step 0. Through a shared mount it lies at the destination.
                         why += f" mid-migration; {await repo.resume_from_migration(s, job, migration)}"
                         stops.append((srv.name, job.id, migration.fallback_incarnation))
+                lost.append((job.id, job.incarnation))
                 await repo.requeue(s, job, now, why)
 
-    def _after_down(self, names: Sequence[str], stops: Sequence[tuple[str, str, str]]) -> None:
+    def _after_down(self, names: Sequence[str], stops: Sequence[tuple[str, str, str]],
+                    lost: Sequence[tuple[str, str]]) -> None:
         for server, job_id, incarnation in stops:
             self.stop_on(server, job_id, incarnation, "its source server went down mid-migration")
+        # A command sent to a lost launch's shim (a periodic checkpoint, a suspend) over a
+        # cut link is answered by nobody: it fails now. It used to hold the job "in flight",
+        # unplaceable, until its timeout or the stream's death (15-60 s after the server
+        # was marked down; a job re-placed a heartbeat timeout after its host was lost).
+        for job_id, incarnation in lost:
+            self.runtimes.fail_pending(job_id, incarnation, "its server went down")
         for n in names:
             self.helpers.fail_all(n, f"server {n} went down")
         if names:

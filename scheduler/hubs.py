@@ -153,11 +153,29 @@ class RuntimeHub:
         suspend whose answer was lost (a scheduler restarted or a stream dropped between
         the shim's suspending and its ack reaching the scheduler) left the shim suspended
         while the job is recorded RUNNING, and nothing would ever resume it: it sat there,
-        "running", training nothing. A shim that is not suspended answers "not suspended".
-        Queued before anything else can be sent on this connection; its ack has no taker."""
+        "running", training nothing. Queued before anything else can be sent on this
+        connection."""
+        self._queue_resume(conn, "the job is recorded running: resume if suspended")
+
+    def resume_after(self, job_id: str, incarnation: str, reason: str) -> None:
+        """Queue a resume behind the commands already sent to that launch's shim (if
+        connected; one that reconnects is resumed by resume_on_connect)."""
+        conn = self._conns.get(job_id, {}).get(incarnation)
+        if conn is not None:
+            self._queue_resume(conn, reason)
+
+    @staticmethod
+    def _queue_resume(conn: RuntimeConn, reason: str) -> None:
+        # Not awaited (its ack has no taker): a shim that is not suspended answers
+        # "not suspended", one that is resumes.
         conn.outbox.put_nowait(runtime_pb2.RuntimeCommand(
-            command_id=_command_id(), kind=runtime_pb2.COMMAND_KIND_RESUME,
-            reason="the job is recorded running: resume if suspended"))
+            command_id=_command_id(), kind=runtime_pb2.COMMAND_KIND_RESUME, reason=reason))
+
+    def fail_pending(self, job_id: str, incarnation: str, reason: str) -> None:
+        """Fail the commands awaiting an answer from that launch's shim (its server is lost)."""
+        conn = self._conns.get(job_id, {}).get(incarnation)
+        if conn is not None:
+            _fail(conn.pending, reason)
 
     def detach(self, conn: RuntimeConn) -> None:
         conns = self._conns.get(conn.job_id, {})

@@ -583,7 +583,11 @@ class LiveEngine:
             )
         except Unavailable:
             if kind == runtime_pb2.COMMAND_KIND_SUSPEND:
-                await self._undo_suspend(job_id, incarnation)
+                # No answer in time (a long mini-batch), or the stream dropped: the suspend
+                # may still take effect at the shim, its ack lost, and the job would stay
+                # recorded RUNNING while its process sits suspended for good. A resume
+                # right behind it keeps the process as recorded.
+                self.core.runtimes.resume_after(job_id, incarnation, "undoing a suspend not answered in time")
             raise
         if ack.ok:
             self.observer.switched("resume" if target is JobState.RUNNING else "suspend", time.perf_counter() - t0)
@@ -599,18 +603,6 @@ class LiveEngine:
             elif hold:
                 job.held = True
             await repo.transition(s, job, target, self.core.clock(), f"{reason} (step {ack.step})")
-
-    async def _undo_suspend(self, job_id: str, incarnation: str) -> None:
-        """A suspend with no answer in time (a long mini-batch) or whose stream dropped may
-        still take effect at the shim, its ack then lost: the job would stay recorded
-        RUNNING while its process sits suspended for good. A resume right behind it keeps
-        the process as recorded (a shim never suspended answers "not suspended")."""
-        try:
-            await self.core.runtimes.call(
-                job_id, runtime_pb2.COMMAND_KIND_RESUME, self.core.settings.command_timeout_s,
-                reason="undoing a suspend that was not answered in time", incarnation=incarnation)
-        except GandivaError as err:  # gone meanwhile; a shim that reconnects is resumed (hubs)
-            log.warning("job %s: could not undo an unanswered suspend: %s", job_id, err)
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
         await run_migration(self.core, job_id, list(to_gpus), reason)

@@ -9,8 +9,8 @@ is tested with real TensorFlow in test_helper_tf.py.
 
 FAKE_MODE: "" (train), "die_warm" (exit 3 before warm_ready), "die_restore" (exit 4
 when activated), "hang_warm" (never become warm). FAKE_STEPS: exit 0 after this
-many steps (0: never). FAKE_STEP_S: seconds per step. FAKE_CKPT_BYTES: pad each
-checkpoint with this many bytes (a transfer that takes a while). FAKE_SUSPEND_ACK_S: acks
+many steps (0: never). FAKE_STEP_S: seconds per step. FAKE_CKPT_BYTES: pad a
+migration's checkpoint with this many bytes (a transfer that takes a while). FAKE_SUSPEND_ACK_S: acks
 a SUSPEND that much later (suspended meanwhile). A CHECKPOINT command
 saves and trains on; SUSPEND holds until RESUME (or another command); any other command
 ends the process (STOP_FOR_MIGRATION after its checkpoint).
@@ -73,12 +73,11 @@ def restore(directory: str) -> int:
     return int(manifest["global_step"])
 
 
-def save(directory: str, step: int) -> str:
+def save(directory: str, step: int, pad: int = 0) -> str:
     target = Path(directory)
     tmp = target.with_name(target.name + ".tmp")
     tmp.mkdir(parents=True)
     (tmp / "state").write_text(str(step))
-    pad = int(ENV.get("FAKE_CKPT_BYTES", "0"))
     if pad:
         (tmp / "pad").write_bytes(b"\0" * pad)
     (tmp / "gandiva.json").write_text(json.dumps({"job_id": ENV["GANDIVA_JOB_ID"], "global_step": step,
@@ -152,7 +151,7 @@ def main() -> int:
             continue
         if cmd.kind == runtime_pb2.COMMAND_KIND_STOP_FOR_MIGRATION:
             t0 = time.monotonic()
-            ack.checkpoint_path = save(cmd.checkpoint_dir, step)
+            ack.checkpoint_path = save(cmd.checkpoint_dir, step, int(ENV.get("FAKE_CKPT_BYTES", "0")))
             ack.durations_s["save"] = time.monotonic() - t0
             ack.durations_s["wait_boundary"] = 0.0
             code = 75

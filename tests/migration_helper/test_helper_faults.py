@@ -79,7 +79,7 @@ def test_destination_lost_mid_transfer_restarts_the_job_at_its_source_at_once(
     procs = {name: helpers(name, sched.address) for name in ("s1", "s2")}
     steps = 400
     spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1, env={
-        "FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.02", "FAKE_CKPT_BYTES": str(64 << 20)})
+        "FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.01", "FAKE_CKPT_BYTES": str(64 << 20)})
     job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
 
     def job() -> common_pb2.Job:
@@ -111,6 +111,46 @@ def test_destination_lost_mid_transfer_restarts_the_job_at_its_source_at_once(
     assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, (done.message, done.steps)
     ends = [t.to_state for t in done.history if t.to_state in DONE]
     assert ends == [common_pb2.JOB_STATE_SUCCEEDED]
+
+
+def test_a_frozen_hosts_job_is_re_placed_once_its_server_is_down_despite_a_command_in_flight(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """A host that stops answering without closing anything (its helper and its job frozen
+    with SIGSTOP: a hung machine, or a cut link, as far as TCP can tell) while the
+    scheduler's periodic checkpoint command waits for the job's answer. Once the server is
+    marked down the job is re-placed on the other server at once: the command in flight
+    fails with the server. It used to hold the job "in flight", unplaceable, until the
+    command's timeout (60 s) or the stream's death. Back, the host stops its stale copy."""
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=3.0, checkpoint_interval_s=0.5, checkpoint_wait_s=0.0)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    procs = {name: helpers(name, sched.address) for name in ("s1", "s2")}
+    spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1,
+                              env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.02"})
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+
+    def job() -> common_pb2.Job:
+        return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+
+    wait_for(lambda: any(e.kind == "job.checkpoint" for e in api.ListEvents(
+        scheduler_pb2.ListEventsRequest(job_id=job_id)).events), 30)
+    src = job().placement[0].server
+    other = "s2" if src == "s1" else "s1"
+    (pid,) = _job_pids(job_id, warm=False)
+    frozen = [procs[src].pid, pid]
+    for p in frozen:
+        os.kill(p, signal.SIGSTOP)
+    lost = time.monotonic()
+    try:
+        wait_for(lambda: (j := job()).state == common_pb2.JOB_STATE_RUNNING and j.placement[0].server == other, 30)
+        took = time.monotonic() - lost
+    finally:
+        for p in frozen:
+            os.kill(p, signal.SIGCONT)
+    assert took < settings.down_after_s + 3, f"re-placed {took:.1f}s after its host froze"
+    wait_for(lambda: pid not in _job_pids(job_id, warm=False), 20)  # the stale copy, stopped
+    api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
 
 
 def test_a_job_whose_process_or_helper_is_stopped_from_outside_resumes_from_its_checkpoint(
