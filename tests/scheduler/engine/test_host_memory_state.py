@@ -117,4 +117,4 @@ def test_balance_park_is_on_live_as_in_the_simulator_and_can_be_turned_off() -> 
 ])
 def test_scheduler_refuses_bad_host_memory_options(option: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["scheduler", "--policy-option", option]) == 2
-    assert says in capsys.readouterr().out
+    assert says in capsys.readouterr().err  # errors on stderr (since 1b81b76)
