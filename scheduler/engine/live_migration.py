@@ -21,7 +21,7 @@ from scheduler.errors import FailedPrecondition, GandivaError, Unavailable
 from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
-from scheduler.state.models import AuthToken, Job, Migration
+from scheduler.state.models import AuthToken, Job, Migration, Server
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,21 @@ async def vouch_transfer(core: SchedulerCore, transfer: helper_pb2.TransferCheck
     return str(dest.name)
 
 
+async def refuse_if_down(core: SchedulerCore, server: str, command: helper_pb2.HelperCommand) -> None:
+    """A command for a server marked down fails at once (Unavailable) instead of waiting
+    out its timeout for a helper that is not there: a migration whose source or
+    destination was lost used to hold its job, unplaceable, 30-60 s more. A stop is still
+    queued, for the helper to carry out if it comes back (its heartbeat fencing stops the
+    launch then anyway)."""
+    async with core.tx(read=True) as s:
+        srv = await s.get(Server, server)
+    if srv is not None and not srv.up:
+        body = command.WhichOneof("body")
+        if body == "stop":
+            core.stop_on(server, command.stop.job_id, command.stop.incarnation, command.stop.reason)
+        raise Unavailable(f"server {server} is down: {body} not sent")
+
+
 class LivePorts:
     def __init__(self, core: SchedulerCore) -> None:
         self.core = core
@@ -68,6 +83,7 @@ class LivePorts:
     async def helper_command(
         self, server: str, command: helper_pb2.HelperCommand, timeout_s: float
     ) -> helper_pb2.HelperCommandResult:
+        await refuse_if_down(self.core, server, command)
         if command.WhichOneof("body") == "transfer":
             # Fails at once when the destination goes down (its link cut mid-copy): the
             # job restarts at its source from the checkpoint instead of waiting out the
@@ -218,6 +234,7 @@ async def _stop_source(core: SchedulerCore, plan: MigrationPlan) -> float:
     stop = helper_pb2.HelperCommand(stop=helper_pb2.StopJob(
         job_id=plan.job_id, incarnation=plan.source_incarnation, reason="migration failed before its checkpoint"))
     try:
+        await refuse_if_down(core, plan.source.name, stop)
         result = await core.helpers.call(plan.source.name, stop, core.settings.command_timeout_s)
         if result.ok:
             return 0.0
