@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 
+from scheduler.cli.argtypes import positive_seconds
 from scheduler.cli.client import CliError, add_security_flags, client_from_args
 
 
@@ -51,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", help="working directory of the jobs (default: the current one)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="set a variable in the jobs' environment (repeatable)")
-    p.add_argument("--timeout", type=float, default=3600, help="give up after this many seconds (default 3600)")
+    p.add_argument("--timeout", type=positive_seconds, default=3600, help="give up after this many seconds (default 3600)")
     p.add_argument("--scheduler", metavar="ADDR",
                    help="scheduler address (default: $GANDIVA_SCHEDULER, else 127.0.0.1:50051)")
     add_security_flags(p)

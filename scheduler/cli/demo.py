@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from scheduler.cli.argtypes import positive_seconds
 from scheduler.cli.local_cluster import LocalCluster, free_port
 from scheduler.config import default_db_url, gandiva_home
 
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http-listen", default="127.0.0.1:0",
                    help="where the dashboard and /metrics listen (default 127.0.0.1, a free port)")
     p.add_argument("--db", default=None, help="database URL (default: the SQLite file under GANDIVA_HOME)")
-    p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds (default 300)")
+    p.add_argument("--timeout", type=positive_seconds, default=300, help="give up after this many seconds (default 300)")
     p.add_argument("--keep", action="store_true", help="leave the scheduler and helpers running at the end")
     p.set_defaults(func=run)
 

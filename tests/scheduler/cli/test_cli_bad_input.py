@@ -231,3 +231,14 @@ def test_client_flags_that_cannot_work_are_named(gandiva, argv: list[str], says:
 def test_an_empty_id_among_many_is_named(gandiva, sched) -> None:  # type: ignore[no-untyped-def]
     r = gandiva("kill", "")
     assert r.code == 2 and r.err.startswith("gandiva: error: '': invalid: id: required"), r
+
+
+@pytest.mark.parametrize("argv", [["automl", "--sweep", "s.yaml", "--metric", "loss", "--timeout", "nan", "--", "x"],
+                                  ["automl", "--sweep", "s.yaml", "--metric", "loss", "--timeout", "-1", "--", "x"],
+                                  ["demo", "--timeout", "0"]])
+def test_automl_and_demo_timeouts_are_finite_and_positive(gandiva, argv: list[str],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`--timeout nan` / `-1` were taken (a search that gives up at once, or never)."""
+    with pytest.raises(SystemExit) as exit_:
+        gandiva(*argv)
+    assert exit_.value.code == 2 and "argument --timeout: must be more than 0 seconds" in capsys.readouterr().err
