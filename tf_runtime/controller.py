@@ -286,6 +286,14 @@ class Controller:
         Holding here means the program's first training run is not known yet: the
         source's signature (GANDIVA_WARM_SIGNATURE), when given, is rehearsed instead.
         """
+        if self._restore_again and adapter is self._restored_into and not self.trained and \
+                self.settings.restore_dir and not (
+                    info.initializes or info.initializes_some or info.restores):
+            # The program overwrote restored variables (its own checkpoint restored after
+            # initialising, a layer loaded from NumPy) and now reads: restore again before
+            # this run, so it sees the restored step, not its own checkpoint's.
+            self._restore_again = False
+            self._restore(adapter, self.settings.restore_dir, partial=True)
         if not self._warm_pending or adapter is not self.adapter or self.trained:
             return
         self._warm_pending = False

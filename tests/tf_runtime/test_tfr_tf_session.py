@@ -1138,3 +1138,40 @@ def test_a_training_run_called_after_the_step_advancing_one_is_part_of_the_step(
     prefix = str(tmp_path / "ck" / "model")
     for name, value in zip("ab", seen[5], strict=True):
         np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value)
+
+
+def test_the_programs_own_restore_after_initialising_never_shows_its_older_step(
+        tmp_path: Path) -> None:
+    """The most common TF1 start: `sess.run(init)`, then `saver.restore(sess, latest)`
+    from its own directory, then `step = sess.run(gs)`. Restarted from a migration, the
+    shim restores at the initialiser, the program's own (older) checkpoint overwrites that,
+    and the shim restored again only right before the first training run: the program had
+    read its own checkpoint's step meanwhile and fed that step's batches onto the restored
+    weights (a migrated job ended with other weights). Now the shim restores again before
+    the first run that reads after such an overwrite."""
+    def build() -> tuple[Any, Any, Any]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(w * w), global_step=gs)
+        return gs, train, tf.compat.v1.train.Saver()
+
+    own = str(tmp_path / "own" / "model")
+    with shimmed() as source, tf.Graph().as_default() as g, session(g) as sess:
+        gs, train, saver = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(2):
+            sess.run(train)
+            sess.run(gs)
+        saver.save(sess, own, global_step=2)
+        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        for _ in range(2):
+            sess.run(train)
+            sess.run(gs)
+    assert acks(source)[-1].ok and acks(source)[-1].step == 3
+
+    with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
+        gs, train, saver = build()
+        sess.run(tf.compat.v1.global_variables_initializer())  # the restore point
+        saver.restore(sess, tf.compat.v1.train.latest_checkpoint(str(tmp_path / "own")))
+        assert sess.run(gs) == 3
