@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from scheduler.cli.argtypes import non_negative_days
 from scheduler.config import default_db_url
@@ -32,55 +34,63 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scheduler.errors import GandivaError, InvalidArgument
     from scheduler.state import migrate
+
+    async def go(engine) -> str:  # type: ignore[no-untyped-def]
+        if args.db_action == "prune":
+            return await _prune(engine, args)
+        if args.db_action == "upgrade":
+            await migrate.upgrade(engine, args.revision)
+        elif args.db_action == "downgrade":
+            await migrate.downgrade(engine, args.revision)
+        return (await migrate.current(engine)) or "base (empty)"
+
+    return run_on_db("gandiva db", args.db or default_db_url(), go, create=args.db_action == "upgrade")
+
+
+def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create: bool) -> int:
+    """Print what ``work(engine)`` returns; every failure is one line on stderr naming --db
+    (exit 2). ``create``: the command may create a missing SQLite file; others refuse one,
+    so a mistyped path does not leave an empty database behind."""
+    from alembic.util import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from scheduler.errors import GandivaError, InvalidArgument
+    from scheduler.server import _db_trouble, _redact, check_db_url
     from scheduler.state.db import make_engine
 
     async def go() -> str:
         engine = make_engine(url)
         try:
-            if args.db_action == "prune":
-                return await _prune(engine, args)
-            if args.db_action == "upgrade":
-                await migrate.upgrade(engine, args.revision)
-            elif args.db_action == "downgrade":
-                await migrate.downgrade(engine, args.revision)
-            return (await migrate.current(engine)) or "base (empty)"
+            return await work(engine)
         finally:
             await engine.dispose()
 
-    from alembic.util import CommandError
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from scheduler.server import _db_trouble, _redact, check_db_url
-
-    # Errors: one line on stderr; stdout has only the result.
-    url = args.db or default_db_url()
     try:
         check_db_url(url)
     except ValueError as err:
-        print(f"gandiva db: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 2
     try:
-        missing = _missing_sqlite_file(url) if args.db_action != "upgrade" else None
-        if missing is not None:  # `current`, `downgrade`, `prune` of a typo: nothing is created
-            print(f"gandiva db: no database at {missing} (nothing was created); check --db or "
+        missing = None if create else _missing_sqlite_file(url)
+        if missing is not None:
+            print(f"{prog}: no database at {missing} (nothing was created); check --db or "
                   "GANDIVA_DB/GANDIVA_HOME, or create it with `gandiva db upgrade`", file=sys.stderr)
             return 2
         print(asyncio.run(go()))
     except GandivaError as err:
         # make_engine names the field `db`: say it as the flag.
         text = f"--{err}" if isinstance(err, InvalidArgument) and err.field == "db" else str(err)
-        print(f"gandiva db: {text}", file=sys.stderr)
+        print(f"{prog}: {text}", file=sys.stderr)
         return 2
     except CommandError as err:  # a revision that is not there, or not reachable from here
-        print(f"gandiva db: {err}; revisions: base, {', '.join(_revisions())} (head)", file=sys.stderr)
+        print(f"{prog}: {err}; revisions: base, {', '.join(_revisions())} (head)", file=sys.stderr)
         return 2
     except (OSError, SQLAlchemyError) as err:  # not a database, cannot be opened, not reachable
-        print(f"gandiva db: --db {_redact(url)}: {_db_trouble(err)}", file=sys.stderr)
+        print(f"{prog}: --db {_redact(url)}: {_db_trouble(err)}", file=sys.stderr)
         return 2
     except Exception as err:  # noqa: BLE001 - any failure: one line for the operator, exit 1
-        print(f"gandiva db: {type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}",
+        print(f"{prog}: {type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}",
               file=sys.stderr)
         return 1
     return 0

@@ -5,7 +5,6 @@ printed once and only its hash is stored."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import time
@@ -38,39 +37,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from scheduler import auth
-    from scheduler.errors import GandivaError
+    from scheduler.cli.db import run_on_db
     from scheduler.state import migrate
-    from scheduler.state.db import make_engine, make_sessionmaker
+    from scheduler.state.db import make_sessionmaker
 
-    async def go() -> str:
-        engine = make_engine(args.db or default_db_url())
-        try:
-            await migrate.upgrade(engine)
-            sessions = make_sessionmaker(engine)
-            async with sessions() as s, s.begin():
-                if args.token_action == "create":
-                    role = "operator" if args.operator else "helper" if args.helper else "user"
-                    token = await auth.create_token(s, args.name, role)
-                    print(f"token for {role} {args.name} (shown once; store it safely):",
-                          file=sys.stderr)
-                    return token
-                if args.token_action == "revoke":
-                    await auth.revoke_token(s, args.name)
-                    return f"revoked the token of {args.name}"
-                rows = await auth.list_tokens(s)
-            lines = [f"{'NAME':<24} {'ROLE':<9} {'CREATED':<20} STATE"]
-            for r in rows:
-                created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at))
-                state = "revoked " + time.strftime("%Y-%m-%d %H:%M", time.localtime(r.revoked_at)) \
-                    if r.revoked_at else "active"
-                lines.append(f"{r.name:<24} {r.role:<9} {created:<20} {state}")
-            return "\n".join(lines)
-        finally:
-            await engine.dispose()
+    async def go(engine) -> str:  # type: ignore[no-untyped-def]
+        await migrate.upgrade(engine)
+        sessions = make_sessionmaker(engine)
+        async with sessions() as s, s.begin():
+            if args.token_action == "create":
+                role = "operator" if args.operator else "helper" if args.helper else "user"
+                token = await auth.create_token(s, args.name, role)
+                print(f"token for {role} {args.name} (shown once; store it safely):",
+                      file=sys.stderr)
+                return token
+            if args.token_action == "revoke":
+                await auth.revoke_token(s, args.name)
+                return f"revoked the token of {args.name}"
+            rows = await auth.list_tokens(s)
+        lines = [f"{'NAME':<24} {'ROLE':<9} {'CREATED':<20} STATE"]
+        for r in rows:
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at))
+            state = "revoked " + time.strftime("%Y-%m-%d %H:%M", time.localtime(r.revoked_at)) \
+                if r.revoked_at else "active"
+            lines.append(f"{r.name:<24} {r.role:<9} {created:<20} {state}")
+        return "\n".join(lines)
 
-    try:
-        print(asyncio.run(go()))
-    except GandivaError as err:
-        print(f"gandiva token: {err}", file=sys.stderr)
-        return 2
-    return 0
+    # `create` may make the database (tokens before the scheduler's first start); `list` and
+    # `revoke` of a missing file say so instead of creating an empty one.
+    return run_on_db("gandiva token", args.db or default_db_url(), go, create=args.token_action == "create")

@@ -242,3 +242,15 @@ def test_automl_and_demo_timeouts_are_finite_and_positive(gandiva, argv: list[st
     with pytest.raises(SystemExit) as exit_:
         gandiva(*argv)
     assert exit_.value.code == 2 and "argument --timeout: must be more than 0 seconds" in capsys.readouterr().err
+
+
+def test_token_list_of_a_missing_database_creates_nothing(gandiva, tmp_path: Path) -> None:
+    """`gandiva token list` of a mistyped --db made its directory and an empty database and
+    listed no tokens (exit 0); a file that is not a database was a traceback."""
+    typo = tmp_path / "no-such-dir" / "gandiva.db"
+    r = gandiva("token", "--db", f"sqlite+aiosqlite:///{typo}", "list")
+    assert (r.code, r.out) == (2, "") and f"gandiva token: no database at {typo} (nothing was created)" in r.err
+    assert not typo.parent.exists()
+    (tmp_path / "text.db").write_text("not a database\n")
+    r = gandiva("token", "--db", f"sqlite+aiosqlite:///{tmp_path / 'text.db'}", "revoke", "bob")
+    assert (r.code, r.out, r.err.count("\n")) == (2, "", 1) and "the file is not an SQLite database" in r.err, r
