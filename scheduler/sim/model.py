@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,10 +116,11 @@ class MechanismModel:
         if gpu_type not in types:
             raise ValueError(f"{path}: no GPU type {gpu_type!r}; it has {', '.join(types)} "
                              "(--gpu-type)")
-        table = {_key(k): v for k, v in raw[gpu_type].items()}
+        table = _rows(path, gpu_type, raw[gpu_type])
         spread = {}
-        for k, v in raw.get(f"{gpu_type}_unconsolidated", {}).items():
-            key = _key(k)
+        unconsolidated = raw.get(f"{gpu_type}_unconsolidated", {})
+        for key, v in (_rows(path, f"{gpu_type}_unconsolidated", unconsolidated)
+                       if isinstance(unconsolidated, dict) else {}).items():
             if key in table and table[key]["null"]:
                 spread[key] = v["null"] / table[key]["null"]
         return cls(costs=costs or Costs(), gavel=table, gavel_spread=spread,
@@ -188,6 +190,34 @@ def gavel_table_near(trace: Path) -> Path | None:
 def _key(text: str) -> tuple[str, int]:
     name, scale = ast.literal_eval(text)
     return str(name), int(scale)
+
+
+def _rows(path: Path, gpu_type: str, rows: dict) -> dict[tuple[str, int], dict]:
+    """A GPU type's rows, keyed by (job type, scale factor); ValueError names the first entry
+    that is not a measurement (an ast error of a bad key, or a NaN or negative rate replayed
+    as if measured, was what came out before)."""
+    out = {}
+    for text, row in rows.items():
+        where = f"{path}: {gpu_type}[{text[:60]!r}]"
+        try:
+            key = _key(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise ValueError(f"{where}: the key is not \"('JOB TYPE', SCALE FACTOR)\"") from None
+        if not isinstance(row, dict) or "null" not in row:
+            raise ValueError(f"{where}: expected an object with \"null\" (the rate alone)")
+        for other, value in row.items():
+            values = [value] if other == "null" else value if isinstance(value, list) and len(value) == 2 else None
+            if values is None or not all(_rate(v) for v in values):
+                shown = "null" if other == "null" else other[:60]
+                raise ValueError(f"{where}[{shown!r}]: {str(value)[:40]} is not "
+                                 + ("a rate (a number 0 or more)" if other == "null" else
+                                    "a pair of rates [this job's, the other's], numbers 0 or more"))
+        out[key] = row
+    return out
+
+
+def _rate(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 # Profiles for Gavel's job types by family (assumed, not measured: the Gavel table

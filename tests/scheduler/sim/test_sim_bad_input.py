@@ -224,3 +224,28 @@ def test_trace_text_in_messages_is_not_rich_markup(tmp_path: Path, gandiva: Any)
     r = gandiva("sim", "--trace", str(trace), "--no-progress", "--policy", "fifo", "-o", "json")
     assert r.code == 0 and "Traceback" not in r.err, r
     assert "(e.g. '[/m]')" in r.err and "job t-[red]y (1 GPU)" in r.err
+
+
+@pytest.mark.parametrize(("table", "says"), [
+    ('{"v100": {"x": 1}}', "v100['x']: the key is not \"('JOB TYPE', SCALE FACTOR)\""),  # was an ast error
+    ('{"v100": {"(\'R\', 1)": {"null": NaN}}}', "['null']: nan is not a rate"),  # replayed as measured
+    ('{"v100": {"(\'R\', 1)": {"null": -5}}}', "['null']: -5 is not a rate"),
+    ('{"v100": {"(\'R\', 1)": {"null": 2, "(\'S\', 1)": [1]}}}', "[1] is not a pair of rates"),
+])
+def test_a_throughput_table_that_is_not_measurements_is_named(tmp_path: Path, table: str, says: str) -> None:
+    from scheduler.sim.model import MechanismModel
+
+    path = tmp_path / "t.json"
+    path.write_text(table)
+    with pytest.raises(ValueError) as err:
+        MechanismModel.from_gavel(path)
+    assert str(err.value).startswith(f"{path}: v100") and says in str(err.value), str(err.value)
+
+
+def test_the_shared_gavel_table_is_still_read() -> None:
+    from scheduler.sim.model import MechanismModel
+
+    table = Path(__file__).resolve().parents[4] / "shared" / "traces" / "gavel" / "simulation_throughputs.json"
+    if not table.is_file():
+        pytest.skip(f"{table} is not here (the shared traces live outside the repository)")
+    assert MechanismModel.from_gavel(table).knows("ResNet-50 (batch size 64)")
