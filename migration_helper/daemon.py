@@ -22,7 +22,7 @@ from migration_helper.agent import agent_server
 from migration_helper.config import HelperConfig
 from migration_helper.gpus import GpuBackend, open_backend
 from migration_helper.jobs import JobTable
-from migration_helper.process import JobProcess, exit_reason
+from migration_helper.process import JobProcess, exit_reason, kill_left_behind, owner_mark
 from migration_helper.ramdisk import Ramdisk
 from migration_helper.sampling import Sampler
 from migration_protocol.host_memory import format_size
@@ -68,6 +68,7 @@ class HelperDaemon:
             security=config.security,
             roots=[config.ramdisk_dir, *([config.shared_root] if config.shared_root else [])],
             peer_check=self.not_a_peer,
+            owner=owner_mark(config.ramdisk_dir),
         )
         # The registered helpers' agents, address -> name, as the scheduler last sent them
         # in a heartbeat answer (with their version): checkpoints go only to these.
@@ -104,6 +105,10 @@ class HelperDaemon:
 
     async def start(self) -> None:
         self.ramdisk.prepare()
+        left = kill_left_behind(self.ramdisk.root)
+        if left:
+            log.warning("killed %d process(es) an earlier run of this helper left running (jobs %s): "
+                        "the scheduler places those jobs again", len(left), ", ".join(sorted({j for _, j in left})))
         self._server = agent_server(self.ramdisk, self.config.security.token)
         warning = check_exposure(self.config.listen, self.config.tls, self.config.tls is not None
                                  and bool(self.config.tls.client_ca), self.config.insecure,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from migration_helper.agent import send_checkpoint
 from migration_helper.launch_rule import job_environment, shim_command
-from migration_helper.process import JobProcess, ProcessExited
+from migration_helper.process import OWNER_ENV, JobProcess, ProcessExited
 from migration_helper.ramdisk import CheckpointError, safe_name
 from protos.gandiva.v1 import helper_pb2
 from scheduler.auth import runtime_token
@@ -55,7 +55,10 @@ class JobTable:
         security: ClientSecurity | None = None,
         roots: Sequence[Path] = (),
         peer_check: Callable[[str], Awaitable[str]] | None = None,
+        owner: str = "",
     ) -> None:
+        # Marks every launch (process.OWNER_ENV): a restarted helper finds what it left.
+        self.owner = owner
         # The helper's credentials: each launch gets a runtime token derived from them.
         self.security = security or ClientSecurity()
         # Why an address is not a registered helper's agent ("" when it is); None: no check.
@@ -157,6 +160,8 @@ class JobTable:
         if req.warm and req.source_towers > 0:
             env["GANDIVA_SOURCE_TOWERS"] = str(req.source_towers)
         env.update(self.runtime_credentials(req.job_id, req.incarnation))
+        if self.owner:
+            env[OWNER_ENV] = self.owner
         if req.restore_checkpoint and not os.path.isdir(req.restore_checkpoint):
             raise CommandFailed(f"launch: checkpoint {req.restore_checkpoint} not found on {self.server}")
         workdir = req.spec.workdir or os.getcwd()

@@ -27,6 +27,7 @@ from tf_runtime import (  # the shim's exit codes (no TensorFlow import)
     EXIT_MIGRATED,
     EXIT_TOWERS_CHANGED,
 )
+from tf_runtime.checkpoint import _alive  # whether a pid lives (no TensorFlow import either)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,46 @@ class ProcessExited(RuntimeError):
 # signal and execs the job; a Python preexec_fn cannot do it safely: between fork and
 # exec in a process with gRPC threads it can deadlock (seen here, one launch in ten).
 _SETPRIV = shutil.which("setpriv")
+
+
+# Every job process carries "HELPER-PID:RAMDISK" of the helper that launched it; its
+# descendants inherit it (a python behind `bash -c`, the workers it forks).
+OWNER_ENV = "GANDIVA_HELPER"
+
+
+def owner_mark(ramdisk: Path) -> str:
+    return f"{os.getpid()}:{ramdisk.resolve()}"
+
+
+def kill_left_behind(ramdisk: Path) -> list[tuple[int, str]]:
+    """Kill the processes an earlier run of this helper (same ramdisk, now dead) left
+    running; returns (pid, job id) of each. The parent-death signal reaches only a job's
+    own process: a helper killed with -9 left a program behind a wrapper (`bash -c
+    'python train.py; ...'`) training on, unsupervised, while the scheduler placed the
+    job again: two copies. A live helper's processes (another helper started on the
+    same ramdisk by mistake) are left alone."""
+    ramdisk = ramdisk.resolve()
+    left: list[tuple[int, str]] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        helper_pid, _, root = env.get(OWNER_ENV.encode(), b"").decode(errors="replace").partition(":")
+        if root != str(ramdisk) or not helper_pid.isdigit() or _alive(int(helper_pid)):
+            continue
+        left.append((int(entry), env.get(b"GANDIVA_JOB_ID", b"?").decode(errors="replace")))
+    for pid, _ in left:
+        try:
+            group = os.getpgid(pid)
+            if group != os.getpgrp():
+                os.killpg(group, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return left
 
 
 def _with_parent_death_signal(argv: Sequence[str]) -> list[str]:

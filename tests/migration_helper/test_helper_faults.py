@@ -256,3 +256,29 @@ def test_a_suspend_whose_answer_is_lost_leaves_no_job_suspended_while_recorded_r
     assert job().state == common_pb2.JOB_STATE_RUNNING
     done = wait_for(lambda: (j := job()).state in DONE and j, 30)
     assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, done.message
+
+
+def test_a_restarted_helper_kills_the_wrapped_job_its_killed_predecessor_left_running(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """A job launched through a wrapper (`bash -c '...; echo done'`), its helper killed
+    with -9: the parent-death signal reaches the wrapper only, and the program behind it
+    trained on, unsupervised, while the scheduler placed the job again (two copies). The
+    helper, restarted on the same ramdisk, kills what its predecessor left before anything
+    else; a live helper's jobs are not touched."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=3.0))
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    first = helpers("s1", sched.address)
+    spec = common_pb2.JobSpec(name="f", command=["bash", "-c", f"{fake_job}; echo done"], workdir=str(tmp_path),
+                              gpus=1, env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.02"})
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+    wait_for(lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5).steps >= 10, 30)
+    pids = _job_pids(job_id, warm=False)
+    assert len(pids) == 2  # bash and the program
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(10)
+    time.sleep(0.5)
+    (orphan,) = _job_pids(job_id, warm=False)  # the wrapper died with its helper; the program did not
+    helpers("s1", sched.address)
+    wait_for(lambda: orphan not in _job_pids(job_id, warm=False), 5)
+    assert "killed 1 process(es) an earlier run of this helper left running" in (tmp_path / "s1.err").read_text()
