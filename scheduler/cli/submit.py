@@ -119,6 +119,12 @@ def build_submission(
     cwd: str,
 ) -> Submission:
     """Turn flags, the spec file and the command into JobSpecs; SpecError names any bad field."""
+    # An empty flag (`--workdir "$UNSET"`) silently meant the default: say so instead.
+    for flag, value in (("--name", args.name), ("--workdir", args.workdir), ("-f", args.file)):
+        if value is not None and not str(value).strip():
+            raise SpecError(f"{flag} is empty; give a value, or leave the flag out for the default")
+    if any(not pattern.strip() for pattern in args.env_pass):
+        raise SpecError("--env-pass is empty; give a variable name or a pattern such as 'WANDB_*'")
     spec = specs.load_spec_file(args.file) if args.file else {}
     command = list(command) or list(spec.get("command", []))
     if not command or not command[0].strip():

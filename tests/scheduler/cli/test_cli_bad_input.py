@@ -254,3 +254,11 @@ def test_token_list_of_a_missing_database_creates_nothing(gandiva, tmp_path: Pat
     (tmp_path / "text.db").write_text("not a database\n")
     r = gandiva("token", "--db", f"sqlite+aiosqlite:///{tmp_path / 'text.db'}", "revoke", "bob")
     assert (r.code, r.out, r.err.count("\n")) == (2, "", 1) and "the file is not an SQLite database" in r.err, r
+
+
+@pytest.mark.parametrize("argv", [["--workdir", ""], ["--name", " "], ["--env-pass", ""], ["-f", ""]])
+def test_submit_refuses_an_empty_flag_instead_of_using_the_default(submit, argv: list[str]) -> None:
+    """`--workdir "$UNSET"` ran the job in the current directory, `--name ""` named it after
+    the script, `--env-pass ""` passed nothing: all without a word."""
+    r = submit(*argv, "--dry-run", "--", "python", "t.py")
+    assert (r.code, r.out, r.err.count("\n")) == (2, "", 1) and f"{argv[0]} is empty" in r.err, r
