@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import re
 import signal
 import sys
@@ -208,6 +209,10 @@ def run_logs(args: argparse.Namespace) -> int:
                     continue
                 if not args.follow:
                     return 0
+                if os.fstat(f.fileno()).st_size < f.tell():  # truncated (logrotate's copytruncate)
+                    print(f"gandiva logs: {path} was truncated; reading it from its start", file=sys.stderr)
+                    f.seek(0)
+                    continue
                 if ends.all_ended():
                     # Every process of the job that wrote here has ended (the helper writes
                     # a line after each one's output): nothing more comes.

@@ -262,3 +262,20 @@ def test_submit_refuses_an_empty_flag_instead_of_using_the_default(submit, argv:
     the script, `--env-pass ""` passed nothing: all without a word."""
     r = submit(*argv, "--dry-run", "--", "python", "t.py")
     assert (r.code, r.out, r.err.count("\n")) == (2, "", 1) and f"{argv[0]} is empty" in r.err, r
+
+
+def test_logs_local_follow_reads_a_truncated_log_from_its_start(gandiva, tmp_path: Path) -> None:
+    """After a copytruncate rotation the follower sat past the end of the file, printing nothing more."""
+    log = tmp_path / "j3.log"
+    log.write_text("=== gandiva: job j3 incarnation a on s1 at 2026-01-01 00:00:00: python t.py\n" + "old\n" * 50)
+
+    def rotate() -> None:
+        time.sleep(0.5)
+        log.write_text("new\n=== gandiva: end of job j3 incarnation a: finished at 2026-01-01 00:00:09\n")
+
+    rotator = threading.Thread(target=rotate)
+    rotator.start()
+    r = gandiva("logs", "j3", "-f", "--log-dir", str(tmp_path))
+    rotator.join()
+    assert r.code == 0 and r.out.endswith("old\nnew\n=== gandiva: end of job j3 incarnation a: finished at "
+                                          "2026-01-01 00:00:09\n") and "was truncated" in r.err, r
