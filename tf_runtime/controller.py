@@ -209,11 +209,13 @@ class Controller:
             return
         # Not an initialiser, a restore or a load: those happen once, not in every step.
         once = info.initializes_some or info.initializes or info.restores
-        if (not info.is_training and not info.changes_state and not once
+        if (not info.is_training and (once or not info.changes_state)
                 and not info.stateful_input and not self._tail_updated):
-            # A run that changes nothing (the step read, a summary, an evaluation) before
-            # any such update: the step may still end with one after it
-            # (`sess.run(train); step = sess.run(gs); sess.run(ema_op)`).
+            # A run that changes nothing (the step read, a summary, an evaluation), or
+            # initialises what the program just created (the save counter of its first
+            # `tf.compat.v1.train.Checkpoint.save`), before any such update: the step may
+            # still end with one after it (`sess.run(train); step = sess.run(gs);
+            # sess.run(ema_op)`).
             return
         # A training run that does not advance the step ends it only when the program
         # calls it after the advancing run (a discriminator updated after the generator

@@ -1175,3 +1175,35 @@ def test_the_programs_own_restore_after_initialising_never_shows_its_older_step(
         sess.run(tf.compat.v1.global_variables_initializer())  # the restore point
         saver.restore(sess, tf.compat.v1.train.latest_checkpoint(str(tmp_path / "own")))
         assert sess.run(gs) == 3
+
+
+def test_an_update_after_the_step_first_made_behind_an_initialiser_is_learned(
+        tmp_path: Path) -> None:
+    """`if step % 5 == 0: ckpt.save(prefix, session=sess)` with a
+    `tf.compat.v1.train.Checkpoint`: its first save creates and initialises a save counter,
+    then increments it, in runs after the step. The initialiser hid the increment from
+    the shim, so it learned that the step ends with such an update only at the second
+    save, and a checkpoint taken there lacked that increment (a migrated copy ended with
+    another save counter). Now an initialiser in that place is looked through."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(w * w), global_step=gs)
+        own = tf.compat.v1.train.Checkpoint(step=gs, w=w)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        step, seen = int(sess.run(gs)), {}
+        while step < 11:
+            if step == 9:  # applied at the end of step 9 (or, without the fix, in step 10)
+                ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            sess.run(train)
+            step = int(sess.run(gs))
+            if step % 5 == 0:
+                own.save(str(tmp_path / "own" / "ck"), session=sess)
+            if step >= 5:
+                seen[step] = int(sess.run(own.save_counter))  # as a restarted copy resumes
+        ack = acks(ctl)[0]
+        assert ack.ok and ack.step in (9, 10)
+    assert seen[9] == 1 and seen[10] == 2
+    prefix = str(tmp_path / "ck" / "model")
+    assert tf.train.load_variable(prefix, "save_counter") == seen[ack.step]
