@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from migration_protocol.host_memory import format_size
 from protos.gandiva.v1 import common_pb2, helper_pb2
 from scheduler.errors import (
+    AlreadyExists,
     FailedPrecondition,
     GandivaError,
     InvalidArgument,
@@ -47,7 +48,13 @@ from scheduler.state.db import (
     make_sessionmaker,
 )
 from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement, Server
-from scheduler.validation import check_priority, default_name, validate_members, validate_spec
+from scheduler.validation import (
+    check_priority,
+    default_name,
+    request_key,
+    validate_members,
+    validate_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +171,16 @@ def _nothing() -> None:
     """Run on the writer thread: once it returns, every write queued before it is done."""
 
 
+def _spec_differences(job: Job, spec: common_pb2.JobSpec) -> list[str]:
+    """The fields in which `spec` asks for something other than `job` was submitted with."""
+    wanted = {
+        "name": default_name(spec), "command": list(spec.command), "workdir": spec.workdir,
+        "env": dict(spec.env), "gpus": spec.gpus, "priority": spec.priority,
+        "grow_shrink": spec.grow_shrink, "params": dict(spec.params),
+    }
+    return [field for field, value in wanted.items() if getattr(job, field) != value]
+
+
 def _gpus_of(placements: dict[str, list[Placement]], job_id: str) -> list[tuple[str, int]]:
     return [(p.server_name, p.gpu_index) for p in placements.get(job_id, [])]
 
@@ -239,10 +256,10 @@ class SchedulerCore:
         self.clock = clock
         # A server's silence counts only while this scheduler was there to hear it.
         self.started_at = clock()
-        # When a helper's heartbeat or registration last came in but could not be recorded
-        # (the database unreachable, or locked): the servers' silence in SQL until then is
-        # the database's, not theirs (mark_stale_servers_down).
-        self.unrecorded_at = 0.0
+        # Server name -> when its helper's last heartbeat or registration arrived, whether
+        # or not the database could record it (unreachable, or locked by another process):
+        # a server heard from is not silent (mark_stale_servers_down).
+        self._heard: dict[str, float] = {}
         # Server name -> (the instance of the helper that holds it, when last heard from):
         # a second helper started with the same --server-name is refused while the first
         # lives (in memory: after a restart the first helper heard from holds the name).
@@ -410,24 +427,56 @@ class SchedulerCore:
                 f"jobs spanning servers are not supported yet, so ask for {gpus} or fewer",
             )
 
-    async def submit(self, spec: common_pb2.JobSpec, dry_run: bool = False) -> JobDetail:
+    async def submit(self, spec: common_pb2.JobSpec, dry_run: bool = False, request_id: str = "") -> JobDetail:
         validate_spec(spec)
+        key = request_key(spec.user, request_id)
+        if key is not None and not dry_run:
+            earlier = await self._submitted_before(key, spec, request_id)
+            if earlier is not None:
+                return earlier
         await self._check_fits_one_server(spec)
         now = self.clock()
         job = self._job_row(spec, now, None)
+        job.request_key = key
         if not dry_run:
-            await self._insert_jobs([job], now)
+            try:
+                await self._insert_jobs([job], now)
+            except sa_exc.IntegrityError:
+                # The same id sent twice at once: the other one's insert won.
+                earlier = await self._submitted_before(key, spec, request_id) if key else None
+                if earlier is None:
+                    raise
+                return earlier
         return JobDetail(job, [])
 
+    async def _submitted_before(self, key: str, spec: common_pb2.JobSpec, request_id: str) -> JobDetail | None:
+        """The job an earlier submission with this request id created (None: there was
+        none); ALREADY_EXISTS when that submission asked for something else."""
+        job = await self.read_sync(lambda s: repo.job_by_request(s, key), urgent=True)
+        if job is None:
+            return None
+        differs = _spec_differences(job, spec)
+        if differs:
+            raise AlreadyExists(
+                f"request_id {request_id!r} was used for job {job.id}, which differs in "
+                f"{', '.join(differs)}: a new submission needs a new request id")
+        return await self.get_job(job.id)
+
     async def submit_multi(
-        self, name: str, specs: Sequence[common_pb2.JobSpec], dry_run: bool = False
+        self, name: str, specs: Sequence[common_pb2.JobSpec], dry_run: bool = False, request_id: str = "",
     ) -> tuple[str, list[JobDetail]]:
         validate_members(name, len(specs))
         for i, spec in enumerate(specs):
             validate_spec(spec, field=f"jobs[{i}]")
+        key = request_key(specs[0].user, request_id)
+        if key is not None and not dry_run:
+            earlier = await self._multi_submitted_before(key, name, specs, request_id)
+            if earlier is not None:
+                return earlier
+        for i, spec in enumerate(specs):
             await self._check_fits_one_server(spec, field=f"jobs[{i}].gpus")
         now = self.clock()
-        mj = MultiJob(id=repo.new_id("mj"), name=name or default_name(specs[0]), created_at=now)
+        mj = MultiJob(id=repo.new_id("mj"), name=name or default_name(specs[0]), created_at=now, request_key=key)
         jobs = [self._job_row(spec, now, mj.id) for spec in specs]
         # Members given indices keep them (0 included: `--array 3,0`); otherwise a member's
         # index is its position.
@@ -441,8 +490,39 @@ class SchedulerCore:
                                                           f"them by position)")
             taken[job.array_index] = i
         if not dry_run:
-            await self._insert_jobs(jobs, now, mj)
+            try:
+                await self._insert_jobs(jobs, now, mj)
+            except sa_exc.IntegrityError:
+                earlier = await self._multi_submitted_before(key, name, specs, request_id) if key else None
+                if earlier is None:
+                    raise
+                return earlier
         return mj.id, [JobDetail(j, []) for j in jobs]
+
+    async def _multi_submitted_before(
+        self, key: str, name: str, specs: Sequence[common_pb2.JobSpec], request_id: str,
+    ) -> tuple[str, list[JobDetail]] | None:
+        found = await self.read_sync(lambda s: repo.multi_job_by_request(s, key), urgent=True)
+        if found is None:
+            return None
+        mj, members = found
+        explicit = any(spec.index for spec in specs)
+        wanted = sorted(((spec.index if explicit else i), spec) for i, spec in enumerate(specs))
+        differs: list[str] = []
+        if name and name != mj.name:
+            differs.append("name")
+        if len(members) != len(wanted):
+            differs.append(f"the number of jobs ({len(members)} then, {len(wanted)} now)")
+        else:
+            for job, (index, spec) in zip(members, wanted, strict=True):
+                if job.array_index != index or _spec_differences(job, spec):
+                    differs.append(f"job {index}")
+                    break
+        if differs:
+            raise AlreadyExists(
+                f"request_id {request_id!r} was used for multi-job {mj.id}, which differs in "
+                f"{', '.join(differs)}: a new submission needs a new request id")
+        return mj.id, [await self.get_job(job.id) for job in members]
 
     async def _insert_jobs(self, jobs: Sequence[Job], now: float, mj: MultiJob | None = None) -> None:
         """One transaction. On SQLite plain INSERTs run whole on the writer thread, ahead
@@ -560,20 +640,7 @@ class SchedulerCore:
         self._instances[name] = (instance, now)
         return True
 
-    @contextmanager
-    def _hearing(self) -> Iterator[None]:
-        """Around recording that a helper was heard from (a heartbeat, a registration)."""
-        try:
-            yield
-        except Unavailable:
-            self.unrecorded_at = self.clock()
-            raise
-
     async def register_server(self, req: helper_pb2.RegisterServerRequest) -> None:
-        with self._hearing():
-            await self._register_server(req)
-
-    async def _register_server(self, req: helper_pb2.RegisterServerRequest) -> None:
         if not req.name:
             raise InvalidArgument("name", "a server name is required")
         if not req.gpus:
@@ -594,6 +661,7 @@ class SchedulerCore:
                 f"server name {req.name} is held by another live helper (instance {other[:8]}, heard from "
                 f"{now - heard:.1f}s ago): two helpers were started with --server-name {req.name}; give this "
                 f"one its own name, or stop the other (its name is free {free_in:.0f}s after its last heartbeat)")
+        self._heard[req.name] = now
         gpus = [
             Gpu(
                 index=g.index,
@@ -696,11 +764,11 @@ class SchedulerCore:
         now = self.clock()
         if not self._claim_name(name, instance, now):
             return False, [], None
-        with self._hearing():
-            beat = await self.write_sync(lambda conn: repo.heartbeat_fast(conn, name, now, running))
-            if beat is not None and not beat.stale:
-                return True, [], beat.placed
-            known, stop = await self._heartbeat_full(name, now, running)
+        self._heard[name] = now
+        beat = await self.write_sync(lambda conn: repo.heartbeat_fast(conn, name, now, running))
+        if beat is not None and not beat.stale:
+            return True, [], beat.placed
+        known, stop = await self._heartbeat_full(name, now, running)
         return known, stop, None
 
     async def _heartbeat_full(
@@ -805,22 +873,20 @@ class SchedulerCore:
         """Servers silent for `down_after_s` go down; their jobs return to the queue.
         After a (re)start, none goes down before the scheduler has itself been up for
         `down_after_s`: a helper that could not reach a stopped scheduler was silent for
-        that reason, and its jobs are still expected where they run. Likewise after the
-        database was unreachable (a PostgreSQL restart, a SQLite file locked by another
-        process) while helpers' heartbeats came in: those went unrecorded, so none goes
-        down before `down_after_s` after the last one that could not be recorded (every
-        server used to be marked down the moment the database was back, and every job
-        in the cluster restarted from its last checkpoint)."""
+        that reason, and its jobs are still expected where they run. A server heard from
+        within `down_after_s` is not silent, recorded or not (``_unheard``)."""
         now = self.clock()
         cutoff = now - self.settings.down_after_s
-        if cutoff < max(self.started_at, self.unrecorded_at):
+        if cutoff < self.started_at:
             return []
         # Every scheduling round asks; only an actual change takes the write lock.
         async with self.tx(read=True) as s:
-            if not await repo.stale_servers(s, cutoff):
+            if not self._unheard(await repo.stale_servers(s, cutoff)):
                 return []
         async with self.tx() as s:
-            stale = await repo.stale_servers(s, cutoff)
+            # Looked at again once the transaction has the database: it may have waited
+            # for it (locked by another process) while heartbeats came in.
+            stale = self._unheard(await repo.stale_servers(s, cutoff))
             names = [srv.name for srv in stale]
             stops: list[tuple[str, str, str]] = []
             lost: list[tuple[str, str]] = []
@@ -830,6 +896,14 @@ class SchedulerCore:
                                       "went down", stops, lost)
         self._after_down(names, stops, lost)
         return names
+
+    def _unheard(self, servers: Sequence[Server]) -> list[Server]:
+        """Of the servers whose last recorded heartbeat is too old, those not heard from
+        since either. Heartbeats that arrived while the database was unreachable (a
+        PostgreSQL restart) or locked could not be recorded: every server used to be
+        marked down the moment it was back, and every job in the cluster restarted."""
+        now = self.clock()
+        return [srv for srv in servers if now - self._heard.get(srv.name, -math.inf) >= self.settings.down_after_s]
 
     async def server_leaving(self, name: str, instance: str = "") -> bool:
         """The server's helper is stopping and runs no job any more (HeartbeatRequest.
