@@ -104,7 +104,8 @@ def test_destination_lost_mid_transfer_restarts_the_job_at_its_source_at_once(
     assert back.placement[0].server == src
     assert f"transfer failed: {src}: transfer failed: server {dest} went down" in back.history[-1].reason, \
         back.history[-1].reason
-    assert took < SETTINGS.down_after_s + 8, f"the job trained again only {took:.1f}s after its destination was lost"
+    # (Without a prompt failure of the transfer: 300 s.)
+    assert took < SETTINGS.down_after_s + 15, f"the job trained again only {took:.1f}s after its destination was lost"
     # The destination, back, stops its pre-warmed copy; the job ends once, with every step.
     wait_for(lambda: not _job_pids(job_id, warm=True), 30)
     done = wait_for(lambda: (j := job()).state in DONE and j, 60)
@@ -149,7 +150,7 @@ def test_a_job_moved_off_a_hung_host_is_re_placed_as_soon_as_its_server_is_down(
     finally:
         for p in frozen:
             os.kill(p, signal.SIGCONT)
-    assert took < settings.down_after_s + 3, f"placed {took:.1f}s after its host froze"
+    assert took < settings.down_after_s + 12, f"placed {took:.1f}s after its host froze"  # (before: minutes)
     assert f"its server {src} went down" in job().history[-2].reason, [t.reason for t in job().history]
     wait_for(lambda: pid not in _job_pids(job_id, warm=False), 20)  # the stale copy, stopped
     api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)

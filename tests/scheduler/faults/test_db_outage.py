@@ -126,7 +126,7 @@ def test_servers_stay_up_and_jobs_keep_their_process_across_a_database_outage(
     fake = tmp_path / "fake-job"
     fake.write_text(f"#!{sys.executable}\n" + (Path(__file__).parents[2] / "migration_helper" / "fake_job.py").read_text())
     fake.chmod(0o755)
-    settings = Settings(heartbeat_interval_s=0.2, down_after_s=3.0)
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=4.0)
     sched = make_scheduler(url, tick_s=0.1, settings=settings)
     with open(tmp_path / "helper.err", "w") as err:
         helper = subprocess.Popen(
@@ -149,11 +149,11 @@ def test_servers_stay_up_and_jobs_keep_their_process_across_a_database_outage(
             proxy.cut()
             time.sleep(settings.down_after_s + 2.0)
             # The helper slow to come back (its reconnect back-off reaches 2 s): the first
-            # rounds after the outage find its heartbeats as old as the outage.
+            # rounds after the outage find its recorded heartbeats as old as the outage.
             os.kill(helper.pid, signal.SIGSTOP)
-            time.sleep(0.5)
+            time.sleep(0.1)
             proxy.restore()
-            time.sleep(1.0)
+            time.sleep(0.6)
             os.kill(helper.pid, signal.SIGCONT)
             wait_for(lambda: job().steps > before + 20, 30)  # training again
             time.sleep(settings.down_after_s)  # the server would be marked down by now
