@@ -202,7 +202,9 @@ def test_a_job_whose_process_or_helper_is_stopped_from_outside_resumes_from_its_
                             "its checkpoint") and "(restart 1 of 2" in r for r in reasons), reasons
     assert any(r.startswith("its helper on s1 stopped (shutting down): it resumes from its checkpoint")
                for r in reasons), reasons
-    assert sum("resuming from" in r for r in reasons) == 2, reasons
+    # Twice at least: a launch placed on the stopping helper before it said it was leaving is
+    # stopped with it, and placed once more.
+    assert sum("resuming from" in r for r in reasons) >= 2, reasons
     assert [t.to_state for t in done.history].count(common_pb2.JOB_STATE_SUCCEEDED) == 1
 
     b = submit(0)
