@@ -100,6 +100,7 @@ class HelperDaemon:
         self._outbox_ready = asyncio.Event()
         # Command ids already taken (bounded: a re-send comes within seconds, not days).
         self._seen_commands: collections.OrderedDict[str, asyncio.Task[None]] = collections.OrderedDict()
+        self._stopping = False  # set by stop(): no launch or activation starts any more
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -135,6 +136,7 @@ class HelperDaemon:
     async def stop(self) -> None:
         """Stop the jobs (they cannot be supervised without us), tell the scheduler if
         it is reachable, and close the server."""
+        self._stopping = True
         for task in self._seen_commands.values():
             task.cancel()  # a launch or activation waiting on a process we are about to stop
         await asyncio.gather(*self._seen_commands.values(), return_exceptions=True)
@@ -379,6 +381,14 @@ class HelperDaemon:
         async for command in stream:
             if command.command_id in self._seen_commands:
                 log.info("command %s seen before; not run twice", command.command_id)
+                continue
+            if self._stopping and command.WhichOneof("body") in ("launch", "activate"):
+                # A process started now would outlive stop_all(): unsupervised once this
+                # helper is gone, while the scheduler places the job again (it re-queued it
+                # on the stopped exit). Unanswered: "leaving" takes the server down, and the
+                # command fails with it.
+                log.warning("command %s: %s ignored: this helper is stopping", command.command_id,
+                            command.WhichOneof("body"))
                 continue
             self._seen_commands[command.command_id] = asyncio.create_task(self._run_command(command))
             while len(self._seen_commands) > MAX_REMEMBERED_COMMANDS:

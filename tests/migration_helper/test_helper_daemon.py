@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,24 @@ async def test_gpu_samples_report_the_jobs_memory(
     sample = job_sample()
     assert sample is not None and sample.gpu_index == 2
     assert sample.job_memory_max_bytes >= sample.job_memory_min_bytes > 0
+
+
+async def test_a_launch_that_arrives_while_the_helper_stops_starts_nothing(
+    control: LocalControl, make_helper: MakeHelper, tmp_path: Path
+) -> None:
+    """The helper stopping (SIGTERM) stops its jobs first; a launch the scheduler sends
+    meanwhile (it re-queued a job on its stopped exit and placed it here again, before the
+    helper said it was leaving) used to start a process that outlived the helper's stop,
+    unsupervised, while the job was placed again elsewhere."""
+    helper = await make_helper("s1")
+    ignores_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
+    slow = launch("j1", "i1", [sys.executable, "-c", ignores_term], [0], tmp_path)  # stopped after the grace
+    assert (await control.helper_command("s1", slow, 10)).ok
+    await asyncio.sleep(1.0)  # its SIGTERM handler in place
+    stopping = asyncio.create_task(helper.stop())
+    await asyncio.sleep(0.5)  # stopping j1: its grace runs
+    late = asyncio.create_task(control.helper_command("s1", launch("j2", "i2", ["sleep", "30"], [1], tmp_path), 5))
+    await stopping
+    late.cancel()
+    assert not helper.jobs.running_jobs(), helper.jobs.running_jobs()
+    assert ("j2", "i2") not in helper.jobs.processes
