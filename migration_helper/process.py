@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 def exit_reason(code: int, stopped: bool) -> str:
     """The word the scheduler records for an exit status (negative: killed by that signal)."""
     if code == 0:
-        return "finished"
+        # A program that handles the helper's SIGTERM by exiting 0 (saves and exits
+        # cleanly, as many do on preemption) has not finished: it was stopped.
+        return "stopped" if stopped else "finished"
     if code == EXIT_MIGRATED:
         return "migrated"
     if code == EXIT_TOWERS_CHANGED:

@@ -850,7 +850,7 @@ class SchedulerCore:
                      else "starts again from step 0 (no checkpoint yet)")
             if req.exit_code == EXIT_MIGRATED:
                 await repo.requeue(s, job, now, "stopped with a checkpoint; re-placing")
-            elif req.reason == "stopped" and req.exit_code != 0:
+            elif req.reason == "stopped":
                 # The current launch of a job still placed there, stopped by its helper on
                 # its own: the helper is shutting down (SIGTERM, `systemctl restart`). Not
                 # the job's failure: it used to fail every job of a helper restarted cleanly.

@@ -11,7 +11,8 @@ FAKE_MODE: "" (train), "die_warm" (exit 3 before warm_ready), "die_restore" (exi
 when activated), "hang_warm" (never become warm). FAKE_STEPS: exit 0 after this
 many steps (0: never). FAKE_STEP_S: seconds per step. FAKE_CKPT_BYTES: pad a
 migration's checkpoint with this many bytes (a transfer that takes a while). FAKE_SUSPEND_ACK_S: acks
-a SUSPEND that much later (suspended meanwhile). A CHECKPOINT command
+a SUSPEND that much later (suspended meanwhile). FAKE_TERM_EXIT: exit with this status
+on SIGTERM. A CHECKPOINT command
 saves and trains on; SUSPEND holds until RESUME (or another command); any other command
 ends the process (STOP_FOR_MIGRATION after its checkpoint).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -95,6 +97,8 @@ def save(directory: str, step: int, pad: int = 0) -> str:
 
 
 def main() -> int:
+    if ENV.get("FAKE_TERM_EXIT"):  # a program that exits cleanly on SIGTERM, with this status
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(int(ENV["FAKE_TERM_EXIT"])))
     print(f"job {ENV['GANDIVA_JOB_ID']} incarnation {ENV['GANDIVA_INCARNATION']} "
           f"gpus={ENV['CUDA_VISIBLE_DEVICES']} argv={sys.argv[1:]} user_var={ENV.get('USER_VAR', '')}")
     event("session_ready", t=time.time())

@@ -171,8 +171,10 @@ def test_a_job_whose_process_or_helper_is_stopped_from_outside_resumes_from_its_
     helper = helpers("s1", sched.address)
 
     def submit(steps: int) -> str:
+        # A program that exits 0 on SIGTERM (saves and leaves, as on a preemption): stopped
+        # with its helper, it is not "finished" (it used to be SUCCEEDED, half trained).
         spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1,
-                                  env={"FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.01"})
+                                  env={"FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.01", "FAKE_TERM_EXIT": "0"})
         return api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
 
     def job(job_id: str) -> common_pb2.Job:
