@@ -854,7 +854,9 @@ class SchedulerCore:
                 # The current launch of a job still placed there, stopped by its helper on
                 # its own: the helper is shutting down (SIGTERM, `systemctl restart`). Not
                 # the job's failure: it used to fail every job of a helper restarted cleanly.
-                await repo.requeue(s, job, now, f"its helper on {req.server} stopped (shutting down): it {where}")
+                who = (f"its process on {req.server} was stopped mid-migration" if state is JobState.MIGRATING
+                       else f"its helper on {req.server} stopped (shutting down)")
+                await repo.requeue(s, job, now, f"{who}: it {where}")
             elif sigkill and restarts < KILLED_RESTARTS:
                 await repo.requeue(s, job, now, f"{KILLED} (out of memory?), not by Gandiva: it {where} "
                                    f"(restart {restarts + 1} of {KILLED_RESTARTS}; then it fails)")
