@@ -160,6 +160,10 @@ class Controller:
         # The program's frames at the last step-advancing run, and per kind of such update
         # run whether the program makes it after that run (_after_training).
         self._train_stack: tuple[tuple[tuple[int, Any], int], ...] = ()
+        # Of those frames, the ones that made the last two such runs from the same line:
+        # the program's loop (a sequence of calls written out, as in a test, has none).
+        self._loop_lines: dict[tuple[int, Any], int] = {}
+        self._order_unknown = False  # a training run came after the advancing run, loop unseen
         self._order: dict[int, tuple[RunInfo, bool | None]] = {}
         self._carried_state = ""  # how the program carries Python state between steps
         self._rng_watch = python_rng.Watch()
@@ -243,12 +247,20 @@ class Controller:
         (True), or before it (False: `if step % 5 == 0 and step: sess.run(decay)` at the
         top of the loop, which a restored copy makes again; a GAN's discriminator run before
         the generator's): the innermost frame of the program's the two calls share, and the
-        line of each in it. Same line everywhere, or no shared frame: None. Decided once a
-        kind."""
+        line of each in it, among the frames that made the last two advancing runs from one
+        line (the program's loop; a sequence of calls written out, as in a test, has none).
+        Same line everywhere, or no such frame: None. Decided once a kind, from the second
+        step on."""
         hit = self._order.get(id(info))
         if hit is None:
-            trained_at = dict(self._train_stack)
+            trained_at = self._loop_lines
+            if not trained_at:
+                # No loop seen yet (the first step): not decided.
+                self._order_unknown = self._order_unknown or info.is_training
+                return None
             after = None
+            if info.is_training:
+                self._order_unknown = False  # decided here (_apply_queued)
             for key, line in program_stack(sys._getframe(2)):  # innermost first
                 other = trained_at.get(key)
                 if other is not None and other != line:
@@ -392,7 +404,10 @@ class Controller:
         if info.advances_step:
             self._after_advance = True
             self._tail_updated = False
-            self._train_stack = program_stack(sys._getframe(1))
+            stack = program_stack(sys._getframe(1))
+            before = dict(self._train_stack)
+            self._loop_lines = {key: line for key, line in stack if before.get(key) == line}
+            self._train_stack = stack
             if self._trailing:  # the step ends with updates in runs of their own (before_run)
                 self._cut_pending = True
                 return
@@ -686,9 +701,14 @@ class Controller:
     def _apply_queued(self, adapter: SessionAdapter) -> None:
         with self._lock:
             while (cmd := self._next(block=False)) is not None:
-                if cmd.kind is Kind.STOP_FOR_MIGRATION and self.migratable is None:
+                saves = cmd.kind in (Kind.STOP_FOR_MIGRATION, Kind.CHECKPOINT)
+                if (cmd.kind is Kind.STOP_FOR_MIGRATION and self.migratable is None) or (
+                        saves and self._order_unknown and self._steps_seen < 3):
                     # Not known yet whether the loop resumes from the global step: wait
                     # (at most JUDGE_AFTER_BOUNDARIES steps) rather than risk a restart from 0.
+                    # Or a training run followed the step-advancing one before the program's
+                    # loop was seen: whether it ends that step or begins the next is known
+                    # from the third step on (_after_training).
                     with self._cond:
                         self._queue.appendleft(cmd)
                     break

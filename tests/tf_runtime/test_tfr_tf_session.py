@@ -1113,7 +1113,8 @@ def test_a_training_run_called_after_the_step_advancing_one_is_part_of_the_step(
     discriminator's, and a restored copy, reading the advanced step, never made the
     latter. Now a training run the program calls from a later line of its loop than the
     advancing run ends the step; one from an earlier line (`advance_last`, the usual
-    order) begins the next, as before."""
+    order) begins the next, as before. A checkpoint asked for in the second step, before
+    the program's loop is known (from the second step's runs), waits for it."""
     with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
         gs = tf.compat.v1.train.get_or_create_global_step()
         x = tf.compat.v1.placeholder(tf.float32, [3])
@@ -1125,19 +1126,22 @@ def test_a_training_run_called_after_the_step_advancing_one_is_part_of_the_step(
         sess.run(tf.compat.v1.global_variables_initializer())
         step, seen = int(sess.run(gs)), {}
         while step < 8:
-            if step == 4:
-                ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            if step in (1, 4):
+                ctl.enqueue(Command(f"c{step}", Kind.CHECKPOINT, str(tmp_path / f"ck{step}")))
             feed = {x: np.full(3, 0.1 * step, np.float32)}
             first, second = (advance, other) if order == "advance_first" else (other, advance)
             sess.run(first, feed)
             sess.run(second, feed)
             step = int(sess.run(gs))
             seen[step] = sess.run([a, b])  # what a restarted copy resumes from
-        ack = acks(ctl)[0]
-        assert ack.ok and ack.step == 5
-    prefix = str(tmp_path / "ck" / "model")
-    for name, value in zip("ab", seen[5], strict=True):
-        np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value)
+        # The first, asked for in the second step, waits for its end (advance_first) or
+        # for the third step: before the loop is seen, which run ends a step is not known.
+        first = 2 if order == "advance_first" else 3
+        assert [(a.ok, a.step) for a in acks(ctl)] == [(True, first), (True, 5)]
+    for at in (first, 5):
+        prefix = str(tmp_path / f"ck{1 if at == first else 4}" / "model")
+        for name, value in zip("ab", seen[at], strict=True):
+            np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value)
 
 
 def test_the_programs_own_restore_after_initialising_never_shows_its_older_step(
