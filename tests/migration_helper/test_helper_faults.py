@@ -283,7 +283,11 @@ def test_a_restarted_helper_kills_the_wrapped_job_its_killed_predecessor_left_ru
     os.kill(first.pid, signal.SIGKILL)
     first.wait(10)
     time.sleep(0.5)
-    (orphan,) = _job_pids(job_id, warm=False)  # the wrapper died with its helper; the program did not
-    helpers("s1", sched.address)
-    wait_for(lambda: orphan not in _job_pids(job_id, warm=False), 5)
-    assert "killed 1 process(es) an earlier run of this helper left running" in (tmp_path / "s1.err").read_text()
+    try:
+        (orphan,) = _job_pids(job_id, warm=False)  # the wrapper died with its helper; the program did not
+        helpers("s1", sched.address)
+        wait_for(lambda: orphan not in _job_pids(job_id, warm=False), 5)
+        assert "killed 1 process(es) an earlier run of this helper left running" in (tmp_path / "s1.err").read_text()
+    finally:
+        for pid in set(pids) & set(_job_pids(job_id, warm=False)):  # never leave an orphan behind
+            os.kill(pid, signal.SIGKILL)
