@@ -28,6 +28,10 @@ class FailedPrecondition(GandivaError):
     """The request is valid but the object is in the wrong state for it."""
 
 
+class AlreadyExists(GandivaError):
+    """A request id the caller used before, for a different request."""
+
+
 class Unavailable(GandivaError):
     """Infrastructure the scheduler depends on (the database) cannot be reached."""
 

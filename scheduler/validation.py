@@ -82,6 +82,21 @@ def check_id(field: str, value: str, required: bool = True) -> None:
     check_text(field, value, MAX_ID)
 
 
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_key(user: str, request_id: str) -> str | None:
+    """What a submission's request id is remembered as: per user, so that one user's id
+    never finds another's job. None without an id."""
+    if not request_id:
+        return None
+    if not _REQUEST_ID.fullmatch(request_id):
+        shown = request_id[:64] if request_id[:64].isprintable() else ascii(request_id[:64])
+        raise InvalidArgument("request_id", f"{shown!r} ({len(request_id)} characters): give 1-128 of "
+                                            "A-Z a-z 0-9 . _ : - (a UUID will do), or none")
+    return f"{user}\n{request_id}"
+
+
 def _check_map(field: str, mapping: Mapping[str, str], max_entries: int, max_bytes: int,
                key_pattern: re.Pattern[str] | None) -> None:
     if len(mapping) > max_entries:

@@ -139,6 +139,8 @@ class ThreadedScheduler:
                 t.cancel()
             await _asyncio.gather(*tasks, return_exceptions=True)
 
+        if not self.thread.is_alive():  # stopped already (a test's restart, then the fixture's end)
+            return
         try:
             self.call(self.server.stop(grace=1.0))
             self.call(drain())

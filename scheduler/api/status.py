@@ -11,6 +11,7 @@ import grpc
 from sqlalchemy import exc as sa_exc
 
 from scheduler.errors import (
+    AlreadyExists,
     FailedPrecondition,
     GandivaError,
     InvalidArgument,
@@ -27,6 +28,7 @@ CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),

@@ -51,10 +51,14 @@ T = TypeVar("T")
 class CliError(Exception):
     """A failure the user must fix or know about; printed as one line, exit code 2."""
 
-    def __init__(self, message: str, code: int = EXIT_ERROR, status: grpc.StatusCode | None = None) -> None:
+    def __init__(self, message: str, code: int = EXIT_ERROR, status: grpc.StatusCode | None = None,
+                 answer_lost: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.status = status  # the gRPC status it came from, if any
+        # Set (to what went wrong) when the request may have been done and only its answer
+        # was lost: the scheduler stopped answering after the request went out.
+        self.answer_lost = answer_lost
 
 
 def add_security_flags(parser: Any) -> None:
@@ -132,8 +136,8 @@ class Client:
             if status in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) and \
                     not _never_sent(exc) and method in ANSWER_MAY_BE_LOST:
                 # The request may have reached the scheduler and been done; only the answer is lost.
-                raise CliError(f"{describe_rpc_error(exc, self.address)}; {ANSWER_MAY_BE_LOST[method]}",
-                               status=status) from None
+                why = describe_rpc_error(exc, self.address)
+                raise CliError(f"{why}; {ANSWER_MAY_BE_LOST[method]}", status=status, answer_lost=why) from None
             raise CliError(describe_rpc_error(exc, self.address), status=status) from None
 
     def call_retrying(

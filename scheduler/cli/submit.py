@@ -15,10 +15,13 @@ import argparse
 import getpass
 import os
 import sys
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import yaml
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
@@ -28,6 +31,7 @@ from scheduler.cli.client import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    Client,
     CliError,
     add_security_flags,
     client_from_args,
@@ -79,8 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parsable", action="store_true",
                    help="print only the job ids, one per line, and return at once")
     p.add_argument("--reconnect-timeout", type=non_negative_seconds, default=600.0, metavar="SECONDS",
-                   help="while waiting, how long to keep retrying a scheduler that went away "
-                   "(default 600)")
+                   help="how long to keep retrying a scheduler that went away or does not answer, "
+                   "while submitting and while waiting (default 600)")
+    p.add_argument("--request-id", metavar="ID",
+                   help="this submission's id (1-128 of A-Z a-z 0-9 . _ : -): sent again, it creates "
+                   "nothing new and prints the job(s) the first one created. Default: a new random "
+                   "id, which this command's own retries reuse, so a lost answer never submits twice")
     p.add_argument("--scheduler", metavar="ADDR",
                    help="scheduler address (default: $GANDIVA_SCHEDULER, else 127.0.0.1:50051)")
     add_security_flags(p)
@@ -223,15 +231,17 @@ def submit(args: argparse.Namespace, command: Sequence[str]) -> int:
     except SpecError as exc:
         raise CliError(str(exc)) from None
     client = client_from_args(args)
+    request_id = "" if args.dry_run else (args.request_id or uuid.uuid4().hex)
     try:
         if submission.multi:
             request = scheduler_pb2.SubmitMultiJobRequest(
-                name=submission.name, jobs=submission.jobs, dry_run=args.dry_run)
-            reply = client.call("SubmitMultiJob", request)
+                name=submission.name, jobs=submission.jobs, dry_run=args.dry_run, request_id=request_id)
+            reply = _send(client, "SubmitMultiJob", request, args.reconnect_timeout)
             multi_id, jobs = reply.multi_job_id, list(reply.jobs)
         else:
-            request1 = scheduler_pb2.SubmitJobRequest(spec=submission.jobs[0], dry_run=args.dry_run)
-            multi_id, jobs = "", [client.call("SubmitJob", request1).job]
+            request1 = scheduler_pb2.SubmitJobRequest(
+                spec=submission.jobs[0], dry_run=args.dry_run, request_id=request_id)
+            multi_id, jobs = "", [_send(client, "SubmitJob", request1, args.reconnect_timeout).job]
         if args.dry_run:
             return _print_dry_run(client.address, submission, jobs)
         ids = [job.id for job in jobs]
@@ -252,6 +262,32 @@ def submit(args: argparse.Namespace, command: Sequence[str]) -> int:
             return EXIT_INTERRUPTED
     finally:
         client.close()
+
+
+def _send(client: Client, method: str, request: Any, give_up_after: float) -> Any:
+    """The submission. Once an answer is lost (the scheduler stopped answering after the
+    request went out) it is sent again, with the same request id, for up to
+    ``give_up_after`` seconds: a submission the scheduler did take is found, not made
+    twice. A scheduler that is not there at all is said at once."""
+    request_id = request.request_id
+    deadline = time.monotonic() + give_up_after
+    delay, lost = 0.25, ""
+    while True:
+        try:
+            return client.call(method, request)
+        except CliError as exc:
+            transient = exc.status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            lost = exc.answer_lost or (lost if transient else "")
+            if not (lost and request_id) or time.monotonic() + delay > deadline:
+                if lost and request_id:
+                    raise CliError(f"{exc.answer_lost or exc}; it may have been submitted all the same: the "
+                                   f"same command with --request-id {request_id} finds out without submitting "
+                                   "twice", status=exc.status) from None
+                raise
+            print(f"gandiva-submit: {exc.answer_lost or exc}; sending the submission again with its request "
+                  f"id {request_id} (nothing is submitted twice)", file=sys.stderr, flush=True)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def _print_dry_run(address: str, submission: Submission, jobs: Sequence[common_pb2.Job]) -> int:

@@ -83,6 +83,8 @@ class MultiJob(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(256))
     created_at: Mapped[float] = mapped_column(Double)
+    # The submitter's request id, as "USER\nREQUEST_ID" (see SubmitJobRequest.request_id).
+    request_key: Mapped[str | None] = mapped_column(String(300), nullable=True, unique=True, index=True)
 
 
 class Job(Base):
@@ -136,6 +138,9 @@ class Job(Base):
     # A queued job is not placed before this time: an earlier copy may still run on a
     # server that cannot be reached until that server's lease has surely expired.
     fenced_until: Mapped[float] = mapped_column(Double, default=0.0)
+    # The submitter's request id, as "USER\nREQUEST_ID": a retried submission finds the
+    # job its first attempt created instead of creating another.
+    request_key: Mapped[str | None] = mapped_column(String(300), nullable=True, unique=True, index=True)
 
     @validates("state")
     def _one_owner(self, key: str, value: str) -> str:

@@ -111,6 +111,20 @@ def _found(job: Job | None, job_id: str) -> Job:
     return job
 
 
+def job_by_request(session: Session, key: str) -> Job | None:
+    """The job a submission with this request key created, if any."""
+    return session.scalar(select(Job).where(Job.request_key == key))
+
+
+def multi_job_by_request(session: Session, key: str) -> tuple[MultiJob, list[Job]] | None:
+    """The multi-job a submission with this request key created, with its members by index."""
+    mj = session.scalar(select(MultiJob).where(MultiJob.request_key == key))
+    if mj is None:
+        return None
+    members = session.scalars(select(Job).where(Job.multi_job_id == mj.id).order_by(Job.array_index)).all()
+    return mj, list(members)
+
+
 def job_detail(session: Session, job_id: str) -> tuple[Job, list[tuple[str, int]], list[Transition], int]:
     """A job, its GPUs (server, index), its last transitions and its measured host memory
     (0: not measured), read in one go on a sync session (SchedulerCore.read_sync: on
@@ -248,7 +262,8 @@ def job_inserts(jobs: Sequence[Job], now: float, multi_job: MultiJob | None = No
     """
     out: list[tuple] = []
     if multi_job is not None:
-        out.append((insert(MULTI_JOBS), [{"id": multi_job.id, "name": multi_job.name, "created_at": multi_job.created_at}]))
+        out.append((insert(MULTI_JOBS), [{"id": multi_job.id, "name": multi_job.name, "created_at": multi_job.created_at,
+                                          "request_key": multi_job.request_key}]))
     out.append((insert(JOBS), [{k: getattr(j, k) for k in _JOB_COLUMNS} for j in jobs]))
     out.append((
         insert(TRANSITIONS),

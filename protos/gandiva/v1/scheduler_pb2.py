@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.gandiva.v1 import common_pb2 as protos_dot_gandiva_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/gandiva/v1/scheduler.proto\x12\ngandiva.v1\x1a\x1eprotos/gandiva/v1/common.proto\"B\n\x11ReadJobLogRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\"U\n\x12ReadJobLogResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0e\n\x06server\x18\x04 \x01(\t\"F\n\x10SubmitJobRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.gandiva.v1.JobSpec\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\"1\n\x11SubmitJobResponse\x12\x1c\n\x03job\x18\x01 \x01(\x0b\x32\x0f.gandiva.v1.Job\"Y\n\x15SubmitMultiJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x04jobs\x18\x02 \x03(\x0b\x32\x13.gandiva.v1.JobSpec\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"M\n\x16SubmitMultiJobResponse\x12\x14\n\x0cmulti_job_id\x18\x01 \x01(\t\x12\x1d\n\x04jobs\x18\x02 \x03(\x0b\x32\x0f.gandiva.v1.Job\"\x1b\n\rGetJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x91\x01\n\x0fListJobsRequest\x12$\n\x06states\x18\x01 \x03(\x0e\x32\x14.gandiva.v1.JobState\x12\x14\n\x0cmulti_job_id\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x0c\n\x04user\x18\x06 \x01(\t\"J\n\x10ListJobsResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.gandiva.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\".\n\x10JobActionRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"2\n\x12SetPriorityRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\"2\n\x11MigrateJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tto_server\x18\x02 \x01(\t\"\x14\n\x12ListServersRequest\"R\n\x13ListServersResponse\x12#\n\x07servers\x18\x01 \x03(\x0b\x32\x12.gandiva.v1.Server\x12\x16\n\x0e\x63luster_height\x18\x02 \x01(\x05\"k\n\x11ListEventsRequest\x12\x10\n\x08\x61\x66ter_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"P\n\x12ListEventsResponse\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.gandiva.v1.Event\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"6\n\x12WatchEventsRequest\x12\x10\n\x08\x61\x66ter_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\t2\x8a\x07\n\tScheduler\x12H\n\tSubmitJob\x12\x1c.gandiva.v1.SubmitJobRequest\x1a\x1d.gandiva.v1.SubmitJobResponse\x12W\n\x0eSubmitMultiJob\x12!.gandiva.v1.SubmitMultiJobRequest\x1a\".gandiva.v1.SubmitMultiJobResponse\x12\x34\n\x06GetJob\x12\x19.gandiva.v1.GetJobRequest\x1a\x0f.gandiva.v1.Job\x12\x45\n\x08ListJobs\x12\x1b.gandiva.v1.ListJobsRequest\x1a\x1c.gandiva.v1.ListJobsResponse\x12\x38\n\x07KillJob\x12\x1c.gandiva.v1.JobActionRequest\x1a\x0f.gandiva.v1.Job\x12>\n\x0bSetPriority\x12\x1e.gandiva.v1.SetPriorityRequest\x1a\x0f.gandiva.v1.Job\x12;\n\nSuspendJob\x12\x1c.gandiva.v1.JobActionRequest\x1a\x0f.gandiva.v1.Job\x12:\n\tResumeJob\x12\x1c.gandiva.v1.JobActionRequest\x1a\x0f.gandiva.v1.Job\x12<\n\nMigrateJob\x12\x1d.gandiva.v1.MigrateJobRequest\x1a\x0f.gandiva.v1.Job\x12N\n\x0bListServers\x12\x1e.gandiva.v1.ListServersRequest\x1a\x1f.gandiva.v1.ListServersResponse\x12K\n\nListEvents\x12\x1d.gandiva.v1.ListEventsRequest\x1a\x1e.gandiva.v1.ListEventsResponse\x12\x42\n\x0bWatchEvents\x12\x1e.gandiva.v1.WatchEventsRequest\x1a\x11.gandiva.v1.Event0\x01\x12K\n\nReadJobLog\x12\x1d.gandiva.v1.ReadJobLogRequest\x1a\x1e.gandiva.v1.ReadJobLogResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/gandiva/v1/scheduler.proto\x12\ngandiva.v1\x1a\x1eprotos/gandiva/v1/common.proto\"B\n\x11ReadJobLogRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\"U\n\x12ReadJobLogResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0e\n\x06server\x18\x04 \x01(\t\"Z\n\x10SubmitJobRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.gandiva.v1.JobSpec\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"1\n\x11SubmitJobResponse\x12\x1c\n\x03job\x18\x01 \x01(\x0b\x32\x0f.gandiva.v1.Job\"m\n\x15SubmitMultiJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x04jobs\x18\x02 \x03(\x0b\x32\x13.gandiva.v1.JobSpec\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"M\n\x16SubmitMultiJobResponse\x12\x14\n\x0cmulti_job_id\x18\x01 \x01(\t\x12\x1d\n\x04jobs\x18\x02 \x03(\x0b\x32\x0f.gandiva.v1.Job\"\x1b\n\rGetJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x91\x01\n\x0fListJobsRequest\x12$\n\x06states\x18\x01 \x03(\x0e\x32\x14.gandiva.v1.JobState\x12\x14\n\x0cmulti_job_id\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x0c\n\x04user\x18\x06 \x01(\t\"J\n\x10ListJobsResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.gandiva.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\".\n\x10JobActionRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"2\n\x12SetPriorityRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\"2\n\x11MigrateJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tto_server\x18\x02 \x01(\t\"\x14\n\x12ListServersRequest\"R\n\x13ListServersResponse\x12#\n\x07servers\x18\x01 \x03(\x0b\x32\x12.gandiva.v1.Server\x12\x16\n\x0e\x63luster_height\x18\x02 \x01(\x05\"k\n\x11ListEventsRequest\x12\x10\n\x08\x61\x66ter_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"P\n\x12ListEventsResponse\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.gandiva.v1.Event\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"6\n\x12WatchEventsRequest\x12\x10\n\x08\x61\x66ter_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\t2\x8a\x07\n\tScheduler\x12H\n\tSubmitJob\x12\x1c.gandiva.v1.SubmitJobRequest\x1a\x1d.gandiva.v1.SubmitJobResponse\x12W\n\x0eSubmitMultiJob\x12!.gandiva.v1.SubmitMultiJobRequest\x1a\".gandiva.v1.SubmitMultiJobResponse\x12\x34\n\x06GetJob\x12\x19.gandiva.v1.GetJobRequest\x1a\x0f.gandiva.v1.Job\x12\x45\n\x08ListJobs\x12\x1b.gandiva.v1.ListJobsRequest\x1a\x1c.gandiva.v1.ListJobsResponse\x12\x38\n\x07KillJob\x12\x1c.gandiva.v1.JobActionRequest\x1a\x0f.gandiva.v1.Job\x12>\n\x0bSetPriority\x12\x1e.gandiva.v1.SetPriorityRequest\x1a\x0f.gandiva.v1.Job\x12;\n\nSuspendJob\x12\x1c.gandiva.v1.JobActionRequest\x1a\x0f.gandiva.v1.Job\x12:\n\tResumeJob\x12\x1c.gandiva.v1.JobActionRequest\x1a\x0f.gandiva.v1.Job\x12<\n\nMigrateJob\x12\x1d.gandiva.v1.MigrateJobRequest\x1a\x0f.gandiva.v1.Job\x12N\n\x0bListServers\x12\x1e.gandiva.v1.ListServersRequest\x1a\x1f.gandiva.v1.ListServersResponse\x12K\n\nListEvents\x12\x1d.gandiva.v1.ListEventsRequest\x1a\x1e.gandiva.v1.ListEventsResponse\x12\x42\n\x0bWatchEvents\x12\x1e.gandiva.v1.WatchEventsRequest\x1a\x11.gandiva.v1.Event0\x01\x12K\n\nReadJobLog\x12\x1d.gandiva.v1.ReadJobLogRequest\x1a\x1e.gandiva.v1.ReadJobLogResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,35 +37,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READJOBLOGRESPONSE']._serialized_start=149
   _globals['_READJOBLOGRESPONSE']._serialized_end=234
   _globals['_SUBMITJOBREQUEST']._serialized_start=236
-  _globals['_SUBMITJOBREQUEST']._serialized_end=306
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=308
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=357
-  _globals['_SUBMITMULTIJOBREQUEST']._serialized_start=359
-  _globals['_SUBMITMULTIJOBREQUEST']._serialized_end=448
-  _globals['_SUBMITMULTIJOBRESPONSE']._serialized_start=450
-  _globals['_SUBMITMULTIJOBRESPONSE']._serialized_end=527
-  _globals['_GETJOBREQUEST']._serialized_start=529
-  _globals['_GETJOBREQUEST']._serialized_end=556
-  _globals['_LISTJOBSREQUEST']._serialized_start=559
-  _globals['_LISTJOBSREQUEST']._serialized_end=704
-  _globals['_LISTJOBSRESPONSE']._serialized_start=706
-  _globals['_LISTJOBSRESPONSE']._serialized_end=780
-  _globals['_JOBACTIONREQUEST']._serialized_start=782
-  _globals['_JOBACTIONREQUEST']._serialized_end=828
-  _globals['_SETPRIORITYREQUEST']._serialized_start=830
-  _globals['_SETPRIORITYREQUEST']._serialized_end=880
-  _globals['_MIGRATEJOBREQUEST']._serialized_start=882
-  _globals['_MIGRATEJOBREQUEST']._serialized_end=932
-  _globals['_LISTSERVERSREQUEST']._serialized_start=934
-  _globals['_LISTSERVERSREQUEST']._serialized_end=954
-  _globals['_LISTSERVERSRESPONSE']._serialized_start=956
-  _globals['_LISTSERVERSRESPONSE']._serialized_end=1038
-  _globals['_LISTEVENTSREQUEST']._serialized_start=1040
-  _globals['_LISTEVENTSREQUEST']._serialized_end=1147
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=1149
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=1229
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=1231
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=1285
-  _globals['_SCHEDULER']._serialized_start=1288
-  _globals['_SCHEDULER']._serialized_end=2194
+  _globals['_SUBMITJOBREQUEST']._serialized_end=326
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=328
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=377
+  _globals['_SUBMITMULTIJOBREQUEST']._serialized_start=379
+  _globals['_SUBMITMULTIJOBREQUEST']._serialized_end=488
+  _globals['_SUBMITMULTIJOBRESPONSE']._serialized_start=490
+  _globals['_SUBMITMULTIJOBRESPONSE']._serialized_end=567
+  _globals['_GETJOBREQUEST']._serialized_start=569
+  _globals['_GETJOBREQUEST']._serialized_end=596
+  _globals['_LISTJOBSREQUEST']._serialized_start=599
+  _globals['_LISTJOBSREQUEST']._serialized_end=744
+  _globals['_LISTJOBSRESPONSE']._serialized_start=746
+  _globals['_LISTJOBSRESPONSE']._serialized_end=820
+  _globals['_JOBACTIONREQUEST']._serialized_start=822
+  _globals['_JOBACTIONREQUEST']._serialized_end=868
+  _globals['_SETPRIORITYREQUEST']._serialized_start=870
+  _globals['_SETPRIORITYREQUEST']._serialized_end=920
+  _globals['_MIGRATEJOBREQUEST']._serialized_start=922
+  _globals['_MIGRATEJOBREQUEST']._serialized_end=972
+  _globals['_LISTSERVERSREQUEST']._serialized_start=974
+  _globals['_LISTSERVERSREQUEST']._serialized_end=994
+  _globals['_LISTSERVERSRESPONSE']._serialized_start=996
+  _globals['_LISTSERVERSRESPONSE']._serialized_end=1078
+  _globals['_LISTEVENTSREQUEST']._serialized_start=1080
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1187
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1189
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1269
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=1271
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=1325
+  _globals['_SCHEDULER']._serialized_start=1328
+  _globals['_SCHEDULER']._serialized_end=2234
 # @@protoc_insertion_point(module_scope)

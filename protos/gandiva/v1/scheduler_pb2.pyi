@@ -83,8 +83,15 @@ class SubmitJobRequest(_message.Message):
 
     SPEC_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     dry_run: _builtins.bool
     """validate only; nothing is written"""
+    request_id: _builtins.str
+    """Optional, chosen by the client (1-128 of A-Z a-z 0-9 . _ : -), so that a submission
+    whose answer was lost can be sent again safely: a request with an id this user used
+    before creates nothing and answers with the job the first one created (the same
+    spec), or ALREADY_EXISTS (another spec). Remembered as long as that job is.
+    """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec: ...
     def __init__(
@@ -92,10 +99,11 @@ class SubmitJobRequest(_message.Message):
         *,
         spec: _common_pb2.JobSpec | None = ...,
         dry_run: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "request_id", b"request_id", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -128,8 +136,11 @@ class SubmitMultiJobRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dry_run: _builtins.bool
+    request_id: _builtins.str
+    """as in SubmitJobRequest: the multi-job the first one created"""
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.JobSpec]: ...
     def __init__(
@@ -138,10 +149,11 @@ class SubmitMultiJobRequest(_message.Message):
         name: _builtins.str = ...,
         jobs: _abc.Iterable[_common_pb2.JobSpec] | None = ...,
         dry_run: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "jobs", b"jobs", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "jobs", b"jobs", "name", b"name", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

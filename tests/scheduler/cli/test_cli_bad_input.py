@@ -147,8 +147,11 @@ def test_a_submission_whose_answer_is_lost_does_not_claim_nothing_was_submitted(
     from protos.gandiva.v1 import scheduler_pb2_grpc
     from scheduler.cli import client
 
+    ids: list[str] = []
+
     class Slow(scheduler_pb2_grpc.SchedulerServicer):
         def SubmitJob(self, request, context):  # type: ignore[no-untyped-def]
+            ids.append(request.request_id)
             time.sleep(1.5)  # it was done; the answer comes too late
             return scheduler_pb2.SubmitJobResponse()
 
@@ -158,9 +161,17 @@ def test_a_submission_whose_answer_is_lost_does_not_claim_nothing_was_submitted(
     server.start()
     try:
         monkeypatch.setattr(client, "CALL_TIMEOUT_S", 0.3)
-        r = submit("--scheduler", f"127.0.0.1:{port}", "--no-wait", "--", "python", "t.py")
-        assert (r.code, r.out, r.err.count("\n")) == (2, "", 1), r
-        assert "did not answer in time" in r.err and "the job may have been submitted all the same" in r.err
+        r = submit("--scheduler", f"127.0.0.1:{port}", "--no-wait", "--reconnect-timeout", "1",
+                   "--", "python", "t.py")
+        # Sent again while --reconnect-timeout lasts, always with the same request id, so a
+        # scheduler that did take it creates nothing more (tests/scheduler/api/test_submit_request_id.py).
+        assert len(ids) >= 2 and len(set(ids)) == 1 and ids[0], ids
+        assert (r.code, r.out) == (2, ""), r
+        *retries, last = r.err.splitlines()
+        assert retries and all(f"sending the submission again with its request id {ids[0]}" in line
+                                for line in retries), r.err
+        assert "did not answer in time" in last and "it may have been submitted all the same" in last
+        assert f"--request-id {ids[0]} finds out without submitting twice" in last
     finally:
         server.stop(0)
     refused = submit("--scheduler", "127.0.0.1:1", "--no-wait", "--", "python", "t.py")
