@@ -837,6 +837,14 @@ class SchedulerCore:
                 return  # killed already, or already re-queued
             if state is JobState.MIGRATING and req.exit_code == EXIT_MIGRATED:
                 return  # the source stopping for the migration in progress, as planned
+            if state is JobState.MIGRATING and req.exit_code >= 0:
+                # Its checkpoint confirmed, the source was told to exit: that is the planned
+                # stop whatever the status a wrapper makes of 75 (`python train.py; echo
+                # done` exits 0, and was recorded SUCCEEDED half trained).
+                migration = await repo.get_migration(s, job.id)
+                if migration is not None and migration.checkpoint_path and \
+                        migration.source_incarnation == req.incarnation:
+                    return
             # Not "stopped": the helper itself sends SIGKILL to a launch that outlives the
             # grace of its stop.
             sigkill = req.exit_code == -signal.SIGKILL and req.reason != "stopped"

@@ -12,7 +12,7 @@ when activated), "hang_warm" (never become warm). FAKE_STEPS: exit 0 after this
 many steps (0: never). FAKE_STEP_S: seconds per step. FAKE_CKPT_BYTES: pad a
 migration's checkpoint with this many bytes (a transfer that takes a while). FAKE_SUSPEND_ACK_S: acks
 a SUSPEND that much later (suspended meanwhile). FAKE_TERM_EXIT: exit with this status
-on SIGTERM. A CHECKPOINT command
+on SIGTERM. FAKE_RESTORE_S: a pre-warmed copy takes this long to restore once activated. A CHECKPOINT command
 saves and trains on; SUSPEND holds until RESUME (or another command); any other command
 ends the process (STOP_FOR_MIGRATION after its checkpoint).
 """
@@ -117,6 +117,7 @@ def main() -> int:
         if MODE == "die_restore":
             return 4
         restore_dir = msg.get("restore_checkpoint") or ""
+        time.sleep(float(ENV.get("FAKE_RESTORE_S", "0")))  # a restore that takes a while (a large model)
     if restore_dir:
         step = restore(restore_dir)
     connect(step)

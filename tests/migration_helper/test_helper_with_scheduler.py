@@ -56,15 +56,20 @@ def job(api: scheduler_pb2_grpc.SchedulerStub, job_id: str) -> common_pb2.Job:
     return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "wrapper_exits_0"])
 def test_helper_runs_and_migrates_a_job_for_the_scheduler(
-    scheduler_server: Any, helpers: Any, fake_job: str, tmp_path: Path, wait_for: Any
+    scheduler_server: Any, helpers: Any, fake_job: str, tmp_path: Path, wait_for: Any, wrapped: bool
 ) -> None:
+    """Wrapped, the program's exit for the migration (75) becomes the shell's 0: it is still
+    the planned stop. The destination's restore takes a while (as a large model's does), so
+    the source's exit comes in mid-migration: it was recorded SUCCEEDED, half trained."""
     helpers("s1")
     api = stub(scheduler_server.address)
     up = wait_for(lambda: servers(api).get("s1"), 10)
     assert up.up and up.gpus == 2 and up.address.startswith("127.0.0.1:")
-    spec = common_pb2.JobSpec(name="fake", command=[fake_job], workdir=str(tmp_path), gpus=1,
-                              env={"FAKE_STEP_S": "0.05"})
+    command = ["bash", "-c", f"{fake_job}; echo done"] if wrapped else [fake_job]
+    spec = common_pb2.JobSpec(name="fake", command=command, workdir=str(tmp_path), gpus=1,
+                              env={"FAKE_STEP_S": "0.05", "FAKE_RESTORE_S": "1.5"})
     job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
     wait_for(lambda: job(api, job_id).steps >= 20, 30)
     helpers("s2")
