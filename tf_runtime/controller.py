@@ -99,6 +99,9 @@ def _called_from(frame: Any, modules: tuple[str, ...]) -> bool:
     return False
 
 
+# The program's loop (the frames that make each step-advancing run from one line) stays
+# as it is while the loop runs: read again this often, and at once while none is known.
+LOOP_RECHECK_STEPS = 32
 _PROGRAM_CODE: dict[Any, bool] = {}  # code object -> whether it is the program's own
 
 
@@ -163,6 +166,9 @@ class Controller:
         # Of those frames, the ones that made the last two such runs from the same line:
         # the program's loop (a sequence of calls written out, as in a test, has none).
         self._loop_lines: dict[tuple[int, Any], int] = {}
+        # Advancing runs since the frames were last read: once the loop is found, they are
+        # read again only every LOOP_RECHECK_STEPS (walking them costs ~25 us a step).
+        self._stack_age = 0
         self._order_unknown = False  # a training run came after the advancing run, loop unseen
         self._order: dict[int, tuple[RunInfo, bool | None]] = {}
         self._carried_state = ""  # how the program carries Python state between steps
@@ -404,10 +410,13 @@ class Controller:
         if info.advances_step:
             self._after_advance = True
             self._tail_updated = False
-            stack = program_stack(sys._getframe(1))
-            before = dict(self._train_stack)
-            self._loop_lines = {key: line for key, line in stack if before.get(key) == line}
-            self._train_stack = stack
+            self._stack_age += 1
+            if not self._loop_lines or self._stack_age >= LOOP_RECHECK_STEPS:
+                self._stack_age = 0
+                stack = program_stack(sys._getframe(1))
+                before = dict(self._train_stack)
+                self._loop_lines = {key: line for key, line in stack if before.get(key) == line}
+                self._train_stack = stack
             if self._trailing:  # the step ends with updates in runs of their own (before_run)
                 self._cut_pending = True
                 return
