@@ -11,7 +11,7 @@ import math
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -427,40 +427,56 @@ class SchedulerCore:
                 f"jobs spanning servers are not supported yet, so ask for {gpus} or fewer",
             )
 
+    async def _once(
+        self, key: str | None, earlier: Callable[[str], Awaitable[T | None]], create: Callable[[], Awaitable[T]],
+    ) -> T:
+        """``create()``, unless a submission with this request key was taken before: then
+        what it created (``earlier``). Two copies sent at once: the database's unique index
+        lets one insert win, and the other answers with its result."""
+        if key is not None:
+            found = await earlier(key)
+            if found is not None:
+                return found
+        try:
+            return await create()
+        except sa_exc.IntegrityError:
+            found = await earlier(key) if key is not None else None
+            if found is None:
+                raise
+            return found
+
     async def submit(self, spec: common_pb2.JobSpec, dry_run: bool = False, request_id: str = "") -> JobDetail:
         validate_spec(spec)
-        key = request_key(spec.user, request_id)
-        if key is not None and not dry_run:
-            earlier = await self._submitted_before(key, spec, request_id)
-            if earlier is not None:
-                return earlier
-        await self._check_fits_one_server(spec)
-        now = self.clock()
-        job = self._job_row(spec, now, None)
-        job.request_key = key
-        if not dry_run:
-            try:
+
+        async def create() -> JobDetail:
+            await self._check_fits_one_server(spec)
+            now = self.clock()
+            job = self._job_row(spec, now, None)
+            job.request_key = key
+            if not dry_run:
                 await self._insert_jobs([job], now)
-            except sa_exc.IntegrityError:
-                # The same id sent twice at once: the other one's insert won.
-                earlier = await self._submitted_before(key, spec, request_id) if key else None
-                if earlier is None:
-                    raise
-                return earlier
-        return JobDetail(job, [])
+            return JobDetail(job, [])
+
+        key = request_key(spec.user, request_id)
+        return await self._once(None if dry_run else key,
+                                lambda k: self._submitted_before(k, spec, request_id), create)
 
     async def _submitted_before(self, key: str, spec: common_pb2.JobSpec, request_id: str) -> JobDetail | None:
         """The job an earlier submission with this request id created (None: there was
         none); ALREADY_EXISTS when that submission asked for something else."""
-        job = await self.read_sync(lambda s: repo.job_by_request(s, key), urgent=True)
-        if job is None:
+        def read(s: Session) -> JobDetail | None:
+            job = repo.job_by_request(s, key)
+            return None if job is None else JobDetail(*repo.job_detail(s, job.id))
+
+        found = await self.read_sync(read, urgent=True)
+        if found is None:
             return None
-        differs = _spec_differences(job, spec)
+        differs = _spec_differences(found.job, spec)
         if differs:
             raise AlreadyExists(
-                f"request_id {request_id!r} was used for job {job.id}, which differs in "
+                f"request_id {request_id!r} was used for job {found.job.id}, which differs in "
                 f"{', '.join(differs)}: a new submission needs a new request id")
-        return await self.get_job(job.id)
+        return found
 
     async def submit_multi(
         self, name: str, specs: Sequence[common_pb2.JobSpec], dry_run: bool = False, request_id: str = "",
@@ -468,41 +484,40 @@ class SchedulerCore:
         validate_members(name, len(specs))
         for i, spec in enumerate(specs):
             validate_spec(spec, field=f"jobs[{i}]")
-        key = request_key(specs[0].user, request_id)
-        if key is not None and not dry_run:
-            earlier = await self._multi_submitted_before(key, name, specs, request_id)
-            if earlier is not None:
-                return earlier
-        for i, spec in enumerate(specs):
-            await self._check_fits_one_server(spec, field=f"jobs[{i}].gpus")
-        now = self.clock()
-        mj = MultiJob(id=repo.new_id("mj"), name=name or default_name(specs[0]), created_at=now, request_key=key)
-        jobs = [self._job_row(spec, now, mj.id) for spec in specs]
-        # Members given indices keep them (0 included: `--array 3,0`); otherwise a member's
-        # index is its position.
-        explicit = any(spec.index for spec in specs)
-        taken: dict[int, int] = {}
-        for i, job in enumerate(jobs):
-            job.array_index = specs[i].index if explicit else i
-            if job.array_index in taken:
-                raise InvalidArgument(f"jobs[{i}].index", f"{job.array_index} is also jobs[{taken[job.array_index]}]'s; "
-                                                          f"give each member its own index (or none to number "
-                                                          f"them by position)")
-            taken[job.array_index] = i
-        if not dry_run:
-            try:
+
+        async def create() -> tuple[str, list[JobDetail]]:
+            for i, spec in enumerate(specs):
+                await self._check_fits_one_server(spec, field=f"jobs[{i}].gpus")
+            now = self.clock()
+            mj = MultiJob(id=repo.new_id("mj"), name=name or default_name(specs[0]), created_at=now, request_key=key)
+            jobs = [self._job_row(spec, now, mj.id) for spec in specs]
+            # Members given indices keep them (0 included: `--array 3,0`); otherwise a member's
+            # index is its position.
+            explicit = any(spec.index for spec in specs)
+            taken: dict[int, int] = {}
+            for i, job in enumerate(jobs):
+                job.array_index = specs[i].index if explicit else i
+                if job.array_index in taken:
+                    raise InvalidArgument(f"jobs[{i}].index", f"{job.array_index} is also jobs[{taken[job.array_index]}]'s; "
+                                                              f"give each member its own index (or none to number "
+                                                              f"them by position)")
+                taken[job.array_index] = i
+            if not dry_run:
                 await self._insert_jobs(jobs, now, mj)
-            except sa_exc.IntegrityError:
-                earlier = await self._multi_submitted_before(key, name, specs, request_id) if key else None
-                if earlier is None:
-                    raise
-                return earlier
-        return mj.id, [JobDetail(j, []) for j in jobs]
+            return mj.id, [JobDetail(j, []) for j in jobs]
+
+        key = request_key(specs[0].user, request_id)
+        return await self._once(None if dry_run else key,
+                                lambda k: self._multi_submitted_before(k, name, specs, request_id), create)
 
     async def _multi_submitted_before(
         self, key: str, name: str, specs: Sequence[common_pb2.JobSpec], request_id: str,
     ) -> tuple[str, list[JobDetail]] | None:
-        found = await self.read_sync(lambda s: repo.multi_job_by_request(s, key), urgent=True)
+        def read(s: Session) -> tuple[MultiJob, list[JobDetail]] | None:
+            found = repo.multi_job_by_request(s, key)
+            return None if found is None else (found[0], [JobDetail(*repo.job_detail(s, j.id)) for j in found[1]])
+
+        found = await self.read_sync(read, urgent=True)
         if found is None:
             return None
         mj, members = found
@@ -514,15 +529,15 @@ class SchedulerCore:
         if len(members) != len(wanted):
             differs.append(f"the number of jobs ({len(members)} then, {len(wanted)} now)")
         else:
-            for job, (index, spec) in zip(members, wanted, strict=True):
-                if job.array_index != index or _spec_differences(job, spec):
+            for member, (index, spec) in zip(members, wanted, strict=True):
+                if member.job.array_index != index or _spec_differences(member.job, spec):
                     differs.append(f"job {index}")
                     break
         if differs:
             raise AlreadyExists(
                 f"request_id {request_id!r} was used for multi-job {mj.id}, which differs in "
                 f"{', '.join(differs)}: a new submission needs a new request id")
-        return mj.id, [await self.get_job(job.id) for job in members]
+        return mj.id, members
 
     async def _insert_jobs(self, jobs: Sequence[Job], now: float, mj: MultiJob | None = None) -> None:
         """One transaction. On SQLite plain INSERTs run whole on the writer thread, ahead

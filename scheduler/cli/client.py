@@ -149,18 +149,41 @@ class Client:
     ) -> Any:
         """Like call(), but waits through UNAVAILABLE (a restarting scheduler) with
         back-off for up to ``give_up_after`` seconds before raising CliError."""
-        deadline = time.monotonic() + give_up_after
-        delay = 0.25
-        while True:
-            try:
-                return getattr(self.stub, method)(request, timeout=CALL_TIMEOUT_S)
-            except grpc.RpcError as exc:
-                if not is_transient(exc) or time.monotonic() + delay > deadline:
-                    raise CliError(describe_rpc_error(exc, self.address)) from None
-                if on_retry:
-                    on_retry(describe_rpc_error(exc, self.address))
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        def attempt() -> Any:
+            return getattr(self.stub, method)(request, timeout=CALL_TIMEOUT_S)
+
+        try:
+            return with_backoff(attempt, give_up_after, grpc.RpcError, is_transient,
+                                on_retry and (lambda exc: on_retry(describe_rpc_error(exc, self.address))))
+        except grpc.RpcError as exc:
+            raise CliError(describe_rpc_error(exc, self.address)) from None
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def with_backoff(
+    attempt: Callable[[], T],
+    give_up_after: float,
+    catch: type[E],
+    retry: Callable[[E], bool],
+    on_retry: Callable[[E], None] | None = None,
+) -> T:
+    """``attempt()`` again, 0.25 s later and then twice as long each time (at most 5 s),
+    while it raises ``catch`` that ``retry`` says is worth another try, for up to
+    ``give_up_after`` seconds; then the last error is raised."""
+    deadline = time.monotonic() + give_up_after
+    delay = 0.25
+    while True:
+        try:
+            return attempt()
+        except catch as exc:
+            if not retry(exc) or time.monotonic() + delay > deadline:
+                raise
+            if on_retry:
+                on_retry(exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 # What a caller cannot tell when the scheduler stopped answering after the request went out.

@@ -15,7 +15,6 @@ import argparse
 import getpass
 import os
 import sys
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from scheduler.cli.client import (
     client_from_args,
     run_command,
     spec_to_dict,
+    with_backoff,
 )
 from scheduler.cli.output import quiet_on_broken_pipe, stdout_gone
 from scheduler.cli.spec import SpecError
@@ -270,24 +270,26 @@ def _send(client: Client, method: str, request: Any, give_up_after: float) -> An
     ``give_up_after`` seconds: a submission the scheduler did take is found, not made
     twice. A scheduler that is not there at all is said at once."""
     request_id = request.request_id
-    deadline = time.monotonic() + give_up_after
-    delay, lost = 0.25, ""
-    while True:
-        try:
-            return client.call(method, request)
-        except CliError as exc:
-            transient = exc.status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-            lost = exc.answer_lost or (lost if transient else "")
-            if not (lost and request_id) or time.monotonic() + delay > deadline:
-                if lost and request_id:
-                    raise CliError(f"{exc.answer_lost or exc}; it may have been submitted all the same: the "
-                                   f"same command with --request-id {request_id} finds out without submitting "
-                                   "twice", status=exc.status) from None
-                raise
-            print(f"gandiva-submit: {exc.answer_lost or exc}; sending the submission again with its request "
-                  f"id {request_id} (nothing is submitted twice)", file=sys.stderr, flush=True)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    lost = ""
+
+    def resend(exc: CliError) -> bool:
+        nonlocal lost
+        transient = exc.status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        lost = exc.answer_lost or (lost if transient else "")
+        return bool(lost and request_id)
+
+    def say(exc: CliError) -> None:
+        print(f"gandiva-submit: {exc.answer_lost or exc}; sending the submission again with its request "
+              f"id {request_id} (nothing is submitted twice)", file=sys.stderr, flush=True)
+
+    try:
+        return with_backoff(lambda: client.call(method, request), give_up_after, CliError, resend, say)
+    except CliError as exc:
+        if lost and request_id:
+            raise CliError(f"{exc.answer_lost or exc}; it may have been submitted all the same: the "
+                           f"same command with --request-id {request_id} finds out without submitting "
+                           "twice", status=exc.status) from None
+        raise
 
 
 def _print_dry_run(address: str, submission: Submission, jobs: Sequence[common_pb2.Job]) -> int:
