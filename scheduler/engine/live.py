@@ -95,6 +95,8 @@ class LiveEngine:
         self._checkpoints_checked = float("-inf")  # when checkpoint_due last looked
         # job id -> (the row it was built from, its JobView), reused while unchanged.
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
+        # The last packing verdict (GandivaState.verdicts' seq) written to the event history.
+        self._verdict_seq = 0
 
     @property
     def observer(self) -> Observer:
@@ -162,6 +164,7 @@ class LiveEngine:
                      # again after defrag_interval_s.
                      and not (self._parking and (d.reason or "").startswith(HAND_OVER))]
         self.observer.decided(snap, decisions, time.perf_counter() - t0)
+        await self._note_verdicts()
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
         # Only jobs still waiting keep a remembered reason: the map stays bounded.
         waiting = {d.job_id for d in queued}
@@ -329,6 +332,21 @@ class LiveEngine:
     async def _job(self, job_id: str) -> Job:
         async with self.core.tx(read=True) as s:
             return await repo.get_job(s, job_id)
+
+    async def _note_verdicts(self) -> None:
+        """Write the policy's new verdicts on packing trials to the event history (kind
+        ``job.pack``, one event on each job of the pair), so that `gandiva describe job`
+        and `gandiva get events` say whether a pack helped, with the measured rates, also
+        after a restart has emptied the dashboard's in-memory decision log."""
+        verdicts = getattr(getattr(self.policy, "state", None), "verdicts", None)
+        new = [v for v in verdicts or () if v.seq > self._verdict_seq]
+        if not new:
+            return
+        async with self.core.tx() as s:
+            for v in new:
+                for job_id, other in ((v.job_id, v.partner_id), (v.partner_id, v.job_id)):
+                    repo.add_event(s, v.at, "job.pack", f"packing trial with {other}: {v.reason}", job_id=job_id)
+        self._verdict_seq = new[-1].seq
 
     async def _note_queued(self, decisions: Sequence[pt.Queue]) -> None:
         """Tell users why their jobs wait. Only reasons that changed since the last

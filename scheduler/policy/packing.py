@@ -45,7 +45,16 @@ def _verdict(state: GandivaState, trial: PackTrial, rates: tuple[float, float], 
     if not kept:
         state.rejected.add(trial.pair)
     what = ": kept" if kept else " is no gain"
-    return kept, gain, f"packed rate {gain:.2f}x of time-slicing{what} ({how})"
+    # Both measured rates and the alone rates they are compared with, so that a user can
+    # check the verdict: (job) packed vs alone, (partner) packed vs alone.
+    rates_seen = (f"{trial.job_id} {_rate(rates[0])} packed vs {_rate(trial.base_rates[0])} alone, "
+                  f"{trial.partner_id} {_rate(rates[1])} vs {_rate(trial.base_rates[1])} mini-batches/s")
+    return kept, gain, f"packed rate {gain:.2f}x of time-slicing{what} ({rates_seen}; {how})"
+
+
+def _rate(value: float) -> str:
+    """A rate for people: three significant digits, no exponent."""
+    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
 
 
 def _end_early(state: GandivaState, trial: PackTrial, now: float, config: PolicyConfig,
@@ -157,5 +166,6 @@ def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig,
         state.wake_at(ledger.snapshot.now + config.pack_trial_s)
         ledger.set_state(guest.id, "RUNNING")
         out.append(Pack(guest.id, ledger.placement[host.id],
-                        reason=f"trial: utilization {util(guest.id):.2f} + {util(host.id):.2f}"))
+                        reason=f"trial: packed beside {host.id}, utilization "
+                               f"{util(guest.id):.2f} + {util(host.id):.2f}"))
     return out
