@@ -15,9 +15,9 @@ from typing import Any
 from rich.markup import escape
 
 from scheduler.policy import POLICIES, PolicyConfig, get_policy
-from scheduler.sim.engine import SimResult, Simulator, make_cluster
+from scheduler.sim.engine import SimResult, Simulator, make_cluster, skipped_note
 from scheduler.sim.generator import generate
-from scheduler.sim.load import makespan_bound, offered_load, scale_to_load
+from scheduler.sim.load import makespan_bound, offered_load, replayed, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
 from scheduler.sim.trace import FORMATS, JobSpec, TraceError, read_trace_as
@@ -326,7 +326,11 @@ def _run(args: argparse.Namespace) -> int:
     if unknown:
         err.print(f"[yellow]note:[/yellow] {len(unknown)} model name(s) not in {escape(str(model.source))} "
                   f"(e.g. {escape(repr(unknown[0]))}); they run with the default model's figures")
-    load = offered_load(jobs, servers, model) if len(jobs) > 1 else float("nan")
+    note = skipped_note(jobs, servers)  # said once here, not by each policy's replay
+    if note is not None:
+        err.print(f"[yellow]note:[/yellow] {escape(note)}")
+    runs = len(replayed(jobs, servers))
+    load = offered_load(jobs, servers, model) if runs > 1 else float("nan")
     if args.target_load is not None:
         try:
             jobs, factor = scale_to_load(jobs, servers, model, args.target_load)
@@ -337,9 +341,11 @@ def _run(args: argparse.Namespace) -> int:
     elif math.isfinite(load):
         err.print(f"offered load {load:.3f} (use --target-load to change it)")
     else:  # one job, or all arriving at once: no span to spread them over, nothing to scale
-        err.print("offered load: not defined (" + ("one job" if len(jobs) < 2 else "all jobs arrive at the same time")
+        err.print("offered load: not defined (" + ("one job" if runs < 2 else "all jobs arrive at the same time")
                   + "; --target-load cannot scale it)")
-    err.print(f"{len(jobs)} jobs on {args.cluster} ({sum(s.num_gpus for s in servers)} GPUs); "
+    left_out = f" ({len(jobs) - runs:,} of them skipped)" if runs < len(jobs) else ""
+    total = sum(s.num_gpus for s in servers)
+    err.print(f"{len(jobs)} jobs{left_out} on {args.cluster} ({total} GPU{'s' if total != 1 else ''}); "
               f"rates from {model.source}")
     if args.host_memory_gib:
         per = int(config.host_memory_use * args.host_memory_gib / model.job_host_memory_gib) \
@@ -372,7 +378,8 @@ def _simulate(name: str, jobs: list[JobSpec], servers: tuple, model: MechanismMo
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if args.no_progress or not err.is_terminal:
-        return Simulator(jobs, servers, get_policy(name, config), model, first_n=args.first_n).run()
+        return Simulator(jobs, servers, get_policy(name, config), model, first_n=args.first_n,
+                         warn_skipped=False).run()
     with Progress(TextColumn(f"{name:>9}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("jobs done"), TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task(name, total=len(jobs))
@@ -384,7 +391,7 @@ def _simulate(name: str, jobs: list[JobSpec], servers: tuple, model: MechanismMo
                 bar.update(task, completed=done)
 
         return Simulator(jobs, servers, get_policy(name, config), model, first_n=args.first_n,
-                         progress=progress).run()
+                         progress=progress, warn_skipped=False).run()
 
 
 def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:

@@ -64,6 +64,20 @@ def make_cluster(spec: str, gpu_memory_gib: float = 16.0, host_memory_gib: float
                  for i in range(n))
 
 
+def skipped_note(jobs: list[JobSpec], servers: tuple[ServerView, ...]) -> str | None:
+    """What a replay on ``servers`` leaves out: the jobs needing more GPUs than the whole
+    cluster (None when every job fits). ``gandiva sim`` says it once for all its policies;
+    a Simulator logs it (``warn_skipped``)."""
+    total = sum(s.num_gpus for s in servers)
+    wide = [j for j in jobs if j.num_gpus > total]
+    if not wide:
+        return None
+    widest = max(wide, key=lambda j: j.num_gpus)
+    return (f"{len(wide)} job(s) need more GPUs than the cluster's {total} (e.g. {widest.id} with "
+            f"{widest.num_gpus}) and are left out of this replay, counted as skipped; a cluster of "
+            f"{widest.num_gpus} GPUs or more replays them")
+
+
 @dataclass
 class SimResult:
     """What happened to every job, plus cluster-wide counters, for one policy."""
@@ -94,7 +108,8 @@ class Simulator:
     def __init__(self, jobs: list[JobSpec], servers: tuple[ServerView, ...], policy: Policy,
                  model: MechanismModel, first_n: int = 100, report_interval_s: float = 300.0,
                  progress: Callable[[int, int], None] | None = None,
-                 observer: Callable[[float, dict[str, SimJob]], None] | None = None) -> None:
+                 observer: Callable[[float, dict[str, SimJob]], None] | None = None,
+                 warn_skipped: bool = True) -> None:
         self.servers = servers
         self.policy = policy
         self.model = model
@@ -115,11 +130,8 @@ class Simulator:
         self.backend = SimBackend(servers, model, policy.preemption, first_n)
         total = sum(s.num_gpus for s in servers)
         self.skipped = [j.id for j in jobs if j.num_gpus > total]
-        if self.skipped:
-            widest = max(jobs, key=lambda j: j.num_gpus)
-            logger.warning("%d job(s) need more GPUs than the cluster's %d (e.g. %s with %d) and are left "
-                           "out of this replay, counted as skipped; a cluster of %d GPUs or more replays them",
-                           len(self.skipped), total, widest.id, widest.num_gpus, widest.num_gpus)
+        if self.skipped and warn_skipped:
+            logger.warning("%s", skipped_note(jobs, servers))
         self.specs = sorted((j for j in jobs if j.num_gpus <= total), key=lambda j: j.submit_time)
 
     def _new_job(self, spec: JobSpec) -> SimJob:

@@ -1,7 +1,8 @@
 """``--target-load``: compress or stretch arrival times to a chosen offered load.
 
 Offered load = total GPU-time demanded (each job's GPUs x its duration alone) divided
-by (the cluster's GPUs x the trace's span from first to last arrival). Arrival
+by (the cluster's GPUs x the trace's span from first to last arrival), over the jobs the
+replay runs (not those larger than the whole cluster, which it skips). Arrival
 offsets are multiplied by (current load / target), which makes the load the target.
 """
 
@@ -21,7 +22,19 @@ def duration_alone(job: JobSpec, model: MechanismModel) -> float:
     return (job.total_steps or 0.0) / model.alone_rate(job.model, job.num_gpus)
 
 
+def replayed(jobs: list[JobSpec], servers: tuple[ServerView, ...]) -> list[JobSpec]:
+    """The jobs a replay on ``servers`` runs: those no larger than the whole cluster (the
+    simulator skips the others, and counts them)."""
+    total = sum(s.num_gpus for s in servers)
+    return [j for j in jobs if j.num_gpus <= total]
+
+
 def offered_load(jobs: list[JobSpec], servers: tuple[ServerView, ...], model: MechanismModel) -> float:
+    """The load of the jobs the replay runs: jobs larger than the cluster are not replayed,
+    so neither their work nor their arrivals count (inf: fewer than two arrival times)."""
+    jobs = replayed(jobs, servers)
+    if not jobs:
+        return float("inf")
     span = max(j.submit_time for j in jobs) - min(j.submit_time for j in jobs)
     gpus = sum(s.num_gpus for s in servers)
     demand = sum(j.num_gpus * duration_alone(j, model) for j in jobs)
@@ -35,7 +48,8 @@ def scale_to_load(jobs: list[JobSpec], servers: tuple[ServerView, ...], model: M
         raise ValueError(f"target load must be positive, got {target}")
     current = offered_load(jobs, servers, model)
     if current == float("inf"):
-        raise ValueError("all jobs arrive at the same time: the load cannot be scaled")
+        raise ValueError("all jobs arrive at the same time: the load cannot be scaled" if len(replayed(jobs, servers)) > 1
+                         else "one job to replay: the load cannot be scaled")
     factor = current / target
     t0 = min(j.submit_time for j in jobs)
     scaled = [dataclasses.replace(j, submit_time=t0 + (j.submit_time - t0) * factor) for j in jobs]
@@ -65,8 +79,7 @@ def makespan_bound(jobs: list[JobSpec], servers: tuple[ServerView, ...],
     arrival: that job cannot finish earlier under any policy, whatever the others do.
     Jobs larger than the cluster are left out (the simulator skips them).
     """
-    total = sum(s.num_gpus for s in servers)
-    fits = [j for j in jobs if j.num_gpus <= total]
+    fits = replayed(jobs, servers)
     if not fits:
         return 0.0, None
     t0 = min(j.submit_time for j in fits)

@@ -182,13 +182,18 @@ def test_gittins_refinements_are_flags_that_reach_the_policy(capsys: pytest.Capt
 
 
 def test_jobs_larger_than_the_cluster_are_counted_and_named(capsys: pytest.CaptureFixture[str],
-                                                            caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+                                                            tmp_path: Path) -> None:
     trace = tmp_path / "wide.csv"
     trace.write_text("submit_time,num_gpus,duration\n0,1,60\n5,64,60\n")
-    code, out, _ = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo")
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "--compare", "fifo,gandiva,tiresias")
     assert code == 0
-    assert any(line.startswith("│ jobs skipped") and line.rstrip("│ ").endswith(" 1") for line in out.splitlines())
-    assert "e.g. wide-1 with 64" in caplog.text and "a cluster of 64 GPUs or more" in caplog.text
+    row = next(line for line in out.splitlines() if line.startswith("│ jobs skipped"))
+    assert row.replace("│", " ").split()[-3:] == ["1", "1", "1"], row
+    # Said once, not once per policy (it was, three times here), and the job count says it.
+    err = err.replace("\n", " ")
+    assert err.count("e.g. wide-1 with 64") == 1 and "a cluster of 64 GPUs or more" in err
+    assert "2 jobs (1 of them skipped) on 2x4 (8 GPUs)" in err
+    assert "offered load: not defined (one job" in err
     trace.write_text("submit_time,num_gpus,duration\n0,16,60\n5,64,60\n")
     code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "--policy", "fifo")
     assert code == 2 and out == ""
