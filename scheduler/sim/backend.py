@@ -116,6 +116,13 @@ class SimBackend:
 
     # --- bookkeeping --------------------------------------------------------------
 
+    def start(self, now: float) -> None:
+        """The replay begins at ``now`` (its first arrival): GPU use is counted from there,
+        so a trace whose first job arrives late (ITP cluster10: after 630 h) has no idle
+        stretch before it in its utilization series."""
+        self.busy_t = now
+        self.busy_series = [(now, 0)]
+
     def add(self, job: SimJob, now: float) -> None:
         job.last_change = now
         self.jobs[job.spec.id] = job

@@ -195,6 +195,7 @@ class Simulator:
         i, calls, idle_call = 0, 0, False
         if specs:
             clock.advance_to(specs[0].submit_time)
+            backend.start(clock.now)
         while i < len(specs) or active:
             t_arrival = specs[i].submit_time if i < len(specs) else math.inf
             t_done = backend.next_completion() or math.inf

@@ -55,7 +55,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
 
 
 def utilization_series(result: SimResult, buckets: int = 200) -> tuple[list[float], list[float]]:
-    """(hours, fraction of GPUs busy) averaged over ``buckets`` equal spans of the run."""
+    """(hours since the first arrival, fraction of GPUs busy) averaged over ``buckets`` equal
+    spans of the run, from the first arrival to the last completion (the makespan: the
+    series' mean is the run's utilization)."""
     series = result.busy_series
     if len(series) < 2:
         return [], []
@@ -74,5 +76,5 @@ def utilization_series(result: SimResult, buckets: int = 200) -> tuple[list[floa
             hi = min(tb, t0 + (k + 1) * width) if k < buckets - 1 else tb
             if hi > lo:
                 area[k] += busy * (hi - lo)
-    xs = [(t0 + (k + 0.5) * width) / 3600.0 for k in range(buckets)]
+    xs = [(k + 0.5) * width / 3600.0 for k in range(buckets)]
     return xs, [a / (width * result.num_gpus) for a in area]

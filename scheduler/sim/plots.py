@@ -62,6 +62,6 @@ def write_plots(results: dict[str, SimResult], directory: Path) -> list[Path]:
         xs, ys = utilization_series(result)
         ax.plot(xs, ys, label=name)
     ax.set_ylim(0, 1.05)
-    util = save(fig, ax, "utilization.png", "GPU utilization over time", "time (hours)",
+    util = save(fig, ax, "utilization.png", "GPU utilization over time", "hours since the first arrival",
                 "fraction of GPUs running a job")
     return [cdf, first, util]
