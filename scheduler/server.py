@@ -40,6 +40,7 @@ from scheduler.engine.live import LiveEngine
 from scheduler.policy.types import PolicyConfig
 from scheduler.state import migrate, prune
 from scheduler.state.db import make_engine
+from scheduler.state.owner import DatabaseHeld, SchedulerLock
 from scheduler.transport import (
     SERVER_OPTIONS,
     MalformedRequestInterceptor,
@@ -93,6 +94,36 @@ class SchedulerServer:
         for address in (self.listen, *(a for a in self.also_listen if not a.startswith("unix:"))):
             check_exposure(address, self.tls, self.auth == "token", self.insecure, "the scheduler")
         self.db = make_engine(check_db_url(self.db_url))
+        # One scheduler per database: a second one is refused before it touches anything.
+        self.lost = asyncio.Event()
+        self.lost_why = ""
+        self._lock = SchedulerLock(self.db_url, self.listen, _redact(self.db_url), self._lost)
+        try:
+            await self._lock.acquire()
+        except OSError as exc:  # PostgreSQL not there
+            await self.db.dispose()
+            raise OSError(f"--db {_redact(self.db_url)}: cannot reach the database "
+                          f"({exc.strerror or exc}); is it running, and is the URL right?") from None
+        except DatabaseHeld:
+            await self.db.dispose()
+            raise
+        except Exception as exc:  # noqa: BLE001 - a refused login, an unknown database: one line
+            await self.db.dispose()
+            raise ValueError(f"--db {_redact(self.db_url)}: {str(exc).strip() or type(exc).__name__}") from None
+        try:
+            address = await self._start()
+            await self._lock.bound(address)
+            return address
+        except BaseException:
+            await self._lock.release()
+            raise
+
+    def _lost(self, why: str) -> None:
+        """Another scheduler took the database (ours lost its lock): stop acting."""
+        self.lost_why = why
+        self.lost.set()
+
+    async def _start(self) -> str:
         self.core = SchedulerCore(self.db, self.settings)
         # The policy is checked before anything touches the database.
         self.engine = LiveEngine(self.core, self.policy, self.policy_config, self.tick_s)
@@ -205,6 +236,7 @@ class SchedulerServer:
         await self.server.stop(grace)
         await self.core.dispose()
         await self.db.dispose()
+        await self._lock.release()
         log.info("stopped; runtime streams delivered %d progress reports",
                  self.runtime_servicer.progress_received)
 
@@ -327,6 +359,14 @@ async def serve(server: SchedulerServer, port_file: str | None = None, http_port
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    # Or until another scheduler took the database (its lock lost with a restart of the
+    # database): this one stops, and says so (exit status 2).
+    lost = asyncio.create_task(server.lost.wait())
+    signalled = asyncio.create_task(stop.wait())
+    await asyncio.wait({lost, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    lost.cancel()
+    signalled.cancel()
     log.info("shutting down")
-    await server.stop()
+    await server.stop(grace=0.0 if server.lost.is_set() else 5.0)
+    if server.lost.is_set():
+        raise DatabaseHeld(server.lost_why)

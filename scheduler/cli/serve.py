@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.errors import InvalidArgument
     from scheduler.observe.logs import setup_logging
     from scheduler.server import SchedulerServer, serve
+    from scheduler.state.owner import DatabaseHeld
     from scheduler.transport import SecurityError, ServerTls
 
     try:
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         flag = SETTINGS_FLAGS.get(err.field)
         print(f"gandiva scheduler: {f'{flag}: {err.message}' if flag else err}", file=sys.stderr)
         return 2
-    except (ValueError, OSError, SecurityError) as err:
+    except (ValueError, OSError, SecurityError, DatabaseHeld) as err:
         print(f"gandiva scheduler: {err}", file=sys.stderr)
         return 2
     return 0

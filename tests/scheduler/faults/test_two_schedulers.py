@@ -1,0 +1,100 @@
+"""Two schedulers started on one database by mistake (another --listen port, a
+second unit, a restart while the old process still runs): the second is refused,
+naming the one that holds the database, and nothing it could have done happens.
+Once the first is gone (even killed with -9), a scheduler starts on it at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+from .test_restart import free_port, start_scheduler
+
+
+def second_scheduler(db_url: str, port: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", f"127.0.0.1:{port}", "--db", db_url],
+        capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])
+def test_a_second_scheduler_on_one_database_is_refused(db: str, request: pytest.FixtureRequest,
+                                                       tmp_path: Path) -> None:
+    db_url = str(request.getfixturevalue("sqlite_url" if db == "sqlite" else "pg_url"))
+    port = free_port()
+    first = start_scheduler(db_url, port, tmp_path)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)
+            job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(
+                spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id
+            second = second_scheduler(db_url, free_port())
+            assert second.returncode == 2, second.stderr
+            err = second.stderr.strip().splitlines()[-1]
+            assert "another scheduler is running on this database" in err, err
+            assert f"pid {first.pid}" in err and f":{port}" in err, err  # who holds it
+            # The first goes on as before, alone.
+            assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).state == common_pb2.JOB_STATE_QUEUED
+        if db != "sqlite":
+            return  # a PostgreSQL session's locks end with its connection: nothing new below
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+        # Killed with -9, it held nothing any more: the next one starts on the database.
+        first = start_scheduler(db_url, port, tmp_path)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)
+            assert [j.id for j in stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs] == [job]
+    finally:
+        first.kill()
+        first.wait(10)
+
+
+@pytest.mark.pg
+def test_a_scheduler_whose_database_was_taken_while_its_connection_was_lost_stops(
+        pg_url: str, tmp_path: Path) -> None:
+    """Its lock's connection cut (as a database restart does) and the lock taken by
+    another meanwhile: it stops (exit 2) saying so, instead of acting beside the other."""
+    import asyncpg
+
+    from scheduler.state.owner import PG_LOCK_KEY
+    from tests.conftest import PG_ADMIN_DSN
+
+    db = pg_url.rsplit("/", 1)[1]
+    proc = start_scheduler(pg_url, free_port(), tmp_path)
+
+    async def take_over() -> None:
+        admin = await asyncpg.connect(PG_ADMIN_DSN)
+        other = await asyncpg.connect(PG_ADMIN_DSN.rsplit("/", 1)[0] + f"/{db}",
+                                      server_settings={"application_name": "the other one"})
+        try:
+            holder = await admin.fetchval(
+                "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                "WHERE l.locktype = 'advisory' AND d.datname = $1", db)
+            assert holder, "the scheduler holds no lock on its database"
+            await admin.fetchval("SELECT pg_terminate_backend($1)", holder)
+            deadline = time.monotonic() + 10
+            while not await other.fetchval("SELECT pg_try_advisory_lock($1)", PG_LOCK_KEY):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            assert proc.wait(30) == 2
+        finally:
+            await other.close()
+            await admin.close()
+
+    try:
+        asyncio.run(take_over())
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        assert "another scheduler is running on this database (the other one" in err, err
+    finally:
+        proc.kill()
+        proc.wait(10)
