@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from protos.gandiva.v1 import common_pb2
 from scheduler.core import JobDetail, spec_of
 from scheduler.lifecycle import JobState
@@ -45,6 +47,7 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
         control_note=j.control_note,
         grow_shrink_note=j.grow_shrink_note,
         host_memory_bytes=d.host_memory_bytes,
+        gpu_seconds=j.gpu_seconds(time.time()),
         message=j.message,
         exit_code=j.exit_code,
         metrics={k: float(v) for k, v in (j.metrics or {}).items() if isinstance(v, (int, float))},

@@ -464,6 +464,7 @@ def job_to_dict(job: common_pb2.Job) -> dict[str, Any]:
         "control_note": job.control_note,
         "grow_shrink_note": job.grow_shrink_note,
         "host_memory_bytes": job.host_memory_bytes,
+        "gpu_seconds": job.gpu_seconds,
         "message": job.message,
         "exit_code": job.exit_code,
         "metrics": dict(sorted(job.metrics.items())),

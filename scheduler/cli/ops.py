@@ -49,8 +49,8 @@ def register(subparsers: Any) -> None:
 
 
 def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    get = subparsers.add_parser("get", help="list jobs, servers or events")
-    kinds = get.add_subparsers(dest="kind", metavar="jobs|servers|events", required=True)
+    get = subparsers.add_parser("get", help="list jobs, servers, users or events")
+    kinds = get.add_subparsers(dest="kind", metavar="jobs|servers|users|events", required=True)
     jobs = kinds.add_parser("jobs", aliases=["job"], parents=[common], help="list jobs")
     jobs.add_argument("ids", nargs="*", metavar="ID", help="only these jobs")
     jobs.add_argument("--state", action="append", default=[], metavar="STATE",
@@ -63,6 +63,12 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
     _set(jobs, get_jobs)
     servers = kinds.add_parser("servers", aliases=["server"], parents=[common], help="list servers")
     _set(servers, get_servers)
+    users = kinds.add_parser("users", aliases=["user"], parents=[common],
+                             help="who uses the GPUs: per user, jobs by state, GPUs held and GPU time")
+    users.add_argument("--all", action="store_true",
+                       help="also list users whose jobs have all ended (default: only users with a "
+                            "job not ended; their finished jobs count in FINISHED and GPU-TIME)")
+    _set(users, get_users)
     events = kinds.add_parser("events", aliases=["event"], parents=[common], help="list events")
     events.add_argument("--job", default="", metavar="ID", help="only this job's events")
     events.add_argument("--after", type=int, default=0, metavar="EVENT_ID",
@@ -122,8 +128,8 @@ def _set(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Cl
 
 
 JOB_HEADERS = ["ID", "NAME", "STATE", "GPUS", "SERVERS", "STEPS", "RATE", "PRIORITY", "AGE"]
-JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "HOST-MEMORY", "MULTI-JOB", "PARAMS", "USER", "MESSAGE",
-                                  "COMMAND"]
+JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "HOST-MEMORY", "GPU-TIME", "MULTI-JOB", "PARAMS", "USER",
+                                  "MESSAGE", "COMMAND"]
 
 
 def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
@@ -136,6 +142,7 @@ def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
         row += [
             output.placement(job.placement),
             output.size(job.host_memory_bytes) if job.host_memory_bytes else "-",
+            output.duration(job.gpu_seconds),
             job.spec.multi_job_id or "-",
             " ".join(f"{k}={v}" for k, v in sorted(job.spec.params.items())) or "-",
             job.spec.user or "-",
@@ -199,6 +206,36 @@ def get_servers(args: argparse.Namespace, client: Client) -> int:
     wide = args.output == "wide"
     output.print_table(SERVER_WIDE_HEADERS if wide else SERVER_HEADERS,
                        (server_row(s, wide) for s in servers), args.no_headers)
+    return EXIT_OK
+
+
+USER_HEADERS = ["USER", "RUNNING", "SUSPENDED", "QUEUED", "FINISHED", "GPUS-RUNNING", "GPU-TIME"]
+
+
+def get_users(args: argparse.Namespace, client: Client) -> int:
+    """Per user (as the scheduler lists jobs: operators see everyone, others themselves):
+    jobs by state, the GPUs their running jobs hold now, and the GPU time all their jobs
+    have had (time running x GPUs), most GPU time first."""
+    jobs = list_all(client, "ListJobs", scheduler_pb2.ListJobsRequest(), "jobs")
+    rows: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        state = state_name(job.state)
+        row = rows.setdefault(job.spec.user, {"user": job.spec.user, "running": 0, "suspended": 0, "queued": 0,
+                                              "migrating": 0, "finished": 0, "gpus_running": 0,
+                                              "gpu_seconds": 0.0})
+        key = "finished" if job.state in TERMINAL_STATES else state.lower()
+        row[key] = row.get(key, 0) + 1
+        row["gpus_running"] += job.spec.gpus if state == "RUNNING" else 0
+        row["gpu_seconds"] += job.gpu_seconds
+    shown = sorted((r for r in rows.values() if args.all or r["finished"] < sum(
+        r[k] for k in ("running", "suspended", "queued", "migrating", "finished"))),
+        key=lambda r: (-r["gpu_seconds"], r["user"]))
+    if args.output == "json":
+        output.print_json(shown)
+        return EXIT_OK
+    output.print_table(USER_HEADERS, ([r["user"] or "-", r["running"] + r["migrating"], r["suspended"], r["queued"],
+                                       r["finished"], r["gpus_running"], output.duration(r["gpu_seconds"])]
+                                      for r in shown), args.no_headers)
     return EXIT_OK
 
 
@@ -343,6 +380,7 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         ("Submitted", f"{output.timestamp(job.submitted_at)} ({output.age(job.submitted_at)} ago)"),
         ("Finished", output.timestamp(job.finished_at)),
         ("Steps", job.steps), ("Rate", f"{output.rate(job.rate)} mini-batches/s" if job.rate > 0 else "-"),
+        ("GPU time", f"{output.duration(job.gpu_seconds)} (time running x GPUs)"),
         ("Host memory", f"{output.size(job.host_memory_bytes)} (its processes' resident set, last measured; "
                         "held while suspended too)" if job.host_memory_bytes else "not measured"),
         ("Suspendable", "yes" if job.suspendable else f"no ({job.control_note})"),

@@ -137,6 +137,18 @@ def age(since: float, now: float | None = None) -> str:
     return f"{seconds // 86400}d"
 
 
+def duration(seconds: float) -> str:
+    """A length of time for people: 45s, 5m12s, 3h04m, 2d03h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
 def clock(at: float) -> str:
     """A unix time as local HH:MM:SS (events and transitions happen within a day or so)."""
     return time.strftime("%H:%M:%S", time.localtime(at)) if at else "-"

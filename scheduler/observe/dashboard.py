@@ -102,6 +102,7 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
             "id": j.id, "name": j.name, "state": j.state, "gpus": j.gpus, "priority": j.priority,
             "placement": [f"{server}/{index}" for server, index in d.placement],
             "steps": j.steps, "rate": j.rate, "metrics": dict(j.metrics or {}),
+            "user": j.user, "gpu_seconds": j.gpu_seconds(now),
             "message": j.message, "submitted_at": j.submitted_at, "finished_at": j.finished_at,
             "multi_job": j.multi_job_id or "", "grow_shrink": j.grow_shrink,
             "last_decision": ({"kind": dec.kind, "reason": dec.reason, "at": dec.at} if dec else None),

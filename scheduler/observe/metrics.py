@@ -167,6 +167,11 @@ class SchedulerMetrics(Observer):
             "gandiva_job_minibatch_rate",
             f"Mini-batches per second of running jobs (the {MAX_JOB_SERIES} fastest)",
             ["job", "name"], registry=r)
+        self.user_gpu_seconds = Gauge(
+            "gandiva_user_gpu_seconds", "GPU time each user's jobs have had: seconds running x GPUs",
+            ["user"], registry=r)
+        self.user_gpus_running = Gauge(
+            "gandiva_user_gpus_running", "GPUs each user's running jobs hold", ["user"], registry=r)
         self.job_series_dropped = Gauge(
             "gandiva_job_rate_series_dropped", "Running jobs left out of gandiva_job_minibatch_rate",
             registry=r)
@@ -254,13 +259,17 @@ class SchedulerMetrics(Observer):
                 select(Job.id, Job.name, Job.rate).where(Job.state == JobState.RUNNING.value)
                 .order_by(Job.rate.desc()).limit(MAX_JOB_SERIES + 1))).all()
             n_running = counts.get(JobState.RUNNING.value, 0)
+            attained = (await s.execute(select(Job.user, func.sum(Job.attained_service_s)).group_by(Job.user))).all()
+            # The running stretch of each running job is not in attained_service_s yet.
+            stretches = (await s.execute(select(Job.user, Job.gpus, Job.state_changed_at)
+                                         .where(Job.state == JobState.RUNNING.value))).all()
             loads = await repo.server_loads(s)
         for st in JobState:
             self.jobs.labels(st.value.lower()).set(counts.get(st.value, 0))
         self.queue_length.set(counts.get(JobState.QUEUED.value, 0))
         self.longest_wait.set(max(0.0, now - oldest) if oldest else 0.0)
         for metric in (self.server_up, self.server_gpus, self.gpus_allocated, self.gpus_oversubscribed,
-                       self.height, self.job_rate):
+                       self.height, self.job_rate, self.user_gpu_seconds, self.user_gpus_running):
             metric.clear()  # servers and jobs that are gone leave no stale series
         for ld in loads:
             name = ld.server.name
@@ -272,6 +281,14 @@ class SchedulerMetrics(Observer):
         for job_id, name, rate in running[:MAX_JOB_SERIES]:
             self.job_rate.labels(job_id, name).set(rate or 0.0)
         self.job_series_dropped.set(max(0, n_running - MAX_JOB_SERIES))
+        gpu_s = {user: float(total or 0.0) for user, total in attained}
+        held: dict[str, int] = {}
+        for user, gpus, since in stretches:
+            gpu_s[user] = gpu_s.get(user, 0.0) + max(0.0, now - since) * gpus if since else gpu_s.get(user, 0.0)
+            held[user] = held.get(user, 0) + gpus
+        for user, total in gpu_s.items():
+            self.user_gpu_seconds.labels(user).set(total)
+            self.user_gpus_running.labels(user).set(held.get(user, 0))
 
 
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):

@@ -142,6 +142,12 @@ class Job(Base):
     # job its first attempt created instead of creating another.
     request_key: Mapped[str | None] = mapped_column(String(300), nullable=True, unique=True, index=True)
 
+    def gpu_seconds(self, now: float) -> float:
+        """The GPU time the job has had up to ``now``: its time RUNNING times its GPUs
+        (attained_service_s, plus the running stretch not yet added to it)."""
+        running = now - self.state_changed_at if self.state == "RUNNING" and self.state_changed_at else 0.0
+        return (self.attained_service_s or 0.0) + max(0.0, running) * self.gpus
+
     @validates("state")
     def _one_owner(self, key: str, value: str) -> str:
         """A job is created QUEUED; after that its state changes only through
