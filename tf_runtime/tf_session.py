@@ -73,7 +73,13 @@ _STATEFUL_INPUTS = frozenset({
     "ReaderReadUpTo", "ReaderReadUpToV2",
     "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
     "ParameterizedTruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
-    "RandomPoisson", "RandomPoissonV2"})
+    "RandomPoisson", "RandomPoissonV2", "RandomCrop", "NonDeterministicInts",
+    # The negative classes of tf.nn.nce_loss / sampled_softmax_loss (word2vec), random
+    # crops of Inception's preprocessing, fractional pooling: generators in the kernel too.
+    "LogUniformCandidateSampler", "UniformCandidateSampler", "FixedUnigramCandidateSampler",
+    "LearnedUnigramCandidateSampler", "ThreadUnsafeUnigramCandidateSampler",
+    "AllCandidateSampler", "SampleDistortedBoundingBox", "SampleDistortedBoundingBoxV2",
+    "FractionalMaxPool", "FractionalAvgPool"})
 _CACHE_LIMIT = 512
 _LOADS = frozenset({"Assign", "AssignVariableOp"}) | _SCATTER_SETS
 _CHANGES_ANY = _CHANGES | _LOADS | _INCREMENTS

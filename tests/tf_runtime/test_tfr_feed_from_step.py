@@ -275,7 +275,8 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
 @pytest.mark.parametrize("script,flags,reason", [
     ("queue_input.py", (), "QueueDequeue"),
     ("global_rng.py", ("--draw", "numpy"), "numpy's global generator"),
-], ids=["queue_input", "global_rng"])
+    ("sampled_loss.py", (), "LogUniformCandidateSampler"),
+], ids=["queue_input", "global_rng", "sampled_loss"])
 def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
         script: str, flags: tuple[str, ...], reason: str, runtime_server: Any, launch: Any,
         tmp_path: Path) -> None:
@@ -285,7 +286,10 @@ def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
     ended with other weights, called migratable because it reads the global step). Each is
     judged not migratable, naming
     why; a migration is refused and leaves no checkpoint; suspended and resumed (across
-    the blocked enqueue) and checkpointed, it ends bit-identical to an uninterrupted run."""
+    the blocked enqueue) and checkpointed, it ends bit-identical to an uninterrupted run.
+    sampled_loss: word2vec's `nce_loss`, its negative classes drawn by a seeded candidate
+    sampler (whose generator is in its kernel: a migrated copy ended with other weights,
+    called migratable)."""
     path = str(PROGRAMS / script)
     steps = [*flags, "--steps", "80", "--step-sleep", "0.03"]
     baseline = launch(path, *steps, "--dump", str(tmp_path / "base.npz"), status=False)

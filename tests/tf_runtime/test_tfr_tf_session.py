@@ -1211,3 +1211,53 @@ def test_an_update_after_the_step_first_made_behind_an_initialiser_is_learned(
     assert seen[9] == 1 and seen[10] == 2
     prefix = str(tmp_path / "ck" / "model")
     assert tf.train.load_variable(prefix, "save_counter") == seen[ack.step]
+
+
+def test_random_ops_of_sampled_losses_and_augmentation_read_unsaved_input(
+        controller: Controller) -> None:
+    """The negative classes of `nce_loss` / `sampled_softmax_loss` (word2vec), Inception's
+    random crop boxes and fractional pooling are drawn by generators inside their kernels,
+    like dropout's: a restarted copy draws others. The shim used to take these runs as
+    computed from the step, called such a program migratable, and a migrated word2vec job
+    ended with other weights (`programs/sampled_loss.py`). A `tf.random.Generator` keeps
+    its state in a variable the checkpoint holds: not unsaved input."""
+    g = tf.Graph()
+    with g.as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([5, 4]))
+        b = tf.compat.v1.get_variable("b", initializer=tf.zeros([5]))
+        labels = tf.constant([[1], [3]], tf.int64)
+        inputs = tf.ones([2, 4])
+        image = tf.reshape(tf.range(4 * 4 * 1, dtype=tf.float32), [1, 4, 4, 1])
+
+        def train(loss: Any) -> Any:
+            return tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+                tf.reduce_sum(loss), global_step=gs)
+
+        def sampled(sampler: Any, loss_fn: Any = tf.nn.nce_loss) -> Any:
+            values = sampler(labels, 1, 2, True, 5, seed=1)
+            return train(loss_fn(w, b, labels, inputs, num_sampled=2, num_classes=5,
+                                 sampled_values=values))
+
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            [4, 4, 1], tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=1,
+            min_object_covered=0.1)
+        crop = tf.slice(image[0], begin, size)
+        pooled, _, _ = tf.nn.fractional_max_pool(image * tf.reduce_sum(w), [1.0, 1.5, 1.5, 1.0],
+                                                 seed=1)
+        runs = {
+            "LogUniformCandidateSampler": sampled(tf.random.log_uniform_candidate_sampler),
+            "UniformCandidateSampler": sampled(tf.random.uniform_candidate_sampler,
+                                               tf.nn.sampled_softmax_loss),
+            "LearnedUnigramCandidateSampler": sampled(
+                tf.random.learned_unigram_candidate_sampler),
+            "SampleDistortedBoundingBox": train(tf.reduce_sum(crop) * w),
+            "FractionalMaxPool": train(pooled),
+        }
+        generator = tf.random.Generator.from_seed(1)
+        from_generator = train(w * generator.normal([5, 4]))
+    with session(g) as sess:
+        adapter = sess._gandiva_chain.adapter
+        for op, run in runs.items():
+            assert adapter.classify(run).stateful_input.startswith(op), op
+        assert not adapter.classify(from_generator).stateful_input
