@@ -234,6 +234,17 @@ class Checkpointer:
         return frozenset(n for n, ok in zip(self._same_names, same) if not ok)
 
     def save(self, run: Callable[..., Any], prefix: str) -> None:
+        """Save into `prefix`. A write that fails (the ramdisk full, a read-only or lost
+        mount) is a CheckpointError: the command that asked for it fails, saying why,
+        and the program trains on (TensorFlow's own error used to leave the program's
+        run() and end it: a periodic checkpoint into a full ramdisk killed the job)."""
+        try:
+            self._save(run, prefix)
+        except tf.errors.OpError as exc:
+            raise CheckpointError(f"could not write the checkpoint {Path(prefix).parent}: "
+                                  f"{error_summary(exc)}") from exc
+
+    def _save(self, run: Callable[..., Any], prefix: str) -> None:
         run(self._save_tensor, {self._filename: prefix}, None, None)
         if self.tables is not None:
             run(self.tables.save_tensor_name,
