@@ -768,6 +768,12 @@ class TFSessionAdapter:
                 ckpt.restore_present(self._run, prefix)
             else:
                 ckpt.restore(self._run, prefix)
+        except tf.errors.DataLossError as exc:
+            # Its sizes match its manifest (validate), its bytes do not match their CRCs: a
+            # file changed after it was written (a bad disk or copy, an overwrite). Refused
+            # before any variable is assigned, and said so: it does fit the graph.
+            raise CheckpointError(f"checkpoint {directory} is damaged (a file changed after it was "
+                                  f"written), nothing restored: {error_summary(exc)}") from exc
         except tf.errors.OpError as exc:
             raise CheckpointError(f"checkpoint {directory} does not fit this graph: {exc.message}") from exc
         step = self.global_step()

@@ -1,4 +1,4 @@
-"""A checkpoint written into a full file system (the ramdisk or shared mount full when
+"""A checkpoint written into a full file system, or damaged before its restore (the ramdisk or shared mount full when
 a job saves for a migration or a periodic checkpoint): the command fails with the
 reason and the job trains on, untouched; nothing half-written is left."""
 
@@ -13,6 +13,7 @@ from protos.gandiva.v1 import runtime_pb2 as pb
 
 from ..migration_helper.test_ramdisk_transfer import small_tmpfs  # noqa: F401 - a fixture
 from .test_tfr_end_to_end import hello_of
+from .test_tfr_tf_session import controller, session, trainable_graph  # noqa: F401 - controller: a fixture
 
 pytestmark = [pytest.mark.tf]
 
@@ -33,3 +34,31 @@ def test_a_save_into_a_full_file_system_fails_the_command_and_the_job_trains_on(
     ack = runtime_server.wait_ack(runtime_server.send("full", pb.COMMAND_KIND_CHECKPOINT, str(tmp_path / "ok")), 60)
     assert ack.ok, ack.message
     assert job.wait() == 0, job.log()
+
+
+def test_a_checkpoint_damaged_after_it_was_written_is_refused_as_damaged(
+        controller: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Bytes of the data file changed (same size: the manifest's sizes still match) before
+    the restore: refused as damaged, not as "does not fit this graph", nothing restored."""
+    import numpy as np
+
+    from tf_runtime.checkpoint import CheckpointError
+
+    g, gs, train, init, variables = trainable_graph(replicas=1)
+    with session(g) as sess:
+        sess.run(init)
+        sess.run(train)
+        adapter = sess._gandiva_chain.adapter
+        adapter.save(str(tmp_path / "ck"), "t")
+        data = next((tmp_path / "ck").glob("model.data-*"))
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+        sess.run(train)
+        before = {v.name: sess.run(v) for v in variables}
+        with pytest.raises(CheckpointError, match=r"is damaged .* Checksum does not match") as err:
+            adapter.restore(str(tmp_path / "ck"))
+        assert "does not fit" not in str(err.value) and "\n" not in str(err.value)
+        for v in variables:
+            np.testing.assert_array_equal(sess.run(v), before[v.name])
+        assert sess.run(gs) == 2
