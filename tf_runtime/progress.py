@@ -28,11 +28,13 @@ class ProgressMeter:
 
     The rate uses the interval between two boundaries (step time plus the
     program's own work between steps), which is what the scheduler's
-    introspection compares. A process's first mini-batch (TensorFlow's lazy
-    set-up: often tens of times a step) does not count: the rate is 0 (not
-    measured) until a second one, or a job suspended after its first step
-    would report a fraction of its rate (the policy judges packing trials
-    against it).
+    introspection compares. An interval ends at a boundary only when the one
+    before it was seen since the last pause: the process's first mini-batch
+    (TensorFlow's lazy set-up: often tens of times a step) does not count, nor
+    does the first after a pause (a suspension, a command applied). The rate is 0
+    (not measured) until a second boundary in a row, or a job suspended after its
+    first step would report a fraction of its rate (the policy judges packing
+    trials against it).
     """
 
     def __init__(self, alpha: float = 0.1) -> None:
@@ -40,7 +42,6 @@ class ProgressMeter:
         self.steps = 0
         self.last_step_s = 0.0
         self._avg_interval = 0.0
-        self._warm = False  # the process's first mini-batch is behind it
         self._last_boundary: float | None = None
         self._metrics: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -60,10 +61,15 @@ class ProgressMeter:
         self.steps += 1
         self.last_step_s = duration_s
         last, self._last_boundary = self._last_boundary, now
-        interval = now - last if last is not None else duration_s
-        if not self._warm:
-            self._warm = True
-        elif self._avg_interval == 0.0:
+        if last is None:
+            # The process's first boundary, or the first after a pause (a suspension, a
+            # command applied): no interval ends here. The run's own duration is no stand-in:
+            # it leaves out the program's work between runs (input, logging), and a job
+            # doing 20 mini-batches/s was reported at 95/s for a second after each resume.
+            self.version += 1
+            return
+        interval = now - last
+        if self._avg_interval == 0.0:
             self._avg_interval = interval
         else:
             self._avg_interval += self._alpha * (interval - self._avg_interval)
