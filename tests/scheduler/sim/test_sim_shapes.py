@@ -8,14 +8,31 @@ input gives the same result, and the summary agrees with the per-job times.
 
 from __future__ import annotations
 
-import pytest
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
 
-from scheduler.policy import get_policy
-from scheduler.sim.engine import Simulator, make_cluster
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.policy import POLICIES, GpuRef, PolicyConfig, get_policy
+from scheduler.sim.backend import SimJob
+from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.generator import generate
-from scheduler.sim.load import offered_load, scale_to_load
+from scheduler.sim.load import (
+    duration_alone,
+    fastest_run_s,
+    makespan_bound,
+    offered_load,
+    scale_to_load,
+)
 from scheduler.sim.metrics import summarize, utilization_series
-from scheduler.sim.model import MechanismModel
+from scheduler.sim.model import DEFAULT_MODELS, MechanismModel
 from scheduler.sim.trace import JobSpec
 
 MODEL = MechanismModel.default()
@@ -44,3 +61,110 @@ def test_the_utilization_plot_starts_at_the_first_arrival() -> None:
     assert 0 < xs[0] < xs[-1] < 1.5  # hours since the first arrival: the makespan is 1.5 h
     assert ys[0] == 0.25 and ys[-1] == 0.5  # busy from the first bucket on: 2 of 8 GPUs, then 4
     assert sum(ys) / len(ys) == pytest.approx(summarize(result)["utilization"], rel=1e-9)
+
+
+# --- invariants over generated workloads and clusters, through every policy -----------------
+
+CLUSTERS = ("1x1", "1x8", "64x1", "3x5", "2x3", "4x4", "200x8")
+SIZES = (1, 1, 1, 2, 3, 4, 5, 7, 8, 12, 16)  # not only powers of two: Philly and ITP have 3, 12, 24
+LENGTHS = (1.0, 59.0, 600.0, 3600.0, 86400.0, 365 * 86400.0)
+OFFSETS = (0.0, 0.0, 1.0, 30.0, 600.0, 7200.0)
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> list[JobSpec]:
+    """Up to 12 jobs: all at once or apart, from t=0 or t=1e7, not in submit order, of any
+    size up to 16 GPUs, from 1 s to a year, known and unknown models."""
+    start = draw(st.sampled_from((0.0, 1e7)))
+    at_once = draw(st.booleans())
+    return [JobSpec(f"u{k % 3}/{k}", start if at_once else start + draw(st.sampled_from(OFFSETS)) * draw(
+                        st.integers(0, 4)),
+                    draw(st.sampled_from(SIZES)), draw(st.sampled_from((*sorted(DEFAULT_MODELS), "unknown"))),
+                    duration_s=draw(st.sampled_from(LENGTHS)))
+            for k in range(draw(st.integers(1, 12)))]
+
+
+# Gandiva's rule sets besides the defaults: the paper's time-slicing, no probes, whole servers
+# gathered for large jobs, service buckets with a starvation limit, blocks, one job per GPU.
+RULES = (PolicyConfig(), PolicyConfig(las_slices=False, slice_growth=0, max_jobs_per_gpu=4),
+         PolicyConfig(probe_slices=False, balance_sizes=False), PolicyConfig(gather_large=True),
+         PolicyConfig(fifo_after_s=3600, starve_factor=2, probe_park_last=True),
+         PolicyConfig(share_block_after_s=600, large_block_after_s=None), PolicyConfig(max_jobs_per_gpu=1))
+
+
+def _replay_checked(jobs: list[JobSpec], cluster: str, name: str, config: PolicyConfig) -> SimResult:
+    """One replay, asserting at every event what no cluster may show."""
+    servers = make_cluster(cluster)
+    gpus = {GpuRef(s.name, i) for s in servers for i in range(s.num_gpus)}
+    per_gpu = 2 if name == "gandiva" else 1  # only gandiva packs, two jobs at most
+    last = [-math.inf]
+
+    def observe(now: float, active: dict[str, SimJob]) -> None:
+        assert now >= last[0], f"time went back from {last[0]} to {now}"
+        last[0] = now
+        running: Counter[GpuRef] = Counter()
+        for job in active.values():
+            assert set(job.placement) <= gpus and len(set(job.placement)) == len(job.placement)
+            if job.state == "RUNNING":
+                assert len(job.placement) == job.spec.num_gpus  # nobody grows: none asked to
+                running.update(job.placement)
+            elif job.state == "QUEUED":
+                assert not job.placement
+        assert max(running.values(), default=0) <= per_gpu, (name, now, running.most_common(1))
+
+    return Simulator(jobs, servers, get_policy(name, config), MODEL, observer=observe, warn_skipped=False).run()
+
+
+@settings(max_examples=80, deadline=None)
+@given(jobs=workloads(), cluster=st.sampled_from(CLUSTERS), config=st.sampled_from(RULES))
+def test_every_policy_keeps_the_invariants_on_any_workload_and_cluster(jobs: list[JobSpec], cluster: str,
+                                                                        config: PolicyConfig) -> None:
+    servers = make_cluster(cluster)
+    total = sum(s.num_gpus for s in servers)
+    fits = sorted(j.id for j in jobs if j.num_gpus <= total)
+    bound, _ = makespan_bound(jobs, servers, MODEL)
+    for name in POLICIES:
+        result = _replay_checked(jobs, cluster, name, config)
+        done = [j.spec.id for j in result.jobs]
+        # Every job that fits finishes exactly once; the others are counted as skipped.
+        assert sorted(done) == fits and not result.unfinished, name
+        assert sorted(result.skipped) == sorted(j.id for j in jobs if j.num_gpus > total)
+        service = 0.0
+        for job in result.jobs:
+            spec, end = job.spec, job.finished_at
+            assert end is not None and job.first_run_at is not None and job.first_n_at is not None
+            assert spec.submit_time <= job.first_run_at <= job.first_n_at <= end + 1e-6, (name, spec.id)
+            # Never sooner than alone, on as few servers as it needs.
+            assert end - spec.submit_time >= fastest_run_s(spec, servers, MODEL) * (1 - 1e-9), (name, spec.id)
+            attained = job.attained_at(end)
+            assert attained >= spec.num_gpus * duration_alone(spec, MODEL) * (1 - 1e-9), (name, spec.id)
+            service += attained
+        # The GPU-seconds of service are the busy GPU time (twice it at most where two jobs share a GPU).
+        assert result.busy_gpu_s <= service * (1 + 1e-9) and service <= (1 if name != "gandiva" else 2) * \
+            result.busy_gpu_s * (1 + 1e-9), name
+        m = summarize(result)
+        assert all(math.isfinite(v) and v >= 0 for v in m.values() if isinstance(v, float)), (name, m)
+        jct = [j.finished_at - j.spec.submit_time for j in result.jobs if j.finished_at is not None]
+        assert m["jobs_finished"] == len(jct) and m["avg_jct_s"] == pytest.approx(sum(jct) / max(1, len(jct)))
+        first = min((j.spec.submit_time for j in result.jobs), default=0.0)
+        assert m["makespan_s"] == pytest.approx(max((j.finished_at or 0.0 for j in result.jobs), default=0.0) - first)
+        assert m["makespan_s"] >= bound * (1 - 1e-9) and m["utilization"] <= 1 + 1e-9, name
+        again = Simulator(jobs, servers, get_policy(name, config), MODEL, warn_skipped=False).run()
+        assert [(j.spec.id, j.finished_at, j.first_n_at) for j in again.jobs] == \
+            [(j.spec.id, j.finished_at, j.first_n_at) for j in result.jobs] and summarize(again) == m, name
+
+
+def test_the_same_inputs_print_the_same_bytes_in_another_process(tmp_path: Path) -> None:
+    """Two runs of `gandiva sim` differ only if something iterates in hash order (a set of job
+    ids): Python salts string hashes per process, so the in-process checks cannot see it."""
+    trace = tmp_path / "odd.csv"
+    trace.write_text("submit_time,num_gpus,duration,model\r\n" + "".join(
+        f"{(k * 37) % 500},{(1, 3, 5, 2, 1, 12)[k % 6]},{600 + 977 * k % 7200},{sorted(DEFAULT_MODELS)[k % 8]}\r\n"
+        for k in range(40)))
+    argv = [sys.executable, "-m", "gandiva_cli.main", "sim", "--trace", str(trace), "--cluster", "3x5",
+            "--compare", ",".join(POLICIES), "--no-progress", "-o", "json"]
+    runs = [subprocess.Popen(argv, stdout=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": seed})
+            for seed in ("1", "2")]  # side by side
+    outs = [run.communicate(timeout=120)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    assert outs[0] == outs[1] and json.loads(outs[0])["gandiva"]["jobs_finished"] == 40
