@@ -195,7 +195,10 @@ def main() -> int:
     else:
         gavel = MechanismModel.default()  # not used: no Gavel trace
     builtin = MechanismModel.default()
-    servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
+    try:
+        servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
+    except ValueError as exc:
+        ap.error(f"--cluster: {exc}")
     host = args.host_memory_gib
     if host < 0 or args.job_host_memory_gib < 0:
         ap.error("--host-memory-gib and --job-host-memory-gib must not be negative")
@@ -207,6 +210,16 @@ def main() -> int:
                  f"replay the baselines too (leave out --baselines)")
     for m in (gavel, builtin):
         m.job_host_memory_gib = args.job_host_memory_gib
+    scaled: dict[Path, list[JobSpec]] = {}
+    for path, workload in workloads.items():  # before any replay: a trace this cluster cannot replay stops the run
+        try:
+            scaled[path], _ = scale_to_load(workload, servers, builtin if path.suffix == ".csv" else gavel,
+                                            args.target_load)
+        except ValueError as exc:
+            print(f"{path}: {exc} (--cluster {args.cluster}, --target-load {args.target_load})", file=sys.stderr)
+    if len(scaled) < len(workloads):
+        print("give another --cluster or leave out (--only) the traces above; nothing was replayed", file=sys.stderr)
+        return 2
     gandiva_cfg = parse_config(args.config)
     ablations = parse_rules(args.ablate)
     everything: dict[str, Any] = {}
@@ -214,9 +227,9 @@ def main() -> int:
     print(f"{'trace':>9} {'jobs':>5} | {'avg JCT h g/y/t/yl':>24} | {'first-100 avg s g/y/t':>24} "
           f"{'med g':>6} | {'mksp h g/y':>11} {'bound':>6} | {'yQ%':>4} {'ff':>5} {'jct/y':>5} {'jct/t':>5} "
           f"{'mk/y':>5} | goals ff/jct/mk | CPU s (gandiva)")
-    for path, workload in workloads.items():
+    for path in workloads:
         model = builtin if path.suffix == ".csv" else gavel
-        jobs, _ = scale_to_load(workload, servers, model, args.target_load)
+        jobs = scaled[path]
         bound, _ = makespan_bound(jobs, servers, model)
         start = time.process_time()
         results: dict[str, SimResult] = {}

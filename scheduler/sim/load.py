@@ -48,8 +48,10 @@ def scale_to_load(jobs: list[JobSpec], servers: tuple[ServerView, ...], model: M
         raise ValueError(f"target load must be positive, got {target}")
     current = offered_load(jobs, servers, model)
     if current == float("inf"):
-        raise ValueError("all jobs arrive at the same time: the load cannot be scaled" if len(replayed(jobs, servers)) > 1
-                         else "one job to replay: the load cannot be scaled")
+        runs = len(replayed(jobs, servers))
+        raise ValueError("all jobs arrive at the same time: the load cannot be scaled" if runs > 1 else
+                         "one job to replay: the load cannot be scaled" if runs else
+                         f"no job fits the cluster's {sum(s.num_gpus for s in servers)} GPUs: nothing to replay")
     factor = current / target
     t0 = min(j.submit_time for j in jobs)
     scaled = [dataclasses.replace(j, submit_time=t0 + (j.submit_time - t0) * factor) for j in jobs]

@@ -65,3 +65,21 @@ def test_another_clusters_traces_are_read_before_any_replay(tmp_path: Path) -> N
     out = subprocess.run([*run, "--only", "cluster91,cluster99"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120, check=False)
     assert out.returncode == 2 and "no trace cluster99" in out.stderr and "found: cluster90, cluster91" in out.stderr
+
+
+def test_a_trace_the_cluster_cannot_replay_stops_the_run_before_any_replay(tmp_path: Path) -> None:
+    """On another cluster shape (--cluster 1x8) a trace whose jobs are all wider than it, or
+    that has one job, was a traceback from scale_to_load, after the traces before it had
+    replayed; a bad --cluster was a traceback too."""
+    itp = tmp_path / "itp"
+    itp.mkdir()
+    (itp / "cluster90.csv").write_text("job_id,submission_time,num_gpu,duration\na,0,1,60\nb,5,2,60\n")
+    (itp / "cluster91.csv").write_text("job_id,submission_time,num_gpu,duration\na,0,16,60\nb,5,16,60\n")
+    run = [sys.executable, "benchmarks/sim_table.py", "--traces", str(tmp_path), "--cluster", "1x8"]
+    out = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and out.stdout == "", out.stderr
+    assert f"{itp / 'cluster91.csv'}: no job fits the cluster's 8 GPUs: nothing to replay" in out.stderr
+    assert "nothing was replayed" in out.stderr
+    out = subprocess.run([*run[:-1], "0x8", "--only", "cluster90"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "needs at least one server" in out.stderr
