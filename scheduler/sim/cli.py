@@ -429,6 +429,10 @@ def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
 
 
 def _hours(seconds: float) -> str:
+    """Hours, or seconds below 36 s (0.01 h): a trace of short jobs printed 0.00 h in every
+    row, which says nothing (and a nonzero time read as none)."""
+    if 0 < seconds < 36:
+        return f"{seconds:.3g} s"
     return f"{seconds / 3600:.2f} h"
 
 

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gandiva_cli.main import main
 from scheduler.policy import POLICIES, GpuRef, PolicyConfig, get_policy
 from scheduler.sim.backend import SimJob
 from scheduler.sim.engine import SimResult, Simulator, make_cluster
@@ -168,3 +169,14 @@ def test_the_same_inputs_print_the_same_bytes_in_another_process(tmp_path: Path)
     outs = [run.communicate(timeout=120)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0]
     assert outs[0] == outs[1] and json.loads(outs[0])["gandiva"]["jobs_finished"] == 40
+
+
+def test_a_trace_of_short_jobs_shows_their_times(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Jobs of seconds printed `0.00 h` in every time row of the table (and as the bound)."""
+    trace = tmp_path / "short.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,1,1\n0,1,2\n5,2,3\n")
+    assert main(["sim", "--no-progress", "--trace", str(trace), "--cluster", "1x8", "--policy", "fifo"]) == 0
+    out, err = capsys.readouterr()
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if line.count("│") == 3}
+    assert rows["avg JCT"] == "2 s" and rows["makespan"] == "8 s" and rows["p95 JCT"] == "2.9 s", rows
+    assert "0.00 h" not in rows["median JCT"] and "makespan lower bound 8 s:" in err
