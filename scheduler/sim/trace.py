@@ -16,8 +16,9 @@ Formats (``--format``, or detected from the first line that is not blank or a ``
 
 Exports of other clusters differ in small ways, and these are read as they come: a UTF-8 byte
 order mark, CRLF line ends, blank lines and ``#`` comment lines, quoted fields, header names in
-any case and any order with extra columns (a CSV with a header is read by column name), and
-submit times as ISO 8601 dates (read as seconds after the earliest date of the trace).
+any case and any order with extra columns (a CSV with a header is read by column name), the
+same saved with tabs, job ids that count per user (a header naming the user), and submit
+times as ISO 8601 dates (read as seconds after the earliest date of the trace).
 Anything else that would replay wrongly - a missing or fractional GPU count, a zero or negative
 length, a repeated job id, a row with more or fewer fields than the header - raises TraceError
 naming the file, the line and what to do, so no job is dropped or changed without a word.
@@ -52,6 +53,8 @@ NAMES = {
     "gpus": ("num_gpu", "num_gpus", "gpus", "gpu_num"),
     "duration": ("duration", "duration_s", "run_time"),
     "model": ("model_name", "model"),
+    # Ids are per user where a header names the user: two users' job 1 are two jobs.
+    "user": ("user", "user_id", "username"),
 }
 POSITIONS: dict[str, dict[str, int]] = {
     "tiresias": {"id": 0, "gpus": 1, "submit": 2, "model": 4, "duration": 5},
@@ -300,7 +303,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         roles, counts = POSITIONS[fmt], COLUMN_COUNTS[fmt]
         note = f" ({HEADERS[fmt]})"
     times = _Times(path, "submit time")
-    seen: dict[str, int] = {}
+    seen: dict[tuple[str, str], int] = {}  # (user, job id) -> its line
+    names: set[str] = set()
     jobs: list[JobSpec] = []
     dates = False
     lines: list[int] = []
@@ -320,10 +324,15 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 raw = cols[roles["id"]].strip()
                 if not raw:
                     raise TraceError(path, line, "job id is missing")
-                if raw in seen:
-                    raise TraceError(path, line, f"job id {_shown(raw)} is also on line {seen[raw]}: job ids must be "
-                                                 f"unique (rename one, or remove the repeated line)")
+                user = cols[roles["user"]].strip() if "user" in roles and roles["user"] < len(cols) else ""
+                if (user, raw) in seen:
+                    raise TraceError(path, line, f"job id {_shown(raw)} is also on line {seen[user, raw]}: job ids "
+                                                 f"must be unique (rename one, or remove the repeated line)")
+                # Another user's job of the same id: named by its user too (the first keeps the
+                # plain name), or by its line should even that name be taken.
                 job_id = f"{path.stem}-{raw}"
+                if job_id in names:
+                    job_id = f"{job_id}@{user}" if f"{job_id}@{user}" not in names else f"{path.stem}-L{line}"
             else:
                 job_id = f"{path.stem}-{len(jobs)}"
             submit, is_date = times.read(cols[roles["submit"]], line)
@@ -337,7 +346,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
             errors.fail(exc)
             continue
         if "id" in roles:
-            seen[raw] = line
+            seen[user, raw] = line
+            names.add(job.id)
         dates = is_date
         jobs.append(job)
         lines.append(line)
@@ -365,9 +375,14 @@ def detect_format(first: str) -> str:
     """The layout a trace's first line (not blank, not a comment) shows."""
     first = first.lstrip("\ufeff").rstrip()  # a trailing tab or blank is not a column
     if "\t" in first:
-        n = len(first.split("\t"))
+        cells = first.split("\t")
+        if _norm(cells[0]) != "job_type" and _header_roles(cells):
+            # A CSV layout saved with tabs (a spreadsheet's tab-separated text): read by its header.
+            return _csv_format(cells)
+        n = len(cells)
         return {7: "gavel7", 10: "gavel10"}.get(
-            n, f"tab-separated with {n} columns; Gavel traces have 7 or 10 - see gandiva sim --help")
+            n, f"tab-separated with {n} columns; Gavel traces have 7 or 10, and a tab-separated CSV needs "
+               f"its header line (or --format csv, itp or tiresias) - see gandiva sim --help")
     cells = next(csv.reader([first]), [])
     return _csv_format(cells)
 
@@ -463,10 +478,13 @@ def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str,
         rows = [(i, ln.rstrip().split("\t")) for i, ln in lines]
         jobs = _read_gavel(path, rows, 7 if fmt == "gavel7" else 10, skipped)
     else:
+        # Tabs, not commas, between the fields of the first line: a CSV layout saved as
+        # tab-separated text (its header, or --format, says which layout).
+        sep = "\t" if "\t" in lines[0][1].strip() and "," not in lines[0][1] else ","
         rows = []
         for i, ln in lines:
             try:
-                rows.append((i, [c.strip() for c in next(csv.reader([ln], strict=True))]))
+                rows.append((i, [c.strip() for c in next(csv.reader([ln], strict=True, delimiter=sep))]))
             except csv.Error as exc:
                 if "field larger than field limit" in str(exc):
                     raise TraceError(path, i, f"a field longer than {csv.field_size_limit():,} characters: "

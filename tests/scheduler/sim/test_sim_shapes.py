@@ -34,7 +34,7 @@ from scheduler.sim.load import (
 )
 from scheduler.sim.metrics import summarize, utilization_series
 from scheduler.sim.model import DEFAULT_MODELS, MechanismModel
-from scheduler.sim.trace import JobSpec
+from scheduler.sim.trace import JobSpec, TraceError, read_trace
 
 MODEL = MechanismModel.default()
 
@@ -180,3 +180,17 @@ def test_a_trace_of_short_jobs_shows_their_times(tmp_path: Path, capsys: pytest.
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if line.count("│") == 3}
     assert rows["avg JCT"] == "2 s" and rows["makespan"] == "8 s" and rows["p95 JCT"] == "2.9 s", rows
     assert "0.00 h" not in rows["median JCT"] and "makespan lower bound 8 s:" in err
+
+
+def test_two_users_jobs_of_the_same_id_are_two_jobs(tmp_path: Path) -> None:
+    """A cluster export whose job ids count per user (two users' job 1) was refused as a
+    repeated id; --skip-invalid dropped the second user's job. The same user's id twice is
+    still a repeat."""
+    trace = tmp_path / "users.csv"
+    trace.write_text("job_id,user,submit_time,num_gpus,duration\n1,alice,0,1,600\n1,bob,10,2,600\n"
+                     "2,alice,20,1,60\n1,carol,30,1,60\n")
+    assert [(j.id, j.num_gpus) for j in read_trace(trace)] == [
+        ("users-1", 1), ("users-1@bob", 2), ("users-2", 1), ("users-1@carol", 1)]
+    trace.write_text("job_id,user,submit_time,num_gpus,duration\n1,alice,0,1,600\n1,alice,10,2,600\n")
+    with pytest.raises(TraceError, match="users.csv:3: job id '1' is also on line 2"):
+        read_trace(trace)

@@ -159,6 +159,9 @@ def _itp(head: str = ITP_HEAD, rows: list[str] = ITP_ROWS, end: str = "\n") -> b
                             "b2,2021-03-01T10:00:00+00:00,14137,resnet50,6955,64,8,2066"]), "auto", id="iso-dates"),
     pytest.param(_itp(rows=ITP_ROWS[::-1]), "auto", id="unsorted"),
     pytest.param("\n".join(ITP_ROWS).encode(), "itp", id="itp-without-header"),
+    pytest.param(_itp().replace(b",", b"\t"), "auto", id="tab-separated-with-header"),
+    pytest.param("\n".join(ITP_ROWS).replace(",", "\t").encode(), "itp", id="tab-separated-without-header"),
+    pytest.param(_itp(ITP_HEAD + ",user", [r + ",alice" for r in ITP_ROWS]), "auto", id="user-column"),
     pytest.param(_itp(TIRESIAS_HEAD, TIRESIAS_ROWS), "auto", id="tiresias-same-jobs"),
     pytest.param("\n".join(TIRESIAS_ROWS).encode(), "tiresias", id="tiresias-without-header"),
 ])
