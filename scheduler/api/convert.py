@@ -48,6 +48,7 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
         grow_shrink_note=j.grow_shrink_note,
         host_memory_bytes=d.host_memory_bytes,
         gpu_seconds=j.gpu_seconds(time.time()),
+        held=j.held and j.state == "SUSPENDED",
         message=j.message,
         exit_code=j.exit_code,
         metrics={k: float(v) for k, v in (j.metrics or {}).items() if isinstance(v, (int, float))},

@@ -465,6 +465,7 @@ def job_to_dict(job: common_pb2.Job) -> dict[str, Any]:
         "grow_shrink_note": job.grow_shrink_note,
         "host_memory_bytes": job.host_memory_bytes,
         "gpu_seconds": job.gpu_seconds,
+        "held": job.held,
         "message": job.message,
         "exit_code": job.exit_code,
         "metrics": dict(sorted(job.metrics.items())),

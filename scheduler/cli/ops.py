@@ -135,7 +135,8 @@ JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "HOST-MEMORY", "GPU-TIME", "MULTI
 def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
     row: list[Any] = [
         job.id, job.spec.name or "-", state_name(job.state), job.spec.gpus,
-        ",".join(job_servers(job)) or "-", job.steps, output.rate(job.rate), job.spec.priority,
+        ",".join(job_servers(job)) or "-", job.steps,
+        output.rate(job.rate) if job.state == common_pb2.JOB_STATE_RUNNING else "-", job.spec.priority,
         output.age(job.submitted_at),
     ]
     if wide:
@@ -379,7 +380,7 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         ("User", spec.user or "-"),
         ("Submitted", f"{output.timestamp(job.submitted_at)} ({output.age(job.submitted_at)} ago)"),
         ("Finished", output.timestamp(job.finished_at)),
-        ("Steps", job.steps), ("Rate", f"{output.rate(job.rate)} mini-batches/s" if job.rate > 0 else "-"),
+        ("Steps", job.steps), ("Rate", _rate_now(job)),
         ("GPU time", f"{output.duration(job.gpu_seconds)} (time running x GPUs)"),
         ("Host memory", f"{output.size(job.host_memory_bytes)} (its processes' resident set, last measured; "
                         "held while suspended too)" if job.host_memory_bytes else "not measured"),
@@ -388,6 +389,9 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
          f"no ({job.control_note})" if job.control_note else "no"),
         ("Exit code", job.exit_code if job.finished_at else "-"), ("Message", job.message or "-"),
     ]
+    waiting = _waiting(client, job)
+    if waiting:
+        fields.insert(fields.index(("Message", job.message or "-")), ("Waiting", waiting))
     if spec.grow_shrink:
         fields.insert(-2, ("Grow-shrink", f"off ({job.grow_shrink_note})" if job.grow_shrink_note
                            else "yes (grows onto idle GPUs of its server)"))
@@ -410,6 +414,39 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     _section(f"Events (last {DESCRIBE_EVENTS})", EVENT_HEADERS,
              [event_row(e) for e in events[-DESCRIBE_EVENTS:]])
     return EXIT_OK
+
+
+def _rate_now(job: common_pb2.Job) -> str:
+    """Its rate while running; for a job not running now, its last one said as such."""
+    if job.rate <= 0:
+        return "-"
+    if job.state == common_pb2.JOB_STATE_RUNNING:
+        return f"{output.rate(job.rate)} mini-batches/s"
+    return f"- ({output.rate(job.rate)} mini-batches/s when it last ran)"
+
+
+def _waiting(client: Client, job: common_pb2.Job) -> str:
+    """Why a suspended job is not running now: held by an operator, or waiting for its
+    turn on its GPUs, and who runs there meanwhile ("" for a job in another state)."""
+    if job.state != common_pb2.JOB_STATE_SUSPENDED:
+        return ""
+    if job.held:
+        return f"held by an operator: it stays suspended until `gandiva resume {job.id}`"
+    gpus = {(ref.server, ref.index) for ref in job.placement}
+    servers = client.call("ListServers", scheduler_pb2.ListServersRequest()).servers
+    others = sorted({other for s in servers for g in s.gpu_list if (s.name, g.index) in gpus
+                     for other in g.jobs if other != job.id})
+    running = []
+    for other in others:
+        try:
+            peer = client.call("GetJob", scheduler_pb2.GetJobRequest(id=other))
+        except CliError:  # ended meanwhile, or another user's job
+            continue
+        if peer.state == common_pb2.JOB_STATE_RUNNING:
+            running.append(f"{peer.spec.name or '-'} ({peer.id})")
+    where = output.placement(job.placement)
+    now = f"running there now: {', '.join(running)}" if running else "nothing runs there at this moment"
+    return f"its turn on {where}, time-slicing with {len(others)} other job(s); {now}"
 
 
 def _print_fields(fields: list[tuple[str, Any]], indent: int = 0) -> None:

@@ -98,8 +98,9 @@ def render(state: dict[str, Any], show_all: bool = False) -> Group:
                         no_wrap=col != "last decision", overflow="ellipsis" if col != "last decision" else "fold")
     for j in active:
         d = j["last_decision"]
+        rate = f"{j['rate']:.1f}" if j["state"] == "RUNNING" else "-"  # a stopped job has no pace now
         jobs.add_row(*_cells(j["id"], j["name"], j["state"].lower(), str(j["gpus"]), " ".join(j["placement"]),
-                             str(j["steps"]), f"{j['rate']:.1f}", f"{d['kind']}: {d['reason']}" if d else j["message"]))
+                             str(j["steps"]), rate, f"{d['kind']}: {d['reason']}" if d else j["message"]))
     latest = Text()
     for d in state["decisions"][-8:]:
         latest.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "

@@ -390,7 +390,15 @@ async def requeue(
     session: AsyncSession, job: Job, now: float, reason: str, fenced_until: float = 0.0
 ) -> None:
     """Back to the queue: no GPUs, no migration in progress. ``fenced_until``: not to be
-    placed before then (an older copy may still run where the scheduler cannot reach)."""
+    placed before then (an older copy may still run where the scheduler cannot reach).
+
+    An operator's hold (``gandiva suspend``) ends here, saying so: it holds a suspended
+    process, which the job no longer has, and a held job is out of the policy's reach
+    while ``gandiva resume`` takes only a suspended one: a held job requeued when its
+    server went down used to wait in the queue for good, "its server node-a went down"."""
+    if job.held:
+        job.held = False
+        reason = f"{reason}; the operator's hold ends with its process: it is placed again"
     await transition(session, job, JobState.QUEUED, now, reason)
     await clear_placement(session, job.id)
     await end_migration(session, job.id)

@@ -387,3 +387,47 @@ def test_reported_rate_never_exceeds_what_the_job_can_do(cluster, mlp) -> None: 
     assert 15 < rates[-1] <= 20.5, rates
     assert max(rates) <= 20.5, rates
     c.stub.KillJob(scheduler_pb2.JobActionRequest(id=job))
+
+
+def test_describe_says_why_a_suspended_job_waits_and_a_held_job_outlives_its_server(policy_cluster, mlp) -> None:  # type: ignore[no-untyped-def]
+    """"Why is my job not running?" for a suspended job: held by an operator (until
+    `gandiva resume`), or waiting its turn and who runs meanwhile; the rate of a job not
+    running is not shown as its pace. A held job whose server went down was requeued
+    still held, out of the policy's reach and refused by `gandiva resume` (not suspended):
+    it waited in the queue for good, saying only "its server node-a went down"."""
+    c = policy_cluster(quantum_s=1.5, enable_packing=False)
+    c.add_helper("node-a", 1)
+
+    def submit(name: str) -> str:
+        return c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+            name=name, command=mlp(100000, 0.02), workdir=str(c.tmp), gpus=1))).job.id
+
+    held = submit("held")
+    c.wait_for(lambda: c.job(held).steps > 5, 120)
+    c.stub.SuspendJob(scheduler_pb2.JobActionRequest(id=held, reason="maintenance window"))
+    text = gandiva_cli(c, "describe", "job", held)
+    assert f"Waiting:     held by an operator: it stays suspended until `gandiva resume {held}`" in text, text
+    assert re.search(r"Rate: +- \([\d.]+ mini-batches/s when it last ran\)", text), text
+    row = gandiva_cli(c, "get", "jobs", held, "--no-headers").split()
+    assert row[2] == "SUSPENDED" and row[6] == "-", row  # RATE: no pace while suspended
+
+    c.add_helper("node-b", 1)
+    other = submit("other")
+    c.helpers[0].kill()  # node-a's helper dies; its held job is requeued
+    c.wait_for(lambda: any("the operator's hold ends" in t.reason for t in c.job(held).history), 60)
+    # Placed again (on node-b, taking turns with the other job), not left in the queue.
+    c.wait_for(lambda: c.job(held).state in (common_pb2.JOB_STATE_RUNNING, common_pb2.JOB_STATE_SUSPENDED)
+               and c.job(other).steps > 0 and c.job(held).steps > 0, 120)
+
+    def suspended_text() -> str | None:
+        for j, peer in ((held, other), (other, held)):
+            text = gandiva_cli(c, "describe", "job", j)
+            if "State:       SUSPENDED" in text and c.job(peer).state == common_pb2.JOB_STATE_RUNNING:
+                return text.replace(peer, "PEER").replace(j, "SELF")
+        return None
+
+    text = c.wait_for(suspended_text, 30)
+    assert re.search(r"Waiting: +its turn on node-b:0, time-slicing with 1 other job\(s\); running there now: "
+                     r"(held|other) \(PEER\)", text), text
+    for j in (held, other):
+        c.stub.KillJob(scheduler_pb2.JobActionRequest(id=j))

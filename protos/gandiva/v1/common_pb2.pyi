@@ -253,6 +253,7 @@ class Job(_message.Message):
     GROW_SHRINK_NOTE_FIELD_NUMBER: _builtins.int
     HOST_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___JobState.ValueType
     steps: _builtins.int
@@ -284,6 +285,10 @@ class Job(_message.Message):
     gpu_seconds: _builtins.float
     """GPU time it has had: seconds RUNNING times its GPUs (a packed job counts its GPU's
     time too; suspended, queued and migrating time do not count).
+    """
+    held: _builtins.bool
+    """Suspended by an operator (gandiva suspend): the policy does not resume it; it stays
+    suspended until an operator resumes it.
     """
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
@@ -319,10 +324,11 @@ class Job(_message.Message):
         grow_shrink_note: _builtins.str = ...,
         host_memory_bytes: _builtins.int = ...,
         gpu_seconds: _builtins.float = ...,
+        held: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_seconds", b"gpu_seconds", "grow_shrink_note", b"grow_shrink_note", "history", b"history", "host_memory_bytes", b"host_memory_bytes", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_seconds", b"gpu_seconds", "grow_shrink_note", b"grow_shrink_note", "held", b"held", "history", b"history", "host_memory_bytes", b"host_memory_bytes", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
