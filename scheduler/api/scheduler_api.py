@@ -14,6 +14,7 @@ from scheduler.api.status import grpc_errors, grpc_stream_errors
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument
+from scheduler.state import repo
 from scheduler.state.repo import ServerLoad
 from scheduler.validation import MAX_REASON, check_id, check_text
 
@@ -172,6 +173,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         size = paging.page_size(request.page_size, request.limit, EVENTS_PAGE, EVENTS_PAGE_MAX)
         after = paging.event_cursor(request.page_token, request.after_id)
         user = await self._event_scope(request.job_id)
+        if request.since:
+            if not 0 <= request.since < float("inf"):  # NaN included
+                raise InvalidArgument("since", f"{request.since}: a unix time, 0 or more (0: from the first event)")
+            async with self.core.tx(read=True) as s:
+                after = max(after, await repo.events_before(s, request.since))
         events = await self.core.list_events(after, request.job_id, size, user=user)
         out, last = paging.fill(events, event_to_pb, full=len(events) == size)
         return scheduler_pb2.ListEventsResponse(

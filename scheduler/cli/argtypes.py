@@ -27,3 +27,17 @@ def _number(unit: str, positive: bool) -> Callable[[str], float]:
 positive_seconds = _number("seconds", positive=True)
 non_negative_seconds = _number("seconds", positive=False)
 non_negative_days = _number("days", positive=False)
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """A length of time: seconds, or a number with s, m, h or d (90, 90s, 30m, 1.5h, 2d)."""
+    number, unit = (text[:-1], text[-1]) if text[-1:].lower() in _UNITS else (text, "s")
+    try:
+        value = float(number) * _UNITS[unit.lower()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a length of time such as 90s, 30m, 1h or 2d, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 (a finite length of time such as 1h), got {text!r}")
+    return value

@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 import io
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.cli import output
+from scheduler.cli.argtypes import duration
 from scheduler.cli.client import (
     EXIT_ERROR,
     EXIT_OK,
@@ -73,6 +75,12 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
     events.add_argument("--job", default="", metavar="ID", help="only this job's events")
     events.add_argument("--after", type=int, default=0, metavar="EVENT_ID",
                         help="only events after this id")
+    events.add_argument("--since", type=duration, default=0.0, metavar="DURATION",
+                        help="only events of the last DURATION, e.g. 90s, 30m, 1h, 2d (by this machine's "
+                             "clock)")
+    events.add_argument("--kind", action="append", default=[], metavar="KIND",
+                        help="only events of this kind (repeatable): job.state, server.down, ...; "
+                             "'job' or 'server' for all of theirs")
     events.add_argument("--limit", type=int, default=0,
                         help="at most this many events (default: all, fetched page by page)")
     events.add_argument("-w", "--watch", action="store_true",
@@ -255,13 +263,27 @@ def get_events(args: argparse.Namespace, client: Client) -> int:
         return watch_events(args, client)
     if args.limit < 0:
         raise CliError(f"--limit must be 0 or more, got {args.limit}")
-    request = scheduler_pb2.ListEventsRequest(after_id=args.after, job_id=args.job)
-    events = list_all(client, "ListEvents", request, "events", args.limit)
+    request = scheduler_pb2.ListEventsRequest(after_id=args.after, job_id=args.job, since=_since(args))
+    if args.kind:  # filtered here: page through them all, then cut at --limit
+        events = [e for e in list_all(client, "ListEvents", request, "events") if _kind_wanted(args, e)]
+        events = events[:args.limit] if args.limit else events
+    else:
+        events = list_all(client, "ListEvents", request, "events", args.limit)
     if args.output == "json":
         output.print_json([event_to_dict(e) for e in events])
     else:
         output.print_table(EVENT_HEADERS, (event_row(e) for e in events), args.no_headers)
     return EXIT_OK
+
+
+def _since(args: argparse.Namespace) -> float:
+    """--since as the unix time it starts from (0: from the first event)."""
+    return time.time() - args.since if args.since else 0.0
+
+
+def _kind_wanted(args: argparse.Namespace, event: common_pb2.Event) -> bool:
+    """--kind: the event's kind, or its family (`job` for job.state, job.pack, ...)."""
+    return not args.kind or any(event.kind == k or event.kind.startswith(k + ".") for k in args.kind)
 
 
 def watch_events(args: argparse.Namespace, client: Client) -> int:
@@ -271,16 +293,22 @@ def watch_events(args: argparse.Namespace, client: Client) -> int:
     ``-o json`` prints one object per line.
     """
     # Fail at once with one clear line when the scheduler is not there at all.
-    client.call("ListEvents", scheduler_pb2.ListEventsRequest(after_id=args.after, limit=1))
+    first = client.call("ListEvents", scheduler_pb2.ListEventsRequest(after_id=args.after, job_id=args.job,
+                                                                      since=_since(args), limit=1)).events
+    after = args.after
+    if args.since:  # from the first event of the last DURATION; none yet: only new ones
+        after = max(after, first[0].id - 1) if first else -1
 
     def status(message: str) -> None:
         print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
-    follower = EventFollower(client, after_id=args.after, job_id=args.job, on_status=status).start()
+    follower = EventFollower(client, after_id=after, job_id=args.job, on_status=status).start()
     if args.output != "json" and not args.no_headers:
         print("\t".join(EVENT_HEADERS), flush=True)
     try:
         for event in follower:
+            if not _kind_wanted(args, event):
+                continue
             if args.output == "json":
                 output.print_json_line(event_to_dict(event))
             else:

@@ -91,6 +91,13 @@ async def list_events(
     return (await session.scalars(q)).all()
 
 
+async def events_before(session: AsyncSession, since: float) -> int:
+    """The id just before the first event at or after ``since`` (a unix time): listing
+    after it gives the events since then (and the last id when there is none)."""
+    first = await session.scalar(select(func.min(Event.id)).where(Event.at >= since))
+    return int(first) - 1 if first is not None else await last_event_id(session)
+
+
 async def last_event_id(session: AsyncSession) -> int:
     return int((await session.scalar(select(func.max(Event.id)))) or 0)
 

@@ -386,6 +386,7 @@ class ListEventsRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
     after_id: _builtins.int
     job_id: _builtins.str
     limit: _builtins.int
@@ -393,6 +394,10 @@ class ListEventsRequest(_message.Message):
     page_size: _builtins.int
     """0: the server's default (1000); at most 5000"""
     page_token: _builtins.str
+    since: _builtins.float
+    """Only from the first event at or after this unix time (0: from the first event);
+    with after_id, whichever starts later.
+    """
     def __init__(
         self,
         *,
@@ -401,10 +406,11 @@ class ListEventsRequest(_message.Message):
         limit: _builtins.int = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        since: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "job_id", b"job_id", "limit", b"limit", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "job_id", b"job_id", "limit", b"limit", "page_size", b"page_size", "page_token", b"page_token", "since", b"since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

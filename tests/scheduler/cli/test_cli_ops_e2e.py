@@ -222,3 +222,52 @@ def test_top_explains_an_address_that_is_not_http_and_a_bad_interval(gandiva, sc
             gandiva("top", "--http", sched.address, f"--interval={interval}")
         assert exit_.value.code == 2
         assert f"argument --interval: must be more than 0 seconds, got '{interval}'" in capsys.readouterr().err
+
+
+def test_get_events_since_and_kind_answer_what_happened_lately(gandiva, sched, stub, script) -> None:  # type: ignore[no-untyped-def]
+    """"What happened in the last hour?": `get events` listed the whole history from the
+    first event (--after ID only); now --since DURATION starts at the first event of the
+    last DURATION (on the scheduler, not by paging through everything) and --kind keeps
+    one kind or family, also for --watch."""
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    now = time.time()
+    with sqlite3.connect(sched.db_url.split("///", 1)[1]) as db:  # the scheduler's own SQLite file
+        db.executemany("INSERT INTO events (at, kind, job_id, server, message) VALUES (?, ?, '', ?, ?)", [
+            (now - 7200, "server.down", "old-node", "no heartbeat for 11s"),
+            (now - 7100, "server.up", "old-node", "heartbeats resumed"),
+            (now - 60, "server.down", "node-b", "no heartbeat for 11s"),
+        ])
+    a, b = submit_jobs(stub, "a", "b")
+
+    def rows(*argv: str) -> list[list[str]]:
+        r = gandiva("get", "events", "--no-headers", *argv)
+        assert r.code == 0, r.err
+        return [line.split()[2:4] for line in r.out.splitlines()]
+
+    assert len(rows()) == 5  # the whole history
+    assert rows("--since", "1h") == [["server.down", "-"], ["job.submitted", a], ["job.submitted", b]]
+    assert rows("--since", "30s") == [["job.submitted", a], ["job.submitted", b]]
+    assert rows("--since", "3h", "--kind", "server") == [["server.down", "-"], ["server.up", "-"],
+                                                         ["server.down", "-"]]
+    assert rows("--kind", "job.submitted", "--limit", "1") == [["job.submitted", a]]
+    r = script("gandiva", "get", "events", "--since", "soon")
+    assert r.code == 2 and "--since: expected a length of time such as 90s, 30m, 1h or 2d, got 'soon'" in r.err
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ListEvents(scheduler_pb2.ListEventsRequest(since=float("nan")))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "since" in err.value.details()
+    # Following: the last hour's job events, then new ones as they come.
+    watch = subprocess.Popen([sys.executable, "-m", "gandiva_cli.main", "get", "events", "-w", "--since", "1h",
+                              "--kind", "job", "--no-headers", "--scheduler", sched.address],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = [watch.stdout.readline().split("\t")[2:4] for _ in range(2)]  # type: ignore[union-attr]
+        (c,) = submit_jobs(stub, "c")
+        seen.append(watch.stdout.readline().split("\t")[2:4])  # type: ignore[union-attr]
+    finally:
+        watch.kill()
+        watch.wait()
+    assert seen == [["job.submitted", a], ["job.submitted", b], ["job.submitted", c]]
