@@ -147,6 +147,10 @@ def test_every_policy_keeps_the_invariants_on_any_workload_and_cluster(jobs: lis
         assert all(math.isfinite(v) and v >= 0 for v in m.values() if isinstance(v, float)), (name, m)
         jct = [j.finished_at - j.spec.submit_time for j in result.jobs if j.finished_at is not None]
         assert m["jobs_finished"] == len(jct) and m["avg_jct_s"] == pytest.approx(sum(jct) / max(1, len(jct)))
+        waits = [j.first_n_at - j.spec.submit_time for j in result.jobs if j.first_n_at is not None]
+        queued = [j.first_run_at - j.spec.submit_time for j in result.jobs if j.first_run_at is not None]
+        assert m["avg_time_to_first_n_s"] == pytest.approx(sum(waits) / max(1, len(waits)))
+        assert m["avg_queueing_delay_s"] == pytest.approx(sum(queued) / max(1, len(queued)))
         first = min((j.spec.submit_time for j in result.jobs), default=0.0)
         assert m["makespan_s"] == pytest.approx(max((j.finished_at or 0.0 for j in result.jobs), default=0.0) - first)
         assert m["makespan_s"] >= bound * (1 - 1e-9) and m["utilization"] <= 1 + 1e-9, name
