@@ -434,6 +434,10 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     ], indent=2)
     print(f"Placement: {output.placement(job.placement)}")
     print(f"Metrics: {_pairs(job.metrics) if job.metrics else '-'}")
+    if job.state == common_pb2.JOB_STATE_FAILED:
+        print(f"Last output (all of it: gandiva logs {job.id}):")
+        for line in _last_output(client, job) or ["(none)"]:
+            print("  " + output.visible(line))
     _section("History", ["TIME", "FROM", "TO", "REASON"],
              [[output.timestamp(t.at), state_name(t.from_state) or "-", state_name(t.to_state),
                t.reason or "-"] for t in job.history])
@@ -442,6 +446,25 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     _section(f"Events (last {DESCRIBE_EVENTS})", EVENT_HEADERS,
              [event_row(e) for e in events[-DESCRIBE_EVENTS:]])
     return EXIT_OK
+
+
+LAST_OUTPUT_LINES = 10
+LAST_OUTPUT_BYTES = 8 << 10
+
+
+def _last_output(client: Client, job: common_pb2.Job) -> list[str]:
+    """The last lines the job printed (its error, for a failed job), without the lines
+    Gandiva adds to the log; one line saying why when the log cannot be read."""
+    try:
+        size = client.call("ReadJobLog", scheduler_pb2.ReadJobLogRequest(id=job.id, max_bytes=1)).size
+        offset = max(0, size - LAST_OUTPUT_BYTES)
+        data = client.call("ReadJobLog", scheduler_pb2.ReadJobLogRequest(
+            id=job.id, offset=offset, max_bytes=LAST_OUTPUT_BYTES)).data
+    except CliError as exc:
+        return [f"(its log cannot be read now: {exc})"]
+    lines = data.decode("utf-8", "replace").splitlines()[1 if offset else 0:]  # from a whole line on
+    lines = [line for line in lines if line.strip() and not line.startswith("=== gandiva: ")]
+    return lines[-LAST_OUTPUT_LINES:]
 
 
 def _rate_now(job: common_pb2.Job) -> str:

@@ -431,3 +431,20 @@ def test_describe_says_why_a_suspended_job_waits_and_a_held_job_outlives_its_ser
                      r"(held|other) \(PEER\)", text), text
     for j in (held, other):
         c.stub.KillJob(scheduler_pb2.JobActionRequest(id=j))
+
+
+def test_describe_of_a_failed_job_shows_its_last_output(cluster) -> None:  # type: ignore[no-untyped-def]
+    """"Why did my job fail?": describe said only "failed with exit code 1"; the error was
+    in the log, for those who knew `gandiva logs`. Now it shows the job's last lines
+    (escaped as text) and names the command for all of it."""
+    c = cluster
+    c.add_helper("node-a", 1)
+    program = ("import sys\nfor i in range(3000): print('line', i)\n"
+               "print('\\x1b[31mred\\x1b[0m')\nsys.exit('FileNotFoundError: /data/imagenet is missing')")
+    job = c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="crasher", command=["python", "-c", program], workdir=str(c.tmp), gpus=1))).job.id
+    c.wait_for(lambda: c.job(job).state == common_pb2.JOB_STATE_FAILED, 60)
+    text = gandiva_cli(c, "describe", "job", job)
+    tail = text.split(f"Last output (all of it: gandiva logs {job}):\n", 1)[1].split("History:", 1)[0]
+    assert tail.splitlines() == [f"  line {i}" for i in range(2992, 3000)] + [
+        "  \\x1b[31mred\\x1b[0m", "  FileNotFoundError: /data/imagenet is missing"], text
