@@ -213,6 +213,7 @@ class SchedulerCore:
         engine: AsyncEngine,
         settings: Settings | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.engine = engine
         self.sessions: async_sessionmaker[AsyncSession] = make_sessionmaker(engine)
@@ -254,11 +255,16 @@ class SchedulerCore:
         self._flusher: asyncio.Task | None = None
         self.settings = settings or Settings()
         self.clock = clock
+        # Whether a server is silent is measured on this one (CLOCK_MONOTONIC), never on
+        # the wall clock, which NTP or an operator may step: an hour forward used to make
+        # every server "silent for 3600s" at once, down, and every job in the cluster
+        # killed and re-queued. A test's fake `clock` serves as both.
+        self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         # A server's silence counts only while this scheduler was there to hear it.
-        self.started_at = clock()
-        # Server name -> when its helper's last heartbeat or registration arrived, whether
-        # or not the database could record it (unreachable, or locked by another process):
-        # a server heard from is not silent (mark_stale_servers_down).
+        self.started_mono = self.monotonic()
+        # Server name -> when (monotonic) its helper's last heartbeat or registration
+        # arrived, whether or not the database could record it (unreachable, or locked by
+        # another process): a server heard from is not silent (mark_stale_servers_down).
         self._heard: dict[str, float] = {}
         # Server name -> (the instance of the helper that holds it, when last heard from):
         # a second helper started with the same --server-name is refused while the first
@@ -646,7 +652,8 @@ class SchedulerCore:
     def _claim_name(self, name: str, instance: str, now: float) -> bool:
         """Whether helper `instance` may speak for server `name`: no other instance has
         been heard from under that name within `down_after_s` (a helper with no instance,
-        an older one, is not checked). A helper that may is the name's holder from now on."""
+        an older one, is not checked). A helper that may is the name's holder from now on.
+        `now`: the monotonic clock's."""
         if not instance:
             return True
         held = self._instances.get(name)
@@ -660,10 +667,10 @@ class SchedulerCore:
             raise InvalidArgument("name", "a server name is required")
         if not req.gpus:
             raise InvalidArgument("gpus", f"server {req.name} reported no GPUs")
-        now = self.clock()
-        if not self._claim_name(req.name, req.instance, now):
+        now, mono = self.clock(), self.monotonic()
+        if not self._claim_name(req.name, req.instance, mono):
             other, heard = self._instances[req.name]
-            free_in = self.settings.down_after_s - (now - heard)
+            free_in = self.settings.down_after_s - (mono - heard)
             if (req.name, req.instance) not in self._refused:  # once per helper: it retries
                 self._refused.add((req.name, req.instance))
                 log.warning("refused helper %s (instance %s) at %s: the name is held by live instance %s",
@@ -674,9 +681,9 @@ class SchedulerCore:
                                    f"{other[:8]}: two helpers share --server-name {req.name}", server=req.name)
             raise FailedPrecondition(
                 f"server name {req.name} is held by another live helper (instance {other[:8]}, heard from "
-                f"{now - heard:.1f}s ago): two helpers were started with --server-name {req.name}; give this "
+                f"{mono - heard:.1f}s ago): two helpers were started with --server-name {req.name}; give this "
                 f"one its own name, or stop the other (its name is free {free_in:.0f}s after its last heartbeat)")
-        self._heard[req.name] = now
+        self._heard[req.name] = mono
         gpus = [
             Gpu(
                 index=g.index,
@@ -776,10 +783,10 @@ class SchedulerCore:
         `instance`: the helper's (RegisterServerRequest.instance); a heartbeat of another
         helper than the name's live holder is answered "not known", and its registration
         is refused while that holder lives."""
-        now = self.clock()
-        if not self._claim_name(name, instance, now):
+        now, mono = self.clock(), self.monotonic()
+        if not self._claim_name(name, instance, mono):
             return False, [], None
-        self._heard[name] = now
+        self._heard[name] = mono
         beat = await self.write_sync(lambda conn: repo.heartbeat_fast(conn, name, now, running))
         if beat is not None and not beat.stale:
             return True, [], beat.placed
@@ -898,37 +905,40 @@ class SchedulerCore:
         """Servers silent for `down_after_s` go down; their jobs return to the queue.
         After a (re)start, none goes down before the scheduler has itself been up for
         `down_after_s`: a helper that could not reach a stopped scheduler was silent for
-        that reason, and its jobs are still expected where they run. A server heard from
-        within `down_after_s` is not silent, recorded or not (``_unheard``)."""
-        now = self.clock()
-        cutoff = now - self.settings.down_after_s
-        if cutoff < self.started_at:
+        that reason, and its jobs are still expected where they run. Silence is what this
+        process heard (``_heard``, recorded in the database or not), on the monotonic
+        clock: the servers' recorded `last_heartbeat` (wall clock) is for people."""
+        if self.monotonic() - self.started_mono < self.settings.down_after_s:
             return []
         # Every scheduling round asks; only an actual change takes the write lock.
         async with self.tx(read=True) as s:
-            if not self._unheard(await repo.stale_servers(s, cutoff)):
+            if not self._unheard(await repo.up_servers(s)):
                 return []
+        now = self.clock()
         async with self.tx() as s:
             # Looked at again once the transaction has the database: it may have waited
             # for it (locked by another process) while heartbeats came in.
-            stale = self._unheard(await repo.stale_servers(s, cutoff))
+            stale = self._unheard(await repo.up_servers(s))
             names = [srv.name for srv in stale]
             stops: list[tuple[str, str, str]] = []
             lost: list[tuple[str, str]] = []
             for srv in stale:
                 # The server's lease ran out before now (Settings): nothing of it trains.
-                await self._take_down(s, srv, now, f"no heartbeat for {now - srv.last_heartbeat:.0f}s",
+                await self._take_down(s, srv, now, f"no heartbeat for {self._silence(srv.name):.0f}s",
                                       "went down", stops, lost)
         self._after_down(names, stops, lost)
         return names
 
+    def _silence(self, name: str) -> float:
+        """Seconds since the server was last heard from (or since this scheduler started)."""
+        return self.monotonic() - self._heard.get(name, self.started_mono)
+
     def _unheard(self, servers: Sequence[Server]) -> list[Server]:
-        """Of the servers whose last recorded heartbeat is too old, those not heard from
-        since either. Heartbeats that arrived while the database was unreachable (a
-        PostgreSQL restart) or locked could not be recorded: every server used to be
-        marked down the moment it was back, and every job in the cluster restarted."""
-        now = self.clock()
-        return [srv for srv in servers if now - self._heard.get(srv.name, -math.inf) >= self.settings.down_after_s]
+        """Of the servers up, those not heard from for `down_after_s`. Heartbeats that
+        arrived while the database was unreachable (a PostgreSQL restart) or locked could
+        not be recorded: every server used to be marked down the moment it was back, and
+        every job in the cluster restarted."""
+        return [srv for srv in servers if self._silence(srv.name) >= self.settings.down_after_s]
 
     async def server_leaving(self, name: str, instance: str = "") -> bool:
         """The server's helper is stopping and runs no job any more (HeartbeatRequest.
@@ -936,7 +946,7 @@ class SchedulerCore:
         free for the next helper. False (nothing done) from a helper that is not the
         name's holder, or for a server already down."""
         now = self.clock()
-        if not self._claim_name(name, instance, now):
+        if not self._claim_name(name, instance, self.monotonic()):
             return False
         stops: list[tuple[str, str, str]] = []
         lost: list[tuple[str, str]] = []

@@ -603,9 +603,8 @@ async def largest_server(session: AsyncSession) -> tuple[int, str]:
     return (row[0], row[1]) if row else (0, "")
 
 
-async def stale_servers(session: AsyncSession, before: float) -> Sequence[Server]:
-    q = select(Server).where(Server.up.is_(True), Server.last_heartbeat < before)
-    return (await session.scalars(q)).all()
+async def up_servers(session: AsyncSession) -> Sequence[Server]:
+    return (await session.scalars(select(Server).where(Server.up.is_(True)))).all()
 
 
 async def server_loads(session: AsyncSession) -> list[ServerLoad]:

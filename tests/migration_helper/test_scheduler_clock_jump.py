@@ -1,0 +1,72 @@
+"""The scheduler's wall clock stepped (NTP correcting a drifted clock, an operator's
+`date -s`, a VM resumed with a stale clock) while a job trains: its server is not
+marked down, its job not killed and re-queued. The scheduler runs under libfaketime
+(its CLOCK_REALTIME moved, its monotonic clock untouched, as on a real step); the
+helper and the job run on the real clock."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+from ..multihost.conftest import WallClock
+from ..scheduler.faults.test_restart import free_port
+from .test_helper_faults import GANDIVA, _job_pids, helpers  # noqa: F401 - helpers: a fixture
+
+
+def test_a_step_of_the_schedulers_wall_clock_takes_no_server_down(
+        helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any, sqlite_schema: Path) -> None:  # noqa: F811
+    clock = WallClock(tmp_path)  # skips, saying why, without libfaketime
+    shutil.copyfile(sqlite_schema, tmp_path / "db")  # no migration to wait for
+    port, port_file = free_port(), tmp_path / "port"
+    with open(tmp_path / "scheduler.err", "w") as err:
+        sched = subprocess.Popen(
+            [*GANDIVA, "scheduler", "--listen", f"127.0.0.1:{port}", "--db", f"sqlite+aiosqlite:///{tmp_path / 'db'}",
+             "--port-file", str(port_file), "--tick", "0.1", "--heartbeat-interval", "0.2",
+             "--heartbeat-timeout", "4"],
+            env={**os.environ, **clock.env()}, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_for(port_file.exists, 60)
+        assert WallClock.loaded_in(sched.pid)
+        address = f"127.0.0.1:{port}"
+        api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
+        helper = helpers("s1", address)
+        spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1,
+                                  env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.02"})
+        job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+
+        def job() -> common_pb2.Job:
+            return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+
+        wait_for(lambda: job().steps >= 5, 30)
+        (pid,) = _job_pids(job_id, warm=False)
+        history = list(job().history)  # submitted, placed
+        # An hour forward, while the helper is quiet for 2 s (under the 4 s heartbeat
+        # timeout): the scheduler's first rounds after the step see its last heartbeat an
+        # hour old on the wall clock (read every second: FAKETIME_CACHE_DURATION).
+        os.kill(helper.pid, signal.SIGSTOP)
+        try:
+            clock.set(3600)
+            time.sleep(2)
+        finally:
+            os.kill(helper.pid, signal.SIGCONT)
+        time.sleep(1)
+        got = job()
+        assert (got.state, list(got.history)) == (common_pb2.JOB_STATE_RUNNING, history), \
+            (got.state, got.history[-1].reason)
+        assert _job_pids(job_id, warm=False) == [pid]
+        kinds = [e.kind for e in api.ListEvents(scheduler_pb2.ListEventsRequest()).events]
+        assert "server.down" not in kinds and "job.fenced" not in kinds, kinds
+        assert [s.up for s in api.ListServers(scheduler_pb2.ListServersRequest()).servers] == [True]
+    finally:
+        sched.kill()
+        sched.wait(10)
