@@ -276,6 +276,12 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         sep = ";" if ";" in first[0] else "|"
         raise TraceError(path, rows[0][0], f"one column only, its fields separated by {sep!r}: save the trace "
                                            f"with commas (or tabs for a Gavel trace)")
+    if len(first) == 1 and " " in first[0].strip() and not _header_roles(first):
+        # A Gavel trace whose tabs became spaces (a copy from a terminal or a web page) read
+        # as a header naming nothing; its job types hold spaces, so it cannot be split again.
+        raise TraceError(path, rows[0][0], "one column only, no comma or tab between its fields: a CSV trace "
+                                           "separates them with commas, a Gavel trace with tabs (were its tabs "
+                                           "turned into spaces? take the original file)")
     roles = _header_roles(first, path, rows[0][0])
     header_line = 0
     header: list[str] = []

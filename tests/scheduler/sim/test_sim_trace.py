@@ -196,6 +196,7 @@ def test_another_clusters_export_replays_the_same_jobs(tmp_path: Path, content: 
     (GAVEL7.replace("\t5000\t", "\t0\t").encode(), "x.csv:1: total steps '0' must be positive"),
     (b"\x1f\x8b\x08\x00\x12", "x.csv: NUL byte at byte 3: not a text trace (a compressed file?"),
     (b"job_id;submit_time;num_gpu;duration\na;0;1;60\n", "x.csv:1: one column only, its fields separated by ';'"),
+    (GAVEL7.replace("\t", " ").encode(), "x.csv:1: one column only, no comma or tab between its fields: a CSV"),
 ])
 def test_an_export_that_would_replay_wrongly_is_refused(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "x.csv"
