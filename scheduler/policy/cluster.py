@@ -121,13 +121,18 @@ class Ledger:
             name: set(range(s.num_gpus)) for name, s in self.servers.items()
         }
         self._n_free = sum(len(f) for f in self._free.values())
+        self.max_server_gpus = max((s.num_gpus for s in self.servers.values()), default=1)
+        # The servers by their number of free GPUs (0 to max_server_gpus), kept as GPUs
+        # are bound and freed: best fit and "the most free GPUs" without visiting every server.
+        self._by_free: list[set[str]] = [set() for _ in range(self.max_server_gpus + 1)]
+        for name, free in self._free.items():
+            self._by_free[len(free)].add(name)
         # Servers held for one GPU count larger than a server (``hold``): their free GPUs
         # are kept apart in _held_free (no filter sees them; the holder reads held_free) and
         # their affinity reads as that count, so no job of another count joins them.
         self.held: dict[str, int] = {}
         self._held_free: dict[str, set[int]] = {}
         self._over: set[str] = set()
-        self.max_server_gpus = max((s.num_gpus for s in self.servers.values()), default=1)
         # GPUs of the up servers.
         self.num_gpus = sum(s.num_gpus for s in self.servers.values())
         # Bumped on every change the placement filters can see (a bind or unbind, a job
@@ -370,9 +375,13 @@ class Ledger:
             if gpu.server in load:
                 load[gpu.server] += 1
                 self.idle_servers.discard(gpu.server)
-                if gpu.index in free[gpu.server]:
-                    free[gpu.server].discard(gpu.index)
+                on = free[gpu.server]
+                if gpu.index in on:
+                    n = len(on)
+                    on.discard(gpu.index)
                     self._n_free -= 1
+                    self._by_free[n].discard(gpu.server)
+                    self._by_free[n - 1].add(gpu.server)
                 elif gpu.server in self._held_free:
                     self._held_free[gpu.server].discard(gpu.index)
                 if load[gpu.server] > self.servers[gpu.server].num_gpus:
@@ -417,8 +426,12 @@ class Ledger:
                     if held is not None:
                         held.add(gpu.index)
                     else:
-                        self._free[gpu.server].add(gpu.index)
+                        on = self._free[gpu.server]
+                        n = len(on)
+                        on.add(gpu.index)
                         self._n_free += 1
+                        self._by_free[n].discard(gpu.server)
+                        self._by_free[n + 1].add(gpu.server)
                 if self.load[gpu.server] <= self.servers[gpu.server].num_gpus:
                     self._over.discard(gpu.server)
         self.spread.discard(job_id)
@@ -497,6 +510,8 @@ class Ledger:
             free = self._free[name]
             self._held_free[name] = set(free)
             self._n_free -= len(free)
+            self._by_free[len(free)].discard(name)
+            self._by_free[0].add(name)
             free.clear()
             self.idle_servers.discard(name)
             self.version += 1
@@ -507,8 +522,10 @@ class Ledger:
             return
         for name, free in self._held_free.items():
             if name in self.servers:
+                self._by_free[len(self._free[name])].discard(name)
                 self._free[name] |= free
                 self._n_free += len(free)
+                self._by_free[len(self._free[name])].add(name)
                 if not self.load[name]:
                     self.idle_servers.add(name)
         self.held.clear()
@@ -530,6 +547,20 @@ class Ledger:
 
     def total_free(self) -> int:
         return self._n_free
+
+    def max_free(self) -> int:
+        """The most free GPUs any one server has."""
+        for k in range(self.max_server_gpus, 0, -1):
+            if self._by_free[k]:
+                return k
+        return 0
+
+    def servers_with_free(self, at_least: int) -> Iterator[str]:
+        """The servers with at least ``at_least`` free GPUs, fewest free first, then by
+        name: best fit's order."""
+        for k in range(max(at_least, 0), self.max_server_gpus + 1):
+            if self._by_free[k]:
+                yield from sorted(self._by_free[k])
 
     def height(self, server: str) -> int:
         return _ceil_div(self.load[server], self.servers[server].num_gpus)

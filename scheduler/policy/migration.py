@@ -119,7 +119,7 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     misses: dict[int, int] = {}
     # A size no free GPUs can take now is skipped before sorting (moves only use GPUs up):
     # up to a server's size it needs one server with that many free, beyond it idle servers.
-    max_free = max((ledger.num_free(n) for n in ledger.servers), default=0)
+    max_free = ledger.max_free()
     idle_free = sum(ledger.num_free(n) for n in ledger.idle_servers)
 
     def feasible(size: int) -> bool:
@@ -130,10 +130,11 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     for gpus, members in groups:
         if misses.get(len(gpus)) == ledger.version:
             continue
-        for job_id in sorted(members, key=lambda j: ledger.jobs[j].last_state_change_at):
+        waiting = [j for j in members if ledger.state[j] == "SUSPENDED"]
+        for job_id in sorted(waiting, key=lambda j: ledger.jobs[j].last_state_change_at) if waiting else ():
             if len(out) >= budget:
                 return out
-            if ledger.state[job_id] != "SUSPENDED" or not movable(ledger, job_id, state):
+            if not movable(ledger, job_id, state):
                 continue
             target = _compact_target(ledger, ledger.jobs[job_id], config)
             if target is None:
@@ -176,7 +177,7 @@ def make_room(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget:
     first = ledger.jobs[key[2]] if key is not None else None
     if first is None or ledger.total_free() < first.gpus:
         return out
-    if any(ledger.num_free(n) >= first.gpus for n in ledger.servers):
+    if ledger.max_free() >= first.gpus:
         return out  # it fits somewhere already; placement will take it
     for source in sorted((n for n in ledger.servers if not ledger.is_idle(n) and ledger.num_free(n) > 0),
                          key=lambda n: (-ledger.num_free(n), n)):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scheduler.policy import (
     GpuRef,
@@ -14,6 +16,8 @@ from scheduler.policy import (
     server_affinity,
     server_height,
 )
+from scheduler.policy.cluster import Ledger
+from scheduler.policy.types import ServerView
 
 
 def _placed(decisions: list, jid: str) -> tuple[GpuRef, ...]:
@@ -134,3 +138,31 @@ def test_yarn_cs_still_spreads_a_small_job_like_a_locality_unaware_allocator(mk)
     busy = [mk.job(f"b{i}{k}", state="RUNNING", placement=mk.on(f"s{i}", k)) for i in range(2) for k in range(3)]
     d = get_policy("yarn-cs").decide(mk.snap(0, mk.servers(2), *busy, mk.job("pair", gpus=2)))
     assert {g.server for g in _placed(d, "pair")} == {"s0", "s1"}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 8), min_size=1, max_size=6), data=st.data())
+def test_the_ledgers_servers_by_free_gpus_stay_those_a_full_count_gives(mk, sizes, data) -> None:
+    """Best fit and the most free GPUs on one server are read from an index the ledger keeps
+    as jobs are bound and unbound and servers held and released; after any such sequence
+    it answers what counting every server's free GPUs answers."""
+    srv = tuple(ServerView(f"s{i}", n) for i, n in enumerate(sizes))
+    jobs = [mk.job(f"j{i}") for i in range(12)]
+    ledger = Ledger.of(mk.snap(0, srv, *jobs))
+    for _ in range(data.draw(st.integers(1, 40))):
+        op = data.draw(st.sampled_from(["bind", "bind", "unbind", "hold", "release"]))
+        if op == "bind":
+            s = data.draw(st.sampled_from(srv))
+            idx = data.draw(st.lists(st.integers(0, s.num_gpus - 1), min_size=1, unique=True))
+            ledger.bind(data.draw(st.sampled_from(jobs)).id, mk.on(s.name, *sorted(idx)), "RUNNING")
+        elif op == "unbind":
+            ledger.unbind(data.draw(st.sampled_from(jobs)).id)
+        elif op == "hold":
+            ledger.hold([data.draw(st.sampled_from(srv)).name], 16)
+        else:
+            ledger.release()
+        for k in range(max(sizes) + 2):
+            counted = sorted((n for n in ledger.servers if ledger.num_free(n) >= k),
+                             key=lambda n: (ledger.num_free(n), n))
+            assert list(ledger.servers_with_free(k)) == counted
+        assert ledger.max_free() == max(ledger.num_free(n) for n in ledger.servers)
