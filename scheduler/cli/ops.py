@@ -81,6 +81,8 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
     events.add_argument("--kind", action="append", default=[], metavar="KIND",
                         help="only events of this kind (repeatable): job.state, server.down, ...; "
                              "'job' or 'server' for all of theirs")
+    events.add_argument("--server", default="", metavar="NAME", help="only events about this server "
+                        "(its own, and its jobs' state changes there)")
     events.add_argument("--limit", type=int, default=0,
                         help="at most this many events (default: all, fetched page by page)")
     events.add_argument("-w", "--watch", action="store_true",
@@ -264,7 +266,7 @@ def get_events(args: argparse.Namespace, client: Client) -> int:
     if args.limit < 0:
         raise CliError(f"--limit must be 0 or more, got {args.limit}")
     request = scheduler_pb2.ListEventsRequest(after_id=args.after, job_id=args.job, since=_since(args))
-    if args.kind:  # filtered here: page through them all, then cut at --limit
+    if args.kind or args.server:  # filtered here: page through them all, then cut at --limit
         events = [e for e in list_all(client, "ListEvents", request, "events") if _kind_wanted(args, e)]
         events = events[:args.limit] if args.limit else events
     else:
@@ -282,7 +284,10 @@ def _since(args: argparse.Namespace) -> float:
 
 
 def _kind_wanted(args: argparse.Namespace, event: common_pb2.Event) -> bool:
-    """--kind: the event's kind, or its family (`job` for job.state, job.pack, ...)."""
+    """--kind: the event's kind, or its family (`job` for job.state, job.pack, ...); and
+    --server."""
+    if args.server and event.server != args.server:
+        return False
     return not args.kind or any(event.kind == k or event.kind.startswith(k + ".") for k in args.kind)
 
 

@@ -318,8 +318,9 @@ async def add_jobs(
 async def transition(
     session: AsyncSession, job: Job, target: JobState, now: float, reason: str = "", server: str = ""
 ) -> None:
-    """Move `job` to `target` if the state machine allows it, recording why (and, for a
-    launch, on which server: where its output is; see last_server).
+    """Move `job` to `target` if the state machine allows it, recording why and on which
+    server (``server`` for a launch, else where it is placed: where its output is; see
+    last_server).
 
     The one place a job's state changes (Job refuses any other assignment): checked
     against scheduler.lifecycle.ALLOWED_FROM, with its Transition row and its event added
@@ -343,6 +344,9 @@ async def transition(
     session.add(
         Transition(job_id=job.id, from_state=current.value, to_state=target.value, at=now, reason=reason)
     )
+    if not server:  # every change names where the job is (was): `get events` by server
+        server = str(await session.scalar(
+            select(Placement.server_name).where(Placement.job_id == job.id).limit(1)) or "")
     add_event(session, now, "job.state", f"{current.value} -> {target.value}: {reason}", job_id=job.id,
               server=server)
 

@@ -410,6 +410,10 @@ def test_describe_says_why_a_suspended_job_waits_and_a_held_job_outlives_its_ser
     assert re.search(r"Rate: +- \([\d.]+ mini-batches/s when it last ran\)", text), text
     row = gandiva_cli(c, "get", "jobs", held, "--no-headers").split()
     assert row[2] == "SUSPENDED" and row[6] == "-", row  # RATE: no pace while suspended
+    # Every state change names its server (a suspend's event had none): events by server.
+    on_a = gandiva_cli(c, "get", "events", "--server", "node-a", "--kind", "job.state", "--no-headers")
+    assert [line.split()[4:8] for line in on_a.splitlines()] == [
+        ["node-a", "QUEUED", "->", "RUNNING:"], ["node-a", "RUNNING", "->", "SUSPENDED:"]], on_a
 
     c.add_helper("node-b", 1)
     other = submit("other")
