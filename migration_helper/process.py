@@ -236,6 +236,10 @@ class JobProcess:
                 os.close(pidfd)
             code = self._proc.wait()
         self.exit_code = code
+        # Its launch is over: what it left running (a worker in its group or in a session
+        # of its own) goes with it, or it would train on unsupervised, beside the job's
+        # next launch (a migration's destination, a restart).
+        self._signal_group(signal.SIGKILL)
         # The log says where this process's output ends (`gandiva logs --local -f` stops
         # there), before anyone is told of the exit: whoever reads on then has it all.
         try:
@@ -298,10 +302,43 @@ class JobProcess:
                 pass
 
     def _signal_group(self, sig: int) -> None:
+        """Signal every process of this launch: its process group, and those that left
+        it (``escaped``)."""
         try:
             os.killpg(self.pid, sig)
         except ProcessLookupError:
             pass
+        for pid in self.escaped():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def escaped(self) -> list[int]:
+        """This launch's processes outside its process group: a worker started in a
+        session of its own (`setsid`, a shell's job control `set -m`, a launcher that
+        starts its workers with start_new_session). A signal to the group missed them:
+        the lease's freeze left them training while the job was placed again, and a
+        stop or a stale launch's kill left them training on, unsupervised. They are
+        found by the marks every launch's processes inherit (its job, incarnation and
+        helper: OWNER_ENV)."""
+        owner = self.env.get(OWNER_ENV)
+        if not self.pid or not self.incarnation or not owner:
+            return []
+        marks = {f"GANDIVA_JOB_ID={self.job_id}".encode(), f"GANDIVA_INCARNATION={self.incarnation}".encode(),
+                 f"{OWNER_ENV}={owner}".encode()}
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in (self.pid, os.getpid()):
+                continue
+            try:
+                if not marks <= set(Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")):
+                    continue
+                if os.getpgid(int(entry)) != self.pid:
+                    found.append(int(entry))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+        return found
 
     def freeze(self) -> None:
         """Stop every process of the job where it stands (SIGSTOP): it trains no further

@@ -1,0 +1,75 @@
+"""A job whose program starts a worker in a session of its own (`setsid`, a shell's job
+control, a launcher that starts its workers with start_new_session): the helper's
+signals to the job's process group missed that worker. The lease's freeze left it
+training while the scheduler placed the job again (two copies), and a stop, a stale
+launch's kill or the job's own end left it training on, unsupervised. Real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+from migration_helper.process import OWNER_ENV, JobProcess
+
+# The worker: a process in a session of its own that "trains" (sleeps) for good; the
+# job's own process waits for it.
+ESCAPING = ["bash", "-c", "setsid sleep 300 & echo $! > worker.pid; wait"]
+
+
+async def becomes(pid: int, *states: str) -> str:
+    """The process's state once it is one of `states` (signals land asynchronously), or
+    the last one seen after 2 s."""
+    for _ in range(100):
+        if (now := state(pid)) in states:
+            return now
+        await asyncio.sleep(0.02)
+    return state(pid)
+
+
+def state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+async def started(tmp_path: Path, argv: list[str]) -> tuple[JobProcess, int]:
+    env = dict(os.environ, GANDIVA_JOB_ID="j", GANDIVA_INCARNATION="i1", **{OWNER_ENV: f"{os.getpid()}:{tmp_path}"})
+    proc = JobProcess(job_id="j", incarnation="i1", argv=argv, workdir=str(tmp_path), env=env,
+                      gpu_indices=(), log_path=tmp_path / "j.log")
+    await proc.start(lambda p: None)
+    worker = 0
+    for _ in range(250):
+        text = (tmp_path / "worker.pid").read_text() if (tmp_path / "worker.pid").exists() else ""
+        worker = int(text) if text.strip() else 0
+        if worker and os.getsid(worker) == worker:  # it left the job's session and group
+            return proc, worker
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no worker in a session of its own (pid {worker})")
+
+
+async def test_the_lease_freezes_and_a_stop_ends_a_worker_in_a_session_of_its_own(tmp_path: Path) -> None:
+    proc, worker = await started(tmp_path, ESCAPING)
+    try:
+        proc.freeze()
+        assert await becomes(worker, "T") == "T"  # trains no further while the job may be placed again
+        proc.thaw()
+        assert await becomes(worker, "S", "R") in ("S", "R")
+        await proc.stop(grace_s=5.0)
+        assert await becomes(worker, "gone", "Z") in ("gone", "Z")  # nothing of the job left running
+    finally:
+        with contextlib.suppress(OSError):  # the test's own process, whatever happened
+            os.kill(worker, signal.SIGKILL)
+
+
+async def test_a_job_that_ends_takes_its_worker_in_a_session_of_its_own_with_it(tmp_path: Path) -> None:
+    proc, worker = await started(tmp_path, ["bash", "-c", "setsid sleep 300 & echo $! > worker.pid; sleep 0.3"])
+    try:
+        assert await proc._wait(10.0) and proc.exit_code == 0
+        assert await becomes(worker, "gone", "Z") in ("gone", "Z")
+    finally:
+        with contextlib.suppress(OSError):  # the test's own process, whatever happened
+            os.kill(worker, signal.SIGKILL)
