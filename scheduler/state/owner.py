@@ -79,7 +79,12 @@ class SchedulerLock:
         path = self.path
         if not path.parent.is_dir():  # the database's own error says what is wrong
             return
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            # No file can be made beside the database: neither can SQLite's journal, and
+            # opening the database says what is wrong (a directory not writable...).
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
