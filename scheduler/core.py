@@ -156,14 +156,37 @@ def _is_connectivity_error(err: BaseException) -> bool:
     )
 
 
+# What the database says when it is there but cannot write (SQLite's SQLITE_FULL and
+# SQLITE_READONLY): its own words, then what to do.
+_CANNOT_WRITE = (
+    (("database or disk is full", "no space left"),
+     "the disk holding the database is full", "free space there"),
+    (("readonly database", "read-only file system"),
+     "the database is read-only", "check the file's and its directory's permissions and mount"),
+)
+
+
+def _unavailable_text(err: BaseException) -> str:
+    """The message of an Unavailable for `err`: a full or read-only database named as
+    such (it used to read "database unreachable (OperationalError)", sending operators
+    after the network while the disk was full), else unreachable."""
+    said = str(getattr(err, "orig", None) or err).strip()
+    first = said.splitlines()[0] if said else type(err).__name__
+    for needles, what, todo in _CANNOT_WRITE:
+        if any(n in said.lower() for n in needles):
+            return f"{what} ({first}): {todo}; nothing was written; retry once it is fixed"
+    return f"database unreachable ({type(err).__name__}); retry shortly"
+
+
 @contextmanager
 def _db_errors() -> Iterator[None]:
-    """Database connectivity failures become Unavailable; other errors pass through."""
+    """Database connectivity failures (and a full or read-only database) become
+    Unavailable; other errors pass through."""
     try:
         yield
     except Exception as err:
         if _is_connectivity_error(err):
-            raise Unavailable(f"database unreachable ({type(err).__name__}); retry shortly") from err
+            raise Unavailable(_unavailable_text(err)) from err
         raise
 
 
