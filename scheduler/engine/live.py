@@ -394,6 +394,11 @@ class LiveEngine:
                 # Starts from step 0. A job that resumes keeps its restore point until its
                 # next checkpoint (the holder keeps it; a job lost before then resumes there).
                 job.restore_checkpoint, job.restore_server = "", ""
+                if job.steps:
+                    # Its step count starts over with it (progress reports never lower it:
+                    # it showed the lost process's count until the new one passed it).
+                    where += f"; no checkpoint: it starts over, its step count with it (it was at {job.steps})"
+                    job.steps = 0
             await repo.place(s, job, [(g.server, g.index) for g in gpus], incarnation, now, f"{reason} on {where}")
         if restore.fetch_from:
             self._background(job_id, self._fetch_and_launch(

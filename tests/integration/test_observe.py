@@ -403,8 +403,8 @@ def test_describe_says_why_a_suspended_job_waits_and_a_held_job_outlives_its_ser
             name=name, command=mlp(100000, 0.02), workdir=str(c.tmp), gpus=1))).job.id
 
     held = submit("held")
-    c.wait_for(lambda: c.job(held).steps > 5, 120)
-    c.stub.SuspendJob(scheduler_pb2.JobActionRequest(id=held, reason="maintenance window"))
+    c.wait_for(lambda: c.job(held).steps > 100, 120)
+    steps_before = c.stub.SuspendJob(scheduler_pb2.JobActionRequest(id=held, reason="maintenance window")).steps
     text = gandiva_cli(c, "describe", "job", held)
     assert f"Waiting:     held by an operator: it stays suspended until `gandiva resume {held}`" in text, text
     assert re.search(r"Rate: +- \([\d.]+ mini-batches/s when it last ran\)", text), text
@@ -419,6 +419,11 @@ def test_describe_says_why_a_suspended_job_waits_and_a_held_job_outlives_its_ser
     other = submit("other")
     c.helpers[0].kill()  # node-a's helper dies; its held job is requeued
     c.wait_for(lambda: any("the operator's hold ends" in t.reason for t in c.job(held).history), 60)
+    # Started over without a checkpoint: its step count with it, not the lost process's count
+    # frozen until the new one passes it.
+    restarted = c.wait_for(lambda: [t.reason for t in c.job(held).history if "no checkpoint: it starts over" in t.reason], 60)
+    assert f"its step count with it (it was at {steps_before})" in restarted[0]
+    assert c.job(held).steps < steps_before  # read at once: TensorFlow takes seconds to start again
     # Placed again (on node-b, taking turns with the other job), not left in the queue.
     c.wait_for(lambda: c.job(held).state in (common_pb2.JOB_STATE_RUNNING, common_pb2.JOB_STATE_SUSPENDED)
                and c.job(other).steps > 0 and c.job(held).steps > 0, 120)
