@@ -217,8 +217,10 @@ def _at_least_one(text: str) -> int:
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
-    names = [n.strip() for n in (args.compare if args.compare is not None else args.policy).split(",")
-             if n.strip()]
+    # Each policy once: `--compare gandiva,yarn-cs,gandiva` replayed gandiva twice (hours on a
+    # large trace) to print one column.
+    names = list(dict.fromkeys(n.strip() for n in (args.compare if args.compare is not None else args.policy)
+                               .split(",") if n.strip()))
     if not names:
         raise ValueError(f"--compare {args.compare!r} names no policy; give one or more of "
                          f"{', '.join(POLICIES)}, separated by commas")

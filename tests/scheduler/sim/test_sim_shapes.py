@@ -198,3 +198,20 @@ def test_two_users_jobs_of_the_same_id_are_two_jobs(tmp_path: Path) -> None:
     trace.write_text("job_id,user,submit_time,num_gpus,duration\n1,alice,0,1,600\n1,alice,10,2,600\n")
     with pytest.raises(TraceError, match="users.csv:3: job id '1' is also on line 2"):
         read_trace(trace)
+
+
+def test_a_policy_named_twice_is_replayed_once(capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--compare gandiva,yarn-cs,gandiva` replayed gandiva twice (hours on a large trace) and
+    printed one column of it."""
+    replays: list[str] = []
+    run = Simulator.run
+
+    def counted(self: Simulator) -> SimResult:
+        replays.append(self.policy.name)
+        return run(self)
+
+    monkeypatch.setattr(Simulator, "run", counted)
+    argv = ["sim", "--no-progress", "--jobs", "20", "--cluster", "2x4", "-o", "json", "--compare", "fifo,yarn-cs,fifo"]
+    assert main(argv) == 0
+    assert replays == ["fifo", "yarn-cs"] and list(json.loads(capsys.readouterr().out)) == ["fifo", "yarn-cs"]
