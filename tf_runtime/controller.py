@@ -89,6 +89,7 @@ _NOT_THE_PROGRAM = ("tf_runtime", "tensorflow", "keras", "runpy", "importlib")
 
 # TensorFlow code that reads the global step for itself, never for the program's loop.
 _SERVICES = ("tensorflow.python.training.supervisor",)
+_MONITORED = ("tensorflow.python.training.monitored_session",)
 
 
 def _called_from(frame: Any, modules: tuple[str, ...]) -> bool:
@@ -148,6 +149,9 @@ class Controller:
         self.restored_step = 0
         self.migratable: bool | None = None
         self._read_global_step = False
+        # The program read the global step in a run of its own before its first training
+        # run (`step = sess.run(gs)`, StopAtStepHook): its loop can start from the step.
+        self._read_step_first = False
         self._advances_seen = False  # a training run of the bound session advanced the step
         self._steps_seen = 0  # boundaries of runs that advanced it
         self._stateful_input = ""  # what a training run read that no checkpoint holds
@@ -284,9 +288,16 @@ class Controller:
         # Not a read the Supervisor makes for itself (its step counter thread, the session
         # log it writes at the start: whatever loop the program runs): only the program's
         # own reads tell that its loop resumes from the step.
-        if info.reads_global_step and adapter is self.adapter and not self._read_global_step \
+        # Which read came first: one in a run of its own before the first training run (the
+        # loop starts from the step), or one fetched with a training run (only logged).
+        if info.reads_global_step and adapter is self.adapter and not self._read_step_first \
+                and not (self._read_global_step and self.boundaries) \
                 and not _called_from(sys._getframe(1), _SERVICES):
             self._read_global_step = True
+            # A MonitoredSession's hooks (StopAtStepHook) fetch it with every training
+            # run and stop the loop at a step: its loop follows the step too.
+            self._read_step_first = self.boundaries == 0 and (
+                not info.is_training or _called_from(sys._getframe(1), _MONITORED))
 
     def carried_state(self, adapter: SessionAdapter, what: str) -> None:
         """The program carries state in Python from one step to the next, which no
@@ -684,6 +695,16 @@ class Controller:
                 self._judge(False, "no training run advances the global step, so a restarted "
                                    "program cannot know where to resume (pass it to the "
                                    "optimizer's minimize(global_step=...))")
+        elif self._read_global_step and not self._read_step_first:
+            if self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
+                self._judge(False, "the program reads the global step only after its first "
+                                   "training run (fetched with the training op, to log it), "
+                                   "never before it: its loop does not start from the step "
+                                   "(`for i in range(steps)` counts in Python from 0), so a "
+                                   "restarted copy would redo its steps on other mini-batches; "
+                                   "read it before the loop (`step = sess.run(global_step)`) "
+                                   "and loop from it (`while step < steps`) to make it "
+                                   "migratable")
         elif self._read_global_step:
             # Not before its second step: that is where a value the first returned would
             # first be fed back (carried_state).

@@ -276,7 +276,8 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     ("queue_input.py", (), "QueueDequeue"),
     ("global_rng.py", ("--draw", "numpy"), "numpy's global generator"),
     ("sampled_loss.py", (), "LogUniformCandidateSampler"),
-], ids=["queue_input", "global_rng", "sampled_loss"])
+    ("python_counter.py", (), "only after its first training run"),
+], ids=["queue_input", "global_rng", "sampled_loss", "python_counter"])
 def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
         script: str, flags: tuple[str, ...], reason: str, runtime_server: Any, launch: Any,
         tmp_path: Path) -> None:
@@ -289,7 +290,10 @@ def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
     the blocked enqueue) and checkpointed, it ends bit-identical to an uninterrupted run.
     sampled_loss: word2vec's `nce_loss`, its negative classes drawn by a seeded candidate
     sampler (whose generator is in its kernel: a migrated copy ended with other weights,
-    called migratable)."""
+    called migratable). python_counter: `for i in range(steps)`, each mini-batch picked by
+    `i`, the global step fetched with the training op only to log it (called migratable
+    because it reads the step, a restored copy trained `steps` more mini-batches from the
+    first one on)."""
     path = str(PROGRAMS / script)
     steps = [*flags, "--steps", "80", "--step-sleep", "0.03"]
     baseline = launch(path, *steps, "--dump", str(tmp_path / "base.npz"), status=False)
