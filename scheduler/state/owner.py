@@ -153,8 +153,9 @@ class SchedulerLock:
                 await self._conn.execute(f"SET application_name = '{self._name()}'")
 
     def _name(self) -> str:
-        # PostgreSQL keeps 63 bytes of it; no quote can be in it (a host name has none).
-        return f"gandiva-scheduler ({_who(self.listen)})"[:63].replace("'", "")
+        # PostgreSQL keeps 63 bytes of it: the address and pid first, the host name last
+        # (cut first). No quote can be in it (a host name has none).
+        return f"gandiva-scheduler {self.listen} pid {os.getpid()} on {socket.gethostname()}"[:63].replace("'", "")
 
     async def release(self) -> None:
         if self._watch is not None:
