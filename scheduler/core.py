@@ -289,6 +289,9 @@ class SchedulerCore:
         # arrived, whether or not the database could record it (unreachable, or locked by
         # another process): a server heard from is not silent (mark_stale_servers_down).
         self._heard: dict[str, float] = {}
+        # When (monotonic) this process was last seen running (watch_stalls; None: not
+        # watched, as in unit tests driving a fake clock).
+        self._alive_at: float | None = None
         # Server name -> (the instance of the helper that holds it, when last heard from):
         # a second helper started with the same --server-name is refused while the first
         # lives (in memory: after a restart the first helper heard from holds the name).
@@ -931,6 +934,7 @@ class SchedulerCore:
         that reason, and its jobs are still expected where they run. Silence is what this
         process heard (``_heard``, recorded in the database or not), on the monotonic
         clock: the servers' recorded `last_heartbeat` (wall clock) is for people."""
+        self._check_stall()
         if self.monotonic() - self.started_mono < self.settings.down_after_s:
             return []
         # Every scheduling round asks; only an actual change takes the write lock.
@@ -951,6 +955,31 @@ class SchedulerCore:
                                       "went down", stops, lost)
         self._after_down(names, stops, lost)
         return names
+
+    async def watch_stalls(self, every_s: float = 0.25) -> None:
+        """Note, a few times a second, that this process runs (the live engine runs it):
+        see _check_stall."""
+        self._alive_at = self.monotonic()
+        while True:
+            await asyncio.sleep(every_s)
+            self._check_stall()
+
+    def _check_stall(self) -> None:
+        """A process that did not run for a while (SIGSTOP, a paused VM, an event loop
+        blocked, a machine swapping) heard nothing meanwhile. As after a restart, every
+        server then gets a whole `down_after_s` to be heard again, instead of being called
+        down (every job in the cluster re-queued) by the first round after the stall,
+        before the helpers' heartbeats, delayed by their reconnections, come in. Whichever
+        runs first after the stall (watch_stalls, or a round's mark_stale_servers_down)
+        sees it."""
+        if self._alive_at is None:
+            return
+        mono = self.monotonic()
+        gap, self._alive_at = mono - self._alive_at, mono
+        if gap > max(1.0, self.settings.down_after_s / 4):
+            log.warning("this scheduler did not run for %.1fs (stopped, paused or starved?): every server "
+                        "gets %gs to be heard again before it is called down", gap, self.settings.down_after_s)
+            self.started_mono = mono
 
     def _silence(self, name: str) -> float:
         """Seconds since the server was last heard from (or since this scheduler started)."""

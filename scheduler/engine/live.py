@@ -111,6 +111,13 @@ class LiveEngine:
     # ---- the loop ---------------------------------------------------------------
 
     async def run(self) -> None:
+        stalls = asyncio.create_task(self.core.watch_stalls())
+        try:
+            await self._run()
+        finally:
+            stalls.cancel()
+
+    async def _run(self) -> None:
         try:
             await self.recover()
         except GandivaError as err:

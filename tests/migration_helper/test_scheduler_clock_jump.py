@@ -1,5 +1,6 @@
 """The scheduler's wall clock stepped (NTP correcting a drifted clock, an operator's
-`date -s`, a VM resumed with a stale clock) while a job trains: its server is not
+`date -s`, a VM resumed with a stale clock), or the scheduler stopped for longer than
+the heartbeat timeout (SIGSTOP, a paused VM), while a job trains: its server is not
 marked down, its job not killed and re-queued. The scheduler runs under libfaketime
 (its CLOCK_REALTIME moved, its monotonic clock untouched, as on a real step); the
 helper and the job run on the real clock."""
@@ -23,7 +24,18 @@ from ..scheduler.faults.test_restart import free_port
 from .test_helper_faults import GANDIVA, _job_pids, helpers  # noqa: F401 - helpers: a fixture
 
 
-def test_a_step_of_the_schedulers_wall_clock_takes_no_server_down(
+def still_running(api: Any, job_id: str, history: list[Any], pid: int) -> None:
+    """The job as it was: running, in the same process, no server down, nothing fenced."""
+    got = api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+    assert (got.state, list(got.history)) == (common_pb2.JOB_STATE_RUNNING, history), \
+        (got.state, got.history[-1].reason)
+    assert _job_pids(job_id, warm=False) == [pid]
+    kinds = [e.kind for e in api.ListEvents(scheduler_pb2.ListEventsRequest()).events]
+    assert "server.down" not in kinds and "job.fenced" not in kinds, kinds
+    assert [s.up for s in api.ListServers(scheduler_pb2.ListServersRequest()).servers] == [True]
+
+
+def test_a_step_of_the_schedulers_wall_clock_or_a_stall_of_it_takes_no_server_down(
         helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any, sqlite_schema: Path) -> None:  # noqa: F811
     clock = WallClock(tmp_path)  # skips, saying why, without libfaketime
     shutil.copyfile(sqlite_schema, tmp_path / "db")  # no migration to wait for
@@ -60,13 +72,21 @@ def test_a_step_of_the_schedulers_wall_clock_takes_no_server_down(
         finally:
             os.kill(helper.pid, signal.SIGCONT)
         time.sleep(1)
-        got = job()
-        assert (got.state, list(got.history)) == (common_pb2.JOB_STATE_RUNNING, history), \
-            (got.state, got.history[-1].reason)
-        assert _job_pids(job_id, warm=False) == [pid]
-        kinds = [e.kind for e in api.ListEvents(scheduler_pb2.ListEventsRequest()).events]
-        assert "server.down" not in kinds and "job.fenced" not in kinds, kinds
-        assert [s.up for s in api.ListServers(scheduler_pb2.ListServersRequest()).servers] == [True]
+        still_running(api, job_id, history, pid)
+
+        # The scheduler itself stopped (SIGSTOP: a paused VM) for longer than the timeout,
+        # and its helpers heard again only moments after it runs again (their connections
+        # re-made): as after a restart, they get a whole timeout to be heard.
+        os.kill(helper.pid, signal.SIGSTOP)
+        os.kill(sched.pid, signal.SIGSTOP)
+        try:
+            time.sleep(5)
+        finally:
+            os.kill(sched.pid, signal.SIGCONT)
+            time.sleep(1.5)
+            os.kill(helper.pid, signal.SIGCONT)
+        time.sleep(1)
+        still_running(api, job_id, history, pid)
     finally:
         sched.kill()
         sched.wait(10)
