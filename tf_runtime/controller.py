@@ -436,9 +436,14 @@ class Controller:
         elif not self._save_built:
             self._prebuild_save(adapter)
 
-    def _watch_generators(self, adapter: SessionAdapter) -> None:
+    def _watch_generators(self, adapter: SessionAdapter, now: bool = False) -> None:
+        """Look at the program's random generators at a step (`now`: at a checkpoint or
+        migration about to be taken, whatever the step)."""
+        if now and (self._carried_state or self._rng_watch.first < 0):
+            return
         try:
-            drawn = self._rng_watch.step(self._steps_seen, sys._getframe(1))
+            watch = self._rng_watch
+            drawn = (watch.look if now else watch.step)(self._steps_seen, sys._getframe(1))
         except Exception:  # the shim's own fault: never the program's run
             log.exception("tf_runtime could not look at the program's random generators; "
                           "it stops looking")
@@ -447,7 +452,8 @@ class Controller:
             return
         if drawn:
             self.carried_state(adapter, (
-                f"every step draws from {python_rng.describe(drawn)}, never reseeded: a "
+                f"it draws from {python_rng.describe(drawn)} between its steps, never "
+                "reseeded (every step, or once an epoch to shuffle its examples): a "
                 "restarted copy draws other numbers, so a migrated job would train on "
                 "other data than an uninterrupted run; draw from a generator seeded by the "
                 "global step (np.random.RandomState(step), or reseed with it every step) "
@@ -836,6 +842,7 @@ class Controller:
         return info
 
     def _checkpoint(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:
+        self._watch_generators(adapter, now=True)  # a verdict that changes is reported
         try:
             info = self._save(adapter, cmd.checkpoint_dir)
         except (CheckpointError, OSError) as exc:
@@ -845,6 +852,7 @@ class Controller:
                       {"wait_boundary": waited, "save": info.seconds}))
 
     def _stop_for_migration(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:
+        self._watch_generators(adapter, now=True)  # drawn since its last look: judged again
         if self.migratable is None:  # suspended before the verdict: judge on what was seen
             self._first_boundaries(adapter, final=True)
         if self.migratable is False:

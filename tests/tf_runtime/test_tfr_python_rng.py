@@ -57,7 +57,7 @@ def test_a_reseed_every_step_or_no_draw_is_not_a_stream(seed: int, step: int, wo
     assert continued(before, snapshot()) == ("" if step != seed else "numpy.random")
 
 
-def test_the_watch_compares_consecutive_steps_only() -> None:
+def test_the_watch_compares_each_look_with_the_last() -> None:
     np.random.seed(0)
     random.seed(0)
     watch = Watch(first=3, every=8)
@@ -66,10 +66,34 @@ def test_the_watch_compares_consecutive_steps_only() -> None:
         if n >= 20:  # a program that starts drawing after a warm-up
             np.random.uniform(size=5)
         found.append((n, watch.step(n)))
-    # Steps 1-3 compared (nothing drawn), then one pair in every 8 steps: 24/25 is the
-    # first after step 20.
-    assert [n for n, what in found if what] == [25, 33]
+    # Steps 1-3 looked at (nothing drawn), then two consecutive steps in every 8: 24 is the
+    # first look after step 20 (compared with 17).
+    assert [n for n, what in found if what] == [24, 25, 32, 33]
     assert all(what == "numpy.random" for _, what in found if what)
+
+
+def test_a_draw_once_an_epoch_is_found_at_the_next_look() -> None:
+    """Examples shuffled once an epoch (every 5 steps), never reseeded: no draw falls
+    between two consecutive steps the watch compares, but one falls between its looks,
+    and a look when a migration is asked for finds it. One reseeded from the step at every
+    step and drawn on is not taken for a stream, across a gap either."""
+    np.random.seed(5)
+    order = np.arange(40)
+    watch = Watch(first=3, every=128)
+    found = []
+    for n in range(1, 13):
+        if n % 5 == 0:
+            np.random.shuffle(order)
+        found.append(watch.step(n))
+    assert found == [""] * 12  # looked at steps 1-3 only
+    assert watch.look(12) == "numpy.random"  # a checkpoint or migration asked for now
+
+    watch = Watch(first=3, every=8)
+    for n in range(1, 40):
+        np.random.seed(n)
+        np.random.uniform(size=5)
+        assert watch.step(n) == "", n
+    assert watch.look(40) == ""
 
 
 class _Trainer:
