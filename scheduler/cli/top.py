@@ -111,9 +111,9 @@ def render(state: dict[str, Any], show_all: bool = False) -> Group:
 def run(args: argparse.Namespace) -> int:
     from rich.live import Live
 
-    from scheduler.cli.output import Console
-
-    console = Console()
+    # On a terminal at its width; piped (--once into a file) one row per line, never cut: at
+    # the 80 columns rich assumes for a pipe, the jobs' last-decision column got no room at all.
+    console = output.console()
     # Errors: one line on stderr (never wrapped, never mixed into a view piped to a file).
     if not args.http:
         print("gandiva top: no address; start the scheduler with --http-listen HOST:PORT and pass "

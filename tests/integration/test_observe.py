@@ -346,6 +346,12 @@ def test_gpu_time_per_job_and_user_matches_what_ran(observed_cluster, chromium) 
         assert before - since[alice if user == "alice" else bob] - 1 <= used <= after - min(since.values()) + 1
         assert value(samples, "gandiva_user_gpus_running", user=user) == 1
     assert value(samples, "gandiva_user_gpus_running", user="<b>mallory</b>") == 0
+    # `gandiva top --once` into a file: every job's row whole, its last decision's reason included
+    # (at the 80 columns assumed for a pipe, that column used to get no room at all).
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    top = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "top", "--http", c.sched.server.http_address,
+                          "--once"], capture_output=True, text=True, timeout=60, check=True, env=env).stdout
+    assert re.search(rf"{alice} .* place: Algorithm 1: \w+", top), top
     wide = gandiva_cli(c, "get", "jobs", alice, "-o", "wide")
     assert "GPU-TIME" in wide.splitlines()[0] and re.search(r" \d+s ", wide.splitlines()[1]), wide
 
