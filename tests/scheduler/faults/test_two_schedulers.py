@@ -24,7 +24,7 @@ from .test_restart import free_port, start_scheduler
 def second_scheduler(db_url: str, port: int) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", f"127.0.0.1:{port}", "--db", db_url],
-        capture_output=True, text=True, timeout=60)
+        check=False, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])
