@@ -352,7 +352,8 @@ class LiveEngine:
         async with self.core.tx() as s:
             for v in new:
                 for job_id, other in ((v.job_id, v.partner_id), (v.partner_id, v.job_id)):
-                    repo.add_event(s, v.at, "job.pack", f"packing trial with {other}: {v.reason}", job_id=job_id)
+                    repo.add_event(s, v.at, "job.pack", f"packing trial with {other}: {v.reason}", job_id=job_id,
+                                   server=await repo.last_server(s, job_id))
         self._verdict_seq = new[-1].seq
 
     async def _note_queued(self, decisions: Sequence[pt.Queue]) -> None:

@@ -289,6 +289,7 @@ def test_describe_says_whether_a_pack_helped_with_the_measured_rates(policy_clus
     def verdicts(job_id: str) -> list[str]:
         rates.append(c.job(job_id).rate)
         events = c.stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+        assert all(e.server == "node-a" for e in events if e.kind == "job.pack"), events
         return [e.message for e in events if e.kind == "job.pack"]
 
     c.wait_for(lambda: all(verdicts(j) for j in ids), 150)
