@@ -149,14 +149,22 @@ def duration(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def clock(at: float) -> str:
-    """A unix time as local HH:MM:SS (events and transitions happen within a day or so)."""
-    return time.strftime("%H:%M:%S", time.localtime(at)) if at else "-"
+def clock(at: float, now: float | None = None) -> str:
+    """A unix time as local HH:MM:SS when it is today, else as one token with its date
+    (2026-12-03T15:00:00): `get events --since 2d` listed yesterday's events and today's
+    alike, by their time of day only."""
+    if not at:
+        return "-"
+    local = time.localtime(at)
+    if local[:3] == time.localtime(now if now is not None else time.time())[:3]:
+        return time.strftime("%H:%M:%S", local)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", local)
 
 
 def timestamp(at: float) -> str:
-    """A unix time as a full local date and time."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "-"
+    """A unix time as a full local date and time, with its zone (`describe` pasted from
+    another machine's terminal said 15:00 without saying where)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(at)) if at else "-"
 
 
 def rate(value: float) -> str:

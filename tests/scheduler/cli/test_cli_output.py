@@ -40,6 +40,23 @@ def test_formatters() -> None:
     assert output.size(3 << 30) == "3.0Gi" and output.size(5 << 20) == "5Mi"
 
 
+def test_times_say_their_day_and_zone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An event of another day shows its date (one token, so columns stay put); a full
+    timestamp names its zone."""
+    import time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        now = 1796400000.0  # 2026-12-04 16:00:00 UTC
+        assert output.clock(now - 3600, now=now) == "15:00:00"
+        assert output.clock(now - 2 * 86400, now=now) == "2026-12-02T16:00:00"
+        assert output.timestamp(now) == "2026-12-04 16:00:00 UTC"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def test_states_are_shown_without_their_prefix() -> None:
     assert state_name(common_pb2.JOB_STATE_MIGRATING) == "MIGRATING"
     assert state_value("running") == state_value("JOB_STATE_RUNNING") == common_pb2.JOB_STATE_RUNNING
