@@ -146,8 +146,18 @@ class JobDetail:
     host_memory_bytes: int = 0  # its processes' resident set, last measured (0: not measured)
 
 
+# SQLSTATEs of a database that is there but takes no work now: class 08 (connection
+# exception) and 57P01-57P03 (shut down by an administrator or a crash, or starting up:
+# "the database system is starting up" / "is not yet accepting connections" while
+# PostgreSQL recovers after a crash or restart). They arrive as a plain DBAPIError.
+_UNAVAILABLE_STATES = ("08", "57P01", "57P02", "57P03")
+
+
 def _is_connectivity_error(err: BaseException) -> bool:
     if isinstance(err, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+        return True
+    state = str(getattr(getattr(err, "orig", None), "sqlstate", None) or "")
+    if isinstance(err, sa_exc.DBAPIError) and state.startswith(_UNAVAILABLE_STATES):
         return True
     if isinstance(err, sa_exc.DBAPIError) and err.connection_invalidated:
         return True

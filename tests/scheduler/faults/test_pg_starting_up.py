@@ -1,0 +1,68 @@
+"""PostgreSQL starting up (recovering after a crash or a restart): for a few seconds it
+answers every new connection "the database system is starting up" (SQLSTATE 57P03).
+Calls then fail with UNAVAILABLE "database unreachable ...; retry shortly" (what
+gandiva-submit retries), not INTERNAL "database error (DBAPIError)" with a traceback in
+the scheduler's log; once it accepts connections, the next call succeeds."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+from .test_db_outage import TcpProxy, proxied_pg_url  # noqa: F401 - a fixture
+
+# What PostgreSQL sends a client while it recovers: a FATAL ErrorResponse.
+_FIELDS = b"".join(k + v + b"\0" for k, v in (
+    (b"S", b"FATAL"), (b"V", b"FATAL"), (b"C", b"57P03"), (b"M", b"the database system is starting up")))
+STARTING_UP = b"E" + struct.pack("!I", 4 + len(_FIELDS) + 1) + _FIELDS + b"\0"
+
+
+class StartingUp(TcpProxy):
+    """The proxy, answering new connections as a PostgreSQL that starts up."""
+
+    starting = False
+
+    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        if not self.starting:
+            await super()._handle(cr, cw)
+            return
+        try:
+            while True:
+                length = struct.unpack("!I", await cr.readexactly(4))[0]
+                code = struct.unpack("!I", (await cr.readexactly(length - 4))[:4])[0]
+                if code == 80877103:  # SSLRequest: no SSL here
+                    cw.write(b"N")
+                    await cw.drain()
+                    continue
+                cw.write(STARTING_UP)  # the StartupMessage's answer
+                await cw.drain()
+                break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        cw.close()
+
+
+@pytest.mark.pg
+def test_calls_while_postgresql_starts_up_are_unavailable_and_retried(proxied_pg_url, make_scheduler) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    url, proxy = proxied_pg_url
+    proxy.__class__ = StartingUp  # the same running proxy, with the starting-up answer
+    sched = make_scheduler(url, tick_s=0.2)
+    spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1)
+    with grpc.insecure_channel(sched.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        first = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=30).job
+        proxy.cut()  # the crash: every connection gone
+        proxy.starting = True
+        proxy.restore()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+        assert "database unreachable" in err.value.details()
+        proxy.starting = False  # recovered
+        second = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=30).job
+        assert {j.id for j in stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs} == {first.id, second.id}
