@@ -47,6 +47,10 @@ class RunInfo:
     # Initialises or assigns (not as a training update) a variable a checkpoint holds: a
     # pre-trained layer loaded from NumPy after the restore point would overwrite it.
     initializes_some: bool = False
+    # Of those, an assignment of a value computed from nothing the checkpoint holds, not
+    # an initialiser: a reset the program may make after every step (gradient
+    # accumulators zeroed by `acc.assign(tf.zeros_like(acc))` after the apply run).
+    resets: bool = False
     # Flat fetch indices of tensors whose value a program could carry to its next step in
     # Python: all but reads of a variable the checkpoint holds (the global step, a weight),
     # which a restored copy reads again.

@@ -221,8 +221,11 @@ class Controller:
         the next step.)"""
         if not (self._after_advance or self._cut_pending) or adapter is not self.adapter:
             return
-        # Not an initialiser, a restore or a load: those happen once, not in every step.
-        once = info.initializes_some or info.initializes or info.restores
+        # Not an initialiser, a restore or a load: those happen once, not in every step. A
+        # reset is no load (accumulators zeroed after each apply): before, a checkpoint was
+        # taken between the apply and the reset, and a restored copy added its next
+        # micro-batches onto the previous step's sums.
+        once = (info.initializes_some and not info.resets) or info.initializes or info.restores
         if (not info.is_training and (once or not info.changes_state)
                 and not info.stateful_input and not self._tail_updated):
             # A run that changes nothing (the step read, a summary, an evaluation), or

@@ -543,6 +543,7 @@ class TFSessionAdapter:
         return RunInfo(training, reads_gs, initializes, restores, tuple(metric_slots),
                        advances_step=advances, stateful_input=stateful,
                        initializes_some=initializes_some, carry_slots=tuple(carry_slots),
+                       resets=assigns and not self._some_init_ops & reached,
                        changes_state=changes_state)
 
     def _global_step_read(self, op: Any) -> str | None:

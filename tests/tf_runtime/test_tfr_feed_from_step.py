@@ -183,6 +183,7 @@ KINDS = {
     "reseed": Kind("global_rng.py", _warm_naive(), ("--draw", "reseed")),
     "replicated_bn": Kind("replicated_bn.py", _warm_naive()),
     "ema_after": Kind("ema_after.py", _warm_naive(), ("--order", "after")),
+    "accumulate_after": Kind("accumulate_after.py", _warm_naive()),
 }
 
 
@@ -252,7 +253,11 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     copies differ: they used to be saved once and restored from tower 0 into every tower);
     ema_after: an average of the weights applied in a run of its own after each training
     run (a checkpoint used to be taken between the two, so a restored copy never made that
-    step's update); each migrated warm and naive."""
+    step's update); accumulate_after: gradients accumulated over 3 micro-batches, their mean
+    applied with the global step every third by a Python counter, the accumulators zeroed
+    by `assign(tf.zeros_like(acc))` in a run of its own after the apply (a checkpoint used
+    to be taken between the two, taking the reset for a one-time load, and a restored copy
+    added its micro-batches onto the old sums); each migrated warm and naive."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 
