@@ -10,6 +10,7 @@ restored, first_step_done, checkpoint).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +72,10 @@ _SETPRIV = shutil.which("setpriv")
 # Every job process carries "HELPER-PID:RAMDISK" of the helper that launched it; its
 # descendants inherit it (a python behind `bash -c`, the workers it forks).
 OWNER_ENV = "GANDIVA_HELPER"
+# And a mark of its own launch, which no other launch carries (the same job and
+# incarnation may be launched again, a retried pre-warm, while the first one's exit is
+# still being handled): what is signalled as this launch's processes carries it.
+LAUNCH_ENV = "GANDIVA_LAUNCH"
 
 
 def owner_mark(ramdisk: Path) -> str:
@@ -135,12 +141,14 @@ class JobProcess:
     _control_fd: int = -1
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    launch_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     async def start(self, on_exit: Callable[[JobProcess], None]) -> None:
         """Spawn the process; ``on_exit`` is called once when it ends."""
         ctrl_r, ctrl_w = os.pipe()
         status_r, status_w = os.pipe()
         env = dict(self.env, GANDIVA_CONTROL_FD=str(ctrl_r), GANDIVA_STATUS_FD=str(status_w))
+        env[LAUNCH_ENV] = self.launch_id
         if self.warm:
             env["GANDIVA_WARM"] = "1"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -238,8 +246,12 @@ class JobProcess:
         self.exit_code = code
         # Its launch is over: what it left running (a worker in its group or in a session
         # of its own) goes with it, or it would train on unsupervised, beside the job's
-        # next launch (a migration's destination, a restart).
-        self._signal_group(signal.SIGKILL)
+        # next launch (a migration's destination, a restart). Found by this launch's own
+        # mark, not by its process group: the group's id is the reaped leader's pid, which
+        # another process may be given now.
+        for pid in self._marked():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         # The log says where this process's output ends (`gandiva logs --local -f` stops
         # there), before anyone is told of the exit: whoever reads on then has it all.
         try:
@@ -319,22 +331,28 @@ class JobProcess:
         session of its own (`setsid`, a shell's job control `set -m`, a launcher that
         starts its workers with start_new_session). A signal to the group missed them:
         the lease's freeze left them training while the job was placed again, and a
-        stop or a stale launch's kill left them training on, unsupervised. They are
-        found by the marks every launch's processes inherit (its job, incarnation and
-        helper: OWNER_ENV)."""
-        owner = self.env.get(OWNER_ENV)
-        if not self.pid or not self.incarnation or not owner:
+        stop or a stale launch's kill left them training on, unsupervised."""
+        found = []
+        for pid in self._marked():
+            try:
+                if os.getpgid(pid) != self.pid:
+                    found.append(pid)
+            except OSError:  # gone meanwhile
+                continue
+        return found
+
+    def _marked(self) -> list[int]:
+        """Every live process carrying this launch's mark (LAUNCH_ENV), which all its
+        descendants inherit, but the leader."""
+        if not self.pid:
             return []
-        marks = {f"GANDIVA_JOB_ID={self.job_id}".encode(), f"GANDIVA_INCARNATION={self.incarnation}".encode(),
-                 f"{OWNER_ENV}={owner}".encode()}
+        mark = f"{LAUNCH_ENV}={self.launch_id}".encode()
         found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in (self.pid, os.getpid()):
                 continue
             try:
-                if not marks <= set(Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")):
-                    continue
-                if os.getpgid(int(entry)) != self.pid:
+                if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                     found.append(int(entry))
             except OSError:  # gone meanwhile, or not ours to read
                 continue

@@ -73,3 +73,25 @@ async def test_a_job_that_ends_takes_its_worker_in_a_session_of_its_own_with_it(
     finally:
         with contextlib.suppress(OSError):  # the test's own process, whatever happened
             os.kill(worker, signal.SIGKILL)
+
+
+async def test_a_launch_that_ends_leaves_another_launch_of_the_same_job_alone(tmp_path: Path) -> None:
+    """The same job and incarnation launched again by the same helper (a retried pre-warm)
+    while the first launch is still ending: the first one's end takes only what it
+    started. Before, the second carried the same marks and was killed with -9 (seen as a
+    grow's pre-warm 'exited with code -9 before warm_ready')."""
+    env = dict(os.environ, GANDIVA_JOB_ID="j", GANDIVA_INCARNATION="i1", **{OWNER_ENV: f"{os.getpid()}:{tmp_path}"})
+
+    def launch(argv: list[str], log: str) -> JobProcess:
+        return JobProcess(job_id="j", incarnation="i1", argv=argv, workdir=str(tmp_path), env=env,
+                          gpu_indices=(), log_path=tmp_path / log)
+
+    first, second = launch(["bash", "-c", "sleep 0.5"], "1.log"), launch(["sleep", "300"], "2.log")
+    await first.start(lambda p: None)
+    await second.start(lambda p: None)
+    try:
+        assert await first._wait(10.0) and first.exit_code == 0
+        await asyncio.sleep(0.3)
+        assert state(second.pid) in ("S", "R"), "the second launch was killed by the first one's end"
+    finally:
+        await second.stop(grace_s=1.0)
