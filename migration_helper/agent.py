@@ -3,6 +3,8 @@ side that streams a checkpoint to a peer."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator
@@ -76,12 +78,29 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
         except CheckpointExists as exc:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
         except TransferTooLarge as exc:
+            # The sender is still writing: read the rest of its stream away first (for a
+            # while), so that it gets this answer. Refused while it writes, an asyncio
+            # client sees "INTERNAL: Internal error from Core" instead (grpc/grpc#36066).
+            await _drain(chunks, DRAIN_S)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except DigestMismatch as exc:
             await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
         except CheckpointError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return helper_pb2.PutCheckpointResponse(path=str(path), bytes=size)
+
+
+# How long a refused transfer's remaining chunks are read and dropped before the refusal.
+DRAIN_S = 10.0
+
+
+async def _drain(chunks: AsyncIterator[helper_pb2.CheckpointChunk], limit_s: float) -> None:
+    async def read_all() -> None:
+        async for _ in chunks:
+            pass
+
+    with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError, StopAsyncIteration):
+        await asyncio.wait_for(read_all(), limit_s)
 
 
 async def _prepend(
