@@ -15,6 +15,7 @@ from migration_helper.config import HelperConfig
 from migration_helper.daemon import HelperDaemon
 from migration_helper.gpus import CpuBackend
 from migration_helper.local_control import LocalControl
+from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 HERE = Path(__file__).parent
 
@@ -58,3 +59,18 @@ def fake_job(tmp_path: Path) -> str:
     path.write_text(f"#!{sys.executable}\n" + (HERE / "fake_job.py").read_text())
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
+
+
+SubmitEndless = Callable[[scheduler_pb2_grpc.SchedulerStub], tuple[str, Callable[[], common_pb2.Job]]]
+
+
+@pytest.fixture
+def submit_endless(fake_job: str, tmp_path: Path) -> SubmitEndless:
+    """Submits, through a scheduler's API, a 1-GPU fake job that trains until it is stopped
+    (a step every 20 ms); returns its id and a reader of the job as the scheduler has it."""
+    def submit(api: scheduler_pb2_grpc.SchedulerStub) -> tuple[str, Callable[[], common_pb2.Job]]:
+        spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1,
+                                  env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.02"})
+        job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+        return job_id, lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+    return submit

@@ -115,7 +115,7 @@ def test_destination_lost_mid_transfer_restarts_the_job_at_its_source_at_once(
 
 
 def test_a_job_moved_off_a_hung_host_is_re_placed_as_soon_as_its_server_is_down(
-    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+    make_scheduler: Any, sqlite_url: str, helpers: Any, submit_endless: Any, wait_for: Any
 ) -> None:
     """A host stops answering without closing anything (its helper and its job frozen
     with SIGSTOP: a hung machine, or a cut link, as far as TCP can tell), and an operator
@@ -128,13 +128,7 @@ def test_a_job_moved_off_a_hung_host_is_re_placed_as_soon_as_its_server_is_down(
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
     procs = {name: helpers(name, sched.address) for name in ("s1", "s2")}
-    spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1,
-                              env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.02"})
-    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
-
-    def job() -> common_pb2.Job:
-        return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
-
+    job_id, job = submit_endless(api)
     wait_for(lambda: job().steps >= 10, 30)
     src = job().placement[0].server
     other = "s2" if src == "s1" else "s1"

@@ -36,7 +36,7 @@ def still_running(api: Any, job_id: str, history: list[Any], pid: int) -> None:
 
 
 def test_a_step_of_the_schedulers_wall_clock_or_a_stall_of_it_takes_no_server_down(
-        helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any, sqlite_schema: Path) -> None:  # noqa: F811
+        helpers: Any, tmp_path: Path, submit_endless: Any, wait_for: Any, sqlite_schema: Path) -> None:  # noqa: F811
     clock = WallClock(tmp_path)  # skips, saying why, without libfaketime
     shutil.copyfile(sqlite_schema, tmp_path / "db")  # no migration to wait for
     port, port_file = free_port(), tmp_path / "port"
@@ -52,13 +52,7 @@ def test_a_step_of_the_schedulers_wall_clock_or_a_stall_of_it_takes_no_server_do
         address = f"127.0.0.1:{port}"
         api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
         helper = helpers("s1", address)
-        spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1,
-                                  env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.02"})
-        job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
-
-        def job() -> common_pb2.Job:
-            return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
-
+        job_id, job = submit_endless(api)
         wait_for(lambda: job().steps >= 5, 30)
         (pid,) = _job_pids(job_id, warm=False)
         history = list(job().history)  # submitted, placed

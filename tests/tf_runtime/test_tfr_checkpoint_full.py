@@ -13,7 +13,7 @@ from protos.gandiva.v1 import runtime_pb2 as pb
 
 from ..migration_helper.test_ramdisk_transfer import small_tmpfs  # noqa: F401 - a fixture
 from .test_tfr_end_to_end import hello_of
-from .test_tfr_tf_session import controller, session, trainable_graph  # noqa: F401 - controller: a fixture
+from .test_tfr_tf_session import controller, saved_after_one_step, session, trainable_graph  # noqa: F401 - controller: a fixture
 
 pytestmark = [pytest.mark.tf]
 
@@ -46,11 +46,7 @@ def test_a_checkpoint_damaged_after_it_was_written_is_refused_as_damaged(
 
     g, gs, train, init, variables = trainable_graph(replicas=1)
     with session(g) as sess:
-        sess.run(init)
-        sess.run(train)
-        adapter = sess._gandiva_chain.adapter
-        adapter.save(str(tmp_path / "ck"), "t")
-        data = next((tmp_path / "ck").glob("model.data-*"))
+        adapter, data = saved_after_one_step(sess, init, train, tmp_path / "ck")
         raw = bytearray(data.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         data.write_bytes(bytes(raw))

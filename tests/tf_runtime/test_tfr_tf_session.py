@@ -419,17 +419,23 @@ def test_rehearsal_undoes_all_training_state_and_leaves_no_scratch(controller: C
     assert [p for p in mine.parent.iterdir() if f"-{os.getpid()}-" in p.name] == []
 
 
+def saved_after_one_step(sess: Any, init: Any, train: Any, directory: Path) -> tuple[Any, Path]:
+    """Initialise, train one step and save through the shim's adapter into ``directory``;
+    the adapter and the checkpoint's data file (for a test to damage)."""
+    sess.run(init)
+    sess.run(train)
+    adapter = sess._gandiva_chain.adapter
+    adapter.save(str(directory), "t")
+    return adapter, next(directory.glob("model.data-*"))
+
+
 def test_truncated_checkpoint_is_refused_and_nothing_changes(controller: Controller,
                                                              tmp_path: Path) -> None:
     g, gs, train, _, _ = mlp_graph()
     with g.as_default():
         init = tf.compat.v1.global_variables_initializer()
     with session(g) as sess:
-        sess.run(init)
-        sess.run(train)
-        adapter = sess._gandiva_chain.adapter
-        adapter.save(str(tmp_path / "ck"), "t")
-        data = next((tmp_path / "ck").glob("model.data-*"))
+        adapter, data = saved_after_one_step(sess, init, train, tmp_path / "ck")
         data.write_bytes(data.read_bytes()[:100])
         sess.run(train)
         with pytest.raises(CheckpointError, match="truncated"):
