@@ -34,6 +34,7 @@ from scheduler import auth
 from scheduler.api.helper_api import HelperServicer
 from scheduler.api.runtime_api import RuntimeServicer
 from scheduler.api.scheduler_api import SchedulerServicer
+from scheduler.auth import Authenticator
 from scheduler.config import DEFAULT_LISTEN
 from scheduler.core import SchedulerCore, Settings
 from scheduler.engine.live import LiveEngine
@@ -140,10 +141,11 @@ class SchedulerServer:
             raise ValueError(f"--db {_redact(self.db_url)}: {_db_trouble(exc)}") from None
         # Innermost: a request that is not its method's message is INVALID_ARGUMENT, not UNKNOWN.
         interceptors = [*self.interceptors, MalformedRequestInterceptor()]
-        if self.auth == "token":
-            interceptors.insert(0, auth.AuthInterceptor(auth.Authenticator(self.core.read_sessions)))
+        authenticator = auth.Authenticator(self.core.read_sessions) if self.auth == "token" else None
+        if authenticator is not None:
+            interceptors.insert(0, auth.AuthInterceptor(authenticator))
         # Outermost, so that refused calls are timed too.
-        interceptors = self._observe() + interceptors
+        interceptors = self._observe(authenticator) + interceptors
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=[
@@ -202,13 +204,14 @@ class SchedulerServer:
                  _redact(self.db_url), self.policy, self.auth, "TLS" if self.tls else "plaintext")
         return self.address
 
-    def _observe(self) -> list[grpc.aio.ServerInterceptor]:
+    def _observe(self, authenticator: Authenticator | None = None) -> list[grpc.aio.ServerInterceptor]:
         """With http_listen: metrics, decision log and timeline hooked in; the
-        interceptors that time RPCs. The HTTP server starts once gRPC is up."""
+        interceptors that time RPCs. The HTTP server starts once gRPC is up. With
+        tokens (``authenticator``) its data, every user's jobs, is an operator's to read."""
         self.http = None
         if not self.http_listen:
             return []
-        from scheduler.observe.dashboard import routes
+        from scheduler.observe.dashboard import PUBLIC_PAGES, operator_guard, routes
         from scheduler.observe.http import HttpServer
         from scheduler.observe.metrics import RpcMetricsInterceptor, SchedulerMetrics
 
@@ -218,7 +221,8 @@ class SchedulerServer:
         metrics.watch_engine(self.core.engine, "write" if separate else "all")
         if separate:
             metrics.watch_engine(self.core.read_engine, "read")
-        self.http = HttpServer(self.http_listen, routes(self.core, metrics))
+        guard = operator_guard(authenticator) if authenticator is not None else None
+        self.http = HttpServer(self.http_listen, routes(self.core, metrics), guard, PUBLIC_PAGES)
         return [RpcMetricsInterceptor(metrics)]
 
     async def stop(self, grace: float = 5.0) -> None:

@@ -23,6 +23,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from scheduler import transport
 from scheduler.cli import output
 
 TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
@@ -36,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=_interval, default=2.0, help="seconds between refreshes (default 2)")
     p.add_argument("--once", action="store_true", help="print one view and exit (e.g. into a file)")
     p.add_argument("--all", action="store_true", help="also list finished jobs")
+    p.add_argument("--token", help="an operator's token, for a scheduler with --auth token (default: $GANDIVA_TOKEN)")
     p.set_defaults(func=run)
 
 
@@ -53,13 +55,24 @@ class NotHttp(ValueError):
     """The address answered, but not in HTTP (a gRPC port, say)."""
 
 
-def fetch(address: str) -> dict[str, Any]:
+class Refused(ValueError):
+    """The scheduler wants a token (401) or an operator's (403): its own words."""
+
+
+def fetch(address: str, token: str = "") -> dict[str, Any]:
+    request = urllib.request.Request(f"http://{address}/api/state",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(f"http://{address}/api/state", timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=10) as r:
             return json.load(r)  # type: ignore[no-any-return]
     except http.client.HTTPException:  # BadStatusLine, RemoteDisconnected, ...
         raise NotHttp(f"{address} did not answer HTTP; is it the scheduler's --http-listen "
                       "address?") from None
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            said = output.visible(err.read(2048).decode("utf-8", "replace").strip())
+            raise Refused(f"http://{address}/api/state: {said}") from None
+        raise
 
 
 def _why(err: Exception) -> str:
@@ -120,8 +133,13 @@ def run(args: argparse.Namespace) -> int:
               "--http HOST:PORT (or set GANDIVA_HTTP)", file=sys.stderr)
         return 2
     try:
-        state = fetch(args.http)
-    except NotHttp as err:
+        token = transport.ClientSecurity.from_env(args.token).token
+    except transport.SecurityError as err:
+        print(f"gandiva top: {err}", file=sys.stderr)
+        return 2
+    try:
+        state = fetch(args.http, token)
+    except (NotHttp, Refused) as err:
         print(f"gandiva top: {err}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError, ValueError) as err:
@@ -136,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             while True:
                 time.sleep(args.interval)
                 try:
-                    live.update(render(fetch(args.http), args.all))
+                    live.update(render(fetch(args.http, token), args.all))
                 except (urllib.error.URLError, OSError, ValueError) as err:
                     live.update(Text(f"cannot reach the scheduler ({err}); retrying", style="red"))
     except KeyboardInterrupt:

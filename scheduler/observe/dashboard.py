@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+from scheduler.errors import GandivaError, Unauthenticated
 from scheduler.lifecycle import JobState
-from scheduler.observe.http import Handler, Response, prometheus_route
+from scheduler.observe.http import Guard, Handler, Response, prometheus_route
 from scheduler.observe.metrics import SchedulerMetrics
 
 QUERY_MAX = 2**53  # the largest whole number JSON (and a browser) carries exactly
@@ -117,6 +118,34 @@ async def _names(core: Any, ids: list[str]) -> dict[str, str]:
 
     async with core.tx(read=True) as s:
         return {j.id: j.name for j in await repo.jobs_by_id(s, ids)}
+
+
+# The page itself holds no data (it asks for an operator's token when the JSON does).
+PUBLIC_PAGES = frozenset({"/", "/index.html"})
+
+
+def operator_guard(authenticator: Any) -> Guard:
+    """With --auth token, the JSON and /metrics (every user's job names, users, GPU time,
+    messages) only for an operator's token, as `gandiva get jobs` shows them only to
+    operators: without it anyone who reached the port read what each user's token hides."""
+
+    async def guard(path: str, token: str) -> Response | None:
+        if not token:
+            return Response(401, b"this scheduler requires a token (--auth token): send an operator's as "
+                                 b"'Authorization: Bearer TOKEN' (gandiva top: --token or GANDIVA_TOKEN)\n")
+        try:
+            ident = await authenticator.identify(token)
+        except Unauthenticated as err:
+            return Response(401, f"{err}\n".encode())
+        except GandivaError as err:  # the database is down: say so, not "unauthenticated"
+            return Response(503, f"cannot check the token now: {err}\n".encode())
+        if ident.role != "operator":
+            return Response(403, f"{path} shows every user's jobs: only an operator's token may read it "
+                                 f"(this one is {ident.role} {ident.name}'s; use gandiva get jobs / "
+                                 "describe for your own)\n".encode())
+        return None
+
+    return guard
 
 
 def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:

@@ -34,8 +34,12 @@ class Response:
 
 
 Handler = Callable[[Mapping[str, str]], Awaitable[Response]]
+# Called with the path and the request's bearer token ("" without one) before a route's
+# handler; a Response refuses the request (401, 403), None lets it through.
+Guard = Callable[[str, str], Awaitable["Response | None"]]
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed",
             431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
@@ -48,11 +52,15 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 class HttpServer:
-    """Serve ``routes`` on ``listen`` (HOST:PORT; port 0 picks a free one)."""
+    """Serve ``routes`` on ``listen`` (HOST:PORT; port 0 picks a free one). With a
+    ``guard``, every route but those in ``public`` passes it first."""
 
-    def __init__(self, listen: str, routes: Mapping[str, Handler]) -> None:
+    def __init__(self, listen: str, routes: Mapping[str, Handler], guard: Guard | None = None,
+                 public: frozenset[str] = frozenset()) -> None:
         self.host, self.port = split_listen(listen)
         self.routes = dict(routes)
+        self.guard = guard
+        self.public = public
         self._server: asyncio.base_events.Server | None = None
         self.address = ""
 
@@ -89,12 +97,13 @@ class HttpServer:
                 response = Response(400, b"malformed request line; expected METHOD PATH HTTP/1.1\n")
             else:
                 try:
-                    response = await self._respond(method, target)
+                    response = await self._respond(method, target, _bearer(head))
                 except Exception:  # a bug in one page must not take the server down
                     log.exception("HTTP handler failed")
                     response = Response(500, b"internal error; see the server log\n")
         reason = _REASONS.get(response.status, "")
-        header = (f"HTTP/1.1 {response.status} {reason}\r\nContent-Type: {response.content_type}\r\n"
+        challenge = 'WWW-Authenticate: Bearer realm="gandiva"\r\n' if response.status == 401 else ""
+        header = (f"HTTP/1.1 {response.status} {reason}\r\nContent-Type: {response.content_type}\r\n{challenge}"
                   f"Content-Length: {len(response.body)}\r\nCache-Control: no-store\r\n"
                   "Connection: close\r\n\r\n").encode()
         try:
@@ -105,7 +114,7 @@ class HttpServer:
         finally:
             writer.close()
 
-    async def _respond(self, method: str, target: str) -> Response:
+    async def _respond(self, method: str, target: str, token: str = "") -> Response:
         if method not in ("GET", "HEAD"):
             return Response(405, f"{method} is not supported; use GET\n".encode())
         url = urlsplit(target)
@@ -113,7 +122,22 @@ class HttpServer:
         if handler is None:
             known = ", ".join(sorted(self.routes))
             return Response(404, f"no page at {url.path}; try one of: {known}\n".encode())
+        if self.guard is not None and url.path not in self.public:
+            refused = await self.guard(url.path, token)
+            if refused is not None:
+                return refused
         return await handler(dict(parse_qsl(url.query)))
+
+
+def _bearer(head: bytes) -> str:
+    """The token of the request's ``Authorization: Bearer TOKEN`` header ("" without one)."""
+    for line in head.split(b"\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"authorization":
+            scheme, _, token = value.strip().partition(b" ")
+            if scheme.lower() == b"bearer":
+                return token.strip().decode("ascii", "replace")
+    return ""
 
 
 async def _read_head(reader: asyncio.StreamReader) -> bytes:

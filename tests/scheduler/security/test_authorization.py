@@ -180,3 +180,65 @@ def test_a_runtime_speaks_only_for_its_own_job_and_launch(users, secured, connec
     # A runtime credential is not a user's.
     sched = scheduler_pb2_grpc.SchedulerStub(connect(secured.address, token))
     assert _code(lambda: sched.ListJobs(scheduler_pb2.ListJobsRequest())) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def _http_get(address: str, path: str, token: str = "") -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{address}{path}",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_the_dashboards_data_is_an_operators_with_tokens(make_scheduler, sqlite_url: str,  # type: ignore[no-untyped-def]
+                                                         connect, capsys: pytest.CaptureFixture[str]) -> None:
+    """With --auth token, /api/state, the timeline, the decisions and /metrics (every user's job
+    names, users, GPU time, messages) were served to anyone who reached --http-listen, while
+    each user's token shows only their own jobs; now they need an operator's token."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from gandiva_cli import main as gandiva_main
+
+    sched = make_scheduler(sqlite_url, tick_s=0.2, auth="token", http_listen="127.0.0.1:0")
+    address = sched.server.http_address
+    alice, root = make_token(sched.db_url, "alice"), make_token(sched.db_url, "root", "operator")
+    scheduler_pb2_grpc.SchedulerStub(connect(sched.address, alice)).SubmitJob(scheduler_pb2.SubmitJobRequest(
+        spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1, name="alice-secret-project")))
+    for path in ("/api/state", "/api/timeline", "/api/decisions", "/metrics"):
+        for token, status in (("", 401), ("gdv.alice.forged", 401), (alice, 403)):
+            got, body = _http_get(address, path, token)
+            assert (got, b"alice-secret-project" in body) == (status, False), (path, token[:9], body)
+        assert _http_get(address, path, root)[0] == 200, path
+    refused = _http_get(address, "/api/state", alice)[1].decode()
+    assert "only an operator's token may read it (this one is user alice's" in refused
+    assert b"alice-secret-project" in _http_get(address, "/api/state", root)[1]
+    assert _http_get(address, "/", "")[0] == 200  # the page itself holds no data; it asks for a token
+
+    # gandiva top passes --token (or GANDIVA_TOKEN), and says why it is refused.
+    assert gandiva_main.main(["top", "--once", "--http", address, "--token", root]) == 0
+    assert "alice-secret-project" in capsys.readouterr().out
+    assert gandiva_main.main(["top", "--once", "--http", address, "--token", alice]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"gandiva top: http://{address}/api/state: /api/state shows every user's jobs") and err.count("\n") == 1
+
+    # The page in a real browser: given the token as #token=..., it shows the cluster.
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        return
+    profile = tempfile.mkdtemp(prefix="gandiva-chromium-")
+    try:
+        dom = subprocess.run(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+             "--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}",
+             "--virtual-time-budget=4000", "--dump-dom", f"http://{address}/#token={root}"],
+            capture_output=True, text=True, timeout=90, check=True).stdout
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert "alice-secret-project" in dom and '<div id="error" class="bad"></div>' in dom, dom
