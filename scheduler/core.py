@@ -32,6 +32,7 @@ from scheduler.errors import (
     NotFound,
     Unavailable,
 )
+from scheduler.health import DatabaseHealth
 from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
@@ -176,28 +177,40 @@ _CANNOT_WRITE = (
 )
 
 
-def _unavailable_text(err: BaseException) -> str:
+def _unavailable_text(err: BaseException, health: DatabaseHealth | None = None) -> str:
     """The message of an Unavailable for `err`: a full or read-only database named as
     such (it used to read "database unreachable (OperationalError)", sending operators
-    after the network while the disk was full), else unreachable."""
+    after the network while the disk was full), else unreachable since when, and why
+    (recorded in `health`: /metrics and the dashboard say it too)."""
     said = str(getattr(err, "orig", None) or err).strip()
     first = said.splitlines()[0] if said else type(err).__name__
     for needles, what, todo in _CANNOT_WRITE:
         if any(n in said.lower() for n in needles):
             return f"{what} ({first}): {todo}; nothing was written; retry once it is fixed"
-    return f"database unreachable ({type(err).__name__}); retry shortly"
+    if health is None:
+        return f"database unreachable ({type(err).__name__}); retry shortly"
+    # Its type and its first line, bounded (a connect error: no data of anyone's in it).
+    root = err
+    while root.__cause__ is not None:  # the driver's own error under SQLAlchemy's and its adapter's
+        root = root.__cause__
+    why = type(root).__name__
+    detail = first[:120] if first != why else ""
+    return f"{health.unreachable(f'{why}: {detail}' if detail else why)}; retry shortly"
 
 
 @contextmanager
-def _db_errors() -> Iterator[None]:
+def _db_errors(health: DatabaseHealth | None = None) -> Iterator[None]:
     """Database connectivity failures (and a full or read-only database) become
-    Unavailable; other errors pass through."""
+    Unavailable; other errors pass through. A transaction that completes marks the
+    database reachable in `health`, one that could not reach it unreachable."""
     try:
         yield
     except Exception as err:
         if _is_connectivity_error(err):
-            raise Unavailable(_unavailable_text(err)) from err
+            raise Unavailable(_unavailable_text(err, health)) from err
         raise
+    if health is not None:
+        health.reached()
 
 
 def _nothing() -> None:
@@ -288,6 +301,8 @@ class SchedulerCore:
         self._flusher: asyncio.Task | None = None
         self.settings = settings or Settings()
         self.clock = clock
+        # Whether the database answers, and how the scheduling rounds fare (scheduler.health).
+        self.db_health = DatabaseHealth(clock)
         # Whether a server is silent is measured on this one (CLOCK_MONOTONIC), never on
         # the wall clock, which NTP or an operator may step: an hour forward used to make
         # every server "silent for 3600s" at once, down, and every job in the cluster
@@ -352,7 +367,7 @@ class SchedulerCore:
         ``read``: the transaction only reads (on SQLite it does not take the write lock)."""
         wrote_events = False
         lock = None if read else self._write_lock
-        with _db_errors():
+        with _db_errors(self.db_health):
             if lock is not None:
                 await lock.acquire()
             try:
@@ -379,7 +394,7 @@ class SchedulerCore:
         that turn, once per write, was most of a submission's time). Only an ORM write
         transaction (tx) holds them back, while it runs. ``urgent``: a user waits for
         it (a submission): it runs before the bulk writes queued (see WriteQueue)."""
-        with _db_errors():
+        with _db_errors(self.db_health):
             if self._sync_writer is not None:
                 assert self._write_lock is not None and self._writer is not None
                 writer, sync_writer = self._writer, self._sync_writer
@@ -399,7 +414,7 @@ class SchedulerCore:
         """``fn(session)`` on a sync session, in one read transaction: on SQLite whole on
         a reader thread (one hop off the event loop; see SqliteReader), on PostgreSQL on
         the database thread's loop (LoopThread)."""
-        with _db_errors():
+        with _db_errors(self.db_health):
             if self._sync_reader is not None:
                 return await asyncio.get_running_loop().run_in_executor(
                     self._sync_reader.threads, self._sync_reader.call, fn)
@@ -588,7 +603,7 @@ class SchedulerCore:
         database loop (job_insert_statement: one round trip instead of five or six)."""
         one = repo.job_insert_statement(jobs, now, mj) if self._db_threads is not None else None
         if one is not None and self._db_threads is not None:
-            with _db_errors():
+            with _db_errors(self.db_health):
                 await self._db_threads[0].execute(one)
             await self.events.publish()
         elif self._sync_writer is not None or self._db_threads is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
 
@@ -29,15 +30,17 @@ non_negative_seconds = _number("seconds", positive=False)
 non_negative_days = _number("days", positive=False)
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# ASCII digits as the examples show them: float() also takes other scripts' digits
+# ("\u0665" is 5), "1_000", "+5" and blanks around the number.
+_DURATION = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?[smhd]?", re.ASCII | re.IGNORECASE)
 
 
 def duration(text: str) -> float:
     """A length of time: seconds, or a number with s, m, h or d (90, 90s, 30m, 1.5h, 2d)."""
     number, unit = (text[:-1], text[-1]) if text[-1:].lower() in _UNITS else (text, "s")
-    try:
-        value = float(number) * _UNITS[unit.lower()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a length of time such as 90s, 30m, 1h or 2d, got {text!r}") from None
+    if not _DURATION.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected a length of time such as 90s, 30m, 1h or 2d, got {text!r}")
+    value = float(number) * _UNITS[unit.lower()]
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 (a finite length of time such as 1h), got {text!r}")
     return value

@@ -213,6 +213,10 @@ def describe_rpc_error(exc: grpc.RpcError, address: str) -> str:
     """One line a person can act on, naming the address when the scheduler is not there."""
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    up = "the scheduler is up; "
+    if code == grpc.StatusCode.UNAVAILABLE and details.startswith(up):
+        # Its database is down (since when, and why): the scheduler's own words, in one line.
+        return f"the scheduler at {address} is up; {_first_line(details[len(up):])}"
     if code == grpc.StatusCode.UNAVAILABLE and not _is_connection_failure(details):
         # The scheduler itself answered: something behind it (its database) is down.
         return f"the scheduler at {address} is unavailable: {_first_line(details)}; try again shortly"

@@ -279,8 +279,9 @@ def get_events(args: argparse.Namespace, client: Client) -> int:
 
 
 def _since(args: argparse.Namespace) -> float:
-    """--since as the unix time it starts from (0: from the first event)."""
-    return time.time() - args.since if args.since else 0.0
+    """--since as the unix time it starts from (0: from the first event). A window reaching
+    back past 1970 is the whole history (it was sent as a negative time, and refused)."""
+    return max(0.0, time.time() - args.since) if args.since else 0.0
 
 
 def _kind_wanted(args: argparse.Namespace, event: common_pb2.Event) -> bool:

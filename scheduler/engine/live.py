@@ -124,14 +124,19 @@ class LiveEngine:
             log.warning("recovery after start skipped: %s", err)
         while not self._stopping:
             began = time.monotonic()
+            health = self.core.db_health
             try:
                 await self.core.mark_stale_servers_down()
                 await self.tick()
                 await self.checkpoint_due()
             except GandivaError as err:
                 log.warning("scheduling round skipped: %s", err)
+                health.round_ended("skipped")
             except Exception:  # a bug in one round must not stop scheduling for good
                 log.exception("scheduling round failed")
+                health.round_ended("failed")
+            else:
+                health.round_ended("ok")
             took = time.monotonic() - began
             try:
                 await asyncio.wait_for(self.core.wake.wait(), self.tick_s)

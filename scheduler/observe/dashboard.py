@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from scheduler.errors import GandivaError, Unauthenticated
+from scheduler.errors import Unavailable
 from scheduler.lifecycle import JobState
 from scheduler.observe.http import Guard, Handler, Response, prometheus_route
 from scheduler.observe.metrics import SchedulerMetrics
@@ -155,7 +156,15 @@ def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
         return Response(200, page, "text/html; charset=utf-8")
 
     async def state(_: Mapping[str, str]) -> Response:
-        return Response.json(await cluster_state(core, metrics))
+        try:
+            view = await cluster_state(core, metrics)
+        except Unavailable as err:
+            # The scheduler answers; what it cannot give is the database's view.
+            health = core.db_health.as_dict()
+            return Response.json({"now": core.clock(), "error": health["text"] or str(err),
+                                  "database": health}, status=503)
+        view["database"] = core.db_health.as_dict()
+        return Response.json(view)
 
     async def decisions(q: Mapping[str, str]) -> Response:
         try:
@@ -172,12 +181,17 @@ def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
         now = core.clock()
         gpus = metrics.timeline.export(now - ago)
         used = {j for segs in gpus.values() for s in segs for k in ("running", "waiting", "migrating") for j in s[k]}
-        names = await _names(core, sorted(used))
+        try:
+            names = await _names(core, sorted(used))
+        except Unavailable:
+            names = {}  # the timeline is in memory: served without the jobs' names
         return Response.json({"now": now, "since": now - ago, "gpus": gpus,
                               "jobs": {j: names.get(j, "") for j in sorted(used)}})
 
     async def refresh() -> None:
         await metrics.refresh(core)
+
+    metrics.watch_health(core.db_health)
 
     return {"/": index, "/index.html": index, "/api/state": state, "/api/decisions": decisions,
             "/api/timeline": timeline, "/metrics": prometheus_route(metrics.registry, refresh)}

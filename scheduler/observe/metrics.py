@@ -14,13 +14,14 @@ import collections
 import inspect
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from scheduler.health import DatabaseHealth
 from scheduler.lifecycle import JobState
 from scheduler.observe.observer import Observer
 from scheduler.policy import types as pt
@@ -241,10 +242,32 @@ class SchedulerMetrics(Observer):
         event.listen(sync, "commit", end)
         event.listen(sync, "rollback", end)
 
+    # ---- the scheduler's own health --------------------------------------------
+
+    def watch_health(self, health: DatabaseHealth) -> None:
+        """Export `health` (scheduler.health) at scrape time: it answers while the
+        database does not."""
+        self.registry.register(_HealthCollector(health))
+
     # ---- scrape-time gauges ---------------------------------------------------
 
     async def refresh(self, core: Any) -> None:
-        """Recompute the gauges about the cluster from the database (one read transaction)."""
+        """Recompute the gauges about the cluster from the database (one read transaction).
+        With the database unreachable they are left out (no stale values); the rest of
+        the metrics, gandiva_database_up 0 among them, are still served."""
+        from scheduler.errors import Unavailable
+
+        try:
+            await self._refresh(core)
+        except Unavailable:
+            for metric in (self.jobs, self.server_up, self.server_gpus, self.gpus_allocated,
+                           self.gpus_oversubscribed, self.height, self.job_rate, self.user_gpu_seconds,
+                           self.user_gpus_running):
+                metric.clear()
+            for gauge in (self.queue_length, self.longest_wait, self.job_series_dropped):
+                gauge.set(float("nan"))
+
+    async def _refresh(self, core: Any) -> None:
         from sqlalchemy import func, select
 
         from scheduler.state import repo
@@ -289,6 +312,32 @@ class SchedulerMetrics(Observer):
         for user, total in gpu_s.items():
             self.user_gpu_seconds.labels(user).set(total)
             self.user_gpus_running.labels(user).set(held.get(user, 0))
+
+
+class _HealthCollector:
+    """gandiva_database_up, gandiva_database_down_seconds, gandiva_scheduling_rounds_total
+    and gandiva_last_round_age_seconds, read from the scheduler's DatabaseHealth."""
+
+    def __init__(self, health: DatabaseHealth) -> None:
+        self.health = health
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        h, now = self.health, self.health.clock()
+        yield GaugeMetricFamily("gandiva_database_up", "1 while the scheduler's database answers, 0 while it "
+                                "is unreachable", value=1.0 if h.up else 0.0)
+        yield GaugeMetricFamily("gandiva_database_down_seconds", "How long the database has been unreachable "
+                                "(0 while it answers)", value=0.0 if h.up else max(0.0, now - h.down_since))
+        rounds = CounterMetricFamily(
+            "gandiva_scheduling_rounds", "Scheduling rounds by outcome: ok, skipped (the database could not "
+            "be reached: nothing decided), failed (an error, logged)", labels=["outcome"])
+        for outcome, n in h.rounds.items():
+            rounds.add_metric([outcome], float(n))
+        yield rounds
+        yield GaugeMetricFamily("gandiva_last_round_age_seconds", "Seconds since the last scheduling round that "
+                                "completed (NaN before the first)",
+                                value=max(0.0, now - h.last_round_ok_at) if h.last_round_ok_at else float("nan"))
 
 
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):

@@ -224,7 +224,7 @@ def test_top_explains_an_address_that_is_not_http_and_a_bad_interval(gandiva, sc
         assert f"argument --interval: must be more than 0 seconds, got '{interval}'" in capsys.readouterr().err
 
 
-def test_get_events_since_and_kind_answer_what_happened_lately(gandiva, sched, stub, script) -> None:  # type: ignore[no-untyped-def]
+def test_get_events_since_and_kind_answer_what_happened_lately(gandiva, sched, stub, script, capsys) -> None:  # type: ignore[no-untyped-def]
     """"What happened in the last hour?": `get events` listed the whole history from the
     first event (--after ID only); now --since DURATION starts at the first event of the
     last DURATION (on the scheduler, not by paging through everything) and --kind keeps
@@ -256,6 +256,14 @@ def test_get_events_since_and_kind_answer_what_happened_lately(gandiva, sched, s
     assert rows("--kind", "job.submitted", "--limit", "1") == [["job.submitted", a]]
     r = script("gandiva", "get", "events", "--since", "soon")
     assert r.code == 2 and "--since: expected a length of time such as 90s, 30m, 1h or 2d, got 'soon'" in r.err
+    # A window longer than the clock's past is the whole history: it was "invalid: since:
+    # -8.6e+21: a unix time, 0 or more", a value the user never typed.
+    assert len(rows("--since", "99999999999999999d")) == len(rows("--since", "1e308s")) == 5
+    for odd in ("\u0665s", "1_000s", " 5m", "+5"):  # other scripts' digits, Python's literal forms
+        with pytest.raises(SystemExit) as exit_:
+            gandiva("get", "events", "--since", odd)
+        assert exit_.value.code == 2
+        assert f"--since: expected a length of time such as 90s, 30m, 1h or 2d, got {odd!r}" in capsys.readouterr().err
     with pytest.raises(grpc.RpcError) as err:
         stub.ListEvents(scheduler_pb2.ListEventsRequest(since=float("nan")))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "since" in err.value.details()

@@ -4,20 +4,27 @@ message, and the service recovers by itself, without a restart."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler.core import Settings
+
+from ...integration.test_observe import CHROMIUM, chromium_dom
 
 
 class TcpProxy:
@@ -86,22 +93,71 @@ def proxied_pg_url(pg_url: str) -> Iterator[tuple[str, TcpProxy]]:
     proxy.loop.call_soon_threadsafe(proxy.loop.stop)
 
 
+def _http(address: str, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+DOWN = re.compile(r"the scheduler is up; its database is unreachable since \d\d:\d\d:\d\d UTC \(\w+")
+
+
 @pytest.mark.pg
-def test_database_outage_gives_unavailable_then_recovers(proxied_pg_url, make_scheduler) -> None:  # type: ignore[no-untyped-def]
+def test_database_outage_gives_unavailable_then_recovers(proxied_pg_url, make_scheduler, wait_for) -> None:  # type: ignore[no-untyped-def]
+    """Calls fail UNAVAILABLE naming the outage; the scheduler's own health stays in view:
+    /metrics answers (gandiva_database_up 0, rounds skipped), /api/state, the dashboard
+    and `gandiva get servers` say the scheduler is up and its database is unreachable
+    since when. Before, /metrics failed as a whole and the page read "cannot reach the
+    scheduler (HTTP 500)"."""
     url, proxy = proxied_pg_url
-    sched = make_scheduler(url, tick_s=0.2)
+    sched = make_scheduler(url, tick_s=0.2, http_listen="127.0.0.1:0")
+    web = sched.server.http_address
     with grpc.insecure_channel(sched.address) as ch:
         stub = scheduler_pb2_grpc.SchedulerStub(ch)
         first = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job
+        up = wait_for(lambda: (m := _samples(_http(web, "/metrics")[1]))[
+            ("gandiva_scheduling_rounds_total", (("outcome", "ok"),))] > 0 and m, 30)
+        assert up[("gandiva_database_up", ())] == 1.0
         proxy.cut()
         with pytest.raises(grpc.RpcError) as err:
             stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec()), timeout=30)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "database unreachable" in err.value.details()
+        assert DOWN.match(err.value.details()), err.value.details()
         with pytest.raises(grpc.RpcError) as err:
             stub.GetJob(scheduler_pb2.GetJobRequest(id=first.id), timeout=30)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        def skipped() -> dict | None:
+            status, text = _http(web, "/metrics")
+            assert status == 200, text
+            now = _samples(text)
+            return now if now[("gandiva_scheduling_rounds_total", (("outcome", "skipped"),))] >= 2 else None
+        down = wait_for(skipped, 30)
+        assert down[("gandiva_database_up", ())] == 0.0
+        assert down[("gandiva_database_down_seconds", ())] > 0
+        assert down[("gandiva_last_round_age_seconds", ())] > 0
+        assert not any(name == "gandiva_jobs" for name, _ in down)  # no stale counts from before
+        status, body = _http(web, "/api/state")
+        assert status == 503 and DOWN.match(json.loads(body)["error"]), body
+        cli = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "get", "servers", "--scheduler", sched.address],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert cli.returncode != 0 and len(cli.stderr.strip().splitlines()) == 1, cli.stderr
+        assert f"the scheduler at {sched.address} is up; its database is unreachable since" in cli.stderr, cli.stderr
+        if CHROMIUM is not None or os.environ.get("GANDIVA_REQUIRE_BROWSER") == "1":
+            dom = chromium_dom(f"http://{web}/")
+            assert re.search(r'<div id="error" class="bad">the scheduler is up; its database is unreachable since '
+                             r"\d\d:\d\d:\d\d UTC \(", dom), dom
         proxy.restore()
+        wait_for(lambda: _samples(_http(web, "/metrics")[1])[("gandiva_database_up", ())] == 1.0, 30)
+        status, body = _http(web, "/api/state")
+        assert status == 200 and json.loads(body)["database"]["up"] is True, body
         second = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec()), timeout=30).job
         jobs = {j.id for j in stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs}
         # The submission that failed during the outage was not half-written.

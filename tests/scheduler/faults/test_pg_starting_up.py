@@ -62,7 +62,7 @@ def test_calls_while_postgresql_starts_up_are_unavailable_and_retried(proxied_pg
         with pytest.raises(grpc.RpcError) as err:
             stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=30)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
-        assert "database unreachable" in err.value.details()
+        assert "database is unreachable since" in err.value.details(), err.value.details()
         proxy.starting = False  # recovered
         second = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=30).job
         assert {j.id for j in stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs} == {first.id, second.id}
