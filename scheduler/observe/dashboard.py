@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from scheduler.errors import GandivaError, Unauthenticated
-from scheduler.errors import Unavailable
+from scheduler.errors import GandivaError, Unauthenticated, Unavailable
 from scheduler.lifecycle import JobState
 from scheduler.observe.http import Guard, Handler, Response, prometheus_route
 from scheduler.observe.metrics import SchedulerMetrics
