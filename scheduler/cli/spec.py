@@ -150,6 +150,9 @@ def _load_yaml(path: str | Path) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except RecursionError:  # the parser recurses per level: `[[[[...` was a traceback
+        raise SpecError(f"{path}: nested too deeply (lists or mappings within each other, hundreds "
+                        "of levels); a job spec or sweep nests two or three") from None
 
 
 def check_gpus(gpus: int, where: str = "--gpus") -> int:

@@ -222,3 +222,11 @@ def test_sweep_parameters_that_would_be_lost_are_refused(tmp_path: Path, text: s
 def test_an_empty_array_says_so() -> None:
     with pytest.raises(SpecError, match="^--array: empty; give a range such as 0-31"):
         specs.parse_array(" ")
+
+
+@pytest.mark.parametrize("load", [specs.load_spec_file, specs.load_sweep])
+def test_a_deeply_nested_spec_file_is_one_clear_error(tmp_path: Path, load) -> None:  # type: ignore[no-untyped-def]
+    """A file of nested brackets well under 1 MiB was a RecursionError traceback from the YAML parser."""
+    path = write(tmp_path, "deep.yaml", "name: " + "{a: " * 3_000 + "1" + "}" * 3_000 + "\n")
+    with pytest.raises(SpecError, match=f"^{path}: nested too deeply"):
+        load(path)
