@@ -45,7 +45,7 @@ def job_cursor(token: str) -> tuple[float, str] | None:
         return None
     value = decode(token)
     if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], (int, float))
-            and isinstance(value[1], str)):
+            and isinstance(value[1], str) and 0 <= value[0] < 2**63):  # a submission time (NaN fails too)
         raise InvalidArgument("page_token", "not a job listing token")
     return float(value[0]), value[1]
 
@@ -54,7 +54,7 @@ def event_cursor(token: str, after_id: int) -> int:
     if not token:
         return after_id
     value = decode(token)
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:  # an event id
         raise InvalidArgument("page_token", "not an event listing token")
     return value
 

@@ -111,7 +111,16 @@ def test_paging_is_complete_and_stable_while_jobs_arrive(stub) -> None:  # type:
     assert rest.events[0].id == events.events[-1].id + 1
 
 
-@pytest.mark.parametrize("token", ["garbage!", "e30", "W10", "x" * 600])
+def _b64(text: str) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+# Forged: an event id past int64 was INTERNAL (OverflowError, a traceback in the log); a job
+# cursor at NaN or infinity listed nothing, silently.
+@pytest.mark.parametrize("token", ["garbage!", "e30", "W10", "x" * 600, _b64(str(2**63)), _b64("-" + "9" * 300),
+                                   _b64('[NaN, "j-1"]'), _b64('[Infinity, "j-1"]'), _b64("[" + "9" * 330 + ", \"j-1\"]")])
 def test_a_bad_page_token_is_invalid_argument(stub, token: str) -> None:  # type: ignore[no-untyped-def]
     for call in (lambda: stub.ListJobs(scheduler_pb2.ListJobsRequest(page_token=token)),
                  lambda: stub.ListEvents(scheduler_pb2.ListEventsRequest(page_token=token))):
