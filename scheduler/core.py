@@ -32,6 +32,7 @@ from scheduler.errors import (
     NotFound,
     Unavailable,
 )
+from scheduler.hangs import HangWatch
 from scheduler.health import DatabaseHealth
 from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
@@ -104,9 +105,22 @@ class Settings:
     # long after that server's last heartbeat for it to come back (a helper restarting, a
     # short partition) before it starts again from step 0 elsewhere (0: never waits).
     checkpoint_wait_s: float = 60.0
+    # A running job none of whose mini-batches ends for max(this, 20 x its own mini-batch
+    # time) is flagged hung (0: never looked for); one still hung this much longer is
+    # stopped and re-queued from its restore point (0: only flagged). scheduler/hangs.py.
+    hang_after_s: float = 600.0
+    hang_restart_after_s: float = 600.0
 
     def __post_init__(self) -> None:
         lease = self.lease
+        hang_flags = (
+            ("hang_after_s", "how long a running job may go without a mini-batch before it is flagged hung (0: never)"),
+            ("hang_restart_after_s", "how long a job flagged hung is left before it is restarted (0: never)"),
+        )
+        for name, what in hang_flags:
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise InvalidArgument(name, f"{value:g} is not a number of seconds >= 0: give {what}")
         if not 0 <= self.checkpoint_wait_s < math.inf:
             raise InvalidArgument("checkpoint_wait_s", f"{self.checkpoint_wait_s:g} is not a number of seconds >= 0: "
                                   "give how long a job waits for the server holding its checkpoint (0: not at all)")
@@ -310,6 +324,8 @@ class SchedulerCore:
         self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         # A server's silence counts only while this scheduler was there to hear it.
         self.started_mono = self.monotonic()
+        # When each running job's mini-batches last ended (in memory; the engine judges).
+        self.hangs = HangWatch(self.settings.hang_after_s, self.settings.hang_restart_after_s, self.monotonic)
         # Server name -> when (monotonic) its helper's last heartbeat or registration
         # arrived, whether or not the database could record it (unreachable, or locked by
         # another process): a server heard from is not silent (mark_stale_servers_down).
@@ -1076,10 +1092,13 @@ class SchedulerCore:
     # ---- runtime progress -----------------------------------------------------
 
     async def record_progress(
-        self, job_id: str, incarnation: str, steps: int, rate: float, last_step_s: float, metrics: dict[str, float]
+        self, job_id: str, incarnation: str, steps: int, rate: float, last_step_s: float, metrics: dict[str, float],
+        other_run: bool = False,
     ) -> None:
         """Progress of every job is coalesced and written in one transaction per
-        `progress_flush_s`, not one per report: with many jobs this is the busiest write."""
+        `progress_flush_s`, not one per report: with many jobs this is the busiest write.
+        `other_run`: the shim is in a run that is not a mini-batch (scheduler/hangs.py)."""
+        self.hangs.progress(job_id, incarnation, steps, rate, last_step_s, other_run)
         earlier = self._progress.get(job_id)
         merged = {**earlier[4], **metrics} if earlier is not None and earlier[0] == incarnation else metrics
         self._progress[job_id] = (incarnation, steps, rate, last_step_s, merged)

@@ -127,6 +127,8 @@ class BoundaryHandler(Protocol):
 
     def carried_state(self, adapter: SessionAdapter, what: str) -> None: ...
 
+    def other_run(self, adapter: SessionAdapter, begins: bool) -> None: ...
+
 
 class RealRun:
     """The innermost layer: calls the original run function."""
@@ -234,7 +236,12 @@ class BoundaryLayer:
                 handler.saw_run(self.adapter, info)
             if info.stateful_input:
                 self._saw_stateful(info.stateful_input)
-            return self.inner.run(fetches, feed_dict, options, run_metadata)
+            # Not a mini-batch (an evaluation, a save): no step is due until it returns.
+            handler.other_run(self.adapter, True)
+            try:
+                return self.inner.run(fetches, feed_dict, options, run_metadata)
+            finally:
+                handler.other_run(self.adapter, False)
         if self._carried and feed_dict:  # fed into training (a summary's feed is only logs)
             self._check_carried(feed_dict)
         t0 = time.perf_counter()

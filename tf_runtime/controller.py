@@ -312,6 +312,17 @@ class Controller:
         if self.migratable:  # found after the verdict: judge again
             self.migratable = None
 
+    def other_run(self, adapter: SessionAdapter, begins: bool) -> None:
+        """A run of the training session that is not a training step begins or ends (an
+        evaluation, the program's own save): the scheduler does not count it against the
+        job's mini-batch time when it looks for jobs that make no progress."""
+        if adapter is not self.adapter or self.in_forked_child:
+            return
+        if begins:
+            self.meter.begin_other()
+        else:
+            self.meter.end_other()
+
     def before_setup_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
         """A warm process holds before the first run after its restore point that is
         not a training run: that run may read the global step (or any variable) into
@@ -738,6 +749,15 @@ class Controller:
             return self._queue.popleft() if self._queue else None
 
     def _apply_queued(self, adapter: SessionAdapter) -> None:
+        # A checkpoint's save, a suspension: no mini-batch is due meanwhile.
+        self.meter.begin_other()
+        try:
+            self._apply_commands(adapter)
+        finally:
+            self.meter.end_other()
+        self.meter.pause()
+
+    def _apply_commands(self, adapter: SessionAdapter) -> None:
         with self._lock:
             while (cmd := self._next(block=False)) is not None:
                 saves = cmd.kind in (Kind.STOP_FOR_MIGRATION, Kind.CHECKPOINT)
@@ -752,7 +772,6 @@ class Controller:
                         self._queue.appendleft(cmd)
                     break
                 self._apply(adapter, cmd)
-        self.meter.pause()
 
     def _apply(self, adapter: SessionAdapter, cmd: Command) -> None:
         waited = time.monotonic() - cmd.received_at

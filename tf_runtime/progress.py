@@ -21,6 +21,9 @@ class Snapshot:
     last_step_s: float
     at: float
     metrics: dict[str, float] = field(default_factory=dict)
+    # In a run that is not a training step (an evaluation, a save), or applying a
+    # command: no mini-batch is due until it returns (the scheduler's hang detection).
+    other_run: bool = False
 
 
 class ProgressMeter:
@@ -46,6 +49,22 @@ class ProgressMeter:
         self._metrics: dict[str, float] = {}
         self._lock = threading.Lock()
         self.version = 0  # bumped on each change, so the flusher can skip idle periods
+        # Runs of the training session in flight that are not training steps (several
+        # threads may make them: a Supervisor's summary thread beside an evaluation).
+        self._other = 0
+
+    def begin_other(self) -> None:
+        """A run that is not a mini-batch starts (an evaluation, the program's own save),
+        or the shim applies a command (a checkpoint's save): the scheduler is told that no
+        mini-batch is due until it ends, however long it takes."""
+        with self._lock:
+            self._other += 1
+        self.version += 1
+
+    def end_other(self) -> None:
+        with self._lock:
+            self._other = max(0, self._other - 1)
+        self.version += 1
 
     def set_steps(self, steps: int) -> None:
         """The global step became known (restore, checkpoint): count from it."""
@@ -84,5 +103,6 @@ class ProgressMeter:
     def snapshot(self) -> Snapshot:
         with self._lock:
             metrics = dict(self._metrics)
+            other = self._other > 0
         rate = 1.0 / self._avg_interval if self._avg_interval > 0 else 0.0
-        return Snapshot(self.steps, rate, self.last_step_s, time.time(), metrics)
+        return Snapshot(self.steps, rate, self.last_step_s, time.time(), metrics, other)

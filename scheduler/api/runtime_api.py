@@ -97,7 +97,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     p = msg.progress
                     await self.core.record_progress(
                         conn.job_id, conn.incarnation, max(0, p.steps), clean_number(p.rate),
-                        clean_number(p.last_step_s), _metrics(p.metrics),
+                        clean_number(p.last_step_s), _metrics(p.metrics), p.other_run,
                     )
                 elif kind == "ack":
                     msg.ack.message = clean_text(msg.ack.message)

@@ -18,6 +18,7 @@ SETTINGS_FLAGS = {
     "down_after_s": "--heartbeat-timeout", "heartbeat_interval_s": "--heartbeat-interval",
     "lease_s": "--lease", "checkpoint_interval_s": "--checkpoint-interval",
     "runtime_connect_deadline_s": "--runtime-connect-deadline", "checkpoint_wait_s": "--checkpoint-wait",
+    "hang_after_s": "--hang-after", "hang_restart_after_s": "--hang-restart-after",
 }
 
 
@@ -51,6 +52,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "within S seconds is marked not suspendable and not migratable: it is never "
                    "time-sliced, packed or migrated and keeps its GPUs to its end (default 120; "
                    "raise it for jobs that prepare data for long before importing TensorFlow)")
+    p.add_argument("--hang-after", type=non_negative_seconds, default=600.0, metavar="S",
+                   help="a running job none of whose mini-batches ends for S seconds, or 20 times its own "
+                   "mini-batch time if longer, is flagged hung (describe, events, gandiva_jobs_hung); "
+                   "never during its start-up and first mini-batch, nor while its shim is in a run that "
+                   "is not a training step, such as an evaluation (default 600; 0: never)")
+    p.add_argument("--hang-restart-after", type=non_negative_seconds, default=600.0, metavar="S",
+                   help="a job flagged hung that is still hung S seconds later is stopped and re-queued "
+                   "to resume from its last checkpoint; its third hang fails it (default 600; 0: only "
+                   "flag hung jobs)")
     p.add_argument("--also-listen", action="append", default=[], metavar="ADDRESS", help="serve on this address too (repeatable), e.g. unix:/run/gandiva.sock for operator tools on this host")
     p.add_argument("--port-file", help="write the bound host:port to this file once listening")
     sec = p.add_argument_group(
@@ -108,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
             settings=Settings(down_after_s=args.heartbeat_timeout, heartbeat_interval_s=args.heartbeat_interval, lease_s=args.lease,
                               checkpoint_interval_s=args.checkpoint_interval,
                               runtime_connect_deadline_s=args.runtime_connect_deadline,
-                              checkpoint_wait_s=args.checkpoint_wait),
+                              checkpoint_wait_s=args.checkpoint_wait, hang_after_s=args.hang_after,
+                              hang_restart_after_s=args.hang_restart_after),
             policy_config=config,
             tick_s=args.tick,
             also_listen=tuple(args.also_listen),

@@ -35,6 +35,7 @@ from scheduler.errors import (
     NotFound,
     Unavailable,
 )
+from scheduler.hangs import HUNG, HUNG_RESTARTS, Verdict
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
 from scheduler.policy import types as pt
@@ -93,6 +94,7 @@ class LiveEngine:
         # a launch or a migration it is no reason to think a helper's silence is not a loss.
         self._checkpointing: set[str] = set()
         self._checkpoints_checked = float("-inf")  # when checkpoint_due last looked
+        self._hangs_checked = float("-inf")  # when watch_hangs last looked (monotonic)
         # job id -> (the row it was built from, its JobView), reused while unchanged.
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
         # The last packing verdict (GandivaState.verdicts' seq) written to the event history.
@@ -129,6 +131,7 @@ class LiveEngine:
                 await self.core.mark_stale_servers_down()
                 await self.tick()
                 await self.checkpoint_due()
+                await self.watch_hangs()
             except GandivaError as err:
                 log.warning("scheduling round skipped: %s", err)
                 health.round_ended("skipped")
@@ -205,11 +208,15 @@ class LiveEngine:
         # tens of milliseconds, which every call arriving meanwhile waited for (on a
         # thread the loop waits at most the interpreter's switch interval at a time).
         rows = await self.core.read_sync(repo.snapshot_rows)
-        return await asyncio.get_running_loop().run_in_executor(None, self._build_snapshot, rows, now)
+        hung = self.core.hangs.flagged()  # on the loop: the watch changes there
+        return await asyncio.get_running_loop().run_in_executor(None, self._build_snapshot, rows, now, hung)
 
-    def _build_snapshot(self, rows: repo.SnapshotRows, now: float) -> pt.ClusterSnapshot:
+    def _build_snapshot(self, rows: repo.SnapshotRows, now: float,
+                        hung: frozenset[str] | set[str] = frozenset()) -> pt.ClusterSnapshot:
         """The policy's view of the rows (on a worker thread; only this engine's rounds,
-        one at a time, touch the view cache)."""
+        one at a time, touch the view cache). A job flagged hung (`hung`) cannot reach a
+        mini-batch boundary: the policy sees it as not suspendable, so it sends it no
+        suspend, pack, move or grow it could not obey (scheduler/hangs.py)."""
         server_rows, jobs, profiles = rows.servers, rows.jobs, rows.profiles
         self._held = {j.id for j in jobs if j.held}
         placements: dict[str, list[pt.GpuRef]] = {}
@@ -232,11 +239,12 @@ class LiveEngine:
             gpus = tuple(sorted(placements.get(j.id, ())))
             prof = profiles.get(j.id)
             key = (tuple(j), gpus,
-                   prof and (prof.memory_max, prof.utilization, prof.step_time_s, prof.host_memory_bytes))
+                   prof and (prof.memory_max, prof.utilization, prof.step_time_s, prof.host_memory_bytes),
+                   j.id in hung)
             cached = self._views.get(j.id)
             # An unchanged job keeps its very JobView object: cheaper here, and the
             # policy skips re-syncing views it has already seen.
-            view = cached[1] if cached is not None and cached[0] == key else _job_view(j, gpus, prof)
+            view = cached[1] if cached is not None and cached[0] == key else _job_view(j, gpus, prof, j.id in hung)
             views[j.id] = (key, view)
         self._views = views
         return pt.ClusterSnapshot(now=now, servers=servers, jobs=tuple(v for _, v in views.values()))
@@ -255,11 +263,74 @@ class LiveEngine:
         jobs = await self.core.read_sync(repo.running_job_rows)
         live = {j.id for j in jobs}
         self._checkpointed = {j: t for j, t in self._checkpointed.items() if j in live}
+        hung = self.core.hangs.flagged()  # a command would wait for a boundary that never comes
         for job in jobs:
             last = max(self._checkpointed.get(job.id, 0.0), job.state_changed_at)
-            if job.migratable and job.id not in self.inflight and now - last >= interval:
+            if job.migratable and job.id not in self.inflight and job.id not in hung and now - last >= interval:
                 self._checkpointed[job.id] = now
                 self._background(job.id, self._checkpoint(job.id, job.incarnation))
+
+    async def watch_hangs(self) -> None:
+        """At most once a second: judge the running jobs' progress (scheduler/hangs.py)
+        and act on each verdict: flag a job hung, note that a flagged one moved on, or
+        stop a job hung for long and re-queue it from its restore point."""
+        hangs = self.core.hangs
+        if not hangs.watches:
+            return
+        mono = self.core.monotonic()
+        if mono - self._hangs_checked < 1.0:
+            return
+        self._hangs_checked = mono
+        rows = await self.core.read_sync(repo.running_job_rows)
+        running = {row.id: row.incarnation for row in rows}
+        for verdict in hangs.judge(running, self._views.keys() | running.keys()):
+            try:
+                await self._on_hang(verdict)
+            except GandivaError as err:
+                log.warning("job %s: hang verdict %s not recorded: %s", verdict.job_id, verdict.action, err)
+
+    async def _on_hang(self, v: Verdict) -> None:
+        settings = self.core.settings
+        now = self.core.clock()
+        took = f"its mini-batches take {v.interval_s:.3g}s" if v.interval_s else "its mini-batch time not measured"
+        stops: list[str] = []
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, v.job_id, for_update=True)
+            if job.incarnation != v.incarnation or job.state != JobState.RUNNING.value:
+                return
+            server = await repo.last_server(s, job.id)
+            if v.action == "moved_on":
+                note = f"moves on: a mini-batch ended after {v.silent_s:.0f}s without one (it was flagged hung)"
+            elif v.action == "flag":
+                then = (f"it is stopped and restarted from its checkpoint if none ends within "
+                        f"{settings.hang_restart_after_s:.0f}s more" if settings.hang_restart_after_s > 0
+                        else "it is only flagged (--hang-restart-after 0)")
+                note = (f"hung? no mini-batch for {v.silent_s:.0f}s ({took}; judged hung after {v.bound_s:.0f}s): "
+                        f"its process lives and holds its GPUs, and cannot be suspended or moved; {then}")
+            else:
+                restarts = await repo.transitions_with_reason(s, job.id, HUNG)
+                what = f"{HUNG}no mini-batch for {v.silent_s:.0f}s ({took}; judged hung after {v.bound_s:.0f}s)"
+                stops = [server] if server else []
+                if restarts < HUNG_RESTARTS:
+                    where = (f"resumes from its checkpoint {job.restore_checkpoint}" if job.restore_checkpoint
+                             else "starts again from step 0 (no checkpoint)")
+                    note = f"{what}: stopped; it {where} (restart {restarts + 1} of {HUNG_RESTARTS}; then it fails)"
+                    await repo.requeue(s, job, now, note, fenced_until=now + settings.down_after_s)
+                else:
+                    note = f"{what}, {HUNG_RESTARTS + 1} times: stopped (its output: gandiva logs {job.id})"
+                    await repo.finish(s, job, JobState.FAILED, now, note)
+            if v.action != "restart":
+                job.message = note
+            repo.add_event(s, now, "job.hung", note, job_id=job.id, server=server)
+        (log.info if v.action == "moved_on" else log.warning)("job %s: %s", v.job_id, note)
+        self.observer.hang({"flag": "flagged", "moved_on": "moved_on", "restart": "restarted"}[v.action])
+        if v.action == "restart":
+            self.core.hangs.forget(v.job_id)
+            # Commands still waiting for its boundary (a suspend sent before the flag) end now.
+            self.core.runtimes.fail_pending(v.job_id, v.incarnation, "its launch was stopped: hung")
+            for server in stops:
+                self.core.stop_on(server, v.job_id, v.incarnation, "hung: no mini-batch")
+        self.core.poke()
 
     async def _where(self, job_id: str) -> tuple[Job, Server | None]:
         """The job's row and the server it runs on (its first GPU's), None if it holds none."""
@@ -823,9 +894,11 @@ async def _restore_plan(s: AsyncSession, job: Job, server: str, now: float = 0.0
     return _Restore(note=f"its checkpoint is on {holder.name}, {why}: it starts from step 0")
 
 
-def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None) -> pt.JobView:  # type: ignore[no-untyped-def]
+def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None,  # type: ignore[no-untyped-def]
+              hung: bool = False) -> pt.JobView:
     """`job`: a row of repo.SNAPSHOT_COLUMNS. Attained service is as of the last state
-    change; the policy extrapolates it for running jobs from `reported_at`."""
+    change; the policy extrapolates it for running jobs from `reported_at`. A job flagged
+    `hung` is not suspendable while it is."""
     return pt.JobView(
         id=job.id,
         gpus=max(len(placement) or job.gpus, 1),
@@ -838,7 +911,7 @@ def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None)
         # Off for good once its runtime found that a grow changes its result.
         grow_shrink=job.grow_shrink and not job.grow_shrink_note,
         migratable=job.migratable,
-        suspendable=job.suspendable,
+        suspendable=job.suspendable and not hung,
         profile=_profile(profile),
         last_state_change_at=job.state_changed_at,
         attained_service_s=job.attained_service_s,

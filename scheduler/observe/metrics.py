@@ -173,6 +173,12 @@ class SchedulerMetrics(Observer):
             ["user"], registry=r)
         self.user_gpus_running = Gauge(
             "gandiva_user_gpus_running", "GPUs each user's running jobs hold", ["user"], registry=r)
+        self.hangs = Counter(
+            "gandiva_job_hangs", "Verdicts on running jobs that made no progress: flagged (hung), "
+            "moved_on (a flagged job's mini-batches end again), restarted (stopped and re-queued "
+            "from its checkpoint, or failed after its last restart)", ["outcome"], registry=r)
+        self.jobs_hung = Gauge("gandiva_jobs_hung", "Running jobs flagged hung now (no mini-batch "
+                               "for their bound: docs/scheduler.md)", registry=r)
         self.job_series_dropped = Gauge(
             "gandiva_job_rate_series_dropped", "Running jobs left out of gandiva_job_minibatch_rate",
             registry=r)
@@ -220,6 +226,9 @@ class SchedulerMetrics(Observer):
 
     def checkpoint_fetched(self, outcome: str, seconds: float) -> None:
         self.fetch_seconds.labels(outcome).observe(seconds)
+
+    def hang(self, outcome: str) -> None:
+        self.hangs.labels(outcome).inc()
 
     # ---- database transactions ------------------------------------------------
 
@@ -289,6 +298,7 @@ class SchedulerMetrics(Observer):
             loads = await repo.server_loads(s)
         for st in JobState:
             self.jobs.labels(st.value.lower()).set(counts.get(st.value, 0))
+        self.jobs_hung.set(len(core.hangs.flagged()))
         self.queue_length.set(counts.get(JobState.QUEUED.value, 0))
         self.longest_wait.set(max(0.0, now - oldest) if oldest else 0.0)
         for metric in (self.server_up, self.server_gpus, self.gpus_allocated, self.gpus_oversubscribed,

@@ -26,3 +26,8 @@ class Observer:
     def checkpoint_fetched(self, outcome: str, seconds: float) -> None:
         """A queued job's checkpoint streamed from the server that holds it to the one it
         was just placed on, before its launch (outcome: fetched or failed)."""
+
+    def hang(self, outcome: str) -> None:
+        """A verdict on a job that made no progress (scheduler/hangs.py): flagged (hung),
+        moved_on (a flagged job's mini-batches end again) or restarted (stopped and
+        re-queued, or failed after its last restart)."""

@@ -12,7 +12,9 @@ when activated), "hang_warm" (never become warm). FAKE_STEPS: exit 0 after this
 many steps (0: never). FAKE_STEP_S: seconds per step. FAKE_CKPT_BYTES: pad a
 migration's checkpoint with this many bytes (a transfer that takes a while). FAKE_SUSPEND_ACK_S: acks
 a SUSPEND that much later (suspended meanwhile). FAKE_TERM_EXIT: exit with this status
-on SIGTERM. FAKE_RESTORE_S: a pre-warmed copy takes this long to restore once activated. A CHECKPOINT command
+on SIGTERM. FAKE_RESTORE_S: a pre-warmed copy takes this long to restore once activated. FAKE_HANG_AT:
+hangs (alive, no step, no command obeyed) once it has done this many steps; with FAKE_HANG_ONCE=PATH
+only if PATH does not exist yet (it makes it: the next launch trains on). A CHECKPOINT command
 saves and trains on; SUSPEND holds until RESUME (or another command); any other command
 ends the process (STOP_FOR_MIGRATION after its checkpoint).
 """
@@ -123,15 +125,25 @@ def main() -> int:
     connect(step)
     step_s = float(ENV.get("FAKE_STEP_S", "0.02"))
     limit = int(ENV.get("FAKE_STEPS", "0"))
+    hang_at = int(ENV.get("FAKE_HANG_AT", "0"))
     first = True
     while True:
+        if hang_at and step == hang_at:
+            once = ENV.get("FAKE_HANG_ONCE")
+            if not once or not Path(once).exists():
+                if once:
+                    Path(once).touch()
+                print(f"hanging at step {step}", flush=True)
+                time.sleep(3600)  # a deadlock, as far as anyone can tell
         time.sleep(step_s)
         step += 1
         if first:
             event("first_step_done", step=step, t=time.time())
             first = False
-        if step % 10 == 0 or (limit and step >= limit):
-            outgoing.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(steps=step)))
+        # As the shim: every step when steps are slow, else every 10, with the step time.
+        if step_s >= 0.1 or step % 10 == 0 or (limit and step >= limit):
+            outgoing.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
+                steps=step, rate=1 / step_s if step_s > 0 else 0.0, last_step_s=step_s)))
         if limit and step >= limit:
             outgoing.put(None)
             time.sleep(0.2)  # the last progress leaves before the exit, as with the shim

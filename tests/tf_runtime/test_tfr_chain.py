@@ -570,3 +570,29 @@ def test_the_step_the_job_started_at_travels_with_its_checkpoints(tmp_path: Path
     second.controller.enqueue(Command("c2", Kind.CHECKPOINT, str(tmp_path / "b")))
     second.run("train")
     assert validate(tmp_path / "b")["start_step"] == 100
+
+
+def test_a_run_that_is_not_a_step_tells_the_scheduler_no_mini_batch_is_due(world: FakeWorld,
+                                                                          tmp_path: Path) -> None:
+    """An evaluation (or the program's own save) between steps, and a command applied at a
+    boundary (a checkpoint's save), are reported as such while they last: the scheduler's
+    hang detection does not count them against the job's mini-batch time."""
+    start_training(world, steps=2)
+    meter, inner = world.controller.meter, world.sess.run
+    seen: list[tuple[str, bool]] = []
+
+    def run(fetches, *rest):  # type: ignore[no-untyped-def]
+        seen.append((fetches, meter.snapshot().other_run))
+        return inner(fetches, *rest)
+
+    world.sess.run = run  # type: ignore[method-assign]
+    world.run("eval")
+    world.run("train")
+    assert seen == [("eval", True), ("train", False)]
+    assert not meter.snapshot().other_run
+    saving: list[bool] = []
+    world.controller._save = lambda adapter, d: (saving.append(meter.snapshot().other_run),  # type: ignore[method-assign]
+                                                  type(world.controller)._save(world.controller, adapter, d))[1]
+    world.controller.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+    world.run("train")
+    assert world.channel.acks[-1].ok and saving == [True] and not meter.snapshot().other_run

@@ -107,6 +107,7 @@ class ProgressReport(_message.Message):
     LAST_STEP_S_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    OTHER_RUN_FIELD_NUMBER: _builtins.int
     steps: _builtins.int
     """mini-batches done in total (global step when known)"""
     rate: _builtins.float
@@ -115,6 +116,11 @@ class ProgressReport(_message.Message):
     """duration of the last mini-batch"""
     at: _builtins.float
     """unix seconds"""
+    other_run: _builtins.bool
+    """In a run of the training session that is not a training step (an evaluation, the
+    program's own save or summary), or a command being applied (a checkpoint's save):
+    no mini-batch ends until it returns, so the scheduler's hang detection waits for it.
+    """
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """losses/metrics fetched by the program or tf_runtime.report()"""
@@ -127,10 +133,11 @@ class ProgressReport(_message.Message):
         last_step_s: _builtins.float = ...,
         at: _builtins.float = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        other_run: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "last_step_s", b"last_step_s", "metrics", b"metrics", "rate", b"rate", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "last_step_s", b"last_step_s", "metrics", b"metrics", "other_run", b"other_run", "rate", b"rate", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
