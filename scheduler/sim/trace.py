@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -37,7 +38,11 @@ from pathlib import Path
 from scheduler.validation import MAX_GPUS
 
 FORMATS = ("auto", "gavel7", "gavel10", "tiresias", "itp", "csv")
-MAX_TRACE_BYTES = 1 << 30  # 1 GiB: some 20 million jobs; the largest trace we know is 1 MB
+MAX_TRACE_BYTES = 1 << 30  # 1 GiB; the largest trace we know is 1 MB
+# Lines a trace may hold (blank lines and # comments aside): every job is held in memory,
+# about 700 bytes once read. 10 million 8-byte lines (an 80 MB file, well under the byte
+# cap) took 7 GB and 107 s to read, and the replay then filled the memory for minutes.
+MAX_TRACE_LINES = 2_000_000
 # Beyond these a number is a unit mistake (milliseconds) or garbage, not a job: the longest
 # job of the traces we know ran 18 days; their longest run is 8.7e8 steps; a submit time in
 # Unix seconds is 1.7e9.
@@ -389,7 +394,12 @@ def detect_format(first: str) -> str:
         return {7: "gavel7", 10: "gavel10"}.get(
             n, f"tab-separated with {n} columns; Gavel traces have 7 or 10, and a tab-separated CSV needs "
                f"its header line (or --format csv, itp or tiresias) - see gandiva sim --help")
-    cells = next(csv.reader([first]), [])
+    try:
+        cells = next(csv.reader([first]), [])
+    except csv.Error as exc:  # a first line of one 200,000-character field was a traceback
+        if "field larger than field limit" in str(exc):
+            return f"a field longer than {csv.field_size_limit():,} characters"
+        return f"not a CSV line: {exc}"
     return _csv_format(cells)
 
 
@@ -420,8 +430,16 @@ def _lines(path: Path) -> list[tuple[int, str]]:
         raise TraceError(path, None, f"not UTF-8 text (byte {exc.start}): save the trace as UTF-8") from None
     # Lines end at \n, \r\n or \r only (str.splitlines also splits at form feeds, \x1c-\x1e and
     # U+2028, which would shift every later line number from what an editor shows).
-    lines = [(i, ln) for i, ln in enumerate(_LINE_END.split(text), start=1)
-             if ln.strip() and not ln.lstrip().startswith("#")]
+    lines = []
+    start = 0
+    for i, end in enumerate(itertools.chain(_LINE_END.finditer(text), [None]), start=1):
+        ln = text[start:end.start() if end else len(text)]
+        start = end.end() if end else len(text)
+        if ln.strip() and not ln.lstrip().startswith("#"):
+            lines.append((i, ln))
+            if len(lines) > MAX_TRACE_LINES:  # before the memory fills, not after
+                raise TraceError(path, i, f"more than {MAX_TRACE_LINES:,} lines: the simulator holds every job "
+                                          "in memory; replay a part of the trace (split it)")
     for i, ln in lines:
         # A trace is plain text: a control character (a terminal escape in a job id) would
         # reach the terminal in the messages that name the job.

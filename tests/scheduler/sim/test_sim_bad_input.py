@@ -75,6 +75,8 @@ def _error(tmp_path: Path, text: str | bytes, skipped: list | None = None) -> Tr
     (ITP + "a,0,1,bert,1,1," + "1" * 100_000 + ",100\n",
      f"GPU count {'1' * 40!r}... (100,000 characters) is not a finite number"),
     (ITP + "a,0,1," + "x" * 200_000 + ",1,1,1,100\n", "t.csv:2: a field longer than 131,072 characters"),
+    # In the first line, the one the layout is detected from: a traceback (_csv.Error).
+    ("x" * 200_000 + ",num_gpus\n0,1\n", "t.csv:1: unrecognised trace layout (a field longer than 131,072 characters)"),
     ("num_switch,num_node_p_switch,num_gpu_p_node,num_cpu_p_node,mem_p_node\n1,32,4,40,256\n",
      "t.csv:1: a Tiresias cluster description, not a job trace: give its size as --cluster 32x4"),
 ])
@@ -249,3 +251,17 @@ def test_the_shared_gavel_table_is_still_read() -> None:
     if not table.is_file():
         pytest.skip(f"{table} is not here (the shared traces live outside the repository)")
     assert MechanismModel.from_gavel(table).knows("ResNet-50 (batch size 64)")
+
+
+def test_a_trace_of_more_lines_than_the_memory_holds_is_refused_while_read(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 million lines of `0,1,100` (an 80 MB file, under the 1 GiB cap) took 7 GB and 107 s
+    to read, and the replay filled the memory; the cap is scaled down here to keep the test short."""
+    from scheduler.sim import trace
+
+    monkeypatch.setattr(trace, "MAX_TRACE_LINES", 100)
+    text = "submit_time,num_gpus,duration\n" + "# a comment\n\n" + "0,1,100\n" * 99
+    (tmp_path / "ok.csv").write_text(text)
+    assert len(read_trace_as(tmp_path / "ok.csv")[0]) == 99  # blank lines and comments do not count
+    err = _error(tmp_path, text + "0,1,100\n")
+    assert "/t.csv:103: more than 100 lines: the simulator holds every job in memory" in str(err), str(err)
