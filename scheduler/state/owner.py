@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -79,9 +80,17 @@ class SchedulerLock:
         path = self.path
         if not path.parent.is_dir():  # the database's own error says what is wrong
             return
+        # Never through a link: in a directory others may write (/tmp), a link put there made
+        # a scheduler run as root truncate the link's target and write its pid into it.
+        kind = "a symbolic link" if path.is_symlink() else "a directory" if path.is_dir() else ""
+        if kind:  # (and without a lock file the scheduler ran unguarded)
+            raise ValueError(f"{path} is {kind}, not this scheduler's lock file; remove it and start again")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # made a link since the check above
+                raise ValueError(f"{path} is a symbolic link, not this scheduler's lock file; remove it "
+                                 "and start again") from None
             # No file can be made beside the database: neither can SQLite's journal, and
             # opening the database says what is wrong (a directory not writable...).
             return

@@ -98,3 +98,26 @@ def test_a_scheduler_whose_database_was_taken_while_its_connection_was_lost_stop
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_a_lock_file_that_is_a_link_or_a_directory_is_refused_not_followed(tmp_path: Path) -> None:
+    """The lock file beside an SQLite database (in /tmp, say) was opened through a symbolic link
+    someone had put there: a scheduler run as root truncated the link's target (/etc/passwd) and
+    wrote its pid into it. A directory (or a link) there let it start with no lock at all."""
+    from scheduler.state.owner import SchedulerLock
+
+    db = tmp_path / "g.db"
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    lock = SchedulerLock(f"sqlite+aiosqlite:///{db}", "127.0.0.1:1", str(db))
+    lock.path.symlink_to(victim)
+    with pytest.raises(ValueError, match=r"g\.db\.scheduler-lock is a symbolic link, not this scheduler's lock file"):
+        asyncio.run(lock.acquire())
+    assert victim.read_text() == "keep me\n"
+    lock.path.unlink()
+    lock.path.mkdir()
+    with pytest.raises(ValueError, match=r"g\.db\.scheduler-lock is a directory, not this scheduler's lock file"):
+        asyncio.run(lock.acquire())
+    lock.path.rmdir()
+    asyncio.run(lock.acquire())  # a plain file, made by the lock itself
+    asyncio.run(lock.release())
