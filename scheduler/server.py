@@ -16,10 +16,12 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from protos.gandiva.v1 import (
@@ -41,7 +43,7 @@ from scheduler.engine.live import LiveEngine
 from scheduler.policy.types import PolicyConfig
 from scheduler.state import migrate, prune
 from scheduler.state.db import make_engine
-from scheduler.state.owner import DatabaseHeld, SchedulerLock
+from scheduler.state.owner import DatabaseHeld, DatabaseLost, SchedulerLock, SqliteFileWatch
 from scheduler.transport import (
     SERVER_OPTIONS,
     MalformedRequestInterceptor,
@@ -98,6 +100,8 @@ class SchedulerServer:
         # One scheduler per database: a second one is refused before it touches anything.
         self.lost = asyncio.Event()
         self.lost_why = ""
+        self._file_watch: SqliteFileWatch | None = None
+        self._file_task: asyncio.Task[None] | None = None
         self._lock = SchedulerLock(self.db_url, self.listen, _redact(self.db_url), self._lost)
         try:
             await self._lock.acquire()
@@ -119,8 +123,34 @@ class SchedulerServer:
             await self._lock.release()
             raise
 
+    def _watch_file(self) -> None:
+        """SQLite: watch the database file for being deleted, moved or replaced under the
+        running scheduler (scheduler.state.owner.SqliteFileWatch)."""
+        url = make_url(self.db_url)
+        path = Path(url.database or "")
+        if not url.drivername.startswith("sqlite") or not url.database or url.database == ":memory:" \
+                or not path.is_file():
+            return
+        self._file_watch = SqliteFileWatch(path)
+        self._file_task = asyncio.create_task(self._file_loop(self._file_watch))
+
+    async def _file_loop(self, watch: SqliteFileWatch, every_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            why = watch.check()
+            if why:
+                log.error("%s: stopping, to save its state before it is lost", why)
+                self._lost(why)
+                return
+
+    @property
+    def file_fault(self) -> bool:
+        """The SQLite file was deleted, moved or replaced under this scheduler."""
+        return self._file_watch is not None and bool(self._file_watch.fault)
+
     def _lost(self, why: str) -> None:
-        """Another scheduler took the database (ours lost its lock): stop acting."""
+        """Another scheduler took the database (ours lost its lock), or its SQLite file
+        was deleted or replaced under it: stop acting."""
         self.lost_why = why
         self.lost.set()
 
@@ -200,6 +230,7 @@ class SchedulerServer:
         self._prune_task = (
             asyncio.create_task(self._prune_loop()) if self.event_retention_days > 0 else None
         )
+        self._watch_file()
         log.info("scheduler listening on %s (db %s, policy %s, auth %s, %s)", self.address,
                  _redact(self.db_url), self.policy, self.auth, "TLS" if self.tls else "plaintext")
         return self.address
@@ -239,7 +270,22 @@ class SchedulerServer:
                              return_exceptions=True)
         await self.server.stop(grace)
         await self.core.dispose()
+        watch = self._file_watch
+        if self._file_task is not None:
+            self._file_task.cancel()
+            await asyncio.gather(self._file_task, return_exceptions=True)
+        if watch is not None and watch.fault:
+            try:
+                await asyncio.to_thread(watch.save_copy)
+            except Exception as exc:  # noqa: BLE001 - said in the message below
+                log.error("could not save the database's state: %s", exc)
         await self.db.dispose()
+        if watch is not None and watch.fault:
+            await _aiosqlite_threads_ended()
+            self.lost_why = watch.put_back(_redact(self.db_url))
+            log.error("%s", self.lost_why)
+        elif watch is not None:
+            watch.close()
         await self._lock.release()
         log.info("stopped; runtime streams delivered %d progress reports",
                  self.runtime_servicer.progress_received)
@@ -373,4 +419,4 @@ async def serve(server: SchedulerServer, port_file: str | None = None, http_port
     log.info("shutting down")
     await server.stop(grace=0.0 if server.lost.is_set() else 5.0)
     if server.lost.is_set():
-        raise DatabaseHeld(server.lost_why)
+        raise (DatabaseLost if server.file_fault else DatabaseHeld)(server.lost_why)

@@ -179,3 +179,108 @@ class SchedulerLock:
         if self._fd is not None:
             os.close(self._fd)  # the flock goes with it
             self._fd = None
+
+
+class DatabaseLost(DatabaseHeld):
+    """The SQLite file this scheduler ran on was deleted, moved away or replaced under it;
+    the message says where its state is now and what to do."""
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class SqliteFileWatch:
+    """The SQLite database file a scheduler runs on, and its write-ahead log, watched for
+    being deleted, moved away or replaced under the running scheduler.
+
+    An open SQLite connection keeps writing to the file it opened, whatever happens to
+    the name: with the file deleted (or renamed) every change went on being accepted and
+    was lost at the next restart, which found no database and made an empty one; with
+    the log (``PATH-wal``) deleted, a crash lost every change not yet copied into the
+    file, the schema included. The watch keeps a connection of its own open on the file
+    (so that SQLite never deletes the log on its own while the scheduler runs, and to
+    read the state back from); `check` says what changed; `save_copy` writes the
+    database as this scheduler has it beside the file, and `put_back` (once every other
+    connection is closed) moves it to the file's name unless another database is there.
+    """
+
+    def __init__(self, path: Path) -> None:
+        import sqlite3
+
+        self.path = path
+        self.wal = Path(f"{path}-wal")
+        self._conn: sqlite3.Connection | None = sqlite3.connect(path, check_same_thread=False)
+        self._conn.execute("SELECT count(*) FROM sqlite_master").fetchall()  # opens the log too
+        self._main = _identity(path)
+        self._wal = _identity(self.wal)
+        self.fault = ""  # gone, replaced, wal
+        self.copy: Path | None = None
+
+    def check(self) -> str:
+        """"" while the file and its log are the ones opened; else what happened."""
+        main = _identity(self.path)
+        if main is None:
+            self.fault = "gone"
+            return f"the database file {self.path} was deleted or moved away while the scheduler ran on it"
+        if main != self._main:
+            self.fault = "replaced"
+            return f"the database file {self.path} was replaced by another file while the scheduler ran on it"
+        wal = _identity(self.wal)
+        if self._wal is None:
+            self._wal = wal  # not in WAL mode yet when the watch began
+        elif wal != self._wal:
+            self.fault = "wal"
+            return (f"the database's write-ahead log {self.wal} was deleted or replaced while the scheduler "
+                    "ran (the latest changes are only there until SQLite copies them into the file)")
+        return ""
+
+    def save_copy(self) -> None:
+        """The database as this scheduler has it (through its connection to the file it
+        opened), written to PATH.recovered-TIME beside it."""
+        import sqlite3
+        import time
+
+        if self._conn is None:
+            return
+        target = self.path.with_name(f"{self.path.name}.recovered-{time.strftime('%Y%m%dT%H%M%S')}")
+        tmp = target.with_name(target.name + ".tmp")
+        dst = sqlite3.connect(tmp)
+        try:
+            self._conn.backup(dst)
+        finally:
+            dst.close()
+        os.replace(tmp, target)
+        self.copy = target
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def put_back(self, shown: str) -> str:
+        """After every connection to the old file is closed: the copy goes to the file's
+        name, unless another database was put there (then it stays beside it). The
+        message for the operator."""
+        self.close()
+        if self.copy is None:
+            return f"--db {shown}: {self.check() or 'the database file changed'}; its state could not be saved"
+        if self.fault == "replaced" and _identity(self.path) is not None:
+            return (f"--db {shown}: the database file was replaced by another file while the scheduler ran "
+                    f"on it: stopped, leaving that file alone; the database as this scheduler had it is in "
+                    f"{self.copy}: move it to {self.path} to go on with it, then start the scheduler again "
+                    f"(the file now at {self.path} may hold pages of this scheduler's write-ahead log, which "
+                    "SQLite applies to whatever file has that name: check it before using it)")
+        for leftover in (self.wal, Path(f"{self.path}-shm")):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()  # the old file's (SQLite removes them as its last connection closes)
+        os.replace(self.copy, self.path)
+        what = ("its write-ahead log was deleted" if self.fault == "wal"
+                else "the database file was deleted or moved away")
+        return (f"--db {shown}: {what} while the scheduler ran on it (its changes would have been lost at "
+                f"the next restart): stopped; the database as this scheduler had it is back at {self.path}: "
+                "start the scheduler again")
