@@ -32,6 +32,7 @@ from scheduler.errors import (
     NotFound,
     Unavailable,
 )
+from scheduler.eta import Sharer
 from scheduler.hangs import HangWatch
 from scheduler.health import DatabaseHealth
 from scheduler.hubs import HelperHub, RuntimeHub
@@ -159,6 +160,7 @@ class JobDetail:
     placement: list[tuple[str, int]]
     history: Sequence = ()
     host_memory_bytes: int = 0  # its processes' resident set, last measured (0: not measured)
+    sharers: Sequence[Sharer] = ()  # the jobs on its first GPU (scheduler/eta.py)
 
 
 # SQLSTATEs of a database that is there but takes no work now: class 08 (connection
@@ -461,7 +463,10 @@ class SchedulerCore:
             state=JobState.QUEUED.value,
             incarnation="",
             steps=0,
+            total_steps=spec.steps,
+            total_steps_from="spec" if spec.steps else "",
             rate=0.0,
+            rate_at=0.0,
             last_step_s=0.0,
             metrics={},
             migratable=True,
@@ -478,6 +483,7 @@ class SchedulerCore:
             finished_at=0.0,
             restore_checkpoint="",
             restore_server="",
+            restore_step=0,
             attained_service_s=0.0,
             fenced_until=0.0,
         )
@@ -636,8 +642,7 @@ class SchedulerCore:
     async def get_job(self, job_id: str) -> JobDetail:
         if not job_id:
             raise InvalidArgument("id", "a job id is required")
-        job, gpus, hist, host = await self.read_sync(lambda s: repo.job_detail(s, job_id), urgent=True)
-        return JobDetail(job, gpus, hist, host)
+        return JobDetail(*await self.read_sync(lambda s: repo.job_detail(s, job_id), urgent=True))
 
     async def list_jobs(
         self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0,
@@ -647,7 +652,9 @@ class SchedulerCore:
             jobs = await repo.list_jobs(s, states, multi_job_id, limit, user, after)
             placements = await repo.placements_of(s, [j.id for j in jobs])
             host = await repo.host_memory_of(s, [j.id for j in jobs])
-        return [JobDetail(j, _gpus_of(placements, j.id), host_memory_bytes=host.get(j.id, 0)) for j in jobs]
+            sharers = await repo.sharers_of(s, placements)
+        return [JobDetail(j, _gpus_of(placements, j.id), host_memory_bytes=host.get(j.id, 0),
+                          sharers=sharers.get(j.id, ())) for j in jobs]
 
     async def list_servers(self) -> list[repo.ServerLoad]:
         async with self.tx(read=True) as s:
@@ -1127,6 +1134,21 @@ class SchedulerCore:
         # Batched plain UPDATEs (no ORM objects), on SQLite off the event loop.
         await self.write_sync(lambda conn: repo.write_progress(conn, batch, now))
 
+    async def record_total_steps(self, job_id: str, incarnation: str, total: int) -> None:
+        """The program of the job's current launch said at which step it stops (its
+        StopAtStepHook): its progress and ETA count against that, over what its submitter
+        gave (--steps). One transaction; an older launch's word changes nothing."""
+        async with self.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.incarnation != incarnation or JobState(job.state).terminal or \
+                    (job.total_steps, job.total_steps_from) == (total, "program"):
+                return
+            given = f" (its submitter gave {job.total_steps:,})" if job.total_steps_from == "spec" and \
+                job.total_steps != total else ""
+            job.total_steps, job.total_steps_from = total, "program"
+            repo.add_event(s, self.clock(), "job.progress", f"the program stops at step {total:,}{given}",
+                           job_id=job_id)
+
     async def record_migratability(self, job_id: str, migratable: bool, reason: str) -> None:
         async with self.tx() as s:
             job = await repo.get_job(s, job_id)
@@ -1213,6 +1235,7 @@ def spec_of(job: Job) -> common_pb2.JobSpec:
         multi_job_id=job.multi_job_id or "",
         index=job.array_index,
         params=job.params or {},
+        steps=job.total_steps if job.total_steps_from == "spec" else 0,
     )
 
 

@@ -31,6 +31,8 @@ MAX_PARAM_BYTES = 16 << 10  # names and values, in total
 MAX_REASON = 1024           # free text a user attaches to an action
 MAX_MEMBERS = 10_000        # jobs of one multi-job (sweep or array)
 MAX_PRIORITY = 1_000_000
+# A job's total mini-batches (JobSpec.steps): the largest whole number JSON carries exactly.
+MAX_STEPS = 2**53
 # The scheduler's receive limit: the largest valid request is a multi-job, whose
 # members are checked one by one; this bounds the whole message before parsing.
 MAX_REQUEST_BYTES = 16 << 20
@@ -149,6 +151,9 @@ def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
     if spec.gpus > MAX_GPUS:
         raise InvalidArgument(f"{field}.gpus", f"{spec.gpus} exceeds the limit of {MAX_GPUS}")
     check_priority(f"{field}.priority", spec.priority)
+    if not 0 <= spec.steps <= MAX_STEPS:
+        raise InvalidArgument(f"{field}.steps", f"{spec.steps} is not a number of mini-batches from 1 to "
+                                                f"{MAX_STEPS} (0: not known)")
     check_text(f"{field}.workdir", spec.workdir, MAX_WORKDIR)
     if spec.workdir and not os.path.isabs(spec.workdir):
         raise InvalidArgument(f"{field}.workdir", f"{spec.workdir!r} is not an absolute path")

@@ -193,4 +193,4 @@ class StreamClient:
         snap = self._meter.snapshot()
         return runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
             steps=snap.steps, rate=snap.rate, last_step_s=snap.last_step_s, at=snap.at,
-            metrics=snap.metrics, other_run=snap.other_run))
+            metrics=snap.metrics, other_run=snap.other_run, total_steps=snap.total_steps))

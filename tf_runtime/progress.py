@@ -24,6 +24,8 @@ class Snapshot:
     # In a run that is not a training step (an evaluation, a save), or applying a
     # command: no mini-batch is due until it returns (the scheduler's hang detection).
     other_run: bool = False
+    # The step at which the program stops, when it says so itself (its StopAtStepHook); 0: unknown.
+    total_steps: int = 0
 
 
 class ProgressMeter:
@@ -49,6 +51,9 @@ class ProgressMeter:
         self._metrics: dict[str, float] = {}
         self._lock = threading.Lock()
         self.version = 0  # bumped on each change, so the flusher can skip idle periods
+        # The step at which the program stops, when it says so (tf_runtime.shim: the
+        # last_step of a StopAtStepHook); 0: it does not. The scheduler's progress and ETA.
+        self.total_steps = 0
         # Runs of the training session in flight that are not training steps (several
         # threads may make them: a Supervisor's summary thread beside an evaluation).
         self._other = 0
@@ -105,4 +110,4 @@ class ProgressMeter:
             metrics = dict(self._metrics)
             other = self._other > 0
         rate = 1.0 / self._avg_interval if self._avg_interval > 0 else 0.0
-        return Snapshot(self.steps, rate, self.last_step_s, time.time(), metrics, other)
+        return Snapshot(self.steps, rate, self.last_step_s, time.time(), metrics, other, self.total_steps)

@@ -120,6 +120,14 @@ def _patch_tensorflow() -> None:
                 log.exception("could not build the checkpoint ops before Graph.finalize")
         orig_finalize(self)
 
+    def report_stop_step(hook: Any) -> None:
+        # The program says at which step it stops: the scheduler shows progress and an
+        # ETA against it (a user's --steps is only a guess of the same).
+        last = getattr(hook, "_last_step", None)
+        if _CONTROLLER and isinstance(last, int) and 0 < last != _CONTROLLER[0].meter.total_steps:
+            _CONTROLLER[0].meter.total_steps = last
+            _CONTROLLER[0].meter.version += 1
+
     def counted_from_the_job_start(hook: Any) -> None:
         start = _CONTROLLER[0].job_start_step if _CONTROLLER else None
         if start is not None and hook._last_step != start + hook._num_steps:
@@ -135,10 +143,12 @@ def _patch_tensorflow() -> None:
         if counted:
             self._gandiva_counted = True
             counted_from_the_job_start(self)
+        report_stop_step(self)
 
     def stop_after_run(self: Any, run_context: Any, run_values: Any) -> None:
         if getattr(self, "_gandiva_counted", False):  # a warm process learns it on activation
             counted_from_the_job_start(self)
+            report_stop_step(self)
         orig_stop_after_run(self, run_context, run_values)
 
     run.__doc__ = orig_run.__doc__

@@ -6,6 +6,7 @@ import time
 
 from protos.gandiva.v1 import common_pb2
 from scheduler.core import JobDetail, spec_of
+from scheduler.eta import estimate
 from scheduler.lifecycle import JobState
 from scheduler.state.models import Event
 from scheduler.state.repo import ServerLoad
@@ -23,12 +24,17 @@ def state_from_pb(value: int) -> JobState:
 def job_to_pb(d: JobDetail) -> common_pb2.Job:
     j = d.job
     spec = spec_of(j)
+    eta_s, eta_note = estimate(j, "/".join(map(str, d.placement[0])) if d.placement else "", d.sharers)
     return common_pb2.Job(
         id=j.id,
         spec=spec,
         state=state_to_pb(j.state),
         placement=[common_pb2.GpuRef(server=s, index=i) for s, i in d.placement],
         steps=j.steps,
+        total_steps=j.total_steps or 0,
+        total_steps_from=j.total_steps_from or "",
+        eta_s=eta_s,
+        eta_note=eta_note,
         rate=j.rate,
         submitted_at=j.submitted_at,
         updated_at=j.updated_at,

@@ -15,7 +15,7 @@ from scheduler.api.status import code_for, unexpected_status
 from scheduler.core import SchedulerCore
 from scheduler.errors import GandivaError
 from scheduler.hubs import RuntimeConn
-from scheduler.validation import check_id, check_text, clean_number, clean_text
+from scheduler.validation import MAX_STEPS, check_id, check_text, clean_number, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                 log.info("runtime of job %s (incarnation %s) disconnected", conn.job_id, conn.incarnation)
 
     async def _read(self, conn: RuntimeConn, it: AsyncIterator[runtime_pb2.RuntimeMessage]) -> None:
+        total_seen = 0  # the program's own total mini-batches, recorded once per value
         async for msg in it:
             kind = msg.WhichOneof("body")
             try:
@@ -99,6 +100,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                         conn.job_id, conn.incarnation, max(0, p.steps), clean_number(p.rate),
                         clean_number(p.last_step_s), _metrics(p.metrics), p.other_run,
                     )
+                    if 0 < p.total_steps <= MAX_STEPS and p.total_steps != total_seen:
+                        await self.core.record_total_steps(conn.job_id, conn.incarnation, p.total_steps)
+                        total_seen = p.total_steps
                 elif kind == "ack":
                     msg.ack.message = clean_text(msg.ack.message)
                     msg.ack.checkpoint_path = clean_text(msg.ack.checkpoint_path)

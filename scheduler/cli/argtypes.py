@@ -44,3 +44,12 @@ def duration(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 (a finite length of time such as 1h), got {text!r}")
     return value
+
+
+def mini_batches(text: str) -> int:
+    """A job's total mini-batches: a whole number from 1 (ASCII digits; 1,000 and 1_000
+    as people write them)."""
+    digits = text.replace(",", "").replace("_", "")
+    if not digits.isascii() or not digits.isdigit() or int(digits) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of mini-batches, 1 or more, got {text!r}")
+    return int(digits)

@@ -435,6 +435,8 @@ def spec_to_dict(spec: common_pb2.JobSpec) -> dict[str, Any]:
         "grow_shrink": spec.grow_shrink,
         "user": spec.user,
     }
+    if spec.steps:
+        out["steps"] = spec.steps
     if spec.multi_job_id or spec.params or spec.index:
         out.update(
             multi_job_id=spec.multi_job_id, index=spec.index, params=dict(sorted(spec.params.items()))
@@ -452,6 +454,10 @@ def job_to_dict(job: common_pb2.Job) -> dict[str, Any]:
         "gpus": spec.gpus,
         "servers": job_servers(job),
         "steps": job.steps,
+        "total_steps": job.total_steps,
+        "total_steps_from": job.total_steps_from,
+        "eta_s": job.eta_s if job.eta_s >= 0 else None,
+        "eta_note": job.eta_note,
         "rate": job.rate,
         "priority": spec.priority,
         "placement": [{"server": ref.server, "gpu": ref.index} for ref in job.placement],

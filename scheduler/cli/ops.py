@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from scheduler import eta
 from scheduler.cli import output
 from scheduler.cli.argtypes import duration
 from scheduler.cli.client import (
@@ -137,7 +138,8 @@ def _set(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Cl
     parser.set_defaults(func=func)
 
 
-JOB_HEADERS = ["ID", "NAME", "STATE", "GPUS", "SERVERS", "STEPS", "RATE", "PRIORITY", "AGE"]
+# ETA: done of its total mini-batches and the time left ("34%/12m"; "?" unknown, "-" no total).
+JOB_HEADERS = ["ID", "NAME", "STATE", "GPUS", "SERVERS", "STEPS", "RATE", "ETA", "PRIO", "AGE"]
 JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "HOST-MEMORY", "GPU-TIME", "MULTI-JOB", "PARAMS", "USER",
                                   "MESSAGE", "COMMAND"]
 
@@ -146,7 +148,8 @@ def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
     row: list[Any] = [
         job.id, job.spec.name or "-", state_name(job.state), job.spec.gpus,
         ",".join(job_servers(job)) or "-", job.steps,
-        output.rate(job.rate) if job.state == common_pb2.JOB_STATE_RUNNING else "-", job.spec.priority,
+        output.rate(job.rate) if job.state == common_pb2.JOB_STATE_RUNNING else "-",
+        eta.short(job.eta_s, job.steps, job.total_steps), job.spec.priority,
         output.age(job.submitted_at),
     ]
     if wide:
@@ -398,6 +401,17 @@ MIGRATION_MARK = "migrat"
 DESCRIBE_EVENTS = 20
 
 
+_TOTAL_FROM = {"spec": "as given at submission (--steps)", "program": "where its program stops (StopAtStepHook)"}
+
+
+def _steps(job: common_pb2.Job) -> str:
+    """'step 340 / 1,000 (34%; where its program stops (StopAtStepHook))', or the count."""
+    if job.total_steps <= 0:
+        return str(job.steps)
+    said = eta.progress_text(job.steps, job.total_steps)
+    return f"{said[:-1]}; {_TOTAL_FROM.get(job.total_steps_from, job.total_steps_from)})"
+
+
 def describe_job(args: argparse.Namespace, client: Client) -> int:
     job = client.call("GetJob", scheduler_pb2.GetJobRequest(id=args.id))
     events = list_all(client, "ListEvents", scheduler_pb2.ListEventsRequest(job_id=job.id), "events")
@@ -414,7 +428,8 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         ("User", spec.user or "-"),
         ("Submitted", f"{output.timestamp(job.submitted_at)} ({output.age(job.submitted_at)} ago)"),
         ("Finished", output.timestamp(job.finished_at)),
-        ("Steps", job.steps), ("Rate", _rate_now(job)),
+        ("Steps", _steps(job)), *([("ETA", eta.eta_text(job.eta_s, job.eta_note))] if job.eta_note else []),
+        ("Rate", _rate_now(job)),
         ("GPU time", f"{output.duration(job.gpu_seconds)} (time running x GPUs)"),
         ("Host memory", f"{output.size(job.host_memory_bytes)} (its processes' resident set, last measured; "
                         "held while suspended too)" if job.host_memory_bytes else "not measured"),

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from scheduler.validation import MAX_GPUS, MAX_MEMBERS, MAX_PRIORITY
+from scheduler.validation import MAX_GPUS, MAX_MEMBERS, MAX_PRIORITY, MAX_STEPS
 
 # Passed from the caller's environment unless the user says otherwise: what a
 # Python/TensorFlow program needs to start the same way it does in the user's
@@ -49,6 +49,7 @@ SPEC_FIELDS: dict[str, type | tuple[type, ...]] = {
     "env_pass": list,
     "gpus": int,
     "priority": int,
+    "steps": int,
     "grow_shrink": bool,
     "sweep": dict,
     "array": (str, int),
@@ -168,6 +169,14 @@ def check_priority(priority: int, where: str = "--priority") -> int:
     if priority > MAX_PRIORITY:
         raise SpecError(f"{where} must be at most {MAX_PRIORITY}, got {priority}")
     return priority
+
+
+def check_steps(steps: int, where: str = "--steps") -> int:
+    """The job's total mini-batches, when given: its progress and ETA are shown against it."""
+    if steps < 1 or steps > MAX_STEPS:
+        raise SpecError(f"{where} must be a whole number of mini-batches from 1 to {MAX_STEPS:,} "
+                        f"(or left out: unknown), got {steps}")
+    return steps
 
 
 def parse_env_assignment(text: str) -> tuple[str, str]:

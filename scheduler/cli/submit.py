@@ -25,7 +25,7 @@ import yaml
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.cli import spec as specs
-from scheduler.cli.argtypes import non_negative_seconds
+from scheduler.cli.argtypes import mini_batches, non_negative_seconds
 from scheduler.cli.client import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, help=f"GPUs, a power of two (default {DEFAULT_GPUS})")
     p.add_argument("--priority", type=int,
                    help=f"0 or more; larger = larger time-slicing share (default {DEFAULT_PRIORITY})")
+    p.add_argument("--steps", type=mini_batches, metavar="N",
+                   help="mini-batches the job runs in all, if you know it: `gandiva get jobs` and "
+                   "`describe` show its progress and ETA against it (the program's StopAtStepHook, "
+                   "when it has one, is taken instead)")
     p.add_argument("--grow-shrink", action=argparse.BooleanOptionalAction, default=None,
                    help="let the job grow onto idle GPUs (and shrink back when they are needed)")
     p.add_argument("--workdir", help="working directory of the job (default: the current one)")
@@ -143,6 +147,9 @@ def build_submission(
     priority = specs.check_priority(
         _pick(args.priority, spec, "priority", DEFAULT_PRIORITY),
         "--priority" if args.priority is not None else f"{args.file}: priority")
+    given = _pick(args.steps, spec, "steps", None)
+    steps = 0 if given is None else specs.check_steps(
+        given, "--steps" if args.steps is not None else f"{args.file}: steps")
     workdir = os.path.abspath(os.path.join(cwd, os.path.expanduser(
         _pick(args.workdir, spec, "workdir", cwd))))
     assignments = {str(k): str(v) for k, v in spec.get("env", {}).items()}
@@ -151,7 +158,7 @@ def build_submission(
                           assignments, use_defaults=not args.no_default_env)
     base = common_pb2.JobSpec(
         name=_pick(args.name, spec, "name", ""), command=command, workdir=workdir, env=env,
-        gpus=gpus, priority=priority, grow_shrink=bool(_pick(args.grow_shrink, spec,
+        gpus=gpus, priority=priority, steps=steps, grow_shrink=bool(_pick(args.grow_shrink, spec,
                                                              "grow_shrink", False)),
         user=_user(environ),
     )

@@ -364,6 +364,7 @@ class LiveEngine:
             if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
                 return  # moved or ended meanwhile: this checkpoint is not its latest
             job.restore_checkpoint, job.restore_server = ack.checkpoint_path or directory, server.name
+            job.restore_step = max(0, ack.step)
             job.steps = max(job.steps, ack.step)
             repo.add_event(s, self.core.clock(), "job.checkpoint", f"step {ack.step} at {job.restore_checkpoint}",
                            job_id=job_id, server=server.name)
@@ -468,6 +469,11 @@ class LiveEngine:
                 job.fenced_until = min(restore.wait_until, now + self.core.settings.down_after_s)
                 job.message = restore.note
                 return
+            if (restore.path or restore.fetch_from) and 0 < job.restore_step < job.steps:
+                # It counts from its checkpoint's step, not from where its lost process was
+                # (progress reports never lower the count: it showed the old one until passed).
+                where += f"; from its checkpoint's step {job.restore_step} (it was at {job.steps})"
+                job.steps = job.restore_step
             if restore.path:
                 where += f", resuming from {restore.path}"
             elif restore.fetch_from:
@@ -477,7 +483,7 @@ class LiveEngine:
             if not restore.fetch_from and not restore.path:
                 # Starts from step 0. A job that resumes keeps its restore point until its
                 # next checkpoint (the holder keeps it; a job lost before then resumes there).
-                job.restore_checkpoint, job.restore_server = "", ""
+                job.restore_checkpoint, job.restore_server, job.restore_step = "", "", 0
                 if job.steps:
                     # Its step count starts over with it (progress reports never lower it:
                     # it showed the lost process's count until the new one passed it).
@@ -522,7 +528,7 @@ class LiveEngine:
                 why = f"could not fetch its checkpoint {job.restore_checkpoint} from {holder}: {failure}"
                 if tries >= MAX_FETCH_TRIES:
                     self._fetch_failures.pop(job_id, None)
-                    job.restore_checkpoint, job.restore_server = "", ""
+                    job.restore_checkpoint, job.restore_server, job.restore_step = "", "", 0
                     why += f" ({tries} tries); it starts from step 0 when placed next"
                     fence = 0.0
                 else:
@@ -590,7 +596,7 @@ class LiveEngine:
                 # The checkpoint is gone (its server restarted with an empty ramdisk, say) or
                 # unreadable: the job is not lost with it, it starts again from step 0. A
                 # launch that fails for another reason fails again then, and the job with it.
-                job.restore_checkpoint, job.restore_server = "", ""
+                job.restore_checkpoint, job.restore_server, job.restore_step = "", "", 0
                 await repo.requeue(s, job, self.core.clock(), f"launch from checkpoint {restore} on {server} "
                                    f"failed: {result.message}; it starts from step 0 when placed next")
             else:
@@ -664,6 +670,7 @@ class LiveEngine:
                 return  # ended or moved meanwhile; its exit report decides
             job.steps = max(job.steps, ack.step)
             job.restore_checkpoint, job.restore_server = ack.checkpoint_path or directory, server.name
+            job.restore_step = max(0, ack.step)
             await repo.requeue(s, job, self.core.clock(), f"{reason} (step {ack.step}, checkpoint {job.restore_checkpoint})")
 
     async def _resume(self, job_id: str, reason: str) -> None:

@@ -201,14 +201,14 @@ async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to
                 # server whose ramdisk holds it (the destination's, through a shared mount),
                 # so that that server's helper keeps it and a launch elsewhere can fetch it.
                 holder, path = checkpoint_home(plan.source, plan.dest, result.checkpoint_path)
-                job.restore_checkpoint, job.restore_server = path, holder
+                job.restore_checkpoint, job.restore_server, job.restore_step = path, holder, result.step
                 why += f"; will resume from step {result.step} (its checkpoint is on {holder})"
             if fence:
                 why += f"; waiting {fence - now:.0f}s for {plan.source.name}'s lease to run out"
             await repo.requeue(s, job, now, f"migration failed, re-placing: {why}", fenced_until=fence)
         elif result.outcome is Outcome.MIGRATED:
             # The migration's checkpoint, at the destination, is the job's latest restore point.
-            job.restore_checkpoint, job.restore_server = result.checkpoint_path, dest_name
+            job.restore_checkpoint, job.restore_server, job.restore_step = result.checkpoint_path, dest_name, result.step
             paused = result.durations_s.get("total", 0.0)
             await repo.place(s, job, [(g.server, g.index) for g in to_gpus], result.incarnation, now,
                              f"migrated to {dest_name} at step {result.step} (training paused {paused:.2f}s)")

@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from scheduler.errors import GandivaError, Unauthenticated, Unavailable
+from scheduler.eta import Sharer, estimate, eta_text, progress_text
 from scheduler.lifecycle import JobState
 from scheduler.observe.http import Guard, Handler, Response, prometheus_route
 from scheduler.observe.metrics import SchedulerMetrics
@@ -95,14 +96,23 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
                         "height": ld.height, "allocated": ld.allocated, "affinity": ld.affinity,
                         "host_memory": ld.server.host_memory_bytes,
                         "host_memory_used": ld.host_used(core.host_memory_budget[1])})
+    # Who shares each GPU, for the ETAs (scheduler/eta.py).
+    on_gpu = {(ld.server.name, index): [Sharer(i, by_id[i].job.state, by_id[i].job.priority, by_id[i].job.held)
+                                        for i in ids if i in by_id]
+              for ld in loads for index, ids in ld.jobs_by_gpu.items()}
     out_jobs = []
     for d in jobs:
         j = d.job
         dec = last.get(j.id)
+        first = d.placement[0] if d.placement else None
+        eta_s, eta_note = estimate(j, f"{first[0]}/{first[1]}" if first else "", on_gpu.get(first, []) if first else [])
         out_jobs.append({
             "id": j.id, "name": j.name, "state": j.state, "gpus": j.gpus, "priority": j.priority,
             "placement": [f"{server}/{index}" for server, index in d.placement],
             "steps": j.steps, "rate": j.rate, "metrics": dict(j.metrics or {}),
+            "total_steps": j.total_steps or 0, "total_steps_from": j.total_steps_from or "",
+            "progress": progress_text(j.steps, j.total_steps or 0),
+            "eta_s": None if eta_s < 0 else eta_s, "eta_note": eta_note, "eta": eta_text(eta_s, eta_note),
             "user": j.user, "gpu_seconds": j.gpu_seconds(now),
             "message": j.message, "submitted_at": j.submitted_at, "finished_at": j.finished_at,
             "multi_job": j.multi_job_id or "", "grow_shrink": j.grow_shrink,

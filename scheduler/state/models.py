@@ -107,7 +107,14 @@ class Job(Base):
     # Which launch of the job is current; exits and acks of older launches are ignored.
     incarnation: Mapped[str] = mapped_column(String(32), default="")
     steps: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Mini-batches it runs in all (0: unknown), and who said so: "spec" (its submitter)
+    # or "program" (the shim read it from the program's StopAtStepHook).
+    total_steps: Mapped[int] = mapped_column(BigInteger, default=0)
+    total_steps_from: Mapped[str] = mapped_column(String(16), default="")
     rate: Mapped[float] = mapped_column(Double, default=0.0)
+    # When its rate was last reported: a rate older than its last state or placement
+    # change was measured before a suspend, a move or a grow (its ETA says so).
+    rate_at: Mapped[float] = mapped_column(Double, default=0.0)
     last_step_s: Mapped[float] = mapped_column(Double, default=0.0)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     migratable: Mapped[bool] = mapped_column(Boolean, default=True)
@@ -133,6 +140,9 @@ class Job(Base):
     # server whose ramdisk holds it: the job resumes from it only when placed there.
     restore_checkpoint: Mapped[str] = mapped_column(Text, default="")
     restore_server: Mapped[str] = mapped_column(String(128), default="")
+    # The global step of that checkpoint (0: not known): a job placed to resume from it
+    # counts from there, not from the step its lost process had reached.
+    restore_step: Mapped[int] = mapped_column(BigInteger, default=0)
     # GPU-seconds received so far (least-attained-service policies use it).
     attained_service_s: Mapped[float] = mapped_column(Double, default=0.0)
     # A queued job is not placed before this time: an earlier copy may still run on a

@@ -11,7 +11,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from sqlalchemy import (
     Connection,
@@ -26,6 +26,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -33,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from migration_protocol.fast_path import Endpoint, checkpoint_home
 from scheduler.errors import NotFound
+from scheduler.eta import Sharer
 from scheduler.lifecycle import ACTIVE, TERMINAL, JobState, check_transition
 from scheduler.policy.cluster import affinity_of
 from scheduler.state.models import (
@@ -132,17 +134,37 @@ def multi_job_by_request(session: Session, key: str) -> tuple[MultiJob, list[Job
     return mj, list(members)
 
 
-def job_detail(session: Session, job_id: str) -> tuple[Job, list[tuple[str, int]], list[Transition], int]:
-    """A job, its GPUs (server, index), its last transitions and its measured host memory
-    (0: not measured), read in one go on a sync session (SchedulerCore.read_sync: on
-    SQLite one hop to a reader thread instead of about ten through aiosqlite, each
-    waiting for a turn of the busy event loop)."""
+def job_detail(session: Session, job_id: str) -> tuple[Job, list[tuple[str, int]], list[Transition], int, list[Sharer]]:
+    """A job, its GPUs (server, index), its last transitions, its measured host memory
+    (0: not measured) and the other jobs on its first GPU (for its ETA), read in one go on
+    a sync session (SchedulerCore.read_sync: on SQLite one hop to a reader thread instead
+    of about ten through aiosqlite, each waiting for a turn of the busy event loop)."""
     job = _found(session.scalar(select(Job).where(Job.id == job_id)), job_id)
     gpus = session.execute(select(Placement.server_name, Placement.gpu_index).where(Placement.job_id == job_id)
                            .order_by(Placement.server_name, Placement.gpu_index)).all()
     host = session.scalar(select(JobProfile.host_memory_bytes).where(JobProfile.job_id == job_id)) or 0
+    sharers = session.execute(_sharers_q([(str(gpus[0][0]), int(gpus[0][1]))])).all() if gpus else []
     return (job, [(str(g[0]), int(g[1])) for g in gpus], list(reversed(session.scalars(_history_q(job_id)).all())),
-            int(host))
+            int(host), [Sharer(str(r.id), r.state, r.priority, bool(r.held)) for r in sharers])
+
+
+def _sharers_q(gpus: Sequence[tuple[str, int]]) -> Any:
+    """The jobs placed on any of `gpus`: (server_name, gpu_index, id, state, priority, held)."""
+    return (select(Placement.server_name, Placement.gpu_index, Job.id, Job.state, Job.priority, Job.held)
+            .join(Job, Job.id == Placement.job_id)
+            .where(tuple_(Placement.server_name, Placement.gpu_index).in_(list(gpus))))
+
+
+async def sharers_of(session: AsyncSession, placements: dict[str, list[Placement]]) -> dict[str, list[Sharer]]:
+    """job id -> the jobs placed on its first GPU (itself included), for the jobs of
+    `placements` that hold one."""
+    first = {job_id: (ps[0].server_name, ps[0].gpu_index) for job_id, ps in placements.items() if ps}
+    by_gpu: dict[tuple[str, int], list[Sharer]] = {}
+    gpus = sorted(set(first.values()))
+    for i in range(0, len(gpus), 400):
+        for r in (await session.execute(_sharers_q(gpus[i:i + 400]))).all():
+            by_gpu.setdefault((r.server_name, r.gpu_index), []).append(Sharer(str(r.id), r.state, r.priority, bool(r.held)))
+    return {job_id: by_gpu.get(gpu, []) for job_id, gpu in first.items()}
 
 
 async def host_memory_of(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, int]:
@@ -386,7 +408,7 @@ async def resume_from_migration(session: AsyncSession, job: Job, migration: Migr
         pass
     else:
         holder, path = checkpoint_home(endpoint(src), endpoint(dst), migration.checkpoint_path)
-    job.restore_checkpoint, job.restore_server = path, holder
+    job.restore_checkpoint, job.restore_server, job.restore_step = path, holder, max(0, migration.step)
     return f"will resume from step {migration.step} (its checkpoint is on {holder})"
 
 
@@ -426,6 +448,8 @@ async def place(
     gpus = list(gpus)
     await transition(session, job, JobState.RUNNING, now, reason, server=gpus[0][0] if gpus else "")
     await set_placement(session, job.id, gpus)
+    if job.incarnation != incarnation:
+        job.rate_at = 0.0  # its rate is not measured on these GPUs yet (scheduler/eta.py)
     job.incarnation = incarnation
 
 
@@ -703,7 +727,7 @@ def write_progress(conn: Connection, batch: dict[str, tuple[str, int, float, flo
     steps = bindparam("b_steps", type_=JOBS.c.steps.type)
     base = update(JOBS).where(JOBS.c.id == bindparam("b_id"), JOBS.c.incarnation == bindparam("b_inc"))
     values = {"steps": case((JOBS.c.steps > steps, JOBS.c.steps), else_=steps), "rate": bindparam("b_rate"),
-              "last_step_s": bindparam("b_last"), "updated_at": bindparam("b_now")}
+              "last_step_s": bindparam("b_last"), "updated_at": bindparam("b_now"), "rate_at": bindparam("b_now")}
     plain = [_progress_params(j, v, now) for j, v in batch.items() if j not in stored]
     merged = [{**_progress_params(j, v, now), "b_metrics": {**stored[j], **v[4]}} for j, v in batch.items() if j in stored]
     if plain:

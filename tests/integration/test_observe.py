@@ -4,6 +4,7 @@ scraped over HTTP; the dashboard rendered by a real headless Chromium."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -69,8 +70,8 @@ def helper_http(cluster, name: str) -> str:  # type: ignore[no-untyped-def]
     return cluster.wait_for(found, 30)
 
 
-def submit(cluster, mlp, name: str, steps: int) -> str:  # type: ignore[no-untyped-def]
-    spec = common_pb2.JobSpec(name=name, command=mlp(steps, 0.02), workdir=str(cluster.tmp), gpus=1)
+def submit(cluster, mlp, name: str, steps: int, total: int = 0) -> str:  # type: ignore[no-untyped-def]
+    spec = common_pb2.JobSpec(name=name, command=mlp(steps, 0.02), workdir=str(cluster.tmp), gpus=1, steps=total)
     return cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
 
 
@@ -179,11 +180,28 @@ def test_dashboard_shows_servers_and_jobs_in_a_browser(observed_cluster, mlp, ch
     c = observed_cluster
     c.add_helper("node-a", 1, "--host-memory", "8GiB")
     c.add_helper("node-b", 1, "--host-memory", "0")
-    ids = [submit(c, mlp, f"shown-{i}", 2000) for i in range(3)]
+    # Two give their total mini-batches at submission (--steps); the third's program says
+    # where it stops itself (MonitoredTrainingSession, StopAtStepHook(last_step=2000)).
+    ids = [submit(c, mlp, f"shown-{i}", 2000, total=2000) for i in range(2)]
+    mts = importlib.util.find_spec("tf_runtime.examples.mts_mlp").origin  # type: ignore[union-attr]
+    ids.append(c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="shown-2", command=["python", str(mts), "--steps", "2000", "--step-sleep", "0.02"],
+        workdir=str(c.tmp), gpus=1))).job.id)
     c.wait_for(lambda: sum(c.job(j).state == common_pb2.JOB_STATE_RUNNING for j in ids) == 2, 120)
     c.wait_for(lambda: all(c.job(j).steps > 0 for j in ids if c.job(j).state == common_pb2.JOB_STATE_RUNNING), 120)
+    assert c.wait_for(lambda: (c.job(ids[2]).total_steps, c.job(ids[2]).total_steps_from), 60) == (2000, "program")
+    # Progress and ETA, with what the ETA assumes on the shared GPU (no made-up ones).
+    shared = c.wait_for(lambda: [j for j in ids if re.search(
+        r"time-slices GPU node-\w/0 with 1 other job|packed beside 1 other job\(s\) on GPU node-", c.job(j).eta_note)], 60)
+    described = gandiva_cli(c, "describe", "job", shared[0])
+    assert re.search(r"Steps: +step [\d,]+ / 2,000 \(\d+%; ", described), described
+    assert re.search(r"ETA: +~\d+ ?(s|min) \(.*(time-slices|packed beside)", described), described
+    listed = gandiva_cli(c, "get", "jobs")
+    assert re.search(r" \d+%/(\d+[smh]|\?) ", listed) and all(len(line) <= 80 for line in listed.splitlines()), listed
 
     dom = chromium_dom(f"http://{c.sched.server.http_address}/")
+    assert len(re.findall(r">step [\d,]+ / 2,000 \(\d+%\)<", dom)) == 3, dom
+    assert re.search(r'<td class="eta">~\d+ ?(s|min) \(', dom), dom
     for server in ("node-a", "node-b"):
         assert f'data-server="{server}"' in dom
     # Host memory held by each server's jobs, of what its helper reported (none: unknown).

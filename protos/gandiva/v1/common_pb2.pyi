@@ -108,6 +108,7 @@ class JobSpec(_message.Message):
     MULTI_JOB_ID_FIELD_NUMBER: _builtins.int
     INDEX_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     workdir: _builtins.str
     """absolute working directory on the server"""
@@ -122,6 +123,10 @@ class JobSpec(_message.Message):
     """Set for members of a multi-job (hyper-parameter search)."""
     index: _builtins.int
     """the member's index in its multi-job"""
+    steps: _builtins.int
+    """Mini-batches the job runs in all, as its submitter knows it (0: unknown): its progress
+    and ETA are shown against it. A program that says so itself (StopAtStepHook) overrides it.
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """argv; the program and its arguments"""
@@ -148,10 +153,11 @@ class JobSpec(_message.Message):
         multi_job_id: _builtins.str = ...,
         index: _builtins.int = ...,
         params: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "env", b"env", "gpus", b"gpus", "grow_shrink", b"grow_shrink", "index", b"index", "multi_job_id", b"multi_job_id", "name", b"name", "params", b"params", "priority", b"priority", "user", b"user", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "env", b"env", "gpus", b"gpus", "grow_shrink", b"grow_shrink", "index", b"index", "multi_job_id", b"multi_job_id", "name", b"name", "params", b"params", "priority", b"priority", "steps", b"steps", "user", b"user", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -254,6 +260,10 @@ class Job(_message.Message):
     HOST_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     GPU_SECONDS_FIELD_NUMBER: _builtins.int
     HELD_FIELD_NUMBER: _builtins.int
+    TOTAL_STEPS_FIELD_NUMBER: _builtins.int
+    TOTAL_STEPS_FROM_FIELD_NUMBER: _builtins.int
+    ETA_S_FIELD_NUMBER: _builtins.int
+    ETA_NOTE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___JobState.ValueType
     steps: _builtins.int
@@ -290,6 +300,16 @@ class Job(_message.Message):
     """Suspended by an operator (gandiva suspend): the policy does not resume it; it stays
     suspended until an operator resumes it.
     """
+    total_steps: _builtins.int
+    """Mini-batches it runs in all (0: unknown), and who said so: "spec" (its submitter's
+    --steps) or "program" (the shim read it from the program, e.g. a StopAtStepHook).
+    """
+    total_steps_from: _builtins.str
+    eta_s: _builtins.float
+    """Its remaining mini-batches at the measured rate, in seconds of wall time (-1: unknown,
+    or no total), and what that assumes or why it is unknown, for people.
+    """
+    eta_note: _builtins.str
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -325,10 +345,14 @@ class Job(_message.Message):
         host_memory_bytes: _builtins.int = ...,
         gpu_seconds: _builtins.float = ...,
         held: _builtins.bool = ...,
+        total_steps: _builtins.int = ...,
+        total_steps_from: _builtins.str = ...,
+        eta_s: _builtins.float = ...,
+        eta_note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_seconds", b"gpu_seconds", "grow_shrink_note", b"grow_shrink_note", "held", b"held", "history", b"history", "host_memory_bytes", b"host_memory_bytes", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "eta_note", b"eta_note", "eta_s", b"eta_s", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_seconds", b"gpu_seconds", "grow_shrink_note", b"grow_shrink_note", "held", b"held", "history", b"history", "host_memory_bytes", b"host_memory_bytes", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "total_steps", b"total_steps", "total_steps_from", b"total_steps_from", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

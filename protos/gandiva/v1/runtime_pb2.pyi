@@ -108,6 +108,7 @@ class ProgressReport(_message.Message):
     AT_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
     OTHER_RUN_FIELD_NUMBER: _builtins.int
+    TOTAL_STEPS_FIELD_NUMBER: _builtins.int
     steps: _builtins.int
     """mini-batches done in total (global step when known)"""
     rate: _builtins.float
@@ -120,6 +121,10 @@ class ProgressReport(_message.Message):
     """In a run of the training session that is not a training step (an evaluation, the
     program's own save or summary), or a command being applied (a checkpoint's save):
     no mini-batch ends until it returns, so the scheduler's hang detection waits for it.
+    """
+    total_steps: _builtins.int
+    """The step at which the program stops, when the program itself says so (the last_step
+    of a MonitoredTrainingSession's StopAtStepHook); 0: it does not say.
     """
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
@@ -134,10 +139,11 @@ class ProgressReport(_message.Message):
         at: _builtins.float = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         other_run: _builtins.bool = ...,
+        total_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "last_step_s", b"last_step_s", "metrics", b"metrics", "other_run", b"other_run", "rate", b"rate", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "last_step_s", b"last_step_s", "metrics", b"metrics", "other_run", b"other_run", "rate", b"rate", "steps", b"steps", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

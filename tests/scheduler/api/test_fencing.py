@@ -583,10 +583,16 @@ def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_schedule
 
         wait_for(checkpointed, 15)
         assert any(c.kind == runtime_pb2.COMMAND_KIND_CHECKPOINT and c.checkpoint_dir == path for c in shim.received)
+        shim.progress(100, 5.0)  # trained on past its checkpoint (step 42) before the loss
+        wait_for(lambda: f.job(job_id).steps == 100)
         f.keep_alive(other)  # and `server` falls silent
         where, relaunch = f.launched_again(job_id, launch.incarnation, wait_for)
         assert where == other
         assert relaunch.restore_checkpoint == f"/peers/{server}/{job_id}/periodic-{launch.incarnation}"
+        # It counts from its checkpoint's step, not the lost process's (which it showed until passed).
+        job = f.job(job_id)
+        assert job.steps == 42, job.steps
+        assert "from its checkpoint's step 42 (it was at 100)" in job.history[-1].reason, job.history[-1].reason
         shim.close()
     finally:
         f.close()

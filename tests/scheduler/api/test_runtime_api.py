@@ -40,8 +40,9 @@ class FakeShim:
         except grpc.RpcError:
             pass
 
-    def progress(self, steps: int, rate: float) -> None:
-        self.out.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(steps=steps, rate=rate, metrics={"loss": 0.5})))
+    def progress(self, steps: int, rate: float, total_steps: int = 0) -> None:
+        self.out.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
+            steps=steps, rate=rate, metrics={"loss": 0.5}, total_steps=total_steps)))
 
     def close(self) -> None:
         self.out.put(None)
@@ -54,15 +55,36 @@ def test_progress_and_operator_suspend_resume(scheduler_server, wait_for) -> Non
         helper = helper_pb2_grpc.HelperStub(ch)
         helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
         commands = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
-        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
+        for bad in (-1, 2**53 + 1):  # a total no one can mean: named, nothing submitted
+            with pytest.raises(grpc.RpcError) as err:
+                stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["t"], gpus=1, steps=bad)))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details().startswith(f"spec.steps: {bad} is not a number of mini-batches"), err.value.details()
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(
+            spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1, steps=1000))).job
+        assert (job.total_steps, job.total_steps_from, job.eta_note) == (1000, "spec", "unknown while it waits in the queue")
         launch = next(commands).launch
         shim = FakeShim(ch, job.id, launch.incarnation)
+        got = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).state ==
+                       common_pb2.JOB_STATE_RUNNING and j)
+        assert got.eta_s == -1 and got.eta_note == "unknown until its rate is measured (no mini-batch timed yet)"
         shim.progress(10, 4.5)
         got = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).steps == 10 and j)
         assert got.rate == pytest.approx(4.5) and got.metrics["loss"] == pytest.approx(0.5)
+        # Progress and ETA: its 990 mini-batches left at its measured rate.
+        assert got.eta_s == pytest.approx(990 / 4.5) and got.eta_note == "990 mini-batches left at 4.5/s", got
+        listed = stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs[0]
+        assert listed.eta_s == pytest.approx(990 / 4.5) and listed.total_steps == 1000
+        # The program says where it stops (its StopAtStepHook): that counts, over the guess.
+        shim.progress(20, 4.5, total_steps=500)
+        got = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).total_steps == 500 and j)
+        assert got.total_steps_from == "program" and got.spec.steps == 0
+        events = stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id)).events
+        assert any(e.message == "the program stops at step 500 (its submitter gave 1,000)" for e in events)
 
         suspended = stub.SuspendJob(scheduler_pb2.JobActionRequest(id=job.id))
         assert suspended.state == common_pb2.JOB_STATE_SUSPENDED
+        assert suspended.eta_s == -1 and suspended.eta_note == "unknown while an operator holds it suspended"
         assert shim.received[-1].kind == runtime_pb2.COMMAND_KIND_SUSPEND
         # An operator's suspension holds: the policy does not resume the job by itself.
         time.sleep(0.6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,27 @@ def test_a_multi_job_name_too_long_for_its_suffix_names_the_room_left(tmp_path: 
     # A name derived from the script is shortened to fit instead.
     sub = build(["--array", "0-10", "--", "python", "x" * 300 + ".py"])
     assert sub.name == "x" * 253 and sub.jobs[-1].name == "x" * 253 + "-10"
+
+
+def test_total_steps_from_the_flag_or_the_spec_file_and_bad_ones_named(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """`--steps N` / `steps:` give the job's total mini-batches (its progress and ETA)."""
+    (spec,) = build(["--steps", "1,000", "--", "python", "t.py"]).jobs
+    assert spec.steps == 1000
+    path = tmp_path / "job.yaml"
+    path.write_text("command: [python, a.py]\nsteps: 5000\n")
+    assert build(["-f", str(path)]).jobs[0].steps == 5000
+    assert build(["-f", str(path), "--steps", "7"]).jobs[0].steps == 7
+    assert build(["--", "python", "t.py"]).jobs[0].steps == 0  # not given: unknown
+    for bad in ("0", "-5", "1e6", "ten", "\u0665"):
+        with pytest.raises(SystemExit) as exit_:
+            build(["--steps", bad, "--", "python", "t.py"])
+        assert exit_.value.code == 2
+        assert f"--steps: expected a whole number of mini-batches, 1 or more, got {bad!r}" in capsys.readouterr().err
+    for text, said in (("steps: -3", f"{path}: steps must be a whole number of mini-batches from 1"),
+                       ("steps: 0", f"{path}: steps must be a whole number of mini-batches from 1"),
+                       ("steps: 1500.0", "field 'steps' has the wrong type (float)"),
+                       ("steps: true", "field 'steps' has the wrong type (bool)")):
+        path.write_text(f"command: [python, a.py]\n{text}\n")
+        with pytest.raises(SpecError, match=re.escape(said)):
+            build(["-f", str(path)])
