@@ -96,6 +96,9 @@ def register(subparsers: Any) -> None:
                       help="read this server's log file instead of asking the scheduler")
     logs.add_argument("--log-dir", type=Path, default=None,
                       help="with --local: job logs directory (default $GANDIVA_HOME/logs); implies --local")
+    logs.add_argument("--raw", action="store_true",
+                      help="on a terminal too, print the output byte for byte (by default a terminal "
+                      "gets its colours and line ends, and every other control character escaped)")
     logs.add_argument("--scheduler", metavar="ADDR",
                       help="scheduler address (default: $GANDIVA_SCHEDULER, else 127.0.0.1:50051)")
     from scheduler.cli.client import add_security_flags
@@ -197,14 +200,16 @@ def run_logs(args: argparse.Namespace) -> int:
         print(f"gandiva logs: no output for job {args.job!r} under {log_dir} "
               "(logs stay on the server that ran the job)", file=sys.stderr)
         return 1
+    from scheduler.cli.output import JobOutput, visible
+
     ends = _ProcessEnds(args.job)
+    out = JobOutput(args.raw)
     try:
         with open(path, "rb") as f:
             while True:
                 data = f.read(1 << 16)
                 if data:
-                    sys.stdout.buffer.write(data)
-                    sys.stdout.flush()
+                    out.write(data)
                     ends.feed(data)
                     continue
                 if not args.follow:
@@ -216,12 +221,14 @@ def run_logs(args: argparse.Namespace) -> int:
                 if ends.all_ended():
                     # Every process of the job that wrote here has ended (the helper writes
                     # a line after each one's output): nothing more comes.
-                    print(f"gandiva logs: job {args.job}'s process on this server ended ({ends.last}); "
+                    print(f"gandiva logs: job {args.job}'s process on this server ended ({visible(ends.last)}); "
                           f"`gandiva logs {args.job} -f` follows the job wherever it runs", file=sys.stderr)
                     return 0
                 time.sleep(0.2)
     except KeyboardInterrupt:
         return 0
+    finally:
+        out.close()
 
 
 class _ProcessEnds:
@@ -266,16 +273,17 @@ def _remote_logs(args: argparse.Namespace, client: Any) -> int:
     """
     from protos.gandiva.v1 import common_pb2, scheduler_pb2
     from scheduler.cli.client import TERMINAL_STATES
+    from scheduler.cli.output import JobOutput
 
     offset = 0
     finished = False
     said_waiting = False
+    out = JobOutput(args.raw)
     try:
         while True:
             got = client.call("ReadJobLog", scheduler_pb2.ReadJobLogRequest(id=args.job, offset=offset))
             if got.data:
-                sys.stdout.buffer.write(got.data)
-                sys.stdout.flush()
+                out.write(got.data)
                 offset = got.next_offset
                 continue
             # `finished` was seen before this read found nothing more: all is printed.
@@ -299,4 +307,5 @@ def _remote_logs(args: argparse.Namespace, client: Any) -> int:
             if not finished:
                 time.sleep(0.5)
     finally:
+        out.close()
         client.close()

@@ -89,6 +89,54 @@ def visible(text: str) -> str:
     return _UNSHOWABLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
+class JobOutput:
+    """A job's output (`gandiva logs`) written to stdout. Piped or with ``raw``, byte for byte.
+    On a terminal, as the job's text: its colours (SGR, ``ESC [ ... m``), line ends, carriage
+    returns (progress bars), tabs and backspaces act as printed; every other control character
+    (title, clipboard-setting and other escape sequences a job could send to whoever reads its
+    log, bidirectional overrides) is shown escaped, as in ``describe``."""
+
+    _KEEP = re.compile(r"\x1b\[[0-9;:]*m")
+    _OTHER = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+    _OPEN = re.compile(r"\x1b(\[[0-9;:]{0,32})?\Z")  # a colour cut by the end of a read
+
+    def __init__(self, raw: bool = False, stream: IO[str] | None = None) -> None:
+        import codecs
+
+        self.stream = stream or sys.stdout
+        self.raw = raw or not self.stream.isatty()
+        self._decode = codecs.getincrementaldecoder("utf-8")("replace")
+        self._held = ""
+
+    def write(self, data: bytes) -> None:
+        if self.raw:
+            self.stream.flush()
+            self.stream.buffer.write(data)  # type: ignore[union-attr]
+            self.stream.buffer.flush()  # type: ignore[union-attr]
+            return
+        text = self._held + self._decode.decode(data)
+        cut = self._OPEN.search(text)
+        self._held, text = (text[cut.start():], text[:cut.start()]) if cut else ("", text)
+        self._show(text)
+
+    def close(self) -> None:
+        if not self.raw:
+            self._show(self._held + self._decode.decode(b"", final=True))
+            self._held = ""
+
+    def _show(self, text: str) -> None:
+        parts, at = [], 0
+        for m in self._KEEP.finditer(text):
+            parts += [self._escape(text[at:m.start()]), m[0]]
+            at = m.end()
+        parts.append(self._escape(text[at:]))
+        self.stream.write("".join(parts))
+        self.stream.flush()
+
+    def _escape(self, text: str) -> str:
+        return self._OTHER.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
 def print_table(
     headers: Sequence[str],
     rows: Iterable[Sequence[Any]],

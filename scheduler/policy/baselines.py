@@ -31,7 +31,15 @@ from scheduler.policy.placement import (
     missed,
     unallocated_filter,
 )
-from scheduler.policy.types import ClusterSnapshot, Decision, JobView, Place, PolicyConfig, Queue
+from scheduler.policy.types import (
+    ClusterSnapshot,
+    Decision,
+    JobView,
+    Place,
+    PolicyConfig,
+    Queue,
+    Resume,
+)
 
 
 def exclusive_placement(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
@@ -71,6 +79,7 @@ class _Exclusive(Policy):
         def skip(size: int) -> bool:
             return not reasons and (blocked_by is not None or missed(ledger, misses, self.filters, size))
 
+        self._resume_left_suspended(ledger, out)
         for job in ledger.queued_in_order(skip):
             if blocked_by is not None:
                 out.append(Queue(job.id, f"behind job {blocked_by} (first come, first served)"))
@@ -85,6 +94,20 @@ class _Exclusive(Policy):
             ledger.bind(job.id, cand.gpus, "RUNNING")
             out.append(Place(job.id, cand.gpus, reason=f"{self.name}: dedicated GPUs"))
         return out
+
+
+    def _resume_left_suspended(self, ledger: Ledger, out: list[Decision]) -> None:
+        """Jobs another policy left suspended (the scheduler restarted with this one while
+        jobs were time-sliced) keep their GPUs; this policy never suspends, so nothing
+        else would ever resume them: each is resumed once nothing runs on its GPUs, the
+        first submitted first. Before, they stayed SUSPENDED for good, holding their GPUs."""
+        for job_id in sorted(ledger.by_state.get("SUSPENDED", ()), key=lambda j: arrival_key(ledger.jobs[j])):
+            gpus = ledger.placement[job_id]
+            if any(ledger.state[other] in ("RUNNING", "MIGRATING") for g in gpus for other in ledger.bound.get(g, ())):
+                continue
+            ledger.set_state(job_id, "RUNNING")
+            out.append(Resume(job_id, gpus, reason=f"{self.name}: its GPUs are free again (it was suspended "
+                                                   "under another policy, which time-sliced them)"))
 
 
 class FifoPolicy(_Exclusive):

@@ -151,3 +151,18 @@ def test_tiresias_demotes_a_job_one_queue_per_event(mk) -> None:
 def test_tiresias_thresholds_must_be_positive_and_rising(limits: tuple[float, ...]) -> None:
     with pytest.raises(ValueError, match="tiresias_thresholds_gpu_s must be positive and strictly rising"):
         PolicyConfig(tiresias_thresholds_gpu_s=limits)
+
+
+@pytest.mark.parametrize("name", ["fifo", "yarn-cs", "yarn-cs-local"])
+def test_jobs_left_suspended_by_another_policy_are_resumed_once_their_gpus_are_free(mk, name: str) -> None:
+    """The scheduler restarted with an exclusive baseline while jobs were time-sliced by
+    gandiva: a suspended job waits while another runs on its GPU, then resumes (one per
+    GPU, the first submitted first). It used to stay SUSPENDED for good, holding its GPU."""
+    sliced = mk.job("sliced", state="SUSPENDED", placement=mk.on("s0", 0), submitted_at=1)
+    later = mk.job("later", state="SUSPENDED", placement=mk.on("s0", 0), submitted_at=2)
+    running = mk.job("running", state="RUNNING", placement=mk.on("s0", 0))
+    assert get_policy(name).decide(mk.snap(10, mk.servers(1), running, sliced, later)) == []
+    d = get_policy(name).decide(mk.snap(20, mk.servers(1), sliced, later, mk.job("new", submitted_at=3)))
+    assert mk.kinds(d) == [("Resume", "sliced"), ("Place", "new")]
+    assert d[0].gpus == mk.on("s0", 0) and "suspended under another policy" in d[0].reason
+    assert d[1].gpus != mk.on("s0", 0)

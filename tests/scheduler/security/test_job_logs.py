@@ -78,6 +78,43 @@ def test_only_the_owner_and_operators_read_a_jobs_output(secured: Any, connect: 
             with pytest.raises(grpc.RpcError) as err:
                 alice.ReadJobLog(bad)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in (err.value.details() or "")
+
+        # A job's output with escape sequences, read by an operator on a terminal: before, printed as
+        # it was, it set the terminal's title and clipboard (OSC 0, OSC 52). Now only its colours, line
+        # ends and carriage returns act; piped (into a file) it stays byte for byte.
+        shown = "\x1b[31mred\x1b[0m \x1b]52;c;cHduZWQ=\x07 \x1b]0;owned\x07 \u202eevil\rbar\n"
+        hostile = alice.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+            command=[sys.executable, "-c", f"import sys; sys.stdout.write({shown!r})"], workdir=str(tmp_path),
+            gpus=1))).job.id
+        wait_for(lambda: alice.GetJob(scheduler_pb2.GetJobRequest(id=hostile)).state
+                 == common_pb2.JOB_STATE_SUCCEEDED, 60)
+        assert shown.replace("\r", "\n") in logs(secured.address, hostile, tokens["root"]).stdout  # piped: as it is
+        assert _on_a_terminal("logs", hostile, "--scheduler", secured.address, "--token", tokens["root"]).count(
+            "\x1b[31mred\x1b[0m \\x1b]52;c;cHduZWQ=\\x07 \\x1b]0;owned\\x07 \\u202eevil\rbar") == 1
     finally:
         helper.terminate()
         helper.wait(20)
+
+
+def _on_a_terminal(*argv: str) -> str:
+    """What `gandiva ARGV` prints to a terminal (a pseudo-terminal of its own), as raw text."""
+    import pty
+
+    from gandiva_cli import main as gandiva_main
+
+    leader, follower = pty.openpty()
+    out = os.fdopen(follower, "w", encoding="utf-8", closefd=True)
+    saved, sys.stdout = sys.stdout, out
+    try:
+        assert gandiva_main.main(list(argv)) == 0
+    finally:
+        sys.stdout = saved
+        out.close()
+    got = b""
+    try:
+        while chunk := os.read(leader, 1 << 16):
+            got += chunk
+    except OSError:  # EIO: every writer closed
+        pass
+    os.close(leader)
+    return got.decode().replace("\r\n", "\n")
