@@ -51,13 +51,18 @@ class Watch:
     # Set when a flagged job moved on: how long it went without a mini-batch (the engine
     # records it, then clears it).
     moved_on_after: float = 0.0
+    # When its program ended (it closed its runtime stream: tf_runtime's end of the script),
+    # and whether the engine said that its process has not exited since.
+    ended_at: float = 0.0
+    ended_said: bool = False
 
 
 @dataclass(frozen=True)
 class Verdict:
     """What the engine should do about one job: ``flag`` it (hung for ``silent_s``, past
-    ``bound_s``), ``restart`` it, or record that it ``moved_on`` (a flagged job whose
-    mini-batches end again)."""
+    ``bound_s``), ``restart`` it, record that it ``moved_on`` (a flagged job whose
+    mini-batches end again), or say that its program ended ``silent_s`` ago and its process
+    has ``not_exited`` (no action: it is past its training, not hung in it)."""
 
     action: str
     job_id: str
@@ -102,6 +107,7 @@ class HangWatch:
         if steps > w.steps:
             w.steps = steps
             w.rises += 1
+            w.ended_at, w.ended_said = 0.0, False  # another program of the launch trains
             if w.flagged_at:
                 w.moved_on_after = now - w.since
                 w.flagged_at = 0.0
@@ -109,6 +115,19 @@ class HangWatch:
         if other_run or w.other_run:
             w.since = now  # in such a run, or it just ended: its clock starts again
         w.other_run = other_run
+
+    def ended(self, job_id: str, incarnation: str) -> None:
+        """That launch's program ended: its shim closed its runtime stream at the end of
+        the script (normally or by an exception). Its process should exit at once; if it
+        does not (a thread that is not a daemon, a wrapper script going on), it is not
+        hung in a mini-batch: restarting it from its checkpoint would train its end again."""
+        if not self.enabled:
+            return
+        now = self.clock()
+        w = self.watches.get(job_id)
+        if w is None or w.incarnation != incarnation:
+            w = self.watches[job_id] = Watch(incarnation, 0, now)
+        w.ended_at, w.ended_said = now, False
 
     def judge(self, running: dict[str, str], unfinished: Iterable[str]) -> list[Verdict]:
         """Verdicts on every watched job. `running`: job id -> current incarnation of the
@@ -139,6 +158,11 @@ class HangWatch:
             if w.moved_on_after:
                 out.append(Verdict("moved_on", job_id, w.incarnation, w.moved_on_after, bound, w.interval))
                 w.moved_on_after = 0.0
+            if w.ended_at:
+                if not w.ended_said and now - w.ended_at >= self.after_s:
+                    w.ended_said = True
+                    out.append(Verdict("not_exited", job_id, w.incarnation, now - w.ended_at, self.after_s, w.interval))
+                continue
             if w.rises < 2 or w.other_run:
                 continue
             if not w.flagged_at and silent >= bound:

@@ -79,6 +79,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     yield getter.result()
                     continue
                 getter.cancel()
+                if reader.exception() is None:
+                    # At the end of its program (tf_runtime closes the stream then): a process
+                    # that lingers after it is not hung in a mini-batch (scheduler/hangs.py).
+                    self.core.hangs.ended(conn.job_id, conn.incarnation)
                 return  # the shim closed its side
         finally:
             reader.cancel()

@@ -301,6 +301,10 @@ class LiveEngine:
             server = await repo.last_server(s, job.id)
             if v.action == "moved_on":
                 note = f"moves on: a mini-batch ended after {v.silent_s:.0f}s without one (it was flagged hung)"
+            elif v.action == "not_exited":
+                note = (f"its program ended {v.silent_s:.0f}s ago (it closed its Gandiva runtime) but its "
+                        "process has not exited (a thread that is not a daemon? its wrapper script going "
+                        f"on?): it keeps its GPUs until it exits (gandiva kill {job.id} stops it)")
             elif v.action == "flag":
                 then = (f"it is stopped and restarted from its checkpoint if none ends within "
                         f"{settings.hang_restart_after_s:.0f}s more" if settings.hang_restart_after_s > 0
@@ -323,7 +327,8 @@ class LiveEngine:
                 job.message = note
             repo.add_event(s, now, "job.hung", note, job_id=job.id, server=server)
         (log.info if v.action == "moved_on" else log.warning)("job %s: %s", v.job_id, note)
-        self.observer.hang({"flag": "flagged", "moved_on": "moved_on", "restart": "restarted"}[v.action])
+        self.observer.hang({"flag": "flagged", "moved_on": "moved_on", "restart": "restarted",
+                            "not_exited": "not_exited"}[v.action])
         if v.action == "restart":
             self.core.hangs.forget(v.job_id)
             # Commands still waiting for its boundary (a suspend sent before the flag) end now.

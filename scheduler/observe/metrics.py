@@ -176,7 +176,8 @@ class SchedulerMetrics(Observer):
         self.hangs = Counter(
             "gandiva_job_hangs", "Verdicts on running jobs that made no progress: flagged (hung), "
             "moved_on (a flagged job's mini-batches end again), restarted (stopped and re-queued "
-            "from its checkpoint, or failed after its last restart)", ["outcome"], registry=r)
+            "from its checkpoint, or failed after its last restart), not_exited (its program ended "
+            "but its process lingers)", ["outcome"], registry=r)
         self.jobs_hung = Gauge("gandiva_jobs_hung", "Running jobs flagged hung now (no mini-batch "
                                "for their bound: docs/scheduler.md)", registry=r)
         self.job_series_dropped = Gauge(

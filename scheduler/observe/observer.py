@@ -29,5 +29,6 @@ class Observer:
 
     def hang(self, outcome: str) -> None:
         """A verdict on a job that made no progress (scheduler/hangs.py): flagged (hung),
-        moved_on (a flagged job's mini-batches end again) or restarted (stopped and
-        re-queued, or failed after its last restart)."""
+        moved_on (a flagged job's mini-batches end again), restarted (stopped and
+        re-queued, or failed after its last restart) or not_exited (its program ended but
+        its process lingers: said, nothing done)."""

@@ -14,7 +14,9 @@ migration's checkpoint with this many bytes (a transfer that takes a while). FAK
 a SUSPEND that much later (suspended meanwhile). FAKE_TERM_EXIT: exit with this status
 on SIGTERM. FAKE_RESTORE_S: a pre-warmed copy takes this long to restore once activated. FAKE_HANG_AT:
 hangs (alive, no step, no command obeyed) once it has done this many steps; with FAKE_HANG_ONCE=PATH
-only if PATH does not exist yet (it makes it: the next launch trains on). A CHECKPOINT command
+only if PATH does not exist yet (it makes it: the next launch trains on). FAKE_LINGER_S: after its
+last step (its stream closed, as the shim does at the program's end) it lingers this long before it
+exits (a thread that is not a daemon). A CHECKPOINT command
 saves and trains on; SUSPEND holds until RESUME (or another command); any other command
 ends the process (STOP_FOR_MIGRATION after its checkpoint).
 """
@@ -147,6 +149,7 @@ def main() -> int:
         if limit and step >= limit:
             outgoing.put(None)
             time.sleep(0.2)  # the last progress leaves before the exit, as with the shim
+            time.sleep(float(ENV.get("FAKE_LINGER_S", "0")))
             return 0
         try:
             cmd = commands.get_nowait()

@@ -43,9 +43,10 @@ def test_a_hung_job_is_flagged_then_resumed_from_its_checkpoint_and_a_slow_one_i
 
     # Steps of 1.2 s, longer than the 1 s floor: its bound is 20 of its own steps.
     slow = submit("slow", FAKE_STEPS="5", FAKE_STEP_S="1.2")
-    # Hangs at step 60 (after 1.2 s and a few checkpoints), once: its next launch trains on.
+    # Hangs at step 60 (after 1.2 s and a few checkpoints), once: its next launch trains on,
+    # and lingers 3 s after its last step (past its 1-s bound): not hung, not restarted.
     hung = submit("hung", FAKE_STEPS="100", FAKE_STEP_S="0.02", FAKE_HANG_AT="60",
-                  FAKE_HANG_ONCE=str(tmp_path / "hung-once"))
+                  FAKE_HANG_ONCE=str(tmp_path / "hung-once"), FAKE_LINGER_S="3")
     (hung_pid,) = wait_for(lambda: _job_pids(hung, warm=False), 30)
 
     flagged = wait_for(lambda: (j := job(hung)).message.startswith("hung?") and j, 30)
@@ -67,12 +68,14 @@ def test_a_hung_job_is_flagged_then_resumed_from_its_checkpoint_and_a_slow_one_i
     assert [t.to_state for t in done.history].count(common_pb2.JOB_STATE_RUNNING) == 2
     events = hung_events(hung)
     assert events[0].startswith("hung? no mini-batch for") and events[1].startswith("hung: no mini-batch"), events
+    assert len(events) == 3 and "program ended" in events[2] and "has not exited" in events[2], events
 
     finished = wait_for(lambda: (j := job(slow)).state in DONE and j, 60)
     assert finished.state == common_pb2.JOB_STATE_SUCCEEDED and finished.steps == 5, finished.message
     assert hung_events(slow) == [] and not finished.message.startswith("hung"), finished.message
     metrics = scrape(sched)
     for line in ('gandiva_job_hangs_total{outcome="flagged"} 1.0', 'gandiva_job_hangs_total{outcome="restarted"} 1.0',
+                 'gandiva_job_hangs_total{outcome="not_exited"} 1.0',
                  "gandiva_jobs_hung 0.0"):
         assert line in metrics, line
 

@@ -99,3 +99,14 @@ def test_a_flagged_job_that_moves_on_is_said_to_and_a_relaunch_starts_over() -> 
     clock.now += 5000
     assert actions(watch, running={"j": "i2"}) == []  # its start-up again
     assert actions(watch, running={}) == [] and watch.judge({}, []) == [] and watch.watches == {}
+
+
+def test_a_process_lingering_after_its_program_ended_is_said_not_restarted() -> None:
+    clock = Clock()
+    watch = HangWatch(after_s=60, restart_after_s=30, clock=clock)
+    started(watch, clock)
+    watch.ended("j", "i1")  # its shim closed the stream: the script returned
+    clock.now += 61
+    assert actions(watch) == [("not_exited", 61)]
+    clock.now += 10_000
+    assert actions(watch) == [] and watch.flagged() == set()
