@@ -23,7 +23,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from scheduler import transport
+from scheduler import eta, transport
 from scheduler.cli import output
 
 TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
@@ -106,14 +106,17 @@ def render(state: dict[str, Any], show_all: bool = False) -> Group:
                                     output.host_memory(srv.get("host_memory_used", 0), srv.get("host_memory", 0))
                                     if k == 0 else "", str(g["index"]), g["mode"], f"{g['utilization']:.0%}"), on_gpu)
     jobs = Table(title="jobs", title_justify="left")
-    for col in ("job", "name", "state", "GPUs", "where", "mini-batches", "rate/s", "last decision"):
-        jobs.add_column(col, justify="right" if col in ("mini-batches", "rate/s") else "left",
+    for col in ("job", "name", "state", "GPUs", "where", "mini-batches", "rate/s", "ETA", "last decision"):
+        jobs.add_column(col, justify="right" if col in ("mini-batches", "rate/s", "ETA") else "left",
                         no_wrap=col != "last decision", overflow="ellipsis" if col != "last decision" else "fold")
     for j in active:
         d = j["last_decision"]
         rate = f"{j['rate']:.1f}" if j["state"] == "RUNNING" else "-"  # a stopped job has no pace now
         jobs.add_row(*_cells(j["id"], j["name"], j["state"].lower(), str(j["gpus"]), " ".join(j["placement"]),
-                             str(j["steps"]), rate, f"{d['kind']}: {d['reason']}" if d else j["message"]))
+                             j.get("progress", "").removeprefix("step ") or str(j["steps"]), rate,
+                             eta.short(-1.0 if j.get("eta_s") is None else j["eta_s"], j["steps"],
+                                       j.get("total_steps", 0)),
+                             f"{d['kind']}: {d['reason']}" if d else j["message"]))
     latest = Text()
     for d in state["decisions"][-8:]:
         latest.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "

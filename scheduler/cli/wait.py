@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.text import Text
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from scheduler import eta
 from scheduler.cli import output
 from scheduler.cli.client import (
     EXIT_INTERRUPTED,
@@ -127,7 +128,11 @@ class Follower:
     def progress(self, jobs: Sequence[common_pb2.Job]) -> str:
         if len(jobs) == 1:
             job = jobs[0]
-            return (f"{job.spec.name} {job.id}  {state_name(job.state)}  steps {job.steps}  "
+            done = f"steps {job.steps}"
+            if job.total_steps > 0:  # its progress and ETA (scheduler/eta.py)
+                done = (f"{eta.progress_text(job.steps, job.total_steps)}  ETA "
+                        f"{eta.about(job.eta_s) if job.eta_s >= 0 else 'unknown'}")
+            return (f"{job.spec.name} {job.id}  {state_name(job.state)}  {done}  "
                     f"rate {output.rate(job.rate)}/s  on {output.placement(job.placement)}")
         counts: dict[str, int] = {}
         for job in jobs:

@@ -57,3 +57,29 @@ def test_without_a_total_or_once_done() -> None:
     assert estimate(_job("SUCCEEDED"), "", []) == (-1.0, "")
     assert estimate(_job(steps=1000), "node-a/0", []) == (0.0, "at its last mini-batch")
     assert [short(s, 1, 2) for s in (5, 720, 7500, 200000)] == ["50%/5s", "50%/12m", "50%/2h05", "50%/2d07h"]
+
+
+def test_top_and_a_waiting_submit_show_progress_and_eta() -> None:
+    """`gandiva top` and `gandiva-submit`'s wait line carry the same progress and ETA."""
+    import io
+
+    from protos.gandiva.v1 import common_pb2
+    from scheduler.cli import top
+    from scheduler.cli.output import Console
+    from scheduler.cli.wait import Follower
+
+    job = common_pb2.Job(id="j-a", spec=common_pb2.JobSpec(name="net"), state=common_pb2.JOB_STATE_RUNNING,
+                         steps=340, total_steps=1000, eta_s=330.0, rate=2.0)
+    line = Follower.progress(None, [job])  # type: ignore[arg-type]
+    assert "step 340 / 1,000 (34%)  ETA ~6 min  rate 2.00/s" in line, line
+    job.eta_s = -1
+    assert "ETA unknown" in Follower.progress(None, [job])  # type: ignore[arg-type]
+    state = {"servers": [], "height": 0, "overloaded": False, "decisions": [], "jobs": [
+        {"id": "j-a", "name": "net", "state": "RUNNING", "gpus": 1, "placement": ["n/0"], "steps": 340, "rate": 2.0,
+         "last_decision": None, "message": "", "total_steps": 1000, "progress": "step 340 / 1,000 (34%)", "eta_s": 330.0},
+        {"id": "j-b", "name": "old", "state": "QUEUED", "gpus": 1, "placement": [], "steps": 0, "rate": 0.0,
+         "last_decision": None, "message": ""}]}  # a scheduler from before: no progress fields
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    with console.capture() as shown:
+        console.print(top.render(state))
+    assert "340 / 1,000 (34%)" in shown.get() and "34%/6m" in shown.get(), shown.get()
