@@ -9,6 +9,7 @@ arrive as a dict of single values.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -20,6 +21,11 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 16 << 10
 READ_TIMEOUT_S = 10.0
+# Connections served at once; past it a new one is answered 503 and closed at once. Without a
+# bound, idle connections (each held up to READ_TIMEOUT_S) used up the process's file
+# descriptors: the scheduler's gRPC listener then accepted no helper or client ("File
+# descriptor limit reached") and its database could open no file.
+MAX_CONNECTIONS = 64
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class HttpServer:
         self.public = public
         self._server: asyncio.base_events.Server | None = None
         self.address = ""
+        self._open = 0
 
     async def start(self) -> str:
         try:
@@ -81,6 +88,19 @@ class HttpServer:
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            with contextlib.suppress(ConnectionError):
+                writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+                             b"Connection: close\r\n\r\n")
+            writer.close()  # not awaited: nothing waits on a client that reads nothing
+            return
+        self._open += 1
+        try:
+            await self._serve_one(reader, writer)
+        finally:
+            self._open -= 1
+
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         method = ""
         try:
             head = await asyncio.wait_for(_read_head(reader), READ_TIMEOUT_S)

@@ -259,3 +259,30 @@ def test_a_helper_back_with_fewer_gpus_requeues_the_jobs_on_the_missing_ones(cha
     assert (server.gpus, server.allocated) == (1, 1)
     assert {stub.GetJob(scheduler_pb2.GetJobRequest(id=i)).state for i in ids if i != on_gpu1} == {
         common_pb2.JOB_STATE_RUNNING}
+
+
+def test_idle_dashboard_connections_cannot_use_up_the_schedulers_files(make_scheduler: Any, sqlite_url: str,
+                                                                         wait_for: Any) -> None:
+    """Each idle connection to --http-listen held a file descriptor for up to 10 s, without a
+    bound: a client holding 1,100 of them (under `ulimit -n 1024`) left the gRPC listener
+    accepting nothing ("File descriptor limit reached") and the database no file to open.
+    Now past 64 at once a connection is answered 503 and closed at once."""
+    import os
+
+    sched = make_scheduler(sqlite_url, tick_s=0.5, http_listen="127.0.0.1:0")
+    host, port = sched.server.http_address.rsplit(":", 1)
+    before = len(os.listdir("/proc/self/fd"))
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(200)]
+    try:
+        for s in idle:
+            s.sendall(b"GET / HTTP/1.1\r\n")  # a head that never ends
+        late = idle[-1].recv(100)  # one past the bound: answered at once, not after 10 s
+        assert late.startswith(b"HTTP/1.1 503 "), late
+        # The test's own 200 sockets, and at most 64 (and some slack) of the scheduler's, once the
+        # refused ones are closed (without the bound all 200 stayed open for 10 s).
+        wait_for(lambda: len(os.listdir("/proc/self/fd")) - before < 200 + 64 + 40, timeout=5)
+        with grpc.insecure_channel(sched.address) as ch:
+            scheduler_pb2_grpc.SchedulerStub(ch).ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10)
+    finally:
+        for s in idle:
+            s.close()
