@@ -206,9 +206,9 @@ def _unavailable_text(err: BaseException, health: DatabaseHealth | None = None) 
     if health is None:
         return f"database unreachable ({type(err).__name__}); retry shortly"
     # Its type and its first line, bounded (a connect error: no data of anyone's in it).
-    root = err
-    while root.__cause__ is not None:  # the driver's own error under SQLAlchemy's and its adapter's
-        root = root.__cause__
+    root: BaseException = err
+    while root.__cause__ is not None and not isinstance(root.__cause__, asyncio.CancelledError):
+        root = root.__cause__  # the driver's own error under SQLAlchemy's and its adapter's
     why = type(root).__name__
     detail = first[:120] if first != why else ""
     return f"{health.unreachable(f'{why}: {detail}' if detail else why)}; retry shortly"

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from scheduler.errors import GandivaError, Unauthenticated, Unavailable
 from scheduler.eta import Sharer, estimate, eta_text, progress_text
 from scheduler.lifecycle import JobState
 from scheduler.observe.http import Guard, Handler, Response, prometheus_route
-from scheduler.observe.metrics import SchedulerMetrics
+from scheduler.observe.metrics import DB_WAIT_S, SchedulerMetrics
 
 QUERY_MAX = 2**53  # the largest whole number JSON (and a browser) carries exactly
 
@@ -166,12 +167,13 @@ def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
 
     async def state(_: Mapping[str, str]) -> Response:
         try:
-            view = await cluster_state(core, metrics)
-        except Unavailable as err:
+            view = await asyncio.wait_for(cluster_state(core, metrics), DB_WAIT_S)
+        except (Unavailable, TimeoutError) as err:
             # The scheduler answers; what it cannot give is the database's view.
             health = core.db_health.as_dict()
-            return Response.json({"now": core.clock(), "error": health["text"] or str(err),
-                                  "database": health}, status=503)
+            said = health["text"] or (str(err) if isinstance(err, Unavailable) else
+                                      f"the scheduler is up; its database did not answer within {DB_WAIT_S:.0f}s")
+            return Response.json({"now": core.clock(), "error": said, "database": health}, status=503)
         view["database"] = core.db_health.as_dict()
         return Response.json(view)
 
@@ -191,8 +193,8 @@ def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
         gpus = metrics.timeline.export(now - ago)
         used = {j for segs in gpus.values() for s in segs for k in ("running", "waiting", "migrating") for j in s[k]}
         try:
-            names = await _names(core, sorted(used))
-        except Unavailable:
+            names = await asyncio.wait_for(_names(core, sorted(used)), DB_WAIT_S)
+        except (Unavailable, TimeoutError):
             names = {}  # the timeline is in memory: served without the jobs' names
         return Response.json({"now": now, "since": now - ago, "gpus": gpus,
                               "jobs": {j: names.get(j, "") for j in sorted(used)}})

@@ -10,6 +10,7 @@ in one process).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import inspect
 import itertools
@@ -26,6 +27,9 @@ from scheduler.lifecycle import JobState
 from scheduler.observe.observer import Observer
 from scheduler.policy import types as pt
 
+# How long /metrics and the dashboard's JSON wait for the database before they answer
+# without it (Prometheus gives a scrape 10 s; asyncpg's connect times out after 30 s).
+DB_WAIT_S = 5.0
 # Per-job series are bounded: only this many running jobs (fastest first) get one.
 MAX_JOB_SERIES = 50
 DECISION_LOG_SIZE = 2000
@@ -261,15 +265,17 @@ class SchedulerMetrics(Observer):
 
     # ---- scrape-time gauges ---------------------------------------------------
 
-    async def refresh(self, core: Any) -> None:
+    async def refresh(self, core: Any, timeout_s: float = DB_WAIT_S) -> None:
         """Recompute the gauges about the cluster from the database (one read transaction).
-        With the database unreachable they are left out (no stale values); the rest of
-        the metrics, gandiva_database_up 0 among them, are still served."""
+        With the database unreachable, or not answering within `timeout_s` (a network
+        partition, a hung server: its connect timeout is 30 s, a scrape's 10 s), they are
+        left out (no stale values); the rest of the metrics, gandiva_database_up among
+        them, are still served."""
         from scheduler.errors import Unavailable
 
         try:
-            await self._refresh(core)
-        except Unavailable:
+            await asyncio.wait_for(self._refresh(core), timeout_s)
+        except (Unavailable, TimeoutError):
             for metric in (self.jobs, self.server_up, self.server_gpus, self.gpus_allocated,
                            self.gpus_oversubscribed, self.height, self.job_rate, self.user_gpu_seconds,
                            self.user_gpus_running):

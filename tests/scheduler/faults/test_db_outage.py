@@ -4,6 +4,7 @@ message, and the service recovers by itself, without a restart."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import re
@@ -51,7 +52,13 @@ class TcpProxy:
         finally:
             w.close()
 
+    # Accept connections and never answer (a network partition, a hung database server).
+    hole = False
+
     async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        if self.hole:
+            self.writers.add(cw)
+            return
         try:
             sr, sw = await asyncio.open_connection(*self.target)
         except OSError:
@@ -93,9 +100,9 @@ def proxied_pg_url(pg_url: str) -> Iterator[tuple[str, TcpProxy]]:
     proxy.loop.call_soon_threadsafe(proxy.loop.stop)
 
 
-def _http(address: str, path: str) -> tuple[int, str]:
+def _http(address: str, path: str, timeout: float = 30) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as r:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
@@ -158,6 +165,18 @@ def test_database_outage_gives_unavailable_then_recovers(proxied_pg_url, make_sc
         wait_for(lambda: _samples(_http(web, "/metrics")[1])[("gandiva_database_up", ())] == 1.0, 30)
         status, body = _http(web, "/api/state")
         assert status == 200 and json.loads(body)["database"]["up"] is True, body
+        # A database that answers nothing (its connect times out after 30 s): /metrics and
+        # /api/state still answer within a scrape's 10 s (they took a minute each).
+        proxy.cut()
+        proxy.hole = True
+        proxy.restore()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            (status, text), (state, body) = pool.map(lambda path: _http(web, path, timeout=10), ["/metrics", "/api/state"])
+        assert status == 200 and not any(name == "gandiva_jobs" for name, _ in _samples(text))
+        assert state == 503 and json.loads(body)["error"].startswith("the scheduler is up; its database "), body
+        proxy.cut()
+        proxy.hole = False
+        proxy.restore()
         second = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec()), timeout=30).job
         jobs = {j.id for j in stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs}
         # The submission that failed during the outage was not half-written.
