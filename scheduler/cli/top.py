@@ -59,6 +59,10 @@ class Refused(ValueError):
     """The scheduler wants a token (401) or an operator's (403): its own words."""
 
 
+class Unhealthy(ValueError):
+    """The scheduler answered 503: it is up, its database is not (its own words)."""
+
+
 def fetch(address: str, token: str = "") -> dict[str, Any]:
     request = urllib.request.Request(f"http://{address}/api/state",
                                      headers={"Authorization": f"Bearer {token}"} if token else {})
@@ -72,6 +76,12 @@ def fetch(address: str, token: str = "") -> dict[str, Any]:
         if err.code in (401, 403):
             said = output.visible(err.read(2048).decode("utf-8", "replace").strip())
             raise Refused(f"http://{address}/api/state: {said}") from None
+        if err.code == 503:
+            try:
+                said = str(json.loads(err.read(8192))["error"])
+            except (ValueError, KeyError, TypeError):
+                raise err from None
+            raise Unhealthy(output.visible(said)) from None
         raise
 
 
@@ -142,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         state = fetch(args.http, token)
-    except (NotHttp, Refused) as err:
+    except (NotHttp, Refused, Unhealthy) as err:
         print(f"gandiva top: {err}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError, ValueError) as err:
@@ -158,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(args.interval)
                 try:
                     live.update(render(fetch(args.http, token), args.all))
+                except Unhealthy as err:  # not "cannot reach": the scheduler answered
+                    live.update(Text(f"{err}; retrying", style="red"))
                 except (urllib.error.URLError, OSError, ValueError) as err:
                     live.update(Text(f"cannot reach the scheduler ({err}); retrying", style="red"))
     except KeyboardInterrupt:

@@ -157,6 +157,9 @@ def test_database_outage_gives_unavailable_then_recovers(proxied_pg_url, make_sc
                              capture_output=True, text=True, timeout=60, check=False)
         assert cli.returncode != 0 and len(cli.stderr.strip().splitlines()) == 1, cli.stderr
         assert f"the scheduler at {sched.address} is up; its database is unreachable since" in cli.stderr, cli.stderr
+        top = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "top", "--once", "--http", web],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert top.returncode == 1 and DOWN.match(top.stderr.removeprefix("gandiva top: ")), top.stderr
         if CHROMIUM is not None or os.environ.get("GANDIVA_REQUIRE_BROWSER") == "1":
             dom = chromium_dom(f"http://{web}/")
             assert re.search(r'<div id="error" class="bad">the scheduler is up; its database is unreachable since '
