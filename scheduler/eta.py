@@ -46,7 +46,7 @@ def progress_text(steps: int, total: int) -> str:
     """'step 340 / 1,000 (34%)'; '' without a total."""
     if total <= 0:
         return ""
-    return f"step {steps:,} / {total:,} ({min(100, int(100 * steps / total))}%)"
+    return f"step {steps:,} / {total:,} ({int(100 * steps / total)}%)"  # past 100%: the total was a guess
 
 
 def _weight(priority: int) -> int:
@@ -60,6 +60,8 @@ def estimate(job: Job, gpu: str, sharers: Sequence[Sharer]) -> tuple[float, str]
     if total <= 0 or state.terminal:
         return UNKNOWN, ""
     left = total - (job.steps or 0)
+    if left < 0 and job.total_steps_from != "program":
+        return UNKNOWN, f"unknown: it ran past the {total:,} mini-batches given at submission (--steps)"
     if left <= 0:
         return 0.0, "at its last mini-batch"
     if state is JobState.QUEUED:
@@ -105,7 +107,7 @@ def short(eta_s: float, steps: int, total: int) -> str:
     unknown), '-' (no total)."""
     if total <= 0:
         return "-"
-    pct = f"{min(100, int(100 * steps / total))}%"
+    pct = f"{int(100 * steps / total)}%"
     if eta_s < 0:
         return f"{pct}/?"
     return f"{pct}/{_rough(eta_s, 'm')}"

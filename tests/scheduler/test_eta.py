@@ -56,6 +56,10 @@ def test_without_a_total_or_once_done() -> None:
     assert short(-1.0, 340, 0) == "-" and progress_text(340, 0) == ""
     assert estimate(_job("SUCCEEDED"), "", []) == (-1.0, "")
     assert estimate(_job(steps=1000), "node-a/0", []) == (0.0, "at its last mini-batch")
+    # A total given at submission is a guess: a job past it says so, not "at its last mini-batch".
+    assert estimate(_job(steps=1250), "node-a/0", []) == (
+        -1.0, "unknown: it ran past the 1,000 mini-batches given at submission (--steps)")
+    assert progress_text(1250, 1000) == "step 1,250 / 1,000 (125%)" and short(-1.0, 1250, 1000) == "125%/?"
     assert [short(s, 1, 2) for s in (5, 720, 7500, 200000)] == ["50%/5s", "50%/12m", "50%/2h05", "50%/2d07h"]
 
 
