@@ -97,7 +97,7 @@ class Fake:
             self._beater.start()
 
     def submit(self, gpus: int = 1) -> str:
-        spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=gpus)
+        spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=gpus, steps=1000)  # (steps: for its ETA)
         return self.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
 
     def job(self, job_id: str) -> common_pb2.Job:
@@ -593,6 +593,9 @@ def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_schedule
         job = f.job(job_id)
         assert job.steps == 42, job.steps
         assert "from its checkpoint's step 42 (it was at 100)" in job.history[-1].reason, job.history[-1].reason
+        # Its rate was its lost launch's: no ETA from it until the new launch measures one.
+        assert job.eta_s == -1 and job.eta_note == ("unknown until its rate on its current 1 GPU(s) is measured (it "
+                                                    "ran 5.0 mini-batches/s before it was started again or moved)")
         shim.close()
     finally:
         f.close()
