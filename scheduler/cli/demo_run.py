@@ -76,6 +76,7 @@ class DemoRun:
             command=["python", _example("mlp"), "--steps", str(steps), "--step-sleep", "0.03",
                      "--replicas", "1", "--lr", "0.01", *extra],
             workdir=str(self.run_dir), gpus=gpus, priority=1, grow_shrink=grow,
+            steps=steps,  # its progress and ETA on the dashboard
         )
 
     def submit(self, spec: common_pb2.JobSpec) -> str:

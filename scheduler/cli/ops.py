@@ -401,11 +401,11 @@ MIGRATION_MARK = "migrat"
 DESCRIBE_EVENTS = 20
 
 
-_TOTAL_FROM = {"spec": "as given at submission (--steps)", "program": "where its program stops (StopAtStepHook)"}
+_TOTAL_FROM = {"spec": "as given at submission (--steps)", "program": "where its program's StopAtStepHook stops it"}
 
 
 def _steps(job: common_pb2.Job) -> str:
-    """'step 340 / 1,000 (34%; where its program stops (StopAtStepHook))', or the count."""
+    """'step 340 / 1,000 (34%; where its program's StopAtStepHook stops it)', or the count."""
     if job.total_steps <= 0:
         return str(job.steps)
     said = eta.progress_text(job.steps, job.total_steps)
