@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -31,11 +32,13 @@ _PATH_FIELDS = {"launch": "restore_checkpoint", "activate": "restore_checkpoint"
 
 
 class CommandFailed(Exception):
-    """A command that could not be carried out; becomes ok=false with this message."""
+    """A command that could not be carried out; becomes ok=false with this message.
+    ``server_fault``: for a reason of this server's, not the job's."""
 
-    def __init__(self, message: str, exit_code: int = 0) -> None:
+    def __init__(self, message: str, exit_code: int = 0, server_fault: bool = False) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.server_fault = server_fault
 
 
 class JobTable:
@@ -126,7 +129,7 @@ class JobTable:
                 raise CommandFailed(f"command {cmd.command_id}: no body (unknown command kind?)")
             result.ok = True
         except CommandFailed as exc:
-            result = Result(ok=False, message=str(exc), exit_code=exc.exit_code)
+            result = Result(ok=False, message=str(exc), exit_code=exc.exit_code, server_fault=exc.server_fault)
         except (CheckpointError, ValueError, OSError) as exc:
             result = Result(ok=False, message=f"{kind}: {exc}")
         except Exception as exc:  # a bug or a peer failure; the scheduler must still hear back
@@ -181,7 +184,14 @@ class JobTable:
             warm=req.warm,
         )
         t0 = time.monotonic()
-        await proc.start(self._exited)
+        try:
+            await proc.start(self._exited)
+        except OSError as exc:
+            # The program was found and is executable (above): what failed is this server's
+            # (its job log not writable, its disk full; no process could be made). Not the
+            # job's fault: the scheduler places it elsewhere instead of failing it.
+            raise CommandFailed(f"launch: {self.server} could not start it: {exc}",
+                                server_fault=exc.errno != errno.ENOEXEC) from exc
         self.processes[(req.job_id, req.incarnation)] = proc
         result = Result(message=f"pid {proc.pid}")
         if req.warm:

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 # Fetches of a checkpoint that may fail in a row before the job starts from step 0 instead.
 MAX_FETCH_TRIES = 3
+# A server whose helper failed a launch for a reason of its own (its disk full, no process
+# could be started) gets no new job for this long; then a launch tries it again.
+LAUNCH_QUARANTINE_S = 60.0
 
 
 class LiveEngine:
@@ -95,6 +98,9 @@ class LiveEngine:
         self._checkpointing: set[str] = set()
         self._checkpoints_checked = float("-inf")  # when checkpoint_due last looked
         self._hangs_checked = float("-inf")  # when watch_hangs last looked (monotonic)
+        # Server -> until when (monotonic) no job is placed there: its helper failed a launch
+        # for a reason of its own (its disk full, no process could be started).
+        self._quarantined: dict[str, float] = {}
         # job id -> (the row it was built from, its JobView), reused while unchanged.
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
         # The last packing verdict (GandivaState.verdicts' seq) written to the event history.
@@ -189,17 +195,28 @@ class LiveEngine:
         # Suspensions first, and waited for (briefly): a job placed or resumed on the
         # same GPUs must find their memory released, not share it for a moment.
         # A parked job leaves its GPUs too (it checkpoints and exits).
-        vacating = [
-            self._background(d.job_id, self._park(d.job_id, d.reason or "parked") if isinstance(d, pt.Park)
-                             else self._suspend(d.job_id, d.reason or "time slice over"))
-            for d in decisions
-            if isinstance(d, (pt.Suspend, pt.Unpack, pt.Park))
-        ]
+        vacate = (pt.Suspend, pt.Unpack, pt.Park)
+
+        def vacated(d: pt.Decision) -> asyncio.Task:
+            return self._background(d.job_id, self._park(d.job_id, d.reason or "parked") if isinstance(d, pt.Park)
+                                    else self._suspend(d.job_id, d.reason or "time slice over"))
+
+        # A job placed in this very round and suspended at once (time-sliced with a
+        # newcomer placed beside it) holds no GPU yet: nothing to wait for. Its suspend
+        # follows its launch, reading that launch's incarnation and waiting for its shim.
+        # Before, it was sent first and waited for a shim not launched yet: every placement
+        # of the round waited vacate_timeout_s (10 s of idle GPUs), and the suspend of a job
+        # re-queued from an earlier launch waited for that launch's shim, which never came.
+        placed = {d.job_id for d in decisions if isinstance(d, (pt.Place, pt.Pack))}
+        vacating = [vacated(d) for d in decisions if isinstance(d, vacate) and d.job_id not in placed]
         if vacating:
             await asyncio.wait(vacating, timeout=self.vacate_timeout_s)
         for d in decisions:
-            if not isinstance(d, (pt.Queue, pt.Suspend, pt.Unpack, pt.Park)):
+            if not isinstance(d, (pt.Queue, *vacate)):
                 await self.apply(d)
+        for d in decisions:
+            if isinstance(d, vacate) and d.job_id in placed:
+                vacated(d)
         return decisions
 
     async def snapshot(self) -> pt.ClusterSnapshot:
@@ -209,10 +226,14 @@ class LiveEngine:
         # thread the loop waits at most the interpreter's switch interval at a time).
         rows = await self.core.read_sync(repo.snapshot_rows)
         hung = self.core.hangs.flagged()  # on the loop: the watch changes there
-        return await asyncio.get_running_loop().run_in_executor(None, self._build_snapshot, rows, now, hung)
+        mono = self.core.monotonic()
+        self._quarantined = {name: until for name, until in self._quarantined.items() if until > mono}
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self._build_snapshot, rows, now, hung, frozenset(self._quarantined))
 
     def _build_snapshot(self, rows: repo.SnapshotRows, now: float,
-                        hung: frozenset[str] | set[str] = frozenset()) -> pt.ClusterSnapshot:
+                        hung: frozenset[str] | set[str] = frozenset(),
+                        quarantined: frozenset[str] = frozenset()) -> pt.ClusterSnapshot:
         """The policy's view of the rows (on a worker thread; only this engine's rounds,
         one at a time, touch the view cache). A job flagged hung (`hung`) cannot reach a
         mini-batch boundary: the policy sees it as not suspendable, so it sends it no
@@ -229,9 +250,12 @@ class LiveEngine:
             held.extend(g for g in (pt.GpuRef(m.dest_server, i) for i in m.dest_gpus) if g not in held)
         # A fenced job waits until an older copy of it has surely stopped (lease expiry).
         jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now)]
+        # A server whose helper could not start a job (its disk full...) gets no new job for
+        # a while: the policy sees it down while nothing is placed there (LAUNCH_QUARANTINE_S).
+        holding = {g.server for held in placements.values() for g in held} if quarantined else set()
         servers = tuple(
-            pt.ServerView(name=name, num_gpus=num_gpus, up=up, gpu_memory_bytes=memory or 16 * pt.GIB,
-                          host_memory_bytes=host_memory or 0)
+            pt.ServerView(name=name, num_gpus=num_gpus, up=up and (name not in quarantined or name in holding),
+                          gpu_memory_bytes=memory or 16 * pt.GIB, host_memory_bytes=host_memory or 0)
             for name, num_gpus, up, memory, host_memory in server_rows
         )
         views: dict[str, tuple[tuple, pt.JobView]] = {}
@@ -597,7 +621,20 @@ class LiveEngine:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation != incarnation or JobState(job.state) not in ACTIVE:
                 return
-            if restore:
+            now = self.core.clock()
+            if result.server_fault:
+                # Not the job's fault: it is placed again, elsewhere (its restore point kept),
+                # and the server gets no new job for a while. Before, the job failed, and so
+                # did every job placed after it on that server (the one with free GPUs).
+                self._quarantined[server] = self.core.monotonic() + LAUNCH_QUARANTINE_S
+                note = (f"{server} could not start jobs ({result.message}): no new job is placed there "
+                        f"for {LAUNCH_QUARANTINE_S:.0f}s")
+                repo.add_event(s, now, "server.launch_failed", note, server=server)
+                log.warning("%s", note)
+                await repo.requeue(s, job, now, f"launch on {server} failed for a reason of the server's, "
+                                   f"not the job's ({result.message}): placed again elsewhere",
+                                   fenced_until=now + self.core.settings.heartbeat_interval_s)
+            elif restore:
                 # The checkpoint is gone (its server restarted with an empty ramdisk, say) or
                 # unreadable: the job is not lost with it, it starts again from step 0. A
                 # launch that fails for another reason fails again then, and the job with it.

@@ -42,12 +42,12 @@ def _job_pids(job_id: str, warm: bool) -> list[int]:
 def helpers(tmp_path: Path) -> Iterator[Callable[[str, str], subprocess.Popen[str]]]:
     procs: list[subprocess.Popen[str]] = []
 
-    def start(name: str, scheduler: str) -> subprocess.Popen[str]:
+    def start(name: str, scheduler: str, *extra: str) -> subprocess.Popen[str]:
         # No shared root: a migration's checkpoint is streamed to the destination's agent.
         with open(tmp_path / f"{name}.err", "w") as err:
             proc = subprocess.Popen(
                 [*GANDIVA, "helper", "--server-name", name, "--gpus", "1", "--virtual", "--scheduler", scheduler,
-                 "--ramdisk", str(tmp_path / "rd" / name), "--log-dir", str(tmp_path / "logs")],
+                 "--ramdisk", str(tmp_path / "rd" / name), "--log-dir", str(tmp_path / "logs"), *extra],
                 stdout=subprocess.PIPE, stderr=err, text=True)
         procs.append(proc)
         assert proc.stdout is not None and "listening" in proc.stdout.readline()

@@ -670,6 +670,7 @@ class HelperCommandResult(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     LOG_SIZE_FIELD_NUMBER: _builtins.int
+    SERVER_FAULT_FIELD_NUMBER: _builtins.int
     server: _builtins.str
     command_id: _builtins.str
     ok: _builtins.bool
@@ -684,6 +685,11 @@ class HelperCommandResult(_message.Message):
     """read_log: the bytes read"""
     log_size: _builtins.int
     """read_log: the log's size now"""
+    server_fault: _builtins.bool
+    """The command failed for a reason of this server's, not the job's (launch: its job log
+    could not be written, its disk full; no process could be started): the scheduler
+    places the job elsewhere and no new job here for a while, instead of failing it.
+    """
     @_builtins.property
     def durations_s(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     def __init__(
@@ -699,10 +705,11 @@ class HelperCommandResult(_message.Message):
         exit_code: _builtins.int = ...,
         data: _builtins.bytes = ...,
         log_size: _builtins.int = ...,
+        server_fault: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "command_id", b"command_id", "data", b"data", "durations_s", b"durations_s", "exit_code", b"exit_code", "log_size", b"log_size", "message", b"message", "ok", b"ok", "server", b"server", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "command_id", b"command_id", "data", b"data", "durations_s", b"durations_s", "exit_code", b"exit_code", "log_size", b"log_size", "message", b"message", "ok", b"ok", "server", b"server", "server_fault", b"server_fault", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
