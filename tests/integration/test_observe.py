@@ -196,13 +196,13 @@ def test_dashboard_shows_servers_and_jobs_in_a_browser(observed_cluster, mlp, ch
         r"time-slices GPU node-\w/0 with 1 other job|packed beside 1 other job\(s\) on GPU node-", c.job(j).eta_note)], 60)
     described = gandiva_cli(c, "describe", "job", shared[0])
     assert re.search(r"Steps: +step [\d,]+ / 2,000 \(\d+%; ", described), described
-    assert re.search(r"ETA: +~\d+ ?(s|min) \(.*(time-slices|packed beside)", described), described
+    assert re.search(r"ETA: +~\d+(s| min|h\d\d|d\d\dh) \(.*(time-slices|packed beside)", described), described
     listed = gandiva_cli(c, "get", "jobs")
-    assert re.search(r" \d+%/(\d+[smh]|\?) ", listed) and all(len(line) <= 80 for line in listed.splitlines()), listed
+    assert re.search(r" \d+%/(\d+[smhd]\d*h?|\?) ", listed) and all(len(line) <= 80 for line in listed.splitlines()), listed
 
     dom = chromium_dom(f"http://{c.sched.server.http_address}/")
     assert len(re.findall(r">step [\d,]+ / 2,000 \(\d+%\)<", dom)) == 3, dom
-    assert re.search(r'<td class="eta">~\d+ ?(s|min) \(', dom), dom
+    assert re.search(r'<td class="eta">~\d+(s| min|h\d\d|d\d\dh) \(', dom), dom
     for server in ("node-a", "node-b"):
         assert f'data-server="{server}"' in dom
     # Host memory held by each server's jobs, of what its helper reported (none: unknown).
