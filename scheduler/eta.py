@@ -53,9 +53,10 @@ def _weight(priority: int) -> int:
     return max(1, priority)
 
 
-def estimate(job: Job, gpu: str, sharers: Sequence[Sharer]) -> tuple[float, str]:
+def estimate(job: Job, gpu: str, sharers: Sequence[Sharer], placed: int = 0) -> tuple[float, str]:
     """(seconds of wall time until its last mini-batch, or UNKNOWN; what that assumes or
-    why it is unknown). ("-1", "") for a job without a total or one that has ended."""
+    why it is unknown). ("-1", "") for a job without a total or one that has ended.
+    `placed`: the GPUs it holds now (a grown job holds more than it asked for)."""
     total, state = job.total_steps or 0, JobState(job.state)
     if total <= 0 or state.terminal:
         return UNKNOWN, ""
@@ -74,7 +75,7 @@ def estimate(job: Job, gpu: str, sharers: Sequence[Sharer]) -> tuple[float, str]
     # a rate before it was measured on other GPUs, or another number of them.
     if not (job.rate or 0) > 0 or not job.rate_at:
         if (job.rate or 0) > 0:
-            return UNKNOWN, (f"unknown until its rate on its current {job.gpus} GPU(s) is measured (it ran "
+            return UNKNOWN, (f"unknown until its rate on its current {placed or job.gpus} GPU(s) is measured (it ran "
                              f"{job.rate:.1f} mini-batches/s before it was started again or moved)")
         return UNKNOWN, "unknown until its rate is measured (no mini-batch timed yet)"
     running = left / job.rate

@@ -24,7 +24,8 @@ def state_from_pb(value: int) -> JobState:
 def job_to_pb(d: JobDetail) -> common_pb2.Job:
     j = d.job
     spec = spec_of(j)
-    eta_s, eta_note = estimate(j, "/".join(map(str, d.placement[0])) if d.placement else "", d.sharers)
+    eta_s, eta_note = estimate(j, "/".join(map(str, d.placement[0])) if d.placement else "", d.sharers,
+                               len(d.placement))
     return common_pb2.Job(
         id=j.id,
         spec=spec,

@@ -106,7 +106,8 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
         j = d.job
         dec = last.get(j.id)
         first = d.placement[0] if d.placement else None
-        eta_s, eta_note = estimate(j, f"{first[0]}/{first[1]}" if first else "", on_gpu.get(first, []) if first else [])
+        eta_s, eta_note = estimate(j, f"{first[0]}/{first[1]}" if first else "", on_gpu.get(first, []) if first else [],
+                                   len(d.placement))
         out_jobs.append({
             "id": j.id, "name": j.name, "state": j.state, "gpus": j.gpus, "priority": j.priority,
             "placement": [f"{server}/{index}" for server, index in d.placement],

@@ -51,6 +51,12 @@ def test_no_made_up_eta(job: Job, said: str) -> None:
     assert short(eta_s, job.steps, job.total_steps) == "34%/?"
 
 
+def test_a_grown_job_is_named_by_the_gpus_it_holds() -> None:
+    """A grow-shrink job asked for 1 GPU and grown onto 2: its new launch's rate is on 2."""
+    assert estimate(_job(rate_at=0.0), "node-a/0", [], placed=2)[1].startswith(
+        "unknown until its rate on its current 2 GPU(s) is measured")
+
+
 def test_without_a_total_or_once_done() -> None:
     assert estimate(_job(total=0), "node-a/0", []) == (-1.0, "")
     assert short(-1.0, 340, 0) == "-" and progress_text(340, 0) == ""
