@@ -46,10 +46,12 @@ def duration(text: str) -> float:
     return value
 
 
+_WHOLE = re.compile(r"[0-9]{1,3}(,[0-9]{3})+|[0-9]+(_[0-9]+)*", re.ASCII)
+
+
 def mini_batches(text: str) -> int:
     """A job's total mini-batches: a whole number from 1 (ASCII digits; 1,000 and 1_000
     as people write them)."""
-    digits = text.replace(",", "").replace("_", "")
-    if not digits.isascii() or not digits.isdigit() or int(digits) < 1:
+    if not _WHOLE.fullmatch(text) or int(text.replace(",", "")) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of mini-batches, 1 or more, got {text!r}")
-    return int(digits)
+    return int(text.replace(",", ""))

@@ -149,7 +149,8 @@ def test_total_steps_from_the_flag_or_the_spec_file_and_bad_ones_named(tmp_path:
     assert build(["-f", str(path)]).jobs[0].steps == 5000
     assert build(["-f", str(path), "--steps", "7"]).jobs[0].steps == 7
     assert build(["--", "python", "t.py"]).jobs[0].steps == 0  # not given: unknown
-    for bad in ("0", "-5", "1e6", "ten", "\u0665"):
+    assert build(["--steps", "20_000", "--", "python", "t.py"]).jobs[0].steps == 20000
+    for bad in ("0", "-5", "1e6", "ten", "\u0665", ",5", "1,0", "1,0000", "5_", " 5"):
         with pytest.raises(SystemExit) as exit_:
             build(["--steps", bad, "--", "python", "t.py"])
         assert exit_.value.code == 2
