@@ -29,6 +29,15 @@ class DatabaseHealth:
     reason: str = ""
     rounds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROUND_OUTCOMES, 0))
     last_round_ok_at: float = 0.0
+    started_at: float = 0.0  # (set at creation) what the round age counts from before a first round
+
+    def __post_init__(self) -> None:
+        self.started_at = self.started_at or self.clock()
+
+    def round_age(self) -> float:
+        """Seconds since the last scheduling round that completed, or since this scheduler
+        started when none has yet (a first round stuck behind a lock is a stall too)."""
+        return max(0.0, self.clock() - (self.last_round_ok_at or self.started_at))
 
     def unreachable(self, reason: str) -> str:
         """A transaction could not reach the database for `reason`: the text a refused

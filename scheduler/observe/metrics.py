@@ -353,8 +353,7 @@ class _HealthCollector:
             rounds.add_metric([outcome], float(n))
         yield rounds
         yield GaugeMetricFamily("gandiva_last_round_age_seconds", "Seconds since the last scheduling round that "
-                                "completed (NaN before the first)",
-                                value=max(0.0, now - h.last_round_ok_at) if h.last_round_ok_at else float("nan"))
+                                "completed (before the first: since the scheduler started)", value=h.round_age())
 
 
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
