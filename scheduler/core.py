@@ -1079,6 +1079,10 @@ class SchedulerCore:
                         why += f" mid-migration; {await repo.resume_from_migration(s, job, migration)}"
                         stops.append((srv.name, job.id, migration.fallback_incarnation))
                 lost.append((job.id, job.incarnation))
+                if self.runtimes.heard_within(job.id, job.incarnation, self.settings.lease):
+                    # Its host answers, its helper does not (stopped, hung): the lease that
+                    # freezes a cut-off server's jobs is the helper's, so this copy trains on.
+                    why += "; its process still answers (its helper does not): told to exit"
                 await repo.requeue(s, job, now, why)
 
     def _after_down(self, names: Sequence[str], stops: Sequence[tuple[str, str, str]],
@@ -1091,6 +1095,11 @@ class SchedulerCore:
         # was marked down; a job re-placed a heartbeat timeout after its host was lost).
         for job_id, incarnation in lost:
             self.runtimes.fail_pending(job_id, incarnation, "its server went down")
+            # A copy that still answers (its helper stopped or hung, its host fine) is told
+            # to exit at its next mini-batch boundary: its job is placed again elsewhere,
+            # and without this both trained at once until the helper came back.
+            if self.runtimes.kill_stale(job_id, incarnation, "its server went down: the job runs elsewhere"):
+                log.warning("job %s: its process still answers though its server is down; told to exit", job_id)
         for n in names:
             self.helpers.fail_all(n, f"server {n} went down")
         if names:

@@ -107,6 +107,8 @@ class RuntimeConn:
     # Tower copies of the variables in its graph (its TowerReport; 0: not known yet): a
     # pre-warmed destination of a grow or shrink refuses another number.
     towers: int = 0
+    # When (the event loop's clock) a message of its last arrived.
+    heard_at: float = field(default_factory=lambda: asyncio.get_running_loop().time())
 
 
 class RuntimeHub:
@@ -176,6 +178,23 @@ class RuntimeHub:
         conn = self._conns.get(job_id, {}).get(incarnation)
         if conn is not None:
             _fail(conn.pending, reason)
+
+    def heard_within(self, job_id: str, incarnation: str, seconds: float) -> bool:
+        """Whether that launch's shim is connected and was heard from within `seconds`."""
+        conn = self._conns.get(job_id, {}).get(incarnation)
+        return conn is not None and asyncio.get_running_loop().time() - conn.heard_at <= seconds
+
+    def kill_stale(self, job_id: str, incarnation: str, reason: str) -> bool:
+        """Tell that launch's shim, if it is still connected, to exit at its next boundary
+        (not awaited): the job was re-queued while this copy still runs (its server marked
+        down with the job's process alive: its helper stopped or hung, not its host). Only
+        that very launch; whether one was connected."""
+        conn = self._conns.get(job_id, {}).get(incarnation)
+        if conn is None or not incarnation:
+            return False
+        conn.outbox.put_nowait(runtime_pb2.RuntimeCommand(
+            command_id=_command_id(), kind=runtime_pb2.COMMAND_KIND_KILL, reason=reason))
+        return True
 
     def detach(self, conn: RuntimeConn) -> None:
         conns = self._conns.get(conn.job_id, {})

@@ -94,7 +94,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
 
     async def _read(self, conn: RuntimeConn, it: AsyncIterator[runtime_pb2.RuntimeMessage]) -> None:
         total_seen = 0  # the program's own total mini-batches, recorded once per value
+        loop = asyncio.get_running_loop()
         async for msg in it:
+            conn.heard_at = loop.time()
             kind = msg.WhichOneof("body")
             try:
                 if kind == "progress":

@@ -123,7 +123,8 @@ def test_a_job_moved_off_a_hung_host_is_re_placed_as_soon_as_its_server_is_down(
     server is marked down the job is placed on the other server at once. It used to stay
     unplaceable for minutes: the command in flight held it until its timeout (120 s),
     then the migration waited 60 s more for the lost helper to confirm the stop. Back,
-    the host stops its stale copy."""
+    the host stops its stale copy. Then only a helper stops, not its host: its job's copy
+    there is told to exit as its job is placed elsewhere."""
     settings = Settings(heartbeat_interval_s=0.2, down_after_s=3.0)
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
@@ -147,6 +148,21 @@ def test_a_job_moved_off_a_hung_host_is_re_placed_as_soon_as_its_server_is_down(
     assert took < settings.down_after_s + 12, f"placed {took:.1f}s after its host froze"  # (before: minutes)
     assert f"its server {src} went down" in job().history[-2].reason, [t.reason for t in job().history]
     wait_for(lambda: pid not in _job_pids(job_id, warm=False), 20)  # the stale copy, stopped
+
+    # Now only the helper of its new server stops (hung, or SIGSTOPped), its host and its
+    # job fine: its server goes down, the job is placed back, and the copy that still runs
+    # there is told to exit through its own stream. Before, it trained on beside the new
+    # copy for as long as its helper was stopped (the lease that freezes jobs is the helper's).
+    wait_for(lambda: (j := job()).steps >= 5 and j.state == common_pb2.JOB_STATE_RUNNING, 30)
+    (moved,) = _job_pids(job_id, warm=False)
+    os.kill(procs[other].pid, signal.SIGSTOP)
+    try:
+        back = wait_for(lambda: (j := job()).placement and j.placement[0].server == src and j, 30)
+        wait_for(lambda: moved not in _job_pids(job_id, warm=False), 10)  # with its helper still stopped
+    finally:
+        os.kill(procs[other].pid, signal.SIGCONT)
+    assert "its process still answers (its helper does not): told to exit" in back.history[-2].reason, \
+        [t.reason for t in back.history]
     api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
 
 
