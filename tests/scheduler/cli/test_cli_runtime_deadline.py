@@ -39,6 +39,8 @@ def _root_logging_restored() -> Iterator[None]:
 @pytest.mark.parametrize(("flag", "value", "says"), [
     *[("--runtime-connect-deadline", v, "must be more than 0 seconds") for v in ("0", "-1", "nan", "inf")],
     *[("--checkpoint-wait", v, "must be 0 or more seconds") for v in ("-1", "nan", "inf")],
+    *[(flag, v, "must be 0 or more seconds") for flag in ("--hang-after", "--hang-restart-after")
+      for v in ("-1", "nan", "inf")],
 ])
 def test_a_timing_flag_that_is_not_a_number_of_seconds_is_refused_naming_the_flag(
         flag: str, value: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
