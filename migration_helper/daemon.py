@@ -74,7 +74,6 @@ class HelperDaemon:
         # in a heartbeat answer (with their version): checkpoints go only to these.
         self.peers: dict[str, str] = {}
         self._peers_version = 0
-        self._peers_updated = asyncio.Condition()
         # The checkpoints here the scheduler still needs (HeartbeatResponse.kept), and when
         # they were listed; asked for once before each housekeeping round.
         self._kept: set[str] | None = None
@@ -303,13 +302,11 @@ class HelperDaemon:
             )
             if not reply.known:
                 raise SessionEnded("the scheduler does not know this server; registering again")
-            async with self._peers_updated:
-                # A new version replaces the list, even by an empty one (every peer gone);
-                # version 0 is a scheduler that lists no peers at all: keep what we have.
-                if reply.peers_version and reply.peers_version != self._peers_version:
-                    self.peers = {p.address: p.name for p in reply.peers}
-                    self._peers_version = reply.peers_version
-                self._peers_updated.notify_all()
+            # A new version replaces the list, even by an empty one (every peer gone);
+            # version 0 is a scheduler that lists no peers at all: keep what we have.
+            if reply.peers_version and reply.peers_version != self._peers_version:
+                self.peers = {p.address: p.name for p in reply.peers}
+                self._peers_version = reply.peers_version
             if reply.kept_listed:
                 self._kept, self._kept_at = set(reply.kept), asyncio.get_running_loop().time()
                 self._want_kept = False
@@ -332,17 +329,18 @@ class HelperDaemon:
         """Why ``address`` is not the agent of a registered helper ("" when it is). An
         address not in the list waits for the next heartbeat answer first: a helper
         that registered moments ago may not be in the copy this helper holds yet."""
-        if address in self.peers:
-            return ""
-        try:
-            async with self._peers_updated:
-                await asyncio.wait_for(self._peers_updated.wait_for(lambda: address in self.peers),
-                                       PEER_WAIT_S)
-            return ""
-        except asyncio.TimeoutError:
-            return (f"{address} is not the agent address of a registered helper (the scheduler "
-                    f"lists {len(self.peers)}: {', '.join(sorted(self.peers)[:5]) or 'none yet'}); "
-                    "a checkpoint is streamed only to the scheduler's registered helpers")
+        # Looked at every 0.1 s, not waited for on an asyncio.Condition with wait_for: a
+        # transfer cancelled just as that wait timed out left the condition's lock held by a
+        # task that had ended, and the heartbeat loop, which took it for each answer, stopped.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PEER_WAIT_S
+        while address not in self.peers:
+            if loop.time() >= deadline:
+                return (f"{address} is not the agent address of a registered helper (the scheduler "
+                        f"lists {len(self.peers)}: {', '.join(sorted(self.peers)[:5]) or 'none yet'}); "
+                        "a checkpoint is streamed only to the scheduler's registered helpers")
+            await asyncio.sleep(0.1)
+        return ""
 
     def _lease_renewed(self, sent_at: float) -> None:
         """A heartbeat sent at `sent_at` was answered: the lease runs from then.

@@ -5,6 +5,7 @@ watchers only after their transaction commits."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
@@ -248,25 +249,45 @@ def _gpus_of(placements: dict[str, list[Placement]], job_id: str) -> list[tuple[
 
 
 class EventBus:
-    """Wakes the event watchers after a commit that added events."""
+    """Wakes the event watchers after a commit that added events; and tells them, read at
+    most once a second for all of them, whether another process added some."""
 
     def __init__(self) -> None:
-        self._cond = asyncio.Condition()
+        # Resolved, and replaced, by each publish; waiters share it (shielded). It was an
+        # asyncio.Condition waited on with wait_for: a watcher cancelled (its client gone)
+        # just as its wait timed out left the condition's lock held by a task that had
+        # ended, and every later commit that wrote events waited for it forever - the
+        # scheduler answered no submission again.
+        self._next: asyncio.Future[None] | None = None
         self.version = 0
+        self._newest, self._newest_at = 0, -math.inf
+        self._reading = asyncio.Lock()
+
+    async def newest_id(self, read: Callable[[], Awaitable[int]], max_age: float = 1.0) -> int:
+        """The newest event id in the database (``read``), read again only once ``max_age``
+        old: each watcher read it for itself every second, and 1,000 open watches (`get
+        events -w`) kept a core busy reading nothing new."""
+        async with self._reading:
+            if time.monotonic() - self._newest_at >= max_age:
+                self._newest = await read()
+                self._newest_at = time.monotonic()
+        return self._newest
 
     async def publish(self) -> None:
-        async with self._cond:
-            self.version += 1
-            self._cond.notify_all()
+        self.version += 1
+        self._newest_at = -math.inf  # read the newest id again (once) for the watchers it wakes
+        woken, self._next = self._next, None
+        if woken is not None and not woken.done():
+            woken.set_result(None)
 
     async def wait(self, seen: int, timeout: float) -> int:
-        async with self._cond:
-            if self.version == seen:
-                try:
-                    await asyncio.wait_for(self._cond.wait(), timeout)
-                except asyncio.TimeoutError:
-                    pass
-            return self.version
+        """The version once it is no longer ``seen``, or after ``timeout`` seconds."""
+        if self.version == seen:
+            if self._next is None:
+                self._next = asyncio.get_running_loop().create_future()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._next), timeout)
+        return self.version
 
 
 class SchedulerCore:

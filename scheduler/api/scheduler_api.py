@@ -21,6 +21,7 @@ from scheduler.validation import MAX_REASON, check_id, check_text
 JOBS_PAGE, JOBS_PAGE_MAX = 500, 1000
 EVENTS_PAGE, EVENTS_PAGE_MAX = 1000, 5000
 LOG_READ_MAX = 1 << 20  # bytes of a job's output per ReadJobLog
+WATCH_BATCH = 500  # events a watch reads at a time
 
 
 def cluster_height(loads: list[ServerLoad]) -> int:
@@ -189,12 +190,22 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self, request, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.Event]:
         user = await self._event_scope(request.job_id)
-        seen_version = self.core.events.version
+        bus = self.core.events
+        seen_version = bus.version
         last = request.after_id if request.after_id >= 0 else await self.core.last_event_id()
         while True:
-            for ev in await self.core.list_events(last, request.job_id, 500, user=user):
+            # The newest id known before the read: one past it afterwards is news.
+            known = await bus.newest_id(self.core.last_event_id)
+            batch = await self.core.list_events(last, request.job_id, WATCH_BATCH, user=user)
+            for ev in batch:
                 last = ev.id
                 yield event_to_pb(ev)
-            # Also wakes every second, so a watcher notices events another
-            # scheduler process wrote to the same database.
-            seen_version = await self.core.events.wait(seen_version, 1.0)
+            while len(batch) < WATCH_BATCH:  # (a full one: more are waiting)
+                # Woken by this scheduler's commits; each second also asks (through one read
+                # shared by every watcher) whether another process wrote events.
+                version = await bus.wait(seen_version, 1.0)
+                if version != seen_version:
+                    seen_version = version
+                    break
+                if await bus.newest_id(self.core.last_event_id) > known:
+                    break

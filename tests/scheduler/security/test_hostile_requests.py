@@ -286,3 +286,81 @@ def test_idle_dashboard_connections_cannot_use_up_the_schedulers_files(make_sche
     finally:
         for s in idle:
             s.close()
+
+
+def test_idle_event_watches_share_one_read(make_scheduler: Any, sqlite_url: str) -> None:
+    """Each open `get events -w` read the database every second for itself: 1,000 of them kept
+    a core busy (104% CPU) reading nothing new, and submissions waited behind them (p50 1 -> 85 ms).
+    Now they share one read a second of the newest event id."""
+    import time
+
+    from sqlalchemy import event
+
+    sched = make_scheduler(sqlite_url, tick_s=5)
+    statements = Counter[str]()
+    event.listen(sched.server.core.read_engine.sync_engine, "before_cursor_execute",
+                 lambda *args: statements.update([" ".join(args[2].split())[:60]]))
+    with grpc.insecure_channel(sched.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        after = max([e.id for e in stub.ListEvents(scheduler_pb2.ListEventsRequest()).events], default=0)
+        watches = [stub.WatchEvents(scheduler_pb2.WatchEventsRequest(after_id=after)) for _ in range(100)]
+        try:
+            job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+            assert all(next(w).job_id == job for w in watches)  # each is live: it gets the event at once
+            time.sleep(0.5)
+            statements.clear()
+            time.sleep(1.5)  # idle: nothing new to read
+            reads = sum(n for text, n in statements.items() if "events" in text)
+            assert reads <= 6, statements  # was 100 a second, one per watch
+        finally:
+            for w in watches:
+                w.cancel()
+
+
+def test_watchers_that_go_as_their_wait_ends_leave_the_events_bus_working() -> None:
+    """A watch cancelled (its client gone) just as its one-second wait timed out left the
+    event bus's lock held by a task that had ended (asyncio.wait_for on a Condition): every
+    later commit that wrote events waited for it forever, and the scheduler answered no
+    submission again (after 1,000 `get events -w` closed at once, every SubmitJob timed out)."""
+    import asyncio
+    import time
+
+    from scheduler.core import EventBus
+
+    async def go() -> None:
+        bus = EventBus()
+        waiters = [asyncio.create_task(bus.wait(0, 0.05)) for _ in range(3)]
+
+        async def disconnect() -> None:
+            await asyncio.sleep(0.06)  # due with the waits' timeouts, run after they start ending
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            for w in waiters:
+                w.cancel()
+
+        gone = asyncio.create_task(disconnect())
+        await asyncio.sleep(0)
+        time.sleep(0.1)  # noqa: ASYNC251 - the loop is late: the timeouts and disconnects fall due together
+        await gone
+        await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 2)
+        await asyncio.wait_for(bus.publish(), 2)
+        woken = asyncio.create_task(bus.wait(bus.version, 5))
+        await asyncio.sleep(0)
+        await bus.publish()
+        assert await asyncio.wait_for(woken, 2) == bus.version
+
+    # In a thread of its own: a wedged bus's tasks never end, nor would asyncio.run.
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(go())
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not outcome and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert outcome == [None], outcome or "the event bus is wedged: publish() and new waits never end"
