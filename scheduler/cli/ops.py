@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import grpc
+
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler import eta
 from scheduler.cli import output
@@ -508,16 +510,20 @@ def _waiting(client: Client, job: common_pb2.Job) -> str:
     servers = client.call("ListServers", scheduler_pb2.ListServersRequest()).servers
     others = sorted({other for s in servers for g in s.gpu_list if (s.name, g.index) in gpus
                      for other in g.jobs if other != job.id})
-    running = []
+    running, hidden = [], 0
     for other in others:
         try:
             peer = client.call("GetJob", scheduler_pb2.GetJobRequest(id=other))
-        except CliError:  # ended meanwhile, or another user's job
+        except CliError as exc:  # ended meanwhile, or another user's job (--auth token)
+            hidden += exc.status == grpc.StatusCode.PERMISSION_DENIED
             continue
         if peer.state == common_pb2.JOB_STATE_RUNNING:
             running.append(f"{peer.spec.name or '-'} ({peer.id})")
     where = output.placement(job.placement)
     now = f"running there now: {', '.join(running)}" if running else "nothing runs there at this moment"
+    if hidden:  # not "nothing runs there": the caller may not see whether another user's job runs
+        now = (f"running there now: {', '.join(running)}; " if running else "") + \
+            f"{hidden} of them another user's (not shown to you)"
     return f"its turn on {where}, time-slicing with {len(others)} other job(s); {now}"
 
 

@@ -26,6 +26,7 @@ from protos.gandiva.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
+from scheduler import transport
 from scheduler.cli import submit as submit_main
 
 BIN = Path(sys.executable).parent
@@ -129,10 +130,11 @@ class ScriptedHelper:
     job makes progress and how it ends, so exit codes can be checked exactly."""
 
     def __init__(self, address: str, wait_for: Callable[..., object], name: str = "n1",
-                 gpus: int = 2) -> None:
+                 gpus: int = 2, token: str = "") -> None:
         self.name = name
         self.wait_for = wait_for
-        self.channel = grpc.insecure_channel(address)
+        self.channel = transport.channel(address, transport.ClientSecurity(token)) if token else \
+            grpc.insecure_channel(address)
         self.helper = helper_pb2_grpc.HelperStub(self.channel)
         self.helper.Register(helper_pb2.RegisterServerRequest(
             name=name, gpus=[common_pb2.Gpu(index=i, model="virtual",
