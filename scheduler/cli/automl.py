@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     # The same flags as gandiva-submit, so that specs are built exactly as it builds them.
     submit_args = argparse.Namespace(
         file=None, name=args.name, gpus=args.gpus, priority=1, grow_shrink=None, workdir=args.workdir,
-        env=args.env, env_pass=[], no_default_env=False, sweep=args.sweep, array=None)
+        env=args.env, env_pass=[], no_default_env=False, sweep=args.sweep, array=None, steps=None)
     try:
         submission = build_submission(submit_args, command, os.environ, os.getcwd())
         def say(text: str) -> None:

@@ -255,6 +255,18 @@ def test_automl_and_demo_timeouts_are_finite_and_positive(gandiva, argv: list[st
     assert exit_.value.code == 2 and "argument --timeout: must be more than 0 seconds" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flags", "says"), [(["--eta", "1"], "--eta 1: must be at least 2"),
+                                             (["--min-steps", "0"], "--min-steps 0: must be at least 1")])
+def test_automl_builds_its_jobs_as_gandiva_submit_does_and_names_bad_flags(
+        gandiva, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], says: str) -> None:
+    """Every `gandiva automl` was an AttributeError traceback ('Namespace' object has no
+    attribute 'steps') once gandiva-submit learnt --steps: its own flags never reached the checks."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("grid: {lr: [0.1, 0.01]}\n")
+    r = gandiva("automl", "--sweep", "s.yaml", "--metric", "loss", "--scheduler", "127.0.0.1:1", *flags, "--", "x")
+    assert r.code == 2 and r.err.startswith(f"gandiva automl: {says}") and r.err.count("\n") == 1, r
+
+
 def test_token_list_of_a_missing_database_creates_nothing(gandiva, tmp_path: Path) -> None:
     """`gandiva token list` of a mistyped --db made its directory and an empty database and
     listed no tokens (exit 0); a file that is not a database was a traceback."""
