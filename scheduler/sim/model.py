@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 GIB = 1 << 30
 # Median of Gavel's V100 unconsolidated/consolidated throughput ratios (57 entries).
 DEFAULT_SPREAD_FACTOR = 0.42
+# A --throughputs table larger than this is not one (Gavel's is 1.2 MB).
+MAX_TABLE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -104,10 +106,20 @@ class MechanismModel:
     @classmethod
     def from_gavel(cls, path: Path, gpu_type: str = "v100", costs: Costs | None = None) -> MechanismModel:
         """Load the Gavel throughput table; ValueError names the file and what is wrong."""
+        why = f"{path}: cannot read the Gavel throughput table"
         try:
-            raw = json.loads(Path(path).read_text())
+            # Bounded (`/dev/zero` read until the memory was full); Gavel's own is 1.2 MB.
+            with Path(path).open("rb") as fh:
+                data = fh.read(MAX_TABLE_BYTES + 1)
+            if len(data) > MAX_TABLE_BYTES:
+                raise ValueError(f"{why}: larger than {MAX_TABLE_BYTES >> 20} MiB")
+            raw = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{why}: not UTF-8 text (byte {exc.start})") from None
+        except RecursionError:  # `[[[[...`: the parser recursed per level (a traceback)
+            raise ValueError(f"{why}: nested too deeply to be a table") from None
         except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: cannot read the Gavel throughput table: {exc}") from exc
+            raise ValueError(f"{why}: {exc}") from exc
         # The table maps GPU types to {"(model, gpus)": {"null": rate, ...}}.
         types = [k for k, v in raw.items() if isinstance(v, dict)] if isinstance(raw, dict) else []
         if not types:

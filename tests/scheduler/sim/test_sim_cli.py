@@ -246,15 +246,28 @@ def test_skip_invalid_leaves_out_lines_that_cannot_be_replayed_and_counts_them(
     (("--compare", ","), None, "gandiva sim: error: --compare ',' names no policy; give one or more of gandiva"),
     (("--throughputs", "TABLE"), "[]", "gandiva sim: error: TABLE: not a Gavel throughput table"),
     (("--throughputs", "TABLE"), '{"k80": {}}', "gandiva sim: error: TABLE: no GPU type 'v100'; it has k80"),
+    # A RecursionError traceback from the JSON parser; a table that is not UTF-8, a UnicodeDecodeError.
+    (("--throughputs", "TABLE"), "[" * 100_000 + "]" * 100_000,
+     "gandiva sim: error: TABLE: cannot read the Gavel throughput table: nested too deeply"),
+    (("--throughputs", "TABLE"), b'{"v100": "\xff"}', "gandiva sim: error: TABLE: cannot read the Gavel "
+                                                     "throughput table: not UTF-8 text (byte 10)"),
 ])
 def test_no_policy_or_an_empty_throughput_table_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                            argv: tuple[str, ...], table: str | None,
+                                                            argv: tuple[str, ...], table: str | bytes | None,
                                                             message: str) -> None:
     """`--compare ,` ran no policy and printed an empty table, exit 0; a table `[]` said
     "no GPU type 'v100'; it has " and nothing; the lines began "error:", not the command."""
     path = tmp_path / "table.json"
     if table is not None:
-        path.write_text(table)
+        path.write_bytes(table if isinstance(table, bytes) else table.encode())
     code, out, err = _sim(capsys, "--jobs", "5", *[str(path) if a == "TABLE" else a for a in argv])
-    assert code == 2 and out == ""
+    assert code == 2 and out == "" and err.count("\n") <= 2, err
     assert err.replace("\n", " ").startswith(message.replace("TABLE", str(path)))
+
+
+def test_an_endless_throughput_table_is_refused_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--throughputs /dev/zero` read until the memory was full (a minute, then killed)."""
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+    code, out, err = _sim(capsys, "--jobs", "5", "--throughputs", "/dev/zero")
+    assert code == 2 and out == "" and "/dev/zero: cannot read the Gavel throughput table: larger than" in err
