@@ -249,8 +249,8 @@ def test_skip_invalid_leaves_out_lines_that_cannot_be_replayed_and_counts_them(
     # A RecursionError traceback from the JSON parser; a table that is not UTF-8, a UnicodeDecodeError.
     (("--throughputs", "TABLE"), "[" * 100_000 + "]" * 100_000,
      "gandiva sim: error: TABLE: cannot read the Gavel throughput table: nested too deeply"),
-    (("--throughputs", "TABLE"), b'{"v100": "\xff"}', "gandiva sim: error: TABLE: cannot read the Gavel "
-                                                     "throughput table: not UTF-8 text (byte 10)"),
+    (("--throughputs", "TABLE"), b'{"v100": "\xff"}',
+     "gandiva sim: error: TABLE: cannot read the Gavel throughput table: not UTF-8 text (byte 10)"),
 ])
 def test_no_policy_or_an_empty_throughput_table_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                             argv: tuple[str, ...], table: str | bytes | None,
