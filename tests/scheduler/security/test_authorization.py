@@ -232,13 +232,21 @@ def test_the_dashboards_data_is_an_operators_with_tokens(make_scheduler, sqlite_
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         return
-    profile = tempfile.mkdtemp(prefix="gandiva-chromium-")
-    try:
-        dom = subprocess.run(
-            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-             "--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}",
-             "--virtual-time-budget=4000", "--dump-dom", f"http://{address}/#token={root}"],
-            capture_output=True, text=True, timeout=90, check=True).stdout
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
+
+    def page(fragment: str) -> str:
+        profile = tempfile.mkdtemp(prefix="gandiva-chromium-")
+        try:
+            return subprocess.run(
+                [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}",
+                 "--virtual-time-budget=4000", "--dump-dom", f"http://{address}/{fragment}"],
+                capture_output=True, text=True, timeout=90, check=True).stdout
+        finally:
+            shutil.rmtree(profile, ignore_errors=True)
+
+    dom = page(f"#token={root}")
     assert "alice-secret-project" in dom and '<div id="error" class="bad"></div>' in dom, dom
+    # A mistyped link (a lone %) stopped the page's script at decodeURIComponent: it stayed at
+    # "connecting..." with no word of why; now it asks for the token and says what was refused.
+    dom = page(f"#token={root[:-1]}%")
+    assert "the token is unknown or revoked" in dom and '<form id="login">' in dom, dom
