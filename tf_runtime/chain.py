@@ -14,10 +14,11 @@ boundary is not counted as "in flight" when a suspension drains the gate.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -58,6 +59,14 @@ class RunInfo:
     # Does not train but changes a variable the checkpoint holds (an EMA of the weights
     # applied in a run of its own after the training run).
     changes_state: bool = False
+    # The initialisers of variables the checkpoint holds that the run executes: one run again
+    # over variables it already initialised is a reset (gradient accumulators zeroed by
+    # `variables_initializer(accs)` after each apply), not a one-time initialiser.
+    init_ops: frozenset[Any] = field(default=frozenset(), compare=False)
+    # Draws from a stateful random op (a `tf.random.shuffle` of the examples' order, noise)
+    # in a run of its own that trains nothing and reads no variable the checkpoint holds:
+    # numbers for the program's Python, from a sequence no checkpoint holds; the op, or "".
+    draws: str = ""
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,10 @@ class BoundaryHandler(Protocol):
     def before_run(self, adapter: SessionAdapter, info: RunInfo, fed: bool) -> None: ...
 
     def carried_state(self, adapter: SessionAdapter, what: str) -> None: ...
+
+    def wants_feeds(self, adapter: SessionAdapter) -> bool: ...
+
+    def fed_step(self, adapter: SessionAdapter, digest: bytes) -> None: ...
 
     def other_run(self, adapter: SessionAdapter, begins: bool) -> None: ...
 
@@ -221,6 +234,8 @@ class BoundaryLayer:
         # (numbered by the steps before) in which a run of its own read stateful input.
         self._steps = 0
         self._stateful_at: dict[int, str] | None = {}
+        # The values the last step-advancing run was fed, by identity (kept alive here).
+        self._step_feeds: dict[int, Any] = {}
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
             run_metadata: Any = None) -> Any:
@@ -230,12 +245,18 @@ class BoundaryLayer:
             self._hot = handler.is_hot(self.adapter)
             if not self._hot:
                 return self._setup(info, fetches, feed_dict, options, run_metadata)
-        handler.before_run(self.adapter, info, bool(feed_dict))
+        # Fed the mini-batch of the step just made (the moving averages of batch
+        # normalisation updated in a run of their own after the training run) is no start
+        # of the next step: only a feed of other values is.
+        handler.before_run(self.adapter, info, bool(feed_dict) and not (
+            info.changes_state and not info.is_training and self._fed_as_step(feed_dict)))
         if not info.is_training:
             if info.reads_global_step:
                 handler.saw_run(self.adapter, info)
             if info.stateful_input:
                 self._saw_stateful(info.stateful_input)
+            if info.draws:
+                self._saw_draw(info.draws)
             # Not a mini-batch (an evaluation, a save): no step is due until it returns.
             handler.other_run(self.adapter, True)
             try:
@@ -244,12 +265,20 @@ class BoundaryLayer:
                 handler.other_run(self.adapter, False)
         if self._carried and feed_dict:  # fed into training (a summary's feed is only logs)
             self._check_carried(feed_dict)
+        self._note_feeds(info, feed_dict)
+        if info.advances_step:
+            self._step_feeds = feed_leaves(feed_dict)
         t0 = time.perf_counter()
         results = self.inner.run(fetches, feed_dict, options, run_metadata)
         t1 = time.perf_counter()
         self._remember(info, results)
         handler.boundary(self.adapter, info, results, t1 - t0, t1)
         return results
+
+    def _fed_as_step(self, feed_dict: Any) -> bool:
+        """Whether every value fed is one the last step-advancing run was fed (by identity)."""
+        leaves = feed_leaves(feed_dict)
+        return bool(leaves) and all(self._step_feeds.get(k) is v for k, v in leaves.items())
 
     def _saw_stateful(self, what: str) -> None:
         """A run that does not train read input no checkpoint holds. Once that happens
@@ -272,6 +301,28 @@ class BoundaryLayer:
             "after a restore, so a migrated job would train on other data than an "
             "uninterrupted run; compute the input from the global step (feeds, stateless "
             "random ops seeded by it) to make it migratable")
+
+    def _note_feeds(self, info: RunInfo, feed_dict: Any) -> None:
+        """Hands the controller the feeds of a step-advancing run while it wants them
+        (its verdict's first steps: whether the program feeds each step other values)."""
+        if feed_dict and info.advances_step and self._handler.wants_feeds(self.adapter):
+            self._handler.fed_step(self.adapter, feeds_digest(feed_dict))
+
+    def _saw_draw(self, what: str) -> None:
+        """A run of its own drew from a stateful random op, reading nothing of the model,
+        after the restore point: numbers for the program (its examples' order for the next
+        epoch, noise) from a sequence no checkpoint holds. Before, only such runs before
+        every step were taken for training input, so a seeded `tf.random.shuffle` of the
+        examples once an epoch passed, and a copy migrated after a reshuffle (or at an
+        epoch's end) drew the first epoch's order again: other weights."""
+        self._handler.carried_state(
+            self.adapter, f"a run of its own reads {what} and nothing of the model: "
+            "the position of a stateful random op's sequence is in no checkpoint, so a "
+            "restarted copy draws its numbers from the start again (its examples' order "
+            "shuffled once an epoch, its noise) and a migrated job would train on other data "
+            "than an uninterrupted run; draw them with a stateless op seeded by the global "
+            "step or the epoch (tf.random.experimental.stateless_shuffle, "
+            "tf.random.stateless_uniform) to make it migratable")
 
     def _remember(self, info: RunInfo, results: Any) -> None:
         if info.advances_step:
@@ -314,6 +365,10 @@ class BoundaryLayer:
             handler.setup_run(self.adapter, info, before=True,
                               rehearse=FirstRun(fetches, feed_dict, options, self._real.run))
             self._hot = handler.is_hot(self.adapter)
+            if self._hot:
+                self._note_feeds(info, feed_dict)
+                if info.advances_step:
+                    self._step_feeds = feed_leaves(feed_dict)
             t0 = time.perf_counter()
             results = self.inner.run(fetches, feed_dict, options, run_metadata)
             t1 = time.perf_counter()
@@ -323,11 +378,37 @@ class BoundaryLayer:
             return results
         if info.stateful_input:
             self._saw_stateful(info.stateful_input)
+        if info.draws:
+            self._saw_draw(info.draws)  # after the restore point only (carried_state)
         # A warm process may hold here, before the program reads anything.
         handler.before_setup_run(self.adapter, info)
         results = self.inner.run(fetches, feed_dict, options, run_metadata)
         handler.setup_run(self.adapter, info, before=False)
         return results
+
+
+def feed_leaves(feed_dict: Any) -> dict[int, Any]:
+    """A run's fed values, by identity."""
+    if not isinstance(feed_dict, dict):
+        return {}
+    return {id(leaf): leaf for value in feed_dict.values() for leaf in flatten(value)}
+
+
+def feeds_digest(feed_dict: Any) -> bytes:
+    """A digest of a run's feed values (the verdict's first steps only): whether a
+    program feeds each step other values."""
+    h = hashlib.blake2b(digest_size=16)
+    items = feed_dict.items() if isinstance(feed_dict, dict) else ()
+    for key, value in sorted(items, key=lambda kv: str(getattr(kv[0], "name", kv[0]))):
+        h.update(str(getattr(key, "name", key)).encode())
+        for leaf in flatten(value):
+            try:
+                arr = np.asarray(leaf)
+                h.update(f"{arr.dtype}{arr.shape}".encode())
+                h.update(repr(arr.tolist()).encode() if arr.dtype.hasobject else arr.tobytes())
+            except (TypeError, ValueError):
+                h.update(repr(leaf).encode())
+    return h.digest()
 
 
 def build_chain(run_fn: Callable[..., Any], adapter: SessionAdapter, handler: BoundaryHandler,

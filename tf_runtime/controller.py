@@ -90,6 +90,26 @@ _NOT_THE_PROGRAM = ("tf_runtime", "tensorflow", "keras", "runpy", "importlib")
 # TensorFlow code that reads the global step for itself, never for the program's loop.
 _SERVICES = ("tensorflow.python.training.supervisor",)
 _MONITORED = ("tensorflow.python.training.monitored_session",)
+_HOOK_CALLS = frozenset({"begin", "after_create_session", "before_run", "after_run", "end"})
+
+
+def _from_hook(frame: Any) -> bool:
+    """Whether a run is made by a MonitoredSession's hook (StopAtStepHook reading the
+    step after the session is created, a hook of the program's own), not by its loop."""
+    hook = tf_hook_class()
+    while frame is not None:
+        if frame.f_code.co_name in _HOOK_CALLS and hook is not None and \
+                isinstance(frame.f_locals.get("self"), hook):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def tf_hook_class() -> Any:
+    """TensorFlow's SessionRunHook, if TensorFlow is loaded (the controller runs without it
+    in the fake world)."""
+    module = sys.modules.get("tensorflow.python.training.session_run_hook")
+    return getattr(module, "SessionRunHook", None)
 
 
 def _called_from(frame: Any, modules: tuple[str, ...]) -> bool:
@@ -152,6 +172,10 @@ class Controller:
         # The program read the global step in a run of its own before its first training
         # run (`step = sess.run(gs)`, StopAtStepHook): its loop can start from the step.
         self._read_step_first = False
+        # The program itself read the step in a run of its own (not only a MonitoredSession's
+        # hooks), and whether the feeds of its first step-advancing runs differ (fed_step).
+        self._own_read = False
+        self._feeds: set[bytes] = set()
         self._advances_seen = False  # a training run of the bound session advanced the step
         self._steps_seen = 0  # boundaries of runs that advanced it
         self._stateful_input = ""  # what a training run read that no checkpoint holds
@@ -161,6 +185,8 @@ class Controller:
         self._trailing = False
         self._cut_pending = False
         self._tail_updated = False  # such a run came since the last step-advancing run
+        # Initialisers of checkpointed variables the program has run: one run again is a reset.
+        self._initialised: set[Any] = set()
         # Runs of that kind made before the first training step (an average updated before
         # each training run, `sess.run(ema_op); sess.run(train)`): they begin a step.
         self._prelude: dict[int, RunInfo] = {}
@@ -219,13 +245,17 @@ class Controller:
         seen, commands wait after each step for such runs, and are applied before the next
         run of any other kind. (A fed one, an accumulation of the next mini-batch, begins
         the next step.)"""
+        again = self._initialises_again(adapter, info)
         if not (self._after_advance or self._cut_pending) or adapter is not self.adapter:
             return
         # Not an initialiser, a restore or a load: those happen once, not in every step. A
         # reset is no load (accumulators zeroed after each apply): before, a checkpoint was
         # taken between the apply and the reset, and a restored copy added its next
-        # micro-batches onto the previous step's sums.
-        once = (info.initializes_some and not info.resets) or info.initializes or info.restores
+        # micro-batches onto the previous step's sums. Nor is an initialiser run again over
+        # variables it already initialised (`sess.run(variables_initializer(accs))` after
+        # each apply, which was taken for a one-time initialiser the same way).
+        once = (info.initializes_some and not (info.resets or again)) or info.initializes or \
+            info.restores
         if (not info.is_training and (once or not info.changes_state)
                 and not info.stateful_input and not self._tail_updated):
             # A run that changes nothing (the step read, a summary, an evaluation), or
@@ -254,6 +284,16 @@ class Controller:
                 self._apply_queued(adapter)
             elif not self._save_built:
                 self._prebuild_save(adapter)
+
+    def _initialises_again(self, adapter: SessionAdapter, info: RunInfo) -> bool:
+        """Whether the run initialises only variables whose initialisers the program ran
+        before (a reset of gradient accumulators, not a one-time initialiser of variables it
+        just created, such as a second optimizer's slots); notes its initialisers."""
+        if not info.init_ops or adapter is not self.adapter:
+            return False
+        again = info.init_ops <= self._initialised
+        self._initialised |= info.init_ops
+        return again
 
     def _after_training(self, info: RunInfo) -> bool | None:
         """Whether the program makes this run after its step-advancing run in its loop
@@ -293,6 +333,10 @@ class Controller:
         # own reads tell that its loop resumes from the step.
         # Which read came first: one in a run of its own before the first training run (the
         # loop starts from the step), or one fetched with a training run (only logged).
+        if not info.is_training and not self._own_read and info.reads_global_step and \
+                adapter is self.adapter and not _from_hook(sys._getframe(1)) and \
+                not _called_from(sys._getframe(1), _SERVICES):
+            self._own_read = True
         if info.reads_global_step and adapter is self.adapter and not self._read_step_first \
                 and not (self._read_global_step and self.boundaries) \
                 and not _called_from(sys._getframe(1), _SERVICES):
@@ -301,6 +345,16 @@ class Controller:
             # run and stop the loop at a step: its loop follows the step too.
             self._read_step_first = self.boundaries == 0 and (
                 not info.is_training or _called_from(sys._getframe(1), _MONITORED))
+
+    def wants_feeds(self, adapter: SessionAdapter) -> bool:
+        """Whether the feeds of the next step-advancing run matter to the verdict: only
+        a MonitoredSession's hooks have read the step so far, and it is not judged yet."""
+        return self.migratable is None and not self._own_read and adapter is self.adapter
+
+    def fed_step(self, adapter: SessionAdapter, digest: bytes) -> None:
+        """The feeds of a step-advancing run, as a digest of their values."""
+        if adapter is self.adapter and len(self._feeds) < 2:
+            self._feeds.add(digest)
 
     def carried_state(self, adapter: SessionAdapter, what: str) -> None:
         """The program carries state in Python from one step to the next, which no
@@ -376,6 +430,7 @@ class Controller:
             self._restore_again = True
         elif info.initializes or info.restores or (before and info.is_training):
             self._bind(adapter, training=before and info.is_training)
+        self._initialises_again(adapter, info)  # noted once bound: the restore point's too
         if before and info.is_training and adapter is self.adapter:
             if self.settings.restore_dir and self._restored_into is not adapter and \
                     self._unfit is not None:
@@ -531,6 +586,13 @@ class Controller:
                 self._restore_at_bind(adapter, training)
             elif adapter.has_global_step():
                 self.meter.set_steps(adapter.global_step())
+            if first:
+                # The generators at the restore point: a draw before the first step (an
+                # epoch's shuffle of the examples) is one of a stream too, which a restarted
+                # copy makes again from the start. Before, the first look came after step 1,
+                # so a copy migrated at the end of the first epoch shuffled its second epoch
+                # as the first: other weights.
+                self._watch_generators(adapter, now=True)
 
     def _restore_at_bind(self, adapter: SessionAdapter, training: bool) -> None:
         """Restore into the session at its restore point. Before the first training run it
@@ -728,7 +790,20 @@ class Controller:
         elif self._read_global_step:
             # Not before its second step: that is where a value the first returned would
             # first be fed back (carried_state).
-            if self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
+            if self._steps_seen < JUDGE_AFTER_BOUNDARIES and not final:
+                return
+            if not self._own_read and len(self._feeds) > 1:
+                # `while not sess.should_stop(): sess.run(train, batch(i)); i += 1` under
+                # StopAtStepHook: used to be judged migratable (the hook reads the step),
+                # and a restored copy fed its batches from 0 again, other weights.
+                self._judge(False, "only its MonitoredSession's hooks read the global step "
+                                   "(StopAtStepHook), never the program, which feeds each "
+                                   "training run other values: its mini-batches follow a "
+                                   "counter of its own, which a restarted copy starts over, so "
+                                   "it would redo its steps on other mini-batches; read the "
+                                   "step in the loop (`step = sess.run(global_step)`) and feed "
+                                   "the mini-batch of that step to make it migratable")
+            else:
                 self._judge(True, "the program reads the global step")
         elif self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
             self._judge(False, "the program never reads the global step: its loop counts "

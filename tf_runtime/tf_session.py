@@ -80,6 +80,14 @@ _STATEFUL_INPUTS = frozenset({
     "LearnedUnigramCandidateSampler", "ThreadUnsafeUnigramCandidateSampler",
     "AllCandidateSampler", "SampleDistortedBoundingBox", "SampleDistortedBoundingBoxV2",
     "FractionalMaxPool", "FractionalAvgPool"})
+# Of those, the random ops: a run of its own that draws from one and reads no variable
+# hands the program numbers from a sequence no checkpoint holds (RunInfo.draws). Iterators
+# and queues read alone are left to the before-every-step rule (an evaluation's own input).
+_RANDOM_OPS = _STATEFUL_INPUTS - {
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
+    "QueueDequeue", "QueueDequeueV2", "QueueDequeueMany", "QueueDequeueManyV2",
+    "QueueDequeueUpTo", "QueueDequeueUpToV2", "ReaderRead", "ReaderReadV2",
+    "ReaderReadUpTo", "ReaderReadUpToV2"}
 _CACHE_LIMIT = 512
 _LOADS = frozenset({"Assign", "AssignVariableOp"}) | _SCATTER_SETS
 _CHANGES_ANY = _CHANGES | _LOADS | _INCREMENTS
@@ -531,6 +539,11 @@ class TFSessionAdapter:
         stateful = "" if (not training and (initializes_some or restores)) else next(
             (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
              if _stateful_node(op.type, [t.op.type for t in op.inputs])), inside.stateful)
+        # Numbers for the program (an epoch's order of its examples), not an evaluation's
+        # dropout or a GAN's sample images, which read the model.
+        draws = "" if (training or initializes_some or restores or self._state_ops & reached) \
+            else next((f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
+                       if op.type in _RANDOM_OPS), "")
         if advances and plain_read and not self._warned_racy_read:
             self._warned_racy_read = True
             log.warning(
@@ -544,11 +557,19 @@ class TFSessionAdapter:
                        advances_step=advances, stateful_input=stateful,
                        initializes_some=initializes_some, carry_slots=tuple(carry_slots),
                        resets=assigns and not self._some_init_ops & reached,
-                       changes_state=changes_state)
+                       changes_state=changes_state,
+                       init_ops=frozenset(self._some_init_ops & reached), draws=draws)
 
     def _global_step_read(self, op: Any) -> str | None:
         """How fetching `op` reads the global step: "ordered" (the value of its increment,
         or a read ordered by control inputs), "plain" (the variable itself), None (not)."""
+        if any(getattr(t, "op", None) is op
+               for t in self.graph.get_collection("global_step_read_op_cache")):
+            # MonitoredSession hooks' read (StopAtStepHook, CheckpointSaverHook):
+            # `cond(is_variable_initialized(gs), gs.read_value, ...) + 0`, which the walk
+            # below does not follow: a loop whose only read it is was judged "never reads
+            # the global step", not migratable, though it stops at the step.
+            return "ordered"
         updated = False
         for _ in range(4):  # gs, gs/read, a cast of it, the value of an increment...
             if op is self._gs_op:

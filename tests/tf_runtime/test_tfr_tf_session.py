@@ -1268,3 +1268,161 @@ def test_random_ops_of_sampled_losses_and_augmentation_read_unsaved_input(
         for op, run in runs.items():
             assert adapter.classify(run).stateful_input.startswith(op), op
         assert not adapter.classify(from_generator).stateful_input
+
+
+def test_accumulators_zeroed_by_their_initialiser_after_each_apply_are_part_of_the_step(
+        tmp_path: Path) -> None:
+    """Gradient accumulation whose accumulators are zeroed after each apply by running their
+    initialiser again (`sess.run(tf.compat.v1.variables_initializer(accs))`, as often
+    written): that run used to be taken for a one-time initialiser, so a checkpoint was
+    taken between the apply and the reset, and a restored copy added its next micro-batches
+    onto the old sums (other weights). Now an initialiser run again over variables it
+    already initialised is a reset: the checkpoint waits for it and holds zeroed sums. A
+    second optimizer's slots initialised once mid-training are still a one-time initialiser."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+        acc = tf.compat.v1.get_variable("acc", initializer=tf.zeros([3, 2]), trainable=False)
+        grad, = tf.gradients(tf.reduce_sum(tf.tanh(tf.matmul(x, w))), [w])
+        accumulate = acc.assign_add(grad)
+        apply = tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+            [(acc / 2, w)], global_step=gs)
+        zero = tf.compat.v1.variables_initializer([acc])
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for step in range(4):
+            if step == 2:
+                ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            sess.run(accumulate)
+            sess.run(accumulate)
+            sess.run(apply)
+            sess.run(zero)
+            sess.run(gs)
+        assert acks(ctl)[0].ok and acks(ctl)[0].step == 3, acks(ctl)[0]
+    prefix = str(tmp_path / "ck" / "model")
+    assert tf.train.load_variable(prefix, "global_step") == 3
+    np.testing.assert_array_equal(tf.train.load_variable(prefix, "acc"), np.zeros((3, 2)))
+
+
+@pytest.mark.parametrize("draws", ["shuffle", "samples"])
+def test_a_seeded_shuffle_in_a_run_of_its_own_once_an_epoch_is_not_migratable(
+        draws: str, tmp_path: Path) -> None:
+    """`order = sess.run(tf.random.shuffle(tf.range(n), seed=5))` at each epoch's start,
+    the epoch's batches fed from it (`programs/epoch_shuffle.py --shuffle tf`): the op's
+    sequence is in no checkpoint and a restarted copy draws the first epoch's order again.
+    Only such runs before every step used to count, so the job was judged migratable and a
+    copy migrated after a reshuffle, or at the first epoch's last step, ended with other
+    weights. Now a run of its own that draws from a stateful random op and reads nothing of
+    the model, after the restore point, makes the job not migratable, naming the op. Sample
+    images drawn now and then through the model (noise into the generator) do not."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3])
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+        out = tf.tanh(tf.matmul(x, w))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(out), global_step=gs)
+        permute = tf.random.shuffle(tf.range(4), seed=5)
+        samples = tf.matmul(tf.random.normal([2, 3], seed=2), w)
+        pool = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        ctl.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "ck")))
+        exited = None
+        try:
+            step = int(sess.run(gs))
+            while step < 6:
+                pos = step % 2
+                if draws == "shuffle" and pos == 0:
+                    order = sess.run(permute)
+                elif draws == "samples" and pos == 0:
+                    sess.run(samples)  # images to look at: the model's, not training data
+                    order = np.arange(4)
+                sess.run(train, {x: pool[order[2 * pos:2 * pos + 2]]})
+                step = int(sess.run(gs))
+        except Exited as e:
+            exited = e.code
+        ack = acks(ctl)[0]
+        if draws == "samples":
+            assert exited == EXIT_MIGRATED and ctl.migratable is True and ack.ok
+        else:
+            assert exited is None and ctl.migratable is False
+            assert not ack.ok and "RandomShuffle" in ack.message, ack.message
+            assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("loop", ["own_counter", "reads_step", "unfed"])
+def test_a_monitored_loop_fed_from_its_own_counter_is_not_migratable(loop: str,
+                                                                    tmp_path: Path) -> None:
+    """`while not sess.should_stop(): sess.run(train, batch(i)); i += 1` under a
+    StopAtStepHook: the hook reads the global step, the program never does and picks its
+    mini-batches by a counter of its own. It used to be judged migratable (the hook's read
+    was taken for the program's), and a restored copy fed its batches from the first one
+    again: other weights. Now a program whose step only hooks read and whose training runs
+    are fed other values at each step is not migratable; one that reads the step itself,
+    or is fed nothing (its input computed in the graph), still is."""
+    with shimmed() as ctl, tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder_with_default(tf.ones([2, 3]), [2, 3])
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.tanh(tf.matmul(x, w))), global_step=gs)
+        pool = np.linspace(-1, 1, 60, dtype=np.float32).reshape(10, 2, 3)
+        ctl.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "ck")))
+        exited = None
+        try:
+            with tf.compat.v1.train.MonitoredTrainingSession(
+                    hooks=[tf.compat.v1.train.StopAtStepHook(last_step=6)],
+                    save_checkpoint_secs=None, save_summaries_steps=None,
+                    save_summaries_secs=None, log_step_count_steps=None) as mon:
+                i = 0
+                while not mon.should_stop():
+                    if loop == "reads_step":
+                        i = int(mon.run(gs))
+                    mon.run(train, None if loop == "unfed" else {x: pool[i]})
+                    i += 1
+        except Exited as e:
+            exited = e.code
+        ack = acks(ctl)[0]
+        if loop == "own_counter":
+            assert exited is None and ctl.migratable is False
+            assert not ack.ok and "only its MonitoredSession's hooks" in ack.message, ack.message
+            assert not (tmp_path / "ck").exists()
+        else:
+            assert exited == EXIT_MIGRATED and ctl.migratable is True and ack.ok, ack
+
+
+def test_moving_averages_updated_in_a_run_of_their_own_fed_the_steps_batch_end_the_step(
+        tmp_path: Path) -> None:
+    """Batch normalisation's moving averages updated after the training run in a run of
+    their own, fed the same mini-batch (`sess.run(train, feed); sess.run(update_ops, feed)`,
+    `programs/bn_updates.py --updates after`). A fed run after the training run used to be
+    taken for the next step's start (the next micro-batch accumulated), so a checkpoint was
+    taken between the two and a restored copy never made that update: other moving averages
+    after a migration. Now a run fed the very values the training run was fed ends the step:
+    the checkpoint holds the update. One fed the next mini-batch still begins the next step."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3])
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+        h = tf.matmul(x, w)
+        mean, _ = tf.nn.moments(h, [0])
+        moving = tf.compat.v1.get_variable("moving_mean", initializer=tf.zeros([2]),
+                                           trainable=False)
+        update = moving.assign(moving * 0.5 + mean * 0.5)
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.tanh(h - mean)), global_step=gs)
+        pool = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 2, 3)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        step = int(sess.run(gs))
+        while step < 4:
+            if step == 2:
+                ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            feed = {x: pool[step]}
+            sess.run(train, feed)
+            sess.run(update, feed)
+            if step == 2:
+                expected = sess.run(moving)
+            step = int(sess.run(gs))
+        assert acks(ctl)[0].ok and acks(ctl)[0].step == 3, acks(ctl)[0]
+    np.testing.assert_array_equal(
+        tf.train.load_variable(str(tmp_path / "ck" / "model"), "moving_mean"), expected)

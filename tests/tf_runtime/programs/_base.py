@@ -121,3 +121,13 @@ def dump(path: str | None, sess: Any) -> None:
     tmp = path + ".tmp.npz"
     np.savez(tmp, **values)
     os.replace(tmp, path)
+
+
+class DumpAtEnd(tf.compat.v1.train.SessionRunHook):
+    """Dumps the variables (`dump`) when a MonitoredSession ends."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    def end(self, session: Any) -> None:
+        dump(self.path, session)

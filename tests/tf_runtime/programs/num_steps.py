@@ -10,20 +10,12 @@ def extra(p):
     p.add_argument("--session", choices=["mts", "singular"], default="mts")
 
 
-class DumpAtEnd(tf.compat.v1.train.SessionRunHook):
-    def __init__(self, path):
-        self.path = path
-
-    def end(self, session):
-        _base.dump(self.path, session)
-
-
 args = _base.parse(extra)
 gs = tf.compat.v1.train.get_or_create_global_step()
 x, y = _base.inputs()
 loss = _base.classifier(x, y)
 train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, global_step=gs)
-hooks = [tf.compat.v1.train.StopAtStepHook(num_steps=args.steps), DumpAtEnd(args.dump)]
+hooks = [tf.compat.v1.train.StopAtStepHook(num_steps=args.steps), _base.DumpAtEnd(args.dump)]
 if args.session == "mts":
     sess = tf.compat.v1.train.MonitoredTrainingSession(
         hooks=hooks, config=_base.config(), save_checkpoint_secs=None,
