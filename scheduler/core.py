@@ -115,17 +115,15 @@ class Settings:
 
     def __post_init__(self) -> None:
         lease = self.lease
-        hang_flags = (
+        waits = (  # seconds, 0 turning each off
             ("hang_after_s", "how long a running job may go without a mini-batch before it is flagged hung (0: never)"),
             ("hang_restart_after_s", "how long a job flagged hung is left before it is restarted (0: never)"),
+            ("checkpoint_wait_s", "how long a job waits for the server holding its checkpoint (0: not at all)"),
         )
-        for name, what in hang_flags:
+        for name, what in waits:
             value = getattr(self, name)
             if not 0 <= value < math.inf:
                 raise InvalidArgument(name, f"{value:g} is not a number of seconds >= 0: give {what}")
-        if not 0 <= self.checkpoint_wait_s < math.inf:
-            raise InvalidArgument("checkpoint_wait_s", f"{self.checkpoint_wait_s:g} is not a number of seconds >= 0: "
-                                  "give how long a job waits for the server holding its checkpoint (0: not at all)")
         if self.checkpoint_interval_s < 0:
             raise InvalidArgument("checkpoint_interval_s", f"{self.checkpoint_interval_s} is negative; 0 turns periodic checkpoints off")
         if not self.runtime_connect_deadline_s > 0 or math.isinf(self.runtime_connect_deadline_s):

@@ -95,7 +95,6 @@ class _Exclusive(Policy):
             out.append(Place(job.id, cand.gpus, reason=f"{self.name}: dedicated GPUs"))
         return out
 
-
     def _resume_left_suspended(self, ledger: Ledger, out: list[Decision]) -> None:
         """Jobs another policy left suspended (the scheduler restarted with this one while
         jobs were time-sliced) keep their GPUs; this policy never suspends, so nothing
