@@ -49,6 +49,8 @@ ROLES = ("user", "operator", "helper")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 # Revocation takes effect within this many seconds (verified tokens are cached).
 CACHE_S = 2.0
+# What ListServers shows a user instead of another user's job id ("hidden-1", ...).
+HIDDEN_JOB = "hidden-"
 
 
 @dataclass(frozen=True)

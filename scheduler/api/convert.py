@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from protos.gandiva.v1 import common_pb2
 from scheduler.core import JobDetail, spec_of
@@ -62,8 +63,10 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
     )
 
 
-def server_to_pb(load: ServerLoad, host_memory_budget: tuple[float, int]) -> common_pb2.Server:
-    """``host_memory_budget``: the policy's (host_memory_use, job_host_memory_bytes)."""
+def server_to_pb(load: ServerLoad, host_memory_budget: tuple[float, int],
+                 shown: Callable[[str], str] = str) -> common_pb2.Server:
+    """``host_memory_budget``: the policy's (host_memory_use, job_host_memory_bytes);
+    ``shown``: what each placed job's id is listed as (another user's is hidden)."""
     s = load.server
     use, assumed = host_memory_budget
     return common_pb2.Server(
@@ -78,7 +81,7 @@ def server_to_pb(load: ServerLoad, host_memory_budget: tuple[float, int]) -> com
                 memory_total_bytes=g.memory_total,
                 memory_used_bytes=g.memory_used,
                 utilization=g.utilization,
-                jobs=load.jobs_by_gpu.get(g.index, []),
+                jobs=[shown(job) for job in load.jobs_by_gpu.get(g.index, [])],
             )
             for g in load.gpus
         ],

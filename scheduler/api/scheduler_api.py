@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -156,10 +156,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     @grpc_errors
     async def ListServers(self, request, context):  # type: ignore[no-untyped-def]
         loads = await self.core.list_servers()
+        shown = await self._job_ids_shown(loads)
         return scheduler_pb2.ListServersResponse(
-            servers=[server_to_pb(ld, self.core.host_memory_budget) for ld in loads],
+            servers=[server_to_pb(ld, self.core.host_memory_budget, shown) for ld in loads],
             cluster_height=cluster_height(loads)
         )
+
+    async def _job_ids_shown(self, loads: list[ServerLoad]) -> Callable[[str], str]:
+        """What the caller sees of each placed job's id. Another user's ids are as hidden
+        here as in ListJobs: each is listed as "hidden-N" (numbered within one answer, so a
+        job on several GPUs still counts once), which keeps the GPUs' occupancy visible."""
+        ident = auth.current()
+        if ident.sees_all:
+            return str
+        placed = {job for ld in loads for ids in ld.jobs_by_gpu.values() for job in ids}
+        async with self.core.tx(read=True) as s:
+            mine = await repo.own_jobs(s, ident.name, placed)
+        aliases: dict[str, str] = {}
+        return lambda job: job if job in mine else aliases.setdefault(job, f"{auth.HIDDEN_JOB}{len(aliases) + 1}")
 
     async def _event_scope(self, job_id: str) -> str | None:
         """The user whose jobs' events the caller may see (None: all)."""

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
-from scheduler import eta
+from scheduler import auth, eta
 from scheduler.cli import output
 from scheduler.cli.argtypes import duration
 from scheduler.cli.client import (
@@ -512,6 +512,9 @@ def _waiting(client: Client, job: common_pb2.Job) -> str:
                      for other in g.jobs if other != job.id})
     running, hidden = [], 0
     for other in others:
+        if other.startswith(auth.HIDDEN_JOB):  # another user's, listed without its id
+            hidden += 1
+            continue
         try:
             peer = client.call("GetJob", scheduler_pb2.GetJobRequest(id=other))
         except CliError as exc:  # ended meanwhile, or another user's job (--auth token)

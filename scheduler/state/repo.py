@@ -93,6 +93,14 @@ async def list_events(
     return (await session.scalars(q)).all()
 
 
+async def own_jobs(session: AsyncSession, user: str, ids: Iterable[str]) -> set[str]:
+    """Those of ``ids`` that are ``user``'s jobs."""
+    wanted = list(ids)
+    if not wanted:
+        return set()
+    return set((await session.scalars(select(Job.id).where(Job.user == user, Job.id.in_(wanted)))).all())
+
+
 async def events_before(session: AsyncSession, since: float) -> int:
     """The id just before the first event at or after ``since`` (a unix time): listing
     after it gives the events since then (and the last id when there is none)."""

@@ -250,3 +250,41 @@ def test_the_dashboards_data_is_an_operators_with_tokens(make_scheduler, sqlite_
     # "connecting..." with no word of why; now it asks for the token and says what was refused.
     dom = page(f"#token={root[:-1]}%")
     assert "the token is unknown or revoked" in dom and '<form id="login">' in dom, dom
+
+
+def test_a_user_sees_gpus_taken_but_not_other_users_job_ids_in_list_servers(  # type: ignore[no-untyped-def]
+        secured, connect, wait_for, capsys: pytest.CaptureFixture[str]) -> None:
+    """`gandiva get servers -o json` listed every job id on each GPU, other users' included,
+    while ListJobs hides them; now a user sees their own ids and `hidden-N` for the others."""
+    import json
+
+    from gandiva_cli import main as gandiva_main
+
+    from ..cli.conftest import ScriptedHelper
+
+    tokens = {n: make_token(secured.db_url, n, r) for n, r in (("alice", "user"), ("bob", "user"),
+                                                                ("root", "operator"))}
+    helper = ScriptedHelper(secured.address, wait_for, name="n1", gpus=4,
+                            token=make_token(secured.db_url, "n1", "helper"))
+    try:
+        stubs = {n: scheduler_pb2_grpc.SchedulerStub(connect(secured.address, t)) for n, t in tokens.items()}
+        ids = {n: stubs[n].SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id for n in ("alice", "bob")}
+        two = {stubs["alice"].SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+            command=["python", "t.py"], gpus=2))).job.id}
+
+        def placed(name: str) -> list[list[str]]:
+            servers = stubs[name].ListServers(scheduler_pb2.ListServersRequest()).servers
+            return [list(g.jobs) for s in servers for g in s.gpu_list]
+
+        wait_for(lambda: sum(map(len, placed("root"))) == 4, 30)  # two 1-GPU jobs, one 2-GPU job
+        assert {j for gpu in placed("root") for j in gpu} == set(ids.values()) | two
+        bob = placed("bob")
+        assert {j for gpu in bob for j in gpu} == {ids["bob"], "hidden-1", "hidden-2"}, bob
+        assert sum(map(len, bob)) == 4  # the occupancy is all there; alice's 2-GPU job counts once
+        assert gandiva_main.main(["get", "servers", "-o", "json", "--scheduler", secured.address,
+                                  "--token", tokens["bob"]]) == 0
+        out = capsys.readouterr().out
+        assert ids["bob"] in out and ids["alice"] not in out and not two & set(out.split('"'))
+        assert json.loads(out)[0]["gpu_list"][0]["jobs"]
+    finally:
+        helper.close()
