@@ -420,6 +420,26 @@ class SchedulerCore:
         if wrote_events:
             await self.events.publish()
 
+    async def record_when_reachable(self, what: str, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """``fn(session)`` in one write transaction, tried again every 0.2-2 s for as long
+        as the database is unreachable (or full), until it is written. For the record of
+        what already happened outside the database (a migration's end, a command a job
+        obeyed): given up on, the job's state would contradict its processes for good (a
+        migration that ended during a database outage left its job MIGRATING, its
+        destination training unseen, until the scheduler was restarted). ``fn`` reads what
+        it changes again each time (a commit whose answer was lost may have happened)."""
+        delay, said = 0.2, False
+        while True:
+            try:
+                async with self.tx() as s:
+                    return await fn(s)
+            except Unavailable as err:
+                if not said:
+                    log.warning("%s: not recorded yet, tried again until the database is back: %s", what, err)
+                    said = True
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
     async def write_sync(self, fn: Callable[[Connection], T], urgent: bool = False) -> T:
         """``fn(connection)`` in one write transaction of plain (Core) statements, for the
         busiest writes. On SQLite it runs whole on the writer thread: one hop off the

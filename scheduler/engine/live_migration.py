@@ -184,13 +184,15 @@ async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to
         # before anything else runs the job; if that cannot be confirmed, the job waits
         # until the source's lease has surely run out.
         fence = await _stop_source(core, plan)
-    now = core.clock()
-    async with core.tx() as s:
+
+    async def record(s: AsyncSession) -> None:
+        now = core.clock()
         job = await repo.get_job(s, job_id, for_update=True)
         if job.state != JobState.MIGRATING.value:
             # Killed, or its source server went down, meanwhile: whatever this migration
-            # left running is not the job any more.
-            if result is not None and result.incarnation and result.server:
+            # left running is not the job any more (unless this outcome was recorded by a
+            # try whose commit was answered by a lost connection).
+            if result is not None and result.incarnation and result.server and job.incarnation != result.incarnation:
                 core.stop_on(result.server, job_id, result.incarnation, "migration overtaken")
             return
         await repo.end_migration(s, job_id)
@@ -217,6 +219,9 @@ async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to
             still_suspended = was is JobState.SUSPENDED and result.outcome is Outcome.STAYED
             why = result.reason if still_suspended else f"{result.outcome.value}: {result.reason}"
             await _roll_back(s, job, now, why, suspended=still_suspended)
+
+    # Recorded whatever it takes: the job's processes already are where the outcome says.
+    await core.record_when_reachable(f"the end of {job_id}'s migration", record)
     core.poke()
 
 

@@ -3,6 +3,7 @@ fake job: what a user would notice is that no job is lost, duplicated or stalled
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ import pytest
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler.core import Settings
+
+from ..scheduler.faults.test_db_outage import proxied_pg_url  # noqa: F401 - a fixture
 
 GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 SETTINGS = Settings(heartbeat_interval_s=0.2, down_after_s=3.0)  # lease 1.8 s
@@ -36,6 +39,24 @@ def _job_pids(job_id: str, warm: bool) -> list[int]:
             if f"GANDIVA_JOB_ID={job_id}".encode() in env and state != "Z" and (b"GANDIVA_WARM=1" in env) == warm:
                 pids.append(int(entry))
     return pids
+
+
+def _migrating(api: Any, job_id: str, wait_for: Any) -> tuple[str, str, int]:
+    """Once the job trains on one of s1 and s2, an operator moves it to the other; its
+    process is held (SIGSTOP) at a step until the destination has pre-warmed (the caller
+    lets it go on). Returns (source server, destination, the source's process)."""
+    def job() -> common_pb2.Job:
+        return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+
+    wait_for(lambda: job().steps >= 20 and job().state == common_pb2.JOB_STATE_RUNNING, 30)
+    src = job().placement[0].server
+    dest = "s2" if src == "s1" else "s1"
+    (source_pid,) = wait_for(lambda: _job_pids(job_id, warm=False), 10)
+    os.kill(source_pid, signal.SIGSTOP)
+    api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest), timeout=10)
+    wait_for(lambda: any(e.kind == "job.migration" and e.message.startswith("prewarm")
+                         for e in api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events), 30)
+    return src, dest, source_pid
 
 
 @pytest.fixture
@@ -85,14 +106,7 @@ def test_destination_lost_mid_transfer_restarts_the_job_at_its_source_at_once(
     def job() -> common_pb2.Job:
         return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
 
-    wait_for(lambda: job().steps >= 20 and job().state == common_pb2.JOB_STATE_RUNNING, 30)
-    src = job().placement[0].server
-    dest = "s2" if src == "s1" else "s1"
-    (source_pid,) = wait_for(lambda: _job_pids(job_id, warm=False), 10)
-    os.kill(source_pid, signal.SIGSTOP)  # at a step until the destination has pre-warmed
-    api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest), timeout=10)
-    wait_for(lambda: any(e.kind == "job.migration" and e.message.startswith("prewarm")
-                         for e in api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events), 30)
+    src, dest, source_pid = _migrating(api, job_id, wait_for)
     os.kill(procs[dest].pid, signal.SIGSTOP)  # the destination stops answering
     lost = time.monotonic()
     os.kill(source_pid, signal.SIGCONT)  # checkpoints (64 MiB), exits 75; the stream stalls
@@ -301,3 +315,53 @@ def test_a_restarted_helper_kills_the_wrapped_job_its_killed_predecessor_left_ru
     finally:
         for pid in set(pids) & set(_job_pids(job_id, warm=False)):  # never leave an orphan behind
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.pg
+def test_a_migration_that_ends_while_the_database_is_down_is_recorded_once_it_is_back(
+    proxied_pg_url: Any, make_scheduler: Any, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """PostgreSQL unreachable (every connection cut, new ones refused) while a migration
+    activates its destination: the destination trains, but the migration's outcome
+    cannot be written. Once the database is back the job is recorded RUNNING at its
+    destination and ends once with all its steps (it used to stay MIGRATING for good, its
+    destination's progress and exit ignored, until the scheduler was restarted)."""
+    url, proxy = proxied_pg_url
+    # A lease (12 s) that outlasts the outage: the destination is not frozen before it trains.
+    sched = make_scheduler(url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=20.0))
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    procs = {name: helpers(name, sched.address) for name in ("s1", "s2")}
+    steps = 600
+    spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1, env={
+        "FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.02"})
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+
+    def job() -> common_pb2.Job:
+        return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+
+    _, dest, source_pid = _migrating(api, job_id, wait_for)
+    (warm_pid,) = wait_for(lambda: _job_pids(job_id, warm=True), 10)
+    os.kill(warm_pid, signal.SIGSTOP)  # its activation waits
+    os.kill(source_pid, signal.SIGCONT)  # checkpoints, the helper streams it, exits 75
+    # The destination's helper has the activation (its warm process, held, will carry it out).
+    wait_for(lambda: f"activate job {job_id}" in (tmp_path / f"{dest}.err").read_text(), 30)
+    caplog.set_level(logging.WARNING, logger="migration_protocol.fast_path")
+    proxy.cut()  # the database goes away
+    try:
+        os.kill(warm_pid, signal.SIGCONT)  # activates and trains: the outcome cannot be written
+        # The migration has ended (its last phase could not be recorded) with the database down.
+        wait_for(lambda: any(r.getMessage() == f"could not record phase total of {job_id}"
+                             for r in list(caplog.records)), 10)
+        time.sleep(1.0)
+    finally:
+        proxy.restore()
+    moved = wait_for(lambda: (j := job()).state != common_pb2.JOB_STATE_MIGRATING and j, 20)
+    assert moved.state in (common_pb2.JOB_STATE_RUNNING, common_pb2.JOB_STATE_SUCCEEDED), moved.state
+    done = wait_for(lambda: (j := job()).state in DONE and j, 60)
+    reasons = [t.reason for t in done.history]
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, (done.message, reasons)
+    assert [t.to_state for t in done.history].count(common_pb2.JOB_STATE_SUCCEEDED) == 1
+    assert {g.server for g in done.placement} <= {dest}, reasons
+    assert any(r.startswith(f"migrated to {dest}") for r in reasons), reasons
+    del procs
