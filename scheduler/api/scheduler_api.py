@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
@@ -15,6 +15,7 @@ from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument
 from scheduler.state import repo
+from scheduler.state.models import Event
 from scheduler.state.repo import ServerLoad
 from scheduler.validation import MAX_REASON, check_id, check_text
 
@@ -22,6 +23,7 @@ JOBS_PAGE, JOBS_PAGE_MAX = 500, 1000
 EVENTS_PAGE, EVENTS_PAGE_MAX = 1000, 5000
 LOG_READ_MAX = 1 << 20  # bytes of a job's output per ReadJobLog
 WATCH_BATCH = 500  # events a watch reads at a time
+MAX_KINDS = 32  # kinds one events request may filter on
 
 
 def cluster_height(loads: list[ServerLoad]) -> int:
@@ -175,6 +177,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         aliases: dict[str, str] = {}
         return lambda job: job if job in mine else aliases.setdefault(job, f"{auth.HIDDEN_JOB}{len(aliases) + 1}")
 
+    @staticmethod
+    def _event_filter(kinds: Sequence[str], server: str) -> tuple[list[str], str]:
+        """``kinds`` and ``server`` of an events request, checked."""
+        if len(kinds) > MAX_KINDS:
+            raise InvalidArgument("kinds", f"{len(kinds)} kinds; at most {MAX_KINDS}")
+        for kind in kinds:
+            check_id("kinds", kind)
+        check_text("server", server, 64)
+        return list(kinds), server
+
+    async def _events(self, after: int, job_id: str, limit: int, user: str | None,
+                      kinds: list[str], server: str) -> Sequence[Event]:
+        async with self.core.tx(read=True) as s:
+            return await repo.list_events(s, after, job_id, limit, user, kinds, server)
+
     async def _event_scope(self, job_id: str) -> str | None:
         """The user whose jobs' events the caller may see (None: all)."""
         check_text("job_id", job_id, 64)
@@ -187,13 +204,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def ListEvents(self, request, context):  # type: ignore[no-untyped-def]
         size = paging.page_size(request.page_size, request.limit, EVENTS_PAGE, EVENTS_PAGE_MAX)
         after = paging.event_cursor(request.page_token, request.after_id)
+        kinds, server = self._event_filter(request.kinds, request.server)
         user = await self._event_scope(request.job_id)
         if request.since:
             if not 0 <= request.since < float("inf"):  # NaN included
                 raise InvalidArgument("since", f"{request.since}: a unix time, 0 or more (0: from the first event)")
             async with self.core.tx(read=True) as s:
                 after = max(after, await repo.events_before(s, request.since))
-        events = await self.core.list_events(after, request.job_id, size, user=user)
+        events = await self._events(after, request.job_id, size, user, kinds, server)
         out, last = paging.fill(events, event_to_pb, full=len(events) == size)
         return scheduler_pb2.ListEventsResponse(
             events=out, next_page_token=paging.encode(last.id) if last is not None else ""
@@ -203,6 +221,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def WatchEvents(  # type: ignore[no-untyped-def, override]
         self, request, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.Event]:
+        kinds, server = self._event_filter(request.kinds, request.server)
         user = await self._event_scope(request.job_id)
         bus = self.core.events
         seen_version = bus.version
@@ -210,7 +229,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         while True:
             # The newest id known before the read: one past it afterwards is news.
             known = await bus.newest_id(self.core.last_event_id)
-            batch = await self.core.list_events(last, request.job_id, WATCH_BATCH, user=user)
+            batch = await self._events(last, request.job_id, WATCH_BATCH, user, kinds, server)
             for ev in batch:
                 last = ev.id
                 yield event_to_pb(ev)

@@ -14,7 +14,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -297,10 +297,13 @@ class EventFollower:
         job_id: str = "",
         give_up_after: float = 600.0,
         on_status: Callable[[str], None] | None = None,
+        kinds: Sequence[str] = (),
+        server: str = "",
     ) -> None:
         self.client = client
         self.last_id = after_id
         self.job_id = job_id
+        self.kinds, self.server = list(kinds), server
         self.give_up_after = give_up_after
         self.on_status = on_status
         self.events: queue.Queue[common_pb2.Event] = queue.Queue()
@@ -324,7 +327,8 @@ class EventFollower:
         # accepts connections but fails the stream (database down) is not hammered.
         delay = 0.0
         while not self._stop.is_set():
-            request = scheduler_pb2.WatchEventsRequest(after_id=self.last_id, job_id=self.job_id)
+            request = scheduler_pb2.WatchEventsRequest(after_id=self.last_id, job_id=self.job_id,
+                                                       kinds=self.kinds, server=self.server)
             try:
                 self._call = self.client.stub.WatchEvents(request)
                 for event in self._call:

@@ -270,12 +270,20 @@ def get_events(args: argparse.Namespace, client: Client) -> int:
         return watch_events(args, client)
     if args.limit < 0:
         raise CliError(f"--limit must be 0 or more, got {args.limit}")
-    request = scheduler_pb2.ListEventsRequest(after_id=args.after, job_id=args.job, since=_since(args))
-    if args.kind or args.server:  # filtered here: page through them all, then cut at --limit
-        events = [e for e in list_all(client, "ListEvents", request, "events") if _kind_wanted(args, e)]
-        events = events[:args.limit] if args.limit else events
-    else:
-        events = list_all(client, "ListEvents", request, "events", args.limit)
+    request = scheduler_pb2.ListEventsRequest(after_id=args.after, job_id=args.job, since=_since(args),
+                                              kinds=args.kind, server=args.server)
+
+    def call(method: str, request: Any) -> Any:
+        # The scheduler filters by --kind/--server; one from before it did ignores them and
+        # sends every event, so they are filtered here too.
+        reply = client.call(method, request)
+        if args.kind or args.server:
+            wanted = [e for e in reply.events if _kind_wanted(args, e)]
+            del reply.events[:]
+            reply.events.extend(wanted)
+        return reply
+
+    events = list_all(client, "ListEvents", request, "events", args.limit, call=call)
     if args.output == "json":
         output.print_json([event_to_dict(e) for e in events])
     else:
@@ -313,7 +321,8 @@ def watch_events(args: argparse.Namespace, client: Client) -> int:
     def status(message: str) -> None:
         print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
-    follower = EventFollower(client, after_id=after, job_id=args.job, on_status=status).start()
+    follower = EventFollower(client, after_id=after, job_id=args.job, on_status=status,
+                             kinds=args.kind, server=args.server).start()
     if args.output != "json" and not args.no_headers:
         print("\t".join(EVENT_HEADERS), flush=True)
     try:

@@ -80,12 +80,18 @@ def add_event(
 
 async def list_events(
     session: AsyncSession, after_id: int = 0, job_id: str = "", limit: int = 0,
-    user: str | None = None,
+    user: str | None = None, kinds: Sequence[str] = (), server: str = "",
 ) -> Sequence[Event]:
-    """Events after ``after_id`` in id order; ``user``: only events of that user's jobs."""
+    """Events after ``after_id`` in id order; ``user``: only events of that user's jobs;
+    ``kinds``: only those of these kinds or families (``job``: job.state, job.pack, ...);
+    ``server``: only those about that server."""
     q = select(Event).where(Event.id > after_id).order_by(Event.id)
     if job_id:
         q = q.where(Event.job_id == job_id)
+    if kinds:
+        q = q.where(or_(*(or_(Event.kind == k, Event.kind.startswith(k + ".", autoescape=True)) for k in kinds)))
+    if server:
+        q = q.where(Event.server == server)
     if user is not None:
         q = q.where(Event.job_id.in_(select(Job.id).where(Job.user == user)))
     if limit > 0:

@@ -379,7 +379,9 @@ class Gpu(_message.Message):
     """0..1, last sample"""
     @_builtins.property
     def jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """job ids placed on this GPU"""
+        """Job ids placed on this GPU; with --auth token a user sees another user's job as
+        "hidden-N" (numbered within one ListServers answer).
+        """
 
     def __init__(
         self,

@@ -387,6 +387,8 @@ class ListEventsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     SINCE_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
     after_id: _builtins.int
     job_id: _builtins.str
     limit: _builtins.int
@@ -398,6 +400,14 @@ class ListEventsRequest(_message.Message):
     """Only from the first event at or after this unix time (0: from the first event);
     with after_id, whichever starts later.
     """
+    server: _builtins.str
+    """only events about this server; empty: any"""
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only events of these kinds, each a kind ("job.state") or a family ("job": job.state,
+        job.pack, ...); empty: every kind. At most 32, each at most 64 bytes.
+        """
+
     def __init__(
         self,
         *,
@@ -407,10 +417,12 @@ class ListEventsRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         since: _builtins.float = ...,
+        kinds: _abc.Iterable[_builtins.str] | None = ...,
+        server: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "job_id", b"job_id", "limit", b"limit", "page_size", b"page_size", "page_token", b"page_token", "since", b"since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "job_id", b"job_id", "kinds", b"kinds", "limit", b"limit", "page_size", b"page_size", "page_token", b"page_token", "server", b"server", "since", b"since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -446,19 +458,29 @@ class WatchEventsRequest(_message.Message):
 
     AFTER_ID_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
     after_id: _builtins.int
     """-1: only new events"""
     job_id: _builtins.str
     """empty: all jobs"""
+    server: _builtins.str
+    """as in ListEventsRequest"""
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """as in ListEventsRequest"""
+
     def __init__(
         self,
         *,
         after_id: _builtins.int = ...,
         job_id: _builtins.str = ...,
+        kinds: _abc.Iterable[_builtins.str] | None = ...,
+        server: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "job_id", b"job_id", "kinds", b"kinds", "server", b"server"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

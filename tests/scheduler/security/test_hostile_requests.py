@@ -364,3 +364,39 @@ def test_watchers_that_go_as_their_wait_ends_leave_the_events_bus_working() -> N
     while not outcome and time.monotonic() < deadline:
         time.sleep(0.05)
     assert outcome == [None], outcome or "the event bus is wedged: publish() and new waits never end"
+
+
+def test_events_are_filtered_by_kind_and_server_on_the_scheduler(make_scheduler: Any, sqlite_url: str) -> None:
+    """`get events --kind/--server` paged through every event the caller may see (5,000 a
+    call) and filtered on the client; now ListEvents and WatchEvents filter on the
+    scheduler: a page holds only matching events, and a kind is never a LIKE pattern."""
+    import sqlite3
+    import time
+
+    sched = make_scheduler(sqlite_url, tick_s=0.2)
+    now = time.time()
+    with sqlite3.connect(sched.db_url.split("///", 1)[1]) as db:
+        db.executemany("INSERT INTO events (at, kind, job_id, server, message) VALUES (?, ?, '', ?, '')",
+                       [(now, "job.noise", "n1")] * 3000 + [(now, "server.down", "n2"), (now, "server_x", "n1"),
+                                                            (now, "server.up", "n1")])
+    with grpc.insecure_channel(sched.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+
+        def kinds(**kw: Any) -> list[str]:
+            reply = stub.ListEvents(scheduler_pb2.ListEventsRequest(page_size=10, **kw), timeout=10)
+            return [e.kind for e in reply.events]
+
+        assert kinds(kinds=["server"]) == ["server.down", "server.up"]  # a family, on the first page
+        assert kinds(kinds=["server.up", "server_x"]) == ["server_x", "server.up"]
+        assert kinds(kinds=["server"], server="n1") == ["server.up"]
+        assert kinds(kinds=["%"]) == kinds(kinds=["serve_"]) == kinds(kinds=["server.%"]) == []
+        assert len(kinds(server="n1")) == 10
+        watch = stub.WatchEvents(scheduler_pb2.WatchEventsRequest(after_id=0, kinds=["server"], server="n2"),
+                                 timeout=10)
+        assert next(watch).kind == "server.down"
+        watch.cancel()
+        for bad, field in (({"kinds": ["k"] * 33}, "kinds"), ({"kinds": [""]}, "kinds"),
+                           ({"kinds": ["x" * 65]}, "kinds"), ({"server": "a\nb"}, "server")):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ListEvents(scheduler_pb2.ListEventsRequest(**bad), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
