@@ -1004,7 +1004,7 @@ class SchedulerCore:
                 await repo.requeue(s, job, now, f"{KILLED} (out of memory?), not by Gandiva: it {where} "
                                    f"(restart {restarts + 1} of {KILLED_RESTARTS}; then it fails)")
             elif req.exit_code == 0 and state is not JobState.SUSPENDED:
-                await repo.finish(s, job, JobState.SUCCEEDED, now, req.reason or "finished")
+                await repo.finish(s, job, JobState.SUCCEEDED, now, self._finished(job, req.reason or "finished"))
             else:
                 why = req.reason or f"exited with status {req.exit_code}"
                 if sigkill:
@@ -1013,6 +1013,21 @@ class SchedulerCore:
                     why = "its process exited while suspended"
                 await repo.finish(s, job, JobState.FAILED, now, why)
         self.poke()
+
+    def _finished(self, job: Job, reason: str) -> str:
+        """The reason of a job whose program exited 0: with the step it reached when that
+        is short of the total it was submitted with (--steps) or its program announced
+        (a loop that ended early, a caught exception, a data set smaller than thought):
+        it used to read "finished" like a job that ran every mini-batch."""
+        pending = self._progress.get(job.id)  # its last reports, not yet written
+        reached = max(job.steps, pending[1] if pending is not None and pending[0] == job.incarnation else 0)
+        job.steps = reached
+        total = job.total_steps or 0
+        if not 0 < reached < total:
+            return reason
+        given = "given at submission (--steps)" if job.total_steps_from == "spec" else "its program announced"
+        return (f"{reason} at step {reached:,} of {total:,}: its program exited with status 0 "
+                f"before the {total:,} mini-batches {given}; see its output (gandiva logs {job.id})")
 
     async def mark_stale_servers_down(self) -> list[str]:
         """Servers silent for `down_after_s` go down; their jobs return to the queue.

@@ -95,6 +95,17 @@ def test_progress_and_operator_suspend_resume(scheduler_server, wait_for) -> Non
         with pytest.raises(grpc.RpcError) as err:
             stub.ResumeJob(scheduler_pb2.JobActionRequest(id=job.id))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        # Its program exits 0 at step 300 of the 500 it announced (a loop that ended early, a
+        # caught error): SUCCEEDED, saying where it stopped. It used to read "finished", as a
+        # run of every mini-batch.
+        shim.progress(300, 4.5)
+        wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).steps == 300)
+        helper.ReportProcessExit(helper_pb2.ProcessExitRequest(
+            server="n1", job_id=job.id, incarnation=launch.incarnation, exit_code=0, reason="finished"))
+        done = stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))
+        assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == 300
+        assert done.message == ("finished at step 300 of 500: its program exited with status 0 before the 500 "
+                                f"mini-batches its program announced; see its output (gandiva logs {job.id})"), done.message
         shim.close()
         commands.cancel()
 
