@@ -36,6 +36,10 @@ class Unavailable(GandivaError):
     """Infrastructure the scheduler depends on (the database) cannot be reached."""
 
 
+class ResourceExhausted(GandivaError):
+    """The caller holds too much of something bounded (open event watches)."""
+
+
 class Unauthenticated(GandivaError):
     """No credential, or one the scheduler does not accept."""
 

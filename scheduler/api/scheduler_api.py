@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
@@ -13,7 +14,7 @@ from scheduler.api.convert import event_to_pb, job_to_pb, server_to_pb, state_fr
 from scheduler.api.status import grpc_errors, grpc_stream_errors
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
-from scheduler.errors import InvalidArgument
+from scheduler.errors import InvalidArgument, ResourceExhausted
 from scheduler.state import repo
 from scheduler.state.models import Event
 from scheduler.state.repo import ServerLoad
@@ -24,6 +25,10 @@ EVENTS_PAGE, EVENTS_PAGE_MAX = 1000, 5000
 LOG_READ_MAX = 1 << 20  # bytes of a job's output per ReadJobLog
 WATCH_BATCH = 500  # events a watch reads at a time
 MAX_KINDS = 32  # kinds one events request may filter on
+# Event watches one caller (a user's token; without --auth token, everyone) may hold open.
+# Each costs about 30 KB and a wake-up a second: one client opened 3,000 in 6 s, which
+# held 100 MB and kept more than half a core busy.
+MAX_WATCHES = 256
 
 
 def cluster_height(loads: list[ServerLoad]) -> int:
@@ -49,6 +54,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, core: SchedulerCore, engine: LiveEngine) -> None:
         self.core = core
         self.engine = engine
+        self._watches: Counter[str] = Counter()  # open WatchEvents by caller
 
     async def _own_job(self, job_id: str) -> None:
         """The caller may see and act on this job (its owner, or an operator)."""
@@ -223,6 +229,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ) -> AsyncIterator[common_pb2.Event]:
         kinds, server = self._event_filter(request.kinds, request.server)
         user = await self._event_scope(request.job_id)
+        ident = auth.current()
+        caller = f"{ident.role} {ident.name}" if ident.name else "every caller together (no --auth token)"
+        if self._watches[caller] >= MAX_WATCHES:
+            raise ResourceExhausted(
+                f"{MAX_WATCHES} event watches are open already for {caller} (`gandiva get events -w`, "
+                "`gandiva wait`); close one before opening another")
+        self._watches[caller] += 1
+        try:
+            async for event in self._watch(request, user, kinds, server):
+                yield event
+        finally:
+            self._watches[caller] -= 1
+            if not self._watches[caller]:
+                del self._watches[caller]
+
+    async def _watch(self, request: scheduler_pb2.WatchEventsRequest, user: str | None, kinds: list[str],
+                     server: str) -> AsyncIterator[common_pb2.Event]:
         bus = self.core.events
         seen_version = bus.version
         last = request.after_id if request.after_id >= 0 else await self.core.last_event_id()

@@ -17,6 +17,7 @@ from scheduler.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     Unauthenticated,
     Unavailable,
 )
@@ -31,6 +32,7 @@ CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
 ]
 
