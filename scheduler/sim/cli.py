@@ -17,7 +17,7 @@ from rich.markup import escape
 from scheduler.policy import POLICIES, PolicyConfig, get_policy
 from scheduler.sim.engine import SimResult, Simulator, make_cluster, skipped_note
 from scheduler.sim.generator import generate
-from scheduler.sim.load import makespan_bound, offered_load, replayed, scale_to_load
+from scheduler.sim.load import duration_alone, makespan_bound, offered_load, replayed, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
 from scheduler.sim.trace import FORMATS, JobSpec, TraceError, read_trace_as
@@ -29,9 +29,23 @@ Replay a workload through the scheduling policies in virtual time. The simulator
 the very same policy code as the live scheduler; only the clock and the cluster are
 simulated (docs/simulator.md documents the mechanism model and every parameter).
 
-Workload: --trace FILE (Gavel 7- or 10-column, Tiresias CSV, or generic CSV
-submit_time,num_gpus,duration[,model]; detected from the first line), else a synthetic
-Philly-like workload from the project's generator (--jobs, --seed).
+Workload: --trace FILE, else a synthetic Philly-like workload from the project's
+generator (--jobs, --seed). Trace formats (--format; by default detected from the first
+line that is not blank or a # comment):
+  gavel7    Gavel/Philly msr trace: tab separated, no header, 7 columns (job_type, command,
+            num_steps_arg, needs_data_dir, total_steps, arrival_time_s, scale_factor)
+  gavel10   Gavel physical-cluster trace: tab separated, no header, 10 columns (job_type,
+            command, working_dir, num_steps_arg, needs_data_dir, total_steps, scale_factor,
+            priority_weight, SLO, arrival_time_s)
+  itp       Microsoft ITP (ElasticFlow) CSV: a header naming job_id and submission_time
+            (job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration)
+  tiresias  Tiresias CSV: a header naming job_id, num_gpu and submit_time
+            (job_id,num_gpu,submit_time,iterations,model_name,duration,interval)
+  csv       any other CSV: submit_time,num_gpus,duration[,model], header optional
+A CSV with a header is read by column name (any order and case, extra columns ignored,
+commas or tabs); without one, --format itp or tiresias reads their column order. Times
+are seconds (or ISO 8601 dates), durations seconds; docs/simulator.md "Workloads" has
+the details and what is refused.
 """
 
 EPILOG = """\
@@ -248,12 +262,13 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
     return model
 
 
-def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | None]:
+def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | None, int]:
+    """(the jobs, the trace's format, how many job lines --skip-invalid left out)."""
     if args.trace is None:
-        return generate(args.jobs, seed=args.seed), None
+        return generate(args.jobs, seed=args.seed), None, 0
     if not args.skip_invalid:
         try:
-            return read_trace_as(args.trace, args.format)
+            return (*read_trace_as(args.trace, args.format), 0)
         except TraceError as exc:
             if exc.line is None or not exc.skippable:  # the file as a whole: --skip-invalid cannot help
                 raise
@@ -266,7 +281,7 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
                   f"{len(skipped) + len(jobs):,} job lines:")
         for count, first in skip_reasons(skipped).values():
             err.print(f"  {count:,} like line {first.line}: {escape(first.reason)}")
-    return jobs, fmt
+    return jobs, fmt, len(skipped)
 
 
 def _trace_path(text: str) -> Path:
@@ -299,7 +314,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         names = _policies(args)
         servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
-        jobs, fmt = _workload(args, err)
+        jobs, fmt, left_out_lines = _workload(args, err)
         total = sum(srv.num_gpus for srv in servers)
         smallest = min(j.num_gpus for j in jobs)
         if smallest > total:  # nothing would replay: a table of zeros says nothing
@@ -328,6 +343,7 @@ def _run(args: argparse.Namespace) -> int:
     if unknown:
         err.print(f"[yellow]note:[/yellow] {len(unknown)} model name(s) not in {escape(str(model.source))} "
                   f"(e.g. {escape(repr(unknown[0]))}); they run with the default model's figures")
+    _note_sub_step_jobs(jobs, model, err)
     note = skipped_note(jobs, servers)  # said once here, not by each policy's replay
     if note is not None:
         err.print(f"[yellow]note:[/yellow] {escape(note)}")
@@ -362,7 +378,10 @@ def _run(args: argparse.Namespace) -> int:
         err.print(f"makespan lower bound {_hours(bound)}: job {escape(critical.id)} ({gpus}{spread}) "
                   f"cannot finish sooner under any policy")
     results = {name: _simulate(name, jobs, servers, model, config, args, err) for name in names}
-    summaries = {name: {**summarize(r), "makespan_bound_s": bound} for name, r in results.items()}
+    # Every job line of the trace is in one count: finished, unfinished, skipped (wider than
+    # the cluster) or left out (--skip-invalid: a line that cannot be replayed).
+    summaries = {name: {**summarize(r), "makespan_bound_s": bound, "jobs_left_out": left_out_lines}
+                 for name, r in results.items()}
     if args.output == "json":
         print(json.dumps(summaries, indent=2, sort_keys=True))
     else:
@@ -373,6 +392,24 @@ def _run(args: argparse.Namespace) -> int:
         for path in write_plots(results, args.plot):
             err.print(f"wrote {escape(str(path))}")
     return 0
+
+
+def _note_sub_step_jobs(jobs: list[JobSpec], model: MechanismModel, err: Any) -> None:
+    """Say which jobs are shorter than one mini-batch at their rate: the simulator runs a job
+    in whole mini-batches, so each of them takes one (0.25 s for a 0.001 s job on the
+    built-in table), and their JCT and the makespan are not the trace's."""
+    def steps(job: JobSpec) -> float:
+        if job.total_steps is not None:
+            return job.total_steps
+        return (job.duration_s or 0.0) * model.alone_rate(job.model, job.num_gpus)
+
+    short = [j for j in jobs if steps(j) < 1]
+    if short:
+        job = min(short, key=steps)
+        step_s = 1 / model.alone_rate(job.model, job.num_gpus)
+        err.print(f"[yellow]note:[/yellow] {len(short):,} job(s) are shorter than one mini-batch at their rate "
+                  f"(e.g. {escape(job.id)}: {duration_alone(job, model):.3g} s); each runs one whole mini-batch "
+                  f"({step_s:.3g} s for that one), so their completion times are longer than the trace's")
 
 
 def _simulate(name: str, jobs: list[JobSpec], servers: tuple, model: MechanismModel,
@@ -414,7 +451,10 @@ def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
          lambda v: "-" if v is None else str(v)), ("jobs finished", "jobs_finished", str),
         ("jobs unfinished", "jobs_unfinished", str),
         ("jobs skipped (more GPUs than the cluster)", "jobs_skipped", str),
+        ("job lines left out (--skip-invalid)", "jobs_left_out", str),
     ]
+    if not any(s.get("jobs_left_out") for s in summaries.values()):
+        rows = [r for r in rows if r[1] != "jobs_left_out"]
     if not any(s.get("parks") for s in summaries.values()):
         rows = [r for r in rows if r[1] != "parks"]
     table = Table()

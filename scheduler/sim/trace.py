@@ -411,10 +411,16 @@ def _lines(path: Path) -> list[tuple[int, str]]:
         # a text trace has no NUL byte, and none is larger than MAX_TRACE_BYTES.
         with path.open("rb") as fh:
             while chunk := fh.read(1 << 20):
+                if not size and chunk.startswith((b"\xff\xfe", b"\xfe\xff")):
+                    # A spreadsheet's "Unicode text" export: UTF-16 (its NUL bytes would be
+                    # named a compressed file's).
+                    raise TraceError(path, None, "UTF-16 text (a spreadsheet's 'Unicode text' export): save "
+                                                 "the trace as UTF-8 (CSV UTF-8)")
                 nul = chunk.find(b"\x00")
                 if nul >= 0:
                     raise TraceError(path, None, f"NUL byte at byte {size + nul}: not a text trace "
-                                                 f"(a compressed file? decompress it first)")
+                                                 f"(a compressed file? decompress it first; UTF-16 text? "
+                                                 f"save it as UTF-8)")
                 size += len(chunk)
                 if size > MAX_TRACE_BYTES:
                     raise TraceError(path, None, f"larger than {MAX_TRACE_BYTES >> 20} MiB; split the trace")
@@ -427,7 +433,10 @@ def _lines(path: Path) -> list[tuple[int, str]]:
     except OSError as exc:
         raise TraceError(path, None, f"cannot read trace: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
-        raise TraceError(path, None, f"not UTF-8 text (byte {exc.start}): save the trace as UTF-8") from None
+        data = b"".join(chunks)
+        line = len(_LINE_END.findall(data[:exc.start].decode("utf-8", "replace"))) + 1
+        raise TraceError(path, line, f"not UTF-8 text (byte {exc.start}, {data[exc.start:exc.start + 1]!r}): "
+                                     f"save the trace as UTF-8") from None
     # Lines end at \n, \r\n or \r only (str.splitlines also splits at form feeds, \x1c-\x1e and
     # U+2028, which would shift every later line number from what an editor shows).
     lines = []
@@ -456,6 +465,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]"
 
 
 def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
+    if lines[0][1].lstrip("\ufeff \t").startswith(("[", "{")):
+        raise TraceError(path, lines[0][0], "JSON, not a trace this reader knows: write it as CSV with the "
+                                            "columns submit_time,num_gpus,duration[,model] (see gandiva sim --help)")
     detected = detect_format(lines[0][1])
     if detected not in FORMATS:
         raise TraceError(path, lines[0][0], f"unrecognised trace layout ({detected})")

@@ -1,0 +1,77 @@
+"""`gandiva sim` on traces other clusters export: every job line accounted for, the formats
+named in --help, and files that are not a trace named for what they are."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gandiva_cli.main import main
+from scheduler.sim.trace import TraceError, read_trace
+
+
+def _sim(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["sim", "--no-progress", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err.replace("\n", " ")
+
+
+def test_help_names_every_trace_format_and_how_it_is_detected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["sim", "--help"])
+    text = capsys.readouterr().out
+    for fmt in ("gavel7", "gavel10", "itp", "tiresias", "csv"):
+        assert f"\n  {fmt} " in text, fmt
+    assert "ElasticFlow" in text and "detected from the first" in text
+    assert "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration" in text
+
+
+def test_every_job_line_is_in_one_count_with_skip_invalid(capsys: pytest.CaptureFixture[str],
+                                                         tmp_path: Path) -> None:
+    """5 job lines: 2 finish, 1 is wider than the cluster (skipped), 2 cannot be replayed
+    (a CPU job, a repeated id) and are left out: the JSON and the table count all 5."""
+    trace = tmp_path / "c.csv"
+    trace.write_text("job_id,num_gpu,submit_time,duration\na,1,0,60\nb,0,5,60\nc,2,10,60\na,1,20,60\nd,64,30,60\n")
+    code, out, _ = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--compare", "fifo,yarn-cs",
+                        "--skip-invalid", "-o", "json")
+    assert code == 0
+    for counts in json.loads(out).values():
+        assert (counts["jobs_finished"], counts["jobs_unfinished"], counts["jobs_skipped"],
+                counts["jobs_left_out"]) == (2, 0, 1, 2)
+    code, out, _ = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--policy", "fifo", "--skip-invalid")
+    assert code == 0 and "job lines left out (--skip-invalid)" in out
+    assert [ln.split("│")[2].strip() for ln in out.splitlines() if "left out" in ln] == ["2"]
+
+
+def test_jobs_shorter_than_one_mini_batch_are_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The simulator runs whole mini-batches: a 0.001 s job takes one (0.25 s at the built-in
+    resnet50 rate), so its JCT is not the trace's; the user is told which jobs."""
+    trace = tmp_path / "s.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,1,0.001\n0,1,60\n")
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x1", "--policy", "fifo", "-o", "json")
+    assert code == 0 and json.loads(out)["fifo"]["jobs_finished"] == 2
+    assert "1 job(s) are shorter than one mini-batch at their rate (e.g. s-0: 0.001 s)" in err
+    assert "(0.25 s for that one)" in err
+    trace.write_text("submit_time,num_gpus,duration\n0,1,1\n0,1,60\n")
+    assert "mini-batch" not in _sim(capsys, "--trace", str(trace), "--cluster", "1x1", "--policy", "fifo")[2]
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    pytest.param("submit_time,num_gpus,duration\n0,1,60\n".encode("utf-16"),
+                 "x.csv: UTF-16 text (a spreadsheet's 'Unicode text' export): save the trace as UTF-8",
+                 id="utf-16"),
+    pytest.param("job_id,user,num_gpu,submit_time,duration\na,ren\xe9,1,0,60\n".encode("latin-1"),
+                 "x.csv:2: not UTF-8 text (byte 46, b'\\xe9'): save the trace as UTF-8", id="latin-1-names-its-line"),
+    pytest.param(b'[{"job_id": 1, "num_gpu": 1, "submit_time": 0, "duration": 60}]\n',
+                 "x.csv:1: JSON, not a trace this reader knows: write it as CSV", id="json-list"),
+    pytest.param(b'\n{"jobs": [\n {"num_gpu": 1}]}\n', "x.csv:2: JSON, not a trace this reader knows", id="json-object"),
+])
+def test_a_file_that_is_not_a_utf8_trace_is_named_for_what_it_is(tmp_path: Path, content: bytes, says: str) -> None:
+    path = tmp_path / "x.csv"
+    path.write_bytes(content)
+    with pytest.raises(TraceError) as caught:
+        read_trace(path)
+    assert says in str(caught.value) and str(caught.value).startswith(str(path))
+    assert "\n" not in str(caught.value)
