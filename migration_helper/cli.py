@@ -143,6 +143,7 @@ def run_helper(args: argparse.Namespace) -> int:
     from scheduler.observe.logs import setup_logging
 
     setup_logging("INFO", args.log_format)
+    _hide_from_jobs(bool(args.token))
     if args.virtual:
         import os
 
@@ -155,6 +156,29 @@ def run_helper(args: argparse.Namespace) -> int:
         print(f"gandiva helper: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _hide_from_jobs(token_flag: bool) -> None:
+    """The jobs run as this helper's user: without this they could read its token from
+    /proc/PID/environ (or its memory) and act as this server towards the scheduler -
+    register another agent address and be sent other servers' checkpoints. A process
+    that is not dumpable keeps /proc/PID/environ, mem and ptrace to root."""
+    import ctypes
+    import logging
+
+    log = logging.getLogger("migration_helper")
+    if token_flag:
+        log.warning("--token on the command line can be read by every user of this machine "
+                    "(ps, /proc/PID/cmdline); give it in GANDIVA_TOKEN instead")
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    except (OSError, AttributeError) as exc:
+        log.warning("could not hide this helper's memory and environment from its jobs: %s", exc)
+
+
+PR_SET_DUMPABLE = 4  # <linux/prctl.h>
 
 
 def _gib_to_bytes(gib: float) -> int:
