@@ -150,9 +150,13 @@ def _positive(text: str, what: str, path: Path, line: int, most: float = math.in
 
 
 def _date(text: str) -> float | None:
-    """Seconds since the epoch of an ISO 8601 date (UTC unless it names a zone), else None."""
+    """Seconds since the epoch of an ISO 8601 date (UTC unless it names a zone), else None.
+    A trailing `` UTC`` or `` GMT`` (BigQuery's and many logs' timestamps) is UTC too."""
+    text = text.strip()
+    if text[-4:].upper() in (" UTC", " GMT"):
+        text = text[:-4].rstrip() + "+00:00"
     try:
-        when = datetime.fromisoformat(text.strip())
+        when = datetime.fromisoformat(text)
     except ValueError:
         return None
     if when.tzinfo is None:

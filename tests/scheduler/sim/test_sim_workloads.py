@@ -75,3 +75,12 @@ def test_a_file_that_is_not_a_utf8_trace_is_named_for_what_it_is(tmp_path: Path,
         read_trace(path)
     assert says in str(caught.value) and str(caught.value).startswith(str(path))
     assert "\n" not in str(caught.value)
+
+
+def test_timestamps_ending_in_utc_are_dates(tmp_path: Path) -> None:
+    """BigQuery writes TIMESTAMP columns as `2021-03-01 10:00:00 UTC`: read as that date, as a
+    zone offset is, instead of refusing the line."""
+    path = tmp_path / "bq.csv"
+    path.write_text("job_id,num_gpu,submit_time,duration\na,1,2021-03-01 10:00:00 UTC,60\n"
+                    "b,1,2021-03-01 10:00:30 gmt,60\nc,2,2021-03-01 11:00:40+01:00,60\n")
+    assert [(j.id, j.submit_time) for j in read_trace(path)] == [("bq-a", 0.0), ("bq-b", 30.0), ("bq-c", 40.0)]
