@@ -75,6 +75,8 @@ class Member:
 
 
 MAX_SPEC_FILE_BYTES = 1 << 20
+# What a spec or sweep file may stand for with its aliases expanded (text and values).
+MAX_EXPANDED_BYTES = 16 << 20
 
 
 def load_spec_file(path: str | Path) -> dict[str, Any]:
@@ -148,12 +150,35 @@ def _load_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     except RecursionError:  # the parser recurses per level: `[[[[...` was a traceback
         raise SpecError(f"{path}: nested too deeply (lists or mappings within each other, hundreds "
                         "of levels); a job spec or sweep nests two or three") from None
+    _check_expanded(data, path)
+    return data
+
+
+def _check_expanded(data: Any, path: str | Path) -> None:
+    """SpecError if ``data`` stands for more than MAX_EXPANDED_BYTES once YAML's aliases
+    are expanded: a 1 MiB file of a 500 KiB text and 160,000 ``*alias`` to it is 80 GB of
+    command, which gandiva-submit tried to build (it died by SIGSEGV at 3 GB)."""
+    left, todo = MAX_EXPANDED_BYTES, [data]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, list):
+            todo.extend(value)
+        # 16 per value besides its length: about what each costs once built (and a cycle,
+        # `&a [*a]`, ends within a second).
+        left -= 16 + (len(value) if isinstance(value, (str, bytes, dict, list)) else 0)
+        if left < 0:
+            raise SpecError(f"{path}: stands for more than {MAX_EXPANDED_BYTES >> 20} MiB once its YAML "
+                            "aliases (*name) are expanded; a job spec or sweep is a few lines: "
+                            "repeat less, or write the values out")
 
 
 def check_gpus(gpus: int, where: str = "--gpus") -> int:

@@ -118,3 +118,35 @@ def test_a_spec_built_from_a_file_passes_the_schedulers_checks(tmp_path: Path) -
     for job in sub.jobs:
         validate_spec(job)
     assert len(sub.jobs) == 4
+
+
+def test_a_file_of_yaml_aliases_is_refused_before_it_is_expanded(tmp_path: Path) -> None:
+    """A 1 MiB spec of one 500 KiB text and 160,000 `*s` is 80 GB of command: gandiva-submit
+    built it until it died by SIGSEGV (3 GB under a 3 GB limit, 20 s). Now a file standing
+    for more than MAX_EXPANDED_BYTES is refused at once, naming the aliases; a few aliases are fine."""
+    big = "x" * (100 << 10)
+    bombs = {
+        "command.yaml": f"gpus: 1\ncommand: [&s {big}, " + ", ".join(["*s"] * 2000) + "]\n",
+        "env.yaml": f"command: [python, t.py]\nenv:\n  A: &s {big}\n" + "".join(f"  B{i}: *s\n" for i in range(2000)),
+        "cycle.yaml": "gpus: 1\ncommand: &a [python, *a]\n",
+    }
+    for name, text in bombs.items():
+        path = tmp_path / name
+        path.write_text(text)
+        args = build_parser().parse_args(["-f", str(path)])
+        try:
+            build_submission(args, [], {"PATH": "/bin"}, "/tmp")
+            raise AssertionError(f"{name} was accepted")
+        except specs.SpecError as exc:
+            assert str(exc).startswith(f"{path}: stands for more than 16 MiB once its YAML aliases"), exc
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"grid:\n  a: &v [{big}, {big}]\n" + "".join(f"  b{i}: *v\n" for i in range(200)))
+    try:
+        specs.load_sweep(sweep)
+        raise AssertionError("the sweep was accepted")
+    except specs.SpecError as exc:
+        assert "once its YAML aliases" in str(exc)
+    fine = tmp_path / "fine.yaml"
+    fine.write_text("gpus: 1\ncommand: [&p python, t.py]\nenv: {A: &v x, B: *v}\n")
+    sub = build_submission(build_parser().parse_args(["-f", str(fine)]), [], {"PATH": "/bin"}, "/tmp")
+    assert list(sub.jobs[0].command) == ["python", "t.py"] and sub.jobs[0].env["B"] == "x"
