@@ -4,7 +4,8 @@ No user code changes: `BaseSession.__init__` gets a wrapper chain per session,
 `BaseSession.run` goes through it, so do the callables of `BaseSession.make_callable`
 and `_make_callable_from_options` (TensorFlow runs those without `run`: a program
 training through one would otherwise never reach a mini-batch boundary the shim
-sees), `BaseSession.close` marks the session closed (a throw-away session is then
+sees), so do the calls of `BaseSession.partial_run` (routed through the chain, which hands
+them back to TensorFlow's partial run of the program's handle), `BaseSession.close` marks the session closed (a throw-away session is then
 forgotten), `Graph.finalize` builds the shim's checkpoint ops while the graph
 can still take them, and `StopAtStepHook(num_steps=N)` of a restored job counts its N
 steps from where the job started (carried in the checkpoint), not from the restore. Patching waits for the
@@ -18,6 +19,7 @@ import importlib.abc
 import importlib.machinery
 import logging
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -27,6 +29,9 @@ log = logging.getLogger(__name__)
 
 _ORIG: dict[str, Any] = {}
 _CONTROLLER: list[Controller] = []
+# The partial run (session, handle) this thread's `partial_run` call is making: the chain's
+# innermost run executes it instead of a plain `Session.run` of the same fetches.
+_PARTIAL = threading.local()
 
 
 def _patch_tensorflow() -> None:
@@ -41,11 +46,12 @@ def _patch_tensorflow() -> None:
     base = tf_session_mod.BaseSession
     orig_init, orig_run, orig_close = base.__init__, base.run, base.close
     orig_make, orig_make_opts = base.make_callable, base._make_callable_from_options
+    orig_partial = base.partial_run
     orig_finalize = ops.Graph.finalize
     stop_hook = hooks_mod.StopAtStepHook
     orig_stop_created, orig_stop_after_run = stop_hook.after_create_session, stop_hook.after_run
     _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize,
-                 make=orig_make, make_opts=orig_make_opts, stop_created=orig_stop_created,
+                 make=orig_make, make_opts=orig_make_opts, partial=orig_partial, stop_created=orig_stop_created,
                  stop_after_run=orig_stop_after_run)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -63,7 +69,19 @@ def _patch_tensorflow() -> None:
             except Exception:  # never break the program's session creation
                 log.exception("could not build the checkpoint ops at session creation")
         adapter = tf_session.TFSessionAdapter(self, real_run)
-        self._gandiva_chain = chain.build_chain(real_run, adapter, ctl, ctl.gate)
+
+        def chain_run(fetches: Any, feed_dict: Any, options: Any, run_metadata: Any) -> Any:
+            # The program's own run, at the chain's end: a call of `partial_run` is made
+            # on its handle (the shim's own runs, its saves and restores, use `real_run`).
+            pending = getattr(_PARTIAL, "call", None)
+            if pending is None or pending[0] is not self:
+                return orig_run(self, fetches, feed_dict, options, run_metadata)
+            if adapter.rehearsing:  # a pre-warmed process's rehearsal: never the handle
+                raise RuntimeError("a step made through Session.partial_run is not rehearsed")
+            _PARTIAL.call = None
+            return orig_partial(self, pending[1], fetches, feed_dict)
+
+        self._gandiva_chain = chain.build_chain(chain_run, adapter, ctl, ctl.gate)
 
     def run(self: Any, fetches: Any, feed_dict: Any = None, options: Any = None,
             run_metadata: Any = None) -> Any:
@@ -105,6 +123,21 @@ def _patch_tensorflow() -> None:
                       options, kwargs.get("run_metadata"))
             return out[:len(fetch_names)]
         return through_run
+
+    def partial_run(self: Any, handle: Any, fetches: Any, feed_dict: Any = None) -> Any:
+        # TensorFlow makes a partial run without `Session.run`: a program training through
+        # one (`h = sess.partial_run_setup([loss, train_t], [x, y])`, then `partial_run(h,
+        # loss, feed)` and `partial_run(h, train_t)`) reached no boundary the shim saw, so no
+        # command (suspend, checkpoint, migration) was ever applied. Each call goes through
+        # the chain like a run of its fetches: the one fetching the update is the step.
+        c = self.__dict__.get("_gandiva_chain")
+        if c is None:
+            return orig_partial(self, handle, fetches, feed_dict)
+        _PARTIAL.call = (self, handle)
+        try:
+            return c.run(fetches, feed_dict)
+        finally:
+            _PARTIAL.call = None
 
     def close(self: Any) -> None:
         c = self.__dict__.get("_gandiva_chain")
@@ -154,6 +187,8 @@ def _patch_tensorflow() -> None:
     run.__doc__ = orig_run.__doc__
     make_callable.__doc__ = orig_make.__doc__
     base.__init__, base.run, base.close = __init__, run, close
+    partial_run.__doc__ = orig_partial.__doc__
+    base.partial_run = partial_run
     base.make_callable, base._make_callable_from_options = (make_callable,
                                                             make_callable_from_options)
     ops.Graph.finalize = finalize
@@ -228,6 +263,7 @@ def uninstall() -> None:
 
     base = tf_session_mod.BaseSession
     base.__init__, base.run, base.close = _ORIG["init"], _ORIG["run"], _ORIG["close"]
+    base.partial_run = _ORIG["partial"]
     base.make_callable, base._make_callable_from_options = _ORIG["make"], _ORIG["make_opts"]
     ops.Graph.finalize = _ORIG["finalize"]
     from tensorflow.python.training import basic_session_run_hooks as hooks_mod

@@ -450,6 +450,7 @@ class TFSessionAdapter:
         self._state_ops: frozenset[Any] = frozenset()
         self._watched_key: tuple[str, ...] | None = None
         self._warned_racy_read = False
+        self.rehearsing = False  # inside `rehearse`'s step (a partial run is not made there)
 
     # -- classification ---------------------------------------------------------------
     def classify(self, fetches: Any) -> RunInfo:
@@ -703,9 +704,11 @@ class TFSessionAdapter:
             t0 = time.perf_counter()
             ckpt.save(self._run, prefix)
             t1 = time.perf_counter()
+            self.rehearsing = True
             try:
                 step()
             finally:
+                self.rehearsing = False
                 t2 = time.perf_counter()
                 ckpt.restore(self._run, prefix)
             t3 = time.perf_counter()

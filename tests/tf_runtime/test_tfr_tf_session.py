@@ -567,6 +567,42 @@ def test_training_through_a_callable_is_seen_like_run(form: str, controller: Con
     assert controller.migratable is True  # it reads the step through its callable
 
 
+def test_training_through_partial_run_is_seen_like_run(controller: Controller,
+                                                      tmp_path: Path) -> None:
+    """`Session.partial_run` runs without `Session.run`: a program training through it
+    (`h = sess.partial_run_setup([loss, train], [scale])`, the loss fetched first, then the
+    update) reached no boundary, so no command was ever applied (a suspend never answered,
+    a migration never made). Its steps now count and commands act after the call that
+    fetches the update; a rehearsal (warm mode) never makes the program's partial run."""
+    g, gs, train, loss, _ = mlp_graph()
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+        scale = tf.compat.v1.placeholder(tf.float32, [])
+        scaled = loss * scale
+    with session(g) as sess:
+        sess.run(init)
+        assert sess.run(gs) == 0
+        controller.enqueue(Command("c1", Kind.CHECKPOINT, str(tmp_path / "ours")))
+        for _ in range(3):
+            h = sess.partial_run_setup([scaled, train], [scale])
+            assert np.isfinite(sess.partial_run(h, scaled, {scale: 1.0}))
+            sess.partial_run(h, train)
+        h = sess.partial_run_setup([scaled, train], [scale])
+        sess.partial_run(h, scaled, {scale: 1.0})
+        adapter = sess._gandiva_chain.adapter
+        with pytest.raises(RuntimeError, match="not rehearsed"):
+            adapter.rehearse(lambda: sess.partial_run(h, train))
+        # TensorFlow applied the update at the first call (its inputs were all fed); the
+        # rehearsal is undone and left the handle to the program.
+        assert sess.run(gs) == 4
+        sess.partial_run(h, train)
+        assert sess.run(gs) == 4
+    by_id = {a.command_id: a for a in acks(controller)}
+    assert by_id["c1"].ok and by_id["c1"].step == 1  # at the first partial step's boundary
+    assert validate(tmp_path / "ours")["global_step"] == 1
+    assert controller.meter.steps == 4
+
+
 @pytest.mark.parametrize("dtype", ["int32", "float32"])
 def test_a_hand_made_global_step_never_breaks_the_program(dtype: str, controller: Controller,
                                                           tmp_path: Path) -> None:
