@@ -130,6 +130,9 @@ def main() -> int:
     ap.add_argument("--traces", type=Path, default=TRACES)
     ap.add_argument("--only", help="comma-separated trace names (file stems)")
     ap.add_argument("--min-jobs", type=int, default=500, help="Gavel traces with at least this many jobs")
+    ap.add_argument("--skip-invalid", action="store_true",
+                    help="leave out the job lines that cannot be replayed (0 GPUs, no length, repeated ids) "
+                         "instead of stopping; how many, and why, is printed per trace (as gandiva sim)")
     ap.add_argument("--cluster", default="25x4")
     ap.add_argument("--target-load", type=float, default=0.9)
     ap.add_argument("--ablate", default="", help="extra gandiva rows: NAME=FIELD[:VALUE]+...,NAME2=...")
@@ -179,11 +182,12 @@ def main() -> int:
     workloads: dict[Path, list[JobSpec]] = {}
     for path in paths:  # every trace is read before hours of replay, so a bad one stops the run at once
         try:
-            workloads[path] = load_trace(path)
+            workloads[path] = load_trace(path, args.skip_invalid)
         except SystemExit as exc:
             print(exc, file=sys.stderr)
     if len(workloads) < len(paths):
-        print("fix or leave out (--only) the traces above; nothing was replayed", file=sys.stderr)
+        print("fix or leave out (--only) the traces above (or --skip-invalid, where it is offered); "
+              "nothing was replayed", file=sys.stderr)
         return 2
     table = args.traces / "gavel" / "simulation_throughputs.json"
     if any(p.suffix != ".csv" for p in paths):

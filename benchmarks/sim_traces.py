@@ -8,11 +8,12 @@ Philly msr trace (``gavel/traces/msr/seed=0/*.trace``) with at least ``min_jobs`
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
 from scheduler.policy import PolicyConfig
-from scheduler.sim.trace import JobSpec, TraceError, read_trace
+from scheduler.sim.trace import JobSpec, TraceError, read_trace, read_trace_as
 
 # ../shared/traces next to the repository (never committed).
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
@@ -35,12 +36,30 @@ def trace_files(root: Path, min_jobs: int) -> list[Path]:
     return itp + gavel_traces(root / "gavel" / "traces" / "msr" / "seed=0", min_jobs)
 
 
-def load_trace(path: Path) -> list[JobSpec]:
-    """The trace's jobs, or exit with its FILE:LINE error (never a traceback)."""
+def load_trace(path: Path, skip_invalid: bool = False) -> list[JobSpec]:
+    """The trace's jobs, or exit with its FILE:LINE error (never a traceback).
+
+    ``skip_invalid``: leave out the job lines that cannot be replayed (``gandiva sim
+    --skip-invalid``), and say on stderr how many, by reason, with the first such line."""
+    if not skip_invalid:
+        try:
+            return read_trace(path)
+        except TraceError as exc:
+            hint = " (or --skip-invalid: leave out every job line that cannot be replayed)" if exc.skippable else ""
+            raise SystemExit(f"error: {exc}{hint}") from None
+    skipped: list[TraceError] = []
     try:
-        return read_trace(path)
+        jobs, _ = read_trace_as(path, skipped=skipped)
     except TraceError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if skipped:
+        from scheduler.sim.cli import skip_reasons
+
+        print(f"{path}: --skip-invalid left out {len(skipped):,} of {len(skipped) + len(jobs):,} job lines:",
+              file=sys.stderr)
+        for count, first in skip_reasons(skipped).values():
+            print(f"  {count:,} like line {first.line}: {first.reason}", file=sys.stderr)
+    return jobs
 
 
 def parse_config(spec: str) -> PolicyConfig:

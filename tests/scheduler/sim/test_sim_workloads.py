@@ -84,3 +84,30 @@ def test_timestamps_ending_in_utc_are_dates(tmp_path: Path) -> None:
     path.write_text("job_id,num_gpu,submit_time,duration\na,1,2021-03-01 10:00:00 UTC,60\n"
                     "b,1,2021-03-01 10:00:30 gmt,60\nc,2,2021-03-01 11:00:40+01:00,60\n")
     assert [(j.id, j.submit_time) for j in read_trace(path)] == [("bq-a", 0.0), ("bq-b", 30.0), ("bq-c", 40.0)]
+
+
+def test_sim_table_can_leave_out_lines_another_cluster_cannot_replay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Another ITP cluster's export with a CPU job (0 GPUs): `benchmarks/sim_table.py` stopped
+    with no way on but editing the file; --skip-invalid (as in gandiva sim) leaves the line
+    out, says so, and replays the rest."""
+    import importlib
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    sim_table = importlib.import_module("sim_table")
+    (tmp_path / "itp").mkdir()
+    (tmp_path / "itp" / "cluster98.csv").write_text(
+        "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration\n"
+        "a,0,1,bert,1,1,0,600\nb,60,1,bert,1,1,2,1200\nc,90,1,bert,1,1,1,600\n")
+    base = ["sim_table.py", "--traces", str(tmp_path), "--cluster", "1x4", "--json", str(tmp_path / "out.json")]
+    monkeypatch.setattr(sys, "argv", base)
+    assert sim_table.main() == 2
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "cluster98.csv:2: GPU count '0' must be at least 1 (or --skip-invalid" in err
+    monkeypatch.setattr(sys, "argv", [*base, "--skip-invalid"])
+    assert sim_table.main() == 0
+    err = capsys.readouterr().err
+    assert "cluster98.csv: --skip-invalid left out 1 of 3 job lines:" in err and "1 like line 2: GPU count" in err
+    assert json.loads((tmp_path / "out.json").read_text())["cluster98"]["yarn-cs"]["jobs_finished"] == 2
