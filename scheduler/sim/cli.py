@@ -339,6 +339,11 @@ def _run(args: argparse.Namespace) -> int:
     except (TraceError, ValueError) as exc:
         err.print(f"gandiva sim: [red]error:[/red] {escape(str(exc))}")
         return 2
+    if fmt in ("gavel7", "gavel10") and args.throughputs == "auto" and model.gavel is None:
+        # Its lengths are steps: at the built-in rates they are other durations than Gavel's.
+        err.print("[yellow]note:[/yellow] a Gavel trace's lengths are mini-batches, and no simulation_throughputs.json "
+                  "is in its folder or 5 above: they are converted to time at the built-in table's rates, not "
+                  "Gavel's measured ones; give --throughputs FILE (or --throughputs none to keep the built-in)")
     unknown = sorted({j.model for j in jobs if j.model and not model.knows(j.model)})
     if unknown:
         err.print(f"[yellow]note:[/yellow] {len(unknown)} model name(s) not in {escape(str(model.source))} "

@@ -111,3 +111,21 @@ def test_sim_table_can_leave_out_lines_another_cluster_cannot_replay(
     err = capsys.readouterr().err
     assert "cluster98.csv: --skip-invalid left out 1 of 3 job lines:" in err and "1 like line 2: GPU count" in err
     assert json.loads((tmp_path / "out.json").read_text())["cluster98"]["yarn-cs"]["jobs_finished"] == 2
+
+
+def test_a_gavel_trace_without_its_throughput_table_says_its_steps_are_not_timed_by_gavel(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A Gavel trace copied away from simulation_throughputs.json replayed its mini-batch counts
+    at the built-in rates (12x the offered load of the same trace beside its table) with only
+    a note about unknown model names."""
+    trace = tmp_path / "g.trace"
+    trace.write_text("ResNet-50 (batch size 64)\tpython3 main.py\t-n\t1\t5000\t30.000000\t4\n"
+                     "LM (batch size 20)\tpython3 lm.py\t-n\t1\t1200\t0.000000\t1\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--policy", "fifo", "-o", "json")
+    assert code == 0 and "a Gavel trace's lengths are mini-batches, and no simulation_throughputs.json" in err
+    assert "give --throughputs FILE" in err
+    for given in ("none", str(tmp_path / "t.json")):
+        (tmp_path / "t.json").write_text('{"v100": {"(\'LM (batch size 20)\', 1)": {"null": 2.0}}}')
+        code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--policy", "fifo",
+                            "--throughputs", given, "-o", "json")
+        assert code == 0 and "simulation_throughputs.json" not in err.split("rates from")[0]
