@@ -706,14 +706,19 @@ class LiveEngine:
             checkpoint_dir=directory, reason=reason, incarnation=incarnation)
         if not ack.ok:
             raise FailedPrecondition(f"job {job_id} could not be parked: {ack.message}")
-        async with self.core.tx() as s:
+        holder = server.name
+
+        async def record(s: AsyncSession) -> None:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation != incarnation or job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
                 return  # ended or moved meanwhile; its exit report decides
             job.steps = max(job.steps, ack.step)
-            job.restore_checkpoint, job.restore_server = ack.checkpoint_path or directory, server.name
+            job.restore_checkpoint, job.restore_server = ack.checkpoint_path or directory, holder
             job.restore_step = max(0, ack.step)
             await repo.requeue(s, job, self.core.clock(), f"{reason} (step {ack.step}, checkpoint {job.restore_checkpoint})")
+
+        # Its process has stopped with that checkpoint: never lost to a database outage.
+        await self.core.record_when_reachable(f"{job_id}'s park", record)
 
     async def _resume(self, job_id: str, reason: str) -> None:
         await self._obey(job_id, runtime_pb2.COMMAND_KIND_RESUME, JobState.RUNNING, reason)
@@ -750,8 +755,14 @@ class LiveEngine:
         if not ack.ok:
             verb = runtime_pb2.CommandKind.Name(kind).removeprefix("COMMAND_KIND_").lower()
             raise FailedPrecondition(f"job {job_id} could not {verb}: {ack.message}")
-        async with self.core.tx() as s:
+        tries = 0
+
+        async def record(s: AsyncSession) -> None:
+            nonlocal tries
+            tries += 1
             job = await repo.get_job(s, job_id, for_update=True)
+            if tries > 1 and job.state == target.value:
+                return  # written by a try whose commit was answered by a lost connection
             # The ack carries the exact step; batched progress may not have caught up yet.
             job.steps = max(job.steps, ack.step)
             if target is JobState.RUNNING:
@@ -759,6 +770,10 @@ class LiveEngine:
             elif hold:
                 job.held = True
             await repo.transition(s, job, target, self.core.clock(), f"{reason} (step {ack.step})")
+
+        # The process obeyed: recorded whatever it takes (a database outage right after the
+        # ack left a job RUNNING in the database and suspended in its process, for good).
+        await self.core.record_when_reachable(f"{job_id}'s {target.value.lower()} state", record)
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
         await run_migration(self.core, job_id, list(to_gpus), reason)

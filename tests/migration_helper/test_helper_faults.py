@@ -3,6 +3,7 @@ fake job: what a user would notice is that no job is lost, duplicated or stalled
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -39,6 +40,13 @@ def _job_pids(job_id: str, warm: bool) -> list[int]:
             if f"GANDIVA_JOB_ID={job_id}".encode() in env and state != "Z" and (b"GANDIVA_WARM=1" in env) == warm:
                 pids.append(int(entry))
     return pids
+
+
+def _submit(api: Any, fake_job: str, tmp_path: Path, **env: str) -> tuple[str, Callable[[], common_pb2.Job]]:
+    """A 1-GPU fake job with these FAKE_* variables: its id and a reader of the job."""
+    spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1, env=env)
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+    return job_id, lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
 
 
 def _migrating(api: Any, job_id: str, wait_for: Any) -> tuple[str, str, int]:
@@ -258,12 +266,7 @@ def test_a_suspend_whose_answer_is_lost_leaves_no_job_suspended_while_recorded_r
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
     helpers("s1", address)
     steps = 300
-    spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1, env={
-        "FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.01", "FAKE_SUSPEND_ACK_S": "2"})
-    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
-
-    def job() -> common_pb2.Job:
-        return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS=str(steps), FAKE_STEP_S="0.01", FAKE_SUSPEND_ACK_S="2")
 
     def trains_on(after: int) -> None:
         wait_for(lambda: job().steps >= min(after + 30, steps), 15)
@@ -331,14 +334,11 @@ def test_a_migration_that_ends_while_the_database_is_down_is_recorded_once_it_is
     # A lease (12 s) that outlasts the outage: the destination is not frozen before it trains.
     sched = make_scheduler(url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=20.0))
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
-    procs = {name: helpers(name, sched.address) for name in ("s1", "s2")}
+    # GPU samples once a minute: a report of them, refused while the database is down, would
+    # hold the activation's result behind it in the helper's outbox until it is back.
+    procs = {name: helpers(name, sched.address, "--sample-interval", "60") for name in ("s1", "s2")}
     steps = 600
-    spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1, env={
-        "FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.02"})
-    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
-
-    def job() -> common_pb2.Job:
-        return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS=str(steps), FAKE_STEP_S="0.02")
 
     _, dest, source_pid = _migrating(api, job_id, wait_for)
     (warm_pid,) = wait_for(lambda: _job_pids(job_id, warm=True), 10)
@@ -365,3 +365,37 @@ def test_a_migration_that_ends_while_the_database_is_down_is_recorded_once_it_is
     assert {g.server for g in done.placement} <= {dest}, reasons
     assert any(r.startswith(f"migrated to {dest}") for r in reasons), reasons
     del procs
+
+
+@pytest.mark.pg
+def test_a_suspend_obeyed_while_the_database_is_down_is_recorded_once_it_is_back(
+    proxied_pg_url: Any, make_scheduler: Any, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any,  # noqa: F811
+) -> None:
+    """An operator's suspend that the job's process obeys while PostgreSQL is unreachable
+    (its ack comes 1.5 s after the command, the database cut in between): once the database
+    is back the job is recorded SUSPENDED, as its process is, and a resume trains it to its
+    end. Before, the record was dropped: RUNNING in the database, suspended in its process,
+    training nothing for good."""
+    url, proxy = proxied_pg_url
+    # A lease (12 s) that outlasts the outage: the job's process is not frozen meanwhile.
+    sched = make_scheduler(url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=20.0))
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    helpers("s1", sched.address)
+    steps = 400
+    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS=str(steps), FAKE_STEP_S="0.01", FAKE_SUSPEND_ACK_S="1.5")
+
+    wait_for(lambda: job().steps >= 10, 30)
+    suspend = api.SuspendJob.future(scheduler_pb2.JobActionRequest(id=job_id), timeout=30)
+    time.sleep(0.5)  # the command is at the shim, its ack not sent yet
+    proxy.cut()
+    try:
+        time.sleep(3.0)
+    finally:
+        proxy.restore()
+    with contextlib.suppress(grpc.RpcError):  # answered once written (before: UNAVAILABLE)
+        suspend.result()
+    held = wait_for(lambda: (j := job()).state != common_pb2.JOB_STATE_RUNNING and j, 10)
+    assert held.state == common_pb2.JOB_STATE_SUSPENDED, held.state
+    api.ResumeJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=30)
+    done = wait_for(lambda: (j := job()).state in DONE and j, 30)
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, done.message
