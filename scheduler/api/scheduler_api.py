@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -12,7 +14,7 @@ from scheduler import auth
 from scheduler.api import paging
 from scheduler.api.convert import event_to_pb, job_to_pb, server_to_pb, state_from_pb
 from scheduler.api.status import grpc_errors, grpc_stream_errors
-from scheduler.core import SchedulerCore
+from scheduler.core import JobDetail, SchedulerCore
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument, ResourceExhausted
 from scheduler.state import repo
@@ -24,6 +26,10 @@ JOBS_PAGE, JOBS_PAGE_MAX = 500, 1000
 EVENTS_PAGE, EVENTS_PAGE_MAX = 1000, 5000
 LOG_READ_MAX = 1 << 20  # bytes of a job's output per ReadJobLog
 WATCH_BATCH = 500  # events a watch reads at a time
+# A job id in a text (job ids are new_id("j")), and how one of another user's is shown.
+JOB_ID = re.compile(r"\bj-[0-9a-f]{10}\b")
+NAMED_JOB = re.compile(r"(?:\bjob )?\b(j-[0-9a-f]{10})\b")
+OTHER_JOB = "another user's job"
 MAX_KINDS = 32  # kinds one events request may filter on
 # Event watches one caller (a user's token; without --auth token, everyone) may hold open.
 # Each costs about 30 KB and a wake-up a second: one client opened 3,000 in 6 s, which
@@ -64,6 +70,33 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             detail = await self.core.get_job(job_id)
             auth.require_job_access(ident, detail.job.user, job_id)
 
+    async def _hide_others(self, jobs: Sequence[common_pb2.Job] = (),
+                           events: Sequence[common_pb2.Event] = ()) -> None:
+        """For a user, another user's job id named in these jobs' and events' texts (a packing
+        verdict, "make room for job ...", "packed beside ...") becomes "another user's job",
+        as ListJobs hides that job; an operator sees the ids."""
+        ident = auth.current()
+        if ident.sees_all:
+            return
+        texts: list[tuple[Any, str]] = [(e, "message") for e in events]
+        for j in jobs:
+            texts += [(j, "message"), (j, "control_note"), (j, "grow_shrink_note"), (j, "eta_note")]
+            texts += [(t, "reason") for t in j.history]
+        named = {found for msg, field in texts for found in JOB_ID.findall(getattr(msg, field))}
+        if not named:
+            return
+        async with self.core.tx(read=True) as s:
+            hidden = named - await repo.own_jobs(s, ident.name, named)
+        for msg, field in texts:
+            text = getattr(msg, field)
+            if hidden and JOB_ID.search(text):
+                setattr(msg, field, NAMED_JOB.sub(lambda m: OTHER_JOB if m[1] in hidden else m[0], text))
+
+    async def _job(self, detail: JobDetail) -> common_pb2.Job:
+        job = job_to_pb(detail)
+        await self._hide_others([job])
+        return job
+
     @staticmethod
     def _as_caller(spec: common_pb2.JobSpec) -> common_pb2.JobSpec:
         """The spec with its user taken from the credential, never from the client."""
@@ -92,7 +125,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         check_id("id", request.id)
         detail = await self.core.get_job(request.id)
         auth.require_job_access(auth.current(), detail.job.user, request.id)
-        return job_to_pb(detail)
+        return await self._job(detail)
 
     @grpc_errors
     async def ReadJobLog(self, request, context):  # type: ignore[no-untyped-def]
@@ -129,6 +162,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             states, request.multi_job_id, size, user, paging.job_cursor(request.page_token)
         )
         jobs, last = paging.fill(details, job_to_pb, full=len(details) == size)
+        await self._hide_others(jobs)
         token = paging.encode([last.job.submitted_at, last.job.id]) if last is not None else ""
         return scheduler_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
@@ -136,30 +170,30 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def KillJob(self, request, context):  # type: ignore[no-untyped-def]
         check_text("reason", request.reason, MAX_REASON)
         await self._own_job(request.id)
-        return job_to_pb(await self.core.kill(request.id, request.reason))
+        return await self._job(await self.core.kill(request.id, request.reason))
 
     @grpc_errors
     async def SetPriority(self, request, context):  # type: ignore[no-untyped-def]
         await self._own_job(request.id)
-        return job_to_pb(await self.core.set_priority(request.id, request.priority))
+        return await self._job(await self.core.set_priority(request.id, request.priority))
 
     @grpc_errors
     async def SuspendJob(self, request, context):  # type: ignore[no-untyped-def]
         check_text("reason", request.reason, MAX_REASON)
         await self._own_job(request.id)
-        return job_to_pb(await self.engine.operator_suspend(request.id, request.reason))
+        return await self._job(await self.engine.operator_suspend(request.id, request.reason))
 
     @grpc_errors
     async def ResumeJob(self, request, context):  # type: ignore[no-untyped-def]
         check_text("reason", request.reason, MAX_REASON)
         await self._own_job(request.id)
-        return job_to_pb(await self.engine.operator_resume(request.id, request.reason))
+        return await self._job(await self.engine.operator_resume(request.id, request.reason))
 
     @grpc_errors
     async def MigrateJob(self, request, context):  # type: ignore[no-untyped-def]
         check_id("to_server", request.to_server)
         await self._own_job(request.id)
-        return job_to_pb(await self.engine.operator_migrate(request.id, request.to_server))
+        return await self._job(await self.engine.operator_migrate(request.id, request.to_server))
 
     @grpc_errors
     async def ListServers(self, request, context):  # type: ignore[no-untyped-def]
@@ -219,6 +253,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 after = max(after, await repo.events_before(s, request.since))
         events = await self._events(after, request.job_id, size, user, kinds, server)
         out, last = paging.fill(events, event_to_pb, full=len(events) == size)
+        await self._hide_others(events=out)
         return scheduler_pb2.ListEventsResponse(
             events=out, next_page_token=paging.encode(last.id) if last is not None else ""
         )
@@ -253,9 +288,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             # The newest id known before the read: one past it afterwards is news.
             known = await bus.newest_id(self.core.last_event_id)
             batch = await self._events(last, request.job_id, WATCH_BATCH, user, kinds, server)
-            for ev in batch:
+            shown = [event_to_pb(ev) for ev in batch]
+            await self._hide_others(events=shown)
+            for ev, msg in zip(batch, shown, strict=True):
                 last = ev.id
-                yield event_to_pb(ev)
+                yield msg
             while len(batch) < WATCH_BATCH:  # (a full one: more are waiting)
                 # Woken by this scheduler's commits; each second also asks (through one read
                 # shared by every watcher) whether another process wrote events.

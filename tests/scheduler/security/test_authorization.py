@@ -324,3 +324,41 @@ def test_one_caller_cannot_hold_open_event_watches_without_bound(users, wait_for
     finally:
         for call in held:
             call.cancel()
+
+
+def test_texts_about_a_users_job_do_not_name_other_users_jobs(users, secured) -> None:  # type: ignore[no-untyped-def]
+    """A packing verdict on Alice's job named Bob's job by id (`packing trial with j-...`), and so
+    did reasons such as `make room for job j-...` and `packed beside j-...`; ListJobs hides Bob's
+    jobs from Alice. Now Alice reads "another user's job" there (her own ids stay); an operator
+    reads the ids."""
+    import sqlite3
+    import time
+
+    stubs, job = users
+    bob = stubs["bob"].SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+    verdict = f"packing trial with {bob}: {job.id} 1.0 packed vs 2.0 alone, {bob} 0.5 vs 1.0 mini-batches/s"
+    with sqlite3.connect(secured.db_url.split("///", 1)[1]) as db:
+        db.execute("INSERT INTO events (at, kind, job_id, server, message) VALUES (?, 'job.pack', ?, 'n1', ?)",
+                   (time.time(), job.id, verdict))
+        db.execute("INSERT INTO transitions (job_id, from_state, to_state, at, reason) VALUES (?, 'QUEUED', "
+                   "'RUNNING', ?, ?)", (job.id, time.time(), f"trial: packed beside {bob}, utilization 0.3"))
+        db.execute("UPDATE jobs SET message = ? WHERE id = ?", (f"make room for job {bob}: empty n1", job.id))
+    alice, root = stubs["alice"], stubs["root"]
+    hidden = "packing trial with another user's job: " + f"{job.id} 1.0 packed vs 2.0 alone, another user's job 0.5"
+    events = alice.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id)).events
+    assert [e.message for e in events if e.kind == "job.pack"] == [hidden + " vs 1.0 mini-batches/s"]
+    watched = alice.WatchEvents(scheduler_pb2.WatchEventsRequest(after_id=0), timeout=10)
+    assert next(e for e in watched if e.kind == "job.pack").message.startswith(hidden)
+    watched.cancel()
+    for got in (alice.GetJob(scheduler_pb2.GetJobRequest(id=job.id)),
+                alice.ListJobs(scheduler_pb2.ListJobsRequest()).jobs[0],
+                alice.SetPriority(scheduler_pb2.SetPriorityRequest(id=job.id, priority=2))):
+        assert got.message == "make room for another user's job: empty n1", got.message
+        assert [t.reason for t in got.history][-1:] in ([], ["trial: packed beside another user's job, utilization 0.3"])
+        assert bob not in str(got)
+    got = alice.GetJob(scheduler_pb2.GetJobRequest(id=job.id))
+    assert got.history[-1].reason == "trial: packed beside another user's job, utilization 0.3"
+    seen = root.GetJob(scheduler_pb2.GetJobRequest(id=job.id))
+    assert seen.message == f"make room for job {bob}: empty n1"
+    assert [e.message for e in root.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id)).events
+            if e.kind == "job.pack"] == [verdict]
