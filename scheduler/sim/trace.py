@@ -15,10 +15,11 @@ Formats (``--format``, or detected from the first line that is not blank or a ``
 - ``csv``      generic CSV: submit_time,num_gpus,duration[,model] (header optional)
 
 Exports of other clusters differ in small ways, and these are read as they come: a UTF-8 byte
-order mark, CRLF line ends, blank lines and ``#`` comment lines, quoted fields, header names in
-any case and any order with extra columns (a CSV with a header is read by column name), the
-same saved with tabs, job ids that count per user (a header naming the user), and submit
-times as ISO 8601 dates (read as seconds after the earliest date of the trace).
+order mark, CRLF line ends, blank lines and ``#`` comment lines, quoted fields (line breaks in
+them too), header names in any case and any order with extra columns (a CSV with a header is
+read by column name), the same saved with tabs, job ids that count per user (a header naming
+the user), and submit times as ISO 8601 dates (read as seconds after the earliest date of
+the trace).
 Anything else that would replay wrongly - a missing or fractional GPU count, a zero or negative
 length, a repeated job id, a row with more or fewer fields than the header - raises TraceError
 naming the file, the line and what to do, so no job is dropped or changed without a word.
@@ -521,22 +522,33 @@ def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str,
         # Tabs, not commas, between the fields of the first line: a CSV layout saved as
         # tab-separated text (its header, or --format, says which layout).
         sep = "\t" if "\t" in lines[0][1].strip() and "," not in lines[0][1] else ","
-        rows = []
-        for i, ln in lines:
-            try:
-                rows.append((i, [c.strip() for c in next(csv.reader([ln], strict=True, delimiter=sep))]))
-            except csv.Error as exc:
-                if "field larger than field limit" in str(exc):
-                    raise TraceError(path, i, f"a field longer than {csv.field_size_limit():,} characters: "
-                                              f"not a trace line") from None
-                raise TraceError(path, i, f"not a CSV line ({exc}): check its quotes") from None
-        jobs = _read_csv(path, rows, fmt, skipped)
+        jobs = _read_csv(path, _csv_rows(path, lines, sep), fmt, skipped)
     if not jobs:
         if skipped:
             raise TraceError(path, None, f"no job can be replayed: all {len(skipped)} job lines were left out "
                                          f"(the first: {skipped[0]})")
         raise TraceError(path, None, "trace has no jobs (only a header line)")
     return sorted(jobs, key=lambda j: j.submit_time), fmt
+
+
+def _csv_rows(path: Path, lines: list[tuple[int, str]], sep: str) -> list[tuple[int, list[str]]]:
+    """The CSV records of ``lines``, each with the line it starts on. A quoted field may hold
+    line breaks (a command or a note exported with them, as RFC 4180 allows): its record
+    goes on over the next lines. A quote left open is named at the line of its record."""
+    reader = csv.reader((ln + "\n" for _, ln in lines), strict=True, delimiter=sep)
+    rows: list[tuple[int, list[str]]] = []
+    while True:
+        start = lines[min(reader.line_num, len(lines) - 1)][0]  # the line this record starts on
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return rows
+        except csv.Error as exc:
+            if "field larger than field limit" in str(exc):
+                raise TraceError(path, start, f"a field longer than {csv.field_size_limit():,} characters: "
+                                              f"not a trace line (a quote left open?)") from None
+            raise TraceError(path, start, f"not a CSV line ({exc}): check its quotes") from None
+        rows.append((start, [c.strip() for c in cells]))
 
 
 def _is_number(text: str) -> bool:

@@ -129,3 +129,20 @@ def test_a_gavel_trace_without_its_throughput_table_says_its_steps_are_not_timed
         code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--policy", "fifo",
                             "--throughputs", given, "-o", "json")
         assert code == 0 and "simulation_throughputs.json" not in err.split("rates from")[0]
+
+
+def test_a_quoted_field_over_several_lines_is_one_field(tmp_path: Path) -> None:
+    """A command column exported with its line breaks (valid CSV, RFC 4180) stopped the read
+    with "not a CSV line (unexpected end of data): check its quotes"; it is one job, and the
+    lines after it keep their numbers in messages."""
+    path = tmp_path / "cmd.csv"
+    path.write_text('job_id,num_gpu,submit_time,duration,command\na,1,0,60,"python x.py \\\n  --lr 1"\n'
+                    'b,2,5,60,y\nc,0,9,60,z\n')
+    with pytest.raises(TraceError, match=r"cmd.csv:5: GPU count '0' must be at least 1"):
+        read_trace(path)
+    path.write_text(path.read_text().replace("c,0,", "c,4,"))
+    assert [(j.id, j.num_gpus, j.submit_time) for j in read_trace(path)] == [
+        ("cmd-a", 1, 0.0), ("cmd-b", 2, 5.0), ("cmd-c", 4, 9.0)]
+    path.write_text(path.read_text() + 'd,1,10,60,"an open quote\n')
+    with pytest.raises(TraceError, match=r"cmd.csv:6: not a CSV line \(unexpected end of data\): check its quotes"):
+        read_trace(path)
