@@ -400,3 +400,24 @@ def test_events_are_filtered_by_kind_and_server_on_the_scheduler(make_scheduler:
             with pytest.raises(grpc.RpcError) as err:
                 stub.ListEvents(scheduler_pb2.ListEventsRequest(**bad), timeout=10)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
+
+
+def test_a_listing_with_millions_of_states_is_refused_not_taken_for_an_outage(channel: Any) -> None:
+    """ListJobs with 2,000,000 repeats of one state (4 MB) was sent to SQLite as 2,000,000
+    variables: after 10 s "too many SQL variables" came back as UNAVAILABLE "its database is
+    unreachable", and /metrics said so too. Now more than MAX_STATES is INVALID_ARGUMENT at once."""
+    import time
+
+    from scheduler.api.scheduler_api import MAX_STATES
+
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec()), timeout=10).job
+    queued = common_pb2.JOB_STATE_QUEUED
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ListJobs(scheduler_pb2.ListJobsRequest(states=[queued] * 2_000_000), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert err.value.details().startswith(f"states: 2000000 states; at most {MAX_STATES}")
+    assert time.monotonic() - started < 5
+    again = stub.ListJobs(scheduler_pb2.ListJobsRequest(states=[queued] * MAX_STATES), timeout=10)
+    assert [j.id for j in again.jobs] == [job.id]
