@@ -446,6 +446,7 @@ def _lines(path: Path) -> list[tuple[int, str]]:
     # U+2028, which would shift every later line number from what an editor shows).
     lines = []
     start = 0
+    comment: tuple[int, str] | None = None  # the last comment line before the first row
     for i, end in enumerate(itertools.chain(_LINE_END.finditer(text), [None]), start=1):
         ln = text[start:end.start() if end else len(text)]
         start = end.end() if end else len(text)
@@ -454,6 +455,12 @@ def _lines(path: Path) -> list[tuple[int, str]]:
             if len(lines) > MAX_TRACE_LINES:  # before the memory fills, not after
                 raise TraceError(path, i, f"more than {MAX_TRACE_LINES:,} lines: the simulator holds every job "
                                           "in memory; replay a part of the trace (split it)")
+        elif not lines and ln.strip():
+            comment = (i, ln.lstrip()[1:].strip())
+    if lines and comment is not None and _commented_header(comment[1], lines[0][1]):
+        # `# submit_time,duration,num_gpus` (numpy.savetxt writes its header so): the header,
+        # not a comment; read without it, the columns were taken in the default order.
+        lines.insert(0, comment)
     for i, ln in lines:
         # A trace is plain text: a control character (a terminal escape in a job id) would
         # reach the terminal in the messages that name the job.
@@ -463,6 +470,15 @@ def _lines(path: Path) -> list[tuple[int, str]]:
     if not lines:
         raise TraceError(path, None, "trace is empty (no line but blank ones and # comments)")
     return lines
+
+
+def _commented_header(comment: str, first: str) -> bool:
+    """Whether a comment line (its text after the ``#``) is the CSV header of a trace whose
+    first row is ``first``: it names at least two columns this reader knows, has as many
+    fields as that row, and that row is no header itself."""
+    sep = "\t" if "\t" in first.strip() and "," not in first else ","
+    cells, row = comment.split(sep), first.split(sep)
+    return len(cells) == len(row) and len(_header_roles(cells)) >= 2 and not _header_roles(row)
 
 
 _LINE_END = re.compile(r"\r\n|\r|\n")

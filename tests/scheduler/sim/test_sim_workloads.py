@@ -146,3 +146,15 @@ def test_a_quoted_field_over_several_lines_is_one_field(tmp_path: Path) -> None:
     path.write_text(path.read_text() + 'd,1,10,60,"an open quote\n')
     with pytest.raises(TraceError, match=r"cmd.csv:6: not a CSV line \(unexpected end of data\): check its quotes"):
         read_trace(path)
+
+
+def test_a_header_written_as_a_comment_names_the_columns(tmp_path: Path) -> None:
+    """numpy.savetxt(..., header=...) writes `# submit_time,duration,num_gpus`: that header
+    was dropped as a comment and the rows read in the default column order, silently (a
+    60-GPU job of 1 s instead of a 1-GPU job of 60 s)."""
+    path = tmp_path / "np.csv"
+    path.write_text("# exported by a notebook\n# submit_time,duration,num_gpus\n0,60,1\n10,30,2\n")
+    assert [(j.submit_time, j.num_gpus, j.duration_s) for j in read_trace(path)] == [(0.0, 1, 60.0), (10.0, 2, 30.0)]
+    # A comment that names no column, or is not the last before the rows, stays a comment.
+    path.write_text("# submit_time,duration,num_gpus\n# cluster X\n0,60,1\n")
+    assert [(j.num_gpus, j.duration_s) for j in read_trace(path)] == [(60, 1.0)]
