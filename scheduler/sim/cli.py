@@ -20,7 +20,7 @@ from scheduler.sim.generator import generate
 from scheduler.sim.load import duration_alone, makespan_bound, offered_load, replayed, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
-from scheduler.sim.trace import FORMATS, JobSpec, TraceError, read_trace_as
+from scheduler.sim.trace import FORMATS, GAVEL, JobSpec, TraceError, read_trace_as
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,8 @@ simulated (docs/simulator.md documents the mechanism model and every parameter).
 Workload: --trace FILE, else a synthetic Philly-like workload from the project's
 generator (--jobs, --seed). Trace formats (--format; by default detected from the first
 line that is not blank or a # comment):
+  gavel6    Gavel's older msr traces: tab separated, no header, 6 columns (job_type, command,
+            num_steps_arg, total_steps, arrival_time_s, scale_factor)
   gavel7    Gavel/Philly msr trace: tab separated, no header, 7 columns (job_type, command,
             num_steps_arg, needs_data_dir, total_steps, arrival_time_s, scale_factor)
   gavel10   Gavel physical-cluster trace: tab separated, no header, 10 columns (job_type,
@@ -249,7 +251,7 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
     path: Path | None = None
     if args.throughputs not in ("auto", "none"):
         path = Path(args.throughputs)
-    elif args.throughputs == "auto" and args.trace is not None and trace_fmt in ("gavel7", "gavel10"):
+    elif args.throughputs == "auto" and args.trace is not None and trace_fmt in GAVEL:
         path = gavel_table_near(args.trace)
     if args.spread_factor is not None and not 0 < args.spread_factor <= 1:
         raise ValueError(f"--spread-factor must be in (0, 1], got {args.spread_factor}")
@@ -339,7 +341,7 @@ def _run(args: argparse.Namespace) -> int:
     except (TraceError, ValueError) as exc:
         err.print(f"gandiva sim: [red]error:[/red] {escape(str(exc))}")
         return 2
-    if fmt in ("gavel7", "gavel10") and args.throughputs == "auto" and model.gavel is None:
+    if fmt in GAVEL and args.throughputs == "auto" and model.gavel is None:
         # Its lengths are steps: at the built-in rates they are other durations than Gavel's.
         err.print("[yellow]note:[/yellow] a Gavel trace's lengths are mini-batches, and no simulation_throughputs.json "
                   "is in its folder or 5 above: they are converted to time at the built-in table's rates, not "

@@ -1,6 +1,8 @@
 """Trace readers: each returns a list of JobSpec sorted by submit time.
 
 Formats (``--format``, or detected from the first line that is not blank or a ``#`` comment):
+- ``gavel6``   Gavel's older msr traces (``traces/generated/msr``), tab separated, no header:
+               job_type, command, num_steps_arg, total_steps, arrival_time_s, scale_factor
 - ``gavel7``   Gavel/Philly msr traces, tab separated, no header:
                job_type, command, num_steps_arg, needs_data_dir, total_steps,
                arrival_time_s, scale_factor
@@ -38,7 +40,11 @@ from pathlib import Path
 
 from scheduler.validation import MAX_GPUS
 
-FORMATS = ("auto", "gavel7", "gavel10", "tiresias", "itp", "csv")
+FORMATS = ("auto", "gavel6", "gavel7", "gavel10", "tiresias", "itp", "csv")
+# Gavel's tab-separated layouts: format -> its column count, and the columns of a job's
+# total steps, arrival time and scale factor (its GPU count).
+GAVEL = {"gavel6": 6, "gavel7": 7, "gavel10": 10}
+GAVEL_COLUMNS = {6: (3, 4, 5), 7: (4, 5, 6), 10: (5, 9, 6)}
 MAX_TRACE_BYTES = 1 << 30  # 1 GiB; the largest trace we know is 1 MB
 # Lines a trace may hold (blank lines and # comments aside): every job is held in memory,
 # about 700 bytes once read. 10 million 8-byte lines (an 80 MB file, well under the byte
@@ -230,12 +236,8 @@ def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
         try:
             if len(cols) != columns:
                 raise TraceError(path, line, f"expected {columns} tab-separated columns, got {len(cols)}")
-            if columns == 7:
-                steps, arrival, gpus = cols[4], cols[5], cols[6]
-                priority = 1
-            else:
-                steps, gpus, arrival = cols[5], cols[6], cols[9]
-                priority = max(1, int(_num(cols[7], "priority weight", path, line)))
+            steps, arrival, gpus = (cols[k] for k in GAVEL_COLUMNS[columns])
+            priority = max(1, int(_num(cols[7], "priority weight", path, line))) if columns == 10 else 1
             jobs.append(JobSpec(
                 id=f"{path.stem}-{len(jobs)}",
                 submit_time=_num(arrival, "arrival time", path, line, most=MAX_SUBMIT_S, unit="1e11 s (3,000 years)"),
@@ -396,8 +398,10 @@ def detect_format(first: str) -> str:
             # A CSV layout saved with tabs (a spreadsheet's tab-separated text): read by its header.
             return _csv_format(cells)
         n = len(cells)
-        return {7: "gavel7", 10: "gavel10"}.get(
-            n, f"tab-separated with {n} columns; Gavel traces have 7 or 10, and a tab-separated CSV needs "
+        # A Gavel line starts with its job type, never a number.
+        gavel = {} if _is_number(cells[0]) else {count: fmt for fmt, count in GAVEL.items()}
+        return gavel.get(
+            n, f"tab-separated with {n} columns; Gavel traces have 6, 7 or 10, and a tab-separated CSV needs "
                f"its header line (or --format csv, itp or tiresias) - see gandiva sim --help")
     try:
         cells = next(csv.reader([first]), [])
@@ -531,9 +535,9 @@ def read_trace_as(path: str | Path, fmt: str = "auto",
 
 def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str,
              skipped: list[TraceError] | None) -> tuple[list[JobSpec], str]:
-    if fmt in ("gavel7", "gavel10"):
+    if fmt in GAVEL:
         rows = [(i, ln.rstrip().split("\t")) for i, ln in lines]
-        jobs = _read_gavel(path, rows, 7 if fmt == "gavel7" else 10, skipped)
+        jobs = _read_gavel(path, rows, GAVEL[fmt], skipped)
     else:
         # Tabs, not commas, between the fields of the first line: a CSV layout saved as
         # tab-separated text (its header, or --format, says which layout).

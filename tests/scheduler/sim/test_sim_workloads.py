@@ -22,7 +22,7 @@ def test_help_names_every_trace_format_and_how_it_is_detected(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         main(["sim", "--help"])
     text = capsys.readouterr().out
-    for fmt in ("gavel7", "gavel10", "itp", "tiresias", "csv"):
+    for fmt in ("gavel6", "gavel7", "gavel10", "itp", "tiresias", "csv"):
         assert f"\n  {fmt} " in text, fmt
     assert "ElasticFlow" in text and "detected from the first" in text
     assert "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration" in text
@@ -158,3 +158,19 @@ def test_a_header_written_as_a_comment_names_the_columns(tmp_path: Path) -> None
     # A comment that names no column, or is not the last before the rows, stays a comment.
     path.write_text("# submit_time,duration,num_gpus\n# cluster X\n0,60,1\n")
     assert [(j.num_gpus, j.duration_s) for j in read_trace(path)] == [(60, 1.0)]
+
+
+def test_gavels_older_six_column_msr_traces_are_read(tmp_path: Path) -> None:
+    """Gavel's older msr traces (traces/generated/msr/msr_*.trace) have no needs_data_dir
+    column: job_type, command, num_steps_arg, total_steps, arrival_time, scale_factor. They
+    were refused as an unrecognised layout of 6 columns."""
+    path = tmp_path / "msr_0.trace"
+    path.write_text("CycleGAN\tcd x && python3 cyclegan.py\t--n_steps\t28\t30\t1\n"
+                    "A3C\tcd y && python3 main.py --workers 4\t--max-steps\t339\t1.5\t2\n")
+    assert [(j.id, j.model, j.total_steps, j.submit_time, j.num_gpus) for j in read_trace(path)] == [
+        ("msr_0-1", "A3C", 339.0, 1.5, 2), ("msr_0-0", "CycleGAN", 28.0, 30.0, 1)]
+    # A headerless tab-separated CSV of 6 columns is not taken for one (a Gavel line starts
+    # with its job type).
+    path.write_text("0\t1\t60\t4\t5\t6\n")
+    with pytest.raises(TraceError, match="unrecognised trace layout .tab-separated with 6 columns"):
+        read_trace(path)
