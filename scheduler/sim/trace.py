@@ -306,7 +306,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                                                 f"{', '.join(NAMES[missing[0]][1:])}) "
                                                 f"(it names {', '.join(c.strip() for c in header)}); "
                                                 f"a {fmt} trace needs the columns {HEADERS[fmt]}, "
-                                                f"in any order and case")
+                                                f"in any order and case{_span_hint(missing[0], header)}")
         # Rows may leave out trailing columns the reader does not need (the generic CSV's model).
         need = max(roles[r] for r in REQUIRED[fmt]) + 1
         counts: tuple[int, ...] = tuple(range(need, len(header) + 1))
@@ -376,6 +376,17 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         jobs = [JobSpec(id=j.id, submit_time=j.submit_time - start, num_gpus=j.num_gpus, model=j.model,
                         duration_s=j.duration_s) for j in jobs]
     return jobs
+
+
+def _span_hint(missing: str, header: list[str]) -> str:
+    """What to do when the duration is missing but the header gives its ends (Philly's and
+    Alibaba's logs give start and end times): compute it, as this reader does not."""
+    names = {_norm(c) for c in header}
+    start = next((n for n in ("start_time", "started_time", "start") if n in names), None)
+    end = next((n for n in ("end_time", "finish_time", "finished_time", "end") if n in names), None)
+    if missing != "duration" or start is None or end is None:
+        return ""
+    return f" (add a duration column of {end} - {start} in seconds: the run time alone sets a job's length)"
 
 
 def _tiresias_cluster(header: list[str], rows: list[tuple[int, list[str]]]) -> str:

@@ -174,3 +174,11 @@ def test_gavels_older_six_column_msr_traces_are_read(tmp_path: Path) -> None:
     path.write_text("0\t1\t60\t4\t5\t6\n")
     with pytest.raises(TraceError, match="unrecognised trace layout .tab-separated with 6 columns"):
         read_trace(path)
+
+
+def test_a_log_of_start_and_end_times_is_told_how_to_give_the_duration(tmp_path: Path) -> None:
+    path = tmp_path / "log.csv"
+    path.write_text("job_id,submit_time,start_time,end_time,num_gpus\nj1,0,5,105,4\n")
+    with pytest.raises(TraceError, match=r"log.csv:1: the header names no duration column .* \(add a duration "
+                                         r"column of end_time - start_time in seconds"):
+        read_trace(path)
