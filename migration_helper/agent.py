@@ -24,10 +24,10 @@ from protos.gandiva.v1 import helper_pb2, helper_pb2_grpc
 from scheduler import auth
 from scheduler.errors import PermissionDenied, Unauthenticated
 from scheduler.transport import (
-    SERVER_OPTIONS,
     ClientSecurity,
     MalformedRequestInterceptor,
     aio_channel,
+    server_options,
 )
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 def agent_server(ramdisk: Ramdisk, token: str = "") -> grpc.aio.Server:
     """The gRPC server a helper serves its peers on (ports still to add): the HelperAgent
     service, with bytes that are not its messages refused as INVALID_ARGUMENT."""
-    server = grpc.aio.server(interceptors=[MalformedRequestInterceptor()], options=SERVER_OPTIONS)
+    server = grpc.aio.server(interceptors=[MalformedRequestInterceptor()], options=server_options())
     helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk, token), server)
     return server
 

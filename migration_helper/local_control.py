@@ -28,7 +28,7 @@ from protos.gandiva.v1 import (
     runtime_pb2,
     runtime_pb2_grpc,
 )
-from scheduler.transport import SERVER_OPTIONS, MalformedRequestInterceptor
+from scheduler.transport import MalformedRequestInterceptor, server_options
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class LocalControl(helper_pb2_grpc.HelperServicer, runtime_pb2_grpc.RuntimeServi
         self.address = ""
 
     async def start(self, listen: str = "127.0.0.1:0") -> str:
-        self._server = grpc.aio.server(interceptors=[MalformedRequestInterceptor()], options=SERVER_OPTIONS)
+        self._server = grpc.aio.server(interceptors=[MalformedRequestInterceptor()], options=server_options())
         helper_pb2_grpc.add_HelperServicer_to_server(self, self._server)
         runtime_pb2_grpc.add_RuntimeServicer_to_server(self, self._server)
         port = self._server.add_insecure_port(listen)

@@ -45,11 +45,11 @@ from scheduler.state import migrate, prune
 from scheduler.state.db import make_engine
 from scheduler.state.owner import DatabaseHeld, DatabaseLost, SchedulerLock, SqliteFileWatch
 from scheduler.transport import (
-    SERVER_OPTIONS,
     MalformedRequestInterceptor,
     ServerTls,
     add_port,
     check_exposure,
+    server_options,
 )
 from scheduler.validation import MAX_REQUEST_BYTES
 
@@ -185,7 +185,7 @@ class SchedulerServer:
                 # The largest valid request (a full multi-job); larger ones are refused
                 # with RESOURCE_EXHAUSTED before they are parsed.
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-                *SERVER_OPTIONS,
+                *server_options(),
             ],
         )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(self.core, self.engine), self.server)

@@ -11,6 +11,7 @@ Settings come from flags, else the environment:
 from __future__ import annotations
 
 import collections
+import contextlib
 import ipaddress
 import os
 import re
@@ -222,6 +223,26 @@ def is_loopback(listen: str) -> bool:
 # second scheduler (or helper) started on a port already in use would bind it too and take
 # half the connections; without it the second one stops with "address in use".
 SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (("grpc.so_reuseport", 0),)
+# A server takes FD_RESERVE fewer connections than the process may open files: 20,000
+# idle connections from one client (no token is needed to connect) used up the
+# scheduler's file descriptors, and with them its database ("unable to open database
+# file": every call and round failed as an outage). Past the cap gRPC closes a new
+# connection at once; those open, and the files the process needs, are kept.
+FD_RESERVE = 256
+
+
+def server_options() -> list[tuple[str, Any]]:
+    """SERVER_OPTIONS and the connection cap, for a server started now. The soft limit on
+    open files is raised to the hard one first (often 1,024 against 524,288)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    cap = 1 << 20 if soft == resource.RLIM_INFINITY else max(16, min(soft - FD_RESERVE, soft * 3 // 4))
+    return [*SERVER_OPTIONS, ("grpc.max_allowed_incoming_connections", cap)]
 
 
 def check_listen(listen: str, flag: str = "--listen") -> None:

@@ -421,3 +421,51 @@ def test_a_listing_with_millions_of_states_is_refused_not_taken_for_an_outage(ch
     assert time.monotonic() - started < 5
     again = stub.ListJobs(scheduler_pb2.ListJobsRequest(states=[queued] * MAX_STATES), timeout=10)
     assert [j.id for j in again.jobs] == [job.id]
+
+
+def test_idle_connections_cannot_use_up_the_schedulers_files(tmp_path: Any, wait_for: Any) -> None:
+    """Idle gRPC connections (no token is needed to open one) were taken without bound: 20,000
+    from one client used up the scheduler's file descriptors, its database could no longer be
+    opened, and calls on connections already open failed as an outage ("unable to open database
+    file"). Now a server takes FD_RESERVE fewer connections than it may open files; the rest are
+    closed at once, and the scheduler keeps serving the clients it has. (Here the scheduler may
+    open 600 files, and one client opens 700 connections.)"""
+    import os
+    import resource
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    port_file = tmp_path / "port"
+    limit = 600
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0", "--port-file",
+         str(port_file), "--db", f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}", "--policy", "fifo"],
+        env={**os.environ, "PYTHONPATH": str(root), "GANDIVA_HOME": str(tmp_path)}, cwd=tmp_path,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)))
+    held: list[socket.socket] = []
+    try:
+        wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 30)
+        address = port_file.read_text().strip()
+        host, port = address.rsplit(":", 1)
+        with grpc.insecure_channel(address) as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)
+            stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=30)
+            preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # and an empty SETTINGS
+            for _ in range(limit + 100):
+                conn = socket.create_connection((host, int(port)), timeout=5)
+                conn.sendall(preface)
+                held.append(conn)
+            time.sleep(1.5)  # the scheduler has accepted what it will
+            for _ in range(3):  # each call opens the database's files again
+                job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec()), timeout=30).job
+                assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id), timeout=30).id == job.id
+            assert proc.poll() is None
+    finally:
+        for conn in held:
+            conn.close()
+        os.killpg(proc.pid, 15)
+        proc.wait(20)
