@@ -351,6 +351,7 @@ def _run(args: argparse.Namespace) -> int:
         err.print(f"[yellow]note:[/yellow] {len(unknown)} model name(s) not in {escape(str(model.source))} "
                   f"(e.g. {escape(repr(unknown[0]))}); they run with the default model's figures")
     _note_sub_step_jobs(jobs, model, err)
+    _note_extrapolated_rates(jobs, model, err)
     note = skipped_note(jobs, servers)  # said once here, not by each policy's replay
     if note is not None:
         err.print(f"[yellow]note:[/yellow] {escape(note)}")
@@ -417,6 +418,22 @@ def _note_sub_step_jobs(jobs: list[JobSpec], model: MechanismModel, err: Any) ->
         err.print(f"[yellow]note:[/yellow] {len(short):,} job(s) are shorter than one mini-batch at their rate "
                   f"(e.g. {escape(job.id)}: {duration_alone(job, model):.3g} s); each runs one whole mini-batch "
                   f"({step_s:.3g} s for that one), so their completion times are longer than the trace's")
+
+
+def _note_extrapolated_rates(jobs: list[JobSpec], model: MechanismModel, err: Any) -> None:
+    """Say which jobs ask more GPUs than the Gavel table measured for their model (it stops
+    at 8): their rates are scaled linearly from the largest count measured, an assumption."""
+    if model.gavel is None:
+        return
+    largest: dict[str, int] = {}
+    for name, gpus in model.gavel:
+        largest[name] = max(largest.get(name, 0), gpus)
+    wide = [j for j in jobs if j.model in largest and j.num_gpus > largest[j.model]]
+    if wide:
+        job = max(wide, key=lambda j: j.num_gpus)
+        err.print(f"[yellow]note:[/yellow] {len(wide):,} job(s) ask more GPUs than the table measured for their "
+                  f"model (e.g. {escape(job.id)}: {job.num_gpus} GPUs, measured up to {largest[job.model]}): "
+                  f"their rates are scaled linearly from the largest measured count (docs/simulator.md)")
 
 
 def _simulate(name: str, jobs: list[JobSpec], servers: tuple, model: MechanismModel,

@@ -182,3 +182,18 @@ def test_a_log_of_start_and_end_times_is_told_how_to_give_the_duration(tmp_path:
     with pytest.raises(TraceError, match=r"log.csv:1: the header names no duration column .* \(add a duration "
                                          r"column of end_time - start_time in seconds"):
         read_trace(path)
+
+
+def test_jobs_wider_than_the_gavel_table_measured_are_named(capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path) -> None:
+    """Gavel's table stops at 8 GPUs and the Philly traces have 16- to 64-GPU jobs: their rates
+    are extrapolated, which the replay now says (it said nothing)."""
+    table = tmp_path / "simulation_throughputs.json"
+    table.write_text('{"v100": {"(\'LM (batch size 20)\', 1)": {"null": 2.0}, '
+                     '"(\'LM (batch size 20)\', 2)": {"null": 3.5}}}')
+    trace = tmp_path / "g.trace"
+    trace.write_text("LM (batch size 20)\tpython3 lm.py\t-n\t1\t1200\t0.000000\t1\n"
+                     "LM (batch size 20)\tpython3 lm.py\t-n\t1\t1200\t5.000000\t4\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--policy", "fifo", "-o", "json")
+    assert code == 0 and str(table) in err
+    assert "1 job(s) ask more GPUs than the table measured for their model (e.g. g-1: 4 GPUs, measured up to 2)" in err
