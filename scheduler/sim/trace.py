@@ -566,7 +566,8 @@ def _csv_rows(path: Path, lines: list[tuple[int, str]], sep: str) -> list[tuple[
     """The CSV records of ``lines``, each with the line it starts on. A quoted field may hold
     line breaks (a command or a note exported with them, as RFC 4180 allows): its record
     goes on over the next lines. A quote left open is named at the line of its record."""
-    reader = csv.reader((ln + "\n" for _, ln in lines), strict=True, delimiter=sep)
+    # skipinitialspace: `"a", "1"` (a space after each comma) has its quotes taken as quotes.
+    reader = csv.reader((ln + "\n" for _, ln in lines), strict=True, delimiter=sep, skipinitialspace=True)
     rows: list[tuple[int, list[str]]] = []
     while True:
         start = lines[min(reader.line_num, len(lines) - 1)][0]  # the line this record starts on

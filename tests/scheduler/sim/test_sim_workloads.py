@@ -197,3 +197,12 @@ def test_jobs_wider_than_the_gavel_table_measured_are_named(capsys: pytest.Captu
     code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--policy", "fifo", "-o", "json")
     assert code == 0 and str(table) in err
     assert "1 job(s) ask more GPUs than the table measured for their model (e.g. g-1: 4 GPUs, measured up to 2)" in err
+
+
+def test_quoted_fields_after_a_space_are_quoted_fields(tmp_path: Path) -> None:
+    """`"a", "1", "0", "60"` (a space after each comma): the quotes were read as part of the
+    value and the line refused (submit time '"0"' is neither seconds nor a date)."""
+    path = tmp_path / "q.csv"
+    path.write_text('"job_id", "num_gpu", "submit_time", "duration"\n"a", "1", "0", "60"\n"b", "2", "5", "60"\n')
+    assert [(j.id, j.num_gpus, j.submit_time, j.duration_s) for j in read_trace(path)] == [
+        ("q-a", 1, 0.0, 60.0), ("q-b", 2, 5.0, 60.0)]
