@@ -351,6 +351,10 @@ class SchedulerCore:
         # arrived, whether or not the database could record it (unreachable, or locked by
         # another process): a server heard from is not silent (mark_stale_servers_down).
         self._heard: dict[str, float] = {}
+        # Jobs re-queued while a copy of theirs still answered (its server down, its helper
+        # stopped or hung): that launch, and until when (monotonic) placing the job waits
+        # for it to exit at its next boundary as told (old_copy_wait).
+        self._old_copies: dict[str, tuple[str, float]] = {}
         # When (monotonic) this process was last seen running (watch_stalls; None: not
         # watched, as in unit tests driving a fake clock).
         self._alive_at: float | None = None
@@ -1133,7 +1137,7 @@ class SchedulerCore:
                         why += f" mid-migration; {await repo.resume_from_migration(s, job, migration)}"
                         stops.append((srv.name, job.id, migration.fallback_incarnation))
                 lost.append((job.id, job.incarnation))
-                if self.runtimes.heard_within(job.id, job.incarnation, self.settings.lease):
+                if self.runtimes.answers(job.id, job.incarnation, self.settings.lease):
                     # Its host answers, its helper does not (stopped, hung): the lease that
                     # freezes a cut-off server's jobs is the helper's, so this copy trains on.
                     why += "; its process still answers (its helper does not): told to exit"
@@ -1147,8 +1151,14 @@ class SchedulerCore:
         # cut link is answered by nobody: it fails now. It used to hold the job "in flight",
         # unplaceable, until its timeout or the stream's death (15-60 s after the server
         # was marked down; a job re-placed a heartbeat timeout after its host was lost).
+        now = self.monotonic()
+        self._old_copies = {j: c for j, c in self._old_copies.items() if c[1] > now}  # (killed jobs')
         for job_id, incarnation in lost:
             self.runtimes.fail_pending(job_id, incarnation, "its server went down")
+            left = self.runtimes.answers(job_id, incarnation, self.settings.lease)
+            if left:
+                # Told to exit below: it does at its mini-batch's end (its stream then ends).
+                self._old_copies[job_id] = (incarnation, now + min(left, self.settings.command_timeout_s))
             # A copy that still answers (its helper stopped or hung, its host fine) is told
             # to exit at its next mini-batch boundary: its job is placed again elsewhere,
             # and without this both trained at once until the helper came back.
@@ -1158,6 +1168,24 @@ class SchedulerCore:
             self.helpers.fail_all(n, f"server {n} went down")
         if names:
             self.poke()
+
+    def old_copy_wait(self, job_id: str) -> str:
+        """Why the job is not placed yet, or "": a copy of it that still answered when its
+        server went down (its helper stopped or hung, its host fine) was told to exit at
+        its next mini-batch boundary; until its runtime stream ends (at most until two of
+        its mini-batches and a second, or the lease, after it was last heard: a cut-off
+        host's stream may look open) no new copy starts. Before, the job was placed again
+        at once and both trained until the old copy's mini-batch ended."""
+        got = self._old_copies.get(job_id)
+        if got is None:
+            return ""
+        incarnation, until = got
+        left = until - self.monotonic()
+        if left <= 0 or not self.runtimes.connected(job_id, incarnation):
+            del self._old_copies[job_id]
+            return ""
+        return (f"waits for its previous copy (launch {incarnation}), whose helper does not answer, to exit at "
+                f"its next mini-batch boundary as told: {left:.0f}s more at most")
 
     # ---- runtime progress -----------------------------------------------------
 

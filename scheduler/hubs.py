@@ -109,6 +109,9 @@ class RuntimeConn:
     towers: int = 0
     # When (the event loop's clock) a message of its last arrived.
     heard_at: float = field(default_factory=lambda: asyncio.get_running_loop().time())
+    # Its last mini-batch time (its progress reports): a shim reports only when its step
+    # count changes, so within one mini-batch it is silent.
+    step_s: float = 0.0
 
 
 class RuntimeHub:
@@ -179,10 +182,17 @@ class RuntimeHub:
         if conn is not None:
             _fail(conn.pending, reason)
 
-    def heard_within(self, job_id: str, incarnation: str, seconds: float) -> bool:
-        """Whether that launch's shim is connected and was heard from within `seconds`."""
+    def answers(self, job_id: str, incarnation: str, lease_s: float) -> float:
+        """Whether that launch's shim is connected and was heard from recently enough to be
+        alive: within the lease, or within two of its mini-batches and a second (its
+        reports come at step ends: a job of 10 s mini-batches is silent for 10 s). Returns
+        how long until that window ends (by then an answering copy has been heard again),
+        0 when it does not answer."""
         conn = self._conns.get(job_id, {}).get(incarnation)
-        return conn is not None and asyncio.get_running_loop().time() - conn.heard_at <= seconds
+        if conn is None or not incarnation:
+            return 0.0
+        left = conn.heard_at + max(lease_s, 2 * conn.step_s + 1.0) - asyncio.get_running_loop().time()
+        return max(0.0, left)
 
     def kill_stale(self, job_id: str, incarnation: str, reason: str) -> bool:
         """Tell that launch's shim, if it is still connected, to exit at its next boundary

@@ -102,6 +102,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                 if kind == "progress":
                     self.progress_received += 1
                     p = msg.progress
+                    conn.step_s = clean_number(p.last_step_s)
                     await self.core.record_progress(
                         conn.job_id, conn.incarnation, max(0, p.steps), clean_number(p.rate),
                         clean_number(p.last_step_s), _metrics(p.metrics), p.other_run,

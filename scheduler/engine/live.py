@@ -480,6 +480,10 @@ class LiveEngine:
         """Bind a queued job to `gpus` and have the primary server's helper launch it."""
         now = self.core.clock()
         incarnation = new_incarnation()
+        waiting = self.core.old_copy_wait(job_id)
+        if waiting:
+            await self._note_queued([pt.Queue(job_id, waiting)])
+            return
         if len({g.server for g in gpus}) > 1:
             # No launch spans servers yet: never start a job on part of its GPUs.
             await self._note_queued([pt.Queue(job_id, "needs GPUs on more than one server; "

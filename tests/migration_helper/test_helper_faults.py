@@ -399,3 +399,41 @@ def test_a_suspend_obeyed_while_the_database_is_down_is_recorded_once_it_is_back
     api.ResumeJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=30)
     done = wait_for(lambda: (j := job()).state in DONE and j, 30)
     assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, done.message
+
+
+def test_a_job_whose_helper_hangs_starts_again_only_once_its_old_copy_has_exited(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """A job of long mini-batches (6 s) whose helper stops (SIGSTOP) just after one ended,
+    its host and its process fine: its server goes down 3 s later and its copy there, still
+    in its mini-batch (silent: a shim reports at step ends), is told to exit at its next
+    boundary. The job starts on the other server only once that copy has exited: at most
+    its exit (not training) overlaps the new copy's start. Before, it was placed at once
+    and both trained for the rest of the old copy's mini-batch (about 3 s here; a job
+    silent for longer than the lease was not even told to exit: it trained on until its
+    helper came back)."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    procs = {name: helpers(name, sched.address) for name in ("s1", "s2")}
+    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS="0", FAKE_STEP_S="6")
+    wait_for(lambda: job().steps >= 1, 30)  # its first mini-batch has just ended
+    src = job().placement[0].server
+    (old,) = _job_pids(job_id, warm=False)
+    os.kill(procs[src].pid, signal.SIGSTOP)
+    both = 0.0
+    try:
+        deadline = time.monotonic() + 30
+        while (pids := _job_pids(job_id, warm=False)) and old in pids and time.monotonic() < deadline:
+            t = time.monotonic()
+            time.sleep(0.05)
+            if len(pids) > 1:
+                both += time.monotonic() - t
+        assert old not in pids, "the old copy did not exit"
+        moved = wait_for(lambda: (j := job()).state == common_pb2.JOB_STATE_RUNNING and j.placement and j, 20)
+    finally:
+        os.kill(procs[src].pid, signal.SIGCONT)
+    assert both < 1.0, f"two copies of the job ran at once for {both:.1f}s"
+    assert moved.placement[0].server != src
+    reasons = [t.reason for t in moved.history]
+    assert any("its process still answers (its helper does not): told to exit" in r for r in reasons), reasons
+    api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
