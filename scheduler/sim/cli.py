@@ -352,6 +352,7 @@ def _run(args: argparse.Namespace) -> int:
                   f"(e.g. {escape(repr(unknown[0]))}); they run with the default model's figures")
     _note_sub_step_jobs(jobs, model, err)
     _note_extrapolated_rates(jobs, model, err)
+    _note_spread_jobs(jobs, servers, model, err)
     note = skipped_note(jobs, servers)  # said once here, not by each policy's replay
     if note is not None:
         err.print(f"[yellow]note:[/yellow] {escape(note)}")
@@ -434,6 +435,22 @@ def _note_extrapolated_rates(jobs: list[JobSpec], model: MechanismModel, err: An
         err.print(f"[yellow]note:[/yellow] {len(wide):,} job(s) ask more GPUs than the table measured for their "
                   f"model (e.g. {escape(job.id)}: {job.num_gpus} GPUs, measured up to {largest[job.model]}): "
                   f"their rates are scaled linearly from the largest measured count (docs/simulator.md)")
+
+
+def _note_spread_jobs(jobs: list[JobSpec], servers: tuple, model: MechanismModel, err: Any) -> None:
+    """Say how many jobs are wider than a server: they can only run spread over servers, at
+    the spread factor of their rate, so a trace's durations of them are not replayed as
+    they are (an ITP trace on servers of 4 GPUs has thousands)."""
+    server = max(s.num_gpus for s in servers)
+    total = sum(s.num_gpus for s in servers)
+    wide = [j for j in jobs if server < j.num_gpus <= total]
+    factors = sorted({model.spread(j.model, j.num_gpus) for j in wide})
+    if not wide or factors == [1.0]:
+        return
+    rate = f"{factors[0]:.2g}x" if len(factors) == 1 else f"{factors[0]:.2g}x to {factors[-1]:.2g}x"
+    err.print(f"[yellow]note:[/yellow] {len(wide):,} job(s) ask more GPUs than a server has ({server}): they run "
+              f"spread over servers at {rate} their rate alone, so they take longer than alone "
+              f"(--spread-factor 1 replays their lengths as they are)")
 
 
 def _simulate(name: str, jobs: list[JobSpec], servers: tuple, model: MechanismModel,

@@ -206,3 +206,17 @@ def test_quoted_fields_after_a_space_are_quoted_fields(tmp_path: Path) -> None:
     path.write_text('"job_id", "num_gpu", "submit_time", "duration"\n"a", "1", "0", "60"\n"b", "2", "5", "60"\n')
     assert [(j.id, j.num_gpus, j.submit_time, j.duration_s) for j in read_trace(path)] == [
         ("q-a", 1, 0.0, 60.0), ("q-b", 2, 5.0, 60.0)]
+
+
+def test_jobs_wider_than_a_server_are_said_to_run_slower(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An 8-GPU job of 1000 s on servers of 4 runs spread at 0.42x: 2381 s, not the trace's
+    1000 s. The replay said nothing of it; now it names how many jobs and the factor."""
+    trace = tmp_path / "w.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,8,1000\n10,4,1000\n")
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "--policy", "yarn-cs", "-o", "json")
+    assert code == 0 and json.loads(out)["yarn-cs"]["makespan_s"] == pytest.approx(1000 / 0.42 + 1000)
+    assert "1 job(s) ask more GPUs than a server has (4): they run spread over servers at 0.42x their rate" in err
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "--policy", "yarn-cs",
+                          "--spread-factor", "1", "-o", "json")
+    assert code == 0 and json.loads(out)["yarn-cs"]["makespan_s"] == pytest.approx(2000)
+    assert "spread over servers" not in err
