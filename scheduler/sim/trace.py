@@ -300,6 +300,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
     if roles:
         header_line, header = rows[0][0], rows[0][1]
         rows = rows[1:]
+        if broken := next((c for c in header if "\n" in c), None):
+            raise TraceError(path, header_line, f"a header name holds a line break ({_shown(broken)}): a quote "
+                                                f"left open? close it")
         missing = [r for r in REQUIRED[fmt] if r not in roles]
         if missing:
             raise TraceError(path, header_line, f"the header names no {NAMES[missing[0]][0]} column (nor "
@@ -343,6 +346,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 if not raw:
                     raise TraceError(path, line, "job id is missing")
                 user = cols[roles["user"]].strip() if "user" in roles and roles["user"] < len(cols) else ""
+                if "\n" in raw + user:  # a name that would break every message naming the job
+                    what = f"job id {_shown(raw)}" if "\n" in raw else f"user {_shown(user)}"
+                    raise TraceError(path, line, f"{what} holds a line break: a quote left open?")
                 if (user, raw) in seen:
                     raise TraceError(path, line, f"job id {_shown(raw)} is also on line {seen[user, raw]}: job ids "
                                                  f"must be unique (rename one, or remove the repeated line)")
@@ -355,6 +361,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 job_id = f"{path.stem}-{len(jobs)}"
             submit, is_date = times.read(cols[roles["submit"]], line)
             model = cols[roles["model"]].strip() if "model" in roles and roles["model"] < len(cols) else ""
+            if "\n" in model:
+                raise TraceError(path, line, f"model {_shown(model)} holds a line break: a quote left open?")
             job = JobSpec(
                 id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line), model=model,
                 duration_s=_positive(cols[roles["duration"]], "duration", path, line, most=MAX_DURATION_S,

@@ -220,3 +220,24 @@ def test_jobs_wider_than_a_server_are_said_to_run_slower(capsys: pytest.CaptureF
                           "--spread-factor", "1", "-o", "json")
     assert code == 0 and json.loads(out)["yarn-cs"]["makespan_s"] == pytest.approx(2000)
     assert "spread over servers" not in err
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    pytest.param('job_id,"num_gpu,submit_time,duration\na",1,0,60\nb,1,0,60\n', "x.csv:1: a header name holds a "
+                 "line break ('num_gpu,submit_time,duration\\na'): a quote left open? close it",
+                 id="header"),
+    pytest.param('job_id,num_gpu,submit_time,duration\n"a,1,0,60\nb",1,0,60\n', "x.csv:2: job id 'a,1,0,60\\nb' holds "
+                 "a line break: a quote left open?", id="job-id"),
+    pytest.param('job_id,user,num_gpu,submit_time,duration\na,"u\nv",1,0,60\n', "x.csv:2: user 'u\\nv' holds a line",
+                 id="user"),
+    pytest.param('submit_time,num_gpus,duration,model\n0,1,60,"res\nnet"\n', "x.csv:2: model 'res\\nnet' holds a line",
+                 id="model"),
+])
+def test_a_quote_left_open_over_names_is_one_line_naming_it(tmp_path: Path, text: str, says: str) -> None:
+    """A quoted field may hold line breaks; in a header, a job id, a user or a model name it
+    is a quote left open, and the error that quoted it ran over several lines."""
+    path = tmp_path / "x.csv"
+    path.write_text(text)
+    with pytest.raises(TraceError) as caught:
+        read_trace(path)
+    assert says in str(caught.value) and "\n" not in str(caught.value)
