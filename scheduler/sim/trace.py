@@ -335,6 +335,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
             if header_line and cols == header:
                 raise TraceError(path, line, f"the header of line {header_line} again (two traces joined?): "
                                              f"remove this line")
+            if header_line and len(cols) > len(header) and not any(cols[len(header):]):
+                cols = cols[:len(header)]  # empty fields past the header's (a spreadsheet's trailing commas)
             if len(cols) not in counts:
                 hint = note
                 if fmt == "csv" and not header_line and len(cols) >= 6:

@@ -241,3 +241,15 @@ def test_a_quote_left_open_over_names_is_one_line_naming_it(tmp_path: Path, text
     with pytest.raises(TraceError) as caught:
         read_trace(path)
     assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_empty_fields_past_the_header_are_nothing(tmp_path: Path) -> None:
+    """A spreadsheet pads every row to its widest (`a,1,0,60,,`): the empty fields past the
+    header's were refused as a row of more fields than the header; a field with text there
+    still is."""
+    path = tmp_path / "pad.csv"
+    path.write_text("job_id,num_gpu,submit_time,duration\na,1,0,60,,\nb,2,5,30,\n")
+    assert [(j.id, j.num_gpus, j.duration_s) for j in read_trace(path)] == [("pad-a", 1, 60.0), ("pad-b", 2, 30.0)]
+    path.write_text("job_id,num_gpu,submit_time,duration\na,1,0,60,,x\n")
+    with pytest.raises(TraceError, match=r"pad.csv:2: expected 4 Tiresias columns, got 6"):
+        read_trace(path)
