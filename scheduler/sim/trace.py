@@ -198,7 +198,22 @@ class _Times:
             if "is negative" in str(exc):
                 raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is negative; shift the "
                                                   f"trace's times so that none is before 0") from None
+            if "is more than" in str(exc) and (unit := _epoch_unit(float(text))) is not None:
+                raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is more than 1e11 s: as "
+                                                  f"{unit[0]} since 1970 it is {unit[1]}; give seconds (divide by "
+                                                  f"{unit[2]:,}) or a date") from None
             raise
+
+
+def _epoch_unit(value: float) -> tuple[str, str, int] | None:
+    """(unit, date, divisor) when ``value`` reads as a time since 1970 in milli-, micro- or
+    nanoseconds (a dataframe's datetime column saved as integers) of the years 1990-2100."""
+    for unit, divisor in (("milliseconds", 1000), ("microseconds", 10**6), ("nanoseconds", 10**9)):
+        seconds = value / divisor
+        if 631152000 <= seconds < 4102444800:  # 1990-01-01 .. 2100-01-01
+            when = datetime.fromtimestamp(seconds, timezone.utc)
+            return unit, when.strftime("%Y-%m-%d %H:%M:%S UTC"), divisor
+    return None
 
 
 class _Rows:

@@ -4,6 +4,7 @@ named in --help, and files that are not a trace named for what they are."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -252,4 +253,18 @@ def test_empty_fields_past_the_header_are_nothing(tmp_path: Path) -> None:
     assert [(j.id, j.num_gpus, j.duration_s) for j in read_trace(path)] == [("pad-a", 1, 60.0), ("pad-b", 2, 30.0)]
     path.write_text("job_id,num_gpu,submit_time,duration\na,1,0,60,,x\n")
     with pytest.raises(TraceError, match=r"pad.csv:2: expected 4 Tiresias columns, got 6"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize(("stamp", "unit"), [
+    ("1614592800000", "milliseconds since 1970 it is 2021-03-01 10:00:00 UTC; give seconds (divide by 1,000)"),
+    ("1614592800000000000", "nanoseconds since 1970 it is 2021-03-01 10:00:00 UTC; give seconds (divide by 1,0"),
+])
+def test_submit_times_in_epoch_milli_or_nanoseconds_are_named_so(tmp_path: Path, stamp: str, unit: str) -> None:
+    """A dataframe's datetime column saved as integers (ms or ns since 1970) was refused as
+    "more than 1e11 s (3,000 years) ... (is the unit right?)"; the message now says which unit
+    and date it reads as, and what to divide by."""
+    path = tmp_path / "ms.csv"
+    path.write_text(f"job_id,num_gpu,submit_time,duration\na,1,{stamp},60\n")
+    with pytest.raises(TraceError, match=re.escape(f"ms.csv:2: submit time '{stamp}' is more than 1e11 s: as {unit}")):
         read_trace(path)
