@@ -268,3 +268,22 @@ def test_submit_times_in_epoch_milli_or_nanoseconds_are_named_so(tmp_path: Path,
     path.write_text(f"job_id,num_gpu,submit_time,duration\na,1,{stamp},60\n")
     with pytest.raises(TraceError, match=re.escape(f"ms.csv:2: submit time '{stamp}' is more than 1e11 s: as {unit}")):
         read_trace(path)
+
+
+def test_a_job_the_table_gives_no_rate_is_refused_in_one_line(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    """Gavel's K80 table measured ResNet-50 (batch 128) on 2+ GPUs as 0 (out of memory):
+    `--gpu-type k80` on a trace holding such a job ended in a ZeroDivisionError traceback."""
+    table = tmp_path / "t.json"
+    table.write_text('{"k80": {"(\'ResNet-50 (batch size 128)\', 1)": {"null": 1.5}, '
+                     '"(\'ResNet-50 (batch size 128)\', 2)": {"null": 0.0}}}')
+    trace = tmp_path / "g.trace"
+    trace.write_text("ResNet-50 (batch size 128)\tpython3 main.py\t-n\t1\t500\t0.000000\t1\n"
+                     "ResNet-50 (batch size 128)\tpython3 main.py\t-n\t1\t500\t9.000000\t2\n")
+    argv = ("--trace", str(trace), "--throughputs", str(table), "--gpu-type", "k80", "--cluster", "1x4", "-o", "json")
+    code, out, err = _sim(capsys, *argv, "--policy", "fifo")
+    assert code == 2 and out == ""
+    assert ("error: 1 job(s) have a rate of 0 in " in err and "'ResNet-50 (batch size 128)' on 2 GPUs (e.g. job g-1) "
+            "did not run there" in err and "choose another --gpu-type" in err)
+    code, _, err = _sim(capsys, *argv, "--policy", "fifo", "--target-load", "0.5")
+    assert code == 2 and "have a rate of 0" in err
