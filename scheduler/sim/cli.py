@@ -331,7 +331,8 @@ def _run(args: argparse.Namespace) -> int:
             if not os.access(args.plot, os.W_OK | os.X_OK):
                 raise ValueError(f"--plot {args.plot}: the folder is not writable; give a folder you can write")
         model = _model(args, fmt)
-        _refuse_jobs_without_rate(jobs, servers, model)
+        jobs, rateless = _jobs_with_a_rate(jobs, servers, model, args.skip_invalid, err)
+        left_out_lines += rateless
         config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
                               max_jobs_per_gpu=args.max_jobs_per_gpu,
                               slice_growth=args.slice_growth, fifo_after_s=args.fifo_after,
@@ -404,17 +405,28 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_jobs_without_rate(jobs: list[JobSpec], servers: tuple, model: MechanismModel) -> None:
-    """ValueError when a job the replay would run has a rate of 0 alone: Gavel's K80 table
-    measured 0 for models that did not fit its memory (ResNet-50, batch 128, on 2+ GPUs), and
-    such a job never ends (its length in time divided by 0 was a ZeroDivisionError)."""
+def _jobs_with_a_rate(jobs: list[JobSpec], servers: tuple, model: MechanismModel, skip: bool,
+                      err: Any) -> tuple[list[JobSpec], int]:
+    """The jobs without those the table gives a rate of 0 alone, and how many those were.
+    Gavel's K80 table measured 0 for models that did not fit its memory (ResNet-50, batch 128,
+    on 2+ GPUs): such a job never ends (its length in time, divided by 0, was a
+    ZeroDivisionError). ValueError names them, unless ``skip`` (--skip-invalid) leaves them
+    out, said in a note and counted with the lines left out."""
     rateless = [j for j in replayed(jobs, servers) if model.alone_rate(j.model, j.num_gpus) <= 0]
-    if rateless:
-        job = rateless[0]
-        gpus = f"{job.num_gpus} GPU{'s' if job.num_gpus != 1 else ''}"
-        raise ValueError(f"{len(rateless):,} job(s) have a rate of 0 in {model.source}: {job.model!r} on {gpus} "
-                         f"(e.g. job {job.id}) did not run there (measured as 0: out of memory), so they could "
-                         f"never finish; choose another --gpu-type, or leave those jobs out of the trace")
+    if not rateless:
+        return jobs, 0
+    job = rateless[0]
+    count = f"{len(rateless):,} job(s)"
+    why = (f"a rate of 0 in {model.source}: {job.model!r} on {job.num_gpus} GPU{'s' if job.num_gpus != 1 else ''} "
+           f"(e.g. job {job.id}) did not run there (measured as 0: out of memory), so they could never finish")
+    if not skip:
+        raise ValueError(f"{count} have {why}; choose another --gpu-type, or leave those jobs out (--skip-invalid)")
+    gone = {j.id for j in rateless}
+    kept = [j for j in jobs if j.id not in gone]
+    if not replayed(kept, servers):
+        raise ValueError(f"no job can be replayed: {count} have {why}; choose another --gpu-type")
+    err.print(f"[yellow]note:[/yellow] --skip-invalid left out {count} that have {escape(why)}")
+    return kept, len(rateless)
 
 
 def _note_sub_step_jobs(jobs: list[JobSpec], model: MechanismModel, err: Any) -> None:

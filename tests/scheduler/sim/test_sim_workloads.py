@@ -286,4 +286,9 @@ def test_a_job_the_table_gives_no_rate_is_refused_in_one_line(capsys: pytest.Cap
     assert ("error: 1 job(s) have a rate of 0 in " in err and "'ResNet-50 (batch size 128)' on 2 GPUs (e.g. job g-1) "
             "did not run there" in err and "choose another --gpu-type" in err)
     code, _, err = _sim(capsys, *argv, "--policy", "fifo", "--target-load", "0.5")
-    assert code == 2 and "have a rate of 0" in err
+    assert code == 2 and "have a rate of 0" in err and "or leave those jobs out (--skip-invalid)" in err
+    # --skip-invalid leaves them out, says so, and counts them with the lines left out.
+    code, out, err = _sim(capsys, *argv, "--compare", "fifo,gandiva", "--skip-invalid")
+    assert code == 0 and "note: --skip-invalid left out 1 job(s) that have a rate of 0" in err
+    for counts in json.loads(out).values():
+        assert (counts["jobs_finished"], counts["jobs_left_out"]) == (1, 1)
