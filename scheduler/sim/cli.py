@@ -412,19 +412,27 @@ def _jobs_with_a_rate(jobs: list[JobSpec], servers: tuple, model: MechanismModel
     on 2+ GPUs): such a job never ends (its length in time, divided by 0, was a
     ZeroDivisionError). ValueError names them, unless ``skip`` (--skip-invalid) leaves them
     out, said in a note and counted with the lines left out."""
-    rateless = [j for j in replayed(jobs, servers) if model.alone_rate(j.model, j.num_gpus) <= 0]
+    server = max(s.num_gpus for s in servers)
+
+    def rate(job: JobSpec) -> float:  # the best it can get: alone, on one server if it fits one
+        spread = model.spread(job.model, job.num_gpus) if job.num_gpus > server else 1.0
+        return model.alone_rate(job.model, job.num_gpus) * spread
+
+    rateless = [j for j in replayed(jobs, servers) if rate(j) <= 0]
     if not rateless:
         return jobs, 0
     job = rateless[0]
     count = f"{len(rateless):,} job(s)"
-    why = (f"a rate of 0 in {model.source}: {job.model!r} on {job.num_gpus} GPU{'s' if job.num_gpus != 1 else ''} "
-           f"(e.g. job {job.id}) did not run there (measured as 0: out of memory), so they could never finish")
+    where = " spread over servers" if model.alone_rate(job.model, job.num_gpus) > 0 else ""
+    why = (f"a rate of 0 in {model.source}: {job.model!r} on {job.num_gpus} GPU{'s' if job.num_gpus != 1 else ''}"
+           f"{where} (e.g. job {job.id}) did not run there (measured as 0: out of memory), so they could never finish")
+    fix = f"servers of {job.num_gpus} GPUs (--cluster) or another --gpu-type" if where else "another --gpu-type"
     if not skip:
-        raise ValueError(f"{count} have {why}; choose another --gpu-type, or leave those jobs out (--skip-invalid)")
+        raise ValueError(f"{count} have {why}; choose {fix}, or leave those jobs out (--skip-invalid)")
     gone = {j.id for j in rateless}
     kept = [j for j in jobs if j.id not in gone]
     if not replayed(kept, servers):
-        raise ValueError(f"no job can be replayed: {count} have {why}; choose another --gpu-type")
+        raise ValueError(f"no job can be replayed: {count} have {why}; choose {fix}")
     err.print(f"[yellow]note:[/yellow] --skip-invalid left out {count} that have {escape(why)}")
     return kept, len(rateless)
 

@@ -292,3 +292,20 @@ def test_a_job_the_table_gives_no_rate_is_refused_in_one_line(capsys: pytest.Cap
     assert code == 0 and "note: --skip-invalid left out 1 job(s) that have a rate of 0" in err
     for counts in json.loads(out).values():
         assert (counts["jobs_finished"], counts["jobs_left_out"]) == (1, 1)
+
+
+def test_a_job_that_can_only_run_spread_at_a_rate_of_0_is_refused(capsys: pytest.CaptureFixture[str],
+                                                                  tmp_path: Path) -> None:
+    """A table whose spread (unconsolidated) rate of a model is 0: a job wider than a server
+    never ended, and the JSON said `"makespan_bound_s": Infinity` (not JSON)."""
+    table = tmp_path / "t.json"
+    table.write_text('{"v100": {"(\'LM (batch size 20)\', 1)": {"null": 2.0}, "(\'LM (batch size 20)\', 4)": '
+                     '{"null": 6.0}}, "v100_unconsolidated": {"(\'LM (batch size 20)\', 4)": {"null": 0.0}}}')
+    trace = tmp_path / "g.trace"
+    trace.write_text("LM (batch size 20)\tpython3 lm.py\t-n\t1\t1200\t0.000000\t4\n")
+    argv = ("--trace", str(trace), "--throughputs", str(table), "--policy", "fifo", "-o", "json")
+    code, out, err = _sim(capsys, *argv, "--cluster", "2x2")
+    assert code == 2 and out == "" and "'LM (batch size 20)' on 4 GPUs spread over servers (e.g. job g-0)" in err
+    assert "choose servers of 4 GPUs (--cluster) or another --gpu-type" in err
+    code, out, _ = _sim(capsys, *argv, "--cluster", "1x4")
+    assert code == 0 and json.loads(out)["fifo"]["jobs_finished"] == 1
