@@ -20,6 +20,8 @@ from scheduler.validation import MAX_STEPS, check_id, check_text, clean_number, 
 log = logging.getLogger(__name__)
 
 MAX_SIGNATURE_CHARS = 64 * 1024
+# Messages a second one runtime stream is read at past a burst (a runtime sends about one).
+RUNTIME_RATE, RUNTIME_BURST = 20, 200
 
 
 MAX_METRICS = 64
@@ -95,7 +97,17 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
     async def _read(self, conn: RuntimeConn, it: AsyncIterator[runtime_pb2.RuntimeMessage]) -> None:
         total_seen = 0  # the program's own total mini-batches, recorded once per value
         loop = asyncio.get_running_loop()
+        allowance, filled_at = float(RUNTIME_BURST), loop.time()
         async for msg in it:
+            # A job's runtime sends about one report a second and an ack per command; one that
+            # sends more is read at RUNTIME_RATE (gRPC's flow control holds back the rest): a
+            # job flooding migratability reports kept the scheduler 85% busy writing them.
+            now = loop.time()
+            allowance = min(float(RUNTIME_BURST), allowance + (now - filled_at) * RUNTIME_RATE)
+            filled_at = now
+            if allowance < 1:
+                await asyncio.sleep((1 - allowance) / RUNTIME_RATE)
+            allowance -= 1
             conn.heard_at = loop.time()
             kind = msg.WhichOneof("body")
             try:
