@@ -81,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.add_argument("--format", choices=FORMATS, default="auto", help="trace layout (default: detect)")
     w.add_argument("--skip-invalid", action="store_true",
                    help="leave out the trace's job lines that cannot be replayed (CPU jobs with 0 GPUs, "
-                        "jobs of no length, repeated ids, missing fields) instead of stopping at the "
+                        "jobs of no length, repeated ids, missing fields, jobs the throughput table gives "
+                        "a rate of 0) instead of stopping at the "
                         "first; how many, and why, is printed (default: stop, naming the line)")
     w.add_argument("--jobs", type=int, default=1000, help="generated workload: number of jobs")
     w.add_argument("--seed", type=int, default=0, help="generated workload: random seed")

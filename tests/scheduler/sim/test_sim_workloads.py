@@ -26,6 +26,7 @@ def test_help_names_every_trace_format_and_how_it_is_detected(capsys: pytest.Cap
     for fmt in ("gavel6", "gavel7", "gavel10", "itp", "tiresias", "csv"):
         assert f"\n  {fmt} " in text, fmt
     assert "ElasticFlow" in text and "detected from the first" in text
+    assert "table gives a rate of 0" in " ".join(text.split())
     assert "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration" in text
 
 
