@@ -355,6 +355,13 @@ class SchedulerCore:
         # stopped or hung): that launch, and until when (monotonic) placing the job waits
         # for it to exit at its next boundary as told (old_copy_wait).
         self._old_copies: dict[str, tuple[str, float]] = {}
+        # The highest step each launch reported (job, incarnation), written or not: the
+        # database keeps only the current launch's, and a migration's destination reports
+        # before the migration's end makes it current (steps_seen).
+        self._steps_seen: dict[tuple[str, str], int] = {}
+        # Exits of a migration's destination (or fallback) launch that came before the
+        # migration's end was recorded: applied once it is (replay_early_exit).
+        self._early_exits: dict[tuple[str, str], helper_pb2.ProcessExitRequest] = {}
         # When (monotonic) this process was last seen running (watch_stalls; None: not
         # watched, as in unit tests driving a fake clock).
         self._alive_at: float | None = None
@@ -961,77 +968,109 @@ class SchedulerCore:
         """A job's process ended on a helper. Exits of older incarnations are ignored."""
         now = self.clock()
         async with self.tx() as s:
-            try:
-                job = await repo.get_job(s, req.job_id, for_update=True)
-            except NotFound:
-                log.warning("exit reported for unknown job %s", req.job_id)
-                return
-            state = JobState(job.state)
-            # Fencing: only the current launch decides the job's fate. An exit without an
-            # incarnation cannot prove it is the current one, so it is stale too.
-            if req.incarnation != job.incarnation or not req.incarnation:
-                repo.add_event(s, now, "job.stale_exit", f"old launch {req.incarnation or '(none)'} exited", job_id=job.id, server=req.server)
-                return
-            if state.terminal or state is JobState.QUEUED:
-                return  # killed already, or already re-queued
-            if state is JobState.MIGRATING and req.exit_code == EXIT_MIGRATED:
-                return  # the source stopping for the migration in progress, as planned
-            if state is JobState.MIGRATING and req.exit_code >= 0:
-                # Its checkpoint confirmed, the source was told to exit: that is the planned
-                # stop whatever the status a wrapper makes of 75 (`python train.py; echo
-                # done` exits 0, and was recorded SUCCEEDED half trained).
-                migration = await repo.get_migration(s, job.id)
-                if migration is not None and migration.checkpoint_path and \
-                        migration.source_incarnation == req.incarnation:
-                    return
-            # Not "stopped": the helper itself sends SIGKILL to a launch that outlives the
-            # grace of its stop.
-            sigkill = req.exit_code == -signal.SIGKILL and req.reason != "stopped"
-            if state is JobState.MIGRATING and sigkill:
-                # The migration in progress decides: without its checkpoint confirmed it
-                # fails and re-queues the job from its restore point; with it, it goes on.
-                return
-            job.exit_code = req.exit_code
-            restarts = await repo.transitions_with_reason(s, job.id, KILLED) if sigkill else 0
-            where = (f"resumes from its checkpoint {job.restore_checkpoint}" if job.restore_checkpoint
-                     else "starts again from step 0 (no checkpoint yet)")
-            if req.exit_code == EXIT_MIGRATED:
-                await repo.requeue(s, job, now, "stopped with a checkpoint; re-placing")
-            elif req.reason == "stopped":
-                # The current launch of a job still placed there, stopped by its helper on
-                # its own: the helper is shutting down (SIGTERM, `systemctl restart`). Not
-                # the job's failure: it used to fail every job of a helper restarted cleanly.
-                who = (f"its process on {req.server} was stopped mid-migration" if state is JobState.MIGRATING
-                       else f"its helper on {req.server} stopped (shutting down)")
-                await repo.requeue(s, job, now, f"{who}: it {where}")
-            elif sigkill and restarts < KILLED_RESTARTS:
-                await repo.requeue(s, job, now, f"{KILLED} (out of memory?), not by Gandiva: it {where} "
-                                   f"(restart {restarts + 1} of {KILLED_RESTARTS}; then it fails)")
-            elif req.exit_code == 0 and state is not JobState.SUSPENDED:
-                await repo.finish(s, job, JobState.SUCCEEDED, now, self._finished(job, req.reason or "finished"))
-            else:
-                why = req.reason or f"exited with status {req.exit_code}"
-                if sigkill:
-                    why += f" (out of memory?), not by Gandiva, {KILLED_RESTARTS + 1} times"
-                if state is JobState.SUSPENDED and req.exit_code == 0:
-                    why = "its process exited while suspended"
-                await repo.finish(s, job, JobState.FAILED, now, why)
+            await self._process_exit(s, req, now)
+        if (req.job_id, req.incarnation) not in self._early_exits:
+            self._steps_seen.pop((req.job_id, req.incarnation), None)
         self.poke()
 
+    async def replay_early_exit(self, job_id: str, incarnation: str) -> None:
+        """The migration of the job has recorded its end, with `incarnation` current: an
+        exit of that launch that came before is applied now; any other is forgotten."""
+        early = [key for key in self._early_exits if key[0] == job_id]
+        reqs = [self._early_exits.pop(key) for key in early]
+        for req in reqs:
+            if req.incarnation == incarnation:
+                await self.process_exit(req)
+            else:
+                self._steps_seen.pop((req.job_id, req.incarnation), None)
+
+    async def _process_exit(self, s: AsyncSession, req: helper_pb2.ProcessExitRequest, now: float) -> None:
+        try:
+            job = await repo.get_job(s, req.job_id, for_update=True)
+        except NotFound:
+            log.warning("exit reported for unknown job %s", req.job_id)
+            return
+        state = JobState(job.state)
+        # Fencing: only the current launch decides the job's fate. An exit without an
+        # incarnation cannot prove it is the current one, so it is stale too.
+        if req.incarnation != job.incarnation or not req.incarnation:
+            if state is JobState.MIGRATING and req.incarnation:
+                m = await repo.get_migration(s, job.id)
+                if m is not None and req.incarnation in (m.dest_incarnation, m.fallback_incarnation):
+                    # That launch may become current when the migration's end is recorded
+                    # (the destination trained to its end before: a scheduler that did not
+                    # run meanwhile): its exit is applied then, not dropped as stale.
+                    self._early_exits[(job.id, req.incarnation)] = req
+                    return
+            repo.add_event(s, now, "job.stale_exit", f"old launch {req.incarnation or '(none)'} exited", job_id=job.id, server=req.server)
+            return
+        if state.terminal or state is JobState.QUEUED:
+            return  # killed already, or already re-queued
+        if state is JobState.MIGRATING and req.exit_code == EXIT_MIGRATED:
+            return  # the source stopping for the migration in progress, as planned
+        if state is JobState.MIGRATING and req.exit_code >= 0:
+            # Its checkpoint confirmed, the source was told to exit: that is the planned
+            # stop whatever the status a wrapper makes of 75 (`python train.py; echo
+            # done` exits 0, and was recorded SUCCEEDED half trained).
+            migration = await repo.get_migration(s, job.id)
+            if migration is not None and migration.checkpoint_path and \
+                    migration.source_incarnation == req.incarnation:
+                return
+        # Not "stopped": the helper itself sends SIGKILL to a launch that outlives the
+        # grace of its stop.
+        sigkill = req.exit_code == -signal.SIGKILL and req.reason != "stopped"
+        if state is JobState.MIGRATING and sigkill:
+            # The migration in progress decides: without its checkpoint confirmed it
+            # fails and re-queues the job from its restore point; with it, it goes on.
+            return
+        job.exit_code = req.exit_code
+        restarts = await repo.transitions_with_reason(s, job.id, KILLED) if sigkill else 0
+        where = (f"resumes from its checkpoint {job.restore_checkpoint}" if job.restore_checkpoint
+                 else "starts again from step 0 (no checkpoint yet)")
+        if req.exit_code == EXIT_MIGRATED:
+            await repo.requeue(s, job, now, "stopped with a checkpoint; re-placing")
+        elif req.reason == "stopped":
+            # The current launch of a job still placed there, stopped by its helper on
+            # its own: the helper is shutting down (SIGTERM, `systemctl restart`). Not
+            # the job's failure: it used to fail every job of a helper restarted cleanly.
+            who = (f"its process on {req.server} was stopped mid-migration" if state is JobState.MIGRATING
+                   else f"its helper on {req.server} stopped (shutting down)")
+            await repo.requeue(s, job, now, f"{who}: it {where}")
+        elif sigkill and restarts < KILLED_RESTARTS:
+            await repo.requeue(s, job, now, f"{KILLED} (out of memory?), not by Gandiva: it {where} "
+                               f"(restart {restarts + 1} of {KILLED_RESTARTS}; then it fails)")
+        elif req.exit_code == 0 and state is not JobState.SUSPENDED:
+            await repo.finish(s, job, JobState.SUCCEEDED, now, self._finished(job, req.reason or "finished"))
+        else:
+            why = req.reason or f"exited with status {req.exit_code}"
+            if sigkill:
+                why += f" (out of memory?), not by Gandiva, {KILLED_RESTARTS + 1} times"
+            if state is JobState.SUSPENDED and req.exit_code == 0:
+                why = "its process exited while suspended"
+            await repo.finish(s, job, JobState.FAILED, now, why)
+
+    def steps_seen(self, job_id: str, incarnation: str) -> int:
+        """The highest step that launch of the job reported (0: none)."""
+        return self._steps_seen.get((job_id, incarnation), 0)
+
     def _finished(self, job: Job, reason: str) -> str:
-        """The reason of a job whose program exited 0: with the step it reached when that
-        is short of the total it was submitted with (--steps) or its program announced
+        """The reason of a job whose program exited 0: with the step it reported last when
+        that is short of the total it was submitted with (--steps) or its program announced
         (a loop that ended early, a caught exception, a data set smaller than thought):
         it used to read "finished" like a job that ran every mini-batch."""
-        pending = self._progress.get(job.id)  # its last reports, not yet written
-        reached = max(job.steps, pending[1] if pending is not None and pending[0] == job.incarnation else 0)
+        # Its last reports, written or not (those of a migration's destination that ended
+        # before the migration's end was recorded were not).
+        reached = max(job.steps, self.steps_seen(job.id, job.incarnation))
         job.steps = reached
         total = job.total_steps or 0
         if not 0 < reached < total:
             return reason
         given = "given at submission (--steps)" if job.total_steps_from == "spec" else "its program announced"
-        return (f"{reason} at step {reached:,} of {total:,}: its program exited with status 0 "
-                f"before the {total:,} mini-batches {given}; see its output (gandiva logs {job.id})")
+        # Said as what the scheduler knows: a launch whose last reports never arrived (its
+        # scheduler unreachable as its program ended) looks the same.
+        return (f"{reason} with {reached:,} of the {total:,} mini-batches {given} reported: its program "
+                f"exited with status 0 short of them, or its last reports were lost; see its output "
+                f"(gandiva logs {job.id})")
 
     async def mark_stale_servers_down(self) -> list[str]:
         """Servers silent for `down_after_s` go down; their jobs return to the queue.
@@ -1197,6 +1236,10 @@ class SchedulerCore:
         `progress_flush_s`, not one per report: with many jobs this is the busiest write.
         `other_run`: the shim is in a run that is not a mini-batch (scheduler/hangs.py)."""
         self.hangs.progress(job_id, incarnation, steps, rate, last_step_s, other_run)
+        if len(self._steps_seen) > 100_000:  # launches whose exit never came (bounded)
+            self._steps_seen.clear()
+        key = (job_id, incarnation)
+        self._steps_seen[key] = max(steps, self._steps_seen.get(key, 0))
         earlier = self._progress.get(job_id)
         merged = {**earlier[4], **metrics} if earlier is not None and earlier[0] == incarnation else metrics
         self._progress[job_id] = (incarnation, steps, rate, last_step_s, merged)

@@ -211,6 +211,9 @@ async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to
         elif result.outcome is Outcome.MIGRATED:
             # The migration's checkpoint, at the destination, is the job's latest restore point.
             job.restore_checkpoint, job.restore_server, job.restore_step = result.checkpoint_path, dest_name, result.step
+            # What the destination reported before it was current (a scheduler that did not
+            # run meanwhile: it may even have finished) is its progress too.
+            job.steps = max(job.steps, result.step, core.steps_seen(job_id, result.incarnation))
             paused = result.durations_s.get("total", 0.0)
             await repo.place(s, job, [(g.server, g.index) for g in to_gpus], result.incarnation, now,
                              f"migrated to {dest_name} at step {result.step} (training paused {paused:.2f}s)")
@@ -222,6 +225,7 @@ async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to
 
     # Recorded whatever it takes: the job's processes already are where the outcome says.
     await core.record_when_reachable(f"the end of {job_id}'s migration", record)
+    await core.replay_early_exit(job_id, result.incarnation if result is not None else "")
     core.poke()
 
 

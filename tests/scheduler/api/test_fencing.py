@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -286,7 +286,10 @@ def test_a_launch_nobody_confirms_is_withdrawn(fast: tuple[Any, Fake], wait_for:
     assert f.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
 
 
-def _blocking_migrate(monkeypatch: pytest.MonkeyPatch, result: MigrationResult | None = None) -> tuple[list, threading.Event]:
+def _blocking_migrate(monkeypatch: pytest.MonkeyPatch, result: MigrationResult | Callable[[Any], MigrationResult] | None = None,
+                      ) -> tuple[list, threading.Event]:
+    """Migrations that wait until released, then end with `result` (of their plan, when a
+    function), else stay at their source."""
     plans: list = []
     release = threading.Event()
 
@@ -294,16 +297,20 @@ def _blocking_migrate(monkeypatch: pytest.MonkeyPatch, result: MigrationResult |
         plans.append(plan)
         while not release.is_set():
             await asyncio.sleep(0.02)
+        if callable(result):
+            return result(plan)
         return result or MigrationResult(Outcome.STAYED, plan.source.name, plan.source_incarnation, reason="test")
 
     monkeypatch.setattr(live_migration, "migrate", migrate)
     return plans, release
 
 
-def _migrating(fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, Any, threading.Event]:
+def _migrating(fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch, result: Any = None,
+               ) -> tuple[str, str, Any, threading.Event]:
     """A job placed, then told to migrate by an operator; the migration stays in its
-    first phase until released: (job id, destination, its plan, the release)."""
-    plans, release = _blocking_migrate(monkeypatch)
+    first phase until released (then ends with `result`, as _blocking_migrate): (job id,
+    destination, its plan, the release)."""
+    plans, release = _blocking_migrate(monkeypatch, result)
     job_id = fake.submit()
     server, launch = fake.launched(job_id, wait_for)
     fake.shim(job_id, launch.incarnation)
@@ -873,3 +880,28 @@ def test_a_job_whose_checkpoint_server_is_down_waits_for_it_a_bounded_time(
         if shim is not None:
             shim.close()
         f.close()
+
+
+def test_a_destination_that_ends_before_its_migration_is_recorded_finishes_the_job(
+    fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration's destination activates, trains to its last step and exits before the
+    scheduler records the migration's end (a scheduler stopped meanwhile, then handed the
+    activation's result and the exit together): the job is SUCCEEDED, at the destination's
+    last step. Before, the exit and the progress were a launch not current yet, ignored:
+    the job was placed RUNNING at the migration's step with no process left, to be
+    re-queued and trained again from that checkpoint."""
+    from .test_runtime_api import FakeShim
+
+    job_id, dest, plan, release = _migrating(fake, wait_for, monkeypatch, lambda p: MigrationResult(
+        Outcome.MIGRATED, p.dest.name, p.dest_incarnation, 42, "/ram/x/ckpt"))
+    shim = FakeShim(fake.ch, job_id, plan.dest_incarnation)
+    shim.progress(1000, 40.0)
+    time.sleep(0.5)  # (its report is in; the stream ends as the program ends)
+    shim.close()
+    fake.helper.ReportProcessExit(helper_pb2.ProcessExitRequest(
+        server=dest, job_id=job_id, incarnation=plan.dest_incarnation, exit_code=0, reason="finished"))
+    release.set()
+    done = wait_for(lambda: (j := fake.job(job_id)).state != common_pb2.JOB_STATE_MIGRATING and j, 10)
+    assert (done.state, done.steps, done.message) == (common_pb2.JOB_STATE_SUCCEEDED, 1000, "finished"), \
+        (common_pb2.JobState.Name(done.state), done.steps, done.message)
