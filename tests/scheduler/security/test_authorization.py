@@ -362,3 +362,23 @@ def test_texts_about_a_users_job_do_not_name_other_users_jobs(users, secured) ->
     assert seen.message == f"make room for job {bob}: empty n1"
     assert [e.message for e in root.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id)).events
             if e.kind == "job.pack"] == [verdict]
+
+
+def test_which_placed_jobs_are_a_users_is_read_for_any_number(db_url: str) -> None:
+    """ListServers asks which placed jobs are the caller's; with more than 32,767 of them in one
+    statement PostgreSQL (asyncpg) refused the query, and `get servers` failed for every user."""
+    import asyncio
+
+    from scheduler.state import migrate, repo
+    from scheduler.state.db import make_engine, make_sessionmaker
+
+    async def go() -> set[str]:
+        engine = make_engine(db_url)
+        try:
+            await migrate.upgrade(engine)
+            async with make_sessionmaker(engine)() as s:
+                return await repo.own_jobs(s, "alice", (f"j-{i:010x}" for i in range(40_000)))
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(go()) == set()
