@@ -102,7 +102,7 @@ async def list_events(
 async def own_jobs(session: AsyncSession, user: str, ids: Iterable[str]) -> set[str]:
     """Those of ``ids`` that are ``user``'s jobs (read 10,000 at a time: asyncpg takes at
     most 32,767 parameters in one statement)."""
-    wanted, mine = list(ids), set()
+    wanted, mine = list(ids), set[str]()
     for start in range(0, len(wanted), 10_000):
         part = wanted[start:start + 10_000]
         mine.update((await session.scalars(select(Job.id).where(Job.user == user, Job.id.in_(part)))).all())
