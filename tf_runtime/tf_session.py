@@ -537,7 +537,10 @@ class TFSessionAdapter:
             for op in reached))
         # In a training run, or in a run of its own whose values the program may feed to
         # training (chain.BoundaryLayer judges which); an initialiser's random ops are not.
-        stateful = "" if (not training and (initializes_some or restores)) else next(
+        # A load is no initialiser: the mini-batch staged in a variable in a run of its own
+        # (`sess.run(batch_var.assign(next_element))`; SyncReplicasOptimizer assigns the
+        # token it dequeues to its local step) was taken for one, its input unseen.
+        stateful = "" if (not training and (self._some_init_ops & reached or restores)) else next(
             (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
              if _stateful_node(op.type, [t.op.type for t in op.inputs])), inside.stateful)
         # Numbers for the program (an epoch's order of its examples), not an evaluation's
