@@ -7,6 +7,9 @@ is for production. Everything else goes through :func:`make_engine`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -28,6 +31,8 @@ from sqlalchemy.pool import NullPool
 
 from scheduler.errors import InvalidArgument
 from scheduler.loops import new_event_loop
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -62,9 +67,30 @@ def _sqlite_engine(url: str, database: str | None, immediate: bool = True, **kwa
         except OSError as exc:
             raise OSError(f"cannot make the database's directory {parent} ({exc.strerror}); "
                           "point GANDIVA_HOME or --db to a writable place") from None
+        if not database.startswith("file:"):  # a URI names its file its own way
+            _owner_only(Path(database))
     engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
     _configure_sqlite(engine.sync_engine, immediate)
     return engine
+
+
+def _owner_only(path: Path) -> None:
+    """The database holds every job's environment and the tokens' hashes (the keys of the
+    runtime tokens and transfer tickets a helper's token stands behind): created readable
+    by its owner only, and made so if it was readable by others (SQLite's -wal and -shm
+    files take the database file's mode). Before, it was created 644 by the umask: any
+    user of the scheduler's host read them."""
+    with contextlib.suppress(OSError):  # not ours, or no such place: SQLite says why
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    for part in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            mode = part.stat().st_mode
+            if mode & 0o077:
+                part.chmod(mode & 0o700)
+                log.warning("%s was readable by other users (every job's environment, the tokens' hashes); "
+                            "it is now its owner's only (mode %o)", part, mode & 0o700)
+        except OSError:
+            continue
 
 
 class SqliteWriter:
