@@ -6,11 +6,14 @@ its step count moves). `HangWatch` keeps, per running launch and in memory, when
 mini-batch last ended, on the monotonic clock. A job is judged *hung* once none has ended
 for its bound: ``max(hang_after_s, HANG_STEPS x its own mini-batch time)``, the mini-batch
 time as its shim measures it (the interval between two boundaries, or the last step's
-duration if longer). It is never judged
+duration if longer). Before two rises of its step count in this launch (its start-up, a
+restore, and its first mini-batch, which builds TensorFlow's executors and often takes tens
+of steps' time; the first rise may be only the restored step count) its bound is
+STARTUP_FACTOR times longer (it used to be never judged there: a job that hung in its first
+mini-batches held its GPUs for good). It is never judged
 
-- before two rises of its step count in this launch (its start-up, a restore, and its
-  first mini-batch, which builds TensorFlow's executors and often takes tens of steps'
-  time; the first rise may be only the restored step count);
+- before its shim's first progress report of this launch (a program that never connects is
+  marked uncontrollable after the runtime's connect deadline instead);
 - while it is not RUNNING (suspended, migrating, queued): its clock starts again when it
   runs again;
 - while its shim says it is in a run that is not a training step (an evaluation, the
@@ -31,6 +34,10 @@ from dataclasses import dataclass
 # A job is judged hung after this many of its own mini-batch times without one (and at
 # least Settings.hang_after_s).
 HANG_STEPS = 20
+# Before a launch's step count rose twice (its first mini-batches, its time not measured
+# yet, and the first one slow: TensorFlow builds its executors, XLA compiles), the bound is
+# this many times longer: an hour with the default --hang-after.
+STARTUP_FACTOR = 6
 # The reasons of the transitions a hang restart makes start with this (counted: the
 # third hang of a job fails it instead).
 HUNG = "hung: "
@@ -163,8 +170,10 @@ class HangWatch:
                     w.ended_said = True
                     out.append(Verdict("not_exited", job_id, w.incarnation, now - w.ended_at, self.after_s, w.interval))
                 continue
-            if w.rises < 2 or w.other_run:
+            if w.other_run:
                 continue
+            if w.rises < 2:
+                bound = STARTUP_FACTOR * bound
             if not w.flagged_at and silent >= bound:
                 w.flagged_at = now
                 out.append(Verdict("flag", job_id, w.incarnation, silent, bound, w.interval))

@@ -1,5 +1,5 @@
-"""When a running job counts as hung (scheduler/hangs.py): never in its start-up and first
-mini-batch, never while its shim is in a run that is not a training step, never while it
+"""When a running job counts as hung (scheduler/hangs.py): in its start-up and first
+mini-batches only after 6 times its bound, never while its shim is in a run that is not a training step, never while it
 is not running; its bound is its own mini-batch time x 20 with a floor; a flagged job that
 moves on is said to, and one hung long enough is restarted."""
 
@@ -55,17 +55,32 @@ def test_the_bound_is_twenty_of_its_own_mini_batches_when_longer_than_the_floor(
     assert actions(watch) == []  # restart_after_s 0: only flagged
 
 
-def test_start_up_and_the_first_mini_batch_are_never_judged() -> None:
+def test_start_up_and_the_first_mini_batch_get_a_longer_bound() -> None:
     clock = Clock()
     watch = HangWatch(after_s=60, restart_after_s=30, clock=clock)
     watch.progress("j", "i1", 500, 0.0, 0.0, False)  # connected, restored at step 500
-    clock.now += 1000
-    watch.progress("j", "i1", 501, 0.0, 900.0, False)  # its first mini-batch took 900 s
+    clock.now += 300
+    assert actions(watch) == []  # under 6 x 60 s
+    watch.progress("j", "i1", 501, 0.0, 300.0, False)  # its first mini-batch took 300 s
     clock.now += 1000
     assert actions(watch) == []
     watch.progress("j", "i1", 502, 0.0, 0.1, False)
     clock.now += 61
     assert actions(watch) == [("flag", 61)]
+
+
+def test_a_job_that_hangs_in_its_first_mini_batches_is_flagged_then_restarted() -> None:
+    """Before, a job whose step count had not risen twice in its launch was never judged:
+    one hung in its first mini-batch (after a restore, say) held its GPUs for good."""
+    clock = Clock()
+    watch = HangWatch(after_s=60, restart_after_s=30, clock=clock)
+    watch.progress("j", "i1", 500, 0.0, 0.0, False)  # restored at step 500, then nothing
+    clock.now += 359
+    assert actions(watch) == []
+    clock.now += 2
+    assert actions(watch) == [("flag", 361)]
+    clock.now += 30
+    assert actions(watch) == [("restart", 391)]
 
 
 def test_a_run_that_is_not_a_step_and_a_suspension_stop_the_clock() -> None:
@@ -96,8 +111,8 @@ def test_a_flagged_job_that_moves_on_is_said_to_and_a_relaunch_starts_over() -> 
     watch.progress("j", "i1", 103, 10.0, 70.0, False)
     assert actions(watch) == [("moved_on", 70)] and watch.flagged() == set()
     watch.progress("j", "i2", 0, 0.0, 0.0, False)  # relaunched elsewhere
-    clock.now += 5000
-    assert actions(watch, running={"j": "i2"}) == []  # its start-up again
+    clock.now += 300
+    assert actions(watch, running={"j": "i2"}) == []  # its start-up again: 6 x its floor
     assert actions(watch, running={}) == [] and watch.judge({}, []) == [] and watch.watches == {}
 
 
