@@ -256,7 +256,7 @@ def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
             jobs.append(JobSpec(
                 id=f"{path.stem}-{len(jobs)}",
                 submit_time=_num(arrival, "arrival time", path, line, most=MAX_SUBMIT_S, unit="1e11 s (3,000 years)"),
-                num_gpus=_gpus(gpus, path, line), model=cols[0],
+                num_gpus=_gpus(gpus, path, line), model=cols[0].strip(),
                 total_steps=_positive(steps, "total steps", path, line, most=MAX_STEPS), priority=priority,
             ))
         except TraceError as exc:

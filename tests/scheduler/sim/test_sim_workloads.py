@@ -323,3 +323,11 @@ def test_ties_queued_out_of_the_traces_order_are_named(capsys: pytest.CaptureFix
                           "order (e.g. t-10 before t-2, submitted at once)") in err
     trace.write_text("submit_time,num_gpus,duration\n0,1,300\n0,1,200\n5,1,100\n")
     assert "share a submit time" not in _sim(capsys, "--trace", str(trace), "--cluster", "1x1", "--policy", "fifo")[2]
+
+
+def test_a_gavel_job_type_with_blanks_around_it_finds_its_rates(tmp_path: Path) -> None:
+    """`LM (batch size 20) ` (a blank after the job type, as an editor or a script may leave)
+    missed the throughput table and replayed at the default model's rates."""
+    path = tmp_path / "g.trace"
+    path.write_text(" LM (batch size 20) \tpython3 lm.py\t-n\t1\t1200\t0.000000\t1\n")
+    assert [j.model for j in read_trace(path)] == ["LM (batch size 20)"]
