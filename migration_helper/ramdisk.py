@@ -14,8 +14,10 @@ import contextlib
 import errno
 import hashlib
 import logging
+import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import AsyncIterable, Iterator
@@ -68,8 +70,25 @@ class Ramdisk:
         self.max_files = max_files
 
     def prepare(self) -> None:
-        """Create the ramdisk and drop transfers a previous run left half-done."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Create the ramdisk (its owner's only) and drop transfers a previous run left half-done.
+
+        Checkpoints are the users' models: the default ramdisk, /dev/shm/gandiva-SERVER, was
+        created 755 (every local user read them), and one another user had made there first
+        (/dev/shm is everyone's) was used as it was: that user read and could replace every
+        checkpoint written to it. Now it must be this helper's user's, and is made 700."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = self.root.stat()
+        if st.st_uid != os.geteuid():
+            raise OSError(f"ramdisk {self.root} belongs to another user (uid {st.st_uid}, this helper runs as "
+                          f"{os.geteuid()}): it would hold the jobs' checkpoints; remove it, or give --ramdisk "
+                          "a directory of this user's")
+        if st.st_mode & stat.S_ISVTX:  # everyone's (/dev/shm itself, /tmp): never narrowed
+            log.warning("ramdisk %s is a directory every user may write in; give --ramdisk a directory of "
+                        "its own (by default /dev/shm/gandiva-SERVER)", self.root)
+        elif st.st_mode & 0o077:
+            self.root.chmod(0o700)
+            log.warning("ramdisk %s was readable by other users (the jobs' checkpoints): it is now its owner's "
+                        "only (mode 700)", self.root)
         for stale in self.root.glob(f"*/{INCOMING_PREFIX}*"):
             log.info("removing an incomplete incoming checkpoint %s", stale)
             shutil.rmtree(stale, ignore_errors=True)

@@ -54,3 +54,40 @@ def test_a_job_cannot_read_its_helpers_token_from_proc(secured: Any, connect: An
         os.killpg(helper.pid, 15)
         helper.wait(20)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_ramdisk_is_the_helpers_users_only(tmp_path: Path) -> None:
+    """The checkpoints are the users' models. The default ramdisk /dev/shm/gandiva-SERVER was
+    created 755 (every local user read them), and one that another user had made first (/dev/shm
+    is everyone's) was used as it was, so that user read and could replace every checkpoint.
+    Now a new ramdisk is 700, an existing one of this user's is made 700, and one of another
+    user's stops the helper with one line naming it."""
+    import stat
+
+    from migration_helper.ramdisk import Ramdisk
+
+    old = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh"
+        Ramdisk(fresh).prepare()
+        assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+        opened = tmp_path / "opened"
+        opened.mkdir(mode=0o755)
+        Ramdisk(opened).prepare()
+        assert stat.S_IMODE(opened.stat().st_mode) == 0o700
+    finally:
+        os.umask(old)
+    if os.geteuid() != 0:
+        return  # making a directory another user's needs root
+    squatted = tmp_path / "squatted"
+    squatted.mkdir(mode=0o777)
+    os.chown(squatted, NOBODY, NOBODY)
+    done = subprocess.run(
+        [sys.executable, "-m", "gandiva_cli.main", "helper", "--server-name", "s1", "--gpus", "1", "--virtual",
+         "--scheduler", "127.0.0.1:1", "--ramdisk", str(squatted), "--log-dir", str(tmp_path / "logs")],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "GANDIVA_HOME": str(tmp_path)},
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"gandiva helper: ramdisk {squatted} belongs to another user (uid {NOBODY}, this helper runs as 0): it would "
+        "hold the jobs' checkpoints; remove it, or give --ramdisk a directory of this user's"), done.stderr
