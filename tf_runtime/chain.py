@@ -52,6 +52,9 @@ class RunInfo:
     # an initialiser: a reset the program may make after every step (gradient
     # accumulators zeroed by `acc.assign(tf.zeros_like(acc))` after the apply run).
     resets: bool = False
+    # Of those, one that assigns a trainable variable or the global step (a pre-trained layer
+    # loaded from NumPy), not only other state (a mini-batch staged in variables).
+    loads_trainable: bool = False
     # Flat fetch indices of tensors whose value a program could carry to its next step in
     # Python: all but reads of a variable the checkpoint holds (the global step, a weight),
     # which a restored copy reads again.

@@ -206,6 +206,7 @@ class Controller:
         self._warned_second = False
         self._not_migratable_reason = ""
         self._restored_into: SessionAdapter | None = None
+        self._read_since_restore = False  # the program read the step after that restore
         self._restore_again = False
         # A restore that failed into a session bound before the first training step (an
         # evaluation session initialised first): fatal only if that session trains.
@@ -421,8 +422,16 @@ class Controller:
             if before and info.is_training:
                 self._training_elsewhere(adapter)
             return  # a second model or an evaluation session: not the job's training
+        if info.reads_global_step and self._restored_into is adapter:
+            self._read_since_restore = True
+        # A mini-batch the program stages in variables of their own after it read the
+        # restored step (`sess.run(batch_var.assign(x), {x: batch(step)})`, then the
+        # training run reads them) is its next step's input, not state to take back: a
+        # restore again over it used to put back the previous step's batch (other weights).
+        staged = info.resets and not (info.loads_trainable or info.restores) and \
+            self._read_since_restore
         if (info.initializes or info.initializes_some or info.restores) and \
-                self._restored_into is adapter:
+                self._restored_into is adapter and not staged:
             # The program overwrote variables after our restore (e.g. it restored a
             # pre-trained backbone), or created and initialised new ones the checkpoint
             # holds (an optimizer it builds once it reads a step past a phase switch):
@@ -736,6 +745,7 @@ class Controller:
                 self._refuse_towers(exc)
             raise  # only where exit_fn returns (tests): the process is gone otherwise
         self._restored_into = adapter
+        self._read_since_restore = False
         self.restored_step = info.step
         self.job_start_step = self._peek_start_step(directory)
         self.meter.set_steps(info.step)

@@ -561,6 +561,10 @@ class TFSessionAdapter:
                        advances_step=advances, stateful_input=stateful,
                        initializes_some=initializes_some, carry_slots=tuple(carry_slots),
                        resets=assigns and not self._some_init_ops & reached,
+                       loads_trainable=assigns and any(
+                           op.type in _LOADS and len(op.inputs) > 1 and
+                           (through(op.inputs[0].op) in self._trainable_ops or
+                            through(op.inputs[0].op) is self._gs_op) for op in reached),
                        changes_state=changes_state,
                        init_ops=frozenset(self._some_init_ops & reached), draws=draws)
 

@@ -1235,6 +1235,58 @@ def test_the_programs_own_restore_after_initialising_never_shows_its_older_step(
         assert sess.run(gs) == 3
 
 
+def test_a_batch_staged_in_variables_after_the_step_is_read_is_not_restored_over(
+        tmp_path: Path) -> None:
+    """`step = sess.run(gs); sess.run(batch_var.assign(x), {x: batch(step)});
+    sess.run(train)` (the training run reads the batch from the variable). Restarted, the
+    shim took that load for an overwrite of restored state and restored again right before
+    the first training run: the checkpoint's batch (the previous step's) replaced the one
+    the program had just staged, and a migrated job ended with other weights. A load of
+    non-trainable variables made after the program read the restored step is left alone;
+    a trainable weight loaded there is still restored again."""
+    def build() -> tuple[Any, ...]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [3])
+        staged = tf.Variable(tf.zeros([3]), trainable=False, name="staged")
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(w * staged), global_step=gs)
+        return gs, x, staged.assign(x), w, w.assign(x), train
+
+    def batch(step: int) -> np.ndarray:
+        return np.full(3, step + 1, np.float32)
+
+    with shimmed() as source, tf.Graph().as_default() as g, session(g) as sess:
+        gs, x, stage, _, _, train = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        for _ in range(3):
+            step = int(sess.run(gs))
+            sess.run(stage, {x: batch(step)})
+            sess.run(train)
+    assert acks(source)[-1].ok and acks(source)[-1].step == 1
+
+    with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
+        gs, x, stage, w, load_w, train = build()
+        sess.run(tf.compat.v1.global_variables_initializer())  # the restore point
+        step = int(sess.run(gs))
+        assert step == 1
+        sess.run(stage, {x: batch(step)})
+        before = sess.run(w)
+        sess.run(train)
+        # Trained on the batch of step 1 (2.0 each), not the checkpoint's of step 0 (1.0).
+        np.testing.assert_array_equal(sess.run(w), before - np.float32(0.1) * batch(step))
+
+    with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
+        gs, x, stage, w, load_w, train = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        assert sess.run(gs) == 1
+        sess.run(load_w, {x: np.zeros(3, np.float32)})  # a pre-trained layer, after the read
+        sess.run(train)
+        # The checkpoint's weight (and staged batch) won over the load: restored again.
+        np.testing.assert_array_equal(sess.run(w), before - np.float32(0.1) * batch(0))
+
+
 def test_an_update_after_the_step_first_made_behind_an_initialiser_is_learned(
         tmp_path: Path) -> None:
     """`if step % 5 == 0: ckpt.save(prefix, session=sess)` with a
