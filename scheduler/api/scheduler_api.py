@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -32,6 +34,9 @@ NAMED_JOB = re.compile(r"(?:\bjob )?\b(j-[0-9a-f]{10})\b")
 OTHER_JOB = "another user's job"
 MAX_KINDS = 32  # kinds one events request may filter on
 MAX_STATES = 64  # states one ListJobs may filter on (repeats included)
+# Listings served at once (the SQLite read pool holds 15 connections; PostgreSQL's 30).
+LISTINGS_AT_ONCE = 4
+F = TypeVar("F", bound=Callable[..., Any])
 # Event watches one caller (a user's token; without --auth token, everyone) may hold open.
 # Each costs about 30 KB and a wake-up a second: one client opened 3,000 in 6 s, which
 # held 100 MB and kept more than half a core busy.
@@ -57,11 +62,26 @@ def _bounded(details: list) -> list[common_pb2.Job]:
     return out
 
 
+def _few_at_once(fn: F) -> F:
+    """A listing (up to a thousand jobs or five thousand events read and encoded) runs with at
+    most LISTINGS_AT_ONCE others; the rest wait their turn holding nothing. 800 at once from
+    one client held every connection of the database's pool: everyone's reads, the scheduling
+    rounds' included, waited, and failed after 30 s (INTERNAL "database error (TimeoutError)")."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: SchedulerServicer, request: Any, context: Any) -> Any:
+        async with self._listings:
+            return await fn(self, request, context)
+
+    return wrapper  # type: ignore[return-value]
+
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, core: SchedulerCore, engine: LiveEngine) -> None:
         self.core = core
         self.engine = engine
         self._watches: Counter[str] = Counter()  # open WatchEvents by caller
+        self._listings = asyncio.Semaphore(LISTINGS_AT_ONCE)
 
     async def _own_job(self, job_id: str) -> None:
         """The caller may see and act on this job (its owner, or an operator)."""
@@ -144,6 +164,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             server=server)
 
     @grpc_errors
+    @_few_at_once
     async def ListJobs(self, request, context):  # type: ignore[no-untyped-def]
         size = paging.page_size(request.page_size, request.limit, JOBS_PAGE, JOBS_PAGE_MAX)
         if len(request.states) > MAX_STATES:  # 2,000,000 of them made SQLite fail, read as an outage
@@ -200,6 +221,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return await self._job(await self.engine.operator_migrate(request.id, request.to_server))
 
     @grpc_errors
+    @_few_at_once
     async def ListServers(self, request, context):  # type: ignore[no-untyped-def]
         loads = await self.core.list_servers()
         shown = await self._job_ids_shown(loads)
@@ -245,6 +267,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return None if ident.sees_all else ident.name
 
     @grpc_errors
+    @_few_at_once
     async def ListEvents(self, request, context):  # type: ignore[no-untyped-def]
         size = paging.page_size(request.page_size, request.limit, EVENTS_PAGE, EVENTS_PAGE_MAX)
         after = paging.event_cursor(request.page_token, request.after_id)

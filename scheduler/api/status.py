@@ -59,6 +59,9 @@ def unexpected_status(err: Exception, method: str) -> tuple[grpc.StatusCode, str
     if isinstance(err, sa_exc.IntegrityError):
         log.warning("%s: integrity error: %s", method, err)
         return grpc.StatusCode.FAILED_PRECONDITION, "the request conflicts with the stored state; retry"
+    if isinstance(err, sa_exc.TimeoutError):  # the connection pool's wait, not the database's
+        log.warning("%s: no database connection free within the pool's timeout", method)
+        return grpc.StatusCode.UNAVAILABLE, "the scheduler is busy (every database connection in use); retry shortly"
     if isinstance(err, sa_exc.SQLAlchemyError):
         log.error("%s: database error", method, exc_info=err)
         return grpc.StatusCode.INTERNAL, f"database error ({type(err).__name__}); see the scheduler log"

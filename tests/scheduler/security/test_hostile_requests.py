@@ -504,3 +504,44 @@ def test_a_runtime_flooding_the_scheduler_is_read_at_a_bounded_rate(make_schedul
             call.cancel()
     finally:
         helper.close()
+
+
+def test_many_listings_at_once_leave_database_connections_for_everyone_else(make_scheduler: Any,
+                                                                          sqlite_url: str) -> None:
+    """800 ListJobs at once from one client held every connection of the read pool: everyone's
+    reads, the scheduling rounds' included, waited, and failed after 30 s as INTERNAL "database
+    error (TimeoutError)" (peak RSS 611 MB). Now LISTINGS_AT_ONCE run at a time and the rest wait
+    holding nothing (all 800 answered, peak 270 MB); a pool wait that times out anyway is
+    UNAVAILABLE "busy", not INTERNAL."""
+    from sqlalchemy import event
+
+    from scheduler.api.scheduler_api import LISTINGS_AT_ONCE
+    from scheduler.api.status import unexpected_status
+
+    sched = make_scheduler(sqlite_url, tick_s=5)
+    held, most = [0], [0]
+
+    def out(*_: Any) -> None:
+        held[0] += 1
+        most[0] = max(most[0], held[0])
+
+    def back(*_: Any) -> None:
+        held[0] -= 1
+
+    pool = sched.server.core.read_engine.sync_engine.pool
+    with grpc.insecure_channel(sched.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        stub.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(
+            name="many", jobs=[_spec(env={"K": "v" * 2000}) for _ in range(300)]), timeout=60)
+        event.listen(pool, "checkout", out)
+        event.listen(pool, "checkin", back)
+        with concurrent.futures.ThreadPoolExecutor(60) as ex:
+            pages = list(ex.map(lambda _: len(stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=60).jobs),
+                                range(60)))
+    assert pages == [300] * 60
+    assert most[0] <= LISTINGS_AT_ONCE + 2, most[0]  # (a round's or a watch's read beside them)
+    from sqlalchemy import exc as sa_exc
+
+    code, message = unexpected_status(sa_exc.TimeoutError("QueuePool limit of size 5 overflow 10 reached"), "ListJobs")
+    assert (code, message) == (grpc.StatusCode.UNAVAILABLE,
+                               "the scheduler is busy (every database connection in use); retry shortly")
