@@ -750,7 +750,13 @@ class SchedulerCore:
 
     def stop_on(self, server: str, job_id: str, incarnation: str, reason: str) -> asyncio.Future:
         """Tell `server`'s helper to stop that launch of the job (fire and forget; the
-        heartbeat fencing stops it anyway if this command is lost)."""
+        heartbeat fencing stops it anyway if this command is lost), and its shim, if it is
+        connected, to exit at its next boundary: a helper hung or stopped (its server
+        down, its host fine) carries out nothing, and a migration's destination that had
+        activated trained on beside the job's restart at its source until it came back."""
+        if self.runtimes.kill_stale(job_id, incarnation, f"stopped: {reason}"):
+            log.warning("job %s: launch %s on %s told to exit through its own stream (%s)", job_id, incarnation,
+                        server, reason)
         fut = self.helpers.send(
             server,
             helper_pb2.HelperCommand(

@@ -437,3 +437,41 @@ def test_a_job_whose_helper_hangs_starts_again_only_once_its_old_copy_has_exited
     reasons = [t.reason for t in moved.history]
     assert any("its process still answers (its helper does not): told to exit" in r for r in reasons), reasons
     api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
+
+
+def test_a_destination_whose_helper_hangs_after_activating_is_told_to_exit(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """A migration's destination activates (restores, trains) just as its helper hangs
+    (SIGSTOP; host and process fine): the activation's result never comes, the destination
+    server goes down and the job restarts at its source from the checkpoint. The activated
+    copy, whose helper cannot stop it and whose lease cannot freeze it, is told through its
+    own runtime stream to exit: before, it trained beside the restarted source for as long
+    as its helper was stopped (8 s here: the whole wait)."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    procs = {name: helpers(name, sched.address) for name in ("s1", "s2")}
+    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS="0", FAKE_STEP_S="0.02")
+    src, dest, source_pid = _migrating(api, job_id, wait_for)
+    (warm_pid,) = wait_for(lambda: _job_pids(job_id, warm=True), 10)
+    os.kill(warm_pid, signal.SIGSTOP)  # its activation waits
+    os.kill(source_pid, signal.SIGCONT)  # checkpoints, the helper streams it, exits 75
+    wait_for(lambda: f"activate job {job_id}" in (tmp_path / f"{dest}.err").read_text(), 30)
+    os.kill(procs[dest].pid, signal.SIGSTOP)  # the destination's helper hangs; its process activates
+    os.kill(warm_pid, signal.SIGCONT)
+    both = 0.0
+    try:
+        back = wait_for(lambda: (j := job()).state == common_pb2.JOB_STATE_RUNNING and j, 30)
+        until = time.monotonic() + 8
+        while time.monotonic() < until:
+            t = time.monotonic()
+            time.sleep(0.1)
+            if warm_pid in _job_pids(job_id, warm=True) and _job_pids(job_id, warm=False):
+                both += time.monotonic() - t
+    finally:
+        os.kill(procs[dest].pid, signal.SIGCONT)
+    assert both < 1.0, f"two copies of the job ran at once for {both:.1f}s"
+    assert back.placement[0].server == src
+    assert f"restarted_at_source: activation at {dest} failed: {dest}: activate failed: server {dest} went down" \
+        in back.history[-1].reason, back.history[-1].reason
+    api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
