@@ -545,3 +545,36 @@ def test_many_listings_at_once_leave_database_connections_for_everyone_else(make
     code, message = unexpected_status(sa_exc.TimeoutError("QueuePool limit of size 5 overflow 10 reached"), "ListJobs")
     assert (code, message) == (grpc.StatusCode.UNAVAILABLE,
                                "the scheduler is busy (every database connection in use); retry shortly")
+
+
+def test_log_reads_reach_helpers_a_few_at_a_time(make_scheduler: Any, sqlite_url: str) -> None:
+    """ReadJobLog asks the job's helper for up to 1 MiB: 1,000 at once from one user (of their
+    own job's log) took that helper from 89 to 772 MB, memory its jobs need, and delayed other
+    users' reads 6 s. Now LOG_READS_AT_ONCE go on to helpers at a time (the helper peaked at
+    105 MB); the rest wait here."""
+    import asyncio
+    import time
+
+    from protos.gandiva.v1 import helper_pb2
+    from scheduler.api.scheduler_api import LOG_READS_AT_ONCE
+
+    sched = make_scheduler(sqlite_url, tick_s=5)
+    at_once, most = [0], [0]
+
+    async def helper_read(job_id: str, offset: int, max_bytes: int):  # type: ignore[no-untyped-def]
+        at_once[0] += 1
+        most[0] = max(most[0], at_once[0])
+        await asyncio.sleep(0.05)  # the helper reading its file and answering
+        at_once[0] -= 1
+        return "n1", helper_pb2.HelperCommandResult(ok=True, data=b"x", log_size=1)
+
+    sched.server.core.read_log = helper_read
+    with grpc.insecure_channel(sched.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec()), timeout=10).job.id
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(100) as ex:
+            got = list(ex.map(lambda _: stub.ReadJobLog(scheduler_pb2.ReadJobLogRequest(id=job), timeout=60).data,
+                              range(100)))
+    assert got == [b"x"] * 100 and time.monotonic() - started < 30
+    assert 1 <= most[0] <= LOG_READS_AT_ONCE, most[0]
