@@ -475,3 +475,25 @@ def test_a_destination_whose_helper_hangs_after_activating_is_told_to_exit(
     assert f"restarted_at_source: activation at {dest} failed: {dest}: activate failed: server {dest} went down" \
         in back.history[-1].reason, back.history[-1].reason
     api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
+
+
+def test_a_job_killed_while_its_helper_hangs_stops_training(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """`gandiva kill` of a job whose helper is hung (SIGSTOP; host and process fine): the
+    job is KILLED and its process exits within a mini-batch, told through its own runtime
+    stream. Before, the helper's stop waited for the helper, and the process trained on,
+    recorded KILLED, for as long as its helper was stopped."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    helper = helpers("s1", sched.address)
+    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS="0", FAKE_STEP_S="0.02")
+    wait_for(lambda: job().steps >= 20, 30)
+    (pid,) = _job_pids(job_id, warm=False)
+    os.kill(helper.pid, signal.SIGSTOP)
+    try:
+        killed = api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
+        wait_for(lambda: pid not in _job_pids(job_id, warm=False), 3)  # (its helper still stopped)
+    finally:
+        os.kill(helper.pid, signal.SIGCONT)
+    assert killed.state == common_pb2.JOB_STATE_KILLED
