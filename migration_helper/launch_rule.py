@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from scheduler.transport import ENV_TLS_CERT, ENV_TLS_KEY, ENV_TOKEN
+from scheduler.validation import LAUNCH_ENV_NAMES
 from tf_runtime.autoload import path_with_autoload
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -93,8 +94,9 @@ def job_environment(
 ) -> dict[str, str]:
     """The server's environment, the job's own variables on top, then Gandiva's."""
     env = {k: v for k, v in base.items() if k not in _HELPER_ONLY}
-    env.update(job_env)
-    env.pop("GANDIVA_RUNTIME_PID", None)  # nor from the job's own variables
+    # Nor from the job's own variables (a scheduler refuses them in a spec; an older one did
+    # not): GANDIVA_RESTORE_CHECKPOINT there made a launch without one restore from it.
+    env.update({k: v for k, v in job_env.items() if k not in LAUNCH_ENV_NAMES})
     env["PYTHONPATH"] = path_with_autoload(env.get("PYTHONPATH"))
     # Logs are followed live (gandiva logs -f); a block-buffered stdout would hide them.
     env.setdefault("PYTHONUNBUFFERED", "1")

@@ -139,6 +139,14 @@ def check_priority(field: str, priority: int) -> None:
         raise InvalidArgument(field, f"{priority} exceeds {MAX_PRIORITY}")
 
 
+# Variables the helper sets for each launch of a job (migration_helper/launch_rule.py).
+LAUNCH_ENV_NAMES = frozenset({
+    "GANDIVA_WARM", "GANDIVA_CONTROL_FD", "GANDIVA_STATUS_FD", "GANDIVA_RESTORE_CHECKPOINT", "GANDIVA_JOB_ID",
+    "GANDIVA_INCARNATION", "GANDIVA_WARM_SIGNATURE", "GANDIVA_RUNTIME_PID", "GANDIVA_SOURCE_TOWERS",
+    "GANDIVA_HELPER", "GANDIVA_LAUNCH",
+})
+
+
 def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
     """Raise InvalidArgument naming the first bad field of `spec`."""
     _check_command(f"{field}.command", spec.command)
@@ -165,6 +173,11 @@ def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
         raise InvalidArgument(f"{field}.multi_job_id", "is set by the scheduler (SubmitMultiJob's reply names "
                                                         "it); leave it empty")
     _check_map(f"{field}.env", spec.env, MAX_ENV_ENTRIES, MAX_ENV_BYTES, _ENV_NAME)
+    for name in LAUNCH_ENV_NAMES.intersection(spec.env):
+        # They steer one launch (restore from, hold for a pre-warm, its pipes): from a spec,
+        # GANDIVA_RESTORE_CHECKPOINT made every launch restore from any path, and
+        # GANDIVA_WARM=1 held the job before its first step for good.
+        raise InvalidArgument(f"{field}.env", f"{name} is set by the helper for each launch; leave it out")
     _check_map(f"{field}.params", spec.params, MAX_PARAMS, MAX_PARAM_BYTES, None)
     if spec.index < 0:
         raise InvalidArgument(f"{field}.index", f"{spec.index} is negative")

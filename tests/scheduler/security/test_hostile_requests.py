@@ -578,3 +578,28 @@ def test_log_reads_reach_helpers_a_few_at_a_time(make_scheduler: Any, sqlite_url
                               range(100)))
     assert got == [b"x"] * 100 and time.monotonic() - started < 30
     assert 1 <= most[0] <= LOG_READS_AT_ONCE, most[0]
+
+
+def test_variables_that_steer_a_launch_are_refused_in_a_spec(channel: Any) -> None:
+    """A spec's env was laid over the server's and under the helper's own variables, but the
+    helper sets some only when a launch has them: GANDIVA_RESTORE_CHECKPOINT in a spec made
+    every launch of the job restore from that path (the scheduler checks its own restore points
+    are in the ramdisk), GANDIVA_WARM=1 held the job before its first step for good. Now they are
+    INVALID_ARGUMENT naming the variable, and a helper drops them from a spec an older scheduler
+    let through."""
+    from migration_helper.launch_rule import job_environment
+
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    for name in ("GANDIVA_RESTORE_CHECKPOINT", "GANDIVA_WARM", "GANDIVA_JOB_ID"):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec(env={name: "/dev/shm/other/ckpt"})), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == f"spec.env: {name} is set by the helper for each launch; leave it out"
+    assert _all_jobs(stub) == []
+    # Sweeps' variables, and the user's own, are kept.
+    fine = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec(env={"GANDIVA_PARAM_LR": "0.1", "A": "b"})),
+                          timeout=10).job
+    assert dict(fine.spec.env) == {"GANDIVA_PARAM_LR": "0.1", "A": "b"}
+    env = job_environment({"PATH": "/bin"}, {"GANDIVA_RESTORE_CHECKPOINT": "/x", "GANDIVA_WARM": "1", "A": "b"},
+                          job_id="j-1", incarnation="i", scheduler="s:1", server="n1", gpu_indices=[0])
+    assert "GANDIVA_RESTORE_CHECKPOINT" not in env and "GANDIVA_WARM" not in env and env["A"] == "b"
