@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -206,6 +207,9 @@ class Controller:
         self._warned_second = False
         self._not_migratable_reason = ""
         self._restored_into: SessionAdapter | None = None
+        # Initialisers run so far in each session not yet bound (_initialised_in_pieces).
+        self._pieces: weakref.WeakKeyDictionary[Any, frozenset[Any]] = \
+            weakref.WeakKeyDictionary()
         self._read_since_restore = False  # the program read the step after that restore
         self._restore_again = False
         # A restore that failed into a session bound before the first training step (an
@@ -285,6 +289,20 @@ class Controller:
                 self._apply_queued(adapter)
             elif not self._save_built:
                 self._prebuild_save(adapter)
+
+    def _initialised_in_pieces(self, adapter: SessionAdapter, info: RunInfo) -> bool:
+        """Whether this run completes the initialisation of all global variables begun in
+        earlier runs of a session not yet bound (`variables_initializer(model_vars)`, then
+        the optimizer's; each variable's `initializer`): the restore point, as the run of
+        one initialiser is. Before, such a session was bound only at its first training
+        run: a restarted copy read its step before the restore (from 0), and the first
+        training run's was taken for the program's first read (not migratable, "reads the
+        global step only after its first training run")."""
+        if not info.init_ops or adapter is self.adapter:
+            return False
+        done = self._pieces[adapter] = self._pieces.get(adapter, frozenset()) | info.init_ops
+        covers = getattr(adapter, "initializes_all", None)
+        return covers is not None and bool(covers(done))
 
     def _initialises_again(self, adapter: SessionAdapter, info: RunInfo) -> bool:
         """Whether the run initialises only variables whose initialisers the program ran
@@ -437,7 +455,8 @@ class Controller:
             # holds (an optimizer it builds once it reads a step past a phase switch):
             # restore again before its first training step.
             self._restore_again = True
-        elif info.initializes or info.restores or (before and info.is_training):
+        elif info.initializes or info.restores or (before and info.is_training) or \
+                self._initialised_in_pieces(adapter, info):
             self._bind(adapter, training=before and info.is_training)
         self._initialises_again(adapter, info)  # noted once bound: the restore point's too
         if before and info.is_training and adapter is self.adapter:

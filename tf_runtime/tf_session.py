@@ -471,6 +471,12 @@ class TFSessionAdapter:
         self._cache[key] = (fetches, info)
         return info
 
+    def initializes_all(self, init_ops: frozenset[Any]) -> bool:
+        """Whether `init_ops` (initialisers run so far, over several runs) cover every
+        global variable."""
+        self._refresh_graph_facts()
+        return bool(self._init_ops) and self._init_ops is not None and self._init_ops <= init_ops
+
     def _refresh_graph_facts(self) -> None:
         variables, local = _state_variables(self.graph)
         key = tuple(v.name for v in variables + local)

@@ -1287,6 +1287,41 @@ def test_a_batch_staged_in_variables_after_the_step_is_read_is_not_restored_over
         np.testing.assert_array_equal(sess.run(w), before - np.float32(0.1) * batch(0))
 
 
+def test_variables_initialised_in_pieces_make_the_restore_point(tmp_path: Path) -> None:
+    """`sess.run(variables_initializer(model_vars)); sess.run(variables_initializer(
+    opt_vars)); step = sess.run(gs)`: no one run initialises every global variable, so the
+    session used to be bound only at its first training run. The program's read of the step
+    before it was not its own (not migratable, "reads the global step only after its first
+    training run"), and a restarted copy would have read the step before the restore. Now
+    the run that completes the initialisation is the restore point."""
+    def build() -> tuple[Any, ...]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        model = tf.compat.v1.global_variables()
+        train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(tf.reduce_sum(w * w),
+                                                              global_step=gs)
+        opt = [v for v in tf.compat.v1.global_variables() if all(v is not m for m in model)]
+        return (gs, train, tf.compat.v1.variables_initializer(model),
+                tf.compat.v1.variables_initializer(opt))
+
+    with shimmed() as source, tf.Graph().as_default() as g, session(g) as sess:
+        gs, train, init_model, init_opt = build()
+        sess.run(init_model)
+        sess.run(init_opt)
+        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        for _ in range(3):
+            sess.run(gs)
+            sess.run(train)
+    assert source.migratable is True
+    assert acks(source)[-1].ok and acks(source)[-1].step == 1
+
+    with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
+        gs, train, init_model, init_opt = build()
+        sess.run(init_model)
+        sess.run(init_opt)  # the restore point
+        assert sess.run(gs) == 1
+
+
 def test_an_update_after_the_step_first_made_behind_an_initialiser_is_learned(
         tmp_path: Path) -> None:
     """`if step % 5 == 0: ckpt.save(prefix, session=sess)` with a
