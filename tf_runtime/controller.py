@@ -302,7 +302,10 @@ class Controller:
             return False
         done = self._pieces[adapter] = self._pieces.get(adapter, frozenset()) | info.init_ops
         covers = getattr(adapter, "initializes_all", None)
-        return covers is not None and bool(covers(done))
+        if covers is None or not covers(done):
+            return False
+        self._initialised |= done  # an initialiser of these run again is a reset
+        return True
 
     def _initialises_again(self, adapter: SessionAdapter, info: RunInfo) -> bool:
         """Whether the run initialises only variables whose initialisers the program ran

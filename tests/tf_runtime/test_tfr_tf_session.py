@@ -1321,6 +1321,30 @@ def test_variables_initialised_in_pieces_make_the_restore_point(tmp_path: Path) 
         sess.run(init_opt)  # the restore point
         assert sess.run(gs) == 1
 
+    # Gradient accumulators initialised in the first piece and zeroed after each apply by
+    # their initialiser run again: that reset is part of the step from the first one on.
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        acc = tf.Variable(tf.zeros([3]), trainable=False, name="acc")
+        first = tf.compat.v1.variables_initializer([acc, w])
+        add = acc.assign_add(tf.gradients(tf.reduce_sum(w * w), w)[0])
+        apply = tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+            [(acc.read_value(), w)], global_step=gs)
+        zero = tf.compat.v1.variables_initializer([acc])
+        sess.run(first)
+        sess.run(tf.compat.v1.variables_initializer([gs]))  # the restore point
+        for i in range(3):
+            if i == 1:
+                ctl.enqueue(Command("z", Kind.CHECKPOINT, str(tmp_path / "zeroed")))
+            sess.run(gs)
+            sess.run(add)
+            sess.run(apply)
+            sess.run(zero)
+    assert acks(ctl)[-1].ok and acks(ctl)[-1].step == 1  # right after step 1's reset
+    reader = tf.compat.v1.train.load_checkpoint(str(tmp_path / "zeroed" / "model"))
+    assert reader.get_tensor("acc").tolist() == [0.0, 0.0, 0.0]
+
 
 def test_an_update_after_the_step_first_made_behind_an_initialiser_is_learned(
         tmp_path: Path) -> None:
