@@ -1335,20 +1335,26 @@ class SchedulerCore:
             repo.add_event(s, self.clock(), "job.uncontrollable", reason, job_id=job_id)
             return True
 
-    async def runtime_hello(self, job_id: str, incarnation: str) -> tuple[bool, bool]:
+    async def runtime_hello(self, job_id: str, incarnation: str) -> tuple[bool, bool, bool]:
         """A runtime says hello: NotFound unless the job exists. One small read; the write
         of record_runtime_connected only for a job marked uncontrollable (rare), so a
         thousand runtimes connecting at once do not queue a thousand write transactions.
         (whether that write is due, whether the job is RUNNING as this launch: its shim is
-        told to resume, see RuntimeHub.resume_on_connect)."""
+        told to resume, see RuntimeHub.resume_on_connect; whether the launch is stale: not
+        the job's current one nor a migration's destination or fallback, or the job waits
+        in the queue or ended: no launch of it should run)."""
         async with self.tx(read=True) as s:
             row = (await s.execute(select(Job.suspendable, Job.incarnation, Job.state)
                                    .where(Job.id == job_id))).first()
-        if row is None:
-            raise NotFound("job", job_id)
-        suspendable, current, state = row
-        this_launch = not incarnation or incarnation == current
-        return not suspendable and this_launch, this_launch and state == JobState.RUNNING.value
+            if row is None:
+                raise NotFound("job", job_id)
+            suspendable, current, state = row
+            this_launch = not incarnation or incarnation == current
+            stale = JobState(state).terminal or state == JobState.QUEUED.value
+            if not this_launch and not stale:
+                m = await repo.get_migration(s, job_id)
+                stale = m is None or incarnation not in (m.dest_incarnation, m.fallback_incarnation)
+        return not suspendable and this_launch, this_launch and state == JobState.RUNNING.value, stale and bool(incarnation)
 
     async def record_runtime_connected(self, job_id: str, incarnation: str) -> None:
         """A runtime of the current launch connected after all: suspendable again (its

@@ -58,7 +58,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             check_id("hello.job_id", hello.job_id)
             check_text("hello.incarnation", hello.incarnation, 64)
             auth.require_runtime(auth.current(), hello.job_id, hello.incarnation)
-            uncontrollable, running = await self.core.runtime_hello(hello.job_id, hello.incarnation)
+            uncontrollable, running, stale = await self.core.runtime_hello(hello.job_id, hello.incarnation)
         except GandivaError as err:
             await context.abort(code_for(err) or grpc.StatusCode.INTERNAL, str(err))
         except Exception as err:  # noqa: BLE001 - never UNKNOWN; logged with its trace
@@ -66,6 +66,11 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         conn = self.core.runtimes.attach(hello.job_id, hello.incarnation)
         if running:
             self.core.runtimes.resume_on_connect(conn)
+        if stale:
+            # A launch the job no longer runs (re-placed while this copy's stream was down,
+            # its helper hung: nothing else stops it): it exits at its next boundary.
+            self.core.runtimes.kill_stale(hello.job_id, hello.incarnation, "this launch is not the job's any more")
+            log.warning("runtime of job %s: launch %s is stale; told to exit", hello.job_id, hello.incarnation)
         try:
             if uncontrollable:
                 await self.core.record_runtime_connected(hello.job_id, hello.incarnation)

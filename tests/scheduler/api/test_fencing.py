@@ -905,3 +905,26 @@ def test_a_destination_that_ends_before_its_migration_is_recorded_finishes_the_j
     done = wait_for(lambda: (j := fake.job(job_id)).state != common_pb2.JOB_STATE_MIGRATING and j, 10)
     assert (done.state, done.steps, done.message) == (common_pb2.JOB_STATE_SUCCEEDED, 1000, "finished"), \
         (common_pb2.JobState.Name(done.state), done.steps, done.message)
+
+
+def test_a_stale_launch_whose_runtime_connects_is_told_to_exit(fake: Fake, wait_for: Any) -> None:
+    """A runtime that connects (or reconnects, its stream lost meanwhile) for a launch the
+    job no longer runs, or for a job that ended, is told to exit at its next boundary:
+    when its helper is hung nothing else stops it (the heartbeat fencing is the helper's).
+    Before, it was attached like any other and trained on. The current launch is not."""
+    from .test_runtime_api import FakeShim
+
+    job_id = fake.submit()
+    _, launch = fake.launched(job_id, wait_for)
+    current = fake.shim(job_id, launch.incarnation)
+    stale = FakeShim(fake.ch, job_id, "0123456789ab")
+    try:
+        wait_for(lambda: [c.kind for c in stale.received] == [runtime_pb2.COMMAND_KIND_KILL], 5)
+        time.sleep(0.3)
+        assert runtime_pb2.COMMAND_KIND_KILL not in [c.kind for c in current.received]
+        fake.api.KillJob(scheduler_pb2.JobActionRequest(id=job_id))
+        late = FakeShim(fake.ch, job_id, launch.incarnation)  # the killed job's launch, back
+        wait_for(lambda: runtime_pb2.COMMAND_KIND_KILL in [c.kind for c in late.received], 5)
+        late.close()
+    finally:
+        stale.close()
