@@ -182,6 +182,8 @@ async def list_tokens(session: Any) -> list[AuthToken]:
 # Up to this many tokens, the whole table is read at once (one query per CACHE_S
 # however many helpers and users call); past it, each name is read on its own.
 TABLE_MAX = 10_000
+# A name the cached table lacks has the table read again, at most this often (seconds).
+UNKNOWN_READ_S = 0.25
 
 
 class Authenticator:
@@ -202,13 +204,15 @@ class Authenticator:
         self._table: dict[str, tuple[str, str] | None] = {}
         self._table_at = -math.inf
         self._refreshing = asyncio.Lock()
+        self._reads = 0  # how many times the table was read
         self._ahead: asyncio.Task | None = None
 
-    async def _refresh(self, max_age: float = CACHE_S) -> None:
-        """Read the tokens table unless it is younger than ``max_age`` (one caller reads;
-        the others wait for its answer)."""
+    async def _refresh(self, max_age: float = CACHE_S, after: int | None = None) -> None:
+        """Read the tokens table unless it is younger than ``max_age`` (or, with ``after``,
+        unless it was read since read number ``after``): one caller reads; the others wait
+        for its answer."""
         async with self._refreshing:
-            if self._clock() - self._table_at < max_age:
+            if (self._reads != after) if after is not None else (self._clock() - self._table_at < max_age):
                 return  # read meanwhile by another call
             now = self._clock()
             q = select(AuthToken.name, AuthToken.role, AuthToken.token_hash, AuthToken.revoked_at).limit(TABLE_MAX + 1)
@@ -216,6 +220,7 @@ class Authenticator:
                 rows = (await s.execute(q)).all()
             table = {n: ((role, h) if not revoked else None) for n, role, h, revoked in rows}
             self._rows.clear()
+            self._reads += 1
             # Too many to read whole every CACHE_S: from now on each name on its own.
             self._table, self._table_at = (table, now) if len(table) <= TABLE_MAX else ({}, math.inf)
 
@@ -228,6 +233,8 @@ class Authenticator:
             self._ahead = asyncio.create_task(self._refresh_ahead())
         if name in self._table:
             return self._table[name]
+        if self._table_at != math.inf:  # the whole table is here: a name it lacks is unknown,
+            return await self._not_in_table(name)  # or a token created since it was read
         now = self._clock()
         hit = self._rows.get(name)
         if hit is not None and now - hit[0] < CACHE_S:
@@ -239,6 +246,21 @@ class Authenticator:
             self._rows.clear()
         self._rows[name] = (now, value)
         return value
+
+    async def _not_in_table(self, name: str) -> tuple[str, str] | None:
+        """A name the cached table lacks. The table is read again, one read for every such
+        call and at most every UNKNOWN_READ_S, so that a token just created works at once
+        (within UNKNOWN_READ_S): reading the name alone cost a query per call, and calls
+        with made-up names (no credential needed to send them) took 1.95 ms of the
+        scheduler's CPU each instead of 0.39; 16 clients kept it at 124%."""
+        seen = self._reads
+        wait = UNKNOWN_READ_S - (self._clock() - self._table_at)
+        if wait > 0:
+            await asyncio.sleep(min(wait, UNKNOWN_READ_S))
+        await self._refresh(after=seen)
+        if self._table_at == math.inf:  # the table outgrew TABLE_MAX: names are read alone
+            return await self._row(name)
+        return self._table.get(name)
 
     async def _refresh_ahead(self) -> None:
         try:

@@ -60,3 +60,30 @@ async def test_a_table_cache_s_old_is_never_trusted(store, age: float) -> None: 
             await asyncio.wait_for(a.identify(bob), 0.3)
     with pytest.raises(Unauthenticated):
         await a.identify(bob)
+
+
+async def test_made_up_names_do_not_cost_a_query_each(store) -> None:  # type: ignore[no-untyped-def]
+    """A name not in the cached table was read from the database on its own: calls with made-up
+    names (anyone may send them) cost 1.95 ms of the scheduler's CPU each instead of 0.39, and
+    16 clients kept it at 124%. Now such calls share one read of the table (at most every
+    UNKNOWN_READ_S), and a token created after the table was read still works at once."""
+    from sqlalchemy import event
+
+    async with store() as s, s.begin():
+        alice = await auth.create_token(s, "alice", "user")
+    a = auth.Authenticator(store)
+    assert (await a.identify(alice)).name == "alice"
+    statements: list[str] = []
+    engine = store.kw["bind"].sync_engine
+    listener = lambda *args: statements.append(args[2])
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        made_up = [f"gdv.u{i}.{'x' * 43}" for i in range(200)]
+        got = await asyncio.gather(*(a.identify(t) for t in made_up), return_exceptions=True)
+        assert all(isinstance(g, Unauthenticated) for g in got)
+        assert len(statements) <= 2, statements  # was 200, one per name
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    async with store() as s, s.begin():
+        bob = await auth.create_token(s, "bob", "user")
+    assert (await asyncio.wait_for(a.identify(bob), 2)).name == "bob"
