@@ -176,6 +176,9 @@ class Controller:
         # The program itself read the step in a run of its own (not only a MonitoredSession's
         # hooks), and whether the feeds of its first step-advancing runs differ (fed_step).
         self._own_read = False
+        # A session that read the step before any session was bound (its variables not yet
+        # all initialised): that read comes before a restarted copy's restore.
+        self._read_unbound: weakref.ref[Any] | None = None
         self._feeds: set[bytes] = set()
         self._advances_seen = False  # a training run of the bound session advanced the step
         self._steps_seen = 0  # boundaries of runs that advanced it
@@ -359,6 +362,9 @@ class Controller:
                 adapter is self.adapter and not _from_hook(sys._getframe(1)) and \
                 not _called_from(sys._getframe(1), _SERVICES):
             self._own_read = True
+        elif not info.is_training and info.reads_global_step and self.adapter is None and \
+                not _called_from(sys._getframe(1), _SERVICES):
+            self._read_unbound = weakref.ref(adapter)  # before the restore point
         if info.reads_global_step and adapter is self.adapter and not self._read_step_first \
                 and not (self._read_global_step and self.boundaries) \
                 and not _called_from(sys._getframe(1), _SERVICES):
@@ -810,7 +816,14 @@ class Controller:
                                    "program cannot know where to resume (pass it to the "
                                    "optimizer's minimize(global_step=...))")
         elif self._read_global_step and not self._read_step_first:
-            if self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
+            early = self._read_unbound is not None and self._read_unbound() is adapter
+            if early and (self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final):
+                self._judge(False, "the program reads the global step before it has "
+                                   "initialised all its variables (the restore point), so a "
+                                   "restarted copy would read the step from before its "
+                                   "restore; read it after initialising every variable (or "
+                                   "initialise them in one run) to make it migratable")
+            elif self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
                 self._judge(False, "the program reads the global step only after its first "
                                    "training run (fetched with the training op, to log it), "
                                    "never before it: its loop does not start from the step "

@@ -1321,6 +1321,19 @@ def test_variables_initialised_in_pieces_make_the_restore_point(tmp_path: Path) 
         sess.run(init_opt)  # the restore point
         assert sess.run(gs) == 1
 
+    # The step read between the pieces, before the restore point: refused, saying so.
+    with shimmed() as early, tf.Graph().as_default() as g, session(g) as sess:
+        gs, train, init_model, init_opt = build()
+        sess.run(init_model)
+        sess.run(gs)
+        sess.run(init_opt)
+        for _ in range(3):
+            sess.run(train)
+            sess.run(gs)
+    assert early.migratable is False
+    assert "before it has initialised all its variables" in \
+        early.channel.migratability[-1][1]  # type: ignore[union-attr]
+
     # Gradient accumulators initialised in the first piece and zeroed after each apply by
     # their initialiser run again: that reset is part of the step from the first one on.
     with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
