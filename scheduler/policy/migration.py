@@ -4,9 +4,12 @@ Three passes, each only when the move is expected to pay off:
 
 1. ``lower_height``: a job waiting in a time-slice group moves to free GPUs (one
    server, or whole idle servers for jobs larger than a server). It would otherwise
-   wait; a move costs about a second. (Splitting kept packs onto free GPUs as well
-   was tried and measured worse on the Philly traces: JCT 0.65x -> 0.82x yarn-cs on
-   0e4a51, the packs re-formed and paid new trials.)
+   wait; a move costs about a second. With ``lower_kept_pairs`` (off by default) a
+   suspended member of a kept pair moves too, and the pair ends; without it a kept pair
+   waits for its turn while GPUs stand idle (under ``fifo_after_s`` on Philly 6c71a0, 70
+   of 100 GPUs idle beside 100 such jobs for hundreds of hours). A *running* pack is not
+   split onto free GPUs: that was tried and measured worse on the Philly traces (JCT
+   0.65x -> 0.82x yarn-cs on 0e4a51, the packs re-formed and paid new trials).
 2. ``consolidate``: a running job spread over more servers than it needs moves onto
    the fewest servers with free GPUs, removing the cross-server slowdown.
 3. ``make_room``: the first queued job (in queue order) that fits one server finds no
@@ -134,14 +137,29 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
         for job_id in sorted(waiting, key=lambda j: ledger.jobs[j].last_state_change_at) if waiting else ():
             if len(out) >= budget:
                 return out
-            if not movable(ledger, job_id, state):
+            # A suspended member of a kept pair moves too (the pair ends: alone on free GPUs
+            # each runs faster than packed, and waiting for the pair's turn while GPUs stand
+            # idle is the worst of both); its partner then waits, or moves, on its own.
+            partner = state.kept_pairs.get(job_id) if config.lower_kept_pairs else None
+            if not (movable(ledger, job_id, state) or (partner is not None and _pair_may_split(ledger, state, job_id))):
                 continue
             target = _compact_target(ledger, ledger.jobs[job_id], config)
             if target is None:
                 misses[len(gpus)] = ledger.version
                 break
-            out.append(_move(ledger, job_id, target, "lower the height: free GPUs elsewhere"))
+            reason = "lower the height: free GPUs elsewhere"
+            if partner is not None:
+                state.drop_pair(job_id)
+                ledger.touch(gpus)  # its group's units changed: rotation looks again
+                reason += f" (its kept pack with {partner} ends: each runs faster alone)"
+            out.append(_move(ledger, job_id, target, reason))
     return out
+
+
+def _pair_may_split(ledger: Ledger, state: GandivaState, job_id: str) -> bool:
+    """The job is in a kept pair and otherwise free to move (``movable`` but for the pair)."""
+    job = ledger.jobs[job_id]
+    return job.migratable and job_id not in ledger.changed and job_id not in state.trials
 
 
 def consolidate(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:

@@ -412,6 +412,11 @@ class PolicyConfig:
         preempted jobs in its queue). Only a suspended single member that is free to move
         (migratable, under the runtime, in no packing trial or kept pair) is parked. Off by
         default.
+    lower_kept_pairs: ``lower_height`` moves a suspended member of a kept pair onto free GPUs
+        too, and the pair ends (without it, a kept pair waits for its turn in its group while
+        GPUs stand idle elsewhere). Off by default: measured on 19 traces it brings JCT down
+        on five and idle GPUs back to work, but costs Philly b436b2 its makespan goal
+        (docs/simulator.md, "Lowering kept pairs").
     gather_large: at the first call at least ``defrag_interval_s`` after its last look, when
         a GPU count larger than a server has jobs waiting, the most crowded of those (jobs
         per GPU of its groups) has whole servers held for it: idle servers and servers of
@@ -465,6 +470,7 @@ class PolicyConfig:
     fifo_after_measured: bool = False
     probe_slices: bool = True
     probe_park_last: bool = False
+    lower_kept_pairs: bool = False
     gather_large: bool = False
 
     def __post_init__(self) -> None:

@@ -288,3 +288,34 @@ def test_a_pack_suspended_for_a_newcomer_is_judged_and_a_good_pair_stays_togethe
     verdict = policy.state.verdicts[-1]
     assert verdict.kept is True and "time-slice with new job new" in verdict.reason
     assert policy.state.kept_pairs == {"run": "wait", "wait": "run"}
+
+
+def test_a_suspended_kept_pack_does_not_wait_while_gpus_stand_idle(mk) -> None:
+    # A kept pair suspended for a newcomer takes its turns together in its group: by default
+    # lower_height never moves a kept pair's member, so with GPUs free elsewhere the pair
+    # waits (a Philly replay under fifo_after_s ended with 70 of 100 GPUs idle beside 100
+    # such jobs); lower_kept_pairs moves it.
+    policy = get_policy("gandiva", dataclasses.replace(PACK_ONLY, enable_migration=True, lower_kept_pairs=True))
+    policy.decide(_packable(mk))
+    policy.decide(_packed(mk, 8.0, now=45))
+    packed = _packed(mk, 8.0, now=50)
+    busy = dataclasses.replace(packed, jobs=(*packed.jobs, mk.job("new", submitted_at=50)))
+    d = policy.decide(busy)
+    assert sorted(mk.kinds(d)) == [("Place", "new"), ("Suspend", "run"), ("Suspend", "wait")]
+    assert policy.state.kept_pairs == {"run": "wait", "wait": "run"}
+    # A second GPU frees up (here: a server joins): a member of the pair moves there at once,
+    # the pair ends, and the reason says so.
+    later = mk.after(busy, d, 60)
+    d = policy.decide(dataclasses.replace(later, servers=mk.servers(2, 1)))
+    moves = [x for x in d if isinstance(x, Migrate)]
+    assert [(m.job_id in ("run", "wait"), m.to_gpus) for m in moves] == [(True, mk.on("s1", 0))]
+    assert "kept pack" in moves[0].reason and "ends" in moves[0].reason
+    assert policy.state.kept_pairs == {}
+
+    # Off (the default), the pair keeps waiting for its turn.
+    policy = get_policy("gandiva", dataclasses.replace(PACK_ONLY, enable_migration=True))
+    policy.decide(_packable(mk))
+    policy.decide(_packed(mk, 8.0, now=45))
+    d = policy.decide(busy)
+    d = policy.decide(dataclasses.replace(mk.after(busy, d, 60), servers=mk.servers(2, 1)))
+    assert not any(isinstance(x, Migrate) for x in d) and policy.state.kept_pairs == {"run": "wait", "wait": "run"}
