@@ -497,3 +497,41 @@ def test_a_job_killed_while_its_helper_hangs_stops_training(
     finally:
         os.kill(helper.pid, signal.SIGCONT)
     assert killed.state == common_pb2.JOB_STATE_KILLED
+
+
+
+@pytest.mark.pg
+def test_a_job_that_exits_while_the_database_is_down_ends_once_it_is_back(
+    proxied_pg_url: Any, make_scheduler: Any, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any,  # noqa: F811
+) -> None:
+    """A job's process exits while PostgreSQL is unreachable: the helper's session ends (its
+    heartbeats are answered UNAVAILABLE) and the exit waits in its outbox. Once the database
+    is back the helper registers again and the exit is recorded at once: SUCCEEDED with all
+    its steps, launched once (an exit lost with the session would leave it RUNNING with no
+    process, then re-queued as lost and trained again)."""
+    url, proxy = proxied_pg_url
+    # A lease (12 s) that outlasts the outage: the job is not frozen before it ends.
+    sched = make_scheduler(url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=20.0))
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    helpers("s1", sched.address)
+    steps = 150
+    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS=str(steps), FAKE_STEP_S="0.02")
+    wait_for(lambda: job().steps >= 10, 30)
+    proxy.cut()
+    try:
+        wait_for(lambda: not _job_pids(job_id, warm=False), 15)  # exited, its exit not recorded
+        time.sleep(0.5)
+        with pytest.raises(grpc.RpcError) as refused:  # the database is down indeed
+            job()
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        proxy.restore()
+    done = wait_for(lambda: (j := job()).state in DONE and j, 5)
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, done.message
+    time.sleep(1.0)  # nothing placed again after it
+    done = job()
+    states = [t.to_state for t in done.history]
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED, done.message
+    assert states.count(common_pb2.JOB_STATE_RUNNING) == 1 and states.count(common_pb2.JOB_STATE_SUCCEEDED) == 1, \
+        [t.reason for t in done.history]
+    assert not _job_pids(job_id, warm=False)
