@@ -69,7 +69,8 @@ def start(db_url: str, workdir: Path, extra: list[str] | None = None,
                                                 "-m", "gandiva_cli.main"]
     proc = subprocess.Popen(
         [*gandiva, "scheduler", "--listen", "127.0.0.1:0",
-         "--db", db_url, "--port-file", str(port_file), "--log-level", "WARNING", *(extra or [])],
+         "--db", db_url, "--port-file", str(port_file), "--log-level", "WARNING",
+         "--max-jobs-per-user", "0", *(extra or [])],  # thousands of one user's jobs
         env={**os.environ, "GANDIVA_HOME": str(workdir)}, stdout=log, stderr=log,
     )
     deadline = time.monotonic() + 60

@@ -31,6 +31,7 @@ from scheduler.errors import (
     GandivaError,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     Unavailable,
 )
 from scheduler.eta import Sharer
@@ -112,9 +113,16 @@ class Settings:
     # stopped and re-queued from its restore point (0: only flagged). scheduler/hangs.py.
     hang_after_s: float = 600.0
     hang_restart_after_s: float = 600.0
+    # A user (not an operator) may have at most this many jobs not yet ended (queued,
+    # running, suspended); a submission past it is refused (0: no limit).
+    max_jobs_per_user: int = 1000
 
     def __post_init__(self) -> None:
         lease = self.lease
+        if isinstance(self.max_jobs_per_user, bool) or not isinstance(self.max_jobs_per_user, int) \
+                or self.max_jobs_per_user < 0:
+            raise InvalidArgument("max_jobs_per_user", f"{self.max_jobs_per_user!r} is not a whole number >= 0: give "
+                                                       "how many unfinished jobs one user may have (0: no limit)")
         waits = (  # seconds, 0 turning each off
             ("hang_after_s", "how long a running job may go without a mini-batch before it is flagged hung (0: never)"),
             ("hang_restart_after_s", "how long a job flagged hung is left before it is restarted (0: never)"),
@@ -335,6 +343,9 @@ class SchedulerCore:
         self._progress: dict[str, tuple[str, int, float, float, dict[str, float]]] = {}
         self._flusher: asyncio.Task | None = None
         self.settings = settings or Settings()
+        # Submissions of users hashed to one lock count and insert one after another, so
+        # two sent at once cannot both pass at the limit minus one (_within_quota).
+        self._quota_locks = [asyncio.Lock() for _ in range(64)]
         self.clock = clock
         # Whether the database answers, and how the scheduling rounds fare (scheduler.health).
         self.db_health = DatabaseHealth(clock)
@@ -568,22 +579,46 @@ class SchedulerCore:
                 return found
         try:
             return await create()
-        except sa_exc.IntegrityError:
+        except (sa_exc.IntegrityError, ResourceExhausted):
+            # A copy sent at once that won the insert (and so may have filled the quota).
             found = await earlier(key) if key is not None else None
             if found is None:
                 raise
             return found
 
-    async def submit(self, spec: common_pb2.JobSpec, dry_run: bool = False, request_id: str = "") -> JobDetail:
+    @asynccontextmanager
+    async def _within_quota(self, user: str, adding: int, limited: bool) -> AsyncIterator[None]:
+        """Runs the block (the insert) only if ``user`` stays within --max-jobs-per-user with
+        ``adding`` more jobs; counting and inserting hold a lock of this user's (one
+        scheduler owns its database: DatabaseHeld), so concurrent submissions see each
+        other's jobs. ``limited`` False (an operator) or a limit of 0: no check."""
+        limit = self.settings.max_jobs_per_user
+        if not limited or not limit:
+            yield
+            return
+        async with self._quota_locks[hash(user) % len(self._quota_locks)]:
+            count = await self.read_sync(lambda s: repo.unfinished_jobs(s, user), urgent=True)
+            if count + adding > limit:
+                more = f"; these {adding} would make {count + adding}" if adding > 1 else ""
+                raise ResourceExhausted(
+                    f"user {user or '(none)'!r} has {count} jobs not yet ended (queued, running or suspended){more}; "
+                    f"the scheduler takes at most {limit} per user (--max-jobs-per-user): wait for some to end "
+                    f"or kill some (gandiva kill ID), or ask the operator to raise --max-jobs-per-user")
+            yield
+
+    async def submit(self, spec: common_pb2.JobSpec, dry_run: bool = False, request_id: str = "",
+                     limited: bool = False) -> JobDetail:
+        """``limited``: the caller is held to --max-jobs-per-user (a user's, not an operator's, call)."""
         validate_spec(spec)
 
         async def create() -> JobDetail:
             await self._check_fits_one_server(spec)
-            now = self.clock()
-            job = self._job_row(spec, now, None)
-            job.request_key = key
-            if not dry_run:
-                await self._insert_jobs([job], now)
+            async with self._within_quota(spec.user, 1, limited):
+                now = self.clock()
+                job = self._job_row(spec, now, None)
+                job.request_key = key
+                if not dry_run:
+                    await self._insert_jobs([job], now)
             return JobDetail(job, [])
 
         key = request_key(spec.user, request_id)
@@ -609,6 +644,7 @@ class SchedulerCore:
 
     async def submit_multi(
         self, name: str, specs: Sequence[common_pb2.JobSpec], dry_run: bool = False, request_id: str = "",
+        limited: bool = False,
     ) -> tuple[str, list[JobDetail]]:
         validate_members(name, len(specs))
         for i, spec in enumerate(specs):
@@ -631,8 +667,9 @@ class SchedulerCore:
                                                               f"give each member its own index (or none to number "
                                                               f"them by position)")
                 taken[job.array_index] = i
-            if not dry_run:
-                await self._insert_jobs(jobs, now, mj)
+            async with self._within_quota(specs[0].user, len(jobs), limited):
+                if not dry_run:
+                    await self._insert_jobs(jobs, now, mj)
             return mj.id, [JobDetail(j, []) for j in jobs]
 
         key = request_key(specs[0].user, request_id)

@@ -133,16 +133,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         own.user = ident.name
         return own
 
+    @staticmethod
+    def _limited() -> bool:
+        """The caller is held to --max-jobs-per-user: everyone but an operator (without
+        --auth token, each spec.user name a client gives is counted on its own)."""
+        return auth.current().role != "operator"
+
     @grpc_errors
     async def SubmitJob(self, request, context):  # type: ignore[no-untyped-def]
         detail = await self.core.submit(self._as_caller(request.spec), dry_run=request.dry_run,
-                                        request_id=request.request_id)
+                                        request_id=request.request_id, limited=self._limited())
         return scheduler_pb2.SubmitJobResponse(job=job_to_pb(detail))
 
     @grpc_errors
     async def SubmitMultiJob(self, request, context):  # type: ignore[no-untyped-def]
         specs = [self._as_caller(s) for s in request.jobs]
-        mj_id, details = await self.core.submit_multi(request.name, specs, request.dry_run, request.request_id)
+        mj_id, details = await self.core.submit_multi(request.name, specs, request.dry_run, request.request_id,
+                                                      limited=self._limited())
         return scheduler_pb2.SubmitMultiJobResponse(multi_job_id=mj_id, jobs=_bounded(details))
 
     @grpc_errors

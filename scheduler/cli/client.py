@@ -230,8 +230,10 @@ def describe_rpc_error(exc: grpc.RpcError, address: str) -> str:
         return f"the scheduler at {address} did not answer in time; is it overloaded or stuck?"
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return f"not signed in to the scheduler at {address}: {details}"
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:  # gRPC's own size check
         return f"too large: {_first_line(details)} (the scheduler takes requests up to 16 MiB)"
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # --max-jobs-per-user, open watches: says what to do
+        return f"refused: {details}"
     if code in _PREFIXES:
         return f"{_PREFIXES[code]}: {details}"
     name = code.name if code is not None else "ERROR"

@@ -19,7 +19,18 @@ SETTINGS_FLAGS = {
     "lease_s": "--lease", "checkpoint_interval_s": "--checkpoint-interval",
     "runtime_connect_deadline_s": "--runtime-connect-deadline", "checkpoint_wait_s": "--checkpoint-wait",
     "hang_after_s": "--hang-after", "hang_restart_after_s": "--hang-restart-after",
+    "max_jobs_per_user": "--max-jobs-per-user",
 }
+
+
+def _job_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0 (0: no limit)")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heartbeat-interval", type=positive_seconds, default=2.0, help="seconds between a helper's heartbeats (default 2)")
     p.add_argument("--lease", type=positive_seconds, default=None, help="a helper freezes its jobs after this many seconds without an answered heartbeat; at least 1 s shorter than --heartbeat-timeout so the two never overlap (default 60%% of it)")
     p.add_argument("--checkpoint-interval", type=non_negative_seconds, default=300.0, help="seconds between periodic checkpoints of each running migratable job (default 300; 0: none): a job whose server is lost resumes from its last one")
+    p.add_argument("--max-jobs-per-user", type=_job_count, default=1000, metavar="N",
+                   help="a user may have at most N jobs not yet ended (queued, running or suspended); "
+                   "a submission past it is refused (RESOURCE_EXHAUSTED) until some end. Operators are "
+                   "not limited; without --auth token each user name a client gives counts on its own "
+                   "(default 1000; 0: no limit)")
     p.add_argument("--checkpoint-wait", type=non_negative_seconds, default=60.0, metavar="S",
                    help="a queued job whose checkpoint is in the ramdisk of a server that is down waits up "
                    "to S seconds after that server's last heartbeat for it to come back, then starts "
@@ -119,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
                               checkpoint_interval_s=args.checkpoint_interval,
                               runtime_connect_deadline_s=args.runtime_connect_deadline,
                               checkpoint_wait_s=args.checkpoint_wait, hang_after_s=args.hang_after,
-                              hang_restart_after_s=args.hang_restart_after),
+                              hang_restart_after_s=args.hang_restart_after,
+                              max_jobs_per_user=args.max_jobs_per_user),
             policy_config=config,
             tick_s=args.tick,
             also_listen=tuple(args.also_listen),

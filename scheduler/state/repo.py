@@ -624,6 +624,12 @@ async def helper_agents(session: AsyncSession) -> list[tuple[str, str]]:
     return [(name, address) for name, address in rows.all()]
 
 
+def unfinished_jobs(session: Session, user: str) -> int:
+    """How many of ``user``'s jobs have not ended (queued, running, suspended, ...)."""
+    live = [s.value for s in JobState if s not in TERMINAL]
+    return session.scalar(select(func.count()).select_from(Job).where(Job.state.in_(live), Job.user == user)) or 0
+
+
 async def kept_checkpoints(session: AsyncSession, server: str) -> list[str]:
     """The checkpoints on ``server`` that the scheduler still needs: every unfinished job's
     restore point there (a parked or re-queued job resumes from it, possibly hours later)
