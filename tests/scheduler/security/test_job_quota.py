@@ -56,9 +56,9 @@ def test_a_user_past_max_jobs_per_user_is_refused_and_others_are_not(make_schedu
     assert len(mine) == 6  # five unfinished and the killed one
 
 
-def test_concurrent_submissions_cannot_both_pass_at_the_limit_minus_one(make_scheduler, sqlite_url, connect) -> None:  # type: ignore[no-untyped-def]
-    sched = make_scheduler(sqlite_url, tick_s=0.2, auth="token", settings=Settings(max_jobs_per_user=5))
-    token = make_token(sqlite_url, "alice")
+def test_concurrent_submissions_cannot_both_pass_at_the_limit_minus_one(make_scheduler, db_url, connect) -> None:  # type: ignore[no-untyped-def]
+    sched = make_scheduler(db_url, tick_s=0.2, auth="token", settings=Settings(max_jobs_per_user=5))
+    token = make_token(db_url, "alice")
     stubs = [scheduler_pb2_grpc.SchedulerStub(connect(sched.address, token)) for _ in range(4)]
     for _ in range(4):
         _submit(stubs[0])
