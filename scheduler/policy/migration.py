@@ -86,12 +86,12 @@ def _compact_target(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
     return best_fit(ledger, job.gpus, job, config)
 
 
-def movable(ledger: Ledger, job_id: str, state: GandivaState) -> bool:
+def movable(ledger: Ledger, job_id: str, state: GandivaState, pairs: bool = True) -> bool:
     """The job may be moved (or parked) this call: migratable, not changed by this call,
-    in no packing trial and no kept pair."""
+    in no packing trial and (unless ``pairs`` is False) no kept pair."""
     job = ledger.jobs[job_id]
     return (job.migratable and job_id not in ledger.changed and job_id not in state.trials
-            and job_id not in state.kept_pairs)
+            and not (pairs and job_id in state.kept_pairs))
 
 
 def _can_leave(ledger: Ledger, state: GandivaState, job_id: str) -> bool:
@@ -141,7 +141,7 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
             # each runs faster than packed, and waiting for the pair's turn while GPUs stand
             # idle is the worst of both); its partner then waits, or moves, on its own.
             partner = state.kept_pairs.get(job_id) if config.lower_kept_pairs else None
-            if not (movable(ledger, job_id, state) or (partner is not None and _pair_may_split(ledger, state, job_id))):
+            if not movable(ledger, job_id, state, pairs=partner is None):
                 continue
             target = _compact_target(ledger, ledger.jobs[job_id], config)
             if target is None:
@@ -154,12 +154,6 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
                 reason += f" (its kept pack with {partner} ends: each runs faster alone)"
             out.append(_move(ledger, job_id, target, reason))
     return out
-
-
-def _pair_may_split(ledger: Ledger, state: GandivaState, job_id: str) -> bool:
-    """The job is in a kept pair and otherwise free to move (``movable`` but for the pair)."""
-    job = ledger.jobs[job_id]
-    return job.migratable and job_id not in ledger.changed and job_id not in state.trials
 
 
 def consolidate(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
