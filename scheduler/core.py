@@ -1178,6 +1178,12 @@ class SchedulerCore:
         arrived while the database was unreachable (a PostgreSQL restart) or locked could
         not be recorded: every server used to be marked down the moment it was back, and
         every job in the cluster restarted."""
+        # Looked at here, with no await between it and the verdict: a stall (SIGSTOP, a
+        # paused VM) that began while the caller awaited the database was not seen by the
+        # caller's own check, and every server was called down the moment it ended.
+        self._check_stall()
+        if self.monotonic() - self.started_mono < self.settings.down_after_s:
+            return []
         return [srv for srv in servers if self._silence(srv.name) >= self.settings.down_after_s]
 
     async def server_leaving(self, name: str, instance: str = "") -> bool:

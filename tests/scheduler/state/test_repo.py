@@ -59,6 +59,37 @@ async def test_a_restarted_scheduler_waits_before_calling_a_silent_server_down(d
     await engine.dispose()
 
 
+async def test_a_stall_that_begins_while_a_round_awaits_the_database_takes_no_server_down(
+        core: SchedulerCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler stopped (SIGSTOP, a paused VM) for longer than `down_after_s` just as
+    a round awaited the database, after that round had checked for a stall: when it runs
+    again, its server is not called down (its helper gets a whole `down_after_s` to be
+    heard, as after any stall). It used to be, its jobs re-queued and their processes told
+    to exit (CI: test_scheduler_clock_jump)."""
+    mono = [100.0]
+    core.monotonic = lambda: mono[0]
+    core.started_mono = mono[0]
+    gpus = [common_pb2.Gpu(index=0, model="virtual")]
+    await core.register_server(helper_pb2.RegisterServerRequest(name="s1", gpus=gpus))
+    core._alive_at = mono[0]  # what watch_stalls does while the engine runs
+    mono[0] += core.settings.down_after_s + 1  # up long enough; s1 heard just now
+    core._heard["s1"] = core._alive_at = mono[0]
+    up_servers = repo.up_servers
+
+    async def stalled(s: object) -> object:
+        mono[0] += core.settings.down_after_s + 1  # stopped while awaiting the database
+        return await up_servers(s)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(repo, "up_servers", stalled)
+    assert await core.mark_stale_servers_down() == []
+    (load,) = await core.list_servers()
+    assert load.server.up
+    # Still silent a whole down_after_s after the stall: down.
+    monkeypatch.setattr(repo, "up_servers", up_servers)
+    core._alive_at = mono[0] = mono[0] + core.settings.down_after_s
+    assert await core.mark_stale_servers_down() == ["s1"]
+
+
 async def test_invalid_submission_writes_nothing(core: SchedulerCore) -> None:
     with pytest.raises(InvalidArgument) as err:
         await core.submit(spec(3))
