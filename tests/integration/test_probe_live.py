@@ -178,8 +178,12 @@ def test_a_server_handed_to_a_crowded_gpu_count_parks_its_job_which_resumes_bit_
     jobs are the more crowded count (11 jobs on 2 GPUs against 2 on 2 GPU sets), but a 2-GPU
     job cannot move into another group of its size (the other is full), so one 2-GPU server
     is handed over by parking its job: checkpointed, queued again holding nothing, and two of
-    the queued 1-GPU jobs start on its GPUs. The other 2-GPU job keeps its server (handing it
-    over too would leave the 2-GPU jobs more crowded than the 1-GPU jobs). Once a server is
+    the queued 1-GPU jobs start on its GPUs. The other 2-GPU job keeps its server then (handing
+    it over too would leave the 2-GPU jobs more crowded than the 1-GPU jobs). Later it may be
+    handed over too (CI saw it once, 40 s in), as the rule lets a count's last group go: if
+    the first two 1-GPU jobs end in one round, the parked job, first in the queue, takes
+    their server; with nine 1-GPU jobs left on two GPUs a hand-over is due again, and the
+    parked job, just placed, may not move, so the other 2-GPU job's server goes. Once a server is
     free again the parked job is launched from its checkpoint (through the helpers' shared
     root; without one it is streamed over first, as the newcomer test above checks) and
     ends with the variables of an uninterrupted run; every job succeeds."""
@@ -219,13 +223,14 @@ def test_a_server_handed_to_a_crowded_gpu_count_parks_its_job_which_resumes_bit_
     assert "hand" in reason and "to the 1-GPU jobs" in reason and "/park-" in reason, story
     assert int(re.search(r"\(step (\d+),", reason).group(1)) >= 200, story  # type: ignore[union-attr]
     # Two of the queued 1-GPU jobs run on the GPUs the parked job left; the other 2-GPU job
-    # is never parked.
+    # was not parked with it.
     cluster.wait_for(lambda: sum(1 for j in ones if {g.server for g in cluster.job(j).placement} == {"b"}) == 2, 60)
     kept = twos[1]
+    everything = "\n\n".join(_story(cluster.job(j)) for j in [*twos, *ones])
+    assert not any(t.to_state == QUEUED for t in cluster.job(kept).history[1:]), everything
     jobs = cluster.wait_for(lambda: (js := [cluster.job(j) for j in ones])
                             and all(j.state == SUCCEEDED for j in js) and js, 300)
     assert [j.steps for j in jobs] == [500] * 11
-    assert not any(t.to_state == QUEUED for t in cluster.job(kept).history[1:]), _story(cluster.job(kept))
     cluster.wait_for(lambda: cluster.job(twos[0]).state == SUCCEEDED, 240)
     done = cluster.job(twos[0])
     assert "resuming from" in done.history[-2].reason and "/park-" in done.history[-2].reason, _story(done)
