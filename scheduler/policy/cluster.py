@@ -24,7 +24,8 @@ from scheduler.policy.types import ClusterSnapshot, GpuRef, JobView, ServerView
 
 Placement = tuple[GpuRef, ...]
 # Queue order: higher priority first, then earlier submission, then id.
-QueueKey = tuple[int, float, str]
+# (-priority or 0, submitted_at, arrival, job id): the job id is always last (key[-1]).
+QueueKey = tuple[int, float, int, str]
 
 
 # The states balance_sizes counts as waiting for GPUs.
@@ -32,12 +33,12 @@ WAITING = frozenset(("QUEUED", "SUSPENDED"))
 
 def queue_key(job: JobView) -> QueueKey:
     """Where a queued job stands in the queue (smaller goes first)."""
-    return (-job.priority, job.submitted_at, job.id)
+    return (-job.priority, job.submitted_at, job.arrival, job.id)
 
 
 def arrival_key(job: JobView) -> QueueKey:
     """Arrival order only (first come, first served; priorities ignored)."""
-    return (0, job.submitted_at, job.id)
+    return (0, job.submitted_at, job.arrival, job.id)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -316,7 +317,7 @@ class Ledger:
             if best is None:
                 return
             pos = best
-            yield self.jobs[best[2]]
+            yield self.jobs[best[-1]]
 
     def first_queued(self, max_gpus: int | None = None) -> QueueKey | None:
         """The first queued job in queue order (of at most ``max_gpus`` GPUs), by key."""

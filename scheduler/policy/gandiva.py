@@ -227,11 +227,11 @@ class GandivaPolicy(Policy):
             if blocker is None and block_s is not None:
                 # Only a job that fits one server blocks: it can use GPUs a group frees.
                 head = ledger.first_queued(top)
-                if head is not None and head[2] != job.id and now - ledger.jobs[head[2]].submitted_at >= block_s:
-                    blocker = head[2]  # it stays first for the rest of this walk
+                if head is not None and head[-1] != job.id and now - ledger.jobs[head[-1]].submitted_at >= block_s:
+                    blocker = head[-1]  # it stays first for the rest of this walk
             if large_head is None and large_s is not None and job.gpus > top:
                 head = ledger.first_queued(top)
-                if head is not None and now - ledger.jobs[head[2]].submitted_at >= large_s:
+                if head is not None and now - ledger.jobs[head[-1]].submitted_at >= large_s:
                     large_head = head  # it stays the one for the rest of this walk
             at = ledger.order(job)
             cand = None
@@ -253,8 +253,8 @@ class GandivaPolicy(Policy):
                         why = (f"job {blocker} has waited {now - ledger.jobs[blocker].submitted_at:.0f}s; "
                                f"until it runs, later jobs do not join time-slice groups ({why})")
                     elif large_head is not None and shut(job.gpus) and self._reserved is None:
-                        why = (f"job {large_head[2]} fits one server and has waited "
-                               f"{now - ledger.jobs[large_head[2]].submitted_at:.0f}s; until it runs, jobs "
+                        why = (f"job {large_head[-1]} fits one server and has waited "
+                               f"{now - ledger.jobs[large_head[-1]].submitted_at:.0f}s; until it runs, jobs "
                                f"larger than a server ({top} GPUs) queued after it do not join time-slice "
                                f"groups ({why})")
                     out.append(Queue(job.id, why))
@@ -292,7 +292,7 @@ class GandivaPolicy(Policy):
         # (else first turns would keep the large groups from draining for it).
         top, now = ledger.max_server_gpus, ledger.snapshot.now
         head = ledger.first_queued(top)
-        waited = now - ledger.jobs[head[2]].submitted_at if head is not None else -math.inf
+        waited = now - ledger.jobs[head[-1]].submitted_at if head is not None else -math.inf
         share_shut = cfg.share_block_after_s is not None and waited >= cfg.share_block_after_s
         large_shut = cfg.large_block_after_s is not None and waited >= cfg.large_block_after_s
         for size in sorted(ledger.queued_by_size):
@@ -308,7 +308,7 @@ class GandivaPolicy(Policy):
             for key in list(ledger.queued_by_size.get(size, ())):
                 if head is not None and key > head and (share_shut or (large_shut and size > top)):
                     break  # behind the head in queue order, as is every later key of this size
-                job = ledger.jobs[key[2]]
+                job = ledger.jobs[key[-1]]
                 if job.steps or job.attained_service_s or ledger.state[job.id] != "QUEUED":
                     continue  # it has run before: it gets a turn when its group has room
                 fit = next((g for g in groups if host_ok(ledger, job, g, cfg)), None)

@@ -186,7 +186,7 @@ MAKE_ROOM_RECHECK_S = 5.0
 def make_room(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
     out: list[Decision] = []
     key = ledger.first_queued(ledger.max_server_gpus)
-    first = ledger.jobs[key[2]] if key is not None else None
+    first = ledger.jobs[key[-1]] if key is not None else None
     if first is None or ledger.total_free() < first.gpus:
         return out
     if ledger.max_free() >= first.gpus:
@@ -434,10 +434,10 @@ def gather_large(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     lend = None
     if config.probe_slices:
         firsts = [key for k in large for key in ledger.queued_by_size.get(k, ())[:64]
-                  if not (ledger.jobs[key[2]].steps or ledger.jobs[key[2]].attained_service_s)]
+                  if not (ledger.jobs[key[-1]].steps or ledger.jobs[key[-1]].attained_service_s)]
         if not firsts:
             return []
-        lend = min(firsts)[2]
+        lend = min(firsts)[-1]
         size = ledger.jobs[lend].gpus
     # Servers in units that empty together (an idle server; a server of one less crowded
     # GPU count with every server its jobs span), the fewest jobs to move first.
@@ -539,9 +539,9 @@ def _empty_held(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
             out += _refill(ledger, state, config, donors, budget - len(out), why)
         return out
     key = ledger.next_queued(size)
-    if key is not None and host_ok(ledger, ledger.jobs[key[2]], gpus, config):
-        ledger.bind(key[2], gpus, "RUNNING")
-        out.append(Place(key[2], gpus, reason=why))
+    if key is not None and host_ok(ledger, ledger.jobs[key[-1]], gpus, config):
+        ledger.bind(key[-1], gpus, "RUNNING")
+        out.append(Place(key[-1], gpus, reason=why))
         return out
     for job_id in _suspended_movers(ledger, state, size):
         if host_ok(ledger, ledger.jobs[job_id], gpus, config):
@@ -637,11 +637,11 @@ def _fill(ledger: Ledger, state: GandivaState, config: PolicyConfig, servers: li
         key = ledger.next_queued(size)
         if key is None:
             break
-        if not host_ok(ledger, ledger.jobs[key[2]], sets[0], config):
+        if not host_ok(ledger, ledger.jobs[key[-1]], sets[0], config):
             break
         gpus = sets.pop(0)
-        ledger.bind(key[2], gpus, "RUNNING")
-        out.append(Place(key[2], gpus, reason=why))
+        ledger.bind(key[-1], gpus, "RUNNING")
+        out.append(Place(key[-1], gpus, reason=why))
     for job_id in _suspended_movers(ledger, state, size):
         if not sets or budget <= 0:
             break

@@ -168,9 +168,12 @@ def _next_unit(ledger: Ledger, units: list[tuple[str, ...]], running: tuple[str,
                rank: Callable[[tuple[str, ...]], tuple[int, float]] | None = None) -> tuple[str, ...]:
     """The unit to run next; ``served`` (las_slices): each unit's ``_served`` now; ``rank``:
     the order of ``_rank`` when a bucket or starvation rule is on."""
-    def waited(u: tuple[str, ...]) -> tuple[float, int, tuple[str, ...]]:
-        # The unit suspended longest goes next; higher priority breaks ties.
-        return (min(ledger.jobs[j].last_state_change_at for j in u), -max(ledger.jobs[j].priority for j in u), u)
+    def waited(u: tuple[str, ...]) -> tuple[float, int, tuple[float, int], tuple[str, ...]]:
+        # The unit suspended longest goes next; higher priority breaks ties, then arrival
+        # (jobs suspended together, placed in one call: ids as text put t-10 before t-2).
+        jobs = [ledger.jobs[j] for j in u]
+        return (min(v.last_state_change_at for v in jobs), -max(v.priority for v in jobs),
+                min((v.submitted_at, v.arrival) for v in jobs), u)
 
     if rank is not None:
         ranks = {u: rank(u) for u in units}

@@ -215,7 +215,7 @@ class TiresiasPolicy(Policy):
                 qs.pend[q].refile(view.id, view.gpus)
         fresh = [v for v in views if v.id not in qs.qid]
         # A fresh policy meets running jobs too: running first, then by arrival.
-        for view in sorted(fresh, key=lambda v: (v.state != "RUNNING", v.submitted_at, v.id)):
+        for view in sorted(fresh, key=lambda v: (v.state != "RUNNING", v.submitted_at, v.arrival, v.id)):
             attained = view.attained_at(snapshot.now)
             q = sum(1 for t in limits if attained >= t)
             qs.qid[view.id] = q

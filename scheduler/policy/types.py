@@ -99,6 +99,9 @@ class JobView:
     multi_job: the id of the hyper-parameter multi-job it belongs to, if any.
     suspendable: False when the scheduler cannot stop the job at a mini-batch boundary
         (no process of it connected a runtime); such a job holds its GPUs alone.
+    arrival: the job's place among jobs submitted at the same ``submitted_at`` (a
+        trace's row order in the simulator): queues break such ties by it, then by id.
+        Ties used to go by id as text, so a trace's t-10 ran before its t-2.
     """
 
     id: str
@@ -121,6 +124,7 @@ class JobView:
     base_gpus: int | None = None
     model: str = ""
     multi_job: str | None = None
+    arrival: int = 0
 
     def __post_init__(self) -> None:
         if self.state not in JOB_STATES:

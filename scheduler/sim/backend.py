@@ -52,6 +52,7 @@ class SimJob:
     profile: JobProfile
     state: str = "QUEUED"
     placement: tuple[GpuRef, ...] = ()
+    arrival: int = 0  # its place in the replay's arrivals (JobView.arrival)
     anchor_t: float = 0.0
     anchor_steps: float = 0.0
     attained_anchor: float = 0.0

@@ -152,7 +152,7 @@ class Simulator:
             steps=int(job.steps_at(now)), rate=job.rate if job.state == "RUNNING" else job.last_rate,
             grow_shrink=spec.grow_shrink, profile=job.profile, last_state_change_at=job.last_change,
             attained_service_s=job.attained_at(now), reported_at=now, base_gpus=spec.num_gpus, model=spec.model,
-            multi_job=spec.multi_job,
+            multi_job=spec.multi_job, arrival=job.arrival,
         )
 
     def _snapshot(self, now: float, active: dict[str, SimJob], views: dict[str, JobView]) -> ClusterSnapshot:
@@ -215,6 +215,7 @@ class Simulator:
                 changed.add(job.spec.id)
             while i < len(specs) and specs[i].submit_time <= t:
                 job = self._new_job(specs[i])
+                job.arrival = i  # the trace's order breaks ties of submit time
                 backend.add(job, t)
                 active[job.spec.id] = job
                 backend.view_dirty.add(job.spec.id)
