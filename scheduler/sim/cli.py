@@ -353,8 +353,6 @@ def _run(args: argparse.Namespace) -> int:
     if unknown:
         err.print(f"[yellow]note:[/yellow] {len(unknown)} model name(s) not in {escape(str(model.source))} "
                   f"(e.g. {escape(repr(unknown[0]))}); they run with the default model's figures")
-    if args.trace is not None:
-        _note_ties_out_of_order(jobs, err)
     _note_sub_step_jobs(jobs, model, err)
     _note_extrapolated_rates(jobs, model, err)
     _note_spread_jobs(jobs, servers, model, err)
@@ -438,22 +436,6 @@ def _jobs_with_a_rate(jobs: list[JobSpec], servers: tuple, model: MechanismModel
         raise ValueError(f"no job can be replayed: {count} have {why}; choose {fix}")
     err.print(f"[yellow]note:[/yellow] --skip-invalid left out {count} that have {escape(why)}")
     return kept, len(rateless)
-
-
-def _note_ties_out_of_order(jobs: list[JobSpec], err: Any) -> None:
-    """Say when jobs submitted at the same time will be queued in another order than the
-    trace's: the policies break such ties by job id as text (``T-10`` before ``T-2``), so a
-    first-come-first-served replay of them is not the file's order (docs: known limit)."""
-    groups: dict[float, list[JobSpec]] = {}
-    for job in jobs:  # the reader's order: by submit time, ties in the file's order
-        groups.setdefault(job.submit_time, []).append(job)
-    moved = [g for g in groups.values() if len(g) > 1 and [j.id for j in g] != sorted(j.id for j in g)]
-    if moved:
-        filed = [j.id for j in moved[0]]
-        ahead, behind = next((a, b) for a, b in zip(sorted(filed), filed, strict=True) if a != b)
-        err.print(f"[yellow]note:[/yellow] {sum(len(g) for g in moved):,} job(s) share a submit time with others "
-                  f"and are queued by job id, not in the trace's order (e.g. {escape(ahead)} before "
-                  f"{escape(behind)}, submitted at once)")
 
 
 def _note_sub_step_jobs(jobs: list[JobSpec], model: MechanismModel, err: Any) -> None:
