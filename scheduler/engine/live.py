@@ -986,6 +986,9 @@ def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None,
         reported_at=job.state_changed_at if job.state == JobState.RUNNING.value else None,
         base_gpus=job.gpus,
         multi_job=job.multi_job_id,
+        # A multi-job's members share one submit time: its index breaks the tie (by id,
+        # random, a sweep's members were queued in any order).
+        arrival=job.array_index or 0,
     )
 
 

@@ -237,7 +237,7 @@ async def known_job_ids(session: AsyncSession, ids: Iterable[str]) -> set[str]:
 SNAPSHOT_COLUMNS = (
     Job.id, Job.gpus, Job.priority, Job.state, Job.submitted_at, Job.steps, Job.rate,
     Job.grow_shrink, Job.migratable, Job.suspendable, Job.state_changed_at, Job.attained_service_s,
-    Job.multi_job_id, Job.held, Job.fenced_until, Job.grow_shrink_note,
+    Job.multi_job_id, Job.held, Job.fenced_until, Job.grow_shrink_note, Job.array_index,
 )
 _UNFINISHED = [s.value for s in JobState if not s.terminal]
 
