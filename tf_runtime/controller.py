@@ -223,6 +223,11 @@ class Controller:
         self.job_start_step: int | None = None
         # Warm with rehearsal: hold before the next run after the restore point.
         self._warm_pending = False
+        # The thread rehearsing and holding for it (until the restore is done), and how
+        # many other threads' reads and training runs wait for that (see _wait_for_warm).
+        self._warm_thread: threading.Thread | None = None
+        self._warm_done = threading.Condition()
+        self._warm_waiting = 0
         # Whether the save op's executors exist (a rehearsal or a save built them).
         self._save_built = not settings.prebuild_save
         self._lock = threading.Lock()  # serialises binding and command application
@@ -421,9 +426,10 @@ class Controller:
             # this run, so it sees the restored step, not its own checkpoint's.
             self._restore_again = False
             self._restore(adapter, self.settings.restore_dir, partial=True)
-        if not self._warm_pending or adapter is not self.adapter or self.trained:
+        if info.reads_global_step or info.is_training:
+            self._wait_for_warm()
+        if not self._take_warm_pending(adapter):
             return
-        self._warm_pending = False
         step = None
         if self.settings.warm_signature:
             step = adapter.signature_step(self.settings.warm_signature)
@@ -441,6 +447,8 @@ class Controller:
         that restores its own checkpoint, MonitoredSession restoring from its dir).
         `rehearse` runs this very training run on the ungated session (warm mode).
         """
+        if before and info.is_training:
+            self._wait_for_warm()
         self.saw_run(adapter, info)
         if not before and info.changes_state and not (
                 info.initializes_some or info.initializes or info.restores):
@@ -474,10 +482,9 @@ class Controller:
                 if isinstance(self._unfit, TowersChanged):
                     self._refuse_towers(self._unfit)
                 raise self._unfit  # never train from the program's own start
-            if self._warm_pending:
+            if self._take_warm_pending(adapter):
                 # Nothing ran since the restore point: the program's own first training
                 # run is rehearsed exactly, and it read nothing the restore changes.
-                self._warm_pending = False
                 self._warm_first_step(adapter, rehearse)
             elif self._restore_again and self.settings.restore_dir:
                 self._restore(adapter, self.settings.restore_dir, partial=True)
@@ -688,7 +695,43 @@ class Controller:
             self._refuse_towers(TowersChanged("the launch this one would replace",
                                               self.settings.source_towers, towers))
 
+    def _take_warm_pending(self, adapter: SessionAdapter) -> bool:
+        """Whether this thread is the one to rehearse and hold (once per process): it
+        then holds the others' reads and training runs until the restore is done."""
+        with self._warm_done:
+            if not self._warm_pending or adapter is not self.adapter or self.trained:
+                return False
+            self._warm_pending = False
+            self._warm_thread = threading.current_thread()
+            return True
+
+    def _wait_for_warm(self) -> None:
+        """Another thread's read of the step or training run waits while a warm process
+        rehearses and holds. Before, only the gate held them, closed once the rehearsal
+        was over: a program whose evaluation thread ran first after the restore point
+        (so that thread held) read the warm process's own step 0 in its training thread
+        meanwhile, and its migrated copy trained on the first mini-batches again (other
+        weights). Runs that only feed input (queue runners) go on: the rehearsal may
+        need them."""
+        with self._warm_done:
+            if self._warm_thread is None or self._warm_thread is threading.current_thread():
+                return
+            self._warm_waiting += 1
+            try:
+                while self._warm_thread is not None:
+                    self._warm_done.wait()
+            finally:
+                self._warm_waiting -= 1
+
     def _warm_first_step(self, adapter: SessionAdapter, rehearse: Callable[[], Any] | None) -> None:
+        try:
+            self._rehearse_and_hold(adapter, rehearse)
+        finally:
+            with self._warm_done:
+                self._warm_thread = None
+                self._warm_done.notify_all()
+
+    def _rehearse_and_hold(self, adapter: SessionAdapter, rehearse: Callable[[], Any] | None) -> None:
         """Warm mode: rehearse the first training run, hold, restore, go on.
 
         Called right before the program's first training run when nothing ran since

@@ -399,6 +399,47 @@ def test_warm_process_holds_before_the_program_reads_the_step(tmp_path: Path,
     assert ("warm_step_s" in events[1]) == bool(rehearsed)
 
 
+def test_a_warm_process_held_by_another_thread_holds_the_training_threads_read(
+        tmp_path: Path) -> None:
+    """A program whose evaluation thread makes the first run after the restore point
+    (so that thread rehearses and holds) while its training thread reads the step: the
+    read waits for the restore and sees the checkpoint's step. Before, the gate closed
+    only after the rehearsal, the read went through meanwhile and saw the warm process's
+    own 0: the migrated copy trained on the first mini-batches again (other weights)."""
+    world, status_r, control_w = warm_world(tmp_path, warm_step=True)
+    world.controller.settings.warm_signature = "train"
+    world.run("init")
+    rehearsing, release = threading.Event(), threading.Event()
+    rehearse = world.adapter.rehearse
+
+    def slow_rehearse(step: object) -> dict[str, float]:
+        rehearsing.set()
+        release.wait(60)
+        return rehearse(step)  # type: ignore[arg-type]
+
+    world.adapter.rehearse = slow_rehearse  # type: ignore[method-assign]
+    evaluator = threading.Thread(target=world.run, args=("eval",))
+    evaluator.start()  # takes the hold: rehearses, then holds
+    assert rehearsing.wait(60)
+    read: list[object] = []
+    reader = threading.Thread(target=lambda: read.append(world.run("read_gs")))
+    reader.start()
+    deadline = time.monotonic() + 60
+    while reader.is_alive() and world.controller._warm_waiting == 0 and \
+            time.monotonic() < deadline:
+        time.sleep(0.001)
+    release.set()
+    t, seen = activate_when_held(world, control_w, tmp_path / "ck")
+    reader.join(60)
+    evaluator.join(60)
+    t.join(60)
+    assert read == [4]  # the checkpoint's step, not the warm process's 0
+    assert seen == {"rehearsals": 1, "step": 0}  # rehearsed and undone before the hold
+    assert world.run("train") == [1 / 5] and world.sess.step == 5
+    assert [e["event"] for e in status_events(world, status_r)] == [
+        "session_ready", "warm_ready", "restored", "first_step_done"]
+
+
 def test_first_training_run_is_reported_as_a_signature(world: FakeWorld) -> None:
     start_training(world, steps=3)
     assert world.channel.signatures == ["train"]  # once, at the first training run
