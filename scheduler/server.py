@@ -169,6 +169,10 @@ class SchedulerServer:
                 raise OSError(f"--db {_redact(self.db_url)}: cannot reach the database "
                               f"({exc.strerror or exc}); is it running, and is the URL right?") from None
             raise ValueError(f"--db {_redact(self.db_url)}: {_db_trouble(exc)}") from None
+        except migrate.SchemaTooNew as exc:
+            await self.db.dispose()
+            await _aiosqlite_threads_ended()
+            raise ValueError(f"--db {_redact(self.db_url)}: {exc}") from None
         # Innermost: a request that is not its method's message is INVALID_ARGUMENT, not UNKNOWN.
         interceptors = [*self.interceptors, MalformedRequestInterceptor()]
         authenticator = auth.Authenticator(self.core.read_sessions) if self.auth == "token" else None

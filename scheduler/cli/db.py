@@ -57,6 +57,7 @@ def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create
 
     from scheduler.errors import GandivaError, InvalidArgument
     from scheduler.server import _db_trouble, _redact, check_db_url
+    from scheduler.state import migrate
     from scheduler.state.db import make_engine
 
     async def go() -> str:
@@ -82,6 +83,9 @@ def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create
         # make_engine names the field `db`: say it as the flag.
         text = f"--{err}" if isinstance(err, InvalidArgument) and err.field == "db" else str(err)
         print(f"{prog}: {text}", file=sys.stderr)
+        return 2
+    except migrate.SchemaTooNew as err:  # before CommandError: say which gandiva to use
+        print(f"{prog}: --db {_redact(url)}: {err}", file=sys.stderr)
         return 2
     except CommandError as err:  # a revision that is not there, or not reachable from here
         print(f"{prog}: {err}; revisions: base, {', '.join(_revisions())} (head)", file=sys.stderr)

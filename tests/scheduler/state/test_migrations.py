@@ -87,3 +87,57 @@ async def test_host_memory_revision_keeps_servers_and_profiles(db_url: str) -> N
     finally:
         await engine.dispose()
 
+
+
+async def _set_revision(engine, revision: str) -> None:  # type: ignore[no-untyped-def]
+    async with engine.begin() as conn:
+        await conn.execute(text("update alembic_version set version_num = :r"), {"r": revision})
+
+
+async def test_database_from_a_newer_gandiva_is_refused_untouched(db_url: str) -> None:
+    """A schema revision this code does not have (the software was downgraded): every
+    migration refuses it naming the revision and what to do, and changes nothing."""
+    import pytest
+
+    from protos.gandiva.v1 import common_pb2
+    from scheduler.core import SchedulerCore
+
+    engine = make_engine(db_url)
+    try:
+        await migrate.upgrade(engine)
+        core = SchedulerCore(engine)
+        await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))
+        await _set_revision(engine, "0099_from_the_future")
+        for step in (migrate.upgrade(engine), migrate.downgrade(engine, "base")):
+            with pytest.raises(migrate.SchemaTooNew, match="0099_from_the_future.*newer gandiva"):
+                await step
+        assert await migrate.current(engine) == "0099_from_the_future"
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("select count(*) from jobs"))).scalar() == 1
+    finally:
+        await engine.dispose()
+
+
+def test_scheduler_refuses_a_newer_schema_in_one_line(sqlite_url: str) -> None:
+    """`gandiva scheduler` on a database a newer gandiva upgraded: exit 2, one line naming
+    --db, the revision and what to do; no traceback."""
+    import asyncio
+    import subprocess
+    import sys
+
+    async def prepare() -> None:
+        engine = make_engine(sqlite_url)
+        try:
+            await migrate.upgrade(engine)
+            await _set_revision(engine, "0099_from_the_future")
+        finally:
+            await engine.dispose()
+
+    asyncio.run(prepare())
+    done = subprocess.run(
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0", "--db", sqlite_url],
+        check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "0099_from_the_future" in done.stderr and "gandiva db downgrade" in done.stderr
+    assert "gandiva scheduler: --db " in done.stderr
