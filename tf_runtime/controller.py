@@ -223,6 +223,7 @@ class Controller:
         self.job_start_step: int | None = None
         # Warm with rehearsal: hold before the next run after the restore point.
         self._warm_pending = False
+        self._warm_armed = False  # the session to hold in is bound
         # The thread rehearsing and holding for it (until the restore is done), and how
         # many other threads' reads and training runs wait for that (see _wait_for_warm).
         self._warm_thread: threading.Thread | None = None
@@ -616,15 +617,21 @@ class Controller:
             self.adapter = adapter
             if first:
                 self._event("session_ready", t=time.time())
-                if self.settings.warm and not self.settings.warm_step and \
-                        self.settings.source_towers:
+            # A warm process holds in the first session bound whose graph has a global
+            # step: a job's step before training (a preprocessing script run before the
+            # trainer, a session of its own with variables of its own) used to hold, be
+            # activated in place of the trainer and leave the trainer waiting for an
+            # activation that never came.
+            if self.settings.warm and not self._warm_armed and adapter.has_global_step():
+                self._warm_armed = True
+                if not self.settings.warm_step and self.settings.source_towers:
                     self._check_source_towers(adapter)  # it holds right here
-                if self.settings.warm and self.settings.warm_step:
+                if self.settings.warm_step:
                     if self.settings.control_fd is None:
                         raise RuntimeError("GANDIVA_WARM=1 needs GANDIVA_CONTROL_FD "
                                            "(the helper's control pipe)")
                     self._warm_pending = True  # hold at the first training step instead
-                elif self.settings.warm:
+                else:
                     self._warm_hold()
             if self.settings.restore_dir:
                 self._restore_at_bind(adapter, training)

@@ -29,7 +29,7 @@ from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import io_ops
 
-from .chain import RunInfo
+from .chain import FirstRun, RunInfo
 from .checkpoint import (
     PREFIX,
     CheckpointError,
@@ -336,6 +336,12 @@ class Checkpointer:
             finally:
                 if finalized:
                     self._graph.finalize()
+
+
+# ConditionalAccumulator takes: they wait for the program's own applies.
+_ACCUMULATOR_TAKES = frozenset({"AccumulatorTakeGradient", "ResourceAccumulatorTakeGradient",
+                                "SparseAccumulatorTakeGradient",
+                                "ResourceSparseAccumulatorTakeGradient"})
 
 
 def _scratch_dir(kind: str) -> Path:
@@ -710,6 +716,13 @@ class TFSessionAdapter:
         no checkpoint holds is not undone: input iterators and queues (one batch
         consumed), stateful random ops (their sequence advanced once).
         """
+        taken = self._takes_from_accumulator(getattr(step, "fetches", None))
+        if taken:
+            # A take blocks until the program's own runs applied enough gradients (an empty
+            # accumulator in a warm process: it used to block there for good, never ready),
+            # and what it takes is in no checkpoint, so the rehearsal could not undo it.
+            raise RuntimeError(f"the training run takes from a ConditionalAccumulator "
+                               f"({taken}), which only the program's own runs fill")
         ckpt = self.checked_checkpointer()
         scratch = _scratch_dir("rehearsal")
         try:
@@ -768,7 +781,25 @@ class TFSessionAdapter:
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("warm: the training run's signature does not fit this graph (%s)", exc)
             return None
-        return lambda: self._run(fetches, feeds, options, None)
+        return FirstRun(fetches, feeds, options, self._run)
+
+    def _takes_from_accumulator(self, fetches: Any) -> str:
+        """The accumulator take (`ConditionalAccumulator.take_grad`) a run of `fetches`
+        reaches, as "type op 'name'", or ""."""
+        if fetches is None:
+            return ""
+        roots = []
+        for leaf in flatten(fetches):
+            try:
+                el = self.graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
+            except (TypeError, ValueError, KeyError):
+                return ""
+            roots.append(el if isinstance(el, tf.Operation) else el.op)
+        _, seen = self._walk(roots)
+        for op in sorted(seen, key=lambda o: o.name):
+            if op.type in _ACCUMULATOR_TAKES:
+                return f"{op.type} op '{op.name}'"
+        return ""
 
     def prebuild_save(self) -> float:
         """Save once into a scratch directory (deleted) so the save op's executors exist."""

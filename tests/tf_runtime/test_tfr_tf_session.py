@@ -1597,3 +1597,93 @@ def test_moving_averages_updated_in_a_run_of_their_own_fed_the_steps_batch_end_t
         assert acks(ctl)[0].ok and acks(ctl)[0].step == 3, acks(ctl)[0]
     np.testing.assert_array_equal(
         tf.train.load_variable(str(tmp_path / "ck" / "model"), "moving_mean"), expected)
+
+
+def test_a_warm_process_whose_training_run_takes_from_an_accumulator_holds_unrehearsed(
+        tmp_path: Path) -> None:
+    """Gradient accumulation through `ConditionalAccumulator`: micro-batch runs apply
+    gradients, the training run takes their mean (`take_grad(2)`) and advances the step.
+    A pre-warmed destination rehearsing that run from the source's signature found its
+    accumulator empty and blocked in the take for good (never ready, the pre-warm timed
+    out). Now it holds without a rehearsal, and after activation trains on normally."""
+    import json
+
+    g = tf.Graph()
+    with g.as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        x = tf.compat.v1.placeholder(tf.float32, [3])
+        grad = tf.gradients(tf.reduce_sum(w * x), w)[0]
+        acc = tf.compat.v1.ConditionalAccumulator(tf.float32, shape=[3])
+        apply_grad = acc.apply_grad(grad, local_step=gs)
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+            [(acc.take_grad(2), w)], global_step=gs)
+        init = tf.compat.v1.global_variables_initializer()
+    control_r, control_w = os.pipe()
+    os.write(control_w, b'{"cmd": "activate"}\n')  # read once it holds
+    signature = json.dumps({"fetches": [train.name], "feeds": {}, "options": ""})
+    ctl = Controller(Settings(job_id="t", warm=True, warm_step=True, control_fd=control_r,
+                              warm_signature=signature),
+                     channel=FakeChannel(), exit_fn=lambda code: None)
+    shim.install(ctl)
+    done: list[Any] = []
+
+    def program() -> None:
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(init)
+            step = sess.run(gs)  # the warm process holds before this read
+            while step < 2:
+                for i in range(2):
+                    sess.run(apply_grad, {x: np.full(3, step * 2 + i + 1, np.float32)})
+                sess.run(train)
+                step = sess.run(gs)
+            done.append(sess.run(w))
+
+    try:
+        t = threading.Thread(target=program, daemon=True)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "the warm process blocked in its rehearsal"
+    finally:
+        shim.uninstall()
+        os.close(control_w)
+    # Two steps of the mean gradient: 1 - 0.1 * (1.5 + 3.5) = 0.5.
+    assert done and done[0].tolist() == pytest.approx([0.5] * 3)
+
+
+def test_a_warm_process_holds_in_the_training_graph_not_in_a_step_before_it(
+        tmp_path: Path) -> None:
+    """A job whose command runs a preprocessing step with TensorFlow first (its own
+    session, a non-trainable variable of its own, no global step), then the trainer: in
+    a pre-warmed launch the preprocessing session used to hold, be activated and have the
+    checkpoint restored into it, and the trainer read its own step 0 (other data). Now the
+    hold is in the first session bound whose graph has a global step."""
+    import json
+
+    g, gs, train, init, _ = trainable_graph(1)
+    with shimmed(), session(g) as sess:
+        saved_after_one_step(sess, init, train, tmp_path / "ck")
+    prep = tf.Graph()
+    with prep.as_default():
+        d = tf.compat.v1.placeholder(tf.float32, [None])
+        total = tf.compat.v1.get_variable("total", initializer=0.0, trainable=False)
+        add = total.assign_add(tf.reduce_sum(d))
+        prep_init = tf.compat.v1.global_variables_initializer()
+    control_r, control_w = os.pipe()
+    os.write(control_w, json.dumps({"cmd": "activate", "restore_checkpoint": str(tmp_path / "ck")})
+             .encode() + b"\n")
+    ctl = Controller(Settings(job_id="t", warm=True, warm_step=True, control_fd=control_r),
+                     channel=FakeChannel(), exit_fn=lambda code: None)
+    shim.install(ctl)
+    try:
+        with tf.compat.v1.Session(graph=prep) as sess:
+            sess.run(prep_init)
+            assert sess.run(add, {d: [1.0, 2.0]}) == 3.0  # no hold, no restore here
+        with session(g) as sess:
+            sess.run(init)
+            assert sess.run(gs) == 1  # held before this read, restored: the checkpoint's step
+            sess.run(train)
+            assert sess.run(gs) == 2
+    finally:
+        shim.uninstall()
+        os.close(control_w)
