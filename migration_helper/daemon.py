@@ -47,6 +47,11 @@ PERMANENT = frozenset({
 })
 
 
+# What the scheduler's refusal of a second helper under one --server-name says
+# (scheduler.core.SchedulerCore.register_server).
+NAME_HELD = "is held by another live helper"
+
+
 class SessionEnded(Exception):
     """The scheduler no longer knows this server, or closed the command stream."""
 
@@ -251,11 +256,30 @@ class HelperDaemon:
                 self.registered.clear()
                 detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                 log.warning("scheduler session ended (%s); reconnecting", detail)
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    self._stop_superseded(exc)
             await asyncio.sleep(backoff)
             # Never slower than a heartbeat: a scheduler back from a restart hears from
             # every live helper well before it may call a silent server down.
             backoff = (min(MAX_BACKOFF_S, self._heartbeat_interval_s, backoff * 2)
                        if not self.registered.is_set() else 0.2)
+
+    def _stop_superseded(self, exc: grpc.aio.AioRpcError) -> None:
+        """Refused because another helper instance holds this server's name, while this
+        one's lease has run out: the scheduler gave the name away only after this helper
+        was silent past its heartbeat timeout, so it has re-queued (or re-queues, once the
+        new instance's heartbeats lack them) every job placed here. The frozen copies
+        here can never be let train again; kill them rather than hold their memory (and
+        GPUs) frozen for as long as this helper keeps being refused. Killing a copy loses
+        no job: the scheduler restarts it from its restore point wherever it places it."""
+        if not (self.frozen and exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+                and NAME_HELD in (exc.details() or "")):
+            return
+        for job_id, incarnation in self.jobs.running_pairs():
+            log.warning("job %s/%s: this server's name is held by another live helper since this one's "
+                        "lease ran out; the scheduler has re-placed its jobs: killing this copy",
+                        job_id, incarnation)
+            self.jobs.fence(job_id, incarnation)
 
     async def _session(self, stub: helper_pb2_grpc.HelperStub) -> None:
         reply = await stub.Register(self._register_request(), timeout=RPC_TIMEOUT_S)

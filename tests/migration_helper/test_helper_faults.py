@@ -535,3 +535,47 @@ def test_a_job_that_exits_while_the_database_is_down_ends_once_it_is_back(
     assert states.count(common_pb2.JOB_STATE_RUNNING) == 1 and states.count(common_pb2.JOB_STATE_SUCCEEDED) == 1, \
         [t.reason for t in done.history]
     assert not _job_pids(job_id, warm=False)
+
+
+def test_a_helper_whose_name_was_taken_while_it_was_cut_off_kills_its_frozen_copy(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """A host's link to the scheduler is cut while its job trains: its helper freezes the
+    job when its lease runs out, the server goes down, and a new helper comes up under
+    the same --server-name (a restarted host at another address) and gets the job. The
+    old helper's link comes back: it is refused (the name is held by a live helper), and
+    kills its frozen copy, which could never train again. Before, that copy stayed
+    frozen, holding its memory and GPUs, for as long as the old helper kept retrying."""
+    from ..scheduler.faults.test_db_outage import TcpProxy
+
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    host, port = sched.address.rsplit(":", 1)
+    link = TcpProxy(host, int(port)).start()
+    try:
+        helpers("s1", f"{host}:{link.port}")
+        job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS="0", FAKE_STEP_S="0.05")
+        wait_for(lambda: job().steps >= 2 and job().state == common_pb2.JOB_STATE_RUNNING, 30)
+        (old,) = wait_for(lambda: _job_pids(job_id, warm=False), 10)
+        link.cut()
+
+        def state(pid: int) -> str:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                return "gone"
+
+        wait_for(lambda: state(old) == "T", 30)  # frozen: the lease ran out
+        wait_for(lambda: not any(s.up for s in api.ListServers(scheduler_pb2.ListServersRequest()).servers), 30)
+        helpers("s1", sched.address, "--ramdisk", str(tmp_path / "rd" / "s1-new"))
+        new = wait_for(lambda: [p for p in _job_pids(job_id, warm=False) if p != old], 30)
+        wait_for(lambda: job().state == common_pb2.JOB_STATE_RUNNING, 30)
+        link.restore()  # the old helper is back, refused
+        wait_for(lambda: any(e.kind == "server.refused"
+                             for e in api.ListEvents(scheduler_pb2.ListEventsRequest(server="s1")).events), 30)
+        wait_for(lambda: state(old) in ("gone", "Z"), 30)
+        assert _job_pids(job_id, warm=False) == new, "the new copy was disturbed"
+        assert job().state == common_pb2.JOB_STATE_RUNNING
+        api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
+    finally:
+        link.loop.call_soon_threadsafe(link.loop.stop)
