@@ -70,6 +70,9 @@ class RunInfo:
     # in a run of its own that trains nothing and reads no variable the checkpoint holds:
     # numbers for the program's Python, from a sequence no checkpoint holds; the op, or "".
     draws: str = ""
+    # The tokens of the Python functions (`py_func`, `numpy_function`) the run calls: one in a
+    # training run that changes state of its own every step is Python state (py_func_state).
+    py_funcs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import python_rng
+from . import py_func_state, python_rng
 from .chain import FirstRun, RunGate, RunInfo, SessionAdapter
 from .checkpoint import CheckpointError, CheckpointInfo, TowersChanged
 from .commands import Ack, Command, Kind
@@ -47,6 +47,8 @@ JUDGE_AFTER_BOUNDARIES = 2
 # Training runs after which a program none of whose runs advanced the global step is
 # judged (a GAN runs several training runs per step, only one of which advances it).
 ADVANCE_WITHIN_RUNS = 16
+# Steps at whose ends the state of the training runs' Python functions is compared.
+PY_FUNC_STEPS = 3
 
 
 class Channel(Protocol):
@@ -207,6 +209,9 @@ class Controller:
         self._order: dict[int, tuple[RunInfo, bool | None]] = {}
         self._carried_state = ""  # how the program carries Python state between steps
         self._rng_watch = python_rng.Watch()
+        # Python functions the first training steps call, and their state at the last look.
+        self._py_funcs: set[str] = set()
+        self._py_func_look: dict[str, tuple[str, bytes]] | None = None
         self._warned_second = False
         self._not_migratable_reason = ""
         self._restored_into: SessionAdapter | None = None
@@ -505,6 +510,8 @@ class Controller:
         """A training run returned: measure it, then apply queued commands."""
         if adapter is not self.adapter or self.in_forked_child:
             return
+        if info.py_funcs and self._steps_seen < PY_FUNC_STEPS:
+            self._py_funcs.update(info.py_funcs)
         if info.advances_step:
             if not self._advances_seen and self.boundaries:
                 # Runs before it were counted as mini-batches: count from the step again.
@@ -513,6 +520,8 @@ class Controller:
             self._steps_seen += 1
             if not self._carried_state:
                 self._watch_generators(adapter)
+            if not self._carried_state and self._py_funcs:
+                self._watch_py_funcs(adapter)
         if info.advances_step or not self._advances_seen:
             # One of several training runs of a step (a GAN's discriminator run) is not a
             # mini-batch of its own: the step ends with the run that advances the step.
@@ -549,6 +558,31 @@ class Controller:
             self._apply_queued(adapter)
         elif not self._save_built:
             self._prebuild_save(adapter)
+
+    def _watch_py_funcs(self, adapter: SessionAdapter) -> None:
+        """At the verdict's steps: whether a Python function a training run calls changed
+        state of its own since the last step (a call counter, a running mean). Before, such
+        a program was migratable and its migrated copy started that state over (other
+        weights)."""
+        if self._steps_seen > PY_FUNC_STEPS:
+            self._py_funcs.clear()
+            return
+        try:
+            now = py_func_state.digest(self._py_funcs)
+        except Exception:  # the shim's own fault: never the program's run
+            log.exception("tf_runtime could not look at the program's py_func state; "
+                          "it stops looking")
+            self._py_funcs.clear()
+            return
+        before, self._py_func_look = self._py_func_look, now
+        what = py_func_state.changed(before, now) if before is not None else ""
+        if what:
+            self.carried_state(adapter, (
+                f"its Python function {what}, called by py_func/numpy_function in its "
+                "training run, changes state of its own every step, which no checkpoint "
+                "holds: a restarted copy starts it over and trains on other data; compute "
+                "it from the step (pass the global step in) or keep it in variables to make "
+                "it migratable"))
 
     def _watch_generators(self, adapter: SessionAdapter, now: bool = False) -> None:
         """Look at the program's random generators at a step (`now`: at a checkpoint or

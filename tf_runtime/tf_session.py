@@ -109,6 +109,19 @@ def _stateful_node(kind: str, inputs: list[str]) -> bool:
         kind in _PY_FUNCS and all(t in _CONSTANT_INPUTS for t in inputs))
 
 
+def _py_func_tokens(ops: Any) -> tuple[str, ...]:
+    """The registry tokens of the Python functions among `ops`."""
+    out = []
+    for op in ops:
+        if op.type in _PY_FUNCS:
+            try:
+                token = op.get_attr("token")
+            except (ValueError, TypeError):
+                continue
+            out.append(token.decode() if isinstance(token, bytes) else str(token))
+    return tuple(sorted(out))
+
+
 def _tables_prefix(prefix: str) -> str:
     """Where the lookup tables go, beside the variables' files (`model` -> `tables`)."""
     return str(Path(prefix).with_name("tables"))
@@ -578,7 +591,8 @@ class TFSessionAdapter:
                            (through(op.inputs[0].op) in self._trainable_ops or
                             through(op.inputs[0].op) is self._gs_op) for op in reached),
                        changes_state=changes_state,
-                       init_ops=frozenset(self._some_init_ops & reached), draws=draws)
+                       init_ops=frozenset(self._some_init_ops & reached), draws=draws,
+                       py_funcs=_py_func_tokens(reached) if training else ())
 
     def _global_step_read(self, op: Any) -> str | None:
         """How fetching `op` reads the global step: "ordered" (the value of its increment,

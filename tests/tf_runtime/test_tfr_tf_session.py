@@ -1687,3 +1687,58 @@ def test_a_warm_process_holds_in_the_training_graph_not_in_a_step_before_it(
     finally:
         shim.uninstall()
         os.close(control_w)
+
+
+@pytest.mark.parametrize("kind", ["counter", "method", "stateless"])
+def test_a_py_func_that_keeps_state_of_its_own_between_steps_is_not_migratable(
+        kind: str, tmp_path: Path) -> None:
+    """`tf.numpy_function(aug, [x], ...)` in the training run, `aug` changing state of its
+    own at every call (a call counter in a module-level dict; a running mean kept on the
+    object whose method it is): a restarted copy starts it over, so a migrated job trained
+    on other data while the shim judged it migratable. Now it is not migratable, naming the
+    function; a function that keeps nothing (`stateless`) stays migratable."""
+    calls = {"n": 0}
+
+    class Normaliser:
+        def __init__(self) -> None:
+            self.mean = np.zeros(3, np.float32)
+
+        def __call__(self, xb: Any) -> Any:
+            return xb
+
+        def apply(self, xb: Any) -> Any:
+            self.mean = 0.9 * self.mean + 0.1 * xb
+            return (xb - self.mean).astype(np.float32)
+
+    def count(xb: Any) -> Any:
+        calls["n"] += 1
+        return (xb * (1.0 + 0.01 * calls["n"])).astype(np.float32)
+
+    def scale(xb: Any) -> Any:
+        return (xb * 2.0).astype(np.float32)
+
+    fn = {"counter": count, "method": Normaliser().apply, "stateless": scale}[kind]
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [3])
+        xa = tf.numpy_function(fn, [x], tf.float32)
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(w * xa), global_step=gs)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        ctl.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / kind)))
+        exited = None
+        try:
+            for _ in range(4):
+                step = sess.run(gs)
+                sess.run(train, {x: np.full(3, step + 1.0, np.float32)})
+        except Exited as e:
+            exited = e.code
+        ack = acks(ctl)[0]
+        if kind == "stateless":
+            assert exited == EXIT_MIGRATED and ctl.migratable is True and ack.ok
+            return
+        assert exited is None and ctl.migratable is False and not ack.ok
+        reason = ctl.channel.migratability[-1][1]  # type: ignore[union-attr]
+        name = {"counter": "count (calls)", "method": "Normaliser.apply (self)"}[kind]
+        assert name in reason and "py_func/numpy_function" in reason, reason
