@@ -205,7 +205,31 @@ class ServerTls:
             raise SecurityError("--tls-cert and --tls-key go together")
         tls = cls(cert, key, client_ca or "")
         tls.credentials()  # unreadable files fail now, naming the flag
+        tls._check_pair()
         return tls
+
+    def _check_pair(self) -> None:
+        """SecurityError unless --tls-cert is a certificate whose private key is --tls-key
+        (and --tls-client-ca holds certificates): gRPC takes any PEM files here and only
+        fails when it binds, in words that blame the address."""
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        cert, key = Path(self.cert).expanduser(), Path(self.key).expanduser()
+        try:
+            # An encrypted key gets an empty password and fails: gRPC cannot use it either.
+            context.load_cert_chain(cert, key, password=b"")
+        except ssl.SSLError as exc:
+            raise SecurityError(
+                f"--tls-cert {self.cert} and --tls-key {self.key} are not a certificate and its "
+                f"unencrypted private key ({exc.reason or exc}); give the server.pem and server-key.pem "
+                "that `gandiva tls init` wrote, as a pair") from None
+        if self.client_ca:
+            try:
+                context.load_verify_locations(Path(self.client_ca).expanduser())
+            except ssl.SSLError as exc:
+                raise SecurityError(f"--tls-client-ca {self.client_ca}: not a CA certificate "
+                                    f"({exc.reason or exc}); give the ca.pem `gandiva tls init` wrote") from None
 
 
 def is_loopback(listen: str) -> bool:

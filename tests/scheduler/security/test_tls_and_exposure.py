@@ -158,3 +158,26 @@ def test_tls_init_takes_names_addresses_and_wildcards(tmp_path: Path, capsys: py
     long_name = "a" * 40 + "." + "b" * 40  # longer than a common name: fine after the first
     assert main(["tls", "init", str(tmp_path / "pki"), "--host", "head-1.example.", "--host", "::1",
                  "--host", "*.example.org", "--host", long_name]) == 0, capsys.readouterr().err
+
+
+def test_a_certificate_and_key_that_are_not_a_pair_are_refused_naming_both(tmp_path: Path, certs: Path) -> None:
+    """--tls-key of another certificate (or the certificate given twice): gRPC took the PEM
+    files and failed only when binding, so the scheduler said `--listen ...: the address is
+    in use`. Now exit 2 naming --tls-cert and --tls-key, before any database is made."""
+    db = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    wrong = [
+        ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "ca-key.pem")],
+        ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.pem")],
+    ]
+    for flags in wrong:
+        out = subprocess.run(
+            [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0", "--db", db, *flags],
+            check=False, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert (f"--tls-cert {flags[1]} and --tls-key {flags[3]} are not a certificate and its "
+                "unencrypted private key") in out.stderr
+        assert "in use" not in out.stderr and "Traceback" not in out.stderr
+    with pytest.raises(SecurityError, match="--tls-client-ca .*server-key.pem: not a CA certificate"):
+        ServerTls.from_flags(str(certs / "server.pem"), str(certs / "server-key.pem"), str(certs / "server-key.pem"))
+    assert ServerTls.from_flags(str(certs / "server.pem"), str(certs / "server-key.pem"), str(certs / "ca.pem"))
+    assert not (tmp_path / "x.db").exists()
