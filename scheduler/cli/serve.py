@@ -115,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
     # The policy's options first, before the server's imports: a typo fails in a blink.
     try:
         config = PolicyConfig(quantum_s=args.quantum, **policy_options(args.policy_option))
+        if args.http_listen:  # before the database is made or migrated
+            from scheduler.observe.http import split_listen
+
+            split_listen(args.http_listen)
     except ValueError as err:
         print(f"gandiva scheduler: {err}", file=sys.stderr)
         return 2

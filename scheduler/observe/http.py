@@ -52,8 +52,10 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"
 def split_listen(listen: str) -> tuple[str, int]:
     """'HOST:PORT' -> (host, port); a clear ValueError for anything else."""
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isascii() or not port.isdigit():
         raise ValueError(f"--http-listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9100 (port 0 picks one)")
+    if int(port) > 65535:  # the event loop would bind it modulo 65536 (99999 -> 34463)
+        raise ValueError(f"--http-listen {listen!r}: port {int(port)} is out of range (0-65535)")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 

@@ -302,3 +302,14 @@ def test_logs_local_follow_reads_a_truncated_log_from_its_start(gandiva, tmp_pat
     rotator.join()
     assert r.code == 0 and r.out.endswith("old\nnew\n=== gandiva: end of job j3 incarnation a: finished at "
                                           "2026-01-01 00:00:09\n") and "was truncated" in r.err, r
+
+
+def test_an_http_port_over_65535_is_refused_not_wrapped(gandiva, tmp_path: Path) -> None:
+    """`--http-listen 127.0.0.1:99999` served the dashboard and metrics on port 34463
+    (99999 - 65536) without a word; now exit 2 naming the flag, before a database is made."""
+    db = tmp_path / "x.db"
+    r = gandiva("scheduler", "--listen", "127.0.0.1:0", "--db", f"sqlite+aiosqlite:///{db}",
+                "--http-listen", "127.0.0.1:99999")
+    assert (r.code, r.out) == (2, ""), r
+    assert r.err == "gandiva scheduler: --http-listen '127.0.0.1:99999': port 99999 is out of range (0-65535)\n"
+    assert not db.exists()
