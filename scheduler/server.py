@@ -356,12 +356,16 @@ def _redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def _write_atomically(path: str, text: str) -> None:
+def _write_atomically(path: str, text: str, flag: str) -> None:
     from pathlib import Path
 
     tmp = Path(path + ".tmp")
-    tmp.write_text(text + "\n")
-    tmp.rename(path)
+    try:
+        tmp.write_text(text + "\n")
+        tmp.rename(path)
+    except OSError as exc:
+        raise OSError(f"{flag} {path}: cannot write it ({exc.strerror or exc}); "
+                      "give a file in a directory that exists and is writable") from None
 
 
 # The collector's young-generation threshold in a running scheduler (Python's default: 700).
@@ -405,10 +409,14 @@ async def serve(server: SchedulerServer, port_file: str | None = None, http_port
     address = await server.start()
     quiet_gc()
     quick_switches()
-    if http_port_file and server.http_address:
-        _write_atomically(http_port_file, server.http_address)
-    if port_file:
-        _write_atomically(port_file, address)
+    try:
+        if http_port_file and server.http_address:
+            _write_atomically(http_port_file, server.http_address, "--http-port-file")
+        if port_file:
+            _write_atomically(port_file, address, "--port-file")
+    except OSError:
+        await server.stop(grace=0.0)  # nothing was served yet; its lock and database let go
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

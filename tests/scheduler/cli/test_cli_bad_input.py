@@ -313,3 +313,14 @@ def test_an_http_port_over_65535_is_refused_not_wrapped(gandiva, tmp_path: Path)
     assert (r.code, r.out) == (2, ""), r
     assert r.err == "gandiva scheduler: --http-listen '127.0.0.1:99999': port 99999 is out of range (0-65535)\n"
     assert not db.exists()
+
+
+def test_a_port_file_that_cannot_be_written_names_its_flag(gandiva, tmp_path: Path) -> None:
+    """`--port-file /no/such/dir/p` said `[Errno 2] No such file or directory: '/no/such/dir/p.tmp'`
+    (no flag, a file name the operator never gave); now it names --port-file, exit 2."""
+    missing = tmp_path / "no-such-dir" / "port"
+    r = gandiva("scheduler", "--listen", "127.0.0.1:0", "--db", f"sqlite+aiosqlite:///{tmp_path / 'x.db'}",
+                "--port-file", str(missing))
+    assert (r.code, r.out) == (2, ""), r
+    assert r.err.endswith(f"gandiva scheduler: --port-file {missing}: cannot write it (No such file or "
+                          "directory); give a file in a directory that exists and is writable\n"), r.err
