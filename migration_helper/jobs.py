@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
+
 from migration_helper.agent import send_checkpoint
 from migration_helper.launch_rule import job_environment, shim_command
 from migration_helper.process import OWNER_ENV, JobProcess, ProcessExited
@@ -253,10 +255,16 @@ class JobTable:
         if refusal:
             raise CommandFailed(f"transfer: {refusal}")
         t0 = time.monotonic()
-        sent = await send_checkpoint(
-            req.dest_address, Path(req.checkpoint_path), req.job_id, req.checkpoint_name or None,
-            security=self.security, ticket=req.ticket,
-        )
+        try:
+            sent = await send_checkpoint(
+                req.dest_address, Path(req.checkpoint_path), req.job_id, req.checkpoint_name or None,
+                security=self.security, ticket=req.ticket,
+            )
+        except grpc.aio.AioRpcError as exc:  # the peer unreachable, refusing, or timed out
+            # One line naming the peer, not the error's multi-line repr (it lands in the job's history).
+            details = " ".join((exc.details() or "").split())
+            raise CommandFailed(f"transfer: could not send the checkpoint to the helper at {req.dest_address}: "
+                                f"{exc.code().name}: {details}") from None
         result = Result(checkpoint_path=sent.path, message=f"{sent.bytes} bytes")
         result.durations_s["transfer"] = time.monotonic() - t0
         return result

@@ -1,0 +1,31 @@
+"""A checkpoint transfer to a peer helper that cannot be reached fails with one line
+naming the peer (it lands in the job's history), not the gRPC error's multi-line repr."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+
+from migration_helper.jobs import CommandFailed, JobTable
+from protos.gandiva.v1 import helper_pb2
+
+
+def test_a_transfer_to_an_unreachable_peer_fails_with_one_line_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    checkpoint = tmp_path / "ck"
+    checkpoint.mkdir()
+    (checkpoint / "model.ckpt.index").write_bytes(b"x" * 64)
+    table = JobTable(server="s1", scheduler="x:1", log_dir=tmp_path, on_exit=lambda p: None)
+    req = helper_pb2.TransferCheckpoint(job_id="j-1", checkpoint_path=str(checkpoint),
+                                        dest_address=f"127.0.0.1:{port}", checkpoint_name="resume-1")
+    with pytest.raises(CommandFailed) as failed:
+        asyncio.run(table.transfer(req))
+    message = str(failed.value)
+    assert message.startswith(f"transfer: could not send the checkpoint to the helper at 127.0.0.1:{port}: "
+                              "UNAVAILABLE: "), message
+    assert "\n" not in message and "AioRpcError" not in message and "debug_error_string" not in message, message
