@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
@@ -323,6 +324,10 @@ def check_db_url(url: str) -> str:
         raise ValueError(f"--db {url!r}: an in-memory SQLite database lives in one connection, "
                          "and the scheduler opens several; give a file "
                          "(sqlite+aiosqlite:////var/lib/gandiva/gandiva.db)")
+    if parsed.drivername.startswith("sqlite") and os.path.isdir(os.path.expanduser(parsed.database or "")):
+        # Before anything opens it (or tightens its mode as if it were the database file).
+        raise ValueError(f"--db {url!r}: {parsed.database} is a directory; give a file in it, "
+                         f"e.g. sqlite+aiosqlite:///{os.path.join(parsed.database or '', 'gandiva.db')}")
     return url
 
 

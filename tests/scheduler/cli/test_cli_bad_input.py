@@ -324,3 +324,18 @@ def test_a_port_file_that_cannot_be_written_names_its_flag(gandiva, tmp_path: Pa
     assert (r.code, r.out) == (2, ""), r
     assert r.err.endswith(f"gandiva scheduler: --port-file {missing}: cannot write it (No such file or "
                           "directory); give a file in a directory that exists and is writable\n"), r.err
+
+
+def test_a_directory_as_the_database_is_refused_and_left_as_it_was(gandiva, tmp_path: Path) -> None:
+    """`--db sqlite+aiosqlite:///DIR` (a directory): the scheduler made DIR mode 700 ("was
+    readable by other users ... now its owner's only") and then said `unable to open database
+    file: check that its directory exists`. Now exit 2 naming the directory, its mode untouched."""
+    folder = tmp_path / "state"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    url = f"sqlite+aiosqlite:///{folder}"
+    r = gandiva("scheduler", "--listen", "127.0.0.1:0", "--db", url)
+    assert (r.code, r.out) == (2, ""), r
+    assert r.err == (f"gandiva scheduler: --db {url!r}: {folder} is a directory; give a file in it, "
+                     f"e.g. sqlite+aiosqlite:///{folder / 'gandiva.db'}\n"), r.err
+    assert folder.stat().st_mode & 0o777 == 0o755 and list(folder.iterdir()) == []
