@@ -98,6 +98,7 @@ class SchedulerServer:
         for address in (self.listen, *(a for a in self.also_listen if not a.startswith("unix:"))):
             check_exposure(address, self.tls, self.auth == "token", self.insecure, "the scheduler")
         self.db = make_engine(check_db_url(self.db_url))
+        _warn_relative_sqlite(self.db_url)
         # One scheduler per database: a second one is refused before it touches anything.
         self.lost = asyncio.Event()
         self.lost_why = ""
@@ -329,6 +330,18 @@ def check_db_url(url: str) -> str:
         raise ValueError(f"--db {url!r}: {parsed.database} is a directory; give a file in it, "
                          f"e.g. sqlite+aiosqlite:///{os.path.join(parsed.database or '', 'gandiva.db')}")
     return url
+
+
+def _warn_relative_sqlite(url: str) -> None:
+    """``sqlite+aiosqlite:///var/x.db`` (three slashes) is var/x.db under the current
+    directory, not /var/x.db: say where the database is, as a warning."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.drivername.startswith("sqlite") and parsed.database and not os.path.isabs(parsed.database):
+        log.warning("--db %s is a path relative to the current directory: the database is %s "
+                    "(four slashes, sqlite+aiosqlite:////PATH, give an absolute path)",
+                    url, os.path.abspath(parsed.database))
 
 
 def _db_trouble(exc: Exception) -> str:

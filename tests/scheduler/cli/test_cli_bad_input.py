@@ -339,3 +339,26 @@ def test_a_directory_as_the_database_is_refused_and_left_as_it_was(gandiva, tmp_
     assert r.err == (f"gandiva scheduler: --db {url!r}: {folder} is a directory; give a file in it, "
                      f"e.g. sqlite+aiosqlite:///{folder / 'gandiva.db'}\n"), r.err
     assert folder.stat().st_mode & 0o777 == 0o755 and list(folder.iterdir()) == []
+
+
+def test_a_relative_sqlite_path_is_warned_of_with_the_real_path(tmp_path: Path) -> None:
+    """`--db sqlite+aiosqlite:///var/lib/x.db` (three slashes: relative) silently made
+    var/lib/x.db under the current directory; now the log says where the database is."""
+    import signal
+    import subprocess
+
+    port = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0",
+                             "--db", "sqlite+aiosqlite:///rel.db", "--port-file", str(port)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
+    try:
+        deadline = time.monotonic() + 90
+        while not port.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert port.exists(), proc.poll()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert (f"--db sqlite+aiosqlite:///rel.db is a path relative to the current directory: "
+            f"the database is {tmp_path / 'rel.db'}") in out, out
