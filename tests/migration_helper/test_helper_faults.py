@@ -331,8 +331,10 @@ def test_a_migration_that_ends_while_the_database_is_down_is_recorded_once_it_is
     destination and ends once with all its steps (it used to stay MIGRATING for good, its
     destination's progress and exit ignored, until the scheduler was restarted)."""
     url, proxy = proxied_pg_url
-    # A lease (12 s) that outlasts the outage: the destination is not frozen before it trains.
-    sched = make_scheduler(url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=20.0))
+    # A lease (50 s) that outlasts the outage (up to 41 s on a loaded machine): the
+    # destination is not frozen before it trains.
+    sched = make_scheduler(url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=60.0,
+                                                              lease_s=50.0))
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
     # GPU samples once a minute: a report of them, refused while the database is down, would
     # hold the activation's result behind it in the helper's outbox until it is back.
@@ -352,7 +354,7 @@ def test_a_migration_that_ends_while_the_database_is_down_is_recorded_once_it_is
         os.kill(warm_pid, signal.SIGCONT)  # activates and trains: the outcome cannot be written
         # The migration has ended (its last phase could not be recorded) with the database down.
         wait_for(lambda: any(r.getMessage() == f"could not record phase total of {job_id}"
-                             for r in list(caplog.records)), 10)
+                             for r in list(caplog.records)), 40)
         time.sleep(1.0)
     finally:
         proxy.restore()
