@@ -262,6 +262,8 @@ class JobTable:
             )
         except grpc.aio.AioRpcError as exc:  # the peer unreachable, refusing, or timed out
             # One line naming the peer, not the error's multi-line repr (it lands in the job's history).
+            # The scheduler reads "could not send the checkpoint to the helper at" as the
+            # destination's refusal, not the checkpoint's fault (scheduler/engine/live.py DEST_REFUSED).
             details = " ".join((exc.details() or "").split())
             raise CommandFailed(f"transfer: could not send the checkpoint to the helper at {req.dest_address}: "
                                 f"{exc.code().name}: {details}") from None

@@ -50,6 +50,12 @@ MAX_FETCH_TRIES = 3
 # A server whose helper failed a launch for a reason of its own (its disk full, no process
 # could be started) gets no new job for this long; then a launch tries it again.
 LAUNCH_QUARANTINE_S = 60.0
+# How a holder's helper says the destination did not take a checkpoint it read and sent
+# (migration_helper/jobs.py, transfer: the peer refused it, was full, or unreachable).
+DEST_REFUSED = "could not send the checkpoint to the helper at"
+# After this many such refusals in a row the job starts from step 0 (as after
+# MAX_FETCH_TRIES other failures): the policy may have had nowhere else to place it.
+MAX_DEST_REFUSALS = 10
 
 
 class LiveEngine:
@@ -84,6 +90,7 @@ class LiveEngine:
         self._watches: set[asyncio.Task] = set()  # runtime-connect deadlines of launches
         # Failed fetches of a job's checkpoint from the server that holds it, in a row.
         self._fetch_failures: dict[str, int] = {}
+        self._dest_refusals: dict[str, int] = {}  # fetches refused by their destination, in a row
         self._stopping = False
         # job id -> (when its server's helper first reported it missing, that server):
         # lost processes are requeued. Pruned on every heartbeat of that server.
@@ -528,6 +535,7 @@ class LiveEngine:
                 job_id, tuple(gpus), incarnation, restore.fetch_from, job.restore_checkpoint, restore.dest_address))
         else:
             self._fetch_failures.pop(job_id, None)
+            self._dest_refusals.pop(job_id, None)
             self.launch(job, gpus, incarnation, restore_checkpoint=restore.path)
 
     async def _fetch_and_launch(self, job_id: str, gpus: tuple[pt.GpuRef, ...], incarnation: str, holder: str,
@@ -556,13 +564,34 @@ class LiveEngine:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
                 return  # killed or moved meanwhile: the copy is pruned in time
+            refusals = self._dest_refusals.get(job_id, 0) + 1 if failure and DEST_REFUSED in failure else 0
+            if 0 < refusals < MAX_DEST_REFUSALS:
+                # The holder read the checkpoint; the destination could not take it (its
+                # ramdisk full, unreachable from the holder). Not the checkpoint's fault: it
+                # is kept (three such refusals used to start the job over from step 0, the
+                # policy placing it on the same full server each time), and that server gets
+                # no new job for a while, so the job resumes elsewhere. Bounded all the same,
+                # in case the policy has nowhere else to put it.
+                self._dest_refusals[job_id] = refusals
+                dest_name = gpus[0].server
+                self._quarantined[dest_name] = self.core.monotonic() + LAUNCH_QUARANTINE_S
+                why = (f"could not fetch its checkpoint {job.restore_checkpoint} from {holder}: {dest_name} could not "
+                       f"take it ({failure}); its checkpoint is kept, and no new job is placed there for "
+                       f"{LAUNCH_QUARANTINE_S:.0f}s")
+                repo.add_event(s, now, "server.launch_failed", f"{dest_name} could not take a checkpoint ({failure}): "
+                               f"no new job is placed there for {LAUNCH_QUARANTINE_S:.0f}s", server=dest_name)
+                await repo.requeue(s, job, now, why, fenced_until=now + self.core.settings.down_after_s)
+                log.warning("job %s: %s", job_id, why)
+                return
+            self._dest_refusals.pop(job_id, None)
             if failure:
-                tries = self._fetch_failures[job_id] = self._fetch_failures.get(job_id, 0) + 1
+                tries = MAX_FETCH_TRIES if refusals else self._fetch_failures.get(job_id, 0) + 1
+                self._fetch_failures[job_id] = tries
                 why = f"could not fetch its checkpoint {job.restore_checkpoint} from {holder}: {failure}"
                 if tries >= MAX_FETCH_TRIES:
                     self._fetch_failures.pop(job_id, None)
                     job.restore_checkpoint, job.restore_server, job.restore_step = "", "", 0
-                    why += f" ({tries} tries); it starts from step 0 when placed next"
+                    why += f" ({refusals or tries} tries); it starts from step 0 when placed next"
                     fence = 0.0
                 else:
                     fence = now + self.core.settings.down_after_s
@@ -571,6 +600,7 @@ class LiveEngine:
                 log.warning("job %s: %s", job_id, why)
                 return
             self._fetch_failures.pop(job_id, None)
+            self._dest_refusals.pop(job_id, None)
             repo.add_event(s, now, "job.checkpoint",
                            f"fetched {job.restore_checkpoint} from {holder} to {result.checkpoint_path} "
                            f"in {seconds:.2f}s ({result.message})", job_id=job_id, server=gpus[0].server)

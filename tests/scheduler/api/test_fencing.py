@@ -771,6 +771,47 @@ def test_a_checkpoint_that_cannot_be_fetched_is_tried_again_then_given_up_saying
         f.close()
 
 
+def test_a_fetch_the_destination_cannot_take_keeps_the_checkpoint_and_places_the_job_elsewhere(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """The holder reads the checkpoint but the destination refuses it (its ramdisk full: a
+    transfer's RESOURCE_EXHAUSTED, as the holder's helper words it). The checkpoint is fine:
+    the job is not started over from step 0 (it used to be after three such refusals, the
+    policy placing it on the same full server each time, its progress lost); that server
+    gets no new job for a while and the job resumes from its checkpoint elsewhere (here on
+    the holder, whose GPU is free)."""
+    from scheduler.engine.live import MAX_FETCH_TRIES
+
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for)
+    try:
+        full = (f"transfer: could not send the checkpoint to the helper at {AGENTS['x']}: RESOURCE_EXHAUSTED: "
+                f"no space left in /ram/x for the checkpoint (1048576 bytes received): No space left on device; "
+                "the partial copy was removed")
+        seen = len(f.job(job_id).history) - 1  # placed on "x" already
+        for _ in range(MAX_FETCH_TRIES + 1):
+            job = wait_for(lambda n=seen: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING
+                           and len(j.history) > n and j, 15)
+            seen = len(job.history)
+            if job.placement[0].server == "y":
+                break
+            # Placed on "x" again: fetched again (before: from step 0 after the third refusal).
+            assert "fetching its checkpoint from y first" in job.history[-1].reason, [t.reason for t in job.history]
+            transfer = _next_command(f, "y", "transfer")
+            f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+                server="y", command_id=transfer.command_id, ok=False, message=full))
+            wait_for(lambda n=seen: len(f.job(job_id).history) > n, 10)
+            seen = len(f.job(job_id).history)
+        launch = _next_command(f, "y", "launch").launch
+        assert launch.job_id == job_id and launch.restore_checkpoint == path, launch
+        reasons = [t.reason for t in f.job(job_id).history]
+        assert not any("step 0" in r for r in reasons), reasons
+        refused = [r for r in reasons if "could not fetch" in r]
+        assert len(refused) == 1 and "x could not take it" in refused[0] and "no new job is placed there" in refused[0], \
+            refused
+    finally:
+        shim.close()
+        f.close()
+
+
 def test_a_launch_whose_checkpoint_is_gone_starts_the_job_from_step_0_instead_of_failing_it(
         make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
     """The job comes back to the server that holds its checkpoint, but the helper refuses the
