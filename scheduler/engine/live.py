@@ -810,7 +810,33 @@ class LiveEngine:
         await self.core.record_when_reachable(f"{job_id}'s {target.value.lower()} state", record)
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
+        was, source = await self._where(job_id)
         await run_migration(self.core, job_id, list(to_gpus), reason)
+        after = await self._job(job_id)
+        if DEST_REFUSED in after.message and to_gpus:
+            # Its destination could not take the checkpoint (its ramdisk full): the policy,
+            # which knows nothing of ramdisks, would move the job there again every round,
+            # each try a restart. That server gets no new job for a while instead.
+            dest = to_gpus[0].server
+            self._quarantined[dest] = self.core.monotonic() + LAUNCH_QUARANTINE_S
+            async with self.core.tx() as s:
+                repo.add_event(s, self.core.clock(), "server.launch_failed",
+                               f"{dest} could not take {job_id}'s migration checkpoint: no new job is placed there "
+                               f"for {LAUNCH_QUARANTINE_S:.0f}s", server=dest)
+        if was.state == JobState.SUSPENDED.value and source is not None:
+            await self._suspended_again(job_id, was.incarnation, source.name)
+
+    async def _suspended_again(self, job_id: str, incarnation: str, source: str) -> None:
+        """A job suspended for a time slice whose migration failed after its checkpoint is
+        restarted at its source from it (restarted_at_source): a new launch, training on
+        the GPUs its time slice had given to another job. Before, it ran there beside that
+        job (two jobs on one GPU, never profiled for it: packing by accident) until the
+        quantum's end; now it is suspended again as soon as its runtime connects."""
+        job, server = await self._where(job_id)
+        if (job.state != JobState.RUNNING.value or job.incarnation == incarnation or server is None
+                or server.name != source):
+            return  # migrated, stayed (still suspended), re-queued or ended
+        await self._suspend(job_id, f"still suspended: its migration failed and it was restarted at {source}")
 
     # ---- operator actions -----------------------------------------------------
 
@@ -875,6 +901,7 @@ class LiveEngine:
         if job_id in self.inflight:
             raise FailedPrecondition(f"job {job_id} has a command in progress; try again shortly")
         gpus = [pt.GpuRef(to_server, i) for i in free[: job.gpus]]
+        _, source = await self._where(job_id)
         self.inflight.add(job_id)
         try:
             rest = await begin_migration(self.core, job_id, gpus, "requested by operator")
@@ -882,8 +909,18 @@ class LiveEngine:
             self.inflight.discard(job_id)
             raise
         # The job is MIGRATING now; the phases run in the background.
-        self._background(job_id, self._hold_again(job_id, rest) if job.held else rest)
+        if job.held:
+            rest = self._hold_again(job_id, rest)
+        elif job.state == JobState.SUSPENDED.value and source is not None:
+            rest = self._then_suspended_again(job_id, rest, job.incarnation, source.name)
+        self._background(job_id, rest)
         return await self.core.get_job(job_id)
+
+    async def _then_suspended_again(self, job_id: str, migration: Awaitable[None], incarnation: str,
+                                    source: str) -> None:
+        """An operator's migration of a job suspended for a time slice (not held)."""
+        await migration
+        await self._suspended_again(job_id, incarnation, source)
 
     async def _hold_again(self, job_id: str, migration: Awaitable[None]) -> None:
         """A migration resumes its job at the destination: one an operator suspended is

@@ -381,6 +381,54 @@ def test_a_suspended_job_whose_migration_stays_at_the_source_is_suspended_again(
         shim.close()
 
 
+def test_a_time_sliced_job_restarted_at_its_source_by_a_failed_migration_is_suspended_again(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs time-sliced on server "a"'s one GPU, the suspended one moved by the policy to
+    "b" when it joins; the transfer fails after its checkpoint (b's ramdisk full, say), so it
+    is restarted at "a" from the checkpoint. It used to train there beside the job that had
+    the GPU for its time slice (both RUNNING on one GPU: a pack nobody profiled, seen for
+    22 s in a multihost probe) until the quantum's end; now it is suspended again."""
+    def restarted(plan: Any) -> MigrationResult:
+        return MigrationResult(Outcome.RESTARTED_AT_SOURCE, plan.source.name, plan.fallback_incarnation, step=42,
+                               checkpoint_path=f"/ram/a/{plan.job_id}/migrate-x", reason=(
+                                   "transfer failed: a: transfer failed: transfer: could not send the checkpoint to "
+                                   f"the helper at {AGENTS['b']}: RESOURCE_EXHAUSTED: no space left in /ram/b"))
+
+    plans, release = _blocking_migrate(monkeypatch, restarted)
+    release.set()
+    sched = make_scheduler(sqlite_url, tick_s=0.1)  # quantum 60 s: no time slice ends during the test
+    f = Fake(sched.address, gpus={"a": 1})
+    try:
+        first = f.submit()
+        _, launch = f.launched(first, wait_for)
+        f.shim(first, launch.incarnation)
+        second = f.submit()  # time-sliced with the first on a's GPU
+        wait_for(lambda: {f.job(first).state, f.job(second).state} ==
+                 {common_pb2.JOB_STATE_SUSPENDED, common_pb2.JOB_STATE_RUNNING}, 15)
+        for cmd in f.commands("a"):
+            if cmd.WhichOneof("body") == "launch" and cmd.launch.job_id == second:
+                f.shim(second, cmd.launch.incarnation)
+                break
+        suspended = first if f.job(first).state == common_pb2.JOB_STATE_SUSPENDED else second
+        f.register("b")  # free GPUs elsewhere: the suspended job is moved there
+        plan = wait_for(lambda: plans and plans[0], 15)
+        assert plan.job_id == suspended and plan.source.name == "a", plan
+        f.shim(suspended, plan.fallback_incarnation)  # the launch restarted at "a" connects
+        wait_for(lambda: any(t.reason.startswith("restarted_at_source") for t in f.job(suspended).history), 15)
+        job = wait_for(lambda: (j := f.job(suspended)).state == common_pb2.JOB_STATE_SUSPENDED and j, 15)
+        assert job.history[-1].reason.startswith("still suspended: its migration failed and it was restarted at a"), \
+            [t.reason for t in job.history]
+        assert f.shims[-1].received and f.shims[-1].received[-1].kind == runtime_pb2.COMMAND_KIND_SUSPEND
+        assert f.job(suspended).placement[0].server == "a"
+        # "b" could not take the checkpoint: the policy does not move it there again at once
+        # (each try is a restart); "b" gets no new job for a while, saying so.
+        events = f.api.ListEvents(scheduler_pb2.ListEventsRequest()).events
+        assert any(e.kind == "server.launch_failed" and e.server == "b" and "could not take" in e.message
+                   for e in events), [(e.kind, e.message) for e in events]
+    finally:
+        f.close()
+
+
 def test_an_operator_cannot_migrate_onto_gpus_another_migration_holds(
     scheduler_server: Any, wait_for: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
