@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from migration_protocol.fast_path import MigrationTimeouts
+from migration_protocol.fast_path import MigrationTimeouts, Outcome
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
 from scheduler.engine.live_migration import (
@@ -832,9 +832,11 @@ class LiveEngine:
         the GPUs its time slice had given to another job. Before, it ran there beside that
         job (two jobs on one GPU, never profiled for it: packing by accident) until the
         quantum's end; now it is suspended again as soon as its runtime connects."""
-        job, server = await self._where(job_id)
-        if (job.state != JobState.RUNNING.value or job.incarnation == incarnation or server is None
-                or server.name != source):
+        job = await self._job(job_id)
+        # Told by its outcome's transition, not its server: a move between GPUs of one
+        # server that succeeded lands there too, and runs as the policy meant.
+        if (job.state != JobState.RUNNING.value or job.incarnation == incarnation
+                or not job.message.startswith(f"{Outcome.RESTARTED_AT_SOURCE.value}:")):
             return  # migrated, stayed (still suspended), re-queued or ended
         await self._suspend(job_id, f"still suspended: its migration failed and it was restarted at {source}")
 
