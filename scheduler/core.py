@@ -845,11 +845,19 @@ class SchedulerCore:
                 async with self.tx() as s:
                     repo.add_event(s, now, "server.refused", f"a second helper (instance {req.instance[:8]}, agent "
                                    f"{req.address or 'none'}) asked for this name, held by live instance "
-                                   f"{other[:8]}: two helpers share --server-name {req.name}", server=req.name)
+                                   f"{other[:8]}: two helpers share --server-name {req.name}, or its helper "
+                                   f"restarted (a crash, a reboot) less than {self.settings.down_after_s:.0f}s after "
+                                   "the old one's last heartbeat: then it gets the name by itself once that has passed",
+                                   server=req.name)
+            # A helper restarted at once after a crash (systemd's Restart=) is refused too,
+            # until its old instance has been silent the heartbeat timeout: it used to be told
+            # only to rename itself (its jobs' checkpoints live under its name).
             raise FailedPrecondition(
                 f"server name {req.name} is held by another live helper (instance {other[:8]}, heard from "
                 f"{mono - heard:.1f}s ago): two helpers were started with --server-name {req.name}; give this "
-                f"one its own name, or stop the other (its name is free {free_in:.0f}s after its last heartbeat)")
+                f"one its own name, or stop the other (its name is free {free_in:.0f}s after its last heartbeat). "
+                f"If this is {req.name}'s own helper restarted after a crash or a reboot, nothing is to be done: "
+                f"it retries and gets its name in {free_in:.0f}s")
         self._heard[req.name] = mono
         gpus = [
             Gpu(

@@ -236,12 +236,16 @@ def test_one_server_name_is_held_by_one_live_helper_at_a_time(make_scheduler: An
         register("two")
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "server name a is held by another live helper (instance one" in refused.value.details()
+    # The same helper restarted at once after a crash is refused as well: told it need do nothing
+    # (before: only to rename itself or stop "the other", which is gone).
+    assert "If this is a's own helper restarted after a crash or a reboot, nothing is to be done: it retries" \
+        in refused.value.details(), refused.value.details()
     assert not known("two") and known("one")
     with pytest.raises(grpc.RpcError):  # it retries: one event says so, not one a try
         register("two")
     events = api.ListEvents(scheduler_pb2.ListEventsRequest()).events
     refusals = [e.message for e in events if e.kind == "server.refused"]
-    assert len(refusals) == 1 and "two helpers share --server-name a" in refusals[0], refusals
+    assert len(refusals) == 1 and "two helpers share --server-name a, or its helper restarted" in refusals[0], refusals
     time.sleep(FAST.down_after_s + 0.3)  # "one" falls silent
     register("two")
     assert known("two") and not known("one")
