@@ -811,20 +811,25 @@ class LiveEngine:
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
         was, source = await self._where(job_id)
-        await run_migration(self.core, job_id, list(to_gpus), reason)
-        after = await self._job(job_id)
-        if DEST_REFUSED in after.message and to_gpus:
+        await self._settle_move(job_id, run_migration(self.core, job_id, list(to_gpus), reason), to_gpus[0].server,
+                                was.state, was.incarnation, source.name if source else "")
+
+    async def _settle_move(self, job_id: str, migration: Awaitable[None], dest: str, was_state: str,
+                           incarnation: str, source: str) -> None:
+        """Carry out a migration, then what its failure calls for (the policy's and an
+        operator's alike)."""
+        await migration
+        if DEST_REFUSED in (await self._job(job_id)).message:
             # Its destination could not take the checkpoint (its ramdisk full): the policy,
             # which knows nothing of ramdisks, would move the job there again every round,
             # each try a restart. That server gets no new job for a while instead.
-            dest = to_gpus[0].server
             self._quarantined[dest] = self.core.monotonic() + LAUNCH_QUARANTINE_S
             async with self.core.tx() as s:
                 repo.add_event(s, self.core.clock(), "server.launch_failed",
                                f"{dest} could not take {job_id}'s migration checkpoint: no new job is placed there "
                                f"for {LAUNCH_QUARANTINE_S:.0f}s", server=dest)
-        if was.state == JobState.SUSPENDED.value and source is not None:
-            await self._suspended_again(job_id, was.incarnation, source.name)
+        if was_state == JobState.SUSPENDED.value and source:
+            await self._suspended_again(job_id, incarnation, source)
 
     async def _suspended_again(self, job_id: str, incarnation: str, source: str) -> None:
         """A job suspended for a time slice whose migration failed after its checkpoint is
@@ -911,18 +916,11 @@ class LiveEngine:
             self.inflight.discard(job_id)
             raise
         # The job is MIGRATING now; the phases run in the background.
-        if job.held:
-            rest = self._hold_again(job_id, rest)
-        elif job.state == JobState.SUSPENDED.value and source is not None:
-            rest = self._then_suspended_again(job_id, rest, job.incarnation, source.name)
-        self._background(job_id, rest)
+        # A held job is suspended again by _hold_again (with its hold), whatever the outcome.
+        settled = self._settle_move(job_id, rest, to_server, "" if job.held else job.state, job.incarnation,
+                                    source.name if source else "")
+        self._background(job_id, self._hold_again(job_id, settled) if job.held else settled)
         return await self.core.get_job(job_id)
-
-    async def _then_suspended_again(self, job_id: str, migration: Awaitable[None], incarnation: str,
-                                    source: str) -> None:
-        """An operator's migration of a job suspended for a time slice (not held)."""
-        await migration
-        await self._suspended_again(job_id, incarnation, source)
 
     async def _hold_again(self, job_id: str, migration: Awaitable[None]) -> None:
         """A migration resumes its job at the destination: one an operator suspended is
