@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,9 @@ DEST_REFUSED = "could not send the checkpoint to the helper at"
 # After this many such refusals in a row the job starts from step 0 (as after
 # MAX_FETCH_TRIES other failures): the policy may have had nowhere else to place it.
 MAX_DEST_REFUSALS = 10
+# How a holder's helper says the checkpoint is not in its ramdisk (migration_helper/ramdisk.py
+# checkpoint_chunks, as its transfer command reports it).
+HOLDER_LACKS = re.compile(r"^transfer: checkpoint directory .* (does not exist|is empty)$")
 
 
 class LiveEngine:
@@ -585,13 +589,19 @@ class LiveEngine:
                 return
             self._dest_refusals.pop(job_id, None)
             if failure:
-                tries = MAX_FETCH_TRIES if refusals else self._fetch_failures.get(job_id, 0) + 1
+                # The holder says it has no such checkpoint (its helper restarted with an
+                # empty ramdisk): asking again cannot help (as a launch from a checkpoint
+                # not found on its own server starts from 0 at once). It used to be asked
+                # three times, the job waiting a heartbeat timeout after each.
+                gone = HOLDER_LACKS.search(failure) is not None
+                tries = MAX_FETCH_TRIES if refusals or gone else self._fetch_failures.get(job_id, 0) + 1
                 self._fetch_failures[job_id] = tries
                 why = f"could not fetch its checkpoint {job.restore_checkpoint} from {holder}: {failure}"
                 if tries >= MAX_FETCH_TRIES:
                     self._fetch_failures.pop(job_id, None)
                     job.restore_checkpoint, job.restore_server, job.restore_step = "", "", 0
-                    why += f" ({refusals or tries} tries); it starts from step 0 when placed next"
+                    why += (f" ({holder} no longer has it)" if gone else f" ({refusals or tries} tries)") + \
+                        "; it starts from step 0 when placed next"
                     fence = 0.0
                 else:
                     fence = now + self.core.settings.down_after_s

@@ -831,6 +831,33 @@ def test_a_checkpoint_that_cannot_be_fetched_is_tried_again_then_given_up_saying
         f.close()
 
 
+def test_a_checkpoint_its_holder_no_longer_has_is_given_up_at_once(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """The holder's helper restarted with an empty ramdisk (a reboot) and says so: the job
+    starts from step 0 at its next placement, saying why, instead of being fetched twice more
+    in vain (a heartbeat timeout's wait after each)."""
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for)
+    try:
+        transfer = _next_command(f, "y", "transfer")
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server="y", command_id=transfer.command_id, ok=False,
+            message=f"transfer: checkpoint directory {path} does not exist"))
+        refused = wait_for(lambda: [t.reason for t in f.job(job_id).history if "could not fetch its checkpoint" in t.reason], 10)
+        assert "(y no longer has it); it starts from step 0" in refused[0], refused  # before: "try 1 of 3"
+        launch = None
+        for cmd in f.commands("x"):
+            if cmd.WhichOneof("body") == "launch" and cmd.launch.job_id == job_id:
+                launch = cmd.launch
+                break
+        assert launch is not None and launch.restore_checkpoint == ""
+        reasons = [t.reason for t in f.job(job_id).history]
+        failed = [r for r in reasons if "could not fetch its checkpoint" in r]
+        assert len(failed) == 1 and "(y no longer has it); it starts from step 0" in failed[0], reasons
+    finally:
+        shim.close()
+        f.close()
+
+
 def test_a_fetch_the_destination_cannot_take_keeps_the_checkpoint_and_places_the_job_elsewhere(
         make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
     """The holder reads the checkpoint but the destination refuses it (its ramdisk full: a
