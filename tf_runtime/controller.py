@@ -936,7 +936,11 @@ class Controller:
                 self._judge(True, "the program reads the global step")
         elif self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
             self._judge(False, "the program never reads the global step: its loop counts "
-                               "in Python and would restart from 0 after a restore")
+                               "in Python (from 0, or from a count of its own such as its "
+                               "checkpoint's file name), so after a restore it would not go "
+                               "on from the restored step; read the step in the loop "
+                               "(`step = sess.run(global_step)`) and feed the mini-batch of "
+                               "that step to make it migratable")
 
     def _judge(self, migratable: bool, reason: str) -> None:
         self.migratable = migratable
