@@ -20,9 +20,10 @@ from scheduler.sim.generator import generate
 from scheduler.sim.load import duration_alone, makespan_bound, offered_load, replayed, scale_to_load
 from scheduler.sim.metrics import summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
-from scheduler.sim.trace import FORMATS, GAVEL, JobSpec, TraceError, read_trace_as
+from scheduler.sim.trace import FORMATS, GAVEL, MAX_SUBMIT_S, JobSpec, TraceError, read_trace_as
 
 logger = logging.getLogger(__name__)
+MAX_MEMORY_GIB = 1 << 20  # 1 PiB per server or job: larger is a typo (and 1e300 overflowed)
 
 DESCRIPTION = """\
 Replay a workload through the scheduling policies in virtual time. The simulator drives
@@ -316,6 +317,10 @@ def _run(args: argparse.Namespace) -> int:
     err = _console(stderr=True)
     try:
         names = _policies(args)
+        for flag, gib in (("--host-memory-gib", args.host_memory_gib), ("--job-host-memory-gib", args.job_host_memory_gib)):
+            if gib > MAX_MEMORY_GIB:  # 1e300 was an OverflowError traceback
+                raise ValueError(f"{flag} {gib:g} is more than {MAX_MEMORY_GIB:,} GiB (1 PiB); give a server's "
+                                 f"or a job's memory in GiB")
         servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
         jobs, fmt, left_out_lines = _workload(args, err)
         total = sum(srv.num_gpus for srv in servers)
@@ -364,10 +369,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.target_load is not None:
         try:
             jobs, factor = scale_to_load(jobs, servers, model, args.target_load)
+            first, last = min(j.submit_time for j in jobs), max(j.submit_time for j in jobs)
+            if last > MAX_SUBMIT_S:
+                # Past 1e11 s a float's step is too coarse for the replay's times: a 1-s job's JCT
+                # came out as 0 or 512 s, and a policy's wake-up "0.1 s later" was "now" (no end).
+                lowest = args.target_load * (last - first) / (MAX_SUBMIT_S - first)
+                raise ValueError(f"--target-load {args.target_load:g} stretches the arrivals to {last:.3g} s, past "
+                                 f"1e11 s (3,000 years), where virtual time loses its precision; give at least "
+                                 f"{lowest:.3g} for this trace")
         except ValueError as exc:
             err.print(f"gandiva sim: [red]error:[/red] {escape(str(exc))}")
             return 2
-        err.print(f"offered load {load:.3f} -> {args.target_load}: arrival times x{factor:.4f}")
+        err.print(f"offered load {load:.3g} -> {args.target_load:g}: arrival times x{factor:.4g}")
     elif math.isfinite(load):
         err.print(f"offered load {load:.3f} (use --target-load to change it)")
     else:  # one job, or all arriving at once: no span to spread them over, nothing to scale

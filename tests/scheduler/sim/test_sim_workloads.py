@@ -330,3 +330,28 @@ def test_a_gavel_job_type_with_blanks_around_it_finds_its_rates(tmp_path: Path) 
     path = tmp_path / "g.trace"
     path.write_text(" LM (batch size 20) \tpython3 lm.py\t-n\t1\t1200\t0.000000\t1\n")
     assert [j.model for j in read_trace(path)] == ["LM (batch size 20)"]
+
+
+def test_a_target_load_that_stretches_arrivals_past_1e11_s_is_refused(capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path) -> None:
+    """--target-load 1e-15 put the arrivals at 3e15 s, where a float's step is 0.5 s: a 1-s job's
+    JCT and a policy's wake-up 0.1 s later were rounded away (a gandiva replay could never end).
+    Now refused, naming the lowest target; that target replays."""
+    trace = tmp_path / "ones.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,1,1\n1000,1,1\n2000,1,1\n")
+    argv = ["sim", "--no-progress", "--trace", str(trace), "--cluster", "1x1", "--policy", "fifo", "-o", "json"]
+    assert main([*argv, "--target-load", "1e-15"]) == 2
+    err = capsys.readouterr().err
+    assert "--target-load 1e-15 stretches the arrivals to 3e+15 s, past 1e11 s" in err, err
+    lowest = err.split("give at least ")[1].split()[0]
+    assert main([*argv, "--target-load", str(float(lowest) * 1.01)]) == 0
+    assert json.loads(capsys.readouterr().out)["fifo"]["avg_jct_s"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("flags", [["--host-memory-gib", "1e300"], ["--host-memory-gib", "1", "--job-host-memory-gib",
+                                                                     "1e300"]])
+def test_a_host_memory_too_large_to_count_is_one_line(capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
+    """1e300 GiB was an OverflowError traceback (exit 1)."""
+    assert main(["sim", "--no-progress", "--jobs", "5", "--cluster", "1x2", *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"{flags[-2]} 1e+300 is more than 1,048,576 GiB (1 PiB)" in err and "Traceback" not in err, err
