@@ -23,6 +23,8 @@ from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
 from scheduler.sim.trace import FORMATS, GAVEL, MAX_SUBMIT_S, JobSpec, TraceError, read_trace_as
 
 logger = logging.getLogger(__name__)
+MIN_SPREAD_FACTOR = 0.01
+MAX_COST_S = 86400.0  # a suspend, migration or restart of more than a day models nothing real
 MAX_MEMORY_GIB = 1 << 20  # 1 PiB per server or job: larger is a typo (and 1e300 overflowed)
 
 DESCRIPTION = """\
@@ -255,8 +257,16 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
         path = Path(args.throughputs)
     elif args.throughputs == "auto" and args.trace is not None and trace_fmt in GAVEL:
         path = gavel_table_near(args.trace)
-    if args.spread_factor is not None and not 0 < args.spread_factor <= 1:
-        raise ValueError(f"--spread-factor must be in (0, 1], got {args.spread_factor}")
+    # Below 0.01 a spread job's time-slice group rotates for ages (1e-9: 1e14 s in 1,920-s slices,
+    # a replay without end); Gavel measured 0.10 to 1.35.
+    if args.spread_factor is not None and not MIN_SPREAD_FACTOR <= args.spread_factor <= 1:
+        raise ValueError(f"--spread-factor must be in [{MIN_SPREAD_FACTOR}, 1], got {args.spread_factor} "
+                         f"(Gavel measured 0.10 to 1)")
+    for flag, cost in (("--suspend-resume-s", costs.suspend_resume_s), ("--migrate-s", costs.migrate_s),
+                       ("--restart-s", costs.restart_s)):
+        if cost > MAX_COST_S:  # 1e300 printed an average JCT of 6.7e298 s, or never ended
+            raise ValueError(f"{flag} {cost:g} is more than a day ({MAX_COST_S:,.0f} s); give the mechanism's "
+                             f"cost in seconds")
     model = MechanismModel.default(costs) if path is None else MechanismModel.from_gavel(path, args.gpu_type, costs)
     if args.spread_factor is not None:
         model.fix_spread(args.spread_factor)

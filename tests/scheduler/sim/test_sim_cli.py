@@ -89,7 +89,20 @@ def test_spread_factor_one_replays_durations_as_they_are(capsys: pytest.CaptureF
         jct[factor] = json.loads(out)["yarn-cs"]["avg_jct_s"]
     assert jct == {"1": pytest.approx(1000), "0.5": pytest.approx(2000)}
     code, _, err = _sim(capsys, "--trace", str(trace), "--spread-factor", "0")
-    assert code == 2 and "--spread-factor must be in (0, 1], got 0.0" in err
+    assert code == 2 and "--spread-factor must be in [0.01, 1], got 0.0" in err
+    # 1e-9: spread jobs took 1e14 s, their time-slice group rotating in 1,920-s slices: no end.
+    code, _, err = _sim(capsys, "--trace", str(trace), "--spread-factor", "1e-9")
+    assert code == 2 and "--spread-factor must be in [0.01, 1], got 1e-09" in err
+    code, out, _ = _sim(capsys, "--trace", str(trace), "--cluster", "2x2", "--policy", "yarn-cs",
+                        "--spread-factor", "0.01", "-o", "json")
+    assert code == 0 and json.loads(out)["yarn-cs"]["avg_jct_s"] == pytest.approx(100_000)
+
+
+@pytest.mark.parametrize("flag", ["--suspend-resume-s", "--migrate-s", "--restart-s"])
+def test_a_mechanism_cost_of_more_than_a_day_is_refused(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    """1e300 was taken: --migrate-s printed an average JCT of 6.7e298 s, --suspend-resume-s never ended."""
+    code, _, err = _sim(capsys, "--jobs", "5", "--cluster", "1x2", "--compare", "gandiva,tiresias", flag, "1e300")
+    assert code == 2 and f"{flag} 1e+300 is more than a day (86,400 s)" in err, err
 
 
 def test_paper_time_slicing_can_be_chosen_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
