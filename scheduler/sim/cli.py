@@ -267,6 +267,12 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
         if cost > MAX_COST_S:  # 1e300 printed an average JCT of 6.7e298 s, or never ended
             raise ValueError(f"{flag} {cost:g} is more than a day ({MAX_COST_S:,.0f} s); give the mechanism's "
                              f"cost in seconds")
+    if costs.suspend_resume_s >= args.quantum:
+        # 2,000 s against the 60-s quantum: every resume's pause outlasted the slice, each job
+        # was suspended again with nothing trained, and the replay never ended.
+        raise ValueError(f"--suspend-resume-s {costs.suspend_resume_s:g} is not below --quantum {args.quantum:g}: a "
+                         f"time slice shorter than the switch it pays for trains nothing and the replay may never "
+                         f"end; give the mechanism's cost in seconds (default {Costs.suspend_resume_s:g})")
     model = MechanismModel.default(costs) if path is None else MechanismModel.from_gavel(path, args.gpu_type, costs)
     if args.spread_factor is not None:
         model.fix_spread(args.spread_factor)

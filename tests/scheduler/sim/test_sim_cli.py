@@ -105,6 +105,16 @@ def test_a_mechanism_cost_of_more_than_a_day_is_refused(capsys: pytest.CaptureFi
     assert code == 2 and f"{flag} 1e+300 is more than a day (86,400 s)" in err, err
 
 
+def test_a_resume_that_outlasts_the_time_slice_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--suspend-resume-s 2000 with the 60-s quantum: each resume's pause outlasted its slice,
+    no job trained and gandiva's replay never ended. Below the quantum it runs."""
+    code, _, err = _sim(capsys, "--jobs", "3", "--cluster", "1x1", "--policy", "gandiva", "--suspend-resume-s", "2000")
+    assert code == 2 and "--suspend-resume-s 2000 is not below --quantum 60" in err, err
+    code, _, err = _sim(capsys, "--jobs", "3", "--cluster", "1x1", "--policy", "gandiva", "--suspend-resume-s", "2000",
+                        "--quantum", "3000", "-o", "json")
+    assert code == 0, err
+
+
 def test_paper_time_slicing_can_be_chosen_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     # balance_park off: on one server it hands the server from one GPU count to another, and
     # the groups time-slice little either way; this is about how slices are taken.
