@@ -538,8 +538,7 @@ class LiveEngine:
             self._background(job_id, self._fetch_and_launch(
                 job_id, tuple(gpus), incarnation, restore.fetch_from, job.restore_checkpoint, restore.dest_address))
         else:
-            self._fetch_failures.pop(job_id, None)
-            self._dest_refusals.pop(job_id, None)
+            self._forget_fetches(job_id)
             self.launch(job, gpus, incarnation, restore_checkpoint=restore.path)
 
     async def _fetch_and_launch(self, job_id: str, gpus: tuple[pt.GpuRef, ...], incarnation: str, holder: str,
@@ -578,12 +577,10 @@ class LiveEngine:
                 # in case the policy has nowhere else to put it.
                 self._dest_refusals[job_id] = refusals
                 dest_name = gpus[0].server
-                self._quarantined[dest_name] = self.core.monotonic() + LAUNCH_QUARANTINE_S
+                self._quarantine(s, now, dest_name, f"{dest_name} could not take a checkpoint ({failure})")
                 why = (f"could not fetch its checkpoint {job.restore_checkpoint} from {holder}: {dest_name} could not "
                        f"take it ({failure}); its checkpoint is kept, and no new job is placed there for "
                        f"{LAUNCH_QUARANTINE_S:.0f}s")
-                repo.add_event(s, now, "server.launch_failed", f"{dest_name} could not take a checkpoint ({failure}): "
-                               f"no new job is placed there for {LAUNCH_QUARANTINE_S:.0f}s", server=dest_name)
                 await repo.requeue(s, job, now, why, fenced_until=now + self.core.settings.down_after_s)
                 log.warning("job %s: %s", job_id, why)
                 return
@@ -609,8 +606,7 @@ class LiveEngine:
                 await repo.requeue(s, job, now, why, fenced_until=fence)
                 log.warning("job %s: %s", job_id, why)
                 return
-            self._fetch_failures.pop(job_id, None)
-            self._dest_refusals.pop(job_id, None)
+            self._forget_fetches(job_id)
             repo.add_event(s, now, "job.checkpoint",
                            f"fetched {job.restore_checkpoint} from {holder} to {result.checkpoint_path} "
                            f"in {seconds:.2f}s ({result.message})", job_id=job_id, server=gpus[0].server)
@@ -670,11 +666,7 @@ class LiveEngine:
                 # Not the job's fault: it is placed again, elsewhere (its restore point kept),
                 # and the server gets no new job for a while. Before, the job failed, and so
                 # did every job placed after it on that server (the one with free GPUs).
-                self._quarantined[server] = self.core.monotonic() + LAUNCH_QUARANTINE_S
-                note = (f"{server} could not start jobs ({result.message}): no new job is placed there "
-                        f"for {LAUNCH_QUARANTINE_S:.0f}s")
-                repo.add_event(s, now, "server.launch_failed", note, server=server)
-                log.warning("%s", note)
+                log.warning("%s", self._quarantine(s, now, server, f"{server} could not start jobs ({result.message})"))
                 await repo.requeue(s, job, now, f"launch on {server} failed for a reason of the server's, "
                                    f"not the job's ({result.message}): placed again elsewhere",
                                    fenced_until=now + self.core.settings.heartbeat_interval_s)
@@ -829,31 +821,41 @@ class LiveEngine:
         """Carry out a migration, then what its failure calls for (the policy's and an
         operator's alike)."""
         await migration
-        if DEST_REFUSED in (await self._job(job_id)).message:
+        job = await self._job(job_id)
+        if DEST_REFUSED in job.message:
             # Its destination could not take the checkpoint (its ramdisk full): the policy,
             # which knows nothing of ramdisks, would move the job there again every round,
             # each try a restart. That server gets no new job for a while instead.
-            self._quarantined[dest] = self.core.monotonic() + LAUNCH_QUARANTINE_S
             async with self.core.tx() as s:
-                repo.add_event(s, self.core.clock(), "server.launch_failed",
-                               f"{dest} could not take {job_id}'s migration checkpoint: no new job is placed there "
-                               f"for {LAUNCH_QUARANTINE_S:.0f}s", server=dest)
+                self._quarantine(s, self.core.clock(), dest, f"{dest} could not take {job_id}'s migration checkpoint")
         if was_state == JobState.SUSPENDED.value and source:
-            await self._suspended_again(job_id, incarnation, source)
+            await self._suspended_again(job, incarnation, source)
 
-    async def _suspended_again(self, job_id: str, incarnation: str, source: str) -> None:
+    def _forget_fetches(self, job_id: str) -> None:
+        """The job's checkpoint was fetched, or is not fetched: its failed tries start over."""
+        self._fetch_failures.pop(job_id, None)
+        self._dest_refusals.pop(job_id, None)
+
+    def _quarantine(self, s: AsyncSession, now: float, server: str, what: str) -> str:
+        """``server`` gets no new job for LAUNCH_QUARANTINE_S (``what`` went wrong there),
+        written as a ``server.launch_failed`` event in ``s``; returns the event's text."""
+        self._quarantined[server] = self.core.monotonic() + LAUNCH_QUARANTINE_S
+        note = f"{what}: no new job is placed there for {LAUNCH_QUARANTINE_S:.0f}s"
+        repo.add_event(s, now, "server.launch_failed", note, server=server)
+        return note
+
+    async def _suspended_again(self, job: Job, incarnation: str, source: str) -> None:
         """A job suspended for a time slice whose migration failed after its checkpoint is
         restarted at its source from it (restarted_at_source): a new launch, training on
         the GPUs its time slice had given to another job. Before, it ran there beside that
         job (two jobs on one GPU, never profiled for it: packing by accident) until the
         quantum's end; now it is suspended again as soon as its runtime connects."""
-        job = await self._job(job_id)
         # Told by its outcome's transition, not its server: a move between GPUs of one
         # server that succeeded lands there too, and runs as the policy meant.
         if (job.state != JobState.RUNNING.value or job.incarnation == incarnation
                 or not job.message.startswith(f"{Outcome.RESTARTED_AT_SOURCE.value}:")):
             return  # migrated, stayed (still suspended), re-queued or ended
-        await self._suspend(job_id, f"still suspended: its migration failed and it was restarted at {source}")
+        await self._suspend(job.id, f"still suspended: its migration failed and it was restarted at {source}")
 
     # ---- operator actions -----------------------------------------------------
 
