@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
+import struct
+import termios
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +24,11 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 16 << 10
 READ_TIMEOUT_S = 10.0
+# A client that stops reading its answer for this long is cut off. Without it, a client that
+# asked for a large answer (a long /api/timeline, /metrics of many jobs) and never read it held
+# its connection for ever: 64 of them, and the dashboard and /metrics answered 503 to everyone.
+# A slow client that keeps reading is served however long it takes.
+WRITE_STALL_S = 10.0
 # Connections served at once; past it a new one is answered 503 and closed at once. Without a
 # bound, idle connections (each held up to READ_TIMEOUT_S) used up the process's file
 # descriptors: the scheduler's gRPC listener then accepted no helper or client ("File
@@ -130,7 +138,7 @@ class HttpServer:
                   "Connection: close\r\n\r\n").encode()
         try:
             writer.write(header + (b"" if method == "HEAD" else response.body))
-            await writer.drain()
+            await _drain(writer)
         except ConnectionError:
             pass
         finally:
@@ -149,6 +157,37 @@ class HttpServer:
             if refused is not None:
                 return refused
         return await handler(dict(parse_qsl(url.query)))
+
+
+async def _drain(writer: asyncio.StreamWriter) -> None:
+    """Wait until the answer is handed to the kernel, while the client keeps reading: a client
+    that read nothing for WRITE_STALL_S is cut off (its connection aborted, the answer dropped)."""
+    left = _unsent(writer)
+    while True:
+        try:
+            await asyncio.wait_for(writer.drain(), WRITE_STALL_S)
+            return
+        except TimeoutError:
+            now_left = _unsent(writer)
+            if now_left >= left:
+                log.info("HTTP client read nothing for %.0fs; connection cut (%d bytes unsent)",
+                         WRITE_STALL_S, now_left)
+                writer.transport.abort()
+                return
+            left = now_left
+
+
+def _unsent(writer: asyncio.StreamWriter) -> int:
+    """Bytes of the answer the client has not taken yet: those still in the event loop's buffer,
+    and (Linux) those in the socket's send queue not yet acknowledged. The loop's buffer alone
+    moves in steps of up to a third of the kernel's send buffer (megabytes), so a client reading
+    steadily but slowly could seem to read nothing for many seconds."""
+    unsent = writer.transport.get_write_buffer_size()
+    sock = writer.get_extra_info("socket")
+    if sock is not None and hasattr(termios, "TIOCOUTQ"):
+        with contextlib.suppress(OSError):
+            unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    return unsent
 
 
 def _bearer(head: bytes) -> str:

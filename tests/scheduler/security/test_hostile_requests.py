@@ -603,3 +603,72 @@ def test_variables_that_steer_a_launch_are_refused_in_a_spec(channel: Any) -> No
     env = job_environment({"PATH": "/bin"}, {"GANDIVA_RESTORE_CHECKPOINT": "/x", "GANDIVA_WARM": "1", "A": "b"},
                           job_id="j-1", incarnation="i", scheduler="s:1", server="n1", gpu_indices=[0])
     assert "GANDIVA_RESTORE_CHECKPOINT" not in env and "GANDIVA_WARM" not in env and env["A"] == "b"
+
+
+async def test_clients_that_never_read_a_large_answer_cannot_shut_out_the_dashboard(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients that asked for a large answer (a long /api/timeline, /metrics of many jobs) and
+    read none of it held their connections for ever: 64 of them, and /metrics and the dashboard
+    answered 503 to everyone, Prometheus included. Now a client that reads nothing for
+    WRITE_STALL_S is cut off; one that reads slowly but steadily still gets the whole answer."""
+    import asyncio
+    import time
+
+    from scheduler.observe import http
+
+    monkeypatch.setattr(http, "WRITE_STALL_S", 1.5)
+    big = b"x" * (8 << 20)  # past what the kernel's socket buffers take for a client that reads nothing
+
+    async def large(_: Any) -> http.Response:
+        return http.Response(200, big)
+
+    async def small(_: Any) -> http.Response:
+        return http.Response(200, b"ok")
+
+    server = http.HttpServer("127.0.0.1:0", {"/large": large, "/small": small})
+    host, port = (await server.start()).rsplit(":", 1)
+    stalled: list[socket.socket] = []
+
+    def connect(rcvbuf: int = 4096) -> socket.socket:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s.settimeout(30)
+        s.connect((host, int(port)))
+        s.sendall(b"GET /large HTTP/1.1\r\n\r\n")
+        return s
+
+    def fetch_small() -> bytes:
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b"GET /small HTTP/1.1\r\n\r\n")
+            return s.recv(100)
+
+    def read_steadily() -> int:
+        s = connect(64 << 10)
+        got = 0
+        with s:
+            started = time.monotonic()
+            while chunk := s.recv(256 << 10):
+                got += len(chunk)
+                time.sleep(0.02)
+            assert time.monotonic() - started > 1.5, "read faster than the stall limit: proves nothing"
+        return got
+
+    loop = asyncio.get_running_loop()
+    try:
+        for _ in range(http.MAX_CONNECTIONS):
+            stalled.append(await loop.run_in_executor(None, connect))
+        deadline = time.monotonic() + 30
+        while server._open < http.MAX_CONNECTIONS and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert server._open == http.MAX_CONNECTIONS  # every one of them is being answered
+        # They read nothing: each is cut off, and the dashboard answers again.
+        while server._open and time.monotonic() < deadline + 30:
+            await asyncio.sleep(0.1)
+        assert (await loop.run_in_executor(None, fetch_small)).startswith(b"HTTP/1.1 200 "), \
+            "clients that never read still hold every connection"
+        slow = await loop.run_in_executor(None, read_steadily)
+        assert slow > len(big), f"a slow reader got {slow} bytes of an answer of {len(big)}"
+    finally:
+        for s in stalled:
+            s.close()
+        await server.stop()
