@@ -260,13 +260,13 @@ class SimBackend:
         elif isinstance(d, Suspend):
             self._expect(job, d, ("RUNNING",))
             self._set_state(job, "SUSPENDED")
-            self.counts["suspends"] += 1
+            self._count(job, "suspends")
         elif isinstance(d, Park):
             self._expect(job, d, ("SUSPENDED", "RUNNING"))
             self._bind(job, ())
             self._set_state(job, "QUEUED")
             job.parked = True
-            self.counts["parks"] += 1
+            self._count(job, "parks")
         elif isinstance(d, (Resume, Pack)):
             self._expect(job, d, ("SUSPENDED", "QUEUED") if isinstance(d, Pack) else ("SUSPENDED",))
             moved = d.gpus != job.placement
@@ -274,12 +274,12 @@ class SimBackend:
             self._set_state(job, "RUNNING")
             job.paused_until = now + (costs.migrate_s if moved and self.resume_cost < costs.migrate_s
                                       else self.resume_cost)
-            self.counts["packs" if isinstance(d, Pack) else "resumes"] += 1
+            self._count(job, "packs" if isinstance(d, Pack) else "resumes")
         elif isinstance(d, Unpack):
             self._expect(job, d, ("RUNNING",))
             self._bind(job, d.gpus)
             self._set_state(job, "SUSPENDED")
-            self.counts["unpacks"] += 1
+            self._count(job, "unpacks")
         elif isinstance(d, (Migrate, Grow, Shrink)):
             self._expect(job, d, ("RUNNING", "SUSPENDED"))
             gpus = d.to_gpus if isinstance(d, Migrate) else d.gpus
@@ -287,9 +287,15 @@ class SimBackend:
             self._set_state(job, "RUNNING")
             job.paused_until = now + costs.migrate_s
             kind = {Migrate: "migrations", Grow: "grows", Shrink: "shrinks"}[type(d)]
-            self.counts[kind] += 1
+            self._count(job, kind)
         else:
             raise TypeError(f"unknown decision {d!r}")
+
+    def _count(self, job: SimJob, kind: str) -> None:
+        """One more ``kind`` (suspends, migrations, ...) for the run and for ``job`` (its own
+        counts are `gandiva sim --jobs-csv`'s columns)."""
+        self.counts[kind] += 1
+        job.counts[kind] = job.counts.get(kind, 0) + 1
 
     def _set_state(self, job: SimJob, state: str) -> None:
         was = job.state == "RUNNING"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import logging
 import math
@@ -18,7 +19,7 @@ from scheduler.policy import POLICIES, PolicyConfig, get_policy
 from scheduler.sim.engine import SimResult, Simulator, make_cluster, skipped_note
 from scheduler.sim.generator import generate
 from scheduler.sim.load import duration_alone, makespan_bound, offered_load, replayed, scale_to_load
-from scheduler.sim.metrics import summarize
+from scheduler.sim.metrics import job_columns, job_rows, summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
 from scheduler.sim.trace import FORMATS, GAVEL, MAX_SUBMIT_S, JobSpec, TraceError, read_trace_as
 
@@ -194,6 +195,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument("--plot", type=Path, metavar="DIR", help="write jct_cdf.png, first_n_cdf.png and utilization.png")
     o.add_argument("--first-n", type=_at_least_one, default=100,
                    help="report the time until each job's first N mini-batches (default 100)")
+    o.add_argument("--jobs-csv", type=_trace_path, metavar="FILE",
+                   help="write one CSV row per job and policy: submit, first run, first N mini-batches, "
+                        "finish, JCT, GPUs, suspends, migrations...; jobs unfinished, skipped or left out "
+                        "have status and note saying so (docs/simulator.md \"Output\")")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -282,13 +287,13 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
     return model
 
 
-def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | None, int]:
-    """(the jobs, the trace's format, how many job lines --skip-invalid left out)."""
+def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | None, list[tuple[str, str]]]:
+    """(the jobs, the trace's format, the job lines --skip-invalid left out: ("", "line N: why"))."""
     if args.trace is None:
-        return generate(args.jobs, seed=args.seed), None, 0
+        return generate(args.jobs, seed=args.seed), None, []
     if not args.skip_invalid:
         try:
-            return (*read_trace_as(args.trace, args.format), 0)
+            return (*read_trace_as(args.trace, args.format), [])
         except TraceError as exc:
             if exc.line is None or not exc.skippable:  # the file as a whole: --skip-invalid cannot help
                 raise
@@ -301,7 +306,7 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
                   f"{len(skipped) + len(jobs):,} job lines:")
         for count, first in skip_reasons(skipped).values():
             err.print(f"  {count:,} like line {first.line}: {escape(first.reason)}")
-    return jobs, fmt, len(skipped)
+    return jobs, fmt, [("", f"line {exc.line}: {exc.reason}") for exc in skipped]
 
 
 def _trace_path(text: str) -> Path:
@@ -338,7 +343,7 @@ def _run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{flag} {gib:g} is more than {MAX_MEMORY_GIB:,} GiB (1 PiB); give a server's "
                                  f"or a job's memory in GiB")
         servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
-        jobs, fmt, left_out_lines = _workload(args, err)
+        jobs, fmt, left_out_jobs = _workload(args, err)
         total = sum(srv.num_gpus for srv in servers)
         smallest = min(j.num_gpus for j in jobs)
         if smallest > total:  # nothing would replay: a table of zeros says nothing
@@ -352,9 +357,12 @@ def _run(args: argparse.Namespace) -> int:
                                  f"give a folder you can write") from None
             if not os.access(args.plot, os.W_OK | os.X_OK):
                 raise ValueError(f"--plot {args.plot}: the folder is not writable; give a folder you can write")
+        if args.jobs_csv is not None:  # before the replay, which may take hours
+            _check_writable(args.jobs_csv)
         model = _model(args, fmt)
+        every_job = jobs
         jobs, rateless = _jobs_with_a_rate(jobs, servers, model, args.skip_invalid, err)
-        left_out_lines += rateless
+        left_out_jobs += rateless
         config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
                               max_jobs_per_gpu=args.max_jobs_per_gpu,
                               slice_growth=args.slice_growth, fifo_after_s=args.fifo_after,
@@ -421,8 +429,14 @@ def _run(args: argparse.Namespace) -> int:
     results = {name: _simulate(name, jobs, servers, model, config, args, err) for name in names}
     # Every job line of the trace is in one count: finished, unfinished, skipped (wider than
     # the cluster) or left out (--skip-invalid: a line that cannot be replayed).
-    summaries = {name: {**summarize(r), "makespan_bound_s": bound, "jobs_left_out": left_out_lines}
+    summaries = {name: {**summarize(r), "makespan_bound_s": bound, "jobs_left_out": len(left_out_jobs)}
                  for name, r in results.items()}
+    if args.jobs_csv is not None:
+        gone = {jid for jid, _ in left_out_jobs}
+        specs = jobs + [j for j in every_job if j.id in gone]  # (--target-load scaled the kept jobs' times)
+        rows = [row for r in results.values() for row in job_rows(r, specs, args.first_n, left_out_jobs)]
+        _write_jobs_csv(args.jobs_csv, rows, args.first_n)
+        err.print(f"wrote {escape(str(args.jobs_csv))} ({len(rows):,} rows: one per job and policy)")
     if args.output == "json":
         print(json.dumps(summaries, indent=2, sort_keys=True))
     else:
@@ -435,9 +449,35 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_writable(path: Path) -> None:
+    """ValueError unless ``--jobs-csv PATH`` can be written (a folder that exists and is
+    writable, and no folder of that name), said before a replay that may take hours."""
+    folder = path.parent
+    if path.is_dir():
+        raise ValueError(f"--jobs-csv {path}: a folder; give a file name (e.g. {path / 'jobs.csv'})")
+    if not folder.is_dir():
+        raise ValueError(f"--jobs-csv {path}: the folder {folder} does not exist; create it or give another file")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"--jobs-csv {path}: not writable; give a file you can write")
+
+
+def _write_jobs_csv(path: Path, rows: list[dict[str, Any]], first_n: int) -> None:
+    """Write the rows whole: to a temporary file beside ``path``, renamed over it, so that a
+    stopped run never leaves half a file (nor a reader sees one)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=job_columns(first_n))
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _jobs_with_a_rate(jobs: list[JobSpec], servers: tuple, model: MechanismModel, skip: bool,
-                      err: Any) -> tuple[list[JobSpec], int]:
-    """The jobs without those the table gives a rate of 0 alone, and how many those were.
+                      err: Any) -> tuple[list[JobSpec], list[tuple[str, str]]]:
+    """The jobs without those the table gives a rate of 0 alone, and those (id, why).
     Gavel's K80 table measured 0 for models that did not fit its memory (ResNet-50, batch 128,
     on 2+ GPUs): such a job never ends (its length in time, divided by 0, was a
     ZeroDivisionError). ValueError names them, unless ``skip`` (--skip-invalid) leaves them
@@ -450,7 +490,7 @@ def _jobs_with_a_rate(jobs: list[JobSpec], servers: tuple, model: MechanismModel
 
     rateless = [j for j in replayed(jobs, servers) if rate(j) <= 0]
     if not rateless:
-        return jobs, 0
+        return jobs, []
     job = rateless[0]
     count = f"{len(rateless):,} job(s)"
     where = " spread over servers" if model.alone_rate(job.model, job.num_gpus) > 0 else ""
@@ -464,7 +504,8 @@ def _jobs_with_a_rate(jobs: list[JobSpec], servers: tuple, model: MechanismModel
     if not replayed(kept, servers):
         raise ValueError(f"no job can be replayed: {count} have {why}; choose {fix}")
     err.print(f"[yellow]note:[/yellow] --skip-invalid left out {count} that have {escape(why)}")
-    return kept, len(rateless)
+    return kept, [(j.id, f"a rate of 0 in {model.source} for {j.model!r} on {j.num_gpus} GPU(s): it could not finish")
+                  for j in rateless]
 
 
 def _note_sub_step_jobs(jobs: list[JobSpec], model: MechanismModel, err: Any) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from scheduler.sim.engine import SimResult
+from scheduler.sim.trace import JobSpec
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -78,3 +80,54 @@ def utilization_series(result: SimResult, buckets: int = 200) -> tuple[list[floa
                 area[k] += busy * (hi - lo)
     xs = [(k + 0.5) * width / 3600.0 for k in range(buckets)]
     return xs, [a / (width * result.num_gpus) for a in area]
+
+
+COUNT_COLUMNS = ("suspends", "resumes", "parks", "packs", "unpacks", "migrations", "grows", "shrinks")
+
+
+def job_columns(first_n: int) -> list[str]:
+    """The columns of ``gandiva sim --jobs-csv`` (``first_n``: its --first-n)."""
+    return ["policy", "job_id", "status", "num_gpus", "model", "submit_s", "first_run_s", f"first_{first_n}_at_s",
+            "finished_s", "jct_s", "queueing_delay_s", f"time_to_first_{first_n}_s", *COUNT_COLUMNS, "note"]
+
+
+def job_rows(result: SimResult, specs: list[JobSpec], first_n: int,
+             left_out: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+    """One row per job of ``result`` (``job_columns``): every finished job with its times, as
+    ``summarize`` counts them (the mean of ``jct_s`` is ``avg_jct_s``, and so on), then the
+    unfinished and skipped jobs of ``specs`` and the ``left_out`` (job id or "", why) ones,
+    their times empty and the note saying why. Times are virtual seconds of the replay."""
+    def row(spec: JobSpec | None, status: str, note: str = "", job_id: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = dict.fromkeys(job_columns(first_n), "")
+        out.update(policy=result.policy, job_id=spec.id if spec is not None else job_id, status=status, note=note)
+        if spec is not None:
+            out.update(num_gpus=spec.num_gpus, model=spec.model)
+            if status != "left_out":  # (a left-out job's submit time is not scaled by --target-load)
+                out.update(submit_s=spec.submit_time)
+        return out
+
+    rows = []
+    for job in sorted(result.jobs, key=lambda j: (j.spec.submit_time, j.arrival)):
+        out = row(job.spec, "finished")
+        submit = job.spec.submit_time
+        if job.first_run_at is not None:
+            out.update(first_run_s=job.first_run_at, queueing_delay_s=job.first_run_at - submit)
+        if job.first_n_at is not None:
+            out[f"first_{first_n}_at_s"] = job.first_n_at
+            out[f"time_to_first_{first_n}_s"] = job.first_n_at - submit
+        if job.finished_at is not None:
+            out.update(finished_s=job.finished_at, jct_s=job.finished_at - submit)
+        out.update({kind: job.counts.get(kind, 0) for kind in COUNT_COLUMNS})
+        rows.append(out)
+    by_id = {s.id: s for s in specs}
+    total = result.num_gpus
+    for jid in result.unfinished:
+        rows.append(row(by_id.get(jid), "unfinished", "did not finish: the replay ended with it not done "
+                                                     "(no policy decision could run it)", jid))
+    for jid in result.skipped:
+        spec = by_id.get(jid)
+        gpus = f"{spec.num_gpus} GPUs, " if spec is not None else ""
+        rows.append(row(spec, "skipped", f"needs {gpus}more than the cluster's {total}: not replayed", jid))
+    for jid, why in left_out:
+        rows.append(row(by_id.get(jid), "left_out", why, jid))
+    return rows

@@ -1,0 +1,102 @@
+"""`gandiva sim --jobs-csv FILE`: one row per job and policy, whose rows add up to the
+summary's figures, and a job that did not replay says so."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gandiva_cli.main import main
+from scheduler.policy import POLICIES
+
+EVERY_POLICY = ",".join(POLICIES)
+
+
+def _replay(tmp_path: Path, *argv: str) -> tuple[dict[str, dict], list[dict[str, str]]]:
+    """The JSON summary and the --jobs-csv rows of one `gandiva sim` run."""
+    out = tmp_path / "jobs.csv"
+    out.unlink(missing_ok=True)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["sim", "--no-progress", "--compare", EVERY_POLICY, "-o", "json", "--jobs-csv", str(out), *argv])
+    assert code == 0
+    with out.open(newline="") as fh:
+        return json.loads(buf.getvalue()), list(csv.DictReader(fh))
+
+
+def _check_rows_add_up(summaries: dict[str, dict], rows: list[dict[str, str]], jobs: int) -> None:
+    assert set(summaries) == set(POLICIES)
+    for policy, s in summaries.items():
+        mine = [r for r in rows if r["policy"] == policy]
+        assert len(mine) == jobs, policy  # every job line once per policy
+        done = [r for r in mine if r["status"] == "finished"]
+        by_status = {k: sum(r["status"] == k for r in mine) for k in ("finished", "unfinished", "skipped", "left_out")}
+        assert by_status == {"finished": s["jobs_finished"], "unfinished": s["jobs_unfinished"],
+                             "skipped": s["jobs_skipped"], "left_out": s["jobs_left_out"]}, policy
+        jct = [float(r["jct_s"]) for r in done]
+        assert all(float(r["finished_s"]) - float(r["submit_s"]) == pytest.approx(float(r["jct_s"])) for r in done)
+        assert statistics.fmean(jct) == pytest.approx(s["avg_jct_s"], rel=1e-9), policy
+        assert statistics.median(jct) == pytest.approx(s["median_jct_s"], rel=1e-9), policy
+        first = [float(r["time_to_first_100_s"]) for r in done if r["time_to_first_100_s"]]
+        assert statistics.fmean(first) == pytest.approx(s["avg_time_to_first_n_s"], rel=1e-9), policy
+        queued = [float(r["queueing_delay_s"]) for r in done]
+        assert statistics.fmean(queued) == pytest.approx(s["avg_queueing_delay_s"], rel=1e-9, abs=1e-9), policy
+        makespan = max(float(r["finished_s"]) for r in done) - min(float(r["submit_s"]) for r in done)
+        assert makespan == pytest.approx(s["makespan_s"], rel=1e-9), policy
+        for kind in ("suspends", "migrations", "packs", "unpacks", "parks"):
+            assert sum(int(r[kind]) for r in done) == s[kind], (policy, kind)
+        for r in mine:
+            if r["status"] != "finished":
+                assert r["note"] and not r["jct_s"] and not r["finished_s"], r  # said so, no times
+
+
+def test_rows_add_up_to_the_summary_with_skipped_and_left_out_jobs(tmp_path: Path) -> None:
+    """A trace with time-sharing (more jobs than GPUs), a job wider than the cluster and two
+    lines --skip-invalid leaves out: each is a row of every policy, saying which."""
+    trace = tmp_path / "t.csv"
+    lines = ["job_id,num_gpu,submit_time,duration"]
+    lines += [f"j{i},{(1, 2, 4, 1)[i % 4]},{i * 7},{90 + 40 * (i % 5)}" for i in range(14)]
+    lines += ["cpu,0,3,60", "wide,64,5,60", "nolength,1,9,0"]
+    trace.write_text("\n".join(lines) + "\n")
+    summaries, rows = _replay(tmp_path, "--trace", str(trace), "--cluster", "2x4", "--skip-invalid")
+    _check_rows_add_up(summaries, rows, 17)
+    assert sum(s["suspends"] for s in summaries.values()) > 0  # the per-job counts were checked against some
+    gandiva = [r for r in rows if r["policy"] == "gandiva"]
+    wide = next(r for r in gandiva if r["job_id"] == "t-wide")
+    assert wide["status"] == "skipped" and "more than the cluster's 8" in wide["note"]
+    notes = sorted(r["note"] for r in gandiva if r["status"] == "left_out")
+    assert notes[0].startswith("line 16: GPU count '0'") and notes[1].startswith("line 18: duration '0'")
+
+
+def test_rows_add_up_to_the_summary_on_a_generated_workload(tmp_path: Path) -> None:
+    summaries, rows = _replay(tmp_path, "--jobs", "30", "--seed", "3", "--cluster", "2x4", "--target-load", "1.5")
+    _check_rows_add_up(summaries, rows, 30)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 1, 2, 4, 8]), st.integers(0, 600), st.integers(1, 900)),
+                min_size=2, max_size=12))
+def test_rows_add_up_to_the_summary_on_any_small_trace(tmp_path_factory: pytest.TempPathFactory,
+                                                       jobs: list[tuple[int, int, int]]) -> None:
+    tmp_path = tmp_path_factory.mktemp("jobs")
+    trace = tmp_path / "r.csv"
+    trace.write_text("submit_time,num_gpus,duration\n" + "".join(f"{t},{g},{d}\n" for g, t, d in jobs))
+    summaries, rows = _replay(tmp_path, "--trace", str(trace), "--cluster", "1x4")
+    _check_rows_add_up(summaries, rows, len(jobs))
+
+
+@pytest.mark.parametrize("where, says", [("missing/jobs.csv", "does not exist"), (".", "a folder")])
+def test_a_jobs_csv_that_cannot_be_written_is_refused_before_the_replay(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, where: str, says: str) -> None:
+    code = main(["sim", "--no-progress", "--jobs", "5", "--jobs-csv", str(tmp_path / where)])
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert code == 2 and "--jobs-csv" in err and says in err
+    assert not (tmp_path / "missing").exists()
