@@ -47,7 +47,18 @@ line that is not blank or a # comment):
             (job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration)
   tiresias  Tiresias CSV: a header naming job_id, num_gpu and submit_time
             (job_id,num_gpu,submit_time,iterations,model_name,duration,interval)
+  helios    SenseTime Helios CSV: a header naming gpu_num and cpu_num (job_id,user,gpu_num,
+            cpu_num,node_num,state,submit_time,start_time,end_time,duration,queue); its CPU
+            jobs (gpu_num 0) and jobs of duration 0 (never ran) are left out, counted
+  philly    Microsoft Philly's cluster_job_log: JSON, a list of jobs with jobid,
+            submitted_time and attempts; GPUs: the most one attempt held (its detail's
+            gpus), length: its attempts' run times added up; jobs that never ran or held
+            no GPU are left out, counted
+  pai       Alibaba PAI 2020 pai_job_table/pai_task_table (no header): detected and refused,
+            saying how to write it as csv (its GPUs are fractions: plan_gpu 50 = half a GPU)
   csv       any other CSV: submit_time,num_gpus,duration[,model], header optional
+A GPU count that is not a whole number (0.5) is refused, naming the line (--skip-invalid
+leaves such lines out): round it up yourself if the job should hold a whole GPU.
 A CSV with a header is read by column name (any order and case, extra columns ignored,
 commas or tabs); without one, --format itp or tiresias reads their column order. Times
 are seconds (or ISO 8601 dates), durations seconds; docs/simulator.md "Workloads" has
@@ -288,25 +299,37 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
 
 
 def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | None, list[tuple[str, str]]]:
-    """(the jobs, the trace's format, the job lines --skip-invalid left out: ("", "line N: why"))."""
+    """(the jobs, the trace's format, the jobs left out: (job id or "", "line N: why")): the
+    records the format says are no GPU job (Helios's CPU jobs, Philly's jobs that never
+    ran), and the job lines --skip-invalid left out."""
     if args.trace is None:
         return generate(args.jobs, seed=args.seed), None, []
-    if not args.skip_invalid:
-        try:
-            return (*read_trace_as(args.trace, args.format), [])
-        except TraceError as exc:
-            if exc.line is None or not exc.skippable:  # the file as a whole: --skip-invalid cannot help
-                raise
-            raise TraceError(args.trace, exc.line, f"{exc.reason} (or --skip-invalid: leave out every job "
-                                                   f"line that cannot be replayed, counted by reason)") from None
-    skipped: list[TraceError] = []
-    jobs, fmt = read_trace_as(args.trace, args.format, skipped)
+    left_out: list[TraceError] = []
+    skipped: list[TraceError] | None = [] if args.skip_invalid else None
+    try:
+        jobs, fmt = read_trace_as(args.trace, args.format, skipped, left_out)
+    except TraceError as exc:
+        if skipped is not None or not exc.skippable:  # the file as a whole: --skip-invalid cannot help
+            raise
+        raise TraceError(args.trace, exc.line, f"{exc.reason} (or --skip-invalid: leave out every job "
+                                               f"line that cannot be replayed, counted by reason)") from None
+    total = len(jobs) + len(left_out) + len(skipped or [])
+    unit = "jobs" if fmt == "philly" else "job lines"
+    if left_out:
+        err.print(f"[yellow]note:[/yellow] left out {len(left_out):,} of {total:,} {unit}, which the {fmt} trace "
+                  f"says are no GPU job to replay:")
+        _print_reasons(left_out, err)
     if skipped:
-        err.print(f"[yellow]note:[/yellow] --skip-invalid left out {len(skipped):,} of "
-                  f"{len(skipped) + len(jobs):,} job lines:")
-        for count, first in skip_reasons(skipped).values():
-            err.print(f"  {count:,} like line {first.line}: {escape(first.reason)}")
-    return jobs, fmt, [("", f"line {exc.line}: {exc.reason}") for exc in skipped]
+        err.print(f"[yellow]note:[/yellow] --skip-invalid left out {len(skipped):,} of {total:,} {unit}:")
+        _print_reasons(skipped, err)
+    return jobs, fmt, [(exc.job_id, f"line {exc.line}: {exc.reason}" if exc.line is not None else exc.reason)
+                       for exc in left_out + (skipped or [])]
+
+
+def _print_reasons(errors: list[TraceError], err: Any) -> None:
+    for count, first in skip_reasons(errors).values():
+        where = f"line {first.line}: " if first.line is not None else ""
+        err.print(f"  {count:,} like {where}{escape(first.reason)}")
 
 
 def _trace_path(text: str) -> Path:

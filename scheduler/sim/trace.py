@@ -32,6 +32,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import itertools
+import json
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -40,7 +42,9 @@ from pathlib import Path
 
 from scheduler.validation import MAX_GPUS
 
-FORMATS = ("auto", "gavel6", "gavel7", "gavel10", "tiresias", "itp", "csv")
+logger = logging.getLogger(__name__)
+
+FORMATS = ("auto", "gavel6", "gavel7", "gavel10", "tiresias", "itp", "helios", "philly", "pai", "csv")
 # Gavel's tab-separated layouts: format -> its column count, and the columns of a job's
 # total steps, arrival time and scale factor (its GPU count).
 GAVEL = {"gavel6": 6, "gavel7": 7, "gavel10": 10}
@@ -70,18 +74,26 @@ NAMES = {
 }
 POSITIONS: dict[str, dict[str, int]] = {
     "tiresias": {"id": 0, "gpus": 1, "submit": 2, "model": 4, "duration": 5},
+    "helios": {"id": 0, "user": 1, "gpus": 2, "submit": 6, "duration": 9},
     "itp": {"id": 0, "submit": 1, "model": 3, "gpus": 6, "duration": 7},
     "csv": {"submit": 0, "gpus": 1, "duration": 2, "model": 3},
 }
-COLUMN_COUNTS = {"tiresias": (6, 7), "itp": (8,), "csv": (3, 4)}
+COLUMN_COUNTS = {"tiresias": (6, 7), "itp": (8,), "helios": (11,), "csv": (3, 4)}
 HEADERS = {
     "tiresias": "job_id,num_gpu,submit_time,iterations,model_name,duration,interval",
     "itp": "job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration",
+    "helios": "job_id,user,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration,queue",
     "csv": "submit_time,num_gpus,duration[,model]",
 }
-LABELS = {"tiresias": "Tiresias", "itp": "ITP", "csv": "CSV"}
+LABELS = {"tiresias": "Tiresias", "itp": "ITP", "helios": "Helios", "csv": "CSV"}
 REQUIRED = {"tiresias": ("id", "gpus", "submit", "duration"), "itp": ("id", "gpus", "submit", "duration"),
-            "csv": ("gpus", "submit", "duration")}
+            "helios": ("id", "gpus", "submit", "duration"), "csv": ("gpus", "submit", "duration")}
+# Alibaba PAI 2020 (cluster-trace-gpu-v2020), published without a header: its job table and
+# its task table (the GPUs are in the tasks, in hundredths of a GPU). Not replayed as they
+# are: _pai_refusal says how to write them as --format csv.
+PAI_JOB = "job_name,inst_id,user,status,start_time,end_time"
+PAI_TASK = "job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,plan_mem,plan_gpu,gpu_type"
+PAI_STATUSES = {"terminated", "failed", "running", "waiting", "interrupted", "cancelled"}
 
 
 class TraceError(ValueError):
@@ -92,6 +104,7 @@ class TraceError(ValueError):
         super().__init__(f"{where}: {message}")
         self.line, self.reason = line, message
         self.skippable = False  # a job line --skip-invalid would leave out (set by _Rows.fail)
+        self.job_id = ""  # the job a left-out record was (where the format names it)
 
 
 @dataclass(frozen=True)
@@ -140,7 +153,15 @@ def _num(text: str, what: str, path: Path, line: int, kind: type = float, most: 
 
 
 def _gpus(text: str, path: Path, line: int) -> int:
-    n = int(_num(text, "GPU count", path, line, int))
+    try:
+        n = int(_num(text, "GPU count", path, line, int))
+    except TraceError as exc:
+        if "not a whole number" not in exc.reason:
+            raise
+        # A fraction of a GPU (Alibaba PAI shares GPUs: 0.5, 0.25): the simulator places
+        # jobs on whole GPUs, and which whole count stands for it is the user's choice.
+        raise TraceError(path, line, f"{exc.reason}: the simulator places jobs on whole GPUs; round it up "
+                                     f"(a job sharing a GPU then holds one) or leave the line out") from None
     if n < 1:
         raise TraceError(path, line, f"GPU count {_shown(text)} must be at least 1")
     if n > MAX_GPUS:
@@ -220,9 +241,23 @@ class _Rows:
     """Per-row errors: raised at once, or, with ``skipped`` (``--skip-invalid``), collected
     there and the row left out."""
 
-    def __init__(self, skipped: list[TraceError] | None) -> None:
+    def __init__(self, skipped: list[TraceError] | None, left_out: list[TraceError] | None = None) -> None:
         self.skipped = skipped
+        self.left_out = left_out
         self.count = 0
+
+    def leave_out(self, exc: TraceError, job_id: str = "") -> None:
+        """A record the format itself says is no GPU training job to replay (a CPU job, a
+        job that never started): left out always, collected in ``left_out`` to be counted
+        (``gandiva sim`` prints how many, by reason, and counts them in jobs_left_out)."""
+        exc.job_id = job_id
+        self.count += 1
+        if self.left_out is not None:
+            self.left_out.append(exc)
+        elif self.skipped is not None:
+            self.skipped.append(exc)
+        else:
+            logger.warning("%s (left out)", exc)
 
     def fail(self, exc: TraceError) -> None:
         exc.skippable = True
@@ -289,6 +324,10 @@ def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> 
 
 def _csv_format(cells: list[str]) -> str:
     names = {_norm(c) for c in cells}
+    if _pai_table(cells) is not None:
+        return "pai"
+    if "gpu_num" in names and "cpu_num" in names:
+        return "helios"
     if "job_id" in names and "submission_time" in names:
         return "itp"
     if "job_id" in names and "num_gpu" in names and "submit_time" in names:
@@ -297,7 +336,7 @@ def _csv_format(cells: list[str]) -> str:
 
 
 def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
-              skipped: list[TraceError] | None = None) -> list[JobSpec]:
+              skipped: list[TraceError] | None = None, left_out: list[TraceError] | None = None) -> list[JobSpec]:
     first = rows[0][1]
     if len(first) == 1 and (";" in first[0] or "|" in first[0]):
         sep = ";" if ";" in first[0] else "|"
@@ -344,7 +383,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
     jobs: list[JobSpec] = []
     dates = False
     lines: list[int] = []
-    errors = _Rows(skipped)
+    errors = _Rows(skipped, left_out)
     for line, cols in rows:
         try:
             if header_line and cols == header:
@@ -358,6 +397,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                     hint += "; an ITP or Tiresias trace needs its header line, or --format itp/tiresias"
                 expected = " or ".join(map(str, counts)) if len(counts) < 3 else f"{counts[0]} to {counts[-1]}"
                 raise TraceError(path, line, f"expected {expected} {LABELS[fmt]} columns, got {len(cols)}{hint}")
+            if fmt == "helios" and (why := _helios_no_gpu_job(cols, roles)):
+                errors.leave_out(TraceError(path, line, why), f"{path.stem}-{cols[roles['id']].strip()}")
+                continue
             if "id" in roles:
                 raw = cols[roles["id"]].strip()
                 if not raw:
@@ -401,6 +443,45 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         jobs = [JobSpec(id=j.id, submit_time=j.submit_time - start, num_gpus=j.num_gpus, model=j.model,
                         duration_s=j.duration_s) for j in jobs]
     return jobs
+
+
+def _helios_no_gpu_job(cols: list[str], roles: dict[str, int]) -> str:
+    """Why a Helios record is no GPU job to replay ("" if it is one): its CPU jobs have
+    gpu_num 0, and jobs cancelled before they started a duration of 0. Anything else that
+    is wrong is the reader's usual error."""
+    for role, why in (("gpus", "a CPU job (gpu_num 0): no GPU job to replay"),
+                      ("duration", "never ran (duration 0: cancelled or failed before it started)")):
+        text = cols[roles[role]].strip()
+        if _is_number(text) and float(text) == 0:
+            return why
+    return ""
+
+
+def _pai_table(cells: list[str]) -> str | None:
+    """"job" or "task" when ``cells`` (a first line) is a row or the header of Alibaba PAI
+    2020's pai_job_table or pai_task_table, else None."""
+    names = [_norm(c) for c in cells]
+    if names == PAI_JOB.split(","):
+        return "job"
+    if names == PAI_TASK.split(",") or ("plan_gpu" in names and "job_name" in names):
+        return "task"
+    if len(cells) in (6, 10) and names[3] in PAI_STATUSES and all(_is_number(c) or not c.strip() for c in cells[4:6]):
+        return "job" if len(cells) == 6 else "task"
+    return None
+
+
+def _pai_refusal(path: Path, line: int, table: str | None) -> TraceError:
+    """Alibaba PAI 2020's tables are not read: a job's GPUs are spread over its tasks and their
+    instances in hundredths of a GPU (plan_gpu 50 = half a GPU), and this simulator places
+    jobs on whole GPUs, so how to count them is the user's choice, said here."""
+    which = {"job": f"pai_job_table ({PAI_JOB}), which holds no GPU counts",
+             "task": f"pai_task_table ({PAI_TASK})"}.get(table or "", "pai_job_table/pai_task_table")
+    return TraceError(path, line, f"Alibaba PAI 2020 trace, {which}: not replayed as it is (a job's GPUs are its "
+                                  f"tasks' inst_num x plan_gpu / 100, fractions of a GPU, and the simulator places "
+                                  f"whole GPUs); write one line per job as --format csv: submit_time (the job's "
+                                  f"earliest start_time), num_gpus (the sum of inst_num x plan_gpu / 100 over its "
+                                  f"tasks, rounded up to a whole GPU), duration (end_time - start_time), leaving out "
+                                  f"tasks with no plan_gpu (CPU) or no end_time")
 
 
 def _span_hint(missing: str, header: list[str]) -> str:
@@ -527,12 +608,137 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]"
 
 def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
     if lines[0][1].lstrip("\ufeff \t").startswith(("[", "{")):
+        if any('"jobid"' in ln and '"attempts"' in ln for ln in _json_window(lines)):
+            return "philly"
         raise TraceError(path, lines[0][0], "JSON, not a trace this reader knows: write it as CSV with the "
-                                            "columns submit_time,num_gpus,duration[,model] (see gandiva sim --help)")
+                                            "columns submit_time,num_gpus,duration[,model] (see gandiva sim --help; "
+                                            "of JSON it reads Philly's cluster_job_log: a list of jobs with jobid, "
+                                            "submitted_time and attempts)")
     detected = detect_format(lines[0][1])
     if detected not in FORMATS:
         raise TraceError(path, lines[0][0], f"unrecognised trace layout ({detected})")
     return detected
+
+
+def _json_window(lines: list[tuple[int, str]]) -> list[str]:
+    """The first jobs of a JSON file, as text: its first line (a file written on one line)
+    or its first 200 lines joined (pretty-printed), each cut to 1 MB."""
+    return [lines[0][1][:1 << 20], "".join(ln for _, ln in lines[:200])[:1 << 20]]
+
+
+def _philly_time(value: object) -> float | None:
+    """Seconds of a Philly date (``2017-10-03 03:04:35``), None where it has none (null or
+    "None": an attempt that never started or ended); ValueError for anything else."""
+    if value is None or value == "None" or value == "":
+        return None
+    if isinstance(value, str) and (stamp := _date(value)) is not None:
+        return stamp
+    raise ValueError(f"{_shown(str(value))} is not a date (YYYY-MM-DD HH:MM:SS)")
+
+
+def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceError] | None,
+                 left_out: list[TraceError] | None) -> list[JobSpec]:
+    """Microsoft Philly's cluster_job_log: a JSON list of jobs, each with ``jobid``,
+    ``submitted_time`` (a date), ``status`` and ``attempts`` (each with ``start_time``,
+    ``end_time`` and ``detail``: the machines it ran on, each with its ``gpus``). A job's
+    GPUs are the most that one of its attempts held; its length is the time its attempts
+    ran, added up (the gaps between them were queueing, which the replay does itself); its
+    status is not read (a killed or failed job held its GPUs that long). A job none of whose
+    attempts started and ended, one that held no GPU, or ran 0 s is left out, counted."""
+    text = "\n" * (lines[0][0] - 1)
+    last = lines[0][0]
+    for i, ln in lines:  # blank lines put back, so that a JSON error's line is the file's
+        text += "\n" * (i - last) + ln
+        last = i
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(path, exc.lineno, f"not JSON ({exc.msg}, column {exc.colno}): a Philly cluster_job_log is "
+                                           f"one JSON list of jobs") from None
+    except RecursionError:
+        raise TraceError(path, None, "JSON nested too deep: not a Philly cluster_job_log") from None
+    if not isinstance(data, list):
+        raise TraceError(path, None, f"a JSON {type(data).__name__}, not a list of jobs: a Philly cluster_job_log "
+                                     f"is a list of objects with jobid, submitted_time and attempts")
+    if len(data) > MAX_TRACE_LINES:
+        raise TraceError(path, None, f"more than {MAX_TRACE_LINES:,} jobs: the simulator holds every job in "
+                                     f"memory; replay a part of the trace (split it)")
+    errors = _Rows(skipped, left_out)
+    jobs: list[JobSpec] = []
+    seen: set[str] = set()
+    for index, job in enumerate(data):
+        name = f"job {index + 1}"
+        try:
+            if not isinstance(job, dict):
+                raise TraceError(path, None, f"{name} is a JSON {type(job).__name__}, not an object with jobid, "
+                                             f"submitted_time and attempts")
+            raw = job.get("jobid")
+            if not isinstance(raw, str | int) or isinstance(raw, bool) or not str(raw).strip():
+                raise TraceError(path, None, f"{name} has no jobid")
+            raw = str(raw).strip()
+            name = f"job {_shown(raw)}"
+            if _CONTROL.search(raw) or "\n" in raw:
+                raise TraceError(path, None, f"{name}: its jobid holds a control character")
+            if raw in seen:
+                raise TraceError(path, None, f"{name} is listed twice: job ids must be unique (remove the repeat)")
+            try:
+                submit = _philly_time(job.get("submitted_time"))
+            except ValueError as exc:
+                raise TraceError(path, None, f"{name}: submitted_time {exc}") from None
+            if submit is None:
+                raise TraceError(path, None, f"{name} has no submitted_time")
+            attempts = job.get("attempts")
+            if not isinstance(attempts, list):
+                raise TraceError(path, None, f"{name}: attempts is not a list")
+            ran, gpus = 0.0, 0
+            started = False
+            for attempt in attempts:
+                if not isinstance(attempt, dict):
+                    raise TraceError(path, None, f"{name}: an attempt is not an object with start_time, end_time "
+                                                 f"and detail")
+                try:
+                    start, end = _philly_time(attempt.get("start_time")), _philly_time(attempt.get("end_time"))
+                except ValueError as exc:
+                    raise TraceError(path, None, f"{name}: an attempt's time {exc}") from None
+                if start is None or end is None:
+                    continue  # never started, or no end recorded: it ran no known time
+                if end < start:
+                    raise TraceError(path, None, f"{name}: an attempt ends before it starts")
+                started = True
+                detail = attempt.get("detail") or []
+                if not isinstance(detail, list) or not all(isinstance(m, dict) and isinstance(m.get("gpus", []), list)
+                                                           for m in detail):
+                    raise TraceError(path, None, f"{name}: an attempt's detail is not a list of machines with gpus")
+                held = sum(len(m.get("gpus", [])) for m in detail)
+                if held:
+                    ran += end - start
+                    gpus = max(gpus, held)
+            if not started:
+                errors.leave_out(TraceError(path, None, f"{name} never ran (no attempt with a start_time and an "
+                                                        f"end_time)"), f"{path.stem}-{raw}")
+                continue
+            if not gpus:
+                errors.leave_out(TraceError(path, None, f"{name} held no GPU (no gpus in its attempts' detail): no "
+                                                        f"GPU job to replay"), f"{path.stem}-{raw}")
+                continue
+            if ran <= 0:
+                errors.leave_out(TraceError(path, None, f"{name} ran 0 s (its attempts start and end at once)"),
+                                 f"{path.stem}-{raw}")
+                continue
+            if ran > MAX_DURATION_S:
+                raise TraceError(path, None, f"{name} ran {ran:,.0f} s, more than a year: not a job this reader "
+                                             f"replays")
+            if gpus > MAX_GPUS:
+                raise TraceError(path, None, f"{name} held {gpus} GPUs, more than {MAX_GPUS}")
+        except TraceError as exc:
+            errors.fail(exc)
+            continue
+        seen.add(raw)
+        jobs.append(JobSpec(id=f"{path.stem}-{raw}", submit_time=submit, num_gpus=gpus, duration_s=ran))
+    if jobs:
+        start = min(j.submit_time for j in jobs)
+        jobs = [dataclasses.replace(j, submit_time=j.submit_time - start) for j in jobs]
+    return jobs
 
 
 def read_trace(path: str | Path, fmt: str = "auto") -> list[JobSpec]:
@@ -540,8 +746,8 @@ def read_trace(path: str | Path, fmt: str = "auto") -> list[JobSpec]:
     return read_trace_as(path, fmt)[0]
 
 
-def read_trace_as(path: str | Path, fmt: str = "auto",
-                  skipped: list[TraceError] | None = None) -> tuple[list[JobSpec], str]:
+def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError] | None = None,
+                  left_out: list[TraceError] | None = None) -> tuple[list[JobSpec], str]:
     """The jobs of a trace and the format they were read as (the file is read once, so a
     pipe such as ``--trace <(zcat t.csv.gz)`` works).
 
@@ -549,7 +755,11 @@ def read_trace_as(path: str | Path, fmt: str = "auto",
     CPU job with no GPU, a job of no length, a repeated id, a line with missing fields...)
     instead of raising the first; those lines are left out (``gandiva sim --skip-invalid``,
     for exports of other clusters that hold such jobs). Errors of the file as a whole (its
-    layout, its header, its encoding) are raised either way."""
+    layout, its header, its encoding) are raised either way.
+
+    ``left_out``: a list to collect the records the format itself says are no GPU job to
+    replay (Helios's CPU jobs, Philly's jobs that never started): these are left out always,
+    into ``left_out`` (else ``skipped``, else a logged warning)."""
     path = Path(path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; valid formats: {', '.join(FORMATS)}")
@@ -558,7 +768,7 @@ def read_trace_as(path: str | Path, fmt: str = "auto",
         fmt = _detect(path, lines)
     else:
         try:
-            return _read_as(path, lines, fmt, skipped)
+            return _read_as(path, lines, fmt, skipped, left_out)
         except TraceError as exc:
             # A --format that is not the file's: say what it reads as without it.
             detected = detect_format(lines[0][1])
@@ -566,23 +776,32 @@ def read_trace_as(path: str | Path, fmt: str = "auto",
                 raise  # (a job line's own error, past the first: not the --format's doing)
             raise TraceError(path, exc.line, f"{exc.reason} (--format {fmt}; the file's first line reads as "
                                              f"{detected}: leave --format out)") from None
-    return _read_as(path, lines, fmt, skipped)
+    return _read_as(path, lines, fmt, skipped, left_out)
 
 
-def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str,
-             skipped: list[TraceError] | None) -> tuple[list[JobSpec], str]:
-    if fmt in GAVEL:
+def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str, skipped: list[TraceError] | None,
+             left_out: list[TraceError] | None) -> tuple[list[JobSpec], str]:
+    gone = len(skipped or []) + len(left_out or [])
+    if fmt == "pai":
+        first = next(csv.reader([lines[0][1]]), [])
+        raise _pai_refusal(path, lines[0][0], _pai_table(first))
+    if fmt == "philly":
+        jobs = _read_philly(path, lines, skipped, left_out)
+    elif fmt in GAVEL:
         rows = [(i, ln.rstrip().split("\t")) for i, ln in lines]
         jobs = _read_gavel(path, rows, GAVEL[fmt], skipped)
     else:
         # Tabs, not commas, between the fields of the first line: a CSV layout saved as
         # tab-separated text (its header, or --format, says which layout).
         sep = "\t" if "\t" in lines[0][1].strip() and "," not in lines[0][1] else ","
-        jobs = _read_csv(path, _csv_rows(path, lines, sep), fmt, skipped)
+        jobs = _read_csv(path, _csv_rows(path, lines, sep), fmt, skipped, left_out)
     if not jobs:
-        if skipped:
-            raise TraceError(path, None, f"no job can be replayed: all {len(skipped)} job lines were left out "
-                                         f"(the first: {skipped[0]})")
+        gone = len(skipped or []) + len(left_out or []) - gone
+        if gone:
+            why = (left_out or []) + (skipped or [])
+            what = "jobs" if fmt == "philly" else "job lines"
+            raise TraceError(path, None, f"no job can be replayed: all {gone} {what} were left out "
+                                         f"(the first: {why[0]})")
         raise TraceError(path, None, "trace has no jobs (only a header line)")
     return sorted(jobs, key=lambda j: j.submit_time), fmt
 

@@ -221,21 +221,23 @@ HELIOS = (
 
 
 def test_lines_that_cannot_be_replayed_stop_the_read_or_are_left_out_and_named(tmp_path: Path) -> None:
+    """Helios's CPU jobs and jobs of duration 0 are no GPU job: left out always, counted
+    apart; a repeated id or a cut-off line stops the read, or --skip-invalid leaves it out."""
     path = _write(tmp_path, "helios.csv", HELIOS)
-    with pytest.raises(TraceError, match=r"helios.csv:4: GPU count '0' must be at least 1"):
+    with pytest.raises(TraceError, match=r"helios.csv:7: job id 'j2' is also on line 3"):
         read_trace(path)
     skipped: list[TraceError] = []
-    jobs, fmt = read_trace_as(path, skipped=skipped)
-    assert fmt == "csv"
+    left_out: list[TraceError] = []
+    jobs, fmt = read_trace_as(path, skipped=skipped, left_out=left_out)
+    assert fmt == "helios"
     # The first j2 is kept, the repeat left out; dates become seconds after the earliest.
     assert [(j.id, j.num_gpus, j.submit_time, j.duration_s) for j in jobs] == [
         ("helios-j1", 8, 0.0, 7200.0), ("helios-j2", 1, 595.0, 1800.0), ("helios-j5", 4, 1195.0, 1800.0)]
+    assert [(e.line, e.job_id, e.reason.split(" (")[0]) for e in left_out] == [
+        (4, "helios-j3", "a CPU job"), (5, "helios-j4", "never ran"), (8, "helios-j7", "a CPU job")]
     assert [(e.line, e.reason.split(":")[0].split(" (")[0]) for e in skipped] == [
-        (4, "GPU count '0' must be at least 1"),
-        (5, "duration '0' must be positive"),
         (7, "job id 'j2' is also on line 3"),
-        (8, "GPU count '0' must be at least 1"),
-        (9, "expected 10 or 11 CSV columns, got 4"),
+        (9, "expected 10 or 11 Helios columns, got 4"),
     ]
 
 

@@ -1,0 +1,205 @@
+"""Other public deep-learning cluster traces a user brings to `gandiva sim`: Microsoft
+Philly's cluster_job_log (read), SenseTime Helios (read; its CPU jobs left out, counted),
+Alibaba PAI 2020 (refused in one line saying how to write it as CSV). The sample files are
+written here from the published column layouts."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gandiva_cli.main import main
+from scheduler.sim.trace import TraceError, read_trace, read_trace_as
+
+T0 = datetime(2017, 10, 3, 3, 0, 0)
+
+
+def _at(seconds: float) -> str:
+    return (T0 + timedelta(seconds=seconds)).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _philly_job(jobid: str, submit: int, attempts: list[tuple[int | None, int | None, list[int]]],
+                status: str = "Pass") -> dict:
+    """A cluster_job_log entry; each attempt (start, end, GPUs per machine), None: "None"."""
+    return {"status": status, "vc": "vc1", "jobid": jobid, "user": "u1", "submitted_time": _at(submit),
+            "attempts": [{"start_time": "None" if s is None else _at(s), "end_time": "None" if e is None else _at(e),
+                          "detail": [{"ip": f"m{k}", "gpus": [f"gpu{g}" for g in range(n)]}
+                                     for k, n in enumerate(machines)]}
+                         for s, e, machines in attempts]}
+
+
+def _sim(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["sim", "--no-progress", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err.replace("\n", " ")
+
+
+attempt = st.tuples(st.one_of(st.none(), st.integers(0, 5000)), st.one_of(st.none(), st.integers(0, 5000)),
+                    st.lists(st.sampled_from([0, 1, 2, 4, 8]), max_size=3))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3000), st.lists(attempt, max_size=3),
+                          st.sampled_from(["Pass", "Killed", "Failed"])), min_size=1, max_size=8))
+def test_a_philly_job_log_is_read_as_its_attempts_ran(tmp_path_factory: pytest.TempPathFactory,
+                                                      jobs: list[tuple[int, list, str]]) -> None:
+    """GPUs: the most one attempt held; length: the attempts' run times added up; a job that
+    never ran, held no GPU or ran 0 s is left out with its reason; the status is not read."""
+    jobs = [(submit, [(s, e, m) for s, e, m in attempts if s is None or e is None or e >= s], status)
+            for submit, attempts, status in jobs]
+    path = tmp_path_factory.mktemp("philly") / "cluster_job_log"
+    path.write_text(json.dumps([_philly_job(f"application_{i}", *job) for i, job in enumerate(jobs)], indent=1))
+    expected, gone = {}, {}
+    for i, (submit, attempts, _) in enumerate(jobs):
+        done = [(s, e, sum(m)) for s, e, m in attempts if s is not None and e is not None]
+        ran = sum(e - s for s, e, g in done if g)
+        gpus = max((g for _, _, g in done), default=0)
+        name = f"cluster_job_log-application_{i}"
+        if not done:
+            gone[name] = "never ran"
+        elif not gpus:
+            gone[name] = "held no GPU"
+        elif ran <= 0:
+            gone[name] = "ran 0 s"
+        else:
+            expected[name] = (submit, gpus, ran)
+    left_out: list[TraceError] = []
+    if not expected:
+        with pytest.raises(TraceError, match=r"no job can be replayed: all \d+ jobs were left out"):
+            read_trace_as(path, left_out=left_out)
+        return
+    read, fmt = read_trace_as(path, left_out=left_out)
+    assert fmt == "philly"
+    first = min(submit for submit, _, _ in expected.values())
+    assert {j.id: (j.submit_time, j.num_gpus, j.duration_s) for j in read} == {
+        name: (submit - first, gpus, ran) for name, (submit, gpus, ran) in expected.items()}
+    assert {e.job_id: e.reason.split(" (")[0].split("' ", 1)[1] for e in left_out} == gone
+
+
+def test_philly_through_gandiva_sim_counts_and_names_the_jobs_left_out(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path: Path) -> None:
+    log = tmp_path / "cluster_job_log"
+    log.write_text(json.dumps([
+        _philly_job("application_1", 0, [(5, 3605, [2, 2])]),
+        _philly_job("application_2", 10, [], "Killed"),
+        _philly_job("application_3", 20, [(30, 630, [1]), (700, 1000, [1])], "Failed"),
+        _philly_job("application_4", 30, [(40, 100, [])]),
+        _philly_job("application_5", 40, [(50, None, [1])], "Killed"),
+    ]))
+    jobs_csv = tmp_path / "jobs.csv"
+    code, out, err = _sim(capsys, "--trace", str(log), "--cluster", "2x4", "--compare", "fifo,gandiva",
+                          "-o", "json", "--jobs-csv", str(jobs_csv))
+    assert code == 0, err
+    assert "note: left out 3 of 5 jobs, which the philly trace says are no GPU job to replay:" in err
+    assert "2 like job 'application_2' never ran" in err and "1 like job 'application_4' held no GPU" in err
+    for counts in json.loads(out).values():
+        assert (counts["jobs_finished"], counts["jobs_left_out"]) == (2, 3)
+    with jobs_csv.open(newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["policy"] == "fifo"]
+    assert {r["job_id"]: r["status"] for r in rows} == {
+        "cluster_job_log-application_1": "finished", "cluster_job_log-application_3": "finished",
+        "cluster_job_log-application_2": "left_out", "cluster_job_log-application_4": "left_out",
+        "cluster_job_log-application_5": "left_out"}
+    done = {r["job_id"]: r for r in rows if r["status"] == "finished"}
+    assert done["cluster_job_log-application_1"]["num_gpus"] == "4"
+    assert done["cluster_job_log-application_3"]["num_gpus"] == "1"
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 10**12), st.floats(allow_nan=True),
+              st.sampled_from(["None", "", "2017-10-03 03:04:35", "x", "application_1", "gpu0"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(
+        st.sampled_from(["jobid", "submitted_time", "attempts", "start_time", "end_time", "detail", "gpus",
+                         "status"]), inner, max_size=5)), max_leaves=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(json_values, min_size=1, max_size=4))
+def test_any_json_with_philly_keys_is_read_or_refused_in_one_line(tmp_path_factory: pytest.TempPathFactory,
+                                                                  data: list) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "log.json"
+    path.write_text('[{"jobid": "a", "attempts": []},\n' + json.dumps(data)[1:])
+    try:
+        jobs = read_trace(path, "philly")
+    except TraceError as exc:
+        assert str(exc).startswith(str(path)) and "\n" not in str(exc)
+        return
+    for job in jobs:
+        assert job.num_gpus >= 1 and job.duration_s is not None and 0 < job.duration_s <= 365 * 86400
+        assert math.isfinite(job.submit_time) and job.submit_time >= 0
+
+
+HELIOS = ("job_id,user,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration,queue\n"
+          "j1,u1,8,48,1,COMPLETED,2020-04-01 00:00:10,2020-04-01 00:00:20,2020-04-01 01:00:20,3600,vc1\n"
+          "j2,u2,0,4,1,COMPLETED,2020-04-01 00:01:00,2020-04-01 00:01:00,2020-04-01 00:02:00,60,vc1\n"
+          "j3,u1,1,6,1,CANCELLED,2020-04-01 00:02:00,,2020-04-01 00:03:00,0,vc2\n"
+          "j4,u3,2,12,1,FAILED,2020-04-01 00:05:00,2020-04-01 00:06:00,2020-04-01 00:16:00,600,vc2\n")
+
+
+def test_helios_leaves_out_its_cpu_jobs_and_jobs_that_never_ran_counted(capsys: pytest.CaptureFixture[str],
+                                                                       tmp_path: Path) -> None:
+    trace = tmp_path / "cluster_log.csv"
+    trace.write_text(HELIOS)
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x8", "--policy", "fifo", "-o", "json")
+    assert code == 0, err
+    assert "left out 2 of 4 job lines, which the helios trace says are no GPU job to replay:" in err
+    assert "1 like line 3: a CPU job (gpu_num 0)" in err and "1 like line 4: never ran (duration 0" in err
+    fifo = json.loads(out)["fifo"]
+    assert (fifo["jobs_finished"], fifo["jobs_left_out"]) == (2, 2)
+    # Without its header, --format helios reads its column order.
+    bare = tmp_path / "bare.csv"
+    bare.write_text(HELIOS.split("\n", 1)[1])
+    jobs = read_trace(bare, "helios")
+    assert [(j.id, j.num_gpus, j.submit_time, j.duration_s) for j in jobs] == [
+        ("bare-j1", 8, 0.0, 3600.0), ("bare-j4", 2, 290.0, 600.0)]
+
+
+PAI_JOB = "6f2a1c,inst-1,u9,Terminated,5083.0,5103.0\n7a1b2c,inst-2,u9,Failed,5100.0,\n"
+PAI_TASK = ("6f2a1c,worker,1,Terminated,5083.0,5103.0,600.0,29.3,50.0,MISC\n"
+            "7a1b2c,tensorflow,2,Terminated,5100.0,5200.0,600.0,29.3,100.0,T4\n")
+
+
+@pytest.mark.parametrize(("content", "fmt", "table"), [
+    (PAI_JOB, "auto", "pai_job_table (job_name,inst_id,user,status,start_time,end_time), which holds no GPU counts"),
+    (PAI_TASK, "auto", "pai_task_table (job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,"),
+    ("job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,plan_mem,plan_gpu,gpu_type\n" + PAI_TASK,
+     "auto", "pai_task_table ("),
+    (PAI_TASK, "pai", "pai_task_table ("),
+])
+def test_alibaba_pai_tables_are_refused_in_one_line_saying_how_to_write_them(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, fmt: str, table: str) -> None:
+    trace = tmp_path / "pai.csv"
+    trace.write_text(content)
+    code, out, err = _sim(capsys, "--trace", str(trace), "--format", fmt)
+    assert code == 2 and out == ""
+    assert err.startswith(f"gandiva sim: error: {trace}:1: Alibaba PAI 2020 trace, {table}")
+    assert "as --format csv" in err and "plan_gpu / 100" in err and "rounded up to a whole GPU" in err
+    assert err.count("gandiva sim") == 1
+
+
+def test_a_fraction_of_a_gpu_is_refused_saying_the_simulator_places_whole_gpus(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "f.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,0.5,60\n10,1,60\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4")
+    assert code == 2
+    assert "f.csv:2: GPU count '0.5' is not a whole number: the simulator places jobs on whole GPUs; round it up" in err
+    assert "--skip-invalid" in err
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--skip-invalid", "-o", "json")
+    assert code == 0 and json.loads(out)["gandiva"]["jobs_left_out"] == 1
+
+
+def test_help_names_the_other_clusters_formats(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["sim", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for says in ("helios SenseTime Helios CSV", "philly Microsoft Philly's cluster_job_log",
+                 "pai Alibaba PAI 2020", "A GPU count that is not a whole number (0.5) is refused"):
+        assert says in text, says
