@@ -394,7 +394,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
             if len(cols) not in counts:
                 hint = note
                 if fmt == "csv" and not header_line and len(cols) >= 6:
-                    hint += "; an ITP or Tiresias trace needs its header line, or --format itp/tiresias"
+                    hint += "; an ITP, Tiresias or Helios trace needs its header line, or --format itp/tiresias/helios"
                 expected = " or ".join(map(str, counts)) if len(counts) < 3 else f"{counts[0]} to {counts[-1]}"
                 raise TraceError(path, line, f"expected {expected} {LABELS[fmt]} columns, got {len(cols)}{hint}")
             if fmt == "helios" and (why := _helios_no_gpu_job(cols, roles)):
@@ -573,7 +573,9 @@ def _lines(path: Path) -> list[tuple[int, str]]:
         start = end.end() if end else len(text)
         if ln.strip() and not ln.lstrip().startswith("#"):
             lines.append((i, ln))
-            if len(lines) > MAX_TRACE_LINES:  # before the memory fills, not after
+            # (Not for JSON, a Philly log, pretty-printed over ~25 lines a job: _read_philly
+            # counts its jobs instead.)
+            if len(lines) > MAX_TRACE_LINES and not lines[0][1].lstrip("\ufeff \t").startswith(("[", "{")):
                 raise TraceError(path, i, f"more than {MAX_TRACE_LINES:,} lines: the simulator holds every job "
                                           "in memory; replay a part of the trace (split it)")
         elif not lines and ln.strip():
@@ -645,11 +647,11 @@ def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceEr
     ran, added up (the gaps between them were queueing, which the replay does itself); its
     status is not read (a killed or failed job held its GPUs that long). A job none of whose
     attempts started and ended, one that held no GPU, or ran 0 s is left out, counted."""
-    text = "\n" * (lines[0][0] - 1)
-    last = lines[0][0]
+    pieces, last = [], 1
     for i, ln in lines:  # blank lines put back, so that a JSON error's line is the file's
-        text += "\n" * (i - last) + ln
+        pieces.append("\n" * (i - last) + ln)
         last = i
+    text = "".join(pieces)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

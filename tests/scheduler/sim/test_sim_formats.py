@@ -156,6 +156,8 @@ def test_helios_leaves_out_its_cpu_jobs_and_jobs_that_never_ran_counted(capsys: 
     # Without its header, --format helios reads its column order.
     bare = tmp_path / "bare.csv"
     bare.write_text(HELIOS.split("\n", 1)[1])
+    with pytest.raises(TraceError, match="got 11 .*or --format itp/tiresias/helios"):
+        read_trace(bare)
     jobs = read_trace(bare, "helios")
     assert [(j.id, j.num_gpus, j.submit_time, j.duration_s) for j in jobs] == [
         ("bare-j1", 8, 0.0, 3600.0), ("bare-j4", 2, 290.0, 600.0)]
@@ -203,3 +205,24 @@ def test_help_names_the_other_clusters_formats(capsys: pytest.CaptureFixture[str
     for says in ("helios SenseTime Helios CSV", "philly Microsoft Philly's cluster_job_log",
                  "pai Alibaba PAI 2020", "A GPU count that is not a whole number (0.5) is refused"):
         assert says in text, says
+
+
+def test_a_pretty_printed_philly_log_is_not_held_to_the_line_cap(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """Philly's log written with indent takes ~25 lines a job: its 117,000 jobs are 2.9
+    million lines, past the 2,000,000-line cap of line traces, which refused it ("split the
+    trace"). A JSON log is held to the cap in jobs instead."""
+    from scheduler.sim import trace
+
+    monkeypatch.setattr(trace, "MAX_TRACE_LINES", 40)
+    log = tmp_path / "cluster_job_log"
+    log.write_text(json.dumps([_philly_job(f"application_{i}", i, [(i, i + 60, [1])]) for i in range(4)], indent=2))
+    assert len(log.read_text().splitlines()) > 40
+    assert len(read_trace(log)) == 4
+    log.write_text(json.dumps([_philly_job(f"application_{i}", i, [(i, i + 60, [1])]) for i in range(41)]))
+    with pytest.raises(TraceError, match="more than 40 jobs"):
+        read_trace(log)
+    lines = tmp_path / "t.csv"
+    lines.write_text("submit_time,num_gpus,duration\n" + "0,1,60\n" * 41)
+    with pytest.raises(TraceError, match="more than 40 lines"):
+        read_trace(lines)
