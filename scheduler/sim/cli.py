@@ -381,7 +381,7 @@ def _run(args: argparse.Namespace) -> int:
             if not os.access(args.plot, os.W_OK | os.X_OK):
                 raise ValueError(f"--plot {args.plot}: the folder is not writable; give a folder you can write")
         if args.jobs_csv is not None:  # before the replay, which may take hours
-            _check_writable(args.jobs_csv)
+            _check_writable(args.jobs_csv, args.trace)
         model = _model(args, fmt)
         every_job = jobs
         jobs, rateless = _jobs_with_a_rate(jobs, servers, model, args.skip_invalid, err)
@@ -472,12 +472,18 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_writable(path: Path) -> None:
+def _check_writable(path: Path, trace: Path | None) -> None:
     """ValueError unless ``--jobs-csv PATH`` can be written (a folder that exists and is
-    writable, and no folder of that name), said before a replay that may take hours."""
-    folder = path.parent
+    writable, and no folder of that name, nor the trace itself), said before a replay that
+    may take hours. A pipe or a device (``/dev/stdout``) is written as it is."""
+    if path.exists() and trace is not None and trace.exists() and os.path.samefile(path, trace):
+        raise ValueError(f"--jobs-csv {path} is the --trace file: the rows would be written over the trace; "
+                         f"give another file")
     if path.is_dir():
         raise ValueError(f"--jobs-csv {path}: a folder; give a file name (e.g. {path / 'jobs.csv'})")
+    if path.exists() and not path.is_file():
+        return  # a pipe, a terminal, /dev/stdout: opened and written as it is
+    folder = path.resolve().parent  # a link's target is replaced, not the link
     if not folder.is_dir():
         raise ValueError(f"--jobs-csv {path}: the folder {folder} does not exist; create it or give another file")
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
@@ -485,15 +491,25 @@ def _check_writable(path: Path) -> None:
 
 
 def _write_jobs_csv(path: Path, rows: list[dict[str, Any]], first_n: int) -> None:
-    """Write the rows whole: to a temporary file beside ``path``, renamed over it, so that a
-    stopped run never leaves half a file (nor a reader sees one)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write the rows whole: to a temporary file beside ``path`` (beside its target, if a
+    link), renamed over it, so that a stopped run never leaves half a file (nor a reader
+    sees one). A pipe or a device (``/dev/stdout``) is written to as it is: renaming a file
+    over it would replace the device's name, not write to it."""
+    def write(fh: Any) -> None:
+        writer = csv.DictWriter(fh, fieldnames=job_columns(first_n))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    if path.exists() and not path.is_file():
+        with path.open("w", newline="", encoding="utf-8") as fh:
+            write(fh)
+        return
+    target = path.resolve()
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=job_columns(first_n))
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, path)
+            write(fh)
+        os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
 

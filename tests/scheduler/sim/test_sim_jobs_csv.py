@@ -7,6 +7,8 @@ import contextlib
 import csv
 import io
 import json
+import os
+import stat
 import statistics
 from pathlib import Path
 
@@ -100,3 +102,29 @@ def test_a_jobs_csv_that_cannot_be_written_is_refused_before_the_replay(
     err = capsys.readouterr().err.replace("\n", " ")
     assert code == 2 and "--jobs-csv" in err and says in err
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_jobs_csv_on_a_pipe_a_link_or_the_trace_itself(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A pipe (or /dev/stdout) is written to, not replaced by a file renamed over its name; a
+    link keeps pointing at its file, which gets the rows; the trace itself is refused before
+    it is written over."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,1,60\n5,2,30\n")
+    argv = ["sim", "--no-progress", "--trace", str(trace), "--cluster", "1x4", "--policy", "fifo", "--jobs-csv"]
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the rows (under 64 KiB) wait in the pipe
+    try:
+        assert main([*argv, str(fifo)]) == 0
+        got = os.read(reader, 1 << 16).decode()
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert got.startswith("policy,job_id,status") and "fifo,t-1,finished,2" in got
+    link = tmp_path / "link.csv"
+    link.symlink_to(tmp_path / "real.csv")
+    assert main([*argv, str(link)]) == 0
+    assert link.is_symlink() and (tmp_path / "real.csv").read_text().startswith("policy,job_id")
+    capsys.readouterr()
+    assert main([*argv, str(trace)]) == 2
+    assert "is the --trace file" in capsys.readouterr().err and trace.read_text().startswith("submit_time")
