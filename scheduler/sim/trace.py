@@ -610,7 +610,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]"
 
 def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
     if lines[0][1].lstrip("\ufeff \t").startswith(("[", "{")):
-        if any('"jobid"' in ln and '"attempts"' in ln for ln in _json_window(lines)):
+        if _json_philly(lines):
             return "philly"
         raise TraceError(path, lines[0][0], "JSON, not a trace this reader knows: write it as CSV with the "
                                             "columns submit_time,num_gpus,duration[,model] (see gandiva sim --help; "
@@ -620,6 +620,12 @@ def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
     if detected not in FORMATS:
         raise TraceError(path, lines[0][0], f"unrecognised trace layout ({detected})")
     return detected
+
+
+def _json_philly(lines: list[tuple[int, str]]) -> bool:
+    """Whether the file is JSON whose first jobs name Philly's jobid and attempts."""
+    return lines[0][1].lstrip("\ufeff \t").startswith(("[", "{")) and any(
+        '"jobid"' in ln and '"attempts"' in ln for ln in _json_window(lines))
 
 
 def _json_window(lines: list[tuple[int, str]]) -> list[str]:
@@ -659,6 +665,9 @@ def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceEr
                                            f"one JSON list of jobs") from None
     except RecursionError:
         raise TraceError(path, None, "JSON nested too deep: not a Philly cluster_job_log") from None
+    except ValueError as exc:  # a number of more than 4,300 digits: Python's own limit, in its words
+        raise TraceError(path, None, f"not a Philly cluster_job_log: it holds a number too long to read "
+                                     f"({str(exc).split(';')[0]})") from None
     if not isinstance(data, list):
         raise TraceError(path, None, f"a JSON {type(data).__name__}, not a list of jobs: a Philly cluster_job_log "
                                      f"is a list of objects with jobid, submitted_time and attempts")
@@ -773,7 +782,7 @@ def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError]
             return _read_as(path, lines, fmt, skipped, left_out)
         except TraceError as exc:
             # A --format that is not the file's: say what it reads as without it.
-            detected = detect_format(lines[0][1])
+            detected = "philly" if _json_philly(lines) else detect_format(lines[0][1])
             if detected == fmt or detected not in FORMATS or (exc.skippable and exc.line != lines[0][0]):
                 raise  # (a job line's own error, past the first: not the --format's doing)
             raise TraceError(path, exc.line, f"{exc.reason} (--format {fmt}; the file's first line reads as "

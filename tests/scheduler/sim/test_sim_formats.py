@@ -226,3 +226,21 @@ def test_a_pretty_printed_philly_log_is_not_held_to_the_line_cap(monkeypatch: py
     lines.write_text("submit_time,num_gpus,duration\n" + "0,1,60\n" * 41)
     with pytest.raises(TraceError, match="more than 40 lines"):
         read_trace(lines)
+
+
+@pytest.mark.parametrize(("text", "fmt", "says"), [
+    ('[{"jobid": ' + "9" * 5000 + ', "attempts": []}]', "auto",
+     "log.json: not a Philly cluster_job_log: it holds a number too long to read (Exceeds the limit"),
+    ("[" * 100000 + "]" * 100000, "philly", "log.json: JSON nested too deep: not a Philly cluster_job_log"),
+    ('[{"jobid": "a", "attempts": [], "submitted_time": "2017-10-03 03:04:35"}]', "csv",
+     "(--format csv; the file's first line reads as philly: leave --format out)"),
+])
+def test_a_json_file_the_philly_reader_cannot_take_is_one_line_naming_the_file(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, fmt: str, says: str) -> None:
+    """A 5,000-digit number was Python's own message without the file ("use
+    sys.set_int_max_str_digits()"); --format csv on a Philly log said it reads as csv."""
+    path = tmp_path / "log.json"
+    path.write_text(text + "\n")
+    code, out, err = _sim(capsys, "--trace", str(path), "--format", fmt)
+    assert code == 2 and out == "" and says in err and "set_int_max_str_digits" not in err
+    assert err.startswith(f"gandiva sim: error: {path}") and err.count("error") == 1

@@ -128,3 +128,18 @@ def test_a_jobs_csv_on_a_pipe_a_link_or_the_trace_itself(capsys: pytest.CaptureF
     capsys.readouterr()
     assert main([*argv, str(trace)]) == 2
     assert "is the --trace file" in capsys.readouterr().err and trace.read_text().startswith("submit_time")
+
+
+def test_an_unfinished_job_is_a_row_that_says_so() -> None:
+    """A replay that ends with a job not done (no policy decision could run it): its row has
+    no times, and its note says it did not finish."""
+    from scheduler.sim.engine import SimResult
+    from scheduler.sim.metrics import job_rows
+    from scheduler.sim.trace import JobSpec
+
+    result = SimResult(policy="fifo", num_gpus=4, jobs=[], counts={}, busy_series=[(0.0, 0)], busy_gpu_s=0.0,
+                       unfinished=["t-a"])
+    [row] = job_rows(result, [JobSpec("t-a", 7.0, 2, duration_s=60.0)], 100)
+    assert (row["status"], row["num_gpus"], row["submit_s"], row["finished_s"], row["jct_s"]) == (
+        "unfinished", 2, 7.0, "", "")
+    assert row["note"].startswith("did not finish")
