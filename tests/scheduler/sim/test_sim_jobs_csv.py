@@ -95,10 +95,14 @@ def test_rows_add_up_to_the_summary_on_any_small_trace(tmp_path_factory: pytest.
     _check_rows_add_up(summaries, rows, len(jobs))
 
 
-@pytest.mark.parametrize("where, says", [("missing/jobs.csv", "does not exist"), (".", "a folder")])
+@pytest.mark.parametrize("where, says", [("missing/jobs.csv", "does not exist"), (".", "a folder"),
+                                         ("", "argument --jobs-csv: empty; give a file to write")])
 def test_a_jobs_csv_that_cannot_be_written_is_refused_before_the_replay(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, where: str, says: str) -> None:
-    code = main(["sim", "--no-progress", "--jobs", "5", "--jobs-csv", str(tmp_path / where)])
+    try:
+        code = main(["sim", "--no-progress", "--jobs", "5", "--jobs-csv", str(tmp_path / where) if where else ""])
+    except SystemExit as exc:  # argparse's own error
+        code = int(str(exc.code))
     err = capsys.readouterr().err.replace("\n", " ")
     assert code == 2 and "--jobs-csv" in err and says in err
     assert not (tmp_path / "missing").exists()
