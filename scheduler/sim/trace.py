@@ -794,7 +794,10 @@ def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str, skipped: list[T
              left_out: list[TraceError] | None) -> tuple[list[JobSpec], str]:
     gone = len(skipped or []) + len(left_out or [])
     if fmt == "pai":
-        first = next(csv.reader([lines[0][1]]), [])
+        try:
+            first = next(csv.reader([lines[0][1]]), [])
+        except csv.Error:  # a field longer than the csv module's limit was a traceback
+            first = []
         raise _pai_refusal(path, lines[0][0], _pai_table(first))
     if fmt == "philly":
         jobs = _read_philly(path, lines, skipped, left_out)

@@ -174,6 +174,7 @@ PAI_TASK = ("6f2a1c,worker,1,Terminated,5083.0,5103.0,600.0,29.3,50.0,MISC\n"
     ("job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,plan_mem,plan_gpu,gpu_type\n" + PAI_TASK,
      "auto", "pai_task_table ("),
     (PAI_TASK, "pai", "pai_task_table ("),
+    ('"' + "a" * 200_000 + "\n", "pai", "pai_job_table/pai_task_table: not replayed"),  # was a csv.Error traceback
 ])
 def test_alibaba_pai_tables_are_refused_in_one_line_saying_how_to_write_them(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, fmt: str, table: str) -> None:
