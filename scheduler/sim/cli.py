@@ -642,7 +642,8 @@ def _table(summaries: dict[str, dict[str, Any]], first_n: int) -> None:
          lambda v: "-" if v is None else str(v)), ("jobs finished", "jobs_finished", str),
         ("jobs unfinished", "jobs_unfinished", str),
         ("jobs skipped (more GPUs than the cluster)", "jobs_skipped", str),
-        ("job lines left out (--skip-invalid)", "jobs_left_out", str),
+        # (a format's records that are no GPU job, such as Helios's CPU jobs, and --skip-invalid's lines)
+        ("jobs left out (no GPU job, or --skip-invalid)", "jobs_left_out", str),
     ]
     if not any(s.get("jobs_left_out") for s in summaries.values()):
         rows = [r for r in rows if r[1] != "jobs_left_out"]

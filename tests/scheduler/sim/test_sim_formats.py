@@ -153,6 +153,10 @@ def test_helios_leaves_out_its_cpu_jobs_and_jobs_that_never_ran_counted(capsys: 
     assert "1 like line 3: a CPU job (gpu_num 0)" in err and "1 like line 4: never ran (duration 0" in err
     fifo = json.loads(out)["fifo"]
     assert (fifo["jobs_finished"], fifo["jobs_left_out"]) == (2, 2)
+    code, out, _ = _sim(capsys, "--trace", str(trace), "--cluster", "2x8", "--policy", "fifo")
+    # The table's row says they were left out without --skip-invalid (it said "(--skip-invalid)").
+    assert code == 0 and [ln.split("│")[2].strip() for ln in out.splitlines()
+                          if "jobs left out (no GPU job, or --skip-invalid)" in ln] == ["2"]
     # Without its header, --format helios reads its column order.
     bare = tmp_path / "bare.csv"
     bare.write_text(HELIOS.split("\n", 1)[1])

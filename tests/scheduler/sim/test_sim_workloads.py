@@ -43,7 +43,7 @@ def test_every_job_line_is_in_one_count_with_skip_invalid(capsys: pytest.Capture
         assert (counts["jobs_finished"], counts["jobs_unfinished"], counts["jobs_skipped"],
                 counts["jobs_left_out"]) == (2, 0, 1, 2)
     code, out, _ = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--policy", "fifo", "--skip-invalid")
-    assert code == 0 and "job lines left out (--skip-invalid)" in out
+    assert code == 0 and "jobs left out (no GPU job, or --skip-invalid)" in out
     assert [ln.split("│")[2].strip() for ln in out.splitlines() if "left out" in ln] == ["2"]
 
 
