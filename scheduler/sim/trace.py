@@ -629,9 +629,16 @@ def _json_philly(lines: list[tuple[int, str]]) -> bool:
 
 
 def _json_window(lines: list[tuple[int, str]]) -> list[str]:
-    """The first jobs of a JSON file, as text: its first line (a file written on one line)
-    or its first 200 lines joined (pretty-printed), each cut to 1 MB."""
-    return [lines[0][1][:1 << 20], "".join(ln for _, ln in lines[:200])[:1 << 20]]
+    """The first MB of a JSON file, as text: its first line (a file written on one line) or
+    its first lines joined (pretty-printed: a job's keys sorted put its jobid after all its
+    attempts, hundreds of lines in, where the first 200 lines did not reach)."""
+    window, size = [], 0
+    for _, ln in lines:
+        window.append(ln[:1 << 20])
+        size += len(window[-1])
+        if size >= 1 << 20:
+            break
+    return ["".join(window)[:1 << 20]]
 
 
 def _philly_time(value: object) -> float | None:

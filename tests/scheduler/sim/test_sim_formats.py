@@ -249,3 +249,15 @@ def test_a_json_file_the_philly_reader_cannot_take_is_one_line_naming_the_file(
     code, out, err = _sim(capsys, "--trace", str(path), "--format", fmt)
     assert code == 2 and out == "" and says in err and "set_int_max_str_digits" not in err
     assert err.startswith(f"gandiva sim: error: {path}") and err.count("error") == 1
+
+
+def test_a_philly_log_written_with_sorted_keys_is_detected(tmp_path: Path) -> None:
+    """json.dump(sort_keys=True, indent=2) puts a job's jobid after all its attempts: a first
+    job of 30 attempts put it 400 lines in, past the 200 lines detection looked at ("JSON,
+    not a trace this reader knows")."""
+    log = tmp_path / "cluster_job_log"
+    first = _philly_job("application_0", 0, [(10 * k, 10 * k + 5, [1]) for k in range(30)])
+    log.write_text(json.dumps([first, _philly_job("application_1", 5, [(6, 66, [2])])], indent=2, sort_keys=True))
+    assert log.read_text().splitlines().index('    "jobid": "application_0",') > 200
+    jobs, fmt = read_trace_as(log)
+    assert fmt == "philly" and [(j.num_gpus, j.duration_s) for j in jobs] == [(1, 150.0), (2, 60.0)]
