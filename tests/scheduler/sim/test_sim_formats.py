@@ -261,3 +261,16 @@ def test_a_philly_log_written_with_sorted_keys_is_detected(tmp_path: Path) -> No
     assert log.read_text().splitlines().index('    "jobid": "application_0",') > 200
     jobs, fmt = read_trace_as(log)
     assert fmt == "philly" and [(j.num_gpus, j.duration_s) for j in jobs] == [(1, 150.0), (2, 60.0)]
+
+
+def test_a_philly_log_as_json_lines_is_read(tmp_path: Path) -> None:
+    """One job object a line (the log converted with jq -c '.[]'): was "not JSON (Extra
+    data)"; a broken line is named by its number."""
+    log = tmp_path / "jobs.jsonl"
+    jobs = [_philly_job("application_0", 0, [(1, 61, [1])]), _philly_job("application_1", 5, [(6, 36, [4])])]
+    log.write_text("\n".join(json.dumps(j) for j in jobs) + "\n\n")
+    assert [(j.id, j.num_gpus, j.duration_s) for j in read_trace(log)] == [
+        ("jobs-application_0", 1, 60.0), ("jobs-application_1", 4, 30.0)]
+    log.write_text("\n".join(json.dumps(j) for j in jobs) + '\n{"jobid": "application_2", \n')
+    with pytest.raises(TraceError, match=r"jobs.jsonl:3: not JSON \(Expecting property name"):
+        read_trace(log)
