@@ -18,7 +18,14 @@ from rich.markup import escape
 from scheduler.policy import POLICIES, PolicyConfig, get_policy
 from scheduler.sim.engine import SimResult, Simulator, make_cluster, skipped_note
 from scheduler.sim.generator import generate
-from scheduler.sim.load import duration_alone, makespan_bound, offered_load, replayed, scale_to_load
+from scheduler.sim.load import (
+    duration_alone,
+    fastest_run_s,
+    makespan_bound,
+    offered_load,
+    replayed,
+    scale_to_load,
+)
 from scheduler.sim.metrics import job_columns, job_rows, summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
 from scheduler.sim.trace import FORMATS, GAVEL, MAX_SUBMIT_S, JobSpec, TraceError, read_trace_as
@@ -26,6 +33,9 @@ from scheduler.sim.trace import FORMATS, GAVEL, MAX_SUBMIT_S, JobSpec, TraceErro
 logger = logging.getLogger(__name__)
 MIN_SPREAD_FACTOR = 0.01
 MAX_COST_S = 86400.0  # a suspend, migration or restart of more than a day models nothing real
+# A job's run alone: more than 1e9 s (31 years; Gavel's slowest real jobs, on K80s, run 3)
+# is a unit mistake, and gandiva replays it in slices of at most 32 quanta (minutes per job).
+MAX_RUN_S = 1e9
 MAX_MEMORY_GIB = 1 << 20  # 1 PiB per server or job: larger is a typo (and 1e300 overflowed)
 
 DESCRIPTION = """\
@@ -392,6 +402,8 @@ def _run(args: argparse.Namespace) -> int:
         every_job = jobs
         jobs, rateless = _jobs_with_a_rate(jobs, servers, model, args.skip_invalid, err)
         left_out_jobs += rateless
+        jobs, endless = _jobs_of_a_length(jobs, servers, model, args.skip_invalid, err)
+        left_out_jobs += endless
         config = PolicyConfig(quantum_s=args.quantum, defrag_free_gpus=args.defrag_free_gpus,
                               max_jobs_per_gpu=args.max_jobs_per_gpu,
                               slice_growth=args.slice_growth, fifo_after_s=args.fifo_after,
@@ -537,20 +549,53 @@ def _jobs_with_a_rate(jobs: list[JobSpec], servers: tuple, model: MechanismModel
     if not rateless:
         return jobs, []
     job = rateless[0]
-    count = f"{len(rateless):,} job(s)"
     where = " spread over servers" if model.alone_rate(job.model, job.num_gpus) > 0 else ""
     why = (f"a rate of 0 in {model.source}: {job.model!r} on {job.num_gpus} GPU{'s' if job.num_gpus != 1 else ''}"
            f"{where} (e.g. job {job.id}) did not run there (measured as 0: out of memory), so they could never finish")
     fix = f"servers of {job.num_gpus} GPUs (--cluster) or another --gpu-type" if where else "another --gpu-type"
-    if not skip:
-        raise ValueError(f"{count} have {why}; choose {fix}, or leave those jobs out (--skip-invalid)")
-    gone = {j.id for j in rateless}
-    kept = [j for j in jobs if j.id not in gone]
-    if not replayed(kept, servers):
-        raise ValueError(f"no job can be replayed: {count} have {why}; choose {fix}")
-    err.print(f"[yellow]note:[/yellow] --skip-invalid left out {count} that have {escape(why)}")
+    kept = _refuse_or_leave_out(jobs, servers, rateless, f"have {why}", f"choose {fix}", skip, err)
     return kept, [(j.id, f"a rate of 0 in {model.source} for {j.model!r} on {j.num_gpus} GPU(s): it could not finish")
                   for j in rateless]
+
+
+def _refuse_or_leave_out(jobs: list[JobSpec], servers: tuple, bad: list[JobSpec], what: str, fix: str, skip: bool,
+                         err: Any) -> list[JobSpec]:
+    """``jobs`` without ``bad`` (which ``what``, e.g. "have a rate of 0 ..."), said in a note,
+    if ``skip`` (--skip-invalid); else, or when no job would be left to replay, ValueError
+    saying what they are and ``fix`` (what to do)."""
+    count = f"{len(bad):,} job(s)"
+    if not skip:
+        raise ValueError(f"{count} {what}; {fix}, or leave those jobs out (--skip-invalid)")
+    gone = {j.id for j in bad}
+    kept = [j for j in jobs if j.id not in gone]
+    if not replayed(kept, servers):
+        raise ValueError(f"no job can be replayed: {count} {what}; {fix}")
+    err.print(f"[yellow]note:[/yellow] --skip-invalid left out {count} that {escape(what)}")
+    return kept
+
+
+def _jobs_of_a_length(jobs: list[JobSpec], servers: tuple, model: MechanismModel, skip: bool,
+                      err: Any) -> tuple[list[JobSpec], list[tuple[str, str]]]:
+    """The jobs without those that would run more than MAX_RUN_S even alone at their rate,
+    and those (id, why). A Gavel job's length is steps, timed by the table's rate: a table
+    of rates in another unit (1e-6 mini-batches/s) made two 1,000-step jobs on one GPU a
+    gandiva replay of millions of slices (1e-300: one without end; the other policies
+    printed an average JCT of 1.5e303 s). ValueError names them, unless ``skip`` leaves
+    them out, said in a note and counted with the lines left out."""
+    endless = [j for j in replayed(jobs, servers) if fastest_run_s(j, servers, model) > MAX_RUN_S]
+    if not endless:
+        return jobs, []
+    job = max(endless, key=lambda j: fastest_run_s(j, servers, model))
+    steps = f"{job.total_steps:g} mini-batches" if job.total_steps is not None else f"{job.duration_s:g} s"
+    why = (f"would run more than {MAX_RUN_S:.0e} s (31 years) even alone at the rates of {model.source} (e.g. job "
+           f"{job.id}: {steps} of {job.model or 'the default model'!r} on {job.num_gpus} GPU(s) at "
+           f"{model.alone_rate(job.model, job.num_gpus):.3g} mini-batches/s: "
+           f"{fastest_run_s(job, servers, model):.3g} s); no training job runs so long (a step count or a rate "
+           f"in another unit?)")
+    kept = _refuse_or_leave_out(jobs, servers, endless, why, "check the trace's lengths and the table's rates "
+                                "(--throughputs)", skip, err)
+    return kept, [(j.id, f"would run {fastest_run_s(j, servers, model):.3g} s even alone, more than {MAX_RUN_S:.0e} s")
+                  for j in endless]
 
 
 def _note_sub_step_jobs(jobs: list[JobSpec], model: MechanismModel, err: Any) -> None:

@@ -436,13 +436,37 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         dates = is_date
         jobs.append(job)
         lines.append(line)
+    if dates and jobs:
+        jobs, lines = _near_dates(path, jobs, lines, errors)
     if "id" not in roles:
         jobs = errors.named_by_line(path, jobs, lines)
-    if dates:
+    if dates and jobs:
         start = min(j.submit_time for j in jobs)
         jobs = [JobSpec(id=j.id, submit_time=j.submit_time - start, num_gpus=j.num_gpus, model=j.model,
                         duration_s=j.duration_s) for j in jobs]
     return jobs
+
+
+def _near_dates(path: Path, jobs: list[JobSpec], lines: list[int],
+                errors: _Rows) -> tuple[list[JobSpec], list[int]]:
+    """The jobs (and their lines) of a trace of dates without those submitted more than
+    MAX_SUBMIT_S after its earliest date, each a row error: seconds past 1e11 are refused, and
+    a placeholder date (9999-12-31 beside 2020's) made a job of the year 9999 arrive 2.5e11 s
+    in: a replay of thousands of years at a float's coarse steps (makespan 3e11 s, offered load
+    0.000) instead of a word."""
+    start = min(j.submit_time for j in jobs)
+    first = datetime.fromtimestamp(start, timezone.utc).isoformat(" ")[:19]  # (0001, not 1)
+    kept: list[tuple[JobSpec, int]] = []
+    for job, line in zip(jobs, lines, strict=True):
+        if job.submit_time - start > MAX_SUBMIT_S:
+            when = datetime.fromtimestamp(job.submit_time, timezone.utc).isoformat(" ")[:19]
+            errors.fail(TraceError(path, line, f"submit time {when} is {job.submit_time - start:.3g} s after the "
+                                               f"trace's earliest ({first}): more than 1e11 s (3,000 years), not a "
+                                               f"job this reader replays (a placeholder date? fix or remove the "
+                                               f"line)"))
+            continue
+        kept.append((job, line))
+    return [j for j, _ in kept], [line for _, line in kept]
 
 
 def _helios_no_gpu_job(cols: list[str], roles: dict[str, int]) -> str:
@@ -651,25 +675,6 @@ def _philly_time(value: object) -> float | None:
     raise ValueError(f"{_shown(str(value))} is not a date (YYYY-MM-DD HH:MM:SS)")
 
 
-def _json_or_json_lines(text: str) -> object:
-    """The JSON value of ``text``, or, for JSON Lines (one object a line, as a log converted
-    with jq -c '.[]' is), the list of its objects. JSONDecodeError names the line."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        if exc.msg != "Extra data" or not text.lstrip().startswith("{"):
-            raise
-    items = []
-    for number, ln in enumerate(text.split("\n"), start=1):
-        if ln.strip():
-            try:
-                items.append(json.loads(ln))
-            except json.JSONDecodeError as exc:
-                raise json.JSONDecodeError(exc.msg, text, sum(len(x) + 1 for x in text.split("\n")[:number - 1])
-                                           + exc.pos) from None
-    return items
-
-
 def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceError] | None,
                  left_out: list[TraceError] | None) -> list[JobSpec]:
     """Microsoft Philly's cluster_job_log: a JSON list of jobs, each with ``jobid``,
@@ -685,10 +690,10 @@ def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceEr
         last = i
     text = "".join(pieces)
     try:
-        data = _json_or_json_lines(text)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TraceError(path, exc.lineno, f"not JSON ({exc.msg}, column {exc.colno}): a Philly cluster_job_log is "
-                                           f"one JSON list of jobs (or one job object a line)") from None
+                                           f"one JSON list of jobs") from None
     except RecursionError:
         raise TraceError(path, None, "JSON nested too deep: not a Philly cluster_job_log") from None
     except ValueError as exc:  # a number of more than 4,300 digits: Python's own limit, in its words
@@ -835,6 +840,11 @@ def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str, skipped: list[T
         # tab-separated text (its header, or --format, says which layout).
         sep = "\t" if "\t" in lines[0][1].strip() and "," not in lines[0][1] else ","
         jobs = _read_csv(path, _csv_rows(path, lines, sep), fmt, skipped, left_out)
+    if jobs and (late := max(jobs, key=lambda j: j.submit_time)).submit_time > MAX_SUBMIT_S:
+        # (every reader holds its times below this; one that made dates relative and did not)
+        raise TraceError(path, None, f"job {late.id} is submitted {late.submit_time:.3g} s after the trace's first: "
+                                     f"more than 1e11 s (3,000 years), not a job this reader replays (a placeholder "
+                                     f"date? fix or remove it)")
     if not jobs:
         gone = len(skipped or []) + len(left_out or []) - gone
         if gone:
