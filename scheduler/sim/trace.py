@@ -675,6 +675,25 @@ def _philly_time(value: object) -> float | None:
     raise ValueError(f"{_shown(str(value))} is not a date (YYYY-MM-DD HH:MM:SS)")
 
 
+def _json_or_json_lines(text: str) -> object:
+    """The JSON value of ``text``, or, for JSON Lines (one object a line, as a log converted
+    with jq -c '.[]' is), the list of its objects. JSONDecodeError names the line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg != "Extra data" or not text.lstrip().startswith("{"):
+            raise
+    items = []
+    for number, ln in enumerate(text.split("\n"), start=1):
+        if ln.strip():
+            try:
+                items.append(json.loads(ln))
+            except json.JSONDecodeError as exc:
+                raise json.JSONDecodeError(exc.msg, text, sum(len(x) + 1 for x in text.split("\n")[:number - 1])
+                                           + exc.pos) from None
+    return items
+
+
 def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceError] | None,
                  left_out: list[TraceError] | None) -> list[JobSpec]:
     """Microsoft Philly's cluster_job_log: a JSON list of jobs, each with ``jobid``,
@@ -690,10 +709,10 @@ def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceEr
         last = i
     text = "".join(pieces)
     try:
-        data = json.loads(text)
+        data = _json_or_json_lines(text)
     except json.JSONDecodeError as exc:
         raise TraceError(path, exc.lineno, f"not JSON ({exc.msg}, column {exc.colno}): a Philly cluster_job_log is "
-                                           f"one JSON list of jobs") from None
+                                           f"one JSON list of jobs (or one job object a line)") from None
     except RecursionError:
         raise TraceError(path, None, "JSON nested too deep: not a Philly cluster_job_log") from None
     except ValueError as exc:  # a number of more than 4,300 digits: Python's own limit, in its words
