@@ -828,7 +828,18 @@ def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError]
 
     ``left_out``: a list to collect the records the format itself says are no GPU job to
     replay (Helios's CPU jobs, Philly's jobs that never started): these are left out always,
-    into ``left_out`` (else ``skipped``, else a logged warning)."""
+    into ``left_out`` (else ``skipped``; with neither, one logged warning counts them)."""
+    if skipped is not None or left_out is not None:
+        return _read_trace_as(path, fmt, skipped, left_out)
+    gone: list[TraceError] = []
+    jobs, fmt = _read_trace_as(path, fmt, None, gone)
+    if gone:  # one line, not one per job: Helios's 1,000,000-line log has ~400,000 CPU jobs
+        logger.warning("%s: left out %d record(s) that are no GPU job to replay (e.g. %s)", path, len(gone), gone[0])
+    return jobs, fmt
+
+
+def _read_trace_as(path: str | Path, fmt: str, skipped: list[TraceError] | None,
+                   left_out: list[TraceError] | None) -> tuple[list[JobSpec], str]:
     path = Path(path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; valid formats: {', '.join(FORMATS)}")

@@ -274,3 +274,17 @@ def test_a_philly_log_as_json_lines_is_read(tmp_path: Path) -> None:
     log.write_text("\n".join(json.dumps(j) for j in jobs) + '\n{"jobid": "application_2", \n')
     with pytest.raises(TraceError, match=r"jobs.jsonl:3: not JSON \(Expecting property name"):
         read_trace(log)
+
+
+def test_read_trace_says_in_one_warning_how_many_records_it_left_out(caplog: pytest.LogCaptureFixture,
+                                                                     tmp_path: Path) -> None:
+    """read_trace (benchmarks/sim_traces.py reads with it) logged one warning per CPU job:
+    hundreds of thousands of lines for a Helios log. Now one, with the count and an example."""
+    trace = tmp_path / "cluster_log.csv"
+    trace.write_text(HELIOS.split("\n", 1)[0] + "\n" + "".join(
+        f"c{i},u1,0,4,1,COMPLETED,2020-04-01 00:00:{i:02d},,,60,vc1\n" for i in range(50)) + HELIOS.split("\n", 2)[1])
+    with caplog.at_level("WARNING", logger="scheduler.sim.trace"):
+        assert [j.id for j in read_trace(trace)] == ["cluster_log-j1"]
+    [record] = [r for r in caplog.records if "left out" in r.getMessage()]
+    assert "left out 50 record(s) that are no GPU job to replay (e.g." in record.getMessage()
+    assert "cluster_log.csv:2: a CPU job (gpu_num 0)" in record.getMessage()
