@@ -472,21 +472,31 @@ def _run(args: argparse.Namespace) -> int:
     # the cluster) or left out (--skip-invalid: a line that cannot be replayed).
     summaries = {name: {**summarize(r), "makespan_bound_s": bound, "jobs_left_out": len(left_out_jobs)}
                  for name, r in results.items()}
-    if args.jobs_csv is not None:
-        gone = {jid for jid, _ in left_out_jobs}
-        specs = jobs + [j for j in every_job if j.id in gone]  # (--target-load scaled the kept jobs' times)
-        rows = [row for r in results.values() for row in job_rows(r, specs, args.first_n, left_out_jobs)]
-        _write_jobs_csv(args.jobs_csv, rows, args.first_n)
-        err.print(f"wrote {escape(str(args.jobs_csv))} ({len(rows):,} rows: one per job and policy)")
+    # The summary first: a file that cannot be written (a full disk) after hours of replay
+    # must not take the results with it (it was a traceback, and nothing printed).
     if args.output == "json":
         print(json.dumps(summaries, indent=2, sort_keys=True))
     else:
         _table(summaries, args.first_n)
-    if args.plot is not None:
-        from scheduler.sim.plots import write_plots
+    sys.stdout.flush()
+    writing = args.jobs_csv
+    try:
+        if args.jobs_csv is not None:
+            gone = {jid for jid, _ in left_out_jobs}
+            specs = jobs + [j for j in every_job if j.id in gone]  # (--target-load scaled the kept jobs' times)
+            rows = [row for r in results.values() for row in job_rows(r, specs, args.first_n, left_out_jobs)]
+            _write_jobs_csv(args.jobs_csv, rows, args.first_n)
+            err.print(f"wrote {escape(str(args.jobs_csv))} ({len(rows):,} rows: one per job and policy)")
+        if args.plot is not None:
+            from scheduler.sim.plots import write_plots
 
-        for path in write_plots(results, args.plot):
-            err.print(f"wrote {escape(str(path))}")
+            writing = args.plot
+            for path in write_plots(results, args.plot):
+                err.print(f"wrote {escape(str(path))}")
+    except OSError as exc:
+        err.print(f"gandiva sim: [red]error:[/red] cannot write {escape(str(exc.filename or writing))}: "
+                  f"{escape(exc.strerror or str(exc))} (the summary above is complete)")
+        return 1
     return 0
 
 

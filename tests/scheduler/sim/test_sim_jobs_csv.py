@@ -147,3 +147,15 @@ def test_an_unfinished_job_is_a_row_that_says_so() -> None:
     assert (row["status"], row["num_gpus"], row["submit_s"], row["finished_s"], row["jct_s"]) == (
         "unfinished", 2, 7.0, "", "")
     assert row["note"].startswith("did not finish")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_jobs_csv_that_fails_to_write_keeps_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    """A full disk after the replay was an OSError traceback with nothing printed (the rows
+    were written before the summary); now the summary comes first, then one error line."""
+    code = main(["sim", "--no-progress", "--jobs", "5", "--cluster", "1x4", "--policy", "fifo", "-o", "json",
+                 "--jobs-csv", "/dev/full"])
+    out = capsys.readouterr()
+    assert code == 1 and json.loads(out.out)["fifo"]["jobs_finished"] == 5
+    assert out.err.replace("\n", " ").strip().endswith(
+        "gandiva sim: error: cannot write /dev/full: No space left on device (the summary above is complete)")
