@@ -318,6 +318,11 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
     skipped: list[TraceError] | None = [] if args.skip_invalid else None
     try:
         jobs, fmt = read_trace_as(args.trace, args.format, skipped, left_out)
+    except MemoryError:  # a traceback before; a memory limit (ulimit -v, a container) stops the read
+        size = f" ({args.trace.stat().st_size / 1e6:,.0f} MB)" if args.trace.is_file() else ""
+        raise TraceError(args.trace, None, f"not enough memory to read the trace{size}: every job is held in "
+                                           f"memory (about 1.5 KB a line while read; a JSON log several times its "
+                                           f"size); replay a part of it (split it), or give more memory") from None
     except TraceError as exc:
         if skipped is not None or not exc.skippable:  # the file as a whole: --skip-invalid cannot help
             raise
@@ -371,6 +376,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C in a long replay: one line, nothing printed to stdout
         print("gandiva sim: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # in the replay (a trace's read says so itself): one line, not a traceback
+        print("gandiva sim: error: out of memory in the replay; replay fewer jobs (a part of the trace) or "
+              "fewer policies at once, or give more memory", file=sys.stderr)
+        return 1
 
 
 def _run(args: argparse.Namespace) -> int:

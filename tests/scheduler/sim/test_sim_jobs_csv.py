@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,30 @@ def test_a_jobs_csv_that_fails_to_write_keeps_the_summary(capsys: pytest.Capture
     assert code == 1 and json.loads(out.out)["fifo"]["jobs_finished"] == 5
     assert out.err.replace("\n", " ").strip().endswith(
         "gandiva sim: error: cannot write /dev/full: No space left on device (the summary above is complete)")
+
+
+LIMITED = """
+import contextlib, io, resource, sys
+from gandiva_cli.main import main
+with contextlib.redirect_stdout(io.StringIO()):  # every module a replay imports, before the limit
+    main(["sim", "--no-progress", "--policy", "fifo", "--jobs", "2", "--cluster", "1x1", "-o", "json"])
+vm = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmSize:")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 64 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+sys.exit(main(["sim", "--no-progress", "--policy", "fifo", "--trace", sys.argv[1]]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
+def test_a_trace_too_large_for_the_memory_limit_is_one_line(tmp_path: Path) -> None:
+    """Under a memory limit (ulimit -v, a container) a large trace was a MemoryError traceback;
+    now one line naming the file and what to do. The limit: what the process holds once
+    imported, plus 64 MiB; the trace: 200,000 lines (~300 MB while read)."""
+    import subprocess
+
+    trace = tmp_path / "big.csv"
+    trace.write_text("submit_time,num_gpus,duration\n" + "".join(f"{i},1,60\n" for i in range(200_000)))
+    proc = subprocess.run([sys.executable, "-c", LIMITED, str(trace)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert f"{trace}: not enough memory to read the trace (2 MB)" in proc.stderr.replace("\n", " ")
