@@ -199,8 +199,25 @@ class HelperDaemon:
             self._outbox.popleft()
 
     async def _drain_outbox(self, stub: helper_pb2_grpc.HelperStub) -> None:
+        delay, said = 0.2, False
         while True:
-            await self._send_queued(stub)
+            try:
+                await self._send_queued(stub)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                # Not taken now (the scheduler's database unreachable): kept, in order, and
+                # tried again; the session goes on (a scheduler that is gone ends it through
+                # its heartbeats and command stream). Before, the session ended, and its
+                # registration was refused until the database was back.
+                if not said:
+                    log.warning("the scheduler could not take a %s yet (%s); trying again",
+                                type(self._outbox[0]).__name__, exc.details())
+                    said = True
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+                continue
+            delay, said = 0.2, False
             self._outbox_ready.clear()
             await self._outbox_ready.wait()
 

@@ -362,6 +362,9 @@ class SchedulerCore:
         # arrived, whether or not the database could record it (unreachable, or locked by
         # another process): a server heard from is not silent (mark_stale_servers_down).
         self._heard: dict[str, float] = {}
+        # When a heartbeat of each server was last answered while it was not called down
+        # (recorded, or answered in a database outage: heartbeat_unrecorded).
+        self._vouched: dict[str, float] = {}
         # Jobs re-queued while a copy of theirs still answered (its server down, its helper
         # stopped or hung): that launch, and until when (monotonic) placing the job waits
         # for it to exit at its next boundary as told (old_copy_wait).
@@ -964,9 +967,28 @@ class SchedulerCore:
         self._heard[name] = mono
         beat = await self.write_sync(lambda conn: repo.heartbeat_fast(conn, name, now, running))
         if beat is not None and not beat.stale:
+            self._vouched[name] = mono
             return True, [], beat.placed
         known, stop = await self._heartbeat_full(name, now, running)
+        if known:
+            self._vouched[name] = mono
         return known, stop, None
+
+    def heartbeat_unrecorded(self, name: str) -> bool:
+        """A heartbeat of ``name`` that could not be recorded (the database unreachable):
+        whether it is answered all the same (no stops: they need the database), which
+        renews the helper's lease and keeps its session, so that its reports (a
+        migration's activation, a job's exit) still reach this scheduler. Only while the
+        server has been heard from with gaps under ``down_after_s`` since a heartbeat that
+        was recorded: such a server cannot have been called down, nor its jobs placed
+        elsewhere, meanwhile. Before, every helper's session ended at the first refused
+        heartbeat and its registration was refused until the database was back: nothing
+        it reported arrived, and its jobs froze once the lease ran out."""
+        mono = self.monotonic()
+        if mono - self._vouched.get(name, -math.inf) >= self.settings.down_after_s:
+            return False
+        self._vouched[name] = mono
+        return True
 
     async def _heartbeat_full(
         self, name: str, now: float, running: Sequence[tuple[str, str]]

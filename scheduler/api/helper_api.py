@@ -9,7 +9,7 @@ from scheduler import auth
 from scheduler.api.status import grpc_errors, grpc_stream_errors
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
-from scheduler.errors import InvalidArgument
+from scheduler.errors import InvalidArgument, Unavailable
 from scheduler.hubs import END_STREAM
 from scheduler.validation import (
     MAX_SERVER_GPUS,
@@ -75,6 +75,17 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         if request.leaving:  # its last word: nothing to reconcile, nothing to send back
             await self.core.server_leaving(request.name, request.instance)
             return helper_pb2.HeartbeatResponse(known=True)
+        try:
+            return await self._heartbeat(request, running)
+        except Unavailable:
+            if not self.core.heartbeat_unrecorded(request.name):
+                raise
+            # Answered from memory: no stops, no peer list (version 0: the helper keeps its
+            # own), no kept checkpoints; its lease is renewed and its session goes on.
+            return helper_pb2.HeartbeatResponse(known=True)
+
+    async def _heartbeat(self, request: helper_pb2.HeartbeatRequest,
+                         running: list[tuple[str, str]]) -> helper_pb2.HeartbeatResponse:
         known, stop, placed = await self.core.heartbeat(request.name, running, request.instance)
         if not known:
             return helper_pb2.HeartbeatResponse(known=False)
@@ -110,7 +121,13 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             check_text(f"host_memory[{i}].incarnation", m.incarnation, 64)
             if m.rss_bytes < 0:
                 raise InvalidArgument(f"host_memory[{i}].rss_bytes", f"{m.rss_bytes}: must not be negative")
-        await self.core.gpu_samples(request)
+        try:
+            await self.core.gpu_samples(request)
+        except Unavailable:
+            # Perishable (the next report, seconds later, replaces them): dropped rather
+            # than refused, which kept them at the head of the helper's outbox, ahead of
+            # its command results, until the database was back.
+            log.debug("GPU samples of %s dropped: the database is unreachable", request.server)
         return common_pb2.Empty()
 
     @grpc_errors
