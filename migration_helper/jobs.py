@@ -17,7 +17,7 @@ import grpc
 from migration_helper.agent import send_checkpoint
 from migration_helper.launch_rule import job_environment, shim_command
 from migration_helper.process import OWNER_ENV, JobProcess, ProcessExited
-from migration_helper.ramdisk import CheckpointError, safe_name
+from migration_helper.ramdisk import CheckpointError, CheckpointMissing, safe_name
 from protos.gandiva.v1 import helper_pb2
 from scheduler.auth import runtime_token
 from scheduler.transport import ClientSecurity
@@ -37,10 +37,12 @@ class CommandFailed(Exception):
     """A command that could not be carried out; becomes ok=false with this message.
     ``server_fault``: for a reason of this server's, not the job's."""
 
-    def __init__(self, message: str, exit_code: int = 0, server_fault: bool = False) -> None:
+    def __init__(self, message: str, exit_code: int = 0, server_fault: bool = False,
+                 transfer_fault: helper_pb2.TransferFault.ValueType = helper_pb2.TRANSFER_FAULT_UNSPECIFIED) -> None:
         super().__init__(message)
         self.exit_code = exit_code
         self.server_fault = server_fault
+        self.transfer_fault = transfer_fault
 
 
 class JobTable:
@@ -131,7 +133,8 @@ class JobTable:
                 raise CommandFailed(f"command {cmd.command_id}: no body (unknown command kind?)")
             result.ok = True
         except CommandFailed as exc:
-            result = Result(ok=False, message=str(exc), exit_code=exc.exit_code, server_fault=exc.server_fault)
+            result = Result(ok=False, message=str(exc), exit_code=exc.exit_code, server_fault=exc.server_fault,
+                            transfer_fault=exc.transfer_fault)
         except (CheckpointError, ValueError, OSError) as exc:
             result = Result(ok=False, message=f"{kind}: {exc}")
         except Exception as exc:  # a bug or a peer failure; the scheduler must still hear back
@@ -260,13 +263,16 @@ class JobTable:
                 req.dest_address, Path(req.checkpoint_path), req.job_id, req.checkpoint_name or None,
                 security=self.security, ticket=req.ticket,
             )
+        except CheckpointMissing as exc:  # asking this helper again cannot help
+            raise CommandFailed(f"transfer: {exc}", transfer_fault=helper_pb2.TRANSFER_FAULT_CHECKPOINT_MISSING) from None
         except grpc.aio.AioRpcError as exc:  # the peer unreachable, refusing, or timed out
             # One line naming the peer, not the error's multi-line repr (it lands in the job's history).
-            # The scheduler reads "could not send the checkpoint to the helper at" as the
-            # destination's refusal, not the checkpoint's fault (scheduler/engine/live.py DEST_REFUSED).
+            # The destination's refusal, not the checkpoint's fault: the scheduler reads the
+            # field, never the words (scheduler/engine/live.py transfer_fault).
             details = " ".join((exc.details() or "").split())
             raise CommandFailed(f"transfer: could not send the checkpoint to the helper at {req.dest_address}: "
-                                f"{exc.code().name}: {details}") from None
+                                f"{exc.code().name}: {details}",
+                                transfer_fault=helper_pb2.TRANSFER_FAULT_DEST_REFUSED) from None
         result = Result(checkpoint_path=sent.path, message=f"{sent.bytes} bytes")
         result.durations_s["transfer"] = time.monotonic() - t0
         return result

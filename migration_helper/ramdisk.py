@@ -37,6 +37,10 @@ class CheckpointError(ValueError):
     """A malformed or incomplete checkpoint stream; the message says what is wrong."""
 
 
+class CheckpointMissing(CheckpointError):
+    """The checkpoint directory to send does not exist or is empty."""
+
+
 class CheckpointExists(CheckpointError):
     """A checkpoint with that name is already there."""
 
@@ -206,10 +210,10 @@ def checkpoint_chunks(
 ) -> Iterator[helper_pb2.CheckpointChunk]:
     """The chunks that send ``directory`` (flat: the shim writes no subdirectories)."""
     if not directory.is_dir():
-        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+        raise CheckpointMissing(f"checkpoint directory {directory} does not exist")
     files = sorted(p for p in directory.iterdir() if p.is_file())
     if not files:
-        raise CheckpointError(f"checkpoint directory {directory} is empty")
+        raise CheckpointMissing(f"checkpoint directory {directory} is empty")
     digest = hashlib.sha256()
     first = True
     for path in files:

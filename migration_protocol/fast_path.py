@@ -118,10 +118,15 @@ class MigrationResult:
     checkpoint_path: str = ""   # the checkpoint, on `server` (or the source when FAILED)
     reason: str = ""
     durations_s: dict[str, float] = field(default_factory=dict)
+    # A failed transfer: why, as its holder's helper said (helper_pb2.TransferFault; 0: none,
+    # or a helper older than the field).
+    transfer_fault: int = 0
 
 
 class _StepFailed(Exception):
-    pass
+    def __init__(self, message: str, fault: int = 0) -> None:
+        super().__init__(message)
+        self.fault = fault  # the failed result's transfer_fault
 
 
 def checkpoint_paths(plan: MigrationPlan, name: str) -> tuple[str, str | None]:
@@ -167,6 +172,7 @@ class _Migration:
     def __init__(self, plan: MigrationPlan, ports: MigrationPorts, timeouts: MigrationTimeouts) -> None:
         self.plan, self.ports, self.t = plan, ports, timeouts
         self.durations: dict[str, float] = {}
+        self.transfer_fault = 0
 
     async def _phase(self, phase: str, seconds: float, detail: str = "") -> None:
         self.durations[phase] = seconds
@@ -184,7 +190,7 @@ class _Migration:
         except Exception as exc:
             raise _StepFailed(f"{server}: {cmd.WhichOneof('body')} failed: {exc}") from exc
         if not result.ok:
-            raise _StepFailed(f"{server}: {cmd.WhichOneof('body')} failed: {result.message}")
+            raise _StepFailed(f"{server}: {cmd.WhichOneof('body')} failed: {result.message}", result.transfer_fault)
         return result
 
     async def _stop_dest(self, why: str) -> None:
@@ -249,6 +255,7 @@ class _Migration:
                 # nothing), and it is likely unreachable (its link cut mid-copy): its stop
                 # goes on in the background instead of delaying the restart at the source
                 # by the cleanup timeout.
+                self.transfer_fault = exc.fault
                 cleanup = asyncio.create_task(self._stop_dest("transfer failed"))
                 _CLEANUPS.add(cleanup)
                 cleanup.add_done_callback(_CLEANUPS.discard)
@@ -296,4 +303,5 @@ class _Migration:
                 checkpoint: str = "", reason: str = "") -> MigrationResult:
         if outcome is not Outcome.MIGRATED:
             log.warning("migration of %s: %s (%s)", self.plan.job_id, outcome.value, reason)
-        return MigrationResult(outcome, server, incarnation, step, checkpoint, reason, dict(self.durations))
+        return MigrationResult(outcome, server, incarnation, step, checkpoint, reason, dict(self.durations),
+                               self.transfer_fault)

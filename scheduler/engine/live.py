@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from migration_protocol.fast_path import MigrationTimeouts, Outcome
+from migration_protocol.fast_path import MigrationResult, MigrationTimeouts, Outcome
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
 from scheduler.engine.live_migration import (
@@ -51,15 +51,27 @@ MAX_FETCH_TRIES = 3
 # A server whose helper failed a launch for a reason of its own (its disk full, no process
 # could be started) gets no new job for this long; then a launch tries it again.
 LAUNCH_QUARANTINE_S = 60.0
-# How a holder's helper says the destination did not take a checkpoint it read and sent
-# (migration_helper/jobs.py, transfer: the peer refused it, was full, or unreachable).
-DEST_REFUSED = "could not send the checkpoint to the helper at"
-# After this many such refusals in a row the job starts from step 0 (as after
-# MAX_FETCH_TRIES other failures): the policy may have had nowhere else to place it.
+# After this many refusals in a row by a fetch's destination (TRANSFER_FAULT_DEST_REFUSED)
+# the job starts from step 0 (as after MAX_FETCH_TRIES other failures): the policy may have
+# had nowhere else to place it.
 MAX_DEST_REFUSALS = 10
-# How a holder's helper says the checkpoint is not in its ramdisk (migration_helper/ramdisk.py
-# checkpoint_chunks, as its transfer command reports it).
-HOLDER_LACKS = re.compile(r"^transfer: checkpoint directory .* (does not exist|is empty)$")
+# How a helper older than HelperCommandResult.transfer_fault words the two faults (its
+# transfer command): read only when the field is unset, so that such a helper still works
+# during an upgrade. A helper that sets the field may word its message as it likes.
+_OLD_DEST_REFUSED = "could not send the checkpoint to the helper at"
+_OLD_HOLDER_LACKS = re.compile(r"^transfer: checkpoint directory .* (does not exist|is empty)$")
+
+
+def transfer_fault(fault: int, message: str) -> int:
+    """Why a transfer failed (helper_pb2.TransferFault): the field its holder's helper
+    set, else (a helper older than the field) what its words say."""
+    if fault:
+        return fault
+    if _OLD_DEST_REFUSED in message:
+        return helper_pb2.TRANSFER_FAULT_DEST_REFUSED
+    if _OLD_HOLDER_LACKS.search(message):
+        return helper_pb2.TRANSFER_FAULT_CHECKPOINT_MISSING
+    return helper_pb2.TRANSFER_FAULT_UNSPECIFIED
 
 
 class LiveEngine:
@@ -558,8 +570,10 @@ class LiveEngine:
             result = await self.core.helpers.call(
                 holder, helper_pb2.HelperCommand(transfer=transfer), MigrationTimeouts().transfer_s, watch=dest)
             failure = "" if result.ok else result.message
+            fault = transfer_fault(result.transfer_fault, failure) if failure else 0
         except GandivaError as err:  # the holder down, its stream gone, no answer in time
             failure = str(err) or err.__class__.__name__
+            fault = 0
         seconds = time.perf_counter() - t0
         self.observer.checkpoint_fetched("failed" if failure else "fetched", seconds)
         now = self.core.clock()
@@ -567,7 +581,8 @@ class LiveEngine:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
                 return  # killed or moved meanwhile: the copy is pruned in time
-            refusals = self._dest_refusals.get(job_id, 0) + 1 if failure and DEST_REFUSED in failure else 0
+            refusals = (self._dest_refusals.get(job_id, 0) + 1
+                        if fault == helper_pb2.TRANSFER_FAULT_DEST_REFUSED else 0)
             if 0 < refusals < MAX_DEST_REFUSALS:
                 # The holder read the checkpoint; the destination could not take it (its
                 # ramdisk full, unreachable from the holder). Not the checkpoint's fault: it
@@ -590,7 +605,7 @@ class LiveEngine:
                 # empty ramdisk): asking again cannot help (as a launch from a checkpoint
                 # not found on its own server starts from 0 at once). It used to be asked
                 # three times, the job waiting a heartbeat timeout after each.
-                gone = HOLDER_LACKS.search(failure) is not None
+                gone = fault == helper_pb2.TRANSFER_FAULT_CHECKPOINT_MISSING
                 tries = MAX_FETCH_TRIES if refusals or gone else self._fetch_failures.get(job_id, 0) + 1
                 self._fetch_failures[job_id] = tries
                 why = f"could not fetch its checkpoint {job.restore_checkpoint} from {holder}: {failure}"
@@ -816,13 +831,14 @@ class LiveEngine:
         await self._settle_move(job_id, run_migration(self.core, job_id, list(to_gpus), reason), to_gpus[0].server,
                                 was.state, was.incarnation, source.name if source else "")
 
-    async def _settle_move(self, job_id: str, migration: Awaitable[None], dest: str, was_state: str,
-                           incarnation: str, source: str) -> None:
+    async def _settle_move(self, job_id: str, migration: Awaitable[MigrationResult | None], dest: str,
+                           was_state: str, incarnation: str, source: str) -> None:
         """Carry out a migration, then what its failure calls for (the policy's and an
         operator's alike)."""
-        await migration
+        result = await migration
         job = await self._job(job_id)
-        if DEST_REFUSED in job.message:
+        if result is not None and transfer_fault(result.transfer_fault, result.reason) \
+                == helper_pb2.TRANSFER_FAULT_DEST_REFUSED:
             # Its destination could not take the checkpoint (its ramdisk full): the policy,
             # which knows nothing of ramdisks, would move the job there again every round,
             # each try a restart. That server gets no new job for a while instead.

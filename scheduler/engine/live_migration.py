@@ -13,7 +13,13 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from migration_protocol.fast_path import MigrationPlan, Outcome, checkpoint_home, migrate
+from migration_protocol.fast_path import (
+    MigrationPlan,
+    MigrationResult,
+    Outcome,
+    checkpoint_home,
+    migrate,
+)
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler import auth
 from scheduler.core import SchedulerCore, spec_of
@@ -120,15 +126,17 @@ class LivePorts:
                 row.checkpoint_path, row.step, row.updated_at = path, step, self.core.clock()
 
 
-async def run_migration(core: SchedulerCore, job_id: str, to_gpus: Sequence[GpuRef], reason: str) -> None:
-    await (await begin_migration(core, job_id, to_gpus, reason))
+async def run_migration(
+    core: SchedulerCore, job_id: str, to_gpus: Sequence[GpuRef], reason: str
+) -> MigrationResult | None:
+    return await (await begin_migration(core, job_id, to_gpus, reason))
 
 
 async def begin_migration(
     core: SchedulerCore, job_id: str, to_gpus: Sequence[GpuRef], reason: str
-) -> Coroutine[Any, Any, None]:
+) -> Coroutine[Any, Any, MigrationResult | None]:
     """Move the job to MIGRATING (one transaction) and return the coroutine that
-    carries the migration out and records its outcome."""
+    carries the migration out, records its outcome and returns it (None: it crashed)."""
     async with core.tx() as s:
         job = await repo.get_job(s, job_id, for_update=True)
         if not job.migratable:
@@ -169,7 +177,9 @@ async def begin_migration(
     return _carry_out(core, plan, was, list(to_gpus))
 
 
-async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to_gpus: list[GpuRef]) -> None:
+async def _carry_out(
+    core: SchedulerCore, plan: MigrationPlan, was: JobState, to_gpus: list[GpuRef]
+) -> MigrationResult | None:
     job_id, dest_name = plan.job_id, plan.dest.name
     failure = ""
     try:
@@ -227,6 +237,7 @@ async def _carry_out(core: SchedulerCore, plan: MigrationPlan, was: JobState, to
     await core.record_when_reachable(f"the end of {job_id}'s migration", record)
     await core.replay_early_exit(job_id, result.incarnation if result is not None else "")
     core.poke()
+    return result
 
 
 async def _roll_back(s: AsyncSession, job: Job, now: float, reason: str, suspended: bool) -> None:

@@ -10,6 +10,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from protos.gandiva.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -21,6 +22,35 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _TransferFault:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TransferFaultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TransferFault.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRANSFER_FAULT_UNSPECIFIED: _TransferFault.ValueType  # 0
+    TRANSFER_FAULT_DEST_REFUSED: _TransferFault.ValueType  # 1
+    """The holder read the checkpoint; the destination did not take it (refused it, its
+    ramdisk full, unreachable from the holder): not the checkpoint's fault.
+    """
+    TRANSFER_FAULT_CHECKPOINT_MISSING: _TransferFault.ValueType  # 2
+    """The holder has no such checkpoint (its directory missing or empty): asking again
+    cannot help.
+    """
+
+class TransferFault(_TransferFault, metaclass=_TransferFaultEnumTypeWrapper): ...
+
+TRANSFER_FAULT_UNSPECIFIED: TransferFault.ValueType  # 0
+TRANSFER_FAULT_DEST_REFUSED: TransferFault.ValueType  # 1
+"""The holder read the checkpoint; the destination did not take it (refused it, its
+ramdisk full, unreachable from the holder): not the checkpoint's fault.
+"""
+TRANSFER_FAULT_CHECKPOINT_MISSING: TransferFault.ValueType  # 2
+"""The holder has no such checkpoint (its directory missing or empty): asking again
+cannot help.
+"""
+Global___TransferFault: _TypeAlias = TransferFault  # noqa: Y015
 
 @_typing.final
 class RegisterServerRequest(_message.Message):
@@ -671,6 +701,7 @@ class HelperCommandResult(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     LOG_SIZE_FIELD_NUMBER: _builtins.int
     SERVER_FAULT_FIELD_NUMBER: _builtins.int
+    TRANSFER_FAULT_FIELD_NUMBER: _builtins.int
     server: _builtins.str
     command_id: _builtins.str
     ok: _builtins.bool
@@ -690,6 +721,10 @@ class HelperCommandResult(_message.Message):
     could not be written, its disk full; no process could be started): the scheduler
     places the job elsewhere and no new job here for a while, instead of failing it.
     """
+    transfer_fault: Global___TransferFault.ValueType
+    """transfer, failed: why, for the scheduler to act on (`message` is for people and may be
+    reworded). Unset from a helper older than this field.
+    """
     @_builtins.property
     def durations_s(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     def __init__(
@@ -706,10 +741,11 @@ class HelperCommandResult(_message.Message):
         data: _builtins.bytes = ...,
         log_size: _builtins.int = ...,
         server_fault: _builtins.bool = ...,
+        transfer_fault: Global___TransferFault.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "command_id", b"command_id", "data", b"data", "durations_s", b"durations_s", "exit_code", b"exit_code", "log_size", b"log_size", "message", b"message", "ok", b"ok", "server", b"server", "server_fault", b"server_fault", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "command_id", b"command_id", "data", b"data", "durations_s", b"durations_s", "exit_code", b"exit_code", "log_size", b"log_size", "message", b"message", "ok", b"ok", "server", b"server", "server_fault", b"server_fault", "step", b"step", "transfer_fault", b"transfer_fault"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -398,6 +398,12 @@ def test_a_time_sliced_job_restarted_at_its_source_by_a_failed_migration_is_susp
     from scheduler.policy.types import PolicyConfig
 
     def restarted(plan: Any) -> MigrationResult:
+        if by == "operator":  # the holder's structured reason, in words of its own
+            return MigrationResult(Outcome.RESTARTED_AT_SOURCE, plan.source.name, plan.fallback_incarnation, step=42,
+                                   checkpoint_path=f"/ram/a/{plan.job_id}/migrate-x",
+                                   reason=f"transfer failed: a: transfer failed: {AGENTS['b']} is full (reworded)",
+                                   transfer_fault=helper_pb2.TRANSFER_FAULT_DEST_REFUSED)
+        # A helper older than transfer_fault: its words.
         return MigrationResult(Outcome.RESTARTED_AT_SOURCE, plan.source.name, plan.fallback_incarnation, step=42,
                                checkpoint_path=f"/ram/a/{plan.job_id}/migrate-x", reason=(
                                    "transfer failed: a: transfer failed: transfer: could not send the checkpoint to "
@@ -831,17 +837,23 @@ def test_a_checkpoint_that_cannot_be_fetched_is_tried_again_then_given_up_saying
         f.close()
 
 
+@pytest.mark.parametrize("helper", ["current", "older"])
 def test_a_checkpoint_its_holder_no_longer_has_is_given_up_at_once(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, helper: str) -> None:
     """The holder's helper restarted with an empty ramdisk (a reboot) and says so: the job
     starts from step 0 at its next placement, saying why, instead of being fetched twice more
-    in vain (a heartbeat timeout's wait after each)."""
+    in vain (a heartbeat timeout's wait after each). The scheduler reads the result's
+    transfer_fault, whatever its words ("current": reworded); a helper older than the field
+    ("older") is understood by its words."""
     f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for)
     try:
         transfer = _next_command(f, "y", "transfer")
         f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
             server="y", command_id=transfer.command_id, ok=False,
-            message=f"transfer: checkpoint directory {path} does not exist"))
+            message=f"transfer: checkpoint directory {path} does not exist") if helper == "older" else
+            helper_pb2.HelperCommandResult(
+            server="y", command_id=transfer.command_id, ok=False, message=f"no checkpoint {path} here (reworded)",
+            transfer_fault=helper_pb2.TRANSFER_FAULT_CHECKPOINT_MISSING))
         refused = wait_for(lambda: [t.reason for t in f.job(job_id).history if "could not fetch its checkpoint" in t.reason], 10)
         assert "(y no longer has it); it starts from step 0" in refused[0], refused  # before: "try 1 of 3"
         launch = None
@@ -858,14 +870,17 @@ def test_a_checkpoint_its_holder_no_longer_has_is_given_up_at_once(
         f.close()
 
 
+@pytest.mark.parametrize("helper", ["current", "older"])
 def test_a_fetch_the_destination_cannot_take_keeps_the_checkpoint_and_places_the_job_elsewhere(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, helper: str) -> None:
     """The holder reads the checkpoint but the destination refuses it (its ramdisk full: a
-    transfer's RESOURCE_EXHAUSTED, as the holder's helper words it). The checkpoint is fine:
-    the job is not started over from step 0 (it used to be after three such refusals, the
-    policy placing it on the same full server each time, its progress lost); that server
-    gets no new job for a while and the job resumes from its checkpoint elsewhere (here on
-    the holder, whose GPU is free)."""
+    transfer's RESOURCE_EXHAUSTED). The checkpoint is fine: the job is not started over from
+    step 0 (it used to be after three such refusals, the policy placing it on the same full
+    server each time, its progress lost); that server gets no new job for a while and the
+    job resumes from its checkpoint elsewhere (here on the holder, whose GPU is free). The
+    scheduler reads the result's transfer_fault, whatever its words ("current": reworded; a
+    rewording used to make the refusal an ordinary failure, three of them a restart from
+    step 0); a helper older than the field ("older") is understood by its words."""
     from scheduler.engine.live import MAX_FETCH_TRIES
 
     f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for)
@@ -873,6 +888,9 @@ def test_a_fetch_the_destination_cannot_take_keeps_the_checkpoint_and_places_the
         full = (f"transfer: could not send the checkpoint to the helper at {AGENTS['x']}: RESOURCE_EXHAUSTED: "
                 f"no space left in /ram/x for the checkpoint (1048576 bytes received): No space left on device; "
                 "the partial copy was removed")
+        fault = helper_pb2.TRANSFER_FAULT_UNSPECIFIED
+        if helper == "current":
+            full, fault = f"{AGENTS['x']} refused the checkpoint: its ramdisk is full", helper_pb2.TRANSFER_FAULT_DEST_REFUSED
         seen = len(f.job(job_id).history) - 1  # placed on "x" already
         for _ in range(MAX_FETCH_TRIES + 1):
             job = wait_for(lambda n=seen: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING
@@ -884,7 +902,7 @@ def test_a_fetch_the_destination_cannot_take_keeps_the_checkpoint_and_places_the
             assert "fetching its checkpoint from y first" in job.history[-1].reason, [t.reason for t in job.history]
             transfer = _next_command(f, "y", "transfer")
             f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
-                server="y", command_id=transfer.command_id, ok=False, message=full))
+                server="y", command_id=transfer.command_id, ok=False, message=full, transfer_fault=fault))
             wait_for(lambda n=seen: len(f.job(job_id).history) > n, 10)
             seen = len(f.job(job_id).history)
         launch = _next_command(f, "y", "launch").launch

@@ -149,6 +149,19 @@ async def test_transfer_failure_restarts_at_the_source_from_its_ramdisk() -> Non
     assert result.outcome is Outcome.RESTARTED_AT_SOURCE
     assert ports.calls[-1][2].launch.restore_checkpoint == "/shm/a/j1/migrate-i1"
     assert ("activate", "b") not in ports.kinds()
+    assert result.transfer_fault == helper_pb2.TRANSFER_FAULT_UNSPECIFIED
+
+
+async def test_a_refused_transfer_says_so_in_its_result_whatever_its_words() -> None:
+    """The destination refused the checkpoint: the migration's result carries the holder's
+    structured reason (the scheduler quarantines that destination on it), not only text."""
+    ports = Ports()
+    ports.handlers["transfer"] = lambda c: helper_pb2.HelperCommandResult(
+        ok=False, message="the peer is full", transfer_fault=helper_pb2.TRANSFER_FAULT_DEST_REFUSED)
+    result = await migrate(plan(Endpoint("a", "x:1", "/shm/a"), B), ports)
+    assert result.outcome is Outcome.RESTARTED_AT_SOURCE
+    assert result.transfer_fault == helper_pb2.TRANSFER_FAULT_DEST_REFUSED
+    assert "the peer is full" in result.reason
 
 
 async def test_restart_failure_reports_failed_with_the_checkpoint_to_recover_from() -> None:
