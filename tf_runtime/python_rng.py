@@ -174,6 +174,14 @@ def continued(before: Snapshot, after: Snapshot) -> str:
     return ""
 
 
+def _fresh(a: Any) -> bool:
+    """Whether a Mersenne Twister reading is of a generator just seeded, not drawn on since
+    (or one that drew exactly to the end of its block: the same reading)."""
+    if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], np.ndarray):
+        return a[1] == _WORDS  # numpy
+    return isinstance(a, tuple) and len(a) == _WORDS + 1 and a[_WORDS] == _WORDS  # random
+
+
 def _same(a: Any, b: Any) -> bool:
     """Whether two readings of one generator are the same state (no draw, no reseed)."""
     if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], np.ndarray):
@@ -192,34 +200,53 @@ class Watch:
     compared, so such a program was judged migratable and a migrated copy, its generator
     seeded anew, shuffled its next epochs otherwise. A generator that two consecutive
     steps found reseeded (`np.random.seed(step)` every step) is not searched across a gap:
-    telling its reseeds from draws there costs ~10 ms, and it reseeds anyway."""
+    telling its reseeds from draws there costs ~10 ms, and it reseeds anyway.
+
+    A generator just seeded at one step and found drawn on from there at the next either
+    drew from that seed, or was seeded with the same number again and drew as much: a
+    program that seeds `np.random.seed(7)` at its start and then `np.random.seed(step)` in
+    every step, restored at step 7 (or started at step 0 after `np.random.seed(0)`). Before,
+    that was taken for a stream and the job refused as not migratable, depending on the step
+    a migration restored it at. Now such a pair is left open: the next look tells (another
+    state: reseeded; drawn on again, or not at all, from there: a stream, as before); a
+    checkpoint or migration asked for before any next step is refused, as it cannot tell."""
 
     def __init__(self, first: int = 3, every: int = 128) -> None:
         self.first, self.every = first, every
         self._last: tuple[int, Snapshot] | None = None
         self._reseeding: set[str] = set()
+        self._open: set[str] = set()  # seeded, then drawn on as much as after a reseed
 
     def step(self, n: int, frame: Any = None) -> str:
         """At the end of step `n` (1, 2, ...), `frame` the innermost frame to look for the
         program's own generators from: the generator found drawing, or ""."""
         if n > self.first and (not self.every or n % self.every not in (0, 1)):
             return ""
-        return self.look(n, frame)
+        return self.look(n, frame, now=False)
 
-    def look(self, n: int, frame: Any = None) -> str:
-        """Compare the generators now (at step `n`) with the last look."""
-        now = snapshot(frame)
-        last, self._last = self._last, (n, now)
+    def look(self, n: int, frame: Any = None, now: bool = True) -> str:
+        """Compare the generators now (at step `n`) with the last look (`now`: a
+        checkpoint or migration is asked for, which cannot wait for a next look)."""
+        state_now = snapshot(frame)
+        last, self._last = self._last, (n, state_now)
         if last is None:
             return ""
         consecutive = last[0] == n - 1
         for label, (obj, continues, state) in last[1].items():
-            after = now.get(label)
+            after = state_now.get(label)
             if after is None or after[0] is not obj or (
                     not consecutive and label in self._reseeding):
                 continue
             if continues(state, after[2]):
+                if now or not consecutive or not _fresh(state) or label in self._open:
+                    return label
+                self._open.add(label)  # drawn on, or seeded alike again: the next look tells
+            elif not _same(state, after[2]):
+                self._open.discard(label)  # reseeded
+                if consecutive:
+                    self._reseeding.add(label)
+            elif label in self._open:
+                # No draw since: drawn on once after its seed (refused, as a draw once
+                # after the initialiser is), or no step since (a migration: cannot tell).
                 return label
-            if consecutive and not _same(state, after[2]):
-                self._reseeding.add(label)
         return ""

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -94,6 +95,55 @@ def test_a_draw_once_an_epoch_is_found_at_the_next_look() -> None:
         np.random.uniform(size=5)
         assert watch.step(n) == "", n
     assert watch.look(40) == ""
+
+
+@pytest.mark.parametrize("kind", ["numpy", "python"])
+def test_a_reseed_to_the_start_seed_is_not_taken_for_a_stream(kind: str) -> None:
+    """A program seeds 7 at its start and reseeds from the global step in every step; a
+    migration restores it at step 7 (in CI, once, under load): its first step reseeds to
+    7 and draws, as one drawing from its start seed does. Before, that first step was taken
+    for a stream (refused as not migratable); now the next step tells. One seeded once and
+    drawn on from the first step is still found, at the second step; a migration asked for
+    right after the first, before any next step, is refused (it cannot tell)."""
+    def seed(value: int) -> None:
+        np.random.seed(value) if kind == "numpy" else random.seed(value)
+
+    def draw() -> None:
+        if kind == "numpy":
+            np.random.uniform(-1, 1, [8, 4])
+        else:
+            [random.uniform(-1, 1) for _ in range(32)]
+
+    label = "numpy.random" if kind == "numpy" else "random"
+    for start in (7, 0):  # restored at step 7; a fresh start at step 0 after seed(0)
+        seed(start)
+        watch = Watch()
+        assert watch.look(0) == ""  # the session bound: the restore point
+        for n, step in enumerate(range(start, start + 12), 1):
+            seed(step)
+            draw()
+            assert watch.step(n) == "", (start, n)
+        assert watch.look(12) == ""  # a migration asked for
+
+    seed(7)  # seeded once, drawn on in every step
+    watch = Watch()
+    assert watch.look(0) == ""
+    draw()
+    assert watch.step(1) == ""  # drawn on, or reseeded to 7: not yet told
+    assert watch.look(1) == label  # a migration now: refused
+    watch = Watch()
+    seed(7)
+    watch.look(0)
+    found = []
+    for n in range(1, 4):
+        draw()
+        found.append(watch.step(n))
+    assert found == ["", label, label]
+    watch = Watch()  # drawn on once after its seed, never again: refused at the next step
+    seed(7)
+    watch.look(0)
+    draw()
+    assert [watch.step(1), watch.step(2)] == ["", label]
 
 
 class _Trainer:

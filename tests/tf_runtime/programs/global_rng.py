@@ -6,7 +6,8 @@ numbers than an uninterrupted run. `--draw generator`: from the program's own
 `np.random.default_rng(7)`; `--draw trainer`: from a `np.random.RandomState(7)` a trainer
 object keeps as `self.rng`, its method calling `Session.run`. `--draw reseed`: the global
 generator reseeded from the global step in every step (`np.random.seed(step)`), which a
-restarted copy repeats."""
+restarted copy repeats; seeded 0 at its start, as its first step reseeds it (a copy restored
+at the step its start seed names used to be taken for one drawing from that seed)."""
 
 import random
 import time
@@ -24,7 +25,7 @@ def extra(p):
 
 
 args, gs, x, y = _base.start(extra)
-np.random.seed(7)
+np.random.seed(0 if args.draw == "reseed" else 7)
 random.seed(7)
 z = v1.placeholder(tf.float32, [None, Z])
 with v1.variable_scope("net"):
