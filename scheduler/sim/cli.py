@@ -432,7 +432,7 @@ def _run(args: argparse.Namespace) -> int:
     if unknown:
         err.print(f"[yellow]note:[/yellow] {len(unknown)} model name(s) not in {escape(str(model.source))} "
                   f"(e.g. {escape(repr(unknown[0]))}); they run with the default model's figures")
-    _note_sub_step_jobs(jobs, model, err)
+    _note_sub_step_jobs(replayed(jobs, servers), model, err)  # (a skipped job may have no rate there)
     _note_extrapolated_rates(jobs, model, err)
     _note_spread_jobs(jobs, servers, model, err)
     note = skipped_note(jobs, servers)  # said once here, not by each policy's replay

@@ -1,6 +1,7 @@
-"""`gandiva sim` on times no replay can hold: dates thousands of years apart, and jobs that
-would run for ages at their table rate. Each is refused in one line naming what is wrong
-(or, with --skip-invalid, left out and counted), never replayed as nonsense or without end."""
+"""`gandiva sim` on times and rates no replay can hold: dates thousands of years apart, jobs
+that would run for ages (or never) at their table rate. Each is refused in one line naming
+what is wrong (or, with --skip-invalid, left out and counted), never replayed as nonsense or
+without end, never a traceback."""
 
 from __future__ import annotations
 
@@ -120,3 +121,20 @@ def test_skip_invalid_leaves_out_a_job_that_would_run_for_ages(capsys: pytest.Ca
         assert summary["makespan_s"] < 2000, summary
     rows = [line.split(",") for line in jobs_csv.read_text().splitlines()[1:]]
     assert sorted(r[1] for r in rows if r[2] == "left_out") == ["g-1"] * 4, rows
+
+
+def test_a_skipped_job_whose_model_has_no_rate_on_its_gpus_is_no_traceback(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path) -> None:
+    """A CSV job of a model the table measured as 0 on its GPU count (Gavel's K80 ResNet-50 on
+    8 GPUs), wider than the cluster: it is skipped, yet the note on jobs shorter than a
+    mini-batch timed it (its steps 0 < 1) and divided by its rate: ZeroDivisionError traceback."""
+    trace = tmp_path / "k.csv"
+    trace.write_text("submit_time,num_gpus,duration,model\n0,1,60,M\n10,8,60,M\n")
+    table = tmp_path / "rates.json"
+    table.write_text(json.dumps({"v100": {"('M', 1)": {"null": 10.0}, "('M', 8)": {"null": 0.0}}}))
+    code, out, err = _sim(capsys, "--trace", str(trace), "--throughputs", str(table), "--cluster", "1x4",
+                          "--compare", "fifo,gandiva", "-o", "json")
+    assert code == 0, err
+    assert "shorter than one mini-batch" not in err, err
+    for summary in json.loads(out).values():
+        assert summary["jobs_finished"] == 1 and summary["jobs_skipped"] == 1, summary
