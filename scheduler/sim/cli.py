@@ -456,7 +456,7 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         err.print(f"offered load {load:.3g} -> {args.target_load:g}: arrival times x{factor:.4g}")
     elif math.isfinite(load):
-        err.print(f"offered load {load:.3f} (use --target-load to change it)")
+        err.print(f"offered load {load:.3g} (use --target-load to change it)")
     else:  # one job, or all arriving at once: no span to spread them over, nothing to scale
         err.print("offered load: not defined (" + ("one job" if runs < 2 else "all jobs arrive at the same time")
                   + "; --target-load cannot scale it)")

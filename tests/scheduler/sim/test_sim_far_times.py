@@ -138,3 +138,13 @@ def test_a_skipped_job_whose_model_has_no_rate_on_its_gpus_is_no_traceback(capsy
     assert "shorter than one mini-batch" not in err, err
     for summary in json.loads(out).values():
         assert summary["jobs_finished"] == 1 and summary["jobs_skipped"] == 1, summary
+
+
+def test_a_low_offered_load_is_printed_as_a_number_not_zero(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    """Two 60-s jobs a million seconds apart on one GPU: load 1.2e-4 was printed `offered load
+    0.000`, as if the trace held no work; now its value, to 3 significant digits."""
+    trace = tmp_path / "gap.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,1,60\n1000000,1,60\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x1", "--policy", "fifo")
+    assert code == 0 and "offered load 0.00012 (use --target-load" in err, err
