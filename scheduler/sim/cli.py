@@ -406,7 +406,8 @@ def _run(args: argparse.Namespace) -> int:
             if not os.access(args.plot, os.W_OK | os.X_OK):
                 raise ValueError(f"--plot {args.plot}: the folder is not writable; give a folder you can write")
         if args.jobs_csv is not None:  # before the replay, which may take hours
-            _check_writable(args.jobs_csv, args.trace)
+            _check_writable(args.jobs_csv, args.trace,
+                            None if args.throughputs in ("auto", "none") else Path(args.throughputs))
         model = _model(args, fmt)
         every_job = jobs
         jobs, rateless = _jobs_with_a_rate(jobs, servers, model, args.skip_invalid, err)
@@ -509,13 +510,16 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_writable(path: Path, trace: Path | None) -> None:
+def _check_writable(path: Path, trace: Path | None, table: Path | None = None) -> None:
     """ValueError unless ``--jobs-csv PATH`` can be written (a folder that exists and is
-    writable, and no folder of that name, nor the trace itself), said before a replay that
-    may take hours. A pipe or a device (``/dev/stdout``) is written as it is."""
-    if path.exists() and trace is not None and trace.exists() and os.path.samefile(path, trace):
-        raise ValueError(f"--jobs-csv {path} is the --trace file: the rows would be written over the trace; "
-                         f"give another file")
+    writable, and no folder of that name, nor the trace or the --throughputs table itself),
+    said before a replay that may take hours. A pipe or a device (``/dev/stdout``) is
+    written as it is."""
+    for flag, given in (("--trace", trace), ("--throughputs", table)):
+        if path.exists() and given is not None and given.exists() and os.path.samefile(path, given):
+            what = "trace" if flag == "--trace" else "throughput table"
+            raise ValueError(f"--jobs-csv {path} is the {flag} file: the rows would be written over the {what}; "
+                             f"give another file")
     if path.is_dir():
         raise ValueError(f"--jobs-csv {path}: a folder; give a file name (e.g. {path / 'jobs.csv'})")
     if path.exists() and not path.is_file():

@@ -148,3 +148,16 @@ def test_a_low_offered_load_is_printed_as_a_number_not_zero(capsys: pytest.Captu
     trace.write_text("submit_time,num_gpus,duration\n0,1,60\n1000000,1,60\n")
     code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x1", "--policy", "fifo")
     assert code == 0 and "offered load 0.00012 (use --target-load" in err, err
+
+
+def test_jobs_csv_naming_the_throughputs_table_is_refused(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    """`--jobs-csv` naming the --throughputs file wrote the rows over the user's table (its
+    JSON gone); now refused before the replay, the table untouched."""
+    trace, table = _gavel(tmp_path, ["600", "300"], "10")
+    before = table.read_text()
+    code, out, err = _sim(capsys, "--trace", str(trace), "--throughputs", str(table), "--cluster", "1x1",
+                          "--policy", "fifo", "--jobs-csv", str(table))
+    assert code == 2 and out == "", (code, out)
+    assert "is the --throughputs file: the rows would be written over the throughput table" in err, err
+    assert table.read_text() == before
