@@ -535,20 +535,22 @@ def _write_jobs_csv(path: Path, rows: list[dict[str, Any]], first_n: int) -> Non
     """Write the rows whole: to a temporary file beside ``path`` (beside its target, if a
     link), renamed over it, so that a stopped run never leaves half a file (nor a reader
     sees one). A pipe or a device (``/dev/stdout``) is written to as it is: renaming a file
-    over it would replace the device's name, not write to it."""
+    over it would replace the device's name, not write to it. A job id named after a trace
+    file whose name is not UTF-8 (`w\\xff.csv`: ids `w\\udcff-0`) is written as stderr shows
+    it, backslash-escaped (it was a UnicodeEncodeError traceback after the replay)."""
     def write(fh: Any) -> None:
         writer = csv.DictWriter(fh, fieldnames=job_columns(first_n))
         writer.writeheader()
         writer.writerows(rows)
 
     if path.exists() and not path.is_file():
-        with path.open("w", newline="", encoding="utf-8") as fh:
+        with path.open("w", newline="", encoding="utf-8", errors="backslashreplace") as fh:
             write(fh)
         return
     target = path.resolve()
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with tmp.open("w", newline="", encoding="utf-8") as fh:
+        with tmp.open("w", newline="", encoding="utf-8", errors="backslashreplace") as fh:
             write(fh)
         os.replace(tmp, target)
     finally:

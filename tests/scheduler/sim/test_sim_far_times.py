@@ -6,7 +6,10 @@ without end, never a traceback."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -161,3 +164,20 @@ def test_jobs_csv_naming_the_throughputs_table_is_refused(capsys: pytest.Capture
     assert code == 2 and out == "", (code, out)
     assert "is the --throughputs file: the rows would be written over the throughput table" in err, err
     assert table.read_text() == before
+
+
+def test_a_trace_whose_file_name_is_not_utf8_writes_its_jobs_csv(tmp_path: Path) -> None:
+    """A trace file named in Latin-1 (`w\\xff.csv`): its job ids (`w\\udcff-0`, named after the
+    file) made --jobs-csv a UnicodeEncodeError traceback after the whole replay. Now the
+    rows are written, the id backslash-escaped as stderr shows it."""
+    trace = tmp_path / os.fsdecode(b"w\xff.csv")
+    trace.write_text("submit_time,num_gpus,duration\n0,1,60\n10,2,60\n")
+    jobs_csv = tmp_path / "jobs.csv"
+    # In a process of its own, as a user runs it: its stderr escapes what it cannot encode
+    # (pytest's capture would not), so only the CSV is under test.
+    done = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "sim", "--no-progress", "--trace", str(trace),
+                           "--cluster", "1x1", "--policy", "fifo", "--jobs-csv", str(jobs_csv)],
+                          check=False, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    rows = jobs_csv.read_text(encoding="utf-8").splitlines()
+    assert rows[1].startswith("fifo,w\\udcff-0,finished,") and rows[2].startswith("fifo,w\\udcff-1,skipped,"), rows
