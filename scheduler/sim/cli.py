@@ -461,6 +461,7 @@ def _run(args: argparse.Namespace) -> int:
     else:  # one job, or all arriving at once: no span to spread them over, nothing to scale
         err.print("offered load: not defined (" + ("one job" if runs < 2 else "all jobs arrive at the same time")
                   + "; --target-load cannot scale it)")
+    _note_long_span(replayed(jobs, servers), err)
     left_out = f" ({len(jobs) - runs:,} of them skipped)" if runs < len(jobs) else ""
     total = sum(s.num_gpus for s in servers)
     err.print(f"{len(jobs)} jobs{left_out} on {args.cluster} ({total} GPU{'s' if total != 1 else ''}); "
@@ -621,6 +622,22 @@ def _jobs_of_a_length(jobs: list[JobSpec], servers: tuple, model: MechanismModel
                                 "(--throughputs)", skip, err)
     return kept, [(j.id, f"would run {fastest_run_s(j, servers, model):.3g} s even alone, more than {MAX_RUN_S:.0e} s")
                   for j in endless]
+
+
+def _note_long_span(jobs: list[JobSpec], err: Any) -> None:
+    """Say when the arrivals span more than MAX_RUN_S (31 years; real traces span months): a
+    placeholder date (0001-01-01 or 1970-01-01 beside 2020's) or a time in another unit,
+    which the replay waits through, so that the makespan and utilization count that span
+    (a makespan of 2,000 years was printed without a word)."""
+    if len(jobs) < 2:
+        return
+    first, last = min(jobs, key=lambda j: j.submit_time), max(jobs, key=lambda j: j.submit_time)
+    span = last.submit_time - first.submit_time
+    if span > MAX_RUN_S:
+        err.print(f"[yellow]note:[/yellow] the arrivals span {span / (365.25 * 86400):,.0f} years (job "
+                  f"{escape(first.id)} at {first.submit_time:.4g} s, job {escape(last.id)} at {last.submit_time:.4g} s):"
+                  f" a placeholder date or a time in another unit? The replay waits through it, and the makespan "
+                  f"and utilization count it")
 
 
 def _note_sub_step_jobs(jobs: list[JobSpec], model: MechanismModel, err: Any) -> None:

@@ -181,3 +181,17 @@ def test_a_trace_whose_file_name_is_not_utf8_writes_its_jobs_csv(tmp_path: Path)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     rows = jobs_csv.read_text(encoding="utf-8").splitlines()
     assert rows[1].startswith("fifo,w\\udcff-0,finished,") and rows[2].startswith("fifo,w\\udcff-1,skipped,"), rows
+
+
+def test_arrivals_spanning_centuries_are_said_to(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """0001-01-01 (a 'no date' placeholder) before 2020's dates is within 1e11 s, so it
+    replays: a makespan of 2,019 years was printed without a word. Now a note names the
+    span and the two jobs."""
+    trace = tmp_path / "early.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0001-01-01 00:00:00,1,60\n2020-03-01 10:00:00,1,60\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x1", "--policy", "fifo")
+    assert code == 0, err
+    assert "note: the arrivals span 2,019 years (job early-0 at 0 s, job early-1 at 6.372e+10 s)" in err, err
+    trace.write_text("submit_time,num_gpus,duration\n2019-03-01 00:00:00,1,60\n2020-03-01 10:00:00,1,60\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x1", "--policy", "fifo")
+    assert code == 0 and "arrivals span" not in err, err
