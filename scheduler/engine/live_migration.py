@@ -7,9 +7,10 @@ state) in one transaction at the end.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -30,6 +31,7 @@ from scheduler.state import repo
 from scheduler.state.models import AuthToken, Job, Migration, Server
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How long an operator's suspend or resume waits for the job's runtime to connect.
 OPERATOR_CONNECT_WAIT_S = 10.0
@@ -42,6 +44,29 @@ def not_connected(job_id: str, deadline_s: float) -> str:
             f"that has not connected {deadline_s:g} s after its launch (not TensorFlow, or a "
             "wrapper that hides it) is marked uncontrollable: it is never suspended or migrated")
 
+# How long a migration step's reads (is the server down? the transfer's ticket) wait for an
+# unreachable database before the step fails: a database restart (a second or two) used to
+# fail the step at once, a migration whose source had already checkpointed included (a
+# restart instead of a move).
+READ_WAIT_S = 30.0
+
+
+async def _read(core: SchedulerCore, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+    """``fn(session)`` in a read transaction, tried again every 0.2-2 s while the database
+    is unreachable, for up to READ_WAIT_S."""
+    loop = asyncio.get_running_loop()
+    deadline, delay = loop.time() + READ_WAIT_S, 0.2
+    while True:
+        try:
+            async with core.tx(read=True) as s:
+                return await fn(s)
+        except Unavailable:
+            if loop.time() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)
+
+
 # A migration's durable phase (migrations.phase) after each phase completes.
 NEXT_PHASE = {"prewarm": "checkpoint", "checkpoint": "transfer", "transfer": "activate"}
 
@@ -52,14 +77,16 @@ async def vouch_transfer(core: SchedulerCore, transfer: helper_pb2.TransferCheck
     its agent refuses the stream. Returns the destination server's name: the caller
     watches it (``HelperHub.call(watch=...)``), so that the transfer fails as soon as
     that server goes down instead of streaming into a cut link until its timeout."""
-    async with core.tx(read=True) as s:
+    async def look(s: AsyncSession) -> tuple[Server | None, AuthToken | None]:
         dest = await repo.server_at(s, transfer.dest_address)
-        if dest is None:
-            raise FailedPrecondition(f"transfer of {transfer.job_id}: {transfer.dest_address!r} is not "
-                                     "the agent address of a registered helper")
-        if not dest.up:
-            raise Unavailable(f"transfer of {transfer.job_id}: its destination {dest.name} is down")
-        token = await s.get(AuthToken, dest.name)
+        return dest, (await s.get(AuthToken, dest.name) if dest is not None else None)
+
+    dest, token = await _read(core, look)
+    if dest is None:
+        raise FailedPrecondition(f"transfer of {transfer.job_id}: {transfer.dest_address!r} is not "
+                                 "the agent address of a registered helper")
+    if not dest.up:
+        raise Unavailable(f"transfer of {transfer.job_id}: its destination {dest.name} is down")
     if token is not None and token.role == "helper" and not token.revoked_at:
         transfer.ticket = auth.transfer_ticket(token.token_hash, dest.name, transfer.job_id,
                                                core.clock() + auth.TICKET_S)
@@ -72,8 +99,10 @@ async def refuse_if_down(core: SchedulerCore, server: str, command: helper_pb2.H
     destination was lost used to hold its job, unplaceable, 30-60 s more. A stop is still
     queued, for the helper to carry out if it comes back (its heartbeat fencing stops the
     launch then anyway)."""
-    async with core.tx(read=True) as s:
-        srv = await s.get(Server, server)
+    async def look(s: AsyncSession) -> Server | None:
+        return await s.get(Server, server)
+
+    srv = await _read(core, look)
     if srv is not None and not srv.up:
         body = command.WhichOneof("body")
         if body == "stop":
