@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import zlib
 from collections.abc import Mapping, Sequence
 
 from scheduler.transport import ENV_TLS_CERT, ENV_TLS_KEY, ENV_TOKEN
@@ -98,6 +99,11 @@ def job_environment(
     # not): GANDIVA_RESTORE_CHECKPOINT there made a launch without one restore from it.
     env.update({k: v for k, v in job_env.items() if k not in LAUNCH_ENV_NAMES})
     env["PYTHONPATH"] = path_with_autoload(env.get("PYTHONPATH"))
+    # Every incarnation of a job hashes strings alike (a vocabulary built as
+    # `list(set(words))` keeps its word ids across a migration or restart), whatever the
+    # server's own setting; the job's own value wins.
+    if "PYTHONHASHSEED" not in job_env:
+        env["PYTHONHASHSEED"] = str(zlib.crc32(job_id.encode()))
     # Logs are followed live (gandiva logs -f); a block-buffered stdout would hide them.
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,30 @@ def test_environment_layers_server_job_and_gandiva_variables() -> None:
     inner = job_environment({**base, "GANDIVA_RUNTIME_PID": "1"}, {"GANDIVA_RUNTIME_PID": "1"},
                             job_id="j", incarnation="i", scheduler="s", server="x", gpu_indices=[0])
     assert "GANDIVA_RUNTIME_PID" not in inner
+
+
+def test_every_incarnation_of_a_job_hashes_strings_alike() -> None:
+    """A program that numbers its vocabulary by a set's order (`list(set(words))`) used to
+    get other word ids in each incarnation (Python's random hash seed): after a migration
+    or restart it trained its embedding rows for other words. Now each incarnation of a
+    job, on any server, gets one PYTHONHASHSEED of the job; the job's own value wins."""
+    import subprocess
+
+    code = "print(list({'alpha', 'beta', 'gamma', 'delta', 'epsilon'}), hash('gandiva'))"
+
+    def run(env: dict[str, str]) -> str:
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, check=True, timeout=60).stdout
+
+    base = {"PATH": os.environ.get("PATH", "/usr/bin")}
+    seen = {run(job_environment({**base, **extra}, {}, job_id="job-7", incarnation=inc,
+                                scheduler="s", server=server, gpu_indices=[0]))
+            for inc, server, extra in [("i1", "s1", {}), ("i2", "s2", {"PYTHONHASHSEED": "random"}),
+                                       ("i3", "s1", {"PYTHONHASHSEED": "5"})]}
+    assert len(seen) == 1, seen
+    own = job_environment(base, {"PYTHONHASHSEED": "0"}, job_id="job-7", incarnation="i1",
+                          scheduler="s", server="s1", gpu_indices=[0])
+    assert own["PYTHONHASHSEED"] == "0"
 
 
 def test_a_job_gets_its_own_token_and_the_helpers_tls_files_by_absolute_path(
