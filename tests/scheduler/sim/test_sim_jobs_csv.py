@@ -91,6 +91,7 @@ def test_rows_add_up_to_the_summary_on_any_small_trace(tmp_path_factory: pytest.
                                                        jobs: list[tuple[int, int, int]]) -> None:
     tmp_path = tmp_path_factory.mktemp("jobs")
     trace = tmp_path / "r.csv"
+    jobs = [(1, 0, 60), *jobs]  # one that fits: a trace of only 8-GPU jobs on 1x4 is refused (exit 2)
     trace.write_text("submit_time,num_gpus,duration\n" + "".join(f"{t},{g},{d}\n" for g, t, d in jobs))
     summaries, rows = _replay(tmp_path, "--trace", str(trace), "--cluster", "1x4")
     _check_rows_add_up(summaries, rows, len(jobs))
@@ -177,13 +178,17 @@ sys.exit(main(["sim", "--no-progress", "--policy", "fifo", "--trace", sys.argv[1
 def test_a_trace_too_large_for_the_memory_limit_is_one_line(tmp_path: Path) -> None:
     """Under a memory limit (ulimit -v, a container) a large trace was a MemoryError traceback;
     now one line naming the file and what to do. The limit: what the process holds once
-    imported, plus 64 MiB; the trace: 200,000 lines (~300 MB while read)."""
+    imported, plus 64 MiB; the trace: 42 MB, read whole, so the read fails at one large
+    allocation (joining its chunks) with memory to spare for the message. (200,000 short
+    lines failed among small allocations, where CPython itself at times lost the exception:
+    "SystemError: error return without exception set".)"""
     import subprocess
 
     trace = tmp_path / "big.csv"
-    trace.write_text("submit_time,num_gpus,duration\n" + "".join(f"{i},1,60\n" for i in range(200_000)))
+    trace.write_text("submit_time,num_gpus,duration\n" + "0,1,60\n" * ((40 << 20) // 7))
     proc = subprocess.run([sys.executable, "-c", LIMITED, str(trace)], capture_output=True, text=True, timeout=120,
                           check=False)
+    trace.unlink()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    assert f"{trace}: not enough memory to read the trace (2 MB)" in proc.stderr.replace("\n", " ")
+    assert f"{trace}: not enough memory to read the trace (42 MB)" in proc.stderr.replace("\n", " ")
