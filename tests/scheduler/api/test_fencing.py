@@ -837,21 +837,17 @@ def test_a_checkpoint_that_cannot_be_fetched_is_tried_again_then_given_up_saying
         f.close()
 
 
-@pytest.mark.parametrize("helper", ["current", "older"])
 def test_a_checkpoint_its_holder_no_longer_has_is_given_up_at_once(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any, helper: str) -> None:
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
     """The holder's helper restarted with an empty ramdisk (a reboot) and says so: the job
     starts from step 0 at its next placement, saying why, instead of being fetched twice more
     in vain (a heartbeat timeout's wait after each). The scheduler reads the result's
-    transfer_fault, whatever its words ("current": reworded); a helper older than the field
-    ("older") is understood by its words."""
+    transfer_fault, whatever its words (reworded here; an older helper's words:
+    test_an_older_helpers_transfer_failures_are_read_from_its_words)."""
     f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for)
     try:
         transfer = _next_command(f, "y", "transfer")
         f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
-            server="y", command_id=transfer.command_id, ok=False,
-            message=f"transfer: checkpoint directory {path} does not exist") if helper == "older" else
-            helper_pb2.HelperCommandResult(
             server="y", command_id=transfer.command_id, ok=False, message=f"no checkpoint {path} here (reworded)",
             transfer_fault=helper_pb2.TRANSFER_FAULT_CHECKPOINT_MISSING))
         refused = wait_for(lambda: [t.reason for t in f.job(job_id).history if "could not fetch its checkpoint" in t.reason], 10)
@@ -870,27 +866,21 @@ def test_a_checkpoint_its_holder_no_longer_has_is_given_up_at_once(
         f.close()
 
 
-@pytest.mark.parametrize("helper", ["current", "older"])
 def test_a_fetch_the_destination_cannot_take_keeps_the_checkpoint_and_places_the_job_elsewhere(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any, helper: str) -> None:
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
     """The holder reads the checkpoint but the destination refuses it (its ramdisk full: a
     transfer's RESOURCE_EXHAUSTED). The checkpoint is fine: the job is not started over from
     step 0 (it used to be after three such refusals, the policy placing it on the same full
     server each time, its progress lost); that server gets no new job for a while and the
     job resumes from its checkpoint elsewhere (here on the holder, whose GPU is free). The
-    scheduler reads the result's transfer_fault, whatever its words ("current": reworded; a
+    scheduler reads the result's transfer_fault, whatever its words (reworded here: a
     rewording used to make the refusal an ordinary failure, three of them a restart from
-    step 0); a helper older than the field ("older") is understood by its words."""
+    step 0)."""
     from scheduler.engine.live import MAX_FETCH_TRIES
 
     f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for)
     try:
-        full = (f"transfer: could not send the checkpoint to the helper at {AGENTS['x']}: RESOURCE_EXHAUSTED: "
-                f"no space left in /ram/x for the checkpoint (1048576 bytes received): No space left on device; "
-                "the partial copy was removed")
-        fault = helper_pb2.TRANSFER_FAULT_UNSPECIFIED
-        if helper == "current":
-            full, fault = f"{AGENTS['x']} refused the checkpoint: its ramdisk is full", helper_pb2.TRANSFER_FAULT_DEST_REFUSED
+        full, fault = f"{AGENTS['x']} refused the checkpoint: its ramdisk is full", helper_pb2.TRANSFER_FAULT_DEST_REFUSED
         seen = len(f.job(job_id).history) - 1  # placed on "x" already
         for _ in range(MAX_FETCH_TRIES + 1):
             job = wait_for(lambda n=seen: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING
@@ -915,6 +905,23 @@ def test_a_fetch_the_destination_cannot_take_keeps_the_checkpoint_and_places_the
     finally:
         shim.close()
         f.close()
+
+
+def test_an_older_helpers_transfer_failures_are_read_from_its_words() -> None:
+    """A helper older than HelperCommandResult.transfer_fault (an upgrade under way): its
+    two messages still mean what they meant; a helper that sets the field is believed
+    whatever it says, and other words mean an ordinary failure."""
+    from scheduler.engine.live import transfer_fault
+
+    full = ("transfer: could not send the checkpoint to the helper at 10.0.0.2:7000: RESOURCE_EXHAUSTED: "
+            "no space left in /ram/x")
+    assert transfer_fault(0, full) == helper_pb2.TRANSFER_FAULT_DEST_REFUSED
+    for gone in ("does not exist", "is empty"):
+        assert transfer_fault(0, f"transfer: checkpoint directory /ram/y/j-1/ck {gone}") == \
+            helper_pb2.TRANSFER_FAULT_CHECKPOINT_MISSING
+    assert transfer_fault(0, "disk error") == helper_pb2.TRANSFER_FAULT_UNSPECIFIED
+    assert transfer_fault(helper_pb2.TRANSFER_FAULT_CHECKPOINT_MISSING, full) == \
+        helper_pb2.TRANSFER_FAULT_CHECKPOINT_MISSING
 
 
 def test_a_launch_whose_checkpoint_is_gone_starts_the_job_from_step_0_instead_of_failing_it(
