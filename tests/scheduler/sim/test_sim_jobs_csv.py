@@ -169,7 +169,9 @@ from gandiva_cli.main import main
 with contextlib.redirect_stdout(io.StringIO()):  # every module a replay imports, before the limit
     main(["sim", "--no-progress", "--policy", "fifo", "--jobs", "2", "--cluster", "1x1", "-o", "json"])
 vm = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmSize:")) * 1024
-resource.setrlimit(resource.RLIMIT_AS, (vm + 64 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+soft = vm + 64 * 2**20 if hard == resource.RLIM_INFINITY else min(vm + 64 * 2**20, hard)
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 sys.exit(main(["sim", "--no-progress", "--policy", "fifo", "--trace", sys.argv[1]]))
 """
 
