@@ -91,6 +91,11 @@ def job_columns(first_n: int) -> list[str]:
             "finished_s", "jct_s", "queueing_delay_s", f"time_to_first_{first_n}_s", *COUNT_COLUMNS, "note"]
 
 
+def _ms(seconds: float) -> float:
+    """Seconds to the millisecond (73.746, not 73.74600000000001); -0.0 read as 0.0."""
+    return round(seconds, 3) + 0.0
+
+
 def job_rows(result: SimResult, specs: list[JobSpec], first_n: int,
              left_out: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
     """One row per job of ``result`` (``job_columns``): every finished job with its times, as
@@ -103,7 +108,7 @@ def job_rows(result: SimResult, specs: list[JobSpec], first_n: int,
         if spec is not None:
             out.update(num_gpus=spec.num_gpus, model=spec.model)
             if status != "left_out":  # (a left-out job's submit time is not scaled by --target-load)
-                out.update(submit_s=spec.submit_time)
+                out.update(submit_s=_ms(spec.submit_time))
         return out
 
     rows = []
@@ -111,12 +116,12 @@ def job_rows(result: SimResult, specs: list[JobSpec], first_n: int,
         out = row(job.spec, "finished")
         submit = job.spec.submit_time
         if job.first_run_at is not None:
-            out.update(first_run_s=job.first_run_at, queueing_delay_s=job.first_run_at - submit)
+            out.update(first_run_s=_ms(job.first_run_at), queueing_delay_s=_ms(job.first_run_at - submit))
         if job.first_n_at is not None:
-            out[f"first_{first_n}_at_s"] = job.first_n_at
-            out[f"time_to_first_{first_n}_s"] = job.first_n_at - submit
+            out[f"first_{first_n}_at_s"] = _ms(job.first_n_at)
+            out[f"time_to_first_{first_n}_s"] = _ms(job.first_n_at - submit)
         if job.finished_at is not None:
-            out.update(finished_s=job.finished_at, jct_s=job.finished_at - submit)
+            out.update(finished_s=_ms(job.finished_at), jct_s=_ms(job.finished_at - submit))
         out.update({kind: job.counts.get(kind, 0) for kind in COUNT_COLUMNS})
         rows.append(out)
     by_id = {s.id: s for s in specs}

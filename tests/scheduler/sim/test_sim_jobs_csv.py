@@ -21,6 +21,7 @@ from gandiva_cli.main import main
 from scheduler.policy import POLICIES
 
 EVERY_POLICY = ",".join(POLICIES)
+MS = 5e-4 + 1e-9  # times are written to the millisecond
 
 
 def _replay(tmp_path: Path, *argv: str) -> tuple[dict[str, dict], list[dict[str, str]]]:
@@ -45,17 +46,20 @@ def _check_rows_add_up(summaries: dict[str, dict], rows: list[dict[str, str]], j
         assert by_status == {"finished": s["jobs_finished"], "unfinished": s["jobs_unfinished"],
                              "skipped": s["jobs_skipped"], "left_out": s["jobs_left_out"]}, policy
         jct = [float(r["jct_s"]) for r in done]
-        assert all(float(r["finished_s"]) - float(r["submit_s"]) == pytest.approx(float(r["jct_s"])) for r in done)
-        assert statistics.fmean(jct) == pytest.approx(s["avg_jct_s"], rel=1e-9), policy
-        assert statistics.median(jct) == pytest.approx(s["median_jct_s"], rel=1e-9), policy
+        assert all(float(r["finished_s"]) - float(r["submit_s"]) == pytest.approx(float(r["jct_s"]), abs=2e-3)
+                   for r in done)
+        assert statistics.fmean(jct) == pytest.approx(s["avg_jct_s"], abs=MS), policy
+        assert statistics.median(jct) == pytest.approx(s["median_jct_s"], abs=MS), policy
         first = [float(r["time_to_first_100_s"]) for r in done if r["time_to_first_100_s"]]
-        assert statistics.fmean(first) == pytest.approx(s["avg_time_to_first_n_s"], rel=1e-9), policy
+        assert statistics.fmean(first) == pytest.approx(s["avg_time_to_first_n_s"], abs=MS), policy
         queued = [float(r["queueing_delay_s"]) for r in done]
-        assert statistics.fmean(queued) == pytest.approx(s["avg_queueing_delay_s"], rel=1e-9, abs=1e-9), policy
+        assert statistics.fmean(queued) == pytest.approx(s["avg_queueing_delay_s"], abs=MS), policy
         makespan = max(float(r["finished_s"]) for r in done) - min(float(r["submit_s"]) for r in done)
-        assert makespan == pytest.approx(s["makespan_s"], rel=1e-9), policy
+        assert makespan == pytest.approx(s["makespan_s"], abs=2 * MS), policy
         for kind in ("suspends", "migrations", "packs", "unpacks", "parks"):
             assert sum(int(r[kind]) for r in done) == s[kind], (policy, kind)
+        for r in done:  # to the millisecond: no float noise such as 73.74600000000001
+            assert all(len(r[k].partition(".")[2]) <= 3 for k in ("submit_s", "finished_s", "jct_s", "queueing_delay_s"))
         for r in mine:
             if r["status"] != "finished":
                 assert r["note"] and not r["jct_s"] and not r["finished_s"], r  # said so, no times
