@@ -805,8 +805,20 @@ def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceEr
         seen.add(raw)
         jobs.append(JobSpec(id=f"{path.stem}-{raw}", submit_time=submit, num_gpus=gpus, duration_s=ran))
     if jobs:
+        # A placeholder date (9999-12-31) far after the others: that job's own error (so
+        # --skip-invalid leaves it out), as a CSV's dates are, not the whole log's.
         start = min(j.submit_time for j in jobs)
-        jobs = [dataclasses.replace(j, submit_time=j.submit_time - start) for j in jobs]
+        first = datetime.fromtimestamp(start, timezone.utc).isoformat(" ")[:19]
+        near = []
+        for job in jobs:
+            if job.submit_time - start > MAX_SUBMIT_S:
+                errors.fail(TraceError(path, None, f"job {_shown(job.id[len(path.stem) + 1:])}: submitted_time is "
+                                                   f"{job.submit_time - start:.3g} s after the log's earliest ({first}): "
+                                                   f"more than 1e11 s (3,000 years), not a job this reader replays "
+                                                   f"(a placeholder date? fix or remove it)"))
+                continue
+            near.append(dataclasses.replace(job, submit_time=job.submit_time - start))
+        jobs = near
     return jobs
 
 

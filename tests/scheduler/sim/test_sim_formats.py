@@ -288,3 +288,18 @@ def test_read_trace_says_in_one_warning_how_many_records_it_left_out(caplog: pyt
     [record] = [r for r in caplog.records if "left out" in r.getMessage()]
     assert "left out 50 record(s) that are no GPU job to replay (e.g." in record.getMessage()
     assert "cluster_log.csv:2: a CPU job (gpu_num 0)" in record.getMessage()
+
+
+def test_a_philly_job_with_a_placeholder_date_is_its_own_error(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    """A submitted_time of 9999-12-31 beside 2017's refused the whole log, even with
+    --skip-invalid; now it is that job's error, and --skip-invalid leaves it out, counted."""
+    jobs = [_philly_job("application_1", 0, [(5, 65, [1])]), _philly_job("application_2", 10, [(15, 45, [2])])]
+    jobs.append({**_philly_job("application_3", 20, [(25, 85, [1])]), "submitted_time": "9999-12-31 00:00:00"})
+    log = tmp_path / "cluster_job_log"
+    log.write_text(json.dumps(jobs))
+    code, _, err = _sim(capsys, "--trace", str(log), "--cluster", "1x4")
+    assert code == 2 and "job 'application_3': submitted_time is 2.52e+11 s after the log's earliest" in err
+    assert "(or --skip-invalid" in err
+    code, out, err = _sim(capsys, "--trace", str(log), "--cluster", "1x4", "--skip-invalid", "-o", "json")
+    assert code == 0 and (json.loads(out)["gandiva"]["jobs_finished"], json.loads(out)["gandiva"]["jobs_left_out"]) == (2, 1)
