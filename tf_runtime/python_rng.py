@@ -25,6 +25,7 @@ a draw.
 
 from __future__ import annotations
 
+import functools
 import random
 import types
 from collections.abc import Callable
@@ -111,6 +112,27 @@ _SKIP_MODULES = ("tf_runtime", "tensorflow", "keras", "numpy", "importlib", "run
 _PLAIN = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
           types.MethodType)
 Snapshot = dict[str, tuple[Any, Callable[[Any, Any], bool], Any]]
+# Calls of `np.random.seed` and `random.seed` so far (counted once count_seeds ran).
+_SEEDS = {"numpy.random": 0, "random": 0}
+_COUNTING: list[Any] = []  # the counting wrappers put in place
+
+
+def count_seeds() -> None:
+    """Count the program's calls of `np.random.seed(...)` and `random.seed(...)` (the
+    module attributes, looked up at each call), so a reseed to the number the generator
+    was seeded with before is told from draws at once (see Watch)."""
+    for label, module in (("numpy.random", np.random), ("random", random)):
+        seed = module.seed
+        if seed in _COUNTING:
+            continue
+
+        def counting(*args: Any, _label: str = label, _seed: Any = seed, **kwargs: Any) -> Any:
+            _SEEDS[_label] += 1
+            return _seed(*args, **kwargs)
+
+        functools.update_wrapper(counting, seed)
+        _COUNTING.append(counting)
+        setattr(module, "seed", counting)  # noqa: B010 (mypy: a module of the tuple)
 
 
 def snapshot(frame: Any = None) -> Snapshot:
@@ -209,11 +231,16 @@ class Watch:
     that was taken for a stream and the job refused as not migratable, depending on the step
     a migration restored it at. Now such a pair is left open: the next look tells (another
     state: reseeded; drawn on again, or not at all, from there: a stream, as before); a
-    checkpoint or migration asked for before any next step is refused, as it cannot tell."""
+    checkpoint or migration asked for before any next step is refused, as it cannot tell.
+    Unless the program called `np.random.seed` / `random.seed` since the look before (counted,
+    count_seeds): then it reseeded, told at once (a migration right after the first step of a
+    job started at step 0 after `np.random.seed(0)` used to be refused); the open pair stays
+    for a seed the count misses (`from numpy.random import seed` bound before the shim)."""
 
     def __init__(self, first: int = 3, every: int = 128) -> None:
         self.first, self.every = first, every
-        self._last: tuple[int, Snapshot] | None = None
+        count_seeds()
+        self._last: tuple[int, Snapshot, dict[str, int]] | None = None
         self._reseeding: set[str] = set()
         self._open: set[str] = set()  # seeded, then drawn on as much as after a reseed
 
@@ -227,8 +254,8 @@ class Watch:
     def look(self, n: int, frame: Any = None, now: bool = True) -> str:
         """Compare the generators now (at step `n`) with the last look (`now`: a
         checkpoint or migration is asked for, which cannot wait for a next look)."""
-        state_now = snapshot(frame)
-        last, self._last = self._last, (n, state_now)
+        state_now, seeds_now = snapshot(frame), dict(_SEEDS)
+        last, self._last = self._last, (n, state_now, seeds_now)
         if last is None:
             return ""
         consecutive = last[0] == n - 1
@@ -237,7 +264,8 @@ class Watch:
             if after is None or after[0] is not obj or (
                     not consecutive and label in self._reseeding):
                 continue
-            if continues(state, after[2]):
+            seeded = label in seeds_now and seeds_now[label] != last[2][label]
+            if continues(state, after[2]) and not (seeded and _fresh(state)):
                 if now or not consecutive or not _fresh(state) or label in self._open:
                     return label
                 self._open.add(label)  # drawn on, or seeded alike again: the next look tells

@@ -104,7 +104,8 @@ def test_a_reseed_to_the_start_seed_is_not_taken_for_a_stream(kind: str) -> None
     7 and draws, as one drawing from its start seed does. Before, that first step was taken
     for a stream (refused as not migratable); now the next step tells. One seeded once and
     drawn on from the first step is still found, at the second step; a migration asked for
-    right after the first, before any next step, is refused (it cannot tell)."""
+    right after the first, before any next step, is refused (it cannot tell) unless the
+    program's own seed call came between (counted): then it is a reseed."""
     def seed(value: int) -> None:
         np.random.seed(value) if kind == "numpy" else random.seed(value)
 
@@ -124,6 +125,19 @@ def test_a_reseed_to_the_start_seed_is_not_taken_for_a_stream(kind: str) -> None
             draw()
             assert watch.step(n) == "", (start, n)
         assert watch.look(12) == ""  # a migration asked for
+    # A migration right after the first step (a job started at step 0 after seed(0),
+    # suspended after one step): the program's seed call tells the reseed (it used to be
+    # refused, "cannot tell", for good).
+    seed(0)
+    watch = Watch()
+    assert watch.look(0) == ""
+    seed(0)
+    draw()
+    assert watch.step(1) == ""
+    assert watch.look(1) == ""
+    seed(1)
+    draw()
+    assert watch.step(2) == ""
 
     seed(7)  # seeded once, drawn on in every step
     watch = Watch()
