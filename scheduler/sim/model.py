@@ -128,7 +128,7 @@ class MechanismModel:
         if gpu_type not in types:
             raise ValueError(f"{path}: no GPU type {gpu_type!r}; it has {', '.join(types)} "
                              "(--gpu-type)")
-        table = _rows(path, gpu_type, raw[gpu_type])
+        table = _rows(path, gpu_type, raw[gpu_type], packing=True)
         spread = {}
         unconsolidated = raw.get(f"{gpu_type}_unconsolidated", {})
         for key, v in (_rows(path, f"{gpu_type}_unconsolidated", unconsolidated)
@@ -204,10 +204,13 @@ def _key(text: str) -> tuple[str, int]:
     return str(name), int(scale)
 
 
-def _rows(path: Path, gpu_type: str, rows: dict) -> dict[tuple[str, int], dict]:
+def _rows(path: Path, gpu_type: str, rows: dict, packing: bool = False) -> dict[tuple[str, int], dict]:
     """A GPU type's rows, keyed by (job type, scale factor); ValueError names the first entry
     that is not a measurement (an ast error of a bad key, or a NaN or negative rate replayed
-    as if measured, was what came out before)."""
+    as if measured, was what came out before). ``packing``: the pairs are the replay's packed
+    rates, so one above the job's rate alone is refused too: the replay would run a job faster
+    packed than alone, which no measured pair of Gavel's table does and the makespan lower
+    bound (``load.fastest_run_s``) rules out, so a replay could beat the bound it prints."""
     out = {}
     for text, row in rows.items():
         where = f"{path}: {gpu_type}[{text[:60]!r}]"
@@ -224,6 +227,12 @@ def _rows(path: Path, gpu_type: str, rows: dict) -> dict[tuple[str, int], dict]:
                 raise ValueError(f"{where}[{shown!r}]: {str(value)[:40]} is not "
                                  + ("a rate (a number 0 or more)" if other == "null" else
                                     "a pair of rates [this job's, the other's], numbers 0 or more"))
+        faster = [other for other, pair in row.items() if other != "null" and pair[0] > row["null"]] if packing else []
+        if faster:  # (after the loop: "null" may come after the pairs in the file)
+            raise ValueError(f"{where}[{faster[0][:60]!r}]: packed rate {row[faster[0]][0]:g} is above the job's "
+                             f"rate alone (\"null\": {row['null']:g}); packing never speeds a job up (no measured "
+                             "pair of Gavel's table does, and the makespan lower bound counts on it): give a packed "
+                             "rate at most the rate alone")
         out[key] = row
     return out
 
