@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -22,16 +23,41 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def makespan_span(result: SimResult) -> tuple[float, float]:
+    """(the first arrival of the jobs the replay ran, finished or not; the last finish): the
+    makespan's span. Not from the first *finished* job's arrival: a first arrival left
+    unfinished made the makespan shorter than the run (and than its lower bound, which counts
+    from the first arrival too). Jobs wider than the cluster are skipped, not run: not counted.
+    The replay starts its GPU-use series at its first arrival (``SimBackend.start``)."""
+    start = min((j.spec.submit_time for j in result.jobs), default=math.inf)
+    if result.unfinished and result.busy_series:
+        start = min(start, result.busy_series[0][0])
+    end = max((j.finished_at or 0.0 for j in result.jobs), default=0.0)
+    return (start if math.isfinite(start) else 0.0), end
+
+
+def _busy_gpu_s(series: list[tuple[float, int]], t0: float, t1: float) -> float:
+    """GPU-seconds busy between ``t0`` and ``t1`` of a (time, GPUs busy from then) series."""
+    total = 0.0
+    for (ta, busy), tb in zip(series, [t for t, _ in series[1:]] + [t1], strict=True):
+        lo, hi = max(ta, t0), min(tb, t1)
+        if hi > lo:
+            total += busy * (hi - lo)
+    return total
+
+
 def summarize(result: SimResult) -> dict[str, Any]:
     """Everything the table and ``-o json`` show, in seconds and fractions."""
     jobs = result.jobs
     jct = [j.finished_at - j.spec.submit_time for j in jobs if j.finished_at is not None]
     queued = [j.first_run_at - j.spec.submit_time for j in jobs if j.first_run_at is not None]
     first_n = [j.first_n_at - j.spec.submit_time for j in jobs if j.first_n_at is not None]
-    start = min((j.spec.submit_time for j in jobs), default=0.0)
-    end = max((j.finished_at or 0.0 for j in jobs), default=0.0)
+    start, end = makespan_span(result)
     makespan = max(0.0, end - start)
     capacity = result.num_gpus * makespan
+    # GPU use up to the last finish only: a job left unfinished may hold GPUs to the replay's
+    # end, after it (utilization 1.07, or 24 under tiresias, was printed).
+    busy = _busy_gpu_s(result.busy_series, start, end) if result.unfinished else result.busy_gpu_s
     return {
         "jobs_finished": len(jct),
         "jobs_unfinished": len(result.unfinished),
@@ -41,7 +67,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "p95_jct_s": percentile(jct, 95),
         "makespan_s": makespan,
         "avg_queueing_delay_s": statistics.fmean(queued) if queued else 0.0,
-        "utilization": result.busy_gpu_s / capacity if capacity else 0.0,
+        "utilization": busy / capacity if capacity else 0.0,
         "avg_time_to_first_n_s": statistics.fmean(first_n) if first_n else 0.0,
         "median_time_to_first_n_s": percentile(first_n, 50),
         "suspends": result.counts.get("suspends", 0),
