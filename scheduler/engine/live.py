@@ -195,7 +195,8 @@ class LiveEngine:
         # Jobs with a command in flight, and jobs an operator suspended, are left alone.
         skip = self.inflight | self._held
         t0 = time.perf_counter()
-        decisions = [d for d in self.policy.decide(snap) if d.job_id not in skip
+        raw = self.policy.decide(snap)
+        decisions = [d for d in raw if d.job_id not in skip
                      # A job grows only once its runtime reported its first training step:
                      # the pre-warmed destination needs its tower count (to refuse a
                      # one-tower-per-device program before the source stops) and its
@@ -207,6 +208,7 @@ class LiveEngine:
                      # count's last server too (CI saw it under load). The policy looks
                      # again after defrag_interval_s.
                      and not (self._parking and (d.reason or "").startswith(HAND_OVER))]
+        decisions = self._not_onto_leaving_gpus(snap, raw, decisions)
         self.observer.decided(snap, decisions, time.perf_counter() - t0)
         await self._note_verdicts()
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
@@ -241,6 +243,33 @@ class LiveEngine:
             if isinstance(d, vacate) and d.job_id in placed:
                 vacated(d)
         return decisions
+
+    @staticmethod
+    def _not_onto_leaving_gpus(snap: pt.ClusterSnapshot, raw: Sequence[pt.Decision],
+                               decisions: list[pt.Decision]) -> list[pt.Decision]:
+        """Leave out this round's starts (Place, Pack, Resume) onto GPUs that a migration,
+        grow or shrink the policy decided in the same round (`raw`) is leaving: its process
+        holds them until the move has checkpointed and restarted it (seconds; a server's
+        link cut mid-move, until the server is called down), or for good when the move is
+        not applied (its job has a command in flight...). The policy sees a migrating job on
+        its source GPUs until the move has ended, and places the job there then."""
+        views = {j.id: j for j in snap.jobs}
+        leaving: dict[pt.GpuRef, str] = {}
+        for d in raw:
+            if isinstance(d, (pt.Migrate, pt.Grow, pt.Shrink)) and d.job_id in views:
+                target = set(d.to_gpus if isinstance(d, pt.Migrate) else d.gpus)
+                leaving.update((g, d.job_id) for g in views[d.job_id].placement if g not in target)
+        if not leaving:
+            return decisions
+        kept: list[pt.Decision] = []
+        for d in decisions:
+            if isinstance(d, (pt.Place, pt.Pack, pt.Resume)) and any(g in leaving for g in d.gpus):
+                log.info("job %s: not started on %s yet: job %s is leaving it (%s)", d.job_id,
+                         ", ".join(f"{g.server}/{g.index}" for g in d.gpus if g in leaving),
+                         next(leaving[g] for g in d.gpus if g in leaving), d.reason or "")
+                continue
+            kept.append(d)
+        return kept
 
     async def snapshot(self) -> pt.ClusterSnapshot:
         now = self.core.clock()

@@ -1081,3 +1081,48 @@ def test_a_stale_launch_whose_runtime_connects_is_told_to_exit(fake: Fake, wait_
         late.close()
     finally:
         stale.close()
+
+
+def test_a_job_placed_on_gpus_a_shrink_gives_back_waits_until_the_shrunk_job_has_left_them(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grow-shrink job grown onto both GPUs of "a"; a new job needs one: the grown job is
+    shrunk back (a migration within "a", from a/0-1 to a/0). Before, the new job was launched
+    on a/1 in the same round, beside the grown job's process, which holds a/1 until its shrink
+    has checkpointed and restarted it (seconds: its pre-warm; a real GPU's memory still taken,
+    and with the server's link cut mid-shrink, until the server was called down). Now it is
+    placed once the shrink has ended."""
+    from scheduler.policy.types import PolicyConfig
+
+    plans: list = []
+    release = threading.Event()
+
+    async def migrate(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+        plans.append(plan)
+        while len(plans) > 1 and not release.is_set():  # the grow ends at once, the shrink when released
+            await asyncio.sleep(0.02)
+        return MigrationResult(Outcome.MIGRATED, plan.dest.name, plan.dest_incarnation, 42, "/ram/a/ckpt")
+
+    monkeypatch.setattr(live_migration, "migrate", migrate)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, policy_config=PolicyConfig(grow_idle_s=0.3))
+    f = Fake(sched.address, gpus={"a": 2})
+    try:
+        spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1, steps=1000, grow_shrink=True)
+        grown = f.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+        _, launch = f.launched(grown, wait_for)
+        f.shim(grown, launch.incarnation).out.put(runtime_pb2.RuntimeMessage(towers=runtime_pb2.TowerReport(towers=1)))
+        grow = wait_for(lambda: plans and plans[0], 15)
+        f.shim(grown, grow.dest_incarnation).out.put(runtime_pb2.RuntimeMessage(towers=runtime_pb2.TowerReport(towers=1)))
+        wait_for(lambda: (j := f.job(grown)).state == common_pb2.JOB_STATE_RUNNING and len(j.placement) == 2, 15)
+        newcomer = f.submit()
+        shrink = wait_for(lambda: len(plans) > 1 and plans[1], 15)
+        assert shrink.job_id == grown
+        time.sleep(1.0)  # several scheduling rounds while the shrink is in flight
+        job = f.job(newcomer)
+        assert job.state == common_pb2.JOB_STATE_QUEUED and not job.placement, \
+            (common_pb2.JobState.Name(job.state), [(g.server, g.index) for g in job.placement], job.message)
+        release.set()  # the shrink ends: the grown job runs on a/0 alone
+        placed = wait_for(lambda: (j := f.job(newcomer)).placement and j, 15)
+        assert [(g.server, g.index) for g in placed.placement] == [("a", 1)]
+        assert [(g.server, g.index) for g in f.job(grown).placement] == [("a", 0)]
+    finally:
+        f.close()
