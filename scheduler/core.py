@@ -453,13 +453,23 @@ class SchedulerCore:
         migration that ended during a database outage left its job MIGRATING, its
         destination training unseen, until the scheduler was restarted). ``fn`` reads what
         it changes again each time (a commit whose answer was lost may have happened)."""
-        delay, said = 0.2, False
+        return await self.when_reachable(fn, what=what)
+
+    async def when_reachable(self, fn: Callable[[AsyncSession], Awaitable[T]], *, read: bool = False,
+                             within_s: float = math.inf, what: str = "") -> T:
+        """``fn(session)`` in one transaction (``read``: a read one), tried again every
+        0.2-2 s while the database is unreachable (or full), for up to ``within_s`` (then
+        Unavailable). ``what``: said once in a warning when the first try fails."""
+        loop = asyncio.get_running_loop()
+        deadline, delay, said = loop.time() + within_s, 0.2, False
         while True:
             try:
-                async with self.tx() as s:
+                async with self.tx(read=read) as s:
                     return await fn(s)
             except Unavailable as err:
-                if not said:
+                if loop.time() + delay > deadline:
+                    raise
+                if what and not said:
                     log.warning("%s: not recorded yet, tried again until the database is back: %s", what, err)
                     said = True
                 await asyncio.sleep(delay)

@@ -7,10 +7,9 @@ state) in one transaction at the end.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -31,7 +30,6 @@ from scheduler.state import repo
 from scheduler.state.models import AuthToken, Job, Migration, Server
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # How long an operator's suspend or resume waits for the job's runtime to connect.
 OPERATOR_CONNECT_WAIT_S = 10.0
@@ -51,22 +49,6 @@ def not_connected(job_id: str, deadline_s: float) -> str:
 READ_WAIT_S = 30.0
 
 
-async def _read(core: SchedulerCore, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
-    """``fn(session)`` in a read transaction, tried again every 0.2-2 s while the database
-    is unreachable, for up to READ_WAIT_S."""
-    loop = asyncio.get_running_loop()
-    deadline, delay = loop.time() + READ_WAIT_S, 0.2
-    while True:
-        try:
-            async with core.tx(read=True) as s:
-                return await fn(s)
-        except Unavailable:
-            if loop.time() + delay > deadline:
-                raise
-            await asyncio.sleep(delay)
-            delay = min(2.0, delay * 2)
-
-
 # A migration's durable phase (migrations.phase) after each phase completes.
 NEXT_PHASE = {"prewarm": "checkpoint", "checkpoint": "transfer", "transfer": "activate"}
 
@@ -81,7 +63,7 @@ async def vouch_transfer(core: SchedulerCore, transfer: helper_pb2.TransferCheck
         dest = await repo.server_at(s, transfer.dest_address)
         return dest, (await s.get(AuthToken, dest.name) if dest is not None else None)
 
-    dest, token = await _read(core, look)
+    dest, token = await core.when_reachable(look, read=True, within_s=READ_WAIT_S)
     if dest is None:
         raise FailedPrecondition(f"transfer of {transfer.job_id}: {transfer.dest_address!r} is not "
                                  "the agent address of a registered helper")
@@ -102,7 +84,7 @@ async def refuse_if_down(core: SchedulerCore, server: str, command: helper_pb2.H
     async def look(s: AsyncSession) -> Server | None:
         return await s.get(Server, server)
 
-    srv = await _read(core, look)
+    srv = await core.when_reachable(look, read=True, within_s=READ_WAIT_S)
     if srv is not None and not srv.up:
         body = command.WhichOneof("body")
         if body == "stop":

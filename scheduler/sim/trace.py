@@ -44,6 +44,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -445,36 +446,42 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         jobs.append(job)
         lines.append(line)
     if dates and jobs:
-        jobs, lines = _near_dates(path, jobs, lines, errors)
+        jobs, kept_lines = _from_earliest(
+            path, jobs, list(lines), errors,
+            lambda _job, when, after, first: f"submit time {when} is {after:.3g} s after the trace's earliest ({first})",
+            "the line")
+        lines = [line for line in kept_lines if line is not None]
     if "id" not in roles:
         jobs = errors.named_by_line(path, jobs, lines)
-    if dates and jobs:
-        start = min(j.submit_time for j in jobs)
-        jobs = [JobSpec(id=j.id, submit_time=j.submit_time - start, num_gpus=j.num_gpus, model=j.model,
-                        duration_s=j.duration_s) for j in jobs]
     return jobs
 
 
-def _near_dates(path: Path, jobs: list[JobSpec], lines: list[int],
-                errors: _Rows) -> tuple[list[JobSpec], list[int]]:
-    """The jobs (and their lines) of a trace of dates without those submitted more than
-    MAX_SUBMIT_S after its earliest date, each a row error: seconds past 1e11 are refused, and
-    a placeholder date (9999-12-31 beside 2020's) made a job of the year 9999 arrive 2.5e11 s
-    in: a replay of thousands of years at a float's coarse steps (makespan 3e11 s, offered load
-    0.000) instead of a word."""
+def _from_earliest(path: Path, jobs: list[JobSpec], lines: list[int | None], errors: _Rows,
+                   said: Callable[[JobSpec, str, float, str], str], end: str) -> tuple[list[JobSpec], list[int | None]]:
+    """A trace of dates (epoch seconds) as seconds after its earliest, with its jobs' lines;
+    a job submitted more than MAX_SUBMIT_S after it is a row error (``said(job, its date,
+    seconds after, earliest date)`` words it, ``end`` says what to fix or remove): seconds past
+    1e11 are refused, and a placeholder date (9999-12-31 beside 2020's) made a job of the year
+    9999 arrive 2.5e11 s in: a replay of thousands of years at a float's coarse steps
+    (makespan 3e11 s, offered load 0.000) instead of a word."""
     start = min(j.submit_time for j in jobs)
-    first = datetime.fromtimestamp(start, timezone.utc).isoformat(" ")[:19]  # (0001, not 1)
-    kept: list[tuple[JobSpec, int]] = []
+    first = _iso(start)
+    kept: list[JobSpec] = []
+    kept_lines: list[int | None] = []
     for job, line in zip(jobs, lines, strict=True):
-        if job.submit_time - start > MAX_SUBMIT_S:
-            when = datetime.fromtimestamp(job.submit_time, timezone.utc).isoformat(" ")[:19]
-            errors.fail(TraceError(path, line, f"submit time {when} is {job.submit_time - start:.3g} s after the "
-                                               f"trace's earliest ({first}): more than 1e11 s (3,000 years), not a "
-                                               f"job this reader replays (a placeholder date? fix or remove the "
-                                               f"line)"))
+        after = job.submit_time - start
+        if after > MAX_SUBMIT_S:
+            errors.fail(TraceError(path, line, f"{said(job, _iso(job.submit_time), after, first)}: more than 1e11 s "
+                                               f"(3,000 years), not a job this reader replays (a placeholder date? "
+                                               f"fix or remove {end})"))
             continue
-        kept.append((job, line))
-    return [j for j, _ in kept], [line for _, line in kept]
+        kept.append(dataclasses.replace(job, submit_time=after))
+        kept_lines.append(line)
+    return kept, kept_lines
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(" ")[:19]  # (0001, not 1)
 
 
 def _helios_no_gpu_job(cols: list[str], roles: dict[str, int]) -> str:
@@ -807,18 +814,11 @@ def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceEr
     if jobs:
         # A placeholder date (9999-12-31) far after the others: that job's own error (so
         # --skip-invalid leaves it out), as a CSV's dates are, not the whole log's.
-        start = min(j.submit_time for j in jobs)
-        first = datetime.fromtimestamp(start, timezone.utc).isoformat(" ")[:19]
-        near = []
-        for job in jobs:
-            if job.submit_time - start > MAX_SUBMIT_S:
-                errors.fail(TraceError(path, None, f"job {_shown(job.id[len(path.stem) + 1:])}: submitted_time is "
-                                                   f"{job.submit_time - start:.3g} s after the log's earliest ({first}): "
-                                                   f"more than 1e11 s (3,000 years), not a job this reader replays "
-                                                   f"(a placeholder date? fix or remove it)"))
-                continue
-            near.append(dataclasses.replace(job, submit_time=job.submit_time - start))
-        jobs = near
+        jobs, _ = _from_earliest(
+            path, jobs, [None] * len(jobs), errors,
+            lambda job, _when, after, first: (f"job {_shown(job.id[len(path.stem) + 1:])}: submitted_time is "
+                                              f"{after:.3g} s after the log's earliest ({first})"),
+            "it")
     return jobs
 
 
