@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -33,11 +34,11 @@ from scheduler.transport import (
 log = logging.getLogger(__name__)
 
 
-def agent_server(ramdisk: Ramdisk, token: str = "") -> grpc.aio.Server:
+def agent_server(ramdisk: Ramdisk, token: str = "", now: Callable[[], float] = time.time) -> grpc.aio.Server:
     """The gRPC server a helper serves its peers on (ports still to add): the HelperAgent
     service, with bytes that are not its messages refused as INVALID_ARGUMENT."""
     server = grpc.aio.server(interceptors=[MalformedRequestInterceptor()], options=server_options())
-    helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk, token), server)
+    helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk, token, now), server)
     return server
 
 
@@ -49,11 +50,15 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
     scheduler issues one only with a TransferCheckpoint to a registered helper, so
     only registered helpers sending what the scheduler asked for get in, whatever
     certificate they hold. Without a token (a cluster without --auth token) only
-    TLS (``--tls-client-ca``) guards this port."""
+    TLS (``--tls-client-ca``) guards this port.
 
-    def __init__(self, ramdisk: Ramdisk, token: str = "") -> None:
+    ``now``: the scheduler's wall clock as this helper knows it (tickets expire on it;
+    this server's own clock may be hours off)."""
+
+    def __init__(self, ramdisk: Ramdisk, token: str = "", now: Callable[[], float] = time.time) -> None:
         self._ramdisk = ramdisk
         self._token = token
+        self._now = now
 
     async def PutCheckpoint(
         self,
@@ -66,7 +71,7 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
             # The ticket names the job: read the first chunk (which names it) before anything is written.
             first = await anext(aiter(request_iterator), None)
             try:
-                auth.check_transfer_ticket(self._token, str(ticket), first.job_id if first else "")
+                auth.check_transfer_ticket(self._token, str(ticket), first.job_id if first else "", self._now())
             except Unauthenticated as exc:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
             except PermissionDenied as exc:

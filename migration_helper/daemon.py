@@ -13,6 +13,7 @@ import asyncio
 import collections
 import logging
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -38,6 +39,9 @@ PEER_WAIT_S = 5.0
 MAX_BACKOFF_S = 2.0
 MAX_REMEMBERED_COMMANDS = 10_000
 LEASE_POLL_S = 0.1
+# A gap between this server's wall clock and the scheduler's past this is logged (once
+# per change of this size): transfer tickets are checked on the scheduler's clock anyway.
+CLOCK_GAP_WARN_S = 300.0
 # Answers the scheduler will give again however often a report is retried: such a
 # report is logged and dropped, so it never blocks the reports queued behind it.
 PERMANENT = frozenset({
@@ -99,6 +103,11 @@ class HelperDaemon:
         # When the watchdog froze the jobs (loop time): only a heartbeat sent after it thaws.
         self._frozen_at = 0.0
         self._heartbeat_interval_s = MAX_BACKOFF_S  # the scheduler's, from the last registration
+        # The scheduler's wall clock minus this server's, from its last answer (0 until then,
+        # or with a scheduler that does not send its clock): the agent checks transfer
+        # tickets, which expire on the scheduler's clock, against scheduler_now().
+        self.clock_gap_s = 0.0
+        self._gap_warned = 0.0
         self._outbox: collections.deque[Any] = collections.deque()
         self.dropped = 0  # reports the scheduler refused for good
         self._outbox_ready = asyncio.Event()
@@ -114,7 +123,7 @@ class HelperDaemon:
         if left:
             log.warning("killed %d process(es) an earlier run of this helper left running (jobs %s): "
                         "the scheduler places those jobs again", len(left), ", ".join(sorted({j for _, j in left})))
-        self._server = agent_server(self.ramdisk, self.config.security.token)
+        self._server = agent_server(self.ramdisk, self.config.security.token, self.scheduler_now)
         warning = check_exposure(self.config.listen, self.config.tls, self.config.tls is not None
                                  and bool(self.config.tls.client_ca), self.config.insecure,
                                  f"helper {self.config.server_name}'s agent", auth_flag="--tls-client-ca")
@@ -300,6 +309,7 @@ class HelperDaemon:
 
     async def _session(self, stub: helper_pb2_grpc.HelperStub) -> None:
         reply = await stub.Register(self._register_request(), timeout=RPC_TIMEOUT_S)
+        self._heard_clock(reply.scheduler_time)
         lease = reply.lease_s
         if self.config.lease_s is not None:
             lease = min(lease, self.config.lease_s) if lease else self.config.lease_s
@@ -343,6 +353,7 @@ class HelperDaemon:
             )
             if not reply.known:
                 raise SessionEnded("the scheduler does not know this server; registering again")
+            self._heard_clock(reply.scheduler_time)
             # A new version replaces the list, even by an empty one (every peer gone);
             # version 0 is a scheduler that lists no peers at all: keep what we have.
             if reply.peers_version and reply.peers_version != self._peers_version:
@@ -356,6 +367,23 @@ class HelperDaemon:
                 self.jobs.fence(stop.job_id, stop.incarnation)
             self._lease_renewed(sent_at)
             await asyncio.sleep(interval)
+
+    def scheduler_now(self) -> float:
+        """The scheduler's wall clock as this helper last heard it (Unix seconds)."""
+        return time.time() + self.clock_gap_s
+
+    def _heard_clock(self, scheduler_time: float) -> None:
+        """A server whose clock is hours off (NTP never set it) refused every checkpoint
+        with "the transfer ticket has expired": tickets are good for an hour by the
+        scheduler's clock. The answer's delay (at most RPC_TIMEOUT_S) is the error."""
+        if scheduler_time <= 0:
+            return
+        self.clock_gap_s = scheduler_time - time.time()
+        if abs(self.clock_gap_s) > CLOCK_GAP_WARN_S and abs(self.clock_gap_s - self._gap_warned) > CLOCK_GAP_WARN_S:
+            self._gap_warned = self.clock_gap_s
+            log.warning("this server's wall clock is %.0f s %s the scheduler's: fix its time (NTP); checkpoint "
+                        "transfer tickets are checked on the scheduler's clock", abs(self.clock_gap_s),
+                        "ahead of" if self.clock_gap_s < 0 else "behind")
 
     def kept_checkpoints(self) -> set[str] | None:
         """What the scheduler last said it still needs here, if it said so since the last

@@ -62,7 +62,8 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         await self.core.register_server(request)
         st = self.core.settings
         return helper_pb2.RegisterServerResponse(
-            heartbeat_interval_s=st.heartbeat_interval_s, down_after_s=st.down_after_s, lease_s=st.lease
+            heartbeat_interval_s=st.heartbeat_interval_s, down_after_s=st.down_after_s, lease_s=st.lease,
+            scheduler_time=self.core.clock(),  # the helper checks transfer tickets on this clock
         )
 
     @grpc_errors
@@ -82,7 +83,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
                 raise
             # Answered from memory: no stops, no peer list (version 0: the helper keeps its
             # own), no kept checkpoints; its lease is renewed and its session goes on.
-            return helper_pb2.HeartbeatResponse(known=True)
+            return helper_pb2.HeartbeatResponse(known=True, scheduler_time=self.core.clock())
 
     async def _heartbeat(self, request: helper_pb2.HeartbeatRequest,
                          running: list[tuple[str, str]]) -> helper_pb2.HeartbeatResponse:
@@ -90,7 +91,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         if not known:
             return helper_pb2.HeartbeatResponse(known=False)
         await self.engine.reconcile_server(request.name, running, request.running_jobs, placed)
-        reply = helper_pb2.HeartbeatResponse(known=True, stop=stop)
+        reply = helper_pb2.HeartbeatResponse(known=True, stop=stop, scheduler_time=self.core.clock())
         # The registered helpers, when the helper's copy is out of date.
         version, agents = await self.core.peers()
         reply.peers_version = version

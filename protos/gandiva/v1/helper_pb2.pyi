@@ -109,6 +109,7 @@ class RegisterServerResponse(_message.Message):
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     DOWN_AFTER_S_FIELD_NUMBER: _builtins.int
     LEASE_S_FIELD_NUMBER: _builtins.int
+    SCHEDULER_TIME_FIELD_NUMBER: _builtins.int
     heartbeat_interval_s: _builtins.float
     down_after_s: _builtins.float
     lease_s: _builtins.float
@@ -116,16 +117,22 @@ class RegisterServerResponse(_message.Message):
     jobs (SIGSTOP) on its own, so a partitioned server never trains a job the
     scheduler has re-placed elsewhere. Always shorter than down_after_s.
     """
+    scheduler_time: _builtins.float
+    """The scheduler's wall clock (Unix seconds) when it answered (0: an older scheduler).
+    Transfer tickets expire on the scheduler's clock: a helper checks them against
+    this, not its own clock, which may be hours off (HeartbeatResponse too).
+    """
     def __init__(
         self,
         *,
         heartbeat_interval_s: _builtins.float = ...,
         down_after_s: _builtins.float = ...,
         lease_s: _builtins.float = ...,
+        scheduler_time: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["down_after_s", b"down_after_s", "heartbeat_interval_s", b"heartbeat_interval_s", "lease_s", b"lease_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["down_after_s", b"down_after_s", "heartbeat_interval_s", b"heartbeat_interval_s", "lease_s", b"lease_s", "scheduler_time", b"scheduler_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -219,6 +226,7 @@ class HeartbeatResponse(_message.Message):
     PEERS_VERSION_FIELD_NUMBER: _builtins.int
     KEPT_LISTED_FIELD_NUMBER: _builtins.int
     KEPT_FIELD_NUMBER: _builtins.int
+    SCHEDULER_TIME_FIELD_NUMBER: _builtins.int
     known: _builtins.bool
     """false: the scheduler lost this server; register again"""
     peers_version: _builtins.int
@@ -227,6 +235,8 @@ class HeartbeatResponse(_message.Message):
     are some unfinished job's restore point (a parked or re-queued job resumes from
     one, possibly hours later) or a migration's; housekeeping must not delete them.
     """
+    scheduler_time: _builtins.float
+    """as RegisterServerResponse.scheduler_time"""
     @_builtins.property
     def stop(self) -> _containers.RepeatedCompositeFieldContainer[Global___StopJob]:
         """Processes the scheduler does not expect here (a stale incarnation, a job
@@ -250,10 +260,11 @@ class HeartbeatResponse(_message.Message):
         peers_version: _builtins.int = ...,
         kept_listed: _builtins.bool = ...,
         kept: _abc.Iterable[_builtins.str] | None = ...,
+        scheduler_time: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kept", b"kept", "kept_listed", b"kept_listed", "known", b"known", "peers", b"peers", "peers_version", b"peers_version", "stop", b"stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kept", b"kept", "kept_listed", b"kept_listed", "known", b"known", "peers", b"peers", "peers_version", b"peers_version", "scheduler_time", b"scheduler_time", "stop", b"stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

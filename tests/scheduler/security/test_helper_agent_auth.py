@@ -142,6 +142,20 @@ async def test_checkpoints_go_only_between_registered_helpers(
         refused = await a.jobs.handle(transfer(b.address))
         assert not refused.ok and "no transfer ticket" in refused.message, refused.message
         assert not (b.ramdisk.root / "j-1").exists()
+
+        # The scheduler's wall clock two hours behind the helpers' (a server whose clock
+        # NTP never set): its tickets, good for an hour by its own clock, had all expired
+        # on arrival ("the transfer ticket has expired"), so no checkpoint could reach that
+        # helper. A helper checks them on the scheduler's clock, learnt from its heartbeats.
+        sched.server.core.clock = lambda: time.time() - 2 * 3600
+        deadline, done = time.monotonic() + 20, None
+        while time.monotonic() < deadline:
+            done = await on_scheduler(ports.helper_command("gpu1", transfer(b.address), 30))
+            if done.ok:
+                break
+            await asyncio.sleep(0.2)
+        assert done is not None and done.ok, done.message if done else "no transfer"
+        assert (Path(done.checkpoint_path) / "part-0.data").is_file()
     finally:
         for h in helpers.values():
             await h.stop()
