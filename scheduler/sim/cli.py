@@ -28,7 +28,15 @@ from scheduler.sim.load import (
 )
 from scheduler.sim.metrics import job_columns, job_rows, summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
-from scheduler.sim.trace import FORMATS, GAVEL, MAX_SUBMIT_S, JobSpec, TraceError, read_trace_as
+from scheduler.sim.trace import (
+    FORMATS,
+    GAVEL,
+    MAX_SUBMIT_S,
+    STDIN,
+    JobSpec,
+    TraceError,
+    read_trace_as,
+)
 
 logger = logging.getLogger(__name__)
 MIN_SPREAD_FACTOR = 0.01
@@ -102,7 +110,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=DESCRIPTION, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     w = p.add_argument_group("workload")
-    w.add_argument("--trace", type=_trace_path, help="trace file to replay (default: a generated workload)")
+    w.add_argument("--trace", type=_trace_path,
+                   help="trace file to replay, or - for standard input; gzip, bzip2 and xz files are read as "
+                        "they are (default: a generated workload)")
     w.add_argument("--format", choices=FORMATS, default="auto", help="trace layout (default: detect)")
     w.add_argument("--skip-invalid", action="store_true",
                    help="leave out the trace's job lines that cannot be replayed (CPU jobs with 0 GPUs, "
@@ -316,8 +326,12 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
         return generate(args.jobs, seed=args.seed), None, []
     left_out: list[TraceError] = []
     skipped: list[TraceError] | None = [] if args.skip_invalid else None
+    if str(args.trace) == STDIN and sys.stdin.isatty():  # it would wait for typed lines, without a word
+        raise ValueError("--trace -: standard input is a terminal; pipe the trace in (zcat t.csv.gz | gandiva sim "
+                         "--trace - ...) or give its file")
+    how: list[str] = []  # the compression it was read through, if any
     try:
-        jobs, fmt = read_trace_as(args.trace, args.format, skipped, left_out)
+        jobs, fmt = read_trace_as(args.trace, args.format, skipped, left_out, how)
     except MemoryError:  # a traceback before; a memory limit (ulimit -v, a container) stops the read
         size = f" ({args.trace.stat().st_size / 1e6:,.0f} MB)" if args.trace.is_file() else ""
         raise TraceError(args.trace, None, f"not enough memory to read the trace{size}: every job is held in "
@@ -328,6 +342,10 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
             raise
         raise TraceError(args.trace, exc.line, f"{exc.reason} (or --skip-invalid: leave out every job "
                                                f"line that cannot be replayed, counted by reason)") from None
+    # Which reader took the file is said: a layout detected wrongly reads other columns.
+    name = "standard input" if str(args.trace) == STDIN else str(args.trace)
+    err.print(f"read {escape(name)}{f' ({how[0]}-compressed)' if how else ''} as a {fmt} trace"
+              + (" (detected; --format chooses another)" if args.format == "auto" else " (--format)"))
     total = len(jobs) + len(left_out) + len(skipped or [])
     unit = "jobs" if fmt == "philly" else "job lines"
     if left_out:

@@ -24,6 +24,7 @@ Formats (``--format``, or detected from the first line that is not blank or a ``
                how to write them as ``csv`` (their GPUs are fractions of a GPU, over tasks)
 - ``csv``      generic CSV: submit_time,num_gpus,duration[,model] (header optional)
 
+A trace may be gzip, bzip2 or xz compressed (read as it is) and ``-`` reads standard input.
 Exports of other clusters differ in small ways, and these are read as they come: a UTF-8 byte
 order mark, CRLF line ends, blank lines and ``#`` comment lines, quoted fields (line breaks in
 them too), header names in any case and any order with extra columns (a CSV with a header is
@@ -37,13 +38,19 @@ naming the file, the line and what to do, so no job is dropped or changed withou
 
 from __future__ import annotations
 
+import bz2
 import csv
 import dataclasses
+import gzip
+import io
 import itertools
 import json
 import logging
+import lzma
 import math
 import re
+import sys
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -281,7 +288,7 @@ class _Rows:
         still finds its line and does not depend on which others were left out."""
         if not self.count:
             return jobs
-        return [dataclasses.replace(j, id=f"{path.stem}-L{line}") for j, line in zip(jobs, lines, strict=True)]
+        return [dataclasses.replace(j, id=f"{_stem(path)}-L{line}") for j, line in zip(jobs, lines, strict=True)]
 
 
 def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
@@ -298,7 +305,7 @@ def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
             steps, arrival, gpus = (cols[k] for k in GAVEL_COLUMNS[columns])
             priority = max(1, int(_num(cols[7], "priority weight", path, line))) if columns == 10 else 1
             jobs.append(JobSpec(
-                id=f"{path.stem}-{len(jobs)}",
+                id=f"{_stem(path)}-{len(jobs)}",
                 submit_time=_num(arrival, "arrival time", path, line, most=MAX_SUBMIT_S, unit="1e11 s (3,000 years)"),
                 num_gpus=_gpus(gpus, path, line), model=cols[0].strip(),
                 total_steps=_positive(steps, "total steps", path, line, most=MAX_STEPS), priority=priority,
@@ -407,7 +414,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 expected = " or ".join(map(str, counts)) if len(counts) < 3 else f"{counts[0]} to {counts[-1]}"
                 raise TraceError(path, line, f"expected {expected} {LABELS[fmt]} columns, got {len(cols)}{hint}")
             if fmt == "helios" and (why := _helios_no_gpu_job(cols, roles)):
-                errors.leave_out(TraceError(path, line, why), f"{path.stem}-{cols[roles['id']].strip()}")
+                errors.leave_out(TraceError(path, line, why), f"{_stem(path)}-{cols[roles['id']].strip()}")
                 continue
             if "id" in roles:
                 raw = cols[roles["id"]].strip()
@@ -422,11 +429,11 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                                                  f"must be unique (rename one, or remove the repeated line)")
                 # Another user's job of the same id: named by its user too (the first keeps the
                 # plain name), or by its line should even that name be taken.
-                job_id = f"{path.stem}-{raw}"
+                job_id = f"{_stem(path)}-{raw}"
                 if job_id in names:
-                    job_id = f"{job_id}@{user}" if f"{job_id}@{user}" not in names else f"{path.stem}-L{line}"
+                    job_id = f"{job_id}@{user}" if f"{job_id}@{user}" not in names else f"{_stem(path)}-L{line}"
             else:
-                job_id = f"{path.stem}-{len(jobs)}"
+                job_id = f"{_stem(path)}-{len(jobs)}"
             submit, is_date = times.read(cols[roles["submit"]], line)
             model = cols[roles["model"]].strip() if "model" in roles and roles["model"] < len(cols) else ""
             if "\n" in model:
@@ -568,34 +575,89 @@ def detect_format(first: str) -> str:
     return _csv_format(cells)
 
 
-def _lines(path: Path) -> list[tuple[int, str]]:
+# Compressed traces are read as they come (traces are published as .csv.gz / .tar.gz):
+# magic bytes -> (name, opener); the decompressed text is held to MAX_TRACE_BYTES.
+COMPRESSED: dict[bytes, tuple[str, Callable[[io.BufferedReader], io.BufferedIOBase]]] = {
+    b"\x1f\x8b": ("gzip", lambda fh: gzip.GzipFile(fileobj=fh)),
+    b"BZh": ("bzip2", lambda fh: bz2.BZ2File(fh)),
+    b"\xfd7zXZ\x00": ("xz", lambda fh: lzma.LZMAFile(fh)),  # noqa: SIM115 (closed by _lines)
+}
+# Archives and compressions the standard library does not read: named, with what to do.
+ARCHIVES = {b"PK\x03\x04": "a zip archive: unzip it and give one of its files",
+            b"(\xb5/\xfd": "zstd-compressed: decompress it first (zstd -d FILE)",
+            b"7z\xbc\xaf\x27\x1c": "a 7-Zip archive: extract it and give one of its files"}
+STDIN = "-"  # --trace -: the trace is read from standard input
+
+
+def _stem(path: Path) -> str:
+    """The name a trace's job ids start with: the file's name without its extension, nor a
+    compression's (``t.csv.gz`` -> ``t``, as ``t.csv`` is)."""
+    name = path.name
+    for suffix in (".gz", ".bz2", ".xz"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[:-len(suffix)]
+    return Path(name).stem
+
+
+def _opened(path: Path, fh: io.BufferedReader) -> tuple[io.BufferedIOBase | io.BufferedReader, str]:
+    """The stream of a trace's text: ``fh`` itself, or its decompression (gzip, bzip2, xz,
+    told by their magic bytes, not the name), with the compression's name ("" if none)."""
+    head = fh.peek(8)[:8]
+    for magic, (name, opener) in COMPRESSED.items():
+        if head.startswith(magic):
+            return opener(fh), name
+    for magic, what in ARCHIVES.items():
+        if head.startswith(magic):
+            raise TraceError(path, None, what)
+    return fh, ""
+
+
+def _lines(path: Path, stdin: bool = False, how: list[str] | None = None) -> list[tuple[int, str]]:
+    """The trace's lines that are not blank nor comments, with their numbers; ``how`` gets the
+    compression the file was read through (gzip, bzip2, xz), if any."""
     chunks: list[bytes] = []
     size = 0
+    packed = ""
     try:
         # In chunks, so that a stream that never ends (or a binary file) is refused at once:
         # a text trace has no NUL byte, and none is larger than MAX_TRACE_BYTES.
-        with path.open("rb") as fh:
-            while chunk := fh.read(1 << 20):
-                if not size and chunk.startswith((b"\xff\xfe", b"\xfe\xff")):
-                    # A spreadsheet's "Unicode text" export: UTF-16 (its NUL bytes would be
-                    # named a compressed file's).
-                    raise TraceError(path, None, "UTF-16 text (a spreadsheet's 'Unicode text' export): save "
-                                                 "the trace as UTF-8 (CSV UTF-8)")
-                nul = chunk.find(b"\x00")
-                if nul >= 0:
-                    raise TraceError(path, None, f"NUL byte at byte {size + nul}: not a text trace "
-                                                 f"(a compressed file? decompress it first; UTF-16 text? "
-                                                 f"save it as UTF-8)")
-                size += len(chunk)
-                if size > MAX_TRACE_BYTES:
-                    raise TraceError(path, None, f"larger than {MAX_TRACE_BYTES >> 20} MiB; split the trace")
-                chunks.append(chunk)
+        with (open(sys.stdin.fileno(), "rb", closefd=False) if stdin else path.open("rb")) as raw:
+            fh, packed = _opened(path, raw)
+            with fh:  # (raw itself, or its decompression)
+                if packed and how is not None:
+                    how.append(packed)
+                while chunk := fh.read(1 << 20):
+                    if not size and packed and chunk[257:262] == b"ustar":
+                        raise TraceError(path, None, f"a tar archive ({packed}-compressed): extract it (tar xf "
+                                                     f"{path.name}) and give one of its files")
+                    if not size and chunk.startswith((b"\xff\xfe", b"\xfe\xff")):
+                        # A spreadsheet's "Unicode text" export: UTF-16 (its NUL bytes would be
+                        # named a compressed file's).
+                        raise TraceError(path, None, "UTF-16 text (a spreadsheet's 'Unicode text' export): save "
+                                                     "the trace as UTF-8 (CSV UTF-8)")
+                    nul = chunk.find(b"\x00")
+                    if nul >= 0:
+                        inside = f" of its {packed} content" if packed else ""
+                        raise TraceError(path, None, f"NUL byte at byte {size + nul}{inside}: not a text trace (a "
+                                                     f"binary file or an archive? UTF-16 text? save it as UTF-8 "
+                                                     f"text; gzip, bzip2 and xz files are read as they are)")
+                    size += len(chunk)
+                    if size > MAX_TRACE_BYTES:
+                        what = f" ({packed}-decompressed)" if packed else ""
+                        raise TraceError(path, None, f"larger than {MAX_TRACE_BYTES >> 20} MiB{what}; split the trace")
+                    chunks.append(chunk)
         # utf-8-sig: a byte order mark (Excel and Windows exports) is dropped, not read as text.
         text = b"".join(chunks).decode("utf-8-sig")
+    except (EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
+        raise TraceError(path, None, f"{packed} data is damaged or cut short ({exc}): "
+                                     f"download or copy the file again") from None
     except IsADirectoryError:
         raise TraceError(path, None, "a directory, not a trace file: give one of its traces (benchmarks/"
                                      "sim_table.py --traces DIR replays a folder of them)") from None
     except OSError as exc:
+        if packed and not exc.strerror:  # bz2's "Invalid data stream"
+            raise TraceError(path, None, f"{packed} data is damaged or cut short ({exc}): "
+                                         f"download or copy the file again") from None
         raise TraceError(path, None, f"cannot read trace: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         data = b"".join(chunks)
@@ -791,15 +853,15 @@ def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceEr
                     gpus = max(gpus, held)
             if not started:
                 errors.leave_out(TraceError(path, None, f"{name} never ran (no attempt with a start_time and an "
-                                                        f"end_time)"), f"{path.stem}-{raw}")
+                                                        f"end_time)"), f"{_stem(path)}-{raw}")
                 continue
             if not gpus:
                 errors.leave_out(TraceError(path, None, f"{name} held no GPU (no gpus in its attempts' detail): no "
-                                                        f"GPU job to replay"), f"{path.stem}-{raw}")
+                                                        f"GPU job to replay"), f"{_stem(path)}-{raw}")
                 continue
             if ran <= 0:
                 errors.leave_out(TraceError(path, None, f"{name} ran 0 s (its attempts start and end at once)"),
-                                 f"{path.stem}-{raw}")
+                                 f"{_stem(path)}-{raw}")
                 continue
             if ran > MAX_DURATION_S:
                 raise TraceError(path, None, f"{name} ran {ran:,.0f} s, more than a year: not a job this reader "
@@ -810,13 +872,13 @@ def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceEr
             errors.fail(exc)
             continue
         seen.add(raw)
-        jobs.append(JobSpec(id=f"{path.stem}-{raw}", submit_time=submit, num_gpus=gpus, duration_s=ran))
+        jobs.append(JobSpec(id=f"{_stem(path)}-{raw}", submit_time=submit, num_gpus=gpus, duration_s=ran))
     if jobs:
         # A placeholder date (9999-12-31) far after the others: that job's own error (so
         # --skip-invalid leaves it out), as a CSV's dates are, not the whole log's.
         jobs, _ = _from_earliest(
             path, jobs, [None] * len(jobs), errors,
-            lambda job, _when, after, first: (f"job {_shown(job.id[len(path.stem) + 1:])}: submitted_time is "
+            lambda job, _when, after, first: (f"job {_shown(job.id[len(_stem(path)) + 1:])}: submitted_time is "
                                               f"{after:.3g} s after the log's earliest ({first})"),
             "it")
     return jobs
@@ -828,7 +890,7 @@ def read_trace(path: str | Path, fmt: str = "auto") -> list[JobSpec]:
 
 
 def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError] | None = None,
-                  left_out: list[TraceError] | None = None) -> tuple[list[JobSpec], str]:
+                  left_out: list[TraceError] | None = None, how: list[str] | None = None) -> tuple[list[JobSpec], str]:
     """The jobs of a trace and the format they were read as (the file is read once, so a
     pipe such as ``--trace <(zcat t.csv.gz)`` works).
 
@@ -840,9 +902,12 @@ def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError]
 
     ``left_out``: a list to collect the records the format itself says are no GPU job to
     replay (Helios's CPU jobs, Philly's jobs that never started): these are left out always,
-    into ``left_out`` (else ``skipped``; with neither, one logged warning counts them)."""
-    if skipped is not None or left_out is not None:
-        return _read_trace_as(path, fmt, skipped, left_out)
+    into ``left_out`` (else ``skipped``; with neither, one logged warning counts them).
+
+    ``path`` ``-`` reads standard input (its jobs named ``stdin-...``); a gzip, bzip2 or xz
+    file is decompressed as it is read, ``how`` (a list) getting the compression's name."""
+    if skipped is not None or left_out is not None or how is not None:
+        return _read_trace_as(path, fmt, skipped, left_out, how)
     gone: list[TraceError] = []
     jobs, fmt = _read_trace_as(path, fmt, None, gone)
     if gone:  # one line, not one per job: Helios's 1,000,000-line log has ~400,000 CPU jobs
@@ -851,11 +916,12 @@ def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError]
 
 
 def _read_trace_as(path: str | Path, fmt: str, skipped: list[TraceError] | None,
-                   left_out: list[TraceError] | None) -> tuple[list[JobSpec], str]:
-    path = Path(path)
+                   left_out: list[TraceError] | None, how: list[str] | None = None) -> tuple[list[JobSpec], str]:
+    stdin = str(path) == STDIN
+    path = Path("stdin") if stdin else Path(path)  # (so named in messages and job ids)
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; valid formats: {', '.join(FORMATS)}")
-    lines = _lines(path)
+    lines = _lines(path, stdin, how)
     if fmt == "auto":
         fmt = _detect(path, lines)
     else:

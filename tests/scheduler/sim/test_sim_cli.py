@@ -259,6 +259,7 @@ def test_skip_invalid_leaves_out_lines_that_cannot_be_replayed_and_counts_them(
     assert code == 0
     assert json.loads(out)["gandiva"]["jobs_finished"] == 2
     lines = err.splitlines()
+    assert lines.pop(0) == f"read {trace} as a csv trace (detected; --format chooses another)"
     assert lines[:3] == ["note: --skip-invalid left out 3 of 5 job lines:",
                          "  2 like line 3: GPU count '0' must be at least 1",
                          ("  1 like line 4: duration '0' must be positive (a job of no length cannot be "

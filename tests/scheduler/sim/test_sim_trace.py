@@ -194,7 +194,8 @@ def test_another_clusters_export_replays_the_same_jobs(tmp_path: Path, content: 
     (_itp(rows=[]), "x.csv: trace has no jobs"),
     (b"\xef\xbb\xbfa\tb\tc\td\n", "x.csv:1: unrecognised trace layout (tab-separated with 4 columns"),
     (GAVEL7.replace("\t5000\t", "\t0\t").encode(), "x.csv:1: total steps '0' must be positive"),
-    (b"\x1f\x8b\x08\x00\x12", "x.csv: NUL byte at byte 3: not a text trace (a compressed file?"),
+    (b"\x1f\x8b\x08\x00\x12", "x.csv: gzip data is damaged or cut short"),
+    (b"\x00\x01\x02", "x.csv: NUL byte at byte 0: not a text trace (a binary file or an archive?"),
     (b"job_id;submit_time;num_gpu;duration\na;0;1;60\n", "x.csv:1: one column only, its fields separated by ';'"),
     (GAVEL7.replace("\t", " ").encode(), "x.csv:1: one column only, no comma or tab between its fields: a CSV"),
 ])

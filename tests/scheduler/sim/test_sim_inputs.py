@@ -1,0 +1,96 @@
+"""`gandiva sim` on traces as users hand them over: compressed, piped in on standard input, and
+which reader took the file said in one line."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from gandiva_cli.main import main
+from scheduler.sim.trace import TraceError, read_trace
+
+TRACE = "job_id,num_gpu,submit_time,duration\na,1,0,60\nb,2,10,30\nc,1,20,90\n"
+
+
+def _sim(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["sim", "--no-progress", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err.replace("\n", " ")
+
+
+@pytest.mark.parametrize("suffix,pack", [(".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress)])
+def test_a_compressed_trace_is_read_as_the_plain_one(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                     suffix: str, pack: object) -> None:
+    """t.csv.gz (.bz2, .xz) replays the jobs of t.csv, named alike (t-a, not t.csv-a), and the
+    CLI says it read it decompressed and as which format."""
+    plain = tmp_path / "t.csv"
+    plain.write_text(TRACE)
+    packed = tmp_path / f"t.csv{suffix}"
+    packed.write_bytes(pack(TRACE.encode()))  # type: ignore[operator]
+    assert read_trace(packed) == read_trace(plain)
+    assert [j.id for j in read_trace(packed)] == ["t-a", "t-b", "t-c"]
+    code, out, err = _sim(capsys, "--trace", str(packed), "--cluster", "1x4", "-o", "json")
+    name = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}[suffix]
+    assert code == 0 and '"jobs_finished": 3' in out
+    assert f"read {packed} ({name}-compressed) as a tiresias trace (detected; --format chooses another)" in err
+
+
+def test_archives_and_damaged_compressed_traces_are_one_line(capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path) -> None:
+    """A .tar.gz (how traces are published) says to extract it; a zip too; a gzip file cut
+    short (a broken download) says so. Before: 'NUL byte at byte 8 ... decompress it first'."""
+    plain = tmp_path / "t.csv"
+    plain.write_text(TRACE)
+    archive = tmp_path / "traces.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(plain, arcname="t.csv")
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(gzip.compress(TRACE.encode() * 50)[:40])
+    zipped = tmp_path / "t.zip"
+    zipped.write_bytes(b"PK\x03\x04" + b"\x00" * 40)
+    for path, said in ((archive, "a tar archive (gzip-compressed): extract it (tar xf traces.tar.gz)"),
+                       (cut, "gzip data is damaged or cut short"), (zipped, "a zip archive: unzip it")):
+        code, out, err = _sim(capsys, "--trace", str(path), "--cluster", "1x4")
+        assert code == 2 and out == "", path
+        assert err.startswith(f"gandiva sim: error: {path}: {said}") and err.count("error") == 1, err
+
+
+def test_a_trace_on_standard_input(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`zcat t.csv.gz | gandiva sim --trace -` replays it (jobs named stdin-...); before:
+    "-: cannot read trace: No such file or directory". A terminal is refused, not waited on."""
+    piped = tmp_path / "piped"
+    piped.write_bytes(gzip.compress(TRACE.encode()))
+    with piped.open("rb") as fh:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(fh))
+        code, out, err = _sim(capsys, "--trace", "-", "--cluster", "1x4", "--policy", "fifo", "-o", "json",
+                              "--jobs-csv", str(tmp_path / "rows.csv"))
+    assert code == 0 and '"jobs_finished": 3' in out, err
+    assert "read standard input (gzip-compressed) as a tiresias trace" in err
+    assert "fifo,stdin-a,finished" in (tmp_path / "rows.csv").read_text()
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    code, out, err = _sim(capsys, "--trace", "-", "--cluster", "1x4")
+    assert code == 2 and "standard input is a terminal; pipe the trace in" in err
+
+
+def test_the_format_said_names_a_given_format(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,1,60\n5,2,30\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--format", "csv", "--cluster", "1x4", "-o", "json")
+    assert code == 0 and f"read {trace} as a csv trace (--format)" in err
+    empty = tmp_path / "x.gz"
+    empty.write_bytes(gzip.compress(b"\n# a comment\n"))
+    with pytest.raises(TraceError, match="trace is empty"):
+        read_trace(empty)
