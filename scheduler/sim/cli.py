@@ -79,8 +79,10 @@ A GPU count that is not a whole number (0.5) is refused, naming the line (--skip
 leaves such lines out): round it up yourself if the job should hold a whole GPU.
 A CSV with a header is read by column name (any order and case, extra columns ignored,
 commas or tabs); without one, --format itp or tiresias reads their column order. Times
-are seconds (or ISO 8601 dates), durations seconds; docs/simulator.md "Workloads" has
-the details and what is refused.
+are seconds (or ISO 8601 dates), durations seconds, unless the column's name ends in its
+unit (duration_ms, duration_min, submit_time_h); gzip, bzip2 and xz files are read as they
+are, and --trace - reads standard input; docs/simulator.md "Workloads" has the details and
+what is refused.
 """
 
 EPILOG = """\

@@ -80,14 +80,19 @@ MAX_SUBMIT_S = 1e11
 # CSV columns: the names a header may give each role (any case, any order), and the order of
 # each format's columns when it has no header.
 NAMES = {
-    "id": ("job_id", "jobid", "id"),
-    "submit": ("submit_time", "submission_time", "arrival_time", "arrival_time_s", "submit_time_s"),
-    "gpus": ("num_gpu", "num_gpus", "gpus", "gpu_num"),
-    "duration": ("duration", "duration_s", "run_time"),
+    "id": ("job_id", "jobid", "id", "job_name"),
+    "submit": ("submit_time", "submission_time", "arrival_time", "arrival_time_s", "submit_time_s", "submitted",
+               "submitted_time", "submit", "arrival"),
+    "gpus": ("num_gpu", "num_gpus", "gpus", "gpu_num", "gpu_count", "n_gpus", "ngpus"),
+    "duration": ("duration", "duration_s", "run_time", "runtime", "duration_sec", "duration_seconds"),
     "model": ("model_name", "model"),
     # Ids are per user where a header names the user: two users' job 1 are two jobs.
     "user": ("user", "user_id", "username"),
 }
+# A submit time or duration column named with its unit (`duration_ms`, `submit_time_min`,
+# `runtime_hours`): its numbers are read in that unit (dates are dates whatever the name).
+UNITS = {"ms": 1e-3, "msec": 1e-3, "millis": 1e-3, "milliseconds": 1e-3, "min": 60.0, "mins": 60.0,
+         "minutes": 60.0, "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hours": 3600.0}
 POSITIONS: dict[str, dict[str, int]] = {
     "tiresias": {"id": 0, "gpus": 1, "submit": 2, "model": 4, "duration": 5},
     "helios": {"id": 0, "user": 1, "gpus": 2, "submit": 6, "duration": 9},
@@ -211,8 +216,9 @@ def _date(text: str) -> float | None:
 class _Times:
     """Submit times of one trace: all seconds, or all dates (made relative to the earliest)."""
 
-    def __init__(self, path: Path, what: str) -> None:
+    def __init__(self, path: Path, what: str, scale: float = 1.0) -> None:
         self.path, self.what = path, what
+        self.scale = scale  # seconds per number (a column named `submit_time_ms`: 0.001)
         self.kind: tuple[str, int] | None = None  # ("date" or "seconds", first line of that kind)
 
     def read(self, text: str, line: int) -> tuple[float, bool]:
@@ -227,7 +233,9 @@ class _Times:
         if stamp is not None:
             return stamp, True
         try:
-            return _num(text, self.what, self.path, line, most=MAX_SUBMIT_S, unit="1e11 s (3,000 years)"), False
+            most = MAX_SUBMIT_S / self.scale
+            bound = "1e11 s (3,000 years)" if self.scale == 1 else f"{most:.3g} (1e11 s, 3,000 years)"
+            return self.scale * _num(text, self.what, self.path, line, most=most, unit=bound), False
         except TraceError as exc:
             if "not a number" in str(exc):
                 raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is neither seconds nor an "
@@ -235,7 +243,7 @@ class _Times:
             if "is negative" in str(exc):
                 raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is negative; shift the "
                                                   f"trace's times so that none is before 0") from None
-            if "is more than" in str(exc) and (unit := _epoch_unit(float(text))) is not None:
+            if "is more than" in str(exc) and self.scale == 1 and (unit := _epoch_unit(float(text))) is not None:
                 raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is more than 1e11 s: as "
                                                   f"{unit[0]} since 1970 it is {unit[1]}; give seconds (divide by "
                                                   f"{unit[2]:,}) or a date") from None
@@ -328,7 +336,10 @@ def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> 
     roles: dict[str, int] = {}
     for index, cell in enumerate(cells):
         name = _norm(cell)
+        base, _ = _unit_of(name)
         for role, names in NAMES.items():
+            if base in names and role in ("submit", "duration"):
+                name = base  # `duration_ms`: the duration, in milliseconds (_unit_of)
             if name in names and role in roles and path is not None:
                 raise TraceError(path, line, f"the header names the {names[0]} twice, in columns "
                                              f"{roles[role] + 1} ({cells[roles[role]].strip()}) and {index + 1} "
@@ -336,6 +347,22 @@ def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> 
             if name in names and role not in roles:
                 roles[role] = index
     return roles
+
+
+def _unit_of(name: str) -> tuple[str, float]:
+    """(the name without a unit suffix, seconds per unit): ``duration_ms`` -> ("duration",
+    0.001); a name without one of UNITS' suffixes -> (itself, 1)."""
+    base, _, unit = name.rpartition("_")
+    return (base, UNITS[unit]) if base and unit in UNITS else (name, 1.0)
+
+
+_UNIT_HINT = "; a time in another unit than seconds names it: duration_ms, duration_min, duration_h"
+
+
+def _unit_word(header: list[str], roles: dict[str, int]) -> str:
+    """The duration column's unit as its header names it (``ms`` of ``duration_ms``), else "s"."""
+    name = _norm(header[roles["duration"]]) if header else ""
+    return name.rpartition("_")[2] if _unit_of(name)[1] != 1.0 else "s"
 
 
 def _csv_format(cells: list[str]) -> str:
@@ -379,7 +406,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                                                 f"{', '.join(NAMES[missing[0]][1:])}) "
                                                 f"(it names {', '.join(c.strip() for c in header)}); "
                                                 f"a {fmt} trace needs the columns {HEADERS[fmt]}, "
-                                                f"in any order and case{_span_hint(missing[0], header)}")
+                                                f"in any order and case{_span_hint(missing[0], header)}"
+                                                f"{_UNIT_HINT if missing[0] in ('submit', 'duration') else ''}")
         # Rows may leave out trailing columns the reader does not need (the generic CSV's model).
         need = max(roles[r] for r in REQUIRED[fmt]) + 1
         counts: tuple[int, ...] = tuple(range(need, len(header) + 1))
@@ -393,7 +421,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                                                f"name them {HEADERS[fmt]} (any order and case)")
         roles, counts = POSITIONS[fmt], COLUMN_COUNTS[fmt]
         note = f" ({HEADERS[fmt]})"
-    times = _Times(path, "submit time")
+    # A column named with its unit (`duration_min`): seconds per number in it.
+    scale = {role: _unit_of(_norm(header[roles[role]]))[1] if header else 1.0 for role in ("submit", "duration")}
+    times = _Times(path, "submit time", scale["submit"])
     seen: dict[tuple[str, str], int] = {}  # (user, job id) -> its line
     names: set[str] = set()
     jobs: list[JobSpec] = []
@@ -440,8 +470,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 raise TraceError(path, line, f"model {_shown(model)} holds a line break: a quote left open?")
             job = JobSpec(
                 id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line), model=model,
-                duration_s=_positive(cols[roles["duration"]], "duration", path, line, most=MAX_DURATION_S,
-                                     unit="a year (31,536,000 s)"),
+                duration_s=scale["duration"] * _positive(
+                    cols[roles["duration"]], "duration", path, line, most=MAX_DURATION_S / scale["duration"],
+                    unit=f"a year ({MAX_DURATION_S / scale['duration']:,.0f} {_unit_word(header, roles)})"),
             )
         except TraceError as exc:
             errors.fail(exc)

@@ -94,3 +94,33 @@ def test_the_format_said_names_a_given_format(capsys: pytest.CaptureFixture[str]
     empty.write_bytes(gzip.compress(b"\n# a comment\n"))
     with pytest.raises(TraceError, match="trace is empty"):
         read_trace(empty)
+
+
+@pytest.mark.parametrize("header,row_a,row_b", [
+    ("job_id,submitted,gpus,duration", "a,0,1,60", "b,10,2,30"),
+    ("id,submit,n_gpus,runtime", "a,0,1,60", "b,10,2,30"),
+    ("job_name,submitted_time,gpu_count,duration_seconds", "a,0,1,60", "b,10,2,30"),
+    ("job_id,submit_time,num_gpus,duration_min", "a,0,1,1", "b,10,2,0.5"),
+    ("job_id,submit_time_ms,num_gpus,duration_ms", "a,0,1,60000", "b,10000,2,30000"),
+    ("job_id,duration_hours,num_gpus,arrival_time_min", "a,0.0166666666666666667,1,0", "b,0.00833333333333333333,2,0.16666666666666667"),
+    ("JOB_ID,Submit_Time_H,NUM_GPUS,Duration_Mins", "a,2021-03-01 10:00:00,1,1", "b,2021-03-01 10:00:10,2,0.5"),
+])
+def test_renamed_columns_and_units_named_in_the_header(tmp_path: Path, header: str, row_a: str, row_b: str) -> None:
+    """Headers of other tools (`submitted`, `runtime`, `gpu_count`) and times in the unit the
+    column's name gives (`duration_ms`, `submit_time_min`; a date stays a date) read as the
+    same two jobs. Before: 'the header names no submit_time column' / 'no duration column'."""
+    path = tmp_path / "t.csv"
+    path.write_text(f"{header}\n{row_a}\n{row_b}\n")
+    jobs = read_trace(path)
+    assert [(j.id, j.submit_time, j.num_gpus) for j in jobs] == [("t-a", 0, 1), ("t-b", pytest.approx(10), 2)]
+    assert [j.duration_s for j in jobs] == [pytest.approx(60), pytest.approx(30)]
+
+
+def test_a_time_past_its_bound_is_named_in_its_unit(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("job_id,submit_time,num_gpus,duration_ms\na,0,1,3e13\n")
+    with pytest.raises(TraceError, match=r"t.csv:2: duration '3e13' is more than a year \(31,536,000,000 ms\)"):
+        read_trace(path)
+    path.write_text("job_id,submit_time,num_gpus,elapsed\na,0,1,60\n")
+    with pytest.raises(TraceError, match="names it: duration_ms, duration_min, duration_h"):
+        read_trace(path)

@@ -186,7 +186,7 @@ def test_another_clusters_export_replays_the_same_jobs(tmp_path: Path, content: 
     (_itp(rows=["a1,03/01/2021,7628,bert,5985,64,1,1265"]),
      "x.csv:2: submit time '03/01/2021' is neither seconds nor an ISO 8601 date"),
     (_itp("job_id,submission_time,gpus_wanted,duration", ["a1,1,1,60"]),
-     "x.csv:1: the header names no num_gpu column (nor num_gpus, gpus, gpu_num)"),
+     "x.csv:1: the header names no num_gpu column (nor num_gpus, gpus, gpu_num, gpu_count"),
     (b"time,count,length\n0,1,60\n", "x.csv:1: the header names none of the columns this reader knows"),
     (b'0,1,60\n"1,1,60\n', "x.csv:2: not a CSV line"),
     ("\n".join(ITP_ROWS).encode(), "x.csv:1: expected 3 or 4 CSV columns, got 8"),
