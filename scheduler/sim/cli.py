@@ -72,8 +72,9 @@ line that is not blank or a # comment):
             submitted_time and attempts; GPUs: the most one attempt held (its detail's
             gpus), length: its attempts' run times added up; jobs that never ran or held
             no GPU are left out, counted
-  pai       Alibaba PAI 2020 pai_job_table/pai_task_table (no header): detected and refused,
-            saying how to write it as csv (its GPUs are fractions: plan_gpu 50 = half a GPU)
+  pai       Alibaba PAI 2020 pai_job_table/pai_task_table/pai_instance_table (no header) and
+            Alibaba GPU v2023 openb_pod_list: detected and refused, saying how to write them
+            as csv (their GPUs are fractions: plan_gpu 50, gpu_milli 500 = half a GPU)
   csv       any other CSV: submit_time,num_gpus,duration[,model], header optional
 A GPU count that is not a whole number (0.5) is refused, naming the line (--skip-invalid
 leaves such lines out): round it up yourself if the job should hold a whole GPU.

@@ -20,8 +20,9 @@ Formats (``--format``, or detected from the first line that is not blank or a ``
 - ``philly``   Microsoft Philly's cluster_job_log: JSON (or JSON Lines) jobs with jobid,
                submitted_time and attempts (GPUs: the most one attempt held; length: the
                attempts' run times added up; jobs that never ran or held no GPU left out)
-- ``pai``      Alibaba PAI 2020's pai_job_table / pai_task_table: detected and refused, saying
-               how to write them as ``csv`` (their GPUs are fractions of a GPU, over tasks)
+- ``pai``      Alibaba PAI 2020's pai_job_table / pai_task_table / pai_instance_table and
+               Alibaba GPU v2023's openb_pod_list: detected and refused, saying how to write
+               them as ``csv`` (their GPUs are fractions of a GPU)
 - ``csv``      generic CSV: submit_time,num_gpus,duration[,model] (header optional)
 
 A trace may be gzip, bzip2 or xz compressed (read as it is) and ``-`` reads standard input.
@@ -114,7 +115,13 @@ REQUIRED = {"tiresias": ("id", "gpus", "submit", "duration"), "itp": ("id", "gpu
 # are: _pai_refusal says how to write them as --format csv.
 PAI_JOB = "job_name,inst_id,user,status,start_time,end_time"
 PAI_TASK = "job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,plan_mem,plan_gpu,gpu_type"
+PAI_INSTANCE = "job_name,task_name,inst_name,worker_name,inst_id,status,start_time,end_time,machine"
 PAI_STATUSES = {"terminated", "failed", "running", "waiting", "interrupted", "cancelled"}
+# Alibaba's GPU trace v2023 (cluster-trace-gpu-v2023, the FGD paper's; with a header): the pods
+# of a Kubernetes GPU-sharing cluster, and its nodes. Refused too, saying how to write them.
+ALI_POD = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+           "scheduled_time")
+ALI_NODE = "sn,cpu_milli,memory_mib,gpu,model"
 
 
 class TraceError(ValueError):
@@ -535,15 +542,24 @@ def _helios_no_gpu_job(cols: list[str], roles: dict[str, int]) -> str:
 
 
 def _pai_table(cells: list[str]) -> str | None:
-    """"job" or "task" when ``cells`` (a first line) is a row or the header of Alibaba PAI
-    2020's pai_job_table or pai_task_table, else None."""
+    """"job", "task" or "instance" when ``cells`` (a first line) is a row or the header of
+    Alibaba PAI 2020's pai_job_table, pai_task_table or pai_instance_table; "pod" or "node"
+    for the header of Alibaba's GPU trace v2023 pod or node list; else None."""
     names = [_norm(c) for c in cells]
     if names == PAI_JOB.split(","):
         return "job"
     if names == PAI_TASK.split(",") or ("plan_gpu" in names and "job_name" in names):
         return "task"
+    if names == PAI_INSTANCE.split(",") or ("inst_name" in names and "worker_name" in names):
+        return "instance"
+    if {"gpu_milli", "creation_time", "scheduled_time"} <= set(names):
+        return "pod"
+    if {"sn", "cpu_milli", "gpu"} <= set(names):
+        return "node"
     if len(cells) in (6, 10) and names[3] in PAI_STATUSES and all(_is_number(c) or not c.strip() for c in cells[4:6]):
         return "job" if len(cells) == 6 else "task"
+    if len(cells) == 9 and names[5] in PAI_STATUSES and all(_is_number(c) or not c.strip() for c in cells[6:8]):
+        return "instance"
     return None
 
 
@@ -551,8 +567,21 @@ def _pai_refusal(path: Path, line: int, table: str | None) -> TraceError:
     """Alibaba PAI 2020's tables are not read: a job's GPUs are spread over its tasks and their
     instances in hundredths of a GPU (plan_gpu 50 = half a GPU), and this simulator places
     jobs on whole GPUs, so how to count them is the user's choice, said here."""
+    if table == "pod":
+        return TraceError(path, line, f"Alibaba GPU trace v2023, openb_pod_list ({ALI_POD}): not replayed as it is "
+                                      f"(the pods of a GPU-sharing cluster: a pod of num_gpu 1 and gpu_milli below "
+                                      f"1000 holds a fraction of a GPU, and the simulator places whole GPUs); write "
+                                      f"one line per pod as --format csv: submit_time (creation_time), num_gpus "
+                                      f"(num_gpu; a GPU-sharing pod holds 1), duration (deletion_time - "
+                                      f"scheduled_time), leaving out pods of num_gpu 0 (CPU) and pods never scheduled")
+    if table == "node":
+        return TraceError(path, line, f"Alibaba GPU trace v2023, openb_node_list ({ALI_NODE}): a cluster description, "
+                                      f"not a job trace; give its size as --cluster SERVERSxGPUS (its servers with "
+                                      f"GPUs and their most common gpu count) and a pod list as the trace")
     which = {"job": f"pai_job_table ({PAI_JOB}), which holds no GPU counts",
-             "task": f"pai_task_table ({PAI_TASK})"}.get(table or "", "pai_job_table/pai_task_table")
+             "task": f"pai_task_table ({PAI_TASK})",
+             "instance": f"pai_instance_table ({PAI_INSTANCE}), which holds no GPU counts",
+             }.get(table or "", "pai_job_table/pai_task_table")
     return TraceError(path, line, f"Alibaba PAI 2020 trace, {which}: not replayed as it is (a job's GPUs are its "
                                   f"tasks' inst_num x plan_gpu / 100, fractions of a GPU, and the simulator places "
                                   f"whole GPUs); write one line per job as --format csv: submit_time (the job's "

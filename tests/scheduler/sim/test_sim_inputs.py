@@ -124,3 +124,30 @@ def test_a_time_past_its_bound_is_named_in_its_unit(tmp_path: Path) -> None:
     path.write_text("job_id,submit_time,num_gpus,elapsed\na,0,1,60\n")
     with pytest.raises(TraceError, match="names it: duration_ms, duration_min, duration_h"):
         read_trace(path)
+
+
+ALI_POD = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+           "scheduled_time\nopenb-pod-0017,88000,327680,8,1000,,Burstable,Succeeded,9437497,10769854,9437497\n"
+           "openb-pod-0022,4000,15258,1,220,,BE,Running,9679175,9973826,9679175\n")
+
+
+@pytest.mark.parametrize("content,fmt,said", [
+    (ALI_POD, "auto", "Alibaba GPU trace v2023, openb_pod_list (name,cpu_milli,"),
+    (ALI_POD, "pai", "Alibaba GPU trace v2023, openb_pod_list (name,cpu_milli,"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nopenb-node-0227,32000,262144,0,\nopenb-node-0228,128000,786432,8,G3\n",
+     "auto", "Alibaba GPU trace v2023, openb_node_list (sn,cpu_milli,memory_mib,gpu,model): a cluster description"),
+    ("j1,t1,i1,w1,x1,Terminated,1590000000,1590003600,m1\n", "auto",
+     "Alibaba PAI 2020 trace, pai_instance_table (job_name,task_name,inst_name,"),
+])
+def test_alibaba_2023_and_pai_instance_tables_are_refused_saying_how_to_write_them(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, fmt: str, said: str) -> None:
+    """Before: "the header names no submit_time column (nor ...)" for the v2023 pod list,
+    "expected 3 or 4 CSV columns, got 9" for PAI's instance table."""
+    trace = tmp_path / "ali.csv"
+    trace.write_text(content)
+    code, out, err = _sim(capsys, "--trace", str(trace), "--format", fmt)
+    assert code == 2 and out == "" and err.count("gandiva sim") == 1
+    assert err.startswith(f"gandiva sim: error: {trace}:1: {said}"), err
+    if "pod_list" in said:
+        assert "write one line per pod as --format csv: submit_time (creation_time), num_gpus (num_gpu" in err
+        assert "duration (deletion_time - scheduled_time)" in err
