@@ -773,6 +773,14 @@ def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
     if lines[0][1].lstrip("\ufeff \t").startswith(("[", "{")):
         if _json_philly(lines):
             return "philly"
+        window = _json_window(lines)[0]
+        if '"null"' in window and "\"('" in window:  # a job type's key of Gavel's table
+            raise TraceError(path, lines[0][0], "a Gavel throughput table (simulation_throughputs.json), not a trace: "
+                                                "give it as --throughputs FILE, and a trace as --trace")
+        if re.search(r'"\d+:\d+:\d+"', window):  # Gavel's cluster_specs.json: "philly": ["500:0:0"]
+            raise TraceError(path, lines[0][0], "a Gavel cluster spec (cluster_specs.json: GPUs of each type, "
+                                                "v100:p100:k80), not a trace: give the cluster as --cluster "
+                                                "SERVERSxGPUS (e.g. 500:0:0, 500 V100s: --cluster 125x4)")
         raise TraceError(path, lines[0][0], "JSON, not a trace this reader knows: write it as CSV with the "
                                             "columns submit_time,num_gpus,duration[,model] (see gandiva sim --help; "
                                             "of JSON it reads Philly's cluster_job_log: a list of jobs with jobid, "

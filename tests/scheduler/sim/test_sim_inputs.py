@@ -7,6 +7,7 @@ import bz2
 import gzip
 import io
 import lzma
+import re
 import sys
 import tarfile
 from pathlib import Path
@@ -151,3 +152,18 @@ def test_alibaba_2023_and_pai_instance_tables_are_refused_saying_how_to_write_th
     if "pod_list" in said:
         assert "write one line per pod as --format csv: submit_time (creation_time), num_gpus (num_gpu" in err
         assert "duration (deletion_time - scheduled_time)" in err
+
+
+@pytest.mark.parametrize("content,said", [
+    ('{\n  "v100": {\n    "(\'ResNet-18 (batch size 16)\', 1)": {\n      "null": 4.79\n    }\n  }\n}\n',
+     "a Gavel throughput table (simulation_throughputs.json), not a trace: give it as --throughputs FILE"),
+    ('{\n    "philly": ["500:0:0"]\n}\n',
+     "a Gavel cluster spec (cluster_specs.json: GPUs of each type, v100:p100:k80), not a trace: give the cluster"),
+])
+def test_the_gavel_files_beside_its_traces_are_named_when_given_as_a_trace(tmp_path: Path, content: str,
+                                                                           said: str) -> None:
+    """Before: "JSON, not a trace this reader knows: write it as CSV ..." for both."""
+    path = tmp_path / "x.json"
+    path.write_text(content)
+    with pytest.raises(TraceError, match=re.escape(f"x.json:1: {said}")):
+        read_trace(path)
