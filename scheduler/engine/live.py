@@ -107,6 +107,10 @@ class LiveEngine:
         # Failed fetches of a job's checkpoint from the server that holds it, in a row.
         self._fetch_failures: dict[str, int] = {}
         self._dest_refusals: dict[str, int] = {}  # fetches refused by their destination, in a row
+        # job id -> (the down server holding its checkpoint, the fence `place` set for it):
+        # once that server is up again the job is looked at in the next round, not when
+        # the fence (a heartbeat timeout) ends. Only that very fence is lifted.
+        self._holder_waits: dict[str, tuple[str, float]] = {}
         self._stopping = False
         # job id -> (when its server's helper first reported it missing, that server):
         # lost processes are requeued. Pruned on every heartbeat of that server.
@@ -280,6 +284,7 @@ class LiveEngine:
         hung = self.core.hangs.flagged()  # on the loop: the watch changes there
         mono = self.core.monotonic()
         self._quarantined = {name: until for name, until in self._quarantined.items() if until > mono}
+        self._holder_waits = {j: w for j, w in self._holder_waits.items() if w[1] > now}
         return await asyncio.get_running_loop().run_in_executor(
             None, self._build_snapshot, rows, now, hung, frozenset(self._quarantined))
 
@@ -300,8 +305,11 @@ class LiveEngine:
         for m in rows.migrations:
             held = placements.setdefault(m.job_id, [])
             held.extend(g for g in (pt.GpuRef(m.dest_server, i) for i in m.dest_gpus) if g not in held)
-        # A fenced job waits until an older copy of it has surely stopped (lease expiry).
-        jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now)]
+        # A fenced job waits until an older copy of it has surely stopped (lease expiry), or
+        # for the down server holding its checkpoint: until it is up again.
+        up = {name for name, _, is_up, _, _ in server_rows if is_up}
+        jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now
+                                        and not self._holder_back(j.id, j.fenced_until, up))]
         # A server whose helper could not start a job (its disk full...) gets no new job for
         # a while: the policy sees it down while nothing is placed there (LAUNCH_QUARANTINE_S).
         holding = {g.server for held in placements.values() for g in held} if quarantined else set()
@@ -528,6 +536,12 @@ class LiveEngine:
             for job_id in ids:
                 self._queue_reason[job_id] = reason
 
+    def _holder_back(self, job_id: str, fenced_until: float, up: set[str]) -> bool:
+        """The job's fence is the one `place` set to wait for its checkpoint's server, and
+        that server is up again (`up`: the servers up)."""
+        holder, fence = self._holder_waits.get(job_id, ("", 0.0))
+        return holder in up and fence == fenced_until
+
     async def place(self, job_id: str, gpus: Sequence[pt.GpuRef], reason: str) -> None:
         """Bind a queued job to `gpus` and have the primary server's helper launch it."""
         now = self.core.clock()
@@ -543,16 +557,25 @@ class LiveEngine:
             return
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
-            if job.state != JobState.QUEUED.value or job.fenced_until > now:
+            if job.state != JobState.QUEUED.value:
                 return
+            if job.fenced_until > now:
+                holder, _ = self._holder_waits.get(job_id, ("", 0.0))
+                srv = await s.get(Server, holder) if holder else None
+                if srv is None or not srv.up or not self._holder_back(job_id, job.fenced_until, {srv.name}):
+                    return
+                job.fenced_until = 0.0  # the server holding its checkpoint is back: no more waiting
+            self._holder_waits.pop(job_id, None)
             self._queue_reason.pop(job_id, None)
             where = ", ".join(f"{g.server}/{g.index}" for g in gpus)
             restore = await _restore_plan(s, job, gpus[0].server, now, self.core.settings.checkpoint_wait_s)
             if restore.wait_until:
-                # Not placed: not to be looked at again until its checkpoint's server may be
-                # back (rechecked every heartbeat timeout), then at most until the wait ends.
+                # Not placed: not to be looked at again until its checkpoint's server is back
+                # (the next round after it is up; else rechecked every heartbeat timeout, as
+                # after a scheduler restart), then at most until the wait ends.
                 job.fenced_until = min(restore.wait_until, now + self.core.settings.down_after_s)
                 job.message = restore.note
+                self._holder_waits[job_id] = (job.restore_server, job.fenced_until)
                 return
             if (restore.path or restore.fetch_from) and 0 < job.restore_step < job.steps:
                 # It counts from its checkpoint's step, not from where its lost process was

@@ -1035,6 +1035,46 @@ def test_a_job_whose_checkpoint_server_is_down_waits_for_it_a_bounded_time(
         f.close()
 
 
+def test_a_job_waiting_for_its_checkpoints_server_is_placed_as_soon_as_that_server_is_back(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """The server holding a queued job's checkpoint stops (its helper restarting) and comes
+    back: the job is placed, from that checkpoint, at the scheduler's next round. Before, a
+    job found waiting was looked at again only a heartbeat timeout later (here 60 s), its
+    GPUs idle meanwhile, the server long back."""
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=60.0, command_timeout_s=2.0,
+                        checkpoint_interval_s=0.5, checkpoint_wait_s=120.0)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    f = Fake(sched.address, gpus={"y": 1}, agents=True)
+    try:
+        job_id = f.submit()
+        wait_for(lambda: f.job(job_id).placement)
+        cmd = _next_command(f, "y", "launch")
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="y", command_id=cmd.command_id, ok=True))
+        shim = f.shim(job_id, cmd.launch.incarnation)
+        path = f"/ram/y/{job_id}/periodic-{cmd.launch.incarnation}"
+
+        def checkpointed() -> bool:
+            f.heartbeat("y", (job_id, cmd.launch.incarnation))
+            events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+            return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
+
+        wait_for(checkpointed, 15)
+        f.register("x")
+        f.keep_alive("x")
+        shim.close()  # y's helper stops its job, then says it is leaving: y is down at once
+        f.helper.Heartbeat(helper_pb2.HeartbeatRequest(name="y", leaving=True))
+        wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_QUEUED
+                 and "waits for server y" in j.message, 15)
+        f.streams.pop("y").cancel()  # y's helper back: registers, opens a new command stream
+        f.register("y")
+        f.keep_alive("y")
+        placed = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and j, 30)
+        reason = placed.history[-1].reason
+        assert f"resuming from {path}" in reason or "fetching its checkpoint from y" in reason, reason
+    finally:
+        f.close()
+
+
 def test_a_destination_that_ends_before_its_migration_is_recorded_finishes_the_job(
     fake: Fake, wait_for: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
