@@ -746,7 +746,7 @@ class SchedulerCore:
 
     async def list_jobs(
         self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0,
-        user: str | None = None, after: tuple[float, str] | None = None,
+        user: str | None = None, after: tuple[float, int, str] | None = None,
     ) -> list[JobDetail]:
         async with self.tx(read=True) as s:
             jobs = await repo.list_jobs(s, states, multi_job_id, limit, user, after)

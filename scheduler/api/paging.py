@@ -40,14 +40,20 @@ def decode(token: str) -> Any:
         raise InvalidArgument("page_token", "not a token this scheduler issued") from None
 
 
-def job_cursor(token: str) -> tuple[float, str] | None:
+def job_cursor(token: str) -> tuple[float, int, str] | None:
+    """(submitted_at, array_index, id) of the last job listed. A token of an older
+    scheduler, (submitted_at, id), resumes at that submission time's first member: its
+    jobs may be listed again, none is skipped."""
     if not token:
         return None
     value = decode(token)
-    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], (int, float))
-            and isinstance(value[1], str) and 0 <= value[0] < 2**63):  # a submission time (NaN fails too)
+    if isinstance(value, list) and len(value) == 2:
+        value = [value[0], -1, value[1]]
+    if not (isinstance(value, list) and len(value) == 3 and isinstance(value[0], (int, float))
+            and isinstance(value[1], int) and not isinstance(value[1], bool) and -1 <= value[1] < 2**31
+            and isinstance(value[2], str) and 0 <= value[0] < 2**63):  # a submission time (NaN fails too)
         raise InvalidArgument("page_token", "not a job listing token")
-    return float(value[0]), value[1]
+    return float(value[0]), value[1], value[2]
 
 
 def event_cursor(token: str, after_id: int) -> int:

@@ -200,7 +200,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         )
         jobs, last = paging.fill(details, job_to_pb, full=len(details) == size)
         await self._hide_others(jobs)
-        token = paging.encode([last.job.submitted_at, last.job.id]) if last is not None else ""
+        token = paging.encode([last.job.submitted_at, last.job.array_index, last.job.id]) if last is not None else ""
         return scheduler_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     @grpc_errors

@@ -199,11 +199,12 @@ async def list_jobs(
     multi_job_id: str = "",
     limit: int = 0,
     user: str | None = None,
-    after: tuple[float, str] | None = None,
+    after: tuple[float, int, str] | None = None,
 ) -> Sequence[Job]:
-    """Jobs in submission order; ``after`` (submitted_at, id) resumes after a page's
-    last job (keyset paging: stable while new jobs arrive)."""
-    q = select(Job).order_by(Job.submitted_at, Job.id)
+    """Jobs in submission order, a multi-job's members (submitted at one time) by their
+    index; ``after`` (submitted_at, array_index, id) resumes after a page's last job
+    (keyset paging: stable while new jobs arrive)."""
+    q = select(Job).order_by(Job.submitted_at, Job.array_index, Job.id)
     wanted = [s.value for s in states]
     if wanted:
         q = q.where(Job.state.in_(wanted))
@@ -212,8 +213,10 @@ async def list_jobs(
     if user is not None:
         q = q.where(Job.user == user)
     if after is not None:
-        at, job_id = after
-        q = q.where(or_(Job.submitted_at > at, and_(Job.submitted_at == at, Job.id > job_id)))
+        at, index, job_id = after
+        q = q.where(or_(Job.submitted_at > at,
+                        and_(Job.submitted_at == at, or_(Job.array_index > index,
+                                                         and_(Job.array_index == index, Job.id > job_id)))))
     if limit > 0:
         q = q.limit(limit)
     return (await session.scalars(q)).all()

@@ -111,6 +111,29 @@ def test_paging_is_complete_and_stable_while_jobs_arrive(stub) -> None:  # type:
     assert rest.events[0].id == events.events[-1].id + 1
 
 
+def test_a_multi_jobs_members_are_listed_in_index_order_across_pages(stub) -> None:  # type: ignore[no-untyped-def]
+    # Members share one submission time: they were listed by their random ids (arr-7,
+    # arr-2, arr-11, ...) in `gandiva get jobs` and on the dashboard.
+    jobs = [spec(index=i, name=f"arr-{i}") for i in range(12)]
+    stub.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(name="arr", jobs=jobs))
+    after = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec(name="later"))).job.id
+    names: list[str] = []
+    token = ""
+    while True:
+        page = stub.ListJobs(scheduler_pb2.ListJobsRequest(page_size=5, page_token=token))
+        names += [j.spec.name for j in page.jobs]
+        token = page.next_page_token
+        if not token:
+            break
+    assert names == [f"arr-{i}" for i in range(12)] + ["later"]
+    # A token of an older scheduler (submitted_at, id) still works: nothing is skipped.
+    first = stub.ListJobs(scheduler_pb2.ListJobsRequest(page_size=3))
+    last = first.jobs[-1]
+    old = stub.ListJobs(scheduler_pb2.ListJobsRequest(page_token=_b64(json.dumps([last.submitted_at, last.id]))))
+    assert [j.spec.name for j in old.jobs][-1:] == ["later"] and after == old.jobs[-1].id
+    assert {j.spec.name for j in old.jobs} >= {f"arr-{i}" for i in range(3, 12)}
+
+
 def _b64(text: str) -> str:
     import base64
 
@@ -120,7 +143,8 @@ def _b64(text: str) -> str:
 # Forged: an event id past int64 was INTERNAL (OverflowError, a traceback in the log); a job
 # cursor at NaN or infinity listed nothing, silently.
 @pytest.mark.parametrize("token", ["garbage!", "e30", "W10", "x" * 600, _b64(str(2**63)), _b64("-" + "9" * 300),
-                                   _b64('[NaN, "j-1"]'), _b64('[Infinity, "j-1"]'), _b64("[" + "9" * 330 + ", \"j-1\"]")])
+                                   _b64('[NaN, "j-1"]'), _b64('[Infinity, "j-1"]'), _b64("[" + "9" * 330 + ", \"j-1\"]"),
+                                   _b64('[1.0, 4294967296, "j-1"]'), _b64('[1.0, true, "j-1"]')])
 def test_a_bad_page_token_is_invalid_argument(stub, token: str) -> None:  # type: ignore[no-untyped-def]
     for call in (lambda: stub.ListJobs(scheduler_pb2.ListJobsRequest(page_token=token)),
                  lambda: stub.ListEvents(scheduler_pb2.ListEventsRequest(page_token=token))):
