@@ -44,6 +44,7 @@ MAX_COST_S = 86400.0  # a suspend, migration or restart of more than a day model
 # A job's run alone: more than 1e9 s (31 years; Gavel's slowest real jobs, on K80s, run 3)
 # is a unit mistake, and gandiva replays it in slices of at most 32 quanta (minutes per job).
 MAX_RUN_S = 1e9
+LARGE_TRACE_BYTES = 10 << 20  # a trace file this large is said before it is read (seconds)
 MAX_MEMORY_GIB = 1 << 20  # 1 PiB per server or job: larger is a typo (and 1e300 overflowed)
 
 DESCRIPTION = """\
@@ -333,11 +334,15 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
         raise ValueError("--trace -: standard input is a terminal; pipe the trace in (zcat t.csv.gz | gandiva sim "
                          "--trace - ...) or give its file")
     how: list[str] = []  # the compression it was read through, if any
+    name = "standard input" if str(args.trace) == STDIN else str(args.trace)
+    size = args.trace.stat().st_size if str(args.trace) != STDIN and args.trace.is_file() else 0
+    if size >= LARGE_TRACE_BYTES:  # a 100-MB trace takes ~20 s to read, without a word before
+        err.print(f"reading {escape(name)} ({size / 1e6:,.0f} MB)...")
     try:
         jobs, fmt = read_trace_as(args.trace, args.format, skipped, left_out, how)
     except MemoryError:  # a traceback before; a memory limit (ulimit -v, a container) stops the read
-        size = f" ({args.trace.stat().st_size / 1e6:,.0f} MB)" if args.trace.is_file() else ""
-        raise TraceError(args.trace, None, f"not enough memory to read the trace{size}: every job is held in "
+        mb = f" ({args.trace.stat().st_size / 1e6:,.0f} MB)" if args.trace.is_file() else ""
+        raise TraceError(args.trace, None, f"not enough memory to read the trace{mb}: every job is held in "
                                            f"memory (about 1.5 KB a line while read; a JSON log several times its "
                                            f"size); replay a part of it (split it), or give more memory") from None
     except TraceError as exc:
@@ -346,8 +351,8 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
         raise TraceError(args.trace, exc.line, f"{exc.reason} (or --skip-invalid: leave out every job "
                                                f"line that cannot be replayed, counted by reason)") from None
     # Which reader took the file is said: a layout detected wrongly reads other columns.
-    name = "standard input" if str(args.trace) == STDIN else str(args.trace)
-    err.print(f"read {escape(name)}{f' ({how[0]}-compressed)' if how else ''} as a {fmt} trace"
+    err.print(f"read {escape(name)}{f' ({how[0]}-compressed)' if how else ''} as {'an' if fmt == 'itp' else 'a'} "
+              f"{fmt} trace"
               + (" (detected; --format chooses another)" if args.format == "auto" else " (--format)"))
     total = len(jobs) + len(left_out) + len(skipped or [])
     unit = "jobs" if fmt == "philly" else "job lines"

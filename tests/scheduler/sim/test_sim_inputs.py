@@ -167,3 +167,17 @@ def test_the_gavel_files_beside_its_traces_are_named_when_given_as_a_trace(tmp_p
     path.write_text(content)
     with pytest.raises(TraceError, match=re.escape(f"x.json:1: {said}")):
         read_trace(path)
+
+
+def test_a_large_trace_is_said_before_its_read(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 100-MB trace took ~20 s to read with nothing printed; from LARGE_TRACE_BYTES (10 MiB) a
+    line names it and its size first (lowered here so that the test stays small)."""
+    trace = tmp_path / "itp.csv"
+    trace.write_text("job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration\n"
+                     "a1,0,7628,bert,5985,64,1,60\na2,5,7628,bert,5985,64,2,30\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "-o", "json")
+    assert code == 0 and "reading" not in err and f"read {trace} as an itp trace (detected" in err
+    monkeypatch.setattr("scheduler.sim.cli.LARGE_TRACE_BYTES", 100)
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "-o", "json")
+    assert code == 0 and err.startswith(f"reading {trace} (0 MB)... read {trace} as an itp trace"), err
