@@ -96,7 +96,13 @@ class MigrationPlan:
 class MigrationTimeouts:
     prewarm_s: float = 300.0   # import TF, rebuild the graph, create the session
     checkpoint_s: float = 120.0  # reach a boundary and save
+    # The source helper's own limit on the checkpoint's stream (migration_helper.agent.
+    # send_checkpoint's 300 s). Its answer, which says whose fault a stream that ran out of
+    # time is (the destination's: TRANSFER_FAULT_DEST_REFUSED), is waited for up to
+    # answer_s more: a scheduler that gave up at the same moment counted a fetch over a slow
+    # link an ordinary failure, three of them a restart from step 0.
     transfer_s: float = 300.0
+    answer_s: float = 30.0
     activate_s: float = 120.0  # restore and run the first step
     cleanup_s: float = 30.0
     restart_s: float = 60.0
@@ -247,9 +253,10 @@ class _Migration:
         if dest_dir is None:
             t_tr = time.monotonic()
             try:
-                moved = await self._helper(p.source.name, self.t.transfer_s, transfer=helper_pb2.TransferCheckpoint(
-                    job_id=p.job_id, checkpoint_path=saved, dest_address=p.dest.address,
-                    checkpoint_name=name))
+                moved = await self._helper(
+                    p.source.name, self.t.transfer_s + self.t.answer_s, transfer=helper_pb2.TransferCheckpoint(
+                        job_id=p.job_id, checkpoint_path=saved, dest_address=p.dest.address,
+                        checkpoint_name=name))
             except _StepFailed as exc:
                 # The destination never activated (its warm process holds, training
                 # nothing), and it is likely unreachable (its link cut mid-copy): its stop

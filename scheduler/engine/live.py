@@ -619,8 +619,9 @@ class LiveEngine:
         t0 = time.perf_counter()
         try:
             dest = await vouch_transfer(self.core, transfer)
+            limits = MigrationTimeouts()  # the holder's answer after its stream's own limit counts
             result = await self.core.helpers.call(
-                holder, helper_pb2.HelperCommand(transfer=transfer), MigrationTimeouts().transfer_s, watch=dest)
+                holder, helper_pb2.HelperCommand(transfer=transfer), limits.transfer_s + limits.answer_s, watch=dest)
             failure = "" if result.ok else result.message
             fault = transfer_fault(result.transfer_fault, failure) if failure else 0
         except GandivaError as err:  # the holder down, its stream gone, no answer in time

@@ -907,6 +907,35 @@ def test_a_fetch_the_destination_cannot_take_keeps_the_checkpoint_and_places_the
         f.close()
 
 
+def test_a_fetch_too_slow_for_its_link_is_the_source_helpers_to_end_and_keeps_the_checkpoint(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow or lossy link between the holder and the new server (a few hundred ms, a few
+    per cent lost: TCP then moves some KB/s): the holder's stream runs past its own time
+    limit (300 s; 1 s here) and its helper answers DEADLINE_EXCEEDED, the destination's
+    fault. Before, the scheduler gave up on the command at the same moment, before that
+    answer, and counted an ordinary failed fetch: three and the job started over from step
+    0, its progress lost. Now it waits for the holder's answer: the checkpoint is kept."""
+    import functools
+
+    from scheduler.engine import live
+
+    monkeypatch.setattr(live, "MigrationTimeouts", functools.partial(live.MigrationTimeouts, transfer_s=1.0))
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for)
+    try:
+        transfer = _next_command(f, "y", "transfer")
+        time.sleep(1.5)  # the stream's limit passes; then the holder's helper answers
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server="y", command_id=transfer.command_id, ok=False, transfer_fault=helper_pb2.TRANSFER_FAULT_DEST_REFUSED,
+            message=f"transfer: could not send the checkpoint to the helper at {AGENTS['x']}: DEADLINE_EXCEEDED: "
+                    "Deadline Exceeded"))
+        failed = wait_for(lambda: [t.reason for t in f.job(job_id).history if "could not fetch" in t.reason], 15)
+        assert "DEADLINE_EXCEEDED" in failed[0] and f"its checkpoint {path} from y" in failed[0] \
+            and "its checkpoint is kept" in failed[0], failed
+    finally:
+        shim.close()
+        f.close()
+
+
 def test_an_older_helpers_transfer_failures_are_read_from_its_words() -> None:
     """A helper older than HelperCommandResult.transfer_fault (an upgrade under way): its
     two messages still mean what they meant; a helper that sets the field is believed
