@@ -4,7 +4,7 @@ The shim and the helper talk over two pipes (the pre-warm protocol agreed with
 tf_runtime): the helper writes JSON command lines to GANDIVA_CONTROL_FD
 ({"cmd": "activate", "restore_checkpoint": DIR} or {"cmd": "exit"}), the shim
 writes JSON event lines to GANDIVA_STATUS_FD (session_ready, warm_ready,
-restored, first_step_done, checkpoint).
+restored, first_step_done, checkpoint; launch_end: see tf_runtime.launch).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tf_runtime import (  # the shim's exit codes (no TensorFlow import)
     EXIT_TOWERS_CHANGED,
 )
 from tf_runtime.checkpoint import _alive  # whether a pid lives (no TensorFlow import either)
+from tf_runtime.launch import LAUNCH_ENV
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,22 @@ _SETPRIV = shutil.which("setpriv")
 # Every job process carries "HELPER-PID:RAMDISK" of the helper that launched it; its
 # descendants inherit it (a python behind `bash -c`, the workers it forks).
 OWNER_ENV = "GANDIVA_HELPER"
-# And a mark of its own launch, which no other launch carries (the same job and
-# incarnation may be launched again, a retried pre-warm, while the first one's exit is
-# still being handled): what is signalled as this launch's processes carries it.
-LAUNCH_ENV = "GANDIVA_LAUNCH"
+# And a mark of its own launch (LAUNCH_ENV, GANDIVA_LAUNCH), which no other launch carries
+# (the same job and incarnation may be launched again, a retried pre-warm, while the first
+# one's exit is still being handled): what is signalled as this launch's processes carries
+# it. The shim finds the wrappers of its launch by it too (tf_runtime.launch).
+# How long a launch's wrappers, stopped by its trainer's shim as it exits on Gandiva's
+# command, wait for that process to be gone before the helper ends them.
+LAUNCH_END_WAIT_S = 30.0
+
+
+def _gone(pid: int) -> bool:
+    """Whether a process has exited (a zombie its stopped parent has not reaped counts)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 def owner_mark(ramdisk: Path) -> str:
@@ -142,6 +155,9 @@ class JobProcess:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     launch_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The status its trainer's shim exited with on Gandiva's command, reported as the
+    # launch's once the helper has ended the wrappers it stopped (tf_runtime.launch).
+    ended_with: int | None = None
 
     async def start(self, on_exit: Callable[[JobProcess], None]) -> None:
         """Spawn the process; ``on_exit`` is called once when it ends."""
@@ -216,9 +232,36 @@ class JobProcess:
                     event.setdefault("received_at", time.monotonic())
                     self.events.append(event)
                     log.debug("job %s event %s", self.job_id, event)
+                    if event["event"] == "launch_end":
+                        self._tasks.append(asyncio.get_running_loop().create_task(self._end_launch(event)))
                     self._notify()
         finally:
             transport.close()
+
+    async def _end_launch(self, event: dict[str, Any]) -> None:
+        """The trainer's shim exits on Gandiva's command (a stop for migration, a park, a
+        kill) and has stopped the wrappers around it (`bash -c 'python train.py; python
+        eval.py'`): once it is gone, the launch ends with its status, the rest of the
+        wrapper's script not run (the job's next launch runs the command from the start)."""
+        code, pid = event.get("code"), event.get("pid")
+        if not isinstance(code, int) or not isinstance(pid, int) or pid == self.pid:
+            return
+        deadline = time.monotonic() + LAUNCH_END_WAIT_S
+        while not _gone(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if not self.alive:
+            return
+        self.ended_with = code
+        log.info("job %s/%s: its program (pid %d) exited with %d on Gandiva's command; ending "
+                 "its launch (wrappers %s), the rest of its command not run", self.job_id,
+                 self.incarnation, pid, code, event.get("wrappers"))
+        try:
+            with open(self.log_path, "ab") as logf:  # noqa: ASYNC230 - one short local append
+                logf.write(f"\n=== gandiva: its program exited with {code} ({exit_reason(code, self.stopped)}); "
+                           f"the rest of the launch's command is not run here\n".encode())
+        except OSError:
+            pass
+        self._signal_group(signal.SIGKILL)
 
     async def _wait_exit(self, on_exit: Callable[[JobProcess], None]) -> None:
         assert self._proc is not None
@@ -243,6 +286,8 @@ class JobProcess:
                 loop.remove_reader(pidfd)
                 os.close(pidfd)
             code = self._proc.wait()
+        if self.ended_with is not None:
+            code = self.ended_with  # killed by _end_launch: the trainer's status is the launch's
         self.exit_code = code
         # Its launch is over: what it left running (a worker in its group or in a session
         # of its own) goes with it, or it would train on unsupervised, beside the job's

@@ -152,7 +152,8 @@ class Controller:
                  status: StatusPipe | None = None, backend: GpuReleaseBackend | None = None,
                  exit_fn: Callable[[int], None] = os._exit,
                  on_activate: Callable[[int], None] | None = None,
-                 on_first_training: Callable[[int], None] | None = None) -> None:
+                 on_first_training: Callable[[int], None] | None = None,
+                 on_exit: Callable[[int], None] | None = None) -> None:
         self.settings = settings
         self.channel = channel
         self.status = status
@@ -163,6 +164,8 @@ class Controller:
         self._on_activate = on_activate  # starts the stream once a warm process is activated
         # A secondary process's stream starts at its first training run (tf_runtime.runtime).
         self._on_first_training = on_first_training
+        # Called with the status right before an exit on Gandiva's command (tf_runtime.launch).
+        self._on_exit = on_exit
         self._queue: collections.deque[Command] = collections.deque()
         self._cond = threading.Condition()
         self.adapter: SessionAdapter | None = None  # the training session, once known
@@ -1120,4 +1123,9 @@ class Controller:
                 pass
         for handler in logging.getLogger().handlers:
             handler.flush()
+        if self._on_exit is not None:
+            try:
+                self._on_exit(code)
+            except Exception:  # the exit itself must happen
+                log.warning("ending the launch's wrappers failed", exc_info=True)
         self._exit_fn(code)

@@ -1,7 +1,8 @@
 """The local pipes shared with the Migration Helper (pre-warmed migration).
 
 GANDIVA_STATUS_FD: the shim writes one JSON object per line (session_ready,
-warm_ready, restored, first_step_done, checkpoint). GANDIVA_CONTROL_FD: a warm
+warm_ready, restored, first_step_done, checkpoint; launch_end, written by
+tf_runtime.launch). GANDIVA_CONTROL_FD: a warm
 process reads one JSON line, {"cmd": "activate", "restore_checkpoint": DIR} or
 {"cmd": "exit"}.
 """

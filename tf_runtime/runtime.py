@@ -38,6 +38,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from . import launch
 from .checkpoint import validate
 from .controller import Controller, Settings
 from .gpu_release import select_backend
@@ -125,6 +126,13 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
                  "connects only if it trains, and leaves the helper's pipes alone", owner)
         status_fd = control_fd = None
         warm = False
+    else:
+        # Behind a Python driver that did not pass them on (subprocess closes them), the
+        # helper's pipes are reached through the driver (tf_runtime.launch).
+        if status_fd is not None:
+            status_fd = launch.helper_pipe(status_fd, True, env) or status_fd
+        if control_fd is not None:
+            control_fd = launch.helper_pipe(control_fd, False, env) or control_fd
     warm_signature = env.get("GANDIVA_WARM_SIGNATURE", "")
     if warm_signature:
         try:
@@ -174,8 +182,16 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
             os._exit(2)
         connect(step)
 
+    def end_launch(code: int) -> None:
+        # Ended on Gandiva's command: the wrappers of its launch do not go on with the
+        # rest of their script as if training had ended (tf_runtime.launch).
+        stopped = launch.end_launch(code, None if secondary else status_fd, env)
+        if stopped:
+            log.info("exiting with %d: this launch's wrappers (pids %s) stopped; the helper "
+                     "ends the launch", code, stopped)
+
     rt.controller = Controller(settings, status=status, backend=select_backend(),
-                               on_activate=connect,
+                               on_activate=connect, on_exit=end_launch,
                                on_first_training=first_training if secondary else None)
     if not warm and not secondary:
         connect(restored_step)

@@ -16,7 +16,8 @@ on SIGTERM. FAKE_RESTORE_S: a pre-warmed copy takes this long to restore once ac
 hangs (alive, no step, no command obeyed) once it has done this many steps; with FAKE_HANG_ONCE=PATH
 only if PATH does not exist yet (it makes it: the next launch trains on). FAKE_LINGER_S: after its
 last step (its stream closed, as the shim does at the program's end) it lingers this long before it
-exits (a thread that is not a daemon). A CHECKPOINT command
+exits (a thread that is not a daemon). FAKE_OLD_SHIM=1: its wrappers are left to go on after
+it exits on a command (a shim before tf_runtime.launch.end_launch). A CHECKPOINT command
 saves and trains on; SUSPEND holds until RESUME (or another command); any other command
 ends the process (STOP_FOR_MIGRATION after its checkpoint).
 """
@@ -180,6 +181,11 @@ def main() -> int:
         outgoing.put(runtime_pb2.RuntimeMessage(ack=ack))
         outgoing.put(None)
         time.sleep(0.2)  # let the ack leave before exiting, as the shim does
+        if not ENV.get("FAKE_OLD_SHIM"):
+            # As the shim does: the wrappers of its launch do not go on after it.
+            from tf_runtime.launch import end_launch
+
+            end_launch(code, status.fileno(), ENV)
         return code
 
 

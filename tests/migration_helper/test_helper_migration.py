@@ -55,6 +55,41 @@ async def test_job_moves_and_continues_from_its_step(
     assert {"prewarm", "save", "transfer", "restore", "first_step", "total"} <= phases
 
 
+@pytest.mark.parametrize("old_shim", [False, True], ids=["shim", "old_shim"])
+async def test_a_wrapper_does_not_go_on_after_its_program_stopped_for_the_migration(
+    control: LocalControl, make_helper: MakeHelper, fake_job: str, tmp_path: Path, old_shim: bool
+) -> None:
+    """`bash -c 'python train.py; python eval.py'` (no exec): after the program's exit for
+    the migration, the source's wrapper used to go on with its script as if training had
+    ended (an evaluation of the half-trained model on the source's GPUs while the
+    destination trains, run again at the real end) and the launch's exit was the script's
+    (0, "finished"). Now the shim stops the wrapper as it exits and the helper ends the
+    launch with 75; the destination runs the whole command. Behind a process the shim's
+    stop does not reach (old_shim), the wrapper goes on, as before."""
+    s1, s2 = await make_helper("s1", shared=True), await make_helper("s2", shared=True)
+    marker = tmp_path / "after-the-program"
+    spec = common_pb2.JobSpec(command=["bash", "-c", f"{fake_job}; echo evaluated on $GANDIVA_SERVER >> {marker}"],
+                              workdir=str(tmp_path), gpus=1, env={"FAKE_OLD_SHIM": "1"} if old_shim else {})
+    started = await control.helper_command("s1", helper_pb2.HelperCommand(launch=helper_pb2.LaunchJob(
+        job_id="j1", incarnation="i0", spec=spec, gpu_indices=[0])), 10)
+    assert started.ok, started.message
+    await control.wait_for(lambda: control.steps("j1", "i0") >= 5, 15, "the job to train")
+    result = await migrate(_plan(control, spec), control)
+    assert result.outcome is Outcome.MIGRATED, result.reason
+    await control.wait_for(lambda: control.exit_of("j1", "i0"), 30, "the source's exit")
+    exit_ = control.exit_of("j1", "i0")
+    assert exit_ is not None
+    if old_shim:
+        assert (exit_.exit_code, exit_.reason) == (0, "finished")
+        assert marker.read_text() == "evaluated on s1\n"
+        return
+    assert (exit_.exit_code, exit_.reason) == (75, "migrated")
+    assert not marker.exists()
+    assert running(s1) == [] and running(s2) == [("j1", "i1")]
+    log = (tmp_path / "logs" / "j1.log").read_text()
+    assert "its program exited with 75 (migrated); the rest of the launch's command is not run here" in log
+
+
 def _plan(control: LocalControl, spec: common_pb2.JobSpec, **env: str) -> MigrationPlan:
     return MigrationPlan(job_id="j1", spec=_spec_with(spec, env), source=control.endpoint("s1"),
                          source_incarnation="i0", source_gpus=(0,), dest=control.endpoint("s2"),

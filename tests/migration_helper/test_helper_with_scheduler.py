@@ -68,8 +68,10 @@ def test_helper_runs_and_migrates_a_job_for_the_scheduler(
     up = wait_for(lambda: servers(api).get("s1"), 10)
     assert up.up and up.gpus == 2 and up.address.startswith("127.0.0.1:")
     command = ["bash", "-c", f"{fake_job}; echo done"] if wrapped else [fake_job]
+    # FAKE_OLD_SHIM: the wrapper goes on after the program's exit, as behind a process the
+    # shim's launch_end does not reach (tf_runtime.launch).
     spec = common_pb2.JobSpec(name="fake", command=command, workdir=str(tmp_path), gpus=1,
-                              env={"FAKE_STEP_S": "0.05", "FAKE_RESTORE_S": "1.5"})
+                              env={"FAKE_STEP_S": "0.05", "FAKE_RESTORE_S": "1.5", "FAKE_OLD_SHIM": "1"})
     job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
     wait_for(lambda: job(api, job_id).steps >= 20, 30)
     helpers("s2")

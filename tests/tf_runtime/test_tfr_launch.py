@@ -1,0 +1,68 @@
+"""tf_runtime.launch with real processes (no TensorFlow): a trainer behind a Python driver
+and a shell wrapper, launched with the helper's status pipe and launch mark."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_a_trainer_behind_a_python_driver_reaches_the_pipes_and_stops_its_wrappers(tmp_path: Path) -> None:
+    """`bash -c 'python driver.py; ...'` whose driver runs the trainer with subprocess
+    (close_fds): the trainer used to fail at its start ("GANDIVA_STATUS_FD=N is not an open
+    file descriptor"), and after an exit on Gandiva's command (75, a migration) the driver
+    and the shell went on with the rest of their scripts. Now the trainer reaches the
+    helper's status pipe through the driver, and stops both before it exits, telling the
+    helper on that pipe, which then ends the launch."""
+    marker = tmp_path / "went-on"
+    trainer = ("from tf_runtime import runtime; rt = runtime.start(); "
+               "rt.controller.status.event('session_ready'); rt.controller._exit(75)")
+    driver = (f"import subprocess, sys; rc = subprocess.run([sys.executable, '-c', {trainer!r}]).returncode; "
+              f"open({str(marker)!r}, 'a').write('driver went on after %d\\n' % rc)")
+    r, w = os.pipe()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    env.update(GANDIVA_JOB_ID="j1", GANDIVA_STATUS_FD=str(w), GANDIVA_LAUNCH=f"test-{os.getpid()}",
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(["bash", "-c", f'"$0" -c "$1"; echo wrapper went on >> {marker}', sys.executable, driver],
+                            env=env, pass_fds=(w,), start_new_session=True, cwd=tmp_path)
+    os.close(w)
+    events, buf = [], b""
+    try:
+        deadline = time.monotonic() + 60
+        while not any(e["event"] == "launch_end" for e in events) and time.monotonic() < deadline:
+            if not select.select([r], [], [], 1.0)[0]:
+                continue
+            chunk = os.read(r, 4096)
+            if not chunk:
+                break  # every writer gone: nobody told the helper anything
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            events += [json.loads(line) for line in lines if line]
+        assert [e["event"] for e in events] == ["session_ready", "launch_end"], (events, marker.exists() and marker.read_text())
+        end = events[-1]
+        assert end["code"] == 75 and len(end["wrappers"]) == 2 and end["wrappers"][-1] == proc.pid
+        # The trainer is gone; the driver and the shell wait, stopped, for the helper.
+        deadline = time.monotonic() + 30
+        while _state(end["pid"]) not in ("Z", "gone") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [_state(pid) for pid in end["wrappers"]] == ["T", "T"]
+        assert not marker.exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        os.close(r)

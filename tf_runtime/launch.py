@@ -1,0 +1,129 @@
+"""The launch a process belongs to: the helper's mark, its pipes, the wrappers around it.
+
+The Migration Helper starts a job's command with two pipes (GANDIVA_STATUS_FD,
+GANDIVA_CONTROL_FD) and marks it with GANDIVA_LAUNCH, which every descendant inherits.
+Two things follow here (no TensorFlow import):
+
+- `helper_pipe`: a Python driver between the helper and the trainer
+  (`subprocess.run([sys.executable, "train.py"])`, close_fds by default) leaves the trainer
+  without the pipes' descriptors, or with those numbers naming its own files. The pipe is
+  then reopened through the nearest process of the same launch that still holds it
+  (/proc/PID/fd/N): the trainer used to exit 2 at `import tensorflow` ("not an open file
+  descriptor") behind any wrapper that did not import TensorFlow itself.
+- `end_launch`: a process that the shim ends on Gandiva's command (a stop for migration, a
+  park, a kill, a pre-warm called off) stops the wrappers of its launch (its ancestors with
+  the same mark) before it exits, and tells the helper on the status pipe
+  (`{"event": "launch_end", "code": 75, ...}`), which ends the launch with that status once
+  this process is gone. A wrapper without `exec` (`python train.py; python eval.py`) used
+  to go on with the rest of its script on the source as if training had ended, while the
+  destination trained: an evaluation of a half-trained model holding the source's GPUs,
+  run again when the job really ended, and the launch's exit reported as the script's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import stat
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+LAUNCH_ENV = "GANDIVA_LAUNCH"
+
+
+def _carries(pid: int, item: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return item in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses.
+            return int(f.read().rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def wrappers(env: Mapping[str, str]) -> list[int]:
+    """This process's ancestors of the same launch, nearest first (none without a mark)."""
+    mark = env.get(LAUNCH_ENV)
+    if not mark:
+        return []
+    item = f"{LAUNCH_ENV}={mark}".encode()
+    found: list[int] = []
+    pid = os.getppid()
+    while pid > 1 and pid not in found and _carries(pid, item):
+        found.append(pid)
+        pid = _parent(pid)
+    return found
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+def helper_pipe(fd: int, write: bool, env: Mapping[str, str]) -> int | None:
+    """A descriptor on the helper's pipe numbered `fd`: this process's own when it is a
+    pipe, else one opened through the nearest ancestor of the launch that holds a pipe at
+    that number; None when neither holds one."""
+    if _is_pipe(fd):
+        return fd
+    found = wrappers(env)
+    try:  # the pipe the helper gave the launch's first process (the farthest wrapper)
+        given = os.readlink(f"/proc/{found[-1]}/fd/{fd}") if found else ""
+    except OSError:
+        given = ""
+    for pid in found:
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            link = os.readlink(path)
+            if not link.startswith("pipe:") or (given and link != given):
+                continue
+            opened = os.open(path, (os.O_WRONLY if write else os.O_RDONLY) | os.O_CLOEXEC)
+        except OSError:
+            continue
+        log.info("the helper's %s pipe (fd %d) reached through pid %d of this launch (a "
+                 "wrapper that did not pass it on)", "status" if write else "control", fd, pid)
+        return opened
+    return None
+
+
+def end_launch(code: int, status_fd: int | None, env: Mapping[str, str]) -> list[int]:
+    """Stop this launch's wrappers and tell the helper the launch ends with `code` (see
+    the module docstring); returns the pids stopped. Nothing without the helper's mark or
+    a status pipe to tell it on: a wrapper stopped with nobody told would hang for good."""
+    found = wrappers(env)
+    if not found:
+        return []
+    if status_fd is None:
+        raw = env.get("GANDIVA_STATUS_FD", "")
+        status_fd = helper_pipe(int(raw), True, env) if raw.isdigit() else None
+    if status_fd is None:
+        return []
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except OSError:
+            pass
+    line = json.dumps({"event": "launch_end", "code": code, "pid": os.getpid(), "wrappers": found})
+    try:
+        os.write(status_fd, (line + "\n").encode())
+    except OSError as exc:
+        log.warning("could not tell the helper that this launch ends (%s): its wrappers go on", exc)
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        return []
+    return found
