@@ -519,3 +519,22 @@ def server_to_dict(server: common_pb2.Server) -> dict[str, Any]:
 
 def event_to_dict(event: common_pb2.Event) -> dict[str, Any]:
     return _fields(event, "id at kind job_id server message")
+
+
+LAST_OUTPUT_LINES = 10
+LAST_OUTPUT_BYTES = 8 << 10
+
+
+def last_output(client: Client, job: common_pb2.Job) -> list[str]:
+    """The last lines the job printed (its error, for a failed job), without the lines
+    Gandiva adds to the log; one line saying why when the log cannot be read."""
+    try:
+        size = client.call("ReadJobLog", scheduler_pb2.ReadJobLogRequest(id=job.id, max_bytes=1)).size
+        offset = max(0, size - LAST_OUTPUT_BYTES)
+        data = client.call("ReadJobLog", scheduler_pb2.ReadJobLogRequest(
+            id=job.id, offset=offset, max_bytes=LAST_OUTPUT_BYTES)).data
+    except CliError as exc:
+        return [f"(its log cannot be read now: {exc})"]
+    lines = data.decode("utf-8", "replace").splitlines()[1 if offset else 0:]  # from a whole line on
+    lines = [line for line in lines if line.strip() and not line.startswith("=== gandiva: ")]
+    return lines[-LAST_OUTPUT_LINES:]

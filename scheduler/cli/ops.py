@@ -29,6 +29,7 @@ from scheduler.cli.client import (
     event_to_dict,
     job_servers,
     job_to_dict,
+    last_output,
     list_all,
     run_command,
     server_to_dict,
@@ -468,7 +469,7 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     print(f"Metrics: {_pairs(job.metrics) if job.metrics else '-'}")
     if job.state == common_pb2.JOB_STATE_FAILED:
         print(f"Last output (all of it: gandiva logs {job.id}):")
-        for line in _last_output(client, job) or ["(none)"]:
+        for line in last_output(client, job) or ["(none)"]:
             print("  " + output.visible(line))
     _section("History", ["TIME", "FROM", "TO", "REASON"],
              [[output.timestamp(t.at), state_name(t.from_state) or "-", state_name(t.to_state),
@@ -478,25 +479,6 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     _section(f"Events (last {DESCRIBE_EVENTS})", EVENT_HEADERS,
              [event_row(e) for e in events[-DESCRIBE_EVENTS:]])
     return EXIT_OK
-
-
-LAST_OUTPUT_LINES = 10
-LAST_OUTPUT_BYTES = 8 << 10
-
-
-def _last_output(client: Client, job: common_pb2.Job) -> list[str]:
-    """The last lines the job printed (its error, for a failed job), without the lines
-    Gandiva adds to the log; one line saying why when the log cannot be read."""
-    try:
-        size = client.call("ReadJobLog", scheduler_pb2.ReadJobLogRequest(id=job.id, max_bytes=1)).size
-        offset = max(0, size - LAST_OUTPUT_BYTES)
-        data = client.call("ReadJobLog", scheduler_pb2.ReadJobLogRequest(
-            id=job.id, offset=offset, max_bytes=LAST_OUTPUT_BYTES)).data
-    except CliError as exc:
-        return [f"(its log cannot be read now: {exc})"]
-    lines = data.decode("utf-8", "replace").splitlines()[1 if offset else 0:]  # from a whole line on
-    lines = [line for line in lines if line.strip() and not line.startswith("=== gandiva: ")]
-    return lines[-LAST_OUTPUT_LINES:]
 
 
 def _rate_now(job: common_pb2.Job) -> str:

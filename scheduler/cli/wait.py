@@ -28,6 +28,7 @@ from scheduler.cli.client import (
     TERMINAL_STATES,
     Client,
     EventFollower,
+    last_output,
     list_all,
     state_name,
 )
@@ -42,6 +43,8 @@ STATE_EVENT_KINDS = frozenset({"job.state", "job.submitted"})
 POLL_INTERVAL_S = 1.0
 # Without a terminal there is no live line; a progress line this often instead.
 PIPE_PROGRESS_EVERY_S = 30.0
+# A failed job's last lines are printed at the end; for this many failed members at most.
+SHOW_OUTPUT_OF_FAILED = 3
 
 
 def outcome_code(states: Sequence[int]) -> int:
@@ -204,8 +207,19 @@ class Follower:
         return first[0].id - 1 if first else -1
 
     def finish(self, jobs: Sequence[common_pb2.Job]) -> int:
+        failed = 0
         for job in jobs:
             succeeded = job.state == common_pb2.JOB_STATE_SUCCEEDED
+            if job.state == common_pb2.JOB_STATE_FAILED:
+                # What its program said (a traceback, "no such script"): the exit code alone
+                # left the user to find `gandiva logs`.
+                failed += 1
+                if failed <= SHOW_OUTPUT_OF_FAILED:
+                    self.say(f"{job.id} ({job.spec.name}): its last output (all of it: gandiva logs {job.id}):")
+                    for line in last_output(self.client, job) or ["(none)"]:
+                        self.say("  " + line)
+                elif failed == SHOW_OUTPUT_OF_FAILED + 1:
+                    self.say("(the output of the other failed jobs: gandiva describe job ID, gandiva logs ID)")
             message = f": {job.message}" if job.message and not succeeded else ""
             # The scheduler's message often names the exit code already.
             shown = job.exit_code and f"exit code {job.exit_code}" not in job.message

@@ -140,6 +140,7 @@ class ScriptedHelper:
             name=name, gpus=[common_pb2.Gpu(index=i, model="virtual",
                                             memory_total_bytes=16 << 30) for i in range(gpus)]))
         self.launched: dict[str, str] = {}  # job id -> incarnation
+        self.logs: dict[str, bytes] = {}  # job id -> what its log holds (ReadLog answers it)
         self.commands = self.helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server=name))
         self.thread = threading.Thread(target=self._obey, daemon=True)
         self.thread.start()
@@ -147,10 +148,16 @@ class ScriptedHelper:
     def _obey(self) -> None:
         try:
             for command in self.commands:
-                if command.WhichOneof("body") == "launch":
+                body = command.WhichOneof("body")
+                if body == "launch":
                     self.launched[command.launch.job_id] = command.launch.incarnation
+                data, size = b"", 0
+                if body == "read_log":
+                    read = command.read_log
+                    log = self.logs.get(read.job_id, b"")
+                    data, size = log[read.offset:read.offset + read.max_bytes], len(log)
                 self.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
-                    server=self.name, command_id=command.command_id, ok=True))
+                    server=self.name, command_id=command.command_id, ok=True, data=data, log_size=size))
         except grpc.RpcError:
             pass  # the stream ends with the test
         except ValueError as exc:  # a report racing close(): "Cannot invoke RPC on closed channel!"

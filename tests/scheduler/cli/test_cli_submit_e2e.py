@@ -141,6 +141,8 @@ def test_waiting_submit_follows_the_run_and_exits_with_its_outcome(
                                     if j.state == common_pb2.JOB_STATE_RUNNING])
         job = running[0]  # type: ignore[index]
         helper.progress(job.id, steps=120, rate=8.5)
+        helper.logs[job.id] = (b"=== gandiva: job started\nTraceback (most recent call last):\n"
+                               b"ValueError: --lr must be positive\n")
         helper.exit(job.id, code)
 
     runner = in_background(lambda: run_and_finish(0))
@@ -155,6 +157,10 @@ def test_waiting_submit_follows_the_run_and_exits_with_its_outcome(
     runner.join()
     assert bad.code == 1, bad.out + bad.err
     assert "FAILED after 120 mini-batches" in bad.out and "7" in bad.out.splitlines()[-1]
+    # What the program said, not only its exit code (before: nothing pointed to it).
+    assert "its last output (all of it: gandiva logs j-" in bad.out
+    assert "  ValueError: --lr must be positive" in bad.out and "=== gandiva" not in bad.out
+    assert "last output" not in ok.out
 
 
 def test_waiting_multi_job_exits_with_its_worst_outcome(submit, stub, helper, list_jobs,
