@@ -85,7 +85,7 @@ NAMES = {
     "submit": ("submit_time", "submission_time", "arrival_time", "arrival_time_s", "submit_time_s", "submitted",
                "submitted_time", "submit", "arrival"),
     "gpus": ("num_gpu", "num_gpus", "gpus", "gpu_num", "gpu_count", "n_gpus", "ngpus"),
-    "duration": ("duration", "duration_s", "run_time", "runtime", "duration_sec", "duration_seconds"),
+    "duration": ("duration", "duration_s", "run_time", "runtime", "duration_sec", "duration_seconds", "elapsed"),
     "model": ("model_name", "model"),
     # Ids are per user where a header names the user: two users' job 1 are two jobs.
     "user": ("user", "user_id", "username"),
@@ -205,6 +205,27 @@ def _positive(text: str, what: str, path: Path, line: int, most: float = math.in
     return value
 
 
+# A duration on a clock, as Slurm's sacct writes Elapsed: [DAYS-]HH:MM:SS[.fraction].
+_CLOCK = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d(?:\.\d+)?)")
+
+
+def _duration(text: str, path: Path, line: int, scale: float = 1.0, unit: str = "s") -> float:
+    """A job's duration in seconds: a number (of ``unit``, ``scale`` seconds each: a column
+    named ``duration_min``), or ``HH:MM:SS`` / ``D-HH:MM:SS`` (a clock's, whatever the name)."""
+    if clock := _CLOCK.fullmatch(text.strip()):
+        days, hours, minutes, seconds = clock.groups()
+        value = int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+        if value <= 0:
+            raise TraceError(path, line, f"duration {_shown(text.strip())} must be positive (a job of no length "
+                                         f"cannot be replayed: fix or remove the line)")
+        if value > MAX_DURATION_S:
+            raise TraceError(path, line, f"duration {_shown(text.strip())} is more than a year: not a job this "
+                                         f"reader replays")
+        return value
+    return scale * _positive(text, "duration", path, line, most=MAX_DURATION_S / scale,
+                             unit=f"a year ({MAX_DURATION_S / scale:,.0f} {unit})")
+
+
 def _date(text: str) -> float | None:
     """Seconds since the epoch of an ISO 8601 date (UTC unless it names a zone), else None.
     A trailing `` UTC`` or `` GMT`` (BigQuery's and many logs' timestamps) is UTC too."""
@@ -234,8 +255,9 @@ class _Times:
         if self.kind is None:
             self.kind = (kind, line)
         elif self.kind[0] != kind:
-            raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is a {kind} but line "
-                                              f"{self.kind[1]}'s is a {self.kind[0]}: use one kind for "
+            said = {"date": "a date", "seconds": "a number of seconds"}
+            raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is {said[kind]} but line "
+                                              f"{self.kind[1]}'s is {said[self.kind[0]]}: use one kind for "
                                               f"every job")
         if stamp is not None:
             return stamp, True
@@ -253,7 +275,9 @@ class _Times:
             if "is more than" in str(exc) and self.scale == 1 and (unit := _epoch_unit(float(text))) is not None:
                 raise TraceError(self.path, line, f"{self.what} {_shown(text.strip())} is more than 1e11 s: as "
                                                   f"{unit[0]} since 1970 it is {unit[1]}; give seconds (divide by "
-                                                  f"{unit[2]:,}) or a date") from None
+                                                  f"{unit[2]:,}) or a date"
+                                                  f"{', or name the column submit_time_ms' if unit[2] == 1000 else ''}"
+                                                  ) from None
             raise
 
 
@@ -477,9 +501,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 raise TraceError(path, line, f"model {_shown(model)} holds a line break: a quote left open?")
             job = JobSpec(
                 id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line), model=model,
-                duration_s=scale["duration"] * _positive(
-                    cols[roles["duration"]], "duration", path, line, most=MAX_DURATION_S / scale["duration"],
-                    unit=f"a year ({MAX_DURATION_S / scale['duration']:,.0f} {_unit_word(header, roles)})"),
+                duration_s=_duration(cols[roles["duration"]], path, line, scale["duration"], _unit_word(header, roles)),
             )
         except TraceError as exc:
             errors.fail(exc)

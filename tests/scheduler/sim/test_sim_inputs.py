@@ -122,7 +122,7 @@ def test_a_time_past_its_bound_is_named_in_its_unit(tmp_path: Path) -> None:
     path.write_text("job_id,submit_time,num_gpus,duration_ms\na,0,1,3e13\n")
     with pytest.raises(TraceError, match=r"t.csv:2: duration '3e13' is more than a year \(31,536,000,000 ms\)"):
         read_trace(path)
-    path.write_text("job_id,submit_time,num_gpus,elapsed\na,0,1,60\n")
+    path.write_text("job_id,submit_time,num_gpus,wall\na,0,1,60\n")
     with pytest.raises(TraceError, match="names it: duration_ms, duration_min, duration_h"):
         read_trace(path)
 
@@ -181,3 +181,22 @@ def test_a_large_trace_is_said_before_its_read(capsys: pytest.CaptureFixture[str
     monkeypatch.setattr("scheduler.sim.cli.LARGE_TRACE_BYTES", 100)
     code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "-o", "json")
     assert code == 0 and err.startswith(f"reading {trace} (0 MB)... read {trace} as an itp trace"), err
+
+
+def test_durations_on_a_clock_as_slurm_writes_them(tmp_path: Path) -> None:
+    """sacct's Elapsed (`01:00:00`, `1-00:00:00`) is a duration; before: "duration '01:00:00' is not
+    a number" / "the header names no duration column" (Elapsed)."""
+    path = tmp_path / "sacct.csv"
+    path.write_text("JobID,Submit,Elapsed,NGPUS\n101,2023-01-01T10:00:00,01:00:00,1\n"
+                    "102,2023-01-01T10:05:00,1-00:00:30.5,2\n103,2023-01-01T10:06:00,00:00:07,1\n")
+    assert [(j.id, j.submit_time, j.num_gpus, j.duration_s) for j in read_trace(path)] == [
+        ("sacct-101", 0, 1, 3600), ("sacct-102", 300, 2, 86430.5), ("sacct-103", 360, 1, 7)]
+    for clock, said in (("00:00:00", "duration '00:00:00' must be positive"),
+                        ("400-00:00:00", "duration '400-00:00:00' is more than a year"),
+                        ("1:61:00", "duration '1:61:00' is not a number")):
+        path.write_text(f"job_id,submit_time,num_gpus,duration\na,0,1,{clock}\n")
+        with pytest.raises(TraceError, match=re.escape(f"sacct.csv:2: {said}")):
+            read_trace(path)
+    path.write_text("job_id,submit_time,num_gpus,duration\na,1614592800000,1,60\n")
+    with pytest.raises(TraceError, match="divide by 1,000. or a date, or name the column submit_time_ms"):
+        read_trace(path)

@@ -181,7 +181,7 @@ def test_another_clusters_export_replays_the_same_jobs(tmp_path: Path, content: 
     (_itp(rows=["a1,10,7628,resnet, 50,5985,64,1,1265"]), "x.csv:2: expected 8 ITP columns, got 9 (the header"),
     (_itp(TIRESIAS_HEAD, ["0,1,0,606,vgg19,0,30"]), "x.csv:2: duration '0' must be positive"),
     (_itp(rows=["a1,2021-03-01 10:00:10,7628,bert,5985,64,1,1265", "b2,5,1,bert,1,1,1,60"]),
-     "x.csv:3: submit time '5' is a seconds but line 2's is a date"),
+     "x.csv:3: submit time '5' is a number of seconds but line 2's is a date"),
     (_itp(rows=["a1,-60,7628,bert,5985,64,1,1265"]), "x.csv:2: submit time '-60' is negative; shift the trace's"),
     (_itp(rows=["a1,03/01/2021,7628,bert,5985,64,1,1265"]),
      "x.csv:2: submit time '03/01/2021' is neither seconds nor an ISO 8601 date"),
