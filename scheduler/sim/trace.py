@@ -357,7 +357,13 @@ def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
 
 
 def _norm(cell: str) -> str:
-    return cell.strip().strip('"').strip().lower().replace(" ", "_")
+    """A header name as this reader compares it: `Submit Time`, `submit-time` and `submitTime`
+    are all `submit_time`."""
+    name = _CAMEL.sub("_", cell.strip().strip('"').strip())
+    return name.lower().replace(" ", "_").replace("-", "_")
+
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # jobId, numGpus: a word starts at each capital
 
 
 def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> dict[str, int]:
@@ -447,6 +453,10 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         if "num_gpu_p_node" in {_norm(c) for c in first}:
             raise TraceError(path, rows[0][0], f"a Tiresias cluster description, not a job trace: give its "
                                                f"size as --cluster{_tiresias_cluster(first, rows[1:])}")
+        if "number_of_gpus" in {_norm(c) for c in first}:  # Philly's cluster_machine_list
+            raise TraceError(path, rows[0][0], "a machine list (Philly's cluster_machine_list: machineId,number of "
+                                               "GPUs,...), a cluster description, not a job trace: give the cluster "
+                                               "as --cluster SERVERSxGPUS, and its cluster_job_log as the trace")
         if all(not _is_number(c) and _date(c) is None for c in rows[0][1]):
             raise TraceError(path, rows[0][0], f"the header names none of the columns this reader knows; "
                                                f"name them {HEADERS[fmt]} (any order and case)")

@@ -200,3 +200,20 @@ def test_durations_on_a_clock_as_slurm_writes_them(tmp_path: Path) -> None:
     path.write_text("job_id,submit_time,num_gpus,duration\na,1614592800000,1,60\n")
     with pytest.raises(TraceError, match="divide by 1,000. or a date, or name the column submit_time_ms"):
         read_trace(path)
+
+
+@pytest.mark.parametrize("header", ["jobId,submitTime,numGpus,duration", "job-id,submit-time,num-gpus,duration",
+                                    "Job ID,Submit Time,Num GPUs,Duration"])
+def test_header_names_in_camel_case_or_with_hyphens(tmp_path: Path, header: str) -> None:
+    """Before: "the header names no num_gpu column" for `numGpus` and `num-gpus`."""
+    path = tmp_path / "t.csv"
+    path.write_text(f"{header}\na,0,2,60\n")
+    assert [(j.id, j.num_gpus, j.duration_s) for j in read_trace(path)] == [("t-a", 2, 60)]
+
+
+def test_a_philly_machine_list_is_named_as_a_cluster_description(tmp_path: Path) -> None:
+    path = tmp_path / "cluster_machine_list"
+    path.write_text("machineId,number of GPUs,single GPU mem\nm1,8,24GB\nm2,2,12GB\n")
+    with pytest.raises(TraceError, match=re.escape("cluster_machine_list:1: a machine list (Philly's cluster_machine_"
+                                                   "list: machineId,number of GPUs,...), a cluster description")):
+        read_trace(path)
