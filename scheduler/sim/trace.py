@@ -226,10 +226,16 @@ def _duration(text: str, path: Path, line: int, scale: float = 1.0, unit: str = 
                              unit=f"a year ({MAX_DURATION_S / scale:,.0f} {unit})")
 
 
+_SLASHED = re.compile(r"\d{4}/\d{2}/\d{2}(?![\d/])")
+
+
 def _date(text: str) -> float | None:
     """Seconds since the epoch of an ISO 8601 date (UTC unless it names a zone), else None.
-    A trailing `` UTC`` or `` GMT`` (BigQuery's and many logs' timestamps) is UTC too."""
+    A trailing `` UTC`` or `` GMT`` (BigQuery's and many logs' timestamps) is UTC too, and a
+    date written ``2021/03/01`` (year first: other orders are ambiguous) is ``2021-03-01``."""
     text = text.strip()
+    if _SLASHED.match(text):
+        text = text[:10].replace("/", "-") + text[10:]
     if text[-4:].upper() in (" UTC", " GMT"):
         text = text[:-4].rstrip() + "+00:00"
     try:

@@ -217,3 +217,14 @@ def test_a_philly_machine_list_is_named_as_a_cluster_description(tmp_path: Path)
     with pytest.raises(TraceError, match=re.escape("cluster_machine_list:1: a machine list (Philly's cluster_machine_"
                                                    "list: machineId,number of GPUs,...), a cluster description")):
         read_trace(path)
+
+
+def test_dates_written_year_first_with_slashes(tmp_path: Path) -> None:
+    """`2021/03/01 10:00:00` (many schedulers' logs) was "neither seconds nor an ISO 8601 date";
+    a day-or-month-first date (03/01/2021) stays refused: which is the month is not known."""
+    path = tmp_path / "t.csv"
+    path.write_text("job_id,submit_time,num_gpus,duration\na,2021/03/01 10:00:00,1,60\nb,2021/03/01 10:01:00,1,60\n")
+    assert [(j.id, j.submit_time) for j in read_trace(path)] == [("t-a", 0), ("t-b", 60)]
+    path.write_text("job_id,submit_time,num_gpus,duration\na,03/01/2021 10:00:00,1,60\n")
+    with pytest.raises(TraceError, match="t.csv:2: submit time '03/01/2021 10:00:00' is neither seconds nor an ISO"):
+        read_trace(path)
