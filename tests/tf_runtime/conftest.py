@@ -201,11 +201,23 @@ class FeedJob:
         self._hello(self.incarnation)
         self.command(self.pb.COMMAND_KIND_SUSPEND)
 
-    def pause(self, seconds: float) -> None:
-        """Resume, train for about `seconds`, suspend again."""
-        self.command(self.pb.COMMAND_KIND_RESUME)
+    def pause(self, seconds: float, steps: int = 1) -> Any:
+        """Resume, train for about `seconds` and at least `steps` steps, suspend again;
+        returns the suspend's ack. Under load a time alone could train no step at all (a
+        suspend that arrives before the training thread runs again is applied at the very
+        boundary the resume was): it then resumes again until the step has advanced,
+        which costs nothing when it has (the suspend's ack carries the step)."""
+        start = self.command(self.pb.COMMAND_KIND_RESUME).step
         time.sleep(seconds)
-        self.command(self.pb.COMMAND_KIND_SUSPEND)
+        deadline = time.monotonic() + 120
+        while True:
+            ack = self.command(self.pb.COMMAND_KIND_SUSPEND)
+            if ack.step >= start + steps:
+                return ack
+            assert time.monotonic() < deadline, (
+                f"trained {ack.step - start} of {steps} steps in 120 s; log:\n{self.proc.log()}")
+            self.command(self.pb.COMMAND_KIND_RESUME)
+            time.sleep(0.05)
 
     def checkpoint(self) -> None:
         self.last_checkpoint = self.command(self.pb.COMMAND_KIND_CHECKPOINT, self._dir("periodic"))

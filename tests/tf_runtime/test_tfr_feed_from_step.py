@@ -76,7 +76,8 @@ def test_rehearsal_never_runs_a_feed_computed_before_the_restore(runtime_server:
     baseline = launch(FEED_SCRIPT, *args, "--dump", str(tmp_path / "base.npz"), status=False)
     job = FeedJob(launch, runtime_server, "f1", args, tmp_path / "run.npz", tmp_path)
     job.start()
-    job.pause(0.3)
+    # No time given: the pause waits for the steps (a time alone trained none under load).
+    assert job.pause(0, steps=3).step >= 4
     ack = job.migrate_warm(rehearse=True, signature=signature)
     assert ack.step > 0
     job.finish()
@@ -118,13 +119,13 @@ def _naive_warm(job: FeedJob, server: Any) -> None:
 
 
 def _across_evaluations(job: FeedJob, server: Any) -> None:
-    job.pause(0.6)  # through the first evaluation (step 10)
+    job.pause(0.6, steps=10)  # through the first evaluation (step 10)
     job.migrate_naive()
     job.pause(0.6)
 
 
 def _past_the_switch(job: FeedJob, server: Any) -> None:
-    job.pause(0.4)
+    job.pause(0.4, steps=4)  # from step 1 at least
     assert job.migrate_naive().step > 4  # past the switch: the Adam slots exist
     job.pause(0.1)
     # The source's first training run (Adam's) is not yet in the warm process's graph
