@@ -333,7 +333,7 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
     if str(args.trace) == STDIN and sys.stdin.isatty():  # it would wait for typed lines, without a word
         raise ValueError("--trace -: standard input is a terminal; pipe the trace in (zcat t.csv.gz | gandiva sim "
                          "--trace - ...) or give its file")
-    how: list[str] = []  # the compression it was read through, if any
+    how: dict[str, str] = {}  # the compression it was read through, the columns of a CSV without header
     name = "standard input" if str(args.trace) == STDIN else str(args.trace)
     size = args.trace.stat().st_size if str(args.trace) != STDIN and args.trace.is_file() else 0
     if size >= LARGE_TRACE_BYTES:  # a 100-MB trace takes ~20 s to read, without a word before
@@ -351,8 +351,9 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
         raise TraceError(args.trace, exc.line, f"{exc.reason} (or --skip-invalid: leave out every job "
                                                f"line that cannot be replayed, counted by reason)") from None
     # Which reader took the file is said: a layout detected wrongly reads other columns.
-    err.print(f"read {escape(name)}{f' ({how[0]}-compressed)' if how else ''} as {'an' if fmt == 'itp' else 'a'} "
-              f"{fmt} trace"
+    packed = f" ({how['compression']}-compressed)" if "compression" in how else ""
+    columns = f" without a header, its columns taken in the order {how['columns']}" if "columns" in how else ""
+    err.print(f"read {escape(name)}{packed} as {'an' if fmt == 'itp' else 'a'} {fmt} trace{escape(columns)}"
               + (" (detected; --format chooses another)" if args.format == "auto" else " (--format)"))
     total = len(jobs) + len(left_out) + len(skipped or [])
     unit = "jobs" if fmt == "philly" else "job lines"

@@ -422,7 +422,8 @@ def _csv_format(cells: list[str]) -> str:
 
 
 def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
-              skipped: list[TraceError] | None = None, left_out: list[TraceError] | None = None) -> list[JobSpec]:
+              skipped: list[TraceError] | None = None, left_out: list[TraceError] | None = None,
+              how: dict[str, str] | None = None) -> list[JobSpec]:
     first = rows[0][1]
     if len(first) == 1 and (";" in first[0] or "|" in first[0]):
         sep = ";" if ";" in first[0] else "|"
@@ -468,6 +469,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                                                f"name them {HEADERS[fmt]} (any order and case)")
         roles, counts = POSITIONS[fmt], COLUMN_COUNTS[fmt]
         note = f" ({HEADERS[fmt]})"
+        if how is not None:  # said: a file of other columns in this order reads silently wrong
+            how["columns"] = HEADERS[fmt]
     # A column named with its unit (`duration_min`): seconds per number in it.
     scale = {role: _unit_of(_norm(header[roles[role]]))[1] if header else 1.0 for role in ("submit", "duration")}
     times = _Times(path, "submit time", scale["submit"])
@@ -710,9 +713,9 @@ def _opened(path: Path, fh: io.BufferedReader) -> tuple[io.BufferedIOBase | io.B
     return fh, ""
 
 
-def _lines(path: Path, stdin: bool = False, how: list[str] | None = None) -> list[tuple[int, str]]:
+def _lines(path: Path, stdin: bool = False, how: dict[str, str] | None = None) -> list[tuple[int, str]]:
     """The trace's lines that are not blank nor comments, with their numbers; ``how`` gets the
-    compression the file was read through (gzip, bzip2, xz), if any."""
+    compression the file was read through (``"compression"``: gzip, bzip2, xz), if any."""
     chunks: list[bytes] = []
     size = 0
     packed = ""
@@ -723,7 +726,7 @@ def _lines(path: Path, stdin: bool = False, how: list[str] | None = None) -> lis
             fh, packed = _opened(path, raw)
             with fh:  # (raw itself, or its decompression)
                 if packed and how is not None:
-                    how.append(packed)
+                    how["compression"] = packed
                 while chunk := fh.read(1 << 20):
                     if not size and packed and chunk[257:262] == b"ustar":
                         raise TraceError(path, None, f"a tar archive ({packed}-compressed): extract it (tar xf "
@@ -996,7 +999,8 @@ def read_trace(path: str | Path, fmt: str = "auto") -> list[JobSpec]:
 
 
 def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError] | None = None,
-                  left_out: list[TraceError] | None = None, how: list[str] | None = None) -> tuple[list[JobSpec], str]:
+                  left_out: list[TraceError] | None = None,
+                  how: dict[str, str] | None = None) -> tuple[list[JobSpec], str]:
     """The jobs of a trace and the format they were read as (the file is read once, so a
     pipe such as ``--trace <(zcat t.csv.gz)`` works).
 
@@ -1011,7 +1015,9 @@ def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError]
     into ``left_out`` (else ``skipped``; with neither, one logged warning counts them).
 
     ``path`` ``-`` reads standard input (its jobs named ``stdin-...``); a gzip, bzip2 or xz
-    file is decompressed as it is read, ``how`` (a list) getting the compression's name."""
+    file is decompressed as it is read. ``how``, a dict, gets how the file was read: its
+    ``"compression"`` (gzip, bzip2, xz) and, for a CSV without a header, the ``"columns"`` its
+    fields were taken for, in order."""
     if skipped is not None or left_out is not None or how is not None:
         return _read_trace_as(path, fmt, skipped, left_out, how)
     gone: list[TraceError] = []
@@ -1022,7 +1028,7 @@ def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError]
 
 
 def _read_trace_as(path: str | Path, fmt: str, skipped: list[TraceError] | None,
-                   left_out: list[TraceError] | None, how: list[str] | None = None) -> tuple[list[JobSpec], str]:
+                   left_out: list[TraceError] | None, how: dict[str, str] | None = None) -> tuple[list[JobSpec], str]:
     stdin = str(path) == STDIN
     path = Path("stdin") if stdin else Path(path)  # (so named in messages and job ids)
     if fmt not in FORMATS:
@@ -1032,7 +1038,7 @@ def _read_trace_as(path: str | Path, fmt: str, skipped: list[TraceError] | None,
         fmt = _detect(path, lines)
     else:
         try:
-            return _read_as(path, lines, fmt, skipped, left_out)
+            return _read_as(path, lines, fmt, skipped, left_out, how)
         except TraceError as exc:
             # A --format that is not the file's: say what it reads as without it.
             detected = "philly" if _json_philly(lines) else detect_format(lines[0][1])
@@ -1040,11 +1046,11 @@ def _read_trace_as(path: str | Path, fmt: str, skipped: list[TraceError] | None,
                 raise  # (a job line's own error, past the first: not the --format's doing)
             raise TraceError(path, exc.line, f"{exc.reason} (--format {fmt}; the file's first line reads as "
                                              f"{detected}: leave --format out)") from None
-    return _read_as(path, lines, fmt, skipped, left_out)
+    return _read_as(path, lines, fmt, skipped, left_out, how)
 
 
 def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str, skipped: list[TraceError] | None,
-             left_out: list[TraceError] | None) -> tuple[list[JobSpec], str]:
+             left_out: list[TraceError] | None, how: dict[str, str] | None = None) -> tuple[list[JobSpec], str]:
     gone = len(skipped or []) + len(left_out or [])
     if fmt == "pai":
         try:
@@ -1061,7 +1067,7 @@ def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str, skipped: list[T
         # Tabs, not commas, between the fields of the first line: a CSV layout saved as
         # tab-separated text (its header, or --format, says which layout).
         sep = "\t" if "\t" in lines[0][1].strip() and "," not in lines[0][1] else ","
-        jobs = _read_csv(path, _csv_rows(path, lines, sep), fmt, skipped, left_out)
+        jobs = _read_csv(path, _csv_rows(path, lines, sep), fmt, skipped, left_out, how)
     if jobs and (late := max(jobs, key=lambda j: j.submit_time)).submit_time > MAX_SUBMIT_S:
         # (every reader holds its times below this; one that made dates relative and did not)
         raise TraceError(path, None, f"job {late.id} is submitted {late.submit_time:.3g} s after the trace's first: "

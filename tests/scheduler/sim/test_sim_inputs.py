@@ -90,7 +90,13 @@ def test_the_format_said_names_a_given_format(capsys: pytest.CaptureFixture[str]
     trace = tmp_path / "t.csv"
     trace.write_text("0,1,60\n5,2,30\n")
     code, _, err = _sim(capsys, "--trace", str(trace), "--format", "csv", "--cluster", "1x4", "-o", "json")
-    assert code == 0 and f"read {trace} as a csv trace (--format)" in err
+    # Without a header the fields are taken by their place: said, as a file of other columns
+    # in that order (submit, duration, GPUs) replays wrongly without another word.
+    assert code == 0 and (f"read {trace} as a csv trace without a header, its columns taken in the order "
+                          f"submit_time,num_gpus,duration[,model] (--format)") in err
+    trace.write_text("submit_time,num_gpus,duration\n0,1,60\n5,2,30\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "-o", "json")
+    assert code == 0 and f"read {trace} as a csv trace (detected; --format chooses another)" in err
     empty = tmp_path / "x.gz"
     empty.write_bytes(gzip.compress(b"\n# a comment\n"))
     with pytest.raises(TraceError, match="trace is empty"):
