@@ -295,8 +295,8 @@ def _model(args: argparse.Namespace, trace_fmt: str | None) -> MechanismModel:
     path: Path | None = None
     if args.throughputs not in ("auto", "none"):
         path = Path(args.throughputs)
-    elif args.throughputs == "auto" and args.trace is not None and trace_fmt in GAVEL:
-        path = gavel_table_near(args.trace)
+    elif args.throughputs == "auto" and args.trace is not None and trace_fmt in GAVEL and str(args.trace) != STDIN:
+        path = gavel_table_near(args.trace)  # (standard input has no folder: not the current one's)
     # Below 0.01 a spread job's time-slice group rotates for ages (1e-9: 1e14 s in 1,920-s slices,
     # a replay without end); Gavel measured 0.10 to 1.35.
     if args.spread_factor is not None and not MIN_SPREAD_FACTOR <= args.spread_factor <= 1:
@@ -453,9 +453,11 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if fmt in GAVEL and args.throughputs == "auto" and model.gavel is None:
         # Its lengths are steps: at the built-in rates they are other durations than Gavel's.
-        err.print("[yellow]note:[/yellow] a Gavel trace's lengths are mini-batches, and no simulation_throughputs.json "
-                  "is in its folder or 5 above: they are converted to time at the built-in table's rates, not "
-                  "Gavel's measured ones; give --throughputs FILE (or --throughputs none to keep the built-in)")
+        where = ("read from standard input, it has no folder to find simulation_throughputs.json in"
+                 if str(args.trace) == STDIN else "no simulation_throughputs.json is in its folder or 5 above")
+        err.print(f"[yellow]note:[/yellow] a Gavel trace's lengths are mini-batches, and {where}: they are converted to "
+                  "time at the built-in table's rates, not Gavel's measured ones; give --throughputs FILE (or "
+                  "--throughputs none to keep the built-in)")
     unknown = sorted({j.model for j in jobs if j.model and not model.knows(j.model)})
     if unknown:
         err.print(f"[yellow]note:[/yellow] {len(unknown)} model name(s) not in {escape(str(model.source))} "

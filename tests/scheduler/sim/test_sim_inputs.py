@@ -234,3 +234,19 @@ def test_dates_written_year_first_with_slashes(tmp_path: Path) -> None:
     path.write_text("job_id,submit_time,num_gpus,duration\na,03/01/2021 10:00:00,1,60\n")
     with pytest.raises(TraceError, match="t.csv:2: submit time '03/01/2021 10:00:00' is neither seconds nor an ISO"):
         read_trace(path)
+
+
+def test_a_gavel_trace_on_standard_input_takes_no_table_from_the_current_folder(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--trace -` looked for simulation_throughputs.json around the current folder, as if the
+    trace were there: any table lying there timed the steps, without a word. Now standard input
+    has no folder: the note says so and --throughputs FILE picks the table."""
+    (tmp_path / "simulation_throughputs.json").write_text('{"v100": {"(\'LM (batch size 20)\', 1)": {"null": 2.0}}}')
+    piped = tmp_path / "piped"
+    piped.write_text("LM (batch size 20)\tpython3 lm.py\t-n\t1\t1200\t0.000000\t1\n")
+    monkeypatch.chdir(tmp_path)
+    with piped.open("rb") as fh:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(fh))
+        code, _, err = _sim(capsys, "--trace", "-", "--cluster", "1x4", "--policy", "fifo", "-o", "json")
+    assert code == 0 and "read from standard input, it has no folder to find simulation_throughputs.json in" in err
+    assert "rates from built-in defaults" in err
