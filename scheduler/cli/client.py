@@ -116,6 +116,8 @@ class Client:
                            "e.g. 127.0.0.1:50051")
         try:
             security = security or transport.ClientSecurity.from_env()
+            self.tls = bool(security.tls_ca)
+            self.client_cert = bool(security.tls_cert)
             self.channel = transport.channel(self.address, security, CHANNEL_OPTIONS)
         except transport.SecurityError as exc:
             raise CliError(str(exc)) from None
@@ -136,9 +138,9 @@ class Client:
             if status in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) and \
                     not _never_sent(exc) and method in ANSWER_MAY_BE_LOST:
                 # The request may have reached the scheduler and been done; only the answer is lost.
-                why = describe_rpc_error(exc, self.address)
+                why = describe_rpc_error(exc, self.address, self.tls, self.client_cert)
                 raise CliError(f"{why}; {ANSWER_MAY_BE_LOST[method]}", status=status, answer_lost=why) from None
-            raise CliError(describe_rpc_error(exc, self.address), status=status) from None
+            raise CliError(describe_rpc_error(exc, self.address, self.tls, self.client_cert), status=status) from None
 
     def call_retrying(
         self,
@@ -154,9 +156,9 @@ class Client:
 
         try:
             return with_backoff(attempt, give_up_after, grpc.RpcError, is_transient,
-                                on_retry and (lambda exc: on_retry(describe_rpc_error(exc, self.address))))
+                                on_retry and (lambda exc: on_retry(describe_rpc_error(exc, self.address, self.tls, self.client_cert))))
         except grpc.RpcError as exc:
-            raise CliError(describe_rpc_error(exc, self.address)) from None
+            raise CliError(describe_rpc_error(exc, self.address, self.tls, self.client_cert)) from None
 
 
 E = TypeVar("E", bound=BaseException)
@@ -209,8 +211,11 @@ def is_transient(exc: grpc.RpcError) -> bool:
     return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
-def describe_rpc_error(exc: grpc.RpcError, address: str) -> str:
-    """One line a person can act on, naming the address when the scheduler is not there."""
+def describe_rpc_error(exc: grpc.RpcError, address: str, tls: bool | None = None,
+                       client_cert: bool = False) -> str:
+    """One line a person can act on, naming the address when the scheduler is not there.
+    ``tls``: whether the call went over TLS (None: not known); ``client_cert``: with a
+    client certificate."""
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
     up = "the scheduler is up; "
@@ -221,6 +226,9 @@ def describe_rpc_error(exc: grpc.RpcError, address: str) -> str:
         # The scheduler itself answered: something behind it (its database) is down.
         return f"the scheduler at {address} is unavailable: {_first_line(details)}; try again shortly"
     if code == grpc.StatusCode.UNAVAILABLE:
+        wrong = _wrong_door(details, address, tls, client_cert)
+        if wrong:
+            return wrong
         return (
             f"cannot reach the scheduler at {address} ({_connect_reason(details)}); "
             "start it with `gandiva scheduler` or point to it with --scheduler ADDR "
@@ -255,6 +263,36 @@ _CONNECTION_MARKERS = (
     "connection reset", "connections to all backends failing", "goaway", "end of tcp stream",
     "errors resolving", "lookup", "timeout occurred",
 )
+
+
+def _wrong_door(details: str, address: str, tls: bool | None, client_cert: bool) -> str:
+    """Something answers at the address, but not as this client spoke to it: TLS to a
+    plaintext scheduler or the reverse, a CA that does not sign its certificate, the
+    dashboard's HTTP port. Each was "cannot reach the scheduler (OK|Socket closed);
+    start it with `gandiva scheduler`" while it ran. "" when none of these."""
+    lowered = details.lower()
+    if "handshake failed" in lowered:
+        if "wrong_version_number" in lowered:
+            return (f"the scheduler at {address} does not speak TLS (it runs without --tls-cert): "
+                    "leave out --tls-ca (and GANDIVA_TLS_CA), or check the address")
+        reason = next((part.strip() for part in reversed(details.split(":"))
+                       if part.strip() and part.strip() != "OK"), "")
+        return (f"TLS with the scheduler at {address} failed ({reason}): give --tls-ca (or "
+                "GANDIVA_TLS_CA) the ca.pem that `gandiva tls init` wrote with its server.pem, and an "
+                "address its certificate names (gandiva tls init --host); with mutual TLS also "
+                "--tls-cert and --tls-key")
+    if "http1.x server" in lowered or "expected settings frame" in lowered:
+        return (f"{address} answers HTTP/1 (the scheduler's --http-listen dashboard?), not gRPC: "
+                "give the scheduler's --listen address (default port 50051)")
+    if "socket closed" in lowered and tls is False:
+        return (f"the scheduler at {address} closed the connection at once: if it runs with TLS "
+                "(--tls-cert), pass --tls-ca FILE or set GANDIVA_TLS_CA (its ca.pem); else it is "
+                "stopping, try again")
+    if "socket closed" in lowered and tls and not client_cert:
+        return (f"the scheduler at {address} closed the connection at once: if it asks for client "
+                "certificates (--tls-client-ca), pass --tls-cert and --tls-key (or GANDIVA_TLS_CERT, "
+                "GANDIVA_TLS_KEY: a pair from gandiva tls init --client NAME); else it is stopping, try again")
+    return ""
 
 
 def _is_connection_failure(details: str) -> bool:
@@ -342,7 +380,8 @@ class EventFollower:
                 if self._stop.is_set():
                     return
                 if not is_transient(exc) and exc.code() != grpc.StatusCode.CANCELLED:
-                    self.error = CliError(describe_rpc_error(exc, self.client.address))
+                    self.error = CliError(describe_rpc_error(exc, self.client.address, self.client.tls,
+                                                                self.client.client_cert))
                     return
             if self._stop.wait(delay):
                 return

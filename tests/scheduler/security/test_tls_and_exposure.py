@@ -3,6 +3,7 @@ init`, and the refusal to serve an open address without TLS and tokens."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -181,3 +182,35 @@ def test_a_certificate_and_key_that_are_not_a_pair_are_refused_naming_both(tmp_p
         ServerTls.from_flags(str(certs / "server.pem"), str(certs / "server-key.pem"), str(certs / "server-key.pem"))
     assert ServerTls.from_flags(str(certs / "server.pem"), str(certs / "server-key.pem"), str(certs / "ca.pem"))
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_client_speaking_the_wrong_tls_is_told_which_flag_to_fix(  # type: ignore[no-untyped-def]
+        make_scheduler, sqlite_url, certs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Each was "cannot reach the scheduler at ADDR (Socket closed|OK); start it with `gandiva
+    # scheduler` ...", while it ran; a CA given to a plaintext scheduler also printed gRPC's
+    # own "I1205 ... Handshake failed ..." line before it.
+    tls = make_scheduler(sqlite_url, tls=_tls(certs), listen="localhost:0")
+    plain = make_scheduler(f"sqlite+aiosqlite:///{tmp_path / 'plain.db'}")
+    from scheduler.cli.tls import make_certificates
+
+    make_certificates(tmp_path / "other", ["localhost"], [])
+
+    def error_of(*argv: str) -> str:
+        assert main(["get", "jobs", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err
+
+    assert "pass --tls-ca FILE or set GANDIVA_TLS_CA" in error_of("--scheduler", tls.address)
+    assert "TLS with the scheduler at" in error_of("--scheduler", tls.address, "--tls-ca",
+                                                   str(tmp_path / "other" / "ca.pem"))
+    mutual = make_scheduler(f"sqlite+aiosqlite:///{tmp_path / 'mutual.db'}", tls=_tls(certs, mutual=True),
+                            listen="localhost:0")
+    assert "pass --tls-cert and --tls-key" in error_of("--scheduler", mutual.address, "--tls-ca", str(certs / "ca.pem"))
+    out = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "get", "jobs", "--scheduler", plain.address,
+                          "--tls-ca", str(certs / "ca.pem")], check=False, capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"})
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [(f"gandiva: error: the scheduler at {plain.address} does not speak TLS (it "
+                                        "runs without --tls-cert): leave out --tls-ca (and GANDIVA_TLS_CA), or "
+                                        "check the address")], out.stderr
