@@ -87,6 +87,9 @@ NAMES = {
     "gpus": ("num_gpu", "num_gpus", "gpus", "gpu_num", "gpu_count", "n_gpus", "ngpus"),
     "duration": ("duration", "duration_s", "run_time", "runtime", "duration_sec", "duration_seconds", "elapsed"),
     "model": ("model_name", "model"),
+    # Where no column gives the duration, a job's run time is end - start (a scheduler's log).
+    "start": ("start_time", "started_time", "start"),
+    "end": ("end_time", "finish_time", "finished_time", "end", "completion_time"),
     # Ids are per user where a header names the user: two users' job 1 are two jobs.
     "user": ("user", "user_id", "username"),
 }
@@ -381,7 +384,7 @@ def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> 
         name = _norm(cell)
         base, _ = _unit_of(name)
         for role, names in NAMES.items():
-            if base in names and role in ("submit", "duration"):
+            if base in names and role in ("submit", "duration", "start", "end"):
                 name = base  # `duration_ms`: the duration, in milliseconds (_unit_of)
             if name in names and role in roles and path is not None:
                 raise TraceError(path, line, f"the header names the {names[0]} twice, in columns "
@@ -444,19 +447,23 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         if broken := next((c for c in header if "\n" in c), None):
             raise TraceError(path, header_line, f"a header name holds a line break ({_shown(broken)}): a quote "
                                                 f"left open? close it")
-        missing = [r for r in REQUIRED[fmt] if r not in roles]
+        spanned = "duration" not in roles and "start" in roles and "end" in roles  # run time = end - start
+        required = [r for r in REQUIRED[fmt] if r != "duration"] + ["start", "end"] if spanned else list(REQUIRED[fmt])
+        missing = [r for r in required if r not in roles]
         if missing:
             raise TraceError(path, header_line, f"the header names no {NAMES[missing[0]][0]} column (nor "
                                                 f"{', '.join(NAMES[missing[0]][1:])}) "
                                                 f"(it names {', '.join(c.strip() for c in header)}); "
                                                 f"a {fmt} trace needs the columns {HEADERS[fmt]}, "
-                                                f"in any order and case{_span_hint(missing[0], header)}"
-                                                f"{_UNIT_HINT if missing[0] in ('submit', 'duration') else ''}")
+                                                f"in any order and case"
+                                                f"{_UNIT_HINT if missing[0] in ('submit', 'duration') else ''}"
+                                                f"{_SPAN_HINT if missing[0] == 'duration' else ''}")
         # Rows may leave out trailing columns the reader does not need (the generic CSV's model).
-        need = max(roles[r] for r in REQUIRED[fmt]) + 1
+        need = max(roles[r] for r in required) + 1
         counts: tuple[int, ...] = tuple(range(need, len(header) + 1))
         note = f" (the header on line {header_line} names {len(header)}; a field with a comma must be quoted)"
     else:
+        spanned = False
         if "num_gpu_p_node" in {_norm(c) for c in first}:
             raise TraceError(path, rows[0][0], f"a Tiresias cluster description, not a job trace: give its "
                                                f"size as --cluster{_tiresias_cluster(first, rows[1:])}")
@@ -472,7 +479,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         if how is not None:  # said: a file of other columns in this order reads silently wrong
             how["columns"] = HEADERS[fmt]
     # A column named with its unit (`duration_min`): seconds per number in it.
-    scale = {role: _unit_of(_norm(header[roles[role]]))[1] if header else 1.0 for role in ("submit", "duration")}
+    scale = {role: _unit_of(_norm(header[roles[role]]))[1] if header and role in roles else 1.0
+             for role in ("submit", "duration", "start", "end")}
     times = _Times(path, "submit time", scale["submit"])
     seen: dict[tuple[str, str], int] = {}  # (user, job id) -> its line
     names: set[str] = set()
@@ -520,7 +528,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 raise TraceError(path, line, f"model {_shown(model)} holds a line break: a quote left open?")
             job = JobSpec(
                 id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line), model=model,
-                duration_s=_duration(cols[roles["duration"]], path, line, scale["duration"], _unit_word(header, roles)),
+                duration_s=(_run_time(cols[roles["start"]], cols[roles["end"]], header, roles, scale, path, line)
+                            if spanned else
+                            _duration(cols[roles["duration"]], path, line, scale["duration"], _unit_word(header, roles))),
             )
         except TraceError as exc:
             errors.fail(exc)
@@ -631,15 +641,39 @@ def _pai_refusal(path: Path, line: int, table: str | None) -> TraceError:
                                   f"tasks with no plan_gpu (CPU) or no end_time")
 
 
-def _span_hint(missing: str, header: list[str]) -> str:
-    """What to do when the duration is missing but the header gives its ends (Philly's and
-    Alibaba's logs give start and end times): compute it, as this reader does not."""
-    names = {_norm(c) for c in header}
-    start = next((n for n in ("start_time", "started_time", "start") if n in names), None)
-    end = next((n for n in ("end_time", "finish_time", "finished_time", "end") if n in names), None)
-    if missing != "duration" or start is None or end is None:
-        return ""
-    return f" (add a duration column of {end} - {start} in seconds: the run time alone sets a job's length)"
+_SPAN_HINT = "; or give start_time and end_time columns (the run time is their difference)"
+
+
+def _run_time(start_text: str, end_text: str, header: list[str], roles: dict[str, int], scale: dict[str, float],
+              path: Path, line: int) -> float:
+    """A job's run time from a log's start and end times (seconds in the columns' units, or dates):
+    end - start. A missing end (a job still running, or never started), an end before its
+    start or at it, and a span over a year are the line's error."""
+    stamps = []
+    for role, text in (("start", start_text), ("end", end_text)):
+        name, text = header[roles[role]].strip(), text.strip()
+        if not text:
+            raise TraceError(path, line, f"{name} is missing (a job that never started, or still ran at the end "
+                                         f"of the log): no run time to replay")
+        if _is_number(text):
+            stamps.append((scale[role] * _num(text, name, path, line), False))
+        elif (stamp := _date(text)) is not None:
+            stamps.append((stamp, True))
+        else:
+            raise TraceError(path, line, f"{name} {_shown(text)} is neither seconds nor an ISO 8601 date")
+    (start, start_date), (end, end_date) = stamps
+    if start_date != end_date:
+        raise TraceError(path, line, f"{header[roles['start']].strip()} and {header[roles['end']].strip()} are not "
+                                     f"of one kind (a date and a number): use one kind")
+    if end <= start:
+        raise TraceError(path, line, f"{header[roles['end']].strip()} {_shown(end_text.strip())} is not after "
+                                     f"{header[roles['start']].strip()} {_shown(start_text.strip())}: a job of no "
+                                     f"length cannot be replayed (fix or remove the line)")
+    if end - start > MAX_DURATION_S:
+        raise TraceError(path, line, f"it ran {end - start:,.0f} s ({header[roles['end']].strip()} - "
+                                     f"{header[roles['start']].strip()}), more than a year: not a job this reader "
+                                     f"replays (is the unit right?)")
+    return end - start
 
 
 def _tiresias_cluster(header: list[str], rows: list[tuple[int, list[str]]]) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gandiva_cli.main import main
-from scheduler.sim.trace import TraceError, read_trace
+from scheduler.sim.trace import TraceError, read_trace, read_trace_as
 
 TRACE = "job_id,num_gpu,submit_time,duration\na,1,0,60\nb,2,10,30\nc,1,20,90\n"
 
@@ -250,3 +250,24 @@ def test_a_gavel_trace_on_standard_input_takes_no_table_from_the_current_folder(
         code, _, err = _sim(capsys, "--trace", "-", "--cluster", "1x4", "--policy", "fifo", "-o", "json")
     assert code == 0 and "read from standard input, it has no folder to find simulation_throughputs.json in" in err
     assert "rates from built-in defaults" in err
+
+
+def test_a_scheduler_log_of_start_and_end_times(tmp_path: Path) -> None:
+    """A log with Start and End but no duration (sacct, a Philly-like CSV) was refused ("add a
+    duration column of end_time - start_time"); now its run time is End - Start, in the
+    columns' unit or as dates, and a line that cannot give one says why."""
+    path = tmp_path / "log.csv"
+    path.write_text("JobID,Submit,Start,End,NGPUS\n1,2023-01-01T10:00:00,2023-01-01T10:05:00,2023-01-01T11:05:00,1\n"
+                    "2,2023-01-01T10:01:00,2023-01-01T10:02:00,2023-01-01T10:02:30.5,2\n")
+    assert [(j.id, j.submit_time, j.duration_s) for j in read_trace(path)] == [("log-1", 0, 3600), ("log-2", 60, 30.5)]
+    path.write_text("job_id,submit_time,start_time_ms,end_time_ms,num_gpus\nj1,0,5000,65000,4\n")
+    assert [j.duration_s for j in read_trace(path)] == [60]
+    for start, end, said in (("5", "", "end_time is missing (a job that never started, or still ran at the end"),
+                             ("5", "5", "end_time '5' is not after start_time '5': a job of no length"),
+                             ("5", "2023-01-01T10:00:00", "start_time and end_time are not of one kind"),
+                             ("0", "4e7", "it ran 40,000,000 s (end_time - start_time), more than a year")):
+        path.write_text(f"job_id,submit_time,start_time,end_time,num_gpus\nj1,0,{start},{end},4\nj2,0,1,2,1\n")
+        with pytest.raises(TraceError, match=re.escape(f"log.csv:2: {said}")):
+            read_trace(path)
+        skipped: list[TraceError] = []
+        assert [j.id for j in read_trace_as(path, skipped=skipped)[0]] == ["log-j2"] and len(skipped) == 1

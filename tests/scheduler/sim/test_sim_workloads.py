@@ -178,11 +178,15 @@ def test_gavels_older_six_column_msr_traces_are_read(tmp_path: Path) -> None:
         read_trace(path)
 
 
-def test_a_log_of_start_and_end_times_is_told_how_to_give_the_duration(tmp_path: Path) -> None:
+def test_a_log_of_start_and_end_times_replays_their_difference(tmp_path: Path) -> None:
+    """Without a duration column, a log's start_time and end_time give the run time (session 34
+    told the user to add the column; session 38 reads it)."""
     path = tmp_path / "log.csv"
     path.write_text("job_id,submit_time,start_time,end_time,num_gpus\nj1,0,5,105,4\n")
-    with pytest.raises(TraceError, match=r"log.csv:1: the header names no duration column .* \(add a duration "
-                                         r"column of end_time - start_time in seconds"):
+    assert [(j.id, j.submit_time, j.duration_s) for j in read_trace(path)] == [("log-j1", 0, 100)]
+    path.write_text("job_id,submit_time,start_time,num_gpus\nj1,0,5,4\n")
+    with pytest.raises(TraceError, match=r"log.csv:1: the header names no duration column .*; or give start_time "
+                                         r"and end_time columns \(the run time is their difference\)"):
         read_trace(path)
 
 
