@@ -586,6 +586,8 @@ def _helios_no_gpu_job(cols: list[str], roles: dict[str, int]) -> str:
     is wrong is the reader's usual error."""
     for role, why in (("gpus", "a CPU job (gpu_num 0): no GPU job to replay"),
                       ("duration", "never ran (duration 0: cancelled or failed before it started)")):
+        if role not in roles:  # (read by its start and end times: an end at its start is the line's error)
+            continue
         text = cols[roles[role]].strip()
         if _is_number(text) and float(text) == 0:
             return why

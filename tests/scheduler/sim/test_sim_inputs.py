@@ -262,6 +262,7 @@ def test_a_scheduler_log_of_start_and_end_times(tmp_path: Path) -> None:
     assert [(j.id, j.submit_time, j.duration_s) for j in read_trace(path)] == [("log-1", 0, 3600), ("log-2", 60, 30.5)]
     path.write_text("job_id,submit_time,start_time_ms,end_time_ms,num_gpus\nj1,0,5000,65000,4\n")
     assert [j.duration_s for j in read_trace(path)] == [60]
+    assert [j.duration_s for j in read_trace(path, "helios")] == [60]  # (a KeyError traceback, found by fuzzing)
     for start, end, said in (("5", "", "end_time is missing (a job that never started, or still ran at the end"),
                              ("5", "5", "end_time '5' is not after start_time '5': a job of no length"),
                              ("5", "2023-01-01T10:00:00", "start_time and end_time are not of one kind"),
