@@ -55,6 +55,22 @@ SPEC_FIELDS: dict[str, type | tuple[type, ...]] = {
     "array": (str, int),
 }
 
+# What each field takes, said when a spec gives it another type.
+SPEC_FIELD_HINTS = {
+    "name": "give text, e.g. name: resnet",
+    "command": "give a command line or a list of arguments, e.g. command: python train.py --lr 0.1",
+    "workdir": "give a directory, e.g. workdir: /data/runs/resnet",
+    "env": "give a mapping of NAME: value, e.g. env: {SEED: 7}",
+    "env_pass": "give a list of variable names, e.g. env_pass: [WANDB_API_KEY]",
+    "gpus": "give a whole number, e.g. gpus: 2",
+    "priority": "give a whole number, e.g. priority: 1",
+    "steps": "give a whole number of mini-batches, e.g. steps: 20000",
+    "grow_shrink": "give true or false, e.g. grow_shrink: true",
+    "sweep": "give a mapping with grid: or list:, e.g. sweep: {grid: {lr: [0.1, 0.01]}}",
+    "array": "give a range, e.g. array: 0-7 (or 1,3,5)",
+}
+# YAML 1.1 reads 1e9 and 2.5e3 as text: a number the user wrote, refused as "str".
+_EXPONENT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -93,7 +109,13 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
         expected = SPEC_FIELDS[key]
         # bool is an int in Python; a spec saying `gpus: true` is still wrong.
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise SpecError(f"{path}: field {key!r} has the wrong type ({type(value).__name__})")
+            shown = ("true" if value else "false") if isinstance(value, bool) else repr(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            hint = SPEC_FIELD_HINTS[key]
+            if isinstance(value, str) and _EXPONENT.match(value.strip()):
+                hint += f" (YAML reads {value.strip()} as text: write the number out in digits)"
+            raise SpecError(f"{path}: field {key!r} has the wrong type ({type(value).__name__}): "
+                            f"{shown}; {hint}")
     for key in ("env", "env_pass"):
         values = data.get(key, {})
         if any(isinstance(v, (dict, list)) for v in (values.values() if key == "env" else values)):
@@ -136,6 +158,18 @@ def _text(value: Any, where: str) -> str:
     return str(value)
 
 
+def _yaml_where(exc: yaml.YAMLError) -> str:
+    """Where in the file and what, as the parser saw it: "at line 2, column 1: found
+    character '\\t' that cannot start any token" (it said only "(while scanning for the
+    next token)", no line)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    if "'\\t'" in problem:
+        problem += " (YAML indents with spaces, never tabs)"
+    return f"{where}: {problem}"
+
+
 def _load_yaml(path: str | Path) -> Any:
     try:
         # Bounded: `-f /dev/zero` (or any endless stream) must not read forever.
@@ -152,7 +186,7 @@ def _load_yaml(path: str | Path) -> Any:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise SpecError(f"{path}: not valid YAML{_yaml_where(exc)}") from None
     except RecursionError:  # the parser recurses per level: `[[[[...` was a traceback
         raise SpecError(f"{path}: nested too deeply (lists or mappings within each other, hundreds "
                         "of levels); a job spec or sweep nests two or three") from None

@@ -89,6 +89,26 @@ def test_spec_file_wrong_type_is_named(tmp_path: Path) -> None:
         specs.load_spec_file(path)
 
 
+@pytest.mark.parametrize(("text", "said"), [
+    # Before: only "field 'gpus' has the wrong type (str)", and for a YAML error no line at all
+    # ("not valid YAML (while scanning for the next token)").
+    ('gpus: "two"\n', "field 'gpus' has the wrong type (str): 'two'; give a whole number, e.g. gpus: 2"),
+    ("steps: 1e9\n", ("field 'steps' has the wrong type (str): '1e9'; give a whole number of mini-batches, "
+                     "e.g. steps: 20000 (YAML reads 1e9 as text: write the number out in digits)")),
+    ("grow_shrink: yes please\n", "field 'grow_shrink' has the wrong type (str): 'yes please'; give true or false"),
+    ("env_pass: WANDB_API_KEY\n", "give a list of variable names, e.g. env_pass: [WANDB_API_KEY]"),
+    ("gpus: true\n", "field 'gpus' has the wrong type (bool): true; give a whole number"),
+    ("command: python t.py\n\tgpus: 1\n", ("not valid YAML at line 2, column 1: found character '\\t' that "
+                                           "cannot start any token (YAML indents with spaces, never tabs)")),
+    ("name: a: b\n", "not valid YAML at line 1, column 8: mapping values are not allowed here"),
+])
+def test_spec_file_errors_say_what_to_write_and_where(tmp_path: Path, text: str, said: str) -> None:
+    path = write(tmp_path, "job.yaml", text)
+    with pytest.raises(SpecError) as err:
+        specs.load_spec_file(path)
+    assert said in str(err.value), str(err.value)
+
+
 def test_spec_file_command_string_is_split_like_a_shell(tmp_path: Path) -> None:
     path = write(tmp_path, "job.yaml", "command: python train.py --msg 'a b'\ngpus: 2\n")
     assert specs.load_spec_file(path) == {"command": ["python", "train.py", "--msg", "a b"], "gpus": 2}
