@@ -227,7 +227,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "trace's durations as they are, wherever a job runs")
     o = p.add_argument_group("output")
     o.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    o.add_argument("--plot", type=Path, metavar="DIR", help="write jct_cdf.png, first_n_cdf.png and utilization.png")
+    o.add_argument("--plot", type=_plot_path, metavar="DIR", help="write jct_cdf.png, first_n_cdf.png and utilization.png")
     o.add_argument("--first-n", type=_at_least_one, default=100,
                    help="report the time until each job's first N mini-batches (default 100)")
     o.add_argument("--jobs-csv", type=_out_path, metavar="FILE",
@@ -377,6 +377,15 @@ def _print_reasons(errors: list[TraceError], err: Any) -> None:
 def _out_path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("empty; give a file to write")
+    if text == STDIN:  # (--trace - is standard input; here it was a file named "-" in the current folder)
+        raise argparse.ArgumentTypeError("- would be a file named '-'; give a file name (/dev/stdout writes the rows "
+                                         "after the summary on standard output)")
+    return Path(text)
+
+
+def _plot_path(text: str) -> Path:
+    if text == STDIN:
+        raise argparse.ArgumentTypeError("- would be a folder named '-'; give the folder to write the plots in")
     return Path(text)
 
 

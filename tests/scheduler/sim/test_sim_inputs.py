@@ -272,3 +272,16 @@ def test_a_scheduler_log_of_start_and_end_times(tmp_path: Path) -> None:
             read_trace(path)
         skipped: list[TraceError] = []
         assert [j.id for j in read_trace_as(path, skipped=skipped)[0]] == ["log-j2"] and len(skipped) == 1
+
+
+def test_a_dash_for_an_output_is_refused_not_a_file_named_dash(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `--trace -` reading standard input, `--jobs-csv -` and `--plot -` wrote a file and a
+    folder named '-' in the current folder after the whole replay; now refused at once."""
+    monkeypatch.chdir(tmp_path)
+    for flag, said in (("--jobs-csv", "- would be a file named '-'; give a file name (/dev/stdout writes the rows"),
+                       ("--plot", "- would be a folder named '-'; give the folder to write the plots in")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["sim", "--no-progress", "--jobs", "3", "--cluster", "1x4", flag, "-"])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
