@@ -55,3 +55,11 @@ def mini_batches(text: str) -> int:
     if not _WHOLE.fullmatch(text) or int(text.replace(",", "")) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of mini-batches, 1 or more, got {text!r}")
     return int(text.replace(",", ""))
+
+
+def db_flag_on_actions(actions: argparse._SubParsersAction, help_text: str) -> None:
+    """The command's --db also after each of its actions: `gandiva db current --db URL` (as
+    `gandiva scheduler --db URL` reads) was "unrecognized arguments: --db", with the top-level
+    usage. Given before the action, the command's own --db keeps it."""
+    for parser in actions.choices.values():
+        parser.add_argument("--db", default=argparse.SUPPRESS, help=help_text)

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from scheduler.cli.argtypes import non_negative_days
+from scheduler.cli.argtypes import db_flag_on_actions, non_negative_days
 from scheduler.config import default_db_url
 
 
@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     prune.add_argument("--older-than", type=non_negative_days, required=True, metavar="DAYS",
                        help="age in days (fractions allowed)")
     prune.add_argument("--jobs", action="store_true", help="also delete the finished jobs themselves")
+    db_flag_on_actions(actions, "database URL (default: $GANDIVA_DB, else the embedded SQLite file)")
     p.set_defaults(func=run)
 
 

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from scheduler.cli.argtypes import db_flag_on_actions
 from scheduler.config import default_db_url
 
 
@@ -32,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions.add_parser("list", help="list token names, roles and states (never the tokens)")
     revoke = actions.add_parser("revoke", help="revoke NAME's token (takes effect within seconds)")
     revoke.add_argument("name", metavar="NAME")
+    db_flag_on_actions(actions, "database URL (default $GANDIVA_DB, else the embedded SQLite file)")
     p.set_defaults(func=run)
 
 

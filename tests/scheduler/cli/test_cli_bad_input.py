@@ -69,6 +69,23 @@ def test_db_errors_go_to_stderr_and_a_missing_database_is_not_created(gandiva, t
     assert (r.code, r.out) == (2, "") and r.err.startswith("gandiva db: --db: unsupported database URL 'bogus'")
 
 
+def test_db_and_token_take_db_after_their_action_too(gandiva, tmp_path: Path) -> None:
+    """`gandiva db current --db URL` (the order `gandiva scheduler --db URL` reads) was the
+    top-level usage and "unrecognized arguments: --db ..." (exit 2); only `gandiva db --db URL
+    current` worked."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'after.db'}"
+    made = gandiva("db", "upgrade", "--db", url)
+    assert made.code == 0, made
+    assert (tmp_path / "after.db").exists()
+    assert gandiva("db", "current", "--db", url).out.strip() == gandiva("db", "--db", url, "current").out.strip()
+    created = gandiva("token", "create", "alice", "--db", url)
+    assert created.code == 0 and "gdv.alice." in created.out, created
+    listed = gandiva("token", "list", "--db", url)
+    assert listed.code == 0 and "alice" in listed.out, listed
+    # Given before the action, the command's own --db still counts.
+    assert "alice" in gandiva("token", "--db", url, "list").out
+
+
 def test_logs_of_a_job_that_never_ran_says_so_and_follow_waits_for_it(gandiva, stub) -> None:
     """`gandiva logs [-f] ID` of a queued job said "not found: log of job ... not found"
     (exit 2) of a job that exists. Now: no output yet, said on stderr; -f waits, and ends
