@@ -720,9 +720,15 @@ COMPRESSED: dict[bytes, tuple[str, Callable[[io.BufferedReader], io.BufferedIOBa
     b"\xfd7zXZ\x00": ("xz", lambda fh: lzma.LZMAFile(fh)),  # noqa: SIM115 (closed by _lines)
 }
 # Archives and compressions the standard library does not read: named, with what to do.
+# Data files of other tools, as datasets are shared: named, with how to write them as CSV.
+_AS_CSV = "write it as CSV (pandas: read it, then .to_csv('trace.csv', index=False))"
 ARCHIVES = {b"PK\x03\x04": "a zip archive: unzip it and give one of its files",
             b"(\xb5/\xfd": "zstd-compressed: decompress it first (zstd -d FILE)",
-            b"7z\xbc\xaf\x27\x1c": "a 7-Zip archive: extract it and give one of its files"}
+            b"7z\xbc\xaf\x27\x1c": "a 7-Zip archive: extract it and give one of its files",
+            b"PAR1": f"a Parquet file, not text: {_AS_CSV}",
+            b"\x89HDF\r\n\x1a\n": f"an HDF5 file, not text: {_AS_CSV}",
+            b"ARROW1": f"an Arrow/Feather file, not text: {_AS_CSV}",
+            b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1": "an Excel 97 workbook (.xls), not text: save it as CSV UTF-8"}
 STDIN = "-"  # --trace -: the trace is read from standard input
 
 
@@ -739,10 +745,12 @@ def _stem(path: Path) -> str:
 def _opened(path: Path, fh: io.BufferedReader) -> tuple[io.BufferedIOBase | io.BufferedReader, str]:
     """The stream of a trace's text: ``fh`` itself, or its decompression (gzip, bzip2, xz,
     told by their magic bytes, not the name), with the compression's name ("" if none)."""
-    head = fh.peek(8)[:8]
+    head = fh.peek(64)[:64]
     for magic, (name, opener) in COMPRESSED.items():
         if head.startswith(magic):
             return opener(fh), name
+    if head.startswith(b"PK\x03\x04") and (b"[Content_Types].xml" in head or path.suffix.lower() == ".xlsx"):
+        raise TraceError(path, None, "an Excel workbook (.xlsx), not text: save it as CSV UTF-8")
     for magic, what in ARCHIVES.items():
         if head.startswith(magic):
             raise TraceError(path, None, what)

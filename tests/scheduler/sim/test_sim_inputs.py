@@ -10,6 +10,7 @@ import lzma
 import re
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -285,3 +286,24 @@ def test_a_dash_for_an_output_is_refused_not_a_file_named_dash(capsys: pytest.Ca
             main(["sim", "--no-progress", "--jobs", "3", "--cluster", "1x4", flag, "-"])
         assert exit_.value.code == 2 and said in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_data_files_of_other_tools_are_named(tmp_path: Path) -> None:
+    """A workbook, a Parquet/HDF5/Feather file (how datasets are shared): before, "NUL byte at
+    byte N: not a text trace (a compressed file? ...)" or "a zip archive"; now named, with
+    what to do."""
+    book = tmp_path / "trace.xlsx"
+    with zipfile.ZipFile(book, "w") as z:
+        z.writestr("[Content_Types].xml", "<Types/>")
+        z.writestr("xl/workbook.xml", "<workbook/>")
+    cases = [(book, "an Excel workbook (.xlsx), not text: save it as CSV UTF-8"),
+             (b"PAR1\x15\x04\x15\x00", "a Parquet file, not text: write it as CSV (pandas"),
+             (b"\x89HDF\r\n\x1a\n\x00\x00", "an HDF5 file, not text: write it as CSV"),
+             (b"ARROW1\x00\x00", "an Arrow/Feather file, not text: write it as CSV"),
+             (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1\x00", "an Excel 97 workbook (.xls), not text: save it as CSV UTF-8")]
+    for content, said in cases:
+        path = content if isinstance(content, Path) else tmp_path / "data.bin"
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        with pytest.raises(TraceError, match=re.escape(f"{path}: {said}")):
+            read_trace(path)
