@@ -52,7 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    _describe_subcommands(parser)
     return parser
+
+
+def _describe_subcommands(parser: argparse.ArgumentParser) -> None:
+    """A subcommand's --help opens with the line its parent lists it with, where it has no
+    description of its own (`gandiva migrate --help` said nothing of what it does)."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        said = {choice.dest: choice.help for choice in action._choices_actions}
+        for name, child in action.choices.items():
+            if child.description is None and said.get(name):
+                text = str(said[name])
+                child.description = text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")
+            _describe_subcommands(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,10 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", default=os.environ.get("GANDIVA_DB"), help="database URL (default: the embedded SQLite file)")
     actions = p.add_subparsers(dest="db_action", metavar="ACTION", required=True)
     up = actions.add_parser("upgrade", help="migrate to the newest schema (or REVISION)")
-    up.add_argument("revision", nargs="?", default="head")
+    up.add_argument("revision", nargs="?", default="head", metavar="REVISION", help="revision to migrate to (default: head, the newest)")
     actions.add_parser("current", help="print the schema revision in the database")
     down = actions.add_parser("downgrade", help="migrate down to REVISION (e.g. base)")
-    down.add_argument("revision")
+    down.add_argument("revision", metavar="REVISION",
+                      help="revision to migrate down to (base: before the first); an unknown one is refused with the list")
     prune = actions.add_parser(
         "prune", help="delete events of jobs that finished more than DAYS ago",
         description="Delete the events of jobs that finished more than --older-than DAYS ago, "

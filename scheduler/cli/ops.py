@@ -98,7 +98,7 @@ def _register_actions(subparsers: Any, common: argparse.ArgumentParser) -> None:
     describe = subparsers.add_parser("describe", help="everything about one job")
     what = describe.add_subparsers(dest="kind", metavar="job", required=True)
     job = what.add_parser("job", parents=[common], help="spec, placement, history, metrics")
-    job.add_argument("id", metavar="ID")
+    job.add_argument("id", metavar="ID", help="the job's id (j-..., as gandiva-submit and gandiva get jobs print)")
     _set(job, describe_job)
 
     kill = subparsers.add_parser("kill", parents=[common], help="kill jobs (a multi-job's id: its jobs not ended)")
@@ -110,17 +110,17 @@ def _register_actions(subparsers: Any, common: argparse.ArgumentParser) -> None:
     for name, method, verb in (("suspend", "SuspendJob", "suspended"),
                                ("resume", "ResumeJob", "resumed")):
         action = subparsers.add_parser(name, parents=[common], help=f"{name} a job (operator)")
-        action.add_argument("ids", nargs="+", metavar="ID")
+        action.add_argument("ids", nargs="+", metavar="ID", help="job ids (j-...)")
         action.add_argument("--reason", default="", help="recorded in the job's history")
         _set(action, _action(method, verb))
 
     priority = subparsers.add_parser("priority", parents=[common], help="change a job's priority")
-    priority.add_argument("id", metavar="ID")
+    priority.add_argument("id", metavar="ID", help="the job's id (j-...)")
     priority.add_argument("priority", type=int, metavar="N", help="0 or more; larger = larger share")
     _set(priority, set_priority)
 
     migrate = subparsers.add_parser("migrate", parents=[common], help="move a job to a server")
-    migrate.add_argument("id", metavar="ID")
+    migrate.add_argument("id", metavar="ID", help="the job's id (j-...); it moves at its next mini-batch boundary")
     migrate.add_argument("--to", required=True, metavar="SERVER", help="destination server name")
     _set(migrate, migrate_job)
 

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     init = actions.add_parser(
         "init", help="write a CA, a server certificate and client certificates into DIR",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    init.add_argument("dir", type=Path, metavar="DIR")
+    init.add_argument("dir", type=Path, metavar="DIR", help="directory to write the CA, server and client certificates and keys into (made if missing)")
     init.add_argument("--host", action="append", default=[], required=True, metavar="NAME_OR_IP",
                       help="a name or address clients use to reach the scheduler or a helper "
                       "(repeatable)")

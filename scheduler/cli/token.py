@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     role.add_argument("--helper", action="store_true", help="a server's Migration Helper")
     actions.add_parser("list", help="list token names, roles and states (never the tokens)")
     revoke = actions.add_parser("revoke", help="revoke NAME's token (takes effect within seconds)")
-    revoke.add_argument("name", metavar="NAME")
+    revoke.add_argument("name", metavar="NAME", help="whose token (as `gandiva token list` shows)")
     db_flag_on_actions(actions, "database URL (default $GANDIVA_DB, else the embedded SQLite file)")
     p.set_defaults(func=run)
 

@@ -86,6 +86,33 @@ def test_db_and_token_take_db_after_their_action_too(gandiva, tmp_path: Path) ->
     assert "alice" in gandiva("token", "--db", url, "list").out
 
 
+def test_every_subcommands_help_says_what_it_does_and_what_its_arguments_are(
+        gandiva, capsys: pytest.CaptureFixture[str]) -> None:
+    """`gandiva migrate --help` (and describe job, kill, suspend, priority, db, token, tls,
+    get ...) opened with the usage alone: nothing of what the command does, and its ID or
+    DIR argument without a word."""
+    import argparse
+
+    from gandiva_cli.main import build_parser
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        missing = [] if parser.description else [f"{path}: no description"]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    if name in {c.dest for c in action._choices_actions}:  # not an alias
+                        missing += walk(child, f"{path} {name}")
+            elif not action.option_strings and not action.help:
+                missing.append(f"{path}: {action.dest} without help")
+        return missing
+
+    assert walk(build_parser(), "gandiva") == []
+    with pytest.raises(SystemExit):
+        gandiva("migrate", "--help")
+    out = capsys.readouterr().out
+    assert "Move a job to a server." in out and "the job's id (j-...)" in out
+
+
 def test_logs_of_a_job_that_never_ran_says_so_and_follow_waits_for_it(gandiva, stub) -> None:
     """`gandiva logs [-f] ID` of a queued job said "not found: log of job ... not found"
     (exit 2) of a job that exists. Now: no output yet, said on stderr; -f waits, and ends
