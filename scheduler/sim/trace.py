@@ -597,7 +597,8 @@ def _helios_no_gpu_job(cols: list[str], roles: dict[str, int]) -> str:
 def _pai_table(cells: list[str]) -> str | None:
     """"job", "task" or "instance" when ``cells`` (a first line) is a row or the header of
     Alibaba PAI 2020's pai_job_table, pai_task_table or pai_instance_table; "pod" or "node"
-    for the header of Alibaba's GPU trace v2023 pod or node list; else None."""
+    for the header of Alibaba's GPU trace v2023 pod or node list, "instance2025" for v2025's
+    disaggregated_DLRM_trace; else None."""
     names = [_norm(c) for c in cells]
     if names == PAI_JOB.split(","):
         return "job"
@@ -607,6 +608,8 @@ def _pai_table(cells: list[str]) -> str | None:
         return "instance"
     if {"gpu_milli", "creation_time", "scheduled_time"} <= set(names):
         return "pod"
+    if {"gpu_request", "creation_time", "scheduled_time", "deletion_time"} <= set(names):
+        return "instance2025"  # v2025's disaggregated_DLRM_trace
     if {"sn", "cpu_milli", "gpu"} <= set(names):
         return "node"
     if len(cells) in (6, 10) and names[3] in PAI_STATUSES and all(_is_number(c) or not c.strip() for c in cells[4:6]):
@@ -627,6 +630,14 @@ def _pai_refusal(path: Path, line: int, table: str | None) -> TraceError:
                                       f"one line per pod as --format csv: submit_time (creation_time), num_gpus "
                                       f"(num_gpu; a GPU-sharing pod holds 1), duration (deletion_time - "
                                       f"scheduled_time), leaving out pods of num_gpu 0 (CPU) and pods never scheduled")
+    if table == "instance2025":
+        return TraceError(path, line, "Alibaba GPU trace v2025, disaggregated_DLRM_trace (instance_sn,role,app_name,"
+                                      "cpu_request,...,gpu_request,...,creation_time,scheduled_time,deletion_time): "
+                                      "the instances of recommendation-model services, not training jobs, and most "
+                                      "have no times; not replayed as it is. To replay them as jobs, write one line "
+                                      "per instance as --format csv: submit_time (creation_time), num_gpus "
+                                      "(gpu_request), duration (deletion_time - scheduled_time), leaving out "
+                                      "instances without those times or of gpu_request 0")
     if table == "node":
         return TraceError(path, line, f"Alibaba GPU trace v2023, openb_node_list ({ALI_NODE}): a cluster description, "
                                       f"not a job trace; give its size as --cluster SERVERSxGPUS (its servers with "

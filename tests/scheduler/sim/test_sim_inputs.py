@@ -138,6 +138,10 @@ ALI_POD = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,c
            "scheduled_time\nopenb-pod-0017,88000,327680,8,1000,,Burstable,Succeeded,9437497,10769854,9437497\n"
            "openb-pod-0022,4000,15258,1,220,,BE,Running,9679175,9973826,9679175\n")
 
+ALI_2025 = ("instance_sn,role,app_name,cpu_request,cpu_limit,gpu_request,gpu_limit,rdma_request,rdma_limit,"
+            "memory_request,memory_limit,disk_request,disk_limit,max_instance_per_node,creation_time,scheduled_time,"
+            "deletion_time\ninstance_0,HN,app_0,12,12,1,1,25,25,120.0,120.0,640.0,800.0,8,,,\n")
+
 
 @pytest.mark.parametrize("content,fmt,said", [
     (ALI_POD, "auto", "Alibaba GPU trace v2023, openb_pod_list (name,cpu_milli,"),
@@ -146,6 +150,7 @@ ALI_POD = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,c
      "auto", "Alibaba GPU trace v2023, openb_node_list (sn,cpu_milli,memory_mib,gpu,model): a cluster description"),
     ("j1,t1,i1,w1,x1,Terminated,1590000000,1590003600,m1\n", "auto",
      "Alibaba PAI 2020 trace, pai_instance_table (job_name,task_name,inst_name,"),
+    (ALI_2025, "auto", "Alibaba GPU trace v2025, disaggregated_DLRM_trace (instance_sn,role,app_name,"),
 ])
 def test_alibaba_2023_and_pai_instance_tables_are_refused_saying_how_to_write_them(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, fmt: str, said: str) -> None:
