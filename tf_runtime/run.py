@@ -13,8 +13,8 @@ import os
 import runpy
 import sys
 
-from . import runtime
-from .checkpoint import CheckpointError
+from . import autoload
+from .checkpoint import CheckpointError, validate
 
 log = logging.getLogger("tf_runtime")
 
@@ -35,20 +35,22 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        rt = runtime.start()
-    except (CheckpointError, ValueError) as exc:
-        print(f"tf_runtime.run: {exc}", file=sys.stderr)
-        return 2
+    # Started when the program imports TensorFlow, as behind a wrapper (tf_runtime.autoload),
+    # not before: a driver that only runs the trainer with subprocess (and an evaluation
+    # after it) would hold the job's runtime, leaving its trainer a secondary that cannot be
+    # pre-warmed (its migrations failed at the pre-warm); now the trainer is the first.
+    if os.environ.get("GANDIVA_RESTORE_CHECKPOINT"):
+        try:  # refused before the program runs at all (never train from step 0 by mistake)
+            validate(os.environ["GANDIVA_RESTORE_CHECKPOINT"])
+        except (CheckpointError, ValueError) as exc:
+            print(f"tf_runtime.run: {exc}", file=sys.stderr)
+            return 2
+    autoload.arm()
     sys.argv = list(args)
     # What `python script.py` does: the script's directory comes first on the path,
     # so the program's sibling modules import as they would without the shim.
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    finally:
-        if rt is not None:
-            rt.finish()
+    runpy.run_path(script, run_name="__main__")
     return 0
 
 

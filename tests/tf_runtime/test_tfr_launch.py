@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,24 +24,31 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def test_a_trainer_behind_a_python_driver_reaches_the_pipes_and_stops_its_wrappers(tmp_path: Path) -> None:
-    """`bash -c 'python driver.py; ...'` whose driver runs the trainer with subprocess
-    (close_fds): the trainer used to fail at its start ("GANDIVA_STATUS_FD=N is not an open
-    file descriptor"), and after an exit on Gandiva's command (75, a migration) the driver
-    and the shell went on with the rest of their scripts. Now the trainer reaches the
-    helper's status pipe through the driver, and stops both before it exits, telling the
-    helper on that pipe, which then ends the launch."""
+@pytest.mark.parametrize("form", ["bash", "tf_runtime.run"])
+def test_a_trainer_behind_a_python_driver_reaches_the_pipes_and_stops_its_wrappers(
+        tmp_path: Path, form: str) -> None:
+    """A driver that runs the trainer with subprocess (close_fds) and goes on after it:
+    behind `bash -c 'python driver.py; ...'` the trainer used to fail at its start
+    ("GANDIVA_STATUS_FD=N is not an open file descriptor"); as the job's own command
+    (`python driver.py`, run under tf_runtime.run) the driver held the runtime, so the
+    trainer was a secondary without the pipes (never pre-warmed: its migrations failed);
+    after an exit on Gandiva's command (75, a migration) the driver and the shell went on
+    with the rest of their scripts. Now the trainer is the first to start the runtime,
+    reaches the helper's status pipe through the driver, and stops the wrappers before it
+    exits, telling the helper on that pipe, which then ends the launch."""
     marker = tmp_path / "went-on"
     trainer = ("from tf_runtime import runtime; rt = runtime.start(); "
                "rt.controller.status.event('session_ready'); rt.controller._exit(75)")
-    driver = (f"import subprocess, sys; rc = subprocess.run([sys.executable, '-c', {trainer!r}]).returncode; "
-              f"open({str(marker)!r}, 'a').write('driver went on after %d\\n' % rc)")
+    driver = tmp_path / "driver.py"
+    driver.write_text(f"import subprocess, sys; rc = subprocess.run([sys.executable, '-c', {trainer!r}]).returncode; "
+                      f"open({str(marker)!r}, 'a').write('driver went on after %d\\n' % rc)\n")
     r, w = os.pipe()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
     env.update(GANDIVA_JOB_ID="j1", GANDIVA_STATUS_FD=str(w), GANDIVA_LAUNCH=f"test-{os.getpid()}",
                PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(["bash", "-c", f'"$0" -c "$1"; echo wrapper went on >> {marker}', sys.executable, driver],
-                            env=env, pass_fds=(w,), start_new_session=True, cwd=tmp_path)
+    command = ([sys.executable, "-m", "tf_runtime.run", str(driver)] if form == "tf_runtime.run" else
+               ["bash", "-c", f'"$0" "$1"; echo wrapper went on >> {marker}', sys.executable, str(driver)])
+    proc = subprocess.Popen(command, env=env, pass_fds=(w,), start_new_session=True, cwd=tmp_path)
     os.close(w)
     events, buf = [], b""
     try:
@@ -55,12 +64,13 @@ def test_a_trainer_behind_a_python_driver_reaches_the_pipes_and_stops_its_wrappe
             events += [json.loads(line) for line in lines if line]
         assert [e["event"] for e in events] == ["session_ready", "launch_end"], (events, marker.exists() and marker.read_text())
         end = events[-1]
-        assert end["code"] == 75 and len(end["wrappers"]) == 2 and end["wrappers"][-1] == proc.pid
+        wrappers = 2 if form == "bash" else 1
+        assert end["code"] == 75 and len(end["wrappers"]) == wrappers and end["wrappers"][-1] == proc.pid
         # The trainer is gone; the driver and the shell wait, stopped, for the helper.
         deadline = time.monotonic() + 30
         while _state(end["pid"]) not in ("Z", "gone") and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert [_state(pid) for pid in end["wrappers"]] == ["T", "T"]
+        assert [_state(pid) for pid in end["wrappers"]] == ["T"] * wrappers
         assert not marker.exists()
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
