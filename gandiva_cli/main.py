@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(argv: list[str]) -> int:
     parser = build_parser()
     _check_leading_options(parser, argv)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_describe_job_implied(argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -92,6 +92,18 @@ def run(argv: list[str]) -> int:
         if args.scheduler is None:  # given after the command too: that one wins
             args.scheduler = args.global_scheduler
     return int(args.func(args) or 0)
+
+
+def _describe_job_implied(argv: list[str]) -> list[str]:
+    """`gandiva describe ID` as `gandiva describe job ID` (jobs are all it describes): it was
+    "argument job: invalid choice: 'j-...' (choose from 'job')"."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("--scheduler"):
+        i += 1 if "=" in argv[i] else 2
+    if argv[i:i + 1] == ["describe"] and len(argv) > i + 1 and argv[i + 1] != "job" \
+            and not argv[i + 1].startswith("-"):
+        return [*argv[:i + 1], "job", *argv[i + 1:]]
+    return argv
 
 
 def _check_leading_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:

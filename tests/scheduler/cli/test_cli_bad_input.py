@@ -113,6 +113,16 @@ def test_every_subcommands_help_says_what_it_does_and_what_its_arguments_are(
     assert "Move a job to a server." in out and "the job's id (j-...)" in out
 
 
+def test_describe_without_the_word_job_describes_the_job(gandiva, stub) -> None:
+    """`gandiva describe j-...` was "argument job: invalid choice: 'j-...' (choose from 'job')"."""
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="short", command=["python", "t.py"], gpus=1))).job
+    r = gandiva("describe", job.id)
+    assert r.code == 0 and f"Job:         {job.id}" in r.out, r
+    missing = gandiva("describe", "j-nosuch")
+    assert (missing.code, missing.err) == (2, "gandiva: error: not found: job 'j-nosuch' not found\n"), missing
+
+
 def test_logs_of_a_job_that_never_ran_says_so_and_follow_waits_for_it(gandiva, stub) -> None:
     """`gandiva logs [-f] ID` of a queued job said "not found: log of job ... not found"
     (exit 2) of a job that exists. Now: no output yet, said on stderr; -f waits, and ends
