@@ -312,3 +312,19 @@ def test_data_files_of_other_tools_are_named(tmp_path: Path) -> None:
             path.write_bytes(content)
         with pytest.raises(TraceError, match=re.escape(f"{path}: {said}")):
             read_trace(path)
+
+
+def test_acme_trace_reads_as_helios_its_cpu_jobs_left_out(tmp_path: Path) -> None:
+    """Shanghai AI Lab's AcmeTrace (trace_seren.csv): Helios's columns and more, dates at +08:00."""
+    path = tmp_path / "trace_seren.csv"
+    path.write_text("job_id,user,node_num,gpu_num,cpu_num,type,state,submit_time,start_time,end_time,duration,queue,"
+                    "gpu_time\n5778432,u5907,1,8,128,Other,FAILED,2023-03-01 00:18:22+08:00,2023-03-01 00:18:54+08:00,"
+                    "2023-03-01 00:20:51+08:00,117,32,936.0\n5778470,u5908,0,0,16,Other,COMPLETED,2023-03-01 "
+                    "00:24:58+08:00,2023-03-01 00:25:11+08:00,2023-03-01 01:09:04+08:00,2600,13,0\n"
+                    "5778469,u5907,1,8,128,Other,COMPLETED,2023-03-01 00:23:58+08:00,2023-03-01 00:24:11+08:00,"
+                    "2023-03-01 01:09:04+08:00,2693,13,21544.0\n")
+    left_out: list[TraceError] = []
+    jobs, fmt = read_trace_as(path, left_out=left_out)
+    assert fmt == "helios" and [(j.id, j.submit_time, j.num_gpus, j.duration_s) for j in jobs] == [
+        ("trace_seren-5778432", 0, 8, 117), ("trace_seren-5778469", 336, 8, 2693)]
+    assert [e.reason for e in left_out] == ["a CPU job (gpu_num 0): no GPU job to replay"]
