@@ -267,6 +267,9 @@ def event_row(event: common_pb2.Event) -> list[Any]:
 def get_events(args: argparse.Namespace, client: Client) -> int:
     if not 0 <= args.after < 2**63:  # an event id travels as an int64
         raise CliError(f"--after must be an event id, 0 or more (0: from the first), got {args.after}")
+    if any(not kind.strip() for kind in args.kind):  # was the scheduler's "invalid: kinds: required"
+        raise CliError("--kind is empty; give an event kind such as job.state or server.down, or a "
+                       "family: job, server (leave --kind out for all)")
     if args.watch:
         return watch_events(args, client)
     if args.limit < 0:

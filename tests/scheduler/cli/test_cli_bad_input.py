@@ -113,6 +113,15 @@ def test_every_subcommands_help_says_what_it_does_and_what_its_arguments_are(
     assert "Move a job to a server." in out and "the job's id (j-...)" in out
 
 
+def test_an_empty_event_kind_says_what_to_give(gandiva, stub) -> None:
+    """`gandiva get events --kind ""` (a variable not set) was "invalid: kinds: required"."""
+    for watch in ((), ("--watch",)):
+        r = gandiva("get", "events", "--kind", "", *watch)
+        assert (r.code, r.out) == (2, ""), r
+        assert r.err == ("gandiva: error: --kind is empty; give an event kind such as job.state or server.down, "
+                         "or a family: job, server (leave --kind out for all)\n")
+
+
 def test_describe_without_the_word_job_describes_the_job(gandiva, stub) -> None:
     """`gandiva describe j-...` was "argument job: invalid choice: 'j-...' (choose from 'job')"."""
     job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
