@@ -502,7 +502,7 @@ def _run(args: argparse.Namespace) -> int:
     _note_long_span(replayed(jobs, servers), err)
     left_out = f" ({len(jobs) - runs:,} of them skipped)" if runs < len(jobs) else ""
     total = sum(s.num_gpus for s in servers)
-    err.print(f"{len(jobs)} jobs{left_out} on {args.cluster} ({total} GPU{'s' if total != 1 else ''}); "
+    err.print(f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}{left_out} on {args.cluster} ({total} GPU{'s' if total != 1 else ''}); "
               f"rates from {model.source}")
     if args.host_memory_gib:
         per = int(config.host_memory_use * args.host_memory_gib / model.job_host_memory_gib) \

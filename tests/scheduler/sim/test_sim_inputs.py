@@ -98,6 +98,10 @@ def test_the_format_said_names_a_given_format(capsys: pytest.CaptureFixture[str]
     trace.write_text("submit_time,num_gpus,duration\n0,1,60\n5,2,30\n")
     code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "-o", "json")
     assert code == 0 and f"read {trace} as a csv trace (detected; --format chooses another)" in err
+    assert "2 jobs on 1x4 (4 GPUs)" in err
+    trace.write_text("submit_time,num_gpus,duration\n0,1,60\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x1", "-o", "json")
+    assert code == 0 and "1 job on 1x1 (1 GPU)" in err  # ("1 jobs on" before)
     empty = tmp_path / "x.gz"
     empty.write_bytes(gzip.compress(b"\n# a comment\n"))
     with pytest.raises(TraceError, match="trace is empty"):
