@@ -96,7 +96,8 @@ NAMES = {
 # A submit time or duration column named with its unit (`duration_ms`, `submit_time_min`,
 # `runtime_hours`): its numbers are read in that unit (dates are dates whatever the name).
 UNITS = {"ms": 1e-3, "msec": 1e-3, "millis": 1e-3, "milliseconds": 1e-3, "min": 60.0, "mins": 60.0,
-         "minutes": 60.0, "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hours": 3600.0}
+         "minutes": 60.0, "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hours": 3600.0, "s": 1.0, "sec": 1.0,
+         "secs": 1.0, "seconds": 1.0}
 POSITIONS: dict[str, dict[str, int]] = {
     "tiresias": {"id": 0, "gpus": 1, "submit": 2, "model": 4, "duration": 5},
     "helios": {"id": 0, "user": 1, "gpus": 2, "submit": 6, "duration": 9},

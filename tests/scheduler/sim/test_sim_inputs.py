@@ -112,6 +112,7 @@ def test_the_format_said_names_a_given_format(capsys: pytest.CaptureFixture[str]
     ("job_id,submitted,gpus,duration", "a,0,1,60", "b,10,2,30"),
     ("id,submit,n_gpus,runtime", "a,0,1,60", "b,10,2,30"),
     ("job_name,submitted_time,gpu_count,duration_seconds", "a,0,1,60", "b,10,2,30"),
+    ("job_id,submit_time_secs,num_gpus,runtime_sec", "a,0,1,60", "b,10,2,30"),
     ("job_id,submit_time,num_gpus,duration_min", "a,0,1,1", "b,10,2,0.5"),
     ("job_id,submit_time_ms,num_gpus,duration_ms", "a,0,1,60000", "b,10000,2,30000"),
     ("job_id,duration_hours,num_gpus,arrival_time_min", "a,0.0166666666666666667,1,0", "b,0.00833333333333333333,2,0.16666666666666667"),
