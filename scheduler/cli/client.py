@@ -244,6 +244,10 @@ def describe_rpc_error(exc: grpc.RpcError, address: str, tls: bool | None = None
         return f"refused: {details}"
     if code in _PREFIXES:
         return f"{_PREFIXES[code]}: {details}"
+    if code == grpc.StatusCode.UNIMPLEMENTED:  # was "answered UNIMPLEMENTED: Method not found!"
+        return (f"{address} does not know this call: it is not a Gandiva scheduler (a helper's --listen "
+                "address?) or a scheduler older than this gandiva; check --scheduler ADDR (or "
+                "GANDIVA_SCHEDULER), or upgrade the scheduler")
     name = code.name if code is not None else "ERROR"
     return f"the scheduler at {address} answered {name}: {_first_line(details)}"
 

@@ -105,3 +105,21 @@ def test_unavailable_from_the_scheduler_is_not_called_unreachable() -> None:
     assert refused.startswith("cannot reach the scheduler at h:1 (Connection refused); start it")
     invalid = describe_rpc_error(_Status(grpc.StatusCode.INVALID_ARGUMENT, "spec.gpus: 3 is not"), "h:1")
     assert invalid == "invalid: spec.gpus: 3 is not"
+
+
+def test_a_server_that_does_not_know_the_call_is_named_as_the_wrong_address(gandiva) -> None:  # type: ignore[no-untyped-def]
+    # A gRPC server without the Scheduler service (a helper's agent, another program): it was
+    # "the scheduler at ADDR answered UNIMPLEMENTED: Method not found!".
+    import concurrent.futures
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        r = gandiva("get", "jobs", "--scheduler", f"127.0.0.1:{port}")
+    finally:
+        server.stop(None)
+    assert (r.code, r.out) == (2, ""), r
+    assert r.err == (f"gandiva: error: 127.0.0.1:{port} does not know this call: it is not a Gandiva scheduler "
+                     "(a helper's --listen address?) or a scheduler older than this gandiva; check --scheduler "
+                     "ADDR (or GANDIVA_SCHEDULER), or upgrade the scheduler\n")
