@@ -428,6 +428,10 @@ def _csv_format(cells: list[str]) -> str:
 def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
               skipped: list[TraceError] | None = None, left_out: list[TraceError] | None = None,
               how: dict[str, str] | None = None) -> list[JobSpec]:
+    # `,,,`: a spreadsheet's empty rows (after the last job, often) are blank lines, not jobs.
+    rows = [(line, cols) for line, cols in rows if any(cols)]
+    if not rows:
+        raise TraceError(path, None, "trace is empty (no line but blank ones, # comments and empty rows)")
     first = rows[0][1]
     if len(first) == 1 and (";" in first[0] or "|" in first[0]):
         sep = ";" if ";" in first[0] else "|"

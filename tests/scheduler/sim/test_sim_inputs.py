@@ -333,3 +333,16 @@ def test_acme_trace_reads_as_helios_its_cpu_jobs_left_out(tmp_path: Path) -> Non
     assert fmt == "helios" and [(j.id, j.submit_time, j.num_gpus, j.duration_s) for j in jobs] == [
         ("trace_seren-5778432", 0, 8, 117), ("trace_seren-5778469", 336, 8, 2693)]
     assert [e.reason for e in left_out] == ["a CPU job (gpu_num 0): no GPU job to replay"]
+
+
+def test_a_spreadsheets_empty_rows_are_blank_lines(tmp_path: Path) -> None:
+    """Rows of empty fields only (`,,,`, as a spreadsheet saves its unused rows) stopped the read:
+    "job id is missing" / "submit time is missing"; now they are blank lines."""
+    path = tmp_path / "t.csv"
+    path.write_text(",,,\r\njob_id,submit_time,num_gpus,duration\r\na,0,1,60\r\n,,,\r\nb,5,1,60\r\n,,,\r\n,,,\r\n")
+    assert [(j.id, j.submit_time) for j in read_trace(path)] == [("t-a", 0), ("t-b", 5)]
+    path.write_text("0,1,60\n,,\n5,2,30\n")
+    assert [(j.id, j.num_gpus) for j in read_trace(path)] == [("t-0", 1), ("t-1", 2)]
+    path.write_text(",,\n\n,,\n")
+    with pytest.raises(TraceError, match="t.csv: trace is empty"):
+        read_trace(path)
