@@ -32,6 +32,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     init.add_argument("--days", type=int, default=825, help="validity in days (default 825)")
     init.add_argument("--force", action="store_true", help="overwrite existing files")
     init.set_defaults(func=run)
+    client = actions.add_parser(
+        "client", help="add client certificates (mutual TLS) signed by DIR's existing CA",
+        description="Write NAME.pem and NAME-key.pem for each NAME, signed by the CA that "
+        "`gandiva tls init` wrote into DIR (its ca.pem and ca-key.pem): a user or server added "
+        "later, without replacing the cluster's certificates.")
+    client.add_argument("dir", type=Path, metavar="DIR", help="the directory `gandiva tls init` wrote")
+    client.add_argument("clients", nargs="+", metavar="NAME", help="whom each certificate is for")
+    client.add_argument("--days", type=int, default=825,
+                        help="validity in days (default 825; never past the CA's own)")
+    client.add_argument("--force", action="store_true", help="replace a NAME.pem that exists")
+    client.set_defaults(func=run_client)
 
 
 def _key():  # type: ignore[no-untyped-def]
@@ -76,17 +87,7 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
           .sign(ca_key, hashes.SHA256()))
 
     def leaf(cn: str, sans: list[x509.GeneralName], usage: list[x509.ObjectIdentifier]):  # type: ignore[no-untyped-def]
-        key = _key()
-        builder = (x509.CertificateBuilder()
-                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-                   .issuer_name(ca_name).public_key(key.public_key())
-                   .serial_number(x509.random_serial_number())
-                   .not_valid_before(now).not_valid_after(until)
-                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage(usage), critical=False))
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        return key, builder.sign(ca_key, hashes.SHA256())
+        return _leaf(ca_key, ca_name, cn, sans, usage, now, until)
 
     sans: list[x509.GeneralName] = []
     for host in hosts:
@@ -107,6 +108,47 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
     for fname, data, secret in files:
         _write(out / fname, data, secret)
         written.append(out / fname)
+    return written
+
+
+def _leaf(ca_key, ca_name, cn, sans, usage, now, until):  # type: ignore[no-untyped-def]
+    """A key and its certificate for ``cn``, signed by the CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    key = _key()
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+               .issuer_name(ca_name).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now).not_valid_after(until)
+               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+               .add_extension(x509.ExtendedKeyUsage(usage), critical=False))
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def add_clients(out: Path, clients: list[str], days: int = 825) -> list[Path]:
+    """Client pairs signed by the CA already in ``out`` (its ca.pem and ca-key.pem): a user
+    added under mutual TLS without replacing the cluster's certificates."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    ca = x509.load_pem_x509_certificate((out / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((out / "ca-key.pem").read_bytes(), password=None)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    until = min(now + datetime.timedelta(days=days), ca.not_valid_after_utc)
+    written = []
+    for name in clients:
+        key, cert = _leaf(ca_key, ca.subject, name, [], [ExtendedKeyUsageOID.CLIENT_AUTH], now, until)
+        pem = serialization.Encoding.PEM
+        for fname, data, secret in ((f"{name}.pem", cert.public_bytes(pem), False),
+                                    (f"{name}-key.pem", _pem_key(key), True)):
+            _write(out / fname, data, secret)
+            written.append(out / fname)
     return written
 
 
@@ -139,20 +181,51 @@ def check_host(host: str, first: bool = False) -> str | None:
     return None
 
 
-def run(args: argparse.Namespace) -> int:
-    bad = [c for c in args.client if not c or "/" in c or c.startswith(".") or c in ("ca", "server")]
+def _bad_client(clients: list[str], flag: str) -> str:
+    """Why a client name cannot be a file name and common name ("" when all can)."""
+    bad = [c for c in clients if not c or "/" in c or c.startswith(".") or c in ("ca", "server")]
     if bad:
-        print(f"gandiva tls: --client {bad[0]!r}: use a plain name (not ca or server)", file=sys.stderr)
-        return 2
-    long_client = [c for c in args.client if len(c) > MAX_COMMON_NAME]
+        return f"{flag}{bad[0]!r}: use a plain name (not ca or server)"
+    long_client = [c for c in clients if len(c) > MAX_COMMON_NAME]
     if long_client:
-        print(f"gandiva tls: --client {long_client[0][:20]!r}...: longer than {MAX_COMMON_NAME} "
-              "characters, the most a certificate's common name may have", file=sys.stderr)
+        return (f"{flag}{long_client[0][:20]!r}...: longer than {MAX_COMMON_NAME} "
+                "characters, the most a certificate's common name may have")
+    return ""
+
+
+def run_client(args: argparse.Namespace) -> int:
+    why = _bad_client(args.clients, "NAME ")
+    if not why and args.days < 1:
+        why = f"--days must be 1 or more, got {args.days}"
+    if not why and not ((args.dir / "ca.pem").is_file() and (args.dir / "ca-key.pem").is_file()):
+        why = (f"{args.dir} has no ca.pem and ca-key.pem; give the directory `gandiva tls init` wrote "
+               "(with its CA key), or make one with gandiva tls init")
+    taken = [c for c in args.clients if (args.dir / f"{c}.pem").exists()]
+    if not why and taken and not args.force:
+        why = f"{args.dir / (taken[0] + '.pem')} exists; pass --force to replace it"
+    if why:
+        print(f"gandiva tls: {why}", file=sys.stderr)
+        return 2
+    try:
+        written = add_clients(args.dir, args.clients, args.days)
+    except (OSError, ValueError, TypeError) as exc:  # unreadable, not PEM, an encrypted key
+        print(f"gandiva tls: cannot use the CA in {args.dir} ({exc}); give the directory `gandiva "
+              "tls init` wrote", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    why = _bad_client(args.client, "--client ")
+    if why:
+        print(f"gandiva tls: {why}", file=sys.stderr)
         return 2
     for i, host in enumerate(args.host):
-        why = check_host(host, first=i == 0)
-        if why:
-            print(f"gandiva tls: --host {host!r} {why}", file=sys.stderr)
+        host_why = check_host(host, first=i == 0)
+        if host_why:
+            print(f"gandiva tls: --host {host!r} {host_why}", file=sys.stderr)
             return 2
     if args.days < 1:
         print(f"gandiva tls: --days must be 1 or more, got {args.days}", file=sys.stderr)

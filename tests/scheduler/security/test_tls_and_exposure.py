@@ -214,3 +214,27 @@ def test_a_client_speaking_the_wrong_tls_is_told_which_flag_to_fix(  # type: ign
     assert out.stderr.splitlines() == [(f"gandiva: error: the scheduler at {plain.address} does not speak TLS (it "
                                         "runs without --tls-cert): leave out --tls-ca (and GANDIVA_TLS_CA), or "
                                         "check the address")], out.stderr
+
+
+def test_a_client_certificate_is_added_later_without_replacing_the_ca(  # type: ignore[no-untyped-def]
+        make_scheduler, sqlite_url, certs, connect, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Under mutual TLS a new user needed a client pair, and `gandiva tls init` could only
+    # replace the whole cluster's certificates (--force): every server and user re-keyed.
+    import shutil
+
+    pki = tmp_path / "pki"
+    shutil.copytree(certs, pki)
+    ca_before = (pki / "ca.pem").read_bytes()
+    assert main(["tls", "client", str(pki), "bob"]) == 0
+    assert (pki / "ca.pem").read_bytes() == ca_before
+    assert (pki / "bob-key.pem").stat().st_mode & 0o077 == 0
+    sched = make_scheduler(sqlite_url, tls=_tls(pki, mutual=True), listen="localhost:0")
+    bob = scheduler_pb2_grpc.SchedulerStub(
+        connect(sched.address, ca=str(pki / "ca.pem"), cert=str(pki / "bob.pem"), key=str(pki / "bob-key.pem")))
+    assert list(bob.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10).jobs) == []
+    capsys.readouterr()
+    assert main(["tls", "client", str(pki), "bob"]) == 2  # not replaced without --force
+    assert "bob.pem exists; pass --force" in capsys.readouterr().err
+    assert main(["tls", "client", str(tmp_path / "nothing-here"), "carol"]) == 2
+    assert "has no ca.pem and ca-key.pem" in capsys.readouterr().err
+    assert not (tmp_path / "nothing-here").exists()
