@@ -1209,6 +1209,12 @@ class SchedulerCore:
                         "gets %gs to be heard again before it is called down", gap, self.settings.down_after_s)
             self.started_mono = mono
 
+    def silent(self, name: str) -> bool:
+        """Whether the server would be called down now (mark_stale_servers_down): not heard
+        from for `down_after_s`, this scheduler itself up (and running) that long."""
+        return (self.monotonic() - self.started_mono >= self.settings.down_after_s
+                and self._silence(name) >= self.settings.down_after_s)
+
     def _silence(self, name: str) -> float:
         """Seconds since the server was last heard from (or since this scheduler started)."""
         return self.monotonic() - self._heard.get(name, self.started_mono)

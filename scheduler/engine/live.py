@@ -237,9 +237,11 @@ class LiveEngine:
         # of the round waited vacate_timeout_s (10 s of idle GPUs), and the suspend of a job
         # re-queued from an earlier launch waited for that launch's shim, which never came.
         placed = {d.job_id for d in decisions if isinstance(d, (pt.Place, pt.Pack))}
-        vacating = [vacated(d) for d in decisions if isinstance(d, vacate) and d.job_id not in placed]
+        views = {j.id: j for j in snap.jobs}
+        vacating = {vacated(d): {g.server for g in views[d.job_id].placement} if d.job_id in views else set()
+                    for d in decisions if isinstance(d, vacate) and d.job_id not in placed}
         if vacating:
-            await asyncio.wait(vacating, timeout=self.vacate_timeout_s)
+            await self._wait_vacated(vacating)
         for d in decisions:
             if not isinstance(d, (pt.Queue, *vacate)):
                 await self.apply(d)
@@ -247,6 +249,24 @@ class LiveEngine:
             if isinstance(d, vacate) and d.job_id in placed:
                 vacated(d)
         return decisions
+
+    async def _wait_vacated(self, vacating: dict[asyncio.Task, set[str]]) -> None:
+        """Wait for the round's suspensions and parks (each task: its job's servers), up to
+        vacate_timeout_s; no longer once every one still unanswered is on a server silent
+        past the heartbeat timeout (its link cut just as it was told: nothing answers). The
+        round then goes on and the next one calls that server down. Before, the round, and
+        so the down check (run between rounds) and every other placement, waited the whole
+        vacate_timeout_s: a cut-off server was called down that much after its timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.vacate_timeout_s
+        pending = set(vacating)
+        while pending and (left := deadline - loop.time()) > 0:
+            _, pending = await asyncio.wait(pending, timeout=min(left, 0.25))
+            if pending and all(vacating[task] and all(map(self.core.silent, vacating[task])) for task in pending):
+                cut = {server for task in pending for server in vacating[task]}
+                log.warning("not waiting any longer for %d suspension(s) on %s, silent past the heartbeat timeout",
+                            len(pending), ", ".join(sorted(cut)))
+                return
 
     @staticmethod
     def _not_onto_leaving_gpus(snap: pt.ClusterSnapshot, raw: Sequence[pt.Decision],

@@ -121,6 +121,9 @@ class Fake:
                 return server, cmd.launch
         raise AssertionError(f"no new launch of {job_id} on {server}")
 
+    def servers(self) -> dict[str, bool]:
+        return {s.name: s.up for s in self.api.ListServers(scheduler_pb2.ListServersRequest()).servers}
+
     def close(self) -> None:
         for shim in self.shims:
             shim.close()
@@ -444,6 +447,48 @@ def test_a_time_sliced_job_restarted_at_its_source_by_a_failed_migration_is_susp
         assert any(e.kind == "server.launch_failed" and e.server == "b" and "could not take" in e.message
                    for e in events), [(e.kind, e.message) for e in events]
     finally:
+        f.close()
+
+
+def test_a_server_cut_off_as_its_job_is_suspended_for_a_time_slice_is_called_down_at_its_heartbeat_timeout(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """Two jobs time-sliced on server "a"'s one GPU: the newcomer's round suspends the
+    incumbent, and "a"'s link is cut just then (its shim never answers; its heartbeats stop).
+    The round waited for that suspend's answer up to vacate_timeout_s (10 s; 60 s here), and
+    nothing else ran meanwhile, so "a" was called down, and its jobs re-placed, that much
+    after its heartbeat timeout. Now the round stops waiting once every suspend it waits for
+    is on a server silent past the heartbeat timeout: "a" goes down in the next round."""
+    from .test_runtime_api import FakeShim
+
+    class Cut(FakeShim):
+        def _obey(self) -> None:  # the commands go into a cut link: never answered
+            try:
+                for cmd in self.stream:
+                    self.received.append(cmd)
+            except grpc.RpcError:
+                pass
+
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=60.0)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    sched.server.engine.vacate_timeout_s = 60.0
+    f = Fake(sched.address, gpus={"a": 1})
+    shim = None
+    try:
+        f.keep_alive("a")
+        first = f.submit()
+        _, launch = f.launched(first, wait_for)
+        shim = Cut(f.ch, first, launch.incarnation)
+        wait_for(lambda: f.job(first).state == common_pb2.JOB_STATE_RUNNING, 15)
+        time.sleep(0.5)  # (its runtime is connected)
+        second = f.submit()  # time-sliced with the first: the first is told to suspend
+        wait_for(lambda: shim.received and shim.received[-1].kind == runtime_pb2.COMMAND_KIND_SUSPEND, 15)
+        f.alive.discard("a")  # and "a"'s link is cut
+        wait_for(lambda: not f.servers()["a"], 30)
+        requeued = wait_for(lambda: all(f.job(j).state == common_pb2.JOB_STATE_QUEUED for j in (first, second)), 15)
+        assert requeued
+    finally:
+        if shim is not None:
+            shim.close()
         f.close()
 
 
