@@ -179,7 +179,20 @@ def print_jobs(args: argparse.Namespace, jobs: list[common_pb2.Job]) -> None:
 
 def get_jobs(args: argparse.Namespace, client: Client) -> int:
     if args.ids:
-        jobs = [client.call("GetJob", scheduler_pb2.GetJobRequest(id=i)) for i in args.ids]
+        # Each id on its own, as kill does: one unknown id printed nothing of the others
+        # (and, with -o json, no JSON at all).
+        jobs, failed = [], 0
+        for job_id in args.ids:
+            try:
+                jobs.append(client.call("GetJob", scheduler_pb2.GetJobRequest(id=job_id)))
+            except CliError as exc:
+                if exc.status not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+                                      grpc.StatusCode.PERMISSION_DENIED):
+                    raise  # the scheduler is not there, or not answering: one line, once
+                print(f"{PROG}: error: {output.visible(job_id) or repr(job_id)}: {exc}", file=sys.stderr)
+                failed += 1
+        print_jobs(args, jobs)
+        return EXIT_ERROR if failed else EXIT_OK
     else:
         if args.limit < 0:
             raise CliError(f"--limit must be 0 or more, got {args.limit}")

@@ -113,6 +113,20 @@ def test_every_subcommands_help_says_what_it_does_and_what_its_arguments_are(
     assert "Move a job to a server." in out and "the job's id (j-...)" in out
 
 
+def test_get_jobs_of_several_ids_lists_those_found_and_names_the_missing(gandiva, stub) -> None:
+    """`gandiva get jobs J nosuch` printed only the error, nothing of J; with -o json, no JSON."""
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="found", command=["python", "t.py"], gpus=1))).job
+    r = gandiva("get", "jobs", job.id, "j-nosuch", "-o", "json")
+    assert r.code == 2, r
+    import json
+
+    assert [j["id"] for j in json.loads(r.out)] == [job.id]
+    assert r.err == "gandiva: error: j-nosuch: not found: job 'j-nosuch' not found\n"
+    table = gandiva("get", "jobs", "j-nosuch", job.id, "--no-headers")
+    assert table.code == 2 and table.out.split()[:2] == [job.id, "found"], table
+
+
 def test_an_empty_event_kind_says_what_to_give(gandiva, stub) -> None:
     """`gandiva get events --kind ""` (a variable not set) was "invalid: kinds: required"."""
     for watch in ((), ("--watch",)):
