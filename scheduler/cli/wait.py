@@ -214,9 +214,12 @@ class Follower:
                 # What its program said (a traceback, "no such script"): the exit code alone
                 # left the user to find `gandiva logs`.
                 failed += 1
-                if failed <= SHOW_OUTPUT_OF_FAILED:
+                lines = last_output(self.client, job) if failed <= SHOW_OUTPUT_OF_FAILED else []
+                if lines and not lines[0].startswith("(its log cannot be read now"):
+                    # (none, or none to read: a launch that failed before the program ran
+                    # says why in its message, on the line below)
                     self.say(f"{job.id} ({job.spec.name}): its last output (all of it: gandiva logs {job.id}):")
-                    for line in last_output(self.client, job) or ["(none)"]:
+                    for line in lines:
                         self.say("  " + line)
                 elif failed == SHOW_OUTPUT_OF_FAILED + 1:
                     self.say("(the output of the other failed jobs: gandiva describe job ID, gandiva logs ID)")

@@ -180,6 +180,7 @@ def test_waiting_multi_job_exits_with_its_worst_outcome(submit, stub, helper, li
     runner.join()
     assert r.code == 1, r.out + r.err
     assert "pair-0) SUCCEEDED" in r.out and "pair-1) FAILED" in r.out
+    assert "last output" not in r.out  # it printed nothing: no empty block before its line
     assert "job.priority: 1 -> 9" in r.out  # shown even when it came just before the end
 
 
