@@ -154,8 +154,19 @@ def build_submission(
         _pick(args.workdir, spec, "workdir", cwd))))
     assignments = {str(k): str(v) for k, v in spec.get("env", {}).items()}
     assignments.update(specs.parse_env_assignment(text) for text in args.env)
-    env = specs.build_env(environ, [str(n) for n in spec.get("env_pass", [])] + args.env_pass,
-                          assignments, use_defaults=not args.no_default_env)
+    passes = [(f"{args.file}: env_pass", str(n)) for n in spec.get("env_pass", [])]
+    passes += [("--env-pass", n) for n in args.env_pass]
+    for where, name in passes:
+        if any(c in name for c in "*?["):
+            continue  # a pattern may match nothing
+        if name.startswith(specs.RESERVED_ENV_PREFIX) or name == "CUDA_VISIBLE_DEVICES":
+            # was dropped without a word (--env of such a name is refused)
+            raise SpecError(f"{where} {name}: set for each job by Gandiva (the server pins its GPUs); "
+                            "leave it out")
+        if name not in environ:  # a typo gave a job without the key, silently
+            print(f"{PROG}: warning: {where} {name}: not set in your environment, so the job does not "
+                  "get it", file=sys.stderr)
+    env = specs.build_env(environ, [n for _, n in passes], assignments, use_defaults=not args.no_default_env)
     base = common_pb2.JobSpec(
         name=_pick(args.name, spec, "name", ""), command=command, workdir=workdir, env=env,
         gpus=gpus, priority=priority, steps=steps, grow_shrink=bool(_pick(args.grow_shrink, spec,

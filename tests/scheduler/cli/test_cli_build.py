@@ -162,3 +162,20 @@ def test_total_steps_from_the_flag_or_the_spec_file_and_bad_ones_named(tmp_path:
         path.write_text(f"command: [python, a.py]\n{text}\n")
         with pytest.raises(SpecError, match=re.escape(said)):
             build(["-f", str(path)])
+
+
+def test_env_pass_of_a_gandiva_name_is_refused_and_an_unset_name_is_warned_of(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--env-pass GANDIVA_HOME` was dropped without a word (`--env GANDIVA_X=1` is refused), and
+    # `--env-pass WANDB_API_KY` (a typo) gave a job without the key, silently.
+    for name in ("GANDIVA_HOME", "CUDA_VISIBLE_DEVICES"):
+        with pytest.raises(SpecError, match=re.escape(f"--env-pass {name}: set for each job by Gandiva")):
+            build(["--env-pass", name, "--", "python", "t.py"])
+    sub = build(["--env-pass", "SECRET", "--env-pass", "WANDB_API_KY", "--env-pass", "NOPE_*", "--", "python", "t.py"])
+    assert sub.jobs[0].env["SECRET"] == "s" and "WANDB_API_KY" not in sub.jobs[0].env
+    assert capsys.readouterr().err == ("gandiva-submit: warning: --env-pass WANDB_API_KY: not set in your "
+                                       "environment, so the job does not get it\n")
+    path = tmp_path / "job.yaml"
+    path.write_text("command: [python, t.py]\nenv_pass: [MISSING]\n")
+    build(["-f", str(path)])
+    assert f"{path}: env_pass MISSING: not set in your environment" in capsys.readouterr().err
