@@ -30,7 +30,7 @@ from tf_runtime import (  # the shim's exit codes (no TensorFlow import)
     EXIT_TOWERS_CHANGED,
 )
 from tf_runtime.checkpoint import _alive  # whether a pid lives (no TensorFlow import either)
-from tf_runtime.launch import LAUNCH_ENV
+from tf_runtime.launch import LAUNCH_ENV, forget_launch
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +297,7 @@ class JobProcess:
         for pid in self._marked():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        forget_launch(self.launch_id)  # the mark its trainer left (tf_runtime.launch)
         # The log says where this process's output ends (`gandiva logs --local -f` stops
         # there), before anyone is told of the exit: whoever reads on then has it all.
         try:

@@ -153,7 +153,8 @@ class Controller:
                  exit_fn: Callable[[int], None] = os._exit,
                  on_activate: Callable[[int], None] | None = None,
                  on_first_training: Callable[[int], None] | None = None,
-                 on_exit: Callable[[int], None] | None = None) -> None:
+                 on_exit: Callable[[int], None] | None = None,
+                 after_training: str = "") -> None:
         self.settings = settings
         self.channel = channel
         self.status = status
@@ -166,6 +167,9 @@ class Controller:
         self._on_first_training = on_first_training
         # Called with the status right before an exit on Gandiva's command (tf_runtime.launch).
         self._on_exit = on_exit
+        # Why this process cannot be suspended, checkpointed or moved while it has not
+        # trained: it started after its launch's training ended (tf_runtime.launch).
+        self.after_training = after_training
         self._queue: collections.deque[Command] = collections.deque()
         self._cond = threading.Condition()
         self.adapter: SessionAdapter | None = None  # the training session, once known
@@ -250,6 +254,15 @@ class Controller:
 
     # -- commands from the stream thread ------------------------------------------------
     def enqueue(self, cmd: Command) -> None:
+        if self.after_training and not self.trained and cmd.kind is not Kind.KILL:
+            # No training boundary will come to apply it at: answered at once.
+            if cmd.kind is Kind.RESUME:
+                self._ack(Ack(cmd.id, True, "not suspended", step=self.meter.steps))
+            else:
+                verb = {Kind.SUSPEND: "cannot suspend", Kind.CHECKPOINT: "cannot checkpoint"}.get(
+                    cmd.kind, "not migratable")
+                self._ack(Ack(cmd.id, False, f"{verb}: {self.after_training}", step=self.meter.steps))
+            return
         with self._cond:
             self._queue.append(cmd)
             self._cond.notify_all()
@@ -498,7 +511,7 @@ class Controller:
             elif self._restore_again and self.settings.restore_dir:
                 self._restore(adapter, self.settings.restore_dir, partial=True)
             self._restore_again = False
-            if self._on_first_training is not None:  # a secondary process: connect now
+            if self._on_first_training is not None:  # (a secondary process connects now)
                 self._on_first_training(self.meter.steps)
             if rehearse is not None:  # after any warm hold: the stream is open by now
                 self._report_signature(adapter, rehearse)

@@ -18,6 +18,12 @@ Two things follow here (no TensorFlow import):
   to go on with the rest of its script on the source as if training had ended, while the
   destination trained: an evaluation of a half-trained model holding the source's GPUs,
   run again when the job really ended, and the launch's exit reported as the script's.
+- `mark_trained` / `trained_before`: a process of the launch that trained leaves a mark (an
+  empty file, removed by the helper when the launch ends), so that one started after it ended
+  (the wrapper's `python eval.py` once training is done) knows it runs after the training:
+  it answers the scheduler's suspend, checkpoint and migration at once, refusing them
+  (tf_runtime.controller), instead of never (it reaches no training boundary): a migration
+  tried then used to time out, fail, and re-queue the finished job from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import stat
+import tempfile
 from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
@@ -127,3 +135,40 @@ def end_launch(code: int, status_fd: int | None, env: Mapping[str, str]) -> list
                 pass
         return []
     return found
+
+
+def _trained_flag(mark: str) -> str | None:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", mark):
+        return None
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, f"gandiva-scratch-{os.getuid()}", f"launch-{mark}.trained")
+
+
+def mark_trained(env: Mapping[str, str]) -> None:
+    """Leave the launch's mark that one of its processes trained (see the docstring)."""
+    path = _trained_flag(env.get(LAUNCH_ENV, ""))
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        log.warning("could not mark this launch as trained (%s)", exc)
+
+
+def trained_before(env: Mapping[str, str]) -> bool:
+    """Whether a process of this launch trained (before this one started)."""
+    path = _trained_flag(env.get(LAUNCH_ENV, ""))
+    return path is not None and os.path.exists(path)
+
+
+def forget_launch(mark: str) -> None:
+    """The launch ended: remove its mark (the helper)."""
+    path = _trained_flag(mark)
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -154,6 +154,11 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
                         source_towers=source_towers if warm else 0)
     status = StatusPipe.from_fd(status_fd) if status_fd is not None else None
     rt = Runtime(controller=None)  # type: ignore[arg-type]
+    after_training = ""
+    if not secondary and not warm and launch.trained_before(env):
+        after_training = (f"this process (pid {os.getpid()}) started after its launch's training "
+                          "had ended (the rest of the job's command: an evaluation, an export); "
+                          "it runs to its end where it is")
 
     if scheduler is not None:
         # Imported now, not at a warm process's activation: gRPC's import is not on the
@@ -170,8 +175,13 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
         client = StreamClient(scheduler, ident, rt.controller.meter, rt.controller.enqueue)
         rt.controller.channel = client
         rt.client = client.start()
+        if after_training:
+            client.send_migratability(False, after_training)
 
     def first_training(step: int) -> None:
+        launch.mark_trained(env)
+        if not secondary:
+            return
         if warm_launch:
             # A pre-warmed launch holds only in the process that has the helper's pipes:
             # a child training here would train beside the source.
@@ -192,7 +202,7 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
 
     rt.controller = Controller(settings, status=status, backend=select_backend(),
                                on_activate=connect, on_exit=end_launch,
-                               on_first_training=first_training if secondary else None)
+                               on_first_training=first_training, after_training=after_training)
     if not warm and not secondary:
         connect(restored_step)
     if env is os.environ and not secondary:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +77,45 @@ def test_a_trainer_behind_a_python_driver_reaches_the_pipes_and_stops_its_wrappe
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         os.close(r)
+
+
+@pytest.mark.tf
+def test_a_process_started_after_the_launchs_training_refuses_commands_at_once(
+        runtime_server: Any, tmp_path: Path) -> None:
+    """`bash -c 'python train.py; python eval.py'` once training is done: the evaluation's
+    shim connects as the job's launch, but never reaches a training boundary, so a suspend
+    or a migration tried during it went unanswered (the migration timed out, failed, and the
+    scheduler re-queued the finished job from its last checkpoint). Now a process started
+    after its launch trained answers at once, refusing, and reports itself not migratable."""
+    from protos.gandiva.v1 import runtime_pb2 as pb
+    from tf_runtime.autoload import path_with_autoload
+    from tf_runtime.launch import forget_launch
+
+    mark = f"test-after-{os.getpid()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    env.update(GANDIVA_JOB_ID="after", GANDIVA_INCARNATION="0", GANDIVA_SCHEDULER=runtime_server.address,
+               GANDIVA_LAUNCH=mark, PYTHONPATH=path_with_autoload(str(ROOT)))
+    trainer = str(ROOT / "tf_runtime" / "examples" / "feed_step.py")
+    evaluation = "import time, tensorflow; time.sleep(120)"
+    proc = subprocess.Popen(
+        ["bash", "-c", '"$0" -m tf_runtime.run "$1" --loop session --steps 3; exec "$0" -c "$2"',
+         sys.executable, trainer, evaluation],
+        env=env, start_new_session=True, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        first = runtime_server.wait_for(lambda j, m: j == "after" and m.HasField("hello"), 120).hello
+        runtime_server.wait_for(lambda j, m: j == "after" and m.HasField("hello") and m.hello.pid != first.pid, 120)
+        ack = runtime_server.wait_ack(runtime_server.send("after", pb.COMMAND_KIND_SUSPEND), 30)
+        assert not ack.ok and ack.message.startswith("cannot suspend: this process") and \
+            "started after its launch's training had ended" in ack.message, ack.message
+        ack = runtime_server.wait_ack(runtime_server.send(
+            "after", pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(tmp_path / "ck")), 30)
+        assert not ack.ok and ack.message.startswith("not migratable: "), ack.message
+        assert not (tmp_path / "ck").exists()
+        verdict = runtime_server.wait_for(lambda j, m: j == "after" and m.HasField("migratability")
+                                          and "after its launch's training" in m.migratability.reason, 30)
+        assert not verdict.migratability.migratable
+        assert proc.poll() is None  # the evaluation goes on where it is
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        forget_launch(mark)
