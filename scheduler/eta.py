@@ -103,12 +103,15 @@ def eta_text(eta_s: float, note: str) -> str:
     return f"{about(eta_s)} ({note})" if note else about(eta_s)
 
 
-def short(eta_s: float, steps: int, total: int) -> str:
+def short(eta_s: float, steps: int, total: int, ended: bool = False) -> str:
     """For a table column, one token (awk reads the columns): '34%/12m', '34%/?' (ETA
-    unknown), '-' (no total)."""
+    unknown), '34%' (ended: no ETA to give; it read '34%/?', as if one might come), '-'
+    (no total)."""
     if total <= 0:
         return "-"
     pct = f"{int(100 * steps / total)}%"
+    if ended:
+        return pct
     if eta_s < 0:
         return f"{pct}/?"
     return f"{pct}/{_rough(eta_s, 'm')}"

@@ -152,7 +152,7 @@ def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
         job.id, job.spec.name or "-", state_name(job.state), job.spec.gpus,
         ",".join(job_servers(job)) or "-", job.steps,
         output.rate(job.rate) if job.state == common_pb2.JOB_STATE_RUNNING else "-",
-        eta.short(job.eta_s, job.steps, job.total_steps), job.spec.priority,
+        eta.short(job.eta_s, job.steps, job.total_steps, ended=job.state in TERMINAL_STATES), job.spec.priority,
         output.age(job.submitted_at),
     ]
     if wide:

@@ -125,7 +125,7 @@ def render(state: dict[str, Any], show_all: bool = False) -> Group:
         jobs.add_row(*_cells(j["id"], j["name"], j["state"].lower(), str(j["gpus"]), " ".join(j["placement"]),
                              j.get("progress", "").removeprefix("step ") or str(j["steps"]), rate,
                              eta.short(-1.0 if j.get("eta_s") is None else j["eta_s"], j["steps"],
-                                       j.get("total_steps", 0)),
+                                       j.get("total_steps", 0), ended=j["state"] in ("SUCCEEDED", "FAILED", "KILLED")),
                              f"{d['kind']}: {d['reason']}" if d else j["message"]))
     latest = Text()
     for d in state["decisions"][-8:]:

@@ -60,6 +60,8 @@ def test_a_grown_job_is_named_by_the_gpus_it_holds() -> None:
 def test_without_a_total_or_once_done() -> None:
     assert estimate(_job(total=0), "node-a/0", []) == (-1.0, "")
     assert short(-1.0, 340, 0) == "-" and progress_text(340, 0) == ""
+    # An ended job has no ETA to come: `get jobs` showed a killed job as "1%/?".
+    assert short(-1.0, 12, 1000, ended=True) == "1%" and short(-1.0, 0, 1000, ended=True) == "0%"
     assert estimate(_job("SUCCEEDED"), "", []) == (-1.0, "")
     assert estimate(_job(steps=1000), "node-a/0", []) == (0.0, "at its last mini-batch")
     # A total given at submission is a guess: a job past it says so, not "at its last mini-batch".

@@ -127,6 +127,16 @@ def test_get_jobs_of_several_ids_lists_those_found_and_names_the_missing(gandiva
     assert table.code == 2 and table.out.split()[:2] == [job.id, "found"], table
 
 
+def test_an_ended_job_shows_its_progress_without_an_eta_to_come(gandiva, stub) -> None:
+    """A killed job submitted with --steps showed `0%/?` in get jobs' ETA column (unknown,
+    as if one might still come)."""
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="ended", command=["python", "t.py"], gpus=1, steps=1000))).job
+    assert gandiva("get", "jobs", job.id, "--no-headers").out.split()[7] in ("0%/?", "-")  # queued
+    stub.KillJob(scheduler_pb2.JobActionRequest(id=job.id))
+    assert gandiva("get", "jobs", job.id, "--no-headers").out.split()[7] == "0%"
+
+
 def test_an_empty_event_kind_says_what_to_give(gandiva, stub) -> None:
     """`gandiva get events --kind ""` (a variable not set) was "invalid: kinds: required"."""
     for watch in ((), ("--watch",)):
