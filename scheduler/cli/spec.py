@@ -420,3 +420,12 @@ def member_command(command: Sequence[str], member: Member) -> list[str]:
         return values.get(match.group(1), match.group(0))
 
     return [_PLACEHOLDER.sub(fill, part) for part in command]
+
+
+def unknown_placeholders(command: Sequence[str], member: Member) -> list[str]:
+    """``{word}`` in a multi-job's command that names none of its parameters (nor ``index``):
+    passed on as it is, so most likely a typo (``{hiden}``). ``${VAR}`` (shell) is not one."""
+    known = set(member.params) | {"index"}
+    found = {m.group(1) for part in command for m in _PLACEHOLDER.finditer(part)
+             if not part[:m.start()].endswith("$")}
+    return sorted(found - known)

@@ -177,6 +177,11 @@ def build_submission(
     if members is None:
         return Submission(base.name, [base], multi=False)
     name = _multi_name(args, spec, sweep_name, base, members)
+    unknown = specs.unknown_placeholders(command, members[0])
+    if unknown:  # left in every member's command, silently: `--h {hiden}` for `{hidden}`
+        have = ", ".join(f"{{{p}}}" for p in [*members[0].params, "index"])
+        print(f"{PROG}: warning: {', '.join(f'{{{u}}}' for u in unknown)} in the command names no parameter "
+              f"(it has {have}), so it is passed as it is", file=sys.stderr)
     return Submission(name, [_member_spec(base, name, m) for m in members], multi=True)
 
 

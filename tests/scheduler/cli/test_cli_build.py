@@ -179,3 +179,17 @@ def test_env_pass_of_a_gandiva_name_is_refused_and_an_unset_name_is_warned_of(
     path.write_text("command: [python, t.py]\nenv_pass: [MISSING]\n")
     build(["-f", str(path)])
     assert f"{path}: env_pass MISSING: not set in your environment" in capsys.readouterr().err
+
+
+def test_a_placeholder_naming_no_parameter_of_the_sweep_is_warned_of(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--h {hiden}` (for {hidden}) reached every member as the text "{hiden}", without a word.
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("grid: {lr: [0.1, 0.2], hidden: [32]}\n")
+    sub = build(["--sweep", str(sweep), "--", "python", "t.py", "--lr", "{lr}", "--h", "{hiden}",
+                 "--out", "${HOME}/{index}", '{"json": 1}'])
+    assert sub.jobs[0].command[3:6] == ["0.1", "--h", "{hiden}"]
+    assert capsys.readouterr().err == ("gandiva-submit: warning: {hiden} in the command names no parameter "
+                                       "(it has {lr}, {hidden}, {index}), so it is passed as it is\n")
+    build(["--array", "0-1", "--", "python", "t.py", "--seed", "{index}", "${HOME}"])
+    assert capsys.readouterr().err == ""
