@@ -392,6 +392,9 @@ def _plot_path(text: str) -> Path:
 def _trace_path(text: str) -> Path:
     if not text.strip():  # Path("") is ".", which read as "Is a directory"
         raise argparse.ArgumentTypeError("empty; give a trace file")
+    if re.match(r"(https?|ftp|s3|gs|hdfs)://", text, re.IGNORECASE):  # was "No such file or directory"
+        raise argparse.ArgumentTypeError(f"{text} is a URL: download the trace first (curl -LO {text}) and give "
+                                         f"its file, or pipe it in: curl -sL {text} | gandiva sim --trace - ...")
     return Path(text)
 
 

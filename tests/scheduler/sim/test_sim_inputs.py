@@ -346,3 +346,13 @@ def test_a_spreadsheets_empty_rows_are_blank_lines(tmp_path: Path) -> None:
     path.write_text(",,\n\n,,\n")
     with pytest.raises(TraceError, match="t.csv: trace is empty"):
         read_trace(path)
+
+
+def test_a_url_as_the_trace_says_to_download_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: "https:/host/t.csv: cannot read trace: No such file or directory" (the path's // folded)."""
+    url = "https://example.org/traces/cluster_log.csv.gz"
+    with pytest.raises(SystemExit) as exit_:
+        main(["sim", "--no-progress", "--trace", url])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"{url} is a URL: download the trace first (curl -LO {url})" in err
+    assert f"curl -sL {url} | gandiva sim --trace -" in err
