@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
         file=None, name=args.name, gpus=args.gpus, priority=1, grow_shrink=None, workdir=args.workdir,
         env=args.env, env_pass=[], no_default_env=False, sweep=args.sweep, array=None, steps=None)
     try:
+        if not command or not command[0].strip():  # gandiva-submit's own words named gandiva-submit
+            raise SpecError("command: nothing to run; put it after --, e.g. gandiva automl --sweep sweep.yaml "
+                            "--metric loss -- python train.py --lr {lr}")
         submission = build_submission(submit_args, command, os.environ, os.getcwd())
         def say(text: str) -> None:
             print(text, flush=True)

@@ -354,6 +354,17 @@ def test_automl_builds_its_jobs_as_gandiva_submit_does_and_names_bad_flags(
     assert r.code == 2 and r.err.startswith(f"gandiva automl: {says}") and r.err.count("\n") == 1, r
 
 
+def test_automl_without_a_command_shows_an_automl_command(gandiva, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said "put it after --, e.g. gandiva-submit --gpus 1 -- python train.py"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("grid: {lr: [0.1, 0.01]}\n")
+    r = gandiva("automl", "--sweep", "s.yaml", "--metric", "loss", "--scheduler", "127.0.0.1:1")
+    assert (r.code, r.out) == (2, ""), r
+    assert r.err == ("gandiva automl: command: nothing to run; put it after --, e.g. gandiva automl --sweep "
+                     "sweep.yaml --metric loss -- python train.py --lr {lr}\n")
+
+
 def test_token_list_of_a_missing_database_creates_nothing(gandiva, tmp_path: Path) -> None:
     """`gandiva token list` of a mistyped --db made its directory and an empty database and
     listed no tokens (exit 0); a file that is not a database was a traceback."""
