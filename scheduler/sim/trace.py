@@ -538,6 +538,11 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                             _duration(cols[roles["duration"]], path, line, scale["duration"], _unit_word(header, roles))),
             )
         except TraceError as exc:
+            if not header_line and line == rows[0][0] and "columns, got" not in exc.reason and skipped is None:
+                # The first row of a file without a header: its columns may be in another order
+                # (not said with --skip-invalid: its reasons are counted by their words).
+                exc = TraceError(path, line, f"{exc.reason} (without a header line its columns are taken in the "
+                                             f"order {HEADERS[fmt]}: name them in a header line, any order)")
             errors.fail(exc)
             continue
         if "id" in roles:

@@ -356,3 +356,17 @@ def test_a_url_as_the_trace_says_to_download_it(capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and f"{url} is a URL: download the trace first (curl -LO {url})" in err
     assert f"curl -sL {url} | gandiva sim --trace -" in err
+
+
+def test_the_first_row_of_a_file_without_a_header_names_the_order_it_was_read_in(tmp_path: Path) -> None:
+    """`job_1,0,1,60` (an id first, no header) was "submit time 'job_1' is neither seconds nor an ISO
+    8601 date" only: now it says which order a header-less row is read in and to name the columns."""
+    path = tmp_path / "t.csv"
+    path.write_text("job_1,0,1,60\njob_2,5,2,30\n")
+    with pytest.raises(TraceError, match=re.escape(
+            "t.csv:1: submit time 'job_1' is neither seconds nor an ISO 8601 date (e.g. 2021-03-01 10:00:00) (without "
+            "a header line its columns are taken in the order submit_time,num_gpus,duration[,model]: name them")):
+        read_trace(path)
+    path.write_text("0,1,60\n0,0,5\n")  # a later row's error is that row's own
+    with pytest.raises(TraceError, match=r"t.csv:2: GPU count '0' must be at least 1$"):
+        read_trace(path)
