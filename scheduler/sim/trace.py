@@ -21,17 +21,21 @@ Formats (``--format``, or detected from the first line that is not blank or a ``
                submitted_time and attempts (GPUs: the most one attempt held; length: the
                attempts' run times added up; jobs that never ran or held no GPU left out)
 - ``pai``      Alibaba PAI 2020's pai_job_table / pai_task_table / pai_instance_table and
-               Alibaba GPU v2023's openb_pod_list: detected and refused, saying how to write
-               them as ``csv`` (their GPUs are fractions of a GPU)
+               Alibaba GPU v2023's openb_pod_list (and v2025's disaggregated_DLRM_trace):
+               detected and refused, saying how to write them as ``csv`` (their GPUs are
+               fractions of a GPU, or service instances)
 - ``csv``      generic CSV: submit_time,num_gpus,duration[,model] (header optional)
 
 A trace may be gzip, bzip2 or xz compressed (read as it is) and ``-`` reads standard input.
 Exports of other clusters differ in small ways, and these are read as they come: a UTF-8 byte
 order mark, CRLF line ends, blank lines and ``#`` comment lines, quoted fields (line breaks in
 them too), header names in any case and any order with extra columns (a CSV with a header is
-read by column name), the same saved with tabs, job ids that count per user (a header naming
-the user), and submit times as ISO 8601 dates (read as seconds after the earliest date of
-the trace).
+read by column name; camelCase and hyphens too, and other tools' names: NAMES), the same saved
+with tabs, job ids that count per user (a header naming the user), submit times as ISO 8601
+dates (read as seconds after the earliest date of the trace; ``2021/03/01`` too), times in the
+unit a column's name ends in (``duration_ms``: UNITS), durations on a clock (``1-02:03:04``, as
+Slurm writes them), a run time from start and end columns where no duration is given, and a
+spreadsheet's empty rows (``,,,``).
 Anything else that would replay wrongly - a missing or fractional GPU count, a zero or negative
 length, a repeated job id, a row with more or fewer fields than the header - raises TraceError
 naming the file, the line and what to do, so no job is dropped or changed without a word.
