@@ -372,12 +372,13 @@ def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
 
 def _norm(cell: str) -> str:
     """A header name as this reader compares it: `Submit Time`, `submit-time` and `submitTime`
-    are all `submit_time`."""
+    are all `submit_time`, and a unit in brackets is a suffix: `Duration (min)` is `duration_min`."""
     name = _CAMEL.sub("_", cell.strip().strip('"').strip())
-    return name.lower().replace(" ", "_").replace("-", "_")
+    return _SEPARATORS.sub("_", name.lower()).strip("_")
 
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # jobId, numGpus: a word starts at each capital
+_SEPARATORS = re.compile(r"[\s\-()\[\]]+")
 
 
 def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> dict[str, int]:
