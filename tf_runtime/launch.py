@@ -18,12 +18,15 @@ Two things follow here (no TensorFlow import):
   to go on with the rest of its script on the source as if training had ended, while the
   destination trained: an evaluation of a half-trained model holding the source's GPUs,
   run again when the job really ended, and the launch's exit reported as the script's.
-- `mark_trained` / `trained_before`: a process of the launch that trained leaves a mark (an
-  empty file, removed by the helper when the launch ends), so that one started after it ended
-  (the wrapper's `python eval.py` once training is done) knows it runs after the training:
-  it answers the scheduler's suspend, checkpoint and migration at once, refusing them
+- `mark_trained` / `trainer_of_launch`: a process of the launch that trains leaves its pid in
+  a file (removed by the helper when the launch ends). One started after it ended (the
+  wrapper's `python eval.py` once training is done) knows it runs after the training: it
+  answers the scheduler's suspend, checkpoint and migration at once, refusing them
   (tf_runtime.controller), instead of never (it reaches no training boundary): a migration
   tried then used to time out, fail, and re-queue the finished job from its last checkpoint.
+  One started while it lives (`python train.py & python eval.py`) is a secondary, as a
+  descendant of it is (tf_runtime.runtime): it used to take the job's stream from the
+  trainer, so that the job's commands never reached it.
 """
 
 from __future__ import annotations
@@ -146,22 +149,32 @@ def _trained_flag(mark: str) -> str | None:
 
 
 def mark_trained(env: Mapping[str, str]) -> None:
-    """Leave the launch's mark that one of its processes trained (see the docstring)."""
+    """Leave the launch's mark that this process trains (its pid; see the docstring)."""
     path = _trained_flag(env.get(LAUNCH_ENV, ""))
     if path is None:
         return
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with open(path, "a"):
-            pass
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(tmp, path)
     except OSError as exc:
         log.warning("could not mark this launch as trained (%s)", exc)
 
 
-def trained_before(env: Mapping[str, str]) -> bool:
-    """Whether a process of this launch trained (before this one started)."""
+def trainer_of_launch(env: Mapping[str, str]) -> int | None:
+    """The pid of the latest process of this launch that trained, if one did (alive or
+    not), but this one."""
     path = _trained_flag(env.get(LAUNCH_ENV, ""))
-    return path is not None and os.path.exists(path)
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            pid = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 and pid != os.getpid() else None
 
 
 def forget_launch(mark: str) -> None:

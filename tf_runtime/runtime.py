@@ -119,10 +119,17 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     if not (scheduler or restore or warm or status_fd is not None):
         return None  # standalone: a transparent pass-through
     owner = _owner(env)
+    # A process of the same launch that trained (tf_runtime.launch): alive, it is this
+    # one's sibling (`python train.py & python eval.py`), which must not take the job's
+    # stream from it; ended, this one runs after the training (`...; python eval.py`).
+    trainer = launch.trainer_of_launch(env) if owner is None else None
+    ended = trainer is not None and _owner({"GANDIVA_RUNTIME_PID": str(trainer)}) is None
+    if trainer is not None and not ended:
+        owner = trainer
     secondary = owner is not None
     warm_launch = warm
     if secondary:
-        log.info("an ancestor process (pid %d) runs this job's Gandiva runtime: this one "
+        log.info("another process (pid %d) runs this job's Gandiva runtime: this one "
                  "connects only if it trains, and leaves the helper's pipes alone", owner)
         status_fd = control_fd = None
         warm = False
@@ -155,7 +162,7 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     status = StatusPipe.from_fd(status_fd) if status_fd is not None else None
     rt = Runtime(controller=None)  # type: ignore[arg-type]
     after_training = ""
-    if not secondary and not warm and launch.trained_before(env):
+    if ended and not warm:
         after_training = (f"this process (pid {os.getpid()}) started after its launch's training "
                           "had ended (the rest of the job's command: an evaluation, an export); "
                           "it runs to its end where it is")

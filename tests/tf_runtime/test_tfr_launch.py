@@ -119,3 +119,43 @@ def test_a_process_started_after_the_launchs_training_refuses_commands_at_once(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         forget_launch(mark)
+
+
+@pytest.mark.tf
+def test_an_evaluation_beside_the_trainer_does_not_take_the_jobs_stream(
+        runtime_server: Any, tmp_path: Path) -> None:
+    """`bash -c 'python train.py & python eval.py; wait'`, the evaluation starting once the
+    trainer trains: it was a first process of the job too, connected, and replaced the
+    trainer's stream, so the job's commands went to a process that never trains (a
+    migration refused or timed out). Now it is a secondary of the trainer, as a child of it
+    would be: it does not connect unless it trains, and the trainer obeys the suspend."""
+    from protos.gandiva.v1 import runtime_pb2 as pb
+    from tf_runtime.autoload import path_with_autoload
+    from tf_runtime.launch import _trained_flag, forget_launch
+
+    mark = f"test-beside-{os.getpid()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    env.update(GANDIVA_JOB_ID="beside", GANDIVA_INCARNATION="0", GANDIVA_SCHEDULER=runtime_server.address,
+               GANDIVA_LAUNCH=mark, PYTHONPATH=path_with_autoload(str(ROOT)))
+    trainer = str(ROOT / "tf_runtime" / "examples" / "feed_step.py")
+    ready = tmp_path / "evaluation-started"
+    evaluation = (f"import os, time\nwhile not os.path.exists({_trained_flag(mark)!r}): time.sleep(0.05)\n"
+                  f"import tensorflow\nopen({str(ready)!r}, 'w').close()\ntime.sleep(120)")
+    proc = subprocess.Popen(
+        ["bash", "-c", ('"$0" -m tf_runtime.run "$1" --loop session --steps 100000 --step-sleep 0.02 & '
+                        '"$0" -c "$2"; wait'), sys.executable, trainer, evaluation],
+        env=env, start_new_session=True, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        first = runtime_server.wait_for(lambda j, m: j == "beside" and m.HasField("hello"), 120).hello
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        ack = runtime_server.wait_ack(runtime_server.send("beside", pb.COMMAND_KIND_SUSPEND), 60)
+        assert ack.ok and ack.step >= 1, ack.message
+        hellos = {h.pid for h in runtime_server.of_kind("beside", "hello")}
+        assert hellos == {first.pid}
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        forget_launch(mark)
