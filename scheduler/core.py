@@ -940,8 +940,16 @@ class SchedulerCore:
         any server yet. The caller checks who may read it."""
         async with self.tx(read=True) as s:
             server = await repo.last_server(s, job_id)
+            row = await s.get(Server, server) if server else None
         if not server:  # it has not run anywhere yet: no output, and nowhere to ask
             return "", helper_pb2.HelperCommandResult(ok=True)
+        if row is not None and not row.up:
+            # The command waited in its queue for the helper's 60-s timeout, and the client gave
+            # up first: "the scheduler ... did not answer in time; is it overloaded or stuck?".
+            raise FailedPrecondition(
+                f"server {server}, which holds the job's output, is down (no heartbeat since "
+                f"{time.strftime('%H:%M:%S %Z', time.localtime(row.last_heartbeat))}): read it once its "
+                f"helper is back, or on that machine with gandiva logs --local {job_id}")
         result = await self.helpers.call(server, helper_pb2.HelperCommand(read_log=helper_pb2.ReadLog(
             job_id=job_id, offset=offset, max_bytes=max_bytes)), self.settings.command_timeout_s)
         if not result.ok:

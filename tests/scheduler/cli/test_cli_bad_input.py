@@ -189,6 +189,36 @@ def _append_later(path: Path, *lines: str, after_s: float = 0.4) -> threading.Th
     return thread
 
 
+def test_logs_of_a_job_whose_server_is_down_says_so_at_once(gandiva, make_scheduler, sqlite_url,
+                                                           wait_for) -> None:  # type: ignore[no-untyped-def]
+    """The read waited in the down server's command queue for 60 s and the client gave up
+    first: "the scheduler at ADDR did not answer in time; is it overloaded or stuck?"."""
+    from scheduler.core import Settings
+
+    from .conftest import ScriptedHelper
+
+    sched = make_scheduler(sqlite_url, tick_s=0.2, settings=Settings(heartbeat_interval_s=0.5, down_after_s=3.0))
+    helper = ScriptedHelper(sched.address, wait_for)  # registers n1, never heartbeats
+    try:
+        import grpc as _grpc
+
+        from protos.gandiva.v1 import scheduler_pb2_grpc
+
+        with _grpc.insecure_channel(sched.address) as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)
+            job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+                name="lost", command=["python", "t.py"], gpus=1))).job
+            wait_for(lambda: helper.launched.get(job.id), 30)
+            wait_for(lambda: not any(s.up for s in stub.ListServers(scheduler_pb2.ListServersRequest()).servers), 60)
+    finally:
+        helper.close()
+    r = gandiva("logs", job.id, "--scheduler", sched.address)
+    assert (r.code, r.out) == (2, ""), r
+    assert r.err.startswith("gandiva logs: error: not possible now: server n1, which holds the job's output, is "
+                            "down (no heartbeat since "), r
+    assert r.err.endswith(f"read it once its helper is back, or on that machine with gandiva logs --local {job.id}\n")
+
+
 def test_logs_local_follow_ends_when_the_job_process_on_this_server_has_ended(gandiva, tmp_path: Path) -> None:
     """`gandiva logs --local -f` followed until Ctrl-C, long after the job had ended. The
     helper now writes a line after each process's output, and the follower stops once
