@@ -54,7 +54,9 @@ class BenchConfig:
         bad = [m for m in self.models if m not in MODELS]
         if bad:
             raise ValueError(f"--models: unknown {', '.join(bad)} (choose from {', '.join(MODELS)})")
-        if not self.models or not self.replicas or any(r < 1 or r & (r - 1) for r in self.replicas):
+        if not self.models:  # `--models ""` was blamed on --replicas
+            raise ValueError(f"--models: none given; choose from {', '.join(MODELS)}")
+        if not self.replicas or any(r < 1 or r & (r - 1) for r in self.replicas):
             raise ValueError("--replicas: powers of two, at least one")
         if self.repeats < 1:
             raise ValueError("--repeats: at least 1")

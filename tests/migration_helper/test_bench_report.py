@@ -46,6 +46,7 @@ def test_csv_has_one_row_per_migration_and_the_chart_is_written(tmp_path: Path) 
     ({"models": ("alexnet",)}, "--models: unknown alexnet"),
     ({"replicas": (3,)}, "--replicas"),
     ({"repeats": 0}, "--repeats"),
+    ({"models": ()}, "--models: none given; choose from mlp"),  # `--models ""` was blamed on --replicas
 ])
 def test_bad_settings_name_the_flag(kw: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
