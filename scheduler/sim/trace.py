@@ -772,13 +772,16 @@ def _opened(path: Path, fh: io.BufferedReader) -> tuple[io.BufferedIOBase | io.B
     """The stream of a trace's text: ``fh`` itself, or its decompression (gzip, bzip2, xz,
     told by their magic bytes, not the name), with the compression's name ("" if none)."""
     head = fh.peek(64)[:64]
+    # (A text trace may start with the letters of a magic, BZh or PAR1: those need binary after.)
+    binary = any(byte < 9 or 13 < byte < 32 for byte in head)
     for magic, (name, opener) in COMPRESSED.items():
-        if head.startswith(magic):
+        if head.startswith(magic) and (magic != b"BZh" or head[3:4] in (b"1", b"2", b"3", b"4", b"5", b"6", b"7",
+                                                                       b"8", b"9")):
             return opener(fh), name
     if head.startswith(b"PK\x03\x04") and (b"[Content_Types].xml" in head or path.suffix.lower() == ".xlsx"):
         raise TraceError(path, None, "an Excel workbook (.xlsx), not text: save it as CSV UTF-8")
     for magic, what in ARCHIVES.items():
-        if head.startswith(magic):
+        if head.startswith(magic) and (binary or not magic.isalnum()):
             raise TraceError(path, None, what)
     return fh, ""
 
