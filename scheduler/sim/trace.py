@@ -85,7 +85,7 @@ MAX_SUBMIT_S = 1e11
 # CSV columns: the names a header may give each role (any case, any order), and the order of
 # each format's columns when it has no header.
 NAMES = {
-    "id": ("job_id", "jobid", "id", "job_name"),
+    "id": ("job_id", "jobid", "id", "job_name", "job"),
     "submit": ("submit_time", "submission_time", "arrival_time", "arrival_time_s", "submit_time_s", "submitted",
                "submitted_time", "submit", "arrival"),
     "gpus": ("num_gpu", "num_gpus", "gpus", "gpu_num", "gpu_count", "n_gpus", "ngpus"),
@@ -378,7 +378,7 @@ def _norm(cell: str) -> str:
 
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # jobId, numGpus: a word starts at each capital
-_SEPARATORS = re.compile(r"[\s\-()\[\]]+")
+_SEPARATORS = re.compile(r"[\s\-()\[\]#]+")  # (`# GPUs` is `gpus`)
 
 
 def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> dict[str, int]:

@@ -119,6 +119,7 @@ def test_the_format_said_names_a_given_format(capsys: pytest.CaptureFixture[str]
     ("JOB_ID,Submit_Time_H,NUM_GPUS,Duration_Mins", "a,2021-03-01 10:00:00,1,1", "b,2021-03-01 10:00:10,2,0.5"),
     ("Job ID,Submit time (s),GPU count,Duration (min)", "a,0,1,1", "b,10,2,0.5"),
     ("job id,submit [ms],gpus,run time [h]", "a,0,1,0.01666666666666666667", "b,10000,2,0.00833333333333333333"),
+    ("Job,Submit Time,# GPUs,Duration (sec)", "a,0,1,60", "b,10,2,30"),
 ])
 def test_renamed_columns_and_units_named_in_the_header(tmp_path: Path, header: str, row_a: str, row_b: str) -> None:
     """Headers of other tools (`submitted`, `runtime`, `gpu_count`) and times in the unit the
