@@ -59,3 +59,56 @@ def test_a_scheduler_that_went_away_is_said_once(page_only: str, chromium: str) 
     assert error is not None, dom[:2000]
     assert error.group(1).count("cannot reach the scheduler") == 1, error.group(1)
     assert "retrying" in error.group(1)
+
+
+LONG_NAME = "W" * 250
+STATE = {"now": 0, "height": 1, "overloaded": False, "servers": [], "decisions": [], "jobs": [{
+    "id": "j-0123456789", "name": LONG_NAME, "state": "RUNNING", "gpus": 1, "placement": ["n1/0"],
+    "progress": "", "steps": 5, "rate": 1.0, "eta": "", "metrics": {}, "gpu_seconds": 1, "user": "u" * 120,
+    "last_decision": None, "message": "placed"}]}
+# Loads the page in a same-origin frame of the window's width and writes what it measured
+# into its own DOM, which --dump-dom prints.
+PROBE = b"""<!doctype html><body style="margin:0"><iframe id="f" src="/" style="width:1200px;height:700px;border:0">
+</iframe><div id="out">pending</div><script>
+function look() {
+  const doc = document.getElementById("f").contentDocument;
+  const row = doc && doc.querySelector("#jobs tbody tr");
+  if (!row) { setTimeout(look, 100); return; }
+  const state = row.children[2].getBoundingClientRect(), table = doc.getElementById("jobs").getBoundingClientRect();
+  document.getElementById("out").textContent = `state-right=${Math.round(state.right)} table-right=${Math.round(table.right)}`;
+}
+look();
+</script></body>"""
+
+
+class _LongName(_PageOnly):
+    def do_GET(self) -> None:
+        import json
+
+        bodies = {"/api/state": json.dumps(STATE).encode(), "/probe.html": PROBE,
+                  "/api/timeline": json.dumps({"now": 0, "since": 0, "gpus": {}, "jobs": {}}).encode()}
+        if self.path not in bodies:
+            super().do_GET()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html" if self.path.endswith(".html") else "application/json")
+        self.send_header("Content-Length", str(len(bodies[self.path])))
+        self.end_headers()
+        self.wfile.write(bodies[self.path])
+
+
+def test_a_long_job_name_does_not_push_the_other_columns_off_the_page(chromium: str) -> None:
+    # A 250-character name without a space made the jobs table as wide as the name: state,
+    # GPUs, where, progress ... were off the right edge of the window.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LongName)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        dom = chromium_dom(f"http://127.0.0.1:{server.server_address[1]}/probe.html", budget_ms=4000)
+    finally:
+        server.shutdown()
+        server.server_close()
+    found = re.search(r'<div id="out">state-right=(\d+) table-right=(\d+)</div>', dom)
+    assert found is not None, dom[-2000:]
+    state_right, table_right = int(found.group(1)), int(found.group(2))
+    assert state_right < 1200 and table_right <= 1200, found.group(0)
