@@ -467,11 +467,19 @@ class LiveEngine:
         self._checkpointed[job_id] = self.core.clock()  # the next one an interval after this one
         if not ack.ok:
             log.warning("periodic checkpoint of %s failed: %s", job_id, ack.message)
-            return
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
                 return  # moved or ended meanwhile: this checkpoint is not its latest
+            if not ack.ok:
+                # Said where users look (a full ramdisk failed every one, in the scheduler's
+                # log only: a job lost later redid everything since its last good one).
+                kept = (f"its restore point stays step {job.restore_step} ({job.restore_checkpoint})"
+                        if job.restore_checkpoint else "it has no checkpoint to resume from")
+                repo.add_event(s, self.core.clock(), "job.checkpoint_failed",
+                               f"periodic checkpoint at step {ack.step} failed: {ack.message}; {kept}",
+                               job_id=job_id, server=server.name)
+                return
             job.restore_checkpoint, job.restore_server = ack.checkpoint_path or directory, server.name
             job.restore_step = max(0, ack.step)
             job.steps = max(job.steps, ack.step)

@@ -458,26 +458,12 @@ def test_a_server_cut_off_as_its_job_is_suspended_for_a_time_slice_is_called_dow
     nothing else ran meanwhile, so "a" was called down, and its jobs re-placed, that much
     after its heartbeat timeout. Now the round stops waiting once every suspend it waits for
     is on a server silent past the heartbeat timeout: "a" goes down in the next round."""
-    from .test_runtime_api import FakeShim
-
-    class Cut(FakeShim):
-        def _obey(self) -> None:  # the commands go into a cut link: never answered
-            try:
-                for cmd in self.stream:
-                    self.received.append(cmd)
-            except grpc.RpcError:
-                pass
-
     settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=60.0)
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    sched, f, first = _launched_with(make_scheduler, sqlite_url, wait_for, settings, "a",
+                                     lambda cmd, seen: None)  # its commands go into a cut link
     sched.server.engine.vacate_timeout_s = 60.0
-    f = Fake(sched.address, gpus={"a": 1})
-    shim = None
+    shim = f.shims[-1]
     try:
-        f.keep_alive("a")
-        first = f.submit()
-        _, launch = f.launched(first, wait_for)
-        shim = Cut(f.ch, first, launch.incarnation)
         wait_for(lambda: f.job(first).state == common_pb2.JOB_STATE_RUNNING, 15)
         time.sleep(0.5)  # (its runtime is connected)
         second = f.submit()  # time-sliced with the first: the first is told to suspend
@@ -487,8 +473,6 @@ def test_a_server_cut_off_as_its_job_is_suspended_for_a_time_slice_is_called_dow
         requeued = wait_for(lambda: all(f.job(j).state == common_pb2.JOB_STATE_QUEUED for j in (first, second)), 15)
         assert requeued
     finally:
-        if shim is not None:
-            shim.close()
         f.close()
 
 
@@ -758,11 +742,78 @@ def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any,
     return f, job_id, path, shim
 
 
+def scripted_shim(channel: grpc.Channel, job_id: str, incarnation: str,
+                  answer: Callable[[Any, list[Any]], runtime_pb2.CommandAck | None]) -> Any:
+    """A FakeShim whose ack to each command is ``answer(command, commands so far)`` (None:
+    no answer, as from a shim behind a cut link)."""
+    from .test_runtime_api import FakeShim
+
+    class Scripted(FakeShim):
+        def _obey(self) -> None:
+            try:
+                for cmd in self.stream:
+                    self.received.append(cmd)
+                    ack = answer(cmd, self.received)
+                    if ack is not None:
+                        self.out.put(runtime_pb2.RuntimeMessage(ack=ack))
+            except grpc.RpcError:
+                pass
+
+    shim = Scripted(channel, job_id, incarnation)
+    shim.incarnation = incarnation
+    return shim
+
+
+def _launched_with(make_scheduler: Any, sqlite_url: str, wait_for: Any, settings: Settings, server: str,
+                   answer: Callable[[Any, list[Any]], runtime_pb2.CommandAck | None]) -> tuple[Any, Fake, str]:
+    """A scheduler, `server` (one GPU, kept alive) and one job launched there, its runtime a
+    scripted_shim(answer) (f.shims[-1], closed with f): (the scheduler, f, the job)."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    f = Fake(sched.address, gpus={server: 1})
+    f.keep_alive(server)
+    job_id = f.submit()
+    _, launch = f.launched(job_id, wait_for)
+    f.shims.append(scripted_shim(f.ch, job_id, launch.incarnation, answer))
+    return sched, f, job_id
+
+
 def _next_command(f: Fake, server: str, kind: str) -> helper_pb2.HelperCommand:
     for cmd in f.commands(server):
         if cmd.WhichOneof("body") == kind:
             return cmd
     raise AssertionError(f"no {kind} command for {server}")
+
+
+def test_a_failed_periodic_checkpoint_is_an_event_naming_why_and_the_restore_point_kept(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """The job's server's ramdisk fills up: its periodic checkpoints fail at the shim
+    ("could not write the checkpoint ...: No space left on device"). That was in the
+    scheduler's log only: nothing a user sees said so, and a job lost later redid every
+    mini-batch since its last good checkpoint. Now each failure is an event on the job,
+    naming the shim's reason and the restore point kept."""
+    full = "checkpoint failed: could not write the checkpoint /ram/y/j/.periodic.tmp: [Errno 28] No space left on device"
+
+    def fills_up(cmd: Any, seen: list[Any]) -> runtime_pb2.CommandAck:
+        """The first checkpoint is written; then the ramdisk is full."""
+        ok = cmd.kind != runtime_pb2.COMMAND_KIND_CHECKPOINT or \
+            [c.kind for c in seen].count(runtime_pb2.COMMAND_KIND_CHECKPOINT) == 1
+        return runtime_pb2.CommandAck(command_id=cmd.command_id, ok=ok, step=42 if ok else 57,
+                                      message="" if ok else full)
+
+    _, f, job_id = _launched_with(make_scheduler, sqlite_url, wait_for, FETCH, "y", fills_up)
+    try:
+        path = f"/ram/y/{job_id}/periodic-{f.shims[-1].incarnation}"
+
+        def events(kind: str) -> list[str]:
+            return [e.message for e in f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+                    if e.kind == kind]
+
+        failed = wait_for(lambda: events("job.checkpoint_failed"), 20)
+        assert events("job.checkpoint") == [f"step 42 at {path}"]
+        assert failed[0] == f"periodic checkpoint at step 57 failed: {full}; its restore point stays step 42 ({path})", \
+            failed
+    finally:
+        f.close()
 
 
 def test_a_job_placed_away_from_its_checkpoint_has_it_fetched_first(
