@@ -84,16 +84,22 @@ def _is_pipe(fd: int) -> bool:
 
 
 def helper_pipe(fd: int, write: bool, env: Mapping[str, str]) -> int | None:
-    """A descriptor on the helper's pipe numbered `fd`: this process's own when it is a
-    pipe, else one opened through the nearest ancestor of the launch that holds a pipe at
-    that number; None when neither holds one."""
-    if _is_pipe(fd):
-        return fd
+    """A descriptor on the helper's pipe numbered `fd`: this process's own when it is that
+    pipe, else one opened through the nearest ancestor of the launch that holds it at that
+    number; None when neither does. (A driver's child may hold another pipe at that number,
+    one of its own: its stdout's.)"""
     found = wrappers(env)
     try:  # the pipe the helper gave the launch's first process (the farthest wrapper)
         given = os.readlink(f"/proc/{found[-1]}/fd/{fd}") if found else ""
     except OSError:
         given = ""
+    if _is_pipe(fd):
+        try:
+            own = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            own = ""
+        if not given or own == given:
+            return fd
     for pid in found:
         path = f"/proc/{pid}/fd/{fd}"
         try:

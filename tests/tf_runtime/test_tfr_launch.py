@@ -25,7 +25,7 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-@pytest.mark.parametrize("form", ["bash", "tf_runtime.run"])
+@pytest.mark.parametrize("form", ["bash", "tf_runtime.run", "foreign_pipe"])
 def test_a_trainer_behind_a_python_driver_reaches_the_pipes_and_stops_its_wrappers(
         tmp_path: Path, form: str) -> None:
     """A driver that runs the trainer with subprocess (close_fds) and goes on after it:
@@ -41,7 +41,12 @@ def test_a_trainer_behind_a_python_driver_reaches_the_pipes_and_stops_its_wrappe
     trainer = ("from tf_runtime import runtime; rt = runtime.start(); "
                "rt.controller.status.event('session_ready'); rt.controller._exit(75)")
     driver = tmp_path / "driver.py"
-    driver.write_text(f"import subprocess, sys; rc = subprocess.run([sys.executable, '-c', {trainer!r}]).returncode; "
+    # foreign_pipe: the driver has put a pipe of its own at the status pipe's number, which
+    # the trainer inherits (only the shell holds the helper's there): not the helper's.
+    own_pipe = ("import os; n = int(os.environ['GANDIVA_STATUS_FD']); os.dup2(os.pipe()[1], n); "
+                if form == "foreign_pipe" else "n = 0; ")
+    driver.write_text(f"import subprocess, sys; {own_pipe}"
+                      f"rc = subprocess.run([sys.executable, '-c', {trainer!r}], pass_fds=(n,) if n else ()).returncode; "
                       f"open({str(marker)!r}, 'a').write('driver went on after %d\\n' % rc)\n")
     r, w = os.pipe()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
@@ -65,11 +70,13 @@ def test_a_trainer_behind_a_python_driver_reaches_the_pipes_and_stops_its_wrappe
             events += [json.loads(line) for line in lines if line]
         assert [e["event"] for e in events] == ["session_ready", "launch_end"], (events, marker.exists() and marker.read_text())
         end = events[-1]
-        wrappers = 2 if form == "bash" else 1
+        wrappers = 1 if form == "tf_runtime.run" else 2
         assert end["code"] == 75 and len(end["wrappers"]) == wrappers and end["wrappers"][-1] == proc.pid
         # The trainer is gone; the driver and the shell wait, stopped, for the helper.
+        # (A stop signal is sent at once, and acted on once the process is scheduled.)
         deadline = time.monotonic() + 30
-        while _state(end["pid"]) not in ("Z", "gone") and time.monotonic() < deadline:
+        while (_state(end["pid"]) not in ("Z", "gone") or any(_state(p) != "T" for p in end["wrappers"])) \
+                and time.monotonic() < deadline:
             time.sleep(0.02)
         assert [_state(pid) for pid in end["wrappers"]] == ["T"] * wrappers
         assert not marker.exists()
