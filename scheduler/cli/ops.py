@@ -60,7 +60,8 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
     jobs = kinds.add_parser("jobs", aliases=["job"], parents=[common], help="list jobs")
     jobs.add_argument("ids", nargs="*", metavar="ID", help="only these jobs")
     jobs.add_argument("--state", action="append", default=[], metavar="STATE",
-                      help="only jobs in this state (repeatable), e.g. RUNNING")
+                      help="only jobs in this state (repeatable, or comma-separated), e.g. RUNNING or "
+                           "RUNNING,QUEUED")
     jobs.add_argument("--multi-job", default="", metavar="ID", help="only members of this multi-job")
     jobs.add_argument("--user", default="", help="only this user's jobs (operators; "
                       "others always see their own)")
@@ -197,7 +198,9 @@ def get_jobs(args: argparse.Namespace, client: Client) -> int:
         if args.limit < 0:
             raise CliError(f"--limit must be 0 or more, got {args.limit}")
         request = scheduler_pb2.ListJobsRequest(
-            states=[state_value(s) for s in args.state], multi_job_id=args.multi_job,
+            # `--state RUNNING,QUEUED` as well as `--state RUNNING --state QUEUED` (the first
+            # was "unknown state 'RUNNING,QUEUED'")
+            states=[state_value(s) for given in args.state for s in given.split(",")], multi_job_id=args.multi_job,
             user=args.user,
         )
         jobs = list_all(client, "ListJobs", request, "jobs", args.limit)

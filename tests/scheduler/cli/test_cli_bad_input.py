@@ -137,6 +137,17 @@ def test_an_ended_job_shows_its_progress_without_an_eta_to_come(gandiva, stub) -
     assert gandiva("get", "jobs", job.id, "--no-headers").out.split()[7] == "0%"
 
 
+def test_get_jobs_takes_states_comma_separated(gandiva, stub) -> None:
+    """`--state RUNNING,QUEUED` was "unknown state 'RUNNING,QUEUED'"."""
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="listed", command=["python", "t.py"], gpus=1))).job
+    r = gandiva("get", "jobs", "--state", "running,queued", "--no-headers")
+    assert r.code == 0 and job.id in r.out, r
+    assert job.id not in gandiva("get", "jobs", "--state", "SUCCEEDED,FAILED", "--no-headers").out
+    bad = gandiva("get", "jobs", "--state", "RUNNING,BOGUS")
+    assert bad.code == 2 and "--state: unknown state 'BOGUS'" in bad.err, bad
+
+
 def test_an_empty_event_kind_says_what_to_give(gandiva, stub) -> None:
     """`gandiva get events --kind ""` (a variable not set) was "invalid: kinds: required"."""
     for watch in ((), ("--watch",)):
