@@ -131,6 +131,10 @@ class Follower:
     def progress(self, jobs: Sequence[common_pb2.Job]) -> str:
         if len(jobs) == 1:
             job = jobs[0]
+            if job.state == common_pb2.JOB_STATE_QUEUED and job.message:
+                # Why it waits ("needs 4 GPUs, the cluster's up servers have 0"): the line
+                # said only "QUEUED ... on -", however long, whatever the reason.
+                return f"{job.spec.name} {job.id}  QUEUED: {job.message}"
             done = f"steps {job.steps}"
             if job.total_steps > 0:  # its progress and ETA (scheduler/eta.py)
                 done = (f"{eta.progress_text(job.steps, job.total_steps)}  ETA "

@@ -123,3 +123,17 @@ def test_a_server_that_does_not_know_the_call_is_named_as_the_wrong_address(gand
     assert r.err.endswith(f"gandiva: error: 127.0.0.1:{port} does not know this call: it is not a Gandiva scheduler "
                           "(a helper's --listen address?) or a scheduler older than this gandiva; check --scheduler "
                           "ADDR (or GANDIVA_SCHEDULER), or upgrade the scheduler\n")
+
+
+def test_a_queued_jobs_progress_line_says_why_it_waits() -> None:
+    # gandiva-submit's live line (and its line every 30 s when piped) read "wait j-1  QUEUED
+    # steps 0  rate 0.0/s  on -" for a job no server could ever take.
+    from protos.gandiva.v1 import common_pb2
+    from scheduler.cli.wait import Follower
+
+    job = common_pb2.Job(id="j-1", spec=common_pb2.JobSpec(name="wait", gpus=4), state=common_pb2.JOB_STATE_QUEUED,
+                         message="needs 4 GPUs, the cluster's up servers have 0")
+    line = Follower(None, ["j-1"], "", 1.0).progress([job])  # type: ignore[arg-type]
+    assert line == "wait j-1  QUEUED: needs 4 GPUs, the cluster's up servers have 0"
+    job.state = common_pb2.JOB_STATE_RUNNING
+    assert "QUEUED" not in Follower(None, ["j-1"], "", 1.0).progress([job])  # type: ignore[arg-type]
