@@ -137,6 +137,22 @@ def test_an_ended_job_shows_its_progress_without_an_eta_to_come(gandiva, stub) -
     assert gandiva("get", "jobs", job.id, "--no-headers").out.split()[7] == "0%"
 
 
+def test_a_multi_jobs_id_lists_its_jobs_or_says_to_name_one(gandiva, stub) -> None:
+    """The mj-... id gandiva-submit prints was "not found: job 'mj-...' not found" to get jobs,
+    describe, suspend, priority and migrate (kill already took it)."""
+    multi = stub.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(name="pair", jobs=[
+        common_pb2.JobSpec(name=f"pair-{i}", command=["python", "t.py"], gpus=1, index=i) for i in range(2)]))
+    listed = gandiva("get", "jobs", multi.multi_job_id, "--no-headers")
+    assert listed.code == 0 and [line.split()[1] for line in listed.out.splitlines()] == ["pair-0", "pair-1"], listed
+    missing = gandiva("get", "jobs", "mj-nosuch")
+    assert missing.code == 2 and "not found: multi-job 'mj-nosuch' not found" in missing.err, missing
+    for argv in (("describe", multi.multi_job_id), ("priority", multi.multi_job_id, "3"),
+                 ("migrate", multi.multi_job_id, "--to", "n1"), ("suspend", multi.multi_job_id)):
+        r = gandiva(*argv)
+        assert r.code == 2 and f"{multi.multi_job_id} is a multi-job: name one of its jobs (gandiva get jobs " \
+            f"{multi.multi_job_id} lists them; gandiva kill {multi.multi_job_id} kills them all)" in r.err, (argv, r)
+
+
 def test_get_jobs_takes_states_comma_separated(gandiva, stub) -> None:
     """`--state RUNNING,QUEUED` was "unknown state 'RUNNING,QUEUED'"."""
     job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
