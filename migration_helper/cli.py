@@ -296,9 +296,10 @@ def _remote_logs(args: argparse.Namespace, client: Any) -> int:
     for it to start (or to end without running).
     """
     from protos.gandiva.v1 import common_pb2, scheduler_pb2
-    from scheduler.cli.client import TERMINAL_STATES
+    from scheduler.cli.client import TERMINAL_STATES, not_a_multi_job
     from scheduler.cli.output import JobOutput
 
+    not_a_multi_job(args.job)
     offset = 0
     finished = False
     said_waiting = False

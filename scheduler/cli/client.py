@@ -581,3 +581,11 @@ def last_output(client: Client, job: common_pb2.Job) -> list[str]:
     lines = data.decode("utf-8", "replace").splitlines()[1 if offset else 0:]  # from a whole line on
     lines = [line for line in lines if line.strip() and not line.startswith("=== gandiva: ")]
     return lines[-LAST_OUTPUT_LINES:]
+
+
+def not_a_multi_job(job_id: str) -> None:
+    """A multi-job's id where one job's is needed: it was "not found: job 'mj-...' not found",
+    of an id gandiva-submit had just printed."""
+    if job_id.startswith("mj-"):
+        raise CliError(f"{job_id} is a multi-job: name one of its jobs (gandiva get jobs {job_id} lists them; "
+                       f"gandiva kill {job_id} kills them all)")

@@ -31,6 +31,7 @@ from scheduler.cli.client import (
     job_to_dict,
     last_output,
     list_all,
+    not_a_multi_job,
     run_command,
     server_to_dict,
     state_name,
@@ -396,7 +397,7 @@ def _act(args: argparse.Namespace, client: Client, method: str, verb: str) -> in
     for job_id in ids:
         try:
             if method != "KillJob":  # kill takes a multi-job's id for its jobs (_members)
-                _not_a_multi_job(job_id)
+                not_a_multi_job(job_id)
             job = client.call(method, scheduler_pb2.JobActionRequest(id=job_id, reason=args.reason))
         except CliError as exc:
             print(f"{PROG}: error: {output.visible(job_id) or repr(job_id)}: {exc}", file=sys.stderr)
@@ -421,16 +422,8 @@ def _report(args: argparse.Namespace, job: common_pb2.Job, text: str) -> int:
     return EXIT_OK
 
 
-def _not_a_multi_job(job_id: str) -> None:
-    """A multi-job's id where one job's is needed: it was "not found: job 'mj-...' not found",
-    of an id gandiva-submit had just printed."""
-    if job_id.startswith("mj-"):
-        raise CliError(f"{job_id} is a multi-job: name one of its jobs (gandiva get jobs {job_id} lists them; "
-                       f"gandiva kill {job_id} kills them all)")
-
-
 def set_priority(args: argparse.Namespace, client: Client) -> int:
-    _not_a_multi_job(args.id)
+    not_a_multi_job(args.id)
     if not 0 <= args.priority <= MAX_PRIORITY:
         raise CliError(f"priority must be from 0 to {MAX_PRIORITY}, got {args.priority}")
     job = client.call("SetPriority", scheduler_pb2.SetPriorityRequest(id=args.id,
@@ -439,7 +432,7 @@ def set_priority(args: argparse.Namespace, client: Client) -> int:
 
 
 def migrate_job(args: argparse.Namespace, client: Client) -> int:
-    _not_a_multi_job(args.id)
+    not_a_multi_job(args.id)
     job = client.call("MigrateJob", scheduler_pb2.MigrateJobRequest(id=args.id, to_server=args.to))
     return _report(args, job, f"job {job.id} migrating to {args.to} (now {state_name(job.state)}, "
                               f"on {output.placement(job.placement)})")
@@ -462,7 +455,7 @@ def _steps(job: common_pb2.Job) -> str:
 
 
 def describe_job(args: argparse.Namespace, client: Client) -> int:
-    _not_a_multi_job(args.id)
+    not_a_multi_job(args.id)
     job = client.call("GetJob", scheduler_pb2.GetJobRequest(id=args.id))
     events = list_all(client, "ListEvents", scheduler_pb2.ListEventsRequest(job_id=job.id), "events")
     migrations = [e for e in events if MIGRATION_MARK in e.kind or MIGRATION_MARK in e.message]

@@ -147,7 +147,8 @@ def test_a_multi_jobs_id_lists_its_jobs_or_says_to_name_one(gandiva, stub) -> No
     missing = gandiva("get", "jobs", "mj-nosuch")
     assert missing.code == 2 and "not found: multi-job 'mj-nosuch' not found" in missing.err, missing
     for argv in (("describe", multi.multi_job_id), ("priority", multi.multi_job_id, "3"),
-                 ("migrate", multi.multi_job_id, "--to", "n1"), ("suspend", multi.multi_job_id)):
+                 ("migrate", multi.multi_job_id, "--to", "n1"), ("suspend", multi.multi_job_id),
+                 ("logs", multi.multi_job_id)):
         r = gandiva(*argv)
         assert r.code == 2 and f"{multi.multi_job_id} is a multi-job: name one of its jobs (gandiva get jobs " \
             f"{multi.multi_job_id} lists them; gandiva kill {multi.multi_job_id} kills them all)" in r.err, (argv, r)
