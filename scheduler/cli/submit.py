@@ -323,7 +323,11 @@ def _print_dry_run(address: str, submission: Submission, jobs: Sequence[common_p
     if submission.multi:
         text = yaml.safe_dump({"multi_job": submission.name, "jobs": documents}, sort_keys=False)
     else:
-        text = yaml.safe_dump(documents[0], sort_keys=False)
+        # A spec file of its own (`--dry-run > job.yaml`, then `-f job.yaml`): `user` is who
+        # submits, not a spec field, and was refused there as "unknown field 'user'".
+        user = documents[0].pop("user", "")
+        text = yaml.safe_dump(documents[0], sort_keys=False) + (f"# user: {user} (who submits; not a spec field)\n"
+                                                                if user else "")
     sys.stdout.write(text)
     return EXIT_OK
 

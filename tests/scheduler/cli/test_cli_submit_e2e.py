@@ -76,12 +76,19 @@ def test_sweep_members_are_told_their_parameters(submit, stub, list_jobs, tmp_pa
     assert f"gandiva get jobs --multi-job {multi_id}" in r.out
 
 
-def test_dry_run_validates_through_the_server_and_writes_nothing(submit, stub, list_jobs) -> None:
+def test_dry_run_validates_through_the_server_and_writes_nothing(submit, stub, list_jobs, tmp_path: Path) -> None:
     r = submit("--dry-run", "--gpus", "4", "--", "python", "train.py")
     assert r.code == 0, r.err
     assert "nothing was submitted" in r.err
     assert "gpus: 4" in r.out and "- train.py" in r.out and "name: train" in r.out
     assert list_jobs(stub) == []
+    # Its YAML is a spec file: `--dry-run > job.yaml` then `-f job.yaml` (it was "unknown field
+    # 'user'"); the same job comes out again.
+    saved = tmp_path / "job.yaml"
+    saved.write_text(r.out)
+    again = submit("-f", str(saved), "--dry-run")
+    assert again.code == 0 and again.out == r.out, again
+    assert "# user: " in r.out and "\nuser:" not in r.out
     # A dry run of something the server refuses fails like the real thing.
     r = submit("--dry-run", "--name", "x" * 300, "--", "python", "train.py")
     assert r.code == 2 and "spec.name" in r.err
