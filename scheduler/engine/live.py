@@ -276,19 +276,27 @@ class LiveEngine:
         holds them until the move has checkpointed and restarted it (seconds; a server's
         link cut mid-move, until the server is called down), or for good when the move is
         not applied (its job has a command in flight...). The policy sees a migrating job on
-        its source GPUs until the move has ended, and places the job there then."""
+        its source GPUs until the move has ended, and places the job there then. Likewise
+        onto the GPUs of a job whose suspend, unpack or park of this round is not applied
+        (left out of `decisions`): the policy decides the switch again next round."""
         views = {j.id: j for j in snap.jobs}
+        applied = {id(d) for d in decisions}
         leaving: dict[pt.GpuRef, str] = {}
         for d in raw:
             if isinstance(d, (pt.Migrate, pt.Grow, pt.Shrink)) and d.job_id in views:
                 target = set(d.to_gpus if isinstance(d, pt.Migrate) else d.gpus)
                 leaving.update((g, d.job_id) for g in views[d.job_id].placement if g not in target)
+            elif isinstance(d, (pt.Suspend, pt.Unpack, pt.Park)) and id(d) not in applied and d.job_id in views:
+                # Not applied (its job has a command in flight: a periodic checkpoint at a
+                # time slice's end): the job stays on its GPUs. Its partner's resume used to
+                # be applied all the same, both then running on one GPU until the end.
+                leaving.update((g, d.job_id) for g in views[d.job_id].placement)
         if not leaving:
             return decisions
         kept: list[pt.Decision] = []
         for d in decisions:
             if isinstance(d, (pt.Place, pt.Pack, pt.Resume)) and any(g in leaving for g in d.gpus):
-                log.info("job %s: not started on %s yet: job %s is leaving it (%s)", d.job_id,
+                log.info("job %s: not started on %s yet: job %s is leaving it, or was to (%s)", d.job_id,
                          ", ".join(f"{g.server}/{g.index}" for g in d.gpus if g in leaving),
                          next(leaving[g] for g in d.gpus if g in leaving), d.reason or "")
                 continue
