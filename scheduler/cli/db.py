@@ -35,8 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+class SchedulerRunning(Exception):
+    """A scheduler holds the database: a downgrade under it would break it."""
+
+
 def run(args: argparse.Namespace) -> int:
     from scheduler.state import migrate
+
+    url = args.db or default_db_url()
 
     async def go(engine) -> str:  # type: ignore[no-untyped-def]
         if args.db_action == "prune":
@@ -44,10 +50,25 @@ def run(args: argparse.Namespace) -> int:
         if args.db_action == "upgrade":
             await migrate.upgrade(engine, args.revision)
         elif args.db_action == "downgrade":
-            await migrate.downgrade(engine, args.revision)
+            # Under a running scheduler it dropped the columns that scheduler reads: every call
+            # then answered "its database is unreachable (no such column: jobs.total_steps)".
+            # The scheduler's own lock: held here, no scheduler starts mid-downgrade either.
+            from scheduler.state.owner import DatabaseHeld, SchedulerLock
+
+            lock = SchedulerLock(url, "gandiva db downgrade", url)
+            try:
+                await lock.acquire()
+            except DatabaseHeld as held:
+                holder = str(held).split("(", 1)[-1].split(")", 1)[0]
+                raise SchedulerRunning(f"a scheduler is running on this database ({holder}): stop it first; a "
+                                       "downgrade under it drops what it reads and writes. Nothing was changed") from None
+            try:
+                await migrate.downgrade(engine, args.revision)
+            finally:
+                await lock.release()
         return (await migrate.current(engine)) or "base (empty)"
 
-    return run_on_db("gandiva db", args.db or default_db_url(), go, create=args.db_action == "upgrade")
+    return run_on_db("gandiva db", url, go, create=args.db_action == "upgrade")
 
 
 def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create: bool) -> int:
@@ -85,6 +106,9 @@ def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create
         # make_engine names the field `db`: say it as the flag.
         text = f"--{err}" if isinstance(err, InvalidArgument) and err.field == "db" else str(err)
         print(f"{prog}: {text}", file=sys.stderr)
+        return 2
+    except SchedulerRunning as err:
+        print(f"{prog}: --db {_redact(url)}: {err}", file=sys.stderr)
         return 2
     except migrate.SchemaTooNew as err:  # before CommandError: say which gandiva to use
         print(f"{prog}: --db {_redact(url)}: {err}", file=sys.stderr)

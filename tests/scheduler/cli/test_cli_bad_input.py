@@ -69,6 +69,20 @@ def test_db_errors_go_to_stderr_and_a_missing_database_is_not_created(gandiva, t
     assert (r.code, r.out) == (2, "") and r.err.startswith("gandiva db: --db: unsupported database URL 'bogus'")
 
 
+def test_db_downgrade_under_a_running_scheduler_is_refused(gandiva, make_scheduler, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    """It went ahead: the running scheduler then answered every call "its database is
+    unreachable (OperationalError: no such column: jobs.total_steps)"."""
+    sched = make_scheduler(sqlite_url)
+    head = gandiva("db", "current", "--db", sqlite_url).out.strip()
+    r = gandiva("db", "downgrade", "0007_request_ids", "--db", sqlite_url)
+    assert (r.code, r.out) == (2, ""), r
+    assert f"a scheduler is running on this database (pid {os.getpid()} " in r.err, r
+    assert "stop it first; a downgrade under it drops what it reads and writes. Nothing was changed" in r.err
+    assert gandiva("db", "current", "--db", sqlite_url).out.strip() == head
+    sched.stop()
+    assert gandiva("db", "downgrade", "0007_request_ids", "--db", sqlite_url).out.strip() == "0007_request_ids"
+
+
 def test_db_and_token_take_db_after_their_action_too(gandiva, tmp_path: Path) -> None:
     """`gandiva db current --db URL` (the order `gandiva scheduler --db URL` reads) was the
     top-level usage and "unrecognized arguments: --db ..." (exit 2); only `gandiva db --db URL
