@@ -50,7 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.sim_traces import TRACES, jct_goal, load_trace, trace_files
+from benchmarks.sim_traces import TRACES, jct_goal, load_trace, trace_files, trace_name
 from scheduler.policy import get_policy
 from scheduler.policy.gittins import GittinsTable
 from scheduler.sim.engine import Simulator, make_cluster
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.trace or trace_files(args.traces, args.min_jobs)
     if args.only:
         wanted = set(args.only.split(","))
-        paths = [p for p in paths if p.stem in wanted]
+        paths = [p for p in paths if trace_name(p) in wanted]
     if not paths:
         print(f"no traces found (looked in {args.traces}); pass --trace FILE or --traces DIR", file=sys.stderr)
         return 2
@@ -218,16 +218,16 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"{path}: {exc}", file=sys.stderr)
             return 2
-        known = results.get(path.stem, {})
+        known = results.get(trace_name(path), {})
         if known and (known.get("settings") != settings or known.get("jobs") != len(jobs)):
-            print(f"--results: {path.stem} there was replayed at {known.get('settings')} with {known.get('jobs')} "
+            print(f"--results: {trace_name(path)} there was replayed at {known.get('settings')} with {known.get('jobs')} "
                   f"jobs, not at {settings} with {len(jobs)}: pass a file written with the same --cluster and "
                   "--target-load", file=sys.stderr)
             return 2
         yarn = known.get("yarn-cs") or summarize(Simulator(jobs, servers, get_policy("yarn-cs"), model).run())
         goal, share = jct_goal(yarn)
         y = yarn["avg_jct_s"]
-        cells = [path.stem, f"{len(jobs):,}", f"{y / 3600:.1f} ({share:.0%})", f"<= {goal:.1f}x"]
+        cells = [trace_name(path), f"{len(jobs):,}", f"{y / 3600:.1f} ({share:.0%})", f"<= {goal:.1f}x"]
         for o in orders:
             r = ideal_jct(jobs, servers, model, o)
             cells.append(f"{r['avg_jct_s'] / 3600:.1f} ({r['avg_jct_s'] / y:.2f})")

@@ -29,6 +29,12 @@ met by the gandiva column and by each --ablate rule set.
     .venv/bin/python benchmarks/sim_table.py [--only cluster10,2869ce] [--json OUT] [--plot DIR]
     .venv/bin/python benchmarks/sim_table.py --json base.json          # once: every policy
     .venv/bin/python benchmarks/sim_table.py --baselines base.json --ablate rule=FIELD:VALUE
+    .venv/bin/python benchmarks/sim_table.py --trace other/clusterA.csv --trace t.trace.gz
+
+--trace FILE (repeatable) replays those files instead of the evaluation set: any trace
+`gandiva sim` reads (its format detected; compressed or not), a Gavel-format one timed by the
+simulation_throughputs.json in its folder or above (else the one under --traces), any other
+by the built-in table.
 
 Needs ../shared/traces. All traces take hours on this shared machine: use --only.
 """
@@ -46,17 +52,19 @@ from typing import Any
 from sim_traces import (  # benchmarks/ is the script's folder
     TRACES,
     jct_goal,
-    load_trace,
+    load_trace_as,
     parse_config,
     parse_rules,
     trace_files,
+    trace_name,
 )
 
 from scheduler.policy import get_policy
 from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
-from scheduler.sim.model import MechanismModel
+from scheduler.sim.model import MechanismModel, gavel_table_near
+from scheduler.sim.trace import GAVEL as GAVEL_FORMATS
 from scheduler.sim.trace import JobSpec
 
 POLICIES = ("gandiva", "yarn-cs", "tiresias", "yarn-cs-local")
@@ -127,7 +135,12 @@ def compare(paths: list[Path]) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", type=Path, default=TRACES)
+    ap.add_argument("--traces", type=Path, default=TRACES,
+                    help="the evaluation set's folder: itp/*.csv and gavel/traces/msr/seed=*/*.trace (default: "
+                         "../shared/traces)")
+    ap.add_argument("--trace", type=Path, action="append", default=[], metavar="FILE",
+                    help="replay this trace file instead of the evaluation set (repeatable; any format gandiva "
+                         "sim reads)")
     ap.add_argument("--only", help="comma-separated trace names (file stems)")
     ap.add_argument("--min-jobs", type=int, default=500, help="Gavel traces with at least this many jobs")
     ap.add_argument("--skip-invalid", action="store_true",
@@ -151,8 +164,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.compare:
         return compare([Path(p) for p in args.compare.split(",")])
-    if not args.traces.is_dir():
-        print(f"no traces at {args.traces.resolve()}: this benchmark needs ../shared/traces")
+    if not args.trace and not args.traces.is_dir():
+        print(f"no traces at {args.traces.resolve()}: this benchmark needs ../shared/traces (or --trace FILE)")
+        return 2
+    missing_files = [str(p) for p in args.trace if not p.is_file()]
+    if missing_files:
+        print(f"--trace {', '.join(missing_files)}: no such file; nothing was replayed", file=sys.stderr)
         return 2
     if args.json is not None:  # before hours of replay, not after
         folder = args.json.parent
@@ -171,34 +188,52 @@ def main() -> int:
         except (OSError, ValueError) as exc:
             ap.error(f"--baselines {args.baselines}: {exc}")
     wanted = set(args.only.split(",")) if args.only else None
-    paths = [p for p in trace_files(args.traces, args.min_jobs) if wanted is None or p.stem in wanted]
-    unknown = sorted(wanted - {p.stem for p in paths}) if wanted else []
+    every = args.trace or trace_files(args.traces, args.min_jobs)
+    names = {p: trace_name(p) for p in every}
+    twice = sorted({n for n in names.values() if list(names.values()).count(n) > 1})
+    if twice:
+        print(f"two traces are named {', '.join(twice)} ({', '.join(str(p) for p in every if names[p] in twice)}): "
+              "the table and --json name each trace by its file's stem; rename one", file=sys.stderr)
+        return 2
+    paths = [p for p in every if wanted is None or names[p] in wanted]
+    unknown = sorted(wanted - {names[p] for p in paths}) if wanted else []
     if unknown or not paths:
-        found = ", ".join(p.stem for p in trace_files(args.traces, args.min_jobs)) or "none"
-        print(f"{args.traces}: no trace {', '.join(unknown) or 'at all'} (expected itp/cluster*.csv or "
-              f"gavel/traces/msr/seed=0/*.trace with at least --min-jobs {args.min_jobs} jobs; found: {found})",
-              file=sys.stderr)
+        found = ", ".join(names.values()) or "none"
+        where = "the --trace files" if args.trace else (
+            f"{args.traces} (expected itp/*.csv or gavel/traces/msr/seed=*/*.trace with at least --min-jobs "
+            f"{args.min_jobs} jobs)")
+        print(f"no trace {', '.join(unknown) or 'at all'} in {where}; found: {found}", file=sys.stderr)
         return 2
     workloads: dict[Path, list[JobSpec]] = {}
+    formats: dict[Path, str] = {}
     for path in paths:  # every trace is read before hours of replay, so a bad one stops the run at once
         try:
-            workloads[path] = load_trace(path, args.skip_invalid)
+            workloads[path], formats[path] = load_trace_as(path, args.skip_invalid)
         except SystemExit as exc:
             print(exc, file=sys.stderr)
     if len(workloads) < len(paths):
         print("fix or leave out (--only) the traces above (or --skip-invalid, where it is offered); "
               "nothing was replayed", file=sys.stderr)
         return 2
-    table = args.traces / "gavel" / "simulation_throughputs.json"
-    if any(p.suffix != ".csv" for p in paths):
-        try:
-            gavel = MechanismModel.from_gavel(table)
-        except ValueError as exc:
-            print(f"error: {exc} (the Gavel traces need it)", file=sys.stderr)
-            return 2
-    else:
-        gavel = MechanismModel.default()  # not used: no Gavel trace
+    # A Gavel trace's steps are timed by Gavel's throughput table (the one beside it, else the
+    # evaluation set's); every other format's by the built-in table.
+    default_table = args.traces / "gavel" / "simulation_throughputs.json"
     builtin = MechanismModel.default()
+    tables: dict[Path, MechanismModel] = {}
+    models: dict[Path, MechanismModel] = {}
+    for path in workloads:
+        if formats[path] not in GAVEL_FORMATS:
+            models[path] = builtin
+            continue
+        table = gavel_table_near(path) or default_table
+        if table not in tables:
+            try:
+                tables[table] = MechanismModel.from_gavel(table)
+            except ValueError as exc:
+                print(f"error: {exc} (the Gavel trace {path} needs it; put Gavel's simulation_throughputs.json "
+                      "beside it)", file=sys.stderr)
+                return 2
+        models[path] = tables[table]
     try:
         servers = make_cluster(args.cluster, host_memory_gib=args.host_memory_gib)
     except ValueError as exc:
@@ -212,13 +247,12 @@ def main() -> int:
         ap.error(f"--baselines: the stored baselines ran one job per GPU without a host memory check; "
                  f"{widest} jobs of {args.job_host_memory_gib} GiB do not fit in 90% of {host} GiB, so "
                  f"replay the baselines too (leave out --baselines)")
-    for m in (gavel, builtin):
-        m.job_host_memory_gib = args.job_host_memory_gib
+    for mech in (builtin, *tables.values()):
+        mech.job_host_memory_gib = args.job_host_memory_gib
     scaled: dict[Path, list[JobSpec]] = {}
     for path, workload in workloads.items():  # before any replay: a trace this cluster cannot replay stops the run
         try:
-            scaled[path], _ = scale_to_load(workload, servers, builtin if path.suffix == ".csv" else gavel,
-                                            args.target_load)
+            scaled[path], _ = scale_to_load(workload, servers, models[path], args.target_load)
         except ValueError as exc:
             print(f"{path}: {exc} (--cluster {args.cluster}, --target-load {args.target_load})", file=sys.stderr)
     if len(scaled) < len(workloads):
@@ -232,16 +266,17 @@ def main() -> int:
           f"{'med g':>6} | {'mksp h g/y':>11} {'bound':>6} | {'yQ%':>4} {'ff':>5} {'jct/y':>5} {'jct/t':>5} "
           f"{'mk/y':>5} | goals ff/jct/mk | CPU s (gandiva)")
     for path in workloads:
-        model = builtin if path.suffix == ".csv" else gavel
+        model = models[path]
+        tname = names[path]
         jobs = scaled[path]
         bound, _ = makespan_bound(jobs, servers, model)
         start = time.process_time()
         results: dict[str, SimResult] = {}
         old: dict[str, Any] = {}
         if args.baselines is not None:
-            old = stored.get(path.stem) or {}
+            old = stored.get(tname) or {}
             if old.get("settings") != settings or old.get("jobs") != len(jobs):
-                print(f"{args.baselines} has no baselines for {path.stem} at {settings} ({len(jobs)} jobs): "
+                print(f"{args.baselines} has no baselines for {tname} at {settings} ({len(jobs)} jobs): "
                       f"write them first with --json (every policy)", file=sys.stderr)
                 return 2
         cpu: dict[str, float] = {}  # CPU seconds of each replay
@@ -260,17 +295,17 @@ def main() -> int:
         m.update({name: old[name] for name in BASELINES if name in old})
         g, y, t, yl = (m[p] for p in POLICIES)
         v = verdicts(g, y, t)
-        everything[path.stem] = {"jobs": len(jobs), "makespan_lower_bound_s": bound, "goals": v,
+        everything[tname] = {"jobs": len(jobs), "makespan_lower_bound_s": bound, "goals": v,
                                  "settings": settings, **m}
         if host:
-            everything[path.stem]["host_memory"] = {"server_gib": host, "job_gib": args.job_host_memory_gib}
+            everything[tname]["host_memory"] = {"server_gib": host, "job_gib": args.job_host_memory_gib}
         for label, met in [("gandiva", v)] + [(lb, verdicts(m[f"gandiva[{lb}]"], y, t)) for lb in ablations]:
             row = tally.setdefault(label, [0, 0, 0, 0])
             for i, (k, _) in enumerate(GOALS):
                 row[i] += bool(met[k])
             row[3] += 1
         ok = "/".join("yes" if v[k] else "NO" for k, _ in GOALS)
-        print(f"{path.stem:>9} {len(jobs):>5} | "
+        print(f"{tname:>9} {len(jobs):>5} | "
               f"{'/'.join(f'{x[JCT] / 3600:.1f}' for x in (g, y, t, yl)):>24} | "
               f"{'/'.join(f'{x[FIRST]:.0f}' for x in (g, y, t)):>24} "
               f"{g['median_time_to_first_n_s']:>6.0f} | "
@@ -291,7 +326,7 @@ def main() -> int:
         if args.plot is not None:
             from scheduler.sim.plots import write_plots
 
-            write_plots(results, args.plot / path.stem)
+            write_plots(results, args.plot / tname)
     for label, (ff, jct, mk, n) in tally.items():
         print(f"goals met, {label}: ff {ff} / jct {jct} / mk {mk} of {n} traces")
     if args.json:

@@ -1,8 +1,10 @@
 """What the simulator benchmarks share: where the evaluation traces are and which count,
 and the ``FIELD[:VALUE]+...`` rule sets their ``--config``/``--ablate`` flags take.
 
-The evaluation set (issue 11): every ITP trace (``itp/cluster*.csv``) and every Gavel
-Philly msr trace (``gavel/traces/msr/seed=0/*.trace``) with at least ``min_jobs`` jobs.
+The evaluation set (issue 11): every ITP trace (``itp/*.csv``, also gzip, bzip2 or xz
+compressed) and every Gavel Philly msr trace (``gavel/traces/msr/seed=*/*.trace``, seed 0
+first) with at least ``min_jobs`` jobs. A trace is named by its file's stem (``cluster04``,
+``e13805``), a Gavel trace of another seed folder by its stem and seed (``e13805-seed1``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.policy import PolicyConfig
-from scheduler.sim.trace import JobSpec, TraceError, read_trace, read_trace_as
+from scheduler.sim.trace import JobSpec, TraceError, read_trace_as
 
 # ../shared/traces next to the repository (never committed).
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
@@ -30,10 +32,37 @@ def gavel_traces(folder: Path, min_jobs: int) -> list[Path]:
     return [p for p in sorted(folder.glob("*.trace")) if _jobs_in(p) >= min_jobs]
 
 
+COMPRESSED = (".gz", ".bz2", ".xz")  # what the trace reader decompresses as it reads
+
+
+def _seed(folder: Path) -> tuple[int, str]:
+    number = folder.name.partition("=")[2]
+    return (int(number), "") if number.isdigit() else (1 << 62, folder.name)
+
+
 def trace_files(root: Path, min_jobs: int) -> list[Path]:
-    """Every ITP trace under ``root``, then every Gavel msr trace with at least ``min_jobs`` jobs."""
-    itp = sorted((root / "itp").glob("cluster*.csv"))
-    return itp + gavel_traces(root / "gavel" / "traces" / "msr" / "seed=0", min_jobs)
+    """Every ITP trace under ``root`` (``itp/*.csv``, compressed or not), then every Gavel msr
+    trace with at least ``min_jobs`` jobs, seed folder by seed folder (seed 0 first)."""
+    itp = sorted(p for p in (root / "itp").glob("*.csv*")
+                 if p.is_file() and (p.suffix == ".csv" or (p.suffix in COMPRESSED and p.stem.endswith(".csv"))))
+    msr = root / "gavel" / "traces" / "msr"
+    seeds = sorted((d for d in msr.glob("seed=*") if d.is_dir()), key=_seed)
+    return itp + [p for folder in seeds for p in gavel_traces(folder, min_jobs)]
+
+
+def trace_name(path: Path) -> str:
+    """The name a trace goes by in the tables, --only and --json: its file's stem without a
+    compression suffix (``cluster04.csv.gz``: ``cluster04``); a Gavel trace of a seed folder
+    other than ``seed=0`` gets the seed too (``seed=1/e13805.trace``: ``e13805-seed1``), as
+    every seed folder holds the same file names."""
+    name = path.name
+    for suffix in COMPRESSED:
+        name = name.removesuffix(suffix)
+    name = name.rpartition(".")[0] or name
+    folder = path.parent.name
+    if folder.startswith("seed=") and folder != "seed=0":
+        name += "-seed" + folder.partition("=")[2]
+    return name
 
 
 def load_trace(path: Path, skip_invalid: bool = False) -> list[JobSpec]:
@@ -41,15 +70,21 @@ def load_trace(path: Path, skip_invalid: bool = False) -> list[JobSpec]:
 
     ``skip_invalid``: leave out the job lines that cannot be replayed (``gandiva sim
     --skip-invalid``), and say on stderr how many, by reason, with the first such line."""
+    return load_trace_as(path, skip_invalid)[0]
+
+
+def load_trace_as(path: Path, skip_invalid: bool = False) -> tuple[list[JobSpec], str]:
+    """``load_trace``, and the format the trace was read as (``gavel6``, ``csv``, ...: a Gavel
+    trace's steps are timed by Gavel's throughput table, any other's by the built-in one)."""
     if not skip_invalid:
         try:
-            return read_trace(path)
+            return read_trace_as(path)
         except TraceError as exc:
             hint = " (or --skip-invalid: leave out every job line that cannot be replayed)" if exc.skippable else ""
             raise SystemExit(f"error: {exc}{hint}") from None
     skipped: list[TraceError] = []
     try:
-        jobs, _ = read_trace_as(path, skipped=skipped)
+        jobs, fmt = read_trace_as(path, skipped=skipped)
     except TraceError as exc:
         raise SystemExit(f"error: {exc}") from None
     if skipped:
@@ -59,7 +94,7 @@ def load_trace(path: Path, skip_invalid: bool = False) -> list[JobSpec]:
               file=sys.stderr)
         for count, first in skip_reasons(skipped).values():
             print(f"  {count:,} like line {first.line}: {first.reason}", file=sys.stderr)
-    return jobs
+    return jobs, fmt
 
 
 def parse_config(spec: str) -> PolicyConfig:

@@ -3,6 +3,7 @@ docs/simulator.md shows, printed from files earlier ``--json`` runs wrote, witho
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -83,3 +84,38 @@ def test_a_trace_the_cluster_cannot_replay_stops_the_run_before_any_replay(tmp_p
     out = subprocess.run([*run[:-1], "0x8", "--only", "cluster90"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120, check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "needs at least one server" in out.stderr
+
+
+def test_the_table_replays_compressed_traces_and_any_trace_files_given(tmp_path: Path) -> None:
+    """The evaluation set was `itp/cluster*.csv` only: another cluster's export named otherwise
+    or compressed (`itp/clusterA.csv.gz`) was silently not in the table, and there was no way to
+    put a trace file of one's own in it. Now every `itp/*.csv` (gzip, bzip2, xz too) is in, and
+    `--trace FILE` (repeatable) replays the files given instead, named by their stems."""
+    itp = tmp_path / "itp"
+    itp.mkdir()
+    rows = "job_id,submission_time,num_gpu,duration\na,0,1,600\nb,60,2,1200\nc,90,1,600\n"
+    (itp / "clusterA.csv.gz").write_bytes(gzip.compress(rows.encode()))
+    (itp / "philly-b.csv").write_text(rows)
+    out_json = tmp_path / "out.json"
+    run = [sys.executable, "benchmarks/sim_table.py", "--traces", str(tmp_path), "--cluster", "1x4"]
+    out = subprocess.run([*run, "--json", str(out_json)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    table = json.loads(out_json.read_text())
+    assert sorted(table) == ["clusterA", "philly-b"]
+    assert table["clusterA"]["yarn-cs"]["jobs_finished"] == 3
+    same = [{k: v for k, v in table[t]["yarn-cs"].items() if k != "cpu_s"} for t in ("clusterA", "philly-b")]
+    assert same[0] == same[1]  # the same jobs, one file read through gzip
+    own = tmp_path / "mine.csv"
+    own.write_text(rows)
+    out = subprocess.run([sys.executable, "benchmarks/sim_table.py", "--trace", str(own), "--cluster", "1x4",
+                          "--traces", str(tmp_path / "none"), "--json", str(out_json)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert list(json.loads(out_json.read_text())) == ["mine"]
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mine.csv").write_text(rows)
+    out = subprocess.run([sys.executable, "benchmarks/sim_table.py", "--trace", str(own), "--trace",
+                          str(tmp_path / "sub" / "mine.csv"), "--cluster", "1x4"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "two traces are named mine" in out.stderr and out.stdout == ""
