@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     client = actions.add_parser(
         "client", help="add client certificates (mutual TLS) signed by DIR's existing CA",
         description="Write NAME.pem and NAME-key.pem for each NAME, signed by the CA that "
-        "`gandiva tls init` wrote into DIR (its ca.pem and ca-key.pem): a user or server added "
+        "`gandiva tls init` wrote into DIR (its ca.pem and ca-key.pem): a user added "
         "later, without replacing the cluster's certificates.")
     client.add_argument("dir", type=Path, metavar="DIR", help="the directory `gandiva tls init` wrote")
     client.add_argument("clients", nargs="+", metavar="NAME", help="whom each certificate is for")
