@@ -258,6 +258,8 @@ _PREFIXES = {
     grpc.StatusCode.NOT_FOUND: "not found",
     grpc.StatusCode.FAILED_PRECONDITION: "not possible now",
     grpc.StatusCode.PERMISSION_DENIED: "not allowed",
+    # a --request-id sent again with another body (was "the scheduler at ADDR answered ALREADY_EXISTS: ...")
+    grpc.StatusCode.ALREADY_EXISTS: "refused",
 }
 
 # How grpc words a failure to reach the server at all (as opposed to an

@@ -137,3 +137,11 @@ def test_a_queued_jobs_progress_line_says_why_it_waits() -> None:
     assert line == "wait j-1  QUEUED: needs 4 GPUs, the cluster's up servers have 0"
     job.state = common_pb2.JOB_STATE_RUNNING
     assert "QUEUED" not in Follower(None, ["j-1"], "", 1.0).progress([job])  # type: ignore[arg-type]
+
+
+def test_a_request_id_used_for_another_job_is_said_plainly() -> None:
+    # It read "the scheduler at h:1 answered ALREADY_EXISTS: request_id 'r' was used for ...".
+    said = describe_rpc_error(_Status(grpc.StatusCode.ALREADY_EXISTS, "request_id 'r' was used for job j-1, which "
+                                      "differs in name: a new submission needs a new request id"), "h:1")
+    assert said == ("refused: request_id 'r' was used for job j-1, which differs in name: a new submission needs a "
+                    "new request id")
