@@ -78,6 +78,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             log.warning("could not record that job %s's runtime connected: %s", hello.job_id, err)
         log.info("runtime of job %s (incarnation %s, pid %d) connected", hello.job_id, hello.incarnation, hello.pid)
         reader = asyncio.create_task(self._read(conn, request_iterator))
+        getter: asyncio.Task | None = None
         try:
             while True:
                 getter = asyncio.create_task(conn.outbox.get())
@@ -93,6 +94,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                 return  # the shim closed its side
         finally:
             reader.cancel()
+            if getter is not None:
+                # A stream cancelled mid-wait (the job's process killed) left it pending, and
+                # the scheduler's log said "ERROR asyncio: Task was destroyed but it is pending!".
+                getter.cancel()
             self.core.runtimes.detach(conn)
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
                 log.warning("runtime stream of job %s ended by an error: %r", conn.job_id, reader.exception())

@@ -121,17 +121,23 @@ def test_suspend_without_connected_runtime_fails_cleanly(scheduler_server) -> No
         assert "QUEUED" in err.value.details()
 
 
+def _launched(ch: grpc.Channel):  # type: ignore[no-untyped-def]
+    """A server n1 with one GPU, a job submitted and its launch there: (stub, helper, the
+    command stream, the job, its launch)."""
+    stub = scheduler_pb2_grpc.SchedulerStub(ch)
+    helper = helper_pb2_grpc.HelperStub(ch)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+    commands = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
+    return stub, helper, commands, job, next(commands).launch
+
+
 def test_the_sources_first_training_run_goes_with_the_warm_launch(scheduler_server) -> None:  # type: ignore[no-untyped-def]
     """The shim's TrainSignature is what the destination of a migration rehearses: the
     scheduler passes the source's in the pre-warm LaunchJob."""
     signature = '{"feeds": {"x:0": ["<f4", [8, 12]]}, "fetches": ["train:0"], "options": ""}'
     with grpc.insecure_channel(scheduler_server.address) as ch:
-        stub = scheduler_pb2_grpc.SchedulerStub(ch)
-        helper = helper_pb2_grpc.HelperStub(ch)
-        helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
-        at_n1 = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
-        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
-        launch = next(at_n1).launch
+        stub, helper, at_n1, job, launch = _launched(ch)
         assert not launch.warm_signature  # a first launch has nothing to rehearse by
         shim = FakeShim(ch, job.id, launch.incarnation)
         shim.out.put(runtime_pb2.RuntimeMessage(train_signature=runtime_pb2.TrainSignature(json=signature)))
@@ -145,3 +151,29 @@ def test_the_sources_first_training_run_goes_with_the_warm_launch(scheduler_serv
         shim.close()
         at_n1.cancel()
         at_n2.cancel()
+
+
+def test_a_runtime_stream_cancelled_mid_wait_leaves_no_task_behind(scheduler_server, wait_for) -> None:  # type: ignore[no-untyped-def]
+    # A job's process killed while its stream waited for a command: the wait (a Queue.get task)
+    # was left pending, and garbage collection logged "ERROR asyncio: Task was destroyed but it
+    # is pending!" in the scheduler's log.
+    import asyncio
+    import gc
+
+    def waiting_gets() -> list[str]:
+        async def look() -> list[str]:
+            return [repr(t) for t in asyncio.all_tasks() if "Queue.get" in repr(t.get_coro())]
+        return scheduler_server.call(look())
+
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        _, _, commands, job, launch = _launched(ch)
+        before = len(waiting_gets())
+        gc.disable()  # the orphan lives until a collection: keep it to be seen
+        try:
+            shim = FakeShim(ch, job.id, launch.incarnation)
+            wait_for(lambda: len(waiting_gets()) > before)  # its stream waits for a command
+            shim.stream.cancel()  # the process is gone, as by kill -9: the stream is cancelled
+            wait_for(lambda: len(waiting_gets()) == before, 30)
+        finally:
+            gc.enable()
+        commands.cancel()
