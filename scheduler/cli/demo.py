@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
                 f"\nStill running (scheduler at {address}); try:\n"
                 f"  export GANDIVA_SCHEDULER={address}\n  gandiva get jobs\n  gandiva get events\n"
                 f"  open http://{http}/\n"
-                f"Stop it with: kill {' '.join(str(p) for p in cluster.pids())}"
+                f"Stop it with: kill {' '.join(str(p) for p in cluster.pids())}; then remove its ramdisks: "
+                f"rm -r {' '.join(str(cluster.ramdisk(n)) for n in names)}"
             )
             cluster.procs.clear()
         console.print(f"\nLogs: {run_dir}", soft_wrap=True)

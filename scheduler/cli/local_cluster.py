@@ -7,6 +7,7 @@ helpers use virtual GPUs and a ramdisk under /dev/shm. Logs go to ``run_dir``.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -73,7 +74,7 @@ class LocalCluster:
             with open(self.run_dir / f"helper-{name}.log", "w") as log:
                 self.procs.append(subprocess.Popen(
                     [*GANDIVA, "helper", "--server-name", name, "--gpus", str(self.gpus), "--virtual",
-                     "--ramdisk", str(Path("/dev/shm") / f"gandiva-local-{name}-{os.getpid()}"),
+                     "--ramdisk", str(self.ramdisk(name)),
                      "--log-dir", str(self.run_dir / "logs" / name)],
                     stdout=log, stderr=subprocess.STDOUT, env=env))
 
@@ -96,12 +97,22 @@ class LocalCluster:
                 time.sleep(0.3)
         raise RuntimeError(f"helpers did not register within {timeout:.0f}s; see helper-*.log")
 
+    def ramdisk(self, name: str) -> Path:
+        return Path("/dev/shm") / f"gandiva-local-{name}-{os.getpid()}"
+
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
     def stop(self) -> None:
+        """Stop the processes it started, then remove its helpers' ramdisks: every `gandiva
+        demo` left two behind in /dev/shm (RAM), with the checkpoints in them (40 found after
+        a day's runs). Nothing when its processes were left running (``--keep``: procs cleared)."""
+        if not self.procs:
+            return
         stop_processes(self.procs[::-1])
         self.procs.clear()
+        for name in self.servers:
+            shutil.rmtree(self.ramdisk(name), ignore_errors=True)
 
 
 def stop_processes(procs: Sequence[subprocess.Popen], grace_s: float = 15) -> None:

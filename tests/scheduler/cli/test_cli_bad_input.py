@@ -532,3 +532,29 @@ def test_a_relative_sqlite_path_is_warned_of_with_the_real_path(tmp_path: Path) 
         out, _ = proc.communicate(timeout=60)
     assert (f"--db sqlite+aiosqlite:///rel.db is a path relative to the current directory: "
             f"the database is {tmp_path / 'rel.db'}") in out, out
+
+
+def test_a_local_cluster_removes_its_helpers_ramdisks_when_it_stops(tmp_path: Path) -> None:
+    """Every `gandiva demo` (and the benchmarks' local clusters) left its helpers' ramdisks
+    in /dev/shm, checkpoints and all: 40 of them after a day of runs on this machine."""
+    import subprocess
+
+    from scheduler.cli.local_cluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path, "sqlite+aiosqlite:///unused.db", ["users-test-a", "users-test-b"], 1)
+    for name in cluster.servers:
+        (cluster.ramdisk(name) / "j-1").mkdir(parents=True)
+        (cluster.ramdisk(name) / "j-1" / "ckpt").write_bytes(b"x" * 1024)
+    try:
+        cluster.procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        kept = LocalCluster(tmp_path, "sqlite+aiosqlite:///unused.db", ["users-test-a"], 1)
+        kept.stop()  # started nothing (or was told to keep running, --keep): its ramdisks stay
+        assert cluster.ramdisk("users-test-a").is_dir()
+        cluster.stop()
+        assert not cluster.procs
+        assert not any(cluster.ramdisk(name).exists() for name in cluster.servers)
+    finally:
+        for name in cluster.servers:
+            import shutil
+
+            shutil.rmtree(cluster.ramdisk(name), ignore_errors=True)
