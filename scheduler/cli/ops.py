@@ -63,8 +63,8 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
     jobs.add_argument("--state", action="append", default=[], metavar="STATE",
                       help="only jobs in this state (repeatable, or comma-separated), e.g. RUNNING or "
                            "RUNNING,QUEUED")
-    jobs.add_argument("--multi-job", default="", metavar="ID", help="only members of this multi-job")
-    jobs.add_argument("--user", default="", help="only this user's jobs (operators; "
+    jobs.add_argument("--multi-job", default=None, metavar="ID", help="only members of this multi-job")
+    jobs.add_argument("--user", default=None, help="only this user's jobs (operators; "
                       "others always see their own)")
     jobs.add_argument("--limit", type=int, default=0,
                       help="at most this many jobs (default: all, fetched page by page)")
@@ -204,13 +204,19 @@ def get_jobs(args: argparse.Namespace, client: Client) -> int:
     else:
         if args.limit < 0:
             raise CliError(f"--limit must be 0 or more, got {args.limit}")
+        # `--user "$UNSET"` listed every user's jobs, `--multi-job "$UNSET"` every job: say so
+        for flag, value in (("--user", args.user), ("--multi-job", args.multi_job)):
+            if value is not None and not value.strip():
+                raise CliError(f"{flag} is empty; give a value, or leave {flag} out for all the jobs you may see")
         request = scheduler_pb2.ListJobsRequest(
             # `--state RUNNING,QUEUED` as well as `--state RUNNING --state QUEUED` (the first
             # was "unknown state 'RUNNING,QUEUED'")
-            states=[state_value(s) for given in args.state for s in given.split(",")], multi_job_id=args.multi_job,
-            user=args.user,
+            states=[state_value(s) for given in args.state for s in given.split(",")],
+            multi_job_id=args.multi_job or "", user=args.user or "",
         )
         jobs = list_all(client, "ListJobs", request, "jobs", args.limit)
+        if args.multi_job and not jobs and not args.state:  # was an empty table, exit 0
+            raise CliError(f"not found: multi-job {args.multi_job!r} not found")
     print_jobs(args, jobs)
     return EXIT_OK
 

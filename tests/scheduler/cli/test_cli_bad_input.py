@@ -168,6 +168,19 @@ def test_a_multi_jobs_id_lists_its_jobs_or_says_to_name_one(gandiva, stub) -> No
             f"{multi.multi_job_id} lists them; gandiva kill {multi.multi_job_id} kills them all)" in r.err, (argv, r)
 
 
+def test_get_jobs_with_an_empty_user_or_an_unknown_multi_job_says_so(gandiva, stub) -> None:
+    """`--user "$UNSET"` listed every user's jobs and `--multi-job mj-nosuch` an empty table,
+    both exit 0."""
+    stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(name="x", command=["t"], gpus=1)))
+    for flag in ("--user", "--multi-job"):
+        r = gandiva("get", "jobs", flag, "")
+        assert (r.code, r.out) == (2, ""), r
+        assert f"{flag} is empty; give a value, or leave {flag} out for all the jobs you may see" in r.err
+    r = gandiva("get", "jobs", "--multi-job", "mj-nosuch")
+    assert (r.code, r.out) == (2, "") and "not found: multi-job 'mj-nosuch' not found" in r.err, r
+    assert gandiva("get", "jobs", "--user", "nobody-here", "--no-headers").out == ""  # a filter may match none
+
+
 def test_get_jobs_takes_states_comma_separated(gandiva, stub) -> None:
     """`--state RUNNING,QUEUED` was "unknown state 'RUNNING,QUEUED'"."""
     job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
