@@ -37,6 +37,8 @@ RPC_TIMEOUT_S = 5.0
 # the next heartbeat answer before it is refused: at least two default heartbeats.
 PEER_WAIT_S = 5.0
 MAX_BACKOFF_S = 2.0
+# The same reconnect warning is said again at most this often (tries go on every 2 s).
+REPEAT_WARNING_S = 60.0
 MAX_REMEMBERED_COMMANDS = 10_000
 LEASE_POLL_S = 0.1
 # A gap between this server's wall clock and the scheduler's past this is logged (once
@@ -274,14 +276,29 @@ class HelperDaemon:
 
     async def _run_sessions(self) -> None:
         backoff = 0.2
+        said, said_at, unsaid = "", 0.0, 0
         while True:
             try:
                 async with aio_channel(self.config.scheduler, self.config.security) as channel:
                     await self._session(helper_pb2_grpc.HelperStub(channel))
             except (grpc.aio.AioRpcError, SessionEnded) as exc:
+                if self.registered.is_set():
+                    said = ""  # a session that was up: its end is always said
                 self.registered.clear()
                 detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                log.warning("scheduler session ended (%s); reconnecting", detail)
+                # A scheduler not there (not started yet, a wrong --scheduler) was the same
+                # warning every 2 s for as long as it lasted, and never said what to check.
+                now = time.monotonic()
+                if detail != said or now - said_at >= REPEAT_WARNING_S:
+                    hint = ""
+                    if "failed to connect" in (detail or "").lower():
+                        hint = (f"; is the scheduler running at {self.config.scheduler}? (start it with "
+                                "`gandiva scheduler`, or give this helper --scheduler ADDR or GANDIVA_SCHEDULER)")
+                    again = f"; {unsaid} more tries since the last warning" if unsaid else ""
+                    log.warning("scheduler session ended (%s); reconnecting%s%s", detail, hint, again)
+                    said, said_at, unsaid = detail, now, 0
+                else:
+                    unsaid += 1
                 if isinstance(exc, grpc.aio.AioRpcError):
                     self._stop_superseded(exc)
             await asyncio.sleep(backoff)

@@ -29,3 +29,34 @@ def test_a_helper_stopped_cleanly_takes_its_server_down_at_once_and_frees_its_na
     helpers("h1")  # the restart, under the same name
     wait_for(lambda: servers(api)["h1"].up, 5)
     assert time.monotonic() - stopped < 9
+
+
+def test_a_helper_without_its_scheduler_says_what_to_check_and_does_not_repeat_itself(tmp_path: Any) -> None:
+    """Started before its scheduler (or given a wrong --scheduler), it logged "scheduler
+    session ended (... Connection refused); reconnecting" every 2 s for as long as that
+    lasted, and never said what to check."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    err = tmp_path / "helper.err"
+    with open(err, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gandiva_cli.main", "helper", "--server-name", "alone", "--gpus", "1",
+             "--virtual", "--scheduler", f"127.0.0.1:{port}", "--ramdisk", str(tmp_path / "ram"),
+             "--log-dir", str(tmp_path / "logs")], stdout=subprocess.DEVNULL, stderr=out)
+    try:
+        deadline = time.monotonic() + 60
+        while "scheduler session ended" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(4)  # tries at 0.2, 0.4, 0.8, 1.6, 2 s: several more in this time
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    said = [line for line in err.read_text().splitlines() if "scheduler session ended" in line]
+    assert len(said) == 1, said
+    assert f"is the scheduler running at 127.0.0.1:{port}? (start it with `gandiva scheduler`, or give this " \
+           "helper --scheduler ADDR or GANDIVA_SCHEDULER)" in said[0]
