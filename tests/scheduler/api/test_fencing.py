@@ -7,6 +7,7 @@ destination GPUs, and refuses jobs no single server can hold."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -842,7 +843,12 @@ def test_a_failed_periodic_checkpoint_is_an_event_naming_why_and_the_restore_poi
         return runtime_pb2.CommandAck(command_id=cmd.command_id, ok=ok, step=42 if ok else 57,
                                       message="" if ok else full)
 
-    _, f, job_id = _launched_with(make_scheduler, sqlite_url, wait_for, FETCH, "y", fills_up)
+    # The fake helper never confirms the launch, and its heartbeats list no job: with FETCH's
+    # 2-s timeouts the launch was withdrawn, or the job taken for lost and re-queued (its
+    # shim gone), whenever two periodic checkpoints took longer than that on a loaded
+    # machine, and the event never came (a CI flake).
+    settings = dataclasses.replace(FETCH, command_timeout_s=60.0, down_after_s=60.0)
+    _, f, job_id = _launched_with(make_scheduler, sqlite_url, wait_for, settings, "y", fills_up)
     try:
         path = f"/ram/y/{job_id}/periodic-{f.shims[-1].incarnation}"
 
@@ -850,7 +856,7 @@ def test_a_failed_periodic_checkpoint_is_an_event_naming_why_and_the_restore_poi
             return [e.message for e in f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
                     if e.kind == kind]
 
-        failed = wait_for(lambda: events("job.checkpoint_failed"), 20)
+        failed = wait_for(lambda: events("job.checkpoint_failed"), 40)
         assert events("job.checkpoint") == [f"step 42 at {path}"]
         assert failed[0] == f"periodic checkpoint at step 57 failed: {full}; its restore point stays step 42 ({path})", \
             failed
