@@ -238,10 +238,12 @@ class LiveEngine:
         # re-queued from an earlier launch waited for that launch's shim, which never came.
         placed = {d.job_id for d in decisions if isinstance(d, (pt.Place, pt.Pack))}
         views = {j.id: j for j in snap.jobs}
-        vacating = {vacated(d): {g.server for g in views[d.job_id].placement} if d.job_id in views else set()
-                    for d in decisions if isinstance(d, vacate) and d.job_id not in placed}
+        leaving = [(d, vacated(d)) for d in decisions if isinstance(d, vacate) and d.job_id not in placed]
+        vacating = {task: {g.server for g in views[d.job_id].placement} if d.job_id in views else set()
+                    for d, task in leaving}
         if vacating:
             await self._wait_vacated(vacating)
+            decisions = self._not_onto_unvacated_gpus(views, leaving, decisions)
         for d in decisions:
             if not isinstance(d, (pt.Queue, *vacate)):
                 await self.apply(d)
@@ -249,6 +251,30 @@ class LiveEngine:
             if isinstance(d, vacate) and d.job_id in placed:
                 vacated(d)
         return decisions
+
+    @staticmethod
+    def _not_onto_unvacated_gpus(views: dict[str, pt.JobView], leaving: Sequence[tuple[pt.Decision, asyncio.Task]],
+                                 decisions: list[pt.Decision]) -> list[pt.Decision]:
+        """Leave out a Place/Pack/Resume onto the GPUs of a job whose suspend, unpack or
+        park of this round failed (refused, its shim gone) or is still unanswered: that
+        job's process still holds them. Before, its time-slice partner was started all the
+        same once the wait ended, and both ran on one GPU, unknown to the policy, which
+        decides the switch again next round."""
+        held: dict[pt.GpuRef, str] = {}
+        for d, task in leaving:
+            done = task.done() and not task.cancelled() and task.result()
+            if not done and d.job_id in views:
+                held.update((g, d.job_id) for g in views[d.job_id].placement)
+        if not held:
+            return decisions
+        kept: list[pt.Decision] = []
+        for d in decisions:
+            if isinstance(d, (pt.Place, pt.Pack, pt.Resume)) and (onto := [g for g in d.gpus if g in held]):
+                log.info("job %s: not started on %s yet: job %s has not left it (its suspension failed or is "
+                         "unanswered)", d.job_id, ", ".join(f"{g.server}/{g.index}" for g in onto), held[onto[0]])
+                continue
+            kept.append(d)
+        return kept
 
     async def _wait_vacated(self, vacating: dict[asyncio.Task, set[str]]) -> None:
         """Wait for the round's suspensions and parks (each task: its job's servers), up to
@@ -522,9 +548,11 @@ class LiveEngine:
     def _background(self, job_id: str, coro: Awaitable[object]) -> asyncio.Task:
         self.inflight.add(job_id)
 
-        async def run() -> None:
+        async def run() -> bool:
+            """Whether the command was carried out (False: it failed, and said why)."""
             try:
                 await coro
+                return True
             except GandivaError as err:
                 log.warning("job %s: %s", job_id, err)
             except Exception:
@@ -532,6 +560,7 @@ class LiveEngine:
             finally:
                 self.inflight.discard(job_id)
                 self.core.poke()
+            return False
 
         task = asyncio.create_task(run())
         self._tasks.add(task)
