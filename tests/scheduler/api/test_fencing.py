@@ -477,21 +477,38 @@ def test_a_server_cut_off_as_its_job_is_suspended_for_a_time_slice_is_called_dow
         f.close()
 
 
-def test_a_time_slices_end_waits_while_the_running_job_has_a_command_in_flight(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """Two jobs time-sliced on "a"'s one GPU; at the slice's end the running one is in the
-    middle of a periodic checkpoint (a command in flight: the engine leaves such a job
-    alone). Its suspend was dropped but its partner's resume applied: both ran on the one
-    GPU (multihost probe, a slow link: 18 s, to the end; on a real GPU both hold its
-    memory). Now a start onto GPUs whose job's suspend was not applied waits too."""
+@pytest.mark.parametrize("why", ["command_in_flight", "refuses_its_suspension"])
+def test_a_time_slices_end_waits_while_the_running_job_has_not_left_its_gpu(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, caplog: pytest.LogCaptureFixture, why: str) -> None:
+    """Two jobs time-sliced on "a"'s one GPU; at the slice's end the running one has not left it:
+    - `command_in_flight`: it is in the middle of a periodic checkpoint (the engine leaves
+      such a job alone). Its suspend was dropped but its partner's resume applied: both ran
+      on the one GPU (multihost probe, a slow link: 18 s, to the end; on a real GPU both
+      hold its memory);
+    - `refuses_its_suspension`: its shim answers "cannot suspend" (a process past its
+      training, one that cannot stop now). The partner's resume was applied all the same
+      once the suspension had failed.
+    Now a start onto GPUs whose job's suspend was not applied, failed or is unanswered
+    waits: the policy decides the switch again next round."""
     import logging
 
     from scheduler.policy.types import PolicyConfig
 
+    in_flight = why == "command_in_flight"
     caplog.set_level(logging.INFO, logger="scheduler.engine.live")
-    settings = Settings(heartbeat_interval_s=0.2, down_after_s=10.0, command_timeout_s=30.0, checkpoint_interval_s=0.5)
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=10.0, command_timeout_s=30.0,
+                        checkpoint_interval_s=0.5 if in_flight else 0)
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings, policy_config=PolicyConfig(quantum_s=4.0))
     f = Fake(sched.address, gpus={"a": 1})
+
+    def answer(cmd: Any, seen: list[Any]) -> runtime_pb2.CommandAck | None:
+        if in_flight:  # its periodic checkpoints never answered (a long mini-batch)
+            return None if cmd.kind == runtime_pb2.COMMAND_KIND_CHECKPOINT else runtime_pb2.CommandAck(
+                command_id=cmd.command_id, ok=True, step=42)
+        refused = cmd.kind == runtime_pb2.COMMAND_KIND_SUSPEND
+        return runtime_pb2.CommandAck(command_id=cmd.command_id, ok=not refused, step=42,
+                                      message="cannot suspend: this process cannot stop now" if refused else "")
+
     try:
         f.keep_alive("a")
         first = f.submit()
@@ -499,67 +516,24 @@ def test_a_time_slices_end_waits_while_the_running_job_has_a_command_in_flight(
         f.shim(first, launch.incarnation)
         second = f.submit()  # time-sliced with the first: the first is suspended
         launch = next(c.launch for c in f.commands("a") if c.WhichOneof("body") == "launch" and c.launch.job_id == second)
-        # Its periodic checkpoints never answered (a long mini-batch): one is always in flight.
-        stuck = scripted_shim(f.ch, second, launch.incarnation, lambda cmd, seen: None if cmd.kind ==
-                              runtime_pb2.COMMAND_KIND_CHECKPOINT else runtime_pb2.CommandAck(
-                                  command_id=cmd.command_id, ok=True, step=42))
-        f.shims.append(stuck)
+        shim = scripted_shim(f.ch, second, launch.incarnation, answer)
+        f.shims.append(shim)
         wait_for(lambda: f.job(first).state == common_pb2.JOB_STATE_SUSPENDED
                  and f.job(second).state == common_pb2.JOB_STATE_RUNNING, 15)
-        wait_for(lambda: any(c.kind == runtime_pb2.COMMAND_KIND_CHECKPOINT for c in stuck.received), 15)
+        if in_flight:
+            wait_for(lambda: any(c.kind == runtime_pb2.COMMAND_KIND_CHECKPOINT for c in shim.received), 15)
 
         def held_back() -> bool:  # until the slice's end was decided, and the resume held back
             assert {f.job(first).state, f.job(second).state} != {common_pb2.JOB_STATE_RUNNING}, \
                 "both time-sliced jobs RUNNING on a's one GPU"
             return f"job {first}: not started on a/0 yet: job {second}" in caplog.text
 
-        wait_for(held_back, 20)
-        assert f.job(first).state == common_pb2.JOB_STATE_SUSPENDED
-    finally:
-        f.close()
-
-
-def test_a_time_slices_end_waits_while_the_running_job_refuses_its_suspension(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """Two jobs time-sliced on "a"'s one GPU; at the slice's end the running one refuses
-    its suspension (its shim answers "cannot suspend": a process past its training, one
-    that cannot stop now). The engine applied the partner's resume all the same once the
-    suspension had failed, and both ran on the one GPU, unknown to the policy. Now a start
-    onto GPUs whose job's suspension failed (or is unanswered) waits: the policy decides
-    the switch again next round."""
-    import logging
-
-    from scheduler.policy.types import PolicyConfig
-
-    caplog.set_level(logging.INFO, logger="scheduler.engine.live")
-    settings = Settings(heartbeat_interval_s=0.2, down_after_s=10.0, command_timeout_s=30.0, checkpoint_interval_s=0)
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings, policy_config=PolicyConfig(quantum_s=4.0))
-    f = Fake(sched.address, gpus={"a": 1})
-    try:
-        f.keep_alive("a")
-        first = f.submit()
-        _, launch = f.launched(first, wait_for)
-        f.shim(first, launch.incarnation)
-        second = f.submit()  # time-sliced with the first: the first is suspended
-        launch = next(c.launch for c in f.commands("a") if c.WhichOneof("body") == "launch" and c.launch.job_id == second)
-        refuses = scripted_shim(f.ch, second, launch.incarnation, lambda cmd, seen: runtime_pb2.CommandAck(
-            command_id=cmd.command_id, ok=cmd.kind != runtime_pb2.COMMAND_KIND_SUSPEND, step=42,
-            message="cannot suspend: this process cannot stop now" if cmd.kind == runtime_pb2.COMMAND_KIND_SUSPEND
-            else ""))
-        f.shims.append(refuses)
-        wait_for(lambda: f.job(first).state == common_pb2.JOB_STATE_SUSPENDED
-                 and f.job(second).state == common_pb2.JOB_STATE_RUNNING, 15)
-
-        def held_back() -> bool:  # until the slice's end was refused, and the resume held back
-            assert {f.job(first).state, f.job(second).state} != {common_pb2.JOB_STATE_RUNNING}, \
-                "both time-sliced jobs RUNNING on a's one GPU"
-            return f"job {first}: not started on a/0 yet: job {second} has not left it" in caplog.text
-
         wait_for(held_back, 30)
-        assert any(c.kind == runtime_pb2.COMMAND_KIND_SUSPEND for c in refuses.received)
-        time.sleep(1.0)  # rounds go on deciding the switch; none applies the resume
+        if not in_flight:
+            assert any(c.kind == runtime_pb2.COMMAND_KIND_SUSPEND for c in shim.received)
+            time.sleep(1.0)  # rounds go on deciding the switch; none applies the resume
+            assert f.job(second).state == common_pb2.JOB_STATE_RUNNING
         assert f.job(first).state == common_pb2.JOB_STATE_SUSPENDED
-        assert f.job(second).state == common_pb2.JOB_STATE_RUNNING
     finally:
         f.close()
 
