@@ -74,7 +74,9 @@ async def test_a_corrupted_transfer_is_refused(agent: tuple[str, Ramdisk], tmp_p
     address, ramdisk = agent
     src = make_checkpoint(tmp_path / "src" / "c", {"data": 1000})
     chunks = list(checkpoint_chunks(src, "job-1"))
-    chunks[0].data = b"x" + chunks[0].data[1:]  # a flipped byte on the way
+    # A flipped byte on the way (flipped: a byte set to b"x" was no change 1 time in 256,
+    # the data being random, and the test failed then).
+    chunks[0].data = bytes([chunks[0].data[0] ^ 0xFF]) + chunks[0].data[1:]
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await _stream(address, chunks)
     assert err.value.code() == grpc.StatusCode.DATA_LOSS
