@@ -265,16 +265,7 @@ class LiveEngine:
             done = task.done() and not task.cancelled() and task.result()
             if not done and d.job_id in views:
                 held.update((g, d.job_id) for g in views[d.job_id].placement)
-        if not held:
-            return decisions
-        kept: list[pt.Decision] = []
-        for d in decisions:
-            if isinstance(d, (pt.Place, pt.Pack, pt.Resume)) and (onto := [g for g in d.gpus if g in held]):
-                log.info("job %s: not started on %s yet: job %s has not left it (its suspension failed or is "
-                         "unanswered)", d.job_id, ", ".join(f"{g.server}/{g.index}" for g in onto), held[onto[0]])
-                continue
-            kept.append(d)
-        return kept
+        return LiveEngine._starts_not_onto(held, decisions, "has not left it (its suspension failed or is unanswered)")
 
     async def _wait_vacated(self, vacating: dict[asyncio.Task, set[str]]) -> None:
         """Wait for the round's suspensions and parks (each task: its job's servers), up to
@@ -317,14 +308,19 @@ class LiveEngine:
                 # time slice's end): the job stays on its GPUs. Its partner's resume used to
                 # be applied all the same, both then running on one GPU until the end.
                 leaving.update((g, d.job_id) for g in views[d.job_id].placement)
-        if not leaving:
+        return LiveEngine._starts_not_onto(leaving, decisions, "is leaving it, or was to")
+
+    @staticmethod
+    def _starts_not_onto(held: dict[pt.GpuRef, str], decisions: list[pt.Decision], why: str) -> list[pt.Decision]:
+        """`decisions` without the starts (Place, Pack, Resume) onto a GPU of `held` (GPU ->
+        the job whose process still holds it), each left out said in the log with `why`."""
+        if not held:
             return decisions
         kept: list[pt.Decision] = []
         for d in decisions:
-            if isinstance(d, (pt.Place, pt.Pack, pt.Resume)) and any(g in leaving for g in d.gpus):
-                log.info("job %s: not started on %s yet: job %s is leaving it, or was to (%s)", d.job_id,
-                         ", ".join(f"{g.server}/{g.index}" for g in d.gpus if g in leaving),
-                         next(leaving[g] for g in d.gpus if g in leaving), d.reason or "")
+            if isinstance(d, (pt.Place, pt.Pack, pt.Resume)) and (onto := [g for g in d.gpus if g in held]):
+                log.info("job %s: not started on %s yet: job %s %s (%s)", d.job_id,
+                         ", ".join(f"{g.server}/{g.index}" for g in onto), held[onto[0]], why, d.reason or "")
                 continue
             kept.append(d)
         return kept
