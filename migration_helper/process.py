@@ -30,7 +30,7 @@ from tf_runtime import (  # the shim's exit codes (no TensorFlow import)
     EXIT_TOWERS_CHANGED,
 )
 from tf_runtime.checkpoint import _alive  # whether a pid lives (no TensorFlow import either)
-from tf_runtime.launch import LAUNCH_ENV, forget_launch
+from tf_runtime.launch import LAUNCH_ENV, carries, forget_launch
 
 log = logging.getLogger(__name__)
 
@@ -397,11 +397,8 @@ class JobProcess:
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in (self.pid, os.getpid()):
                 continue
-            try:
-                if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    found.append(int(entry))
-            except OSError:  # gone meanwhile, or not ours to read
-                continue
+            if carries(int(entry), mark):  # (False when gone meanwhile, or not ours to read)
+                found.append(int(entry))
         return found
 
     def freeze(self) -> None:

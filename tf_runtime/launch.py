@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 LAUNCH_ENV = "GANDIVA_LAUNCH"
 
 
-def _carries(pid: int, item: bytes) -> bool:
+def carries(pid: int, item: bytes) -> bool:
+    """Whether process `pid` has `item` (b"NAME=value") in its environment (False when gone or not ours)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             return item in f.read().split(b"\0")
@@ -70,7 +71,7 @@ def wrappers(env: Mapping[str, str]) -> list[int]:
     item = f"{LAUNCH_ENV}={mark}".encode()
     found: list[int] = []
     pid = os.getppid()
-    while pid > 1 and pid not in found and _carries(pid, item):
+    while pid > 1 and pid not in found and carries(pid, item):
         found.append(pid)
         pid = _parent(pid)
     return found
