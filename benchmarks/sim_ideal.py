@@ -50,13 +50,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.sim_traces import TRACES, jct_goal, load_trace, trace_files, trace_name
+from benchmarks.sim_traces import (
+    TRACES,
+    gavel_table_for,
+    jct_goal,
+    load_trace_as,
+    trace_files,
+    trace_name,
+)
 from scheduler.policy import get_policy
 from scheduler.policy.gittins import GittinsTable
 from scheduler.sim.engine import Simulator, make_cluster
 from scheduler.sim.load import fastest_run_s, scale_to_load
 from scheduler.sim.metrics import summarize
-from scheduler.sim.model import MechanismModel, gavel_table_near
+from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import JobSpec
 
 ORDERS = ("fifo", "gittins", "srpt")
@@ -211,10 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * len(head))
     for path in paths:
         clock = time.perf_counter()
-        table = gavel_table_near(path)
+        workload, fmt = load_trace_as(path)
+        table = gavel_table_for(path, fmt, args.traces / "gavel" / "simulation_throughputs.json")
         model = MechanismModel.from_gavel(table) if table else MechanismModel.default()
         try:
-            jobs, _ = scale_to_load(load_trace(path), servers, model, args.target_load)
+            jobs, _ = scale_to_load(workload, servers, model, args.target_load)
         except ValueError as exc:
             print(f"{path}: {exc}", file=sys.stderr)
             return 2

@@ -51,6 +51,7 @@ from typing import Any
 
 from sim_traces import (  # benchmarks/ is the script's folder
     TRACES,
+    gavel_table_for,
     jct_goal,
     load_trace_as,
     parse_config,
@@ -63,8 +64,7 @@ from scheduler.policy import get_policy
 from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
-from scheduler.sim.model import MechanismModel, gavel_table_near
-from scheduler.sim.trace import GAVEL as GAVEL_FORMATS
+from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import JobSpec
 
 POLICIES = ("gandiva", "yarn-cs", "tiresias", "yarn-cs-local")
@@ -222,10 +222,10 @@ def main() -> int:
     tables: dict[Path, MechanismModel] = {}
     models: dict[Path, MechanismModel] = {}
     for path in workloads:
-        if formats[path] not in GAVEL_FORMATS:
+        table = gavel_table_for(path, formats[path], default_table)
+        if table is None:
             models[path] = builtin
             continue
-        table = gavel_table_near(path) or default_table
         if table not in tables:
             try:
                 tables[table] = MechanismModel.from_gavel(table)

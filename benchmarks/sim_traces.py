@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.policy import PolicyConfig
+from scheduler.sim.model import gavel_table_near
+from scheduler.sim.trace import GAVEL as GAVEL_FORMATS
 from scheduler.sim.trace import JobSpec, TraceError, read_trace_as
 
 # ../shared/traces next to the repository (never committed).
@@ -63,6 +65,15 @@ def trace_name(path: Path) -> str:
     if folder.startswith("seed=") and folder != "seed=0":
         name += "-seed" + folder.partition("=")[2]
     return name
+
+
+def gavel_table_for(path: Path, fmt: str, fallback: Path) -> Path | None:
+    """The Gavel throughput table that times a trace read as `fmt`: for a Gavel-format trace
+    the ``simulation_throughputs.json`` in its folder or up to five above it, else
+    `fallback`; None for any other format (the built-in table times it)."""
+    if fmt not in GAVEL_FORMATS:
+        return None
+    return gavel_table_near(path) or fallback
 
 
 def load_trace(path: Path, skip_invalid: bool = False) -> list[JobSpec]:
