@@ -34,11 +34,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--http", default=os.environ.get("GANDIVA_HTTP", ""), metavar="HOST:PORT",
                    help="the scheduler's --http-listen address (default $GANDIVA_HTTP)")
-    p.add_argument("--interval", type=_interval, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--interval", type=_interval, default=2.0,
+                   help=f"seconds between refreshes (default 2, at least {MIN_INTERVAL:g}: each refresh reads "
+                   "the whole cluster from the scheduler)")
     p.add_argument("--once", action="store_true", help="print one view and exit (e.g. into a file)")
     p.add_argument("--all", action="store_true", help="also list finished jobs")
     p.add_argument("--token", help="an operator's token, for a scheduler with --auth token (default: $GANDIVA_TOKEN)")
     p.set_defaults(func=run)
+
+
+# Each refresh is a whole /api/state (every unfinished job, ETAs computed): --interval
+# 0.0001 polled the scheduler as fast as it answered, a busy loop on both sides.
+MIN_INTERVAL = 0.5
 
 
 def _interval(text: str) -> float:
@@ -48,6 +55,10 @@ def _interval(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    if value < MIN_INTERVAL:
+        raise argparse.ArgumentTypeError(
+            f"at least {MIN_INTERVAL:g} seconds, got {text!r}: each refresh reads the whole cluster from "
+            f"the scheduler (the dashboard polls every 2 s)")
     return value
 
 

@@ -222,6 +222,12 @@ def test_top_explains_an_address_that_is_not_http_and_a_bad_interval(gandiva, sc
             gandiva("top", "--http", sched.address, f"--interval={interval}")
         assert exit_.value.code == 2
         assert f"argument --interval: must be more than 0 seconds, got '{interval}'" in capsys.readouterr().err
+    # --interval 0.0001 was taken: top polled the whole cluster view as fast as the scheduler answered.
+    with pytest.raises(SystemExit) as exit_:
+        gandiva("top", "--http", sched.address, "--interval", "0.0001")
+    assert exit_.value.code == 2
+    assert ("argument --interval: at least 0.5 seconds, got '0.0001': each refresh reads the whole cluster"
+            in capsys.readouterr().err)
 
 
 def test_get_events_since_and_kind_answer_what_happened_lately(gandiva, sched, stub, script, capsys) -> None:  # type: ignore[no-untyped-def]
