@@ -30,7 +30,7 @@ from tf_runtime import (  # the shim's exit codes (no TensorFlow import)
     EXIT_TOWERS_CHANGED,
 )
 from tf_runtime.checkpoint import _alive  # whether a pid lives (no TensorFlow import either)
-from tf_runtime.launch import LAUNCH_ENV, carries, forget_launch
+from tf_runtime.launch import LAUNCH_ENV, carries, forget_launch, forget_launches_but
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,13 @@ def kill_left_behind(ramdisk: Path) -> list[tuple[int, str]]:
     own process: a helper killed with -9 left a program behind a wrapper (`bash -c
     'python train.py; ...'`) training on, unsupervised, while the scheduler placed the
     job again: two copies. A live helper's processes (another helper started on the
-    same ramdisk by mistake) are left alone."""
+    same ramdisk by mistake) are left alone. Then the launch marks (tf_runtime.launch) of
+    launches no live process carries are removed: a helper killed outright never removed
+    those of its launches."""
     ramdisk = ramdisk.resolve()
     left: list[tuple[int, str]] = []
+    scanned_at = time.time()
+    live_launches: set[str] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -113,6 +117,8 @@ def kill_left_behind(ramdisk: Path) -> list[tuple[int, str]]:
             continue
         helper_pid, _, root = env.get(OWNER_ENV.encode(), b"").decode(errors="replace").partition(":")
         if root != str(ramdisk) or not helper_pid.isdigit() or _alive(int(helper_pid)):
+            if LAUNCH_ENV.encode() in env:
+                live_launches.add(env[LAUNCH_ENV.encode()].decode(errors="replace"))
             continue
         left.append((int(entry), env.get(b"GANDIVA_JOB_ID", b"?").decode(errors="replace")))
     for pid, _ in left:
@@ -123,6 +129,7 @@ def kill_left_behind(ramdisk: Path) -> list[tuple[int, str]]:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    forget_launches_but(live_launches, scanned_at)
     return left
 
 

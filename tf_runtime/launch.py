@@ -192,3 +192,34 @@ def forget_launch(mark: str) -> None:
             os.unlink(path)
         except OSError:
             pass
+
+
+def forget_launches_but(live: set[str], before: float) -> list[str]:
+    """Remove the marks of launches none of whose processes lives any more (`live`: the
+    marks that live processes carry, read after `before`, a time.time()), written before
+    `before` (one written since may be a launch started after the processes were read);
+    returns the marks removed. A helper killed outright never removed its launches' marks
+    (the helper, restarted, sweeps them: tf_runtime's marks are per user, so the marks of
+    other helpers' live launches are among `live`)."""
+    flag = _trained_flag("x")
+    if flag is None:
+        return []
+    folder = os.path.dirname(flag)
+    removed: list[str] = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        found = re.fullmatch(r"launch-([A-Za-z0-9_.-]{1,128}?)\.trained(\.[0-9]+)?", name)
+        if not found or found.group(1) in live:
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if os.stat(path).st_mtime >= before:
+                continue
+            os.unlink(path)
+        except OSError:
+            continue
+        removed.append(found.group(1))
+    return removed

@@ -10,9 +10,12 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import time
 from pathlib import Path
 
-from migration_helper.process import OWNER_ENV, JobProcess
+from migration_helper.process import OWNER_ENV, JobProcess, kill_left_behind
+from tf_runtime.launch import _trained_flag, forget_launch
 
 # The worker: a process in a session of its own that "trains" (sleeps) for good; the
 # job's own process waits for it.
@@ -95,3 +98,39 @@ async def test_a_launch_that_ends_leaves_another_launch_of_the_same_job_alone(tm
         assert state(second.pid) in ("S", "R"), "the second launch was killed by the first one's end"
     finally:
         await second.stop(grace_s=1.0)
+
+
+def test_a_restarted_helper_removes_the_launch_marks_its_killed_predecessor_left(tmp_path: Path) -> None:
+    """A helper killed outright never removed its launches' marks (tf_runtime.launch's
+    `launch-ID.trained`, left by each trainer in the user's scratch folder): they piled up.
+    The helper's start, as it kills what its predecessor left running, removes the marks of
+    launches no live process carries; a live launch's mark (another helper's job, or one
+    not killed) and one written after it read the processes stay."""
+    ramdisk = tmp_path / "rd"
+    ramdisk.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # the killed helper: its pid no longer lives
+    tag = f"test-marks-{os.getpid()}"
+    orphan_mark, live_mark, gone_mark, new_mark = (f"{tag}-{n}" for n in ("orphan", "live", "gone", "new"))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    orphan = subprocess.Popen(["sleep", "300"], start_new_session=True, env=dict(
+        base, GANDIVA_JOB_ID="j", GANDIVA_LAUNCH=orphan_mark, **{OWNER_ENV: f"{dead.pid}:{ramdisk.resolve()}"}))
+    live = subprocess.Popen(["sleep", "300"], start_new_session=True, env=dict(base, GANDIVA_LAUNCH=live_mark))
+    now = time.time()
+    flags = {mark: Path(str(_trained_flag(mark))) for mark in (orphan_mark, live_mark, gone_mark, new_mark)}
+    try:
+        for mark, flag in flags.items():
+            flag.parent.mkdir(parents=True, exist_ok=True)
+            flag.write_text("1")
+            # Written before the helper's start, but the last: as if after it read /proc.
+            os.utime(flag, (now + 600, now + 600) if mark == new_mark else (now - 60, now - 60))
+        assert kill_left_behind(ramdisk) == [(orphan.pid, "j")]
+        assert orphan.wait(10) == -signal.SIGKILL
+        assert {mark for mark, flag in flags.items() if flag.exists()} == {live_mark, new_mark}
+        assert live.poll() is None
+    finally:
+        for proc in (orphan, live):
+            proc.kill()
+            proc.wait(10)
+        for mark in flags:
+            forget_launch(mark)
