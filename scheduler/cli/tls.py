@@ -51,12 +51,48 @@ def _key():  # type: ignore[no-untyped-def]
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _write(path: Path, data: bytes, secret: bool = False) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    tmp.rename(path)
+class NotWritten(OSError):
+    """A file of the set could not be written; none of them was (named by its final path)."""
+
+
+def _write_set(out: Path, files: list[tuple[str, bytes, bool]]) -> list[Path]:
+    """Write every file of a set or none of them (secret ones readable by their owner only).
+
+    Each is written to a temporary beside it first; only once all are there are they renamed
+    into place, with Ctrl-C held off for those few renames. Before, a full disk or a Ctrl-C
+    half-way left a partial set (a new ca.pem beside the old server.pem under --force: a
+    mismatched cluster; in a new DIR a ca.pem that made the rerun ask for --force)."""
+    import signal
+    import threading
+
+    temps: list[Path] = []
+    name = ""
+    try:
+        for name, data, secret in files:
+            tmp = out / f".{name}.tmp"
+            tmp.unlink(missing_ok=True)  # left by a run killed outright: made afresh, mode and all
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+    except BaseException as exc:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # named as the user knows it, not by its temporary
+            raise NotWritten(exc.errno, exc.strerror, str(out / name)) from exc
+        raise
+    interrupted: list[int] = []
+    held = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum)) if held else None
+    try:
+        for (name, _, _), tmp in zip(files, temps):
+            tmp.rename(out / name)
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, before)
+    if interrupted:
+        raise KeyboardInterrupt
+    return [out / name for name, _, _ in files]
 
 
 def _pem_key(key) -> bytes:  # type: ignore[no-untyped-def]
@@ -97,7 +133,6 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
             sans.append(x509.DNSName(host))
     out.mkdir(parents=True, exist_ok=True)
     pem = serialization.Encoding.PEM
-    written = []
     files = [("ca.pem", ca.public_bytes(pem), False), ("ca-key.pem", _pem_key(ca_key), True)]
     # Also a client certificate: a helper presents it to the scheduler and its peers (mTLS).
     skey, scert = leaf(hosts[0], sans, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
@@ -105,10 +140,7 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
     for name in clients:
         ckey, ccert = leaf(name, [], [ExtendedKeyUsageOID.CLIENT_AUTH])
         files += [(f"{name}.pem", ccert.public_bytes(pem), False), (f"{name}-key.pem", _pem_key(ckey), True)]
-    for fname, data, secret in files:
-        _write(out / fname, data, secret)
-        written.append(out / fname)
-    return written
+    return _write_set(out, files)
 
 
 def _leaf(ca_key, ca_name, cn, sans, usage, now, until):  # type: ignore[no-untyped-def]
@@ -141,15 +173,12 @@ def add_clients(out: Path, clients: list[str], days: int = 825) -> list[Path]:
     ca_key = serialization.load_pem_private_key((out / "ca-key.pem").read_bytes(), password=None)
     now = datetime.datetime.now(datetime.timezone.utc)
     until = min(now + datetime.timedelta(days=days), ca.not_valid_after_utc)
-    written = []
+    files = []
     for name in clients:
         key, cert = _leaf(ca_key, ca.subject, name, [], [ExtendedKeyUsageOID.CLIENT_AUTH], now, until)
-        pem = serialization.Encoding.PEM
-        for fname, data, secret in ((f"{name}.pem", cert.public_bytes(pem), False),
-                                    (f"{name}-key.pem", _pem_key(key), True)):
-            _write(out / fname, data, secret)
-            written.append(out / fname)
-    return written
+        files += [(f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM), False),
+                  (f"{name}-key.pem", _pem_key(key), True)]
+    return _write_set(out, files)
 
 
 # A DNS name as certificates carry it: labels of letters, digits and hyphens (not at
@@ -208,6 +237,10 @@ def run_client(args: argparse.Namespace) -> int:
         return 2
     try:
         written = add_clients(args.dir, args.clients, args.days)
+    except NotWritten as exc:
+        print(f"gandiva tls: cannot write {exc.filename} ({exc.strerror}); no certificate was written "
+              "or replaced", file=sys.stderr)
+        return 2
     except (OSError, ValueError, TypeError) as exc:  # unreadable, not PEM, an encrypted key
         print(f"gandiva tls: cannot use the CA in {args.dir} ({exc}); give the directory `gandiva "
               "tls init` wrote", file=sys.stderr)
@@ -242,8 +275,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         written = make_certificates(args.dir, args.host, args.client, args.days)
     except OSError as exc:
-        print(f"gandiva tls: cannot write {exc.filename or args.dir} ({exc.strerror or exc}); give "
-              "a directory you can create and write", file=sys.stderr)
+        print(f"gandiva tls: cannot write {exc.filename or args.dir} ({exc.strerror or exc}); no "
+              "certificate was written or replaced; give a directory you can create and write", file=sys.stderr)
         return 2
     for path in written:
         print(path)

@@ -155,6 +155,34 @@ def test_tls_init_refuses_a_bad_dir_or_host_in_one_line(tmp_path: Path, capsys: 
     assert not (tmp_path / "pki").exists()
 
 
+def _tls_init_on_a_full_disk(pki: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`gandiva tls init PKI` where no file may grow past 1 KiB (RLIMIT_FSIZE: writes fail
+    with EFBIG, as on a full disk): ca.pem (~540 bytes) fits, a server.pem for 40 names does not."""
+    import resource
+
+    hosts = [f"--host=host{i}.example.org" for i in range(40)]
+    return subprocess.run(
+        [sys.executable, "-m", "gandiva_cli.main", "tls", "init", str(pki), *hosts, *flags],
+        check=False, capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024)))
+
+
+def test_tls_init_that_cannot_write_every_file_leaves_the_directory_as_it_was(tmp_path: Path) -> None:
+    """A full disk (or a Ctrl-C) half-way through `tls init` left a partial set: in a new
+    DIR a ca.pem without server.pem (the rerun then said "ca.pem exists; pass --force"),
+    and under --force a new CA beside the old server certificate, which it did not sign."""
+    pki = tmp_path / "pki"
+    failed = _tls_init_on_a_full_disk(pki)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    assert failed.stderr == (f"gandiva tls: cannot write {pki / 'server.pem'} (File too large); no certificate "
+                             "was written or replaced; give a directory you can create and write\n")
+    assert sorted(p.name for p in pki.iterdir()) == []  # no ca.pem, no temporaries
+    assert main(["tls", "init", str(pki), "--host", "head", "--client", "alice"]) == 0  # no --force needed
+    before = {p.name: p.read_bytes() for p in pki.iterdir()}
+    assert _tls_init_on_a_full_disk(pki, "--force").returncode == 2
+    assert {p.name: p.read_bytes() for p in pki.iterdir()} == before  # the old set, whole
+
+
 def test_tls_init_takes_names_addresses_and_wildcards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     long_name = "a" * 40 + "." + "b" * 40  # longer than a common name: fine after the first
     assert main(["tls", "init", str(tmp_path / "pki"), "--host", "head-1.example.", "--host", "::1",
