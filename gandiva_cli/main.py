@@ -76,7 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Output piped into a reader that stopped (`gandiva describe job ID | head -1`): the
     # reader has what it wanted; exit quietly, with the command's own code, or 0 when
     # cut short (what was asked was done; the rest was output).
-    return quiet_on_broken_pipe(lambda: run(sys.argv[1:] if argv is None else list(argv)))
+    try:
+        return quiet_on_broken_pipe(lambda: run(sys.argv[1:] if argv is None else list(argv)))
+    except KeyboardInterrupt:
+        # Ctrl-C in a command without its own answer to it (tls init, token create, a
+        # scheduler still starting): one line, not a traceback through cryptography or alembic.
+        print("gandiva: interrupted", file=sys.stderr)
+        return 130
 
 
 def run(argv: list[str]) -> int:

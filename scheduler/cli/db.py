@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from scheduler.cli.argtypes import db_flag_on_actions, non_negative_days
+from scheduler.cli.client import EXIT_INTERRUPTED
 from scheduler.config import default_db_url
 
 
@@ -68,13 +69,21 @@ def run(args: argparse.Namespace) -> int:
                 await lock.release()
         return (await migrate.current(engine)) or "base (empty)"
 
-    return run_on_db("gandiva db", url, go, create=args.db_action == "upgrade")
+    async def revision(engine) -> str:  # type: ignore[no-untyped-def]
+        at = (await migrate.current(engine)) or "base (empty)"
+        return (f"the database is at revision {at} (an upgrade or downgrade is one transaction: "
+                "what was not committed was rolled back); run the command again to finish")
+
+    return run_on_db("gandiva db", url, go, create=args.db_action == "upgrade",
+                     after_interrupt=revision if args.db_action in ("upgrade", "downgrade") else None)
 
 
-def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create: bool) -> int:
+def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create: bool,
+              after_interrupt: Callable[[Any], Awaitable[str]] | None = None) -> int:
     """Print what ``work(engine)`` returns; every failure is one line on stderr naming --db
     (exit 2). ``create``: the command may create a missing SQLite file; others refuse one,
-    so a mistyped path does not leave an empty database behind."""
+    so a mistyped path does not leave an empty database behind. Ctrl-C: one line (exit
+    130), with what ``after_interrupt(engine)`` says of the database then."""
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -83,10 +92,18 @@ def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create
     from scheduler.state import migrate
     from scheduler.state.db import make_engine
 
-    async def go() -> str:
+    async def go(work: Callable[[Any], Awaitable[str]]) -> str:
         engine = make_engine(url)
         try:
             return await work(engine)
+        except Exception as err:
+            # Ctrl-C cancels this task (asyncio.run); the rollback on the way out may fail in
+            # its own words ("Can't reconnect until invalid transaction is rolled back"), which
+            # was printed instead of the interrupt.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError from err
+            raise
         finally:
             await engine.dispose()
 
@@ -101,7 +118,16 @@ def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create
             print(f"{prog}: no database at {missing} (nothing was created); check --db or "
                   "GANDIVA_DB/GANDIVA_HOME, or create it with `gandiva db upgrade`", file=sys.stderr)
             return 2
-        print(asyncio.run(go()))
+        print(asyncio.run(go(work)))
+    except KeyboardInterrupt:
+        said = ""
+        if after_interrupt is not None:
+            try:
+                said = f"; {asyncio.run(go(after_interrupt))}"
+            except (Exception, KeyboardInterrupt):  # noqa: BLE001 - what it says is a bonus
+                said = ""
+        print(f"{prog}: interrupted{said}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except GandivaError as err:
         # make_engine names the field `db`: say it as the flag.
         text = f"--{err}" if isinstance(err, InvalidArgument) and err.field == "db" else str(err)

@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,76 @@ def test_db_downgrade_under_a_running_scheduler_is_refused(gandiva, make_schedul
     assert gandiva("db", "current", "--db", sqlite_url).out.strip() == head
     sched.stop()
     assert gandiva("db", "downgrade", "0007_request_ids", "--db", sqlite_url).out.strip() == "0007_request_ids"
+
+
+@pytest.fixture
+def ctrl_c_at() -> Iterator[Callable[[str, str], None]]:
+    """A real SIGINT (Ctrl-C) raised in this process when LOGGER logs a line containing TEXT."""
+    import logging
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's process
+    armed: list[tuple[logging.Logger, logging.Handler, int]] = []
+
+    class Press(logging.Handler):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text, self.done = text, False
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if not self.done and self.text in record.getMessage():
+                self.done = True
+                signal.raise_signal(signal.SIGINT)
+
+    def arm(logger_name: str, text: str) -> None:
+        logger, press = logging.getLogger(logger_name), Press(text)
+        armed.append((logger, press, logger.level))
+        logger.setLevel(logging.INFO)
+        logger.addHandler(press)
+
+    yield arm
+    for logger, press, level in armed:
+        logger.removeHandler(press)
+        logger.setLevel(level)
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_in_db_upgrade_and_tls_init_is_one_line_and_leaves_nothing_half_done(
+        gandiva, ctrl_c_at, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C mid `gandiva db upgrade` printed SQLAlchemy's "Can't reconnect until invalid
+    transaction is rolled back. Please rollback() fully before proceeding" (exit 2), nothing
+    about the interrupt or the database; mid `gandiva tls init` a KeyboardInterrupt traceback."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'up.db'}"
+    assert gandiva("db", "upgrade", "0001", "--db", url).code == 0
+    def pressed(*argv: str):  # type: ignore[no-untyped-def]
+        try:
+            return gandiva(*argv)
+        except KeyboardInterrupt:  # not pytest's own stop
+            pytest.fail(f"gandiva {' '.join(argv)}: Ctrl-C escaped as a KeyboardInterrupt traceback")
+
+    ctrl_c_at("alembic.runtime.migration", "Running upgrade 0004_runtime")
+    r = pressed("db", "upgrade", "--db", url)
+    assert (r.code, r.out) == (130, ""), r
+    assert r.err == ("gandiva db: interrupted; the database is at revision 0001 (an upgrade or downgrade is one "
+                     "transaction: what was not committed was rolled back); run the command again to finish\n"), r
+    again = gandiva("db", "upgrade", "--db", url)
+    assert (again.code, again.out.strip()) == (0, "0008_progress"), again
+
+    from scheduler.cli import tls
+
+    made = tls._leaf
+
+    def leaf_then_ctrl_c(*args, **kwargs):  # type: ignore[no-untyped-def]
+        import signal
+
+        if args[2] == "bob":  # the second client: a real SIGINT while the set is being made
+            signal.raise_signal(signal.SIGINT)
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(tls, "_leaf", leaf_then_ctrl_c)
+    r = pressed("tls", "init", str(tmp_path / "pki"), "--host", "h", "--client", "alice", "--client", "bob")
+    assert (r.code, r.out, r.err) == (130, "", "gandiva: interrupted\n"), r
+    assert not (tmp_path / "pki").exists() or list((tmp_path / "pki").iterdir()) == []
 
 
 def test_db_and_token_take_db_after_their_action_too(gandiva, tmp_path: Path) -> None:
