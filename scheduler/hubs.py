@@ -124,9 +124,15 @@ class RuntimeHub:
 
     # A shim whose stream dropped reconnects within about a second (its back-off).
     reconnect_grace_s = 5.0
+    # How many launches told to exit are remembered (kill_stale): launches end for good,
+    # so only memory bounds it; a copy connecting that late is judged by runtime_hello.
+    told_to_exit_kept = 4096
 
     def __init__(self) -> None:
         self._conns: dict[str, dict[str, RuntimeConn]] = {}
+        # Launches told to exit, whether or not connected then (oldest first): one whose
+        # runtime connects afterwards is told again at once (see told_to_exit).
+        self._told: dict[tuple[str, str], str] = {}
         # Launches whose runtime said hello, until their connect deadline is checked
         # (LiveEngine.watch_runtime pops them; bounded by the launches being watched).
         self._watched: dict[tuple[str, str], bool] = {}
@@ -198,13 +204,28 @@ class RuntimeHub:
         """Tell that launch's shim, if it is still connected, to exit at its next boundary
         (not awaited): the job was re-queued while this copy still runs (its server marked
         down with the job's process alive: its helper stopped or hung, not its host). Only
-        that very launch; whether one was connected."""
+        that very launch; whether one was connected. One not connected now is told when
+        its runtime connects (told_to_exit)."""
+        if not incarnation:
+            return False
+        self._told.pop((job_id, incarnation), None)
+        self._told[(job_id, incarnation)] = reason
+        while len(self._told) > self.told_to_exit_kept:
+            del self._told[next(iter(self._told))]
         conn = self._conns.get(job_id, {}).get(incarnation)
-        if conn is None or not incarnation:
+        if conn is None:
             return False
         conn.outbox.put_nowait(runtime_pb2.RuntimeCommand(
             command_id=_command_id(), kind=runtime_pb2.COMMAND_KIND_KILL, reason=reason))
         return True
+
+    def told_to_exit(self, job_id: str, incarnation: str) -> str:
+        """Why that launch was told to exit (kill_stale), "" if it was not. A copy whose
+        runtime was not connected then (a migration's destination restoring, its helper
+        hung; a stream dropped and reconnecting) said hello later, while the database
+        still called it current (the migration not yet ended): told nothing, it trained
+        beside the job's restart at its source for as long as its helper was stopped."""
+        return self._told.get((job_id, incarnation), "")
 
     def detach(self, conn: RuntimeConn) -> None:
         conns = self._conns.get(conn.job_id, {})

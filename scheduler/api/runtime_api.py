@@ -64,12 +64,16 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         except Exception as err:  # noqa: BLE001 - never UNKNOWN; logged with its trace
             await context.abort(*unexpected_status(err, "Connect"))
         conn = self.core.runtimes.attach(hello.job_id, hello.incarnation)
-        if running:
+        # Checked once attached, with no await between: a launch told to exit while the
+        # hello above was read (or before it connected at all) is told again now; one
+        # told from here on finds this connection.
+        told = self.core.runtimes.told_to_exit(hello.job_id, hello.incarnation)
+        if running and not told:
             self.core.runtimes.resume_on_connect(conn)
-        if stale:
+        if stale or told:
             # A launch the job no longer runs (re-placed while this copy's stream was down,
             # its helper hung: nothing else stops it): it exits at its next boundary.
-            self.core.runtimes.kill_stale(hello.job_id, hello.incarnation, "this launch is not the job's any more")
+            self.core.runtimes.kill_stale(hello.job_id, hello.incarnation, told or "this launch is not the job's any more")
             log.warning("runtime of job %s: launch %s is stale; told to exit", hello.job_id, hello.incarnation)
         try:
             if uncontrollable:

@@ -1315,6 +1315,44 @@ def test_a_stale_launch_whose_runtime_connects_is_told_to_exit(fake: Fake, wait_
         stale.close()
 
 
+def test_a_destination_whose_runtime_connects_after_its_activation_failed_is_told_to_exit(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A migration's destination activates just as its helper hangs (no answer, no
+    heartbeat): the server goes down, the activation fails, the destination is told to stop
+    (its runtime not connected yet: it still restores) and the job restarts at its source.
+    The destination's runtime connects only then, while the migration is not yet recorded
+    as over: it is told to exit at once. Before, the scheduler still took it for the
+    migration's destination and told it nothing; it trained beside the restarted source for
+    as long as its helper hung (CI: "two copies of the job ran at once for 8.0s")."""
+    from .test_runtime_api import FakeShim
+
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0)
+    f, job_id, server, launch, dest = _launched_with_shared_root(make_scheduler, sqlite_url, wait_for, settings)
+    try:
+        f.keep_alive("a", "b")
+        f.shim(job_id, launch.incarnation)  # acks the stop-for-migration: a checkpoint at step 42
+        f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+        warm = _next_command(f, dest, "launch")
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=dest, command_id=warm.command_id, ok=True))
+        activate = _next_command(f, dest, "activate").activate
+        f.alive.discard(dest)  # its helper hangs as its process activates: down after 2 s
+        restart = _next_command(f, server, "launch")  # the job restarts at its source (not answered yet)
+        assert restart.launch.incarnation not in (launch.incarnation, activate.incarnation)
+        late = FakeShim(f.ch, job_id, activate.incarnation)  # the activated copy connects only now
+        try:
+            told = wait_for(lambda: [c for c in late.received if c.kind == runtime_pb2.COMMAND_KIND_KILL], 10)
+            assert told[0].reason == "stopped: restore failed", told[0].reason
+        finally:
+            late.close()
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server=server, command_id=restart.command_id, ok=True))
+        back = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and j, 15)
+        assert back.history[-1].reason.startswith(f"restarted_at_source: activation at {dest} failed"), \
+            back.history[-1].reason
+    finally:
+        f.close()
+
+
 def test_a_job_placed_on_gpus_a_shrink_gives_back_waits_until_the_shrunk_job_has_left_them(
         make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A grow-shrink job grown onto both GPUs of "a"; a new job needs one: the grown job is
