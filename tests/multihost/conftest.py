@@ -69,8 +69,12 @@ class Net:
         self.bridge = f"{PREFIX}{self.tok}br"
         self.hosts: dict[str, tuple[str, str, str]] = {}  # name -> (netns, address, bridge-side link)
         self.made: list[str] = [self.bridge_ns]  # namespaces to delete, made or not
+        # Namespaces `ip netns add` has finished: their path is the namespace itself. While
+        # it runs the path is first an empty file (its own inode), then mounted over.
+        self.ready: list[str] = []
         self._inodes: set[int] = set()
         _ip("netns", "add", self.bridge_ns)
+        self.ready.append(self.bridge_ns)
         _ip("-n", self.bridge_ns, "link", "add", self.bridge, "type", "bridge")
         _ip("-n", self.bridge_ns, "link", "set", self.bridge, "up")
 
@@ -81,6 +85,7 @@ class Net:
         inside, outside = f"{PREFIX}{self.tok}{i}h", f"{PREFIX}{self.tok}{i}b"
         self.made.append(ns)
         _ip("netns", "add", ns)
+        self.ready.append(ns)
         self.hosts[name] = (ns, addr, outside)
         _ip("link", "add", inside, "netns", ns, "type", "veth", "peer", "name", outside, "netns", self.bridge_ns)
         _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", inside)
@@ -107,8 +112,12 @@ class Net:
 
     @property
     def inodes(self) -> set[int]:
-        if len(self._inodes) < len(self.made):
-            self._inodes = {os.stat(f"/run/netns/{ns}").st_ino for ns in self.made if os.path.exists(f"/run/netns/{ns}")}
+        # Only finished namespaces: a look while `ip netns add` ran took the inode of the
+        # empty file it mounts over for good, and every process on that host went unseen
+        # (CI: "the warm process was not seen within 60s"; 5 adds in 20 show that file).
+        ready = list(self.ready)
+        if len(self._inodes) < len(ready):
+            self._inodes = {os.stat(f"/run/netns/{ns}").st_ino for ns in ready}
         return self._inodes
 
     def pids(self) -> list[int]:
