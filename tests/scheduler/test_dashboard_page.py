@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_a_scheduler_that_went_away_is_said_once(page_only: str, chromium: str) 
 
 
 LONG_NAME = "W" * 250
-STATE = {"now": 0, "height": 1, "overloaded": False, "servers": [], "decisions": [], "jobs": [{
+STATE: dict[str, Any] = {"now": 0, "height": 1, "overloaded": False, "servers": [], "decisions": [], "jobs": [{
     "id": "j-0123456789", "name": LONG_NAME, "state": "RUNNING", "gpus": 1, "placement": ["n1/0"],
     "progress": "", "steps": 5, "rate": 1.0, "eta": "", "metrics": {}, "gpu_seconds": 1, "user": "u" * 120,
     "last_decision": None, "message": "placed"}]}
@@ -84,8 +85,8 @@ look();
 class _Serving(_PageOnly):
     """Serves the page, STATE as /api/state and PROBE as /probe.html."""
 
-    state: dict = STATE
-    probe: bytes = PROBE
+    state: ClassVar[dict] = STATE
+    probe: ClassVar[bytes] = PROBE
 
     def do_GET(self) -> None:
         import json
@@ -131,7 +132,7 @@ def _job(i: int, state: str, user: str) -> dict:
 
 class _ThousandsOfJobs(_Serving):
     # 2,990 of alice's queued, then 10 of bob's running (submitted last, listed last).
-    state = {**STATE, "jobs": [_job(i, "QUEUED", "alice") for i in range(2990)]
+    state: ClassVar[dict] = {**STATE, "jobs": [_job(i, "QUEUED", "alice") for i in range(2990)]
              + [_job(2990 + i, "RUNNING", "bob") for i in range(10)]}
     # Reads the table as it is shown, types "bob" into the filter, clears it, presses next.
     probe = b"""<!doctype html><body><iframe id="f" src="/" style="width:1200px;height:700px"></iframe>
