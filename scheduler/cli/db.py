@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+class CommandFailed(Exception):
+    """The command could not do its work; nothing was changed. Said as it is, exit 2."""
+
+
 class SchedulerRunning(Exception):
     """A scheduler holds the database: a downgrade under it would break it."""
 
@@ -118,7 +122,9 @@ def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create
             print(f"{prog}: no database at {missing} (nothing was created); check --db or "
                   "GANDIVA_DB/GANDIVA_HOME, or create it with `gandiva db upgrade`", file=sys.stderr)
             return 2
-        print(asyncio.run(go(work)))
+        said = asyncio.run(go(work))
+        if said:  # "": the work printed what it had to itself
+            print(said)
     except KeyboardInterrupt:
         said = ""
         if after_interrupt is not None:
@@ -135,6 +141,9 @@ def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create
         return 2
     except SchedulerRunning as err:
         print(f"{prog}: --db {_redact(url)}: {err}", file=sys.stderr)
+        return 2
+    except CommandFailed as err:
+        print(f"{prog}: {err}", file=sys.stderr)
         return 2
     except migrate.SchemaTooNew as err:  # before CommandError: say which gandiva to use
         print(f"{prog}: --db {_redact(url)}: {err}", file=sys.stderr)

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from scheduler import auth
-    from scheduler.cli.db import run_on_db
+    from scheduler.cli.db import CommandFailed, run_on_db
     from scheduler.state import migrate
     from scheduler.state.db import make_sessionmaker
 
@@ -52,7 +52,17 @@ def run(args: argparse.Namespace) -> int:
                 token = await auth.create_token(s, args.name, role)
                 print(f"token for {role} {args.name} (shown once; store it safely):",
                       file=sys.stderr)
-                return token
+                # Shown before it is committed: output that cannot be written (`> file` on a
+                # full disk, a closed pipe) stored a token nobody had seen, and the rerun
+                # said "already has a token; revoke it first" (the error blamed --db).
+                try:
+                    print(token, flush=True)
+                except OSError as err:
+                    raise CommandFailed(
+                        f"cannot write the token to standard output ({err.strerror or err}): no token was "
+                        "created; run the command again with its output going where it can be "
+                        "written") from None
+                return ""
             if args.token_action == "revoke":
                 await auth.revoke_token(s, args.name)
                 return f"revoked the token of {args.name}"

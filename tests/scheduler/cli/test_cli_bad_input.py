@@ -154,6 +154,25 @@ def test_ctrl_c_in_db_upgrade_and_tls_init_is_one_line_and_leaves_nothing_half_d
     assert not (tmp_path / "pki").exists() or list((tmp_path / "pki").iterdir()) == []
 
 
+def test_a_token_whose_output_cannot_be_written_is_not_created(gandiva, tmp_path: Path) -> None:
+    """`gandiva token create alice > token.txt` on a full disk stored alice's token, shown to
+    nobody, said `--db URL: [Errno 28] No space left on device` (blaming the database), and the
+    rerun was `'alice' already has a token; revoke it first`."""
+    import subprocess
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'tok.db'}"
+    with open("/dev/full", "w") as full:  # every write: ENOSPC
+        r = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "token", "create", "alice", "--db", url],
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines()[-1] == (
+        "gandiva token: cannot write the token to standard output (No space left on device): no token was "
+        "created; run the command again with its output going where it can be written"), r.stderr
+    assert "alice" not in gandiva("token", "list", "--db", url).out
+    again = gandiva("token", "create", "alice", "--db", url)
+    assert again.code == 0 and again.out.startswith("gdv.alice."), again
+
+
 def test_db_and_token_take_db_after_their_action_too(gandiva, tmp_path: Path) -> None:
     """`gandiva db current --db URL` (the order `gandiva scheduler --db URL` reads) was the
     top-level usage and "unrecognized arguments: --db ..." (exit 2); only `gandiva db --db URL
