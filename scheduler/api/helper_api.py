@@ -137,6 +137,9 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         check_id("job_id", request.job_id)
         check_text("incarnation", request.incarnation, 64)
         request.reason = clean_text(request.reason, 1024)
+        # A name never registered is no helper: its "exit" of any job it named was written
+        # into that job's events (`job.stale_exit ... server ghost`), and a user read it.
+        await self.core.known_server(request.server)
         await self.core.process_exit(request)
         return common_pb2.Empty()
 

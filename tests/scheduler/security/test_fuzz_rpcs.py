@@ -136,6 +136,22 @@ def test_helper_rpcs(fuzz_server: grpc.Channel, method: str) -> None:
     prop()
 
 
+def test_an_exit_reported_under_a_name_never_registered_is_refused_and_writes_nothing(
+        fuzz_server: grpc.Channel) -> None:
+    """It was taken: the job's events then said `job.stale_exit  ghost  old launch i exited`,
+    from a "server" the scheduler never knew (one event per call, as many as sent)."""
+    sched = scheduler_pb2_grpc.SchedulerStub(fuzz_server)
+    job = sched.SubmitJob(scheduler_pb2.SubmitJobRequest(
+        spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1)), timeout=10).job
+    events = list(sched.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id), timeout=10).events)
+    with pytest.raises(grpc.RpcError) as err:
+        helper_pb2_grpc.HelperStub(fuzz_server).ReportProcessExit(helper_pb2.ProcessExitRequest(
+            server="ghost", job_id=job.id, incarnation="i", exit_code=1), timeout=10)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "server 'ghost' not found" in err.value.details()
+    assert list(sched.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id), timeout=10).events) == events
+    assert sched.GetJob(scheduler_pb2.GetJobRequest(id=job.id), timeout=10).state == common_pb2.JOB_STATE_QUEUED
+
+
 def test_streaming_rpcs(fuzz_server: grpc.Channel) -> None:
     sched = scheduler_pb2_grpc.SchedulerStub(fuzz_server)
     helper = helper_pb2_grpc.HelperStub(fuzz_server)
