@@ -80,6 +80,7 @@ class HelperDaemon:
             roots=[config.ramdisk_dir, *([config.shared_root] if config.shared_root else [])],
             peer_check=self.not_a_peer,
             owner=owner_mark(config.ramdisk_dir),
+            lease_ran_out=self._lease_ran_out,
         )
         # The registered helpers' agents, address -> name, as the scheduler last sent them
         # in a heartbeat answer (with their version): checkpoints go only to these.
@@ -382,7 +383,7 @@ class HelperDaemon:
             # Stale launches die first; then, the lease renewed, the others may train again.
             for stop in reply.stop:
                 self.jobs.fence(stop.job_id, stop.incarnation)
-            self._lease_renewed(sent_at)
+            self._lease_renewed(sent_at, set(pairs))
             await asyncio.sleep(interval)
 
     def scheduler_now(self) -> float:
@@ -428,35 +429,51 @@ class HelperDaemon:
             await asyncio.sleep(0.1)
         return ""
 
-    def _lease_renewed(self, sent_at: float) -> None:
-        """A heartbeat sent at `sent_at` was answered: the lease runs from then.
-
+    def _lease_renewed(self, sent_at: float, reported: set[tuple[str, str]]) -> None:
+        """A heartbeat sent at `sent_at`, reporting the launches `reported`, was answered
+        (the stale ones it named are killed): the lease runs from then.
         Frozen jobs thaw only on the answer to a heartbeat sent after they were frozen:
         a late answer to one sent before the lease ran out says nothing about the
         scheduler now (it may already be re-placing them), so it must not thaw them
-        for a moment (issue 9). A fresh round trip does, and brings the stops with it."""
+        for a moment (issue 9). A fresh round trip does, and brings the stops with it,
+        for the launches that heartbeat reported only: one started since (read from the
+        command stream as this helper came back from a stop: the scheduler may have placed
+        the job elsewhere meanwhile) stays frozen until a heartbeat reporting it is
+        answered without naming it stale. Before, that first answer thawed it too, and it
+        ran until the next one."""
         self._lease_from = max(self._lease_from, sent_at)
         fresh = sent_at >= self._frozen_at and asyncio.get_running_loop().time() - sent_at <= self.lease_s
-        if self.frozen and fresh:
+        if not fresh:
+            return
+        if self.frozen:
             self.frozen = False
             log.warning("lease renewed: jobs thawed")
-            self.jobs.thaw_all()
+        elif not self.jobs.any_frozen():
+            return
+        self.jobs.thaw_all(reported)
+
+    def _lease_ran_out(self) -> bool:
+        """Whether no heartbeat has been answered for the lease: the jobs must be frozen
+        (and they are frozen until thawed by _lease_renewed). Asked by the watchdog every
+        LEASE_POLL_S and by every launch and activation before its process may train: a
+        helper stopped (SIGSTOP) past its lease, then continued, read the launch the
+        scheduler had sent before calling it down and started it before the watchdog's
+        next look; the job trained there beside its new copy elsewhere."""
+        loop = asyncio.get_running_loop()
+        if not self.frozen and self.lease_s > 0 and loop.time() - self._lease_from > self.lease_s:
+            log.warning("no heartbeat answered for %.1f s (lease %.1f s): freezing jobs",
+                        loop.time() - self._lease_from, self.lease_s)
+            self._frozen_at = loop.time()
+            self.frozen = True
+        return self.frozen
 
     async def _lease_watchdog(self) -> None:
         """No heartbeat answered for the lease: freeze every job. The scheduler re-places
         a silent server's jobs only after its lease has surely run out (down_after_s),
         so a cut-off server never trains a job while its replacement runs elsewhere."""
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(LEASE_POLL_S)
-            if self.lease_s <= 0:
-                continue
-            if not self.frozen and loop.time() - self._lease_from > self.lease_s:
-                log.warning("no heartbeat answered for %.1f s (lease %.1f s): freezing jobs",
-                            loop.time() - self._lease_from, self.lease_s)
-                self._frozen_at = loop.time()
-                self.frozen = True
-            if self.frozen:
+            if self._lease_ran_out():
                 # Again on every poll until thawed: a launch that started meanwhile is frozen too.
                 self.jobs.freeze_all()
 

@@ -8,7 +8,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,7 +63,11 @@ class JobTable:
         roots: Sequence[Path] = (),
         peer_check: Callable[[str], Awaitable[str]] | None = None,
         owner: str = "",
+        lease_ran_out: Callable[[], bool] = lambda: False,
     ) -> None:
+        # Whether the helper's lease has run out (asked as each process starts or is
+        # activated: one that would train then starts frozen, see HelperDaemon).
+        self.lease_ran_out = lease_ran_out
         # Marks every launch (process.OWNER_ENV): a restarted helper finds what it left.
         self.owner = owner
         # The helper's credentials: each launch gets a runtime token derived from them.
@@ -93,9 +97,14 @@ class JobTable:
         for p in self.processes.values():
             p.freeze()
 
-    def thaw_all(self) -> None:
-        for p in self.processes.values():
-            p.thaw()
+    def any_frozen(self) -> bool:
+        return any(p.frozen for p in self.processes.values())
+
+    def thaw_all(self, only: Collection[tuple[str, str]] | None = None) -> None:
+        """Thaw the frozen processes (only these (job id, incarnation) pairs, if given)."""
+        for key, p in self.processes.items():
+            if only is None or key in only:
+                p.thaw()
 
     def fence(self, job_id: str, incarnation: str) -> None:
         """Kill that launch at once: the scheduler does not expect it (anymore)."""
@@ -198,6 +207,8 @@ class JobTable:
             raise CommandFailed(f"launch: {self.server} could not start it: {exc}",
                                 server_fault=exc.errno != errno.ENOEXEC) from exc
         self.processes[(req.job_id, req.incarnation)] = proc
+        if self.lease_ran_out():
+            proc.freeze()  # as every other job here; thawed if a heartbeat answer vouches for it
         result = Result(message=f"pid {proc.pid}")
         if req.warm:
             await self._wait(proc, "warm_ready", self.prewarm_timeout_s)
@@ -226,6 +237,8 @@ class JobTable:
         mark = len(proc.events)
         t0 = time.monotonic()
         proc.activated = True
+        if self.lease_ran_out():
+            proc.freeze()  # it reads the activation once a heartbeat answer thaws it
         proc.send({"cmd": "activate", "restore_checkpoint": req.restore_checkpoint})
         result = Result()
         if req.restore_checkpoint:

@@ -55,7 +55,7 @@ async def test_a_late_heartbeat_answer_does_not_thaw_only_a_fresh_round_trip_doe
     await daemon.start()
     thaws: list[float] = []
     real_thaw = daemon.jobs.thaw_all
-    daemon.jobs.thaw_all = lambda: (thaws.append(time.monotonic()), real_thaw())[1]  # type: ignore[method-assign]
+    daemon.jobs.thaw_all = lambda *only: (thaws.append(time.monotonic()), real_thaw(*only))[1]  # type: ignore[method-assign]
     proc = JobProcess(job_id="j", incarnation="i", argv=["sleep", "60"], workdir=str(tmp_path),
                       env={"PATH": "/usr/bin:/bin"}, gpu_indices=(), log_path=tmp_path / "j.log")
     try:
