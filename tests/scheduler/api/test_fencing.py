@@ -1287,7 +1287,11 @@ def test_a_destination_that_ends_before_its_migration_is_recorded_finishes_the_j
     fake.helper.ReportProcessExit(helper_pb2.ProcessExitRequest(
         server=dest, job_id=job_id, incarnation=plan.dest_incarnation, exit_code=0, reason="finished"))
     release.set()
-    done = wait_for(lambda: (j := fake.job(job_id)).state != common_pb2.JOB_STATE_MIGRATING and j, 10)
+    # The migration's end is recorded (RUNNING at the destination), then the exit applied:
+    # a look in between saw RUNNING (CI under load: "migrated to b at step 42"), so the
+    # wait is for the job to end, and the exit must be applied within it.
+    ends = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
+    done = wait_for(lambda: (j := fake.job(job_id)).state in ends and j, 10)
     assert (done.state, done.steps, done.message) == (common_pb2.JOB_STATE_SUCCEEDED, 1000, "finished"), \
         (common_pb2.JobState.Name(done.state), done.steps, done.message)
 
