@@ -11,6 +11,7 @@ import logging
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from migration_protocol.fast_path import (
@@ -27,7 +28,7 @@ from scheduler.errors import FailedPrecondition, GandivaError, Unavailable
 from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
-from scheduler.state.models import AuthToken, Job, Migration, Server
+from scheduler.state.models import AuthToken, Gpu, Job, Migration, Server
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,10 @@ async def _carry_out(
         # until the source's lease has surely run out.
         fence = await _stop_source(core, plan)
 
+    gone_at_dest: list[str] = []  # the destination GPUs its server no longer reports, if any
+
     async def record(s: AsyncSession) -> None:
+        gone_at_dest.clear()
         now = core.clock()
         job = await repo.get_job(s, job_id, for_update=True)
         if job.state != JobState.MIGRATING.value:
@@ -232,6 +236,16 @@ async def _carry_out(
         elif result.outcome is Outcome.MIGRATED:
             # The migration's checkpoint, at the destination, is the job's latest restore point.
             job.restore_checkpoint, job.restore_server, job.restore_step = result.checkpoint_path, dest_name, result.step
+            gone = await _gpus_gone(s, dest_name, [g.index for g in to_gpus if g.server == dest_name])
+            if gone:
+                gone_at_dest.append(gone)
+                # Its helper registered again meanwhile without them (one failed, or its
+                # CUDA_VISIBLE_DEVICES changed). Before, the job was placed there all the same:
+                # RUNNING on a GPU the server no longer has (1 GPU, 2 allocated), for good.
+                await repo.requeue(s, job, now, f"migration to {dest_name} failed, re-placing: its GPU(s) "
+                                   f"{gone} on {dest_name} are no longer reported by the server's "
+                                   f"helper; will resume from step {result.step} (its checkpoint is on {dest_name})")
+                return
             # What the destination reported before it was current (a scheduler that did not
             # run meanwhile: it may even have finished) is its progress too.
             job.steps = max(job.steps, result.step, core.steps_seen(job_id, result.incarnation))
@@ -246,9 +260,18 @@ async def _carry_out(
 
     # Recorded whatever it takes: the job's processes already are where the outcome says.
     await core.record_when_reachable(f"the end of {job_id}'s migration", record)
+    if gone_at_dest and result is not None:
+        core.stop_on(dest_name, job_id, result.incarnation, f"its GPU(s) {gone_at_dest[0]} on {dest_name} are gone")
     await core.replay_early_exit(job_id, result.incarnation if result is not None else "")
     core.poke()
     return result
+
+
+async def _gpus_gone(s: AsyncSession, server: str, indices: Sequence[int]) -> str:
+    """Those of `indices` that `server` no longer has (its helper registered again with
+    fewer GPUs), as words ("1, 2"); "" when it has them all."""
+    have = set((await s.execute(select(Gpu.index).where(Gpu.server_name == server))).scalars())
+    return ", ".join(str(i) for i in indices if i not in have)
 
 
 async def _roll_back(s: AsyncSession, job: Job, now: float, reason: str, suspended: bool) -> None:

@@ -1357,6 +1357,52 @@ def test_a_destination_whose_runtime_connects_after_its_activation_failed_is_tol
         f.close()
 
 
+def test_a_migration_whose_destination_gpu_is_gone_when_it_ends_resumes_elsewhere(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A job migrates to GPU 1 of server "b"; before its activation is answered, b's helper
+    registers again with GPU 0 only (one failed, or its CUDA_VISIBLE_DEVICES changed). The
+    migration's end re-queues the job to resume from its checkpoint (on b) and stops b's
+    copy. Before, it was placed on b/1 all the same: RUNNING on a GPU b no longer has (b: 1
+    GPU, 2 allocated), for good (only a later registration would have noticed)."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=4.0))
+    f = Fake(sched.address, gpus={"a": 1}, shared_root="/peers")
+    try:
+        f.keep_alive("a")
+        job_id = f.submit()
+        _, launch = f.launched(job_id, wait_for)
+        f.shim(job_id, launch.incarnation)
+        f.register("b", 2)
+        f.keep_alive("b")
+        other = f.submit()  # on one of b's GPUs: the migration takes the other
+        f.shim(other, _next_command(f, "b", "launch").launch.incarnation)
+
+        def migrate() -> bool:
+            try:
+                f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server="b"))
+                return True
+            except grpc.RpcError:  # its runtime not connected yet
+                return False
+        wait_for(migrate, 20)
+        warm = _next_command(f, "b", "launch")
+        (gone,) = warm.launch.gpu_indices
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="b", command_id=warm.command_id, ok=True))
+        activate = _next_command(f, "b", "activate")
+        f.helper.Register(helper_pb2.RegisterServerRequest(
+            name="b", gpus=[common_pb2.Gpu(index=1 - gone)], ramdisk="/ram/b", shared_root="/peers"))
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server="b", command_id=activate.command_id, ok=True, step=42))
+        reasons = wait_for(lambda: [t.reason for t in f.job(job_id).history if "no longer reported" in t.reason], 10)
+        assert reasons == [(f"migration to b failed, re-placing: its GPU(s) {gone} on b are no longer reported by "
+                            "the server's helper; will resume from step 42 (its checkpoint is on b)")], reasons
+        stop = _next_command(f, "b", "stop").stop
+        assert (stop.job_id, stop.incarnation) == (job_id, activate.activate.incarnation)
+        assert ("b", gone) not in [(p.server, p.index) for p in f.job(job_id).placement]
+        b = next(s for s in f.api.ListServers(scheduler_pb2.ListServersRequest()).servers if s.name == "b")
+        assert (b.gpus, b.allocated) == (1, 1)
+    finally:
+        f.close()
+
+
 def test_a_job_placed_on_gpus_a_shrink_gives_back_waits_until_the_shrunk_job_has_left_them(
         make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A grow-shrink job grown onto both GPUs of "a"; a new job needs one: the grown job is
