@@ -164,47 +164,53 @@ async def test_the_lease_watchdog_does_not_freeze_a_job_while_it_handles_its_sig
 async def test_a_launch_read_after_the_lease_ran_out_starts_frozen_and_thaws_only_once_reported(
     make_scheduler: Any, sqlite_url: str, tmp_path: Path, fake_job: str
 ) -> None:
-    """A helper stopped (SIGSTOP) past its lease, then continued, reads the launch the
-    scheduler sent before calling its server down; the job runs elsewhere by then. The
+    """A helper stopped (SIGSTOP) past its lease, then continued, reads the launches the
+    scheduler sent before calling its server down; the jobs run elsewhere by then. Each
     launch starts frozen (the lease checked there and then, not at the watchdog's next
     look, which had not come yet: here it never comes), and the answer to a heartbeat sent
-    before that launch, which did not report it, does not thaw it: only an answer to one
-    that reported it (the scheduler names a stale launch there, and it is killed). Before,
-    it trained until the watchdog's next look and again from that first answer on (a
+    before a launch, which did not report it, does not thaw it: only an answer to one that
+    reported it (the scheduler names a stale launch there, and it is killed). Before, it
+    trained until the watchdog's next look, and again from that first answer on (a
     multihost test's sampler saw two copies of the job training)."""
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
     daemon = HelperDaemon(HelperConfig(server_name="s1", scheduler=sched.address, ramdisk=tmp_path / "rd",
-                                       log_dir=tmp_path / "logs"), CpuBackend(1, "s1"))
+                                       log_dir=tmp_path / "logs"), CpuBackend(2, "s1"))
     await daemon.start()
+
+    async def launch(job_id: str, gpu: int) -> Any:
+        result = await daemon.jobs.handle(helper_pb2.HelperCommand(command_id=job_id, launch=helper_pb2.LaunchJob(
+            job_id=job_id, incarnation="i-1", gpu_indices=[gpu], spec=common_pb2.JobSpec(
+                command=[fake_job], workdir=str(tmp_path), gpus=1, env={"FAKE_STEP_S": "0.02"}))))
+        assert result.ok, result.message
+        return daemon.jobs.processes[(job_id, "i-1")]
+
+    async def state_becomes(pid: int, stopped: bool) -> tuple[str, int]:
+        for _ in range(100):
+            if (_state_and_cpu(pid)[0] == "T") == stopped:
+                break
+            await asyncio.sleep(0.02)
+        return _state_and_cpu(pid)
+
     try:
         await asyncio.wait_for(daemon.registered.wait(), 10)
         daemon._tasks[3].cancel()  # the lease watchdog: its next look never comes
         sched.call(sched.server.stop(grace=0.5))  # no heartbeat is answered any more
         await asyncio.sleep(daemon.lease_s + 0.5)
         assert not daemon.frozen
+        first = await launch("j-1", 0)
+        assert first.frozen, "a launch carried out after the lease ran out started unfrozen"
         loop = asyncio.get_running_loop()
-        heartbeat_sent = loop.time()  # a heartbeat reporting nothing, answered below
-        launch = helper_pb2.HelperCommand(command_id="c1", launch=helper_pb2.LaunchJob(
-            job_id="j-1", incarnation="i-1", gpu_indices=[0], spec=common_pb2.JobSpec(
-                command=[fake_job], workdir=str(tmp_path), gpus=1, env={"FAKE_STEP_S": "0.02"})))
-        result = await daemon.jobs.handle(launch)
-        assert result.ok, result.message
-        proc = daemon.jobs.processes[("j-1", "i-1")]
-        assert proc.frozen, "a launch carried out after the lease ran out started unfrozen"
-        for _ in range(50):
-            if _state_and_cpu(proc.pid)[0] == "T":
-                break
-            await asyncio.sleep(0.02)
-        cpu = _state_and_cpu(proc.pid)
+        heartbeat_sent = loop.time()  # a heartbeat reporting j-1 only, answered below
+        second = await launch("j-2", 1)
+        assert second.frozen
+        cpu = await state_becomes(second.pid, stopped=True)
         assert cpu[0] == "T"
-        daemon._lease_renewed(heartbeat_sent, set())
+        daemon._lease_renewed(heartbeat_sent, {("j-1", "i-1")})
+        assert (await state_becomes(first.pid, stopped=False))[0] != "T", "the reported launch was not thawed"
         await asyncio.sleep(0.5)
-        assert _state_and_cpu(proc.pid) == cpu, "thawed by the answer to a heartbeat that did not report it"
-        daemon._lease_renewed(loop.time(), {("j-1", "i-1")})
-        for _ in range(50):
-            if _state_and_cpu(proc.pid)[0] != "T":
-                break
-            await asyncio.sleep(0.02)
-        assert _state_and_cpu(proc.pid)[0] != "T", "not thawed by the answer to a heartbeat that reported it"
+        assert _state_and_cpu(second.pid) == cpu, "thawed by the answer to a heartbeat that did not report it"
+        daemon._lease_renewed(loop.time(), {("j-1", "i-1"), ("j-2", "i-1")})
+        assert (await state_becomes(second.pid, stopped=False))[0] != "T", \
+            "not thawed by the answer to a heartbeat that reported it"
     finally:
         await daemon.stop()
