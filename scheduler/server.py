@@ -46,6 +46,7 @@ from scheduler.state import migrate, prune
 from scheduler.state.db import make_engine
 from scheduler.state.owner import DatabaseHeld, DatabaseLost, SchedulerLock, SqliteFileWatch
 from scheduler.transport import (
+    LetGoOfRequestsInterceptor,
     MalformedRequestInterceptor,
     ServerTls,
     add_port,
@@ -180,8 +181,9 @@ class SchedulerServer:
         authenticator = auth.Authenticator(self.core.read_sessions) if self.auth == "token" else None
         if authenticator is not None:
             interceptors.insert(0, auth.AuthInterceptor(authenticator))
-        # Outermost, so that refused calls are timed too.
-        interceptors = self._observe(authenticator) + interceptors
+        # Outermost, so that refused calls are timed too; outside them all, a refused call
+        # lets go of its request at once (a cycle inside gRPC held it until a full collection).
+        interceptors = [LetGoOfRequestsInterceptor(), *self._observe(authenticator), *interceptors]
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=[

@@ -396,6 +396,44 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
                               _tolerant(handler.request_deserializer))
 
 
+class LetGoOfRequestsInterceptor(grpc.aio.ServerInterceptor):
+    """Outermost on the scheduler: a unary call that ends in an exception (every refusal:
+    a bad token, an invalid request) lets go of its request at once (_let_go)."""
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+
+        async def call(request: Any, context: Any) -> Any:
+            try:
+                return await inner(request, context)
+            except BaseException as exc:
+                _let_go(exc)
+                del request  # this frame joins the traceback as the exception leaves it
+                raise
+
+        return grpc.unary_unary_rpc_method_handler(call, handler.request_deserializer, handler.response_serializer)
+
+
+def _let_go(exc: BaseException) -> None:
+    """Clears the local variables of the finished frames on ``exc``'s traceback and on those
+    of the exceptions it chains. A refused call's exception (gRPC's AbortError, chained to
+    the InvalidArgument it reports) ends up in a reference cycle inside gRPC, freed only by
+    the cyclic collector, which a running scheduler runs seldom (quiet_gc): meanwhile the
+    frames on its traceback held the call's request. 20 refused 14 MiB submissions kept
+    620 MB, and under --auth token 64 refused without a token kept 1.1 GB, each time they came.
+    (frame.clear() of a finished frame drops its locals; the traceback still prints.)"""
+    import traceback
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(seen) < 16:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)  # frames still running are left as they are
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+
+
 _HANDLER_KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler),
                   ("unary_stream", grpc.unary_stream_rpc_method_handler),
                   ("stream_unary", grpc.stream_unary_rpc_method_handler),
