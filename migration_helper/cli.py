@@ -115,6 +115,10 @@ def run_helper(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gandiva helper: --host-memory: {exc}", file=sys.stderr)
         return 2
+    if math.isnan(args.max_transfer_gib):  # as 0 GiB it read "--max-transfer-gib 0 (...)"
+        print("gandiva helper: --max-transfer-gib nan: must be a positive number of GiB; it caps the "
+              "checkpoint a peer may stream in", file=sys.stderr)
+        return 2
     try:
         security = ClientSecurity.from_env(args.token, args.tls_ca, args.tls_cert, args.tls_key)
         tls = ServerTls.from_flags(args.tls_cert, args.tls_key, args.tls_client_ca)

@@ -15,6 +15,7 @@ import logging
 import socket
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -121,7 +122,14 @@ class HelperDaemon:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        self.ramdisk.prepare()
+        try:
+            self.ramdisk.prepare()
+        except OSError as exc:
+            if exc.filename is None:  # its own words already say what to do
+                raise
+            raise OSError(f"--ramdisk {self.ramdisk.root}: cannot create it ({exc.strerror}); give a directory "
+                          "this helper can create and write (default /dev/shm/gandiva-SERVER)") from None
+        _check_log_dir(self.config.logs_dir)
         left = kill_left_behind(self.ramdisk.root)
         if left:
             log.warning("killed %d process(es) an earlier run of this helper left running (jobs %s): "
@@ -532,3 +540,17 @@ class HelperDaemon:
                         break
                 self._post(request)
             await asyncio.sleep(interval)
+
+
+def _check_log_dir(path: Path) -> None:
+    """OSError naming --log-dir unless the jobs' output can be written under ``path``: a helper
+    given one it could not create started all the same, and every job it launched failed."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise OSError(f"--log-dir {path}: cannot create or write it ({exc.strerror or exc}); give a directory "
+                      "this helper can write: each job's output goes there (gandiva logs reads it)") from None

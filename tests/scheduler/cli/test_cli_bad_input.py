@@ -478,10 +478,17 @@ def output_console():  # type: ignore[no-untyped-def]
     ("--sample-interval=nan", "--sample-interval nan: must be a positive number of seconds"),
     ("--lease=nan", "--lease nan: must be a positive number of seconds"),
     ("--gpus=1000", "--gpus 1000: a server has at most 256"),
+    ("--log-dir=/proc/gandiva-logs", ("--log-dir /proc/gandiva-logs: cannot create or write it (No such file or "
+                                      "directory); give a directory this helper can write")),
+    ("--ramdisk=/proc/gandiva-rd", "--ramdisk /proc/gandiva-rd: cannot create it (No such file or directory)"),
+    ("--max-transfer-gib=nan", "--max-transfer-gib nan: must be a positive number of GiB"),
 ])
 def test_helper_refuses_at_start_what_would_never_work(gandiva, flag: str, says: str, tmp_path: Path) -> None:
     """`--sample-interval nan` and `--lease nan` started a helper (NaN passed `x <= 0`);
-    `--gpus 1000` started one the scheduler refused to register every two seconds, forever."""
+    `--gpus 1000` started one the scheduler refused to register every two seconds, forever.
+    A --log-dir it cannot create started one whose every job failed at launch; a --ramdisk
+    it cannot create said `[Errno 2] No such file or directory: '/proc/x'`, no flag named;
+    `--max-transfer-gib nan` was called 0."""
     r = gandiva("helper", "--server-name", "h1", "--virtual", "--scheduler", "127.0.0.1:1",
                 "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs"), flag)
     assert (r.code, r.out) == (2, "") and says in r.err, r
