@@ -899,11 +899,17 @@ class SchedulerCore:
                               and p.gpu_index not in indices)
                 if gone and JobState(job.state) in ACTIVE:
                     stops.append((req.name, job.id, job.incarnation))
+                    why = f"its GPU(s) {', '.join(map(str, gone))} on {req.name} are no longer reported by the server's helper"
                     migration = await repo.get_migration(s, job.id)
                     if migration is not None:
                         stops.append((migration.dest_server, job.id, migration.dest_incarnation))
-                    await repo.requeue(s, job, now, f"its GPU(s) {', '.join(map(str, gone))} on {req.name} are no "
-                                                    f"longer reported by the server's helper")
+                        if migration.step >= 0 and migration.checkpoint_path:
+                            # Its source (this server) confirmed the migration's checkpoint and
+                            # exited: the job resumes from it (as when its server goes down),
+                            # not from an older checkpoint or step 0.
+                            stops.append((req.name, job.id, migration.fallback_incarnation))
+                            why += f" mid-migration; {await repo.resume_from_migration(s, job, migration)}"
+                    await repo.requeue(s, job, now, why)
             self._largest = await repo.largest_server(s)
             self._peers = None  # a new helper, or one at a new address
             repo.add_event(

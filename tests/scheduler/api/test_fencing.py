@@ -1403,6 +1403,42 @@ def test_a_migration_whose_destination_gpu_is_gone_when_it_ends_resumes_elsewher
         f.close()
 
 
+def test_a_job_whose_source_gpu_is_gone_after_its_migration_checkpoint_resumes_from_that_checkpoint(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A job migrates from "a" to "b" (shared root); its source checkpointed (step 42) and
+    exited; before the activation is answered, a's helper registers again without the job's
+    GPU. The job goes back to the queue to resume from the migration's checkpoint, as when
+    its server goes down. Before, it was re-queued with no restore point: from step 0 (or an
+    older periodic checkpoint), its progress since lost."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=4.0))
+    f = Fake(sched.address, gpus={"a": 1, "b": 1}, shared_root="/peers")
+    try:
+        f.keep_alive("a", "b")
+        job_id = f.submit()
+        server, launch = f.launched(job_id, wait_for)
+        dest = "b" if server == "a" else "a"
+        f.shim(job_id, launch.incarnation)  # acks the stop-for-migration: a checkpoint at step 42
+
+        def migrate() -> bool:
+            try:
+                f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+                return True
+            except grpc.RpcError:  # its runtime not connected yet
+                return False
+        wait_for(migrate, 20)
+        warm = _next_command(f, dest, "launch")
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=dest, command_id=warm.command_id, ok=True))
+        _next_command(f, dest, "activate")  # the checkpoint is confirmed; never answered
+        f.helper.Register(helper_pb2.RegisterServerRequest(
+            name=server, gpus=[common_pb2.Gpu(index=1)], ramdisk=f"/ram/{server}", shared_root="/peers"))
+        # (Placed again at once, perhaps: its reason is the one before the last.)
+        reason = wait_for(lambda: next((t.reason for t in f.job(job_id).history if "GPU(s)" in t.reason), None), 10)
+        assert reason == (f"its GPU(s) 0 on {server} are no longer reported by the server's helper mid-migration; "
+                          f"will resume from step 42 (its checkpoint is on {dest})"), reason
+    finally:
+        f.close()
+
+
 def test_a_job_placed_on_gpus_a_shrink_gives_back_waits_until_the_shrunk_job_has_left_them(
         make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A grow-shrink job grown onto both GPUs of "a"; a new job needs one: the grown job is
