@@ -15,6 +15,7 @@ in a large cluster.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import operator
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
@@ -158,6 +159,10 @@ class Ledger:
         # When a list (a policy turns it on): the last views of the jobs that left the
         # snapshot (finished or killed), collected until the policy takes them.
         self.departed: list[JobView] | None = None
+        # When a dict (a policy turns it on, ``start_eldest``): per requested GPU count, a heap
+        # of (submitted_at, arrival, id) of the jobs bound to GPUs, pushed at each bind and
+        # cleaned lazily (``eldest_of``); the earliest-submitted job holding GPUs per count.
+        self.eldest: dict[int, list[tuple[float, int, str]]] | None = None
         # Host memory (ServerView.host_memory_bytes; 0: not checked). Every job bound to a
         # server holds its host memory there (its processes on that server), running or
         # suspended: measured bytes in host_bytes, the number of jobs not measured yet in
@@ -389,6 +394,8 @@ class Ledger:
                     self._over.add(gpu.server)
         names = (gpus[0].server,) if len(gpus) == 1 else tuple(dict.fromkeys(g.server for g in gpus))
         self.servers_of[job_id] = names
+        if self.eldest is not None:
+            self._push_eldest(job_id)
         if self.host_limit:
             self._charge_host(job_id, self.jobs[job_id])
         if len(names) > 1:
@@ -401,6 +408,30 @@ class Ledger:
             if sizes is not None:
                 sizes[size] = sizes.get(size, 0) + 1
                 self.jobs_on[name].add(job_id)
+
+    def _push_eldest(self, job_id: str) -> None:
+        view = self.jobs[job_id]
+        heapq.heappush(self.eldest.setdefault(view.requested_gpus, []),  # type: ignore[union-attr]
+                       (view.submitted_at, view.arrival, job_id))
+
+    def start_eldest(self) -> None:
+        """Keep ``eldest`` from now on (the jobs bound now are filed at once)."""
+        if self.eldest is None:
+            self.eldest = {}
+            for job_id in sorted(self.placement):
+                self._push_eldest(job_id)
+
+    def eldest_of(self, size: int) -> str | None:
+        """The job submitted first (then arrival, id) of those asking ``size`` GPUs that are
+        bound to GPUs now (running, suspended or moving); None if none is, or if ``eldest``
+        is off. Entries of jobs no longer bound are dropped as they reach the top."""
+        heap = self.eldest.get(size) if self.eldest is not None else None
+        while heap:
+            job_id = heap[0][2]
+            if job_id in self.placement and self.jobs[job_id].requested_gpus == size:
+                return job_id
+            heapq.heappop(heap)
+        return None
 
     def unbind(self, job_id: str) -> None:
         gpus = self.placement.pop(job_id, ())

@@ -28,6 +28,7 @@ from scheduler.policy.migration import (
     balance_sizes,
     consolidate,
     defragment,
+    eldest_alone,
     gather_large,
     lower_height,
     make_room,
@@ -110,6 +111,8 @@ class GandivaPolicy(Policy):
         ledger = self.ledger_for(snapshot)
         if cfg.las_slices and (cfg.gittins_slices or cfg.fifo_after_measured):
             self._note_departures(ledger)
+        if cfg.eldest_runs:
+            ledger.start_eldest()
         # Trials of departed jobs get their verdicts before the state forgets them.
         out: list[Decision] = judge_trials(ledger, state, cfg)
         state.forget_missing(ledger.jobs)
@@ -146,6 +149,8 @@ class GandivaPolicy(Policy):
             self._take_touched(ledger)  # a park changes its group: rotation looks at it now
         out += rotate(ledger, state, cfg, self._look_rotate)
         self._look_rotate = set() if self.incremental else None
+        if cfg.eldest_runs:
+            out += eldest_alone(ledger, state, cfg)
         if state.probes:  # newcomers this rotation suspended
             out = self._park(ledger, out)
         if ledger.grown:
@@ -296,6 +301,9 @@ class GandivaPolicy(Policy):
         share_shut = cfg.share_block_after_s is not None and waited >= cfg.share_block_after_s
         large_shut = cfg.large_block_after_s is not None and waited >= cfg.large_block_after_s
         for size in sorted(ledger.queued_by_size):
+            eldest = ledger.eldest_of(size) if cfg.eldest_runs else None
+            if eldest is not None:  # eldest_runs: its group is its own
+                taken.add(ledger.placement[eldest])
             groups = [
                 g for g in ledger.groups_by_size.get(size, ())
                 if g not in taken and len(ledger.members(g)) >= cfg.max_jobs_per_gpu

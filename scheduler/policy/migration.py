@@ -57,6 +57,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 from scheduler.policy.cluster import Ledger, Placement, host_need
+from scheduler.policy.packing import end_trials_of
 from scheduler.policy.placement import (
     affinity_filter,
     best_fit,
@@ -108,6 +109,34 @@ def park(ledger: Ledger, state: GandivaState, job_id: str, reason: str) -> Park:
     ledger.unbind(job_id)
     ledger.set_state(job_id, "QUEUED")
     return Park(job_id, reason=reason)
+
+
+def eldest_alone(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Park]:
+    """``eldest_runs``: the eldest job of each GPU count (``Ledger.eldest_of``), once it
+    runs, keeps its GPUs to itself until it ends: the other members of its group would
+    wait that long, and a job packed beside it would slow it. Each that may leave is
+    parked (its packing trial or kept pair ended; checkpointed, back in the queue, where
+    Algorithm 1 places it again: free GPUs, else another group of its size; placement and
+    first turns pass the eldest's group over)."""
+    out: list[Park] = []
+    if ledger.eldest is None:
+        return out
+    for size in sorted(ledger.eldest):
+        eldest = ledger.eldest_of(size)
+        if eldest is None or ledger.state[eldest] != "RUNNING":
+            continue
+        members = ledger.members(ledger.placement[eldest])
+        if len(members) < 2:
+            continue
+        why = (f"job {eldest}, the eldest {size}-GPU job, keeps these GPUs to itself until it ends "
+               f"(eldest_runs): checkpointed, back in the queue")
+        for job_id in sorted(members):
+            if job_id == eldest or job_id in ledger.changed or not _can_leave(ledger, state, job_id):
+                continue  # one decision per job a call: one this call changed goes at the next
+            end_trials_of(ledger, state, config, job_id, why)
+            state.probes.pop(job_id, None)
+            out.append(park(ledger, state, job_id, why))
+    return out
 
 
 def _move(ledger: Ledger, job_id: str, gpus: Placement, reason: str) -> Migrate:

@@ -130,7 +130,12 @@ def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> 
     best: tuple | None = None
     cap = config.max_jobs_per_gpu
     groups, servers = ledger._groups, ledger.servers
+    # eldest_runs: the eldest job of this GPU count keeps its group to itself.
+    eldest = ledger.eldest_of(job.gpus) if config.eldest_runs else None
+    held_by = ledger.placement.get(eldest) if eldest is not None else None
     for gpus in ledger.groups_by_size.get(job.gpus, ()):
+        if gpus == held_by:
+            continue
         # A group that would not beat the best so far is passed over before its members,
         # affinity and memory are read (the answer is the same, at a fraction of the cost).
         count = len(groups.get(gpus, ()))

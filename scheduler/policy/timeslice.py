@@ -45,6 +45,11 @@ And one that tells the two kinds of trace apart from what the policy sees:
   service of the jobs that ran that long is highest (below it a job that has run longer
   has more left, so least attained service is right; above it less, so first come first
   served is); no long bucket while it is still rising where the departures end.
+
+And one for the makespan (off by default; measured in docs/simulator.md):
+- ``eldest_runs``: the unit holding the eldest job of its GPU count (``Ledger.eldest_of``)
+  runs ahead of every other, and keeps the GPUs until it ends (gandiva.py parks the other
+  members of its group: ``migration.eldest_alone``).
 """
 
 from __future__ import annotations
@@ -116,7 +121,7 @@ def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[s
           table: GittinsTable | None = None,
           fifo_s: float | None = None) -> Callable[[tuple[str, ...]], tuple[int, float]]:
     """The las_slices order as a key (lower runs first): (class, value), where class -1 is a
-    starving unit (``starve_factor``), 0 the short bucket ordered by attained service (with
+    starving unit (``starve_factor``; -2: the eldest of its GPU count, ``eldest_runs``), 0 the short bucket ordered by attained service (with
     ``table``, ``gittins_slices``: by its Gittins index, highest first, then the units past
     the table's end by attained service, or with ``gittins_tail_fifo`` in class 1 by
     submission), 1 the long bucket
@@ -124,7 +129,11 @@ def _rank(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[s
     ordered by submission (service counts no more there)."""
     jobs = ledger.jobs
 
+    eldest = ledger.eldest_of if config.eldest_runs else None
+
     def rank(u: tuple[str, ...]) -> tuple[int, float]:
+        if eldest is not None and any(eldest(jobs[j].requested_gpus) == j for j in u):
+            return (-2, 0.0)  # eldest_runs: the eldest of its GPU count, ahead of all
         if config.starve_factor > 0 and ledger.state[u[0]] == "SUSPENDED":
             waited = now - min(jobs[j].last_state_change_at for j in u)
             if waited >= max(config.quantum_s, config.starve_factor * served[u]):
@@ -288,7 +297,7 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
     if config.las_slices:
         served = {u: _served(ledger, u, now) for u in units}
         table, fifo_s = _order_inputs(state, config)
-        if fifo_s is not None or config.starve_factor > 0 or table is not None:
+        if fifo_s is not None or config.starve_factor > 0 or table is not None or config.eldest_runs:
             rank = _rank(ledger, config, now, served, table, fifo_s)
         nxt = _next_unit(ledger, units, running, served, rank)
     else:
@@ -324,6 +333,8 @@ def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tup
     reaching the next grid point, where its index may change), or (in the short bucket, with
     a long-bucket unit waiting) its own move into the long bucket."""
     when = math.inf
+    if rank(running)[0] == -2:
+        return when  # eldest_runs: it keeps the GPUs until it ends
     if config.starve_factor > 0:
         for u in waiting:
             since = min(ledger.jobs[j].last_state_change_at for j in u)

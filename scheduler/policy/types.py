@@ -359,6 +359,12 @@ class PolicyConfig:
         behind every unit with an index, as Tiresias' last queue, instead of by least
         attained service: the oldest of the longest jobs finishes instead of sharing its
         GPUs with every later long job (the makespan). Off by default.
+    eldest_runs: with las_slices, in each requested GPU count the job submitted first of
+        those holding GPUs (running or suspended) runs ahead of every other unit of its
+        time-slice group and keeps the GPUs until it ends: a newcomer placed on its group
+        still runs its first slice, then it resumes. No job starves (each becomes the
+        eldest of its count in turn) and the oldest of the longest jobs finishes as under
+        first come first served, which the makespan needs. Off by default.
     fifo_after_measured: with las_slices, the ``fifo_after_s`` buckets with the boundary set
         from the same departures as ``gittins_slices``'s: the service per GPU at which the
         mean residual service of the jobs that ran that long is highest (none while it
@@ -472,6 +478,7 @@ class PolicyConfig:
     gittins_censored: bool = False
     gittins_tail_fifo: bool = False
     fifo_after_measured: bool = False
+    eldest_runs: bool = False
     probe_slices: bool = True
     probe_park_last: bool = False
     lower_kept_pairs: bool = False
@@ -494,6 +501,8 @@ class PolicyConfig:
             raise ValueError(f"starve_factor must not be negative, got {self.starve_factor}")
         if self.fifo_after_measured and not self.las_slices:
             raise ValueError("fifo_after_measured orders the units las_slices orders: turn las_slices on too")
+        if self.eldest_runs and not self.las_slices:
+            raise ValueError("eldest_runs changes the order las_slices sets: turn las_slices on too")
         if self.fifo_after_measured and self.fifo_after_s > 0:
             raise ValueError(f"fifo_after_measured sets the bucket boundary that fifo_after_s "
                              f"({self.fifo_after_s}) fixes: set one of them")

@@ -191,6 +191,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                help="gandiva, with --gittins-slices: jobs served longer than the departures tell about "
                     "run first come first served behind the others, not by least attained service "
                     "(default: off)")
+    _rule_flag(s, "eldest_runs",
+               help="gandiva, with --las-slices: the job submitted first of those of its GPU count "
+                    "holding GPUs runs ahead of its time-slice group and keeps its GPUs to itself "
+                    "until it ends (the others of its group are parked; default: off)")
     _rule_flag(s, "fifo_after_measured",
                help="gandiva, with --las-slices: --fifo-after's buckets with the boundary set from the "
                     "service with which the latest 1,000 jobs left: where their mean residual service "

@@ -129,6 +129,29 @@ def test_a_starvation_limit_lets_a_long_job_progress_under_a_stream_of_short_one
     assert len(starve) == 145
 
 
+def test_eldest_runs_lets_the_oldest_long_job_end_as_if_alone_under_a_stream_of_newer_ones() -> None:
+    """A 6-hour job and, from 5 minutes on, a 1-hour job every half hour for a day, on two
+    GPUs (the makespan misses of issue 11 in small: e13805's longest job yields to every
+    newer one). Under the defaults each newcomer has less service, so the long job shares
+    its GPU with the stream and ends the next day; with eldest_runs it is the eldest 1-GPU
+    job and keeps its GPU, the stream shares the other, and it ends after its 6 hours."""
+    jobs = [JobSpec("long", 0.0, 1, "resnet50", duration_s=6 * 3600)]
+    jobs += [JobSpec(f"s{i}", 300.0 + 1800.0 * i, 1, "resnet50", duration_s=3600) for i in range(48)]
+    results = {}
+    for rule in (False, True):
+        r = Simulator(jobs, make_cluster("1x2"), get_policy("gandiva", PolicyConfig(eldest_runs=rule)), MODEL).run()
+        results[rule] = (summarize(r), {j.spec.id: j.finished_at - j.spec.submit_time for j in r.jobs})
+    (before, jct_before), (after, jct) = results[False], results[True]
+    assert jct_before["long"] > 20 * 3600
+    assert jct["long"] == pytest.approx(6 * 3600, rel=0.01)
+    assert after["jobs_finished"] == before["jobs_finished"] == 49
+    assert after["makespan_s"] <= before["makespan_s"]
+    assert after["median_time_to_first_n_s"] < 120  # newcomers still start at once
+    # The same seed, the same output.
+    again = Simulator(jobs, make_cluster("1x2"), get_policy("gandiva", PolicyConfig(eldest_runs=True)), MODEL).run()
+    assert summarize(again) == after
+
+
 def test_the_most_suspended_jobs_on_one_server_follows_the_group_cap() -> None:
     """``max_suspended_per_server``: what time-slicing asks of a server's host memory (a
     suspended job keeps its process and state there). On an oversubscribed 4x4 cluster of

@@ -140,6 +140,8 @@ RULES = {
     "probe-last": PolicyConfig(probe_slices=True, probe_park_last=True, max_jobs_per_gpu=4),
     # A server handed to a crowded GPU count by parking its jobs: their groups change.
     "balance-park": PolicyConfig(balance_park=True, max_jobs_per_gpu=3),
+    # The eldest of each GPU count keeps its GPUs; its group's other members are parked.
+    "eldest": PolicyConfig(eldest_runs=True, max_jobs_per_gpu=4),
 }
 
 

@@ -1,0 +1,72 @@
+"""``eldest_runs`` (issue 11, the makespan misses: Philly e13805, 6c71a0, ITP cluster05): under
+least attained service the oldest of the longest jobs yields its GPUs to every newer job of
+its size, and the trace's end waits for it. With the rule, the job submitted first of those
+of its GPU count that hold GPUs runs ahead of its group and keeps its GPUs to itself until
+it ends: the other members are parked (back in the queue, placed again elsewhere), and
+neither placement nor first turns put a job onto its GPUs.
+
+The cluster: one server of 2 GPUs. ``old`` (submitted at 0, 20 h of service) shares GPU 0
+with ``mid`` (submitted at 100 s, less service, running now); ``young`` (submitted later,
+suspended) shares it too; GPU 1 holds a group of three as large (``other0-2``). A newcomer
+``new`` is queued: Algorithm 1 would put it into GPU 0's group (the same size, the lower index).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.policy import PolicyConfig, get_policy
+
+BASE = PolicyConfig(enable_packing=False, enable_grow_shrink=False, enable_migration=False)
+RULE = PolicyConfig(enable_packing=False, enable_grow_shrink=False, enable_migration=False, eldest_runs=True)
+HOUR = 3600.0
+
+
+def _cluster(mk, now: float):
+    return mk.snap(
+        now, mk.servers(1, 2),
+        mk.job("old", state="SUSPENDED", placement=mk.on("s0", 0), submitted_at=0.0,
+               attained_service_s=20 * HOUR, last_state_change_at=now - 600),
+        mk.job("mid", state="RUNNING", placement=mk.on("s0", 0), submitted_at=100.0,
+               attained_service_s=HOUR, last_state_change_at=now - 600),
+        mk.job("young", state="SUSPENDED", placement=mk.on("s0", 0), submitted_at=200.0,
+               attained_service_s=2 * HOUR, last_state_change_at=now - 600),
+        *(mk.job(f"other{i}", state="SUSPENDED" if i else "RUNNING", placement=mk.on("s0", 1),
+                 submitted_at=300.0 + i, attained_service_s=HOUR, last_state_change_at=now - 600)
+          for i in range(3)),
+        mk.job("new", submitted_at=now - 5),
+    )
+
+
+def test_the_eldest_takes_its_gpu_back_and_keeps_it_to_itself(mk) -> None:
+    now = 30 * HOUR
+    d = get_policy("gandiva", RULE).decide(_cluster(mk, now))
+    kinds = mk.kinds(d)
+    # The slice ends: old (20 h of service) runs ahead of mid (1 h), least served or not.
+    assert ("Suspend", "mid") in kinds and ("Resume", "old") in kinds
+    # The newcomer time-shares at once, but not on old's GPU (it would without the rule).
+    place = next(x for x in d if type(x).__name__ == "Place" and x.job_id == "new")
+    assert {(g.server, g.index) for g in place.gpus} == {("s0", 1)}
+    # young waits on old's GPU no longer: parked, back in the queue; mid (suspended in this
+    # very call) goes at the next call.
+    parks = {x.job_id: x.reason for x in d if type(x).__name__ == "Park"}
+    assert set(parks) == {"young"}
+    assert "job old, the eldest 1-GPU job, keeps these GPUs to itself" in parks["young"]
+    d2 = get_policy("gandiva", RULE)
+    d2.decide(_cluster(mk, now))
+    later = d2.decide(mk.after(_cluster(mk, now), d, now + 60))
+    assert ("Park", "mid") in mk.kinds(later)
+    assert not any(x.job_id == "old" for x in later)  # it keeps running
+
+
+def test_without_the_rule_the_least_served_job_keeps_the_gpu(mk) -> None:
+    d = get_policy("gandiva", BASE).decide(_cluster(mk, 30 * HOUR))
+    kinds = mk.kinds(d)
+    assert ("Resume", "old") not in kinds and not any(k == "Park" for k, _ in kinds)
+    place = next(x for x in d if type(x).__name__ == "Place" and x.job_id == "new")
+    assert {(g.server, g.index) for g in place.gpus} == {("s0", 0)}
+
+
+def test_the_rule_needs_las_slices() -> None:
+    with pytest.raises(ValueError, match="eldest_runs changes the order las_slices sets"):
+        PolicyConfig(las_slices=False, eldest_runs=True)
