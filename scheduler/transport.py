@@ -10,6 +10,7 @@ Settings come from flags, else the environment:
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import ipaddress
@@ -397,8 +398,8 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
 
 
 class LetGoOfRequestsInterceptor(grpc.aio.ServerInterceptor):
-    """Outermost on the scheduler: a unary call that ends in an exception (every refusal:
-    a bad token, an invalid request) lets go of its request at once (_let_go)."""
+    """Outermost on the scheduler: a unary call refused (a bad token, an invalid request:
+    any abort) lets go of its request at once (_let_go)."""
 
     async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(details)
@@ -409,7 +410,9 @@ class LetGoOfRequestsInterceptor(grpc.aio.ServerInterceptor):
         async def call(request: Any, context: Any) -> Any:
             try:
                 return await inner(request, context)
-            except BaseException as exc:
+            except (grpc.aio.AbortError, asyncio.CancelledError) as exc:
+                # A refusal (or a call its client gave up on); anything else keeps its
+                # traceback for gRPC's "Unexpected error" log.
                 _let_go(exc)
                 del request  # this frame joins the traceback as the exception leaves it
                 raise
@@ -418,20 +421,22 @@ class LetGoOfRequestsInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _let_go(exc: BaseException) -> None:
-    """Clears the local variables of the finished frames on ``exc``'s traceback and on those
-    of the exceptions it chains. A refused call's exception (gRPC's AbortError, chained to
-    the InvalidArgument it reports) ends up in a reference cycle inside gRPC, freed only by
-    the cyclic collector, which a running scheduler runs seldom (quiet_gc): meanwhile the
-    frames on its traceback held the call's request. 20 refused 14 MiB submissions kept
-    620 MB, and under --auth token 64 refused without a token kept 1.1 GB, each time they came.
-    (frame.clear() of a finished frame drops its locals; the traceback still prints.)"""
-    import traceback
-
+    """Drops the tracebacks of ``exc`` and of the exceptions it chains. A refused call's
+    exception (gRPC's AbortError, chained to the InvalidArgument it reports) ends up in a
+    reference cycle inside gRPC, freed only by the cyclic collector, which a running scheduler
+    runs seldom (quiet_gc): meanwhile the frames on its traceback held the call's request.
+    20 refused 14 MiB submissions kept 620 MB, and under --auth token 64 refused without a
+    token kept 1.1 GB, each time they came. (Its frames are not cleared: frame.clear() would
+    close a coroutine still suspended that once caught an exception of the chain.)"""
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen and len(seen) < 16:
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)  # frames still running are left as they are
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    todo: list[BaseException | None] = [exc]
+    while todo and len(seen) < 32:
+        each = todo.pop()
+        if each is None or id(each) in seen:
+            continue
+        seen.add(id(each))
+        each.__traceback__ = None
+        todo += [each.__cause__, each.__context__]
 
 
 _HANDLER_KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler),
