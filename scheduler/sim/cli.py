@@ -30,6 +30,8 @@ from scheduler.sim.metrics import job_columns, job_rows, summarize
 from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
 from scheduler.sim.trace import (
     FORMATS,
+    FRACTIONAL,
+    FRACTIONAL_HELP,
     GAVEL,
     MAX_SUBMIT_S,
     STDIN,
@@ -75,10 +77,11 @@ line that is not blank or a # comment):
             no GPU are left out, counted
   pai       Alibaba PAI 2020 pai_job_table/pai_task_table/pai_instance_table (no header) and
             Alibaba GPU v2023 openb_pod_list: detected and refused, saying how to write them
-            as csv (their GPUs are fractions: plan_gpu 50, gpu_milli 500 = half a GPU)
+            as csv (their GPUs are fractions: plan_gpu 50, gpu_milli 500 = half a GPU);
+            --fractional-gpus ceil replays the task table and the pod list, rounding up
   csv       any other CSV: submit_time,num_gpus,duration[,model], header optional
 A GPU count that is not a whole number (0.5) is refused, naming the line (--skip-invalid
-leaves such lines out): round it up yourself if the job should hold a whole GPU.
+leaves such lines out): round it up yourself, or with --fractional-gpus ceil.
 A CSV with a header is read by column name (any order and case, extra columns ignored,
 commas or tabs); without one, --format itp or tiresias reads their column order. Times
 are seconds (or ISO 8601 dates), durations seconds, unless the column's name ends in its
@@ -123,6 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "jobs of no length, repeated ids, missing fields, jobs the throughput table gives "
                         "a rate of 0) instead of stopping at the "
                         "first; how many, and why, is printed (default: stop, naming the line)")
+    w.add_argument("--fractional-gpus", choices=FRACTIONAL, default="refuse", help=FRACTIONAL_HELP)
     w.add_argument("--jobs", type=int, default=1000, help="generated workload: number of jobs")
     w.add_argument("--seed", type=int, default=0, help="generated workload: random seed")
     w.add_argument("--target-load", type=_finite, metavar="L",
@@ -343,7 +347,7 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
     if size >= LARGE_TRACE_BYTES:  # a 100-MB trace takes ~20 s to read, without a word before
         err.print(f"reading {escape(name)} ({size / 1e6:,.0f} MB)...")
     try:
-        jobs, fmt = read_trace_as(args.trace, args.format, skipped, left_out, how)
+        jobs, fmt = read_trace_as(args.trace, args.format, skipped, left_out, how, args.fractional_gpus)
     except MemoryError:  # a traceback before; a memory limit (ulimit -v, a container) stops the read
         mb = f" ({args.trace.stat().st_size / 1e6:,.0f} MB)" if args.trace.is_file() else ""
         raise TraceError(args.trace, None, f"not enough memory to read the trace{mb}: every job is held in "
@@ -358,9 +362,11 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
     packed = f" ({how['compression']}-compressed)" if "compression" in how else ""
     columns = f" without a header, its columns taken in the order {how['columns']}" if "columns" in how else ""
     err.print(f"read {escape(name)}{packed} as {'an' if fmt == 'itp' else 'a'} {fmt} trace{escape(columns)}"
-              + (" (detected; --format chooses another)" if args.format == "auto" else " (--format)"))
+              + (" (detected; --format chooses another)" if args.format == "auto" else " (--format)")
+              + (f"; {int(how['rounded']):,} job{'s' if how['rounded'] != '1' else ''} of a fraction of a GPU "
+                 f"rounded up to whole GPUs (--fractional-gpus ceil)" if "rounded" in how else ""))
     total = len(jobs) + len(left_out) + len(skipped or [])
-    unit = "jobs" if fmt == "philly" else "job lines"
+    unit = "jobs" if fmt in ("philly", "pai") else "job lines"
     if left_out:
         err.print(f"[yellow]note:[/yellow] left out {len(left_out):,} of {total:,} {unit}, which the {fmt} trace "
                   f"says are no GPU job to replay:")
@@ -368,7 +374,10 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
     if skipped:
         err.print(f"[yellow]note:[/yellow] --skip-invalid left out {len(skipped):,} of {total:,} {unit}:")
         _print_reasons(skipped, err)
-    return jobs, fmt, [(exc.job_id, f"line {exc.line}: {exc.reason}" if exc.line is not None else exc.reason)
+    # A left-out line of a layout without ids (or whose id was missing) is named by its line:
+    # `line-17` (no job of the trace is so named: theirs start with the trace's name).
+    return jobs, fmt, [(exc.job_id or (f"line-{exc.line}" if exc.line is not None else ""),
+                        f"line {exc.line}: {exc.reason}" if exc.line is not None else exc.reason)
                        for exc in left_out + (skipped or [])]
 
 

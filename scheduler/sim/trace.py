@@ -23,7 +23,8 @@ Formats (``--format``, or detected from the first line that is not blank or a ``
 - ``pai``      Alibaba PAI 2020's pai_job_table / pai_task_table / pai_instance_table and
                Alibaba GPU v2023's openb_pod_list (and v2025's disaggregated_DLRM_trace):
                detected and refused, saying how to write them as ``csv`` (their GPUs are
-               fractions of a GPU, or service instances)
+               fractions of a GPU, or service instances); with ``fractional="ceil"``
+               (``--fractional-gpus ceil``) the task table and the pod list are read
 - ``csv``      generic CSV: submit_time,num_gpus,duration[,model] (header optional)
 
 A trace may be gzip, bzip2 or xz compressed (read as it is) and ``-`` reads standard input.
@@ -130,6 +131,14 @@ PAI_STATUSES = {"terminated", "failed", "running", "waiting", "interrupted", "ca
 ALI_POD = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
            "scheduled_time")
 ALI_NODE = "sn,cpu_milli,memory_mib,gpu,model"
+# --fractional-gpus: a fraction of a GPU (a shared GPU) is refused, or rounded up to a whole one.
+FRACTIONAL = ("refuse", "ceil")
+FRACTIONAL_HELP = ("a GPU count that is a fraction (0.5: a shared GPU) is refused (refuse, the default) or rounded "
+                   "up to a whole GPU (ceil); with ceil, Alibaba PAI 2020's pai_task_table is replayed one job per "
+                   "job_name (GPUs: its tasks' inst_num x plan_gpu / 100 summed, rounded up; submit: its earliest "
+                   "start_time; length: its latest end_time - that start) and v2023's openb_pod_list one job per pod "
+                   "(GPUs: num_gpu, a GPU-sharing pod 1; submit: creation_time; length: deletion_time - "
+                   "scheduled_time); CPU jobs and jobs that never ran are left out, counted")
 
 
 class TraceError(ValueError):
@@ -188,16 +197,23 @@ def _num(text: str, what: str, path: Path, line: int, kind: type = float, most: 
     return value
 
 
-def _gpus(text: str, path: Path, line: int) -> int:
+def _gpus(text: str, path: Path, line: int, rounded: list[int] | None = None) -> int:
+    """A job's GPU count. A fraction (a shared GPU) is refused, or, with ``rounded``
+    (``--fractional-gpus ceil``), rounded up to a whole GPU and counted in ``rounded[0]``."""
     try:
         n = int(_num(text, "GPU count", path, line, int))
     except TraceError as exc:
         if "not a whole number" not in exc.reason:
             raise
-        # A fraction of a GPU (Alibaba PAI shares GPUs: 0.5, 0.25): the simulator places
-        # jobs on whole GPUs, and which whole count stands for it is the user's choice.
-        raise TraceError(path, line, f"{exc.reason}: the simulator places jobs on whole GPUs; round it up "
-                                     f"(a job sharing a GPU then holds one) or leave the line out") from None
+        if rounded is not None:
+            rounded[0] += 1
+            n = math.ceil(float(text))
+        else:
+            # A fraction of a GPU (Alibaba PAI shares GPUs: 0.5, 0.25): the simulator places
+            # jobs on whole GPUs, and which whole count stands for it is the user's choice.
+            raise TraceError(path, line, f"{exc.reason}: the simulator places jobs on whole GPUs; round it up "
+                                         f"(a job sharing a GPU then holds one: --fractional-gpus ceil does so) "
+                                         f"or leave the line out") from None
     if n < 1:
         raise TraceError(path, line, f"GPU count {_shown(text)} must be at least 1")
     if n > MAX_GPUS:
@@ -432,7 +448,7 @@ def _csv_format(cells: list[str]) -> str:
 
 def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
               skipped: list[TraceError] | None = None, left_out: list[TraceError] | None = None,
-              how: dict[str, str] | None = None) -> list[JobSpec]:
+              how: dict[str, str] | None = None, rounded: list[int] | None = None) -> list[JobSpec]:
     # `,,,`: a spreadsheet's empty rows (after the last job, often) are blank lines, not jobs.
     rows = [(line, cols) for line, cols in rows if any(cols)]
     if not rows:
@@ -499,6 +515,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
     lines: list[int] = []
     errors = _Rows(skipped, left_out)
     for line, cols in rows:
+        before = rounded[0] if rounded is not None else 0  # (a row that fails is not counted rounded)
         try:
             if header_line and cols == header:
                 raise TraceError(path, line, f"the header of line {header_line} again (two traces joined?): "
@@ -537,7 +554,7 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
             if "\n" in model:
                 raise TraceError(path, line, f"model {_shown(model)} holds a line break: a quote left open?")
             job = JobSpec(
-                id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line), model=model,
+                id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line, rounded), model=model,
                 duration_s=(_run_time(cols[roles["start"]], cols[roles["end"]], header, roles, scale, path, line)
                             if spanned else
                             _duration(cols[roles["duration"]], path, line, scale["duration"], _unit_word(header, roles))),
@@ -548,6 +565,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 # (not said with --skip-invalid: its reasons are counted by their words).
                 exc = TraceError(path, line, f"{exc.reason} (without a header line its columns are taken in the "
                                              f"order {HEADERS[fmt]}: name them in a header line, any order)")
+            if rounded is not None:
+                rounded[0] = before
             errors.fail(exc)
             continue
         if "id" in roles:
@@ -634,7 +653,7 @@ def _pai_table(cells: list[str]) -> str | None:
     return None
 
 
-def _pai_refusal(path: Path, line: int, table: str | None) -> TraceError:
+def _pai_refusal(path: Path, line: int, table: str | None, fractional: str = "refuse") -> TraceError:
     """Alibaba PAI 2020's tables are not read: a job's GPUs are spread over its tasks and their
     instances in hundredths of a GPU (plan_gpu 50 = half a GPU), and this simulator places
     jobs on whole GPUs, so how to count them is the user's choice, said here."""
@@ -644,7 +663,8 @@ def _pai_refusal(path: Path, line: int, table: str | None) -> TraceError:
                                       f"1000 holds a fraction of a GPU, and the simulator places whole GPUs); write "
                                       f"one line per pod as --format csv: submit_time (creation_time), num_gpus "
                                       f"(num_gpu; a GPU-sharing pod holds 1), duration (deletion_time - "
-                                      f"scheduled_time), leaving out pods of num_gpu 0 (CPU) and pods never scheduled")
+                                      f"scheduled_time), leaving out pods of num_gpu 0 (CPU) and pods never scheduled;"
+                                      f" or give --fractional-gpus ceil to replay it so as it is")
     if table == "instance2025":
         return TraceError(path, line, "Alibaba GPU trace v2025, disaggregated_DLRM_trace (instance_sn,role,app_name,"
                                       "cpu_request,...,gpu_request,...,creation_time,scheduled_time,deletion_time): "
@@ -661,12 +681,142 @@ def _pai_refusal(path: Path, line: int, table: str | None) -> TraceError:
              "task": f"pai_task_table ({PAI_TASK})",
              "instance": f"pai_instance_table ({PAI_INSTANCE}), which holds no GPU counts",
              }.get(table or "", "pai_job_table/pai_task_table")
+    if table == "task":
+        how = "; or give --fractional-gpus ceil to replay it so as it is"
+    elif fractional == "ceil":  # (asked for, on a table it cannot read)
+        how = "; --fractional-gpus ceil reads the pai_task_table (pai_task_table.csv), not this table: give that one"
+    else:
+        how = "; or give the pai_task_table with --fractional-gpus ceil to replay it so"
     return TraceError(path, line, f"Alibaba PAI 2020 trace, {which}: not replayed as it is (a job's GPUs are its "
                                   f"tasks' inst_num x plan_gpu / 100, fractions of a GPU, and the simulator places "
                                   f"whole GPUs); write one line per job as --format csv: submit_time (the job's "
                                   f"earliest start_time), num_gpus (the sum of inst_num x plan_gpu / 100 over its "
                                   f"tasks, rounded up to a whole GPU), duration (end_time - start_time), leaving out "
-                                  f"tasks with no plan_gpu (CPU) or no end_time")
+                                  f"tasks with no plan_gpu (CPU) or no end_time{how}")
+
+
+def _read_alibaba(path: Path, rows: list[tuple[int, list[str]]], table: str, rounded: list[int],
+                  skipped: list[TraceError] | None, left_out: list[TraceError] | None) -> list[JobSpec]:
+    """Alibaba PAI 2020's pai_task_table or v2023's openb_pod_list, under ``--fractional-gpus
+    ceil`` (FRACTIONAL_HELP says how it is read). ``rounded[0]`` counts the jobs whose GPUs
+    were a fraction, rounded up."""
+    errors = _Rows(skipped, left_out)
+    layout = PAI_TASK if table == "task" else ALI_POD
+    names = layout.split(",")
+    first = [_norm(c) for c in rows[0][1]] if rows else []
+    if first and (first == names or not any(_is_number(c) for c in rows[0][1])):
+        at = {name: first.index(name) for name in names if name in first}
+        missing = [name for name in names if name not in at]
+        if missing:
+            raise TraceError(path, rows[0][0], f"the header names no {missing[0]} column: "
+                                               f"{'pai_task_table' if table == 'task' else 'openb_pod_list'} has "
+                                               f"the columns {layout}")
+        width = len(first)
+        rows = rows[1:]
+    else:
+        at, width = {name: i for i, name in enumerate(names)}, len(names)
+    label = "pai_task_table" if table == "task" else "openb_pod_list"
+    stem = _stem(path)
+    jobs: list[JobSpec] = []
+    # PAI: a job is its tasks, on lines anywhere in the file: job_name -> [first line, GPUs,
+    # earliest start, latest end, GPU tasks that never ran, broken].
+    tasks: dict[str, list] = {}
+    seen: dict[str, int] = {}
+
+    def cell(cols: list[str], name: str) -> str:
+        return cols[at[name]].strip()
+
+    def time(cols: list[str], name: str, line: int) -> float:
+        return _num(cell(cols, name), name, path, line, most=MAX_SUBMIT_S, unit="1e11 s (3,000 years)")
+
+    for line, cols in rows:
+        job = ""
+        try:
+            if len(cols) != width:
+                raise TraceError(path, line, f"expected {width} {label} columns ({layout}), got {len(cols)}")
+            job = cell(cols, "job_name" if table == "task" else "name")
+            if not job:
+                raise TraceError(path, line, f"{'job_name' if table == 'task' else 'name'} is missing")
+            if table == "task":
+                acc = tasks.setdefault(job, [line, 0.0, math.inf, -math.inf, 0, False])
+                if acc[5]:
+                    continue  # a line of this job was wrong: the job is left out whole
+                plan = cell(cols, "plan_gpu")
+                share = _num(plan, "plan_gpu", path, line) * _num(cell(cols, "inst_num"), "inst_num", path, line) \
+                    / 100 if plan else 0.0
+                if not share:
+                    continue  # a CPU task
+                if not cell(cols, "start_time") or not cell(cols, "end_time"):
+                    acc[4] += 1  # never started, or no end recorded
+                    continue
+                start, end = time(cols, "start_time", line), time(cols, "end_time", line)
+                if end < start:
+                    raise TraceError(path, line, f"end_time {_shown(cell(cols, 'end_time'))} is before start_time "
+                                                 f"{_shown(cell(cols, 'start_time'))}")
+                acc[1] += share
+                acc[2], acc[3] = min(acc[2], start), max(acc[3], end)
+                continue
+            if job in seen:
+                raise TraceError(path, line, f"pod {_shown(job)} is also on line {seen[job]}: names must be unique")
+            seen[job] = line
+            gpu_text = cell(cols, "num_gpu")
+            if _is_number(gpu_text) and float(gpu_text) == 0:
+                errors.leave_out(TraceError(path, line, "a CPU pod (num_gpu 0): no GPU job to replay"), f"{stem}-{job}")
+                continue
+            if not cell(cols, "scheduled_time"):
+                errors.leave_out(TraceError(path, line, "never scheduled (no scheduled_time): it never ran"),
+                                 f"{stem}-{job}")
+                continue
+            if not cell(cols, "deletion_time"):
+                errors.leave_out(TraceError(path, line, "no deletion_time (still running when the trace ends): no "
+                                                        "run time to replay"), f"{stem}-{job}")
+                continue
+            submit = time(cols, "creation_time", line)
+            start, end = time(cols, "scheduled_time", line), time(cols, "deletion_time", line)
+            if end < start:
+                raise TraceError(path, line, f"deletion_time {_shown(cell(cols, 'deletion_time'))} is before "
+                                             f"scheduled_time {_shown(cell(cols, 'scheduled_time'))}")
+            if end == start:
+                errors.leave_out(TraceError(path, line, "ran 0 s (deletion_time = scheduled_time)"), f"{stem}-{job}")
+                continue
+            if end - start > MAX_DURATION_S:
+                raise TraceError(path, line, f"it ran {end - start:,.0f} s, more than a year: not a job this reader "
+                                             f"replays")
+            gpus = _gpus(gpu_text, path, line, rounded)
+            milli = cell(cols, "gpu_milli")
+            if gpus == 1 and _is_number(milli) and 0 < float(milli) < 1000:
+                rounded[0] += 1  # a GPU-sharing pod: a fraction of its one GPU
+            jobs.append(JobSpec(id=f"{stem}-{job}", submit_time=submit, num_gpus=gpus, duration_s=end - start))
+        except TraceError as exc:
+            if table == "task" and job in tasks:
+                tasks[job][5] = True
+            errors.fail(exc)
+    for job, (line, share, start, end, unran, broken) in tasks.items():
+        if broken:
+            continue
+        if not share:
+            why = (f"never ran ({unran} GPU task(s) without a start_time or end_time)" if unran else
+                   "is a CPU job (no task with a plan_gpu): no GPU job to replay")
+            errors.leave_out(TraceError(path, line, f"job {_shown(job)} {why}"), f"{stem}-{job}")
+            continue
+        if end == start:
+            errors.leave_out(TraceError(path, line, f"job {_shown(job)} ran 0 s (end_time = start_time)"),
+                             f"{stem}-{job}")
+            continue
+        try:
+            if end - start > MAX_DURATION_S:
+                raise TraceError(path, line, f"job {_shown(job)} ran {end - start:,.0f} s, more than a year: not a job "
+                                             f"this reader replays")
+            share = round(share, 6)  # (0.1 x 3 summed is 0.30000000000000004, not a fraction above 0.3)
+            gpus = math.ceil(share)
+            if gpus > MAX_GPUS:
+                raise TraceError(path, line, f"job {_shown(job)} holds {share:g} GPUs, more than {MAX_GPUS}")
+        except TraceError as exc:
+            errors.fail(exc)
+            continue
+        rounded[0] += gpus != share
+        jobs.append(JobSpec(id=f"{stem}-{job}", submit_time=start, num_gpus=gpus, duration_s=end - start))
+    return jobs
 
 
 _SPAN_HINT = "; or give start_time and end_time columns (the run time is their difference)"
@@ -1066,14 +1216,14 @@ def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceEr
     return jobs
 
 
-def read_trace(path: str | Path, fmt: str = "auto") -> list[JobSpec]:
+def read_trace(path: str | Path, fmt: str = "auto", fractional: str = "refuse") -> list[JobSpec]:
     """Read a trace file into JobSpecs sorted by submit time (stable)."""
-    return read_trace_as(path, fmt)[0]
+    return read_trace_as(path, fmt, fractional=fractional)[0]
 
 
 def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError] | None = None,
                   left_out: list[TraceError] | None = None,
-                  how: dict[str, str] | None = None) -> tuple[list[JobSpec], str]:
+                  how: dict[str, str] | None = None, fractional: str = "refuse") -> tuple[list[JobSpec], str]:
     """The jobs of a trace and the format they were read as (the file is read once, so a
     pipe such as ``--trace <(zcat t.csv.gz)`` works).
 
@@ -1090,18 +1240,26 @@ def read_trace_as(path: str | Path, fmt: str = "auto", skipped: list[TraceError]
     ``path`` ``-`` reads standard input (its jobs named ``stdin-...``); a gzip, bzip2 or xz
     file is decompressed as it is read. ``how``, a dict, gets how the file was read: its
     ``"compression"`` (gzip, bzip2, xz) and, for a CSV without a header, the ``"columns"`` its
-    fields were taken for, in order."""
+    fields were taken for, in order, and ``"rounded"``: how many jobs' fractional GPU counts
+    were rounded up.
+
+    ``fractional``: "refuse" (a fraction of a GPU is the line's error; Alibaba's PAI 2020 task
+    table and v2023 pod list are refused, saying how to write them) or "ceil" (rounded up to
+    a whole GPU, and those Alibaba tables read: FRACTIONAL_HELP)."""
+    if fractional not in FRACTIONAL:
+        raise ValueError(f"unknown --fractional-gpus {fractional!r}; valid: {', '.join(FRACTIONAL)}")
     if skipped is not None or left_out is not None or how is not None:
-        return _read_trace_as(path, fmt, skipped, left_out, how)
+        return _read_trace_as(path, fmt, skipped, left_out, how, fractional)
     gone: list[TraceError] = []
-    jobs, fmt = _read_trace_as(path, fmt, None, gone)
+    jobs, fmt = _read_trace_as(path, fmt, None, gone, None, fractional)
     if gone:  # one line, not one per job: Helios's 1,000,000-line log has ~400,000 CPU jobs
         logger.warning("%s: left out %d record(s) that are no GPU job to replay (e.g. %s)", path, len(gone), gone[0])
     return jobs, fmt
 
 
 def _read_trace_as(path: str | Path, fmt: str, skipped: list[TraceError] | None,
-                   left_out: list[TraceError] | None, how: dict[str, str] | None = None) -> tuple[list[JobSpec], str]:
+                   left_out: list[TraceError] | None, how: dict[str, str] | None = None,
+                   fractional: str = "refuse") -> tuple[list[JobSpec], str]:
     stdin = str(path) == STDIN
     path = Path("stdin") if stdin else Path(path)  # (so named in messages and job ids)
     if fmt not in FORMATS:
@@ -1111,7 +1269,7 @@ def _read_trace_as(path: str | Path, fmt: str, skipped: list[TraceError] | None,
         fmt = _detect(path, lines)
     else:
         try:
-            return _read_as(path, lines, fmt, skipped, left_out, how)
+            return _read_as(path, lines, fmt, skipped, left_out, how, fractional)
         except TraceError as exc:
             # A --format that is not the file's: say what it reads as without it.
             detected = "philly" if _json_philly(lines) else detect_format(lines[0][1])
@@ -1119,19 +1277,24 @@ def _read_trace_as(path: str | Path, fmt: str, skipped: list[TraceError] | None,
                 raise  # (a job line's own error, past the first: not the --format's doing)
             raise TraceError(path, exc.line, f"{exc.reason} (--format {fmt}; the file's first line reads as "
                                              f"{detected}: leave --format out)") from None
-    return _read_as(path, lines, fmt, skipped, left_out, how)
+    return _read_as(path, lines, fmt, skipped, left_out, how, fractional)
 
 
 def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str, skipped: list[TraceError] | None,
-             left_out: list[TraceError] | None, how: dict[str, str] | None = None) -> tuple[list[JobSpec], str]:
+             left_out: list[TraceError] | None, how: dict[str, str] | None = None,
+             fractional: str = "refuse") -> tuple[list[JobSpec], str]:
     gone = len(skipped or []) + len(left_out or [])
+    rounded = [0] if fractional == "ceil" else None
     if fmt == "pai":
         try:
             first = next(csv.reader([lines[0][1]]), [])
         except csv.Error:  # a field longer than the csv module's limit was a traceback
             first = []
-        raise _pai_refusal(path, lines[0][0], _pai_table(first))
-    if fmt == "philly":
+        table = _pai_table(first)
+        if rounded is None or table not in ("task", "pod"):
+            raise _pai_refusal(path, lines[0][0], table, fractional)
+        jobs = _read_alibaba(path, _csv_rows(path, lines, ","), table, rounded, skipped, left_out)
+    elif fmt == "philly":
         jobs = _read_philly(path, lines, skipped, left_out)
     elif fmt in GAVEL:
         rows = [(i, ln.rstrip().split("\t")) for i, ln in lines]
@@ -1140,7 +1303,9 @@ def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str, skipped: list[T
         # Tabs, not commas, between the fields of the first line: a CSV layout saved as
         # tab-separated text (its header, or --format, says which layout).
         sep = "\t" if "\t" in lines[0][1].strip() and "," not in lines[0][1] else ","
-        jobs = _read_csv(path, _csv_rows(path, lines, sep), fmt, skipped, left_out, how)
+        jobs = _read_csv(path, _csv_rows(path, lines, sep), fmt, skipped, left_out, how, rounded)
+    if rounded and rounded[0] and how is not None:
+        how["rounded"] = str(rounded[0])
     if jobs and (late := max(jobs, key=lambda j: j.submit_time)).submit_time > MAX_SUBMIT_S:
         # (every reader holds its times below this; one that made dates relative and did not)
         raise TraceError(path, None, f"job {late.id} is submitted {late.submit_time:.3g} s after the trace's first: "

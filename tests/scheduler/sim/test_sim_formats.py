@@ -189,6 +189,68 @@ def test_alibaba_pai_tables_are_refused_in_one_line_saying_how_to_write_them(
     assert err.startswith(f"gandiva sim: error: {trace}:1: Alibaba PAI 2020 trace, {table}")
     assert "as --format csv" in err and "plan_gpu / 100" in err and "rounded up to a whole GPU" in err
     assert err.count("gandiva sim") == 1
+    # Which flag replays it as it is: the task table itself, or, for the others, that table.
+    assert ("or give --fractional-gpus ceil to replay it so as it is" in err if "pai_task_table (" in table else
+            "or give the pai_task_table with --fractional-gpus ceil" in err)
+
+
+# Alibaba PAI 2020's pai_task_table in its published layout (no header): job A's one task
+# holds half a GPU; B's 2 instances 1 GPU each, its parameter server no GPU (plan_gpu empty)
+# and starts earlier; C is CPU only; D's GPU task never started; E's 3 instances 0.6 GPU each,
+# on lines apart from its other task (0.1 x 3 = 0.30000000000000004 is not rounded above 2).
+PAI_TASK_HEADER = "job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,plan_mem,plan_gpu,gpu_type"
+PAI_TASKS = ("a,worker,1.0,Terminated,5083.0,5103.0,600.0,29.3,50.0,MISC\n"
+             "b,tensorflow,2.0,Terminated,5100.0,5200.0,600.0,29.3,100.0,T4\n"
+             "b,ps,1.0,Terminated,5090.0,5210.0,600.0,29.3,,\n"
+             "e,worker,3.0,Terminated,6000.0,6100.0,600.0,29.3,60.0,V100\n"
+             "c,worker,1.0,Terminated,5000.0,5100.0,600.0,29.3,,\n"
+             "d,worker,1.0,Waiting,,,600.0,29.3,25.0,\n"
+             "e,evaluator,3.0,Terminated,5990.0,6150.0,600.0,29.3,10.0,V100\n")
+
+
+@pytest.mark.parametrize("header", ["", PAI_TASK_HEADER + "\n"])
+def test_a_pai_task_table_replays_with_fractional_gpus_ceil(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                            header: str) -> None:
+    """Before: refused whatever was given. Now --fractional-gpus ceil reads it: a job per
+    job_name, its GPU tasks' inst_num x plan_gpu / 100 summed and rounded up, submitted at
+    their earliest start, running to their latest end; CPU jobs and jobs that never ran
+    left out, counted by reason, and the read line says how many jobs were rounded up."""
+    trace = tmp_path / "pai_task_table.csv"
+    trace.write_text(header + PAI_TASKS)
+    jobs = read_trace(trace, fractional="ceil")
+    assert [(j.id, j.num_gpus, j.submit_time, j.duration_s) for j in jobs] == [
+        ("pai_task_table-a", 1, 5083.0, 20.0), ("pai_task_table-b", 2, 5100.0, 100.0),
+        ("pai_task_table-e", 3, 5990.0, 160.0)]  # e: 3 x 0.6 + 3 x 0.1 = 2.1 GPUs
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--fractional-gpus", "ceil",
+                          "-o", "json")
+    assert code == 0, err
+    assert "as a pai trace (detected; --format chooses another); 2 jobs of a fraction of a GPU rounded up" in err
+    assert "left out 2 of 5 jobs" in err
+    shift = 1 if header else 0
+    assert f"like line {5 + shift}: job 'c' is a CPU job" in err and f"like line {6 + shift}: job 'd' never ran" in err
+    summary = json.loads(out)["gandiva"]
+    assert summary["jobs_finished"] == 3 and summary["jobs_left_out"] == 2
+    # A wrong task line is named (and, with --skip-invalid, its job left out whole).
+    trace.write_text(header + PAI_TASKS + "a,ps,x,Terminated,5083.0,5103.0,600.0,29.3,50.0,MISC\n")
+    with pytest.raises(TraceError, match=f":{8 + shift}: inst_num 'x' is not a number"):
+        read_trace(trace, fractional="ceil")
+    skipped: list[TraceError] = []
+    jobs, _ = read_trace_as(trace, skipped=skipped, left_out=[], fractional="ceil")
+    assert [j.id for j in jobs] == ["pai_task_table-b", "pai_task_table-e"] and len(skipped) == 1
+
+
+def test_a_fraction_of_a_gpu_in_a_csv_is_rounded_up_with_fractional_gpus_ceil(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Before: a fraction was the line's error, whatever was given. A row left out for
+    another reason is not counted as rounded."""
+    trace = tmp_path / "f.csv"
+    trace.write_text("submit_time,num_gpus,duration\n0,0.5,60\n10,1,60\n20,2.25,60\n30,1.5,x\n")
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--fractional-gpus", "ceil",
+                          "--skip-invalid", "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["gandiva"]["jobs_finished"] == 3
+    assert "2 jobs of a fraction of a GPU rounded up to whole GPUs (--fractional-gpus ceil)" in err
+    assert [j.num_gpus for j in read_trace_as(trace, skipped=[], fractional="ceil")[0]] == [1, 1, 3]
 
 
 def test_a_fraction_of_a_gpu_is_refused_saying_the_simulator_places_whole_gpus(
@@ -198,6 +260,7 @@ def test_a_fraction_of_a_gpu_is_refused_saying_the_simulator_places_whole_gpus(
     code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4")
     assert code == 2
     assert "f.csv:2: GPU count '0.5' is not a whole number: the simulator places jobs on whole GPUs; round it up" in err
+    assert "--fractional-gpus ceil does so" in err
     assert "--skip-invalid" in err
     code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "--skip-invalid", "-o", "json")
     assert code == 0 and json.loads(out)["gandiva"]["jobs_left_out"] == 1

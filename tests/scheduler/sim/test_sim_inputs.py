@@ -172,6 +172,32 @@ def test_alibaba_2023_and_pai_instance_tables_are_refused_saying_how_to_write_th
     if "pod_list" in said:
         assert "write one line per pod as --format csv: submit_time (creation_time), num_gpus (num_gpu" in err
         assert "duration (deletion_time - scheduled_time)" in err
+        assert err.endswith("or give --fractional-gpus ceil to replay it so as it is ")
+
+
+def test_an_alibaba_2023_pod_list_replays_with_fractional_gpus_ceil(tmp_path: Path) -> None:
+    """Before: refused whatever was given. Now --fractional-gpus ceil replays a job per pod:
+    num_gpu GPUs (a GPU-sharing pod, gpu_milli below 1000, holds 1: counted as rounded up),
+    submitted at creation_time, running deletion_time - scheduled_time; CPU pods, pods never
+    scheduled and pods still running at the end left out, each counted by its reason."""
+    trace = tmp_path / "openb_pod_list_default.csv"
+    trace.write_text(ALI_POD + "openb-pod-0023,4000,15258,0,0,,BE,Running,9679175,9973826,9679175\n"
+                     "openb-pod-0024,4000,15258,2,1000,V100M16,LS,Pending,9679175,,\n"
+                     "openb-pod-0025,4000,15258,1,1000,,LS,Running,9679180,,9679190\n"
+                     "openb-pod-0026,4000,15258,1,500,,LS,Failed,9679180,9679300,9679200\n")
+    left_out: list[TraceError] = []
+    how: dict[str, str] = {}
+    jobs, fmt = read_trace_as(trace, left_out=left_out, how=how, fractional="ceil")
+    assert fmt == "pai" and how["rounded"] == "2"
+    assert [(j.id, j.num_gpus, j.submit_time, j.duration_s) for j in jobs] == [
+        ("openb_pod_list_default-openb-pod-0017", 8, 9437497.0, 1332357.0),
+        ("openb_pod_list_default-openb-pod-0022", 1, 9679175.0, 294651.0),
+        ("openb_pod_list_default-openb-pod-0026", 1, 9679180.0, 100.0)]
+    assert [(e.line, e.reason.split(" (")[0]) for e in left_out] == [
+        (4, "a CPU pod"), (5, "never scheduled"), (6, "no deletion_time")]
+    trace.write_text(ALI_POD + "openb-pod-0017,1,1,1,1000,,LS,Running,5,3,4\n")
+    with pytest.raises(TraceError, match=r":4: pod 'openb-pod-0017' is also on line 2"):
+        read_trace(trace, fractional="ceil")
 
 
 @pytest.mark.parametrize("content,said", [

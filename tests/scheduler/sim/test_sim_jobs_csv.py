@@ -72,16 +72,21 @@ def test_rows_add_up_to_the_summary_with_skipped_and_left_out_jobs(tmp_path: Pat
     trace = tmp_path / "t.csv"
     lines = ["job_id,num_gpu,submit_time,duration"]
     lines += [f"j{i},{(1, 2, 4, 1)[i % 4]},{i * 7},{90 + 40 * (i % 5)}" for i in range(14)]
-    lines += ["cpu,0,3,60", "wide,64,5,60", "nolength,1,9,0"]
+    lines += ["cpu,0,3,60", "wide,64,5,60", "nolength,1,9,0", ",1,11,60"]
     trace.write_text("\n".join(lines) + "\n")
     summaries, rows = _replay(tmp_path, "--trace", str(trace), "--cluster", "2x4", "--skip-invalid")
-    _check_rows_add_up(summaries, rows, 17)
+    _check_rows_add_up(summaries, rows, 18)
     assert sum(s["suspends"] for s in summaries.values()) > 0  # the per-job counts were checked against some
     gandiva = [r for r in rows if r["policy"] == "gandiva"]
     wide = next(r for r in gandiva if r["job_id"] == "t-wide")
     assert wide["status"] == "skipped" and "more than the cluster's 8" in wide["note"]
     notes = sorted(r["note"] for r in gandiva if r["status"] == "left_out")
     assert notes[0].startswith("line 16: GPU count '0'") and notes[1].startswith("line 18: duration '0'")
+    # Each left-out line has a job id of its own, marked as a line's (was "" for all: rows that
+    # a reader of the CSV could not tell apart, nor join on); no job of the trace is so named.
+    gone = {r["job_id"]: r["note"] for r in gandiva if r["status"] == "left_out"}
+    assert sorted(gone) == ["line-16", "line-18", "line-19"]
+    assert gone["line-19"] == "line 19: job id is missing"
 
 
 def test_rows_add_up_to_the_summary_on_a_generated_workload(tmp_path: Path) -> None:
