@@ -31,6 +31,7 @@ from tf_runtime import (  # the shim's exit codes (no TensorFlow import)
 )
 from tf_runtime.checkpoint import _alive  # whether a pid lives (no TensorFlow import either)
 from tf_runtime.launch import LAUNCH_ENV, carries, forget_launch, forget_launches_but
+from tf_runtime.launch import gone as _gone
 
 log = logging.getLogger(__name__)
 
@@ -80,15 +81,6 @@ OWNER_ENV = "GANDIVA_HELPER"
 # How long a launch's wrappers, stopped by its trainer's shim as it exits on Gandiva's
 # command, wait for that process to be gone before the helper ends them.
 LAUNCH_END_WAIT_S = 30.0
-
-
-def _gone(pid: int) -> bool:
-    """Whether a process has exited (a zombie its stopped parent has not reaped counts)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
 
 
 def owner_mark(ramdisk: Path) -> str:

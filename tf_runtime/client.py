@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -69,7 +70,8 @@ class StreamClient:
 
     def __init__(self, target: str, identity: Identity, meter: ProgressMeter,
                  on_command: Callable[[Command], None], *, flush_interval_s: float = 0.5,
-                 max_backoff_s: float = 2.0) -> None:
+                 max_backoff_s: float = 2.0, standing: Callable[[], str] | None = None,
+                 claim: Callable[[], None] | None = None) -> None:
         self.target = target
         self.identity = identity
         self._meter = meter
@@ -85,6 +87,13 @@ class StreamClient:
         self._channel: grpc.Channel | None = None
         self._security = transport.ClientSecurity.from_env()
         self.connections = 0  # streams opened so far (reconnects + 1)
+        # Which process of the launch holds the job's stream (tf_runtime.launch.
+        # stream_standing: "hold", "retake" or "leave"), asked before each connect and at
+        # each flush; `claim` is called before each connect and once this one has left.
+        self._standing = standing
+        self._claim = claim
+        self._call: Any = None
+        self.left = False  # this process left the job's stream to the launch's trainer
 
     def start(self) -> StreamClient:
         self._thread.start()
@@ -122,31 +131,63 @@ class StreamClient:
             self._channel.close()
 
     # -- the stream thread ---------------------------------------------------------------------
+    def _stand(self) -> str:
+        if self._standing is None:
+            return "hold"
+        try:
+            return self._standing()
+        except Exception:  # a mark that cannot be read changes nothing
+            log.debug("the launch's stream standing could not be read", exc_info=True)
+            return "hold"
+
     def _loop(self) -> None:
         backoff = 0.1
         while not self._closing.is_set():
+            if self._stand() == "leave":
+                # Another process of the launch trains and holds the job's stream: this
+                # one connects no more (like a secondary that never trains).
+                log.info("this process does not train, and its launch's trainer holds the "
+                         "job's stream: this one closed its own for good")
+                self.left = True
+                return
+            if self._claim is not None:
+                self._claim()
             # The token and CA the helper handed this process (GANDIVA_TOKEN, GANDIVA_TLS_CA).
             self._channel = transport.channel(self.target, self._security)
             stub = runtime_pb2_grpc.RuntimeStub(self._channel)
             alive = threading.Event()
             alive.set()
+            handover = [""]  # "retake" or "leave" when this stream is handed over
             try:
-                call = stub.Connect(self._requests(alive))
+                self._call = None
+                call = self._call = stub.Connect(self._requests(alive, handover))
                 self.connections += 1
                 for msg in call:
                     backoff = 0.1  # the server answers: reset the back-off
                     self._command(msg)
                 if self._closing.is_set():
                     return
-                log.warning("scheduler ended the runtime stream; reconnecting")
+                if not handover[0]:
+                    log.warning("scheduler ended the runtime stream; reconnecting")
             except grpc.RpcError as exc:
                 if self._closing.is_set():
                     return
-                log.warning("runtime stream to %s broke (%s); retrying in %.1f s",
-                            self.target, exc.code() if hasattr(exc, "code") else exc, backoff)
+                if not handover[0]:
+                    log.warning("runtime stream to %s broke (%s); retrying in %.1f s",
+                                self.target, exc.code() if hasattr(exc, "code") else exc, backoff)
             finally:
                 alive.clear()
                 self._channel.close()
+            if handover[0] == "leave":
+                # Claimed, so that the trainer connects again now that this stream is
+                # gone: its hello may have reached the scheduler after the trainer's (the
+                # job's stream until now), and the job would be left with none.
+                self.left = True
+                if self._claim is not None:
+                    self._claim()
+                return
+            if handover[0]:
+                continue  # retaken: at once
             if self._closing.wait(backoff):
                 return
             backoff = min(backoff * 2, self._max_backoff)
@@ -160,7 +201,7 @@ class StreamClient:
         log.info("command %s: %s", cmd.id, cmd.kind.name)
         self._on_command(cmd)
 
-    def _requests(self, alive: threading.Event) -> Iterator[runtime_pb2.RuntimeMessage]:
+    def _requests(self, alive: threading.Event, handover: list[str]) -> Iterator[runtime_pb2.RuntimeMessage]:
         ident = self.identity
         yield runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(
             job_id=ident.job_id, incarnation=ident.incarnation, pid=ident.pid,
@@ -173,15 +214,30 @@ class StreamClient:
             yield self._towers
         sent_version = -1
         next_flush = time.monotonic()
+        next_stand = next_flush + self._flush  # (self._call is this stream's by then)
         while alive.is_set():
             now = time.monotonic()
+            if now >= next_stand:
+                next_stand = now + self._flush
+                standing = self._stand()
+                if standing != "hold" and self._call is not None:
+                    # "retake": this process, the launch's trainer, connects again (a
+                    # process of the launch that does not train closed its stream, which
+                    # may have replaced this one). "leave": that trainer trains; this
+                    # process does not. Cancelled, not closed: the scheduler would take a
+                    # closed stream for the program's end.
+                    log.info("the job's stream: %s", "taken back by this process, the launch's "
+                             "trainer" if standing == "retake" else "left to the launch's trainer")
+                    handover[0] = standing
+                    self._call.cancel()
+                    return
             if now >= next_flush:
                 next_flush = now + self._flush
                 if self._meter.version != sent_version:
                     sent_version = self._meter.version
                     yield self._progress()
             try:
-                item = self._outbox.get(timeout=max(0.0, next_flush - time.monotonic()))
+                item = self._outbox.get(timeout=max(0.0, min(next_flush, next_stand) - time.monotonic()))
             except queue.Empty:
                 continue
             if item is _CLOSE:

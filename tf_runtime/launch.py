@@ -27,6 +27,9 @@ Two things follow here (no TensorFlow import):
   One started while it lives (`python train.py & python eval.py`) is a secondary, as a
   descendant of it is (tf_runtime.runtime): it used to take the job's stream from the
   trainer, so that the job's commands never reached it.
+- `stream_standing`: one started before the trainer's first step (both launched at once)
+  connected as a first process too, and whichever connected last held the job's stream;
+  now it leaves the stream to the trainer once the trainer trains.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ import signal
 import stat
 import tempfile
 from collections.abc import Mapping
+
+from .checkpoint import _alive  # (no TensorFlow import)
 
 log = logging.getLogger(__name__)
 
@@ -147,17 +152,25 @@ def end_launch(code: int, status_fd: int | None, env: Mapping[str, str]) -> list
     return found
 
 
-def _trained_flag(mark: str) -> str | None:
+# The launch's files in the user's scratch folder: the pid of its latest process that
+# trained, and that of the latest process that connected the job's control stream.
+_KINDS = ("trained", "stream")
+
+
+def _launch_file(mark: str, kind: str) -> str | None:
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", mark):
         return None
     shm = "/dev/shm"
     base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
-    return os.path.join(base, f"gandiva-scratch-{os.getuid()}", f"launch-{mark}.trained")
+    return os.path.join(base, f"gandiva-scratch-{os.getuid()}", f"launch-{mark}.{kind}")
 
 
-def mark_trained(env: Mapping[str, str]) -> None:
-    """Leave the launch's mark that this process trains (its pid; see the docstring)."""
-    path = _trained_flag(env.get(LAUNCH_ENV, ""))
+def _trained_flag(mark: str) -> str | None:
+    return _launch_file(mark, "trained")
+
+
+def _write_pid(env: Mapping[str, str], kind: str) -> None:
+    path = _launch_file(env.get(LAUNCH_ENV, ""), kind)
     if path is None:
         return
     try:
@@ -167,13 +180,11 @@ def mark_trained(env: Mapping[str, str]) -> None:
             f.write(str(os.getpid()))
         os.replace(tmp, path)
     except OSError as exc:
-        log.warning("could not mark this launch as trained (%s)", exc)
+        log.warning("could not write this launch's %s mark (%s)", kind, exc)
 
 
-def trainer_of_launch(env: Mapping[str, str]) -> int | None:
-    """The pid of the latest process of this launch that trained, if one did (alive or
-    not), but this one."""
-    path = _trained_flag(env.get(LAUNCH_ENV, ""))
+def _read_pid(env: Mapping[str, str], kind: str) -> int | None:
+    path = _launch_file(env.get(LAUNCH_ENV, ""), kind)
     if path is None:
         return None
     try:
@@ -181,17 +192,78 @@ def trainer_of_launch(env: Mapping[str, str]) -> int | None:
             pid = int(f.read().strip() or 0)
     except (OSError, ValueError):
         return None
-    return pid if pid > 0 and pid != os.getpid() else None
+    return pid if pid > 0 else None
+
+
+def mark_trained(env: Mapping[str, str]) -> None:
+    """Leave the launch's mark that this process trains (its pid; see the docstring)."""
+    _write_pid(env, "trained")
+
+
+def trainer_of_launch(env: Mapping[str, str]) -> int | None:
+    """The pid of the latest process of this launch that trained, if one did (alive or
+    not), but this one."""
+    pid = _read_pid(env, "trained")
+    return pid if pid != os.getpid() else None
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` lives (a zombie does not)."""
+    return _alive(pid) and not gone(pid)
+
+
+def gone(pid: int) -> bool:
+    """Whether a process has exited (a zombie its stopped parent has not reaped counts)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+HOLD, RETAKE, LEAVE = "hold", "retake", "leave"
+
+
+def claim_stream(env: Mapping[str, str]) -> None:
+    """The launch's trainer connects the job's control stream, or a process that does not
+    train has closed its own (see stream_standing)."""
+    _write_pid(env, "stream")
+
+
+def stream_standing(env: Mapping[str, str], trained: bool) -> tuple[str, int | None]:
+    """What this process does with the job's control stream, and the launch's latest
+    trainer (its pid, or None). Two processes of a launch started together (`python
+    train.py & python eval.py`) are both first processes of the job: the job's stream is
+    the one connected last, and it used to be the evaluation's as often as not, so the
+    job's commands went to a process that never trains. The stream belongs to the
+    launch's latest trainer (the mark `trained`): LEAVE, a process that has not trained
+    while that trainer lives: it closes its stream for good, then claims the stream (the
+    mark `stream`: its pid) so that the trainer connects again; RETAKE, that trainer's,
+    once another process claimed it (the trainer's stream may have been replaced by the
+    one just closed); HOLD otherwise (nothing to do; also without a mark)."""
+    if not env.get(LAUNCH_ENV):
+        return HOLD, None
+    trainer = _read_pid(env, "trained")
+    if trainer is None:
+        return HOLD, None
+    me = os.getpid()
+    if trained:
+        holder = _read_pid(env, "stream")
+        return (RETAKE if trainer == me and holder not in (None, me) else HOLD), trainer
+    if trainer != me and alive(trainer):
+        return LEAVE, trainer
+    return HOLD, trainer
 
 
 def forget_launch(mark: str) -> None:
-    """The launch ended: remove its mark (the helper)."""
-    path = _trained_flag(mark)
-    if path is not None:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    """The launch ended: remove its marks (the helper)."""
+    for kind in _KINDS:
+        path = _launch_file(mark, kind)
+        if path is not None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def forget_launches_but(live: set[str], before: float) -> list[str]:
@@ -201,7 +273,7 @@ def forget_launches_but(live: set[str], before: float) -> list[str]:
     returns the marks removed. A helper killed outright never removed its launches' marks
     (the helper, restarted, sweeps them: tf_runtime's marks are per user, so the marks of
     other helpers' live launches are among `live`)."""
-    flag = _trained_flag("x")
+    flag = _launch_file("x", "trained")
     if flag is None:
         return []
     folder = os.path.dirname(flag)
@@ -211,7 +283,7 @@ def forget_launches_but(live: set[str], before: float) -> list[str]:
     except OSError:
         return []
     for name in names:
-        found = re.fullmatch(r"launch-([A-Za-z0-9_.-]{1,128}?)\.trained(\.[0-9]+)?", name)
+        found = re.fullmatch(r"launch-([A-Za-z0-9_.-]{1,128}?)\.(?:trained|stream)(\.[0-9]+)?", name)
         if not found or found.group(1) in live:
             continue
         path = os.path.join(folder, name)

@@ -179,7 +179,19 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
 
         ident = Identity(settings.job_id, env.get("GANDIVA_INCARNATION", ""), os.getpid(),
                          env.get("GANDIVA_SERVER", ""), step)
-        client = StreamClient(scheduler, ident, rt.controller.meter, rt.controller.enqueue)
+
+        def standing() -> str:
+            # The job's stream belongs to the launch's trainer (tf_runtime.launch).
+            return launch.stream_standing(env, rt.controller.trained)[0]
+
+        def claim() -> None:
+            # Before each connect of the launch's trainer, and once a process that does
+            # not train has left the stream to it (tf_runtime.launch.stream_standing).
+            if rt.controller.trained or client.left:
+                launch.claim_stream(env)
+
+        client = StreamClient(scheduler, ident, rt.controller.meter, rt.controller.enqueue,
+                              standing=standing, claim=claim)
         rt.controller.channel = client
         rt.client = client.start()
         if after_training:

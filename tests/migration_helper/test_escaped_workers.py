@@ -108,13 +108,14 @@ def test_a_restarted_helper_removes_the_launch_marks_its_killed_predecessor_left
     not killed) and one written after it read the processes stay."""
     ramdisk = tmp_path / "rd"
     ramdisk.mkdir()
-    dead = subprocess.Popen(["true"])
-    dead.wait()  # the killed helper: its pid no longer lives
+    # The killed helper: a pid no process has (pid_max itself; a pid freed by a process
+    # that ended may be taken again at once, by a thread, on a busy machine).
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text())
     tag = f"test-marks-{os.getpid()}"
     orphan_mark, live_mark, gone_mark, new_mark = (f"{tag}-{n}" for n in ("orphan", "live", "gone", "new"))
     base = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
     orphan = subprocess.Popen(["sleep", "300"], start_new_session=True, env=dict(
-        base, GANDIVA_JOB_ID="j", GANDIVA_LAUNCH=orphan_mark, **{OWNER_ENV: f"{dead.pid}:{ramdisk.resolve()}"}))
+        base, GANDIVA_JOB_ID="j", GANDIVA_LAUNCH=orphan_mark, **{OWNER_ENV: f"{dead}:{ramdisk.resolve()}"}))
     live = subprocess.Popen(["sleep", "300"], start_new_session=True, env=dict(base, GANDIVA_LAUNCH=live_mark))
     now = time.time()
     flags = {mark: Path(str(_trained_flag(mark))) for mark in (orphan_mark, live_mark, gone_mark, new_mark)}

@@ -86,6 +86,46 @@ def test_a_trainer_behind_a_python_driver_reaches_the_pipes_and_stops_its_wrappe
         os.close(r)
 
 
+def test_the_jobs_stream_belongs_to_the_launchs_latest_trainer() -> None:
+    """Which process of a launch holds the job's stream (two first processes of the job:
+    `python train.py & python eval.py` started together): one that does not train leaves
+    it to a live trainer, and claims it once gone; the latest trainer then connects again;
+    nothing changes without a trainer, or once it has ended."""
+    from tf_runtime.launch import HOLD, LEAVE, RETAKE, _launch_file, forget_launch, stream_standing
+
+    mark = f"test-standing-{os.getpid()}"
+    env = {"GANDIVA_LAUNCH": mark}
+    other = subprocess.Popen(["sleep", "60"])
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text())  # no process has it
+
+    def put(kind: str, pid: int) -> None:
+        path = Path(str(_launch_file(mark, kind)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(pid))
+
+    try:
+        assert stream_standing(env, trained=False) == (HOLD, None)  # no trainer yet
+        put("trained", other.pid)
+        assert stream_standing(env, trained=False) == (LEAVE, other.pid)
+        put("trained", os.getpid())
+        assert stream_standing(env, trained=True) == (HOLD, os.getpid())  # nobody left
+        put("stream", other.pid)  # another process left the stream to this one
+        assert stream_standing(env, trained=True) == (RETAKE, os.getpid())
+        put("stream", os.getpid())  # connected again
+        assert stream_standing(env, trained=True) == (HOLD, os.getpid())
+        put("stream", other.pid)
+        put("trained", other.pid)  # a later trainer of the launch: its move, not this one's
+        assert stream_standing(env, trained=True) == (HOLD, other.pid)
+        put("trained", dead)
+        assert stream_standing(env, trained=False) == (HOLD, dead)  # training has ended
+        assert stream_standing({}, trained=False) == (HOLD, None)  # not launched by a helper
+    finally:
+        other.kill()
+        other.wait(10)
+        forget_launch(mark)
+    assert not Path(str(_launch_file(mark, "stream"))).exists()
+
+
 @pytest.mark.tf
 def test_a_process_started_after_the_launchs_training_refuses_commands_at_once(
         runtime_server: Any, tmp_path: Path) -> None:
@@ -131,11 +171,15 @@ def test_a_process_started_after_the_launchs_training_refuses_commands_at_once(
 @pytest.mark.tf
 def test_an_evaluation_beside_the_trainer_does_not_take_the_jobs_stream(
         runtime_server: Any, tmp_path: Path) -> None:
-    """`bash -c 'python train.py & python eval.py; wait'`, the evaluation starting once the
-    trainer trains: it was a first process of the job too, connected, and replaced the
+    """`bash -c 'python train.py & python eval.py; wait'`: an evaluation started once the
+    trainer trains was a first process of the job too, connected, and replaced the
     trainer's stream, so the job's commands went to a process that never trains (a
     migration refused or timed out). Now it is a secondary of the trainer, as a child of it
-    would be: it does not connect unless it trains, and the trainer obeys the suspend."""
+    would be: it does not connect unless it trains. One started at once with the trainer
+    (connected after it, before its first step) still connects, but the stream is the
+    trainer's: once the trainer trains, the evaluation closes its own and the trainer
+    connects again; before, the job's commands went to whichever connected last. The
+    trainer obeys the suspend."""
     from protos.gandiva.v1 import runtime_pb2 as pb
     from tf_runtime.autoload import path_with_autoload
     from tf_runtime.launch import _trained_flag, forget_launch
@@ -144,24 +188,42 @@ def test_an_evaluation_beside_the_trainer_does_not_take_the_jobs_stream(
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
     env.update(GANDIVA_JOB_ID="beside", GANDIVA_INCARNATION="0", GANDIVA_SCHEDULER=runtime_server.address,
                GANDIVA_LAUNCH=mark, PYTHONPATH=path_with_autoload(str(ROOT)))
-    trainer = str(ROOT / "tf_runtime" / "examples" / "feed_step.py")
-    ready = tmp_path / "evaluation-started"
-    evaluation = (f"import os, time\nwhile not os.path.exists({_trained_flag(mark)!r}): time.sleep(0.05)\n"
-                  f"import tensorflow\nopen({str(ready)!r}, 'w').close()\ntime.sleep(120)")
+    feed_step = str(ROOT / "tf_runtime" / "examples" / "feed_step.py")
+    early_go, train_go, ready = tmp_path / "early-go", tmp_path / "train-go", tmp_path / "late-started"
+    trainer = tmp_path / "train.py"  # connects at its import, trains once told to
+    trainer.write_text(f"import os, runpy, sys, time\nimport tensorflow\n"
+                       f"while not os.path.exists({str(train_go)!r}): time.sleep(0.05)\n"
+                       f"sys.argv = [{feed_step!r}, '--loop', 'session', '--steps', '100000', '--step-sleep', '0.02']\n"
+                       f"runpy.run_path({feed_step!r}, run_name='__main__')\n")
+    # The evaluations import TensorFlow at once (three imports in turn took 50 s here), and
+    # start the runtime as the autoload would have, when told (the test's own order).
+    def evaluation(go: str, then: str) -> str:
+        return ("import os, time\nsched = os.environ.pop('GANDIVA_SCHEDULER')\nimport tensorflow\n"
+                f"while not os.path.exists({go!r}): time.sleep(0.05)\n"
+                "os.environ['GANDIVA_SCHEDULER'] = sched\nfrom tf_runtime import runtime\nruntime.start()\n"
+                f"{then}\ntime.sleep(120)")
+    early = evaluation(str(early_go), "")
+    late = evaluation(str(_trained_flag(mark)), f"open({str(ready)!r}, 'w').close()")
     proc = subprocess.Popen(
-        ["bash", "-c", ('"$0" -m tf_runtime.run "$1" --loop session --steps 100000 --step-sleep 0.02 & '
-                        '"$0" -c "$2"; wait'), sys.executable, trainer, evaluation],
+        ["bash", "-c", '"$0" -m tf_runtime.run "$1" & "$0" -c "$2" & "$0" -c "$3"; wait',
+         sys.executable, str(trainer), early, late],
         env=env, start_new_session=True, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        first = runtime_server.wait_for(lambda j, m: j == "beside" and m.HasField("hello"), 120).hello
+        first = runtime_server.wait_for(lambda j, m: j == "beside" and m.HasField("hello"), 120)
+        trainer_pid = first.hello.pid
+        early_go.touch()  # the early evaluation connects after the trainer ...
+        runtime_server.wait_for(lambda j, m: j == "beside" and m.HasField("hello") and m.hello.pid != trainer_pid, 120)
+        train_go.touch()  # ... which then trains: the evaluation leaves, the trainer connects again
+        runtime_server.wait_for(lambda j, m: j == "beside" and m.HasField("hello") and m.hello.pid == trainer_pid
+                                and m is not first, 120)
         deadline = time.monotonic() + 120
         while not ready.exists():
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
         ack = runtime_server.wait_ack(runtime_server.send("beside", pb.COMMAND_KIND_SUSPEND), 60)
         assert ack.ok and ack.step >= 1, ack.message
-        hellos = {h.pid for h in runtime_server.of_kind("beside", "hello")}
-        assert hellos == {first.pid}
+        hellos = [h.pid for h in runtime_server.of_kind("beside", "hello")]
+        assert len(hellos) == 3 and hellos.count(trainer_pid) == 2, hellos  # the late one never connected
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
