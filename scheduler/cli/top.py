@@ -108,10 +108,26 @@ def _cells(*values: str) -> list[Text]:
     return [Text(output.visible(v)) for v in values]
 
 
-def render(state: dict[str, Any], show_all: bool = False) -> Group:
+def fitting_jobs(state: dict[str, Any], height: int) -> int:
+    """How many job rows a live view of ``height`` lines has room for (at least 5): the
+    header, the servers' table (a row per GPU), the jobs' table frame and the decisions."""
+    gpus = sum(len(srv["gpus"]) for srv in state["servers"])
+    return max(5, height - gpus - 22)
+
+
+def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None = None) -> Group:
+    """The view; ``max_jobs``: at most that many job rows (the live view: a terminal's
+    height), jobs on GPUs first, then the queue, then finished ones, and a line saying how
+    many more there are. With 3,000 queued jobs the live view built all 3,000 rows each
+    refresh (11 s on a loaded 2-core machine, longer than its 2-s interval) to show 50."""
     names = {j["id"]: j["name"] for j in state["jobs"]}
     active = [j for j in state["jobs"] if show_all or j["state"] not in TERMINAL]
-    head = Text(f"Gandiva: {len(state['servers'])} servers, {len(active)} jobs shown, cluster height "
+    more = 0
+    if max_jobs is not None and len(active) > max_jobs:
+        active = sorted(active, key=lambda j: 2 if j["state"] in TERMINAL else j["state"] == "QUEUED")
+        more, active = len(active) - max_jobs, active[:max_jobs]
+    shown = f"{len(active)} of {len(active) + more:,}" if more else f"{len(active)}"
+    head = Text(f"Gandiva: {len(state['servers'])} servers, {shown} jobs shown, cluster height "
                 f"{state['height']}" + (" (overloaded: time-slicing)" if state["overloaded"] else ""),
                 style="bold")
     servers = Table(title="servers and GPUs", title_justify="left", expand=False)
@@ -138,11 +154,13 @@ def render(state: dict[str, Any], show_all: bool = False) -> Group:
                              eta.short(-1.0 if j.get("eta_s") is None else j["eta_s"], j["steps"],
                                        j.get("total_steps", 0), ended=j["state"] in ("SUCCEEDED", "FAILED", "KILLED")),
                              f"{d['kind']}: {d['reason']}" if d else j["message"]))
+    rest = Text(f"... and {more:,} more jobs (gandiva get jobs lists them all; gandiva top --once too)\n"
+                if more else "", style="dim")
     latest = Text()
     for d in state["decisions"][-8:]:
         latest.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "
                                      f"{names.get(d['job'], d['job'])}: {d['reason']}") + "\n")
-    return Group(head, servers, jobs, Text("latest decisions", style="bold"), latest)
+    return Group(head, servers, jobs, rest, Text("latest decisions", style="bold"), latest)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,11 +192,14 @@ def run(args: argparse.Namespace) -> int:
         console.print(render(state, args.all))
         return 0
     try:
-        with Live(render(state, args.all), console=console, refresh_per_second=4, screen=False) as live:
+        def shown(state: dict[str, Any]) -> Group:  # only the rows the terminal has room for
+            return render(state, args.all, fitting_jobs(state, console.size.height))
+
+        with Live(shown(state), console=console, refresh_per_second=4, screen=False) as live:
             while True:
                 time.sleep(args.interval)
                 try:
-                    live.update(render(fetch(args.http, token), args.all))
+                    live.update(shown(fetch(args.http, token)))
                 except Unhealthy as err:  # not "cannot reach": the scheduler answered
                     live.update(Text(f"{err}; retrying", style="red"))
                 except (urllib.error.URLError, OSError, ValueError) as err:

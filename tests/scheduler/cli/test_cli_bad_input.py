@@ -466,6 +466,29 @@ def test_a_jobs_own_text_cannot_act_on_an_operators_terminal(gandiva, stub) -> N
     assert "[/x]\\x1b]52" in shown.get() and "\x1b" not in shown.get()
 
 
+def test_top_live_builds_only_the_job_rows_its_terminal_shows() -> None:
+    """With 3,000 queued jobs the live view built all 3,000 rows each refresh (11 s on a
+    loaded 2-core machine, longer than its 2-s interval) to show the 50 a terminal holds,
+    and the one running job, listed last, was never among them. (300 here: the same, faster.)"""
+    from scheduler.cli import top
+
+    jobs = [{"id": f"j-{i:010d}", "name": f"train-{i}", "state": "QUEUED", "gpus": 1, "placement": [], "steps": 0,
+             "rate": 0.0, "last_decision": None, "message": ""} for i in range(300)]
+    jobs[-1] = {**jobs[-1], "state": "RUNNING", "placement": ["n1/0"]}
+    state = {"servers": [], "height": 1, "overloaded": False, "decisions": [], "jobs": jobs}
+    console = output_console()
+    with console.capture() as shown:
+        console.print(top.render(state, max_jobs=top.fitting_jobs(state, 50)))
+    lines = shown.get().splitlines()
+    rows = [line for line in lines if line.startswith("│ j-")]
+    assert len(rows) == 28 and "running" in rows[0] and rows[0].startswith("│ j-0000000299"), rows[:2]
+    assert lines[0].startswith("Gandiva: 0 servers, 28 of 300 jobs shown")
+    assert "... and 272 more jobs (gandiva get jobs lists them all; gandiva top --once too)" in lines
+    with console.capture() as whole:  # --once (into a file): every row
+        console.print(top.render(state))
+    assert sum(line.startswith("│ j-") for line in whole.get().splitlines()) == 300
+
+
 def output_console():  # type: ignore[no-untyped-def]
     import io
 
@@ -489,8 +512,16 @@ def test_helper_refuses_at_start_what_would_never_work(gandiva, flag: str, says:
     A --log-dir it cannot create started one whose every job failed at launch; a --ramdisk
     it cannot create said `[Errno 2] No such file or directory: '/proc/x'`, no flag named;
     `--max-transfer-gib nan` was called 0."""
-    r = gandiva("helper", "--server-name", "h1", "--virtual", "--scheduler", "127.0.0.1:1",
-                "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs"), flag)
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        r = gandiva("helper", "--server-name", "h1", "--virtual", "--scheduler", "127.0.0.1:1",
+                    "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs"), flag)
+    finally:  # the helper set up its logging (a handler on this test's captured stderr): put back
+        root.handlers[:] = handlers
+        root.setLevel(level)
     assert (r.code, r.out) == (2, "") and says in r.err, r
 
 
