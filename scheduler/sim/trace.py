@@ -90,14 +90,24 @@ NAMES = {
     "submit": ("submit_time", "submission_time", "arrival_time", "arrival_time_s", "submit_time_s", "submitted",
                "submitted_time", "submit", "arrival"),
     "gpus": ("num_gpu", "num_gpus", "gpus", "gpu_num", "gpu_count", "n_gpus", "ngpus"),
-    "duration": ("duration", "duration_s", "run_time", "runtime", "duration_sec", "duration_seconds", "elapsed"),
+    "duration": ("duration", "duration_s", "run_time", "runtime", "duration_sec", "duration_seconds", "elapsed",
+                 "elapsed_raw"),
     "model": ("model_name", "model"),
     # Where no column gives the duration, a job's run time is end - start (a scheduler's log).
     "start": ("start_time", "started_time", "start"),
     "end": ("end_time", "finish_time", "finished_time", "end", "completion_time"),
     # Ids are per user where a header names the user: two users' job 1 are two jobs.
     "user": ("user", "user_id", "username"),
+    # Slurm's sacct: a job's GPUs are in its trackable resources (`cpu=8,gres/gpu=4,mem=64G`),
+    # those it was allocated, or else those it asked for.
+    "tres": ("alloc_tres", "alloc_gres"),
+    "req_tres": ("req_tres", "req_gres"),
 }
+# sacct's job steps (`123.batch`, `123.extern`, `123.0`): parts of job 123, not jobs.
+_SLURM_STEP = re.compile(r"[^.]+\.(?:batch|extern|interactive|\d+)")
+# A GPU count in a TRES (`gres/gpu=4`, `gres/gpu:a100=4`) or an old GRES (`gpu:4`, `gpu:tesla:4(IDX:0-3)`).
+_TRES_GPU = re.compile(r"(?:^|,)gres/gpu(:[^=,]+)?=(\d+)")
+_GRES_GPU = re.compile(r"(?:^|,)(?:gres/)?gpu(:[^:,(=]+)?:(\d+)")
 # A submit time or duration column named with its unit (`duration_ms`, `submit_time_min`,
 # `runtime_hours`): its numbers are read in that unit (dates are dates whatever the name).
 UNITS = {"ms": 1e-3, "msec": 1e-3, "millis": 1e-3, "milliseconds": 1e-3, "min": 60.0, "mins": 60.0,
@@ -408,6 +418,11 @@ def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> 
         for role, names in NAMES.items():
             if base in names and role in ("submit", "duration", "start", "end"):
                 name = base  # `duration_ms`: the duration, in milliseconds (_unit_of)
+            if name in names and role == "id" and role in roles and "job_name" in (name, _norm(cells[roles[role]])):
+                # sacct -o JobID,JobName,...: the id is JobID; a job's name is only its name.
+                if name != "job_name":
+                    roles[role] = index
+                continue
             if name in names and role in roles and path is not None:
                 raise TraceError(path, line, f"the header names the {names[0]} twice, in columns "
                                              f"{roles[role] + 1} ({cells[roles[role]].strip()}) and {index + 1} "
@@ -454,10 +469,21 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
     if not rows:
         raise TraceError(path, None, "trace is empty (no line but blank ones, # comments and empty rows)")
     first = rows[0][1]
+    if (len(first) == 1 and "|" in first[0] and ";" not in first[0]) or (
+            sum(c.count("|") for c in first) >= 3 and not _header_roles(first)):  # (sacct -P -n: commas in AllocTRES)
+        # (a header naming its columns is read with | between them: _read_as)
+        raise TraceError(path, rows[0][0], "its fields separated by '|', and no header line naming them "
+                                           "(sacct -P -n?): give the header (sacct -P writes one, unless -n is given; name the "
+                                           "columns as for a CSV) or save the trace with commas")
     if len(first) == 1 and (";" in first[0] or "|" in first[0]):
         sep = ";" if ";" in first[0] else "|"
         raise TraceError(path, rows[0][0], f"one column only, its fields separated by {sep!r}: save the trace "
                                            f"with commas (or tabs for a Gavel trace)")
+    if len(first) == 1 and len(rows) > 1 and re.fullmatch(r"-+( +-+)+", rows[1][1][0] if rows[1][1] else ""):
+        # sacct's (or squeue's) table for the eye: columns of a fixed width, values cut to it
+        raise TraceError(path, rows[0][0], "a table of fixed-width columns (sacct's default output: its values "
+                                           "cut to the column's width): export it with sacct -P (or --parsable2), "
+                                           "e.g. sacct -P -o JobID,Submit,Start,End,Elapsed,AllocTRES")
     if len(first) == 1 and " " in first[0].strip() and not _header_roles(first):
         # A Gavel trace whose tabs became spaces (a copy from a terminal or a web page) read
         # as a header naming nothing; its job types hold spaces, so it cannot be split again.
@@ -475,6 +501,9 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                                                 f"left open? close it")
         spanned = "duration" not in roles and "start" in roles and "end" in roles  # run time = end - start
         required = [r for r in REQUIRED[fmt] if r != "duration"] + ["start", "end"] if spanned else list(REQUIRED[fmt])
+        tres = roles.get("tres", roles.get("req_tres")) if "gpus" not in roles else None
+        if tres is not None:  # (sacct: the GPUs are in AllocTRES)
+            required = [r for r in required if r != "gpus"]
         missing = [r for r in required if r not in roles]
         if missing:
             raise TraceError(path, header_line, f"the header names no {NAMES[missing[0]][0]} column (nor "
@@ -485,10 +514,20 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                                                 f"{_UNIT_HINT if missing[0] in ('submit', 'duration') else ''}"
                                                 f"{_SPAN_HINT if missing[0] == 'duration' else ''}")
         # Rows may leave out trailing columns the reader does not need (the generic CSV's model).
-        need = max(roles[r] for r in required) + 1
+        need = max([roles[r] for r in required] + [tres if tres is not None else 0]) + 1
         counts: tuple[int, ...] = tuple(range(need, len(header) + 1))
         note = f" (the header on line {header_line} names {len(header)}; a field with a comma must be quoted)"
+        if tres is not None:
+            note += (f"; sacct's {header[tres].strip()} holds commas (cpu=8,gres/gpu=4): export with sacct -P, its "
+                     f"fields separated by |")
+            if "id" in roles:  # its job steps (123.batch, 123.0) are parts of their job: not jobs
+                steps = sum(1 for _, cols in rows if len(cols) > roles["id"] and _SLURM_STEP.fullmatch(cols[roles["id"]]))
+                rows = [(line, cols) for line, cols in rows
+                        if not (len(cols) > roles["id"] and _SLURM_STEP.fullmatch(cols[roles["id"]]))]
+                if steps and how is not None:
+                    how["steps"] = str(steps)
     else:
+        tres = None
         spanned = False
         if "num_gpu_p_node" in {_norm(c) for c in first}:
             raise TraceError(path, rows[0][0], f"a Tiresias cluster description, not a job trace: give its "
@@ -531,6 +570,10 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
             if fmt == "helios" and (why := _helios_no_gpu_job(cols, roles)):
                 errors.leave_out(TraceError(path, line, why), f"{_stem(path)}-{cols[roles['id']].strip()}")
                 continue
+            if tres is not None and (why := _slurm_no_gpu_job(cols, roles, header, tres)):
+                errors.leave_out(TraceError(path, line, why),
+                                 f"{_stem(path)}-{cols[roles['id']].strip()}" if "id" in roles else "")
+                continue
             if "id" in roles:
                 raw = cols[roles["id"]].strip()
                 if not raw:
@@ -554,7 +597,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
             if "\n" in model:
                 raise TraceError(path, line, f"model {_shown(model)} holds a line break: a quote left open?")
             job = JobSpec(
-                id=job_id, submit_time=submit, num_gpus=_gpus(cols[roles["gpus"]], path, line, rounded), model=model,
+                id=job_id, submit_time=submit, model=model,
+                num_gpus=_gpus(cols[roles["gpus"]] if tres is None else str(_tres_gpus(cols[tres])), path, line, rounded),
                 duration_s=(_run_time(cols[roles["start"]], cols[roles["end"]], header, roles, scale, path, line)
                             if spanned else
                             _duration(cols[roles["duration"]], path, line, scale["duration"], _unit_word(header, roles))),
@@ -612,6 +656,39 @@ def _from_earliest(path: Path, jobs: list[JobSpec], lines: list[int | None], err
 
 def _iso(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(" ")[:19]  # (0001, not 1)
+
+
+def _tres_gpus(text: str) -> int:
+    """The GPUs of a Slurm TRES (`billing=8,cpu=8,gres/gpu=4,mem=64G`: 4) or GRES (`gpu:tesla:4`):
+    the untyped count, or else the typed ones added up (`gres/gpu:a100=2,gres/gpu:v100=1`: 3)."""
+    text = text.strip()
+    found = _TRES_GPU.findall(text) or _GRES_GPU.findall(text)
+    untyped = [int(n) for kind, n in found if not kind]
+    return untyped[0] if untyped else sum(int(n) for _, n in found)
+
+
+_SLURM_NO_TIME = ("", "unknown", "none")
+
+
+def _slurm_no_gpu_job(cols: list[str], roles: dict[str, int], header: list[str], tres: int) -> str:
+    """Why a record of a Slurm accounting export (sacct) is no GPU job to replay ("" if it is
+    one): it never started (Start Unknown/None, or Elapsed 00:00:00: pending or cancelled
+    before it ran), it ran on no GPU (no gres/gpu in its TRES), or it still ran when the
+    export was taken (End Unknown: its run time is not known)."""
+    def text(role: str) -> str:
+        return cols[roles[role]].strip() if role in roles and roles[role] < len(cols) else "-"
+
+    if text("start").lower() in _SLURM_NO_TIME:
+        return f"never ran ({header[roles['start']].strip()} {_shown(text('start'))}: pending, or cancelled before it started)"
+    elapsed = text("duration")
+    if (clock := _CLOCK.fullmatch(elapsed)) and not any(float(x or 0) for x in clock.groups()) or elapsed in ("0", "0.0"):
+        return f"never ran ({header[roles['duration']].strip()} {elapsed}: pending, or cancelled before it started)"
+    if not _tres_gpus(cols[tres]):
+        return f"a CPU job (no gres/gpu in its {header[tres].strip()}): no GPU job to replay"
+    if text("end").lower() in _SLURM_NO_TIME:
+        return (f"still running when exported ({header[roles['end']].strip()} {_shown(text('end'))}): its run time "
+                f"is not known")
+    return ""
 
 
 def _helios_no_gpu_job(cols: list[str], roles: dict[str, int]) -> str:
@@ -1045,6 +1122,12 @@ def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
             raise TraceError(path, lines[0][0], "a Gavel cluster spec (cluster_specs.json: GPUs of each type, "
                                                 "v100:p100:k80), not a trace: give the cluster as --cluster "
                                                 "SERVERSxGPUS (e.g. 500:0:0, 500 V100s: --cluster 125x4)")
+        if re.search(r'"kind"\s*:\s*"(?:PodList|Pod|List)"', window) and '"apiVersion"' in window:
+            raise TraceError(path, lines[0][0], "a Kubernetes object list (kubectl get pods -o json), not a trace: "
+                                                "write one line per pod as CSV: submit_time (metadata.creationTimestamp)"
+                                                ", num_gpus (its containers' resources.limits nvidia.com/gpu, added up)"
+                                                ", duration (state.terminated.finishedAt - startedAt), leaving out pods "
+                                                "without GPUs or that have not ended; see gandiva sim --help")
         raise TraceError(path, lines[0][0], "JSON, not a trace this reader knows: write it as CSV with the "
                                             "columns submit_time,num_gpus,duration[,model] (see gandiva sim --help; "
                                             "of JSON it reads Philly's cluster_job_log: a list of jobs with jobid, "
@@ -1303,6 +1386,8 @@ def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str, skipped: list[T
         # Tabs, not commas, between the fields of the first line: a CSV layout saved as
         # tab-separated text (its header, or --format, says which layout).
         sep = "\t" if "\t" in lines[0][1].strip() and "," not in lines[0][1] else ","
+        if sep == "," and "|" in lines[0][1] and "," not in lines[0][1] and _header_roles(lines[0][1].split("|")):
+            sep = "|"  # Slurm's sacct -P (--parsable2): fields separated by |, a header naming them
         jobs = _read_csv(path, _csv_rows(path, lines, sep), fmt, skipped, left_out, how, rounded)
     if rounded and rounded[0] and how is not None:
         how["rounded"] = str(rounded[0])

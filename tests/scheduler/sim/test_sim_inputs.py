@@ -6,6 +6,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import json
 import lzma
 import re
 import sys
@@ -205,6 +206,11 @@ def test_an_alibaba_2023_pod_list_replays_with_fractional_gpus_ceil(tmp_path: Pa
      "a Gavel throughput table (simulation_throughputs.json), not a trace: give it as --throughputs FILE"),
     ('{\n    "philly": ["500:0:0"]\n}\n',
      "a Gavel cluster spec (cluster_specs.json: GPUs of each type, v100:p100:k80), not a trace: give the cluster"),
+    # kubectl get pods -o json (and -o json of one pod); before: "JSON, not a trace this reader knows"
+    (('{\n    "apiVersion": "v1",\n    "items": [\n        {\n            "apiVersion": "v1",\n            "kind": '
+     '"Pod"\n        }\n    ],\n    "kind": "List"\n}\n'),
+     "a Kubernetes object list (kubectl get pods -o json), not a trace: write one line per pod as CSV"),
+    ('{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}', "a Kubernetes object list (kubectl get pods"),
 ])
 def test_the_gavel_files_beside_its_traces_are_named_when_given_as_a_trace(tmp_path: Path, content: str,
                                                                            said: str) -> None:
@@ -246,6 +252,51 @@ def test_durations_on_a_clock_as_slurm_writes_them(tmp_path: Path) -> None:
     path.write_text("job_id,submit_time,num_gpus,duration\na,1614592800000,1,60\n")
     with pytest.raises(TraceError, match="divide by 1,000. or a date, or name the column submit_time_ms"):
         read_trace(path)
+
+
+SACCT = """JobID|JobName|Submit|Start|End|Elapsed|AllocTRES|State
+1001|train|2024-03-01T10:00:00|2024-03-01T10:05:00|2024-03-01T11:05:00|01:00:00|billing=8,cpu=8,gres/gpu=4,mem=64G,node=1|COMPLETED
+1001.batch|batch|2024-03-01T10:05:00|2024-03-01T10:05:00|2024-03-01T11:05:00|01:00:00|cpu=8,gres/gpu=4,mem=64G,node=1|COMPLETED
+1001.extern|extern|2024-03-01T10:05:00|2024-03-01T10:05:00|2024-03-01T11:05:00|01:00:00|billing=8,gres/gpu=4,node=1|COMPLETED
+1001.0|python|2024-03-01T10:05:10|2024-03-01T10:05:10|2024-03-01T11:04:50|00:59:40|cpu=8,gres/gpu=4,node=1|COMPLETED
+1002_4|sweep|2024-03-01T10:10:00|2024-03-01T10:10:05|2024-03-01T10:40:05|00:30:00|cpu=2,gres/gpu:a100=1,gres/gpu=1|FAILED
+1003|prep|2024-03-01T10:20:00|2024-03-01T10:20:01|2024-03-01T10:25:01|00:05:00|billing=2,cpu=2,mem=8G,node=1|COMPLETED
+1004|big|2024-03-01T10:30:00|Unknown|Unknown|00:00:00||PENDING
+1005|run|2024-03-01T10:31:00|2024-03-01T10:32:00|Unknown|00:10:00|billing=8,cpu=8,gres/gpu=2,node=1|RUNNING
+1006|cancel|2024-03-01T10:33:00|None|2024-03-01T10:34:00|00:00:00||CANCELLED by 0
+1007|typed|2024-03-01T10:35:00|2024-03-01T10:35:00|2024-03-01T10:36:00|00:01:00|gres/gpu:a100=2,gres/gpu:v100=1|COMPLETED
+"""
+
+
+def test_a_slurm_sacct_export_is_read_as_users_hand_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`sacct -P -o JobID,JobName,Submit,Start,End,Elapsed,AllocTRES,State`: before, refused
+    as "one column only, its fields separated by '|': save the trace with commas", which
+    split AllocTRES apart. Now read by its header: GPUs from AllocTRES's gres/gpu, job steps
+    (1001.batch, 1001.0) not jobs, an array task (1002_4) a job, jobs that never ran, CPU
+    jobs and jobs still running left out, counted by reason."""
+    trace = tmp_path / "sacct.txt"
+    trace.write_text(SACCT)
+    left_out: list[TraceError] = []
+    how: dict[str, str] = {}
+    jobs, _ = read_trace_as(trace, left_out=left_out, how=how)
+    assert [(j.id, j.submit_time, j.num_gpus, j.duration_s) for j in jobs] == [
+        ("sacct-1001", 0, 4, 3600), ("sacct-1002_4", 600, 1, 1800), ("sacct-1007", 2100, 3, 60)]
+    assert how["steps"] == "3"
+    assert [(e.line, e.reason.split(" (")[0]) for e in left_out] == [
+        (7, "a CPU job"), (8, "never ran"), (9, "still running when exported"), (10, "never ran")]
+    code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "-o", "json")
+    assert code == 0 and json.loads(out)["gandiva"]["jobs_left_out"] == 4, err
+    assert "its 3 job step lines (123.batch, 123.0: parts of their job) are not jobs" in err
+    # What sacct writes otherwise is refused, saying how to export it.
+    for text, said in (
+            (SACCT.split("\n", 1)[1], "its fields separated by '|', and no header line naming them (sacct -P -n?)"),
+            (SACCT.replace("|", ","), ("expected 7 or 8 CSV columns, got 12 (the header on line 1 names 8; a field "
+                                      "with a comma must be quoted); sacct's AllocTRES holds commas")),
+            (("JobID           JobName  Partition      State\n------------ ---------- ---------- ----------\n"
+             "1001              train      gpu  COMPLETED\n"), "a table of fixed-width columns (sacct's default output")):
+        trace.write_text(text)
+        with pytest.raises(TraceError, match=re.escape(said)):
+            read_trace(trace)
 
 
 @pytest.mark.parametrize("header", ["jobId,submitTime,numGpus,duration", "job-id,submit-time,num-gpus,duration",
