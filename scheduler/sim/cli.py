@@ -367,6 +367,8 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
                  f"123.0: parts of their job) are not jobs" if "steps" in how else "")
               + (f"; {int(how['rounded']):,} job{'s' if how['rounded'] != '1' else ''} of a fraction of a GPU "
                  f"rounded up to whole GPUs (--fractional-gpus ceil)" if "rounded" in how else ""))
+    if "excel" in how:
+        err.print(f"[yellow]warning:[/yellow] {escape(how['excel'])}")
     total = len(jobs) + len(left_out) + len(skipped or [])
     unit = "jobs" if fmt in ("philly", "pai") else "job lines"
     if left_out:

@@ -59,7 +59,7 @@ import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from scheduler.validation import MAX_GPUS
@@ -479,6 +479,13 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         sep = ";" if ";" in first[0] else "|"
         raise TraceError(path, rows[0][0], f"one column only, its fields separated by {sep!r}: save the trace "
                                            f"with commas (or tabs for a Gavel trace)")
+    if {"application", "num_replicas"} <= {_norm(c) for c in first}:
+        # Pollux's (AdaptDL's) workloads: jobs of an application run to its own target, no length.
+        raise TraceError(path, rows[0][0], "a Pollux/AdaptDL workload (name,time,application,num_replicas,batch_size):"
+                                           " it gives no job length (Pollux's simulator runs each application to its "
+                                           "own convergence target), so it cannot be replayed as it is; write it as "
+                                           "--format csv with submit_time (time), num_gpus (num_replicas) and a "
+                                           "duration you choose for each application")
     if len(first) == 1 and len(rows) > 1 and re.fullmatch(r"-+( +-+)+", rows[1][1][0] if rows[1][1] else ""):
         # sacct's (or squeue's) table for the eye: columns of a fixed width, values cut to it
         raise TraceError(path, rows[0][0], "a table of fixed-width columns (sacct's default output: its values "
@@ -627,7 +634,25 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         lines = [line for line in kept_lines if line is not None]
     if "id" not in roles:
         jobs = errors.named_by_line(path, jobs, lines)
+    if not dates and scale["submit"] == 1.0 and how is not None and (serial := _excel_serial(jobs)):
+        how["excel"] = serial
     return jobs
+
+
+def _excel_serial(jobs: list[JobSpec]) -> str:
+    """What to say when a trace's submit times read as Excel serial dates (days since
+    1899-12-30, fractions of a day the time: 44256.5 is 2021-03-01 12:00), a spreadsheet's date
+    column saved as numbers: all in 1970-2100, within ten years, some with a fraction. "" if not."""
+    times = [j.submit_time for j in jobs]
+    if len(times) < 2 or min(times) < 25569 or max(times) >= 73051 or max(times) - min(times) > 3653 \
+            or not any(t % 1 for t in times):
+        return ""
+    first = min(times)
+    when = (datetime(1899, 12, 30, tzinfo=timezone.utc) + timedelta(days=first)).isoformat(" ")[:19]
+    return (f"every submit time is between 25,569 and 73,051, some with a fraction: Excel serial dates (days since "
+            f"1899-12-30)? {first:g} would be {when}. They are replayed as seconds ({first:g} s), arrivals 86,400 "
+            f"times closer than days apart; if they are dates, format the column as dates (yyyy-mm-dd hh:mm:ss) "
+            f"before saving the CSV")
 
 
 def _from_earliest(path: Path, jobs: list[JobSpec], lines: list[int | None], errors: _Rows,

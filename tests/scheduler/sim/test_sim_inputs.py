@@ -455,3 +455,23 @@ def test_the_first_row_of_a_file_without_a_header_names_the_order_it_was_read_in
     path.write_text("0,1,60\n0,0,5\n")  # a later row's error is that row's own
     with pytest.raises(TraceError, match=r"t.csv:2: GPU count '0' must be at least 1$"):
         read_trace(path)
+
+
+def test_a_pollux_workload_and_excel_serial_dates_are_named(capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path) -> None:
+    """A Pollux/AdaptDL workload (no job length): before, "the header names none of the
+    columns this reader knows", now named, saying what to write. Excel serial dates in the
+    submit column (44256.5 = 2021-03-01 12:00): before replayed as seconds without a word."""
+    trace = tmp_path / "workload.csv"
+    trace.write_text("name,time,application,num_replicas,batch_size\ncifar10-0,0,cifar10,1,128\n")
+    with pytest.raises(TraceError, match=re.escape("workload.csv:1: a Pollux/AdaptDL workload (name,time,application,"
+                                                   "num_replicas,batch_size): it gives no job length")):
+        read_trace(trace)
+    trace.write_text("job_id,submit_time,num_gpus,duration\na,44256.5,1,3600\nb,44256.75,2,600\nc,44257,1,60\n")
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "-o", "json")
+    assert code == 0
+    assert ("warning: every submit time is between 25,569 and 73,051, some with a fraction: Excel serial dates (days "
+            "since 1899-12-30)? 44256.5 would be 2021-03-01 12:00:00") in err
+    trace.write_text("job_id,submit_time,num_gpus,duration\na,44256.5,1,3600\nb,144256.75,2,600\n")  # seconds
+    code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "-o", "json")
+    assert code == 0 and "Excel" not in err
