@@ -364,7 +364,8 @@ def _workload(args: argparse.Namespace, err: Any) -> tuple[list[JobSpec], str | 
     err.print(f"read {escape(name)}{packed} as {'an' if fmt == 'itp' else 'a'} {fmt} trace{escape(columns)}"
               + (" (detected; --format chooses another)" if args.format == "auto" else " (--format)")
               + (f"; its {int(how['steps']):,} job step line{'s' if how['steps'] != '1' else ''} (123.batch, "
-                 f"123.0: parts of their job) are not jobs" if "steps" in how else "")
+                 f"123.0: parts of their job) {'are not jobs' if how['steps'] != '1' else 'is not a job'}"
+                 if "steps" in how else "")
               + (f"; {int(how['rounded']):,} job{'s' if how['rounded'] != '1' else ''} of a fraction of a GPU "
                  f"rounded up to whole GPUs (--fractional-gpus ceil)" if "rounded" in how else ""))
     if "excel" in how:

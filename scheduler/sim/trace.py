@@ -86,7 +86,7 @@ MAX_SUBMIT_S = 1e11
 # CSV columns: the names a header may give each role (any case, any order), and the order of
 # each format's columns when it has no header.
 NAMES = {
-    "id": ("job_id", "jobid", "id", "job_name", "job"),
+    "id": ("job_id", "jobid", "id", "job_name", "job", "job_idraw", "job_id_raw"),
     "submit": ("submit_time", "submission_time", "arrival_time", "arrival_time_s", "submit_time_s", "submitted",
                "submitted_time", "submit", "arrival"),
     "gpus": ("num_gpu", "num_gpus", "gpus", "gpu_num", "gpu_count", "n_gpus", "ngpus"),
@@ -407,6 +407,9 @@ _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # jobId, numGpus: a word starts 
 _SEPARATORS = re.compile(r"[\s\-()\[\]#]+")  # (`# GPUs` is `gpus`)
 
 
+_WEAK_IDS = {"job_name", "job_idraw", "job_id_raw"}  # ids where no other column gives one (sacct's JobName, JobIDRaw)
+
+
 def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> dict[str, int]:
     """Role -> column index of the names a header row gives (empty when it names none).
     With ``path``, a role named by two columns (`duration` and `duration_s`) is a
@@ -418,9 +421,9 @@ def _header_roles(cells: list[str], path: Path | None = None, line: int = 0) -> 
         for role, names in NAMES.items():
             if base in names and role in ("submit", "duration", "start", "end"):
                 name = base  # `duration_ms`: the duration, in milliseconds (_unit_of)
-            if name in names and role == "id" and role in roles and "job_name" in (name, _norm(cells[roles[role]])):
-                # sacct -o JobID,JobName,...: the id is JobID; a job's name is only its name.
-                if name != "job_name":
+            if name in names and role == "id" and role in roles and {name, _norm(cells[roles[role]])} & _WEAK_IDS:
+                # sacct -o JobID,JobName,JobIDRaw: the id is JobID; a job's name is only its name.
+                if name not in _WEAK_IDS:
                     roles[role] = index
                 continue
             if name in names and role in roles and path is not None:

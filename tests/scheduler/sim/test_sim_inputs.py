@@ -287,6 +287,14 @@ def test_a_slurm_sacct_export_is_read_as_users_hand_it(capsys: pytest.CaptureFix
     code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "-o", "json")
     assert code == 0 and json.loads(out)["gandiva"]["jobs_left_out"] == 4, err
     assert "its 3 job step lines (123.batch, 123.0: parts of their job) are not jobs" in err
+    # JobIDRaw (beside JobID or alone) and ElapsedRaw (seconds); AllocTRES before ReqTRES. Before:
+    # "names the job_id twice" / 77.batch replayed as a job of its own.
+    trace.write_text("JobIDRaw|User|Submit|ElapsedRaw|ReqTRES|AllocTRES\n"
+                     "77|ann|2024-03-01T10:00:00|3600|cpu=1,gres/gpu=8|cpu=1,gres/gpu=2\n"
+                     "77.batch|ann|2024-03-01T10:00:00|3600||cpu=1,gres/gpu=2\n")
+    assert [(j.id, j.num_gpus, j.duration_s) for j in read_trace(trace)] == [("sacct-77", 2, 3600)]
+    trace.write_text("JobID|JobIDRaw|Submit|Elapsed|AllocTRES\n5_1|6|0|60|gres/gpu=1\n5_2|7|0|60|gres/gpu=1\n")
+    assert [j.id for j in read_trace(trace)] == ["sacct-5_1", "sacct-5_2"]
     # What sacct writes otherwise is refused, saying how to export it.
     for text, said in (
             (SACCT.split("\n", 1)[1], "its fields separated by '|', and no header line naming them (sacct -P -n?)"),
