@@ -527,15 +527,12 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         need = max([roles[r] for r in required] + [tres if tres is not None else 0]) + 1
         counts: tuple[int, ...] = tuple(range(need, len(header) + 1))
         note = f" (the header on line {header_line} names {len(header)}; a field with a comma must be quoted)"
-        if tres is not None:
-            note += (f"; sacct's {header[tres].strip()} holds commas (cpu=8,gres/gpu=4): export with sacct -P, its "
-                     f"fields separated by |")
-            if "id" in roles:  # its job steps (123.batch, 123.0) are parts of their job: not jobs
-                steps = sum(1 for _, cols in rows if len(cols) > roles["id"] and _SLURM_STEP.fullmatch(cols[roles["id"]]))
-                rows = [(line, cols) for line, cols in rows
-                        if not (len(cols) > roles["id"] and _SLURM_STEP.fullmatch(cols[roles["id"]]))]
-                if steps and how is not None:
-                    how["steps"] = str(steps)
+        if tres is not None and "id" in roles:  # sacct's job steps (123.batch, 123.0): parts of their job, not jobs
+            steps = sum(1 for _, cols in rows if len(cols) > roles["id"] and _SLURM_STEP.fullmatch(cols[roles["id"]]))
+            rows = [(line, cols) for line, cols in rows
+                    if not (len(cols) > roles["id"] and _SLURM_STEP.fullmatch(cols[roles["id"]]))]
+            if steps and how is not None:
+                how["steps"] = str(steps)
     else:
         tres = None
         spanned = False
@@ -575,6 +572,11 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 hint = note
                 if fmt == "csv" and not header_line and len(cols) >= 6:
                     hint += "; an ITP, Tiresias or Helios trace needs its header line, or --format itp/tiresias/helios"
+                if tres is not None and any("," in c for c in cols):  # (split at |: a field holds one)
+                    hint += "; a field holds a | (a JobName?): leave JobName out of sacct -o, or remove the | there"
+                elif tres is not None:
+                    hint += (f"; sacct's {header[tres].strip()} holds commas (cpu=8,gres/gpu=4): export with sacct -P, "
+                             f"its fields separated by |")
                 expected = " or ".join(map(str, counts)) if len(counts) < 3 else f"{counts[0]} to {counts[-1]}"
                 raise TraceError(path, line, f"expected {expected} {LABELS[fmt]} columns, got {len(cols)}{hint}")
             if fmt == "helios" and (why := _helios_no_gpu_job(cols, roles)):
@@ -1150,6 +1152,10 @@ def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
             raise TraceError(path, lines[0][0], "a Gavel cluster spec (cluster_specs.json: GPUs of each type, "
                                                 "v100:p100:k80), not a trace: give the cluster as --cluster "
                                                 "SERVERSxGPUS (e.g. 500:0:0, 500 V100s: --cluster 125x4)")
+        if re.search(r'"jobs"\s*:', window) and '"job_id"' in window and re.search(r'"(?:tres|[Ss]lurm)"', window):
+            raise TraceError(path, lines[0][0], "a Slurm sacct --json export, not a trace this reader knows: export "
+                                                "it as text, sacct -P -o JobID,Submit,Start,End,Elapsed,AllocTRES,"
+                                                "State (fields separated by |, read by its header)")
         if re.search(r'"kind"\s*:\s*"(?:PodList|Pod|List)"', window) and '"apiVersion"' in window:
             raise TraceError(path, lines[0][0], "a Kubernetes object list (kubectl get pods -o json), not a trace: "
                                                 "write one line per pod as CSV: submit_time (metadata.creationTimestamp)"

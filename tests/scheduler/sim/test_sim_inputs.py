@@ -211,6 +211,10 @@ def test_an_alibaba_2023_pod_list_replays_with_fractional_gpus_ceil(tmp_path: Pa
      '"Pod"\n        }\n    ],\n    "kind": "List"\n}\n'),
      "a Kubernetes object list (kubectl get pods -o json), not a trace: write one line per pod as CSV"),
     ('{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}', "a Kubernetes object list (kubectl get pods"),
+    # sacct --json (Slurm 21+): before, "JSON, not a trace this reader knows"
+    (('{\n  "meta": {"plugin": {"type": "openapi/v0.0.37"}, "Slurm": {"release": "23.02.6"}},\n  "jobs": [\n    '
+     '{"job_id": 1, "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 4}]}}\n  ]\n}\n'),
+     "a Slurm sacct --json export, not a trace this reader knows: export it as text, sacct -P -o JobID,"),
 ])
 def test_the_gavel_files_beside_its_traces_are_named_when_given_as_a_trace(tmp_path: Path, content: str,
                                                                            said: str) -> None:
@@ -305,6 +309,10 @@ def test_a_slurm_sacct_export_is_read_as_users_hand_it(capsys: pytest.CaptureFix
         trace.write_text(text)
         with pytest.raises(TraceError, match=re.escape(said)):
             read_trace(trace)
+    trace.write_text("JobID|JobName|Submit|Elapsed|AllocTRES\n1|a|b|0|01:00:00|cpu=1,gres/gpu=1\n")
+    with pytest.raises(TraceError, match=re.escape("got 6 (the header on line 1 names 5; a field with a comma must be "
+                                                   "quoted); a field holds a | (a JobName?): leave JobName out of")):
+        read_trace(trace)
 
 
 @pytest.mark.parametrize("header", ["jobId,submitTime,numGpus,duration", "job-id,submit-time,num-gpus,duration",
