@@ -494,6 +494,10 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         raise TraceError(path, rows[0][0], "a table of fixed-width columns (sacct's default output: its values "
                                            "cut to the column's width): export it with sacct -P (or --parsable2), "
                                            "e.g. sacct -P -o JobID,Submit,Start,End,Elapsed,AllocTRES")
+    if len(first) == 1 and (re.match(r"(?:apiVersion|kind|items):", first[0].strip())
+                            or first[0].split()[:2] == ["NAME", "READY"]):
+        raise TraceError(path, rows[0][0], f"a Kubernetes object dump (kubectl get pods as YAML or a table), not a "
+                                           f"trace: {_KUBE_CSV}")
     if len(first) == 1 and " " in first[0].strip() and not _header_roles(first):
         # A Gavel trace whose tabs became spaces (a copy from a terminal or a web page) read
         # as a header naming nothing; its job types hold spaces, so it cannot be split again.
@@ -927,6 +931,9 @@ def _read_alibaba(path: Path, rows: list[tuple[int, list[str]]], table: str, rou
 
 
 _SPAN_HINT = "; or give start_time and end_time columns (the run time is their difference)"
+_KUBE_CSV = ("write one line per pod as CSV: submit_time (metadata.creationTimestamp), num_gpus (its containers' "
+             "resources.limits nvidia.com/gpu, added up), duration (state.terminated.finishedAt - startedAt), leaving "
+             "out pods without GPUs or that have not ended; see gandiva sim --help")
 
 
 def _run_time(start_text: str, end_text: str, header: list[str], roles: dict[str, int], scale: dict[str, float],
@@ -1157,11 +1164,8 @@ def _detect(path: Path, lines: list[tuple[int, str]]) -> str:
                                                 "it as text, sacct -P -o JobID,Submit,Start,End,Elapsed,AllocTRES,"
                                                 "State (fields separated by |, read by its header)")
         if re.search(r'"kind"\s*:\s*"(?:PodList|Pod|List)"', window) and '"apiVersion"' in window:
-            raise TraceError(path, lines[0][0], "a Kubernetes object list (kubectl get pods -o json), not a trace: "
-                                                "write one line per pod as CSV: submit_time (metadata.creationTimestamp)"
-                                                ", num_gpus (its containers' resources.limits nvidia.com/gpu, added up)"
-                                                ", duration (state.terminated.finishedAt - startedAt), leaving out pods "
-                                                "without GPUs or that have not ended; see gandiva sim --help")
+            raise TraceError(path, lines[0][0], f"a Kubernetes object list (kubectl get pods -o json), not a trace: "
+                                                f"{_KUBE_CSV}")
         raise TraceError(path, lines[0][0], "JSON, not a trace this reader knows: write it as CSV with the "
                                             "columns submit_time,num_gpus,duration[,model] (see gandiva sim --help; "
                                             "of JSON it reads Philly's cluster_job_log: a list of jobs with jobid, "

@@ -211,6 +211,12 @@ def test_an_alibaba_2023_pod_list_replays_with_fractional_gpus_ceil(tmp_path: Pa
      '"Pod"\n        }\n    ],\n    "kind": "List"\n}\n'),
      "a Kubernetes object list (kubectl get pods -o json), not a trace: write one line per pod as CSV"),
     ('{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}', "a Kubernetes object list (kubectl get pods"),
+    # kubectl get pods -o yaml, and its table; before: "one column only, no comma or tab between its fields: a
+    # CSV trace separates them with commas, a Gavel trace with tabs (were its tabs turned into spaces?"
+    ("apiVersion: v1\nitems:\n- apiVersion: v1\n  kind: Pod\n",
+     "a Kubernetes object dump (kubectl get pods as YAML or a table), not a trace: write one line per pod as CSV"),
+    ("NAME          READY   STATUS    RESTARTS   AGE\ntrain-0       1/1     Running   0          5d\n",
+     "a Kubernetes object dump (kubectl get pods as YAML or a table)"),
     # sacct --json (Slurm 21+): before, "JSON, not a trace this reader knows"
     (('{\n  "meta": {"plugin": {"type": "openapi/v0.0.37"}, "Slurm": {"release": "23.02.6"}},\n  "jobs": [\n    '
      '{"job_id": 1, "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 4}]}}\n  ]\n}\n'),
