@@ -833,6 +833,7 @@ def _read_alibaba(path: Path, rows: list[tuple[int, list[str]]], table: str, rou
     # earliest start, latest end, GPU tasks that never ran, broken].
     tasks: dict[str, list] = {}
     seen: dict[str, int] = {}
+    seen_tasks: dict[tuple[str, str], int] = {}
 
     def cell(cols: list[str], name: str) -> str:
         return cols[at[name]].strip()
@@ -852,6 +853,10 @@ def _read_alibaba(path: Path, rows: list[tuple[int, list[str]]], table: str, rou
                 acc = tasks.setdefault(job, [line, 0.0, math.inf, -math.inf, 0, False])
                 if acc[5]:
                     continue  # a line of this job was wrong: the job is left out whole
+                if (job, task := cell(cols, "task_name")) in seen_tasks:  # (its GPUs would count twice)
+                    raise TraceError(path, line, f"task {_shown(task)} of job {_shown(job)} is also on line "
+                                                 f"{seen_tasks[job, task]}: remove the repeated line")
+                seen_tasks[job, task] = line
                 plan = cell(cols, "plan_gpu")
                 share = _num(plan, "plan_gpu", path, line) * _num(cell(cols, "inst_num"), "inst_num", path, line) \
                     / 100 if plan else 0.0

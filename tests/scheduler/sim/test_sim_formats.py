@@ -237,6 +237,10 @@ def test_a_pai_task_table_replays_with_fractional_gpus_ceil(capsys: pytest.Captu
     skipped: list[TraceError] = []
     jobs, _ = read_trace_as(trace, skipped=skipped, left_out=[], fractional="ceil")
     assert [j.id for j in jobs] == ["pai_task_table-b", "pai_task_table-e"] and len(skipped) == 1
+    # A task listed twice (its GPUs would count twice) is named.
+    trace.write_text(header + PAI_TASKS + PAI_TASKS.split("\n")[1] + "\n")
+    with pytest.raises(TraceError, match=f":{8 + shift}: task 'tensorflow' of job 'b' is also on line {2 + shift}"):
+        read_trace(trace, fractional="ceil")
     # The job table holds no GPU counts: the flag says to give the task table.
     trace.write_text(PAI_JOB)
     with pytest.raises(TraceError, match="--fractional-gpus ceil reads the pai_task_table .pai_task_table.csv."):
