@@ -761,6 +761,9 @@ def _pai_table(cells: list[str]) -> str | None:
         return "job" if len(cells) == 6 else "task"
     if len(cells) == 9 and names[5] in PAI_STATUSES and all(_is_number(c) or not c.strip() for c in cells[6:8]):
         return "instance"
+    if len(cells) == 9 and names[4] in PAI_STATUSES | {"ready"} and all(_is_number(c) or not c.strip()
+                                                                      for c in cells[5:7]):
+        return "batch2018"  # Alibaba cluster-trace-v2018's batch_task: CPU batch jobs
     return None
 
 
@@ -784,6 +787,11 @@ def _pai_refusal(path: Path, line: int, table: str | None, fractional: str = "re
                                       "per instance as --format csv: submit_time (creation_time), num_gpus "
                                       "(gpu_request), duration (deletion_time - scheduled_time), leaving out "
                                       "instances without those times or of gpu_request 0")
+    if table == "batch2018":
+        return TraceError(path, line, "Alibaba cluster-trace-v2018 batch_task (task_name,instance_num,job_name,"
+                                      "task_type,status,start_time,end_time,plan_cpu,plan_mem): the batch jobs of a "
+                                      "CPU cluster, which ask for no GPU: not a GPU trace to replay (Alibaba's GPU "
+                                      "traces are cluster-trace-gpu-v2020's pai_task_table and v2023's pod lists)")
     if table == "node":
         return TraceError(path, line, f"Alibaba GPU trace v2023, openb_node_list ({ALI_NODE}): a cluster description, "
                                       f"not a job trace; give its size as --cluster SERVERSxGPUS (its servers with "

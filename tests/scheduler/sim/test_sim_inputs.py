@@ -160,6 +160,10 @@ ALI_2025 = ("instance_sn,role,app_name,cpu_request,cpu_limit,gpu_request,gpu_lim
     ("j1,t1,i1,w1,x1,Terminated,1590000000,1590003600,m1\n", "auto",
      "Alibaba PAI 2020 trace, pai_instance_table (job_name,task_name,inst_name,"),
     (ALI_2025, "auto", "Alibaba GPU trace v2025, disaggregated_DLRM_trace (instance_sn,role,app_name,"),
+    # cluster-trace-v2018's batch_task (CPU jobs); before: "expected 3 or 4 CSV columns, got 9 ... an ITP,
+    # Tiresias or Helios trace needs its header line"
+    ("M1,1,j_1,1,Terminated,157213,157256,100,0.59\nR2_1,1,j_1,1,Terminated,157257,157300,100,0.59\n", "auto",
+     "Alibaba cluster-trace-v2018 batch_task (task_name,instance_num,job_name,task_type,status,start_time,end_time,"),
 ])
 def test_alibaba_2023_and_pai_instance_tables_are_refused_saying_how_to_write_them(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, fmt: str, said: str) -> None:
