@@ -79,7 +79,9 @@ line that is not blank or a # comment):
             Alibaba GPU v2023 openb_pod_list: detected and refused, saying how to write them
             as csv (their GPUs are fractions: plan_gpu 50, gpu_milli 500 = half a GPU);
             --fractional-gpus ceil replays the task table and the pod list, rounding up
-  csv       any other CSV: submit_time,num_gpus,duration[,model], header optional
+  csv       any other CSV: submit_time,num_gpus,duration[,model], header optional; also
+            Slurm's sacct -P export (| between fields, its header: JobID, Submit, Elapsed or
+            Start and End, AllocTRES's gres/gpu), job steps (123.batch) not taken for jobs
 A GPU count that is not a whole number (0.5) is refused, naming the line (--skip-invalid
 leaves such lines out): round it up yourself, or with --fractional-gpus ceil.
 A CSV with a header is read by column name (any order and case, extra columns ignored,

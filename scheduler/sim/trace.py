@@ -841,7 +841,6 @@ def _read_alibaba(path: Path, rows: list[tuple[int, list[str]]], table: str, rou
     # earliest start, latest end, GPU tasks that never ran, broken].
     tasks: dict[str, list] = {}
     seen: dict[str, int] = {}
-    seen_tasks: dict[tuple[str, str], int] = {}
 
     def cell(cols: list[str], name: str) -> str:
         return cols[at[name]].strip()
@@ -858,26 +857,26 @@ def _read_alibaba(path: Path, rows: list[tuple[int, list[str]]], table: str, rou
             if not job:
                 raise TraceError(path, line, f"{'job_name' if table == 'task' else 'name'} is missing")
             if table == "task":
-                acc = tasks.setdefault(job, [line, 0.0, math.inf, -math.inf, 0, False])
+                acc = tasks.setdefault(job, [line, {}, math.inf, -math.inf, 0, False])
                 if acc[5]:
                     continue  # a line of this job was wrong: the job is left out whole
-                if (job, task := cell(cols, "task_name")) in seen_tasks:  # (its GPUs would count twice)
-                    raise TraceError(path, line, f"task {_shown(task)} of job {_shown(job)} is also on line "
-                                                 f"{seen_tasks[job, task]}: remove the repeated line")
-                seen_tasks[job, task] = line
                 plan = cell(cols, "plan_gpu")
                 share = _num(plan, "plan_gpu", path, line) * _num(cell(cols, "inst_num"), "inst_num", path, line) \
                     / 100 if plan else 0.0
                 if not share:
                     continue  # a CPU task
-                if not cell(cols, "start_time") or not cell(cols, "end_time"):
-                    acc[4] += 1  # never started, or no end recorded
+                # No time, or 0 (PAI writes 0 for a time it has not: Alibaba's own analysis reads it so):
+                # never started, or no end recorded.
+                if any(not _is_number(t) and not t or _is_number(t) and float(t) == 0
+                       for t in (cell(cols, "start_time"), cell(cols, "end_time"))):
+                    acc[4] += 1
                     continue
                 start, end = time(cols, "start_time", line), time(cols, "end_time", line)
                 if end < start:
                     raise TraceError(path, line, f"end_time {_shown(cell(cols, 'end_time'))} is before start_time "
                                                  f"{_shown(cell(cols, 'start_time'))}")
-                acc[1] += share
+                task = cell(cols, "task_name")  # (a task listed again, a retry, holds its GPUs once)
+                acc[1][task] = max(acc[1].get(task, 0.0), share)
                 acc[2], acc[3] = min(acc[2], start), max(acc[3], end)
                 continue
             if job in seen:
@@ -915,11 +914,12 @@ def _read_alibaba(path: Path, rows: list[tuple[int, list[str]]], table: str, rou
             if table == "task" and job in tasks:
                 tasks[job][5] = True
             errors.fail(exc)
-    for job, (line, share, start, end, unran, broken) in tasks.items():
+    for job, (line, shares, start, end, unran, broken) in tasks.items():
         if broken:
             continue
+        share = sum(shares.values())
         if not share:
-            why = (f"never ran ({unran} GPU task(s) without a start_time or end_time)" if unran else
+            why = ("never ran (no GPU task of it has a start_time and an end_time other than 0)" if unran else
                    "is a CPU job (no task with a plan_gpu): no GPU job to replay")
             errors.leave_out(TraceError(path, line, f"job {_shown(job)} {why}"), f"{stem}-{job}")
             continue

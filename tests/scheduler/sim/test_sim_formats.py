@@ -237,10 +237,16 @@ def test_a_pai_task_table_replays_with_fractional_gpus_ceil(capsys: pytest.Captu
     skipped: list[TraceError] = []
     jobs, _ = read_trace_as(trace, skipped=skipped, left_out=[], fractional="ceil")
     assert [j.id for j in jobs] == ["pai_task_table-b", "pai_task_table-e"] and len(skipped) == 1
-    # A task listed twice (its GPUs would count twice) is named.
-    trace.write_text(header + PAI_TASKS + PAI_TASKS.split("\n")[1] + "\n")
-    with pytest.raises(TraceError, match=f":{8 + shift}: task 'tensorflow' of job 'b' is also on line {2 + shift}"):
-        read_trace(trace, fractional="ceil")
+    # A task listed again (a retry) holds its GPUs once, not twice; a time of 0 is PAI's "none"
+    # (Alibaba's analysis reads it so): before, b held 4 GPUs and f's 0-to-1.58e9 run was refused
+    # as "ran more than a year", stopping the read.
+    trace.write_text(header + PAI_TASKS + PAI_TASKS.split("\n")[1] + "\n"
+                     "f,worker,1.0,Terminated,0.0,1582551795.0,600.0,29.3,100.0,T4\n")
+    left_out: list[TraceError] = []
+    jobs, _ = read_trace_as(trace, left_out=left_out, fractional="ceil")
+    assert [(j.id, j.num_gpus) for j in jobs] == [("pai_task_table-a", 1), ("pai_task_table-b", 2),
+                                                  ("pai_task_table-e", 3)]
+    assert left_out[-1].reason == "job 'f' never ran (no GPU task of it has a start_time and an end_time other than 0)"
     # The job table holds no GPU counts: the flag says to give the task table.
     trace.write_text(PAI_JOB)
     with pytest.raises(TraceError, match="--fractional-gpus ceil reads the pai_task_table .pai_task_table.csv."):
@@ -279,7 +285,8 @@ def test_help_names_the_other_clusters_formats(capsys: pytest.CaptureFixture[str
         main(["sim", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for says in ("helios SenseTime Helios CSV", "philly Microsoft Philly's cluster_job_log",
-                 "pai Alibaba PAI 2020", "A GPU count that is not a whole number (0.5) is refused"):
+                 "pai Alibaba PAI 2020", "A GPU count that is not a whole number (0.5) is refused",
+                 "Slurm's sacct -P export", "--fractional-gpus {refuse,ceil}"):
         assert says in text, says
 
 
