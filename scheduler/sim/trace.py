@@ -371,13 +371,14 @@ class _Rows:
 
 
 def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
-                skipped: list[TraceError] | None = None) -> list[JobSpec]:
+                skipped: list[TraceError] | None = None, rounded: list[int] | None = None) -> list[JobSpec]:
     jobs: list[JobSpec] = []
     lines: list[int] = []
     errors = _Rows(skipped)
     if rows and rows[0][1][0].strip().lower() == "job_type":
         rows = rows[1:]  # a header line
     for line, cols in rows:
+        before = rounded[0] if rounded is not None else 0  # (a row that fails is not counted rounded)
         try:
             if len(cols) != columns:
                 raise TraceError(path, line, f"expected {columns} tab-separated columns, got {len(cols)}")
@@ -386,10 +387,12 @@ def _read_gavel(path: Path, rows: list[tuple[int, list[str]]], columns: int,
             jobs.append(JobSpec(
                 id=f"{_stem(path)}-{len(jobs)}",
                 submit_time=_num(arrival, "arrival time", path, line, most=MAX_SUBMIT_S, unit="1e11 s (3,000 years)"),
-                num_gpus=_gpus(gpus, path, line), model=cols[0].strip(),
+                num_gpus=_gpus(gpus, path, line, rounded), model=cols[0].strip(),
                 total_steps=_positive(steps, "total steps", path, line, most=MAX_STEPS), priority=priority,
             ))
         except TraceError as exc:
+            if rounded is not None:
+                rounded[0] = before
             errors.fail(exc)
             continue
         lines.append(line)
@@ -1432,7 +1435,7 @@ def _read_as(path: Path, lines: list[tuple[int, str]], fmt: str, skipped: list[T
         jobs = _read_philly(path, lines, skipped, left_out)
     elif fmt in GAVEL:
         rows = [(i, ln.rstrip().split("\t")) for i, ln in lines]
-        jobs = _read_gavel(path, rows, GAVEL[fmt], skipped)
+        jobs = _read_gavel(path, rows, GAVEL[fmt], skipped, rounded)
     else:
         # Tabs, not commas, between the fields of the first line: a CSV layout saved as
         # tab-separated text (its header, or --format, says which layout).

@@ -265,6 +265,13 @@ def test_a_fraction_of_a_gpu_in_a_csv_is_rounded_up_with_fractional_gpus_ceil(
     assert json.loads(out)["gandiva"]["jobs_finished"] == 3
     assert "2 jobs of a fraction of a GPU rounded up to whole GPUs (--fractional-gpus ceil)" in err
     assert [j.num_gpus for j in read_trace_as(trace, skipped=[], fractional="ceil")[0]] == [1, 1, 3]
+    # A Gavel trace's scale factor too (before: refused, the message naming the flag all the same).
+    gavel = tmp_path / "g.trace"
+    gavel.write_text("ResNet-18 (batch size 64)\tpython3 main.py\t--num_steps\t1000\t0\t0.5\n"
+                     "ResNet-18 (batch size 64)\tpython3 main.py\t--num_steps\t1000\t5\t2\n")
+    how: dict[str, str] = {}
+    jobs, fmt = read_trace_as(gavel, how=how, fractional="ceil")
+    assert fmt == "gavel6" and [j.num_gpus for j in jobs] == [1, 2] and how["rounded"] == "1"
 
 
 def test_a_fraction_of_a_gpu_is_refused_saying_the_simulator_places_whole_gpus(
