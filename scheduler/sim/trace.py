@@ -1338,6 +1338,7 @@ def _read_philly(path: Path, lines: list[tuple[int, str]], skipped: list[TraceEr
             if gpus > MAX_GPUS:
                 raise TraceError(path, None, f"{name} held {gpus} GPUs, more than {MAX_GPUS}")
         except TraceError as exc:
+            exc.job_id = f"entry-{index + 1}"  # (its --jobs-csv row: the log's Nth job, as line-N is a CSV's)
             errors.fail(exc)
             continue
         seen.add(raw)

@@ -92,21 +92,23 @@ def test_philly_through_gandiva_sim_counts_and_names_the_jobs_left_out(capsys: p
         _philly_job("application_3", 20, [(30, 630, [1]), (700, 1000, [1])], "Failed"),
         _philly_job("application_4", 30, [(40, 100, [])]),
         _philly_job("application_5", 40, [(50, None, [1])], "Killed"),
+        {"jobid": "application_6", "submitted_time": "yesterday", "attempts": []},
     ]))
     jobs_csv = tmp_path / "jobs.csv"
     code, out, err = _sim(capsys, "--trace", str(log), "--cluster", "2x4", "--compare", "fifo,gandiva",
-                          "-o", "json", "--jobs-csv", str(jobs_csv))
+                          "-o", "json", "--jobs-csv", str(jobs_csv), "--skip-invalid")
     assert code == 0, err
-    assert "note: left out 3 of 5 jobs, which the philly trace says are no GPU job to replay:" in err
+    assert "note: left out 3 of 6 jobs, which the philly trace says are no GPU job to replay:" in err
     assert "2 like job 'application_2' never ran" in err and "1 like job 'application_4' held no GPU" in err
     for counts in json.loads(out).values():
-        assert (counts["jobs_finished"], counts["jobs_left_out"]) == (2, 3)
+        assert (counts["jobs_finished"], counts["jobs_left_out"]) == (2, 4)
     with jobs_csv.open(newline="") as fh:
         rows = [r for r in csv.DictReader(fh) if r["policy"] == "fifo"]
+    # The job --skip-invalid left out is named by its place in the log (its row's job_id was "").
     assert {r["job_id"]: r["status"] for r in rows} == {
         "cluster_job_log-application_1": "finished", "cluster_job_log-application_3": "finished",
         "cluster_job_log-application_2": "left_out", "cluster_job_log-application_4": "left_out",
-        "cluster_job_log-application_5": "left_out"}
+        "cluster_job_log-application_5": "left_out", "entry-6": "left_out"}
     done = {r["job_id"]: r for r in rows if r["status"] == "finished"}
     assert done["cluster_job_log-application_1"]["num_gpus"] == "4"
     assert done["cluster_job_log-application_3"]["num_gpus"] == "1"
