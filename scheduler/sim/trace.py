@@ -587,11 +587,10 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                 expected = " or ".join(map(str, counts)) if len(counts) < 3 else f"{counts[0]} to {counts[-1]}"
                 raise TraceError(path, line, f"expected {expected} {LABELS[fmt]} columns, got {len(cols)}{hint}")
             if fmt == "helios" and (why := _helios_no_gpu_job(cols, roles)):
-                errors.leave_out(TraceError(path, line, why), f"{_stem(path)}-{cols[roles['id']].strip()}")
+                errors.leave_out(TraceError(path, line, why), _left_out_id(path, cols, roles))
                 continue
             if tres is not None and (why := _slurm_no_gpu_job(cols, roles, header, tres)):
-                errors.leave_out(TraceError(path, line, why),
-                                 f"{_stem(path)}-{cols[roles['id']].strip()}" if "id" in roles else "")
+                errors.leave_out(TraceError(path, line, why), _left_out_id(path, cols, roles))
                 continue
             if "id" in roles:
                 raw = cols[roles["id"]].strip()
@@ -693,6 +692,13 @@ def _from_earliest(path: Path, jobs: list[JobSpec], lines: list[int | None], err
 
 def _iso(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(" ")[:19]  # (0001, not 1)
+
+
+def _left_out_id(path: Path, cols: list[str], roles: dict[str, int]) -> str:
+    """The job id of a record left out as no GPU job: ``TRACE-ID``, or "" where it names none
+    (its --jobs-csv row is then ``line-N``)."""
+    raw = cols[roles["id"]].strip() if "id" in roles and roles["id"] < len(cols) else ""
+    return f"{_stem(path)}-{raw}" if raw else ""
 
 
 def _tres_gpus(text: str) -> int:

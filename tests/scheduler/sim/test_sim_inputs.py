@@ -301,6 +301,11 @@ def test_a_slurm_sacct_export_is_read_as_users_hand_it(capsys: pytest.CaptureFix
     code, out, err = _sim(capsys, "--trace", str(trace), "--cluster", "2x4", "-o", "json")
     assert code == 0 and json.loads(out)["gandiva"]["jobs_left_out"] == 4, err
     assert "its 3 job step lines (123.batch, 123.0: parts of their job) are not jobs" in err
+    # A record left out without a JobID is named by its line (was "sacct-", the trace's name and a dash).
+    trace.write_text(SACCT + "|x|2024-03-01T10:40:00|Unknown|Unknown|00:00:00||PENDING\n")
+    left_out.clear()
+    read_trace_as(trace, left_out=left_out)
+    assert [e.job_id for e in left_out][-2:] == ["sacct-1006", ""]
     # JobIDRaw (beside JobID or alone) and ElapsedRaw (seconds); AllocTRES before ReqTRES. Before:
     # "names the job_id twice" / 77.batch replayed as a job of its own.
     trace.write_text("JobIDRaw|User|Submit|ElapsedRaw|ReqTRES|AllocTRES\n"
