@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
@@ -9,7 +10,7 @@ from scheduler import auth
 from scheduler.api.status import grpc_errors, grpc_stream_errors
 from scheduler.core import SchedulerCore
 from scheduler.engine.live import LiveEngine
-from scheduler.errors import InvalidArgument, Unavailable
+from scheduler.errors import FailedPrecondition, InvalidArgument, Unavailable
 from scheduler.hubs import END_STREAM
 from scheduler.validation import (
     MAX_SERVER_GPUS,
@@ -37,6 +38,9 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
     def __init__(self, core: SchedulerCore, engine: LiveEngine) -> None:
         self.core = core
         self.engine = engine
+        # Each server's open command stream (its task): a newer one ends it (ReceiveCommands).
+        self._readers: dict[str, asyncio.Task] = {}
+        self._superseded: set[asyncio.Task] = set()
 
     @grpc_errors
     async def Register(self, request, context):  # type: ignore[no-untyped-def]
@@ -150,6 +154,19 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         await self.core.known_server(request.server)
         hub = self.core.helpers
         box = hub.box(request.server)
+        # One stream per server, the newest: with two open (a helper's stream reopened while
+        # the server had not yet seen the old one die, or a second client), each command
+        # went to whichever was waiting first, and those sent down the dead one were lost
+        # (3 launches: 2 to the first stream, 1 to the second). The older one is cancelled:
+        # waiting, it has taken nothing; stuck sending to a peer gone, it puts the command back.
+        me = asyncio.current_task()
+        older = self._readers.get(request.server)
+        if older is not None and older is not me and not older.done():
+            log.warning("helper %s opened a new command stream; ending its older one", request.server)
+            self._superseded.add(older)
+            older.cancel()
+        if me is not None:
+            self._readers[request.server] = me
         log.info("helper %s connected its command stream", request.server)
         try:
             while True:
@@ -164,7 +181,15 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
                     # Not delivered: keep it for the helper's next stream.
                     box.queue.put_nowait(cmd)
                     raise
+        except asyncio.CancelledError:
+            if me not in self._superseded:
+                raise
+            self._superseded.discard(me)
+            raise FailedPrecondition(f"server {request.server} opened a newer command stream; this one is "
+                                     "ended (commands go to the newest)") from None
         finally:
+            if self._readers.get(request.server) is me:
+                del self._readers[request.server]
             log.info("helper %s closed its command stream", request.server)
 
     @grpc_errors

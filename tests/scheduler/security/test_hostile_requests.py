@@ -88,6 +88,56 @@ def test_a_refused_request_is_let_go_at_once(make_scheduler: Any, sqlite_url: st
             gc.enable()
 
 
+def test_a_servers_newest_command_stream_gets_its_commands(make_scheduler: Any, sqlite_url: str,
+                                                          wait_for: Any) -> None:
+    """With two command streams open for one server (a helper's stream reopened before the
+    scheduler saw the old one die, or a second client), each command went to whichever
+    stream waited first: of 3 launches 2 went down the first, 1 down the second, and those
+    sent down a dead stream were lost. Now the newest gets them all; the older one ends at
+    once, FAILED_PRECONDITION saying why."""
+    sched = make_scheduler(sqlite_url, tick_s=0.2)
+    channels = [grpc.insecure_channel(sched.address) for _ in range(3)]
+    helper = helper_pb2_grpc.HelperStub(channels[0])
+    stub = scheduler_pb2_grpc.SchedulerStub(channels[0])
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", address="127.0.0.1:1", ramdisk="/dev/shm/x", gpus=[
+        common_pb2.Gpu(index=i, model="v", memory_total_bytes=1 << 30) for i in range(2)]), timeout=10)
+    got: dict[str, list[str]] = {"old": [], "new": []}
+    done = threading.Event()
+
+    def read(label: str, ch: grpc.Channel) -> None:
+        try:
+            for cmd in helper_pb2_grpc.HelperStub(ch).ReceiveCommands(
+                    helper_pb2.ReceiveCommandsRequest(server="n1"), timeout=60):
+                got[label].append(cmd.WhichOneof("body"))
+        except grpc.RpcError as err:
+            got[label].append(f"{err.code().name}: {err.details()}")
+
+    def beat() -> None:  # keeps n1 up
+        while not done.wait(0.5):
+            helper.Heartbeat(helper_pb2.HeartbeatRequest(name="n1"), timeout=10)
+
+    threads = [threading.Thread(target=beat, daemon=True), threading.Thread(target=read, args=("old", channels[1]))]
+    try:
+        for t in threads:
+            t.start()
+        stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec(name="first")), timeout=10)
+        wait_for(lambda: "launch" in got["old"], 30)  # the old stream is connected and served
+        threads.append(threading.Thread(target=read, args=("new", channels[2])))
+        threads[-1].start()
+        # (The first launch, unanswered, may be sent again meanwhile: to either stream.)
+        wait_for(lambda: got["old"][-1].startswith("FAILED_PRECONDITION"), 30)
+        assert got["old"][-1] == ("FAILED_PRECONDITION: server n1 opened a newer command stream; this one is "
+                                  "ended (commands go to the newest)")
+        stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec(name="second")), timeout=10)
+        wait_for(lambda: "launch" in got["new"], 30)
+    finally:
+        done.set()
+        for ch in channels:
+            ch.close()
+        for t in threads:
+            t.join(30)
+
+
 @pytest.mark.parametrize(("method", "kind", "message"), [
     ("/gandiva.v1.Scheduler/SubmitJob", "unary", "gandiva.v1.SubmitJobRequest"),
     ("/gandiva.v1.Helper/Heartbeat", "unary", "gandiva.v1.HeartbeatRequest"),
