@@ -281,6 +281,8 @@ class Controller:
         run of any other kind. (A fed one, an accumulation of the next mini-batch, begins
         the next step.)"""
         again = self._initialises_again(adapter, info)
+        if info.init_ops and self._advances_seen and adapter is self.adapter:
+            self._step_initialised_again(adapter, info)
         if not (self._after_advance or self._cut_pending) or adapter is not self.adapter:
             return
         # Not an initialiser, a restore or a load: those happen once, not in every step. A
@@ -319,6 +321,25 @@ class Controller:
                 self._apply_queued(adapter)
             elif not self._save_built:
                 self._prebuild_save(adapter)
+
+    def _step_initialised_again(self, adapter: SessionAdapter, info: RunInfo) -> None:
+        """A run after training that initialises the global step again (a sweep of trials
+        in one job, each from `global_variables_initializer()`; a phase started over from
+        step 0): the step goes back, and the program's place is in its Python loop (which
+        trial), which no checkpoint holds. It used to be migratable: a restored copy
+        started at its first trial with the restored step and weights, trained that trial's
+        rest on them, and reported other results for it (the sweep's last trial, from
+        scratch, ended the same)."""
+        step_init = getattr(adapter, "step_initializer", lambda: None)()
+        if step_init is None or step_init not in info.init_ops:
+            return
+        self.carried_state(adapter, (
+            "it initialises its global step again after training (the next trial of a sweep "
+            "in one job, or a phase started over from step 0): the step goes back, and where "
+            "the program is (which trial, which phase) is kept in Python, which no checkpoint "
+            "holds, so a restarted copy would start over at its first trial with the "
+            "restored step and weights; submit each trial as a job of its own to make it "
+            "migratable"))
 
     def _initialised_in_pieces(self, adapter: SessionAdapter, info: RunInfo) -> bool:
         """Whether this run completes the initialisation of all global variables begun in

@@ -687,6 +687,10 @@ class TFSessionAdapter:
             return 0
         return int(self._run(self._gs, None, None, None))
 
+    def step_initializer(self) -> Any:
+        """The global step's initialiser op (None without one)."""
+        return getattr(self._gs, "initializer", None) if self.has_global_step() else None
+
     def checkpointer(self) -> Checkpointer:
         ckpt = ensure_checkpointer(self.graph)
         if ckpt is None:

@@ -88,6 +88,18 @@ def acks(ctl: Controller) -> list[Any]:
     return ctl.channel.acks  # type: ignore[union-attr, no-any-return]
 
 
+def refused_or_migrated(ctl: Controller, exited: int | None, ck: Path, refusal: str) -> None:
+    """The first ack was a stop for migration: refused saying `refusal` (nothing saved, the
+    program went on), or, with no refusal expected, applied (exit 75)."""
+    ack = acks(ctl)[0]
+    if refusal:
+        assert exited is None and ctl.migratable is False
+        assert not ack.ok and refusal in ack.message, ack.message
+        assert not ck.exists()
+    else:
+        assert exited == EXIT_MIGRATED and ctl.migratable is True and ack.ok, ack
+
+
 def test_runs_are_classified_like_a_person_would(controller: Controller, tmp_path: Path) -> None:
     g, gs, train, loss, _ = mlp_graph()
     with g.as_default():
@@ -1478,6 +1490,44 @@ def test_accumulators_zeroed_by_their_initialiser_after_each_apply_are_part_of_t
     np.testing.assert_array_equal(tf.train.load_variable(prefix, "acc"), np.zeros((3, 2)))
 
 
+@pytest.mark.parametrize("again", ["all", "accumulators"])
+def test_a_sweep_that_initialises_its_step_again_for_each_trial_is_not_migratable(
+        again: str, tmp_path: Path) -> None:
+    """A hyperparameter sweep in one job: for each learning rate,
+    `sess.run(global_variables_initializer())`, then `while step < N` reading the step.
+    It used to be migratable: a copy restarted in the second trial began at its first
+    trial with the restored step and weights, trained that trial's rest on them, and
+    reported other results for it (probed). Now a run that initialises the global step
+    again after training makes the job not migratable, saying why; initialising other
+    variables again (accumulators zeroed) does not."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3])
+        rate = tf.compat.v1.placeholder(tf.float32, [])
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+        acc = tf.compat.v1.get_variable("acc", initializer=tf.zeros([]), trainable=False)
+        loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w)))
+        train = tf.group(tf.compat.v1.train.GradientDescentOptimizer(rate).minimize(loss, global_step=gs),
+                         acc.assign_add(loss))
+        init = tf.compat.v1.global_variables_initializer()
+        reset = init if again == "all" else tf.compat.v1.variables_initializer([acc])
+        sess.run(init)
+        exited = None
+        try:
+            for trial in range(2):
+                if trial:
+                    sess.run(reset)
+                while sess.run(gs) < 3 * (trial + 1 if again == "accumulators" else 1):
+                    sess.run(train, {x: np.full((2, 3), trial + 1.0, np.float32), rate: 0.1 * (trial + 1)})
+                if trial:
+                    ctl.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "ck")))
+                    sess.run(train, {x: np.ones((2, 3), np.float32), rate: 0.1})
+        except Exited as e:
+            exited = e.code
+        refused_or_migrated(ctl, exited, tmp_path / "ck",
+                            "initialises its global step again after training" if again == "all" else "")
+
+
 @pytest.mark.parametrize("draws", ["shuffle", "samples"])
 def test_a_seeded_shuffle_in_a_run_of_its_own_once_an_epoch_is_not_migratable(
         draws: str, tmp_path: Path) -> None:
@@ -1556,13 +1606,8 @@ def test_a_monitored_loop_fed_from_its_own_counter_is_not_migratable(loop: str,
                     i += 1
         except Exited as e:
             exited = e.code
-        ack = acks(ctl)[0]
-        if loop == "own_counter":
-            assert exited is None and ctl.migratable is False
-            assert not ack.ok and "only its MonitoredSession's hooks" in ack.message, ack.message
-            assert not (tmp_path / "ck").exists()
-        else:
-            assert exited == EXIT_MIGRATED and ctl.migratable is True and ack.ok, ack
+        refused_or_migrated(ctl, exited, tmp_path / "ck",
+                            "only its MonitoredSession's hooks" if loop == "own_counter" else "")
 
 
 def test_moving_averages_updated_in_a_run_of_their_own_fed_the_steps_batch_end_the_step(
