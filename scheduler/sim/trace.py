@@ -1104,6 +1104,10 @@ def _lines(path: Path, stdin: bool = False, how: dict[str, str] | None = None) -
                     size += len(chunk)
                     if size > MAX_TRACE_BYTES:
                         what = f" ({packed}-decompressed)" if packed else ""
+                        if (table := _pai_table(next(csv.reader([chunks[0][:4096].split(b"\n")[0].decode(
+                                "utf-8-sig", "replace")]), []))) is not None:
+                            # (PAI's 2 GB pai_instance_table: say what it is, not to split it)
+                            raise _pai_refusal(path, 1, table)
                         raise TraceError(path, None, f"larger than {MAX_TRACE_BYTES >> 20} MiB{what}; split the trace")
                     chunks.append(chunk)
         # utf-8-sig: a byte order mark (Excel and Windows exports) is dropped, not read as text.

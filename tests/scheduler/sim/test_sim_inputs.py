@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gandiva_cli.main import main
+from scheduler.sim import trace as trace_module
 from scheduler.sim.trace import TraceError, read_trace, read_trace_as
 
 TRACE = "job_id,num_gpu,submit_time,duration\na,1,0,60\nb,2,10,30\nc,1,20,90\n"
@@ -506,3 +507,18 @@ def test_a_pollux_workload_and_excel_serial_dates_are_named(capsys: pytest.Captu
     trace.write_text("job_id,submit_time,num_gpus,duration\na,44256.5,1,3600\nb,144256.75,2,600\n")  # seconds
     code, _, err = _sim(capsys, "--trace", str(trace), "--cluster", "1x4", "-o", "json")
     assert code == 0 and "Excel" not in err
+
+
+def test_pais_two_gb_instance_table_is_named_not_said_to_be_split(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """pai_instance_table.csv is 1.98 GB: before, "larger than 1024 MiB; split the trace", and
+    split, each part was then refused as a table that holds no GPU counts."""
+    monkeypatch.setattr(trace_module, "MAX_TRACE_BYTES", 1 << 20)
+    trace = tmp_path / "pai_instance_table.csv"
+    trace.write_text("j1,t1,i1,w1,x1,Terminated,1590000000,1590003600,m1\n" * 30_000)
+    with pytest.raises(TraceError, match=re.escape("pai_instance_table.csv:1: Alibaba PAI 2020 trace, "
+                                                   "pai_instance_table (")):
+        read_trace(trace)
+    trace.write_text("0,1,60\n" * 200_000)  # any other file over the cap is still said to be
+    with pytest.raises(TraceError, match="larger than 1 MiB; split the trace"):
+        read_trace(trace)
