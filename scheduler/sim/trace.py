@@ -481,6 +481,12 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
         raise TraceError(path, rows[0][0], "its fields separated by '|', and no header line naming them "
                                            "(sacct -P -n?): give the header (sacct -P writes one, unless -n is given; name the "
                                            "columns as for a CSV) or save the trace with commas")
+    if re.match(r"\d\d/\d\d/\d{4} \d\d:\d\d:\d\d;[A-Z];", ",".join(first)):
+        raise TraceError(path, rows[0][0], "a PBS/Torque accounting log (DATE;RECORD;JOBID;key=value ...), not a "
+                                           "trace this reader knows: write one line per job end (its E records) as "
+                                           "CSV: submit_time (qtime), num_gpus (Resource_List.ngpus, or the gpus of "
+                                           "exec_host or exec_vnode), duration (resources_used.walltime, HH:MM:SS is "
+                                           "read)")
     if len(first) == 1 and (";" in first[0] or "|" in first[0]):
         sep = ";" if ";" in first[0] else "|"
         raise TraceError(path, rows[0][0], f"one column only, its fields separated by {sep!r}: save the trace "

@@ -222,6 +222,10 @@ def test_an_alibaba_2023_pod_list_replays_with_fractional_gpus_ceil(tmp_path: Pa
      "a Kubernetes object dump (kubectl get pods as YAML or a table), not a trace: write one line per pod as CSV"),
     ("NAME          READY   STATUS    RESTARTS   AGE\ntrain-0       1/1     Running   0          5d\n",
      "a Kubernetes object dump (kubectl get pods as YAML or a table)"),
+    # a PBS/Torque accounting log; before: "one column only, its fields separated by ';': save the trace with commas"
+    (("04/01/2021 10:00:00;Q;123.pbs01;queue=gpu\n04/01/2021 11:00:00;E;123.pbs01;user=ann qtime=1617271200 "
+     "Resource_List.ngpus=4 resources_used.walltime=00:59:00\n"),
+     "a PBS/Torque accounting log (DATE;RECORD;JOBID;key=value ...), not a trace this reader knows: write one line"),
     # sacct --json (Slurm 21+): before, "JSON, not a trace this reader knows"
     (('{\n  "meta": {"plugin": {"type": "openapi/v0.0.37"}, "Slurm": {"release": "23.02.6"}},\n  "jobs": [\n    '
      '{"job_id": 1, "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 4}]}}\n  ]\n}\n'),
