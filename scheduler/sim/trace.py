@@ -100,8 +100,10 @@ NAMES = {
     "user": ("user", "user_id", "username"),
     # Slurm's sacct: a job's GPUs are in its trackable resources (`cpu=8,gres/gpu=4,mem=64G`),
     # those it was allocated, or else those it asked for.
-    "tres": ("alloc_tres", "alloc_gres"),
-    "req_tres": ("req_tres", "req_gres"),
+    "tres": ("alloc_tres",),
+    "gres": ("alloc_gres",),
+    "req_tres": ("req_tres",),
+    "req_gres": ("req_gres",),
 }
 # sacct's job steps (`123.batch`, `123.extern`, `123.0`): parts of job 123, not jobs.
 _SLURM_STEP = re.compile(r"[^.]+\.(?:batch|extern|interactive|\d+)")
@@ -524,7 +526,8 @@ def _read_csv(path: Path, rows: list[tuple[int, list[str]]], fmt: str,
                                                 f"left open? close it")
         spanned = "duration" not in roles and "start" in roles and "end" in roles  # run time = end - start
         required = [r for r in REQUIRED[fmt] if r != "duration"] + ["start", "end"] if spanned else list(REQUIRED[fmt])
-        tres = roles.get("tres", roles.get("req_tres")) if "gpus" not in roles else None
+        tres = next((roles[r] for r in ("tres", "gres", "req_tres", "req_gres") if r in roles), None) \
+            if "gpus" not in roles else None
         if tres is not None:  # (sacct: the GPUs are in AllocTRES)
             required = [r for r in required if r != "gpus"]
         missing = [r for r in required if r not in roles]

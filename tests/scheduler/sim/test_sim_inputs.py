@@ -319,6 +319,9 @@ def test_a_slurm_sacct_export_is_read_as_users_hand_it(capsys: pytest.CaptureFix
     assert [(j.id, j.num_gpus, j.duration_s) for j in read_trace(trace)] == [("sacct-77", 2, 3600)]
     trace.write_text("JobID|JobIDRaw|Submit|Elapsed|AllocTRES\n5_1|6|0|60|gres/gpu=1\n5_2|7|0|60|gres/gpu=1\n")
     assert [j.id for j in read_trace(trace)] == ["sacct-5_1", "sacct-5_2"]
+    # AllocTRES beside AllocGRES (and ReqGRES): was "the header names the alloc_tres twice".
+    trace.write_text("JobID|Submit|Elapsed|ReqGRES|AllocGRES|AllocTRES\n8|0|60|gpu:4|gpu:2|cpu=1,gres/gpu=2\n")
+    assert [j.num_gpus for j in read_trace(trace)] == [2]
     # What sacct writes otherwise is refused, saying how to export it.
     for text, said in (
             (SACCT.split("\n", 1)[1], "its fields separated by '|', and no header line naming them (sacct -P -n?)"),
