@@ -861,7 +861,8 @@ def _read_alibaba(path: Path, rows: list[tuple[int, list[str]]], table: str, rou
     seen: dict[str, int] = {}
 
     def cell(cols: list[str], name: str) -> str:
-        return cols[at[name]].strip()
+        text = cols[at[name]].strip()
+        return "" if text.lower() == "nan" else text  # (pandas' missing value, written with na_rep="NaN")
 
     def time(cols: list[str], name: str, line: int) -> float:
         return _num(cell(cols, name), name, path, line, most=MAX_SUBMIT_S, unit="1e11 s (3,000 years)")

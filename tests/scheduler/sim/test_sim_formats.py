@@ -243,7 +243,8 @@ def test_a_pai_task_table_replays_with_fractional_gpus_ceil(capsys: pytest.Captu
     # (Alibaba's analysis reads it so): before, b held 4 GPUs and f's 0-to-1.58e9 run was refused
     # as "ran more than a year", stopping the read.
     trace.write_text(header + PAI_TASKS + PAI_TASKS.split("\n")[1] + "\n"
-                     "f,worker,1.0,Terminated,0.0,1582551795.0,600.0,29.3,100.0,T4\n")
+                     "f,worker,1.0,Terminated,0.0,1582551795.0,600.0,29.3,100.0,T4\n"
+                     "b,chief,1.0,Terminated,5100.0,5200.0,600.0,29.3,NaN,NaN\n")  # pandas' na_rep="NaN": a CPU task
     left_out: list[TraceError] = []
     jobs, _ = read_trace_as(trace, left_out=left_out, fractional="ceil")
     assert [(j.id, j.num_gpus) for j in jobs] == [("pai_task_table-a", 1), ("pai_task_table-b", 2),
