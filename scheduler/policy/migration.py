@@ -3,7 +3,8 @@
 Three passes, each only when the move is expected to pay off:
 
 1. ``lower_height``: a job waiting in a time-slice group moves to free GPUs (one
-   server, or whole idle servers for jobs larger than a server). It would otherwise
+   server, or whole idle servers for jobs larger than a server; with ``lower_spread``
+   such a job takes any free GPUs that add up to it). It would otherwise
    wait; a move costs about a second. With ``lower_kept_pairs`` (off by default) a
    suspended member of a kept pair moves too, and the pair ends; without it a kept pair
    waits for its turn while GPUs stand idle (under ``fifo_after_s`` on Philly 6c71a0, 70
@@ -60,6 +61,7 @@ from scheduler.policy.cluster import Ledger, Placement, host_need
 from scheduler.policy.packing import end_trials_of
 from scheduler.policy.placement import (
     affinity_filter,
+    any_free_filter,
     best_fit,
     host_ok,
     unallocated_filter,
@@ -153,6 +155,8 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     # up to a server's size it needs one server with that many free, beyond it idle servers.
     max_free = ledger.max_free()
     idle_free = sum(ledger.num_free(n) for n in ledger.idle_servers)
+    if config.lower_spread:  # a job larger than a server takes any free GPUs, spread
+        idle_free = ledger.total_free()
 
     def feasible(size: int) -> bool:
         return size <= max_free if size <= ledger.max_server_gpus else size <= idle_free
@@ -172,7 +176,10 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
             partner = state.kept_pairs.get(job_id) if config.lower_kept_pairs else None
             if not movable(ledger, job_id, state, pairs=partner is None):
                 continue
-            target = _compact_target(ledger, ledger.jobs[job_id], config)
+            job = ledger.jobs[job_id]
+            target = _compact_target(ledger, job, config)
+            if target is None and config.lower_spread and job.gpus > ledger.max_server_gpus:
+                target = any_free_filter(ledger, job, config)
             if target is None:
                 misses[len(gpus)] = ledger.version
                 break
@@ -340,8 +347,11 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
         return []
     crowd = _crowd(ledger, count, config.balance_per_gpu)
     # Only a GPU count that fits one server can take a server; any count can give one (a
-    # group of jobs larger than a server gives all the servers it spans, whole).
-    helped = [k for k in waiting if k <= ledger.max_server_gpus]
+    # group of jobs larger than a server gives all the servers it spans, whole). A count
+    # whose waiting jobs cannot take it now (all suspended in kept pairs, trials, or just
+    # changed) is not helped: the server would stand idle until placement gave it back to
+    # a job of the donor's count, whose jobs this look would park again, and so on.
+    helped = [k for k in waiting if k <= ledger.max_server_gpus and _can_take(ledger, state, k)]
     if not helped:
         return []
     crowded = max(helped, key=lambda k: (crowd(k), k))
@@ -400,6 +410,12 @@ def balance_sizes(ledger: Ledger, state: GandivaState, config: PolicyConfig, bud
         state.probes.pop(job_id, None)
     parks = [park(ledger, state, job_id, why) for job_id in parking]
     return [*parks, *_fill_all(ledger, state, config, freed, crowded, budget, why)]
+
+
+def _can_take(ledger: Ledger, state: GandivaState, size: int) -> bool:
+    """A waiting ``size``-GPU job could take a handed-over server now (as ``_fill`` puts
+    them there): one queued, or one suspended that is free to move."""
+    return ledger.next_queued(size) is not None or next(_suspended_movers(ledger, state, size), None) is not None
 
 
 def _fill_all(ledger: Ledger, state: GandivaState, config: PolicyConfig, freed: list[str], size: int,

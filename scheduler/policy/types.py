@@ -427,6 +427,13 @@ class PolicyConfig:
         GPUs stand idle elsewhere). Off by default: measured on 19 traces it brings JCT down
         on five and idle GPUs back to work, but costs Philly b436b2 its makespan goal
         (docs/simulator.md, "Lowering kept pairs").
+    lower_spread: ``lower_height`` moves a suspended job larger than a server onto any free
+        GPUs that add up to it, spread over the servers with the most free (as Algorithm 1's
+        ``relaxed`` filter places such a job when it is queued), not only onto whole idle
+        servers; ``consolidate`` brings it together again once idle servers can hold it.
+        Without it such a job waits for its turn in its group while the free GPUs, scattered
+        over partly used servers, stand idle (docs/simulator.md, "Idle GPUs while jobs
+        wait").
     gather_large: at the first call at least ``defrag_interval_s`` after its last look, when
         a GPU count larger than a server has jobs waiting, the most crowded of those (jobs
         per GPU of its groups) has whole servers held for it: idle servers and servers of
@@ -482,6 +489,7 @@ class PolicyConfig:
     probe_slices: bool = True
     probe_park_last: bool = False
     lower_kept_pairs: bool = False
+    lower_spread: bool = False
     gather_large: bool = False
 
     def __post_init__(self) -> None:

@@ -120,3 +120,36 @@ def test_without_balance_sizes_nothing_is_handed_over(mk) -> None:
     snap = _cluster(mk, waiting=10)
     d = get_policy("gandiva", dataclasses.replace(CFG, balance_sizes=False)).decide(snap)
     assert not [x for x in d if isinstance(x, (Park, Migrate))]
+
+
+def _stuck_crowd(mk, now: float = 1000.0) -> ClusterSnapshot:
+    """s0: two 2-GPU time-slice groups of ten jobs each, every suspended one not migratable
+    (a tf.data iterator), so none can take a freed server; s1 and s2: one 4-GPU group of two
+    each. The 2-GPU count is the most crowded and has jobs waiting."""
+    jobs = []
+    for half, gpus in enumerate(((0, 1), (2, 3))):
+        for k in range(10):
+            jobs.append(mk.job(f"two{half}.{k}", state="RUNNING" if k == 0 else "SUSPENDED",
+                               placement=mk.on("s0", *gpus), last_state_change_at=0.0,
+                               attained_service_s=100.0 * (k + 1), migratable=k == 0))
+    for name in ("s1", "s2"):
+        for k in range(2):
+            jobs.append(mk.job(f"four-{name}.{k}", state="RUNNING" if k == 0 else "SUSPENDED",
+                               placement=mk.on(name, 0, 1, 2, 3), last_state_change_at=0.0,
+                               attained_service_s=3600.0 * (k + 1)))
+    return mk.snap(now, mk.servers(3), *jobs)
+
+
+def test_no_server_is_handed_to_a_count_none_of_whose_waiting_jobs_can_take_it(mk) -> None:
+    """Before, s1's 4-GPU jobs were moved into s2's group (or parked) to hand s1 to the
+    2-GPU jobs, none of which could move there: s1 stood idle, at the next call a 4-GPU job
+    moved back onto it, and every balance look (defrag_interval_s) did it again (Philly
+    6c71a0: one 4-GPU job parked and placed again every 5 minutes for hours). Now nothing
+    is handed over and no job is moved or parked."""
+    cfg = PolicyConfig(enable_packing=False, enable_grow_shrink=False, probe_slices=False)
+    snap = _stuck_crowd(mk)
+    policy = get_policy("gandiva", cfg)
+    d = policy.decide(snap)
+    assert not [x for x in d if isinstance(x, (Park, Migrate))], [(type(x).__name__, x.job_id, x.reason) for x in d]
+    d = policy.decide(mk.after(snap, d, 1001.0))
+    assert not [x for x in d if isinstance(x, (Park, Migrate))]

@@ -152,13 +152,14 @@ def test_starvation_rules_are_flags_and_bad_values_are_named(capsys: pytest.Capt
 
 def test_balance_sizes_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
     """--balance-sizes (on by default) hands servers between GPU counts by migrating whole
-    servers' jobs: on a crowded mixed workload the same seed then migrates far more than with
-    --no-balance-sizes, and every job still ends."""
+    servers' jobs: on a crowded mixed workload the same seed then migrates more than with
+    --no-balance-sizes (30 against 23; it was twice as many while servers were also handed to
+    counts none of whose waiting jobs could take them), and every job still ends."""
     args = ("--jobs", "200", "--cluster", "6x4", "--target-load", "3", "--policy", "gandiva", "-o", "json")
     base = json.loads(_sim(capsys, *args, "--no-balance-sizes")[1])["gandiva"]
     ruled = json.loads(_sim(capsys, *args, "--balance-sizes")[1])["gandiva"]
     assert ruled["jobs_finished"] == base["jobs_finished"] and ruled["jobs_unfinished"] == 0
-    assert ruled["migrations"] > 2 * base["migrations"]
+    assert ruled["migrations"] > base["migrations"] + 4
     # --balance-per-gpu changes its measure (the same seed decides differently) and needs it.
     per_gpu = json.loads(_sim(capsys, *args, "--balance-per-gpu")[1])["gandiva"]
     assert per_gpu["jobs_unfinished"] == 0 and per_gpu != ruled

@@ -195,8 +195,9 @@ def test_gandiva_balancing_sizes_decides_the_same_looking_only_at_changes(max_gp
     every.incremental = False  # type: ignore[attr-defined]
     assert fast == _result(jobs, servers, every)
     plain = _result(jobs, servers, get_policy("gandiva", PolicyConfig(balance_sizes=False)))
-    # The rule really acted here: it handed servers over (each a handful of migrations).
-    assert fast[0]["migrations"] > plain[0]["migrations"] + 20
+    # The rule really acted here: it handed servers over (each a handful of migrations; fewer
+    # since a count none of whose waiting jobs can take a server is no longer handed one).
+    assert fast[0]["migrations"] > plain[0]["migrations"] + 15
 
 
 def test_gandiva_blocking_large_jobs_decides_the_same_looking_only_at_changes() -> None:
