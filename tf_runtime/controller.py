@@ -492,6 +492,8 @@ class Controller:
         """
         if before and info.is_training:
             self._wait_for_warm()
+            if not self.trained:
+                self._kill_if_told(adapter)
         self.saw_run(adapter, info)
         if not before and info.changes_state and not (
                 info.initializes_some or info.initializes or info.restores):
@@ -1035,6 +1037,23 @@ class Controller:
             self._ack(Ack(cmd.id, True, "killed", step=self.meter.steps,
                           durations_s={"wait_boundary": waited}))
             self._exit(EXIT_KILLED)
+
+    def _kill_if_told(self, adapter: SessionAdapter) -> None:
+        """A KILL received while the job still started is applied before its first
+        training run, not at that run's end as other commands are: the copy is stale (its
+        helper hung, the job placed elsewhere) or killed, and its first mini-batch could
+        train beside the job's new copy. The commands queued before it are answered as
+        not done."""
+        with self._cond:
+            kill = next((c for c in self._queue if c.kind is Kind.KILL), None)
+            if kill is None:
+                return
+            queued = list(self._queue)
+            self._queue.clear()
+        before = queued[:queued.index(kill)]
+        for cmd in before:
+            self._ack(Ack(cmd.id, False, "not done: killed before its first mini-batch", step=self.meter.steps))
+        self._apply(adapter, kill)
 
     def _suspend(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:
         if not self.backend.releases_memory and cmd.checkpoint_dir and self.migratable:

@@ -125,6 +125,24 @@ def test_without_memory_release_a_suspend_with_a_directory_migrates(tmp_path: Pa
     assert exc.value.code == EXIT_MIGRATED and validate(tmp_path / "ck")["global_step"] == 3
 
 
+def test_a_kill_received_while_starting_leaves_before_the_first_mini_batch(world: FakeWorld,
+                                                                        tmp_path: Path) -> None:
+    """A copy told to exit while it still starts (its helper hung, the job re-placed:
+    benchmarks/chaos.py) used to train its first mini-batch first, as commands wait for a
+    step's end: beside the job's new copy if that one started faster. Now it leaves before
+    it; the command queued before the kill is answered as not done."""
+    world.run("init")
+    world.controller.enqueue(Command("ck", Kind.CHECKPOINT, str(tmp_path / "c")))
+    world.controller.enqueue(Command("k", Kind.KILL))
+    world.run("read_gs")
+    with pytest.raises(Exited) as exc:
+        world.run("train")
+    assert exc.value.code == EXIT_KILLED
+    assert world.sess.step == 0, "the stale copy trained a mini-batch after it was told to exit"
+    assert [(a.command_id, a.ok) for a in world.channel.acks] == [("ck", False), ("k", True)]
+    assert world.channel.closed
+
+
 def test_checkpoint_and_kill_while_suspended(world: FakeWorld, tmp_path: Path) -> None:
     start_training(world)
     ctl = world.controller
