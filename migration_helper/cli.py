@@ -115,8 +115,9 @@ def run_helper(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gandiva helper: --host-memory: {exc}", file=sys.stderr)
         return 2
-    if math.isnan(args.max_transfer_gib):  # as 0 GiB it read "--max-transfer-gib 0 (...)"
-        print("gandiva helper: --max-transfer-gib nan: must be a positive number of GiB; it caps the "
+    gib = args.max_transfer_gib
+    if math.isnan(gib) or gib == -math.inf:  # as bytes they read "0 (...)" or "-9.3e-10 (... -1)"
+        print(f"gandiva helper: --max-transfer-gib {gib:g}: must be a positive number of GiB; it caps the "
               "checkpoint a peer may stream in", file=sys.stderr)
         return 2
     try:

@@ -49,11 +49,11 @@ def stub(address: str) -> scheduler_pb2_grpc.SchedulerStub:
 
 
 def servers(api: scheduler_pb2_grpc.SchedulerStub) -> dict[str, common_pb2.Server]:
-    return {s.name: s for s in api.ListServers(scheduler_pb2.ListServersRequest(), timeout=5).servers}
+    return {s.name: s for s in api.ListServers(scheduler_pb2.ListServersRequest(), timeout=30).servers}
 
 
 def job(api: scheduler_pb2_grpc.SchedulerStub, job_id: str) -> common_pb2.Job:
-    return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+    return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=30)
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "wrapper_exits_0"])

@@ -714,8 +714,13 @@ async def test_clients_that_never_read_a_large_answer_cannot_shut_out_the_dashbo
 
     monkeypatch.setattr(http, "WRITE_STALL_S", 1.5)
     big = b"x" * (8 << 20)  # past what the kernel's socket buffers take for a client that reads nothing
+    # The answers start only once all the stalled clients hold a connection: connecting 64 on a
+    # loaded machine can take longer than WRITE_STALL_S, and the first would be cut off before
+    # the last had connected (CI: "assert 0 == 64").
+    gate = asyncio.Event()
 
     async def large(_: Any) -> http.Response:
+        await gate.wait()
         return http.Response(200, big)
 
     async def small(_: Any) -> http.Response:
@@ -757,6 +762,8 @@ async def test_clients_that_never_read_a_large_answer_cannot_shut_out_the_dashbo
         while server._open < http.MAX_CONNECTIONS and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert server._open == http.MAX_CONNECTIONS  # every one of them is being answered
+        gate.set()
+        deadline = time.monotonic() + 30
         # They read nothing: each is cut off, and the dashboard answers again.
         while server._open and time.monotonic() < deadline + 30:
             await asyncio.sleep(0.1)
@@ -765,6 +772,7 @@ async def test_clients_that_never_read_a_large_answer_cannot_shut_out_the_dashbo
         slow = await loop.run_in_executor(None, read_steadily)
         assert slow > len(big), f"a slow reader got {slow} bytes of an answer of {len(big)}"
     finally:
+        gate.set()
         for s in stalled:
             s.close()
         await server.stop()
