@@ -540,7 +540,7 @@ def test_a_time_slices_end_waits_while_the_running_job_has_not_left_its_gpu(
 
 def test_a_job_time_sliced_in_slices_shorter_than_the_checkpoint_interval_is_checkpointed(
         make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
-    """Two jobs time-sliced on a's one GPU, 1 s slices, a checkpoint every 3 s. Each resume
+    """Two jobs time-sliced on a's one GPU, 2 s slices, a checkpoint every 5 s. Each resume
     restarted the job's checkpoint clock: a job whose slices are all shorter than the
     interval (the defaults: 60 s quantum, 300 s interval) was never checkpointed, and a
     server lost took every step since its start (benchmarks/chaos.py's invariant held; the
@@ -548,8 +548,8 @@ def test_a_job_time_sliced_in_slices_shorter_than_the_checkpoint_interval_is_che
     from scheduler.policy.types import PolicyConfig
 
     settings = Settings(heartbeat_interval_s=0.2, down_after_s=10.0, command_timeout_s=10.0,
-                        checkpoint_interval_s=3.0)
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings, policy_config=PolicyConfig(quantum_s=1.0))
+                        checkpoint_interval_s=5.0)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings, policy_config=PolicyConfig(quantum_s=2.0))
     f = Fake(sched.address, gpus={"a": 1})
 
     def answer(cmd: Any, seen: list[Any]) -> runtime_pb2.CommandAck:
@@ -572,15 +572,15 @@ def test_a_job_time_sliced_in_slices_shorter_than_the_checkpoint_interval_is_che
         def sliced_and_checkpointed() -> bool:
             got = [kinds(shim) for shim in shims]
             resumed = [runtime_pb2.COMMAND_KIND_RESUME in k for k in got]
-            # (Either job: with 1 s slices one may always have its resume or suspend in
-            # flight when the engine looks, once a second.)
+            # (Either job: with short slices one may have its resume or suspend in flight
+            # whenever the engine looks, once a second, on a loaded machine.)
             return all(resumed) and any(runtime_pb2.COMMAND_KIND_CHECKPOINT in k for k in got)
 
         try:
-            wait_for(sliced_and_checkpointed, 30)
+            wait_for(sliced_and_checkpointed, 90)
         except AssertionError:
             raise AssertionError(f"commands received: {[kinds(shim) for shim in shims]} "
-                                 "(no periodic checkpoint of a job time-sliced in 1 s slices)") from None
+                                 "(no periodic checkpoint of a job time-sliced in 2 s slices)") from None
     finally:
         f.close()
 
