@@ -71,8 +71,11 @@ class ProcessExited(RuntimeError):
 _SETPRIV = shutil.which("setpriv")
 
 
-# Every job process carries "HELPER-PID:RAMDISK" of the helper that launched it; its
-# descendants inherit it (a python behind `bash -c`, the workers it forks).
+# Every job process carries "HELPER-PID.START:RAMDISK" of the helper that launched it (START:
+# the helper's start time in clock ticks since boot, /proc/PID/stat's 22nd field, so that
+# another process given the same pid later is not taken for it); its descendants inherit it
+# (a python behind `bash -c`, the workers it forks). "HELPER-PID:RAMDISK" (no start) is read
+# too.
 OWNER_ENV = "GANDIVA_HELPER"
 # And a mark of its own launch (LAUNCH_ENV, GANDIVA_LAUNCH), which no other launch carries
 # (the same job and incarnation may be launched again, a retried pre-warm, while the first
@@ -84,7 +87,30 @@ LAUNCH_END_WAIT_S = 30.0
 
 
 def owner_mark(ramdisk: Path) -> str:
-    return f"{os.getpid()}:{ramdisk.resolve()}"
+    pid = os.getpid()
+    start = _started_at(pid)
+    return f"{pid}.{start}:{ramdisk.resolve()}" if start else f"{pid}:{ramdisk.resolve()}"
+
+
+def _started_at(pid: int) -> str:
+    """The process's start time (clock ticks since boot), "" when it is gone or unreadable."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _owner_lives(owner: str) -> bool | None:
+    """Whether the helper an OWNER_ENV value names ("PID.START" or "PID") still runs; None
+    when it names no helper. A pid alone alive may be another process that took a dead
+    helper's pid (pids are reused quickly on a busy host, pid_max 32768 by default): then
+    its orphans were left running, two copies of their jobs."""
+    pid, _, start = owner.partition(".")
+    if not pid.isdigit() or (start and not start.isdigit()):
+        return None
+    if not _alive(int(pid)):
+        return False
+    return not start or _started_at(int(pid)) == start
 
 
 def kill_left_behind(ramdisk: Path) -> list[tuple[int, str]]:
@@ -107,8 +133,8 @@ def kill_left_behind(ramdisk: Path) -> list[tuple[int, str]]:
             env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        helper_pid, _, root = env.get(OWNER_ENV.encode(), b"").decode(errors="replace").partition(":")
-        if root != str(ramdisk) or not helper_pid.isdigit() or _alive(int(helper_pid)):
+        owner, _, root = env.get(OWNER_ENV.encode(), b"").decode(errors="replace").partition(":")
+        if root != str(ramdisk) or _owner_lives(owner) is not False:
             if LAUNCH_ENV.encode() in env:
                 live_launches.add(env[LAUNCH_ENV.encode()].decode(errors="replace"))
             continue

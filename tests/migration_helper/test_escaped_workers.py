@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from migration_helper.process import OWNER_ENV, JobProcess, kill_left_behind
+from migration_helper.process import OWNER_ENV, JobProcess, kill_left_behind, owner_mark
 from tf_runtime.launch import _trained_flag, forget_launch
 
 # The worker: a process in a session of its own that "trains" (sleeps) for good; the
@@ -117,6 +117,10 @@ def test_a_restarted_helper_removes_the_launch_marks_its_killed_predecessor_left
     orphan = subprocess.Popen(["sleep", "300"], start_new_session=True, env=dict(
         base, GANDIVA_JOB_ID="j", GANDIVA_LAUNCH=orphan_mark, **{OWNER_ENV: f"{dead}:{ramdisk.resolve()}"}))
     live = subprocess.Popen(["sleep", "300"], start_new_session=True, env=dict(base, GANDIVA_LAUNCH=live_mark))
+    # Until they have exec'd, /proc shows the test's own environment (CI under load: the
+    # live launch's mark taken for a gone one's).
+    carries(orphan.pid, "GANDIVA_LAUNCH")
+    carries(live.pid, "GANDIVA_LAUNCH")
     now = time.time()
     flags = {mark: Path(str(_trained_flag(mark))) for mark in (orphan_mark, live_mark, gone_mark, new_mark)}
     try:
@@ -135,3 +139,42 @@ def test_a_restarted_helper_removes_the_launch_marks_its_killed_predecessor_left
             proc.wait(10)
         for mark in flags:
             forget_launch(mark)
+
+
+def carries(pid: int, name: str) -> None:
+    """Wait until the process has exec'd with `name` in its environment."""
+    for _ in range(500):
+        if f"{name}=".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never carried {name}")
+
+
+def test_a_restarted_helper_kills_what_its_predecessor_left_though_another_process_took_its_pid(
+        tmp_path: Path) -> None:
+    """A helper killed outright; on a busy host its pid is soon another process's (pid_max
+    32768 by default). Its orphans named it by pid alone, so the restarted helper took it
+    for alive and left them training on, unsupervised, while the scheduler placed their
+    jobs again: two copies. The mark carries the helper's start time too: a process with
+    that pid started at another time is not the helper."""
+    ramdisk = tmp_path / "rd"
+    ramdisk.mkdir()
+    mine = owner_mark(ramdisk)  # this process plays the live helper: its pid, its start time
+    pid, _, root = mine.partition(":")
+    assert "." in pid and root == str(ramdisk.resolve())
+    reused = f"{pid.split('.')[0]}.{int(pid.split('.')[1]) + 1}:{root}"  # the same pid, started later
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    orphan = subprocess.Popen(["sleep", "300"], start_new_session=True,
+                              env=dict(base, GANDIVA_JOB_ID="orphan", **{OWNER_ENV: reused}))
+    kept = subprocess.Popen(["sleep", "300"], start_new_session=True,
+                            env=dict(base, GANDIVA_JOB_ID="kept", **{OWNER_ENV: mine}))
+    try:
+        carries(orphan.pid, OWNER_ENV)
+        carries(kept.pid, OWNER_ENV)
+        assert kill_left_behind(ramdisk) == [(orphan.pid, "orphan")]
+        assert orphan.wait(10) == -signal.SIGKILL
+        assert kept.poll() is None, "a live helper's launch was killed"
+    finally:
+        for proc in (orphan, kept):
+            proc.kill()
+            proc.wait(10)
