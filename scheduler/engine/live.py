@@ -118,8 +118,9 @@ class LiveEngine:
         # job id -> the queueing reason last written, so unchanged reasons cost nothing.
         self._queue_reason: dict[str, str] = {}
         self._held: set[str] = set()
-        # job id -> when its last periodic checkpoint started (running jobs only).
-        self._checkpointed: dict[str, float] = {}
+        # job id -> (launch, when its last periodic checkpoint started, or when that launch
+        # was first seen running): kept while the launch is suspended (time slices).
+        self._checkpointed: dict[str, tuple[str, float]] = {}
         # Jobs whose command in flight is a periodic checkpoint: it moves nothing, so unlike
         # a launch or a migration it is no reason to think a helper's silence is not a loss.
         self._checkpointing: set[str] = set()
@@ -396,13 +397,22 @@ class LiveEngine:
         self._checkpoints_checked = now
         jobs = await self.core.read_sync(repo.running_job_rows)
         live = {j.id for j in jobs}
-        self._checkpointed = {j: t for j, t in self._checkpointed.items() if j in live}
+        # A launch not running now (suspended, or gone) is forgotten only after a while.
+        keep = max(10 * interval, 3600.0)
+        self._checkpointed = {j: v for j, v in self._checkpointed.items() if j in live or now - v[1] < keep}
         hung = self.core.hangs.flagged()  # a command would wait for a boundary that never comes
         for job in jobs:
-            last = max(self._checkpointed.get(job.id, 0.0), job.state_changed_at)
+            launch, since = self._checkpointed.get(job.id, ("", 0.0))
+            # One launch keeps its clock across its suspensions: before, every resume
+            # restarted it, so a job time-sliced in slices shorter than the interval (the
+            # 60 s quantum, 300 s interval) was never checkpointed, and lost every step
+            # since its start with its server. A new launch starts it.
+            last = since if launch == job.incarnation else job.state_changed_at
             if job.migratable and job.id not in self.inflight and job.id not in hung and now - last >= interval:
-                self._checkpointed[job.id] = now
+                self._checkpointed[job.id] = (job.incarnation, now)
                 self._background(job.id, self._checkpoint(job.id, job.incarnation))
+            elif launch != job.incarnation:
+                self._checkpointed[job.id] = (job.incarnation, last)
 
     async def watch_hangs(self) -> None:
         """At most once a second: judge the running jobs' progress (scheduler/hangs.py)
@@ -494,7 +504,7 @@ class LiveEngine:
                 checkpoint_dir=directory, reason="periodic checkpoint", incarnation=incarnation)
         finally:
             self._checkpointing.discard(job_id)
-        self._checkpointed[job_id] = self.core.clock()  # the next one an interval after this one
+        self._checkpointed[job_id] = (incarnation, self.core.clock())  # the next one an interval after this one
         if not ack.ok:
             log.warning("periodic checkpoint of %s failed: %s", job_id, ack.message)
         async with self.core.tx() as s:
