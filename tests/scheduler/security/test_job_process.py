@@ -42,7 +42,8 @@ def test_a_job_cannot_read_its_helpers_token_from_proc(secured: Any, connect: An
         cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         alice = scheduler_pb2_grpc.SchedulerStub(connect(secured.address, make_token(secured.db_url, "alice")))
-        probe = ('e=/proc/${GANDIVA_HELPER%%:*}/environ; if [ ! -e "$e" ]; then echo no-helper; '
+        # GANDIVA_HELPER is "PID.START:RAMDISK" (migration_helper.process.owner_mark).
+        probe = ('h=${GANDIVA_HELPER%%:*}; e=/proc/${h%%.*}/environ; if [ ! -e "$e" ]; then echo no-helper; '
                  'elif grep -qa "$TOKEN_START" "$e"; then echo read; elif cat "$e" >/dev/null; then echo no-token; '
                  'else echo refused; fi > out.tmp; mv out.tmp seen')
         alice.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
