@@ -336,6 +336,12 @@ def test_texts_about_a_users_job_do_not_name_other_users_jobs(users, secured) ->
 
     stubs, job = users
     bob = stubs["bob"].SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+    # The scheduler writes a queued job's reason ("needs 1 GPUs, ...") once, when it changes:
+    # written after the message set below, it replaced it (a flake). Wait for it first.
+    deadline = time.monotonic() + 30
+    while not stubs["root"].GetJob(scheduler_pb2.GetJobRequest(id=job.id)).message.startswith("needs "):
+        assert time.monotonic() < deadline, "the scheduler never wrote the queued job's reason"
+        time.sleep(0.1)
     verdict = f"packing trial with {bob}: {job.id} 1.0 packed vs 2.0 alone, {bob} 0.5 vs 1.0 mini-batches/s"
     with sqlite3.connect(secured.db_url.split("///", 1)[1]) as db:
         db.execute("INSERT INTO events (at, kind, job_id, server, message) VALUES (?, 'job.pack', ?, 'n1', ?)",
