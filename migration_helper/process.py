@@ -30,7 +30,7 @@ from tf_runtime import (  # the shim's exit codes (no TensorFlow import)
     EXIT_TOWERS_CHANGED,
 )
 from tf_runtime.checkpoint import _alive  # whether a pid lives (no TensorFlow import either)
-from tf_runtime.launch import LAUNCH_ENV, carries, forget_launch, forget_launches_but
+from tf_runtime.launch import LAUNCH_ENV, carries, forget_launch, forget_launches_but, stat_fields
 from tf_runtime.launch import gone as _gone
 
 log = logging.getLogger(__name__)
@@ -93,11 +93,10 @@ def owner_mark(ramdisk: Path) -> str:
 
 
 def _started_at(pid: int) -> str:
-    """The process's start time (clock ticks since boot), "" when it is gone or unreadable."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+    """The process's start time (clock ticks since boot: proc(5)'s field 22), "" when it
+    is gone or unreadable."""
+    fields = stat_fields(pid)
+    return fields[19].decode() if len(fields) > 19 else ""
 
 
 def _owner_lives(owner: str) -> bool | None:

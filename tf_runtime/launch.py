@@ -59,12 +59,22 @@ def carries(pid: int, item: bytes) -> bool:
         return False
 
 
-def _parent(pid: int) -> int:
+def stat_fields(pid: int) -> list[bytes]:
+    """/proc/PID/stat's fields after COMM (STATE, PPID, ... : field N of proc(5) at index
+    N - 3); empty when the process is gone or unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             # "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses.
-            return int(f.read().rpartition(b")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
+            return f.read().rpartition(b")")[2].split()
+    except OSError:
+        return []
+
+
+def _parent(pid: int) -> int:
+    fields = stat_fields(pid)
+    try:
+        return int(fields[1])
+    except (ValueError, IndexError):
         return 0
 
 
@@ -214,11 +224,8 @@ def alive(pid: int) -> bool:
 
 def gone(pid: int) -> bool:
     """Whether a process has exited (a zombie its stopped parent has not reaped counts)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
+    fields = stat_fields(pid)
+    return not fields or fields[0] in (b"Z", b"X")
 
 
 HOLD, RETAKE, LEAVE = "hold", "retake", "leave"
