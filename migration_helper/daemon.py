@@ -42,6 +42,8 @@ MAX_BACKOFF_S = 2.0
 REPEAT_WARNING_S = 60.0
 MAX_REMEMBERED_COMMANDS = 10_000
 LEASE_POLL_S = 0.1
+# Heartbeats sent and not answered yet, at most (a late link keeps several in flight).
+HEARTBEATS_IN_FLIGHT = 4
 # A gap between this server's wall clock and the scheduler's past this is logged (once
 # per change of this size): transfer tickets are checked on the scheduler's clock anyway.
 CLOCK_GAP_WARN_S = 300.0
@@ -103,6 +105,7 @@ class HelperDaemon:
         # The lease (from the scheduler; 0 until registered: no jobs run before that).
         self.lease_s = 0.0
         self._lease_from = 0.0
+        self._newest_answer = 0.0  # when the newest heartbeat answered so far was sent (loop time)
         self.frozen = False
         # When the watchdog froze the jobs (loop time): only a heartbeat sent after it thaws.
         self._frozen_at = 0.0
@@ -363,22 +366,55 @@ class HelperDaemon:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _heartbeats(self, stub: helper_pb2_grpc.HelperStub, interval: float) -> None:
-        while True:
-            sent_at = asyncio.get_running_loop().time()
-            pairs = self.jobs.running_pairs()
-            reply = await stub.Heartbeat(
-                helper_pb2.HeartbeatRequest(
-                    name=self.config.server_name,
-                    running_jobs=sorted({j for j, _ in pairs}),
-                    running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs],
-                    peers_version=self._peers_version,
-                    want_kept=self._want_kept,
-                    instance=self.instance,
-                ),
-                timeout=RPC_TIMEOUT_S,  # the lease watchdog runs apart: a slow answer freezes nothing early
-            )
-            if not reply.known:
-                raise SessionEnded("the scheduler does not know this server; registering again")
+        """One heartbeat every `interval`, whether the ones before were answered yet or
+        not (each waits RPC_TIMEOUT_S for its answer; a failed one ends the session). On
+        a late link (round trips of seconds) the lease is then renewed every `interval`
+        by answers a round trip old. Before, each heartbeat waited for the answer to the
+        one before, then `interval`: an answer came only every round trip plus
+        `interval`, the lease ran up to two round trips plus `interval`, and with 0.3-2 s
+        of delay each way (lease 6 s) the jobs froze for 3-4 s every 10-12 s although no
+        heartbeat was lost (tests/multihost/test_degraded_links.py -k late_heartbeats).
+        At most HEARTBEATS_IN_FLIGHT wait at once: a scheduler slow to answer (its
+        database locked) is not sent more and more of them."""
+        loop = asyncio.get_running_loop()
+        pending: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                due = loop.time() + interval
+                pending.add(asyncio.create_task(self._heartbeat(stub)))
+                while (left := due - loop.time()) > 0 or len(pending) >= HEARTBEATS_IN_FLIGHT:
+                    if not pending:
+                        await asyncio.sleep(left)
+                        break
+                    done, pending = await asyncio.wait(pending, timeout=max(left, 0.0) or None,
+                                                       return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()  # a heartbeat that failed ends the session
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _heartbeat(self, stub: helper_pb2_grpc.HelperStub) -> None:
+        sent_at = asyncio.get_running_loop().time()
+        pairs = self.jobs.running_pairs()
+        reply = await stub.Heartbeat(
+            helper_pb2.HeartbeatRequest(
+                name=self.config.server_name,
+                running_jobs=sorted({j for j, _ in pairs}),
+                running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs],
+                peers_version=self._peers_version,
+                want_kept=self._want_kept,
+                instance=self.instance,
+            ),
+            timeout=RPC_TIMEOUT_S,  # the lease watchdog runs apart: a slow answer freezes nothing early
+        )
+        if not reply.known:
+            raise SessionEnded("the scheduler does not know this server; registering again")
+        # Answers may come out of order (several heartbeats in flight on a late link): the
+        # peer list and the kept checkpoints come from the newest one sent only.
+        if sent_at >= self._newest_answer:
+            self._newest_answer = sent_at
             self._heard_clock(reply.scheduler_time)
             # A new version replaces the list, even by an empty one (every peer gone);
             # version 0 is a scheduler that lists no peers at all: keep what we have.
@@ -388,11 +424,11 @@ class HelperDaemon:
             if reply.kept_listed:
                 self._kept, self._kept_at = set(reply.kept), asyncio.get_running_loop().time()
                 self._want_kept = False
-            # Stale launches die first; then, the lease renewed, the others may train again.
-            for stop in reply.stop:
-                self.jobs.fence(stop.job_id, stop.incarnation)
-            self._lease_renewed(sent_at, set(pairs))
-            await asyncio.sleep(interval)
+        # Stale launches die first (stale stays stale, whatever the answer's age); then,
+        # the lease renewed, the others may train again.
+        for stop in reply.stop:
+            self.jobs.fence(stop.job_id, stop.incarnation)
+        self._lease_renewed(sent_at, set(pairs))
 
     def scheduler_now(self) -> float:
         """The scheduler's wall clock as this helper last heard it (Unix seconds)."""

@@ -95,6 +95,10 @@ class Net:
         _ip("-n", self.bridge_ns, "link", "set", outside, "up")
         return ns, addr
 
+    def link(self, name: str) -> str:
+        """The host's own end of its veth pair (inside its namespace)."""
+        return self.hosts[name][2][:-1] + "h"
+
     def cut(self, name: str) -> None:
         _ip("-n", self.bridge_ns, "link", "set", self.hosts[name][2], "down")
 
@@ -318,6 +322,8 @@ class Cluster:
         self.sampler = Sampler(owns=net.owns)
         self.channel: grpc.Channel | None = None
         self.heartbeat_timeout = 5.0
+        self.db_url = f"sqlite+aiosqlite:///{tmp / 'state.db'}"  # benchmarks/chaos.py --db postgres sets another
+        self.sched_args: list[str] = []  # more scheduler flags (chaos.py --more: --policy-option ...)
 
     # ---- processes -----------------------------------------------------------
 
@@ -338,11 +344,11 @@ class Cluster:
         self.sock.unlink(missing_ok=True)
         self._spawn("scheduler", self.sched_ns, [
             "scheduler", "--listen", f"{self.sched_addr}:{SCHED_PORT}", "--also-listen", f"unix:{self.sock}",
-            "--db", f"sqlite+aiosqlite:///{self.tmp / 'state.db'}", "--tick", "0.2", "--quantum", "1000",
+            "--db", self.db_url, "--tick", "0.2", "--quantum", "1000",
             "--heartbeat-interval", "0.5", "--heartbeat-timeout", str(heartbeat_timeout),
             "--checkpoint-interval", str(CHECKPOINT_INTERVAL_S),
             "--insecure",  # plaintext on the test's private bridge: no traffic leaves its namespaces
-            "--port-file", str(port_file)])
+            "--port-file", str(port_file), *self.sched_args])
         self._wait_for(port_file.exists, 60)
         if self.channel is not None:
             self.channel.close()
@@ -350,13 +356,15 @@ class Cluster:
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
 
     def add_helper(self, name: str, gpus: int = 1, shared: bool = True, wrapper: Sequence[str] = (),
-                   env: dict[str, str] | None = None) -> None:
+                   env: dict[str, str] | None = None, scheduler: str | None = None) -> None:
         """A helper on its own host. ``shared=False``: no shared root (checkpoints move by
         the gRPC stream); ``wrapper``: a command the helper runs under (unshare ...);
-        ``env``: extra environment (its jobs inherit it)."""
+        ``env``: extra environment (its jobs inherit it); ``scheduler``: the address it
+        (and its jobs) reach the scheduler at, if not the scheduler's own (a relay)."""
         ns, addr = self.net.add_host(name) if name not in self.net.hosts else self.net.hosts[name][:2]
         self._spawn(name, ns, [
-            "helper", "--server-name", name, "--gpus", str(gpus), "--scheduler", f"{self.sched_addr}:{SCHED_PORT}",
+            "helper", "--server-name", name, "--gpus", str(gpus),
+            "--scheduler", scheduler or f"{self.sched_addr}:{SCHED_PORT}",
             "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / "rd" / name),
             *(["--shared-root", str(self.tmp / "rd")] if shared else []),
             "--log-dir", str(self.tmp / "logs"), "--insecure"], wrapper=wrapper, env=env)
