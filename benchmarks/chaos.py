@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -424,8 +425,8 @@ class Chaos:
         dump = self.tmp / f"final-{name}.npz"
         cmd = ["python", feed_step_origin(), *FEED_ARGS, "--steps", str(crash_at or self.args.steps), "--step-sleep",
                str(self.args.sleep), "--dump", str(dump), *(["--devices", "auto"] if grow else [])]
-        if crash_at:
-            cmd = ["bash", "-c", shlex.join(cmd) + "; exit 3"]
+        if crash_at:  # through bash, whose PATH may have no python with the shim's packages: this one
+            cmd = ["bash", "-c", shlex.join([sys.executable, *cmd[1:]]) + "; exit 3"]
         spec = common_pb2.JobSpec(name=name, command=cmd, gpus=1, workdir=str(self.tmp), priority=1, grow_shrink=grow)
         self.jobs[name] = self.c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
         self.dumps[name] = dump
@@ -504,6 +505,14 @@ class Chaos:
         self.stop.set()
         return self.check(final, base)
 
+    def connected_note(self, violation: str) -> str:
+        """Which of the copies ever connected its runtime to the scheduler: one that never
+        did was most likely still starting (the sampler counts start-up CPU as training)."""
+        text = "".join(p.read_text(errors="replace") for p in self.tmp.glob("scheduler.log"))
+        incs = re.findall(r"[0-9a-f]{12}", violation.split("copies training", 1)[-1])
+        never = [i for i in incs if f"(incarnation {i}, pid" not in text]
+        return f" [never connected its runtime: {', '.join(never)}]" if never else " [both connected]"
+
     def awaiting_resubmit(self) -> bool:
         return any(f"{n}-again" not in self.jobs for n, e in self.expect.items() if e == "FAILED")
 
@@ -544,7 +553,7 @@ class Chaos:
         log(f"sampler: {s.samples} samples, training seen {{{', '.join(f'{k}: {len(v)}' for k, v in s.training_seen.items())}}}")
         if s.samples < 50:
             broken.append(f"sampler ran only {s.samples} samples")
-        broken += [f"two copies: {v}" for v in s.violations]
+        broken += [f"two copies: {v}{self.connected_note(v)}" for v in s.violations]
         broken += [f"GPU in DB: {v}" for v in self.gpu_shared[:20]]
         log(f"(info) GPUs seen with two RUNNING jobs (packs): {sorted(self.gpu_running2)}; db read errors {len(self.db_errors)}")
         try:
