@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 
-from migration_helper.agent import send_checkpoint
+from migration_helper.agent import TransferTooSlow, send_checkpoint
 from migration_helper.launch_rule import job_environment, shim_command
 from migration_helper.process import OWNER_ENV, JobProcess, ProcessExited
 from migration_helper.ramdisk import CheckpointError, CheckpointMissing, safe_name
@@ -278,6 +278,9 @@ class JobTable:
             )
         except CheckpointMissing as exc:  # asking this helper again cannot help
             raise CommandFailed(f"transfer: {exc}", transfer_fault=helper_pb2.TRANSFER_FAULT_CHECKPOINT_MISSING) from None
+        except TransferTooSlow as exc:  # the link's fault, counted as the destination's (as a timeout)
+            raise CommandFailed(f"transfer: could not send the checkpoint to the helper at {req.dest_address}: "
+                                f"{exc}", transfer_fault=helper_pb2.TRANSFER_FAULT_DEST_REFUSED) from None
         except grpc.aio.AioRpcError as exc:  # the peer unreachable, refusing, or timed out
             # One line naming the peer, not the error's multi-line repr (it lands in the job's history).
             # The destination's refusal, not the checkpoint's fault: the scheduler reads the

@@ -9,6 +9,9 @@ kernel without netem: tests/multihost/degrade.py."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,11 +20,12 @@ from typing import Any
 import grpc
 import pytest
 
-from protos.gandiva.v1 import common_pb2
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
+from ..tf_runtime.conftest import load_variables
 from . import degrade
 from .conftest import SCHED_PORT, assert_bit_identical, feed_command, uninterrupted_variables
-from .test_i9s_faults import _ends_once, _no_two_copies, _states
+from .test_i9s_faults import _ends_once, _no_two_copies, _proc_state, _start, _states
 
 Cluster = Any  # the `multihost` fixture's Cluster (tests/multihost/conftest.py)
 RUNNING = common_pb2.JOB_STATE_RUNNING
@@ -79,4 +83,125 @@ def test_degraded_late_heartbeats_neither_call_the_host_down_nor_move_its_job(
     assert _states(done).count("RUNNING") == 1, _states(done)  # launched once, on h1
     assert "freezing jobs" not in log, "h1 froze its job although every heartbeat was answered"
     assert_bit_identical(dump, STEPS, tmp_path)
+    _no_two_copies(c)
+
+
+@pytest.mark.parametrize("deaf", ["scheduler", "helper"])
+def test_degraded_one_way_partition_freezes_the_copy_and_moves_the_job_once(
+        multihost: Cluster, deaf: str, tmp_path: Path) -> None:
+    """One direction of the link between the job's host and the scheduler drops every
+    packet (a blackhole route at the sender): `scheduler`: the helper still hears the
+    scheduler (its command stream, its answers' packets) but the scheduler hears nothing
+    from it; `helper`: the other way round. Either way no heartbeat is answered: the
+    copy is frozen once the lease runs out, the job is re-placed on the other host only
+    after that, the stale copy is stopped once the link is whole again; the job ends
+    once, bit-identical, never two copies."""
+    c = multihost
+    uninterrupted_variables(STEPS, tmp_path)
+    job_id, src, other, dump = _start(c, STEPS)
+    (pid,) = c.wait(lambda: c.pids_of(job_id), 30)  # type: ignore[misc]
+    src_ns, src_addr = c.net.hosts[src][:2]
+    sender, dropped = (src_ns, c.sched_addr) if deaf == "scheduler" else (c.sched_ns, src_addr)
+    degrade.one_way(sender, dropped)
+    cut_at = time.monotonic()
+    try:
+        frozen = c.wait(lambda: time.monotonic() - cut_at if _proc_state(pid) == "T" else None, 30)
+        c.wait(lambda: c.where(job_id) == other, 60)
+        replaced = time.monotonic() - cut_at
+    finally:
+        degrade.two_way(sender, dropped)
+    print(f"\none-way ({deaf} deaf): frozen {frozen:.1f}s, re-placed {replaced:.1f}s after the cut")
+    assert isinstance(frozen, float) and replaced >= 3.0 and replaced > frozen, (frozen, replaced)
+    c.wait(lambda: pid not in c.pids_of(job_id), 40)  # the stale copy, stopped once the link is whole
+    c.wait(lambda: c.server_up(src), 40)
+    done = _ends_once(c, job_id, STEPS, 150)
+    assert {g.server for g in done.placement} <= {other}
+    assert _states(done).count("RUNNING") == 2, _states(done)
+    assert_bit_identical(dump, STEPS, tmp_path)
+    _no_two_copies(c)
+
+
+def _mlp(steps: int, dump: Path, hidden: int, sleep: float = 0.0) -> list[str]:
+    import importlib.util
+
+    origin = importlib.util.find_spec("tf_runtime.examples.mlp").origin  # type: ignore[union-attr]
+    return ["python", str(origin), "--steps", str(steps), "--hidden", str(hidden), "--threads", "1",
+            "--step-sleep", str(sleep), "--dump", str(dump)]
+
+
+def _mlp_baseline(steps: int, hidden: int, tmp: Path) -> dict[str, bytes]:
+    dump = tmp / "mlp-baseline.npz"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    subprocess.run([sys.executable, *_mlp(steps, dump, hidden)[1:]], env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                   check=True, capture_output=True, timeout=300)
+    return load_variables(dump)
+
+
+def _migrate_over_a_cap(c: Cluster, steps: int, hidden: int, sleep: float, rate: str,
+                        tmp: Path) -> tuple[dict[str, bytes], str, str, str, Path]:
+    """h1 and h2 without a shared root, an MLP job training on one of them, the link
+    from it to the other capped at `rate`, and the job's migration there asked for:
+    (the uninterrupted run's variables, the job, its source, its destination, its dump)."""
+    base = _mlp_baseline(steps, hidden, tmp)
+    c.add_helper("h1", shared=False)
+    c.add_helper("h2", shared=False)
+    dump = c.tmp / "final.npz"
+    job_id = c.submit("mlp", _mlp(steps, dump, hidden, sleep=sleep))
+    c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 120)
+    src = c.where(job_id)
+    dest = "h2" if src == "h1" else "h1"
+    degrade.cap_to(c.net.hosts[src][0], c.net.link(src), c.net.hosts[dest][1], rate)
+    c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    return base, job_id, src, dest, dump
+
+
+def test_degraded_checkpoint_streamed_over_a_1_mbit_link_moves_the_job_bit_identical(
+        multihost: Cluster, tmp_path: Path) -> None:
+    """No shared root: a migration streams the checkpoint (an MLP of 512-wide layers and
+    its momentum: about 2 MB) from the source's helper to the destination's, over a link
+    capped at 1 Mbit/s in that direction (tc htb; the hosts' links to the scheduler
+    untouched). The transfer takes its time, heartbeats go on, nothing is called down;
+    the job moves once and ends with the uninterrupted run's variables."""
+    c = multihost
+    steps = 600
+    base, job_id, _, dest, dump = _migrate_over_a_cap(c, steps, 512, 0.03, "1mbit", tmp_path)
+    watch = DownWatch(c)
+    started = time.monotonic()
+    c.wait(lambda: c.where(job_id) == dest, 240)
+    moved = time.monotonic() - started
+    down = watch.stop()
+    done = _ends_once(c, job_id, steps, 150)
+    transfer = [e.message for e in c.events(job_id) if e.kind == "job.migration" and "transfer" in e.message]
+    print(f"\n1 Mbit/s: moved in {moved:.1f}s; {transfer}")
+    assert down == set(), f"called down: {down}"
+    assert transfer and float(transfer[-1].split()[1].rstrip("s")) > 8, "the cap did not slow the transfer"
+    assert _states(done).count("RUNNING") == 2, _states(done)
+    assert load_variables(dump) == base, "final variables differ from the uninterrupted run"
+    _no_two_copies(c)
+
+
+def test_degraded_checkpoint_too_slow_for_its_limit_is_given_up_early_and_the_job_resumes_at_its_source(
+        multihost: Cluster, tmp_path: Path) -> None:
+    """The same migration with a 19 MB checkpoint (1536-wide layers) over a link capped
+    at 128 kbit/s: about 20 minutes, past the transfer's 300-s limit. The source helper
+    judges the pace over 20 s and gives up then; the job restarts at its source from the
+    checkpoint it wrote, training again within about a minute of the migration's start,
+    says why, and ends once, bit-identical. (Before, back at its source 87.5 s after,
+    the stream killed by gRPC's 60-s ping timeout, "UNAVAILABLE: ping timeout", its pings
+    queued behind the data; where pings kept up, only at the 300-s limit.)"""
+    c = multihost
+    steps = 300
+    base, job_id, src, _, dump = _migrate_over_a_cap(c, steps, 1536, 0.05, "128kbit", tmp_path)
+    watch = DownWatch(c)
+    started = time.monotonic()
+    c.wait(lambda: c.job(job_id).state == common_pb2.JOB_STATE_MIGRATING, 30)
+    back = c.wait(lambda: (j := c.job(job_id)).state == RUNNING and c.where(job_id) == src and j, 150)
+    resumed = time.monotonic() - started
+    why = [t.reason for t in back.history if "too slow" in t.reason]  # type: ignore[attr-defined]
+    print(f"\n128 kbit/s: back at {src} {resumed:.1f}s after the migration began; {why}")
+    assert why and "past the 300s limit" in why[-1], [t.reason for t in back.history]  # type: ignore[attr-defined]
+    degrade.uncap(c.net.hosts[src][0], c.net.link(src))
+    _ends_once(c, job_id, steps, 150)
+    assert watch.stop() == set()
+    assert load_variables(dump) == base, "final variables differ from the uninterrupted run"
     _no_two_copies(c)
