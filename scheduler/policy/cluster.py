@@ -99,6 +99,11 @@ class Ledger:
         self.source_servers = servers
         self.order = order
         self.servers: dict[str, ServerView] = {s.name: s for s in servers if s.up}
+        # Cordoned servers (ServerView.schedulable False): their jobs stay bound and take
+        # their turns, but no job comes to them: their GPUs never read as free, they are
+        # never idle (nothing fills them) and their groups are in no groups_by_size (which
+        # every filter that joins a job to a group reads).
+        self.cordoned = frozenset(s.name for s in servers if s.up and not s.schedulable)
         self.snapshot = ClusterSnapshot(0.0, servers)
         self.jobs: dict[str, JobView] = {}
         self.placement: dict[str, Placement] = {}
@@ -106,8 +111,8 @@ class Ledger:
         self.by_state: dict[str, set[str]] = {}
         self.bound: dict[GpuRef, list[str]] = {}
         self.load: dict[str, int] = dict.fromkeys(self.servers, 0)
-        # Up servers no job is bound to.
-        self.idle_servers: set[str] = set(self.servers)
+        # Up servers no job is bound to (cordoned ones left out).
+        self.idle_servers: set[str] = set(self.servers) - self.cordoned
         # Per server: GPU count -> how many jobs of that size touch it (for affinity).
         self.sizes: dict[str, dict[int, int]] = {name: {} for name in self.servers}
         self.jobs_on: dict[str, set[str]] = {name: set() for name in self.servers}
@@ -120,7 +125,7 @@ class Ledger:
         self.spread: set[str] = set()
         self.grown: set[str] = set()
         self._free: dict[str, set[int]] = {
-            name: set(range(s.num_gpus)) for name, s in self.servers.items()
+            name: set(range(s.num_gpus)) if name not in self.cordoned else set() for name, s in self.servers.items()
         }
         self._n_free = sum(len(f) for f in self._free.values())
         self.max_server_gpus = max((s.num_gpus for s in self.servers.values()), default=1)
@@ -366,7 +371,8 @@ class Ledger:
         group = self._groups.get(gpus)
         if group is None:
             self._groups[gpus] = [job_id]
-            self.groups_by_size.setdefault(len(gpus), set()).add(gpus)
+            if not (self.cordoned and any(g.server in self.cordoned for g in gpus)):
+                self.groups_by_size.setdefault(len(gpus), set()).add(gpus)
         else:
             group.append(job_id)
             self.shared.add(gpus)
@@ -445,19 +451,20 @@ class Ledger:
             self.shared.discard(gpus)
         if not group:
             del self._groups[gpus]
-            self.groups_by_size[len(gpus)].discard(gpus)
+            self.groups_by_size.get(len(gpus), set()).discard(gpus)
         self.version += 1
         for gpu in gpus:
             self.bound[gpu].remove(job_id)
             if gpu.server in self.load:
                 self.load[gpu.server] -= 1
                 held = self._held_free.get(gpu.server) if self.held else None
-                if not self.load[gpu.server] and held is None:
+                cordoned = self.cordoned and gpu.server in self.cordoned
+                if not self.load[gpu.server] and held is None and not cordoned:
                     self.idle_servers.add(gpu.server)
                 if not self.bound[gpu]:
                     if held is not None:
                         held.add(gpu.index)
-                    else:
+                    elif not cordoned:
                         on = self._free[gpu.server]
                         n = len(on)
                         on.add(gpu.index)
@@ -536,7 +543,7 @@ class Ledger:
         Idempotent: holding held servers again changes nothing (the version stays, so the
         placement filters' cached answers stand); ``release`` ends it."""
         for name in names:
-            if name not in self.servers or name in self.held:
+            if name not in self.servers or name in self.held or name in self.cordoned:
                 continue
             self.held[name] = size
             free = self._free[name]

@@ -71,6 +71,10 @@ class ServerView:
     the machine's total, or what the operator set); 0: unknown, not checked. Every job
     bound to the server holds host memory there, running or suspended, so the policy
     puts no job's process on a server where it would not fit (``PolicyConfig.host_memory_use``).
+
+    ``schedulable``: False while an operator has the server cordoned (``gandiva cordon``):
+    no job comes to it (no Place, Pack beside another's job, Migrate, Grow or time-slice
+    group joined there); the jobs bound to it stay, and keep their turns there.
     """
 
     name: str
@@ -78,6 +82,7 @@ class ServerView:
     up: bool = True
     gpu_memory_bytes: int = 16 * GIB
     host_memory_bytes: int = 0
+    schedulable: bool = True
 
 
 @dataclass(frozen=True)
