@@ -213,6 +213,8 @@ class Chaos:
         self.db = Db(self.tmp / "state.db", self.pg.dsn if self.pg else None)
         self.gpus = {h: args.gpus for h in HELPERS}  # each helper's GPU count at its next start
         self.expect: dict[str, str] = {}  # jobN -> the end it must reach, when not SUCCEEDED
+        self.steps: dict[str, int] = {}  # jobN -> its program's --steps
+        self.most_held: dict[str, int] = {}  # job id -> the most GPUs the database gave it at once
         self.jobs: dict[str, str] = {}  # jobN -> id
         self.dumps: dict[str, Path] = {}
         self.gpu_shared: list[str] = []
@@ -255,6 +257,7 @@ class Chaos:
                 if gpu >= ngpus.get(server, 0):
                     self.gpu_shared.append(f"{now} {server}/{gpu} beyond its {ngpus.get(server)} GPUs: {sorted(js)}")
             for j, n in per_job.items():
+                self.most_held[j] = max(n, self.most_held.get(j, 0))
                 state, want = jobs.get(j, ("?", 0))
                 if state in ("SUCCEEDED", "FAILED", "KILLED", "QUEUED"):
                     self.gpu_shared.append(f"{now} {j} {state} holds {n} GPU(s)")
@@ -423,7 +426,10 @@ class Chaos:
         """A feed_step job; `grow`: opted in to grow-shrink, its towers on the GPUs it holds;
         `crash_at`: its program stops at that step and exits with status 3 (a crash)."""
         dump = self.tmp / f"final-{name}.npz"
-        cmd = ["python", feed_step_origin(), *FEED_ARGS, "--steps", str(crash_at or self.args.steps), "--step-sleep",
+        # A grow-shrink job grows only while nothing waits: it runs 1.5x as long, so that
+        # it still trains once the others have ended.
+        self.steps[name] = crash_at or (self.args.steps * 3 // 2 if grow else self.args.steps)
+        cmd = ["python", feed_step_origin(), *FEED_ARGS, "--steps", str(self.steps[name]), "--step-sleep",
                str(self.args.sleep), "--dump", str(dump), *(["--devices", "auto"] if grow else [])]
         if crash_at:  # through bash, whose PATH may have no python with the shim's packages: this one
             cmd = ["bash", "-c", shlex.join([sys.executable, *cmd[1:]]) + "; exit 3"]
@@ -461,7 +467,7 @@ class Chaos:
     def run(self) -> int:
         a = self.args
         schedule = print_schedule(a)
-        base = baseline(a.steps, self.tmp)
+        base = {n: baseline(n, self.tmp) for n in {a.steps, a.steps * 3 // 2 if a.more else a.steps}}
         if a.more:  # grow-shrink jobs grow once GPUs have been idle this long (default: minutes)
             self.c.sched_args = ["--policy-option", "grow_idle_s=5"]
         self.c.start_scheduler(5.0)
@@ -516,7 +522,7 @@ class Chaos:
     def awaiting_resubmit(self) -> bool:
         return any(f"{n}-again" not in self.jobs for n, e in self.expect.items() if e == "FAILED")
 
-    def check(self, final: dict[str, common_pb2.Job], base: dict[str, bytes]) -> int:
+    def check(self, final: dict[str, common_pb2.Job], bases: dict[int, dict[str, bytes]]) -> int:
         broken: list[str] = []
         for name in self.expect:
             if self.expect[name] == "FAILED" and f"{name}-again" not in self.jobs:
@@ -531,7 +537,9 @@ class Chaos:
                 continue
             states = [common_pb2.JobState.Name(t.to_state).removeprefix("JOB_STATE_") for t in j.history]
             ends = [s for s in states if s in ("SUCCEEDED", "FAILED", "KILLED")]
-            log(f"{name}: {common_pb2.JobState.Name(j.state)} steps {j.steps} history {states} msg {j.message!r}")
+            grown = self.most_held.get(jid, 0) > j.spec.gpus
+            log(f"{name}: {common_pb2.JobState.Name(j.state)} steps {j.steps} history {states} msg {j.message!r}"
+                + (f" grown to {self.most_held[jid]} GPUs" if grown else ""))
             want = self.expect.get(name, "SUCCEEDED")
             if want != "SUCCEEDED":
                 if ends != [want]:
@@ -539,8 +547,9 @@ class Chaos:
                 continue
             if j.state != common_pb2.JOB_STATE_SUCCEEDED or ends != ["SUCCEEDED"]:
                 broken.append(f"{name} ended {ends} ({j.message})")
-            if j.steps != self.args.steps:
-                broken.append(f"{name} steps {j.steps} != {self.args.steps}")
+            base = bases[self.steps[name]]
+            if j.steps != self.steps[name]:
+                broken.append(f"{name} steps {j.steps} != {self.steps[name]}")
             dump = self.dumps[name]
             if not dump.exists():
                 broken.append(f"{name} wrote no final variables")
