@@ -512,12 +512,20 @@ class Chaos:
         return self.check(final, base)
 
     def connected_note(self, violation: str) -> str:
-        """Which of the copies ever connected its runtime to the scheduler: one that never
-        did was most likely still starting (the sampler counts start-up CPU as training)."""
+        """What each copy did: connected its runtime to the scheduler, and wrote a checkpoint
+        (every 2 s of training, --checkpoint-interval). A copy that never connected, or never
+        checkpointed although it was connected longer than that, was most likely still starting
+        (the sampler counts start-up CPU as training): read the job's log to tell."""
         text = "".join(p.read_text(errors="replace") for p in self.tmp.glob("scheduler.log"))
         incs = re.findall(r"[0-9a-f]{12}", violation.split("copies training", 1)[-1])
-        never = [i for i in incs if f"(incarnation {i}, pid" not in text]
-        return f" [never connected its runtime: {', '.join(never)}]" if never else " [both connected]"
+        job = violation.split("job ", 1)[-1].split(":", 1)[0]
+        try:
+            (rows,) = self.db.query(f"SELECT message FROM events WHERE job_id = '{job}' AND kind = 'job.checkpoint'")
+        except Exception:  # noqa: BLE001
+            rows = []
+        notes = [f"{i}: {'connected' if f'(incarnation {i}, pid' in text else 'never connected'}, "
+                 f"{'checkpointed' if any(i in r[0] for r in rows) else 'never checkpointed'}" for i in incs]
+        return f" [{'; '.join(notes)}]"
 
     def awaiting_resubmit(self) -> bool:
         return any(f"{n}-again" not in self.jobs for n, e in self.expect.items() if e == "FAILED")
