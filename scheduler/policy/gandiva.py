@@ -149,7 +149,7 @@ class GandivaPolicy(Policy):
             self._take_touched(ledger)  # a park changes its group: rotation looks at it now
         out += rotate(ledger, state, cfg, self._look_rotate)
         self._look_rotate = set() if self.incremental else None
-        if cfg.eldest_runs:
+        if cfg.eldest_runs and cfg.eldest_parks:
             out += eldest_alone(ledger, state, cfg)
         if state.probes:  # newcomers this rotation suspended
             out = self._park(ledger, out)

@@ -370,6 +370,12 @@ class PolicyConfig:
         still runs its first slice, then it resumes. No job starves (each becomes the
         eldest of its count in turn) and the oldest of the longest jobs finishes as under
         first come first served, which the makespan needs. Off by default.
+    eldest_parks: with eldest_runs, the other members of the eldest's group are parked
+        (checkpointed, back in the queue, placed again elsewhere). False: they stay in its
+        group, suspended, until it ends or ``lower_height`` moves them to free GPUs; parked,
+        they crowd the other groups of their size, where the next-oldest long job then waits
+        longer (Philly b436b2's makespan). On by default (it changes nothing while
+        eldest_runs is off).
     fifo_after_measured: with las_slices, the ``fifo_after_s`` buckets with the boundary set
         from the same departures as ``gittins_slices``'s: the service per GPU at which the
         mean residual service of the jobs that ran that long is highest (none while it
@@ -491,6 +497,7 @@ class PolicyConfig:
     gittins_tail_fifo: bool = False
     fifo_after_measured: bool = False
     eldest_runs: bool = False
+    eldest_parks: bool = True
     probe_slices: bool = True
     probe_park_last: bool = False
     lower_kept_pairs: bool = False
@@ -516,6 +523,8 @@ class PolicyConfig:
             raise ValueError("fifo_after_measured orders the units las_slices orders: turn las_slices on too")
         if self.eldest_runs and not self.las_slices:
             raise ValueError("eldest_runs changes the order las_slices sets: turn las_slices on too")
+        if not self.eldest_parks and not self.eldest_runs:
+            raise ValueError("eldest_parks false changes what eldest_runs does: turn eldest_runs on too")
         if self.fifo_after_measured and self.fifo_after_s > 0:
             raise ValueError(f"fifo_after_measured sets the bucket boundary that fifo_after_s "
                              f"({self.fifo_after_s}) fixes: set one of them")

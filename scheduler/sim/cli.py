@@ -201,6 +201,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                help="gandiva, with --las-slices: the job submitted first of those of its GPU count "
                     "holding GPUs runs ahead of its time-slice group and keeps its GPUs to itself "
                     "until it ends (the others of its group are parked; default: off)")
+    _rule_flag(s, "eldest_parks",
+               help="gandiva, with --eldest-runs: park the other members of the eldest's group "
+                    "(--no-eldest-parks: they stay suspended in its group until it ends or free GPUs "
+                    "elsewhere take them; default: on)")
     _rule_flag(s, "fifo_after_measured",
                help="gandiva, with --las-slices: --fifo-after's buckets with the boundary set from the "
                     "service with which the latest 1,000 jobs left: where their mean residual service "

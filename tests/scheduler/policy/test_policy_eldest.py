@@ -70,3 +70,32 @@ def test_without_the_rule_the_least_served_job_keeps_the_gpu(mk) -> None:
 def test_the_rule_needs_las_slices() -> None:
     with pytest.raises(ValueError, match="eldest_runs changes the order las_slices sets"):
         PolicyConfig(las_slices=False, eldest_runs=True)
+
+
+KEEP = PolicyConfig(enable_packing=False, enable_grow_shrink=False, enable_migration=False, eldest_runs=True,
+                    eldest_parks=False)
+
+
+def test_without_parks_the_eldest_still_runs_and_its_group_waits_on_its_gpu(mk) -> None:
+    """``eldest_parks`` False: old runs and keeps GPU 0 as with parks, no job comes onto it,
+    but mid and young stay in its group, suspended, at this call and the next."""
+    now = 30 * HOUR
+    policy = get_policy("gandiva", KEEP)
+    snap = _cluster(mk, now)
+    d = policy.decide(snap)
+    kinds = mk.kinds(d)
+    assert ("Suspend", "mid") in kinds and ("Resume", "old") in kinds
+    place = next(x for x in d if type(x).__name__ == "Place" and x.job_id == "new")
+    assert {(g.server, g.index) for g in place.gpus} == {("s0", 1)}
+    assert not any(k == "Park" for k, _ in kinds)
+    later_snap = mk.after(snap, d, now + 60)
+    later = policy.decide(later_snap)
+    assert not any(k == "Park" for k, _ in mk.kinds(later))
+    assert not any(x.job_id == "old" for x in later)  # it keeps running
+    states = {j.id: (j.state, {(g.server, g.index) for g in j.placement}) for j in later_snap.jobs}
+    assert states["mid"] == states["young"] == ("SUSPENDED", {("s0", 0)})
+
+
+def test_eldest_parks_off_needs_eldest_runs() -> None:
+    with pytest.raises(ValueError, match="eldest_parks false changes what eldest_runs does"):
+        PolicyConfig(eldest_parks=False)

@@ -205,6 +205,19 @@ def test_gittins_refinements_are_flags_that_reach_the_policy(capsys: pytest.Capt
     assert code == 2 and name in err and "turn gittins_slices on too" in err
 
 
+def test_no_eldest_parks_is_a_flag_that_needs_eldest_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """--no-eldest-parks changes what --eldest-runs does, so alone it is refused, naming both;
+    with --eldest-runs every job still ends."""
+    code, _, err = _sim(capsys, "--jobs", "5", "--policy", "gandiva", "--no-eldest-parks")
+    assert code == 2 and "eldest_parks" in err and "turn eldest_runs on too" in err
+    args = ("--jobs", "60", "--cluster", "2x4", "--target-load", "2", "--seed", "3", "--policy", "gandiva",
+            "--eldest-runs", "-o", "json")
+    parked = json.loads(_sim(capsys, *args)[1])["gandiva"]
+    code, out, _ = _sim(capsys, *args, "--no-eldest-parks")
+    kept = json.loads(out)["gandiva"]
+    assert code == 0 and kept["jobs_unfinished"] == 0 and kept["jobs_finished"] == parked["jobs_finished"] > 50
+
+
 def test_jobs_larger_than_the_cluster_are_counted_and_named(capsys: pytest.CaptureFixture[str],
                                                             tmp_path: Path) -> None:
     trace = tmp_path / "wide.csv"

@@ -152,6 +152,28 @@ def test_eldest_runs_lets_the_oldest_long_job_end_as_if_alone_under_a_stream_of_
     assert summarize(again) == after
 
 
+def test_eldest_parks_off_keeps_the_eldest_order_without_a_park() -> None:
+    """``eldest_parks`` False: the eldest still runs and keeps its GPU, but its group's other
+    members wait there instead of being parked. On two GPUs, ``first`` (2 h) is the eldest,
+    ``long`` (6 h, 60 s later) shares its GPU, then a 1-hour job every half hour for a day:
+    with parks the stream's jobs on the eldest's GPU go back to the queue (and restart) 195
+    times; without, never; the eldest jobs end when they do with parks, and all 50 finish."""
+    jobs = [JobSpec("first", 0.0, 1, "resnet50", duration_s=2 * 3600),
+            JobSpec("long", 60.0, 1, "resnet50", duration_s=6 * 3600)]
+    jobs += [JobSpec(f"s{i}", 300.0 + 1800.0 * i, 1, "resnet50", duration_s=3600) for i in range(48)]
+    runs = {}
+    for parks in (True, False):
+        config = PolicyConfig(eldest_runs=True, eldest_parks=parks)
+        r = Simulator(jobs, make_cluster("1x2"), get_policy("gandiva", config), MODEL).run()
+        assert not r.unfinished and len(r.jobs) == 50
+        runs[parks] = (r.counts, {j.spec.id: j.finished_at - j.spec.submit_time for j in r.jobs})
+    (with_parks, jct_parks), (without, jct) = runs[True], runs[False]
+    assert with_parks["parks"] > 100 and without["parks"] == 0
+    for eldest in ("first", "long"):
+        assert jct[eldest] == pytest.approx(jct_parks[eldest], rel=0.01)
+    assert jct["first"] == pytest.approx(2 * 3600, rel=0.01)
+
+
 def test_the_most_suspended_jobs_on_one_server_follows_the_group_cap() -> None:
     """``max_suspended_per_server``: what time-slicing asks of a server's host memory (a
     suspended job keeps its process and state there). On an oversubscribed 4x4 cluster of
