@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = [
     "scheduler.cli.token",      # gandiva token create|list|revoke
     "scheduler.cli.tls",        # gandiva tls init
     "scheduler.cli.ops",        # gandiva get|describe|kill|suspend|resume|priority|migrate
+    "scheduler.cli.maintenance",  # gandiva cordon|uncordon|drain
     "migration_helper.cli",     # gandiva helper, gandiva logs
     "scheduler.sim.cli",        # gandiva sim
     "migration_helper.bench_cli",  # gandiva bench ...
@@ -101,12 +102,12 @@ def run(argv: list[str]) -> int:
 
 
 def _describe_job_implied(argv: list[str]) -> list[str]:
-    """`gandiva describe ID` as `gandiva describe job ID` (jobs are all it describes): it was
+    """`gandiva describe ID` as `gandiva describe job ID` (a kind left out is a job): it was
     "argument job: invalid choice: 'j-...' (choose from 'job')"."""
     i = 0
     while i < len(argv) and argv[i].startswith("--scheduler"):
         i += 1 if "=" in argv[i] else 2
-    if argv[i:i + 1] == ["describe"] and len(argv) > i + 1 and argv[i + 1] != "job" \
+    if argv[i:i + 1] == ["describe"] and len(argv) > i + 1 and argv[i + 1] not in ("job", "server") \
             and not argv[i + 1].startswith("-"):
         return [*argv[:i + 1], "job", *argv[i + 1:]]
     return argv

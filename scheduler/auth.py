@@ -376,6 +376,13 @@ def require_job_access(ident: Identity, owner: str, job_id: str) -> None:
         raise PermissionDenied(f"job {job_id} belongs to another user; only its owner and operators may see or act on it")
 
 
+def require_operator(ident: Identity, what: str) -> None:
+    """Only an operator (or anyone, without --auth token) may do ``what``."""
+    if ident.role not in ("operator", "anonymous"):
+        raise PermissionDenied(f"{what} is for operators only; this credential is {ident.role} {ident.name!r} "
+                               "(an operator's token: gandiva token create NAME --operator)")
+
+
 def require_server(ident: Identity, server: str, field: str = "server") -> None:
     """A helper speaks only for the server its credential names."""
     if ident.role == "anonymous":

@@ -94,6 +94,10 @@ def server_to_pb(load: ServerLoad, host_memory_budget: tuple[float, int],
         host_memory_bytes=s.host_memory_bytes,
         host_memory_used_bytes=load.host_used(assumed),
         host_memory_use=use,
+        cordoned=s.cordoned,
+        cordoned_at=s.cordoned_at,
+        cordon_reason=s.cordon_reason,
+        draining=s.draining,
     )
 
 

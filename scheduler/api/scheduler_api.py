@@ -17,6 +17,7 @@ from scheduler.api import paging
 from scheduler.api.convert import event_to_pb, job_to_pb, server_to_pb, state_from_pb
 from scheduler.api.status import grpc_errors, grpc_stream_errors
 from scheduler.core import JobDetail, SchedulerCore
+from scheduler.engine.drain import set_cordon
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument, ResourceExhausted
 from scheduler.state import repo
@@ -241,6 +242,35 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             servers=[server_to_pb(ld, self.core.host_memory_budget, shown) for ld in loads],
             cluster_height=cluster_height(loads)
         )
+
+    async def _server(self, name: str) -> common_pb2.Server:
+        loads = await self.core.list_servers()
+        shown = await self._job_ids_shown(loads)
+        return next(server_to_pb(ld, self.core.host_memory_budget, shown) for ld in loads if ld.server.name == name)
+
+    async def _cordon(self, request: scheduler_pb2.CordonServerRequest, verb: str, cordon: bool,
+                      drain: bool = False) -> common_pb2.Server:
+        auth.require_operator(auth.current(), f"{verb} a server")
+        check_id("server", request.server)
+        check_text("reason", request.reason, MAX_REASON)
+        await set_cordon(self.engine, request.server, cordon, request.reason, drain)
+        return await self._server(request.server)
+
+    @grpc_errors
+    async def CordonServer(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._cordon(request, "cordon", True)
+
+    @grpc_errors
+    async def UncordonServer(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._cordon(request, "uncordon", False)
+
+    @grpc_errors
+    async def DrainServer(self, request, context):  # type: ignore[no-untyped-def]
+        await self._cordon(request, "drain", True, drain=True)
+        moves = await self.engine.drainer.next_pass(request.server)
+        return scheduler_pb2.DrainServerResponse(
+            server=await self._server(request.server),
+            jobs=[scheduler_pb2.DrainedJob(job_id=m.job_id, action=m.action, note=m.note) for m in moves])
 
     async def _job_ids_shown(self, loads: list[ServerLoad]) -> Callable[[str], str]:
         """What the caller sees of each placed job's id. Another user's ids are as hidden

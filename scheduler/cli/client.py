@@ -553,7 +553,7 @@ def _fields(message: Any, names: str) -> dict[str, Any]:
 def server_to_dict(server: common_pb2.Server) -> dict[str, Any]:
     """A server as ``-o json`` prints it: name, gpus, height, affinity, up first."""
     out = _fields(server, "name gpus height affinity up allocated address last_heartbeat ramdisk "
-                  "host_memory_bytes host_memory_used_bytes host_memory_use")
+                  "host_memory_bytes host_memory_used_bytes host_memory_use cordoned cordoned_at cordon_reason draining")
     out["gpu_list"] = [
         dict(_fields(g, "index uuid model memory_total_bytes memory_used_bytes utilization"),
              jobs=list(g.jobs))

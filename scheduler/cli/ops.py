@@ -37,13 +37,14 @@ from scheduler.cli.client import (
     state_name,
     state_value,
 )
+from scheduler.cli.maintenance import describe_server, status_of
 from scheduler.validation import MAX_PRIORITY
 
 PROG = "gandiva"
 
 
-def register(subparsers: Any) -> None:
-    """Add the operator subcommands to the `gandiva` parser."""
+def common_parser() -> argparse.ArgumentParser:
+    """The flags every operator subcommand takes: --scheduler, -o, --no-headers, security."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--scheduler", metavar="ADDR", help="scheduler address "
                         "(default: $GANDIVA_SCHEDULER, else 127.0.0.1:50051)")
@@ -51,6 +52,12 @@ def register(subparsers: Any) -> None:
                         help="table (default), wide (more columns) or json")
     common.add_argument("--no-headers", action="store_true", help="tables without the header row")
     add_security_flags(common)
+    return common
+
+
+def register(subparsers: Any) -> None:
+    """Add the operator subcommands to the `gandiva` parser."""
+    common = common_parser()
     _register_get(subparsers, common)
     _register_actions(subparsers, common)
 
@@ -97,11 +104,14 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _register_actions(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    describe = subparsers.add_parser("describe", help="everything about one job")
-    what = describe.add_subparsers(dest="kind", metavar="job", required=True)
+    describe = subparsers.add_parser("describe", help="everything about one job or server")
+    what = describe.add_subparsers(dest="kind", metavar="job|server", required=True)
     job = what.add_parser("job", parents=[common], help="spec, placement, history, metrics")
     job.add_argument("id", metavar="ID", help="the job's id (j-..., as gandiva-submit and gandiva get jobs print)")
     _set(job, describe_job)
+    server = what.add_parser("server", parents=[common], help="GPUs, jobs, and whether it is cordoned and why")
+    server.add_argument("name", metavar="SERVER", help="the server's name (gandiva get servers)")
+    _set(server, describe_server)
 
     kill = subparsers.add_parser("kill", parents=[common], help="kill jobs (a multi-job's id: its jobs not ended)")
     kill.add_argument("ids", nargs="+", metavar="ID",
@@ -221,8 +231,9 @@ def get_jobs(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
+# STATUS: ready, cordoned (gandiva cordon: no new job goes there) or draining (gandiva drain).
 SERVER_HEADERS = ["NAME", "GPUS", "ALLOCATED", "HEIGHT", "AFFINITY", "UP", "JOBS", "HOST-MEMORY",
-                  "HEARTBEAT"]
+                  "HEARTBEAT", "STATUS"]
 SERVER_WIDE_HEADERS = SERVER_HEADERS + ["ADDRESS", "GPU-UTIL", "GPU-MEMORY"]
 
 
@@ -233,6 +244,7 @@ def server_row(server: common_pb2.Server, wide: bool) -> list[Any]:
         "yes" if server.up else "no", len(jobs),
         output.host_memory(server.host_memory_used_bytes, server.host_memory_bytes),
         output.age(server.last_heartbeat),
+        status_of(server),
     ]
     if wide:
         row += [

@@ -138,7 +138,7 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
             on_gpu = Text()
             for e in g["jobs"]:
                 on_gpu.append(f"{output.visible(e['name'] or e['id'])} ", style="" if e["state"] == "RUNNING" else "dim")
-            servers.add_row(*_cells(srv["name"] + ("" if srv["up"] else " (down)") if k == 0 else "",
+            servers.add_row(*_cells(_server_label(srv) if k == 0 else "",
                                     str(srv["height"]) if k == 0 else "",
                                     output.host_memory(srv.get("host_memory_used", 0), srv.get("host_memory", 0))
                                     if k == 0 else "", str(g["index"]), g["mode"], f"{g['utilization']:.0%}"), on_gpu)
@@ -161,6 +161,15 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
         latest.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "
                                      f"{names.get(d['job'], d['job'])}: {d['reason']}") + "\n")
     return Group(head, servers, jobs, rest, Text("latest decisions", style="bold"), latest)
+
+
+def _server_label(srv: dict) -> str:
+    """Its name, with "(down)", "(cordoned)" or "(draining)" (gandiva cordon / drain)."""
+    if not srv["up"]:
+        return f"{srv['name']} (down)"
+    if srv.get("cordoned"):
+        return f"{srv['name']} ({'draining' if srv.get('draining') else 'cordoned'})"
+    return str(srv["name"])
 
 
 def run(args: argparse.Namespace) -> int:

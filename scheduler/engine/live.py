@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from migration_protocol.fast_path import MigrationResult, MigrationTimeouts, Outcome
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
+from scheduler.engine.drain import Drainer, check_not_cordoned
 from scheduler.engine.live_migration import (
     OPERATOR_CONNECT_WAIT_S,
     begin_migration,
@@ -133,6 +134,8 @@ class LiveEngine:
         self._views: dict[str, tuple[tuple, pt.JobView]] = {}
         # The last packing verdict (GandivaState.verdicts' seq) written to the event history.
         self._verdict_seq = 0
+        # Moves the jobs off draining servers (gandiva drain), before each round's snapshot.
+        self.drainer = Drainer(self)
 
     @property
     def observer(self) -> Observer:
@@ -196,6 +199,7 @@ class LiveEngine:
             await asyncio.wait(self._tasks, timeout=grace_s)
 
     async def tick(self) -> list[pt.Decision]:
+        await self.drainer.step()
         snap = await self.snapshot()
         # Jobs with a command in flight, and jobs an operator suspended, are left alone.
         skip = self.inflight | self._held
@@ -358,7 +362,7 @@ class LiveEngine:
             held.extend(g for g in (pt.GpuRef(m.dest_server, i) for i in m.dest_gpus) if g not in held)
         # A fenced job waits until an older copy of it has surely stopped (lease expiry), or
         # for the down server holding its checkpoint: until it is up again.
-        up = {name for name, _, is_up, _, _ in server_rows if is_up}
+        up = {name for name, _, is_up, _, _, _ in server_rows if is_up}
         jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now
                                         and not self._holder_back(j.id, j.fenced_until, up))]
         # A server whose helper could not start a job (its disk full...) gets no new job for
@@ -366,8 +370,9 @@ class LiveEngine:
         holding = {g.server for held in placements.values() for g in held} if quarantined else set()
         servers = tuple(
             pt.ServerView(name=name, num_gpus=num_gpus, up=up and (name not in quarantined or name in holding),
-                          gpu_memory_bytes=memory or 16 * pt.GIB, host_memory_bytes=host_memory or 0)
-            for name, num_gpus, up, memory, host_memory in server_rows
+                          gpu_memory_bytes=memory or 16 * pt.GIB, host_memory_bytes=host_memory or 0,
+                          schedulable=not cordoned)
+            for name, num_gpus, up, memory, host_memory, cordoned in server_rows
         )
         views: dict[str, tuple[tuple, pt.JobView]] = {}
         for j in jobs:
@@ -1035,7 +1040,11 @@ class LiveEngine:
         finally:
             self.inflight.discard(job_id)
 
-    async def operator_migrate(self, job_id: str, to_server: str) -> JobDetail:
+    def quarantined(self, server: str) -> bool:
+        """No new job goes to ``server`` for now (its helper failed a launch of its own)."""
+        return self._quarantined.get(server, float("-inf")) > self.core.monotonic()
+
+    async def operator_migrate(self, job_id: str, to_server: str, reason: str = "requested by operator") -> JobDetail:
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id)
             loads = {ld.server.name: ld for ld in await repo.server_loads(s)}
@@ -1046,6 +1055,7 @@ class LiveEngine:
         dest = loads[to_server]
         if not dest.server.up:
             raise FailedPrecondition(f"server {to_server} is down")
+        check_not_cordoned(dest.server)
         if job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
             raise FailedPrecondition(f"job {job_id} is {job.state}; only a running or suspended job can migrate")
         if not job.suspendable:
@@ -1063,7 +1073,7 @@ class LiveEngine:
         _, source = await self._where(job_id)
         self.inflight.add(job_id)
         try:
-            rest = await begin_migration(self.core, job_id, gpus, "requested by operator")
+            rest = await begin_migration(self.core, job_id, gpus, reason)
         except BaseException:
             self.inflight.discard(job_id)
             raise

@@ -94,6 +94,9 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
                 "jobs": entries, "mode": gpu_mode(running, len(entries) - running),
             })
         servers.append({"name": ld.server.name, "up": ld.server.up, "gpus": gpus,
+                        # gandiva cordon / drain: no new job goes there (draining: its jobs leave).
+                        "cordoned": ld.server.cordoned, "draining": ld.server.draining,
+                        "cordon_reason": ld.server.cordon_reason,
                         "height": ld.height, "allocated": ld.allocated, "affinity": ld.affinity,
                         "host_memory": ld.server.host_memory_bytes,
                         "host_memory_used": ld.host_used(core.host_memory_budget[1])})

@@ -160,6 +160,9 @@ class SchedulerMetrics(Observer):
         self.longest_wait = Gauge("gandiva_queue_longest_wait_seconds",
                                   "How long the longest-waiting queued job has waited", registry=r)
         self.server_up = Gauge("gandiva_server_up", "1 when the server's helper heartbeats", ["server"], registry=r)
+        self.server_cordoned = Gauge(
+            "gandiva_server_cordoned", "1 while an operator has the server cordoned (no new job goes there), "
+            "2 while it is drained (its jobs are being moved off)", ["server"], registry=r)
         self.server_gpus = Gauge("gandiva_server_gpus", "GPUs in the server", ["server"], registry=r)
         self.gpus_allocated = Gauge("gandiva_server_gpus_allocated", "GPUs with at least one job placed",
                                     ["server"], registry=r)
@@ -276,7 +279,7 @@ class SchedulerMetrics(Observer):
         try:
             await asyncio.wait_for(self._refresh(core), timeout_s)
         except (Unavailable, TimeoutError):
-            for metric in (self.jobs, self.server_up, self.server_gpus, self.gpus_allocated,
+            for metric in (self.jobs, self.server_up, self.server_cordoned, self.server_gpus, self.gpus_allocated,
                            self.gpus_oversubscribed, self.height, self.job_rate, self.user_gpu_seconds,
                            self.user_gpus_running):
                 metric.clear()
@@ -308,12 +311,13 @@ class SchedulerMetrics(Observer):
         self.jobs_hung.set(len(core.hangs.flagged()))
         self.queue_length.set(counts.get(JobState.QUEUED.value, 0))
         self.longest_wait.set(max(0.0, now - oldest) if oldest else 0.0)
-        for metric in (self.server_up, self.server_gpus, self.gpus_allocated, self.gpus_oversubscribed,
+        for metric in (self.server_up, self.server_cordoned, self.server_gpus, self.gpus_allocated, self.gpus_oversubscribed,
                        self.height, self.job_rate, self.user_gpu_seconds, self.user_gpus_running):
             metric.clear()  # servers and jobs that are gone leave no stale series
         for ld in loads:
             name = ld.server.name
             self.server_up.labels(name).set(1 if ld.server.up else 0)
+            self.server_cordoned.labels(name).set(2 if ld.server.draining else 1 if ld.server.cordoned else 0)
             self.server_gpus.labels(name).set(ld.server.num_gpus)
             self.gpus_allocated.labels(name).set(sum(1 for v in ld.jobs_by_gpu.values() if v))
             self.gpus_oversubscribed.labels(name).set(sum(1 for v in ld.jobs_by_gpu.values() if len(v) > 1))

@@ -62,6 +62,13 @@ class Server(Base):
     last_heartbeat: Mapped[float] = mapped_column(Double)
     # The host memory its jobs may hold, as its helper reported at registration (0: unknown).
     host_memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Cordoned by an operator (gandiva cordon/drain): no job comes to it. The mark is the
+    # name's, so a helper that restarts or registers again finds it cordoned still.
+    # draining: the scheduler moves every job placed here off it (gandiva drain).
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    cordoned_at: Mapped[float] = mapped_column(Double, default=0.0)
+    cordon_reason: Mapped[str] = mapped_column(Text, default="")
+    draining: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Gpu(Base):

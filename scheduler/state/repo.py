@@ -261,7 +261,7 @@ def running_job_rows(session: Session) -> Sequence:
 class SnapshotRows:
     """What a scheduling round reads, as plain rows where it can."""
 
-    # (name, num_gpus, up, smallest GPU memory or None, host memory) of every server, by name.
+    # (name, num_gpus, up, smallest GPU memory or None, host memory, cordoned) of every server, by name.
     servers: Sequence
     # SNAPSHOT_COLUMNS of every unfinished job, in submission order (no ORM objects,
     # no JSON decoding).
@@ -279,7 +279,8 @@ def snapshot_rows(session: Session) -> SnapshotRows:
     thread, not in stretches on the event loop."""
     memory = (select(Gpu.server_name, func.min(Gpu.memory_total).label("memory"))
               .group_by(Gpu.server_name).subquery())
-    servers = (select(Server.name, Server.num_gpus, Server.up, memory.c.memory, Server.host_memory_bytes)
+    servers = (select(Server.name, Server.num_gpus, Server.up, memory.c.memory, Server.host_memory_bytes,
+                      Server.cordoned)
                .outerjoin(memory, memory.c.server_name == Server.name).order_by(Server.name))
     jobs = select(*SNAPSHOT_COLUMNS).where(Job.state.in_(_UNFINISHED)).order_by(Job.submitted_at, Job.id)
     profiles = select(JobProfile).join(Job, Job.id == JobProfile.job_id).where(Job.state.in_(_UNFINISHED))

@@ -419,6 +419,10 @@ class Server(_message.Message):
     HOST_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     HOST_MEMORY_USED_BYTES_FIELD_NUMBER: _builtins.int
     HOST_MEMORY_USE_FIELD_NUMBER: _builtins.int
+    CORDONED_FIELD_NUMBER: _builtins.int
+    CORDONED_AT_FIELD_NUMBER: _builtins.int
+    CORDON_REASON_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     """the helper's own gRPC address, for peers"""
@@ -441,6 +445,13 @@ class Server(_message.Message):
     host_memory_used_bytes: _builtins.int
     host_memory_use: _builtins.float
     """The fraction of host_memory_bytes the policy lets jobs hold (host_memory_use)."""
+    cordoned: _builtins.bool
+    """Cordoned by an operator (gandiva cordon / drain): no job comes to it; since when
+    (unix seconds), why, and whether the scheduler is moving its jobs off (drain).
+    """
+    cordoned_at: _builtins.float
+    cordon_reason: _builtins.str
+    draining: _builtins.bool
     @_builtins.property
     def gpu_list(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
     def __init__(
@@ -459,10 +470,14 @@ class Server(_message.Message):
         host_memory_bytes: _builtins.int = ...,
         host_memory_used_bytes: _builtins.int = ...,
         host_memory_use: _builtins.float = ...,
+        cordoned: _builtins.bool = ...,
+        cordoned_at: _builtins.float = ...,
+        cordon_reason: _builtins.str = ...,
+        draining: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "affinity", b"affinity", "allocated", b"allocated", "gpu_list", b"gpu_list", "gpus", b"gpus", "height", b"height", "host_memory_bytes", b"host_memory_bytes", "host_memory_use", b"host_memory_use", "host_memory_used_bytes", b"host_memory_used_bytes", "last_heartbeat", b"last_heartbeat", "name", b"name", "ramdisk", b"ramdisk", "up", b"up"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "affinity", b"affinity", "allocated", b"allocated", "cordon_reason", b"cordon_reason", "cordoned", b"cordoned", "cordoned_at", b"cordoned_at", "draining", b"draining", "gpu_list", b"gpu_list", "gpus", b"gpus", "height", b"height", "host_memory_bytes", b"host_memory_bytes", "host_memory_use", b"host_memory_use", "host_memory_used_bytes", b"host_memory_used_bytes", "last_heartbeat", b"last_heartbeat", "name", b"name", "ramdisk", b"ramdisk", "up", b"up"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

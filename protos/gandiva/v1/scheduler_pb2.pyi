@@ -20,6 +20,82 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class CordonServerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    server: _builtins.str
+    reason: _builtins.str
+    """for people (shown by get servers / describe); optional"""
+    def __init__(
+        self,
+        *,
+        server: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "server", b"server"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CordonServerRequest: _TypeAlias = CordonServerRequest  # noqa: Y015
+
+@_typing.final
+class DrainServerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVER_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def server(self) -> _common_pb2.Server: ...
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___DrainedJob]:
+        """The jobs placed on the server when the drain began, each with what happens to it."""
+
+    def __init__(
+        self,
+        *,
+        server: _common_pb2.Server | None = ...,
+        jobs: _abc.Iterable[Global___DrainedJob] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["server", b"server"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "server", b"server"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainServerResponse: _TypeAlias = DrainServerResponse  # noqa: Y015
+
+@_typing.final
+class DrainedJob(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    action: _builtins.str
+    """"migrate", "park", "wait" (it cannot leave now: see note)"""
+    note: _builtins.str
+    """e.g. "to s2/0", "no other server has 2 free GPUs", ..."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        action: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "job_id", b"job_id", "note", b"note"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainedJob: _TypeAlias = DrainedJob  # noqa: Y015
+
+@_typing.final
 class ReadJobLogRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

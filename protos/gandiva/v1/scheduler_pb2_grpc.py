@@ -100,6 +100,21 @@ class SchedulerStub:
                 request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogRequest.SerializeToString,
                 response_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogResponse.FromString,
                 _registered_method=True)
+        self.CordonServer = channel.unary_unary(
+                '/gandiva.v1.Scheduler/CordonServer',
+                request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.SerializeToString,
+                response_deserializer=protos_dot_gandiva_dot_v1_dot_common__pb2.Server.FromString,
+                _registered_method=True)
+        self.UncordonServer = channel.unary_unary(
+                '/gandiva.v1.Scheduler/UncordonServer',
+                request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.SerializeToString,
+                response_deserializer=protos_dot_gandiva_dot_v1_dot_common__pb2.Server.FromString,
+                _registered_method=True)
+        self.DrainServer = channel.unary_unary(
+                '/gandiva.v1.Scheduler/DrainServer',
+                request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.SerializeToString,
+                response_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.DrainServerResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -187,6 +202,32 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CordonServer(self, request, context):
+        """Operators only (PERMISSION_DENIED for others under --auth token; NOT_FOUND for an
+        unknown server). Cordon: no job is placed, resumed from the queue or moved onto the
+        server from now on; the jobs there keep running. The mark is the server name's: it
+        survives its helper's restarts and re-registrations and the scheduler's restarts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UncordonServer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainServer(self, request, context):
+        """Cordon it, then move every job off it at mini-batch boundaries: migrated where another
+        server has free GPUs for it, else checkpointed and queued again (the policy resumes it
+        elsewhere from that checkpoint). Returns at once; the scheduler goes on moving jobs off
+        it (also jobs that arrive there later, e.g. a migration in flight) until uncordoned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -254,6 +295,21 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.ReadJobLog,
                     request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogRequest.FromString,
                     response_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogResponse.SerializeToString,
+            ),
+            'CordonServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.CordonServer,
+                    request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.FromString,
+                    response_serializer=protos_dot_gandiva_dot_v1_dot_common__pb2.Server.SerializeToString,
+            ),
+            'UncordonServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.UncordonServer,
+                    request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.FromString,
+                    response_serializer=protos_dot_gandiva_dot_v1_dot_common__pb2.Server.SerializeToString,
+            ),
+            'DrainServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainServer,
+                    request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.FromString,
+                    response_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.DrainServerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -607,6 +663,87 @@ class Scheduler:
             '/gandiva.v1.Scheduler/ReadJobLog',
             protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogRequest.SerializeToString,
             protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ReadJobLogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CordonServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gandiva.v1.Scheduler/CordonServer',
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.SerializeToString,
+            protos_dot_gandiva_dot_v1_dot_common__pb2.Server.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UncordonServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gandiva.v1.Scheduler/UncordonServer',
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.SerializeToString,
+            protos_dot_gandiva_dot_v1_dot_common__pb2.Server.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gandiva.v1.Scheduler/DrainServer',
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.SerializeToString,
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.DrainServerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,19 @@ class SchedulerStub:
     """Part of a job's output, read from the server that ran it last; only for the
     job's owner and operators.
     """
+    CordonServer: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CordonServerRequest, _common_pb2.Server]
+    """Operators only (PERMISSION_DENIED for others under --auth token; NOT_FOUND for an
+    unknown server). Cordon: no job is placed, resumed from the queue or moved onto the
+    server from now on; the jobs there keep running. The mark is the server name's: it
+    survives its helper's restarts and re-registrations and the scheduler's restarts.
+    """
+    UncordonServer: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CordonServerRequest, _common_pb2.Server]
+    DrainServer: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CordonServerRequest, _scheduler_pb2.DrainServerResponse]
+    """Cordon it, then move every job off it at mini-batch boundaries: migrated where another
+    server has free GPUs for it, else checkpointed and queued again (the policy resumes it
+    elsewhere from that checkpoint). Returns at once; the scheduler goes on moving jobs off
+    it (also jobs that arrive there later, e.g. a migration in flight) until uncordoned.
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -71,6 +84,19 @@ class SchedulerAsyncStub(SchedulerStub):
     ReadJobLog: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReadJobLogRequest, _scheduler_pb2.ReadJobLogResponse]  # type: ignore[assignment]
     """Part of a job's output, read from the server that ran it last; only for the
     job's owner and operators.
+    """
+    CordonServer: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CordonServerRequest, _common_pb2.Server]  # type: ignore[assignment]
+    """Operators only (PERMISSION_DENIED for others under --auth token; NOT_FOUND for an
+    unknown server). Cordon: no job is placed, resumed from the queue or moved onto the
+    server from now on; the jobs there keep running. The mark is the server name's: it
+    survives its helper's restarts and re-registrations and the scheduler's restarts.
+    """
+    UncordonServer: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CordonServerRequest, _common_pb2.Server]  # type: ignore[assignment]
+    DrainServer: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CordonServerRequest, _scheduler_pb2.DrainServerResponse]  # type: ignore[assignment]
+    """Cordon it, then move every job off it at mini-batch boundaries: migrated where another
+    server has free GPUs for it, else checkpointed and queued again (the policy resumes it
+    elsewhere from that checkpoint). Returns at once; the scheduler goes on moving jobs off
+    it (also jobs that arrive there later, e.g. a migration in flight) until uncordoned.
     """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
@@ -168,6 +194,37 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_scheduler_pb2.ReadJobLogResponse, _abc.Awaitable[_scheduler_pb2.ReadJobLogResponse]]:
         """Part of a job's output, read from the server that ran it last; only for the
         job's owner and operators.
+        """
+
+    @_abc_1.abstractmethod
+    def CordonServer(
+        self,
+        request: _scheduler_pb2.CordonServerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Server, _abc.Awaitable[_common_pb2.Server]]:
+        """Operators only (PERMISSION_DENIED for others under --auth token; NOT_FOUND for an
+        unknown server). Cordon: no job is placed, resumed from the queue or moved onto the
+        server from now on; the jobs there keep running. The mark is the server name's: it
+        survives its helper's restarts and re-registrations and the scheduler's restarts.
+        """
+
+    @_abc_1.abstractmethod
+    def UncordonServer(
+        self,
+        request: _scheduler_pb2.CordonServerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Server, _abc.Awaitable[_common_pb2.Server]]: ...
+
+    @_abc_1.abstractmethod
+    def DrainServer(
+        self,
+        request: _scheduler_pb2.CordonServerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.DrainServerResponse, _abc.Awaitable[_scheduler_pb2.DrainServerResponse]]:
+        """Cordon it, then move every job off it at mini-batch boundaries: migrated where another
+        server has free GPUs for it, else checkpointed and queued again (the policy resumes it
+        elsewhere from that checkpoint). Returns at once; the scheduler goes on moving jobs off
+        it (also jobs that arrive there later, e.g. a migration in flight) until uncordoned.
         """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,205 @@
+"""Taking a server out for maintenance: cordon, uncordon and drain (`gandiva cordon`,
+`gandiva uncordon`, `gandiva drain`; docs/scheduler.md "Cordon and drain").
+
+A cordoned server takes no job: the policy sees it unschedulable (ServerView.schedulable)
+and puts nothing on it that is not there already; its jobs keep running. A draining
+server is cordoned, and at every scheduling round the engine moves each job placed on
+it off, at a mini-batch boundary: migrated to another server's free GPUs when there are
+enough, else parked (checkpointed into its ramdisk and queued again: the policy places
+it elsewhere and it resumes from that checkpoint, fetched from this server). The marks
+are columns of the server's row (the name's), so they outlive helper restarts and
+re-registrations and scheduler restarts; every change is one transaction with its event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+
+from scheduler.errors import FailedPrecondition, GandivaError, NotFound
+from scheduler.lifecycle import JobState
+from scheduler.state import repo
+from scheduler.state.models import Job, Server
+
+if TYPE_CHECKING:
+    from scheduler.engine.live import LiveEngine
+
+log = logging.getLogger(__name__)
+
+DRAIN_REASON = "draining server"
+
+
+@dataclass(frozen=True)
+class Move:
+    """What the drain does with one job on the server: "migrate" (``note``: where to),
+    "park" (no other server has room for it now), "wait" (it cannot leave at a mini-batch
+    boundary, or is busy with a command: ``note`` says which), "moving" (in flight)."""
+
+    job_id: str
+    action: str
+    note: str
+
+
+async def _named(s, name: str) -> Server:  # type: ignore[no-untyped-def]
+    """The server row, or NOT_FOUND naming the registered servers."""
+    try:
+        return await repo.get_server(s, name)
+    except NotFound as err:
+        known = [n for n, _ in await repo.helper_agents(s)]
+        said = f"server {name!r} not found; the registered servers are: {', '.join(known) or 'none'} (gandiva get servers)"
+        err.args = (said,)
+        raise
+
+
+async def set_cordon(engine: LiveEngine, name: str, cordon: bool, reason: str, drain: bool = False) -> None:
+    """Cordon (``drain``: and drain) or uncordon ``name``, with its event, in one transaction.
+    Doing again what is done already changes nothing and writes no event."""
+    core = engine.core
+    now = core.clock()
+    async with core.tx() as s:
+        server = await _named(s, name)
+        if cordon:
+            if server.cordoned and (server.draining or not drain) and not reason:
+                return
+            kind = "server.drain" if drain and not server.draining else "server.cordon"
+            if not server.cordoned:
+                server.cordoned_at = now
+            server.cordoned = True
+            server.cordon_reason = reason or server.cordon_reason
+            server.draining = server.draining or drain
+            what = ("draining: no job is placed there and its jobs are moved off" if server.draining
+                    else "cordoned: no job is placed there; its jobs keep running")
+            repo.add_event(s, now, kind, f"{what}{f' ({reason})' if reason else ''}", server=name)
+        else:
+            if not server.cordoned:
+                return
+            server.cordoned, server.draining, server.cordoned_at, server.cordon_reason = False, False, 0.0, ""
+            repo.add_event(s, now, "server.uncordon", f"uncordoned: jobs are placed there again{f' ({reason})' if reason else ''}",
+                           server=name)
+    engine.drainer.noted.clear()
+    core.poke()
+
+
+class Drainer:
+    """Moves the jobs off draining servers, one scheduling round at a time."""
+
+    def __init__(self, engine: LiveEngine) -> None:
+        self.engine = engine
+        # (job id, what was said) already written as an event: each is said once.
+        self.noted: set[tuple[str, str]] = set()
+        # Each job's last move started (what a "moving" job is doing), for DrainServer's answer.
+        self.started: dict[str, Move] = {}
+        self._drained: set[str] = set()  # draining servers already said empty
+        self._began = self._ended = 0  # passes begun and ended
+        self._passed = asyncio.Condition()
+
+    async def step(self) -> list[Move]:
+        """One pass over every draining server: start a move for each job on it that has
+        no command in flight. Run by the engine before each round's snapshot (so the GPUs a
+        migration takes are held, by its row, before the policy looks) and only there: two
+        passes at once would each start a move of the same job (seen: a migration and a
+        park of one job, the migration failing)."""
+        self._began += 1
+        core = self.engine.core
+        try:
+            async with core.tx(read=True) as s:
+                names = list(await s.scalars(select(Server.name).where(Server.draining.is_(True))))
+            moves: list[Move] = []
+            for name in names:
+                moves += await self.drain_once(name)
+            self._drained &= set(names)
+            seen = {m.job_id for m in moves}
+            self.noted = {n for n in self.noted if n[0] in seen}  # bounded: only jobs still there
+            self.started = {j: m for j, m in self.started.items() if j in seen}
+            return moves
+        finally:
+            async with self._passed:
+                self._ended = self._began
+                self._passed.notify_all()
+
+    async def next_pass(self, name: str, timeout_s: float = 10.0) -> list[Move]:
+        """Wait (up to ``timeout_s``) for a pass that begins after this call to end; what
+        it did on ``name``: each job there, with the move started for it."""
+        want = self._began + 1
+        self.engine.core.poke()
+        async with self._passed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._passed.wait_for(lambda: self._ended >= want), timeout_s)
+        async with self.engine.core.tx(read=True) as s:
+            jobs = list(await repo.jobs_on_server(s, name))
+        return [self.started.get(j.id) or Move(j.id, "moving", j.state.lower()) for j in jobs]
+
+    async def drain_once(self, name: str) -> list[Move]:
+        engine, core = self.engine, self.engine.core
+        async with core.tx(read=True) as s:
+            jobs = list(await repo.jobs_on_server(s, name))
+        if not jobs:
+            if name not in self._drained:
+                self._drained.add(name)
+                async with core.tx() as s:
+                    repo.add_event(s, core.clock(), "server.drained", "drained: no job is placed there", server=name)
+            return []
+        self._drained.discard(name)
+        moves = []
+        for job in jobs:
+            move = await self._move(name, job)
+            if move.action != "moving":
+                self.started[job.id] = move
+            moves.append(move)
+            if (job.id, move.note) not in self.noted and move.action != "moving":
+                self.noted.add((job.id, move.note))
+                async with core.tx() as s:
+                    repo.add_event(s, core.clock(), "job.drain", f"{move.action}: {move.note}", job_id=job.id, server=name)
+        engine.core.poke()
+        return moves
+
+    async def _move(self, name: str, job: Job) -> Move:
+        engine = self.engine
+        if job.id in engine.inflight or job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
+            return Move(job.id, "moving", f"{job.state.lower()}, a command in flight")
+        if not job.suspendable:
+            return Move(job.id, "wait", f"it cannot be stopped at a mini-batch boundary ({job.control_note}); "
+                                        "it stays until it ends or is killed")
+        if not job.migratable:
+            return Move(job.id, "wait", "its loop does not resume from a restored step, so it cannot leave "
+                                        "without losing its progress; it stays until it ends or is killed")
+        target = await self._room_for(name, job)
+        if target:
+            try:
+                await engine.operator_migrate(job.id, target, reason=f"{DRAIN_REASON} {name}")
+                return Move(job.id, "migrate", f"to {target}")
+            except GandivaError as err:
+                log.info("drain of %s: job %s not migrated to %s: %s; parking it", name, job.id, target, err)
+        engine._background(job.id, engine._park(job.id, f"{DRAIN_REASON} {name}: checkpointed and queued again"))
+        return Move(job.id, "park", f"no other server has {job.gpus} free GPU(s): checkpointed and queued again; "
+                                    "the scheduler resumes it from that checkpoint where it places it next")
+
+    async def _room_for(self, name: str, job: Job) -> str:
+        """An up, uncordoned server other than ``name`` with ``job.gpus`` free GPUs (no job
+        placed, none held by a migration): the fullest that fits first (best fit)."""
+        async with self.engine.core.tx(read=True) as s:
+            loads = await repo.server_loads(s)
+            held: dict[str, set[int]] = {}
+            for m in await repo.migrations(s):
+                held.setdefault(m.dest_server, set()).update(m.dest_gpus)
+        fits = []
+        for ld in loads:
+            srv = ld.server
+            if srv.name == name or not srv.up or srv.cordoned or self.engine.quarantined(srv.name):
+                continue
+            free = [g for g in ld.gpus if not ld.jobs_by_gpu.get(g.index) and g.index not in held.get(srv.name, ())]
+            if len(free) >= job.gpus:
+                fits.append((len(free), srv.name))
+        return min(fits)[1] if fits else ""
+
+
+def check_not_cordoned(server: Server) -> None:
+    """An operator's migration onto a cordoned server is refused, naming why."""
+    if server.cordoned:
+        raise FailedPrecondition(f"server {server.name} is cordoned ({server.cordon_reason or 'no reason given'}); "
+                                 f"`gandiva uncordon {server.name}` first")

@@ -1,0 +1,51 @@
+"""0009_cordon on a database with data: `gandiva db upgrade` from 0008 keeps every server,
+GPU and placement (servers come out uncordoned), and its downgrade drops the columns
+without taking a server's GPUs or placements with it. SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from protos.gandiva.v1 import common_pb2
+from scheduler.core import SchedulerCore
+from scheduler.state import migrate
+from scheduler.state.db import make_engine
+
+
+async def _rows(engine) -> tuple:  # type: ignore[no-untyped-def]
+    async with engine.connect() as conn:
+        return tuple([(await conn.execute(text(f"select count(*) from {t}"))).scalar() for t in
+                      ("servers", "gpus", "jobs", "placements")])
+
+
+async def test_upgrade_from_0008_keeps_servers_and_placements_and_back(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        await migrate.upgrade(engine, "0008_progress")
+        async with engine.begin() as conn:
+            await conn.execute(text(
+                "insert into servers (name, address, num_gpus, ramdisk, shared_root, up, registered_at, "
+                "last_heartbeat, host_memory_bytes) values ('s1', '', 2, '', '', true, 1, 1, 0)"))
+            await conn.execute(text("insert into gpus (server_name, index, uuid, model, memory_total, memory_used, "
+                                    "utilization, sampled_at) values ('s1', 0, '', 'v', 0, 0, 0, 0), "
+                                    "('s1', 1, '', 'v', 0, 0, 0, 0)".replace("index", '"index"')))
+        core = SchedulerCore(engine)  # jobs are as at 0008: a submission writes one
+        job_id = (await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id
+        async with engine.begin() as conn:
+            await conn.execute(text("insert into placements (job_id, server_name, gpu_index) values (:j, 's1', 1)"),
+                               {"j": job_id})
+        before = await _rows(engine)
+        assert before == (1, 2, 1, 1)
+        await migrate.upgrade(engine)
+        assert await _rows(engine) == before
+        async with engine.begin() as conn:
+            row = (await conn.execute(text("select cordoned, cordoned_at, cordon_reason, draining from servers"))).one()
+            assert (bool(row[0]), row[1], row[2], bool(row[3])) == (False, 0, "", False)
+            await conn.execute(text("update servers set cordoned = true, cordon_reason = 'fan'"))
+        await migrate.downgrade(engine, "0008_progress")
+        assert await _rows(engine) == before, "the downgrade took a server's GPUs or placements with it"
+        await migrate.upgrade(engine)
+        assert await _rows(engine) == before
+        assert await migrate.current(engine) == migrate.heads()[0] == "0009_cordon"
+    finally:
+        await engine.dispose()
