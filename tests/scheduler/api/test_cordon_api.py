@@ -121,3 +121,36 @@ def test_only_operators_cordon_uncordon_or_drain(make_scheduler: Any, sqlite_url
     assert not _server(as_user, "node-d").cordoned
     as_operator = scheduler_pb2_grpc.SchedulerStub(connect(sched.address, operator))
     assert as_operator.CordonServer(scheduler_pb2.CordonServerRequest(server="node-d"), timeout=10).cordoned
+
+
+def test_cordon_shows_in_the_dashboard_state_metrics_and_top(make_scheduler: Any, sqlite_url: str) -> None:
+    """What `gandiva top` and the dashboard read (/api/state) and the Prometheus gauge say."""
+    import json
+    import urllib.request
+
+    from rich.console import Console
+
+    from scheduler.cli import top
+
+    sched = make_scheduler(sqlite_url, tick_s=0.2, http_listen="127.0.0.1:0")
+    with grpc.insecure_channel(sched.address) as channel:
+        _register(channel, "node-e")
+        _register(channel, "node-f")
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        stub.CordonServer(scheduler_pb2.CordonServerRequest(server="node-e", reason="bios"), timeout=10)
+        stub.DrainServer(scheduler_pb2.CordonServerRequest(server="node-f"), timeout=30)
+
+    def get(path: str) -> bytes:
+        with urllib.request.urlopen(f"http://{sched.server.http_address}{path}", timeout=10) as r:
+            return bytes(r.read())
+
+    state = json.loads(get("/api/state"))
+    marks = {s["name"]: (s["cordoned"], s["draining"], s["cordon_reason"]) for s in state["servers"]}
+    assert marks == {"node-e": (True, False, "bios"), "node-f": (True, True, "")}
+    metrics = get("/metrics").decode()
+    assert 'gandiva_server_cordoned{server="node-e"} 1.0' in metrics
+    assert 'gandiva_server_cordoned{server="node-f"} 2.0' in metrics
+    console = Console(width=160, record=True)
+    console.print(top.render(state))
+    shown = console.export_text()
+    assert "node-e (cordoned)" in shown and "node-f (draining)" in shown, shown
