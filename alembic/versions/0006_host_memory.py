@@ -29,5 +29,9 @@ def downgrade() -> None:
     with op.batch_alter_table("job_profiles") as batch_op:
         batch_op.drop_column("host_memory_at")
         batch_op.drop_column("host_memory_bytes")
-    with op.batch_alter_table("servers") as batch_op:
-        batch_op.drop_column("host_memory_bytes")
+    if op.get_bind().dialect.name == "sqlite":
+        # DROP COLUMN in place (SQLite 3.35+): batch mode's copy of the servers table
+        # cascaded to every server's GPUs and placements (the copy's DROP of the old table).
+        op.execute(sa.text("ALTER TABLE servers DROP COLUMN host_memory_bytes"))
+    else:
+        op.drop_column("servers", "host_memory_bytes")

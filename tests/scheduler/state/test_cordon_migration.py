@@ -1,9 +1,10 @@
 """0009_cordon on a database with data: `gandiva db upgrade` from 0008 keeps every server,
-GPU and placement (servers come out uncordoned), and its downgrade drops the columns
-without taking a server's GPUs or placements with it. SQLite and PostgreSQL."""
+GPU and placement (servers come out uncordoned), and downgrades (its own, and down to 0005)
+drop the columns without taking a server's GPUs or placements with it. SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import text
 
 from protos.gandiva.v1 import common_pb2
@@ -18,7 +19,10 @@ async def _rows(engine) -> tuple:  # type: ignore[no-untyped-def]
                       ("servers", "gpus", "jobs", "placements")])
 
 
-async def test_upgrade_from_0008_keeps_servers_and_placements_and_back(db_url: str) -> None:
+@pytest.mark.parametrize("back_to", ["0008_progress", "0005_i9rt"])
+async def test_upgrade_from_0008_keeps_servers_and_placements_and_back(db_url: str, back_to: str) -> None:
+    """Down to 0005 too: 0006's downgrade copied the servers table on SQLite (batch mode),
+    and every server's GPUs and placements went with the old table."""
     engine = make_engine(db_url)
     try:
         await migrate.upgrade(engine, "0008_progress")
@@ -42,7 +46,7 @@ async def test_upgrade_from_0008_keeps_servers_and_placements_and_back(db_url: s
             row = (await conn.execute(text("select cordoned, cordoned_at, cordon_reason, draining from servers"))).one()
             assert (bool(row[0]), row[1], row[2], bool(row[3])) == (False, 0, "", False)
             await conn.execute(text("update servers set cordoned = true, cordon_reason = 'fan'"))
-        await migrate.downgrade(engine, "0008_progress")
+        await migrate.downgrade(engine, back_to)
         assert await _rows(engine) == before, "the downgrade took a server's GPUs or placements with it"
         await migrate.upgrade(engine)
         assert await _rows(engine) == before
