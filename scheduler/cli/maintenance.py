@@ -61,6 +61,9 @@ def _mark(args: argparse.Namespace, client: Client, method: str, verb: str) -> i
         jobs = sorted({j for g in server.gpu_list for j in g.jobs})
         keep = f"; {len(jobs)} job(s) keep running there (gandiva drain {server.name} moves them off)" \
             if jobs and server.cordoned else ""
+        if server.draining:
+            keep = (f"; it is being drained still (its jobs are moved off): gandiva uncordon {server.name}, then "
+                    "cordon, to stop the drain and keep it cordoned")
         print(f"server {server.name} {verb}{keep}")
     return EXIT_OK
 

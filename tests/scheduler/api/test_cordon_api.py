@@ -154,3 +154,6 @@ def test_cordon_shows_in_the_dashboard_state_metrics_and_top(make_scheduler: Any
     console.print(top.render(state))
     shown = console.export_text()
     assert "node-e (cordoned)" in shown and "node-f (draining)" in shown, shown
+    # `cordon` does not stop a drain, and says so.
+    again = _cli(sched.address, "cordon", "node-f")
+    assert again.returncode == 0 and "being drained still" in again.stdout, again
