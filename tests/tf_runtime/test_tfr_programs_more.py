@@ -87,3 +87,33 @@ def test_weights_shared_by_auto_reuse_and_a_counter_in_the_training_group_keep_t
     job.finish()
     assert baseline.wait() == 0
     assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
+
+
+@pytest.mark.parametrize("loop,optimizer,how", [
+    ("session", "momentum", "naive"), ("mts", "adam", "warm"), ("session", "adam", "kill")])
+def test_a_rate_decayed_at_the_top_of_the_loop_keeps_the_result_cut_at_that_step(
+        loop: str, optimizer: str, how: str, runtime_server: Any, launch: Any,
+        tmp_path: Path) -> None:
+    """lr_var.py: the learning rate in a non-trainable variable, halved in a run of its own
+    at the top of the loop every 5 steps, before that step's training run. Cut exactly at
+    step 5 (the step read is 5, the decay not yet made), then migrated naive or pre-warmed,
+    or checkpointed, killed and restarted: the restored copy makes that decay itself, and
+    ends bit-identical (no fix needed; its decay is neither lost nor made twice)."""
+    script = str(PROGRAMS / "lr_var.py")
+    flags = ["--loop", loop, "--optimizer", optimizer, "--steps", "12", "--step-sleep", "0.3"]
+    baseline = launch(script, *flags, "--dump", str(tmp_path / "base.npz"), status=False)
+    job = FeedJob(launch, runtime_server, "rate", flags, tmp_path / "run.npz", tmp_path,
+                  script=script)
+    job.start()
+    ack = _until_step(job, 5)
+    assert ack.step == 5, f"suspended at {ack.step}: the test needs the cut at step 5"
+    if how == "warm":
+        job.migrate_warm()
+    elif how == "naive":
+        job.migrate_naive()
+    else:
+        job.checkpoint()
+        job.crash_and_restart()
+    job.finish()
+    assert baseline.wait() == 0
+    assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
