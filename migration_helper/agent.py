@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 
 from migration_helper.ramdisk import (
+    CHUNK_BYTES,
     CheckpointError,
     CheckpointExists,
     DigestMismatch,
@@ -33,11 +34,19 @@ from scheduler.transport import (
 
 log = logging.getLogger(__name__)
 
+# A stream whose pace over the last PACE_WINDOW_S says it cannot end within its limit is
+# given up then, not at the limit (see send_checkpoint).
+PACE_WINDOW_S = 20.0
+TRANSFER_LIMIT_S = 300.0  # a checkpoint's stream, at most (the scheduler's MigrationTimeouts.transfer_s)
+PING_SLACK_S = 30.0
+
 
 def agent_server(ramdisk: Ramdisk, token: str = "", now: Callable[[], float] = time.time) -> grpc.aio.Server:
     """The gRPC server a helper serves its peers on (ports still to add): the HelperAgent
     service, with bytes that are not its messages refused as INVALID_ARGUMENT."""
-    server = grpc.aio.server(interceptors=[MalformedRequestInterceptor()], options=server_options())
+    # Its pings' and settings' answers wait behind a checkpoint's bytes on a slow link.
+    options = [*server_options(), *_patient_http2(TRANSFER_LIMIT_S)]
+    server = grpc.aio.server(interceptors=[MalformedRequestInterceptor()], options=options)
     helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk, token, now), server)
     return server
 
@@ -117,9 +126,17 @@ async def _prepend(
             yield chunk
 
 
-# A stream whose pace over the last PACE_WINDOW_S says it cannot end within its limit is
-# given up then, not at the limit (see send_checkpoint).
-PACE_WINDOW_S = 20.0
+
+
+def _patient_http2(limit_s: float) -> list[tuple[str, int]]:
+    """gRPC's HTTP/2 pings and SETTINGS wait behind a checkpoint's bytes on a slow link,
+    and one unanswered for 60 s (the defaults) ended the connection: "UNAVAILABLE: ping
+    timeout" at the sender, a reset by the agent ("Connection reset by peer") for a
+    settings ACK; 1 MB over 96 kbit/s (87 s) never arrived, a 2.2 MB migration over
+    128 kbit/s (140 s) was restarted at its source. The stream's own limit and its pace
+    (send_checkpoint) decide instead."""
+    ms = int((limit_s + PING_SLACK_S) * 1000)
+    return [("grpc.http2.ping_timeout_ms", ms), ("grpc.http2.settings_timeout", ms)]
 
 
 class TransferTooSlow(Exception):
@@ -127,7 +144,7 @@ class TransferTooSlow(Exception):
 
 
 async def send_checkpoint(
-    address: str, directory: Path, job_id: str, name: str | None = None, timeout_s: float = 300.0,
+    address: str, directory: Path, job_id: str, name: str | None = None, timeout_s: float = TRANSFER_LIMIT_S,
     security: ClientSecurity | None = None, ticket: str = "", window_s: float = PACE_WINDOW_S,
 ) -> helper_pb2.PutCheckpointResponse:
     """Stream ``directory`` to the HelperAgent at ``address``; returns where it landed.
@@ -138,9 +155,8 @@ async def send_checkpoint(
     last ``window_s`` (looked at each second from then on) say the rest cannot follow
     within ``timeout_s``: over a 128 kbit/s link a 19 MB checkpoint held its job, training
     nowhere, for 80 s until gRPC's ping timeout ended the stream ("UNAVAILABLE: ping
-    timeout"), or for the whole limit where pings kept up; now 20 s, saying why
-    (tests/multihost/test_degraded_links.py -k too_slow).
-    """
+    timeout"); now 20-30 s, saying why (tests/multihost/test_degraded_links.py -k
+    too_slow). gRPC's pings wait as long as the stream may (test_degraded_transfer.py)."""
     chunks = checkpoint_chunks(directory, job_id, name)
     # Take the first chunk now so a missing or empty directory fails before connecting.
     first = next(chunks)
@@ -152,7 +168,7 @@ async def send_checkpoint(
             yield chunk  # taken by gRPC once the one before is written: the link's pace
             sent[0] += len(chunk.data)
 
-    async with aio_channel(address, security) as channel:
+    async with aio_channel(address, security, _patient_http2(timeout_s)) as channel:
         stub = helper_pb2_grpc.HelperAgentStub(channel)
         call = stub.PutCheckpoint(counted(), timeout=timeout_s,
                                   metadata=((auth.TICKET_HEADER, ticket),) if ticket else None)
@@ -183,13 +199,16 @@ async def _watch_pace(call: grpc.aio.StreamUnaryCall, sent: list[int], total: in
         then, before = seen[0]
         if now - then < window_s * 0.99 or sent[0] >= total:
             continue  # too early to judge, or every byte handed over (the answer is due)
-        rate = (sent[0] - before) / (now - then)
+        # gRPC takes a chunk (1 MiB) once the one before is written: up to a chunk more than
+        # was counted may have left meanwhile. Judged on that most it could be, a link slower
+        # than a chunk per window is not given up while it could still make it (before, a
+        # 2.2 MB checkpoint over 128 kbit/s, 140 s, was given up at 30 s, "0.0 kB/s").
+        rate = (sent[0] - before + CHUNK_BYTES) / (now - then)
         left = total - sent[0]
-        if rate <= 0 or (now - start) + left / rate > timeout_s:
-            why = (f"the link is too slow: {rate / 1e3:.1f} kB/s over the last {window_s:.0f}s, so the "
-                   f"{left / 1e6:.1f} MB left of {total / 1e6:.1f} MB would take "
-                   f"{'forever' if rate <= 0 else f'{left / rate:.0f}s'}, past the {timeout_s:.0f}s limit; "
-                   f"given up after {now - start:.0f}s")
+        if (now - start) + left / rate > timeout_s:
+            why = (f"the link is too slow: at most {rate / 1e3:.1f} kB/s over the last {window_s:.0f}s, so "
+                   f"the {left / 1e6:.1f} MB left of {total / 1e6:.1f} MB would take {left / rate:.0f}s or "
+                   f"more, past the {timeout_s:.0f}s limit; given up after {now - start:.0f}s")
             call.cancel()
             return why
     return ""

@@ -130,12 +130,46 @@ async def _relay(port: int, target: str, delay: float, jitter: float) -> None:
         await server.serve_forever()
 
 
+async def _agent(listen: str, ramdisk: str) -> None:
+    """A helper's HelperAgent alone (no token), as the daemon serves it."""
+    from migration_helper.agent import agent_server
+    from migration_helper.ramdisk import Ramdisk
+
+    disk = Ramdisk(Path(ramdisk))
+    disk.prepare()
+    server = agent_server(disk)
+    server.add_insecure_port(listen)
+    await server.start()
+    print("listening", flush=True)
+    await server.wait_for_termination()
+
+
+async def _send(target: str, directory: str, job_id: str) -> None:
+    """send_checkpoint, as a helper's transfer runs it; prints how it ended."""
+    import grpc
+
+    from migration_helper.agent import send_checkpoint
+
+    t0 = time.monotonic()
+    try:
+        sent = await send_checkpoint(target, Path(directory), job_id)
+        print(f"sent {sent.bytes} bytes in {time.monotonic() - t0:.1f}s", flush=True)
+    except grpc.aio.AioRpcError as exc:
+        print(f"failed after {time.monotonic() - t0:.1f}s: {exc.code().name}: {exc.details()}", flush=True)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["relay"])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--delay", type=float, required=True)
+    parser.add_argument("mode", choices=["relay", "agent", "send"])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--target", default="")
+    parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--dir", default="")
     args = parser.parse_args()
-    asyncio.run(_relay(args.port, args.target, args.delay, args.jitter))
+    if args.mode == "relay":
+        asyncio.run(_relay(args.port, args.target, args.delay, args.jitter))
+    elif args.mode == "agent":
+        asyncio.run(_agent(args.target, args.dir))
+    else:
+        asyncio.run(_send(args.target, args.dir, "j-slow"))
