@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -205,3 +206,113 @@ def test_degraded_checkpoint_too_slow_for_its_limit_is_given_up_early_and_the_jo
     assert watch.stop() == set()
     assert load_variables(dump) == base, "final variables differ from the uninterrupted run"
     _no_two_copies(c)
+
+
+class Starve:
+    """Stops the given processes for `stop_s`, lets them run for `run_s`, again and
+    again (a host starved of CPU in bursts), until stopped; always leaves them running."""
+
+    def __init__(self, pids: list[int], stop_s: float = 0.1, run_s: float = 0.1) -> None:
+        self.pids, self.stop_s, self.run_s = pids, stop_s, run_s
+        self.bursts, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _signal(self, sig: int) -> None:
+        for pid in self.pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._signal(signal.SIGSTOP)
+                self.bursts += 1
+                time.sleep(self.stop_s)
+                self._signal(signal.SIGCONT)
+                self._stop.wait(self.run_s)
+        finally:
+            self._signal(signal.SIGCONT)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(10)
+        return self.bursts
+
+
+def test_degraded_helpers_starved_in_100_ms_bursts_still_move_the_job_once(
+        multihost: Cluster, tmp_path: Path) -> None:
+    """Both helpers stopped (SIGSTOP) for 100 ms out of every 200 ms throughout a
+    migration (pre-warm, checkpoint, activation; their jobs' processes run freely): the
+    migration ends (moved, or back at its source), no server is called down, the job
+    ends once, bit-identical, never two copies."""
+    c = multihost
+    uninterrupted_variables(STEPS, tmp_path)
+    c.add_helper("h1")
+    c.add_helper("h2")
+    dump = c.tmp / "final.npz"
+    job_id = c.submit("starved", feed_command(STEPS, dump, sleep=0.08))  # 32 s at least: outlasts the move
+    c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 90)
+    dest = "h2" if c.where(job_id) == "h1" else "h1"
+    watch = DownWatch(c)
+    starve = Starve([c.procs["h1"].pid, c.procs["h2"].pid])
+    started = time.monotonic()
+    try:
+        c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+        c.wait(lambda: c.job(job_id).state == common_pb2.JOB_STATE_MIGRATING, 30)
+        ended = c.wait(lambda: (j := c.job(job_id)).state != common_pb2.JOB_STATE_MIGRATING and j, 120)
+        took = time.monotonic() - started
+    finally:
+        bursts = starve.stop()
+    where = c.where(job_id)
+    print(f"\nstarved helpers: migration ended in {took:.1f}s ({bursts} bursts), job on {where or '-'}; "
+          f"{ended.history[-1].reason}")  # type: ignore[attr-defined]
+    done = _ends_once(c, job_id, STEPS, 150)
+    assert watch.stop() == set()
+    assert _states(done).count("RUNNING") <= 3, _states(done)
+    assert_bit_identical(dump, STEPS, tmp_path)
+    _no_two_copies(c)
+
+
+def test_degraded_full_ramdisk_keeps_the_last_checkpoint_and_a_lost_host_resumes_from_it(
+        multihost: Cluster, tmp_path: Path) -> None:
+    """h1's ramdisk is a 12 MB tmpfs and the job's checkpoint about 8.4 MB (an MLP of
+    1024-wide layers and its momentum): its first periodic checkpoint fits, the next ones
+    find the ramdisk full. The job trains on, each refusal an event saying why, the first
+    checkpoint intact; h1's helper is then killed with -9, and the job resumes on h2 from
+    that checkpoint (through the shared root), ends once, bit-identical."""
+    c = multihost
+    steps, hidden = 400, 1024
+    base = _mlp_baseline(steps, hidden, tmp_path)
+    rd = c.tmp / "rd" / "h1"
+    rd.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(rd)], check=True)
+    try:
+        c.add_helper("h1")
+        dump = c.tmp / "final.npz"
+        job_id = c.submit("full", _mlp(steps, dump, hidden, sleep=0.1))  # 40 s at least
+        c.wait(lambda: c.where(job_id) == "h1", 90)
+        c.add_helper("h2")
+
+        def checkpoints() -> tuple[list[str], list[str]]:
+            ev = c.events(job_id)
+            return ([e.message for e in ev if e.kind == "job.checkpoint" and "/periodic-" in e.message],
+                    [e.message for e in ev if e.kind == "job.checkpoint_failed"])
+
+        c.wait(lambda: all(checkpoints()), 120)
+        good, full = checkpoints()
+        print(f"\nfull ramdisk: {good} / {full[0][-150:]}")
+        assert len(good) == 1 and "No space left on device" in full[0], (good, full)
+        step = good[0].split()[1]
+        assert full[0].endswith(f"its restore point stays step {step} ({good[0].split()[-1]})"), full[0]
+        assert c.where(job_id) == "h1", "the job left h1 when its ramdisk was full"
+        c.kill9("h1")
+        c.wait(lambda: c.where(job_id) == "h2", 60)
+        resumed = [t.reason for t in c.job(job_id).history if "resuming from" in t.reason]
+        assert resumed and "/rd/h1/" in resumed[-1], resumed
+        _ends_once(c, job_id, steps, 150)
+        assert load_variables(dump) == base, "final variables differ from the uninterrupted run"
+        _no_two_copies(c)
+    finally:
+        c.close()
+        subprocess.run(["umount", "-l", str(rd)], check=False)
