@@ -316,3 +316,37 @@ def test_degraded_full_ramdisk_keeps_the_last_checkpoint_and_a_lost_host_resumes
     finally:
         c.close()
         subprocess.run(["umount", "-l", str(rd)], check=False)
+
+
+@pytest.mark.parametrize("multihost", [{"heartbeat_timeout": 10.0}], indirect=True)
+def test_degraded_late_link_migration_moves_the_job_once(multihost: Cluster, tmp_path: Path) -> None:
+    """The job's host reaches the scheduler through the late link (0.3-2 s each way) and
+    the job is migrated off it: every command and result of the migration comes late,
+    the job moves once, nothing is called down, bit-identical, never two copies."""
+    c = multihost
+    uninterrupted_variables(STEPS, tmp_path)
+    ns, _ = c.net.add_host("h1")
+    relay = degrade.DelayRelay(ns, 40000, f"{c.sched_addr}:{SCHED_PORT}", 1.15, 0.85, c.tmp / "relay.log")
+    try:
+        c.add_helper("h1", scheduler=relay.address)
+        dump = c.tmp / "final.npz"
+        job_id = c.submit("late-move", feed_command(STEPS, dump, sleep=0.08))  # 32 s at least
+        c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 120)
+        c.add_helper("h2")
+        watch = DownWatch(c)
+        started = time.monotonic()
+        # Refused while a periodic checkpoint (every 2 s here) is in flight, which over this
+        # link is most of the time ("has a command in progress; try again shortly"): asked
+        # again, as its user would.
+        c.wait(lambda: c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server="h2")), 60)
+        c.wait(lambda: c.where(job_id) == "h2", 120)
+        moved = time.monotonic() - started
+        done = _ends_once(c, job_id, STEPS, 150)
+        down = watch.stop()
+    finally:
+        relay.close()
+    print(f"\nlate link migration: on h2 {moved:.1f}s after it was asked; {done.history[-2].reason}")
+    assert down == set(), f"called down: {down}"
+    assert _states(done).count("RUNNING") == 2, _states(done)
+    assert_bit_identical(dump, STEPS, tmp_path)
+    _no_two_copies(c)
