@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from protos.gandiva.v1 import common_pb2
 from scheduler.core import JobDetail, spec_of
@@ -64,9 +64,10 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
 
 
 def server_to_pb(load: ServerLoad, host_memory_budget: tuple[float, int],
-                 shown: Callable[[str], str] = str) -> common_pb2.Server:
+                 shown: Callable[[str], str] = str, checkpoints_for: Sequence[str] = ()) -> common_pb2.Server:
     """``host_memory_budget``: the policy's (host_memory_use, job_host_memory_bytes);
-    ``shown``: what each placed job's id is listed as (another user's is hidden)."""
+    ``shown``: what each placed job's id is listed as (another user's is hidden);
+    ``checkpoints_for``: the queued jobs whose restore point is on this draining server."""
     s = load.server
     use, assumed = host_memory_budget
     return common_pb2.Server(
@@ -98,6 +99,7 @@ def server_to_pb(load: ServerLoad, host_memory_budget: tuple[float, int],
         cordoned_at=s.cordoned_at,
         cordon_reason=s.cordon_reason,
         draining=s.draining,
+        checkpoints_for=[shown(job) for job in checkpoints_for],
     )
 
 

@@ -237,16 +237,30 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     @_few_at_once
     async def ListServers(self, request, context):  # type: ignore[no-untyped-def]
         loads = await self.core.list_servers()
-        shown = await self._job_ids_shown(loads)
+        held = await self._checkpoints_held(loads)
+        shown = await self._job_ids_shown(loads, held)
         return scheduler_pb2.ListServersResponse(
-            servers=[server_to_pb(ld, self.core.host_memory_budget, shown) for ld in loads],
+            servers=[server_to_pb(ld, self.core.host_memory_budget, shown, held.get(ld.server.name, ()))
+                     for ld in loads],
             cluster_height=cluster_height(loads)
         )
 
     async def _server(self, name: str) -> common_pb2.Server:
         loads = await self.core.list_servers()
-        shown = await self._job_ids_shown(loads)
-        return next(server_to_pb(ld, self.core.host_memory_budget, shown) for ld in loads if ld.server.name == name)
+        held = await self._checkpoints_held(loads)
+        shown = await self._job_ids_shown(loads, held)
+        return next(server_to_pb(ld, self.core.host_memory_budget, shown, held.get(name, ()))
+                    for ld in loads if ld.server.name == name)
+
+    async def _checkpoints_held(self, loads: list[ServerLoad]) -> dict[str, list[str]]:
+        """Draining server -> the queued jobs whose restore point is still a checkpoint there
+        (the drain moves each off; `gandiva drain --wait` waits for them too)."""
+        draining = [ld.server.name for ld in loads if ld.server.draining]
+        if not draining:
+            return {}
+        async with self.core.tx(read=True) as s:
+            return {name: [j.id for j in self.engine.drainer.held(await repo.checkpoints_held_for(s, name))]
+                    for name in draining}
 
     async def _cordon(self, request: scheduler_pb2.CordonServerRequest, verb: str, cordon: bool,
                       drain: bool = False) -> common_pb2.Server:
@@ -272,7 +286,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             server=await self._server(request.server),
             jobs=[scheduler_pb2.DrainedJob(job_id=m.job_id, action=m.action, note=m.note) for m in moves])
 
-    async def _job_ids_shown(self, loads: list[ServerLoad]) -> Callable[[str], str]:
+    async def _job_ids_shown(self, loads: list[ServerLoad],
+                             held: dict[str, list[str]] | None = None) -> Callable[[str], str]:
         """What the caller sees of each placed job's id. Another user's ids are as hidden
         here as in ListJobs: each is listed as "hidden-N" (numbered within one answer, so a
         job on several GPUs still counts once), which keeps the GPUs' occupancy visible."""
@@ -280,6 +295,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if ident.sees_all:
             return str
         placed = {job for ld in loads for ids in ld.jobs_by_gpu.values() for job in ids}
+        placed |= {job for ids in (held or {}).values() for job in ids}
         async with self.core.tx(read=True) as s:
             mine = await repo.own_jobs(s, ident.name, placed)
         aliases: dict[str, str] = {}

@@ -559,6 +559,7 @@ def server_to_dict(server: common_pb2.Server) -> dict[str, Any]:
              jobs=list(g.jobs))
         for g in server.gpu_list
     ]
+    out["checkpoints_for"] = list(server.checkpoints_for)
     return out
 
 

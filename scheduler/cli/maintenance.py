@@ -79,8 +79,8 @@ def _where(job: common_pb2.Job, name: str) -> str:
     if state in ("SUCCEEDED", "FAILED", "KILLED"):
         return f"ended {state}"
     if state == "QUEUED":
-        return (f"checkpointed at step {job.steps} and queued (the scheduler resumes it from that checkpoint where "
-                f"it places it next; the checkpoint is on {name} until then: keep its helper running)")
+        return (f"checkpointed at step {job.steps} and queued; its checkpoint is off {name} (the scheduler resumes "
+                "it from that checkpoint where it places it next)")
     return f"{state.lower()} on {output.placement(job.placement)}" if servers else state.lower()
 
 
@@ -109,7 +109,8 @@ def _wait_drained(client: Client, name: str, timeout: float) -> int:
         server = next((s for s in servers if s.name == name), None)
         if server is None:
             raise CliError(f"server {name!r} is no longer registered")
-        there = _jobs_on(server)
+        # A job leaves once it is placed elsewhere, or queued with its checkpoint moved off.
+        there = _jobs_on(server) | set(server.checkpoints_for)
         seen |= there
         for job_id in sorted(seen - there):
             if job_id not in said:
@@ -117,7 +118,8 @@ def _wait_drained(client: Client, name: str, timeout: float) -> int:
                 said[job_id] = _where(job, name)
                 print(f"  {job_id}: {said[job_id]}", flush=True)
         if not there:
-            print(f"server {name} drained: no job is placed on it ({len(said)} moved off); "
+            print(f"server {name} drained: no job is placed on it and no job's checkpoint is left on it "
+                  f"({len(said)} moved off); "
                   f"it stays cordoned until gandiva uncordon {name}")
             return EXIT_OK
         if time.monotonic() >= deadline:
@@ -144,6 +146,8 @@ def describe_server(args: argparse.Namespace, client: Client) -> int:
     if server.cordoned:
         fields += [("Cordoned", f"{output.age(server.cordoned_at)} ago"),
                    ("Reason", server.cordon_reason or "-")]
+    if server.checkpoints_for:
+        fields += [("Checkpoints", f"of queued jobs {' '.join(server.checkpoints_for)} (being moved off)")]
     fields += [("GPUs", f"{server.gpus} ({server.allocated} allocated, height {server.height})"),
                ("Host memory", output.host_memory(server.host_memory_used_bytes, server.host_memory_bytes)),
                ("Heartbeat", f"{output.age(server.last_heartbeat)} ago")]

@@ -6,7 +6,11 @@ and puts nothing on it that is not there already; its jobs keep running. A drain
 server is cordoned, and at every scheduling round the engine moves each job placed on
 it off, at a mini-batch boundary: migrated to another server's free GPUs when there are
 enough, else parked (checkpointed into its ramdisk and queued again: the policy places
-it elsewhere and it resumes from that checkpoint, fetched from this server). The marks
+it elsewhere and it resumes from that checkpoint). A queued job whose restore point is a
+checkpoint on a draining server (a park's, or any re-queued job's) has that checkpoint
+streamed to another up, uncordoned server, which holds it from then on: the server is
+drained only once no job is placed there and no job's checkpoint is left there, so it can
+be switched off without a job starting over from step 0. The marks
 are columns of the server's row (the name's), so they outlive helper restarts and
 re-registrations and scheduler restarts; every change is one transaction with its event.
 """
@@ -16,11 +20,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
+from migration_protocol.fast_path import MigrationTimeouts
+from protos.gandiva.v1 import helper_pb2
+from scheduler.engine.live_migration import vouch_transfer
 from scheduler.errors import FailedPrecondition, GandivaError, NotFound
 from scheduler.lifecycle import JobState
 from scheduler.state import repo
@@ -32,13 +41,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DRAIN_REASON = "draining server"
+# A checkpoint that could not be moved off a draining server is tried again after this.
+EVACUATE_RETRY_S = 30.0
 
 
 @dataclass(frozen=True)
 class Move:
     """What the drain does with one job on the server: "migrate" (``note``: where to),
     "park" (no other server has room for it now), "wait" (it cannot leave at a mini-batch
-    boundary, or is busy with a command: ``note`` says which), "moving" (in flight)."""
+    boundary, or is busy with a command: ``note`` says which), "moving" (in flight),
+    "checkpoint" (queued, its restore point on the server: streamed to another)."""
 
     job_id: str
     action: str
@@ -95,6 +107,8 @@ class Drainer:
         # Each job's last move started (what a "moving" job is doing), for DrainServer's answer.
         self.started: dict[str, Move] = {}
         self._drained: set[str] = set()  # draining servers already said empty
+        # Checkpoints that could not be moved off a draining server: job id -> when to try again.
+        self._retry_at: dict[str, float] = {}
         self._began = self._ended = 0  # passes begun and ended
         self._passed = asyncio.Condition()
 
@@ -138,16 +152,19 @@ class Drainer:
         engine, core = self.engine, self.engine.core
         async with core.tx(read=True) as s:
             jobs = list(await repo.jobs_on_server(s, name))
-        if not jobs:
+            held = self.held(await repo.checkpoints_held_for(s, name))
+        if not jobs and not held:
             if name not in self._drained:
                 self._drained.add(name)
                 async with core.tx() as s:
-                    repo.add_event(s, core.clock(), "server.drained", "drained: no job is placed there", server=name)
+                    repo.add_event(s, core.clock(), "server.drained",
+                                   "drained: no job is placed there and no job's checkpoint is left there", server=name)
             return []
         self._drained.discard(name)
         moves = []
-        for job in jobs:
-            move = await self._move(name, job)
+        placed = {job.id for job in jobs}
+        for job in [*jobs, *(j for j in held if j.id not in placed)]:
+            move = await self._move(name, job) if job.id in placed else await self._evacuate(name, job)
             if move.action != "moving":
                 self.started[job.id] = move
             moves.append(move)
@@ -178,6 +195,77 @@ class Drainer:
         engine._background(job.id, engine._park(job.id, f"{DRAIN_REASON} {name}: checkpointed and queued again"))
         return Move(job.id, "park", f"no other server has {job.gpus} free GPU(s): checkpointed and queued again; "
                                     "the scheduler resumes it from that checkpoint where it places it next")
+
+    def held(self, jobs: Sequence[Job]) -> list[Job]:
+        """Of repo.checkpoints_held_for's jobs, those the drain waits for: the queued ones,
+        and those placed elsewhere while their checkpoint is fetched from the server (the
+        fetch ends, or fails and queues the job again)."""
+        return [j for j in jobs if j.state == JobState.QUEUED.value or j.id in self.engine.fetching]
+
+    async def _evacuate(self, name: str, job: Job) -> Move:
+        """Start streaming a queued job's restore point off the draining server ``name``."""
+        engine = self.engine
+        if job.id in engine.inflight:
+            return Move(job.id, "moving", f"its checkpoint is being moved or fetched off {name}")
+        if time.monotonic() < self._retry_at.get(job.id, 0.0):
+            return Move(job.id, "wait", f"its checkpoint could not be moved off {name} yet; trying again shortly")
+        target = await self._keeper_for(name)
+        if target is None:
+            return Move(job.id, "wait", f"its checkpoint is on {name} and no other up, uncordoned server can take "
+                                        "it; it stays until one can")
+        engine._background(job.id, self._carry(job.id, name, job.restore_checkpoint, target))
+        return Move(job.id, "checkpoint", f"its checkpoint (step {job.restore_step}) is moved to {target.name}")
+
+    async def _carry(self, job_id: str, holder: str, checkpoint: str, target: Server) -> None:
+        """Have ``holder``'s helper stream ``checkpoint`` to ``target``; then, if the job is
+        still queued with that restore point (compare and set: a job placed, killed or
+        checkpointed again meanwhile keeps what it has), ``target``'s copy is its restore
+        point and ``holder`` may drop its own (housekeeping)."""
+        core = self.engine.core
+        transfer = helper_pb2.TransferCheckpoint(job_id=job_id, checkpoint_path=checkpoint, dest_address=target.address,
+                                                 checkpoint_name=f"drained-{int(core.clock())}")
+        t0 = time.perf_counter()
+        try:
+            dest = await vouch_transfer(core, transfer)
+            limits = MigrationTimeouts()
+            result = await core.helpers.call(holder, helper_pb2.HelperCommand(transfer=transfer),
+                                             limits.transfer_s + limits.answer_s, watch=dest)
+            failure = "" if result.ok else result.message
+        except GandivaError as err:
+            failure, result = str(err) or err.__class__.__name__, None
+        seconds = time.perf_counter() - t0
+        now = core.clock()
+        async with core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if failure or result is None:
+                self._retry_at[job_id] = time.monotonic() + EVACUATE_RETRY_S
+                repo.add_event(s, now, "job.drain", f"wait: its checkpoint {checkpoint} could not be moved off {holder} "
+                               f"to {target.name} ({failure}); trying again in {EVACUATE_RETRY_S:.0f}s",
+                               job_id=job_id, server=holder)
+                return
+            self._retry_at.pop(job_id, None)
+            if (job.state != JobState.QUEUED.value or job.restore_server != holder
+                    or job.restore_checkpoint != checkpoint):
+                return  # placed, ended or checkpointed again meanwhile: the copy is pruned in time
+            job.restore_checkpoint, job.restore_server = result.checkpoint_path, target.name
+            repo.add_event(s, now, "job.checkpoint",
+                           f"moved its checkpoint {checkpoint} off draining server {holder} to {target.name} "
+                           f"({result.checkpoint_path}) in {seconds:.2f}s", job_id=job_id, server=holder)
+
+    async def _keeper_for(self, name: str) -> Server | None:
+        """Where a checkpoint leaving ``name`` goes: the up, uncordoned, not quarantined
+        server with a helper agent and the most free GPUs (where a queued job most likely
+        runs next)."""
+        async with self.engine.core.tx(read=True) as s:
+            loads = await repo.server_loads(s)
+        fits = []
+        for ld in loads:
+            srv = ld.server
+            if srv.name == name or not srv.up or srv.cordoned or not srv.address or self.engine.quarantined(srv.name):
+                continue
+            free = sum(1 for g in ld.gpus if not ld.jobs_by_gpu.get(g.index))
+            fits.append((-free, srv.name, srv))
+        return min(fits, key=lambda f: f[:2])[2] if fits else None
 
     async def _room_for(self, name: str, job: Job) -> str:
         """An up, uncordoned server other than ``name`` with ``job.gpus`` free GPUs (no job

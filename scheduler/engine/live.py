@@ -107,6 +107,9 @@ class LiveEngine:
         self._watches: set[asyncio.Task] = set()  # runtime-connect deadlines of launches
         # Failed fetches of a job's checkpoint from the server that holds it, in a row.
         self._fetch_failures: dict[str, int] = {}
+        # Jobs placed whose checkpoint is being fetched from another server: job -> that server
+        # (a drain of that server waits for the fetch to end).
+        self.fetching: dict[str, str] = {}
         self._dest_refusals: dict[str, int] = {}  # fetches refused by their destination, in a row
         # job id -> (the down server holding its checkpoint, the fence `place` set for it):
         # once that server is up again the job is looked at in the next round, not when
@@ -675,6 +678,7 @@ class LiveEngine:
                     job.steps = 0
             await repo.place(s, job, [(g.server, g.index) for g in gpus], incarnation, now, f"{reason} on {where}")
         if restore.fetch_from:
+            self.fetching[job_id] = restore.fetch_from
             self._background(job_id, self._fetch_and_launch(
                 job_id, tuple(gpus), incarnation, restore.fetch_from, job.restore_checkpoint, restore.dest_address))
         else:
@@ -683,6 +687,14 @@ class LiveEngine:
 
     async def _fetch_and_launch(self, job_id: str, gpus: tuple[pt.GpuRef, ...], incarnation: str, holder: str,
                                 checkpoint: str, dest_address: str) -> None:
+        try:
+            await self._fetch_then_launch(job_id, gpus, incarnation, holder, checkpoint, dest_address)
+        finally:
+            if self.fetching.get(job_id) == holder:
+                del self.fetching[job_id]
+
+    async def _fetch_then_launch(self, job_id: str, gpus: tuple[pt.GpuRef, ...], incarnation: str, holder: str,
+                                 checkpoint: str, dest_address: str) -> None:
         """Have `holder`'s helper stream the job's checkpoint (its restore point, in that
         server's ramdisk) to the server the job was just placed on, then launch it from the
         copy: a parked or re-queued job resumes at its step wherever it is placed, as a

@@ -646,6 +646,16 @@ async def kept_checkpoints(session: AsyncSession, server: str) -> list[str]:
     return sorted({p for (p,) in restore.all()} | {p for (p,) in moving.all()})
 
 
+async def checkpoints_held_for(session: AsyncSession, server: str) -> Sequence[Job]:
+    """The queued jobs, and the jobs running on another server, whose restore point is a
+    checkpoint on ``server`` (a drain moves a queued one's off, and waits for a running
+    one's fetch from there to end, before it calls the server drained)."""
+    placed = select(Placement.job_id).where(Placement.server_name == server)
+    return (await session.scalars(select(Job).where(
+        Job.restore_server == server, Job.restore_checkpoint != "",
+        Job.state.in_([JobState.QUEUED.value, JobState.RUNNING.value]), Job.id.not_in(placed)).order_by(Job.id))).all()
+
+
 async def server_at(session: AsyncSession, address: str) -> Server | None:
     """The registered server whose helper's agent listens on ``address``."""
     return (await session.scalars(select(Server).where(Server.address == address).limit(1))).first()

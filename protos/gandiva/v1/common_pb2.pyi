@@ -423,6 +423,7 @@ class Server(_message.Message):
     CORDONED_AT_FIELD_NUMBER: _builtins.int
     CORDON_REASON_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
+    CHECKPOINTS_FOR_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     """the helper's own gRPC address, for peers"""
@@ -454,6 +455,12 @@ class Server(_message.Message):
     draining: _builtins.bool
     @_builtins.property
     def gpu_list(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
+    @_builtins.property
+    def checkpoints_for(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Of a draining server: the queued jobs whose checkpoint (restore point) is still here;
+        the drain streams each to another server before it calls this one drained.
+        """
+
     def __init__(
         self,
         *,
@@ -474,10 +481,11 @@ class Server(_message.Message):
         cordoned_at: _builtins.float = ...,
         cordon_reason: _builtins.str = ...,
         draining: _builtins.bool = ...,
+        checkpoints_for: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "affinity", b"affinity", "allocated", b"allocated", "cordon_reason", b"cordon_reason", "cordoned", b"cordoned", "cordoned_at", b"cordoned_at", "draining", b"draining", "gpu_list", b"gpu_list", "gpus", b"gpus", "height", b"height", "host_memory_bytes", b"host_memory_bytes", "host_memory_use", b"host_memory_use", "host_memory_used_bytes", b"host_memory_used_bytes", "last_heartbeat", b"last_heartbeat", "name", b"name", "ramdisk", b"ramdisk", "up", b"up"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "affinity", b"affinity", "allocated", b"allocated", "checkpoints_for", b"checkpoints_for", "cordon_reason", b"cordon_reason", "cordoned", b"cordoned", "cordoned_at", b"cordoned_at", "draining", b"draining", "gpu_list", b"gpu_list", "gpus", b"gpus", "height", b"height", "host_memory_bytes", b"host_memory_bytes", "host_memory_use", b"host_memory_use", "host_memory_used_bytes", b"host_memory_used_bytes", "last_heartbeat", b"last_heartbeat", "name", b"name", "ramdisk", b"ramdisk", "up", b"up"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
