@@ -81,7 +81,8 @@ SCHEDULER_RPCS: dict[str, st.SearchStrategy[Any]] = {
         ("SetPriority", "SetPriorityRequest"), ("SuspendJob", "JobActionRequest"),
         ("ResumeJob", "JobActionRequest"), ("MigrateJob", "MigrateJobRequest"),
         ("ListServers", "ListServersRequest"), ("ListEvents", "ListEventsRequest"),
-        ("ReadJobLog", "ReadJobLogRequest"))},
+        ("ReadJobLog", "ReadJobLogRequest"), ("CordonServer", "CordonServerRequest"),
+        ("UncordonServer", "CordonServerRequest"), ("DrainServer", "CordonServerRequest"))},
 }
 HELPER_RPCS = {
     "Register": helper_pb2.RegisterServerRequest, "Heartbeat": helper_pb2.HeartbeatRequest,
