@@ -252,37 +252,29 @@ class Drainer:
                            f"moved its checkpoint {checkpoint} off draining server {holder} to {target.name} "
                            f"({result.checkpoint_path}) in {seconds:.2f}s", job_id=job_id, server=holder)
 
-    async def _keeper_for(self, name: str) -> Server | None:
-        """Where a checkpoint leaving ``name`` goes: the up, uncordoned, not quarantined
-        server with a helper agent and the most free GPUs (where a queued job most likely
-        runs next)."""
-        async with self.engine.core.tx(read=True) as s:
-            loads = await repo.server_loads(s)
-        fits = []
-        for ld in loads:
-            srv = ld.server
-            if srv.name == name or not srv.up or srv.cordoned or not srv.address or self.engine.quarantined(srv.name):
-                continue
-            free = sum(1 for g in ld.gpus if not ld.jobs_by_gpu.get(g.index))
-            fits.append((-free, srv.name, srv))
-        return min(fits, key=lambda f: f[:2])[2] if fits else None
-
-    async def _room_for(self, name: str, job: Job) -> str:
-        """An up, uncordoned server other than ``name`` with ``job.gpus`` free GPUs (no job
-        placed, none held by a migration): the fullest that fits first (best fit)."""
+    async def _free_elsewhere(self, name: str) -> list[tuple[Server, int]]:
+        """Each up, uncordoned, not quarantined server other than ``name``, with its GPUs
+        free now (no job placed, none held by a migration)."""
         async with self.engine.core.tx(read=True) as s:
             loads = await repo.server_loads(s)
             held: dict[str, set[int]] = {}
             for m in await repo.migrations(s):
                 held.setdefault(m.dest_server, set()).update(m.dest_gpus)
-        fits = []
-        for ld in loads:
-            srv = ld.server
-            if srv.name == name or not srv.up or srv.cordoned or self.engine.quarantined(srv.name):
-                continue
-            free = [g for g in ld.gpus if not ld.jobs_by_gpu.get(g.index) and g.index not in held.get(srv.name, ())]
-            if len(free) >= job.gpus:
-                fits.append((len(free), srv.name))
+        return [(ld.server, sum(1 for g in ld.gpus if not ld.jobs_by_gpu.get(g.index)
+                                and g.index not in held.get(ld.server.name, ())))
+                for ld in loads if ld.server.name != name and ld.server.up and not ld.server.cordoned
+                and not self.engine.quarantined(ld.server.name)]
+
+    async def _keeper_for(self, name: str) -> Server | None:
+        """Where a checkpoint leaving ``name`` goes: the server with a helper agent and the
+        most free GPUs (where a queued job most likely runs next)."""
+        fits = [(-free, srv.name, srv) for srv, free in await self._free_elsewhere(name) if srv.address]
+        return min(fits, key=lambda f: f[:2])[2] if fits else None
+
+    async def _room_for(self, name: str, job: Job) -> str:
+        """A server other than ``name`` with ``job.gpus`` free GPUs: the fullest that fits
+        first (best fit)."""
+        fits = [(free, srv.name) for srv, free in await self._free_elsewhere(name) if free >= job.gpus]
         return min(fits)[1] if fits else ""
 
 

@@ -29,6 +29,21 @@ def _until_step(job: FeedJob, step: int) -> Any:
     return ack
 
 
+
+def _cut_and_finish(job: Any, how: str, baseline: Any, tmp_path: Path) -> None:
+    """Move the job (``warm``, ``naive``) or checkpoint it, kill it and restart it (``kill``);
+    let it finish, and compare its variables with the uninterrupted ``baseline``'s."""
+    if how == "warm":
+        job.migrate_warm()
+    elif how == "naive":
+        job.migrate_naive()
+    else:
+        job.checkpoint()
+        job.crash_and_restart()
+    job.finish()
+    assert baseline.wait() == 0
+    assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
+
 @pytest.mark.parametrize("loop,optimizer,how", [
     ("session", "momentum", "warm"), ("mts", "adam", "naive"), ("session", "adam", "kill")])
 def test_an_epoch_counter_in_a_variable_of_the_graph_keeps_the_result(
@@ -50,16 +65,7 @@ def test_an_epoch_counter_in_a_variable_of_the_graph_keeps_the_result(
     job.start()
     ack = _until_step(job, 3)
     assert ack.step < EPOCH, f"suspended at {ack.step}, past the first epoch's end"
-    if how == "warm":
-        job.migrate_warm()
-    elif how == "naive":
-        job.migrate_naive()
-    else:
-        job.checkpoint()
-        job.crash_and_restart()
-    job.finish()
-    assert baseline.wait() == 0
-    assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
+    _cut_and_finish(job, how, baseline, tmp_path)
 
 
 @pytest.mark.parametrize("optimizer,how", [("momentum", "warm_naive"), ("adam", "kill")])
@@ -80,13 +86,7 @@ def test_weights_shared_by_auto_reuse_and_a_counter_in_the_training_group_keep_t
     if how == "warm_naive":
         job.migrate_warm()
         job.pause(0.2)
-        job.migrate_naive()
-    else:
-        job.checkpoint()
-        job.crash_and_restart()
-    job.finish()
-    assert baseline.wait() == 0
-    assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
+    _cut_and_finish(job, "naive" if how == "warm_naive" else how, baseline, tmp_path)
 
 
 @pytest.mark.parametrize("loop,optimizer,how", [
@@ -107,13 +107,4 @@ def test_a_rate_decayed_at_the_top_of_the_loop_keeps_the_result_cut_at_that_step
     job.start()
     ack = _until_step(job, 5)
     assert ack.step == 5, f"suspended at {ack.step}: the test needs the cut at step 5"
-    if how == "warm":
-        job.migrate_warm()
-    elif how == "naive":
-        job.migrate_naive()
-    else:
-        job.checkpoint()
-        job.crash_and_restart()
-    job.finish()
-    assert baseline.wait() == 0
-    assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
+    _cut_and_finish(job, how, baseline, tmp_path)
