@@ -53,6 +53,19 @@ class DownWatch:
         return self.down
 
 
+
+def _h1_behind_a_late_link(c: Cluster) -> degrade.DelayRelay:
+    """Host h1 whose helper reaches the scheduler through a relay that holds every chunk
+    0.3-2 s each way (the caller closes it)."""
+    ns, _ = c.net.add_host("h1")
+    relay = degrade.DelayRelay(ns, 40000, f"{c.sched_addr}:{SCHED_PORT}", 1.15, 0.85, c.tmp / "relay.log")
+    try:
+        c.add_helper("h1", scheduler=relay.address)
+    except BaseException:
+        relay.close()
+        raise
+    return relay
+
 @pytest.mark.parametrize("multihost", [{"heartbeat_timeout": 10.0}], indirect=True)
 def test_degraded_late_heartbeats_neither_call_the_host_down_nor_move_its_job(
         multihost: Cluster, tmp_path: Path) -> None:
@@ -62,10 +75,8 @@ def test_degraded_late_heartbeats_neither_call_the_host_down_nor_move_its_job(
     (h2 stands by) and ends there once, bit-identical; never two copies."""
     c = multihost
     uninterrupted_variables(STEPS, tmp_path)
-    ns, _ = c.net.add_host("h1")
-    relay = degrade.DelayRelay(ns, 40000, f"{c.sched_addr}:{SCHED_PORT}", 1.15, 0.85, c.tmp / "relay.log")
+    relay = _h1_behind_a_late_link(c)
     try:
-        c.add_helper("h1", scheduler=relay.address)
         dump = c.tmp / "final.npz"
         job_id = c.submit("late", feed_command(STEPS, dump))
         c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 120)
@@ -325,10 +336,8 @@ def test_degraded_late_link_migration_moves_the_job_once(multihost: Cluster, tmp
     the job moves once, nothing is called down, bit-identical, never two copies."""
     c = multihost
     uninterrupted_variables(STEPS, tmp_path)
-    ns, _ = c.net.add_host("h1")
-    relay = degrade.DelayRelay(ns, 40000, f"{c.sched_addr}:{SCHED_PORT}", 1.15, 0.85, c.tmp / "relay.log")
+    relay = _h1_behind_a_late_link(c)
     try:
-        c.add_helper("h1", scheduler=relay.address)
         dump = c.tmp / "final.npz"
         job_id = c.submit("late-move", feed_command(STEPS, dump, sleep=0.08))  # 32 s at least
         c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 120)
