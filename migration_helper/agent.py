@@ -55,11 +55,14 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
     """Takes checkpoints streamed by peers into the ramdisk.
 
     With a helper token (``token``), a stream is taken only with the scheduler's
-    transfer ticket for this helper and the stream's job (scheduler.auth): the
-    scheduler issues one only with a TransferCheckpoint to a registered helper, so
-    only registered helpers sending what the scheduler asked for get in, whatever
-    certificate they hold. Without a token (a cluster without --auth token) only
-    TLS (``--tls-client-ca``) guards this port.
+    transfer ticket for this helper, the stream's job and the checkpoint name it writes
+    (scheduler.auth): the scheduler issues one only with a TransferCheckpoint to a
+    registered helper, so only registered helpers sending what the scheduler asked for
+    get in, whatever certificate they hold. A ticket is good for one transfer: once a
+    stream under it has landed it is spent (remembered until it expires), and while one
+    is under way a second with it is refused; a stream that failed leaves it unspent, so
+    the transfer can be tried again. Without a token (a cluster without --auth token)
+    only TLS (``--tls-client-ca``) guards this port.
 
     ``now``: the scheduler's wall clock as this helper knows it (tickets expire on it;
     this server's own clock may be hours off)."""
@@ -68,25 +71,54 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
         self._ramdisk = ramdisk
         self._token = token
         self._now = now
+        self._spent: dict[str, float] = {}  # ticket -> its expiry (scheduler's clock)
+        self._busy: set[str] = set()  # tickets of the streams under way
+
+    def _take_ticket(self, ticket: str, first: helper_pb2.CheckpointChunk | None) -> float:
+        """Checks the stream's ticket and marks it busy; returns its expiry. Raises
+        Unauthenticated or PermissionDenied, saying why."""
+        job, name = (first.job_id, first.checkpoint_name) if first else ("", "")
+        now = self._now()
+        expires = auth.check_transfer_ticket(self._token, ticket, job, name, now)
+        self._spent = {t: e for t, e in self._spent.items() if e >= now}  # expired ones are refused anyway
+        if ticket in self._spent:
+            raise PermissionDenied(f"the transfer ticket for checkpoint {name!r} of job {job!r} was already "
+                                   "used: a ticket is good for one transfer (the scheduler issues a new one "
+                                   "with each TransferCheckpoint)")
+        if ticket in self._busy:
+            raise PermissionDenied(f"the transfer ticket for checkpoint {name!r} of job {job!r} is in use by "
+                                   "another stream: a ticket is good for one transfer")
+        self._busy.add(ticket)
+        return expires
 
     async def PutCheckpoint(
         self,
         request_iterator: AsyncIterator[helper_pb2.CheckpointChunk],
         context: grpc.aio.ServicerContext,
     ) -> helper_pb2.PutCheckpointResponse:
-        chunks = request_iterator
-        if self._token:
-            ticket = next((v for k, v in context.invocation_metadata() or () if k == auth.TICKET_HEADER), "")
-            # The ticket names the job: read the first chunk (which names it) before anything is written.
-            first = await anext(aiter(request_iterator), None)
-            try:
-                auth.check_transfer_ticket(self._token, str(ticket), first.job_id if first else "", self._now())
-            except Unauthenticated as exc:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-            except PermissionDenied as exc:
-                log.warning("checkpoint stream from %s refused: %s", context.peer(), exc)
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-            chunks = _prepend(first, request_iterator)
+        if not self._token:
+            return await self._receive(request_iterator, context)
+        ticket = str(next((v for k, v in context.invocation_metadata() or () if k == auth.TICKET_HEADER), ""))
+        # The ticket names the job and checkpoint: read the first chunk (which names them)
+        # before anything is written.
+        first = await anext(aiter(request_iterator), None)
+        try:
+            expires = self._take_ticket(ticket, first)
+        except Unauthenticated as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        except PermissionDenied as exc:
+            log.warning("checkpoint stream from %s refused: %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        try:
+            landed = await self._receive(_prepend(first, request_iterator), context)
+            self._spent[ticket] = expires
+            return landed
+        finally:
+            self._busy.discard(ticket)
+
+    async def _receive(
+        self, chunks: AsyncIterator[helper_pb2.CheckpointChunk], context: grpc.aio.ServicerContext
+    ) -> helper_pb2.PutCheckpointResponse:
         try:
             path, size = await self._ramdisk.receive(chunks)
         except CheckpointExists as exc:
@@ -134,9 +166,18 @@ def _patient_http2(limit_s: float) -> list[tuple[str, int]]:
     timeout" at the sender, a reset by the agent ("Connection reset by peer") for a
     settings ACK; 1 MB over 96 kbit/s (87 s) never arrived, a 2.2 MB migration over
     128 kbit/s (140 s) was restarted at its source. The stream's own limit and its pace
-    (send_checkpoint) decide instead."""
+    (send_checkpoint) decide instead.
+
+    The kernel's TCP_USER_TIMEOUT likewise: gRPC sets it to 20 s on every connection a
+    server accepts (none on a client's unless keepalive is on), and the agent's own small
+    segments (WINDOW_UPDATEs, ping ACKs) are ACKed by the sender from behind its queued
+    bytes: over 96 kbit/s their round trip grew to 17 s and, past 20 s, the agent's kernel
+    dropped the connection (TcpExtTCPAbortOnTimeout; the sender read "Connection reset by
+    peer" 58-60 s into a 1 MB stream, 2 runs of 5). gRPC takes the timeout from
+    keepalive_timeout_ms, which waits for a keepalive ping only when keepalive is on
+    (every 2 h on a server by default)."""
     ms = int((limit_s + PING_SLACK_S) * 1000)
-    return [("grpc.http2.ping_timeout_ms", ms), ("grpc.http2.settings_timeout", ms)]
+    return [("grpc.http2.ping_timeout_ms", ms), ("grpc.http2.settings_timeout", ms), ("grpc.keepalive_timeout_ms", ms)]
 
 
 class TransferTooSlow(Exception):

@@ -116,25 +116,29 @@ TICKET_HEADER = "gandiva-transfer-ticket"
 TICKET_S = 3600.0
 
 
-def transfer_ticket(dest_token_hash: str, dest: str, job_id: str, expires: float) -> str:
-    """``gdvt.EXPIRES.MAC``: the scheduler's leave for one job's checkpoint to be
-    streamed into helper ``dest``'s agent until ``expires`` (Unix time).
-    MAC = HMAC-SHA256(key = sha256(dest's helper token), "transfer\nDEST\nJOB\nEXPIRES"):
-    only the scheduler (which stores that hash) can make one, and only ``dest`` (which
-    holds the token) can check it; no secret crosses the wire."""
+def transfer_ticket(dest_token_hash: str, dest: str, job_id: str, checkpoint: str, expires: float) -> str:
+    """``gdvt.EXPIRES.MAC``: the scheduler's leave for one checkpoint of one job, named
+    ``checkpoint`` there, to be streamed into helper ``dest``'s agent until ``expires``
+    (Unix time). MAC = HMAC-SHA256(key = sha256(dest's helper token),
+    "transfer\nDEST\nJOB\nCHECKPOINT\nEXPIRES"): only the scheduler (which stores that hash)
+    can make one, and only ``dest`` (which holds the token) can check it; no secret crosses
+    the wire. The name binds it to one checkpoint: without it, whoever held a ticket could
+    stream any number of checkpoints of that job under new names for its hour."""
     stamp = f"{int(expires)}"
-    return f"gdvt.{stamp}.{_ticket_mac(dest_token_hash, dest, job_id, stamp)}"
+    return f"gdvt.{stamp}.{_ticket_mac(dest_token_hash, dest, job_id, checkpoint, stamp)}"
 
 
-def _ticket_mac(key_hex: str, dest: str, job_id: str, stamp: str) -> str:
-    return hmac.new(bytes.fromhex(key_hex), f"transfer\n{dest}\n{job_id}\n{stamp}".encode(),
+def _ticket_mac(key_hex: str, dest: str, job_id: str, checkpoint: str, stamp: str) -> str:
+    return hmac.new(bytes.fromhex(key_hex), f"transfer\n{dest}\n{job_id}\n{checkpoint}\n{stamp}".encode(),
                     hashlib.sha256).hexdigest()
 
 
-def check_transfer_ticket(own_token: str, ticket: str, job_id: str, now: float | None = None) -> None:
+def check_transfer_ticket(own_token: str, ticket: str, job_id: str, checkpoint: str,
+                          now: float | None = None) -> float:
     """On the destination helper (whose token is ``own_token``): the ticket must be the
-    scheduler's, for this helper and this job, and not expired; else PermissionDenied
-    (Unauthenticated when there is none), saying which."""
+    scheduler's, for this helper, this job and this checkpoint name, and not expired; else
+    PermissionDenied (Unauthenticated when there is none), saying which. Returns its expiry
+    (how long the agent must remember it as spent: it is good for one transfer)."""
     if not ticket:
         raise Unauthenticated("this helper's agent takes checkpoints only from the scheduler's "
                               "registered helpers: the stream carries no transfer ticket (the "
@@ -143,10 +147,12 @@ def check_transfer_ticket(own_token: str, ticket: str, job_id: str, now: float |
     me = _name_of(own_token)
     if len(parts) != 3 or parts[0] != "gdvt" or not parts[1].isdigit():
         raise PermissionDenied("the transfer ticket is malformed")
-    if not hmac.compare_digest(parts[2], _ticket_mac(digest(own_token), me, job_id, parts[1])):
-        raise PermissionDenied(f"the transfer ticket is not the scheduler's for job {job_id!r} to helper {me!r}")
+    if not hmac.compare_digest(parts[2], _ticket_mac(digest(own_token), me, job_id, checkpoint, parts[1])):
+        raise PermissionDenied(f"the transfer ticket is not the scheduler's for checkpoint {checkpoint!r} "
+                               f"of job {job_id!r} to helper {me!r}")
     if int(parts[1]) < (time.time() if now is None else now):
         raise PermissionDenied("the transfer ticket has expired; the scheduler issues a new one with the next migration")
+    return float(parts[1])
 
 
 # ---- the token store ---------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Coroutine, Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 from sqlalchemy import select
@@ -71,7 +72,10 @@ async def vouch_transfer(core: SchedulerCore, transfer: helper_pb2.TransferCheck
     if not dest.up:
         raise Unavailable(f"transfer of {transfer.job_id}: its destination {dest.name} is down")
     if token is not None and token.role == "helper" and not token.revoked_at:
-        transfer.ticket = auth.transfer_ticket(token.token_hash, dest.name, transfer.job_id,
+        # Bound to the name the checkpoint lands under there (the source's directory name
+        # unless the command names one: migration_helper.ramdisk.checkpoint_chunks).
+        name = transfer.checkpoint_name or PurePosixPath(transfer.checkpoint_path).name
+        transfer.ticket = auth.transfer_ticket(token.token_hash, dest.name, transfer.job_id, name,
                                                core.clock() + auth.TICKET_S)
     return str(dest.name)
 

@@ -6,8 +6,10 @@ scheduler (--auth token) and real helper daemons."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +34,8 @@ DEST = "gdv.gpu2.secret-of-gpu2"
 OTHER = "gdv.gpu3.secret-of-gpu3"
 
 
-def ticket(token: str = DEST, job: str = "j-1", expires_in: float = 600.0) -> str:
-    return auth.transfer_ticket(auth.digest(token), token.split(".")[1], job, time.time() + expires_in)
+def ticket(token: str = DEST, job: str = "j-1", expires_in: float = 600.0, name: str = "ck") -> str:
+    return auth.transfer_ticket(auth.digest(token), token.split(".")[1], job, name, time.time() + expires_in)
 
 
 # Each ticket is made when its test runs (one made at collection could have expired by
@@ -42,17 +44,19 @@ def ticket(token: str = DEST, job: str = "j-1", expires_in: float = 600.0) -> st
     (lambda: "", Unauthenticated, "no transfer ticket"),
     (lambda: "gdvt.x.y", PermissionDenied, "malformed"),
     (lambda: "gdvt.123", PermissionDenied, "malformed"),
-    (lambda: ticket(job="j-2"), PermissionDenied, "not the scheduler's for job 'j-1'"),
+    (lambda: ticket(job="j-2"), PermissionDenied, "not the scheduler's for checkpoint 'ck' of job 'j-1'"),
+    (lambda: ticket(name="ck2"), PermissionDenied, "not the scheduler's for checkpoint 'ck' of job 'j-1'"),
     (lambda: ticket(token=OTHER), PermissionDenied, "to helper 'gpu2'"),
     (lambda: ticket()[:-4] + "0000", PermissionDenied, "not the scheduler's"),
     (lambda: ticket(expires_in=-5), PermissionDenied, "expired"),
-], ids=["none", "malformed-dots", "malformed-short", "other-job", "other-helper", "forged", "expired"])
-def test_a_transfer_ticket_is_good_for_one_helper_and_one_job_until_it_expires(
+], ids=["none", "malformed-dots", "malformed-short", "other-job", "other-checkpoint", "other-helper", "forged",
+        "expired"])
+def test_a_transfer_ticket_is_good_for_one_helper_job_and_checkpoint_until_it_expires(
     given: Callable[[], str], refusal: type[Exception], says: str
 ) -> None:
-    auth.check_transfer_ticket(DEST, ticket(), "j-1")  # the scheduler's, for this helper and job
+    auth.check_transfer_ticket(DEST, ticket(), "j-1", "ck")  # the scheduler's, for this helper, job, name
     with pytest.raises(refusal, match=says):
-        auth.check_transfer_ticket(DEST, given(), "j-1")
+        auth.check_transfer_ticket(DEST, given(), "j-1", "ck")
 
 
 def checkpoint(root: Path, files: int = 2) -> Path:
@@ -63,15 +67,24 @@ def checkpoint(root: Path, files: int = 2) -> Path:
     return src
 
 
-async def test_the_agent_takes_a_stream_only_with_the_schedulers_ticket(tmp_path: Path) -> None:
-    ramdisk = Ramdisk(tmp_path / "rd")
+@contextlib.asynccontextmanager
+async def gpu2_agent(root: Path) -> AsyncIterator[str]:
+    """gpu2's agent (its ramdisk ``root/rd``) on a real gRPC port; yields its address."""
+    ramdisk = Ramdisk(root / "rd")
     ramdisk.prepare()
     server = grpc.aio.server()
     helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk, DEST), server)
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     await server.start()
-    src = checkpoint(tmp_path / "src")
     try:
+        yield address
+    finally:
+        await server.stop(None)
+
+
+async def test_the_agent_takes_a_stream_only_with_the_schedulers_ticket(tmp_path: Path) -> None:
+    src = checkpoint(tmp_path / "src")
+    async with gpu2_agent(tmp_path) as address:
         for given, code in [("", grpc.StatusCode.UNAUTHENTICATED),
                             (ticket(job="j-2"), grpc.StatusCode.PERMISSION_DENIED),
                             (ticket(token=OTHER), grpc.StatusCode.PERMISSION_DENIED),
@@ -83,8 +96,40 @@ async def test_the_agent_takes_a_stream_only_with_the_schedulers_ticket(tmp_path
         landed = await send_checkpoint(address, src, "j-1", "ck", ticket=ticket())
         assert Path(landed.path) == (tmp_path / "rd" / "j-1" / "ck").resolve()
         assert (Path(landed.path) / "part-1.data").read_bytes() == bytes([1]) * 3000
-    finally:
-        await server.stop(None)
+
+
+async def test_a_ticket_is_good_for_one_transfer_and_a_failed_one_may_be_retried(tmp_path: Path) -> None:
+    """A ticket used to let its holder stream more checkpoints of the job for its hour
+    (ck, then ck2, ck3, ... each up to --max-transfer-gib): now it is bound to one
+    checkpoint name and spent once that checkpoint has landed; a stream cut short
+    leaves it good, so the transfer can be tried again."""
+    src = checkpoint(tmp_path / "src")
+    given = ticket()
+    async with gpu2_agent(tmp_path) as address:
+        # A stream cut before its last chunk: refused, nothing kept, the ticket still good.
+        async with grpc.aio.insecure_channel(address) as channel:
+            cut = helper_pb2_grpc.HelperAgentStub(channel).PutCheckpoint(
+                iter([helper_pb2.CheckpointChunk(job_id="j-1", checkpoint_name="ck", name="part-0.data",
+                                                 data=b"x" * 100)]),
+                metadata=((auth.TICKET_HEADER, given),))
+            with pytest.raises(grpc.aio.AioRpcError, match="ended before its last chunk"):
+                await cut
+        assert list((tmp_path / "rd" / "j-1").iterdir()) == []
+        landed = await send_checkpoint(address, src, "j-1", "ck", ticket=given)  # the retry lands
+        assert (Path(landed.path) / "part-1.data").read_bytes() == bytes([1]) * 3000
+        # Replayed: under another name it is not the scheduler's; under its own, spent, also
+        # once the checkpoint is gone (housekeeping removes old ones from the ramdisk).
+        job_dir = tmp_path / "rd" / "j-1"
+        for name, says, left in [("ck2", "not the scheduler's for checkpoint 'ck2'", ["ck"]),
+                                 ("ck", "already used", ["ck"]), ("ck", "already used", [])]:
+            if not left:
+                shutil.rmtree(landed.path)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await send_checkpoint(address, src, "j-1", name, ticket=given)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and says in (err.value.details() or "")
+            assert sorted(p.name for p in job_dir.iterdir()) == left, "nothing written"
+        # The scheduler's next ticket for the same checkpoint is a new one, and good.
+        assert (await send_checkpoint(address, src, "j-1", "ck", ticket=ticket(expires_in=601))).path == landed.path
 
 
 async def test_checkpoints_go_only_between_registered_helpers(
@@ -122,10 +167,18 @@ async def test_checkpoints_go_only_between_registered_helpers(
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, sched.loop))
 
         # The scheduler's way: a ticket for gpu2, which its agent accepts.
-        done = await on_scheduler(ports.helper_command("gpu1", transfer(b.address), 30))
+        sent = transfer(b.address)
+        done = await on_scheduler(ports.helper_command("gpu1", sent, 30))
         assert done.ok, done.message
         assert (Path(done.checkpoint_path) / "part-0.data").is_file()
         assert Path(done.checkpoint_path).is_relative_to(b.ramdisk.root)
+        # The source replays the ticket it was sent, for more checkpoints of the job (it
+        # used to be good for an hour of them): refused, nothing written.
+        for name in ("ck2", "ck"):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await send_checkpoint(b.address, src, "j-1", name, ticket=sent.transfer.ticket)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value.details()
+        assert [p.name for p in (b.ramdisk.root / "j-1").iterdir()] == ["ck"]
 
         # An address no helper registered: the scheduler sends no such command.
         with pytest.raises(FailedPrecondition, match="not the agent address of a registered helper"):
