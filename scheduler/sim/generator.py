@@ -12,6 +12,13 @@ characterisation, Jeon et al. ATC'19, and the GPU-count mix of the Gavel msr tra
   search of 4-16 one-GPU jobs of one model submitted together (AutoML), shorter
   (median / 4) since searches stop early.
 The same seed always gives the same workload.
+
+Other shapes, for evaluating on workloads the policy was not measured on
+(``benchmarks/sim_heldout.py``); each left at its default draws exactly what it drew before:
+- ``burst_max`` > 1: arrivals come in bursts, 1 to ``burst_max`` jobs (uniformly) at one
+  instant, the instants ``mean_interarrival_s`` apart on average;
+- ``gpu_mix``: another GPU-count mix, ``((gpus, weight), ...)`` (e.g. mostly large jobs);
+- ``duration_sigma``: the log-normal's sigma (2.5: a heavier tail than Philly's 1.8).
 """
 
 from __future__ import annotations
@@ -36,8 +43,17 @@ def generate(
     max_gpus: int = 32,
     multi_job_prob: float = 0.05,
     grow_shrink_prob: float = 0.0,
+    burst_max: int = 1,
+    gpu_mix: tuple[tuple[int, float], ...] = GPU_MIX,
+    duration_sigma: float = 1.8,
 ) -> list[JobSpec]:
     """``num_jobs`` jobs sorted by submit time; deterministic for a given seed."""
+    if burst_max < 1:
+        raise ValueError(f"burst_max must be at least 1 (one job per arrival), got {burst_max}")
+    if duration_sigma < 0:
+        raise ValueError(f"duration_sigma must not be negative, got {duration_sigma}")
+    if not gpu_mix or any(g < 1 or w < 0 for g, w in gpu_mix) or not any(w > 0 for _, w in gpu_mix):
+        raise ValueError(f"gpu_mix must be (gpus >= 1, weight >= 0) pairs with some weight, got {gpu_mix!r}")
     if num_jobs < 1:
         raise ValueError(f"num_jobs must be at least 1, got {num_jobs}")
     if num_jobs > MAX_JOBS:  # a typo (--jobs 100000000) must not fill the memory for minutes
@@ -45,26 +61,30 @@ def generate(
                          f"trace we know has 15,802 jobs)")
     rng = random.Random(seed)
     models = sorted(DEFAULT_MODELS)
-    sizes = [g for g, _ in GPU_MIX if g <= max_gpus] or [1]
-    weights = [w for g, w in GPU_MIX if g <= max_gpus] or [1.0]
+    sizes = [g for g, _ in gpu_mix if g <= max_gpus] or [1]
+    weights = [w for g, w in gpu_mix if g <= max_gpus] or [1.0]
     jobs: list[JobSpec] = []
     t = 0.0
+    burst = 0  # jobs still to come at instant t
     while len(jobs) < num_jobs:
-        t += rng.expovariate(1.0 / mean_interarrival_s)
+        if burst == 0:
+            t += rng.expovariate(1.0 / mean_interarrival_s)
+            burst = rng.randint(1, burst_max) if burst_max > 1 else 1
+        burst -= 1
         model = rng.choice(models)
         if rng.random() < multi_job_prob:
             group = f"hp{len(jobs)}"
             for _ in range(min(rng.randint(4, 16), num_jobs - len(jobs))):
-                jobs.append(_job(rng, len(jobs), t, 1, model, median_duration_s / 4, group, 0.0))
+                jobs.append(_job(rng, len(jobs), t, 1, model, median_duration_s / 4, group, 0.0, duration_sigma))
             continue
         gpus = rng.choices(sizes, weights)[0]
-        jobs.append(_job(rng, len(jobs), t, gpus, model, median_duration_s, None, grow_shrink_prob))
+        jobs.append(_job(rng, len(jobs), t, gpus, model, median_duration_s, None, grow_shrink_prob, duration_sigma))
     return jobs
 
 
 def _job(rng: random.Random, n: int, t: float, gpus: int, model: str, median: float,
-         group: str | None, grow_prob: float) -> JobSpec:
-    duration = min(7 * 86400.0, max(60.0, math.exp(rng.gauss(math.log(median), 1.8))))
+         group: str | None, grow_prob: float, sigma: float = 1.8) -> JobSpec:
+    duration = min(7 * 86400.0, max(60.0, math.exp(rng.gauss(math.log(median), sigma))))
     return JobSpec(id=f"job-{n}", submit_time=round(t, 3), num_gpus=gpus, model=model,
                    duration_s=round(duration, 1), multi_job=group,
                    grow_shrink=rng.random() < grow_prob)
