@@ -361,16 +361,18 @@ class _HealthCollector:
 
 
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Times every unary call by method and status code (streams are long-lived; not timed)."""
+    """Times every call with one answer by method and status code (streams are
+    long-lived; not timed). A call refused for its token is one too: the auth interceptor
+    answers it with a stream_unary handler that never reads the request."""
 
     def __init__(self, metrics: SchedulerMetrics) -> None:
         self.hist = metrics.rpc_seconds
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None or handler.response_streaming:
             return handler
-        inner, method, hist = handler.unary_unary, details.method, self.hist
+        inner, method, hist = handler.unary_unary or handler.stream_unary, details.method, self.hist
 
         async def timed(request: Any, context: Any) -> Any:
             t0 = time.perf_counter()
@@ -389,6 +391,6 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
                     code = got.name
                 hist.labels(method, code).observe(time.perf_counter() - t0)
 
-        return grpc.unary_unary_rpc_method_handler(
-            timed, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+        make = grpc.stream_unary_rpc_method_handler if handler.request_streaming else grpc.unary_unary_rpc_method_handler
+        return make(timed, request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer)
