@@ -138,6 +138,7 @@ class Ramdisk:
     async def receive(self, chunks: AsyncIterable[helper_pb2.CheckpointChunk]) -> tuple[Path, int]:
         """Store a streamed checkpoint; returns its directory and size in bytes."""
         tmp: Path | None = None
+        made_job_dir = False
         out: BinaryIO | None = None
         total = 0
         try:
@@ -153,6 +154,7 @@ class Ramdisk:
                     if final.exists():
                         raise CheckpointExists(f"checkpoint {final} already exists")
                     tmp = job / f"{INCOMING_PREFIX}{uuid.uuid4().hex}"
+                    made_job_dir = not job.exists()
                     tmp.mkdir(parents=True)
                 if chunk.name and chunk.name != current:
                     if chunk.name in done:
@@ -203,6 +205,9 @@ class Ramdisk:
                     out.close()
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+                if made_job_dir:  # nor an empty directory per job id a refused stream named
+                    with contextlib.suppress(OSError):
+                        tmp.parent.rmdir()
 
 
 def checkpoint_chunks(

@@ -6,8 +6,10 @@ refused submission writes nothing. Bounded for CI: a few dozen examples per RPC.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -202,23 +204,24 @@ def test_runtime_reports_of_a_real_job_are_stored_or_cleaned(fuzz_server: grpc.C
     prop()
 
 
-@pytest.fixture
-def agent(tmp_path):  # type: ignore[no-untyped-def]
-    """A real HelperAgent on its own event loop in a thread, over a small ramdisk."""
+@contextlib.contextmanager
+def _agent(root: Any, token: str = "") -> Iterator[tuple[Any, Any, grpc.Channel]]:
+    """A real HelperAgent (with ``token``: a helper's, which takes only ticketed streams)
+    on its own event loop in a thread, over a small ramdisk ``root/rd``."""
     import asyncio
     import threading
 
     from migration_helper.agent import agent_server
     from migration_helper.ramdisk import Ramdisk
 
-    ramdisk = Ramdisk(tmp_path / "rd", max_bytes=1 << 20)
+    ramdisk = Ramdisk(root / "rd", max_bytes=1 << 20)
     ramdisk.prepare()
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
 
     async def start() -> tuple[grpc.aio.Server, int]:
-        server = agent_server(ramdisk)  # as the helper serves it
+        server = agent_server(ramdisk, token)  # as the helper serves it
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, port
@@ -231,6 +234,12 @@ def agent(tmp_path):  # type: ignore[no-untyped-def]
         asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+@pytest.fixture
+def agent(tmp_path):  # type: ignore[no-untyped-def]
+    with _agent(tmp_path) as served:
+        yield served
 
 
 def test_a_checkpoint_stream_of_bytes_that_are_not_chunks_is_invalid_argument(agent, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -278,3 +287,73 @@ def test_helper_agent_put_checkpoint(agent, tmp_path) -> None:  # type: ignore[n
         assert {p.name for p in tmp_path.iterdir()} == {"rd"}
 
     prop()
+
+
+AGENT_TOKEN = "gdv.gpu2.secret-of-gpu2"
+
+
+def _stream(job_id: str, name: str, files: list[tuple[str, bytes]]) -> list[Any]:
+    """The chunks a sender makes of ``files`` (as checkpoint_chunks does)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    chunks = []
+    for i, (file, data) in enumerate(files):
+        digest.update(data)
+        chunks.append(helper_pb2.CheckpointChunk(name=file, data=data, **(
+            {"job_id": job_id, "checkpoint_name": name} if i == 0 else {})))
+    return [*chunks, helper_pb2.CheckpointChunk(last=True, sha256=digest.hexdigest())]
+
+
+plain = st.text(alphabet="abcXYZ019._=-", min_size=1, max_size=12).filter(lambda n: not n.startswith("."))
+well_formed = st.builds(_stream, st.one_of(plain, nasty_text), st.one_of(plain, nasty_text),
+                        st.lists(st.tuples(plain, st.binary(max_size=3000)), min_size=1, max_size=3,
+                                 unique_by=lambda f: f[0]))
+
+
+def test_helper_agent_put_checkpoint_with_tickets(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A helper with a token: random and well-formed streams with the scheduler's ticket for
+    them, one for another checkpoint, garbage or none. The agent stays up, answers each with
+    a clear status, writes only a ticketed stream and only as <ramdisk>/<job>/<name>, and
+    refuses the same ticket once its checkpoint has landed."""
+    from pathlib import Path
+
+    from scheduler import auth
+
+    refusals = CLEAR | {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+
+    def put(stub: Any, chunks: list[Any], ticket: str) -> tuple[Any, Any]:
+        try:
+            return stub.PutCheckpoint(iter(chunks), timeout=10, metadata=(
+                (auth.TICKET_HEADER, ticket),) if ticket else None), None
+        except grpc.RpcError as err:
+            assert err.code() in refusals and err.details(), f"{err.code()}: {err.details()}"
+            return None, err.code()
+
+    with _agent(tmp_path, AGENT_TOKEN) as (ramdisk, stub, _):
+        @FUZZ
+        @given(chunks=st.one_of(well_formed, st.lists(messages(helper_pb2.CheckpointChunk), min_size=1, max_size=6)),
+               kind=st.sampled_from(["scheduler's", "other name", "garbage", "none"]),
+               garbage=st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e), max_size=80))
+        def prop(chunks: list[Any], kind: str, garbage: str) -> None:
+            first = chunks[0]
+            before = sorted(ramdisk.root.rglob("*"))
+            ticket = {"scheduler's": auth.transfer_ticket(auth.digest(AGENT_TOKEN), "gpu2", first.job_id,
+                                                          first.checkpoint_name, time.time() + 600),
+                      "other name": auth.transfer_ticket(auth.digest(AGENT_TOKEN), "gpu2", first.job_id,
+                                                         first.checkpoint_name + "2", time.time() + 600),
+                      "garbage": garbage, "none": ""}[kind]
+            reply, code = put(stub, chunks, ticket)
+            if kind != "scheduler's":
+                assert reply is None and code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+            if reply is None:
+                deadline = time.monotonic() + 10  # a refused copy goes as the handler unwinds
+                while sorted(ramdisk.root.rglob("*")) != before and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert sorted(ramdisk.root.rglob("*")) == before, "a refused stream wrote something"
+            else:
+                assert Path(reply.path) == (ramdisk.root / first.job_id / first.checkpoint_name).resolve()
+                assert put(stub, chunks, ticket) == (None, grpc.StatusCode.PERMISSION_DENIED), "a spent ticket"
+            assert {p.name for p in tmp_path.iterdir()} == {"rd"}
+
+        prop()
