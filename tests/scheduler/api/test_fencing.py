@@ -1370,6 +1370,25 @@ def test_a_stale_launch_whose_runtime_connects_is_told_to_exit(fake: Fake, wait_
         stale.close()
 
 
+def _activation_fails_as_the_destinations_helper_hangs(
+        f: Fake, job_id: str, server: str, launch: helper_pb2.LaunchJob, dest: str,
+) -> tuple[helper_pb2.ActivateJob, helper_pb2.HelperCommand]:
+    """The job migrates from `server` to `dest`; `dest`'s helper hangs (no answer, no
+    heartbeat) as its pre-warmed process activates: the destination is told to stop while
+    its runtime is not connected (it still restores), and the job restarts at its source.
+    Returns (the activation, the restart's launch command, not answered yet)."""
+    f.keep_alive("a", "b")
+    f.shim(job_id, launch.incarnation)  # acks the stop-for-migration: a checkpoint at step 42
+    f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    warm = _next_command(f, dest, "launch")
+    f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=dest, command_id=warm.command_id, ok=True))
+    activate = _next_command(f, dest, "activate").activate
+    f.alive.discard(dest)  # down after 2 s
+    restart = _next_command(f, server, "launch")
+    assert restart.launch.incarnation not in (launch.incarnation, activate.incarnation)
+    return activate, restart
+
+
 def test_a_destination_whose_runtime_connects_after_its_activation_failed_is_told_to_exit(
         make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
     """A migration's destination activates just as its helper hangs (no answer, no
@@ -1384,15 +1403,7 @@ def test_a_destination_whose_runtime_connects_after_its_activation_failed_is_tol
     settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0)
     f, job_id, server, launch, dest = _launched_with_shared_root(make_scheduler, sqlite_url, wait_for, settings)
     try:
-        f.keep_alive("a", "b")
-        f.shim(job_id, launch.incarnation)  # acks the stop-for-migration: a checkpoint at step 42
-        f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
-        warm = _next_command(f, dest, "launch")
-        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=dest, command_id=warm.command_id, ok=True))
-        activate = _next_command(f, dest, "activate").activate
-        f.alive.discard(dest)  # its helper hangs as its process activates: down after 2 s
-        restart = _next_command(f, server, "launch")  # the job restarts at its source (not answered yet)
-        assert restart.launch.incarnation not in (launch.incarnation, activate.incarnation)
+        activate, restart = _activation_fails_as_the_destinations_helper_hangs(f, job_id, server, launch, dest)
         late = FakeShim(f.ch, job_id, activate.incarnation)  # the activated copy connects only now
         try:
             told = wait_for(lambda: [c for c in late.received if c.kind == runtime_pb2.COMMAND_KIND_KILL], 10)
@@ -1406,6 +1417,48 @@ def test_a_destination_whose_runtime_connects_after_its_activation_failed_is_tol
             back.history[-1].reason
     finally:
         f.close()
+
+
+def test_a_destination_told_to_exit_before_a_scheduler_restart_is_told_again_when_it_connects_after(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """As above, but the scheduler stops (its memory of launches told to exit gone with it)
+    after telling the still-restoring destination to exit and before that copy connects.
+    The restarted scheduler tells it to exit all the same, from the database alone (the
+    migration, recovered from SQL, re-queued the job from its checkpoint: the destination's
+    launch is no longer the job's), and the job is launched once more, from that checkpoint."""
+    from .test_runtime_api import FakeShim
+
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0)
+    first = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    f = Fake(first.address, shared_root="/peers")
+    job_id = f.submit()
+    server, launch = f.launched(job_id, wait_for)
+    dest = "b" if server == "a" else "a"
+    try:
+        activate, _ = _activation_fails_as_the_destinations_helper_hangs(f, job_id, server, launch, dest)
+    finally:
+        f.close()
+    first.stop()  # before the restart at the source is answered: the migration is still in SQL
+    second = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    g = Fake(second.address, shared_root="/peers")
+    try:
+        g.keep_alive("a", "b")
+        late = FakeShim(g.ch, job_id, activate.incarnation)  # the destination connects only now
+        try:
+            told = wait_for(lambda: [c for c in late.received if c.kind == runtime_pb2.COMMAND_KIND_KILL], 10)
+            # (The restarted scheduler stops it itself as it recovers the migration.)
+            assert told[0].reason == "stopped: migration abandoned by a scheduler restart", told[0].reason
+        finally:
+            late.close()
+        reasons = [t.reason for t in g.job(job_id).history]
+        assert any("scheduler restarted mid-migration (phase activate); will resume from step 42" in r
+                   for r in reasons), reasons
+        _, again = g.launched_again(job_id, activate.incarnation, wait_for)
+        assert again.incarnation not in (launch.incarnation, activate.incarnation)
+        # The migration's checkpoint, in the destination's ramdisk (read through the shared root).
+        assert again.restore_checkpoint == f"/peers/{dest}/{job_id}/migrate-{activate.incarnation}", again
+    finally:
+        g.close()
 
 
 def test_a_migration_whose_destination_gpu_is_gone_when_it_ends_resumes_elsewhere(
