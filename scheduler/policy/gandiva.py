@@ -172,7 +172,8 @@ class GandivaPolicy(Policy):
             def live() -> list[float]:
                 return [v.attained_at(now) / (len(v.placement) or v.gpus) for v in ledger.jobs.values()]
         for view in sorted(gone, key=lambda v: v.id):  # removals come as a set: a fixed order
-            self.state.service.add(view.attained_at(now) / (len(view.placement) or view.gpus), live)
+            self.state.service.add(view.attained_at(now) / (len(view.placement) or view.gpus), live,
+                                   history=self.config.gittins_history)
         gone.clear()
 
     def _queue_reason(self, ledger: Ledger, job: JobView, cache: dict[tuple[int, int, int], str]) -> str:

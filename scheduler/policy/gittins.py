@@ -44,6 +44,10 @@ it follows a workload that changes.
   20 jobs, departed or present, ran past it and some departed past it; the mass the
   estimate leaves beyond the longest departure (jobs still running past it) never finishes
   within any D.
+- ``gittins_history`` (off by default) mixes in a prior: the table is of the window and an
+  even sample of the departures before it (``ServiceWindow.older``), so a burst of short
+  jobs filling the window does not erase what the long jobs before it told (ITP cluster09;
+  measured in docs/simulator.md: it loses ITP cluster02's JCT goal).
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ COLD_START = 100
 REFRESH = 100
 # A grid point's index is estimated only from at least this many departures past it.
 MIN_ABOVE = 20
+# ``gittins_history``: at most this many departures kept evenly over the whole history.
+HISTORY = 1000
 # The first grid point after 0 (the paper's quantum) and the ratio between grid points.
 GRID_FIRST_S = 60.0
 GRID_RATIO = 2.0 ** 0.25
@@ -188,24 +194,52 @@ class GittinsTable:
 
 
 class ServiceWindow:
-    """The service per GPU of the latest departures, and the Gittins table computed from it."""
+    """The service per GPU of the latest departures, and the Gittins table computed from it;
+    beside them an even sample of every departure so far (``gittins_history``)."""
 
-    def __init__(self, size: int = WINDOW, cold_start: int = COLD_START, refresh: int = REFRESH) -> None:
+    def __init__(self, size: int = WINDOW, cold_start: int = COLD_START, refresh: int = REFRESH,
+                 history_size: int = HISTORY) -> None:
         self.samples: deque[float] = deque(maxlen=size)
         self.cold_start = cold_start
         self.refresh = refresh
         self.since = 0  # departures since the table was computed
         self.table: GittinsTable | None = None
+        # Every ``stride``-th departure (numbered from 0, kept with its number); when more
+        # than ``history_size`` are kept, every other one goes and the stride doubles, so
+        # the kept ones stay evenly spread over the whole history at bounded memory.
+        self.history: list[tuple[int, float]] = []
+        self.history_size = history_size
+        self.stride = 1
+        self.departed = 0
 
-    def add(self, served: float, live: Callable[[], list[float]] | None = None) -> None:
+    def _keep(self, served: float) -> None:
+        if self.departed % self.stride == 0:
+            self.history.append((self.departed, served))
+            if len(self.history) > self.history_size:
+                self.history = self.history[::2]
+                self.stride *= 2
+        self.departed += 1
+
+    def older(self) -> list[float]:
+        """The history's sample of the departures before the window (none of the window's)."""
+        first = self.departed - len(self.samples)
+        return [served for number, served in self.history if number < first]
+
+    def add(self, served: float, live: Callable[[], list[float]] | None = None, history: bool = False) -> None:
         """One departure with ``served`` seconds of service per GPU. ``live``: with
         ``gittins_censored``, what gives the service per GPU of the jobs still present
-        (called only when the table is computed)."""
-        self.samples.append(max(0.0, served))
+        (called only when the table is computed). ``history`` (``gittins_history``): the
+        table is of the window and the history's sample of the departures before it."""
+        served = max(0.0, served)
+        self.samples.append(served)
+        self._keep(served)
         self.since += 1
         if len(self.samples) >= self.cold_start and (self.table is None or self.since >= self.refresh):
+            samples: deque[float] | list[float] = self.samples
+            if history:
+                samples = [*self.samples, *self.older()]
             if live is None:
-                self.table = GittinsTable.of(self.samples)
+                self.table = GittinsTable.of(samples)
             else:
-                self.table = GittinsTable.censored(self.samples, [x for x in live() if x > 0])
+                self.table = GittinsTable.censored(samples, [x for x in live() if x > 0])
             self.since = 0

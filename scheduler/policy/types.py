@@ -364,6 +364,10 @@ class PolicyConfig:
         behind every unit with an index, as Tiresias' last queue, instead of by least
         attained service: the oldest of the longest jobs finishes instead of sharing its
         GPUs with every later long job (the makespan). Off by default.
+    gittins_history: with gittins_slices, the index's distribution is the window of the latest 1,000
+        departures together with an even sample of up to 1,000 of the departures before it
+        (every 2^k-th departure since the start; scheduler/policy/gittins.py): a burst of
+        short jobs filling the window moves the index less. Off by default.
     eldest_runs: with las_slices, in each requested GPU count the job submitted first of
         those holding GPUs (running or suspended) runs ahead of every other unit of its
         time-slice group and keeps the GPUs until it ends: a newcomer placed on its group
@@ -495,6 +499,7 @@ class PolicyConfig:
     gittins_slices: bool = True
     gittins_censored: bool = False
     gittins_tail_fifo: bool = False
+    gittins_history: bool = False
     fifo_after_measured: bool = False
     eldest_runs: bool = False
     eldest_parks: bool = True
@@ -528,7 +533,7 @@ class PolicyConfig:
         if self.fifo_after_measured and self.fifo_after_s > 0:
             raise ValueError(f"fifo_after_measured sets the bucket boundary that fifo_after_s "
                              f"({self.fifo_after_s}) fixes: set one of them")
-        for name in ("gittins_censored", "gittins_tail_fifo"):
+        for name in ("gittins_censored", "gittins_tail_fifo", "gittins_history"):
             if getattr(self, name) and not self.gittins_slices:
                 raise ValueError(f"{name} changes gittins_slices's order: turn gittins_slices on too")
         if self.balance_per_gpu and not self.balance_sizes:

@@ -197,6 +197,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                help="gandiva, with --gittins-slices: jobs served longer than the departures tell about "
                     "run first come first served behind the others, not by least attained service "
                     "(default: off)")
+    _rule_flag(s, "gittins_history",
+               help="gandiva, with --gittins-slices: the index's distribution is the latest 1,000 "
+                    "departures and an even sample of up to 1,000 of the departures before them, so a "
+                    "burst of short jobs moves it less (default: off)")
     _rule_flag(s, "eldest_runs",
                help="gandiva, with --las-slices: the job submitted first of those of its GPU count "
                     "holding GPUs runs ahead of its time-slice group and keeps its GPUs to itself "

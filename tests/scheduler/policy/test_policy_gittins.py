@@ -18,7 +18,7 @@ import itertools
 import pytest
 
 from scheduler.policy import PolicyConfig, ServerView, get_policy
-from scheduler.policy.gittins import COLD_START, GittinsTable
+from scheduler.policy.gittins import COLD_START, HISTORY, WINDOW, GittinsTable, ServiceWindow
 
 HOUR = 3600.0
 GITTINS = PolicyConfig(las_slices=True, gittins_slices=True, slice_growth=0.0, enable_migration=False,
@@ -153,7 +153,54 @@ def test_jobs_still_running_extend_the_index_past_the_short_ones_that_left() -> 
     assert censored.at(7.5 * HOUR) is None
 
 
+def test_the_history_keeps_an_even_bounded_sample_of_the_departures_before_the_window() -> None:
+    """gittins_history: after 5,000 departures the window holds the latest 1,000; the history
+    keeps at most 1,000 of all 5,000, every 8th (0, 8, 16, ...), and of those the ones
+    before the window (numbers 0-3,999: 500) join the table, none of the window's twice."""
+    window = ServiceWindow()
+    for i in range(5000):
+        window.add(float(i), history=True)
+    assert len(window.samples) == WINDOW and len(window.history) <= HISTORY
+    assert window.stride == 8 and [n for n, _ in window.history[:3]] == [0, 8, 16]
+    older = window.older()
+    assert older == [float(n) for n in range(0, 4000, 8)]
+
+
+def _decide_after_two_waves(mk, history: bool, old_s: float = 5.5 * HOUR, new_s: float = 2 * HOUR):
+    """A one-GPU group on s0: ``old`` (``old_s`` of service, running) and ``new`` (``new_s``,
+    suspended). 1,000 light-tailed jobs (5-7 hours) leave at 30 s, then a burst of 1,000
+    five-minute jobs at 45 s: the window of the latest 1,000 departures holds only the burst.
+    Returns the decisions at the slice's end (61 s)."""
+    srv = (ServerView("s0", 1), ServerView("s1", 1000))
+    config = dataclasses.replace(GITTINS, gittins_history=history)
+
+    def group(now: float):
+        return (mk.job("old", state="RUNNING", placement=mk.on("s0", 0), attained_service_s=old_s + now,
+                       reported_at=now, submitted_at=0.0, last_state_change_at=0.0),
+                mk.job("new", state="SUSPENDED", placement=mk.on("s0", 0), attained_service_s=new_s,
+                       submitted_at=10.0, last_state_change_at=0.0))
+
+    def wave(name: str, lengths: list[float], now: float):
+        return [mk.job(f"{name}{i}", state="RUNNING", placement=mk.on("s1", i), attained_service_s=s,
+                       reported_at=now, submitted_at=0.0, last_state_change_at=0.0)
+                for i, s in enumerate(lengths)]
+
+    policy = get_policy("gandiva", config)
+    assert policy.decide(mk.snap(30.0, srv, *group(30.0), *wave("long", light(1000), 30.0))) == []
+    assert policy.decide(mk.snap(45.0, srv, *group(45.0), *wave("burst", [300.0] * 1000, 45.0))) == []
+    return policy.decide(mk.snap(61.0, srv, *group(61.0)))
+
+
+def test_with_the_history_a_burst_of_short_jobs_does_not_erase_what_the_long_ones_told(mk) -> None:
+    """Without the history the window (the burst alone) says nothing past a few minutes: both
+    jobs are past its end and the less-served ``new`` runs next (least attained service).
+    With it, the long jobs that left before the burst still count (5-7 hours): ``old``, at
+    5.5 h, is nearer its end than ``new`` at 2 h and keeps the GPU."""
+    assert mk.kinds(_decide_after_two_waves(mk, history=False)) == [("Suspend", "old"), ("Resume", "new")]
+    assert _decide_after_two_waves(mk, history=True) == []
+
+
 def test_the_refinements_without_gittins_slices_are_refused() -> None:
-    for name in ("gittins_censored", "gittins_tail_fifo"):
+    for name in ("gittins_censored", "gittins_tail_fifo", "gittins_history"):
         with pytest.raises(ValueError, match=f"{name} .* turn gittins_slices on too"):
             PolicyConfig(gittins_slices=False, **{name: True})

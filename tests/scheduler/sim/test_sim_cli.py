@@ -205,6 +205,23 @@ def test_gittins_refinements_are_flags_that_reach_the_policy(capsys: pytest.Capt
     assert code == 2 and name in err and "turn gittins_slices on too" in err
 
 
+def test_gittins_history_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    """--gittins-history (off by default) changes the index only once more jobs have left
+    than the window holds (1,000): on 1,500 jobs (a few larger than the cluster are skipped) the same seed then decides differently, every
+    job still ends, and the same seed gives the same output; without --gittins-slices it is
+    refused, naming both."""
+    args = ("--jobs", "1500", "--cluster", "4x4", "--target-load", "2", "--seed", "3", "--policy", "gandiva",
+            "-o", "json")
+    base = json.loads(_sim(capsys, *args)[1])["gandiva"]
+    ruled = json.loads(_sim(capsys, *args, "--gittins-history")[1])["gandiva"]
+    assert ruled["jobs_finished"] == base["jobs_finished"] > 1400 and ruled["jobs_unfinished"] == 0
+    assert ruled["avg_jct_s"] != base["avg_jct_s"]
+    again = json.loads(_sim(capsys, *args, "--gittins-history")[1])["gandiva"]
+    assert {k: v for k, v in again.items() if k != "cpu_s"} == {k: v for k, v in ruled.items() if k != "cpu_s"}
+    code, _, err = _sim(capsys, "--jobs", "5", "--policy", "gandiva", "--no-gittins-slices", "--gittins-history")
+    assert code == 2 and "gittins_history" in err and "turn gittins_slices on too" in err
+
+
 def test_no_eldest_parks_is_a_flag_that_needs_eldest_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """--no-eldest-parks changes what --eldest-runs does, so alone it is refused, naming both;
     with --eldest-runs every job still ends."""
