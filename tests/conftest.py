@@ -3,6 +3,7 @@ PostgreSQL when one is reachable), and a temporary GANDIVA_HOME."""
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Iterator
@@ -236,30 +237,51 @@ def wait_for_fixture():  # type: ignore[no-untyped-def]
     return _wait_for
 
 
-# The tests that run real processes end to end (a scheduler, helpers, TensorFlow jobs,
-# network namespaces) run one after another on one pytest-xdist worker, as without xdist:
-# they share the machine's cores with their own processes, some use fixed names (the
-# namespaces) and many wait on timeouts. The runtime's own tests (tests/tf_runtime: real
-# TensorFlow programs, interrupted and compared, most without a scheduler) are a second
-# unit, run in order on the other worker, before or beside the unit and simulator tests,
-# which are spread over both (pyproject's addopts: -n 2): the live unit alone is then the
-# longest. A scheduler of our own does the grouping: xdist's xdist_group marker renames
+# How the tests are spread over the two pytest-xdist workers (pyproject's addopts: -n 2).
+# The network-namespace tests (tests/multihost) are one unit of work, run in order by one
+# worker: they share fixed names (the namespaces and links of their prefix). Every other
+# file of tests that run real processes (tests/integration: a scheduler, helpers and
+# TensorFlow jobs; tests/tf_runtime: real TensorFlow programs interrupted and compared) is a
+# unit of its own, kept whole for its module fixtures; every other test is a unit of its
+# own. The heaviest units are handed out first (multihost, then those files, then the unit
+# and simulator tests in their order) to whichever worker is free, so the two workers end
+# together: with integration and multihost as one unit the suite was that unit alone
+# (28.5 min), the other worker idle for its last part. At most two tests run at once, as
+# before. A scheduler of our own does the grouping: xdist's xdist_group marker renames
 # each test's node id, which pytest 9 no longer allows.
-_UNITS = {"integration": "live", "multihost": "live", "tf_runtime": "tf_runtime"}
+_ONE_UNIT = {"multihost"}
+_UNIT_PER_FILE = {"integration": 2, "tf_runtime": 1}  # the weight of their files' units
+
+
+@functools.cache
+def _unit_of(nodeid: str) -> tuple[str, int]:
+    """The unit of work a test belongs to and how early that unit is handed out (higher:
+    earlier; units of one weight go in collection order)."""
+    parts = nodeid.split("/", 2)
+    if len(parts) == 3 and parts[0] == "tests":
+        if parts[1] in _ONE_UNIT:
+            return parts[1], 3
+        if parts[1] in _UNIT_PER_FILE:
+            return nodeid.split("::", 1)[0], _UNIT_PER_FILE[parts[1]]
+    return nodeid, 0
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
-    class LiveTestsTogether(LoadScopeScheduling):
-        """The tests under each directory of _UNITS are one unit of work (one worker runs
-        them in order); every other test is a unit of its own."""
+    class HeaviestFirst(LoadScopeScheduling):
+        """Units as _unit_of says, the heaviest handed out first to the worker that asks."""
 
         def _split_scope(self, nodeid: str) -> str:
-            parts = nodeid.split("/", 2)
-            if len(parts) == 3 and parts[0] == "tests" and parts[1] in _UNITS:
-                return _UNITS[parts[1]]
-            return nodeid
+            return _unit_of(nodeid)[0]
 
-    return LiveTestsTogether(config, log)
+        def _assign_work_unit(self, node: object) -> None:
+            # The first unit of the highest weight left (dicts keep insertion order; the
+            # queue holds whole units, so the weight is read from any of its tests).
+            heaviest = max(self.workqueue, key=lambda scope: _unit_of(next(iter(self.workqueue[scope])))[1])
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)  # type: ignore[arg-type]
+
+    config.option.loadscopereorder = False  # our order, not xdist's (by number of tests)
+    return HeaviestFirst(config, log)
