@@ -29,10 +29,13 @@ READ_TIMEOUT_S = 10.0
 # its connection for ever: 64 of them, and the dashboard and /metrics answered 503 to everyone.
 # A slow client that keeps reading is served however long it takes.
 WRITE_STALL_S = 10.0
-# Connections served at once; past it a new one is answered 503 and closed at once. Without a
-# bound, idle connections (each held up to READ_TIMEOUT_S) used up the process's file
-# descriptors: the scheduler's gRPC listener then accepted no helper or client ("File
-# descriptor limit reached") and its database could open no file.
+# Connections served at once. Without a bound, idle connections (each held up to
+# READ_TIMEOUT_S) used up the process's file descriptors: the scheduler's gRPC listener then
+# accepted no helper or client ("File descriptor limit reached") and its database could open
+# no file. Past it a new connection takes the place of the one that has waited longest for
+# its request's head (a client sends its head at once; one that trickles it in is holding a
+# place): 64 connections sending a byte a second, opened again every 10 s, had the dashboard
+# and /metrics answer 503 to everyone. With none such, the new one is answered 503.
 MAX_CONNECTIONS = 64
 
 
@@ -80,6 +83,8 @@ class HttpServer:
         self._server: asyncio.base_events.Server | None = None
         self.address = ""
         self._open = 0
+        # Connections still reading their request's head, oldest first (dicts keep order).
+        self._reading: dict[asyncio.StreamWriter, None] = {}
 
     async def start(self) -> str:
         try:
@@ -98,7 +103,12 @@ class HttpServer:
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._open >= MAX_CONNECTIONS:
+        if self._open >= MAX_CONNECTIONS and self._reading:
+            slowest = next(iter(self._reading))
+            del self._reading[slowest]
+            log.info("HTTP connections full: cut the one that has sent no whole request the longest")
+            slowest.transport.abort()  # its _read_head ends at once; its place is this one's
+        elif self._open >= MAX_CONNECTIONS:
             with contextlib.suppress(ConnectionError):
                 writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
                              b"Connection: close\r\n\r\n")
@@ -113,7 +123,7 @@ class HttpServer:
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         method = ""
         try:
-            head = await asyncio.wait_for(_read_head(reader), READ_TIMEOUT_S)
+            head = await self._head(reader, writer)
         except (asyncio.LimitOverrunError, ValueError):
             response = Response(431, f"request head over {MAX_REQUEST_BYTES} bytes\n".encode())
         except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
@@ -143,6 +153,13 @@ class HttpServer:
             pass
         finally:
             writer.close()
+
+    async def _head(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+        self._reading[writer] = None
+        try:
+            return await asyncio.wait_for(_read_head(reader), READ_TIMEOUT_S)
+        finally:
+            self._reading.pop(writer, None)
 
     async def _respond(self, method: str, target: str, token: str = "") -> Response:
         if method not in ("GET", "HEAD"):
