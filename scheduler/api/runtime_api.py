@@ -81,7 +81,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         except GandivaError as err:
             log.warning("could not record that job %s's runtime connected: %s", hello.job_id, err)
         log.info("runtime of job %s (incarnation %s, pid %d) connected", hello.job_id, hello.incarnation, hello.pid)
-        reader = asyncio.create_task(self._read(conn, request_iterator))
+        reader = asyncio.create_task(self._read(conn, request_iterator, heeded=not (stale or told)))
         getter: asyncio.Task | None = None
         try:
             while True:
@@ -108,7 +108,11 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             else:
                 log.info("runtime of job %s (incarnation %s) disconnected", conn.job_id, conn.incarnation)
 
-    async def _read(self, conn: RuntimeConn, it: AsyncIterator[runtime_pb2.RuntimeMessage]) -> None:
+    async def _read(self, conn: RuntimeConn, it: AsyncIterator[runtime_pb2.RuntimeMessage], heeded: bool = True) -> None:
+        """Reads what the runtime sends. Not ``heeded`` (a launch the job no longer runs,
+        told to exit): only its acks are taken. Its token stays good for ever, so its old
+        process, or whoever replays the token, had marked the job "not migratable", turned
+        grow-shrink off for good and reported progress, meanwhile."""
         total_seen = 0  # the program's own total mini-batches, recorded once per value
         loop = asyncio.get_running_loop()
         allowance, filled_at = float(RUNTIME_BURST), loop.time()
@@ -124,6 +128,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             allowance -= 1
             conn.heard_at = loop.time()
             kind = msg.WhichOneof("body")
+            if not heeded and kind != "ack":
+                continue
             try:
                 if kind == "progress":
                     self.progress_received += 1

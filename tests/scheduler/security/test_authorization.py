@@ -223,6 +223,30 @@ def test_a_runtime_speaks_only_for_its_own_job_and_launch(users, secured, connec
     assert _code(lambda: sched.ListJobs(scheduler_pb2.ListJobsRequest())) == grpc.StatusCode.PERMISSION_DENIED
 
 
+def test_a_replayed_runtime_token_of_a_stale_launch_changes_nothing(users, secured, connect) -> None:  # type: ignore[no-untyped-def]
+    """A runtime token is good for its launch for ever (until its helper's token is revoked):
+    the token of a launch the job no longer runs (here: the job waits in the queue, so every
+    launch is stale), replayed or held by the old process, connected, was told to exit, and
+    meanwhile its reports were taken: "not migratable" made the job never migrate, a tower
+    report turned grow-shrink off for good, progress was counted. Now such a stream's reports
+    are dropped; it still gets its exit command."""
+    stubs, job = users
+    token = auth.runtime_token(make_token(secured.db_url, "s1", "helper"), job.id, "inc-old")
+    runtime = runtime_pb2_grpc.RuntimeStub(connect(secured.address, token))
+    sent = [runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job.id, incarnation="inc-old")),
+            runtime_pb2.RuntimeMessage(migratability=runtime_pb2.MigratabilityReport(migratable=False, reason="x")),
+            runtime_pb2.RuntimeMessage(towers=runtime_pb2.TowerReport(towers=2, checkpoint_towers=1, devices=2)),
+            runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(steps=500, rate=9.0))]
+    # The stream ends once the scheduler has read everything sent (the client closes its side).
+    told = [c for c in runtime.Connect(iter(sent), timeout=20)]
+    assert [c.kind for c in told] == [runtime_pb2.COMMAND_KIND_KILL], told
+    alice = stubs["alice"]
+    kinds = [e.kind for e in alice.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id)).events]
+    assert "job.migratable" not in kinds and "job.grow_shrink" not in kinds, kinds
+    got = alice.GetJob(scheduler_pb2.GetJobRequest(id=job.id))
+    assert got.state == common_pb2.JOB_STATE_QUEUED and got.steps == 0
+
+
 def _http_get(address: str, path: str, token: str = "") -> tuple[int, bytes]:
     import urllib.error
     import urllib.request
