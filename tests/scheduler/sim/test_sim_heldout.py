@@ -103,6 +103,8 @@ def test_a_batch_trace_is_replayed_as_given_the_same_twice_and_resumed(tmp_path:
     assert a == b
     resumed = _run("--variants", "given", "--trace", str(trace), "--cluster", "2x4", "--resume", str(runs))
     assert "1 read back from" in resumed.stdout and row.split("<!--")[0] in resumed.stdout
+    left = _run("--variants", "given", "--trace", str(trace), "--cluster", "2x4", "--leave-out", "batch")
+    assert left.returncode == 0 and "0 traces; left out: batch" in left.stdout and "| batch |" not in left.stdout
     compared = _run("--compare", f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}")
     assert compared.returncode == 0, compared.stderr
     assert "### given" in compared.stdout and "| batch |" in compared.stdout
