@@ -163,13 +163,14 @@ def test_gandiva_looking_only_at_changed_and_due_groups_changes_nothing(rules: s
     assert fast[0]["suspends"] > 50 and fast[0]["packs"] > 0
 
 
-@pytest.mark.parametrize("rule", ["gittins_slices", "fifo_after_measured"])
+@pytest.mark.parametrize("rule", ["gittins_slices", "fifo_after_measured", "gittins_history"])
 def test_gandiva_measured_slice_orders_decide_the_same_looking_only_at_changes(rule: str) -> None:
     """gittins_slices orders each group by an index (fifo_after_measured: by buckets whose
     boundary) the departures keep changing; a group is looked at again when its slice ends
     or its runner's service crosses the index's next grid point (the boundary), so every
     job's times are those of looking at every group at every call. A small window (the
-    index from the 10th departure on, again every 5) makes it act early."""
+    index from the 10th departure on, again every 5) makes it act early; with
+    gittins_history the departures before the window's 50 count too."""
     servers = make_cluster("3x4")
     jobs, _ = scale_to_load(generate(160, seed=3, median_duration_s=1800, max_gpus=4), servers, MODEL, 2.0)
     cfg = PolicyConfig(**{rule: True})  # type: ignore[arg-type]
