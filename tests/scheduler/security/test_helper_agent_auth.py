@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
@@ -130,6 +131,32 @@ async def test_a_ticket_is_good_for_one_transfer_and_a_failed_one_may_be_retried
             assert sorted(p.name for p in job_dir.iterdir()) == left, "nothing written"
         # The scheduler's next ticket for the same checkpoint is a new one, and good.
         assert (await send_checkpoint(address, src, "j-1", "ck", ticket=ticket(expires_in=601))).path == landed.path
+
+
+async def test_a_ticket_carries_one_stream_at_a_time(tmp_path: Path) -> None:
+    """Two streams under one ticket at once (its holder racing itself for two copies):
+    the second is refused while the first runs; the first lands."""
+    given, release = ticket(), asyncio.Event()
+    chunks = [helper_pb2.CheckpointChunk(job_id="j-1", checkpoint_name="ck", name="part-0.data", data=b"x" * 100)]
+
+    async def held() -> Any:
+        yield chunks[0]
+        await release.wait()
+        yield helper_pb2.CheckpointChunk(last=True, sha256=hashlib.sha256(b"x" * 100).hexdigest())
+
+    async with gpu2_agent(tmp_path) as address, grpc.aio.insecure_channel(address) as channel:
+        put = helper_pb2_grpc.HelperAgentStub(channel).PutCheckpoint
+        first = put(held(), metadata=((auth.TICKET_HEADER, given),), timeout=30)
+        deadline = time.monotonic() + 20
+        while not list((tmp_path / "rd").rglob(".incoming-*")) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # the first stream is being written
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await put(iter(chunks), metadata=((auth.TICKET_HEADER, given),), timeout=30)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "in use by another stream" in (err.value.details() or "")
+        release.set()
+        landed = await first
+        assert (Path(landed.path) / "part-0.data").read_bytes() == b"x" * 100
 
 
 async def test_checkpoints_go_only_between_registered_helpers(
