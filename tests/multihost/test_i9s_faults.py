@@ -298,6 +298,18 @@ def test_i9s_migration_failed_at_both_ends_resumes_from_the_checkpoint_it_left_a
     _no_two_copies(c)
 
 
+def _a_job_for_each_of_two_hosts(c: Cluster, steps: int) -> dict[str, Path]:
+    """Helpers h1 and h2 and two feed_step jobs submitted: {job id: where its final
+    variables will be}."""
+    c.add_helper("h1")
+    c.add_helper("h2")
+    dumps = {}
+    for name in ("a", "b"):
+        dump = c.tmp / f"final-{name}.npz"
+        dumps[c.submit(name, feed_command(steps, dump))] = dump
+    return dumps
+
+
 def test_i9s_scheduler_cut_off_from_every_host(multihost: Cluster, tmp_path: Path) -> None:
     """The scheduler's own link is cut while a job trains on each of two hosts: every
     helper freezes its job once its lease runs out, the scheduler marks both servers down
@@ -307,12 +319,7 @@ def test_i9s_scheduler_cut_off_from_every_host(multihost: Cluster, tmp_path: Pat
     c = multihost
     steps = 400  # as the other tests here: one uninterrupted run serves them all
     uninterrupted_variables(steps, tmp_path)
-    c.add_helper("h1")
-    c.add_helper("h2")
-    dumps = {}
-    for name in ("a", "b"):
-        dump = c.tmp / f"final-{name}.npz"
-        dumps[c.submit(name, feed_command(steps, dump))] = dump
+    dumps = _a_job_for_each_of_two_hosts(c, steps)
 
     def checkpointed(job_id: str) -> bool:
         return any(e.kind == "job.checkpoint" and "/periodic-" in e.message for e in c.events(job_id))
