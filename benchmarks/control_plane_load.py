@@ -121,8 +121,10 @@ class Load:
         md = bearer(token)
         gpus = [common_pb2.Gpu(index=g, model="virtual", memory_total_bytes=16 << 30)
                 for g in range(self.args.gpus_per_helper)]
-        reply = await stub.Register(helper_pb2.RegisterServerRequest(name=name, address="127.0.0.1:1", gpus=gpus),
-                                    metadata=md)
+        # An agent address of its own (none listens there): the scheduler refuses one that an up
+        # server has already.
+        reply = await stub.Register(helper_pb2.RegisterServerRequest(name=name, address=f"127.0.0.1:{20000 + i}",
+                                                                     gpus=gpus), metadata=md)
         mine: set[tuple[str, str]] = set()  # the (job, incarnation) launches it runs
 
         async def commands() -> None:

@@ -886,6 +886,17 @@ class SchedulerCore:
         ]
         stops: list[tuple[str, str, str]] = []
         async with self.tx() as s:
+            # One agent address, one server: the scheduler finds a transfer's destination, and
+            # makes its ticket, by address. A helper registering another's (a copied config, or
+            # a helper token used to break another server's migrations) made every checkpoint
+            # sent to that address carry a ticket for the wrong server, refused there.
+            holder = await repo.server_at(s, req.address) if req.address else None
+            if holder is not None and holder.name != req.name and holder.up:
+                raise FailedPrecondition(
+                    f"agent address {req.address} is that of server {holder.name}, which is up: two helpers "
+                    f"cannot share one (checkpoints for one would go to the other); give this one its own "
+                    f"--listen address, or stop {holder.name}'s helper (the address is free once that server "
+                    f"is marked down, {self.settings.down_after_s:.0f}s after its last heartbeat)")
             created = await repo.upsert_server(
                 s, req.name, req.address, gpus, req.ramdisk, req.shared_root, now, req.host_memory_bytes
             )

@@ -657,8 +657,10 @@ async def checkpoints_held_for(session: AsyncSession, server: str) -> Sequence[J
 
 
 async def server_at(session: AsyncSession, address: str) -> Server | None:
-    """The registered server whose helper's agent listens on ``address``."""
-    return (await session.scalars(select(Server).where(Server.address == address).limit(1))).first()
+    """The registered server whose helper's agent listens on ``address``: the one up, if
+    another (down) had the address before it."""
+    return (await session.scalars(select(Server).where(Server.address == address)
+                                  .order_by(Server.up.desc(), Server.name).limit(1))).first()
 
 
 async def largest_server(session: AsyncSession) -> tuple[int, str]:

@@ -206,6 +206,25 @@ def _hello(stub, job_id: str, incarnation: str) -> grpc.StatusCode | None:  # ty
     return None
 
 
+def test_a_helper_cannot_take_another_servers_agent_address(secured, connect) -> None:  # type: ignore[no-untyped-def]
+    """The scheduler finds a checkpoint's destination, and makes its ticket, by the agent
+    address: a helper registering another server's address (its own token, a copied config)
+    made checkpoints meant for that server carry a ticket for the wrong one, refused
+    there. Now the second registration is refused, naming the server that has it."""
+    first = helper_pb2_grpc.HelperStub(connect(secured.address, make_token(secured.db_url, "s1", "helper")))
+    other = helper_pb2_grpc.HelperStub(connect(secured.address, make_token(secured.db_url, "s2", "helper")))
+    gpus = [common_pb2.Gpu(index=0, memory_total_bytes=1 << 30)]
+    first.Register(helper_pb2.RegisterServerRequest(name="s1", address="127.0.0.1:7301", gpus=gpus))
+    with pytest.raises(grpc.RpcError) as err:
+        other.Register(helper_pb2.RegisterServerRequest(name="s2", address="127.0.0.1:7301", gpus=gpus))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "agent address 127.0.0.1:7301 is that of server s1, which is up" in err.value.details()
+    other.Register(helper_pb2.RegisterServerRequest(name="s2", address="127.0.0.1:7302", gpus=gpus))
+    root = scheduler_pb2_grpc.SchedulerStub(connect(secured.address, make_token(secured.db_url, "root", "operator")))
+    servers = {s.name: s.address for s in root.ListServers(scheduler_pb2.ListServersRequest()).servers}
+    assert servers == {"s1": "127.0.0.1:7301", "s2": "127.0.0.1:7302"}
+
+
 def test_a_runtime_speaks_only_for_its_own_job_and_launch(users, secured, connect) -> None:  # type: ignore[no-untyped-def]
     _, job = users
     helper_token = make_token(secured.db_url, "s1", "helper")
