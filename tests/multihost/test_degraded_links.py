@@ -164,7 +164,7 @@ def _migrate_over_a_cap(c: Cluster, steps: int, hidden: int, sleep: float, rate:
     dest = "h2" if src == "h1" else "h1"
     degrade.cap_to(c.net.hosts[src][0], c.net.link(src), c.net.hosts[dest][1], rate)
     # Refused while a periodic checkpoint is in flight ("has a command in progress; try again
-    # shortly"; a 19 MB one on the loaded CI machine, once): asked again, as its user would.
+    # shortly"; a 19 MB one on a loaded machine, once): asked again, as its user would.
     c.wait(lambda: c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest)), 60)
     return base, job_id, src, dest, dump
 
