@@ -168,8 +168,9 @@ def test_the_history_keeps_an_even_bounded_sample_of_the_departures_before_the_w
 
 def _decide_after_two_waves(mk, history: bool, old_s: float = 5.5 * HOUR, new_s: float = 2 * HOUR):
     """A one-GPU group on s0: ``old`` (``old_s`` of service, running) and ``new`` (``new_s``,
-    suspended). 1,000 light-tailed jobs (5-7 hours) leave at 30 s, then a burst of 1,000
-    five-minute jobs at 45 s: the window of the latest 1,000 departures holds only the burst.
+    suspended). 1,000 light-tailed jobs (5-7 hours) run at 30 s and are gone at 45 s, then a
+    burst of 1,000 five-minute jobs, gone at 61 s: the window of the latest 1,000 departures
+    holds only the burst.
     Returns the decisions at the slice's end (61 s)."""
     srv = (ServerView("s0", 1), ServerView("s1", 1000))
     config = dataclasses.replace(GITTINS, gittins_history=history)
