@@ -722,6 +722,18 @@ class LiveEngine:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
                 return  # killed or moved meanwhile: the copy is pruned in time
+            dest_name = gpus[0].server
+            if fault == helper_pb2.TRANSFER_FAULT_DEST_REFUSED and (
+                    (dest_now := await s.get(Server, dest_name)) is not None and dest_now.address != dest_address):
+                # The destination's helper registered again at another address meanwhile (a
+                # machine back on a new IP): the stream went to the old one. Not that server's
+                # fault, nor the checkpoint's: it used to be quarantined for a minute and the
+                # job resumed elsewhere. Placed again now, the next stream goes to the new one.
+                why = (f"could not fetch its checkpoint {job.restore_checkpoint} from {holder}: {dest_name}'s helper "
+                       f"moved from {dest_address} to {dest_now.address} meanwhile ({failure}); trying again")
+                await repo.requeue(s, job, now, why)
+                log.warning("job %s: %s", job_id, why)
+                return
             refusals = (self._dest_refusals.get(job_id, 0) + 1
                         if fault == helper_pb2.TRANSFER_FAULT_DEST_REFUSED else 0)
             if 0 < refusals < MAX_DEST_REFUSALS:
@@ -732,7 +744,6 @@ class LiveEngine:
                 # no new job for a while, so the job resumes elsewhere. Bounded all the same,
                 # in case the policy has nowhere else to put it.
                 self._dest_refusals[job_id] = refusals
-                dest_name = gpus[0].server
                 self._quarantine(s, now, dest_name, f"{dest_name} could not take a checkpoint ({failure})")
                 why = (f"could not fetch its checkpoint {job.restore_checkpoint} from {holder}: {dest_name} could not "
                        f"take it ({failure}); its checkpoint is kept, and no new job is placed there for "

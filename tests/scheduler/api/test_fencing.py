@@ -1051,6 +1051,31 @@ def test_a_checkpoint_that_cannot_be_fetched_is_tried_again_then_given_up_saying
         f.close()
 
 
+def test_a_fetch_whose_destination_came_back_at_another_address_is_sent_to_the_new_one(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """The job's checkpoint is being fetched from "y" to "x" when x's helper restarts at
+    another address (same name: a machine back on a new IP). y cannot reach the old address
+    and says so; the next try streams to x's new address, not the old one again."""
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for)
+    try:
+        cmd = _next_command(f, "y", "transfer")
+        assert cmd.transfer.dest_address == AGENTS["x"], cmd
+        moved = "127.0.0.1:7199"
+        f.helper.Register(helper_pb2.RegisterServerRequest(
+            name="x", gpus=[common_pb2.Gpu(index=0)], ramdisk="/ram/x", address=moved))
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server="y", command_id=cmd.command_id, ok=False,
+            message=f"transfer: could not send the checkpoint to the helper at {AGENTS['x']}: UNAVAILABLE"))
+        again = _next_command(f, "y", "transfer").transfer
+        assert (again.dest_address, again.checkpoint_path) == (moved, path), again
+        reasons = [t.reason for t in f.job(job_id).history]
+        assert any(f"x's helper moved from {AGENTS['x']} to {moved} meanwhile" in r for r in reasons), reasons
+        assert not any("no new job is placed there" in r for r in reasons), reasons
+    finally:
+        shim.close()
+        f.close()
+
+
 def test_a_checkpoint_its_holder_no_longer_has_is_given_up_at_once(
         make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
     """The holder's helper restarted with an empty ramdisk (a reboot) and says so: the job
