@@ -3,13 +3,13 @@ the jobs), never an unfinished job's; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from collections.abc import Callable
 
 from protos.gandiva.v1 import common_pb2
 from scheduler.core import SchedulerCore
 from scheduler.state import migrate, prune, repo
 from scheduler.state.db import make_engine
+from tests.scheduler.state.conftest import Ran
 
 
 async def _jobs(core: SchedulerCore) -> list[str]:
@@ -41,30 +41,26 @@ async def test_prune_keeps_unfinished_and_recent(db_url: str) -> None:
         await engine.dispose()
 
 
-def test_db_prune_command(sqlite_url: str) -> None:
-    subprocess.run([sys.executable, "-m", "gandiva_cli.main", "db", "--db", sqlite_url, "upgrade"],
-                   check=True, capture_output=True, timeout=60)
-    out = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "db", "--db", sqlite_url,
-                          "prune", "--older-than", "30"], check=False, capture_output=True, text=True, timeout=60)
+def test_db_prune_command(sqlite_url: str, gandiva: Callable[..., Ran]) -> None:
+    assert gandiva("db", "--db", sqlite_url, "upgrade").returncode == 0
+    out = gandiva("db", "--db", sqlite_url, "prune", "--older-than", "30")
     assert out.returncode == 0, out.stderr
     assert "deleted 0 events and 0 jobs" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "db", "--db", sqlite_url,
-                          "prune", "--older-than", "nan"], check=False, capture_output=True, text=True, timeout=60)
+    bad = gandiva("db", "--db", sqlite_url, "prune", "--older-than", "nan")
     assert bad.returncode == 2 and "--older-than" in bad.stderr
 
 
-def test_token_commands(sqlite_url: str) -> None:
-    def gandiva(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gandiva_cli.main", "token", "--db", sqlite_url, *args],
-                              check=False, capture_output=True, text=True, timeout=60)
+def test_token_commands(sqlite_url: str, gandiva: Callable[..., Ran]) -> None:
+    def token(*args: str) -> Ran:
+        return gandiva("token", "--db", sqlite_url, *args)
 
-    made = gandiva("create", "alice", "--operator")
+    made = token("create", "alice", "--operator")
     assert made.returncode == 0 and made.stdout.startswith("gdv.alice.")
-    token = made.stdout.strip()
-    listed = gandiva("list")
-    assert "alice" in listed.stdout and "operator" in listed.stdout and token not in listed.stdout
-    assert gandiva("create", "alice").returncode == 2  # one live token per name
-    assert gandiva("revoke", "alice").returncode == 0
-    assert "revoked" in gandiva("list").stdout
-    assert gandiva("revoke", "alice").returncode == 2
-    assert gandiva("create", "bad/name").returncode == 2
+    secret = made.stdout.strip()
+    listed = token("list")
+    assert "alice" in listed.stdout and "operator" in listed.stdout and secret not in listed.stdout
+    assert token("create", "alice").returncode == 2  # one live token per name
+    assert token("revoke", "alice").returncode == 0
+    assert "revoked" in token("list").stdout
+    assert token("revoke", "alice").returncode == 2
+    assert token("create", "bad/name").returncode == 2
