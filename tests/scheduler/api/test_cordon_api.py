@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 import pytest
 
+from gandiva_cli import main as gandiva_main
 from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
@@ -19,6 +21,7 @@ from protos.gandiva.v1 import (
     scheduler_pb2_grpc,
 )
 from scheduler import transport
+from scheduler.core import Settings
 
 from ..security.conftest import make_token
 
@@ -42,30 +45,53 @@ def _cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def test_a_cordoned_server_gets_no_job_until_uncordoned(scheduler_server: Any, wait_for: Any) -> None:
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`gandiva ARGS... --scheduler ADDRESS` through its entry function in this process,
+    output captured: the CLI's own code, without a Python start per command."""
+
+    def run(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = gandiva_main.main([*args, "--scheduler", address])
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess([*args], code, out.out, out.err)
+
+    return run
+
+
+def test_a_cordoned_server_gets_no_job_until_uncordoned(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, cli: Any) -> None:
+    # The test's helper sends no heartbeats: a server silent for down_after_s is marked
+    # down and its command stream ended, and the launch below never came (seen on a loaded
+    # machine, where the test's commands took over the default 10 s). Long enough here.
+    scheduler_server = make_scheduler(sqlite_url, tick_s=0.2, settings=Settings(down_after_s=600.0))
     with grpc.insecure_channel(scheduler_server.address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         helper = _register(channel, "node-a")
         commands = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="node-a"))
-        done = _cli(scheduler_server.address, "cordon", "node-a", "--reason", "swap a fan")
+        done = cli(scheduler_server.address, "cordon", "node-a", "--reason", "swap a fan")
         assert done.returncode == 0 and "server node-a cordoned" in done.stdout, done.stderr
         srv = _server(stub, "node-a")
         assert (srv.cordoned, srv.draining, srv.cordon_reason, srv.cordoned_at > 0) == (True, False, "swap a fan", True)
         spec = common_pb2.JobSpec(name="j", command=["python", "train.py"], gpus=1)
         job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
-        # The policy looked at it (it writes why it waits) and left it queued: no GPU of the cluster's
-        # only server is free to it. Its helper registering again (a restart) keeps the cordon.
-        job = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id))).message and j, 30)
+        # The policy looked at it (it writes why it waits, in place of the submission's "waiting
+        # for a placement") and left it queued: no GPU of the cluster's only server is free to
+        # it. (Waiting for any message passed at once, on the submission's: the test relied on
+        # its slow CLI commands to give the policy a round, and passed with the cordon ignored
+        # when they were quick.) Its helper registering again (a restart) keeps the cordon.
+        job = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id))).message
+                       not in ("", "waiting for a placement") and j, 30)
         assert job.state == QUEUED and not job.placement, job
         _register(channel, "node-a")
         assert _server(stub, "node-a").cordoned
-        table = _cli(scheduler_server.address, "get", "servers")
+        table = cli(scheduler_server.address, "get", "servers")
         assert table.stdout.splitlines()[0].split()[-1] == "STATUS" and table.stdout.splitlines()[1].split()[-1] == "cordoned"
-        described = _cli(scheduler_server.address, "describe", "server", "node-a").stdout
+        described = cli(scheduler_server.address, "describe", "server", "node-a").stdout
         assert "Status:       cordoned" in described and "Reason:       swap a fan" in described, described
         assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state == QUEUED
         # Uncordoned, it takes the job.
-        assert _cli(scheduler_server.address, "uncordon", "node-a").returncode == 0
+        assert cli(scheduler_server.address, "uncordon", "node-a").returncode == 0
         cmd = next(commands)
         assert cmd.WhichOneof("body") == "launch" and cmd.launch.job_id == job_id
         commands.cancel()
