@@ -21,8 +21,9 @@ Each variant's table is printed as it goes (one row per trace, with the goals of
 ff / jct / mk, as sim_table.py states them), then a summary: goals met per variant.
 
 Cost: the whole run is about 40 min of CPU on this (shared, 2-core) machine, most of it
-the four variants of the 19 (about 7-10 min each); `other` and `gen` take about a minute,
-`itp-halves` about 5 min. It runs niced (nice 10). --variants picks some; --resume DIR keeps
+the four variants of the 19. Measured without cluster03, 04 and 07 (--leave-out, below):
+each variant of the other 16 took 3.3-6.4 min of CPU, itp-halves 2 min, gen 17 s, other 1 s;
+those three traces cost about as much again (docs/heldout.md). It runs niced (nice 10). --variants picks some; --resume DIR keeps
 each trace's results in DIR/VARIANT.json (sim_table.py --json's layout) as it finishes and
 reads back those of the same cluster and load instead of replaying them, so a stopped run goes
 on where it stopped (a sim_table.py --json file of the 19 at those settings, copied there as
