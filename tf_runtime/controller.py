@@ -197,6 +197,7 @@ class Controller:
         self._after_advance = False
         self._trailing = False
         self._cut_pending = False
+        self._cut_thread: int | None = None  # the thread whose step-advancing run ended last
         self._tail_updated = False  # such a run came since the last step-advancing run
         # Initialisers of checkpointed variables the program has run: one run again is a reset.
         self._initialised: set[Any] = set()
@@ -283,7 +284,10 @@ class Controller:
         again = self._initialises_again(adapter, info)
         if info.init_ops and self._advances_seen and adapter is self.adapter:
             self._step_initialised_again(adapter, info)
-        if not (self._after_advance or self._cut_pending) or adapter is not self.adapter:
+        if not (self._after_advance or self._cut_pending) or adapter is not self.adapter or (
+                threading.get_ident() != self._cut_thread and not info.is_training):
+            # Another thread's run (an evaluation beside the loop, a Supervisor's summary)
+            # ends no step; its training run (the next step from a thread pool) begins one.
             return
         # Not an initialiser, a restore or a load: those happen once, not in every step. A
         # reset is no load (accumulators zeroed after each apply): before, a checkpoint was
@@ -590,9 +594,15 @@ class Controller:
                 before = dict(self._train_stack)
                 self._loop_lines = {key: line for key, line in stack if before.get(key) == line}
                 self._train_stack = stack
-            if self._trailing:  # the step ends with updates in runs of their own (before_run)
-                self._cut_pending = True
-                return
+            # Commands wait for the program's next run in this thread (before_run): the step
+            # may end with updates in runs of their own (an average of the weights every
+            # step, an epoch counter's `assign_add` once an epoch). Before, they waited only
+            # once such a run had been seen: a checkpoint taken at the first epoch's end, the
+            # counter's run not yet seen, lacked its increment, and a restored copy, reading
+            # the step already advanced, never made it (other examples, other weights).
+            self._cut_pending = True
+            self._cut_thread = threading.get_ident()
+            return
         if self._queue:
             self._apply_queued(adapter)
         elif not self._save_built:
@@ -656,6 +666,18 @@ class Controller:
             return True
         # Until a run advanced it, wait for the verdict (at most ADVANCE_WITHIN_RUNS runs).
         return not self._advances_seen and self.migratable is not None
+
+    def cut_here(self, adapter: SessionAdapter) -> None:
+        """No update of the last step can come after this point: the program closes the
+        training session (it ends, or trains on in a new one), or begins a partial run on a
+        new handle (TensorFlow runs the handle's update as soon as its inputs are fed, in a
+        call that may fetch only the loss). Commands waiting for the next run after the
+        last step (before_run) are applied now, the state whole."""
+        if adapter is not self.adapter or not self._cut_pending or self.in_forked_child:
+            return
+        self._cut_pending = False
+        if self._queue:
+            self._apply_queued(adapter)
 
     def finish(self) -> None:
         """The program ended: answer commands that will never reach a boundary."""

@@ -6,7 +6,8 @@ and `_make_callable_from_options` (TensorFlow runs those without `run`: a progra
 training through one would otherwise never reach a mini-batch boundary the shim
 sees), so do the calls of `BaseSession.partial_run` (routed through the chain, which hands
 them back to TensorFlow's partial run of the program's handle), `BaseSession.close` marks the session closed (a throw-away session is then
-forgotten), `Graph.finalize` builds the shim's checkpoint ops while the graph
+forgotten) and, like `BaseSession.partial_run_setup`, first applies the commands waiting for
+the cut after the last step (Controller.cut_here), `Graph.finalize` builds the shim's checkpoint ops while the graph
 can still take them, and `StopAtStepHook(num_steps=N)` of a restored job counts its N
 steps from where the job started (carried in the checkpoint), not from the restore. Patching waits for the
 program's own `import tensorflow` (a post-import hook), so environment settings
@@ -46,12 +47,13 @@ def _patch_tensorflow() -> None:
     base = tf_session_mod.BaseSession
     orig_init, orig_run, orig_close = base.__init__, base.run, base.close
     orig_make, orig_make_opts = base.make_callable, base._make_callable_from_options
-    orig_partial = base.partial_run
+    orig_partial, orig_partial_setup = base.partial_run, base.partial_run_setup
     orig_finalize = ops.Graph.finalize
     stop_hook = hooks_mod.StopAtStepHook
     orig_stop_created, orig_stop_after_run = stop_hook.after_create_session, stop_hook.after_run
     _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize,
-                 make=orig_make, make_opts=orig_make_opts, partial=orig_partial, stop_created=orig_stop_created,
+                 make=orig_make, make_opts=orig_make_opts, partial=orig_partial,
+                 partial_setup=orig_partial_setup, stop_created=orig_stop_created,
                  stop_after_run=orig_stop_after_run)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -139,9 +141,19 @@ def _patch_tensorflow() -> None:
         finally:
             _PARTIAL.call = None
 
+    def partial_run_setup(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # A new handle begins the next step: TensorFlow may run its update right here (what
+        # needs no feed runs at once), so commands waiting for the cut are applied first.
+        c = self.__dict__.get("_gandiva_chain")
+        if c is not None and _CONTROLLER:
+            _CONTROLLER[0].cut_here(c.adapter)
+        return orig_partial_setup(self, *args, **kwargs)
+
     def close(self: Any) -> None:
         c = self.__dict__.get("_gandiva_chain")
         if c is not None:
+            if _CONTROLLER:
+                _CONTROLLER[0].cut_here(c.adapter)
             c.adapter.closed = True
         orig_close(self)
 
@@ -189,6 +201,8 @@ def _patch_tensorflow() -> None:
     base.__init__, base.run, base.close = __init__, run, close
     partial_run.__doc__ = orig_partial.__doc__
     base.partial_run = partial_run
+    partial_run_setup.__doc__ = orig_partial_setup.__doc__
+    base.partial_run_setup = partial_run_setup
     base.make_callable, base._make_callable_from_options = (make_callable,
                                                             make_callable_from_options)
     ops.Graph.finalize = finalize
@@ -263,7 +277,7 @@ def uninstall() -> None:
 
     base = tf_session_mod.BaseSession
     base.__init__, base.run, base.close = _ORIG["init"], _ORIG["run"], _ORIG["close"]
-    base.partial_run = _ORIG["partial"]
+    base.partial_run, base.partial_run_setup = _ORIG["partial"], _ORIG["partial_setup"]
     base.make_callable, base._make_callable_from_options = _ORIG["make"], _ORIG["make_opts"]
     ops.Graph.finalize = _ORIG["finalize"]
     from tensorflow.python.training import basic_session_run_hooks as hooks_mod

@@ -41,14 +41,16 @@ def test_only_training_runs_are_boundaries(world: FakeWorld) -> None:
 
 
 def test_command_waits_for_the_end_of_the_training_step(world: FakeWorld, tmp_path: Path) -> None:
+    """A command is applied between two steps: after a step's runs (here an evaluation,
+    which changes nothing), right before the run that begins the next step."""
     start_training(world)
     world.controller.enqueue(Command("c1", Kind.CHECKPOINT, str(tmp_path / "ck")))
     world.run("eval")  # not a boundary: nothing happens yet
     assert world.channel.acks == []
     world.run("train")
     ack = world.channel.acks[0]
-    assert (ack.ok, ack.step, ack.checkpoint_path) == (True, 2, str(tmp_path / "ck"))
-    assert validate(tmp_path / "ck")["global_step"] == 2
+    assert (ack.ok, ack.step, ack.checkpoint_path) == (True, 1, str(tmp_path / "ck"))
+    assert validate(tmp_path / "ck")["global_step"] == 1 and world.sess.step == 2
     assert "wait_boundary" in ack.durations_s and "save" in ack.durations_s
 
 
@@ -89,7 +91,8 @@ def test_suspend_blocks_training_and_holds_other_threads(world: FakeWorld) -> No
     other.join(5)
     assert not trainer.is_alive() and other_done.is_set()
     assert world.channel.wait_ack("r").ok and not ctl.suspended
-    assert world.sess.step == steps_while_suspended == 2
+    # Held before its next training run (the step's end was the boundary before it).
+    assert (steps_while_suspended, world.sess.step) == (1, 2)
 
 
 def test_suspend_does_not_deadlock_with_a_run_in_flight(world: FakeWorld,
@@ -122,7 +125,7 @@ def test_without_memory_release_a_suspend_with_a_directory_migrates(tmp_path: Pa
     world.controller.enqueue(Command("s2", Kind.SUSPEND, str(tmp_path / "ck")))
     with pytest.raises(Exited) as exc:
         world.run("train")
-    assert exc.value.code == EXIT_MIGRATED and validate(tmp_path / "ck")["global_step"] == 3
+    assert exc.value.code == EXIT_MIGRATED and validate(tmp_path / "ck")["global_step"] == 2
 
 
 def test_a_kill_received_while_starting_leaves_before_the_first_mini_batch(world: FakeWorld,
@@ -153,7 +156,7 @@ def test_checkpoint_and_kill_while_suspended(world: FakeWorld, tmp_path: Path) -
         world.run("train")
     assert exc.value.code == EXIT_KILLED
     assert [a.command_id for a in world.channel.acks] == ["s", "ck", "k"]
-    assert validate(tmp_path / "c")["global_step"] == 2
+    assert validate(tmp_path / "c")["global_step"] == 1
     assert world.channel.closed  # acks flushed before leaving
 
 
@@ -164,8 +167,8 @@ def test_stop_for_migration_checkpoints_then_exits_75(world: FakeWorld, tmp_path
         world.run("train")
     assert exc.value.code == EXIT_MIGRATED
     ack = world.channel.acks[-1]
-    assert ack.ok and ack.step == 5 and ack.checkpoint_path == str(tmp_path / "m")
-    assert validate(tmp_path / "m")["global_step"] == 5
+    assert ack.ok and ack.step == 4 and ack.checkpoint_path == str(tmp_path / "m")
+    assert validate(tmp_path / "m")["global_step"] == 4 and world.sess.step == 4
 
 
 def test_program_that_never_reads_the_global_step_is_not_migratable(tmp_path: Path) -> None:
@@ -189,7 +192,8 @@ def test_stop_for_migration_waits_for_the_verdict(tmp_path: Path) -> None:
     world.controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
     world.run("train_nogs")  # step 1: not yet known whether the loop resumes from the step
     assert world.channel.acks == []
-    world.run("train_nogs")  # step 2: judged not migratable, so refused
+    world.run("train_nogs")  # step 2: judged not migratable
+    world.run("train_nogs")  # so refused before step 3
     assert not world.channel.acks[0].ok and not (tmp_path / "m").exists()
 
 
@@ -546,7 +550,7 @@ def test_a_step_of_several_training_runs_takes_commands_after_the_one_that_advan
     again; commands wait for the run that completes the step. Until the program's loop
     is seen (here never: the runs are written out), whether a training run after the
     advancing one ends that step or begins the next is not known, so a checkpoint waits
-    for the third step."""
+    until it is (from the third step's first run: the usual order's reading)."""
     start_training(world, steps=0)
     world.run("train_d")
     world.run("train")  # step 1
@@ -555,17 +559,15 @@ def test_a_step_of_several_training_runs_takes_commands_after_the_one_that_advan
     assert world.channel.acks == []  # mid-step: not yet
     world.run("train")
     assert world.channel.acks == []  # step 2: which run ends a step is not known yet
-    world.run("train_d")
-    world.run("train")
+    world.run("train_d")  # known now: taken before it, the next step's first run
     ack = world.channel.acks[0]
-    assert (ack.ok, ack.step) == (True, 3) and validate(tmp_path / "ck")["global_step"] == 3
+    assert (ack.ok, ack.step) == (True, 2) and validate(tmp_path / "ck")["global_step"] == 2
+    world.run("train")  # step 3
     world.controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
-    world.run("train_d")
-    assert len(world.channel.acks) == 1
     with pytest.raises(Exited):
-        world.run("train")
-    assert world.channel.acks[-1].step == 4
-    assert world.controller.meter.steps == 4  # a mini-batch per step, not per run
+        world.run("train_d")
+    assert world.channel.acks[-1].step == 3
+    assert world.controller.meter.steps == 3  # a mini-batch per step, not per run
     assert world.channel.migratability == [(True, "")]
 
 
@@ -603,6 +605,7 @@ def test_training_moves_to_a_new_session_when_the_program_closes_its_own(
     world.controller.enqueue(Command("ck", Kind.CHECKPOINT, str(tmp_path / "ck")))
     chain.run("read_gs")
     chain.run("train")
+    chain.run("train")  # applied before it, the new session's step 5 done
     ack = world.channel.acks[0]
     assert ack.ok and ack.step == 5 == validate(tmp_path / "ck")["global_step"]
     assert second.saves == [str(tmp_path / "ck")]
@@ -621,11 +624,11 @@ def test_the_step_the_job_started_at_travels_with_its_checkpoints(tmp_path: Path
     first.run("train")
     assert first.controller.job_start_step == 100
     assert validate(tmp_path / "a")["start_step"] == 100
-    assert validate(tmp_path / "a")["global_step"] == 102
+    assert validate(tmp_path / "a")["global_step"] == 101  # taken before the second run
 
     second = FakeWorld(Settings(job_id="j", restore_dir=str(tmp_path / "a")))
     start_training(second, steps=1)
-    assert second.sess.step == 103 and second.controller.job_start_step == 100
+    assert second.sess.step == 102 and second.controller.job_start_step == 100
     second.controller.enqueue(Command("c2", Kind.CHECKPOINT, str(tmp_path / "b")))
     second.run("train")
     assert validate(tmp_path / "b")["start_step"] == 100

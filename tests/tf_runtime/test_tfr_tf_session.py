@@ -78,9 +78,10 @@ def session(g: Any, replicas: int = 1) -> Any:
 
 
 def checkpoint_at_the_next_step(ctl: Controller, sess: Any, train: Any, path: Path) -> None:
-    """A checkpoint into `path` at the end of the next training run, then one more run."""
-    ctl.enqueue(Command("c", Kind.CHECKPOINT, str(path)))
+    """A checkpoint into `path` at the end of the next training run (taken right before the
+    run after it, the cut between the two steps), then that run."""
     sess.run(train)
+    ctl.enqueue(Command("c", Kind.CHECKPOINT, str(path)))
     sess.run(train)
 
 
@@ -351,10 +352,10 @@ def test_throwaway_session_then_the_real_one(controller: Controller, tmp_path: P
         probe.run(init)
     with session(g) as sess:
         sess.run(init)
-        for _ in range(5):
+        for _ in range(6):
             sess.run(train)
+        # Asked for after the last step: taken when the program closes its session.
         controller.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
-        sess.run(train)
     ack = acks(controller)[-1]
     assert ack.ok and ack.step == 6 and validate(tmp_path / "ck")["global_step"] == 6
 
@@ -475,10 +476,10 @@ def test_monitored_training_session_with_hooks(controller: Controller, tmp_path:
                     controller.enqueue(Command("c2", Kind.CHECKPOINT, str(tmp_path / "ours")))
     by_id = {a.command_id: a for a in acks(controller)}
     assert by_id["c1"].ok and by_id["c1"].step == 1
-    assert by_id["c2"].ok and by_id["c2"].step == 21
+    assert by_id["c2"].ok and by_id["c2"].step == 20  # at the cut before the 21st
     assert controller.meter.steps == runs == 40  # hook and saver runs are not steps
     assert controller.migratable is True  # StopAtStepHook reads the global step
-    assert validate(tmp_path / "ours")["global_step"] == 21
+    assert validate(tmp_path / "ours")["global_step"] == 20
 
 
 def test_suspend_holds_a_background_thread_without_deadlock(controller: Controller) -> None:
@@ -743,10 +744,10 @@ def test_state_outside_the_global_variables_travels_with_the_checkpoint(
         sess.run(init)
         sess.run(gs)
         source.enqueue(Command("c0", Kind.CHECKPOINT, str(tmp_path / "early")))
-        sess.run(plain)  # the local variables are not initialised yet
+        sess.run(plain)
+        sess.run(plain)  # taken right before it: the local variables are not initialised yet
         sess.run(tf.compat.v1.local_variables_initializer())
-        for _ in range(2):
-            sess.run(train)
+        sess.run(train)
         checkpoint_at_the_next_step(source, sess, train, tmp_path / "ck")  # step 4
         expected = sess.run({"gs": gs, "scale": scale, "mean": mean})
     assert [a.ok for a in acks(source)] == [True, True]
@@ -824,9 +825,9 @@ def test_ref_variables_of_disable_v2_behavior_programs(controller: Controller,
         assert adapter.classify(train).is_training and adapter.classify(gs).reads_global_step
         for _ in range(3):
             sess.run([train, loss])
-        controller.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
         sess.run(train)
-        saved = sess.run(w1)
+        controller.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        saved = sess.run(w1)  # a read: the checkpoint is taken before the next step's run
         sess.run(train)
         adapter.restore(str(tmp_path / "ck"))
         np.testing.assert_array_equal(sess.run(w1), saved)
@@ -1203,12 +1204,15 @@ def test_a_training_run_called_after_the_step_advancing_one_is_part_of_the_step(
             sess.run(second, feed)
             step = int(sess.run(gs))
             seen[step] = sess.run([a, b])  # what a restarted copy resumes from
-        # The first, asked for in the second step, waits for its end (advance_first) or
-        # for the third step: before the loop is seen, which run ends a step is not known.
-        first = 2 if order == "advance_first" else 3
-        assert [(a.ok, a.step) for a in acks(ctl)] == [(True, first), (True, 5)]
-    for at in (first, 5):
-        prefix = str(tmp_path / f"ck{1 if at == first else 4}" / "model")
+        # The first, asked for in the second step, waits for its end: before the loop is
+        # seen, which run ends a step is not known. The second, asked for at the top of the
+        # fifth step: advance_last's cut is still to come there (before the fifth step's
+        # first run, which begins it); advance_first's was made (before the fourth step's
+        # reads, after its second run), so it waits for the fifth step's end.
+        last = 5 if order == "advance_first" else 4
+        assert [(a.ok, a.step) for a in acks(ctl)] == [(True, 2), (True, last)]
+    for at in (2, last):
+        prefix = str(tmp_path / f"ck{1 if at == 2 else 4}" / "model")
         for name, value in zip("ab", seen[at], strict=True):
             np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value)
 
@@ -1237,10 +1241,11 @@ def test_the_programs_own_restore_after_initialising_never_shows_its_older_step(
             sess.run(train)
             sess.run(gs)
         saver.save(sess, own, global_step=2)
-        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
-        for _ in range(2):
-            sess.run(train)
-            sess.run(gs)
+        sess.run(train)
+        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))  # at 3's end
+        sess.run(gs)
+        sess.run(train)
+        sess.run(gs)
     assert acks(source)[-1].ok and acks(source)[-1].step == 3
 
     with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
