@@ -199,6 +199,9 @@ class Controller:
         self._cut_pending = False
         self._cut_thread: int | None = None  # the thread whose step-advancing run ended last
         self._tail_updated = False  # such a run came since the last step-advancing run
+        # The global step before a run after training that assigns a trainable variable or
+        # the step (a load): read again at the next step's end, in case it was set back.
+        self._step_before_load: int | None = None
         # Initialisers of checkpointed variables the program has run: one run again is a reset.
         self._initialised: set[Any] = set()
         # Runs of that kind made before the first training step (an average updated before
@@ -284,6 +287,9 @@ class Controller:
         again = self._initialises_again(adapter, info)
         if info.init_ops and self._advances_seen and adapter is self.adapter:
             self._step_initialised_again(adapter, info)
+        if info.loads_trainable and self._advances_seen and adapter is self.adapter and \
+                self._step_before_load is None:
+            self._step_before_load = adapter.global_step()
         if not (self._after_advance or self._cut_pending) or adapter is not self.adapter or (
                 threading.get_ident() != self._cut_thread and not info.is_training):
             # Another thread's run (an evaluation beside the loop, a Supervisor's summary)
@@ -344,6 +350,24 @@ class Controller:
             "holds, so a restarted copy would start over at its first trial with the "
             "restored step and weights; submit each trial as a job of its own to make it "
             "migratable"))
+
+    def _step_set_back(self, adapter: SessionAdapter, before: int) -> None:
+        """At the end of the step after a run that assigned a trainable variable or the
+        global step (`before`: the step then): whether the step went back
+        (`sess.run(gs.assign(0))` for a second phase). Its progress follows the step; a
+        restarted copy would start the program's loop over at the restored step (its first
+        phase), which used to be allowed."""
+        now = adapter.global_step()
+        if now > before:
+            return
+        self.meter.set_steps(now)
+        self.carried_state(adapter, (
+            f"it set its global step back after training (from {before} to {now - 1}, "
+            "an assignment such as `sess.run(global_step.assign(0))` for a second phase): "
+            "which phase the program is in is kept in Python, which no checkpoint holds, so "
+            "a restarted copy would start its loop over at its first phase with the restored "
+            "step and weights; submit each phase as a job of its own (or keep counting the "
+            "step up) to make it migratable"))
 
     def _initialised_in_pieces(self, adapter: SessionAdapter, info: RunInfo) -> bool:
         """Whether this run completes the initialisation of all global variables begun in
@@ -569,6 +593,9 @@ class Controller:
             # One of several training runs of a step (a GAN's discriminator run) is not a
             # mini-batch of its own: the step ends with the run that advances the step.
             self.meter.step(duration_s, now)
+        if self._step_before_load is not None and info.advances_step:
+            self._step_set_back(adapter, self._step_before_load)
+            self._step_before_load = None
         if info.metric_slots:
             self.meter.add_metrics(adapter.metrics(info, results))
         if info.reads_global_step:

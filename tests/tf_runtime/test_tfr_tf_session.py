@@ -1217,6 +1217,35 @@ def test_a_training_run_called_after_the_step_advancing_one_is_part_of_the_step(
             np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value)
 
 
+def test_a_global_step_set_back_after_training_refuses_migration(controller: Controller,
+                                                                  tmp_path: Path) -> None:
+    """`sess.run(gs.assign(0))` after training, a second phase counted from step 0 again: a
+    restarted copy would start the program's loop over at its first phase with the restored
+    step and weights, and such a migration used to be made (docs/tf_runtime.md, Known
+    limits). Now the step going back is seen at the next step's end: the job's progress
+    follows it, and a stop for migration is refused saying why."""
+    g, gs, train, _, _ = mlp_graph()
+    with g.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+        back = gs.assign(0)
+    with session(g) as sess:
+        sess.run(init)
+        for phase in range(2):
+            step = int(sess.run(gs))
+            while step < 3:
+                sess.run(train)
+                step = int(sess.run(gs))
+            if phase == 0:
+                assert controller.migratable is True
+                sess.run(back)
+        controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
+    ack = acks(controller)[0]
+    assert not ack.ok and ack.message.startswith(
+        "not migratable: it set its global step back after training (from 3 to 0")
+    assert not (tmp_path / "m").exists()
+    assert controller.meter.steps == 3 and controller.migratable is False
+
+
 def test_the_programs_own_restore_after_initialising_never_shows_its_older_step(
         tmp_path: Path) -> None:
     """The most common TF1 start: `sess.run(init)`, then `saver.restore(sess, latest)`
