@@ -116,3 +116,45 @@ def test_a_rate_decayed_at_the_top_of_the_loop_keeps_the_result_cut_at_that_step
     ack = _until_step(job, 5)
     assert ack.step == 5, f"suspended at {ack.step}: the test needs the cut at step 5"
     _cut_and_finish(job, how, baseline, tmp_path)
+
+
+def _losses(events: Path) -> dict[int, list[float]]:
+    """The loss summaries of every events file under `events`: step -> values written."""
+    import tensorflow as tf
+
+    out: dict[int, list[float]] = {}
+    for path in sorted(events.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == "loss":
+                    out.setdefault(event.step, []).append(value.simple_value)
+    return out
+
+
+@pytest.mark.parametrize("loop,optimizer,how", [
+    ("session", "momentum", "naive"), ("mts", "adam", "warm"), ("session", "adam", "kill")])
+def test_clipped_checked_traced_and_summarised_steps_keep_the_result_and_the_summaries(
+        loop: str, optimizer: str, how: str, runtime_server: Any, launch: Any,
+        tmp_path: Path) -> None:
+    """traced.py: gradients clipped by `clip_by_value` and checked by `check_numerics`, the
+    training run traced every 3 steps (`RunOptions(trace_level=FULL_TRACE)`, `run_metadata`),
+    a summary written and flushed every step by a `FileWriter` in a directory every process
+    of the job shares. Suspended, then migrated naive or pre-warmed, or checkpointed, killed
+    and restarted: bit-identical, and the events files hold the loss of every step, as the
+    uninterrupted run wrote it (a migration writes each step once: the stopped process
+    wrote the step it stopped after; after a kill the steps since the checkpoint twice)."""
+    script = str(PROGRAMS / "traced.py")
+    flags = ["--loop", loop, "--optimizer", optimizer, "--steps", "12", "--step-sleep", "0.1"]
+    baseline = launch(script, *flags, "--workdir", str(tmp_path / "base-events"),
+                      "--dump", str(tmp_path / "base.npz"), status=False)
+    job = FeedJob(launch, runtime_server, "traced", [*flags, "--workdir", str(tmp_path / "events")],
+                  tmp_path / "run.npz", tmp_path, script=script)
+    job.start()
+    job.pause(0.5)
+    _cut_and_finish(job, how, baseline, tmp_path)
+    expected, got = _losses(tmp_path / "base-events"), _losses(tmp_path / "events")
+    assert sorted(expected) == sorted(got) == list(range(12))
+    for step, values in got.items():
+        assert set(values) == set(expected[step]), step
+        if how != "kill":
+            assert len(values) == 1, f"step {step} written {len(values)} times"

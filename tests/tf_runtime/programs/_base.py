@@ -131,3 +131,12 @@ class DumpAtEnd(tf.compat.v1.train.SessionRunHook):
 
     def end(self, session: Any) -> None:
         dump(self.path, session)
+
+
+def monitored_session(args: argparse.Namespace) -> Any:
+    """MonitoredTrainingSession until `--steps` (StopAtStepHook), dumping the variables at its
+    end, with none of its own checkpoints or summaries."""
+    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=args.steps), DumpAtEnd(args.dump)]
+    return tf.compat.v1.train.MonitoredTrainingSession(
+        hooks=hooks, config=config(), save_checkpoint_secs=None, save_summaries_steps=None,
+        save_summaries_secs=None, log_step_count_steps=None)
