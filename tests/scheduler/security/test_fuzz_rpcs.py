@@ -168,9 +168,12 @@ def test_streaming_rpcs(fuzz_server: grpc.Channel) -> None:
            commands=messages(helper_pb2.ReceiveCommandsRequest),
            session=st.lists(messages(runtime_pb2.RuntimeMessage), max_size=5))
     def prop(watch: Any, commands: Any, session: list[Any]) -> None:
-        drain(sched.WatchEvents(watch, timeout=0.5))
-        drain(helper.ReceiveCommands(commands, timeout=0.5))
-        drain(runtime.Connect(iter(session), timeout=1.0))
+        # The three open at once, each with its own deadline: a stream that stays open (as
+        # it should) is waited for alongside the others, not after them.
+        calls = [sched.WatchEvents(watch, timeout=0.5), helper.ReceiveCommands(commands, timeout=0.5),
+                 runtime.Connect(iter(session), timeout=1.0)]
+        for call in calls:
+            drain(call)
         _alive(fuzz_server)
 
     prop()
