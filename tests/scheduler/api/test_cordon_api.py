@@ -12,7 +12,6 @@ from typing import Any
 import grpc
 import pytest
 
-from gandiva_cli import main as gandiva_main
 from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
@@ -23,6 +22,7 @@ from protos.gandiva.v1 import (
 from scheduler import transport
 from scheduler.core import Settings
 
+from ...in_process import run_gandiva
 from ..security.conftest import make_token
 
 GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
@@ -50,13 +50,7 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., subprocess.Complete
     """`gandiva ARGS... --scheduler ADDRESS` through its entry function in this process,
     output captured: the CLI's own code, without a Python start per command."""
 
-    def run(address: str, *args: str) -> subprocess.CompletedProcess[str]:
-        capsys.readouterr()
-        code = gandiva_main.main([*args, "--scheduler", address])
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess([*args], code, out.out, out.err)
-
-    return run
+    return lambda address, *args: run_gandiva(capsys, *args, "--scheduler", address)
 
 
 def test_a_cordoned_server_gets_no_job_until_uncordoned(

@@ -13,8 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
+from gandiva_cli import main as gandiva_main
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
+from ...in_process import run_gandiva
 from .conftest import make_token
 
 HERE = Path(__file__).resolve().parents[2] / "migration_helper"
@@ -22,14 +24,13 @@ ROOT = Path(__file__).resolve().parents[3]
 GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 
 
-def logs(address: str, job_id: str, token: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*GANDIVA, "logs", job_id, "--scheduler", address, "--token", token],
-                          check=False, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-
-
 def test_only_the_owner_and_operators_read_a_jobs_output(secured: Any, connect: Any, tmp_path: Path,
-                                                          wait_for: Any) -> None:
+                                                          wait_for: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    def logs(address: str, job_id: str, token: str) -> subprocess.CompletedProcess[str]:
+        """`gandiva logs JOB --scheduler ADDRESS --token TOKEN` through its entry function in
+        this process (not a Python start per command), its output captured as a pipe does."""
+        return run_gandiva(capsys, "logs", job_id, "--scheduler", address, "--token", token)
+
     fake = tmp_path / "fake-job"
     fake.write_text(f"#!{sys.executable}\n" + (HERE / "fake_job.py").read_text())
     fake.chmod(0o755)
@@ -88,7 +89,7 @@ def test_only_the_owner_and_operators_read_a_jobs_output(secured: Any, connect: 
             gpus=1))).job.id
         wait_for(lambda: alice.GetJob(scheduler_pb2.GetJobRequest(id=hostile)).state
                  == common_pb2.JOB_STATE_SUCCEEDED, 60)
-        assert shown.replace("\r", "\n") in logs(secured.address, hostile, tokens["root"]).stdout  # piped: as it is
+        assert shown in logs(secured.address, hostile, tokens["root"]).stdout  # piped: as it is, byte for byte
         assert _on_a_terminal("logs", hostile, "--scheduler", secured.address, "--token", tokens["root"]).count(
             "\x1b[31mred\x1b[0m \\x1b]52;c;cHduZWQ=\\x07 \\x1b]0;owned\\x07 \\u202eevil\rbar") == 1
     finally:
@@ -99,8 +100,6 @@ def test_only_the_owner_and_operators_read_a_jobs_output(secured: Any, connect: 
 def _on_a_terminal(*argv: str) -> str:
     """What `gandiva ARGV` prints to a terminal (a pseudo-terminal of its own), as raw text."""
     import pty
-
-    from gandiva_cli import main as gandiva_main
 
     leader, follower = pty.openpty()
     out = os.fdopen(follower, "w", encoding="utf-8", closefd=True)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import pytest
 
-from gandiva_cli import main as gandiva_main
 from protos.gandiva.v1 import common_pb2
 from scheduler.core import SchedulerCore
 from scheduler.state import migrate
 from scheduler.state.db import make_engine
+
+from ...in_process import run_gandiva
 
 SPEC = common_pb2.JobSpec(command=["python", "t.py"], gpus=1)
 
@@ -44,26 +45,8 @@ async def any_core(db_url: str):  # type: ignore[no-untyped-def]
         yield c
 
 
-@dataclass
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
-
 
 @pytest.fixture
-def gandiva(capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]:
-    """`gandiva ARGS...` through its entry function in this process, output captured:
-    the same code as the installed script without a Python start per command (5 s each
-    on a loaded CI machine). An argparse refusal (SystemExit) gives its exit code."""
-
-    def run(*argv: str) -> Ran:
-        capsys.readouterr()
-        try:
-            code = gandiva_main.main(list(argv))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        out = capsys.readouterr()
-        return Ran(code, out.out, out.err)
-
-    return run
+def gandiva(capsys: pytest.CaptureFixture[str]) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`gandiva ARGS...` through its entry function in this process (tests/in_process.py)."""
+    return lambda *argv: run_gandiva(capsys, *argv)

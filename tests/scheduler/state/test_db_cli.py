@@ -6,9 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
+from subprocess import CompletedProcess
 
 from scheduler.state import migrate
-from tests.scheduler.state.conftest import Ran
 
 
 def gandiva_process(*argv: str) -> subprocess.CompletedProcess:
@@ -17,7 +17,7 @@ def gandiva_process(*argv: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_db_upgrade_current_downgrade(sqlite_url: str, gandiva: Callable[..., Ran]) -> None:
+def test_db_upgrade_current_downgrade(sqlite_url: str, gandiva: Callable[..., CompletedProcess[str]]) -> None:
     head = migrate.heads()[0]
     up = gandiva("db", "--db", sqlite_url, "upgrade")
     assert up.returncode == 0, up.stderr
@@ -34,7 +34,7 @@ def test_db_rejects_an_unsupported_url() -> None:
     assert "unsupported database URL" in bad.stderr
 
 
-def test_db_an_unknown_revision_is_invalid_input(sqlite_url: str, gandiva: Callable[..., Ran]) -> None:
+def test_db_an_unknown_revision_is_invalid_input(sqlite_url: str, gandiva: Callable[..., CompletedProcess[str]]) -> None:
     """`gandiva db downgrade bad-rev` exited 1, as for a failure, not 2 as other invalid input."""
     assert gandiva("db", "--db", sqlite_url, "upgrade").returncode == 0
     for action in ("downgrade", "upgrade"):

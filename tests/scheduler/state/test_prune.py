@@ -4,12 +4,12 @@ the jobs), never an unfinished job's; on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from subprocess import CompletedProcess
 
 from protos.gandiva.v1 import common_pb2
 from scheduler.core import SchedulerCore
 from scheduler.state import migrate, prune, repo
 from scheduler.state.db import make_engine
-from tests.scheduler.state.conftest import Ran
 
 
 async def _jobs(core: SchedulerCore) -> list[str]:
@@ -41,7 +41,7 @@ async def test_prune_keeps_unfinished_and_recent(db_url: str) -> None:
         await engine.dispose()
 
 
-def test_db_prune_command(sqlite_url: str, gandiva: Callable[..., Ran]) -> None:
+def test_db_prune_command(sqlite_url: str, gandiva: Callable[..., CompletedProcess[str]]) -> None:
     assert gandiva("db", "--db", sqlite_url, "upgrade").returncode == 0
     out = gandiva("db", "--db", sqlite_url, "prune", "--older-than", "30")
     assert out.returncode == 0, out.stderr
@@ -50,8 +50,8 @@ def test_db_prune_command(sqlite_url: str, gandiva: Callable[..., Ran]) -> None:
     assert bad.returncode == 2 and "--older-than" in bad.stderr
 
 
-def test_token_commands(sqlite_url: str, gandiva: Callable[..., Ran]) -> None:
-    def token(*args: str) -> Ran:
+def test_token_commands(sqlite_url: str, gandiva: Callable[..., CompletedProcess[str]]) -> None:
+    def token(*args: str) -> CompletedProcess[str]:
         return gandiva("token", "--db", sqlite_url, *args)
 
     made = token("create", "alice", "--operator")
