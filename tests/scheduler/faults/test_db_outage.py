@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler.core import Settings
 
+from ...in_process import run_gandiva
 from ...integration.test_observe import CHROMIUM, chromium_dom
 
 
@@ -117,7 +118,7 @@ DOWN = re.compile(r"the scheduler is up; its database is unreachable since \d\d:
 
 
 @pytest.mark.pg
-def test_database_outage_gives_unavailable_then_recovers(proxied_pg_url, make_scheduler, wait_for) -> None:  # type: ignore[no-untyped-def]
+def test_database_outage_gives_unavailable_then_recovers(proxied_pg_url, make_scheduler, wait_for, capsys) -> None:  # type: ignore[no-untyped-def]
     """Calls fail UNAVAILABLE naming the outage; the scheduler's own health stays in view:
     /metrics answers (gandiva_database_up 0, rounds skipped), /api/state, the dashboard
     and `gandiva get servers` say the scheduler is up and its database is unreachable
@@ -153,12 +154,11 @@ def test_database_outage_gives_unavailable_then_recovers(proxied_pg_url, make_sc
         assert not any(name == "gandiva_jobs" for name, _ in down)  # no stale counts from before
         status, body = _http(web, "/api/state")
         assert status == 503 and DOWN.match(json.loads(body)["error"]), body
-        cli = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "get", "servers", "--scheduler", sched.address],
-                             capture_output=True, text=True, timeout=60, check=False)
+        # The CLI's entry function in this process (no Python start per command), output captured.
+        cli = run_gandiva(capsys, "get", "servers", "--scheduler", sched.address)
         assert cli.returncode != 0 and len(cli.stderr.strip().splitlines()) == 1, cli.stderr
         assert f"the scheduler at {sched.address} is up; its database is unreachable since" in cli.stderr, cli.stderr
-        top = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "top", "--once", "--http", web],
-                             capture_output=True, text=True, timeout=60, check=False)
+        top = run_gandiva(capsys, "top", "--once", "--http", web)
         assert top.returncode == 1 and DOWN.match(top.stderr.removeprefix("gandiva top: ")), top.stderr
         if CHROMIUM is not None or os.environ.get("GANDIVA_REQUIRE_BROWSER") == "1":
             dom = chromium_dom(f"http://{web}/")
