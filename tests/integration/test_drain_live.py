@@ -60,12 +60,14 @@ def _story(job: Any) -> str:
     return "\n".join(f"{t.at:.1f} {common_pb2.JobState.Name(t.to_state)}: {t.reason}" for t in job.history)
 
 
-def _two_on_d1_then_d2(cluster: Any, programs: dict[str, list[str]], tmp_path: Path) -> dict[str, str]:
-    """d1 (2 GPUs) runs the two programs, each past step 30; then d2 (1 GPU) joins."""
+def _two_on_d1_then_d2(cluster: Any, programs: dict[str, list[str]], tmp_path: Path,
+                       step_sleep: float = 0.02) -> dict[str, str]:
+    """d1 (2 GPUs) runs the two programs (each mini-batch ``step_sleep`` s longer), each past
+    step 30; then d2 (1 GPU) joins."""
     cluster.add_helper("d1", 2)
     ids = {}
     for name, prog in programs.items():
-        spec = common_pb2.JobSpec(name=name, command=["python", *prog, "--step-sleep", "0.02", "--dump",
+        spec = common_pb2.JobSpec(name=name, command=["python", *prog, "--step-sleep", str(step_sleep), "--dump",
                                                       str(tmp_path / f"{name}.npz")],
                                   workdir=str(tmp_path), gpus=1, env=_env())
         ids[name] = cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
@@ -82,7 +84,9 @@ def test_drain_moves_two_running_jobs_off_and_both_end_bit_identical(policy_clus
             for name, prog in programs.items()}
     # No packing, no background moves of the policy's own: every move here is the drain's.
     cluster = policy_cluster(quantum_s=5.0, enable_packing=False, enable_migration=False)
-    ids = _two_on_d1_then_d2(cluster, programs, tmp_path)
+    # 0.05 s mini-batches: the job migrated to d2 must outlast its pre-warm there (TensorFlow
+    # starting, ~20 s on a loaded machine); with 0.02 s it once ended on d1 first.
+    ids = _two_on_d1_then_d2(cluster, programs, tmp_path, step_sleep=0.05)
 
     drained = _gandiva(cluster, "drain", "d1", "--reason", "kernel upgrade", "--wait", "--timeout", "240s",
                        timeout=300)
