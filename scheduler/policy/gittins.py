@@ -232,7 +232,8 @@ class ServiceWindow:
         table is of the window and the history's sample of the departures before it."""
         served = max(0.0, served)
         self.samples.append(served)
-        self._keep(served)
+        if history:  # (off: no sample kept, nothing done per departure)
+            self._keep(served)
         self.since += 1
         if len(self.samples) >= self.cold_start and (self.table is None or self.since >= self.refresh):
             samples: deque[float] | list[float] = self.samples
