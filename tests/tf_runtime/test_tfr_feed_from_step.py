@@ -143,7 +143,10 @@ def _in_the_reopened_session(job: FeedJob, server: Any) -> None:
 @dataclass(frozen=True)
 class Kind:
     """A program of tests/tf_runtime/programs, its flags and the journey its job takes.
-    `own_dir`: it keeps checkpoints of its own (`--workdir`, one per run)."""
+    `own_dir`: it keeps checkpoints of its own (`--workdir`, one per run). `covered_by`:
+    the default test that checks what this kind's journey relies on (its fix, in process,
+    or the same program live), so that this kind runs only with GANDIVA_FULL_TESTS=1
+    (tests/conftest.py); the kinds without one are the family's default cases."""
     script: str
     journey: Callable[[FeedJob, Any], None]
     flags: tuple[str, ...] = ()
@@ -151,44 +154,67 @@ class Kind:
     command: tuple[str, ...] | None = None
     autoload: bool = False
     steps: int = 30
+    covered_by: str = ""
 
 
 KINDS = {
     "gan": Kind("gan.py", _warm),
-    "gan_first": Kind("gan.py", _warm_naive(), ("--advance", "first")),
+    "gan_first": Kind("gan.py", _warm_naive(), ("--advance", "first"),
+                      covered_by="test_tfr_tf_session.py -k step_advancing_one (advance_first)"),
     "module": Kind("optimizers.py", lambda job, server: job.migrate_naive(),
                    ("--opt", "ftrl", "--decay", "piecewise"),
                    command=("python", "-m", "optimizers"), autoload=True),
     "reopen": Kind("reopen.py", _in_the_reopened_session, own_dir=True),
-    "ema": Kind("ema_summaries.py", _warm, own_dir=True),
-    "callable": Kind("callable_loop.py", _warm),
-    "late": Kind("late_graph.py", _warm),
-    "two_phase": Kind("two_phase.py", _past_the_switch, ("--switch", "4")),
-    "eval_graph": Kind("eval_graph.py", _warm_naive(), ("--eval-counter",), own_dir=True),
+    "ema": Kind("ema_summaries.py", _warm, own_dir=True,
+                covered_by="no fix: the journeys of the kinds above and test_tfr_programs_more.py -k traced"),
+    "callable": Kind("callable_loop.py", _warm,
+                     covered_by="test_tfr_tf_session.py -k through_a_callable (5 forms)"),
+    "late": Kind("late_graph.py", _warm, covered_by="test_tfr_tf_session.py -k hand_made_global_step"),
+    "two_phase": Kind("two_phase.py", _past_the_switch, ("--switch", "4"),
+                      covered_by="test_tfr_tf_session.py -k created_after_the_restore"),
+    "eval_graph": Kind("eval_graph.py", _warm_naive(), ("--eval-counter",), own_dir=True,
+                       covered_by="test_tfr_tf_session.py -k evaluation_session_initialised_first"),
     "num_steps": Kind("num_steps.py", _naive_warm),
     "spawns_eval": Kind("spawns_eval.py", _across_evaluations, ("--eval-every", "10"),
-                        own_dir=True, autoload=True),
-    "accumulate": Kind("accumulate.py", _warm_naive()),
+                        own_dir=True, autoload=True,
+                        covered_by="integration/test_wrapped_launch.py -k evaluates_in_a_python_subprocess "
+                                   "(the same program under a real helper) and test_tfr_units.py -k "
+                                   "launcher_that_imports_tensorflow"),
+    "accumulate": Kind("accumulate.py", _warm_naive(),
+                       covered_by="no fix: the accumulate_after kind (the same accumulation, reset apart)"),
     "tables": Kind("tables.py", _warm_naive()),
-    "steps_per_run": Kind("steps_per_run.py", _warm_naive(), steps=90),
-    "loss_scale": Kind("cond_apply.py", _warm_naive()),
+    "steps_per_run": Kind("steps_per_run.py", _warm_naive(), steps=90,
+                          covered_by="test_tfr_tf_session.py -k inside_control_flow (v1 while_loop)"),
+    "loss_scale": Kind("cond_apply.py", _warm_naive(),
+                       covered_by="test_tfr_tf_session.py -k inside_control_flow (v2 cond)"),
     "hooks": Kind("hooks_scaffold.py", _warm_naive(rehearsed=False), ("--custom-collection",),
                   own_dir=True),
-    "metrics": Kind("metrics_plain.py", _warm_naive(rehearsed=False)),
+    "metrics": Kind("metrics_plain.py", _warm_naive(rehearsed=False),
+                    covered_by="the hooks kind (streaming metric, own collection) and test_tfr_tf_session.py "
+                               "-k outside_the_global_variables"),
     "manual": Kind("numpy_weights.py", _warm_naive(), ("--update", "manual")),
-    "warm_start": Kind("warm_start.py", _warm_naive(), own_dir=True),
-    "cluster": Kind("in_process_cluster.py", _warm_naive(), ("--mode", "ps")),
+    "warm_start": Kind("warm_start.py", _warm_naive(), own_dir=True,
+                       covered_by="no fix: the journeys of the default kinds"),
+    "cluster": Kind("in_process_cluster.py", _warm_naive(), ("--mode", "ps"),
+                    covered_by="no fix: the journeys of the default kinds"),
     "sparse": Kind("sparse_embedding.py", _warm_naive(), ("--update", "scatter_apart", "--ref")),
-    "keras": Kind("keras_layers.py", _warm_naive(), ("--optimizer", "rmsprop")),
-    "rnn_state": Kind("carried_state.py", _warm_naive(), ("--fetch", "variable")),
-    "reseed": Kind("global_rng.py", _warm_naive(), ("--draw", "reseed")),
-    "replicated_bn": Kind("replicated_bn.py", _warm_naive()),
-    "ema_after": Kind("ema_after.py", _warm_naive(), ("--order", "after")),
+    "keras": Kind("keras_layers.py", _warm_naive(), ("--optimizer", "rmsprop"),
+                  covered_by="no fix: the journeys of the default kinds"),
+    "rnn_state": Kind("carried_state.py", _warm_naive(), ("--fetch", "variable"),
+                      covered_by="no fix: state in variables the training run assigns travels as in the hooks "
+                                 "kind; carried in Python: test_tfr_tf_session.py -k carried_in_python"),
+    "reseed": Kind("global_rng.py", _warm_naive(), ("--draw", "reseed"),
+                   covered_by="test_tfr_python_rng.py -k reseed"),
+    "replicated_bn": Kind("replicated_bn.py", _warm_naive(),
+                          covered_by="test_tfr_tf_session.py -k tower_copies_that_differ"),
+    "ema_after": Kind("ema_after.py", _warm_naive(), ("--order", "after"),
+                      covered_by="test_tfr_tf_session.py -k run_of_its_own_after_the_training_run"),
     "accumulate_after": Kind("accumulate_after.py", _warm_naive()),
 }
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.full) if v.covered_by else k
+                                  for k, v in KINDS.items()])
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global

@@ -23,7 +23,10 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 TOWERS = 4
 
 
-@pytest.mark.parametrize("loop,optimizer", [("session", "momentum"), ("mts", "adam")])
+# The MonitoredTrainingSession + Adam case only with GANDIVA_FULL_TESTS=1 (tests/conftest.py):
+# integration/test_grow_towers.py grows that program (2 logical towers) live by default.
+@pytest.mark.parametrize("loop,optimizer", [("session", "momentum"),
+                                            pytest.param("mts", "adam", marks=pytest.mark.full)])
 def test_grow_and_shrink_keep_the_uninterrupted_variables(loop: str, optimizer: str, runtime_server: Any,
                                                           launch: Any, tmp_path: Path) -> None:
     args = feed_args(loop, optimizer, TOWERS)

@@ -16,6 +16,10 @@ from .conftest import FeedJob, assert_same_variables
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
+# Further cases of a family whose other cases run by default: GANDIVA_FULL_TESTS=1 only
+# (tests/conftest.py). Each family keeps the cases that show its finding by default.
+FULL = pytest.mark.full
+
 PROGRAMS = Path(__file__).parent / "programs"
 EPOCH = 6  # steps an epoch of epoch_var.py
 
@@ -45,9 +49,11 @@ def _cut_and_finish(job: Any, how: str, baseline: Any, tmp_path: Path) -> None:
     assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
 
 @pytest.mark.parametrize("loop,optimizer,how,cut", [
-    ("session", "momentum", "warm", "inside"), ("mts", "adam", "naive", "inside"),
-    ("session", "adam", "kill", "inside"), ("session", "momentum", "naive", "end"),
-    ("mts", "adam", "kill", "end")])
+    # Cut at the epoch's end (the finding), both loops, a migration and a kill: by default.
+    ("session", "momentum", "naive", "end"), ("mts", "adam", "kill", "end"),
+    pytest.param("session", "momentum", "warm", "inside", marks=FULL),
+    pytest.param("mts", "adam", "naive", "inside", marks=FULL),
+    pytest.param("session", "adam", "kill", "inside", marks=FULL)])
 def test_an_epoch_counter_in_a_variable_of_the_graph_keeps_the_result(
         loop: str, optimizer: str, how: str, cut: str, runtime_server: Any, launch: Any,
         tmp_path: Path) -> None:
@@ -76,7 +82,7 @@ def test_an_epoch_counter_in_a_variable_of_the_graph_keeps_the_result(
     _cut_and_finish(job, how, baseline, tmp_path)
 
 
-@pytest.mark.parametrize("optimizer,how", [("momentum", "warm_naive"), ("adam", "kill")])
+@pytest.mark.parametrize("optimizer,how", [("momentum", "warm_naive"), pytest.param("adam", "kill", marks=FULL)])
 def test_weights_shared_by_auto_reuse_and_a_counter_in_the_training_group_keep_the_result(
         optimizer: str, how: str, runtime_server: Any, launch: Any, tmp_path: Path) -> None:
     """shared_scope.py: one model function called twice under `variable_scope(reuse=
@@ -98,7 +104,8 @@ def test_weights_shared_by_auto_reuse_and_a_counter_in_the_training_group_keep_t
 
 
 @pytest.mark.parametrize("loop,optimizer,how", [
-    ("session", "momentum", "naive"), ("mts", "adam", "warm"), ("session", "adam", "kill")])
+    pytest.param("session", "momentum", "naive", marks=FULL), ("mts", "adam", "warm"),
+    pytest.param("session", "adam", "kill", marks=FULL)])
 def test_a_rate_decayed_at_the_top_of_the_loop_keeps_the_result_cut_at_that_step(
         loop: str, optimizer: str, how: str, runtime_server: Any, launch: Any,
         tmp_path: Path) -> None:
@@ -132,7 +139,8 @@ def _losses(events: Path) -> dict[int, list[float]]:
 
 
 @pytest.mark.parametrize("loop,optimizer,how", [
-    ("session", "momentum", "naive"), ("mts", "adam", "warm"), ("session", "adam", "kill")])
+    ("session", "momentum", "naive"), pytest.param("mts", "adam", "warm", marks=FULL),
+    ("session", "adam", "kill")])
 def test_clipped_checked_traced_and_summarised_steps_keep_the_result_and_the_summaries(
         loop: str, optimizer: str, how: str, runtime_server: Any, launch: Any,
         tmp_path: Path) -> None:
