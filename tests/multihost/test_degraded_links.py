@@ -98,7 +98,10 @@ def test_degraded_late_heartbeats_neither_call_the_host_down_nor_move_its_job(
     _no_two_copies(c)
 
 
-@pytest.mark.parametrize("deaf", ["scheduler", "helper"])
+# The helper-deaf direction only with GANDIVA_FULL_TESTS=1 (tests/conftest.py): either way
+# every connection between the two stalls (the lost packets are the data or its ACKs), and
+# the scheduler-deaf case checks the same freeze, re-placement and stop by default.
+@pytest.mark.parametrize("deaf", ["scheduler", pytest.param("helper", marks=pytest.mark.full)])
 def test_degraded_one_way_partition_freezes_the_copy_and_moves_the_job_once(
         multihost: Cluster, deaf: str, tmp_path: Path) -> None:
     """One direction of the link between the job's host and the scheduler drops every

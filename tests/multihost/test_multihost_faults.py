@@ -52,6 +52,11 @@ def _training_on_one_of_two(c: Cluster, name: str, command: list[str]) -> tuple[
     return job_id, src, "h2" if src == "h1" else "h1"
 
 
+# Only with GANDIVA_FULL_TESTS=1 (tests/conftest.py): test_i9s_faults.py -k wall_clock_jumps
+# cuts its job's host the same way by default (frozen once the lease has run out, re-placed
+# only after that, the stale copy stopped once the link is back, ends once, bit-identical),
+# and tests/scheduler/api/test_fencing.py checks the job.fenced event.
+@pytest.mark.full
 def test_cut_link_freezes_the_copy_and_a_restored_host_stops_it(multihost: Cluster, mlp_command) -> None:  # type: ignore[no-untyped-def]
     c = multihost
     job_id, src, other = _training_on_one_of_two(c, "cut", mlp_command(STEPS))
