@@ -35,6 +35,13 @@ DIR/load0.7.json say, is reused the same way).
     .venv/bin/python benchmarks/sim_heldout.py --compare before.json,after.json
 
 --trace FILE (repeatable) adds a variant `given` of those files at --cluster and --target-load.
+--config RULES replays gandiva with those rules instead of the defaults (a rule measured on the
+held-out variants); with --baselines DIR (an earlier run's --resume folder) the baselines are
+read from there and gandiva alone is replayed, as sim_table.py --baselines does:
+
+    .venv/bin/python benchmarks/sim_heldout.py --variants other,itp-halves --resume base/
+    .venv/bin/python benchmarks/sim_heldout.py --variants other,itp-halves --baselines base/ \
+        --config balance_per_gpu --resume rule/ --json rule.json
 --compare A.json,B.json replays nothing: for each variant in both files, sim_table.py
 --compare's table (gandiva per trace, each goal won or lost against the first file).
 """
@@ -52,14 +59,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim_table import GOALS, POLICIES, compare, verdicts  # benchmarks/ is the script's folder
-from sim_traces import TRACES, gavel_table_for, load_trace_as, trace_files, trace_name
+from sim_table import (  # benchmarks/ is the script's folder
+    GOALS,
+    POLICIES,
+    compare,
+    replay_policies,
+    verdicts,
+)
+from sim_traces import TRACES, gavel_table_for, load_trace_as, parse_config, trace_files, trace_name
 
-from scheduler.policy import get_policy
-from scheduler.sim.engine import Simulator, make_cluster
+from scheduler.sim.engine import make_cluster
 from scheduler.sim.generator import generate
 from scheduler.sim.load import makespan_bound, scale_to_load
-from scheduler.sim.metrics import summarize
 from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import JobSpec
 
@@ -156,10 +167,13 @@ def variants(root: Path, min_jobs: int, small: str, extra: list[Path], cluster: 
     return out
 
 
-def replay(name: str, jobs: list[JobSpec], model: MechanismModel, cluster: str, load: float) -> dict[str, Any]:
-    """One workload under the four policies (gandiva with its defaults): sim_table.py --json's
-    entry. A workload whose jobs all arrive at once is replayed as given (its load cannot be
-    scaled); its settings say so."""
+def replay(name: str, jobs: list[JobSpec], model: MechanismModel, cluster: str, load: float,
+           rules: str = "", stored: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One workload under the four policies (gandiva with its defaults, or with ``rules``,
+    sim_table.py's ``--config`` syntax): sim_table.py --json's entry, the rules named in it. A
+    workload whose jobs all arrive at once is replayed as given (its load cannot be scaled);
+    its settings say so. ``stored``: an earlier entry of this workload whose baselines are
+    taken as they are (gandiva alone is replayed)."""
     servers = make_cluster(cluster)
     settings: dict[str, Any] = {"cluster": cluster, "target_load": load}
     try:
@@ -168,14 +182,16 @@ def replay(name: str, jobs: list[JobSpec], model: MechanismModel, cluster: str, 
         if "same time" not in str(exc):
             raise ValueError(f"{name}: {exc} (--cluster {cluster})") from None
         settings["target_load"] = AS_GIVEN
+    if stored is not None and (stored.get("settings") != settings or stored.get("jobs") != len(jobs)):
+        raise ValueError(f"{name}: the --baselines entry was replayed with {stored.get('settings')} "
+                         f"({stored.get('jobs')} jobs), not {settings} ({len(jobs)} jobs)")
     bound, _ = makespan_bound(jobs, servers, model)
-    m: dict[str, Any] = {}
-    for policy in POLICIES:
-        began = time.process_time()
-        result = Simulator(jobs, servers, get_policy(policy), model).run()
-        m[policy] = {**summarize(result), "cpu_s": time.process_time() - began}
-    return {"jobs": len(jobs), "makespan_lower_bound_s": bound, "settings": settings,
-            "goals": verdicts(m["gandiva"], m["yarn-cs"], m["tiresias"]), **m}
+    _, m = replay_policies(jobs, servers, model, parse_config(rules), stored=stored)
+    entry = {"jobs": len(jobs), "makespan_lower_bound_s": bound, "settings": settings,
+             "goals": verdicts(m["gandiva"], m["yarn-cs"], m["tiresias"]), **m}
+    if rules:
+        entry["gandiva_rules"] = rules
+    return entry
 
 
 def _row(name: str, e: dict[str, Any]) -> str:
@@ -196,9 +212,10 @@ def met(entries: dict[str, Any]) -> list[int]:
     return [sum(bool(e["goals"][k]) for e in entries.values()) for k, _ in GOALS]
 
 
-def _stored(path: Path, v: Variant, names: list[str]) -> dict[str, Any]:
+def _stored(path: Path, v: Variant, names: list[str], rules: str | None = "") -> dict[str, Any]:
     """The results in ``path`` (a --resume file or a sim_table.py --json file) for the variant's
-    traces at its settings; other traces and settings are left out (replayed again)."""
+    traces at its settings, replayed with gandiva's ``rules`` (None: any); other traces,
+    settings and rules are left out (replayed again)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -206,7 +223,8 @@ def _stored(path: Path, v: Variant, names: list[str]) -> dict[str, Any]:
     out = {}
     for name in names:
         s = data.get(name, {}).get("settings", {})
-        if s.get("cluster") == v.cluster and s.get("target_load") in (v.load, AS_GIVEN):
+        if (s.get("cluster") == v.cluster and s.get("target_load") in (v.load, AS_GIVEN)
+                and (rules is None or data[name].get("gandiva_rules", "") == rules)):
             out[name] = data[name]
     return out
 
@@ -262,6 +280,13 @@ def main() -> int:
     ap.add_argument("--target-load", type=float, default=0.9, help="for --trace (default 0.9)")
     ap.add_argument("--resume", type=Path, metavar="DIR",
                     help="keep each variant's results in DIR/VARIANT.json and reuse them when they match")
+    ap.add_argument("--config", default="", metavar="RULES",
+                    help="gandiva's rules instead of the defaults, as sim_table.py's --config (FIELD[:VALUE]+...); "
+                         "--resume keeps them in DIR/VARIANT[RULES].json")
+    ap.add_argument("--baselines", type=Path, metavar="DIR",
+                    help="take yarn-cs's, tiresias' and yarn-cs-local's results from an earlier run's --resume DIR "
+                         "(same traces and settings) and replay gandiva alone: a rule measured held-out costs "
+                         "gandiva's time only")
     ap.add_argument("--json", type=Path, help="write every variant's results here")
     ap.add_argument("--compare", metavar="A.json,B.json", help="replay nothing: compare --json files per variant")
     args = ap.parse_args()
@@ -275,6 +300,15 @@ def main() -> int:
         if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
             print(f"{flag}: {folder} is not a folder this user can write; nothing was replayed", file=sys.stderr)
             return 2
+    try:
+        parse_config(args.config)
+    except SystemExit as exc:
+        print(f"--config: {exc}; nothing was replayed", file=sys.stderr)
+        return 2
+    if args.baselines is not None and not args.baselines.is_dir():
+        print(f"--baselines: {args.baselines} is not a folder (give an earlier run's --resume DIR); nothing was "
+              "replayed", file=sys.stderr)
+        return 2
     every = variants(args.traces, args.min_jobs, args.small_cluster, args.trace, args.cluster, args.target_load)
     wanted = args.variants.split(",") if args.variants else [v.name for v in every]
     unknown = sorted(set(wanted) - {v.name for v in every})
@@ -302,8 +336,17 @@ def main() -> int:
         left = set(filter(None, args.leave_out.split(",")))
         workloads = [w for w in workloads if w[0] not in left and w[0].rpartition("-h")[0] not in left]
         names = [w[0] for w in workloads]
-        keep = args.resume / f"{v.name}.json" if args.resume else None
-        entries = _stored(keep, v, names) if keep else {}
+        # A rule set's results go into a file of their own: the defaults' are never overwritten.
+        keep = args.resume / (f"{v.name}[{args.config}].json" if args.config else f"{v.name}.json") \
+            if args.resume else None
+        entries = _stored(keep, v, names, args.config) if keep else {}
+        base = _stored(args.baselines / f"{v.name}.json", v, names, None) if args.baselines else {}
+        lacking = [n for n in names if args.baselines and n not in base and n not in entries]
+        if lacking:
+            print(f"variant {v.name}: --baselines {args.baselines} has no {v.name}.json entry for "
+                  f"{', '.join(lacking)} at {v.cluster}, load {v.load}: replay them first with --resume there; "
+                  "nothing more was replayed", file=sys.stderr)
+            return 2
         print(f"\n## {v.name}: {v.what} ({v.cluster}, load {v.load}; variant {i} of {len(chosen)}, "
               f"{len(workloads)} traces{f', {len(entries)} read back from {keep}' if entries else ''}"
               f"{f'; left out: {args.leave_out}' if left else ''})\n", flush=True)
@@ -312,7 +355,7 @@ def main() -> int:
             start = time.process_time()
             if name not in entries:
                 try:
-                    entries[name] = replay(name, jobs, model, v.cluster, v.load)
+                    entries[name] = replay(name, jobs, model, v.cluster, v.load, args.config, base.get(name))
                 except ValueError as exc:
                     print(f"variant {v.name}: {exc}; nothing more was replayed", file=sys.stderr)
                     return 2

@@ -60,7 +60,8 @@ from sim_traces import (  # benchmarks/ is the script's folder
     trace_name,
 )
 
-from scheduler.policy import get_policy
+from scheduler.policy import PolicyConfig, get_policy
+from scheduler.policy.types import ServerView
 from scheduler.sim.engine import SimResult, Simulator, make_cluster
 from scheduler.sim.load import makespan_bound, scale_to_load
 from scheduler.sim.metrics import summarize
@@ -85,6 +86,28 @@ def verdicts(g: dict, y: dict, t: dict) -> dict[str, Any]:
 
 
 GOALS = (("ff_ok", "ff"), ("jct_ok", "jct"), ("makespan_ok", "mk"))
+
+
+def replay_policies(jobs: list[JobSpec], servers: tuple[ServerView, ...], model: MechanismModel,
+                    gandiva_cfg: PolicyConfig | None = None, ablations: dict[str, PolicyConfig] | None = None,
+                    stored: dict[str, Any] | None = None) -> tuple[dict[str, SimResult], dict[str, Any]]:
+    """One workload under every policy of the table (gandiva with ``gandiva_cfg``) and under
+    gandiva with each of ``ablations``' rule sets (as ``gandiva[NAME]``); a baseline that
+    ``stored`` (an earlier ``--json`` entry of this workload) holds is taken from it, not
+    replayed. Returns the replays' results and, per policy, ``summarize``'s metrics with the
+    replay's CPU seconds (``cpu_s``): the ``--json`` entry's policy fields."""
+    stored = stored or {}
+    runs = [(name, get_policy(name, gandiva_cfg if name == "gandiva" else None))
+            for name in POLICIES if not (name in BASELINES and name in stored)]
+    runs += [(f"gandiva[{label}]", get_policy("gandiva", cfg)) for label, cfg in (ablations or {}).items()]
+    results: dict[str, SimResult] = {}
+    m: dict[str, Any] = {}
+    for name, policy in runs:
+        began = time.process_time()
+        results[name] = Simulator(jobs, servers, policy, model).run()
+        m[name] = {**summarize(results[name]), "cpu_s": time.process_time() - began}
+    m.update({name: stored[name] for name in BASELINES if name in stored})
+    return results, m
 
 
 def compare(paths: list[Path]) -> int:
@@ -271,7 +294,6 @@ def main() -> int:
         jobs = scaled[path]
         bound, _ = makespan_bound(jobs, servers, model)
         start = time.process_time()
-        results: dict[str, SimResult] = {}
         old: dict[str, Any] = {}
         if args.baselines is not None:
             old = stored.get(tname) or {}
@@ -279,20 +301,7 @@ def main() -> int:
                 print(f"{args.baselines} has no baselines for {tname} at {settings} ({len(jobs)} jobs): "
                       f"write them first with --json (every policy)", file=sys.stderr)
                 return 2
-        cpu: dict[str, float] = {}  # CPU seconds of each replay
-        for name in POLICIES:
-            if name in BASELINES and name in old:
-                continue
-            policy = get_policy(name, gandiva_cfg if name == "gandiva" else None)
-            began = time.process_time()
-            results[name] = Simulator(jobs, servers, policy, model).run()
-            cpu[name] = time.process_time() - began
-        for label, cfg in ablations.items():
-            began = time.process_time()
-            results[f"gandiva[{label}]"] = Simulator(jobs, servers, get_policy("gandiva", cfg), model).run()
-            cpu[f"gandiva[{label}]"] = time.process_time() - began
-        m = {name: {**summarize(r), "cpu_s": cpu[name]} for name, r in results.items()}
-        m.update({name: old[name] for name in BASELINES if name in old})
+        results, m = replay_policies(jobs, servers, model, gandiva_cfg, ablations, old)
         g, y, t, yl = (m[p] for p in POLICIES)
         v = verdicts(g, y, t)
         everything[tname] = {"jobs": len(jobs), "makespan_lower_bound_s": bound, "goals": v,
@@ -312,7 +321,7 @@ def main() -> int:
               f"{g['makespan_s'] / 3600:>5.0f}/{y['makespan_s'] / 3600:<5.0f} {bound / 3600:>6.0f} | "
               f"{100 * v['yarn_queue_share']:>4.0f} {v['ff_ratio']:>5.2f} {v['jct_ratio_yarn']:>5.2f} "
               f"{v['jct_ratio_tiresias']:>5.2f} {v['makespan_ratio']:>5.2f} | {ok:>15} | "
-              f"{time.process_time() - start:.0f} (g {cpu['gandiva']:.0f})", flush=True)
+              f"{time.process_time() - start:.0f} (g {g['cpu_s']:.0f})", flush=True)
         for label in ablations:
             a = m[f"gandiva[{label}]"]
             va = verdicts(a, y, t)

@@ -97,6 +97,22 @@ def test_a_batch_trace_is_replayed_as_given_the_same_twice_and_resumed(tmp_path:
     again = _run("--variants", "given", "--trace", str(trace), "--cluster", "2x4", "--json", str(tmp_path / "b.json"))
     assert again.returncode == 0, again.stderr
     a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    # A rule measured held-out: gandiva alone is replayed with it, the baselines read back from
+    # the defaults' folder as they were; the defaults' results are not reused for the rule.
+    rule = tmp_path / "rule"
+    rule.mkdir()
+    ruled = _run("--variants", "given", "--trace", str(trace), "--cluster", "2x4", "--baselines", str(runs),
+                 "--config", "max_jobs_per_gpu:1+probe_slices:false", "--resume", str(runs),
+                 "--json", str(tmp_path / "r.json"))
+    assert ruled.returncode == 0, ruled.stderr
+    assert "read back" not in ruled.stdout and (runs / "given[max_jobs_per_gpu:1+probe_slices:false].json").is_file()
+    r = json.loads((tmp_path / "r.json").read_text())["given"]["traces"]["batch"]
+    base = a["given"]["traces"]["batch"]
+    assert r["gandiva_rules"] == "max_jobs_per_gpu:1+probe_slices:false" and "gandiva_rules" not in base
+    assert all(r[p] == base[p] for p in ("yarn-cs", "tiresias", "yarn-cs-local"))
+    assert r["gandiva"]["suspends"] == 0 < base["gandiva"]["suspends"]  # no time-slicing under the rule
+    none = _run("--variants", "given", "--trace", str(trace), "--cluster", "2x4", "--baselines", str(rule))
+    assert none.returncode == 2 and "no given.json entry for batch" in none.stderr
     for p in ("gandiva", "yarn-cs", "tiresias", "yarn-cs-local"):  # the same output, but for CPU seconds
         a["given"]["traces"]["batch"][p].pop("cpu_s")
         b["given"]["traces"]["batch"][p].pop("cpu_s")
