@@ -57,7 +57,10 @@ def load(path: Path) -> dict[str, bytes]:
         return {k: data[k].tobytes() for k in data.files}
 
 
-@pytest.mark.parametrize("replicas", [1, 4])
+# 4 replicas only with GANDIVA_FULL_TESTS=1 (tests/conftest.py): replicas saved once and
+# restored into each are test_tfr_tf_session.py -k replicas_saved_once's (in process) and the
+# 2-tower journeys' of test_tfr_feed_from_step.py (-k every_interruption), by default.
+@pytest.mark.parametrize("replicas", [1, pytest.param(4, marks=pytest.mark.full)])
 def test_interrupted_run_ends_bit_identical(replicas: int, runtime_server: Any, launch: Any,
                                             tmp_path: Path) -> None:
     rng = random.Random(replicas)
