@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scheduler.pace import Pace
 from tf_runtime import (  # the shim's exit codes (no TensorFlow import)
     EXIT_KILLED,
     EXIT_MIGRATED,
@@ -34,6 +35,14 @@ from tf_runtime.launch import LAUNCH_ENV, carries, forget_launch, forget_launche
 from tf_runtime.launch import gone as _gone
 
 log = logging.getLogger(__name__)
+
+# The status events the helper waits for; a job's shim writes a few of them per launch.
+STATUS_EVENTS = frozenset({"session_ready", "warm_ready", "restored", "first_step_done", "launch_end"})
+# A job's status pipe is read at STATUS_RATE lines a second past a burst of STATUS_BURST (the
+# job's writes then wait on the full pipe), and at most STATUS_KEPT of its events are kept:
+# the job is the user's own program, and one writing event lines as fast as it could held the
+# helper's event loop (its heartbeats, every job's commands) and grew its memory without end.
+STATUS_RATE, STATUS_BURST, STATUS_KEPT = 20, 200, 1000
 
 
 def exit_reason(code: int, stopped: bool) -> str:
@@ -173,6 +182,7 @@ class JobProcess:
     activated: bool = False
     frozen: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
+    status_lines: int = 0  # lines read from its status pipe
     _proc: subprocess.Popen[bytes] | None = None
     _exited: asyncio.Future[int] | None = None
     _control_fd: int = -1
@@ -245,20 +255,34 @@ class JobProcess:
         transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
         )
+        pace, unreadable = Pace(STATUS_RATE, STATUS_BURST), 0
         try:
             async for line in reader:
+                self.status_lines += 1
+                if self.exit_code is not None and self.status_lines > STATUS_BURST:
+                    break  # it has exited, after more lines than a shim writes: not worth the wait
+                await pace.take()
                 try:
                     event = json.loads(line)
                 except ValueError:
-                    log.warning("job %s: unreadable status line %r", self.job_id, line[:200])
+                    unreadable += 1
+                    if unreadable == 1:  # once: a job can write such lines without end
+                        log.warning("job %s: unreadable status line %r", self.job_id, line[:200])
                     continue
-                if isinstance(event, dict) and "event" in event:
-                    event.setdefault("received_at", time.monotonic())
-                    self.events.append(event)
-                    log.debug("job %s event %s", self.job_id, event)
-                    if event["event"] == "launch_end":
-                        self._tasks.append(asyncio.get_running_loop().create_task(self._end_launch(event)))
-                    self._notify()
+                if not isinstance(event, dict) or event.get("event") not in STATUS_EVENTS:
+                    continue  # one the helper does not wait for (a checkpoint's): nothing to keep
+                if len(self.events) >= STATUS_KEPT:
+                    if len(self.events) == STATUS_KEPT:
+                        log.warning("job %s: more than %d status events; the rest are dropped", self.job_id,
+                                    STATUS_KEPT)
+                        self.events.append({"event": "dropped"})  # said once
+                    continue
+                event.setdefault("received_at", time.monotonic())
+                self.events.append(event)
+                log.debug("job %s event %s", self.job_id, event)
+                if event["event"] == "launch_end":
+                    self._tasks.append(asyncio.get_running_loop().create_task(self._end_launch(event)))
+                self._notify()
         finally:
             transport.close()
 

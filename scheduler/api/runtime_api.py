@@ -15,6 +15,7 @@ from scheduler.api.status import code_for, unexpected_status
 from scheduler.core import SchedulerCore
 from scheduler.errors import GandivaError
 from scheduler.hubs import RuntimeConn
+from scheduler.pace import Pace
 from scheduler.validation import MAX_STEPS, check_id, check_text, clean_number, clean_text
 
 log = logging.getLogger(__name__)
@@ -115,17 +116,12 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         grow-shrink off for good and reported progress, meanwhile."""
         total_seen = 0  # the program's own total mini-batches, recorded once per value
         loop = asyncio.get_running_loop()
-        allowance, filled_at = float(RUNTIME_BURST), loop.time()
+        pace = Pace(RUNTIME_RATE, RUNTIME_BURST)
         async for msg in it:
             # A job's runtime sends about one report a second and an ack per command; one that
             # sends more is read at RUNTIME_RATE (gRPC's flow control holds back the rest): a
             # job flooding migratability reports kept the scheduler 85% busy writing them.
-            now = loop.time()
-            allowance = min(float(RUNTIME_BURST), allowance + (now - filled_at) * RUNTIME_RATE)
-            filled_at = now
-            if allowance < 1:
-                await asyncio.sleep((1 - allowance) / RUNTIME_RATE)
-            allowance -= 1
+            await pace.take()
             conn.heard_at = loop.time()
             kind = msg.WhichOneof("body")
             if not heeded and kind != "ack":
