@@ -15,6 +15,10 @@ if TYPE_CHECKING:  # the CLI formats with this module and needs no SQLAlchemy
     from scheduler.state.models import Job
 
 UNKNOWN = -1.0
+# An ETA past this is no ETA (its rate's reports are held to at least one mini-batch a day,
+# and its total to 2^53: at most 7.8e20 s): a rate of 5e-324 once made it infinite, and
+# every view of the job failed formatting it.
+MAX_ETA_S = 1e22
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ def estimate(job: Job, gpu: str, sharers: Sequence[Sharer], placed: int = 0) -> 
                              f"{job.rate:.1f} mini-batches/s before it was started again or moved)")
         return UNKNOWN, "unknown until its rate is measured (no mini-batch timed yet)"
     running = left / job.rate
+    if running > MAX_ETA_S:  # a rate stored before reports were held to a mini-batch a day
+        return UNKNOWN, f"unknown: its reported rate ({job.rate:.3g} mini-batches/s) is too low to tell"
     at_rate = f"{left:,} mini-batches left at {job.rate:.1f}/s"
     others = [s for s in sharers if s.id != job.id and not s.held and
               s.state in (JobState.RUNNING.value, JobState.SUSPENDED.value)]
@@ -91,7 +97,7 @@ def estimate(job: Job, gpu: str, sharers: Sequence[Sharer], placed: int = 0) -> 
         return running, at_rate
     # Time-slicing: it runs about its priority's share of the time.
     share = _weight(job.priority) / (_weight(job.priority) + sum(_weight(s.priority) for s in others))
-    wall = running / share
+    wall = min(running / share, MAX_ETA_S)
     return wall, (f"{about(running)} of running, {at_rate}; it runs about 1/{round(1 / share)} of the "
                   f"time while it time-slices GPU {gpu} with {len(others)} other job(s)")
 

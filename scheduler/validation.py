@@ -33,6 +33,11 @@ MAX_MEMBERS = 10_000        # jobs of one multi-job (sweep or array)
 MAX_PRIORITY = 1_000_000
 # A job's total mini-batches (JobSpec.steps): the largest whole number JSON carries exactly.
 MAX_STEPS = 2**53
+# What a job's runtime (inside the user's own process) or a helper reports of its pace:
+# mini-batches a second, and one mini-batch's seconds. Outside these it is garbage or a
+# lie (a mini-batch of a microsecond, or of more than a day), and is held to them.
+MAX_RATE = 1e6
+MAX_STEP_S = 86400.0
 # The scheduler's receive limit: the largest valid request is a multi-job, whose
 # members are checked one by one; this bounds the whole message before parsing.
 MAX_REQUEST_BYTES = 16 << 20
@@ -75,6 +80,21 @@ def clean_number(x: float, low: float = -math.inf, high: float = math.inf) -> fl
     infinities (SQLite turns NaN into NULL, PostgreSQL's JSON refuses it) become 0, and the
     rest is held to [low, high]."""
     return min(high, max(low, x)) if math.isfinite(x) else 0.0
+
+
+def clean_rate(x: float) -> float:
+    """A reported mini-batch rate, 0 (not measured) .. MAX_RATE. One under a mini-batch a
+    day is taken as not measured: 5e-324 mini-batches a second passed the NaN check and
+    made its job's ETA infinite, which broke every listing and view of that job."""
+    x = clean_number(x, 0.0, MAX_RATE)
+    return x if x >= 1.0 / MAX_STEP_S else 0.0
+
+
+def clean_step_s(x: float) -> float:
+    """A reported mini-batch time, 0 (not measured) .. MAX_STEP_S seconds; one under a
+    microsecond (1 / MAX_RATE) is taken as not measured."""
+    x = clean_number(x, 0.0, MAX_STEP_S)
+    return x if x >= 1.0 / MAX_RATE else 0.0
 
 
 def check_id(field: str, value: str, required: bool = True) -> None:

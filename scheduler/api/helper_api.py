@@ -18,6 +18,7 @@ from scheduler.validation import (
     check_id,
     check_text,
     clean_number,
+    clean_step_s,
     clean_text,
 )
 
@@ -116,7 +117,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             # Cleaned, not refused: one bad sample must not lose the others, nor the report
             # be retried forever (NaN was an integrity error; inf a profile that packs anything).
             x.utilization = clean_number(x.utilization, 0.0, 1.0)
-            x.minibatch_s = clean_number(x.minibatch_s, 0.0)
+            x.minibatch_s = clean_step_s(x.minibatch_s)
             for name in ("memory_used_bytes", "job_memory_bytes", "job_memory_min_bytes", "job_memory_max_bytes"):
                 setattr(x, name, max(0, getattr(x, name)))
         if len(request.host_memory) > MAX_RUNNING_JOBS:

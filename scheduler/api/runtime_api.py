@@ -16,7 +16,14 @@ from scheduler.core import SchedulerCore
 from scheduler.errors import GandivaError
 from scheduler.hubs import RuntimeConn
 from scheduler.pace import Pace
-from scheduler.validation import MAX_STEPS, check_id, check_text, clean_number, clean_text
+from scheduler.validation import (
+    MAX_STEPS,
+    check_id,
+    check_text,
+    clean_rate,
+    clean_step_s,
+    clean_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +137,12 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                 if kind == "progress":
                     self.progress_received += 1
                     p = msg.progress
-                    conn.step_s = clean_number(p.last_step_s)
+                    # Said by the user's own process: held to what a mini-batch can be
+                    # (docs/security.md), never stored as sent.
+                    conn.step_s = clean_step_s(p.last_step_s)
                     await self.core.record_progress(
-                        conn.job_id, conn.incarnation, max(0, p.steps), clean_number(p.rate),
-                        clean_number(p.last_step_s), _metrics(p.metrics), p.other_run,
+                        conn.job_id, conn.incarnation, min(max(0, p.steps), MAX_STEPS), clean_rate(p.rate),
+                        conn.step_s, _metrics(p.metrics), p.other_run,
                     )
                     if 0 < p.total_steps <= MAX_STEPS and p.total_steps != total_seen:
                         await self.core.record_total_steps(conn.job_id, conn.incarnation, p.total_steps)
@@ -141,6 +150,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                 elif kind == "ack":
                     msg.ack.message = clean_text(msg.ack.message)
                     msg.ack.checkpoint_path = clean_text(msg.ack.checkpoint_path)
+                    msg.ack.step = min(msg.ack.step, MAX_STEPS)  # it becomes the job's steps
                     self.core.runtimes.resolve(conn, msg.ack)
                 elif kind == "train_signature":
                     # Bounded: a signature is a few names; a huge one is not worth relaying.

@@ -1,0 +1,88 @@
+"""Lies and garbage in measurements, over real sockets with credentials made as the real
+ones are: a job's progress comes from inside the user's own process (its runtime token,
+minted as its helper mints it), a server's samples from its helper (a helper token). What
+must hold: every view (GetJob, ListJobs, the dashboard's data, /metrics, `gandiva top`)
+still answers for everyone, and what is stored is bounded (docs/security.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from protos.gandiva.v1 import (
+    common_pb2,
+    helper_pb2,
+    helper_pb2_grpc,
+    runtime_pb2,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+from scheduler import auth
+from scheduler.validation import MAX_RATE, MAX_STEPS
+from tests.in_process import run_gandiva
+from tests.scheduler.api.test_runtime_api import FakeShim
+
+from .conftest import make_token
+from .test_authorization import _http_get
+
+
+def test_lying_progress_is_bounded_and_every_view_still_answers(  # type: ignore[no-untyped-def]
+        make_scheduler, sqlite_url: str, connect, wait_for, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job's runtime reported a rate of 5e-324 mini-batches/s (finite, positive: it
+    passed the NaN/inf cleaning), and its ETA, 1,000 / 5e-324, was infinity: `gandiva get
+    jobs` (every operator's listing) and `describe job` died formatting it (OverflowError),
+    the dashboard's /api/state answered 500 and `gandiva top` showed nothing, for as long as
+    it was stored. Negative and 1e308 rates, steps past 2^53 and a mini-batch of 1e308 s
+    were stored as sent. Now a rate is held to 0 (unknown) .. MAX_RATE, steps to
+    MAX_STEPS, a step time to a day."""
+    sched = make_scheduler(sqlite_url, tick_s=0.2, auth="token", http_listen="127.0.0.1:0")
+    alice_token, root_token = make_token(sched.db_url, "alice"), make_token(sched.db_url, "root", "operator")
+    helper_token = make_token(sched.db_url, "n1", "helper")
+    alice = scheduler_pb2_grpc.SchedulerStub(connect(sched.address, alice_token))
+    root = scheduler_pb2_grpc.SchedulerStub(connect(sched.address, root_token))
+    helper = helper_pb2_grpc.HelperStub(connect(sched.address, helper_token))
+    helper.Register(helper_pb2.RegisterServerRequest(
+        name="n1", gpus=[common_pb2.Gpu(index=0, memory_total_bytes=16 << 30)]))
+    commands = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
+    job = alice.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        command=["python", "t.py"], gpus=1, steps=1000))).job
+    launch = next(commands).launch
+    token = auth.runtime_token(helper_token, job.id, launch.incarnation)
+    shim = FakeShim(connect(sched.address, token), job.id, launch.incarnation)  # says what it is told to
+    http = sched.server.http_address
+    try:
+        wait_for(lambda: alice.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).state == common_pb2.JOB_STATE_RUNNING)
+        # (sent steps, rate, last step s) -> (stored steps, rate); steps rise so each lands.
+        for sent, stored in [((10, 5e-324, 0.1), (10, 0.0)),
+                             ((20, -5.0, -1.0), (20, 0.0)),
+                             ((30, 1e308, 1e308), (30, MAX_RATE)),
+                             ((40, math.nan, math.inf), (40, 0.0)),
+                             ((50, 4.5, 0.2), (50, 4.5)),
+                             ((2**63 - 1, 1e-300, 0.2), (MAX_STEPS, 0.0))]:
+            steps, rate, step_s = sent
+            shim.out.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
+                steps=steps, rate=rate, last_step_s=step_s)))
+            got = wait_for(lambda n=stored[0]: (j := alice.GetJob(scheduler_pb2.GetJobRequest(id=job.id))).steps == n
+                           and j, timeout=30)
+            assert (got.steps, got.rate) == stored, (sent, got.steps, got.rate)
+            assert got.eta_s == -1 or 0 <= got.eta_s < 1e300, got.eta_s
+            # Every view answers, for the owner and the operator alike.
+            assert [j.id for j in alice.ListJobs(scheduler_pb2.ListJobsRequest()).jobs] == [job.id]
+            assert [j.id for j in root.ListJobs(scheduler_pb2.ListJobsRequest()).jobs] == [job.id]
+            status, body = _http_get(http, "/api/state", root_token)
+            assert status == 200, body[:300]
+            assert [j["rate"] for j in json.loads(body)["jobs"]] == [stored[1]]
+            status, body = _http_get(http, "/metrics", root_token)
+            assert status == 200 and b"gandiva_job_minibatch_rate" in body, body[:300]
+            top = run_gandiva(capsys, "top", "--once", "--http", http, "--token", root_token)
+            assert top.returncode == 0, top.stderr
+            listed = run_gandiva(capsys, "get", "jobs", "--scheduler", sched.address, "--token", root_token)
+            assert listed.returncode == 0 and job.id in listed.stdout, listed.stderr
+            shown = run_gandiva(capsys, "describe", "job", job.id, "--scheduler", sched.address, "--token", alice_token)
+            assert shown.returncode == 0 and job.id in shown.stdout, shown.stderr
+    finally:
+        shim.close()
+        commands.cancel()
+
