@@ -1058,9 +1058,13 @@ class SchedulerCore:
         ]
         async with self.tx() as s:
             await repo.update_gpu_samples(s, req.server, device)
-            known = await repo.known_job_ids(s, (x.job_id for x in req.samples if x.job_id))
+            # Only of jobs placed on that server: a helper may act only as its own server,
+            # and any helper's samples of any job id it knew (one that had run there and
+            # moved on) rewrote that job's profile, which decides what is packed with it.
+            # A migration's pre-warmed copy is sampled before its job is placed there.
+            here = await repo.job_ids_on_server(s, req.server, (x.job_id for x in req.samples if x.job_id))
             for x in req.samples:
-                if x.job_id in known:  # samples of a job this scheduler never had are dropped
+                if x.job_id in here:  # samples of any other job are dropped
                     values: dict[str, float] = {"utilization": x.utilization}
                     if x.job_memory_max_bytes or x.job_memory_bytes:
                         values["memory_max"] = x.job_memory_max_bytes or x.job_memory_bytes

@@ -229,11 +229,12 @@ async def jobs_by_id(session: AsyncSession, ids: Sequence[str]) -> list[Job]:
     return out
 
 
-async def known_job_ids(session: AsyncSession, ids: Iterable[str]) -> set[str]:
-    """Those of `ids` that are jobs (their ids only: no rows are loaded)."""
+async def job_ids_on_server(session: AsyncSession, server: str, ids: Iterable[str]) -> set[str]:
+    """Those of `ids` that are jobs holding a GPU of `server` (their ids only)."""
     out: set[str] = set()
     for chunk in _chunks(sorted(set(ids))):
-        out.update((await session.scalars(select(Job.id).where(Job.id.in_(chunk)))).all())
+        out.update((await session.scalars(select(Placement.job_id).distinct().where(
+            Placement.server_name == server, Placement.job_id.in_(chunk)))).all())
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
@@ -86,3 +87,44 @@ def test_lying_progress_is_bounded_and_every_view_still_answers(  # type: ignore
         shim.close()
         commands.cancel()
 
+
+def test_a_helper_reports_samples_only_of_the_jobs_on_its_own_server(  # type: ignore[no-untyped-def]
+        make_scheduler, sqlite_url: str, connect) -> None:
+    """A helper acts only as its own server, yet its GPU samples of any job id it knew (a
+    job that had run there and moved on) were written into that job's profile: another
+    server's helper made a job 4 EiB large (never packed again) or idle (packed first).
+    Now only samples of the jobs placed on the reporting server count."""
+    sched = make_scheduler(sqlite_url, tick_s=0.2, auth="token")
+    alice = scheduler_pb2_grpc.SchedulerStub(connect(sched.address, make_token(sched.db_url, "alice")))
+    n1, n2 = (helper_pb2_grpc.HelperStub(connect(sched.address, make_token(sched.db_url, n, "helper")))
+              for n in ("n1", "n2"))
+    gpu = [common_pb2.Gpu(index=0, memory_total_bytes=16 << 30)]
+    n1.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=gpu))
+    commands = n1.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
+    try:
+        job = alice.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+            command=["python", "t.py"], gpus=1))).job
+        assert next(commands).launch.job_id == job.id
+        n2.Register(helper_pb2.RegisterServerRequest(name="n2", gpus=gpu))
+
+        def profile() -> Any:
+            snap = sched.call(sched.server.engine.snapshot())
+            return {j.id: j.profile for j in snap.jobs}[job.id]
+
+        n1.ReportGpuSamples(helper_pb2.GpuSamplesRequest(server="n1", samples=[helper_pb2.GpuSample(
+            gpu_index=0, job_id=job.id, job_memory_max_bytes=2 << 30, utilization=0.3, minibatch_s=0.1)]))
+        measured = profile()
+        assert (measured.memory_bytes, measured.gpu_util, measured.step_time_s) == (2 << 30, 0.3, 0.1)
+        # n2 lies about n1's job (and samples a GPU it does not have): nothing of it is taken.
+        n2.ReportGpuSamples(helper_pb2.GpuSamplesRequest(server="n2", samples=[
+            helper_pb2.GpuSample(gpu_index=0, job_id=job.id, job_memory_max_bytes=2**62, utilization=0.0,
+                                 minibatch_s=1e-300),
+            helper_pb2.GpuSample(gpu_index=2**31 - 1, utilization=1.0, memory_used_bytes=1)]))
+        assert profile() == measured
+        # n1's own helper is still heard, its step time held to a microsecond .. a day.
+        n1.ReportGpuSamples(helper_pb2.GpuSamplesRequest(server="n1", samples=[helper_pb2.GpuSample(
+            gpu_index=0, job_id=job.id, job_memory_max_bytes=3 << 30, utilization=0.5, minibatch_s=1e308)]))
+        now = profile()
+        assert (now.memory_bytes, now.gpu_util, now.step_time_s) == (3 << 30, 0.5, 86400.0)
+    finally:
+        commands.cancel()
