@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
+import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -59,7 +62,8 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
     (scheduler.auth): the scheduler issues one only with a TransferCheckpoint to a
     registered helper, so only registered helpers sending what the scheduler asked for
     get in, whatever certificate they hold. A ticket is good for one transfer: once a
-    stream under it has landed it is spent (remembered until it expires), and while one
+    stream under it has landed it is spent (kept in the ramdisk until it expires, so
+    also across a restart of this helper: SpentTickets), and while one
     is under way a second with it is refused; a stream that failed leaves it unspent, so
     the transfer can be tried again. Without a token (a cluster without --auth token)
     only TLS (``--tls-client-ca``) guards this port.
@@ -71,7 +75,7 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
         self._ramdisk = ramdisk
         self._token = token
         self._now = now
-        self._spent: dict[str, float] = {}  # ticket -> its expiry (scheduler's clock)
+        self._spent = SpentTickets(ramdisk.root / SPENT_FILE if token else None)
         self._busy: set[str] = set()  # tickets of the streams under way
 
     def _take_ticket(self, ticket: str, first: helper_pb2.CheckpointChunk | None) -> float:
@@ -80,7 +84,6 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
         job, name = (first.job_id, first.checkpoint_name) if first else ("", "")
         now = self._now()
         expires = auth.check_transfer_ticket(self._token, ticket, job, name, now)
-        self._spent = {t: e for t, e in self._spent.items() if e >= now}  # expired ones are refused anyway
         if ticket in self._spent:
             raise PermissionDenied(f"the transfer ticket for checkpoint {name!r} of job {job!r} was already "
                                    "used: a ticket is good for one transfer (the scheduler issues a new one "
@@ -111,7 +114,7 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         try:
             landed = await self._receive(_prepend(first, request_iterator), context)
-            self._spent[ticket] = expires
+            self._spent.add(ticket, expires, self._now())
             return landed
         finally:
             self._busy.discard(ticket)
@@ -134,6 +137,59 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
         except CheckpointError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return helper_pb2.PutCheckpointResponse(path=str(path), bytes=size)
+
+
+# The spent transfer tickets, in the ramdisk (its helper's user's only, mode 700): a
+# dot-name, which no job id or checkpoint name can be (ramdisk.safe_name).
+SPENT_FILE = ".spent-tickets"
+
+
+class SpentTickets:
+    """The transfer tickets whose checkpoint has landed here, each until it expires (the
+    scheduler's clock), kept in ``path`` (None: in memory only) and read back when the
+    helper starts again: held in memory only, a restarted helper took a spent ticket's
+    checkpoint again within its hour (docs/security.md). Only each ticket's SHA-256 is
+    written; the file is replaced whole (a crash leaves the old one or the new one), and
+    holds only tickets not yet expired, so it is bounded by the transfers of an hour."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._spent: dict[str, float] = self._load() if path is not None else {}
+
+    def _load(self) -> dict[str, float]:
+        assert self._path is not None
+        try:
+            data = json.loads(self._path.read_text())
+            return {str(k): float(v) for k, v in data.items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("spent transfer tickets %s unreadable (%s): the tickets spent before this start are "
+                        "not known; each is refused again once its hour is over", self._path, exc)
+            return {}
+
+    def __contains__(self, ticket: str) -> bool:
+        return _ticket_key(ticket) in self._spent
+
+    def add(self, ticket: str, expires: float, now: float) -> None:
+        self._spent = {k: e for k, e in self._spent.items() if e >= now}  # expired ones are refused anyway
+        self._spent[_ticket_key(ticket)] = expires
+        if self._path is None:
+            return
+        tmp = self._path.with_name(f"{self._path.name}.tmp")
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self._spent, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path)
+        except OSError as exc:  # the checkpoint has landed: the transfer is not failed for this
+            log.error("could not record a spent transfer ticket in %s (%s): a restarted helper would "
+                      "take it again within its hour", self._path, exc)
+
+
+def _ticket_key(ticket: str) -> str:
+    return hashlib.sha256(ticket.encode()).hexdigest()
 
 
 # How long a refused transfer's remaining chunks are read and dropped before the refusal.

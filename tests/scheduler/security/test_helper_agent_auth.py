@@ -239,3 +239,39 @@ async def test_checkpoints_go_only_between_registered_helpers(
     finally:
         for h in helpers.values():
             await h.stop()
+
+
+async def test_a_restarted_helper_still_refuses_a_spent_ticket(
+    make_scheduler: Any, sqlite_url: str, tmp_path: Path
+) -> None:
+    """Spent tickets were remembered in memory only: a destination helper restarted within
+    a ticket's hour took that ticket's checkpoint once more (its holder, the source helper,
+    could write it again once housekeeping had removed it). Now they are kept in the
+    ramdisk and read back at start; only their hashes are written."""
+    token = await asyncio.to_thread(make_token, sqlite_url, "gpu2", "helper")
+    sched = make_scheduler(sqlite_url, tick_s=0.2, auth="token")
+    config = HelperConfig(server_name="gpu2", scheduler=sched.address, ramdisk=tmp_path / "gpu2",
+                          log_dir=tmp_path / "logs", security=ClientSecurity(token=token))
+    src = checkpoint(tmp_path / "src")
+    given = auth.transfer_ticket(auth.digest(token), "gpu2", "j-1", "ck", time.time() + 600)
+    helper = HelperDaemon(config, CpuBackend(1, "gpu2"))
+    await helper.start()
+    try:
+        landed = await send_checkpoint(helper.address, src, "j-1", "ck", ticket=given)
+    finally:
+        await helper.stop()
+    shutil.rmtree(landed.path)  # as housekeeping removes an old checkpoint
+    assert given not in (tmp_path / "gpu2" / ".spent-tickets").read_text(), "only its hash is kept"
+    helper = HelperDaemon(config, CpuBackend(1, "gpu2"))  # the same server, started again
+    await helper.start()
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await send_checkpoint(helper.address, src, "j-1", "ck", ticket=given)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "already used" in (err.value.details() or ""), err.value.details()
+        assert not Path(landed.path).exists(), "nothing written"
+        # The scheduler's next ticket for that checkpoint is a new one, and good.
+        again = auth.transfer_ticket(auth.digest(token), "gpu2", "j-1", "ck", time.time() + 601)
+        assert (await send_checkpoint(helper.address, src, "j-1", "ck", ticket=again)).path == landed.path
+    finally:
+        await helper.stop()
