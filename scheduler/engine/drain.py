@@ -237,6 +237,16 @@ class Drainer:
         now = core.clock()
         async with core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
+            keeper = await s.get(Server, target.name)
+            if (failure or result is None) and keeper is not None and keeper.address != transfer.dest_address:
+                # Its helper registered again at another address meanwhile (a machine back on
+                # a new IP): the stream went to the old one, which says nothing of the keeper
+                # or the link. The next pass streams to the new one; it used to wait 30 s.
+                self._retry_at.pop(job_id, None)
+                repo.add_event(s, now, "job.drain", f"wait: its checkpoint {checkpoint} could not be moved off "
+                               f"{holder} to {target.name}: {target.name}'s helper moved from {transfer.dest_address} "
+                               f"to {keeper.address} meanwhile ({failure}); trying again now", job_id=job_id, server=holder)
+                return
             if failure or result is None:
                 self._retry_at[job_id] = time.monotonic() + EVACUATE_RETRY_S
                 repo.add_event(s, now, "job.drain", f"wait: its checkpoint {checkpoint} could not be moved off {holder} "

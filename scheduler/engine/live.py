@@ -987,15 +987,26 @@ class LiveEngine:
                            was_state: str, incarnation: str, source: str) -> None:
         """Carry out a migration, then what its failure calls for (the policy's and an
         operator's alike)."""
+        async with self.core.tx(read=True) as s:
+            address = (await repo.get_server(s, dest)).address  # where its checkpoint will be streamed
         result = await migration
         job = await self._job(job_id)
         if result is not None and transfer_fault(result.transfer_fault, result.reason) \
                 == helper_pb2.TRANSFER_FAULT_DEST_REFUSED:
-            # Its destination could not take the checkpoint (its ramdisk full): the policy,
-            # which knows nothing of ramdisks, would move the job there again every round,
-            # each try a restart. That server gets no new job for a while instead.
             async with self.core.tx() as s:
-                self._quarantine(s, self.core.clock(), dest, f"{dest} could not take {job_id}'s migration checkpoint")
+                now_at = await s.get(Server, dest)
+                if now_at is not None and now_at.address != address:
+                    # Its helper registered again at another address mid-stream (a machine
+                    # back on a new IP): the stream went to the old one. Not a server that
+                    # cannot take checkpoints: it used to get no new job for a minute.
+                    repo.add_event(s, self.core.clock(), "job.migration",
+                                   f"{dest}'s helper moved from {address} to {now_at.address} meanwhile: the "
+                                   f"checkpoint went to its old address ({result.reason})", job_id=job_id, server=dest)
+                else:
+                    # Its destination could not take the checkpoint (its ramdisk full): the
+                    # policy, which knows nothing of ramdisks, would move the job there again
+                    # every round, each try a restart. That server gets no new job for a while.
+                    self._quarantine(s, self.core.clock(), dest, f"{dest} could not take {job_id}'s migration checkpoint")
         if was_state == JobState.SUSPENDED.value and source:
             await self._suspended_again(job, incarnation, source)
 

@@ -1,0 +1,177 @@
+"""Hosts lost or moved while a checkpoint is on its way, over the real Helper API (a real
+scheduler, real gRPC and SQLite; the test answers for the helpers and the shims): a
+drain's checkpoint and a migration's streamed to a helper's old address (its host back
+on a new IP, same name), the source and the destination of a migration lost at once, and
+a host lost while its job grows onto more of its GPUs. In each, the job is neither lost
+nor run twice, resumes from the step it had checkpointed, and no GPU stays held for it
+where it does not run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from protos.gandiva.v1 import common_pb2, helper_pb2, scheduler_pb2
+from scheduler.core import Settings
+
+from .test_fencing import AGENTS, Fake, _next_command
+
+# Launches are answered at once here; a server silent for 2 s is down (lease 1.2 s).
+SETTINGS = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=5.0)
+MOVED = "127.0.0.1:7199"  # a helper's new agent address
+
+
+class Beats:
+    """Heartbeats for the fake helpers, every 0.1 s, each listing the launches its server
+    runs (``run``); a server not listed falls silent."""
+
+    def __init__(self, f: Fake) -> None:
+        self.f = f
+        self.running: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def run(self, server: str, *pairs: tuple[str, str]) -> None:
+        self.running[server] = pairs
+
+    def silence(self, *servers: str) -> None:
+        for server in servers:
+            self.running.pop(server, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            for server, pairs in list(self.running.items()):
+                try:
+                    self.f.helper.Heartbeat(helper_pb2.HeartbeatRequest(name=server, running=[
+                        helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs]), timeout=5)
+                except grpc.RpcError:
+                    pass  # the scheduler stopping at the test's end, or a slow answer
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def _launch_confirmed(f: Fake, server: str) -> helper_pb2.LaunchJob:
+    cmd = _next_command(f, server, "launch")
+    f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=server, command_id=cmd.command_id, ok=True))
+    return cmd.launch
+
+
+def _migrate(f: Fake, job_id: str, dest: str, wait_for: Any) -> None:
+    """MigrateJob, asked again while refused (its runtime not connected yet, a command in flight)."""
+    def ask() -> bool:
+        try:
+            f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+            return True
+        except grpc.RpcError:
+            return False
+    wait_for(ask, 20)
+
+
+def _events(f: Fake, kind: str, **where: str) -> list[str]:
+    return [e.message for e in f.api.ListEvents(scheduler_pb2.ListEventsRequest(kinds=[kind], **where)).events]
+
+
+def _allocated(f: Fake) -> dict[str, tuple[int, int]]:
+    """server -> (GPUs, GPUs allocated), as the scheduler's database has them."""
+    return {s.name: (s.gpus, s.allocated) for s in f.api.ListServers(scheduler_pb2.ListServersRequest()).servers}
+
+
+def _refused_by_old_address(server: str, cmd: helper_pb2.HelperCommand) -> helper_pb2.HelperCommandResult:
+    return helper_pb2.HelperCommandResult(
+        server=server, command_id=cmd.command_id, ok=False, transfer_fault=helper_pb2.TRANSFER_FAULT_DEST_REFUSED,
+        message=f"transfer: could not send the checkpoint to the helper at {cmd.transfer.dest_address}: "
+                "UNAVAILABLE: failed to connect to all addresses")
+
+
+def test_a_drains_checkpoint_sent_to_a_helpers_old_address_goes_to_its_new_one_at_once(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """`gandiva drain y` parks y's 2-GPU job (x, one GPU, has no room for it) and streams
+    its checkpoint to x, whose helper meanwhile registers again at another address (a
+    machine back on a new IP, same name). y cannot reach the old address. The next stream
+    goes to the new one at the drain's next pass; before, only 30 s later (the retry of a
+    stream that failed), y not drained meanwhile."""
+    from scheduler.engine.drain import EVACUATE_RETRY_S
+
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    f = Fake(sched.address, gpus={"y": 2, "x": 1}, agents=True)
+    beats = Beats(f)
+    try:
+        beats.run("x")
+        spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=2, steps=1000)
+        job_id = f.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+        launch = _launch_confirmed(f, "y")
+        beats.run("y", (job_id, launch.incarnation))
+        f.shim(job_id, launch.incarnation)  # acks the park's checkpoint: step 42
+        wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and j.steps >= 0)
+        wait_for(lambda: f.api.DrainServer(scheduler_pb2.CordonServerRequest(server="y"), timeout=30).jobs, 20)
+        wait_for(lambda: f.job(job_id).state == common_pb2.JOB_STATE_QUEUED, 20)
+        beats.run("y")  # its process exited with the park's checkpoint
+        first = _next_command(f, "y", "transfer")
+        assert first.transfer.dest_address == AGENTS["x"], first
+        f.helper.Register(helper_pb2.RegisterServerRequest(
+            name="x", gpus=[common_pb2.Gpu(index=0)], ramdisk="/ram/x", address=MOVED))
+        failed_at = time.monotonic()
+        f.helper.ReportCommandResult(_refused_by_old_address("y", first))
+        again = _next_command(f, "y", "transfer")
+        after_s = time.monotonic() - failed_at
+        assert again.transfer.dest_address == MOVED, again
+        assert again.transfer.checkpoint_path == first.transfer.checkpoint_path
+        assert after_s < EVACUATE_RETRY_S / 2, f"sent again {after_s:.1f}s later"
+        copy = f"/ram/x/{job_id}/{again.transfer.checkpoint_name}"
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server="y", command_id=again.command_id, ok=True, checkpoint_path=copy))
+        wait_for(lambda: _events(f, "server.drained", server="y"), 15)
+        said = _events(f, "job.drain", job_id=job_id)
+        assert any(f"x's helper moved from {AGENTS['x']} to {MOVED} meanwhile" in m for m in said), said
+        moved = _events(f, "job.checkpoint", job_id=job_id)
+        assert any(f"to x ({copy})" in m for m in moved), moved
+    finally:
+        beats.close()
+        f.close()
+
+
+def test_a_migrations_checkpoint_sent_to_its_destinations_old_address_does_not_bar_that_server(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """No shared root: a migration's checkpoint is streamed from the source's helper to the
+    destination's agent, whose helper registers again at another address mid-stream. The
+    stream fails (the job restarts at its source from the checkpoint, as for any failed
+    transfer), but the destination is not taken for one that cannot take checkpoints:
+    before, it got no new job for 60 s ("could not take J's migration checkpoint")."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    f = Fake(sched.address, gpus={"a": 1, "b": 1}, agents=True)
+    beats = Beats(f)
+    try:
+        beats.run("a")
+        beats.run("b")
+        job_id = f.submit()
+        source = wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server)
+        dest = "b" if source == "a" else "a"
+        launch = _launch_confirmed(f, source)
+        beats.run(source, (job_id, launch.incarnation))
+        f.shim(job_id, launch.incarnation)  # acks the stop for migration: step 42
+        _migrate(f, job_id, dest, wait_for)
+        warm = _launch_confirmed(f, dest)  # pre-warmed
+        beats.run(dest, (job_id, warm.incarnation))
+        transfer = _next_command(f, source, "transfer")
+        assert transfer.transfer.dest_address == AGENTS[dest]
+        f.helper.Register(helper_pb2.RegisterServerRequest(
+            name=dest, gpus=[common_pb2.Gpu(index=0)], ramdisk=f"/ram/{dest}", address=MOVED))
+        f.helper.ReportCommandResult(_refused_by_old_address(source, transfer))
+        restart = _launch_confirmed(f, source)  # at its source, from the migration's checkpoint
+        beats.run(source, (job_id, restart.incarnation))
+        assert restart.restore_checkpoint == transfer.transfer.checkpoint_path, restart
+        said = wait_for(lambda: [m for m in _events(f, "job.migration", job_id=job_id) if "meanwhile" in m], 10)
+        assert f"{dest}'s helper moved from {AGENTS[dest]} to {MOVED} meanwhile" in said[0], said
+        assert _events(f, "server.launch_failed", server=dest) == []
+        reasons = [t.reason for t in f.job(job_id).history]
+        assert reasons[-1].startswith("restarted_at_source: transfer failed"), reasons
+    finally:
+        beats.close()
+        f.close()
+
