@@ -33,6 +33,9 @@ def _fail(pending: dict[str, asyncio.Future], reason: str) -> None:
     pending.clear()
 
 
+# Commands kept per server for HelperHub.resend (answered ones leave at once).
+MAX_UNANSWERED = 1000
+
 # Put in a dropped box's queue (``HelperHub.fail_all``): the command stream reading it ends,
 # so that a helper that was only silent (paused, cut off for a while) reconnects its stream
 # to the server's new box instead of waiting on the old one for commands that never come.
@@ -43,6 +46,8 @@ END_STREAM = object()
 class _Outbox:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future] = field(default_factory=dict)
+    # Commands written into a command stream and not answered yet (HelperHub.resend).
+    sent: dict[str, helper_pb2.HelperCommand] = field(default_factory=dict)
 
 
 class HelperHub:
@@ -81,7 +86,35 @@ class HelperHub:
     def resolve(self, server: str, result: helper_pb2.HelperCommandResult) -> None:
         box = self._boxes.get(server)  # a result for a server without a box has no taker
         if box is not None:
+            box.sent.pop(result.command_id, None)
             _resolve(box.pending, result.command_id, result)
+
+    def delivered(self, box: _Outbox, cmd: helper_pb2.HelperCommand) -> None:
+        """``cmd`` was written into a command stream: gRPC took it, which does not mean the
+        helper got it. Kept until answered, for ``resend``."""
+        if cmd.command_id in box.pending:
+            box.sent[cmd.command_id] = cmd
+            if len(box.sent) > MAX_UNANSWERED:  # only ever awaited commands; bounded all the same
+                box.sent.pop(next(iter(box.sent)))
+
+    def resend(self, server: str) -> int:
+        """A helper opened a new command stream: the commands written into its earlier ones
+        and still awaited go first on it. A connection that died (its link cut: the helper
+        ends its session when a heartbeat goes unanswered, then registers again and opens a
+        new stream) took with it what was in flight, with no error on this side: a launch,
+        a migration's pre-warm or activation then waited out its whole timeout (60-300 s),
+        unanswered. The helper runs a command id once: one that did arrive is not run
+        twice, and its result comes from the helper's outbox. Returns how many."""
+        box = self.box(server)
+        again = [cmd for cid, cmd in box.sent.items() if (fut := box.pending.get(cid)) is not None and not fut.done()]
+        box.sent.clear()
+        if again:
+            waiting = []
+            while not box.queue.empty():
+                waiting.append(box.queue.get_nowait())
+            for cmd in again + waiting:
+                box.queue.put_nowait(cmd)
+        return len(again)
 
     def fail_all(self, server: str, reason: str) -> None:
         """The server went down: its commands in flight fail, those not yet delivered are

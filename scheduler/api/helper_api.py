@@ -168,6 +168,9 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             older.cancel()
         if me is not None:
             self._readers[request.server] = me
+        if again := hub.resend(request.server):
+            log.warning("helper %s: %d command(s) sent down its earlier command stream are still unanswered; "
+                        "sending them again", request.server, again)
         log.info("helper %s connected its command stream", request.server)
         try:
             while True:
@@ -182,6 +185,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
                     # Not delivered: keep it for the helper's next stream.
                     box.queue.put_nowait(cmd)
                     raise
+                hub.delivered(box, cmd)
         except asyncio.CancelledError:
             if me not in self._superseded:
                 raise

@@ -175,3 +175,35 @@ def test_a_migrations_checkpoint_sent_to_its_destinations_old_address_does_not_b
         beats.close()
         f.close()
 
+
+def test_a_command_lost_with_its_helpers_stream_comes_again_on_the_next_one(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A launch written into a helper's command stream just before its link went down
+    never arrives: the connection dies with it (the helper ends its session when a
+    heartbeat goes unanswered, and opens a new one). The helper's next stream gets the
+    launch again, the same command (a helper runs a command id once), and the job starts;
+    before, the launch waited out its timeout (60 s by default) unanswered, was withdrawn
+    and the job placed again a heartbeat timeout later."""
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=10.0, command_timeout_s=30.0)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    f = Fake(sched.address, gpus={"a": 1})
+    beats = Beats(f)
+    try:
+        beats.run("a")
+        job_id = f.submit()
+        lost = _next_command(f, "a", "launch")  # in the connection when it died
+        f.streams.pop("a").cancel()
+        f.register("a")  # the helper's new session
+        reopened = time.monotonic()
+        again = _next_command(f, "a", "launch")
+        after_s = time.monotonic() - reopened
+        assert again.command_id == lost.command_id and again.launch == lost.launch, again
+        assert after_s < 5.0, f"sent again {after_s:.1f}s after the new stream opened"
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="a", command_id=again.command_id, ok=True))
+        beats.run("a", (job_id, again.launch.incarnation))
+        f.shim(job_id, again.launch.incarnation)
+        job = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and j, 10)
+        assert [common_pb2.JobState.Name(t.to_state) for t in job.history] == ["JOB_STATE_QUEUED", "JOB_STATE_RUNNING"]
+    finally:
+        beats.close()
+        f.close()
