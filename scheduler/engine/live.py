@@ -47,6 +47,10 @@ from scheduler.state.models import Job, JobProfile, Server
 
 log = logging.getLogger(__name__)
 
+# A job whose progress reports brought new mini-batches this many times while a suspend went
+# unanswered trained on through it (an obeying shim stops at its next boundary: one or two).
+DISOBEYED_RISES = 5
+
 # Fetches of a checkpoint that may fail in a row before the job starts from step 0 instead.
 MAX_FETCH_TRIES = 3
 # A server whose helper failed a launch for a reason of its own (its disk full, no process
@@ -866,6 +870,34 @@ class LiveEngine:
         except GandivaError as err:
             log.warning("could not mark job %s uncontrollable: %s", job_id, err)
 
+    def _rises(self, job_id: str, incarnation: str) -> int | None:
+        """How many of that launch's progress reports so far had new mini-batches (None:
+        not watched: hang detection off, or no report yet)."""
+        w = self.core.hangs.watches.get(job_id)
+        return w.rises if w is not None and w.incarnation == incarnation else None
+
+    async def _evict(self, job_id: str, incarnation: str, went_on: int) -> None:
+        """That launch trained on through a suspend without answering it: its runtime lives
+        in the user's own process, and one that ignored every suspend kept its GPU while the
+        jobs time-sliced with it never ran (probed: 0 of their mini-batches in 90 s). It is
+        stopped through its helper (not through itself) and the job is queued again, fenced
+        as a withdrawn launch is; it restarts from its restore point when placed next."""
+        _, server = await self._where(job_id)
+        now = self.core.clock()
+        timeout = self.core.settings.command_timeout_s
+        async with self.core.tx() as s:
+            job = await repo.get_job(s, job_id, for_update=True)
+            if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
+                return
+            await repo.requeue(s, job, now, f"did not suspend when told: {went_on} progress reports with new "
+                               f"mini-batches came in the {timeout:.0f}s after the command, none answering it; "
+                               "its process is stopped and it is queued again (from its last checkpoint)",
+                               fenced_until=now + self.core.settings.down_after_s)
+        if server is not None:
+            self.core.stop_on(server.name, job_id, incarnation, "trained on without suspending")
+        log.warning("job %s: launch %s trained on without suspending; stopped and queued again", job_id, incarnation)
+        self.core.poke()
+
     async def _withdraw(self, job_id: str, incarnation: str, server: str) -> None:
         """A launch with no answer in time is withdrawn: the job goes back to the queue,
         fenced until `server`'s lease has surely run out, and that launch is told to stop
@@ -941,11 +973,21 @@ class LiveEngine:
         # it, or the suspend fails and both jobs run at once, unknown to the policy.
         await self.core.runtimes.wait_connected(job_id, self.core.settings.command_timeout_s, incarnation)
         t0 = time.perf_counter()
+        rises = self._rises(job_id, incarnation) or 0  # none yet: it has not reported (a launch just made)
         try:
             ack = await self.core.runtimes.call(
                 job_id, kind, self.core.settings.command_timeout_s, reason=reason, incarnation=incarnation
             )
         except Unavailable:
+            # Timed out (a stream that dropped fails the command at once) with the same
+            # launch connected and training all the while: it is not obeying.
+            if kind == runtime_pb2.COMMAND_KIND_SUSPEND and \
+                    time.perf_counter() - t0 >= self.core.settings.command_timeout_s and \
+                    (went_on := (self._rises(job_id, incarnation) or 0) - rises) >= DISOBEYED_RISES and \
+                    self.core.runtimes.connected(job_id, incarnation):
+                await self._evict(job_id, incarnation, went_on)
+                raise FailedPrecondition(f"job {job_id} trained on without suspending: stopped and queued again") \
+                    from None
             if kind == runtime_pb2.COMMAND_KIND_SUSPEND:
                 # No answer in time (a long mini-batch), or the stream dropped: the suspend
                 # may still take effect at the shim, its ack lost, and the job would stay

@@ -1,0 +1,139 @@
+"""A job's runtime lives in the user's own process: one that trains on through every
+suspend, never answering it, kept its GPU while the job time-sliced with it (another
+user's) never ran. A real scheduler over a real socket, a scripted helper with one GPU,
+two runtimes on real Runtime streams."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import grpc
+
+from protos.gandiva.v1 import (
+    common_pb2,
+    helper_pb2,
+    helper_pb2_grpc,
+    runtime_pb2,
+    runtime_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+from scheduler.core import Settings
+from scheduler.policy.types import PolicyConfig
+
+
+class Helper:
+    """Server n1 (one GPU): takes every command, heartbeats its launches."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.stub = helper_pb2_grpc.HelperStub(channel)
+        self.stub.Register(helper_pb2.RegisterServerRequest(
+            name="n1", gpus=[common_pb2.Gpu(index=0, memory_total_bytes=16 << 30)]))
+        self.launched: dict[str, str] = {}
+        self.stopped: list[str] = []
+        self.done = threading.Event()
+        self.commands = self.stub.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
+        threading.Thread(target=self._obey, daemon=True).start()
+        threading.Thread(target=self._beat, daemon=True).start()
+
+    def _obey(self) -> None:
+        try:
+            for cmd in self.commands:
+                if cmd.WhichOneof("body") == "launch":
+                    self.launched[cmd.launch.job_id] = cmd.launch.incarnation
+                elif cmd.WhichOneof("body") == "stop":
+                    self.stopped.append(cmd.stop.incarnation)
+                self.stub.ReportCommandResult(helper_pb2.HelperCommandResult(
+                    server="n1", command_id=cmd.command_id, ok=True))
+        except (grpc.RpcError, ValueError):
+            pass  # the stream ends with the test
+
+    def _beat(self) -> None:
+        while not self.done.wait(0.5):
+            running = [helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in list(self.launched.items())
+                       if i not in self.stopped]
+            try:
+                self.stub.Heartbeat(helper_pb2.HeartbeatRequest(
+                    name="n1", running=running, running_jobs=[r.job_id for r in running]))
+            except grpc.RpcError:
+                pass
+
+
+class Runtime:
+    """A job's runtime: reports a new mini-batch every 0.1 s while it runs; ``deaf``: it
+    never answers a suspend and trains on."""
+
+    def __init__(self, channel: grpc.Channel, job_id: str, incarnation: str, deaf: bool) -> None:
+        self.out: queue.Queue = queue.Queue()
+        self.out.put(runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job_id, incarnation=incarnation)))
+        self.stream = runtime_pb2_grpc.RuntimeStub(channel).Connect(iter(self.out.get, None))
+        self.deaf, self.running, self.steps = deaf, True, 0
+        threading.Thread(target=self._obey, daemon=True).start()
+        threading.Thread(target=self._train, daemon=True).start()
+
+    def _obey(self) -> None:
+        try:
+            for cmd in self.stream:
+                if cmd.kind == runtime_pb2.COMMAND_KIND_SUSPEND:
+                    if self.deaf:
+                        continue
+                    self.running = False
+                elif cmd.kind == runtime_pb2.COMMAND_KIND_RESUME:
+                    self.running = True
+                self.out.put(runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(
+                    command_id=cmd.command_id, ok=True, step=self.steps)))
+        except grpc.RpcError:
+            pass
+
+    def _train(self) -> None:
+        while self.out is not None:
+            time.sleep(0.1)
+            if self.running:
+                self.steps += 1
+                self.out.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
+                    steps=self.steps, rate=10.0, last_step_s=0.1)))
+
+    def close(self) -> None:
+        self.out.put(None)
+        self.stream.cancel()
+
+
+def test_a_job_that_trains_on_through_a_suspend_is_stopped_and_queued_again(  # type: ignore[no-untyped-def]
+        make_scheduler, sqlite_url: str, wait_for) -> None:
+    """Probed with 60 s commands: the job time-sliced with one that ignored its suspends ran
+    0 of 90 s. Now a launch whose reports bring new mini-batches five times while a suspend
+    goes unanswered is stopped through its helper and its job queued again; the other job
+    gets the GPU."""
+    sched = make_scheduler(sqlite_url, tick_s=0.2, policy_config=PolicyConfig(quantum_s=2.0, enable_packing=False),
+                           settings=Settings(command_timeout_s=4.0))
+    with grpc.insecure_channel(sched.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        helper = Helper(ch)
+        runtimes: list[Runtime] = []
+        try:
+            ids = [stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+                command=["python", "t.py"], gpus=1, name=name, user=name))).job.id for name in ("deaf", "victim")]
+            deaf, victim = ids
+            for job_id in ids:
+                incarnation = wait_for(lambda j=job_id: helper.launched.get(j))
+                runtimes.append(Runtime(ch, job_id, incarnation, deaf=job_id == deaf))
+            first = helper.launched[deaf]
+
+            def evicted() -> common_pb2.Job | None:
+                job = stub.GetJob(scheduler_pb2.GetJobRequest(id=deaf))
+                return job if any(t.reason.startswith("did not suspend when told") for t in job.history) else None
+
+            job = wait_for(evicted, timeout=60)
+            reason = next(t.reason for t in job.history if t.reason.startswith("did not suspend when told"))
+            assert "its process is stopped and it is queued again" in reason, reason
+            assert wait_for(lambda: first in helper.stopped), "its launch is stopped through its helper"
+            # The job time-sliced with it gets the GPU and trains.
+            wait_for(lambda: (v := stub.GetJob(scheduler_pb2.GetJobRequest(id=victim))).state ==
+                     common_pb2.JOB_STATE_RUNNING and v.steps > 0, timeout=30)
+        finally:
+            for r in runtimes:
+                r.close()
+            helper.done.set()
+            helper.commands.cancel()
