@@ -1051,19 +1051,20 @@ class SchedulerCore:
         now = self.clock()
         # Stamped on arrival with this scheduler's clock: a helper's wall clock may be off
         # or jump (NTP, an operator's date -s), and the sample is seconds old at most.
-        device = [
-            (x.gpu_index, now, x.memory_used_bytes, x.utilization)
-            for x in req.samples
-            if not x.job_id
-        ]
+        # The last sample of each GPU and of each job only: each was a statement of its own
+        # in one write transaction, and one report of 100,000 samples (the limit per
+        # message) held the scheduler's writes, everyone's submissions too, for minutes.
+        device = list({x.gpu_index: (x.gpu_index, now, x.memory_used_bytes, x.utilization)
+                       for x in req.samples if not x.job_id}.values())
+        per_job = {x.job_id: x for x in req.samples if x.job_id}
         async with self.tx() as s:
             await repo.update_gpu_samples(s, req.server, device)
             # Only of jobs placed on that server: a helper may act only as its own server,
             # and any helper's samples of any job id it knew (one that had run there and
             # moved on) rewrote that job's profile, which decides what is packed with it.
             # A migration's pre-warmed copy is sampled before its job is placed there.
-            here = await repo.job_ids_on_server(s, req.server, (x.job_id for x in req.samples if x.job_id))
-            for x in req.samples:
+            here = await repo.job_ids_on_server(s, req.server, per_job)
+            for x in per_job.values():
                 if x.job_id in here:  # samples of any other job are dropped
                     values: dict[str, float] = {"utilization": x.utilization}
                     if x.job_memory_max_bytes or x.job_memory_bytes:

@@ -803,8 +803,12 @@ async def reset_heartbeats(session: AsyncSession, now: float) -> None:
 async def update_gpu_samples(
     session: AsyncSession, server: str, samples: Iterable[tuple[int, float, int, float]]
 ) -> None:
-    """samples: (gpu index, at, memory used bytes, utilization)."""
+    """samples: (gpu index, at, memory used bytes, utilization); those of a GPU the server
+    did not register are left out (a helper's report may name any index)."""
+    registered = set((await session.scalars(select(Gpu.index).where(Gpu.server_name == server))).all())
     for index, at, mem, util in samples:
+        if index not in registered:
+            continue
         await session.execute(
             update(Gpu)
             .where(Gpu.server_name == server, Gpu.index == index)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 import pytest
@@ -126,5 +127,14 @@ def test_a_helper_reports_samples_only_of_the_jobs_on_its_own_server(  # type: i
             gpu_index=0, job_id=job.id, job_memory_max_bytes=3 << 30, utilization=0.5, minibatch_s=1e308)]))
         now = profile()
         assert (now.memory_bytes, now.gpu_util, now.step_time_s) == (3 << 30, 0.5, 86400.0)
+        # A report of 100,000 samples (the limit) of 300 GPU indices: one statement each, in
+        # one write transaction, held every write for minutes. Now the last sample of each
+        # registered GPU counts, at once.
+        flood = [helper_pb2.GpuSample(gpu_index=i % 300, utilization=0.25, memory_used_bytes=i) for i in range(100_000)]
+        t0 = time.monotonic()
+        n1.ReportGpuSamples(helper_pb2.GpuSamplesRequest(server="n1", samples=flood), timeout=60)
+        assert time.monotonic() - t0 < 20
+        (server,) = [s for s in alice.ListServers(scheduler_pb2.ListServersRequest()).servers if s.name == "n1"]
+        assert (server.gpu_list[0].memory_used_bytes, server.gpu_list[0].utilization) == (99_900, 0.25)
     finally:
         commands.cancel()
