@@ -73,6 +73,12 @@ class RunInfo:
     # The tokens of the Python functions (`py_func`, `numpy_function`) the run calls: one in a
     # training run that changes state of its own every step is Python state (py_func_state).
     py_funcs: tuple[str, ...] = ()
+    # Of a training run: the tf.data iterators it reads whose position TensorFlow can save
+    # (tf_runtime.data_state), not counted as `stateful_input`: their state goes into the
+    # checkpoint. Of any run: the iterators whose initializer (`MakeIterator`) it runs, as
+    # (iterator, initializer op) pairs.
+    iterators: tuple[str, ...] = ()
+    iterator_inits: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -256,6 +262,8 @@ class BoundaryLayer:
         # of the next step: only a feed of other values is.
         handler.before_run(self.adapter, info, bool(feed_dict) and not (
             info.changes_state and not info.is_training and self._fed_as_step(feed_dict)))
+        if info.iterator_inits:
+            self._initialises_iterators(info, feed_dict)
         if not info.is_training:
             if info.reads_global_step:
                 handler.saw_run(self.adapter, info)
@@ -280,6 +288,13 @@ class BoundaryLayer:
         self._remember(info, results)
         handler.boundary(self.adapter, info, results, t1 - t0, t1)
         return results
+
+    def _initialises_iterators(self, info: RunInfo, feed_dict: Any) -> None:
+        """Tell a TensorFlow adapter which tf.data iterators this run initialises, and with
+        what feeds (a restored position is put back only over the same pipeline)."""
+        note = getattr(self.adapter, "iterators_initialised", None)
+        if note is not None:
+            note(info.iterator_inits, feeds_digest(feed_dict) if feed_dict else b"")
 
     def _fed_as_step(self, feed_dict: Any) -> bool:
         """Whether every value fed is one the last step-advancing run was fed (by identity)."""
@@ -388,6 +403,8 @@ class BoundaryLayer:
             self._saw_draw(info.draws)  # after the restore point only (carried_state)
         # A warm process may hold here, before the program reads anything.
         handler.before_setup_run(self.adapter, info)
+        if info.iterator_inits:
+            self._initialises_iterators(info, feed_dict)
         results = self.inner.run(fetches, feed_dict, options, run_metadata)
         handler.setup_run(self.adapter, info, before=False)
         return results

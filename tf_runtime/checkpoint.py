@@ -14,12 +14,19 @@ name is swapped out atomically (renameat2 RENAME_EXCHANGE) and then deleted, so
 at every instant the name holds either the old or the new, complete checkpoint.
 `validate()` refuses a directory whose gandiva.json is missing or whose files do
 not match the list, so a half-written directory is never restored.
+
+The position of each tf.data iterator the training run reads is a file of its own
+(`iterator-N.state`, TensorFlow's serialized iterator state), listed under
+`"iterators": {"<iterator op name>": {"file": ..., "sha256": ..., "made_by": "<its
+initializer op>", "feeds": "<digest of what that run was fed>"}}`; its digest is checked
+before it is put back (tf_runtime.data_state).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -127,9 +134,47 @@ def validate(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {d}: {MANIFEST} 'split' must be a list of variable "
                               f"names, not {split!r}")
     names = {e["name"] for e in manifest["files"]}
+    iterators = manifest.get("iterators", {})
+    if not isinstance(iterators, dict) or not all(
+            isinstance(e, dict) and e.get("file") in names and isinstance(e.get("sha256"), str)
+            for e in iterators.values()):
+        raise CheckpointError(f"checkpoint {d}: {MANIFEST} 'iterators' must map each iterator "
+                              f"to a listed file and its sha256, not {iterators!r}")
     if f"{manifest['prefix']}.index" not in names:
         raise CheckpointError(f"checkpoint {d}: no {manifest['prefix']}.index in the file list")
     return manifest
+
+
+def iterator_entries(states: dict[str, bytes], made_by: dict[str, str],
+                     feeds: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The manifest's `iterators` for the iterator states `states` (name -> bytes), each
+    with the initializer op its iterator was last initialised by (`made_by`; "" for a
+    one-shot iterator) and a digest of the values that run was fed (`feeds`, "" unfed)."""
+    return {name: {"file": f"iterator-{i}.state", "sha256": hashlib.sha256(state).hexdigest(),
+                   "made_by": made_by.get(name, ""), "feeds": feeds.get(name, "")}
+            for i, (name, state) in enumerate(sorted(states.items()))}
+
+
+def write_iterator_states(tmp: Path, states: dict[str, bytes],
+                          entries: dict[str, dict[str, str]]) -> None:
+    """Write each state into the file its entry names (inside write_atomically's `fill`)."""
+    for name, entry in entries.items():
+        (tmp / entry["file"]).write_bytes(states[name])
+
+
+def read_iterator_states(directory: str | os.PathLike[str],
+                         manifest: dict[str, Any]) -> dict[str, tuple[bytes, str, str]]:
+    """The iterator states a validated checkpoint holds (name -> (bytes, made_by, feeds));
+    CheckpointError when a file's bytes changed after it was written."""
+    out = {}
+    for name, entry in (manifest.get("iterators") or {}).items():
+        data = (Path(directory) / entry["file"]).read_bytes()
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise CheckpointError(f"checkpoint {directory} is damaged (a file changed after it "
+                                  f"was written), nothing restored: {entry['file']}, the "
+                                  f"position of tf.data iterator {name!r}, fails its sha256")
+        out[name] = (data, str(entry.get("made_by") or ""), str(entry.get("feeds") or ""))
+    return out
 
 
 def check_towers(directory: str | os.PathLike[str], manifest: dict[str, Any], towers: int) -> None:

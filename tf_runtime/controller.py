@@ -145,6 +145,10 @@ def program_stack(frame: Any, limit: int = 8) -> tuple[tuple[tuple[int, Any], in
     return tuple(out)
 
 
+def _ignore(*_: Any) -> None:
+    """What an adapter without tf.data iterators (a fake one) does with them."""
+
+
 class Controller:
     """Applies scheduler commands at mini-batch boundaries."""
 
@@ -192,6 +196,10 @@ class Controller:
         self._advances_seen = False  # a training run of the bound session advanced the step
         self._steps_seen = 0  # boundaries of runs that advanced it
         self._stateful_input = ""  # what a training run read that no checkpoint holds
+        # tf.data iterators the training runs read, tried for saving once each; the first
+        # whose position cannot be saved (TensorFlow's reason), which refuses migration.
+        self._iterators_checked: set[str] = set()
+        self._unsaved_iterator = ""
         # Runs after the step-advancing one that update the training state (before_run):
         # seen once (_trailing), commands wait after each step (_cut_pending) for them.
         self._after_advance = False
@@ -549,6 +557,10 @@ class Controller:
                 self._initialised_in_pieces(adapter, info):
             self._bind(adapter, training=before and info.is_training)
         self._initialises_again(adapter, info)  # noted once bound: the restore point's too
+        if not before and info.iterator_inits:
+            # The program initialised a tf.data iterator: after the restore, its position
+            # comes back from the checkpoint now, before the first training run reads it.
+            getattr(adapter, "restore_iterators", _ignore)([n for n, _ in info.iterator_inits])
         if before and info.is_training and adapter is self.adapter:
             if self.settings.restore_dir and self._restored_into is not adapter and \
                     self._unfit is not None:
@@ -569,6 +581,11 @@ class Controller:
             self._report_towers(adapter)
             if self.job_start_step is None and adapter.has_global_step():
                 self.job_start_step = adapter.global_step()
+            left: list[str] = getattr(adapter, "iterators_restored", list)()
+            if left:
+                log.warning("the checkpoint's position of tf.data iterator(s) %s was not put "
+                            "back: the program did not initialise them before its first "
+                            "training run", ", ".join(left))
             self.trained = True
             self.meter.pause()
 
@@ -604,6 +621,10 @@ class Controller:
             self._stateful_input = info.stateful_input
             if self.migratable:  # a later run reads it: judge again
                 self.migratable = None
+        if info.iterators:
+            getattr(adapter, "iterators_read", _ignore)(info.iterators)
+            if not self._iterators_checked.issuperset(info.iterators):
+                self._check_iterators(adapter, info.iterators)
         self.boundaries += 1
         if self.boundaries == 1:
             self._event("first_step_done", step=self.meter.steps, t=time.time())
@@ -634,6 +655,19 @@ class Controller:
             self._apply_queued(adapter)
         elif not self._save_built:
             self._prebuild_save(adapter)
+
+    def _check_iterators(self, adapter: SessionAdapter, names: tuple[str, ...]) -> None:
+        """A training run read tf.data iterators not tried yet: their position goes into
+        every checkpoint if TensorFlow can save it (the adapter tries now, once each);
+        one that cannot be saved (a `from_generator` pipeline) makes the job not
+        migratable, with TensorFlow's reason."""
+        self._iterators_checked.update(names)
+        check = getattr(adapter, "check_iterators", None)
+        why = check(names) if check is not None else ""
+        if why and not self._unsaved_iterator:
+            self._unsaved_iterator = why
+            if self.migratable:  # a later run reads it: judge again
+                self.migratable = None
 
     def _watch_py_funcs(self, adapter: SessionAdapter) -> None:
         """At the verdict's steps: whether a Python function a training run calls changed
@@ -980,6 +1014,14 @@ class Controller:
                                "other data than an uninterrupted run; compute the input from "
                                "the global step (feeds, stateless random ops seeded by it) "
                                "to make it migratable")
+        elif self._unsaved_iterator:
+            self._judge(False, f"its training run reads {self._unsaved_iterator}; a restarted "
+                               "copy would read that pipeline from its beginning and train on "
+                               "other data than an uninterrupted run; build it from datasets "
+                               "whose state TensorFlow can save (Dataset.range, "
+                               "from_tensor_slices, shuffle with a seed, map of graph ops; not "
+                               "from_generator, py_function or numpy_function), or compute the "
+                               "input from the global step, to make it migratable")
         elif self._carried_state:
             self._judge(False, self._carried_state)
         elif not self._advances_seen:

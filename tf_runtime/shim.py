@@ -42,7 +42,7 @@ def _patch_tensorflow() -> None:
     from tensorflow.python.framework import ops
     from tensorflow.python.training import basic_session_run_hooks as hooks_mod
 
-    from . import chain, tf_session
+    from . import chain, data_state, tf_session
 
     base = tf_session_mod.BaseSession
     orig_init, orig_run, orig_close = base.__init__, base.run, base.close
@@ -68,6 +68,7 @@ def _patch_tensorflow() -> None:
         if not self.graph.finalized:
             try:
                 tf_session.ensure_checkpointer(self.graph)
+                data_state.ensure_ops(self.graph)
             except Exception:  # never break the program's session creation
                 log.exception("could not build the checkpoint ops at session creation")
         adapter = tf_session.TFSessionAdapter(self, real_run)
@@ -161,6 +162,7 @@ def _patch_tensorflow() -> None:
         if _CONTROLLER and not self.finalized:
             try:
                 tf_session.ensure_checkpointer(self)
+                data_state.ensure_ops(self)
             except Exception:
                 log.exception("could not build the checkpoint ops before Graph.finalize")
         orig_finalize(self)

@@ -29,15 +29,19 @@ from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import io_ops
 
+from . import data_state
 from .chain import FirstRun, RunInfo
 from .checkpoint import (
     PREFIX,
     CheckpointError,
     CheckpointInfo,
     check_towers,
+    iterator_entries,
+    read_iterator_states,
     remove_stale_temporaries,
     validate,
     write_atomically,
+    write_iterator_states,
 )
 from .errors import error_summary
 from .fetches import fetch_key, flatten
@@ -470,6 +474,21 @@ class TFSessionAdapter:
         self._watched_key: tuple[str, ...] | None = None
         self._warned_racy_read = False
         self.rehearsing = False  # inside `rehearse`'s step (a partial run is not made there)
+        # The tf.data iterators the training runs read whose state serializes: saved in
+        # every checkpoint (in order of discovery).
+        self.iterators: dict[str, None] = {}
+        # A restored checkpoint's iterator states and the initializer each was made by
+        # ("" for a one-shot iterator), kept until the first training run: put back again
+        # after each run of that initializer before then.
+        self._iterator_states: dict[str, tuple[bytes, str, str]] = {}
+        self._iterators_put_back: set[str] = set()
+        # The initializer last run on each iterator, and the iterators (re)initialised since
+        # a training run last read them (an evaluation's dataset on a reinitializable
+        # iterator, a new epoch): their position is no training position.
+        self._made_by: dict[str, str] = {}
+        self._reinitialised: set[str] = set()
+        # The digest of the feeds of each iterator's last initializer run ("" unfed).
+        self._init_feeds: dict[str, str] = {}
 
     # -- classification ---------------------------------------------------------------
     def classify(self, fetches: Any) -> RunInfo:
@@ -565,9 +584,15 @@ class TFSessionAdapter:
         # A load is no initialiser: the mini-batch staged in a variable in a run of its own
         # (`sess.run(batch_var.assign(next_element))`; SyncReplicasOptimizer assigns the
         # token it dequeues to its local step) was taken for one, its input unseen.
+        # A training run's read of a tf.data iterator whose state TensorFlow can save is
+        # not such input: that state goes into the checkpoint (data_state; whether it
+        # really serializes is tried at the run's boundary, Controller._check_iterators).
+        iterators = tuple(sorted({n for op in reached if (n := data_state.read_iterator(op))})) \
+            if training else ()
         stateful = "" if (not training and (self._some_init_ops & reached or restores)) else next(
             (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
-             if _stateful_node(op.type, [t.op.type for t in op.inputs])), inside.stateful)
+             if _stateful_node(op.type, [t.op.type for t in op.inputs]) and
+             not (training and data_state.read_iterator(op))), inside.stateful)
         # Numbers for the program (an epoch's order of its examples), not an evaluation's
         # dropout or a GAN's sample images, which read the model.
         draws = "" if (training or initializes_some or restores or self._state_ops & reached) \
@@ -592,7 +617,9 @@ class TFSessionAdapter:
                             through(op.inputs[0].op) is self._gs_op) for op in reached),
                        changes_state=changes_state,
                        init_ops=frozenset(self._some_init_ops & reached), draws=draws,
-                       py_funcs=_py_func_tokens(reached) if training else ())
+                       py_funcs=_py_func_tokens(reached) if training else (),
+                       iterators=iterators, iterator_inits=tuple(sorted(
+                           {pair for op in reached if (pair := data_state.initialised_iterator(op))})))
 
     def _global_step_read(self, op: Any) -> str | None:
         """How fetching `op` reads the global step: "ordered" (the value of its increment,
@@ -717,11 +744,19 @@ class TFSessionAdapter:
         t0 = time.perf_counter()  # the copies' comparison is part of the save's cost
         ckpt = self.checked_checkpointer()
         step = self.global_step()
+        states = self._iterator_states_now()
+        entries = iterator_entries(states, self._made_by, self._init_feeds)
+
+        def fill(tmp: Path) -> None:
+            ckpt.save(self._run, str(tmp / PREFIX))
+            write_iterator_states(tmp, states, entries)
+
         path, size = write_atomically(
-            directory, lambda tmp: ckpt.save(self._run, str(tmp / PREFIX)),
+            directory, fill,
             {"job_id": job_id, "global_step": step, "replicas": ckpt.replicas,
              "variables": len(ckpt.groups),
              **({"split": sorted(ckpt.split)} if ckpt.split else {}),
+             **({"iterators": entries} if entries else {}),
              **({"start_step": start_step} if start_step is not None else {})})
         return CheckpointInfo(str(path), step, ckpt.replicas, size, time.perf_counter() - t0)
 
@@ -747,6 +782,14 @@ class TFSessionAdapter:
             prefix = str(scratch / PREFIX)
             t0 = time.perf_counter()
             ckpt.save(self._run, prefix)
+            # The iterators the step reads, put back after it (an activation without a
+            # checkpoint goes on from them); one not initialised yet has nothing to undo.
+            fetches = getattr(step, "fetches", None)
+            names = list(self.classify(fetches).iterators) if fetches is not None else []
+            try:
+                positions = data_state.save_states(self._run, self.graph, names)
+            except data_state.IteratorStateError:
+                positions = {}
             t1 = time.perf_counter()
             self.rehearsing = True
             try:
@@ -755,6 +798,8 @@ class TFSessionAdapter:
                 self.rehearsing = False
                 t2 = time.perf_counter()
                 ckpt.restore(self._run, prefix)
+                for name, state in positions.items():
+                    data_state.restore_state(self._run, self.graph, name, state)
             t3 = time.perf_counter()
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -850,6 +895,7 @@ class TFSessionAdapter:
             if rebuilt is not None:
                 ckpt = rebuilt
         prefix = str(Path(directory) / manifest["prefix"])
+        states = read_iterator_states(directory, manifest)  # a damaged one: nothing restored
         try:
             if partial:
                 ckpt.restore_present(self._run, prefix)
@@ -863,6 +909,101 @@ class TFSessionAdapter:
                                   f"written), nothing restored: {error_summary(exc)}") from exc
         except tf.errors.OpError as exc:
             raise CheckpointError(f"checkpoint {directory} does not fit this graph: {exc.message}") from exc
+        if states:
+            self._iterator_states = states
+            self.restore_iterators()
         step = self.global_step()
         size = sum(f["size"] for f in manifest["files"])
         return CheckpointInfo(str(directory), step, ckpt.replicas, size, time.perf_counter() - t0)
+
+    # -- tf.data iterators (data_state) --------------------------------------------------
+    def check_iterators(self, names: tuple[str, ...]) -> str:
+        """Whether the state of each iterator in `names`, read by a training run, can be
+        saved: those that can go into every checkpoint from now on; the first that cannot,
+        described with TensorFlow's reason, or ""."""
+        for name in names:
+            if name in self.iterators:
+                continue
+            try:
+                why = data_state.unsaveable(self._run, self.graph, name)
+            except Exception as exc:  # noqa: BLE001  (the shim's ops: refused, never fatal)
+                why = f"the shim could not add its save op ({error_summary(exc)})"
+            if why:
+                return (f"IteratorGetNext of the tf.data iterator {name!r}, whose position "
+                        f"cannot be saved: {why}")
+            self.iterators[name] = None
+        return ""
+
+    def _iterator_states_now(self) -> dict[str, bytes]:
+        """The position of each iterator the training runs read. One (re)initialised since
+        a training run last read it is left out: its position is not a training one (the
+        start of a new epoch, or an evaluation's dataset on a reinitializable iterator),
+        and a restarted copy, whose program runs that initializer before it trains, starts
+        it over as the program does."""
+        names = [n for n in self.iterators if n not in self._reinitialised]
+        if len(names) < len(self.iterators):
+            log.info("tf.data iterator(s) %s initialised again since the last training step: "
+                     "not in this checkpoint (the program's own initializer starts them over)",
+                     ", ".join(n for n in self.iterators if n in self._reinitialised))
+        try:
+            return data_state.save_states(self._run, self.graph, names)
+        except data_state.IteratorStateError as exc:
+            raise CheckpointError(f"could not save the position of the tf.data iterators "
+                                  f"{', '.join(names)}: {exc}") from exc
+
+    def iterators_initialised(self, inits: tuple[tuple[str, str], ...], feeds: bytes) -> None:
+        """A run of this session is about to run the initializers `inits` ((iterator,
+        initializer) pairs), fed values of digest `feeds` (b"": none). A restored
+        position is put back after it (Controller.setup_run) if the source's iterator was
+        made by the same initializer, fed the same values."""
+        for name, made_by in inits:
+            self._made_by[name] = made_by
+            self._init_feeds[name] = feeds.hex()
+            self._reinitialised.add(name)
+
+    def iterators_read(self, names: tuple[str, ...]) -> None:
+        """A training run read `names`: their position is a training position again."""
+        self._reinitialised.difference_update(names)
+
+    def restore_iterators(self, names: Any = None) -> None:
+        """Put back the restored checkpoint's position of the iterators `names` (None: all
+        it holds) that are initialised, by the initializer the source's was made by; the
+        others are put back after the program runs that initializer (Controller.setup_run).
+        A position that does not fit this graph's pipeline is a CheckpointError, as a
+        variable's would be."""
+        for name in list(self._iterator_states) if names is None else names:
+            state, made_by, feeds = self._iterator_states.get(name, (b"", "", ""))
+            if not state or (made_by and self._made_by.get(name) != made_by):
+                continue
+            if made_by and self._init_feeds.get(name, "") != feeds:
+                # The program built another pipeline on purpose (a `skip` or seed fed from
+                # the step it read, re-creating its position itself): left as it made it.
+                # TensorFlow would refuse most such states ("the dataset definition has
+                # changed") and could put some back over the other values.
+                log.warning("tf.data iterator %r was initialised with other values than the "
+                            "source's (its initializer's feeds differ): its position is left "
+                            "as the program made it, not restored", name)
+                del self._iterator_states[name]
+                continue
+            try:
+                done = data_state.restore_state(self._run, self.graph, name, state)
+            except data_state.IteratorStateError as exc:
+                raise CheckpointError(f"the checkpoint's position of tf.data iterator {name!r} "
+                                      f"does not fit this graph's pipeline: {exc}") from exc
+            if done:
+                self._iterators_put_back.add(name)
+                self._reinitialised.discard(name)
+                self.iterators.setdefault(name, None)
+                log.info("restored the position of tf.data iterator %r", name)
+            else:
+                log.info("tf.data iterator %r is not initialised yet: its position is "
+                         "restored after the program's initializer run", name)
+
+    def iterators_restored(self) -> list[str]:
+        """At the first training run: the checkpoint's iterators whose position was never
+        put back (the program did not initialise them, or not with the source's dataset);
+        the states are dropped, so the
+        program's own re-initialisations from now on (a new epoch) are left alone."""
+        left = [n for n in self._iterator_states if n not in self._iterators_put_back]
+        self._iterator_states = {}
+        return left

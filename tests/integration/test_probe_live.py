@@ -139,14 +139,15 @@ def test_a_newcomer_probes_a_full_gpu_is_parked_and_resumes_bit_identical(
 
 def test_a_newcomer_found_not_migratable_keeps_its_place_and_ends_bit_identical(
         policy_cluster: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The newcomer reads its input through a tf.data iterator, whose position no checkpoint
-    holds: its runtime reports it not migratable during the first turn, so it is not parked
+    """The newcomer reads its input through a tf.data iterator over `Dataset.from_generator`,
+    whose position (a Python generator's) no checkpoint can hold: its runtime reports it not
+    migratable during the first turn, so it is not parked
     (a restart would train it on other data, and its runtime refuses the park: the scheduler
     used to ask anyway and log the refusal); it stays in the group, time-sliced in place,
     and ends with the variables of an uninterrupted run."""
     caplog.set_level("WARNING", logger="scheduler")
-    program = REPO / "tests" / "tf_runtime" / "programs" / "dataset_loop.py"
-    new = ["python", str(program), "--steps", "300"]
+    program = REPO / "tests" / "tf_runtime" / "programs" / "generator_input.py"
+    new = ["python", str(program), "--source", "generator", "--steps", "300"]
     # The runtime's verdict comes with the job's first mini-batch; a quantum of 10 s leaves
     # the scheduler time to record it before the turn can end, however loaded the machine
     # (on a 2-core machine running other tests it once came more than 5 s late, and the

@@ -1,7 +1,7 @@
 """A common TF1 input pipeline: a seeded, shuffled, repeated tf.data pipeline read through a
-one-shot iterator, a plain Session loop that reads the global step into Python. Its input
-position is in no checkpoint, so the shim reports it not migratable; it can still be
-suspended and resumed in place, bit for bit."""
+one-shot iterator, a plain Session loop that reads the global step into Python. Until s42 its
+input position was in no checkpoint and the shim reported it not migratable; now the
+iterator's position travels with the checkpoint (docs/tf_runtime.md, "tf.data input")."""
 
 import time
 

@@ -1,7 +1,8 @@
 """tf.data as TF1 programs wrote it before one-shot iterators: an initializable iterator over
 a shuffled (seeded, reshuffled each epoch) dataset of placeholders, re-initialised by the
-program at each epoch (`OutOfRangeError` ends one), the epoch counted in Python. Its input
-position is in no checkpoint."""
+program at each epoch (`OutOfRangeError` ends one), the epoch counted in Python. The
+iterator's position travels with the checkpoint since s42, put back after the program's
+initializer run (fed the same features)."""
 
 import time
 
