@@ -377,7 +377,11 @@ def _scratch_dir(kind: str) -> Path:
 
 
 _CHECKPOINTERS: weakref.WeakKeyDictionary[tf.Graph, Checkpointer] = weakref.WeakKeyDictionary()
-_BUILD_LOCK = threading.Lock()
+# Re-entrant: a rebuild in a finalized graph (copies found to differ, a subset restore)
+# re-finalizes it through the shim's Graph.finalize, which calls ensure_checkpointer again
+# on the same thread (it finds the checkpointer current). With a plain Lock that call
+# waited for itself: the training thread hung at the save, for good.
+_BUILD_LOCK = threading.RLock()
 
 
 def ensure_checkpointer(graph: tf.Graph, split: frozenset[str] | None = None) -> Checkpointer | None:
