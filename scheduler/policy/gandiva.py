@@ -8,8 +8,9 @@ One decide() call runs, in this order:
    behind it may only time-share) - our addition against starving large jobs; the
    first that has waited ``share_block_after_s`` stops the jobs behind it from joining
    time-slice groups (they take free GPUs only), so that the groups drain toward it;
-   while the first that fits one server has waited ``large_block_after_s``, jobs larger
-   than a server queued after it do not join time-slice groups (smaller ones still do);
+   while the first that fits one server has waited ``large_block_after_s`` (with
+   ``groupless_block``: or has no time-slice group of its size), jobs larger than a server
+   queued after it do not join time-slice groups (smaller ones still do);
 3. migration (lower the height, make room on one server for a queued job, bring
    spread jobs together, defragment);
 4. new packing trials (only when overloaded);
@@ -207,8 +208,8 @@ class GandivaPolicy(Policy):
         # large_block_after_s: once the first queued job that fits one server has waited
         # that long, the jobs larger than a server queued after it may not time-share, so
         # that their groups drain and free whole servers; smaller jobs still join groups.
+        # groupless_block: at once while that job's GPU count has no time-slice group anywhere.
         large_head: QueueKey | None = None  # that job's queue key, found at the first large job
-        large_s = self.config.large_block_after_s
         top = ledger.max_server_gpus
         at: QueueKey | None = None  # the walk's position: the key of the job visited last
         limit = self.config.reserve_after_s
@@ -235,9 +236,9 @@ class GandivaPolicy(Policy):
                 head = ledger.first_queued(top)
                 if head is not None and head[-1] != job.id and now - ledger.jobs[head[-1]].submitted_at >= block_s:
                     blocker = head[-1]  # it stays first for the rest of this walk
-            if large_head is None and large_s is not None and job.gpus > top:
+            if large_head is None and job.gpus > top:
                 head = ledger.first_queued(top)
-                if head is not None and now - ledger.jobs[head[-1]].submitted_at >= large_s:
+                if head is not None and self._large_block(ledger, head) is not None:
                     large_head = head  # it stays the one for the rest of this walk
             at = ledger.order(job)
             cand = None
@@ -259,10 +260,9 @@ class GandivaPolicy(Policy):
                         why = (f"job {blocker} has waited {now - ledger.jobs[blocker].submitted_at:.0f}s; "
                                f"until it runs, later jobs do not join time-slice groups ({why})")
                     elif large_head is not None and shut(job.gpus) and self._reserved is None:
-                        why = (f"job {large_head[-1]} fits one server and has waited "
-                               f"{now - ledger.jobs[large_head[-1]].submitted_at:.0f}s; until it runs, jobs "
-                               f"larger than a server ({top} GPUs) queued after it do not join time-slice "
-                               f"groups ({why})")
+                        why = (f"job {large_head[-1]} fits one server and {self._large_block(ledger, large_head)}; "
+                               f"until it runs, jobs larger than a server ({top} GPUs) queued after it do not join "
+                               f"time-slice groups ({why})")
                     out.append(Queue(job.id, why))
                 if (self._reserved is None and limit is not None
                         and ledger.snapshot.now - job.submitted_at >= limit):
@@ -270,6 +270,20 @@ class GandivaPolicy(Policy):
                 continue
             out += self._start(ledger, job, cand.gpus, cand.oversubscribed, f"Algorithm 1: {cand.filter}")
         return out
+
+    def _large_block(self, ledger: Ledger, head: QueueKey) -> str | None:
+        """Why jobs larger than a server queued after ``head`` (the first queued job that fits
+        one server) may not join time-slice groups, or None: it has waited
+        ``large_block_after_s``, or (``groupless_block``) no time-slice group of its GPU count
+        exists, so that no filter and no first turn can place it and it waits for free GPUs,
+        which only draining groups give."""
+        cfg, job = self.config, ledger.jobs[head[-1]]
+        waited = ledger.snapshot.now - job.submitted_at
+        if cfg.large_block_after_s is not None and waited >= cfg.large_block_after_s:
+            return f"has waited {waited:.0f}s"
+        if cfg.groupless_block and not ledger.groups_by_size.get(job.gpus):
+            return f"no time-slice group of {job.gpus}-GPU jobs exists"
+        return None
 
     def _start(self, ledger: Ledger, job: JobView, gpus: Placement, shared: bool, reason: str) -> list[Decision]:
         """Place ``job`` on ``gpus``; on a time-slice group the newcomer runs first, so that
@@ -300,7 +314,7 @@ class GandivaPolicy(Policy):
         head = ledger.first_queued(top)
         waited = now - ledger.jobs[head[-1]].submitted_at if head is not None else -math.inf
         share_shut = cfg.share_block_after_s is not None and waited >= cfg.share_block_after_s
-        large_shut = cfg.large_block_after_s is not None and waited >= cfg.large_block_after_s
+        large_shut = head is not None and self._large_block(ledger, head) is not None
         for size in sorted(ledger.queued_by_size):
             eldest = ledger.eldest_of(size) if cfg.eldest_runs else None
             if eldest is not None:  # eldest_runs: its group is its own

@@ -421,6 +421,12 @@ class PolicyConfig:
         queue limit (3,250 GPU-seconds) rounded to an hour, as the other rules' S; on the
         19 traces of issue 11 it met 13 / 13 / 16 goals against 12 / 12 / 16 without it and
         lost none (docs/simulator.md). None: off.
+    groupless_block: with ``large_block_after_s``'s block, it holds at once (not after
+        ``large_block_after_s``) while the first queued job that fits one server has no
+        time-slice group of its GPU count anywhere: such a job cannot join a group or get a
+        first turn, and waits for free GPUs, which the groups of jobs larger than a server
+        give only once they drain (on 2x4, a group of 8-GPU jobs holds both servers while
+        newcomers of 8 GPUs keep joining it: docs/heldout.md). Off by default.
     probe_slices: a queued job that has never run and finds no place (every time-slice
         group of its GPU count holds ``max_jobs_per_gpu`` jobs a GPU) joins one such group
         anyway for its first turn (one newcomer at a time per group; its servers' host
@@ -493,6 +499,7 @@ class PolicyConfig:
     starve_factor: float = 0.0
     share_block_after_s: float | None = None
     large_block_after_s: float | None = 3600.0
+    groupless_block: bool = False
     balance_sizes: bool = True
     balance_per_gpu: bool = False
     balance_park: bool = True

@@ -171,6 +171,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "jobs larger than a server take free GPUs only and do not join time-slice "
                         "groups, so their groups drain and free servers for it; smaller jobs still "
                         "time-share at once (default %(default)s; off: no block)")
+    _rule_flag(s, "groupless_block",
+               help="gandiva: jobs larger than a server take free GPUs only and do not join time-slice "
+                    "groups at once (not after --large-block-after) while the first queued job that fits "
+                    "a server has no time-slice group of its GPU count anywhere (default: off)")
     _rule_flag(s, "balance_sizes",
                help="gandiva: when the jobs of one GPU count are more crowded on their servers than "
                     "another count's, hand a server of the less crowded count to them (its jobs "

@@ -326,3 +326,17 @@ def test_an_endless_throughput_table_is_refused_at_once(capsys: pytest.CaptureFi
         pytest.skip("no /dev/zero")
     code, out, err = _sim(capsys, "--jobs", "5", "--throughputs", "/dev/zero")
     assert code == 2 and out == "" and "/dev/zero: cannot read the Gavel throughput table: larger than" in err
+
+
+def test_groupless_block_is_a_flag_that_reaches_the_policy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--groupless-block: on 2x4, 8-GPU jobs (both servers) arriving one a minute stop joining
+    their group while a 1-GPU job, which has no group of its size, waits; it then starts
+    sooner (its JCT falls) and every job still ends."""
+    trace = tmp_path / "t.csv"
+    rows = [f"b{i},{60 * i},8,1200" for i in range(4)] + ["s0,90,1,300"]
+    trace.write_text("job_id,submit_time,num_gpus,duration\n" + "\n".join(rows) + "\n")
+    args = ("--trace", str(trace), "--cluster", "2x4", "--policy", "gandiva", "-o", "json")
+    base = json.loads(_sim(capsys, *args)[1])["gandiva"]
+    ruled = json.loads(_sim(capsys, *args, "--groupless-block")[1])["gandiva"]
+    assert ruled["jobs_finished"] == base["jobs_finished"] == 5 and ruled["jobs_unfinished"] == 0
+    assert ruled["avg_jct_s"] != base["avg_jct_s"]
