@@ -133,9 +133,15 @@ def save_states(run: Any, graph: tf.Graph, names: list[str]) -> dict[str, bytes]
 def unsaveable(run: Any, graph: tf.Graph, name: str) -> str:
     """Why the state of iterator `name` cannot be saved (TensorFlow's reason), or ""."""
     try:
-        save_states(run, graph, [name])
+        state = save_states(run, graph, [name])[name]
     except IteratorStateError as exc:
         return str(exc)
+    if b"::FileCache" in state:
+        # TensorFlow saves it, but a restored copy goes on writing (or reading) the cache
+        # files the source left: after a kill their lockfile stops it ("There appears to be
+        # a concurrent caching iterator running"), so the job would not restart at all.
+        return ("it caches into a file (`Dataset.cache(filename)`), whose files and lockfile "
+                "the restored copy would need as the source left them")
     return ""
 
 
