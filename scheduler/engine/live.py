@@ -372,13 +372,17 @@ class LiveEngine:
         up = {name for name, _, is_up, _, _, _ in server_rows if is_up}
         jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now
                                         and not self._holder_back(j.id, j.fenced_until, up))]
-        # A server whose helper could not start a job (its disk full...) gets no new job for
-        # a while: the policy sees it down while nothing is placed there (LAUNCH_QUARANTINE_S).
+        # A server whose helper could not start a job (its disk full...) or take a checkpoint
+        # gets no new job for a while (LAUNCH_QUARANTINE_S): the policy sees it down while
+        # nothing is placed there, else unschedulable, as if cordoned (its jobs run on, keep
+        # their turns, and nothing new goes there). Only "down" used to be said, so a server
+        # running a job took every other: one whose agent no peer could reach (a one-way
+        # partition) was given a job to fetch ten times, then the job started over from step 0.
         holding = {g.server for held in placements.values() for g in held} if quarantined else set()
         servers = tuple(
             pt.ServerView(name=name, num_gpus=num_gpus, up=up and (name not in quarantined or name in holding),
                           gpu_memory_bytes=memory or 16 * pt.GIB, host_memory_bytes=host_memory or 0,
-                          schedulable=not cordoned)
+                          schedulable=not cordoned and name not in quarantined)
             for name, num_gpus, up, memory, host_memory, cordoned in server_rows
         )
         views: dict[str, tuple[tuple, pt.JobView]] = {}

@@ -207,3 +207,48 @@ def test_a_command_lost_with_its_helpers_stream_comes_again_on_the_next_one(
     finally:
         beats.close()
         f.close()
+
+
+def test_a_server_no_peer_can_stream_to_gets_no_more_jobs_to_fetch_and_the_job_resumes_where_its_checkpoint_is(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A one-way partition: x's helper reaches the scheduler (its heartbeats arrive, it runs
+    a job), but nothing reaches x's agent (a firewall, a route missing one way), so every
+    checkpoint streamed to x fails. y's job is lost and its checkpoint is on y, whose GPU is
+    free again. The policy first places it on x (beside the job there); the fetch fails;
+    then x gets no new job for a while, and the job resumes on y from its checkpoint. Before,
+    x, running a job, was still offered to the policy: the job was placed there and refused
+    ten times, then started over from step 0 (its 42 steps lost)."""
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=5.0, checkpoint_interval_s=0.5)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
+    f = Fake(sched.address, gpus={"y": 1}, agents=True)
+    beats = Beats(f)
+    try:
+        beats.run("y")
+        lost = f.submit()
+        first = _launch_confirmed(f, "y")
+        beats.run("y", (lost, first.incarnation))
+        shim = f.shim(lost, first.incarnation)  # acks its periodic checkpoints: step 42
+        path = f"/ram/y/{lost}/periodic-{first.incarnation}"
+        wait_for(lambda: f"step 42 at {path}" in _events(f, "job.checkpoint", job_id=lost), 15)
+        f.register("x", 2)
+        beats.run("x")
+        other = f.submit()  # runs on x: x has a job (its affinity), and a free GPU
+        on_x = _launch_confirmed(f, "x")
+        beats.run("x", (other, on_x.incarnation))
+        f.shim(other, on_x.incarnation)
+        shim.close()
+        beats.run("y")  # the job's process on y is lost
+        fetch = _next_command(f, "y", "transfer")
+        assert fetch.transfer.dest_address == AGENTS["x"], fetch
+        f.helper.ReportCommandResult(_refused_by_old_address("y", fetch))
+        again = _launch_confirmed(f, "y")
+        assert (again.job_id, again.restore_checkpoint) == (lost, path), again
+        job = f.job(lost)
+        reasons = [t.reason for t in job.history]
+        assert [g.server for g in job.placement] == ["y"], reasons
+        assert len([r for r in reasons if "could not fetch" in r]) == 1, reasons
+        assert not any("step 0" in r or "starts over" in r for r in reasons), reasons
+        assert _events(f, "server.launch_failed", server="x"), "x's refusal was not said"
+    finally:
+        beats.close()
+        f.close()
