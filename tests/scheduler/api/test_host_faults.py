@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from protos.gandiva.v1 import common_pb2, helper_pb2, scheduler_pb2
+from protos.gandiva.v1 import common_pb2, helper_pb2, runtime_pb2, scheduler_pb2
 from scheduler.core import Settings
 
 from .test_fencing import AGENTS, Fake, _next_command
@@ -171,6 +171,124 @@ def test_a_migrations_checkpoint_sent_to_its_destinations_old_address_does_not_b
         assert _events(f, "server.launch_failed", server=dest) == []
         reasons = [t.reason for t in f.job(job_id).history]
         assert reasons[-1].startswith("restarted_at_source: transfer failed"), reasons
+    finally:
+        beats.close()
+        f.close()
+
+
+def test_the_source_and_destination_of_a_migration_lost_at_once_resume_the_job_once_from_its_checkpoint(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A migration streams its checkpoint (no shared root): the source's shim confirmed it
+    (step 42, in the source's ramdisk) and exited; before the stream ends both hosts fall
+    silent (a rack's switch lost). Both are called down; the job waits for the source,
+    which holds its checkpoint, holding no GPU anywhere; the source back, the job resumes
+    from that checkpoint, launched once; the destination back, its pre-warmed copy is
+    told to stop."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    f = Fake(sched.address, gpus={"a": 1, "b": 1, "x": 1}, agents=True)
+    beats = Beats(f)
+    try:
+        for server in ("a", "b", "x"):
+            beats.run(server)
+        job_id = f.submit()
+        source = wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server)
+        dest = next(s for s in ("a", "b", "x") if s != source)
+        launch = _launch_confirmed(f, source)
+        beats.run(source, (job_id, launch.incarnation))
+        shim = f.shim(job_id, launch.incarnation)
+        _migrate(f, job_id, dest, wait_for)
+        warm = _launch_confirmed(f, dest)
+        beats.run(dest, (job_id, warm.incarnation))
+        transfer = _next_command(f, source, "transfer")  # the checkpoint is confirmed; never answered
+        checkpoint = transfer.transfer.checkpoint_path
+        assert checkpoint == f"/ram/{source}/{job_id}/migrate-{warm.incarnation}", checkpoint
+        shim.close()  # the source's process exited after its checkpoint
+        beats.silence(source, dest)
+        waiting = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_QUEUED
+                           and f"waits for server {source}" in j.message and j, 15)
+        wait_for(lambda: not any(up for name, up in f.servers().items() if name in (source, dest)), 10)
+        reasons = [t.reason for t in waiting.history]
+        assert any(f"its server {source} went down mid-migration; will resume from step 42 (its checkpoint is "
+                   f"on {source})" in r for r in reasons), reasons
+        assert all(n == 0 for _, n in _allocated(f).values()), _allocated(f)
+        # The source back: the job resumes from the migration's checkpoint (there, or fetched).
+        f.streams.pop(source).cancel()
+        f.register(source)
+        beats.run(source)
+        where = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and j.placement[0].server,
+                         15)
+        if where == source:
+            relaunch = _launch_confirmed(f, source)
+            assert relaunch.restore_checkpoint == checkpoint, relaunch
+        else:
+            fetch = _next_command(f, source, "transfer")
+            assert fetch.transfer.checkpoint_path == checkpoint, fetch
+            copy = f"/ram/{where}/{job_id}/{fetch.transfer.checkpoint_name}"
+            f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+                server=source, command_id=fetch.command_id, ok=True, checkpoint_path=copy))
+            relaunch = _launch_confirmed(f, where)
+            assert relaunch.restore_checkpoint == copy, relaunch
+        beats.run(where, (job_id, relaunch.incarnation))
+        assert relaunch.incarnation not in (launch.incarnation, warm.incarnation)
+        assert sorted(n for _, n in _allocated(f).values()) == [0, 0, 1], _allocated(f)
+        # The destination back: its pre-warmed copy is not expected there.
+        f.streams.pop(dest).cancel()
+        f.register(dest)
+        assert (job_id, warm.incarnation) in f.heartbeat(dest, (job_id, warm.incarnation))
+        job = f.job(job_id)
+        assert [g.server for g in job.placement] == [where]
+        states = [common_pb2.JobState.Name(t.to_state) for t in job.history]
+        assert states[states.index("JOB_STATE_QUEUED", 2):] == ["JOB_STATE_QUEUED", "JOB_STATE_RUNNING"], states
+        assert not any("step 0" in t.reason for t in job.history), [t.reason for t in job.history]
+    finally:
+        beats.close()
+        f.close()
+
+
+def test_a_host_lost_while_its_job_grows_resumes_the_job_from_the_grows_checkpoint_on_one_set_of_gpus(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A grow-shrink job on one of a's two GPUs grows onto both (a migration within a: its
+    checkpoint stays in a's ramdisk); the source confirmed it (step 42) and exited, and a is
+    lost before the grown copy's activation is answered. The job is re-queued to resume
+    from that checkpoint, holding no GPU; a back, it is launched once from it, on as many
+    GPUs as a has, and the grown copy is stopped."""
+    from scheduler.policy.types import PolicyConfig
+
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS, policy_config=PolicyConfig(grow_idle_s=0.3))
+    f = Fake(sched.address, gpus={"a": 2})
+    beats = Beats(f)
+    try:
+        beats.run("a")
+        spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1, steps=1000, grow_shrink=True)
+        job_id = f.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+        launch = _launch_confirmed(f, "a")
+        beats.run("a", (job_id, launch.incarnation))
+        shim = f.shim(job_id, launch.incarnation)
+        shim.out.put(runtime_pb2.RuntimeMessage(towers=runtime_pb2.TowerReport(towers=1)))
+        warm = _launch_confirmed(f, "a")  # the grow's destination, pre-warmed
+        beats.run("a", (job_id, launch.incarnation), (job_id, warm.incarnation))
+        assert warm.warm and sorted(warm.gpu_indices) == [0, 1], warm
+        activate = _next_command(f, "a", "activate")  # the source checkpointed; never answered
+        checkpoint = activate.activate.restore_checkpoint
+        assert checkpoint == f"/ram/a/{job_id}/migrate-{warm.incarnation}", checkpoint
+        shim.close()  # the source's process exited after its checkpoint
+        beats.silence("a")
+        waiting = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_QUEUED and j, 15)
+        reasons = [t.reason for t in waiting.history]
+        assert any("its server a went down mid-migration; will resume from step 42 (its checkpoint is on a)" in r
+                   for r in reasons), reasons
+        assert _allocated(f) == {"a": (2, 0)}
+        f.streams.pop("a").cancel()
+        f.register("a", 2)
+        beats.run("a")
+        relaunch = _launch_confirmed(f, "a")
+        beats.run("a", (job_id, relaunch.incarnation))
+        assert relaunch.restore_checkpoint == checkpoint and not relaunch.warm, relaunch
+        assert relaunch.incarnation not in (launch.incarnation, warm.incarnation)
+        assert (job_id, warm.incarnation) in f.heartbeat("a", (job_id, warm.incarnation))
+        job = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and j, 10)
+        assert len(job.placement) == len(relaunch.gpu_indices) and _allocated(f)["a"][1] <= 2
+        assert not any("step 0" in t.reason for t in job.history), [t.reason for t in job.history]
     finally:
         beats.close()
         f.close()
