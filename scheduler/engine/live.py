@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 # A job whose progress reports brought new mini-batches this many times while a suspend went
 # unanswered trained on through it (an obeying shim stops at its next boundary: one or two).
 DISOBEYED_RISES = 5
+# Mini-batches a job may report past the step at which it acked a suspend (a report in flight).
+SUSPENDED_STEPS_SLACK = 2
 
 # Fetches of a checkpoint that may fail in a row before the job starts from step 0 instead.
 MAX_FETCH_TRIES = 3
@@ -134,6 +136,9 @@ class LiveEngine:
         self._checkpointing: set[str] = set()
         self._checkpoints_checked = float("-inf")  # when checkpoint_due last looked
         self._hangs_checked = float("-inf")  # when watch_hangs last looked (monotonic)
+        # Jobs recorded suspended by their shim's ack: (that launch, the highest step it had
+        # reported then). One that reports higher steps before its resume did not suspend.
+        self._suspended: dict[str, tuple[str, int]] = {}
         # Server -> until when (monotonic) no job is placed there: its helper failed a launch
         # for a reason of its own (its disk full, no process could be started).
         self._quarantined: dict[str, float] = {}
@@ -880,7 +885,8 @@ class LiveEngine:
         w = self.core.hangs.watches.get(job_id)
         return w.rises if w is not None and w.incarnation == incarnation else None
 
-    async def _evict(self, job_id: str, incarnation: str, went_on: int) -> None:
+    async def _evict(self, job_id: str, incarnation: str, went_on: int, state: JobState = JobState.RUNNING,
+                     why: str = "") -> None:
         """That launch trained on through a suspend without answering it: its runtime lives
         in the user's own process, and one that ignored every suspend kept its GPU while the
         jobs time-sliced with it never ran (probed: 0 of their mini-batches in 90 s). It is
@@ -891,11 +897,12 @@ class LiveEngine:
         timeout = self.core.settings.command_timeout_s
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
-            if job.incarnation != incarnation or job.state != JobState.RUNNING.value:
+            if job.incarnation != incarnation or job.state != state.value:
                 return
-            await repo.requeue(s, job, now, f"did not suspend when told: {went_on} progress reports with new "
-                               f"mini-batches came in the {timeout:.0f}s after the command, none answering it; "
-                               "its process is stopped and it is queued again (from its last checkpoint)",
+            why = why or (f"{went_on} progress reports with new mini-batches came in the {timeout:.0f}s after "
+                          "the command, none answering it")
+            await repo.requeue(s, job, now, f"did not suspend when told: {why}; its process is stopped and "
+                               "it is queued again (from its last checkpoint)",
                                fenced_until=now + self.core.settings.down_after_s)
         if server is not None:
             self.core.stop_on(server.name, job_id, incarnation, "trained on without suspending")
@@ -978,6 +985,14 @@ class LiveEngine:
         await self.core.runtimes.wait_connected(job_id, self.core.settings.command_timeout_s, incarnation)
         t0 = time.perf_counter()
         rises = self._rises(job_id, incarnation) or 0  # none yet: it has not reported (a launch just made)
+        was = self._suspended.pop(job_id, None) if kind == runtime_pb2.COMMAND_KIND_RESUME else None
+        if was is not None and was[0] == incarnation and \
+                (went_on := self.core.steps_seen(job_id, incarnation) - was[1]) > SUSPENDED_STEPS_SLACK:
+            # It acked its suspend and trained on: recorded SUSPENDED, the job time-sliced with
+            # it was resumed beside it (probed: at half its rate, the liar all the time).
+            why = f"it said it had suspended, then reported {went_on} more mini-batches before its resume"
+            await self._evict(job_id, incarnation, went_on, JobState.SUSPENDED, why)
+            raise FailedPrecondition(f"job {job_id} trained on while suspended: stopped and queued again")
         try:
             ack = await self.core.runtimes.call(
                 job_id, kind, self.core.settings.command_timeout_s, reason=reason, incarnation=incarnation
@@ -1023,6 +1038,10 @@ class LiveEngine:
         # The process obeyed: recorded whatever it takes (a database outage right after the
         # ack left a job RUNNING in the database and suspended in its process, for good).
         await self.core.record_when_reachable(f"{job_id}'s {target.value.lower()} state", record)
+        if target is JobState.SUSPENDED:
+            if len(self._suspended) > 100_000:  # jobs that ended suspended (bounded)
+                self._suspended.clear()
+            self._suspended[job_id] = (incarnation, max(ack.step, self.core.steps_seen(job_id, incarnation)))
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
         was, source = await self._where(job_id)

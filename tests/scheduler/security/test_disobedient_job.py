@@ -10,6 +10,7 @@ import threading
 import time
 
 import grpc
+import pytest
 
 from protos.gandiva.v1 import (
     common_pb2,
@@ -62,14 +63,14 @@ class Helper:
 
 
 class Runtime:
-    """A job's runtime: reports a new mini-batch every 0.1 s while it runs; ``deaf``: it
-    never answers a suspend and trains on."""
+    """A job's runtime: reports a new mini-batch every 0.05 s while it runs. ``lie``:
+    "deaf" never answers a suspend and trains on; "ack" answers it and trains on."""
 
-    def __init__(self, channel: grpc.Channel, job_id: str, incarnation: str, deaf: bool) -> None:
+    def __init__(self, channel: grpc.Channel, job_id: str, incarnation: str, lie: str = "") -> None:
         self.out: queue.Queue = queue.Queue()
         self.out.put(runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job_id, incarnation=incarnation)))
         self.stream = runtime_pb2_grpc.RuntimeStub(channel).Connect(iter(self.out.get, None))
-        self.deaf, self.running, self.steps = deaf, True, 0
+        self.lie, self.running, self.steps = lie, True, 0
         threading.Thread(target=self._obey, daemon=True).start()
         threading.Thread(target=self._train, daemon=True).start()
 
@@ -77,9 +78,9 @@ class Runtime:
         try:
             for cmd in self.stream:
                 if cmd.kind == runtime_pb2.COMMAND_KIND_SUSPEND:
-                    if self.deaf:
+                    if self.lie == "deaf":
                         continue
-                    self.running = False
+                    self.running = self.lie == "ack"
                 elif cmd.kind == runtime_pb2.COMMAND_KIND_RESUME:
                     self.running = True
                 self.out.put(runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(
@@ -89,23 +90,25 @@ class Runtime:
 
     def _train(self) -> None:
         while self.out is not None:
-            time.sleep(0.1)
+            time.sleep(0.05)
             if self.running:
                 self.steps += 1
                 self.out.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
-                    steps=self.steps, rate=10.0, last_step_s=0.1)))
+                    steps=self.steps, rate=20.0, last_step_s=0.05)))
 
     def close(self) -> None:
         self.out.put(None)
         self.stream.cancel()
 
 
+@pytest.mark.parametrize("lie", ["deaf", "ack"])
 def test_a_job_that_trains_on_through_a_suspend_is_stopped_and_queued_again(  # type: ignore[no-untyped-def]
-        make_scheduler, sqlite_url: str, wait_for) -> None:
+        make_scheduler, sqlite_url: str, wait_for, lie: str) -> None:
     """Probed with 60 s commands: the job time-sliced with one that ignored its suspends ran
-    0 of 90 s. Now a launch whose reports bring new mini-batches five times while a suspend
-    goes unanswered is stopped through its helper and its job queued again; the other job
-    gets the GPU."""
+    0 of 90 s; beside one that acked them and trained on, at half its rate all the time. Now
+    a launch whose reports bring new mini-batches five times while a suspend goes unanswered,
+    or that reports more mini-batches between its suspend's ack and its resume, is stopped
+    through its helper and its job queued again; the other job gets the GPU."""
     sched = make_scheduler(sqlite_url, tick_s=0.2, policy_config=PolicyConfig(quantum_s=2.0, enable_packing=False),
                            settings=Settings(command_timeout_s=4.0))
     with grpc.insecure_channel(sched.address) as ch:
@@ -118,7 +121,7 @@ def test_a_job_that_trains_on_through_a_suspend_is_stopped_and_queued_again(  # 
             deaf, victim = ids
             for job_id in ids:
                 incarnation = wait_for(lambda j=job_id: helper.launched.get(j))
-                runtimes.append(Runtime(ch, job_id, incarnation, deaf=job_id == deaf))
+                runtimes.append(Runtime(ch, job_id, incarnation, lie if job_id == deaf else ""))
             first = helper.launched[deaf]
 
             def evicted() -> common_pb2.Job | None:
