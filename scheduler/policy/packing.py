@@ -39,16 +39,34 @@ def pair_key(a: JobView, b: JobView) -> frozenset[str]:
 
 def _verdict(state: GandivaState, trial: PackTrial, rates: tuple[float, float], config: PolicyConfig,
              how: str) -> tuple[bool, float, str]:
-    """Keep (True) or not, the gain, and the reason; a pair found no better is rejected."""
-    gain = rates[0] / trial.base_rates[0] + rates[1] / trial.base_rates[1]
+    """Keep (True) or not, the gain, and the reason; a pair found no better is rejected.
+
+    Each job's packed rate is divided by its rate alone, and that ratio is clipped at 1: a
+    job does not run faster beside another than alone, and both rates come from inside the
+    users' own processes, so a job reporting a huge rate while packed would otherwise keep
+    any pair however slow its partner. With ``pack_no_loser`` a pair is also undone when
+    either job keeps less than its time-slice share (1/2) of its rate alone."""
+    ids = (trial.job_id, trial.partner_id)
+    ratios = [rates[i] / trial.base_rates[i] for i in (0, 1)]
+    clipped = [f"{ids[i]}'s {ratios[i]:.2f}x" for i in (0, 1) if ratios[i] > 1.0]
+    ratios = [min(1.0, r) for r in ratios]
+    gain = ratios[0] + ratios[1]
     kept = gain > 1.0 + config.pack_min_gain
+    what = ": kept" if kept else " is no gain"
+    share = 1.0 / 2  # what time-slicing the pair would have given each job
+    losers = [i for i in (0, 1) if ratios[i] < share] if config.pack_no_loser else []
+    if kept and losers:
+        kept = False
+        what = "".join(f", but {ids[i]} kept {ratios[i]:.2f}x of its rate alone" for i in losers) + \
+            f", under its time-slice share {share:.2f}: undone"
     if not kept:
         state.rejected.add(trial.pair)
-    what = ": kept" if kept else " is no gain"
     # Both measured rates and the alone rates they are compared with, so that a user can
     # check the verdict: (job) packed vs alone, (partner) packed vs alone.
     rates_seen = (f"{trial.job_id} {_rate(rates[0])} packed vs {_rate(trial.base_rates[0])} alone, "
                   f"{trial.partner_id} {_rate(rates[1])} vs {_rate(trial.base_rates[1])} mini-batches/s")
+    if clipped:
+        how += f"; {' and '.join(clipped)} clipped at 1x (no job runs faster packed than alone)"
     return kept, gain, f"packed rate {gain:.2f}x of time-slicing{what} ({rates_seen}; {how})"
 
 
@@ -103,7 +121,19 @@ def judge_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> l
                 and now >= trial.started_at + config.pack_trial_s / 2):
             trial = state.trials[job_id] = replace(trial, sample=(job.rate, partner.rate), sampled_at=now)
         if now < ends or job.rate is None or partner.rate is None:
-            state.wake_at(max(ends, now + config.quantum_s / 4))
+            grace_end = ends + config.pack_trial_s  # a rate may come late, but not never
+            if now < ends or now < grace_end:
+                state.wake_at(max(ends, min(grace_end, now + config.quantum_s / 4)))
+                continue
+            # A job that reports no rate (0 is "not measured") would otherwise stay packed
+            # for as long as it liked; its pair is not judged (nor rejected), only undone.
+            del state.trials[job_id]
+            ledger.touch(ledger.placement[job_id])
+            silent = " and ".join(j.id for j in (job, partner) if j.rate is None)
+            reason = f"trial void: no rate measured from {silent} after {now - trial.started_at:.1f}s packed"
+            state.add_verdict(now, trial, None, None, reason, unpacked=True)
+            ledger.set_state(job_id, "SUSPENDED")
+            out.append(Unpack(job_id, ledger.placement[job_id], reason=reason))
             continue
         del state.trials[job_id]
         ledger.touch(ledger.placement[job_id])  # its group may rotate or pack again

@@ -328,6 +328,9 @@ class PolicyConfig:
     pack_trial_s: how long a packing trial runs before its measured rates decide.
     pack_min_gain: packed jobs' combined normalized rate must exceed 1 + this to be kept.
     pack_max_util: jobs above this GPU utilization are not packing candidates.
+    pack_no_loser: a packing trial is also undone (and the pair not tried again) when
+        either job's packed rate is under half its rate alone, its time-slice share: no job
+        is left worse off than time-slicing would leave it, whatever its partner reports.
     defrag_free_gpus: a non-idle server with at least this many free GPUs gets defragmented
         (paper: stop when every non-idle server has fewer than 3 of 4 GPUs free).
     defrag_interval_s: background defragmentation runs at most this often.
@@ -484,6 +487,7 @@ class PolicyConfig:
     pack_trial_s: float = 120.0
     pack_min_gain: float = 0.05
     pack_max_util: float = 0.9
+    pack_no_loser: bool = False
     defrag_free_gpus: int = 3
     defrag_interval_s: float = 300.0
     max_migrations_per_round: int = 8

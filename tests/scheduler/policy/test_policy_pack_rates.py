@@ -1,0 +1,73 @@
+"""A packing trial is judged by each job's own measured rate: a rate a job reports cannot
+keep a packing that hurts its partner (docs/security.md, Known limits)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from scheduler.policy import Pack, PolicyConfig, Unpack, get_policy
+
+PACK_ONLY = PolicyConfig(las_slices=False, slice_growth=0.0, max_jobs_per_gpu=4, enable_migration=False,
+                         enable_grow_shrink=False, pack_trial_s=60)
+NO_LOSER = dataclasses.replace(PACK_ONLY, pack_no_loser=True)
+
+
+def _pair(mk, now: float, rate_run: float | None = 10.0, rate_wait: float | None = 10.0, packed: bool = False):
+    """Job ``run`` running and ``wait`` time-sliced with it on one GPU, both 10 mini-batches/s
+    alone; ``packed``: both running (the trial), at the given rates."""
+    run = mk.job("run", state="RUNNING", placement=mk.on("s0", 0), profile=mk.profiled(4, 0.3),
+                 rate=rate_run, model="vae")
+    wait = mk.job("wait", state="RUNNING" if packed else "SUSPENDED", placement=mk.on("s0", 0),
+                  profile=mk.profiled(4, 0.2), rate=rate_wait, model="lstm")
+    return mk.snap(now, mk.servers(1, 1), run, wait)
+
+
+def _trial(mk, config: PolicyConfig, rate_run: float | None, rate_wait: float | None, now: float = 80):
+    """A trial started at 10 (it ends at 70); the decisions at ``now`` with these packed rates."""
+    policy = get_policy("gandiva", config)
+    assert mk.kinds(policy.decide(_pair(mk, 10))) == [("Pack", "wait")]
+    return policy, policy.decide(_pair(mk, now, rate_run, rate_wait, packed=True))
+
+
+def test_a_packed_rate_above_the_alone_rate_counts_as_the_alone_rate(mk) -> None:
+    # The probe's figures: the guest reports 10^6 packed, its partner runs at 2.5 of 10.
+    policy, d = _trial(mk, PACK_ONLY, rate_run=2.5, rate_wait=1e6)
+    verdict = policy.state.verdicts[-1]
+    assert verdict.gain == 1.25  # 1 (clipped) + 0.25, was 100000.25
+    assert "wait's 100000.00x clipped at 1x" in verdict.reason
+    assert verdict.kept is True and d == []  # 1.25 > 1.05: the sum alone still keeps it
+
+
+def test_pack_no_loser_undoes_a_pair_whose_partner_falls_below_its_time_slice_share(mk) -> None:
+    policy, d = _trial(mk, NO_LOSER, rate_run=2.5, rate_wait=1e6)
+    assert mk.kinds(d) == [("Unpack", "wait")] and isinstance(d[0], Unpack)
+    assert "but run kept 0.25x of its rate alone, under its time-slice share 0.50: undone" in d[0].reason
+    assert policy.state.verdicts[-1].kept is False
+    # The pair is not tried again.
+    assert not any(isinstance(x, Pack) for x in policy.decide(_pair(mk, 200)))
+
+
+def test_pack_no_loser_keeps_a_pair_where_each_job_keeps_its_share(mk) -> None:
+    for config in (PACK_ONLY, NO_LOSER):
+        policy, d = _trial(mk, config, rate_run=8.0, rate_wait=8.0)
+        assert d == [] and policy.state.verdicts[-1].kept is True
+        assert "clipped" not in policy.state.verdicts[-1].reason
+    # 0.9 + 0.45 = 1.35 beats time-slicing, but run's partner is worse off than slicing.
+    _, d = _trial(mk, PACK_ONLY, rate_run=9.0, rate_wait=4.5)
+    assert d == []
+    _, d = _trial(mk, NO_LOSER, rate_run=9.0, rate_wait=4.5)
+    assert mk.kinds(d) == [("Unpack", "wait")] and "wait kept 0.45x" in d[0].reason
+
+
+def test_a_trial_without_a_rate_at_its_end_is_void_after_a_grace(mk) -> None:
+    # wait reports no rate (0 arrives as None: not measured) for the whole trial.
+    policy, d = _trial(mk, PACK_ONLY, rate_run=2.5, rate_wait=None, now=80)
+    assert d == [] and policy.state.trials  # past its end (70): a rate may still come
+    assert policy.next_wakeup() is not None and policy.next_wakeup() <= 130
+    d = policy.decide(_pair(mk, 131, 2.5, None, packed=True))  # 70 + one more pack_trial_s
+    assert mk.kinds(d) == [("Unpack", "wait")] and isinstance(d[0], Unpack)
+    assert "trial void: no rate measured from wait after 121.0s packed" in d[0].reason
+    verdict = policy.state.verdicts[-1]
+    assert verdict.kept is None and verdict.gain is None and not policy.state.trials
+    # Void, not rejected: the pair may be tried again.
+    assert any(isinstance(x, Pack) for x in policy.decide(_pair(mk, 300)))
