@@ -81,6 +81,14 @@ def transfer_fault(fault: int, message: str) -> int:
     return helper_pb2.TRANSFER_FAULT_UNSPECIFIED
 
 
+def _unusual(indices: tuple[int, ...], num_gpus: int) -> tuple[int, ...]:
+    """A server's registered GPU indices for the policy's view when they are not
+    0..num_gpus-1 (a helper registered again without a GPU that failed), else () (the usual
+    case, so that the view stays what it was). Placing by count only put new jobs on GPU 0
+    of a server whose helper had registered index 1 alone: the GPU that had failed."""
+    return () if indices == tuple(range(num_gpus)) else indices
+
+
 class LiveEngine:
     def __init__(
         self,
@@ -387,7 +395,8 @@ class LiveEngine:
         servers = tuple(
             pt.ServerView(name=name, num_gpus=num_gpus, up=up and (name not in quarantined or name in holding),
                           gpu_memory_bytes=memory or 16 * pt.GIB, host_memory_bytes=host_memory or 0,
-                          schedulable=not cordoned and name not in quarantined)
+                          schedulable=not cordoned and name not in quarantined,
+                          gpu_indices=_unusual(rows.gpu_indices.get(name, ()), num_gpus))
             for name, num_gpus, up, memory, host_memory, cordoned in server_rows
         )
         views: dict[str, tuple[tuple, pt.JobView]] = {}

@@ -125,7 +125,8 @@ class Ledger:
         self.spread: set[str] = set()
         self.grown: set[str] = set()
         self._free: dict[str, set[int]] = {
-            name: set(range(s.num_gpus)) if name not in self.cordoned else set() for name, s in self.servers.items()
+            name: set(s.gpu_indices or range(s.num_gpus)) if name not in self.cordoned else set()
+            for name, s in self.servers.items()
         }
         self._n_free = sum(len(f) for f in self._free.values())
         self.max_server_gpus = max((s.num_gpus for s in self.servers.values()), default=1)

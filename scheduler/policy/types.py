@@ -83,6 +83,10 @@ class ServerView:
     gpu_memory_bytes: int = 16 * GIB
     host_memory_bytes: int = 0
     schedulable: bool = True
+    # The indices of the GPUs its helper registered, when they are not 0..num_gpus-1 (a
+    # helper that registered again without a GPU that failed: only index 1 of two); empty:
+    # 0..num_gpus-1. The policy places only on these.
+    gpu_indices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

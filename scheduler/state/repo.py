@@ -270,6 +270,8 @@ class SnapshotRows:
     # (job_id, server_name, gpu_index) of every placement.
     placements: Sequence
     migrations: Sequence[Migration]
+    # server -> the indices of its registered GPUs, sorted.
+    gpu_indices: dict[str, tuple[int, ...]]
     # Profiles of unfinished jobs only (finished jobs' rows stay for history).
     profiles: dict[str, JobProfile]
 
@@ -289,9 +291,17 @@ def snapshot_rows(session: Session) -> SnapshotRows:
         servers=session.execute(servers).all(),
         jobs=session.execute(jobs).all(),
         placements=session.execute(select(Placement.job_id, Placement.server_name, Placement.gpu_index)).all(),
+        gpu_indices=_gpu_indices(session.execute(select(Gpu.server_name, Gpu.index).order_by(Gpu.server_name, Gpu.index))),
         migrations=session.scalars(_MIGRATIONS_Q).all(),
         profiles={p.job_id: p for p in session.scalars(profiles).all()},
     )
+
+
+def _gpu_indices(rows: Iterable) -> dict[str, tuple[int, ...]]:
+    out: dict[str, list[int]] = {}
+    for server, index in rows:
+        out.setdefault(server, []).append(index)
+    return {server: tuple(indices) for server, indices in out.items()}
 
 
 _JOB_COLUMNS = [c.key for c in Job.__table__.columns]

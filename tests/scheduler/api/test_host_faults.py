@@ -370,3 +370,32 @@ def test_a_server_no_peer_can_stream_to_gets_no_more_jobs_to_fetch_and_the_job_r
     finally:
         beats.close()
         f.close()
+
+
+def test_a_helper_registered_again_without_its_failed_gpu_gets_jobs_only_on_the_gpus_it_has(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """GPU 0 of a two-GPU server failed; its helper registers again with GPU 1 alone (what
+    NVML then lists). New jobs are launched on GPU 1, the one it has; before, the policy
+    placed by count (one GPU: index 0) and launched them on GPU 0, the GPU that had failed,
+    and with two 1-GPU jobs the second waited while GPU 1 stood idle."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    f = Fake(sched.address, gpus={"a": 2})
+    beats = Beats(f)
+    try:
+        f.helper.Register(helper_pb2.RegisterServerRequest(
+            name="a", gpus=[common_pb2.Gpu(index=1)], ramdisk="/ram/a"))
+        beats.run("a")
+        first, second = f.submit(), f.submit()
+        launch = _launch_confirmed(f, "a")
+        assert list(launch.gpu_indices) == [1], launch
+        beats.run("a", (launch.job_id, launch.incarnation))
+        job = wait_for(lambda: (j := f.job(launch.job_id)).state == common_pb2.JOB_STATE_RUNNING and j, 10)
+        assert [(p.server, p.index) for p in job.placement] == [("a", 1)], job.placement
+        assert _allocated(f)["a"] == (1, 1)
+        # The other job waits for the one GPU (or takes its turn on it), never GPU 0.
+        other = second if launch.job_id == first else first
+        time.sleep(1.0)
+        assert all(p.index == 1 for p in f.job(other).placement), f.job(other).placement
+    finally:
+        beats.close()
+        f.close()
