@@ -5,9 +5,7 @@ two runtimes on real Runtime streams."""
 
 from __future__ import annotations
 
-import queue
 import threading
-import time
 
 import grpc
 import pytest
@@ -16,13 +14,13 @@ from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
     helper_pb2_grpc,
-    runtime_pb2,
-    runtime_pb2_grpc,
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
 from scheduler.core import Settings
 from scheduler.policy.types import PolicyConfig
+
+from .scripted_runtime import ScriptedRuntime
 
 
 class Helper:
@@ -62,45 +60,6 @@ class Helper:
                 pass
 
 
-class Runtime:
-    """A job's runtime: reports a new mini-batch every 0.05 s while it runs. ``lie``:
-    "deaf" never answers a suspend and trains on; "ack" answers it and trains on."""
-
-    def __init__(self, channel: grpc.Channel, job_id: str, incarnation: str, lie: str = "") -> None:
-        self.out: queue.Queue = queue.Queue()
-        self.out.put(runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job_id, incarnation=incarnation)))
-        self.stream = runtime_pb2_grpc.RuntimeStub(channel).Connect(iter(self.out.get, None))
-        self.lie, self.running, self.steps = lie, True, 0
-        threading.Thread(target=self._obey, daemon=True).start()
-        threading.Thread(target=self._train, daemon=True).start()
-
-    def _obey(self) -> None:
-        try:
-            for cmd in self.stream:
-                if cmd.kind == runtime_pb2.COMMAND_KIND_SUSPEND:
-                    if self.lie == "deaf":
-                        continue
-                    self.running = self.lie == "ack"
-                elif cmd.kind == runtime_pb2.COMMAND_KIND_RESUME:
-                    self.running = True
-                self.out.put(runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(
-                    command_id=cmd.command_id, ok=True, step=self.steps)))
-        except grpc.RpcError:
-            pass
-
-    def _train(self) -> None:
-        while self.out is not None:
-            time.sleep(0.05)
-            if self.running:
-                self.steps += 1
-                self.out.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
-                    steps=self.steps, rate=20.0, last_step_s=0.05)))
-
-    def close(self) -> None:
-        self.out.put(None)
-        self.stream.cancel()
-
-
 @pytest.mark.parametrize("lie", ["deaf", "ack"])
 def test_a_job_that_trains_on_through_a_suspend_is_stopped_and_queued_again(  # type: ignore[no-untyped-def]
         make_scheduler, sqlite_url: str, wait_for, lie: str) -> None:
@@ -114,14 +73,14 @@ def test_a_job_that_trains_on_through_a_suspend_is_stopped_and_queued_again(  # 
     with grpc.insecure_channel(sched.address) as ch:
         stub = scheduler_pb2_grpc.SchedulerStub(ch)
         helper = Helper(ch)
-        runtimes: list[Runtime] = []
+        runtimes: list[ScriptedRuntime] = []
         try:
             ids = [stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
                 command=["python", "t.py"], gpus=1, name=name, user=name))).job.id for name in ("deaf", "victim")]
             deaf, victim = ids
             for job_id in ids:
                 incarnation = wait_for(lambda j=job_id: helper.launched.get(j))
-                runtimes.append(Runtime(ch, job_id, incarnation, lie if job_id == deaf else ""))
+                runtimes.append(ScriptedRuntime(ch, job_id, incarnation, lie if job_id == deaf else ""))
             first = helper.launched[deaf]
 
             def evicted() -> common_pb2.Job | None:

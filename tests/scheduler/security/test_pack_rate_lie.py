@@ -5,7 +5,6 @@ over a real socket, a scripted helper with one GPU, two runtimes on real Runtime
 
 from __future__ import annotations
 
-import queue
 import threading
 
 import grpc
@@ -13,57 +12,15 @@ import grpc
 from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
-    runtime_pb2,
-    runtime_pb2_grpc,
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
 from scheduler.policy.types import PolicyConfig
 from tests.scheduler.cli.conftest import ScriptedHelper
 
+from .scripted_runtime import ScriptedRuntime
+
 ALONE, PACKED = 10.0, 2.5  # the GPU: mini-batches/s alone, and each while both run
-
-
-class Runtime:
-    """A job's runtime on the one GPU; ``liar`` reports 10^6/s while packed."""
-
-    def __init__(self, channel: grpc.Channel, job_id: str, incarnation: str, gpu: dict, liar: bool) -> None:
-        self.out: queue.Queue = queue.Queue()
-        self.out.put(runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(
-            job_id=job_id, incarnation=incarnation, pid=1)))
-        self.stream = runtime_pb2_grpc.RuntimeStub(channel).Connect(iter(self.out.get, None))
-        self.gpu, self.liar, self.running, self.steps = gpu, liar, True, 0.0
-        gpu[job_id] = self
-        self.closed = threading.Event()
-        threading.Thread(target=self._obey, daemon=True).start()
-        threading.Thread(target=self._train, daemon=True).start()
-
-    def _obey(self) -> None:
-        try:
-            for cmd in self.stream:
-                if cmd.kind == runtime_pb2.COMMAND_KIND_SUSPEND:
-                    self.running = False
-                elif cmd.kind == runtime_pb2.COMMAND_KIND_RESUME:
-                    self.running = True
-                self.out.put(runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(
-                    command_id=cmd.command_id, ok=True, step=int(self.steps))))
-        except grpc.RpcError:
-            pass
-
-    def _train(self) -> None:
-        while not self.closed.wait(0.1):
-            if self.running:
-                packed = sum(r.running for r in self.gpu.values()) > 1
-                rate = PACKED if packed else ALONE
-                self.steps += rate * 0.1
-                said = 1e6 if self.liar and packed else rate
-                self.out.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
-                    steps=int(self.steps) + 1, rate=said, last_step_s=1 / rate)))
-
-    def close(self) -> None:
-        self.closed.set()
-        self.out.put(None)
-        self.stream.cancel()
 
 
 def test_a_job_reporting_a_huge_rate_while_packed_does_not_keep_a_packing_that_hurts_its_partner(  # type: ignore[no-untyped-def]
@@ -76,7 +33,7 @@ def test_a_job_reporting_a_huge_rate_while_packed_does_not_keep_a_packing_that_h
         quantum_s=3.0, pack_trial_s=6.0, pack_no_loser=True))
     helper = ScriptedHelper(sched.address, wait_for, name="n1", gpus=1)
     done = threading.Event()
-    runtimes: list[Runtime] = []
+    runtimes: list[ScriptedRuntime] = []
     with grpc.insecure_channel(sched.address) as ch:
         stub = scheduler_pb2_grpc.SchedulerStub(ch)
         try:
@@ -85,7 +42,8 @@ def test_a_job_reporting_a_huge_rate_while_packed_does_not_keep_a_packing_that_h
             gpu: dict = {}
             for who, job_id in ids.items():
                 incarnation = wait_for(lambda j=job_id: helper.launched.get(j))
-                runtimes.append(Runtime(ch, job_id, incarnation, gpu, liar=who == "liar"))
+                runtimes.append(ScriptedRuntime(ch, job_id, incarnation, "huge" if who == "liar" else "", gpu=gpu,
+                                                alone=ALONE, packed=PACKED))
 
             def beat() -> None:  # the helper's profile of both: small and idle, so packable
                 while not done.wait(0.5):
