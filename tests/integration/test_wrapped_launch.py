@@ -144,8 +144,10 @@ def test_a_job_that_evaluates_in_a_python_subprocess_trains_to_the_end(
     """A training program that evaluates its own checkpoint in a Python subprocess importing
     TensorFlow (tests/tf_runtime/programs/spawns_eval.py), launched by a real helper with its
     status pipe: the evaluator used to exit at its import (the pipe's descriptor, named in
-    its environment, is closed in the child) and fail the job. It trains to the end, is
-    suspended and resumed across evaluations, and the evaluator never takes its stream."""
+    its environment, is closed in the child) and fail the job. It trains to the end and is
+    suspended and resumed across evaluations. (The evaluator reads the checkpoint with
+    `tf.train.load_variable` and makes no session, so it never starts a runtime: this test
+    does not check which process would take the job's stream if it did.)"""
     cluster.add_helper("w1", 1)
     programs = REPO / "tests" / "tf_runtime" / "programs"
     # Evaluations at steps 10, 20, 30 and 40, each a Python importing TensorFlow (3-5 s

@@ -51,11 +51,17 @@ def test_a_database_file_taken_from_under_the_scheduler_loses_no_job(
         os.replace(tmp_path / "other.db", path)
     else:
         Path(f"{path}-wal").unlink()
-    jobs.append(submit(sched.address, "c"))  # accepted meanwhile: kept too
+    try:
+        jobs.append(submit(sched.address, "c"))  # accepted meanwhile: kept too
+    except grpc.RpcError as err:
+        # Or refused, "retry shortly", and not stored: a connection the scheduler opened
+        # before its watch noticed (within a second) made a new, empty file at the path
+        # (seen once in CI on "deleted": "no such table: jobs"). Known limit, docs/scheduler.md.
+        assert err.code() == grpc.StatusCode.UNAVAILABLE, err
     wait_for(sched.server.lost.is_set, 10)
     sched.stop()
     why = sched.server.lost_why
-    if fault == "replaced":
+    if fault == "replaced" or "was replaced by another file" in why:
         # The file put there is left alone (as SQLite left it: it applies the old log to
         # whatever file has the name); this scheduler's database is beside it.
         (copy,) = tmp_path.glob("state.db.recovered-*")
