@@ -214,6 +214,13 @@ class SqliteReader:
             connect_args={"check_same_thread": False, "timeout": 30},
         )
         _configure_sqlite(self._engine, immediate=False)
+        # Every connection opened now, while the file is the one the scheduler started on:
+        # one opened later, as reads first overlapped, after the file was deleted or replaced
+        # under the scheduler (scheduler.state.owner.SqliteFileWatch) made a new empty file at
+        # its name or reset the log its state was in (tests/scheduler/faults/test_db_file_gone.py).
+        opened = [self._engine.connect() for _ in range(self.THREADS)]
+        for conn in opened:
+            conn.close()  # back to the pool, open
         self.threads = ThreadPoolExecutor(max_workers=self.THREADS, thread_name_prefix="gandiva-sqlite-reader")
 
     def call(self, fn: Callable[[Session], T]) -> T:
