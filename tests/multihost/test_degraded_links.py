@@ -71,11 +71,14 @@ def test_degraded_late_heartbeats_neither_call_the_host_down_nor_move_its_job_th
         multihost: Cluster, tmp_path: Path) -> None:
     """h1 reaches the scheduler through a link that holds every chunk 0.3-2 s each way
     (round trips up to 4 s; the scheduler's defaults: lease 6 s, down after 10 s). Its
-    heartbeats come late but come: while its job trains there up to step 150 (h2 standing
-    by from about step 20 on: 14-16 s in 3 runs here) h1 is never called down, the job is
-    never re-placed and h1 never freezes it. Then the job is migrated off h1: every
-    command and result of the migration comes late, the job moves once, nothing is
-    called down, it ends once, bit-identical, never two copies. (One cluster for both:
+    heartbeats come late but come: while its job trains there from step 20 to step 150 (h2
+    standing by: 14-16 s in 3 runs here) h1 is never called down, the job is never
+    re-placed and h1 never freezes it. (Not counted before step 20: the job's own start,
+    TensorFlow importing beside the helper in the suite's busiest first minute on CI,
+    once delayed an answer past the lease's 2-s margin, and h1 froze the starting job for
+    3 s; the 14.9 s from step 20 to 150 had no such pause.) Then the job is migrated off
+    h1: every command and result of the migration comes late, the job moves once, nothing
+    is called down, it ends once, bit-identical, never two copies. (One cluster for both:
     they were two tests, 105 s.)"""
     c = multihost
     uninterrupted_variables(STEPS, tmp_path)
@@ -85,13 +88,14 @@ def test_degraded_late_heartbeats_neither_call_the_host_down_nor_move_its_job_th
         # 48 s at least: 18 s to step 150 on h1 before the migration is asked for, 30 s after.
         job_id = c.submit("late", feed_command(STEPS, dump, sleep=0.12))
         c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 120)
+        seen = len((c.tmp / "h1.log").read_text())  # h1's log from here on
         c.add_helper("h2")
         watch = DownWatch(c)
         started = time.monotonic()
         stayed = c.wait(lambda: (j := c.job(job_id)).steps >= 150 and j, 120)
         stayed_s = time.monotonic() - started
         down_before = set(watch.down)
-        log = (c.tmp / "h1.log").read_text()
+        log = (c.tmp / "h1.log").read_text()[seen:]
         # Refused while a periodic checkpoint (every 2 s here) is in flight, which over this
         # link is most of the time ("has a command in progress; try again shortly"): asked
         # again, as its user would.
