@@ -11,9 +11,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.errors import FailedPrecondition, Unavailable
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 def _command_id() -> str:
@@ -24,6 +28,14 @@ def _resolve(pending: dict[str, asyncio.Future], command_id: str, result: object
     fut = pending.pop(command_id, None)
     if fut is not None and not fut.done():
         fut.set_result(result)
+
+
+def _remember(kept: dict[K, V], key: K, value: V, limit: int) -> None:
+    """``kept[key] = value`` as its newest entry, the oldest dropped beyond ``limit``."""
+    kept.pop(key, None)
+    kept[key] = value
+    while len(kept) > limit:
+        del kept[next(iter(kept))]
 
 
 def _fail(pending: dict[str, asyncio.Future], reason: str) -> None:
@@ -169,6 +181,9 @@ class RuntimeHub:
         # Launches whose runtime said hello, until their connect deadline is checked
         # (LiveEngine.watch_runtime pops them; bounded by the launches being watched).
         self._watched: dict[tuple[str, str], bool] = {}
+        # Launches found unconnected at their deadline, whose hello has not come since
+        # (oldest first; see give_up).
+        self._given_up: dict[tuple[str, str], None] = {}
 
     def watch(self, job_id: str, incarnation: str) -> None:
         """Start remembering whether launch `incarnation` of the job ever connects."""
@@ -180,6 +195,22 @@ class RuntimeHub:
     def ever_connected(self, job_id: str, incarnation: str) -> bool:
         """Whether the watched launch connected since `watch`; stops watching it."""
         return self._watched.pop((job_id, incarnation), False) or self.connected(job_id, incarnation)
+
+    def give_up(self, job_id: str, incarnation: str) -> None:
+        """That launch was found unconnected at its deadline (ever_connected, with no await
+        between): its job is being marked uncontrollable. A hello of it that read the job
+        before that mark was written (the database busy) saw it controllable and would not
+        undo the mark: such a hello asks here instead (taken_up_again)."""
+        _remember(self._given_up, (job_id, incarnation), None, self.told_to_exit_kept)
+
+    def taken_up_again(self, job_id: str, incarnation: str) -> bool:
+        """Whether that launch was given up on (give_up) before this hello of it; each
+        launch answers True once."""
+        key = (job_id, incarnation)
+        if key not in self._given_up:
+            return False
+        del self._given_up[key]
+        return True
 
     def attach(self, job_id: str, incarnation: str) -> RuntimeConn:
         if (job_id, incarnation) in self._watched:
@@ -241,10 +272,7 @@ class RuntimeHub:
         its runtime connects (told_to_exit)."""
         if not incarnation:
             return False
-        self._told.pop((job_id, incarnation), None)
-        self._told[(job_id, incarnation)] = reason
-        while len(self._told) > self.told_to_exit_kept:
-            del self._told[next(iter(self._told))]
+        _remember(self._told, (job_id, incarnation), reason, self.told_to_exit_kept)
         conn = self._conns.get(job_id, {}).get(incarnation)
         if conn is None:
             return False

@@ -84,7 +84,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             self.core.runtimes.kill_stale(hello.job_id, hello.incarnation, told or "this launch is not the job's any more")
             log.warning("runtime of job %s: launch %s is stale; told to exit", hello.job_id, hello.incarnation)
         try:
-            if uncontrollable:
+            # Or its deadline passed just before this hello's read, the mark not yet written
+            # (RuntimeHub.give_up): the job read controllable here, marked just after.
+            given_up = self.core.runtimes.taken_up_again(hello.job_id, hello.incarnation)
+            if uncontrollable or given_up:
                 await self.core.record_runtime_connected(hello.job_id, hello.incarnation)
         except GandivaError as err:
             log.warning("could not record that job %s's runtime connected: %s", hello.job_id, err)

@@ -875,8 +875,10 @@ class LiveEngine:
         uncontrollable: no suspend, pack, migration or time slice can stop it."""
         deadline = self.core.settings.runtime_connect_deadline_s
         await asyncio.sleep(deadline)
-        if self.core.runtimes.ever_connected(job_id, incarnation):
+        runtimes = self.core.runtimes
+        if runtimes.ever_connected(job_id, incarnation):
             return
+        runtimes.give_up(job_id, incarnation)  # (no await between: a later hello sees it)
         reason = (f"no process of it connected the Gandiva runtime within {deadline:g}s of its "
                   "launch (is it a TensorFlow 1-style program run by a python that has "
                   "tf_runtime installed?); it runs to its end on its GPUs and cannot be "
@@ -884,6 +886,11 @@ class LiveEngine:
         try:
             if await self.core.record_uncontrollable(job_id, incarnation, reason):
                 log.warning("job %s: %s", job_id, reason)
+                if runtimes.connected(job_id, incarnation):
+                    # Its hello came while the mark was being written (the database busy);
+                    # its own undo may have run first. Before, the job stayed marked for
+                    # good, its runtime connected: never suspended, parked or migrated.
+                    await self.core.record_runtime_connected(job_id, incarnation)
                 self.core.poke()
         except GandivaError as err:
             log.warning("could not mark job %s uncontrollable: %s", job_id, err)

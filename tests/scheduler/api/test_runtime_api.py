@@ -177,3 +177,63 @@ def test_a_runtime_stream_cancelled_mid_wait_leaves_no_task_behind(scheduler_ser
         finally:
             gc.enable()
         commands.cancel()
+
+
+async def _hold_writes(core):  # type: ignore[no-untyped-def]
+    """A write transaction in progress (the scheduler busy writing): every other one waits
+    for it. Returns what `_let_go` ends it with."""
+    import asyncio
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with core.tx():
+            entered.set()
+            await release.wait()
+
+    task = asyncio.create_task(hold())
+    await entered.wait()
+    return task, release
+
+
+async def _let_go(held) -> None:  # type: ignore[no-untyped-def]
+    task, release = held
+    release.set()
+    await task
+
+
+def test_a_runtime_that_says_hello_as_its_deadline_passes_keeps_its_job_controllable(
+        make_scheduler, sqlite_url, wait_for) -> None:  # type: ignore[no-untyped-def]
+    """The launch's connect deadline passed just before its runtime's hello (a slow import
+    under load), and the mark "uncontrollable" waited for the database (busy writing)
+    while the hello read the job, still controllable, and attached. Before, the mark was
+    then written and stayed: the job, its runtime connected and training, was never
+    suspended, packed, migrated or parked by a drain (test_drain_live.py -k no_room failed
+    so, 1 run of 4 under load). Now its control is back as soon as the mark is written."""
+    from scheduler.core import Settings
+
+    sched = make_scheduler(sqlite_url, tick_s=0.2, settings=Settings(runtime_connect_deadline_s=0.5))
+    core = sched.server.core
+    with grpc.insecure_channel(sched.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        helper = helper_pb2_grpc.HelperStub(ch)
+        helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+        commands = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
+        launch = next(commands)
+        held = sched.call(_hold_writes(core))
+        try:
+            # The launch started: its deadline runs from now.
+            helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="n1", command_id=launch.command_id, ok=True))
+            # Past it, unconnected: the watch found it so and waits to write its mark.
+            wait_for(lambda: (job.id, launch.launch.incarnation) not in core.runtimes._watched, 30)
+            shim = FakeShim(ch, job.id, launch.launch.incarnation)
+            wait_for(lambda: core.runtimes.connected(job.id, launch.launch.incarnation), 30)
+        finally:
+            sched.call(_let_go(held))
+        marks = lambda: stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id, kinds=["job.uncontrollable"])).events
+        wait_for(lambda: marks(), 30)
+        wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).suspendable, 30)
+        assert not stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).control_note
+        shim.close()
+        commands.cancel()
