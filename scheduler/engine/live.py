@@ -1068,15 +1068,21 @@ class LiveEngine:
                            was_state: str, incarnation: str, source: str) -> None:
         """Carry out a migration, then what its failure calls for (the policy's and an
         operator's alike)."""
-        async with self.core.tx(read=True) as s:
-            address = (await repo.get_server(s, dest)).address  # where its checkpoint will be streamed
+        try:  # where its checkpoint will be streamed
+            async with self.core.tx(read=True) as s:
+                address: str | None = (await repo.get_server(s, dest)).address
+        except GandivaError:
+            # Not known (the database unreachable for a moment): a refusal is then taken as
+            # the destination's. Before, this read's error left `migration` never run: an
+            # operator's migration, already begun, left its job MIGRATING until a restart.
+            address = None
         result = await migration
         job = await self._job(job_id)
         if result is not None and transfer_fault(result.transfer_fault, result.reason) \
                 == helper_pb2.TRANSFER_FAULT_DEST_REFUSED:
             async with self.core.tx() as s:
                 now_at = await s.get(Server, dest)
-                if now_at is not None and now_at.address != address:
+                if now_at is not None and address is not None and now_at.address != address:
                     # Its helper registered again at another address mid-stream (a machine
                     # back on a new IP): the stream went to the old one. Not a server that
                     # cannot take checkpoints: it used to get no new job for a minute.

@@ -36,18 +36,25 @@ def _submit_one_gpu_job(stub: scheduler_pb2_grpc.SchedulerStub) -> common_pb2.Jo
     return stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job
 
 
-def test_failed_migration_resumes_from_its_checkpoint(scheduler_server, wait_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    async def failing_migrate(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
-        return MigrationResult(Outcome.FAILED, "", "", step=7, checkpoint_path="/dev/shm/a/j/ckpt-7", reason="destination lost")
+async def _fails_after_its_checkpoint(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+    return MigrationResult(Outcome.FAILED, "", "", step=7, checkpoint_path="/dev/shm/a/j/ckpt-7", reason="destination lost")
 
-    monkeypatch.setattr(live_migration, "migrate", failing_migrate)
+
+def _placed(ch: grpc.Channel, wait_for):  # type: ignore[no-untyped-def]
+    """Servers a and b with their command streams, and a one-GPU job placed on one of them:
+    (stub, a's stream, b's stream, the job, the server it is on)."""
+    stub, helper = _two_one_gpu_servers(ch)
+    a_cmds = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="a"))
+    b_cmds = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="b"))
+    job = _submit_one_gpu_job(stub)
+    src = wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).placement)[0].server
+    return stub, a_cmds, b_cmds, job, src
+
+
+def test_failed_migration_resumes_from_its_checkpoint(scheduler_server, wait_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(live_migration, "migrate", _fails_after_its_checkpoint)
     with grpc.insecure_channel(scheduler_server.address) as ch:
-        stub, helper = _two_one_gpu_servers(ch)
-        a_cmds = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="a"))
-        b_cmds = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="b"))
-        job = _submit_one_gpu_job(stub)
-        first = wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).placement)
-        src = first[0].server
+        stub, a_cmds, b_cmds, job, src = _placed(ch, wait_for)
         cmds = a_cmds if src == "a" else b_cmds
         launch = next(cmds).launch
         assert launch.restore_checkpoint == ""
@@ -61,6 +68,45 @@ def test_failed_migration_resumes_from_its_checkpoint(scheduler_server, wait_for
         got = stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))
         reasons = [t.reason for t in got.history]
         assert any("will resume from step 7" in r for r in reasons), reasons
+        a_cmds.cancel()
+        b_cmds.cancel()
+
+
+def test_an_operators_migration_runs_though_the_database_blinks_as_it_begins(
+        scheduler_server, wait_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Once an operator's migration has begun (its job MIGRATING), the engine reads its
+    destination's address (to tell a refusal from a helper that moved). That read failing
+    (the database unreachable for a moment) left the migration never run: the job stayed
+    MIGRATING, its GPUs held, until the scheduler restarted. Now it runs (here it fails
+    after its checkpoint) and the job goes on from that checkpoint."""
+    from scheduler.engine import live
+    from scheduler.errors import Unavailable
+    from scheduler.state import repo
+
+    begun: list[bool] = []
+    real_begin, real_get_server = live.begin_migration, repo.get_server
+
+    async def begin(*args, **kwargs):  # type: ignore[no-untyped-def]
+        rest = await real_begin(*args, **kwargs)
+        begun.append(True)  # the job is MIGRATING: the database's next answer fails
+        return rest
+
+    async def get_server(session, name):  # type: ignore[no-untyped-def]
+        if begun and begun.pop():
+            raise Unavailable("database unreachable (OperationalError); retry shortly")
+        return await real_get_server(session, name)
+
+    monkeypatch.setattr(live_migration, "migrate", _fails_after_its_checkpoint)
+    monkeypatch.setattr(live, "begin_migration", begin)
+    monkeypatch.setattr(repo, "get_server", get_server)
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        stub, a_cmds, b_cmds, job, src = _placed(ch, wait_for)
+        launch = next(a_cmds if src == "a" else b_cmds).launch
+        _shim = FakeShim(ch, job.id, launch.incarnation)
+        stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server="b" if src == "a" else "a"))
+        wait_for(lambda: not begun, 10)  # the fault was met
+        story = lambda: [t.reason for t in stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).history]
+        wait_for(lambda: any("will resume from step 7" in r for r in story()), 30)
         a_cmds.cancel()
         b_cmds.cancel()
 
