@@ -30,6 +30,7 @@ from migration_helper.sampling import Sampler
 from migration_protocol.host_memory import format_size
 from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
 from scheduler.transport import add_port, aio_channel, check_exposure
+from tf_runtime.lease import write_lease
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ MAX_BACKOFF_S = 2.0
 REPEAT_WARNING_S = 60.0
 MAX_REMEMBERED_COMMANDS = 10_000
 LEASE_POLL_S = 0.1
+# The lease's end, in the ramdisk, for the jobs' shims (tf_runtime.lease): a host that
+# froze whole wakes its jobs with its helper, and they must not train before it looks.
+LEASE_FILE = ".lease"
 # Heartbeats sent and not answered yet, at most (a late link keeps several in flight).
 HEARTBEATS_IN_FLIGHT = 4
 # A gap between this server's wall clock and the scheduler's past this is logged (once
@@ -84,6 +88,7 @@ class HelperDaemon:
             peer_check=self.not_a_peer,
             owner=owner_mark(config.ramdisk_dir),
             lease_ran_out=self._lease_ran_out,
+            lease_file=str(self.ramdisk.root / LEASE_FILE),
         )
         # The registered helpers' agents, address -> name, as the scheduler last sent them
         # in a heartbeat answer (with their version): checkpoints go only to these.
@@ -107,6 +112,7 @@ class HelperDaemon:
         self._lease_from = 0.0
         self._newest_answer = 0.0  # when the newest heartbeat answered so far was sent (loop time)
         self.frozen = False
+        self._lease_unwritten = False  # the lease file could not be written (said once)
         # When the watchdog froze the jobs (loop time): only a heartbeat sent after it thaws.
         self._frozen_at = 0.0
         self._heartbeat_interval_s = MAX_BACKOFF_S  # the scheduler's, from the last registration
@@ -345,6 +351,7 @@ class HelperDaemon:
         self.lease_s = lease
         if not self._lease_from:  # the first registration: the lease starts now
             self._lease_from = asyncio.get_running_loop().time()
+        self._publish_lease()
         self.sessions += 1
         self.registered.set()
         interval = reply.heartbeat_interval_s or 2.0
@@ -487,14 +494,32 @@ class HelperDaemon:
         ran until the next one."""
         self._lease_from = max(self._lease_from, sent_at)
         fresh = sent_at >= self._frozen_at and asyncio.get_running_loop().time() - sent_at <= self.lease_s
-        if not fresh:
-            return
-        if self.frozen:
+        if fresh and self.frozen:
             self.frozen = False
             log.warning("lease renewed: jobs thawed")
-        elif not self.jobs.any_frozen():
+        self._publish_lease()
+        if fresh and self.jobs.any_frozen():
+            self.jobs.thaw_all(reported)
+
+    def _publish_lease(self) -> None:
+        """Write the lease's end for the jobs' shims (none while frozen: the end written
+        last has passed). One that cannot be written (the ramdisk full) is removed, so
+        that no shim holds for it: the watchdog's SIGSTOP still freezes them in time."""
+        if self.frozen:
             return
-        self.jobs.thaw_all(reported)
+        path = self.ramdisk.root / LEASE_FILE
+        # On time.monotonic()'s scale, which the shims read (the loop's may be uvloop's).
+        left = self._lease_from + self.lease_s - asyncio.get_running_loop().time()
+        try:
+            write_lease(path, time.monotonic() + left if self.lease_s > 0 else float("inf"))
+            self._lease_unwritten = False
+        except OSError as exc:
+            if not self._lease_unwritten:  # once, not at every heartbeat
+                log.warning("cannot write the lease file %s (%s): removed; jobs are frozen by SIGSTOP only",
+                            path, exc)
+            self._lease_unwritten = True
+            for stale in (path, path.with_name(path.name + ".tmp")):
+                stale.unlink(missing_ok=True)
 
     def _lease_ran_out(self) -> bool:
         """Whether no heartbeat has been answered for the lease: the jobs must be frozen

@@ -21,6 +21,7 @@ from migration_helper.ramdisk import CheckpointError, CheckpointMissing, safe_na
 from protos.gandiva.v1 import helper_pb2
 from scheduler.auth import runtime_token
 from scheduler.transport import ClientSecurity
+from tf_runtime.lease import LEASE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,13 @@ class JobTable:
         peer_check: Callable[[str], Awaitable[str]] | None = None,
         owner: str = "",
         lease_ran_out: Callable[[], bool] = lambda: False,
+        lease_file: str = "",
     ) -> None:
         # Whether the helper's lease has run out (asked as each process starts or is
         # activated: one that would train then starts frozen, see HelperDaemon).
         self.lease_ran_out = lease_ran_out
+        # Where the helper writes its lease's end, for each job's shim to read (LEASE_ENV).
+        self.lease_file = lease_file
         # Marks every launch (process.OWNER_ENV): a restarted helper finds what it left.
         self.owner = owner
         # The helper's credentials: each launch gets a runtime token derived from them.
@@ -179,6 +183,8 @@ class JobTable:
         env.update(self.runtime_credentials(req.job_id, req.incarnation))
         if self.owner:
             env[OWNER_ENV] = self.owner
+        if self.lease_file:
+            env[LEASE_ENV] = self.lease_file
         if req.restore_checkpoint and not os.path.isdir(req.restore_checkpoint):
             raise CommandFailed(f"launch: checkpoint {req.restore_checkpoint} not found on {self.server}")
         workdir = req.spec.workdir or os.getcwd()

@@ -27,6 +27,7 @@ from .checkpoint import CheckpointError, CheckpointInfo, TowersChanged
 from .commands import Ack, Command, Kind
 from .errors import error_summary
 from .gpu_release import CpuBackend, GpuReleaseBackend, ReleaseError
+from .lease import Lease
 from .pipes import StatusPipe, read_activation
 from .progress import ProgressMeter
 
@@ -40,6 +41,8 @@ EXIT_KILLED = 143
 
 # How long a suspension waits for other threads' runs to finish before releasing.
 DRAIN_TIMEOUT_S = 2.0
+# How often a copy held by its helper's expired lease looks again (tf_runtime.lease).
+LEASE_POLL_S = 0.05
 # Steps (runs that advance the global step) after which a program is judged: one that never
 # read the global step is not migratable; one that reads it is, unless its second step is
 # fed a value its first returned (state carried in Python).
@@ -85,6 +88,8 @@ class Settings:
     # Warm mode: the tower copies in the source's graph (0: unknown). Another number in
     # this graph: refuse before holding (one tower per device: a grow or shrink).
     source_towers: int = 0
+    # The helper's lease file (GANDIVA_LEASE_FILE; "": no helper, nothing to hold for).
+    lease_file: str = ""
 
 
 _NOT_THE_PROGRAM = ("tf_runtime", "tensorflow", "keras", "runpy", "importlib")
@@ -165,6 +170,7 @@ class Controller:
         self.backend = backend or CpuBackend()
         self.meter = ProgressMeter()
         self.gate = RunGate()
+        self.lease = Lease(settings.lease_file)
         self._exit_fn = exit_fn
         self._on_activate = on_activate  # starts the stream once a warm process is activated
         # A secondary process's stream starts at its first training run (tf_runtime.runtime).
@@ -292,6 +298,7 @@ class Controller:
         seen, commands wait after each step for such runs, and are applied before the next
         run of any other kind. (A fed one, an accumulation of the next mini-batch, begins
         the next step.)"""
+        self._hold_while_lease_out(adapter)
         again = self._initialises_again(adapter, info)
         if info.init_ops and self._advances_seen and adapter is self.adapter:
             self._step_initialised_again(adapter, info)
@@ -594,6 +601,7 @@ class Controller:
         """A training run returned: measure it, then apply queued commands."""
         if adapter is not self.adapter or self.in_forked_child:
             return
+        self._hold_while_lease_out(adapter)
         if info.py_funcs and self._steps_seen < PY_FUNC_STEPS:
             self._py_funcs.update(info.py_funcs)
         if info.advances_step:
@@ -1129,7 +1137,22 @@ class Controller:
                           durations_s={"wait_boundary": waited}))
             self._exit(EXIT_KILLED)
 
-    def _kill_if_told(self, adapter: SessionAdapter) -> None:
+    def _hold_while_lease_out(self, adapter: SessionAdapter) -> None:
+        """The helper's lease has run out (tf_runtime.lease): its host froze and woke
+        before the helper could freeze this process again, or the helper hangs. No run, no
+        step's end, no command (a periodic checkpoint sent before the freeze would be
+        written over the restore point the job's new copy resumed from) until the helper
+        renews it; a KILL arriving meanwhile (the job was placed elsewhere) ends this copy."""
+        if self.lease.holds():
+            return
+        log.warning("the helper's lease has run out (its host stalled, or the helper hangs): "
+                    "holding until it is renewed")
+        while not self.lease.holds():
+            self._kill_if_told(adapter, "killed while its helper's lease had run out")
+            time.sleep(LEASE_POLL_S)
+        log.warning("the helper's lease is renewed: going on")
+
+    def _kill_if_told(self, adapter: SessionAdapter, why: str = "killed before its first mini-batch") -> None:
         """A KILL received while the job still started is applied before its first
         training run, not at that run's end as other commands are: the copy is stale (its
         helper hung, the job placed elsewhere) or killed, and its first mini-batch could
@@ -1143,7 +1166,7 @@ class Controller:
             self._queue.clear()
         before = queued[:queued.index(kill)]
         for cmd in before:
-            self._ack(Ack(cmd.id, False, "not done: killed before its first mini-batch", step=self.meter.steps))
+            self._ack(Ack(cmd.id, False, f"not done: {why}", step=self.meter.steps))
         self._apply(adapter, kill)
 
     def _suspend(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:

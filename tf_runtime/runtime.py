@@ -16,6 +16,8 @@ Environment (set by the Migration Helper; all optional):
                              then builds the save op's executors)
   GANDIVA_CONTROL_FD / GANDIVA_STATUS_FD   pipes shared with the helper
   GANDIVA_GPU_RELEASE        cpu | cuda | auto (tf_runtime.gpu_release)
+  GANDIVA_LEASE_FILE         the helper's lease: runs hold while it has run out
+                             (tf_runtime.lease)
 With none of them set, nothing is installed and the program runs untouched.
 
 Set by the runtime itself for the job's other processes:
@@ -42,6 +44,7 @@ from . import launch
 from .checkpoint import validate
 from .controller import Controller, Settings
 from .gpu_release import select_backend
+from .lease import LEASE_ENV
 from .pipes import StatusPipe
 
 log = logging.getLogger(__name__)
@@ -158,7 +161,8 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     settings = Settings(job_id=env.get("GANDIVA_JOB_ID", ""), restore_dir=restore,
                         warm=warm, control_fd=control_fd, warm_step=warm and warm_step,
                         prebuild_save=prebuild_save, warm_signature=warm_signature,
-                        source_towers=source_towers if warm else 0)
+                        source_towers=source_towers if warm else 0,
+                        lease_file=env.get(LEASE_ENV, ""))
     status = StatusPipe.from_fd(status_fd) if status_fd is not None else None
     rt = Runtime(controller=None)  # type: ignore[arg-type]
     after_training = ""

@@ -12,12 +12,15 @@ when activated), "hang_warm" (never become warm). FAKE_STEPS: exit 0 after this
 many steps (0: never). FAKE_STEP_S: seconds per step. FAKE_CKPT_BYTES: pad a
 migration's checkpoint with this many bytes (a transfer that takes a while). FAKE_SUSPEND_ACK_S: acks
 a SUSPEND that much later (suspended meanwhile). FAKE_TERM_EXIT: exit with this status
-on SIGTERM. FAKE_RESTORE_S: a pre-warmed copy takes this long to restore once activated. FAKE_HANG_AT:
+on SIGTERM. FAKE_STEP_LOG=PATH: appends `INCARNATION STEP` to PATH at each step (which copy trained
+when). FAKE_RESTORE_S: a pre-warmed copy takes this long to restore once activated. FAKE_HANG_AT:
 hangs (alive, no step, no command obeyed) once it has done this many steps; with FAKE_HANG_ONCE=PATH
 only if PATH does not exist yet (it makes it: the next launch trains on). FAKE_LINGER_S: after its
 last step (its stream closed, as the shim does at the program's end) it lingers this long before it
 exits (a thread that is not a daemon). FAKE_OLD_SHIM=1: its wrappers are left to go on after
-it exits on a command (a shim before tf_runtime.launch.end_launch). A CHECKPOINT command
+it exits on a command (a shim before tf_runtime.launch.end_launch). As the shim, it holds before
+each step and at each step's end while its helper's lease has run out (tf_runtime.lease), a KILL
+ending it meanwhile. A CHECKPOINT command
 saves and trains on; SUSPEND holds until RESUME (or another command); any other command
 ends the process (STOP_FOR_MIGRATION after its checkpoint).
 """
@@ -37,11 +40,14 @@ import grpc
 
 from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
 from scheduler import transport
+from tf_runtime.lease import LEASE_ENV, Lease
 
 ENV = os.environ
 MODE = ENV.get("FAKE_MODE", "")
 status = os.fdopen(int(ENV["GANDIVA_STATUS_FD"]), "w", buffering=1)
 commands: queue.Queue[runtime_pb2.RuntimeCommand] = queue.Queue()
+held: list[runtime_pb2.RuntimeCommand] = []  # commands read while held by the lease
+lease = Lease(ENV.get(LEASE_ENV, ""))
 outgoing: queue.Queue[runtime_pb2.RuntimeMessage | None] = queue.Queue()
 
 
@@ -101,6 +107,20 @@ def save(directory: str, step: int, pad: int = 0) -> str:
     return str(target)
 
 
+def hold_for_lease() -> runtime_pb2.RuntimeCommand | None:
+    """Hold while the helper's lease has run out, as the shim does; a KILL that arrives
+    meanwhile is returned (the caller exits on it), other commands wait their turn."""
+    while not lease.holds():
+        try:
+            cmd = commands.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if cmd.kind == runtime_pb2.COMMAND_KIND_KILL:
+            return cmd
+        held.append(cmd)
+    return None
+
+
 def main() -> int:
     if ENV.get("FAKE_TERM_EXIT"):  # a program that exits cleanly on SIGTERM, with this status
         signal.signal(signal.SIGTERM, lambda *_: os._exit(int(ENV["FAKE_TERM_EXIT"])))
@@ -138,22 +158,29 @@ def main() -> int:
                     Path(once).touch()
                 print(f"hanging at step {step}", flush=True)
                 time.sleep(3600)  # a deadlock, as far as anyone can tell
-        time.sleep(step_s)
-        step += 1
-        if first:
-            event("first_step_done", step=step, t=time.time())
-            first = False
-        # As the shim: every step when steps are slow, else every 10, with the step time.
-        if step_s >= 0.1 or step % 10 == 0 or (limit and step >= limit):
-            outgoing.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
-                steps=step, rate=1 / step_s if step_s > 0 else 0.0, last_step_s=step_s)))
-        if limit and step >= limit:
-            outgoing.put(None)
-            time.sleep(0.2)  # the last progress leaves before the exit, as with the shim
-            time.sleep(float(ENV.get("FAKE_LINGER_S", "0")))
-            return 0
+        kill = hold_for_lease()
+        if kill is None:
+            time.sleep(step_s)
+            kill = hold_for_lease()  # the step's end waits too: nothing of it is counted
+        if kill is None:
+            step += 1
+            if ENV.get("FAKE_STEP_LOG"):
+                with open(ENV["FAKE_STEP_LOG"], "a") as log:
+                    log.write(f"{ENV['GANDIVA_INCARNATION']} {step}\n")
+            if first:
+                event("first_step_done", step=step, t=time.time())
+                first = False
+            # As the shim: every step when steps are slow, else every 10, with the step time.
+            if step_s >= 0.1 or step % 10 == 0 or (limit and step >= limit):
+                outgoing.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
+                    steps=step, rate=1 / step_s if step_s > 0 else 0.0, last_step_s=step_s)))
+            if limit and step >= limit:
+                outgoing.put(None)
+                time.sleep(0.2)  # the last progress leaves before the exit, as with the shim
+                time.sleep(float(ENV.get("FAKE_LINGER_S", "0")))
+                return 0
         try:
-            cmd = commands.get_nowait()
+            cmd = kill or (held.pop(0) if held else commands.get_nowait())
         except queue.Empty:
             continue
         ack = runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True, step=step)
