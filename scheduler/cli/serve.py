@@ -195,12 +195,13 @@ def policy_options(pairs: list[str]) -> dict[str, Any]:
                 raise ValueError(f"--policy-option {pair!r}: {err}") from None
             kind = type(default).__name__ if default is not None else "number or none"
             raise ValueError(f"--policy-option {pair!r}: {raw!r} is not a {kind}") from None
-    if out.get("gather_large"):
-        # Its jobs are larger than a server, and the live scheduler launches no job over
-        # several servers yet: it would empty servers for a launch that is then refused.
-        raise ValueError("--policy-option gather_large=true: the live scheduler does not launch jobs over "
-                         "several servers yet, so the servers it gathers could not be used; it is a "
-                         "simulator rule for now (gandiva sim --gather-large)")
+    for key, flag in (("gather_large", "gather-large"), ("probe_large", "probe-large")):
+        if out.get(key):
+            # Its jobs are larger than a server, and the live scheduler launches no job over
+            # several servers yet: it would empty or hold servers for a launch then refused.
+            raise ValueError(f"--policy-option {key}=true: the live scheduler does not launch jobs over "
+                             f"several servers yet, so the servers it takes could not be used; it is a "
+                             f"simulator rule for now (gandiva sim --{flag})")
     return out
 
 

@@ -11,6 +11,9 @@ One decide() call runs, in this order:
    while the first that fits one server has waited ``large_block_after_s`` (with
    ``groupless_block``: or has no time-slice group of its size), jobs larger than a server
    queued after it do not join time-slice groups (smaller ones still do);
+   with ``probe_slices`` never-run jobs that found no place join full groups for a first
+   turn; with ``probe_large`` the first never-run job larger than a server takes one over
+   whole servers of other GPU counts, their jobs suspended in place (large_turns.py);
 3. migration (lower the height, make room on one server for a queued job, bring
    spread jobs together, defragment);
 4. new packing trials (only when overloaded);
@@ -25,6 +28,7 @@ import math
 from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger, Placement, QueueKey, host_need
 from scheduler.policy.growshrink import grow, shrink_all
+from scheduler.policy.large_turns import large_turns
 from scheduler.policy.migration import (
     balance_sizes,
     consolidate,
@@ -123,6 +127,11 @@ class GandivaPolicy(Policy):
             if probed:
                 placed = {d.job_id for d in probed if isinstance(d, Place)}
                 out = [d for d in out if not (isinstance(d, Queue) and d.job_id in placed)] + probed
+        if cfg.probe_large:
+            turns = large_turns(ledger, self.state, cfg)
+            if turns:
+                placed = {d.job_id for d in turns if isinstance(d, Place)}
+                out = [d for d in out if not (isinstance(d, Queue) and d.job_id in placed)] + turns
         if cfg.enable_migration:
             budget = cfg.max_migrations_per_round
             # While a starving job holds a reservation, free GPUs are kept for it.

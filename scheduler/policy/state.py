@@ -116,6 +116,15 @@ class GandivaState:
     # With ``probe_slices`` too, while the job the servers were lent to has its first turn:
     # (that job, its GPUs, the gathering's donors, to which the servers go back).
     lent: tuple[str, tuple, tuple[tuple[str, int | None], ...]] | None = None
+    # ``probe_large``: the first turn under way over other counts' servers (that job, its
+    # GPUs, the servers held for it), and when a look last found no servers for one. A
+    # restart forgets it (the servers' groups then go on beside the job).
+    large_turn: tuple[str, tuple, frozenset[str]] | None = None
+    large_turn_missed_at: float | None = None
+    # The lengths of the queues of those GPU counts when a look last found no never-run job.
+    large_turn_none_in: tuple[tuple[int, int], ...] | None = None
+    # When each server was last given back after such a turn (the least recent go first).
+    large_turn_lent: dict[str, float] = field(default_factory=dict)
 
     def add_verdict(self, at: float, trial: PackTrial, kept: bool | None, gain: float | None,
                     reason: str, unpacked: bool = False) -> None:

@@ -227,7 +227,13 @@ def rotate(ledger: Ledger, state: GandivaState, config: PolicyConfig,
             if due.get(gpus) == at:
                 del due[gpus]
                 visit.add(gpus)
+    # probe_large: the groups on servers held for a first turn wait until it is over (then
+    # looked at again, as changed groups).
+    frozen = state.large_turn[2] if state.large_turn is not None else None
     for gpus in sorted(visit):
+        if frozen and any(g.server in frozen for g in gpus):
+            book.due.pop(gpus, None)
+            continue
         when = _look_at(ledger, state, config, gpus, now, out)
         if when is None:
             book.due.pop(gpus, None)

@@ -473,6 +473,14 @@ class PolicyConfig:
         servers are only lent, for the first turn of the first never-run such job, then
         given back. Off by default; the live scheduler refuses it (it launches no job over
         several servers yet).
+    probe_large: with ``probe_slices``, the first never-run queued job larger than a server
+        (which has a first turn only where a full time-slice group of its GPU count exists,
+        rarely) takes its first turn over whole servers of other GPU counts, the fewest jobs
+        first: every job running there is suspended in place, the servers are held (no job
+        joins them, no group there rotates) until the turn is over, and then the job is
+        parked and the groups go on (scheduler/policy/large_turns.py). One such turn at a
+        time. Off by default; the live scheduler refuses it (it launches no job over
+        several servers yet).
     queue_reasons: return a Queue decision, with its reason, for every job left queued
         (the live scheduler shows them to users). The simulator turns it off: it ignores
         them, and with it off a call skips the queued jobs that cannot be placed instead
@@ -523,6 +531,7 @@ class PolicyConfig:
     lower_kept_pairs: bool = False
     lower_spread: bool = False
     gather_large: bool = False
+    probe_large: bool = False
 
     def __post_init__(self) -> None:
         if self.quantum_s <= 0:
@@ -551,6 +560,12 @@ class PolicyConfig:
         for name in ("gittins_censored", "gittins_tail_fifo", "gittins_history"):
             if getattr(self, name) and not self.gittins_slices:
                 raise ValueError(f"{name} changes gittins_slices's order: turn gittins_slices on too")
+        if self.probe_large and not self.probe_slices:
+            raise ValueError("probe_large gives first turns as probe_slices does, over other counts' servers: "
+                             "turn probe_slices on too")
+        if self.probe_large and self.gather_large:
+            raise ValueError("probe_large and gather_large both hold servers for first turns of jobs larger "
+                             "than a server: turn one of them off")
         if self.balance_per_gpu and not self.balance_sizes:
             raise ValueError("balance_per_gpu changes how balance_sizes measures crowding: turn balance_sizes on too")
         for name in ("share_block_after_s", "large_block_after_s"):

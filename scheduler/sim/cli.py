@@ -232,6 +232,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "groups, and start the first of them there; with --probe-slices the servers are "
                     "only lent, for a never-run job's first turn, then parked and given back "
                     "(default: off; the live scheduler cannot launch over servers yet)")
+    _rule_flag(s, "probe_large",
+               help="gandiva, with --probe-slices: the first never-run job larger than a server takes its "
+                    "first turn over whole servers of other GPU counts (the least recently lent first), their "
+                    "running jobs suspended in place and their groups held until the turn is over, then "
+                    "is parked (default: off; the live scheduler cannot launch over servers yet)")
     m = p.add_argument_group("mechanism model (defaults: our measurements, see docs/simulator.md)")
     m.add_argument("--throughputs", default="auto", metavar="FILE|auto|none",
                    help="Gavel simulation_throughputs.json for rates, packing and spread; "

@@ -216,3 +216,19 @@ def test_gandiva_blocking_large_jobs_decides_the_same_looking_only_at_changes() 
     # The rule really acted here: many jobs start or finish at other times than without it.
     plain = _result(jobs, servers, get_policy("gandiva", dataclasses.replace(cfg, large_block_after_s=None)))
     assert sum(a != b for a, b in zip(fast[1], plain[1], strict=True)) > 20
+
+
+def test_gandiva_first_turns_of_large_jobs_decide_the_same_looking_only_at_changes() -> None:
+    """probe_large holds whole servers for a large newcomer's first turn (4 and 8 GPUs on
+    2-GPU servers) and rotation passes over their groups until it is over, then looks at them
+    as changed: every job's times are those of looking at every group in every call."""
+    servers = make_cluster("4x2")
+    cfg = PolicyConfig(probe_large=True, max_jobs_per_gpu=4)
+    jobs, _ = scale_to_load(generate(160, seed=1, median_duration_s=1800, max_gpus=8), servers, MODEL, 2.0)
+    fast = _result(jobs, servers, get_policy("gandiva", cfg))
+    every = get_policy("gandiva", cfg)
+    every.incremental = False  # type: ignore[attr-defined]
+    assert fast == _result(jobs, servers, every)
+    # The rule really acted here: first turns were given over other counts' servers.
+    plain = _result(jobs, servers, get_policy("gandiva", dataclasses.replace(cfg, probe_large=False)))
+    assert fast[0]["parks"] > plain[0]["parks"]

@@ -89,9 +89,11 @@ def workloads(draw: st.DrawFn) -> list[JobSpec]:
 
 
 # Gandiva's rule sets besides the defaults: the paper's time-slicing, no probes, whole servers
-# gathered for large jobs, service buckets with a starvation limit, blocks, one job per GPU.
+# gathered for large jobs, or held for their first turns, service buckets with a starvation
+# limit, blocks, one job per GPU.
 RULES = (PolicyConfig(), PolicyConfig(las_slices=False, slice_growth=0, max_jobs_per_gpu=4),
          PolicyConfig(probe_slices=False, balance_sizes=False), PolicyConfig(gather_large=True),
+         PolicyConfig(probe_large=True),
          PolicyConfig(fifo_after_s=3600, starve_factor=2, probe_park_last=True),
          PolicyConfig(share_block_after_s=600, large_block_after_s=None), PolicyConfig(max_jobs_per_gpu=1))
 
