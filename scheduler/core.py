@@ -848,6 +848,7 @@ class SchedulerCore:
         if not req.gpus:
             raise InvalidArgument("gpus", f"server {req.name} reported no GPUs")
         now, mono = self.clock(), self.monotonic()
+        before = self._instances.get(req.name)
         if not self._claim_name(req.name, req.instance, mono):
             other, heard = self._instances[req.name]
             free_in = self.settings.down_after_s - (mono - heard)
@@ -885,7 +886,23 @@ class SchedulerCore:
             for g in req.gpus
         ]
         stops: list[tuple[str, str, str]] = []
+        # Another instance of its helper held the name (silent the heartbeat timeout by now):
+        # a helper restarted, its host rebooted. The new one runs none of the old one's
+        # processes (it kills what that one left), so a server not called down yet goes
+        # down first: its jobs re-queued now, the old helper's unanswered commands failed,
+        # not sent again to the new one. Before, when this registration came before the
+        # round that would call the server down, the server stayed up and its jobs RUNNING,
+        # re-queued only a heartbeat timeout later ("its process on S was lost").
+        replaced = before[0] if before is not None and req.instance and before[0] != req.instance else ""
+        down_stops: list[tuple[str, str, str]] = []
+        lost: list[tuple[str, str]] = []
         async with self.tx() as s:
+            old = await s.get(Server, req.name) if replaced else None
+            if old is not None and old.up:
+                await self._take_down(s, old, now, f"its helper was replaced: instance {replaced[:8]} silent, "
+                                      f"{req.instance[:8]} registered", "restarted its helper", down_stops, lost)
+            else:
+                replaced = ""
             # One agent address, one server: the scheduler finds a transfer's destination, and
             # makes its ticket, by address. A helper registering another's (a copied config, or
             # a helper token used to break another server's migrations) made every checkpoint
@@ -931,6 +948,8 @@ class SchedulerCore:
                 f"{format_size(req.host_memory_bytes) if req.host_memory_bytes else 'not reported'}",
                 server=req.name,
             )
+        if replaced:
+            self._after_down([req.name], down_stops, lost)
         for server, job_id, incarnation in stops:
             self.stop_on(server, job_id, incarnation, f"its GPUs on {req.name} are gone")
         self.poke()
