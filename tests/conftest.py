@@ -256,18 +256,21 @@ def wait_for_fixture():  # type: ignore[no-untyped-def]
     return _wait_for
 
 
-# How the tests are spread over the two pytest-xdist workers (pyproject's addopts: -n 2).
+# How the tests are spread over the three pytest-xdist workers (pyproject's addopts: -n 3).
+# Three on a 2-core machine, because the live tests mostly wait on their processes: with two
+# workers the cores were 68% busy (CI of 8c1f694). With three they were 84% busy, and CI on
+# 8f7493b took 1,332 s instead of 1,698 s with two (2026-12-06).
 # The network-namespace tests (tests/multihost) are one unit of work, run in order by one
-# worker: they share fixed names (the namespaces and links of their prefix). Every other
-# file of tests that run real processes (tests/integration: a scheduler, helpers and
-# TensorFlow jobs; tests/tf_runtime: real TensorFlow programs interrupted and compared) is a
-# unit of its own, kept whole for its module fixtures; every other test is a unit of its
-# own. The heaviest units are handed out first (multihost, then those files, then the unit
-# and simulator tests in their order) to whichever worker is free, so the two workers end
-# together: with integration and multihost as one unit the suite was that unit alone
-# (28.5 min), the other worker idle for its last part. At most two tests run at once, as
-# before. A scheduler of our own does the grouping: xdist's xdist_group marker renames
-# each test's node id, which pytest 9 no longer allows.
+# worker, as measured. Their namespaces' names carry a token of each test's own, so they
+# could be split; that has not been measured. Every other file of tests that run real
+# processes (tests/integration: a scheduler, helpers and TensorFlow jobs; tests/tf_runtime:
+# real TensorFlow programs interrupted and compared) is a unit of its own, kept whole for its
+# module fixtures. Every other test is a unit of its own. The heaviest units are handed out
+# first (multihost, then those files, then the unit and simulator tests in their order) to
+# whichever worker is free, so the workers end together (within 5 s in that run). With
+# integration and multihost as one unit, the suite was that unit alone (28.5 min), and the
+# other worker sat idle for its last part. A scheduler of our own does the grouping:
+# xdist's xdist_group marker renames each test's node id, which pytest 9 no longer allows.
 _ONE_UNIT = {"multihost"}
 _UNIT_PER_FILE = {"integration": 2, "tf_runtime": 1}  # the weight of their files' units
 
