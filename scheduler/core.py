@@ -44,6 +44,7 @@ from scheduler.policy.types import PolicyConfig
 from scheduler.state import repo
 from scheduler.state.db import (
     LoopThread,
+    SqliteFile,
     SqliteReader,
     SqliteWriter,
     WriteQueue,
@@ -51,6 +52,7 @@ from scheduler.state.db import (
     is_sqlite,
     make_engine,
     make_sessionmaker,
+    sqlite_file,
 )
 from scheduler.state.models import Event, Gpu, Job, MultiJob, Placement, Server
 from scheduler.validation import (
@@ -307,9 +309,12 @@ class SchedulerCore:
         self.engine = engine
         self.sessions: async_sessionmaker[AsyncSession] = make_sessionmaker(engine)
         sqlite = is_sqlite(engine)
+        database = engine.url.database or ""
+        # SQLite: every engine's connections on the file the first one opened (SqliteFile).
+        pin = sqlite_file(engine) or (SqliteFile(database) if sqlite and database not in ("", ":memory:") else None)
         # SQLite: reads get their own engine so they never wait for the writer's lock.
         self.read_engine = (
-            make_engine(engine.url.render_as_string(hide_password=False), readonly=True)
+            make_engine(engine.url.render_as_string(hide_password=False), readonly=True, pin=pin)
             if sqlite
             else engine
         )
@@ -320,14 +325,13 @@ class SchedulerCore:
         # (write_sync) queue on that thread instead and only wait while it is held.
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if sqlite else None
         # SQLite's submission hot path: a synchronous connection on one dedicated thread.
-        database = engine.url.database or ""
         self._sync_writer = (
-            SqliteWriter(database) if sqlite and database not in ("", ":memory:") else None
+            SqliteWriter(database, pin) if sqlite and database not in ("", ":memory:") else None
         )
         # Its one thread: submissions (urgent) run before queued heartbeats and progress.
         self._writer = WriteQueue("gandiva-sqlite-writer") if self._sync_writer is not None else None
         # SQLite's busiest reads: sync sessions on reader threads (read_sync).
-        self._sync_reader = SqliteReader(database) if self._sync_writer is not None else None
+        self._sync_reader = SqliteReader(database, pin) if self._sync_writer is not None else None
         # PostgreSQL's busiest reads and writes, on event loops of their own (LoopThread):
         # a user's (submissions, a job's detail) on one, the bulk (heartbeats, progress,
         # a round's rows) on another, so a user never waits behind a bulk batch. Bulk

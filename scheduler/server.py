@@ -43,7 +43,7 @@ from scheduler.core import SchedulerCore, Settings
 from scheduler.engine.live import LiveEngine
 from scheduler.policy.types import PolicyConfig
 from scheduler.state import migrate, prune
-from scheduler.state.db import make_engine
+from scheduler.state.db import make_engine, sqlite_file
 from scheduler.state.owner import DatabaseHeld, DatabaseLost, SchedulerLock, SqliteFileWatch
 from scheduler.transport import (
     LetGoOfRequestsInterceptor,
@@ -131,10 +131,11 @@ class SchedulerServer:
         running scheduler (scheduler.state.owner.SqliteFileWatch)."""
         url = make_url(self.db_url)
         path = Path(url.database or "")
+        pin = sqlite_file(self.db)
         if not url.drivername.startswith("sqlite") or not url.database or url.database == ":memory:" \
-                or not path.is_file():
+                or not (path.is_file() or (pin is not None and pin.identity is not None)):
             return
-        self._file_watch = SqliteFileWatch(path)
+        self._file_watch = SqliteFileWatch(path, pin)
         self._file_task = asyncio.create_task(self._file_loop(self._file_watch))
 
     async def _file_loop(self, watch: SqliteFileWatch, every_s: float = 1.0) -> None:

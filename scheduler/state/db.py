@@ -10,12 +10,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import sqlite3
 import threading
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, Executable, create_engine, event
 from sqlalchemy.engine import make_url
@@ -39,11 +42,12 @@ T = TypeVar("T")
 SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
 
 
-def make_engine(url: str, readonly: bool = False, **kwargs: Any) -> AsyncEngine:
+def make_engine(url: str, readonly: bool = False, pin: SqliteFile | None = None, **kwargs: Any) -> AsyncEngine:
     """An async engine configured as a long-running server needs it.
 
     ``readonly``: for SQLite, an engine whose transactions begin DEFERRED, for reads
     that must not queue behind the single writer (WAL lets them run alongside it).
+    ``pin``: for SQLite, the file another engine on it opened first (`SqliteFile`).
     """
     parsed = make_url(url)
     if parsed.drivername not in SUPPORTED:
@@ -51,7 +55,7 @@ def make_engine(url: str, readonly: bool = False, **kwargs: Any) -> AsyncEngine:
             "db", f"unsupported database URL {parsed.drivername!r}; use one of {', '.join(SUPPORTED)}"
         )
     if parsed.drivername.startswith("sqlite"):
-        return _sqlite_engine(url, parsed.database, immediate=not readonly, **kwargs)
+        return _sqlite_engine(url, parsed.database, immediate=not readonly, pin=pin, **kwargs)
     # pool_pre_ping: after the database restarts, stale pooled connections are
     # replaced instead of failing the next request. 20 kept: under load (100 helpers'
     # heartbeats, progress batches, rounds, users) fewer made overflow connections be
@@ -59,8 +63,83 @@ def make_engine(url: str, readonly: bool = False, **kwargs: Any) -> AsyncEngine:
     return create_async_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=10, **kwargs)
 
 
-def _sqlite_engine(url: str, database: str | None, immediate: bool = True, **kwargs: Any) -> AsyncEngine:
-    if database and database != ":memory:":
+def file_identity(path: str | Path) -> tuple[int, int] | None:
+    """The file at ``path`` (device, inode); None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class SqliteFile:
+    """The database file a scheduler's connections are opened on, pinned by the first one.
+
+    SQLite opens whatever file has the name when a connection is made, and makes an
+    empty one when there is none. A connection that one of the scheduler's pools (the
+    async engines', the writer's, the readers') opened after the file was deleted or
+    replaced under it made a new empty database at the name ("no such table: jobs"),
+    or, on another file put there, reset the shared index of the write-ahead log the
+    scheduler's state was in (the copy it then saved held no job). So only the first
+    connection may make the file (a new database's first start); every later one opens
+    it read-write only (SQLite's URI ``mode=rw``: never created) and is closed, before
+    it reads anything, unless it is the file the first one opened (device and inode):
+    an OperationalError, which a request reports as UNAVAILABLE, retry shortly, while
+    the scheduler's watch (scheduler.state.owner.SqliteFileWatch) stops it and saves
+    its state. One per scheduler, shared by all its engines (`sqlite_file`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.identity: tuple[int, int] | None = None
+        self._lock = threading.Lock()
+
+    def connect_args(self, cargs: list[Any], cparams: dict[str, Any]) -> None:
+        """The arguments of ``sqlite3.connect``: once pinned, the file read-write only."""
+        if self.identity is not None:
+            cargs[0] = f"file:{quote(os.path.abspath(self.path))}?mode=rw"
+            cparams["uri"] = True
+
+    def opened(self) -> None:
+        """Just after a connection was opened, before it reads: the first pins the file at
+        the name; a later one raises OperationalError unless it is that file."""
+        now = file_identity(self.path)
+        with self._lock:
+            if self.identity is None:
+                self.identity = now
+                return
+        if now != self.identity:
+            what = "deleted or moved away" if now is None else "replaced by another file"
+            raise sqlite3.OperationalError(
+                f"the database file {self.path} was {what} since the scheduler opened it: not opened")
+
+    def connect(self) -> sqlite3.Connection:
+        """A plain ``sqlite3`` connection, opened as the pools' are."""
+        cargs: list[Any] = [self.path]
+        cparams: dict[str, Any] = {"check_same_thread": False}
+        self.connect_args(cargs, cparams)
+        conn = sqlite3.connect(*cargs, **cparams)
+        try:
+            self.opened()
+        except sqlite3.Error:
+            conn.close()
+            raise
+        return conn
+
+
+# The pin of each SQLite engine made here, for the other engines on its file (`sqlite_file`).
+_PINS: weakref.WeakKeyDictionary[Engine, SqliteFile] = weakref.WeakKeyDictionary()
+
+
+def sqlite_file(engine: AsyncEngine) -> SqliteFile | None:
+    """The file `make_engine` pinned for ``engine`` (None: not a SQLite file)."""
+    return _PINS.get(engine.sync_engine)
+
+
+def _sqlite_engine(url: str, database: str | None, immediate: bool = True, pin: SqliteFile | None = None,
+                   **kwargs: Any) -> AsyncEngine:
+    if pin is not None and pin.identity is not None:
+        pass  # opened already: never made again (SqliteFile)
+    elif database and database != ":memory:":
         parent = Path(database).parent
         try:
             parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +149,11 @@ def _sqlite_engine(url: str, database: str | None, immediate: bool = True, **kwa
         if not database.startswith("file:"):  # a URI names its file its own way
             _owner_only(Path(database))
     engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
-    _configure_sqlite(engine.sync_engine, immediate)
+    if pin is None and database and database != ":memory:" and not database.startswith("file:"):
+        pin = SqliteFile(database)  # (a URI names its file, and how to open it, its own way)
+    _configure_sqlite(engine.sync_engine, immediate, pin)
+    if pin is not None:
+        _PINS[engine.sync_engine] = pin
     return engine
 
 
@@ -101,13 +184,13 @@ class SqliteWriter:
     write lock), so it never waits on SQLite's busy handler.
     """
 
-    def __init__(self, database: str) -> None:
+    def __init__(self, database: str, pin: SqliteFile | None = None) -> None:
         # check_same_thread=False: the connection is opened and used on the writer
         # thread, but closed at shutdown from wherever dispose runs.
         self._engine = create_engine(
             f"sqlite:///{database}", poolclass=NullPool, connect_args={"check_same_thread": False, "timeout": 30}
         )
-        _configure_sqlite(self._engine, immediate=True)
+        _configure_sqlite(self._engine, immediate=True, pin=pin or SqliteFile(database))
         self._conn: Connection | None = None
 
     def call(self, fn: Callable[[Connection], T]) -> T:
@@ -208,21 +291,12 @@ class SqliteReader:
 
     THREADS = 2
 
-    def __init__(self, database: str) -> None:
+    def __init__(self, database: str, pin: SqliteFile | None = None) -> None:
         self._engine = create_engine(
             f"sqlite:///{database}", pool_size=self.THREADS, max_overflow=0,
             connect_args={"check_same_thread": False, "timeout": 30},
         )
-        _configure_sqlite(self._engine, immediate=False)
-        # Every connection opened now, while the file is the one the scheduler started on:
-        # one opened later, as reads first overlapped, after the file was deleted or replaced
-        # under the scheduler (scheduler.state.owner.SqliteFileWatch) made a new empty file at
-        # its name or reset the log its state was in (tests/scheduler/faults/test_db_file_gone.py).
-        opened: list[Connection] = []
-        with contextlib.suppress(Exception):  # a file it cannot use: the scheduler's own check says so, in one line
-            opened.extend(self._engine.connect() for _ in range(self.THREADS))
-        for conn in opened:
-            conn.close()  # back to the pool, open
+        _configure_sqlite(self._engine, immediate=False, pin=pin or SqliteFile(database))
         self.threads = ThreadPoolExecutor(max_workers=self.THREADS, thread_name_prefix="gandiva-sqlite-reader")
 
     def call(self, fn: Callable[[Session], T]) -> T:
@@ -322,11 +396,19 @@ def is_sqlite(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def _configure_sqlite(engine: Engine, immediate: bool) -> None:
-    """Connection settings for a server that keeps its state in SQLite."""
+def _configure_sqlite(engine: Engine, immediate: bool, pin: SqliteFile | None = None) -> None:
+    """Connection settings for a server that keeps its state in SQLite. ``pin``: the
+    file every connection but the first must be (`SqliteFile`)."""
+
+    if pin is not None:
+        @event.listens_for(engine, "do_connect")
+        def _on_do_connect(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+            pin.connect_args(cargs, cparams)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        if pin is not None:
+            pin.opened()  # before it reads: (the pool closes a connection refused here)
         # Let SQLAlchemy, not the driver, decide when transactions begin (see _on_begin).
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()

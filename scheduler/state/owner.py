@@ -32,6 +32,8 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from scheduler.state.db import SqliteFile, file_identity
+
 log = logging.getLogger(__name__)
 
 # pg_try_advisory_lock's key: "gandiva" in ASCII (advisory locks are per database).
@@ -186,14 +188,6 @@ class DatabaseLost(DatabaseHeld):
     the message says where its state is now and what to do."""
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 class SqliteFileWatch:
     """The SQLite database file a scheduler runs on, and its write-ahead log, watched for
     being deleted, moved away or replaced under the running scheduler.
@@ -209,28 +203,35 @@ class SqliteFileWatch:
     connection is closed) moves it to the file's name unless another database is there.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, pin: SqliteFile | None = None) -> None:
+        """``pin``: the file the scheduler's engines opened (its connection is opened as
+        theirs are, and the file it watches is that one, whatever is at the name now)."""
         import sqlite3
 
         self.path = path
         self.wal = Path(f"{path}-wal")
-        self._conn: sqlite3.Connection | None = sqlite3.connect(path, check_same_thread=False)
-        self._conn.execute("SELECT count(*) FROM sqlite_master").fetchall()  # opens the log too
-        self._main = _identity(path)
-        self._wal = _identity(self.wal)
+        pin = pin or SqliteFile(str(path))
+        self._conn: sqlite3.Connection | None = None
+        try:
+            self._conn = pin.connect()
+            self._conn.execute("SELECT count(*) FROM sqlite_master").fetchall()  # opens the log too
+        except sqlite3.Error as exc:  # gone or replaced already: `check` says so at once
+            log.error("cannot keep a connection on the database file %s: %s", path, exc)
+        self._main = pin.identity
+        self._wal = file_identity(self.wal)
         self.fault = ""  # gone, replaced, wal
         self.copy: Path | None = None
 
     def check(self) -> str:
         """"" while the file and its log are the ones opened; else what happened."""
-        main = _identity(self.path)
+        main = file_identity(self.path)
         if main is None:
             self.fault = "gone"
             return f"the database file {self.path} was deleted or moved away while the scheduler ran on it"
         if main != self._main:
             self.fault = "replaced"
             return f"the database file {self.path} was replaced by another file while the scheduler ran on it"
-        wal = _identity(self.wal)
+        wal = file_identity(self.wal)
         if self._wal is None:
             self._wal = wal  # not in WAL mode yet when the watch began
         elif wal != self._wal:
@@ -269,7 +270,7 @@ class SqliteFileWatch:
         self.close()
         if self.copy is None:
             return f"--db {shown}: {self.check() or 'the database file changed'}; its state could not be saved"
-        if self.fault == "replaced" and _identity(self.path) is not None:
+        if self.fault == "replaced" and file_identity(self.path) is not None:
             return (f"--db {shown}: the database file was replaced by another file while the scheduler ran "
                     f"on it: stopped, leaving that file alone; the database as this scheduler had it is in "
                     f"{self.copy}: move it to {self.path} to go on with it, then start the scheduler again "

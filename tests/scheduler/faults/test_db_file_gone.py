@@ -54,14 +54,15 @@ def test_a_database_file_taken_from_under_the_scheduler_loses_no_job(
     try:
         jobs.append(submit(sched.address, "c"))  # accepted meanwhile: kept too
     except grpc.RpcError as err:
-        # Or refused, "retry shortly", and not stored: a connection the scheduler opened
-        # before its watch noticed (within a second) made a new, empty file at the path
-        # (seen once in CI on "deleted": "no such table: jobs"). Known limit, docs/scheduler.md.
+        # Or refused, "retry shortly", and not stored: a connection one of the scheduler's
+        # pools opens before its watch notices (within a second) is refused (SqliteFile).
+        # It used to make a new, empty database at the path ("no such table: jobs", in CI).
         assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+        assert "no such table" not in (err.details() or ""), err.details()
     wait_for(sched.server.lost.is_set, 10)
     sched.stop()
     why = sched.server.lost_why
-    if fault == "replaced" or "was replaced by another file" in why:
+    if fault == "replaced":
         # The file put there is left alone (as SQLite left it: it applies the old log to
         # whatever file has the name); this scheduler's database is beside it.
         (copy,) = tmp_path.glob("state.db.recovered-*")
@@ -75,3 +76,69 @@ def test_a_database_file_taken_from_under_the_scheduler_loses_no_job(
         listed = scheduler_pb2_grpc.SchedulerStub(ch).ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10).jobs
     assert sorted(j.id for j in listed) == sorted(jobs)
     assert all(j.state == common_pb2.JOB_STATE_QUEUED for j in listed)
+
+
+@pytest.mark.parametrize("fault", ["deleted", "replaced"])
+async def test_no_pool_opens_a_connection_on_another_file_than_the_first_one(
+        fault: str, sqlite_schema: Path, tmp_path: Path) -> None:
+    """Each pool of a scheduler (its async engines, writer and readers) opens connections
+    when it first needs them. One opened after the file was deleted made a new, empty
+    database at the name ("no such table: jobs"); one opened after another file was moved
+    there read (and reset the write-ahead log index of) that other file. Now each such
+    connection is refused before it touches anything: a database unreachable (a request:
+    UNAVAILABLE, retry shortly) for the second until the watch stops the scheduler."""
+    from sqlalchemy import exc as sa_exc
+    from sqlalchemy import text
+
+    from scheduler.core import SchedulerCore
+    from scheduler.errors import Unavailable
+    from scheduler.state.db import make_engine
+
+    path = tmp_path / "state.db"
+    shutil.copyfile(sqlite_schema, path)
+    engine = make_engine(f"{SQLITE_PREFIX}{path}")
+    core = SchedulerCore(engine)
+    first = await engine.connect()  # held, as the scheduler's own connections are
+    query = text("SELECT message FROM events WHERE kind = 'k'")
+    try:
+        await first.execute(text("INSERT INTO events (at, kind, job_id, server, message) "
+                                 "VALUES (1.0, 'k', '', '', 'kept')"))
+        await first.commit()
+        if fault == "deleted":
+            path.unlink()
+        else:
+            shutil.copyfile(sqlite_schema, tmp_path / "other.db")
+            os.replace(tmp_path / "other.db", path)
+        other = path.read_bytes() if fault == "replaced" else b""
+
+        async def new_connection() -> list[str]:
+            async with engine.connect() as conn:  # the first one is checked out: a new one
+                return list((await conn.execute(query)).scalars())
+
+        async def read_engine() -> list[str]:
+            async with core.read_engine.connect() as conn:
+                return list((await conn.execute(query)).scalars())
+
+        for pool, read in [("engine", new_connection), ("read engine", read_engine),
+                           ("writer", lambda: core.write_sync(lambda c: list(c.execute(query).scalars()))),
+                           ("reader", lambda: core.read_sync(lambda s: list(s.execute(query).scalars())))]:
+            try:
+                seen = await read()
+            except (sa_exc.OperationalError, Unavailable) as err:
+                assert "no such table" not in str(err), f"{pool}: {err}"
+            else:  # a connection opened before the fault: the scheduler's own state
+                assert seen == ["kept"], f"{pool} read another database: {seen}"
+        # Those pools' connections closed (a connection on the other file, the last on it,
+        # would write the scheduler's log into it and delete the log), the first one held.
+        await core.dispose()
+        await engine.dispose()
+        if fault == "deleted":
+            assert not path.exists(), "a connection made a new database at the name"
+        else:
+            assert path.read_bytes() == other, "the file moved there was written to"
+        # The scheduler's state is whole, through the connection it held.
+        assert list((await first.execute(query)).scalars()) == ["kept"]
+    finally:
+        await first.close()
+        await core.dispose()
+        await engine.dispose()
