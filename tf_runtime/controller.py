@@ -134,6 +134,14 @@ LOOP_RECHECK_STEPS = 32
 _PROGRAM_CODE: dict[Any, bool] = {}  # code object -> whether it is the program's own
 
 
+def program_site(frame: Any) -> tuple[tuple[int, Any], int] | None:
+    """The innermost of the program's frames from `frame` out, as ((identity, code), line):
+    where in the program's own code a run was called from (a few frames: cheap enough to
+    read at every step-advancing run)."""
+    stack = program_stack(frame, limit=1)
+    return stack[0] if stack else None
+
+
 def program_stack(frame: Any, limit: int = 8) -> tuple[tuple[tuple[int, Any], int], ...]:
     """The program's frames (not TensorFlow's or the shim's), innermost first, as
     ((identity, code), line): where in the program's own code a run was called from."""
@@ -231,6 +239,13 @@ class Controller:
         # read again only every LOOP_RECHECK_STEPS (walking them costs ~25 us a step).
         self._stack_age = 0
         self._order_unknown = False  # a training run came after the advancing run, loop unseen
+        # Where the program made its last step-advancing run (program_site), and whether it
+        # advances the step in several runs of one step (_advances_again).
+        self._advance_site: tuple[tuple[int, Any], int] | None = None
+        # Per frame (identity, code), the last time its step-advancing runs came round from
+        # a line to the same or an earlier one (its loop): (from line, to line).
+        self._advance_wraps: dict[tuple[int, Any], tuple[int, int]] = {}
+        self._warned_advances_again = False
         self._order: dict[int, tuple[RunInfo, bool | None]] = {}
         self._carried_state = ""  # how the program carries Python state between steps
         self._rng_watch = python_rng.Watch()
@@ -329,9 +344,10 @@ class Controller:
         # A training run that does not advance the step ends it only when the program
         # calls it after the advancing run (a discriminator updated after the generator
         # that advances the step); an update that does not train, unless called before it.
-        trailing = not once and not info.advances_step and id(info) not in self._prelude and (
+        trailing = (not once and not info.advances_step and id(info) not in self._prelude and (
             self._after_training(info) is True if info.is_training else
-            info.changes_state and not fed and self._after_training(info) is not False)
+            info.changes_state and not fed and self._after_training(info) is not False)) or (
+            info.advances_step and bool(self._queue) and self._advances_again())
         self._tail_updated = trailing
         if self._after_advance:
             self._after_advance = False
@@ -442,6 +458,29 @@ class Controller:
                     break
             hit = self._order[id(info)] = (info, after)
         return hit[1]
+
+    def _advances_again(self) -> bool:
+        """Whether this step-advancing run, called right after another one, is part of the
+        same step: the program calls it from a later line of the same frame, and that
+        frame's loop has come round from this line (or a later one) to the other's (or an
+        earlier one), as a GAN updates its generator twice a step, each run advancing the
+        step (`sess.run(g_optim)` written twice after `sess.run(d_optim)`). Before,
+        commands were applied between the two, and a restored copy, reading the step
+        advanced once, began a new step there (its discriminator run, other noise): other
+        weights. One called from the same line or an earlier one begins the next step, and
+        so does each of a sequence of calls written out (no loop came round over them)."""
+        site, last = program_site(sys._getframe(2)), self._advance_site
+        if site is None or last is None or site[0] != last[0] or site[1] <= last[1]:
+            return False
+        wrap = self._advance_wraps.get(site[0])
+        if wrap is None or wrap[0] < site[1] or wrap[1] > last[1]:
+            return False
+        if not self._warned_advances_again:
+            self._warned_advances_again = True
+            log.info("the program advances the global step again later in the same step "
+                     "(line %d, after line %d): commands wait for the step's last such run",
+                     site[1], last[1])
+        return True
 
     def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
         # Not a read the Supervisor makes for itself (its step counter thread, the session
@@ -643,6 +682,10 @@ class Controller:
         if info.advances_step:
             self._after_advance = True
             self._tail_updated = False
+            site, last = program_site(sys._getframe(1)), self._advance_site
+            if site is not None and last is not None and site[0] == last[0] and site[1] <= last[1]:
+                self._advance_wraps[site[0]] = (last[1], site[1])
+            self._advance_site = site
             self._stack_age += 1
             if not self._loop_lines or self._stack_age >= LOOP_RECHECK_STEPS:
                 self._stack_age = 0
