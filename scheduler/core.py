@@ -1442,6 +1442,16 @@ class SchedulerCore:
                 repo.add_event(
                     s, self.clock(), "job.migratable", f"{'migratable' if migratable else 'not migratable'}: {reason}", job_id=job_id
                 )
+            if not migratable and job.restore_checkpoint:
+                # A checkpoint taken before the verdict (a periodic one in its first steps):
+                # resumed from it after a host loss, such a job trained on other input (its
+                # dropout's generator started over) and ended with other weights; from step
+                # 0 it ends as an uninterrupted run would.
+                repo.add_event(s, self.clock(), "job.checkpoint",
+                               f"restore point step {job.restore_step} ({job.restore_checkpoint}) "
+                               "dropped: the job is not migratable, so it cannot resume from a "
+                               "checkpoint; lost, it starts again from step 0", job_id=job_id)
+                job.restore_checkpoint, job.restore_server, job.restore_step = "", "", 0
 
 
     async def record_towers_changed(self, job_id: str, incarnation: str, towers: int,

@@ -550,6 +550,8 @@ class LiveEngine:
                                f"periodic checkpoint at step {ack.step} failed: {ack.message}; {kept}",
                                job_id=job_id, server=server.name)
                 return
+            if not job.migratable:
+                return  # found not migratable meanwhile: it cannot resume from it (core.record_migratability)
             job.restore_checkpoint, job.restore_server = ack.checkpoint_path or directory, server.name
             job.restore_step = max(0, ack.step)
             job.steps = max(job.steps, ack.step)
