@@ -37,6 +37,11 @@ CALL_TIMEOUT_S = 15.0
 # mini-batch boundary, and the scheduler waits up to its command timeout (60 s) for it.
 ACTION_TIMEOUT_S = 75.0
 ACTION_METHODS = frozenset({"SuspendJob", "ResumeJob"})
+# One action on a job runs at a time; a second is refused FAILED_PRECONDITION "job ... has a
+# command in progress; try again shortly" (a periodic checkpoint, every few seconds, or
+# another client's action). These are asked again for up to BUSY_WAIT_S before that is said.
+BUSY_METHODS = frozenset({"SuspendJob", "ResumeJob", "MigrateJob"})
+BUSY_WAIT_S = 30.0
 # grpc's own reconnect back-off grows to 120 s by default; a client waiting on a
 # restarting scheduler should notice it is back within a couple of seconds.
 CHANNEL_OPTIONS = [
@@ -131,8 +136,22 @@ class Client:
         CALL_TIMEOUT_S, or ACTION_TIMEOUT_S for a call that waits for the job."""
         if timeout is None:
             timeout = ACTION_TIMEOUT_S if method in ACTION_METHODS else CALL_TIMEOUT_S
-        try:
+        def attempt() -> Any:
             return getattr(self.stub, method)(request, timeout=timeout)
+
+        try:
+            if method not in BUSY_METHODS:
+                return attempt()
+            # `gandiva suspend` during a periodic checkpoint exited 2 "try again shortly":
+            # the user had to retry by hand what the client can.
+            told: list[bool] = []
+
+            def waiting(exc: grpc.RpcError) -> None:
+                if not told:
+                    told.append(True)
+                    print(f"{_details(exc)}: asking again for up to {BUSY_WAIT_S:g}s", file=sys.stderr)
+
+            return with_backoff(attempt, BUSY_WAIT_S, grpc.RpcError, is_busy, waiting)
         except grpc.RpcError as exc:
             status = exc.code() if hasattr(exc, "code") else None
             if status in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) and \
@@ -203,6 +222,16 @@ def _never_sent(exc: grpc.RpcError) -> bool:
     details = ((exc.details() if hasattr(exc, "details") else None) or str(exc)).lower()
     return any(m in details for m in ("connection refused", "failed to connect", "dns resolution failed",
                                       "errors resolving", "lookup", "connections to all backends failing"))
+
+
+def _details(exc: grpc.RpcError) -> str:
+    return (exc.details() if hasattr(exc, "details") else None) or str(exc)
+
+
+def is_busy(exc: grpc.RpcError) -> bool:
+    """The job has another command in progress: worth asking again shortly."""
+    code = exc.code() if hasattr(exc, "code") else None
+    return code == grpc.StatusCode.FAILED_PRECONDITION and "has a command in progress" in _details(exc)
 
 
 def is_transient(exc: grpc.RpcError) -> bool:
