@@ -518,8 +518,7 @@ class HelperDaemon:
                 log.warning("cannot write the lease file %s (%s): removed; jobs are frozen by SIGSTOP only",
                             path, exc)
             self._lease_unwritten = True
-            for stale in (path, path.with_name(path.name + ".tmp")):
-                stale.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
 
     def _lease_ran_out(self) -> bool:
         """Whether no heartbeat has been answered for the lease: the jobs must be frozen

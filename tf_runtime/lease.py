@@ -29,10 +29,15 @@ UNKNOWN_RECHECK_S = 1.0
 
 def write_lease(path: Path, until: float) -> None:
     """Write the lease's end (monotonic seconds; inf: none) atomically: a reader never
-    sees a half-written number."""
+    sees a half-written number. On an OSError (the ramdisk full) nothing of it is left
+    beside the file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(repr(until))
-    tmp.replace(path)
+    try:
+        tmp.write_text(repr(until))
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class Lease:

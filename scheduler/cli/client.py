@@ -219,7 +219,7 @@ ANSWER_MAY_BE_LOST = {
 def _never_sent(exc: grpc.RpcError) -> bool:
     """The call failed before the scheduler could have read it (nothing listens there, the
     name does not resolve): what it asked for certainly was not done."""
-    details = ((exc.details() if hasattr(exc, "details") else None) or str(exc)).lower()
+    details = _details(exc).lower()
     return any(m in details for m in ("connection refused", "failed to connect", "dns resolution failed",
                                       "errors resolving", "lookup", "connections to all backends failing"))
 

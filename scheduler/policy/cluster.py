@@ -125,7 +125,7 @@ class Ledger:
         self.spread: set[str] = set()
         self.grown: set[str] = set()
         self._free: dict[str, set[int]] = {
-            name: set(s.gpu_indices or range(s.num_gpus)) if name not in self.cordoned else set()
+            name: set(s.registered_indices) if name not in self.cordoned else set()
             for name, s in self.servers.items()
         }
         self._n_free = sum(len(f) for f in self._free.values())

@@ -181,5 +181,4 @@ def _servers_for(ledger: Ledger, state: GandivaState, job: JobView) -> list[str]
 
 
 def _gpus_of(ledger: Ledger, name: str) -> Placement:
-    server = ledger.servers[name]
-    return tuple(GpuRef(name, i) for i in (server.gpu_indices or range(server.num_gpus)))
+    return tuple(GpuRef(name, i) for i in ledger.servers[name].registered_indices)

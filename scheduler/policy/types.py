@@ -88,6 +88,11 @@ class ServerView:
     # 0..num_gpus-1. The policy places only on these.
     gpu_indices: tuple[int, ...] = ()
 
+    @property
+    def registered_indices(self) -> tuple[int, ...]:
+        """The indices of the GPUs the policy may place on (``gpu_indices``, else 0..num_gpus-1)."""
+        return self.gpu_indices or tuple(range(self.num_gpus))
+
 
 @dataclass(frozen=True)
 class JobView:

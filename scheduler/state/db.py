@@ -137,20 +137,19 @@ def sqlite_file(engine: AsyncEngine) -> SqliteFile | None:
 
 def _sqlite_engine(url: str, database: str | None, immediate: bool = True, pin: SqliteFile | None = None,
                    **kwargs: Any) -> AsyncEngine:
-    if pin is not None and pin.identity is not None:
-        pass  # opened already: never made again (SqliteFile)
-    elif database and database != ":memory:":
-        parent = Path(database).parent
+    path = database if database and database != ":memory:" else None  # a file's name
+    if path is not None and (pin is None or pin.identity is None):  # (once opened, never made again: SqliteFile)
+        parent = Path(path).parent
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OSError(f"cannot make the database's directory {parent} ({exc.strerror}); "
                           "point GANDIVA_HOME or --db to a writable place") from None
-        if not database.startswith("file:"):  # a URI names its file its own way
-            _owner_only(Path(database))
+        if not path.startswith("file:"):  # a URI names its file its own way
+            _owner_only(Path(path))
     engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
-    if pin is None and database and database != ":memory:" and not database.startswith("file:"):
-        pin = SqliteFile(database)  # (a URI names its file, and how to open it, its own way)
+    if pin is None and path is not None and not path.startswith("file:"):
+        pin = SqliteFile(path)  # (a URI names its file, and how to open it, its own way)
     _configure_sqlite(engine.sync_engine, immediate, pin)
     if pin is not None:
         _PINS[engine.sync_engine] = pin

@@ -70,6 +70,16 @@ def _result(jobs: list, servers: tuple, policy: Policy) -> tuple[dict, list]:
     return summarize(result), per_job
 
 
+def _same_looking_only_at_changes(jobs: list, servers: tuple, cfg: PolicyConfig) -> tuple[dict, list]:
+    """gandiva's result with ``cfg``, checked to be every job's times of the same policy
+    looking at everything in every call (incremental off)."""
+    fast = _result(jobs, servers, get_policy("gandiva", cfg))
+    every = get_policy("gandiva", cfg)
+    every.incremental = False  # type: ignore[attr-defined]
+    assert fast == _result(jobs, servers, every)
+    return fast
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_incremental_snapshots_and_skipped_queue_change_nothing(policy: str, seed: int) -> None:
@@ -154,11 +164,7 @@ def test_gandiva_looking_only_at_changed_and_due_groups_changes_nothing(rules: s
     servers = make_cluster("3x4")
     jobs = generate(160, seed=3, median_duration_s=1800, max_gpus=4, grow_shrink_prob=0.1)
     jobs, _ = scale_to_load(jobs, servers, MODEL, 2.0)
-    fast = _result(jobs, servers, get_policy("gandiva", RULES[rules]))
-    every = get_policy("gandiva", RULES[rules])
-    every.incremental = False  # type: ignore[attr-defined]
-    full = _result(jobs, servers, every)
-    assert fast == full
+    fast = _same_looking_only_at_changes(jobs, servers, RULES[rules])
     # The workload really time-slices and packs (else rotation and packing were idle).
     assert fast[0]["suspends"] > 50 and fast[0]["packs"] > 0
 
@@ -191,10 +197,7 @@ def test_gandiva_balancing_sizes_decides_the_same_looking_only_at_changes(max_gp
     other change, so every job's times are those of looking at every group."""
     servers = make_cluster("6x4")
     jobs, _ = scale_to_load(generate(200, seed=0, max_gpus=max_gpus), servers, MODEL, 3.0)
-    fast = _result(jobs, servers, get_policy("gandiva", PolicyConfig(balance_sizes=True)))
-    every = get_policy("gandiva", PolicyConfig(balance_sizes=True))
-    every.incremental = False  # type: ignore[attr-defined]
-    assert fast == _result(jobs, servers, every)
+    fast = _same_looking_only_at_changes(jobs, servers, PolicyConfig(balance_sizes=True))
     plain = _result(jobs, servers, get_policy("gandiva", PolicyConfig(balance_sizes=False)))
     # The rule really acted here: it handed servers over (each a handful of migrations; fewer
     # since a count none of whose waiting jobs can take a server is no longer handed one).
@@ -209,10 +212,7 @@ def test_gandiva_blocking_large_jobs_decides_the_same_looking_only_at_changes() 
     servers = make_cluster("6x2")
     cfg = PolicyConfig(large_block_after_s=600.0, max_jobs_per_gpu=4)
     jobs, _ = scale_to_load(generate(160, seed=5, median_duration_s=1800, max_gpus=4), servers, MODEL, 2.0)
-    fast = _result(jobs, servers, get_policy("gandiva", cfg))
-    every = get_policy("gandiva", cfg)
-    every.incremental = False  # type: ignore[attr-defined]
-    assert fast == _result(jobs, servers, every)
+    fast = _same_looking_only_at_changes(jobs, servers, cfg)
     # The rule really acted here: many jobs start or finish at other times than without it.
     plain = _result(jobs, servers, get_policy("gandiva", dataclasses.replace(cfg, large_block_after_s=None)))
     assert sum(a != b for a, b in zip(fast[1], plain[1], strict=True)) > 20
@@ -225,10 +225,7 @@ def test_gandiva_first_turns_of_large_jobs_decide_the_same_looking_only_at_chang
     servers = make_cluster("4x2")
     cfg = PolicyConfig(probe_large=True, max_jobs_per_gpu=4)
     jobs, _ = scale_to_load(generate(160, seed=1, median_duration_s=1800, max_gpus=8), servers, MODEL, 2.0)
-    fast = _result(jobs, servers, get_policy("gandiva", cfg))
-    every = get_policy("gandiva", cfg)
-    every.incremental = False  # type: ignore[attr-defined]
-    assert fast == _result(jobs, servers, every)
+    fast = _same_looking_only_at_changes(jobs, servers, cfg)
     # The rule really acted here: first turns were given over other counts' servers.
     plain = _result(jobs, servers, get_policy("gandiva", dataclasses.replace(cfg, probe_large=False)))
     assert fast[0]["parks"] > plain[0]["parks"]
