@@ -322,8 +322,10 @@ def test_describe_says_whether_a_pack_helped_with_the_measured_rates(policy_clus
         m = VERDICT.search(text)
         assert m, text
         assert m[1] == other and {m[3], m[6]} == set(ids)
-        # The ratio shown is the one the rates shown give (each rounded to 3 digits).
-        gain = float(m[4]) / float(m[5]) + float(m[7]) / float(m[8])
+        # The ratio shown is the one the rates shown give (each rounded to 3 digits), each
+        # job's packed/alone clipped at 1 (9c1d899: no job runs faster packed than alone; a
+        # noisy "alone" rate, 47 packed vs 33.4 alone, once showed 2.00x, not 2.44x).
+        gain = min(float(m[4]) / float(m[5]), 1.0) + min(float(m[7]) / float(m[8]), 1.0)
         assert abs(gain - float(m[2])) < 0.02 * gain, text
     # The pack itself names the job it was packed beside.
     reasons = [t.reason for j in ids for t in c.job(j).history]
