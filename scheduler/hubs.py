@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
 from scheduler.errors import FailedPrecondition, Unavailable
+from scheduler.pace import Pace
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -51,15 +52,23 @@ MAX_UNANSWERED = 1000
 # Put in a dropped box's queue (``HelperHub.fail_all``): the command stream reading it ends,
 # so that a helper that was only silent (paused, cut off for a while) reconnects its stream
 # to the server's new box instead of waiting on the old one for commands that never come.
-END_STREAM = object()
+# Told by identity (``is``); never sent.
+END_STREAM = helper_pb2.HelperCommand(command_id="end of stream")
+
+
+# A server's command as queued: (its place in the order they were sent, the command).
+Queued = tuple[int, helper_pb2.HelperCommand]
 
 
 @dataclass
 class _Outbox:
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    # Commands in the order they were sent, whatever was put back in its place since
+    # (HelperHub.resend, put_back): a PriorityQueue of Queued.
+    queue: asyncio.PriorityQueue = field(default_factory=asyncio.PriorityQueue)
     pending: dict[str, asyncio.Future] = field(default_factory=dict)
     # Commands written into a command stream and not answered yet (HelperHub.resend).
-    sent: dict[str, helper_pb2.HelperCommand] = field(default_factory=dict)
+    sent: dict[str, Queued] = field(default_factory=dict)
+    sent_so_far: int = 0
 
 
 class HelperHub:
@@ -76,7 +85,8 @@ class HelperHub:
         box = self.box(server)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         box.pending[cmd.command_id] = fut
-        box.queue.put_nowait(cmd)
+        box.sent_so_far += 1
+        box.queue.put_nowait((box.sent_so_far, cmd))
         return fut
 
     async def call(
@@ -101,13 +111,22 @@ class HelperHub:
             box.sent.pop(result.command_id, None)
             _resolve(box.pending, result.command_id, result)
 
-    def delivered(self, box: _Outbox, cmd: helper_pb2.HelperCommand) -> None:
-        """``cmd`` was written into a command stream: gRPC took it, which does not mean the
-        helper got it. Kept until answered, for ``resend``."""
+    def delivered(self, box: _Outbox, item: Queued) -> None:
+        """``item``'s command was written into a command stream: gRPC took it, which does
+        not mean the helper got it. Kept until answered, for ``resend``."""
+        cmd = item[1]
         if cmd.command_id in box.pending:
-            box.sent[cmd.command_id] = cmd
+            box.sent[cmd.command_id] = item
             if len(box.sent) > MAX_UNANSWERED:  # only ever awaited commands; bounded all the same
                 box.sent.pop(next(iter(box.sent)))
+
+    @staticmethod
+    def put_back(box: _Outbox, item: Queued) -> None:
+        """``item`` was taken from ``box`` by a command stream that could not write it (ended
+        meanwhile): it goes back in its place, before the commands sent after it. Before,
+        it went behind them, also behind those a newer stream's ``resend`` had already put
+        back: a launch then reached the helper after a later command about its job."""
+        box.queue.put_nowait(item)
 
     def resend(self, server: str) -> int:
         """A helper opened a new command stream: the commands written into its earlier ones
@@ -118,14 +137,10 @@ class HelperHub:
         unanswered. The helper runs a command id once: one that did arrive is not run
         twice, and its result comes from the helper's outbox. Returns how many."""
         box = self.box(server)
-        again = [cmd for cid, cmd in box.sent.items() if (fut := box.pending.get(cid)) is not None and not fut.done()]
+        again = [item for cid, item in box.sent.items() if (fut := box.pending.get(cid)) is not None and not fut.done()]
         box.sent.clear()
-        if again:
-            waiting = []
-            while not box.queue.empty():
-                waiting.append(box.queue.get_nowait())
-            for cmd in again + waiting:
-                box.queue.put_nowait(cmd)
+        for item in again:  # each in its place: before every command still waiting
+            box.queue.put_nowait(item)
         return len(again)
 
     def fail_all(self, server: str, reason: str) -> None:
@@ -137,7 +152,7 @@ class HelperHub:
             _fail(box.pending, reason)
             while not box.queue.empty():
                 box.queue.get_nowait()
-            box.queue.put_nowait(END_STREAM)
+            box.queue.put_nowait((0, END_STREAM))
 
 
 @dataclass
@@ -157,6 +172,10 @@ class RuntimeConn:
     # Its last mini-batch time (its progress reports): a shim reports only when its step
     # count changes, so within one mini-batch it is silent.
     step_s: float = 0.0
+    # Its last migratability verdict (migratable, reason); None until it sends one. The
+    # job's row may drop it (the launch marked uncontrollable meanwhile): see
+    # SchedulerCore.record_runtime_connected.
+    verdict: tuple[bool, str] | None = None
 
 
 class RuntimeHub:
@@ -172,6 +191,9 @@ class RuntimeHub:
     # How many launches told to exit are remembered (kill_stale): launches end for good,
     # so only memory bounds it; a copy connecting that late is judged by runtime_hello.
     told_to_exit_kept = 4096
+    # Messages a second one launch's streams are read at, together, past a burst (a runtime
+    # sends about one); launches whose pace is kept (the newest to connect).
+    rate, burst, paces_kept = 20, 200, 65536
 
     def __init__(self) -> None:
         self._conns: dict[str, dict[str, RuntimeConn]] = {}
@@ -184,6 +206,7 @@ class RuntimeHub:
         # Launches found unconnected at their deadline, whose hello has not come since
         # (oldest first; see give_up).
         self._given_up: dict[tuple[str, str], None] = {}
+        self._paces: dict[tuple[str, str], Pace] = {}
 
     def watch(self, job_id: str, incarnation: str) -> None:
         """Start remembering whether launch `incarnation` of the job ever connects."""
@@ -211,6 +234,16 @@ class RuntimeHub:
             return False
         del self._given_up[key]
         return True
+
+    def pace(self, job_id: str, incarnation: str) -> Pace:
+        """What every stream of that launch reads its messages by, hellos included. It was
+        one per stream: a job's process (its own runtime token is enough) opening 20 streams
+        was read 20 times as fast, each with a burst of its own; and kept while the launch is
+        away, so that reconnecting starts no new burst."""
+        key = (job_id, incarnation)
+        pace = self._paces.pop(key, None) or Pace(self.rate, self.burst)
+        _remember(self._paces, key, pace, self.paces_kept)
+        return pace
 
     def attach(self, job_id: str, incarnation: str) -> RuntimeConn:
         if (job_id, incarnation) in self._watched:
@@ -313,6 +346,11 @@ class RuntimeHub:
         """The connected process's tower count; 0 when none is known."""
         conn = self._find(job_id, incarnation)
         return conn.towers if conn is not None else 0
+
+    def verdict(self, job_id: str, incarnation: str = "") -> tuple[bool, str] | None:
+        """The connected process's last migratability verdict; None when none is known."""
+        conn = self._find(job_id, incarnation)
+        return conn.verdict if conn is not None else None
 
     def connected(self, job_id: str, incarnation: str = "") -> bool:
         return self._find(job_id, incarnation) is not None

@@ -10,7 +10,9 @@ import asyncio
 
 class Pace:
     """``await pace.take()`` before handling each message: at once for the first ``burst``,
-    then at ``rate`` a second (on the running event loop's clock)."""
+    then at ``rate`` a second (on the running event loop's clock). Several tasks may share
+    one (a launch's streams): each takes its turn before it waits, so together they get
+    ``rate``; when each waited for the allowance it saw, 20 of them got 20 turns at once."""
 
     def __init__(self, rate: float, burst: float) -> None:
         self.rate, self.burst = rate, burst
@@ -22,6 +24,6 @@ class Pace:
         if self._at is not None:
             self._allowance = min(self.burst, self._allowance + (now - self._at) * self.rate)
         self._at = now
-        if self._allowance < 1:
-            await asyncio.sleep((1 - self._allowance) / self.rate)
         self._allowance -= 1
+        if self._allowance < 0:
+            await asyncio.sleep(-self._allowance / self.rate)

@@ -14,7 +14,7 @@ from scheduler import auth
 from scheduler.api.status import code_for, unexpected_status
 from scheduler.core import SchedulerCore
 from scheduler.errors import GandivaError
-from scheduler.hubs import RuntimeConn
+from scheduler.hubs import RuntimeConn, RuntimeHub
 from scheduler.pace import Pace
 from scheduler.validation import (
     MAX_STEPS,
@@ -28,8 +28,8 @@ from scheduler.validation import (
 log = logging.getLogger(__name__)
 
 MAX_SIGNATURE_CHARS = 64 * 1024
-# Messages a second one runtime stream is read at past a burst (a runtime sends about one).
-RUNTIME_RATE, RUNTIME_BURST = 20, 200
+# Messages a second one launch's runtime streams are read at past a burst (RuntimeHub.pace).
+RUNTIME_RATE, RUNTIME_BURST = RuntimeHub.rate, RuntimeHub.burst
 
 
 MAX_METRICS = 64
@@ -66,6 +66,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             check_id("hello.job_id", hello.job_id)
             check_text("hello.incarnation", hello.incarnation, 64)
             auth.require_runtime(auth.current(), hello.job_id, hello.incarnation)
+            pace = self.core.runtimes.pace(hello.job_id, hello.incarnation)
+            await pace.take()  # each hello is a database read
             uncontrollable, running, stale = await self.core.runtime_hello(hello.job_id, hello.incarnation)
         except GandivaError as err:
             await context.abort(code_for(err) or grpc.StatusCode.INTERNAL, str(err))
@@ -92,7 +94,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         except GandivaError as err:
             log.warning("could not record that job %s's runtime connected: %s", hello.job_id, err)
         log.info("runtime of job %s (incarnation %s, pid %d) connected", hello.job_id, hello.incarnation, hello.pid)
-        reader = asyncio.create_task(self._read(conn, request_iterator, heeded=not (stale or told)))
+        reader = asyncio.create_task(self._read(conn, request_iterator, pace, heeded=not (stale or told)))
         getter: asyncio.Task | None = None
         try:
             while True:
@@ -119,18 +121,19 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             else:
                 log.info("runtime of job %s (incarnation %s) disconnected", conn.job_id, conn.incarnation)
 
-    async def _read(self, conn: RuntimeConn, it: AsyncIterator[runtime_pb2.RuntimeMessage], heeded: bool = True) -> None:
+    async def _read(self, conn: RuntimeConn, it: AsyncIterator[runtime_pb2.RuntimeMessage], pace: Pace,
+                    heeded: bool = True) -> None:
         """Reads what the runtime sends. Not ``heeded`` (a launch the job no longer runs,
         told to exit): only its acks are taken. Its token stays good for ever, so its old
         process, or whoever replays the token, had marked the job "not migratable", turned
         grow-shrink off for good and reported progress, meanwhile."""
         total_seen = 0  # the program's own total mini-batches, recorded once per value
         loop = asyncio.get_running_loop()
-        pace = Pace(RUNTIME_RATE, RUNTIME_BURST)
         async for msg in it:
             # A job's runtime sends about one report a second and an ack per command; one that
             # sends more is read at RUNTIME_RATE (gRPC's flow control holds back the rest): a
             # job flooding migratability reports kept the scheduler 85% busy writing them.
+            # The pace is the launch's, shared by all its streams (RuntimeHub.pace).
             await pace.take()
             conn.heard_at = loop.time()
             kind = msg.WhichOneof("body")
@@ -168,10 +171,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                             conn.job_id, conn.incarnation, max(0, t.towers),
                             max(0, t.checkpoint_towers), max(0, t.devices))
                 elif kind == "migratability":
-                    await self.core.record_migratability(
-                        conn.job_id, msg.migratability.migratable,
-                        clean_text(msg.migratability.reason, 1024)
-                    )
+                    conn.verdict = (msg.migratability.migratable, clean_text(msg.migratability.reason, 1024))
+                    await self.core.record_migratability(conn.job_id, *conn.verdict)
             except GandivaError as err:
                 # A progress report lost to a brief database outage is superseded by the next one.
                 log.warning("runtime message of job %s not recorded: %s", conn.job_id, err)
