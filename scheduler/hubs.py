@@ -52,15 +52,23 @@ MAX_UNANSWERED = 1000
 # Put in a dropped box's queue (``HelperHub.fail_all``): the command stream reading it ends,
 # so that a helper that was only silent (paused, cut off for a while) reconnects its stream
 # to the server's new box instead of waiting on the old one for commands that never come.
-END_STREAM = object()
+# Told by identity (``is``); never sent.
+END_STREAM = helper_pb2.HelperCommand(command_id="end of stream")
+
+
+# A server's command as queued: (its place in the order they were sent, the command).
+Queued = tuple[int, helper_pb2.HelperCommand]
 
 
 @dataclass
 class _Outbox:
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    # Commands in the order they were sent, whatever was put back in its place since
+    # (HelperHub.resend, put_back): a PriorityQueue of Queued.
+    queue: asyncio.PriorityQueue = field(default_factory=asyncio.PriorityQueue)
     pending: dict[str, asyncio.Future] = field(default_factory=dict)
     # Commands written into a command stream and not answered yet (HelperHub.resend).
-    sent: dict[str, helper_pb2.HelperCommand] = field(default_factory=dict)
+    sent: dict[str, Queued] = field(default_factory=dict)
+    sent_so_far: int = 0
 
 
 class HelperHub:
@@ -77,7 +85,8 @@ class HelperHub:
         box = self.box(server)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         box.pending[cmd.command_id] = fut
-        box.queue.put_nowait(cmd)
+        box.sent_so_far += 1
+        box.queue.put_nowait((box.sent_so_far, cmd))
         return fut
 
     async def call(
@@ -102,13 +111,22 @@ class HelperHub:
             box.sent.pop(result.command_id, None)
             _resolve(box.pending, result.command_id, result)
 
-    def delivered(self, box: _Outbox, cmd: helper_pb2.HelperCommand) -> None:
-        """``cmd`` was written into a command stream: gRPC took it, which does not mean the
-        helper got it. Kept until answered, for ``resend``."""
+    def delivered(self, box: _Outbox, item: Queued) -> None:
+        """``item``'s command was written into a command stream: gRPC took it, which does
+        not mean the helper got it. Kept until answered, for ``resend``."""
+        cmd = item[1]
         if cmd.command_id in box.pending:
-            box.sent[cmd.command_id] = cmd
+            box.sent[cmd.command_id] = item
             if len(box.sent) > MAX_UNANSWERED:  # only ever awaited commands; bounded all the same
                 box.sent.pop(next(iter(box.sent)))
+
+    @staticmethod
+    def put_back(box: _Outbox, item: Queued) -> None:
+        """``item`` was taken from ``box`` by a command stream that could not write it (ended
+        meanwhile): it goes back in its place, before the commands sent after it. Before,
+        it went behind them, also behind those a newer stream's ``resend`` had already put
+        back: a launch then reached the helper after a later command about its job."""
+        box.queue.put_nowait(item)
 
     def resend(self, server: str) -> int:
         """A helper opened a new command stream: the commands written into its earlier ones
@@ -119,14 +137,10 @@ class HelperHub:
         unanswered. The helper runs a command id once: one that did arrive is not run
         twice, and its result comes from the helper's outbox. Returns how many."""
         box = self.box(server)
-        again = [cmd for cid, cmd in box.sent.items() if (fut := box.pending.get(cid)) is not None and not fut.done()]
+        again = [item for cid, item in box.sent.items() if (fut := box.pending.get(cid)) is not None and not fut.done()]
         box.sent.clear()
-        if again:
-            waiting = []
-            while not box.queue.empty():
-                waiting.append(box.queue.get_nowait())
-            for cmd in again + waiting:
-                box.queue.put_nowait(cmd)
+        for item in again:  # each in its place: before every command still waiting
+            box.queue.put_nowait(item)
         return len(again)
 
     def fail_all(self, server: str, reason: str) -> None:
@@ -138,7 +152,7 @@ class HelperHub:
             _fail(box.pending, reason)
             while not box.queue.empty():
                 box.queue.get_nowait()
-            box.queue.put_nowait(END_STREAM)
+            box.queue.put_nowait((0, END_STREAM))
 
 
 @dataclass

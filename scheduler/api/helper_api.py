@@ -174,18 +174,18 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         log.info("helper %s connected its command stream", request.server)
         try:
             while True:
-                cmd = await box.queue.get()
-                if cmd is END_STREAM:
+                item = await box.queue.get()
+                if item[1] is END_STREAM:
                     # Marked down meanwhile: the helper reconnects (and registers) again.
                     log.info("helper %s: its server went down; ending its command stream", request.server)
                     return
                 try:
-                    yield cmd
+                    yield item[1]
                 except BaseException:
-                    # Not delivered: keep it for the helper's next stream.
-                    box.queue.put_nowait(cmd)
+                    # Not delivered: kept, in its place, for the helper's next stream.
+                    hub.put_back(box, item)
                     raise
-                hub.delivered(box, cmd)
+                hub.delivered(box, item)
         except asyncio.CancelledError:
             if me not in self._superseded:
                 raise
