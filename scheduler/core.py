@@ -1435,24 +1435,30 @@ class SchedulerCore:
         async with self.tx() as s:
             job = await repo.get_job(s, job_id)
             if not job.suspendable:
-                return  # the job's current launch was found uncontrollable
-            if job.migratable != migratable:
-                job.migratable = migratable
-                job.control_note = "" if migratable else reason
-                repo.add_event(
-                    s, self.clock(), "job.migratable", f"{'migratable' if migratable else 'not migratable'}: {reason}", job_id=job_id
-                )
-            if not migratable and job.restore_checkpoint:
-                # A checkpoint taken before the verdict (a periodic one in its first steps):
-                # resumed from it after a host loss, such a job trained on other input (its
-                # dropout's generator started over) and ended with other weights; from step
-                # 0 it ends as an uninterrupted run would.
-                repo.add_event(s, self.clock(), "job.checkpoint",
-                               f"restore point step {job.restore_step} ({job.restore_checkpoint}) "
-                               "dropped: the job is not migratable, so it cannot resume from a "
-                               "checkpoint; lost, it starts again from step 0", job_id=job_id)
-                job.restore_checkpoint, job.restore_server, job.restore_step = "", "", 0
+                # The job's current launch was found uncontrollable: its runtime's
+                # connection keeps the verdict, applied when the mark is undone.
+                return
+            self._apply_verdict(s, job, migratable, reason)
 
+    def _apply_verdict(self, s: AsyncSession, job: Job, migratable: bool, reason: str) -> None:
+        """Write a runtime's migratability verdict into the job's row (in ``s``)."""
+        if job.migratable != migratable:
+            repo.add_event(
+                s, self.clock(), "job.migratable", f"{'migratable' if migratable else 'not migratable'}: {reason}",
+                job_id=job.id
+            )
+        # (Also when unchanged: an undone uncontrollable mark left its own note, or none.)
+        job.migratable, job.control_note = migratable, "" if migratable else reason
+        if not migratable and job.restore_checkpoint:
+            # A checkpoint taken before the verdict (a periodic one in its first steps):
+            # resumed from it after a host loss, such a job trained on other input (its
+            # dropout's generator started over) and ended with other weights; from step
+            # 0 it ends as an uninterrupted run would.
+            repo.add_event(s, self.clock(), "job.checkpoint",
+                           f"restore point step {job.restore_step} ({job.restore_checkpoint}) "
+                           "dropped: the job is not migratable, so it cannot resume from a "
+                           "checkpoint; lost, it starts again from step 0", job_id=job.id)
+            job.restore_checkpoint, job.restore_server, job.restore_step = "", "", 0
 
     async def record_towers_changed(self, job_id: str, incarnation: str, towers: int,
                                     checkpoint_towers: int, devices: int) -> bool:
@@ -1509,14 +1515,20 @@ class SchedulerCore:
         return not suspendable and this_launch, this_launch and state == JobState.RUNNING.value, stale and bool(incarnation)
 
     async def record_runtime_connected(self, job_id: str, incarnation: str) -> None:
-        """A runtime of the current launch connected after all: suspendable again (its
-        migratability verdict follows from the shim)."""
+        """A runtime of the current launch connected after all: suspendable again, and
+        migratable as its runtime last said. Its verdict may have come while the mark was
+        written (recorded, then overwritten by the mark) or after (dropped by
+        record_migratability): before, the job then stayed not migratable until its shim
+        reconnected and said it again."""
+        verdict = self.runtimes.verdict(job_id, incarnation)
         async with self.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.suspendable or (incarnation and job.incarnation != incarnation):
                 return
             job.suspendable, job.control_note = True, ""
             repo.add_event(s, self.clock(), "job.controllable", f"runtime of launch {incarnation} connected", job_id=job_id)
+            if verdict is not None:
+                self._apply_verdict(s, job, *verdict)
 
 
 def spec_of(job: Job) -> common_pb2.JobSpec:

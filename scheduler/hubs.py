@@ -172,6 +172,10 @@ class RuntimeConn:
     # Its last mini-batch time (its progress reports): a shim reports only when its step
     # count changes, so within one mini-batch it is silent.
     step_s: float = 0.0
+    # Its last migratability verdict (migratable, reason); None until it sends one. The
+    # job's row may drop it (the launch marked uncontrollable meanwhile): see
+    # SchedulerCore.record_runtime_connected.
+    verdict: tuple[bool, str] | None = None
 
 
 class RuntimeHub:
@@ -342,6 +346,11 @@ class RuntimeHub:
         """The connected process's tower count; 0 when none is known."""
         conn = self._find(job_id, incarnation)
         return conn.towers if conn is not None else 0
+
+    def verdict(self, job_id: str, incarnation: str = "") -> tuple[bool, str] | None:
+        """The connected process's last migratability verdict; None when none is known."""
+        conn = self._find(job_id, incarnation)
+        return conn.verdict if conn is not None else None
 
     def connected(self, job_id: str, incarnation: str = "") -> bool:
         return self._find(job_id, incarnation) is not None

@@ -44,6 +44,10 @@ class FakeShim:
         self.out.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
             steps=steps, rate=rate, metrics={"loss": 0.5}, total_steps=total_steps)))
 
+    def verdict(self, migratable: bool, reason: str = "") -> None:
+        self.out.put(runtime_pb2.RuntimeMessage(migratability=runtime_pb2.MigratabilityReport(
+            migratable=migratable, reason=reason)))
+
     def close(self) -> None:
         self.out.put(None)
         self.stream.cancel()
@@ -237,3 +241,46 @@ def test_a_runtime_that_says_hello_as_its_deadline_passes_keeps_its_job_controll
         assert not stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).control_note
         shim.close()
         commands.cancel()
+
+
+def test_a_verdict_said_around_an_uncontrollable_mark_survives_its_undo(
+        make_scheduler, db_url, wait_for) -> None:  # type: ignore[no-untyped-def]
+    """A launch's connect deadline passed just before its runtime's hello: the hello read
+    the job controllable, the runtime said its migratability verdict, and the deadline's
+    "uncontrollable" mark, written then, was undone (LiveEngine._watch_runtime). Before, a
+    verdict said before the mark was overwritten by it and one said while it stood was
+    dropped: the job stayed "not migratable" with no reason (never moved, parked or
+    defragmented) until its shim reconnected. Now the undo applies the runtime's last one.
+    The deadline's two writes are made here as the watch makes them."""
+    from scheduler.core import Settings
+
+    sched = make_scheduler(db_url, tick_s=0.2, settings=Settings(runtime_connect_deadline_s=600))
+    core = sched.server.core
+    with grpc.insecure_channel(sched.address) as ch:
+        stub, _, commands, job, launch = _launched(ch)
+        job_id, incarnation = job.id, launch.incarnation
+        get = lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+        wait_for(lambda: get().state == common_pb2.JOB_STATE_RUNNING, 30)
+        shim = FakeShim(ch, job_id, incarnation)
+        try:
+            # Said before the mark: recorded, then overwritten by it.
+            shim.verdict(False, "a dropout op: its generator cannot be restored")
+            wait_for(lambda: not get().migratable, 30)
+            assert sched.call(core.record_uncontrollable(job_id, incarnation, "no runtime within the deadline"))
+            sched.call(core.record_runtime_connected(job_id, incarnation))
+            job = get()
+            assert job.suspendable and not job.migratable
+            assert job.control_note == "a dropout op: its generator cannot be restored", job.control_note
+            # Said while the mark stands: dropped by the row, kept by the connection. (A
+            # progress report behind it tells when it has been read: one stream, in order.)
+            assert sched.call(core.record_uncontrollable(job_id, incarnation, "no runtime within the deadline"))
+            shim.verdict(True)
+            shim.progress(7, 5.0)
+            wait_for(lambda: get().steps == 7, 30)
+            assert not get().migratable
+            sched.call(core.record_runtime_connected(job_id, incarnation))
+            job = get()
+            assert job.suspendable and job.migratable and not job.control_note, job
+        finally:
+            shim.close()
+            commands.cancel()
