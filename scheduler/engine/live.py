@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from migration_protocol.fast_path import MigrationResult, MigrationTimeouts, Outcome
@@ -52,6 +53,8 @@ log = logging.getLogger(__name__)
 DISOBEYED_RISES = 5
 # Mini-batches a job may report past the step at which it acked a suspend (a report in flight).
 SUSPENDED_STEPS_SLACK = 2
+# Entries of LiveEngine._suspended kept before those of jobs no longer suspended are pruned.
+SUSPENDED_KEPT = 100_000
 
 # Fetches of a checkpoint that may fail in a row before the job starts from step 0 instead.
 MAX_FETCH_TRIES = 3
@@ -146,7 +149,10 @@ class LiveEngine:
         self._hangs_checked = float("-inf")  # when watch_hangs last looked (monotonic)
         # Jobs recorded suspended by their shim's ack: (that launch, the highest step it had
         # reported then). One that reports higher steps before its resume did not suspend.
+        # A job that leaves SUSPENDED other than by _resume (killed, re-queued, moved) leaves
+        # its entry: past SUSPENDED_KEPT entries, those are pruned (_prune_suspended).
         self._suspended: dict[str, tuple[str, int]] = {}
+        self._prune_suspended_at = SUSPENDED_KEPT
         # Server -> until when (monotonic) no job is placed there: its helper failed a launch
         # for a reason of its own (its disk full, no process could be started).
         self._quarantined: dict[str, float] = {}
@@ -1057,9 +1063,29 @@ class LiveEngine:
         # ack left a job RUNNING in the database and suspended in its process, for good).
         await self.core.record_when_reachable(f"{job_id}'s {target.value.lower()} state", record)
         if target is JobState.SUSPENDED:
-            if len(self._suspended) > 100_000:  # jobs that ended suspended (bounded)
-                self._suspended.clear()
             self._suspended[job_id] = (incarnation, max(ack.step, self.core.steps_seen(job_id, incarnation)))
+            if len(self._suspended) > self._prune_suspended_at:
+                await self._prune_suspended()
+                # (So many suspended at once: the next read waits until there are twice as many.)
+                self._prune_suspended_at = max(SUSPENDED_KEPT, 2 * len(self._suspended))
+
+    async def _prune_suspended(self) -> None:
+        """Forget the entries of `_suspended` whose launch is not recorded SUSPENDED now.
+        Before, all were dropped at 100,000: the jobs suspended then were resumed unchecked
+        (one that had trained on through its suspend, with its partner, went on)."""
+        before = dict(self._suspended)
+        try:
+            async with self.core.tx(read=True) as s:
+                rows = (await s.execute(select(Job.id, Job.incarnation)
+                                        .where(Job.state == JobState.SUSPENDED.value))).all()
+            now = {(job_id, incarnation) for job_id, incarnation in rows}
+        except GandivaError as err:
+            log.warning("suspended jobs not read (%s): %d entries kept until the next suspend", err, len(before))
+            return
+        for job_id, entry in before.items():
+            # (An entry written while the read ran is newer than the read: kept.)
+            if (job_id, entry[0]) not in now and self._suspended.get(job_id) is entry:
+                del self._suspended[job_id]
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
         was, source = await self._where(job_id)
