@@ -23,6 +23,8 @@ from typing import Any
 
 import grpc
 
+from scheduler.inputfile import open_input
+
 AUTH_HEADER = "authorization"
 ENV_TOKEN = "GANDIVA_TOKEN"
 ENV_TLS_CA = "GANDIVA_TLS_CA"
@@ -34,11 +36,21 @@ class SecurityError(ValueError):
     """A TLS or token setting that cannot be used; the message names it."""
 
 
+# A certificate chain, or a CA bundle (the system's is about 200 KiB), is far smaller.
+MAX_PEM_BYTES = 4 << 20
+
+
 def _read(path: str, what: str) -> bytes:
     try:
-        data = Path(path).expanduser().read_bytes()
+        # Bounded, and a named pipe nothing writes to is refused: `--tls-key /dev/zero` took
+        # the scheduler to 2.9 GB in 20 s, and a FIFO held it for ever, before it said a word.
+        with open_input(path) as fh:
+            data = fh.read(MAX_PEM_BYTES + 1)
     except OSError as exc:
         raise SecurityError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    if len(data) > MAX_PEM_BYTES:
+        raise SecurityError(f"{what} {path}: larger than {MAX_PEM_BYTES >> 20} MiB, so not a certificate or "
+                            "key (PEM); give the file `gandiva tls init` wrote")
     if b"-----BEGIN " not in data:  # gRPC said only "Failed to create security handshaker"
         raise SecurityError(f"{what} {path}: not a PEM file (no -----BEGIN line); give the file "
                             "`gandiva tls init` wrote")

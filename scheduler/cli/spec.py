@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from scheduler.inputfile import open_input
 from scheduler.validation import MAX_GPUS, MAX_MEMBERS, MAX_PRIORITY, MAX_STEPS
 
 # Passed from the caller's environment unless the user says otherwise: what a
@@ -173,7 +174,7 @@ def _yaml_where(exc: yaml.YAMLError) -> str:
 def _load_yaml(path: str | Path) -> Any:
     try:
         # Bounded: `-f /dev/zero` (or any endless stream) must not read forever.
-        with Path(path).open("rb") as fh:
+        with open_input(path) as fh:  # (a named pipe nothing writes to: refused, not waited on)
             raw = fh.read(MAX_SPEC_FILE_BYTES + 1)
         if len(raw) > MAX_SPEC_FILE_BYTES:
             raise SpecError(f"{path}: larger than {MAX_SPEC_FILE_BYTES >> 20} MiB; a job spec or sweep is a "

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from scheduler.inputfile import open_input
 from scheduler.validation import MAX_GPUS
 
 logger = logging.getLogger(__name__)
@@ -1091,7 +1092,7 @@ def _lines(path: Path, stdin: bool = False, how: dict[str, str] | None = None) -
     try:
         # In chunks, so that a stream that never ends (or a binary file) is refused at once:
         # a text trace has no NUL byte, and none is larger than MAX_TRACE_BYTES.
-        with (open(sys.stdin.fileno(), "rb", closefd=False) if stdin else path.open("rb")) as raw:
+        with (open(sys.stdin.fileno(), "rb", closefd=False) if stdin else open_input(path)) as raw:
             fh, packed = _opened(path, raw)
             with fh:  # (raw itself, or its decompression)
                 if packed and how is not None:
