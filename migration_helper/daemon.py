@@ -35,6 +35,13 @@ from tf_runtime.lease import write_lease
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 5.0
+# A Register unanswered this long is sent again over another new connection (the first
+# is not given up): see HelperDaemon._register.
+REGISTER_HEDGE_S = 1.0
+# The session's channel keeps a TCP connection of its own (gRPC shares one per address
+# and options across a process's channels, by default even after a close): a session
+# that ended on a dead connection gets a fresh one, not that one back.
+SESSION_CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 # How long a transfer to an address not (yet) in the registered-helpers list waits for
 # the next heartbeat answer before it is refused: at least two default heartbeats.
 PEER_WAIT_S = 5.0
@@ -297,8 +304,11 @@ class HelperDaemon:
         said, said_at, unsaid = "", 0.0, 0
         while True:
             try:
-                async with aio_channel(self.config.scheduler, self.config.security) as channel:
-                    await self._session(helper_pb2_grpc.HelperStub(channel))
+                channel, reply = await self._register()
+                try:
+                    await self._session(helper_pb2_grpc.HelperStub(channel), reply)
+                finally:
+                    await channel.close()
             except (grpc.aio.AioRpcError, SessionEnded) as exc:
                 if self.registered.is_set():
                     said = ""  # a session that was up: its end is always said
@@ -342,8 +352,46 @@ class HelperDaemon:
                         job_id, incarnation)
             self.jobs.fence(job_id, incarnation)
 
-    async def _session(self, stub: helper_pb2_grpc.HelperStub) -> None:
-        reply = await stub.Register(self._register_request(), timeout=RPC_TIMEOUT_S)
+    async def _register(self) -> tuple[grpc.aio.Channel, helper_pb2.RegisterServerResponse]:
+        """Register over a new connection, and over one more every REGISTER_HEDGE_S while
+        none has answered (each waits RPC_TIMEOUT_S): the first answer wins and its
+        channel carries the session; the first failure ends the try (the caller backs off).
+
+        On a flapping link (cut and restored every 1-3 s) a Register reached the scheduler
+        and its answer did not come back within RPC_TIMEOUT_S: its segments, lost in a cut,
+        waited for TCP's next retransmission, whose timeout doubles with each loss and had
+        grown to 1.7-3.5 s, long after the link was back (`ss -ti` in the helper's
+        namespace). The next try came 5 s later, often over the same connection (gRPC
+        shares one per address across a process's channels), so getting a new session took
+        9-18 s, jobs frozen by the lease meanwhile, and with a heartbeat timeout under about
+        20 s the server could be called down. A new connection starts with fresh timers: the
+        first that meets the link up answers within a round trip
+        (tests/migration_helper/test_helper_reregister.py, tests/multihost/test_flapping_link.py)."""
+        request = self._register_request()
+        tries: dict[asyncio.Task[helper_pb2.RegisterServerResponse], grpc.aio.Channel] = {}
+
+        async def register(stub: helper_pb2_grpc.HelperStub) -> helper_pb2.RegisterServerResponse:
+            return await stub.Register(request, timeout=RPC_TIMEOUT_S)
+
+        try:
+            while True:
+                if len(tries) * REGISTER_HEDGE_S < RPC_TIMEOUT_S:
+                    channel = aio_channel(self.config.scheduler, self.config.security, SESSION_CHANNEL_OPTIONS)
+                    tries[asyncio.create_task(register(helper_pb2_grpc.HelperStub(channel)))] = channel
+                done, _ = await asyncio.wait(tries, timeout=REGISTER_HEDGE_S, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    continue
+                answered = [t for t in done if t.exception() is None]
+                winner = answered[0] if answered else next(iter(done))
+                reply = winner.result()  # the first failure, when none answered, ends the try
+                return tries.pop(winner), reply
+        finally:
+            for task, channel in tries.items():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                await channel.close()
+
+    async def _session(self, stub: helper_pb2_grpc.HelperStub, reply: helper_pb2.RegisterServerResponse) -> None:
         self._heard_clock(reply.scheduler_time)
         lease = reply.lease_s
         if self.config.lease_s is not None:

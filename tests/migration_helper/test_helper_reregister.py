@@ -1,0 +1,111 @@
+"""A helper whose link flaps gets its new session within a couple of seconds.
+
+On a link cut and restored every 1-3 s, what a cut drops waits for TCP's next
+retransmission, whose timeout doubles at each loss: a connection that lived through a few
+cuts answered seconds after the link was back (`ss -ti` showed 1.7-3.5 s), while a new
+connection answered at once. The helper used to register again over such a connection (gRPC
+shares one per address across a process's channels), one try every 5 s, and took 9-18 s
+to get a new session (tests/multihost/test_flapping_link.py).
+
+Here a relay between the helper and its scheduler (LocalControl, real gRPC) plays such a
+link: from the moment it is told, every connection it carries, and the next one opened
+through it, hold what the scheduler sends back (the helper's bytes still arrive);
+connections opened after that pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from migration_helper.config import HelperConfig
+from migration_helper.daemon import RPC_TIMEOUT_S, HelperDaemon
+from migration_helper.gpus import CpuBackend
+from migration_helper.local_control import LocalControl
+
+
+class StallingRelay:
+    """Loopback TCP relay to `target`. ``stall(new=N)``: the answers on every connection
+    open now and on the next N opened are held from then on (never delivered)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.rsplit(":", 1)
+        self.connections: list[asyncio.Event] = []  # one per connection: set = stalled
+        self._writers: list[asyncio.StreamWriter] = []
+        self._stall_next = 0
+        self._server: asyncio.base_events.Server | None = None
+        self.address = ""
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def stall(self, new: int) -> None:
+        for stalled in self.connections:
+            stalled.set()
+        self._stall_next = new
+
+    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, stalled: asyncio.Event | None) -> None:
+        try:
+            while data := await r.read(65536):
+                if stalled is not None and stalled.is_set():
+                    continue  # held, as in a retransmission queue nobody drains
+                w.write(data)
+                await w.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            w.close()
+
+    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        stalled = asyncio.Event()
+        if self._stall_next > 0:
+            self._stall_next -= 1
+            stalled.set()
+        self.connections.append(stalled)
+        sr, sw = await asyncio.open_connection(self.target[0], int(self.target[1]))
+        self._writers += [cw, sw]
+        await asyncio.gather(self._pipe(cr, sw, None), self._pipe(sr, cw, stalled))
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for w in self._writers:
+            w.transport.abort()
+        await asyncio.sleep(0.1)  # the pipes see their ends closed and return
+
+
+async def test_a_helper_whose_answers_are_held_registers_again_over_a_new_connection_at_once(tmp_path: Path) -> None:
+    control = LocalControl(heartbeat_interval_s=0.2)
+    await control.start()
+    relay = StallingRelay(control.address)
+    await relay.start()
+    daemon = HelperDaemon(HelperConfig(server_name="s1", scheduler=relay.address, ramdisk=tmp_path / "rd",
+                                       log_dir=tmp_path / "logs"), CpuBackend(1, "s1"))
+    await daemon.start()
+    try:
+        await asyncio.wait_for(daemon.registered.wait(), 10)
+        assert control.registrations["s1"] == 1
+        relay.stall(new=1)
+        stalled_at = time.monotonic()
+        # The session ends once a heartbeat has gone unanswered for RPC_TIMEOUT_S.
+        while daemon.registered.is_set():
+            assert time.monotonic() - stalled_at < RPC_TIMEOUT_S + 10, "the session never ended"
+            await asyncio.sleep(0.02)
+        ended_at = time.monotonic()
+        await asyncio.wait_for(daemon.registered.wait(), RPC_TIMEOUT_S + 10)
+        gap = time.monotonic() - ended_at
+        # Its first try, over the stalled new connection, got no answer; another new one did.
+        # Before: the next try came only after that one's 5-s deadline.
+        assert control.registrations["s1"] == 2 and len(relay.connections) >= 3, relay.connections
+        assert gap < RPC_TIMEOUT_S - 1.5, f"a new session took {gap:.1f}s after the old one ended"
+        print(f"\nnew session {gap:.2f}s after the old one ended, over connection {len(relay.connections)}")
+        # The new session works: its heartbeats are answered (the lease is renewed).
+        beats = control.heartbeats.get("s1")
+        await asyncio.sleep(1.0)
+        assert control.heartbeats.get("s1") is not beats and daemon.registered.is_set() and not daemon.frozen
+    finally:
+        await daemon.stop()
+        await relay.stop()
+        await control.stop()
