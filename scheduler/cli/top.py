@@ -126,6 +126,7 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
     if max_jobs is not None and len(active) > max_jobs:
         active = sorted(active, key=lambda j: 2 if j["state"] in TERMINAL else j["state"] == "QUEUED")
         more, active = len(active) - max_jobs, active[:max_jobs]
+    more += state.get("queued_not_listed", 0)  # the scheduler sends the first 1,000 queued
     shown = f"{len(active)} of {len(active) + more:,}" if more else f"{len(active)}"
     head = Text(f"Gandiva: {len(state['servers'])} servers, {shown} jobs shown, cluster height "
                 f"{state['height']}" + (" (overloaded: time-slicing)" if state["overloaded"] else ""),
@@ -154,8 +155,7 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
                              eta.short(-1.0 if j.get("eta_s") is None else j["eta_s"], j["steps"],
                                        j.get("total_steps", 0), ended=j["state"] in ("SUCCEEDED", "FAILED", "KILLED")),
                              f"{d['kind']}: {d['reason']}" if d else j["message"]))
-    rest = Text(f"... and {more:,} more jobs (gandiva get jobs lists them all; gandiva top --once too)\n"
-                if more else "", style="dim")
+    rest = Text(f"... and {more:,} more jobs (gandiva get jobs lists them all)\n" if more else "", style="dim")
     latest = Text()
     for d in state["decisions"][-8:]:
         latest.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "
