@@ -5,11 +5,17 @@ For each policy, replays a trace and adds up, between consecutive simulator even
 - busy: GPU-hours with at least one job running;
 - idle while jobs wait: GPU-hours of unallocated GPUs while some job is queued or suspended
   (room that fragmentation or policy kept from the waiting jobs);
+- packed beside idle: GPU-hours of unallocated GPUs while jobs run packed (the smaller of the
+  two: GPUs a packed job could have run alone on);
 - spread loss: GPU-hours a job spread over several servers loses to the spread slowdown,
   GPUs x (1 - spread factor), split into "forced" (the job is larger than any server) and
   "avoidable" (it would have fit on one server);
 - the critical job (the one that sets the makespan lower bound, scheduler.sim.load): hours
   queued, suspended and running, and when it finished;
+- with ``--tail N``, the same for each of the first policy's last N finishers (the trace's
+  tail, where a makespan is lost), under every policy: when it ended, and its hours queued,
+  suspended and running, running split into alone and sharing its GPUs with another running
+  job (packed); the job's work is its running hours under a policy that never packs;
 - where queued jobs wait (job-hours, for gandiva, from its own ledger after every call):
   ``reserved`` another job holds a reservation; ``locality`` enough GPUs are free but no one
   server has them (a job that fits one server is not spread); ``cap`` same-size time-slice
@@ -73,8 +79,8 @@ class Breakdown:
     def __init__(self, num_gpus: int, server_gpus: int, model: MechanismModel, critical: str,
                  sample_s: float = 0.0) -> None:
         self.num_gpus, self.server_gpus, self.model, self.critical = num_gpus, server_gpus, model, critical
-        self.hours = dict.fromkeys(("busy", "idle_while_waiting", "spread_forced", "spread_avoidable",
-                                    "critical_queued", "critical_suspended", "critical_running"), 0.0)
+        self.hours = dict.fromkeys(("busy", "idle_while_waiting", "packed_beside_idle", "spread_forced",
+                                    "spread_avoidable", "critical_queued", "critical_suspended", "critical_running"), 0.0)
         self._last: tuple[float, dict[str, float]] | None = None
         self._sim: Simulator | None = None
         # Per job as last seen: its state and GPUs. From them: how many jobs hold (allocated)
@@ -86,6 +92,13 @@ class Breakdown:
         self._waiting = 0
         self._spread: dict[str, tuple[str, float]] = {}
         self._critical_state: str | None = None
+        # Every job's hours per state (QUEUED, SUSPENDED, RUNNING, and PACKED: running on a
+        # GPU another running job also runs on), from the events that changed it: the state
+        # it entered and when (``--tail``).
+        self.job_hours: dict[str, dict[str, float]] = {}
+        self._since: dict[str, tuple[str, float]] = {}
+        self._seen_ids: dict[str, tuple] = {}  # the GPUs of each running job, and who runs on each
+        self._running_ids: dict = {}
         # As WaitProbe's: the state is read at most every sample_s virtual seconds and
         # stands until the next reading (0: at every event).
         self.sample_s = sample_s
@@ -130,11 +143,13 @@ class Breakdown:
             for key, gpus in rates.items():
                 self.hours[key] += gpus * (now - t) / 3600.0
         if self._sim is not None:
-            for jid in self._sim.changed:
+            changed = self._sim.changed
+            for jid in changed:
                 self._forget(jid)
                 job = active.get(jid)
                 if job is not None:
                     self._note(job)
+            self._account(now, changed, active)
         if self._last is not None and now < self._next_sample:
             self._last = (now, self._last[1])
             return
@@ -150,9 +165,47 @@ class Breakdown:
         if self._critical_state is not None:
             rates[f"critical_{self._critical_state.lower()}"] = 1.0
         rates["busy"] = len(self._running)
+        free = self.num_gpus - len(self._allocated)
         if self._waiting:
-            rates["idle_while_waiting"] = self.num_gpus - len(self._allocated)
+            rates["idle_while_waiting"] = free
+        if free:
+            extra = sum(n - 1 for n in self._running.values() if n > 1)
+            rates["packed_beside_idle"] = min(free, extra)
         self._last = (now, rates)
+
+
+    def _account(self, now: float, changed, active: dict) -> None:  # type: ignore[no-untyped-def]
+        """Close the state intervals of the jobs this event changed, and of the running jobs
+        whose GPUs it changed (alone <-> packed); open their new ones."""
+        touched = set(changed)
+        for jid in changed:
+            job = active.get(jid)
+            if job is not None and job.state == "RUNNING":
+                touched.update(j for g in job.placement for j in self._running_ids.get(g, ()))
+            old = self._seen_ids.pop(jid, None)
+            if old is not None:
+                for g in old:
+                    ids = self._running_ids.get(g)
+                    if ids is not None:
+                        touched.update(ids)
+                        ids.discard(jid)
+            if job is not None and job.state == "RUNNING":
+                self._seen_ids[jid] = job.placement
+                for g in job.placement:
+                    self._running_ids.setdefault(g, set()).add(jid)
+        for jid in touched:
+            since = self._since.pop(jid, None)
+            if since is not None:
+                state, t = since
+                hours = self.job_hours.setdefault(jid, {})
+                hours[state] = hours.get(state, 0.0) + (now - t) / 3600.0
+            job = active.get(jid)
+            if job is None or job.state not in ("QUEUED", "SUSPENDED", "RUNNING"):
+                continue
+            state = job.state
+            if state == "RUNNING" and any(len(self._running_ids.get(g, ())) > 1 for g in job.placement):
+                state = "PACKED"
+            self._since[jid] = (state, now)
 
 
 WAIT_KINDS = ("reserved", "locality", "cap", "affinity", "no group", "large")
@@ -257,6 +310,9 @@ def main() -> int:
                     "every this many virtual seconds (0: after every call; use e.g. 600 for traces with long queues)")
     ap.add_argument("--config", default="", help="gandiva rules, as sim_table.py's --config, e.g. "
                     "las_slices:false+slice_growth:0+max_jobs_per_gpu:4 (the paper's time-slicing)")
+    ap.add_argument("--tail", type=int, default=0, metavar="N",
+                    help="also show the first policy's last N finishers under every policy: end, hours "
+                         "queued, suspended, running alone and packed")
     args = ap.parse_args()
     if not args.trace.is_file():
         print(f"no trace at {args.trace}", file=sys.stderr)
@@ -272,10 +328,12 @@ def main() -> int:
     print(f"{args.trace.stem}: {len(jobs)} jobs, arrivals x{factor:.4f}, rates from {model.source}")
     print(f"makespan lower bound {bound / 3600:.0f} h, set by {critical.id} ({critical.num_gpus} GPUs, "
           f"{critical.model}, arrives at {(critical.submit_time - min(j.submit_time for j in jobs)) / 3600:.0f} h)")
-    cols = ("policy", "avg JCT h", "makespan h", "busy GPU-h", "idle while waiting", "spread loss forced",
+    cols = ("policy", "avg JCT h", "makespan h", "busy GPU-h", "idle while waiting", "packed beside idle",
+            "spread loss forced",
             "spread loss avoidable", "critical queued h", "critical suspended h", "critical running h")
     print(" | ".join(cols))
     waits = {}
+    tails: dict[str, tuple[dict, dict]] = {}
     for name in args.compare.split(","):
         start = time.perf_counter()
         probe = Breakdown(sum(s.num_gpus for s in servers), max(s.num_gpus for s in servers), model, critical.id,
@@ -285,10 +343,12 @@ def main() -> int:
             policy = waits[name] = WaitProbe(policy, args.sample_s)
         sim = Simulator(jobs, servers, policy, model, observer=probe)
         probe.watch(sim)
-        m = summarize(sim.run())
+        result = sim.run()
+        m = summarize(result)
+        tails[name] = ({j.spec.id: j for j in result.jobs}, probe.job_hours)
         h = probe.hours
         print(f"{name} | {m['avg_jct_s'] / 3600:.1f} | {m['makespan_s'] / 3600:.0f} | {h['busy']:.0f} | "
-              f"{h['idle_while_waiting']:.0f} | {h['spread_forced']:.0f} | {h['spread_avoidable']:.0f} | "
+              f"{h['idle_while_waiting']:.0f} | {h['packed_beside_idle']:.0f} | {h['spread_forced']:.0f} | {h['spread_avoidable']:.0f} | "
               f"{h['critical_queued']:.0f} | {h['critical_suspended']:.0f} | {h['critical_running']:.0f}"
               f"   ({time.perf_counter() - start:.0f} s)", flush=True)
     for name, wait in waits.items():
@@ -297,7 +357,29 @@ def main() -> int:
             f"{kind} {hours:.0f} ({100 * hours / total:.0f}%)" for kind, hours in wait.hours.items()))
         print(f"{name}: queued job-hours by GPU count: " + ", ".join(
             f"{size} GPUs {hours:.0f} ({100 * hours / total:.0f}%)" for size, hours in sorted(wait.by_size.items())))
+    if args.tail:
+        print_tail(tails, args.tail, min(j.submit_time for j in jobs))
     return 0
+
+
+def print_tail(tails: dict[str, tuple[dict, dict]], n: int, start: float) -> None:
+    """The first policy's last ``n`` finishers, each under every policy: where the trace's
+    end waits."""
+    first = next(iter(tails))
+    ended = [j for j in tails[first][0].values() if j.finished_at is not None]
+    last = sorted(ended, key=lambda j: j.finished_at)[-n:][::-1]
+    print(f"{first}'s last {len(last)} finishers (hours; submit and end from the trace's first arrival): "
+          "policy: end / queued / suspended / running alone / running packed")
+    print("job | GPUs | submit | " + " | ".join(tails))
+    for job in last:
+        cells = []
+        for by_id, hours in tails.values():
+            j = by_id.get(job.spec.id)
+            h = hours.get(job.spec.id, {})
+            end = f"{(j.finished_at - start) / 3600:.0f}" if j is not None and j.finished_at is not None else "-"
+            cells.append(f"{end} / {h.get('QUEUED', 0):.0f} / {h.get('SUSPENDED', 0):.0f} / "
+                         f"{h.get('RUNNING', 0):.0f} / {h.get('PACKED', 0):.0f}")
+        print(f"{job.spec.id} | {job.spec.num_gpus} | {(job.spec.submit_time - start) / 3600:.0f} | " + " | ".join(cells))
 
 
 if __name__ == "__main__":
