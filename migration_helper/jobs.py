@@ -16,7 +16,7 @@ import grpc
 
 from migration_helper.agent import TransferTooSlow, send_checkpoint
 from migration_helper.launch_rule import job_environment, shim_command
-from migration_helper.process import OWNER_ENV, JobProcess, ProcessExited
+from migration_helper.process import OWNER_ENV, JobProcess, ProcessExited, open_log
 from migration_helper.ramdisk import CheckpointError, CheckpointMissing, safe_name
 from protos.gandiva.v1 import helper_pb2
 from scheduler.auth import runtime_token
@@ -306,12 +306,18 @@ class JobTable:
         if req.offset < 0:
             raise CommandFailed(f"read_log: offset {req.offset} is negative")
         try:
-            with open(path, "rb") as f:
+            # Not open(): a named pipe the job put in its log's place (the job runs as the
+            # helper's user) waited for a writer for ever, on the event loop that heartbeats
+            # and runs every command (open_log: only a regular file, never waiting).
+            with open_log(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                f.seek(min(req.offset, size))
-                data = f.read(min(req.max_bytes or MAX_LOG_READ, MAX_LOG_READ))
-        except FileNotFoundError:
-            raise CommandFailed(f"no output of job {req.job_id} on server {self.server}") from None
+                data = os.pread(f.fileno(), req.max_bytes if 0 < req.max_bytes < MAX_LOG_READ else MAX_LOG_READ,
+                                min(req.offset, size))
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise CommandFailed(f"no output of job {req.job_id} on server {self.server}") from None
+            raise CommandFailed(f"the output of job {req.job_id} on server {self.server} cannot be read: "
+                                f"{exc.strerror}") from None
         return Result(data=data, log_size=size)
 
     def runtime_credentials(self, job_id: str, incarnation: str) -> dict[str, str]:

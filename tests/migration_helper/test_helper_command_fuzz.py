@@ -114,3 +114,39 @@ def test_any_command_gets_a_clear_result_and_writes_nothing_outside_the_helpers_
         assert served.run(served.control.wait_for(lambda: "fz" in served.control.servers, 10, "fz")) is None
 
     prop()
+
+
+def test_a_log_that_is_not_a_file_is_refused_and_the_helper_keeps_serving(served: _Served) -> None:
+    """A job runs as its helper's user and may replace its own log (its stdout's path) with a
+    named pipe: `gandiva logs` then had the helper open it on its event loop, which waited for
+    a writer for ever: no heartbeat, no command, the server called down and every job on it
+    queued again; so did a launch of a job whose log (from an earlier launch there) was
+    replaced so. A directory there was an IsADirectoryError. Now each is refused at once."""
+    import concurrent.futures
+    import contextlib
+    import os
+
+    logs = served.root / "logs"
+    logs.mkdir(exist_ok=True)
+    os.mkfifo(logs / "j-fifo.log")
+    (logs / "j-dir.log").mkdir()
+    (logs / "j-link.log").symlink_to(logs / "j-fifo.log")
+    (logs / "j-ok.log").write_bytes(b"hello\n")
+    launch = helper_pb2.LaunchJob(job_id="j-fifo", incarnation="i1", gpu_indices=[0],
+                                  spec=_harmless(common_pb2.JobSpec(command=["x"], gpus=1)))
+    for job, cmd in [(job, helper_pb2.HelperCommand(read_log=helper_pb2.ReadLog(job_id=job)))
+                     for job in ("j-fifo", "j-dir", "j-link")] + [("j-fifo", helper_pb2.HelperCommand(launch=launch))]:
+        try:
+            result = served.run(served.control.helper_command("fz", cmd, 30), timeout=10)
+        except concurrent.futures.TimeoutError:
+            # The helper's loop is stuck in open(): the pipe's other end coming and going frees it.
+            for flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):
+                with contextlib.suppress(OSError):
+                    os.close(os.open(logs / "j-fifo.log", flags))
+            raise AssertionError(f"{cmd.WhichOneof('body')} of {job}: the helper did not answer within 10 s") from None
+        assert not result.ok and "not a regular file (a link, a directory or a named pipe" in result.message, \
+            result.message
+        assert f"{job}.log" in result.message or f"the output of job {job} on server fz" in result.message
+    cmd = helper_pb2.HelperCommand(read_log=helper_pb2.ReadLog(job_id="j-ok"))
+    result = served.run(served.control.helper_command("fz", cmd, 30), timeout=10)
+    assert result.ok and result.data == b"hello\n", result
