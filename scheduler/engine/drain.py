@@ -104,7 +104,10 @@ class Drainer:
         self.engine = engine
         # (job id, what was said) already written as an event: each is said once.
         self.noted: set[tuple[str, str]] = set()
-        # Each job's last move started (what a "moving" job is doing), for DrainServer's answer.
+        # The move the drain started for each job still on it or holding a checkpoint there,
+        # for DrainServer's answer: the first (a "wait" gives way to the move that follows).
+        # A later pass's ("checkpoint": the parked job's checkpoint moved off) used to replace
+        # it: the answer then said nothing of the park, done by a pass that began first.
         self.started: dict[str, Move] = {}
         self._drained: set[str] = set()  # draining servers already said empty
         # Checkpoints that could not be moved off a draining server: job id -> when to try again.
@@ -139,14 +142,19 @@ class Drainer:
     async def next_pass(self, name: str, timeout_s: float = 10.0) -> list[Move]:
         """Wait (up to ``timeout_s``) for a pass that begins after this call to end; what
         it did on ``name``: each job there, with the move started for it."""
+        # The jobs there now, and any placed there meanwhile. Read after the pass only, a
+        # job whose park had already queued it (its shim quick to answer) was left out:
+        # `gandiva drain` said "0 job(s) on it" and nothing of the park it had started.
+        async with self.engine.core.tx(read=True) as s:
+            jobs = {j.id: j.state for j in await repo.jobs_on_server(s, name)}
         want = self._began + 1
         self.engine.core.poke()
         async with self._passed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._passed.wait_for(lambda: self._ended >= want), timeout_s)
         async with self.engine.core.tx(read=True) as s:
-            jobs = list(await repo.jobs_on_server(s, name))
-        return [self.started.get(j.id) or Move(j.id, "moving", j.state.lower()) for j in jobs]
+            jobs |= {j.id: j.state for j in await repo.jobs_on_server(s, name) if j.id not in jobs}
+        return [self.started.get(job_id) or Move(job_id, "moving", state.lower()) for job_id, state in jobs.items()]
 
     async def drain_once(self, name: str) -> list[Move]:
         engine, core = self.engine, self.engine.core
@@ -165,7 +173,7 @@ class Drainer:
         placed = {job.id for job in jobs}
         for job in [*jobs, *(j for j in held if j.id not in placed)]:
             move = await self._move(name, job) if job.id in placed else await self._evacuate(name, job)
-            if move.action != "moving":
+            if move.action != "moving" and ((was := self.started.get(job.id)) is None or was.action == "wait"):
                 self.started[job.id] = move
             moves.append(move)
             if (job.id, move.note) not in self.noted and move.action != "moving":

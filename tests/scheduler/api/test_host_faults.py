@@ -402,3 +402,29 @@ def test_a_helper_registered_again_without_its_failed_gpu_gets_jobs_only_on_the_
     finally:
         beats.close()
         f.close()
+
+
+def test_a_drain_lists_the_job_it_parked_however_fast_it_left(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """DrainServer answers with what its pass did to each job on the server. It read the
+    jobs on the server after the pass: a job whose park had already queued it (its shim
+    answering at once) was left out, and `gandiva drain` said "0 job(s) on it" with no
+    "park" line (test_drain_live -k no_room failed so under load). Now every job that was
+    on the server when the drain began is listed, with its move."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    f = Fake(sched.address, gpus={"y": 2, "x": 1}, agents=True)
+    beats = Beats(f)
+    try:
+        beats.run("x")
+        spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=2, steps=1000)
+        job_id = f.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+        launch = _launch_confirmed(f, "y")
+        beats.run("y", (job_id, launch.incarnation))
+        f.shim(job_id, launch.incarnation)  # acks the park's checkpoint at once
+        wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and j.steps >= 0)
+        wait_for(lambda: sched.server.core.runtimes.connected(job_id, launch.incarnation))
+        answer = f.api.DrainServer(scheduler_pb2.CordonServerRequest(server="y"), timeout=30)
+        assert [(j.job_id, j.action) for j in answer.jobs] == [(job_id, "park")], answer
+    finally:
+        beats.close()
+        f.close()
