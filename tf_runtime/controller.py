@@ -131,6 +131,12 @@ def _called_from(frame: Any, modules: tuple[str, ...]) -> bool:
 # The program's loop (the frames that make each step-advancing run from one line) stays
 # as it is while the loop runs: read again this often, and at once while none is known.
 LOOP_RECHECK_STEPS = 32
+# A step advances the global step in at most this many runs from one line (a GAN updating
+# its generator twice, `for _ in range(2): sess.run(g_optim)`): a larger count between two
+# runs that train without advancing it is taken for a loop of steps (no waiting), and
+# before a count is known (the process's first such runs), commands wait for at most this
+# many such runs.
+ADVANCES_PER_STEP_MAX = 8
 _PROGRAM_CODE: dict[Any, bool] = {}  # code object -> whether it is the program's own
 
 
@@ -246,6 +252,11 @@ class Controller:
         # a line to the same or an earlier one (its loop): (from line, to line).
         self._advance_wraps: dict[tuple[int, Any], tuple[int, int]] = {}
         self._warned_advances_again = False
+        # Step-advancing runs since the last training run that leaves the step alone (a
+        # GAN's discriminator run; None before any), and their count before it (None
+        # until one came after such runs): how many one step makes from one line.
+        self._advances_now: int | None = None
+        self._advances_per_step: int | None = None
         self._order: dict[int, tuple[RunInfo, bool | None]] = {}
         self._carried_state = ""  # how the program carries Python state between steps
         self._rng_watch = python_rng.Watch()
@@ -470,7 +481,11 @@ class Controller:
         weights. One called from the same line or an earlier one begins the next step, and
         so does each of a sequence of calls written out (no loop came round over them)."""
         site, last = program_site(sys._getframe(2)), self._advance_site
-        if site is None or last is None or site[0] != last[0] or site[1] <= last[1]:
+        if site is None or last is None or site[0] != last[0]:
+            return False
+        if self._advances_now and (site[1] == last[1] or site[0] not in self._advance_wraps):
+            return self._advances_again_in_group()
+        if site[1] <= last[1]:
             return False
         wrap = self._advance_wraps.get(site[0])
         if wrap is None or wrap[0] < site[1] or wrap[1] > last[1]:
@@ -481,6 +496,41 @@ class Controller:
                      "(line %d, after line %d): commands wait for the step's last such run",
                      site[1], last[1])
         return True
+
+    def _advances_again_in_group(self) -> bool:
+        """Whether this step-advancing run, made right after another one of the same
+        frame with no training run between, from the same line (`for _ in range(2):
+        sess.run(g_optim)` after `sess.run(d_optim)`) or from another before that frame's
+        loop came round (the first step), is part of that step: the step's runs that train
+        without advancing it (the discriminator's) come between its groups of such runs,
+        and this group has fewer than the last one had (before one is known, fewer than
+        ADVANCES_PER_STEP_MAX). Before, commands were applied between the two generator
+        runs, and a restored copy, reading the step advanced once, began a new step there
+        (other weights). Waiting never cuts where the program's step is not whole: the
+        group ends before such a run, where commands were applied anyway."""
+        per_step, now = self._advances_per_step, self._advances_now or 0
+        if per_step is None and self._steps_seen >= ADVANCES_PER_STEP_MAX:
+            return False  # such runs every so many steps (an extra update now and then)
+        if now >= (ADVANCES_PER_STEP_MAX if per_step is None else per_step):
+            return False
+        if not self._warned_advances_again:
+            self._warned_advances_again = True
+            log.info("the program advances the global step in several runs of one step "
+                     "(between its runs that train without advancing it): commands wait "
+                     "for the step's last such run")
+        return True
+
+    def _count_advances(self, info: RunInfo) -> None:
+        """Count a training run into the groups of step-advancing runs that the runs
+        training without advancing the step delimit (_advances_again_in_group)."""
+        if info.advances_step:
+            if self._advances_now is not None:
+                self._advances_now += 1
+        elif info.is_training:
+            if self._advances_now:
+                now = self._advances_now
+                self._advances_per_step = now if now <= ADVANCES_PER_STEP_MAX else 1
+            self._advances_now = 0
 
     def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
         # Not a read the Supervisor makes for itself (its step counter thread, the session
@@ -657,6 +707,7 @@ class Controller:
             # One of several training runs of a step (a GAN's discriminator run) is not a
             # mini-batch of its own: the step ends with the run that advances the step.
             self.meter.step(duration_s, now)
+        self._count_advances(info)
         if self._step_before_load is not None and info.advances_step:
             self._step_set_back(adapter, self._step_before_load)
             self._step_before_load = None

@@ -5,6 +5,7 @@ generator's variables (var_list by scope). Each step runs d_optim once, then g_o
 twice ("to make sure that d_loss does not go to zero"), each call on its own line.
 --advance g: g_optim carries global_step= (the step advances twice a step);
 --advance d: d_optim carries it (once a step, before the two generator runs).
+--g-form loop: the two generator runs from one line (`for _ in range(2): sess.run(g_optim)`).
 Noise and "real" images from a RandomState of the step read."""
 import argparse
 import time
@@ -17,6 +18,7 @@ p.add_argument("--steps", type=int, default=30)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--dump", default=None)
 p.add_argument("--advance", choices=["g", "d"], default="g")
+p.add_argument("--g-form", choices=["lines", "loop"], default="lines")
 args = p.parse_args()
 
 tf.compat.v1.disable_eager_execution()
@@ -114,10 +116,14 @@ with tf.compat.v1.Session() as sess:
         batch_images, batch_z = data(counter)
         # Update D network
         sess.run([d_optim], feed_dict={inputs: batch_images, z: batch_z})
-        # Update G network
-        sess.run([g_optim], feed_dict={z: batch_z, inputs: batch_images})
-        # Run g_optim twice to make sure that d_loss does not go to zero (different from paper)
-        sess.run([g_optim], feed_dict={z: batch_z, inputs: batch_images})
+        if args.g_form == "loop":
+            for _ in range(2):  # Update G network twice, from one line
+                sess.run([g_optim], feed_dict={z: batch_z, inputs: batch_images})
+        else:
+            # Update G network
+            sess.run([g_optim], feed_dict={z: batch_z, inputs: batch_images})
+            # Run g_optim twice to make sure that d_loss does not go to zero (different from paper)
+            sess.run([g_optim], feed_dict={z: batch_z, inputs: batch_images})
         errD, errG = sess.run([d_loss, g_loss], {inputs: batch_images, z: batch_z})
         counter = sess.run(global_step)
         print(f"step {counter} d_loss {errD:.6f} g_loss {errG:.6f}", flush=True)
