@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from migration_helper.files import open_regular
 from migration_helper.ramdisk import (
     CHUNK_BYTES,
     CheckpointError,
@@ -142,6 +143,7 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
 # The spent transfer tickets, in the ramdisk (its helper's user's only, mode 700): a
 # dot-name, which no job id or checkpoint name can be (ramdisk.safe_name).
 SPENT_FILE = ".spent-tickets"
+MAX_SPENT_BYTES = 16 << 20  # an hour of transfers is about 100 bytes each; more is not this file
 
 
 class SpentTickets:
@@ -159,7 +161,10 @@ class SpentTickets:
     def _load(self) -> dict[str, float]:
         assert self._path is not None
         try:
-            data = json.loads(self._path.read_text())
+            # Not read_text(): the ramdisk is the helper's user's, and so its jobs' (a named
+            # pipe put here held the helper's start for ever; open_regular refuses it).
+            with open_regular(self._path) as f:
+                data = json.loads(f.read(MAX_SPENT_BYTES))
             return {str(k): float(v) for k, v in data.items()}
         except FileNotFoundError:
             return {}
@@ -178,8 +183,11 @@ class SpentTickets:
             return
         tmp = self._path.with_name(f"{self._path.name}.tmp")
         try:
-            with open(tmp, "w") as f:
-                json.dump(self._spent, f)
+            # A named pipe a job put at tmp held the helper's event loop for ever (open() of a
+            # pipe for writing waits for a reader); whatever is there is replaced.
+            tmp.unlink(missing_ok=True)
+            with open_regular(tmp, "wb") as f:
+                f.write(json.dumps(self._spent).encode())
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self._path)

@@ -15,8 +15,9 @@ from pathlib import Path
 import grpc
 
 from migration_helper.agent import TransferTooSlow, send_checkpoint
+from migration_helper.files import open_regular
 from migration_helper.launch_rule import job_environment, shim_command
-from migration_helper.process import OWNER_ENV, JobProcess, ProcessExited, open_log
+from migration_helper.process import OWNER_ENV, JobProcess, ProcessExited
 from migration_helper.ramdisk import CheckpointError, CheckpointMissing, safe_name
 from protos.gandiva.v1 import helper_pb2
 from scheduler.auth import runtime_token
@@ -308,8 +309,8 @@ class JobTable:
         try:
             # Not open(): a named pipe the job put in its log's place (the job runs as the
             # helper's user) waited for a writer for ever, on the event loop that heartbeats
-            # and runs every command (open_log: only a regular file, never waiting).
-            with open_log(path, "rb") as f:
+            # and runs every command (open_regular: only a regular file, never waiting).
+            with open_regular(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 data = os.pread(f.fileno(), req.max_bytes if 0 < req.max_bytes < MAX_LOG_READ else MAX_LOG_READ,
                                 min(req.offset, size))

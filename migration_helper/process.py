@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import time
 import uuid
@@ -26,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from migration_helper.files import open_regular
 from scheduler.pace import Pace
 from tf_runtime import (  # the shim's exit codes (no TensorFlow import)
     EXIT_KILLED,
@@ -45,32 +44,6 @@ STATUS_EVENTS = frozenset({"session_ready", "warm_ready", "restored", "first_ste
 # the job is the user's own program, and one writing event lines as fast as it could held the
 # helper's event loop (its heartbeats, every job's commands) and grew its memory without end.
 STATUS_RATE, STATUS_BURST, STATUS_KEPT = 20, 200, 1000
-
-
-# How open_log opens a job's log: os.open's flags and open()'s mode.
-_LOG_MODES = {"rb": os.O_RDONLY, "ab": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-              "ab+": os.O_RDWR | os.O_APPEND | os.O_CREAT}
-
-
-def open_log(path: Path, mode: str = "ab") -> Any:
-    """A job's log, opened as ``open(path, mode)`` would (rb, ab, ab+), but only a regular
-    file, never through a link and never waiting. The job runs as its helper's user and may
-    put a named pipe, a link or a directory in its log's place; open() of a pipe waited for
-    the other end for ever, on the event loop that heartbeats and runs every job's commands.
-    FileNotFoundError as open's; any other file there is an OSError naming it."""
-    try:
-        fd = os.open(path, _LOG_MODES[mode] | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            raise
-        fd = -1
-    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
-        if fd >= 0:
-            os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file (a link, a directory or a named pipe was put in the "
-                                    "job's log's place)", str(path))
-    os.set_blocking(fd, True)
-    return open(fd, mode)
 
 
 def exit_reason(code: int, stopped: bool) -> str:
@@ -231,7 +204,7 @@ class JobProcess:
             env["GANDIVA_WARM"] = "1"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Opening a local log file is quick; the child keeps its own copy of the descriptor.
-        with open_log(self.log_path) as logf:
+        with open_regular(self.log_path, "ab") as logf:
             logf.write(
                 f"=== gandiva: job {self.job_id} incarnation {self.incarnation} "
                 f"on {env.get('GANDIVA_SERVER', '?')} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
@@ -332,7 +305,7 @@ class JobProcess:
                  "its launch (wrappers %s), the rest of its command not run", self.job_id,
                  self.incarnation, pid, code, event.get("wrappers"))
         try:
-            with open_log(self.log_path) as logf:  # one short local append
+            with open_regular(self.log_path, "ab") as logf:  # one short local append
                 logf.write(f"\n=== gandiva: its program exited with {code} ({exit_reason(code, self.stopped)}); "
                            f"the rest of the launch's command is not run here\n".encode())
         except OSError:
@@ -377,7 +350,7 @@ class JobProcess:
         # The log says where this process's output ends (`gandiva logs --local -f` stops
         # there), before anyone is told of the exit: whoever reads on then has it all.
         try:
-            with open_log(self.log_path, "ab+") as logf:  # one short local append
+            with open_regular(self.log_path, "ab+") as logf:  # one short local append
                 end = self._end_line(exit_reason(code, self.stopped))
                 size = logf.seek(0, os.SEEK_END)
                 if not size or (logf.seek(size - 1) >= 0 and logf.read(1) == b"\n"):

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from migration_helper.files import open_regular
 from protos.gandiva.v1 import helper_pb2
 
 log = logging.getLogger(__name__)
@@ -213,16 +214,33 @@ class Ramdisk:
 def checkpoint_chunks(
     directory: Path, job_id: str, name: str | None = None, chunk_bytes: int = CHUNK_BYTES
 ) -> Iterator[helper_pb2.CheckpointChunk]:
-    """The chunks that send ``directory`` (flat: the shim writes no subdirectories)."""
+    """The chunks that send ``directory`` (flat: the shim writes no subdirectories).
+
+    Its regular files only, never through a link: the job writes this directory, as the
+    helper's user, and a link there to /proc/self/environ was read by the helper as its own
+    environment (its token) and sent to the destination for the job to read; a link to any
+    file the job could not name otherwise, likewise. A link is refused; a file is opened
+    without following or waiting (a named pipe swapped in is refused, not waited on)."""
     if not directory.is_dir():
         raise CheckpointMissing(f"checkpoint directory {directory} does not exist")
-    files = sorted(p for p in directory.iterdir() if p.is_file())
+    files = []
+    for p in sorted(directory.iterdir()):
+        mode = p.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            raise CheckpointError(f"checkpoint directory {directory} holds a link, {p.name}: a checkpoint is "
+                                  "regular files; it is not sent")
+        if stat.S_ISREG(mode):
+            files.append(p)
     if not files:
         raise CheckpointMissing(f"checkpoint directory {directory} is empty")
     digest = hashlib.sha256()
     first = True
     for path in files:
-        with open(path, "rb") as f:
+        try:
+            f = open_regular(path)
+        except OSError as exc:  # swapped since it was listed
+            raise CheckpointError(f"{path}: {exc.strerror}: the checkpoint is not sent") from None
+        with f:
             sent_any = False
             while True:
                 data = f.read(chunk_bytes)

@@ -131,11 +131,12 @@ def test_a_log_that_is_not_a_file_is_refused_and_the_helper_keeps_serving(served
     os.mkfifo(logs / "j-fifo.log")
     (logs / "j-dir.log").mkdir()
     (logs / "j-link.log").symlink_to(logs / "j-fifo.log")
+    (logs / "j-env.log").symlink_to("/proc/self/environ")  # read as the helper's own: its token
     (logs / "j-ok.log").write_bytes(b"hello\n")
     launch = helper_pb2.LaunchJob(job_id="j-fifo", incarnation="i1", gpu_indices=[0],
                                   spec=_harmless(common_pb2.JobSpec(command=["x"], gpus=1)))
     for job, cmd in [(job, helper_pb2.HelperCommand(read_log=helper_pb2.ReadLog(job_id=job)))
-                     for job in ("j-fifo", "j-dir", "j-link")] + [("j-fifo", helper_pb2.HelperCommand(launch=launch))]:
+                     for job in ("j-fifo", "j-dir", "j-link", "j-env")] + [("j-fifo", helper_pb2.HelperCommand(launch=launch))]:
         try:
             result = served.run(served.control.helper_command("fz", cmd, 30), timeout=10)
         except concurrent.futures.TimeoutError:

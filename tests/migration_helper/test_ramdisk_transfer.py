@@ -55,6 +55,24 @@ async def test_a_checkpoint_arrives_byte_for_byte(agent: tuple[str, Ramdisk], tm
     assert leftovers(ramdisk) == []
 
 
+async def test_a_link_in_a_checkpoint_is_refused_not_followed(agent: tuple[str, Ramdisk], tmp_path: Path) -> None:
+    """The job writes its checkpoint directory as the helper's user: a link there to
+    /proc/self/environ was read by the (source) helper as its own environment, its token
+    included, and landed at the destination, where the job reads its checkpoint."""
+    from migration_helper.ramdisk import CheckpointError
+
+    address, ramdisk = agent
+    src = make_checkpoint(tmp_path / "src" / "ckpt-3", {"model.index": 10})
+    (src / "model.data-00000-of-00001").symlink_to("/proc/self/environ")
+    with pytest.raises(CheckpointError, match="holds a link, model.data-00000-of-00001: a checkpoint is regular"):
+        await send_checkpoint(address, src, "job-1")
+    assert not (ramdisk.root / "job-1").exists() and leftovers(ramdisk) == []
+    os.mkfifo(src / "pipe")  # not a file: left out, not waited on
+    (src / "model.data-00000-of-00001").unlink()
+    reply = await send_checkpoint(address, src, "job-1")
+    assert sorted(p.name for p in Path(reply.path).iterdir()) == ["model.index"]
+
+
 async def _stream(address: str, chunks: list[helper_pb2.CheckpointChunk]) -> helper_pb2.PutCheckpointResponse:
     async with grpc.aio.insecure_channel(address) as channel:
         return await helper_pb2_grpc.HelperAgentStub(channel).PutCheckpoint(iter(chunks), timeout=10)

@@ -275,3 +275,34 @@ async def test_a_restarted_helper_still_refuses_a_spent_ticket(
         assert (await send_checkpoint(helper.address, src, "j-1", "ck", ticket=again)).path == landed.path
     finally:
         await helper.stop()
+
+
+def test_named_pipes_in_the_spent_tickets_places_do_not_hold_the_helper(tmp_path: Path) -> None:
+    """The ramdisk is the helper's user's, and so its jobs': a named pipe a job put at
+    `.spent-tickets` held the helper's start for ever, and one at `.spent-tickets.tmp` held
+    its event loop when a checkpoint landed (open() of a pipe waits for the other end)."""
+    import os
+    import threading
+
+    from migration_helper.agent import SPENT_FILE, SpentTickets
+
+    path = tmp_path / SPENT_FILE
+    os.mkfifo(path)
+    os.mkfifo(path.with_name(f"{SPENT_FILE}.tmp"))
+    given, found = ticket(), []
+
+    def use() -> None:
+        spent = SpentTickets(path)  # unreadable: started from empty, with a warning
+        spent.add(given, time.time() + 600, time.time())
+        found.append(given in SpentTickets(path))  # written, and read back as a new start reads it
+
+    worker = threading.Thread(target=use, daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # stuck in open(): the pipes' other ends coming and going free it
+        for pipe in (path, path.with_name(f"{SPENT_FILE}.tmp")):
+            for flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):
+                with contextlib.suppress(OSError):
+                    os.close(os.open(pipe, flags))
+        raise AssertionError("the spent tickets' file held the helper for 10 s")
+    assert found == [True]
