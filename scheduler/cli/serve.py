@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Coroutine
@@ -195,6 +196,14 @@ def policy_options(pairs: list[str]) -> dict[str, Any]:
                 raise ValueError(f"--policy-option {pair!r}: {err}") from None
             kind = type(default).__name__ if default is not None else "number or none"
             raise ValueError(f"--policy-option {pair!r}: {raw!r} is not a {kind}") from None
+        # Every number of the policy is a time, a count, a factor or a share: `nan`, `inf` and
+        # negatives parsed as floats and started a scheduler with them (a NaN compares false
+        # with anything: pack_trial_s=nan never ended a packing trial), where `gandiva sim`'s
+        # flags for the same rules refuse them.
+        value = out[key]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 <= value < math.inf:
+            off = " (none turns it off)" if default is None else ""
+            raise ValueError(f"--policy-option {pair!r}: must be a finite number, not negative{off}")
     for key, flag in (("gather_large", "gather-large"), ("probe_large", "probe-large")):
         if out.get(key):
             # Its jobs are larger than a server, and the live scheduler launches no job over

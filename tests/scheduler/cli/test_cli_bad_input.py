@@ -701,3 +701,16 @@ def test_a_local_cluster_removes_its_helpers_ramdisks_when_it_stops(tmp_path: Pa
             import shutil
 
             shutil.rmtree(cluster.ramdisk(name), ignore_errors=True)
+
+
+@pytest.mark.parametrize("option", ["pack_trial_s=nan", "defrag_interval_s=inf", "grow_idle_s=-1",
+                                    "max_migrations_per_round=-1", "large_block_after_s=nan"])
+def test_scheduler_refuses_policy_numbers_that_are_not_finite_or_negative(option: str) -> None:
+    """`gandiva scheduler --policy-option pack_trial_s=nan` (or inf, or -1) started a scheduler
+    with it, where `gandiva sim`'s flags for the same rules refuse such values."""
+    from scheduler.cli.serve import policy_options
+
+    with pytest.raises(ValueError, match=rf"--policy-option '{option}': must be a finite number, not negative"):
+        policy_options([option])
+    assert policy_options(["large_block_after_s=none", "pack_trial_s=0"]) == {"large_block_after_s": None,
+                                                                              "pack_trial_s": 0.0}
