@@ -96,9 +96,11 @@ async def test_a_helper_whose_answers_are_held_registers_again_over_a_new_connec
         ended_at = time.monotonic()
         await asyncio.wait_for(daemon.registered.wait(), RPC_TIMEOUT_S + 10)
         gap = time.monotonic() - ended_at
-        # Its first try, over the stalled new connection, got no answer; another new one did.
-        # Before: the next try came only after that one's 5-s deadline.
-        assert control.registrations["s1"] == 2 and len(relay.connections) >= 3, relay.connections
+        # Its first try, over the stalled new connection, got no answer (whether or not gRPC sent
+        # it before the scheduler's HTTP/2 settings came back); another new one did.
+        # Before: every try went over the held connection (gRPC shares one per address), one
+        # every 5 s, and none was answered within 15 s.
+        assert control.registrations["s1"] >= 2 and len(relay.connections) >= 3, relay.connections
         assert gap < RPC_TIMEOUT_S - 1.5, f"a new session took {gap:.1f}s after the old one ended"
         print(f"\nnew session {gap:.2f}s after the old one ended, over connection {len(relay.connections)}")
         # The new session works: its heartbeats are answered (the lease is renewed).
