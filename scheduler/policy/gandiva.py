@@ -39,6 +39,7 @@ from scheduler.policy.migration import (
     make_room,
     movable,
     park,
+    unpack_idle,
 )
 from scheduler.policy.packing import end_trials_of, judge_trials, start_trials
 from scheduler.policy.placement import (
@@ -141,6 +142,8 @@ class GandivaPolicy(Policy):
                 steps = (*steps, gather_large)
             if cfg.balance_sizes:
                 steps = (*steps, balance_sizes)
+            if cfg.unpack_idle and not self._reserved:
+                steps = (*steps, unpack_idle)
             for step in steps:
                 moves = step(ledger, state, cfg, budget)
                 budget -= len(moves)

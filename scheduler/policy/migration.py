@@ -192,6 +192,47 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     return out
 
 
+def unpack_idle(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
+    """``unpack_idle``: a kept pair running packed while GPUs stand idle parts: one member
+    moves onto free GPUs and both run alone, each faster than packed. Packing is for an
+    overloaded cluster (trials start only then), but a kept pair stayed packed as long as
+    both ran, also once GPUs stood idle (on Philly 6c71a0 the last finishers ran packed for
+    680-930 h of the trace's tail: docs/simulator.md, "The makespan tails of e13805 and
+    6c71a0"). It acts as the last migration step, once every other step of the call has had
+    the free GPUs, and only while no job is queued (free GPUs may be what a queued job waits
+    to add up to) and no job of the pair's GPU count is suspended (the free GPUs would be
+    its turn). The mover takes free GPUs only on a server of its own GPU count (Algorithm
+    1's affinity filter): idle servers stay whole for jobs larger than a server and for
+    spread jobs coming together, and other counts' servers for those counts."""
+    out: list[Decision] = []
+    if not state.kept_pairs or ledger.total_free() == 0 or ledger.first_queued() is not None:
+        return out
+    waiting = {ledger.jobs[j].gpus for j in ledger.by_state.get("SUSPENDED", ())}
+    for job_id, partner in sorted(state.kept_pairs.items()):
+        if len(out) >= budget or ledger.total_free() == 0:
+            break
+        if job_id > partner or ledger.placement.get(job_id) != ledger.placement.get(partner):
+            continue  # each pair once; a pair whose members were parted is no pack
+        if not (ledger.state.get(job_id) == ledger.state.get(partner) == "RUNNING"):
+            continue
+        if ledger.jobs[job_id].gpus in waiting:
+            continue
+        for mover in (job_id, partner):
+            if not movable(ledger, mover, state, pairs=False):
+                continue
+            target = affinity_filter(ledger, ledger.jobs[mover], config)
+            if target is None:
+                continue
+            gpus = ledger.placement[mover]
+            state.drop_pair(mover)
+            ledger.touch(gpus)
+            out.append(_move(ledger, mover, target, f"unpack onto idle GPUs: its kept pack with "
+                                                    f"{partner if mover == job_id else job_id} ends, "
+                                                    f"each runs faster alone"))
+            break
+    return out
+
+
 def consolidate(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
     out: list[Decision] = []
     if not ledger.spread or ledger.total_free() == 0:

@@ -460,6 +460,13 @@ class PolicyConfig:
         GPUs stand idle elsewhere). Off by default: measured on 19 traces it brings JCT down
         on five and idle GPUs back to work, but costs Philly b436b2 its makespan goal
         (docs/simulator.md, "Lowering kept pairs").
+    unpack_idle: when GPUs stay free after every other step of a call, no job is queued and
+        no job of the pair's GPU count is suspended, a member of a kept pair running packed
+        moves onto free GPUs of a server of its own GPU count (the affinity filter) and the
+        pair ends: each then runs at its rate alone. Packing starts only while the cluster is
+        overloaded; without this a pair kept for its summed throughput stays packed, each
+        job slower, beside idle GPUs to the end (scheduler/policy/migration.py,
+        ``unpack_idle``). Off by default.
     lower_spread: ``lower_height`` moves a suspended job larger than a server onto any free
         GPUs that add up to it, spread over the servers with the most free (as Algorithm 1's
         ``relaxed`` filter places such a job when it is queued), not only onto whole idle
@@ -535,6 +542,7 @@ class PolicyConfig:
     probe_park_last: bool = False
     lower_kept_pairs: bool = False
     lower_spread: bool = False
+    unpack_idle: bool = False
     gather_large: bool = False
     probe_large: bool = False
 

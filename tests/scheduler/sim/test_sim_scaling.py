@@ -229,3 +229,16 @@ def test_gandiva_first_turns_of_large_jobs_decide_the_same_looking_only_at_chang
     # The rule really acted here: first turns were given over other counts' servers.
     plain = _result(jobs, servers, get_policy("gandiva", dataclasses.replace(cfg, probe_large=False)))
     assert fast[0]["parks"] > plain[0]["parks"]
+
+
+def test_gandiva_unpacking_idle_pairs_decides_the_same_looking_only_at_changes() -> None:
+    """unpack_idle parts kept pairs once GPUs stand idle with nothing queued (a moved member
+    changes two groups); every job's times are those of looking at every group in every
+    call."""
+    servers = make_cluster("3x4")
+    cfg = PolicyConfig(unpack_idle=True)
+    jobs, _ = scale_to_load(generate(160, seed=3, median_duration_s=1800, max_gpus=4), servers, MODEL, 2.0)
+    fast = _same_looking_only_at_changes(jobs, servers, cfg)
+    # The rule really acted here: pairs were parted (more migrations than without it).
+    plain = _result(jobs, servers, get_policy("gandiva", dataclasses.replace(cfg, unpack_idle=False)))
+    assert fast[0]["migrations"] > plain[0]["migrations"]
