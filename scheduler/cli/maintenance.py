@@ -97,13 +97,15 @@ def drain_server(args: argparse.Namespace, client: Client) -> int:
     if not args.wait:
         print(f"follow it: gandiva drain {name} --wait, or gandiva get events --server {name} -w")
         return EXIT_OK
-    return _wait_drained(client, name, args.timeout)
+    return _wait_drained(client, name, args.timeout, {j.job_id for j in answer.jobs})
 
 
-def _wait_drained(client: Client, name: str, timeout: float) -> int:
+def _wait_drained(client: Client, name: str, timeout: float, seen: set[str]) -> int:
+    """Follow the drain until ``name`` is drained, saying where each job that was on it
+    (``seen``: those the drain's answer named, then any found there) went. A job gone before
+    the first look (its park quick) was said nothing of before."""
     deadline = time.monotonic() + timeout
     said: dict[str, str] = {}
-    seen: set[str] = set()
     while True:
         servers = client.call("ListServers", scheduler_pb2.ListServersRequest()).servers
         server = next((s for s in servers if s.name == name), None)
