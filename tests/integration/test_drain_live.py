@@ -34,7 +34,11 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 FEED = importlib.util.find_spec("tf_runtime.examples.feed_step").origin  # type: ignore[union-attr]
 RUNNING, SUCCEEDED = common_pb2.JOB_STATE_RUNNING, common_pb2.JOB_STATE_SUCCEEDED
-STEPS = 700
+# Each job sleeps 0.05 s after each step until the test's event has happened (the drain
+# done: the file GO in its tmp_path), then runs at full speed: 1,970 steps after step 30
+# are 98 s of sleep at least, so the jobs outlast the drain on a loaded machine; with 700
+# fixed 0.05-s steps, at load 25-36, a migrated job ended mid-migration.
+STEPS = 2000
 
 
 def _env() -> dict[str, str]:
@@ -60,21 +64,25 @@ def _story(job: Any) -> str:
     return "\n".join(f"{t.at:.1f} {common_pb2.JobState.Name(t.to_state)}: {t.reason}" for t in job.history)
 
 
-def _two_on_d1_then_d2(cluster: Any, programs: dict[str, list[str]], tmp_path: Path,
-                       step_sleep: float = 0.02) -> dict[str, str]:
-    """d1 (2 GPUs) runs the two programs (each mini-batch ``step_sleep`` s longer), each past
-    step 30; then d2 (1 GPU) joins."""
+def _two_on_d1_then_d2(cluster: Any, programs: dict[str, list[str]], tmp_path: Path) -> dict[str, str]:
+    """d1 (2 GPUs) runs the two programs (each mini-batch 0.05 s longer until the file GO
+    exists: _go), each past step 30; then d2 (1 GPU) joins."""
     cluster.add_helper("d1", 2)
     ids = {}
     for name, prog in programs.items():
-        spec = common_pb2.JobSpec(name=name, command=["python", *prog, "--step-sleep", str(step_sleep), "--dump",
-                                                      str(tmp_path / f"{name}.npz")],
+        spec = common_pb2.JobSpec(name=name, command=["python", *prog, "--step-sleep", "0.05", "--step-sleep-until",
+                                                      str(tmp_path / "GO"), "--dump", str(tmp_path / f"{name}.npz")],
                                   workdir=str(tmp_path), gpus=1, env=_env())
         ids[name] = cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
     for job_id in ids.values():
         cluster.wait_for(lambda j=job_id: cluster.job(j).state == RUNNING and cluster.job(j).steps >= 30, 120)
     cluster.add_helper("d2", 1)
     return ids
+
+
+def _go(tmp_path: Path) -> None:
+    """The event the test waits for has happened: the jobs run their last steps at full speed."""
+    (tmp_path / "GO").touch()
 
 
 def test_drain_moves_two_running_jobs_off_and_both_end_bit_identical(policy_cluster: Any, tmp_path: Path) -> None:
@@ -84,12 +92,13 @@ def test_drain_moves_two_running_jobs_off_and_both_end_bit_identical(policy_clus
             for name, prog in programs.items()}
     # No packing, no background moves of the policy's own: every move here is the drain's.
     cluster = policy_cluster(quantum_s=5.0, enable_packing=False, enable_migration=False)
-    # 0.05 s mini-batches: the job migrated to d2 must outlast its pre-warm there (TensorFlow
-    # starting, ~20 s on a loaded machine); with 0.02 s it once ended on d1 first.
-    ids = _two_on_d1_then_d2(cluster, programs, tmp_path, step_sleep=0.05)
+    # The job migrated to d2 must outlast its pre-warm there (TensorFlow starting, ~20 s on a
+    # loaded machine, more at load 25-36): its steps are slow until the drain is done.
+    ids = _two_on_d1_then_d2(cluster, programs, tmp_path)
 
     drained = _gandiva(cluster, "drain", "d1", "--reason", "kernel upgrade", "--wait", "--timeout", "240s",
                        timeout=300)
+    _go(tmp_path)
     assert drained.returncode == 0, drained.stdout + drained.stderr
     out = drained.stdout
     assert "server d1 cordoned and draining: 2 job(s) on it" in out, out
@@ -179,6 +188,7 @@ def _no_room(cluster: Cluster, programs: dict[str, list[str]], refs: dict[str, A
     cluster.wait_for(lambda: (j := cluster.job(blocker)).state == RUNNING and not j.suspendable, 120)
 
     drained = _gandiva(cluster, "drain", "d1", "--wait", "--timeout", "240s", timeout=300)
+    _go(tmp_path)
     assert drained.returncode == 0, drained.stdout + drained.stderr
     out = drained.stdout
     for job_id in ids.values():

@@ -158,12 +158,13 @@ def test_degraded_one_way_partition_freezes_the_copy_and_moves_the_job_once(
     _no_two_copies(c)
 
 
-def _mlp(steps: int, dump: Path, hidden: int, sleep: float = 0.0) -> list[str]:
+def _mlp(steps: int, dump: Path, hidden: int, sleep: float = 0.0, until: Path | None = None) -> list[str]:
+    """The MLP job; ``until``: it sleeps ``sleep`` after each step only until that file exists."""
     import importlib.util
 
     origin = importlib.util.find_spec("tf_runtime.examples.mlp").origin  # type: ignore[union-attr]
     return ["python", str(origin), "--steps", str(steps), "--hidden", str(hidden), "--threads", "1",
-            "--step-sleep", str(sleep), "--dump", str(dump)]
+            "--step-sleep", str(sleep), *(["--step-sleep-until", str(until)] if until else []), "--dump", str(dump)]
 
 
 class _MlpBaseline:
@@ -190,15 +191,16 @@ class _MlpBaseline:
 
 
 def _migrate_over_a_cap(c: Cluster, steps: int, hidden: int, sleep: float, rate: str,
-                        tmp: Path) -> tuple[_MlpBaseline, str, str, str, Path]:
-    """h1 and h2 without a shared root, an MLP job training on one of them, the link
-    from it to the other capped at `rate`, and the job's migration there asked for:
-    (the uninterrupted run, the job, its source, its destination, its dump)."""
+                        tmp: Path, until: Path | None = None) -> tuple[_MlpBaseline, str, str, str, Path]:
+    """h1 and h2 without a shared root, an MLP job training on one of them (``sleep`` s
+    after each step, until the file ``until`` exists if given), the link from it to the
+    other capped at `rate`, and the job's migration there asked for: (the uninterrupted
+    run, the job, its source, its destination, its dump)."""
     base = _MlpBaseline(steps, hidden, tmp)
     c.add_helper("h1", shared=False)
     c.add_helper("h2", shared=False)
     dump = c.tmp / "final.npz"
-    job_id = c.submit("mlp", _mlp(steps, dump, hidden, sleep=sleep))
+    job_id = c.submit("mlp", _mlp(steps, dump, hidden, sleep=sleep, until=until))
     c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 120)
     src = c.where(job_id)
     dest = "h2" if src == "h1" else "h1"
@@ -221,8 +223,10 @@ def test_degraded_checkpoint_streamed_over_a_1_mbit_link_moves_the_job_bit_ident
     # 0.06-s steps: the job trains on at its source for 35 s or more after the migration is
     # asked for, past the destination's pre-warm (TensorFlow starting there). With 0.03 s,
     # at load 20 it ended at its source first ("MIGRATING: requested by operator",
-    # "SUCCEEDED: finished"), and the test waited 240 s for it on h2.
-    base, job_id, _, dest, dump = _migrate_over_a_cap(c, steps, 512, 0.06, "1mbit", tmp_path)
+    # "SUCCEEDED: finished"), and the test waited 240 s for it on h2. Once moved (the file
+    # GO), its last steps run at full speed.
+    go = c.tmp / "GO"
+    base, job_id, _, dest, dump = _migrate_over_a_cap(c, steps, 512, 0.06, "1mbit", tmp_path, until=go)
     watch = DownWatch(c)
     started = time.monotonic()
     # The migration's outcome, whichever it is: a job that ended at its source meanwhile,
@@ -230,6 +234,7 @@ def test_degraded_checkpoint_streamed_over_a_1_mbit_link_moves_the_job_bit_ident
     # of "condition not met", with no word of where the job was).
     after = c.wait(lambda: (j := c.job(job_id)).state != common_pb2.JOB_STATE_MIGRATING and j, 240)
     moved = time.monotonic() - started
+    go.touch()
     assert c.where(job_id) == dest, f"not moved to {dest}: " + "\n".join(
         f"{common_pb2.JobState.Name(t.to_state)}: {t.reason}" for t in after.history)  # type: ignore[attr-defined]
     down = watch.stop()
@@ -254,12 +259,17 @@ def test_degraded_checkpoint_too_slow_for_its_limit_is_given_up_early_and_the_jo
     queued behind the data; where pings kept up, only at the 300-s limit.)"""
     c = multihost
     steps = 300
-    base, job_id, src, _, dump = _migrate_over_a_cap(c, steps, 1536, 0.05, "128kbit", tmp_path)
+    # Until it is back at its source (the file GO), 0.2-s steps: it trains for 56 s at least
+    # after the migration is asked for, past the destination's pre-warm (with fixed 0.05-s
+    # steps, at load 25-36, it ended at its source first); then its last steps run at full speed.
+    go = c.tmp / "GO"
+    base, job_id, src, _, dump = _migrate_over_a_cap(c, steps, 1536, 0.2, "128kbit", tmp_path, until=go)
     watch = DownWatch(c)
     started = time.monotonic()
     c.wait(lambda: c.job(job_id).state == common_pb2.JOB_STATE_MIGRATING, 30)
     back = c.wait(lambda: (j := c.job(job_id)).state == RUNNING and c.where(job_id) == src and j, 150)
     resumed = time.monotonic() - started
+    go.touch()
     why = [t.reason for t in back.history if "too slow" in t.reason]  # type: ignore[attr-defined]
     print(f"\n128 kbit/s: back at {src} {resumed:.1f}s after the migration began; {why}")
     assert why and "past the 300s limit" in why[-1], [t.reason for t in back.history]  # type: ignore[attr-defined]

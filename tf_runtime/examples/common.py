@@ -47,12 +47,25 @@ def parse_args(description: str, argv: list[str] | None = None,
                    help="publish loss_avg, the mean loss of the last N mini-batches (a single mini-batch's "
                         "loss is noisy: AutoML ranks better by this)")
     p.add_argument("--dump", default=None, help="write all variables to this .npz at the end")
-    p.add_argument("--step-sleep", type=float, default=0.0,
-                   help="sleep this long after each step (slows a demo down)")
+    step_sleep_flags(p, "sleep this long after each step (slows a demo down)")
     args = p.parse_args(argv)
     if args.replicas < 1 or args.steps < 0 or args.batch < 1:
         p.error("--replicas and --batch must be >= 1 and --steps >= 0")
     return args
+
+
+def step_sleep_flags(p: argparse.ArgumentParser, help_text: str) -> None:
+    p.add_argument("--step-sleep", type=float, default=0.0, help=help_text)
+    p.add_argument("--step-sleep-until", default=None, metavar="FILE",
+                   help="sleep after steps only until FILE exists: a test that needs the job "
+                        "to be training when something happens (a migration) creates FILE then, "
+                        "and the job runs its last steps at full speed")
+
+
+def sleep_after_step(args: argparse.Namespace) -> None:
+    """--step-sleep, unless --step-sleep-until's file exists."""
+    if args.step_sleep and not (args.step_sleep_until and os.path.exists(args.step_sleep_until)):
+        time.sleep(args.step_sleep)
 
 
 def configure(seed: int) -> None:
@@ -154,8 +167,7 @@ def train_loop(args: argparse.Namespace, gs: Any, train: Any, loss: Any,
         if args.eval_every and step % args.eval_every == 0:
             # An evaluation run (not a mini-batch), published as a metric.
             tf_runtime.report(eval_loss=float(session.run(loss)))
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
+        sleep_after_step(args)
     return int(step)
 
 

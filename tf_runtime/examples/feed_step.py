@@ -26,12 +26,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from tf_runtime.examples.common import sleep_after_step, step_sleep_flags
 from tf_runtime.towers import tower_devices, visible_device_count
 
 DIM, HIDDEN, CLASSES = 12, 16, 4
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=50, help="train until the global step reaches this")
     p.add_argument("--batch", type=int, default=8, help="per tower")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step-sleep", type=float, default=0.0, help="sleep after each step (s)")
+    step_sleep_flags(p, "sleep after each step (s)")
     p.add_argument("--dump", default=None, help="write all global variables to this .npz at the end")
     args = p.parse_args(argv)
     if args.replicas == "auto" and args.devices is not None:
@@ -139,8 +139,7 @@ def session_loop(args: argparse.Namespace, config: Any) -> int:
         step = int(sess.run(gs))  # the restored step after a migration
         while step < args.steps:
             step = int(sess.run(train, feed_dict=feed_for(args, step, xs, ys)))
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
+            sleep_after_step(args)
         variables = tf.compat.v1.global_variables()
         dump(args.dump, {v.name: x for v, x in zip(variables, sess.run(variables))})
     return step
@@ -164,8 +163,7 @@ def mts_loop(args: argparse.Namespace, config: Any) -> int:
         step = int(sess.run(gs))
         while not sess.should_stop():
             step = int(sess.run(train, feed_dict=feed_for(args, step, xs, ys)))
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
+            sleep_after_step(args)
     return step
 
 
