@@ -48,7 +48,9 @@ LEASE_POLL_S = 0.05
 # fed a value its first returned (state carried in Python).
 JUDGE_AFTER_BOUNDARIES = 2
 # Training runs after which a program none of whose runs advanced the global step is
-# judged (a GAN runs several training runs per step, only one of which advances it).
+# judged (a GAN runs several training runs per step, only one of which advances it); one
+# that advances it later after all (a WGAN's 100 critic runs before its first generator
+# run) is judged again.
 ADVANCE_WITHIN_RUNS = 16
 # Steps at whose ends the state of the training runs' Python functions is compared.
 PY_FUNC_STEPS = 3
@@ -213,6 +215,7 @@ class Controller:
         # all initialised): that read comes before a restarted copy's restore.
         self._read_unbound: weakref.ref[Any] | None = None
         self._feeds: set[bytes] = set()
+        self._judged_no_advance = False  # judged before any run advanced the global step
         self._advances_seen = False  # a training run of the bound session advanced the step
         self._steps_seen = 0  # boundaries of runs that advanced it
         self._stateful_input = ""  # what a training run read that no checkpoint holds
@@ -697,6 +700,7 @@ class Controller:
             if not self._advances_seen and self.boundaries:
                 # Runs before it were counted as mini-batches: count from the step again.
                 self.meter.set_steps(adapter.global_step() - 1)
+                self._judge_again_after_late_advance()
             self._advances_seen = True
             self._steps_seen += 1
             if not self._carried_state:
@@ -1128,6 +1132,7 @@ class Controller:
             self._judge(False, self._carried_state)
         elif not self._advances_seen:
             if self.boundaries >= ADVANCE_WITHIN_RUNS or final:
+                self._judged_no_advance = True
                 self._judge(False, "no training run advances the global step, so a restarted "
                                    "program cannot know where to resume (pass it to the "
                                    "optimizer's minimize(global_step=...))")
@@ -1173,6 +1178,20 @@ class Controller:
                                "on from the restored step; read the step in the loop "
                                "(`step = sess.run(global_step)`) and feed the mini-batch of "
                                "that step to make it migratable")
+
+    def _judge_again_after_late_advance(self) -> None:
+        """The first run that advances the global step came after ADVANCE_WITHIN_RUNS
+        training runs that did not (a WGAN trains its critic 100 times before its first
+        generator run, each critic run followed by a run that clips its weights): the job
+        was judged not migratable for want of one, and stayed so for good, though its loop
+        resumes from the step ("cannot resume from a checkpoint" to a user asking for a
+        migration). Judge it again from here, as at the job's start."""
+        if not self._judged_no_advance:
+            return
+        self._judged_no_advance = False
+        log.info("a training run advances the global step after all, after %d that did not: "
+                 "judging whether the job is migratable again", self.boundaries)
+        self.migratable = None
 
     def _judge(self, migratable: bool, reason: str) -> None:
         self.migratable = migratable
