@@ -106,11 +106,27 @@ _HOOK_CALLS = frozenset({"begin", "after_create_session", "before_run", "after_r
 def _from_hook(frame: Any) -> bool:
     """Whether a run is made by a MonitoredSession's hook (StopAtStepHook reading the
     step after the session is created, a hook of the program's own), not by its loop."""
+    return _hook_at(frame) is not None
+
+
+def _hook_at(frame: Any) -> Any:
+    """The MonitoredSession hook whose callback made this run, or None."""
     hook = tf_hook_class()
     while frame is not None:
         if frame.f_code.co_name in _HOOK_CALLS and hook is not None and \
                 isinstance(frame.f_locals.get("self"), hook):
-            return True
+            return frame.f_locals["self"]
+        frame = frame.f_back
+    return None
+
+
+def _fed_by_hooks(frame: Any) -> bool:
+    """Whether a MonitoredSession run's feeds all come from its hooks' `before_run`
+    (`SessionRunArgs(feed_dict=...)`): the program's own `run` call passed none."""
+    while frame is not None:
+        context = frame.f_locals.get("run_context") if frame.f_code.co_name == "run" else None
+        if context is not None and str(frame.f_globals.get("__name__", "")).startswith(_MONITORED):
+            return not getattr(getattr(context, "original_args", None), "feed_dict", None)
         frame = frame.f_back
     return False
 
@@ -216,6 +232,10 @@ class Controller:
         self._read_unbound: weakref.ref[Any] | None = None
         self._feeds: set[bytes] = set()
         self._judged_no_advance = False  # judged before any run advanced the global step
+        # A hook of the program's own (not TensorFlow's) read the global step in a run of
+        # its own, and whether the program fed a step itself rather than through hooks.
+        self._program_hook_read = False
+        self._fed_by_program = False
         self._advances_seen = False  # a training run of the bound session advanced the step
         self._steps_seen = 0  # boundaries of runs that advanced it
         self._stateful_input = ""  # what a training run read that no checkpoint holds
@@ -541,8 +561,12 @@ class Controller:
         # own reads tell that its loop resumes from the step.
         # Which read came first: one in a run of its own before the first training run (the
         # loop starts from the step), or one fetched with a training run (only logged).
+        hook = _hook_at(sys._getframe(1)) if not info.is_training and \
+            info.reads_global_step and adapter is self.adapter else None
+        if hook is not None and not type(hook).__module__.startswith("tensorflow"):
+            self._program_hook_read = True
         if not info.is_training and not self._own_read and info.reads_global_step and \
-                adapter is self.adapter and not _from_hook(sys._getframe(1)) and \
+                adapter is self.adapter and hook is None and \
                 not _called_from(sys._getframe(1), _SERVICES):
             self._own_read = True
         elif not info.is_training and info.reads_global_step and self.adapter is None and \
@@ -566,6 +590,7 @@ class Controller:
         """The feeds of a step-advancing run, as a digest of their values."""
         if adapter is self.adapter and len(self._feeds) < 2:
             self._feeds.add(digest)
+            self._fed_by_program = self._fed_by_program or not _fed_by_hooks(sys._getframe(1))
 
     def carried_state(self, adapter: SessionAdapter, what: str) -> None:
         """The program carries state in Python from one step to the next, which no
@@ -1158,7 +1183,8 @@ class Controller:
             # first be fed back (carried_state).
             if self._steps_seen < JUDGE_AFTER_BOUNDARIES and not final:
                 return
-            if not self._own_read and len(self._feeds) > 1:
+            if not self._own_read and len(self._feeds) > 1 and not (
+                    self._program_hook_read and not self._fed_by_program):
                 # `while not sess.should_stop(): sess.run(train, batch(i)); i += 1` under
                 # StopAtStepHook: used to be judged migratable (the hook reads the step),
                 # and a restored copy fed its batches from 0 again, other weights.
@@ -1170,6 +1196,10 @@ class Controller:
                                    "step in the loop (`step = sess.run(global_step)`) and feed "
                                    "the mini-batch of that step to make it migratable")
             else:
+                # A hook of the program's own that reads the step when the session is made
+                # and feeds every step through `SessionRunArgs` (an input hook) resumes from
+                # the step: before, its read was taken for TensorFlow's StopAtStepHook and
+                # the job refused as feeding "a counter of its own".
                 self._judge(True, "the program reads the global step")
         elif self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
             self._judge(False, "the program never reads the global step: its loop counts "
