@@ -9,8 +9,10 @@ alone, must sum to more than 1 + ``pack_min_gain`` (time-slicing gives exactly 1
 otherwise the job is unpacked and the pair (by model names, else job ids) is not
 tried again. A trial cut short (a job of the pair finished, or was suspended or moved
 for another job) is judged by the rates sampled in its second half, or is void if it
-had not run that long. Every verdict is kept in ``GandivaState.verdicts`` with its
-reason (the live scheduler's decision log shows them).
+had not run that long. A trial whose two jobs no longer share its GPUs without the policy
+having moved them (their server went down, a job was re-queued or moved by an operator)
+is void: what was sampled before cannot be told from a fault. Every verdict is kept in
+``GandivaState.verdicts`` with its reason (the live scheduler's decision log shows them).
 """
 
 from __future__ import annotations
@@ -99,13 +101,53 @@ def end_trials_of(ledger: Ledger, state: GandivaState, config: PolicyConfig, job
             state.keep_pair(trial.job_id, trial.partner_id)
 
 
+def _apart(ledger: Ledger, trial: PackTrial) -> str | None:
+    """Why the pair no longer runs packed on the trial's GPUs, or None while it does.
+
+    Only the policy's own moves end a trial on purpose (end_trials_of); this is what else
+    takes a job off them: its server went down (the job is back in the queue), or the
+    job was re-queued or moved outside the policy (an operator's migrate or drain)."""
+    where = {j: ledger.placement.get(j, ()) for j in (trial.job_id, trial.partner_id)}
+    if all(gpus == trial.gpus for gpus in where.values()):
+        return None
+    servers = ", ".join(sorted({g.server for g in trial.gpus}))
+    queued = [j for j, gpus in where.items() if not gpus]
+    if queued:
+        return f"{' and '.join(queued)} went back to the queue from {servers} (a server went down, or a re-queue)"
+    moved = [f"{j} to {', '.join(sorted({g.server for g in gpus}))}"
+             for j, gpus in where.items() if gpus != trial.gpus]
+    return f"moved off the trial's GPUs on {servers}: {' and '.join(moved)}"
+
+
+def _void_apart(ledger: Ledger, state: GandivaState, trial: PackTrial, why: str) -> list[Decision]:
+    """End a trial whose jobs no longer share its GPUs: void, neither kept nor rejected
+    (rates sampled before a fault, or beside another partner, say nothing of the pair).
+    Two jobs still running together on other GPUs are unpacked: they were never judged."""
+    now = ledger.snapshot.now
+    del state.trials[trial.job_id]
+    job_id, partner_id = trial.job_id, trial.partner_id
+    for j in (job_id, partner_id):
+        if j in ledger.placement:
+            ledger.touch(ledger.placement[j])  # its group may rotate or pack again
+    gpus = ledger.placement.get(job_id, ())
+    together = (gpus != () and gpus == ledger.placement.get(partner_id)
+                and ledger.state[job_id] == ledger.state[partner_id] == "RUNNING")
+    reason = f"trial void: {why} after {now - trial.started_at:.1f}s; the pair is not judged"
+    state.add_verdict(now, trial, None, None, reason, unpacked=together)
+    if not together:
+        return []
+    ledger.set_state(job_id, "SUSPENDED")
+    return [Unpack(job_id, gpus, reason=reason)]
+
+
 def judge_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
     """Keep or undo every packing trial that has run for ``pack_trial_s``.
 
     Rates are sampled on every call in a trial's second half (the jobs' rates have
-    settled at their packed values by then); a trial whose job or partner finished
-    before its end is judged by the last sample (nothing is left to unpack: a pair
-    found no better is only not tried again), or void without one.
+    settled at their packed values by then), only while both jobs run on the trial's
+    GPUs; a trial whose job or partner finished before its end is judged by the last
+    sample (nothing is left to unpack: a pair found no better is only not tried again),
+    or void without one. A trial whose jobs left its GPUs otherwise is void (_apart).
     """
     now = ledger.snapshot.now
     out: list[Decision] = []
@@ -115,8 +157,12 @@ def judge_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> l
             gone = job_id if job is None else trial.partner_id
             _end_early(state, trial, now, config, f"job {gone} ended")
             continue
+        why = _apart(ledger, trial)
+        if why is not None:
+            out += _void_apart(ledger, state, trial, why)
+            continue
         ends = trial.started_at + config.pack_trial_s
-        packed = ledger.state[job_id] == ledger.state[partner.id] == "RUNNING"
+        packed = ledger.state[job_id] == ledger.state[partner.id] == "RUNNING"  # on its GPUs (_apart)
         if (packed and job.rate is not None and partner.rate is not None
                 and now >= trial.started_at + config.pack_trial_s / 2):
             trial = state.trials[job_id] = replace(trial, sample=(job.rate, partner.rate), sampled_at=now)
@@ -192,7 +238,8 @@ def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig,
     out: list[Decision] = []
     for _, _, guest, host in sorted(choices, key=lambda c: (c[0], c[1], c[2].id)):
         base = (alone_rate(guest) or 1.0, alone_rate(host) or 1.0)
-        state.trials[guest.id] = PackTrial(guest.id, host.id, ledger.snapshot.now, base, pair_key(guest, host))
+        state.trials[guest.id] = PackTrial(guest.id, host.id, ledger.snapshot.now, base, pair_key(guest, host),
+                                           gpus=ledger.placement[host.id])
         state.wake_at(ledger.snapshot.now + config.pack_trial_s)
         ledger.set_state(guest.id, "RUNNING")
         out.append(Pack(guest.id, ledger.placement[host.id],

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from scheduler.policy.gittins import ServiceWindow
+from scheduler.policy.types import GpuRef
 
 # Verdicts kept for observers (the live scheduler's decision log reads the new ones).
 VERDICTS_KEPT = 256
@@ -35,6 +36,9 @@ class PackTrial:
     # packed: an early verdict uses them if the trial cannot run to its end.
     sample: tuple[float, float] | None = None
     sampled_at: float | None = None
+    # The GPUs the two share (the partner's when packed): a trial whose jobs are no longer
+    # both on them (a server lost, a job re-queued or moved) is void (judge_trials).
+    gpus: tuple[GpuRef, ...] = ()
 
 
 @dataclass(frozen=True)
