@@ -41,26 +41,26 @@ class Shared(Generic[T]):
 
     def __init__(self, build: Callable[[], Awaitable[T]], every_s: float = SHARED_S) -> None:
         self._build, self._every_s = build, every_s
-        self._next: asyncio.Future[T] | None = None  # the build not begun yet, which new requests join
-        self._last: asyncio.Future[T] | None = None  # the build scheduled last
+        self._task: asyncio.Future[T] | None = None  # the build begun last
         self._began = -math.inf
 
     async def get(self) -> T:
-        task = self._next
-        if task is None:
-            at = max(asyncio.get_running_loop().time(), self._began + self._every_s)
-            task = self._next = self._last = asyncio.ensure_future(self._run(at, self._last))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, whoever waits
-        return await asyncio.shield(task)
-
-    async def _run(self, at: float, before: asyncio.Future[T] | None) -> T:
         loop = asyncio.get_running_loop()
-        if at > loop.time():
-            await asyncio.sleep(at - loop.time())
-        if before is not None:
-            await asyncio.wait({before})
-        self._next, self._began = None, loop.time()  # requests from now on wait for the next one
-        return await self._build()
+        arrived = loop.time()
+        while True:
+            task = self._task
+            if task is not None and self._began >= arrived:
+                return await asyncio.shield(task)  # begun since this request came: shared
+            if task is not None and not task.done():
+                await asyncio.wait({task})  # begun before it: one at a time
+                continue
+            if (wait := self._began + self._every_s - loop.time()) > 0:
+                await asyncio.sleep(wait)  # (the request waits, not a task of its own)
+                continue
+            self._began = loop.time()
+            task = self._task = asyncio.ensure_future(self._build())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, whoever waits
+            return await asyncio.shield(task)
 
 
 _NUMBER = re.compile(r"[0-9]+(\.[0-9]*)?(e[0-9]+)?", re.ASCII | re.IGNORECASE)
