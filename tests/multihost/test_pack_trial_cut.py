@@ -56,6 +56,12 @@ def test_a_host_cut_off_mid_packing_trial_runs_each_job_once(multihost: Cluster,
     packs = [e.message for e in c.stub.ListEvents(scheduler_pb2.ListEventsRequest(kinds=["job.pack"])).events]
     print(f"\nat the cut {steps_at_cut}; packs {packs}; {history}")
     assert all(_states(job)[1:].count("QUEUED") >= 1 for job in done.values()), history
+    # The trial ends with h1's loss, its verdict naming it: not judged from rates sampled
+    # apart, nor voided at the relaunch as "time-slice with new job" (before session 44).
+    # (Relaunched together on h1, the pair may be packed for a new trial, judged on its own.)
+    verdicts = [p for p in packs if p.startswith("packing trial with")]
+    assert verdicts and "went back to the queue from h1 (a server went down" in verdicts[0], packs
+    assert not any("time-slice with new job" in p for p in verdicts), packs
     # Two RUNNING jobs on h1's one GPU is the pack itself; anything else GpuWatch records is not.
     assert [w for w in watch.stop() if "held by running jobs" not in w] == []
     _no_two_copies(c)
