@@ -123,6 +123,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+# ---- the root logger, as each test found it ---------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_put_back() -> Iterator[None]:
+    """An entry point run in this process (`main(["scheduler", ...])`, run_gandiva) sets up
+    the root logger with a handler on the test's captured stderr, which pytest closes
+    after the test. Every later test on the same worker then printed "--- Logging
+    error ... I/O operation on closed file" into the stderr it captured whenever an
+    in-process scheduler logged (test_db_outage's `gandiva top` stderr, CI of f53aeb0).
+    Handlers a test added (other than pytest's own) are removed, and the level put back."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = set(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
+
+
 # ---- a real scheduler -----------------------------------------------------------
 
 import asyncio as _asyncio
