@@ -103,14 +103,10 @@ _MONITORED = ("tensorflow.python.training.monitored_session",)
 _HOOK_CALLS = frozenset({"begin", "after_create_session", "before_run", "after_run", "end"})
 
 
-def _from_hook(frame: Any) -> bool:
-    """Whether a run is made by a MonitoredSession's hook (StopAtStepHook reading the
-    step after the session is created, a hook of the program's own), not by its loop."""
-    return _hook_at(frame) is not None
-
-
 def _hook_at(frame: Any) -> Any:
-    """The MonitoredSession hook whose callback made this run, or None."""
+    """The MonitoredSession hook whose callback made this run (StopAtStepHook reading the
+    step after the session is created, a hook of the program's own), or None: a run made
+    by the program's loop."""
     hook = tf_hook_class()
     while frame is not None:
         if frame.f_code.co_name in _HOOK_CALLS and hook is not None and \
@@ -561,7 +557,9 @@ class Controller:
         # own reads tell that its loop resumes from the step.
         # Which read came first: one in a run of its own before the first training run (the
         # loop starts from the step), or one fetched with a training run (only logged).
-        hook = _hook_at(sys._getframe(1)) if not info.is_training and \
+        # (Whose read it is matters only until the program's own read is seen: the frame
+        # walk is not made for every later read of a loop that reads the step each step.)
+        hook = _hook_at(sys._getframe(1)) if not info.is_training and not self._own_read and \
             info.reads_global_step and adapter is self.adapter else None
         if hook is not None and not type(hook).__module__.startswith("tensorflow"):
             self._program_hook_read = True

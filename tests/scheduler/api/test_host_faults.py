@@ -89,6 +89,19 @@ def _refused_by_old_address(server: str, cmd: helper_pb2.HelperCommand) -> helpe
                 "UNAVAILABLE: failed to connect to all addresses")
 
 
+def _two_gpu_job_on_y(f: Fake, beats: Beats, wait_for: Any) -> tuple[str, helper_pb2.LaunchJob]:
+    """x (one GPU) heartbeating; a 2-GPU job launched on y (two GPUs), its shim connected
+    (it acks a checkpoint at once, at step 42) and RUNNING: (its id, its launch)."""
+    beats.run("x")
+    spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=2, steps=1000)
+    job_id = f.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+    launch = _launch_confirmed(f, "y")
+    beats.run("y", (job_id, launch.incarnation))
+    f.shim(job_id, launch.incarnation)
+    wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and j.steps >= 0)
+    return job_id, launch
+
+
 def test_a_drains_checkpoint_sent_to_a_helpers_old_address_goes_to_its_new_one_at_once(
         make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
     """`gandiva drain y` parks y's 2-GPU job (x, one GPU, has no room for it) and streams
@@ -102,13 +115,7 @@ def test_a_drains_checkpoint_sent_to_a_helpers_old_address_goes_to_its_new_one_a
     f = Fake(sched.address, gpus={"y": 2, "x": 1}, agents=True)
     beats = Beats(f)
     try:
-        beats.run("x")
-        spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=2, steps=1000)
-        job_id = f.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
-        launch = _launch_confirmed(f, "y")
-        beats.run("y", (job_id, launch.incarnation))
-        f.shim(job_id, launch.incarnation)  # acks the park's checkpoint: step 42
-        wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and j.steps >= 0)
+        job_id, _ = _two_gpu_job_on_y(f, beats, wait_for)
         wait_for(lambda: f.api.DrainServer(scheduler_pb2.CordonServerRequest(server="y"), timeout=30).jobs, 20)
         wait_for(lambda: f.job(job_id).state == common_pb2.JOB_STATE_QUEUED, 20)
         beats.run("y")  # its process exited with the park's checkpoint
@@ -415,13 +422,7 @@ def test_a_drain_lists_the_job_it_parked_however_fast_it_left(
     f = Fake(sched.address, gpus={"y": 2, "x": 1}, agents=True)
     beats = Beats(f)
     try:
-        beats.run("x")
-        spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=2, steps=1000)
-        job_id = f.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
-        launch = _launch_confirmed(f, "y")
-        beats.run("y", (job_id, launch.incarnation))
-        f.shim(job_id, launch.incarnation)  # acks the park's checkpoint at once
-        wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and j.steps >= 0)
+        job_id, launch = _two_gpu_job_on_y(f, beats, wait_for)
         wait_for(lambda: sched.server.core.runtimes.connected(job_id, launch.incarnation))
         answer = f.api.DrainServer(scheduler_pb2.CordonServerRequest(server="y"), timeout=30)
         assert [(j.job_id, j.action) for j in answer.jobs] == [(job_id, "park")], answer
