@@ -65,7 +65,7 @@ class GpuWatch:
 
     def stop(self) -> list[str]:
         self._stop.set()
-        assert self.samples > 10, "the database was not read"
+        assert self.samples > 0, "the database was not read"
         return self.seen
 
 
