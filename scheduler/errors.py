@@ -28,6 +28,21 @@ class FailedPrecondition(GandivaError):
     """The request is valid but the object is in the wrong state for it."""
 
 
+class Busy(FailedPrecondition):
+    """The job has another command in progress (a periodic checkpoint, another caller's
+    action): worth asking again shortly. Sent with trailing metadata BUSY_METADATA, which
+    clients check instead of the message's wording."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} has a command in progress; try again shortly")
+        self.job_id = job_id
+
+
+# The trailing metadata of a Busy refusal: (key, value). Machine-readable, so that a
+# client's retry does not depend on the message's English (scheduler/cli/client.is_busy).
+BUSY_METADATA = ("gandiva-refusal", "busy")
+
+
 class AlreadyExists(GandivaError):
     """A request id the caller used before, for a different request."""
 

@@ -11,7 +11,9 @@ import grpc
 from sqlalchemy import exc as sa_exc
 
 from scheduler.errors import (
+    BUSY_METADATA,
     AlreadyExists,
+    Busy,
     FailedPrecondition,
     GandivaError,
     InvalidArgument,
@@ -47,7 +49,9 @@ def code_for(err: Exception) -> grpc.StatusCode | None:
 async def _abort_with(err: GandivaError, context: grpc.aio.ServicerContext) -> None:
     """Abort the call with `err`'s status code; re-raise `err` if it has none."""
     code = code_for(err)
-    await context.abort(code or grpc.StatusCode.INTERNAL, str(err))
+    # A busy job's refusal says so in metadata too: clients ask again by it, not by its words.
+    trailing = (BUSY_METADATA,) if isinstance(err, Busy) else ()
+    await context.abort(code or grpc.StatusCode.INTERNAL, str(err), trailing_metadata=trailing)
 
 
 def unexpected_status(err: Exception, method: str) -> tuple[grpc.StatusCode, str]:

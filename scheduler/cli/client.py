@@ -22,6 +22,7 @@ import grpc
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler import transport
 from scheduler.config import scheduler_address
+from scheduler.errors import BUSY_METADATA
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +230,17 @@ def _details(exc: grpc.RpcError) -> str:
 
 
 def is_busy(exc: grpc.RpcError) -> bool:
-    """The job has another command in progress: worth asking again shortly."""
+    """The job has another command in progress: worth asking again shortly. Told by the
+    refusal's trailing metadata (BUSY_METADATA); before, by its English words, which a
+    rewording would have silently turned into no retry. The words are still taken from a
+    scheduler older than the metadata."""
     code = exc.code() if hasattr(exc, "code") else None
-    return code == grpc.StatusCode.FAILED_PRECONDITION and "has a command in progress" in _details(exc)
+    if code != grpc.StatusCode.FAILED_PRECONDITION:
+        return False
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    if any(tuple(item) == BUSY_METADATA for item in trailing or ()):
+        return True
+    return "has a command in progress" in _details(exc)
 
 
 def is_transient(exc: grpc.RpcError) -> bool:

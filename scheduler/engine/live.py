@@ -32,6 +32,7 @@ from scheduler.engine.live_migration import (
     vouch_transfer,
 )
 from scheduler.errors import (
+    Busy,
     FailedPrecondition,
     GandivaError,
     InvalidArgument,
@@ -1177,7 +1178,7 @@ class LiveEngine:
         if job.state != required.value:
             raise FailedPrecondition(f"job {job_id} is {job.state}; only a {required.value} job can be {verb}")
         if job_id in self.inflight:  # another caller's (or the policy's) command: one at a time
-            raise FailedPrecondition(f"job {job_id} has a command in progress; try again shortly")
+            raise Busy(job_id)
         # A person is waiting: a job whose runtime has not connected (its program connects
         # at its first training step) is answered within seconds, not after the policy's wait.
         if not await self.core.runtimes.wait_connected(job_id, OPERATOR_CONNECT_WAIT_S, job.incarnation):
@@ -1217,7 +1218,7 @@ class LiveEngine:
         if len(free) < job.gpus:
             raise FailedPrecondition(f"server {to_server} has {len(free)} free GPU(s); job {job_id} needs {job.gpus}")
         if job_id in self.inflight:
-            raise FailedPrecondition(f"job {job_id} has a command in progress; try again shortly")
+            raise Busy(job_id)
         gpus = [pt.GpuRef(to_server, i) for i in free[: job.gpus]]
         _, source = await self._where(job_id)
         self.inflight.add(job_id)
