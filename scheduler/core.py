@@ -1431,14 +1431,31 @@ class SchedulerCore:
             repo.add_event(s, self.clock(), "job.progress", f"the program stops at step {total:,}{given}",
                            job_id=job_id)
 
-    async def record_migratability(self, job_id: str, migratable: bool, reason: str) -> None:
+    async def record_migratability(self, job_id: str, incarnation: str, migratable: bool, reason: str) -> None:
+        """The runtime of launch ``incarnation`` ("": not told) said whether the job can
+        resume from a checkpoint. Only the job's current launch writes it: before, a
+        migration's pre-warmed destination set the job's flag for a launch that may never
+        run (its migration failing, the job stayed marked by it at its source). Another
+        launch's verdict stays with its connection, applied if that launch becomes the
+        job's (apply_launch_verdict)."""
         async with self.tx() as s:
-            job = await repo.get_job(s, job_id)
+            # Locked: a migration making this launch current meanwhile commits first, and
+            # this read then sees it (or that commit applies what the connection holds).
+            job = await repo.get_job(s, job_id, for_update=True)
+            if incarnation and job.incarnation != incarnation:
+                return
             if not job.suspendable:
                 # The job's current launch was found uncontrollable: its runtime's
                 # connection keeps the verdict, applied when the mark is undone.
                 return
             self._apply_verdict(s, job, migratable, reason)
+
+    def apply_launch_verdict(self, s: AsyncSession, job: Job) -> None:
+        """The job's launch changed (in ``s``: a migration's destination or fallback is now
+        its current one): the verdict that launch's runtime said before, if any, is written."""
+        verdict = self.runtimes.verdict(job.id, job.incarnation)
+        if verdict is not None and job.suspendable:
+            self._apply_verdict(s, job, *verdict)
 
     def _apply_verdict(self, s: AsyncSession, job: Job, migratable: bool, reason: str) -> None:
         """Write a runtime's migratability verdict into the job's row (in ``s``)."""

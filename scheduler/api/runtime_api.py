@@ -172,7 +172,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                             max(0, t.checkpoint_towers), max(0, t.devices))
                 elif kind == "migratability":
                     conn.verdict = (msg.migratability.migratable, clean_text(msg.migratability.reason, 1024))
-                    await self.core.record_migratability(conn.job_id, *conn.verdict)
+                    await self.core.record_migratability(conn.job_id, conn.incarnation, *conn.verdict)
             except GandivaError as err:
                 # A progress report lost to a brief database outage is superseded by the next one.
                 log.warning("runtime message of job %s not recorded: %s", conn.job_id, err)

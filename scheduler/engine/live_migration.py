@@ -256,8 +256,10 @@ async def _carry_out(
             paused = result.durations_s.get("total", 0.0)
             await repo.place(s, job, [(g.server, g.index) for g in to_gpus], result.incarnation, now,
                              f"migrated to {dest_name} at step {result.step} (training paused {paused:.2f}s)")
+            core.apply_launch_verdict(s, job)
         else:
             job.incarnation = result.incarnation
+            core.apply_launch_verdict(s, job)
             still_suspended = was is JobState.SUSPENDED and result.outcome is Outcome.STAYED
             why = result.reason if still_suspended else f"{result.outcome.value}: {result.reason}"
             await _roll_back(s, job, now, why, suspended=still_suspended)

@@ -20,10 +20,10 @@ async def test_a_job_found_not_migratable_drops_the_restore_point_it_had(sqlite_
         async with core.tx() as s:
             job = await repo.get_job(s, job_id)
             job.restore_checkpoint, job.restore_server, job.restore_step = "/shm/h1/j/periodic-1", "h1", 1
-        await core.record_migratability(job_id, True, "")
+        await core.record_migratability(job_id, "", True, "")
         async with core.tx() as s:
             assert (await repo.get_job(s, job_id)).restore_checkpoint == "/shm/h1/j/periodic-1"
-        await core.record_migratability(job_id, False, "its training run reads RandomUniform op 'dropout'")
+        await core.record_migratability(job_id, "", False, "its training run reads RandomUniform op 'dropout'")
         async with core.tx() as s:
             job = await repo.get_job(s, job_id)
             assert (job.restore_checkpoint, job.restore_server, job.restore_step) == ("", "", 0)

@@ -183,3 +183,60 @@ def test_a_checkpoint_left_in_the_destinations_ramdisk_through_a_shared_mount_is
         assert list(helper.Heartbeat(helper_pb2.HeartbeatRequest(name=src, want_kept=True)).kept) == []
         for stream in streams.values():
             stream.cancel()
+
+
+def test_a_pre_warmed_destinations_verdict_counts_only_once_it_runs_the_job(
+        make_scheduler, db_url, wait_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A migration's pre-warmed destination runs the program too, and its runtime may
+    judge the job before the job is moved there. Before, its verdict set the job's flag:
+    had that migration failed, the job would stay "not migratable" at its source for the
+    word of a launch that never ran it. Now a verdict counts only from the job's current
+    launch; the destination's is applied when the migration makes it current."""
+    import threading
+
+    release = threading.Event()
+    plans: list = []
+
+    async def held_then_migrated(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+        import asyncio
+
+        plans.append(plan)
+        while not release.is_set():
+            await asyncio.sleep(0.05)
+        return MigrationResult(Outcome.MIGRATED, plan.dest.name, plan.dest_incarnation, step=9,
+                               checkpoint_path=f"/ram/{plan.dest.name}/ckpt-9")
+
+    monkeypatch.setattr(live_migration, "migrate", held_then_migrated)
+    sched = make_scheduler(db_url, tick_s=0.2)
+    core = sched.server.core
+    with grpc.insecure_channel(sched.address) as ch:
+        stub, a_cmds, b_cmds, job, src = _placed(ch, wait_for)
+        launch = next(a_cmds if src == "a" else b_cmds).launch
+        get = lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))
+        source = FakeShim(ch, job.id, launch.incarnation)
+        dest = None
+        try:
+            wait_for(lambda: get().state == common_pb2.JOB_STATE_RUNNING, 30)
+            source.verdict(True)
+            wait_for(lambda: core.runtimes.verdict(job.id, launch.incarnation) == (True, ""), 30)
+            to = "b" if src == "a" else "a"
+            stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job.id, to_server=to))
+            plan = wait_for(lambda: plans and plans[0], 30)
+            dest = FakeShim(ch, job.id, plan.dest_incarnation)
+            dest.verdict(False, "its training run reads RandomUniform op 'dropout'")
+            dest.progress(9, 1.0)  # read after the verdict (one stream, in order)
+            wait_for(lambda: core.steps_seen(job.id, plan.dest_incarnation) == 9, 30)
+            mid = get()
+            assert mid.state == common_pb2.JOB_STATE_MIGRATING and mid.migratable, mid
+            release.set()
+            moved = wait_for(lambda: (j := get()).state == common_pb2.JOB_STATE_RUNNING and j.placement
+                             and j.placement[0].server == to and j, 30)
+            assert not moved.migratable, moved
+            assert moved.control_note == "its training run reads RandomUniform op 'dropout'", moved.control_note
+        finally:
+            release.set()
+            source.close()
+            if dest is not None:
+                dest.close()
+            a_cmds.cancel()
+            b_cmds.cancel()
