@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
-from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from protos.gandiva.v1 import common_pb2
 
 from ..tf_runtime.conftest import load_variables
 from . import degrade
@@ -99,7 +99,7 @@ def test_degraded_late_heartbeats_neither_call_the_host_down_nor_move_its_job_th
         # Refused while a periodic checkpoint (every 2 s here) is in flight, which over this
         # link is most of the time ("has a command in progress; try again shortly"): asked
         # again, as its user would.
-        c.wait(lambda: c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server="h2")), 60)
+        c.migrate(job_id, "h2")
         asked = time.monotonic()
         c.wait(lambda: c.where(job_id) == "h2", 120)
         moved = time.monotonic() - asked
@@ -207,7 +207,7 @@ def _migrate_over_a_cap(c: Cluster, steps: int, hidden: int, sleep: float, rate:
     degrade.cap_to(c.net.hosts[src][0], c.net.link(src), c.net.hosts[dest][1], rate)
     # Refused while a periodic checkpoint is in flight ("has a command in progress; try again
     # shortly"; a 19 MB one on a loaded machine, once): asked again, as its user would.
-    c.wait(lambda: c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest)), 60)
+    c.migrate(job_id, dest)
     return base, job_id, src, dest, dump
 
 
@@ -330,7 +330,8 @@ def test_degraded_helpers_starved_in_100_ms_bursts_still_move_the_job_once(
     starve = Starve([c.procs["h1"].pid, c.procs["h2"].pid])
     started = time.monotonic()
     try:
-        c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+        # Refused while a periodic checkpoint is in flight, which starved helpers make likely.
+        c.migrate(job_id, dest)
         c.wait(lambda: c.job(job_id).state == common_pb2.JOB_STATE_MIGRATING, 30)
         ended = c.wait(lambda: (j := c.job(job_id)).state != common_pb2.JOB_STATE_MIGRATING and j, 120)
         took = time.monotonic() - started

@@ -13,7 +13,6 @@ import threading
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 from protos.gandiva.v1 import scheduler_pb2
@@ -66,20 +65,6 @@ class Flapper:
         self._thread.join(10)
 
 
-def _ask_to_migrate(c: Cluster, job_id: str, dest: str, within_s: float) -> float:
-    """MigrateJob, asked again while refused (a periodic checkpoint in flight, the host
-    called down for a moment); seconds it took to be taken."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest), timeout=30)
-            return time.monotonic() - t0
-        except grpc.RpcError as err:
-            if time.monotonic() - t0 > within_s:
-                raise AssertionError(f"MigrateJob to {dest} refused for {within_s:.0f}s: {err.details()}") from err
-            time.sleep(0.3)
-
-
 @pytest.mark.parametrize("multihost", [{"heartbeat_timeout": 10.0}], indirect=True)
 def test_a_flapping_link_loses_duplicates_and_storms_nothing(multihost: Cluster, tmp_path: Path) -> None:
     """h2 (2 GPUs) runs job B; job A trains on h1. No shared root: A's migration to h2
@@ -103,7 +88,7 @@ def test_a_flapping_link_loses_duplicates_and_storms_nothing(multihost: Cluster,
     flapper = Flapper(c, flappy, seed=42)
     began = time.monotonic()
     try:
-        asked_s = _ask_to_migrate(c, a, flappy, 20)
+        asked_s = c.migrate(a, flappy, 20)
         time.sleep(max(0.0, FLAP_S - (time.monotonic() - began)))
     finally:
         flapper.stop()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from protos.gandiva.v1 import common_pb2
 
 from .conftest import (
     CHECKPOINT_INTERVAL_S,
@@ -98,7 +98,7 @@ def test_i9s_scheduler_killed_9_in_transfer_and_activate(multihost: Cluster, pha
     # Hold the source at a step until the destination has pre-warmed, so that what
     # follows happens in this order whatever the machine's load.
     os.kill(source_pid, signal.SIGSTOP)
-    c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    c.migrate(job_id, dest)
     c.wait(lambda: any(e.kind == "job.migration" and e.message.startswith("prewarm") for e in c.events(job_id)), 90)
     held: list[tuple[str, int]] = []
     if phase == "transfer":
@@ -272,7 +272,7 @@ def test_i9s_migration_failed_at_both_ends_resumes_from_the_checkpoint_it_left_a
     job_id, src, dest, dump = _start(c, STEPS)
     (source_pid,) = c.pids_of(job_id)
     os.kill(source_pid, signal.SIGSTOP)  # at a step until the destination has pre-warmed
-    c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    c.migrate(job_id, dest)
     c.wait(lambda: any(e.kind == "job.migration" and e.message.startswith("prewarm") for e in c.events(job_id)), 90)
     (warm_pid,) = c.wait(lambda: c.pids_of(job_id, warm=True), 60)  # type: ignore[misc]
     os.kill(warm_pid, signal.SIGSTOP)  # its activation waits

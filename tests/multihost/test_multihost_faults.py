@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from protos.gandiva.v1 import common_pb2, scheduler_pb2
+from protos.gandiva.v1 import common_pb2
 
 # The `multihost` fixture's Cluster (tests/multihost/conftest.py).
 Cluster = Any
@@ -89,7 +89,7 @@ def test_scheduler_killed_9_mid_migration(multihost: Cluster, mlp_command) -> No
     # Long enough to outlast a slow pre-warm (a loaded machine): 2,000 steps of at least 20 ms.
     steps = 2000
     job_id, _, dest = _training_on_one_of_two(c, "mover", mlp_command(steps, 0.02))
-    c.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    c.migrate(job_id, dest)
     c.kill9("scheduler")
     c.start_scheduler()
     done = _ends_once(c, job_id, steps, 150)
