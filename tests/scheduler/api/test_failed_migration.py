@@ -5,6 +5,7 @@ instead of starting again from step 0."""
 from __future__ import annotations
 
 import grpc
+import pytest
 
 from migration_protocol.fast_path import MigrationResult, Outcome
 from protos.gandiva.v1 import (
@@ -72,15 +73,28 @@ def test_failed_migration_resumes_from_its_checkpoint(scheduler_server, wait_for
         b_cmds.cancel()
 
 
-def test_an_operators_migration_runs_though_the_database_blinks_as_it_begins(
-        scheduler_server, wait_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def _cancelled() -> BaseException:
+    import asyncio
+
+    return asyncio.CancelledError()  # as a cancel() of the settling task lands there
+
+
+def _database_blinks() -> BaseException:
+    from scheduler.errors import Unavailable
+
+    return Unavailable("database unreachable (OperationalError); retry shortly")
+
+
+@pytest.mark.parametrize("fault", [_database_blinks, _cancelled], ids=["database_blinks", "cancelled"])
+def test_an_operators_migration_runs_though_the_read_after_its_begin_fails(
+        scheduler_server, wait_for, monkeypatch, fault) -> None:  # type: ignore[no-untyped-def]
     """Once an operator's migration has begun (its job MIGRATING), the engine reads its
     destination's address (to tell a refusal from a helper that moved). That read failing
-    (the database unreachable for a moment) left the migration never run: the job stayed
-    MIGRATING, its GPUs held, until the scheduler restarted. Now it runs (here it fails
-    after its checkpoint) and the job goes on from that checkpoint."""
+    (the database unreachable for a moment), or the settling task cancelled during it (the
+    scheduler stopping), left the migration never run ("coroutine ... was never awaited"):
+    the job stayed MIGRATING, its GPUs held, until the scheduler restarted. Now it runs
+    (here it fails after its checkpoint) and the job goes on from that checkpoint."""
     from scheduler.engine import live
-    from scheduler.errors import Unavailable
     from scheduler.state import repo
 
     begun: list[bool] = []
@@ -93,7 +107,7 @@ def test_an_operators_migration_runs_though_the_database_blinks_as_it_begins(
 
     async def get_server(session, name):  # type: ignore[no-untyped-def]
         if begun and begun.pop():
-            raise Unavailable("database unreachable (OperationalError); retry shortly")
+            raise fault()
         return await real_get_server(session, name)
 
     monkeypatch.setattr(live_migration, "migrate", _fails_after_its_checkpoint)
