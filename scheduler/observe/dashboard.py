@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
@@ -79,15 +79,24 @@ def _int(query: Mapping[str, str], name: str, default: int) -> int:
     return int(value)
 
 
-def gpu_mode(running: int, waiting: int) -> str:
-    """How a GPU is shared: idle, running (one job), packed (several at once),
-    time-sliced (jobs take turns), or packed+time-sliced."""
-    if running + waiting == 0:
+def gpu_mode(states: Sequence[str]) -> str:
+    """How a GPU is shared, from the states of the jobs placed on it: idle, running (one
+    job), packed (several at once), time-sliced (jobs take turns), packed+time-sliced; or,
+    with nothing running and no one to take turns with, what its one job does: migrating
+    (leaving it, or a grow or shrink), suspended (held by an operator, or its partner just
+    ended). Before, every job not running counted as one waiting for its turn, so a GPU
+    whose only job was migrating or held read "time-sliced"."""
+    running = sum(s == JobState.RUNNING.value for s in states)
+    turns = sum(s == JobState.SUSPENDED.value for s in states)
+    if not states:
         return "idle"
-    mode = "packed" if running > 1 else "running" if running == 1 else "waiting"
-    if waiting:
-        mode = "time-sliced" if running <= 1 else "packed+time-sliced"
-    return mode
+    if turns and running + turns > 1:
+        return "time-sliced" if running <= 1 else "packed+time-sliced"
+    if running:
+        return "packed" if running > 1 else "running"
+    if JobState.MIGRATING.value in states:
+        return "migrating"
+    return "suspended" if turns else "waiting"
 
 
 # Finished jobs the dashboard lists (the most recent); unfinished ones are all listed but
@@ -135,11 +144,10 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
             for jid in placed:
                 d = by_id.get(jid)
                 entries.append({"id": jid, "name": d.job.name if d else "", "state": d.job.state if d else ""})
-            running = sum(e["state"] == JobState.RUNNING.value for e in entries)
             gpus.append({
                 "index": g.index, "model": g.model, "utilization": g.utilization,
                 "memory_used": g.memory_used, "memory_total": g.memory_total,
-                "jobs": entries, "mode": gpu_mode(running, len(entries) - running),
+                "jobs": entries, "mode": gpu_mode([e["state"] for e in entries]),
             })
         servers.append({"name": ld.server.name, "up": ld.server.up, "gpus": gpus,
                         # gandiva cordon / drain: no new job goes there (draining: its jobs leave).

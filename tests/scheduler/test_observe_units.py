@@ -66,8 +66,13 @@ def test_decision_log_counts_kinds_and_notes_pack_verdicts() -> None:
 
 
 def test_gpu_modes() -> None:
-    assert [gpu_mode(r, w) for r, w in ((0, 0), (1, 0), (2, 0), (1, 2), (0, 2), (2, 1))] == [
-        "idle", "running", "packed", "time-sliced", "time-sliced", "packed+time-sliced"]
+    R, S, M = "RUNNING", "SUSPENDED", "MIGRATING"
+    cases = {(): "idle", (R,): "running", (R, R): "packed", (R, S, S): "time-sliced", (S, S): "time-sliced",
+             (R, R, S): "packed+time-sliced",
+             # Nothing to take turns with: a GPU whose only job moves (a grow, a shrink, a
+             # migration) or is held by an operator read "time-sliced" (seen in `gandiva demo`).
+             (M,): "migrating", (S,): "suspended", (R, M): "running", (R, R, M): "packed", (S, M): "migrating"}
+    assert {states: gpu_mode(states) for states in cases} == cases
 
 
 def test_demo_timeline_png(tmp_path: Path) -> None:
