@@ -163,7 +163,10 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
     out_jobs = []
     for d in jobs:
         j = d.job
-        dec = last.get(j.id)
+        # A queued job's word is its message (why it waits: the policy's reason, or a start
+        # deferred until its GPUs are left): the page showed "place: ..." for a job whose
+        # start had been put off, or a decision about an earlier launch of a re-queued job.
+        dec = None if j.state == JobState.QUEUED.value else last.get(j.id)
         first = d.placement[0] if d.placement else None
         eta_s, eta_note = estimate(j, f"{first[0]}/{first[1]}" if first else "", on_gpu.get(first, []) if first else [],
                                    len(d.placement))
