@@ -55,6 +55,9 @@ LEASE_POLL_S = 0.1
 LEASE_FILE = ".lease"
 # Heartbeats sent and not answered yet, at most (a late link keeps several in flight).
 HEARTBEATS_IN_FLIGHT = 4
+# While a heartbeat of the session has gone unanswered this long, another is sent over a
+# new connection this often (at most HEARTBEATS_IN_FLIGHT at once): see _hedge_heartbeats.
+HEARTBEAT_HEDGE_S = 1.0
 # A gap between this server's wall clock and the scheduler's past this is logged (once
 # per change of this size): transfer tickets are checked on the scheduler's clock anyway.
 CLOCK_GAP_WARN_S = 300.0
@@ -114,6 +117,7 @@ class HelperDaemon:
         self.host_memory_bytes = config.reported_host_memory
         self.registered = asyncio.Event()
         self.sessions = 0  # how many times it registered (tests watch reconnects)
+        self.hedged_heartbeats = 0  # answered over a new connection (_hedge_heartbeats)
         # The lease (from the scheduler; 0 until registered: no jobs run before that).
         self.lease_s = 0.0
         self._lease_from = 0.0
@@ -433,10 +437,15 @@ class HelperDaemon:
         database locked) is not sent more and more of them."""
         loop = asyncio.get_running_loop()
         pending: set[asyncio.Task[None]] = set()
+        sent: dict[asyncio.Task[None], float] = {}
+        hedges = asyncio.create_task(self._hedge_heartbeats(sent))
         try:
             while True:
                 due = loop.time() + interval
-                pending.add(asyncio.create_task(self._heartbeat(stub)))
+                task = asyncio.create_task(self._heartbeat(stub))
+                pending.add(task)
+                sent[task] = loop.time()
+                task.add_done_callback(lambda t: sent.pop(t, None))
                 while (left := due - loop.time()) > 0 or len(pending) >= HEARTBEATS_IN_FLIGHT:
                     if not pending:
                         await asyncio.sleep(left)
@@ -446,9 +455,53 @@ class HelperDaemon:
                     for task in done:
                         task.result()  # a heartbeat that failed ends the session
         finally:
-            for task in pending:
+            for task in (*pending, hedges):
                 task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.gather(*pending, hedges, return_exceptions=True)
+
+    async def _hedge_heartbeats(self, sent: dict[asyncio.Task[None], float]) -> None:
+        """While the session's oldest unanswered heartbeat (`sent`: each one's send time)
+        has waited HEARTBEAT_HEDGE_S, send one more every HEARTBEAT_HEDGE_S over a new
+        connection of its own (at most HEARTBEATS_IN_FLIGHT at once). Its answer renews the
+        lease and fences what it names, as any heartbeat's; its failure ends nothing.
+
+        The session ends only once a heartbeat has gone unanswered for RPC_TIMEOUT_S (a
+        late link must not end it). On a flapping link the session's connection, its
+        retransmission timeout grown through the cuts, stayed silent that long after the
+        link was back: the scheduler heard nothing for 5 s and more, so with a heartbeat
+        timeout under about 7 s it called the server down (its jobs re-placed), and the
+        jobs froze once the lease ran out. A new connection starts with fresh timers and is
+        answered within a round trip of the link's return
+        (tests/migration_helper/test_helper_heartbeat_hedge.py)."""
+        loop = asyncio.get_running_loop()
+        hedges: set[asyncio.Task[None]] = set()
+        last = 0.0
+        try:
+            while True:
+                await asyncio.sleep(HEARTBEAT_HEDGE_S / 4)
+                hedges = {t for t in hedges if not t.done()}
+                now = loop.time()
+                oldest = min(sent.values(), default=now)
+                if now - oldest >= HEARTBEAT_HEDGE_S and now - last >= HEARTBEAT_HEDGE_S \
+                        and len(hedges) < HEARTBEATS_IN_FLIGHT:
+                    last = now
+                    hedges.add(asyncio.create_task(self._hedge_heartbeat(now - oldest)))
+        finally:
+            for task in hedges:
+                task.cancel()
+            await asyncio.gather(*hedges, return_exceptions=True)
+
+    async def _hedge_heartbeat(self, waited: float) -> None:
+        channel = aio_channel(self.config.scheduler, self.config.security, SESSION_CHANNEL_OPTIONS)
+        try:
+            await self._heartbeat(helper_pb2_grpc.HelperStub(channel))
+            self.hedged_heartbeats += 1
+            log.info("a heartbeat unanswered for %.1f s on the session's connection; another was answered "
+                     "over a new connection (the lease renewed)", waited)
+        except (grpc.aio.AioRpcError, SessionEnded) as exc:
+            log.debug("a heartbeat over a new connection failed: %s", exc)
+        finally:
+            await channel.close()
 
     async def _heartbeat(self, stub: helper_pb2_grpc.HelperStub) -> None:
         sent_at = asyncio.get_running_loop().time()
