@@ -140,20 +140,36 @@ class Drainer:
                 self._passed.notify_all()
 
     async def next_pass(self, name: str, timeout_s: float = 10.0) -> list[Move]:
-        """Wait (up to ``timeout_s``) for a pass that begins after this call to end; what
-        it did on ``name``: each job there, with the move started for it."""
+        """Wait (up to ``timeout_s``) for a pass that begins after this call to end, and
+        for the passes after it while a job there got no move (a command in flight); what
+        they did on ``name``: each job there, with the move started for it."""
         # The jobs there now, and any placed there meanwhile. Read after the pass only, a
         # job whose park had already queued it (its shim quick to answer) was left out:
         # `gandiva drain` said "0 job(s) on it" and nothing of the park it had started.
         async with self.engine.core.tx(read=True) as s:
             jobs = {j.id: j.state for j in await repo.jobs_on_server(s, name)}
-        want = self._began + 1
-        self.engine.core.poke()
-        async with self._passed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._passed.wait_for(lambda: self._ended >= want), timeout_s)
-        async with self.engine.core.tx(read=True) as s:
-            jobs |= {j.id: j.state for j in await repo.jobs_on_server(s, name) if j.id not in jobs}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            want = self._began + 1
+
+            def ended(want: int = want) -> bool:
+                return self._ended >= want
+
+            self.engine.core.poke()
+            async with self._passed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._passed.wait_for(ended), max(0.0, deadline - loop.time()))
+            async with self.engine.core.tx(read=True) as s:
+                there = list(await repo.jobs_on_server(s, name))
+            jobs |= {j.id: j.state for j in there if j.id not in jobs}
+            # A job the pass found with a command in flight (a periodic checkpoint, every
+            # few seconds) got no move from it: the answer said "moving (running)" of a job
+            # nothing was moving. The passes that follow start its move; waited for here.
+            if loop.time() >= deadline or not any(
+                    j.id not in self.started and j.state in (JobState.RUNNING.value, JobState.SUSPENDED.value)
+                    for j in there):
+                break
         return [self.started.get(job_id) or Move(job_id, "moving", state.lower()) for job_id, state in jobs.items()]
 
     async def drain_once(self, name: str) -> list[Move]:

@@ -429,3 +429,40 @@ def test_a_drain_lists_the_job_it_parked_however_fast_it_left(
     finally:
         beats.close()
         f.close()
+
+
+def test_a_drain_during_a_periodic_checkpoint_lists_the_move_that_follows_it(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """A drain whose first pass finds the job with a command in flight (a periodic
+    checkpoint: SETTINGS takes one every 0.5 s) starts no move for it then. DrainServer
+    answered with that pass alone: `gandiva drain` said "moving (running, a command in
+    flight)" for a job nothing was moving. Now the answer waits for the pass that moves
+    it. Forced here: the job is held in flight until a pass has found it so."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    engine = sched.server.engine
+    f = Fake(sched.address, gpus={"y": 2, "x": 1}, agents=True)
+    beats = Beats(f)
+    try:
+        job_id, launch = _two_gpu_job_on_y(f, beats, wait_for)
+        wait_for(lambda: sched.server.core.runtimes.connected(job_id, launch.incarnation))
+        found: list[str] = []
+        real_step = engine.drainer.step
+
+        async def step() -> list:
+            moves = await real_step()
+            if any(m.job_id == job_id and m.action == "moving" for m in moves):
+                found.append(job_id)
+                engine.inflight.discard(job_id)  # the checkpoint ends after that pass
+            return moves
+
+        async def hold() -> None:
+            engine.drainer.step = step  # type: ignore[method-assign]
+            engine.inflight.add(job_id)
+
+        sched.call(hold())
+        answer = f.api.DrainServer(scheduler_pb2.CordonServerRequest(server="y"), timeout=30)
+        assert found == [job_id]
+        assert [(j.job_id, j.action) for j in answer.jobs] == [(job_id, "park")], answer
+    finally:
+        beats.close()
+        f.close()
