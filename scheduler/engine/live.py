@@ -245,12 +245,18 @@ class LiveEngine:
                      # count's last server too (CI saw it under load). The policy looks
                      # again after defrag_interval_s.
                      and not (self._parking and (d.reason or "").startswith(HAND_OVER))]
-        decisions = self._not_onto_leaving_gpus(snap, raw, decisions)
+        # A queued job placed onto GPUs whose job has not left them yet is not started
+        # this round; it is told why (job -> its queue message), as a queued job is.
+        deferred: dict[str, str] = {}
+        decisions = self._not_onto_leaving_gpus(snap, raw, decisions, deferred)
         self.observer.decided(snap, decisions, time.perf_counter() - t0)
         await self._note_verdicts()
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
-        # Only jobs still waiting keep a remembered reason: the map stays bounded.
-        waiting = {d.job_id for d in queued}
+        queued += [pt.Queue(job_id, why) for job_id, why in deferred.items()]
+        # Only jobs still queued keep a remembered reason: the map stays bounded. (Only
+        # those told to queue this round, before: a deferred start's note was forgotten
+        # and written again every round it stayed deferred.)
+        waiting = {j.id for j in snap.jobs if j.state == JobState.QUEUED.value}
         self._queue_reason = {j: r for j, r in self._queue_reason.items() if j in waiting}
         if queued:
             await self._note_queued(queued)
@@ -276,7 +282,10 @@ class LiveEngine:
                     for d, task in leaving}
         if vacating:
             await self._wait_vacated(vacating)
-            decisions = self._not_onto_unvacated_gpus(views, leaving, decisions)
+            deferred.clear()
+            decisions = self._not_onto_unvacated_gpus(views, leaving, decisions, deferred)
+            if deferred:
+                await self._note_queued([pt.Queue(job_id, why) for job_id, why in deferred.items()])
         for d in decisions:
             if not isinstance(d, (pt.Queue, *vacate)):
                 await self.apply(d)
@@ -287,7 +296,7 @@ class LiveEngine:
 
     @staticmethod
     def _not_onto_unvacated_gpus(views: dict[str, pt.JobView], leaving: Sequence[tuple[pt.Decision, asyncio.Task]],
-                                 decisions: list[pt.Decision]) -> list[pt.Decision]:
+                                 decisions: list[pt.Decision], deferred: dict[str, str]) -> list[pt.Decision]:
         """Leave out a Place/Pack/Resume onto the GPUs of a job whose suspend, unpack or
         park of this round failed (refused, its shim gone) or is still unanswered: that
         job's process still holds them. Before, its time-slice partner was started all the
@@ -298,7 +307,8 @@ class LiveEngine:
             done = task.done() and not task.cancelled() and task.result()
             if not done and d.job_id in views:
                 held.update((g, d.job_id) for g in views[d.job_id].placement)
-        return LiveEngine._starts_not_onto(held, decisions, "has not left it (its suspension failed or is unanswered)")
+        return LiveEngine._starts_not_onto(held, decisions, "has not left it (its suspension failed or is unanswered)",
+                                           deferred)
 
     async def _wait_vacated(self, vacating: dict[asyncio.Task, set[str]]) -> None:
         """Wait for the round's suspensions and parks (each task: its job's servers), up to
@@ -320,7 +330,7 @@ class LiveEngine:
 
     @staticmethod
     def _not_onto_leaving_gpus(snap: pt.ClusterSnapshot, raw: Sequence[pt.Decision],
-                               decisions: list[pt.Decision]) -> list[pt.Decision]:
+                               decisions: list[pt.Decision], deferred: dict[str, str]) -> list[pt.Decision]:
         """Leave out this round's starts (Place, Pack, Resume) onto GPUs that a migration,
         grow or shrink the policy decided in the same round (`raw`) is leaving: its process
         holds them until the move has checkpointed and restarted it (seconds; a server's
@@ -341,19 +351,27 @@ class LiveEngine:
                 # time slice's end): the job stays on its GPUs. Its partner's resume used to
                 # be applied all the same, both then running on one GPU until the end.
                 leaving.update((g, d.job_id) for g in views[d.job_id].placement)
-        return LiveEngine._starts_not_onto(leaving, decisions, "is leaving it, or was to")
+        return LiveEngine._starts_not_onto(leaving, decisions, "is leaving it, or was to", deferred)
 
     @staticmethod
-    def _starts_not_onto(held: dict[pt.GpuRef, str], decisions: list[pt.Decision], why: str) -> list[pt.Decision]:
+    def _starts_not_onto(held: dict[pt.GpuRef, str], decisions: list[pt.Decision], why: str,
+                         deferred: dict[str, str]) -> list[pt.Decision]:
         """`decisions` without the starts (Place, Pack, Resume) onto a GPU of `held` (GPU ->
-        the job whose process still holds it), each left out said in the log with `why`."""
+        the job whose process still holds it), each left out said in the log with `why`, and
+        a queued job's (Place) also in `deferred` (job -> what its user is told: before, it
+        showed QUEUED for up to a time slice with the reason it had waited for before, or
+        none, while the dashboard said it had been placed)."""
         if not held:
             return decisions
         kept: list[pt.Decision] = []
         for d in decisions:
             if isinstance(d, (pt.Place, pt.Pack, pt.Resume)) and (onto := [g for g in d.gpus if g in held]):
-                log.info("job %s: not started on %s yet: job %s %s (%s)", d.job_id,
-                         ", ".join(f"{g.server}/{g.index}" for g in onto), held[onto[0]], why, d.reason or "")
+                where = ", ".join(f"{g.server}/{g.index}" for g in onto)
+                log.info("job %s: not started on %s yet: job %s %s (%s)", d.job_id, where, held[onto[0]], why,
+                         d.reason or "")
+                if isinstance(d, pt.Place):
+                    deferred[d.job_id] = (f"placed on {where} ({d.reason or 'the policy'}), not started yet: "
+                                          f"job {held[onto[0]]} {why}")
                 continue
             kept.append(d)
         return kept
