@@ -18,6 +18,7 @@ trusted as an operator; spec.user is then what the client says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -25,7 +26,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -322,6 +323,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, authenticator: Authenticator) -> None:
         self.auth = authenticator
+        self.streams = _OpenStreams(authenticator)
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -336,7 +338,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             ident = await self._admit(details.invocation_metadata, method, _SERVICE_ROLES.get(service))
         except _Refused as refusal:
             return _refusing(handler, refusal.code, refusal.details)
-        return _wrap(handler, ident)
+        return _wrap(handler, ident, lambda: self.streams.opened(_token_of(details.invocation_metadata)))
 
     async def _admit(self, metadata: Any, method: str, allowed: set[str] | None) -> Identity:
         token = _token_of(metadata)
@@ -381,8 +383,56 @@ def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: st
     return grpc.stream_unary_rpc_method_handler(unary, *codec)
 
 
-def _wrap(handler: grpc.RpcMethodHandler, ident: Identity) -> grpc.RpcMethodHandler:
-    """The same handler, binding the caller's identity.
+class _OpenStreams:
+    """Response streams open under each token, ended when their token stops being good.
+
+    A token is checked when a call starts; a stream opened before its token was revoked
+    used to go on for as long as its client kept it: a revoked user's `WatchEvents` still
+    received their jobs' events (probed: an event 5 s after the revocation), a revoked
+    helper's `ReceiveCommands` its commands, its jobs' runtime streams theirs. Every
+    CACHE_S, each distinct token of an open stream is identified again (from the cached
+    table: no query of its own); a stream whose token is no longer good is cancelled and
+    ends UNAUTHENTICATED, so within 2 * CACHE_S of the revocation. A database that cannot
+    be read ends nothing."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self.auth = authenticator
+        self._open: dict[asyncio.Task[Any], str] = {}
+        self._cut: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def opened(self, token: str) -> Iterator[Callable[[], bool]]:
+        """While the stream is served; yields "was it ended for its token?"."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._open[task] = token
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep())
+        try:
+            yield lambda: task in self._cut
+        finally:
+            self._open.pop(task, None)
+            self._cut.discard(task)
+
+    async def _sweep(self) -> None:
+        while self._open:
+            await asyncio.sleep(CACHE_S)
+            for token in set(self._open.values()):
+                try:
+                    await self.auth.identify(token)
+                except Unauthenticated:
+                    for task in [t for t, tok in self._open.items() if tok == token and t not in self._cut]:
+                        self._cut.add(task)
+                        task.cancel()
+                except Exception as err:  # noqa: BLE001 - an outage must not end every stream
+                    log.debug("checking the tokens of open streams failed: %s", err)
+
+
+def _wrap(handler: grpc.RpcMethodHandler, ident: Identity,
+          opened: Callable[[], contextlib.AbstractContextManager[Callable[[], bool]]]) -> grpc.RpcMethodHandler:
+    """The same handler, binding the caller's identity; a response stream is ended
+    UNAUTHENTICATED once its token is revoked (``opened``: _OpenStreams.opened).
     (Each RPC runs in its own task, so a streaming call's binding stays its own.)"""
 
     def unary(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -394,8 +444,19 @@ def _wrap(handler: grpc.RpcMethodHandler, ident: Identity) -> grpc.RpcMethodHand
     def streaming(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
         async def call(request: Any, context: Any) -> AsyncIterator[Any]:
             _current.set(ident)
-            async for item in inner(request, context):
-                yield item
+            with opened() as was_cut:
+                try:
+                    async for item in inner(request, context):
+                        yield item
+                except asyncio.CancelledError:
+                    if not was_cut():
+                        raise  # the client went away, or the server stops
+                    task = asyncio.current_task()
+                    if task is not None:
+                        task.uncancel()
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                        "the token was revoked while this stream was open; "
+                                        "ask an operator for a new one (`gandiva token create`)")
         return call
 
     # A single response (unary_unary, stream_unary) is awaited; a stream is iterated.

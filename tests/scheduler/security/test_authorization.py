@@ -97,9 +97,23 @@ def test_an_unknown_or_forged_token_is_unauthenticated(secured, connect) -> None
 
 
 def test_a_revoked_token_is_refused_within_seconds(secured, connect, wait_for) -> None:  # type: ignore[no-untyped-def]
+    """Its new calls are refused, and a stream it opened before is ended: a revoked user's
+    WatchEvents went on receiving their jobs' events (one came 5 s after the revocation)."""
     stub = scheduler_pb2_grpc.SchedulerStub(connect(secured.address, make_token(secured.db_url, "alice")))
     stub.ListJobs(scheduler_pb2.ListJobsRequest())
+    watch = stub.WatchEvents(scheduler_pb2.WatchEventsRequest())
+    stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec()))
+    assert next(watch).kind == "job.submitted"
     revoke(secured.db_url, "alice")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        after = pool.submit(lambda: [e.kind for e in watch])  # until the stream ends
+        try:
+            with pytest.raises(grpc.RpcError) as ended:
+                after.result(timeout=2 * auth.CACHE_S + 20)
+        finally:
+            watch.cancel()
+    assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED, ended.value
+    assert "revoked" in ended.value.details()
 
     def refused() -> bool:
         try:
