@@ -102,6 +102,23 @@ def _two_gpu_job_on_y(f: Fake, beats: Beats, wait_for: Any) -> tuple[str, helper
     return job_id, launch
 
 
+def growing_on_a(f: Fake, beats: Beats) -> tuple[str, helper_pb2.LaunchJob, Any, helper_pb2.LaunchJob]:
+    """A grow-shrink job launched on one of a's two GPUs, its shim connected (one tower),
+    and its grow's destination pre-warmed on both, both heartbeating:
+    (its id, its launch, its shim, the grow's launch)."""
+    beats.run("a")
+    spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1, steps=1000, grow_shrink=True)
+    job_id = f.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+    launch = _launch_confirmed(f, "a")
+    beats.run("a", (job_id, launch.incarnation))
+    shim = f.shim(job_id, launch.incarnation)
+    shim.out.put(runtime_pb2.RuntimeMessage(towers=runtime_pb2.TowerReport(towers=1)))
+    warm = _launch_confirmed(f, "a")  # the grow's destination, pre-warmed
+    beats.run("a", (job_id, launch.incarnation), (job_id, warm.incarnation))
+    assert warm.warm and sorted(warm.gpu_indices) == [0, 1], warm
+    return job_id, launch, shim, warm
+
+
 def test_a_drains_checkpoint_sent_to_a_helpers_old_address_goes_to_its_new_one_at_once(
         make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
     """`gandiva drain y` parks y's 2-GPU job (x, one GPU, has no room for it) and streams
@@ -265,16 +282,7 @@ def test_a_host_lost_while_its_job_grows_resumes_the_job_from_the_grows_checkpoi
     f = Fake(sched.address, gpus={"a": 2})
     beats = Beats(f)
     try:
-        beats.run("a")
-        spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1, steps=1000, grow_shrink=True)
-        job_id = f.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
-        launch = _launch_confirmed(f, "a")
-        beats.run("a", (job_id, launch.incarnation))
-        shim = f.shim(job_id, launch.incarnation)
-        shim.out.put(runtime_pb2.RuntimeMessage(towers=runtime_pb2.TowerReport(towers=1)))
-        warm = _launch_confirmed(f, "a")  # the grow's destination, pre-warmed
-        beats.run("a", (job_id, launch.incarnation), (job_id, warm.incarnation))
-        assert warm.warm and sorted(warm.gpu_indices) == [0, 1], warm
+        job_id, launch, shim, warm = growing_on_a(f, beats)
         activate = _next_command(f, "a", "activate")  # the source checkpointed; never answered
         checkpoint = activate.activate.restore_checkpoint
         assert checkpoint == f"/ram/a/{job_id}/migrate-{warm.incarnation}", checkpoint
