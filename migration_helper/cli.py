@@ -141,6 +141,7 @@ def run_helper(args: argparse.Namespace) -> int:
             # NaN and negative sizes fail in HelperConfig, which names the flag.
             max_transfer_bytes=_gib_to_bytes(args.max_transfer_gib),
             host_memory_bytes=host_memory,
+            virtual=args.virtual,
         )
     except (ConfigError, SecurityError) as exc:
         print(f"gandiva helper: {exc}", file=sys.stderr)
@@ -149,10 +150,8 @@ def run_helper(args: argparse.Namespace) -> int:
 
     setup_logging("INFO", args.log_format)
     _hide_from_jobs(bool(args.token))
-    if args.virtual:
-        import os
-
-        os.environ["GANDIVA_FORCE_VIRTUAL_GPUS"] = "1"
+    # (--virtual goes in the config: it used to be set in this process's environment, which
+    # a helper run in a test's process, refused at its start, left to every later test.)
     from scheduler.cli.serve import run_loop
 
     try:

@@ -63,6 +63,8 @@ class HelperConfig:
     # measures it (MemTotal, or the cgroup's memory.max when lower); 0 reports nothing
     # (the scheduler does not check host memory on this server).
     host_memory_bytes: int | None = None
+    # Virtual GPUs even where NVML finds real ones (`gandiva helper --virtual`).
+    virtual: bool = False
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.server_name):

@@ -85,7 +85,7 @@ class HelperDaemon:
         # Who this helper is, for its whole life: the scheduler refuses a second helper
         # started with the same --server-name while this one lives.
         self.instance = uuid.uuid4().hex
-        self.backend = backend or open_backend(config.gpus, config.server_name)
+        self.backend = backend or open_backend(config.gpus, config.server_name, config.virtual)
         self.ramdisk = Ramdisk(config.ramdisk_dir, max_bytes=config.max_transfer_bytes)
         self.jobs = JobTable(
             server=config.server_name,

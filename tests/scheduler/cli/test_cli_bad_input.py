@@ -514,17 +514,25 @@ def test_helper_refuses_at_start_what_would_never_work(gandiva, flag: str, says:
     A --log-dir it cannot create started one whose every job failed at launch; a --ramdisk
     it cannot create said `[Errno 2] No such file or directory: '/proc/x'`, no flag named;
     `--max-transfer-gib nan` was called 0."""
+    import ctypes
     import logging
+    import os
 
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    env = dict(os.environ)
     try:
         r = gandiva("helper", "--server-name", "h1", "--virtual", "--scheduler", "127.0.0.1:1",
                     "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs"), flag)
     finally:  # the helper set up its logging (a handler on this test's captured stderr): put back
         root.handlers[:] = handlers
         root.setLevel(level)
+        # and made this process undumpable (migration_helper.cli._hide_from_jobs): put back
+        ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
     assert (r.code, r.out) == (2, "") and says in r.err, r
+    # Nothing left in this process's environment for later tests (--virtual was left there as
+    # GANDIVA_FORCE_VIRTUAL_GPUS=1: each helper a later test started ignored NVML).
+    assert dict(os.environ) == env, set(os.environ.items()) ^ set(env.items())
 
 
 @pytest.mark.parametrize(("argv", "says"), [
