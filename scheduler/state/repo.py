@@ -381,6 +381,7 @@ async def transition(
     requeue, place and start_migration below add what goes with each kind of change."""
     current = JobState(job.state)
     check_transition(job.id, current, target)
+    reason = reason + _rate_said(job, current, target)
     if current is JobState.RUNNING and job.state_changed_at:
         # GPU-seconds received, for least-attained-service policies.
         job.attained_service_s += max(0.0, now - job.state_changed_at) * job.gpus
@@ -402,6 +403,18 @@ async def transition(
             select(Placement.server_name).where(Placement.job_id == job.id).limit(1)) or "")
     add_event(session, now, "job.state", f"{current.value} -> {target.value}: {reason}", job_id=job.id,
               server=server)
+
+
+def _rate_said(job: Job, current: JobState, target: JobState) -> str:
+    """For a running job suspended or moved (a time slice's end, a migration, a grow or
+    shrink): the rate it ran at since it last started, so that its history says what each
+    decision changed (` (it ran 31.8 mini-batches/s)`); nothing when no report came in
+    since (it would be a rate from before: another placement, alone instead of packed)."""
+    if current is not JobState.RUNNING or target not in (JobState.SUSPENDED, JobState.MIGRATING):
+        return ""
+    if not (job.rate or 0) > 0 or not job.state_changed_at or (job.rate_at or 0) < job.state_changed_at:
+        return ""
+    return f" (it ran {job.rate:.1f} mini-batches/s)" if job.rate >= 1 else f" (it ran {job.rate:.2g} mini-batches/s)"
 
 
 async def last_server(session: AsyncSession, job_id: str) -> str:

@@ -99,6 +99,21 @@ def test_progress_and_operator_suspend_resume(scheduler_server, wait_for) -> Non
         with pytest.raises(grpc.RpcError) as err:
             stub.ResumeJob(scheduler_pb2.JobActionRequest(id=job.id))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        # Its history says the rate each running stretch had, as measured then (`describe`:
+        # what a time slice, a pack, a migration changed), and no rate from an earlier
+        # stretch: suspended again before any report since its resume, it says none.
+        def last_reason() -> str:
+            return stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).history[-1].reason
+
+        assert [t.reason for t in resumed.history][-2].endswith("(it ran 4.5 mini-batches/s)"), resumed.history
+        stub.SuspendJob(scheduler_pb2.JobActionRequest(id=job.id))
+        assert "it ran" not in last_reason(), last_reason()
+        stub.ResumeJob(scheduler_pb2.JobActionRequest(id=job.id))
+        shim.progress(50, 9.25)
+        wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).rate == pytest.approx(9.25))
+        stub.SuspendJob(scheduler_pb2.JobActionRequest(id=job.id))
+        assert last_reason().endswith("(it ran 9.2 mini-batches/s)"), last_reason()
+        stub.ResumeJob(scheduler_pb2.JobActionRequest(id=job.id))
         # Its program exits 0 at step 300 of the 500 it announced (a loop that ended early, a
         # caught error): SUCCEEDED, saying where it stopped. It used to read "finished", as a
         # run of every mini-batch.
