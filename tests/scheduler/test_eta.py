@@ -90,8 +90,13 @@ def test_top_and_a_waiting_submit_show_progress_and_eta() -> None:
         {"id": "j-a", "name": "net", "state": "RUNNING", "gpus": 1, "placement": ["n/0"], "steps": 340, "rate": 2.0,
          "last_decision": None, "message": "", "total_steps": 1000, "progress": "step 340 / 1,000 (34%)", "eta_s": 330.0},
         {"id": "j-b", "name": "old", "state": "QUEUED", "gpus": 1, "placement": [], "steps": 0, "rate": 0.0,
-         "last_decision": None, "message": ""}]}  # a scheduler from before: no progress fields
+         "last_decision": None, "message": ""},  # a scheduler from before: no progress fields
+        # Started, no mini-batch timed yet: no rate, as `get jobs` says (it read 0.0 here).
+        {"id": "j-c", "name": "new", "state": "RUNNING", "gpus": 1, "placement": ["n/1"], "steps": 0, "rate": 0.0,
+         "last_decision": None, "message": ""}]}
     console = Console(file=io.StringIO(), width=200, color_system=None)
     with console.capture() as shown:
         console.print(top.render(state))
     assert "340 / 1,000 (34%)" in shown.get() and "34%/6m" in shown.get(), shown.get()
+    row = next(line for line in shown.get().splitlines() if "j-c" in line)
+    assert "0.0" not in row and " - " in row, row
