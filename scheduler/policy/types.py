@@ -466,7 +466,7 @@ class PolicyConfig:
         pair ends: each then runs at its rate alone. Packing starts only while the cluster is
         overloaded; without this a pair kept for its summed throughput stays packed, each
         job slower, beside idle GPUs to the end (scheduler/policy/migration.py,
-        ``unpack_idle``). Off by default.
+        ``unpack_idle``). On by default (docs/simulator.md, "`unpack_idle` by default").
     lower_spread: ``lower_height`` moves a suspended job larger than a server onto any free
         GPUs that add up to it, spread over the servers with the most free (as Algorithm 1's
         ``relaxed`` filter places such a job when it is queued), not only onto whole idle
@@ -542,7 +542,7 @@ class PolicyConfig:
     probe_park_last: bool = False
     lower_kept_pairs: bool = False
     lower_spread: bool = False
-    unpack_idle: bool = False
+    unpack_idle: bool = True
     gather_large: bool = False
     probe_large: bool = False
 
