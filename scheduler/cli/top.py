@@ -74,12 +74,25 @@ class Unhealthy(ValueError):
     """The scheduler answered 503: it is up, its database is not (its own words)."""
 
 
+class NotState(ValueError):
+    """The address answered HTTP, but not with the scheduler's state."""
+
+
+# What one read of /api/state may take. The scheduler's answer is bounded (the first 1,000
+# queued jobs; 408 KiB with 20,000 queued); an address that is not the scheduler's can send
+# anything: an endless answer took `top` to 1.4 GB in 40 s, one that trickled a byte a second
+# kept it waiting for ever (urllib's timeout is per read), JSON nested 200,000 deep and JSON of
+# another shape ended it with a traceback.
+MAX_ANSWER_BYTES = 64 << 20
+ANSWER_DEADLINE_S = 60.0
+
+
 def fetch(address: str, token: str = "") -> dict[str, Any]:
     request = urllib.request.Request(f"http://{address}/api/state",
                                      headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=10) as r:
-            return json.load(r)  # type: ignore[no-any-return]
+            return _state(address, _read_bounded(address, r))
     except http.client.HTTPException:  # BadStatusLine, RemoteDisconnected, ...
         raise NotHttp(f"{address} did not answer HTTP; is it the scheduler's --http-listen "
                       "address?") from None
@@ -94,6 +107,44 @@ def fetch(address: str, token: str = "") -> dict[str, Any]:
                 raise err from None
             raise Unhealthy(output.visible(said)) from None
         raise
+
+
+def _read_bounded(address: str, answer: Any) -> bytes:
+    deadline = time.monotonic() + ANSWER_DEADLINE_S
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := answer.read1(1 << 20):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise NotState(f"http://{address}/api/state answered more than {MAX_ANSWER_BYTES >> 20} MiB; "
+                           "is it the scheduler's --http-listen address?")
+        if time.monotonic() > deadline:
+            raise NotState(f"http://{address}/api/state sent {size:,} bytes in {ANSWER_DEADLINE_S:.0f} s and "
+                           "had not finished; is it the scheduler's --http-listen address?")
+    return b"".join(chunks)
+
+
+def _state(address: str, body: bytes) -> dict[str, Any]:
+    try:
+        state = json.loads(body)
+    except (ValueError, RecursionError) as err:
+        raise NotState(f"http://{address}/api/state did not answer the scheduler's JSON "
+                       f"({type(err).__name__}); is it the scheduler's --http-listen address?") from None
+    if not isinstance(state, dict):
+        raise NotState(f"http://{address}/api/state answered JSON that is not the scheduler's state; "
+                       "is it the scheduler's --http-listen address?")
+    return state
+
+
+def view(state: dict[str, Any], show_all: bool = False, height: int | None = None) -> Group:
+    """render() (as many jobs as ``height`` lines hold; all without it), with JSON of another
+    shape (an older scheduler, another program) a NotState."""
+    try:
+        return render(state, show_all, None if height is None else fitting_jobs(state, height))
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
+        raise NotState(f"/api/state answered JSON that is not the scheduler's state ({type(err).__name__}: "
+                       f"{output.visible(str(err))[:200]}); is it the scheduler's --http-listen address?") from None
 
 
 def _why(err: Exception) -> str:
@@ -192,26 +243,28 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         state = fetch(args.http, token)
-    except (NotHttp, Refused, Unhealthy) as err:
+    except (NotHttp, Refused, Unhealthy, NotState) as err:
         print(f"gandiva top: {err}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError, ValueError) as err:
         print(f"gandiva top: cannot read http://{args.http}/api/state ({_why(err)}); is the scheduler "
               "running with --http-listen on that address?", file=sys.stderr)
         return 1
+    try:
+        first = view(state, args.all, None if args.once else console.size.height)
+    except NotState as err:
+        print(f"gandiva top: http://{args.http}{err}", file=sys.stderr)
+        return 1
     if args.once:
-        console.print(render(state, args.all))
+        console.print(first)
         return 0
     try:
-        def shown(state: dict[str, Any]) -> Group:  # only the rows the terminal has room for
-            return render(state, args.all, fitting_jobs(state, console.size.height))
-
-        with Live(shown(state), console=console, refresh_per_second=4, screen=False) as live:
+        with Live(first, console=console, refresh_per_second=4, screen=False) as live:
             while True:
                 time.sleep(args.interval)
-                try:
-                    live.update(shown(fetch(args.http, token)))
-                except Unhealthy as err:  # not "cannot reach": the scheduler answered
+                try:  # only the rows the terminal has room for
+                    live.update(view(fetch(args.http, token), args.all, console.size.height))
+                except (Unhealthy, NotState) as err:  # not "cannot reach": something answered
                     live.update(Text(f"{err}; retrying", style="red"))
                 except (urllib.error.URLError, OSError, ValueError) as err:
                     live.update(Text(f"cannot reach the scheduler ({err}); retrying", style="red"))

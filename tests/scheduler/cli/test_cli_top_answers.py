@@ -1,0 +1,77 @@
+"""`gandiva top --http` pointed at something that is not the scheduler's --http-listen:
+whatever it answers, one line on stderr and exit 1, in bounded time and memory."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from scheduler.cli import top
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """Answers /api/state with the body the server's ``kind`` names."""
+
+    def do_GET(self) -> None:
+        kind = self.server.kind  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        try:
+            if kind == "deep":
+                self.wfile.write(b"[" * 200_000 + b"]" * 200_000)
+            elif kind == "list":
+                self.wfile.write(b"[1, 2, 3]")
+            elif kind == "shape":
+                self.wfile.write(b'{"servers": 5, "jobs": "x"}')
+            elif kind == "endless":
+                self.wfile.write(b'{"a": "')
+                while not self.server.done.is_set():  # type: ignore[attr-defined]
+                    self.wfile.write(b"x" * (1 << 16))
+            elif kind == "trickle":
+                while not self.server.done.is_set():  # type: ignore[attr-defined]
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+        except OSError:
+            pass  # the client hung up: what it should do
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def answering() -> Iterator[http.server.ThreadingHTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    server.daemon_threads = True
+    server.done = threading.Event()  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server
+    server.done.set()  # type: ignore[attr-defined]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(("kind", "said"), [
+    ("deep", "did not answer the scheduler's JSON (RecursionError)"),
+    ("list", "answered JSON that is not the scheduler's state"),
+    ("shape", "answered JSON that is not the scheduler's state (TypeError"),
+    ("endless", "answered more than 2 MiB"),
+    ("trickle", "bytes in 1 s and had not finished"),
+])
+def test_top_pointed_at_another_server_says_so_in_one_line(  # type: ignore[no-untyped-def]
+        gandiva, answering, monkeypatch: pytest.MonkeyPatch, kind: str, said: str) -> None:
+    """JSON nested 200,000 deep or of another shape ended `top` with a traceback; an endless
+    answer took it to 1.4 GB in 40 s, one that trickled a byte a second kept it for ever."""
+    monkeypatch.setattr(top, "MAX_ANSWER_BYTES", 2 << 20, raising=False)
+    monkeypatch.setattr(top, "ANSWER_DEADLINE_S", 1.0, raising=False)
+    answering.kind = kind
+    address = f"127.0.0.1:{answering.server_address[1]}"
+    r = gandiva("top", "--once", "--http", address)
+    assert (r.code, r.out) == (1, ""), r
+    assert r.err.startswith(f"gandiva top: http://{address}/api/state ") and said in r.err, r.err
+    assert r.err.endswith("is it the scheduler's --http-listen address?\n") and r.err.count("\n") == 1, r.err
