@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scheduler.inputfile import open_input
+
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
@@ -109,7 +111,7 @@ class MechanismModel:
         why = f"{path}: cannot read the Gavel throughput table"
         try:
             # Bounded (`/dev/zero` read until the memory was full); Gavel's own is 1.2 MB.
-            with Path(path).open("rb") as fh:
+            with open_input(path) as fh:  # a named pipe with no writer: an OSError, not a wait
                 data = fh.read(MAX_TABLE_BYTES + 1)
             if len(data) > MAX_TABLE_BYTES:
                 raise ValueError(f"{why}: larger than {MAX_TABLE_BYTES >> 20} MiB")

@@ -13,6 +13,7 @@ import pytest
 
 from scheduler import inputfile
 from scheduler.cli.spec import SpecError, load_spec_file
+from scheduler.sim.model import MechanismModel
 from scheduler.sim.trace import TraceError, read_trace
 from scheduler.transport import MAX_PEM_BYTES, SecurityError, ServerTls
 
@@ -42,10 +43,11 @@ def _write_later(path: Path, data: bytes, after_s: float) -> threading.Thread:
 
 
 def test_a_named_pipe_nothing_writes_to_is_refused_not_waited_on_for_ever(fifo: Path) -> None:
-    """`gandiva-submit -f`, `--sweep`, `gandiva sim --trace` and every `--tls-*` flag waited
-    without end, saying nothing, on a FIFO with no writer."""
+    """`gandiva-submit -f`, `--sweep`, `gandiva sim --trace`, `--throughputs` and every
+    `--tls-*` flag waited without end, saying nothing, on a FIFO with no writer."""
     for read, error in ((load_spec_file, SpecError), (read_trace, TraceError),
-                        (lambda p: ServerTls.from_flags(str(p), str(p), None), SecurityError)):
+                        (lambda p: ServerTls.from_flags(str(p), str(p), None), SecurityError),
+                        (MechanismModel.from_gavel, ValueError)):  # gandiva sim --throughputs
         started = time.monotonic()
         with pytest.raises(error) as caught:
             read(fifo)
