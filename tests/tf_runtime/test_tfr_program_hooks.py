@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from tf_runtime.commands import Command, Kind
 from tf_runtime.testing import Exited
 
-from .test_tfr_tf_session import refused_or_migrated, shimmed
+from .test_tfr_tf_session import fed_graph, refused_or_migrated, shimmed
 
 pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow")
@@ -31,12 +30,7 @@ def test_a_hook_of_the_programs_own_that_reads_the_step_and_feeds_it_is_migratab
     to stop at a step, and the program feeds its mini-batches by a counter of its own in
     its `run` call: still refused."""
     with shimmed() as ctl, tf.Graph().as_default():
-        gs = tf.compat.v1.train.get_or_create_global_step()
-        x = tf.compat.v1.placeholder_with_default(tf.ones([2, 3]), [2, 3])
-        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
-        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
-            tf.reduce_sum(tf.tanh(tf.matmul(x, w))), global_step=gs)
-        pool = np.linspace(-1, 1, 60, dtype=np.float32).reshape(10, 2, 3)
+        gs, x, train, pool = fed_graph()
 
         class StepHook(tf.compat.v1.train.SessionRunHook):
             def after_create_session(self, session: Any, coord: Any) -> None:

@@ -85,6 +85,17 @@ def checkpoint_at_the_next_step(ctl: Controller, sess: Any, train: Any, path: Pa
     sess.run(train)
 
 
+def fed_graph() -> tuple[Any, Any, Any, Any]:
+    """In the current graph: a global step, an input `x` ([2, 3], ones unless fed), one
+    layer trained on it, and a pool of ten mini-batches to feed: (gs, x, train, pool)."""
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    x = tf.compat.v1.placeholder_with_default(tf.ones([2, 3]), [2, 3])
+    w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+    train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+        tf.reduce_sum(tf.tanh(tf.matmul(x, w))), global_step=gs)
+    return gs, x, train, np.linspace(-1, 1, 60, dtype=np.float32).reshape(10, 2, 3)
+
+
 def acks(ctl: Controller) -> list[Any]:
     return ctl.channel.acks  # type: ignore[union-attr, no-any-return]
 
@@ -1624,12 +1635,7 @@ def test_a_monitored_loop_fed_from_its_own_counter_is_not_migratable(loop: str,
     are fed other values at each step is not migratable; one that reads the step itself,
     or is fed nothing (its input computed in the graph), still is."""
     with shimmed() as ctl, tf.Graph().as_default():
-        gs = tf.compat.v1.train.get_or_create_global_step()
-        x = tf.compat.v1.placeholder_with_default(tf.ones([2, 3]), [2, 3])
-        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
-        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
-            tf.reduce_sum(tf.tanh(tf.matmul(x, w))), global_step=gs)
-        pool = np.linspace(-1, 1, 60, dtype=np.float32).reshape(10, 2, 3)
+        gs, x, train, pool = fed_graph()
         ctl.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "ck")))
         exited = None
         try:
