@@ -24,56 +24,7 @@ from migration_helper.daemon import RPC_TIMEOUT_S, HelperDaemon
 from migration_helper.gpus import CpuBackend
 from migration_helper.local_control import LocalControl
 
-
-class StallingRelay:
-    """Loopback TCP relay to `target`. ``stall(new=N)``: the answers on every connection
-    open now and on the next N opened are held from then on (never delivered)."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target.rsplit(":", 1)
-        self.connections: list[asyncio.Event] = []  # one per connection: set = stalled
-        self._writers: list[asyncio.StreamWriter] = []
-        self._stall_next = 0
-        self._server: asyncio.base_events.Server | None = None
-        self.address = ""
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    def stall(self, new: int) -> None:
-        for stalled in self.connections:
-            stalled.set()
-        self._stall_next = new
-
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, stalled: asyncio.Event | None) -> None:
-        try:
-            while data := await r.read(65536):
-                if stalled is not None and stalled.is_set():
-                    continue  # held, as in a retransmission queue nobody drains
-                w.write(data)
-                await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            w.close()
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        stalled = asyncio.Event()
-        if self._stall_next > 0:
-            self._stall_next -= 1
-            stalled.set()
-        self.connections.append(stalled)
-        sr, sw = await asyncio.open_connection(self.target[0], int(self.target[1]))
-        self._writers += [cw, sw]
-        await asyncio.gather(self._pipe(cr, sw, None), self._pipe(sr, cw, stalled))
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for w in self._writers:
-            w.transport.abort()
-        await asyncio.sleep(0.1)  # the pipes see their ends closed and return
+from ..relay import Relay as StallingRelay  # (test_helper_heartbeat_hedge imports it from here)
 
 
 async def test_a_helper_whose_answers_are_held_registers_again_over_a_new_connection_at_once(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ message, and the service recovers by itself, without a restart."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import json
 import os
@@ -11,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,68 +25,7 @@ from scheduler.core import Settings
 
 from ...in_process import run_gandiva
 from ...integration.test_observe import CHROMIUM, chromium_dom
-
-
-class TcpProxy:
-    """A loopback TCP proxy that can cut every connection and refuse new ones."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self.target = (target_host, target_port)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.writers: set[asyncio.StreamWriter] = set()
-        self.server: asyncio.base_events.Server | None = None
-        self.port = 0
-
-    def _run(self, coro):  # type: ignore[no-untyped-def]
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
-
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            w.close()
-
-    # Accept connections and never answer (a network partition, a hung database server).
-    hole = False
-
-    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        if self.hole:
-            self.writers.add(cw)
-            return
-        try:
-            sr, sw = await asyncio.open_connection(*self.target)
-        except OSError:
-            cw.close()
-            return
-        self.writers |= {cw, sw}
-        await asyncio.gather(self._pipe(cr, sw), self._pipe(sr, cw))
-
-    async def _open(self) -> None:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def _cut(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        for w in list(self.writers):
-            w.transport.abort()
-        self.writers.clear()
-
-    def start(self) -> TcpProxy:
-        self.thread.start()
-        self._run(self._open())
-        return self
-
-    def cut(self) -> None:
-        self._run(self._cut())
-
-    def restore(self) -> None:
-        self._run(self._open())
+from ...relay import TcpProxy
 
 
 @pytest.fixture

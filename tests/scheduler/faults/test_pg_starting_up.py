@@ -14,7 +14,8 @@ import pytest
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
-from .test_db_outage import TcpProxy, proxied_pg_url  # noqa: F401 - a fixture
+from ...relay import Relay
+from .test_db_outage import proxied_pg_url  # noqa: F401 - a fixture
 
 # What PostgreSQL sends a client while it recovers: a FATAL ErrorResponse.
 _FIELDS = b"".join(k + v + b"\0" for k, v in (
@@ -22,8 +23,8 @@ _FIELDS = b"".join(k + v + b"\0" for k, v in (
 STARTING_UP = b"E" + struct.pack("!I", 4 + len(_FIELDS) + 1) + _FIELDS + b"\0"
 
 
-class StartingUp(TcpProxy):
-    """The proxy, answering new connections as a PostgreSQL that starts up."""
+class StartingUp(Relay):
+    """The proxy's relay, answering new connections as a PostgreSQL that starts up."""
 
     starting = False
 
@@ -50,19 +51,20 @@ class StartingUp(TcpProxy):
 @pytest.mark.pg
 def test_calls_while_postgresql_starts_up_are_unavailable_and_retried(proxied_pg_url, make_scheduler) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     url, proxy = proxied_pg_url
-    proxy.__class__ = StartingUp  # the same running proxy, with the starting-up answer
+    relay = proxy.relay
+    relay.__class__ = StartingUp  # the same running relay, with the starting-up answer
     sched = make_scheduler(url, tick_s=0.2)
     spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1)
     with grpc.insecure_channel(sched.address) as ch:
         stub = scheduler_pb2_grpc.SchedulerStub(ch)
         first = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=30).job
         proxy.cut()  # the crash: every connection gone
-        proxy.starting = True
+        relay.starting = True  # type: ignore[attr-defined]
         proxy.restore()
         with pytest.raises(grpc.RpcError) as err:
             stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=30)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
         assert "database is unreachable since" in err.value.details(), err.value.details()
-        proxy.starting = False  # recovered
+        relay.starting = False  # type: ignore[attr-defined]  # recovered
         second = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=30).job
         assert {j.id for j in stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs} == {first.id, second.id}
