@@ -124,7 +124,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
     async def _read(self, conn: RuntimeConn, it: AsyncIterator[runtime_pb2.RuntimeMessage], pace: Pace,
                     heeded: bool = True) -> None:
         """Reads what the runtime sends. Not ``heeded`` (a launch the job no longer runs,
-        told to exit): only its acks are taken. Its token stays good for ever, so its old
+        told to exit), or told to exit since: only its acks are taken. Its token stays good for ever, so its old
         process, or whoever replays the token, had marked the job "not migratable", turned
         grow-shrink off for good and reported progress, meanwhile."""
         total_seen = 0  # the program's own total mini-batches, recorded once per value
@@ -137,7 +137,11 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             await pace.take()
             conn.heard_at = loop.time()
             kind = msg.WhichOneof("body")
-            if not heeded and kind != "ack":
+            # Nor once it is told to exit while connected (killed, its server marked down, the
+            # job moved on): its reports went on counting until it exited, so a killed job's
+            # steps, total and migratability still changed, and a re-queued job's old copy
+            # reported progress its restart would not have.
+            if kind != "ack" and (not heeded or self.core.runtimes.told_to_exit(conn.job_id, conn.incarnation)):
                 continue
             try:
                 if kind == "progress":

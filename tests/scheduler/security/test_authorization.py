@@ -280,6 +280,44 @@ def test_a_replayed_runtime_token_of_a_stale_launch_changes_nothing(users, secur
     assert got.state == common_pb2.JOB_STATE_QUEUED and got.steps == 0
 
 
+def test_a_launch_told_to_exit_while_connected_changes_nothing_after(  # type: ignore[no-untyped-def]
+        secured, connect, wait_for) -> None:
+    """Whether a launch's reports were taken was decided once, at its hello: one told to exit
+    while connected (its job killed, its server marked down, the job moved on) went on
+    counting until it exited. Probed: a re-queued job's old copy set its total to 3 and its
+    steps past its restart; here a killed job's total and migratability still changed."""
+    import queue
+
+    helper_token = make_token(secured.db_url, "n1", "helper")
+    helper = helper_pb2_grpc.HelperStub(connect(secured.address, helper_token))
+    helper.Register(helper_pb2.RegisterServerRequest(
+        name="n1", gpus=[common_pb2.Gpu(index=0, memory_total_bytes=16 << 30)]))
+    commands = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
+    alice = scheduler_pb2_grpc.SchedulerStub(connect(secured.address, make_token(secured.db_url, "alice")))
+    job = alice.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        command=["python", "t.py"], gpus=1, steps=1000))).job
+    launch = next(commands).launch
+    sent: queue.Queue = queue.Queue()
+    sent.put(runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job.id, incarnation=launch.incarnation)))
+    stream = runtime_pb2_grpc.RuntimeStub(connect(secured.address, auth.runtime_token(
+        helper_token, job.id, launch.incarnation))).Connect(iter(sent.get, None), timeout=60)
+    try:
+        wait_for(lambda: alice.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).state == common_pb2.JOB_STATE_RUNNING)
+        alice.KillJob(scheduler_pb2.JobActionRequest(id=job.id))
+        assert any(c.kind == runtime_pb2.COMMAND_KIND_KILL for c in stream), "told to exit"
+        sent.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(steps=500, rate=9.0, total_steps=700)))
+        sent.put(runtime_pb2.RuntimeMessage(migratability=runtime_pb2.MigratabilityReport(migratable=False, reason="x")))
+        sent.put(None)
+        list(stream)  # it ends once the scheduler has read (and written) all that was sent
+    finally:
+        stream.cancel()
+        commands.cancel()
+    got = alice.GetJob(scheduler_pb2.GetJobRequest(id=job.id))
+    assert (got.state, got.total_steps, got.migratable) == (common_pb2.JOB_STATE_KILLED, 1000, True), got
+    said = [e.message for e in alice.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id)).events]
+    assert not [m for m in said if "700" in m or "not migratable" in m], said
+
+
 def _http_get(address: str, path: str, token: str = "") -> tuple[int, bytes]:
     import urllib.error
     import urllib.request
