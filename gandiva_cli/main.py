@@ -72,13 +72,14 @@ def _describe_subcommands(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from scheduler.cli.output import quiet_on_broken_pipe
+    from scheduler.cli.output import quiet_on_broken_pipe, refuse_text_not_utf8
 
     # Output piped into a reader that stopped (`gandiva describe job ID | head -1`): the
     # reader has what it wanted; exit quietly, with the command's own code, or 0 when
     # cut short (what was asked was done; the rest was output).
     try:
-        return quiet_on_broken_pipe(lambda: run(sys.argv[1:] if argv is None else list(argv)))
+        return quiet_on_broken_pipe(lambda: refuse_text_not_utf8(
+            "gandiva", lambda: run(sys.argv[1:] if argv is None else list(argv))))
     except KeyboardInterrupt:
         # Ctrl-C in a command without its own answer to it (tls init, token create, a
         # scheduler still starting): one line, not a traceback through cryptography or alembic.

@@ -42,6 +42,31 @@ def stdout_gone() -> None:
         pass
 
 
+def refuse_text_not_utf8(prog: str, body: Callable[[], int]) -> int:
+    """An entry point's body, with a text that cannot be sent because it is not UTF-8 one line
+    naming it, exit 2. A byte that is not UTF-8 in an argument (`gandiva get job $'\\xff'`, a
+    name, a command's file name), in the working directory or an environment value arrives as
+    a lone surrogate (Python's surrogateescape), and every command that sent it ended in a
+    UnicodeEncodeError traceback: protobuf strings are UTF-8. Files named on a command line
+    are opened locally, so their paths may be any bytes."""
+    try:
+        return body()
+    except UnicodeEncodeError as err:
+        if err.reason != "surrogates not allowed" or not isinstance(err.object, str):
+            raise
+        start = max(0, err.start - 40)
+        shown = visible("".join(f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else c
+                                for c in err.object[start:err.start + 40])
+                        .encode("utf-8", "backslashreplace").decode("utf-8"))
+        code = ord(err.object[err.start])
+        what = f"the byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        print(f"{prog}: error: not UTF-8 text: {'...' if start else ''}{shown}"
+              f"{'...' if err.start + 40 < len(err.object) else ''} ({what} at character {err.start + 1}); "
+              "names, ids, commands, working directories and environment values go to the scheduler "
+              "as UTF-8 only", file=sys.stderr)
+        return 2
+
+
 def quiet_on_broken_pipe(body: Callable[[], int], code_if_cut: int = 0) -> int:
     """An entry point's body, exiting quietly when the reader of stdout goes away
     (``| head``): with the body's own code when it finished (the pipe broke only at the

@@ -38,7 +38,7 @@ from scheduler.cli.client import (
     spec_to_dict,
     with_backoff,
 )
-from scheduler.cli.output import quiet_on_broken_pipe, stdout_gone
+from scheduler.cli.output import quiet_on_broken_pipe, refuse_text_not_utf8, stdout_gone
 from scheduler.cli.spec import SpecError
 from scheduler.cli.wait import follow
 from scheduler.validation import MAX_NAME, default_name
@@ -360,7 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # is printed only once the scheduler has accepted the job(s) (or for --help): with
     # --no-wait, --parsable or --dry-run that is success. (While waiting, submit() stops
     # waiting instead, exit 130.)
-    return quiet_on_broken_pipe(lambda: _main(sys.argv[1:] if argv is None else argv), EXIT_OK)
+    return quiet_on_broken_pipe(lambda: refuse_text_not_utf8(
+        PROG, lambda: _main(sys.argv[1:] if argv is None else argv)), EXIT_OK)
 
 
 def _main(argv: Sequence[str]) -> int:
