@@ -520,14 +520,25 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         print(f"Last output (all of it: gandiva logs {job.id}):")
         for line in last_output(client, job) or ["(none)"]:
             print("  " + output.visible(line))
-    _section("History", ["TIME", "FROM", "TO", "REASON"],
-             [[output.timestamp(t.at), state_name(t.from_state) or "-", state_name(t.to_state),
-               t.reason or "-"] for t in job.history])
+    _section("History", ["TIME", "FROM", "TO", "REASON"], _history(job, events))
     if migrations:
         _section("Migrations", EVENT_HEADERS, [event_row(e) for e in migrations])
     _section(f"Events (last {DESCRIBE_EVENTS})", EVENT_HEADERS,
              [event_row(e) for e in events[-DESCRIBE_EVENTS:]])
     return EXIT_OK
+
+
+def _history(job: common_pb2.Job, events: list[common_pb2.Event]) -> list[list[Any]]:
+    """The job's state changes (each suspend or move with the rate it ran at) and, in time
+    order among them, the verdicts of its packing trials (kept, undone, void, with the rates
+    judged by): one timeline of what was decided about it and what it changed. The verdicts
+    were only among the last 20 events, which a job time-sliced for a while pushed out."""
+    first = job.history[0].at if job.history else 0.0
+    rows = [(t.at, [output.timestamp(t.at), state_name(t.from_state) or "-", state_name(t.to_state),
+                    t.reason or "-"]) for t in job.history]
+    rows += [(e.at, [output.timestamp(e.at), "-", "(verdict)", e.message])
+             for e in events if e.kind == "job.pack" and e.at >= first]
+    return [row for _, row in sorted(rows, key=lambda r: r[0])]
 
 
 def _rate_now(job: common_pb2.Job) -> str:

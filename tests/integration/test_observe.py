@@ -316,6 +316,7 @@ def test_describe_says_whether_a_pack_helped_with_the_measured_rates(policy_clus
     # resume (the first interval after a pause used to be the run alone: hundreds per second,
     # and the trial was judged against that).
     assert 0 < max(rates) <= 51, rates
+    histories: list[list[str]] = []
     for job_id in ids:
         text = gandiva_cli(c, "describe", "job", job_id)
         other = ids[1 - ids.index(job_id)]
@@ -327,6 +328,19 @@ def test_describe_says_whether_a_pack_helped_with_the_measured_rates(policy_clus
         # noisy "alone" rate, 47 packed vs 33.4 alone, once showed 2.00x, not 2.44x).
         gain = min(float(m[4]) / float(m[5]), 1.0) + min(float(m[7]) / float(m[8]), 1.0)
         assert abs(gain - float(m[2])) < 0.02 * gain, text
+        # One timeline in its History: the verdict among the state changes, after the
+        # trial's start (it was only among the last 20 events, pushed out by time slices).
+        history = text.split("History:\n", 1)[1].split("\nEvents (last", 1)[0].splitlines()
+        verdict_at = next(i for i, line in enumerate(history) if "(verdict)" in line and "packing trial with" in line)
+        histories.append(history[:verdict_at])
+    # (The job packed in has the trial's start before it; its partner ran on meanwhile.)
+    assert any("trial: packed beside" in line for before in histories for line in before), histories
+    # A running job suspended or moved says the rate it ran at then, as measured then (none
+    # when no report came since it started: here the pack may come before any; that a rate
+    # is said is checked in test_runtime_api.py -k progress_and_operator).
+    ran = [float(m) for j in ids for t in c.job(j).history for m in re.findall(r"\(it ran ([\d.]+) mini-batches/s\)",
+                                                                               t.reason)]
+    assert all(0 < r <= 51 for r in ran), [t.reason for j in ids for t in c.job(j).history]
     # The pack itself names the job it was packed beside.
     reasons = [t.reason for j in ids for t in c.job(j).history]
     assert any(re.fullmatch(r"trial: packed beside j-\w+, utilization [\d.]+ \+ [\d.]+ \(step \d+\)", r)
