@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
-from scheduler.errors import GandivaError, Unauthenticated, Unavailable
+from scheduler.errors import GandivaError, NotFound, Unauthenticated, Unavailable
 from scheduler.eta import Sharer, estimate, eta_text, progress_text
 from scheduler.lifecycle import JobState
 from scheduler.observe.http import Guard, Handler, Response, prometheus_route
@@ -188,6 +188,33 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
             "decisions": metrics.log.after(max(0, metrics.log.last_id - 30))}
 
 
+_JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}", re.ASCII)
+
+
+async def job_timeline(core: Any, job_id: str) -> dict[str, Any]:
+    """One job's decisions in time order, as `gandiva describe job` shows its History: each
+    state change with its reason (a suspend or move with the rate it ran at) and each packing
+    trial's verdict (the rates it was judged by). NotFound for an unknown job."""
+    from sqlalchemy import select
+
+    from scheduler.state import repo
+    from scheduler.state.models import Transition
+
+    async with core.tx(read=True) as s:
+        job = await repo.get_job(s, job_id)
+        changes = list(reversed((await s.scalars(
+            select(Transition).where(Transition.job_id == job_id).order_by(Transition.id.desc())
+            .limit(repo.MAX_HISTORY))).all()))
+        verdicts = await repo.list_events(s, job_id=job_id, kinds=["job.pack"])
+    first = changes[0].at if changes else 0.0
+    rows = [{"at": t.at, "kind": "state", "from": t.from_state, "to": t.to_state, "reason": t.reason}
+            for t in changes]
+    rows += [{"at": e.at, "kind": "verdict", "from": "", "to": "", "reason": e.message}
+             for e in verdicts if e.at >= first]
+    rows.sort(key=lambda r: r["at"])
+    return {"id": job.id, "name": job.name, "state": job.state, "timeline": rows}
+
+
 async def _names(core: Any, ids: list[str]) -> dict[str, str]:
     from scheduler.state import repo
 
@@ -265,6 +292,18 @@ def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
         return Response.json({"now": now, "since": now - ago, "gpus": gpus,
                               "jobs": {j: names.get(j, "") for j in sorted(used)}})
 
+    async def job(q: Mapping[str, str]) -> Response:
+        job_id = q.get("id", "")
+        if not _JOB_ID.fullmatch(job_id):
+            return Response(400, b"?id= must name a job (its id, e.g. j-8d0de09391)\n")
+        try:
+            return Response.json(await asyncio.wait_for(job_timeline(core, job_id), DB_WAIT_S))
+        except NotFound:
+            return Response(404, f"no job {job_id}\n".encode())
+        except (Unavailable, TimeoutError) as err:
+            said = core.db_health.as_dict()["text"] or str(err) or "its database did not answer"
+            return Response.json({"error": said}, status=503)
+
     refreshed = Shared(lambda: metrics.refresh(core))
 
     async def refresh() -> None:
@@ -273,4 +312,4 @@ def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
     metrics.watch_health(core.db_health)
 
     return {"/": index, "/index.html": index, "/api/state": state, "/api/decisions": decisions,
-            "/api/timeline": timeline, "/metrics": prometheus_route(metrics.registry, refresh)}
+            "/api/timeline": timeline, "/api/job": job, "/metrics": prometheus_route(metrics.registry, refresh)}

@@ -1,0 +1,83 @@
+"""The dashboard's per-job timeline (http://HOST:PORT/#job=ID, or a click on a job's id), in a
+real headless Chromium against a real scheduler (gRPC, SQLite, its HTTP port; the test answers
+for the helper and the job's runtime): the job's decisions in time order, each with its reason,
+the rate it ran at before each suspend, and its packing verdicts. Before, the page had no view
+of one job: only its last decision, and the cluster's latest 30."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+
+from ..integration.test_observe import chromium, chromium_dom
+from .api.test_fencing import Fake
+from .api.test_runtime_api import FakeShim
+
+assert chromium  # a fixture: skips (or fails under GANDIVA_REQUIRE_BROWSER=1) without one
+
+RUNNING = common_pb2.JOB_STATE_RUNNING
+
+
+def _get(address: str, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=30) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, chromium: str) -> None:
+    from scheduler.state import repo
+
+    sched = make_scheduler(sqlite_url, tick_s=0.2, http_listen="127.0.0.1:0")
+    f = Fake(sched.address, gpus={"a": 1})
+    try:
+        f.keep_alive("a")
+        job_id = f.submit()
+        _, launch = f.launched(job_id, wait_for)
+        shim = FakeShim(f.ch, job_id, launch.incarnation)
+        f.shims.append(shim)
+        wait_for(lambda: f.job(job_id).state == RUNNING, 20)
+        shim.progress(10, 4.5)
+        wait_for(lambda: f.job(job_id).rate == pytest.approx(4.5))
+        f.api.SuspendJob(scheduler_pb2.JobActionRequest(id=job_id, reason="make way"))
+        f.api.ResumeJob(scheduler_pb2.JobActionRequest(id=job_id))
+        # A packing verdict as the scheduler records it (a job.pack event of each job of the pair).
+        verdict = ("packing trial with j-0other: packed rate 1.62x of time-slicing: kept (j-x 15.8 packed vs "
+                   "19.5 alone, j-0other 15.7 vs 19.4 mini-batches/s; measured over 4.5s)")
+
+        async def add_verdict() -> None:
+            async with sched.server.core.tx() as s:
+                repo.add_event(s, time.time(), "job.pack", verdict, job_id=job_id, server="a")
+        sched.call(add_verdict())
+
+        address = sched.server.http_address
+        status, body = _get(address, f"/api/job?id={job_id}")
+        assert status == 200, body
+        kinds = [(r["kind"], r["to"]) for r in body["timeline"]]
+        assert kinds == [("state", "QUEUED"), ("state", "RUNNING"), ("state", "SUSPENDED"), ("state", "RUNNING"),
+                         ("verdict", "")], body
+        assert body["timeline"][2]["reason"] == "make way (step 42) (it ran 4.5 mini-batches/s)", body
+        # Bad or unknown ids are said as such, not a 500.
+        assert _get(address, "/api/job?id=j-nosuchjob")[0] == 404
+        assert _get(address, "/api/job?id=%3Cscript%3E")[0] == 400
+        assert _get(address, "/api/job")[0] == 400
+
+        dom = chromium_dom(f"http://{address}/#job={job_id}", budget_ms=5000)
+        panel = dom.split('id="job-panel"', 1)[1].split("</table>", 1)[0]
+        assert "hidden" not in panel.split(">", 1)[0], panel[:300]
+        assert job_id in panel and "QUEUED → RUNNING" in panel and "RUNNING → SUSPENDED" in panel, panel
+        assert "make way (step 42) (it ran 4.5 mini-batches/s)" in panel, panel
+        assert "packing verdict" in panel and "packed rate 1.62x of time-slicing: kept" in panel, panel
+        # The job's id in the jobs table links to it.
+        assert f'href="#job={job_id}"' in dom
+    finally:
+        f.close()
