@@ -884,6 +884,10 @@ class Controller:
             old = self.adapter
             if old is not None and old.closed:
                 self.adapter = adapter
+                # Its tf.data iterators are this session's to save, though named as the
+                # old one's (Estimator-style cycles build the same pipeline in a new graph):
+                # before, they were taken as checked and left out of every checkpoint.
+                self._iterators_checked.clear()
                 log.info("the training session was closed; training goes on in a new session, "
                          "whose steps are now the boundaries")
                 return
@@ -900,6 +904,7 @@ class Controller:
                 return
             first = self.adapter is None
             self.adapter = adapter
+            self._iterators_checked.clear()  # (see _training_elsewhere)
             if first:
                 self._event("session_ready", t=time.time())
             # A warm process holds in the first session bound whose graph has a global

@@ -220,6 +220,50 @@ def test_a_damaged_iterator_position_is_refused_before_anything_is_restored(
         run(build("slices", "oneshot", "session", "momentum"), restore=ck)
 
 
+def _cycles(own: Path, restore: Path | None = None, at: int = -1) -> dict[str, bytes] | None:
+    """tf.estimator's train_and_evaluate by hand (probed s45 as estimator_cycles.py): cycles of 4 steps to 8, each building data_input's graph anew in a session of its
+    own that restores the program's own latest checkpoint and saves one at its end; a stop
+    for migration into `own`/ck asked before the training run of step `at`. The final
+    variables, or None when stopped."""
+    with shimmed(restore) as ctl:
+        try:
+            while (step := int((tf.train.latest_checkpoint(str(own)) or "-0").rsplit("-", 1)[1])) < 8:
+                p = build("slices", "oneshot", "session", "adam")
+                with p.g.as_default():
+                    saver = v1.train.Saver()
+                with v1.Session(graph=p.g) as sess:
+                    sess.run(p.init)
+                    if step:
+                        saver.restore(sess, str(own / f"m-{step}"))
+                    while (now := int(sess.run(p.gs))) < step // 4 * 4 + 4:
+                        if now == at:
+                            ctl.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(own / "ck")))
+                        sess.run(p.train)
+                    saver.save(sess, str(own / "m"), global_step=now)
+                    values = _values(p.variables, sess.run(p.variables))
+            return values
+        except Exited as exc:
+            assert exc.code == EXIT_MIGRATED
+            return None
+
+
+def test_a_pipeline_built_again_in_a_later_session_travels_with_the_checkpoint(
+        tmp_path: Path) -> None:
+    """A program that trains in turns, a new graph and session each (Estimator-style
+    cycles), the same tf.data pipeline in each: migrated in its second session at step 6
+    and restarted, it ends bit-identical to an uninterrupted run. Before, the second
+    session's iterator, named as the first's, was taken as already checked and left out of
+    every checkpoint: the restarted copy read that cycle's pipeline from its beginning (other
+    weights; probed through the real CLI)."""
+    (tmp_path / "base").mkdir()
+    (tmp_path / "run").mkdir()
+    base = _cycles(tmp_path / "base")
+    assert _cycles(tmp_path / "run", at=6) is None
+    manifest = json.loads((tmp_path / "run" / "ck" / "gandiva.json").read_text())
+    assert len(manifest["iterators"]) == 1, manifest
+    assert _cycles(tmp_path / "run", restore=tmp_path / "run" / "ck") == base
+
+
 @pytest.mark.slow
 def test_a_tf_data_job_migrated_pre_warmed_ends_bit_identical(
         runtime_server: Any, launch: Any, tmp_path: Path) -> None:
