@@ -79,6 +79,10 @@ class RunInfo:
     # (iterator, initializer op) pairs.
     iterators: tuple[str, ...] = ()
     iterator_inits: tuple[tuple[str, str], ...] = ()
+    # Of a run that does not train: the name of an integer scalar variable the checkpoint
+    # holds, other than the global step, whose value it fetches (a micro-step counter kept
+    # in the graph, which the program's loop may follow instead of the global step); or "".
+    reads_counter: str = ""
 
 
 @dataclass(frozen=True)
@@ -265,7 +269,7 @@ class BoundaryLayer:
         if info.iterator_inits:
             self._initialises_iterators(info, feed_dict)
         if not info.is_training:
-            if info.reads_global_step:
+            if info.reads_global_step or info.reads_counter:
                 handler.saw_run(self.adapter, info)
             if info.stateful_input:
                 self._saw_stateful(info.stateful_input)

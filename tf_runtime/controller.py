@@ -223,6 +223,9 @@ class Controller:
         # The program itself read the step in a run of its own (not only a MonitoredSession's
         # hooks), and whether the feeds of its first step-advancing runs differ (fed_step).
         self._own_read = False
+        # An integer variable other than the global step that the program read in a run of
+        # its own (its loop may count on it; see _first_boundaries), by name.
+        self._counter_read = ""
         # A session that read the step before any session was bound (its variables not yet
         # all initialised): that read comes before a restarted copy's restore.
         self._read_unbound: weakref.ref[Any] | None = None
@@ -546,10 +549,13 @@ class Controller:
             if self._advances_now is not None:
                 self._advances_now += 1
         elif info.is_training:
-            if self._advances_now:
-                now = self._advances_now
-                self._advances_per_step = now if now <= ADVANCES_PER_STEP_MAX else 1
-            self._advances_now = 0
+            self._end_advance_group()
+
+    def _end_advance_group(self) -> None:
+        if self._advances_now:
+            now = self._advances_now
+            self._advances_per_step = now if now <= ADVANCES_PER_STEP_MAX else 1
+        self._advances_now = 0
 
     def saw_run(self, adapter: SessionAdapter, info: RunInfo) -> None:
         # Not a read the Supervisor makes for itself (its step counter thread, the session
@@ -570,6 +576,17 @@ class Controller:
         elif not info.is_training and info.reads_global_step and self.adapter is None and \
                 not _called_from(sys._getframe(1), _SERVICES):
             self._read_unbound = weakref.ref(adapter)  # before the restore point
+        if info.reads_counter and adapter is self.adapter and not self._counter_read:
+            self._counter_read = info.reads_counter
+        if info.reads_global_step and not info.is_training and adapter is self.adapter and \
+                self._advances_seen and self._cut_thread in (None, threading.get_ident()):
+            # The program's loop reads the step where its steps begin (`step =
+            # sess.run(gs); for _ in range(2): sess.run(train, batch(step))`): that read
+            # delimits the step's advancing runs as a discriminator run does. Before, with
+            # no training run between the steps, commands were applied between the two.
+            # Not a read before any advance: `step = sess.run(gs)` once, then `for i in
+            # range(n): sess.run(train)`, has no groups to count.
+            self._end_advance_group()
         if info.reads_global_step and adapter is self.adapter and not self._read_step_first \
                 and not (self._read_global_step and self.boundaries) \
                 and not _called_from(sys._getframe(1), _SERVICES):
@@ -1204,6 +1221,16 @@ class Controller:
                 # the step: before, its read was taken for TensorFlow's StopAtStepHook and
                 # the job refused as feeding "a counter of its own".
                 self._judge(True, "the program reads the global step")
+        elif (self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final) and self._counter_read:
+            # Its loop may follow that counter, which the checkpoint holds: "counts in
+            # Python" was not true of it (accumulation on a micro-step variable, s44).
+            self._judge(False, f"the program never reads the global step; it reads "
+                               f"{self._counter_read!r}, a counter kept in a variable, which "
+                               "the checkpoint holds, but the shim resumes a job from the "
+                               "global step and cannot tell whether the loop follows that "
+                               "counter or one in Python; read the global step in the loop "
+                               "too (`step, count = sess.run([global_step, counter])`) and "
+                               "go on from what it reads to make it migratable")
         elif self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
             self._judge(False, "the program never reads the global step: its loop counts "
                                "in Python (from 0, or from a count of its own such as its "

@@ -541,6 +541,7 @@ class TFSessionAdapter:
     def _classify(self, fetches: Any) -> RunInfo:
         self._refresh_graph_facts()
         roots, metric_slots, carry_slots, reads_gs, plain_read = [], [], [], False, False
+        counter = ""
         for i, leaf in enumerate(flatten(fetches)):
             try:
                 el = self.graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
@@ -557,8 +558,11 @@ class TFSessionAdapter:
             if read is not None:
                 reads_gs = True
                 plain_read = plain_read or read == "plain"
-            if isinstance(el, tf.Tensor) and read is None and not self._reads_state(op):
+            held = self._state_read(op) if isinstance(el, tf.Tensor) and read is None else None
+            if isinstance(el, tf.Tensor) and read is None and held is None:
                 carry_slots.append(i)
+            elif held is not None and el.shape.rank == 0 and el.dtype.is_integer:
+                counter = counter or held.name  # a loop counter kept in a variable, maybe
         inside, reached = self._walk(roots)
         training = inside.training
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
@@ -621,6 +625,7 @@ class TFSessionAdapter:
                             through(op.inputs[0].op) is self._gs_op) for op in reached),
                        changes_state=changes_state,
                        init_ops=frozenset(self._some_init_ops & reached), draws=draws,
+                       reads_counter="" if training else counter,
                        py_funcs=_py_func_tokens(reached) if training else (),
                        iterators=iterators, iterator_inits=tuple(sorted(
                            {pair for op in reached if (pair := data_state.initialised_iterator(op))})))
@@ -647,16 +652,16 @@ class TFSessionAdapter:
             op = op.inputs[0].op
         return None
 
-    def _reads_state(self, op: Any) -> bool:
-        """Whether fetching `op` reads a variable the checkpoint holds (the variable, its
-        read, a cast of it, the value of an update of it)."""
+    def _state_read(self, op: Any) -> Any:
+        """The variable the checkpoint holds that fetching `op` reads (the variable, its
+        read, a cast of it, the value of an update of it), or None."""
         for _ in range(4):
             if op in self._state_ops:
-                return True
+                return op
             if op.type not in _READS or not op.inputs:
-                return False
+                return None
             op = op.inputs[0].op
-        return False
+        return None
 
     def _walk(self, roots: list[Any]) -> tuple[Inside, set[Any]]:
         """The ops a run of `roots` reaches, and whether it trains: applies gradients or
