@@ -166,7 +166,10 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
         # A queued job's word is its message (why it waits: the policy's reason, or a start
         # deferred until its GPUs are left): the page showed "place: ..." for a job whose
         # start had been put off, or a decision about an earlier launch of a re-queued job.
-        dec = None if j.state == JobState.QUEUED.value else last.get(j.id)
+        # So is an ended one's (finished, killed and by whom, why it failed): it showed the
+        # last decision while it ran ("suspend: time slice of 10s over" for a job SUCCEEDED,
+        # "migrate: unpack onto idle GPUs" for one that finished before the move).
+        dec = None if j.state == JobState.QUEUED.value or JobState(j.state).terminal else last.get(j.id)
         first = d.placement[0] if d.placement else None
         eta_s, eta_note = estimate(j, f"{first[0]}/{first[1]}" if first else "", on_gpu.get(first, []) if first else [],
                                    len(d.placement))

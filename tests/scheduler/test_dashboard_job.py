@@ -79,5 +79,10 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         assert "packing verdict" in panel and "packed rate 1.62x of time-slicing: kept" in panel, panel
         # The job's id in the jobs table links to it.
         assert f'href="#job={job_id}"' in dom
+        # Ended, its row says how (its message), not the last decision taken while it ran
+        # (`place: ...` here; `suspend: time slice of 10s over` for a job SUCCEEDED in the demo).
+        f.api.KillJob(scheduler_pb2.JobActionRequest(id=job_id, reason="enough"))
+        row = next(j for j in _get(address, "/api/state")[1]["jobs"] if j["id"] == job_id)
+        assert row["state"] == "KILLED" and row["last_decision"] is None and "enough" in row["message"], row
     finally:
         f.close()
