@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -42,6 +43,22 @@ class Cluster:
 
     def job(self, job_id: str):  # type: ignore[no-untyped-def]
         return self.stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+
+    def migrate(self, job_id: str, dest: str, within_s: float = 60) -> None:
+        """MigrateJob, asked again while the job is busy (a periodic checkpoint or a policy
+        command in flight: scheduler/errors.Busy), as `gandiva migrate` does; any other
+        refusal fails at once."""
+        from scheduler.cli.client import is_busy
+
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                self.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest), timeout=30)
+                return
+            except grpc.RpcError as err:
+                if not is_busy(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.25)
 
     def close(self) -> None:
         stop_processes(self.helpers)

@@ -51,7 +51,7 @@ def test_operator_migrates_a_running_job(cluster, mlp) -> None:  # type: ignore[
     job = cluster.wait_for(lambda: (j := cluster.job(job_id)).steps >= 30 and j, 120)
     src = job.placement[0].server
     dest = "right" if src == "left" else "left"
-    cluster.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    cluster.migrate(job_id, dest)
     moved = cluster.wait_for(
         lambda: (j := cluster.job(job_id)).state != common_pb2.JOB_STATE_MIGRATING and j, 180
     )
@@ -114,7 +114,7 @@ def test_a_server_is_emptied_for_a_job_that_no_server_has_room_for(cluster, mlp)
     # finds 4 free GPUs but no server with 4 of them.
     cluster.add_helper("left", gpus=4)
     lonely = small[0]
-    cluster.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=lonely, to_server="left"))
+    cluster.migrate(lonely, "left")
     cluster.wait_for(lambda: (j := cluster.job(lonely)).state == common_pb2.JOB_STATE_RUNNING
                      and {g.server for g in j.placement} == {"left"}, 180)
     big = submit(cluster, "big", mlp(100, 0.02), gpus=4)
