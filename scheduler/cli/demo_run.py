@@ -196,9 +196,21 @@ class DemoRun:
             self.submit(self._spec(f"late-{i + 1}", 1, s))
         ok = self.until("the other jobs finish", lambda js: all(
             j.state in TERMINAL_STATES for j in js if j.id != solo), left())
-        self.stub.KillJob(scheduler_pb2.JobActionRequest(id=solo, reason="the demo's story is over"))
+        self.stop(solo)
         self.pump()
         return self.report(stopped=solo) and ok
+
+    def stop(self, job_id: str) -> None:
+        """Kill the demo's long job at the story's end; one that ended already (someone ran
+        `gandiva kill` on it meanwhile) is left as it is. Before, that ended the demo in a
+        traceback ("already ended (KILLED)"), and its cluster was stopped, --keep or not."""
+        try:
+            self.stub.KillJob(scheduler_pb2.JobActionRequest(id=job_id, reason="the demo's story is over"))
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            self.console.print(f"{self.ids.get(job_id, job_id)} had ended already: {err.details()}",
+                               style="dim", markup=False)
 
     # ---- the end ------------------------------------------------------------------
 
