@@ -469,7 +469,9 @@ def test_a_drain_during_a_periodic_checkpoint_lists_the_move_that_follows_it(
 
         sched.call(hold())
         answer = f.api.DrainServer(scheduler_pb2.CordonServerRequest(server="y"), timeout=30)
-        assert found == [job_id]
+        # At least one pass met it in flight (a periodic checkpoint may follow the release,
+        # every 0.5 s here, and be met by another pass: the answer still waits for the park).
+        assert found, "no drain pass met the job with its command in flight"
         assert [(j.job_id, j.action) for j in answer.jobs] == [(job_id, "park")], answer
     finally:
         beats.close()
