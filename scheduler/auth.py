@@ -482,6 +482,21 @@ def require_operator(ident: Identity, what: str) -> None:
                                "(an operator's token: gandiva token create NAME --operator)")
 
 
+# The highest priority a user's token may give its own jobs; operators may give up to
+# validation.MAX_PRIORITY. A job's time slice on a shared GPU is quantum x its priority and
+# the queue goes by priority first, so a user who set 1,000,000 (as any could) would have
+# held a GPU shared with another user's job for 60 s x 1,000,000 per turn.
+USER_MAX_PRIORITY = 100
+
+
+def require_priority(ident: Identity, priority: int, field: str) -> None:
+    """A user's token sets at most USER_MAX_PRIORITY."""
+    if ident.role == "user" and priority > USER_MAX_PRIORITY:
+        raise PermissionDenied(
+            f"{field}: {priority} is above {USER_MAX_PRIORITY}, the most a user may give their own jobs "
+            "(a job's share of a GPU it shares grows with its priority); ask an operator for more")
+
+
 def require_server(ident: Identity, server: str, field: str = "server") -> None:
     """A helper speaks only for the server its credential names."""
     if ident.role == "anonymous":

@@ -129,6 +129,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         ident = auth.current()
         if ident.role == "anonymous":
             return spec
+        auth.require_priority(ident, spec.priority, "spec.priority")
         own = common_pb2.JobSpec()
         own.CopyFrom(spec)
         own.user = ident.name
@@ -213,6 +214,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     @grpc_errors
     async def SetPriority(self, request, context):  # type: ignore[no-untyped-def]
         await self._own_job(request.id)
+        auth.require_priority(auth.current(), request.priority, "priority")
         return await self._job(await self.core.set_priority(request.id, request.priority))
 
     @grpc_errors

@@ -180,6 +180,26 @@ def test_an_operator_sees_and_acts_on_every_job(users) -> None:  # type: ignore[
     assert root.KillJob(scheduler_pb2.JobActionRequest(id=job.id)).state == common_pb2.JOB_STATE_KILLED
 
 
+def test_a_user_may_give_their_own_jobs_a_priority_up_to_a_cap(users) -> None:  # type: ignore[no-untyped-def]
+    """Any user could set 1,000,000 on their jobs: first in the queue, and a time slice of
+    60 s x 1,000,000 on a GPU shared with another user's job. Operators may still."""
+    stubs, job = users
+    alice, root = stubs["alice"], stubs["root"]
+    cap = auth.USER_MAX_PRIORITY
+    assert alice.SetPriority(scheduler_pb2.SetPriorityRequest(id=job.id, priority=cap)).spec.priority == cap
+    with pytest.raises(grpc.RpcError) as err:
+        alice.SetPriority(scheduler_pb2.SetPriorityRequest(id=job.id, priority=1_000_000))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert err.value.details().startswith(f"priority: 1000000 is above {cap}, the most a user may give"), err.value
+    high = common_pb2.JobSpec(command=["t"], gpus=1, priority=cap + 1)
+    for submit in (lambda: alice.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=high)),
+                   lambda: alice.SubmitMultiJob(scheduler_pb2.SubmitMultiJobRequest(name="m", jobs=[high]))):
+        assert _code(submit) == grpc.StatusCode.PERMISSION_DENIED
+    assert [j.id for j in alice.ListJobs(scheduler_pb2.ListJobsRequest()).jobs] == [job.id], "nothing submitted"
+    assert alice.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).spec.priority == cap
+    assert root.SetPriority(scheduler_pb2.SetPriorityRequest(id=job.id, priority=1_000_000)).spec.priority == 1_000_000
+
+
 def test_users_cannot_call_the_helper_or_runtime_services(secured, connect) -> None:  # type: ignore[no-untyped-def]
     ch = connect(secured.address, make_token(secured.db_url, "root", "operator"))
     helper = helper_pb2_grpc.HelperStub(ch)
