@@ -15,6 +15,8 @@ boundary is not counted as "in flight" when a suspension drains the gate.
 from __future__ import annotations
 
 import hashlib
+import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,8 +25,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import kept_values
 from .checkpoint import CheckpointInfo
 from .fetches import flatten
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -252,6 +257,10 @@ class BoundaryLayer:
         self._stateful_at: dict[int, str] | None = {}
         # The values the last step-advancing run was fed, by identity (kept alive here).
         self._step_feeds: dict[int, Any] = {}
+        # The scalars the last run returned (a loss, an evaluation's metric), by identity,
+        # to see at the next run whether the program keeps one under a second name (the
+        # best value of early stopping: tf_runtime.kept_values); None once it does.
+        self._kept: dict[int, Any] | None = {}
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
             run_metadata: Any = None) -> Any:
@@ -261,6 +270,8 @@ class BoundaryLayer:
             self._hot = handler.is_hot(self.adapter)
             if not self._hot:
                 return self._setup(info, fetches, feed_dict, options, run_metadata)
+        if self._kept:
+            self._check_kept()
         # Fed the mini-batch of the step just made (the moving averages of batch
         # normalisation updated in a run of their own after the training run) is no start
         # of the next step: only a feed of other values is.
@@ -278,9 +289,11 @@ class BoundaryLayer:
             # Not a mini-batch (an evaluation, a save): no step is due until it returns.
             handler.other_run(self.adapter, True)
             try:
-                return self.inner.run(fetches, feed_dict, options, run_metadata)
+                results = self.inner.run(fetches, feed_dict, options, run_metadata)
             finally:
                 handler.other_run(self.adapter, False)
+            self._keep(info, results)
+            return results
         if self._carried and feed_dict:  # fed into training (a summary's feed is only logs)
             self._check_carried(feed_dict)
         self._note_feeds(info, feed_dict)
@@ -290,6 +303,7 @@ class BoundaryLayer:
         results = self.inner.run(fetches, feed_dict, options, run_metadata)
         t1 = time.perf_counter()
         self._remember(info, results)
+        self._keep(info, results)
         handler.boundary(self.adapter, info, results, t1 - t0, t1)
         return results
 
@@ -362,6 +376,40 @@ class BoundaryLayer:
         self._carried = {id(v): v for v in (leaves[i] for i in info.carry_slots if i < len(leaves))
                          if isinstance(v, (np.ndarray, np.generic))}
 
+    def _keep(self, info: RunInfo, results: Any) -> None:
+        if self._kept is None or not info.metric_slots:
+            return
+        leaves, carry = flatten(results), set(info.carry_slots)  # not reads of variables
+        self._kept = {id(v): v for v in (leaves[i] for i, _ in info.metric_slots
+                                         if i in carry and i < len(leaves))
+                      if isinstance(v, np.generic)}
+
+    def _check_kept(self) -> None:
+        """Right before the program's next run: does it keep a scalar the last run returned
+        under a second name (`best, bad = vl, 0`)? That is state in Python no checkpoint
+        holds; before s45 early stopping was judged migratable, and a copy restarted
+        mid-patience stopped later than an uninterrupted run, with other weights."""
+        kept, self._kept = self._kept or {}, {}
+        try:
+            names = kept_values.second_name(sys._getframe(2), kept)
+        except Exception:  # the shim's own fault: never the program's run
+            log.exception("tf_runtime could not look at the values the program keeps; it "
+                          "stops looking")
+            self._kept = None
+            return
+        if names is None:
+            return
+        self._kept = None
+        self._handler.carried_state(
+            self.adapter, f"it keeps a value a run returned in Python under two names "
+            f"({names[0]!r} and {names[1]!r}) from one run to the next (the best loss of "
+            "early stopping, or "
+            "of a learning rate cut on a plateau): no checkpoint holds it, so a restarted "
+            "copy would start it over, compare its next values with nothing, and stop or "
+            "change its rate at another step than an uninterrupted run, with other weights; "
+            "keep it in a non-trainable variable (`sess.run(best_var.assign(value))`, "
+            "compared as `sess.run(best_var)`) to make it migratable")
+
     def _check_carried(self, feed_dict: Any) -> None:
         carried = self._carried or {}
         items = feed_dict.items() if isinstance(feed_dict, dict) else ()
@@ -399,6 +447,7 @@ class BoundaryLayer:
             t1 = time.perf_counter()
             if self._hot:
                 self._remember(info, results)
+                self._keep(info, results)
                 handler.boundary(self.adapter, info, results, t1 - t0, t1)
             return results
         if info.stateful_input:
