@@ -11,7 +11,7 @@ from typing import Any
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.cli import output
 from scheduler.cli.argtypes import duration
-from scheduler.cli.client import EXIT_OK, Client, CliError, server_to_dict, state_name
+from scheduler.cli.client import EXIT_OK, Client, CliError, list_all, server_to_dict, state_name
 
 PROG = "gandiva"
 # `drain --wait` gave up: jobs still run on the server (each named on stderr).
@@ -142,7 +142,8 @@ def describe_server(args: argparse.Namespace, client: Client) -> int:
         output.print_json(server_to_dict(server))
         return EXIT_OK
     fields: list[tuple[str, Any]] = [
-        ("Name", server.name), ("Address", server.address or "-"), ("Up", "yes" if server.up else "no"),
+        ("Name", server.name), ("Address", server.address or "-"),
+        ("Up", "yes" if server.up else _down(client, server.name)),
         ("Status", status_of(server)),
     ]
     if server.cordoned:
@@ -157,5 +158,17 @@ def describe_server(args: argparse.Namespace, client: Client) -> int:
         print(f"{label + ':':<13} {value}")
     print("GPUs:")
     for g in server.gpu_list:
-        print(f"  {g.index}  {g.model or '-'}  {g.utilization:.0%}  jobs: {' '.join(g.jobs) or '-'}")
+        # A down server's utilization is its last sample from before: not shown as now.
+        util = f"{g.utilization:.0%}" if server.up else "-"
+        print(f"  {g.index}  {g.model or '-'}  {util}  jobs: {' '.join(g.jobs) or '-'}")
     return EXIT_OK
+
+
+def _down(client: Client, name: str) -> str:
+    """Since when a server is down, why, and what brings it back. Before, `describe server`
+    said only "Up: no", beside "Status: ready" and its GPUs' last utilization."""
+    downs = list_all(client, "ListEvents", scheduler_pb2.ListEventsRequest(server=name, kinds=["server.down"]),
+                     "events")
+    since = f" since {output.timestamp(downs[-1].at)} ({downs[-1].message})" if downs else ""
+    return (f"no: down{since}; the jobs it ran went back to the queue (`gandiva get events --server {name}`). "
+            "It is up again once its helper heartbeats: restart `gandiva helper` there if it stopped")

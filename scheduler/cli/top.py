@@ -193,7 +193,9 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
             servers.add_row(*_cells(_server_label(srv) if k == 0 else "",
                                     str(srv["height"]) if k == 0 else "",
                                     output.host_memory(srv.get("host_memory_used", 0), srv.get("host_memory", 0))
-                                    if k == 0 else "", str(g["index"]), g["mode"], f"{g['utilization']:.0%}"), on_gpu)
+                                    if k == 0 else "", str(g["index"]), g["mode"],
+                                    # (a down server's is its last sample from before)
+                                    f"{g['utilization']:.0%}" if srv.get("up", True) else "-"), on_gpu)
     jobs = Table(title="jobs", title_justify="left")
     for col in ("job", "name", "state", "GPUs", "where", "mini-batches", "rate/s", "ETA", "last decision"):
         jobs.add_column(col, justify="right" if col in ("mini-batches", "rate/s", "ETA") else "left",
