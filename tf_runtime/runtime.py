@@ -129,6 +129,14 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     ended = trainer is not None and _owner({"GANDIVA_RUNTIME_PID": str(trainer)}) is None
     if trainer is not None and not ended:
         owner = trainer
+    if ended and restore and not warm:
+        # `python pretrain.py; python finetune.py` restarted from a checkpoint: the first
+        # program restored it and trained; the second used to try the same checkpoint,
+        # which does not fit its graph, and the job failed after a lost server.
+        log.info("this launch's trainer (pid %d) has ended: the checkpoint %s was its to "
+                 "restore; this process (pid %d) starts as its program does", trainer,
+                 restore, os.getpid())
+        restore = None
     secondary = owner is not None
     warm_launch = warm
     if secondary:
