@@ -1237,7 +1237,10 @@ class LiveEngine:
         if not job.suspendable:
             raise FailedPrecondition(f"job {job_id} cannot be migrated: {job.control_note}")
         if not job.migratable:
-            raise FailedPrecondition(f"job {job_id} cannot resume from a checkpoint (its loop ignores the restored step); it can only be suspended in place")
+            # The runtime's own reason (a random op, state kept in Python, a counter of its
+            # own): "its loop ignores the restored step" was untrue of most of them.
+            why = job.control_note or "its loop ignores the restored step"
+            raise FailedPrecondition(f"job {job_id} cannot resume from a checkpoint ({why}); it can only be suspended in place")
         if job_id in dest.job_gpus:
             raise FailedPrecondition(f"job {job_id} already runs on {to_server}")
         free = [g.index for g in dest.gpus if not dest.jobs_by_gpu.get(g.index) and g.index not in held]

@@ -286,6 +286,11 @@ def test_a_verdict_said_around_an_uncontrollable_mark_survives_its_undo(
             job = get()
             assert job.suspendable and not job.migratable
             assert job.control_note == "a dropout op: its generator cannot be restored", job.control_note
+            # `gandiva migrate` says the runtime's reason, not a guess at it (s45).
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server="n1"))
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "(a dropout op: its generator cannot be restored)" in str(refused.value.details())
             # Said while the mark stands: dropped by the row, kept by the connection. (A
             # progress report behind it tells when it has been read: one stream, in order.)
             assert sched.call(core.record_uncontrollable(job_id, incarnation, "no runtime within the deadline"))
