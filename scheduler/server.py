@@ -378,12 +378,24 @@ def _redact(url: str) -> str:
 
 
 def _write_atomically(path: str, text: str, flag: str) -> None:
+    """PATH holds TEXT whole or is left as it was: written under a name of this process's
+    own beside it, flushed to disk, then renamed over PATH; on a failure that file is
+    removed (a fixed PATH.tmp was left behind when the rename failed, e.g. PATH a directory)."""
+    import uuid
     from pathlib import Path
 
-    tmp = Path(path + ".tmp")
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
-        tmp.write_text(text + "\n")
-        tmp.rename(path)
+        try:
+            with open(tmp, "x") as fh:
+                fh.write(text + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     except OSError as exc:
         raise OSError(f"{flag} {path}: cannot write it ({exc.strerror or exc}); "
                       "give a file in a directory that exists and is writable") from None

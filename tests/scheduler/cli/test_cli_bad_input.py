@@ -647,6 +647,20 @@ def test_a_port_file_that_cannot_be_written_names_its_flag(gandiva, tmp_path: Pa
                           "directory); give a file in a directory that exists and is writable\n"), r.err
 
 
+def test_a_port_file_that_is_a_directory_is_refused_and_leaves_nothing_beside_it(gandiva, tmp_path: Path) -> None:
+    """`--port-file DIR` (a directory): the address was written to DIR.tmp, the rename over DIR
+    failed, and DIR.tmp stayed behind; now exit 2 naming the flag, nothing left beside DIR."""
+    folder = tmp_path / "ports"
+    folder.mkdir()
+    r = gandiva("scheduler", "--listen", "127.0.0.1:0", "--db", f"sqlite+aiosqlite:///{tmp_path / 'x.db'}",
+                "--port-file", str(folder))
+    assert (r.code, r.out) == (2, ""), r
+    assert r.err.endswith(f"gandiva scheduler: --port-file {folder}: cannot write it (Is a directory); "
+                          "give a file in a directory that exists and is writable\n"), r.err
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    assert list(folder.iterdir()) == []
+
+
 def test_a_directory_as_the_database_is_refused_and_left_as_it_was(gandiva, tmp_path: Path) -> None:
     """`--db sqlite+aiosqlite:///DIR` (a directory): the scheduler made DIR mode 700 ("was
     readable by other users ... now its owner's only") and then said `unable to open database
