@@ -727,6 +727,7 @@ class Controller:
                             "training run", ", ".join(left))
             self.trained = True
             self.meter.pause()
+            self._suspend_if_told(adapter)
 
     def boundary(self, adapter: SessionAdapter, info: RunInfo, results: Any,
                  duration_s: float, now: float) -> None:
@@ -1280,10 +1281,13 @@ class Controller:
         with self._lock:
             while (cmd := self._next(block=False)) is not None:
                 saves = cmd.kind in (Kind.STOP_FOR_MIGRATION, Kind.CHECKPOINT)
-                if (cmd.kind is Kind.STOP_FOR_MIGRATION and self.migratable is None) or (
+                if (cmd.kind is Kind.STOP_FOR_MIGRATION and self.migratable is None
+                        and self.boundaries) or (
                         saves and self._order_unknown and self._steps_seen < 3):
                     # Not known yet whether the loop resumes from the global step: wait
-                    # (at most JUDGE_AFTER_BOUNDARIES steps) rather than risk a restart from 0.
+                    # (at most JUDGE_AFTER_BOUNDARIES steps) rather than risk a restart from 0
+                    # (before its first training run, suspended there, it saves the restore
+                    # point: _stop_for_migration).
                     # Or a training run followed the step-advancing one before the program's
                     # loop was seen: whether it ends that step or begins the next is known
                     # from the third step on (_after_training).
@@ -1341,6 +1345,21 @@ class Controller:
         for cmd in before:
             self._ack(Ack(cmd.id, False, f"not done: {why}", step=self.meter.steps))
         self._apply(adapter, kill)
+
+    def _suspend_if_told(self, adapter: SessionAdapter) -> None:
+        """A SUSPEND queued when the program reaches its first training run (after the
+        restore point, any restore done) is applied before that run, with the commands
+        queued with it, as at a step's end: the job holds there, its step acked, and trains
+        its first mini-batch only once resumed. Before, it trained that mini-batch first,
+        beside the running job of the time-slice group it was placed into, holding memory
+        on the same GPU. A warm copy (activated for a migration) is left as it was."""
+        if self.settings.warm:
+            return
+        with self._cond:
+            if not any(c.kind is Kind.SUSPEND for c in self._queue):
+                return
+        log.info("suspended before its first training run")
+        self._apply_queued(adapter)
 
     def _suspend(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:
         if not self.backend.releases_memory and cmd.checkpoint_dir and self.migratable:
@@ -1426,7 +1445,12 @@ class Controller:
 
     def _stop_for_migration(self, adapter: SessionAdapter, cmd: Command, waited: float) -> None:
         self._watch_generators(adapter, now=True)  # drawn since its last look: judged again
-        if self.migratable is None:  # suspended before the verdict: judge on what was seen
+        if self.migratable is None and (self.boundaries or not adapter.has_global_step()):
+            # Suspended before the verdict: judge on what was seen. Held before its first
+            # training run (_suspend_if_told), it trained nothing since its restore point,
+            # which is what the checkpoint holds: a copy restarted from it does what this
+            # one would do (judged on no step, it would be "no training run advances the
+            # global step", refused for good). A graph without a global step is refused.
             self._first_boundaries(adapter, final=True)
         if self.migratable is False:
             self._ack(Ack(cmd.id, False, f"not migratable: {self._not_migratable_reason}",

@@ -146,6 +146,56 @@ def test_a_kill_received_while_starting_leaves_before_the_first_mini_batch(world
     assert world.channel.closed
 
 
+@pytest.mark.parametrize("then", ["resume", "checkpoint", "migrate", "kill"])
+def test_a_suspend_queued_before_the_first_training_run_holds_before_it(
+        then: str, tmp_path: Path) -> None:
+    """A job placed into a time-slice group is suspended as soon as its shim connects: the
+    suspend used to wait for the end of its first training run, so it trained that
+    mini-batch beside the group's running job (memory and compute on one GPU). Now it holds
+    before that run, acked with its step; what comes next is applied from there: a resume
+    trains on, a checkpoint or a migration saves the restore point (nothing trained since),
+    a kill leaves."""
+    world = FakeWorld()
+    ctl = world.controller
+    world.run("init")
+    world.run("read_gs")
+    ctl.enqueue(Command("s", Kind.SUSPEND))
+    exited: list[int] = []
+
+    def first_step() -> None:
+        try:
+            world.run("train")
+        except Exited as exc:
+            exited.append(exc.code)
+
+    trainer = threading.Thread(target=first_step)
+    trainer.start()
+    ack = world.channel.wait_ack("s", timeout=30)
+    assert ack.ok and ack.step == 0 and ctl.suspended
+    assert world.sess.step == 0 and ctl.boundaries == 0, "trained before the suspend"
+    assert trainer.is_alive()
+    ck = tmp_path / "ck"
+    follow = {"resume": [Command("r", Kind.RESUME)],
+              "checkpoint": [Command("ck", Kind.CHECKPOINT, str(ck)), Command("r", Kind.RESUME)],
+              "migrate": [Command("m", Kind.STOP_FOR_MIGRATION, str(ck))],
+              "kill": [Command("k", Kind.KILL)]}[then]
+    for cmd in follow:
+        ctl.enqueue(cmd)
+    trainer.join(30)
+    assert not trainer.is_alive()
+    assert [(a.command_id, a.ok, a.step) for a in world.channel.acks] == \
+        [("s", True, 0)] + [(c.id, True, 0) for c in follow], world.channel.acks
+    assert exited == {"migrate": [EXIT_MIGRATED], "kill": [EXIT_KILLED]}.get(then, [])
+    assert world.sess.step == (1 if then in ("resume", "checkpoint") else 0)
+    if then in ("checkpoint", "migrate"):
+        assert validate(ck)["global_step"] == 0
+    # Not judged on no step ("no training run advances the global step") for good.
+    assert ctl.migratable is None and world.channel.migratability == []
+    if then == "resume":
+        world.run("train")
+        assert world.sess.step == 2 and ctl.meter.steps == 2
+
+
 def test_checkpoint_and_kill_while_suspended(world: FakeWorld, tmp_path: Path) -> None:
     start_training(world)
     ctl = world.controller

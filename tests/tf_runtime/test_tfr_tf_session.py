@@ -534,6 +534,77 @@ def test_suspend_holds_a_background_thread_without_deadlock(controller: Controll
 
 
 
+def fed_program(loop: str, steps: int, after_step: Any = None) -> Any:
+    """A job whose loop goes on from the global step it reads and feeds the mini-batch of
+    that step, in a plain Session or a MonitoredTrainingSession (StopAtStepHook); calls
+    `after_step(step)` after each training run; returns its trained weights."""
+    with tf.Graph().as_default() as g:
+        gs, x, train, pool = fed_graph()
+        (w,) = [v for v in tf.compat.v1.global_variables() if v.op.name == "w"]
+        if loop == "session":
+            with session(g) as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                while (step := int(sess.run(gs))) < steps:
+                    sess.run(train, {x: pool[step]})
+                    if after_step is not None:
+                        after_step(step + 1)
+                return sess.run(w)
+
+        class Keep(tf.compat.v1.train.SessionRunHook):
+            def end(self, session: Any) -> None:
+                self.weights = session.run(w)
+
+        keep = Keep()
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                hooks=[tf.compat.v1.train.StopAtStepHook(last_step=steps), keep],
+                save_checkpoint_secs=None, save_summaries_steps=None,
+                save_summaries_secs=None, log_step_count_steps=None) as mon:
+            while not mon.should_stop():
+                step = int(mon.run(gs))
+                mon.run(train, {x: pool[step]})
+                if after_step is not None:
+                    after_step(step + 1)
+        return keep.weights
+
+
+@pytest.mark.parametrize("restored", [False, True], ids=["new", "restored"])
+@pytest.mark.parametrize("loop", ["session", "monitored"])
+def test_a_suspend_queued_before_the_first_training_run_holds_before_it(
+        loop: str, restored: bool, tmp_path: Path) -> None:
+    """A job placed into a time-slice group (or restarted from its checkpoint into one) is
+    suspended as soon as its shim connects. The suspend used to be applied at the end of
+    its first training run: it trained that mini-batch beside the group's running job, on
+    one GPU. Now it holds before that run (after the restore), acked with the step it
+    starts from, and trains only once resumed, to the weights of an uninterrupted run."""
+    with shimmed():
+        expected = fed_program(loop, 6)
+    start = 0
+    if restored:
+        ck = tmp_path / "ck"
+        with shimmed() as source:
+            fed_program(loop, 6, lambda step: step == 2 and source.enqueue(
+                Command("c", Kind.CHECKPOINT, str(ck))))
+        assert acks(source)[0].ok, acks(source)
+        start = validate(ck)["global_step"]
+        assert 2 <= start < 6
+    with shimmed(tmp_path / "ck" if restored else None) as ctl:
+        ctl.enqueue(Command("s", Kind.SUSPEND, reason="time slice over"))
+        result: list[Any] = []
+        trainer = threading.Thread(target=lambda: result.append(fed_program(loop, 6)))
+        trainer.start()
+        try:
+            ack = ctl.channel.wait_ack("s", timeout=60)  # type: ignore[union-attr]
+            assert ack.ok and ack.step == start, ack
+            assert ctl.boundaries == 0, "a training run returned before the suspend"
+            assert ctl.suspended and trainer.is_alive()
+        finally:
+            ctl.enqueue(Command("r", Kind.RESUME))
+            trainer.join(60)
+        assert not trainer.is_alive() and ctl.channel.wait_ack("r").ok  # type: ignore[union-attr]
+        assert ctl.meter.steps == 6
+    np.testing.assert_array_equal(result[0], expected)
+
+
 @pytest.mark.parametrize("form", ["op", "list", "options", "feeds", "from_options"])
 def test_training_through_a_callable_is_seen_like_run(form: str, controller: Controller,
                                                       tmp_path: Path) -> None:
