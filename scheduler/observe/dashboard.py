@@ -198,16 +198,11 @@ async def job_timeline(core: Any, job_id: str) -> dict[str, Any]:
     """One job's decisions in time order, as `gandiva describe job` shows its History: each
     state change with its reason (a suspend or move with the rate it ran at) and each packing
     trial's verdict (the rates it was judged by). NotFound for an unknown job."""
-    from sqlalchemy import select
-
     from scheduler.state import repo
-    from scheduler.state.models import Transition
 
     async with core.tx(read=True) as s:
         job = await repo.get_job(s, job_id)
-        changes = list(reversed((await s.scalars(
-            select(Transition).where(Transition.job_id == job_id).order_by(Transition.id.desc())
-            .limit(repo.MAX_HISTORY))).all()))
+        changes = list(reversed((await s.scalars(repo.history_q(job_id))).all()))  # as GetJob's
         verdicts = await repo.list_events(s, job_id=job_id, kinds=["job.pack"])
     first = changes[0].at if changes else 0.0
     rows = [{"at": t.at, "kind": "state", "from": t.from_state, "to": t.to_state, "reason": t.reason}

@@ -160,7 +160,7 @@ def job_detail(session: Session, job_id: str) -> tuple[Job, list[tuple[str, int]
                            .order_by(Placement.server_name, Placement.gpu_index)).all()
     host = session.scalar(select(JobProfile.host_memory_bytes).where(JobProfile.job_id == job_id)) or 0
     sharers = session.execute(_sharers_q([(str(gpus[0][0]), int(gpus[0][1]))])).all() if gpus else []
-    return (job, [(str(g[0]), int(g[1])) for g in gpus], list(reversed(session.scalars(_history_q(job_id)).all())),
+    return (job, [(str(g[0]), int(g[1])) for g in gpus], list(reversed(session.scalars(history_q(job_id)).all())),
             int(host), [Sharer(str(r.id), r.state, r.priority, bool(r.held)) for r in sharers])
 
 
@@ -518,7 +518,7 @@ def set_queued_messages(conn: Connection, by_reason: dict[str, list[str]]) -> No
 MAX_HISTORY = 200
 
 
-def _history_q(job_id: str, limit: int = MAX_HISTORY) -> Select:
+def history_q(job_id: str, limit: int = MAX_HISTORY) -> Select:
     """The job's last ``limit`` transitions, newest first (job_detail shows them oldest first)."""
     return select(Transition).where(Transition.job_id == job_id).order_by(Transition.id.desc()).limit(limit)
 
