@@ -21,6 +21,7 @@ import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler import transport
+from scheduler.cli import output
 from scheduler.config import scheduler_address
 from scheduler.errors import BUSY_METADATA
 
@@ -358,7 +359,9 @@ def run_command(prog: str, body: Callable[[], int]) -> int:
     try:
         return body()
     except CliError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        # Escaped: the scheduler's words may quote a job's own (`gandiva migrate` gave a
+        # runtime's reason with its escapes raw to the operator's terminal).
+        print(f"{prog}: error: {output.visible_lines(str(exc))}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

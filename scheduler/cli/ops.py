@@ -207,7 +207,7 @@ def get_jobs(args: argparse.Namespace, client: Client) -> int:
                 if exc.status not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
                                       grpc.StatusCode.PERMISSION_DENIED):
                     raise  # the scheduler is not there, or not answering: one line, once
-                print(f"{PROG}: error: {output.visible(job_id) or repr(job_id)}: {exc}", file=sys.stderr)
+                print(f"{PROG}: error: {output.visible(job_id) or repr(job_id)}: {output.visible_lines(str(exc))}", file=sys.stderr)
                 failed += 1
         print_jobs(args, jobs)
         return EXIT_ERROR if failed else EXIT_OK
@@ -418,7 +418,7 @@ def _act(args: argparse.Namespace, client: Client, method: str, verb: str) -> in
                 not_a_multi_job(job_id)
             job = client.call(method, scheduler_pb2.JobActionRequest(id=job_id, reason=args.reason))
         except CliError as exc:
-            print(f"{PROG}: error: {output.visible(job_id) or repr(job_id)}: {exc}", file=sys.stderr)
+            print(f"{PROG}: error: {output.visible(job_id) or repr(job_id)}: {output.visible_lines(str(exc))}", file=sys.stderr)
             failed += 1
             continue
         done.append(job)

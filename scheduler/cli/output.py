@@ -114,6 +114,12 @@ def visible(text: str) -> str:
     return _UNSHOWABLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
+def visible_lines(text: str) -> str:
+    """``text`` as ``visible`` shows it, its line breaks kept: for an error message, which
+    may quote a job's or a helper's own words (a runtime's reason a job cannot migrate)."""
+    return "\n".join(visible(line) for line in text.split("\n"))
+
+
 class JobOutput:
     """A job's output (`gandiva logs`) written to stdout. Piped or with ``raw``, byte for byte.
     On a terminal, as the job's text: its colours (SGR, ``ESC [ ... m``), line ends, carriage

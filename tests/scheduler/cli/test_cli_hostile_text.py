@@ -1,0 +1,51 @@
+"""Text a job's own process or a helper sends, as the command line prints it to whoever
+reads it: shown escaped, never acted on by the terminal (tests/scheduler/cli/
+test_cli_bad_input.py -k operators_terminal covers a job's spec in the listings)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable
+
+import grpc
+
+from protos.gandiva.v1 import common_pb2, runtime_pb2, runtime_pb2_grpc, scheduler_pb2
+
+# OSC 52 (sets the reader's clipboard), clear screen, a carriage return that overwrites the
+# line with other words, a right-to-left override.
+EVIL = "\x1b]52;c;cHduZWQ=\x07\x1b[2J\rjob moved\u202e"
+SHOWN = "\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J\\rjob moved\\u202e"
+
+
+def _drain(stream: Iterable[object]) -> None:
+    try:
+        for _ in stream:
+            pass
+    except grpc.RpcError:
+        pass  # cancelled as the test ends
+
+
+def test_a_runtimes_reason_in_an_error_reaches_the_operator_escaped(gandiva, stub, helper, wait_for) -> None:  # type: ignore[no-untyped-def]
+    """`gandiva migrate` of a job its runtime said cannot migrate quotes the runtime's
+    reason (81bcea0), which is the job's own text: it reached the operator's stderr raw,
+    so a job could set the operator's clipboard and clear their screen."""
+    job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="j", command=["python", "t.py"], gpus=1))).job.id
+    incarnation = wait_for(lambda: helper.launched.get(job_id))
+    said: queue.Queue = queue.Queue()
+    said.put(runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job_id, incarnation=incarnation, pid=1)))
+    said.put(runtime_pb2.RuntimeMessage(migratability=runtime_pb2.MigratabilityReport(
+        migratable=False, reason="a dropout op" + EVIL)))
+    stream = runtime_pb2_grpc.RuntimeStub(helper.channel).Connect(iter(said.get, None))
+    threading.Thread(target=_drain, args=(stream,), daemon=True).start()
+    try:
+        wait_for(lambda: "dropout" in stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).control_note, 30)
+        refused = gandiva("migrate", job_id, "--to", "n1")
+        assert refused.code == 2 and refused.out == "", refused
+        assert not any(c in refused.err for c in "\x1b\x07\r\u202e"), refused.err
+        assert f"cannot resume from a checkpoint (a dropout op{SHOWN})" in refused.err
+        assert refused.err.count("\n") == 1, refused.err
+    finally:
+        said.put(None)
+        stream.cancel()
