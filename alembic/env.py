@@ -33,10 +33,11 @@ def _configure(connection: Connection) -> None:
 
 
 async def _run_online(url: str) -> None:
+    from scheduler.state.migrate import migration_connection
+
     engine = make_engine(url)
-    async with engine.connect() as conn:
+    async with migration_connection(engine) as conn:  # on SQLite, no cascades from batch copies
         await conn.run_sync(_configure)
-        await conn.commit()
     await engine.dispose()
 
 

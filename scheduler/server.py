@@ -173,7 +173,7 @@ class SchedulerServer:
                 raise OSError(f"--db {_redact(self.db_url)}: cannot reach the database "
                               f"({exc.strerror or exc}); is it running, and is the URL right?") from None
             raise ValueError(f"--db {_redact(self.db_url)}: {_db_trouble(exc)}") from None
-        except migrate.SchemaTooNew as exc:
+        except migrate.Refused as exc:  # a newer gandiva's schema, or rows a migration broke
             await self.db.dispose()
             await _aiosqlite_threads_ended()
             raise ValueError(f"--db {_redact(self.db_url)}: {exc}") from None

@@ -145,7 +145,7 @@ def run_on_db(prog: str, url: str, work: Callable[[Any], Awaitable[str]], create
     except CommandFailed as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
-    except migrate.SchemaTooNew as err:  # before CommandError: say which gandiva to use
+    except migrate.Refused as err:  # before CommandError: say which gandiva to use, or why
         print(f"{prog}: --db {_redact(url)}: {err}", file=sys.stderr)
         return 2
     except CommandError as err:  # a revision that is not there, or not reachable from here

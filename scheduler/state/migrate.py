@@ -7,20 +7,26 @@ installed wheel can migrate too.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from alembic import command
 
 SCRIPT_LOCATION = Path(__file__).resolve().parent / "alembic"
 
 
-class SchemaTooNew(ValueError):
+class Refused(ValueError):
+    """A migration refused, nothing changed; the message says why and what to do."""
+
+
+class SchemaTooNew(Refused):
     """The database's schema revision is not one of this code's: a newer gandiva made it."""
 
 
@@ -72,5 +78,56 @@ async def _run(engine: AsyncEngine, action) -> None:  # type: ignore[no-untyped-
         cfg.attributes["connection"] = sync_conn
         action(cfg)
 
-    async with engine.begin() as conn:
+    async with migration_connection(engine) as conn:
         await conn.run_sync(in_sync)
+
+
+class BrokenReferences(Refused):
+    """A migration would have left rows that point at rows which do not exist."""
+
+
+@asynccontextmanager
+async def migration_connection(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection whose work is one transaction, committed when the block ends.
+
+    On SQLite, with foreign-key enforcement off while it runs: SQLite cannot alter most
+    of a table in place, so alembic's batch mode copies it and drops the old one, and
+    with foreign keys on, dropping `jobs` cascaded into every row that refers to a job.
+    An upgrade of a database from the first revision deleted every placement, state
+    transition and profile (0004 adds a boolean column: a copy), so running jobs had no
+    GPUs and no history. SQLite's own procedure for such changes: keys off outside the
+    transaction, `PRAGMA foreign_key_check` before the commit, keys on again."""
+    async with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:  # a no-op inside a transaction: set on the driver's connection first
+            await conn.run_sync(_foreign_keys, False)
+        try:
+            async with conn.begin():
+                before = await conn.run_sync(_revision) if sqlite else None
+                yield conn
+                # Checked only when a migration ran: a row left broken earlier must not stop
+                # every later start of the scheduler.
+                if sqlite and await conn.run_sync(_revision) != before:
+                    broken = (await conn.exec_driver_sql("PRAGMA foreign_key_check")).all()
+                    if broken:
+                        table, row, parent = tuple(broken[0])[:3]
+                        raise BrokenReferences(
+                            f"the migration would leave {len(broken)} row(s) referring to rows that do "
+                            f"not exist (first: table {table}, row {row}, missing in {parent}); nothing "
+                            "was changed. Report it with the database's `gandiva db current`")
+        finally:
+            if sqlite:
+                await conn.run_sync(_foreign_keys, True)
+
+
+def _revision(sync_conn: Connection) -> str | None:
+    return MigrationContext.configure(sync_conn).get_current_revision()
+
+
+def _foreign_keys(sync_conn: Connection, on: bool) -> None:
+    """SQLite's foreign-key enforcement on this connection (outside any transaction)."""
+    cur = sync_conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cur.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+    finally:
+        cur.close()

@@ -3,6 +3,7 @@ schema equals the ORM metadata. Runs on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
@@ -141,3 +142,85 @@ def test_scheduler_refuses_a_newer_schema_in_one_line(sqlite_url: str) -> None:
     assert "Traceback" not in done.stderr
     assert "0099_from_the_future" in done.stderr and "gandiva db downgrade" in done.stderr
     assert "gandiva scheduler: --db " in done.stderr
+
+
+async def test_upgrade_from_the_first_revision_keeps_every_job(db_url: str) -> None:
+    """A database made at the first revision, with a queued, a running, a suspended and a
+    finished job, upgraded to head: every job keeps its state, GPUs, history and profile,
+    and so on the way down to the first revision and up again. On SQLite, 0004 copied
+    the jobs table (batch mode) and dropping the old one cascaded: every placement,
+    transition and profile was deleted. Foreign keys are enforced again afterwards."""
+    from sqlalchemy.exc import IntegrityError
+
+    from scheduler.core import SchedulerCore
+
+    engine = make_engine(db_url)
+    states = {"j0": "QUEUED", "j1": "RUNNING", "j2": "SUSPENDED", "j3": "COMPLETED"}
+    gpu_of = {"j1": 0, "j2": 1}
+    try:
+        await migrate.upgrade(engine, "0001")
+        async with engine.begin() as conn:
+            await conn.execute(text("insert into servers values ('s1', '127.0.0.1:1', 2, '/dev/shm', '/tmp', "
+                                    "true, 1, 1)"))
+            for i in (0, 1):
+                await conn.execute(text("insert into gpus values ('s1', :i, 'u', 'm', 1, 0, 0, 0)"), {"i": i})
+            for job_id, state in states.items():
+                await conn.execute(text(
+                    "insert into jobs values (:id, 'n', '[\"python\", \"t.py\"]', '/tmp', '{}', 1, 1, false, 'u', "
+                    "NULL, 0, '{}', :state, 'inc', 5, 1.0, 0.1, '{}', true, false, '', 0, 1, 1, 1, 1, 0, 0)"),
+                    {"id": job_id, "state": state})
+                await conn.execute(text("insert into transitions (job_id, from_state, to_state, at, reason) "
+                                        "values (:id, 'QUEUED', :state, 1, 'before the upgrade')"),
+                                   {"id": job_id, "state": state})
+                await conn.execute(text("insert into job_profiles values (:id, 1024, 512, 0.5, 0.1, 1)"),
+                                   {"id": job_id})
+            for job_id, gpu in gpu_of.items():
+                await conn.execute(text("insert into placements values (:id, 's1', :gpu)"), {"id": job_id, "gpu": gpu})
+
+        async def kept() -> None:
+            core = SchedulerCore(engine)
+            for job_id, state in states.items():
+                detail = await core.get_job(job_id)
+                assert detail.job.state == state
+                assert detail.placement == ([("s1", gpu_of[job_id])] if job_id in gpu_of else [])
+                assert [t.reason for t in detail.history] == ["before the upgrade"], job_id
+            async with engine.connect() as conn:
+                assert (await conn.execute(text("select count(*) from job_profiles"))).scalar() == len(states)
+
+        await migrate.upgrade(engine)
+        await kept()
+        await migrate.downgrade(engine, "0001")
+        await migrate.upgrade(engine)
+        await kept()
+        with pytest.raises(IntegrityError):  # enforced again on the connection the migration used
+            async with engine.begin() as conn:
+                await conn.execute(text("insert into placements values ('no-such-job', 's1', 0)"))
+    finally:
+        await engine.dispose()
+
+
+def test_upgrade_that_would_leave_broken_rows_changes_nothing(sqlite_url: str, gandiva) -> None:  # type: ignore[no-untyped-def]
+    """SQLite runs migrations with foreign keys off (so that a table's copy does not
+    cascade); a placement of a job that is not there, left by an older writer, is found
+    before the commit: `gandiva db upgrade` exits 2 with one line saying what and that
+    nothing changed, and the database stays at its revision."""
+    import asyncio
+    import sqlite3
+
+    async def at_0003() -> None:
+        engine = make_engine(sqlite_url)
+        try:
+            await migrate.upgrade(engine, "0003_auth_tokens")
+        finally:
+            await engine.dispose()
+
+    asyncio.run(at_0003())
+    path = sqlite_url.split("///", 1)[1]
+    with sqlite3.connect(path) as conn:  # foreign keys off: SQLite's default
+        conn.execute("insert into servers values ('s1', '', 1, '', '', 1, 1, 1)")
+        conn.execute("insert into placements values ('gone', 's1', 0)")
+    up = gandiva("db", "--db", sqlite_url, "upgrade")
+    assert up.returncode == 2, up
+    assert "placements" in up.stderr and "nothing was changed" in up.stderr and len(up.stderr.splitlines()) == 1
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("select version_num from alembic_version").fetchall() == [("0003_auth_tokens",)]
