@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
-from scheduler import auth, eta
+from scheduler import auth, eta, timeline
 from scheduler.cli import output
 from scheduler.cli.argtypes import duration
 from scheduler.cli.client import (
@@ -533,12 +533,9 @@ def _history(job: common_pb2.Job, events: list[common_pb2.Event]) -> list[list[A
     order among them, the verdicts of its packing trials (kept, undone, void, with the rates
     judged by): one timeline of what was decided about it and what it changed. The verdicts
     were only among the last 20 events, which a job time-sliced for a while pushed out."""
-    first = job.history[0].at if job.history else 0.0
-    rows = [(t.at, [output.timestamp(t.at), state_name(t.from_state) or "-", state_name(t.to_state),
-                    t.reason or "-"]) for t in job.history]
-    rows += [(e.at, [output.timestamp(e.at), "-", "(verdict)", e.message])
-             for e in events if e.kind == "job.pack" and e.at >= first]
-    return [row for _, row in sorted(rows, key=lambda r: r[0])]
+    return [[output.timestamp(x.at), state_name(x.from_state) or "-", state_name(x.to_state), x.reason or "-"]
+            if kind == "state" else [output.timestamp(x.at), "-", "(verdict)", x.message]
+            for kind, x in timeline.merged(job.history, events)]
 
 
 def _rate_now(job: common_pb2.Job) -> str:

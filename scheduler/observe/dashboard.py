@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
+from scheduler import timeline
 from scheduler.errors import GandivaError, NotFound, Unauthenticated, Unavailable
 from scheduler.eta import Sharer, estimate, eta_text, progress_text
 from scheduler.lifecycle import JobState
@@ -203,13 +204,10 @@ async def job_timeline(core: Any, job_id: str) -> dict[str, Any]:
     async with core.tx(read=True) as s:
         job = await repo.get_job(s, job_id)
         changes = list(reversed((await s.scalars(repo.history_q(job_id))).all()))  # as GetJob's
-        verdicts = await repo.list_events(s, job_id=job_id, kinds=["job.pack"])
-    first = changes[0].at if changes else 0.0
-    rows = [{"at": t.at, "kind": "state", "from": t.from_state, "to": t.to_state, "reason": t.reason}
-            for t in changes]
-    rows += [{"at": e.at, "kind": "verdict", "from": "", "to": "", "reason": e.message}
-             for e in verdicts if e.at >= first]
-    rows.sort(key=lambda r: r["at"])
+        verdicts = await repo.list_events(s, job_id=job_id, kinds=[timeline.PACK_VERDICT])
+    rows = [{"at": x.at, "kind": kind, "from": x.from_state, "to": x.to_state, "reason": x.reason}
+            if kind == "state" else {"at": x.at, "kind": kind, "from": "", "to": "", "reason": x.message}
+            for kind, x in timeline.merged(changes, verdicts)]
     return {"id": job.id, "name": job.name, "state": job.state, "timeline": rows}
 
 
