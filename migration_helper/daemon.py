@@ -443,25 +443,23 @@ class HelperDaemon:
         At most HEARTBEATS_IN_FLIGHT wait at once: a scheduler slow to answer (its
         database locked) is not sent more and more of them."""
         loop = asyncio.get_running_loop()
-        pending: set[asyncio.Task[None]] = set()
-        sent: dict[asyncio.Task[None], float] = {}
+        # The heartbeats in flight, each with its send time (read by the hedging too).
+        pending: dict[asyncio.Task[None], float] = {}
         self._rtts.clear()
         self._hedge_said = False
-        hedges = asyncio.create_task(self._hedge_heartbeats(sent))
+        hedges = asyncio.create_task(self._hedge_heartbeats(pending))
         try:
             while True:
                 due = loop.time() + interval
-                task = asyncio.create_task(self._heartbeat(stub))
-                pending.add(task)
-                sent[task] = loop.time()
-                task.add_done_callback(lambda t: sent.pop(t, None))
+                pending[asyncio.create_task(self._heartbeat(stub))] = loop.time()
                 while (left := due - loop.time()) > 0 or len(pending) >= HEARTBEATS_IN_FLIGHT:
                     if not pending:
                         await asyncio.sleep(left)
                         break
-                    done, pending = await asyncio.wait(pending, timeout=max(left, 0.0) or None,
-                                                       return_when=asyncio.FIRST_COMPLETED)
+                    done, _ = await asyncio.wait(pending, timeout=max(left, 0.0) or None,
+                                                 return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
+                        del pending[task]
                         task.result()  # a heartbeat that failed ends the session
         finally:
             for task in (*pending, hedges):
@@ -494,7 +492,7 @@ class HelperDaemon:
                 await asyncio.sleep(HEARTBEAT_HEDGE_S / 4)
                 hedges = {t for t in hedges if not t.done()}
                 now = loop.time()
-                oldest = min(sent.values(), default=now)
+                oldest = min((at for task, at in sent.items() if not task.done()), default=now)
                 wait = max(HEARTBEAT_HEDGE_S, min(2 * statistics.median(self._rtts) if self._rtts else 0.0,
                                                   self.lease_s / 2 if self.lease_s > 0 else float("inf")))
                 if now - oldest >= wait and now - last >= HEARTBEAT_HEDGE_S \
