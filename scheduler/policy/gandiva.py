@@ -45,8 +45,10 @@ from scheduler.policy.packing import end_trials_of, judge_trials, start_trials
 from scheduler.policy.placement import (
     ALGORITHM_1,
     FREE_FILTERS,
+    OVERSUBSCRIBE_NOT_DRAINING,
     OVERSUBSCRIBE_ONLY,
     Misses,
+    draining_group,
     find_placement,
     host_ok,
     missed,
@@ -237,9 +239,13 @@ class GandivaPolicy(Policy):
             return blocker is not None or (
                 size > top and large_head is not None and at is not None and at > large_head)
 
+        one_group = self.config.large_block_one_group
+
         def skip(size: int) -> bool:
             return not walk_all and (missed(ledger, misses, ALGORITHM_1, size) or (
-                shut(size) and missed(ledger, misses, FREE_FILTERS, size)))
+                shut(size) and missed(ledger, misses, FREE_FILTERS, size) and (
+                    not one_group or blocker is not None
+                    or missed(ledger, misses, OVERSUBSCRIBE_NOT_DRAINING, size))))
 
         now = ledger.snapshot.now
         for job in ledger.queued_in_order(skip):
@@ -265,6 +271,10 @@ class GandivaPolicy(Policy):
             if cand is None and (not shut(job.gpus) or self._reserved is not None):
                 filters = ALGORITHM_1 if self._reserved is None else OVERSUBSCRIBE_ONLY
                 cand = find_placement(ledger, job, self.config, filters, misses)
+            elif cand is None and one_group and blocker is None:
+                # large_block_one_group: held by the large block, it may still join a group
+                # of its count, but not the one closest to draining (left to drain).
+                cand = find_placement(ledger, job, self.config, OVERSUBSCRIBE_NOT_DRAINING, misses)
             if cand is None:
                 if self.config.queue_reasons:
                     why = self._queue_reason(ledger, job, reasons)
@@ -274,10 +284,12 @@ class GandivaPolicy(Policy):
                     elif large_head is not None and shut(job.gpus) and self._reserved is None:
                         why = (f"job {large_head[-1]} fits one server and {self._large_block(ledger, large_head)}; "
                                f"until it runs, jobs larger than a server ({top} GPUs) queued after it do not join "
-                               f"time-slice groups ({why})")
+                               + ("the time-slice group of their GPU count closest to draining " if one_group
+                                  else "time-slice groups ") + f"({why})")
                     out.append(Queue(job.id, why))
                 if (self._reserved is None and limit is not None
-                        and ledger.snapshot.now - job.submitted_at >= limit):
+                        and ledger.snapshot.now - job.submitted_at >= limit
+                        and (job.gpus > top or not self.config.reserve_large_only)):
                     self._reserved = job.id
                 continue
             out += self._start(ledger, job, cand.gpus, cand.oversubscribed, f"Algorithm 1: {cand.filter}")
@@ -291,11 +303,20 @@ class GandivaPolicy(Policy):
         which only draining groups give."""
         cfg, job = self.config, ledger.jobs[head[-1]]
         waited = ledger.snapshot.now - job.submitted_at
+        why = None
         if cfg.large_block_after_s is not None and waited >= cfg.large_block_after_s:
-            return f"has waited {waited:.0f}s"
-        if cfg.groupless_block and not ledger.groups_by_size.get(job.gpus):
-            return f"no time-slice group of {job.gpus}-GPU jobs exists"
-        return None
+            why = f"has waited {waited:.0f}s"
+        elif cfg.groupless_block and not ledger.groups_by_size.get(job.gpus):
+            why = f"no time-slice group of {job.gpus}-GPU jobs exists"
+        if why is not None and cfg.large_block_lapse:
+            # Holding newcomers back frees servers soon only where a group of jobs larger
+            # than a server is down to one job; where each still has jobs waiting their
+            # turns, it frees nothing until all of them end: the block lapses.
+            top = ledger.max_server_gpus
+            if not any(len(ledger.members(g)) <= 1 for size, groups in ledger.groups_by_size.items()
+                       if size > top for g in groups):
+                return None
+        return why
 
     def _start(self, ledger: Ledger, job: JobView, gpus: Placement, shared: bool, reason: str) -> list[Decision]:
         """Place ``job`` on ``gpus``; on a time-slice group the newcomer runs first, so that
@@ -340,8 +361,15 @@ class GandivaPolicy(Policy):
             if not groups:
                 continue
             groups.sort(key=lambda g: (len(ledger.members(g)), g))
+            spare = large_shut and size > top and cfg.large_block_one_group and not share_shut
+            if spare:  # large_block_one_group: every group but the one closest to draining
+                drain = draining_group(ledger, size)
+                groups = [g for g in groups if g != drain]
+                if not groups:
+                    continue
             for key in list(ledger.queued_by_size.get(size, ())):
-                if head is not None and key > head and (share_shut or (large_shut and size > top)):
+                if (head is not None and key > head and not spare
+                        and (share_shut or (large_shut and size > top))):
                     break  # behind the head in queue order, as is every later key of this size
                 job = ledger.jobs[key[-1]]
                 if job.steps or job.attained_service_s or ledger.state[job.id] != "QUEUED":

@@ -124,9 +124,10 @@ def takes_turns(ledger: Ledger, gpus: Placement) -> bool:
                    for m in ledger.members(gpus))
 
 
-def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
+def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig,
+                         leave: Placement | None = None) -> Placement | None:
     """The smallest same-size time-slice group on same-affinity servers that can take one
-    more job: fewest members, then the lowest server height, then by GPUs."""
+    more job: fewest members, then the lowest server height, then by GPUs; never ``leave``."""
     best: tuple | None = None
     cap = config.max_jobs_per_gpu
     groups, servers = ledger._groups, ledger.servers
@@ -134,7 +135,7 @@ def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> 
     eldest = ledger.eldest_of(job.gpus) if config.eldest_runs else None
     held_by = ledger.placement.get(eldest) if eldest is not None else None
     for gpus in ledger.groups_by_size.get(job.gpus, ()):
-        if gpus == held_by:
+        if gpus == held_by or gpus == leave:
             continue
         # A group that would not beat the best so far is passed over before its members,
         # affinity and memory are read (the answer is the same, at a fraction of the cost).
@@ -157,6 +158,18 @@ def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> 
     return best[2] if best else None
 
 
+def draining_group(ledger: Ledger, size: int) -> Placement | None:
+    """The time-slice group of ``size``-GPU jobs closest to draining: the fewest members,
+    then by GPUs (``large_block_one_group`` keeps newcomers out of it alone)."""
+    groups = ledger._groups
+    return min(ledger.groups_by_size.get(size, ()), key=lambda g: (len(groups.get(g, ())), g), default=None)
+
+
+def oversubscribe_but_draining(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
+    """``oversubscribe``, but never into the group of the job's GPU count closest to draining."""
+    return oversubscribe_filter(ledger, job, config, leave=draining_group(ledger, job.gpus))
+
+
 FREE_FILTERS: list[tuple[str, Filter]] = [
     ("affinity", affinity_filter),
     ("unallocated", unallocated_filter),
@@ -164,6 +177,8 @@ FREE_FILTERS: list[tuple[str, Filter]] = [
 ]
 ALGORITHM_1: list[tuple[str, Filter]] = [*FREE_FILTERS, ("oversubscribe", oversubscribe_filter)]
 OVERSUBSCRIBE_ONLY: list[tuple[str, Filter]] = [("oversubscribe", oversubscribe_filter)]
+# large_block_one_group: a job held by the block may join a group, but not the one left to drain.
+OVERSUBSCRIBE_NOT_DRAINING: list[tuple[str, Filter]] = [("oversubscribe", oversubscribe_but_draining)]
 
 
 def find_placement(

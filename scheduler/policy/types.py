@@ -319,6 +319,9 @@ class PolicyConfig:
     reserve_after_s: a queued job that has waited this long and still does not fit
         reserves the free GPUs: jobs queued behind it may only time-share. Off (None)
         by default: on the Philly traces it made both average JCT and makespan worse.
+    reserve_large_only: ``reserve_after_s`` reserves for jobs larger than a server only
+        (those the ``large_block_after_s`` block does not serve: freed groups give them
+        whole servers only when several go idle at once). Off by default.
     slice_slack_s: a slice ending within this many seconds after a beat (a multiple
         of quantum_s) is switched at that beat; slices end on beats so that groups
         rotate together (one round of switch commands instead of many).
@@ -439,6 +442,16 @@ class PolicyConfig:
         first turn, and waits for free GPUs, which the groups of jobs larger than a server
         give only once they drain (on 2x4, a group of 8-GPU jobs holds both servers while
         newcomers of 8 GPUs keep joining it: docs/heldout.md). Off by default.
+    large_block_one_group: while ``large_block_after_s``'s block holds, a job larger than a
+        server queued after the waiting job may still join a time-slice group of its GPU
+        count (and take a first turn in one), but never the group of that count closest to
+        draining (fewest members): that one alone is left to drain for the waiting job.
+        Off by default (docs/simulator.md, "The block and the groups it waits on").
+    large_block_lapse: ``large_block_after_s``'s block holds only while some time-slice
+        group of jobs larger than a server is down to one job (its servers free when that
+        job ends); while each still has jobs waiting their turns, holding newcomers back
+        frees no server until all of them end, and the block lapses. Off by default
+        (docs/simulator.md, same section).
     probe_slices: a queued job that has never run and finds no place (every time-slice
         group of its GPU count holds ``max_jobs_per_gpu`` jobs a GPU) joins one such group
         anyway for its first turn (one newcomer at a time per group; its servers' host
@@ -501,6 +514,7 @@ class PolicyConfig:
 
     quantum_s: float = 60.0
     reserve_after_s: float | None = None
+    reserve_large_only: bool = False
     slice_slack_s: float = 5.0
     max_jobs_per_gpu: int = 16
     host_memory_use: float = 0.9
@@ -528,6 +542,8 @@ class PolicyConfig:
     share_block_after_s: float | None = None
     large_block_after_s: float | None = 3600.0
     groupless_block: bool = False
+    large_block_one_group: bool = False
+    large_block_lapse: bool = False
     balance_sizes: bool = True
     balance_per_gpu: bool = False
     balance_park: bool = True
@@ -579,6 +595,11 @@ class PolicyConfig:
         if self.probe_large and self.gather_large:
             raise ValueError("probe_large and gather_large both hold servers for first turns of jobs larger "
                              "than a server: turn one of them off")
+        if self.reserve_large_only and self.reserve_after_s is None:
+            raise ValueError("reserve_large_only limits reserve_after_s's reservation: set reserve_after_s too")
+        for name in ("large_block_one_group", "large_block_lapse"):
+            if getattr(self, name) and self.large_block_after_s is None and not self.groupless_block:
+                raise ValueError(f"{name} bounds large_block_after_s's block: set large_block_after_s too")
         if self.balance_per_gpu and not self.balance_sizes:
             raise ValueError("balance_per_gpu changes how balance_sizes measures crowding: turn balance_sizes on too")
         for name in ("share_block_after_s", "large_block_after_s"):
