@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TypeVar
 
@@ -40,6 +40,7 @@ from scheduler.health import DatabaseHealth
 from scheduler.hubs import HelperHub, RuntimeHub
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
+from scheduler.observe.waits import Wait
 from scheduler.policy.types import PolicyConfig
 from scheduler.state import repo
 from scheduler.state.db import (
@@ -170,6 +171,7 @@ class JobDetail:
     history: Sequence = ()
     host_memory_bytes: int = 0  # its processes' resident set, last measured (0: not measured)
     sharers: Sequence[Sharer] = ()  # the jobs on its first GPU (scheduler/eta.py)
+    wait: str = ""  # a queued job's place in the queue, a suspended one's next turn (observe/waits.py)
 
 
 # SQLSTATEs of a database that is there but takes no work now: class 08 (connection
@@ -395,6 +397,9 @@ class SchedulerCore:
         self.wake = asyncio.Event()
         # Hooks for metrics (gandiva scheduler --http-listen); they do nothing by default.
         self.observer = Observer()
+        # Where each waiting job stands as of the last scheduling round (job id -> Wait,
+        # scheduler/observe/waits.py), set by the engine; read through wait_of.
+        self.waits: dict[str, Wait] = {}
         # (GPUs, name) of the largest server, for the submission check; None: not read yet.
         self._largest: tuple[int, str] | None = None
         # (version, [(name, agent address)]) of the registered helpers; None: read again.
@@ -743,10 +748,17 @@ class SchedulerCore:
 
     # ---- reads ----------------------------------------------------------------
 
+    def wait_of(self, job: Job) -> str:
+        """Where the job stands while it waits ("" if it does not, or if it changed state
+        since the last round: never a place or turn computed for another state)."""
+        wait = self.waits.get(job.id)
+        return wait.render(self.clock()) if wait is not None and wait.state == job.state else ""
+
     async def get_job(self, job_id: str) -> JobDetail:
         if not job_id:
             raise InvalidArgument("id", "a job id is required")
-        return JobDetail(*await self.read_sync(lambda s: repo.job_detail(s, job_id), urgent=True))
+        detail = JobDetail(*await self.read_sync(lambda s: repo.job_detail(s, job_id), urgent=True))
+        return replace(detail, wait=self.wait_of(detail.job))
 
     async def list_jobs(
         self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0,
@@ -758,7 +770,7 @@ class SchedulerCore:
             host = await repo.host_memory_of(s, [j.id for j in jobs])
             sharers = await repo.sharers_of(s, placements)
         return [JobDetail(j, _gpus_of(placements, j.id), host_memory_bytes=host.get(j.id, 0),
-                          sharers=sharers.get(j.id, ())) for j in jobs]
+                          sharers=sharers.get(j.id, ()), wait=self.wait_of(j)) for j in jobs]
 
     async def list_servers(self) -> list[repo.ServerLoad]:
         async with self.tx(read=True) as s:

@@ -58,6 +58,7 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
         gpu_seconds=j.gpu_seconds(time.time()),
         held=j.held and j.state == "SUSPENDED",
         message=j.message,
+        wait=d.wait,
         exit_code=j.exit_code,
         metrics={k: float(v) for k, v in (j.metrics or {}).items() if isinstance(v, (int, float))},
     )

@@ -550,6 +550,7 @@ def job_to_dict(job: common_pb2.Job) -> dict[str, Any]:
         "total_steps_from": job.total_steps_from,
         "eta_s": job.eta_s if job.eta_s >= 0 else None,
         "eta_note": job.eta_note,
+        "wait": job.wait,
         "rate": job.rate,
         "priority": spec.priority,
         "placement": [{"server": ref.server, "gpu": ref.index} for ref in job.placement],

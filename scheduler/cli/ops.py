@@ -156,7 +156,7 @@ def _set(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Cl
 # ETA: done of its total mini-batches and the time left ("34%/12m"; "?" unknown, "-" no total).
 JOB_HEADERS = ["ID", "NAME", "STATE", "GPUS", "SERVERS", "STEPS", "RATE", "ETA", "PRIO", "AGE"]
 JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "HOST-MEMORY", "GPU-TIME", "MULTI-JOB", "PARAMS", "USER",
-                                  "MESSAGE", "COMMAND"]
+                                  "WAIT", "MESSAGE", "COMMAND"]
 
 
 def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
@@ -174,7 +174,7 @@ def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
             output.duration(job.gpu_seconds),
             job.spec.multi_job_id or "-",
             " ".join(f"{k}={v}" for k, v in sorted(job.spec.params.items())) or "-",
-            job.spec.user or "-",
+            job.spec.user or "-", job.wait or "-",
             job.message or "-", " ".join(job.spec.command),
         ]
     return row
@@ -502,6 +502,9 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     waiting = _waiting(client, job)
     if waiting:
         fields.insert(fields.index(("Message", job.message or "-")), ("Waiting", waiting))
+    if job.wait:  # its place in the queue, or its next turn (the scheduler's, from the policy's state)
+        fields.insert(fields.index(("Message", job.message or "-")),
+                      ("Queue" if job.state == common_pb2.JOB_STATE_QUEUED else "Next turn", job.wait))
     if spec.grow_shrink:
         fields.insert(-2, ("Grow-shrink", f"off ({job.grow_shrink_note})" if job.grow_shrink_note
                            else "yes (grows onto idle GPUs of its server)"))

@@ -43,6 +43,7 @@ from scheduler.errors import (
 from scheduler.hangs import HUNG, HUNG_RESTARTS, Verdict
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
+from scheduler.observe.waits import waits
 from scheduler.policy import types as pt
 from scheduler.policy.migration import HAND_OVER
 from scheduler.state import repo
@@ -217,6 +218,18 @@ class LiveEngine:
             await asyncio.sleep(min(self.tick_s, max(self.min_gap_s, self.round_pause * took)))
             self.core.wake.clear()
 
+    def _note_waits(self, snap: pt.ClusterSnapshot, decided: Sequence[pt.Decision]) -> None:
+        """Where each waiting job stands, from the state the policy just decided from
+        (scheduler/observe/waits.py): GetJob, ListJobs and the page show it. A job this
+        round decided something for (besides queueing it) is left out until the next round,
+        whose snapshot shows that decision carried out."""
+        changed = {d.job_id for d in decided if not isinstance(d, pt.Queue)}
+        try:
+            self.core.waits = waits(self.policy, snap, self._held, changed)
+        except Exception:  # a bug in what is shown must not stop scheduling
+            log.exception("computing the waiting jobs' places failed")
+            self.core.waits = {}
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """Finish: no new rounds; commands in flight get up to ``grace_s`` to complete."""
         self._stopping = True
@@ -250,6 +263,7 @@ class LiveEngine:
         deferred: dict[str, str] = {}
         decisions = self._not_onto_leaving_gpus(snap, raw, decisions, deferred)
         self.observer.decided(snap, decisions, time.perf_counter() - t0)
+        self._note_waits(snap, raw)
         await self._note_verdicts()
         queued = [d for d in decisions if isinstance(d, pt.Queue)]
         queued += [pt.Queue(job_id, why) for job_id, why in deferred.items()]

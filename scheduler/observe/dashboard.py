@@ -182,7 +182,8 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
             "progress": progress_text(j.steps, j.total_steps or 0),
             "eta_s": None if eta_s < 0 else eta_s, "eta_note": eta_note, "eta": eta_text(eta_s, eta_note),
             "user": j.user, "gpu_seconds": j.gpu_seconds(now),
-            "message": j.message, "submitted_at": j.submitted_at, "finished_at": j.finished_at,
+            "message": j.message, "wait": core.wait_of(j),
+            "submitted_at": j.submitted_at, "finished_at": j.finished_at,
             "multi_job": j.multi_job_id or "", "grow_shrink": j.grow_shrink,
             "last_decision": ({"kind": dec.kind, "reason": dec.reason, "at": dec.at} if dec else None),
         })

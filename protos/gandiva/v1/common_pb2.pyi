@@ -264,6 +264,7 @@ class Job(_message.Message):
     TOTAL_STEPS_FROM_FIELD_NUMBER: _builtins.int
     ETA_S_FIELD_NUMBER: _builtins.int
     ETA_NOTE_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___JobState.ValueType
     steps: _builtins.int
@@ -310,6 +311,11 @@ class Job(_message.Message):
     or no total), and what that assumes or why it is unknown, for people.
     """
     eta_note: _builtins.str
+    wait: _builtins.str
+    """Where it stands while it waits, for people ("" otherwise), from the policy's state at
+    the last scheduling round: a queued job's place in the queue and who is ahead of it; a
+    suspended job's next turn in its time-slice group (its place, who runs now, about when).
+    """
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -349,10 +355,11 @@ class Job(_message.Message):
         total_steps_from: _builtins.str = ...,
         eta_s: _builtins.float = ...,
         eta_note: _builtins.str = ...,
+        wait: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "eta_note", b"eta_note", "eta_s", b"eta_s", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_seconds", b"gpu_seconds", "grow_shrink_note", b"grow_shrink_note", "held", b"held", "history", b"history", "host_memory_bytes", b"host_memory_bytes", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "total_steps", b"total_steps", "total_steps_from", b"total_steps_from", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "eta_note", b"eta_note", "eta_s", b"eta_s", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_seconds", b"gpu_seconds", "grow_shrink_note", b"grow_shrink_note", "held", b"held", "history", b"history", "host_memory_bytes", b"host_memory_bytes", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "total_steps", b"total_steps", "total_steps_from", b"total_steps_from", "updated_at", b"updated_at", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
