@@ -114,7 +114,8 @@ async def migration_connection(engine: AsyncEngine) -> AsyncIterator[AsyncConnec
                         raise BrokenReferences(
                             f"the migration would leave {len(broken)} row(s) referring to rows that do "
                             f"not exist (first: table {table}, row {row}, missing in {parent}); nothing "
-                            "was changed. Report it with the database's `gandiva db current`")
+                            "was changed. List them with `sqlite3 FILE 'PRAGMA foreign_key_check'`, "
+                            "delete or mend them (or restore a backup), then upgrade again")
         finally:
             if sqlite:
                 await conn.run_sync(_foreign_keys, True)
