@@ -210,11 +210,28 @@ def check_host(host: str, first: bool = False) -> str | None:
     return None
 
 
+# A client's files are NAME.pem and NAME-key.pem beside ca(-key).pem and server(-key).pem.
+_CLIENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]*$")
+
+
 def _bad_client(clients: list[str], flag: str) -> str:
-    """Why a client name cannot be a file name and common name ("" when all can)."""
-    bad = [c for c in clients if not c or "/" in c or c.startswith(".") or c in ("ca", "server")]
+    """Why a client name cannot be a file name and common name ("" when all can).
+
+    Names whose files are another's are refused: `--client ca-key` wrote its certificate
+    over the CA's key (and `server-key`, `bob-key` beside `bob`, or `bob` twice: over
+    another key or pair), then said "no certificate was written or replaced"."""
+    bad = [c for c in clients if not _CLIENT.match(c)]
     if bad:
-        return f"{flag}{bad[0]!r}: use a plain name (not ca or server)"
+        return (f"{flag}{bad[0]!r}: use a plain name (letters, digits and '_.@+-', starting with a "
+                "letter or digit)")
+    taken = [c for c in clients if c in ("ca", "server") or c.endswith("-key")]
+    if taken:
+        return (f"{flag}{taken[0]!r}: its files would take the place of another's (NAME.pem and "
+                "NAME-key.pem beside ca.pem, ca-key.pem, server.pem, server-key.pem); use another "
+                "name (not ca or server, not ending in -key)")
+    twice = sorted({c for c in clients if clients.count(c) > 1})
+    if twice:
+        return f"{flag}{twice[0]!r} is given twice; give each name once"
     long_client = [c for c in clients if len(c) > MAX_COMMON_NAME]
     if long_client:
         return (f"{flag}{long_client[0][:20]!r}...: longer than {MAX_COMMON_NAME} "

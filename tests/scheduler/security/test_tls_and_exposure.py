@@ -183,6 +183,28 @@ def test_tls_init_that_cannot_write_every_file_leaves_the_directory_as_it_was(tm
     assert {p.name: p.read_bytes() for p in pki.iterdir()} == before  # the old set, whole
 
 
+def test_tls_client_names_whose_files_are_anothers_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tls init DIR --client ca-key` wrote its certificate over the CA's key (exit 2, "no
+    certificate was written or replaced", beside a ca.pem, server.pem and server-key.pem
+    that were); `server-key`, `bob` with `bob-key`, or `bob` twice likewise over another's
+    files; a name with escapes was written as a file name and printed raw."""
+    pki, new = tmp_path / "pki", tmp_path / "new"
+    assert main(["tls", "init", str(pki), "--host", "head"]) == 0
+    before = {p.name: p.read_bytes() for p in pki.iterdir()}
+    for clients in (["ca-key"], ["server-key"], ["bob", "bob-key"], ["bob", "bob"], ["a\x1b[2Jb"], ["a b"]):
+        capsys.readouterr()
+        assert main(["tls", "init", str(new), "--host", "head", *[f"--client={c}" for c in clients]]) == 2
+        assert main(["tls", "client", str(pki), *clients, "--force"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 2 and "\x1b" not in err, err
+        assert ("would take the place of another's" in err or "is given twice" in err
+                or "use a plain name" in err), err
+        assert not new.exists()
+        assert {p.name: p.read_bytes() for p in pki.iterdir()} == before
+    assert main(["tls", "client", str(pki), "bob@example.com", "alice.smith", "monkey"]) == 0
+
+
 def test_tls_init_takes_names_addresses_and_wildcards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     long_name = "a" * 40 + "." + "b" * 40  # longer than a common name: fine after the first
     assert main(["tls", "init", str(tmp_path / "pki"), "--host", "head-1.example.", "--host", "::1",
