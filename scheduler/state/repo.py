@@ -89,7 +89,7 @@ async def list_events(
     if job_id:
         q = q.where(Event.job_id == job_id)
     if kinds:
-        q = q.where(or_(*(or_(Event.kind == k, Event.kind.startswith(k + ".", autoescape=True)) for k in kinds)))
+        q = q.where(or_(*(or_(Event.kind == k, _starts(Event.kind, k + ".")) for k in kinds)))
     if server:
         q = q.where(Event.server == server)
     if user is not None:
@@ -459,8 +459,15 @@ async def resume_from_migration(session: AsyncSession, job: Job, migration: Migr
 async def transitions_with_reason(session: AsyncSession, job_id: str, prefix: str) -> int:
     """How many of the job's state changes had a reason starting with ``prefix``."""
     query = select(func.count()).select_from(Transition).where(
-        Transition.job_id == job_id, Transition.reason.startswith(prefix, autoescape=True))
+        Transition.job_id == job_id, _starts(Transition.reason, prefix))
     return int((await session.execute(query)).scalar_one())
+
+
+def _starts(column: Any, prefix: str) -> Any:
+    """``column`` begins with ``prefix``, exactly, on both databases. Not LIKE
+    (``startswith``): SQLite's ignores case, so `gandiva get events --kind JOB` listed
+    job.* events there and nothing on PostgreSQL (nor in the CLI's own --watch filter)."""
+    return func.substr(column, 1, len(prefix)) == prefix
 
 
 async def requeue(

@@ -150,3 +150,18 @@ async def test_server_registration_heights_and_down(core: SchedulerCore) -> None
     assert got.job.state == "QUEUED" and got.placement == []
     (load,) = await core.list_servers()
     assert not load.server.up and load.allocated == 0
+
+
+async def test_an_event_family_filter_is_the_same_on_both_databases(core: SchedulerCore) -> None:
+    """`gandiva get events --kind job` lists job.submitted; `--kind JOB` or `--kind j_b`
+    (LIKE's wildcard) lists nothing, as the CLI's own --watch filter and PostgreSQL do.
+    Before, SQLite's LIKE (case-blind, on ASCII) listed job.submitted for `JOB` too."""
+    await core.submit(spec())
+    async with core.tx(read=True) as s:
+        def kinds(*wanted: str):  # type: ignore[no-untyped-def]
+            return repo.list_events(s, kinds=list(wanted))
+
+        assert [e.kind for e in await kinds("job")] == ["job.submitted"]
+        assert [e.kind for e in await kinds("job.submitted")] == ["job.submitted"]
+        assert list(await kinds("JOB")) == [] and list(await kinds("Job.submitted")) == []
+        assert list(await kinds("j_b")) == [] and list(await kinds("jo%")) == []
