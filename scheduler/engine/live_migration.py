@@ -51,6 +51,8 @@ def not_connected(job_id: str, deadline_s: float) -> str:
 READ_WAIT_S = 30.0
 
 
+# The phases a migration ends in without moving its job: said otherwise when the job ended first.
+ENDED_UNMOVED = frozenset(("aborted", "failed", "restarted_at_source"))
 # A migration's durable phase (migrations.phase) after each phase completes.
 NEXT_PHASE = {"prewarm": "checkpoint", "checkpoint": "transfer", "transfer": "activate"}
 
@@ -127,6 +129,15 @@ class LivePorts:
         self.observer.migration_phase(phase, seconds)
         async with self.core.tx() as s:
             msg = f"{phase} {seconds:.3f}s" + (f" ({detail})" if detail else "")
+            if phase in ENDED_UNMOVED:
+                job = await s.get(Job, job_id)
+                if job is not None and JobState(job.state).terminal:
+                    # Its job ended first (finished, failed, killed), and the migration's
+                    # clean-up stopped the copy it was preparing: not a failed migration. It
+                    # read "aborted 0.000s (pre-warm at node-1 failed: ... exited with code -9
+                    # ...; see LOG)" in the demo, for a job that had SUCCEEDED.
+                    msg = (f"{phase} (the job ended ({job.state}) before it moved: nothing to move"
+                           + (f"; what the migration met then: {detail})" if detail else ")"))
             now = self.core.clock()
             repo.add_event(s, now, "job.migration", msg, job_id=job_id)
             row = await repo.get_migration(s, job_id)
