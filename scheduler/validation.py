@@ -44,8 +44,10 @@ MAX_REQUEST_BYTES = 16 << 20
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # C0 controls (tab included), DEL, C1 controls (U+009B is a terminal's CSI) and the Unicode
-# bidirectional controls, with which a name displays as another (`\u202e` reverses the rest).
-_CONTROL_OR_TAB = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# bidirectional controls, with which a name displays as another (`\u202e` reverses the rest);
+# and the line and paragraph separators, at which a listing's line was broken in two (a
+# job named "x\u2028j-1  fake  RUNNING" showed a made-up row in `gandiva get jobs`).
+_CONTROL_OR_TAB = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def is_power_of_two(n: int) -> bool:

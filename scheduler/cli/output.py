@@ -102,10 +102,12 @@ def console(stream: IO[str] | None = None) -> Console:
 
 
 # What a terminal would act on rather than show: C0 and C1 controls (ESC starts colour,
-# title and clipboard-setting sequences), DEL, and the bidirectional overrides that reorder
+# title and clipboard-setting sequences), DEL, and the bidirectional controls that reorder
 # what is shown. A job's command, environment or message is its owner's text, and an
-# operator's `describe` must not run it as terminal commands.
-_UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# operator's `describe` must not run it as terminal commands. Also the line and paragraph
+# separators U+2028/U+2029, which Python's splitlines() (and so a table's layout) breaks a
+# line at: a job's command with one showed as a row of its own in `get jobs -o wide`.
+_UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def visible(text: str) -> str:

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterable
 
 import grpc
+import pytest
 
 from protos.gandiva.v1 import common_pb2, runtime_pb2, runtime_pb2_grpc, scheduler_pb2
 
@@ -49,3 +50,21 @@ def test_a_runtimes_reason_in_an_error_reaches_the_operator_escaped(gandiva, stu
     finally:
         said.put(None)
         stream.cancel()
+
+
+def test_a_line_separator_makes_no_row_of_its_own(gandiva, stub) -> None:  # type: ignore[no-untyped-def]
+    """U+2028 (a line separator) passed as a name and was shown raw: the table's layout
+    (splitlines) broke the job's line at it, so `gandiva get jobs` showed a made-up row
+    ("j-0000000000  payroll  RUNNING") under the real one."""
+    fake = "\u2028j-0000000000  payroll  RUNNING"
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+            name="x" + fake, command=["python", "t.py"], gpus=1)))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "spec.name" in refused.value.details()
+    job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name="x", command=["python", "t.py" + fake, "\u2029\u200f"], gpus=1))).job.id
+    listed = gandiva("get", "jobs", "-o", "wide", "--no-headers")
+    assert listed.code == 0 and listed.out.count("\n") == 1, listed.out
+    assert listed.out.startswith(job_id) and "t.py\\u2028j-0000000000" in listed.out and "\\u2029\\u200f" in listed.out
+    described = gandiva("describe", "job", job_id)
+    assert "\u2028" not in described.out and "Command:" in described.out
