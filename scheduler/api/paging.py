@@ -51,7 +51,10 @@ def job_cursor(token: str) -> tuple[float, int, str] | None:
         value = [value[0], -1, value[1]]
     if not (isinstance(value, list) and len(value) == 3 and isinstance(value[0], (int, float))
             and isinstance(value[1], int) and not isinstance(value[1], bool) and -1 <= value[1] < 2**31
-            and isinstance(value[2], str) and 0 <= value[0] < 2**63):  # a submission time (NaN fails too)
+            and isinstance(value[2], str) and 0 <= value[0] < 2**63  # a submission time (NaN fails too)
+            # A job id: what JSON can carry beyond that (a lone surrogate, a NUL) reached the
+            # database and was INTERNAL (UnicodeEncodeError on SQLite, DBAPIError on PostgreSQL).
+            and len(value[2]) <= 64 and value[2].isascii() and value[2].isprintable()):
         raise InvalidArgument("page_token", "not a job listing token")
     return float(value[0]), value[1], value[2]
 

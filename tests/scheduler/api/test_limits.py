@@ -141,10 +141,12 @@ def _b64(text: str) -> str:
 
 
 # Forged: an event id past int64 was INTERNAL (OverflowError, a traceback in the log); a job
-# cursor at NaN or infinity listed nothing, silently.
+# cursor at NaN or infinity listed nothing, silently; one whose job id was a lone surrogate
+# was INTERNAL (UnicodeEncodeError), and one with a NUL too on PostgreSQL (DBAPIError).
 @pytest.mark.parametrize("token", ["garbage!", "e30", "W10", "x" * 600, _b64(str(2**63)), _b64("-" + "9" * 300),
                                    _b64('[NaN, "j-1"]'), _b64('[Infinity, "j-1"]'), _b64("[" + "9" * 330 + ", \"j-1\"]"),
-                                   _b64('[1.0, 4294967296, "j-1"]'), _b64('[1.0, true, "j-1"]')])
+                                   _b64('[1.0, 4294967296, "j-1"]'), _b64('[1.0, true, "j-1"]'),
+                                   _b64('[1.0, 0, "\\ud800"]'), _b64('[1.0, 0, "j\\u0000"]'), _b64('[1.0, "j\\u0000"]')])
 def test_a_bad_page_token_is_invalid_argument(stub, token: str) -> None:  # type: ignore[no-untyped-def]
     for call in (lambda: stub.ListJobs(scheduler_pb2.ListJobsRequest(page_token=token)),
                  lambda: stub.ListEvents(scheduler_pb2.ListEventsRequest(page_token=token))):
