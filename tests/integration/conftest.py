@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +15,8 @@ from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler.cli.local_cluster import stop_processes
 from scheduler.core import Settings
 from scheduler.policy.types import PolicyConfig
+
+from .. import asking
 
 
 class Cluster:
@@ -45,20 +46,9 @@ class Cluster:
         return self.stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
 
     def migrate(self, job_id: str, dest: str, within_s: float = 60) -> None:
-        """MigrateJob, asked again while the job is busy (a periodic checkpoint or a policy
-        command in flight: scheduler/errors.Busy), as `gandiva migrate` does; any other
-        refusal fails at once."""
-        from scheduler.cli.client import is_busy
-
-        deadline = time.monotonic() + within_s
-        while True:
-            try:
-                self.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest), timeout=30)
-                return
-            except grpc.RpcError as err:
-                if not is_busy(err) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.25)
+        """MigrateJob, asked again while the job is busy, as `gandiva migrate` does; any
+        other refusal fails at once (tests/asking.py)."""
+        asking.migrate(self.stub, job_id, dest, within_s)
 
     def close(self) -> None:
         stop_processes(self.helpers)

@@ -31,6 +31,7 @@ import pytest
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
+from .. import asking
 from ..tf_runtime.conftest import load_variables
 
 # Every name this harness creates starts with this (namespaces, links, the bridge).
@@ -416,20 +417,11 @@ class Cluster:
     def events(self, job_id: str) -> list[scheduler_pb2.Event]:
         return list(self.stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events)
 
-    def migrate(self, job_id: str, dest: str, within_s: float = 60) -> float:
-        """MigrateJob, asked again while refused (a periodic checkpoint in flight: "has a
-        command in progress; try again shortly"; the host called down for a moment), as its
-        user would; seconds it took to be taken."""
-        t0 = time.monotonic()
-        while True:
-            try:
-                self.stub.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest), timeout=30)
-                return time.monotonic() - t0
-            except grpc.RpcError as err:
-                if time.monotonic() - t0 > within_s:
-                    raise AssertionError(
-                        f"MigrateJob to {dest} refused for {within_s:.0f}s: {err.details()}") from err
-                time.sleep(0.3)
+    def migrate(self, job_id: str, dest: str, within_s: float = 60,
+                also: Callable[[grpc.RpcError], bool] = lambda err: False) -> float:
+        """MigrateJob, asked again while the job is busy (a periodic checkpoint in flight)
+        or ``also`` says so, as its user would; seconds it took to be taken (tests/asking.py)."""
+        return asking.migrate(self.stub, job_id, dest, within_s, also)
 
     def wait(self, predicate: Callable[[], object], timeout: float) -> object:
         def safe() -> object:
