@@ -261,6 +261,7 @@ class BoundaryLayer:
         # to see at the next run whether the program keeps one under a second name (the
         # best value of early stopping: tf_runtime.kept_values); None once it does.
         self._kept: dict[int, Any] | None = {}
+        self._kept_eval = False  # they came from a run that does not train
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
             run_metadata: Any = None) -> Any:
@@ -383,6 +384,7 @@ class BoundaryLayer:
         self._kept = {id(v): v for v in (leaves[i] for i, _ in info.metric_slots
                                          if i in carry and i < len(leaves))
                       if isinstance(v, np.generic)}
+        self._kept_eval = not info.is_training
 
     def _check_kept(self) -> None:
         """Right before the program's next run: does it keep a scalar the last run returned
@@ -391,7 +393,7 @@ class BoundaryLayer:
         mid-patience stopped later than an uninterrupted run, with other weights."""
         kept, self._kept = self._kept or {}, {}
         try:
-            names = kept_values.second_name(sys._getframe(2), kept)
+            names = kept_values.second_name(sys._getframe(2), kept, containers=self._kept_eval)
         except Exception:  # the shim's own fault: never the program's run
             log.exception("tf_runtime could not look at the values the program keeps; it "
                           "stops looking")
@@ -403,10 +405,10 @@ class BoundaryLayer:
         self._handler.carried_state(
             self.adapter, f"it keeps a value a run returned in Python under two names "
             f"({names[0]!r} and {names[1]!r}) from one run to the next (the best loss of "
-            "early stopping, or "
-            "of a learning rate cut on a plateau): no checkpoint holds it, so a restarted "
-            "copy would start it over, compare its next values with nothing, and stop or "
-            "change its rate at another step than an uninterrupted run, with other weights; "
+            "early stopping, of a learning rate cut on a plateau, or of the program's own "
+            "best checkpoint): no checkpoint holds it, so a restarted copy would start it "
+            "over, compare its next values with nothing, and stop, change its rate or "
+            "overwrite its best checkpoint at another step than an uninterrupted run; "
             "keep it in a non-trainable variable (`sess.run(best_var.assign(value))`, "
             "compared as `sess.run(best_var)`) to make it migratable")
 

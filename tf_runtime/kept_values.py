@@ -5,17 +5,34 @@ That state is in no checkpoint: a restarted copy starts it over (`best = inf`, t
 0), compares its next value with nothing, and stops, or halves its rate, at another step
 than an uninterrupted run, with other weights (probed, s44: early stopping cut at step 237).
 No cut is safe once such a value is kept: after any cut, the copy's next comparison differs
-from the uninterrupted run's whenever that value does not improve on the kept one.
+from the uninterrupted run's whenever that value does not improve on the kept one. A value
+kept only to choose when to save the program's own best checkpoint is no different: the
+copy's first evaluation beats its fresh `best` and overwrites that checkpoint with a worse
+model than the one an uninterrupted run keeps.
 
-A run returns fresh NumPy scalars, so the program holds one of them under two names (two
-locals, in one frame or in two of its frames) only by assigning it on: `best = vl`. A
-value kept after a conversion (`best = float(vl)`) or in an object's attribute is not seen
-(a known limit). Looked at once, right before the program's next run."""
+A run returns fresh NumPy scalars, so the program holds one of them under two names only
+by assigning it on. Seen (right before the program's next run, in the program's frames):
+- two names of the object itself (`best = vl`), in one frame or in two;
+- a name of a copy converted to a Python float, as is or rounded (`best = float(vl)`,
+  `vl.item()`, `round(vl, 4)`), for a value that is not a short binary fraction (0.5 or an
+  accuracy of 7/8 may be a constant of the program's own);
+- an attribute of an object of the program's own classes (`self.best = vl`), one level;
+- for an evaluation's value (a run that does not train), the last item of a list or deque
+  or a value of a small dict (`history.append(vl)`, `stats["best"] = vl`), also inside
+  such an attribute. A training run's loss appended to a list is left alone: logging
+  (a running mean of the last losses) is what that mostly is.
+Not seen: a value changed by arithmetic (`best = vl * 1.0`), kept deeper in objects, or in a
+container of a training run's values (known limits)."""
 
 from __future__ import annotations
 
+import collections
+import sys
 import sysconfig
+import types
 from typing import Any
+
+import numpy as np
 
 from .python_rng import _SKIP_MODULES
 
@@ -23,6 +40,14 @@ from .python_rng import _SKIP_MODULES
 # library) is not the program's: its frames may hold the program's values on the way.
 _INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
                                                         "platlib")})
+_LARGEST = 64  # objects' and dicts' items looked at; larger ones are not such state
+_PROGRAM_TYPES: dict[type, bool] = {}
+_ABSENT = object()  # not None: `values.get(id(None)) is None` would match every None
+# Types that hold no kept value inside them (looked at as themselves only).
+_PLAIN = frozenset({float, int, bool, str, bytes, type(None), type, types.ModuleType,
+                    types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                    np.float32, np.float64, np.int32, np.int64, np.ndarray})
+_FLOATS = frozenset({np.float16, np.float32, np.float64})
 
 
 def _program_frame(frame: Any) -> bool:
@@ -30,17 +55,115 @@ def _program_frame(frame: Any) -> bool:
                 or frame.f_code.co_filename.startswith(_INSTALLED))
 
 
-def second_name(frame: Any, values: dict[int, Any], limit: int = 16) -> tuple[str, str] | None:
+def _program_type(kind: type) -> bool:
+    """Whether instances of `kind` are of a class the program defined (a trainer)."""
+    known = _PROGRAM_TYPES.get(kind)
+    if known is None:
+        name = getattr(kind, "__module__", "") or ""
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None) or ""
+        known = bool(path) and not (name.startswith(_SKIP_MODULES) or path.startswith(_INSTALLED))
+        _PROGRAM_TYPES[kind] = known
+    return known
+
+
+class _Match:
+    """Which kept value (its id) an object the program holds is: the value itself, or a
+    Python float (or NumPy float) it was converted to, as is or rounded to 3-8 places."""
+
+    __slots__ = ("high", "low", "plain", "rounded", "values")
+
+    def __init__(self, values: dict[int, Any]) -> None:
+        self.values = values
+        self.plain: dict[float, int] = {}
+        for key, value in values.items():
+            if isinstance(value, np.floating) and np.isfinite(value) and not _short(float(value)):
+                self.plain[float(value)] = key
+        self.rounded: dict[float, int] | None = None  # made when first needed
+        # Rounded to 3 places or more, a value is within 5e-4 of one of them.
+        self.low = min(self.plain, default=0.0) - 6e-4
+        self.high = max(self.plain, default=0.0) + 6e-4
+
+    def find(self, held: Any) -> int | None:
+        if self.values.get(id(held), _ABSENT) is held:
+            return id(held)
+        if not self.plain or not (type(held) is float or isinstance(held, np.floating)):
+            return None
+        f = float(held)
+        found = self.plain.get(f)
+        if found is not None or not self.low < f < self.high or _short(f):
+            return found
+        if self.rounded is None:
+            self.rounded = {}
+            for p, key in self.plain.items():
+                value = self.values[key]
+                for n in range(3, 9):
+                    self.rounded.setdefault(round(p, n), key)
+                    self.rounded.setdefault(float(np.round(value, n)), key)
+        return self.rounded.get(f)
+
+
+def _short(f: float) -> bool:
+    """A short binary fraction (0, 0.5, 7/8): maybe a constant of the program's own."""
+    return (f * 1024).is_integer()
+
+
+def _inside(key: str, value: Any, containers: bool, seen: set[int],
+            match: _Match) -> list[tuple[str, int]]:
+    """Kept values an object a name holds holds (looked at once per object), named: the
+    last item of a list, the values of a small dict, the attributes of an object of the
+    program's own classes (and the last item of a list among them)."""
+    kind, found = type(value), []
+    if containers and kind in (list, collections.deque):
+        if value:
+            seen.add(id(value))
+            if (at := match.find(value[-1])) is not None:
+                found.append((f"{key}[-1]", at))
+    elif containers and kind is dict:
+        if 0 < len(value) <= _LARGEST:
+            seen.add(id(value))
+            found += [(f"{key}[{k!r}]", at) for k, v in list(value.items())
+                      if (at := match.find(v)) is not None]
+    elif _PROGRAM_TYPES.get(kind, True) and _program_type(kind):
+        attrs = getattr(value, "__dict__", None)
+        if isinstance(attrs, dict) and len(attrs) <= _LARGEST:
+            seen.add(id(value))
+            for attr, v in list(attrs.items()):
+                if (at := match.find(v)) is not None:
+                    found.append((f"{key}.{attr}", at))
+                elif containers and type(v) in (list, collections.deque) and v \
+                        and id(v) not in seen:
+                    seen.add(id(v))
+                    if (at := match.find(v[-1])) is not None:
+                        found.append((f"{key}.{attr}[-1]", at))
+    return found
+
+
+def second_name(frame: Any, values: dict[int, Any], limit: int = 16,
+                containers: bool = False) -> tuple[str, str] | None:
     """Two names under which the program's frames, from `frame` outwards, hold one of
-    `values` (id -> value), or None."""
+    `values` (id -> value), as is or converted (see the module's docstring), or None.
+    `containers`: the values are an evaluation's; look into lists and dicts too."""
     names: dict[int, str] = {}
+    match = _Match(values)
+    seen: set[int] = set()
     depth = 0
     while frame is not None and depth < limit:
         if _program_frame(frame):
             for key, value in list(frame.f_locals.items()):
-                if id(value) in values and values[id(value)] is value:
-                    if id(value) in names:  # a second name (in this frame or an outer one)
-                        return names[id(value)], key
-                    names[id(value)] = key
+                kind = type(value)
+                if values.get(id(value), _ABSENT) is value:
+                    found: int | None = id(value)
+                elif match.plain and (kind is float or kind in _FLOATS):
+                    found = match.find(value)
+                else:
+                    found = None
+                held: list[tuple[str, int]] = [(key, found)] if found is not None else []
+                if kind not in _PLAIN and id(value) not in seen:
+                    held += _inside(key, value, containers, seen, match)
+                for name, found in held:
+                    if found in names:  # a second name (in this frame or an outer one)
+                        return names[found], name
+                    names[found] = name
         frame, depth = frame.f_back, depth + 1
     return None

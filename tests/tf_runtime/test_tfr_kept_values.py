@@ -4,6 +4,8 @@ checkpoint holds (tf_runtime.kept_values)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,18 @@ from .test_tfr_tf_session import session, shimmed
 
 pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow")
+
+
+def _model(sess: Any) -> tuple[Any, Any, Any, Any]:
+    """In the current graph: a global step, an input, a loss and its training op,
+    initialised in `sess`: (gs, x, loss, train)."""
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    x = tf.compat.v1.placeholder(tf.float32, [3])
+    w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+    loss = tf.reduce_sum(tf.square(w * x - 1.0))
+    train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss, global_step=gs)
+    sess.run(tf.compat.v1.global_variables_initializer())
+    return gs, x, loss, train
 
 
 @pytest.mark.parametrize("keeps", ["eval", "plateau", ""])
@@ -23,12 +37,7 @@ def test_early_stopping_that_keeps_its_best_loss_in_python_is_not_migratable(kee
     Now the value kept under a second name makes it not migratable, naming both; a loop
     that only logs the value stays migratable."""
     with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
-        gs = tf.compat.v1.train.get_or_create_global_step()
-        x = tf.compat.v1.placeholder(tf.float32, [3])
-        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
-        loss = tf.reduce_sum(tf.square(w * x - 1.0))
-        train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss, global_step=gs)
-        sess.run(tf.compat.v1.global_variables_initializer())
+        gs, x, loss, train = _model(sess)
         best, bad = float("inf"), 0
         logged = shown = None  # two names of one object, but no value a run returned
         while (step := int(sess.run(gs))) < 12 and bad < 3:
@@ -46,3 +55,61 @@ def test_early_stopping_that_keeps_its_best_loss_in_python_is_not_migratable(kee
         assert verdicts[-1][0] is False and "'vl'" in verdicts[-1][1] and "'best'" in verdicts[-1][1], verdicts
     else:
         assert [v for v, _ in verdicts] == [True], verdicts
+
+
+class _Trainer:
+    """A trainer class of the program's own, keeping the best loss in an attribute."""
+
+    def __init__(self) -> None:
+        self.best = float("inf")
+        self.history: list[Any] = []
+
+
+@pytest.mark.parametrize("form", ["float", "item", "round", "attribute", "history", "dict",
+                                  "attribute_history", "training_losses"])
+def test_a_best_loss_kept_converted_or_in_an_attribute_or_a_list_is_not_migratable(form: str) -> None:
+    """The s45 limit: the best validation loss kept after a conversion (`best =
+    float(vl)`, `vl.item()`, `round(vl, 4)`), in an attribute (`trainer.best = vl`) or a
+    list or dict (`history.append(vl)`, `stats["best"] = vl`) was not seen, so early
+    stopping written so was judged migratable (a copy restarted mid-patience stops at
+    another step, with other weights). Now each is refused naming where the value is
+    kept; a training run's losses appended to a list (a running mean for the log) are
+    left alone, as is a constant 0.5 of the program's."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs, x, loss, train = _model(sess)
+        best, trainer, stats, keep_prob = float("inf"), _Trainer(), {"best": float("inf")}, 0.5
+        losses: list[Any] = []
+        history: list[Any] = []
+        while (step := int(sess.run(gs))) < 12:
+            _, lv = sess.run([train, loss], {x: np.full(3, 0.1 * step + 0.5, np.float32)})
+            if form == "training_losses":
+                losses.append(lv)
+                print("mean loss", np.mean(losses[-5:]), keep_prob)
+            if step % 3 != 2:
+                continue
+            vl = sess.run(loss, {x: np.full(3, 0.7, np.float32)})
+            if form == "float" and float(vl) < best:
+                best = float(vl)
+            elif form == "item" and vl.item() < best:
+                best = vl.item()
+            elif form == "round":
+                best = min(best, round(float(vl), 4))
+            elif form == "attribute" and vl < trainer.best:
+                trainer.best = vl
+            elif form == "history":
+                history.append(vl)
+                if len(history) > 3 and min(history[-3:]) > min(history):
+                    break
+            elif form == "dict" and vl < stats["best"]:
+                stats["best"] = vl
+            elif form == "attribute_history":
+                trainer.history.append(vl)
+        verdicts = ctl.channel.migratability  # type: ignore[union-attr]
+    assert verdicts, "never judged"
+    if form == "training_losses":
+        assert [v for v, _ in verdicts] == [True], verdicts
+        return
+    where = {"float": "'best'", "item": "'best'", "round": "'best'", "attribute": "'trainer.best'",
+             "history": "history[-1]", "dict": "stats['best']",
+             "attribute_history": "trainer.history[-1]"}[form]
+    assert verdicts[-1][0] is False and where in verdicts[-1][1], verdicts
