@@ -239,8 +239,28 @@ def _bad_client(clients: list[str], flag: str) -> str:
     return ""
 
 
+def _not_own_dir(path: Path) -> str:
+    """Why the keys must not go into ``path`` ("" when they may): a directory of another
+    user's, or one every user may write in (no sticky bit), lets them replace ca.pem and
+    server.pem later (their own CA, trusted by every client given it). `tls init /tmp/pki`
+    into a /tmp/pki another user had made wrote the cluster's keys there, exit 0."""
+    try:
+        st = path.stat()
+    except OSError:
+        return ""  # made by us, or refused for what it is below
+    if not path.is_dir():
+        return ""
+    if st.st_uid != os.geteuid():
+        return (f"{path} belongs to another user (uid {st.st_uid}; this is uid {os.geteuid()}), who could "
+                "replace the certificates written there; give a directory of your own")
+    if st.st_mode & 0o002 and not st.st_mode & 0o1000:
+        return (f"{path} may be written by every user (mode {st.st_mode & 0o7777:o}), who could replace the "
+                "certificates written there; give a directory of your own (or chmod o-w it)")
+    return ""
+
+
 def run_client(args: argparse.Namespace) -> int:
-    why = _bad_client(args.clients, "NAME ")
+    why = _bad_client(args.clients, "NAME ") or _not_own_dir(args.dir)
     if not why and args.days < 1:
         why = f"--days must be 1 or more, got {args.days}"
     if not why and not ((args.dir / "ca.pem").is_file() and (args.dir / "ca-key.pem").is_file()):
@@ -268,7 +288,7 @@ def run_client(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    why = _bad_client(args.client, "--client ")
+    why = _bad_client(args.client, "--client ") or _not_own_dir(args.dir)
     if why:
         print(f"gandiva tls: {why}", file=sys.stderr)
         return 2

@@ -205,6 +205,30 @@ def test_tls_client_names_whose_files_are_anothers_are_refused(
     assert main(["tls", "client", str(pki), "bob@example.com", "alice.smith", "monkey"]) == 0
 
 
+def test_tls_keys_go_only_into_a_directory_no_one_else_may_write(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tls init DIR` into a DIR another user had made (`/tmp/pki`), or one every user may
+    write in, wrote the cluster's CA and keys there, exit 0: that user could then replace
+    ca.pem and server.pem with their own."""
+    open_to_all, sticky, theirs = tmp_path / "open", tmp_path / "sticky", tmp_path / "theirs"
+    for d in (open_to_all, sticky, theirs):
+        d.mkdir()
+    open_to_all.chmod(0o777)
+    sticky.chmod(0o1777)  # like /tmp: no one may replace another's files there
+    cases = [(open_to_all, "may be written by every user (mode 777)")]
+    if os.geteuid() == 0:
+        os.chown(theirs, 65534, -1)
+        cases.append((theirs, "belongs to another user (uid 65534; this is uid 0)"))
+    for d, said in cases:
+        capsys.readouterr()
+        assert main(["tls", "init", str(d), "--host", "head"]) == 2
+        assert main(["tls", "client", str(d), "bob"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count(said) == 2 and err.count("\n") == 2, err
+        assert list(d.iterdir()) == []
+    assert main(["tls", "init", str(sticky), "--host", "head"]) == 0
+
+
 def test_tls_init_takes_names_addresses_and_wildcards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     long_name = "a" * 40 + "." + "b" * 40  # longer than a common name: fine after the first
     assert main(["tls", "init", str(tmp_path / "pki"), "--host", "head-1.example.", "--host", "::1",
