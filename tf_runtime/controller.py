@@ -223,6 +223,9 @@ class Controller:
         # The program itself read the step in a run of its own (not only a MonitoredSession's
         # hooks), and whether the feeds of its first step-advancing runs differ (fed_step).
         self._own_read = False
+        # Training steps judged "counts in Python" before the program's first read of the
+        # step (a warm-up loop `for i in range(n)` before a loop on the step), or 0.
+        self._counted_in_python = 0
         # An integer variable other than the global step that the program read in a run of
         # its own (its loop may count on it; see _first_boundaries), by name.
         self._counter_read = ""
@@ -573,6 +576,8 @@ class Controller:
                 adapter is self.adapter and hook is None and \
                 not _called_from(sys._getframe(1), _SERVICES):
             self._own_read = True
+            if self._counted_in_python:
+                self._warm_up_counted_in_python()
         elif not info.is_training and info.reads_global_step and self.adapter is None and \
                 not _called_from(sys._getframe(1), _SERVICES):
             self._read_unbound = weakref.ref(adapter)  # before the restore point
@@ -1233,12 +1238,28 @@ class Controller:
                                "too (`step, count = sess.run([global_step, counter])`) and "
                                "go on from what it reads to make it migratable")
         elif self._steps_seen >= JUDGE_AFTER_BOUNDARIES or final:
+            self._counted_in_python = self.boundaries
             self._judge(False, "the program never reads the global step: its loop counts "
                                "in Python (from 0, or from a count of its own such as its "
                                "checkpoint's file name), so after a restore it would not go "
                                "on from the restored step; read the step in the loop "
                                "(`step = sess.run(global_step)`) and feed the mini-batch of "
                                "that step to make it migratable")
+
+    def _warm_up_counted_in_python(self) -> None:
+        """The program reads the step at last, after training steps judged "counts in
+        Python": a warm-up loop (`for i in range(warmup): sess.run(train, ...)`) before its
+        loop on the step. Still not migratable (a restarted copy runs the warm-up again on
+        top of the restored weights), but "never reads the global step" is no longer true:
+        a user asking for a migration at step 129 of such a program was told it (s46)."""
+        steps, self._counted_in_python = self._counted_in_python, 0
+        self._judge(False, f"its first training steps (at least {steps}) counted in Python "
+                           "without reading the global step (a warm-up loop `for i in "
+                           "range(n)`), and only then does it read the step: a restarted "
+                           "copy would run those steps again on top of the restored "
+                           "weights and end with other weights than an uninterrupted run; "
+                           "loop on the step there too (`while sess.run(global_step) < n`) "
+                           "to make it migratable")
 
     def _judge_again_after_late_advance(self) -> None:
         """The first run that advances the global step came after ADVANCE_WITHIN_RUNS

@@ -78,3 +78,28 @@ def test_a_step_read_then_advanced_twice_from_one_line_is_cut_after_both(tmp_pat
     for asked, cut in ((2, 4), (6, 8)):
         np.testing.assert_array_equal(
             tf.train.load_variable(str(tmp_path / f"ck{asked}" / "model"), "w"), seen[cut])
+
+
+def test_a_warm_up_loop_counted_in_python_before_a_loop_on_the_step_says_so() -> None:
+    """The training op run from two places (probed s46, `programs/warm_up_loop.py`): a
+    warm-up `for i in range(4)` that never reads the step, then `while sess.run(gs) < n`.
+    Rightly not migratable (a restarted copy runs the warm-up again on top of the restored
+    weights), but `gandiva migrate` at step 129 of 300 said "the program never reads the
+    global step", which it had done in every step since its warm-up. Now the reason says
+    that its first steps counted in Python."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [3])
+        loss = tf.reduce_sum(tf.sin(tf.compat.v1.get_variable("w", initializer=tf.ones([3])) * x))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=gs)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for i in range(4):
+            sess.run(train, {x: np.full(3, 0.1 * i, np.float32)})
+        while (step := int(sess.run(gs))) < 8:
+            sess.run(train, {x: np.full(3, 0.1 * step, np.float32)})
+        verdicts = ctl.channel.migratability  # type: ignore[union-attr]
+    assert [v for v, _ in verdicts] == [False, False], verdicts
+    assert "never reads the global step" in verdicts[0][1], verdicts
+    reason = verdicts[-1][1]
+    assert "never reads" not in reason and "counted in Python" in reason, reason
+    assert "at least 2" in reason or "at least 3" in reason or "at least 4" in reason, reason
