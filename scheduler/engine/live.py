@@ -43,7 +43,7 @@ from scheduler.errors import (
 from scheduler.hangs import HUNG, HUNG_RESTARTS, Verdict
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
-from scheduler.observe.waits import waits
+from scheduler.observe.waits import TurnCache, waits
 from scheduler.policy import types as pt
 from scheduler.policy.migration import HAND_OVER
 from scheduler.state import repo
@@ -142,6 +142,7 @@ class LiveEngine:
         # job id -> the queueing reason last written, so unchanged reasons cost nothing.
         self._queue_reason: dict[str, str] = {}
         self._held: set[str] = set()
+        self._turns: TurnCache = {}  # each time-slice group's turns, worked out (observe/waits.py)
         # job id -> (launch, when its last periodic checkpoint started, or when that launch
         # was first seen running): kept while the launch is suspended (time slices).
         self._checkpointed: dict[str, tuple[str, float]] = {}
@@ -225,7 +226,8 @@ class LiveEngine:
         whose snapshot shows that decision carried out."""
         changed = {d.job_id for d in decided if not isinstance(d, pt.Queue)}
         try:
-            self.core.waits = waits(self.policy, snap, self._held, changed)
+            # Its rounds come every tick: on average half a tick after the time a switch is due.
+            self.core.waits = waits(self.policy, snap, self._held, changed, self._turns, self.tick_s / 2)
         except Exception:  # a bug in what is shown must not stop scheduling
             log.exception("computing the waiting jobs' places failed")
             self.core.waits = {}

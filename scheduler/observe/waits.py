@@ -8,23 +8,24 @@ code, never a second guess of it:
   submission); the jobs ahead of it are named. The walk may still start a later job first
   when it fits and this one does not (its reason, the job's message, says what it waits
   for: GPUs of which size, a reservation, a block);
-- a suspended job's next turn comes from its time-slice group as Gandiva's rotation sees it
-  (``timeslice.group_units``, the ``las_slices`` order ``_rank``/``_next_unit``, the slice
-  lengths ``_slice_of`` and beats ``_slice_end``) and the time the policy will next look at
-  the group (``SliceBook.due``). It assumes nothing else changes meanwhile (no job arrives,
-  ends or moves).
+- a suspended job's next turn is when the policy's own rotation resumes it: a copy of the
+  policy, given the job's time-slice group and what the rotation remembers, is asked at each
+  time it would act, in virtual time, its decisions carried out at once (``_rotation``).
+  Least attained service is not a round-robin (the job just suspended may come back before
+  one waiting longer), so no order is derived by hand. It assumes nothing else changes
+  meanwhile (no job arrives, ends or moves; a suspend or resume takes no time).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
 from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.state import GandivaState
-from scheduler.policy.types import ClusterSnapshot, JobView, PolicyConfig
+from scheduler.policy.types import ClusterSnapshot, JobView, Resume, Suspend
 
 # How many of the jobs ahead (or taking turns before) a job are named.
 NAMED = 3
@@ -78,48 +79,126 @@ def queue_places(policy: Policy, jobs: Sequence[JobView]) -> dict[str, Wait]:
     return out
 
 
+# What one group's turns were worked out from, and the resumes found: kept between rounds by
+# the caller, so that a group is worked out again only when it changed (at its switches).
+TurnCache = dict[Placement, tuple[tuple, list[tuple[float, str]]]]
+# The time a round may spend working turns out; groups left over are worked out next round.
+BUDGET_S = 0.1
+
+
 def next_turns(policy: Policy, snap: ClusterSnapshot, held: Collection[str] = (),
-               changed: Collection[str] = ()) -> dict[str, Wait]:
+               changed: Collection[str] = (), cache: TurnCache | None = None,
+               lag_s: float = 0.0) -> dict[str, Wait]:
     """Each suspended job's next turn in its time-slice group, for Gandiva's rotation
-    (``held``: jobs an operator suspended, which take no turn)."""
+    (``held``: jobs an operator suspended, which take no turn; ``cache``: what earlier calls
+    worked out, kept by the caller; ``lag_s``: how long after the time the policy asks to be
+    called its round comes, on average: the live engine's rounds come every tick, so its
+    decisions, and the attained service they compare, are that much later)."""
     from scheduler.policy import timeslice as ts
 
     state = getattr(policy, "state", None)
     if not isinstance(state, GandivaState) or not any(j.state == "SUSPENDED" for j in snap.jobs):
         return {}  # a policy without time-slice groups, or nobody waits for a turn
-    book, cfg = state.slices, policy.config
+    cfg = policy.config
     ledger = Ledger.of(snap, None, policy.queue_by)
-    now = snap.now
     groups: set[Placement] = {ledger.placement[j] for j in ledger.by_state.get("SUSPENDED", ())
                               if j not in held and ledger.placement.get(j)}
     out: dict[str, Wait] = {}
+    cache = {} if cache is None else cache
+    for gone in set(cache) - groups:
+        del cache[gone]
+    deadline = time.perf_counter() + BUDGET_S
     for gpus in sorted(groups):
         members = [m for m in ledger.members(gpus) if m not in held]
         if any(m in changed for m in members):
             continue  # its turns were just changed: the next round's snapshot shows how
         units = ts.group_units(ledger, members, state)
         running = units[0] if units and ledger.state[units[0][0]] == "RUNNING" else ()
-        waiting = [u for u in units if u != running and all(ledger.state[j] == "SUSPENDED" for j in u)]
+        waiting = [j for u in units if u != running and all(ledger.state[j] == "SUSPENDED" for j in u) for j in u]
         if not waiting:
             continue
         where = ",".join(f"{g.server}/{g.index}" for g in gpus)
+        now_text = (f"{' and '.join(running)} run now (packed)" if len(running) > 1 else
+                    f"{running[0]} runs now" if running else "nothing runs there now")
+        head = f"in its time-slice group on {where} ({len(members)} jobs, slices of {cfg.quantum_s:g}s or more)"
         blocked = _blocked(ledger, state, members)
-        order = _order(ledger, state, cfg, waiting, now)
-        starts = _starts(ledger, cfg, book.due.get(gpus), running, order, now)
-        now_text = f"{', '.join(running)} runs now" if running else "nothing runs there now"
-        for i, unit in enumerate(order):
-            before = [j for u in order[:i] for j in u]
-            text = (f"{_ordinal(i + 1)} of {len(order)} waiting in its time-slice group on {where} "
-                    f"({len(members)} jobs, slices of {cfg.quantum_s:g}s or more); {now_text}")
-            if before:
-                text += f", then {_named(before, {})}"
-            at = None
-            if blocked:
-                text += f"; {blocked}"
-            elif starts is not None:
-                at = starts[i]
-            for j in unit:
-                out[j] = Wait(text, i + 1, "SUSPENDED", at)
+        views = ledger.jobs
+        key = (tuple((m, ledger.state[m], views[m].last_state_change_at, views[m].attained_service_s,
+                      views[m].priority, views[m].suspendable, state.kept_pairs.get(m)) for m in sorted(members)),
+               state.slices.kept.get(gpus), cfg)
+        if blocked:
+            resumes = []
+        elif gpus in cache and cache[gpus][0] == key:
+            resumes = cache[gpus][1]
+        elif time.perf_counter() < deadline:
+            resumes = _rotation(policy, state, snap, gpus, members, waiting, lag_s)
+            cache[gpus] = (key, resumes)
+        else:
+            continue  # worked out in a later round
+        first: dict[str, float] = {}
+        for at, j in resumes:
+            first.setdefault(j, at)
+        times = sorted({first[j] for j in waiting if j in first})
+        for j in waiting:
+            partners = [o for u in units if j in u for o in u if o != j]
+            with_ = "".join(f"; with {o} (a kept pack: they take their turns together)" for o in partners)
+            if j in first:
+                place = times.index(first[j]) + 1
+                before = list(dict.fromkeys(o for at, o in resumes if at < first[j] and o not in partners))
+                text = f"{_ordinal(place)} of {len(times)} to run next {head}{with_}; {now_text}"
+                if before:
+                    text += f", then {_named(before, {})}"
+                out[j] = Wait(text, place, "SUSPENDED", first[j])
+                continue
+            why = blocked or (f"not within its group's next {MAX_TURNS} turns: those the policy ranks ahead of it "
+                              f"(least attained service first) run first")
+            out[j] = Wait(f"waiting {head}{with_}; {now_text}; {why}", len(times) + 1, "SUSPENDED")
+    return out
+
+
+# How many of the policy's decisions about a group a next turn is looked for in.
+MAX_TURNS = 64
+
+
+def _rotation(policy: Policy, state: GandivaState, snap: ClusterSnapshot, gpus: Placement,
+              members: Sequence[str], waiting: Collection[str], lag_s: float = 0.0) -> list[tuple[float, str]]:
+    """The resumes (time, job) the policy's own rotation makes in the group on ``gpus`` from
+    ``snap.now``, in virtual time, if nothing else changes: a copy of the policy (its slice
+    rules and what they remember: kept packs, a unit keeping the GPUs, the departures the
+    Gittins order is drawn from) asked at each time it would act, its suspends and resumes
+    carried out at once, until every waiting job has had a turn (at most MAX_TURNS calls).
+    Migration, packing, growing and probes are off in the copy: they are not the rotation."""
+    cfg = dataclasses.replace(policy.config, enable_migration=False, enable_packing=False,
+                              enable_grow_shrink=False, probe_slices=False, probe_large=False)
+    sim = type(policy)(cfg)
+    own = getattr(sim, "state", None)
+    if not isinstance(own, GandivaState):
+        return []
+    own.kept_pairs.update({a: b for a, b in state.kept_pairs.items() if a in members and b in members})
+    own.service = state.service  # read only: no job departs in the copy
+    if gpus in state.slices.kept:
+        own.slices.kept[gpus] = state.slices.kept[gpus]
+    names = {g.server for g in gpus}
+    servers = tuple(s for s in snap.servers if s.name in names)
+    jobs = {j.id: j for j in snap.jobs if j.id in set(members)}
+    now, left = snap.now, set(waiting)
+    out: list[tuple[float, str]] = []
+    for _ in range(MAX_TURNS):
+        for d in sim.decide(ClusterSnapshot(now, servers, tuple(jobs.values()))):
+            j = jobs.get(d.job_id)
+            if j is None:
+                continue
+            if isinstance(d, Suspend):  # as the live engine records it: service up to now
+                jobs[j.id] = dataclasses.replace(j, state="SUSPENDED", last_state_change_at=now, reported_at=None,
+                                                 attained_service_s=j.attained_at(now))
+            elif isinstance(d, Resume):
+                jobs[j.id] = dataclasses.replace(j, state="RUNNING", last_state_change_at=now, reported_at=now)
+                out.append((now, j.id))
+                left.discard(j.id)
+        nxt = sim.next_wakeup()
+        if not left or nxt is None:
+            break
+        now = max(nxt + lag_s, now + 1e-3)
     return out
 
 
@@ -135,58 +214,11 @@ def _blocked(ledger: Ledger, state: GandivaState, members: Sequence[str]) -> str
     return ""
 
 
-def _order(ledger: Ledger, state: GandivaState, cfg: PolicyConfig, waiting: list[tuple[str, ...]],
-           now: float) -> list[tuple[str, ...]]:
-    """The waiting units in the order rotation resumes them: ``_next_unit`` asked again and
-    again (a suspended unit's service stands still, so its rank does not move meanwhile)."""
-    from scheduler.policy import timeslice as ts
-
-    left, order = list(waiting), []
-    rank: Callable[[tuple[str, ...]], tuple[int, float]] | None = None
-    served: dict[tuple[str, ...], float] | None = None
-    if cfg.las_slices:
-        served = {u: ts._served(ledger, u, now) for u in left}
-        table, fifo_s = ts._order_inputs(state, cfg)
-        if fifo_s is not None or cfg.starve_factor > 0 or table is not None or cfg.eldest_runs:
-            rank = ts._rank(ledger, cfg, now, served, table, fifo_s)
-    while left:
-        nxt = ts._next_unit(ledger, left, (), served, rank)
-        order.append(nxt)
-        left.remove(nxt)
-    return order
-
-
-def _starts(ledger: Ledger, cfg: PolicyConfig, due: float | None, running: tuple[str, ...],
-            order: list[tuple[str, ...]], now: float) -> list[float] | None:
-    """When each unit of ``order`` is expected to start: the group's next switch (when the
-    policy looks at it next, ``SliceBook.due``), then one slice after another on the beat."""
-    from scheduler.policy import timeslice as ts
-
-    if due is None:
-        return None
-    at = max(due, now)
-    if running and cfg.las_slices:
-        # Under las_slices the running unit keeps the GPUs at a switch while it still has
-        # less service than the first waiting unit: then the switch comes at the beat after
-        # its service passes that unit's (as rotation's _look_at computes it).
-        mine = ts._served(ledger, running, now) + (at - now)
-        first = ts._served(ledger, order[0], now)
-        if mine < first:
-            crossing = now + (first - ts._served(ledger, running, now))
-            q = cfg.quantum_s
-            at = max(at, (int(crossing // q) + 1) * q)
-    starts = []
-    for unit in order:
-        starts.append(at)
-        at = ts._slice_end(at + ts._slice_of(ledger, unit, cfg, at), cfg)
-    return starts
-
-
 def waits(policy: Policy, snap: ClusterSnapshot, held: Collection[str] = (),
-          changed: Collection[str] = ()) -> dict[str, Wait]:
+          changed: Collection[str] = (), cache: TurnCache | None = None, lag_s: float = 0.0) -> dict[str, Wait]:
     """Both answers for every waiting job of ``snap`` (job id -> its Wait). ``changed``: jobs
     with a decision not carried out in ``snap`` yet (placed, suspended, resumed, moved): left
     out of the queue, and their time-slice groups left out until a snapshot shows them."""
     out = queue_places(policy, [j for j in snap.jobs if j.id not in changed])
-    out.update(next_turns(policy, snap, held, changed))
+    out.update(next_turns(policy, snap, held, changed, cache, lag_s))
     return out

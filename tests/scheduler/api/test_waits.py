@@ -139,22 +139,24 @@ def test_a_suspended_job_says_when_its_turn_comes_and_the_group_resumes_in_that_
             read_at = time.time()
             by_place = sorted(waiting, key=lambda j: waiting[j].wait)  # "1st of 2 ..." before "2nd of 2 ..."
             nxt, after = by_place
-            assert waiting[nxt].wait.startswith("1st of 2 waiting in its time-slice group on a/0 (3 jobs, slices of 2s"), waiting
-            assert waiting[after].wait.startswith("2nd of 2 waiting") and f"runs now, then {nxt}" in waiting[after].wait
+            assert waiting[nxt].wait.startswith("1st of 2 to run next in its time-slice group on a/0 (3 jobs, slices of 2s"), waiting
+            assert waiting[after].wait.startswith("2nd of 2 to run next") and f"runs now, then {nxt}" in waiting[after].wait
             due = re.search(r"\(in ~(\d+)s\)$|\(due now\)$", waiting[nxt].wait)
             assert due, waiting[nxt].wait
             if checked == 0:  # `describe job` shows it
                 capsys.readouterr()
                 assert main(["describe", "job", after, "--scheduler", sched.address]) == 0
-                assert re.search(r"^Next turn: +2nd of 2 waiting", capsys.readouterr().out, re.MULTILINE)
+                assert re.search(r"^Next turn: +2nd of 2 to run next", capsys.readouterr().out, re.MULTILINE)
             # The one said to be next is the next to run, not before its time.
             went = wait_for(lambda: [j for j in (nxt, after) if f.job(j).state == RUNNING], 30)  # noqa: B023
             assert went == [nxt], (went, waiting)
             resumed = f.job(nxt).history[-1]
             assert resumed.to_state == RUNNING
             expected = read_at + (int(due[1]) if due[1] else 0)
-            # Measured: within 0.3 s of the time said; bounds for a loaded machine (its rounds late).
-            assert expected - 1.5 <= resumed.at <= expected + 15, (resumed.at, expected, waiting[nxt].wait)
+            # Measured: within 0.3 s of the time said; bounds for a loaded machine (its rounds late),
+            # and a slice (2 s) early: where the running job's attained service is within a
+            # round's delay of the next one's, the switch may come at the beat before.
+            assert expected - 2.0 - 1.5 <= resumed.at <= expected + 15, (resumed.at, expected, waiting[nxt].wait)
             checked += 1
         assert checked == 3, "the group did not take three turns within 60 s"
     finally:

@@ -1,0 +1,93 @@
+"""A suspended job's next turn (scheduler/observe/waits.py) against what the policy then does,
+in virtual time: the policy's own decide() calls, a second apart, carried out at once. The
+order the waiting jobs are said to come in is the order they are resumed, and each resumes at
+the time said (the beat), under the default rules (least attained service, slices growing with
+service), service buckets and priorities; a kept pack waits as one unit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from scheduler.observe.waits import next_turns, queue_places
+from scheduler.policy import ClusterSnapshot, GpuRef, JobView, PolicyConfig, ServerView, get_policy
+from scheduler.policy.types import Resume, Suspend
+
+BASE = PolicyConfig(quantum_s=10.0, slice_slack_s=0.0, enable_migration=False, enable_packing=False,
+                    enable_grow_shrink=False, probe_slices=False)
+GPU = (GpuRef("s0", 0),)
+
+
+def _job(jid: str, state: str, served: float, since: float, **kw: object) -> JobView:
+    return JobView(jid, 1, state=state, placement=GPU, attained_service_s=served, last_state_change_at=since,
+                   reported_at=since if state == "RUNNING" else None, **kw)  # type: ignore[arg-type]
+
+
+def _carry_out(jobs: dict[str, JobView], decisions: list, now: float) -> list[str]:
+    """Apply suspends and resumes as the live engine records them; the ids resumed."""
+    resumed = []
+    for d in decisions:
+        j = jobs[d.job_id]
+        if isinstance(d, Suspend):
+            jobs[j.id] = dataclasses.replace(j, state="SUSPENDED", last_state_change_at=now, reported_at=None,
+                                             attained_service_s=j.attained_at(now))
+        elif isinstance(d, Resume):
+            jobs[j.id] = dataclasses.replace(j, state="RUNNING", last_state_change_at=now, reported_at=now)
+            resumed.append(j.id)
+    return resumed
+
+
+@pytest.mark.parametrize("config", [
+    BASE,  # least attained service, slices growing with it, the Gittins order once known
+    dataclasses.replace(BASE, slice_growth=0.0),
+    dataclasses.replace(BASE, fifo_after_s=100.0),  # service buckets: the long ones by submission
+], ids=["default", "no_growth", "buckets"])
+def test_the_waiting_jobs_resume_in_the_order_and_at_the_time_their_turns_said(config: PolicyConfig) -> None:
+    policy = get_policy("gandiva", config)
+    jobs = {j.id: j for j in (
+        _job("run", "RUNNING", 50.0, 0.0, submitted_at=5.0),
+        _job("a", "SUSPENDED", 120.0, 0.0, submitted_at=1.0),
+        _job("b", "SUSPENDED", 20.0, 0.0, submitted_at=2.0),
+        _job("c", "SUSPENDED", 90.0, 0.0, submitted_at=3.0, priority=2),
+        _job("d", "SUSPENDED", 70.0, 0.0, submitted_at=4.0))}
+    servers = (ServerView("s0", 1),)
+    now = 3.0
+    _carry_out(jobs, policy.decide(ClusterSnapshot(now, servers, tuple(jobs.values()))), now)
+    said = next_turns(policy, ClusterSnapshot(now, servers, tuple(jobs.values())))
+    order = sorted(said, key=lambda j: said[j].place)
+    assert sorted(order) == ["a", "b", "c", "d"] and [said[j].place for j in order] == [1, 2, 3, 4], said
+    assert all(said[j].at is not None for j in order), said
+    first: dict[str, float] = {}
+    while len(first) < len(order) and now < 5000:
+        now += 1.0
+        for j in _carry_out(jobs, policy.decide(ClusterSnapshot(now, servers, tuple(jobs.values()))), now):
+            if j in said:  # a waiting job's first turn (the job running now comes back too)
+                first.setdefault(j, now)
+    assert sorted(first, key=lambda j: first[j]) == order, (first, {j: said[j].text for j in order})
+    assert {j: said[j].at for j in order} == first, {j: said[j].text for j in order}
+
+
+def test_a_kept_pack_waits_as_one_unit_and_says_with_whom() -> None:
+    policy = get_policy("gandiva", BASE)
+    state = policy.state  # type: ignore[attr-defined]
+    state.kept_pairs.update({"p": "q", "q": "p"})
+    jobs = (_job("run", "RUNNING", 10.0, 0.0), _job("p", "SUSPENDED", 30.0, 0.0), _job("q", "SUSPENDED", 30.0, 0.0),
+            _job("x", "SUSPENDED", 60.0, 0.0))
+    snap = ClusterSnapshot(3.0, (ServerView("s0", 1),), jobs)
+    policy.decide(snap)
+    said = next_turns(policy, snap)
+    assert said["p"].place == said["q"].place == 1 and said["x"].place == 2, said
+    assert said["p"].text.startswith("1st of 2 to run next in its time-slice group on s0/0 (4 jobs, slices of 10s "
+                                     "or more); with q (a kept pack: they take their turns together); run runs now"), said
+    assert "run runs now, then " in said["x"].text and "p, q" in said["x"].text, said
+
+
+def test_queue_places_follow_the_policys_queue_order() -> None:
+    policy = get_policy("gandiva", BASE)
+    jobs = [JobView("old", 1, submitted_at=1.0), JobView("big", 4, submitted_at=2.0),
+            JobView("vip", 1, submitted_at=3.0, priority=3), JobView("new", 2, submitted_at=4.0)]
+    said = queue_places(policy, jobs)
+    assert [said[j].place for j in ("vip", "old", "big", "new")] == [1, 2, 3, 4], said
+    assert said["new"].text == ("4th of 4 in the queue (priority, then submission); ahead of it: vip (1 GPU, "
+                                "priority 3), old (1 GPU, priority 1), big (4 GPUs, priority 1)"), said
