@@ -57,6 +57,9 @@ from scheduler.validation import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
 
+# A client connection with no call in flight for this long is closed (grpc.max_connection_idle_ms).
+IDLE_CONNECTION_MS = 60_000
+
 SERVICE_NAMES = (
     scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name,
     runtime_pb2.DESCRIPTOR.services_by_name["Runtime"].full_name,
@@ -191,6 +194,14 @@ class SchedulerServer:
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+                # A connection with no call for this long is closed (GOAWAY; a client that
+                # calls again reconnects). A helper leaves connections behind when this
+                # scheduler stalls: each Register and hedged heartbeat it gives up on is a
+                # channel it closes, but gRPC completes some of their connections once the
+                # scheduler runs again and keeps them, answering keepalive pings, for good
+                # (15-20 a helper after a 30-s SIGSTOP). Every helper's session and every
+                # job's runtime holds a stream open, so they are never idle.
+                ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
                 # The largest valid request (a full multi-job); larger ones are refused
                 # with RESOURCE_EXHAUSTED before they are parsed.
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
