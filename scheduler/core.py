@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from migration_protocol.host_memory import format_size
 from protos.gandiva.v1 import common_pb2, helper_pb2
+from scheduler.alone import AloneRates
 from scheduler.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -364,6 +365,9 @@ class SchedulerCore:
         self.started_mono = self.monotonic()
         # When each running job's mini-batches last ended (in memory; the engine judges).
         self.hangs = HangWatch(self.settings.hang_after_s, self.settings.hang_restart_after_s, self.monotonic)
+        # Each job's rate measured while it ran alone on its GPUs (a packing trial's baseline):
+        # fed by its progress reports, looked at by the engine's snapshots.
+        self.alone_rates = AloneRates()
         # Server name -> when (monotonic) its helper's last heartbeat or registration
         # arrived, whether or not the database could record it (unreachable, or locked by
         # another process): a server heard from is not silent (mark_stale_servers_down).
@@ -1390,12 +1394,14 @@ class SchedulerCore:
 
     async def record_progress(
         self, job_id: str, incarnation: str, steps: int, rate: float, last_step_s: float, metrics: dict[str, float],
-        other_run: bool = False,
+        other_run: bool = False, at: float = 0.0,
     ) -> None:
         """Progress of every job is coalesced and written in one transaction per
         `progress_flush_s`, not one per report: with many jobs this is the busiest write.
-        `other_run`: the shim is in a run that is not a mini-batch (scheduler/hangs.py)."""
+        `other_run`: the shim is in a run that is not a mini-batch (scheduler/hangs.py);
+        `at`: when the runtime took it, by its clock (0: not said)."""
         self.hangs.progress(job_id, incarnation, steps, rate, last_step_s, other_run)
+        self.alone_rates.report(job_id, incarnation, steps, self.clock(), at)
         if len(self._steps_seen) > 100_000:  # launches whose exit never came (bounded)
             self._steps_seen.clear()
         key = (job_id, incarnation)

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from migration_protocol.fast_path import MigrationResult, MigrationTimeouts, Outcome
 from protos.gandiva.v1 import helper_pb2, runtime_pb2
+from scheduler.alone import JobRow
 from scheduler.core import JobDetail, SchedulerCore, new_incarnation, spec_of
 from scheduler.engine.drain import Drainer, check_not_cordoned
 from scheduler.engine.live_migration import (
@@ -441,17 +442,22 @@ class LiveEngine:
                           gpu_indices=_unusual(rows.gpu_indices.get(name, ()), num_gpus))
             for name, num_gpus, up, memory, host_memory, cordoned in server_rows
         )
+        placed = {j.id: tuple(sorted(placements.get(j.id, ()))) for j in jobs}
+        alone = self.core.alone_rates.observe(now, (
+            JobRow(j.id, j.incarnation, j.state, j.state_changed_at, tuple((g.server, g.index) for g in placed[j.id]))
+            for j in jobs))
         views: dict[str, tuple[tuple, pt.JobView]] = {}
         for j in jobs:
-            gpus = tuple(sorted(placements.get(j.id, ())))
+            gpus = placed[j.id]
             prof = profiles.get(j.id)
             key = (tuple(j), gpus,
                    prof and (prof.memory_max, prof.utilization, prof.step_time_s, prof.host_memory_bytes),
-                   j.id in hung)
+                   j.id in hung, alone.get(j.id))
             cached = self._views.get(j.id)
             # An unchanged job keeps its very JobView object: cheaper here, and the
             # policy skips re-syncing views it has already seen.
-            view = cached[1] if cached is not None and cached[0] == key else _job_view(j, gpus, prof, j.id in hung)
+            view = cached[1] if cached is not None and cached[0] == key else \
+                _job_view(j, gpus, prof, j.id in hung, alone.get(j.id))
             views[j.id] = (key, view)
         self._views = views
         return pt.ClusterSnapshot(now=now, servers=servers, jobs=tuple(v for _, v in views.values()))
@@ -1053,6 +1059,8 @@ class LiveEngine:
             why = f"it said it had suspended, then reported {went_on} more mini-batches before its resume"
             await self._evict(job_id, incarnation, went_on, JobState.SUSPENDED, why)
             raise FailedPrecondition(f"job {job_id} trained on while suspended: stopped and queued again")
+        if kind == runtime_pb2.COMMAND_KIND_RESUME:
+            self.core.alone_rates.resuming(job_id)  # the jobs beside it no longer run alone
         try:
             ack = await self.core.runtimes.call(
                 job_id, kind, self.core.settings.command_timeout_s, reason=reason, incarnation=incarnation
@@ -1387,10 +1395,10 @@ async def _restore_plan(s: AsyncSession, job: Job, server: str, now: float = 0.0
 
 
 def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None,  # type: ignore[no-untyped-def]
-              hung: bool = False) -> pt.JobView:
+              hung: bool = False, alone_rate: float | None = None) -> pt.JobView:
     """`job`: a row of repo.SNAPSHOT_COLUMNS. Attained service is as of the last state
     change; the policy extrapolates it for running jobs from `reported_at`. A job flagged
-    `hung` is not suspendable while it is."""
+    `hung` is not suspendable while it is. `alone_rate`: measured by scheduler/alone.py."""
     return pt.JobView(
         id=job.id,
         gpus=max(len(placement) or job.gpus, 1),
@@ -1400,6 +1408,7 @@ def _job_view(job, placement: tuple[pt.GpuRef, ...], profile: JobProfile | None,
         submitted_at=job.submitted_at,
         steps=job.steps,
         rate=job.rate or None,
+        alone_rate=alone_rate,
         # Off for good once its runtime found that a grow changes its result.
         grow_shrink=job.grow_shrink and not job.grow_shrink_note,
         migratable=job.migratable,

@@ -25,9 +25,15 @@ from scheduler.policy.types import Decision, JobView, Pack, PolicyConfig, Unpack
 
 
 def alone_rate(job: JobView) -> float | None:
-    """The job's rate when running alone: measured, else from its profiled step time."""
-    if job.rate:
-        return job.rate
+    """The job's rate when running alone on its GPUs, a trial's baseline: measured so
+    (``JobView.alone_rate``), else from its profiled step time; None: the trial waits.
+
+    Never its last ``rate``: a job suspended when a trial was cut short, void or undone
+    carried its packed rate as its rate "alone" into its next trial (a pair halving both
+    jobs' rates was judged 1.25x of time-slicing and kept), and so did a job beside a
+    newcomer that ran before its suspend took effect (CI: "victim 2.5 packed vs 2.5 alone")."""
+    if job.alone_rate:
+        return job.alone_rate
     if job.profile and job.profile.step_time_s:
         return 1.0 / job.profile.step_time_s
     return None

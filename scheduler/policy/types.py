@@ -104,6 +104,10 @@ class JobView:
         returns to it.
     rate: the recent measured mini-batches per second in the job's current condition
         (alone, packed, spread); None when not measured yet.
+    alone_rate: its mini-batches per second measured while it alone ran on its current
+        GPUs, in its current launch (a packing trial's baseline); None when it has not run
+        so: a rate sampled beside another job, on other GPUs, or across a change of either
+        is never one (a suspended job's ``rate`` may be any of those).
     last_state_change_at: snapshot time of the last state or placement change; time
         slices and packing trials are measured from it.
     attained_service_s: GPU-seconds the job has run so far (Tiresias' LAS input).
@@ -126,6 +130,7 @@ class JobView:
     submitted_at: float = 0.0
     steps: int = 0
     rate: float | None = None
+    alone_rate: float | None = None
     grow_shrink: bool = False
     migratable: bool = True
     # False: none of its processes is under the runtime, so it cannot be stopped at a

@@ -59,6 +59,9 @@ class SimJob:
     paused_until: float = 0.0
     rate: float = 0.0
     last_rate: float | None = None
+    # Its placement and rate when it last ran there with no other job running on its GPUs
+    # (JobView.alone_rate): last_rate may be a packed one.
+    alone: tuple[tuple[GpuRef, ...], float] | None = None
     last_change: float = 0.0
     first_run_at: float | None = None
     first_n_at: float | None = None
@@ -211,6 +214,10 @@ class SimBackend:
             if job is None or job.finished_at is not None:
                 continue
             new = self._effective_rate(job)
+            alone = new > 0 and not any(o != jid for g in job.placement for o in self.run_on.get(g, ()))
+            if alone and job.alone != (job.placement, new):
+                job.alone = (job.placement, new)
+                self.view_dirty.add(jid)
             if new == job.rate and jid not in touched:
                 continue
             self._reanchor(job, now)

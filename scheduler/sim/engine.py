@@ -150,6 +150,7 @@ class Simulator:
             id=spec.id, gpus=len(job.placement) or spec.num_gpus, priority=spec.priority,
             state=job.state, placement=job.placement, submitted_at=spec.submit_time,
             steps=int(job.steps_at(now)), rate=job.rate if job.state == "RUNNING" else job.last_rate,
+            alone_rate=job.alone[1] if job.alone is not None and job.alone[0] == job.placement else None,
             grow_shrink=spec.grow_shrink, profile=job.profile, last_state_change_at=job.last_change,
             attained_service_s=job.attained_at(now), reported_at=now, base_gpus=spec.num_gpus, model=spec.model,
             multi_job=spec.multi_job, arrival=job.arrival,

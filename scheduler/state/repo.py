@@ -241,7 +241,7 @@ async def job_ids_on_server(session: AsyncSession, server: str, ids: Iterable[st
 SNAPSHOT_COLUMNS = (
     Job.id, Job.gpus, Job.priority, Job.state, Job.submitted_at, Job.steps, Job.rate,
     Job.grow_shrink, Job.migratable, Job.suspendable, Job.state_changed_at, Job.attained_service_s,
-    Job.multi_job_id, Job.held, Job.fenced_until, Job.grow_shrink_note, Job.array_index,
+    Job.multi_job_id, Job.held, Job.fenced_until, Job.grow_shrink_note, Job.array_index, Job.incarnation,
 )
 _UNFINISHED = [s.value for s in JobState if not s.terminal]
 

@@ -71,3 +71,55 @@ def test_a_trial_without_a_rate_at_its_end_is_void_after_a_grace(mk) -> None:
     assert verdict.kept is None and verdict.gain is None and not policy.state.trials
     # Void, not rejected: the pair may be tried again.
     assert any(isinstance(x, Pack) for x in policy.decide(_pair(mk, 300)))
+
+
+def _three(mk, now: float, wait_rate: float, packed: float | None = None):
+    """``new`` has run alone on s0/0 since 90 at 10/s; ``run`` and ``wait`` are suspended
+    there, each last reporting ``wait_rate`` but measured 10/s alone before; ``packed``:
+    ``wait`` runs beside ``new`` (the trial), both at that rate."""
+    new = mk.job("new", state="RUNNING", placement=mk.on("s0", 0), profile=mk.profiled(4, 0.3),
+                 rate=packed or 10.0, alone_rate=10.0, model="mlp", last_state_change_at=90)
+    run = mk.job("run", state="SUSPENDED", placement=mk.on("s0", 0), profile=mk.profiled(4, 0.3),
+                 rate=wait_rate, alone_rate=10.0, model="vae")
+    wait = mk.job("wait", state="RUNNING" if packed else "SUSPENDED", placement=mk.on("s0", 0),
+                  profile=mk.profiled(4, 0.2), rate=packed or wait_rate, alone_rate=10.0, model="lstm")
+    return mk.snap(now, mk.servers(1, 1), new, run, wait)
+
+
+def test_a_trial_after_a_void_one_is_judged_against_rates_measured_alone(mk) -> None:
+    """A trial cut short in its first half by a newcomer is void: both jobs are suspended
+    with their packed rates (2.5/s, a quarter of their 10/s alone) as their last rates.
+    The next trial took that packed rate as the guest's rate alone: a pair halving both
+    jobs' rates was judged "packed rate 1.25x of time-slicing: kept" (wait 2.5 packed vs
+    2.5 alone). Now its baseline is its rate measured alone (JobView.alone_rate): 0.50x,
+    undone."""
+    policy = get_policy("gandiva", PACK_ONLY)
+    pair = _pair(mk, 10)
+    pair = dataclasses.replace(pair, jobs=tuple(dataclasses.replace(j, alone_rate=10.0) for j in pair.jobs))
+    assert mk.kinds(policy.decide(pair)) == [("Pack", "wait")]
+    packed = _pair(mk, 30, 2.5, 2.5, packed=True)
+    d = policy.decide(dataclasses.replace(packed, jobs=(*packed.jobs, mk.job("new", submitted_at=30, model="mlp"))))
+    assert sorted(mk.kinds(d)) == [("Place", "new"), ("Suspend", "run"), ("Suspend", "wait")]
+    assert "trial void" in policy.state.verdicts[-1].reason
+    d = policy.decide(_three(mk, 100, wait_rate=2.5))
+    assert mk.kinds(d) == [("Pack", "wait")]
+    assert policy.state.trials["wait"].base_rates == (10.0, 10.0)  # was (2.5, 10.0)
+    d = policy.decide(_three(mk, 170, wait_rate=2.5, packed=2.5))
+    verdict = policy.state.verdicts[-1]
+    assert verdict.kept is False and verdict.gain == 0.5, verdict.reason  # was kept at 1.25
+    assert "wait 2.5 packed vs 10 alone, new 2.5 vs 10 mini-batches/s" in verdict.reason
+    assert mk.kinds(d) == [("Unpack", "wait")]
+
+
+def test_a_trial_waits_for_a_rate_measured_alone(mk) -> None:
+    """A job that has only been measured beside another (or on other GPUs) and has no
+    profiled step time is not packed until it has run alone; then it is."""
+    policy = get_policy("gandiva", PACK_ONLY)
+    unmeasured = dataclasses.replace(mk.profiled(4, 0.2), step_time_s=None)
+    snap = _pair(mk, 10, rate_wait=2.5)
+    jobs = [dataclasses.replace(j, alone_rate=10.0 if j.id == "run" else None,
+                                profile=unmeasured if j.id == "wait" else j.profile) for j in snap.jobs]
+    assert policy.decide(dataclasses.replace(snap, jobs=tuple(jobs))) == []
+    jobs[1] = dataclasses.replace(jobs[1], alone_rate=10.0)
+    assert mk.kinds(policy.decide(dataclasses.replace(snap, now=20, jobs=tuple(jobs)))) == [("Pack", "wait")]
+    assert policy.state.trials["wait"].base_rates == (10.0, 10.0)

@@ -1,0 +1,163 @@
+"""Each job's mini-batch rate measured while it ran alone on its GPUs: a packing trial's baseline.
+
+A packing trial is kept only if the two jobs' packed rates, each divided by that job's
+rate alone, beat time-slicing (scheduler/policy/packing.py). The runtime's reported rate
+is a moving average over its last mini-batches wherever they ran, and the last one stored
+for a suspended job may come from a trial that was cut short, void or undone, or from
+the moments a newcomer placed beside it ran before its suspend took effect: taken as the
+job's rate alone, it kept a packing that halved both jobs' rates (CI of session 45:
+"victim 2.5 packed vs 2.5 alone"). So the rate alone is measured here, from the steps the
+job reported, only over stretches in which it was the one job running on its GPUs:
+
+- the engine looks at each snapshot (``observe``): a job RUNNING whose every GPU
+  neighbour is SUSPENDED (states are recorded when the job's runtime acks, so a
+  neighbour placed, resuming or migrating counts as running) is alone;
+- its stretch starts over whenever its launch, its GPUs, its own state change or any
+  neighbour's state change (or a neighbour comes or goes): a change between two
+  snapshots is seen by the time it was recorded, never missed; and it ends the moment a
+  neighbour is told to resume (``resuming``), before that neighbour runs;
+- reports received in the first ``SETTLE_S`` after the engine saw the stretch begin are
+  not counted, and counting starts at the first mini-batch boundary reported after that
+  (the slow first mini-batch after a resume is not counted);
+- the rate is the steps reported over the time they took (the runtime's own clock, ``at``
+  of its reports, else when they arrived), added up over the stretches alone of the same
+  launch on the same GPUs (time slices of a few seconds each count), the older ones
+  fading once ``KEEP_S`` are counted (a job's rate may change by itself: a data phase);
+  never the runtime's moving average, which after a change goes on averaging the
+  mini-batches from before it. A rate needs ``MIN_WINDOW_S`` and ``MIN_STEPS``.
+
+The rate is kept while the job waits suspended, and given to the policy only while the
+job has the same launch and GPUs (``JobView.alone_rate``). In memory: a restarted
+scheduler measures again before it packs. ``report`` runs on the event loop and
+``observe`` on the engine's snapshot thread: a report racing a new stretch is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+SETTLE_S = 0.3
+MIN_WINDOW_S = 0.5  # a real runtime reports every 0.5 s
+MIN_STEPS = 3
+KEEP_S = 30.0
+
+GpuKey = tuple[tuple[str, int], ...]
+Point = tuple[float, int]  # (when, steps)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """What a stretch alone is: the launch, its GPUs, and the states of the job and of
+    every job on those GPUs, with when each was recorded."""
+
+    incarnation: str
+    gpus: GpuKey
+    states: tuple[tuple[str, str, float], ...]
+
+
+@dataclass
+class _Stretch:
+    condition: Condition
+    count_after: float  # reports received before this are not counted
+    first: Point | None = None  # the first report counted
+    anchor: Point | None = None  # the first report after a boundary past ``first``
+    latest: Point | None = None
+    added: Point = (0.0, 0)  # the seconds and steps of it already added to the job's sums
+    own_clock: bool = False  # its times are the runtime's (``at``), else arrivals
+    closed: bool = False  # a job beside it was told to resume: no report counts any more
+
+
+@dataclass
+class _Sums:
+    incarnation: str
+    gpus: GpuKey
+    seconds: float = 0.0
+    steps: float = 0.0
+
+    @property
+    def rate(self) -> float | None:
+        if self.seconds < MIN_WINDOW_S or self.steps < MIN_STEPS:
+            return None
+        return self.steps / self.seconds
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """What ``observe`` needs of an unfinished job."""
+
+    id: str
+    incarnation: str
+    state: str
+    state_changed_at: float
+    gpus: GpuKey
+
+
+class AloneRates:
+    """Per job, its rate over its stretches alone on its GPUs (module doc)."""
+
+    def __init__(self) -> None:
+        self._stretches: dict[str, _Stretch] = {}
+        self._sums: dict[str, _Sums] = {}
+
+    def report(self, job_id: str, incarnation: str, steps: int, now: float, at: float = 0.0) -> None:
+        """A progress report of the job's launch ``incarnation`` arrived at ``now``,
+        taken at ``at`` by the runtime's clock (0: unknown)."""
+        stretch = self._stretches.get(job_id)
+        if stretch is None or stretch.closed or stretch.condition.incarnation != incarnation \
+                or now < stretch.count_after:
+            return
+        point = (at if at > 0 else now, steps)
+        if stretch.first is None:
+            stretch.first, stretch.own_clock = point, at > 0
+        elif (at > 0) != stretch.own_clock:
+            return  # times on one clock only
+        elif stretch.anchor is None:
+            if steps > stretch.first[1]:
+                stretch.anchor = point
+        elif steps > (stretch.latest or stretch.anchor)[1] and point[0] > stretch.anchor[0]:
+            stretch.latest = point  # each end the first report of its step count: both just past a boundary
+
+    def resuming(self, job_id: str) -> None:
+        """The job is told to resume (a time slice's turn, a packing trial, an operator): the
+        stretches of the jobs on its GPUs end now. Its state is recorded only once it has
+        acked, after it started running: reports until then were counted as alone (on a
+        loaded machine, a measured 7.9/s where the job ran 10/s alone and 2.5/s packed)."""
+        for stretch in list(self._stretches.values()):
+            if any(state[0] == job_id for state in stretch.condition.states):
+                stretch.closed = True
+
+    def observe(self, now: float, jobs: Iterable[JobRow]) -> dict[str, float]:
+        """Look at a snapshot's unfinished jobs; returns each job's rate alone on its
+        current launch and GPUs, where one was measured."""
+        jobs = list(jobs)
+        on_gpu: dict[tuple[str, int], list[JobRow]] = {}
+        for j in jobs:
+            for g in j.gpus:
+                on_gpu.setdefault(g, []).append(j)
+        where = {j.id: (j.incarnation, j.gpus) for j in jobs}
+        self._sums = {k: v for k, v in self._sums.items() if where.get(k) == (v.incarnation, v.gpus)}
+        stretches: dict[str, _Stretch] = {}
+        for j in jobs:
+            if j.state != "RUNNING" or not j.gpus:
+                continue
+            near = {o.id: o for g in j.gpus for o in on_gpu[g] if o.id != j.id}
+            if any(o.state != "SUSPENDED" for o in near.values()):
+                continue
+            states = tuple(sorted((o.id, o.state, o.state_changed_at) for o in (j, *near.values())))
+            condition = Condition(j.incarnation, j.gpus, states)
+            stretch = self._stretches.get(j.id)
+            if stretch is None or stretch.condition != condition:
+                stretch = _Stretch(condition, now + SETTLE_S)
+            stretches[j.id] = stretch
+            if stretch.anchor is not None and stretch.latest is not None:
+                sums = self._sums.setdefault(j.id, _Sums(j.incarnation, j.gpus))
+                seconds, steps = stretch.latest[0] - stretch.anchor[0], stretch.latest[1] - stretch.anchor[1]
+                sums.seconds += seconds - stretch.added[0]
+                sums.steps += steps - stretch.added[1]
+                stretch.added = (seconds, steps)
+                if sums.seconds > KEEP_S:  # the older stretches fade
+                    sums.steps *= KEEP_S / sums.seconds
+                    sums.seconds = KEEP_S
+        self._stretches = stretches
+        return {k: rate for k, v in self._sums.items() if (rate := v.rate) is not None}

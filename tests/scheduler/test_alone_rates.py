@@ -1,0 +1,66 @@
+"""The rate alone a packing trial is judged against (scheduler/alone.py): measured from the
+steps a job reports while it is the one job running on its GPUs, and only then."""
+
+from __future__ import annotations
+
+from scheduler.alone import SETTLE_S, AloneRates, JobRow
+
+GPU = (("n1", 0),)
+
+
+def _rows(a_state: str, b_state: str, b_changed: float = 0.0, a_gpus=GPU) -> list[JobRow]:
+    return [JobRow("a", "la", a_state, 0.0, a_gpus), JobRow("b", "lb", b_state, b_changed, GPU)]
+
+
+def _run(rates: AloneRates, job: str, launch: str, start: float, seconds: float, per_s: float,
+         steps: int = 0) -> int:
+    """The job reports every 0.1 s for ``seconds`` at ``per_s`` (by its own clock ``at``)."""
+    for i in range(int(seconds * 10)):
+        now = start + i / 10
+        rates.report(job, launch, steps + int(per_s * i / 10), now, at=1000 + now)
+    return steps + int(per_s * seconds)
+
+
+def test_a_job_alone_is_measured_from_its_steps_and_keeps_its_rate_while_suspended() -> None:
+    rates = AloneRates()
+    assert rates.observe(0.0, _rows("RUNNING", "SUSPENDED")) == {}
+    _run(rates, "a", "la", 0.0, 3.0, 10.0)
+    got = rates.observe(3.0, _rows("RUNNING", "SUSPENDED"))
+    assert 9.5 < got["a"] < 10.5 and "b" not in got
+    # Suspended for b's turn: kept; moved to another GPU, or another launch: forgotten.
+    assert rates.observe(4.0, _rows("SUSPENDED", "RUNNING", 4.0)) == got
+    assert rates.observe(5.0, _rows("SUSPENDED", "RUNNING", 4.0, a_gpus=(("n1", 1),))) == {}
+
+
+def test_nothing_is_measured_while_another_job_runs_on_its_gpus_or_before_it_settled() -> None:
+    rates = AloneRates()
+    rates.observe(0.0, _rows("RUNNING", "RUNNING"))  # b placed beside it, or packed
+    _run(rates, "a", "la", 0.0, 3.0, 2.5)
+    assert rates.observe(3.0, _rows("RUNNING", "RUNNING")) == {}
+    # b's suspend recorded at 3: reports in the first SETTLE_S after it are not counted.
+    rates.observe(3.0, _rows("RUNNING", "SUSPENDED", 3.0))
+    steps = _run(rates, "a", "la", 3.0, SETTLE_S, 2.5, steps=8)  # b still ran
+    _run(rates, "a", "la", 3.0 + SETTLE_S, 2.0, 10.0, steps=steps)
+    assert 9.5 < rates.observe(6.0, _rows("RUNNING", "SUSPENDED", 3.0))["a"] < 10.5
+
+
+def test_a_resume_sent_to_a_neighbour_ends_the_stretch_before_it_is_recorded() -> None:
+    rates = AloneRates()
+    rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
+    steps = _run(rates, "a", "la", 0.0, 2.0, 10.0)
+    rates.resuming("b")  # b runs from its resume on; its state says so only after its ack
+    _run(rates, "a", "la", 2.0, 3.0, 2.5, steps=steps)
+    got = rates.observe(5.0, _rows("RUNNING", "SUSPENDED"))
+    assert 9.5 < got["a"] < 10.5  # was 5.1: 3 s of the packed 2.5/s counted as alone
+
+
+def test_time_slices_alone_add_up_and_a_rate_that_changes_is_followed() -> None:
+    rates = AloneRates()
+    steps, t = 0, 0.0
+    for turn in range(12):  # 12 turns of 10 s: 10/s for the first 6, then 5/s (a data phase)
+        per_s = 10.0 if turn < 6 else 5.0
+        rates.observe(t, _rows("RUNNING", "SUSPENDED", b_changed=t))
+        steps = _run(rates, "a", "la", t, 10.0, per_s, steps=steps)
+        last = rates.observe(t + 10, _rows("RUNNING", "SUSPENDED", b_changed=t))["a"]
+        t += 20.0  # b's turn
+    assert 5.0 < last < 6.0  # the last 60 s alone at 5/s: the 10/s before faded (KEEP_S)
