@@ -100,9 +100,17 @@ class AloneRates:
         self._stretches: dict[str, _Stretch] = {}
         self._sums: dict[str, _Sums] = {}
 
-    def report(self, job_id: str, incarnation: str, steps: int, now: float, at: float = 0.0) -> None:
+    def report(self, job_id: str, incarnation: str, steps: int, now: float, at: float = 0.0,
+               rate: float = 1.0) -> None:
         """A progress report of the job's launch ``incarnation`` arrived at ``now``,
-        taken at ``at`` by the runtime's clock (0: unknown)."""
+        taken at ``at`` by the runtime's clock (0: unknown), with the runtime's ``rate``.
+
+        A report without a rate (0: an old shim, or none measured yet) is not counted: a
+        trial is judged by the rates the jobs report, so one started for a job that never
+        reports a rate ends void after twice ``pack_trial_s``, and, its pair not rejected,
+        would start again and again."""
+        if rate <= 0:
+            return
         stretch = self._stretches.get(job_id)
         if stretch is None or stretch.closed or stretch.condition.incarnation != incarnation \
                 or now < stretch.count_after:

@@ -1401,7 +1401,7 @@ class SchedulerCore:
         `other_run`: the shim is in a run that is not a mini-batch (scheduler/hangs.py);
         `at`: when the runtime took it, by its clock (0: not said)."""
         self.hangs.progress(job_id, incarnation, steps, rate, last_step_s, other_run)
-        self.alone_rates.report(job_id, incarnation, steps, self.clock(), at)
+        self.alone_rates.report(job_id, incarnation, steps, self.clock(), at, rate)
         if len(self._steps_seen) > 100_000:  # launches whose exit never came (bounded)
             self._steps_seen.clear()
         key = (job_id, incarnation)

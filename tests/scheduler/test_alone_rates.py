@@ -64,3 +64,14 @@ def test_time_slices_alone_add_up_and_a_rate_that_changes_is_followed() -> None:
         last = rates.observe(t + 10, _rows("RUNNING", "SUSPENDED", b_changed=t))["a"]
         t += 20.0  # b's turn
     assert 5.0 < last < 6.0  # the last 60 s alone at 5/s: the 10/s before faded (KEEP_S)
+
+
+def test_a_runtime_that_reports_steps_but_no_rate_gets_no_rate_alone() -> None:
+    """An old shim (steps, no rate): measured from its steps, it was packed, its trial had no
+    packed rate to judge, ended void after twice pack_trial_s and, not rejected, started again
+    and again (before this change such a job had no rate alone and was never packed)."""
+    rates = AloneRates()
+    rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
+    for i in range(30):
+        rates.report("a", "la", i, i / 10, at=1000 + i / 10, rate=0.0)
+    assert rates.observe(3.0, _rows("RUNNING", "SUSPENDED")) == {}
