@@ -46,6 +46,7 @@ from scheduler.state import migrate, prune
 from scheduler.state.db import make_engine, sqlite_file
 from scheduler.state.owner import DatabaseHeld, DatabaseLost, SchedulerLock, SqliteFileWatch
 from scheduler.transport import (
+    BoundedHealth,
     LetGoOfRequestsInterceptor,
     MalformedRequestInterceptor,
     ServerTls,
@@ -212,7 +213,7 @@ class SchedulerServer:
         self.runtime_servicer = RuntimeServicer(self.core)
         runtime_pb2_grpc.add_RuntimeServicer_to_server(self.runtime_servicer, self.server)
         helper_pb2_grpc.add_HelperServicer_to_server(HelperServicer(self.core, self.engine), self.server)
-        self.health = health.aio.HealthServicer()
+        self.health = BoundedHealth()  # Watch bounded: it needs no token
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
