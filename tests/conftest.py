@@ -3,6 +3,7 @@ PostgreSQL when one is reachable), and a temporary GANDIVA_HOME."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import uuid
@@ -69,6 +70,14 @@ def pg_url() -> Iterator[str]:
     reason = pg_skip_reason()
     if reason:
         pytest.skip(reason)
+    with fresh_pg_database() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def fresh_pg_database(options: str = "") -> Iterator[str]:
+    """The URL of a new database on the tests' PostgreSQL (``options``: CREATE DATABASE's,
+    e.g. another collation), dropped afterwards."""
     import asyncio
 
     import asyncpg
@@ -82,20 +91,22 @@ def pg_url() -> Iterator[str]:
         finally:
             await conn.close()
 
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    asyncio.run(admin(f'CREATE DATABASE "{name}" {options}'.rstrip()))
     base = PG_ADMIN_URL.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
-    import time
+    try:
+        yield f"{base}/{name}"
+    finally:
+        import time
 
-    for attempt in range(5):
-        try:
-            asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            break
-        except asyncpg.PostgresError:
-            # A background process was in the database at that instant; it leaves soon.
-            if attempt == 4:
-                raise
-            time.sleep(0.5)
+        for attempt in range(5):
+            try:
+                asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                break
+            except asyncpg.PostgresError:
+                # A background process was in the database at that instant; it leaves soon.
+                if attempt == 4:
+                    raise
+                time.sleep(0.5)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])

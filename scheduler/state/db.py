@@ -29,8 +29,11 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from scheduler.errors import InvalidArgument
 from scheduler.loops import new_event_loop
@@ -432,3 +435,29 @@ def _configure_sqlite(engine: Engine, immediate: bool, pin: SqliteFile | None = 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     # expire_on_commit=False: rows stay readable after commit, without a reload round trip.
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+class bytewise(ColumnElement[Any]):
+    """``column`` to sort by in code-point order on both databases: ``ORDER BY
+    bytewise(Server.name)``. SQLite compares text bytewise (BINARY); PostgreSQL by the
+    database's collation, which on an installation made with a locale (en_US.UTF-8, an
+    ICU locale) ignores case and punctuation first: servers gpu-B, gpu-a, gpuD, gpu_c on
+    SQLite were gpu_c, gpu-a, gpu-B, gpuD there, so `gandiva get servers` and the other
+    listings came in another order by database (the policy orders by name itself)."""
+
+    inherit_cache = True
+    _traverse_internals = [("column", InternalTraversal.dp_clauseelement)]  # noqa: RUF012 - SQLAlchemy reads it
+
+    def __init__(self, column: Any) -> None:
+        self.column = column
+        self.type = column.type
+
+
+@compiles(bytewise)
+def _bytewise_default(element: bytewise, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(element.column, **kw))
+
+
+@compiles(bytewise, "postgresql")
+def _bytewise_postgresql(element: bytewise, compiler: Any, **kw: Any) -> str:
+    return f'{compiler.process(element.column, **kw)} COLLATE "C"'

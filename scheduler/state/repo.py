@@ -37,6 +37,7 @@ from scheduler.errors import NotFound
 from scheduler.eta import Sharer
 from scheduler.lifecycle import ACTIVE, TERMINAL, JobState, check_transition
 from scheduler.policy.cluster import affinity_of
+from scheduler.state.db import bytewise
 from scheduler.state.models import (
     Event,
     Gpu,
@@ -157,7 +158,7 @@ def job_detail(session: Session, job_id: str) -> tuple[Job, list[tuple[str, int]
     of about ten through aiosqlite, each waiting for a turn of the busy event loop)."""
     job = _found(session.scalar(select(Job).where(Job.id == job_id)), job_id)
     gpus = session.execute(select(Placement.server_name, Placement.gpu_index).where(Placement.job_id == job_id)
-                           .order_by(Placement.server_name, Placement.gpu_index)).all()
+                           .order_by(bytewise(Placement.server_name), Placement.gpu_index)).all()
     host = session.scalar(select(JobProfile.host_memory_bytes).where(JobProfile.job_id == job_id)) or 0
     sharers = session.execute(_sharers_q([(str(gpus[0][0]), int(gpus[0][1]))])).all() if gpus else []
     return (job, [(str(g[0]), int(g[1])) for g in gpus], list(reversed(session.scalars(history_q(job_id)).all())),
@@ -284,14 +285,14 @@ def snapshot_rows(session: Session) -> SnapshotRows:
               .group_by(Gpu.server_name).subquery())
     servers = (select(Server.name, Server.num_gpus, Server.up, memory.c.memory, Server.host_memory_bytes,
                       Server.cordoned)
-               .outerjoin(memory, memory.c.server_name == Server.name).order_by(Server.name))
+               .outerjoin(memory, memory.c.server_name == Server.name).order_by(bytewise(Server.name)))
     jobs = select(*SNAPSHOT_COLUMNS).where(Job.state.in_(_UNFINISHED)).order_by(Job.submitted_at, Job.id)
     profiles = select(JobProfile).join(Job, Job.id == JobProfile.job_id).where(Job.state.in_(_UNFINISHED))
     return SnapshotRows(
         servers=session.execute(servers).all(),
         jobs=session.execute(jobs).all(),
         placements=session.execute(select(Placement.job_id, Placement.server_name, Placement.gpu_index)).all(),
-        gpu_indices=_gpu_indices(session.execute(select(Gpu.server_name, Gpu.index).order_by(Gpu.server_name, Gpu.index))),
+        gpu_indices=_gpu_indices(session.execute(select(Gpu.server_name, Gpu.index).order_by(bytewise(Gpu.server_name), Gpu.index))),
         migrations=session.scalars(_MIGRATIONS_Q).all(),
         profiles={p.job_id: p for p in session.scalars(profiles).all()},
     )
@@ -655,7 +656,7 @@ async def heartbeat(session: AsyncSession, name: str, now: float) -> Server | No
 
 async def helper_agents(session: AsyncSession) -> list[tuple[str, str]]:
     """(name, agent address) of every registered server, by name."""
-    rows = await session.execute(select(Server.name, Server.address).order_by(Server.name))
+    rows = await session.execute(select(Server.name, Server.address).order_by(bytewise(Server.name)))
     return [(name, address) for name, address in rows.all()]
 
 
@@ -691,12 +692,12 @@ async def server_at(session: AsyncSession, address: str) -> Server | None:
     """The registered server whose helper's agent listens on ``address``: the one up, if
     another (down) had the address before it."""
     return (await session.scalars(select(Server).where(Server.address == address)
-                                  .order_by(Server.up.desc(), Server.name).limit(1))).first()
+                                  .order_by(Server.up.desc(), bytewise(Server.name)).limit(1))).first()
 
 
 async def largest_server(session: AsyncSession) -> tuple[int, str]:
     """(GPUs, name) of the server with the most GPUs; (0, "") when none is registered."""
-    row = (await session.execute(select(Server.num_gpus, Server.name).order_by(Server.num_gpus.desc(), Server.name).limit(1))).first()
+    row = (await session.execute(select(Server.num_gpus, Server.name).order_by(Server.num_gpus.desc(), bytewise(Server.name)).limit(1))).first()
     return (row[0], row[1]) if row else (0, "")
 
 
@@ -705,8 +706,8 @@ async def up_servers(session: AsyncSession) -> Sequence[Server]:
 
 
 async def server_loads(session: AsyncSession) -> list[ServerLoad]:
-    servers = (await session.scalars(select(Server).order_by(Server.name))).all()
-    gpus = (await session.scalars(select(Gpu).order_by(Gpu.server_name, Gpu.index))).all()
+    servers = (await session.scalars(select(Server).order_by(bytewise(Server.name)))).all()
+    gpus = (await session.scalars(select(Gpu).order_by(bytewise(Gpu.server_name), Gpu.index))).all()
     rows = (
         await session.execute(
             select(Placement.server_name, Placement.gpu_index, Placement.job_id, Job.gpus,

@@ -3,6 +3,7 @@ atomicity of multi-job submission and server bookkeeping."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -165,3 +166,51 @@ async def test_an_event_family_filter_is_the_same_on_both_databases(core: Schedu
         assert [e.kind for e in await kinds("job.submitted")] == ["job.submitted"]
         assert list(await kinds("JOB")) == [] and list(await kinds("Job.submitted")) == []
         assert list(await kinds("j_b")) == [] and list(await kinds("jo%")) == []
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql-icu", marks=pytest.mark.pg)])
+def url_any_collation(request: pytest.FixtureRequest, sqlite_url: str):  # type: ignore[no-untyped-def]
+    """SQLite, then a PostgreSQL database made with an ICU locale (en-US), as an
+    installation made with a locale has, not the C collation of the tests' server."""
+    if request.param == "sqlite":
+        yield sqlite_url
+        return
+    import asyncpg
+
+    from ...conftest import fresh_pg_database, pg_skip_reason
+
+    reason = pg_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(fresh_pg_database(
+                "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"))
+        except asyncpg.PostgresError as err:
+            pytest.skip(f"this PostgreSQL cannot make an ICU database: {err}")
+        yield url
+
+
+async def test_servers_are_listed_in_one_order_on_both_databases(url_any_collation: str) -> None:
+    """Servers whose names differ in case and punctuation come in code-point order
+    (SQLite's) on a PostgreSQL whose collation is a locale's too: the listings (`gandiva
+    get servers`), the largest server's tie and the snapshot a round reads. Before, that
+    PostgreSQL gave gpu_c, gpu-a, gpu-B, gpuD (SQLite: gpu-B, gpu-a, gpuD, gpu_c)."""
+    engine = make_engine(url_any_collation)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        names = ["gpu-a", "gpu_c", "gpuD", "gpu-B"]
+        for name in names:
+            await core.register_server(helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=0)]))
+        want = sorted(names)
+        assert want == ["gpu-B", "gpu-a", "gpuD", "gpu_c"]
+        async with core.tx(read=True) as s:
+            assert [name for name, _ in await repo.helper_agents(s)] == want
+            assert await repo.largest_server(s) == (1, want[0])
+            assert [load.server.name for load in await repo.server_loads(s)] == want
+        rows = await core.read_sync(repo.snapshot_rows)
+        assert [row.name for row in rows.servers] == want and list(rows.gpu_indices) == want
+    finally:
+        await core.dispose()
+        await engine.dispose()
