@@ -153,6 +153,15 @@ def _why(err: Exception) -> str:
     return str(getattr(reason, "strerror", None) or reason or err)
 
 
+def _said(job: dict[str, Any], said: str) -> str:
+    """A job's reason cell: a waiting job's place in the queue or next turn first, as the page
+    shows it (the scheduler's `wait`, from the policy's state; "" while it does not wait)."""
+    wait = job.get("wait") or ""
+    if not wait:
+        return said
+    return f"{wait}. {said}" if job["state"] == "QUEUED" else f"next turn: {wait} ({said})"
+
+
 def _cells(*values: str) -> list[Text]:
     """Table cells as plain text: a job named `[/x]` is not rich markup (a MarkupError), and
     its control characters are shown escaped."""
@@ -209,7 +218,7 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
                              j.get("progress", "").removeprefix("step ") or str(j["steps"]), rate,
                              eta.short(-1.0 if j.get("eta_s") is None else j["eta_s"], j["steps"],
                                        j.get("total_steps", 0), ended=j["state"] in ("SUCCEEDED", "FAILED", "KILLED")),
-                             f"{d['kind']}: {d['reason']}" if d else j["message"]))
+                             _said(j, f"{d['kind']}: {d['reason']}" if d else j["message"])))
     rest = Text(f"... and {more:,} more jobs (gandiva get jobs lists them all)\n" if more else "", style="dim")
     latest = Text()
     for d in state["decisions"][-8:]:

@@ -58,7 +58,7 @@ def _submit(f: Fake, name: str, priority: int = 0) -> str:
 
 
 def test_a_queued_job_says_its_place_and_who_is_ahead_and_jobs_start_in_that_order(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any, capsys: Any) -> None:
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, capsys: Any, monkeypatch: Any) -> None:
     from gandiva_cli.main import main
 
     # One job a GPU: the others queue. A later job of higher priority goes ahead of the earlier.
@@ -90,6 +90,11 @@ def test_a_queued_job_says_its_place_and_who_is_ahead_and_jobs_start_in_that_ord
         with urllib.request.urlopen(f"http://{sched.server.http_address}/api/state", timeout=30) as r:
             page = {j["id"]: j for j in json.load(r)["jobs"]}
         assert page[late]["wait"] == waits[late] and page[first]["wait"] == "", page[late]
+        # `gandiva top` too, first in the job's reason (its last decision, or its message).
+        monkeypatch.setenv("COLUMNS", "400")
+        assert main(["top", "--http", sched.server.http_address, "--once"]) == 0
+        row = next(line for line in capsys.readouterr().out.splitlines() if late in line)
+        assert f"{waits[late]}. needs 1 GPUs, 0 free" in row, row
         if CHROMIUM is not None or os.environ.get("GANDIVA_REQUIRE_BROWSER") == "1":  # the page, rendered
             dom = chromium_dom(f"http://{sched.server.http_address}/", budget_ms=4000)
             row = re.search(rf'<tr data-job="{late}">(.*?)</tr>', dom)
