@@ -41,6 +41,7 @@ from scheduler.errors import (
     PermissionDenied,
     Unauthenticated,
 )
+from scheduler.state.db import bytewise
 from scheduler.state.models import AuthToken
 from scheduler.transport import AUTH_HEADER, rewrap_handler
 
@@ -183,7 +184,7 @@ async def revoke_token(session: Any, name: str, now: float | None = None) -> Non
 
 
 async def list_tokens(session: Any) -> list[AuthToken]:
-    return list((await session.scalars(select(AuthToken).order_by(AuthToken.name))).all())
+    return list((await session.scalars(select(AuthToken).order_by(bytewise(AuthToken.name)))).all())
 
 
 # Up to this many tokens, the whole table is read at once (one query per CACHE_S

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from protos.gandiva.v1 import common_pb2, helper_pb2
+from scheduler import auth
 from scheduler.core import SchedulerCore
 from scheduler.errors import FailedPrecondition, InvalidArgument, NotFound
 from scheduler.lifecycle import JobState
@@ -211,6 +212,11 @@ async def test_servers_are_listed_in_one_order_on_both_databases(url_any_collati
             assert [load.server.name for load in await repo.server_loads(s)] == want
         rows = await core.read_sync(repo.snapshot_rows)
         assert [row.name for row in rows.servers] == want and list(rows.gpu_indices) == want
+        async with core.tx() as s:  # `gandiva token list`: token names are of the same kind
+            for name in names:
+                await auth.create_token(s, name, "user")
+        async with core.tx(read=True) as s:
+            assert [t.name for t in await auth.list_tokens(s)] == want
     finally:
         await core.dispose()
         await engine.dispose()
