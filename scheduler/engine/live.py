@@ -222,13 +222,11 @@ class LiveEngine:
 
     def _note_waits(self, snap: pt.ClusterSnapshot, decided: Sequence[pt.Decision]) -> None:
         """Where each waiting job stands, from the state the policy just decided from
-        (scheduler/observe/waits.py): GetJob, ListJobs and the page show it. A job this
-        round decided something for (besides queueing it) is left out until the next round,
-        whose snapshot shows that decision carried out."""
-        changed = {d.job_id for d in decided if not isinstance(d, pt.Queue)}
+        (scheduler/observe/waits.py): GetJob, ListJobs and the page show it. What this
+        round decided is left out until a round whose snapshot shows it carried out."""
         try:
             # Its rounds come every tick: on average half a tick after the time a switch is due.
-            self.core.waits = waits(self.policy, snap, self._held, changed, self._turns, self.tick_s / 2)
+            self.core.waits = waits(self.policy, snap, self._held, decided, self._turns, self.tick_s / 2)
         except Exception:  # a bug in what is shown must not stop scheduling
             log.exception("computing the waiting jobs' places failed")
             self.core.waits = {}

@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.state import GandivaState
-from scheduler.policy.types import ClusterSnapshot, JobView, Resume, Suspend
+from scheduler.policy.types import ClusterSnapshot, Decision, JobView, Queue, Resume, Suspend
 
 # How many of the jobs ahead (or taking turns before) a job are named.
 NAMED = 3
@@ -215,10 +215,17 @@ def _blocked(ledger: Ledger, state: GandivaState, members: Sequence[str]) -> str
 
 
 def waits(policy: Policy, snap: ClusterSnapshot, held: Collection[str] = (),
-          changed: Collection[str] = (), cache: TurnCache | None = None, lag_s: float = 0.0) -> dict[str, Wait]:
-    """Both answers for every waiting job of ``snap`` (job id -> its Wait). ``changed``: jobs
-    with a decision not carried out in ``snap`` yet (placed, suspended, resumed, moved): left
-    out of the queue, and their time-slice groups left out until a snapshot shows them."""
+          decided: Sequence[Decision] = (), cache: TurnCache | None = None, lag_s: float = 0.0) -> dict[str, Wait]:
+    """Both answers for every waiting job of ``snap`` (job id -> its Wait). ``decided``: the
+    decisions the policy just took from ``snap``, not carried out in it yet: the jobs they
+    place, suspend, resume or move are left out of the queue, and the time-slice groups they
+    touch (a newcomer placed onto a group's GPUs, whose start the engine may defer for
+    rounds) are left out until a snapshot shows them carried out."""
+    acted = [d for d in decided if not isinstance(d, Queue)]
+    changed = {d.job_id for d in acted}
+    touched = {g for d in acted for g in (*getattr(d, "gpus", ()), *getattr(d, "to_gpus", ()))}
+    if touched:
+        changed |= {j.id for j in snap.jobs if touched.intersection(j.placement)}
     out = queue_places(policy, [j for j in snap.jobs if j.id not in changed])
     out.update(next_turns(policy, snap, held, changed, cache, lag_s))
     return out

@@ -91,3 +91,19 @@ def test_queue_places_follow_the_policys_queue_order() -> None:
     assert [said[j].place for j in ("vip", "old", "big", "new")] == [1, 2, 3, 4], said
     assert said["new"].text == ("4th of 4 in the queue (priority, then submission); ahead of it: vip (1 GPU, "
                                 "priority 3), old (1 GPU, priority 1), big (4 GPUs, priority 1)"), said
+
+
+def test_a_group_a_newcomer_was_just_placed_onto_says_no_turn_until_the_start_is_carried_out() -> None:
+    """`gandiva demo` (s46): a job suspended for a newcomer whose start the engine put off
+    (the GPU not left yet) was said to be "1st of 1 to run next ...; nothing runs there now;
+    expected at about ... (due now)" for 95 s, while the newcomer, not the job, was to run."""
+    from scheduler.observe.waits import waits
+    from scheduler.policy.types import Place
+
+    policy = get_policy("gandiva", BASE)
+    snap = ClusterSnapshot(5.0, (ServerView("s0", 1),), (_job("old", "SUSPENDED", 30.0, 0.0),
+                                                          JobView("new", 1, submitted_at=4.0)))
+    decided = policy.decide(snap)
+    assert any(isinstance(d, Place) and d.job_id == "new" and d.gpus == GPU for d in decided), decided
+    assert "old" not in waits(policy, snap, decided=decided) and "new" not in waits(policy, snap, decided=decided)
+    assert waits(policy, snap)["old"].text.endswith("nothing runs there now")  # what it said before
