@@ -9,8 +9,8 @@ scheduler is stopped, so the kernel queues them at its listening socket. This me
 how many, and what the scheduler does with them once it runs again: every helper
 registers again once, within seconds, no server is called down, every job thaws in its
 own process and ends once with all its steps, never two copies training (the sampler),
-no GPU held twice or by a job not running (GpuWatch), and each helper is soon back to its
-one connection to the scheduler.
+no GPU held twice or by a job not running (GpuWatch), and the connections each helper
+kept from the stall are closed within minutes.
 
 Measured (session 46, load 8-12, 8 helpers on loopback): 72 connections queued in a 10-s
 stall (about one a second per helper after the first second), 328 in a 40-s one, all
@@ -53,11 +53,12 @@ def _queued_at_scheduler(c: Cluster) -> int:
     return sum(1 for line in out.splitlines() if line and not line.startswith("LISTEN"))
 
 
-def _connections(c: Cluster, name: str) -> int:
-    """The helper's own TCP connections to the scheduler, seen in its host's namespace."""
+def _connections(c: Cluster, name: str) -> set[str]:
+    """The helper's own TCP connections to the scheduler (their local ports), seen in its
+    host's namespace."""
     out = subprocess.run(["ip", "netns", "exec", c.net.hosts[name][0], "ss", "-tnpH", "state", "established",
                           f"( dport = :{SCHED_PORT} )"], capture_output=True, text=True, check=True).stdout
-    return sum(f"pid={c.procs[name].pid}," in line for line in out.splitlines())
+    return {line.split()[2] for line in out.splitlines() if f"pid={c.procs[name].pid}," in line}
 
 
 def _sessions(c: Cluster, name: str) -> int:
@@ -94,15 +95,16 @@ def test_eight_helpers_and_a_scheduler_stopped_for_30s(multihost: Cluster) -> No
     c.wait(lambda: all(_sessions(c, n) > before[n] for n in names), 30)
     again_s = time.monotonic() - back
     left = {n: _connections(c, n) for n in names}
-    # The connections gRPC kept are idle: closed by the scheduler 60 s after their last call.
-    while (now := {n: _connections(c, n) for n in names}) != dict.fromkeys(names, 1):
-        assert time.monotonic() - back < 180, f"connections each helper holds to the scheduler: {now}"
+    # Those gRPC kept are idle: closed by the scheduler 60 s after their last call. (Only
+    # these are followed: on a loaded machine a hedged heartbeat may open others since.)
+    while kept := {n: k for n in names if (k := len(left[n] & _connections(c, n))) > 1}:
+        assert time.monotonic() - back < 180, f"connections each helper still holds since the stall: {kept}"
         time.sleep(1)
     one_s = time.monotonic() - back
     done = {i: _ends_once(c, i, STEPS, 180) for i in jobs}
     print(f"\n{peak} connections queued at the stopped scheduler ({HELPERS} helpers, {STALL_S:.0f}s); "
-          f"every helper registered again within {again_s:.1f}s; connections a helper held then: {left}, "
-          f"one each {one_s:.0f}s after the stall")
+          f"every helper registered again within {again_s:.1f}s; connections a helper held then: "
+          f"{ {n: len(v) for n, v in left.items()} }, one at most of them {one_s:.0f}s after the stall")
     # At most about one a second per helper, plus its session: not a storm.
     assert peak <= HELPERS * (STALL_S * 1.5 + 5), peak
     assert {n: _sessions(c, n) - before[n] for n in names} == dict.fromkeys(names, 1)
