@@ -323,8 +323,14 @@ class Controller:
 
     # -- commands from the stream thread ------------------------------------------------
     def enqueue(self, cmd: Command) -> None:
-        if self.after_training and not self.trained and cmd.kind is not Kind.KILL:
-            # No training boundary will come to apply it at: answered at once.
+        if self.after_training and cmd.kind is not Kind.KILL and (
+                not self.trained or cmd.kind in (Kind.CHECKPOINT, Kind.STOP_FOR_MIGRATION)):
+            # Before it trains, no training boundary will come to apply it at: answered at
+            # once. Once it trains (the second program of `python pretrain.py; python
+            # finetune.py`), suspended and resumed in place, but never checkpointed: a
+            # restart runs the launch's first program, which would be given this graph's
+            # checkpoint (s46: migrated at step 163 of the second program, the first one
+            # failed on it at the destination and again at the source; the job FAILED).
             if cmd.kind is Kind.RESUME:
                 self._ack(Ack(cmd.id, True, "not suspended", step=self.meter.steps))
             else:
@@ -1276,6 +1282,8 @@ class Controller:
         self.migratable = None
 
     def _judge(self, migratable: bool, reason: str) -> None:
+        if self.after_training:  # whatever its loop: see enqueue
+            migratable, reason = False, self.after_training
         self.migratable = migratable
         log.info("migratable=%s: %s", migratable, reason)
         self._not_migratable_reason = "" if migratable else reason

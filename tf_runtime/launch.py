@@ -164,7 +164,7 @@ def end_launch(code: int, status_fd: int | None, env: Mapping[str, str]) -> list
 
 # The launch's files in the user's scratch folder: the pid of its latest process that
 # trained, and that of the latest process that connected the job's control stream.
-_KINDS = ("trained", "stream")
+_KINDS = ("trained", "stream", "program")
 
 
 def _launch_file(mark: str, kind: str) -> str | None:
@@ -206,8 +206,42 @@ def _read_pid(env: Mapping[str, str], kind: str) -> int | None:
 
 
 def mark_trained(env: Mapping[str, str]) -> None:
-    """Leave the launch's mark that this process trains (its pid; see the docstring)."""
+    """Leave the launch's mark that this process trains (its pid; see the docstring), and
+    which program it runs (its command line)."""
     _write_pid(env, "trained")
+    path = _launch_file(env.get(LAUNCH_ENV, ""), "program")
+    if path is None:
+        return
+    try:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(_command_line())
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not write this launch's program mark (%s)", exc)
+
+
+def _command_line() -> bytes:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def runs_trainers_program(env: Mapping[str, str]) -> bool:
+    """Whether this process runs the program the launch's latest trainer ran (the same
+    command line: a wrapper that retries it), not another one (`python pretrain.py;
+    python finetune.py`), whose checkpoints a restart of the launch could not use."""
+    path = _launch_file(env.get(LAUNCH_ENV, ""), "program")
+    if path is None:
+        return False
+    try:
+        with open(path, "rb") as f:
+            program = f.read()
+    except OSError:
+        return False
+    return bool(program) and program == _command_line()
 
 
 def trainer_of_launch(env: Mapping[str, str]) -> int | None:
@@ -290,7 +324,7 @@ def forget_launches_but(live: set[str], before: float) -> list[str]:
     except OSError:
         return []
     for name in names:
-        found = re.fullmatch(r"launch-([A-Za-z0-9_.-]{1,128}?)\.(?:trained|stream)(\.[0-9]+)?", name)
+        found = re.fullmatch(r"launch-([A-Za-z0-9_.-]{1,128}?)\.(?:trained|stream|program)(\.[0-9]+)?", name)
         if not found or found.group(1) in live:
             continue
         path = os.path.join(folder, name)

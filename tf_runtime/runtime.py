@@ -176,8 +176,11 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
     after_training = ""
     if ended and not warm:
         after_training = (f"this process (pid {os.getpid()}) started after its launch's training "
-                          "had ended (the rest of the job's command: an evaluation, an export); "
-                          "it runs to its end where it is")
+                          "had ended (the rest of the job's command: an evaluation, an export, "
+                          "a second training program); it runs to its end where it is: a "
+                          "restart runs the launch's first program, which its checkpoint "
+                          "would not fit, so it is never checkpointed or migrated (once it "
+                          "trains it can be suspended and resumed in place)")
 
     if scheduler is not None:
         # Imported now, not at a warm process's activation: gRPC's import is not on the
@@ -209,7 +212,11 @@ def start(env: Mapping[str, str] | None = None) -> Runtime | None:
         if after_training:
             client.send_migratability(False, after_training)
 
+    retry = bool(after_training) and launch.runs_trainers_program(env)
+
     def first_training(step: int) -> None:
+        if retry:  # the trainer run again by its wrapper: a trainer from its first step
+            rt.controller.after_training = ""
         launch.mark_trained(env)
         if not secondary:
             return
