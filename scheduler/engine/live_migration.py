@@ -345,8 +345,22 @@ async def recover_migrations(core: SchedulerCore) -> list[str]:
                 resume = await repo.resume_from_migration(s, job, m)
                 await repo.requeue(s, job, now, f"scheduler restarted mid-migration (phase {m.phase}); {resume}")
             repo.add_event(s, now, "job.migration", f"recovered after restart from phase {m.phase}", job_id=m.job_id)
+        # MIGRATING with no durable row: a database from before 0002_fencing_migrations,
+        # upgraded while a migration was in flight. It stayed MIGRATING for good (no
+        # command, no policy move, none of its progress shown as running); rolled back as
+        # a migration before its checkpoint is: to where it runs (its exit or loss, if it
+        # stopped, re-queues it), or to the queue when it holds no GPU.
+        orphans = list(await s.scalars(select(Job).where(
+            Job.state == JobState.MIGRATING.value, Job.id.not_in(select(Migration.job_id))).with_for_update()))
+        for job in orphans:
+            why = "a migration with no record of its own (a database from before they were kept) rolled back " \
+                  "after a scheduler restart"
+            if (await repo.placements_of(s, [job.id])).get(job.id):
+                await _roll_back(s, job, now, why, suspended=False)
+            else:
+                await repo.requeue(s, job, now, why)
     for server, job_id, incarnation in stops:
         core.stop_on(server, job_id, incarnation, "migration abandoned by a scheduler restart")
-    if rows:
+    if rows or orphans:
         core.poke()
-    return [m.job_id for m in rows]
+    return [m.job_id for m in rows] + [job.id for job in orphans]

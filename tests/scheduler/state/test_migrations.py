@@ -149,20 +149,23 @@ async def test_upgrade_from_the_first_revision_keeps_every_job(db_url: str) -> N
     finished job, upgraded to head: every job keeps its state, GPUs, history and profile,
     and so on the way down to the first revision and up again. On SQLite, 0004 copied
     the jobs table (batch mode) and dropping the old one cascaded: every placement,
-    transition and profile was deleted. Foreign keys are enforced again afterwards."""
+    transition and profile was deleted. Foreign keys are enforced again afterwards. A job
+    MIGRATING then (no migration row existed yet) is rolled back to where it runs when the
+    scheduler starts; it used to stay MIGRATING for good."""
     from sqlalchemy.exc import IntegrityError
 
     from scheduler.core import SchedulerCore
+    from scheduler.engine.live_migration import recover_migrations
 
     engine = make_engine(db_url)
-    states = {"j0": "QUEUED", "j1": "RUNNING", "j2": "SUSPENDED", "j3": "COMPLETED"}
-    gpu_of = {"j1": 0, "j2": 1}
+    states = {"j0": "QUEUED", "j1": "RUNNING", "j2": "SUSPENDED", "j3": "COMPLETED", "j4": "MIGRATING"}
+    gpu_of = {"j1": 0, "j2": 1, "j4": 2}
     try:
         await migrate.upgrade(engine, "0001")
         async with engine.begin() as conn:
-            await conn.execute(text("insert into servers values ('s1', '127.0.0.1:1', 2, '/dev/shm', '/tmp', "
+            await conn.execute(text("insert into servers values ('s1', '127.0.0.1:1', 3, '/dev/shm', '/tmp', "
                                     "true, 1, 1)"))
-            for i in (0, 1):
+            for i in (0, 1, 2):
                 await conn.execute(text("insert into gpus values ('s1', :i, 'u', 'm', 1, 0, 0, 0)"), {"i": i})
             for job_id, state in states.items():
                 await conn.execute(text(
@@ -179,15 +182,26 @@ async def test_upgrade_from_the_first_revision_keeps_every_job(db_url: str) -> N
 
         async def kept() -> None:
             core = SchedulerCore(engine)
-            for job_id, state in states.items():
-                detail = await core.get_job(job_id)
-                assert detail.job.state == state
-                assert detail.placement == ([("s1", gpu_of[job_id])] if job_id in gpu_of else [])
-                assert [t.reason for t in detail.history] == ["before the upgrade"], job_id
+            try:
+                for job_id, state in states.items():
+                    detail = await core.get_job(job_id)
+                    assert detail.job.state == state
+                    assert detail.placement == ([("s1", gpu_of[job_id])] if job_id in gpu_of else [])
+                    assert [t.reason for t in detail.history][:1] == ["before the upgrade"], job_id
+            finally:
+                await core.dispose()
             async with engine.connect() as conn:
                 assert (await conn.execute(text("select count(*) from job_profiles"))).scalar() == len(states)
 
         await migrate.upgrade(engine)
+        await kept()
+        core = SchedulerCore(engine)
+        try:
+            assert await recover_migrations(core) == ["j4"]
+            assert "rolled back" in (await core.get_job("j4")).history[-1].reason
+        finally:
+            await core.dispose()
+        states["j4"] = "RUNNING"
         await kept()
         await migrate.downgrade(engine, "0001")
         await migrate.upgrade(engine)
