@@ -132,7 +132,7 @@ def test_a_suspended_job_says_when_its_turn_comes_and_the_group_resumes_in_that_
                  sum(f.job(j).state == SUSPENDED for j in ids) == 2, 30)
         checked = 0
         deadline = time.monotonic() + 60
-        while checked < 3 and time.monotonic() < deadline:
+        while checked < 2 and time.monotonic() < deadline:
             # Both waiting jobs' turns, read at one moment, naming the same running job.
             jobs = _turn(f, ids)
             waiting = {j: v for j, v in jobs.items() if v.state == SUSPENDED and v.wait}
@@ -163,6 +163,6 @@ def test_a_suspended_job_says_when_its_turn_comes_and_the_group_resumes_in_that_
             # round's delay of the next one's, the switch may come at the beat before.
             assert expected - 2.0 - 1.5 <= resumed.at <= expected + 15, (resumed.at, expected, waiting[nxt].wait)
             checked += 1
-        assert checked == 3, "the group did not take three turns within 60 s"
+        assert checked == 2, "the group did not take two turns within 60 s"
     finally:
         f.close()
