@@ -40,21 +40,31 @@ def _fake_job(tmp: Path) -> str:
     return str(path)
 
 
-@pytest.mark.full
-@pytest.mark.parametrize("multihost", [{"heartbeat_timeout": 5.0}], indirect=True)
-def test_a_host_cut_off_with_twelve_jobs_ends_each_once(multihost: Cluster) -> None:
-    c = multihost
-    c.kill9("scheduler")  # the same empty database, with a short quantum and four jobs a GPU at most
-    c.sched_args = ["--quantum", "1", "--policy-option", "max_jobs_per_gpu=4", "--policy-option",
+def time_sharing_scheduler(c: Cluster, jobs_per_gpu: int) -> None:
+    """The scheduler started again on its (empty) database with a 1-s quantum, at most
+    `jobs_per_gpu` jobs a GPU, no packing or migration, sized for fake jobs."""
+    c.kill9("scheduler")
+    c.sched_args = ["--quantum", "1", "--policy-option", f"max_jobs_per_gpu={jobs_per_gpu}", "--policy-option",
                     "enable_packing=false", "--policy-option", "enable_migration=false",
                     # fake jobs: not the 4 GiB of host memory assumed for a TensorFlow job
                     "--policy-option", "job_host_memory_bytes=100000000"]
     c.start_scheduler()
-    job = _fake_job(c.tmp)
+
+
+def submit_fake_jobs(c: Cluster, count: int, steps: int, step_s: float = 0.05) -> list[str]:
+    """`count` 1-GPU fake jobs of `steps` steps each; their ids."""
+    job, env = _fake_job(c.tmp), {"FAKE_STEPS": str(steps), "FAKE_STEP_S": str(step_s)}
+    return [c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+        name=f"j{i}", command=[job], gpus=1, workdir=str(c.tmp), env=env, steps=steps))).job.id for i in range(count)]
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("multihost", [{"heartbeat_timeout": 5.0}], indirect=True)
+def test_a_host_cut_off_with_twelve_jobs_ends_each_once(multihost: Cluster) -> None:
+    c = multihost
+    time_sharing_scheduler(c, jobs_per_gpu=4)
     c.add_helper("a", gpus=4)
-    env = {"FAKE_STEPS": str(STEPS), "FAKE_STEP_S": "0.05"}
-    jobs = [c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
-        name=f"j{i}", command=[job], gpus=1, workdir=str(c.tmp), env=env, steps=STEPS))).job.id for i in range(12)]
+    jobs = submit_fake_jobs(c, 12, STEPS)
     c.wait(lambda: all(c.job(j).state in ACTIVE for j in jobs) and sum(c.job(j).steps > 0 for j in jobs) >= 4, 90)
     c.add_helper("b", gpus=2)
     watch = GpuWatch(c.tmp / "state.db")

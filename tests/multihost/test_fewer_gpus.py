@@ -19,7 +19,7 @@ import pytest
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
 from .conftest import Cluster
-from .test_crowded_host_cut import _fake_job
+from .test_crowded_host_cut import submit_fake_jobs, time_sharing_scheduler
 from .test_i9s_faults import _ends_once, _no_two_copies
 from .test_partition_faults import GpuWatch
 
@@ -37,16 +37,9 @@ def _gpus(c: Cluster, name: str) -> int:
 @pytest.mark.parametrize("multihost", [{"heartbeat_timeout": 5.0}], indirect=True)
 def test_a_helper_back_with_one_gpu_of_two_ends_each_time_shared_job_once(multihost: Cluster) -> None:
     c = multihost
-    c.kill9("scheduler")  # the same empty database: a short quantum, two jobs a GPU
-    c.sched_args = ["--quantum", "1", "--policy-option", "max_jobs_per_gpu=2", "--policy-option",
-                    "enable_packing=false", "--policy-option", "enable_migration=false",
-                    "--policy-option", "job_host_memory_bytes=100000000"]
-    c.start_scheduler()
-    job = _fake_job(c.tmp)
+    time_sharing_scheduler(c, jobs_per_gpu=2)
     c.add_helper("a", gpus=2)
-    env = {"FAKE_STEPS": str(STEPS), "FAKE_STEP_S": "0.05"}
-    jobs = [c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
-        name=f"j{i}", command=[job], gpus=1, workdir=str(c.tmp), env=env, steps=STEPS))).job.id for i in range(4)]
+    jobs = submit_fake_jobs(c, 4, STEPS)
     c.wait(lambda: all((j := c.job(i)).state in ACTIVE and j.steps > 20 for i in jobs), 120)
     on_gpu1 = [i for i in jobs if any(p.index == 1 for p in c.job(i).placement)]
     assert on_gpu1, "no job on GPU 1"

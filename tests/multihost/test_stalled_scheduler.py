@@ -33,7 +33,7 @@ import pytest
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
 from .conftest import SCHED_PORT, Cluster
-from .test_crowded_host_cut import _fake_job
+from .test_crowded_host_cut import submit_fake_jobs
 from .test_i9s_faults import _ends_once, _no_two_copies, _states
 from .test_partition_faults import GpuWatch
 
@@ -74,11 +74,7 @@ def test_eight_helpers_and_a_scheduler_stopped_for_30s(multihost: Cluster) -> No
     names = [f"h{i}" for i in range(HELPERS)]
     for name in names:
         c.add_helper(name)
-    job = _fake_job(c.tmp)
-    env = {"FAKE_STEPS": str(STEPS), "FAKE_STEP_S": "0.05"}
-    jobs = [c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
-        name=f"j{i}", command=[job], gpus=1, workdir=str(c.tmp), env=env, steps=STEPS))).job.id
-        for i in range(HELPERS)]
+    jobs = submit_fake_jobs(c, HELPERS, STEPS)
     c.wait(lambda: all((j := c.job(i)).state == RUNNING and j.steps > 0 for i in jobs), 90)
     watch = GpuWatch(c.tmp / "state.db")
     before = {n: _sessions(c, n) for n in names}
