@@ -106,7 +106,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return
         texts: list[tuple[Any, str]] = [(e, "message") for e in events]
         for j in jobs:
-            texts += [(j, "message"), (j, "control_note"), (j, "grow_shrink_note"), (j, "eta_note")]
+            texts += [(j, "message"), (j, "control_note"), (j, "grow_shrink_note"), (j, "eta_note"), (j, "wait")]
             texts += [(t, "reason") for t in j.history]
         named = {found for msg, field in texts for found in JOB_ID.findall(getattr(msg, field))}
         if not named:

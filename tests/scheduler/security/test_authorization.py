@@ -522,6 +522,13 @@ def test_texts_about_a_users_job_do_not_name_other_users_jobs(users, secured) ->
     assert got.history[-1].reason == "trial: packed beside another user's job, utilization 0.3"
     seen = root.GetJob(scheduler_pb2.GetJobRequest(id=job.id))
     assert seen.message == f"make room for job {bob}: empty n1"
+    # A queued job's place names the jobs ahead of it (s46): Bob reads that Alice's is, not its id.
+    deadline = time.monotonic() + 30
+    while job.id not in (ahead := root.GetJob(scheduler_pb2.GetJobRequest(id=bob)).wait):
+        assert time.monotonic() < deadline, f"no place naming Alice's job ahead of Bob's: {ahead!r}"
+        time.sleep(0.1)
+    bobs = stubs["bob"].GetJob(scheduler_pb2.GetJobRequest(id=bob)).wait
+    assert "ahead of it: another user's job" in bobs and job.id not in bobs, bobs
     assert [e.message for e in root.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id)).events
             if e.kind == "job.pack"] == [verdict]
 
