@@ -134,13 +134,15 @@ class Follower:
             if job.state == common_pb2.JOB_STATE_QUEUED and job.message:
                 # Why it waits ("needs 4 GPUs, the cluster's up servers have 0"): the line
                 # said only "QUEUED ... on -", however long, whatever the reason.
-                return f"{job.spec.name} {job.id}  QUEUED: {job.message}"
+                # Its place in the queue after it (s46), from the scheduler.
+                return f"{job.spec.name} {job.id}  QUEUED: {job.message}" + (f"; {job.wait}" if job.wait else "")
             done = f"steps {job.steps}"
             if job.total_steps > 0:  # its progress and ETA (scheduler/eta.py)
                 done = (f"{eta.progress_text(job.steps, job.total_steps)}  ETA "
                         f"{eta.about(job.eta_s) if job.eta_s >= 0 else 'unknown'}")
             return (f"{job.spec.name} {job.id}  {state_name(job.state)}  {done}  "
-                    f"rate {output.rate(job.rate)}/s  on {output.placement(job.placement)}")
+                    f"rate {output.rate(job.rate)}/s  on {output.placement(job.placement)}"
+                    + (f"  next turn: {job.wait}" if job.wait and job.state == common_pb2.JOB_STATE_SUSPENDED else ""))
         counts: dict[str, int] = {}
         for job in jobs:
             counts[state_name(job.state)] = counts.get(state_name(job.state), 0) + 1

@@ -135,6 +135,14 @@ def test_a_queued_jobs_progress_line_says_why_it_waits() -> None:
                          message="needs 4 GPUs, the cluster's up servers have 0")
     line = Follower(None, ["j-1"], "", 1.0).progress([job])  # type: ignore[arg-type]
     assert line == "wait j-1  QUEUED: needs 4 GPUs, the cluster's up servers have 0"
+    # And where it stands (s46), as `describe` says it: its place in the queue, or its next turn.
+    job.wait = "2nd of 2 in the queue (priority, then submission); ahead of it: j-0 (1 GPU)"
+    line = Follower(None, ["j-1"], "", 1.0).progress([job])  # type: ignore[arg-type]
+    assert line == ("wait j-1  QUEUED: needs 4 GPUs, the cluster's up servers have 0; 2nd of 2 in the queue "
+                    "(priority, then submission); ahead of it: j-0 (1 GPU)")
+    job.state, job.wait = common_pb2.JOB_STATE_SUSPENDED, "1st of 1 to run next in its time-slice group on a/0"
+    assert Follower(None, ["j-1"], "", 1.0).progress([job]).endswith(  # type: ignore[arg-type]
+        "on -  next turn: 1st of 1 to run next in its time-slice group on a/0")
     job.state = common_pb2.JOB_STATE_RUNNING
     assert "QUEUED" not in Follower(None, ["j-1"], "", 1.0).progress([job])  # type: ignore[arg-type]
 
