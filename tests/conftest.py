@@ -301,19 +301,22 @@ def wait_for_fixture():  # type: ignore[no-untyped-def]
 # Three on a 2-core machine, because the live tests mostly wait on their processes: with two
 # workers the cores were 68% busy (CI of 8c1f694). With three they were 84% busy, and CI on
 # 8f7493b took 1,332 s instead of 1,698 s with two (2026-12-06).
-# The network-namespace tests (tests/multihost) are one unit of work, run in order by one
-# worker, as measured. Their namespaces' names carry a token of each test's own, so they
-# could be split; that has not been measured. Every other file of tests that run real
-# processes (tests/integration: a scheduler, helpers and TensorFlow jobs; tests/tf_runtime:
-# real TensorFlow programs interrupted and compared) is a unit of its own, kept whole for its
-# module fixtures. Every other test is a unit of its own. The heaviest units are handed out
-# first (multihost, then those files, then the unit and simulator tests in their order) to
-# whichever worker is free, so the workers end together (within 5 s in that run). With
-# integration and multihost as one unit, the suite was that unit alone (28.5 min), and the
-# other worker sat idle for its last part. A scheduler of our own does the grouping:
-# xdist's xdist_group marker renames each test's node id, which pytest 9 no longer allows.
-_ONE_UNIT = {"multihost"}
-_UNIT_PER_FILE = {"integration": 2, "tf_runtime": 1}  # the weight of their files' units
+# Each file of tests that run real processes (tests/multihost: a cluster in network
+# namespaces, each test's named with a token of its own; tests/integration: a scheduler,
+# helpers and TensorFlow jobs; tests/tf_runtime: real TensorFlow programs interrupted and
+# compared) is a unit of its own, its tests run in order. Every other test is a unit of its
+# own. The heaviest units are handed out first (the multihost files, then integration's,
+# then tf_runtime's, then the unit and simulator tests in their order) to whichever worker
+# is free, so the workers end together (within 5 s in that run). The multihost tests were
+# one unit until session 46: about 1,385 s of the 1,488 s each worker had to do (the test
+# durations of session 43's and 45's CI runs), so any growth of that directory (two new
+# files in session 46) made that one worker end last, alone: 84 s after the others with
+# 20% more multihost work, 175 s with 30% (a simulation of this scheduler over those
+# durations); per file the three workers end together in all three cases. With integration
+# and multihost as one unit, the suite was that unit alone (28.5 min), and the other worker
+# sat idle for its last part. A scheduler of our own does the grouping: xdist's xdist_group
+# marker renames each test's node id, which pytest 9 no longer allows.
+_UNIT_PER_FILE = {"multihost": 3, "integration": 2, "tf_runtime": 1}  # the weight of their files' units
 
 
 @functools.cache
@@ -321,11 +324,8 @@ def _unit_of(nodeid: str) -> tuple[str, int]:
     """The unit of work a test belongs to and how early that unit is handed out (higher:
     earlier; units of one weight go in collection order)."""
     parts = nodeid.split("/", 2)
-    if len(parts) == 3 and parts[0] == "tests":
-        if parts[1] in _ONE_UNIT:
-            return parts[1], 3
-        if parts[1] in _UNIT_PER_FILE:
-            return nodeid.split("::", 1)[0], _UNIT_PER_FILE[parts[1]]
+    if len(parts) == 3 and parts[0] == "tests" and parts[1] in _UNIT_PER_FILE:
+        return nodeid.split("::", 1)[0], _UNIT_PER_FILE[parts[1]]
     return nodeid, 0
 
 
