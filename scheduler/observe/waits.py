@@ -56,9 +56,12 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _named(ids: Sequence[str], describe: dict[str, str]) -> str:
+def _named(ids: Sequence[str], describe: dict[str, str], total: int | None = None) -> str:
+    """The first NAMED of ``ids`` and how many more (``total``: how many there are, when
+    ``ids`` holds only the first of them)."""
+    total = len(ids) if total is None else total
     shown = ", ".join(f"{j} ({describe[j]})" if describe.get(j) else j for j in ids[:NAMED])
-    return shown + (f" and {len(ids) - NAMED} more" if len(ids) > NAMED else "")
+    return shown + (f" and {total - NAMED} more" if total > NAMED else "")
 
 
 def queue_places(policy: Policy, jobs: Sequence[JobView]) -> dict[str, Wait]:
@@ -72,9 +75,11 @@ def queue_places(policy: Policy, jobs: Sequence[JobView]) -> dict[str, Wait]:
         if i == 0:
             text = f"1st of {total} in the queue" if total > 1 else "the only job in the queue"
         else:
-            ahead = [j.id for j in queued[:i]]
+            # Only the named ones: a list of all i ahead was quadratic in the queue's
+            # length, every round (8,000 queued jobs: 1.4 s a round).
+            ahead = [j.id for j in queued[:min(i, NAMED)]]
             text = (f"{_ordinal(i + 1)} of {total} in the queue (priority, then submission); "
-                    f"ahead of it: {_named(ahead, about)}")
+                    f"ahead of it: {_named(ahead, about, i)}")
         out[job.id] = Wait(text, i + 1, "QUEUED")
     return out
 

@@ -107,3 +107,21 @@ def test_a_group_a_newcomer_was_just_placed_onto_says_no_turn_until_the_start_is
     assert any(isinstance(d, Place) and d.job_id == "new" and d.gpus == GPU for d in decided), decided
     assert "old" not in waits(policy, snap, decided=decided) and "new" not in waits(policy, snap, decided=decided)
     assert waits(policy, snap)["old"].text.endswith("nothing runs there now")  # what it said before
+
+
+def test_queue_places_of_a_long_queue_take_one_pass_and_count_the_jobs_ahead() -> None:
+    """Every round works out each queued job's place: a list of all the jobs ahead of each
+    was quadratic (8,000 queued: 1.4 s a round, 20,000: 14.0 s, on the engine's event loop);
+    now the named ones only (20,000: 0.4 s). The bound is ~7x that, ~5x under the old time."""
+    import time
+
+    policy = get_policy("gandiva", BASE)
+    jobs = [JobView(f"j{i}", 1, submitted_at=float(i)) for i in range(20_000)]
+    t0 = time.perf_counter()
+    said = queue_places(policy, jobs)
+    took = time.perf_counter() - t0
+    assert said["j19999"].place == 20_000
+    first = "ahead of it: j0 (1 GPU, priority 1), j1 (1 GPU, priority 1), j2 (1 GPU, priority 1)"
+    assert said["j19999"].text.endswith(f"{first} and 19996 more"), said["j19999"]
+    assert said["j3"].text.endswith(first) and said["j4"].text.endswith(f"{first} and 1 more"), said["j4"]
+    assert took < 3.0, f"{took:.2f}s for 20,000 queued jobs"
