@@ -1419,14 +1419,28 @@ class Controller:
             self.gate.open()
 
     def _suspended_loop(self, adapter: SessionAdapter) -> None:
+        raised: Exception | None = None
         while True:
-            cmd = self._next(block=True)
+            try:
+                cmd = self._next(block=True)
+            except Exception as exc:  # noqa: BLE001 - the program's signal handler's
+                # A handler of the program's raised in the hold (`signal.alarm` of a
+                # wall-clock budget raising TimeUp): it used to leave the hold at once, and
+                # the program went on while the scheduler showed the job suspended (s46).
+                # Raised where the job resumes instead; KeyboardInterrupt and SystemExit
+                # (not Exceptions) still end it at once.
+                log.info("the program's %s arrived while suspended: raised when resumed",
+                         type(exc).__name__)
+                raised = raised or exc
+                continue
             assert cmd is not None
             if cmd.kind is Kind.RESUME:
                 t0 = time.monotonic()
                 self.backend.reacquire()
                 self._ack(Ack(cmd.id, True, "resumed", step=self.meter.steps,
                               durations_s={"reacquire": time.monotonic() - t0}))
+                if raised is not None:
+                    raise raised
                 return
             if cmd.kind is Kind.SUSPEND:
                 self._ack(Ack(cmd.id, True, "already suspended", step=self.meter.steps))
