@@ -17,9 +17,10 @@ when). FAKE_RESTORE_S: a pre-warmed copy takes this long to restore once activat
 hangs (alive, no step, no command obeyed) once it has done this many steps; with FAKE_HANG_ONCE=PATH
 only if PATH does not exist yet (it makes it: the next launch trains on). FAKE_LINGER_S: after its
 last step (its stream closed, as the shim does at the program's end) it lingers this long before it
-exits (a thread that is not a daemon). FAKE_OLD_SHIM=1: its wrappers are left to go on after
-it exits on a command (a shim before tf_runtime.launch.end_launch). As the shim, it holds before
-each step and at each step's end while its helper's lease has run out (tf_runtime.lease), a KILL
+exits (a thread that is not a daemon). FAKE_STEP_S_RESUMED: seconds per step once a RESUME
+came (default FAKE_STEP_S: slow until a suspend lands, then quick to the end). FAKE_OLD_SHIM=1:
+its wrappers are left to go on after it exits on a command (a shim before
+tf_runtime.launch.end_launch). As the shim, it holds before each step and at each step's end while its helper's lease has run out (tf_runtime.lease), a KILL
 ending it meanwhile. A CHECKPOINT command
 saves and trains on; SUSPEND holds until RESUME (or another command); any other command
 ends the process (STOP_FOR_MIGRATION after its checkpoint).
@@ -195,6 +196,8 @@ def main() -> int:
                 break
             cmd = commands.get()  # suspended: wait for the next command
             ack = runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True, step=step)
+        if cmd.kind == runtime_pb2.COMMAND_KIND_RESUME:
+            step_s = float(ENV.get("FAKE_STEP_S_RESUMED", step_s))
         if cmd.kind in (runtime_pb2.COMMAND_KIND_CHECKPOINT, runtime_pb2.COMMAND_KIND_RESUME):
             continue
         if cmd.kind == runtime_pb2.COMMAND_KIND_STOP_FOR_MIGRATION:

@@ -435,8 +435,11 @@ def test_a_suspend_obeyed_while_the_database_is_down_is_recorded_once_it_is_back
     sched = make_scheduler(url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=20.0))
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
     helpers("s1", sched.address)
+    # 20 s of steps for the suspend to land (400 of 0.01 s once ended the job before it did,
+    # at load 20), then quick ones to the end once resumed.
     steps = 400
-    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS=str(steps), FAKE_STEP_S="0.01", FAKE_SUSPEND_ACK_S="1.5")
+    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS=str(steps), FAKE_STEP_S="0.05",
+                          FAKE_STEP_S_RESUMED="0.002", FAKE_SUSPEND_ACK_S="1.5")
 
     wait_for(lambda: job().steps >= 10, 30)
     suspend = api.SuspendJob.future(scheduler_pb2.JobActionRequest(id=job_id), timeout=30)
