@@ -15,14 +15,17 @@ by assigning it on. Seen (right before the program's next run, in the program's 
 - two names of the object itself (`best = vl`), in one frame or in two;
 - a name of a copy converted to a Python float, as is or rounded (`best = float(vl)`,
   `vl.item()`, `round(vl, 4)`), for a value that is not a short binary fraction (0.5 or an
-  accuracy of 7/8 may be a constant of the program's own);
+  accuracy of 7/8 may be a constant of the program's own), a rounded one only with 3
+  significant digits or more (0.9 or 0.001 may be the program's momentum or rate);
 - an attribute of an object of the program's own classes (`self.best = vl`), one level;
 - for an evaluation's value (a run that does not train), the last item of a list or deque
   or a value of a small dict (`history.append(vl)`, `stats["best"] = vl`), also inside
   such an attribute. A training run's loss appended to a list is left alone: logging
   (a running mean of the last losses) is what that mostly is.
-Not seen: a value changed by arithmetic (`best = vl * 1.0`), kept deeper in objects, or in a
-container of a training run's values (known limits)."""
+Not seen: a value changed by arithmetic (`best = vl * 1.0`), kept deeper in objects, in a
+container of a training run's values, or rounded to 1-2 significant digits (known limits);
+a constant of 3 digits or more (`beta2 = 0.999`) equal to a value rounded is still taken
+for a copy of it."""
 
 from __future__ import annotations
 
@@ -100,7 +103,16 @@ class _Match:
                 for n in range(3, 9):
                     self.rounded.setdefault(round(p, n), key)
                     self.rounded.setdefault(float(np.round(value, n)), key)
-        return self.rounded.get(f)
+        found = self.rounded.get(f)
+        # One or two significant digits (0.9, 0.1, 0.001) are far likelier the program's own
+        # momentum, rate or decay than a rounded copy: a training loop's metric of 0.9003,
+        # rounded to 3 places, was taken for `momentum = 0.9` kept, and the job refused.
+        return None if found is None or _few_digits(f) else found
+
+
+def _few_digits(f: float) -> bool:
+    """One or two significant digits (0.9, 0.01, 5e-4), as a double or a float32."""
+    return abs(float(f"{f:.2g}") - f) <= abs(f) * 1e-6
 
 
 def _short(f: float) -> bool:

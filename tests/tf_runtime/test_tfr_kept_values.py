@@ -113,3 +113,27 @@ def test_a_best_loss_kept_converted_or_in_an_attribute_or_a_list_is_not_migratab
              "history": "history[-1]", "dict": "stats['best']",
              "attribute_history": "trainer.history[-1]"}[form]
     assert verdicts[-1][0] is False and where in verdicts[-1][1], verdicts
+
+
+def test_a_metric_near_a_constant_of_the_program_is_not_taken_for_a_kept_value() -> None:
+    """A run's accuracy of 0.9003 (or a loss passing 0.9, 0.1 or 0.001 on its way down)
+    rounded to 3 places is the program's `momentum = 0.9`: that constant was taken for a
+    rounded copy of the value (`best = round(acc, 3)`), and a plain training loop that only
+    logs its metric was refused as not migratable ("'acc' and 'momentum'"). A rounded copy
+    counts only with 3 significant digits or more; `round(acc, 4)` kept still refuses."""
+    for keeps in ("", "round"):
+        with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+            gs, x, _loss, train = _model(sess)
+            accuracy = tf.reduce_mean(x) * 3.0  # a scalar metric of the training run: 0.9003
+            momentum, weight_decay, lr, best = 0.9, 0.001, 0.1, float("inf")
+            while int(sess.run(gs)) < 6:
+                _, acc = sess.run([train, accuracy], {x: np.full(3, 0.3001, np.float32)})
+                print("accuracy", acc, momentum, weight_decay, lr)
+                if keeps:
+                    best = min(best, round(float(acc), 4))
+            verdicts = ctl.channel.migratability  # type: ignore[union-attr]
+        assert verdicts, "never judged"
+        if keeps:
+            assert verdicts[-1][0] is False and "'best'" in verdicts[-1][1], verdicts
+        else:
+            assert [v for v, _ in verdicts] == [True], verdicts
