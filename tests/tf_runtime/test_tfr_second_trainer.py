@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tf_runtime import launch, shim
+from tf_runtime import launch, runtime, shim
 from tf_runtime.commands import Command, Kind
 from tf_runtime.controller import Controller, Settings
 from tf_runtime.testing import Exited, FakeChannel
@@ -82,3 +82,29 @@ def test_a_wrapper_that_runs_its_trainer_again_is_told_from_a_second_program() -
     finally:
         launch.forget_launch(mark)
     assert not launch.runs_trainers_program(env), "the launch's marks outlived it"
+
+
+@pytest.mark.parametrize("same_program", [True, False])
+def test_a_process_after_its_launchs_trainer_is_a_trainer_again_only_if_it_reruns_it(
+        tmp_path: Path, same_program: bool) -> None:
+    """runtime.start of a process whose launch's trainer has exited: not migratable until
+    it trains; once it trains, a trainer again (no reason kept) when it runs the trainer's
+    command line, and still "after training" (never checkpointed) otherwise."""
+    mark = f"test-again-{tmp_path.name}"
+    env = {"GANDIVA_RESTORE_CHECKPOINT": str(tmp_path), "GANDIVA_LAUNCH": mark}
+    trainer = subprocess.Popen([sys.executable, "-c", "pass"])
+    trainer.wait()
+    launch.mark_trained(env)  # this command line, then the exited trainer's pid
+    if not same_program:
+        Path(str(launch._launch_file(mark, "program"))).write_bytes(b"python\0pretrain.py\0")
+    Path(str(launch._launch_file(mark, "trained"))).write_text(str(trainer.pid))
+    try:
+        rt = runtime.start(env)
+        assert rt is not None and rt.controller.after_training, "not taken for after training"
+        assert rt.controller.settings.restore_dir is None
+        rt.controller._on_first_training(0)  # type: ignore[misc]  # its first training run
+        assert bool(rt.controller.after_training) is not same_program, rt.controller.after_training
+    finally:
+        shim.uninstall()
+        runtime._RUNTIME.clear()
+        launch.forget_launch(mark)
