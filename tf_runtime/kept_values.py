@@ -33,6 +33,7 @@ import collections
 import sys
 import sysconfig
 import types
+import weakref
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,9 @@ from .python_rng import _SKIP_MODULES
 _INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
                                                         "platlib")})
 _LARGEST = 64  # objects' and dicts' items looked at; larger ones are not such state
-_PROGRAM_TYPES: dict[type, bool] = {}
+# Weakly: a program making a class per step (`namedtuple` in its batch function) kept every
+# one alive here (10,000 classes after 10,000 looks).
+_PROGRAM_TYPES: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 _ABSENT = object()  # not None: `values.get(id(None)) is None` would match every None
 # Types that hold no kept value inside them (looked at as themselves only).
 _PLAIN = frozenset({float, int, bool, str, bytes, type(None), type, types.ModuleType,

@@ -137,3 +137,22 @@ def test_a_metric_near_a_constant_of_the_program_is_not_taken_for_a_kept_value()
             assert verdicts[-1][0] is False and "'best'" in verdicts[-1][1], verdicts
         else:
             assert [v for v, _ in verdicts] == [True], verdicts
+
+
+def test_the_look_does_not_keep_the_classes_a_program_makes_on_every_step_alive() -> None:
+    """Which classes are the program's is remembered per class: a program that makes a
+    class per step (`Batch = namedtuple(...)` in its batch function) had every one kept
+    alive by that memory (1,000 after 1,000 looks); now it forgets a class once it goes."""
+    import collections
+    import gc
+    import sys
+
+    from tf_runtime import kept_values
+
+    value = np.float32(0.3456)
+    for _ in range(1000):
+        batch = collections.namedtuple("Batch", "x y")(1, 2)
+        assert kept_values.second_name(sys._getframe(), {id(value): value}) is None, batch
+    del batch
+    gc.collect()
+    assert sum(t.__name__ == "Batch" for t in list(kept_values._PROGRAM_TYPES)) <= 1
