@@ -16,11 +16,12 @@ job reported, only over stretches in which it was the one job running on its GPU
   neighbour's state change (or a neighbour comes or goes): a change between two
   snapshots is seen by the time it was recorded, never missed; and it ends the moment a
   neighbour is told to resume (``resuming``), before that neighbour runs;
-- reports received in the first ``SETTLE_S`` after the engine saw the stretch begin are
-  not counted, and counting starts at the first mini-batch boundary reported after that
-  (the slow first mini-batch after a resume is not counted);
-- the rate is the steps reported over the time they took (the runtime's own clock, ``at``
-  of its reports, else when they arrived), added up over the stretches alone of the same
+- reports received in the first ``SETTLE_S`` after the last of those states was recorded
+  are not counted (a job's acks and reports share its stream: a report after its resume's
+  ack was taken after it resumed), nor any but the last received before the engine saw
+  the stretch;
+- the rate is the steps reported over the time they took (when the reports arrived; a
+  slice's own resume and suspend acks give its exact first and last steps), added up over the stretches alone of the same
   launch on the same GPUs (time slices of a few seconds each count), the older ones
   fading once ``KEEP_S`` are counted (a job's rate may change by itself: a data phase);
   never the runtime's moving average, which after a change goes on averaging the
@@ -37,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-SETTLE_S = 0.3
+SETTLE_S = 0.2  # a job suspended beside it acked before it was recorded: no more than in flight
 MIN_WINDOW_S = 0.5  # a real runtime reports every 0.5 s
 MIN_STEPS = 3
 KEEP_S = 30.0
@@ -60,11 +61,9 @@ class Condition:
 class _Stretch:
     condition: Condition
     count_after: float  # reports received before this are not counted
-    first: Point | None = None  # the first report counted
-    anchor: Point | None = None  # the first report after a boundary past ``first``
+    anchor: Point | None = None  # the first report counted
     latest: Point | None = None
     added: Point = (0.0, 0)  # the seconds and steps of it already added to the job's sums
-    own_clock: bool = False  # its times are the runtime's (``at``), else arrivals
     closed: bool = False  # a job beside it was told to resume: no report counts any more
 
 
@@ -99,11 +98,14 @@ class AloneRates:
     def __init__(self) -> None:
         self._stretches: dict[str, _Stretch] = {}
         self._sums: dict[str, _Sums] = {}
+        # job -> its last report, and its last resume's ack: (launch, (when, steps))
+        self._last: dict[str, tuple[str, Point]] = {}
+        self._resumed: dict[str, tuple[str, Point]] = {}
+        self._arrived: dict[str, tuple[str, Point]] = {}  # job -> (launch, its last ack's arrival and step)
 
-    def report(self, job_id: str, incarnation: str, steps: int, now: float, at: float = 0.0,
-               rate: float = 1.0) -> None:
-        """A progress report of the job's launch ``incarnation`` arrived at ``now``,
-        taken at ``at`` by the runtime's clock (0: unknown), with the runtime's ``rate``.
+    def report(self, job_id: str, incarnation: str, steps: int, now: float, rate: float = 1.0) -> None:
+        """A progress report of the job's launch ``incarnation`` arrived at ``now``, with the
+        runtime's ``rate`` (its steps are taken as of ``now``: the runtime sends at once).
 
         A report without a rate (0: an old shim, or none measured yet) is not counted: a
         trial is judged by the rates the jobs report, so one started for a job that never
@@ -111,20 +113,42 @@ class AloneRates:
         would start again and again."""
         if rate <= 0:
             return
+        self._last[job_id] = (incarnation, (now, steps))
         stretch = self._stretches.get(job_id)
-        if stretch is None or stretch.closed or stretch.condition.incarnation != incarnation \
-                or now < stretch.count_after:
+        if stretch is None or stretch.closed or stretch.condition.incarnation != incarnation:
             return
-        point = (at if at > 0 else now, steps)
-        if stretch.first is None:
-            stretch.first, stretch.own_clock = point, at > 0
-        elif (at > 0) != stretch.own_clock:
-            return  # times on one clock only
-        elif stretch.anchor is None:
-            if steps > stretch.first[1]:
-                stretch.anchor = point
-        elif steps > (stretch.latest or stretch.anchor)[1] and point[0] > stretch.anchor[0]:
-            stretch.latest = point  # each end the first report of its step count: both just past a boundary
+        self._count(stretch, (now, steps))
+
+    def ack_arrived(self, job_id: str, incarnation: str, step: int, now: float) -> None:
+        """An ack of the job's runtime arrived (``acked`` comes later, when the command's
+        caller runs again: on a loaded event loop, late enough to shorten a slice of a
+        second or two by a tenth, and make its rate that much higher)."""
+        self._arrived[job_id] = (incarnation, (now, step))
+
+    def acked(self, job_id: str, incarnation: str, resumed: bool, step: int, now: float) -> None:
+        """The job's runtime acked a resume (``resumed``) or a suspend at mini-batch ``step``
+        (it arrived at ``ack_arrived``'s time, else ``now``): its exact step where a time
+        slice alone begins and ends (a slice of a second or two has room for one or two
+        reports at most)."""
+        arrived = self._arrived.pop(job_id, None)
+        if arrived is not None and arrived[0] == incarnation and arrived[1][1] == step:
+            now = arrived[1][0]
+        if resumed:
+            self._resumed[job_id] = (incarnation, (now, step))
+            return
+        stretch = self._stretches.get(job_id)
+        if stretch is not None and stretch.condition.incarnation == incarnation and not stretch.closed:
+            stretch.count_after = min(stretch.count_after, now)
+            self._count(stretch, (now, step))
+
+    @staticmethod
+    def _count(stretch: _Stretch, point: Point) -> None:
+        if point[0] < stretch.count_after:
+            return
+        if stretch.anchor is None:
+            stretch.anchor = point
+        elif point[1] > (stretch.latest or stretch.anchor)[1] and point[0] > stretch.anchor[0]:
+            stretch.latest = point  # (the first report of its step count: near a boundary, as the anchor)
 
     def resuming(self, job_id: str) -> None:
         """The job is told to resume (a time slice's turn, a packing trial, an operator): the
@@ -144,7 +168,6 @@ class AloneRates:
             for g in j.gpus:
                 on_gpu.setdefault(g, []).append(j)
         where = {j.id: (j.incarnation, j.gpus) for j in jobs}
-        self._sums = {k: v for k, v in self._sums.items() if where.get(k) == (v.incarnation, v.gpus)}
         stretches: dict[str, _Stretch] = {}
         for j in jobs:
             if j.state != "RUNNING" or not j.gpus:
@@ -156,16 +179,47 @@ class AloneRates:
             condition = Condition(j.incarnation, j.gpus, states)
             stretch = self._stretches.get(j.id)
             if stretch is None or stretch.condition != condition:
-                stretch = _Stretch(condition, now + SETTLE_S)
+                # From when the last of those states was recorded (this look may come a
+                # round later): the last report before this look may be its anchor.
+                began = max(state[2] for state in states)
+                stretch = _Stretch(condition, began + SETTLE_S)
+                resumed = self._resumed.pop(j.id, None)
+                others = max((o.state_changed_at for o in near.values()), default=0.0)
+                if resumed is not None and resumed[0] == j.incarnation and resumed[1][0] >= others \
+                        and j.state_changed_at >= resumed[1][0]:
+                    # Its own resume began it, every job beside it already suspended: from
+                    # the step its ack gave.
+                    stretch.count_after, stretch.anchor = resumed[1][0], resumed[1]
+                last = self._last.get(j.id)
+                if last is not None and last[0] == j.incarnation:  # it came before this look
+                    self._count(stretch, last[1])
             stretches[j.id] = stretch
-            if stretch.anchor is not None and stretch.latest is not None:
-                sums = self._sums.setdefault(j.id, _Sums(j.incarnation, j.gpus))
-                seconds, steps = stretch.latest[0] - stretch.anchor[0], stretch.latest[1] - stretch.anchor[1]
-                sums.seconds += seconds - stretch.added[0]
-                sums.steps += steps - stretch.added[1]
-                stretch.added = (seconds, steps)
-                if sums.seconds > KEEP_S:  # the older stretches fade
-                    sums.steps *= KEEP_S / sums.seconds
-                    sums.seconds = KEEP_S
+        # A stretch that ended since the last look (its job suspended, a job beside it
+        # placed or resumed) counts up to its last report too: no report of it came after
+        # its job stopped, or after a job beside it was told to resume (``resuming``).
+        for job_id, stretch in (*self._stretches.items(), *stretches.items()):
+            self._add(job_id, stretch)
         self._stretches = stretches
+        self._sums = {k: v for k, v in self._sums.items() if where.get(k) == (v.incarnation, v.gpus)}
+        # (A copy first: reports add to it on the event loop's thread meanwhile.)
+        self._last = {k: v for k, v in list(self._last.items()) if k in where}
+        self._resumed = {k: v for k, v in list(self._resumed.items()) if k in where}
+        self._arrived = {k: v for k, v in list(self._arrived.items()) if k in where}
         return {k: rate for k, v in self._sums.items() if (rate := v.rate) is not None}
+
+    def _add(self, job_id: str, stretch: _Stretch) -> None:
+        """Add what the stretch measured since it was last added to its job's sums (those
+        of its launch on its GPUs)."""
+        if stretch.anchor is None or stretch.latest is None:
+            return
+        launch, gpus = stretch.condition.incarnation, stretch.condition.gpus
+        sums = self._sums.get(job_id)
+        if sums is None or (sums.incarnation, sums.gpus) != (launch, gpus):
+            sums = self._sums[job_id] = _Sums(launch, gpus)
+        seconds, steps = stretch.latest[0] - stretch.anchor[0], stretch.latest[1] - stretch.anchor[1]
+        sums.seconds += seconds - stretch.added[0]
+        sums.steps += steps - stretch.added[1]
+        stretch.added = (seconds, steps)
+        if sums.seconds > KEEP_S:  # the older stretches fade
+            sums.steps *= KEEP_S / sums.seconds
+            sums.seconds = KEEP_S

@@ -47,12 +47,6 @@ def _metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def _when(at: float) -> float:
-    """A report's own time (the runtime's clock, for the rate alone: scheduler/alone.py);
-    0 (use when it arrived) for none or one no clock gives."""
-    return at if math.isfinite(at) and at > 0 else 0.0
-
-
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
     def __init__(self, core: SchedulerCore) -> None:
         self.core = core
@@ -158,7 +152,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     conn.step_s = clean_step_s(p.last_step_s)
                     await self.core.record_progress(
                         conn.job_id, conn.incarnation, min(max(0, p.steps), MAX_STEPS), clean_rate(p.rate),
-                        conn.step_s, _metrics(p.metrics), p.other_run, at=_when(p.at),
+                        conn.step_s, _metrics(p.metrics), p.other_run,
                     )
                     if 0 < p.total_steps <= MAX_STEPS and p.total_steps != total_seen:
                         await self.core.record_total_steps(conn.job_id, conn.incarnation, p.total_steps)
@@ -167,6 +161,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     msg.ack.message = clean_text(msg.ack.message)
                     msg.ack.checkpoint_path = clean_text(msg.ack.checkpoint_path)
                     msg.ack.step = min(msg.ack.step, MAX_STEPS)  # it becomes the job's steps
+                    self.core.alone_rates.ack_arrived(conn.job_id, conn.incarnation, msg.ack.step, self.core.clock())
                     self.core.runtimes.resolve(conn, msg.ack)
                 elif kind == "train_signature":
                     # Bounded: a signature is a few names; a huge one is not worth relaying.

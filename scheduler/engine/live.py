@@ -1082,6 +1082,7 @@ class LiveEngine:
             raise
         if ack.ok:
             self.observer.switched("resume" if target is JobState.RUNNING else "suspend", time.perf_counter() - t0)
+            self.core.alone_rates.acked(job_id, incarnation, target is JobState.RUNNING, ack.step, self.core.clock())
         if not ack.ok:
             verb = runtime_pb2.CommandKind.Name(kind).removeprefix("COMMAND_KIND_").lower()
             raise FailedPrecondition(f"job {job_id} could not {verb}: {ack.message}")

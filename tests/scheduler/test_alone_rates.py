@@ -14,10 +14,10 @@ def _rows(a_state: str, b_state: str, b_changed: float = 0.0, a_gpus=GPU) -> lis
 
 def _run(rates: AloneRates, job: str, launch: str, start: float, seconds: float, per_s: float,
          steps: int = 0) -> int:
-    """The job reports every 0.1 s for ``seconds`` at ``per_s`` (by its own clock ``at``)."""
+    """The job reports every 0.1 s for ``seconds`` at ``per_s``."""
     for i in range(int(seconds * 10)):
         now = start + i / 10
-        rates.report(job, launch, steps + int(per_s * i / 10), now, at=1000 + now)
+        rates.report(job, launch, steps + int(per_s * i / 10), now)
     return steps + int(per_s * seconds)
 
 
@@ -73,5 +73,19 @@ def test_a_runtime_that_reports_steps_but_no_rate_gets_no_rate_alone() -> None:
     rates = AloneRates()
     rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
     for i in range(30):
-        rates.report("a", "la", i, i / 10, at=1000 + i / 10, rate=0.0)
+        rates.report("a", "la", i, i / 10, rate=0.0)
     assert rates.observe(3.0, _rows("RUNNING", "SUSPENDED")) == {}
+
+
+def test_a_short_time_slice_is_measured_from_its_resume_and_suspend_acks() -> None:
+    """A slice of 1.3 s has room for one or two reports of a real runtime (every 0.5 s):
+    measured between reports only, a trial of two jobs sliced every 1.5 s waited 60-90 s
+    for a rate alone. Its acks give the steps where it began and ended."""
+    rates = AloneRates()
+    rates.observe(0.0, _rows("SUSPENDED", "RUNNING"))
+    rates.acked("a", "la", True, 100, 0.05)  # b was suspended (recorded at 0.0), then a resumed
+    rates.observe(0.1, [JobRow("a", "la", "RUNNING", 0.08, GPU), JobRow("b", "lb", "SUSPENDED", 0.0, GPU)])
+    rates.report("a", "la", 105, 0.6)
+    rates.acked("a", "la", False, 113, 1.35)  # its slice is over at step 113
+    got = rates.observe(1.4, [JobRow("a", "la", "SUSPENDED", 1.37, GPU), JobRow("b", "lb", "RUNNING", 1.4, GPU)])
+    assert got == {"a": 13 / 1.3}

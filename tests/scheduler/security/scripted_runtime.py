@@ -45,7 +45,7 @@ class ScriptedRuntime:
                 elif cmd.kind == runtime_pb2.COMMAND_KIND_RESUME:
                     self.running = True
                 self.out.put(runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(
-                    command_id=cmd.command_id, ok=True, step=int(self.steps))))
+                    command_id=cmd.command_id, ok=True, step=int(self.steps) + 1)))  # as its reports count
         except grpc.RpcError:
             pass  # the stream ends with the test
 
@@ -62,7 +62,7 @@ class ScriptedRuntime:
                 self.steps += rate * passed
                 said = 1e6 if self.lie == "huge" and both else rate
                 self.out.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
-                    steps=int(self.steps) + 1, rate=said, last_step_s=1 / rate, at=time.time())))
+                    steps=int(self.steps) + 1, rate=said, last_step_s=1 / rate)))
 
     def close(self) -> None:
         self.closed.set()
