@@ -262,6 +262,7 @@ class BoundaryLayer:
         # best value of early stopping: tf_runtime.kept_values); None once it does.
         self._kept: dict[int, Any] | None = {}
         self._kept_eval = False  # they came from a run that does not train
+        self._older: dict[int, Any] | None = None  # containers held while that run was in flight
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
             run_metadata: Any = None) -> Any:
@@ -385,6 +386,14 @@ class BoundaryLayer:
                                          if i in carry and i < len(leaves))
                       if isinstance(v, np.generic)}
         self._kept_eval = not info.is_training
+        # The containers held before the program got these values: one it makes after
+        # (`results = {"val_loss": vl}`, `row = [step, vl]`, to log) keeps nothing.
+        self._older = None
+        if self._kept_eval and self._kept:
+            try:
+                self._older = kept_values.containers_held(sys._getframe(2))
+            except Exception:  # the shim's own fault: never the program's run
+                log.exception("tf_runtime could not look at the program's containers")
 
     def _check_kept(self) -> None:
         """Right before the program's next run: does it keep a scalar the last run returned
@@ -392,8 +401,10 @@ class BoundaryLayer:
         holds; before s45 early stopping was judged migratable, and a copy restarted
         mid-patience stopped later than an uninterrupted run, with other weights."""
         kept, self._kept = self._kept or {}, {}
+        older, self._older = self._older, None
         try:
-            names = kept_values.second_name(sys._getframe(2), kept, containers=self._kept_eval)
+            names = kept_values.second_name(sys._getframe(2), kept, containers=self._kept_eval,
+                                            older=older)
         except Exception:  # the shim's own fault: never the program's run
             log.exception("tf_runtime could not look at the values the program keeps; it "
                           "stops looking")

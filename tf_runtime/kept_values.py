@@ -124,11 +124,15 @@ def _short(f: float) -> bool:
 
 
 def _inside(key: str, value: Any, containers: bool, seen: set[int],
-            match: _Match) -> list[tuple[str, int]]:
+            match: _Match, older: dict[int, Any] | None = None) -> list[tuple[str, int]]:
     """Kept values an object a name holds holds (looked at once per object), named: the
     last item of a list, the values of a small dict, the attributes of an object of the
-    program's own classes (and the last item of a list among them)."""
-    kind, found = type(value), []
+    program's own classes (and the last item of a list among them). ``older``: when
+    given, only a list or dict in it (held while the run was in flight) is looked into."""
+    kind, found = type(value), list[tuple[str, int]]()
+    if containers and older is not None and kind in (list, collections.deque, dict) \
+            and older.get(id(value), _ABSENT) is not value:
+        return found  # made since the run (a row or a dict of results to log): not kept
     if containers and kind in (list, collections.deque):
         if value:
             seen.add(id(value))
@@ -147,18 +151,41 @@ def _inside(key: str, value: Any, containers: bool, seen: set[int],
                 if (at := match.find(v)) is not None:
                     found.append((f"{key}.{attr}", at))
                 elif containers and type(v) in (list, collections.deque) and v \
-                        and id(v) not in seen:
+                        and id(v) not in seen and (older is None or older.get(id(v), _ABSENT) is v):
                     seen.add(id(v))
                     if (at := match.find(v[-1])) is not None:
                         found.append((f"{key}.{attr}[-1]", at))
     return found
 
 
+def containers_held(frame: Any, limit: int = 16) -> dict[int, Any]:
+    """The lists, deques and dicts the program's frames hold, directly or in an attribute
+    of an object of its own classes (id -> the object): taken while a run is in flight, so
+    that a container the program makes afterwards to log the run's values (`results =
+    {"val_loss": vl}`, `row = [step, vl]`) is told from one it keeps them in."""
+    held: dict[int, Any] = {}
+    depth = 0
+    while frame is not None and depth < limit:
+        if _program_frame(frame):
+            for value in list(frame.f_locals.values()):
+                kind = type(value)
+                if kind in (list, collections.deque, dict):
+                    held[id(value)] = value
+                elif kind not in _PLAIN and _PROGRAM_TYPES.get(kind, True) and _program_type(kind):
+                    attrs = getattr(value, "__dict__", None)
+                    if isinstance(attrs, dict) and len(attrs) <= _LARGEST:
+                        held.update((id(v), v) for v in list(attrs.values())
+                                    if type(v) in (list, collections.deque))
+        frame, depth = frame.f_back, depth + 1
+    return held
+
+
 def second_name(frame: Any, values: dict[int, Any], limit: int = 16,
-                containers: bool = False) -> tuple[str, str] | None:
+                containers: bool = False, older: dict[int, Any] | None = None) -> tuple[str, str] | None:
     """Two names under which the program's frames, from `frame` outwards, hold one of
     `values` (id -> value), as is or converted (see the module's docstring), or None.
-    `containers`: the values are an evaluation's; look into lists and dicts too."""
+    `containers`: the values are an evaluation's; look into lists and dicts too, only
+    those in `older` when given (``containers_held`` while the run was in flight)."""
     names: dict[int, str] = {}
     match = _Match(values)
     seen: set[int] = set()
@@ -175,7 +202,7 @@ def second_name(frame: Any, values: dict[int, Any], limit: int = 16,
                     found = None
                 held: list[tuple[str, int]] = [(key, found)] if found is not None else []
                 if kind not in _PLAIN and id(value) not in seen:
-                    held += _inside(key, value, containers, seen, match)
+                    held += _inside(key, value, containers, seen, match, older)
                 for name, found in held:
                     if found in names:  # a second name (in this frame or an outer one)
                         return names[found], name

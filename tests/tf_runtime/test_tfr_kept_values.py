@@ -156,3 +156,29 @@ def test_the_look_does_not_keep_the_classes_a_program_makes_on_every_step_alive(
     del batch
     gc.collect()
     assert sum(t.__name__ == "Batch" for t in list(kept_values._PROGRAM_TYPES)) <= 1
+
+
+@pytest.mark.parametrize("form", ["results", "row"])
+def test_an_evaluations_values_put_in_a_new_dict_or_list_to_log_stay_migratable(form: str) -> None:
+    """`results = {"val_loss": vl, "val_acc": va}; print(results)` or `row = [step, vl, va];
+    print(*row)` after each evaluation keep nothing from one run to the next, but the
+    dict's value or the list's last item was taken for a second name of the value ("two
+    names ('vl' and "results['val_loss']")"): a job that logs its evaluations was refused.
+    Now only a list or dict the program held while the run was in flight counts (a history
+    or a dict of bests: the converted_or_in_an_attribute forms are still refused)."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs, x, loss, train = _model(sess)
+        accuracy = tf.reduce_mean(x) * 3.0
+        while (step := int(sess.run(gs))) < 12:
+            sess.run(train, {x: np.full(3, 0.1 * step + 0.5, np.float32)})
+            if step % 3 != 2:
+                continue
+            vl, va = sess.run([loss, accuracy], {x: np.full(3, 0.7, np.float32)})
+            if form == "results":
+                results = {"val_loss": vl, "val_acc": va}
+                print(results)
+            else:
+                row = [step, vl, va]
+                print(*row)
+        verdicts = ctl.channel.migratability  # type: ignore[union-attr]
+    assert verdicts and all(v for v, _ in verdicts), verdicts
