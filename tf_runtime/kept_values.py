@@ -130,9 +130,8 @@ def _inside(key: str, value: Any, containers: bool, seen: set[int],
     program's own classes (and the last item of a list among them). ``older``: when
     given, only a list or dict in it (held while the run was in flight) is looked into."""
     kind, found = type(value), list[tuple[str, int]]()
-    if containers and older is not None and kind in (list, collections.deque, dict) \
-            and older.get(id(value), _ABSENT) is not value:
-        return found  # made since the run (a row or a dict of results to log): not kept
+    if containers and older is not None and older.get(id(value), _ABSENT) is not value:
+        return found  # made since the run (a row, a dict or an object of results to log): not kept
     if containers and kind in (list, collections.deque):
         if value:
             seen.add(id(value))
@@ -159,10 +158,10 @@ def _inside(key: str, value: Any, containers: bool, seen: set[int],
 
 
 def containers_held(frame: Any, limit: int = 16) -> dict[int, Any]:
-    """The lists, deques and dicts the program's frames hold, directly or in an attribute
-    of an object of its own classes (id -> the object): taken while a run is in flight, so
-    that a container the program makes afterwards to log the run's values (`results =
-    {"val_loss": vl}`, `row = [step, vl]`) is told from one it keeps them in."""
+    """The lists, deques, dicts and objects of its own classes the program's frames hold,
+    and the lists in those objects' attributes (id -> the object): taken while a run is in
+    flight, so that one the program makes afterwards to log the run's values (`results =
+    {"val_loss": vl}`, `row = [step, vl]`, `Result(vl)`) is told from one it keeps them in."""
     held: dict[int, Any] = {}
     depth = 0
     while frame is not None and depth < limit:
@@ -172,6 +171,7 @@ def containers_held(frame: Any, limit: int = 16) -> dict[int, Any]:
                 if kind in (list, collections.deque, dict):
                     held[id(value)] = value
                 elif kind not in _PLAIN and _PROGRAM_TYPES.get(kind, True) and _program_type(kind):
+                    held[id(value)] = value
                     attrs = getattr(value, "__dict__", None)
                     if isinstance(attrs, dict) and len(attrs) <= _LARGEST:
                         held.update((id(v), v) for v in list(attrs.values())

@@ -158,7 +158,14 @@ def test_the_look_does_not_keep_the_classes_a_program_makes_on_every_step_alive(
     assert sum(t.__name__ == "Batch" for t in list(kept_values._PROGRAM_TYPES)) <= 1
 
 
-@pytest.mark.parametrize("form", ["results", "row"])
+class _Result:
+    """An evaluation's values, made to log them."""
+
+    def __init__(self, loss: Any, accuracy: Any) -> None:
+        self.loss, self.accuracy = loss, accuracy
+
+
+@pytest.mark.parametrize("form", ["results", "row", "object"])
 def test_an_evaluations_values_put_in_a_new_dict_or_list_to_log_stay_migratable(form: str) -> None:
     """`results = {"val_loss": vl, "val_acc": va}; print(results)` or `row = [step, vl, va];
     print(*row)` after each evaluation keep nothing from one run to the next, but the
@@ -177,8 +184,11 @@ def test_an_evaluations_values_put_in_a_new_dict_or_list_to_log_stay_migratable(
             if form == "results":
                 results = {"val_loss": vl, "val_acc": va}
                 print(results)
-            else:
+            elif form == "row":
                 row = [step, vl, va]
                 print(*row)
+            else:
+                result = _Result(vl, va)
+                print(vars(result))
         verdicts = ctl.channel.migratability  # type: ignore[union-attr]
     assert verdicts and all(v for v, _ in verdicts), verdicts
