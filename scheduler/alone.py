@@ -15,7 +15,9 @@ job reported, only over stretches in which it was the one job running on its GPU
 - its stretch starts over whenever its launch, its GPUs, its own state change or any
   neighbour's state change (or a neighbour comes or goes): a change between two
   snapshots is seen by the time it was recorded, never missed; and it ends the moment a
-  neighbour is told to resume (``resuming``), before that neighbour runs;
+  neighbour is told to resume (``resuming``) or a job is launched or migrated onto its
+  GPUs (``launching``), before that job runs; if that job does not run after all (its
+  resume refused, its migration failed: ``resume_failed``), a new stretch starts then;
 - reports received in the first ``SETTLE_S`` after the last of those states was recorded
   are not counted (a job's acks and reports share its stream: a report after its resume's
   ack was taken after it resumed), nor any but the last received before the engine saw
@@ -36,7 +38,7 @@ scheduler measures again before it packs. ``report`` runs on the event loop and
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SETTLE_S = 0.2  # a job suspended beside it acked before it was recorded: no more than in flight
 MIN_WINDOW_S = 0.5  # a real runtime reports every 0.5 s
@@ -65,6 +67,8 @@ class _Stretch:
     latest: Point | None = None
     added: Point = (0.0, 0)  # the seconds and steps of it already added to the job's sums
     closed: bool = False  # a job beside it was told to resume: no report counts any more
+    closers: set[str] = field(default_factory=set)  # the jobs told to resume, or launched, beside it
+    reopened: float | None = None  # when the last of those failed to resume: a new stretch from then
 
 
 @dataclass
@@ -157,7 +161,33 @@ class AloneRates:
         loaded machine, a measured 7.9/s where the job ran 10/s alone and 2.5/s packed)."""
         for stretch in list(self._stretches.values()):
             if any(state[0] == job_id for state in stretch.condition.states):
-                stretch.closed = True
+                self._close(stretch, job_id)
+
+    def launching(self, job_id: str, gpus: Iterable[tuple[str, int]]) -> None:
+        """The job is launched onto ``gpus`` (placed from the queue, or migrated in): the
+        stretches on those GPUs end now. The snapshot that shows it comes a round later,
+        and a warm copy runs at once: the reports in between were counted as alone (2 s at
+        10/s and 3 s at the packed 2.5/s read 5.4/s)."""
+        on = set(gpus)
+        for stretch in list(self._stretches.values()):
+            if on.intersection(stretch.condition.gpus):
+                self._close(stretch, job_id)
+
+    def resume_failed(self, job_id: str, now: float) -> None:
+        """The job's resume was refused (or its migration in failed): it never ran, and no
+        state changed. The stretches it closed, none other closing them, start over from
+        ``now`` at the next look (they were reused closed: nothing measured until a state
+        changed)."""
+        for stretch in list(self._stretches.values()):
+            if job_id in stretch.closers:
+                stretch.closers.discard(job_id)
+                if not stretch.closers:
+                    stretch.reopened = now
+
+    @staticmethod
+    def _close(stretch: _Stretch, job_id: str) -> None:
+        stretch.closers.add(job_id)
+        stretch.closed, stretch.reopened = True, None
 
     def observe(self, now: float, jobs: Iterable[JobRow]) -> dict[str, float]:
         """Look at a snapshot's unfinished jobs; returns each job's rate alone on its
@@ -178,10 +208,13 @@ class AloneRates:
             states = tuple(sorted((o.id, o.state, o.state_changed_at) for o in (j, *near.values())))
             condition = Condition(j.incarnation, j.gpus, states)
             stretch = self._stretches.get(j.id)
-            if stretch is None or stretch.condition != condition:
+            if stretch is None or stretch.condition != condition or stretch.reopened is not None:
                 # From when the last of those states was recorded (this look may come a
-                # round later): the last report before this look may be its anchor.
+                # round later), or a resume beside it failed: the last report before this
+                # look may be its anchor.
                 began = max(state[2] for state in states)
+                if stretch is not None and stretch.condition == condition and stretch.reopened is not None:
+                    began = max(began, stretch.reopened)
                 stretch = _Stretch(condition, began + SETTLE_S)
                 resumed = self._resumed.pop(j.id, None)
                 others = max((o.state_changed_at for o in near.values()), default=0.0)

@@ -870,6 +870,8 @@ class LiveEngine:
             )
         )
         self.core.runtimes.watch(job.id, incarnation)
+        # It runs from now on: the jobs alone on its GPUs are no longer, before a snapshot shows it.
+        self.core.alone_rates.launching(job.id, gpus)
         fut = self.core.helpers.send(primary, cmd)
         # Watched, but not "in flight": the job can be suspended or killed meanwhile.
         task = asyncio.create_task(self._launch_result(job.id, incarnation, fut, primary, restore_checkpoint))
@@ -1084,6 +1086,9 @@ class LiveEngine:
             self.observer.switched("resume" if target is JobState.RUNNING else "suspend", time.perf_counter() - t0)
             self.core.alone_rates.acked(job_id, incarnation, target is JobState.RUNNING, ack.step, self.core.clock())
         if not ack.ok:
+            if kind == runtime_pb2.COMMAND_KIND_RESUME:
+                # Refused: it never ran, and no state changes. (No answer at all: it may run.)
+                self.core.alone_rates.resume_failed(job_id, self.core.clock())
             verb = runtime_pb2.CommandKind.Name(kind).removeprefix("COMMAND_KIND_").lower()
             raise FailedPrecondition(f"job {job_id} could not {verb}: {ack.message}")
         tries = 0
@@ -1132,8 +1137,15 @@ class LiveEngine:
 
     async def migrate(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> None:
         was, source = await self._where(job_id)
-        await self._settle_move(job_id, run_migration(self.core, job_id, list(to_gpus), reason), to_gpus[0].server,
-                                was.state, was.incarnation, source.name if source else "")
+        # Restored at the destination, it runs there before it is recorded there: the jobs
+        # alone on those GPUs are no longer. If it does not get there (refused, failed),
+        # they start over; if it does, the snapshot shows it there.
+        self.core.alone_rates.launching(job_id, to_gpus)
+        try:
+            await self._settle_move(job_id, run_migration(self.core, job_id, list(to_gpus), reason),
+                                    to_gpus[0].server, was.state, was.incarnation, source.name if source else "")
+        finally:
+            self.core.alone_rates.resume_failed(job_id, self.core.clock())
 
     async def _settle_move(self, job_id: str, migration: Coroutine[Any, Any, MigrationResult | None], dest: str,
                            was_state: str, incarnation: str, source: str) -> None:

@@ -89,3 +89,45 @@ def test_a_short_time_slice_is_measured_from_its_resume_and_suspend_acks() -> No
     rates.acked("a", "la", False, 113, 1.35)  # its slice is over at step 113
     got = rates.observe(1.4, [JobRow("a", "la", "SUSPENDED", 1.37, GPU), JobRow("b", "lb", "RUNNING", 1.4, GPU)])
     assert got == {"a": 13 / 1.3}
+
+
+def test_a_job_launched_beside_it_ends_its_stretch_before_the_next_snapshot() -> None:
+    """A newcomer placed from the queue (or migrated in) onto its GPUs runs from its launch
+    (a warm copy starts at once); the snapshot that shows it comes a round later. Reports in
+    between were counted as alone: 2 s at 10/s and 3 s at the packed 2.5/s read 5.5/s."""
+    rates = AloneRates()
+    rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
+    steps = _run(rates, "a", "la", 0.0, 2.0, 10.0)
+    rates.launching("c", (("n1", 0),))  # c launched onto a's GPU
+    _run(rates, "a", "la", 2.0, 3.0, 2.5, steps=steps)
+    c = JobRow("c", "lc", "RUNNING", 2.0, GPU)
+    got = rates.observe(5.0, [*_rows("RUNNING", "SUSPENDED"), c])
+    assert 9.5 < got["a"] < 10.5  # was 5.4: 3 s of the packed 2.5/s counted as alone
+    # A launch on another GPU leaves it alone.
+    rates = AloneRates()
+    rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
+    rates.launching("c", (("n1", 1), ("n2", 0)))
+    _run(rates, "a", "la", 0.0, 3.0, 10.0)
+    assert 9.5 < rates.observe(3.0, _rows("RUNNING", "SUSPENDED"))["a"] < 10.5
+
+
+def test_a_neighbour_whose_resume_failed_leaves_it_measured_again() -> None:
+    """b told to resume, its runtime refused: b never ran, nothing changed in the snapshot,
+    and a's closed stretch was reused at every look: nothing measured until a state changed."""
+    rates = AloneRates()
+    rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
+    rates.resuming("b")
+    rates.resume_failed("b", 0.5)
+    rates.observe(1.0, _rows("RUNNING", "SUSPENDED"))
+    _run(rates, "a", "la", 1.0, 3.0, 10.0)
+    assert 9.5 < rates.observe(4.0, _rows("RUNNING", "SUSPENDED"))["a"] < 10.5
+    # Another neighbour still resuming keeps it closed.
+    rates = AloneRates()
+    rows = [*_rows("RUNNING", "SUSPENDED"), JobRow("d", "ld", "SUSPENDED", 0.0, GPU)]
+    rates.observe(0.0, rows)
+    rates.resuming("b")
+    rates.resuming("d")
+    rates.resume_failed("b", 0.5)
+    rates.observe(1.0, rows)
+    _run(rates, "a", "la", 1.0, 3.0, 2.5)
+    assert rates.observe(4.0, rows) == {}
