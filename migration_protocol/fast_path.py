@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from protos.gandiva.v1 import common_pb2, helper_pb2, runtime_pb2
+from tf_runtime import EXIT_TOWERS_CHANGED  # the shim's exit code (no TensorFlow import)
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +128,18 @@ class MigrationResult:
     # A failed transfer: why, as its holder's helper said (helper_pb2.TransferFault; 0: none,
     # or a helper older than the field).
     transfer_fault: int = 0
+    # The pre-warmed destination's program refused to restore a checkpoint of another tower
+    # count (it builds one tower per device; its process exited EXIT_TOWERS_CHANGED). Its
+    # runtime says so too, but that message can come after the helper's answer has ended the
+    # migration, when the copy is stale and its messages are not heeded.
+    towers_refused: bool = False
 
 
 class _StepFailed(Exception):
-    def __init__(self, message: str, fault: int = 0) -> None:
+    def __init__(self, message: str, fault: int = 0, exit_code: int = 0) -> None:
         super().__init__(message)
         self.fault = fault  # the failed result's transfer_fault
+        self.exit_code = exit_code  # the failed result's exit code (a launch's process)
 
 
 def checkpoint_paths(plan: MigrationPlan, name: str) -> tuple[str, str | None]:
@@ -179,6 +186,7 @@ class _Migration:
         self.plan, self.ports, self.t = plan, ports, timeouts
         self.durations: dict[str, float] = {}
         self.transfer_fault = 0
+        self.towers_refused = False
 
     async def _phase(self, phase: str, seconds: float, detail: str = "") -> None:
         self.durations[phase] = seconds
@@ -196,7 +204,8 @@ class _Migration:
         except Exception as exc:
             raise _StepFailed(f"{server}: {cmd.WhichOneof('body')} failed: {exc}") from exc
         if not result.ok:
-            raise _StepFailed(f"{server}: {cmd.WhichOneof('body')} failed: {result.message}", result.transfer_fault)
+            raise _StepFailed(f"{server}: {cmd.WhichOneof('body')} failed: {result.message}", result.transfer_fault,
+                              result.exit_code)
         return result
 
     async def _stop_dest(self, why: str) -> None:
@@ -216,6 +225,7 @@ class _Migration:
                 gpu_indices=list(p.dest_gpus), warm=True, warm_signature=p.warm_signature,
                 source_towers=p.source_towers))
         except _StepFailed as exc:
+            self.towers_refused = exc.exit_code == EXIT_TOWERS_CHANGED
             await self._stop_dest("pre-warm failed")
             return await self._stayed(f"pre-warm at {p.dest.name} failed: {exc}")
         await self._phase("prewarm", warm.durations_s.get("prewarm", time.monotonic() - t0), p.dest.name)
@@ -311,4 +321,4 @@ class _Migration:
         if outcome is not Outcome.MIGRATED:
             log.warning("migration of %s: %s (%s)", self.plan.job_id, outcome.value, reason)
         return MigrationResult(outcome, server, incarnation, step, checkpoint, reason, dict(self.durations),
-                               self.transfer_fault)
+                               self.transfer_fault, self.towers_refused)

@@ -1503,9 +1503,9 @@ class SchedulerCore:
         (one transaction, event `job.grow_shrink`); the policy then never grows it and
         shrinks it back if it is grown. False when it was off already."""
         reason = (f"the program builds one tower per device: growing it would change its result "
-                  f"(launch {incarnation or '?'} on {devices or '?'} GPU(s) built {towers} tower(s), "
-                  f"its checkpoint holds {checkpoint_towers}); use tf_runtime.towers for fixed "
-                  "logical towers")
+                  f"(launch {incarnation or '?'} on {devices or '?'} GPU(s) built {towers or '?'} tower(s), "
+                  f"its checkpoint holds {checkpoint_towers or 'another count'}); use tf_runtime.towers "
+                  "for fixed logical towers")
         async with self.tx() as s:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.grow_shrink_note or JobState(job.state).terminal:

@@ -280,6 +280,13 @@ async def _carry_out(
     if gone_at_dest and result is not None:
         core.stop_on(dest_name, job_id, result.incarnation, f"its GPU(s) {gone_at_dest[0]} on {dest_name} are gone")
     await core.replay_early_exit(job_id, result.incarnation if result is not None else "")
+    if result is not None and result.towers_refused:
+        # Its runtime's own report of the refusal may have come after the helper's answer
+        # (the copy then stale, its messages not heeded): grow-shrink off all the same.
+        try:
+            await core.record_towers_changed(job_id, plan.dest_incarnation, 0, 0, len(to_gpus))
+        except GandivaError as err:  # the next grow's refusal says it again
+            log.warning("could not turn grow-shrink off for job %s: %s", job_id, err)
     core.poke()
     return result
 

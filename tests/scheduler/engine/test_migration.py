@@ -118,6 +118,20 @@ async def test_prewarm_failure_leaves_the_job_running_at_the_source(failure: Any
     assert (result.server, result.incarnation, result.step) == ("a", "i0", -1)
     # The source was never told anything; the half-warm destination is cleaned up.
     assert ports.kinds() == [("launch", "b"), ("stop", "b")]
+    assert not result.towers_refused
+
+
+async def test_a_destination_refusing_its_tower_count_says_so_in_the_result_not_only_by_its_runtime() -> None:
+    """A program building one tower per device, grown: its pre-warmed copy refuses the
+    checkpoint and exits 76. Its runtime's message saying so raced the helper's answer; when
+    the answer won, the copy was stale, its message dropped, and grow-shrink stayed on (CI of
+    session 46: test_grow_towers waited 150 s for the note). The result carries it now."""
+    ports = Ports()
+    ports.handlers["launch"] = lambda c: helper_pb2.HelperCommandResult(
+        ok=False, exit_code=76, message="j1: the job process exited with code 76 before 'warm_ready'")
+    result = await migrate(plan(), ports)
+    assert result.outcome is Outcome.STAYED and result.towers_refused
+    assert ports.kinds() == [("launch", "b"), ("stop", "b")]
 
 
 async def test_restore_failure_restarts_at_the_source_from_the_checkpoint() -> None:
