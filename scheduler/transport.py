@@ -17,6 +17,7 @@ import inspect
 import ipaddress
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ def _read(path: str, what: str) -> bytes:
         # Bounded, and a named pipe nothing writes to is refused: `--tls-key /dev/zero` took
         # the scheduler to 2.9 GB in 20 s, and a FIFO held it for ever, before it said a word.
         with open_input(path) as fh:
+            st = os.fstat(fh.fileno())  # the file read, not whatever its name leads to later
             data = fh.read(MAX_PEM_BYTES + 1)
     except OSError as exc:
         raise SecurityError(f"{what} {path}: cannot read ({exc.strerror})") from None
@@ -56,7 +58,28 @@ def _read(path: str, what: str) -> bytes:
     if b"-----BEGIN " not in data:  # gRPC said only "Failed to create security handshaker"
         raise SecurityError(f"{what} {path}: not a PEM file (no -----BEGIN line); give the file "
                             "`gandiva tls init` wrote")
+    if why := _exposed(st, path, what, b"PRIVATE KEY-----" in data):
+        raise SecurityError(why)
     return data
+
+
+def _exposed(st: os.stat_result, path: str, what: str, secret: bool) -> str:
+    """Why a TLS file of these permissions must not be used ("" when it may). Whoever may
+    write a certificate, a CA or a key can put their own there (a CA of theirs is then
+    trusted, a key of theirs served), and a key every user may read is no longer private;
+    SSH refuses such files the same way. A group may read a key (the `ssl-cert` group's
+    0640 convention). A pipe (`<(...)`) has no such mode to judge and is let through."""
+    if not stat.S_ISREG(st.st_mode):
+        return ""
+    mode = st.st_mode & 0o7777
+    if mode & 0o022:
+        who = "every user" if mode & 0o002 else "its group"
+        return (f"{what} {path} may be written by {who} (mode {mode:o}), who could replace it with their own; "
+                f"make it its owner's to write: chmod go-w {path}")
+    if secret and mode & 0o004:
+        return (f"{what} {path} is a private key every user may read (mode {mode:o}); make it its owner's "
+                f"only: chmod 600 {path}")
+    return ""
 
 
 _TOKEN_TEXT = re.compile(r"[!-~]+")  # what an HTTP header value may carry unquoted

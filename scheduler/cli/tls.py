@@ -131,7 +131,7 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
             sans.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             sans.append(x509.DNSName(host))
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(mode=0o755, parents=True, exist_ok=True)  # not 775 under a umask of 002: see _not_own_dir
     pem = serialization.Encoding.PEM
     files = [("ca.pem", ca.public_bytes(pem), False), ("ca-key.pem", _pem_key(ca_key), True)]
     # Also a client certificate: a helper presents it to the scheduler and its peers (mTLS).
@@ -241,7 +241,7 @@ def _bad_client(clients: list[str], flag: str) -> str:
 
 def _not_own_dir(path: Path) -> str:
     """Why the keys must not go into ``path`` ("" when they may): a directory of another
-    user's, or one every user may write in (no sticky bit), lets them replace ca.pem and
+    user's, or one every user or its group may write in (no sticky bit), lets them replace ca.pem and
     server.pem later (their own CA, trusted by every client given it). `tls init /tmp/pki`
     into a /tmp/pki another user had made wrote the cluster's keys there, exit 0."""
     try:
@@ -253,9 +253,13 @@ def _not_own_dir(path: Path) -> str:
     if st.st_uid != os.geteuid():
         return (f"{path} belongs to another user (uid {st.st_uid}; this is uid {os.geteuid()}), who could "
                 "replace the certificates written there; give a directory of your own")
-    if st.st_mode & 0o002 and not st.st_mode & 0o1000:
-        return (f"{path} may be written by every user (mode {st.st_mode & 0o7777:o}), who could replace the "
-                "certificates written there; give a directory of your own (or chmod o-w it)")
+    # Its group too: a directory of mode 775 (a umask of 002, usual where each user has a
+    # group of their own, and then shared) let its group's members replace ca.pem.
+    if st.st_mode & 0o022 and not st.st_mode & 0o1000:
+        who = "every user" if st.st_mode & 0o002 else "its group"
+        return (f"{path} may be written by {who} (mode {st.st_mode & 0o7777:o}), who could replace the "
+                f"certificates written there; make it its owner's to write: chmod go-w {path} (or give "
+                "a directory of your own)")
     return ""
 
 

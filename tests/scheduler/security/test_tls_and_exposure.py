@@ -211,11 +211,15 @@ def test_tls_keys_go_only_into_a_directory_no_one_else_may_write(
     write in, wrote the cluster's CA and keys there, exit 0: that user could then replace
     ca.pem and server.pem with their own."""
     open_to_all, sticky, theirs = tmp_path / "open", tmp_path / "sticky", tmp_path / "theirs"
-    for d in (open_to_all, sticky, theirs):
+    group = tmp_path / "group"  # a umask of 002 makes 775: its group's members replaced ca.pem
+    for d in (open_to_all, sticky, theirs, group):
         d.mkdir()
     open_to_all.chmod(0o777)
+    group.chmod(0o775)
     sticky.chmod(0o1777)  # like /tmp: no one may replace another's files there
-    cases = [(open_to_all, "may be written by every user (mode 777)")]
+    cases = [(open_to_all, "may be written by every user (mode 777)"),
+             (group, (f"may be written by its group (mode 775), who could replace the certificates written "
+                      f"there; make it its owner's to write: chmod go-w {group}"))]
     if os.geteuid() == 0:
         os.chown(theirs, 65534, -1)
         cases.append((theirs, "belongs to another user (uid 65534; this is uid 0)"))
@@ -227,6 +231,32 @@ def test_tls_keys_go_only_into_a_directory_no_one_else_may_write(
         assert out == "" and err.count(said) == 2 and err.count("\n") == 2, err
         assert list(d.iterdir()) == []
     assert main(["tls", "init", str(sticky), "--host", "head"]) == 0
+
+
+def test_a_tls_file_others_may_write_or_a_key_all_may_read_is_refused_naming_the_chmod(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A scheduler (and a helper) served a --tls-key or --tls-cert its group could write, and
+    trusted a --tls-client-ca anyone could replace: one of them could put in their own CA or
+    key. A key every user could read was served too. Now each is refused at start, naming the
+    file and the chmod that makes it safe; a group-readable key (0640) is still taken."""
+    from scheduler.transport import SecurityError, ServerTls
+
+    pki = tmp_path / "pki"
+    assert main(["tls", "init", str(pki), "--host", "localhost"]) == 0
+    cert, key, ca = pki / "server.pem", pki / "server-key.pem", pki / "ca.pem"
+    for path, mode, said in ((key, 0o660, f"--tls-key {key} may be written by its group (mode 660)"),
+                             (cert, 0o664, f"--tls-cert {cert} may be written by its group (mode 664)"),
+                             (ca, 0o646, f"--tls-client-ca {ca} may be written by every user (mode 646)"),
+                             (key, 0o604, f"--tls-key {key} is a private key every user may read (mode 604)")):
+        before = path.stat().st_mode & 0o777
+        path.chmod(mode)
+        with pytest.raises(SecurityError) as refused:
+            ServerTls.from_flags(str(cert), str(key), str(ca))
+        assert said in str(refused.value), refused.value
+        assert f"chmod {'600' if 'private key' in said else 'go-w'} {path}" in str(refused.value)
+        path.chmod(before)
+    key.chmod(0o640)
+    assert ServerTls.from_flags(str(cert), str(key), str(ca)) is not None
 
 
 def test_tls_init_takes_names_addresses_and_wildcards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
