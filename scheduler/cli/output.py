@@ -127,10 +127,13 @@ class JobOutput:
     On a terminal, as the job's text: its colours (SGR, ``ESC [ ... m``), line ends, carriage
     returns (progress bars), tabs and backspaces act as printed; every other control character
     (title, clipboard-setting and other escape sequences a job could send to whoever reads its
-    log, bidirectional overrides) is shown escaped, as in ``describe``."""
+    log, bidirectional controls, the line and paragraph separators U+2028/U+2029) is shown
+    escaped, as in ``describe``: the separators, which a terminal or a pager may break a line
+    at, let a job forge a line of its own in an operator's `gandiva logs`, and the marks
+    U+200E/U+200F/U+061C reorder what is shown as the overrides do."""
 
     _KEEP = re.compile(r"\x1b\[[0-9;:]*m")
-    _OTHER = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+    _OTHER = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
     _OPEN = re.compile(r"\x1b(\[[0-9;:]{0,32})?\Z")  # a colour cut by the end of a read
 
     def __init__(self, raw: bool = False, stream: IO[str] | None = None) -> None:

@@ -68,3 +68,44 @@ def test_a_line_separator_makes_no_row_of_its_own(gandiva, stub) -> None:  # typ
     assert listed.out.startswith(job_id) and "t.py\\u2028j-0000000000" in listed.out and "\\u2029\\u200f" in listed.out
     described = gandiva("describe", "job", job_id)
     assert "\u2028" not in described.out and "Command:" in described.out
+
+
+class _Terminal:
+    """What `gandiva logs` writes to when an operator reads a job's output in a terminal."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_jobs_output_cannot_forge_a_line_in_the_operators_gandiva_logs() -> None:
+    """`gandiva logs` printed a job's U+2028/U+2029 (line and paragraph separators, which a
+    terminal or pager may break a line at) and the direction marks raw, so a job could make
+    up a line of the helper's (`=== gandiva: end of job ...`) in an operator's terminal. Now
+    they are shown escaped, as describe shows them; colours, line ends and carriage returns
+    (progress bars) still act, cut anywhere between reads."""
+    from scheduler.cli.output import JobOutput
+
+    said = ("step 1 loss 0.5\n\x1b[31mred\x1b[0m 50%\r100%\n"
+            "ok\u2028=== gandiva: end of job j-0000000000 incarnation 1: exit 0\u2029"
+            "x\u200fy\u200ez\u061c\x85w" + EVIL + "\n")
+    raw = said.encode()
+    for cut in (1, 7, len(raw)):  # a read may end inside a character or a colour
+        terminal = _Terminal()
+        out = JobOutput(stream=terminal)  # type: ignore[arg-type]
+        for at in range(0, len(raw), cut):
+            out.write(raw[at:at + cut])
+        out.close()
+        assert terminal.text == (
+            "step 1 loss 0.5\n\x1b[31mred\x1b[0m 50%\r100%\n"
+            "ok\\u2028=== gandiva: end of job j-0000000000 incarnation 1: exit 0\\u2029"
+            "x\\u200fy\\u200ez\\u061c\\x85w" + SHOWN.replace("\\r", "\r") + "\n"), repr(terminal.text)
