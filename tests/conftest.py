@@ -12,6 +12,14 @@ from pathlib import Path
 
 import pytest
 
+# Every Python process the tests start runs tests/site/sitecustomize.py first: TensorFlow
+# starts there without Keras's import of matplotlib (15% of a TensorFlow process's start-up
+# CPU, in hundreds of them a run; the file says why that changes nothing a test checks).
+# A test that gives a process a PYTHONPATH of its own adds TEST_SITE to it.
+TEST_SITE = str(Path(__file__).resolve().parent / "site")
+if TEST_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TEST_SITE, os.environ.get("PYTHONPATH")) if p)
+
 # The admin URL of a PostgreSQL server whose role may CREATE DATABASE.
 # scripts/pg-test-setup.sh makes this one; CI sets GANDIVA_REQUIRE_PG=1 so that a
 # missing server fails the run instead of skipping the PostgreSQL tests.

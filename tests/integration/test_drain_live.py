@@ -26,6 +26,7 @@ from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.core import Settings
 from scheduler.policy.types import PolicyConfig
 
+from ..conftest import TEST_SITE
 from ..tf_runtime.conftest import assert_same_variables
 from .conftest import Cluster
 
@@ -43,7 +44,7 @@ STEPS = 2000
 
 def _env() -> dict[str, str]:
     return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+            "PYTHONPATH": f"{REPO}{os.pathsep}{TEST_SITE}", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def _program(seed: int, optimizer: str) -> list[str]:

@@ -30,6 +30,7 @@ from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.core import Settings
 from scheduler.policy.types import PolicyConfig
 
+from ..conftest import TEST_SITE
 from ..tf_runtime.conftest import assert_same_variables
 from .conftest import Cluster
 
@@ -58,7 +59,7 @@ def feed(*args: str) -> list[str]:
 
 def env() -> dict[str, str]:
     return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+            "PYTHONPATH": f"{REPO}{os.pathsep}{TEST_SITE}", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def baseline(args: list[str], dump: Path, devices: str) -> subprocess.Popen[bytes]:

@@ -28,6 +28,7 @@ import pytest
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
+from ..conftest import TEST_SITE
 from ..tf_runtime.conftest import assert_same_variables
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
@@ -39,7 +40,7 @@ SUCCEEDED, QUEUED = common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_QUEUED
 
 def _env() -> dict[str, str]:
     return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+            "PYTHONPATH": f"{REPO}{os.pathsep}{TEST_SITE}", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def _program(steps: int, seed: int, optimizer: str) -> list[str]:
