@@ -214,6 +214,8 @@ def _unavailable_text(err: BaseException, health: DatabaseHealth | None = None) 
     first = said.splitlines()[0] if said else type(err).__name__
     for needles, what, todo in _CANNOT_WRITE:
         if any(n in said.lower() for n in needles):
+            if health is not None:
+                health.cannot_write(f"{what} ({first})")
             return f"{what} ({first}): {todo}; nothing was written; retry once it is fixed"
     if health is None:
         return f"database unreachable ({type(err).__name__}); retry shortly"

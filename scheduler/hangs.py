@@ -94,6 +94,11 @@ class HangWatch:
     def flagged(self) -> set[str]:
         return {j for j, w in self.watches.items() if w.flagged_at}
 
+    def silent_for(self) -> dict[str, float]:
+        """Each flagged job -> seconds since its last mini-batch (`gandiva get problems`)."""
+        now = self.clock()
+        return {j: now - w.since for j, w in self.watches.items() if w.flagged_at}
+
     def bound(self, w: Watch) -> float:
         return max(self.after_s, HANG_STEPS * w.interval)
 

@@ -30,6 +30,10 @@ class DatabaseHealth:
     rounds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROUND_OUTCOMES, 0))
     last_round_ok_at: float = 0.0
     started_at: float = 0.0  # (set at creation) what the round age counts from before a first round
+    # The last write the database refused for a full disk or a read-only file, and when: it
+    # is reachable meanwhile (reads work), so only this says so (`gandiva get problems`).
+    write_failed: str = ""
+    write_failed_at: float = 0.0
 
     def __post_init__(self) -> None:
         self.started_at = self.started_at or self.clock()
@@ -51,6 +55,9 @@ class DatabaseHealth:
         if not self.up:
             self.up, self.down_since, self.reason = True, 0.0, ""
 
+    def cannot_write(self, what: str) -> None:
+        self.write_failed, self.write_failed_at = what, self.clock()
+
     def round_ended(self, outcome: str) -> None:
         self.rounds[outcome] += 1
         if outcome == "ok":
@@ -65,4 +72,5 @@ class DatabaseHealth:
 
     def as_dict(self) -> dict[str, object]:
         return {"up": self.up, "since": self.down_since or None, "reason": self.reason, "text": self.text(),
-                "rounds": dict(self.rounds), "last_round_ok_at": self.last_round_ok_at or None}
+                "rounds": dict(self.rounds), "last_round_ok_at": self.last_round_ok_at or None,
+                "write_failed": self.write_failed, "write_failed_at": self.write_failed_at or None}

@@ -274,7 +274,7 @@ class SchedulerServer:
         if separate:
             metrics.watch_engine(self.core.read_engine, "read")
         guard = operator_guard(authenticator) if authenticator is not None else None
-        self.http = HttpServer(self.http_listen, routes(self.core, metrics), guard, PUBLIC_PAGES)
+        self.http = HttpServer(self.http_listen, routes(self.core, metrics, self.engine), guard, PUBLIC_PAGES)
         return [RpcMetricsInterceptor(metrics)]
 
     async def stop(self, grace: float = 5.0) -> None:

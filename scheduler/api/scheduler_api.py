@@ -20,6 +20,7 @@ from scheduler.core import JobDetail, SchedulerCore
 from scheduler.engine.drain import set_cordon
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument, ResourceExhausted
+from scheduler.observe import problems
 from scheduler.state import repo
 from scheduler.state.models import Event
 from scheduler.state.repo import ServerLoad
@@ -287,6 +288,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.DrainServerResponse(
             server=await self._server(request.server),
             jobs=[scheduler_pb2.DrainedJob(job_id=m.job_id, action=m.action, note=m.note) for m in moves])
+
+    @grpc_errors
+    async def ListProblems(self, request, context):  # type: ignore[no-untyped-def]
+        # Every user's jobs and the servers' state: an operator's view, as /api/state is.
+        auth.require_operator(auth.current(), "listing the cluster's problems (gandiva get problems)")
+        facts = await problems.gather(self.core, self.engine)
+        return scheduler_pb2.ListProblemsResponse(
+            problems=[scheduler_pb2.Problem(**p.as_dict()) for p in problems.find(facts)], at=facts.now)
 
     async def _job_ids_shown(self, loads: list[ServerLoad],
                              held: dict[str, list[str]] | None = None) -> Callable[[str], str]:

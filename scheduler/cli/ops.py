@@ -63,8 +63,8 @@ def register(subparsers: Any) -> None:
 
 
 def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    get = subparsers.add_parser("get", help="list jobs, servers, users or events")
-    kinds = get.add_subparsers(dest="kind", metavar="jobs|servers|users|events", required=True)
+    get = subparsers.add_parser("get", help="list jobs, servers, users, events or problems")
+    kinds = get.add_subparsers(dest="kind", metavar="jobs|servers|users|events|problems", required=True)
     jobs = kinds.add_parser("jobs", aliases=["job"], parents=[common], help="list jobs")
     jobs.add_argument("ids", nargs="*", metavar="ID", help="only these jobs")
     jobs.add_argument("--state", action="append", default=[], metavar="STATE",
@@ -101,6 +101,17 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
     events.add_argument("-w", "--watch", action="store_true",
                         help="keep following new events (reconnects when the scheduler restarts)")
     _set(events, get_events)
+    problems = kinds.add_parser(
+        "problems", aliases=["problem"], parents=[common],
+        help="what needs a person now, each with the command to run next (operators)",
+        description="One line per thing that needs a person: servers down or late with their "
+        "heartbeats, or refusing launches; jobs stuck migrating, hung, failing again and again, "
+        "or waiting past their turn (or first in the queue while a server has room); packs undone "
+        "again and again; failed migrations; the database unreachable or unable to write; "
+        "scheduling rounds that stopped. Each says what to run next. Worked out by the scheduler "
+        "from what it keeps (the last hour's events for what repeats); the dashboard shows the "
+        "same list.")
+    _set(problems, get_problems)
 
 
 def _register_actions(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -294,6 +305,27 @@ def get_users(args: argparse.Namespace, client: Client) -> int:
     output.print_table(USER_HEADERS, ([r["user"] or "-", r["running"] + r["migrating"], r["suspended"], r["queued"],
                                        r["finished"], r["gpus_running"], output.duration(r["gpu_seconds"])]
                                       for r in shown), args.no_headers)
+    return EXIT_OK
+
+
+PROBLEM_HEADERS = ["KIND", "SUBJECT", "SINCE", "WHAT", "NEXT"]
+
+
+def get_problems(args: argparse.Namespace, client: Client) -> int:
+    """What needs a person (ListProblems), as a table, or -o json (a list of objects with
+    kind, subject, since, what, next)."""
+    got = client.call("ListProblems", scheduler_pb2.ListProblemsRequest())
+    rows = [{"kind": p.kind, "subject": p.subject, "since": p.since or None, "what": p.what, "next": p.next}
+            for p in got.problems]
+    if args.output == "json":
+        output.print_json(rows)
+        return EXIT_OK
+    if not rows:
+        print("nothing needs a person now: every server heartbeats, no job is stuck, failing again and "
+              "again or waiting past its turn, and the database answers")
+        return EXIT_OK
+    output.print_table(PROBLEM_HEADERS, ([r["kind"], r["subject"] or "-", output.age(r["since"] or 0, got.at),
+                                          r["what"], r["next"]] for r in rows), args.no_headers)
     return EXIT_OK
 
 

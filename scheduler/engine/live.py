@@ -1251,6 +1251,11 @@ class LiveEngine:
         finally:
             self.inflight.discard(job_id)
 
+    def quarantine_left(self) -> dict[str, float]:
+        """Each quarantined server -> seconds until it takes new jobs again."""
+        mono = self.core.monotonic()
+        return {name: until - mono for name, until in self._quarantined.items() if until > mono}
+
     def quarantined(self, server: str) -> bool:
         """No new job goes to ``server`` for now (its helper failed a launch of its own)."""
         return self._quarantined.get(server, float("-inf")) > self.core.monotonic()

@@ -20,6 +20,7 @@ from scheduler import timeline
 from scheduler.errors import GandivaError, NotFound, Unauthenticated, Unavailable
 from scheduler.eta import Sharer, estimate, eta_text, progress_text
 from scheduler.lifecycle import JobState
+from scheduler.observe import problems
 from scheduler.observe.http import Guard, Handler, Response, prometheus_route
 from scheduler.observe.metrics import DB_WAIT_S, SchedulerMetrics
 
@@ -247,8 +248,14 @@ def operator_guard(authenticator: Any) -> Guard:
     return guard
 
 
-def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
+def routes(core: Any, metrics: SchedulerMetrics, engine: Any | None = None) -> dict[str, Handler]:
     page = resources.files("scheduler.observe").joinpath("static/index.html").read_bytes()
+    # What needs a person (`gandiva get problems`): in every answer, also a 503's (the
+    # database's own problem, and the hung jobs and quarantines kept in memory).
+    trouble = Shared(lambda: problems.gather(core, engine))
+
+    async def problem_list() -> list[dict[str, Any]]:
+        return [p.as_dict() for p in problems.find(await trouble.get())]
 
     async def index(_: Mapping[str, str]) -> Response:
         return Response(200, page, "text/html; charset=utf-8")
@@ -263,8 +270,10 @@ def routes(core: Any, metrics: SchedulerMetrics) -> dict[str, Handler]:
             health = core.db_health.as_dict()
             said = health["text"] or (str(err) if isinstance(err, Unavailable) else
                                       f"the scheduler is up; its database did not answer within {DB_WAIT_S:.0f}s")
-            return Response.json({"now": core.clock(), "error": said, "database": health}, status=503)
+            return Response.json({"now": core.clock(), "error": said, "database": health,
+                                  "problems": await problem_list()}, status=503)
         view["database"] = core.db_health.as_dict()
+        view["problems"] = await problem_list()
         return Response.json(view)
 
     async def decisions(q: Mapping[str, str]) -> Response:

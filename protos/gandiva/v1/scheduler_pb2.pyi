@@ -20,6 +20,81 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ListProblemsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProblemsRequest: _TypeAlias = ListProblemsRequest  # noqa: Y015
+
+@_typing.final
+class Problem(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    WHAT_FIELD_NUMBER: _builtins.int
+    NEXT_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """e.g. server.down, job.stuck, job.failing, database.down"""
+    subject: _builtins.str
+    """a server's name or a job's id ("": the scheduler itself)"""
+    since: _builtins.float
+    """unix seconds it began (0: unknown)"""
+    what: _builtins.str
+    """for people"""
+    next: _builtins.str
+    """the command(s) to run next"""
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        subject: _builtins.str = ...,
+        since: _builtins.float = ...,
+        what: _builtins.str = ...,
+        next: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "next", b"next", "since", b"since", "subject", b"subject", "what", b"what"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Problem: _TypeAlias = Problem  # noqa: Y015
+
+@_typing.final
+class ListProblemsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROBLEMS_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    at: _builtins.float
+    """the scheduler's clock when they were worked out"""
+    @_builtins.property
+    def problems(self) -> _containers.RepeatedCompositeFieldContainer[Global___Problem]: ...
+    def __init__(
+        self,
+        *,
+        problems: _abc.Iterable[Global___Problem] | None = ...,
+        at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "problems", b"problems"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProblemsResponse: _TypeAlias = ListProblemsResponse  # noqa: Y015
+
+@_typing.final
 class CordonServerRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -115,6 +115,11 @@ class SchedulerStub:
                 request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.SerializeToString,
                 response_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.DrainServerResponse.FromString,
                 _registered_method=True)
+        self.ListProblems = channel.unary_unary(
+                '/gandiva.v1.Scheduler/ListProblems',
+                request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsRequest.SerializeToString,
+                response_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -228,6 +233,16 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListProblems(self, request, context):
+        """Operators only: what needs a person now (servers down or late, jobs stuck, failing again
+        and again or waiting past their turn, packs undone again and again, failed migrations,
+        the database), each with the command to run next. Answers while the database does not
+        (the problems kept in memory, the database's first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -310,6 +325,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.DrainServer,
                     request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.FromString,
                     response_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.DrainServerResponse.SerializeToString,
+            ),
+            'ListProblems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProblems,
+                    request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsRequest.FromString,
+                    response_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -744,6 +764,33 @@ class Scheduler:
             '/gandiva.v1.Scheduler/DrainServer',
             protos_dot_gandiva_dot_v1_dot_scheduler__pb2.CordonServerRequest.SerializeToString,
             protos_dot_gandiva_dot_v1_dot_scheduler__pb2.DrainServerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProblems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gandiva.v1.Scheduler/ListProblems',
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsRequest.SerializeToString,
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsResponse.FromString,
             options,
             channel_credentials,
             insecure,

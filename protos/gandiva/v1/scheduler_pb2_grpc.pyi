@@ -63,6 +63,12 @@ class SchedulerStub:
     elsewhere from that checkpoint). Returns at once; the scheduler goes on moving jobs off
     it (also jobs that arrive there later, e.g. a migration in flight) until uncordoned.
     """
+    ListProblems: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListProblemsRequest, _scheduler_pb2.ListProblemsResponse]
+    """Operators only: what needs a person now (servers down or late, jobs stuck, failing again
+    and again or waiting past their turn, packs undone again and again, failed migrations,
+    the database), each with the command to run next. Answers while the database does not
+    (the problems kept in memory, the database's first).
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -97,6 +103,12 @@ class SchedulerAsyncStub(SchedulerStub):
     server has free GPUs for it, else checkpointed and queued again (the policy resumes it
     elsewhere from that checkpoint). Returns at once; the scheduler goes on moving jobs off
     it (also jobs that arrive there later, e.g. a migration in flight) until uncordoned.
+    """
+    ListProblems: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListProblemsRequest, _scheduler_pb2.ListProblemsResponse]  # type: ignore[assignment]
+    """Operators only: what needs a person now (servers down or late, jobs stuck, failing again
+    and again or waiting past their turn, packs undone again and again, failed migrations,
+    the database), each with the command to run next. Answers while the database does not
+    (the problems kept in memory, the database's first).
     """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
@@ -225,6 +237,18 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         server has free GPUs for it, else checkpointed and queued again (the policy resumes it
         elsewhere from that checkpoint). Returns at once; the scheduler goes on moving jobs off
         it (also jobs that arrive there later, e.g. a migration in flight) until uncordoned.
+        """
+
+    @_abc_1.abstractmethod
+    def ListProblems(
+        self,
+        request: _scheduler_pb2.ListProblemsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListProblemsResponse, _abc.Awaitable[_scheduler_pb2.ListProblemsResponse]]:
+        """Operators only: what needs a person now (servers down or late, jobs stuck, failing again
+        and again or waiting past their turn, packs undone again and again, failed migrations,
+        the database), each with the command to run next. Answers while the database does not
+        (the problems kept in memory, the database's first).
         """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

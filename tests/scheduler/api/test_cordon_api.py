@@ -139,7 +139,12 @@ def test_only_operators_cordon_uncordon_or_drain(make_scheduler: Any, sqlite_url
             method(scheduler_pb2.CordonServerRequest(server="node-d"), timeout=10)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "operators only" in err.value.details()
     assert not _server(as_user, "node-d").cordoned
+    # `gandiva get problems` names every user's jobs and the servers' state: an operator's view too.
+    with pytest.raises(grpc.RpcError) as err:
+        as_user.ListProblems(scheduler_pb2.ListProblemsRequest(), timeout=10)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "operators only" in err.value.details()
     as_operator = scheduler_pb2_grpc.SchedulerStub(connect(sched.address, operator))
+    assert list(as_operator.ListProblems(scheduler_pb2.ListProblemsRequest(), timeout=10).problems) == []
     assert as_operator.CordonServer(scheduler_pb2.CordonServerRequest(server="node-d"), timeout=10).cordoned
 
 

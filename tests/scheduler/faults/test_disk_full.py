@@ -39,6 +39,10 @@ def test_a_full_disk_under_the_database_is_named_and_outlived(
         err = refused
         assert err.code() == grpc.StatusCode.UNAVAILABLE
         assert "the disk holding the database is full (database or disk is full)" in err.details(), err.details()
+        # Reads still work, so nothing but the refused call said so: `gandiva get problems` does.
+        said = {p.kind: p for p in stub.ListProblems(scheduler_pb2.ListProblemsRequest(), timeout=10).problems}
+        assert "the disk holding the database is full" in said["database.cannot_write"].what, said
+        assert said["database.cannot_write"].next.startswith("free space on the database's disk")
         filler.unlink()
         again = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
         ids = [j.id for j in stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs]

@@ -84,7 +84,8 @@ SCHEDULER_RPCS: dict[str, st.SearchStrategy[Any]] = {
         ("ResumeJob", "JobActionRequest"), ("MigrateJob", "MigrateJobRequest"),
         ("ListServers", "ListServersRequest"), ("ListEvents", "ListEventsRequest"),
         ("ReadJobLog", "ReadJobLogRequest"), ("CordonServer", "CordonServerRequest"),
-        ("UncordonServer", "CordonServerRequest"), ("DrainServer", "CordonServerRequest"))},
+        ("UncordonServer", "CordonServerRequest"), ("DrainServer", "CordonServerRequest"),
+        ("ListProblems", "ListProblemsRequest"))},
 }
 HELPER_RPCS = {
     "Register": helper_pb2.RegisterServerRequest, "Heartbeat": helper_pb2.HeartbeatRequest,
