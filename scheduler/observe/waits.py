@@ -18,6 +18,7 @@ code, never a second guess of it:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 from collections.abc import Collection, Sequence
@@ -41,14 +42,15 @@ class Wait:
     place: int
     state: str
     at: float | None = None
+    note: str = ""  # what the time assumes, said after it
 
     def render(self, now: float) -> str:
         if self.at is None:
-            return self.text
+            return self.text + (f"; {self.note}" if self.note else "")
         clock = time.strftime("%H:%M:%S", time.gmtime(self.at))
         left = self.at - now
         when = f"in ~{left:.0f}s" if left >= 1 else "due now"
-        return f"{self.text}; expected at about {clock} UTC ({when})"
+        return f"{self.text}; expected at about {clock} UTC ({when})" + (f"; {self.note}" if self.note else "")
 
 
 def _ordinal(n: int) -> str:
@@ -64,11 +66,25 @@ def _named(ids: Sequence[str], describe: dict[str, str], total: int | None = Non
     return shown + (f" and {total - NAMED} more" if total > NAMED else "")
 
 
+# The queued jobs (the first, in the queue's order) told which later jobs passed them.
+PASSED_LOOKED = 100
+
+
+def _about(j: JobView) -> str:
+    return f"{j.gpus} GPU{'s' if j.gpus > 1 else ''}" + (f", priority {j.priority}" if j.priority else "")
+
+
 def queue_places(policy: Policy, jobs: Sequence[JobView]) -> dict[str, Wait]:
-    """Each queued job's place under the policy's queue order, and who is ahead of it."""
+    """Each queued job's place under the policy's queue order, who is ahead of it, and the
+    later jobs that passed it: a place said only who was ahead, so a 2-GPU job read "the only
+    job in the queue" for 319 s (s46, `gandiva demo`) while nine 1-GPU jobs submitted after
+    it started at once, and nothing said that they had, or why."""
     queued = sorted((j for j in jobs if j.state == "QUEUED"), key=policy.queue_by)
-    about = {j.id: f"{j.gpus} GPU{'s' if j.gpus > 1 else ''}" + (f", priority {j.priority}" if j.priority else "")
-             for j in queued}
+    about = {j.id: _about(j) for j in queued}
+    # Jobs on GPUs now (placed, suspended in a group, moving), by submission.
+    placed = sorted((j for j in jobs if j.state in ("RUNNING", "SUSPENDED", "MIGRATING")),
+                    key=lambda j: (j.submitted_at, j.arrival, j.id))
+    keys = [(j.submitted_at, j.arrival) for j in placed]
     out: dict[str, Wait] = {}
     total = len(queued)
     for i, job in enumerate(queued):
@@ -80,8 +96,26 @@ def queue_places(policy: Policy, jobs: Sequence[JobView]) -> dict[str, Wait]:
             ahead = [j.id for j in queued[:min(i, NAMED)]]
             text = (f"{_ordinal(i + 1)} of {total} in the queue (priority, then submission); "
                     f"ahead of it: {_named(ahead, about, i)}")
+        if i < PASSED_LOOKED:
+            text += _passed(job, placed, keys)
         out[job.id] = Wait(text, i + 1, "QUEUED")
     return out
+
+
+def _passed(job: JobView, placed: Sequence[JobView], keys: Sequence[tuple[float, int]]) -> str:
+    """"; passed by ..." naming the jobs on GPUs now that were submitted after ``job`` with no
+    higher priority (they went ahead of it: not by the queue's order), and why they could."""
+    at = bisect.bisect_right(keys, (job.submitted_at, job.arrival))
+    later = [j for j in placed[at:] if j.priority <= job.priority]
+    if not later:
+        return ""
+    smaller = all(j.gpus < job.gpus for j in later)
+    why = ("smaller jobs start on GPUs free for them, or join a time-slice group of their size, while it "
+           "waits for its own GPU count" if smaller else
+           "a later job that fits starts while this one does not fit")
+    return (f"; passed by {_named([j.id for j in later], {j.id: _about(j) for j in later[:NAMED]})}, submitted "
+            f"after it and on GPUs now: the policy's placement walk goes on past a job that does not fit "
+            f"({why}; its message says what it waits for)")
 
 
 # What one group's turns were worked out from, and the resumes found: kept between rounds by
@@ -113,6 +147,10 @@ def next_turns(policy: Policy, snap: ClusterSnapshot, held: Collection[str] = ()
     for gone in set(cache) - groups:
         del cache[gone]
     deadline = time.perf_counter() + BUDGET_S
+    # The copy of the policy that finds the turns does not pack: a trial it would start (only
+    # while the cluster is overloaded) resumes a suspended job beside the running one, sooner.
+    trials = ("sooner if a packing trial starts it beside the job running (trials are not foreseen here)"
+              if cfg.enable_packing and ledger.overloaded() else "")
     for gpus in sorted(groups):
         members = [m for m in ledger.members(gpus) if m not in held]
         if any(m in changed for m in members):
@@ -153,7 +191,7 @@ def next_turns(policy: Policy, snap: ClusterSnapshot, held: Collection[str] = ()
                 text = f"{_ordinal(place)} of {len(times)} to run next {head}{with_}; {now_text}"
                 if before:
                     text += f", then {_named(before, {})}"
-                out[j] = Wait(text, place, "SUSPENDED", first[j])
+                out[j] = Wait(text, place, "SUSPENDED", first[j], trials)
                 continue
             why = blocked or (f"not within its group's next {MAX_TURNS} turns: those the policy ranks ahead of it "
                               f"(least attained service first) run first")

@@ -125,3 +125,51 @@ def test_queue_places_of_a_long_queue_take_one_pass_and_count_the_jobs_ahead() -
     assert said["j19999"].text.endswith(f"{first} and 19996 more"), said["j19999"]
     assert said["j3"].text.endswith(first) and said["j4"].text.endswith(f"{first} and 1 more"), said["j4"]
     assert took < 3.0, f"{took:.2f}s for 20,000 queued jobs"
+
+
+def test_a_queued_job_passed_by_later_smaller_jobs_says_so_and_why() -> None:
+    """`gandiva demo --keep` (s46): `big-2gpu` read "the only job in the queue" for 319 s while
+    nine 1-GPU jobs submitted 10 s after it joined time-slice groups at once: its place named
+    who was ahead of it, and nothing said that later jobs went past it, or why."""
+    from scheduler.policy.types import Place, Queue
+
+    policy = get_policy("gandiva", BASE)
+    servers = (ServerView("s0", 1), ServerView("s1", 1))
+    jobs = {j.id: j for j in (
+        JobView("one", 1, state="RUNNING", placement=(GpuRef("s0", 0),), submitted_at=0.0, last_state_change_at=0.0),
+        JobView("two", 1, state="RUNNING", placement=(GpuRef("s1", 0),), submitted_at=0.0, last_state_change_at=0.0),
+        JobView("big", 2, submitted_at=1.0),
+        *(JobView(f"l{i}", 1, submitted_at=11.0, arrival=i) for i in range(9)))}
+    decided = policy.decide(ClusterSnapshot(12.0, servers, tuple(jobs.values())))
+    placed = [d for d in decided if isinstance(d, Place)]
+    assert sorted(d.job_id for d in placed) == [f"l{i}" for i in range(9)], decided  # they time-share at once
+    (queued,) = [d for d in decided if isinstance(d, Queue)]
+    assert queued.job_id == "big" and "needs 2 GPUs" in queued.reason, queued
+    for d in placed:
+        jobs[d.job_id] = dataclasses.replace(jobs[d.job_id], state="SUSPENDED", placement=d.gpus)
+    said = queue_places(policy, list(jobs.values()))["big"].text
+    assert said == ("the only job in the queue; passed by l0 (1 GPU, priority 1), l1 (1 GPU, priority 1), l2 (1 GPU, "
+                    "priority 1) and 6 more, submitted after it and on GPUs now: the policy's placement walk goes on "
+                    "past a job that does not fit (smaller jobs start on GPUs free for them, or join a time-slice "
+                    "group of their size, while it waits for its own GPU count; its message says what it waits "
+                    "for)"), said
+    # Jobs that were there before it, or of a higher priority, did not pass it.
+    assert "passed" not in queue_places(policy, [jobs["one"], jobs["big"], dataclasses.replace(
+        jobs["l0"], priority=2)])["big"].text
+
+
+def test_a_turn_said_while_packing_trials_may_come_says_they_are_not_foreseen() -> None:
+    """The copy of the policy that works a turn out does not pack: a trial started meanwhile
+    resumes the job sooner (s46: up to 120 s sooner than said). With packing on and the cluster
+    overloaded the turn now says so after its time; without packing it says nothing of it."""
+    jobs = (_job("run", "RUNNING", 50.0, 0.0, submitted_at=1.0), _job("a", "SUSPENDED", 20.0, 0.0, submitted_at=2.0))
+    snap = ClusterSnapshot(3.0, (ServerView("s0", 1),), jobs)
+    packing = get_policy("gandiva", dataclasses.replace(BASE, enable_packing=True))
+    packing.decide(snap)
+    turn = next_turns(packing, snap)["a"]
+    assert turn.render(3.0).endswith("; sooner if a packing trial starts it beside the job running (trials are not "
+                                     "foreseen here)"), turn
+    assert "expected at about" in turn.render(3.0)
+    plain = get_policy("gandiva", BASE)
+    plain.decide(snap)
+    assert "packing" not in next_turns(plain, snap)["a"].render(3.0)
