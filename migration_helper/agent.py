@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from migration_helper import tcplink
 from migration_helper.files import open_regular
 from migration_helper.ramdisk import (
     CHUNK_BYTES,
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 PACE_WINDOW_S = 20.0
 TRANSFER_LIMIT_S = 300.0  # a checkpoint's stream, at most (the scheduler's MigrationTimeouts.transfer_s)
 PING_SLACK_S = 30.0
+# A stream that took no chunk and heard no TCP ACK from its peer for this long, bytes in
+# flight, is given up as cut (a live link, however slow, keeps ACKing what drains).
+LINK_SILENCE_S = 20.0
 
 
 def agent_server(ramdisk: Ramdisk, token: str = "", now: Callable[[], float] = time.time) -> grpc.aio.Server:
@@ -245,12 +249,13 @@ def _patient_http2(limit_s: float) -> list[tuple[str, int]]:
 
 
 class TransferTooSlow(Exception):
-    """The link to the peer is too slow for the checkpoint to arrive within the limit."""
+    """The link to the peer is too slow for the checkpoint to arrive within the limit, or cut."""
 
 
 async def send_checkpoint(
     address: str, directory: Path, job_id: str, name: str | None = None, timeout_s: float = TRANSFER_LIMIT_S,
     security: ClientSecurity | None = None, ticket: str = "", window_s: float = PACE_WINDOW_S,
+    silence_s: float = LINK_SILENCE_S,
 ) -> helper_pb2.PutCheckpointResponse:
     """Stream ``directory`` to the HelperAgent at ``address``; returns where it landed.
     ``ticket``: the scheduler's transfer ticket for that helper and job.
@@ -261,7 +266,11 @@ async def send_checkpoint(
     within ``timeout_s``: over a 128 kbit/s link a 19 MB checkpoint held its job, training
     nowhere, for 80 s until gRPC's ping timeout ended the stream ("UNAVAILABLE: ping
     timeout"); now 20-30 s, saying why (tests/multihost/test_degraded_links.py -k
-    too_slow). gRPC's pings wait as long as the stream may (test_degraded_transfer.py)."""
+    too_slow). gRPC's pings wait as long as the stream may (test_degraded_transfer.py).
+    TransferTooSlow too once the link is cut: no chunk taken and no TCP ACK heard from the
+    peer for ``silence_s`` while bytes wait for one (the two helpers still reaching the
+    scheduler, nothing marked down: before, the stream waited out its 300-s limit, the job
+    training nowhere; test_degraded_transfer.py -k cut)."""
     chunks = checkpoint_chunks(directory, job_id, name)
     # Take the first chunk now so a missing or empty directory fails before connecting.
     first = next(chunks)
@@ -277,7 +286,8 @@ async def send_checkpoint(
         stub = helper_pb2_grpc.HelperAgentStub(channel)
         call = stub.PutCheckpoint(counted(), timeout=timeout_s,
                                   metadata=((auth.TICKET_HEADER, ticket),) if ticket else None)
-        watch = asyncio.create_task(_watch_pace(call, sent, total, timeout_s, window_s))
+        watch = asyncio.create_task(_watch_pace(call, sent, total, timeout_s, window_s,
+                                                Silence(address, silence_s)))
         try:
             response: helper_pb2.PutCheckpointResponse = await call
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
@@ -289,8 +299,33 @@ async def send_checkpoint(
         return response
 
 
+class Silence:
+    """Whether the link to a peer is cut: ``limit_s`` with no chunk taken by gRPC, and no
+    TCP ACK from the peer for as long while our bytes wait for one (tcplink)."""
+
+    def __init__(self, address: str, limit_s: float) -> None:
+        self.address, self.limit_s = address, limit_s
+        self.peers: set[tuple[str, int]] | None = None
+        self.moved_at, self.sent = 0.0, -1
+
+    async def why(self, now: float, sent: int, total: int, start: float) -> str:
+        """Why the stream is given up as cut ("" while it is not)."""
+        if sent != self.sent:
+            self.moved_at, self.sent = now, sent
+        if now - self.moved_at < self.limit_s:
+            return ""
+        if self.peers is None:
+            self.peers = await tcplink.peers_of(self.address)
+        silent = tcplink.unacked_silence_s(self.peers)
+        if silent is None or silent < self.limit_s:
+            return ""  # the link answers (a slow one, or a peer not reading): the pace decides
+        tcplink.abort_silent(self.peers, self.limit_s)
+        return (f"the link is cut: no acknowledgement of the bytes in flight for {silent:.0f}s "
+                f"({sent / 1e6:.1f} MB of {total / 1e6:.1f} MB sent); given up after {now - start:.0f}s")
+
+
 async def _watch_pace(call: grpc.aio.StreamUnaryCall, sent: list[int], total: int, timeout_s: float,
-                      window_s: float) -> str:
+                      window_s: float, silence: Silence) -> str:
     """Cancels ``call`` when it cannot end in time; returns why ("" if it ended)."""
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -298,6 +333,10 @@ async def _watch_pace(call: grpc.aio.StreamUnaryCall, sent: list[int], total: in
     while not call.done():
         await asyncio.sleep(1.0)
         now = loop.time()
+        cut = await silence.why(now, sent[0], total, start)
+        if cut:
+            call.cancel()
+            return cut
         seen.append((now, sent[0]))
         while len(seen) > 1 and seen[1][0] <= now - window_s:
             seen.pop(0)

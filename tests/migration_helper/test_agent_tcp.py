@@ -5,7 +5,6 @@ run itself, ~90 s, is tests/multihost/test_degraded_transfer.py)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from migration_helper.agent import TRANSFER_LIMIT_S, agent_server
 from migration_helper.ramdisk import Ramdisk
+from migration_helper.tcplink import tcp_sockets
 from scheduler.transport import aio_channel
 
 TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)  # Linux's number
@@ -23,23 +23,11 @@ def _user_timeouts_ms(port: int) -> dict[str, int]:
     """TCP_USER_TIMEOUT of this process's TCP sockets on `port`: 'accepted' (the agent's
     end of a connection) and 'connecting' (the sender's end)."""
     found: dict[str, int] = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-            sock = socket.socket(fileno=os.dup(int(fd)))
-        except OSError:
-            continue
-        with sock:
-            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            try:
-                local, peer = sock.getsockname()[1], sock.getpeername()[1]
-            except OSError:
-                continue  # the listening socket
-            if port in (local, peer):
-                found["accepted" if local == port else "connecting"] = sock.getsockopt(
-                    socket.IPPROTO_TCP, TCP_USER_TIMEOUT)
+    for sock in tcp_sockets():
+        local, peer = sock.getsockname()[1], sock.getpeername()[1]
+        if port in (local, peer):
+            found["accepted" if local == port else "connecting"] = sock.getsockopt(
+                socket.IPPROTO_TCP, TCP_USER_TIMEOUT)
     return found
 
 

@@ -149,18 +149,20 @@ async def _agent(listen: str, ramdisk: str) -> None:
     await server.wait_for_termination()
 
 
-async def _send(target: str, directory: str, job_id: str) -> None:
+async def _send(target: str, directory: str, job_id: str, silence_s: float | None = None) -> None:
     """send_checkpoint, as a helper's transfer runs it; prints how it ended."""
     import grpc
 
-    from migration_helper.agent import send_checkpoint
+    from migration_helper.agent import LINK_SILENCE_S, TransferTooSlow, send_checkpoint
 
     t0 = time.monotonic()
     try:
-        sent = await send_checkpoint(target, Path(directory), job_id)
+        sent = await send_checkpoint(target, Path(directory), job_id, silence_s=silence_s or LINK_SILENCE_S)
         print(f"sent {sent.bytes} bytes in {time.monotonic() - t0:.1f}s", flush=True)
     except grpc.aio.AioRpcError as exc:
         print(f"failed after {time.monotonic() - t0:.1f}s: {exc.code().name}: {exc.details()}", flush=True)
+    except TransferTooSlow as exc:
+        print(f"given up after {time.monotonic() - t0:.1f}s: {exc}", flush=True)
 
 
 if __name__ == "__main__":
@@ -171,10 +173,11 @@ if __name__ == "__main__":
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--jitter", type=float, default=0.0)
     parser.add_argument("--dir", default="")
+    parser.add_argument("--silence", type=float, default=None, help="send: the link's silence limit (s)")
     args = parser.parse_args()
     if args.mode == "relay":
         asyncio.run(_relay(args.port, args.target, args.delay, args.jitter))
     elif args.mode == "agent":
         asyncio.run(_agent(args.target, args.dir))
     else:
-        asyncio.run(_send(args.target, args.dir, "j-slow"))
+        asyncio.run(_send(args.target, args.dir, "j-slow", args.silence))

@@ -280,6 +280,41 @@ def test_degraded_checkpoint_too_slow_for_its_limit_is_given_up_early_and_the_jo
     _no_two_copies(c)
 
 
+@pytest.mark.full  # the mechanism: test_degraded_transfer.py -k cut (no TensorFlow, 2 s of silence)
+def test_degraded_link_cut_between_the_two_helpers_mid_transfer_restarts_the_job_at_its_source(
+        multihost: Cluster, tmp_path: Path) -> None:
+    """The 1 Mbit/s migration of the test above, its two helpers cut from each other (a
+    blackhole route each way) once the checkpoint is streaming; both still reach the
+    scheduler, so nothing is marked down. The source helper hears no ACK for 20 s and gives
+    the stream up, saying the link is cut; the job restarts at its source from the
+    checkpoint it wrote and ends once, bit-identical, never in two places. Before, the
+    stream waited out its 300-s limit (the scheduler 30 s more), the job MIGRATING and
+    training nowhere for 5.5 minutes."""
+    c = multihost
+    steps = 600
+    go = c.tmp / "GO"
+    base, job_id, src, dest, dump = _migrate_over_a_cap(c, steps, 512, 0.06, "1mbit", tmp_path, until=go)
+    watch = DownWatch(c)
+    incoming = c.tmp / "rd" / dest / job_id
+    c.wait(lambda: any(p.name.startswith(".incoming-") for p in incoming.glob("*")), 120)
+    degrade.one_way(c.net.hosts[src][0], c.net.hosts[dest][1])
+    degrade.one_way(c.net.hosts[dest][0], c.net.hosts[src][1])
+    started = time.monotonic()
+    back = c.wait(lambda: (j := c.job(job_id)).state == RUNNING and c.where(job_id) == src and j, 150)
+    resumed = time.monotonic() - started
+    go.touch()
+    degrade.two_way(c.net.hosts[src][0], c.net.hosts[dest][1])
+    degrade.two_way(c.net.hosts[dest][0], c.net.hosts[src][1])
+    degrade.uncap(c.net.hosts[src][0], c.net.link(src))
+    why = [t.reason for t in back.history if "the link is cut" in t.reason]  # type: ignore[attr-defined]
+    print(f"\ncut between helpers: back at {src} {resumed:.1f}s after the cut; {why}")
+    assert why, [t.reason for t in back.history]  # type: ignore[attr-defined]
+    _ends_once(c, job_id, steps, 150)
+    assert watch.stop() == set()
+    assert load_variables(dump) == base.variables(), "final variables differ from the uninterrupted run"
+    _no_two_copies(c)
+
+
 class Starve:
     """Stops the given processes for `stop_s`, lets them run for `run_s`, again and
     again (a host starved of CPU in bursts), until stopped; always leaves them running."""

@@ -1,14 +1,18 @@
 """A checkpoint's stream between two helpers' agents over a slow link that can still make
-it within the transfer's limit (no TensorFlow: a helper's agent and a helper's sender,
-each in its own network namespace, the link between them capped with tc htb)."""
+it within the transfer's limit, and over one cut mid-stream (no TensorFlow: a helper's
+agent and a helper's sender, each in its own network namespace, the link between them
+capped with tc htb, cut with blackhole routes)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,66 @@ from .conftest import Net, _skip_reason
 pytestmark = [pytest.mark.slow]
 
 
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's helper, run as a script
+
+
+@dataclass
+class Pair:
+    """Host a (the sender) and host b (an agent listening on AGENT) on one bridge."""
+
+    net: Net
+    a_ns: str
+    a_addr: str
+    b_ns: str
+    b_addr: str
+    checkpoint: Path  # a checkpoint directory to send
+    ramdisk: Path     # the agent's
+
+    @property
+    def agent(self) -> str:
+        return f"{self.b_addr}:47000"
+
+    def send(self, *more: str) -> list[str]:
+        """The sender's command line, run in a's namespace."""
+        return ["ip", "netns", "exec", self.a_ns, sys.executable, degrade.__file__, "send", "--target",
+                self.agent, "--dir", str(self.checkpoint), *more]
+
+
+@contextlib.contextmanager
+def _pair(tmp_path: Path, size: int, rate: str) -> Iterator[Pair]:
+    """Two hosts, the link from a to b capped at `rate`, b's agent started, a checkpoint
+    of `size` random bytes to send; everything removed after."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    checkpoint = tmp_path / "ck"
+    checkpoint.mkdir()
+    (checkpoint / "model.data-00000-of-00001").write_bytes(os.urandom(size))
+    net = Net()
+    agent = None
+    try:
+        a_ns, a_addr = net.add_host("a")
+        b_ns, b_addr = net.add_host("b")
+        degrade.cap_to(a_ns, net.link("a"), b_addr, rate)
+        pair = Pair(net, a_ns, a_addr, b_ns, b_addr, checkpoint, Path(tempfile.mkdtemp(dir=tmp_path)))
+        log = tmp_path / "agent.log"
+        with open(log, "wb") as out:
+            agent = subprocess.Popen(
+                ["ip", "netns", "exec", b_ns, sys.executable, degrade.__file__, "agent", "--target",
+                 pair.agent, "--dir", str(pair.ramdisk)], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV)
+        deadline = time.monotonic() + 60
+        while b"listening" not in log.read_bytes():
+            assert agent.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        yield pair
+    finally:
+        if agent is not None:
+            agent.kill()
+            agent.wait(10)
+        net.close()
+
+
 def test_degraded_checkpoint_stream_longer_than_grpcs_ping_timeout_arrives(tmp_path: Path) -> None:
     """1 MB over 96 kbit/s: about 85 s, within the 300-s limit and at a pace that can
     make it, but gRPC's pings wait behind the bytes for longer than their 60-s default.
@@ -27,38 +91,44 @@ def test_degraded_checkpoint_stream_longer_than_grpcs_ping_timeout_arrives(tmp_p
     128 kbit/s, 140 s, likewise); then, in 2 runs of 5, the agent's kernel dropped it 58-60 s
     in (TCP_USER_TIMEOUT, 20 s on gRPC's accepted connections: the sender's ACKs wait behind
     its own bytes; tests/migration_helper/test_agent_tcp.py)."""
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
-    checkpoint = tmp_path / "ck"
-    checkpoint.mkdir()
-    (checkpoint / "model.data-00000-of-00001").write_bytes(os.urandom(1_000_000))
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root)}  # this checkout's helper, run as a script
-    net = Net()
-    agent = None
-    try:
-        a_ns, _ = net.add_host("a")
-        b_ns, b_addr = net.add_host("b")
-        degrade.cap_to(a_ns, net.link("a"), b_addr, "96kbit")
-        log = tmp_path / "agent.log"
-        with open(log, "wb") as out:
-            agent = subprocess.Popen(
-                ["ip", "netns", "exec", b_ns, sys.executable, degrade.__file__, "agent", "--target",
-                 f"{b_addr}:47000", "--dir", tempfile.mkdtemp(dir=tmp_path)],
-                stdout=out, stderr=subprocess.STDOUT, cwd=root, env=env)
-        deadline = time.monotonic() + 60
-        while b"listening" not in log.read_bytes():
-            assert agent.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.1)
-        sent = subprocess.run(
-            ["ip", "netns", "exec", a_ns, sys.executable, degrade.__file__, "send", "--target",
-             f"{b_addr}:47000", "--dir", str(checkpoint)],
-            check=False, capture_output=True, text=True, timeout=200, cwd=root, env=env)
+    with _pair(tmp_path, 1_000_000, "96kbit") as pair:
+        sent = subprocess.run(pair.send(), check=False, capture_output=True, text=True, timeout=200, cwd=ROOT,
+                              env=ENV)
         print(f"\n96 kbit/s: {sent.stdout.strip()}")
-        assert sent.stdout.startswith("sent 1000"), (sent.stdout, sent.stderr[-2000:], log.read_text()[-2000:])
-    finally:
-        if agent is not None:
-            agent.kill()
-            agent.wait(10)
-        net.close()
+        assert sent.stdout.startswith("sent 1000"), (sent.stdout, sent.stderr[-2000:],
+                                                      (tmp_path / "agent.log").read_text()[-2000:])
+
+
+def test_degraded_checkpoint_stream_cut_between_the_two_helpers_is_given_up_once_the_link_is_silent(
+        tmp_path: Path) -> None:
+    """Two helpers that still reach the scheduler but no longer each other (a partition
+    between hosts only: nothing is marked down) while a 2 MB checkpoint streams at 1 Mbit/s.
+    Once the sender's kernel has heard no ACK for the bytes in flight for the silence
+    limit (20 s in a helper, 2 s here), the stream is given up, saying the link is cut; a
+    migration then restarts its job at its source (a DEST_REFUSED fault). Before, the
+    sender waited out the transfer's 300-s limit, the job training nowhere meanwhile (its
+    pace check allows a chunk a window, so 2 MB "could still make it"). The partial copy
+    at the agent goes when its stream's deadline ends it."""
+    with _pair(tmp_path, 2_000_000, "1mbit") as pair:
+        sender = subprocess.Popen(pair.send("--silence", "2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, cwd=ROOT, env=ENV)
+        try:
+            deadline = time.monotonic() + 60
+            while sum(p.stat().st_size for p in pair.ramdisk.rglob("*") if p.is_file()) < 100_000:
+                # mid-stream: under a second of the link's 16 s in
+                assert sender.poll() is None and time.monotonic() < deadline, sender.communicate()
+                time.sleep(0.05)
+            degrade.one_way(pair.a_ns, pair.b_addr)
+            degrade.one_way(pair.b_ns, pair.a_addr)
+            try:
+                out, err = sender.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                sender.kill()
+                out, err = sender.communicate()
+                pytest.fail(f"the sender still waited on the cut link after 60 s (its limit: 300 s): {out} {err[-2000:]}")
+            print(f"\ncut at 1 Mbit/s: {out.strip()}")
+            assert out.startswith("given up after") and "the link is cut" in out, (out, err[-2000:])
+        finally:
+            if sender.poll() is None:
+                sender.kill()
+                sender.wait(10)
