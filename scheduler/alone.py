@@ -27,7 +27,8 @@ job reported, only over stretches in which it was the one job running on its GPU
   launch on the same GPUs (time slices of a few seconds each count), the older ones
   fading once ``KEEP_S`` are counted (a job's rate may change by itself: a data phase);
   never the runtime's moving average, which after a change goes on averaging the
-  mini-batches from before it. A rate needs ``MIN_WINDOW_S`` and ``MIN_STEPS``.
+  mini-batches from before it. A rate needs ``MIN_WINDOW_S`` and ``MIN_STEPS`` (a
+  time slice shorter than that adds up with the next ones before the job is packed).
 
 The rate is kept while the job waits suspended, and given to the policy only while the
 job has the same launch and GPUs (``JobView.alone_rate``). In memory: a restarted
@@ -41,8 +42,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 SETTLE_S = 0.2  # a job suspended beside it acked before it was recorded: no more than in flight
-MIN_WINDOW_S = 0.5  # a real runtime reports every 0.5 s
-MIN_STEPS = 3
+# A rate counts once its stretches add up to MIN_WINDOW_S and MIN_STEPS: each stretch's
+# ends are a report between two mini-batch boundaries (up to a mini-batch off) and an
+# arrival time a loaded event loop may take a tenth of a second late, so half a second
+# at 10/s (5 steps) read anything from 8 to 14/s, and flipped a trial's verdict for a
+# rate near its threshold (CI of 39a0368: 11.5 and 11.7/s alone for a true 10/s). Over
+# 2 s and 20 steps each error is within 5% (a stretch of that length, or several).
+MIN_WINDOW_S = 2.0
+MIN_STEPS = 20
 KEEP_S = 30.0
 
 GpuKey = tuple[tuple[str, int], ...]

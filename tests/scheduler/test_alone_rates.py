@@ -40,17 +40,17 @@ def test_nothing_is_measured_while_another_job_runs_on_its_gpus_or_before_it_set
     # b's suspend recorded at 3: reports in the first SETTLE_S after it are not counted.
     rates.observe(3.0, _rows("RUNNING", "SUSPENDED", 3.0))
     steps = _run(rates, "a", "la", 3.0, SETTLE_S, 2.5, steps=8)  # b still ran
-    _run(rates, "a", "la", 3.0 + SETTLE_S, 2.0, 10.0, steps=steps)
+    _run(rates, "a", "la", 3.0 + SETTLE_S, 2.5, 10.0, steps=steps)
     assert 9.5 < rates.observe(6.0, _rows("RUNNING", "SUSPENDED", 3.0))["a"] < 10.5
 
 
 def test_a_resume_sent_to_a_neighbour_ends_the_stretch_before_it_is_recorded() -> None:
     rates = AloneRates()
     rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
-    steps = _run(rates, "a", "la", 0.0, 2.0, 10.0)
+    steps = _run(rates, "a", "la", 0.0, 2.5, 10.0)
     rates.resuming("b")  # b runs from its resume on; its state says so only after its ack
-    _run(rates, "a", "la", 2.0, 3.0, 2.5, steps=steps)
-    got = rates.observe(5.0, _rows("RUNNING", "SUSPENDED"))
+    _run(rates, "a", "la", 2.5, 3.0, 2.5, steps=steps)
+    got = rates.observe(5.5, _rows("RUNNING", "SUSPENDED"))
     assert 9.5 < got["a"] < 10.5  # was 5.1: 3 s of the packed 2.5/s counted as alone
 
 
@@ -88,7 +88,35 @@ def test_a_short_time_slice_is_measured_from_its_resume_and_suspend_acks() -> No
     rates.report("a", "la", 105, 0.6)
     rates.acked("a", "la", False, 113, 1.35)  # its slice is over at step 113
     got = rates.observe(1.4, [JobRow("a", "la", "SUSPENDED", 1.37, GPU), JobRow("b", "lb", "RUNNING", 1.4, GPU)])
-    assert got == {"a": 13 / 1.3}
+    assert got == {}  # 1.3 s and 13 steps: too few to tell (MIN_WINDOW_S), added to its next slice's
+    rates.acked("a", "la", True, 113, 3.05)
+    rates.observe(3.1, [JobRow("a", "la", "RUNNING", 3.08, GPU), JobRow("b", "lb", "SUSPENDED", 3.0, GPU)])
+    rates.acked("a", "la", False, 126, 4.35)
+    got = rates.observe(4.4, [JobRow("a", "la", "SUSPENDED", 4.37, GPU), JobRow("b", "lb", "RUNNING", 4.4, GPU)])
+    assert got.keys() == {"a"} and abs(got["a"] - 26 / 2.6) < 1e-9
+
+
+def test_a_rate_alone_is_not_taken_from_half_a_second_whose_reports_were_handled_late() -> None:
+    """CI of 39a0368: each job had one slice of 0.6 s alone before its trial, and a report
+    or ack handled a tenth of a second late on the loaded event loop (or a report a
+    mini-batch off its boundary) made 5 steps of a 10/s job read 11.5/s and 11.7/s. Such a
+    rate flips a verdict near its threshold: none is given until 2 s and 20 steps add up."""
+    rates = AloneRates()
+    rates.observe(0.0, _rows("SUSPENDED", "RUNNING"))
+    # a resumes at 0.0 (step 100); its ack is handled at 0.1, its reports on time.
+    rates.acked("a", "la", True, 100, 0.1)
+    rates.observe(0.1, [JobRow("a", "la", "RUNNING", 0.1, GPU), JobRow("b", "lb", "SUSPENDED", 0.0, GPU)])
+    steps = _run(rates, "a", "la", 0.2, 0.4, 10.0, steps=102)
+    rates.acked("a", "la", False, steps, 0.6)
+    got = rates.observe(0.7, [JobRow("a", "la", "SUSPENDED", 0.65, GPU), JobRow("b", "lb", "RUNNING", 0.7, GPU)])
+    assert got == {}  # was {"a": 12.0}: 6 steps over 0.5 s
+    # Its next turn of 3 s, its ack handled as late: within 5% of 10/s, the short one included.
+    rates.acked("a", "la", True, steps, 2.1)
+    rates.observe(2.1, [JobRow("a", "la", "RUNNING", 2.1, GPU), JobRow("b", "lb", "SUSPENDED", 2.0, GPU)])
+    steps = _run(rates, "a", "la", 2.2, 2.8, 10.0, steps=steps + 2)
+    rates.acked("a", "la", False, steps, 5.0)
+    got = rates.observe(5.1, [JobRow("a", "la", "SUSPENDED", 5.05, GPU), JobRow("b", "lb", "RUNNING", 5.1, GPU)])
+    assert 9.5 < got["a"] < 10.9
 
 
 def test_a_job_launched_beside_it_ends_its_stretch_before_the_next_snapshot() -> None:
@@ -97,11 +125,11 @@ def test_a_job_launched_beside_it_ends_its_stretch_before_the_next_snapshot() ->
     between were counted as alone: 2 s at 10/s and 3 s at the packed 2.5/s read 5.5/s."""
     rates = AloneRates()
     rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
-    steps = _run(rates, "a", "la", 0.0, 2.0, 10.0)
+    steps = _run(rates, "a", "la", 0.0, 2.5, 10.0)
     rates.launching("c", (("n1", 0),))  # c launched onto a's GPU
-    _run(rates, "a", "la", 2.0, 3.0, 2.5, steps=steps)
-    c = JobRow("c", "lc", "RUNNING", 2.0, GPU)
-    got = rates.observe(5.0, [*_rows("RUNNING", "SUSPENDED"), c])
+    _run(rates, "a", "la", 2.5, 3.0, 2.5, steps=steps)
+    c = JobRow("c", "lc", "RUNNING", 2.5, GPU)
+    got = rates.observe(5.5, [*_rows("RUNNING", "SUSPENDED"), c])
     assert 9.5 < got["a"] < 10.5  # was 5.4: 3 s of the packed 2.5/s counted as alone
     # A launch on another GPU leaves it alone.
     rates = AloneRates()
