@@ -270,8 +270,10 @@ def routes(core: Any, metrics: SchedulerMetrics, engine: Any | None = None) -> d
             health = core.db_health.as_dict()
             said = health["text"] or (str(err) if isinstance(err, Unavailable) else
                                       f"the scheduler is up; its database did not answer within {DB_WAIT_S:.0f}s")
+            # (from memory: this answer has waited for the database once already)
             return Response.json({"now": core.clock(), "error": said, "database": health,
-                                  "problems": await problem_list()}, status=503)
+                                  "problems": [p.as_dict() for p in problems.find(problems.in_memory(core, engine))]},
+                                 status=503)
         view["database"] = core.db_health.as_dict()
         view["problems"] = await problem_list()
         return Response.json(view)

@@ -110,13 +110,8 @@ def _ago(now: float, at: float) -> str:
 
 def find(f: Facts) -> list[Problem]:
     """The problems these facts show, the scheduler's own first, then servers, then jobs."""
-    out = _scheduler_problems(f)
-    if not f.database_read:
-        return out
-    out += _server_problems(f)
-    out += _stuck_jobs(f)
-    out += _repeated(f)
-    return out
+    out = _scheduler_problems(f) + _server_problems(f) + _stuck_jobs(f)
+    return out + _repeated(f) if f.database_read else out
 
 
 def _scheduler_problems(f: Facts) -> list[Problem]:
@@ -160,11 +155,12 @@ def _server_problems(f: Facts) -> list[Problem]:
                 f"suspected: no heartbeat for {silent:.0f}s (it is called down after {f.down_after_s:g}s "
                 "and its jobs re-queued)",
                 f"check gandiva helper on {s.name} and the network to it; gandiva describe server {s.name}"))
-        if s.name in f.quarantined and s.up:
-            left, why = f.quarantined[s.name]
+    down = {s.name for s in f.servers if not s.up}
+    for name, (left, why) in sorted(f.quarantined.items()):  # (kept in memory: said in an outage too)
+        if name not in down:
             out.append(Problem(
-                "server.quarantined", s.name, 0.0, f"{why}; no new job goes there for {left:.0f}s more",
-                f"read its helper's log; gandiva get events --server {s.name} --kind server.launch_failed"))
+                "server.quarantined", name, 0.0, f"{why}; no new job goes there for {left:.0f}s more",
+                f"read its helper's log; gandiva get events --server {name} --kind server.launch_failed"))
     return out
 
 
@@ -256,36 +252,43 @@ def _why_quarantined(events: Sequence[Any]) -> dict[str, str]:
     return latest
 
 
+def in_memory(core: Any, engine: Any | None = None) -> Facts:
+    """The facts the scheduler keeps in memory (its database's health and rounds, the hung
+    jobs, the quarantines), for an answer that cannot wait for the database."""
+    settings = core.settings
+    quarantined = engine.quarantine_left() if engine is not None else {}
+    return Facts(now=core.clock(), database={**core.db_health.as_dict(), "round_age": core.db_health.round_age()},
+                 database_read=False, heartbeat_interval_s=settings.heartbeat_interval_s,
+                 down_after_s=settings.down_after_s, command_timeout_s=settings.command_timeout_s,
+                 quarantined={name: (left, f"{name} could not start jobs") for name, left in quarantined.items()},
+                 hung=core.hangs.silent_for())
+
+
 async def gather(core: Any, engine: Any | None = None) -> Facts:
-    """The facts as the scheduler has them now. The database's part is left out (with
-    ``database_read`` False) when it cannot be read: what is in memory is still said."""
+    """The facts as the scheduler has them now; those in memory only (``database_read``
+    False) when the database cannot be read within DB_WAIT_S."""
     import asyncio
 
     from scheduler.errors import Unavailable
     from scheduler.observe.metrics import DB_WAIT_S
 
-    health = core.db_health.as_dict()
-    health["round_age"] = core.db_health.round_age()
-    settings = core.settings
-    facts = Facts(now=core.clock(), database=health, heartbeat_interval_s=settings.heartbeat_interval_s,
-                  down_after_s=settings.down_after_s, command_timeout_s=settings.command_timeout_s)
-    quarantined = engine.quarantine_left() if engine is not None else {}
+    facts = in_memory(core, engine)
     try:
-        await asyncio.wait_for(_read(core, facts, quarantined), DB_WAIT_S)
+        await asyncio.wait_for(_read(core, facts), DB_WAIT_S)
+        facts.database_read = True
     except (Unavailable, TimeoutError):
-        facts.database_read = False
-        facts.database = {**core.db_health.as_dict(), "round_age": core.db_health.round_age()}
+        return in_memory(core, engine)  # with the outage as it stands now
     return facts
 
 
-async def _read(core: Any, facts: Facts, quarantined: Mapping[str, float]) -> None:
+async def _read(core: Any, facts: Facts) -> None:
     from sqlalchemy import func, select
 
     from scheduler.state import repo
     from scheduler.state.models import Event, Job, Transition
 
     now, since = facts.now, facts.now - WINDOW_S
-    hung = {job_id: silent for job_id, silent in core.hangs.silent_for().items()}
+    hung = facts.hung
     waiting = {job_id: WaitFact(w.state, w.place, w.at, w.text) for job_id, w in list(core.waits.items())
                if (w.state == "SUSPENDED" and w.at is not None and now - w.at > OVERDUE_S)
                or (w.state == "QUEUED" and w.place == 1)}
@@ -313,11 +316,9 @@ async def _read(core: Any, facts: Facts, quarantined: Mapping[str, float]) -> No
                                 ld.server.num_gpus, ld.server.num_gpus - sum(1 for v in ld.jobs_by_gpu.values() if v))
                      for ld in loads]
     why = _why_quarantined([e for e in events if e.kind == "server.launch_failed"])
-    facts.quarantined = {name: (left, why.get(name, f"{name} could not start jobs"))
-                         for name, left in quarantined.items()}
+    facts.quarantined = {name: (left, why.get(name, said)) for name, (left, said) in facts.quarantined.items()}
     facts.jobs = {j.id: JobFact(j.id, j.name, j.state, j.gpus, j.state_changed_at or j.updated_at, j.message, j.held)
                   for j in [*stuck, *named]}
-    facts.hung = hung
     facts.waits = waiting
     facts.requeues = [(r.job_id, r.at, r.reason) for r in requeues]
     by_kind: dict[str, list[tuple[str, float, str]]] = defaultdict(list)

@@ -91,16 +91,22 @@ def test_database_outage_gives_unavailable_then_recovers(proxied_pg_url, make_sc
         assert not any(name == "gandiva_jobs" for name, _ in down)  # no stale counts from before
         status, body = _http(web, "/api/state")
         assert status == 503 and DOWN.match(json.loads(body)["error"]), body
+        assert [p["kind"] for p in json.loads(body)["problems"]] == ["database.down"], body
         # The CLI's entry function in this process (no Python start per command), output captured.
         cli = run_gandiva(capsys, "get", "servers", "--scheduler", sched.address)
         assert cli.returncode != 0 and len(cli.stderr.strip().splitlines()) == 1, cli.stderr
         assert f"the scheduler at {sched.address} is up; its database is unreachable since" in cli.stderr, cli.stderr
+        # What needs a person still answers, from what the scheduler keeps in memory.
+        problems = run_gandiva(capsys, "get", "problems", "--scheduler", sched.address)
+        assert problems.returncode == 0 and re.search(r"^database\.down +- +\d+s +the scheduler is up; its database "
+                                                      r"is unreachable since", problems.stdout, re.MULTILINE), problems
         top = run_gandiva(capsys, "top", "--once", "--http", web)
         assert top.returncode == 1 and DOWN.match(top.stderr.removeprefix("gandiva top: ")), top.stderr
         if CHROMIUM is not None or os.environ.get("GANDIVA_REQUIRE_BROWSER") == "1":
             dom = chromium_dom(f"http://{web}/")
             assert re.search(r'<div id="error" class="bad">the scheduler is up; its database is unreachable since '
                              r"\d\d:\d\d:\d\d UTC \(", dom), dom
+            assert '<tr data-kind="database.down">' in dom, dom
         proxy.restore()
         wait_for(lambda: _samples(_http(web, "/metrics")[1])[("gandiva_database_up", ())] == 1.0, 30)
         status, body = _http(web, "/api/state")
@@ -114,6 +120,7 @@ def test_database_outage_gives_unavailable_then_recovers(proxied_pg_url, make_sc
             (status, text), (state, body) = pool.map(lambda path: _http(web, path, timeout=10), ["/metrics", "/api/state"])
         assert status == 200 and not any(name == "gandiva_jobs" for name, _ in _samples(text))
         assert state == 503 and json.loads(body)["error"].startswith("the scheduler is up; its database "), body
+        assert "problems" in json.loads(body), body
         proxy.cut()
         proxy.hole = False
         proxy.restore()
