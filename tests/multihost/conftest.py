@@ -523,14 +523,37 @@ def feed_command(steps: int, dump: Path, sleep: float = 0.03) -> list[str]:
 _BASELINES: dict[int, dict[str, bytes]] = {}
 
 
+def _baselines_dir(tmp: Path) -> Path:
+    """Where this run's uninterrupted runs are kept, beside the test's own temporary
+    folders (removed with them, 3 runs later): one folder for all of a run's pytest-xdist
+    workers (pytest-N/popen-gwK/TEST; the multihost files go to different workers, and 8
+    of them run 400 steps), else pytest-N/TEST."""
+    run = tmp.parent.parent if os.environ.get("PYTEST_XDIST_WORKER") else tmp.parent
+    path = run / "uninterrupted-runs"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def uninterrupted_variables(steps: int, tmp: Path) -> dict[str, bytes]:
     """The final variables of the same program run once without any interruption (and
-    without the shim: plain python), computed once per step count."""
+    without the shim: plain python), computed once per step count and run (the program is
+    deterministic: that is what the tests check)."""
     if steps not in _BASELINES:
-        dump = tmp / f"baseline-{steps}.npz"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
-        subprocess.run([sys.executable, feed_step_origin(), *FEED_ARGS, "--steps", str(steps), "--dump", str(dump)],
-                       env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, check=True, capture_output=True, timeout=300)
+        import fcntl
+
+        folder = _baselines_dir(tmp)
+        dump = folder / f"baseline-{steps}.npz"
+        with open(folder / f"baseline-{steps}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another worker computing it: wait for its file
+            if not dump.exists():
+                part = tmp / f"baseline-{steps}.npz"
+                env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+                subprocess.run([sys.executable, feed_step_origin(), *FEED_ARGS, "--steps", str(steps),
+                                "--dump", str(part)],
+                               env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, check=True, capture_output=True,
+                               timeout=300)
+                shutil.copyfile(part, dump.with_suffix(".tmp"))
+                os.replace(dump.with_suffix(".tmp"), dump)
         _BASELINES[steps] = load_variables(dump)
     return _BASELINES[steps]
 
