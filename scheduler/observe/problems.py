@@ -302,7 +302,8 @@ async def _read(core: Any, facts: Facts) -> None:
         requeues = (await s.execute(
             select(Transition.job_id, Transition.at, Transition.reason)
             .where(Transition.id > last_t - LOOKED_AT, Transition.to_state == "QUEUED",
-                   Transition.from_state != "QUEUED", Transition.at >= since))).all()
+                   Transition.from_state.in_(("RUNNING", "SUSPENDED", "MIGRATING")),  # not its submission
+                   Transition.at >= since))).all()
         last_e = await s.scalar(select(func.max(Event.id))) or 0
         events = (await s.scalars(
             select(Event).where(Event.id > last_e - LOOKED_AT, Event.at >= since,
