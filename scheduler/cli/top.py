@@ -172,7 +172,7 @@ def fitting_jobs(state: dict[str, Any], height: int) -> int:
     """How many job rows a live view of ``height`` lines has room for (at least 5): the
     header, the servers' table (a row per GPU), the jobs' table frame and the decisions."""
     gpus = sum(len(srv["gpus"]) for srv in state["servers"])
-    return max(5, height - gpus - 22)
+    return max(5, height - gpus - 22 - len(_problems(state)))
 
 
 def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None = None) -> Group:
@@ -224,7 +224,21 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
     for d in state["decisions"][-8:]:
         latest.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "
                                      f"{names.get(d['job'], d['job'])}: {d['reason']}") + "\n")
-    return Group(head, servers, jobs, rest, Text("latest decisions", style="bold"), latest)
+    return Group(head, *_problems(state), servers, jobs, rest, Text("latest decisions", style="bold"), latest)
+
+
+# Problems shown at the top of the live view (the rest: `gandiva get problems`).
+PROBLEMS_SHOWN = 5
+
+
+def _problems(state: dict[str, Any]) -> list[Text]:
+    """What needs a person (`gandiva get problems`), one line each, under the header."""
+    found = state.get("problems") or []
+    lines = [Text(output.visible(f"! {p['kind']} {p['subject'] or ''}: {p['what']}; next: {p['next']}"), style="red")
+             for p in found[:PROBLEMS_SHOWN]]
+    if len(found) > PROBLEMS_SHOWN:
+        lines.append(Text(f"! ... and {len(found) - PROBLEMS_SHOWN} more: gandiva get problems", style="red"))
+    return lines
 
 
 def _server_label(srv: dict) -> str:

@@ -101,3 +101,21 @@ def test_the_database_down_unable_to_write_or_rounds_stalled() -> None:
     stalled = {"up": True, "round_age": 400.0, "rounds": {"skipped": 0, "failed": 7}}
     (p,) = find(facts(database=stalled))
     assert p.kind == "scheduler.rounds" and "for 6m40s (skipped 0, failed 7" in p.what
+
+
+def test_top_shows_the_problems_under_its_header() -> None:
+    """`gandiva top` (the dashboard in a terminal) lists them too, the first five, escaped."""
+    import io
+
+    from rich.console import Console
+
+    from scheduler.cli.top import render
+
+    listed = [{"kind": "server.down", "subject": f"n{i}", "since": NOW, "what": "down\x1b]0;x\x07",
+               "next": f"restart gandiva helper on n{i}"} for i in range(7)]
+    state = {"servers": [], "jobs": [], "decisions": [], "height": 0, "overloaded": False, "problems": listed}
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(render(state))
+    lines = out.getvalue().splitlines()
+    assert lines[1] == "! server.down n0: down\\x1b]0;x\\x07; next: restart gandiva helper on n0", lines
+    assert lines[6] == "! ... and 2 more: gandiva get problems", lines
