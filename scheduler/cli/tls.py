@@ -102,6 +102,15 @@ def _pem_key(key) -> bytes:  # type: ignore[no-untyped-def]
                              serialization.NoEncryption())
 
 
+# Certificates are valid from a day before they are made. Made valid from "now", a host whose
+# clock ran behind the machine that made them (by seconds: NTP not yet synced after a boot, a
+# drifting clock) refused them as "certificate is not yet valid" in every TLS handshake: its
+# helper could not reach the scheduler, nor the scheduler accept it under mutual TLS, until its
+# clock caught up, the helper retrying with no word of why but at gRPC's debug verbosity
+# (tests/scheduler/cli/test_tls_clock.py). Backdating is what CAs commonly do for it.
+BACKDATE = datetime.timedelta(days=1)
+
+
 def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int = 825) -> list[Path]:
     """Write the CA, server and client files; returns the paths written."""
     from cryptography import x509
@@ -110,11 +119,12 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
 
     now = datetime.datetime.now(datetime.timezone.utc)
     until = now + datetime.timedelta(days=days)
+    since = now - BACKDATE
     ca_key = _key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Gandiva cluster CA")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
           .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now).not_valid_after(until)
+          .not_valid_before(since).not_valid_after(until)
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
           .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
                                        content_commitment=False, key_encipherment=False,
@@ -123,7 +133,7 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
           .sign(ca_key, hashes.SHA256()))
 
     def leaf(cn: str, sans: list[x509.GeneralName], usage: list[x509.ObjectIdentifier]):  # type: ignore[no-untyped-def]
-        return _leaf(ca_key, ca_name, cn, sans, usage, now, until)
+        return _leaf(ca_key, ca_name, cn, sans, usage, since, until)
 
     sans: list[x509.GeneralName] = []
     for host in hosts:
@@ -143,7 +153,7 @@ def make_certificates(out: Path, hosts: list[str], clients: list[str], days: int
     return _write_set(out, files)
 
 
-def _leaf(ca_key, ca_name, cn, sans, usage, now, until):  # type: ignore[no-untyped-def]
+def _leaf(ca_key, ca_name, cn, sans, usage, since, until):  # type: ignore[no-untyped-def]
     """A key and its certificate for ``cn``, signed by the CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
@@ -154,7 +164,7 @@ def _leaf(ca_key, ca_name, cn, sans, usage, now, until):  # type: ignore[no-unty
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
                .issuer_name(ca_name).public_key(key.public_key())
                .serial_number(x509.random_serial_number())
-               .not_valid_before(now).not_valid_after(until)
+               .not_valid_before(since).not_valid_after(until)
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                .add_extension(x509.ExtendedKeyUsage(usage), critical=False))
     if sans:
@@ -175,7 +185,7 @@ def add_clients(out: Path, clients: list[str], days: int = 825) -> list[Path]:
     until = min(now + datetime.timedelta(days=days), ca.not_valid_after_utc)
     files = []
     for name in clients:
-        key, cert = _leaf(ca_key, ca.subject, name, [], [ExtendedKeyUsageOID.CLIENT_AUTH], now, until)
+        key, cert = _leaf(ca_key, ca.subject, name, [], [ExtendedKeyUsageOID.CLIENT_AUTH], now - BACKDATE, until)
         files += [(f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM), False),
                   (f"{name}-key.pem", _pem_key(key), True)]
     return _write_set(out, files)
