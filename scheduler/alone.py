@@ -16,8 +16,9 @@ job reported, only over stretches in which it was the one job running on its GPU
   neighbour's state change (or a neighbour comes or goes): a change between two
   snapshots is seen by the time it was recorded, never missed; and it ends the moment a
   neighbour is told to resume (``resuming``) or a job is launched or migrated onto its
-  GPUs (``launching``), before that job runs; if that job does not run after all (its
-  resume refused, its migration failed: ``resume_failed``), a new stretch starts then;
+  GPUs (``launching``), before that job runs; once that job is settled (its resume
+  refused, its migration over, landed or not: ``settled``), a new stretch starts then
+  (ended by the next snapshot if that job runs there);
 - reports received in the first ``SETTLE_S`` after the last of those states was recorded
   are not counted (a job's acks and reports share its stream: a report after its resume's
   ack was taken after it resumed), nor any but the last received before the engine saw
@@ -180,11 +181,13 @@ class AloneRates:
             if on.intersection(stretch.condition.gpus):
                 self._close(stretch, job_id)
 
-    def resume_failed(self, job_id: str, now: float) -> None:
-        """The job's resume was refused (or its migration in failed): it never ran, and no
-        state changed. The stretches it closed, none other closing them, start over from
-        ``now`` at the next look (they were reused closed: nothing measured until a state
-        changed)."""
+    def settled(self, job_id: str, now: float) -> None:
+        """The job told to resume, or moved onto these GPUs, is settled: its resume was
+        refused (it never ran, and no state changed), or its migration is over, landed or
+        not. The stretches it closed, none other closing them, start over from ``now`` at
+        the next look: landed, it is on their GPUs in that look's snapshot, and its state
+        there ends them (running) or starts them over; else they measure again (they were
+        reused closed: nothing measured until a state changed)."""
         for stretch in list(self._stretches.values()):
             if job_id in stretch.closers:
                 stretch.closers.discard(job_id)

@@ -1088,7 +1088,7 @@ class LiveEngine:
         if not ack.ok:
             if kind == runtime_pb2.COMMAND_KIND_RESUME:
                 # Refused: it never ran, and no state changes. (No answer at all: it may run.)
-                self.core.alone_rates.resume_failed(job_id, self.core.clock())
+                self.core.alone_rates.settled(job_id, self.core.clock())
             verb = runtime_pb2.CommandKind.Name(kind).removeprefix("COMMAND_KIND_").lower()
             raise FailedPrecondition(f"job {job_id} could not {verb}: {ack.message}")
         tries = 0
@@ -1145,7 +1145,7 @@ class LiveEngine:
             await self._settle_move(job_id, run_migration(self.core, job_id, list(to_gpus), reason),
                                     to_gpus[0].server, was.state, was.incarnation, source.name if source else "")
         finally:
-            self.core.alone_rates.resume_failed(job_id, self.core.clock())
+            self.core.alone_rates.settled(job_id, self.core.clock())
 
     async def _settle_move(self, job_id: str, migration: Coroutine[Any, Any, MigrationResult | None], dest: str,
                            was_state: str, incarnation: str, source: str) -> None:

@@ -145,7 +145,7 @@ def test_a_neighbour_whose_resume_failed_leaves_it_measured_again() -> None:
     rates = AloneRates()
     rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
     rates.resuming("b")
-    rates.resume_failed("b", 0.5)
+    rates.settled("b", 0.5)
     rates.observe(1.0, _rows("RUNNING", "SUSPENDED"))
     _run(rates, "a", "la", 1.0, 3.0, 10.0)
     assert 9.5 < rates.observe(4.0, _rows("RUNNING", "SUSPENDED"))["a"] < 10.5
@@ -155,7 +155,7 @@ def test_a_neighbour_whose_resume_failed_leaves_it_measured_again() -> None:
     rates.observe(0.0, rows)
     rates.resuming("b")
     rates.resuming("d")
-    rates.resume_failed("b", 0.5)
+    rates.settled("b", 0.5)
     rates.observe(1.0, rows)
     _run(rates, "a", "la", 1.0, 3.0, 2.5)
     assert rates.observe(4.0, rows) == {}
