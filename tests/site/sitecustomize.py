@@ -30,12 +30,23 @@ class _NoMatplotlibForKerasGalleries:
                 frame = frame.f_back
 
 
-sys.meta_path.insert(0, _NoMatplotlibForKerasGalleries())
+def _install() -> None:
+    """The finder, once a process, then the next sitecustomize on sys.path after this
+    directory. Once: tf_runtime.autoload's sitecustomize (first on a job's PYTHONPATH)
+    runs every other one on the path, and that one, reached again from here, ran this file
+    again, and so on until a RecursionError (100 copies of the finder)."""
+    if "_gandiva_tests_site" in sys.modules:
+        return
+    sys.modules["_gandiva_tests_site"] = sys.modules[__name__]
+    sys.meta_path.insert(0, _NoMatplotlibForKerasGalleries())
+    here = os.path.dirname(os.path.realpath(__file__))
+    real = [os.path.realpath(p or os.curdir) for p in sys.path]
+    after = sys.path[real.index(here) + 1:] if here in real else []
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", after)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["sitecustomize"] = module
+        spec.loader.exec_module(module)
 
-_here = os.path.dirname(os.path.realpath(__file__))
-_spec = importlib.machinery.PathFinder.find_spec(
-    "sitecustomize", [p for p in sys.path if os.path.realpath(p or os.curdir) != _here])
-if _spec is not None and _spec.loader is not None:
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules["sitecustomize"] = _module
-    _spec.loader.exec_module(_module)
+
+_install()
