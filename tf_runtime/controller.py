@@ -289,6 +289,11 @@ class Controller:
         self._py_funcs: set[str] = set()
         self._py_func_look: dict[str, tuple[str, bytes]] | None = None
         self._warned_second = False
+        # Sessions other than the training one that made a training run while it was open
+        # (a second model: an online teacher in a graph of its own), and the verdict's
+        # reason once one is still open at a boundary of the training session.
+        self._other_trainers: list[SessionAdapter] = []
+        self._second_model = ""
         self._not_migratable_reason = ""
         self._restored_into: SessionAdapter | None = None
         # Initialisers run so far in each session not yet bound (_initialised_in_pieces).
@@ -703,8 +708,9 @@ class Controller:
             # holds (an optimizer it builds once it reads a step past a phase switch):
             # restore again before its first training step.
             self._restore_again = True
-        elif info.initializes or info.restores or (before and info.is_training) or \
-                self._initialised_in_pieces(adapter, info):
+        elif (before and info.is_training) or (
+                (info.initializes or info.restores or self._initialised_in_pieces(adapter, info))
+                and not self._keeps_the_bound_session(adapter)):
             self._bind(adapter, training=before and info.is_training)
         self._initialises_again(adapter, info)  # noted once bound: the restore point's too
         if not before and info.iterator_inits:
@@ -746,6 +752,8 @@ class Controller:
         if adapter is not self.adapter or self.in_forked_child:
             return
         self._hold_while_lease_out(adapter)
+        if self._other_trainers:
+            self._other_model_trains()
         if info.py_funcs and self._steps_seen < PY_FUNC_STEPS:
             self._py_funcs.update(info.py_funcs)
         if info.advances_step:
@@ -904,11 +912,49 @@ class Controller:
             self._ack(Ack(cmd.id, False, "the program finished before its next training step",
                           step=self.meter.steps))
 
+    def _keeps_the_bound_session(self, adapter: SessionAdapter) -> bool:
+        """Whether a session initialised before the first training run stays unbound: its
+        graph has no global step while the session bound already (still open) has one. A
+        distillation program initialises its student, then the teacher's graph (inference
+        only) in a session of its own: binding the teacher used to take the student's read
+        of the step for another session's (judged not migratable, "reads the global step
+        only after its first training run"), and a warm copy tried the source's training
+        run in the teacher's graph. An evaluation session initialised first is still
+        bound in turn, the training session after it."""
+        bound = self.adapter
+        if bound is None or bound is adapter or bound.closed or not bound.has_global_step() \
+                or adapter.has_global_step():
+            return False
+        log.info("a session whose graph has no global step was initialised after the "
+                 "training session's: left unbound (an evaluation or a teacher model)")
+        return True
+
+    def _other_model_trains(self) -> None:
+        """At a boundary of the training session: whether a session that made a training
+        run since it was bound is still open. Its model's variables are in no checkpoint
+        (one session's are saved), so a restarted copy would start that model over: an
+        online teacher trained beside its student, each in a graph of its own, was
+        migrated, and both ended with other weights. A session that trained and was closed
+        between two steps (a probe model trained from scratch each time) keeps nothing."""
+        self._other_trainers = [a for a in self._other_trainers if not a.closed]
+        if not self._other_trainers:
+            return
+        self._second_model = (
+            "it trains a second model in another session that stays open (a graph of its "
+            "own, such as an online teacher beside its student): a checkpoint holds the "
+            "variables of one session, so a restarted copy would start the other model over "
+            "from its initial values; build both models in one graph and train them in one "
+            "session to make it migratable")
+        self._other_trainers = []
+        if self.migratable is not None:  # found after the verdict: judge again
+            self.migratable = None
+
     def _training_elsewhere(self, adapter: SessionAdapter) -> None:
         """A training run in another session after training began. When the training
         session was closed, the program goes on training in this one (it closed its
         session and opened a new one, restoring its own checkpoint): commands follow it
-        there. Otherwise (a second model) it is not the job's training, said once."""
+        there. Otherwise (a second model) it is not the job's training, said once, and the
+        job is not migratable if that session is still open at the next boundary."""
         with self._lock:
             old = self.adapter
             if old is not None and old.closed:
@@ -920,6 +966,8 @@ class Controller:
                 log.info("the training session was closed; training goes on in a new session, "
                          "whose steps are now the boundaries")
                 return
+            if not self._second_model and adapter not in self._other_trainers:
+                self._other_trainers.append(adapter)
         if not self._warned_second:
             self._warned_second = True
             log.warning("a training run in a second session while the first is still open: "
@@ -1163,7 +1211,9 @@ class Controller:
     def _first_boundaries(self, adapter: SessionAdapter, final: bool = False) -> None:
         if self.migratable is not None:
             return
-        if not adapter.has_global_step():
+        if self._second_model:
+            self._judge(False, self._second_model)
+        elif not adapter.has_global_step():
             self._judge(False, "the graph has no global step, so a restarted program "
                                "cannot know where to resume (create its step counter with "
                                "tf.compat.v1.train.get_or_create_global_step() and pass it "

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -659,6 +660,82 @@ def test_training_moves_to_a_new_session_when_the_program_closes_its_own(
     ack = world.channel.acks[0]
     assert ack.ok and ack.step == 5 == validate(tmp_path / "ck")["global_step"]
     assert second.saves == [str(tmp_path / "ck")]
+
+
+def _second_session(world: FakeWorld, global_step: bool = True) -> tuple[Any, Any]:
+    """Another session of the program (a model in a graph of its own, with a step counter
+    of its own): its chain through the world's controller, and its adapter."""
+    from tf_runtime.chain import build_chain
+    from tf_runtime.testing import FakeAdapter, FakeSession
+
+    class Adapter(FakeAdapter):
+        def has_global_step(self) -> bool:
+            return global_step
+
+    other = FakeSession()
+    adapter = Adapter(other)
+    chain = build_chain(lambda f, fd, o, m: other.run(f, fd, o, m), adapter, world.controller,
+                        world.controller.gate)
+    return chain, adapter
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["stays_open", "closed_between_steps"])
+def test_a_second_model_trained_in_a_session_of_its_own_is_not_migratable(
+        closed: bool, world: FakeWorld, tmp_path: Path) -> None:
+    """Co-distillation in two graphs (programs/distill.py --teacher online): each step the
+    teacher trains in its session, then the student in the training session. Only one
+    session's variables go into a checkpoint; the job used to be migrated and a restarted
+    copy started the other model over (other weights, probed). Now it is not migratable,
+    naming why, and suspended in place; a model trained and closed between two steps (a
+    probe trained from scratch each time) keeps nothing, and leaves the job migratable."""
+    teacher, adapter = _second_session(world)
+    world.run("init")
+    if not closed:
+        teacher.run("init")
+    world.run("read_gs")
+    for _ in range(4):
+        if not closed:
+            teacher.run("train")
+        world.run("train")
+        world.run("read_gs")
+        if closed:  # a probe trained from scratch after each step, then closed
+            probe, adapter = _second_session(world, global_step=False)
+            probe.run("init")
+            probe.run("train")
+            adapter.closed = True
+    verdict = world.channel.migratability[-1]
+    if closed:
+        assert verdict == (True, ""), verdict[1]
+        return
+    assert verdict[0] is False and "second model in another session" in verdict[1]
+    world.controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
+    world.controller.enqueue(Command("s", Kind.SUSPEND))
+    world.controller.enqueue(Command("r", Kind.RESUME))
+    teacher.run("train")
+    world.run("train")
+    acks = world.channel.acks
+    assert not acks[0].ok and "second model" in acks[0].message
+    assert [a.ok for a in acks[1:]] == [True, True] and not (tmp_path / "m").exists()
+
+
+def test_a_session_without_a_global_step_initialised_after_the_training_one_stays_unbound(
+        world: FakeWorld) -> None:
+    """Distillation with a frozen teacher (programs/distill.py --teacher frozen): the student
+    initialised, then the teacher's graph in a session of its own (no global step), then
+    `step = student.run(gs)` and the loop. Binding the teacher's session at its initialiser
+    took the student's read of the step for another session's: the job was refused as
+    reading the step "only after its first training run", and a warm copy tried the
+    source's training run in the teacher's graph. The student's session stays bound."""
+    teacher, _ = _second_session(world, global_step=False)
+    world.run("init")
+    teacher.run("init")
+    world.run("read_gs")
+    for _ in range(3):
+        teacher.run("eval")
+        world.run("train")
+        world.run("read_gs")
+    assert world.channel.migratability == [(True, "")]
+    assert world.controller.meter.steps == 3
 
 
 def test_the_step_the_job_started_at_travels_with_its_checkpoints(tmp_path: Path) -> None:

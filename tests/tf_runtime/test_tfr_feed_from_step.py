@@ -210,6 +210,11 @@ KINDS = {
     "ema_after": Kind("ema_after.py", _warm_naive(), ("--order", "after"),
                       covered_by="test_tfr_tf_session.py -k run_of_its_own_after_the_training_run"),
     "accumulate_after": Kind("accumulate_after.py", _warm_naive()),
+    "distill": Kind("distill.py", _warm_naive(), ("--teacher", "frozen", "--order", "student-first"),
+                    covered_by="test_tfr_chain.py -k initialised_after_the_training_one_stays_unbound"),
+    "distill_teacher_first": Kind(
+        "distill.py", _warm_naive(), ("--teacher", "frozen", "--order", "teacher-first"),
+        covered_by="no fix: test_tfr_tf_session.py -k evaluation_session_initialised_first"),
 }
 
 
@@ -286,7 +291,12 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     applied with the global step every third by a Python counter, the accumulators zeroed
     by `assign(tf.zeros_like(acc))` in a run of its own after the apply (a checkpoint used
     to be taken between the two, taking the reset for a one-time load, and a restored copy
-    added its micro-batches onto the old sums); each migrated warm and naive."""
+    added its micro-batches onto the old sums); each migrated warm and naive. distill: a
+    student trained on a frozen teacher's soft targets, each model in a graph and session
+    of its own, the teacher's initialised after the student's (`distill_teacher_first`:
+    before it); the teacher's session used to be bound in the student's place, the job
+    refused as reading the step "only after its first training run" and a warm copy
+    rehearsing nothing; migrated warm and naive."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 
@@ -311,7 +321,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     ("global_rng.py", ("--draw", "numpy"), "numpy's global generator"),
     ("sampled_loss.py", (), "LogUniformCandidateSampler"),
     ("python_counter.py", (), "only after its first training run"),
-], ids=["queue_input", "global_rng", "sampled_loss", "python_counter"])
+    pytest.param("distill.py", ("--teacher", "online", "--teacher-step", "global"),
+                 "a second model in another session", marks=pytest.mark.full),
+], ids=["queue_input", "global_rng", "sampled_loss", "python_counter", "second_model"])
 def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
         script: str, flags: tuple[str, ...], reason: str, runtime_server: Any, launch: Any,
         tmp_path: Path) -> None:
@@ -327,7 +339,10 @@ def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
     called migratable). python_counter: `for i in range(steps)`, each mini-batch picked by
     `i`, the global step fetched with the training op only to log it (called migratable
     because it reads the step, a restored copy trained `steps` more mini-batches from the
-    first one on)."""
+    first one on). second_model (GANDIVA_FULL_TESTS=1; the mechanism by default in
+    test_tfr_chain.py -k second_model): co-distillation, a teacher trained in a graph and
+    session of its own beside its student (its step counter its graph's global step), once
+    migrated with the teacher's session's variables only (other weights, probed)."""
     path = str(PROGRAMS / script)
     steps = [*flags, "--steps", "80", "--step-sleep", "0.03"]
     baseline = launch(path, *steps, "--dump", str(tmp_path / "base.npz"), status=False)
