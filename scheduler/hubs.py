@@ -207,6 +207,16 @@ class RuntimeHub:
         # (oldest first; see give_up).
         self._given_up: dict[tuple[str, str], None] = {}
         self._paces: dict[tuple[str, str], Pace] = {}
+        # Commands awaiting their ack: command id -> (job id, kind, when sent on the event
+        # loop's clock, the job's mini-batch time then), for `gandiva get problems`.
+        self._asked: dict[str, tuple[str, str, float, float]] = {}
+
+    def unanswered(self, after_s: float, steps: float) -> list[tuple[str, str, float, float]]:
+        """(job id, command kind, seconds waited, its mini-batch time) of each command waiting
+        for its ack longer than ``after_s`` and ``steps`` of the job's mini-batches."""
+        now = asyncio.get_running_loop().time()
+        return [(job_id, kind, now - at, step_s) for job_id, kind, at, step_s in list(self._asked.values())
+                if now - at > max(after_s, steps * step_s)]
 
     def watch(self, job_id: str, incarnation: str) -> None:
         """Start remembering whether launch `incarnation` of the job ever connects."""
@@ -389,9 +399,12 @@ class RuntimeHub:
             raise FailedPrecondition(f"job {job_id} has no running process{which} connected to the scheduler")
         if not cmd.command_id:
             cmd.command_id = _command_id()
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
         conn.pending[cmd.command_id] = fut
         conn.outbox.put_nowait(cmd)
+        kind = runtime_pb2.CommandKind.Name(cmd.kind).removeprefix("COMMAND_KIND_").lower()
+        self._asked[cmd.command_id] = (job_id, kind, loop.time(), conn.step_s)
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -399,6 +412,8 @@ class RuntimeHub:
             raise Unavailable(
                 f"job {job_id} did not reach a mini-batch boundary within {timeout:.0f}s"
             ) from None
+        finally:
+            self._asked.pop(cmd.command_id, None)
 
     def resolve(self, conn: RuntimeConn, ack: runtime_pb2.CommandAck) -> None:
         _resolve(conn.pending, ack.command_id, ack)

@@ -23,6 +23,11 @@ REPEATED = 2
 # A job whose next turn was said is late by this much past it (docs/observability.md: the
 # turns said in `gandiva demo` were within 3 s for half, packing trials making a few 120 s early).
 OVERDUE_S = 120.0
+# A command to a job's runtime (suspend, resume, checkpoint, stop to move) waiting for its ack
+# longer than this and UNANSWERED_STEPS of the job's mini-batches (it is obeyed at the next
+# boundary; the engine gives up on it after the command timeout, 60 s by default).
+UNANSWERED_S = 15.0
+UNANSWERED_STEPS = 10
 # The queue's first job waits this long while a server has room for it.
 ROOM_WAIT_S = 60.0
 # The latest events and state changes looked at for what repeats (see _read).
@@ -96,6 +101,8 @@ class Facts:
     quarantined: Mapping[str, tuple[float, str]] = field(default_factory=dict)  # name -> (s left, why)
     jobs: Mapping[str, JobFact] = field(default_factory=dict)  # the jobs named below, by id
     hung: Mapping[str, float] = field(default_factory=dict)  # job id -> seconds without a mini-batch
+    # Commands to runtimes waiting for their ack: (job id, kind, seconds, mini-batch time).
+    unanswered: Sequence[tuple[str, str, float, float]] = ()
     waits: Mapping[str, WaitFact] = field(default_factory=dict)
     requeues: Sequence[tuple[str, float, str]] = ()  # (job id, at, reason), last hour
     pack_verdicts: Sequence[tuple[str, float, str]] = ()  # job.pack events (job id, at, message)
@@ -179,6 +186,14 @@ def _stuck_jobs(f: Facts) -> list[Problem]:
             f"{f.jobs[job_id].name if job_id in f.jobs else job_id}: no mini-batch for {silent:.0f}s while its process lives "
             "(restarted from its checkpoint if it stays so)",
             f"gandiva logs {job_id}; gandiva kill {job_id} if it cannot go on"))
+    for job_id, kind, waited, step_s in sorted(f.unanswered):
+        name = f.jobs[job_id].name if job_id in f.jobs else job_id
+        pace = f"its mini-batches took {step_s:.2g}s" if step_s > 0 else "it has timed no mini-batch yet"
+        out.append(Problem(
+            "job.unanswered", job_id, f.now - waited,
+            f"{name}: its {kind.replace('_', ' ')} command has waited {waited:.0f}s for the job's next mini-batch "
+            f"boundary ({pace}; given up after {f.command_timeout_s:g}s)",
+            f"gandiva logs {job_id} (what it does now); gandiva describe job {job_id}"))
     servers = {s.name: s for s in f.servers}
     for job_id, w in sorted(f.waits.items()):
         if job_id not in f.jobs or f.jobs[job_id].state != w.state:
@@ -261,7 +276,7 @@ def in_memory(core: Any, engine: Any | None = None) -> Facts:
                  database_read=False, heartbeat_interval_s=settings.heartbeat_interval_s,
                  down_after_s=settings.down_after_s, command_timeout_s=settings.command_timeout_s,
                  quarantined={name: (left, f"{name} could not start jobs") for name, left in quarantined.items()},
-                 hung=core.hangs.silent_for())
+                 hung=core.hangs.silent_for(), unanswered=core.runtimes.unanswered(UNANSWERED_S, UNANSWERED_STEPS))
 
 
 async def gather(core: Any, engine: Any | None = None) -> Facts:
@@ -295,7 +310,7 @@ async def _read(core: Any, facts: Facts) -> None:
     async with core.tx(read=True) as s:
         loads = await repo.server_loads(s)
         stuck = (await s.scalars(select(Job).where(Job.state == "MIGRATING"))).all()
-        named = await repo.jobs_by_id(s, sorted(set(hung) | set(waiting)))
+        named = await repo.jobs_by_id(s, sorted(set(hung) | set(waiting) | {u[0] for u in facts.unanswered}))
         # The latest LOOKED_AT rows by their key (neither table is indexed by time, and the
         # dashboard asks every second): an hour with more is seen in part.
         last_t = await s.scalar(select(func.max(Transition.id))) or 0

@@ -1,7 +1,7 @@
 """`gandiva get problems` worked out from facts (scheduler/observe/problems.py): what needs a
 person, each with its next command, and what does not (a park, a migration whose job ended
 first, a held job). The live case, a helper killed under a real cluster, is
-tests/integration/test_observe.py -k problems."""
+tests/integration/test_observe.py -k gpu_time_per_job."""
 
 from __future__ import annotations
 
@@ -119,3 +119,43 @@ def test_top_shows_the_problems_under_its_header() -> None:
     lines = out.getvalue().splitlines()
     assert lines[1] == "! server.down n0: down\\x1b]0;x\\x07; next: restart gandiva helper on n0", lines
     assert lines[6] == "! ... and 2 more: gandiva get problems", lines
+
+
+def test_a_command_waiting_for_its_ack_is_listed_once_long_past_the_jobs_pace() -> None:
+    """A suspend sent to a job whose mini-batches take 0.5 s, unanswered for 40 s: said, with
+    its pace; one unanswered for 20 s by a job whose mini-batches take 3 s is not yet (the
+    runtime's hub lists only those past both bounds)."""
+    f = facts(jobs={"j-s": JobFact("j-s", "slow", "RUNNING", 1, NOW)},
+              unanswered=[("j-s", "suspend", 40.0, 0.5), ("j-x", "stop_for_migration", 30.0, 0.0)])
+    got = find(f)
+    assert [(p.kind, p.subject) for p in got] == [("job.unanswered", "j-s"), ("job.unanswered", "j-x")]
+    assert got[0].what == ("slow: its suspend command has waited 40s for the job's next mini-batch boundary (its "
+                           "mini-batches took 0.5s; given up after 60s)"), got[0].what
+    assert "stop for migration command" in got[1].what and "it has timed no mini-batch yet" in got[1].what
+
+
+def test_the_runtime_hub_keeps_each_command_until_its_ack_or_its_timeout() -> None:
+    import asyncio
+    import contextlib
+
+    from protos.gandiva.v1 import runtime_pb2
+    from scheduler.hubs import RuntimeHub
+
+    async def run() -> None:
+        hub = RuntimeHub()
+        conn = hub.attach("j-1", "inc")
+        conn.step_s = 0.25
+        asked = asyncio.ensure_future(hub.call("j-1", runtime_pb2.COMMAND_KIND_SUSPEND, 30.0, incarnation="inc"))
+        await asyncio.sleep(0.05)
+        (waiting,) = hub.unanswered(0.0, 0)
+        assert waiting[:2] == ("j-1", "suspend") and waiting[2] > 0 and waiting[3] == 0.25
+        assert hub.unanswered(0.0, 1000) == [] and hub.unanswered(60.0, 0) == []  # not past both bounds
+        cmd = conn.outbox.get_nowait()
+        hub.resolve(conn, runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True))
+        await asyncio.wait_for(asked, 5)
+        assert hub.unanswered(0.0, 0) == []
+        with contextlib.suppress(Exception):  # a timeout forgets it too
+            await hub.call("j-1", runtime_pb2.COMMAND_KIND_RESUME, 0.05, incarnation="inc")
+        assert hub.unanswered(0.0, 0) == []
+
+    asyncio.run(run())
