@@ -15,13 +15,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from protos.gandiva.v1 import common_pb2
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
 from ..tf_runtime.conftest import load_variables
 from . import degrade
@@ -211,6 +212,27 @@ def _migrate_over_a_cap(c: Cluster, steps: int, hidden: int, sleep: float, rate:
     return base, job_id, src, dest, dump
 
 
+def _ends_bit_identical(c: Cluster, job_id: str, steps: int, dump: Path, base: _MlpBaseline) -> None:
+    """The MLP job ends once, with the uninterrupted run's variables, never two copies at once."""
+    _ends_once(c, job_id, steps, 150)
+    assert load_variables(dump) == base.variables(), "final variables differ from the uninterrupted run"
+    _no_two_copies(c)
+
+
+@contextlib.contextmanager
+def _small_ramdisk(c: Cluster, host: str, size: str) -> Iterator[Path]:
+    """`host`'s ramdisk as a tmpfs of `size` (mounted before its helper starts); the
+    cluster is stopped and the tmpfs unmounted after."""
+    rd = c.tmp / "rd" / host
+    rd.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(rd)], check=True)
+    try:
+        yield rd
+    finally:
+        c.close()
+        subprocess.run(["umount", "-l", str(rd)], check=False)
+
+
 def test_degraded_checkpoint_streamed_over_a_1_mbit_link_moves_the_job_bit_identical(
         multihost: Cluster, tmp_path: Path) -> None:
     """No shared root: a migration streams the checkpoint (an MLP of 512-wide layers and
@@ -309,10 +331,41 @@ def test_degraded_link_cut_between_the_two_helpers_mid_transfer_restarts_the_job
     why = [t.reason for t in back.history if "the link is cut" in t.reason]  # type: ignore[attr-defined]
     print(f"\ncut between helpers: back at {src} {resumed:.1f}s after the cut; {why}")
     assert why, [t.reason for t in back.history]  # type: ignore[attr-defined]
-    _ends_once(c, job_id, steps, 150)
     assert watch.stop() == set()
-    assert load_variables(dump) == base.variables(), "final variables differ from the uninterrupted run"
-    _no_two_copies(c)
+    _ends_bit_identical(c, job_id, steps, dump, base)
+
+
+@pytest.mark.full  # the refusal itself: tests/migration_helper/test_ramdisk_transfer.py (no space left)
+def test_degraded_destination_ramdisk_full_mid_transfer_restarts_the_job_at_its_source_and_leaves_nothing(
+        multihost: Cluster, tmp_path: Path) -> None:
+    """No shared root: the job's 2 MB checkpoint is streamed to h2, whose ramdisk is a 1 MB
+    tmpfs: it fills mid-stream. h2's agent refuses ("no space left"), removes its partial
+    copy; the job restarts at h1 from the checkpoint it wrote, h2 gets no new job for 60 s
+    (event), and the job ends once, bit-identical, never in two places; h2's ramdisk holds
+    no checkpoint bytes after."""
+    c = multihost
+    steps, hidden = 600, 512
+    go = c.tmp / "GO"
+    base = _MlpBaseline(steps, hidden, tmp_path)
+    c.add_helper("h1", shared=False)
+    dump = c.tmp / "final.npz"
+    job_id = c.submit("mlp", _mlp(steps, dump, hidden, sleep=0.06, until=go))
+    c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 120)
+    with _small_ramdisk(c, "h2", "1m") as rd:
+        c.add_helper("h2", shared=False)
+        c.migrate(job_id, "h2")
+        after = c.wait(lambda: (j := c.job(job_id)).state == RUNNING and c.where(job_id) == "h1"
+                       and any(t.reason.startswith("restarted_at_source") for t in j.history) and j, 180)
+        go.touch()
+        why = [t.reason for t in after.history if t.reason.startswith("restarted_at_source")]  # type: ignore[attr-defined]
+        barred = [e.message for e in c.stub.ListEvents(scheduler_pb2.ListEventsRequest(
+            kinds=["server.launch_failed"])).events]
+        left = [str(p.relative_to(rd)) for p in rd.rglob("*") if p.is_file() and p.stat().st_size > 0]
+        print(f"\nfull destination: {why}; {barred}; left on h2: {left}")
+        assert why and "no space left" in why[-1].lower(), why
+        assert any(m.startswith("h2 could not take") for m in barred), barred
+        assert not [p for p in left if job_id in p], left
+        _ends_bit_identical(c, job_id, steps, dump, base)
 
 
 class Starve:
@@ -392,10 +445,7 @@ def test_degraded_full_ramdisk_keeps_the_last_checkpoint_and_a_lost_host_resumes
     c = multihost
     steps, hidden = 400, 1024
     base = _MlpBaseline(steps, hidden, tmp_path)
-    rd = c.tmp / "rd" / "h1"
-    rd.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(rd)], check=True)
-    try:
+    with _small_ramdisk(c, "h1", "12m"):
         c.add_helper("h1")
         dump = c.tmp / "final.npz"
         # 20 s at least: a periodic checkpoint every 2 s, the second one refused, long before.
@@ -419,9 +469,4 @@ def test_degraded_full_ramdisk_keeps_the_last_checkpoint_and_a_lost_host_resumes
         c.wait(lambda: c.where(job_id) == "h2", 60)
         resumed = [t.reason for t in c.job(job_id).history if "resuming from" in t.reason]
         assert resumed and "/rd/h1/" in resumed[-1], resumed
-        _ends_once(c, job_id, steps, 150)
-        assert load_variables(dump) == base.variables(), "final variables differ from the uninterrupted run"
-        _no_two_copies(c)
-    finally:
-        c.close()
-        subprocess.run(["umount", "-l", str(rd)], check=False)
+        _ends_bit_identical(c, job_id, steps, dump, base)
