@@ -129,8 +129,11 @@ def next_turns(policy: Policy, snap: ClusterSnapshot, held: Collection[str] = ()
                changed: Collection[str] = (), cache: TurnCache | None = None,
                lag_s: float = 0.0) -> dict[str, Wait]:
     """Each suspended job's next turn in its time-slice group, for Gandiva's rotation
-    (``held``: jobs an operator suspended, which take no turn; ``cache``: what earlier calls
-    worked out, kept by the caller; ``lag_s``: how long after the time the policy asks to be
+    (``snap``: where the policy just decided from it, ``changed`` names the jobs its
+    decisions acted on, and the jobs on their GPUs, as ``waits`` does: read from the
+    policy's own ledger, those groups are left out; ``held``: jobs an operator suspended,
+    which take no turn; ``cache``: what earlier calls worked out, kept by the caller;
+    ``lag_s``: how long after the time the policy asks to be
     called its round comes, on average: the live engine's rounds come every tick, so its
     decisions, and the attained service they compare, are that much later)."""
     from scheduler.policy import timeslice as ts
@@ -139,7 +142,9 @@ def next_turns(policy: Policy, snap: ClusterSnapshot, held: Collection[str] = ()
     if not isinstance(state, GandivaState) or not any(j.state == "SUSPENDED" for j in snap.jobs):
         return {}  # a policy without time-slice groups, or nobody waits for a turn
     cfg = policy.config
-    ledger = Ledger.of(snap, None, policy.queue_by)
+    # The policy's own, where it just decided from ``snap``: the groups its decisions
+    # changed in it are the ``changed`` ones, left out below.
+    ledger = policy.ledger_of(snap)
     groups: set[Placement] = {ledger.placement[j] for j in ledger.by_state.get("SUSPENDED", ())
                               if j not in held and ledger.placement.get(j)}
     out: dict[str, Wait] = {}
@@ -267,6 +272,8 @@ def waits(policy: Policy, snap: ClusterSnapshot, held: Collection[str] = (),
     acted = [d for d in decided if not isinstance(d, Queue)]
     changed = {d.job_id for d in acted}
     touched = {g for d in acted for g in (*getattr(d, "gpus", ()), *getattr(d, "to_gpus", ()))}
+    # And the GPUs a moved job leaves: the policy's ledger (next_turns) has it gone from there.
+    touched |= {g for j in snap.jobs if j.id in changed for g in j.placement}
     if touched:
         changed |= {j.id for j in snap.jobs if touched.intersection(j.placement)}
     out = queue_places(policy, [j for j in snap.jobs if j.id not in changed])

@@ -38,6 +38,15 @@ class Policy(ABC):
             self._ledger = self._ledger.sync(snapshot, holds)
         return self._ledger
 
+    def ledger_of(self, snapshot: ClusterSnapshot) -> Ledger:
+        """The ledger the last ``decide`` synced to this very ``snapshot`` (with the changes
+        its decisions made, on the groups they touched), else a fresh one of it, not kept:
+        for views of the cluster read right after a round (scheduler/observe/waits.py),
+        which built a second ledger of every job each round."""
+        if self._ledger is not None and self._ledger.snapshot is snapshot:
+            return self._ledger
+        return Ledger.of(snapshot, None, self.queue_by)
+
     @abstractmethod
     def decide(self, snapshot: ClusterSnapshot) -> list[Decision]:
         """What to change now; an empty list means: leave everything as it is."""
