@@ -105,8 +105,9 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "problems", aliases=["problem"], parents=[common],
         help="what needs a person now, each with the command to run next (operators)",
         description="One line per thing that needs a person: servers down or late with their "
-        "heartbeats, or refusing launches; jobs stuck migrating, hung, failing again and again, "
-        "or waiting past their turn (or first in the queue while a server has room); packs undone "
+        "heartbeats, or refusing launches; jobs stuck migrating, hung, not answering a command, "
+        "failing again and again, or waiting past their turn (or first in the queue while a server "
+        "has room); packs undone "
         "again and again; failed migrations; the database unreachable or unable to write; "
         "scheduling rounds that stopped. Each says what to run next. Worked out by the scheduler "
         "from what it keeps (the last hour's events for what repeats); the dashboard shows the "
