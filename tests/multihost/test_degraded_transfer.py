@@ -100,11 +100,25 @@ def test_degraded_checkpoint_stream_longer_than_grpcs_ping_timeout_arrives(tmp_p
                                                       (tmp_path / "agent.log").read_text()[-2000:])
 
 
+def _host_port(peer: str) -> tuple[str, str]:
+    """`ss`'s peer column ("[::ffff:10.77.0.2]:47000" or "10.77.0.2:47000") as (address, port)."""
+    host, _, port = peer.rpartition(":")
+    return host.strip("[]").removeprefix("::ffff:"), port
+
+
 def _mid_stream(pair: Pair, sender: subprocess.Popen) -> None:
-    """Waits until 100 kB have reached the agent: under a second of a 1 Mbit/s stream."""
+    """Waits until the sender's connection to the agent holds bytes not yet delivered
+    (its Send-Q, as `ss` shows it in a's namespace): the stream has begun, and at 1 Mbit/s
+    most of it is still to come. (The agent writes a chunk only once all of its 1 MiB has
+    arrived: 8 s of the link.)"""
     deadline = time.monotonic() + 60
-    while sum(p.stat().st_size for p in pair.ramdisk.rglob("*") if p.is_file()) < 100_000:
-        assert sender.poll() is None and time.monotonic() < deadline, sender.communicate()
+    while True:
+        got = subprocess.run(["ip", "netns", "exec", pair.a_ns, "ss", "-tnH"], capture_output=True, text=True,
+                             check=False).stdout.splitlines()  # State Recv-Q Send-Q Local Peer
+        if any(len(f := line.split()) >= 5 and f[0] == "ESTAB" and _host_port(f[4]) == (pair.b_addr, "47000")
+               and int(f[2]) > 0 for line in got):
+            return
+        assert sender.poll() is None and time.monotonic() < deadline, (got, sender.communicate())
         time.sleep(0.05)
 
 
