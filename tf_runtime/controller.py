@@ -949,6 +949,28 @@ class Controller:
         if self.migratable is not None:  # found after the verdict: judge again
             self.migratable = None
 
+    def _another_model_after(self, old: SessionAdapter, new: SessionAdapter) -> None:
+        """Training went on in a new session after the program closed its training session:
+        if the new graph lacks trainable variables of the old one, it trains another model
+        (distillation's recipe in one script: the teacher trained and closed, then the
+        student). A restarted copy runs the program from its start: the first model's
+        session, initialised first, cannot take this model's checkpoint, and the restart
+        used to fail there ("Key teacher/w1 not found in checkpoint") after a migration
+        was made. The same model rebuilt in a new graph (Estimator-style cycles, a session
+        reopened) or grown (a second phase adding variables) goes on as before."""
+        gone = sorted(old.trainable_names() - new.trainable_names())
+        if not gone or self._second_model:
+            return
+        self._second_model = (
+            f"it trains another model after the one it trained first, in a session it "
+            f"closed (whose trainable variables such as {gone[0]!r} are not in this one's "
+            f"graph): a restarted copy would run the program from its start, train that "
+            f"model again and fail to restore this model's checkpoint into it; train each "
+            f"model as a job of its own (the first saving what the second loads) to make it "
+            f"migratable")
+        if self.migratable is not None:  # found after the verdict: judge again
+            self.migratable = None
+
     def _training_elsewhere(self, adapter: SessionAdapter) -> None:
         """A training run in another session after training began. When the training
         session was closed, the program goes on training in this one (it closed its
@@ -965,6 +987,7 @@ class Controller:
                 self._iterators_checked.clear()
                 log.info("the training session was closed; training goes on in a new session, "
                          "whose steps are now the boundaries")
+                self._another_model_after(old, adapter)
                 return
             if not self._second_model and adapter not in self._other_trainers:
                 self._other_trainers.append(adapter)

@@ -215,6 +215,9 @@ class FakeAdapter:
     def has_global_step(self) -> bool:
         return True
 
+    def trainable_names(self) -> frozenset[str]:
+        return frozenset({"w:0"})
+
     def global_step(self) -> int:
         return self.sess.step
 

@@ -712,6 +712,11 @@ class TFSessionAdapter:
         return out
 
     # -- state ------------------------------------------------------------------------------
+    def trainable_names(self) -> frozenset[str]:
+        """The names of the graph's trainable variables (which model this session trains)."""
+        return frozenset(v.name for v in self.graph.get_collection(
+            tf_ops.GraphKeys.TRAINABLE_VARIABLES))
+
     def has_global_step(self) -> bool:
         if self._gs is None:
             self._gs = find_global_step(self.graph)

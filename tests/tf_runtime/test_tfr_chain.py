@@ -718,6 +718,42 @@ def test_a_second_model_trained_in_a_session_of_its_own_is_not_migratable(
     assert [a.ok for a in acks[1:]] == [True, True] and not (tmp_path / "m").exists()
 
 
+def test_another_model_trained_after_the_first_ones_session_closed_is_not_migratable(
+        world: FakeWorld, tmp_path: Path) -> None:
+    """Distillation's recipe in one script (programs/distill.py --teacher pretrain): the
+    teacher trained in a session the program then closes, then the student in a new
+    session and graph. Training went over to the student's session and the job stayed
+    migratable; a restarted copy trained the teacher first, its session unable to take
+    the student's checkpoint, and failed ("Key ... not found in checkpoint", probed). Now
+    the student's training is not migratable, naming why; it is suspended in place."""
+    from tf_runtime.chain import build_chain
+    from tf_runtime.testing import FakeAdapter
+
+    class Student(FakeAdapter):
+        def trainable_names(self) -> frozenset[str]:
+            return frozenset({"student/w:0"})
+
+    start_training(world, steps=3)
+    assert world.channel.migratability == [(True, "")]
+    world.adapter.closed = True
+    student = Student(world.sess)
+    chain = build_chain(lambda f, fd, o, m: world.sess.run(f, fd, o, m), student,
+                        world.controller, world.controller.gate)
+    chain.run("init")
+    chain.run("read_gs")
+    chain.run("train")
+    verdict = world.channel.migratability[-1]
+    assert verdict[0] is False and "another model after the one it trained first" in verdict[1]
+    assert "'w:0'" in verdict[1]
+    world.controller.enqueue(Command("m", Kind.STOP_FOR_MIGRATION, str(tmp_path / "m")))
+    world.controller.enqueue(Command("s", Kind.SUSPEND))
+    world.controller.enqueue(Command("r", Kind.RESUME))
+    chain.run("train")
+    acks = world.channel.acks
+    assert not acks[0].ok and "another model" in acks[0].message
+    assert [a.ok for a in acks[1:]] == [True, True] and not (tmp_path / "m").exists()
+
+
 def test_a_session_without_a_global_step_initialised_after_the_training_one_stays_unbound(
         world: FakeWorld) -> None:
     """Distillation with a frozen teacher (programs/distill.py --teacher frozen): the student

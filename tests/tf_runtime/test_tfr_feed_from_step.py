@@ -395,3 +395,36 @@ def test_examples_shuffled_once_an_epoch_are_found_before_a_migration(
     job.finish()
     assert baseline.wait() == 0
     assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")
+
+
+@pytest.mark.full  # the mechanism by default: test_tfr_chain.py -k another_model_trained_after
+def test_a_model_trained_after_another_ones_session_closed_is_never_migrated(
+        runtime_server: Any, launch: Any, tmp_path: Path) -> None:
+    """distill.py --teacher pretrain: the teacher trained first in a session the program
+    closes, then the student on its targets in a graph and session of its own. The
+    student's training used to be migratable, and the restarted copy, training the teacher
+    first, failed to restore the student's checkpoint into it ("Key ... not found in
+    checkpoint"): the job failed at the destination. Now the student's training is judged
+    not migratable, naming why; a migration is refused; suspended in place and checkpointed,
+    it ends bit-identical to an uninterrupted run."""
+    path = str(PROGRAMS / "distill.py")
+    flags = ["--teacher", "pretrain", "--steps", "40", "--step-sleep", "0.03"]
+    baseline = launch(path, *flags, "--dump", str(tmp_path / "base.npz"), status=False)
+    job = FeedJob(launch, runtime_server, "pretrain", flags, tmp_path / "run.npz", tmp_path,
+                  script=path)
+    job.start()
+    job.command(pb.COMMAND_KIND_RESUME)
+    report = runtime_server.wait_for(
+        lambda j, m: j == "pretrain" and m.HasField("migratability")
+        and not m.migratability.migratable, 60)
+    job.command(pb.COMMAND_KIND_SUSPEND)
+    assert "another model after the one it trained first" in report.migratability.reason
+    ack = runtime_server.wait_ack(runtime_server.send(
+        "pretrain", pb.COMMAND_KIND_STOP_FOR_MIGRATION, str(tmp_path / "ck")))
+    assert not ack.ok and "not migratable" in ack.message
+    assert not (tmp_path / "ck").exists()
+    job.pause(0.3)
+    job.checkpoint()
+    job.finish()
+    assert baseline.wait() == 0
+    assert_same_variables(tmp_path / "base.npz", tmp_path / "run.npz")

@@ -4,6 +4,8 @@ of its own, both open for the whole run. Each step the teacher's logits on the m
 and fed to the student's training run as soft targets (temperature 2) beside the labels.
 
 `--teacher frozen`: the teacher only infers (its weights a fixed "pre-trained" draw).
+`--teacher pretrain`: the teacher trained first for `--teacher-steps` steps in a session it
+then closes (its graph's global step), then used for inference only.
 `--teacher online`: co-distillation, the teacher is trained too, in its own session, by a
 run of its own right before the student's (Adam, its own step counter).
 `--order teacher-first|student-first`: which session is created and initialised first.
@@ -19,7 +21,8 @@ import tensorflow as tf
 
 
 def extra(p):
-    p.add_argument("--teacher", choices=["frozen", "online"], default="online")
+    p.add_argument("--teacher", choices=["frozen", "online", "pretrain"], default="online")
+    p.add_argument("--teacher-steps", type=int, default=10)
     p.add_argument("--order", choices=["teacher-first", "student-first"], default="student-first")
     p.add_argument("--teacher-step", choices=["own", "global"], default="own",
                    help="the online teacher's step counter: a variable of its own, or its "
@@ -77,7 +80,27 @@ def open_student():
     return sess
 
 
-if args.order == "teacher-first":
+if args.teacher == "pretrain":
+    # The classic recipe in one script: train the teacher first (a training script of its
+    # own: its graph's global step), close its session, then the student on its targets.
+    with teacher_graph.as_default():
+        t_gs = tf.compat.v1.train.get_or_create_global_step()
+        t_pre = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(t_loss, global_step=t_gs)
+        t_init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(graph=teacher_graph, config=_base.config()) as pre:
+        pre.run(t_init)
+        t_step = pre.run(t_gs)
+        while t_step < args.teacher_steps:
+            bx, by = _base.batch(10**5 + t_step)
+            pre.run(t_pre, {tx: bx, ty: by})
+            t_step = pre.run(t_gs)
+        # The trained teacher goes on as inference in a session of its own.
+        trained = {v: pre.run(v) for v in (w1, w2)}
+    teacher = tf.compat.v1.Session(graph=teacher_graph, config=_base.config())
+    for v, value in trained.items():
+        v.load(value, teacher)
+    student = open_student()
+elif args.order == "teacher-first":
     teacher = open_teacher()
     student = open_student()
 else:
@@ -98,6 +121,8 @@ if args.dump:
     values = {}
     for name, graph, sess in (("student", student_graph, student), ("teacher", teacher_graph, teacher)):
         variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        if sess is teacher and args.teacher == "pretrain":
+            variables = [w1, w2]  # all the inference session holds
         values.update({f"{name}:{v.name}": a for v, a in zip(variables, sess.run(variables))})
     np.savez(args.dump + ".tmp.npz", **values)
     os.replace(args.dump + ".tmp.npz", args.dump)
