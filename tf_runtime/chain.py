@@ -115,8 +115,6 @@ class SessionAdapter(Protocol):
 
     def has_global_step(self) -> bool: ...
 
-    def trainable_names(self) -> frozenset[str]: ...
-
     def global_step(self) -> int: ...
 
     def save(self, directory: str, job_id: str,
@@ -274,8 +272,15 @@ class BoundaryLayer:
             self._hot = handler.is_hot(self.adapter)
             if not self._hot:
                 return self._setup(info, fetches, feed_dict, options, run_metadata)
+        # An evaluation's values are told apart (``_keep``) from containers the program
+        # makes afterwards by those it held while the run was in flight: gathered now, in
+        # the same walk of its frames as the look at the last run's values (one walk a run).
+        held: dict[int, Any] | None = {} if (
+            self._kept is not None and info.metric_slots and not info.is_training) else None
         if self._kept:
-            self._check_kept()
+            self._check_kept(held)
+        elif held is not None:
+            held = self._containers_held()
         # Fed the mini-batch of the step just made (the moving averages of batch
         # normalisation updated in a run of their own after the training run) is no start
         # of the next step: only a feed of other values is.
@@ -296,7 +301,7 @@ class BoundaryLayer:
                 results = self.inner.run(fetches, feed_dict, options, run_metadata)
             finally:
                 handler.other_run(self.adapter, False)
-            self._keep(info, results)
+            self._keep(info, results, held)
             return results
         if self._carried and feed_dict:  # fed into training (a summary's feed is only logs)
             self._check_carried(feed_dict)
@@ -380,7 +385,9 @@ class BoundaryLayer:
         self._carried = {id(v): v for v in (leaves[i] for i in info.carry_slots if i < len(leaves))
                          if isinstance(v, (np.ndarray, np.generic))}
 
-    def _keep(self, info: RunInfo, results: Any) -> None:
+    def _keep(self, info: RunInfo, results: Any, held: dict[int, Any] | None = None) -> None:
+        """Keeps the scalars the run returned, for ``_check_kept`` at the next run; ``held``:
+        for an evaluation, the containers the program held while it ran (``run``)."""
         if self._kept is None or not info.metric_slots:
             return
         leaves, carry = flatten(results), set(info.carry_slots)  # not reads of variables
@@ -390,23 +397,28 @@ class BoundaryLayer:
         self._kept_eval = not info.is_training
         # The containers held before the program got these values: one it makes after
         # (`results = {"val_loss": vl}`, `row = [step, vl]`, to log) keeps nothing.
-        self._older = None
-        if self._kept_eval and self._kept:
-            try:
-                self._older = kept_values.containers_held(sys._getframe(2))
-            except Exception:  # the shim's own fault: never the program's run
-                log.exception("tf_runtime could not look at the program's containers")
+        self._older = held if self._kept_eval and self._kept else None
 
-    def _check_kept(self) -> None:
+    def _containers_held(self) -> dict[int, Any] | None:
+        """The program's containers (kept_values.containers_held), from the frame that
+        called ``run``; None where the look failed."""
+        try:
+            return kept_values.containers_held(sys._getframe(2))
+        except Exception:  # the shim's own fault: never the program's run
+            log.exception("tf_runtime could not look at the program's containers")
+            return None
+
+    def _check_kept(self, held: dict[int, Any] | None = None) -> None:
         """Right before the program's next run: does it keep a scalar the last run returned
         under a second name (`best, bad = vl, 0`)? That is state in Python no checkpoint
         holds; before s45 early stopping was judged migratable, and a copy restarted
-        mid-patience stopped later than an uninterrupted run, with other weights."""
+        mid-patience stopped later than an uninterrupted run, with other weights.
+        ``held``: filled with the containers the program holds, in the same walk."""
         kept, self._kept = self._kept or {}, {}
         older, self._older = self._older, None
         try:
             names = kept_values.second_name(sys._getframe(2), kept, containers=self._kept_eval,
-                                            older=older)
+                                            older=older, held=held)
         except Exception:  # the shim's own fault: never the program's run
             log.exception("tf_runtime could not look at the values the program keeps; it "
                           "stops looking")

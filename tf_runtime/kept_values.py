@@ -167,25 +167,32 @@ def containers_held(frame: Any, limit: int = 16) -> dict[int, Any]:
     while frame is not None and depth < limit:
         if _program_frame(frame):
             for value in list(frame.f_locals.values()):
-                kind = type(value)
-                if kind in (list, collections.deque, dict):
-                    held[id(value)] = value
-                elif kind not in _PLAIN and _PROGRAM_TYPES.get(kind, True) and _program_type(kind):
-                    held[id(value)] = value
-                    attrs = getattr(value, "__dict__", None)
-                    if isinstance(attrs, dict) and len(attrs) <= _LARGEST:
-                        held.update((id(v), v) for v in list(attrs.values())
-                                    if type(v) in (list, collections.deque))
+                _hold(value, held)
         frame, depth = frame.f_back, depth + 1
     return held
 
 
+def _hold(value: Any, held: dict[int, Any]) -> None:
+    """Adds ``value`` to ``held`` if it is a container ``containers_held`` takes."""
+    kind = type(value)
+    if kind in (list, collections.deque, dict):
+        held[id(value)] = value
+    elif kind not in _PLAIN and _PROGRAM_TYPES.get(kind, True) and _program_type(kind):
+        held[id(value)] = value
+        attrs = getattr(value, "__dict__", None)
+        if isinstance(attrs, dict) and len(attrs) <= _LARGEST:
+            held.update((id(v), v) for v in list(attrs.values()) if type(v) in (list, collections.deque))
+
+
 def second_name(frame: Any, values: dict[int, Any], limit: int = 16,
-                containers: bool = False, older: dict[int, Any] | None = None) -> tuple[str, str] | None:
+                containers: bool = False, older: dict[int, Any] | None = None,
+                held: dict[int, Any] | None = None) -> tuple[str, str] | None:
     """Two names under which the program's frames, from `frame` outwards, hold one of
     `values` (id -> value), as is or converted (see the module's docstring), or None.
     `containers`: the values are an evaluation's; look into lists and dicts too, only
-    those in `older` when given (``containers_held`` while the run was in flight)."""
+    those in `older` when given (``containers_held`` while the run was in flight).
+    `held`: filled as ``containers_held`` would fill it, in the same walk (complete only
+    where None is returned: a second name ends the walk)."""
     names: dict[int, str] = {}
     match = _Match(values)
     seen: set[int] = set()
@@ -193,6 +200,8 @@ def second_name(frame: Any, values: dict[int, Any], limit: int = 16,
     while frame is not None and depth < limit:
         if _program_frame(frame):
             for key, value in list(frame.f_locals.items()):
+                if held is not None:
+                    _hold(value, held)
                 kind = type(value)
                 if values.get(id(value), _ABSENT) is value:
                     found: int | None = id(value)
@@ -200,10 +209,10 @@ def second_name(frame: Any, values: dict[int, Any], limit: int = 16,
                     found = match.find(value)
                 else:
                     found = None
-                held: list[tuple[str, int]] = [(key, found)] if found is not None else []
+                named: list[tuple[str, int]] = [(key, found)] if found is not None else []
                 if kind not in _PLAIN and id(value) not in seen:
-                    held += _inside(key, value, containers, seen, match, older)
-                for name, found in held:
+                    named += _inside(key, value, containers, seen, match, older)
+                for name, found in named:
                     if found in names:  # a second name (in this frame or an outer one)
                         return names[found], name
                     names[found] = name
