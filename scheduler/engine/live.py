@@ -136,6 +136,10 @@ class LiveEngine:
         # once that server is up again the job is looked at in the next round, not when
         # the fence (a heartbeat timeout) ends. Only that very fence is lifted.
         self._holder_waits: dict[str, tuple[str, float]] = {}
+        # job id -> its restore point, once a launch could not read it through a shared root
+        # while the server holding it was down: from then on it is fetched from that server,
+        # or waited for as a fetch is (_restore_plan's `shared`), not read there again.
+        self._shared_unreadable: dict[str, str] = {}
         self._stopping = False
         # job id -> (when its server's helper first reported it missing, that server):
         # lost processes are requeued. Pruned on every heartbeat of that server.
@@ -717,7 +721,8 @@ class LiveEngine:
             self._holder_waits.pop(job_id, None)
             self._queue_reason.pop(job_id, None)
             where = ", ".join(f"{g.server}/{g.index}" for g in gpus)
-            restore = await _restore_plan(s, job, gpus[0].server, now, self.core.settings.checkpoint_wait_s)
+            restore = await _restore_plan(s, job, gpus[0].server, now, self.core.settings.checkpoint_wait_s,
+                                          shared=self._shared_unreadable.get(job_id) != job.restore_checkpoint)
             if restore.wait_until:
                 # Not placed: not to be looked at again until its checkpoint's server is back
                 # (the next round after it is up; else rechecked every heartbeat timeout, as
@@ -909,6 +914,15 @@ class LiveEngine:
                 await repo.requeue(s, job, now, f"launch on {server} failed for a reason of the server's, "
                                    f"not the job's ({result.message}): placed again elsewhere",
                                    fenced_until=now + self.core.settings.heartbeat_interval_s)
+            elif restore and await self._holder_down(s, job, restore):
+                # Read through the shared root from a server that is down: where each host
+                # exports its own ramdisk, the checkpoint went with it, maybe for a while only.
+                # It waits for that server as a fetch does (`--checkpoint-wait`), then is
+                # fetched from it; before, it started again from step 0 at once.
+                self._shared_unreadable[job_id] = job.restore_checkpoint
+                await repo.requeue(s, job, now, f"launch from checkpoint {restore} on {server} failed: "
+                                   f"{result.message}; {job.restore_server}, which holds it, is down: "
+                                   "it waits for it as for a fetch")
             elif restore:
                 # The checkpoint is gone (its server restarted with an empty ramdisk, say) or
                 # unreadable: the job is not lost with it, it starts again from step 0. A
@@ -919,6 +933,16 @@ class LiveEngine:
             else:
                 await repo.finish(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
         self.core.poke()
+
+    async def _holder_down(self, s: AsyncSession, job: Job, restore: str) -> bool:
+        """Whether ``restore`` was the job's checkpoint read through a shared root (not the
+        path recorded) from a server that is down, and not tried that way before."""
+        if restore == job.restore_checkpoint or not job.restore_server:
+            return False
+        if self._shared_unreadable.get(job.id) == job.restore_checkpoint:
+            return False
+        holder = await s.get(Server, job.restore_server)
+        return holder is not None and not holder.up
 
     async def _watch_runtime(self, job_id: str, incarnation: str) -> None:
         """A launch none of whose processes connects a runtime within the deadline is
@@ -1379,10 +1403,12 @@ class _Restore:
     wait_until: float = 0.0  # not placed now: its checkpoint's server is down, and may be back
 
 
-async def _restore_plan(s: AsyncSession, job: Job, server: str, now: float = 0.0, wait_s: float = 0.0) -> _Restore:
+async def _restore_plan(s: AsyncSession, job: Job, server: str, now: float = 0.0, wait_s: float = 0.0,
+                        shared: bool = True) -> _Restore:
     """How a launch on `server` resumes the job from its last checkpoint: as recorded,
     when that checkpoint is on `server`; through `server`'s shared root (peers' ramdisks
-    as ROOT/PEER-NAME) when it has one; else fetched from the server that holds it, if
+    as ROOT/PEER-NAME) when it has one, unless `shared` is false (a read that way failed
+    while the holder was down); else fetched from the server that holds it, if
     that server is up; not yet, while that server is down for less than `wait_s` since its
     last heartbeat; else not at all (a note saying why)."""
     if not job.restore_checkpoint:
@@ -1396,7 +1422,7 @@ async def _restore_plan(s: AsyncSession, job: Job, server: str, now: float = 0.0
         return _Restore(note=f"its checkpoint was on {job.restore_server or 'a server'}, which is gone: "
                              "it starts from step 0")
     root = holder.ramdisk.rstrip("/") + "/"
-    if target.shared_root and holder.ramdisk and job.restore_checkpoint.startswith(root):
+    if shared and target.shared_root and holder.ramdisk and job.restore_checkpoint.startswith(root):
         return _Restore(posixpath.join(target.shared_root, holder.name, job.restore_checkpoint[len(root):]))
     if holder.up and holder.address and target.address:
         return _Restore(fetch_from=holder.name, dest_address=target.address)

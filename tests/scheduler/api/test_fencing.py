@@ -727,15 +727,34 @@ def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
         g.close()
 
 
-def _launched_with_shared_root(make_scheduler: Any, sqlite_url: str, wait_for: Any,
-                               settings: Settings) -> tuple[Fake, str, str, helper_pb2.LaunchJob, str]:
+def _launched_with_shared_root(make_scheduler: Any, sqlite_url: str, wait_for: Any, settings: Settings,
+                               agents: bool = False) -> tuple[Fake, str, str, helper_pb2.LaunchJob, str]:
     """Helpers "a" and "b" with a shared root ("/peers") and a job launched on one of them:
     (the fake helpers, the job, its server, its launch, the other server)."""
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
-    f = Fake(sched.address, shared_root="/peers")
+    f = Fake(sched.address, shared_root="/peers", agents=agents)
     job_id = f.submit()
     server, launch = f.launched(job_id, wait_for)
     return f, job_id, server, launch, "b" if server == "a" else "a"
+
+
+def _periodic_checkpoint(f: Fake, job_id: str, server: str, launch: helper_pb2.LaunchJob, other: str,
+                         wait_for: Any) -> tuple[Any, str]:
+    """The launch's runtime connected and its periodic checkpoint (step 42) recorded, both
+    servers heartbeating meanwhile: (its shim, the checkpoint's path on `server`)."""
+    from .test_runtime_api import FakeShim
+
+    shim = FakeShim(f.ch, job_id, launch.incarnation)
+    path = f"/ram/{server}/{job_id}/periodic-{launch.incarnation}"
+
+    def checkpointed() -> bool:
+        f.heartbeat(server, (job_id, launch.incarnation))
+        f.heartbeat(other)
+        events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+        return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
+
+    wait_for(checkpointed, 15)
+    return shim, path
 
 
 def test_a_source_lost_after_its_migration_checkpoint_resumes_from_that_checkpoint(
@@ -783,20 +802,9 @@ def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_schedule
     """A running job checkpoints every interval into its server's ramdisk, under its
     launch's incarnation; when its server is lost, the relaunch on another server
     restores that checkpoint through the other server's shared root."""
-    from .test_runtime_api import FakeShim
-
     f, job_id, server, launch, other = _launched_with_shared_root(make_scheduler, sqlite_url, wait_for, FETCH)
     try:
-        shim = FakeShim(f.ch, job_id, launch.incarnation)
-        path = f"/ram/{server}/{job_id}/periodic-{launch.incarnation}"
-
-        def checkpointed() -> bool:
-            f.heartbeat(server, (job_id, launch.incarnation))
-            f.heartbeat(other)
-            events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
-            return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
-
-        wait_for(checkpointed, 15)
+        shim, path = _periodic_checkpoint(f, job_id, server, launch, other, wait_for)
         assert any(c.kind == runtime_pb2.COMMAND_KIND_CHECKPOINT and c.checkpoint_dir == path for c in shim.received)
         shim.progress(100, 5.0)  # trained on past its checkpoint (step 42) before the loss
         wait_for(lambda: f.job(job_id).steps == 100)
@@ -817,6 +825,44 @@ def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_schedule
 
 
 FETCH = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0, checkpoint_interval_s=0.5)
+
+
+def test_a_checkpoint_unreadable_through_the_shared_root_while_its_server_is_down_is_waited_for_then_fetched(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """Each host exports its own ramdisk (the paper's NFS): the job's server is lost, its
+    relaunch elsewhere reads the periodic checkpoint through the shared root and finds it
+    gone with that server ("not found"). The job waits for that server as a fetch does,
+    its restore point kept; once the server is back its helper streams the checkpoint over.
+    Before, the job started again from step 0 at once, its 42 steps lost."""
+    f, job_id, server, launch, other = _launched_with_shared_root(make_scheduler, sqlite_url, wait_for, FETCH,
+                                                                  agents=True)
+    try:
+        shim, path = _periodic_checkpoint(f, job_id, server, launch, other, wait_for)
+        shim.close()
+        f.keep_alive(other)  # and `server` falls silent: down, its job re-queued
+        wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and len(j.history) > 3, 15)
+        cmd = _next_command(f, other, "launch")
+        shared = f"/peers/{server}/{job_id}/periodic-{launch.incarnation}"
+        assert (cmd.launch.job_id, cmd.launch.restore_checkpoint) == (job_id, shared)
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server=other, command_id=cmd.command_id, ok=False, message=f"launch: checkpoint {shared} not found on {other}"))
+        waiting = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_QUEUED
+                           and "waits for" in j.message and j, 15)
+        reasons = [t.reason for t in waiting.history]
+        assert f"{server}, which holds it, is down: it waits for it as for a fetch" in reasons[-1], reasons
+        assert "step 0" not in waiting.message, waiting.message
+        f.streams.pop(server).cancel()  # its old command stream ended with it
+        f.register(server)  # back (a new helper instance, its ramdisk as it was)
+        f.keep_alive(server)
+        # Placed on its server (the checkpoint as recorded) or on the other (streamed there first).
+        cmd = next(c for c in f.commands(server) if c.WhichOneof("body") in ("launch", "transfer"))
+        if cmd.WhichOneof("body") == "launch":
+            assert (cmd.launch.job_id, cmd.launch.restore_checkpoint) == (job_id, path)
+        else:
+            assert (cmd.transfer.job_id, cmd.transfer.checkpoint_path, cmd.transfer.dest_address) == (
+                job_id, path, AGENTS[other])
+    finally:
+        f.close()
 
 
 def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any,
