@@ -94,6 +94,7 @@ if args.teacher == "pretrain":
             bx, by = _base.batch(10**5 + t_step)
             pre.run(t_pre, {tx: bx, ty: by})
             t_step = pre.run(t_gs)
+            time.sleep(args.step_sleep)
         # The trained teacher goes on as inference in a session of its own.
         trained = {v: pre.run(v) for v in (w1, w2)}
     teacher = tf.compat.v1.Session(graph=teacher_graph, config=_base.config())
