@@ -161,8 +161,8 @@ def test_degraded_checkpoint_stream_over_a_link_between_helpers_flapping_every_1
     2 MB checkpoint streams at 1 Mbit/s (16 s on a steady link), with a helper's own silence
     limit (20 s). Each run ends one of two ways, said in one line: the checkpoint arrives
     whole, or (TCP's retransmissions backing off into the link's down spells) the stream is
-    given up as cut once 20 s pass with no ACK; never a hang to the 300-s limit. (Seeds 1-3 at
-    load 12: two arrived in 20-30 s, one was given up after 32 s, 6 drops in.) A stream begun
+    given up as cut once 20 s pass with no ACK; never a hang to the 300-s limit. (Seeds 1-3 twice,
+    load 10-12: five arrived in 18-30 s, one was given up after 32 s, 6 drops in.) A stream begun
     while the link is down fails at once ("connect failed"), as before."""
     rng = random.Random(seed)
     with _pair(tmp_path, 2_000_000, "1mbit") as pair:
