@@ -1212,9 +1212,11 @@ class LiveEngine:
             await self._suspended_again(job, incarnation, source)
 
     def _forget_fetches(self, job_id: str) -> None:
-        """The job's checkpoint was fetched, or is not fetched: its failed tries start over."""
+        """The job's checkpoint was fetched, or is not fetched: its failed tries start over
+        (and a restore point unreadable through a shared root is no longer its own)."""
         self._fetch_failures.pop(job_id, None)
         self._dest_refusals.pop(job_id, None)
+        self._shared_unreadable.pop(job_id, None)
 
     def _quarantine(self, s: AsyncSession, now: float, server: str, what: str) -> str:
         """``server`` gets no new job for LAUNCH_QUARANTINE_S (``what`` went wrong there),
