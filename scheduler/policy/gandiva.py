@@ -119,7 +119,7 @@ class GandivaPolicy(Policy):
         ledger = self.ledger_for(snapshot)
         if cfg.las_slices and (cfg.gittins_slices or cfg.fifo_after_measured):
             self._note_departures(ledger)
-        if cfg.eldest_runs:
+        if cfg.eldest_runs or (cfg.lower_spread and cfg.lower_spread_eldest):
             ledger.start_eldest()
         # Trials of departed jobs get their verdicts before the state forgets them.
         out: list[Decision] = judge_trials(ledger, state, cfg)

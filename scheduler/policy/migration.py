@@ -179,6 +179,8 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
             job = ledger.jobs[job_id]
             target = _compact_target(ledger, job, config)
             if target is None and config.lower_spread and job.gpus > ledger.max_server_gpus:
+                if config.lower_spread_eldest and ledger.eldest_of(job.requested_gpus) != job_id:
+                    continue  # lower_spread_eldest: only its count's eldest goes spread
                 target = any_free_filter(ledger, job, config)
             if target is None:
                 misses[len(gpus)] = ledger.version

@@ -13,13 +13,14 @@ MOVES = PolicyConfig(enable_packing=False, enable_grow_shrink=False, balance_siz
                      probe_slices=False)
 
 
-def _cluster(mk):
-    """Two 8-GPU jobs take turns on s0+s1; s2..s5 each run one 2-GPU job, so 8 GPUs are
-    free, two on each of four servers, and no server is idle."""
+def _cluster(mk, large=(("big-run", "RUNNING", 0.0, 0.0), ("big-wait", "SUSPENDED", 0.0, 1.0))):
+    """8-GPU jobs take turns on s0+s1 (``large``: id, state, last state change, submit time;
+    by default two); s2..s5 each run one 2-GPU job, so 8 GPUs are free, two on each of four
+    servers, and no server is idle."""
     pair = mk.on("s0", 0, 1, 2, 3) + mk.on("s1", 0, 1, 2, 3)
-    jobs = [mk.job("big-run", state="RUNNING", placement=pair, last_state_change_at=0.0, submitted_at=0.0),
-            mk.job("big-wait", state="SUSPENDED", placement=pair, last_state_change_at=0.0, submitted_at=1.0)]
-    jobs += [mk.job(f"small{i}", state="RUNNING", placement=mk.on(f"s{i}", 0, 1), submitted_at=2.0)
+    jobs = [mk.job(name, state=state, placement=pair, last_state_change_at=changed, submitted_at=submitted)
+            for name, state, changed, submitted in large]
+    jobs += [mk.job(f"small{i}", state="RUNNING", placement=mk.on(f"s{i}", 0, 1), submitted_at=3.0)
              for i in range(2, 6)]
     return mk.snap(30, mk.servers(6, 4), *jobs)
 
@@ -36,3 +37,20 @@ def test_a_suspended_large_job_takes_scattered_free_gpus(mk) -> None:
 def test_without_lower_spread_it_waits_for_its_turn_while_8_gpus_stand_idle(mk) -> None:
     d = get_policy("gandiva", MOVES).decide(_cluster(mk))
     assert not any(isinstance(x, Migrate) for x in d)
+
+
+# big-new (submitted second) has waited longest; big-old (submitted first: the eldest
+# 8-GPU job) since t=10.
+THREE = (("big-run", "RUNNING", 10.0, 2.0), ("big-new", "SUSPENDED", 0.0, 1.0), ("big-old", "SUSPENDED", 10.0, 0.0))
+
+
+def test_lower_spread_eldest_spreads_only_the_eldest_of_its_count(mk) -> None:
+    every = get_policy("gandiva", dataclasses.replace(MOVES, lower_spread=True)).decide(_cluster(mk, THREE))
+    assert [m.job_id for m in every if isinstance(m, Migrate)] == ["big-new"]  # suspended longest
+    eldest = dataclasses.replace(MOVES, lower_spread=True, lower_spread_eldest=True)
+    d = get_policy("gandiva", eldest).decide(_cluster(mk, THREE))
+    moves = [x for x in d if isinstance(x, Migrate)]
+    assert [m.job_id for m in moves] == ["big-old"]
+    assert sorted(moves[0].to_gpus) == sorted(g for i in range(2, 6) for g in mk.on(f"s{i}", 2, 3))
+    # The eldest running (it holds the group's GPUs): no other 8-GPU job goes spread.
+    assert not any(isinstance(x, Migrate) for x in get_policy("gandiva", eldest).decide(_cluster(mk)))
