@@ -43,12 +43,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 SETTLE_S = 0.2  # a job suspended beside it acked before it was recorded: no more than in flight
-# A rate counts once its stretches add up to MIN_WINDOW_S and MIN_STEPS: each stretch's
+# A rate counts once its stretches add up to MIN_STEPS and MIN_WINDOW_S: each stretch's
 # ends are a report between two mini-batch boundaries (up to a mini-batch off) and an
-# arrival time a loaded event loop may take a tenth of a second late, so half a second
-# at 10/s (5 steps) read anything from 8 to 14/s, and flipped a trial's verdict for a
-# rate near its threshold (CI of 39a0368: 11.5 and 11.7/s alone for a true 10/s). Over
-# 2 s and 20 steps each error is within 5% (a stretch of that length, or several).
+# arrival time a loaded event loop may take late, so half a second at 10/s (5-6 steps)
+# read anything from 8 to 14/s, and flipped a trial's verdict for a rate near its
+# threshold (CI of 39a0368: 11.5 and 11.7/s alone for a true 10/s; traced, the arrivals
+# were within 1 ms: the error was the steps'). A mini-batch in 20 is 5%, and so is an
+# arrival 100 ms late in 2 s.
 MIN_WINDOW_S = 2.0
 MIN_STEPS = 20
 KEEP_S = 30.0

@@ -88,7 +88,7 @@ def test_a_short_time_slice_is_measured_from_its_resume_and_suspend_acks() -> No
     rates.report("a", "la", 105, 0.6)
     rates.acked("a", "la", False, 113, 1.35)  # its slice is over at step 113
     got = rates.observe(1.4, [JobRow("a", "la", "SUSPENDED", 1.37, GPU), JobRow("b", "lb", "RUNNING", 1.4, GPU)])
-    assert got == {}  # 1.3 s and 13 steps: too few to tell (MIN_WINDOW_S), added to its next slice's
+    assert got == {}  # 13 steps in 1.3 s: too few to tell (MIN_STEPS), added to its next slice's
     rates.acked("a", "la", True, 113, 3.05)
     rates.observe(3.1, [JobRow("a", "la", "RUNNING", 3.08, GPU), JobRow("b", "lb", "SUSPENDED", 3.0, GPU)])
     rates.acked("a", "la", False, 126, 4.35)
@@ -97,10 +97,11 @@ def test_a_short_time_slice_is_measured_from_its_resume_and_suspend_acks() -> No
 
 
 def test_a_rate_alone_is_not_taken_from_half_a_second_whose_reports_were_handled_late() -> None:
-    """CI of 39a0368: each job had one slice of 0.6 s alone before its trial, and a report
-    or ack handled a tenth of a second late on the loaded event loop (or a report a
-    mini-batch off its boundary) made 5 steps of a 10/s job read 11.5/s and 11.7/s. Such a
-    rate flips a verdict near its threshold: none is given until 2 s and 20 steps add up."""
+    """CI of 39a0368: each job had one slice of 0.6 s alone before its trial, and its 5-6
+    steps, their ends up to a mini-batch off their boundaries (traced: step 3 at 149.031 s,
+    step 9 at 149.543 s), read 11.5/s and 11.7/s for a true 10/s; an ack or report handled
+    late on a loaded event loop shortens such a window further (here 0.1 s: 12/s). Such a
+    rate flips a verdict near its threshold: none is given until 20 steps and 2 s add up."""
     rates = AloneRates()
     rates.observe(0.0, _rows("SUSPENDED", "RUNNING"))
     # a resumes at 0.0 (step 100); its ack is handled at 0.1, its reports on time.
