@@ -36,8 +36,12 @@ LOOKED_AT = 20000
 WRITE_FAILED_SHOWN_S = 300.0
 
 # A re-queue that is the scheduler's own doing, not a failure: a park (probe slices, drain:
-# "... (step 401, checkpoint /dev/shm/...)"), a stop with a checkpoint, a scheduler restart.
-_NOT_A_FAILURE = re.compile(r"\(step -?\d+, checkpoint |^stopped with a checkpoint|^scheduler restarted")
+# "... (step 401, checkpoint /dev/shm/...)"), a stop with a checkpoint, a scheduler restart;
+# or an operator's: a helper stopped cleanly (SIGTERM, `systemctl restart`: core.py's "not the
+# job's failure"), whose jobs a rolling restart of the helpers re-queued once per server.
+_NOT_A_FAILURE = re.compile(r"\(step -?\d+, checkpoint |^stopped with a checkpoint|^scheduler restarted"
+                            r"|^its helper on \S+ stopped \(shutting down\)|^its server \S+ stopped its helper"
+                            r"|^its process on \S+ was stopped mid-migration")
 # The ends of a migration that did not move its job (live_migration.ENDED_UNMOVED).
 _MIGRATION_FAILED = re.compile(r"^(aborted|failed|restarted_at_source)\b")
 

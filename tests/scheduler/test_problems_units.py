@@ -86,6 +86,19 @@ def test_what_repeats_in_the_last_hour_and_what_is_no_failure() -> None:
     assert got[2].next == "gandiva get events --job j-m --kind job.migration"
 
 
+def test_a_rolling_restart_of_the_helpers_is_no_failure_of_their_jobs() -> None:
+    """Each helper restarted cleanly in turn (SIGTERM: `systemctl restart`), a job re-queued by
+    one and placed on the next was listed as failing, "gandiva kill" its next command; the
+    scheduler itself says such a stop is not the job's failure (core.py). A crash still counts."""
+    jobs = {j: JobFact(j, j, "RUNNING", 1, NOW) for j in ("j-r", "j-c")}
+    requeues = [("j-r", NOW - 600, "its helper on n1 stopped (shutting down): it resumes from its checkpoint /r/x"),
+                ("j-r", NOW - 300, "its server n2 stopped its helper"),
+                ("j-r", NOW - 100, "its process on n3 was stopped mid-migration: it starts again from step 0"),
+                ("j-c", NOW - 600, "its server n1 went down"),
+                ("j-c", NOW - 300, "its server n2 went down; its process still answers (its helper does not)")]
+    assert kinds(facts(jobs=jobs, requeues=requeues)) == [("job.failing", "j-c")]
+
+
 def test_the_database_down_unable_to_write_or_rounds_stalled() -> None:
     db = {"up": False, "since": NOW - 30, "text": "the scheduler is up; its database is unreachable since ...",
           "round_age": 30.0, "rounds": {}}
