@@ -26,7 +26,8 @@ job reported, only over stretches in which it was the one job running on its GPU
 - the rate is the steps reported over the time they took (when the reports arrived; a
   slice's own resume and suspend acks give its exact first and last steps), added up over the stretches alone of the same
   launch on the same GPUs (time slices of a few seconds each count), the older ones
-  fading once ``KEEP_S`` are counted (a job's rate may change by itself: a data phase);
+  fading once ``KEEP_S`` are counted (a job's rate may change by itself: a data phase;
+  a job slower than ``MIN_STEPS`` in ``KEEP_S`` keeps its last ``MIN_STEPS``);
   never the runtime's moving average, which after a change goes on averaging the
   mini-batches from before it. A rate needs ``MIN_WINDOW_S`` and ``MIN_STEPS`` (a
   time slice shorter than that adds up with the next ones before the job is packed).
@@ -264,6 +265,9 @@ class AloneRates:
         sums.seconds += seconds - stretch.added[0]
         sums.steps += steps - stretch.added[1]
         stretch.added = (seconds, steps)
-        if sums.seconds > KEEP_S:  # the older stretches fade
-            sums.steps *= KEEP_S / sums.seconds
-            sums.seconds = KEEP_S
+        # The older stretches fade, down to KEEP_S or, for a job slower than MIN_STEPS in
+        # KEEP_S, to the time its last MIN_STEPS took: faded to KEEP_S, a job of mini-batches
+        # over 1.5 s (under 20 in 30 s) never had a rate alone, and was never packed.
+        keep = max(KEEP_S, sums.seconds * MIN_STEPS / sums.steps) if sums.steps > 0 else sums.seconds
+        if sums.seconds > keep:  # (MIN_STEPS kept whole: 19.999... read as no rate)
+            sums.steps, sums.seconds = max(sums.steps * keep / sums.seconds, MIN_STEPS), keep

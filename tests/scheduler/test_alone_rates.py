@@ -66,6 +66,19 @@ def test_time_slices_alone_add_up_and_a_rate_that_changes_is_followed() -> None:
     assert 5.0 < last < 6.0  # the last 60 s alone at 5/s: the 10/s before faded (KEEP_S)
 
 
+def test_a_job_of_two_second_mini_batches_gets_a_rate_alone() -> None:
+    """0.5/s: under MIN_STEPS (20) in KEEP_S (30 s). Its sums faded to 30 s held 15 steps at
+    most: no rate alone ever, so never packed. Now they keep its last 20 steps (40 s)."""
+    rates = AloneRates()
+    steps, t = 0, 0.0
+    for _ in range(4):  # turns of 30 s alone, b's in between
+        rates.observe(t, _rows("RUNNING", "SUSPENDED", b_changed=t))
+        steps = _run(rates, "a", "la", t, 30.0, 0.5, steps=steps)
+        got = rates.observe(t + 30, _rows("SUSPENDED", "RUNNING", b_changed=t + 30))
+        t += 60.0
+    assert 0.45 < got["a"] < 0.55
+
+
 def test_a_runtime_that_reports_steps_but_no_rate_gets_no_rate_alone() -> None:
     """An old shim (steps, no rate): measured from its steps, it was packed, its trial had no
     packed rate to judge, ended void after twice pack_trial_s and, not rejected, started again
