@@ -914,15 +914,18 @@ class LiveEngine:
                 await repo.requeue(s, job, now, f"launch on {server} failed for a reason of the server's, "
                                    f"not the job's ({result.message}): placed again elsewhere",
                                    fenced_until=now + self.core.settings.heartbeat_interval_s)
-            elif restore and await self._holder_down(s, job, restore):
+            elif restore and (holder := await self._holder_to_fetch_from(s, job, restore, server)) is not None:
                 # Read through the shared root from a server that is down: where each host
                 # exports its own ramdisk, the checkpoint went with it, maybe for a while only.
                 # It waits for that server as a fetch does (`--checkpoint-wait`), then is
-                # fetched from it; before, it started again from step 0 at once.
+                # fetched from it; before, it started again from step 0 at once. From a server
+                # that is up (this one's mount of it missing or stale), it is fetched from it
+                # at once; before, it started again from step 0, its checkpoint still there.
                 self._shared_unreadable[job_id] = job.restore_checkpoint
+                how = "is up: it is streamed from there instead" if holder.up else \
+                    "is down: it waits for it as for a fetch"
                 await repo.requeue(s, job, now, f"launch from checkpoint {restore} on {server} failed: "
-                                   f"{result.message}; {job.restore_server}, which holds it, is down: "
-                                   "it waits for it as for a fetch")
+                                   f"{result.message}; {job.restore_server}, which holds it, {how}")
             elif restore:
                 # The checkpoint is gone (its server restarted with an empty ramdisk, say) or
                 # unreadable: the job is not lost with it, it starts again from step 0. A
@@ -934,15 +937,21 @@ class LiveEngine:
                 await repo.finish(s, job, JobState.FAILED, self.core.clock(), f"launch failed: {result.message}")
         self.core.poke()
 
-    async def _holder_down(self, s: AsyncSession, job: Job, restore: str) -> bool:
-        """Whether ``restore`` was the job's checkpoint read through a shared root (not the
-        path recorded) from a server that is down, and not tried that way before."""
+    async def _holder_to_fetch_from(self, s: AsyncSession, job: Job, restore: str, server: str) -> Server | None:
+        """The server holding the job's checkpoint, where ``restore`` (not the path recorded)
+        could not be read on ``server`` and was not tried that way before: that server is
+        down, or ``restore`` was its ramdisk read through ``server``'s shared root."""
         if restore == job.restore_checkpoint or not job.restore_server:
-            return False
+            return None
         if self._shared_unreadable.get(job.id) == job.restore_checkpoint:
-            return False
+            return None
         holder = await s.get(Server, job.restore_server)
-        return holder is not None and not holder.up
+        if holder is None or not holder.up:
+            return holder
+        target = await s.get(Server, server)
+        shared = target is not None and target.shared_root and holder.address and target.address and \
+            restore.startswith(posixpath.join(target.shared_root, holder.name) + "/")
+        return holder if shared else None  # (no agent to stream it: from step 0, as before)
 
     async def _watch_runtime(self, job_id: str, incarnation: str) -> None:
         """A launch none of whose processes connects a runtime within the deadline is

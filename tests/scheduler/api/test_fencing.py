@@ -865,18 +865,42 @@ def test_a_checkpoint_unreadable_through_the_shared_root_while_its_server_is_dow
         f.close()
 
 
+def test_a_checkpoint_unreadable_through_the_shared_root_while_its_server_is_up_is_fetched_from_it(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+    """The job's process on "y" is lost ("y" up, its ramdisk as it was) and the job is placed
+    on "x", which reads the checkpoint through its shared root: "not found" (x's mount of y
+    missing or stale). "y" holds the checkpoint and can stream it: it is streamed to "x"
+    (cordoned, "y" takes no job) before the job is launched there. Before, it started again
+    from step 0 on "x", its checkpoint still on "y"."""
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for, shared_root="/peers")
+    try:
+        launch = _next_command(f, "x", "launch")
+        shared = "/peers/y/" + path.removeprefix("/ram/y/")
+        assert (launch.launch.job_id, launch.launch.restore_checkpoint) == (job_id, shared)
+        f.api.CordonServer(scheduler_pb2.CordonServerRequest(server="y"))  # placed on "x" again
+        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server="x", command_id=launch.command_id, ok=False, message=f"launch: checkpoint {shared} not found on x"))
+        requeued = wait_for(lambda: next((t.reason for t in f.job(job_id).history if "not found on x" in t.reason), ""))
+        assert "; y, which holds it, is up: it is streamed from there instead" in requeued, requeued  # not "step 0"
+        transfer = _next_command(f, "y", "transfer").transfer  # to "x", where it is placed again
+        assert (transfer.job_id, transfer.checkpoint_path, transfer.dest_address) == (job_id, path, AGENTS["x"])
+    finally:
+        shim.close()
+        f.close()
+
+
 def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any,
-                          other: bool = True, sched: Any = None) -> tuple[Fake, str, str, Any]:
+                          other: bool = True, sched: Any = None, shared_root: str = "") -> tuple[Fake, str, str, Any]:
     """Server "y" runs a job and records its periodic checkpoint; server "x" (idle, and
     first by name) joins; then "y"'s heartbeats stop listing the job, which goes back to
     the queue with its checkpoint on "y" as its restore point and is placed on "x". No
-    shared root: "x" can read the checkpoint only once "y"'s helper has streamed it over.
-    Returns (the fake helpers, the job, its checkpoint on "y", its shim)."""
+    shared root (unless `shared_root`): "x" can read the checkpoint only once "y"'s helper has
+    streamed it over. Returns (the fake helpers, the job, its checkpoint on "y", its shim)."""
     from .test_runtime_api import FakeShim
 
     if sched is None:
         sched = make_scheduler(sqlite_url, tick_s=0.1, settings=FETCH)
-    f = Fake(sched.address, gpus={"y": 1}, agents=True)
+    f = Fake(sched.address, gpus={"y": 1}, agents=True, shared_root=shared_root)
     job_id = f.submit()
     wait_for(lambda: f.job(job_id).placement)
     cmd = _next_command(f, "y", "launch")
