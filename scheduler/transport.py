@@ -71,6 +71,8 @@ def _exposed(st: os.stat_result, path: str, what: str, secret: bool) -> str:
     0640 convention). A pipe (`<(...)`) has no such mode to judge and is let through."""
     if not stat.S_ISREG(st.st_mode):
         return ""
+    if why := _replaceable_by_others(path):
+        return f"{what} {path}: {why}"
     mode = st.st_mode & 0o7777
     if mode & 0o022:
         who = "every user" if mode & 0o002 else "its group"
@@ -80,6 +82,28 @@ def _exposed(st: os.stat_result, path: str, what: str, secret: bool) -> str:
         return (f"{what} {path} is a private key every user may read (mode {mode:o}); make it its owner's "
                 f"only: chmod 600 {path}")
     return ""
+
+
+def _replaceable_by_others(path: str) -> str:
+    """Why others could put a file of theirs in ``path``'s place ("" when none could): a
+    directory above it may be written by its group or every user without the sticky bit (a
+    file's own mode 644 kept nobody from renaming it away there: a ca.pem under a /tmp/pki
+    of mode 777 was taken), as SSH's StrictModes checks a key's directories. Who owns them
+    is not judged: a cluster's CA is usually shared by the operator who made it."""
+    directory = os.path.dirname(os.path.realpath(path))
+    while True:
+        try:
+            mode = os.stat(directory).st_mode
+        except OSError:
+            return ""  # (gone since it was read: the read itself is what counted)
+        if mode & 0o022 and not mode & 0o1000:
+            who = "every user" if mode & 0o002 else "its group"
+            return (f"its directory {directory} may be written by {who} (mode {mode & 0o7777:o}), who "
+                    f"could replace the file; make it its owner's to write: chmod go-w {directory}")
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return ""
+        directory = parent
 
 
 _TOKEN_TEXT = re.compile(r"[!-~]+")  # what an HTTP header value may carry unquoted

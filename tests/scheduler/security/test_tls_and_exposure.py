@@ -259,6 +259,28 @@ def test_a_tls_file_others_may_write_or_a_key_all_may_read_is_refused_naming_the
     assert ServerTls.from_flags(str(cert), str(key), str(ca)) is not None
 
 
+def test_a_tls_file_in_a_directory_others_may_write_is_refused(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """TLS files of modes 644 and 600 under a directory every user (or its group) may write
+    were taken: any of them could rename the pki directory away and put their own CA and key
+    in its place. A directory with the sticky bit (/tmp's 1777) is fine."""
+    from scheduler.transport import SecurityError, ServerTls
+
+    top = tmp_path / "shared"
+    pki = top / "pki"
+    top.mkdir()
+    assert main(["tls", "init", str(pki), "--host", "localhost"]) == 0
+    cert, key, ca = pki / "server.pem", pki / "server-key.pem", pki / "ca.pem"
+    for mode, who in ((0o777, "every user"), (0o775, "its group")):
+        top.chmod(mode)
+        with pytest.raises(SecurityError) as refused:
+            ServerTls.from_flags(str(cert), str(key), str(ca))
+        said = f"its directory {top} may be written by {who} (mode {mode:o})"
+        assert said in str(refused.value) and f"chmod go-w {top}" in str(refused.value), refused.value
+    top.chmod(0o1777)
+    assert ServerTls.from_flags(str(cert), str(key), str(ca)) is not None
+
+
 def test_tls_init_takes_names_addresses_and_wildcards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     long_name = "a" * 40 + "." + "b" * 40  # longer than a common name: fine after the first
     assert main(["tls", "init", str(tmp_path / "pki"), "--host", "head-1.example.", "--host", "::1",
