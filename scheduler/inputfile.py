@@ -85,3 +85,12 @@ def open_input(path: str | Path) -> io.BufferedReader:
     if stat.S_ISFIFO(mode):
         return io.BufferedReader(_Prefixed(head, fd))
     return open(fd, "rb")  # the caller closes it
+
+
+def writers_besides_owner(mode: int, sticky_ok: bool = False) -> str:
+    """Who besides its owner may write a file or directory of ``mode``: "every user", "its
+    group", or "" for nobody (with ``sticky_ok``, a directory with the sticky bit, such as
+    /tmp, counts as nobody: others cannot rename away what is not theirs there)."""
+    if not mode & 0o022 or (sticky_ok and mode & 0o1000):
+        return ""
+    return "every user" if mode & 0o002 else "its group"

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health
 
-from scheduler.inputfile import open_input
+from scheduler.inputfile import open_input, writers_besides_owner
 
 AUTH_HEADER = "authorization"
 ENV_TOKEN = "GANDIVA_TOKEN"
@@ -74,8 +74,7 @@ def _exposed(st: os.stat_result, path: str, what: str, secret: bool) -> str:
     if why := _replaceable_by_others(path):
         return f"{what} {path}: {why}"
     mode = st.st_mode & 0o7777
-    if mode & 0o022:
-        who = "every user" if mode & 0o002 else "its group"
+    if who := writers_besides_owner(mode):
         return (f"{what} {path} may be written by {who} (mode {mode:o}), who could replace it with their own; "
                 f"make it its owner's to write: chmod go-w {path}")
     if secret and mode & 0o004:
@@ -96,8 +95,7 @@ def _replaceable_by_others(path: str) -> str:
             mode = os.stat(directory).st_mode
         except OSError:
             return ""  # (gone since it was read: the read itself is what counted)
-        if mode & 0o022 and not mode & 0o1000:
-            who = "every user" if mode & 0o002 else "its group"
+        if who := writers_besides_owner(mode, sticky_ok=True):
             return (f"its directory {directory} may be written by {who} (mode {mode & 0o7777:o}), who "
                     f"could replace the file; make it its owner's to write: chmod go-w {directory}")
         parent = os.path.dirname(directory)

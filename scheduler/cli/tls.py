@@ -16,6 +16,8 @@ import re
 import sys
 from pathlib import Path
 
+from scheduler.inputfile import writers_besides_owner
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tls", help="make TLS certificates for a small cluster")
@@ -265,8 +267,7 @@ def _not_own_dir(path: Path) -> str:
                 "replace the certificates written there; give a directory of your own")
     # Its group too: a directory of mode 775 (a umask of 002, usual where each user has a
     # group of their own, and then shared) let its group's members replace ca.pem.
-    if st.st_mode & 0o022 and not st.st_mode & 0o1000:
-        who = "every user" if st.st_mode & 0o002 else "its group"
+    if who := writers_besides_owner(st.st_mode, sticky_ok=True):
         return (f"{path} may be written by {who} (mode {st.st_mode & 0o7777:o}), who could replace the "
                 f"certificates written there; make it its owner's to write: chmod go-w {path} (or give "
                 "a directory of your own)")

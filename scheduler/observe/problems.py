@@ -223,12 +223,12 @@ def _stuck_jobs(f: Facts) -> list[Problem]:
     return out
 
 
-def _counted(rows: Iterable[tuple[str, float, str]]) -> dict[str, tuple[int, float, float, str]]:
-    """Job id -> (how many, first at, last at, last message)."""
-    seen: dict[str, tuple[int, float, float, str]] = {}
+def _counted(rows: Iterable[tuple[str, float, str]]) -> dict[str, tuple[int, float, str]]:
+    """Job id -> (how many, first at, last message)."""
+    seen: dict[str, tuple[int, float, str]] = {}
     for job_id, at, message in sorted(rows, key=lambda r: r[1]):
-        n, first, _, _ = seen.get(job_id, (0, at, at, ""))
-        seen[job_id] = (n + 1, first, at, message)
+        n, first, _ = seen.get(job_id, (0, at, ""))
+        seen[job_id] = (n + 1, first, message)
     return seen
 
 
@@ -236,7 +236,7 @@ def _repeated(f: Facts) -> list[Problem]:
     out = []
     name = {j.id: j.name for j in f.jobs.values()}
     failures = _counted(r for r in f.requeues if not _NOT_A_FAILURE.search(r[2]))
-    for job_id, (n, first, _, last) in sorted(failures.items()):
+    for job_id, (n, first, last) in sorted(failures.items()):
         if n >= REPEATED:
             out.append(Problem(
                 "job.failing", job_id, first,
@@ -244,19 +244,19 @@ def _repeated(f: Facts) -> list[Problem]:
                 f"gandiva logs {job_id}; gandiva describe job {job_id} (History); gandiva kill {job_id} "
                 "to stop it"))
     undone = _counted(r for r in f.pack_verdicts if " is no gain" in r[2])
-    pairs: dict[frozenset[str], tuple[int, float, str]] = {}
-    for job_id, (n, first, _, last) in undone.items():
+    pairs: set[frozenset[str]] = set()
+    for job_id, (n, first, last) in undone.items():
         partner = last.removeprefix("packing trial with ").split(":", 1)[0]
         key = frozenset((job_id, partner))
         if n >= REPEATED and key not in pairs:
-            pairs[key] = (n, first, job_id)
+            pairs.add(key)
             out.append(Problem(
                 "pack.undone", job_id, first,
                 f"{name.get(job_id, job_id)}: packed with {partner} and undone {n} times in the last hour "
                 f"(each trial cost both jobs its time); lately: {last}",
                 f"gandiva describe job {job_id} (each trial's rates in its History)"))
     moved = _counted(r for r in f.migration_ends if _MIGRATION_FAILED.search(r[2]) and "before it moved" not in r[2])
-    for job_id, (n, first, _, last) in sorted(moved.items()):
+    for job_id, (n, first, last) in sorted(moved.items()):
         out.append(Problem(
             "migration.failed", job_id, first,
             f"{name.get(job_id, job_id)}: {n} migration(s) failed in the last hour; lately: {last}",
