@@ -20,7 +20,7 @@ from scheduler.core import JobDetail, SchedulerCore
 from scheduler.engine.drain import set_cordon
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument, ResourceExhausted
-from scheduler.observe import problems
+from scheduler.observe import problems, usage
 from scheduler.state import repo
 from scheduler.state.models import Event
 from scheduler.state.repo import ServerLoad
@@ -296,6 +296,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         facts = await problems.gather(self.core, self.engine)
         return scheduler_pb2.ListProblemsResponse(
             problems=[scheduler_pb2.Problem(**p.as_dict()) for p in problems.find(facts)], at=facts.now)
+
+    @grpc_errors
+    @_few_at_once
+    async def GetUsage(self, request, context):  # type: ignore[no-untyped-def]
+        check_text("user", request.user, 128)
+        ident = auth.current()
+        user: str | None = request.user or None
+        if not ident.sees_all:  # as ListJobs: a user's token accounts for its own jobs
+            if user not in (None, ident.name):
+                raise auth.PermissionDenied(f"user: you may see only your own usage ({ident.name})")
+            user = ident.name
+        got = await usage.gather(self.core, request.since, request.until, user, request.by_job, request.limit,
+                                 self.core.clock())
+        return scheduler_pb2.GetUsageResponse(
+            since=got.since, until=got.until, users=[scheduler_pb2.Usage(**u.as_dict()) for u in got.users],
+            total=scheduler_pb2.Usage(**got.total.as_dict()), jobs=[scheduler_pb2.Usage(**u.as_dict()) for u in got.jobs],
+            jobs_not_listed=got.jobs_not_listed, oldest_kept=got.oldest_kept)
 
     async def _job_ids_shown(self, loads: list[ServerLoad],
                              held: dict[str, list[str]] | None = None) -> Callable[[str], str]:

@@ -5,8 +5,10 @@ refused, not taken as "never" or "at once")."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import math
 import re
+import time
 from collections.abc import Callable
 
 
@@ -44,6 +46,27 @@ def duration(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 (a finite length of time such as 1h), got {text!r}")
     return value
+
+
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?)?"
+                   r"(Z|[+-][0-9]{2}:?[0-9]{2})?", re.ASCII)
+
+
+def point_in_time(text: str) -> float:
+    """A time, as unix seconds: how long ago (a DURATION: 90s, 30m, 12h, 7d) or a date with an
+    optional time of day, by this machine's clock unless it names its zone (2026-11-30,
+    2026-11-30T08:00, '2026-11-30 08:00:00', 2026-11-30T08:00Z, 2026-11-30T08:00+01:00)."""
+    if _DURATION.fullmatch(text):
+        return time.time() - duration(text)
+    if not _DATE.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"expected how long ago (90s, 30m, 12h, 7d) or a date with an optional time "
+            f"(2026-11-30, 2026-11-30T08:00, by this machine's clock), got {text!r}")
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as e:  # a month 13, a 30th of February
+        raise argparse.ArgumentTypeError(f"not a date and time: {text!r} ({e})") from None
+    return when.timestamp()  # a naive time is local, as `get events` prints times
 
 
 _WHOLE = re.compile(r"[0-9]{1,3}(,[0-9]{3})+|[0-9]+(_[0-9]+)*", re.ASCII)

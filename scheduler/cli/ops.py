@@ -15,7 +15,7 @@ import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler import auth, eta, timeline
-from scheduler.cli import output
+from scheduler.cli import output, usage
 from scheduler.cli.argtypes import duration
 from scheduler.cli.client import (
     EXIT_ERROR,
@@ -63,8 +63,8 @@ def register(subparsers: Any) -> None:
 
 
 def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    get = subparsers.add_parser("get", help="list jobs, servers, users, events or problems")
-    kinds = get.add_subparsers(dest="kind", metavar="jobs|servers|users|events|problems", required=True)
+    get = subparsers.add_parser("get", help="list jobs, servers, users, events or problems; usage over a period")
+    kinds = get.add_subparsers(dest="kind", metavar="jobs|servers|users|usage|events|problems", required=True)
     jobs = kinds.add_parser("jobs", aliases=["job"], parents=[common], help="list jobs")
     jobs.add_argument("ids", nargs="*", metavar="ID", help="only these jobs")
     jobs.add_argument("--state", action="append", default=[], metavar="STATE",
@@ -84,6 +84,7 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
                        help="also list users whose jobs have all ended (default: only users with a "
                             "job not ended; their finished jobs count in FINISHED and GPU-TIME)")
     _set(users, get_users)
+    usage.register(kinds, common, _set)
     events = kinds.add_parser("events", aliases=["event"], parents=[common], help="list events")
     events.add_argument("--job", default="", metavar="ID", help="only this job's events")
     events.add_argument("--after", type=int, default=0, metavar="EVENT_ID",

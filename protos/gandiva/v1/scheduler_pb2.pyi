@@ -20,6 +20,180 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class GetUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    BY_JOB_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    since: _builtins.float
+    """unix seconds the period starts (more than 0)"""
+    until: _builtins.float
+    """unix seconds it ends (0: now; a later time is taken as now)"""
+    user: _builtins.str
+    """only this user's jobs; empty: every job the caller may see"""
+    by_job: _builtins.bool
+    """also one row per job (most GPU time first)"""
+    limit: _builtins.int
+    """by_job: at most this many job rows (0: 1000; at most 10000)"""
+    def __init__(
+        self,
+        *,
+        since: _builtins.float = ...,
+        until: _builtins.float = ...,
+        user: _builtins.str = ...,
+        by_job: _builtins.bool = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by_job", b"by_job", "limit", b"limit", "since", b"since", "until", b"until", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUsageRequest: _TypeAlias = GetUsageRequest  # noqa: Y015
+
+@_typing.final
+class Usage(_message.Message):
+    """One user's (or one job's) share of the period. Times are seconds within the period."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    QUEUED_SECONDS_FIELD_NUMBER: _builtins.int
+    SUSPENDED_SECONDS_FIELD_NUMBER: _builtins.int
+    MIGRATING_SECONDS_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    WAIT_MAX_SECONDS_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    WAITING_MAX_SECONDS_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    SUBMITTED_AT_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    user: _builtins.str
+    job_id: _builtins.str
+    """per-job rows only"""
+    name: _builtins.str
+    """per-job rows only"""
+    gpus: _builtins.int
+    """per-job rows only: the GPUs it asked for"""
+    state: _builtins.str
+    """per-job rows only: its state at the period's end"""
+    jobs: _builtins.int
+    """jobs alive at some time in the period"""
+    gpu_seconds: _builtins.float
+    """time RUNNING x GPUs asked for"""
+    queued_seconds: _builtins.float
+    """job-time in the queue"""
+    suspended_seconds: _builtins.float
+    """job-time suspended (waiting for a time slice, or held)"""
+    migrating_seconds: _builtins.float
+    """job-time being moved"""
+    started: _builtins.int
+    """jobs that first started (were first placed) in the period"""
+    wait_seconds: _builtins.float
+    """of those: submission to first start, summed"""
+    wait_max_seconds: _builtins.float
+    """of those: the longest"""
+    waiting: _builtins.int
+    """jobs in the queue at the period's end, never started yet"""
+    waiting_max_seconds: _builtins.float
+    """of those: the longest since submission"""
+    ended: _builtins.int
+    """jobs that ended (succeeded, failed, killed) in the period"""
+    submitted_at: _builtins.float
+    """per-job rows only"""
+    started_at: _builtins.float
+    """per-job rows only: its first start (0: not started yet)"""
+    def __init__(
+        self,
+        *,
+        user: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        gpus: _builtins.int = ...,
+        state: _builtins.str = ...,
+        jobs: _builtins.int = ...,
+        gpu_seconds: _builtins.float = ...,
+        queued_seconds: _builtins.float = ...,
+        suspended_seconds: _builtins.float = ...,
+        migrating_seconds: _builtins.float = ...,
+        started: _builtins.int = ...,
+        wait_seconds: _builtins.float = ...,
+        wait_max_seconds: _builtins.float = ...,
+        waiting: _builtins.int = ...,
+        waiting_max_seconds: _builtins.float = ...,
+        ended: _builtins.int = ...,
+        submitted_at: _builtins.float = ...,
+        started_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "gpu_seconds", b"gpu_seconds", "gpus", b"gpus", "job_id", b"job_id", "jobs", b"jobs", "migrating_seconds", b"migrating_seconds", "name", b"name", "queued_seconds", b"queued_seconds", "started", b"started", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at", "suspended_seconds", b"suspended_seconds", "user", b"user", "wait_max_seconds", b"wait_max_seconds", "wait_seconds", b"wait_seconds", "waiting", b"waiting", "waiting_max_seconds", b"waiting_max_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Usage: _TypeAlias = Usage  # noqa: Y015
+
+@_typing.final
+class GetUsageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    USERS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    JOBS_NOT_LISTED_FIELD_NUMBER: _builtins.int
+    OLDEST_KEPT_FIELD_NUMBER: _builtins.int
+    since: _builtins.float
+    until: _builtins.float
+    """the period's end as used (at most the scheduler's now)"""
+    jobs_not_listed: _builtins.int
+    """with by_job: jobs past the limit"""
+    oldest_kept: _builtins.float
+    """the earliest submission still in the database (0: none);"""
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___Usage]:
+        """most GPU time first"""
+
+    @_builtins.property
+    def total(self) -> Global___Usage:
+        """every job counted"""
+
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Usage]:
+        """with by_job"""
+
+    def __init__(
+        self,
+        *,
+        since: _builtins.float = ...,
+        until: _builtins.float = ...,
+        users: _abc.Iterable[Global___Usage] | None = ...,
+        total: Global___Usage | None = ...,
+        jobs: _abc.Iterable[Global___Usage] | None = ...,
+        jobs_not_listed: _builtins.int = ...,
+        oldest_kept: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["total", b"total"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "jobs_not_listed", b"jobs_not_listed", "oldest_kept", b"oldest_kept", "since", b"since", "total", b"total", "until", b"until", "users", b"users"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUsageResponse: _TypeAlias = GetUsageResponse  # noqa: Y015
+
+@_typing.final
 class ListProblemsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -120,6 +120,11 @@ class SchedulerStub:
                 request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsRequest.SerializeToString,
                 response_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsResponse.FromString,
                 _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/gandiva.v1.Scheduler/GetUsage',
+                request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -243,6 +248,17 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsage(self, request, context):
+        """Accounting over a period, from the jobs' recorded state changes: per user (or per job)
+        the GPU time their jobs ran, the time they spent queued and suspended, and how long the
+        jobs that first started in the period waited for it. A user's token sees its own jobs only
+        (PERMISSION_DENIED for another user); INVALID_ARGUMENT names `since` or `until` when the
+        period is empty or reversed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -330,6 +346,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.ListProblems,
                     request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsRequest.FromString,
                     response_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsResponse.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageRequest.FromString,
+                    response_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -791,6 +812,33 @@ class Scheduler:
             '/gandiva.v1.Scheduler/ListProblems',
             protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsRequest.SerializeToString,
             protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListProblemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gandiva.v1.Scheduler/GetUsage',
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageRequest.SerializeToString,
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

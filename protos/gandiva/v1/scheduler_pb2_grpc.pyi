@@ -69,6 +69,13 @@ class SchedulerStub:
     the database), each with the command to run next. Answers while the database does not
     (the problems kept in memory, the database's first).
     """
+    GetUsage: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetUsageRequest, _scheduler_pb2.GetUsageResponse]
+    """Accounting over a period, from the jobs' recorded state changes: per user (or per job)
+    the GPU time their jobs ran, the time they spent queued and suspended, and how long the
+    jobs that first started in the period waited for it. A user's token sees its own jobs only
+    (PERMISSION_DENIED for another user); INVALID_ARGUMENT names `since` or `until` when the
+    period is empty or reversed.
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -109,6 +116,13 @@ class SchedulerAsyncStub(SchedulerStub):
     and again or waiting past their turn, packs undone again and again, failed migrations,
     the database), each with the command to run next. Answers while the database does not
     (the problems kept in memory, the database's first).
+    """
+    GetUsage: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetUsageRequest, _scheduler_pb2.GetUsageResponse]  # type: ignore[assignment]
+    """Accounting over a period, from the jobs' recorded state changes: per user (or per job)
+    the GPU time their jobs ran, the time they spent queued and suspended, and how long the
+    jobs that first started in the period waited for it. A user's token sees its own jobs only
+    (PERMISSION_DENIED for another user); INVALID_ARGUMENT names `since` or `until` when the
+    period is empty or reversed.
     """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
@@ -249,6 +263,19 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         and again or waiting past their turn, packs undone again and again, failed migrations,
         the database), each with the command to run next. Answers while the database does not
         (the problems kept in memory, the database's first).
+        """
+
+    @_abc_1.abstractmethod
+    def GetUsage(
+        self,
+        request: _scheduler_pb2.GetUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.GetUsageResponse, _abc.Awaitable[_scheduler_pb2.GetUsageResponse]]:
+        """Accounting over a period, from the jobs' recorded state changes: per user (or per job)
+        the GPU time their jobs ran, the time they spent queued and suspended, and how long the
+        jobs that first started in the period waited for it. A user's token sees its own jobs only
+        (PERMISSION_DENIED for another user); INVALID_ARGUMENT names `since` or `until` when the
+        period is empty or reversed.
         """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

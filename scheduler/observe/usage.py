@@ -1,0 +1,196 @@
+"""Accounting over a period: who had the GPUs and who waited (`gandiva get usage`, the
+``GetUsage`` call).
+
+Worked out from what the database keeps of every job: its submission, its first start
+(``started_at``) and its state changes (the ``transitions`` table, one row per change, with
+its time). A job's time in each state is cut to the period; its GPU time there is its time
+RUNNING times the GPUs it asked for, as `gandiva get users` and the job's ``gpu_seconds``
+count it (a grown job's extra GPUs are not counted; two packed jobs each count their GPU).
+
+Only the state changes from the period's start on are read: the state a job was in when the
+period began is the from-state of its first change after that (or its state now, with none),
+so a week's accounting reads that week's changes, not a year's. Jobs are read a chunk at a
+time, and the event loop is let go between chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sqlalchemy import func, or_, select
+
+from scheduler.errors import InvalidArgument
+from scheduler.state.models import Job, Transition
+
+CHUNK = 500  # jobs whose state changes are read in one query
+JOBS_LISTED, JOBS_LISTED_MAX = 1000, 10000
+_TIMED = {"RUNNING": "gpu", "QUEUED": "queued", "SUSPENDED": "suspended", "MIGRATING": "migrating"}
+_TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the accounting needs of one job (a row of ``jobs``)."""
+
+    id: str
+    name: str
+    user: str
+    gpus: int
+    state: str  # now
+    submitted_at: float
+    started_at: float  # its first start (0: never)
+    finished_at: float  # 0: not ended
+
+
+@dataclass
+class Usage:
+    """One user's, one job's or everyone's share of a period; times in seconds within it."""
+
+    user: str = ""
+    job_id: str = ""
+    name: str = ""
+    gpus: int = 0
+    state: str = ""
+    jobs: int = 0
+    gpu_seconds: float = 0.0
+    queued_seconds: float = 0.0
+    suspended_seconds: float = 0.0
+    migrating_seconds: float = 0.0
+    started: int = 0
+    wait_seconds: float = 0.0
+    wait_max_seconds: float = 0.0
+    waiting: int = 0
+    waiting_max_seconds: float = 0.0
+    ended: int = 0
+    submitted_at: float = 0.0
+    started_at: float = 0.0
+
+    def add(self, other: Usage) -> None:
+        """Sum ``other`` (a job's or a user's) into this one."""
+        for name in ("jobs", "gpu_seconds", "queued_seconds", "suspended_seconds", "migrating_seconds",
+                     "started", "wait_seconds", "waiting", "ended"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.wait_max_seconds = max(self.wait_max_seconds, other.wait_max_seconds)
+        self.waiting_max_seconds = max(self.waiting_max_seconds, other.waiting_max_seconds)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Report:
+    since: float
+    until: float
+    users: list[Usage]
+    total: Usage
+    jobs: list[Usage] = field(default_factory=list)
+    jobs_not_listed: int = 0
+    oldest_kept: float = 0.0
+
+
+def job_usage(job: JobFacts, changes: Sequence[tuple[str, str, float]], since: float, until: float) -> Usage:
+    """``job``'s share of [since, until]. ``changes``: its state changes (from, to, at) in the
+    order they happened, every one at or after ``since`` (earlier ones are not needed: the
+    first one's from-state is the state the job was in at ``since``)."""
+    usage = Usage(user=job.user, job_id=job.id, name=job.name, gpus=job.gpus,
+                  submitted_at=job.submitted_at, started_at=job.started_at)
+    start = max(since, job.submitted_at)
+    if start >= until or (job.finished_at and job.finished_at < since):
+        return usage
+    usage.jobs = 1
+    at, state = start, (changes[0][0] if changes else job.state)
+    for _, to_state, when in changes:
+        if when >= until:  # it stayed in ``state`` through the period's end
+            break
+        _count(usage, state, at, max(at, when), job.gpus)
+        at, state = max(at, when), to_state
+        if to_state in _TERMINAL:
+            usage.ended += 1
+    _count(usage, state, at, until, job.gpus)  # nothing for an ended job
+    usage.state = state
+    if job.started_at and since <= job.started_at < until:
+        usage.started = 1
+        usage.wait_seconds = usage.wait_max_seconds = max(0.0, job.started_at - job.submitted_at)
+    elif state == "QUEUED" and not (job.started_at and job.started_at < until):
+        usage.waiting = 1
+        usage.waiting_max_seconds = until - job.submitted_at
+    return usage
+
+
+def _count(usage: Usage, state: str, t0: float, t1: float, gpus: int) -> None:
+    kind = _TIMED.get(state)
+    if kind is None or t1 <= t0:
+        return
+    if kind == "gpu":
+        usage.gpu_seconds += (t1 - t0) * gpus
+    else:
+        setattr(usage, f"{kind}_seconds", getattr(usage, f"{kind}_seconds") + (t1 - t0))
+
+
+def summarise(rows: Iterable[Usage], since: float, until: float, by_job: bool, limit: int) -> Report:
+    """Per user (most GPU time first, then the name), everyone's total, and with ``by_job``
+    the ``limit`` jobs of most GPU time (then most time queued)."""
+    users: dict[str, Usage] = {}
+    total = Usage()
+    counted = [row for row in rows if row.jobs]
+    for row in counted:
+        users.setdefault(row.user, Usage(user=row.user)).add(row)
+        total.add(row)
+    report = Report(since, until, sorted(users.values(), key=lambda u: (-u.gpu_seconds, -u.queued_seconds, u.user)),
+                    total)
+    if by_job:
+        ordered = sorted(counted, key=lambda u: (-u.gpu_seconds, -u.queued_seconds, u.submitted_at, u.job_id))
+        report.jobs = [replace(row) for row in ordered[:limit]]
+        report.jobs_not_listed = max(0, len(ordered) - limit)
+    return report
+
+
+def check_period(since: float, until: float, now: float) -> tuple[float, float]:
+    """(since, until) as the accounting takes them: until 0 or later than now is now."""
+    if not (math.isfinite(since) and since > 0):
+        raise InvalidArgument("since", f"the period's start must be a time (unix seconds more than 0), got {since}")
+    if not (math.isfinite(until) and until >= 0):
+        raise InvalidArgument("until", f"must be a time (unix seconds, 0: now), got {until}")
+    until = now if not until or until > now else until
+    if since >= until:
+        raise InvalidArgument("since", f"the period starts at {since:.0f}, not before its end ({until:.0f}"
+                                       f"{', now' if until == now else ''}): give a start before the end")
+    return since, until
+
+
+async def gather(core: Any, since: float, until: float, user: str | None, by_job: bool, limit: int,
+                 now: float) -> Report:
+    """The usage report of [since, until] (checked by check_period), read through ``core``'s
+    read transactions, a chunk of jobs at a time."""
+    since, until = check_period(since, until, now)
+    if limit < 0:
+        raise InvalidArgument("limit", f"must be 0 (the default, {JOBS_LISTED}) or more, got {limit}")
+    limit = min(limit or JOBS_LISTED, JOBS_LISTED_MAX)
+    alive = (Job.submitted_at < until) & or_(Job.finished_at == 0, Job.finished_at >= since)
+    if user is not None:
+        alive = alive & (Job.user == user)
+    async with core.tx(read=True) as s:
+        jobs = [JobFacts(*row) for row in (await s.execute(
+            select(Job.id, Job.name, Job.user, Job.gpus, Job.state, Job.submitted_at, Job.started_at,
+                   Job.finished_at).where(alive))).all()]
+        oldest = await s.scalar(select(func.min(Job.submitted_at))) or 0.0
+    rows: list[Usage] = []
+    for first in range(0, len(jobs), CHUNK):
+        chunk = jobs[first:first + CHUNK]
+        changes: dict[str, list[tuple[str, str, float]]] = {}
+        async with core.tx(read=True) as s:
+            result = await s.execute(
+                select(Transition.job_id, Transition.from_state, Transition.to_state, Transition.at)
+                .where(Transition.job_id.in_([j.id for j in chunk]), Transition.at >= since)
+                .order_by(Transition.job_id, Transition.id))
+            for job_id, from_state, to_state, at in result:
+                changes.setdefault(job_id, []).append((from_state, to_state, at))
+        rows.extend(job_usage(j, changes.get(j.id, ()), since, until) for j in chunk)
+        await asyncio.sleep(0)  # a long history is read in turns with everything else
+    report = summarise(rows, since, until, by_job, limit)
+    report.oldest_kept = float(oldest)
+    return report

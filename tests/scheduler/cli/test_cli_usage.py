@@ -1,0 +1,65 @@
+"""`gandiva get usage` through the real scheduler and CLI, with a scripted helper whose jobs
+end when the test says (tests/scheduler/test_usage_units.py has each rule of the accounting).
+Before session 48 nothing answered "who had the GPUs over a period, and who waited":
+`gandiva get users` summed every job's GPU time since the job began, with no period and no
+waits."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+
+
+def test_usage_over_a_period_per_user_and_job(gandiva, stub, helper, wait_for) -> None:  # type: ignore[no-untyped-def]
+    """alice's 1-GPU job runs; bob's 2-GPU job waits in the queue behind it (the server has 2
+    GPUs) until it ends, then runs. The accounting says what each job's own record says: GPU
+    time as the job's gpu_seconds, bob's wait as his job's submission to its first start, and
+    a period that ends before bob's job started shows it still waiting."""
+    def submit(name: str, user: str, gpus: int) -> str:
+        spec = common_pb2.JobSpec(name=name, user=user, command=["python", "t.py"], gpus=gpus)
+        return str(stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id)
+
+    def get(job: str) -> common_pb2.Job:
+        return stub.GetJob(scheduler_pb2.GetJobRequest(id=job))
+
+    a = submit("small", "alice", 1)
+    wait_for(lambda: get(a).state == common_pb2.JOB_STATE_RUNNING)
+    b = submit("big", "bob", 2)
+    time.sleep(0.5)
+    between = time.time()
+    time.sleep(0.5)
+    helper.exit(a, 0)
+    wait_for(lambda: get(b).state == common_pb2.JOB_STATE_RUNNING)
+    time.sleep(0.3)
+    helper.exit(b, 0)
+    wait_for(lambda: get(b).state == common_pb2.JOB_STATE_SUCCEEDED)
+    done_a, done_b = get(a), get(b)
+
+    got = gandiva("get", "usage", "--since", "1h", "-o", "json")
+    assert got.code == 0, got.err
+    report = json.loads(got.out)
+    users = {u["user"]: u for u in report["users"]}
+    assert list(users) == ["bob", "alice"] or list(users) == ["alice", "bob"]
+    assert abs(users["alice"]["gpu_seconds"] - done_a.gpu_seconds) < 1e-6
+    assert abs(users["bob"]["gpu_seconds"] - done_b.gpu_seconds) < 1e-6
+    bob_started = min(t.at for t in done_b.history if t.to_state == common_pb2.JOB_STATE_RUNNING)
+    assert users["bob"]["started"] == 1 and users["bob"]["ended"] == 1
+    assert abs(users["bob"]["wait_max_seconds"] - (bob_started - done_b.submitted_at)) < 1e-6
+    assert abs(users["bob"]["queued_seconds"] - (bob_started - done_b.submitted_at)) < 1e-6
+    assert report["total"]["jobs"] == 2
+
+    before = json.loads(gandiva("get", "usage", "--since", "1h", "--until", time.strftime(
+        "%Y-%m-%dT%H:%M:%S", time.localtime(between)) + f"{between % 1:.3f}"[1:], "--by", "job", "-o", "json").out)
+    bobs = [j for j in before["jobs"] if j["user"] == "bob"]
+    assert [(j["job_id"], j["state"], j["waiting"], j["gpu_seconds"]) for j in bobs] == [(b, "QUEUED", 1, 0.0)]
+
+    table = gandiva("get", "usage", "--since", "1h", "--user", "bob")
+    assert table.code == 0, table.err
+    lines = table.out.splitlines()
+    assert lines[0].startswith("from ") and lines[1].split()[:3] == ["USER", "JOBS", "GPU-HOURS"]
+    assert lines[2].split()[:2] == ["bob", "1"] and len(lines) == 3  # one user: no TOTAL line
+
+    refused = gandiva("get", "usage", "--since", "2099-01-01")
+    assert refused.code == 2 and "since: the period starts at" in refused.err and "give a start before" in refused.err

@@ -1,0 +1,87 @@
+"""The accounting of `gandiva get usage` (scheduler/observe/usage.py) on made-up histories:
+each job's time in each state cut to the period, from its state changes at or after the
+period's start only (tests/scheduler/cli/test_cli_usage.py has the live case)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.errors import InvalidArgument
+from scheduler.observe.usage import JobFacts, check_period, job_usage, summarise
+
+H = 3600.0
+
+
+def job(id: str = "j-1", user: str = "alice", gpus: int = 2, state: str = "SUCCEEDED", submitted: float = 0.0,
+        started: float = 0.0, finished: float = 0.0) -> JobFacts:
+    return JobFacts(id, id, user, gpus, state, submitted, started, finished)
+
+
+# Submitted at 0, queued 2 h, ran 3 h, suspended 1 h, ran 1 h more, succeeded at 7 h.
+HISTORY = [("QUEUED", "RUNNING", 2 * H), ("RUNNING", "SUSPENDED", 5 * H), ("SUSPENDED", "RUNNING", 6 * H),
+           ("RUNNING", "SUCCEEDED", 7 * H)]
+DONE = job(started=2 * H, finished=7 * H)
+
+
+def changes_from(since: float) -> list[tuple[str, str, float]]:
+    """What the database query hands over: the changes at or after the period's start."""
+    return [c for c in HISTORY if c[2] >= since]
+
+
+def test_a_whole_history_inside_the_period_counts_each_state_once() -> None:
+    u = job_usage(DONE, changes_from(0), 0, 10 * H)
+    assert (u.jobs, u.gpu_seconds, u.queued_seconds, u.suspended_seconds) == (1, 2 * 4 * H, 2 * H, 1 * H)
+    assert (u.started, u.wait_seconds, u.ended, u.waiting, u.state) == (1, 2 * H, 1, 0, "SUCCEEDED")
+
+
+def test_a_period_that_cuts_the_history_counts_only_its_part() -> None:
+    """From 3 h to 5.5 h: it was RUNNING at 3 h (the from-state of its first change after),
+    ran until 5 h, then was suspended; it first started before the period (no wait counted)."""
+    u = job_usage(DONE, changes_from(3 * H), 3 * H, 5.5 * H)
+    assert (u.gpu_seconds, u.queued_seconds, u.suspended_seconds) == (2 * 2 * H, 0, 0.5 * H)
+    assert (u.started, u.ended, u.state) == (0, 0, "SUSPENDED")
+
+
+def test_a_period_before_its_first_start_shows_it_waiting() -> None:
+    """Until 1 h it had waited 1 h, never started: WAITING, not STARTED."""
+    u = job_usage(DONE, changes_from(0), 0, 1 * H)
+    assert (u.queued_seconds, u.gpu_seconds, u.waiting, u.waiting_max_seconds, u.started) == (H, 0, 1, H, 0)
+    assert u.state == "QUEUED"
+
+
+def test_a_job_with_no_change_in_the_period_is_in_its_state_now_throughout() -> None:
+    running = job(state="RUNNING", started=2 * H)
+    u = job_usage(running, [], 10 * H, 12 * H)
+    assert (u.gpu_seconds, u.started, u.state) == (2 * 2 * H, 0, "RUNNING")
+
+
+def test_jobs_outside_the_period_count_nothing() -> None:
+    assert job_usage(DONE, changes_from(8 * H), 8 * H, 9 * H).jobs == 0  # ended before
+    assert job_usage(job(state="QUEUED", submitted=11 * H), [], 8 * H, 10 * H).jobs == 0  # submitted after
+
+
+def test_users_are_summed_most_gpu_time_first() -> None:
+    rows = [job_usage(DONE, changes_from(0), 0, 10 * H),
+            job_usage(job("j-2", "bob", 1, "QUEUED", submitted=1 * H), [], 0, 10 * H),
+            job_usage(job("j-3", "bob", 1, "RUNNING", submitted=0, started=0.5 * H),
+                      [("QUEUED", "RUNNING", 0.5 * H)], 0, 10 * H)]
+    report = summarise(rows, 0, 10 * H, by_job=True, limit=2)
+    assert [(u.user, u.jobs, u.gpu_seconds) for u in report.users] == [("bob", 2, 9.5 * H), ("alice", 1, 8 * H)]
+    bob = report.users[0]
+    assert (bob.queued_seconds, bob.started, bob.wait_seconds, bob.waiting, bob.waiting_max_seconds) == \
+        (9 * H + 0.5 * H, 1, 0.5 * H, 1, 9 * H)
+    assert (report.total.jobs, report.total.gpu_seconds) == (3, 17.5 * H)
+    assert [j.job_id for j in report.jobs] == ["j-3", "j-1"] and report.jobs_not_listed == 1
+
+
+@pytest.mark.parametrize(("since", "until", "field"), [(0, 0, "since"), (float("nan"), 0, "since"),
+                                                      (5 * H, 4 * H, "since"), (20 * H, 0, "since"),
+                                                      (1, float("nan"), "until")])
+def test_an_empty_or_reversed_period_is_refused_naming_it(since: float, until: float, field: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        check_period(since, until, now=10 * H)
+    assert refused.value.field == field
+
+
+def test_an_end_after_now_is_now() -> None:
+    assert check_period(1 * H, 99 * H, now=10 * H) == (1 * H, 10 * H)
