@@ -320,29 +320,37 @@ def wait_for_fixture():  # type: ignore[no-untyped-def]
 # How the tests are spread over the three pytest-xdist workers (pyproject's addopts: -n 3).
 # Three on a 2-core machine, because the live tests mostly wait on their processes: with two
 # workers the cores were 68% busy (CI of 8c1f694). With three they were 84% busy, and CI on
-# 8f7493b took 1,332 s instead of 1,698 s with two (2026-12-06).
+# 8f7493b took 1,332 s instead of 1,698 s with two (2026-12-06). The run's summary says how
+# busy the cores were (pytest_terminal_summary below).
 # Each file of tests that run real processes (tests/multihost: a cluster in network
 # namespaces, each test's named with a token of its own; tests/integration: a scheduler,
 # helpers and TensorFlow jobs; tests/tf_runtime: real TensorFlow programs interrupted and
 # compared) is a unit of its own, its tests run in order. Every other test is a unit of its
 # own. The heaviest units are handed out first (the multihost files, then integration's,
 # then tf_runtime's, then the unit and simulator tests in their order) to whichever worker
-# is free, so the workers end together (within 5 s in that run). The multihost tests were
-# one unit until session 46: about 1,385 s of the 1,488 s each worker had to do (the test
-# durations of session 43's and 45's CI runs), so any growth of that directory (two new
-# files in session 46) made that one worker end last, alone: 84 s after the others with
-# 20% more multihost work, 175 s with 30% (a simulation of this scheduler over those
-# durations); per file the three workers end together in all three cases. With integration
-# and multihost as one unit, the suite was that unit alone (28.5 min), and the other worker
-# sat idle for its last part. A scheduler of our own does the grouping: xdist's xdist_group
-# marker renames each test's node id, which pytest 9 no longer allows.
+# is free, so the workers end together (within 5 s in that run), with one exception: while
+# integration's or tf_runtime's units are left, only one worker at a time takes multihost
+# units. A multihost test mostly waits (a link shaped to 96 kbit/s, a heartbeat timeout):
+# 0.02 to 0.31 of a core over its run (s48, tests/multihost/test_degraded_*.py), where a
+# tf_runtime test keeps a core busy. With all three workers on the multihost files first (as
+# until s48), the cores were mostly idle for the first ~280 s of the run. The multihost
+# tests were one unit until session 46: about 1,385 s of the 1,488 s each worker had to do
+# (the test durations of session 43's and 45's CI runs), so any growth of that directory
+# made that one worker end last, alone; now, once integration's and tf_runtime's units are
+# handed out, the multihost files left go to any worker before the unit tests, which end the
+# run together. With integration and multihost as one unit, the suite was that unit alone
+# (28.5 min), and the other worker sat idle for its last part. A scheduler of our own does
+# the grouping: xdist's xdist_group marker renames each test's node id, which pytest 9 no
+# longer allows.
 _UNIT_PER_FILE = {"multihost": 3, "integration": 2, "tf_runtime": 1}  # the weight of their files' units
+_MOSTLY_WAITING = 3  # the weight of the multihost files: one worker at a time, while heavier work is left
 
 
 @functools.cache
 def _unit_of(nodeid: str) -> tuple[str, int]:
     """The unit of work a test belongs to and how early that unit is handed out (higher:
-    earlier; units of one weight go in collection order)."""
+    earlier; units of one weight go in collection order). A unit's own name (a file's path)
+    gives the same answer."""
     parts = nodeid.split("/", 2)
     if len(parts) == 3 and parts[0] == "tests" and parts[1] in _UNIT_PER_FILE:
         return nodeid.split("::", 1)[0], _UNIT_PER_FILE[parts[1]]
@@ -354,17 +362,62 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
     class HeaviestFirst(LoadScopeScheduling):
-        """Units as _unit_of says, the heaviest handed out first to the worker that asks."""
+        """Units as _unit_of says, the heaviest handed out first to the worker that asks; a
+        multihost unit only to a worker that is the only one with multihost tests left to
+        run, while an integration or tf_runtime unit is left."""
 
         def _split_scope(self, nodeid: str) -> str:
             return _unit_of(nodeid)[0]
 
         def _assign_work_unit(self, node: object) -> None:
-            # The first unit of the highest weight left (dicts keep insertion order; the
-            # queue holds whole units, so the weight is read from any of its tests).
-            heaviest = max(self.workqueue, key=lambda scope: _unit_of(next(iter(self.workqueue[scope])))[1])
+            waiting_elsewhere = any(
+                _unit_of(scope)[1] == _MOSTLY_WAITING and not all(unit.values())
+                for other, units in self.assigned_work.items() if other is not node
+                for scope, unit in units.items())
+
+            def weight(scope: str) -> float:
+                # (the queue holds whole units, so the weight is read from any of its tests)
+                w = _unit_of(next(iter(self.workqueue[scope])))[1]
+                return 0.5 if w == _MOSTLY_WAITING and waiting_elsewhere else w
+
+            # The first unit of the highest weight left (dicts keep insertion order).
+            heaviest = max(self.workqueue, key=weight)
             self.workqueue.move_to_end(heaviest, last=False)
             super()._assign_work_unit(node)  # type: ignore[arg-type]
 
     config.option.loadscopereorder = False  # our order, not xdist's (by number of tests)
     return HeaviestFirst(config, log)
+
+
+# ---- how busy the cores were --------------------------------------------------------
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(busy, all) jiffies of every core since boot, from /proc/stat; None without it."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_CPU_AT_START] = _cpu_times()
+
+
+def pytest_terminal_summary(terminalreporter: object, config: pytest.Config) -> None:
+    """One line at the end of a run (the controller's, with -n): how busy the machine's cores
+    were over it, whoever kept them so: the measure of how well the workers fill them."""
+    start, end = config.stash.get(_CPU_AT_START, None), _cpu_times()
+    if hasattr(config, "workerinput") or start is None or end is None or end[1] <= start[1]:
+        return
+    busy = (end[0] - start[0]) / (end[1] - start[1])
+    cores = os.cpu_count() or 1
+    secs = (end[1] - start[1]) / (os.sysconf("SC_CLK_TCK") * cores)
+    terminalreporter.write_line(  # type: ignore[attr-defined]
+        f"cores busy: {100 * busy:.0f}% of {cores} over {secs:.0f} s (the load beside the tests included)")
+
+
+_CPU_AT_START = pytest.StashKey["tuple[float, float] | None"]()
