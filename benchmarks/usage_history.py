@@ -7,7 +7,7 @@ a real scheduler on it, and times `GetUsage` over the last 7 days, per user and 
 a client asks GetJob back to back (the slowest GetJob meanwhile: how long the accounting held
 the event loop). Prints the history's size and each time, with the machine's load.
 
-    PYTHONPATH=. python benchmarks/usage_history.py [--days 30] [--jobs-per-day 2000] [--slices 4]
+    PYTHONPATH=. python benchmarks/usage_history.py [--days 30] [--jobs-per-day 2000] [--slices 4] [--reuse DIR]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import grpc
-from sqlalchemy import create_engine, insert
+from sqlalchemy import create_engine, func, insert, select
 
 from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler.state.models import Job, Transition
@@ -31,11 +31,12 @@ from scheduler.state.models import Job, Transition
 DAY = 86400.0
 
 
-def fill(path: Path, days: int, per_day: int, slices: int, now: float) -> tuple[int, int]:
-    """The history: (jobs, transitions) written."""
+def fill(path: Path, days: int, per_day: int, slices: int, now: float) -> None:
+    """The history."""
     rng = random.Random(0)
     engine = create_engine(f"sqlite:///{path}")
-    jobs, changes, n_jobs, n_changes = [], [], 0, 0
+    jobs: list[dict] = []
+    changes: list[dict] = []
     with engine.begin() as conn:
         for k in range(days * per_day):
             submitted = now - days * DAY + k * DAY / per_day
@@ -58,10 +59,9 @@ def fill(path: Path, days: int, per_day: int, slices: int, now: float) -> tuple[
             if len(changes) > 50000:
                 conn.execute(insert(Job), jobs)
                 conn.execute(insert(Transition), changes)
-                n_jobs, n_changes, jobs, changes = n_jobs + len(jobs), n_changes + len(changes), [], []
+                jobs, changes = [], []
         conn.execute(insert(Job), jobs)
         conn.execute(insert(Transition), changes)
-    return n_jobs + len(jobs), n_changes + len(changes)
 
 
 def main() -> int:
@@ -69,17 +69,25 @@ def main() -> int:
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--jobs-per-day", type=int, default=2000)
     parser.add_argument("--slices", type=int, default=4)
+    parser.add_argument("--reuse", type=Path, default=None, metavar="DIR",
+                        help="the folder of an earlier run (its s.db): ask again without filling one")
     args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="gandiva-usage-"))
+    home = args.reuse or Path(tempfile.mkdtemp(prefix="gandiva-usage-"))
     db = home / "s.db"
     url = f"sqlite+aiosqlite:///{db}"
     env = {**os.environ, "GANDIVA_HOME": str(home)}
-    subprocess.run([sys.executable, "-m", "gandiva_cli.main", "db", "upgrade", "--db", url], check=True, env=env,
-                   capture_output=True)
-    t0 = time.monotonic()
-    jobs, changes = fill(db, args.days, args.jobs_per_day, args.slices, time.time())
-    print(f"history: {jobs:,} jobs, {changes:,} state changes over {args.days} days, "
-          f"{db.stat().st_size / 2**20:.0f} MiB (written in {time.monotonic() - t0:.0f}s)", flush=True)
+    if args.reuse is None:
+        subprocess.run([sys.executable, "-m", "gandiva_cli.main", "db", "upgrade", "--db", url], check=True, env=env,
+                       capture_output=True)
+        t0 = time.monotonic()
+        fill(db, args.days, args.jobs_per_day, args.slices, time.time())
+        print(f"written in {time.monotonic() - t0:.0f}s into {home}", flush=True)
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.connect() as conn:
+        jobs = conn.execute(select(func.count()).select_from(Job)).scalar_one()
+        changes = conn.execute(select(func.count()).select_from(Transition)).scalar_one()
+    print(f"history: {jobs:,} jobs, {changes:,} state changes, {db.stat().st_size / 2**20:.0f} MiB", flush=True)
+    (home / "port").unlink(missing_ok=True)
     port_file = home / "port"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--db", url, "--listen", "127.0.0.1:0",
@@ -92,6 +100,12 @@ def main() -> int:
             time.sleep(0.1)
         stub = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(port_file.read_text().strip()))
         some_job = f"j-{jobs - 1:010x}"
+        baseline = []
+        for _ in range(20):
+            t = time.monotonic()
+            stub.GetJob(scheduler_pb2.GetJobRequest(id=some_job), timeout=60)
+            baseline.append(time.monotonic() - t)
+        print(f"GetJob alone: slowest of 20 {max(baseline) * 1000:.0f} ms", flush=True)
         stub.GetJob(scheduler_pb2.GetJobRequest(id=some_job), timeout=60)
         for label, by_job in (("per user", False), ("by job", True), ("per user", False)):
             slowest, stop = [0.0], threading.Event()

@@ -9,19 +9,19 @@ count it (a grown job's extra GPUs are not counted; two packed jobs each count t
 
 Only the state changes from the period's start on are read: the state a job was in when the
 period began is the from-state of its first change after that (or its state now, with none),
-so a week's accounting reads that week's changes, not a year's. Jobs are read a chunk at a
-time, and the event loop is let go between chunks.
+so a week's accounting reads that week's changes, not a year's. It is worked out in one read
+transaction on a reader thread (``read_sync``), off the scheduler's event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
 
 from scheduler.errors import InvalidArgument
 from scheduler.state.models import Job, Transition
@@ -164,33 +164,35 @@ def check_period(since: float, until: float, now: float) -> tuple[float, float]:
 
 async def gather(core: Any, since: float, until: float, user: str | None, by_job: bool, limit: int,
                  now: float) -> Report:
-    """The usage report of [since, until] (checked by check_period), read through ``core``'s
-    read transactions, a chunk of jobs at a time."""
+    """The usage report of [since, until] (checked by check_period), worked out in one read
+    transaction off the event loop (``core.read_sync``: a reader thread on SQLite)."""
     since, until = check_period(since, until, now)
     if limit < 0:
         raise InvalidArgument("limit", f"must be 0 (the default, {JOBS_LISTED}) or more, got {limit}")
     limit = min(limit or JOBS_LISTED, JOBS_LISTED_MAX)
+    return cast(Report, await core.read_sync(lambda s: report(s, since, until, user, by_job, limit)))
+
+
+def report(session: Session, since: float, until: float, user: str | None, by_job: bool, limit: int) -> Report:
+    """The report, read through ``session``: the jobs alive in the period, then their state
+    changes from ``since`` on, a chunk of jobs at a time."""
     alive = (Job.submitted_at < until) & or_(Job.finished_at == 0, Job.finished_at >= since)
     if user is not None:
         alive = alive & (Job.user == user)
-    async with core.tx(read=True) as s:
-        jobs = [JobFacts(*row) for row in (await s.execute(
-            select(Job.id, Job.name, Job.user, Job.gpus, Job.state, Job.submitted_at, Job.started_at,
-                   Job.finished_at).where(alive))).all()]
-        oldest = await s.scalar(select(func.min(Job.submitted_at))) or 0.0
+    jobs = [JobFacts(*row) for row in session.execute(
+        select(Job.id, Job.name, Job.user, Job.gpus, Job.state, Job.submitted_at, Job.started_at,
+               Job.finished_at).where(alive))]
+    oldest = session.scalar(select(func.min(Job.submitted_at))) or 0.0
     rows: list[Usage] = []
     for first in range(0, len(jobs), CHUNK):
         chunk = jobs[first:first + CHUNK]
         changes: dict[str, list[tuple[str, str, float]]] = {}
-        async with core.tx(read=True) as s:
-            result = await s.execute(
+        for job_id, from_state, to_state, at in session.execute(
                 select(Transition.job_id, Transition.from_state, Transition.to_state, Transition.at)
                 .where(Transition.job_id.in_([j.id for j in chunk]), Transition.at >= since)
-                .order_by(Transition.job_id, Transition.id))
-            for job_id, from_state, to_state, at in result:
-                changes.setdefault(job_id, []).append((from_state, to_state, at))
+                .order_by(Transition.job_id, Transition.id)):
+            changes.setdefault(job_id, []).append((from_state, to_state, at))
         rows.extend(job_usage(j, changes.get(j.id, ()), since, until) for j in chunk)
-        await asyncio.sleep(0)  # a long history is read in turns with everything else
-    report = summarise(rows, since, until, by_job, limit)
-    report.oldest_kept = float(oldest)
-    return report
+    got = summarise(rows, since, until, by_job, limit)
+    got.oldest_kept = float(oldest)
+    return got
