@@ -225,6 +225,8 @@ def _unavailable_text(err: BaseException, health: DatabaseHealth | None = None) 
         root = root.__cause__  # the driver's own error under SQLAlchemy's and its adapter's
     why = type(root).__name__
     detail = first[:120] if first != why else ""
+    if not detail and isinstance(root, TimeoutError):  # (asyncpg's connect timeout says nothing)
+        detail = "no answer in time: the network to it, or its server, hangs"
     return f"{health.unreachable(f'{why}: {detail}' if detail else why)}; retry shortly"
 
 

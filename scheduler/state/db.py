@@ -63,7 +63,66 @@ def make_engine(url: str, readonly: bool = False, pin: SqliteFile | None = None,
     # replaced instead of failing the next request. 20 kept: under load (100 helpers'
     # heartbeats, progress batches, rounds, users) fewer made overflow connections be
     # opened and closed again all the time (benchmarks/control_plane_load.py).
-    return create_async_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=10, **kwargs)
+    kwargs["connect_args"] = pg_connect_args(parsed.query, kwargs.get("connect_args"))
+    engine = create_async_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=10, **kwargs)
+    watch_pg_connections(engine)
+    return engine
+
+
+# A PostgreSQL server that answers nothing (a network partition, its host cut off: packets
+# dropped, not refused) is found out in seconds. Before, a connect waited 60 s (asyncpg's
+# default) and a statement on a pooled connection until the kernel gave up retransmitting
+# (about 15 min): `gandiva get job` hung, the scheduling rounds stopped without a word and
+# `gandiva_database_up` stayed 1. A partition, not a slow database: a busy server's kernel
+# still acknowledges what is sent and answers keepalives, so a long statement is not cut.
+PG_CONNECT_TIMEOUT_S = 5.0
+# Unacknowledged data or unanswered keepalives for this long: the connection is dead
+# (TCP_USER_TIMEOUT; keepalive probes from 3 s of silence, every 1 s).
+PG_DEAD_AFTER_S = 5
+# The server's side of the same (PostgreSQL's own per-session settings): a session whose
+# scheduler it can no longer reach ends within about 11 s instead of the kernel's 2 h,
+# with its locks: a transaction that was open when the link dropped is rolled back, rather
+# than holding its rows' locks (every later write to them waited) and the scheduler's
+# advisory lock (scheduler.state.owner) while nobody can commit it.
+PG_SERVER_SETTINGS = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
+                      "tcp_user_timeout": str(PG_DEAD_AFTER_S * 1000)}
+
+
+def pg_connect_args(query: Any, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """asyncpg's connect arguments for a scheduler's engine (``query``: the URL's, whose
+    ``timeout`` wins): the connect timeout and PG_SERVER_SETTINGS under ``given``'s."""
+    args = dict(given or {})
+    if "timeout" not in query:
+        args.setdefault("timeout", PG_CONNECT_TIMEOUT_S)
+    args["server_settings"] = {**PG_SERVER_SETTINGS, **args.get("server_settings", {})}
+    return args
+
+
+def watch_tcp(sock: Any) -> None:
+    """Keepalives and a user timeout of PG_DEAD_AFTER_S on a TCP socket (a Unix socket is
+    left alone: it cannot be partitioned)."""
+    import socket
+
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 3)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, PG_DEAD_AFTER_S - 3)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, PG_DEAD_AFTER_S * 1000)
+
+
+def watch_asyncpg(conn: Any) -> None:
+    """`watch_tcp` on an asyncpg connection's socket."""
+    transport = getattr(conn, "_transport", None)  # (asyncpg gives no public way to its socket)
+    watch_tcp(transport.get_extra_info("socket") if transport is not None else None)
+
+
+def watch_pg_connections(engine: AsyncEngine) -> None:
+    """Every connection ``engine`` opens gets `watch_tcp`."""
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        watch_asyncpg(dbapi_conn.driver_connection)
 
 
 def file_identity(path: str | Path) -> tuple[int, int] | None:
@@ -328,7 +387,8 @@ class LoopThread:
         # database may lose the last fraction of a second of them, never half of one).
         settings = {} if durable else {"server_settings": {"synchronous_commit": "off"}}
         self.engine = create_async_engine(url, pool_pre_ping=False, pool_size=pool, max_overflow=0,
-                                          connect_args=settings)
+                                          connect_args=pg_connect_args(make_url(url).query, settings))
+        watch_pg_connections(self.engine)
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         # Reads without BEGIN and COMMIT round trips: at PostgreSQL's default isolation
         # (read committed) each statement sees the latest commits either way.

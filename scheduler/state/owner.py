@@ -14,7 +14,9 @@ them. The second is refused at start, naming the one that holds the database.
   socket closes). The connection's ``application_name`` says who holds it. If the
   connection is lost (a database restart), the lock is taken again as soon as the
   database answers; if another scheduler took it meanwhile, ``on_lost`` is called
-  and this one stops.
+  and this one stops. A connection lost to a partition leaves its session open on the
+  server (nothing told it), holding the lock: that session, this scheduler's own, is
+  ended first.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from scheduler.state.db import SqliteFile, file_identity
+from scheduler.state.db import SqliteFile, file_identity, pg_connect_args, watch_asyncpg
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ class SchedulerLock:
         self.on_lost = on_lost
         self._fd: int | None = None
         self._conn: Any = None
+        self._backend: int | None = None  # the server's pid of the session holding the lock
         self._watch: asyncio.Task[None] | None = None
 
     @property
@@ -111,22 +114,43 @@ class SchedulerLock:
         OSError when the database cannot be reached."""
         import asyncpg
 
-        dsn = make_url(self.url).set(drivername="postgresql").render_as_string(hide_password=False)
-        conn = await asyncpg.connect(dsn, server_settings={"application_name": self._name()})
+        url = make_url(self.url)
+        dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        args = pg_connect_args(url.query, {"server_settings": {"application_name": self._name()}})
+        conn = await asyncpg.connect(dsn, **args)
+        watch_asyncpg(conn)
         try:
-            if await conn.fetchval("SELECT pg_try_advisory_lock($1)", PG_LOCK_KEY):
+            if await self._try_lock(conn):
                 self._conn, conn = conn, None
                 return None
-            holder = await conn.fetchval(
-                "SELECT a.application_name || coalesce(' from ' || host(a.client_addr), '') "
+            row = await conn.fetchrow(
+                "SELECT a.pid, a.application_name, a.application_name || coalesce(' from ' || host(a.client_addr), '') "
                 "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
                 "WHERE l.locktype = 'advisory' AND l.granted AND l.database = "
                 "(SELECT oid FROM pg_database WHERE datname = current_database()) "
                 "AND (l.classid::bigint << 32 | l.objid::bigint) = $1", PG_LOCK_KEY)
-            return str(holder or "")
+            if row is not None and row[0] == self._backend and row[1] == self._name():
+                # This scheduler's own session from before its connection was lost (a
+                # partition: the server never heard that it ended), still holding the lock:
+                # ended, and the lock taken again. Before, the scheduler stopped itself on
+                # the link's return, naming itself as "another scheduler".
+                log.warning("the database still had this scheduler's lost session (pid %s): ending it", row[0])
+                await conn.fetchval("SELECT pg_terminate_backend($1)", row[0])
+                for _ in range(50):  # (it ends, and lets the lock go, as soon as it is signalled)
+                    if await self._try_lock(conn):
+                        self._conn, conn = conn, None
+                        return None
+                    await asyncio.sleep(0.1)
+            return str(row[2] or "") if row is not None else ""
         finally:
             if conn is not None:
                 await conn.close()
+
+    async def _try_lock(self, conn: Any) -> bool:
+        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", PG_LOCK_KEY):
+            return False
+        self._backend = conn.get_server_pid()
+        return True
 
     async def _pg_watch(self) -> None:
         """Keep the lock: a lost connection (the database restarted) takes it again."""

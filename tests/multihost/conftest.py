@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -135,6 +136,47 @@ class Net:
     def close(self) -> None:
         for ns in reversed(self.made):
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+
+class PgHost:
+    """A PostgreSQL 15 server of the test's own on a host of its own ("db"): initdb in a
+    temporary folder owned by postgres, listening on the host's address only (the
+    machine's shared cluster, which the other tests use, is left alone). The scheduler's
+    and the database's hosts know each other's link address for good (static neighbour
+    entries), so a cut of the db host's link drops packets silently, as a partition or a
+    host cut off behind a router does: connections hang, none is refused."""
+
+    def __init__(self, net: Net, sched: str = "sched") -> None:
+        if not Path(PG_BIN, "postgres").exists():
+            pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN})")
+        self.ns, self.addr = net.add_host("db")
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-pg-"))
+        shutil.chown(self.dir, "postgres", "postgres")
+        self.data = self.dir / "data"
+        self._pg("initdb", "-D", str(self.data), "-A", "trust", "-U", "gandiva", "-E", "UTF8", "--no-sync")
+        with open(self.data / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {SUBNET}.0/24 trust\n")
+        self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "server.log"), "-w", "-t", "60", "-o",
+                 f"-k {self.dir} -c listen_addresses={self.addr} -c fsync=off", "start", ns=self.ns)
+        self.url = f"postgresql+asyncpg://gandiva@{self.addr}/postgres"
+        for a, b in ((sched, "db"), ("db", sched)):
+            (ns, _, _), (_, addr, _) = net.hosts[a], net.hosts[b]
+            mac = subprocess.run(["ip", "-n", net.hosts[b][0], "-br", "link", "show", net.link(b)], check=True,
+                                 capture_output=True, text=True).stdout.split()[2]
+            _ip("-n", ns, "neigh", "replace", addr, "lladdr", mac, "dev", net.link(a), "nud", "permanent")
+
+    def _pg(self, *argv: str, ns: str | None = None) -> None:
+        cmd = " ".join(shlex.quote(a) for a in [f"{PG_BIN}/{argv[0]}", *argv[1:]])
+        pre = ["ip", "netns", "exec", ns] if ns else []
+        subprocess.run([*pre, "su", "postgres", "-c", cmd], check=True, capture_output=True, timeout=120, cwd="/")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._pg("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-m", "immediate", "stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # Python 3.11's time.sleep is clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME), which
@@ -325,6 +367,7 @@ class Cluster:
         self.heartbeat_timeout = 5.0
         self.db_url = f"sqlite+aiosqlite:///{tmp / 'state.db'}"  # benchmarks/chaos.py --db postgres sets another
         self.sched_args: list[str] = []  # more scheduler flags (chaos.py --more: --policy-option ...)
+        self.pg: PgHost | None = None  # the database's host, if on one of its own
 
     # ---- processes -----------------------------------------------------------
 
@@ -465,7 +508,8 @@ def child_pids(pid: int) -> list[int]:
 @pytest.fixture
 def multihost(request, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     """The cluster; parametrize indirectly with {"heartbeat_timeout": S} to change the
-    scheduler's heartbeat timeout (default 5 s, lease 3 s)."""
+    scheduler's heartbeat timeout (default 5 s, lease 3 s), {"postgres": True} for its
+    database on a host of its own (`PgHost`, as ``cluster.pg``)."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -473,15 +517,22 @@ def multihost(request, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untype
     tmp = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-"))
     net: Net | None = None
     cluster = None
+    pg: PgHost | None = None
+    param = getattr(request, "param", {})
     try:
         net = Net()
         cluster = Cluster(net, tmp, wait_for)
-        cluster.start_scheduler(getattr(request, "param", {}).get("heartbeat_timeout", 5.0))
+        if param.get("postgres"):
+            pg = cluster.pg = PgHost(net)
+            cluster.db_url = pg.url
+        cluster.start_scheduler(param.get("heartbeat_timeout", 5.0))
         cluster.sampler.start()
         yield cluster
     finally:
         if cluster is not None:
             cluster.close()
+        if pg is not None:
+            pg.close()
         if net is not None:
             net.close()
         if os.environ.get("GANDIVA_KEEP_MULTIHOST_LOGS") != "1":

@@ -121,3 +121,50 @@ def test_a_lock_file_that_is_a_link_or_a_directory_is_refused_not_followed(tmp_p
     lock.path.rmdir()
     asyncio.run(lock.acquire())  # a plain file, made by the lock itself
     asyncio.run(lock.release())
+
+
+@pytest.mark.pg
+def test_the_lock_is_taken_back_from_its_own_session_left_open_by_a_partition(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock's connection lost to a partition (the server never heard it end: its
+    session, this scheduler's, still holds the lock when the link is back). Before, the
+    scheduler stopped itself on the link's return, naming itself as "another scheduler
+    is running on this database"; now it ends its old session and takes the lock again.
+    (The partition itself, with real hosts: tests/multihost/test_db_host_cut.py.)"""
+    import asyncpg
+
+    from scheduler.state import owner
+
+    monkeypatch.setattr(owner, "CHECK_EVERY_S", 0.05)
+    dsn = pg_url.replace("+asyncpg", "")
+
+    async def run() -> None:
+        lost: list[str] = []
+        lock = owner.SchedulerLock(pg_url, "127.0.0.1:1", "db", lost.append)
+        await lock.acquire()
+        old = lock._conn  # the session the partition leaves open on the server
+        old_pid = old.get_server_pid()
+        stand_in = await asyncpg.connect(dsn)
+        lock._conn = stand_in  # what the scheduler holds: found closed, as a lost one is
+        await stand_in.close()
+        look = await asyncpg.connect(dsn)
+        try:
+            deadline = time.monotonic() + 20
+            while not lost and time.monotonic() < deadline:
+                holder = await look.fetchval(
+                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                    "AND (classid::bigint << 32 | objid::bigint) = $1", owner.PG_LOCK_KEY)
+                now = lock._conn  # (assigned once its lock is taken)
+                if now is not None and now is not stand_in and holder == now.get_server_pid():
+                    break
+                await asyncio.sleep(0.05)
+            assert lost == [], lost
+            assert holder == lock._conn.get_server_pid() != old_pid
+            with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, ConnectionError)):
+                await old.fetchval("SELECT 1")  # the old session was ended
+        finally:
+            await look.close()
+            old.terminate()
+            await lock.release()
+
+    asyncio.run(run())

@@ -1,0 +1,75 @@
+"""The database's host cut off while a job trains (PostgreSQL on a host of its own, its
+link cut so that packets are dropped, not refused: a partition, the database's host lost
+behind a router). The scheduler, a helper and its job are real processes on their hosts
+(tests/multihost/conftest.py), the job the helpers' fake job.
+
+What a user sees meanwhile: `gandiva get job` answers UNAVAILABLE with the outage's line
+("the scheduler is up; its database is unreachable since ...") instead of hanging until
+the client gives up (a statement on a pooled connection waited until the kernel stopped
+retransmitting, about 15 min); a submission is refused the same way. Once the link is
+back: the scheduler goes on (before, it stopped itself, naming itself as "another
+scheduler" holding its database: its advisory lock's session was still open on the
+server), the job trains on in the same process, its history untouched; the submission
+sent again with its request id creates one job, once."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from protos.gandiva.v1 import common_pb2, scheduler_pb2
+
+from .conftest import Cluster
+from .test_crowded_host_cut import _fake_job
+
+pytestmark = [pytest.mark.slow, pytest.mark.pg]
+
+# Long enough for every connection of the scheduler (its pools', its lock's) to be found
+# dead and for the helper's lease (3 s) to freeze the job.
+CUT_S = 12.0
+
+
+@pytest.mark.parametrize("multihost", [{"postgres": True}], indirect=True)
+def test_the_database_host_cut_off_answers_in_seconds_and_the_cluster_goes_on(multihost: Cluster) -> None:
+    c = multihost
+    c.add_helper("a", gpus=2)
+    fake = _fake_job(c.tmp)
+    spec = common_pb2.JobSpec(name="j", command=[fake], gpus=1, workdir=str(c.tmp),
+                              env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.05"})
+    job_id = c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+    c.wait(lambda: c.job(job_id).steps >= 5, 60)
+    (pid,) = c.pids_of(job_id)
+    c.net.cut("db")
+    cut_at = time.monotonic()
+    try:
+        # The client's deadline is generous: only a call that hangs reaches it.
+        with pytest.raises(grpc.RpcError) as err:
+            c.stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=60)
+        print(f"\nGetJob answered {time.monotonic() - cut_at:.1f}s into the cut: {err.value.details()}")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+        assert err.value.details().startswith("the scheduler is up; its database is unreachable since "), \
+            err.value.details()
+        second = common_pb2.JobSpec(name="k", command=[fake], gpus=1, workdir=str(c.tmp),
+                                    env={"FAKE_STEPS": "20", "FAKE_STEP_S": "0.01"})
+        asked = scheduler_pb2.SubmitJobRequest(spec=second, request_id="during-the-cut")
+        with pytest.raises(grpc.RpcError) as err:
+            c.stub.SubmitJob(asked, timeout=60)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+        time.sleep(max(0.0, CUT_S - (time.monotonic() - cut_at)))
+    finally:
+        c.net.restore("db")
+    c.wait(lambda: c.job(job_id).steps > 0 and c.servers() == {"a": True}, 60)
+    again = c.stub.SubmitJob(asked, timeout=30).job.id  # sent again, as `gandiva submit` does
+    assert c.stub.SubmitJob(asked, timeout=30).job.id == again
+    c.wait(lambda: c.job(again).state == common_pb2.JOB_STATE_SUCCEEDED, 60)
+    before = c.job(job_id).steps
+    c.wait(lambda: c.job(job_id).steps > before + 10, 60)  # training again
+    assert c.procs["scheduler"].poll() is None, (c.tmp / "scheduler.log").read_text()[-3000:]
+    assert c.pids_of(job_id) == [pid]  # the same process: neither restarted nor duplicated
+    done = c.job(job_id)
+    assert [t.to_state for t in done.history] == [common_pb2.JOB_STATE_QUEUED, common_pb2.JOB_STATE_RUNNING], \
+        [t.reason for t in done.history]
+    jobs = [j.id for j in c.stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs]
+    assert sorted(jobs) == sorted([job_id, again]), jobs
