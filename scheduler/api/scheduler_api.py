@@ -364,8 +364,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 raise InvalidArgument("since", f"{request.since}: a unix time, 0 or more (0: from the first event)")
             async with self.core.tx(read=True) as s:
                 after = max(after, await repo.events_before(s, request.since))
+        upto: int | None = None  # the last event id before `until`
+        if request.until:
+            if not 0 < request.until < float("inf"):  # NaN included
+                raise InvalidArgument("until", f"{request.until}: a unix time, more than 0 (0: no end)")
+            async with self.core.tx(read=True) as s:
+                upto = await repo.events_before(s, request.until)
         events = await self._events(after, request.job_id, size, user, kinds, server)
-        out, last = paging.fill(events, event_to_pb, full=len(events) == size)
+        full = len(events) == size
+        if upto is not None and events and events[-1].id >= upto:  # the period ends in this page
+            events, full = [e for e in events if e.id <= upto], False
+        out, last = paging.fill(events, event_to_pb, full=full)
         await self._hide_others(events=out)
         return scheduler_pb2.ListEventsResponse(
             events=out, next_page_token=paging.encode(last.id) if last is not None else ""

@@ -52,16 +52,28 @@ _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(
                    r"(Z|[+-][0-9]{2}:?[0-9]{2})?", re.ASCII)
 
 
+_TIME_OF_DAY = re.compile(r"([0-9]{1,2}):([0-9]{2})(?::([0-9]{2}))?", re.ASCII)
+
+
 def point_in_time(text: str) -> float:
-    """A time, as unix seconds: how long ago (a DURATION: 90s, 30m, 12h, 7d) or a date with an
+    """A time, as unix seconds: how long ago (a DURATION: 90s, 30m, 12h, 7d), a time of day
+    (03:12, 03:12:30: the latest at or before now, today's or yesterday's), or a date with an
     optional time of day, by this machine's clock unless it names its zone (2026-11-30,
     2026-11-30T08:00, '2026-11-30 08:00:00', 2026-11-30T08:00Z, 2026-11-30T08:00+01:00)."""
     if _DURATION.fullmatch(text):
         return time.time() - duration(text)
+    clock = _TIME_OF_DAY.fullmatch(text)
+    if clock:
+        hour, minute, second = int(clock[1]), int(clock[2]), int(clock[3] or 0)
+        if hour > 23 or minute > 59 or second > 59:
+            raise argparse.ArgumentTypeError(f"not a time of day: {text!r} (00:00 to 23:59:59)")
+        now = dt.datetime.now()
+        when = now.replace(hour=hour, minute=minute, second=second, microsecond=0)
+        return (when if when <= now else when - dt.timedelta(days=1)).timestamp()
     if not _DATE.fullmatch(text):
         raise argparse.ArgumentTypeError(
-            f"expected how long ago (90s, 30m, 12h, 7d) or a date with an optional time "
-            f"(2026-11-30, 2026-11-30T08:00, by this machine's clock), got {text!r}")
+            f"expected how long ago (90s, 30m, 12h, 7d), a time of day (03:12, the latest one) or a date "
+            f"with an optional time (2026-11-30, 2026-11-30T08:00), by this machine's clock; got {text!r}")
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as e:  # a month 13, a 30th of February

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ import grpc
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler import auth, eta, timeline
 from scheduler.cli import output, usage
-from scheduler.cli.argtypes import duration
+from scheduler.cli.argtypes import point_in_time
 from scheduler.cli.client import (
     EXIT_ERROR,
     EXIT_OK,
@@ -89,9 +88,14 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
     events.add_argument("--job", default="", metavar="ID", help="only this job's events")
     events.add_argument("--after", type=int, default=0, metavar="EVENT_ID",
                         help="only events after this id")
-    events.add_argument("--since", type=duration, default=0.0, metavar="DURATION",
-                        help="only events of the last DURATION, e.g. 90s, 30m, 1h, 2d (by this machine's "
-                             "clock)")
+    events.add_argument("--since", type=point_in_time, default=0.0, metavar="WHEN",
+                        help="only events from this time on: how long ago (90s, 30m, 1h, 2d), a time of day "
+                             "(03:10: the latest one, today's or yesterday's) or a date and time "
+                             "(2026-12-06T03:10), by this machine's clock")
+    events.add_argument("--until", type=point_in_time, default=0.0, metavar="WHEN",
+                        help="only events before this time (as --since): what happened between 03:10 and "
+                             "03:15 last night is --since 03:10 --until 03:15; the database keeps them "
+                             "across scheduler restarts")
     events.add_argument("--kind", action="append", default=[], metavar="KIND",
                         help="only events of this kind (repeatable): job.state, server.down, ...; "
                              "'job' or 'server' for all of theirs")
@@ -345,19 +349,26 @@ def get_events(args: argparse.Namespace, client: Client) -> int:
     if any(not kind.strip() for kind in args.kind):  # was the scheduler's "invalid: kinds: required"
         raise CliError("--kind is empty; give an event kind such as job.state or server.down, or a "
                        "family: job, server (leave --kind out for all)")
+    if args.watch and args.until:
+        raise CliError("--until ends a listing and --watch follows new events: give one of them")
+    if args.until and args.until <= 0:
+        raise CliError("--until reaches back before 1970: no event is that old; give a later time")
+    if args.since and args.until and args.until <= args.since:
+        raise CliError(f"--until ({output.timestamp(args.until)}) is not after --since "
+                       f"({output.timestamp(args.since)}): give a start before the end")
     if args.watch:
         return watch_events(args, client)
     if args.limit < 0:
         raise CliError(f"--limit must be 0 or more, got {args.limit}")
     request = scheduler_pb2.ListEventsRequest(after_id=args.after, job_id=args.job, since=_since(args),
-                                              kinds=args.kind, server=args.server)
+                                              kinds=args.kind, server=args.server, until=args.until)
 
     def call(method: str, request: Any) -> Any:
-        # The scheduler filters by --kind/--server; one from before it did ignores them and
-        # sends every event, so they are filtered here too.
+        # The scheduler filters by --kind/--server/--until; one from before it did ignores them
+        # and sends every event, so they are filtered here too.
         reply = client.call(method, request)
-        if args.kind or args.server:
-            wanted = [e for e in reply.events if _kind_wanted(args, e)]
+        if args.kind or args.server or args.until:
+            wanted = [e for e in reply.events if _kind_wanted(args, e) and not (args.until and e.at >= args.until)]
             del reply.events[:]
             reply.events.extend(wanted)
         return reply
@@ -373,7 +384,7 @@ def get_events(args: argparse.Namespace, client: Client) -> int:
 def _since(args: argparse.Namespace) -> float:
     """--since as the unix time it starts from (0: from the first event). A window reaching
     back past 1970 is the whole history (it was sent as a negative time, and refused)."""
-    return max(0.0, time.time() - args.since) if args.since else 0.0
+    return max(0.0, args.since) if args.since else 0.0
 
 
 def _kind_wanted(args: argparse.Namespace, event: common_pb2.Event) -> bool:

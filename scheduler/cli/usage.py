@@ -30,8 +30,9 @@ records for every job. Per user, most GPU time first, and a TOTAL line:
 Jobs deleted by `gandiva db prune --jobs` are not counted: the line above the table says
 when the database's history begins if the period starts before it.
 
-WHEN is how long ago (90s, 30m, 12h, 7d) or a date with an optional time of day, by this
-machine's clock unless it names its zone: 2026-11-30, 2026-11-30T08:00, 2026-11-30T08:00Z.
+WHEN is how long ago (90s, 30m, 12h, 7d), a time of day (08:00: the latest one) or a date with
+an optional time of day, by this machine's clock unless it names its zone: 2026-11-30,
+2026-11-30T08:00, 2026-11-30T08:00Z.
 
   gandiva get usage --since 7d
   gandiva get usage --since 2026-11-30 --until 2026-12-07 -o json

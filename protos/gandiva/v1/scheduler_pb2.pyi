@@ -714,6 +714,7 @@ class ListEventsRequest(_message.Message):
     SINCE_FIELD_NUMBER: _builtins.int
     KINDS_FIELD_NUMBER: _builtins.int
     SERVER_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
     after_id: _builtins.int
     job_id: _builtins.str
     limit: _builtins.int
@@ -727,6 +728,10 @@ class ListEventsRequest(_message.Message):
     """
     server: _builtins.str
     """only events about this server; empty: any"""
+    until: _builtins.float
+    """Only events before the first event at or after this unix time (0: no end), as `since`
+    finds its start: `gandiva get events --since 03:10 --until 03:15`.
+    """
     @_builtins.property
     def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Only events of these kinds, each a kind ("job.state") or a family ("job": job.state,
@@ -744,10 +749,11 @@ class ListEventsRequest(_message.Message):
         since: _builtins.float = ...,
         kinds: _abc.Iterable[_builtins.str] | None = ...,
         server: _builtins.str = ...,
+        until: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "job_id", b"job_id", "kinds", b"kinds", "limit", b"limit", "page_size", b"page_size", "page_token", b"page_token", "server", b"server", "since", b"since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "job_id", b"job_id", "kinds", b"kinds", "limit", b"limit", "page_size", b"page_size", "page_token", b"page_token", "server", b"server", "since", b"since", "until", b"until"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -261,7 +261,16 @@ def test_get_events_since_and_kind_answer_what_happened_lately(gandiva, sched, s
                                                          ["server.down", "-"]]
     assert rows("--kind", "job.submitted", "--limit", "1") == [["job.submitted", a]]
     r = script("gandiva", "get", "events", "--since", "soon")
-    assert r.code == 2 and "--since: expected a length of time such as 90s, 30m, 1h or 2d, got 'soon'" in r.err
+    assert r.code == 2 and "--since: expected how long ago (90s, 30m, 12h, 7d), a time of day (03:12" in r.err
+    assert "got 'soon'" in r.err
+    # "What happened between 03:10 and 03:15 last night?" (session 48): --until ends the listing;
+    # a time of day or a date and time says when, by this machine's clock.
+    between = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 7150))
+    assert rows("--since", "3h", "--until", "1h") == [["server.down", "-"], ["server.up", "-"]]
+    assert rows("--since", between, "--until", "90s") == [["server.up", "-"]]
+    assert rows("--until", between) == [["server.down", "-"]]
+    r = script("gandiva", "get", "events", "--since", "1h", "--until", "2h")
+    assert r.code == 2 and "is not after --since" in r.err and "give a start before the end" in r.err
     # A window longer than the clock's past is the whole history: it was "invalid: since:
     # -8.6e+21: a unix time, 0 or more", a value the user never typed.
     assert len(rows("--since", "99999999999999999d")) == len(rows("--since", "1e308s")) == 5
@@ -269,10 +278,18 @@ def test_get_events_since_and_kind_answer_what_happened_lately(gandiva, sched, s
         with pytest.raises(SystemExit) as exit_:
             gandiva("get", "events", "--since", odd)
         assert exit_.value.code == 2
-        assert f"--since: expected a length of time such as 90s, 30m, 1h or 2d, got {odd!r}" in capsys.readouterr().err
+        said = capsys.readouterr().err
+        assert "--since: expected how long ago (90s, 30m, 12h, 7d), a time of day" in said and f"got {odd!r}" in said
     with pytest.raises(grpc.RpcError) as err:
         stub.ListEvents(scheduler_pb2.ListEventsRequest(since=float("nan")))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "since" in err.value.details()
+    window = stub.ListEvents(scheduler_pb2.ListEventsRequest(until=now - 3600, page_size=1)).events  # by the scheduler
+    assert [e.kind for e in window] == ["server.down"]
+    assert [e.kind for e in stub.ListEvents(scheduler_pb2.ListEventsRequest(until=now - 3600)).events] == [
+        "server.down", "server.up"]
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ListEvents(scheduler_pb2.ListEventsRequest(until=float("nan")))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "until" in err.value.details()
     # Following: the last hour's job events, then new ones as they come.
     watch = subprocess.Popen([sys.executable, "-m", "gandiva_cli.main", "get", "events", "-w", "--since", "1h",
                               "--kind", "job", "--no-headers", "--scheduler", sched.address],
