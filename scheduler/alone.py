@@ -23,14 +23,29 @@ job reported, only over stretches in which it was the one job running on its GPU
   are not counted (a job's acks and reports share its stream: a report after its resume's
   ack was taken after it resumed), nor any but the last received before the engine saw
   the stretch;
-- the rate is the steps reported over the time they took (when the reports arrived; a
-  slice's own resume and suspend acks give its exact first and last steps), added up over the stretches alone of the same
+- the rate is the steps reported over the time they took, added up over the stretches alone of the same
   launch on the same GPUs (time slices of a few seconds each count), the older ones
   fading once ``KEEP_S`` are counted (a job's rate may change by itself: a data phase;
   a job slower than ``MIN_STEPS`` in ``KEEP_S`` keeps its last ``MIN_STEPS``);
   never the runtime's moving average, which after a change goes on averaging the
   mini-batches from before it. A rate needs ``MIN_WINDOW_S`` and ``MIN_STEPS`` (a
   time slice shorter than that adds up with the next ones before the job is packed).
+
+Which reports belong to a stretch is decided by when they arrived; the time a stretch took
+is the runtime's own, where both its ends carry one: a report's ``step_at`` (when the job
+went on training from the step it reports: the mini-batch's end, or a resume after it) and
+an ack's (a resume's: when it went on; a suspend's: when its last mini-batch ended; a
+slice's own acks give its exact first and last steps). Arrival times are the scheduler's,
+read when the event loop handles a message: a stretch's first report comes at a busy
+moment (a state change: its writes, its commands) and was handled late while its steps
+were of earlier, so the window read short, every stretch alike (CI of 4210601: 11.5/s for a
+true 10/s over 6.4 s of time slices; summed stretches keep the bias). Arrival times are
+used where an end has no runtime time (an older shim, a runtime that sends none), and
+where the runtime's interval is negative or off the arrival interval by more than
+``CLOCK_SLACK_S`` (or a quarter of it): its clock was stepped mid-stretch (NTP) or its
+times are false. A runtime gains no power from its times: it reports its own steps too,
+and could skew its rate alone with them as much, and its packed/alone ratio is clipped at 1,
+which a huge packed rate already reaches (docs/security.md).
 
 The rate is kept while the job waits suspended, and given to the policy only while the
 job has the same launch and GPUs (``JobView.alone_rate``). In memory: a restarted
@@ -55,8 +70,13 @@ MIN_WINDOW_S = 2.0
 MIN_STEPS = 20
 KEEP_S = 30.0
 
+# A stretch's runtime interval off its arrival interval by more than this (or a quarter of
+# it) is not taken: a clock stepped mid-stretch. Within it: the lateness of a loaded event
+# loop (a tenth of a second to a second) and a real runtime's flush (half a second).
+CLOCK_SLACK_S = 1.0
+
 GpuKey = tuple[tuple[str, int], ...]
-Point = tuple[float, int]  # (when, steps)
+Point = tuple[float, int, float]  # (when it arrived, steps, the runtime's time of them; 0: none)
 
 
 @dataclass(frozen=True)
@@ -75,7 +95,7 @@ class _Stretch:
     count_after: float  # reports received before this are not counted
     anchor: Point | None = None  # the first report counted
     latest: Point | None = None
-    added: Point = (0.0, 0)  # the seconds and steps of it already added to the job's sums
+    added: tuple[float, int] = (0.0, 0)  # the seconds and steps of it already added to the job's sums
     closed: bool = False  # a job beside it was told to resume: no report counts any more
     closers: set[str] = field(default_factory=set)  # the jobs told to resume, or launched, beside it
     reopened: float | None = None  # when the last of those failed to resume: a new stretch from then
@@ -117,9 +137,10 @@ class AloneRates:
         self._resumed: dict[str, tuple[str, Point]] = {}
         self._arrived: dict[str, tuple[str, Point]] = {}  # job -> (launch, its last ack's arrival and step)
 
-    def report(self, job_id: str, incarnation: str, steps: int, now: float, rate: float = 1.0) -> None:
+    def report(self, job_id: str, incarnation: str, steps: int, now: float, rate: float = 1.0,
+               at: float = 0.0) -> None:
         """A progress report of the job's launch ``incarnation`` arrived at ``now``, with the
-        runtime's ``rate`` (its steps are taken as of ``now``: the runtime sends at once).
+        runtime's ``rate`` and its time ``at`` of ``steps`` (ProgressReport.step_at; 0: none).
 
         A report without a rate (0: an old shim, or none measured yet) is not counted: a
         trial is judged by the rates the jobs report, so one started for a job that never
@@ -127,33 +148,34 @@ class AloneRates:
         would start again and again."""
         if rate <= 0:
             return
-        self._last[job_id] = (incarnation, (now, steps))
+        self._last[job_id] = (incarnation, (now, steps, at))
         stretch = self._stretches.get(job_id)
         if stretch is None or stretch.closed or stretch.condition.incarnation != incarnation:
             return
-        self._count(stretch, (now, steps))
+        self._count(stretch, (now, steps, at))
 
-    def ack_arrived(self, job_id: str, incarnation: str, step: int, now: float) -> None:
+    def ack_arrived(self, job_id: str, incarnation: str, step: int, now: float, at: float = 0.0) -> None:
         """An ack of the job's runtime arrived (``acked`` comes later, when the command's
         caller runs again: on a loaded event loop, late enough to shorten a slice of a
-        second or two by a tenth, and make its rate that much higher)."""
-        self._arrived[job_id] = (incarnation, (now, step))
+        second or two by a tenth, and make its rate that much higher). ``at``: the runtime's
+        time of ``step`` (CommandAck.step_at; 0: none)."""
+        self._arrived[job_id] = (incarnation, (now, step, at))
 
-    def acked(self, job_id: str, incarnation: str, resumed: bool, step: int, now: float) -> None:
+    def acked(self, job_id: str, incarnation: str, resumed: bool, step: int, now: float, at: float = 0.0) -> None:
         """The job's runtime acked a resume (``resumed``) or a suspend at mini-batch ``step``
-        (it arrived at ``ack_arrived``'s time, else ``now``): its exact step where a time
+        (it arrived at ``ack_arrived``'s time, else ``now``; ``at``: the runtime's): its exact step where a time
         slice alone begins and ends (a slice of a second or two has room for one or two
         reports at most)."""
         arrived = self._arrived.pop(job_id, None)
         if arrived is not None and arrived[0] == incarnation and arrived[1][1] == step:
-            now = arrived[1][0]
+            now, at = arrived[1][0], at or arrived[1][2]
         if resumed:
-            self._resumed[job_id] = (incarnation, (now, step))
+            self._resumed[job_id] = (incarnation, (now, step, at))
             return
         stretch = self._stretches.get(job_id)
         if stretch is not None and stretch.condition.incarnation == incarnation and not stretch.closed:
             stretch.count_after = min(stretch.count_after, now)
-            self._count(stretch, (now, step))
+            self._count(stretch, (now, step, at))
 
     @staticmethod
     def _count(stretch: _Stretch, point: Point) -> None:
@@ -261,7 +283,7 @@ class AloneRates:
         sums = self._sums.get(job_id)
         if sums is None or (sums.incarnation, sums.gpus) != (launch, gpus):
             sums = self._sums[job_id] = _Sums(launch, gpus)
-        seconds, steps = stretch.latest[0] - stretch.anchor[0], stretch.latest[1] - stretch.anchor[1]
+        seconds, steps = _seconds(stretch.anchor, stretch.latest), stretch.latest[1] - stretch.anchor[1]
         sums.seconds += seconds - stretch.added[0]
         sums.steps += steps - stretch.added[1]
         stretch.added = (seconds, steps)
@@ -271,3 +293,15 @@ class AloneRates:
         keep = max(KEEP_S, sums.seconds * MIN_STEPS / sums.steps) if sums.steps > 0 else sums.seconds
         if sums.seconds > keep:  # (MIN_STEPS kept whole: 19.999... read as no rate)
             sums.steps, sums.seconds = max(sums.steps * keep / sums.seconds, MIN_STEPS), keep
+
+
+def _seconds(anchor: Point, latest: Point) -> float:
+    """The time from ``anchor`` to ``latest``: the runtime's, where both carry one and it
+    agrees with their arrivals to within ``CLOCK_SLACK_S`` (or a quarter); else the
+    arrivals' (module doc)."""
+    arrived = latest[0] - anchor[0]
+    if anchor[2] > 0 and latest[2] > 0:
+        own = latest[2] - anchor[2]
+        if 0 <= own and abs(own - arrived) <= max(CLOCK_SLACK_S, arrived / 4):
+            return own
+    return arrived

@@ -1398,13 +1398,14 @@ class SchedulerCore:
 
     async def record_progress(
         self, job_id: str, incarnation: str, steps: int, rate: float, last_step_s: float, metrics: dict[str, float],
-        other_run: bool = False,
+        other_run: bool = False, step_at: float = 0.0,
     ) -> None:
         """Progress of every job is coalesced and written in one transaction per
         `progress_flush_s`, not one per report: with many jobs this is the busiest write.
-        `other_run`: the shim is in a run that is not a mini-batch (scheduler/hangs.py)."""
+        `other_run`: the shim is in a run that is not a mini-batch (scheduler/hangs.py).
+        `step_at`: the runtime's time of `steps` (0: none), for its rate alone."""
         self.hangs.progress(job_id, incarnation, steps, rate, last_step_s, other_run)
-        self.alone_rates.report(job_id, incarnation, steps, self.clock(), rate)
+        self.alone_rates.report(job_id, incarnation, steps, self.clock(), rate, step_at)
         if len(self._steps_seen) > 100_000:  # launches whose exit never came (bounded)
             self._steps_seen.clear()
         key = (job_id, incarnation)

@@ -62,7 +62,7 @@ def to_command(msg: runtime_pb2.RuntimeCommand) -> Command:
 def ack_message(ack: Ack) -> runtime_pb2.RuntimeMessage:
     return runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(
         command_id=ack.command_id, ok=ack.ok, message=ack.message,
-        checkpoint_path=ack.checkpoint_path, step=ack.step, durations_s=ack.durations_s))
+        checkpoint_path=ack.checkpoint_path, step=ack.step, durations_s=ack.durations_s, step_at=ack.step_at))
 
 
 class StreamClient:
@@ -249,4 +249,4 @@ class StreamClient:
         snap = self._meter.snapshot()
         return runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
             steps=snap.steps, rate=snap.rate, last_step_s=snap.last_step_s, at=snap.at,
-            metrics=snap.metrics, other_run=snap.other_run, total_steps=snap.total_steps))
+            metrics=snap.metrics, other_run=snap.other_run, total_steps=snap.total_steps, step_at=snap.step_at))

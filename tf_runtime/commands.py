@@ -47,3 +47,6 @@ class Ack:
     checkpoint_path: str = ""
     step: int = 0
     durations_s: dict[str, float] = field(default_factory=dict)
+    # Unix seconds of `step` (CommandAck.step_at): a suspend's, when mini-batch `step`
+    # ended; a resume's, when the job went on training from it; 0: unknown.
+    step_at: float = 0.0

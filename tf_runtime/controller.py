@@ -1484,7 +1484,8 @@ class Controller:
         if not self.backend.releases_memory:
             msg += f"; GPU memory held ({getattr(self.backend, 'reason', 'no release backend')})"
         self._ack(Ack(cmd.id, True, msg, step=self.meter.steps,
-                      durations_s={"wait_boundary": waited, "drain": t1 - t0, "release": t2 - t1}))
+                      durations_s={"wait_boundary": waited, "drain": t1 - t0, "release": t2 - t1},
+                      step_at=self.meter.went_on_at(self.meter.steps)))
         try:
             self._suspended_loop(adapter)
         finally:
@@ -1511,7 +1512,7 @@ class Controller:
                 t0 = time.monotonic()
                 self.backend.reacquire()
                 self._ack(Ack(cmd.id, True, "resumed", step=self.meter.steps,
-                              durations_s={"reacquire": time.monotonic() - t0}))
+                              durations_s={"reacquire": time.monotonic() - t0}, step_at=time.time()))
                 if raised is not None:
                     raise raised
                 return

@@ -26,6 +26,9 @@ class Snapshot:
     other_run: bool = False
     # The step at which the program stops, when it says so itself (its StopAtStepHook); 0: unknown.
     total_steps: int = 0
+    # Unix seconds at which the job last went on training from mini-batch `steps` (its
+    # end, or the end of a pause after it); 0: unknown. The scheduler's rate alone.
+    step_at: float = 0.0
 
 
 class ProgressMeter:
@@ -48,6 +51,9 @@ class ProgressMeter:
         self.last_step_s = 0.0
         self._avg_interval = 0.0
         self._last_boundary: float | None = None
+        # (steps, unix seconds) of the last boundary or pause: one tuple, written at once,
+        # so that the flusher never pairs one step's count with another's time.
+        self._went_on: tuple[int, float] = (0, 0.0)
         self._metrics: dict[str, float] = {}
         self._lock = threading.Lock()
         self.version = 0  # bumped on each change, so the flusher can skip idle periods
@@ -77,12 +83,21 @@ class ProgressMeter:
         self.version += 1
 
     def pause(self) -> None:
-        """Forget the last boundary so a suspension does not count as a slow step."""
+        """Forget the last boundary so a suspension does not count as a slow step. The job
+        goes on training from its current step now (a resume, a command applied)."""
         self._last_boundary = None
+        self._went_on = (self.steps, time.time())
+
+    def went_on_at(self, steps: int) -> float:
+        """Unix seconds at which the job last went on training from mini-batch ``steps``
+        (its end, or a pause since); 0 if that is not its current step."""
+        went_on = self._went_on
+        return went_on[1] if went_on[0] == steps else 0.0
 
     def step(self, duration_s: float, now: float) -> None:
         """One mini-batch finished at `now` (perf_counter seconds)."""
         self.steps += 1
+        self._went_on = (self.steps, time.time())
         self.last_step_s = duration_s
         last, self._last_boundary = self._last_boundary, now
         if last is None:
@@ -110,4 +125,6 @@ class ProgressMeter:
             metrics = dict(self._metrics)
             other = self._other > 0
         rate = 1.0 / self._avg_interval if self._avg_interval > 0 else 0.0
-        return Snapshot(self.steps, rate, self.last_step_s, time.time(), metrics, other, self.total_steps)
+        steps = self.steps
+        return Snapshot(steps, rate, self.last_step_s, time.time(), metrics, other, self.total_steps,
+                        self.went_on_at(steps))

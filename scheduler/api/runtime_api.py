@@ -20,6 +20,7 @@ from scheduler.validation import (
     MAX_STEPS,
     check_id,
     check_text,
+    clean_number,
     clean_rate,
     clean_step_s,
     clean_text,
@@ -152,7 +153,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     conn.step_s = clean_step_s(p.last_step_s)
                     await self.core.record_progress(
                         conn.job_id, conn.incarnation, min(max(0, p.steps), MAX_STEPS), clean_rate(p.rate),
-                        conn.step_s, _metrics(p.metrics), p.other_run,
+                        conn.step_s, _metrics(p.metrics), p.other_run, clean_number(p.step_at, 0.0),
                     )
                     if 0 < p.total_steps <= MAX_STEPS and p.total_steps != total_seen:
                         await self.core.record_total_steps(conn.job_id, conn.incarnation, p.total_steps)
@@ -161,7 +162,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     msg.ack.message = clean_text(msg.ack.message)
                     msg.ack.checkpoint_path = clean_text(msg.ack.checkpoint_path)
                     msg.ack.step = min(msg.ack.step, MAX_STEPS)  # it becomes the job's steps
-                    self.core.alone_rates.ack_arrived(conn.job_id, conn.incarnation, msg.ack.step, self.core.clock())
+                    msg.ack.step_at = clean_number(msg.ack.step_at, 0.0)  # (its rate alone's time)
+                    self.core.alone_rates.ack_arrived(conn.job_id, conn.incarnation, msg.ack.step, self.core.clock(),
+                                                      msg.ack.step_at)
                     self.core.runtimes.resolve(conn, msg.ack)
                 elif kind == "train_signature":
                     # Bounded: a signature is a few names; a huge one is not worth relaying.

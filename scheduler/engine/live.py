@@ -1117,7 +1117,8 @@ class LiveEngine:
             raise
         if ack.ok:
             self.observer.switched("resume" if target is JobState.RUNNING else "suspend", time.perf_counter() - t0)
-            self.core.alone_rates.acked(job_id, incarnation, target is JobState.RUNNING, ack.step, self.core.clock())
+            self.core.alone_rates.acked(job_id, incarnation, target is JobState.RUNNING, ack.step, self.core.clock(),
+                                        ack.step_at)
         if not ack.ok:
             if kind == runtime_pb2.COMMAND_KIND_RESUME:
                 # Refused: it never ran, and no state changes. (No answer at all: it may run.)

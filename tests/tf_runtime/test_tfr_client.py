@@ -36,6 +36,7 @@ def test_hello_first_then_batched_progress(runtime_server: LocalRuntimeServer) -
     reports = runtime_server.of_kind("j", "progress")
     assert len(reports) <= elapsed / 0.2 + 3  # batched, never one message per step
     assert reports[-1].rate > 0
+    assert reports[-1].step_at == meter.went_on_at(2000) > 0  # when its step 2000 ended (its rate alone)
     client.close(5)
     assert runtime_server.of_kind("j", "progress")[-1].metrics["loss"] == 0.5
 
@@ -51,9 +52,9 @@ def test_commands_are_delivered_and_bad_ones_refused(runtime_server: LocalRuntim
     assert "checkpoint_dir" in runtime_server.wait_ack(bad).message
     assert "unknown kind" in runtime_server.wait_ack(unknown).message
     assert [(c.kind, c.reason) for c in received] == [(Kind.SUSPEND, "time slice over")]
-    client.send_ack(Ack(received[0].id, True, "suspended", step=3, durations_s={"release": 0.01}))
+    client.send_ack(Ack(received[0].id, True, "suspended", step=3, durations_s={"release": 0.01}, step_at=1e9))
     ack = runtime_server.wait_ack(received[0].id)
-    assert ack.ok and ack.step == 3 and ack.durations_s["release"] == 0.01
+    assert ack.ok and ack.step == 3 and ack.durations_s["release"] == 0.01 and ack.step_at == 1e9
     client.close(5)
 
 

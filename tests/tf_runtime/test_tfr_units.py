@@ -7,6 +7,7 @@ import ctypes.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,24 @@ def test_rate_is_a_moving_average_and_suspension_is_not_a_slow_step() -> None:
     m.step(0.1, 61.3)
     assert m.snapshot().rate == pytest.approx(10.0)
     assert m.snapshot().steps == 5
+
+
+def test_each_report_says_when_the_job_went_on_from_its_step() -> None:
+    """The scheduler times a job's rate alone by these (scheduler/alone.py), not by when a
+    busy event loop read the reports: a step's end, or a pause's (a resume) after it."""
+    m = ProgressMeter()
+    assert m.snapshot().step_at == 0.0  # none yet
+    before = time.time()
+    m.step(0.1, 1.0)
+    ended = m.snapshot().step_at
+    assert before <= ended <= time.time() and m.went_on_at(1) == ended
+    time.sleep(0.01)
+    m.pause()  # suspended, then resumed: it goes on from step 1 now
+    assert ended < m.snapshot().step_at <= time.time()
+    m.set_steps(41)  # restored: no time known for step 41 until its next boundary
+    assert m.snapshot().step_at == 0.0
+    m.step(0.1, 2.0)
+    assert m.snapshot().steps == 42 and m.snapshot().step_at > ended
 
 
 def test_report_validates_and_publishes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/gandiva/v1/runtime.proto\x12\ngandiva.v1\"g\n\x0cRuntimeHello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x0e\n\x06server\x18\x04 \x01(\t\x12\x15\n\rrestored_step\x18\x05 \x01(\x03\"\xe0\x01\n\x0eProgressReport\x12\r\n\x05steps\x18\x01 \x01(\x03\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x13\n\x0blast_step_s\x18\x03 \x01(\x01\x12\n\n\x02\x61t\x18\x04 \x01(\x01\x12\x38\n\x07metrics\x18\x05 \x03(\x0b\x32\'.gandiva.v1.ProgressReport.MetricsEntry\x12\x11\n\tother_run\x18\x06 \x01(\x08\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"9\n\x13MigratabilityReport\x12\x12\n\nmigratable\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd4\x01\n\nCommandAck\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x04 \x01(\t\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12;\n\x0b\x64urations_s\x18\x06 \x03(\x0b\x32&.gandiva.v1.CommandAck.DurationsSEntry\x1a\x31\n\x0f\x44urationsSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1e\n\x0eTrainSignature\x12\x0c\n\x04json\x18\x01 \x01(\t\"Y\n\x0bTowerReport\x12\x0e\n\x06towers\x18\x01 \x01(\x05\x12\x19\n\x11\x63heckpoint_towers\x18\x02 \x01(\x05\x12\x0f\n\x07\x64\x65vices\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xb6\x02\n\x0eRuntimeMessage\x12)\n\x05hello\x18\x01 \x01(\x0b\x32\x18.gandiva.v1.RuntimeHelloH\x00\x12.\n\x08progress\x18\x02 \x01(\x0b\x32\x1a.gandiva.v1.ProgressReportH\x00\x12%\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x16.gandiva.v1.CommandAckH\x00\x12\x38\n\rmigratability\x18\x04 \x01(\x0b\x32\x1f.gandiva.v1.MigratabilityReportH\x00\x12\x35\n\x0ftrain_signature\x18\x05 \x01(\x0b\x32\x1a.gandiva.v1.TrainSignatureH\x00\x12)\n\x06towers\x18\x06 \x01(\x0b\x32\x17.gandiva.v1.TowerReportH\x00\x42\x06\n\x04\x62ody\"s\n\x0eRuntimeCommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.gandiva.v1.CommandKind\x12\x16\n\x0e\x63heckpoint_dir\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t*\xb7\x01\n\x0b\x43ommandKind\x12\x1c\n\x18\x43OMMAND_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43OMMAND_KIND_SUSPEND\x10\x01\x12\x17\n\x13\x43OMMAND_KIND_RESUME\x10\x02\x12\x1b\n\x17\x43OMMAND_KIND_CHECKPOINT\x10\x03\x12#\n\x1f\x43OMMAND_KIND_STOP_FOR_MIGRATION\x10\x04\x12\x15\n\x11\x43OMMAND_KIND_KILL\x10\x05\x32P\n\x07Runtime\x12\x45\n\x07\x43onnect\x12\x1a.gandiva.v1.RuntimeMessage\x1a\x1a.gandiva.v1.RuntimeCommand(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/gandiva/v1/runtime.proto\x12\ngandiva.v1\"g\n\x0cRuntimeHello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x0e\n\x06server\x18\x04 \x01(\t\x12\x15\n\rrestored_step\x18\x05 \x01(\x03\"\xf1\x01\n\x0eProgressReport\x12\r\n\x05steps\x18\x01 \x01(\x03\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x13\n\x0blast_step_s\x18\x03 \x01(\x01\x12\n\n\x02\x61t\x18\x04 \x01(\x01\x12\x38\n\x07metrics\x18\x05 \x03(\x0b\x32\'.gandiva.v1.ProgressReport.MetricsEntry\x12\x11\n\tother_run\x18\x06 \x01(\x08\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\x12\x0f\n\x07step_at\x18\x08 \x01(\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"9\n\x13MigratabilityReport\x12\x12\n\nmigratable\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xe5\x01\n\nCommandAck\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x04 \x01(\t\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12;\n\x0b\x64urations_s\x18\x06 \x03(\x0b\x32&.gandiva.v1.CommandAck.DurationsSEntry\x12\x0f\n\x07step_at\x18\x07 \x01(\x01\x1a\x31\n\x0f\x44urationsSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1e\n\x0eTrainSignature\x12\x0c\n\x04json\x18\x01 \x01(\t\"Y\n\x0bTowerReport\x12\x0e\n\x06towers\x18\x01 \x01(\x05\x12\x19\n\x11\x63heckpoint_towers\x18\x02 \x01(\x05\x12\x0f\n\x07\x64\x65vices\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xb6\x02\n\x0eRuntimeMessage\x12)\n\x05hello\x18\x01 \x01(\x0b\x32\x18.gandiva.v1.RuntimeHelloH\x00\x12.\n\x08progress\x18\x02 \x01(\x0b\x32\x1a.gandiva.v1.ProgressReportH\x00\x12%\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x16.gandiva.v1.CommandAckH\x00\x12\x38\n\rmigratability\x18\x04 \x01(\x0b\x32\x1f.gandiva.v1.MigratabilityReportH\x00\x12\x35\n\x0ftrain_signature\x18\x05 \x01(\x0b\x32\x1a.gandiva.v1.TrainSignatureH\x00\x12)\n\x06towers\x18\x06 \x01(\x0b\x32\x17.gandiva.v1.TowerReportH\x00\x42\x06\n\x04\x62ody\"s\n\x0eRuntimeCommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.gandiva.v1.CommandKind\x12\x16\n\x0e\x63heckpoint_dir\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t*\xb7\x01\n\x0b\x43ommandKind\x12\x1c\n\x18\x43OMMAND_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43OMMAND_KIND_SUSPEND\x10\x01\x12\x17\n\x13\x43OMMAND_KIND_RESUME\x10\x02\x12\x1b\n\x17\x43OMMAND_KIND_CHECKPOINT\x10\x03\x12#\n\x1f\x43OMMAND_KIND_STOP_FOR_MIGRATION\x10\x04\x12\x15\n\x11\x43OMMAND_KIND_KILL\x10\x05\x32P\n\x07Runtime\x12\x45\n\x07\x43onnect\x12\x1a.gandiva.v1.RuntimeMessage\x1a\x1a.gandiva.v1.RuntimeCommand(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,28 +35,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROGRESSREPORT_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_COMMANDACK_DURATIONSSENTRY']._loaded_options = None
   _globals['_COMMANDACK_DURATIONSSENTRY']._serialized_options = b'8\001'
-  _globals['_COMMANDKIND']._serialized_start=1207
-  _globals['_COMMANDKIND']._serialized_end=1390
+  _globals['_COMMANDKIND']._serialized_start=1241
+  _globals['_COMMANDKIND']._serialized_end=1424
   _globals['_RUNTIMEHELLO']._serialized_start=47
   _globals['_RUNTIMEHELLO']._serialized_end=150
   _globals['_PROGRESSREPORT']._serialized_start=153
-  _globals['_PROGRESSREPORT']._serialized_end=377
-  _globals['_PROGRESSREPORT_METRICSENTRY']._serialized_start=331
-  _globals['_PROGRESSREPORT_METRICSENTRY']._serialized_end=377
-  _globals['_MIGRATABILITYREPORT']._serialized_start=379
-  _globals['_MIGRATABILITYREPORT']._serialized_end=436
-  _globals['_COMMANDACK']._serialized_start=439
-  _globals['_COMMANDACK']._serialized_end=651
-  _globals['_COMMANDACK_DURATIONSSENTRY']._serialized_start=602
-  _globals['_COMMANDACK_DURATIONSSENTRY']._serialized_end=651
-  _globals['_TRAINSIGNATURE']._serialized_start=653
-  _globals['_TRAINSIGNATURE']._serialized_end=683
-  _globals['_TOWERREPORT']._serialized_start=685
-  _globals['_TOWERREPORT']._serialized_end=774
-  _globals['_RUNTIMEMESSAGE']._serialized_start=777
-  _globals['_RUNTIMEMESSAGE']._serialized_end=1087
-  _globals['_RUNTIMECOMMAND']._serialized_start=1089
-  _globals['_RUNTIMECOMMAND']._serialized_end=1204
-  _globals['_RUNTIME']._serialized_start=1392
-  _globals['_RUNTIME']._serialized_end=1472
+  _globals['_PROGRESSREPORT']._serialized_end=394
+  _globals['_PROGRESSREPORT_METRICSENTRY']._serialized_start=348
+  _globals['_PROGRESSREPORT_METRICSENTRY']._serialized_end=394
+  _globals['_MIGRATABILITYREPORT']._serialized_start=396
+  _globals['_MIGRATABILITYREPORT']._serialized_end=453
+  _globals['_COMMANDACK']._serialized_start=456
+  _globals['_COMMANDACK']._serialized_end=685
+  _globals['_COMMANDACK_DURATIONSSENTRY']._serialized_start=636
+  _globals['_COMMANDACK_DURATIONSSENTRY']._serialized_end=685
+  _globals['_TRAINSIGNATURE']._serialized_start=687
+  _globals['_TRAINSIGNATURE']._serialized_end=717
+  _globals['_TOWERREPORT']._serialized_start=719
+  _globals['_TOWERREPORT']._serialized_end=808
+  _globals['_RUNTIMEMESSAGE']._serialized_start=811
+  _globals['_RUNTIMEMESSAGE']._serialized_end=1121
+  _globals['_RUNTIMECOMMAND']._serialized_start=1123
+  _globals['_RUNTIMECOMMAND']._serialized_end=1238
+  _globals['_RUNTIME']._serialized_start=1426
+  _globals['_RUNTIME']._serialized_end=1506
 # @@protoc_insertion_point(module_scope)

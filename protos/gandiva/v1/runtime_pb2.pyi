@@ -109,6 +109,7 @@ class ProgressReport(_message.Message):
     METRICS_FIELD_NUMBER: _builtins.int
     OTHER_RUN_FIELD_NUMBER: _builtins.int
     TOTAL_STEPS_FIELD_NUMBER: _builtins.int
+    STEP_AT_FIELD_NUMBER: _builtins.int
     steps: _builtins.int
     """mini-batches done in total (global step when known)"""
     rate: _builtins.float
@@ -126,6 +127,12 @@ class ProgressReport(_message.Message):
     """The step at which the program stops, when the program itself says so (the last_step
     of a MonitoredTrainingSession's StopAtStepHook); 0: it does not say.
     """
+    step_at: _builtins.float
+    """The runtime's unix seconds at which the job last went on training from mini-batch
+    `steps`: when that mini-batch ended, or the job resumed (or a command's work ended)
+    after it; 0: unknown (an older shim). The scheduler measures a job's rate alone over
+    these times (scheduler/alone.py): its arrival times come late on a busy event loop.
+    """
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """losses/metrics fetched by the program or tf_runtime.report()"""
@@ -140,10 +147,11 @@ class ProgressReport(_message.Message):
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         other_run: _builtins.bool = ...,
         total_steps: _builtins.int = ...,
+        step_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "last_step_s", b"last_step_s", "metrics", b"metrics", "other_run", b"other_run", "rate", b"rate", "steps", b"steps", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "last_step_s", b"last_step_s", "metrics", b"metrics", "other_run", b"other_run", "rate", b"rate", "step_at", b"step_at", "steps", b"steps", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -202,6 +210,7 @@ class CommandAck(_message.Message):
     CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     DURATIONS_S_FIELD_NUMBER: _builtins.int
+    STEP_AT_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     ok: _builtins.bool
     message: _builtins.str
@@ -209,6 +218,10 @@ class CommandAck(_message.Message):
     """for checkpoint / stop-for-migration"""
     step: _builtins.int
     """global step at which the command took effect"""
+    step_at: _builtins.float
+    """The runtime's unix seconds of `step` (as ProgressReport.step_at): a suspend's, when
+    mini-batch `step` ended; a resume's, when the job went on training; 0: unknown.
+    """
     @_builtins.property
     def durations_s(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """phase -> seconds (wait_boundary, save, ...)"""
@@ -222,10 +235,11 @@ class CommandAck(_message.Message):
         checkpoint_path: _builtins.str = ...,
         step: _builtins.int = ...,
         durations_s: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        step_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "command_id", b"command_id", "durations_s", b"durations_s", "message", b"message", "ok", b"ok", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "command_id", b"command_id", "durations_s", b"durations_s", "message", b"message", "ok", b"ok", "step", b"step", "step_at", b"step_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
