@@ -239,6 +239,8 @@ class SchedulerServer:
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.engine.scheduler_address = self.address
+        if self.http is not None:  # before the first round: the log's lines stay in time order
+            await self._read_back_decisions()
         self._engine_task = asyncio.create_task(self.engine.run())
         self._prune_task = None
         if self.http is not None:
@@ -268,6 +270,7 @@ class SchedulerServer:
         from scheduler.observe.metrics import RpcMetricsInterceptor, SchedulerMetrics
 
         metrics = SchedulerMetrics(lambda: getattr(self.engine.policy, "state", None))
+        self._metrics = metrics
         self.engine.observer = self.core.observer = metrics
         separate = self.core.read_engine is not self.core.engine  # SQLite: a reader engine apart
         metrics.watch_engine(self.core.engine, "write" if separate else "all")
@@ -276,6 +279,18 @@ class SchedulerServer:
         guard = operator_guard(authenticator) if authenticator is not None else None
         self.http = HttpServer(self.http_listen, routes(self.core, metrics, self.engine), guard, PUBLIC_PAGES)
         return [RpcMetricsInterceptor(metrics)]
+
+    async def _read_back_decisions(self) -> None:
+        """The dashboard's decision log, empty at start, gets the latest decisions the
+        database records (scheduler.observe.history); a failure to read them is logged only."""
+        from scheduler.observe.history import read_back
+
+        try:
+            count = await read_back(self.core, self._metrics.log, self.core.clock())
+        except Exception:  # the page's history must never keep the scheduler down
+            log.warning("could not read the decision log back from the database", exc_info=True)
+        else:
+            log.info("decision log: %d decisions read back from the database", count)
 
     async def stop(self, grace: float = 5.0) -> None:
         if self.http is not None:

@@ -86,3 +86,12 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         assert row["state"] == "KILLED" and row["last_decision"] is None and "enough" in row["message"], row
     finally:
         f.close()
+    # After a restart the page's decision log was empty (it lives in memory); since session 48
+    # the latest decisions are read back from the database's state changes and verdicts.
+    sched.stop()
+    again = make_scheduler(sqlite_url, tick_s=0.2, http_listen="127.0.0.1:0").server.http_address
+    log = _get(again, "/api/decisions?after=0")[1]["decisions"]
+    assert [(d["kind"], d["job"]) for d in log] == [("place", job_id), ("suspend", job_id), ("resume", job_id),
+                                                    ("keep-pack", job_id), ("restart", "")], log
+    assert log[1]["reason"] == "make way (step 42) (it ran 4.5 mini-batches/s)", log
+    assert "read back from the database" in log[-1]["reason"], log  # the page's log shows these (the page is unchanged)

@@ -108,3 +108,13 @@ def test_checkpoint_fetches_are_timed_by_outcome() -> None:
     assert m.registry.get_sample_value("gandiva_checkpoint_fetch_seconds_count", {"outcome": "fetched"}) == 2
     assert m.registry.get_sample_value("gandiva_checkpoint_fetch_seconds_sum", {"outcome": "fetched"}) == 2.0
     assert m.registry.get_sample_value("gandiva_checkpoint_fetch_seconds_count", {"outcome": "failed"}) == 1
+
+
+def test_a_verdict_read_back_after_a_restart_is_logged_as_the_live_log_says_it() -> None:
+    """scheduler.observe.history: a job.pack event's words -> the decision log's kind."""
+    from scheduler.observe.history import verdict_kind
+
+    said = "packing trial with j-b: packed rate {}"
+    assert verdict_kind(said.format("1.62x of time-slicing: kept (j-a 15.8 packed vs 19.5 alone)")) == "keep-pack"
+    assert verdict_kind(said.format("0.91x of time-slicing is no gain: undone (j-a ...)")) == "unpack"
+    assert verdict_kind("packing trial with j-b: trial void: j-b ended before its rates settled") == "pack-void"

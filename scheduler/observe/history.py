@@ -1,0 +1,77 @@
+"""The dashboard's decision log read back from the database when the scheduler starts.
+
+The log (scheduler.observe.metrics.DecisionLog) lives in memory: after a restart the page's
+"decision log" was empty, though the database holds what the scheduler did, with its
+reasons: every job's state changes (the ``transitions`` table) and every packing trial's
+verdict (a ``job.pack`` event on each job of the pair). The latest of them are put back in
+the log before the first round, oldest first, each as the decision it records (a job placed,
+suspended, resumed, moved, sent back to the queue; a verdict), then one line saying that the
+scheduler started and that the lines before it were read back (none for a new database). What they lack: the GPU
+numbers (a state change names no GPU), and the decisions that changed no state (a grow or
+shrink of a running job, a pack's start).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+
+from scheduler.observe.metrics import DecisionLog
+from scheduler.state.models import Event, Transition
+from scheduler.timeline import PACK_VERDICT
+
+# Rows looked at from the end of each table: the events table has no index by kind, so the
+# verdicts are sought among its latest rows only (a bounded read at start, whatever its size).
+LOOKED_AT = 50_000
+RESTART = "restart"
+
+# (from, to) -> the decision a state change records; state changes not listed (a job's end,
+# a migration's completion) are not decisions of the policy and are left out, as live.
+_KINDS = {("QUEUED", "RUNNING"): "place", ("SUSPENDED", "RUNNING"): "resume",
+          ("RUNNING", "SUSPENDED"): "suspend", ("RUNNING", "MIGRATING"): "migrate",
+          ("SUSPENDED", "MIGRATING"): "migrate", ("RUNNING", "QUEUED"): "requeue",
+          ("SUSPENDED", "QUEUED"): "requeue", ("MIGRATING", "QUEUED"): "requeue"}
+
+
+def verdict_kind(message: str) -> str:
+    """The log's kind of a packing verdict, from its event's words (live.py writes them)."""
+    if "trial void" in message:
+        return "pack-void"
+    if ": kept" in message:
+        return "keep-pack"
+    return "unpack" if "no gain" in message else "pack"
+
+
+async def read_back(core: Any, log: DecisionLog, now: float) -> int:
+    """Fill ``log`` (empty: the scheduler is starting) with the latest decisions the database
+    records, then the restart line. Returns how many were read back."""
+    size = log.records.maxlen or 0
+    async with core.tx(read=True) as s:
+        changes = (await s.execute(
+            select(Transition.at, Transition.job_id, Transition.from_state, Transition.to_state, Transition.reason)
+            .order_by(Transition.id.desc()).limit(size * 2))).all()  # some are not decisions
+        last_event = await s.scalar(select(func.max(Event.id))) or 0
+        verdicts = (await s.execute(
+            select(Event.at, Event.job_id, Event.message)
+            .where(Event.id > last_event - LOOKED_AT, Event.kind == PACK_VERDICT)
+            .order_by(Event.id.desc()).limit(size * 2))).all()
+    rows: list[tuple[float, str, str, str]] = []
+    for at, job_id, from_state, to_state, reason in changes:
+        kind = _KINDS.get((from_state, to_state))
+        if kind is not None:
+            rows.append((at, kind, job_id, reason))
+    seen: set[float] = set()
+    for at, job_id, message in reversed(verdicts):  # oldest first: the pair's first event
+        if at not in seen:  # one verdict is an event on each job of the pair
+            seen.add(at)
+            rows.append((at, verdict_kind(message), job_id, message))
+    rows.sort(key=lambda row: row[0])
+    rows = rows[-(size - 1):] if size > 1 else []
+    for at, kind, job_id, reason in rows:
+        log.add(at, kind, job_id, (), reason)
+    if rows:  # a new database: nothing to say
+        log.add(now, RESTART, "", (), f"the scheduler started; the {len(rows)} decisions before this line are read "
+                                      "back from the database (its jobs' state changes and packing verdicts, without "
+                                      "GPU numbers); gandiva get events --since WHEN --until WHEN lists all of them")
+    return len(rows)
