@@ -1193,6 +1193,11 @@ class Controller:
         start = validate(directory).get("start_step")
         return int(start) if isinstance(start, int) else None
 
+    @property
+    def restored(self) -> bool:
+        """Whether this process restored a checkpoint of Gandiva's (a migration, a restart)."""
+        return self._restored_into is not None
+
     @staticmethod
     def _peek_restored_step(directory: str | None) -> int:
         if not directory:

@@ -38,11 +38,13 @@ _PARTIAL = threading.local()
 def _patch_tensorflow() -> None:
     if _ORIG:
         return
+    from tensorflow.python.checkpoint import checkpoint_management
     from tensorflow.python.client import session as tf_session_mod
     from tensorflow.python.framework import ops
     from tensorflow.python.training import basic_session_run_hooks as hooks_mod
+    from tensorflow.python.training import saver as saver_mod
 
-    from . import chain, data_state, tf_session
+    from . import chain, data_state, own_checkpoints, tf_session
 
     base = tf_session_mod.BaseSession
     orig_init, orig_run, orig_close = base.__init__, base.run, base.close
@@ -51,8 +53,9 @@ def _patch_tensorflow() -> None:
     orig_finalize = ops.Graph.finalize
     stop_hook = hooks_mod.StopAtStepHook
     orig_stop_created, orig_stop_after_run = stop_hook.after_create_session, stop_hook.after_run
+    orig_saver_save = saver_mod.Saver.save
     _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize,
-                 make=orig_make, make_opts=orig_make_opts, partial=orig_partial,
+                 saver_save=orig_saver_save, make=orig_make, make_opts=orig_make_opts, partial=orig_partial,
                  partial_setup=orig_partial_setup, stop_created=orig_stop_created,
                  stop_after_run=orig_stop_after_run)
 
@@ -198,6 +201,23 @@ def _patch_tensorflow() -> None:
             report_stop_step(self)
         orig_stop_after_run(self, run_context, run_values)
 
+    def saver_save(self: Any, sess: Any, save_path: Any, *args: Any, **kwargs: Any) -> Any:
+        # The program's own Saver, first save in a process restored from Gandiva's
+        # checkpoint: it takes up the checkpoints it wrote before (tf_runtime.own_checkpoints).
+        if _CONTROLLER and _CONTROLLER[0].restored and \
+                not self.__dict__.get("_gandiva_recovered") and isinstance(save_path, str):
+            self._gandiva_recovered = True
+            latest = kwargs.get("latest_filename", args[1] if len(args) > 1 else None)
+            try:
+                own_checkpoints.recover(self, save_path, latest,
+                                        checkpoint_management.get_checkpoint_state,
+                                        checkpoint_management.checkpoint_exists)
+            except Exception:  # never break the program's save
+                log.exception("could not take up the program's earlier checkpoints")
+        return orig_saver_save(self, sess, save_path, *args, **kwargs)
+
+    saver_save.__doc__ = orig_saver_save.__doc__
+    saver_mod.Saver.save = saver_save
     run.__doc__ = orig_run.__doc__
     make_callable.__doc__ = orig_make.__doc__
     base.__init__, base.run, base.close = __init__, run, close

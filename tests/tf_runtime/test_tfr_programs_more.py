@@ -138,6 +138,15 @@ def _losses(events: Path) -> dict[int, list[float]]:
     return out
 
 
+def _own_checkpoints(directory: Path) -> tuple[list[str], list[str]]:
+    """The program's own checkpoint files in `directory`, and those its `checkpoint` file lists."""
+    import tensorflow as tf
+
+    files = sorted(p.name for p in directory.glob("model.ckpt-*"))
+    state = tf.compat.v1.train.get_checkpoint_state(str(directory))
+    return files, [Path(p).name for p in state.all_model_checkpoint_paths] if state else []
+
+
 @pytest.mark.parametrize("loop,optimizer,how", [
     ("session", "momentum", "naive"), pytest.param("mts", "adam", "warm", marks=FULL),
     ("session", "adam", "kill")])
@@ -150,16 +159,24 @@ def test_clipped_checked_traced_and_summarised_steps_keep_the_result_and_the_sum
     of the job shares. Suspended, then migrated naive or pre-warmed, or checkpointed, killed
     and restarted: bit-identical, and the events files hold the loss of every step, as the
     uninterrupted run wrote it (a migration writes each step once: the stopped process
-    wrote the step it stopped after; after a kill the steps since the checkpoint twice)."""
+    wrote the step it stopped after; after a kill the steps since the checkpoint twice).
+    The plain loop also saves its own checkpoints every 3 steps into that directory with a
+    `Saver(max_to_keep=3)`: afterwards the directory holds the same checkpoints as after the
+    uninterrupted run (6, 9, 12), and its `checkpoint` file lists them alike. The restored
+    process's Saver used to start with an empty list, so the source's step-3 checkpoint
+    (cut at step 4 or later) was never deleted (tf_runtime/own_checkpoints.py)."""
     script = str(PROGRAMS / "traced.py")
     flags = ["--loop", loop, "--optimizer", optimizer, "--steps", "12", "--step-sleep", "0.1"]
+    if loop == "session":
+        flags += ["--keep", "3"]
     baseline = launch(script, *flags, "--workdir", str(tmp_path / "base-events"),
                       "--dump", str(tmp_path / "base.npz"), status=False)
     job = FeedJob(launch, runtime_server, "traced", [*flags, "--workdir", str(tmp_path / "events")],
                   tmp_path / "run.npz", tmp_path, script=script)
     job.start()
-    job.pause(0.5)
+    assert _until_step(job, 4).step < 12
     _cut_and_finish(job, how, baseline, tmp_path)
+    assert _own_checkpoints(tmp_path / "events") == _own_checkpoints(tmp_path / "base-events")
     expected, got = _losses(tmp_path / "base-events"), _losses(tmp_path / "events")
     assert sorted(expected) == sorted(got) == list(range(12))
     for step, values in got.items():

@@ -1,0 +1,53 @@
+"""tf_runtime.own_checkpoints: a program's own Saver in a restored process takes up the
+checkpoints it wrote before the restore (which its uninterrupted run would prune). Without
+TensorFlow; live: `test_tfr_programs_more.py -k summarised`."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from tf_runtime.own_checkpoints import recover
+
+
+class FakeSaver:
+    def __init__(self, max_to_keep: int | None = 3, known: list[str] | None = None) -> None:
+        self.saver_def = SimpleNamespace(max_to_keep=max_to_keep)
+        self.last_checkpoints = list(known or [])
+
+    def recover_last_checkpoints(self, paths: list[str]) -> None:
+        self.last_checkpoints = list(paths)
+
+
+def _state(listed: list[str]) -> Any:
+    calls: list[tuple[str, Any]] = []
+
+    def state_of(directory: str, latest: Any) -> Any:
+        calls.append((directory, latest))
+        return SimpleNamespace(all_model_checkpoint_paths=listed)
+    state_of.calls = calls  # type: ignore[attr-defined]
+    return state_of
+
+
+def test_the_checkpoints_of_its_prefix_that_exist_are_taken_up_in_its_own_form() -> None:
+    listed = ["/w/ck/model.ckpt-3", "/w/ck/model.ckpt-6", "/w/ck/other-6", "/w/ck/model.ckpt-9"]
+    gone = {"ck/model.ckpt-9"}
+    saver = FakeSaver()
+    state_of = _state(listed)
+    got = recover(saver, "ck/model.ckpt", "latest", state_of, lambda p: p not in gone)
+    # Relative as the program's save_path is (TensorFlow's state gives absolute paths), so
+    # its next save of the same name replaces the entry rather than listing it twice.
+    assert got == saver.last_checkpoints == ["ck/model.ckpt-3", "ck/model.ckpt-6"]
+    assert state_of.calls == [("ck", "latest")]  # type: ignore[attr-defined]
+
+
+def test_a_saver_that_knows_its_checkpoints_or_prunes_none_is_left_alone() -> None:
+    state_of = _state(["/w/model-3"])
+    for saver in (FakeSaver(known=["/w/model-6"]), FakeSaver(max_to_keep=None), FakeSaver(0)):
+        before = list(saver.last_checkpoints)
+        assert recover(saver, "/w/model", None, state_of, lambda p: True) == []
+        assert saver.last_checkpoints == before
+    assert state_of.calls == []  # type: ignore[attr-defined]
+    no_state = FakeSaver()
+    assert recover(no_state, "model", None, lambda d, f: None, lambda p: True) == []
+    assert no_state.last_checkpoints == []
