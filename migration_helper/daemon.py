@@ -140,6 +140,7 @@ class HelperDaemon:
         self.clock_gap_s = 0.0
         self._gap_warned = 0.0
         self._outbox: collections.deque[Any] = collections.deque()
+        self._sending: Any = None  # the outbox's message being sent now (None: none)
         self.dropped = 0  # reports the scheduler refused for good
         self._outbox_ready = asyncio.Event()
         # Command ids already taken (bounded: a re-send comes within seconds, not days).
@@ -223,6 +224,19 @@ class HelperDaemon:
         self._outbox.append(message)
         self._outbox_ready.set()
 
+    def _post_samples(self, request: helper_pb2.GpuSamplesRequest) -> None:
+        """Samples are perishable: the newest batch replaces one still waiting. Not the batch
+        being sent (the outbox's head while _send_queued waits for its answer): removing it
+        made that send's end take the report behind it out of the outbox unsent. On a busy
+        host, where a send outlasts the sampler's report interval, every command result and
+        process exit posted behind a batch in flight was lost: a pre-warm launch answered
+        nothing for 300 s although its process held warm, and its stop nothing for 30 s."""
+        for i, queued in enumerate(self._outbox):
+            if isinstance(queued, helper_pb2.GpuSamplesRequest) and queued is not self._sending:
+                del self._outbox[i]
+                break
+        self._post(request)
+
     async def _send(self, stub: helper_pb2_grpc.HelperStub, message: Any) -> None:
         if isinstance(message, helper_pb2.ProcessExitRequest):
             await stub.ReportProcessExit(message, timeout=RPC_TIMEOUT_S)
@@ -235,15 +249,22 @@ class HelperDaemon:
         while self._outbox:
             # Sent in order and removed only once taken: a transient failure reconnects
             # and retries; a refusal for good is logged and the report dropped.
+            message = self._sending = self._outbox[0]
             try:
-                await self._send(stub, self._outbox[0])
+                await self._send(stub, message)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in PERMANENT:
                     raise
                 self.dropped += 1
                 log.error("scheduler refused a %s for good (%s: %s); dropped",
-                          type(self._outbox[0]).__name__, exc.code().name, exc.details())
-            self._outbox.popleft()
+                          type(message).__name__, exc.code().name, exc.details())
+            finally:
+                self._sending = None
+            # That very message, by identity (never "the head now": see _post_samples).
+            for i, queued in enumerate(self._outbox):
+                if queued is message:
+                    del self._outbox[i]
+                    break
 
     async def _drain_outbox(self, stub: helper_pb2_grpc.HelperStub) -> None:
         delay, said = 0.2, False
@@ -711,13 +732,7 @@ class HelperDaemon:
             self.sampler.take()
             n += 1
             if n % per_report == 0:
-                request = self.sampler.report(self.config.server_name)
-                # Samples are perishable: keep only the newest batch waiting.
-                for i, queued in enumerate(self._outbox):
-                    if isinstance(queued, helper_pb2.GpuSamplesRequest):
-                        del self._outbox[i]
-                        break
-                self._post(request)
+                self._post_samples(self.sampler.report(self.config.server_name))
             await asyncio.sleep(interval)
 
 

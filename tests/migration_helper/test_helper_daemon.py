@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from migration_helper.config import HelperConfig
+from migration_helper.daemon import HelperDaemon
+from migration_helper.gpus import CpuBackend
 from migration_helper.local_control import LocalControl
 from protos.gandiva.v1 import common_pb2, helper_pb2
 
@@ -198,3 +201,43 @@ async def test_a_launch_that_arrives_while_the_helper_stops_starts_nothing(
     late.cancel()
     assert not helper.jobs.running_jobs(), helper.jobs.running_jobs()
     assert ("j2", "i2") not in helper.jobs.processes
+
+
+
+class _HeldStub:
+    """Takes the helper's reports as a scheduler would; its answer to a batch of GPU
+    samples waits for `release` (a busy scheduler, a slow link)."""
+
+    def __init__(self) -> None:
+        self.taken: list[str] = []
+        self.in_flight, self.release = asyncio.Event(), asyncio.Event()
+
+    async def ReportGpuSamples(self, request: helper_pb2.GpuSamplesRequest, timeout: float) -> None:
+        self.in_flight.set()
+        await self.release.wait()
+        self.taken.append(f"samples {request.server}")
+
+    async def ReportCommandResult(self, request: helper_pb2.HelperCommandResult, timeout: float) -> None:
+        self.taken.append(f"result {request.command_id}")
+
+    async def ReportProcessExit(self, request: helper_pb2.ProcessExitRequest, timeout: float) -> None:
+        self.taken.append(f"exit {request.job_id}")
+
+
+async def test_reports_posted_while_samples_are_in_flight_are_all_delivered(tmp_path: Path) -> None:
+    """CI of 4210601 (test_helper_tf.py -k shared-mount): a pre-warm launch held warm at
+    the destination, yet its answer never came (300 s), nor its stop's. The newest samples
+    replaced the batch being sent, and that send's end took the report behind it away."""
+    helper = HelperDaemon(HelperConfig(server_name="s1", scheduler="127.0.0.1:9", ramdisk=tmp_path / "rd",
+                                       log_dir=tmp_path / "logs"), CpuBackend(1, "s1"))
+    stub = _HeldStub()
+    helper._post_samples(helper_pb2.GpuSamplesRequest(server="first"))
+    sending = asyncio.create_task(helper._send_queued(stub))  # type: ignore[arg-type]
+    await stub.in_flight.wait()
+    helper._post(helper_pb2.HelperCommandResult(command_id="launch"))
+    helper._post(helper_pb2.ProcessExitRequest(job_id="j1"))
+    helper._post_samples(helper_pb2.GpuSamplesRequest(server="second"))
+    helper._post_samples(helper_pb2.GpuSamplesRequest(server="third"))  # replaces "second", still waiting
+    stub.release.set()
+    await asyncio.wait_for(sending, 10)
+    assert stub.taken == ["samples first", "result launch", "exit j1", "samples third"]
