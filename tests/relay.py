@@ -25,6 +25,9 @@ class Relay:
         self.writers: set[asyncio.StreamWriter] = set()
         self._stall_next = 0
         self._server: asyncio.base_events.Server | None = None
+        # Each connection's relaying, ended by `stop`: left pending past its loop's close,
+        # its pipes raised "Event loop is closed" once collected, in whichever test ran then.
+        self._handlers: set[asyncio.Task[None]] = set()
 
     @property
     def address(self) -> str:
@@ -51,8 +54,13 @@ class Relay:
         self.writers.clear()
 
     async def stop(self) -> None:
+        """Cut, and end every connection's relaying (one accepted meanwhile too)."""
         await self.cut()
         await asyncio.sleep(0.1)  # the pipes see their ends closed and return
+        while self._handlers:
+            for task in self._handlers:
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
 
     async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, held: asyncio.Event | None) -> None:
         try:
@@ -67,6 +75,10 @@ class Relay:
             w.close()
 
     async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
         if self.hole:
             self.writers.add(cw)
             return
@@ -117,3 +129,10 @@ class TcpProxy:
 
     def restore(self) -> None:
         self._run(self.relay.start())
+
+    def stop(self) -> None:
+        """End every connection, then the loop and its thread."""
+        self._run(self.relay.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()

@@ -35,7 +35,7 @@ def proxied_pg_url(pg_url: str) -> Iterator[tuple[str, TcpProxy]]:
     url = make_url(pg_url)
     proxy = TcpProxy(url.host or "127.0.0.1", url.port or 5432).start()
     yield url.set(port=proxy.port).render_as_string(hide_password=False), proxy
-    proxy.loop.call_soon_threadsafe(proxy.loop.stop)
+    proxy.stop()
 
 
 def _http(address: str, path: str, timeout: float = 30) -> tuple[int, str]:
