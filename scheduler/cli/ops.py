@@ -14,7 +14,7 @@ import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler import auth, eta, timeline
-from scheduler.cli import output, usage
+from scheduler.cli import output, sharing, usage
 from scheduler.cli.argtypes import point_in_time
 from scheduler.cli.client import (
     EXIT_ERROR,
@@ -524,7 +524,7 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     migrations = [e for e in events if MIGRATION_MARK in e.kind or MIGRATION_MARK in e.message]
     if args.output == "json":
         output.print_json(dict(job_to_dict(job), events=[event_to_dict(e) for e in events],
-                               migrations=[event_to_dict(e) for e in migrations]))
+                               migrations=[event_to_dict(e) for e in migrations], sharing=sharing.sharing(job, events)))
         return EXIT_OK
     spec = job.spec
     since = job.history[-1].at if job.history else job.submitted_at
@@ -564,6 +564,11 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     ], indent=2)
     print(f"Placement: {output.placement(job.placement)}")
     print(f"Metrics: {_pairs(job.metrics) if job.metrics else '-'}")
+    summary = sharing.sharing(job, events)
+    if summary["state_changes"]:  # none left: its events were pruned (gandiva db prune)
+        print(f"Sharing (what time-slicing, packing and moves did to it; from its {summary['state_changes']} "
+              "state changes):")
+        _print_fields(sharing.lines(summary), indent=2)
     if job.state == common_pb2.JOB_STATE_FAILED:
         print(f"Last output (all of it: gandiva logs {job.id}):")
         for line in last_output(client, job) or ["(none)"]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gandiva_cli import main as gandiva_main
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
 from ..integration.test_observe import chromium, chromium_dom
@@ -34,7 +35,7 @@ def _get(address: str, path: str) -> tuple[int, Any]:
 
 
 def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any, chromium: str) -> None:
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, chromium: str, capsys: Any) -> None:
     from scheduler.state import repo
 
     sched = make_scheduler(sqlite_url, tick_s=0.2, http_listen="127.0.0.1:0")
@@ -84,6 +85,12 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         f.api.KillJob(scheduler_pb2.JobActionRequest(id=job_id, reason="enough"))
         row = next(j for j in _get(address, "/api/state")[1]["jobs"] if j["id"] == job_id)
         assert row["state"] == "KILLED" and row["last_decision"] is None and "enough" in row["message"], row
+        # `gandiva describe job` sums up what sharing did to it (session 48), from the same events.
+        capsys.readouterr()
+        assert gandiva_main.main(["describe", "job", job_id, "--scheduler", sched.address, "-o", "json"]) == 0
+        shared = json.loads(capsys.readouterr().out)["sharing"]
+        assert (shared["time_slices"], shared["rates_before_switch"]) == (1, [4.5]), shared
+        assert [(t["verdict"], t["gain"]) for t in shared["packing_trials"]] == [("kept", 1.62)], shared
     finally:
         f.close()
     # After a restart the page's decision log was empty (it lives in memory); since session 48
