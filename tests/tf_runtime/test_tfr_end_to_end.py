@@ -41,11 +41,15 @@ def exercise(server: Any, job_id: str, rng: random.Random, ck: Path) -> Any:
         assert ack.ok, ack.message
         return ack
 
-    command(pb.COMMAND_KIND_SUSPEND)
+    stopped = command(pb.COMMAND_KIND_SUSPEND)
     for _ in range(2):
-        command(pb.COMMAND_KIND_RESUME)
+        # Each ack says when, on the job's clock, its step ended (a suspend) or the job went
+        # on from it (a resume): the scheduler times the job's rate alone by these.
+        went_on = command(pb.COMMAND_KIND_RESUME)
+        assert went_on.step == stopped.step and 0 < stopped.step_at < went_on.step_at <= time.time()
         time.sleep(rng.uniform(0.0, 0.1))
-        command(pb.COMMAND_KIND_SUSPEND)
+        stopped = command(pb.COMMAND_KIND_SUSPEND)
+        assert stopped.step == went_on.step or went_on.step_at <= stopped.step_at
     command(pb.COMMAND_KIND_CHECKPOINT, str(ck))  # while suspended
     command(pb.COMMAND_KIND_RESUME)
     time.sleep(rng.uniform(0.0, 0.1))
