@@ -42,7 +42,7 @@ were of earlier, so the window read short, every stretch alike (CI of 4210601: 1
 true 10/s over 6.4 s of time slices; summed stretches keep the bias). Arrival times are
 used where an end has no runtime time (an older shim, a runtime that sends none), and
 where the runtime's interval is negative or off the arrival interval by more than
-``CLOCK_SLACK_S`` (or a quarter of it): its clock was stepped mid-stretch (NTP) or its
+``CLOCK_SLACK_S`` and a mini-batch: its clock was stepped mid-stretch (NTP) or its
 times are false. A runtime gains no power from its times: it reports its own steps too,
 and could skew its rate alone with them as much, and its packed/alone ratio is clipped at 1,
 which a huge packed rate already reaches (docs/security.md).
@@ -70,9 +70,10 @@ MIN_WINDOW_S = 2.0
 MIN_STEPS = 20
 KEEP_S = 30.0
 
-# A stretch's runtime interval off its arrival interval by more than this (or a quarter of
-# it) is not taken: a clock stepped mid-stretch. Within it: the lateness of a loaded event
-# loop (a tenth of a second to a second) and a real runtime's flush (half a second).
+# A stretch's runtime interval off its arrival interval by more than this and one of its
+# mini-batches is not taken: a clock stepped mid-stretch. Within it: the lateness of a loaded
+# event loop (a tenth of a second to a second), a real runtime's flush (half a second), and a
+# report sent a mini-batch after its step ended (an evaluation's start: other_run).
 CLOCK_SLACK_S = 1.0
 
 GpuKey = tuple[tuple[str, int], ...]
@@ -297,11 +298,11 @@ class AloneRates:
 
 def _seconds(anchor: Point, latest: Point) -> float:
     """The time from ``anchor`` to ``latest``: the runtime's, where both carry one and it
-    agrees with their arrivals to within ``CLOCK_SLACK_S`` (or a quarter); else the
+    agrees with their arrivals to within ``CLOCK_SLACK_S`` and a mini-batch; else the
     arrivals' (module doc)."""
-    arrived = latest[0] - anchor[0]
-    if anchor[2] > 0 and latest[2] > 0:
+    arrived, steps = latest[0] - anchor[0], latest[1] - anchor[1]
+    if anchor[2] > 0 and latest[2] > 0 and steps > 0:
         own = latest[2] - anchor[2]
-        if 0 <= own and abs(own - arrived) <= max(CLOCK_SLACK_S, arrived / 4):
+        if 0 <= own and abs(own - arrived) <= CLOCK_SLACK_S + arrived / steps:
             return own
     return arrived

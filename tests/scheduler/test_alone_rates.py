@@ -208,7 +208,7 @@ def test_a_rate_alone_is_timed_by_the_runtime_not_by_when_a_busy_event_loop_read
     assert abs(_late_slices(AloneRates(), times=True) - 10.0) < 0.01
     # An older shim sends no times: from the arrivals, as before (docs/policy.md: known limit).
     assert _late_slices(AloneRates(), times=False) > 11.0
-    # The runtime's clock stepped mid-slice (NTP, an hour or half a second back): that slice
-    # is timed by the arrivals, the others by the runtime.
+    # The runtime's clock stepped mid-slice (NTP: an hour on, 1.5 s back): that slice is
+    # timed by the arrivals, the others by the runtime.
     for stepped in (3600.0, -1.5):
         assert 10.0 < _late_slices(AloneRates(), times=True, stepped=stepped) < 10.5
