@@ -169,6 +169,8 @@ class Ledger:
         # of (submitted_at, arrival, id) of the jobs bound to GPUs, pushed at each bind and
         # cleaned lazily (``eldest_of``); the earliest-submitted job holding GPUs per count.
         self.eldest: dict[int, list[tuple[float, int, str]]] | None = None
+        # eldest_second_group: the eldest counts only while its GPU count holds another group.
+        self.eldest_second_group = False
         # Host memory (ServerView.host_memory_bytes; 0: not checked). Every job bound to a
         # server holds its host memory there (its processes on that server), running or
         # suspended: measured bytes in host_bytes, the number of jobs not measured yet in
@@ -421,8 +423,11 @@ class Ledger:
         heapq.heappush(self.eldest.setdefault(view.requested_gpus, []),  # type: ignore[union-attr]
                        (view.submitted_at, view.arrival, job_id))
 
-    def start_eldest(self) -> None:
-        """Keep ``eldest`` from now on (the jobs bound now are filed at once)."""
+    def start_eldest(self, second_group: bool = False) -> None:
+        """Keep ``eldest`` from now on (the jobs bound now are filed at once); with
+        ``second_group`` (``PolicyConfig.eldest_second_group``) ``eldest_of`` names a job
+        only while its GPU count holds at least one other time-slice group."""
+        self.eldest_second_group = second_group
         if self.eldest is None:
             self.eldest = {}
             for job_id in sorted(self.placement):
@@ -431,11 +436,15 @@ class Ledger:
     def eldest_of(self, size: int) -> str | None:
         """The job submitted first (then arrival, id) of those asking ``size`` GPUs that are
         bound to GPUs now (running, suspended or moving); None if none is, or if ``eldest``
-        is off. Entries of jobs no longer bound are dropped as they reach the top."""
+        is off. Entries of jobs no longer bound are dropped as they reach the top. With
+        ``eldest_second_group``, None also while the eldest's group is the only one of its
+        size: the count's newcomers would have no group left to take turns in."""
         heap = self.eldest.get(size) if self.eldest is not None else None
         while heap:
             job_id = heap[0][2]
             if job_id in self.placement and self.jobs[job_id].requested_gpus == size:
+                if self.eldest_second_group and len(self.groups_by_size.get(len(self.placement[job_id]), ())) < 2:
+                    return None
                 return job_id
             heapq.heappop(heap)
         return None

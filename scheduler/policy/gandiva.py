@@ -120,7 +120,7 @@ class GandivaPolicy(Policy):
         if cfg.las_slices and (cfg.gittins_slices or cfg.fifo_after_measured):
             self._note_departures(ledger)
         if cfg.eldest_runs or (cfg.lower_spread and cfg.lower_spread_eldest):
-            ledger.start_eldest()
+            ledger.start_eldest(cfg.eldest_second_group)
         # Trials of departed jobs get their verdicts before the state forgets them.
         out: list[Decision] = judge_trials(ledger, state, cfg)
         state.forget_missing(ledger.jobs)
@@ -350,17 +350,21 @@ class GandivaPolicy(Policy):
         large_shut = head is not None and self._large_block(ledger, head) is not None
         for size in sorted(ledger.queued_by_size):
             eldest = ledger.eldest_of(size) if cfg.eldest_runs else None
-            if eldest is not None:  # eldest_runs: its group is its own
-                taken.add(ledger.placement[eldest])
+            own = ledger.placement[eldest] if eldest is not None else None
+            if own is not None and not cfg.eldest_first_turns:  # eldest_runs: its group is its own
+                taken.add(own)
             groups = [
                 g for g in ledger.groups_by_size.get(size, ())
-                if g not in taken and len(ledger.members(g)) >= cfg.max_jobs_per_gpu
+                if g not in taken and (len(ledger.members(g)) >= cfg.max_jobs_per_gpu or g == own)
                 and not any(x.server in ledger.held for x in g)
                 and all(ledger.servers.get(x.server) is not None for x in g) and takes_turns(ledger, g)
             ]
             if not groups:
                 continue
-            groups.sort(key=lambda g: (len(ledger.members(g)), g))
+            # eldest_first_turns: the eldest's group takes a first turn only when no full
+            # group of the size can (its slice order then hands the GPUs back to the eldest
+            # and eldest_alone parks the newcomer).
+            groups.sort(key=lambda g: (g == own, len(ledger.members(g)), g))
             spare = large_shut and size > top and cfg.large_block_one_group and not share_shut
             if spare:  # large_block_one_group: every group but the one closest to draining
                 drain = draining_group(ledger, size)

@@ -400,6 +400,18 @@ class PolicyConfig:
         they crowd the other groups of their size, where the next-oldest long job then waits
         longer (Philly b436b2's makespan). On by default (it changes nothing while
         eldest_runs is off).
+    eldest_second_group: with eldest_runs, the eldest keeps its GPUs to itself only while
+        its GPU count holds another time-slice group, where the count's newcomers take their
+        turns; while its group is the only one of its size (a job as large as a small
+        cluster), it takes turns as any member. Without it, eldest_runs makes such a count
+        first come first served: on 2x4, Philly 23dbec's 8-GPU jobs (the whole cluster)
+        each waited for the one before to end (docs/simulator.md, "`eldest_runs` and
+        `gittins_tail_fifo` on today's defaults"). Off by default.
+    eldest_first_turns: with eldest_runs and probe_slices, a newcomer that has never run and
+        finds no place and no full group of its size takes its first turn in the eldest's
+        group (the paper's early feedback: without it such a newcomer waits for the eldest to
+        end); the slice order then gives the GPUs back to the eldest and the newcomer is
+        parked, back in the queue. Off by default.
     fifo_after_measured: with las_slices, the ``fifo_after_s`` buckets with the boundary set
         from the same departures as ``gittins_slices``'s: the service per GPU at which the
         mean residual service of the jobs that ran that long is highest (none while it
@@ -567,6 +579,8 @@ class PolicyConfig:
     fifo_after_measured: bool = False
     eldest_runs: bool = False
     eldest_parks: bool = True
+    eldest_second_group: bool = False
+    eldest_first_turns: bool = False
     probe_slices: bool = True
     probe_park_last: bool = False
     lower_kept_pairs: bool = False
@@ -595,6 +609,11 @@ class PolicyConfig:
             raise ValueError("fifo_after_measured orders the units las_slices orders: turn las_slices on too")
         if self.eldest_runs and not self.las_slices:
             raise ValueError("eldest_runs changes the order las_slices sets: turn las_slices on too")
+        if self.eldest_first_turns and not (self.eldest_runs and self.probe_slices):
+            raise ValueError("eldest_first_turns gives first turns (probe_slices) on the GPUs eldest_runs "
+                             "keeps: turn eldest_runs and probe_slices on too")
+        if self.eldest_second_group and not self.eldest_runs:
+            raise ValueError("eldest_second_group bounds what eldest_runs does: turn eldest_runs on too")
         if not self.eldest_parks and not self.eldest_runs:
             raise ValueError("eldest_parks false changes what eldest_runs does: turn eldest_runs on too")
         if self.fifo_after_measured and self.fifo_after_s > 0:

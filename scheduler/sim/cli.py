@@ -213,6 +213,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                help="gandiva, with --eldest-runs: park the other members of the eldest's group "
                     "(--no-eldest-parks: they stay suspended in its group until it ends or free GPUs "
                     "elsewhere take them; default: on)")
+    _rule_flag(s, "eldest_second_group",
+               help="gandiva, with --eldest-runs: the eldest keeps its GPUs to itself only while its "
+                    "GPU count holds another time-slice group for its newcomers (default: off)")
+    _rule_flag(s, "eldest_first_turns",
+               help="gandiva, with --eldest-runs: a never-run newcomer with no other place takes its "
+                    "first turn on the eldest's GPUs, then is parked (default: off)")
     _rule_flag(s, "fifo_after_measured",
                help="gandiva, with --las-slices: --fifo-after's buckets with the boundary set from the "
                     "service with which the latest 1,000 jobs left: where their mean residual service "

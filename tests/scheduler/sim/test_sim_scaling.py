@@ -152,6 +152,9 @@ RULES = {
     "balance-park": PolicyConfig(balance_park=True, max_jobs_per_gpu=3),
     # The eldest of each GPU count keeps its GPUs; its group's other members are parked.
     "eldest": PolicyConfig(eldest_runs=True, max_jobs_per_gpu=4),
+    # ... bounded: first turns on the eldest's GPUs, and no keeping while its group is its size's only one.
+    "eldest-bounded": PolicyConfig(eldest_runs=True, eldest_first_turns=True, eldest_second_group=True,
+                                   max_jobs_per_gpu=4),
 }
 
 
