@@ -44,7 +44,7 @@ def _patch_tensorflow() -> None:
     from tensorflow.python.training import basic_session_run_hooks as hooks_mod
     from tensorflow.python.training import saver as saver_mod
 
-    from . import chain, data_state, own_checkpoints, tf_session
+    from . import chain, data_state, launch_devices, own_checkpoints, tf_session
 
     base = tf_session_mod.BaseSession
     orig_init, orig_run, orig_close = base.__init__, base.run, base.close
@@ -54,12 +54,15 @@ def _patch_tensorflow() -> None:
     stop_hook = hooks_mod.StopAtStepHook
     orig_stop_created, orig_stop_after_run = stop_hook.after_create_session, stop_hook.after_run
     orig_saver_save = saver_mod.Saver.save
+    launch_devices.keep()  # the program's own CUDA_VISIBLE_DEVICES, set before its import
     _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize,
                  saver_save=orig_saver_save, make=orig_make, make_opts=orig_make_opts, partial=orig_partial,
                  partial_setup=orig_partial_setup, stop_created=orig_stop_created,
                  stop_after_run=orig_stop_after_run)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if _CONTROLLER:
+            launch_devices.keep()  # before TensorFlow starts CUDA for this session
         orig_init(self, *args, **kwargs)
         if not _CONTROLLER:
             return
@@ -306,4 +309,7 @@ def uninstall() -> None:
 
     hooks_mod.StopAtStepHook.after_create_session = _ORIG["stop_created"]
     hooks_mod.StopAtStepHook.after_run = _ORIG["stop_after_run"]
+    from tensorflow.python.training import saver as saver_mod
+
+    saver_mod.Saver.save = _ORIG["saver_save"]
     _ORIG.clear()

@@ -51,6 +51,9 @@ _FINDER = _StartOnTensorFlow()
 
 def arm() -> None:
     """Start the runtime when this process imports TensorFlow (see the module docstring)."""
+    from .. import launch_devices
+
+    launch_devices.record()  # the helper's GPUs, before the program's code may set others
     if "tensorflow" in sys.modules:
         from . import _start
 

@@ -1,0 +1,67 @@
+"""The GPUs a job's program sees when it sets CUDA_VISIBLE_DEVICES itself.
+
+The helper launches each job with `CUDA_VISIBLE_DEVICES` set to the GPUs the scheduler gave
+it. Many programs set it again themselves before importing TensorFlow (a tutorial's
+`os.environ["CUDA_VISIBLE_DEVICES"] = "0"`, a `--gpu 1` flag), written for a machine of their
+own: on a shared server that picked physical GPU 0, another job's, whatever GPU the job held
+(and a GPU number beyond the server's left TensorFlow without a GPU: it trained on the CPU).
+The shim keeps the job on its own GPUs, numbering them from 0 as a container of Kubernetes or
+Slurm with ConstrainDevices does: before TensorFlow starts CUDA (at its import and at each
+Session's creation), a program's list of GPU numbers is read within the job's list (its GPU 0
+is the job's first), a list the job cannot satisfy (a number past its GPUs, a UUID it does not
+hold, the variable removed) gives the job's own list back, and one that hides every GPU
+(`""`, `-1`: train on the CPU) is kept. Each change is logged. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import MutableMapping
+
+log = logging.getLogger("tf_runtime")
+
+ENV = "CUDA_VISIBLE_DEVICES"
+# [the launch's list (None: the process was started without one)], recorded once at the
+# interpreter's start (tf_runtime.autoload's import), before the program's own code runs;
+# then the last value `keep` settled on.
+_LAUNCH: list[str | None] = []
+_SETTLED: list[str | None] = []
+
+
+def record(environ: MutableMapping[str, str] | None = None) -> None:
+    """Remember the launch's list (the first call only)."""
+    if not _LAUNCH:
+        _LAUNCH.append((os.environ if environ is None else environ).get(ENV))
+
+
+def within(launch: str, wanted: str | None) -> tuple[str, str]:
+    """(the value to use, why) for a program that set `wanted` in a job launched on `launch`."""
+    held = [d.strip() for d in launch.split(",") if d.strip()]
+    if wanted is not None and wanted.strip() in ("", "-1"):
+        return wanted, f"the program hides every GPU ({ENV}={wanted!r}): it trains on the CPU"
+    asked = [d.strip() for d in (wanted or "").split(",") if d.strip()]
+    if asked and all(a.isdigit() and int(a) < len(held) for a in asked):
+        mine = ",".join(held[int(a)] for a in asked)
+        return mine, (f"the program set {ENV}={wanted!r}; the job holds GPU(s) {launch}, numbered "
+                      f"from 0 within the job: it uses {mine}")
+    if asked and all(a in held for a in asked if not a.isdigit()) and not any(a.isdigit() for a in asked):
+        return ",".join(asked), ""  # UUIDs of GPUs the job holds
+    what = (f"removed {ENV} (every GPU of the server)" if wanted is None else
+            f"set {ENV}={wanted!r}, GPU(s) the job does not hold")
+    return launch, f"the program {what}; it keeps the job's {ENV}={launch}"
+
+
+def keep(environ: MutableMapping[str, str] | None = None) -> None:
+    """Before TensorFlow starts CUDA: keep the program within the launch's GPUs."""
+    env = os.environ if environ is None else environ
+    if not _LAUNCH or _LAUNCH[0] is None:
+        return  # not launched on GPUs of Gandiva's
+    now = env.get(ENV)
+    if now == _LAUNCH[0] or (_SETTLED and now == _SETTLED[0]):
+        return
+    value, why = within(_LAUNCH[0], now)
+    env[ENV] = value
+    _SETTLED[:] = [value]
+    if why:
+        log.warning("%s", why)
