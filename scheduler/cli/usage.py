@@ -76,13 +76,16 @@ def get_usage(args: argparse.Namespace, client: Client) -> int:
     if args.by == "job":
         output.print_table(JOB_HEADERS, (_job_row(j) for j in got.jobs), args.no_headers)
         if got.jobs_not_listed:
-            print(f"... and {got.jobs_not_listed:,} more jobs (--limit N lists more, up to 10,000; "
-                  "-o json with --user narrows it)")
+            print(f"... and {got.jobs_not_listed:,} more jobs (--limit N lists up to 10,000, as many as fit an "
+                  "answer of 2 MiB; --user NAME or a shorter period narrows it)")
         return EXIT_OK
     rows = [_user_row(u.user or "-", u) for u in got.users]
     if len(got.users) > 1:
         rows.append(_user_row("TOTAL", got.total))
     output.print_table(USER_HEADERS, rows, args.no_headers)
+    if got.users_not_listed:
+        print(f"... and {got.users_not_listed:,} more users, of less GPU time (TOTAL counts them; --user NAME "
+              "shows one)")
     return EXIT_OK
 
 
@@ -98,7 +101,9 @@ def _period(got: scheduler_pb2.GetUsageResponse) -> str:
 
 
 def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:,.1f}"
+    """GPU-hours: 2 decimals under 10 (a demo's minute-long jobs read 0.0 with one)."""
+    hours = seconds / 3600
+    return f"{hours:,.2f}" if hours < 10 else f"{hours:,.1f}"
 
 
 def _span(seconds: float, count: int = 1) -> str:
@@ -136,6 +141,7 @@ def _pick(message: scheduler_pb2.Usage, fields: tuple[str, ...]) -> dict[str, An
 def _as_json(got: scheduler_pb2.GetUsageResponse, by_job: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"since": got.since, "until": got.until, "oldest_kept": got.oldest_kept or None,
                            "users": [_pick(u, _USER_FIELDS) for u in got.users],
+                           "users_not_listed": got.users_not_listed,
                            "total": {k: v for k, v in _pick(got.total, _USER_FIELDS).items() if k != "user"}}
     if by_job:
         out["jobs"] = [_pick(j, _JOB_FIELDS) for j in got.jobs]

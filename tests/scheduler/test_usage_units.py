@@ -85,3 +85,16 @@ def test_an_empty_or_reversed_period_is_refused_naming_it(since: float, until: f
 
 def test_an_end_after_now_is_now() -> None:
     assert check_period(1 * H, 99 * H, now=10 * H) == (1 * H, 10 * H)
+
+
+def test_an_answer_holds_what_a_client_takes_and_counts_the_rest() -> None:
+    """25,000 users of 128-byte names were 4.4 MB, 10,000 job rows of 256-byte names 9.3 MB:
+    `gandiva get usage` failed "Received message larger than max (4425078 vs. 4194304)"."""
+    from scheduler.api import paging
+    from scheduler.api.scheduler_api import _within_bytes
+    from scheduler.observe.usage import Usage
+
+    rows = [Usage(user="u" * 128, job_id=f"j-{k:010x}", name="n" * 256, jobs=1, gpu_seconds=k) for k in range(10000)]
+    kept, used = _within_bytes(rows, paging.PAGE_BYTES)
+    assert 0 < len(kept) < len(rows) and used <= paging.PAGE_BYTES < used + kept[0].ByteSize() + 1
+    assert [m.job_id for m in kept] == [r.job_id for r in rows[:len(kept)]]

@@ -155,6 +155,7 @@ class GetUsageResponse(_message.Message):
     JOBS_FIELD_NUMBER: _builtins.int
     JOBS_NOT_LISTED_FIELD_NUMBER: _builtins.int
     OLDEST_KEPT_FIELD_NUMBER: _builtins.int
+    USERS_NOT_LISTED_FIELD_NUMBER: _builtins.int
     since: _builtins.float
     until: _builtins.float
     """the period's end as used (at most the scheduler's now)"""
@@ -162,6 +163,10 @@ class GetUsageResponse(_message.Message):
     """with by_job: jobs past the limit"""
     oldest_kept: _builtins.float
     """the earliest submission still in the database (0: none);"""
+    users_not_listed: _builtins.int
+    """jobs deleted by `gandiva db prune --jobs` are not counted
+    users past what one answer holds (2 MiB), least GPU time
+    """
     @_builtins.property
     def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___Usage]:
         """most GPU time first"""
@@ -184,10 +189,11 @@ class GetUsageResponse(_message.Message):
         jobs: _abc.Iterable[Global___Usage] | None = ...,
         jobs_not_listed: _builtins.int = ...,
         oldest_kept: _builtins.float = ...,
+        users_not_listed: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["total", b"total"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "jobs_not_listed", b"jobs_not_listed", "oldest_kept", b"oldest_kept", "since", b"since", "total", b"total", "until", b"until", "users", b"users"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "jobs_not_listed", b"jobs_not_listed", "oldest_kept", b"oldest_kept", "since", b"since", "total", b"total", "until", b"until", "users", b"users", "users_not_listed", b"users_not_listed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
