@@ -331,9 +331,13 @@ def wait_for_fixture():  # type: ignore[no-untyped-def]
 # is free, so the workers end together (within 5 s in that run), with one exception: while
 # integration's or tf_runtime's units are left, only one worker at a time takes multihost
 # units. A multihost test mostly waits (a link shaped to 96 kbit/s, a heartbeat timeout):
-# 0.02 to 0.31 of a core over its run (s48, tests/multihost/test_degraded_*.py), where a
-# tf_runtime test keeps a core busy. With all three workers on the multihost files first (as
-# until s48), the cores were mostly idle for the first ~280 s of the run. The multihost
+# its CPU seconds (s48, single-process) per second of its time in s47's quiet CI were 0.02
+# to 0.64 (0.33 over tests/multihost/test_degraded_*.py's four longest), against 0.42 to
+# 1.46 for integration's, 0.62 for a tf_runtime journey. With all three workers on the
+# multihost files first (as until s48), the run began with ~280 s of cores half idle; a
+# model of the run (2 cores shared by the running tests' demand, fitted to s47's durations
+# and s46's 84% busy cores, which also gives s46's two-worker time within 1%) puts the
+# change at 1,243 -> 1,164 s of scheduled work, and -n 4 at 1,082 s (not measured). The multihost
 # tests were one unit until session 46: about 1,385 s of the 1,488 s each worker had to do
 # (the test durations of session 43's and 45's CI runs), so any growth of that directory
 # made that one worker end last, alone; now, once integration's and tf_runtime's units are
