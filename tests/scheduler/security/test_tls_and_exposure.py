@@ -157,12 +157,18 @@ def test_tls_init_refuses_a_bad_dir_or_host_in_one_line(tmp_path: Path, capsys: 
 
 def _tls_init_on_a_full_disk(pki: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     """`gandiva tls init PKI` where no file may grow past 1 KiB (RLIMIT_FSIZE: writes fail
-    with EFBIG, as on a full disk): ca.pem (~540 bytes) fits, a server.pem for 40 names does not."""
+    with EFBIG, as on a full disk): ca.pem (~540 bytes) fits, a server.pem for 40 names does not.
+
+    The child writes no bytecode (-B): Python does not check the length of its .pyc writes, so
+    a module this child compiled first (a fresh clone, a source just edited) got a .pyc cut at
+    1 KiB with a valid header, and every later import of it, in any process, failed with
+    "EOFError: marshal data too short" (scheduler/cli/output.py's in this test's own main()
+    below; dozens of such files across scheduler/ in one run), until the source changed again."""
     import resource
 
     hosts = [f"--host=host{i}.example.org" for i in range(40)]
     return subprocess.run(
-        [sys.executable, "-m", "gandiva_cli.main", "tls", "init", str(pki), *hosts, *flags],
+        [sys.executable, "-B", "-m", "gandiva_cli.main", "tls", "init", str(pki), *hosts, *flags],
         check=False, capture_output=True, text=True, timeout=60,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024)))
 
