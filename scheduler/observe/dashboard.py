@@ -5,6 +5,7 @@
                    the latest decisions
 ``/api/decisions`` the decision log, ``?after=ID`` for the ones after ID
 ``/api/timeline``  per GPU, segments of what ran and what waited, ``?since=SECONDS_AGO``
+``/api/usage``     per user over the last 24 hours: GPU time, time queued, waits to start
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from scheduler import timeline
 from scheduler.errors import GandivaError, NotFound, Unauthenticated, Unavailable
 from scheduler.eta import Sharer, estimate, eta_text, progress_text
 from scheduler.lifecycle import JobState
-from scheduler.observe import problems
+from scheduler.observe import problems, usage
 from scheduler.observe.http import Guard, Handler, Response, prometheus_route
 from scheduler.observe.metrics import DB_WAIT_S, SchedulerMetrics
 
@@ -28,6 +29,8 @@ QUERY_MAX = 2**53  # the largest whole number JSON (and a browser) carries exact
 # /api/state and /metrics are built at most once in this long, however many clients ask (the
 # page polls every 2 s, Prometheus every 10-15 s): see Shared.
 SHARED_S = 1.0
+# /api/usage: the period it covers, how long one answer is served, the users it lists.
+USAGE_PERIOD_S, USAGE_KEEP_S, USAGE_USERS = 86400.0, 30.0, 20
 
 T = TypeVar("T")
 
@@ -312,6 +315,27 @@ def routes(core: Any, metrics: SchedulerMetrics, engine: Any | None = None) -> d
             said = core.db_health.as_dict()["text"] or str(err) or "its database did not answer"
             return Response.json({"error": said}, status=503)
 
+    # The page's "GPU time by user" (the last 24 hours, as `gandiva get usage --since 24h`): a
+    # whole period's state changes are read (seconds on a long history), so one answer serves
+    # every page for USAGE_KEEP_S.
+    kept: dict[str, Any] = {"at": -math.inf, "view": None}
+    usage_lock = asyncio.Lock()
+
+    async def usage_view(_: Mapping[str, str]) -> Response:
+        async with usage_lock:
+            loop = asyncio.get_running_loop()
+            if kept["view"] is None or loop.time() - kept["at"] > USAGE_KEEP_S:
+                now = core.clock()
+                try:
+                    got = await usage.gather(core, now - USAGE_PERIOD_S, 0, None, False, 0, now)
+                except Unavailable as err:
+                    return Response.json({"error": core.db_health.as_dict()["text"] or str(err)}, status=503)
+                kept["view"] = {"since": got.since, "until": got.until, "total": got.total.as_dict(),
+                                "users": [u.as_dict() for u in got.users[:USAGE_USERS]],
+                                "users_not_listed": max(0, len(got.users) - USAGE_USERS)}
+                kept["at"] = loop.time()
+        return Response.json(kept["view"])
+
     refreshed = Shared(lambda: metrics.refresh(core))
 
     async def refresh() -> None:
@@ -320,4 +344,5 @@ def routes(core: Any, metrics: SchedulerMetrics, engine: Any | None = None) -> d
     metrics.watch_health(core.db_health)
 
     return {"/": index, "/index.html": index, "/api/state": state, "/api/decisions": decisions,
-            "/api/timeline": timeline, "/api/job": job, "/metrics": prometheus_route(metrics.registry, refresh)}
+            "/api/timeline": timeline, "/api/job": job, "/api/usage": usage_view,
+            "/metrics": prometheus_route(metrics.registry, refresh)}

@@ -80,6 +80,12 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         assert "packing verdict" in panel and "packed rate 1.62x of time-slicing: kept" in panel, panel
         # The job's id in the jobs table links to it.
         assert f'href="#job={job_id}"' in dom
+        # GPU time by user over the last day (session 48), drawn from /api/usage: one user, one job.
+        status, used = _get(address, "/api/usage")
+        assert status == 200 and [(u["user"], u["jobs"], u["started"]) for u in used["users"]] == [("", 1, 1)], used
+        assert used["users"][0]["gpu_seconds"] > 0, used
+        table = dom.split('id="usage"', 1)[1].split("</table>", 1)[0]
+        assert table.count('<tr data-user=""') == 1 and 'class="bar"' in table, table
         # Ended, its row says how (its message), not the last decision taken while it ran
         # (`place: ...` here; `suspend: time slice of 10s over` for a job SUCCEEDED in the demo).
         f.api.KillJob(scheduler_pb2.JobActionRequest(id=job_id, reason="enough"))

@@ -92,7 +92,8 @@ class _Serving(_PageOnly):
         import json
 
         bodies = {"/api/state": json.dumps(self.state).encode(), "/probe.html": self.probe,
-                  "/api/timeline": json.dumps({"now": 0, "since": 0, "gpus": {}, "jobs": {}}).encode()}
+                  "/api/timeline": json.dumps({"now": 0, "since": 0, "gpus": {}, "jobs": {}}).encode(),
+                  "/api/usage": json.dumps({"since": 0, "until": 0, "total": {}, "users": []}).encode()}
         if self.path not in bodies:
             super().do_GET()
             return

@@ -367,7 +367,7 @@ def test_the_dashboards_data_is_an_operators_with_tokens(make_scheduler, sqlite_
     alice, root = make_token(sched.db_url, "alice"), make_token(sched.db_url, "root", "operator")
     job = scheduler_pb2_grpc.SchedulerStub(connect(sched.address, alice)).SubmitJob(scheduler_pb2.SubmitJobRequest(
         spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1, name="alice-secret-project"))).job
-    for path in ("/api/state", "/api/timeline", "/api/decisions", "/metrics", f"/api/job?id={job.id}"):
+    for path in ("/api/state", "/api/timeline", "/api/decisions", "/api/usage", "/metrics", f"/api/job?id={job.id}"):
         for token, status in (("", 401), ("gdv.alice.forged", 401), (alice, 403)):
             got, body = _http_get(address, path, token)
             assert (got, b"alice-secret-project" in body) == (status, False), (path, token[:9], body)
