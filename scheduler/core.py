@@ -1040,9 +1040,8 @@ class SchedulerCore:
         helper than the name's live holder is answered "not known", and its registration
         is refused while that holder lives."""
         now, mono = self.clock(), self.monotonic()
-        if not self._claim_name(name, instance, mono):
+        if not self.heard(name, instance, mono):
             return False, [], None
-        self._heard[name] = mono
         beat = await self.write_sync(lambda conn: repo.heartbeat_fast(conn, name, now, running))
         if beat is not None and not beat.stale:
             self._vouched[name] = mono
@@ -1051,6 +1050,16 @@ class SchedulerCore:
         if known:
             self._vouched[name] = mono
         return known, stop, None
+
+    def heard(self, name: str, instance: str, mono: float | None = None) -> bool:
+        """A heartbeat of helper ``instance`` for ``name`` arrived (``mono``: when, on the
+        monotonic clock; now by default): whether it may speak for that name (`_claim_name`),
+        and if so the server was heard from (in memory, whether recorded or not)."""
+        mono = self.monotonic() if mono is None else mono
+        if not self._claim_name(name, instance, mono):
+            return False
+        self._heard[name] = mono
+        return True
 
     def heartbeat_unrecorded(self, name: str) -> bool:
         """A heartbeat of ``name`` that could not be recorded (the database unreachable):
@@ -1062,11 +1071,15 @@ class SchedulerCore:
         elsewhere, meanwhile. Before, every helper's session ended at the first refused
         heartbeat and its registration was refused until the database was back: nothing
         it reported arrived, and its jobs froze once the lease ran out."""
-        mono = self.monotonic()
-        if mono - self._vouched.get(name, -math.inf) >= self.settings.down_after_s:
+        if not self.vouched(name):
             return False
-        self._vouched[name] = mono
+        self._vouched[name] = self.monotonic()
         return True
+
+    def vouched(self, name: str) -> bool:
+        """Whether a heartbeat of ``name`` not recorded now would be answered all the same
+        (`heartbeat_unrecorded`), without counting as one."""
+        return self.monotonic() - self._vouched.get(name, -math.inf) < self.settings.down_after_s
 
     async def _heartbeat_full(
         self, name: str, now: float, running: Sequence[tuple[str, str]]

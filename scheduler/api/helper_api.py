@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
 from scheduler import auth
@@ -35,6 +37,14 @@ def _as_server(name: str, field: str = "server") -> None:
 log = logging.getLogger(__name__)
 
 
+T = TypeVar("T")
+# How long a helper's heartbeat or GPU samples wait for a database not known to be down before
+# they are answered without it: under the helpers' 5 s deadline for an answer
+# (migration_helper.daemon.RPC_TIMEOUT_S), past which a heartbeat ends the helper's session
+# (registering again needs the database: its jobs froze until it was back).
+SLOW_DB_S = 4.0
+
+
 class HelperServicer(helper_pb2_grpc.HelperServicer):
     def __init__(self, core: SchedulerCore, engine: LiveEngine) -> None:
         self.core = core
@@ -42,6 +52,8 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         # Each server's open command stream (its task): a newer one ends it (ReceiveCommands).
         self._readers: dict[str, asyncio.Task] = {}
         self._superseded: set[asyncio.Task] = set()
+        # The database work of a server's heartbeat or GPU samples under way (`_within`).
+        self._pending: dict[tuple[str, str], asyncio.Task] = {}
 
     @grpc_errors
     async def Register(self, request, context):  # type: ignore[no-untyped-def]
@@ -82,13 +94,46 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             await self.core.server_leaving(request.name, request.instance)
             return helper_pb2.HeartbeatResponse(known=True)
         try:
-            return await self._heartbeat(request, running)
+            return await self._recorded(request, running)
         except Unavailable:
             if not self.core.heartbeat_unrecorded(request.name):
                 raise
             # Answered from memory: no stops, no peer list (version 0: the helper keeps its
             # own), no kept checkpoints; its lease is renewed and its session goes on.
             return helper_pb2.HeartbeatResponse(known=True, scheduler_time=self.core.clock())
+
+    async def _recorded(self, request: helper_pb2.HeartbeatRequest,
+                        running: list[tuple[str, str]]) -> helper_pb2.HeartbeatResponse:
+        """The heartbeat recorded and answered. Of a server that may be answered from memory
+        (`SchedulerCore.vouched`): Unavailable (then answered so, see Heartbeat) while its
+        previous heartbeat is still being recorded, or when the database is slow to answer
+        (`_within`), the recording going on meanwhile. A database that answers nothing (a
+        partition) fails each transaction only after its connections' timeouts
+        (scheduler/state/db.py: 5-10 s), past the lease and the helper's own deadline: before,
+        every helper's lease ran out and every job in the cluster froze for as long as the
+        database was cut off (tests/multihost/test_db_host_cut.py)."""
+        if not self.core.vouched(request.name):  # (a server back from a cut waits for its answer: stops)
+            return await self._heartbeat(request, running)
+        if not self.core.heard(request.name, request.instance):  # (also while one is being recorded)
+            return helper_pb2.HeartbeatResponse(known=False)
+        return await self._within(("beat", request.name), lambda: self._heartbeat(request, running))
+
+    async def _within(self, key: tuple[str, str], make: Callable[[], Awaitable[T]]) -> T:
+        """``make()``'s result; Unavailable at once while the one ``key`` started before
+        still runs (one at a time per key: a partition piles up nothing), and Unavailable
+        when it has not come within a third of the lease while the database is known
+        unreachable (`db_health`), or within SLOW_DB_S otherwise, the work going on
+        meanwhile (never cancelled half-way: a transaction commits or not, whole)."""
+        pending = self._pending.get(key)
+        if pending is None or pending.done():
+            pending = self._pending[key] = asyncio.ensure_future(make())
+            pending.add_done_callback(_retrieved)
+            wait = SLOW_DB_S if self.core.db_health.up else self.core.settings.lease / 3
+            try:
+                return await asyncio.wait_for(asyncio.shield(pending), wait)
+            except TimeoutError:
+                pass
+        raise Unavailable(self.core.db_health.text() or "the scheduler's database is slow to answer; retry shortly")
 
     async def _heartbeat(self, request: helper_pb2.HeartbeatRequest,
                          running: list[tuple[str, str]]) -> helper_pb2.HeartbeatResponse:
@@ -128,7 +173,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             if m.rss_bytes < 0:
                 raise InvalidArgument(f"host_memory[{i}].rss_bytes", f"{m.rss_bytes}: must not be negative")
         try:
-            await self.core.gpu_samples(request)
+            await self._within(("samples", request.server), lambda: self.core.gpu_samples(request))
         except Unavailable:
             # Perishable (the next report, seconds later, replaces them): dropped rather
             # than refused, which kept them at the head of the helper's outbox, ahead of
@@ -204,3 +249,10 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         request.checkpoint_path = clean_text(request.checkpoint_path)
         self.core.helpers.resolve(request.server, request)
         return common_pb2.Empty()
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """Database work of `HelperServicer._within` that ended after its answer: its error is not
+    logged as never retrieved (a database outage is said by the calls that wait for it)."""
+    if not task.cancelled():
+        task.exception()

@@ -3,7 +3,8 @@ link cut so that packets are dropped, not refused: a partition, the database's h
 behind a router). The scheduler, a helper and its job are real processes on their hosts
 (tests/multihost/conftest.py), the job the helpers' fake job.
 
-What a user sees meanwhile: `gandiva get job` answers UNAVAILABLE with the outage's line
+What a user sees meanwhile: the job trains on (before, the helper's heartbeats waited on
+the database past its lease and every job froze for the whole cut); `gandiva get job` answers UNAVAILABLE with the outage's line
 ("the scheduler is up; its database is unreachable since ...") instead of hanging until
 the client gives up (a statement on a pooled connection waited until the kernel stopped
 retransmitting, about 15 min); a submission is refused the same way. Once the link is
@@ -27,8 +28,16 @@ from .test_crowded_host_cut import _fake_job
 pytestmark = [pytest.mark.slow, pytest.mark.pg]
 
 # Long enough for every connection of the scheduler (its pools', its lock's) to be found
-# dead and for the helper's lease (3 s) to freeze the job.
+# dead, and past the helper's lease.
 CUT_S = 12.0
+LEASE_S = 3.0  # (the harness's heartbeat timeout of 5 s)
+
+
+def _steps(c: Cluster) -> int:
+    """The job's steps done so far, as it logged them itself (the scheduler cannot record
+    them while its database is cut off)."""
+    path = c.tmp / "steps"
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 @pytest.mark.parametrize("multihost", [{"postgres": True}], indirect=True)
@@ -37,13 +46,15 @@ def test_the_database_host_cut_off_answers_in_seconds_and_the_cluster_goes_on(mu
     c.add_helper("a", gpus=2)
     fake = _fake_job(c.tmp)
     spec = common_pb2.JobSpec(name="j", command=[fake], gpus=1, workdir=str(c.tmp),
-                              env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.05"})
+                              env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.05", "FAKE_STEP_LOG": str(c.tmp / "steps")})
     job_id = c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
     c.wait(lambda: c.job(job_id).steps >= 5, 60)
     (pid,) = c.pids_of(job_id)
     c.net.cut("db")
     cut_at = time.monotonic()
     try:
+        time.sleep(LEASE_S + 2)
+        trained = _steps(c)
         # The client's deadline is generous: only a call that hangs reaches it.
         with pytest.raises(grpc.RpcError) as err:
             c.stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=60)
@@ -58,6 +69,9 @@ def test_the_database_host_cut_off_answers_in_seconds_and_the_cluster_goes_on(mu
             c.stub.SubmitJob(asked, timeout=60)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
         time.sleep(max(0.0, CUT_S - (time.monotonic() - cut_at)))
+        # The helper's heartbeats answered all along (from memory): its job trained on.
+        # Before, they waited on the database past the lease and the job froze.
+        assert _steps(c) > trained
     finally:
         c.net.restore("db")
     c.wait(lambda: c.job(job_id).steps > 0 and c.servers() == {"a": True}, 60)
@@ -73,3 +87,37 @@ def test_the_database_host_cut_off_answers_in_seconds_and_the_cluster_goes_on(mu
         [t.reason for t in done.history]
     jobs = [j.id for j in c.stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs]
     assert sorted(jobs) == sorted([job_id, again]), jobs
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("multihost", [{"postgres": True}], indirect=True)
+def test_a_standby_scheduler_takes_the_database_of_one_whose_host_was_cut_off(multihost: Cluster) -> None:
+    """The scheduler's host cut off for good (its process still runs there): a standby
+    scheduler started on another host takes the database once PostgreSQL has ended the
+    lost scheduler's session (its keepalives: about 11 s); before, it was refused ("another
+    scheduler is running on this database") for the kernel's 2 h. When the old host's link
+    comes back, the old scheduler stops, saying another took the database. The mechanism
+    (the sessions' keepalives and the lock taken back) runs by default in the test above."""
+    c = multihost
+    ns, addr = c.net.add_host("standby")
+    c.net.cut("sched")
+    cut_at = time.monotonic()
+    refused = 0
+    port_file = c.tmp / "standby.port"
+    while True:
+        standby = c._spawn("standby", ns, [
+            "scheduler", "--listen", f"{addr}:50051", "--db", c.db_url, "--insecure", "--port-file", str(port_file)])
+        c.wait(lambda p=standby: port_file.exists() or p.poll() is not None, 60)  # type: ignore[misc]
+        if port_file.exists():
+            break
+        log = (c.tmp / "standby.log").read_text()
+        assert standby.returncode == 2 and "another scheduler is running on this database" in log, log[-2000:]
+        refused += 1
+        assert time.monotonic() - cut_at < 120, f"the standby was refused {refused} times over 120 s"
+        time.sleep(1)
+    print(f"\nthe standby took the database {time.monotonic() - cut_at:.1f}s after the cut ({refused} refusals)")
+    c.net.restore("sched")
+    old = c.procs["scheduler"]
+    c.wait(lambda: old.poll() is not None, 60)
+    assert old.returncode == 2
+    assert "it took the database while the connection was lost" in (c.tmp / "scheduler.log").read_text()
