@@ -46,10 +46,12 @@ def load_scheduler(conftest: Path) -> Any:
     return module.pytest_xdist_make_scheduler
 
 
-class _Worker:
+class FakeWorker:
+    """What a load-scope scheduler asks of a pytest-xdist worker: the tests it is sent."""
+
     def __init__(self, i: int) -> None:
         self.i, self.shutting_down = i, False
-        self.queue: list[int] = []
+        self.queue: list[int] = []  # indices into the collection, in the order to run
         self.gateway = types.SimpleNamespace(id=f"gw{i}")
 
     def send_runtest_some(self, indices: list[int]) -> None:
@@ -62,23 +64,26 @@ class _Worker:
         self.shutting_down = True
 
 
-def run(make: Any, ids: list[str], seconds: dict[str, float], demand: dict[str, float], workers: int,
-        k: float, m: float) -> tuple[float, float, list[float]]:
-    """(time to the last test's end, the cores' busy share, each worker's end)."""
-    from xdist.scheduler import loadscope
-
-    loadscope.parse_tx_spec_config = lambda config: list(range(workers))  # type: ignore[assignment]
-    option = types.SimpleNamespace(numprocesses=workers, tx=[], dist="loadscope", loadscopereorder=True,
-                                   maxworkerrestart=None)
-    config = types.SimpleNamespace(option=option, getvalue=lambda key: getattr(option, key, None))
-    sched = make(config, None)
+def start(make: Any, ids: list[str], workers: int) -> tuple[Any, list[FakeWorker]]:
+    """The scheduler that ``make`` (a pytest_xdist_make_scheduler) returns, with ``workers``
+    fake workers that collected ``ids``, after its first hand-out (``schedule()``); the
+    caller then runs each worker's tests and reports each with ``mark_test_complete``."""
+    option = types.SimpleNamespace(tx=[f"{workers}*popen"], loadscopereorder=True)
+    sched = make(types.SimpleNamespace(option=option, getvalue=lambda key: getattr(option, key)), None)
     sched.log = lambda *args: None
-    nodes = [_Worker(i) for i in range(workers)]
+    nodes = [FakeWorker(i) for i in range(workers)]
     for node in nodes:
         sched.add_node(node)
     for node in nodes:
         sched.add_node_collection(node, ids)
     sched.schedule()
+    return sched, nodes
+
+
+def run(make: Any, ids: list[str], seconds: dict[str, float], demand: dict[str, float], workers: int,
+        k: float, m: float) -> tuple[float, float, list[float]]:
+    """(time to the last test's end, the cores' busy share, each worker's end)."""
+    sched, nodes = start(make, ids, workers)
 
     def area(nodeid: str) -> str:
         parts = nodeid.split("/")
