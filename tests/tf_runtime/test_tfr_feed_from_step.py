@@ -133,6 +133,19 @@ def _past_the_switch(job: FeedJob, server: Any) -> None:
     job.migrate_warm(rehearsed=False)
 
 
+def _at_each_switch(job: FeedJob, server: Any) -> None:
+    """unfreeze.py: cut exactly at the step its op changes (4: a wider `var_list`; 8: Adam)."""
+    for step, move in ((4, job.migrate_warm), (8, job.migrate_naive)):
+        ack = job.command(pb.COMMAND_KIND_SUSPEND)
+        while ack.step < step:
+            ack = job.pause(0.0)
+        assert ack.step == step, f"suspended at {ack.step}: the journey cuts at {step}"
+        move()
+    job.pause(0.1)
+    job.checkpoint()
+    job.crash_and_restart()
+
+
 def _in_the_reopened_session(job: FeedJob, server: Any) -> None:
     job.command(pb.COMMAND_KIND_RESUME)
     server.wait_progress(job.job_id, 6)
@@ -157,6 +170,8 @@ class Kind:
     covered_by: str = ""
     # The uninterrupted run too through `command` (a package's module has no script path).
     baseline_command: bool = False
+    # Variables of the job's environment, the uninterrupted run's too (PYTHONHASHSEED).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 KINDS = {
@@ -220,6 +235,14 @@ KINDS = {
                     command=("nice", "-n", "5", "timeout", "600", "python", "-m", "trainpkg.task"),
                     autoload=True, baseline_command=True,
                     covered_by="no fix: the module kind (`python -m` through the autoload)"),
+    "own_signals": Kind("own_signals.py", _warm_naive(), ("--sigterm", "ignore", "--atexit"),
+                        own_dir=True, covered_by="no fix: the reopen kind (a SIGTERM handler)"),
+    "thread_input": Kind("thread_input.py", _warm_naive(), ("--producer", "thread"),
+                         covered_by="no fix: input a function of the step read, as in feed_step's journeys"),
+    "unfreeze": Kind("unfreeze.py", _at_each_switch, ("--then", "adam"),
+                     covered_by="no fix: test_tfr_feed_from_step.py -k two_phase"),
+    "hash_order": Kind("hash_order.py", _warm_naive(), env=(("PYTHONHASHSEED", "77"),),
+                       covered_by="no fix: migration_helper/test_launch_rule.py -k hashes"),
     "distill_teacher_first": Kind(
         "distill.py", _warm_naive(), ("--teacher", "frozen", "--order", "teacher-first"),
         covered_by="no fix: test_tfr_tf_session.py -k evaluation_session_initialised_first"),
@@ -308,7 +331,15 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     created lazily in the same graph once the step read reaches 4, only the new variables
     initialised; package: a trainer laid out as a package (`nice -n 5 timeout 600 python -m
     trainpkg.task`, relative imports, its loop in a submodule), mini-batches drawn from
-    Python's `random` reseeded from the step; both migrated warm and naive (no fix needed)."""
+    Python's `random` reseeded from the step; both migrated warm and naive (no fix needed).
+    own_signals: SIGTERM ignored, `atexit` work writing its last step into its directory;
+    thread_input: a `threading.Thread` putting the batches of the steps from the one read
+    into a `queue.Queue` the loop takes from; hash_order: a model built by iterating a `set`
+    of names and shards picked in a `set`'s order, under the job's PYTHONHASHSEED; all
+    migrated warm and naive. unfreeze: the training op chosen from the step read (the head's
+    `var_list`, a wider one from step 4, every variable with Adam from 8), migrated warm
+    exactly at 4, naive exactly at 8, then checkpointed, killed and restarted (no fix
+    needed)."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 
@@ -316,13 +347,14 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
         own = ["--workdir", str(tmp_path / f"own-{run}")] if spec.own_dir else []
         return [*own, *spec.flags, "--steps", str(spec.steps), "--step-sleep", "0.03"]
 
+    own_env = dict(spec.env)
     baseline = launch(script, *flags("base"), "--dump", str(tmp_path / "base.npz"), status=False,
-                      **({"command": list(spec.command or ()), "env": _autoload_env()}
-                         if spec.baseline_command else {}))
+                      **({"command": list(spec.command or ()), "env": {**_autoload_env(), **own_env}}
+                         if spec.baseline_command else {"env": own_env}))
     job = FeedJob(launch, runtime_server, f"kind-{kind}", flags("run"), tmp_path / "run.npz",
                   tmp_path, script=script,
                   command=list(spec.command) if spec.command else None,
-                  env=_autoload_env() if spec.autoload else {})
+                  env={**(_autoload_env() if spec.autoload else {}), **own_env})
     job.start()
     spec.journey(job, runtime_server)
     job.finish()
