@@ -4,6 +4,7 @@ docs/security.md. Tokens are made as `gandiva token create` makes them."""
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import grpc
 import pytest
@@ -147,6 +148,11 @@ def test_a_user_cannot_see_anothers_job(users) -> None:  # type: ignore[no-untyp
     assert _code(lambda: bob.ListJobs(scheduler_pb2.ListJobsRequest(user="alice"))) == grpc.StatusCode.PERMISSION_DENIED
     assert list(bob.ListEvents(scheduler_pb2.ListEventsRequest()).events) == []
     assert _code(lambda: bob.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job.id))) == grpc.StatusCode.PERMISSION_DENIED
+    # Accounting (gandiva get usage, session 48): bob's own, none of alice's.
+    since = time.time() - 3600
+    assert bob.GetUsage(scheduler_pb2.GetUsageRequest(since=since, by_job=True)).total.jobs == 0
+    assert _code(lambda: bob.GetUsage(scheduler_pb2.GetUsageRequest(since=since, user="alice"))) == \
+        grpc.StatusCode.PERMISSION_DENIED
 
 
 @pytest.mark.parametrize("method", ["KillJob", "SuspendJob", "ResumeJob", "SetPriority", "MigrateJob"])
@@ -176,6 +182,8 @@ def test_an_operator_sees_and_acts_on_every_job(users) -> None:  # type: ignore[
     root = stubs["root"]
     assert {j.spec.user for j in root.ListJobs(scheduler_pb2.ListJobsRequest()).jobs} == {"alice", "bob"}
     assert [j.spec.user for j in root.ListJobs(scheduler_pb2.ListJobsRequest(user="bob")).jobs] == ["bob"]
+    usage = root.GetUsage(scheduler_pb2.GetUsageRequest(since=time.time() - 3600))
+    assert sorted((u.user, u.jobs) for u in usage.users) == [("alice", 1), ("bob", 1)]
     assert root.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).spec.env["SECRET"] == "hunter2"
     assert root.KillJob(scheduler_pb2.JobActionRequest(id=job.id)).state == common_pb2.JOB_STATE_KILLED
 
