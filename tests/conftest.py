@@ -329,15 +329,16 @@ def wait_for_fixture():  # type: ignore[no-untyped-def]
 # own. The heaviest units are handed out first (the multihost files, then integration's,
 # then tf_runtime's, then the unit and simulator tests in their order) to whichever worker
 # is free, so the workers end together (within 5 s in that run), with one exception: while
-# integration's or tf_runtime's units are left, only one worker at a time takes multihost
-# units. A multihost test mostly waits (a link shaped to 96 kbit/s, a heartbeat timeout):
-# its CPU seconds (s48, single-process) per second of its time in s47's quiet CI were 0.02
+# integration's or tf_runtime's units are left, only as many workers as there are beyond
+# the cores (one of -n 3 on 2 cores) take multihost units. A multihost test mostly waits (a
+# link shaped to 96 kbit/s, a heartbeat timeout): its CPU seconds (s48, single-process) per second of its time in s47's quiet CI were 0.02
 # to 0.64 (0.33 over tests/multihost/test_degraded_*.py's four longest), against 0.42 to
 # 1.46 for integration's, 0.62 for a tf_runtime journey. With all three workers on the
 # multihost files first (as until s48), the run began with ~280 s of cores half idle; a
 # model of the run (2 cores shared by the running tests' demand, fitted to s47's durations
 # and s46's 84% busy cores, which also gives s46's two-worker time within 1%) puts the
-# change at 1,243 -> 1,164 s of scheduled work, and -n 4 at 1,082 s (not measured). The multihost
+# change at 1,243 -> 1,164 s of scheduled work; -n 4 at 1,082 s, or 1,072 s with two workers
+# on the multihost files (the workers beyond the cores, as below; not measured). The multihost
 # tests were one unit until session 46: about 1,385 s of the 1,488 s each worker had to do
 # (the test durations of session 43's and 45's CI runs), so any growth of that directory
 # made that one worker end last, alone; now, once integration's and tf_runtime's units are
@@ -367,17 +368,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class HeaviestFirst(LoadScopeScheduling):
         """Units as _unit_of says, the heaviest handed out first to the worker that asks; a
-        multihost unit only to a worker that is the only one with multihost tests left to
-        run, while an integration or tf_runtime unit is left."""
+        multihost unit, while an integration or tf_runtime unit is left, only while fewer
+        other workers than the workers beyond the cores (at least one) have multihost tests
+        left to run."""
 
         def _split_scope(self, nodeid: str) -> str:
             return _unit_of(nodeid)[0]
 
         def _assign_work_unit(self, node: object) -> None:
-            waiting_elsewhere = any(
-                _unit_of(scope)[1] == _MOSTLY_WAITING and not all(unit.values())
-                for other, units in self.assigned_work.items() if other is not node
-                for scope, unit in units.items())
+            # Workers other than this one with multihost tests left to run, against the
+            # workers beyond the cores (at least one): -n 3 on 2 cores, one; -n 4, two.
+            holding = sum(
+                any(_unit_of(scope)[1] == _MOSTLY_WAITING and not all(unit.values()) for scope, unit in units.items())
+                for other, units in self.assigned_work.items() if other is not node)
+            waiting_elsewhere = holding >= max(1, len(self.nodes) - (os.cpu_count() or 1))
 
             def weight(scope: str) -> float:
                 # (the queue holds whole units, so the weight is read from any of its tests)
