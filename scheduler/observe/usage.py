@@ -28,7 +28,7 @@ from scheduler.state.models import Job, Transition
 
 CHUNK = 500  # jobs whose state changes are read in one query
 JOBS_LISTED, JOBS_LISTED_MAX = 1000, 10000
-_TIMED = {"RUNNING": "gpu", "QUEUED": "queued", "SUSPENDED": "suspended", "MIGRATING": "migrating"}
+_TIMED = ("RUNNING", "QUEUED", "SUSPENDED", "MIGRATING")  # the states whose time is counted
 _TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
 
 
@@ -102,15 +102,22 @@ def job_usage(job: JobFacts, changes: Sequence[tuple[str, str, float]], since: f
     if start >= until or (job.finished_at and job.finished_at < since):
         return usage
     usage.jobs = 1
+    spent = dict.fromkeys(_TIMED, 0.0)  # seconds per state (a long history: no attribute lookups)
     at, state = start, (changes[0][0] if changes else job.state)
     for _, to_state, when in changes:
         if when >= until:  # it stayed in ``state`` through the period's end
             break
-        _count(usage, state, at, max(at, when), job.gpus)
-        at, state = max(at, when), to_state
+        if when > at:
+            spent[state] = spent.get(state, 0.0) + (when - at)
+            at = when
+        state = to_state
         if to_state in _TERMINAL:
             usage.ended += 1
-    _count(usage, state, at, until, job.gpus)  # nothing for an ended job
+    if until > at:
+        spent[state] = spent.get(state, 0.0) + (until - at)  # an ended job's is not counted below
+    usage.gpu_seconds = spent["RUNNING"] * job.gpus
+    usage.queued_seconds, usage.suspended_seconds = spent["QUEUED"], spent["SUSPENDED"]
+    usage.migrating_seconds = spent["MIGRATING"]
     usage.state = state
     if job.started_at and since <= job.started_at < until:
         usage.started = 1
@@ -119,16 +126,6 @@ def job_usage(job: JobFacts, changes: Sequence[tuple[str, str, float]], since: f
         usage.waiting = 1
         usage.waiting_max_seconds = until - job.submitted_at
     return usage
-
-
-def _count(usage: Usage, state: str, t0: float, t1: float, gpus: int) -> None:
-    kind = _TIMED.get(state)
-    if kind is None or t1 <= t0:
-        return
-    if kind == "gpu":
-        usage.gpu_seconds += (t1 - t0) * gpus
-    else:
-        setattr(usage, f"{kind}_seconds", getattr(usage, f"{kind}_seconds") + (t1 - t0))
 
 
 def summarise(rows: Iterable[Usage], since: float, until: float, by_job: bool, limit: int) -> Report:
@@ -179,18 +176,19 @@ def report(session: Session, since: float, until: float, user: str | None, by_jo
     alive = (Job.submitted_at < until) & or_(Job.finished_at == 0, Job.finished_at >= since)
     if user is not None:
         alive = alive & (Job.user == user)
-    jobs = [JobFacts(*row) for row in session.execute(
+    conn = session.connection()  # Core rows: the ORM's row loading was a fifth of the time
+    jobs = [JobFacts(*row) for row in conn.execute(
         select(Job.id, Job.name, Job.user, Job.gpus, Job.state, Job.submitted_at, Job.started_at,
                Job.finished_at).where(alive))]
-    oldest = session.scalar(select(func.min(Job.submitted_at))) or 0.0
+    oldest = conn.execute(select(func.min(Job.submitted_at))).scalar() or 0.0
     rows: list[Usage] = []
     for first in range(0, len(jobs), CHUNK):
         chunk = jobs[first:first + CHUNK]
         changes: dict[str, list[tuple[str, str, float]]] = {}
-        for job_id, from_state, to_state, at in session.execute(
+        for job_id, from_state, to_state, at in conn.execute(
                 select(Transition.job_id, Transition.from_state, Transition.to_state, Transition.at)
                 .where(Transition.job_id.in_([j.id for j in chunk]), Transition.at >= since)
-                .order_by(Transition.job_id, Transition.id)):
+                .order_by(Transition.job_id, Transition.id)).all():  # fetched at once, not row by row
             changes.setdefault(job_id, []).append((from_state, to_state, at))
         rows.extend(job_usage(j, changes.get(j.id, ()), since, until) for j in chunk)
     got = summarise(rows, since, until, by_job, limit)
