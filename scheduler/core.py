@@ -81,6 +81,9 @@ KILLED = "its process was killed by SIGKILL"
 # The lease must run out this long before the scheduler gives up on a server: the
 # helper's watchdog polls its lease and freezes its jobs within this time.
 LEASE_MARGIN_S = 1.0
+# The `job.fenced` events one heartbeat may write (Core._heartbeat_full): a helper back from
+# a partition has a few stale launches, one per job it ran; more are recorded at later beats.
+FENCED_EVENTS_PER_BEAT = 32
 
 
 @dataclass(frozen=True)
@@ -376,6 +379,11 @@ class SchedulerCore:
         # arrived, whether or not the database could record it (unreachable, or locked by
         # another process): a server heard from is not silent (mark_stale_servers_down).
         self._heard: dict[str, float] = {}
+        # Server name -> the stale launches (job, incarnation) its last heartbeat said it runs
+        # that have had their `job.fenced` event: each such launch gets one while its helper
+        # keeps reporting it, not one at every heartbeat (_heartbeat_full). Bounded by the
+        # registered servers and the launches one heartbeat may name (MAX_RUNNING_JOBS).
+        self._fenced: dict[str, set[tuple[str, str]]] = {}
         # When a heartbeat of each server was last answered while it was not called down
         # (recorded, or answered in a database outage: heartbeat_unrecorded).
         self._vouched: dict[str, float] = {}
@@ -1093,11 +1101,21 @@ class SchedulerCore:
                 repo.add_event(s, now, "server.up", "heartbeats resumed", server=name)
                 self.poke()
             stale = sorted(set(running) - await repo.expected_incarnations(s, name)) if running else []
-            for job_id, incarnation in stale:
+            # Every stale launch is told to stop; the events are bounded: a helper (or anyone,
+            # without --auth token) naming 10,000 launches wrote 10,000 rows at each heartbeat,
+            # for jobs that never existed too. Now only a job of this scheduler's gets one, once
+            # while its helper keeps reporting that launch, and at most FENCED_EVENTS_PER_BEAT a
+            # heartbeat (the others have theirs at the next heartbeats, if still reported).
+            told = self._fenced.get(name, set()) & set(stale)
+            new = [pair for pair in stale if pair not in told]
+            real = await repo.existing_job_ids(s, [job_id for job_id, _ in new]) if new else set()
+            for job_id, incarnation in [pair for pair in new if pair[0] in real][:FENCED_EVENTS_PER_BEAT]:
                 repo.add_event(
                     s, now, "job.fenced", f"stale launch {incarnation or '(none)'} told to stop",
                     job_id=job_id, server=name,
                 )
+                told.add((job_id, incarnation))
+            self._fenced[name] = told
         return True, [
             helper_pb2.StopJob(job_id=j, incarnation=i, reason="not the launch the scheduler expects here")
             for j, i in stale

@@ -230,6 +230,14 @@ async def jobs_by_id(session: AsyncSession, ids: Sequence[str]) -> list[Job]:
     return out
 
 
+async def existing_job_ids(session: AsyncSession, ids: Iterable[str]) -> set[str]:
+    """Those of `ids` that are jobs of this scheduler (any state)."""
+    out: set[str] = set()
+    for chunk in _chunks(sorted(set(ids))):
+        out.update((await session.scalars(select(Job.id).where(Job.id.in_(chunk)))).all())
+    return out
+
+
 async def job_ids_on_server(session: AsyncSession, server: str, ids: Iterable[str]) -> set[str]:
     """Those of `ids` that are jobs holding a GPU of `server` (their ids only)."""
     out: set[str] = set()

@@ -425,6 +425,30 @@ def test_a_helper_back_with_fewer_gpus_requeues_the_jobs_on_the_missing_ones(cha
         common_pb2.JOB_STATE_RUNNING}
 
 
+def test_a_helper_naming_jobs_it_was_never_given_writes_one_event_per_real_job(channel: Any, wait_for: Any) -> None:
+    """A heartbeat of server n2 saying it runs a launch of n1's job and 2,000 jobs that never
+    existed wrote 2,001 `job.fenced` events, and as many again at each heartbeat that said the
+    same (one of 10,000 made-up ids: 10,000 rows a beat). Each is still told to stop; only the
+    real job gets an event, once while it is reported, and n1's job runs on untouched."""
+    helper = helper_pb2_grpc.HelperStub(channel)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+    wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).placement)
+    before = stub.GetJob(scheduler_pb2.GetJobRequest(id=job))
+    helper.Register(helper_pb2.RegisterServerRequest(name="n2", address="127.0.0.1:2", gpus=[common_pb2.Gpu(index=0)]))
+    claimed = [helper_pb2.JobIncarnation(job_id=job, incarnation="forged")] + [
+        helper_pb2.JobIncarnation(job_id=f"j-never{i}", incarnation="x") for i in range(2000)]
+    for _ in range(3):
+        beat = helper.Heartbeat(helper_pb2.HeartbeatRequest(name="n2", running=claimed), timeout=30)
+        assert len(beat.stop) == len(claimed)  # every copy it runs that it should not is stopped
+    events = stub.ListEvents(scheduler_pb2.ListEventsRequest(kinds=["job.fenced"], page_size=5000)).events
+    assert [(e.job_id, e.server) for e in events] == [(job, "n2")], len(events)
+    after = stub.GetJob(scheduler_pb2.GetJobRequest(id=job))
+    assert (after.state, list(after.placement), list(after.history)) == (
+        common_pb2.JOB_STATE_RUNNING, list(before.placement), list(before.history))
+
+
 def test_idle_dashboard_connections_cannot_use_up_the_schedulers_files(make_scheduler: Any, sqlite_url: str,
                                                                          wait_for: Any) -> None:
     """Each idle connection to --http-listen held a file descriptor for up to 10 s, without a
