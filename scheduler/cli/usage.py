@@ -67,6 +67,12 @@ def get_usage(args: argparse.Namespace, client: Client) -> int:
     if args.limit < 0:
         raise CliError(f"--limit must be 0 (the default: 1000 jobs) or more, got {args.limit}")
     since = args.since if args.since is not None else time.time() - WEEK
+    # A window reaching back past 1970 counts the whole history (it was sent as a negative time
+    # and refused with it, a number the user never typed).
+    since = max(since, 1.0)
+    if args.until is not None and args.until <= since:
+        raise CliError(f"--until ({output.timestamp(args.until)}) is not after --since ({output.timestamp(since)}): "
+                       "give a start before the end")
     got = client.call("GetUsage", scheduler_pb2.GetUsageRequest(
         since=since, until=args.until or 0.0, user=args.user or "", by_job=args.by == "job", limit=args.limit))
     if args.output == "json":

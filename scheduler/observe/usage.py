@@ -16,6 +16,7 @@ transaction on a reader thread (``read_sync``), off the scheduler's event loop.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -154,9 +155,13 @@ def check_period(since: float, until: float, now: float) -> tuple[float, float]:
         raise InvalidArgument("until", f"must be a time (unix seconds, 0: now), got {until}")
     until = now if not until or until > now else until
     if since >= until:
-        raise InvalidArgument("since", f"the period starts at {since:.0f}, not before its end ({until:.0f}"
+        raise InvalidArgument("since", f"the period starts at {_utc(since)}, not before its end ({_utc(until)}"
                                        f"{', now' if until == now else ''}): give a start before the end")
     return since, until
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at)) if at < 1e11 else f"{at:.0f}"
 
 
 async def gather(core: Any, since: float, until: float, user: str | None, by_job: bool, limit: int,

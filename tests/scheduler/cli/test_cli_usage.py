@@ -62,4 +62,11 @@ def test_usage_over_a_period_per_user_and_job(gandiva, stub, helper, wait_for) -
     assert lines[2].split()[:2] == ["bob", "1"] and len(lines) == 3  # one user: no TOTAL line
 
     refused = gandiva("get", "usage", "--since", "2099-01-01")
-    assert refused.code == 2 and "since: the period starts at" in refused.err and "give a start before" in refused.err
+    assert refused.code == 2 and "since: the period starts at 209" in refused.err, refused.err  # (a UTC time)
+    assert "give a start before" in refused.err
+    reversed_ = gandiva("get", "usage", "--since", "1h", "--until", "2h")
+    assert reversed_.code == 2 and "--until (" in reversed_.err and "is not after --since" in reversed_.err
+    # A window longer than the clock's past is the whole history (it was refused with a
+    # negative unix time the user never typed).
+    everything = gandiva("get", "usage", "--since", "99999999999d", "-o", "json")
+    assert everything.code == 0 and json.loads(everything.out)["total"]["jobs"] == 2, everything.err
