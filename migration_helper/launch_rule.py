@@ -29,6 +29,7 @@ from tf_runtime.autoload import path_with_autoload
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
 # Interpreter options that take a separate value (python -W ignore, -X dev).
 _OPTS_WITH_VALUE = {"-W", "-X"}
+_LONG_OPTS_WITH_VALUE = {"--check-hash-based-pycs"}
 # Variables only the helper may set for a launch; never inherited from its own environment.
 _HELPER_ONLY = (
     "GANDIVA_WARM",
@@ -53,6 +54,44 @@ def is_python(program: str) -> bool:
     return bool(_PYTHON.match(os.path.basename(program)))
 
 
+def _split_options(args: list[str]) -> tuple[list[str], list[str]]:
+    """(the interpreter's options, the rest: SCRIPT ARGS, or -m MODULE / -c CODE / - and
+    theirs), read as CPython reads its command line: short options combine (`-u -m pkg` may
+    be written `-um pkg`, `-uc CODE`, `-uX dev`), one that takes a value takes the rest of
+    its word or the next word (`-Xdev`, `-X dev`), and `--` ends the options. A word taken
+    whole as an option used to swallow its `m` or `c` (`python -um trainpkg.task` started
+    `python -um -m tf_runtime.run trainpkg.task`, which fails: "No module named -m")."""
+    i, opts = 0, list[str]()
+    while i < len(args) and args[i].startswith("-") and args[i] != "-":
+        word = args[i]
+        if word == "--":  # the script follows; the rest is its own
+            return opts, args[i + 1:]
+        if word.startswith("--"):  # --check-hash-based-pycs MODE, --version, ...
+            opts.append(word)
+            if word in _LONG_OPTS_WITH_VALUE and i + 1 < len(args):
+                opts.append(args[i + 1])
+                i += 1
+            i += 1
+            continue
+        for j, char in enumerate(word[1:], start=1):
+            if char in "mc":  # the module or code: the rest is the program's
+                if j > 1:
+                    opts.append(word[:j])
+                value = word[j + 1:]
+                tail = [value, *args[i + 1:]] if value else args[i + 1:]
+                return opts, [f"-{char}", *tail]
+            if f"-{char}" in _OPTS_WITH_VALUE:
+                opts.append(word)
+                if j == len(word) - 1 and i + 1 < len(args):  # `-X dev`, `-uX dev`
+                    opts.append(args[i + 1])
+                    i += 1
+                break
+        else:
+            opts.append(word)
+        i += 1
+    return opts, args[i:]
+
+
 def shim_command(command: Sequence[str], interpreter: str = sys.executable) -> list[str]:
     """The argv to start for a job's command (see the module docstring)."""
     if not command:
@@ -61,14 +100,7 @@ def shim_command(command: Sequence[str], interpreter: str = sys.executable) -> l
     if not is_python(program):
         return list(command)
     python = interpreter if os.sep not in program else program
-    i, opts = 1, []
-    while i < len(command) and command[i].startswith("-") and command[i] not in ("-m", "-c", "-"):
-        opts.append(command[i])
-        if command[i] in _OPTS_WITH_VALUE and i + 1 < len(command):
-            opts.append(command[i + 1])
-            i += 1
-        i += 1
-    rest = list(command[i:])
+    opts, rest = _split_options(list(command[1:]))
     if rest[:2] == ["-m", "tf_runtime.run"]:  # already wrapped by the user
         rest = rest[2:]
     if not rest:

@@ -21,9 +21,26 @@ from migration_helper.launch_rule import job_environment, shim_command
     (["python", "-u", "-m", "trainer.main", "--lr", "1"], ["/py", "-u", "-m", "trainer.main", "--lr", "1"]),
     (["python3", "-c", "import train"], ["/py", "-c", "import train"]),
     (["./pythonic-tool", "x"], ["./pythonic-tool", "x"]),
+    # Read as CPython reads them: combined short options, a value in the same word, `--`
+    # (`-um pkg` used to become `-um -m tf_runtime.run pkg`: "No module named -m").
+    (["python", "-um", "trainpkg.task", "--x"], ["/py", "-u", "-m", "trainpkg.task", "--x"]),
+    (["python", "-OOmpkg.mod"], ["/py", "-OO", "-m", "pkg.mod"]),
+    (["python", "-uc", "import t"], ["/py", "-u", "-c", "import t"]),
+    (["python", "-uX", "dev", "t.py"], ["/py", "-uX", "dev", "-m", "tf_runtime.run", "t.py"]),
+    (["python", "-Xfaulthandler", "-u", "t.py"], ["/py", "-Xfaulthandler", "-u", "-m", "tf_runtime.run", "t.py"]),
+    (["python", "--", "t.py", "-m"], ["/py", "-m", "tf_runtime.run", "t.py", "-m"]),
 ])
 def test_python_commands_run_under_the_shim(command: list[str], expected: list[str]) -> None:
     assert shim_command(command, interpreter="/py") == expected
+
+
+def test_combined_interpreter_options_still_run_the_program() -> None:
+    """`python -uc CODE` started as the helper starts it runs CODE (it used to run "-m")."""
+    import subprocess
+
+    argv = shim_command(["python", "-uc", "print('ran')"], interpreter=sys.executable)
+    out = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "ran\n"), out.stderr
 
 
 @pytest.mark.parametrize("command", [[], ["python"], ["python", "-u"]])
