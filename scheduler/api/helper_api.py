@@ -189,9 +189,16 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         request.reason = clean_text(request.reason, 1024)
         # A name never registered is no helper: its "exit" of any job it named was written
         # into that job's events (`job.stale_exit ... server ghost`), and a user read it.
+        # Bounded as a heartbeat is (`_within`): UNAVAILABLE keeps it at the head of the helper's
+        # outbox, tried again, and its session open. Waited for past the helper's 5-s deadline
+        # (a database cut off), it ended the session, and every job of that helper froze until
+        # the database was back. (Sent again once the first try ran, it finds its launch ended.)
+        await self._within(("exit", request.server), lambda: self._exited(request))
+        return common_pb2.Empty()
+
+    async def _exited(self, request: helper_pb2.ProcessExitRequest) -> None:
         await self.core.known_server(request.server)
         await self.core.process_exit(request)
-        return common_pb2.Empty()
 
     @grpc_stream_errors
     async def ReceiveCommands(self, request, context):  # type: ignore[no-untyped-def, override]
