@@ -15,6 +15,7 @@ from scheduler.engine.live import LiveEngine
 from scheduler.errors import FailedPrecondition, InvalidArgument, Unavailable
 from scheduler.hubs import END_STREAM
 from scheduler.validation import (
+    MAX_ID,
     MAX_SERVER_GPUS,
     MAX_WORKDIR,
     check_id,
@@ -88,6 +89,13 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         _as_server(request.name, "name")
         if len(request.running_jobs) > MAX_RUNNING_JOBS or len(request.running) > MAX_RUNNING_JOBS:
             raise InvalidArgument("running", f"more than {MAX_RUNNING_JOBS} jobs")
+        # Held to what an id can be, as ReportProcessExit's: taken as sent, a NUL was INTERNAL
+        # on PostgreSQL, and a 100 KB or terminal-escape incarnation went into a job's events.
+        for i, r in enumerate(request.running):
+            check_text(f"running[{i}].job_id", r.job_id, MAX_ID)
+            check_text(f"running[{i}].incarnation", r.incarnation, 64)
+        for i, job_id in enumerate(request.running_jobs):
+            check_text(f"running_jobs[{i}]", job_id, MAX_ID)
         running = [(r.job_id, r.incarnation) for r in request.running]
         check_text("instance", request.instance, 64)
         if request.leaving:  # its last word: nothing to reconcile, nothing to send back

@@ -449,6 +449,37 @@ def test_a_helper_naming_jobs_it_was_never_given_writes_one_event_per_real_job(c
         common_pb2.JOB_STATE_RUNNING, list(before.placement), list(before.history))
 
 
+def test_a_heartbeats_launches_are_held_to_what_an_id_can_be(db_url: str, make_scheduler: Any,
+                                                              wait_for: Any) -> None:
+    """The (job, incarnation) pairs a heartbeat says it runs were taken as sent: a NUL was
+    INTERNAL "database error" on PostgreSQL, and on SQLite a 100 KB or terminal-escape
+    incarnation was written into another server's job's events (`stale launch \x1b[2J...`).
+    Now INVALID_ARGUMENT naming the entry, as ReportProcessExit's, and nothing is written."""
+    sched = make_scheduler(db_url, tick_s=0.2)
+    with grpc.insecure_channel(sched.address) as ch:
+        helper = helper_pb2_grpc.HelperStub(ch)
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+        wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).placement)
+        helper.Register(helper_pb2.RegisterServerRequest(name="n2", address="127.0.0.1:2", gpus=[common_pb2.Gpu(index=0)]))
+        events = list(stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job)).events)
+        ok = helper_pb2.JobIncarnation(job_id=job, incarnation="i1")
+        for bad, field, said in (
+                (helper_pb2.JobIncarnation(job_id=job, incarnation="a\x00b"), "running[1].incarnation", "NUL"),
+                (helper_pb2.JobIncarnation(job_id=job, incarnation="i" * 100_000), "running[1].incarnation", "longer"),
+                (helper_pb2.JobIncarnation(job_id=job, incarnation="\x1b[2J"), "running[1].incarnation", "control"),
+                (helper_pb2.JobIncarnation(job_id="j-\x00", incarnation="x"), "running[1].job_id", "NUL")):
+            with pytest.raises(grpc.RpcError) as err:
+                helper.Heartbeat(helper_pb2.HeartbeatRequest(name="n2", running=[ok, bad]), timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+            assert err.value.details().startswith(field + ":") and said in err.value.details(), err.value.details()
+        assert list(stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job)).events) == events
+        # A well-formed heartbeat is still answered: n2 is told to stop its copy.
+        assert [(s.job_id, s.incarnation) for s in helper.Heartbeat(
+            helper_pb2.HeartbeatRequest(name="n2", running=[ok]), timeout=30).stop] == [(job, "i1")]
+
+
 def test_idle_dashboard_connections_cannot_use_up_the_schedulers_files(make_scheduler: Any, sqlite_url: str,
                                                                          wait_for: Any) -> None:
     """Each idle connection to --http-listen held a file descriptor for up to 10 s, without a
