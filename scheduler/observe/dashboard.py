@@ -21,7 +21,7 @@ from scheduler import timeline
 from scheduler.errors import GandivaError, NotFound, Unauthenticated, Unavailable
 from scheduler.eta import Sharer, estimate, eta_text, progress_text
 from scheduler.lifecycle import JobState
-from scheduler.observe import problems, usage
+from scheduler.observe import problems, sharing, usage
 from scheduler.observe.http import Guard, Handler, Response, prometheus_route
 from scheduler.observe.metrics import DB_WAIT_S, SchedulerMetrics
 
@@ -213,7 +213,12 @@ async def job_timeline(core: Any, job_id: str) -> dict[str, Any]:
     rows = [{"at": x.at, "kind": kind, "from": x.from_state, "to": x.to_state, "reason": x.reason}
             if kind == "state" else {"at": x.at, "kind": kind, "from": "", "to": "", "reason": x.message}
             for kind, x in timeline.merged(changes, verdicts)]
-    return {"id": job.id, "name": job.name, "state": job.state, "timeline": rows}
+    # What sharing did to it, over the changes shown (all of them, or its latest MAX_HISTORY).
+    since = changes[0].at if len(changes) >= repo.MAX_HISTORY else job.submitted_at
+    summed = sharing.summary(job.id, job.gpus, since, job.finished_at or core.clock(), [
+        ("state", r["at"], f"{r['from']} -> {r['to']}: {r['reason']}") if r["kind"] == "state"
+        else ("verdict", r["at"], r["reason"]) for r in rows])
+    return {"id": job.id, "name": job.name, "state": job.state, "timeline": rows, "sharing": summed}
 
 
 async def _names(core: Any, ids: list[str]) -> dict[str, str]:

@@ -78,6 +78,9 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         assert job_id in panel and "QUEUED → RUNNING" in panel and "RUNNING → SUSPENDED" in panel, panel
         assert "make way (step 42) (it ran 4.5 mini-batches/s)" in panel, panel
         assert "packing verdict" in panel and "packed rate 1.62x of time-slicing: kept" in panel, panel
+        # What sharing did to it, in one line (session 48; as describe's Sharing section).
+        assert "Sharing: running " in panel and "(1 suspension)" in panel, panel
+        assert "packing: kept at 1.62x of time-slicing" in panel and "moves: none" in panel, panel
         # The job's id in the jobs table links to it.
         assert f'href="#job={job_id}"' in dom
         # GPU time by user over the last day (session 48), drawn from /api/usage: one user, one job.

@@ -1,0 +1,66 @@
+"""What time-slicing, packing and moves did to one job, summed up from its records: `gandiva
+describe job`'s "Sharing" section (from its events) and the dashboard's one-job view (from its
+state changes and verdicts).
+
+A record is ("state", at, "RUNNING -> SUSPENDED: time slice of 8s over (step 261) (it ran 32.5
+mini-batches/s)") for a state change, as its ``job.state`` event says it, or ("verdict", at,
+MESSAGE) for a packing verdict (its ``job.pack`` event, with the rates it was judged by). The
+time in each state is counted as `gandiva get usage` counts it (scheduler.observe.usage).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from scheduler.observe.usage import JobFacts, job_usage
+
+_CHANGE = re.compile(r"([A-Z]+) -> ([A-Z]+): ")
+_RAN = re.compile(r"\(it ran ([0-9.]+) mini-batches/s\)")
+_PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")
+_GAIN = re.compile(r"packed rate ([0-9.]+)x of time-slicing")
+
+
+def own_rates(job_id: str, message: str) -> tuple[float, float] | None:
+    """This job's (packed, alone) rates in a verdict's words: "(j-a 15.8 packed vs 19.5 alone, j-b
+    15.7 vs 19.4 mini-batches/s; ...)" (the second job's without the words)."""
+    found = re.search(r"\b" + re.escape(job_id) + r" ([0-9.]+)(?: packed)? vs ([0-9.]+)\b", message)
+    return (float(found[1]), float(found[2])) if found else None
+
+
+def summary(job_id: str, gpus: int, since: float, until: float, records: Iterable[tuple[str, float, str]]
+            ) -> dict[str, Any]:
+    """Seconds in each state over [since, until] (the job's submission to its end or now; the
+    first record's time when the records are its latest only), suspensions, the rates it ran at
+    before each suspend or move, its packing trials with their verdicts and its own rates
+    packed and alone, its moves with the pause each cost."""
+    changes: list[tuple[str, str, float]] = []
+    ran: list[float] = []
+    pauses: list[float] = []
+    slices = 0
+    trials: list[dict[str, Any]] = []
+    for kind, at, text in records:
+        if kind == "state":
+            found = _CHANGE.match(text)
+            if not found:
+                continue
+            changes.append((found[1], found[2], at))
+            slices += (found[1], found[2]) == ("RUNNING", "SUSPENDED")
+            ran += [float(r) for r in _RAN.findall(text)]
+            if found[1] == "MIGRATING" and found[2] == "RUNNING":
+                pauses += [float(p) for p in _PAUSED.findall(text)]
+        elif kind == "verdict":
+            gain = _GAIN.search(text)
+            verdict = "void" if "trial void" in text else "kept" if ": kept" in text else "undone"
+            own = own_rates(job_id, text)
+            trials.append({"at": at, "verdict": verdict, "gain": float(gain[1]) if gain else None,
+                           "packed_rate": own[0] if own else None, "alone_rate": own[1] if own else None})
+    state = changes[-1][1] if changes else "QUEUED"
+    started = next((at for _, to_state, at in changes if to_state == "RUNNING"), 0.0)
+    facts = JobFacts(job_id, "", "", gpus, state, since, started, 0.0)
+    spent = job_usage(facts, [c for c in changes if c[2] >= since], since, max(until, since + 1e-9))
+    return {"state_changes": len(changes), "running_s": spent.gpu_seconds / max(1, gpus),
+            "suspended_s": spent.suspended_seconds, "queued_s": spent.queued_seconds,
+            "migrating_s": spent.migrating_seconds, "time_slices": slices, "rates_before_switch": ran,
+            "packing_trials": trials, "move_pauses_s": pauses}
