@@ -13,7 +13,7 @@ from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
 from scheduler import auth
 from scheduler.api.status import code_for, unexpected_status
 from scheduler.core import SchedulerCore
-from scheduler.errors import GandivaError
+from scheduler.errors import GandivaError, InvalidArgument
 from scheduler.hubs import RuntimeConn, RuntimeHub
 from scheduler.pace import Pace
 from scheduler.validation import (
@@ -105,6 +105,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                     yield getter.result()
                     continue
                 getter.cancel()
+                if isinstance(reader.exception(), InvalidArgument):  # a second hello
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(reader.exception()))
                 if reader.exception() is None:
                     # At the end of its program (tf_runtime closes the stream then): a process
                     # that lingers after it is not hung in a mini-batch (scheduler/hangs.py).
@@ -138,6 +140,12 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             await pace.take()
             conn.heard_at = loop.time()
             kind = msg.WhichOneof("body")
+            if kind == "hello":
+                # It was passed over, and what followed it counted for the first hello's job: a
+                # client that said hello for job B on job A's stream had B's steps shown as A's.
+                raise InvalidArgument("hello", f"sent again on this stream (job {msg.hello.job_id!r}); a stream "
+                                               f"speaks for the launch of its first hello, job {conn.job_id}: "
+                                               f"open a new stream for another launch")
             # Nor once it is told to exit while connected (killed, its server marked down, the
             # job moved on): its reports went on counting until it exited, so a killed job's
             # steps, total and migratability still changed, and a re-queued job's old copy

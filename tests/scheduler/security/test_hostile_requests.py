@@ -20,6 +20,8 @@ from protos.gandiva.v1 import (
     common_pb2,
     helper_pb2,
     helper_pb2_grpc,
+    runtime_pb2,
+    runtime_pb2_grpc,
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
@@ -478,6 +480,28 @@ def test_a_heartbeats_launches_are_held_to_what_an_id_can_be(db_url: str, make_s
         # A well-formed heartbeat is still answered: n2 is told to stop its copy.
         assert [(s.job_id, s.incarnation) for s in helper.Heartbeat(
             helper_pb2.HeartbeatRequest(name="n2", running=[ok]), timeout=30).stop] == [(job, "i1")]
+
+
+def test_a_second_hello_on_a_runtime_stream_is_refused_not_taken_for_the_first_job(channel: Any) -> None:
+    """A client that said hello for job A, then for job B on the same stream, had every
+    report after it (B's, as it meant them) recorded as A's: A showed B's steps, B nothing,
+    and no error. A stream speaks for the one launch of its first hello."""
+    helper = helper_pb2_grpc.HelperStub(channel)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0), common_pb2.Gpu(index=1)]))
+    commands = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"), timeout=30)
+    a, b = (stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id for _ in range(2))
+    launched = dict(itertools.islice(((c.launch.job_id, c.launch.incarnation) for c in commands
+                                      if c.WhichOneof("body") == "launch"), 2))
+    commands.cancel()
+    hello = [runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=i, incarnation=launched[i]))
+             for i in (a, b)]
+    progress = runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(steps=700, rate=5.0))
+    with pytest.raises(grpc.RpcError) as err:
+        list(runtime_pb2_grpc.RuntimeStub(channel).Connect(iter([hello[0], hello[1], progress]), timeout=10))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert err.value.details().startswith("hello: sent again on this stream"), err.value.details()
+    assert [stub.GetJob(scheduler_pb2.GetJobRequest(id=i)).steps for i in (a, b)] == [0, 0]
 
 
 def test_idle_dashboard_connections_cannot_use_up_the_schedulers_files(make_scheduler: Any, sqlite_url: str,
