@@ -143,7 +143,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             if kind == "hello":
                 # It was passed over, and what followed it counted for the first hello's job: a
                 # client that said hello for job B on job A's stream had B's steps shown as A's.
-                raise InvalidArgument("hello", f"sent again on this stream (job {msg.hello.job_id!r}); a stream "
+                raise InvalidArgument("hello", f"sent again on this stream (job {msg.hello.job_id[:64]!r}); a stream "
                                                f"speaks for the launch of its first hello, job {conn.job_id}: "
                                                f"open a new stream for another launch")
             # Nor once it is told to exit while connected (killed, its server marked down, the
