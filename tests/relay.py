@@ -116,6 +116,15 @@ class TcpProxy:
     def hole(self, value: bool) -> None:
         self.relay.hole = value
 
+    async def _end(self) -> None:
+        await self.relay.stop()
+        # And whatever else is left in this loop of its own (a connection's accept that was
+        # under way as the relay stopped listening).
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
 
@@ -132,7 +141,7 @@ class TcpProxy:
 
     def stop(self) -> None:
         """End every connection, then the loop and its thread."""
-        self._run(self.relay.stop())
+        self._run(self._end())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()

@@ -635,4 +635,4 @@ def test_a_helper_whose_name_was_taken_while_it_was_cut_off_kills_its_frozen_cop
         assert job().state == common_pb2.JOB_STATE_RUNNING
         api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
     finally:
-        link.loop.call_soon_threadsafe(link.loop.stop)
+        link.stop()
