@@ -84,6 +84,9 @@ LEASE_MARGIN_S = 1.0
 # The `job.fenced` events one heartbeat may write (Core._heartbeat_full): a helper back from
 # a partition has a few stale launches, one per job it ran; more are recorded at later beats.
 FENCED_EVENTS_PER_BEAT = 32
+# A server's exit reports of a job's launches that are not its current one: one event per
+# job and server in this time (Core._process_exit), the others only logged.
+STALE_EXIT_EVENT_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -398,6 +401,8 @@ class SchedulerCore:
         # Exits of a migration's destination (or fallback) launch that came before the
         # migration's end was recorded: applied once it is (replay_early_exit).
         self._early_exits: dict[tuple[str, str], helper_pb2.ProcessExitRequest] = {}
+        # (job, server) -> when (monotonic) its last `job.stale_exit` event was written.
+        self._stale_exits: dict[tuple[str, str], float] = {}
         # When (monotonic) this process was last seen running (watch_stalls; None: not
         # watched, as in unit tests driving a fake clock).
         self._alive_at: float | None = None
@@ -1189,6 +1194,16 @@ class SchedulerCore:
                     # run meanwhile): its exit is applied then, not dropped as stale.
                     self._early_exits[(job.id, req.incarnation)] = req
                     return
+            # At most one a minute per job and server (the others logged): any registered helper
+            # could write a row into any job's history with each report, 50 calls 50 rows.
+            mono, key = self.monotonic(), (job.id, req.server)
+            if mono - self._stale_exits.get(key, -math.inf) < STALE_EXIT_EVENT_EVERY_S:
+                log.info("job %s: old launch %s on %s exited", job.id, req.incarnation or "(none)", req.server)
+                return
+            if len(self._stale_exits) >= 10_000:  # bounded: the entries out of their minute go
+                self._stale_exits = {k: t for k, t in self._stale_exits.items()
+                                     if mono - t < STALE_EXIT_EVENT_EVERY_S}
+            self._stale_exits[key] = mono
             repo.add_event(s, now, "job.stale_exit", f"old launch {req.incarnation or '(none)'} exited", job_id=job.id, server=req.server)
             return
         if state.terminal or state is JobState.QUEUED:

@@ -451,6 +451,24 @@ def test_a_helper_naming_jobs_it_was_never_given_writes_one_event_per_real_job(c
         common_pb2.JOB_STATE_RUNNING, list(before.placement), list(before.history))
 
 
+def test_a_helper_reporting_exits_of_another_servers_job_writes_one_event_a_minute(channel: Any,
+                                                                                   wait_for: Any) -> None:
+    """Each ReportProcessExit of n2 naming n1's job with a launch it is not (any incarnation)
+    wrote a `job.stale_exit` row into that job's history: 50 calls, 50 rows."""
+    helper = helper_pb2_grpc.HelperStub(channel)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+    wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).placement)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n2", address="127.0.0.1:2", gpus=[common_pb2.Gpu(index=0)]))
+    for i in range(50):
+        helper.ReportProcessExit(helper_pb2.ProcessExitRequest(
+            server="n2", job_id=job, incarnation=f"i{i}", exit_code=1), timeout=30)
+    events = stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job, kinds=["job.stale_exit"])).events
+    assert [(e.server, e.message) for e in events] == [("n2", "old launch i0 exited")]
+    assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).state == common_pb2.JOB_STATE_RUNNING
+
+
 def test_a_heartbeats_launches_are_held_to_what_an_id_can_be(db_url: str, make_scheduler: Any,
                                                               wait_for: Any) -> None:
     """The (job, incarnation) pairs a heartbeat says it runs were taken as sent: a NUL was
