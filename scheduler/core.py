@@ -1120,7 +1120,7 @@ class SchedulerCore:
                     job_id=job_id, server=name,
                 )
                 told.add((job_id, incarnation))
-            self._fenced[name] = told
+        self._fenced[name] = told  # once written: a heartbeat whose write failed tells them again
         return True, [
             helper_pb2.StopJob(job_id=j, incarnation=i, reason="not the launch the scheduler expects here")
             for j, i in stale
