@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -136,12 +137,20 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         if pending is None or pending.done():
             pending = self._pending[key] = asyncio.ensure_future(make())
             pending.add_done_callback(_retrieved)
+            # Forgotten once done: a key per server name sent (ReportGpuSamples and
+            # ReportProcessExit check the name only in `make`) kept every made-up name's
+            # ended task, and its error's traceback, for good.
+            pending.add_done_callback(functools.partial(self._forget, key))
             wait = SLOW_DB_S if self.core.db_health.up else self.core.settings.lease / 3
             try:
                 return await asyncio.wait_for(asyncio.shield(pending), wait)
             except TimeoutError:
                 pass
         raise Unavailable(self.core.db_health.text() or "the scheduler's database is slow to answer; retry shortly")
+
+    def _forget(self, key: tuple[str, str], task: asyncio.Task) -> None:
+        if self._pending.get(key) is task:
+            del self._pending[key]
 
     async def _heartbeat(self, request: helper_pb2.HeartbeatRequest,
                          running: list[tuple[str, str]]) -> helper_pb2.HeartbeatResponse:
