@@ -469,6 +469,53 @@ def test_a_helper_reporting_exits_of_another_servers_job_writes_one_event_a_minu
     assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).state == common_pb2.JOB_STATE_RUNNING
 
 
+@pytest.mark.full  # a further case of -k never_given and -k held_to_what, which check the mechanism
+def test_any_launches_a_heartbeat_names_are_refused_or_stopped_and_only_real_jobs_get_one_event(
+        channel: Any, wait_for: Any) -> None:
+    """Generated heartbeats of n2 naming n1's job, made-up jobs and any text: each is
+    INVALID_ARGUMENT naming its entry and writes nothing, or tells every pair to stop and
+    writes `job.fenced` only for n1's job, and nothing more when said again at once."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from .messages import nasty_text
+
+    helper = helper_pb2_grpc.HelperStub(channel)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+    wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).placement)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n2", address="127.0.0.1:2", gpus=[common_pb2.Gpu(index=0)]))
+    pair = st.builds(helper_pb2.JobIncarnation, job_id=st.one_of(st.just(job), st.just("j-never"), nasty_text),
+                     incarnation=st.one_of(st.sampled_from(["", "i1", "i2"]), nasty_text))
+
+    def fenced() -> list[Any]:
+        return list(stub.ListEvents(scheduler_pb2.ListEventsRequest(kinds=["job.fenced"], page_size=5000)).events)
+
+    @settings(max_examples=40, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                     HealthCheck.data_too_large])
+    @given(running=st.lists(pair, max_size=6))
+    def prop(running: list[Any]) -> None:
+        before = fenced()
+        beat = helper_pb2.HeartbeatRequest(name="n2", running=running)
+        try:
+            stop = helper.Heartbeat(beat, timeout=30).stop
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details().startswith("running["), \
+                (err.code(), err.details())
+            assert fenced() == before
+            return
+        assert {(s.job_id, s.incarnation) for s in stop} == {(r.job_id, r.incarnation) for r in running}
+        new = fenced()[len(before):]
+        assert {e.job_id for e in new} <= {job} and all(e.server == "n2" for e in new)
+        helper.Heartbeat(beat, timeout=30)
+        assert len(fenced()) == len(before) + len(new)  # said again: nothing more
+        assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).state == common_pb2.JOB_STATE_RUNNING
+
+    prop()
+
+
 def test_a_heartbeats_launches_are_held_to_what_an_id_can_be(db_url: str, make_scheduler: Any,
                                                               wait_for: Any) -> None:
     """The (job, incarnation) pairs a heartbeat says it runs were taken as sent: a NUL was
