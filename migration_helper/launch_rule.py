@@ -42,6 +42,7 @@ _HELPER_ONLY = (
     # Set by a job's first runtime process for its descendants (tf_runtime.runtime): a new
     # launch is never the descendant of one, whatever environment it was submitted from.
     "GANDIVA_RUNTIME_PID",
+    "GANDIVA_GPUS",  # the job's CUDA_VISIBLE_DEVICES, for every process of it (tf_runtime.launch_devices)
     # The helper's own credentials (named where they are read): a job gets a token scoped
     # to itself instead, and the CA only.
     ENV_TOKEN,
@@ -145,6 +146,7 @@ def job_environment(
         GANDIVA_SERVER=server,
         CUDA_VISIBLE_DEVICES=",".join(str(g) for g in gpu_indices),
     )
+    env["GANDIVA_GPUS"] = env["CUDA_VISIBLE_DEVICES"]
     if restore_checkpoint:
         env["GANDIVA_RESTORE_CHECKPOINT"] = restore_checkpoint
     return env

@@ -22,6 +22,13 @@ from collections.abc import MutableMapping
 log = logging.getLogger("tf_runtime")
 
 ENV = "CUDA_VISIBLE_DEVICES"
+# The job's list as the helper launched it (migration_helper.launch_rule.job_environment),
+# then as `keep` settled it: inherited by every process of the job. Read first, so a python
+# started by a wrapper that set CUDA_VISIBLE_DEVICES itself (a shell script's
+# `CUDA_VISIBLE_DEVICES=0 python train.py`, a launcher's os.environ before its subprocess)
+# is kept within the job's GPUs too; before, the wrapper's value was recorded as the
+# launch's, and the job used the server's GPU 0.
+GPUS_ENV = "GANDIVA_GPUS"
 # [the launch's list (None: the process was started without one)], recorded once at the
 # interpreter's start (tf_runtime.autoload's import), before the program's own code runs;
 # then the last value `keep` settled on.
@@ -32,7 +39,8 @@ _SETTLED: list[str | None] = []
 def record(environ: MutableMapping[str, str] | None = None) -> None:
     """Remember the launch's list (the first call only)."""
     if not _LAUNCH:
-        _LAUNCH.append((os.environ if environ is None else environ).get(ENV))
+        env = os.environ if environ is None else environ
+        _LAUNCH.append(env.get(GPUS_ENV, env.get(ENV)))
 
 
 def within(launch: str, wanted: str | None) -> tuple[str, str]:
@@ -63,5 +71,7 @@ def keep(environ: MutableMapping[str, str] | None = None) -> None:
     value, why = within(_LAUNCH[0], now)
     env[ENV] = value
     _SETTLED[:] = [value]
+    if value.strip() not in ("", "-1"):  # (a process on the CPU may start one on the job's GPUs)
+        env[GPUS_ENV] = value  # its children's GPUs, numbered within these: "1" of "2,5" stays 5
     if why:
         log.warning("%s", why)

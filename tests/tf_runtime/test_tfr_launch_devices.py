@@ -70,3 +70,17 @@ def test_a_session_of_the_program_is_made_on_the_jobs_gpu(launched_on_gpu_3: Non
     finally:
         shim.uninstall()
     assert os.environ[ENV] == "3"
+
+
+def test_a_python_started_by_a_wrapper_that_set_the_gpus_is_kept_on_the_jobs(tmp_path: Path) -> None:
+    """A job `sh run.sh` whose script runs `CUDA_VISIBLE_DEVICES=0 python train.py`: the
+    wrapper's "0" was recorded as the launch's list and the job used the server's GPU 0."""
+    from migration_helper.launch_rule import job_environment
+
+    code = ("import os\nfrom tf_runtime import launch_devices\nlaunch_devices.keep()\n"
+            "print(os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    env = job_environment({"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)}, {}, job_id="j-1",
+                          incarnation="i-1", scheduler="127.0.0.1:1", server="s", gpu_indices=[3])
+    out = subprocess.run(["sh", "-c", f'CUDA_VISIBLE_DEVICES=0 "{sys.executable}" -c "$CODE"'],
+                         env={**env, "CODE": code}, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["3"], (out.stdout, out.stderr)
