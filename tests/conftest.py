@@ -331,14 +331,15 @@ def wait_for_fixture():  # type: ignore[no-untyped-def]
 # is free, so the workers end together (within 5 s in that run), with one exception: while
 # integration's or tf_runtime's units are left, only as many workers as there are beyond
 # the cores (one of -n 3 on 2 cores) take multihost units. A multihost test mostly waits (a
-# link shaped to 96 kbit/s, a heartbeat timeout): its CPU seconds (s48, single-process) per second of its time in s47's quiet CI were 0.02
-# to 0.64 (0.33 over tests/multihost/test_degraded_*.py's four longest), against 0.42 to
-# 1.46 for integration's, 0.62 for a tf_runtime journey. With all three workers on the
-# multihost files first (as until s48), the run began with ~280 s of cores half idle; a
-# model of the run (2 cores shared by the running tests' demand, fitted to s47's durations
-# and s46's 84% busy cores, which also gives s46's two-worker time within 1%) puts the
-# change at 1,243 -> 1,164 s of scheduled work; -n 4 at 1,082 s, or 1,072 s with two workers
-# on the multihost files (the workers beyond the cores, as below; not measured). The multihost
+# link shaped to 96 kbit/s, a heartbeat timeout): its CPU seconds (s48, single-process, at
+# load 9-27) per second of its time in s47's quiet CI were 0.02 to 0.64, 0.58 over all 20
+# default multihost tests (0.33 over the four longest), against 0.42 to 1.46 for
+# integration's, 0.62 for a tf_runtime journey, 0.17 for test_fencing.py. A model of the
+# run (benchmarks/ci_schedule.py: 2 cores shared by the running tests' demand, fitted to
+# s47's durations and s46's 84% busy cores) puts this order at 1,243 -> 1,164 s of
+# scheduled work with the multihost demand 0.33 (which gives s46's two-worker time within
+# 1%), 1,215 s with 0.58 (11% off it); -n 4 at 1,072 or 1,114 s (two workers on the
+# multihost files, the workers beyond the cores, as below; not measured). The multihost
 # tests were one unit until session 46: about 1,385 s of the 1,488 s each worker had to do
 # (the test durations of session 43's and 45's CI runs), so any growth of that directory
 # made that one worker end last, alone; now, once integration's and tf_runtime's units are
