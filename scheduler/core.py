@@ -211,6 +211,10 @@ _CANNOT_WRITE = (
 )
 
 
+async def _held() -> bool:
+    return True
+
+
 def _unavailable_text(err: BaseException, health: DatabaseHealth | None = None) -> str:
     """The message of an Unavailable for `err`: a full or read-only database named as
     such (it used to read "database unreachable (OperationalError)", sending operators
@@ -373,6 +377,10 @@ class SchedulerCore:
         self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         # A server's silence counts only while this scheduler was there to hear it.
         self.started_mono = self.monotonic()
+        # Whether this scheduler surely holds its database (scheduler.state.owner.SchedulerLock.held,
+        # set by the server): writes are refused while it does not.
+        self.lock_held: Callable[[], bool] = lambda: True
+        self.lock_take_back: Callable[[], Awaitable[bool | None]] = _held
         # When each running job's mini-batches last ended (in memory; the engine judges).
         self.hangs = HangWatch(self.settings.hang_after_s, self.settings.hang_restart_after_s, self.monotonic)
         # Each job's rate measured while it ran alone on its GPUs (a packing trial's baseline):
@@ -459,6 +467,8 @@ class SchedulerCore:
         ``read``: the transaction only reads (on SQLite it does not take the write lock)."""
         wrote_events = False
         lock = None if read else self._write_lock
+        if not read:
+            await self._check_held()
         with _db_errors(self.db_health):
             if lock is not None:
                 await lock.acquire()
@@ -516,6 +526,7 @@ class SchedulerCore:
         that turn, once per write, was most of a submission's time). Only an ORM write
         transaction (tx) holds them back, while it runs. ``urgent``: a user waits for
         it (a submission): it runs before the bulk writes queued (see WriteQueue)."""
+        await self._check_held()
         with _db_errors(self.db_health):
             if self._sync_writer is not None:
                 assert self._write_lock is not None and self._writer is not None
@@ -531,6 +542,17 @@ class SchedulerCore:
             # The lock: SQLite in memory only.
             async with self._write_lock or nullcontext(), self.engine.begin() as conn:
                 return await conn.run_sync(fn)
+
+    async def _check_held(self) -> None:
+        """Unavailable while this scheduler's hold on its database is lost (`lock_held`) and
+        cannot be taken back now (`lock_take_back`): a write then could land beside another
+        scheduler's that took the database meanwhile (its lock's session ended by a restart
+        or a partition). Before, on a partition's heal the scheduler wrote (placed jobs,
+        answered submissions) until its lock's watch found the other holder, up to 2 s later."""
+        if not self.lock_held() and not await self.lock_take_back():
+            # Said as an outage: /metrics and the dashboard say it too.
+            raise Unavailable(self.db_health.unreachable("its lock's connection dropped: no write until the "
+                                                         "lock is taken back") + "; retry shortly")
 
     async def read_sync(self, fn: Callable[[Session], T], urgent: bool = False) -> T:
         """``fn(session)`` on a sync session, in one read transaction: on SQLite whole on
@@ -753,6 +775,7 @@ class SchedulerCore:
         of the bulk writes queued there (one hop instead of about fourteen between the
         event loop and aiosqlite's thread); on PostgreSQL one statement on the users'
         database loop (job_insert_statement: one round trip instead of five or six)."""
+        await self._check_held()
         one = repo.job_insert_statement(jobs, now, mj) if self._db_threads is not None else None
         if one is not None and self._db_threads is not None:
             with _db_errors(self.db_health):

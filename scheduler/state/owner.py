@@ -66,6 +66,7 @@ class SchedulerLock:
         self._fd: int | None = None
         self._conn: Any = None
         self._backend: int | None = None  # the server's pid of the session holding the lock
+        self._taking: asyncio.Future[bool | None] | None = None  # the take_back under way
         self._watch: asyncio.Task[None] | None = None
 
     @property
@@ -146,6 +147,13 @@ class SchedulerLock:
             if conn is not None:
                 await conn.close()
 
+    def held(self) -> bool:
+        """Whether this scheduler surely holds the database now: its lock file, or its lock's
+        PostgreSQL session open. A session lost (a restart, a partition) may have let
+        another scheduler take the database before the watch finds out (up to CHECK_EVERY_S
+        later, once it answers): until the lock is taken again, this one must not write."""
+        return self._fd is not None or (self._conn is not None and not self._conn.is_closed())
+
     async def _try_lock(self, conn: Any) -> bool:
         if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", PG_LOCK_KEY):
             return False
@@ -163,19 +171,38 @@ class SchedulerLock:
             except Exception:  # noqa: BLE001 - any loss of the connection
                 with contextlib.suppress(Exception):
                     self._conn.terminate()
-            self._conn = None
-            try:
-                holder = await self._pg_take()
-            except Exception as exc:  # noqa: BLE001 - still unreachable: try again
-                log.debug("database lock not taken again yet: %s", exc)
-                continue
-            if holder is not None:
-                message = _refusal(self.shown, holder) + " (it took the database while the connection was lost)"
-                log.error("%s; stopping", message)
-                if self.on_lost is not None:
-                    self.on_lost(message)
+            if await self.take_back() is False:
                 return
-            log.warning("database lock taken again after its connection was lost")
+
+    async def take_back(self) -> bool | None:
+        """The lock taken again once its connection was lost (by the watch, or at once by a
+        write that found it lost: `held`): True when held, None while the database does not
+        answer, False when another scheduler took it meanwhile (``on_lost`` is called).
+        Callers meanwhile share one try (each write of an outage waited for a connect of its own)."""
+        if self.held():
+            return True
+        if self._taking is None or self._taking.done():
+            self._taking = asyncio.ensure_future(self._take_back_once())
+        return await asyncio.shield(self._taking)
+
+    async def _take_back_once(self) -> bool | None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.terminate()
+        self._conn = None
+        try:
+            holder = await self._pg_take()
+        except Exception as exc:  # noqa: BLE001 - still unreachable: try again
+            log.debug("database lock not taken again yet: %s", exc)
+            return None
+        if holder is not None:
+            message = _refusal(self.shown, holder) + " (it took the database while the connection was lost)"
+            log.error("%s; stopping", message)
+            if self.on_lost is not None:
+                self.on_lost(message)
+            return False
+        log.warning("database lock taken again after its connection was lost")
+        return True
 
     async def bound(self, address: str) -> None:
         """Name the address actually bound (a --listen port 0) as the holder's."""

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -168,3 +169,49 @@ def test_the_lock_is_taken_back_from_its_own_session_left_open_by_a_partition(
             await lock.release()
 
     asyncio.run(run())
+
+
+@pytest.mark.pg
+def test_no_write_while_the_lock_is_lost_and_maybe_taken(pg_url: str, make_scheduler: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its lock's session ended (a restart; a partition PostgreSQL gave up on) and another
+    scheduler took the database before the watch looks again (every 2 s, slowed here to
+    never): a submission was written beside the other's work; now UNAVAILABLE until the
+    lock is taken back (or the other found, and this one stops: the test above)."""
+    import asyncpg
+
+    from scheduler.state import owner
+    from scheduler.state.owner import PG_LOCK_KEY
+
+    monkeypatch.setattr(owner, "CHECK_EVERY_S", 3600.0)
+    sched = make_scheduler(pg_url)
+    dsn = pg_url.replace("+asyncpg", "")
+
+    def submit() -> grpc.RpcError | None:
+        with grpc.insecure_channel(sched.address) as ch:
+            try:
+                scheduler_pb2_grpc.SchedulerStub(ch).SubmitJob(scheduler_pb2.SubmitJobRequest(
+                    spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1)), timeout=20)
+            except grpc.RpcError as err:
+                return err
+        return None
+
+    async def take_over() -> grpc.RpcError | None:
+        other = await asyncpg.connect(dsn, server_settings={"application_name": "the other one"})
+        try:
+            pid = await other.fetchval(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())")
+            await other.fetchval("SELECT pg_terminate_backend($1)", pid)
+            for _ in range(100):
+                if await other.fetchval("SELECT pg_try_advisory_lock($1)", PG_LOCK_KEY):
+                    return await asyncio.to_thread(submit)  # (the other one holds the database)
+                await asyncio.sleep(0.05)
+            raise AssertionError("the lock was not let go")
+        finally:
+            await other.close()
+
+    err = asyncio.run(take_over())
+    assert err is not None, "a submission was taken while another scheduler held the database"
+    assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+    assert "lock's connection dropped" in (err.details() or ""), err.details()
