@@ -45,6 +45,7 @@ from scheduler.observe.waits import Wait
 from scheduler.policy.types import PolicyConfig
 from scheduler.state import repo
 from scheduler.state.db import (
+    PG_SESSION_END_MIN_S,
     LoopThread,
     SqliteFile,
     SqliteReader,
@@ -380,6 +381,10 @@ class SchedulerCore:
         # Whether this scheduler surely holds its database (scheduler.state.owner.SchedulerLock.held,
         # set by the server): writes are refused while it does not.
         self.lock_held: Callable[[], bool] = lambda: True
+        # How long since the database last showed the lock is this scheduler's (infinite once
+        # its session is known lost): SchedulerLock.unconfirmed_s; 0 without a lock.
+        self.lock_unconfirmed_s: Callable[[], float] = lambda: 0.0
+        self._memory_answers_stopped = False
         self.lock_take_back: Callable[[], Awaitable[bool | None]] = _held
         # When each running job's mini-batches last ended (in memory; the engine judges).
         self.hangs = HangWatch(self.settings.hang_after_s, self.settings.hang_restart_after_s, self.monotonic)
@@ -1109,8 +1114,30 @@ class SchedulerCore:
         it reported arrived, and its jobs froze once the lease ran out."""
         if not self.vouched(name):
             return False
+        # Never past the moment another scheduler could act on this one's servers: once
+        # PostgreSQL ends this scheduler's session (PG_SESSION_END_MIN_S at the earliest
+        # after it last heard it), a standby may take the database, and it calls this one's
+        # servers down `down_after_s` after it starts. Helpers answered from memory until
+        # then freeze their jobs at their lease (and LEASE_MARGIN_S), before it does. Before,
+        # a scheduler cut off from its database but not from its helpers renewed their
+        # leases for the whole cut, while a standby ran the same jobs elsewhere.
+        unconfirmed = self.lock_unconfirmed_s()
+        if unconfirmed > self.memory_answers_s():
+            if not self._memory_answers_stopped:
+                self._memory_answers_stopped = True
+                log.warning("the database has not confirmed this scheduler's hold on it for %s: helpers are no "
+                            "longer answered from memory and freeze their jobs at their lease (another scheduler "
+                            "may take the database meanwhile)",
+                            "good (its session is lost)" if math.isinf(unconfirmed) else f"{unconfirmed:.1f}s")
+            return False
+        self._memory_answers_stopped = False
         self._vouched[name] = self.monotonic()
         return True
+
+    def memory_answers_s(self) -> float:
+        """How long after the database last confirmed this scheduler's lock its helpers'
+        heartbeats may still be answered from memory (`heartbeat_unrecorded`)."""
+        return PG_SESSION_END_MIN_S + self.settings.down_after_s - self.settings.lease - LEASE_MARGIN_S
 
     def vouched(self, name: str) -> bool:
         """Whether a heartbeat of ``name`` not recorded now would be answered all the same

@@ -86,6 +86,10 @@ PG_DEAD_AFTER_S = 5
 # advisory lock (scheduler.state.owner) while nobody can commit it.
 PG_SERVER_SETTINGS = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
                       "tcp_user_timeout": str(PG_DEAD_AFTER_S * 1000)}
+# The earliest the server ends the session of a scheduler cut off from it, counted from when
+# it last heard that session: its keepalives' idle time, or its user timeout on an answer in
+# flight. Another scheduler can take the database no sooner (SchedulerCore.heartbeat_unrecorded).
+PG_SESSION_END_MIN_S = min(float(PG_SERVER_SETTINGS["tcp_keepalives_idle"]), float(PG_DEAD_AFTER_S))
 
 
 def pg_connect_args(query: Any, given: dict[str, Any] | None = None) -> dict[str, Any]:

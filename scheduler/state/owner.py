@@ -26,8 +26,10 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,7 @@ class SchedulerLock:
         self._backend: int | None = None  # the server's pid of the session holding the lock
         self._taking: asyncio.Future[bool | None] | None = None  # the take_back under way
         self._watch: asyncio.Task[None] | None = None
+        self._confirmed = -math.inf  # (monotonic) when the database last showed the lock is this one's
 
     @property
     def path(self) -> Path:
@@ -109,6 +112,7 @@ class SchedulerLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, _who(self.listen).encode(), 0)
         self._fd = fd
+        self._confirmed = time.monotonic()
 
     async def _pg_take(self) -> str | None:
         """Connect and take the lock: None when taken, else who holds it ("" unknown).
@@ -154,10 +158,26 @@ class SchedulerLock:
         later, once it answers): until the lock is taken again, this one must not write."""
         return self._fd is not None or (self._conn is not None and not self._conn.is_closed())
 
+    def unconfirmed_s(self) -> float:
+        """How long since the database last showed that its lock is this scheduler's (its
+        lock's session answered the watch): 0 with a lock file (a local file cannot be cut
+        off), infinite once the session is known lost (`held`). While a partition lasts, the
+        database's server ends the session only after its keepalives
+        (scheduler.state.db.PG_SESSION_END_MIN_S at the earliest), and another scheduler may
+        take the database from then on: the bound on answering helpers from memory
+        (SchedulerCore.heartbeat_unrecorded)."""
+        if self._fd is not None:
+            return 0.0
+        if not self.held():
+            return math.inf
+        return max(0.0, time.monotonic() - self._confirmed)
+
     async def _try_lock(self, conn: Any) -> bool:
+        asked = time.monotonic()
         if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", PG_LOCK_KEY):
             return False
         self._backend = conn.get_server_pid()
+        self._confirmed = asked
         return True
 
     async def _pg_watch(self) -> None:
@@ -166,7 +186,11 @@ class SchedulerLock:
             await asyncio.sleep(CHECK_EVERY_S)
             try:
                 if self._conn is not None and not self._conn.is_closed():
+                    asked = time.monotonic()
                     await asyncio.wait_for(self._conn.fetchval("SELECT 1"), CHECK_EVERY_S * 5)
+                    # As of when it was asked: the server heard this session then or later (an
+                    # answer handled late on a busy event loop is no later proof).
+                    self._confirmed = asked
                     continue
             except Exception:  # noqa: BLE001 - any loss of the connection
                 with contextlib.suppress(Exception):

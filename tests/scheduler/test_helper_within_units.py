@@ -29,3 +29,41 @@ def test_a_made_up_server_name_leaves_nothing_behind() -> None:
 
     asyncio.run(main())
     assert servicer._pending == {}
+
+
+async def test_helpers_are_answered_from_memory_only_until_another_scheduler_could_act(sqlite_url: str) -> None:
+    """A scheduler cut off from PostgreSQL but not from its helpers answered their heartbeats
+    from memory for the whole cut (each answer vouched for the next), while a standby that
+    took the database once PostgreSQL ended the lost session (~11 s) called their servers
+    down and ran their jobs elsewhere: two copies of each job trained. Now the answers stop
+    once the lock has gone unconfirmed for PG_SESSION_END_MIN_S + down_after_s - lease -
+    LEASE_MARGIN_S: the helpers freeze their jobs before any standby can call them down."""
+    from scheduler.core import LEASE_MARGIN_S, SchedulerCore, Settings
+    from scheduler.state.db import PG_SESSION_END_MIN_S, make_engine
+
+    engine = make_engine(sqlite_url)
+    now = [1000.0]
+    core = SchedulerCore(engine, Settings(down_after_s=10.0), clock=lambda: now[0])
+    unconfirmed = [0.0]
+    core.lock_unconfirmed_s = lambda: unconfirmed[0]
+    try:
+        bound = core.memory_answers_s()
+        assert bound == PG_SESSION_END_MIN_S + 10.0 - core.settings.lease - LEASE_MARGIN_S == 8.0
+        # The latest moment a helper's lease is renewed, plus its lease and the watchdog's
+        # margin, comes before a standby's first chance to call its server down.
+        assert bound + core.settings.lease + LEASE_MARGIN_S <= PG_SESSION_END_MIN_S + core.settings.down_after_s
+        core._vouched["a"] = now[0]  # a heartbeat of "a" recorded just now
+        answered = []
+        for _ in range(6):  # a cut: each heartbeat answered from memory vouches for the next
+            now[0] += 2.0
+            unconfirmed[0] += 2.0
+            answered.append(core.heartbeat_unrecorded("a"))
+        assert answered == [True, True, True, True, False, False]  # up to 8 s unconfirmed, not at 10 or 12
+        unconfirmed[0] = 0.5  # the lock confirmed again (the link back)
+        core._vouched["a"] = now[0]
+        assert core.heartbeat_unrecorded("a")
+        unconfirmed[0] = float("inf")  # its session known lost (a restart of PostgreSQL)
+        assert not core.heartbeat_unrecorded("a")
+    finally:
+        await core.dispose()
+        await engine.dispose()
