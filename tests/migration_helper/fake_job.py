@@ -17,8 +17,11 @@ when). FAKE_RESTORE_S: a pre-warmed copy takes this long to restore once activat
 hangs (alive, no step, no command obeyed) once it has done this many steps; with FAKE_HANG_ONCE=PATH
 only if PATH does not exist yet (it makes it: the next launch trains on). FAKE_LINGER_S: after its
 last step (its stream closed, as the shim does at the program's end) it lingers this long before it
-exits (a thread that is not a daemon). FAKE_STEP_S_RESUMED: seconds per step once a RESUME
-came (default FAKE_STEP_S: slow until a suspend lands, then quick to the end). FAKE_OLD_SHIM=1:
+exits (a thread that is not a daemon). FAKE_CMD_LOG=PATH: appends each command it reads, each
+ack it sends and each drop of its stream to PATH (what told it to resume, when).
+FAKE_STEP_S_RESUMED: seconds per step once a RESUME ended a suspension (default FAKE_STEP_S: slow
+until a suspend lands, then quick to the end); a RESUME while it trains (every connect of a
+running job gets one) is answered "not suspended" and changes nothing, as with the shim. FAKE_OLD_SHIM=1:
 its wrappers are left to go on after it exits on a command (a shim before
 tf_runtime.launch.end_launch). As the shim, it holds before each step and at each step's end while its helper's lease has run out (tf_runtime.lease), a KILL
 ending it meanwhile. A CHECKPOINT command
@@ -52,6 +55,13 @@ lease = Lease(ENV.get(LEASE_ENV, ""))
 outgoing: queue.Queue[runtime_pb2.RuntimeMessage | None] = queue.Queue()
 
 
+def note(*what: object) -> None:
+    """One line of FAKE_CMD_LOG (if set): what this process got from the scheduler, when."""
+    if ENV.get("FAKE_CMD_LOG"):
+        with open(ENV["FAKE_CMD_LOG"], "a") as log:
+            log.write(f"{time.time():.3f} {ENV['GANDIVA_INCARNATION']} " + " ".join(map(str, what)) + "\n")
+
+
 def event(name: str, **fields: object) -> None:
     status.write(json.dumps({"event": name, **fields}) + "\n")
 
@@ -72,9 +82,11 @@ def connect(restored_step: int) -> None:
         while True:  # reconnects (a restarted scheduler) with a new hello, as the shim does
             try:
                 for cmd in stub.Connect(messages()):
+                    note("command", runtime_pb2.CommandKind.Name(cmd.kind), cmd.command_id, repr(cmd.reason))
                     commands.put(cmd)
                 return
-            except grpc.RpcError:
+            except grpc.RpcError as err:
+                note("stream dropped", repr(err.code()), repr(err.details()))
                 time.sleep(0.2)
 
     threading.Thread(target=run, daemon=True).start()
@@ -185,18 +197,27 @@ def main() -> int:
         except queue.Empty:
             continue
         ack = runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True, step=step)
+        suspended = False
         while cmd.kind in (runtime_pb2.COMMAND_KIND_CHECKPOINT, runtime_pb2.COMMAND_KIND_SUSPEND,
                            runtime_pb2.COMMAND_KIND_RESUME):
+            if cmd.kind == runtime_pb2.COMMAND_KIND_RESUME and not suspended:
+                # As the shim: the resume every connect of a running job gets (and one sent
+                # behind a suspend not answered in time) changes nothing while it trains.
+                ack.message = "not suspended"
             if cmd.kind == runtime_pb2.COMMAND_KIND_CHECKPOINT:
                 ack.checkpoint_path = save(cmd.checkpoint_dir, step)
             if cmd.kind == runtime_pb2.COMMAND_KIND_SUSPEND:
                 time.sleep(float(ENV.get("FAKE_SUSPEND_ACK_S", "0")))  # an ack that comes late
             outgoing.put(runtime_pb2.RuntimeMessage(ack=ack))
+            note("acked", runtime_pb2.CommandKind.Name(cmd.kind), cmd.command_id, "step", step)
             if cmd.kind != runtime_pb2.COMMAND_KIND_SUSPEND:
                 break
             cmd = commands.get()  # suspended: wait for the next command
+            suspended = True
             ack = runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True, step=step)
-        if cmd.kind == runtime_pb2.COMMAND_KIND_RESUME:
+        if cmd.kind == runtime_pb2.COMMAND_KIND_RESUME and suspended:
+            # Only a resume that ends a suspension: the connect's own resume made every
+            # step quick from the first, and the job ended before its suspend came.
             step_s = float(ENV.get("FAKE_STEP_S_RESUMED", step_s))
         if cmd.kind in (runtime_pb2.COMMAND_KIND_CHECKPOINT, runtime_pb2.COMMAND_KIND_RESUME):
             continue

@@ -435,13 +435,17 @@ def test_a_suspend_obeyed_while_the_database_is_down_is_recorded_once_it_is_back
     sched = make_scheduler(url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=20.0))
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
     helpers("s1", sched.address)
-    # 20 s of steps for the suspend to land (400 of 0.01 s once ended the job before it did,
-    # at load 20), then quick ones to the end once resumed.
+    # 20 s of steps for the suspend to land, then quick ones to the end once resumed. (The
+    # fake took the resume every connect of a running job gets for the operator's: quick
+    # from its first step, it ended before its suspend came at load 20.)
     steps = 400
+    commands = tmp_path / "commands.log"  # what its process was told, when (said on a failure)
     job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS=str(steps), FAKE_STEP_S="0.05",
-                          FAKE_STEP_S_RESUMED="0.002", FAKE_SUSPEND_ACK_S="1.5")
+                          FAKE_STEP_S_RESUMED="0.002", FAKE_SUSPEND_ACK_S="1.5",
+                          FAKE_CMD_LOG=str(commands))
 
     wait_for(lambda: job().steps >= 10, 30)
+    time.sleep(2.0)  # a suspend that comes late (a loaded machine): the job still trains
     suspend = api.SuspendJob.future(scheduler_pb2.JobActionRequest(id=job_id), timeout=30)
     time.sleep(0.5)  # the command is at the shim, its ack not sent yet
     proxy.cut()
@@ -452,7 +456,8 @@ def test_a_suspend_obeyed_while_the_database_is_down_is_recorded_once_it_is_back
     with contextlib.suppress(grpc.RpcError):  # answered once written (before: UNAVAILABLE)
         suspend.result()
     held = wait_for(lambda: (j := job()).state != common_pb2.JOB_STATE_RUNNING and j, 10)
-    assert held.state == common_pb2.JOB_STATE_SUSPENDED, held.state
+    told = commands.read_text() if commands.exists() else "(nothing)"
+    assert held.state == common_pb2.JOB_STATE_SUSPENDED, (held.state, held.message, told)
     api.ResumeJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=30)
     done = wait_for(lambda: (j := job()).state in DONE and j, 30)
     assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, done.message
