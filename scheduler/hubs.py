@@ -210,6 +210,12 @@ class RuntimeHub:
         # Commands awaiting their ack: command id -> (job id, kind, when sent on the event
         # loop's clock, the job's mini-batch time then), for `gandiva get problems`.
         self._asked: dict[str, tuple[str, str, float, float]] = {}
+        # Launches whose shim acked a suspend not yet written to the database (a write that
+        # waits out an outage): a stream of one that reconnects meanwhile reads the job
+        # RUNNING, and is not told to resume (resume_on_connect) for it. And how many such
+        # records each launch had (the newest launches kept): one written while a hello read.
+        self._suspend_unrecorded: set[tuple[str, str]] = set()
+        self._suspends_recorded: dict[tuple[str, str], int] = {}
 
     def unanswered(self, after_s: float, steps: float) -> list[tuple[str, str, float, float]]:
         """(job id, command kind, seconds waited, its mini-batch time) of each command waiting
@@ -266,14 +272,34 @@ class RuntimeHub:
             _fail(old.pending, "the job's runtime reconnected")
         return conn
 
-    def resume_on_connect(self, conn: RuntimeConn) -> None:
+    def resume_on_connect(self, conn: RuntimeConn, recorded_before: int = 0) -> None:
         """The job is RUNNING as this launch: its shim's first command is a resume. A
         suspend whose answer was lost (a scheduler restarted or a stream dropped between
         the shim's suspending and its ack reaching the scheduler) left the shim suspended
         while the job is recorded RUNNING, and nothing would ever resume it: it sat there,
         "running", training nothing. Queued before anything else can be sent on this
         connection."""
+        key = (conn.job_id, conn.incarnation)
+        if key in self._suspend_unrecorded or self.suspends_recorded(*key) != recorded_before:
+            # Its suspend was acked and not yet written when the hello read the job
+            # (`recorded_before`: suspends_recorded before that read). Resumed here, the
+            # operator's suspend was undone: the job recorded SUSPENDED while it trained.
+            return
         self._queue_resume(conn, "the job is recorded running: resume if suspended")
+
+    def suspend_unrecorded(self, job_id: str, incarnation: str, unrecorded: bool) -> None:
+        """That launch's shim acked a suspend (True) whose record is being written, until
+        it is (False): see resume_on_connect."""
+        key = (job_id, incarnation)
+        if unrecorded:
+            self._suspend_unrecorded.add(key)
+        else:
+            self._suspend_unrecorded.discard(key)
+            _remember(self._suspends_recorded, key, self.suspends_recorded(*key) + 1, self.paces_kept)
+
+    def suspends_recorded(self, job_id: str, incarnation: str) -> int:
+        """How many acked suspends of that launch were written (suspend_unrecorded)."""
+        return self._suspends_recorded.get((job_id, incarnation), 0)
 
     def resume_after(self, job_id: str, incarnation: str, reason: str) -> None:
         """Queue a resume behind the commands already sent to that launch's shim (if

@@ -69,6 +69,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             auth.require_runtime(auth.current(), hello.job_id, hello.incarnation)
             pace = self.core.runtimes.pace(hello.job_id, hello.incarnation)
             await pace.take()  # each hello is a database read
+            # (A suspend acked and written while the read below waits: it read RUNNING.)
+            recorded = self.core.runtimes.suspends_recorded(hello.job_id, hello.incarnation)
             uncontrollable, running, stale = await self.core.runtime_hello(hello.job_id, hello.incarnation)
         except GandivaError as err:
             await context.abort(code_for(err) or grpc.StatusCode.INTERNAL, str(err))
@@ -80,7 +82,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         # told from here on finds this connection.
         told = self.core.runtimes.told_to_exit(hello.job_id, hello.incarnation)
         if running and not told:
-            self.core.runtimes.resume_on_connect(conn)
+            self.core.runtimes.resume_on_connect(conn, recorded)
         if stale or told:
             # A launch the job no longer runs (re-placed while this copy's stream was down,
             # its helper hung: nothing else stops it): it exits at its next boundary.

@@ -1143,7 +1143,15 @@ class LiveEngine:
 
         # The process obeyed: recorded whatever it takes (a database outage right after the
         # ack left a job RUNNING in the database and suspended in its process, for good).
-        await self.core.record_when_reachable(f"{job_id}'s {target.value.lower()} state", record)
+        # Meanwhile a stream of it that reconnects is not told to resume (it reads RUNNING).
+        suspending = target is JobState.SUSPENDED
+        if suspending:
+            self.core.runtimes.suspend_unrecorded(job_id, incarnation, True)
+        try:
+            await self.core.record_when_reachable(f"{job_id}'s {target.value.lower()} state", record)
+        finally:
+            if suspending:
+                self.core.runtimes.suspend_unrecorded(job_id, incarnation, False)
         if target is JobState.SUSPENDED:
             self._suspended[job_id] = (incarnation, max(ack.step, self.core.steps_seen(job_id, incarnation)))
             if len(self._suspended) > self._prune_suspended_at:

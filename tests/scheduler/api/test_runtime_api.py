@@ -3,6 +3,7 @@ obeys suspend/resume from the operator API at its (simulated) boundaries."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -304,3 +305,68 @@ def test_a_verdict_said_around_an_uncontrollable_mark_survives_its_undo(
         finally:
             shim.close()
             commands.cancel()
+
+
+@pytest.mark.parametrize("window", ["hello_and_attach", "hello_only"])
+def test_a_runtime_that_reconnects_while_its_acked_suspend_is_recorded_is_not_resumed(
+    scheduler_server, wait_for, window: str  # type: ignore[no-untyped-def]
+) -> None:
+    """An operator's suspend its shim acked, its record waiting for the database (an outage:
+    the write held here), and the job's runtime stream dropping and coming back meanwhile:
+    the new stream's hello read the job RUNNING and it was told to resume, so the process
+    trained on while the job was then recorded SUSPENDED (held, its GPU free for another).
+    Now it is not told to resume; the suspend stands, as recorded. `hello_only`: the hello
+    read the job before the record was written and went on after it."""
+    core = scheduler_server.server.core
+    entered, hello_read, recorded, answered = (threading.Event() for _ in range(4))
+    record, hello = core.record_when_reachable, core.runtime_hello
+    hellos = 0
+
+    async def wait(event: threading.Event) -> None:
+        while not event.is_set():
+            await asyncio.sleep(0.02)
+
+    async def held_record(what, fn):  # type: ignore[no-untyped-def]
+        if "suspended state" not in what:
+            return await record(what, fn)
+        entered.set()
+        await wait(hello_read if window == "hello_only" else answered)
+        try:
+            return await record(what, fn)
+        finally:
+            recorded.set()
+
+    async def held_hello(job_id: str, incarnation: str):  # type: ignore[no-untyped-def]
+        nonlocal hellos
+        hellos += 1
+        read = await hello(job_id, incarnation)
+        if hellos > 1 and window == "hello_only":
+            hello_read.set()
+            await wait(recorded)
+        if hellos > 1:
+            answered.set()  # (its stream attached and told what to do next, with no await)
+        return read
+
+    core.record_when_reachable, core.runtime_hello = held_record, held_hello
+    with grpc.insecure_channel(scheduler_server.address) as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        helper = helper_pb2_grpc.HelperStub(ch)
+        helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+        commands = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="n1"))
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(
+            spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job
+        launch = next(commands).launch
+        first = FakeShim(ch, job.id, launch.incarnation)
+        wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).state == common_pb2.JOB_STATE_RUNNING)
+        suspend = stub.SuspendJob.future(scheduler_pb2.JobActionRequest(id=job.id), timeout=30)
+        assert entered.wait(20), "the suspend was not acked"
+        first.close()  # its stream drops, and comes back
+        again = FakeShim(ch, job.id, launch.incarnation)
+        assert suspend.result().state == common_pb2.JOB_STATE_SUSPENDED
+        resumed = stub.ResumeJob(scheduler_pb2.JobActionRequest(id=job.id), timeout=30)
+        assert resumed.state == common_pb2.JOB_STATE_RUNNING
+        # Commands come in order: the operator's resume is the first the new stream got.
+        assert [(c.kind, c.reason) for c in again.received] == \
+            [(runtime_pb2.COMMAND_KIND_RESUME, "resumed by operator")], again.received
+        again.close()
+        commands.cancel()
