@@ -1125,10 +1125,9 @@ class SchedulerCore:
         if unconfirmed > self.memory_answers_s():
             if not self._memory_answers_stopped:
                 self._memory_answers_stopped = True
-                log.warning("the database has not confirmed this scheduler's hold on it for %s: helpers are no "
+                log.warning("the database has not confirmed this scheduler's hold on it for %.1fs: helpers are no "
                             "longer answered from memory and freeze their jobs at their lease (another scheduler "
-                            "may take the database meanwhile)",
-                            "good (its session is lost)" if math.isinf(unconfirmed) else f"{unconfirmed:.1f}s")
+                            "may take the database meanwhile)", unconfirmed)
             return False
         self._memory_answers_stopped = False
         self._vouched[name] = self.monotonic()

@@ -71,6 +71,7 @@ class SchedulerLock:
         self._taking: asyncio.Future[bool | None] | None = None  # the take_back under way
         self._watch: asyncio.Task[None] | None = None
         self._confirmed = -math.inf  # (monotonic) when the database last showed the lock is this one's
+        self._server_down = False  # the last try to take the lock back was refused by the server (down)
 
     @property
     def path(self) -> Path:
@@ -161,15 +162,19 @@ class SchedulerLock:
     def unconfirmed_s(self) -> float:
         """How long since the database last showed that its lock is this scheduler's (its
         lock's session answered the watch): 0 with a lock file (a local file cannot be cut
-        off), infinite once the session is known lost (`held`). While a partition lasts, the
+        off), 0 while its session is lost and its server refuses connections (down: nobody
+        can take the lock). While a partition lasts (connections time out), the
         database's server ends the session only after its keepalives
         (scheduler.state.db.PG_SESSION_END_MIN_S at the earliest), and another scheduler may
         take the database from then on: the bound on answering helpers from memory
         (SchedulerCore.heartbeat_unrecorded)."""
         if self._fd is not None:
             return 0.0
-        if not self.held():
-            return math.inf
+        if not self.held() and self._server_down:
+            # Its server refuses connections (stopped, restarting): no scheduler can take the
+            # lock until it is back, and then this one's watch tries again within
+            # CHECK_EVERY_S (and stops if another took it).
+            return 0.0
         return max(0.0, time.monotonic() - self._confirmed)
 
     async def _try_lock(self, conn: Any) -> bool:
@@ -218,7 +223,9 @@ class SchedulerLock:
             holder = await self._pg_take()
         except Exception as exc:  # noqa: BLE001 - still unreachable: try again
             log.debug("database lock not taken again yet: %s", exc)
+            self._server_down = _server_down(exc)
             return None
+        self._server_down = False
         if holder is not None:
             message = _refusal(self.shown, holder) + " (it took the database while the connection was lost)"
             log.error("%s; stopping", message)
@@ -360,3 +367,15 @@ class SqliteFileWatch:
         return (f"--db {shown}: {what} while the scheduler ran on it (its changes would have been lost at "
                 f"the next restart): stopped; the database as this scheduler had it is back at {self.path}: "
                 "start the scheduler again")
+
+
+def _server_down(exc: BaseException) -> bool:
+    """Whether a failed connect says the database server is down (it refuses connections,
+    or is starting up or shutting down), not cut off: no scheduler can take its lock then."""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    try:
+        import asyncpg
+    except ImportError:  # (PostgreSQL only)
+        return False
+    return isinstance(exc, asyncpg.exceptions.CannotConnectNowError)

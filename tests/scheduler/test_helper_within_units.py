@@ -62,7 +62,7 @@ async def test_helpers_are_answered_from_memory_only_until_another_scheduler_cou
         unconfirmed[0] = 0.5  # the lock confirmed again (the link back)
         core._vouched["a"] = now[0]
         assert core.heartbeat_unrecorded("a")
-        unconfirmed[0] = float("inf")  # its session known lost (a restart of PostgreSQL)
+        unconfirmed[0] = float("inf")  # a lock never confirmed
         assert not core.heartbeat_unrecorded("a")
     finally:
         await core.dispose()
