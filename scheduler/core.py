@@ -780,9 +780,9 @@ class SchedulerCore:
         of the bulk writes queued there (one hop instead of about fourteen between the
         event loop and aiosqlite's thread); on PostgreSQL one statement on the users'
         database loop (job_insert_statement: one round trip instead of five or six)."""
-        await self._check_held()
         one = repo.job_insert_statement(jobs, now, mj) if self._db_threads is not None else None
         if one is not None and self._db_threads is not None:
+            await self._check_held()  # (write_sync and tx check it themselves)
             with _db_errors(self.db_health):
                 await self._db_threads[0].execute(one)
             await self.events.publish()

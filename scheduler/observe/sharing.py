@@ -14,8 +14,10 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from scheduler.observe.history import verdict_kind
 from scheduler.observe.usage import JobFacts, job_usage
 
+_VERDICTS = {"pack-void": "void", "keep-pack": "kept"}  # (verdict_kind's words; any other: undone)
 _CHANGE = re.compile(r"([A-Z]+) -> ([A-Z]+): ")
 _RAN = re.compile(r"\(it ran ([0-9.]+) mini-batches/s\)")
 _PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")
@@ -52,7 +54,7 @@ def summary(job_id: str, gpus: int, since: float, until: float, records: Iterabl
                 pauses += [float(p) for p in _PAUSED.findall(text)]
         elif kind == "verdict":
             gain = _GAIN.search(text)
-            verdict = "void" if "trial void" in text else "kept" if ": kept" in text else "undone"
+            verdict = _VERDICTS.get(verdict_kind(text), "undone")
             own = own_rates(job_id, text)
             trials.append({"at": at, "verdict": verdict, "gain": float(gain[1]) if gain else None,
                            "packed_rate": own[0] if own else None, "alone_rate": own[1] if own else None})
