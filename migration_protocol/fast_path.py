@@ -25,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import posixpath
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,6 +40,11 @@ log = logging.getLogger(__name__)
 
 # Stops of pre-warmed destinations left running in the background (kept referenced).
 _CLEANUPS: set[asyncio.Task] = set()
+# The longest a phase a helper or a job's runtime reports can have taken (a day); longer,
+# negative, NaN or infinite is no measurement: a job's own process sends its save and
+# boundary-wait times, and a NaN it sent made the operators' migration histogram's sum NaN
+# for good (/metrics) and its event read "save nans".
+MAX_PHASE_S = 86_400.0
 
 
 class MigrationPorts(Protocol):
@@ -188,6 +195,18 @@ class _Migration:
         self.transfer_fault = 0
         self.towers_refused = False
 
+    def _reported(self, durations: Mapping[str, float], phase: str, default: float | None) -> float | None:
+        """The time ``durations`` (a helper's or a runtime's answer) gives ``phase``, or
+        ``default`` when it gives none that a measurement can be (MAX_PHASE_S)."""
+        if phase not in durations:
+            return default
+        seconds = durations[phase]
+        if math.isfinite(seconds) and 0.0 <= seconds <= MAX_PHASE_S:
+            return seconds
+        log.warning("migration of %s: %s reported as %r s, not a duration; %s", self.plan.job_id, phase,
+                    seconds, "left out" if default is None else "the scheduler's own measure taken")
+        return default
+
     async def _phase(self, phase: str, seconds: float, detail: str = "") -> None:
         self.durations[phase] = seconds
         try:
@@ -228,7 +247,8 @@ class _Migration:
             self.towers_refused = exc.exit_code == EXIT_TOWERS_CHANGED
             await self._stop_dest("pre-warm failed")
             return await self._stayed(f"pre-warm at {p.dest.name} failed: {exc}")
-        await self._phase("prewarm", warm.durations_s.get("prewarm", time.monotonic() - t0), p.dest.name)
+        await self._phase("prewarm", self._reported(warm.durations_s, "prewarm", time.monotonic() - t0) or 0.0,
+                          p.dest.name)
 
         name = f"migrate-{p.dest_incarnation}"
         src_dir, dest_dir = checkpoint_paths(p, name)
@@ -248,8 +268,9 @@ class _Migration:
             return await self._stayed(f"the source shim refused: {ack.message}")
         saved = ack.checkpoint_path or src_dir
         for phase in ("wait_boundary", "save"):
-            if phase in ack.durations_s:
-                await self._phase(phase, ack.durations_s[phase])
+            seconds = self._reported(ack.durations_s, phase, None)
+            if seconds is not None:
+                await self._phase(phase, seconds)
         # Optional port: a scheduler keeps the confirmed checkpoint in its durable record
         # of the migration, so a restart mid-migration resumes from it, never from step 0.
         confirmed = getattr(self.ports, "checkpoint_confirmed", None)
@@ -278,7 +299,7 @@ class _Migration:
                 cleanup.add_done_callback(_CLEANUPS.discard)
                 return await self._restart_at_source(ack.step, saved, f"transfer failed: {exc}")
             dest_dir = moved.checkpoint_path
-            await self._phase("transfer", moved.durations_s.get("transfer", time.monotonic() - t_tr))
+            await self._phase("transfer", self._reported(moved.durations_s, "transfer", time.monotonic() - t_tr) or 0.0)
         else:
             dest_dir = dest_dir + saved[len(src_dir):]  # the shim may have used a subdirectory
             await self._phase("transfer", 0.0, "same server" if p.source.name == p.dest.name else "shared mount")
@@ -291,8 +312,8 @@ class _Migration:
         except _StepFailed as exc:
             await self._stop_dest("restore failed")
             return await self._restart_at_source(ack.step, saved, f"activation at {p.dest.name} failed: {exc}")
-        await self._phase("restore", active.durations_s.get("restore", 0.0))
-        await self._phase("first_step", active.durations_s.get("first_step", 0.0))
+        await self._phase("restore", self._reported(active.durations_s, "restore", 0.0) or 0.0)
+        await self._phase("first_step", self._reported(active.durations_s, "first_step", 0.0) or 0.0)
         await self._phase("total", time.monotonic() - t_stop, "stop command to first step at the destination")
         self.durations["end_to_end"] = time.monotonic() - t0
         return self._result(Outcome.MIGRATED, p.dest.name, p.dest_incarnation, ack.step, dest_dir)

@@ -220,3 +220,37 @@ def test_shared_mount_requires_a_shared_root() -> None:
     bad = MigrationPlan(**{**plan(Endpoint("a", "x:1", "/shm/a")).__dict__, "use_shared_mount": True})
     with pytest.raises(ValueError, match="no shared_root"):
         checkpoint_paths(bad, "c")
+
+
+async def test_phase_times_a_helper_or_a_job_reports_as_no_duration_are_not_taken() -> None:
+    """A job's own process sends its save and boundary-wait times (its runtime's ack), a
+    helper the others: NaN, infinite, negative or absurd ones were taken as sent, and one NaN
+    left the operators' migration histogram's sum NaN for good (/metrics) and the job's event
+    reading "save nans". They are now left out, or the scheduler's own measure is taken."""
+    from scheduler.observe.metrics import SchedulerMetrics
+
+    nan, inf = float("nan"), float("inf")
+    ports, metrics = Ports(), SchedulerMetrics()
+
+    async def record(job_id: str, phase: str, seconds: float, detail: str) -> None:
+        ports.phases[phase] = seconds
+        metrics.migration_phase(phase, seconds)  # what the scheduler's ports do first
+
+    ports.record_phase = record  # type: ignore[method-assign]
+    ports.handlers["launch"] = lambda c: helper_pb2.HelperCommandResult(ok=True, durations_s={"prewarm": nan})
+    ports.handlers["runtime"] = lambda c: runtime_pb2.CommandAck(
+        command_id=c.command_id, ok=True, step=42, checkpoint_path=c.checkpoint_dir,
+        durations_s={"wait_boundary": -inf, "save": nan})
+    ports.handlers["transfer"] = lambda c: helper_pb2.HelperCommandResult(
+        ok=True, checkpoint_path=f"/shm/b/j1/{c.transfer.checkpoint_name}", durations_s={"transfer": 1e308})
+    ports.handlers["activate"] = lambda c: helper_pb2.HelperCommandResult(
+        ok=True, step=42, durations_s={"restore": -3.0, "first_step": inf})
+    result = await migrate(plan(Endpoint("a", "x:1", "/shm/a"), B), ports)
+    assert result.outcome is Outcome.MIGRATED
+    assert "save" not in ports.phases and "wait_boundary" not in ports.phases
+    assert all(0.0 <= s < 60 for s in ports.phases.values()), ports.phases  # the scheduler's own measures
+    assert ports.phases["restore"] == 0.0 and ports.phases["first_step"] == 0.0
+    assert result.durations_s == ports.phases | {"end_to_end": result.durations_s["end_to_end"]}
+    sums = {s.labels["phase"]: s.value for m in metrics.registry.collect() for s in m.samples
+            if s.name == "gandiva_migration_phase_seconds_sum"}
+    assert sums and all(0.0 <= v < 60 for v in sums.values()), sums
