@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
 log = logging.getLogger("tf_runtime")
@@ -34,11 +35,14 @@ def recover(saver: Any, save_path: str, latest_filename: str | None,
     state = state_of(directory or ".", latest_filename)
     if state is None:
         return []
-    prefix = os.path.basename(save_path)
+    # Its own names: the prefix, or the prefix and a step (Saver.save's "-%d"). Another
+    # Saver sharing the directory and state file under a longer prefix ("model.ckpt-best"
+    # beside "model.ckpt") is not this one's: its checkpoints were taken up and pruned.
+    own = re.compile(re.escape(os.path.basename(save_path)) + r"(-\d+)?")
     paths = []
     for listed in state.all_model_checkpoint_paths:
         name = os.path.basename(listed)
-        if not (name == prefix or name.startswith(prefix + "-")):
+        if not own.fullmatch(name):
             continue  # another Saver's checkpoints sharing the directory
         path = os.path.join(directory, name)
         if exists(path):

@@ -51,3 +51,13 @@ def test_a_saver_that_knows_its_checkpoints_or_prunes_none_is_left_alone() -> No
     no_state = FakeSaver()
     assert recover(no_state, "model", None, lambda d, f: None, lambda p: True) == []
     assert no_state.last_checkpoints == []
+
+
+def test_another_savers_checkpoints_whose_prefix_extends_its_own_are_not_taken_up() -> None:
+    # A second Saver (its best model, max_to_keep=1) saving into the same directory and
+    # state file as "model.ckpt-best-N": its checkpoints are no steps of "model.ckpt", and
+    # the uninterrupted run's "model.ckpt" Saver never deletes them.
+    listed = ["/w/model.ckpt-best-40", "/w/model.ckpt-30", "/w/model.ckpt-x", "/w/model.ckpt-"]
+    saver = FakeSaver()
+    got = recover(saver, "/w/model.ckpt", None, _state(listed), lambda p: True)
+    assert got == saver.last_checkpoints == ["/w/model.ckpt-30"]
