@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from migration_protocol.host_memory import server_host_memory
 from scheduler.config import gandiva_home, scheduler_address
 from scheduler.transport import ClientSecurity, ServerTls
-from scheduler.validation import MAX_SERVER_GPUS
+from scheduler.validation import MAX_SERVER_GPUS, SERVER_NAME, SERVER_NAME_RULE
 
 DEFAULT_LISTEN = "127.0.0.1:0"
 DEFAULT_VIRTUAL_GPUS = 4
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
 class ConfigError(ValueError):
@@ -67,10 +65,8 @@ class HelperConfig:
     virtual: bool = False
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.server_name):
-            raise ConfigError(
-                f"--server-name {self.server_name!r}: use 1-63 letters, digits, '.', '_' or '-'"
-            )
+        if not SERVER_NAME.fullmatch(self.server_name):  # the scheduler refuses any other
+            raise ConfigError(f"--server-name {self.server_name!r}: use {SERVER_NAME_RULE}")
         if self.gpus is not None and self.gpus < 1:
             raise ConfigError(f"--gpus {self.gpus}: must be at least 1")
         if self.gpus is not None and self.gpus > MAX_SERVER_GPUS:  # the scheduler would refuse it, again and again

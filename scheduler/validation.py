@@ -106,6 +106,22 @@ def check_id(field: str, value: str, required: bool = True) -> None:
     check_text(field, value, MAX_ID)
 
 
+# A server's name, as its helper's --server-name takes it: a host name. It is a path
+# component under a peer's --shared-root (SHARED-ROOT/NAME/JOB/...: where a migration's source
+# writes the checkpoint for server NAME), so never "..", "." or "a/b": a helper registered as
+# "../../tmp/x" had each job migrated to it told to save its checkpoint outside its shared root.
+SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+SERVER_NAME_RULE = "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit (a host name)"
+
+
+def check_server_name(field: str, name: str) -> None:
+    """A server's name a helper registers."""
+    check_id(field, name)
+    if not SERVER_NAME.fullmatch(name):
+        raise InvalidArgument(field, f"{name!r} is not a server name: use {SERVER_NAME_RULE}, e.g. the "
+                              "server's host name (gandiva helper --server-name)")
+
+
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 

@@ -20,6 +20,7 @@ from scheduler.validation import (
     MAX_SERVER_GPUS,
     MAX_WORKDIR,
     check_id,
+    check_server_name,
     check_text,
     clean_number,
     clean_step_s,
@@ -60,6 +61,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
     @grpc_errors
     async def Register(self, request, context):  # type: ignore[no-untyped-def]
         _as_server(request.name, "name")
+        check_server_name("name", request.name)
         check_text("address", request.address, 256)
         check_text("ramdisk", request.ramdisk, MAX_WORKDIR)
         check_text("shared_root", request.shared_root, MAX_WORKDIR)

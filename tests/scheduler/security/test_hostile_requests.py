@@ -427,6 +427,24 @@ def test_a_helper_back_with_fewer_gpus_requeues_the_jobs_on_the_missing_ones(cha
         common_pb2.JOB_STATE_RUNNING}
 
 
+@pytest.mark.parametrize("name", ["..", "../../tmp/x", "a/b", ".", "-rf"])
+def test_a_server_name_that_is_not_a_host_name_is_refused(channel: Any, name: str) -> None:
+    """A server's name is a path component under a peer's --shared-root (a migration's source
+    writes SHARED-ROOT/NAME/JOB/CHECKPOINT for server NAME): a helper registered as
+    "../../tmp/x" (any client without --auth token) was taken, and each job migrated to it was
+    told to save its checkpoint outside its server's shared root, at /tmp/x/JOB/..."""
+    helper = helper_pb2_grpc.HelperStub(channel)
+    with pytest.raises(grpc.RpcError) as err:
+        helper.Register(helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=0)]), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert err.value.details().startswith("name: ") and "host name" in err.value.details(), err.value.details()
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    assert not stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=10).servers
+    helper.Register(helper_pb2.RegisterServerRequest(name="gpu-1.example_a", gpus=[common_pb2.Gpu(index=0)]))
+    assert [s.name for s in stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=10).servers] == [
+        "gpu-1.example_a"]
+
+
 def test_a_helper_naming_jobs_it_was_never_given_writes_one_event_per_real_job(channel: Any, wait_for: Any) -> None:
     """A heartbeat of server n2 saying it runs a launch of n1's job and 2,000 jobs that never
     existed wrote 2,001 `job.fenced` events, and as many again at each heartbeat that said the
