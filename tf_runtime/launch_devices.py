@@ -8,7 +8,8 @@ own: on a shared server that picked physical GPU 0, another job's, whatever GPU 
 The shim keeps the job on its own GPUs, numbering them from 0 as a container of Kubernetes or
 Slurm with ConstrainDevices does: before TensorFlow starts CUDA (at its import and at each
 Session's creation), a program's list of GPU numbers is read within the job's list (its GPU 0
-is the job's first), a list the job cannot satisfy (a number past its GPUs, a UUID it does not
+is the job's first; GPUs the job holds named as they are, "5" of its "3,5", are kept as
+set), a list the job cannot satisfy (a number past its GPUs, a UUID it does not
 hold, the variable removed) gives the job's own list back, and one that hides every GPU
 (`""`, `-1`: train on the CPU) is kept. Each change is logged. Nothing here imports TensorFlow.
 """
@@ -49,12 +50,15 @@ def within(launch: str, wanted: str | None) -> tuple[str, str]:
     if wanted is not None and wanted.strip() in ("", "-1"):
         return wanted, f"the program hides every GPU ({ENV}={wanted!r}): it trains on the CPU"
     asked = [d.strip() for d in (wanted or "").split(",") if d.strip()]
-    if asked and all(a.isdigit() and int(a) < len(held) for a in asked):
+    numbered = all(a.isdecimal() and int(a) < len(held) for a in asked)
+    if asked and all(a in held for a in asked) and not numbered:
+        # GPUs the job holds, by their own names: UUIDs, or a launcher's share of the job's
+        # list ("5" of "3,5" for its second worker; 5 is no number within two GPUs).
+        return ",".join(asked), ""
+    if asked and numbered:
         mine = ",".join(held[int(a)] for a in asked)
         return mine, (f"the program set {ENV}={wanted!r}; the job holds GPU(s) {launch}, numbered "
                       f"from 0 within the job: it uses {mine}")
-    if asked and all(a in held for a in asked if not a.isdigit()) and not any(a.isdigit() for a in asked):
-        return ",".join(asked), ""  # UUIDs of GPUs the job holds
     what = (f"removed {ENV} (every GPU of the server)" if wanted is None else
             f"set {ENV}={wanted!r}, GPU(s) the job does not hold")
     return launch, f"the program {what}; it keeps the job's {ENV}={launch}"

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("launch,wanted,used", [
     ("2", "0", "2"), ("2,5", "1", "5"), ("2,5", "1,0", "5,2"),   # numbered within the job's
     ("2", "1", "2"), ("2", "0,3", "2"), ("2", "GPU-x", "2"),     # beyond them: the job's own
-    ("2", None, "2"),                                             # removed: not every GPU
+    ("2", None, "2"), ("2", "\u00b2", "2"),                        # removed: not every GPU; no number
     ("2", "-1", "-1"), ("2", "", ""),                             # no GPU at all: kept
     ("GPU-a,GPU-b", "GPU-b", "GPU-b")])                           # a UUID the job holds
 def test_a_programs_gpu_list_is_read_within_the_jobs(launch: str, wanted: str | None,
@@ -31,6 +31,16 @@ def test_a_programs_gpu_list_is_read_within_the_jobs(launch: str, wanted: str | 
     value, why = within(launch, wanted)
     assert value == used
     assert (why == "") == (wanted == "GPU-b"), why
+
+
+@pytest.mark.parametrize("launch,wanted", [("3,5", "5"), ("3,5", "5,3"), ("2,3", "2")])
+def test_a_launcher_that_splits_the_jobs_own_list_among_its_workers_keeps_their_gpus(
+        launch: str, wanted: str) -> None:
+    """A launcher reading the job's CUDA_VISIBLE_DEVICES ("3,5") and giving each worker one
+    of its GPUs ("5"): GPUs the job holds, no numbers within it (5 is past its two): kept, as
+    without the shim. They used to read as beyond the job's GPUs: each worker got both and
+    trained on GPU 3 beside the other."""
+    assert within(launch, wanted) == (wanted, "")
 
 
 def test_the_helpers_list_is_recorded_before_the_programs_code_runs(tmp_path: Path) -> None:
