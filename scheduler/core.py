@@ -19,6 +19,7 @@ from functools import partial
 from typing import TypeVar
 
 from sqlalchemy import Connection, select
+from sqlalchemy import event as sa_event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
@@ -1253,6 +1254,11 @@ class SchedulerCore:
                 self._stale_exits = {k: t for k, t in self._stale_exits.items()
                                      if mono - t < STALE_EXIT_EVENT_EVERY_S}
             self._stale_exits[key] = mono
+            # Kept only if this write commits: marked before it, an exit whose write failed (the
+            # database down) had its report, sent again, only logged: its event was lost.
+            sa_event.listen(s.sync_session, "after_soft_rollback",
+                            lambda *_: self._stale_exits.pop(key, None) if self._stale_exits.get(key) == mono
+                            else None, once=True)
             repo.add_event(s, now, "job.stale_exit", f"old launch {req.incarnation or '(none)'} exited", job_id=job.id, server=req.server)
             return
         if state.terminal or state is JobState.QUEUED:

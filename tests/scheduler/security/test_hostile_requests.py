@@ -487,6 +487,41 @@ def test_a_helper_reporting_exits_of_another_servers_job_writes_one_event_a_minu
     assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).state == common_pb2.JOB_STATE_RUNNING
 
 
+def test_a_stale_exit_whose_write_failed_is_written_when_reported_again(channel: Any, wait_for: Any) -> None:
+    """The once-a-minute mark of a job's stale exits was set before its write committed: an
+    exit report whose commit failed (the database unreachable: UNAVAILABLE, and the helper
+    sends it again) found the mark at its second try and was only logged; its event was lost."""
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    from scheduler.state.models import Event
+
+    helper = helper_pb2_grpc.HelperStub(channel)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)]))
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+    wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).placement)
+    failed: list[str] = []
+
+    def refuse_once(session: Session) -> None:
+        if not failed and any(isinstance(o, Event) and o.kind == "job.stale_exit" for o in session.new):
+            failed.append("commit")
+            raise OperationalError("COMMIT", {}, Exception("disk I/O error"))
+
+    exit_report = helper_pb2.ProcessExitRequest(server="n1", job_id=job, incarnation="old", exit_code=1)
+    event.listen(Session, "before_commit", refuse_once)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            helper.ReportProcessExit(exit_report, timeout=30)
+    finally:
+        event.remove(Session, "before_commit", refuse_once)
+    assert failed and err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+    helper.ReportProcessExit(exit_report, timeout=30)  # the helper's try again
+    events = stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job, kinds=["job.stale_exit"])).events
+    assert [(e.server, e.message) for e in events] == [("n1", "old launch old exited")]
+
+
 @pytest.mark.full  # a further case of -k never_given and -k held_to_what, which check the mechanism
 def test_any_launches_a_heartbeat_names_are_refused_or_stopped_and_only_real_jobs_get_one_event(
         channel: Any, wait_for: Any) -> None:
