@@ -307,6 +307,9 @@ class Controller:
         # The global step the job's first process started training at (carried in every
         # checkpoint): StopAtStepHook(num_steps=N) counts from it, not from a restore.
         self.job_start_step: int | None = None
+        # When the job's first process started (wall-clock; carried in every checkpoint): the
+        # program's own checkpoints written since are the job's (tf_runtime.own_checkpoints).
+        self.job_started_at: float | None = time.time()
         # Warm with rehearsal: hold before the next run after the restore point.
         self._warm_pending = False
         self._warm_armed = False  # the session to hold in is bound
@@ -1193,6 +1196,13 @@ class Controller:
         start = validate(directory).get("start_step")
         return int(start) if isinstance(start, int) else None
 
+    @staticmethod
+    def _peek_started_at(directory: str) -> float | None:
+        from .checkpoint import validate
+
+        started = validate(directory).get("started_at")
+        return float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None
+
     @property
     def restored(self) -> bool:
         """Whether this process restored a checkpoint of Gandiva's (a migration, a restart)."""
@@ -1221,6 +1231,7 @@ class Controller:
         self._read_since_restore = False
         self.restored_step = info.step
         self.job_start_step = self._peek_start_step(directory)
+        self.job_started_at = self._peek_started_at(directory)
         self.meter.set_steps(info.step)
         self._event("restored", step=info.step, restore_s=round(info.seconds, 6))
         log.info("restored step %d from %s in %.3f s", info.step, directory, info.seconds)
@@ -1550,7 +1561,8 @@ class Controller:
 
     def _save(self, adapter: SessionAdapter, directory: str) -> CheckpointInfo:
         self._save_built = True
-        info = adapter.save(directory, self.settings.job_id, start_step=self.job_start_step)
+        info = adapter.save(directory, self.settings.job_id, start_step=self.job_start_step,
+                            started_at=self.job_started_at)
         self.meter.set_steps(info.step)
         self._event("checkpoint", path=info.path, save_s=round(info.seconds, 6), step=info.step)
         return info

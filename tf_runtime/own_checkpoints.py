@@ -8,8 +8,10 @@ them in the program's directory for good (after an uninterrupted run of 20 steps
 every 3 with N=3 the directory held steps 12, 15, 18; after a migration at 7 also 3 and 6),
 and the directory's `checkpoint` state file listed only the new process's. At its first
 save in a restored process, such a Saver takes up the checkpoints the directory's state
-file lists under its own prefix (`Saver.recover_last_checkpoints`, TensorFlow's own way),
-as the uninterrupted process would hold them; it then prunes and lists them alike.
+file lists under its own prefix and that the job wrote (since its first process started:
+not a run's from before the job, which the uninterrupted process never prunes)
+(`Saver.recover_last_checkpoints`, TensorFlow's own way), as the uninterrupted process
+would hold them; it then prunes and lists them alike.
 Nothing here imports TensorFlow."""
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ log = logging.getLogger("tf_runtime")
 
 
 def recover(saver: Any, save_path: str, latest_filename: str | None,
-            state_of: Any, exists: Any) -> list[str]:
+            state_of: Any, mtime_of: Any, since: float | None) -> list[str]:
     """Give `saver` (a program's Saver about to make its first save in this process) the
-    checkpoints of its prefix that `save_path`'s directory state lists and that still
-    exist; returns them (in the form `save_path` has: relative stays relative).
-    `state_of(directory, latest_filename)`: TensorFlow's `get_checkpoint_state`;
-    `exists(path)`: its `checkpoint_exists`."""
+    checkpoints of its prefix that `save_path`'s directory state lists, that still exist
+    and that were written since the job's first process started (`since`, wall-clock;
+    None: not known, none taken up); returns them (in the form `save_path` has: relative
+    stays relative). `state_of(directory, latest_filename)`: TensorFlow's
+    `get_checkpoint_state`; `mtime_of(path)`: when the checkpoint was written, None when
+    it is gone."""
     if getattr(saver, "last_checkpoints", None) or not (saver.saver_def.max_to_keep or 0) > 0:
         return []  # it knows its checkpoints already, or prunes none
     directory = os.path.dirname(save_path)
@@ -45,7 +49,11 @@ def recover(saver: Any, save_path: str, latest_filename: str | None,
         if not own.fullmatch(name):
             continue  # another Saver's checkpoints sharing the directory
         path = os.path.join(directory, name)
-        if exists(path):
+        written = mtime_of(path)
+        # Only the job's own: a run from before the job (the program restored it from the
+        # directory it saves into, and was moved before its first save: the state file still
+        # lists that run's) is never pruned by the uninterrupted run's Saver.
+        if written is not None and since is not None and written >= since:
             paths.append(path)
     if paths:
         saver.recover_last_checkpoints(paths)

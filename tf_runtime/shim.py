@@ -214,7 +214,9 @@ def _patch_tensorflow() -> None:
             try:
                 own_checkpoints.recover(self, save_path, latest,
                                         checkpoint_management.get_checkpoint_state,
-                                        checkpoint_management.checkpoint_exists)
+                                        lambda p: next(iter(checkpoint_management.get_checkpoint_mtimes([p])),
+                                                       None),
+                                        _CONTROLLER[0].job_started_at)
             except Exception:  # never break the program's save
                 log.exception("could not take up the program's earlier checkpoints")
         return orig_saver_save(self, sess, save_path, *args, **kwargs)

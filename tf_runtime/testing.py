@@ -221,12 +221,14 @@ class FakeAdapter:
     def global_step(self) -> int:
         return self.sess.step
 
-    def save(self, directory: str, job_id: str, start_step: int | None = None) -> CheckpointInfo:
+    def save(self, directory: str, job_id: str, start_step: int | None = None,
+             started_at: float | None = None) -> CheckpointInfo:
         step = self.sess.step
         path, size = write_atomically(
             directory, lambda tmp: (tmp / "model.index").write_text(str(step)),
             {"job_id": job_id, "global_step": step, "replicas": self.tower_count,
-             **({"start_step": start_step} if start_step is not None else {})})
+             **({"start_step": start_step} if start_step is not None else {}),
+             **({"started_at": started_at} if started_at is not None else {})})
         self.saves.append(str(path))
         return CheckpointInfo(str(path), step, self.tower_count, size, 0.001)
 

@@ -752,9 +752,11 @@ class TFSessionAdapter:
             ckpt = rebuilt
         return ckpt
 
-    def save(self, directory: str, job_id: str, start_step: int | None = None) -> CheckpointInfo:
+    def save(self, directory: str, job_id: str, start_step: int | None = None,
+             started_at: float | None = None) -> CheckpointInfo:
         """A checkpoint of the training state; `start_step`, the global step the job's
-        first process started training at, goes into the manifest with it."""
+        first process started training at, and `started_at`, when that process started
+        (wall-clock), go into the manifest with it."""
         t0 = time.perf_counter()  # the copies' comparison is part of the save's cost
         ckpt = self.checked_checkpointer()
         step = self.global_step()
@@ -771,7 +773,8 @@ class TFSessionAdapter:
              "variables": len(ckpt.groups),
              **({"split": sorted(ckpt.split)} if ckpt.split else {}),
              **({"iterators": entries} if entries else {}),
-             **({"start_step": start_step} if start_step is not None else {})})
+             **({"start_step": start_step} if start_step is not None else {}),
+             **({"started_at": started_at} if started_at is not None else {})})
         return CheckpointInfo(str(path), step, ckpt.replicas, size, time.perf_counter() - t0)
 
     def rehearse(self, step: Callable[[], Any]) -> dict[str, float]:

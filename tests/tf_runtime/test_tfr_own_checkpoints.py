@@ -34,7 +34,7 @@ def test_the_checkpoints_of_its_prefix_that_exist_are_taken_up_in_its_own_form()
     gone = {"ck/model.ckpt-9"}
     saver = FakeSaver()
     state_of = _state(listed)
-    got = recover(saver, "ck/model.ckpt", "latest", state_of, lambda p: p not in gone)
+    got = recover(saver, "ck/model.ckpt", "latest", state_of, lambda p: None if p in gone else 10.0, 5.0)
     # Relative as the program's save_path is (TensorFlow's state gives absolute paths), so
     # its next save of the same name replaces the entry rather than listing it twice.
     assert got == saver.last_checkpoints == ["ck/model.ckpt-3", "ck/model.ckpt-6"]
@@ -45,11 +45,11 @@ def test_a_saver_that_knows_its_checkpoints_or_prunes_none_is_left_alone() -> No
     state_of = _state(["/w/model-3"])
     for saver in (FakeSaver(known=["/w/model-6"]), FakeSaver(max_to_keep=None), FakeSaver(0)):
         before = list(saver.last_checkpoints)
-        assert recover(saver, "/w/model", None, state_of, lambda p: True) == []
+        assert recover(saver, "/w/model", None, state_of, lambda p: 10.0, 5.0) == []
         assert saver.last_checkpoints == before
     assert state_of.calls == []  # type: ignore[attr-defined]
     no_state = FakeSaver()
-    assert recover(no_state, "model", None, lambda d, f: None, lambda p: True) == []
+    assert recover(no_state, "model", None, lambda d, f: None, lambda p: 10.0, 5.0) == []
     assert no_state.last_checkpoints == []
 
 
@@ -59,5 +59,19 @@ def test_another_savers_checkpoints_whose_prefix_extends_its_own_are_not_taken_u
     # the uninterrupted run's "model.ckpt" Saver never deletes them.
     listed = ["/w/model.ckpt-best-40", "/w/model.ckpt-30", "/w/model.ckpt-x", "/w/model.ckpt-"]
     saver = FakeSaver()
-    got = recover(saver, "/w/model.ckpt", None, _state(listed), lambda p: True)
+    got = recover(saver, "/w/model.ckpt", None, _state(listed), lambda p: 10.0, 5.0)
     assert got == saver.last_checkpoints == ["/w/model.ckpt-30"]
+
+
+def test_checkpoints_written_before_the_job_started_are_not_taken_up() -> None:
+    # The program restores a run of its own from before this job (fine-tuning, a job run
+    # again) from the directory it saves into; the job is migrated before its first save, so
+    # the state file still lists the old run's checkpoints. The uninterrupted run's Saver
+    # never deletes them (a Saver prunes only what it wrote); only the job's own are taken up.
+    listed = ["/w/model.ckpt-1000", "/w/model.ckpt-2000", "/w/model.ckpt-2100"]
+    written = {"/w/model.ckpt-1000": 50.0, "/w/model.ckpt-2000": 60.0, "/w/model.ckpt-2100": 120.0}
+    saver = FakeSaver()
+    got = recover(saver, "/w/model.ckpt", None, _state(listed), written.get, 100.0)
+    assert got == saver.last_checkpoints == ["/w/model.ckpt-2100"]
+    unknown = FakeSaver()  # a checkpoint of Gandiva's that does not say when the job started
+    assert recover(unknown, "/w/model.ckpt", None, _state(listed), written.get, None) == []
