@@ -16,7 +16,7 @@ import grpc
 
 from migration_helper.agent import TransferTooSlow, send_checkpoint
 from migration_helper.files import open_regular
-from migration_helper.launch_rule import job_environment, shim_command
+from migration_helper.launch_rule import isolated_launch, job_environment, shim_command
 from migration_helper.process import OWNER_ENV, JobProcess, ProcessExited
 from migration_helper.ramdisk import CheckpointError, CheckpointMissing, safe_name
 from protos.gandiva.v1 import helper_pb2
@@ -177,6 +177,7 @@ class JobTable:
             gpu_indices=list(req.gpu_indices),
             restore_checkpoint=req.restore_checkpoint,
         )
+        argv, env = isolated_launch(argv, env)  # python -E / -I
         if req.warm and req.warm_signature:
             env["GANDIVA_WARM_SIGNATURE"] = req.warm_signature
         if req.warm and req.source_towers > 0:

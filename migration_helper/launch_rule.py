@@ -16,6 +16,7 @@ runtime is marked uncontrollable by the scheduler (docs/tf_runtime.md).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 from scheduler.transport import ENV_TLS_CERT, ENV_TLS_KEY, ENV_TOKEN
 from scheduler.validation import LAUNCH_ENV_NAMES
-from tf_runtime.autoload import path_with_autoload
+from tf_runtime.autoload import DIRECTORY, PYTHON_ENV, path_with_autoload
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
 # Interpreter options that take a separate value (python -W ignore, -X dev).
@@ -43,6 +44,7 @@ _HELPER_ONLY = (
     # launch is never the descendant of one, whatever environment it was submitted from.
     "GANDIVA_RUNTIME_PID",
     "GANDIVA_GPUS",  # the job's CUDA_VISIBLE_DEVICES, for every process of it (tf_runtime.launch_devices)
+    PYTHON_ENV,  # the PYTHON* variables a `python -E` / `-I` launch set aside (isolated_launch)
     # The helper's own credentials (named where they are read): a job gets a token scoped
     # to itself instead, and the CA only.
     ENV_TOKEN,
@@ -130,7 +132,7 @@ def job_environment(
     env = {k: v for k, v in base.items() if k not in _HELPER_ONLY}
     # Nor from the job's own variables (a scheduler refuses them in a spec; an older one did
     # not): GANDIVA_RESTORE_CHECKPOINT there made a launch without one restore from it.
-    env.update({k: v for k, v in job_env.items() if k not in LAUNCH_ENV_NAMES})
+    env.update({k: v for k, v in job_env.items() if k not in LAUNCH_ENV_NAMES and k != PYTHON_ENV})
     env["PYTHONPATH"] = path_with_autoload(env.get("PYTHONPATH"))
     # Every incarnation of a job hashes strings alike (a vocabulary built as
     # `list(set(words))` keeps its word ids across a migration or restart), whatever the
@@ -150,3 +152,60 @@ def job_environment(
     if restore_checkpoint:
         env["GANDIVA_RESTORE_CHECKPOINT"] = restore_checkpoint
     return env
+
+
+def _drop_isolation(opts: list[str]) -> tuple[list[str], bool, bool]:
+    """(the options less -E and -I, whether -E was given, whether -I was), reading short
+    options combined as `_split_options` does (`-uE`, `-IB`; a -W/-X value is kept whole)."""
+    out, ignore_env, isolated, value_next = list[str](), False, False, False
+    for word in opts:
+        if value_next or word.startswith("--") or not word.startswith("-"):
+            out.append(word)
+            value_next = False
+            continue
+        kept = "-"
+        for j, char in enumerate(word[1:], start=1):
+            if f"-{char}" in _OPTS_WITH_VALUE:
+                kept += word[j:]
+                value_next = j == len(word) - 1
+                break
+            if char == "E":
+                ignore_env = True
+            elif char == "I":
+                isolated = True
+            else:
+                kept += char
+        if kept != "-":
+            out.append(kept)
+    return out, ignore_env, isolated
+
+
+def isolated_launch(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """`python -E` / `-I` as the helper starts it (`argv` from shim_command, `env` from
+    job_environment). Both make Python ignore every PYTHON* variable, so the autoload on
+    PYTHONPATH and the job's PYTHONHASHSEED never reached such a process: under `python -E
+    -m pkg.train` no shim started (the job uncontrollable), and each incarnation hashed
+    strings with another random seed (a vocabulary built as `list(set(words))` numbered
+    its words anew after a migration or restart). The option is carried out in the
+    environment instead: the process starts without it and with no PYTHON* variable but
+    the autoload's PYTHONPATH, the job's hash seed and PYTHONUNBUFFERED (for -I also
+    PYTHONNOUSERSITE and PYTHONSAFEPATH: no user site, no script directory on sys.path);
+    the variables set aside travel in GANDIVA_PYTHON_ENV, and the autoload puts them back
+    into its os.environ at start-up, so its children inherit them as they would have."""
+    argv = list(argv)
+    if not argv or not is_python(argv[0]):
+        return argv, dict(env)
+    opts, rest = _split_options(argv[1:])
+    opts, ignore_env, isolated = _drop_isolation(opts)
+    if not (ignore_env or isolated):
+        return argv, dict(env)
+    aside = {k: v for k, v in env.items() if k.startswith("PYTHON")}
+    out = {k: v for k, v in env.items() if not k.startswith("PYTHON")}
+    out["PYTHONPATH"] = DIRECTORY
+    for name in ("PYTHONHASHSEED", "PYTHONUNBUFFERED"):
+        if name in env:
+            out[name] = env[name]
+    if isolated:
+        out.update(PYTHONNOUSERSITE="1", PYTHONSAFEPATH="1")
+    out[PYTHON_ENV] = json.dumps(aside)
+    return [argv[0], *opts, *rest], out

@@ -48,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     autoload.arm()
     sys.argv = list(args)
     # What `python script.py` does: the script's directory comes first on the path,
-    # so the program's sibling modules import as they would without the shim.
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    # so the program's sibling modules import as they would without the shim. Not under
+    # `-P` / `-I` / PYTHONSAFEPATH, which put neither it nor the working directory there
+    # (sys.path[0] is then the standard library's, once overwritten here).
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
     runpy.run_path(script, run_name="__main__")
     return 0
 

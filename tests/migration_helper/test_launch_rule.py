@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from migration_helper.launch_rule import job_environment, shim_command
+from migration_helper.launch_rule import isolated_launch, job_environment, shim_command
 
 
 @pytest.mark.parametrize(("command", "expected"), [
@@ -90,6 +90,55 @@ def test_every_incarnation_of_a_job_hashes_strings_alike() -> None:
     own = job_environment(base, {"PYTHONHASHSEED": "0"}, job_id="job-7", incarnation="i1",
                           scheduler="s", server="s1", gpu_indices=[0])
     assert own["PYTHONHASHSEED"] == "0"
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    (["python", "-E", "t.py"], ["/bin/python3", "-m", "tf_runtime.run", "t.py"]),
+    (["python", "-uI", "-m", "pkg.task"], ["/bin/python3", "-u", "-m", "pkg.task"]),
+    (["python", "-IB", "-X", "dev", "-Ec", "x"], ["/bin/python3", "-B", "-X", "dev", "-c", "x"]),
+    (["python", "-W", "E", "-uXdev", "t.py", "-E"], None),  # a value, the script's flag: no -E
+    (["bash", "-E", "run.sh"], None),
+])
+def test_python_e_and_i_are_carried_out_in_the_environment(command: list[str],
+                                                           expected: list[str] | None) -> None:
+    env = job_environment({"PATH": "/usr/bin", "PYTHONPATH": "/site/lib", "PYTHONWARNINGS": "error"},
+                          {}, job_id="j", incarnation="i", scheduler="s", server="x", gpu_indices=[0])
+    argv, out = isolated_launch(shim_command(command, interpreter="/bin/python3"), env)
+    if expected is None:
+        assert (argv, out) == (shim_command(command, interpreter="/bin/python3"), env)
+        return
+    assert argv == expected
+    assert (out["PYTHONHASHSEED"], out["PYTHONUNBUFFERED"]) == (env["PYTHONHASHSEED"], "1")
+    assert "/site/lib" not in out["PYTHONPATH"] and "PYTHONWARNINGS" not in out
+    assert ("PYTHONSAFEPATH" in out) == ("I" in "".join(command))
+
+
+def test_python_e_and_i_get_the_shim_and_the_jobs_hash_seed() -> None:
+    """`python -E` / `-I` make Python ignore PYTHONPATH and PYTHONHASHSEED: such a job's
+    process never got the autoload (`python -E -m pkg.train` ran without the shim, the job
+    uncontrollable) and hashed strings with another random seed in each incarnation (a
+    vocabulary numbered by a set's order changed after a migration or restart). Now the
+    helper starts it without the option, carried out in its environment, and the process
+    puts the variables set aside back for its children."""
+    import subprocess
+
+    code = ("import os, subprocess, sys; print(hash('gandiva'), 'tf_runtime.autoload' in sys.modules, "
+            "'/site/lib' in sys.path, os.environ.get('PYTHONWARNINGS'), sys.flags.no_user_site, "
+            "subprocess.run([sys.executable, '-c', 'import sys; print(\"/site/lib\" in sys.path)'], "
+            "capture_output=True, text=True).stdout.strip())")
+    base = {"PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONPATH": "/site/lib", "PYTHONWARNINGS": "ignore"}
+    seen = []
+    for option, incarnation in (("-E", "i1"), ("-E", "i2"), ("-I", "i3")):
+        env = job_environment(base, {}, job_id="job-7", incarnation=incarnation, scheduler="s",
+                              server="x", gpu_indices=[0])
+        argv, env = isolated_launch(shim_command(["python", option, "-c", code], sys.executable), env)
+        out = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        seen.append(out.stdout.split())
+    assert len({row[0] for row in seen}) == 1, seen  # one hash seed for every incarnation
+    # The shim armed, the server's PYTHONPATH ignored (-E), the variables back for the
+    # child, which sees the PYTHONPATH again; -I also ignores the user's site.
+    assert [row[1:] for row in seen] == [["True", "False", "ignore", n, "True"] for n in "001"], seen
 
 
 def test_a_job_gets_its_own_token_and_the_helpers_tls_files_by_absolute_path(

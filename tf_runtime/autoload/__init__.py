@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+# The PYTHON* variables of a `python -E` / `-I` launch, set aside by the helper
+# (migration_helper.launch_rule.isolated_launch) and put back by sitecustomize.py.
+PYTHON_ENV = "GANDIVA_PYTHON_ENV"
 
 
 def path_with_autoload(pythonpath: str | None) -> str:
@@ -62,4 +65,4 @@ def arm() -> None:
         sys.meta_path.insert(0, _FINDER)
 
 
-__all__ = ["DIRECTORY", "arm", "path_with_autoload"]
+__all__ = ["DIRECTORY", "PYTHON_ENV", "arm", "path_with_autoload"]

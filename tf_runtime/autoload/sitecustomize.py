@@ -29,6 +29,24 @@ def _arm() -> None:
         print(f"gandiva: could not arm the tf_runtime shim: {exc}", file=sys.stderr)
 
 
+def _put_back_python_env() -> None:
+    """A `python -E` / `-I` launch starts without the option, its PYTHON* variables set
+    aside in GANDIVA_PYTHON_ENV (migration_helper.launch_rule.isolated_launch): put them
+    back, now that this interpreter has read its own, so its children inherit them."""
+    saved = os.environ.pop("GANDIVA_PYTHON_ENV", None)
+    if saved is None:
+        return
+    try:
+        import json
+
+        aside = json.loads(saved)
+        for name in [k for k in os.environ if k.startswith("PYTHON")]:
+            del os.environ[name]
+        os.environ.update(aside)
+    except Exception as exc:  # noqa: BLE001  (never break the interpreter's start-up)
+        print(f"gandiva: could not restore the PYTHON* variables: {exc!r}", file=sys.stderr)
+
+
 def _chain() -> None:
     """Run the sitecustomize this one shadows, if there is one."""
     import importlib.machinery
@@ -50,6 +68,7 @@ def _chain() -> None:
         print(f"gandiva: the next sitecustomize failed: {exc!r}", file=sys.stderr)
 
 
+_put_back_python_env()
 if os.environ.get("GANDIVA_JOB_ID"):
     _arm()
 _chain()
