@@ -64,6 +64,29 @@ def fill(path: Path, days: int, per_day: int, slices: int, now: float) -> None:
         conn.execute(insert(Transition), changes)
 
 
+def upgrade(url: str, env: dict[str, str]) -> None:
+    """A fresh database with the schema of `gandiva db upgrade`."""
+    subprocess.run([sys.executable, "-m", "gandiva_cli.main", "db", "upgrade", "--db", url], check=True, env=env,
+                   capture_output=True)
+
+
+def start_scheduler(home: Path, url: str, env: dict[str, str], *flags: str) -> tuple[subprocess.Popen, str]:
+    """A real `gandiva scheduler` on ``url`` (its log in HOME/log), once it listens: the
+    process and its gRPC address."""
+    port_file = home / "port"
+    port_file.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--db", url, "--listen", "127.0.0.1:0",
+         "--port-file", str(port_file), *flags], stdout=(home / "log").open("w"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 300
+    while not (port_file.exists() and port_file.read_text().strip()):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise SystemExit(f"the scheduler did not start; see {home}/log")
+        time.sleep(0.1)
+    return proc, port_file.read_text().strip()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=30)
@@ -77,8 +100,7 @@ def main() -> int:
     url = f"sqlite+aiosqlite:///{db}"
     env = {**os.environ, "GANDIVA_HOME": str(home)}
     if args.reuse is None:
-        subprocess.run([sys.executable, "-m", "gandiva_cli.main", "db", "upgrade", "--db", url], check=True, env=env,
-                       capture_output=True)
+        upgrade(url, env)
         t0 = time.monotonic()
         fill(db, args.days, args.jobs_per_day, args.slices, time.time())
         print(f"written in {time.monotonic() - t0:.0f}s into {home}", flush=True)
@@ -87,18 +109,9 @@ def main() -> int:
         jobs = conn.execute(select(func.count()).select_from(Job)).scalar_one()
         changes = conn.execute(select(func.count()).select_from(Transition)).scalar_one()
     print(f"history: {jobs:,} jobs, {changes:,} state changes, {db.stat().st_size / 2**20:.0f} MiB", flush=True)
-    (home / "port").unlink(missing_ok=True)
-    port_file = home / "port"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--db", url, "--listen", "127.0.0.1:0",
-         "--port-file", str(port_file)], stdout=(home / "log").open("w"), stderr=subprocess.STDOUT, env=env)
+    proc, address = start_scheduler(home, url, env)
     try:
-        deadline = time.monotonic() + 120
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit(f"the scheduler did not start; see {home}/log")
-            time.sleep(0.1)
-        stub = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(port_file.read_text().strip()))
+        stub = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
         some_job = f"j-{jobs - 1:010x}"
         baseline = []
         for _ in range(20):

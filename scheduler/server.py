@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -286,14 +287,18 @@ class SchedulerServer:
     async def _read_back_decisions(self) -> None:
         """The dashboard's decision log, empty at start, gets the latest decisions the
         database records (scheduler.observe.history); a failure to read them is logged only."""
-        from scheduler.observe.history import read_back
+        from scheduler.observe.history import read_back, read_back_timeline
 
         try:
+            t0 = time.monotonic()
             count = await read_back(self.core, self._metrics.log, self.core.clock())
+            t1 = time.monotonic()
+            drawn = await read_back_timeline(self.core, self._metrics.timeline, self.core.clock())
         except Exception:  # the page's history must never keep the scheduler down
-            log.warning("could not read the decision log back from the database", exc_info=True)
+            log.warning("could not read the decision log and GPU timeline back from the database", exc_info=True)
         else:
-            log.info("decision log: %d decisions read back from the database", count)
+            log.info("decision log: %d decisions read back from the database in %.2fs; GPU timeline of the last "
+                     "hour: %d GPUs in %.2fs", count, t1 - t0, drawn, time.monotonic() - t1)
 
     async def stop(self, grace: float = 5.0) -> None:
         if self.http is not None:

@@ -20,7 +20,7 @@ from scheduler.core import JobDetail, SchedulerCore
 from scheduler.engine.drain import set_cordon
 from scheduler.engine.live import LiveEngine
 from scheduler.errors import InvalidArgument, ResourceExhausted
-from scheduler.observe import problems, usage
+from scheduler.observe import holds, problems, usage
 from scheduler.state import repo
 from scheduler.state.models import Event
 from scheduler.state.repo import ServerLoad
@@ -330,6 +330,39 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             since=got.since, until=got.until, users=users, total=scheduler_pb2.Usage(**got.total.as_dict()),
             jobs=jobs, jobs_not_listed=got.jobs_not_listed + len(got.jobs) - len(jobs),
             users_not_listed=len(got.users) - len(users), oldest_kept=got.oldest_kept)
+
+    @grpc_errors
+    @_few_at_once
+    async def ListPlacements(self, request, context):  # type: ignore[no-untyped-def]
+        check_text("server", request.server, 128)
+        check_text("job_id", request.job_id, 64)
+        if request.job_id:  # NOT_FOUND for an id no job has (a typo read as "it held no GPU")
+            await self._own_job(request.job_id) if not auth.current().sees_all else \
+                await self.core.get_job(request.job_id)
+        gpu = request.gpu if request.HasField("gpu") else -1  # unset: every GPU (0 is GPU 0)
+        if gpu < -1:
+            raise InvalidArgument("gpu", f"{request.gpu}: a GPU index, 0 or more (unset: every GPU)")
+        if not 0 <= request.limit <= holds.LISTED_MAX:
+            raise InvalidArgument("limit", f"{request.limit}: 0 to {holds.LISTED_MAX} (0: {holds.LISTED})")
+        since, until = holds.check_period(request.since, request.until, self.core.clock())
+        got, kept = await self.core.read_sync(lambda s: (
+            holds.read(s, since, until, request.server, gpu, request.job_id, request.limit or holds.LISTED),
+            holds.kept_since(s)))
+        ident = auth.current()
+        mine: set[str] = set()
+        if not ident.sees_all:  # as ListServers: another user's job is hidden-N, its GPU still shown held
+            async with self.core.tx(read=True) as s:
+                mine = await repo.own_jobs(s, ident.name, {h.job_id for h in got.holds})
+        aliases: dict[str, str] = {}
+        out = []
+        for h in got.holds:
+            seen = ident.sees_all or h.job_id in mine
+            out.append(scheduler_pb2.PlacementSpan(
+                job_id=h.job_id if seen else aliases.setdefault(h.job_id, f"{auth.HIDDEN_JOB}{len(aliases) + 1}"),
+                name=h.name if seen else "", user=h.user if seen else "", server=h.server, gpu=h.gpu,
+                start_at=h.start_at, end_at=h.end_at or 0.0, state_at=h.state_at))
+        return scheduler_pb2.ListPlacementsResponse(since=since, until=until, placements=out, more=got.more,
+                                                    kept_since=kept)
 
     async def _job_ids_shown(self, loads: list[ServerLoad],
                              held: dict[str, list[str]] | None = None) -> Callable[[str], str]:

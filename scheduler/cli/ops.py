@@ -14,7 +14,7 @@ import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler import auth, eta, timeline
-from scheduler.cli import output, sharing, usage
+from scheduler.cli import output, placements, sharing, usage
 from scheduler.cli.argtypes import point_in_time
 from scheduler.cli.client import (
     EXIT_ERROR,
@@ -62,8 +62,10 @@ def register(subparsers: Any) -> None:
 
 
 def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    get = subparsers.add_parser("get", help="list jobs, servers, users, events or problems; usage over a period")
-    kinds = get.add_subparsers(dest="kind", metavar="jobs|servers|users|usage|events|problems", required=True)
+    get = subparsers.add_parser("get", help="list jobs, servers, users, events or problems; usage over a period; "
+                                            "who held which GPU when")
+    kinds = get.add_subparsers(dest="kind", metavar="jobs|servers|users|usage|placements|events|problems",
+                               required=True)
     jobs = kinds.add_parser("jobs", aliases=["job"], parents=[common], help="list jobs")
     jobs.add_argument("ids", nargs="*", metavar="ID", help="only these jobs")
     jobs.add_argument("--state", action="append", default=[], metavar="STATE",
@@ -84,6 +86,7 @@ def _register_get(subparsers: Any, common: argparse.ArgumentParser) -> None:
                             "job not ended; their finished jobs count in FINISHED and GPU-TIME)")
     _set(users, get_users)
     usage.register(kinds, common, _set)
+    placements.register(kinds, common, _set)
     events = kinds.add_parser("events", aliases=["event"], parents=[common], help="list events")
     events.add_argument("--job", default="", metavar="ID", help="only this job's events")
     events.add_argument("--after", type=int, default=0, metavar="EVENT_ID",

@@ -6,9 +6,11 @@ reasons: every job's state changes (the ``transitions`` table) and every packing
 verdict (a ``job.pack`` event on each job of the pair). The latest of them are put back in
 the log before the first round, oldest first, each as the decision it records (a job placed,
 suspended, resumed, moved, sent back to the queue; a verdict), then one line saying that the
-scheduler started and that the lines before it were read back (none for a new database). What they lack: the GPU
-numbers (a state change names no GPU), and the decisions that changed no state (a grow or
-shrink of a running job, a pack's start).
+scheduler started and that the lines before it were read back (none for a new database). Their
+GPUs come from the GPUs' history (``gpu_holds``, scheduler/observe/holds.py), which also draws
+the per-GPU timeline again (``read_back_timeline``). What they lack: the decisions that changed
+no state (a grow or shrink of a running job, a pack's start), and the GPUs of a decision taken
+before that history was kept (session 49).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from scheduler.observe.metrics import DecisionLog
+from scheduler.observe import holds
+from scheduler.observe.metrics import DecisionLog, Timeline
 from scheduler.state.models import Event, Transition
 from scheduler.timeline import PACK_VERDICT
 
@@ -68,10 +71,21 @@ async def read_back(core: Any, log: DecisionLog, now: float) -> int:
             rows.append((at, verdict_kind(message), job_id, message))
     rows.sort(key=lambda row: row[0])
     rows = rows[-(size - 1):] if size > 1 else []
+    # Their GPUs, from the GPUs' history (gpu_holds, since session 49; a decision taken
+    # before that has none).
+    held = await core.read_sync(lambda s: holds.jobs_gpus(s, sorted({row[2] for row in rows})))
     for at, kind, job_id, reason in rows:
-        log.add(at, kind, job_id, (), reason)
+        log.add(at, kind, job_id, holds.gpus_of_decision(held.get(job_id, []), kind, at), reason)
     if rows:  # a new database: nothing to say
         log.add(now, RESTART, "", (), f"the scheduler started; the {len(rows)} decisions before this line are read "
-                                      "back from the database (its jobs' state changes and packing verdicts, without "
-                                      "GPU numbers); gandiva get events --since WHEN --until WHEN lists all of them")
+                                      "back from the database (its jobs' state changes and packing verdicts); "
+                                      "gandiva get events --since WHEN --until WHEN lists all of them")
     return len(rows)
+
+
+async def read_back_timeline(core: Any, timeline: Timeline, now: float) -> int:
+    """Fill ``timeline`` (empty: the scheduler is starting) with its last ``keep_s`` drawn
+    from the GPUs' history; returns how many GPUs have a segment."""
+    drawn = await core.read_sync(lambda s: holds.timeline_rows(s, now - timeline.keep_s, now))
+    timeline.gpus.update(drawn)
+    return sum(1 for segs in drawn.values() if any(any(seg[2:]) for seg in segs))

@@ -191,6 +191,24 @@ class Placement(Base):
     __table_args__ = (Index("ix_placements_server", "server_name", "gpu_index"),)
 
 
+class GpuHold(Base):
+    """One GPU held by one job over a time (its Placement row's life): opened when the job is
+    placed there, closed (``end_at``) when it leaves it. What the placements table forgets,
+    kept so that "which job was on GPU 3 of node-b at 03:12?" and the dashboard's per-GPU
+    timeline can be answered after a restart (scheduler/observe/holds.py). ``end_at`` is
+    NULL while the GPU is held. No foreign key to servers: a server deregistered keeps its
+    history. Indexed by the end, so that a period's holds are read from its start on."""
+
+    __tablename__ = "gpu_holds"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    server_name: Mapped[str] = mapped_column(String(128))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    start_at: Mapped[float] = mapped_column(Double)
+    end_at: Mapped[float | None] = mapped_column(Double, nullable=True, index=True)
+    __table_args__ = (Index("ix_gpu_holds_gpu", "server_name", "gpu_index", "end_at"),)
+
+
 class Migration(Base):
     """A migration in progress, durable: its phase, and the destination GPUs it holds
     from the first phase on (no later round places another job on them). After a

@@ -41,6 +41,7 @@ from scheduler.state.db import bytewise
 from scheduler.state.models import (
     Event,
     Gpu,
+    GpuHold,
     Job,
     JobProfile,
     Migration,
@@ -439,7 +440,7 @@ async def last_server(session: AsyncSession, job_id: str) -> str:
 async def finish(session: AsyncSession, job: Job, state: JobState, now: float, reason: str) -> None:
     """To a terminal `state`: no GPUs, no migration in progress."""
     await transition(session, job, state, now, reason)
-    await clear_placement(session, job.id)
+    await clear_placement(session, job.id, now)
     await end_migration(session, job.id)
 
 
@@ -493,7 +494,7 @@ async def requeue(
         job.held = False
         reason = f"{reason}; the operator's hold ends with its process: it is placed again"
     await transition(session, job, JobState.QUEUED, now, reason)
-    await clear_placement(session, job.id)
+    await clear_placement(session, job.id, now)
     await end_migration(session, job.id)
     job.fenced_until = max(job.fenced_until or 0.0, fenced_until)
 
@@ -507,7 +508,7 @@ async def place(
     event names the (first) server, where the job's output goes (see last_server)."""
     gpus = list(gpus)
     await transition(session, job, JobState.RUNNING, now, reason, server=gpus[0][0] if gpus else "")
-    await set_placement(session, job.id, gpus)
+    await set_placement(session, job.id, gpus, now)
     if job.incarnation != incarnation:
         job.rate_at = 0.0  # its rate is not measured on these GPUs yet (scheduler/eta.py)
     job.incarnation = incarnation
@@ -571,15 +572,33 @@ async def placed_job_rows(session: AsyncSession, server: str) -> Sequence:
 
 
 async def set_placement(
-    session: AsyncSession, job_id: str, gpus: Iterable[tuple[str, int]]
+    session: AsyncSession, job_id: str, gpus: Iterable[tuple[str, int]], now: float
 ) -> None:
-    await clear_placement(session, job_id)
-    for server, index in gpus:
-        session.add(Placement(job_id=job_id, server_name=server, gpu_index=index))
-
-
-async def clear_placement(session: AsyncSession, job_id: str) -> None:
+    """The job holds ``gpus`` from ``now`` on; each GPU's hold (gpu_holds) is closed when it
+    leaves it and opened where it arrives, one it keeps (a grow's first GPUs) goes on."""
+    wanted = list(dict.fromkeys(gpus))
     await session.execute(delete(Placement).where(Placement.job_id == job_id))
+    await _close_holds(session, job_id, now, keep=set(wanted))
+    held = {(str(r[0]), int(r[1])) for r in (await session.execute(
+        select(GpuHold.server_name, GpuHold.gpu_index).where(GpuHold.job_id == job_id, GpuHold.end_at.is_(None))
+    )).all()}
+    for server, index in wanted:
+        session.add(Placement(job_id=job_id, server_name=server, gpu_index=index))
+        if (server, index) not in held:
+            session.add(GpuHold(job_id=job_id, server_name=server, gpu_index=index, start_at=now, end_at=None))
+
+
+async def clear_placement(session: AsyncSession, job_id: str, now: float) -> None:
+    await session.execute(delete(Placement).where(Placement.job_id == job_id))
+    await _close_holds(session, job_id, now)
+
+
+async def _close_holds(session: AsyncSession, job_id: str, now: float, keep: Iterable[tuple[str, int]] = ()) -> None:
+    """End the job's open holds at ``now``, but those of ``keep``."""
+    q = update(GpuHold).where(GpuHold.job_id == job_id, GpuHold.end_at.is_(None))
+    for server, index in keep:
+        q = q.where(~((GpuHold.server_name == server) & (GpuHold.gpu_index == index)))
+    await session.execute(q.values(end_at=now).execution_options(synchronize_session=False))
 
 
 # ---- servers ------------------------------------------------------------------

@@ -6,6 +6,7 @@ of one job: only its last decision, and the cluster's latest 30."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 import urllib.error
@@ -92,6 +93,7 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         # Ended, its row says how (its message), not the last decision taken while it ran
         # (`place: ...` here; `suspend: time slice of 10s over` for a job SUCCEEDED in the demo).
         f.api.KillJob(scheduler_pb2.JobActionRequest(id=job_id, reason="enough"))
+        killed_at = time.time()
         row = next(j for j in _get(address, "/api/state")[1]["jobs"] if j["id"] == job_id)
         assert row["state"] == "KILLED" and row["last_decision"] is None and "enough" in row["message"], row
         # `gandiva describe job` sums up what sharing did to it (session 48), from the same events.
@@ -105,9 +107,30 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
     # After a restart the page's decision log was empty (it lives in memory); since session 48
     # the latest decisions are read back from the database's state changes and verdicts.
     sched.stop()
-    again = make_scheduler(sqlite_url, tick_s=0.2, http_listen="127.0.0.1:0").server.http_address
+    restarted = make_scheduler(sqlite_url, tick_s=0.2, http_listen="127.0.0.1:0")
+    again = restarted.server.http_address
     log = _get(again, "/api/decisions?after=0")[1]["decisions"]
     assert [(d["kind"], d["job"]) for d in log] == [("place", job_id), ("suspend", job_id), ("resume", job_id),
                                                     ("keep-pack", job_id), ("restart", "")], log
     assert log[1]["reason"] == "make way (step 42) (it ran 4.5 mini-batches/s)", log
     assert "read back from the database" in log[-1]["reason"], log  # the page's log shows these (the page is unchanged)
+    # Since session 49 with their GPUs, and the per-GPU timeline drawn again (both were empty:
+    # a state change names no GPU), from the GPUs' history (gpu_holds).
+    assert [d["gpus"] for d in log[:3]] == [["a/0"]] * 3, log
+    segs = _get(again, "/api/timeline")[1]["gpus"]["a/0"]
+    assert [(s["running"], s["waiting"]) for s in segs] == [([job_id], []), ([], [job_id]), ([job_id], [])], segs
+    assert segs[0]["t0"] == pytest.approx(log[0]["at"]) and segs[-1]["t1"] == pytest.approx(killed_at, abs=1), segs
+    # "Which job was on GPU 0 of a while it was suspended, doing what?" from the command line.
+    mid = datetime.datetime.fromtimestamp((log[1]["at"] + log[2]["at"]) / 2).isoformat()
+    capsys.readouterr()
+    assert gandiva_main.main(["get", "placements", "--at", mid, "--server", "a", "--gpu", "0",
+                              "--scheduler", restarted.address, "-o", "json"]) == 0
+    held = json.loads(capsys.readouterr().out)["placements"]
+    assert [(p["job_id"], p["server"], p["gpu"], p["state_at"]) for p in held] == [(job_id, "a", 0, "suspended")]
+    assert held[0]["start_at"] == pytest.approx(log[0]["at"]) and held[0]["end_at"] == pytest.approx(killed_at, abs=1)
+    assert gandiva_main.main(["get", "placements", "--since", "1h", "--scheduler", restarted.address]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[1].split()[:3] == ["SERVER", "GPU", "JOB"] and table[2].split()[:3] == ["a", "0", job_id], table
+    assert gandiva_main.main(["get", "placements", "--at", "1h", "--since", "2h", "--scheduler",
+                              restarted.address]) == 2
+    assert "--at names one instant" in capsys.readouterr().err

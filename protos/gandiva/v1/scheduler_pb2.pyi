@@ -20,6 +20,126 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ListPlacementsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    since: _builtins.float
+    """unix seconds the period starts (more than 0)"""
+    until: _builtins.float
+    """its end (0: now); equal to `since`: the one instant"""
+    server: _builtins.str
+    """only this server's GPUs"""
+    gpu: _builtins.int
+    """only this GPU index (unset: every GPU)"""
+    job_id: _builtins.str
+    """only this job's GPUs"""
+    limit: _builtins.int
+    """at most this many (0: 1000; at most 10000), earliest start first"""
+    def __init__(
+        self,
+        *,
+        since: _builtins.float = ...,
+        until: _builtins.float = ...,
+        server: _builtins.str = ...,
+        gpu: _builtins.int | None = ...,
+        job_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "gpu", b"gpu"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "gpu", b"gpu", "job_id", b"job_id", "limit", b"limit", "server", b"server", "since", b"since", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gpu: _TypeAlias = _typing.Literal["gpu"]  # noqa: Y015
+    _WhichOneofArgType__gpu: _TypeAlias = _typing.Literal["_gpu", b"_gpu"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu) -> _WhichOneofReturnType__gpu | None: ...
+
+Global___ListPlacementsRequest: _TypeAlias = ListPlacementsRequest  # noqa: Y015
+
+@_typing.final
+class PlacementSpan(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
+    START_AT_FIELD_NUMBER: _builtins.int
+    END_AT_FIELD_NUMBER: _builtins.int
+    STATE_AT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    name: _builtins.str
+    user: _builtins.str
+    server: _builtins.str
+    gpu: _builtins.int
+    start_at: _builtins.float
+    """when the job was placed on the GPU"""
+    end_at: _builtins.float
+    """when it left it (0: it holds it now)"""
+    state_at: _builtins.str
+    """for an instant: running, suspended (its time-slice"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        user: _builtins.str = ...,
+        server: _builtins.str = ...,
+        gpu: _builtins.int = ...,
+        start_at: _builtins.float = ...,
+        end_at: _builtins.float = ...,
+        state_at: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_at", b"end_at", "gpu", b"gpu", "job_id", b"job_id", "name", b"name", "server", b"server", "start_at", b"start_at", "state_at", b"state_at", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlacementSpan: _TypeAlias = PlacementSpan  # noqa: Y015
+
+@_typing.final
+class ListPlacementsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    PLACEMENTS_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
+    KEPT_SINCE_FIELD_NUMBER: _builtins.int
+    since: _builtins.float
+    until: _builtins.float
+    """the period's end as used (at most the scheduler's now)"""
+    more: _builtins.bool
+    """more than `limit` matched"""
+    kept_since: _builtins.float
+    """the earliest placement the history holds (0: none)"""
+    @_builtins.property
+    def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlacementSpan]: ...
+    def __init__(
+        self,
+        *,
+        since: _builtins.float = ...,
+        until: _builtins.float = ...,
+        placements: _abc.Iterable[Global___PlacementSpan] | None = ...,
+        more: _builtins.bool = ...,
+        kept_since: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kept_since", b"kept_since", "more", b"more", "placements", b"placements", "since", b"since", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPlacementsResponse: _TypeAlias = ListPlacementsResponse  # noqa: Y015
+
+@_typing.final
 class GetUsageRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

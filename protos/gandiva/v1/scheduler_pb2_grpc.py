@@ -125,6 +125,11 @@ class SchedulerStub:
                 request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageRequest.SerializeToString,
                 response_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageResponse.FromString,
                 _registered_method=True)
+        self.ListPlacements = channel.unary_unary(
+                '/gandiva.v1.Scheduler/ListPlacements',
+                request_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListPlacementsRequest.SerializeToString,
+                response_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListPlacementsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -259,6 +264,16 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPlacements(self, request, context):
+        """Who held which GPU when (since session 49): each GPU a job held over a period, or at one
+        instant with what the job was doing then, from the GPUs' history the scheduler keeps
+        (placements from the upgrade to 0010_gpu_holds on). A user's token sees its own jobs and
+        others' as hidden-N, as ListServers; INVALID_ARGUMENT names the field of a bad period.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -351,6 +366,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetUsage,
                     request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageRequest.FromString,
                     response_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageResponse.SerializeToString,
+            ),
+            'ListPlacements': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPlacements,
+                    request_deserializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListPlacementsRequest.FromString,
+                    response_serializer=protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListPlacementsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -839,6 +859,33 @@ class Scheduler:
             '/gandiva.v1.Scheduler/GetUsage',
             protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageRequest.SerializeToString,
             protos_dot_gandiva_dot_v1_dot_scheduler__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPlacements(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gandiva.v1.Scheduler/ListPlacements',
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListPlacementsRequest.SerializeToString,
+            protos_dot_gandiva_dot_v1_dot_scheduler__pb2.ListPlacementsResponse.FromString,
             options,
             channel_credentials,
             insecure,

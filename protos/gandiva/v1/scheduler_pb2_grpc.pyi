@@ -76,6 +76,12 @@ class SchedulerStub:
     (PERMISSION_DENIED for another user); INVALID_ARGUMENT names `since` or `until` when the
     period is empty or reversed.
     """
+    ListPlacements: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListPlacementsRequest, _scheduler_pb2.ListPlacementsResponse]
+    """Who held which GPU when (since session 49): each GPU a job held over a period, or at one
+    instant with what the job was doing then, from the GPUs' history the scheduler keeps
+    (placements from the upgrade to 0010_gpu_holds on). A user's token sees its own jobs and
+    others' as hidden-N, as ListServers; INVALID_ARGUMENT names the field of a bad period.
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -123,6 +129,12 @@ class SchedulerAsyncStub(SchedulerStub):
     jobs that first started in the period waited for it. A user's token sees its own jobs only
     (PERMISSION_DENIED for another user); INVALID_ARGUMENT names `since` or `until` when the
     period is empty or reversed.
+    """
+    ListPlacements: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListPlacementsRequest, _scheduler_pb2.ListPlacementsResponse]  # type: ignore[assignment]
+    """Who held which GPU when (since session 49): each GPU a job held over a period, or at one
+    instant with what the job was doing then, from the GPUs' history the scheduler keeps
+    (placements from the upgrade to 0010_gpu_holds on). A user's token sees its own jobs and
+    others' as hidden-N, as ListServers; INVALID_ARGUMENT names the field of a bad period.
     """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
@@ -276,6 +288,18 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         jobs that first started in the period waited for it. A user's token sees its own jobs only
         (PERMISSION_DENIED for another user); INVALID_ARGUMENT names `since` or `until` when the
         period is empty or reversed.
+        """
+
+    @_abc_1.abstractmethod
+    def ListPlacements(
+        self,
+        request: _scheduler_pb2.ListPlacementsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListPlacementsResponse, _abc.Awaitable[_scheduler_pb2.ListPlacementsResponse]]:
+        """Who held which GPU when (since session 49): each GPU a job held over a period, or at one
+        instant with what the job was doing then, from the GPUs' history the scheduler keeps
+        (placements from the upgrade to 0010_gpu_holds on). A user's token sees its own jobs and
+        others' as hidden-N, as ListServers; INVALID_ARGUMENT names the field of a bad period.
         """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -3,6 +3,7 @@ docs/security.md. Tokens are made as `gandiva token create` makes them."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import time
 
@@ -450,6 +451,16 @@ def test_a_user_sees_gpus_taken_but_not_other_users_job_ids_in_list_servers(  # 
         out = capsys.readouterr().out
         assert ids["bob"] in out and ids["alice"] not in out and not two & set(out.split('"'))
         assert json.loads(out)[0]["gpu_list"][0]["jobs"]
+        # Who held the GPUs when (ListPlacements, session 49): the same, over time; alice's
+        # job asked by name is refused to bob as GetJob refuses it.
+        now = time.time()
+        held = stubs["bob"].ListPlacements(scheduler_pb2.ListPlacementsRequest(since=now, until=now)).placements
+        assert [(p.job_id, p.user) for p in held if not p.job_id.startswith("hidden-")] == [(ids["bob"], "bob")], held
+        hidden = collections.Counter((p.job_id, p.name, p.user) for p in held if p.job_id.startswith("hidden-"))
+        assert sorted(hidden.values()) == [1, 2] and {k[1:] for k in hidden} == {("", "")}, held  # 1 and 2 GPUs
+        assert all(p.state_at == "running" for p in held), held
+        assert _code(lambda: stubs["bob"].ListPlacements(scheduler_pb2.ListPlacementsRequest(
+            since=now - 60, job_id=ids["alice"]))) == grpc.StatusCode.PERMISSION_DENIED
     finally:
         helper.close()
 

@@ -85,7 +85,8 @@ SCHEDULER_RPCS: dict[str, st.SearchStrategy[Any]] = {
         ("ListServers", "ListServersRequest"), ("ListEvents", "ListEventsRequest"),
         ("ReadJobLog", "ReadJobLogRequest"), ("CordonServer", "CordonServerRequest"),
         ("UncordonServer", "CordonServerRequest"), ("DrainServer", "CordonServerRequest"),
-        ("ListProblems", "ListProblemsRequest"), ("GetUsage", "GetUsageRequest"))},
+        ("ListProblems", "ListProblemsRequest"), ("GetUsage", "GetUsageRequest"),
+        ("ListPlacements", "ListPlacementsRequest"))},
 }
 HELPER_RPCS = {
     "Register": helper_pb2.RegisterServerRequest, "Heartbeat": helper_pb2.HeartbeatRequest,

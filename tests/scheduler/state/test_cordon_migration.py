@@ -43,6 +43,12 @@ async def test_upgrade_from_0008_keeps_servers_and_placements_and_back(db_url: s
         await migrate.upgrade(engine)
         assert await _rows(engine) == before
         async with engine.begin() as conn:
+            # 0010_gpu_holds: the GPU held at the upgrade begins the GPUs' history, open (held now),
+            # from its job's last placement (none recorded here: its last state change).
+            held = (await conn.execute(text("select h.job_id, h.server_name, h.gpu_index, h.end_at, "
+                                            "h.start_at = j.state_changed_at from gpu_holds h join jobs j "
+                                            "on j.id = h.job_id"))).all()
+            assert [tuple(r) for r in held] == [(job_id, "s1", 1, None, True)], held
             row = (await conn.execute(text("select cordoned, cordoned_at, cordon_reason, draining from servers"))).one()
             assert (bool(row[0]), row[1], row[2], bool(row[3])) == (False, 0, "", False)
             await conn.execute(text("update servers set cordoned = true, cordon_reason = 'fan'"))
@@ -50,6 +56,6 @@ async def test_upgrade_from_0008_keeps_servers_and_placements_and_back(db_url: s
         assert await _rows(engine) == before, "the downgrade took a server's GPUs or placements with it"
         await migrate.upgrade(engine)
         assert await _rows(engine) == before
-        assert await migrate.current(engine) == migrate.heads()[0] == "0009_cordon"
+        assert await migrate.current(engine) == migrate.heads()[0]
     finally:
         await engine.dispose()

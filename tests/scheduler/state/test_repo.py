@@ -141,7 +141,7 @@ async def test_server_registration_heights_and_down(core: SchedulerCore) -> None
     d = await core.submit(spec(2))
     async with core.tx() as s:
         job = await repo.get_job(s, d.job.id)
-        await repo.set_placement(s, job.id, [("s1", 0), ("s1", 1)])
+        await repo.set_placement(s, job.id, [("s1", 0), ("s1", 1)], core.clock())
         await repo.transition(s, job, JobState.RUNNING, core.clock(), "test placement")
     (load,) = await core.list_servers()
     assert (load.allocated, load.height, load.affinity) == (2, 1, 2)
