@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import ipaddress
 import json
 import logging
 import struct
@@ -56,7 +57,7 @@ Handler = Callable[[Mapping[str, str]], Awaitable[Response]]
 Guard = Callable[[str, str], Awaitable["Response | None"]]
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed",
+            405: "Method Not Allowed", 421: "Misdirected Request",
             431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
@@ -77,6 +78,9 @@ class HttpServer:
     def __init__(self, listen: str, routes: Mapping[str, Handler], guard: Guard | None = None,
                  public: frozenset[str] = frozenset()) -> None:
         self.host, self.port = split_listen(listen)
+        # Only this machine reaches a loopback address, so only this machine's names may be
+        # asked for there (``host_allowed``).
+        self.loopback = _is_loopback(self.host)
         self.routes = dict(routes)
         self.guard = guard
         self.public = public
@@ -137,7 +141,8 @@ class HttpServer:
                 response = Response(400, b"malformed request line; expected METHOD PATH HTTP/1.1\n")
             else:
                 try:
-                    response = await self._respond(method, target, _bearer(head))
+                    refused = self._misdirected(head)
+                    response = refused or await self._respond(method, target, _bearer(head))
                 except Exception:  # a bug in one page must not take the server down
                     log.exception("HTTP handler failed")
                     response = Response(500, b"internal error; see the server log\n")
@@ -160,6 +165,22 @@ class HttpServer:
             return await asyncio.wait_for(_read_head(reader), READ_TIMEOUT_S)
         finally:
             self._reading.pop(writer, None)
+
+    def _misdirected(self, head: bytes) -> Response | None:
+        """421 for a request to a loopback address whose Host header names another host: a
+        web page of any site a browser on this machine visits can have its own name resolve to
+        127.0.0.1 (DNS rebinding) and read the answers as its own. Without --auth token its
+        JavaScript read every user's jobs (/api/state) and /metrics."""
+        if not self.loopback:
+            return None
+        for value in _headers(head, b"host"):
+            if not host_allowed(value):
+                return Response(421, f"this server listens on {self.host}, which only this machine reaches, and "
+                                     f"the request names host {value[:100]!r} (a web page that had its own name "
+                                     "resolve here: DNS rebinding?): ask for localhost or an address (a proxy in "
+                                     "front of it: pass Host as it connects, e.g. nginx proxy_set_header Host "
+                                     "$proxy_host), or listen on the address others use\n".encode())
+        return None
 
     async def _respond(self, method: str, target: str, token: str = "") -> Response:
         if method not in ("GET", "HEAD"):
@@ -205,6 +226,44 @@ def _unsent(writer: asyncio.StreamWriter) -> int:
         with contextlib.suppress(OSError):
             unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
     return unsent
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_allowed(value: str) -> bool:
+    """Whether a request's Host header may reach a loopback-bound server: an address (a
+    rebinding page has its own name in Host, never an address), localhost or a name under
+    .localhost (browsers resolve those to loopback themselves, never by DNS)."""
+    name = value.strip().lower()
+    if name.startswith("["):  # [::1]:9100
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    name = name.rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _headers(head: bytes, wanted: bytes) -> list[str]:
+    """The values of every header of the request named ``wanted`` (lower case)."""
+    out = []
+    for line in head.split(b"\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == wanted:
+            out.append(value.strip().decode("latin-1"))
+    return out
 
 
 def _bearer(head: bytes) -> str:

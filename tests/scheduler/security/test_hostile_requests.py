@@ -296,7 +296,16 @@ ODD_HTTP = [
     (b"GET /\r\n\r\n", 400, b"expected METHOD PATH HTTP/1.1"),
     (b"GET /../../etc/passwd HTTP/1.1\r\n\r\n", 404, b"no page at /../../etc/passwd; try one of"),
     ("GET /caf\u00e9 HTTP/1.1\r\n\r\n".encode(), 404, "no page at /caf\u00e9;".encode()),
+    # A web page whose own name was made to resolve to 127.0.0.1 (DNS rebinding) asks with its
+    # name in Host: its script read every user's jobs from a loopback dashboard without tokens.
+    (b"GET /api/state HTTP/1.1\r\nHost: rebind.example:9100\r\n\r\n", 421, b"DNS rebinding?"),
+    (b"GET /metrics HTTP/1.1\r\nHost: localhost:9100\r\nHost: 7f000001.rbndr.us\r\n\r\n", 421,
+     b"names host '7f000001.rbndr.us'"),
+    (b"GET /api/state HTTP/1.1\r\nHost: localhost:9100\r\n\r\n", 200, b'"servers":'),
+    (b"GET /api/state HTTP/1.1\r\nHost: 127.0.0.1:9100\r\n\r\n", 200, b'"servers":'),
+    (b"GET / HTTP/1.1\r\nHost: [::1]:9100\r\n\r\n", 200, b"<title>Gandiva"),
 ]
+
 
 
 def test_the_dashboards_odd_requests_get_a_clear_answer(make_scheduler: Any, sqlite_url: str) -> None:
