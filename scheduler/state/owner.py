@@ -370,10 +370,12 @@ class SqliteFileWatch:
 
 
 def _server_down(exc: BaseException) -> bool:
-    """Whether a failed connect says the database server is down (it refuses connections,
-    or is starting up or shutting down), not cut off: no scheduler can take its lock then."""
-    if isinstance(exc, ConnectionRefusedError):
-        return True
+    """Whether a failed connect says the database server is down for every scheduler (its
+    own answer: starting up, shutting down, in recovery), not cut off from this one alone:
+    no scheduler can take its lock then. A refused connection is not such an answer: it
+    may be this scheduler's path alone (a proxy beside it that stopped, a firewall's
+    REJECT) while the server, which ended the lost session at once, lets a standby take
+    the lock (before, this scheduler answered its helpers from memory for as long)."""
     try:
         import asyncpg
     except ImportError:  # (PostgreSQL only)

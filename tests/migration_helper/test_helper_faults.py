@@ -21,6 +21,7 @@ from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler.core import Settings
 
 from ..scheduler.faults.test_db_outage import proxied_pg_url  # noqa: F401 - a fixture
+from ..scheduler.faults.test_pg_starting_up import StartingUp
 
 GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 SETTINGS = Settings(heartbeat_interval_s=0.2, down_after_s=3.0)  # lease 1.8 s
@@ -329,12 +330,16 @@ def test_a_migration_that_ends_while_the_database_is_down_is_recorded_once_it_is
     proxied_pg_url: Any, make_scheduler: Any, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any,  # noqa: F811
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """PostgreSQL unreachable (every connection cut, new ones refused) while a migration
-    activates its destination: the destination trains, but the migration's outcome
-    cannot be written. Once the database is back the job is recorded RUNNING at its
-    destination and ends once with all its steps (it used to stay MIGRATING for good, its
-    destination's progress and exit ignored, until the scheduler was restarted)."""
+    """PostgreSQL down (every connection cut, new ones answered "the database system is
+    starting up", as by a server that recovers: no scheduler can take the lock, so helpers
+    are answered from memory for as long) while a migration activates its destination:
+    the destination trains, but the migration's outcome cannot be written. Once the
+    database is back the job is recorded RUNNING at its destination and ends once with all
+    its steps (it used to stay MIGRATING for good, its destination's progress and exit
+    ignored, until the scheduler was restarted)."""
     url, proxy = proxied_pg_url
+    relay = proxy.relay
+    relay.__class__ = StartingUp  # the same running relay, with the starting-up answer
     # A lease (50 s) that outlasts the outage (up to 41 s on a loaded machine): the
     # destination is not frozen before it trains.
     sched = make_scheduler(url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=60.0,
@@ -355,6 +360,8 @@ def test_a_migration_that_ends_while_the_database_is_down_is_recorded_once_it_is
     wait_for(lambda: f"activate job {job_id}" in (tmp_path / f"{dest}.err").read_text(), 30)
     caplog.set_level(logging.WARNING, logger="migration_protocol.fast_path")
     proxy.cut()  # the database goes away
+    relay.starting = True  # type: ignore[attr-defined]
+    proxy.restore()
     try:
         # Both helpers' heartbeats (every 0.2 s) meet the outage before the activation's
         # result is sent: they are answered (the scheduler is up), the helpers' sessions
@@ -368,7 +375,7 @@ def test_a_migration_that_ends_while_the_database_is_down_is_recorded_once_it_is
                              for r in list(caplog.records)), 40)
         time.sleep(1.0)
     finally:
-        proxy.restore()
+        relay.starting = False  # type: ignore[attr-defined]
     for name in procs:  # the helpers' sessions went on through the outage
         ended = [line for line in (tmp_path / f"{name}.err").read_text().splitlines()
                  if "scheduler session ended" in line and "database" in line]
@@ -563,19 +570,27 @@ def test_a_job_killed_while_its_helper_hangs_stops_training(
 
 
 @pytest.mark.pg
+@pytest.mark.parametrize("restart", [False, True], ids=["", "helper_restarted_meanwhile"])
 def test_a_job_that_exits_while_the_database_is_down_ends_once_it_is_back(
     proxied_pg_url: Any, make_scheduler: Any, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any,  # noqa: F811
+    restart: bool,
 ) -> None:
     """A job's process exits while PostgreSQL is unreachable: the helper's session ends (its
     heartbeats are answered UNAVAILABLE) and the exit waits in its outbox. Once the database
     is back the helper registers again and the exit is recorded at once: SUCCEEDED with all
     its steps, launched once (an exit lost with the session would leave it RUNNING with no
-    process, then re-queued as lost and trained again)."""
+    process, then re-queued as lost and trained again).
+
+    `restart`: the helper is also restarted (SIGTERM, then started again: an upgrade, a
+    `systemctl restart`) before the database is back. The exit it could not deliver is kept
+    on its disk and sent by the next helper with its registration. Before, the stopping
+    helper tried its outbox for a few seconds and gave the exit up: the job was re-queued
+    once the database was back (its helper replaced) and trained a second time."""
     url, proxy = proxied_pg_url
     # A lease (12 s) that outlasts the outage: the job is not frozen before it ends.
     sched = make_scheduler(url, tick_s=0.1, settings=Settings(heartbeat_interval_s=0.2, down_after_s=20.0))
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
-    helpers("s1", sched.address)
+    helper = helpers("s1", sched.address)
     steps = 150
     job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS=str(steps), FAKE_STEP_S="0.02")
     wait_for(lambda: job().steps >= 10, 30)
@@ -586,10 +601,15 @@ def test_a_job_that_exits_while_the_database_is_down_ends_once_it_is_back(
         with pytest.raises(grpc.RpcError) as refused:  # the database is down indeed
             job()
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        if restart:
+            helper.terminate()
+            assert helper.wait(30) == 0
+            helpers("s1", sched.address)  # the same --server-name, ramdisk and log dir
+            time.sleep(0.5)  # it tries to register meanwhile
     finally:
         proxy.restore()
-    done = wait_for(lambda: (j := job()).state in DONE and j, 5)
-    assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, done.message
+    done = wait_for(lambda: (j := job()).state in DONE and j, 15)
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED and done.steps == steps, [t.reason for t in done.history]
     time.sleep(1.0)  # nothing placed again after it
     done = job()
     states = [t.to_state for t in done.history]
@@ -597,6 +617,7 @@ def test_a_job_that_exits_while_the_database_is_down_ends_once_it_is_back(
     assert states.count(common_pb2.JOB_STATE_RUNNING) == 1 and states.count(common_pb2.JOB_STATE_SUCCEEDED) == 1, \
         [t.reason for t in done.history]
     assert not _job_pids(job_id, warm=False)
+    assert not list((tmp_path / "logs" / ".undelivered-exits" / "s1").iterdir()), "a delivered exit was kept"
 
 
 def test_a_helper_whose_name_was_taken_while_it_was_cut_off_kills_its_frozen_copy(

@@ -68,3 +68,40 @@ def test_calls_while_postgresql_starts_up_are_unavailable_and_retried(proxied_pg
         relay.starting = False  # type: ignore[attr-defined]  # recovered
         second = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=30).job
         assert {j.id for j in stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs} == {first.id, second.id}
+
+
+@pytest.mark.pg
+async def test_only_the_servers_own_answer_keeps_a_lost_lock_counted_as_confirmed(proxied_pg_url, pg_url) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """A scheduler's lock session lost, its tries to take it back refused: a proxy beside
+    it that stopped (or a firewall's REJECT) refuses it alone, while PostgreSQL, which ended
+    the session at once, lets a standby take the lock. Its helpers' answers from memory
+    must stop as for a partition (SchedulerLock.unconfirmed_s counts on): before, a refusal
+    counted as "the server is down for everyone" and the lock read as confirmed for as long
+    as it lasted, beside the standby holding the database. The server's own "starting up"
+    is said to every scheduler: no standby can take the lock then."""
+    from scheduler.state.owner import SchedulerLock
+
+    url, proxy = proxied_pg_url
+    relay = proxy.relay
+    relay.__class__ = StartingUp
+    lock = SchedulerLock(url, "a:1", "a")
+    await lock.acquire()
+    standby = SchedulerLock(pg_url, "b:1", "b")
+    try:
+        proxy.cut()
+        for _ in range(100):  # its connection seen lost
+            if not lock.held():
+                break
+            await asyncio.sleep(0.05)
+        assert await lock.take_back() is None  # refused
+        await standby.acquire()  # the database taken by another scheduler meanwhile
+        await asyncio.sleep(0.1)
+        assert lock.unconfirmed_s() > 0
+        await standby.release()
+        relay.starting = True  # type: ignore[attr-defined]
+        proxy.restore()
+        assert await lock.take_back() is None  # "the database system is starting up"
+        assert lock.unconfirmed_s() == 0
+    finally:
+        await standby.release()
+        await lock.release()
