@@ -4,7 +4,8 @@
 The session reconnects by itself: any failure (scheduler restarted, unreachable,
 or answering ``known=false``) ends the session and a new one registers again and
 reopens the command stream. Process exits and command results wait in an outbox
-until the scheduler has taken them, so none is lost while it is away.
+until the scheduler has taken them, so none is lost while it is away; exits are also
+kept on disk until then, for the next start of a helper stopped first (undelivered.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from migration_helper.jobs import JobTable
 from migration_helper.process import JobProcess, exit_reason, kill_left_behind, owner_mark
 from migration_helper.ramdisk import Ramdisk
 from migration_helper.sampling import Sampler
+from migration_helper.undelivered import UndeliveredExits
 from migration_protocol.host_memory import format_size
 from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
 from scheduler.transport import add_port, aio_channel, check_exposure
@@ -143,6 +145,11 @@ class HelperDaemon:
         self._sending: Any = None  # the outbox's message being sent now (None: none)
         self.dropped = 0  # reports the scheduler refused for good
         self._outbox_ready = asyncio.Event()
+        # Process exits are also kept on disk until delivered (id of the outbox's message ->
+        # its file), and those an earlier run of this helper left go with its registration.
+        self._undelivered = UndeliveredExits(config.logs_dir / ".undelivered-exits" / config.server_name)
+        self._exit_files: dict[int, Path] = {}
+        self._inherited: list[tuple[helper_pb2.ProcessExitRequest, Path]] = []
         # Command ids already taken (bounded: a re-send comes within seconds, not days).
         self._seen_commands: collections.OrderedDict[str, asyncio.Task[None]] = collections.OrderedDict()
         self._stopping = False  # set by stop(): no launch or activation starts any more
@@ -158,6 +165,11 @@ class HelperDaemon:
             raise OSError(f"--ramdisk {self.ramdisk.root}: cannot create it ({exc.strerror}); give a directory "
                           "this helper can create and write (default /dev/shm/gandiva-SERVER)") from None
         _check_log_dir(self.config.logs_dir)
+        self._inherited = self._undelivered.load(self.config.server_name)
+        if self._inherited:
+            log.info("%d process exit(s) an earlier run of this helper could not deliver (jobs %s): "
+                     "sent with its registration", len(self._inherited),
+                     ", ".join(sorted({x.job_id for x, _ in self._inherited})))
         left = kill_left_behind(self.ramdisk.root)
         if left:
             log.warning("killed %d process(es) an earlier run of this helper left running (jobs %s): "
@@ -210,15 +222,17 @@ class HelperDaemon:
 
     def _process_exited(self, proc: JobProcess) -> None:
         code = proc.exit_code if proc.exit_code is not None else -1
-        self._post(
-            helper_pb2.ProcessExitRequest(
-                server=self.config.server_name,
-                job_id=proc.job_id,
-                incarnation=proc.incarnation,
-                exit_code=code,
-                reason=exit_reason(code, proc.stopped),
-            )
+        message = helper_pb2.ProcessExitRequest(
+            server=self.config.server_name,
+            job_id=proc.job_id,
+            incarnation=proc.incarnation,
+            exit_code=code,
+            reason=exit_reason(code, proc.stopped),
         )
+        path = self._undelivered.keep(message)
+        if path is not None:
+            self._exit_files[id(message)] = path
+        self._post(message)
 
     def _post(self, message: Any) -> None:
         self._outbox.append(message)
@@ -265,6 +279,8 @@ class HelperDaemon:
                 if queued is message:
                     del self._outbox[i]
                     break
+            if (path := self._exit_files.pop(id(message), None)) is not None:
+                self._undelivered.forget(path)
 
     async def _drain_outbox(self, stub: helper_pb2_grpc.HelperStub) -> None:
         delay, said = 0.2, False
@@ -298,7 +314,9 @@ class HelperDaemon:
                 async with asyncio.timeout(timeout_s):
                     await self._send_queued(stub)
         except (grpc.aio.AioRpcError, TimeoutError):
-            log.warning("scheduler unreachable; %d report(s) not delivered", len(self._outbox))
+            kept = sum(id(m) in self._exit_files for m in self._outbox)
+            log.warning("scheduler unreachable; %d report(s) not delivered%s", len(self._outbox),
+                        f" ({kept} process exit(s) kept on disk, sent when this helper next starts)" if kept else "")
 
     async def _say_leaving(self, timeout_s: float) -> None:
         """Tell the scheduler this server runs nothing any more and is going (its jobs were
@@ -329,6 +347,7 @@ class HelperDaemon:
             shared_root=str(self.config.shared_root.resolve()) if self.config.shared_root else "",
             host_memory_bytes=self.host_memory_bytes,
             instance=self.instance,
+            exits=[x for x, _ in self._inherited],
         )
 
     async def _run_sessions(self) -> None:
@@ -425,6 +444,9 @@ class HelperDaemon:
 
     async def _session(self, stub: helper_pb2_grpc.HelperStub, reply: helper_pb2.RegisterServerResponse) -> None:
         self._heard_clock(reply.scheduler_time)
+        for _, path in self._inherited:  # taken with the registration
+            self._undelivered.forget(path)
+        self._inherited = []
         lease = reply.lease_s
         if self.config.lease_s is not None:
             lease = min(lease, self.config.lease_s) if lease else self.config.lease_s

@@ -963,6 +963,12 @@ class SchedulerCore:
         down_stops: list[tuple[str, str, str]] = []
         lost: list[tuple[str, str]] = []
         async with self.tx() as s:
+            # Exits its stopped predecessor could not deliver (the database unreachable then),
+            # first: a job that finished is recorded so before the server's jobs are re-queued
+            # below. Before, such a job was trained again (tests/migration_helper/
+            # test_helper_faults.py -k restarted_meanwhile).
+            for x in req.exits:
+                await self._process_exit(s, x, now)
             old = await s.get(Server, req.name) if replaced else None
             if old is not None and old.up:
                 await self._take_down(s, old, now, f"its helper was replaced: instance {replaced[:8]} silent, "
@@ -1014,6 +1020,9 @@ class SchedulerCore:
                 f"{format_size(req.host_memory_bytes) if req.host_memory_bytes else 'not reported'}",
                 server=req.name,
             )
+        for x in req.exits:
+            if (x.job_id, x.incarnation) not in self._early_exits:
+                self._steps_seen.pop((x.job_id, x.incarnation), None)
         if replaced:
             self._after_down([req.name], down_stops, lost)
         for server, job_id, incarnation in stops:
@@ -1414,6 +1423,14 @@ class SchedulerCore:
         now = self.clock()
         if not self._claim_name(name, instance, self.monotonic()):
             return False
+        if instance:
+            # Its last word: the name is free for its successor from now on, even when the
+            # server cannot be marked down yet (the database unreachable). Before, a helper
+            # restarted during an outage was refused its name for the heartbeat timeout, and
+            # a server not heard from meanwhile was called down as soon as the database was
+            # back, before the new helper could register (with the exits its predecessor left).
+            # Still the holder in name, so that a successor's registration replaces it.
+            self._instances[name] = (instance, -math.inf)
         stops: list[tuple[str, str, str]] = []
         lost: list[tuple[str, str]] = []
         async with self.tx() as s:

@@ -30,6 +30,9 @@ from scheduler.validation import (
 # More GPUs, jobs or samples than any server has: a broken or hostile helper.
 MAX_RUNNING_JOBS = 10_000
 MAX_SAMPLES = 100_000
+# Exits a helper's registration carries (RegisterServerRequest.exits): those its stopped
+# predecessor could not deliver, one per job process it ran.
+MAX_REGISTER_EXITS = 10_000
 
 
 def _as_server(name: str, field: str = "server") -> None:
@@ -80,6 +83,14 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             g.memory_used_bytes = max(0, g.memory_used_bytes)
         if request.host_memory_bytes < 0:
             raise InvalidArgument("host_memory_bytes", f"{request.host_memory_bytes}: must not be negative (0: unknown)")
+        if len(request.exits) > MAX_REGISTER_EXITS:
+            raise InvalidArgument("exits", f"{len(request.exits)} exits; at most {MAX_REGISTER_EXITS}")
+        for i, x in enumerate(request.exits):  # held to what ReportProcessExit takes
+            if x.server != request.name:
+                raise InvalidArgument(f"exits[{i}].server", f"{x.server!r}: not the registering server {request.name!r}")
+            check_id(f"exits[{i}].job_id", x.job_id)
+            check_text(f"exits[{i}].incarnation", x.incarnation, 64)
+            x.reason = clean_text(x.reason, 1024)
         await self.core.register_server(request)
         st = self.core.settings
         return helper_pb2.RegisterServerResponse(

@@ -63,6 +63,7 @@ class RegisterServerRequest(_message.Message):
     SHARED_ROOT_FIELD_NUMBER: _builtins.int
     HOST_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     INSTANCE_FIELD_NUMBER: _builtins.int
+    EXITS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     """host:port of this helper's HelperAgent service"""
@@ -83,6 +84,15 @@ class RegisterServerRequest(_message.Message):
     """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Gpu]: ...
+    @_builtins.property
+    def exits(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessExitRequest]:
+        """Exits of this server's job processes that an earlier helper of it saw and could not
+        deliver before it stopped (the scheduler or its database unreachable meanwhile): kept
+        on the helper's disk and sent by its next start. Applied before this registration
+        replaces that helper (which re-queues the jobs it still had), so a job that finished
+        is recorded so, not trained again.
+        """
+
     def __init__(
         self,
         *,
@@ -93,10 +103,11 @@ class RegisterServerRequest(_message.Message):
         shared_root: _builtins.str = ...,
         host_memory_bytes: _builtins.int = ...,
         instance: _builtins.str = ...,
+        exits: _abc.Iterable[Global___ProcessExitRequest] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "gpus", b"gpus", "host_memory_bytes", b"host_memory_bytes", "instance", b"instance", "name", b"name", "ramdisk", b"ramdisk", "shared_root", b"shared_root"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "exits", b"exits", "gpus", b"gpus", "host_memory_bytes", b"host_memory_bytes", "instance", b"instance", "name", b"name", "ramdisk", b"ramdisk", "shared_root", b"shared_root"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

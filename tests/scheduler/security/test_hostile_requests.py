@@ -1064,3 +1064,16 @@ async def test_clients_that_never_read_a_large_answer_cannot_shut_out_the_dashbo
         for s in stalled:
             s.close()
         await server.stop()
+
+
+def test_a_registration_carrying_exits_of_another_server_is_refused_naming_the_field(channel: Any) -> None:
+    """RegisterServerRequest.exits (those a stopped helper left): only the registering
+    server's own, and as many as a server can have had; nothing is registered otherwise."""
+    helper = helper_pb2_grpc.HelperStub(channel)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    other = helper_pb2.ProcessExitRequest(server="n2", job_id="j-1", incarnation="x", exit_code=0)
+    for exits, field in (([other], "exits[0].server"), ([helper_pb2.ProcessExitRequest(server="n1")] * 10_001, "exits")):
+        with pytest.raises(grpc.RpcError) as refused:
+            helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)], exits=exits))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in (refused.value.details() or "")
+    assert not stub.ListServers(scheduler_pb2.ListServersRequest()).servers

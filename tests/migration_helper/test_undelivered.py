@@ -1,0 +1,39 @@
+"""Process exits kept on the helper's disk until delivered (migration_helper.undelivered):
+what an earlier run left is read back whole and in order, and nothing else is taken for one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from migration_helper.undelivered import UndeliveredExits
+from protos.gandiva.v1 import helper_pb2
+
+
+def _exit(job: str, server: str = "s1") -> helper_pb2.ProcessExitRequest:
+    return helper_pb2.ProcessExitRequest(server=server, job_id=job, incarnation="i-" + job, exit_code=0,
+                                         reason="finished")
+
+
+def test_exits_left_by_an_earlier_run_are_read_back_in_order_and_anything_else_is_removed(tmp_path: Path) -> None:
+    root = tmp_path / "exits"
+    first = UndeliveredExits(root)
+    kept = [first.keep(_exit(f"j{i}")) for i in range(3)]
+    assert all(kept)
+    first.forget(kept[1])  # delivered
+    (root / ".cut-short.exit.tmp").write_bytes(_exit("torn").SerializeToString()[:5])
+    (root / "9-not-an-exit.exit").write_bytes(b"\xff\xff\xff")
+    foreign = first.keep(_exit("other", server="s2"))
+    assert foreign is not None
+
+    left = UndeliveredExits(root).load("s1")
+    assert [(x.job_id, x.incarnation, x.exit_code, x.reason) for x, _ in left] == \
+        [("j0", "i-j0", 0, "finished"), ("j2", "i-j2", 0, "finished")]
+    assert sorted(p.name for p in root.iterdir()) == sorted(p.name for _, p in left)
+
+
+def test_an_exit_that_cannot_be_written_is_said_and_not_kept(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert UndeliveredExits(blocker / "exits").keep(_exit("j")) is None
+    assert "could not keep its process exit on disk" in caplog.text
+    assert UndeliveredExits(tmp_path / "none").load("s1") == []
