@@ -95,6 +95,16 @@ _RANDOM_OPS = _STATEFUL_INPUTS - {
 _CACHE_LIMIT = 512
 _LOADS = frozenset({"Assign", "AssignVariableOp"}) | _SCATTER_SETS
 _CHANGES_ANY = _CHANGES | _LOADS | _INCREMENTS
+# State the checkpoint holds that changes by other ops than assignments: a mutable lookup
+# table's inserts and removals (the table is the op's first input), and the draws of a
+# `tf.random.Generator`, which advance its state variable (the op's first input) as they read
+# it. A run of its own that makes one changes the training state as an assignment does.
+_TABLE_CHANGES = frozenset({"LookupTableInsert", "LookupTableInsertV2", "LookupTableRemoveV2",
+                            "LookupTableImport", "LookupTableImportV2"})
+_GENERATOR_DRAWS = frozenset({
+    "RngReadAndSkip", "RngSkip", "StatefulUniform", "StatefulUniformInt",
+    "StatefulUniformFullInt", "StatefulStandardNormal", "StatefulStandardNormalV2",
+    "StatefulTruncatedNormal", "StatefulRandomBinomial"})
 _DEPENDS_LIMIT = 200_000  # ops an assign's value is searched through for its own variable
 
 
@@ -578,8 +588,16 @@ class TFSessionAdapter:
         initializes_some = bool(self._some_init_ops & reached) or assigns
         # A run that does not train but changes a variable the checkpoint holds (an EMA of
         # the weights, `ema.apply(...)`, run after the training run).
+        # Or a table the checkpoint holds, or draws from a generator whose state it holds
+        # (`sess.run(table.insert(ids, counts), feed)`, `z = sess.run(gen.normal(...))`
+        # before the training run): before, such a run was taken to change nothing, so a
+        # checkpoint was taken after it, and a restored copy made it again (its ids counted
+        # twice, the next noise drawn).
         changes_state = not training and any(
-            op.type in _CHANGES_ANY and op.inputs and through(op.inputs[0].op) in self._state_ops
+            op.inputs and (
+                (op.type in _CHANGES_ANY or op.type in _GENERATOR_DRAWS) and
+                through(op.inputs[0].op) in self._state_ops or
+                op.type in _TABLE_CHANGES and through(op.inputs[0].op) in self._table_ops())
             for op in reached)
         restores = any(op.type in _RESTORES for op in reached)
         # The step's op itself, or behind v1 control flow's Enter/Switch (a loop, a cond),
@@ -629,6 +647,12 @@ class TFSessionAdapter:
                        py_funcs=_py_func_tokens(reached) if training else (),
                        iterators=iterators, iterator_inits=tuple(sorted(
                            {pair for op in reached if (pair := data_state.initialised_iterator(op))})))
+
+    def _table_ops(self) -> set[Any]:
+        """The ops of the mutable lookup tables the checkpoint holds (Checkpointer.tables)."""
+        return {handle.op for t in self.graph.get_collection(tf_ops.GraphKeys.SAVEABLE_OBJECTS)
+                if (handle := getattr(getattr(t, "op", None), "resource_handle", None))
+                is not None and hasattr(handle, "op")}
 
     def _global_step_read(self, op: Any) -> str | None:
         """How fetching `op` reads the global step: "ordered" (the value of its increment,

@@ -243,14 +243,6 @@ KINDS = {
                      covered_by="no fix: test_tfr_feed_from_step.py -k two_phase"),
     "hash_order": Kind("hash_order.py", _warm_naive(), env=(("PYTHONHASHSEED", "77"),),
                        covered_by="no fix: migration_helper/test_launch_rule.py -k hashes"),
-    "reexec": Kind("reexec.py", _warm_naive(), ("--when", "after"), autoload=True,
-                   covered_by="no fix: the module kind (a process the autoload reaches)"),
-    "reexec_orig": Kind("reexec.py", _warm_naive(), ("--when", "after", "--argv", "orig"), autoload=True,
-                        covered_by="no fix: the module kind (a process the autoload reaches)"),
-    "reexec_before": Kind("reexec.py", _warm_naive(), ("--when", "before"), autoload=True,
-                          covered_by="no fix: the module kind (a process the autoload reaches)"),
-    "directory": Kind("trainapp", _warm_naive(),
-                      covered_by="test_tfr_units.py -k directory_or_zip (`python -m tf_runtime.run DIR`)"),
     "distill_teacher_first": Kind(
         "distill.py", _warm_naive(), ("--teacher", "frozen", "--order", "teacher-first"),
         covered_by="no fix: test_tfr_tf_session.py -k evaluation_session_initialised_first"),
@@ -262,6 +254,13 @@ KINDS = {
 def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
                                                tmp_path: Path) -> None:
     """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
+    "tables_before": Kind("tables.py", _warm_naive(), ("--update", "before"),
+                          covered_by="test_tfr_tf_session.py -k table_or_a_generator (table)"),
+    "rng_generator": Kind("rng_generator.py", _warm_naive(), ("--draw", "apart"),
+                          covered_by="test_tfr_tf_session.py -k table_or_a_generator (generator)"),
+    "mixed_precision": Kind("mixed_precision.py", _warm_naive(), ("--copy", "apart"),
+                            covered_by="no fix: the loss_scale kind (an update in a tf.cond) and "
+                                       "the ema_after kind (a run of its own after training)"),
     step) per step; commands wait for the generator run (a checkpoint between them
     used to apply the discriminator's update twice after a restore), and the warm
     destination rehearses the discriminator run. gan_first: the discriminator run advances
@@ -347,7 +346,14 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     migrated warm and naive. unfreeze: the training op chosen from the step read (the head's
     `var_list`, a wider one from step 4, every variable with Adam from 8), migrated warm
     exactly at 4, naive exactly at 8, then checkpointed, killed and restarted (no fix
-    needed)."""
+    needed). tables_before: the tables updated in a run of their own fed the step's
+    mini-batch before the training run; rng_generator: noise drawn from a
+    `tf.random.Generator` in a run of its own before the training run and fed to it (the
+    checkpoint used to be taken after the next step's run of either: a restored copy counted
+    a mini-batch twice, or drew the next noise); mixed_precision: float16 copies of float32
+    master weights refreshed in a run of their own after training, a dynamic loss scale as a
+    state machine in float32, int64, int32, bool and string variables (no fix needed); all
+    migrated warm and naive."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 

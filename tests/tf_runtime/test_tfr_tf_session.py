@@ -1763,6 +1763,59 @@ def test_moving_averages_updated_in_a_run_of_their_own_fed_the_steps_batch_end_t
         tf.train.load_variable(str(tmp_path / "ck" / "model"), "moving_mean"), expected)
 
 
+@pytest.mark.parametrize("state", ["table", "generator"])
+def test_a_table_or_a_generator_changed_in_a_run_of_its_own_before_training_begins_the_step(
+        state: str, tmp_path: Path) -> None:
+    """State the checkpoint holds that changes by other ops than assignments, in a run of
+    its own before each training run: a MutableHashTable counting the ids of the mini-batch
+    it is fed (`sess.run(table.insert(...), feed)`, `programs/tables.py --update before`),
+    or noise drawn from a `tf.random.Generator`, whose draws advance its state variable
+    (`z = sess.run(gen.normal(...))`, then fed to training; `programs/rng_generator.py`).
+    Such a run was taken to change nothing, so a checkpoint asked for at step 2 was taken
+    after the next step's run of it: a restored copy, reading step 3, counted that
+    mini-batch twice or drew the next noise (other weights after any migration). Now the
+    checkpoint is taken before it, as it holds the state when the program read the step."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3])
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+        if state == "table":
+            table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, 0.0,
+                                                            name="seen")
+            key = tf.constant([0], tf.int64)
+            before = table.insert(key, table.lookup(key) + tf.reduce_sum(x[:1, :1] * 0 + 1))
+            held = table.lookup(key)
+        else:
+            gen = tf.random.Generator.from_seed(7)
+            before = gen.normal([2, 3])
+            held = gen.state
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf.tanh(tf.matmul(x, w))), global_step=gs)
+        pool = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 2, 3)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        step = int(sess.run(gs))
+        while step < 4:
+            feed = {x: pool[step]}
+            if state == "table":
+                sess.run(before, feed)
+            else:
+                feed = {x: pool[step] + sess.run(before)}
+            if step == 2:
+                ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            sess.run(train, feed)
+            if step == 2:
+                expected = sess.run(held)
+            step = int(sess.run(gs))
+        assert acks(ctl)[0].ok and acks(ctl)[0].step == 3, acks(ctl)[0]
+    if state == "table":
+        values = tf.train.load_variable(str(tmp_path / "ck" / "tables"), "seen-values")
+        assert list(values) == list(expected) == [3.0]  # steps 0, 1 and 2, not 3
+    else:
+        np.testing.assert_array_equal(
+            tf.train.load_variable(str(tmp_path / "ck" / "model"), "random_generator/StateVar"),
+            expected)
+
+
 def test_a_warm_process_whose_training_run_takes_from_an_accumulator_holds_unrehearsed(
         tmp_path: Path) -> None:
     """Gradient accumulation through `ConditionalAccumulator`: micro-batch runs apply

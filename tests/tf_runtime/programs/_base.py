@@ -66,10 +66,11 @@ def fed_step(sess: Any, train: Any, gs: Any, x: Any, y: Any, step: int) -> int:
 
 
 def plain_loop(args: argparse.Namespace, train: Any, gs: Any, x: Any, y: Any,
-               after_init: Any = None) -> Any:
+               after_init: Any = None, before: Any = None, after: Any = None) -> Any:
     """The plain Session loop: initialise (then `after_init(sess)`), read the global step,
-    train each mini-batch fed from the step it read until `--steps`, dump. Returns the
-    session (closed)."""
+    train each mini-batch fed from the step it read until `--steps`, dump. `before(sess,
+    feed)` / `after(sess, feed)`: a run of the program's own right before / after each
+    training run (given its feed). Returns the session (closed)."""
     import time
 
     with tf.compat.v1.Session(config=config()) as sess:
@@ -78,7 +79,17 @@ def plain_loop(args: argparse.Namespace, train: Any, gs: Any, x: Any, y: Any,
             after_init(sess)
         step = sess.run(gs)
         while step < args.steps:
-            step = fed_step(sess, train, gs, x, y, step)
+            if before is None and after is None:
+                step = fed_step(sess, train, gs, x, y, step)
+            else:
+                bx, by = batch(step)
+                feed = {x: bx, y: by}
+                if before is not None:
+                    before(sess, feed)
+                sess.run(train, feed)
+                if after is not None:
+                    after(sess, feed)
+                step = int(sess.run(gs))
             time.sleep(args.step_sleep)
         dump(args.dump, sess)
     return sess
