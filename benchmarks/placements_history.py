@@ -15,18 +15,16 @@ holds), then starts a real scheduler on it and times:
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import re
-import tempfile
 import time
 from pathlib import Path
 
 import grpc
 from sqlalchemy import create_engine, func, insert, select
 
-from benchmarks.usage_history import start_scheduler, upgrade
+from benchmarks.usage_history import history_home, history_parser, start_scheduler, upgrade
 from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler.state.models import GpuHold, Job, Transition
 
@@ -81,18 +79,10 @@ def fill(path: Path, days: int, per_day: int, slices: int, servers: int, now: fl
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--days", type=int, default=30)
-    parser.add_argument("--jobs-per-day", type=int, default=2000)
-    parser.add_argument("--slices", type=int, default=4)
+    parser = history_parser(__doc__)
     parser.add_argument("--servers", type=int, default=64)
-    parser.add_argument("--reuse", type=Path, default=None, metavar="DIR",
-                        help="the folder of an earlier run (its s.db): ask again without filling one")
     args = parser.parse_args()
-    home = args.reuse or Path(tempfile.mkdtemp(prefix="gandiva-holds-"))
-    db = home / "s.db"
-    url = f"sqlite+aiosqlite:///{db}"
-    env = {**os.environ, "GANDIVA_HOME": str(home)}
+    home, db, url, env = history_home(args.reuse, "gandiva-holds-")
     if args.reuse is None:
         upgrade(url, env)
         t0 = time.monotonic()

@@ -87,18 +87,27 @@ def start_scheduler(home: Path, url: str, env: dict[str, str], *flags: str) -> t
     return proc, port_file.read_text().strip()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def history_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags of a history benchmark: its size, or an earlier run's folder to ask again."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--jobs-per-day", type=int, default=2000)
     parser.add_argument("--slices", type=int, default=4)
     parser.add_argument("--reuse", type=Path, default=None, metavar="DIR",
                         help="the folder of an earlier run (its s.db): ask again without filling one")
-    args = parser.parse_args()
-    home = args.reuse or Path(tempfile.mkdtemp(prefix="gandiva-usage-"))
+    return parser
+
+
+def history_home(reuse: Path | None, prefix: str) -> tuple[Path, Path, str, dict[str, str]]:
+    """The run's folder (a new one unless ``reuse``), its SQLite file, URL and environment."""
+    home = reuse or Path(tempfile.mkdtemp(prefix=prefix))
     db = home / "s.db"
-    url = f"sqlite+aiosqlite:///{db}"
-    env = {**os.environ, "GANDIVA_HOME": str(home)}
+    return home, db, f"sqlite+aiosqlite:///{db}", {**os.environ, "GANDIVA_HOME": str(home)}
+
+
+def main() -> int:
+    args = history_parser(__doc__).parse_args()
+    home, db, url, env = history_home(args.reuse, "gandiva-usage-")
     if args.reuse is None:
         upgrade(url, env)
         t0 = time.monotonic()
