@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pkgutil
 import runpy
 import sys
 
@@ -25,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m tf_runtime.run SCRIPT.py [ARGS...]", file=sys.stderr)
         return 2
     script = args[0]
-    if not os.path.isfile(script):
+    # A script file, or a directory or zip application whose __main__.py python runs
+    # (`python trainer/`, `python app.pyz`); a directory used to be refused here, exit 2.
+    if not (os.path.isfile(script) or os.path.isdir(script)):
         print(f"tf_runtime.run: no such script: {script}", file=sys.stderr)
         return 2
     if not logging.getLogger().handlers:
@@ -52,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     # `-P` / `-I` / PYTHONSAFEPATH, which put neither it nor the working directory there
     # (sys.path[0] is then the standard library's, once overwritten here).
     if not getattr(sys.flags, "safe_path", False):
-        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        if pkgutil.get_importer(script) is None:
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+        else:  # a directory or zip: runpy puts it first itself, alone, as python does
+            del sys.path[0]
     runpy.run_path(script, run_name="__main__")
     return 0
 

@@ -751,7 +751,10 @@ class LiveEngine:
                     # it showed the lost process's count until the new one passed it).
                     where += f"; no checkpoint: it starts over, its step count with it (it was at {job.steps})"
                     job.steps = 0
+            first_wait = now - job.submitted_at if not job.started_at else None  # its first start
             await repo.place(s, job, [(g.server, g.index) for g in gpus], incarnation, now, f"{reason} on {where}")
+        if first_wait is not None:
+            self.observer.started(first_wait)
         if restore.fetch_from:
             self.fetching[job_id] = restore.fetch_from
             self._background(job_id, self._fetch_and_launch(

@@ -64,10 +64,14 @@ async def read_back(core: Any, log: DecisionLog, now: float) -> int:
         kind = _KINDS.get((from_state, to_state))
         if kind is not None:
             rows.append((at, kind, job_id, reason))
-    seen: set[float] = set()
+    seen: set[tuple[float, frozenset[str]]] = set()
     for at, job_id, message in reversed(verdicts):  # oldest first: the pair's first event
-        if at not in seen:  # one verdict is an event on each job of the pair
-            seen.add(at)
+        # One verdict is an event on each job of the pair ("packing trial with OTHER: ..."),
+        # at the time of the round that judged it: a pair is known by both jobs, not by the
+        # time alone (two pairs judged in one round: the second's verdict was left out).
+        pair = (at, frozenset((job_id, message.partition(":")[0].removeprefix("packing trial with "))))
+        if pair not in seen:
+            seen.add(pair)
             rows.append((at, verdict_kind(message), job_id, message))
     rows.sort(key=lambda row: row[0])
     rows = rows[-(size - 1):] if size > 1 else []

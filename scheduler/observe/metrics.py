@@ -40,6 +40,8 @@ KINDS = {pt.Place: "place", pt.Suspend: "suspend", pt.Resume: "resume", pt.Pack:
 
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+# A job's wait for its first start: seconds on an idle cluster, days on a busy one.
+_WAITS = (1.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0, 259200.0)
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,9 @@ class SchedulerMetrics(Observer):
         self.db_seconds = Histogram(
             "gandiva_db_transaction_seconds", "Database transactions, begin to commit or rollback",
             ["mode"], buckets=_FAST, registry=r)
+        self.queue_wait = Histogram(
+            "gandiva_queue_wait_seconds", "Jobs first placed: from their submission to that first start "
+            "(percentiles: histogram_quantile over its rate)", buckets=_WAITS, registry=r)
         self.jobs = Gauge("gandiva_jobs", "Jobs by state", ["state"], registry=r)
         self.queue_length = Gauge("gandiva_queue_length", "Jobs waiting for a placement", registry=r)
         self.longest_wait = Gauge("gandiva_queue_longest_wait_seconds",
@@ -225,6 +230,9 @@ class SchedulerMetrics(Observer):
             kind = {True: "keep-pack", False: "reject-pack", None: "pack-void"}[v.kept]
             self.decisions.labels(kind).inc()
             self.log.add(now, kind, v.job_id, (), f"with {v.partner_id}: {v.reason}")
+
+    def started(self, waited_s: float) -> None:
+        self.queue_wait.observe(max(0.0, waited_s))
 
     def switched(self, command: str, seconds: float) -> None:
         self.switch_seconds.labels(command).observe(seconds)

@@ -17,6 +17,9 @@ class Observer:
         """One scheduling round: the snapshot the policy saw, the decisions the engine
         will apply (jobs with commands in flight left out) and the policy's run time."""
 
+    def started(self, waited_s: float) -> None:
+        """A job placed for the first time, ``waited_s`` after its submission."""
+
     def switched(self, command: str, seconds: float) -> None:
         """A suspend or resume command acknowledged at a mini-batch boundary."""
 

@@ -77,6 +77,12 @@ MAX_TRACE_BYTES = 1 << 30  # 1 GiB; the largest trace we know is 1 MB
 # about 700 bytes once read. 10 million 8-byte lines (an 80 MB file, well under the byte
 # cap) took 7 GB and 107 s to read, and the replay then filled the memory for minutes.
 MAX_TRACE_LINES = 2_000_000
+# The longest line a trace's table may have (a JSON trace, which may be one line, aside): the
+# longest of the traces we know is under 1 KB. Checked while the file is read: a file of one
+# endless line (`yes 1 | tr -d '\n'`, a binary export without NUL bytes) was read whole, up to
+# MAX_TRACE_BYTES, before the line was refused: 629 MB took 1.9 GB and 10 s first.
+MAX_LINE_BYTES = 4 << 20
+_LINE_END_BYTES = re.compile(rb"\r\n|\r|\n")
 # Beyond these a number is a unit mistake (milliseconds) or garbage, not a job: the longest
 # job of the traces we know ran 18 days; their longest run is 8.7e8 steps; a submit time in
 # Unix seconds is 1.7e9.
@@ -1089,6 +1095,8 @@ def _lines(path: Path, stdin: bool = False, how: dict[str, str] | None = None) -
     chunks: list[bytes] = []
     size = 0
     packed = ""
+    run = 0  # bytes read since the last line end
+    tabular: bool | None = None  # a table's lines (not JSON), once the first byte that is not space says
     try:
         # In chunks, so that a stream that never ends (or a binary file) is refused at once:
         # a text trace has no NUL byte, and none is larger than MAX_TRACE_BYTES.
@@ -1112,6 +1120,15 @@ def _lines(path: Path, stdin: bool = False, how: dict[str, str] | None = None) -
                         raise TraceError(path, None, f"NUL byte at byte {size + nul}{inside}: not a text trace (a "
                                                      f"binary file or an archive? UTF-16 text? save it as UTF-8 "
                                                      f"text; gzip, bzip2 and xz files are read as they are)")
+                    if tabular is None and (text_start := chunk.lstrip(b"\xef\xbb\xbf \t\r\n")):
+                        tabular = text_start[:1] not in (b"[", b"{")
+                    if tabular:
+                        last_end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+                        run = len(chunk) - last_end - 1 if last_end >= 0 else run + len(chunk)
+                        if run > MAX_LINE_BYTES:
+                            at_line = sum(len(_LINE_END_BYTES.findall(c)) for c in (*chunks, chunk)) + 1
+                            raise TraceError(path, at_line, f"a line longer than {MAX_LINE_BYTES / (1 << 20):g} MiB (read so far): "
+                                                         "not a trace line (a binary file? a quote left open?)")
                     size += len(chunk)
                     if size > MAX_TRACE_BYTES:
                         what = f" ({packed}-decompressed)" if packed else ""

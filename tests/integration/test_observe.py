@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
@@ -132,9 +133,12 @@ def test_metrics_follow_a_time_sliced_cluster(observed_cluster, mlp) -> None:  #
     launches = [x for x in about_jobs if x["msg"].startswith("command ")]
     assert len(launches) >= 3 and all(x["command_id"] in x["msg"] for x in launches)
 
-    # Every metric the Grafana dashboard in docs/ queries is one the cluster exports.
-    grafana = (Path(__file__).parents[2] / "docs" / "grafana-dashboard.json").read_text()
-    assert set(re.findall(r"gandiva_\w+", grafana)) <= families(http) | families(helper)
+    # Every metric the Grafana dashboard and the alerting rules in docs/ query is one the cluster exports.
+    rules = yaml.safe_load((Path(__file__).parents[2] / "docs" / "alerts.yml").read_text())["groups"][0]["rules"]
+    assert all({"alert", "expr", "for"} <= set(rule) for rule in rules), rules
+    for doc in ("grafana-dashboard.json", "alerts.yml"):
+        queried = set(re.findall(r"gandiva_\w+", (Path(__file__).parents[2] / "docs" / doc).read_text()))
+        assert queried <= families(http) | families(helper), (doc, queried - families(http) - families(helper))
 
     # gandiva top shows the servers and the jobs with the reason of the last decision.
     top = subprocess.run([sys.executable, "-m", "gandiva_cli.main", "top", "--http", http, "--once", "--all"],
@@ -390,6 +394,13 @@ def test_gpu_time_per_job_and_user_matches_what_ran(observed_cluster, chromium) 
         assert before - since[alice if user == "alice" else bob] - 1 <= used <= after - min(since.values()) + 1
         assert value(samples, "gandiva_user_gpus_running", user=user) == 1
     assert value(samples, "gandiva_user_gpus_running", user="<b>mallory</b>") == 0
+    # What an operator alerts on (session 49): how long jobs waited for their first start (a
+    # histogram: percentiles by histogram_quantile), the two started, the queued one not yet;
+    # the helper up (it goes to 0 below, when it is killed).
+    assert value(samples, "gandiva_queue_wait_seconds_count") == 2, samples
+    waited = max(since.values()) - min(c.job(j).submitted_at for j in (alice, bob))
+    assert 0 <= value(samples, "gandiva_queue_wait_seconds_sum") <= 2 * waited + 1, samples
+    assert value(samples, "gandiva_server_up", server="node-a") == 1
     # `gandiva top --once` into a file: every job's row whole, its last decision's reason included
     # (at the 80 columns assumed for a pipe, that column used to get no room at all).
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
@@ -410,6 +421,7 @@ def test_gpu_time_per_job_and_user_matches_what_ran(observed_cluster, chromium) 
     c.helpers[0].kill()
     down = c.wait_for(lambda: [p for p in problems() if p.kind == "server.down"], 60)
     assert down[0].subject == "node-a" and down[0].next.startswith("restart gandiva helper on node-a")
+    assert value(scrape(c.sched.server.http_address), "gandiva_server_up", server="node-a") == 0
     table = gandiva_cli(c, "get", "problems")
     assert table.split()[:5] == ["KIND", "SUBJECT", "SINCE", "WHAT", "NEXT"] and re.search(r"server\.down +node-a ", table), table
 

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from migration_helper.config import HelperConfig
 from migration_helper.daemon import HelperDaemon
@@ -49,19 +52,33 @@ def test_jobs_freeze_when_the_lease_runs_out_and_thaw_when_it_is_renewed(
     address = first.address
     helper = subprocess.Popen(
         [*GANDIVA, "helper", "--server-name", "s1", "--gpus", "1", "--virtual", "--scheduler", address,
-         "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs")],
+         "--ramdisk", str(tmp_path / "rd"), "--log-dir", str(tmp_path / "logs"), "--http-listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        assert helper.stdout is not None and "listening" in helper.stdout.readline()
+        assert helper.stdout is not None
+        said = helper.stdout.readline() + helper.stdout.readline()  # its metrics' address, then "listening"
+        metrics = re.search(r"metrics on http://(\S+)/metrics", said)
+        assert "listening" in said, said
+        assert metrics, "the helper did not say where its metrics are"
+
+        def lease() -> tuple[float, float, float]:
+            """What an operator would alert on, from a real scrape of the helper's /metrics:
+            (frozen, jobs frozen, seconds of lease left). None of them existed before session 49."""
+            samples = {s.name: s.value for f in text_string_to_metric_families(
+                urllib.request.urlopen(f"http://{metrics[1]}/metrics", timeout=10).read().decode()) for s in f.samples}
+            return (samples["gandiva_helper_lease_frozen"], samples["gandiva_helper_jobs_frozen"],
+                    samples["gandiva_helper_lease_remaining_seconds"])
         api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
         spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1,
                                   env={"FAKE_STEPS": "0", "FAKE_STEP_S": "0.02"})
         job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
         wait_for(lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).steps >= 10, 30)
         (pid,) = _job_pids(job_id)
+        wait_for(lambda: (got := lease())[:2] == (0, 0) and 0 < got[2] <= 1.8, 10)  # renewed every 0.2 s
         first.call(first.server.stop(grace=0.5))
         gone = time.monotonic()
         wait_for(lambda: _state_and_cpu(pid)[0] == "T", 10)
+        assert lease() == (1, 1, 0), lease()
         frozen_after = time.monotonic() - gone
         assert frozen_after < SETTINGS.down_after_s, f"frozen only {frozen_after:.1f}s after the scheduler went"
         cpu = _state_and_cpu(pid)[1]
@@ -71,6 +88,7 @@ def test_jobs_freeze_when_the_lease_runs_out_and_thaw_when_it_is_renewed(
         # Heartbeats answered again, and the job still expected here: it goes on.
         wait_for(lambda: _state_and_cpu(pid)[0] != "T", 15)
         wait_for(lambda: _state_and_cpu(pid)[1] > cpu, 15)  # training again
+        wait_for(lambda: (got := lease())[:2] == (0, 0) and got[2] > 0, 10)
         api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(second.address))
         job = api.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
         assert job.state == common_pb2.JOB_STATE_RUNNING and job.placement[0].server == "s1"

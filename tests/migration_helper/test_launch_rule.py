@@ -141,6 +141,28 @@ def test_python_e_and_i_get_the_shim_and_the_jobs_hash_seed() -> None:
     assert [row[1:] for row in seen] == [["True", "False", "ignore", n, "True"] for n in "001"], seen
 
 
+def test_an_interpreter_without_tf_runtime_runs_the_script_without_the_shim(tmp_path: Path) -> None:
+    """`/path/to/their/python -u train.py` (a user's own environment, without tf_runtime) is
+    started `... -u -m tf_runtime.run train.py`: the job used to fail at its launch ("No
+    module named 'tf_runtime'") while the autoload said the process "runs without the shim".
+    Now the autoload runs the command as given (exec), as behind a wrapper: exit status and
+    arguments the script's own."""
+    import subprocess
+    import venv
+
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(tmp_path / "env")
+    python = str(tmp_path / "env" / "bin" / "python")
+    (tmp_path / "train.py").write_text("import sys\nprint('trained', sys.argv[1:])\nsys.exit(3)\n")
+    env = job_environment({"PATH": os.environ.get("PATH", "/usr/bin")}, {}, job_id="j", incarnation="i",
+                          scheduler="s", server="x", gpu_indices=[0])
+    argv = shim_command([python, "-u", "-X", "dev", "train.py", "--lr", "1"])
+    assert argv[4:6] == ["-m", "tf_runtime.run"]
+    out = subprocess.run(argv, check=False, env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert (out.returncode, out.stdout) == (3, "trained ['--lr', '1']\n"), out.stderr
+    assert "runs without the shim" in out.stderr
+
+
 def test_a_job_gets_its_own_token_and_the_helpers_tls_files_by_absolute_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The helper reads `~/...` TLS paths with `~` expanded; so must the job, which runs

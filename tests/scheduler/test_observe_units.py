@@ -118,3 +118,29 @@ def test_a_verdict_read_back_after_a_restart_is_logged_as_the_live_log_says_it()
     assert verdict_kind(said.format("1.62x of time-slicing: kept (j-a 15.8 packed vs 19.5 alone)")) == "keep-pack"
     assert verdict_kind(said.format("0.91x of time-slicing is no gain: undone (j-a ...)")) == "unpack"
     assert verdict_kind("packing trial with j-b: trial void: j-b ended before its rates settled") == "pack-void"
+
+
+async def test_two_pairs_judged_in_one_round_are_both_read_back(sqlite_url: str) -> None:
+    """A round judges every packing trial that has settled, and stamps each verdict with the
+    round's time: two pairs judged together wrote four job.pack events at one time. The
+    read-back after a restart kept one verdict per time, so the second pair's was lost."""
+    from scheduler.core import SchedulerCore
+    from scheduler.observe.history import read_back
+    from scheduler.observe.metrics import DecisionLog
+    from scheduler.state import migrate, repo
+    from scheduler.state.db import make_engine
+
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        async with core.tx() as s:
+            for job, other in (("j-a", "j-b"), ("j-b", "j-a"), ("j-c", "j-d"), ("j-d", "j-c")):
+                repo.add_event(s, 100.0, "job.pack", f"packing trial with {other}: packed rate 1.5x of "
+                                                     "time-slicing: kept", job_id=job)
+        log = DecisionLog()
+        assert await read_back(core, log, 200.0) == 2
+        assert sorted((r.kind, r.job) for r in log.records if r.kind == "keep-pack") == [
+            ("keep-pack", "j-a"), ("keep-pack", "j-c")]
+    finally:
+        await core.dispose()

@@ -20,6 +20,7 @@ def _arm() -> None:
     try:
         from tf_runtime import autoload
     except Exception as exc:  # noqa: BLE001  (another interpreter, without tf_runtime)
+        _run_without_the_shim()  # returns unless started through tf_runtime.run
         print(f"gandiva: tf_runtime is not importable in {sys.executable} ({exc}); "
               "this process runs without the shim", file=sys.stderr)
         return
@@ -27,6 +28,32 @@ def _arm() -> None:
         autoload.arm()
     except Exception as exc:  # noqa: BLE001  (never break the interpreter's start-up)
         print(f"gandiva: could not arm the tf_runtime shim: {exc}", file=sys.stderr)
+
+
+def _run_without_the_shim() -> None:
+    """A job's command `/path/to/python [options] train.py` is started by the helper as
+    `/path/to/python [options] -m tf_runtime.run train.py`, which an interpreter without
+    tf_runtime (the user's own environment) cannot run: the job failed at its launch
+    ("No module named 'tf_runtime'") though this file had said it runs without the shim.
+    Run the command as given instead (exec, the same process), as behind a wrapper."""
+    argv = list(getattr(sys, "orig_argv", None) or [])
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "-m" and argv[i + 1:i + 2] == ["tf_runtime.run"]:
+            sys.stderr.flush()
+            os.execv(sys.executable, [argv[0], *argv[1:i], *argv[i + 2:]])
+        if not word.startswith("-") or word in ("-", "--") or word.startswith("--"):
+            if word != "--check-hash-based-pycs":
+                return  # the job's own script, or an option without a value
+            i += 1
+        else:
+            flags = word[1:].split("W")[0].split("X")[0]  # what comes before a -W/-X value
+            if "m" in flags or "c" in flags:
+                return  # `python -m pkg.mod`, `-c CODE`: not started through tf_runtime.run
+            if len(flags) == len(word) - 2:
+                i += 1  # `-W ignore`, `-uX dev`: the next word is the value
+        i += 1
 
 
 def _put_back_python_env() -> None:

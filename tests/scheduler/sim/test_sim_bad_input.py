@@ -269,3 +269,47 @@ def test_a_trace_of_more_lines_than_the_memory_holds_is_refused_while_read(tmp_p
     assert len(read_trace_as(tmp_path / "ok.csv")[0]) == 99  # blank lines and comments do not count
     err = _error(tmp_path, text + "0,1,100\n")
     assert "/t.csv:103: more than 100 lines: the simulator holds every job in memory" in str(err), str(err)
+
+
+def test_a_line_without_end_is_refused_while_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One endless line (a stream of digits, a binary export without NUL bytes) was read
+    whole, up to the 1 GiB cap, before it was refused: 629 MB took 1.9 GB and 10 s first.
+    It is refused once the line passes MAX_LINE_BYTES (scaled down here to keep the test
+    short), naming its line; JSON (one line may be a whole Philly log) is not held to it."""
+    import os
+    import threading
+
+    from scheduler.sim import trace
+
+    monkeypatch.setattr(trace, "MAX_LINE_BYTES", 1 << 18, raising=False)  # (raising: before it was)
+
+    fifo = tmp_path / "t.csv"
+    os.mkfifo(fifo)
+    sent = [0]
+
+    def write() -> None:
+        try:
+            with open(fifo, "wb") as out:
+                out.write(b"submit_time,num_gpus,duration\n0,1,")
+                while sent[0] < 4096 * trace.MAX_LINE_BYTES:  # (the 1 GiB cap)
+                    out.write(b"1" * (1 << 20))
+                    sent[0] += 1 << 20
+        except BrokenPipeError:
+            pass
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    with pytest.raises(TraceError) as err:
+        read_trace_as(fifo)
+    writer.join(30)
+    assert "t.csv:2: a line longer than " in str(err.value), str(err.value)
+    assert sent[0] <= 16 << 20, sent[0]
+    import json
+
+    job = {"status": "Pass", "vc": "vc1", "user": "u1", "submitted_time": "2017-10-03 10:00:00", "attempts": [
+        {"start_time": "2017-10-03 10:00:00", "end_time": "2017-10-03 11:00:00",
+         "detail": [{"ip": "m1", "gpus": ["gpu0"]}]}]}
+    log = json.dumps([{**job, "jobid": f"application_{i}"} for i in range(1_500)])  # Philly's, on one line
+    assert len(log) > trace.MAX_LINE_BYTES
+    (tmp_path / "philly.json").write_text(log)
+    assert len(read_trace_as(tmp_path / "philly.json")[0]) == 1_500
