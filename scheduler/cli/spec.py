@@ -117,6 +117,9 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
                 hint += f" (YAML reads {value.strip()} as text: write the number out in digits)"
             raise SpecError(f"{path}: field {key!r} has the wrong type ({type(value).__name__}): "
                             f"{shown}; {hint}")
+    for key in ("gpus", "priority", "steps", "array"):
+        if isinstance(data.get(key), int):  # (a number as written is for text; these are numbers)
+            data[key] = int(data[key])
     for key in ("env", "env_pass"):
         values = data.get(key, {})
         if any(isinstance(v, (dict, list)) for v in (values.values() if key == "env" else values)):
@@ -156,7 +159,50 @@ def _text(value: Any, where: str) -> str:
                         "the text")
     if isinstance(value, (dict, list)):
         raise SpecError(f"{where}: must be a plain value, not a {type(value).__name__}")
-    return str(value)
+    return _as_written(value)
+
+
+class _WrittenInt(int):
+    """A YAML integer whose text is not its value's (``0755`` is 493, ``12:30`` is 750)."""
+
+    written = ""
+
+
+class _WrittenFloat(float):
+    """A YAML float whose text is not its value's (``1.10`` is 1.1)."""
+
+    written = ""
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML as safe_load reads it, but a number keeps the text it was written as: where it
+    becomes text (an argument, a variable, a sweep's value), the job gets what the file says.
+    YAML 1.1 reads `0755` as octal, `12:30` as base 60 and `1.10` as 1.1: `env: {UMASK: 0755}`
+    gave the job UMASK=493, a sweep over `{step: [0100, 0200]}` ran 64 and 128, and
+    `VERSION: 1.10` became 1.1, without a word."""
+
+
+def _number(kind: type[float], written: type[_WrittenInt | _WrittenFloat]) -> Any:
+    base = yaml.SafeLoader.yaml_constructors[f"tag:yaml.org,2002:{kind.__name__}"]
+
+    def construct(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int | float:
+        value = base(loader, node)
+        if str(value) == node.value:
+            return value  # type: ignore[no-any-return]
+        out = written(value)
+        out.written = node.value
+        return out
+
+    return construct
+
+
+_SpecLoader.add_constructor("tag:yaml.org,2002:int", _number(int, _WrittenInt))
+_SpecLoader.add_constructor("tag:yaml.org,2002:float", _number(float, _WrittenFloat))
+
+
+def _as_written(value: float | str) -> str:
+    """A scalar as the file wrote it."""
+    return getattr(value, "written", "") or str(value)
 
 
 def _yaml_where(exc: yaml.YAMLError) -> str:
@@ -185,7 +231,7 @@ def _load_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader: it builds no objects
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML{_yaml_where(exc)}") from None
     except RecursionError:  # the parser recurses per level: `[[[[...` was a traceback
@@ -397,7 +443,7 @@ def _param_value(value: Any, where: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float, str)):
-        return str(value)
+        return _as_written(value)
     raise SpecError(f"{where}: values must be numbers or strings, got {type(value).__name__}")
 
 
