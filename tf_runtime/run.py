@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     # `-P` / `-I` / PYTHONSAFEPATH, which put neither it nor the working directory there
     # (sys.path[0] is then the standard library's, once overwritten here).
     if not getattr(sys.flags, "safe_path", False):
-        if pkgutil.get_importer(script) is None:
-            sys.path[0] = os.path.dirname(os.path.abspath(script))
+        if pkgutil.get_importer(script) is None:  # realpath: a symlinked script's siblings
+            sys.path[0] = os.path.dirname(os.path.realpath(script))  # are its target's
         else:  # a directory or zip: runpy puts it first itself, alone, as python does
             del sys.path[0]
     runpy.run_path(script, run_name="__main__")

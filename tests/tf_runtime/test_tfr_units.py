@@ -169,6 +169,23 @@ def test_a_directory_or_zip_application_runs_as_python_runs_it(tmp_path: Path) -
             plain.returncode, plain.stdout), (target, shim.stderr)
 
 
+def test_a_symlinked_script_imports_the_modules_beside_its_target(tmp_path: Path) -> None:
+    """`python train.py` where train.py is a link to the project's script (an experiment
+    directory of links): python puts the target's directory on sys.path, so its sibling
+    modules import; tf_runtime.run put the link's directory there, and the job failed at
+    its first import (ModuleNotFoundError)."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "code" / "model.py").write_text("X = 7\n")
+    (tmp_path / "code" / "train.py").write_text("import model\nprint(model.X)\n")
+    (tmp_path / "runs" / "train.py").symlink_to(tmp_path / "code" / "train.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    for argv in ([sys.executable, "train.py"], [sys.executable, "-m", "tf_runtime.run", "train.py"]):
+        out = subprocess.run(argv, env=env, cwd=tmp_path / "runs", capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert (out.returncode, out.stdout) == (0, "7\n"), (argv, out.stderr)
+
+
 def test_script_exit_status_passes_through(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("import sys\nprint(sys.argv[1:])\nsys.exit(3)\n")
