@@ -161,6 +161,16 @@ def test_an_interpreter_without_tf_runtime_runs_the_script_without_the_shim(tmp_
                          timeout=60)
     assert (out.returncode, out.stdout) == (3, "trained ['--lr', '1']\n"), out.stderr
     assert "runs without the shim" in out.stderr
+    # `python -E` there: run as given, the server's PYTHONPATH still ignored (it was put
+    # back before the exec, so the program imported from it).
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "stray.py").write_text("")
+    (tmp_path / "find.py").write_text("import importlib.util\nprint(importlib.util.find_spec('stray'))\n")
+    env = job_environment({"PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONPATH": str(tmp_path / "elsewhere")},
+                          {}, job_id="j", incarnation="i", scheduler="s", server="x", gpu_indices=[0])
+    argv, env = isolated_launch(shim_command([python, "-E", "find.py"]), env)
+    out = subprocess.run(argv, check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "None\n"), out.stderr
 
 
 def test_a_job_gets_its_own_token_and_the_helpers_tls_files_by_absolute_path(

@@ -95,7 +95,9 @@ def _chain() -> None:
         print(f"gandiva: the next sitecustomize failed: {exc!r}", file=sys.stderr)
 
 
-_put_back_python_env()
 if os.environ.get("GANDIVA_JOB_ID"):
+    # (Before the PYTHON* variables are put back: without tf_runtime it runs the command as
+    # given, which then starts as isolated as this process did, `python -E` / `-I` too.)
     _arm()
+_put_back_python_env()
 _chain()
