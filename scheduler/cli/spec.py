@@ -157,7 +157,7 @@ def _text(value: Any, where: str) -> str:
         raise SpecError(f"{where}: {spelled} is a boolean (YAML reads unquoted true, yes, on, false, "
                         f"no, off as one); write the value in quotes, e.g. '{spelled}', if you mean "
                         "the text")
-    if isinstance(value, (dict, list)):
+    if not isinstance(value, (str, int, float)):  # a mapping or a list; !!set, !!binary: not text
         raise SpecError(f"{where}: must be a plain value, not a {type(value).__name__}")
     return _as_written(value)
 
@@ -198,6 +198,9 @@ def _number(kind: type[float], written: type[_WrittenInt | _WrittenFloat]) -> An
 
 _SpecLoader.add_constructor("tag:yaml.org,2002:int", _number(int, _WrittenInt))
 _SpecLoader.add_constructor("tag:yaml.org,2002:float", _number(float, _WrittenFloat))
+# A date or time is text to a job (no spec field takes one): `AT: 2024-01-01T10:00:00Z` gave
+# AT='2024-01-01 10:00:00+00:00'.
+_SpecLoader.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: node.value)
 
 
 def _as_written(value: float | str) -> str:

@@ -223,7 +223,8 @@ def test_spec_file_numbers_become_their_text(tmp_path: Path) -> None:
 def test_numbers_reach_the_job_as_the_file_writes_them(tmp_path: Path) -> None:
     """YAML 1.1 reads 0755 as octal (493), 12:30 as base 60 (750), 0x1F as 31, 1_000 as 1000
     and 1.10 as 1.1: the job got UMASK=493, a sweep over [0100, 0200] ran steps 64 and 128,
-    VERSION=1.1, without a word. Numbers the spec takes as numbers stay numbers."""
+    VERSION=1.1, without a word. Numbers the spec takes as numbers stay numbers. A time is
+    text as written too; !!binary and !!set are not text."""
     path = write(tmp_path, "job.yaml", "command: python t.py --v 1\ngpus: 0x2\npriority: 010\n"
                  "env: {UMASK: 0755, AT: '12:30', T: 12:30, H: 0x1F, N: 1_000, VERSION: 1.10, E: 1.0e+3, I: 7}\n")
     spec = specs.load_spec_file(path)
@@ -235,6 +236,11 @@ def test_numbers_reach_the_job_as_the_file_writes_them(tmp_path: Path) -> None:
         {"step": s, "v": v} for s in ("0100", "0200") for v in ("1.10", "2")]
     path = write(tmp_path, "list.yaml", "command: [python, t.py, 0755]\n")
     assert specs.load_spec_file(path)["command"] == ["python", "t.py", "0755"]
+    path = write(tmp_path, "at.yaml", "command: python t.py\nenv: {AT: 2024-01-01T10:00:00Z}\n")  # was +00:00
+    assert specs.load_spec_file(path)["env"] == {"AT": "2024-01-01T10:00:00Z"}
+    path = write(tmp_path, "bin.yaml", "command: python t.py\nenv: {B: !!binary aGVsbG8=}\n")  # was b'hello'
+    with pytest.raises(SpecError, match="env.B: must be a plain value, not a bytes"):
+        specs.load_spec_file(path)
 
 
 @pytest.mark.parametrize(
