@@ -14,7 +14,7 @@ import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler import auth, eta, timeline
-from scheduler.cli import output, placements, sharing, usage
+from scheduler.cli import output, placements, sharing, usage, wait
 from scheduler.cli.argtypes import point_in_time
 from scheduler.cli.client import (
     EXIT_ERROR,
@@ -133,6 +133,7 @@ def _register_actions(subparsers: Any, common: argparse.ArgumentParser) -> None:
     server.add_argument("name", metavar="SERVER", help="the server's name (gandiva get servers)")
     _set(server, describe_server)
 
+    wait.register(subparsers, common, _set)
     kill = subparsers.add_parser("kill", parents=[common], help="kill jobs (a multi-job's id: its jobs not ended)")
     kill.add_argument("ids", nargs="+", metavar="ID",
                       help="job ids, or multi-job ids (mj-..., as gandiva-submit --sweep/--array "

@@ -347,10 +347,12 @@ def _print_submitted(multi_id: str, jobs: Sequence[common_pb2.Job]) -> None:
 def _print_follow_hints(multi_id: str, ids: Sequence[str]) -> None:
     if multi_id:
         print(f"follow:  gandiva get jobs --multi-job {multi_id}")
+        print(f"wait:    gandiva wait {multi_id}   (--until running: until each has started)")
         print("events:  gandiva get events --watch --job ID   (one of the ids above)")
         print(f"kill:    gandiva kill {' '.join(ids)}")
     else:
         print(f"follow:  gandiva describe job {ids[0]}")
+        print(f"wait:    gandiva wait {ids[0]}   (--until running: until it has started)")
         print(f"events:  gandiva get events --watch --job {ids[0]}")
         print(f"kill:    gandiva kill {ids[0]}")
 

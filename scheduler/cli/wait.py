@@ -9,7 +9,9 @@ polls are the truth for states and progress, so a missed event loses nothing.
 
 from __future__ import annotations
 
+import argparse
 import logging
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -23,11 +25,14 @@ from rich.text import Text
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler import eta
 from scheduler.cli import output
+from scheduler.cli.argtypes import duration
 from scheduler.cli.client import (
     EXIT_INTERRUPTED,
     TERMINAL_STATES,
     Client,
+    CliError,
     EventFollower,
+    job_to_dict,
     last_output,
     list_all,
     state_name,
@@ -38,6 +43,7 @@ log = logging.getLogger(__name__)
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
 EXIT_KILLED = 3
+EXIT_TIMEOUT = 124  # `gandiva wait --timeout` passed first (as timeout(1) exits)
 # Kinds the poll already reports as state changes; printing them too would double lines.
 STATE_EVENT_KINDS = frozenset({"job.state", "job.submitted"})
 POLL_INTERVAL_S = 1.0
@@ -60,11 +66,16 @@ class Follower:
     """Polls the submitted jobs and prints what changed until all of them end."""
 
     def __init__(self, client: Client, ids: Sequence[str], multi_id: str,
-                 give_up_after: float) -> None:
+                 give_up_after: float, until_running: bool = False, deadline: float = math.inf) -> None:
         self.client = client
         self.ids = list(ids)
         self.multi_id = multi_id
         self.give_up_after = give_up_after
+        # `gandiva wait --until running`: done once every job has started (or ended);
+        # ``deadline`` (monotonic): `--timeout`.
+        self.until_running = until_running
+        self.deadline = deadline
+        self.last: list[common_pb2.Job] = []  # the jobs as last polled
         self.console = output.console()
         self.states: dict[str, int] = {}
         self.seen_history: dict[str, int] = {}
@@ -95,10 +106,9 @@ class Follower:
         if self.multi_id:
             request = scheduler_pb2.ListJobsRequest(multi_job_id=self.multi_id)
             jobs = list_all(self.client, "ListJobs", request, "jobs", call=self._retrying)
-        else:
-            request1 = scheduler_pb2.GetJobRequest(id=self.ids[0])
-            jobs = [self.client.call_retrying("GetJob", request1, self.give_up_after,
-                                              self._on_retry)]
+        else:  # one job, or the few `gandiva wait` names: each with its history
+            jobs = [self.client.call_retrying("GetJob", scheduler_pb2.GetJobRequest(id=job_id), self.give_up_after,
+                                              self._on_retry) for job_id in self.ids]
         if self.outage:
             self.outage = False
             self.say(f"reconnected to the scheduler at {self.client.address}")
@@ -159,8 +169,13 @@ class Follower:
             self.last_pipe_progress = time.monotonic()
             self.say(line)
 
+    def done(self, jobs: Sequence[common_pb2.Job]) -> bool:
+        if self.until_running:
+            return bool(jobs) and all(j.state != common_pb2.JOB_STATE_QUEUED for j in jobs)
+        return bool(jobs) and all(j.state in TERMINAL_STATES for j in jobs)
+
     def run(self) -> int:
-        single = "" if self.multi_id else self.ids[0]
+        single = "" if self.multi_id or len(self.ids) > 1 else self.ids[0]
         self.last_event_id = self._stream_start()
         events = EventFollower(self.client, after_id=self.last_event_id, job_id=single,
                                give_up_after=self.give_up_after).start()
@@ -170,12 +185,15 @@ class Follower:
             with live_cm as live:
                 self.live = live
                 while True:
-                    jobs = self.poll()
-                    if jobs and all(j.state in TERMINAL_STATES for j in jobs):
+                    jobs = self.last = self.poll()
+                    if self.done(jobs):
                         self.catch_up(events, single)
                         self.report_changes(jobs)
                         break
                     self.report_changes(jobs)
+                    if time.monotonic() >= self.deadline:
+                        self.live = None
+                        return self.timed_out(jobs)
                     self.show_progress(jobs)
                     if events.error is not None:
                         log.debug("event stream gave up: %s", events.error)
@@ -212,7 +230,15 @@ class Follower:
         first = self.client.call("ListEvents", request).events
         return first[0].id - 1 if first else -1
 
+    def timed_out(self, jobs: Sequence[common_pb2.Job]) -> int:
+        for job in jobs:
+            if not self.done([job]):
+                self.say(f"still waiting at --timeout: {self.progress([job])}")
+        return EXIT_TIMEOUT
+
     def finish(self, jobs: Sequence[common_pb2.Job]) -> int:
+        if self.until_running:
+            return self.started(jobs)
         failed = 0
         for job in jobs:
             succeeded = job.state == common_pb2.JOB_STATE_SUCCEEDED
@@ -238,6 +264,81 @@ class Follower:
         return outcome_code([j.state for j in jobs])
 
 
+    def started(self, jobs: Sequence[common_pb2.Job]) -> int:
+        """`--until running`: 0 once each has started; a job that ended without ever running
+        (killed in the queue, failed at its launch) gives its outcome's code."""
+        never = [j for j in jobs if j.state in TERMINAL_STATES and
+                 not any(t.to_state == common_pb2.JOB_STATE_RUNNING for t in j.history)]
+        for job in jobs:
+            if job in never:
+                self.say(f"job {job.id} ({job.spec.name}) {state_name(job.state)} without ever running"
+                         + (f": {job.message}" if job.message else ""))
+            else:
+                self.say(f"job {job.id} ({job.spec.name}) has started: {state_name(job.state)} "
+                         f"on {output.placement(job.placement)}")
+        return outcome_code([j.state for j in never])
+
+
 def follow(client: Client, ids: Sequence[str], multi_id: str, give_up_after: float) -> int:
     """Wait for the jobs to end, showing progress; the exit code mirrors their outcome."""
     return Follower(client, ids, multi_id, give_up_after).run()
+
+
+WAIT_DESCRIPTION = """\
+Block until jobs start running or end, printing each state change with its reason as it
+happens (and those before: the job's history so far), as gandiva-submit does while it waits.
+For a script, or a person who submitted with --no-wait:
+
+  gandiva wait j-8d0de09391                       # until it ends; the exit code is its outcome
+  gandiva wait j-8d0de09391 --until running && notify-send "my job started"
+  gandiva wait mj-1a2b3c4d5e --timeout 2h         # every job of a multi-job
+
+Exit codes: 0 succeeded (--until running: every job has started); 1 failed; 3 killed (the
+worst of several wins; --until running: a job that ended without ever running); 2 an unknown
+id or bad input; 4 the scheduler unreachable for longer than --reconnect-timeout; 124 --timeout
+passed first (the jobs still waiting are named); 130 interrupted. Waiting changes no job.
+"""
+
+
+def register(subparsers: Any, common: Any, set_handler: Any) -> None:
+    """`gandiva wait ID... [--until running|done] [--timeout DURATION]`."""
+    cmd = subparsers.add_parser("wait", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                help="block until jobs start running or end, printing why each state changed",
+                                description=WAIT_DESCRIPTION)
+    cmd.add_argument("ids", nargs="+", metavar="ID", help="jobs, or one multi-job (mj-...)")
+    cmd.add_argument("--until", choices=["running", "done"], default="done",
+                     help="done (default): until every job has ended; running: until every job has started")
+    cmd.add_argument("--timeout", type=duration, default=None, metavar="DURATION",
+                     help="give up after this long (90s, 30m, 2h): exit 124")
+    cmd.add_argument("--reconnect-timeout", type=duration, default=600.0, metavar="DURATION",
+                     help="how long to keep retrying a scheduler that went away (default 600s): exit 4")
+    set_handler(cmd, wait_command)
+
+
+MAX_WAITED = 100  # jobs one `gandiva wait` names (each is asked for every second)
+
+
+def wait_command(args: Any, client: Client) -> int:
+    ids = list(dict.fromkeys(args.ids))
+    multi = [i for i in ids if i.startswith("mj-")]
+    if multi and len(ids) > 1:
+        raise CliError("give one multi-job's id (mj-...) alone, or job ids (j-...): not both")
+    if len(ids) > MAX_WAITED:
+        raise CliError(f"{len(ids)} jobs; at most {MAX_WAITED} at once (a multi-job's id covers all its jobs)")
+    if multi:
+        request = scheduler_pb2.ListJobsRequest(multi_job_id=multi[0], limit=1)
+        if not client.call("ListJobs", request).jobs:
+            raise CliError(f"no multi-job {multi[0]} (or it has no job you may see)")
+    deadline = time.monotonic() + args.timeout if args.timeout else math.inf
+    follower = Follower(client, [] if multi else ids, multi[0] if multi else "", args.reconnect_timeout,
+                        until_running=args.until == "running", deadline=deadline)
+    if multi:
+        follower.ids = [j.id for j in follower.poll()]
+    if args.output != "json":
+        return follower.run()
+    # -o json: the lines said while waiting go to stderr; stdout gets the jobs as they were
+    # at the end, as `gandiva get jobs -o json` prints them (a list: jq '.[].state').
+    follower.console = output.console(sys.stderr)
+    code = follower.run()
+    output.print_json([job_to_dict(j) for j in follower.last])
+    return code

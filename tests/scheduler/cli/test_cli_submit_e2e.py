@@ -22,6 +22,7 @@ def test_no_wait_submits_and_prints_the_follow_commands(submit, stub, list_jobs,
     (job,) = list_jobs(stub)
     assert f"submitted job {job.id}" in r.out
     assert f"gandiva describe job {job.id}" in r.out and f"gandiva kill {job.id}" in r.out
+    assert f"gandiva wait {job.id}" in r.out  # to block on it later (session 49)
     assert list(job.spec.command) == ["python", "train.py", "--lr", "0.1"]
     assert (job.spec.name, job.spec.gpus, job.spec.priority) == ("resnet", 2, 3)
     assert job.spec.workdir == str(tmp_path)
