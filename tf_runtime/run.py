@@ -8,6 +8,7 @@ stop-for-migration, tf_runtime.EXIT_KILLED (143) after a kill.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import pkgutil
@@ -59,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.path[0] = os.path.dirname(os.path.realpath(script))  # are its target's
         else:  # a directory or zip: runpy puts it first itself, alone, as python does
             del sys.path[0]
-    runpy.run_path(script, run_name="__main__")
+    # The builtins module, as in python's own __main__ (runpy's fresh namespace got the
+    # builtins' dict: `__builtins__.xrange = range` failed, AttributeError).
+    runpy.run_path(script, init_globals={"__builtins__": builtins}, run_name="__main__")
     return 0
 
 

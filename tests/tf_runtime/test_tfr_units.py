@@ -173,11 +173,13 @@ def test_a_symlinked_script_imports_the_modules_beside_its_target(tmp_path: Path
     """`python train.py` where train.py is a link to the project's script (an experiment
     directory of links): python puts the target's directory on sys.path, so its sibling
     modules import; tf_runtime.run put the link's directory there, and the job failed at
-    its first import (ModuleNotFoundError)."""
+    its first import (ModuleNotFoundError). Its `__builtins__` is the builtins module, as in
+    python's own __main__ (under tf_runtime.run it was a dict: AttributeError)."""
     (tmp_path / "code").mkdir()
     (tmp_path / "runs").mkdir()
     (tmp_path / "code" / "model.py").write_text("X = 7\n")
-    (tmp_path / "code" / "train.py").write_text("import model\nprint(model.X)\n")
+    (tmp_path / "code" / "train.py").write_text(
+        "import model\n__builtins__.seen = model.X\nprint(seen)\n")  # the module in __main__
     (tmp_path / "runs" / "train.py").symlink_to(tmp_path / "code" / "train.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
     for argv in ([sys.executable, "train.py"], [sys.executable, "-m", "tf_runtime.run", "train.py"]):
