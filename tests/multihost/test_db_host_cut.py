@@ -25,7 +25,7 @@ import pytest
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
-from .conftest import Cluster
+from .conftest import SCHED_PORT, Cluster
 from .test_crowded_host_cut import _fake_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.pg]
@@ -144,3 +144,47 @@ def test_a_standby_scheduler_takes_the_database_of_one_whose_host_was_cut_off(mu
     c.wait(lambda: old.poll() is not None, 60)
     assert old.returncode == 2
     assert "it took the database while the connection was lost" in (c.tmp / "scheduler.log").read_text()
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("multihost", [{"postgres": True}], indirect=True)
+def test_a_job_that_ends_during_the_cut_its_helper_restarted_meanwhile_is_trained_once(multihost: Cluster) -> None:
+    """The database's host cut off (packets dropped); a job ends during the cut and its
+    helper is restarted (SIGTERM, then started again on the same host, name and log
+    directory) before the link is back. Its exit, kept on the helper's disk, comes with the
+    new helper's registration: the job is recorded SUCCEEDED having trained each step once.
+    Before, the exit was lost with the stopped helper, and the job was re-queued once the
+    link was back and trained a second time. The mechanism runs by default in
+    tests/migration_helper/test_helper_faults.py -k restarted_meanwhile (connections refused)."""
+    c = multihost
+    c.add_helper("a")
+    steps, log = 60, c.tmp / "steps"
+    spec = common_pb2.JobSpec(name="k", command=[_fake_job(c.tmp)], gpus=1, workdir=str(c.tmp),
+                              env={"FAKE_STEPS": str(steps), "FAKE_STEP_S": "0.05", "FAKE_STEP_LOG": str(log)})
+    job_id = c.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+    c.wait(lambda: _steps(c) >= 10, 60)
+    c.net.cut("db")
+    cut_at = time.monotonic()
+    try:
+        c.wait(lambda: _steps(c) == steps and not c.pids_of(job_id), 30)  # ended, unrecorded
+        ended = time.monotonic() - cut_at
+        old = c.procs["a"]
+        old.send_signal(signal.SIGTERM)
+        assert old.wait(60) == 0
+        ns = c.net.hosts["a"][0]
+        c._spawn("a", ns, [
+            "helper", "--server-name", "a", "--gpus", "1", "--scheduler", f"{c.sched_addr}:{SCHED_PORT}",
+            "--listen", f"{c.net.hosts['a'][1]}:0", "--ramdisk", str(c.tmp / "rd" / "a"),
+            "--shared-root", str(c.tmp / "rd"), "--log-dir", str(c.tmp / "logs"), "--insecure"])
+        time.sleep(3.0)  # it tries to register meanwhile
+        print(f"\nthe job ended {ended:.1f}s into the cut; the helper restarted by "
+              f"{time.monotonic() - cut_at:.1f}s")
+    finally:
+        c.net.restore("db")
+    done = c.wait(lambda: (j := c.job(job_id)).state == common_pb2.JOB_STATE_SUCCEEDED and j, 90)
+    assert isinstance(done, common_pb2.Job)
+    trained = log.read_text().splitlines()
+    assert len(trained) == steps and len({line.split()[0] for line in trained}) == 1, trained[-5:]
+    assert [t.to_state for t in done.history].count(common_pb2.JOB_STATE_RUNNING) == 1, \
+        [t.reason for t in done.history]
+    assert done.steps == steps
