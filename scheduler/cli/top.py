@@ -97,7 +97,7 @@ def fetch(address: str, token: str = "") -> dict[str, Any]:
         raise NotHttp(f"{address} did not answer HTTP; is it the scheduler's --http-listen "
                       "address?") from None
     except urllib.error.HTTPError as err:
-        if err.code in (401, 403):
+        if err.code in (401, 403, 421):  # (421: a loopback dashboard asked by another name)
             said = output.visible(err.read(2048).decode("utf-8", "replace").strip())
             raise Refused(f"http://{address}/api/state: {said}") from None
         if err.code == 503:

@@ -18,6 +18,13 @@ class _Answers(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         kind = self.server.kind  # type: ignore[attr-defined]
+        if kind == "misdirected":  # scheduler.observe.http's answer to a name it does not take
+            body = b"this server listens on 127.0.0.1, which only this machine reaches, and the request names host 'x'\n"
+            self.send_response(421)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -75,3 +82,16 @@ def test_top_pointed_at_another_server_says_so_in_one_line(  # type: ignore[no-u
     assert (r.code, r.out) == (1, ""), r
     assert r.err.startswith(f"gandiva top: http://{address}/api/state ") and said in r.err, r.err
     assert r.err.endswith("is it the scheduler's --http-listen address?\n") and r.err.count("\n") == 1, r.err
+
+
+def test_top_told_its_address_names_another_host_says_what_the_server_said(  # type: ignore[no-untyped-def]
+        gandiva, answering) -> None:
+    """A loopback dashboard asked by a name that is not localhost answers 421 saying why (DNS
+    rebinding); `top` said "cannot read ... (Misdirected Request); is the scheduler running with
+    --http-listen on that address?", though it was."""
+    answering.kind = "misdirected"
+    address = f"127.0.0.1:{answering.server_address[1]}"
+    r = gandiva("top", "--once", "--http", address)
+    assert (r.code, r.out) == (1, ""), r
+    assert r.err == (f"gandiva top: http://{address}/api/state: this server listens on 127.0.0.1, which only this "
+                     "machine reaches, and the request names host 'x'\n"), r.err
