@@ -178,6 +178,23 @@ def program_stack(frame: Any, limit: int = 8) -> tuple[tuple[tuple[int, Any], in
     return tuple(out)
 
 
+def _no_global_step(counters: tuple[str, ...]) -> str:
+    """Why a graph without a global step is not migratable, naming the step counter of the
+    program's own its training run increments, if any (`minimize(global_step=iterations)`):
+    the advice to pass a counter to `minimize` is no help to a program that already does."""
+    if counters:
+        name = counters[0].split(":")[0]
+        return (f"the graph has no global step: its training run counts in {name!r}, a "
+                "variable of its own, which the shim cannot take for the step a restarted "
+                "program resumes from; make it the graph's global step "
+                f"(tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP, {name}) "
+                "after creating it, or create it with "
+                "tf.compat.v1.train.get_or_create_global_step()) to make the job migratable")
+    return ("the graph has no global step, so a restarted program cannot know where to "
+            "resume (create its step counter with tf.compat.v1.train.get_or_create_global_step() "
+            "and pass it to the optimizer's minimize(global_step=...))")
+
+
 def _ignore(*_: Any) -> None:
     """What an adapter without tf.data iterators (a fake one) does with them."""
 
@@ -1253,10 +1270,7 @@ class Controller:
         if self._second_model:
             self._judge(False, self._second_model)
         elif not adapter.has_global_step():
-            self._judge(False, "the graph has no global step, so a restarted program "
-                               "cannot know where to resume (create its step counter with "
-                               "tf.compat.v1.train.get_or_create_global_step() and pass it "
-                               "to the optimizer's minimize(global_step=...))")
+            self._judge(False, _no_global_step(getattr(adapter, "step_counters", tuple)()))
         elif self._stateful_input:
             self._judge(False, f"its training run reads {self._stateful_input}: input whose "
                                "position is not in any checkpoint (a tf.data iterator, an "

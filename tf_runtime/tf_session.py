@@ -503,6 +503,9 @@ class TFSessionAdapter:
         self._reinitialised: set[str] = set()
         # The digest of the feeds of each iterator's last initializer run ("" unfed).
         self._init_feeds: dict[str, str] = {}
+        # Integer scalar variables other than the global step that training runs increment
+        # (a program's own step counter: `minimize(global_step=iterations)`), by name.
+        self._counters: dict[str, None] = {}
 
     # -- classification ---------------------------------------------------------------
     def classify(self, fetches: Any) -> RunInfo:
@@ -575,6 +578,8 @@ class TFSessionAdapter:
                 counter = counter or held.name  # a loop counter kept in a variable, maybe
         inside, reached = self._walk(roots)
         training = inside.training
+        if training:
+            self._note_counters(reached)
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
         # A run that is not training but loads a variable the checkpoint holds: a layer
         # loaded from NumPy (`sess.run(w.assign(array))`) after the restore point. Not an
@@ -647,6 +652,21 @@ class TFSessionAdapter:
                        py_funcs=_py_func_tokens(reached) if training else (),
                        iterators=iterators, iterator_inits=tuple(sorted(
                            {pair for op in reached if (pair := data_state.initialised_iterator(op))})))
+
+    def _note_counters(self, reached: set[Any]) -> None:
+        """Remember the integer scalar variables (not the global step, not trainable) that a
+        training run increments: a step counter of the program's own."""
+        for op in reached:
+            if op.type in _STEP_UPDATES and len(op.inputs) > 1 and \
+                    op.inputs[-1].dtype.base_dtype.is_integer and op.inputs[-1].shape.rank == 0:
+                target = through(op.inputs[0].op)
+                if target in self._state_ops and target is not self._gs_op and \
+                        target not in self._trainable_ops:
+                    self._counters[target.name] = None
+
+    def step_counters(self) -> tuple[str, ...]:
+        """The step counters of the program's own that its training runs increment (names)."""
+        return tuple(self._counters)
 
     def _table_ops(self) -> set[Any]:
         """The ops of the mutable lookup tables the checkpoint holds (Checkpointer.tables)."""

@@ -269,6 +269,8 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     "mixed_precision": Kind("mixed_precision.py", _warm_naive(), ("--copy", "apart"),
                             covered_by="no fix: the loss_scale kind (an update in a tf.cond) and "
                                        "the ema_after kind (a run of its own after training)"),
+    "own_counter": Kind("own_counter.py", _warm_naive(), ("--collection",),
+                        covered_by="test_tfr_tf_session.py -k step_counter_of_the_programs_own"),
     step) per step; commands wait for the generator run (a checkpoint between them
     used to apply the discriminator's update twice after a restore), and the warm
     destination rehearses the discriminator run. gan_first: the discriminator run advances
@@ -360,8 +362,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     checkpoint used to be taken after the next step's run of either: a restored copy counted
     a mini-batch twice, or drew the next noise); mixed_precision: float16 copies of float32
     master weights refreshed in a run of their own after training, a dynamic loss scale as a
-    state machine in float32, int64, int32, bool and string variables (no fix needed); all
-    migrated warm and naive."""
+    state machine in float32, int64, int32, bool and string variables (no fix needed);
+    own_counter: no global step but an int64 counter of the program's own added to the
+    GLOBAL_STEP collection, as the refusal of such a program now advises; all migrated warm
+    and naive."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 

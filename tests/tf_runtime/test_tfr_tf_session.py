@@ -1154,6 +1154,41 @@ def test_fetching_the_op_that_increments_the_step_is_no_read_of_it(
     assert not ack.ok and "not migratable" in ack.message
 
 
+@pytest.mark.parametrize("count", ["minimize", "group", "collection"])
+def test_a_step_counter_of_the_programs_own_is_named_by_the_refusal(
+        count: str, controller: Controller) -> None:
+    """No global step: the program counts its iterations in an int64 variable of its own,
+    `iterations`, passed to `minimize(global_step=iterations)` (or incremented by an
+    `assign_add` in the training op's group), its loop reading it (`programs/own_counter.py`).
+    Not migratable, but the reason told it to "pass it to the optimizer's
+    minimize(global_step=...)", which it does; now it names the counter and says how to make
+    it the global step. Made so (`--collection`: added to the GLOBAL_STEP collection), the
+    job is migratable (probed: migrated warm, naive and after a kill, bit-identical)."""
+    g = tf.Graph()
+    with g.as_default():
+        iterations = tf.compat.v1.get_variable("iterations", initializer=tf.constant(0, tf.int64),
+                                               trainable=False)
+        if count == "collection":
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP, iterations)
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        loss = tf.reduce_sum(w * w) * tf.cast(iterations + 1, tf.float32)
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.01)
+        train = tf.group(opt.minimize(loss), tf.compat.v1.assign_add(iterations, 1)) \
+            if count == "group" else opt.minimize(loss, global_step=iterations)
+        init = tf.compat.v1.global_variables_initializer()
+    with session(g) as sess:
+        sess.run(init)
+        while sess.run(iterations) < 3:
+            sess.run(train)
+    if count == "collection":
+        assert controller.migratable is True
+        return
+    assert controller.migratable is False
+    reason = controller.channel.migratability[-1][1]  # type: ignore[union-attr]
+    assert "counts in 'iterations'" in reason and "GraphKeys.GLOBAL_STEP, iterations" in reason
+    assert "pass it to the optimizer's minimize" not in reason
+
+
 @pytest.mark.parametrize("order", ["read_between", "summary_between", "every_k", "before",
                                    "every_k_before"])
 def test_an_update_after_the_step_is_read_is_part_of_the_step(order: str,
