@@ -962,13 +962,22 @@ class SchedulerCore:
         replaced = before[0] if before is not None and req.instance and before[0] != req.instance else ""
         down_stops: list[tuple[str, str, str]] = []
         lost: list[tuple[str, str]] = []
+        # Exits its stopped predecessor could not deliver (the database unreachable then),
+        # first: a job that finished is recorded so before the server's jobs are re-queued
+        # below. Before, such a job was trained again (tests/migration_helper/
+        # test_helper_faults.py -k restarted_meanwhile). Each in its own transaction: one
+        # that cannot be applied is said and passed over, never a registration refused for
+        # good (the helper would send it again and again, its jobs frozen).
+        for x in req.exits:
+            try:
+                async with self.tx() as s:
+                    await self._process_exit(s, x, now)
+            except Unavailable:
+                raise
+            except GandivaError as err:
+                log.warning("server %s: the exit of job %s (launch %s) its earlier helper left was not applied: %s",
+                            req.name, x.job_id, x.incarnation, err)
         async with self.tx() as s:
-            # Exits its stopped predecessor could not deliver (the database unreachable then),
-            # first: a job that finished is recorded so before the server's jobs are re-queued
-            # below. Before, such a job was trained again (tests/migration_helper/
-            # test_helper_faults.py -k restarted_meanwhile).
-            for x in req.exits:
-                await self._process_exit(s, x, now)
             old = await s.get(Server, req.name) if replaced else None
             if old is not None and old.up:
                 await self._take_down(s, old, now, f"its helper was replaced: instance {replaced[:8]} silent, "

@@ -1077,3 +1077,24 @@ def test_a_registration_carrying_exits_of_another_server_is_refused_naming_the_f
             helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)], exits=exits))
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in (refused.value.details() or "")
     assert not stub.ListServers(scheduler_pb2.ListServersRequest()).servers
+
+
+def test_an_exit_a_registration_carries_that_cannot_be_applied_does_not_refuse_the_registration(
+    channel: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exit the scheduler refuses to apply (any domain error) is said and passed over:
+    refused with it, the registration would be sent again with it for good, the helper
+    never registered and its jobs frozen."""
+    from scheduler.core import SchedulerCore
+    from scheduler.errors import FailedPrecondition
+
+    async def refused(self: Any, s: Any, req: Any, now: float) -> None:
+        raise FailedPrecondition(f"job {req.job_id}: cannot be applied")
+
+    monkeypatch.setattr(SchedulerCore, "_process_exit", refused)
+    helper = helper_pb2_grpc.HelperStub(channel)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    poison = helper_pb2.ProcessExitRequest(server="n1", job_id="j-1", incarnation="x", exit_code=0)
+    helper.Register(helper_pb2.RegisterServerRequest(name="n1", gpus=[common_pb2.Gpu(index=0)], exits=[poison]),
+                    timeout=10)
+    assert [s.name for s in stub.ListServers(scheduler_pb2.ListServersRequest()).servers] == ["n1"]
