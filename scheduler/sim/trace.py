@@ -49,7 +49,6 @@ import csv
 import dataclasses
 import gzip
 import io
-import itertools
 import json
 import logging
 import lzma
@@ -1159,11 +1158,16 @@ def _lines(path: Path, stdin: bool = False, how: dict[str, str] | None = None) -
     # Lines end at \n, \r\n or \r only (str.splitlines also splits at form feeds, \x1c-\x1e and
     # U+2028, which would shift every later line number from what an editor shows).
     lines = []
-    start = 0
     comment: tuple[int, str] | None = None  # the last comment line before the first row
-    for i, end in enumerate(itertools.chain(_LINE_END.finditer(text), [None]), start=1):
-        ln = text[start:end.start() if end else len(text)]
-        start = end.end() if end else len(text)
+    # Line by line, but over the lines that are not empty only, and each one's number counted
+    # in the run of line ends before it: a line at a time, a 300 MB file of blank lines
+    # around one job took 257 s (and 1 GiB of them would have taken 15 minutes).
+    i, at = 1, 0
+    for found in _LINE_TEXT.finditer(text):
+        i += text.count("\n", at, found.start()) + text.count("\r", at, found.start()) - \
+            text.count("\r\n", at, found.start())
+        at = found.end()
+        ln = found.group()
         if ln.strip() and not ln.lstrip().startswith("#"):
             lines.append((i, ln))
             # (Not for JSON, a Philly log, pretty-printed over ~25 lines a job: _read_philly
@@ -1198,6 +1202,7 @@ def _commented_header(comment: str, first: str) -> bool:
 
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
+_LINE_TEXT = re.compile(r"[^\r\n]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 

@@ -62,6 +62,8 @@ def _error(tmp_path: Path, text: str | bytes, skipped: list | None = None) -> Tr
     (ITP + "a,0,1,bert\x07,1,1,1,100\n", "t.csv:2: control character '\\x07' at column 11"),
     # str.splitlines split at the form feed: every later line number was one off.
     ("submit_time,num_gpus,duration\n0,1,100\x0c\n5,1,abc\n", "t.csv:2: control character '\\x0c'"),
+    # Runs of empty lines of every ending, skipped in one step each (sim/trace.py, _lines): counted.
+    ("submit_time,num_gpus,duration\r\n\r\n\r\r0,1,100\r\n\n5,1,abc\n", "t.csv:7: duration 'abc' is not a number"),
     # Two columns for one role: the first was used without a word.
     ("submit_time,num_gpus,duration,duration_s\n0,1,100,5\n",
      "t.csv:1: the header names the duration twice, in columns 3 (duration) and 4 (duration_s)"),
