@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler.cli import spec as specs
 from scheduler.cli.spec import SpecError
@@ -273,3 +275,28 @@ def test_a_deeply_nested_spec_file_is_one_clear_error(tmp_path: Path, load) -> N
     path = write(tmp_path, "deep.yaml", "name: " + "{a: " * 3_000 + "1" + "}" * 3_000 + "\n")
     with pytest.raises(SpecError, match=f"^{path}: nested too deeply"):
         load(path)
+
+
+_DIGITS = st.text("0123456789", min_size=1, max_size=6)
+# Scalars YAML 1.1 reads as numbers, in the spellings people write: octal, hex, binary,
+# base 60, underscores, signs, trailing zeros, leading dots, exponents.
+_NUMBER_TEXT = st.one_of(
+    _DIGITS, st.builds("0{}".format, _DIGITS), st.builds("0x{}".format, st.text("0123456789abcdefABCDEF", min_size=1,
+                                                                                 max_size=6)),
+    st.builds("0b{}".format, st.text("01", min_size=1, max_size=8)),
+    st.builds("{}:{}".format, st.integers(1, 99), st.integers(0, 59).map("{:02d}".format)),
+    st.builds("{}_{}".format, _DIGITS, _DIGITS), st.builds("{}{}".format, st.sampled_from("+-"), _DIGITS),
+    st.builds("{}.{}".format, _DIGITS, _DIGITS), st.builds(".{}".format, _DIGITS),
+    st.builds("{}.{}e{}{}".format, _DIGITS, _DIGITS, st.sampled_from(["+", "-"]), st.integers(0, 30)),
+    st.sampled_from([".inf", "-.inf", ".NaN", "1.10", "0.0010", "190:20:30"]))
+
+
+@pytest.mark.full  # further cases of -k as_the_file, which checks the mechanism
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(text=_NUMBER_TEXT)
+def test_any_number_reaches_the_job_as_written(tmp_path_factory: pytest.TempPathFactory, text: str) -> None:
+    path = write(tmp_path_factory.mktemp("n"), "job.yaml", f"command: [python, t.py, {text}]\nenv: {{X: {text}}}\n")
+    spec = specs.load_spec_file(path)
+    assert (spec["env"], spec["command"][2]) == ({"X": text}, text)
+    path = write(tmp_path_factory.mktemp("s"), "sweep.yaml", f"grid:\n  v: [{text}]\n")
+    assert [m.params for m in specs.load_sweep(path)[1]] == [{"v": text}]
