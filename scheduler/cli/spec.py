@@ -217,6 +217,11 @@ def _yaml_where(exc: yaml.YAMLError) -> str:
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     if "'\\t'" in problem:
         problem += " (YAML indents with spaces, never tabs)"
+    tag = re.match(r"could not determine a constructor for the tag '(?:tag:yaml\.org,2002:)?(.*)'", problem)
+    if tag:  # (`!!python/object/apply:os.system [...]`: a SafeLoader builds nothing, but said no more)
+        shown = ("!!" if problem.count("tag:yaml.org,2002:") else "") + tag[1]
+        problem = (f"the tag {shown[:80]!r} asks to build an object, which a spec never does; write the plain "
+                   "value (quote it if it starts with !)")
     return f"{where}: {problem}"
 
 

@@ -103,6 +103,12 @@ def test_spec_file_wrong_type_is_named(tmp_path: Path) -> None:
     ("command: python t.py\n\tgpus: 1\n", ("not valid YAML at line 2, column 1: found character '\\t' that "
                                            "cannot start any token (YAML indents with spaces, never tabs)")),
     ("name: a: b\n", "not valid YAML at line 1, column 8: mapping values are not allowed here"),
+    # A tag that builds an object: never built (a SafeLoader), but the error said only that
+    # the parser "could not determine a constructor", not what to write instead.
+    ("name: !!python/object/apply:os.system [touch /tmp/x]\n",
+     ("not valid YAML at line 1, column 7: the tag '!!python/object/apply:os.system' asks to build an object, "
+      "which a spec never does; write the plain value")),
+    ("env: {A: !secret a}\n", "not valid YAML at line 1, column 10: the tag '!secret' asks to build an object"),
 ])
 def test_spec_file_errors_say_what_to_write_and_where(tmp_path: Path, text: str, said: str) -> None:
     path = write(tmp_path, "job.yaml", text)
