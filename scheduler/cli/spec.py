@@ -179,7 +179,26 @@ class _SpecLoader(yaml.SafeLoader):
     becomes text (an argument, a variable, a sweep's value), the job gets what the file says.
     YAML 1.1 reads `0755` as octal, `12:30` as base 60 and `1.10` as 1.1: `env: {UMASK: 0755}`
     gave the job UMASK=493, a sweep over `{step: [0100, 0200]}` ran 64 and 128, and
-    `VERSION: 1.10` became 1.1, without a word."""
+    `VERSION: 1.10` became 1.1, without a word. And a key given twice in one mapping is an
+    error: the last one was taken (a second `env:` dropped every variable of the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: the base constructor says so
+                    continue
+                if first is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"{str(key)[:80]!r} is given twice in one mapping (lines "
+                        f"{first.start_mark.line + 1} and {key_node.start_mark.line + 1}); keep one",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _number(kind: type[float], written: type[_WrittenInt | _WrittenFloat]) -> Any:

@@ -109,12 +109,22 @@ def test_spec_file_wrong_type_is_named(tmp_path: Path) -> None:
      ("not valid YAML at line 1, column 7: the tag '!!python/object/apply:os.system' asks to build an object, "
       "which a spec never does; write the plain value")),
     ("env: {A: !secret a}\n", "not valid YAML at line 1, column 10: the tag '!secret' asks to build an object"),
+    # A key given twice: the last was taken, without a word (a second env: dropped the first's).
+    ("command: python t.py\ngpus: 1\nenv: {A: 1}\ngpus: 8\n",
+     "not valid YAML at line 4, column 1: 'gpus' is given twice in one mapping (lines 2 and 4); keep one"),
+    ("env:\n  A: 1\n  B: 2\n  A: 3\n", "at line 4, column 3: 'A' is given twice in one mapping (lines 2 and 4)"),
 ])
 def test_spec_file_errors_say_what_to_write_and_where(tmp_path: Path, text: str, said: str) -> None:
     path = write(tmp_path, "job.yaml", text)
     with pytest.raises(SpecError) as err:
         specs.load_spec_file(path)
     assert said in str(err.value), str(err.value)
+
+
+def test_a_merged_key_may_be_given_again(tmp_path: Path) -> None:
+    """YAML's merge (`<<: *base`) is not a key given twice: the mapping's own value wins."""
+    path = write(tmp_path, "job.yaml", "command: python t.py\nenv: {<<: {A: 1, B: 2}, A: 3}\n")
+    assert specs.load_spec_file(path)["env"] == {"A": "3", "B": "2"}
 
 
 def test_spec_file_command_string_is_split_like_a_shell(tmp_path: Path) -> None:
