@@ -8,7 +8,8 @@ holds), then starts a real scheduler on it and times:
 - its start (the decision log and the per-GPU timeline of the last hour drawn from the
   database: "GPU timeline: N GPUs" in its log);
 - `ListPlacements` at an instant an hour ago and 25 days ago (every GPU, then one GPU of one
-  server), and over the last hour.
+  server), and over the last hour;
+- `GetUsage --since 7d` (which reads the period's holds too).
 
     PYTHONPATH=. python benchmarks/placements_history.py [--days 30] [--jobs-per-day 2000] [--reuse DIR]
 """
@@ -116,6 +117,14 @@ def main() -> int:
                 took.append(time.monotonic() - t)
             print(f"ListPlacements {label}: {min(took) * 1000:.0f}-{max(took) * 1000:.0f} ms (3 asks), "
                   f"{len(got.placements)} placements; load average {os.getloadavg()[0]:.1f}", flush=True)
+        # `gandiva get usage --since 7d`: since session 49 it also reads the period's GPU holds
+        # (HELD-H, the cluster's busy GPU-hours) and the servers' spans (none here).
+        for _ in range(2):
+            t = time.monotonic()
+            used = stub.GetUsage(scheduler_pb2.GetUsageRequest(since=time.time() - 7 * DAY), timeout=600)
+            print(f"GetUsage --since 7d: {time.monotonic() - t:.2f}s, {used.total.jobs:,} jobs, "
+                  f"{used.busy_gpu_seconds / 3600:,.0f} busy GPU-hours; load average {os.getloadavg()[0]:.1f}",
+                  flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=60)

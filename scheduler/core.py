@@ -1171,6 +1171,7 @@ class SchedulerCore:
                 return False, []
             if not server.up:
                 server.up = True
+                await repo.server_up(s, name, server.num_gpus, now)
                 repo.add_event(s, now, "server.up", "heartbeats resumed", server=name)
                 self.poke()
             stale = sorted(set(running) - await repo.expected_incarnations(s, name)) if running else []
@@ -1457,6 +1458,7 @@ class SchedulerCore:
         launches to stop elsewhere (a migration's destination, a fallback) go to `stops`,
         the (job, incarnation) of the launches lost with the server to `lost`."""
         srv.up = False
+        await repo.server_down(s, srv.name, now)
         repo.add_event(s, now, "server.down", event, server=srv.name)
         for job in await repo.jobs_on_server(s, srv.name):
             if JobState(job.state) in ACTIVE:

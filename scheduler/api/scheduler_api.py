@@ -329,7 +329,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.GetUsageResponse(
             since=got.since, until=got.until, users=users, total=scheduler_pb2.Usage(**got.total.as_dict()),
             jobs=jobs, jobs_not_listed=got.jobs_not_listed + len(got.jobs) - len(jobs),
-            users_not_listed=len(got.users) - len(users), oldest_kept=got.oldest_kept)
+            users_not_listed=len(got.users) - len(users), oldest_kept=got.oldest_kept,
+            capacity_gpu_seconds=got.capacity_gpu_seconds, busy_gpu_seconds=got.busy_gpu_seconds,
+            capacity_kept_since=got.capacity_kept_since)
 
     @grpc_errors
     @_few_at_once

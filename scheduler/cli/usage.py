@@ -18,6 +18,9 @@ records for every job. Per user, most GPU time first, and a TOTAL line:
 
   JOBS       jobs alive at some time in the period
   GPU-HOURS  time RUNNING x the GPUs each job asked for (as GPU-TIME of `get users`)
+  HELD-H     GPU-hours from the GPUs each job really held while running: a grown job's extra
+             GPUs count, a GPU two packed jobs ran on at once counts half to each (recorded
+             since session 49: 0 for earlier times)
   QUEUED     job-time spent in the queue (two jobs queued for an hour: 2h00m)
   SUSPENDED  job-time suspended: waiting for a time slice, or held by an operator
   STARTED    jobs first placed in the period; WAIT-AVG / WAIT-MAX: from their submission to
@@ -27,6 +30,8 @@ records for every job. Per user, most GPU time first, and a TOTAL line:
   ENDED      jobs that succeeded, failed or were killed in the period
 
 --by job lists each job instead (most GPU time first). A user's token sees its own jobs only.
+Without --user, a last line says what the cluster had: the GPUs of its servers up over the
+period (GPU-hours), and how much of it had a job running ("busy"), as a fraction.
 Jobs deleted by `gandiva db prune --jobs` are not counted: the line above the table says
 when the database's history begins if the period starts before it.
 
@@ -39,9 +44,9 @@ an optional time of day, by this machine's clock unless it names its zone: 2026-
   gandiva get usage --since 1d --by job --user alice
 """
 
-USER_HEADERS = ["USER", "JOBS", "GPU-HOURS", "QUEUED", "SUSPENDED", "STARTED", "WAIT-AVG", "WAIT-MAX",
+USER_HEADERS = ["USER", "JOBS", "GPU-HOURS", "HELD-H", "QUEUED", "SUSPENDED", "STARTED", "WAIT-AVG", "WAIT-MAX",
                 "WAITING", "WAIT-NOW", "ENDED"]
-JOB_HEADERS = ["JOB", "NAME", "USER", "GPUS", "STATE", "GPU-HOURS", "QUEUED", "SUSPENDED", "WAIT-START"]
+JOB_HEADERS = ["JOB", "NAME", "USER", "GPUS", "STATE", "GPU-HOURS", "HELD-H", "QUEUED", "SUSPENDED", "WAIT-START"]
 WEEK = 7 * 86400.0
 
 
@@ -92,7 +97,19 @@ def get_usage(args: argparse.Namespace, client: Client) -> int:
     if got.users_not_listed:
         print(f"... and {got.users_not_listed:,} more users, of less GPU time (TOTAL counts them; --user NAME "
               "shows one)")
+    if not args.user and got.capacity_gpu_seconds:
+        print(_cluster_line(got))
     return EXIT_OK
+
+
+def _cluster_line(got: scheduler_pb2.GetUsageResponse) -> str:
+    busy = got.busy_gpu_seconds / got.capacity_gpu_seconds
+    line = (f"cluster: {_hours(got.capacity_gpu_seconds)} GPU-hours of servers up, {_hours(got.busy_gpu_seconds)} "
+            f"busy ({busy:.1%}: a job running on the GPU)")
+    if got.capacity_kept_since > got.since:
+        line += (f"; the servers' history begins at {output.timestamp(got.capacity_kept_since)} (the upgrade to "
+                 "0011_server_spans): their time before is not counted")
+    return line
 
 
 def _period(got: scheduler_pb2.GetUsageResponse) -> str:
@@ -117,7 +134,7 @@ def _span(seconds: float, count: int = 1) -> str:
 
 
 def _user_row(label: str, u: scheduler_pb2.Usage) -> list[Any]:
-    return [label, u.jobs, _hours(u.gpu_seconds), _span(u.queued_seconds), _span(u.suspended_seconds), u.started,
+    return [label, u.jobs, _hours(u.gpu_seconds), _hours(u.held_gpu_seconds), _span(u.queued_seconds), _span(u.suspended_seconds), u.started,
             _span(u.wait_seconds / u.started if u.started else 0, u.started), _span(u.wait_max_seconds, u.started),
             u.waiting, _span(u.waiting_max_seconds, u.waiting), u.ended]
 
@@ -130,12 +147,12 @@ def _job_row(j: scheduler_pb2.Usage) -> list[Any]:
     else:
         wait = "-"  # started before the period
     return [j.job_id, output.visible(j.name), j.user or "-", j.gpus, j.state, _hours(j.gpu_seconds),
-            _span(j.queued_seconds), _span(j.suspended_seconds), wait]
+            _hours(j.held_gpu_seconds), _span(j.queued_seconds), _span(j.suspended_seconds), wait]
 
 
-_USER_FIELDS = ("user", "jobs", "gpu_seconds", "queued_seconds", "suspended_seconds", "migrating_seconds", "started",
+_USER_FIELDS = ("user", "jobs", "gpu_seconds", "held_gpu_seconds", "queued_seconds", "suspended_seconds", "migrating_seconds", "started",
                 "wait_seconds", "wait_max_seconds", "waiting", "waiting_max_seconds", "ended")
-_JOB_FIELDS = ("job_id", "name", "user", "gpus", "state", "gpu_seconds", "queued_seconds", "suspended_seconds",
+_JOB_FIELDS = ("job_id", "name", "user", "gpus", "state", "gpu_seconds", "held_gpu_seconds", "queued_seconds", "suspended_seconds",
                "migrating_seconds", "submitted_at", "started_at", "started", "wait_seconds", "waiting",
                "waiting_max_seconds", "ended")
 
@@ -149,6 +166,10 @@ def _as_json(got: scheduler_pb2.GetUsageResponse, by_job: bool) -> dict[str, Any
                            "users": [_pick(u, _USER_FIELDS) for u in got.users],
                            "users_not_listed": got.users_not_listed,
                            "total": {k: v for k, v in _pick(got.total, _USER_FIELDS).items() if k != "user"}}
+    # The cluster's GPU-hours (servers up) and those busy; null for one user's report.
+    out["cluster"] = {"capacity_gpu_seconds": got.capacity_gpu_seconds, "busy_gpu_seconds": got.busy_gpu_seconds,
+                      "busy_fraction": got.busy_gpu_seconds / got.capacity_gpu_seconds,
+                      "kept_since": got.capacity_kept_since or None} if got.capacity_gpu_seconds else None
     if by_job:
         out["jobs"] = [_pick(j, _JOB_FIELDS) for j in got.jobs]
         out["jobs_not_listed"] = got.jobs_not_listed

@@ -15,6 +15,7 @@ transaction on a reader thread (``read_sync``), off the scheduler's event loop.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -25,7 +26,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from scheduler.errors import InvalidArgument
-from scheduler.state.models import Job, Transition
+from scheduler.state.models import GpuHold, Job, ServerSpan, Transition
 
 CHUNK = 500  # jobs whose state changes are read in one query
 JOBS_LISTED, JOBS_LISTED_MAX = 1000, 10000
@@ -69,11 +70,14 @@ class Usage:
     ended: int = 0
     submitted_at: float = 0.0
     started_at: float = 0.0
+    # Time running on each GPU it held (the GPUs' history, gpu_holds): a grown job's extra GPUs
+    # counted, a GPU shared by jobs running at once (packed) split between them.
+    held_gpu_seconds: float = 0.0
 
     def add(self, other: Usage) -> None:
         """Sum ``other`` (a job's or a user's) into this one."""
         for name in ("jobs", "gpu_seconds", "queued_seconds", "suspended_seconds", "migrating_seconds",
-                     "started", "wait_seconds", "waiting", "ended"):
+                     "started", "wait_seconds", "waiting", "ended", "held_gpu_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.wait_max_seconds = max(self.wait_max_seconds, other.wait_max_seconds)
         self.waiting_max_seconds = max(self.waiting_max_seconds, other.waiting_max_seconds)
@@ -91,6 +95,54 @@ class Report:
     jobs: list[Usage] = field(default_factory=list)
     jobs_not_listed: int = 0
     oldest_kept: float = 0.0
+    # The cluster over the period (every job's report only, not one user's): GPUs of the
+    # servers up x time (server_spans), and GPU time with at least one job running.
+    capacity_gpu_seconds: float = 0.0
+    busy_gpu_seconds: float = 0.0
+    capacity_kept_since: float = 0.0  # when the servers' history begins (0: none kept)
+
+
+def running_stretches(job: JobFacts, changes: Sequence[tuple[str, str, float]], since: float,
+                      until: float) -> list[tuple[float, float]]:
+    """The stretches of [since, until] in which ``job`` was RUNNING (``changes`` as job_usage's)."""
+    out: list[tuple[float, float]] = []
+    at, state = max(since, job.submitted_at), (changes[0][0] if changes else job.state)
+    for _, to_state, when in changes:
+        if when >= until:
+            break
+        if state == "RUNNING" and when > at:
+            out.append((at, when))
+        at, state = max(at, when), to_state
+    if state == "RUNNING" and until > at:
+        out.append((at, until))
+    return out
+
+
+def shared_out(on_gpus: dict[tuple[str, int], list[tuple[float, float, str]]]) -> tuple[dict[str, float], float]:
+    """Per job, its running time on the GPUs it held, a stretch shared by n jobs running on one
+    GPU at once counting 1/n to each; and the GPU time with at least one job running."""
+    held: dict[str, float] = {}
+    busy = 0.0
+    for stretches in on_gpus.values():
+        stretches.sort()
+        if all(b[0] >= a[1] for a, b in itertools.pairwise(stretches)):  # one at a time: most GPUs
+            for a, b, job in stretches:
+                held[job] = held.get(job, 0.0) + (b - a)
+                busy += b - a
+            continue
+        # A sweep over the stretches' ends and starts (an end before a start at one time):
+        # a week of a GPU time-sliced every minute is 20,000 stretches.
+        marks = sorted([(a, 1, job) for a, _, job in stretches] + [(b, -1, job) for _, b, job in stretches])
+        running: dict[str, int] = {}
+        for (t0, step, job), (t1, _, _) in itertools.pairwise(marks):
+            running[job] = running.get(job, 0) + step
+            if not running[job]:
+                del running[job]
+            if running and t1 > t0:
+                busy += t1 - t0
+                for each in running:
+                    held[each] = held.get(each, 0.0) + (t1 - t0) / len(running)
+    return held, busy
 
 
 def job_usage(job: JobFacts, changes: Sequence[tuple[str, str, float]], since: float, until: float) -> Usage:
@@ -187,15 +239,48 @@ def report(session: Session, since: float, until: float, user: str | None, by_jo
                Job.finished_at).where(alive))]
     oldest = conn.execute(select(func.min(Job.submitted_at))).scalar() or 0.0
     rows: list[Usage] = []
+    on_gpus: dict[tuple[str, int], list[tuple[float, float, str]]] = {}
     for first in range(0, len(jobs), CHUNK):
         chunk = jobs[first:first + CHUNK]
+        ids = [j.id for j in chunk]
         changes: dict[str, list[tuple[str, str, float]]] = {}
         for job_id, from_state, to_state, at in conn.execute(
                 select(Transition.job_id, Transition.from_state, Transition.to_state, Transition.at)
-                .where(Transition.job_id.in_([j.id for j in chunk]), Transition.at >= since)
+                .where(Transition.job_id.in_(ids), Transition.at >= since)
                 .order_by(Transition.job_id, Transition.id)).all():  # fetched at once, not row by row
             changes.setdefault(job_id, []).append((from_state, to_state, at))
         rows.extend(job_usage(j, changes.get(j.id, ()), since, until) for j in chunk)
+        held: dict[str, list[tuple[str, int, float, float]]] = {}
+        for job_id, server, gpu, start, end in conn.execute(
+                select(GpuHold.job_id, GpuHold.server_name, GpuHold.gpu_index, GpuHold.start_at, GpuHold.end_at)
+                .where(GpuHold.job_id.in_(ids), GpuHold.start_at < until,
+                       or_(GpuHold.end_at.is_(None), GpuHold.end_at > since))).all():
+            held.setdefault(job_id, []).append((server, gpu, start, until if end is None else end))
+        for j in chunk:
+            if j.id not in held:
+                continue
+            for a, b in running_stretches(j, changes.get(j.id, ()), since, until):
+                for server, gpu, start, end in held[j.id]:
+                    if max(a, start) < min(b, end):
+                        on_gpus.setdefault((server, gpu), []).append((max(a, start), min(b, end), j.id))
+    shares, busy = shared_out(on_gpus)
+    for row in rows:
+        row.held_gpu_seconds = shares.get(row.job_id, 0.0)
     got = summarise(rows, since, until, by_job, limit)
     got.oldest_kept = float(oldest)
+    if user is None:  # the cluster's figures: every job's report only
+        got.busy_gpu_seconds = busy
+        got.capacity_gpu_seconds, got.capacity_kept_since = capacity(conn, since, until)
     return got
+
+
+def capacity(conn: Any, since: float, until: float) -> tuple[float, float]:
+    """GPUs of the servers up x time over [since, until] (server_spans), and when that history
+    begins (0: none kept)."""
+    total = 0.0
+    for gpus, start, end in conn.execute(
+            select(ServerSpan.gpus, ServerSpan.start_at, ServerSpan.end_at)
+            .where(ServerSpan.start_at < until, or_(ServerSpan.end_at.is_(None), ServerSpan.end_at > since))).all():
+        total += gpus * max(0.0, min(until, until if end is None else end) - max(since, start))
+    first = conn.execute(select(ServerSpan.start_at).order_by(ServerSpan.id).limit(1)).scalar()
+    return total, float(first or 0.0)

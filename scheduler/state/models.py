@@ -209,6 +209,20 @@ class GpuHold(Base):
     __table_args__ = (Index("ix_gpu_holds_gpu", "server_name", "gpu_index", "end_at"),)
 
 
+class ServerSpan(Base):
+    """A server up with ``gpus`` GPUs from ``start_at`` to ``end_at`` (None: up now): the
+    cluster's capacity over time, which the servers table (the present only) cannot give.
+    Opened when a server registers or comes back up, closed when it goes down; a changed
+    GPU count closes one and opens another. `gandiva get usage` sums it (since session 49)."""
+
+    __tablename__ = "server_spans"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    server_name: Mapped[str] = mapped_column(String(128))
+    gpus: Mapped[int] = mapped_column(Integer)
+    start_at: Mapped[float] = mapped_column(Double)
+    end_at: Mapped[float | None] = mapped_column(Double, nullable=True, index=True)
+
+
 class Migration(Base):
     """A migration in progress, durable: its phase, and the destination GPUs it holds
     from the first phase on (no later round places another job on them). After a

@@ -48,6 +48,7 @@ from scheduler.state.models import (
     MultiJob,
     Placement,
     Server,
+    ServerSpan,
     Transition,
     state_change,
 )
@@ -665,12 +666,31 @@ async def upsert_server(
     server.host_memory_bytes = host_memory_bytes
     server.up = True
     server.last_heartbeat = now
+    await server_up(session, name, len(gpus), now)
     await session.flush()
     await session.execute(delete(Gpu).where(Gpu.server_name == name))
     for g in gpus:
         g.server_name = name
         session.add(g)
     return created
+
+
+async def server_up(session: AsyncSession, name: str, gpus: int, now: float) -> None:
+    """The server is up with ``gpus`` GPUs from ``now`` (its server_spans row; one open
+    with another GPU count is closed first, one open with the same goes on)."""
+    open_q = (ServerSpan.server_name == name) & ServerSpan.end_at.is_(None)
+    current = (await session.execute(select(ServerSpan.gpus).where(open_q))).scalars().all()
+    if list(current) == [gpus]:
+        return
+    if current:
+        await server_down(session, name, now)
+    session.add(ServerSpan(server_name=name, gpus=gpus, start_at=now, end_at=None))
+
+
+async def server_down(session: AsyncSession, name: str, now: float) -> None:
+    """The server's time up ends at ``now``."""
+    await session.execute(update(ServerSpan).where(ServerSpan.server_name == name, ServerSpan.end_at.is_(None))
+                          .values(end_at=now).execution_options(synchronize_session=False))
 
 
 async def heartbeat(session: AsyncSession, name: str, now: float) -> Server | None:

@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from scheduler.errors import InvalidArgument
-from scheduler.observe.usage import JobFacts, check_period, job_usage, summarise
+from scheduler.observe.usage import (
+    JobFacts,
+    check_period,
+    job_usage,
+    running_stretches,
+    shared_out,
+    summarise,
+)
 
 H = 3600.0
 
@@ -98,3 +105,16 @@ def test_an_answer_holds_what_a_client_takes_and_counts_the_rest() -> None:
     kept, used = _within_bytes(rows, paging.PAGE_BYTES)
     assert 0 < len(kept) < len(rows) and used <= paging.PAGE_BYTES < used + kept[0].ByteSize() + 1
     assert [m.job_id for m in kept] == [r.job_id for r in rows[:len(kept)]]
+
+
+def test_gpu_time_from_the_gpus_held_counts_a_grown_jobs_gpus_and_splits_a_packed_one() -> None:
+    """Since session 49 (HELD-H): GPU-HOURS counts the GPUs asked for, so a 1-GPU job grown to
+    two counted one, and two jobs packed on one GPU counted it twice. From the GPUs' history,
+    each stretch of a GPU counts once, shared by the jobs running on it then."""
+    assert running_stretches(DONE, changes_from(3 * H), 3 * H, 10 * H) == [(3 * H, 5 * H), (6 * H, 7 * H)]
+    # j-a ran on a/0 from 0 to 10 and on a/1 too from 4 (grown); j-b ran on a/0 from 6 to 8 (packed).
+    held, busy = shared_out({("a", 0): [(0.0, 10.0, "j-a"), (6.0, 8.0, "j-b")], ("a", 1): [(4.0, 10.0, "j-a")]})
+    assert held == {"j-a": 10.0 - 1.0 + 6.0, "j-b": 1.0} and busy == 16.0
+    # Time-sliced (one at a time) on one GPU: each its own stretches, nothing split.
+    held, busy = shared_out({("a", 0): [(0.0, 5.0, "j-a"), (5.0, 9.0, "j-b"), (9.0, 10.0, "j-a")]})
+    assert held == {"j-a": 6.0, "j-b": 4.0} and busy == 10.0

@@ -199,6 +199,7 @@ class Usage(_message.Message):
     ENDED_FIELD_NUMBER: _builtins.int
     SUBMITTED_AT_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
+    HELD_GPU_SECONDS_FIELD_NUMBER: _builtins.int
     user: _builtins.str
     job_id: _builtins.str
     """per-job rows only"""
@@ -234,6 +235,8 @@ class Usage(_message.Message):
     """per-job rows only"""
     started_at: _builtins.float
     """per-job rows only: its first start (0: not started yet)"""
+    held_gpu_seconds: _builtins.float
+    """time running on each GPU it held (the GPUs' history, since"""
     def __init__(
         self,
         *,
@@ -255,10 +258,11 @@ class Usage(_message.Message):
         ended: _builtins.int = ...,
         submitted_at: _builtins.float = ...,
         started_at: _builtins.float = ...,
+        held_gpu_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "gpu_seconds", b"gpu_seconds", "gpus", b"gpus", "job_id", b"job_id", "jobs", b"jobs", "migrating_seconds", b"migrating_seconds", "name", b"name", "queued_seconds", b"queued_seconds", "started", b"started", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at", "suspended_seconds", b"suspended_seconds", "user", b"user", "wait_max_seconds", b"wait_max_seconds", "wait_seconds", b"wait_seconds", "waiting", b"waiting", "waiting_max_seconds", b"waiting_max_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "gpu_seconds", b"gpu_seconds", "gpus", b"gpus", "held_gpu_seconds", b"held_gpu_seconds", "job_id", b"job_id", "jobs", b"jobs", "migrating_seconds", b"migrating_seconds", "name", b"name", "queued_seconds", b"queued_seconds", "started", b"started", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at", "suspended_seconds", b"suspended_seconds", "user", b"user", "wait_max_seconds", b"wait_max_seconds", "wait_seconds", b"wait_seconds", "waiting", b"waiting", "waiting_max_seconds", b"waiting_max_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -276,6 +280,9 @@ class GetUsageResponse(_message.Message):
     JOBS_NOT_LISTED_FIELD_NUMBER: _builtins.int
     OLDEST_KEPT_FIELD_NUMBER: _builtins.int
     USERS_NOT_LISTED_FIELD_NUMBER: _builtins.int
+    CAPACITY_GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    BUSY_GPU_SECONDS_FIELD_NUMBER: _builtins.int
+    CAPACITY_KEPT_SINCE_FIELD_NUMBER: _builtins.int
     since: _builtins.float
     until: _builtins.float
     """the period's end as used (at most the scheduler's now)"""
@@ -287,6 +294,14 @@ class GetUsageResponse(_message.Message):
     """jobs deleted by `gandiva db prune --jobs` are not counted
     users past what one answer holds (2 MiB), least GPU time
     """
+    capacity_gpu_seconds: _builtins.float
+    """The cluster over the period (every job's report only: 0 with `user` or a user's token):
+    GPUs of the servers up x time (since session 49)
+    """
+    busy_gpu_seconds: _builtins.float
+    """GPU time with at least one job running on the GPU"""
+    capacity_kept_since: _builtins.float
+    """when the servers' history begins (0: none kept)"""
     @_builtins.property
     def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___Usage]:
         """most GPU time first"""
@@ -310,10 +325,13 @@ class GetUsageResponse(_message.Message):
         jobs_not_listed: _builtins.int = ...,
         oldest_kept: _builtins.float = ...,
         users_not_listed: _builtins.int = ...,
+        capacity_gpu_seconds: _builtins.float = ...,
+        busy_gpu_seconds: _builtins.float = ...,
+        capacity_kept_since: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["total", b"total"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "jobs_not_listed", b"jobs_not_listed", "oldest_kept", b"oldest_kept", "since", b"since", "total", b"total", "until", b"until", "users", b"users", "users_not_listed", b"users_not_listed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_gpu_seconds", b"busy_gpu_seconds", "capacity_gpu_seconds", b"capacity_gpu_seconds", "capacity_kept_since", b"capacity_kept_since", "jobs", b"jobs", "jobs_not_listed", b"jobs_not_listed", "oldest_kept", b"oldest_kept", "since", b"since", "total", b"total", "until", b"until", "users", b"users", "users_not_listed", b"users_not_listed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 
 
@@ -49,6 +51,18 @@ def test_usage_over_a_period_per_user_and_job(gandiva, stub, helper, wait_for) -
     assert abs(users["bob"]["wait_max_seconds"] - (bob_started - done_b.submitted_at)) < 1e-6
     assert abs(users["bob"]["queued_seconds"] - (bob_started - done_b.submitted_at)) < 1e-6
     assert report["total"]["jobs"] == 2
+    # Since session 49, from the GPUs each held (alice 1, bob 2, nothing packed): the same here,
+    # and the cluster's side: 2 GPUs up since the helper registered, busy while a job ran.
+    for u, done in (("alice", done_a), ("bob", done_b)):
+        assert users[u]["held_gpu_seconds"] == pytest.approx(done.gpu_seconds, abs=1e-3), users[u]
+    cluster = report["cluster"]
+    assert cluster["busy_gpu_seconds"] == pytest.approx(done_a.gpu_seconds + done_b.gpu_seconds, abs=1e-3), cluster
+    first_event = stub.ListEvents(scheduler_pb2.ListEventsRequest(limit=1)).events[0]  # n1 registered
+    assert cluster["busy_gpu_seconds"] < cluster["capacity_gpu_seconds"] <= 2 * (time.time() - first_event.at) + 1e-3, \
+        (cluster, first_event)
+    assert cluster["busy_fraction"] == pytest.approx(cluster["busy_gpu_seconds"] / cluster["capacity_gpu_seconds"])
+    shown = gandiva("get", "usage", "--since", "1h").out.splitlines()
+    assert shown[-1].startswith("cluster: ") and "GPU-hours of servers up" in shown[-1] and "busy (" in shown[-1], shown
 
     before = json.loads(gandiva("get", "usage", "--since", "1h", "--until", time.strftime(
         "%Y-%m-%dT%H:%M:%S", time.localtime(between)) + f"{between % 1:.3f}"[1:], "--by", "job", "-o", "json").out)

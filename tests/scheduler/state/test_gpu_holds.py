@@ -5,6 +5,8 @@ present: no command could say who held a GPU at 03:12."""
 
 from __future__ import annotations
 
+import itertools
+
 from sqlalchemy.orm import Session
 
 from protos.gandiva.v1 import common_pb2, helper_pb2
@@ -46,3 +48,27 @@ async def test_each_placement_is_kept_with_its_times_and_the_state_then(any_core
     assert got["at 350"] == [("b", 3, "suspended"), ("b", 0, "suspended")], got
     assert got["at 400"] == [] and got["at 50"] == [], got
     assert got["b/0"] == [(job.id, "r50")] and got["kept"] == 100.0, got
+
+
+async def test_a_servers_time_up_is_kept_with_its_gpus(any_core: SchedulerCore) -> None:
+    """server_spans (since session 49): the cluster's capacity over time, for `gandiva get
+    usage`'s cluster line; the servers table keeps only the present."""
+    from sqlalchemy import select
+
+    from scheduler.state.models import ServerSpan
+
+    core = any_core
+    clock = itertools.count(100.0, 10.0)
+    core.clock = lambda: next(clock)  # 100, 110, ...: each call its own time
+    gpus = [common_pb2.Gpu(index=i, model="virtual") for i in range(4)]
+    await core.register_server(helper_pb2.RegisterServerRequest(name="b", gpus=gpus))
+    await core.register_server(helper_pb2.RegisterServerRequest(name="b", gpus=gpus))  # again: goes on
+    core.monotonic = lambda: 10**10  # silence is measured on the monotonic clock
+    assert await core.mark_stale_servers_down() == ["b"]
+    await core.register_server(helper_pb2.RegisterServerRequest(name="b", gpus=gpus[:2]))  # back, a GPU count less
+
+    def spans(s: Session) -> list[tuple[int, bool]]:
+        rows = s.execute(select(ServerSpan.gpus, ServerSpan.end_at).order_by(ServerSpan.id)).all()
+        return [(gpus, end is not None) for gpus, end in rows]
+
+    assert await core.read_sync(spans) == [(4, True), (2, False)]
