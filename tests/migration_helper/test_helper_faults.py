@@ -662,3 +662,32 @@ def test_a_helper_whose_name_was_taken_while_it_was_cut_off_kills_its_frozen_cop
         api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
     finally:
         link.stop()
+
+
+@pytest.mark.full
+def test_a_job_that_ends_while_the_scheduler_is_down_its_helper_restarted_meanwhile_is_trained_once(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """The scheduler is stopped (an upgrade), a job ends meanwhile, and its helper is
+    restarted too before the scheduler is back on the same address. The exit the stopping
+    helper could not deliver comes with the new helper's registration: SUCCEEDED, launched
+    once. Before, it was lost, and the restarted scheduler took the job for lost ("its
+    process on s1 was lost") and trained it again from step 0. The mechanism runs by default
+    in -k restarted_meanwhile (the database unreachable instead)."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    port = sched.address.rsplit(":", 1)[1]
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    helper = helpers("s1", sched.address)
+    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS="80", FAKE_STEP_S="0.02")
+    wait_for(lambda: job().steps >= 10, 30)
+    sched.stop()
+    wait_for(lambda: not _job_pids(job_id, warm=False), 15)  # ended, its exit undelivered
+    helper.terminate()
+    assert helper.wait(30) == 0
+    helpers("s1", f"127.0.0.1:{port}")
+    again = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS, listen=f"127.0.0.1:{port}")
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(again.address))
+    done = wait_for(lambda: (j := job()).state in DONE and j, 30)
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED, [t.reason for t in done.history]
+    assert [t.to_state for t in done.history].count(common_pb2.JOB_STATE_RUNNING) == 1, \
+        [t.reason for t in done.history]
