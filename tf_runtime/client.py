@@ -18,15 +18,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
-from scheduler import transport
-
+from . import own_modules
 from .commands import Ack, Command, Kind
 from .progress import ProgressMeter
+
+if TYPE_CHECKING:
+    from protos.gandiva.v1 import runtime_pb2, runtime_pb2_grpc
+    from scheduler import transport
+else:  # Gandiva's own, whatever the program names its modules (tf_runtime/own_modules.py)
+    runtime_pb2, runtime_pb2_grpc, transport = own_modules.load()
 
 log = logging.getLogger(__name__)
 

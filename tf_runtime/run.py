@@ -9,11 +9,14 @@ stop-for-migration, tf_runtime.EXIT_KILLED (143) after a kill.
 from __future__ import annotations
 
 import builtins
+import importlib.machinery
+import io
 import logging
 import os
 import pkgutil
 import runpy
 import sys
+import types
 
 from . import autoload
 from .checkpoint import CheckpointError, validate
@@ -55,15 +58,41 @@ def main(argv: list[str] | None = None) -> int:
     # so the program's sibling modules import as they would without the shim. Not under
     # `-P` / `-I` / PYTHONSAFEPATH, which put neither it nor the working directory there
     # (sys.path[0] is then the standard library's, once overwritten here).
+    directory_or_zip = pkgutil.get_importer(script) is not None
     if not getattr(sys.flags, "safe_path", False):
-        if pkgutil.get_importer(script) is None:  # realpath: a symlinked script's siblings
-            sys.path[0] = os.path.dirname(os.path.realpath(script))  # are its target's
-        else:  # a directory or zip: runpy puts it first itself, alone, as python does
+        if not directory_or_zip:  # realpath: a symlinked script's siblings are its target's
+            sys.path[0] = os.path.dirname(os.path.realpath(script))
+        else:  # runpy puts it first itself, alone, as python does
             del sys.path[0]
-    # The builtins module, as in python's own __main__ (runpy's fresh namespace got the
-    # builtins' dict: `__builtins__.xrange = range` failed, AttributeError).
-    runpy.run_path(script, init_globals={"__builtins__": builtins}, run_name="__main__")
+    if directory_or_zip:
+        runpy.run_path(script, init_globals={"__builtins__": builtins}, run_name="__main__")
+    else:
+        _run_file(script)
     return 0
+
+
+def _run_file(script: str) -> None:
+    """Run a script file as python's own `__main__`: `__file__` absolute (joined to the working
+    directory, not normalised, as python 3.9+ makes it) while `sys.argv[0]` stays as given,
+    and `__builtins__` the builtins module. Under runpy.run_path `__file__` was the path as
+    given (a script that changes directory and then opens `os.path.dirname(__file__)`'s
+    files looked in the new one) and `__builtins__` a dict (`__builtins__.xrange = range`
+    failed with AttributeError)."""
+    path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    with io.open_code(path) as fh:
+        code = pkgutil.read_code(fh)  # a compiled script (`python train.pyc`), as runpy reads it
+    if code is None:
+        with io.open_code(path) as fh:
+            code = compile(fh.read(), path, "exec", dont_inherit=True)
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)  # noqa: S102  (the job's own program)
+    finally:
+        sys.modules["__main__"] = saved
 
 
 if __name__ == "__main__":

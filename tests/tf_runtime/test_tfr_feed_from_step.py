@@ -251,6 +251,10 @@ KINDS = {
                           covered_by="no fix: the module kind (a process the autoload reaches)"),
     "directory": Kind("trainapp", _warm_naive(),
                       covered_by="test_tfr_units.py -k directory_or_zip (`python -m tf_runtime.run DIR`)"),
+    "own_names": Kind("ownnames/train.py", _warm_naive(), ("--order", "after"),
+                      covered_by="test_tfr_units.py -k own_scheduler_and_protos"),
+    "own_names_before": Kind("ownnames/train.py", _warm_naive(), ("--order", "before"),
+                             covered_by="test_tfr_units.py -k own_scheduler_and_protos"),
     "distill_teacher_first": Kind(
         "distill.py", _warm_naive(), ("--teacher", "frozen", "--order", "teacher-first"),
         covered_by="no fix: test_tfr_tf_session.py -k evaluation_session_initialised_first"),

@@ -174,18 +174,41 @@ def test_a_symlinked_script_imports_the_modules_beside_its_target(tmp_path: Path
     directory of links): python puts the target's directory on sys.path, so its sibling
     modules import; tf_runtime.run put the link's directory there, and the job failed at
     its first import (ModuleNotFoundError). Its `__builtins__` is the builtins module, as in
-    python's own __main__ (under tf_runtime.run it was a dict: AttributeError)."""
+    python's own __main__ (under tf_runtime.run it was a dict: AttributeError), and its
+    `__file__` absolute (it was as given: after a chdir its data beside it was not found)."""
     (tmp_path / "code").mkdir()
     (tmp_path / "runs").mkdir()
     (tmp_path / "code" / "model.py").write_text("X = 7\n")
+    (tmp_path / "runs" / "data.txt").write_text("beside")
     (tmp_path / "code" / "train.py").write_text(
-        "import model\n__builtins__.seen = model.X\nprint(seen)\n")  # the module in __main__
+        "import os, sys, model\n__builtins__.seen = model.X\nos.chdir('/')\n"
+        "print(seen, open(os.path.join(os.path.dirname(__file__), 'data.txt')).read(), sys.argv[0])\n")
     (tmp_path / "runs" / "train.py").symlink_to(tmp_path / "code" / "train.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
     for argv in ([sys.executable, "train.py"], [sys.executable, "-m", "tf_runtime.run", "train.py"]):
         out = subprocess.run(argv, env=env, cwd=tmp_path / "runs", capture_output=True, text=True,
                              timeout=60, check=False)
-        assert (out.returncode, out.stdout) == (0, "7\n"), (argv, out.stderr)
+        assert (out.returncode, out.stdout) == (0, "7 beside train.py\n"), (argv, out.stderr)
+
+
+def test_a_program_with_its_own_scheduler_and_protos_modules_gets_the_shim(tmp_path: Path) -> None:
+    """A project with a `scheduler.py` (learning-rate schedules) and a `protos/` package beside
+    its script, imported before or after TensorFlow: the shim's `from scheduler import
+    transport` found the program's module and the shim did not start ("cannot import name
+    'transport' from 'scheduler'"), the job uncontrollable. Now the shim imports Gandiva's
+    own (tf_runtime/own_modules.py) and the program still gets its own by those names."""
+    (tmp_path / "scheduler.py").write_text("def lr(step):\n    return 0.5\n")
+    (tmp_path / "protos").mkdir()
+    (tmp_path / "protos" / "__init__.py").write_text("NAME = 'theirs'\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import scheduler\n"
+            "from tf_runtime import client\n"
+            "import protos\n"
+            "print(scheduler.lr(0), protos.NAME, client.transport.__name__, client.runtime_pb2.__name__)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert (out.returncode, out.stdout) == (
+        0, "0.5 theirs scheduler.transport protos.gandiva.v1.runtime_pb2\n"), out.stderr
 
 
 def test_script_exit_status_passes_through(tmp_path: Path) -> None:

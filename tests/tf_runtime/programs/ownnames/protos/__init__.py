@@ -1,0 +1,3 @@
+"""The project's own configuration package (named as Gandiva's `protos`)."""
+
+MOMENTUM = 0.9
