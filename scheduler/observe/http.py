@@ -14,6 +14,7 @@ import fcntl
 import ipaddress
 import json
 import logging
+import socket
 import struct
 import termios
 from collections.abc import Awaitable, Callable, Mapping
@@ -79,8 +80,9 @@ class HttpServer:
                  public: frozenset[str] = frozenset()) -> None:
         self.host, self.port = split_listen(listen)
         # Only this machine reaches a loopback address, so only this machine's names may be
-        # asked for there (``host_allowed``).
+        # asked for there (``host_allowed``), whatever address the server listens on.
         self.loopback = _is_loopback(self.host)
+        self.own_name = socket.gethostname().lower()  # (no DNS: resolving may wait for one)
         self.routes = dict(routes)
         self.guard = guard
         self.public = public
@@ -141,7 +143,7 @@ class HttpServer:
                 response = Response(400, b"malformed request line; expected METHOD PATH HTTP/1.1\n")
             else:
                 try:
-                    refused = self._misdirected(head)
+                    refused = self._misdirected(head, writer)
                     response = refused or await self._respond(method, target, _bearer(head))
                 except Exception:  # a bug in one page must not take the server down
                     log.exception("HTTP handler failed")
@@ -166,20 +168,23 @@ class HttpServer:
         finally:
             self._reading.pop(writer, None)
 
-    def _misdirected(self, head: bytes) -> Response | None:
-        """421 for a request to a loopback address whose Host header names another host: a
-        web page of any site a browser on this machine visits can have its own name resolve to
-        127.0.0.1 (DNS rebinding) and read the answers as its own. Without --auth token its
-        JavaScript read every user's jobs (/api/state) and /metrics."""
+    def _misdirected(self, head: bytes, writer: asyncio.StreamWriter) -> Response | None:
+        """421 for a request that came in on a loopback address whose Host header names another
+        host: a web page of any site a browser on this machine visits can have its own name
+        resolve to 127.0.0.1 (DNS rebinding) and read the answers as its own. Without --auth
+        token its JavaScript read every user's jobs (/api/state) and /metrics; on 0.0.0.0 too,
+        through 127.0.0.1."""
         if not self.loopback:
-            return None
+            local = writer.get_extra_info("sockname")
+            if not (isinstance(local, tuple) and _is_loopback(str(local[0]).removeprefix("::ffff:"))):
+                return None
         for value in _headers(head, b"host"):
-            if not host_allowed(value):
-                return Response(421, f"this server listens on {self.host}, which only this machine reaches, and "
-                                     f"the request names host {value[:100]!r} (a web page that had its own name "
-                                     "resolve here: DNS rebinding?): ask for localhost or an address (a proxy in "
-                                     "front of it: pass Host as it connects, e.g. nginx proxy_set_header Host "
-                                     "$proxy_host), or listen on the address others use\n".encode())
+            if not host_allowed(value, self.own_name):
+                return Response(421, f"this request came in on a loopback address, which only this machine "
+                                     f"reaches, and names host {value[:100]!r} (a web page that had its own name "
+                                     "resolve here: DNS rebinding?): ask for localhost, this machine's name or an "
+                                     "address (a proxy in front of it: pass Host as it connects, e.g. nginx "
+                                     "proxy_set_header Host $proxy_host)\n".encode())
         return None
 
     async def _respond(self, method: str, target: str, token: str = "") -> Response:
@@ -237,17 +242,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def host_allowed(value: str) -> bool:
-    """Whether a request's Host header may reach a loopback-bound server: an address (a
-    rebinding page has its own name in Host, never an address), localhost or a name under
-    .localhost (browsers resolve those to loopback themselves, never by DNS)."""
+def host_allowed(value: str, own_name: str = "") -> bool:
+    """Whether a request's Host header may reach a server through a loopback address: an
+    address (a rebinding page has its own name in Host, never an address), localhost or a name
+    under .localhost (browsers resolve those to loopback themselves, never by DNS), or this
+    machine's own name (``own_name``: Debian maps it to 127.0.1.1)."""
     name = value.strip().lower()
     if name.startswith("["):  # [::1]:9100
         name = name[1:].partition("]")[0]
     elif name.count(":") == 1:
         name = name.partition(":")[0]
     name = name.rstrip(".")
-    if name == "localhost" or name.endswith(".localhost"):
+    if name == "localhost" or name.endswith(".localhost") or (own_name and name in (own_name, own_name.split(".")[0])):
         return True
     try:
         ipaddress.ip_address(name)

@@ -19,7 +19,7 @@ class _Answers(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         kind = self.server.kind  # type: ignore[attr-defined]
         if kind == "misdirected":  # scheduler.observe.http's answer to a name it does not take
-            body = b"this server listens on 127.0.0.1, which only this machine reaches, and the request names host 'x'\n"
+            body = b"this request came in on a loopback address, which only this machine reaches, and names host 'x'\n"
             self.send_response(421)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -93,5 +93,5 @@ def test_top_told_its_address_names_another_host_says_what_the_server_said(  # t
     address = f"127.0.0.1:{answering.server_address[1]}"
     r = gandiva("top", "--once", "--http", address)
     assert (r.code, r.out) == (1, ""), r
-    assert r.err == (f"gandiva top: http://{address}/api/state: this server listens on 127.0.0.1, which only this "
-                     "machine reaches, and the request names host 'x'\n"), r.err
+    assert r.err == (f"gandiva top: http://{address}/api/state: this request came in on a loopback address, which "
+                     "only this machine reaches, and names host 'x'\n"), r.err

@@ -307,7 +307,6 @@ ODD_HTTP = [
 ]
 
 
-
 def test_the_dashboards_odd_requests_get_a_clear_answer(make_scheduler: Any, sqlite_url: str) -> None:
     """Infinite, negative and huge query numbers were a 500 (and a traceback in the log) or
     "malformed request line"; an oversized head was a closed connection."""
@@ -316,6 +315,20 @@ def test_the_dashboards_odd_requests_get_a_clear_answer(make_scheduler: Any, sql
         got, body = _http(sched.server.http_address, head)
         assert (got, fragment in body) == (status, True), (head[:60], got, body[:200])
     assert _http(sched.server.http_address, b"GET /api/state HTTP/1.1\r\n\r\n")[0] == 200
+
+
+def test_a_dashboard_on_every_address_is_not_read_by_a_rebinding_page_through_loopback(
+        make_scheduler: Any, sqlite_url: str) -> None:
+    """On 0.0.0.0 a page of any site a browser on the scheduler's machine opens could have its
+    name resolve to 127.0.0.1 and read every user's jobs: only a loopback-bound dashboard
+    checked Host (-k odd_requests). A request that comes in on a loopback address is held to
+    this machine's names whatever the server listens on."""
+    sched = make_scheduler(sqlite_url, tick_s=0.5, http_listen="0.0.0.0:0")
+    port = sched.server.http_address.rsplit(":", 1)[1]
+    for host, status, said in [("rebind.example", 421, b"came in on a loopback address"),
+                               (socket.gethostname(), 200, b'"servers":'), ("localhost", 200, b'"servers":')]:
+        got, body = _http(f"127.0.0.1:{port}", f"GET /api/state HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        assert (got, said in body) == (status, True), (host, got, body[:200])
 
 
 def test_the_dashboard_lists_the_head_of_a_long_queue_and_counts_the_rest(make_scheduler: Any, sqlite_url: str,
