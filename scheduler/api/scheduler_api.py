@@ -48,6 +48,28 @@ F = TypeVar("F", bound=Callable[..., Any])
 MAX_WATCHES = 256
 
 
+def placements_pb(held: Sequence[holds.Hold], mine: set[str] | None, budget: int
+                  ) -> tuple[list[scheduler_pb2.PlacementSpan], bool]:
+    """``held`` as messages, while they fit ``budget`` bytes (10,000 of the longest job names,
+    users and server names were 5.0 MB, more than a client takes), and whether some were left out.
+    ``mine``: the caller's own jobs (None: an operator's, all shown); another user's job is
+    hidden-N, numbered within the answer, as ListServers shows it."""
+    aliases: dict[str, str] = {}
+    out: list[scheduler_pb2.PlacementSpan] = []
+    used = 0
+    for h in held:
+        seen = mine is None or h.job_id in mine
+        message = scheduler_pb2.PlacementSpan(
+            job_id=h.job_id if seen else aliases.setdefault(h.job_id, f"{auth.HIDDEN_JOB}{len(aliases) + 1}"),
+            name=h.name if seen else "", user=h.user if seen else "", server=h.server, gpu=h.gpu,
+            start_at=h.start_at, end_at=h.end_at or 0.0, state_at=h.state_at)
+        used += message.ByteSize()
+        if used > budget:
+            return out, True
+        out.append(message)
+    return out, False
+
+
 def cluster_height(loads: list[ServerLoad]) -> int:
     return max((ld.height for ld in loads if ld.server.up), default=0)
 
@@ -355,16 +377,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if not ident.sees_all:  # as ListServers: another user's job is hidden-N, its GPU still shown held
             async with self.core.tx(read=True) as s:
                 mine = await repo.own_jobs(s, ident.name, {h.job_id for h in got.holds})
-        aliases: dict[str, str] = {}
-        out = []
-        for h in got.holds:
-            seen = ident.sees_all or h.job_id in mine
-            out.append(scheduler_pb2.PlacementSpan(
-                job_id=h.job_id if seen else aliases.setdefault(h.job_id, f"{auth.HIDDEN_JOB}{len(aliases) + 1}"),
-                name=h.name if seen else "", user=h.user if seen else "", server=h.server, gpu=h.gpu,
-                start_at=h.start_at, end_at=h.end_at or 0.0, state_at=h.state_at))
-        return scheduler_pb2.ListPlacementsResponse(since=since, until=until, placements=out, more=got.more,
-                                                    kept_since=kept)
+        out, cut = placements_pb(got.holds, None if ident.sees_all else mine, paging.PAGE_BYTES)
+        return scheduler_pb2.ListPlacementsResponse(since=since, until=until, placements=out,
+                                                    more=got.more or cut, kept_since=kept)
 
     async def _job_ids_shown(self, loads: list[ServerLoad],
                              held: dict[str, list[str]] | None = None) -> Callable[[str], str]:

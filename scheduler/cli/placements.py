@@ -95,8 +95,8 @@ def get_placements(args: argparse.Namespace, client: Client) -> int:
     headers = [*HEADERS, "STATE"] if at else HEADERS
     output.print_table(headers, (_row(p, at) for p in got.placements), args.no_headers)
     if got.more:
-        print(f"... and more (the first {len(got.placements):,} by their start are listed; --limit N lists up to "
-              "10,000, and --server, --gpu, --job or a shorter period narrow it)")
+        print(f"... and more (the first {len(got.placements):,} by their start are listed: --limit N lists up to "
+              "10,000, as many as fit an answer of 2 MiB; --server, --gpu, --job or a shorter period narrow it)")
     return EXIT_OK
 
 

@@ -55,3 +55,22 @@ def test_a_decision_read_back_names_the_gpus_it_concerns() -> None:
     assert holds.gpus_of_decision(held[:1], "migrate", 45.0) == ("a/0",)  # not arrived: where from
     assert holds.gpus_of_decision(held, "requeue", 50.0) == ("a/0",)
     assert holds.gpus_of_decision([], "place", 10.0) == ()  # before the history was kept
+
+
+def test_an_answer_holds_what_a_client_takes_and_says_there_is_more() -> None:
+    """10,000 placements of 256-byte job names, 128-byte users and 64-byte servers (the longest
+    each may be) were 5.0 MB, more than a client takes (4 MiB): `get placements --limit 10000` would fail "Received message
+    larger than max"; the answer stops at 2 MiB and says there is more."""
+    from scheduler.api import paging
+    from scheduler.api.scheduler_api import placements_pb
+
+    rows = [Hold(f"j-{k:010x}", "s" * 64, k % 8, float(k), None, "n" * 256, "u" * 128, "running")
+            for k in range(10000)]
+    kept, cut = placements_pb(rows, None, paging.PAGE_BYTES)
+    assert cut and 0 < len(kept) < len(rows) and sum(m.ByteSize() for m in kept) <= paging.PAGE_BYTES
+    assert [m.job_id for m in kept] == [r.job_id for r in rows[:len(kept)]]
+    # A user's view: another user's job is hidden-N, one number per job, the GPU still shown.
+    shown, cut = placements_pb(rows[:3] + rows[:1], {rows[1].job_id}, paging.PAGE_BYTES)
+    assert [(m.job_id, m.name, m.server[:1]) for m in shown] == [
+        ("hidden-1", "", "s"), (rows[1].job_id, "n" * 256, "s"), ("hidden-2", "", "s"), ("hidden-1", "", "s")]
+    assert not cut
