@@ -87,12 +87,15 @@ def _run_file(script: str) -> None:
     if code is None:
         with io.open_code(path) as fh:
             code = compile(fh.read(), path, "exec", dont_inherit=True)
-    saved = sys.modules["__main__"]
+    # It stays `__main__` after it returns, as under python, which then takes `__file__` and
+    # `__cached__` out of it: its atexit work sees what it would (runpy put tf_runtime.run's
+    # module back).
     sys.modules["__main__"] = main
     try:
         exec(code, main.__dict__)  # noqa: S102  (the job's own program)
     finally:
-        sys.modules["__main__"] = saved
+        main.__dict__.pop("__file__", None)
+        main.__dict__.pop("__cached__", None)
 
 
 if __name__ == "__main__":

@@ -175,20 +175,23 @@ def test_a_symlinked_script_imports_the_modules_beside_its_target(tmp_path: Path
     modules import; tf_runtime.run put the link's directory there, and the job failed at
     its first import (ModuleNotFoundError). Its `__builtins__` is the builtins module, as in
     python's own __main__ (under tf_runtime.run it was a dict: AttributeError), and its
-    `__file__` absolute (it was as given: after a chdir its data beside it was not found)."""
+    `__file__` absolute (it was as given: after a chdir its data beside it was not found),
+    and it is still `__main__` for its atexit work, without `__file__` as python leaves it
+    (runpy put tf_runtime.run's module back, `__file__` kept)."""
     (tmp_path / "code").mkdir()
     (tmp_path / "runs").mkdir()
     (tmp_path / "code" / "model.py").write_text("X = 7\n")
     (tmp_path / "runs" / "data.txt").write_text("beside")
     (tmp_path / "code" / "train.py").write_text(
-        "import os, sys, model\n__builtins__.seen = model.X\nos.chdir('/')\n"
-        "print(seen, open(os.path.join(os.path.dirname(__file__), 'data.txt')).read(), sys.argv[0])\n")
+        "import atexit, os, sys, model\n__builtins__.seen = model.X\nos.chdir('/')\n"
+        "print(seen, open(os.path.join(os.path.dirname(__file__), 'data.txt')).read(), sys.argv[0])\n"
+        "atexit.register(lambda: print(hasattr(sys.modules['__main__'], 'model'), '__file__' in globals()))\n")
     (tmp_path / "runs" / "train.py").symlink_to(tmp_path / "code" / "train.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
     for argv in ([sys.executable, "train.py"], [sys.executable, "-m", "tf_runtime.run", "train.py"]):
         out = subprocess.run(argv, env=env, cwd=tmp_path / "runs", capture_output=True, text=True,
                              timeout=60, check=False)
-        assert (out.returncode, out.stdout) == (0, "7 beside train.py\n"), (argv, out.stderr)
+        assert (out.returncode, out.stdout) == (0, "7 beside train.py\nTrue False\n"), (argv, out.stderr)
 
 
 def test_a_program_with_its_own_scheduler_and_protos_modules_gets_the_shim(tmp_path: Path) -> None:
