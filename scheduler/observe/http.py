@@ -82,7 +82,7 @@ class HttpServer:
         # Only this machine reaches a loopback address, so only this machine's names may be
         # asked for there (``host_allowed``), whatever address the server listens on.
         self.loopback = _is_loopback(self.host)
-        self.own_name = socket.gethostname().lower()  # (no DNS: resolving may wait for one)
+        self.own_names = local_names()
         self.routes = dict(routes)
         self.guard = guard
         self.public = public
@@ -179,7 +179,7 @@ class HttpServer:
             if not (isinstance(local, tuple) and _is_loopback(str(local[0]).removeprefix("::ffff:"))):
                 return None
         for value in _headers(head, b"host"):
-            if not host_allowed(value, self.own_name):
+            if not host_allowed(value, self.own_names):
                 return Response(421, f"this request came in on a loopback address, which only this machine "
                                      f"reaches, and names host {value[:100]!r} (a web page that had its own name "
                                      "resolve here: DNS rebinding?): ask for localhost, this machine's name or an "
@@ -242,18 +242,30 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def host_allowed(value: str, own_name: str = "") -> bool:
+def local_names(hosts: str = "/etc/hosts") -> frozenset[str]:
+    """This machine's own names: its host name, and those ``hosts`` gives a loopback address
+    (Debian's `127.0.1.1 gpu1.example gpu1`). Read without DNS, which may wait for a resolver."""
+    names = {socket.gethostname().lower()}
+    with contextlib.suppress(OSError, UnicodeDecodeError), open(hosts, encoding="utf-8") as fh:
+        for line in fh.read(1 << 20).splitlines():
+            address, *aliases = line.partition("#")[0].split() or [""]
+            if aliases and _is_loopback(address):
+                names.update(a.lower().rstrip(".") for a in aliases)
+    return frozenset(names)
+
+
+def host_allowed(value: str, own_names: frozenset[str] = frozenset()) -> bool:
     """Whether a request's Host header may reach a server through a loopback address: an
     address (a rebinding page has its own name in Host, never an address), localhost or a name
-    under .localhost (browsers resolve those to loopback themselves, never by DNS), or this
-    machine's own name (``own_name``: Debian maps it to 127.0.1.1)."""
+    under .localhost (browsers resolve those to loopback themselves, never by DNS), or one of
+    this machine's own names (``own_names``, ``local_names``)."""
     name = value.strip().lower()
     if name.startswith("["):  # [::1]:9100
         name = name[1:].partition("]")[0]
     elif name.count(":") == 1:
         name = name.partition(":")[0]
     name = name.rstrip(".")
-    if name == "localhost" or name.endswith(".localhost") or (own_name and name in (own_name, own_name.split(".")[0])):
+    if name == "localhost" or name.endswith(".localhost") or name in own_names:
         return True
     try:
         ipaddress.ip_address(name)

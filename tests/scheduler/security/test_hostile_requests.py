@@ -318,7 +318,7 @@ def test_the_dashboards_odd_requests_get_a_clear_answer(make_scheduler: Any, sql
 
 
 def test_a_dashboard_on_every_address_is_not_read_by_a_rebinding_page_through_loopback(
-        make_scheduler: Any, sqlite_url: str) -> None:
+        make_scheduler: Any, sqlite_url: str, tmp_path: Any) -> None:
     """On 0.0.0.0 a page of any site a browser on the scheduler's machine opens could have its
     name resolve to 127.0.0.1 and read every user's jobs: only a loopback-bound dashboard
     checked Host (-k odd_requests). A request that comes in on a loopback address is held to
@@ -329,6 +329,15 @@ def test_a_dashboard_on_every_address_is_not_read_by_a_rebinding_page_through_lo
                                (socket.gethostname(), 200, b'"servers":'), ("localhost", 200, b'"servers":')]:
         got, body = _http(f"127.0.0.1:{port}", f"GET /api/state HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
         assert (got, said in body) == (status, True), (host, got, body[:200])
+    # This machine's names are its host name and those /etc/hosts gives a loopback address
+    # (Debian's 127.0.1.1 line): a local Prometheus scraping gpu1.example is not refused.
+    from scheduler.observe.http import host_allowed, local_names
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n127.0.1.1 gpu1.example gpu1  # here\n10.0.0.5 head.example\n")
+    names = local_names(str(hosts))
+    assert [host_allowed(h, names) for h in ("gpu1.example:9101", "GPU1", "head.example", "x.gpu1.example")] == [
+        True, True, False, False]
 
 
 def test_the_dashboard_lists_the_head_of_a_long_queue_and_counts_the_rest(make_scheduler: Any, sqlite_url: str,
