@@ -86,6 +86,9 @@ LEASE_MARGIN_S = 1.0
 # The `job.fenced` events one heartbeat may write (Core._heartbeat_full): a helper back from
 # a partition has a few stale launches, one per job it ran; more are recorded at later beats.
 FENCED_EVENTS_PER_BEAT = 32
+# How long a write waits for the lock's session to answer once it went unconfirmed past
+# PG_SESSION_END_MIN_S (SchedulerCore._check_held), before it is refused Unavailable.
+LOCK_CONFIRM_WAIT_S = 2.0
 # A server's exit reports of a job's launches that are not its current one: one event per
 # job and server in this time (Core._process_exit), the others only logged.
 STALE_EXIT_EVENT_EVERY_S = 60.0
@@ -387,6 +390,8 @@ class SchedulerCore:
         self.lock_unconfirmed_s: Callable[[], float] = lambda: 0.0
         self._memory_answers_stopped = False
         self.lock_take_back: Callable[[], Awaitable[bool | None]] = _held
+        # The lock asked at once whether it is still this scheduler's (SchedulerLock.confirm).
+        self.lock_confirm: Callable[[], Awaitable[bool | None]] = _held
         # When each running job's mini-batches last ended (in memory; the engine judges).
         self.hangs = HangWatch(self.settings.hang_after_s, self.settings.hang_restart_after_s, self.monotonic)
         # Each job's rate measured while it ran alone on its GPUs (a packing trial's baseline):
@@ -559,6 +564,17 @@ class SchedulerCore:
             # Said as an outage: /metrics and the dashboard say it too.
             raise Unavailable(self.db_health.unreachable("its lock's connection dropped: no write until the "
                                                          "lock is taken back") + "; retry shortly")
+        # Its session reads open but went unheard long enough for PostgreSQL to have ended it
+        # (this host frozen, a paused VM): asked first. Its socket reads open until it sends,
+        # and it wrote beside a standby that took the database until the watch's next query.
+        if self.lock_unconfirmed_s() > PG_SESSION_END_MIN_S:
+            try:  # (a database that does not answer: Unavailable in seconds, the query going on)
+                confirmed = await asyncio.wait_for(asyncio.shield(self.lock_confirm()), LOCK_CONFIRM_WAIT_S)
+            except TimeoutError:
+                confirmed = None
+            if not confirmed:
+                raise Unavailable(self.db_health.unreachable("its hold on the database is not confirmed: no "
+                                                             "write until it is") + "; retry shortly")
 
     async def read_sync(self, fn: Callable[[Session], T], urgent: bool = False) -> T:
         """``fn(session)`` on a sync session, in one read transaction: on SQLite whole on

@@ -167,7 +167,7 @@ class SchedulerServer:
         self.core = SchedulerCore(self.db, self.settings)
         # No write while another scheduler may hold the database.
         self.core.lock_held, self.core.lock_take_back = self._lock.held, self._lock.take_back
-        self.core.lock_unconfirmed_s = self._lock.unconfirmed_s
+        self.core.lock_unconfirmed_s, self.core.lock_confirm = self._lock.unconfirmed_s, self._lock.confirm
         # The policy is checked before anything touches the database.
         self.engine = LiveEngine(self.core, self.policy, self.policy_config, self.tick_s)
         try:

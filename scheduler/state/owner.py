@@ -72,6 +72,7 @@ class SchedulerLock:
         self._watch: asyncio.Task[None] | None = None
         self._confirmed = -math.inf  # (monotonic) when the database last showed the lock is this one's
         self._server_down = False  # the last try to take the lock back was refused by the server (down)
+        self._checking: asyncio.Future[bool] | None = None  # the lock's session asked (`confirm`)
 
     @property
     def path(self) -> Path:
@@ -189,19 +190,34 @@ class SchedulerLock:
         """Keep the lock: a lost connection (the database restarted) takes it again."""
         while True:
             await asyncio.sleep(CHECK_EVERY_S)
-            try:
-                if self._conn is not None and not self._conn.is_closed():
-                    asked = time.monotonic()
-                    await asyncio.wait_for(self._conn.fetchval("SELECT 1"), CHECK_EVERY_S * 5)
-                    # As of when it was asked: the server heard this session then or later (an
-                    # answer handled late on a busy event loop is no later proof).
-                    self._confirmed = asked
-                    continue
-            except Exception:  # noqa: BLE001 - any loss of the connection
-                with contextlib.suppress(Exception):
-                    self._conn.terminate()
-            if await self.take_back() is False:
+            if await self.confirm() is False:
                 return
+
+    async def confirm(self) -> bool | None:
+        """Ask the lock's session now (the watch, or a write after it went unconfirmed: one
+        query at a time on that connection, shared): True when it answers, else `take_back`'s
+        answer (None: unreachable; False: another scheduler took the database)."""
+        if self._fd is not None:
+            return True
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.ensure_future(self._check())
+        if await asyncio.shield(self._checking):
+            return True
+        return await self.take_back()
+
+    async def _check(self) -> bool:
+        try:
+            if self._conn is not None and not self._conn.is_closed():
+                asked = time.monotonic()
+                await asyncio.wait_for(self._conn.fetchval("SELECT 1"), CHECK_EVERY_S * 5)
+                # As of when it was asked: the server heard this session then or later (an
+                # answer handled late on a busy event loop is no later proof).
+                self._confirmed = asked
+                return True
+        except Exception:  # noqa: BLE001 - any loss of the connection
+            with contextlib.suppress(Exception):
+                self._conn.terminate()
+        return False
 
     async def take_back(self) -> bool | None:
         """The lock taken again once its connection was lost (by the watch, or at once by a
@@ -256,6 +272,10 @@ class SchedulerLock:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
             self._watch = None
+        if self._checking is not None and not self._checking.done():
+            self._checking.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._checking
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 await self._conn.close(timeout=2)

@@ -110,3 +110,39 @@ def test_stops_a_slow_recording_works_out_reach_the_helper_with_a_later_answer(m
     stops = asyncio.run(main())
     assert stops[0] == [] and ("j", "stale") in stops[1], stops
     assert all(s.count(("j", "stale")) <= 1 for s in stops), stops
+
+
+async def test_a_write_after_the_lock_went_unconfirmed_asks_the_database_first(sqlite_url: str) -> None:
+    """A scheduler whose host was frozen (a paused VM) past PostgreSQL's keepalives: its
+    lock's socket reads open until it sends again, while a standby may hold the database.
+    Its writes went on (heartbeats recorded, leases renewed) until the watch's next query,
+    up to 2 s later. Now a write after PG_SESSION_END_MIN_S unconfirmed asks the lock first."""
+    from scheduler.core import SchedulerCore
+    from scheduler.errors import Unavailable
+    from scheduler.state import migrate
+    from scheduler.state.db import PG_SESSION_END_MIN_S, make_engine
+
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    asked: list[float] = []
+    unconfirmed = [PG_SESSION_END_MIN_S + 10.0]  # the freeze
+    answer: list[bool | None] = [False]  # another scheduler took the database meanwhile
+
+    async def confirm() -> bool | None:
+        asked.append(unconfirmed[0])
+        return answer[0]
+
+    core.lock_unconfirmed_s, core.lock_confirm = lambda: unconfirmed[0], confirm
+    try:
+        with pytest.raises(Unavailable):
+            await core._check_held()
+        assert asked == [unconfirmed[0]]
+        answer[0] = True  # still its own: the write goes on
+        await core._check_held()
+        unconfirmed[0] = 1.0  # confirmed lately by the watch: not asked again
+        await core._check_held()
+        assert len(asked) == 2
+    finally:
+        await core.dispose()
+        await engine.dispose()

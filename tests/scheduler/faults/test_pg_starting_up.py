@@ -105,3 +105,41 @@ async def test_only_the_servers_own_answer_keeps_a_lost_lock_counted_as_confirme
     finally:
         await standby.release()
         await lock.release()
+
+
+@pytest.mark.pg
+async def test_a_lock_whose_socket_reads_open_is_asked_and_found_taken(proxied_pg_url, pg_url) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """This scheduler's lock session ended (PostgreSQL gave up on a frozen host) and a
+    standby took the database, while its socket still reads open (nothing told it yet):
+    `confirm` (what a write asks once the lock went unconfirmed) finds the standby."""
+    import time
+
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    from scheduler.state.owner import SchedulerLock
+
+    url, proxy = proxied_pg_url
+    lost: list[str] = []
+    lock = SchedulerLock(url, "a:1", "a", on_lost=lost.append)
+    await lock.acquire()
+    standby = SchedulerLock(pg_url, "b:1", "b")
+    admin = await asyncpg.connect(make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False))
+    try:
+        assert await lock.confirm() is True
+        proxy.loop.call_soon_threadsafe(time.sleep, 1.0)  # the link frozen: the session's end unseen here
+        await asyncio.sleep(0.1)
+        await admin.fetchval("SELECT pg_terminate_backend($1)", lock._backend)
+        for _ in range(50):
+            try:
+                await standby.acquire()
+                break
+            except Exception:  # noqa: BLE001 - the old session still ending
+                await asyncio.sleep(0.05)
+        assert standby.held() and lock.held()  # its socket still reads open
+        assert await lock.confirm() is False
+        assert lost and "another scheduler" in lost[0]
+    finally:
+        await admin.close()
+        await standby.release()
+        await lock.release()
