@@ -69,8 +69,13 @@ def _period(args: argparse.Namespace) -> tuple[float, float]:
             raise CliError("--at names one instant; give it alone, or --since/--until for a period")
         if args.at <= 0:
             raise CliError(f"--at {output.timestamp(args.at)} is before 1970; give a later time")
+        if args.at > time.time():
+            raise CliError(f"--at {output.timestamp(args.at)} is in the future; the GPUs' history holds only "
+                           "what has happened (now: leave --at out, or gandiva get servers)")
         return args.at, args.at
     since = args.since if args.since is not None else time.time() - HOUR
+    if since > time.time():
+        raise CliError(f"--since {output.timestamp(since)} is in the future; give a start before now")
     since = max(since, 1.0)  # a window reaching back past 1970: the whole history
     if args.until is not None and args.until <= since:
         raise CliError(f"--until ({output.timestamp(args.until)}) is not after --since ({output.timestamp(since)}): "

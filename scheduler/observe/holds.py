@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -84,8 +85,13 @@ def check_period(since: float, until: float, now: float) -> tuple[float, float]:
         raise InvalidArgument("until", f"{until}: a unix time, 0 or more (0: now)")
     until = min(until or now, now)
     if since > until:
-        raise InvalidArgument("since", f"{since:.0f} is after the period's end ({until:.0f}, at most now)")
+        raise InvalidArgument("since", f"{_utc(since)} is after the period's end ({_utc(until)}"
+                                       f"{', now: the history holds nothing later' if until == now else ''})")
     return since, until
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at)) if at < 1e11 else f"{at:.0f}"
 
 
 def _overlapping(since: float, until: float) -> Any:

@@ -134,3 +134,5 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
     assert gandiva_main.main(["get", "placements", "--at", "1h", "--since", "2h", "--scheduler",
                               restarted.address]) == 2
     assert "--at names one instant" in capsys.readouterr().err
+    assert gandiva_main.main(["get", "placements", "--at", "2099-01-01", "--scheduler", restarted.address]) == 2
+    assert "is in the future; the GPUs' history holds only what has happened" in capsys.readouterr().err

@@ -21,6 +21,9 @@ def test_a_period_is_checked_naming_the_field() -> None:
         with pytest.raises(InvalidArgument) as err:
             holds.check_period(since, until, 50.0)
         assert err.value.field == field, (since, until)
+    with pytest.raises(InvalidArgument, match=r"since: 1970-01-01 00:00:20 UTC is after the period's end "
+                                              r"\(1970-01-01 00:00:15 UTC\)"):
+        holds.check_period(20.0, 15.0, 50.0)  # said as times, not unix seconds
 
 
 def test_the_timeline_is_drawn_again_as_it_was_live() -> None:
