@@ -87,7 +87,7 @@ LEASE_MARGIN_S = 1.0
 # a partition has a few stale launches, one per job it ran; more are recorded at later beats.
 FENCED_EVENTS_PER_BEAT = 32
 # How long a write waits for the lock's session to answer once it went unconfirmed past
-# PG_SESSION_END_MIN_S (SchedulerCore._check_held), before it is refused Unavailable.
+# PG_SESSION_END_MIN_S (SchedulerCore._check_held), before it goes on without the answer.
 LOCK_CONFIRM_WAIT_S = 2.0
 # A server's exit reports of a job's launches that are not its current one: one event per
 # job and server in this time (Core._process_exit), the others only logged.
@@ -568,10 +568,13 @@ class SchedulerCore:
         # (this host frozen, a paused VM): asked first. Its socket reads open until it sends,
         # and it wrote beside a standby that took the database until the watch's next query.
         if self.lock_unconfirmed_s() > PG_SESSION_END_MIN_S:
-            try:  # (a database that does not answer: Unavailable in seconds, the query going on)
+            try:
                 confirmed = await asyncio.wait_for(asyncio.shield(self.lock_confirm()), LOCK_CONFIRM_WAIT_S)
             except TimeoutError:
-                confirmed = None
+                # Not answered yet (a slow or cut-off database, the query going on): the write
+                # goes on and meets the database as it is. A frozen host's lost session answers
+                # at once (its server resets the connection).
+                confirmed = True
             if not confirmed:
                 raise Unavailable(self.db_health.unreachable("its hold on the database is not confirmed: no "
                                                              "write until it is") + "; retry shortly")
