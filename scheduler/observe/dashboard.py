@@ -21,7 +21,7 @@ from scheduler import timeline
 from scheduler.errors import GandivaError, NotFound, Unauthenticated, Unavailable
 from scheduler.eta import Sharer, estimate, eta_text, progress_text
 from scheduler.lifecycle import JobState
-from scheduler.observe import problems, sharing, usage
+from scheduler.observe import holds, problems, sharing, usage
 from scheduler.observe.http import Guard, Handler, Response, prometheus_route
 from scheduler.observe.metrics import DB_WAIT_S, SchedulerMetrics
 
@@ -210,6 +210,8 @@ async def job_timeline(core: Any, job_id: str) -> dict[str, Any]:
         job = await repo.get_job(s, job_id)
         changes = list(reversed((await s.scalars(repo.history_q(job_id))).all()))  # as GetJob's
         verdicts = await repo.list_events(s, job_id=job_id, kinds=[timeline.PACK_VERDICT])
+        # Where it ran: each GPU it held and when (the GPUs' history, since session 49).
+        held = (await s.run_sync(lambda sync: holds.jobs_gpus(sync, [job_id]))).get(job_id, [])
     rows = [{"at": x.at, "kind": kind, "from": x.from_state, "to": x.to_state, "reason": x.reason}
             if kind == "state" else {"at": x.at, "kind": kind, "from": "", "to": "", "reason": x.message}
             for kind, x in timeline.merged(changes, verdicts)]
@@ -218,7 +220,10 @@ async def job_timeline(core: Any, job_id: str) -> dict[str, Any]:
     summed = sharing.summary(job.id, job.gpus, since, job.finished_at or core.clock(), [
         ("state", r["at"], f"{r['from']} -> {r['to']}: {r['reason']}") if r["kind"] == "state"
         else ("verdict", r["at"], r["reason"]) for r in rows])
-    return {"id": job.id, "name": job.name, "state": job.state, "timeline": rows, "sharing": summed}
+    placements = [{"server": h.server, "gpu": h.gpu, "start_at": h.start_at, "end_at": h.end_at}
+                  for h in held[-repo.MAX_HISTORY:]]
+    return {"id": job.id, "name": job.name, "state": job.state, "timeline": rows, "sharing": summed,
+            "placements": placements}
 
 
 async def _names(core: Any, ids: list[str]) -> dict[str, str]:

@@ -82,6 +82,9 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         # What sharing did to it, in one line (session 48; as describe's Sharing section).
         assert "Sharing: running " in panel and "(1 suspension)" in panel, panel
         assert "packing: kept at 1.62x of time-slicing" in panel and "moves: none" in panel, panel
+        # Where it ran (session 49, the GPUs' history): GPU 0 of server a, held still.
+        assert "GPUs held: a/0 " in panel and "–now</div>" in panel, panel
+        assert [(p["server"], p["gpu"], p["end_at"]) for p in body["placements"]] == [("a", 0, None)], body
         # The job's id in the jobs table links to it.
         assert f'href="#job={job_id}"' in dom
         # GPU time by user over the last day (session 48), drawn from /api/usage: one user, one job.
