@@ -719,7 +719,11 @@ class Controller:
         # restored step (`sess.run(batch_var.assign(x), {x: batch(step)})`, then the
         # training run reads them) is its next step's input, not state to take back: a
         # restore again over it used to put back the previous step's batch (other weights).
-        staged = info.resets and not (info.loads_trainable or info.restores) and \
+        # So is state the program resets at the start of a step by running its initialiser
+        # again (a recurrent state zeroed at each new sequence, `sess.run(variables_initializer(
+        # [c, h]))` when `step % K == 0`): a restore again used to undo that reset.
+        reset = info.resets or (bool(info.init_ops) and info.init_ops <= self._initialised)
+        staged = reset and not (info.loads_trainable or info.restores) and \
             self._read_since_restore
         if (info.initializes or info.initializes_some or info.restores) and \
                 self._restored_into is adapter and not staged:

@@ -94,7 +94,9 @@ _RANDOM_OPS = _STATEFUL_INPUTS - {
     "ReaderReadUpTo", "ReaderReadUpToV2"}
 _CACHE_LIMIT = 512
 _LOADS = frozenset({"Assign", "AssignVariableOp"}) | _SCATTER_SETS
-_CHANGES_ANY = _CHANGES | _LOADS | _INCREMENTS
+# A sliced assignment (`c[0].assign(...)`, `w[:, 1].assign(...)`) changes part of a variable.
+_SLICE_SETS = frozenset({"StridedSliceAssign", "ResourceStridedSliceAssign"})
+_CHANGES_ANY = _CHANGES | _LOADS | _INCREMENTS | _SLICE_SETS
 # State the checkpoint holds that changes by other ops than assignments: a mutable lookup
 # table's inserts and removals (the table is the op's first input), and the draws of a
 # `tf.random.Generator`, which advance its state variable (the op's first input) as they read

@@ -134,7 +134,8 @@ def _past_the_switch(job: FeedJob, server: Any) -> None:
 
 
 def _at_each_switch(job: FeedJob, server: Any) -> None:
-    """unfreeze.py: cut exactly at the step its op changes (4: a wider `var_list`; 8: Adam)."""
+    """unfreeze.py: cut exactly at the step its op changes (4: a wider `var_list`; 8: Adam);
+    carried_state.py --reset-every 4: at its resets."""
     for step, move in ((4, job.migrate_warm), (8, job.migrate_naive)):
         ack = job.command(pb.COMMAND_KIND_SUSPEND)
         while ack.step < step:
@@ -275,6 +276,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
                                        "the ema_after kind (a run of its own after training)"),
     "own_counter": Kind("own_counter.py", _warm_naive(), ("--collection",),
                         covered_by="test_tfr_tf_session.py -k step_counter_of_the_programs_own"),
+    "rnn_reset": Kind("carried_state.py", _at_each_switch,
+                      ("--fetch", "variable", "--reset-every", "4", "--reset", "row"),
+                      covered_by="test_tfr_tf_session.py -k reset_at_the_top_of_the_loop"),
     step) per step; commands wait for the generator run (a checkpoint between them
     used to apply the discriminator's update twice after a restore), and the warm
     destination rehearses the discriminator run. gan_first: the discriminator run advances
@@ -369,7 +373,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     state machine in float32, int64, int32, bool and string variables (no fix needed);
     own_counter: no global step but an int64 counter of the program's own added to the
     GLOBAL_STEP collection, as the refusal of such a program now advises; all migrated warm
-    and naive."""
+    and naive. rnn_reset: a recurrent state in variables, its first row reset by sliced
+    assigns at the top of the loop every 4 steps, cut exactly there (the copy used to reset
+    twice), as unfreeze's journey cuts."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 

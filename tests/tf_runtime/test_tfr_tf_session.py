@@ -1406,6 +1406,57 @@ def test_the_programs_own_restore_after_initialising_never_shows_its_older_step(
         assert sess.run(gs) == 3
 
 
+@pytest.mark.parametrize("reset", ["init", "row"])
+def test_state_reset_at_the_top_of_the_loop_is_not_restored_over(reset: str,
+                                                                 tmp_path: Path) -> None:
+    """A recurrent state kept in variables the training run assigns, reset at the top of
+    the loop every 2 steps (a new sequence: `if step % 2 == 0 and step: sess.run(reset)`),
+    by its initializer run again (`variables_initializer([state])`) or by a sliced assign of
+    a row (`state[0].assign(state[0] * 0.5)`); `programs/carried_state.py --reset-every`.
+    Cut at step 2, before the reset: restarted, the copy reads step 2 and resets, but the
+    shim took the initializer for an overwrite of restored state and restored again over
+    it (the reset undone); the sliced assign was taken to change nothing, so the cut came
+    after it and the copy halved the row twice. Both ended with other weights."""
+    def build() -> tuple[Any, ...]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        state = tf.compat.v1.get_variable("state", initializer=tf.ones([2, 3]), trainable=False)
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        h = tf.tanh(state * w + 1.0)
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(h), global_step=gs)
+        with tf.control_dependencies([train]):
+            train = state.assign(h)
+        again = tf.compat.v1.variables_initializer([state]) if reset == "init" else \
+            state[0].assign(state[0] * 0.5)
+        return gs, w, train, again
+
+    def loop(sess: Any, gs: Any, train: Any, again: Any, until: int) -> None:
+        step = int(sess.run(gs))
+        while step < until:
+            if step % 2 == 0 and step:
+                sess.run(again)
+            sess.run(train)
+            step = int(sess.run(gs))
+
+    with tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, train, again = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        loop(sess, gs, train, again, 4)
+        expected = sess.run(w)
+    with shimmed() as source, tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, train, again = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        loop(sess, gs, train, again, 2)
+        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        loop(sess, gs, train, again, 3)
+    assert acks(source)[-1].ok and acks(source)[-1].step == 2
+    with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, train, again = build()
+        sess.run(tf.compat.v1.global_variables_initializer())  # the restore point
+        loop(sess, gs, train, again, 4)
+        np.testing.assert_array_equal(sess.run(w), expected)
+
+
 def test_a_batch_staged_in_variables_after_the_step_is_read_is_not_restored_over(
         tmp_path: Path) -> None:
     """`step = sess.run(gs); sess.run(batch_var.assign(x), {x: batch(step)});

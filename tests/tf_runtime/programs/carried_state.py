@@ -5,7 +5,10 @@ the global step it read, so the loop itself resumes; the carried state lives onl
 process. `--fetch tuple`: the state is an `LSTMStateTuple`-like pair fetched as a structure
 and fed back leaf by leaf, with the loss in a dict of fetches. `--fetch variable`: the way to
 make such a program migratable, the state kept in non-trainable variables that the training
-run assigns (so the checkpoint holds it), nothing fed back."""
+run assigns (so the checkpoint holds it), nothing fed back; with `--reset-every K` the state
+is zeroed at the top of the loop every K steps (a new sequence) by its initializer run again
+(`sess.run(variables_initializer([c, h]))`, `--reset init`) or by an assign of zeros to the
+first row's state only (`c[0].assign(...)`, a sliced assign, `--reset row`)."""
 
 import time
 
@@ -19,6 +22,8 @@ UNITS, BATCH = 5, 8
 
 def extra(p):
     p.add_argument("--fetch", choices=["array", "tuple", "variable"], default="array")
+    p.add_argument("--reset-every", type=int, default=0)
+    p.add_argument("--reset", choices=["init", "row"], default="init")
 
 
 args, gs, x, y = _base.start(extra)
@@ -45,8 +50,14 @@ if args.fetch == "variable":
 with v1.Session(config=_base.config()) as sess:
     sess.run(v1.global_variables_initializer())
     state = (np.zeros((BATCH, UNITS), np.float32), np.zeros((BATCH, UNITS), np.float32))
+    reset = None
+    if args.reset_every:
+        reset = v1.variables_initializer([c0, h0]) if args.reset == "init" else tf.group(
+            c0[0].assign(c0[0] * 0.0 + 0.1), h0[0].assign(h0[0] * 0.5))
     step = sess.run(gs)
     while step < args.steps:
+        if reset is not None and step % args.reset_every == 0 and step:
+            sess.run(reset)
         bx, by = _base.batch(step, BATCH)
         if args.fetch == "variable":
             sess.run(train, {x: bx, y: by})
