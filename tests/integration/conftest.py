@@ -3,6 +3,7 @@ SQLite database and `gandiva helper` daemons as separate processes."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -55,12 +56,25 @@ class Cluster:
         self.channel.close()
 
 
+def _with_env_rules(policy: PolicyConfig) -> PolicyConfig:
+    """GANDIVA_TEST_POLICY_OPTIONS="KEY=VALUE ..." (as `gandiva serve --policy-option`) turns
+    rules on in every cluster these fixtures make, over the test's own knobs: the live tests
+    of time-slicing, first turns and parks replayed with a rule measured for a default
+    (docs/simulator.md, "... the checks before a switch"). Unset: the test's config as written."""
+    import dataclasses
+
+    from scheduler.cli.serve import policy_options
+
+    options = os.environ.get("GANDIVA_TEST_POLICY_OPTIONS", "").split()
+    return dataclasses.replace(policy, **policy_options(options)) if options else policy
+
+
 def _cluster(make_scheduler, sqlite_url: str, tmp_path: Path, wait_for,  # type: ignore[no-untyped-def]
              policy: PolicyConfig | None = None, **extra: object) -> Iterator[Cluster]:
     sched = make_scheduler(
         sqlite_url,
         tick_s=0.2,
-        policy_config=policy or PolicyConfig(quantum_s=1.5),
+        policy_config=_with_env_rules(policy or PolicyConfig(quantum_s=1.5)),
         settings=Settings(heartbeat_interval_s=1.0, down_after_s=4.0),
         **extra,
     )
