@@ -950,7 +950,13 @@ class SchedulerCore:
                                    server=req.name)
             # A helper restarted at once after a crash (systemd's Restart=) is refused too,
             # until its old instance has been silent the heartbeat timeout: it used to be told
-            # only to rename itself (its jobs' checkpoints live under its name).
+            # only to rename itself (its jobs' checkpoints live under its name). Its tries count
+            # as the server heard from: the name comes free the very moment a round could call
+            # the server down, and that round used to come first, re-queueing the jobs before
+            # the registration could bring the exits its predecessor left (a finished job run
+            # again). The server still goes down then, by this registration replacing the old
+            # helper (tests/scheduler/api/test_helper_replaced.py -k outrun).
+            self._heard[req.name] = mono
             raise FailedPrecondition(
                 f"server name {req.name} is held by another live helper (instance {other[:8]}, heard from "
                 f"{mono - heard:.1f}s ago): two helpers were started with --server-name {req.name}; give this "

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import grpc
+import pytest
 
 from protos.gandiva.v1 import (
     common_pb2,
@@ -79,4 +80,51 @@ def test_a_helper_replaced_before_its_server_was_called_down_requeues_its_jobs_a
         channel.close()
     assert again.launch.job_id == job_id and again.launch.incarnation != launch.launch.incarnation
     assert any(r.startswith("its server a restarted its helper") for r in history), history
+    assert len(downs) == 1 and downs[0].startswith("its helper was replaced: instance old"), downs
+
+
+def test_a_helper_restarted_after_a_crash_is_not_outrun_by_its_server_called_down(
+    make_scheduler: Any, sqlite_url: str, wait_for: Any
+) -> None:
+    """A helper killed -9 (a crash) is started again at once (systemd's Restart=) with the
+    exit of a job that had just finished, kept on its disk: it is refused the name until the
+    old one has been silent the heartbeat timeout, and tries again meanwhile. Its tries now
+    count as the server heard from, so a round does not call the server down (re-queueing
+    the finished job) in the moment before its registration, with that exit, gets through:
+    the job is SUCCEEDED and launched once. Before, the round came first ("no heartbeat for
+    2s") and the job was placed again."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    channel = grpc.insecure_channel(sched.address)
+    helper, api = helper_pb2_grpc.HelperStub(channel), scheduler_pb2_grpc.SchedulerStub(channel)
+    gpus = [common_pb2.Gpu(index=0)]
+    helper.Register(helper_pb2.RegisterServerRequest(name="a", gpus=gpus, instance="old"))
+    stream = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="a"), timeout=30)
+    spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1, steps=1000)
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+    launch = next(c for c in stream if c.WhichOneof("body") == "launch")
+    helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="a", command_id=launch.command_id, ok=True))
+    pair = helper_pb2.JobIncarnation(job_id=job_id, incarnation=launch.launch.incarnation)
+    assert helper.Heartbeat(helper_pb2.HeartbeatRequest(name="a", instance="old", running=[pair])).known
+    wait_for(lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state == common_pb2.JOB_STATE_RUNNING, 10)
+    # The job ends, the old helper is killed before it could say so; the new one starts.
+    finished = helper_pb2.ProcessExitRequest(server="a", job_id=job_id, incarnation=launch.launch.incarnation,
+                                             exit_code=0, reason="finished")
+    new = helper_pb2.RegisterServerRequest(name="a", gpus=gpus, instance="new", exits=[finished])
+    silent_since = time.monotonic()
+    refusals = 0
+    while time.monotonic() - silent_since < SETTINGS.down_after_s - 0.3:  # tries while refused
+        with pytest.raises(grpc.RpcError) as refused:
+            helper.Register(new, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+        refusals += 1
+        time.sleep(0.5)  # (the helper's own back-off: up to 2 s, under the 10-s default timeout)
+    # Its next try comes a little after the name is free, as a round may look at the server.
+    time.sleep(max(0.0, silent_since + SETTINGS.down_after_s + 0.4 - time.monotonic()))
+    helper.Register(new, timeout=5)
+    job = api.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+    downs = [e.message for e in api.ListEvents(scheduler_pb2.ListEventsRequest(kinds=["server.down"])).events]
+    channel.close()
+    assert refusals >= 2
+    assert job.state == common_pb2.JOB_STATE_SUCCEEDED, [t.reason for t in job.history]
+    assert [t.to_state for t in job.history].count(common_pb2.JOB_STATE_RUNNING) == 1
     assert len(downs) == 1 and downs[0].startswith("its helper was replaced: instance old"), downs
