@@ -242,27 +242,22 @@ def report(session: Session, since: float, until: float, user: str | None, by_jo
     on_gpus: dict[tuple[str, int], list[tuple[float, float, str]]] = {}
     for first in range(0, len(jobs), CHUNK):
         chunk = jobs[first:first + CHUNK]
-        ids = [j.id for j in chunk]
-        changes: dict[str, list[tuple[str, str, float]]] = {}
-        for job_id, from_state, to_state, at in conn.execute(
-                select(Transition.job_id, Transition.from_state, Transition.to_state, Transition.at)
-                .where(Transition.job_id.in_(ids), Transition.at >= since)
-                .order_by(Transition.job_id, Transition.id)).all():  # fetched at once, not row by row
-            changes.setdefault(job_id, []).append((from_state, to_state, at))
+        changes = _running_on_gpus(conn, chunk, since, until, on_gpus)
         rows.extend(job_usage(j, changes.get(j.id, ()), since, until) for j in chunk)
-        held: dict[str, list[tuple[str, int, float, float]]] = {}
-        for job_id, server, gpu, start, end in conn.execute(
-                select(GpuHold.job_id, GpuHold.server_name, GpuHold.gpu_index, GpuHold.start_at, GpuHold.end_at)
-                .where(GpuHold.job_id.in_(ids), GpuHold.start_at < until,
-                       or_(GpuHold.end_at.is_(None), GpuHold.end_at > since))).all():
-            held.setdefault(job_id, []).append((server, gpu, start, until if end is None else end))
-        for j in chunk:
-            if j.id not in held:
-                continue
-            for a, b in running_stretches(j, changes.get(j.id, ()), since, until):
-                for server, gpu, start, end in held[j.id]:
-                    if max(a, start) < min(b, end):
-                        on_gpus.setdefault((server, gpu), []).append((max(a, start), min(b, end), j.id))
+    if user is not None and on_gpus:
+        # Another user's jobs running on the same GPUs at once share them too: left out with
+        # their rows, one user's report gave a GPU packed with another user's job wholly to
+        # hers (twice what everyone's report gave it).
+        mine, keys = {j.id for j in jobs}, set(on_gpus)
+        others = sorted({job_id for job_id, server, gpu in conn.execute(
+            select(GpuHold.job_id, GpuHold.server_name, GpuHold.gpu_index)
+            .where(GpuHold.server_name.in_({server for server, _ in keys}), GpuHold.start_at < until,
+                   or_(GpuHold.end_at.is_(None), GpuHold.end_at > since))).all()
+            if (server, gpu) in keys and job_id not in mine})
+        for first in range(0, len(others), CHUNK):
+            _running_on_gpus(conn, [JobFacts(*row) for row in conn.execute(
+                select(Job.id, Job.name, Job.user, Job.gpus, Job.state, Job.submitted_at, Job.started_at,
+                       Job.finished_at).where(Job.id.in_(others[first:first + CHUNK])))], since, until, on_gpus)
     shares, busy = shared_out(on_gpus)
     for row in rows:
         row.held_gpu_seconds = shares.get(row.job_id, 0.0)
@@ -272,6 +267,34 @@ def report(session: Session, since: float, until: float, user: str | None, by_jo
         got.busy_gpu_seconds = busy
         got.capacity_gpu_seconds, got.capacity_kept_since = capacity(conn, since, until)
     return got
+
+
+def _running_on_gpus(conn: Any, chunk: Sequence[JobFacts], since: float, until: float,
+                     on_gpus: dict[tuple[str, int], list[tuple[float, float, str]]],
+                     ) -> dict[str, list[tuple[str, str, float]]]:
+    """The ``chunk``'s state changes from ``since`` on (returned), and the stretches of [since,
+    until] each of its jobs ran on each GPU it held, added to ``on_gpus``."""
+    ids = [j.id for j in chunk]
+    changes: dict[str, list[tuple[str, str, float]]] = {}
+    for job_id, from_state, to_state, at in conn.execute(
+            select(Transition.job_id, Transition.from_state, Transition.to_state, Transition.at)
+            .where(Transition.job_id.in_(ids), Transition.at >= since)
+            .order_by(Transition.job_id, Transition.id)).all():  # fetched at once, not row by row
+        changes.setdefault(job_id, []).append((from_state, to_state, at))
+    held: dict[str, list[tuple[str, int, float, float]]] = {}
+    for job_id, server, gpu, start, end in conn.execute(
+            select(GpuHold.job_id, GpuHold.server_name, GpuHold.gpu_index, GpuHold.start_at, GpuHold.end_at)
+            .where(GpuHold.job_id.in_(ids), GpuHold.start_at < until,
+                   or_(GpuHold.end_at.is_(None), GpuHold.end_at > since))).all():
+        held.setdefault(job_id, []).append((server, gpu, start, until if end is None else end))
+    for j in chunk:
+        if j.id not in held:
+            continue
+        for a, b in running_stretches(j, changes.get(j.id, ()), since, until):
+            for server, gpu, start, end in held[j.id]:
+                if max(a, start) < min(b, end):
+                    on_gpus.setdefault((server, gpu), []).append((max(a, start), min(b, end), j.id))
+    return changes
 
 
 def capacity(conn: Any, since: float, until: float) -> tuple[float, float]:

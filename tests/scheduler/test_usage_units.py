@@ -118,3 +118,40 @@ def test_gpu_time_from_the_gpus_held_counts_a_grown_jobs_gpus_and_splits_a_packe
     # Time-sliced (one at a time) on one GPU: each its own stretches, nothing split.
     held, busy = shared_out({("a", 0): [(0.0, 5.0, "j-a"), (5.0, 9.0, "j-b"), (9.0, 10.0, "j-a")]})
     assert held == {"j-a": 6.0, "j-b": 4.0} and busy == 10.0
+
+
+async def test_one_users_report_splits_a_gpu_shared_with_another_users_job(sqlite_url: str) -> None:
+    """alice's job packed on one GPU with bob's for the whole period: everyone's report gives
+    her job half the GPU's time; her own (`--user alice`, and a user's token) gave it all, bob's
+    job being left out of the split with his rows."""
+    import time
+
+    from protos.gandiva.v1 import common_pb2, helper_pb2
+    from scheduler.core import SchedulerCore
+    from scheduler.observe import usage
+    from scheduler.state import migrate, repo
+    from scheduler.state.db import make_engine
+
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    start = time.time() + 10.0  # after the submissions' own state changes
+    try:
+        await core.register_server(helper_pb2.RegisterServerRequest(name="b", gpus=[common_pb2.Gpu(index=0)]))
+        ids = {}
+        for who in ("alice", "bob"):
+            ids[who] = (await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id
+            async with core.tx() as s:
+                j = await repo.get_job(s, ids[who])
+                j.user = who
+                await repo.place(s, j, [("b", 0)], "i", start, "placed")
+
+        async def read(user: str | None) -> dict[str, float]:
+            got = await core.read_sync(lambda s: usage.report(s, start, start + 100.0, user, True, 10))
+            return {row.job_id: row.held_gpu_seconds for row in got.jobs}
+
+        assert (await read(None))[ids["alice"]] == pytest.approx(50.0)
+        assert await read("alice") == {ids["alice"]: pytest.approx(50.0)}
+    finally:
+        await core.dispose()
+        await engine.dispose()
