@@ -935,6 +935,13 @@ class SchedulerCore:
         now, mono = self.clock(), self.monotonic()
         before = self._instances.get(req.name)
         if not self._claim_name(req.name, req.instance, mono):
+            # Its tries count as the server heard from (first of all: the event below needs the
+            # database): the name comes free the very moment a round could call the server
+            # down, and that round used to come first, re-queueing the jobs before the
+            # registration could bring the exits its predecessor left (a finished job run
+            # again). The server still goes down then, by this registration replacing the old
+            # helper (tests/scheduler/api/test_helper_replaced.py -k outrun).
+            self._heard[req.name] = mono
             other, heard = self._instances[req.name]
             free_in = self.settings.down_after_s - (mono - heard)
             if (req.name, req.instance) not in self._refused:  # once per helper: it retries
@@ -950,13 +957,7 @@ class SchedulerCore:
                                    server=req.name)
             # A helper restarted at once after a crash (systemd's Restart=) is refused too,
             # until its old instance has been silent the heartbeat timeout: it used to be told
-            # only to rename itself (its jobs' checkpoints live under its name). Its tries count
-            # as the server heard from: the name comes free the very moment a round could call
-            # the server down, and that round used to come first, re-queueing the jobs before
-            # the registration could bring the exits its predecessor left (a finished job run
-            # again). The server still goes down then, by this registration replacing the old
-            # helper (tests/scheduler/api/test_helper_replaced.py -k outrun).
-            self._heard[req.name] = mono
+            # only to rename itself (its jobs' checkpoints live under its name).
             raise FailedPrecondition(
                 f"server name {req.name} is held by another live helper (instance {other[:8]}, heard from "
                 f"{mono - heard:.1f}s ago): two helpers were started with --server-name {req.name}; give this "
