@@ -171,7 +171,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
                 elif kind == "ack":
                     msg.ack.message = clean_text(msg.ack.message)
                     msg.ack.checkpoint_path = clean_text(msg.ack.checkpoint_path)
-                    msg.ack.step = min(msg.ack.step, MAX_STEPS)  # it becomes the job's steps
+                    msg.ack.step = min(max(msg.ack.step, 0), MAX_STEPS)  # it becomes the job's steps
                     msg.ack.step_at = clean_number(msg.ack.step_at, 0.0)  # (its rate alone's time)
                     self.core.alone_rates.ack_arrived(conn.job_id, conn.incarnation, msg.ack.step, self.core.clock(),
                                                       msg.ack.step_at)

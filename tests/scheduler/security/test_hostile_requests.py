@@ -200,9 +200,10 @@ class _Helper:
     """One registered server whose helper acks every command and whose jobs' runtimes
     (FakeShim, as tf_runtime speaks) ack every suspend and resume."""
 
-    def __init__(self, channel: Any, name: str) -> None:
+    def __init__(self, channel: Any, name: str, shim: Any = None) -> None:
         from tests.scheduler.api.test_runtime_api import FakeShim
 
+        shim = shim or FakeShim
         self.stub = helper_pb2_grpc.HelperStub(channel)
         self.stub.Register(helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=i) for i in range(2)],
                                                             ramdisk=f"/ram/{name}"))
@@ -213,7 +214,7 @@ class _Helper:
             try:
                 for cmd in self.commands:
                     if cmd.WhichOneof("body") == "launch":
-                        self.shims.append(FakeShim(channel, cmd.launch.job_id, cmd.launch.incarnation))
+                        self.shims.append(shim(channel, cmd.launch.job_id, cmd.launch.incarnation))
                     self.stub.ReportCommandResult(helper_pb2.HelperCommandResult(
                         server=name, command_id=cmd.command_id, ok=True))
             except grpc.RpcError:
@@ -267,6 +268,32 @@ def test_fifty_clients_acting_on_one_job_leave_one_consistent_history(db_url: st
         assert [j.id for j in _all_jobs(stub)] == [job_id]
         (server,) = stub.ListServers(scheduler_pb2.ListServersRequest()).servers
         assert server.allocated == 0
+
+
+def test_a_runtimes_negative_ack_step_is_held_to_zero(channel: Any, wait_for: Any) -> None:
+    """An ack's step was held only to at most 2^53: a job's process acking its suspend with
+    -2^63 had its history read "operator suspend (step -9223372036854775808)"."""
+    from tests.scheduler.api.test_runtime_api import FakeShim
+
+    class Negative(FakeShim):
+        def _obey(self) -> None:
+            try:
+                for cmd in self.stream:
+                    self.out.put(runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(
+                        command_id=cmd.command_id, ok=True, step=-2**63)))
+            except grpc.RpcError:
+                pass
+
+    helper = _Helper(channel, "n1", shim=Negative)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+    wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state == common_pb2.JOB_STATE_RUNNING)
+    wait_for(lambda: helper.shims)
+    stub.SuspendJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=30)
+    job = stub.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+    helper.close()
+    assert job.state == common_pb2.JOB_STATE_SUSPENDED and job.steps == 0, job
+    assert "(step 0)" in job.history[-1].reason and "-9" not in job.history[-1].reason, job.history[-1].reason
 
 
 def _http(address: str, head: bytes) -> tuple[int, bytes]:
