@@ -54,31 +54,43 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     autoload.arm()
     sys.argv = list(args)
-    # What `python script.py` does: the script's directory comes first on the path,
-    # so the program's sibling modules import as they would without the shim. Not under
-    # `-P` / `-I` / PYTHONSAFEPATH, which put neither it nor the working directory there
-    # (sys.path[0] is then the standard library's, once overwritten here).
+    # What `python script.py` does: the script's directory comes first on the path (in
+    # the place of the working directory `-m tf_runtime.run` put there), so the program's
+    # sibling modules import as they would without the shim. Not under `-P` / `-I` /
+    # PYTHONSAFEPATH, which put neither there; a directory or zip application goes first
+    # whatever the flags, as python puts it.
+    path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
     directory_or_zip = pkgutil.get_importer(script) is not None
     if not getattr(sys.flags, "safe_path", False):
+        del sys.path[0]
         if not directory_or_zip:  # realpath: a symlinked script's siblings are its target's
-            sys.path[0] = os.path.dirname(os.path.realpath(script))
-        else:  # runpy puts it first itself, alone, as python does
-            del sys.path[0]
+            sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
     if directory_or_zip:
-        runpy.run_path(script, init_globals={"__builtins__": builtins}, run_name="__main__")
+        sys.path.insert(0, path)
+        _run_directory_or_zip()
     else:
-        _run_file(script)
+        _run_file(path)
     return 0
 
 
-def _run_file(script: str) -> None:
-    """Run a script file as python's own `__main__`: `__file__` absolute (joined to the working
-    directory, not normalised, as python 3.9+ makes it) while `sys.argv[0]` stays as given,
-    and `__builtins__` the builtins module. Under runpy.run_path `__file__` was the path as
+def _run_directory_or_zip() -> None:
+    """Run the `__main__.py` of the directory or zip first on sys.path as python does (its
+    `runpy._run_module_as_main("__main__", alter_argv=False)`): `__file__` absolute,
+    `sys.argv[0]` as given. runpy.run_path gave both as the path was given (relative: after
+    a chdir its files were not found, nor its modules)."""
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    getattr(runpy, "_run_module_as_main")("__main__", False)  # noqa: B009  (private, stable)
+
+
+def _run_file(path: str) -> None:
+    """Run a script file (`path` absolute: joined to the working directory, not normalised,
+    as python 3.9+ makes `__file__`) as python's own `__main__`, `sys.argv[0]` as given and
+    `__builtins__` the builtins module. Under runpy.run_path `__file__` was the path as
     given (a script that changes directory and then opens `os.path.dirname(__file__)`'s
     files looked in the new one) and `__builtins__` a dict (`__builtins__.xrange = range`
     failed with AttributeError)."""
-    path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
                          __loader__=importlib.machinery.SourceFileLoader("__main__", path))

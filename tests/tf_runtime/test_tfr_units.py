@@ -147,25 +147,26 @@ def test_launcher_refuses_an_incomplete_restore_checkpoint(tmp_path: Path) -> No
 def test_a_directory_or_zip_application_runs_as_python_runs_it(tmp_path: Path) -> None:
     """`python trainer/` (a directory with a __main__.py) or `python app.pyz` (a zipapp, as
     shiv or pex build): the helper starts `python -m tf_runtime.run trainer/`, which used to
-    refuse the directory ("no such script", exit 2) though python runs it. Now both run,
-    their own directory or zip first on sys.path and not the one above it, as under python."""
+    refuse the directory ("no such script", exit 2) though python runs it. Now both run as
+    under python: the directory or zip first on sys.path (not the one above it), absolute,
+    as is `__file__`, and `sys.argv[0]` as given."""
     import zipapp
 
     app = tmp_path / "trainer"
     app.mkdir()
     (app / "helper.py").write_text("X = 5\n")
     (app / "__main__.py").write_text(
-        "import sys, helper\nprint(helper.X, sys.argv[1:], sys.path[0] == sys.argv[0], "
+        "import os, sys, helper\nhere = os.path.join(os.getcwd(), sys.argv[0])\n"
+        "print(helper.X, sys.argv, sys.path[0] == here, __file__ == os.path.join(here, '__main__.py'), "
         f"{str(tmp_path)!r} in sys.path)\n")
     zipapp.create_archive(app, tmp_path / "app.pyz")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GANDIVA_")}
-    for target in (str(app), str(tmp_path / "app.pyz")):
-        plain = subprocess.run([sys.executable, target, "--x"], env=env, cwd=tmp_path / "trainer",
+    for target in ("trainer", "app.pyz"):
+        plain = subprocess.run([sys.executable, target, "--x"], env=env, cwd=tmp_path,
                                capture_output=True, text=True, timeout=60, check=False)
         shim = subprocess.run([sys.executable, "-m", "tf_runtime.run", target, "--x"], env=env,
-                              cwd=tmp_path / "trainer", capture_output=True, text=True, timeout=60,
-                              check=False)
-        assert (shim.returncode, shim.stdout) == (0, "5 ['--x'] True False\n") == (
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+        assert (shim.returncode, shim.stdout) == (0, f"5 [{target!r}, '--x'] True True False\n") == (
             plain.returncode, plain.stdout), (target, shim.stderr)
 
 
