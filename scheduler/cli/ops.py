@@ -526,9 +526,12 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     job = client.call("GetJob", scheduler_pb2.GetJobRequest(id=args.id))
     events = list_all(client, "ListEvents", scheduler_pb2.ListEventsRequest(job_id=job.id), "events")
     migrations = [e for e in events if MIGRATION_MARK in e.kind or MIGRATION_MARK in e.message]
+    held = _gpus_held(client, job)
     if args.output == "json":
         output.print_json(dict(job_to_dict(job), events=[event_to_dict(e) for e in events],
-                               migrations=[event_to_dict(e) for e in migrations], sharing=sharing.sharing(job, events)))
+                               migrations=[event_to_dict(e) for e in migrations], sharing=sharing.sharing(job, events),
+                               gpus_held=[{"server": p.server, "gpu": p.gpu, "start_at": p.start_at,
+                                           "end_at": p.end_at or None} for p in held]))
         return EXIT_OK
     spec = job.spec
     since = job.history[-1].at if job.history else job.submitted_at
@@ -567,6 +570,9 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         ("Params", _pairs(spec.params)), ("Env", _pairs(spec.env)),
     ], indent=2)
     print(f"Placement: {output.placement(job.placement)}")
+    if held:  # where it ran, from the GPUs' history (since session 49)
+        print("GPUs held: " + ", ".join(f"{output.visible(p.server)}/{p.gpu} {output.clock(p.start_at)}-"
+                                        f"{output.clock(p.end_at) if p.end_at else 'now'}" for p in held))
     print(f"Metrics: {_pairs(job.metrics) if job.metrics else '-'}")
     summary = sharing.sharing(job, events)
     if summary["state_changes"]:  # none left: its events were pruned (gandiva db prune)
@@ -583,6 +589,16 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     _section(f"Events (last {DESCRIBE_EVENTS})", EVENT_HEADERS,
              [event_row(e) for e in events[-DESCRIBE_EVENTS:]])
     return EXIT_OK
+
+
+def _gpus_held(client: Client, job: common_pb2.Job) -> list[scheduler_pb2.PlacementSpan]:
+    """Each GPU the job held and when (ListPlacements); none from a scheduler older than
+    session 49, which does not know the call (describe says the rest)."""
+    try:
+        return list(client.call("ListPlacements", scheduler_pb2.ListPlacementsRequest(
+            since=max(job.submitted_at, 1.0), job_id=job.id)).placements)
+    except CliError:
+        return []
 
 
 def _history(job: common_pb2.Job, events: list[common_pb2.Event]) -> list[list[Any]]:

@@ -102,7 +102,13 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         # `gandiva describe job` sums up what sharing did to it (session 48), from the same events.
         capsys.readouterr()
         assert gandiva_main.main(["describe", "job", job_id, "--scheduler", sched.address, "-o", "json"]) == 0
-        shared = json.loads(capsys.readouterr().out)["sharing"]
+        described = json.loads(capsys.readouterr().out)
+        shared = described["sharing"]
+        # Where it ran (session 49): GPU 0 of a, from its placement to its kill.
+        assert [(p["server"], p["gpu"]) for p in described["gpus_held"]] == [("a", 0)], described["gpus_held"]
+        assert described["gpus_held"][0]["end_at"] == pytest.approx(killed_at, abs=1)
+        assert gandiva_main.main(["describe", "job", job_id, "--scheduler", sched.address]) == 0
+        assert "\nGPUs held: a/0 " in capsys.readouterr().out
         assert (shared["time_slices"], shared["rates_before_switch"]) == (1, [4.5]), shared
         assert [(t["verdict"], t["gain"]) for t in shared["packing_trials"]] == [("kept", 1.62)], shared
     finally:
