@@ -54,6 +54,10 @@ def register(subparsers: Any) -> None:
     helper.add_argument("--http-listen", default="", metavar="HOST:PORT",
                         help="serve Prometheus /metrics (GPU utilization and memory, jobs) here; "
                         "port 0 picks a free one (off by default)")
+    helper.add_argument("--http-allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer /metrics requests that come through a loopback address "
+                        "naming this host (repeatable; a proxy on this machine passing its users' "
+                        "Host). Others get 421, against DNS rebinding")
     helper.add_argument("--host-memory", default=None, metavar="SIZE",
                         help="host memory this server's jobs may hold together, running and "
                         "suspended (a suspended job keeps its process), e.g. 64GiB, 512MiB or "
@@ -155,7 +159,7 @@ def run_helper(args: argparse.Namespace) -> int:
     from scheduler.cli.serve import run_loop
 
     try:
-        run_loop(_serve(config, args.http_listen))
+        run_loop(_serve(config, args.http_listen, tuple(args.http_allow_host)))
     except (SecurityError, OSError, ValueError) as exc:
         print(f"gandiva helper: {exc}", file=sys.stderr)
         return 2
@@ -194,13 +198,13 @@ def _gib_to_bytes(gib: float) -> int:
     return int(gib * (1 << 30))
 
 
-async def _serve(config: HelperConfig, http_listen: str = "") -> None:
+async def _serve(config: HelperConfig, http_listen: str = "", allow_hosts: tuple[str, ...] = ()) -> None:
     from migration_helper.daemon import HelperDaemon
     from migration_helper.metrics import HelperMetrics
     from scheduler.observe.http import HttpServer
 
     daemon = HelperDaemon(config)
-    http = HttpServer(http_listen, HelperMetrics(daemon).routes()) if http_listen else None
+    http = HttpServer(http_listen, HelperMetrics(daemon).routes(), allow_hosts=allow_hosts) if http_listen else None
     await daemon.start()
     if http is not None:
         print(f"helper {config.server_name} metrics on http://{await http.start()}/metrics", flush=True)

@@ -83,6 +83,9 @@ class SchedulerServer:
     # HOST:PORT for /metrics and the dashboard ("" = off); http_address once bound.
     http_listen: str = ""
     http_address: str = ""
+    # Host names the dashboard answers through loopback besides this machine's own
+    # (--http-allow-host: a proxy on this machine that passes its users' Host).
+    http_allow_hosts: tuple[str, ...] = ()
     # More addresses to serve on, e.g. unix:/run/gandiva.sock for operator tools on the
     # scheduler's own host, whatever its network does.
     also_listen: tuple[str, ...] = ()
@@ -281,7 +284,8 @@ class SchedulerServer:
         if separate:
             metrics.watch_engine(self.core.read_engine, "read")
         guard = operator_guard(authenticator) if authenticator is not None else None
-        self.http = HttpServer(self.http_listen, routes(self.core, metrics, self.engine), guard, PUBLIC_PAGES)
+        self.http = HttpServer(self.http_listen, routes(self.core, metrics, self.engine), guard, PUBLIC_PAGES,
+                               allow_hosts=self.http_allow_hosts)
         return [RpcMetricsInterceptor(metrics)]
 
     async def _read_back_decisions(self) -> None:

@@ -14,10 +14,11 @@ import fcntl
 import ipaddress
 import json
 import logging
+import re
 import socket
 import struct
 import termios
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -77,12 +78,14 @@ class HttpServer:
     ``guard``, every route but those in ``public`` passes it first."""
 
     def __init__(self, listen: str, routes: Mapping[str, Handler], guard: Guard | None = None,
-                 public: frozenset[str] = frozenset()) -> None:
+                 public: frozenset[str] = frozenset(), allow_hosts: Iterable[str] = ()) -> None:
         self.host, self.port = split_listen(listen)
         # Only this machine reaches a loopback address, so only this machine's names may be
-        # asked for there (``host_allowed``), whatever address the server listens on.
+        # asked for there (``host_allowed``), whatever address the server listens on; and the
+        # names the operator allows (--http-allow-host: a proxy on this machine that passes the
+        # name its users asked for, nginx's `proxy_set_header Host $host`).
         self.loopback = _is_loopback(self.host)
-        self.own_names = local_names()
+        self.own_names = local_names() | allowed_host_names(allow_hosts)
         self.routes = dict(routes)
         self.guard = guard
         self.public = public
@@ -184,7 +187,8 @@ class HttpServer:
                                      f"reaches, and names host {value[:100]!r} (a web page that had its own name "
                                      "resolve here: DNS rebinding?): ask for localhost, this machine's name or an "
                                      "address (a proxy in front of it: pass Host as it connects, e.g. nginx "
-                                     "proxy_set_header Host $proxy_host)\n".encode())
+                                     "proxy_set_header Host $proxy_host, or start this server with "
+                                     "--http-allow-host NAME for the name it passes)\n".encode())
         return None
 
     async def _respond(self, method: str, target: str, token: str = "") -> Response:
@@ -251,6 +255,24 @@ def local_names(hosts: str = "/etc/hosts") -> frozenset[str]:
             address, *aliases = line.partition("#")[0].split() or [""]
             if aliases and _is_loopback(address):
                 names.update(a.lower().rstrip(".") for a in aliases)
+    return frozenset(names)
+
+
+# A name --http-allow-host takes: a DNS host name (labels of letters, digits and '-'), no
+# port, no address (addresses are always answered) and no wildcard.
+_HOST_NAME = re.compile(r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*")
+
+
+def allowed_host_names(values: Iterable[str]) -> frozenset[str]:
+    """The names of ``--http-allow-host`` (lower case, without a trailing dot); ValueError
+    naming the first that is not a host name."""
+    names = set()
+    for value in values:
+        name = value.strip().lower().rstrip(".")
+        if not _HOST_NAME.fullmatch(name):
+            raise ValueError(f"--http-allow-host {value[:100]!r}: not a host name; give the name a proxy "
+                             "passes in Host, without a port (e.g. gandiva.example.org)")
+        names.add(name)
     return frozenset(names)
 
 

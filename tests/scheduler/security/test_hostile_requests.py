@@ -367,6 +367,28 @@ def test_a_dashboard_on_every_address_is_not_read_by_a_rebinding_page_through_lo
         True, True, False, False]
 
 
+def test_a_proxy_that_passes_its_users_host_is_answered_once_the_operator_allows_that_name(
+        make_scheduler: Any, sqlite_url: str) -> None:
+    """nginx on the scheduler's machine with `proxy_set_header Host $host` (a common config)
+    was refused 421 by the rebinding guard with no way to allow it but changing the proxy:
+    `gandiva scheduler --http-allow-host NAME` answers that name, and only it."""
+    from scheduler.observe.http import allowed_host_names
+
+    sched = make_scheduler(sqlite_url, tick_s=0.5, http_listen="127.0.0.1:0",
+                           http_allow_hosts=("Gandiva.Example.org.",))
+    port = sched.server.http_address.rsplit(":", 1)[1]
+    for host, status in [("gandiva.example.org", 200), ("gandiva.example.org:443", 200),
+                         ("x.gandiva.example.org", 421), ("rebind.example", 421)]:
+        got, body = _http(f"127.0.0.1:{port}", f"GET /api/state HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert got == status, (host, got, body[:200])
+    for bad in ("*.example.org", "proxy:443", "a b", "", "x" * 300):
+        with pytest.raises(ValueError, match="--http-allow-host .*not a host name"):
+            allowed_host_names([bad])
+    # The 421 says the way out.
+    got, body = _http(f"127.0.0.1:{port}", b"GET / HTTP/1.1\r\nHost: rebind.example\r\n\r\n")
+    assert got == 421 and b"--http-allow-host" in body, body[:300]
+
+
 def test_the_dashboard_lists_the_head_of_a_long_queue_and_counts_the_rest(make_scheduler: Any, sqlite_url: str,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """/api/state carried every queued job: with 20,000 queued it was 8 MB, built in 2.7-8 s on
