@@ -178,6 +178,12 @@ def program_stack(frame: Any, limit: int = 8) -> tuple[tuple[tuple[int, Any], in
     return tuple(out)
 
 
+def _unsaved_variables(adapter: SessionAdapter) -> tuple[str, ...]:
+    """The variables in no collection the adapter's training runs update (a TF session's)."""
+    found: tuple[str, ...] = getattr(adapter, "unsaved_variables", tuple)()
+    return found
+
+
 def _no_global_step(counters: tuple[str, ...]) -> str:
     """Why a graph without a global step is not migratable, naming the step counter of the
     program's own its training run increments, if any (`minimize(global_step=iterations)`):
@@ -1275,6 +1281,14 @@ class Controller:
             self._judge(False, self._second_model)
         elif not adapter.has_global_step():
             self._judge(False, _no_global_step(getattr(adapter, "step_counters", tuple)()))
+        elif unsaved := _unsaved_variables(adapter):
+            name = unsaved[0].split(":")[0]
+            self._judge(False, f"its training run updates {name!r}, a variable in no collection "
+                               "of the graph (tf.Variable(..., collections=[])), which no "
+                               "checkpoint holds: a restarted copy would start it from its "
+                               "initial value and train on to other weights; create it in a "
+                               "collection (tf.Variable's and get_variable's default, or "
+                               "LOCAL_VARIABLES) to make the job migratable")
         elif self._stateful_input:
             self._judge(False, f"its training run reads {self._stateful_input}: input whose "
                                "position is not in any checkpoint (a tf.data iterator, an "

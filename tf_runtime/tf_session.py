@@ -508,6 +508,7 @@ class TFSessionAdapter:
         # Integer scalar variables other than the global step that training runs increment
         # (a program's own step counter: `minimize(global_step=iterations)`), by name.
         self._counters: dict[str, None] = {}
+        self._unsaved: dict[str, None] = {}  # variables in no collection training updates
 
     # -- classification ---------------------------------------------------------------
     def classify(self, fetches: Any) -> RunInfo:
@@ -582,6 +583,7 @@ class TFSessionAdapter:
         training = inside.training
         if training:
             self._note_counters(reached)
+            self._note_unsaved(reached)
         initializes = bool(self._init_ops) and self._init_ops is not None and self._init_ops <= reached
         # A run that is not training but loads a variable the checkpoint holds: a layer
         # loaded from NumPy (`sess.run(w.assign(array))`) after the restore point. Not an
@@ -665,6 +667,21 @@ class TFSessionAdapter:
                 if target in self._state_ops and target is not self._gs_op and \
                         target not in self._trainable_ops:
                     self._counters[target.name] = None
+
+    def _note_unsaved(self, reached: set[Any]) -> None:
+        """Remember the variables a training run updates that are in no collection of the
+        graph (`tf.Variable(0.0, collections=[])`): the checkpoint, made of the collections'
+        variables, cannot hold them."""
+        for op in reached:
+            if op.inputs and (op.type in _CHANGES_ANY or op.type in _GENERATOR_DRAWS or
+                              op.type.startswith(_TRAIN_PREFIXES)):
+                target = through(op.inputs[0].op)
+                if target.type in _VARIABLE_OPS and target not in self._state_ops:
+                    self._unsaved[target.name] = None
+
+    def unsaved_variables(self) -> tuple[str, ...]:
+        """The variables in no collection that training runs update (names)."""
+        return tuple(self._unsaved)
 
     def step_counters(self) -> tuple[str, ...]:
         """The step counters of the program's own that its training runs increment (names)."""
