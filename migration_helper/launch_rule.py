@@ -95,6 +95,16 @@ def _split_options(args: list[str]) -> tuple[list[str], list[str]]:
     return opts, args[i:]
 
 
+def _same_version(program: str) -> bool:
+    """Whether a bare `python`, `python3` or `python3.11` names the helper's own version: one
+    that names another (`python3.9`) used to be run by the helper's interpreter all the same,
+    silently; it is now looked up on PATH as given (and runs without the shim if it lacks
+    tf_runtime, as behind a wrapper)."""
+    version = _PYTHON.match(os.path.basename(program))
+    wanted = version.group(1) if version else None
+    return not wanted or [int(p) for p in wanted.split(".")] == list(sys.version_info[:wanted.count(".") + 1])
+
+
 def shim_command(command: Sequence[str], interpreter: str = sys.executable) -> list[str]:
     """The argv to start for a job's command (see the module docstring)."""
     if not command:
@@ -102,7 +112,7 @@ def shim_command(command: Sequence[str], interpreter: str = sys.executable) -> l
     program = command[0]
     if not is_python(program):
         return list(command)
-    python = interpreter if os.sep not in program else program
+    python = interpreter if os.sep not in program and _same_version(program) else program
     opts, rest = _split_options(list(command[1:]))
     if rest[:2] == ["-m", "tf_runtime.run"]:  # already wrapped by the user
         rest = rest[2:]

@@ -1,7 +1,9 @@
 """`python -m tf_runtime.run train.py ARGS...`: run a training script under the shim.
 
-The script runs as `__main__` (runpy), exactly as `python train.py ARGS` would,
-after the shim is set up from the helper's environment (tf_runtime.runtime). The
+The script runs as `__main__` exactly as `python train.py ARGS` would (a file, or a
+directory or zip application; sys.path, `__file__`, `sys.argv` and `__builtins__` as python
+makes them), the shim started from the helper's environment when it imports TensorFlow
+(tf_runtime.autoload). The
 exit status is the program's own, or tf_runtime.EXIT_MIGRATED (75) after a
 stop-for-migration, tf_runtime.EXIT_KILLED (143) after a kill.
 """

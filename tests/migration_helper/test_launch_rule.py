@@ -10,10 +10,16 @@ import pytest
 
 from migration_helper.launch_rule import isolated_launch, job_environment, shim_command
 
+OURS = f"python{sys.version_info[0]}.{sys.version_info[1]}"  # the helper's own version
+OTHER = f"python{sys.version_info[0]}.{sys.version_info[1] - 2}"
+
 
 @pytest.mark.parametrize(("command", "expected"), [
     (["python", "train.py", "--lr", "0.1"], ["/py", "-m", "tf_runtime.run", "train.py", "--lr", "0.1"]),
-    (["python3.11", "-u", "-W", "ignore", "t.py"], ["/py", "-u", "-W", "ignore", "-m", "tf_runtime.run", "t.py"]),
+    ([OURS, "-u", "-W", "ignore", "t.py"], ["/py", "-u", "-W", "ignore", "-m", "tf_runtime.run", "t.py"]),
+    # Another version than the helper's is the one on PATH, not the helper's (it used to be).
+    ([OTHER, "t.py"], [OTHER, "-m", "tf_runtime.run", "t.py"]),
+    (["python2", "t.py"], ["python2", "-m", "tf_runtime.run", "t.py"]),
     (["/opt/env/bin/python", "t.py"], ["/opt/env/bin/python", "-m", "tf_runtime.run", "t.py"]),
     (["python", "-m", "tf_runtime.run", "t.py"], ["/py", "-m", "tf_runtime.run", "t.py"]),
     (["bash", "run.sh"], ["bash", "run.sh"]),
