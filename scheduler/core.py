@@ -927,13 +927,24 @@ class SchedulerCore:
         self._instances[name] = (instance, now)
         return True
 
+    def _restore_name(self, name: str, holder: tuple[str, float] | None, heard: float | None) -> None:
+        """Undo a registration's claim of `name` and its being heard (it was refused)."""
+        if holder is None:
+            self._instances.pop(name, None)
+        else:
+            self._instances[name] = holder
+        if heard is None:
+            self._heard.pop(name, None)
+        else:
+            self._heard[name] = heard
+
     async def register_server(self, req: helper_pb2.RegisterServerRequest) -> None:
         if not req.name:
             raise InvalidArgument("name", "a server name is required")
         if not req.gpus:
             raise InvalidArgument("gpus", f"server {req.name} reported no GPUs")
         now, mono = self.clock(), self.monotonic()
-        before = self._instances.get(req.name)
+        before, heard_before = self._instances.get(req.name), self._heard.get(req.name)
         if not self._claim_name(req.name, req.instance, mono):
             # Its tries count as the server heard from (first of all: the event below needs the
             # database): the name comes free the very moment a round could call the server
@@ -1016,6 +1027,12 @@ class SchedulerCore:
             # sent to that address carry a ticket for the wrong server, refused there.
             holder = await repo.server_at(s, req.address) if req.address else None
             if holder is not None and holder.name != req.name and holder.up:
+                # Refused for good (until that server goes): neither heard from nor the name's
+                # holder. Its tries used to count as the server heard from, so a server whose
+                # new helper came with another's address (a copied config) never went down:
+                # its jobs RUNNING there, processless, for good (tests/scheduler/api/
+                # test_helper_replaced.py -k another_servers).
+                self._restore_name(req.name, before, heard_before)
                 raise FailedPrecondition(
                     f"agent address {req.address} is that of server {holder.name}, which is up: two helpers "
                     f"cannot share one (checkpoints for one would go to the other); give this one its own "

@@ -83,6 +83,21 @@ def test_a_helper_replaced_before_its_server_was_called_down_requeues_its_jobs_a
     assert len(downs) == 1 and downs[0].startswith("its helper was replaced: instance old"), downs
 
 
+def _running_on_a(helper: Any, api: Any, wait_for: Any, gpus: list[common_pb2.Gpu], address: str = "") -> Any:
+    """(job id, its launch command): a job RUNNING on server a, whose helper (instance
+    "old") registered and said it runs it."""
+    helper.Register(helper_pb2.RegisterServerRequest(name="a", gpus=gpus, instance="old", address=address))
+    stream = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="a"), timeout=30)
+    spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1, steps=1000)
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+    launch = next(c for c in stream if c.WhichOneof("body") == "launch")
+    helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="a", command_id=launch.command_id, ok=True))
+    pair = helper_pb2.JobIncarnation(job_id=job_id, incarnation=launch.launch.incarnation)
+    assert helper.Heartbeat(helper_pb2.HeartbeatRequest(name="a", instance="old", running=[pair])).known
+    wait_for(lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state == common_pb2.JOB_STATE_RUNNING, 10)
+    return job_id, launch
+
+
 def test_a_helper_restarted_after_a_crash_is_not_outrun_by_its_server_called_down(
     make_scheduler: Any, sqlite_url: str, wait_for: Any
 ) -> None:
@@ -97,15 +112,7 @@ def test_a_helper_restarted_after_a_crash_is_not_outrun_by_its_server_called_dow
     channel = grpc.insecure_channel(sched.address)
     helper, api = helper_pb2_grpc.HelperStub(channel), scheduler_pb2_grpc.SchedulerStub(channel)
     gpus = [common_pb2.Gpu(index=0)]
-    helper.Register(helper_pb2.RegisterServerRequest(name="a", gpus=gpus, instance="old"))
-    stream = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="a"), timeout=30)
-    spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1, steps=1000)
-    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
-    launch = next(c for c in stream if c.WhichOneof("body") == "launch")
-    helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="a", command_id=launch.command_id, ok=True))
-    pair = helper_pb2.JobIncarnation(job_id=job_id, incarnation=launch.launch.incarnation)
-    assert helper.Heartbeat(helper_pb2.HeartbeatRequest(name="a", instance="old", running=[pair])).known
-    wait_for(lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state == common_pb2.JOB_STATE_RUNNING, 10)
+    job_id, launch = _running_on_a(helper, api, wait_for, gpus)
     # The job ends, the old helper is killed before it could say so; the new one starts.
     finished = helper_pb2.ProcessExitRequest(server="a", job_id=job_id, incarnation=launch.launch.incarnation,
                                              exit_code=0, reason="finished")
@@ -128,3 +135,43 @@ def test_a_helper_restarted_after_a_crash_is_not_outrun_by_its_server_called_dow
     assert job.state == common_pb2.JOB_STATE_SUCCEEDED, [t.reason for t in job.history]
     assert [t.to_state for t in job.history].count(common_pb2.JOB_STATE_RUNNING) == 1
     assert len(downs) == 1 and downs[0].startswith("its helper was replaced: instance old"), downs
+
+
+def test_a_helper_refused_for_another_servers_address_does_not_keep_its_server_up(
+    make_scheduler: Any, sqlite_url: str, wait_for: Any
+) -> None:
+    """Host a's helper dies; a new one for a is started with b's agent address (a copied
+    config) and is refused at every try, b being up. Its tries counted as a heard from, so
+    a never went down: its job stayed RUNNING there, processless, for good. Now only a
+    registration that goes through (or one refused for a name still held) counts: a goes
+    down the heartbeat timeout after its old helper's last heartbeat, its job re-queued."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    channel = grpc.insecure_channel(sched.address)
+    helper, api = helper_pb2_grpc.HelperStub(channel), scheduler_pb2_grpc.SchedulerStub(channel)
+    gpus = [common_pb2.Gpu(index=0)]
+    job_id, _ = _running_on_a(helper, api, wait_for, gpus, address="ha:7000")
+    helper.Register(helper_pb2.RegisterServerRequest(name="b", gpus=gpus, instance="b", address="hb:7000"))
+    stop = threading.Event()
+
+    def beat_b() -> None:  # b stays up (its address stays taken)
+        while not stop.wait(0.2):
+            try:
+                helper.Heartbeat(helper_pb2.HeartbeatRequest(name="b", instance="b"), timeout=5)
+            except grpc.RpcError:
+                return
+    threading.Thread(target=beat_b, daemon=True).start()
+    new = helper_pb2.RegisterServerRequest(name="a", gpus=gpus, instance="new", address="hb:7000")
+    silent_since = time.monotonic()
+    try:
+        while time.monotonic() - silent_since < SETTINGS.down_after_s + 2.0:
+            with pytest.raises(grpc.RpcError) as refused:
+                helper.Register(new, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+            time.sleep(0.3)
+        servers = {s.name: s.up for s in api.ListServers(scheduler_pb2.ListServersRequest()).servers}
+        history = [t.reason for t in api.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).history]
+    finally:
+        stop.set()
+        channel.close()
+    assert servers == {"a": False, "b": True}, (servers, history)
+    assert any("its server a" in why for why in history), history
