@@ -228,6 +228,7 @@ class HelperDaemon:
             incarnation=proc.incarnation,
             exit_code=code,
             reason=exit_reason(code, proc.stopped),
+            steps=proc.last_step,  # its runtime's own count: its last reports may not have arrived
         )
         path = self._undelivered.keep(message)
         if path is not None:

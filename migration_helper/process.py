@@ -44,6 +44,12 @@ STATUS_EVENTS = frozenset({"session_ready", "warm_ready", "restored", "first_ste
 # the job is the user's own program, and one writing event lines as fast as it could held the
 # helper's event loop (its heartbeats, every job's commands) and grew its memory without end.
 STATUS_RATE, STATUS_BURST, STATUS_KEPT = 20, 200, 1000
+# How long an exit waits for the rest of its status pipe (the runtime's last_step, written
+# at its program's end) once the process and what it left running are gone.
+STATUS_DRAIN_S = 1.0
+# The most a last_step may say and still fit the exit report's int64 (the scheduler holds
+# it to what a job's steps may be, as it does a progress report's).
+MAX_LAST_STEP = 2**63 - 1
 
 
 def exit_reason(code: int, stopped: bool) -> str:
@@ -193,6 +199,11 @@ class JobProcess:
     # The status its trainer's shim exited with on Gandiva's command, reported as the
     # launch's once the helper has ended the wrappers it stopped (tf_runtime.launch).
     ended_with: int | None = None
+    # The mini-batches its runtime said it had done at its program's end (the largest
+    # last_step status event of the launch: `python train.py; python eval.py` writes two),
+    # sent with its exit; 0: not said (an older shim, a process that died).
+    last_step: int = 0
+    _reader: asyncio.Task[None] | None = None
 
     async def start(self, on_exit: Callable[[JobProcess], None]) -> None:
         """Spawn the process; ``on_exit`` is called once when it ends."""
@@ -241,7 +252,8 @@ class JobProcess:
         log.info("job %s/%s started: pid %d%s", self.job_id, self.incarnation, self.pid,
                  " (warm)" if self.warm else "")
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._read_status(status_r)))
+        self._reader = loop.create_task(self._read_status(status_r))
+        self._tasks.append(self._reader)
         self._tasks.append(loop.create_task(self._wait_exit(on_exit)))
 
     def _end_line(self, reason: str) -> bytes:
@@ -258,10 +270,18 @@ class JobProcess:
         )
         pace, unreadable = Pace(STATUS_RATE, STATUS_BURST), 0
         try:
+            left = STATUS_BURST  # lines looked at once it has exited, past the burst
             async for line in reader:
                 self.status_lines += 1
                 if self.exit_code is not None and self.status_lines > STATUS_BURST:
-                    break  # it has exited, after more lines than a shim writes: not worth the wait
+                    # It has exited, after more lines than a shim writes: not worth the wait,
+                    # but for its last_step among what it left in the pipe (a long job's
+                    # checkpoint lines passed the burst long ago).
+                    self._last_step_in(line)
+                    left -= 1
+                    if left <= 0:
+                        break
+                    continue
                 await pace.take()
                 try:
                     event = json.loads(line)
@@ -269,6 +289,9 @@ class JobProcess:
                     unreadable += 1
                     if unreadable == 1:  # once: a job can write such lines without end
                         log.warning("job %s: unreadable status line %r", self.job_id, line[:200])
+                    continue
+                if isinstance(event, dict) and event.get("event") == "last_step":
+                    self._last_step_in(line)
                     continue
                 if not isinstance(event, dict) or event.get("event") not in STATUS_EVENTS:
                     continue  # one the helper does not wait for (a checkpoint's): nothing to keep
@@ -286,6 +309,19 @@ class JobProcess:
                 self._notify()
         finally:
             transport.close()
+
+    def _last_step_in(self, line: bytes) -> None:
+        """The count of a last_step status line (its runtime's at its program's end), kept
+        when larger than one said before; any other line is no count."""
+        if b"last_step" not in line:
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        steps = event.get("steps") if isinstance(event, dict) and event.get("event") == "last_step" else None
+        if type(steps) is int and 0 <= steps <= MAX_LAST_STEP:
+            self.last_step = max(self.last_step, steps)
 
     async def _end_launch(self, event: dict[str, Any]) -> None:
         """The trainer's shim exits on Gandiva's command (a stop for migration, a park, a
@@ -347,6 +383,11 @@ class JobProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         forget_launch(self.launch_id)  # the mark its trainer left (tf_runtime.launch)
+        # The pipe's last lines (the runtime's last_step, written as its program ended) are
+        # read before the exit is told: its end comes once nothing of the launch holds it.
+        if self._reader is not None and not self._reader.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._reader), STATUS_DRAIN_S)
         # The log says where this process's output ends (`gandiva logs --local -f` stops
         # there), before anyone is told of the exit: whoever reads on then has it all.
         try:

@@ -1359,27 +1359,31 @@ class SchedulerCore:
             await repo.requeue(s, job, now, f"{KILLED} (out of memory?), not by Gandiva: it {where} "
                                f"(restart {restarts + 1} of {KILLED_RESTARTS}; then it fails)")
         elif req.exit_code == 0 and state is not JobState.SUSPENDED:
-            await repo.finish(s, job, JobState.SUCCEEDED, now, self._finished(job, req.reason or "finished"))
+            await repo.finish(s, job, JobState.SUCCEEDED, now,
+                              self._finished(job, req.reason or "finished", req.steps))
         else:
             why = req.reason or f"exited with status {req.exit_code}"
             if sigkill:
                 why += f" (out of memory?), not by Gandiva, {KILLED_RESTARTS + 1} times"
             if state is JobState.SUSPENDED and req.exit_code == 0:
                 why = "its process exited while suspended"
+            job.steps = max(job.steps, self.steps_seen(job.id, job.incarnation), req.steps)
             await repo.finish(s, job, JobState.FAILED, now, why)
 
     def steps_seen(self, job_id: str, incarnation: str) -> int:
         """The highest step that launch of the job reported (0: none)."""
         return self._steps_seen.get((job_id, incarnation), 0)
 
-    def _finished(self, job: Job, reason: str) -> str:
+    def _finished(self, job: Job, reason: str, exit_steps: int = 0) -> str:
         """The reason of a job whose program exited 0: with the step it reported last when
         that is short of the total it was submitted with (--steps) or its program announced
         (a loop that ended early, a caught exception, a data set smaller than thought):
         it used to read "finished" like a job that ran every mini-batch."""
         # Its last reports, written or not (those of a migration's destination that ended
-        # before the migration's end was recorded were not).
-        reached = max(job.steps, self.steps_seen(job.id, job.incarnation))
+        # before the migration's end was recorded were not), and the count its runtime sent
+        # with the exit (`exit_steps`, 0: not said): reports that never arrived (the
+        # scheduler away, or its database down, as the program ended) are in it.
+        reached = max(job.steps, self.steps_seen(job.id, job.incarnation), exit_steps)
         job.steps = reached
         total = job.total_steps or 0
         if not 0 < reached < total:

@@ -2,7 +2,7 @@
 
 GANDIVA_STATUS_FD: the shim writes one JSON object per line (session_ready,
 warm_ready, restored, first_step_done, checkpoint; launch_end, written by
-tf_runtime.launch). GANDIVA_CONTROL_FD: a warm
+tf_runtime.launch; last_step {steps} at the program's end, sent with its exit). GANDIVA_CONTROL_FD: a warm
 process reads one JSON line, {"cmd": "activate", "restore_checkpoint": DIR} or
 {"cmd": "exit"}.
 """

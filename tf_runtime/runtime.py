@@ -65,6 +65,11 @@ class Runtime:
         if self.controller.in_forked_child:
             return
         self.controller.finish()
+        # The helper reports it with the process's exit: the last progress reports may
+        # never reach the scheduler (away for an upgrade, its database down), and a job
+        # that ended then was recorded SUCCEEDED with the steps it last heard (70 of 80).
+        if self.controller.status is not None:
+            self.controller.status.event("last_step", steps=self.controller.meter.steps)
         if self.client is not None:
             self.client.close(timeout_s=2.0)  # type: ignore[attr-defined]
 

@@ -18,6 +18,7 @@ from scheduler.hubs import END_STREAM
 from scheduler.validation import (
     MAX_ID,
     MAX_SERVER_GPUS,
+    MAX_STEPS,
     MAX_WORKDIR,
     check_id,
     check_server_name,
@@ -94,6 +95,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             check_id(f"exits[{i}].job_id", x.job_id)
             check_text(f"exits[{i}].incarnation", x.incarnation, 64)
             x.reason = clean_text(x.reason, 1024)
+            x.steps = min(max(0, x.steps), MAX_STEPS)  # as a progress report's
         await self.core.register_server(request)
         st = self.core.settings
         return helper_pb2.RegisterServerResponse(
@@ -243,6 +245,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         check_id("job_id", request.job_id)
         check_text("incarnation", request.incarnation, 64)
         request.reason = clean_text(request.reason, 1024)
+        request.steps = min(max(0, request.steps), MAX_STEPS)  # as a progress report's
         # A name never registered is no helper: its "exit" of any job it named was written
         # into that job's events (`job.stale_exit ... server ghost`), and a user read it.
         # Bounded as a heartbeat is (`_within`): UNAVAILABLE keeps it at the head of the helper's

@@ -19,6 +19,9 @@ only if PATH does not exist yet (it makes it: the next launch trains on). FAKE_L
 last step (its stream closed, as the shim does at the program's end) it lingers this long before it
 exits (a thread that is not a daemon). FAKE_CMD_LOG=PATH: appends each command it reads, each
 ack it sends and each drop of its stream to PATH (what told it to resume, when).
+FAKE_REPORTS_UNTIL: no progress report after this step (as if its last ones never reached the
+scheduler); the count still goes with its exit: at its end it writes the shim's
+`{"event": "last_step", "steps": N}` status line (not with FAKE_OLD_SHIM).
 FAKE_STEP_S_RESUMED: seconds per step once a RESUME ended a suspension (default FAKE_STEP_S: slow
 until a suspend lands, then quick to the end); a RESUME while it trains (every connect of a
 running job gets one) is answered "not suspended" and changes nothing, as with the shim. FAKE_OLD_SHIM=1:
@@ -184,13 +187,18 @@ def main() -> int:
                 event("first_step_done", step=step, t=time.time())
                 first = False
             # As the shim: every step when steps are slow, else every 10, with the step time.
-            if step_s >= 0.1 or step % 10 == 0 or (limit and step >= limit):
+            quiet = int(ENV.get("FAKE_REPORTS_UNTIL", "0") or 0)
+            if quiet and step > quiet:
+                pass  # these reports are "lost"
+            elif step_s >= 0.1 or step % 10 == 0 or (limit and step >= limit):
                 outgoing.put(runtime_pb2.RuntimeMessage(progress=runtime_pb2.ProgressReport(
                     steps=step, rate=1 / step_s if step_s > 0 else 0.0, last_step_s=step_s)))
             if limit and step >= limit:
                 outgoing.put(None)
                 time.sleep(0.2)  # the last progress leaves before the exit, as with the shim
                 time.sleep(float(ENV.get("FAKE_LINGER_S", "0")))
+                if not ENV.get("FAKE_OLD_SHIM"):
+                    event("last_step", steps=step)  # as the shim at the program's end
                 return 0
         try:
             cmd = kill or (held.pop(0) if held else commands.get_nowait())

@@ -664,6 +664,26 @@ def test_a_helper_whose_name_was_taken_while_it_was_cut_off_kills_its_frozen_cop
         link.stop()
 
 
+def test_a_job_whose_last_progress_reports_are_lost_ends_with_the_steps_its_exit_carries(
+    make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
+) -> None:
+    """A job's last progress reports never reach the scheduler (it was away as the program
+    ended: -k scheduler_is_down, full): its runtime's count at the end (the shim's last_step
+    status line) goes with the exit its helper reports. Before, it ended SUCCEEDED "with 10 of
+    the 40 mini-batches given at submission (--steps) reported"."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
+    helpers("s1", sched.address)
+    spec = common_pb2.JobSpec(name="f", command=[fake_job], workdir=str(tmp_path), gpus=1, steps=40,
+                              env={"FAKE_STEPS": "40", "FAKE_STEP_S": "0.01", "FAKE_REPORTS_UNTIL": "10"})
+    job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
+    done = wait_for(lambda: (j := api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)).state in DONE
+                    and j, 30)
+    assert done.state == common_pb2.JOB_STATE_SUCCEEDED, [t.reason for t in done.history]
+    assert done.steps == 40, [t.reason for t in done.history]
+    assert "of the 40" not in done.history[-1].reason, done.history[-1].reason
+
+
 @pytest.mark.full
 def test_a_job_that_ends_while_the_scheduler_is_down_its_helper_restarted_meanwhile_is_trained_once(
     make_scheduler: Any, sqlite_url: str, helpers: Any, tmp_path: Path, fake_job: str, wait_for: Any
@@ -691,3 +711,6 @@ def test_a_job_that_ends_while_the_scheduler_is_down_its_helper_restarted_meanwh
     assert done.state == common_pb2.JOB_STATE_SUCCEEDED, [t.reason for t in done.history]
     assert [t.to_state for t in done.history].count(common_pb2.JOB_STATE_RUNNING) == 1, \
         [t.reason for t in done.history]
+    # Its last reports (after step 70) never reached the stopped scheduler: the count came
+    # with the exit (before: SUCCEEDED "with 70 of the 80 mini-batches ... reported").
+    assert done.steps == 80, [t.reason for t in done.history]

@@ -420,6 +420,7 @@ class ProcessExitRequest(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
     server: _builtins.str
     job_id: _builtins.str
     incarnation: _builtins.str
@@ -427,6 +428,12 @@ class ProcessExitRequest(_message.Message):
     """-N when killed by signal N"""
     reason: _builtins.str
     """e.g. "migrated", "finished", "killed" """
+    steps: _builtins.int
+    """The mini-batches the process had done when it exited, as its runtime said at its
+    program's end (tf_runtime's last_step status event); 0: unknown (an older helper or
+    shim, a process that died). Its last progress reports may never have reached the
+    scheduler (away, or its database down): the job's steps are the larger of the two.
+    """
     def __init__(
         self,
         *,
@@ -435,10 +442,11 @@ class ProcessExitRequest(_message.Message):
         incarnation: _builtins.str = ...,
         exit_code: _builtins.int = ...,
         reason: _builtins.str = ...,
+        steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "incarnation", b"incarnation", "job_id", b"job_id", "reason", b"reason", "server", b"server"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "incarnation", b"incarnation", "job_id", b"job_id", "reason", b"reason", "server", b"server", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

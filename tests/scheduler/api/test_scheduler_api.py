@@ -116,6 +116,29 @@ def test_helper_receives_launch_and_exit_completes_job(channel: grpc.Channel, wa
     commands.cancel()
 
 
+@pytest.mark.parametrize(("said", "recorded"), [(2**62, 2**53), (-5, 0)])
+def test_an_exits_step_count_is_held_to_what_a_jobs_steps_may_be(  # type: ignore[no-untyped-def]
+    channel: grpc.Channel, wait_for, said: int, recorded: int
+) -> None:
+    """The steps an exit carries (its runtime's count at the program's end) become the job's
+    when larger than those heard, held as a progress report's are: a hostile or broken
+    helper's 2^62 is 2^53 (what JSON carries exactly), a negative count none."""
+    helper = helper_pb2_grpc.HelperStub(channel)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    helper.Register(helper_pb2.RegisterServerRequest(name="node-a", gpus=[common_pb2.Gpu(index=0, model="v")],
+                                                     ramdisk="/dev/shm/x"))
+    commands = helper.ReceiveCommands(helper_pb2.ReceiveCommandsRequest(server="node-a"))
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec(1))).job
+    cmd = next(commands)
+    helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="node-a", command_id=cmd.command_id, ok=True))
+    wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id)).state == common_pb2.JOB_STATE_RUNNING)
+    helper.ReportProcessExit(helper_pb2.ProcessExitRequest(
+        server="node-a", job_id=job.id, incarnation=cmd.launch.incarnation, exit_code=0, steps=said))
+    done = stub.GetJob(scheduler_pb2.GetJobRequest(id=job.id))
+    assert (done.state, done.steps) == (common_pb2.JOB_STATE_SUCCEEDED, recorded)
+    commands.cancel()
+
+
 def test_watch_events_streams_new_events(channel: grpc.Channel) -> None:
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
     first = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec())).job
