@@ -1495,7 +1495,11 @@ class SchedulerCore:
             if srv is None or not srv.up:
                 return False
             await self._take_down(s, srv, now, "its helper stopped", "stopped its helper", stops, lost)
-        self._instances.pop(name, None)
+        # Unless its successor claimed the name meanwhile (it may, from its last word on: a
+        # systemd restart while this write waited for the database): that claim was dropped
+        # here, and a third helper given the same name was let in beside the live one.
+        if self._instances.get(name, (instance,))[0] == instance:
+            self._instances.pop(name, None)
         self._after_down([name], stops, lost)
         return True
 

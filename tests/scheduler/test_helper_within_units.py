@@ -146,3 +146,31 @@ async def test_a_write_after_the_lock_went_unconfirmed_asks_the_database_first(s
     finally:
         await core.dispose()
         await engine.dispose()
+
+
+async def test_a_helpers_last_word_keeps_its_successors_claim_made_meanwhile(sqlite_url: str) -> None:
+    """A helper stopping (its last word, `leaving`) while its successor registers (systemd's
+    restart, the last word's write waiting for the database): the leaving helper's write,
+    done after, dropped the successor's claim of the name, and a third helper given the same
+    name was let in beside the live successor. Now that claim stays: the third is refused."""
+    from protos.gandiva.v1 import common_pb2, helper_pb2
+    from scheduler.core import SchedulerCore, Settings
+    from scheduler.errors import FailedPrecondition
+    from scheduler.state import migrate
+    from scheduler.state.db import make_engine
+
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine, Settings(down_after_s=10.0))
+
+    def helper(instance: str) -> helper_pb2.RegisterServerRequest:
+        return helper_pb2.RegisterServerRequest(name="a", gpus=[common_pb2.Gpu(index=0)], instance=instance)
+    try:
+        await core.register_server(helper("old"))
+        await asyncio.gather(core.server_leaving("a", "old"), core.register_server(helper("new")))
+        assert core._instances["a"][0] == "new"
+        with pytest.raises(FailedPrecondition, match="held by another live helper"):
+            await core.register_server(helper("third"))
+    finally:
+        await core.dispose()
+        await engine.dispose()
