@@ -179,6 +179,33 @@ def test_an_interpreter_without_tf_runtime_runs_the_script_without_the_shim(tmp_
     assert (out.returncode, out.stdout) == (0, "None\n"), out.stderr
 
 
+def _older_python() -> str | None:
+    """A Python 3.6-3.9 on this machine (no sys.orig_argv), if there is one."""
+    import glob
+    import shutil
+
+    found = [shutil.which(f"python3.{minor}") for minor in (9, 8, 7, 6)]
+    found += sorted(glob.glob("/root/.pyenv/versions/3.[6-9].*/bin/python3.[6-9]"), reverse=True)
+    return next((p for p in found if p and os.access(p, os.X_OK) and "shims" not in p), None)
+
+
+@pytest.mark.skipif(_older_python() is None, reason="no Python 3.6-3.9 on this machine")
+def test_an_older_interpreter_without_tf_runtime_runs_the_script_too(tmp_path: Path) -> None:
+    """`python3.9 train.py` (the one on PATH since 2feda07) without tf_runtime: the autoload
+    read its command line from sys.orig_argv, which only Python 3.10 has, so it failed at
+    its launch ("No module named 'tf_runtime'", exit 1) as before 36d4bdc."""
+    import subprocess
+
+    python = _older_python()
+    assert python is not None
+    (tmp_path / "train.py").write_text("import sys\nprint('trained', sys.argv[1:])\nsys.exit(3)\n")
+    env = job_environment({"PATH": os.environ.get("PATH", "/usr/bin")}, {}, job_id="j", incarnation="i",
+                          scheduler="s", server="x", gpu_indices=[0])
+    out = subprocess.run(shim_command([python, "-u", "train.py", "--lr", "1"]), check=False, env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (3, "trained ['--lr', '1']\n"), out.stderr
+
+
 def test_a_job_gets_its_own_token_and_the_helpers_tls_files_by_absolute_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The helper reads `~/...` TLS paths with `~` expanded; so must the job, which runs

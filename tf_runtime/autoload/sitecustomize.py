@@ -36,7 +36,7 @@ def _run_without_the_shim() -> None:
     tf_runtime (the user's own environment) cannot run: the job failed at its launch
     ("No module named 'tf_runtime'") though this file had said it runs without the shim.
     Run the command as given instead (exec, the same process), as behind a wrapper."""
-    argv = list(getattr(sys, "orig_argv", None) or [])
+    argv = _command_line()
     i = 1
     while i < len(argv):
         word = argv[i]
@@ -54,6 +54,20 @@ def _run_without_the_shim() -> None:
             if len(flags) == len(word) - 2:
                 i += 1  # `-W ignore`, `-uX dev`: the next word is the value
         i += 1
+
+
+def _command_line() -> list:
+    """This interpreter's own command line, its options included: sys.orig_argv (Python 3.10
+    and later), else /proc/self/cmdline (a `python3.9` job without tf_runtime failed at its
+    launch, its command never found)."""
+    argv = getattr(sys, "orig_argv", None)
+    if argv:
+        return list(argv)
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return [os.fsdecode(word) for word in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return []
 
 
 def _put_back_python_env() -> None:
