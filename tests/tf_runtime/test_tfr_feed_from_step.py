@@ -259,14 +259,6 @@ KINDS = {
     "distill_teacher_first": Kind(
         "distill.py", _warm_naive(), ("--teacher", "frozen", "--order", "teacher-first"),
         covered_by="no fix: test_tfr_tf_session.py -k evaluation_session_initialised_first"),
-}
-
-
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.full) if v.covered_by else k
-                                  for k, v in KINDS.items()])
-def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
-                                               tmp_path: Path) -> None:
-    """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
     "tables_before": Kind("tables.py", _warm_naive(), ("--update", "before"),
                           covered_by="test_tfr_tf_session.py -k table_or_a_generator (table)"),
     "rng_generator": Kind("rng_generator.py", _warm_naive(), ("--draw", "apart"),
@@ -282,6 +274,14 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     "replay_buffer": Kind("replay_buffer.py", _warm_naive(rehearsed=False),
                           covered_by="no fix: the tables_before kind (state written in a run of "
                                      "its own before training)"),
+}
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.full) if v.covered_by else k
+                                  for k, v in KINDS.items()])
+def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, launch: Any,
+                                               tmp_path: Path) -> None:
+    """gan: a discriminator run (RMSProp) and a generator run (Adam, advances the global
     step) per step; commands wait for the generator run (a checkpoint between them
     used to apply the discriminator's update twice after a restore), and the warm
     destination rehearses the discriminator run. gan_first: the discriminator run advances
