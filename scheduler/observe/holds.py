@@ -24,7 +24,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import or_, select
@@ -37,7 +37,6 @@ CHUNK = 500  # jobs whose state changes are read in one query
 LISTED, LISTED_MAX = 1000, 10000
 # The timeline's slot of each state of a job holding a GPU (as Timeline.record's snapshot).
 SLOTS = {"RUNNING": 0, "SUSPENDED": 1, "MIGRATING": 2}
-STATE_WORDS = {"RUNNING": "running", "SUSPENDED": "suspended", "MIGRATING": "migrating"}
 
 
 @dataclass(frozen=True)
@@ -118,9 +117,7 @@ def read(s: Session, since: float, until: float, server: str = "", gpu: int = -1
     holds = [Hold(*row) for row in rows[:limit]]
     if since == until:
         states = states_at(s, sorted({h.job_id for h in holds}), since)
-        holds = [Hold(h.job_id, h.server, h.gpu, h.start_at, h.end_at, h.name, h.user,
-                      STATE_WORDS.get(states.get(h.job_id, ""), states.get(h.job_id, "").lower()))
-                 for h in holds]
+        holds = [replace(h, state_at=states[h.job_id].lower()) for h in holds]  # RUNNING: running
     return Listing(since, until, holds, len(rows) > limit)
 
 
