@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -31,9 +30,9 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from scheduler.errors import InvalidArgument
+from scheduler.observe.usage import CHUNK, utc_text
 from scheduler.state.models import GpuHold, Job, Transition
 
-CHUNK = 500  # jobs whose state changes are read in one query
 LISTED, LISTED_MAX = 1000, 10000
 # The timeline's slot of each state of a job holding a GPU (as Timeline.record's snapshot).
 SLOTS = {"RUNNING": 0, "SUSPENDED": 1, "MIGRATING": 2}
@@ -84,13 +83,9 @@ def check_period(since: float, until: float, now: float) -> tuple[float, float]:
         raise InvalidArgument("until", f"{until}: a unix time, 0 or more (0: now)")
     until = min(until or now, now)
     if since > until:
-        raise InvalidArgument("since", f"{_utc(since)} is after the period's end ({_utc(until)}"
+        raise InvalidArgument("since", f"{utc_text(since)} is after the period's end ({utc_text(until)}"
                                        f"{', now: the history holds nothing later' if until == now else ''})")
     return since, until
-
-
-def _utc(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at)) if at < 1e11 else f"{at:.0f}"
 
 
 def _overlapping(since: float, until: float) -> Any:

@@ -207,12 +207,13 @@ def check_period(since: float, until: float, now: float) -> tuple[float, float]:
         raise InvalidArgument("until", f"must be a time (unix seconds, 0: now), got {until}")
     until = now if not until or until > now else until
     if since >= until:
-        raise InvalidArgument("since", f"the period starts at {_utc(since)}, not before its end ({_utc(until)}"
+        raise InvalidArgument("since", f"the period starts at {utc_text(since)}, not before its end ({utc_text(until)}"
                                        f"{', now' if until == now else ''}): give a start before the end")
     return since, until
 
 
-def _utc(at: float) -> str:
+def utc_text(at: float) -> str:
+    """A unix time as a person reads it, in UTC (a number far past year 5000 as given)."""
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at)) if at < 1e11 else f"{at:.0f}"
 
 
