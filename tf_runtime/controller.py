@@ -1217,18 +1217,14 @@ class Controller:
             self._on_activate(self._peek_restored_step(activation.restore_checkpoint))
 
     @staticmethod
-    def _peek_start_step(directory: str) -> int | None:
+    def _peek_job_start(directory: str) -> tuple[int | None, float | None]:
+        """The job's start step and start time (wall-clock) that the checkpoint carries."""
         from .checkpoint import validate
 
-        start = validate(directory).get("start_step")
-        return int(start) if isinstance(start, int) else None
-
-    @staticmethod
-    def _peek_started_at(directory: str) -> float | None:
-        from .checkpoint import validate
-
-        started = validate(directory).get("started_at")
-        return float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None
+        manifest = validate(directory)
+        start, started = manifest.get("start_step"), manifest.get("started_at")
+        return (int(start) if isinstance(start, int) else None,
+                float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None)
 
     @property
     def restored(self) -> bool:
@@ -1257,8 +1253,7 @@ class Controller:
         self._restored_into = adapter
         self._read_since_restore = False
         self.restored_step = info.step
-        self.job_start_step = self._peek_start_step(directory)
-        self.job_started_at = self._peek_started_at(directory)
+        self.job_start_step, self.job_started_at = self._peek_job_start(directory)
         self.meter.set_steps(info.step)
         self._event("restored", step=info.step, restore_s=round(info.seconds, 6))
         log.info("restored step %d from %s in %.3f s", info.step, directory, info.seconds)
