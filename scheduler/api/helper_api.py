@@ -41,6 +41,16 @@ def _as_server(name: str, field: str = "server") -> None:
     check_id(field, name)
     auth.require_server(auth.current(), name, field)
 
+
+def _check_exit(x: helper_pb2.ProcessExitRequest, prefix: str = "") -> None:
+    """A process exit a helper reports (alone, or with its registration): its ids checked,
+    its reason and steps cleaned in place."""
+    check_id(f"{prefix}job_id", x.job_id)
+    check_text(f"{prefix}incarnation", x.incarnation, 64)
+    x.reason = clean_text(x.reason, 1024)
+    x.steps = min(max(0, x.steps), MAX_STEPS)  # as a progress report's
+
+
 log = logging.getLogger(__name__)
 
 
@@ -92,10 +102,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         for i, x in enumerate(request.exits):  # held to what ReportProcessExit takes
             if x.server != request.name:
                 raise InvalidArgument(f"exits[{i}].server", f"{x.server!r}: not the registering server {request.name!r}")
-            check_id(f"exits[{i}].job_id", x.job_id)
-            check_text(f"exits[{i}].incarnation", x.incarnation, 64)
-            x.reason = clean_text(x.reason, 1024)
-            x.steps = min(max(0, x.steps), MAX_STEPS)  # as a progress report's
+            _check_exit(x, f"exits[{i}].")
         await self.core.register_server(request)
         st = self.core.settings
         return helper_pb2.RegisterServerResponse(
@@ -242,10 +249,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
     @grpc_errors
     async def ReportProcessExit(self, request, context):  # type: ignore[no-untyped-def]
         _as_server(request.server)
-        check_id("job_id", request.job_id)
-        check_text("incarnation", request.incarnation, 64)
-        request.reason = clean_text(request.reason, 1024)
-        request.steps = min(max(0, request.steps), MAX_STEPS)  # as a progress report's
+        _check_exit(request)
         # A name never registered is no helper: its "exit" of any job it named was written
         # into that job's events (`job.stale_exit ... server ghost`), and a user read it.
         # Bounded as a heartbeat is (`_within`): UNAVAILABLE keeps it at the head of the helper's
