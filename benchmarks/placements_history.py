@@ -23,9 +23,16 @@ import time
 from pathlib import Path
 
 import grpc
-from sqlalchemy import create_engine, func, insert, select
+from sqlalchemy import create_engine, func, select
 
-from benchmarks.usage_history import history_home, history_parser, start_scheduler, upgrade
+from benchmarks.usage_history import (
+    add_job,
+    history_home,
+    history_parser,
+    insert_all,
+    start_scheduler,
+    upgrade,
+)
 from protos.gandiva.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler.state.models import GpuHold, Job, Transition
 
@@ -64,19 +71,10 @@ def fill(path: Path, days: int, per_day: int, slices: int, servers: int, now: fl
             seq.append(("RUNNING", "SUCCEEDED", at))
             held += [{"job_id": job_id, "server_name": f"node-{server}", "gpu_index": first + g,
                       "start_at": hold_start, "end_at": at} for g in range(gpus)]
-            jobs.append({"id": job_id, "name": f"train-{k}", "command": ["python", "t.py"], "gpus": gpus,
-                         "user": f"user{k % 20}", "state": "SUCCEEDED", "submitted_at": submitted,
-                         "updated_at": at, "started_at": started, "state_changed_at": at, "finished_at": at})
-            changes.extend({"job_id": job_id, "from_state": f, "to_state": t, "at": a, "reason": "time slice over"}
-                           for f, t, a in seq)
+            add_job(jobs, changes, k, gpus, submitted, started, seq)
             if len(changes) > 50000:
-                conn.execute(insert(Job), jobs)
-                conn.execute(insert(Transition), changes)
-                conn.execute(insert(GpuHold), held)
-                jobs, changes, held = [], [], []
-        conn.execute(insert(Job), jobs)
-        conn.execute(insert(Transition), changes)
-        conn.execute(insert(GpuHold), held)
+                insert_all(conn, {Job: jobs, Transition: changes, GpuHold: held})
+        insert_all(conn, {Job: jobs, Transition: changes, GpuHold: held})
 
 
 def main() -> int:

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 from sqlalchemy import create_engine, func, insert, select
@@ -50,18 +51,29 @@ def fill(path: Path, days: int, per_day: int, slices: int, now: float) -> None:
                 seq.append(("SUSPENDED", "RUNNING", at))
             at += rng.uniform(60, 600)
             seq.append(("RUNNING", "SUCCEEDED", at))
-            job_id = f"j-{k:010x}"
-            jobs.append({"id": job_id, "name": f"train-{k}", "command": ["python", "t.py"], "gpus": gpus,
-                         "user": f"user{k % 20}", "state": "SUCCEEDED", "submitted_at": submitted,
-                         "updated_at": at, "started_at": started, "state_changed_at": at, "finished_at": at})
-            changes.extend({"job_id": job_id, "from_state": f, "to_state": t, "at": a, "reason": "time slice over"}
-                           for f, t, a in seq)
+            add_job(jobs, changes, k, gpus, submitted, started, seq)
             if len(changes) > 50000:
-                conn.execute(insert(Job), jobs)
-                conn.execute(insert(Transition), changes)
-                jobs, changes = [], []
-        conn.execute(insert(Job), jobs)
-        conn.execute(insert(Transition), changes)
+                insert_all(conn, {Job: jobs, Transition: changes})
+        insert_all(conn, {Job: jobs, Transition: changes})
+
+
+def add_job(jobs: list[dict], changes: list[dict], k: int, gpus: int, submitted: float, started: float,
+            seq: list[tuple[str, str, float]]) -> None:
+    """Job ``k`` of user ``k % 20``, SUCCEEDED at the last change of ``seq`` (its state changes)."""
+    job_id, at = f"j-{k:010x}", seq[-1][2]
+    jobs.append({"id": job_id, "name": f"train-{k}", "command": ["python", "t.py"], "gpus": gpus,
+                 "user": f"user{k % 20}", "state": "SUCCEEDED", "submitted_at": submitted,
+                 "updated_at": at, "started_at": started, "state_changed_at": at, "finished_at": at})
+    changes.extend({"job_id": job_id, "from_state": f, "to_state": t, "at": a, "reason": "time slice over"}
+                   for f, t, a in seq)
+
+
+def insert_all(conn: Any, batches: dict[Any, list[dict]]) -> None:
+    """Insert each table's rows (in the order given: jobs first) and empty the lists."""
+    for table, rows in batches.items():
+        if rows:
+            conn.execute(insert(table), rows)
+        rows.clear()
 
 
 def upgrade(url: str, env: dict[str, str]) -> None:
