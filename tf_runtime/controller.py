@@ -189,7 +189,7 @@ def _no_global_step(counters: tuple[str, ...]) -> str:
     program's own its training run increments, if any (`minimize(global_step=iterations)`):
     the advice to pass a counter to `minimize` is no help to a program that already does."""
     if counters:
-        name = counters[0].split(":")[0]
+        name = counters[0]  # an op's name (no ":0")
         return (f"the graph has no global step: its training run counts in {name!r}, a "
                 "variable of its own, which the shim cannot take for the step a restarted "
                 "program resumes from; make it the graph's global step "
@@ -1276,9 +1276,8 @@ class Controller:
             self._judge(False, self._second_model)
         elif not adapter.has_global_step():
             self._judge(False, _no_global_step(getattr(adapter, "step_counters", tuple)()))
-        elif unsaved := _unsaved_variables(adapter):
-            name = unsaved[0].split(":")[0]
-            self._judge(False, f"its training run updates {name!r}, a variable in no collection "
+        elif unsaved := _unsaved_variables(adapter):  # op names (no ":0")
+            self._judge(False, f"its training run updates {unsaved[0]!r}, a variable in no collection "
                                "of the graph (tf.Variable(..., collections=[])), which no "
                                "checkpoint holds: a restarted copy would start it from its "
                                "initial value and train on to other weights; create it in a "
