@@ -181,7 +181,8 @@ class HttpServer:
             local = writer.get_extra_info("sockname")
             if not (isinstance(local, tuple) and _is_loopback(str(local[0]).removeprefix("::ffff:"))):
                 return None
-        for value in _headers(head, b"host"):
+        for raw in _headers(head, b"host"):
+            value = raw.decode("latin-1")
             if not host_allowed(value, self.own_names):
                 return Response(421, f"this request came in on a loopback address, which only this machine "
                                      f"reaches, and names host {value[:100]!r} (a web page that had its own name "
@@ -296,24 +297,22 @@ def host_allowed(value: str, own_names: frozenset[str] = frozenset()) -> bool:
     return True
 
 
-def _headers(head: bytes, wanted: bytes) -> list[str]:
+def _headers(head: bytes, wanted: bytes) -> list[bytes]:
     """The values of every header of the request named ``wanted`` (lower case)."""
     out = []
     for line in head.split(b"\n")[1:]:
         name, sep, value = line.partition(b":")
         if sep and name.strip().lower() == wanted:
-            out.append(value.strip().decode("latin-1"))
+            out.append(value.strip())
     return out
 
 
 def _bearer(head: bytes) -> str:
     """The token of the request's ``Authorization: Bearer TOKEN`` header ("" without one)."""
-    for line in head.split(b"\n")[1:]:
-        name, sep, value = line.partition(b":")
-        if sep and name.strip().lower() == b"authorization":
-            scheme, _, token = value.strip().partition(b" ")
-            if scheme.lower() == b"bearer":
-                return token.strip().decode("ascii", "replace")
+    for value in _headers(head, b"authorization"):
+        scheme, _, token = value.partition(b" ")
+        if scheme.lower() == b"bearer":
+            return token.strip().decode("ascii", "replace")
     return ""
 
 
