@@ -305,6 +305,6 @@ def capacity(conn: Any, since: float, until: float) -> tuple[float, float]:
     for gpus, start, end in conn.execute(
             select(ServerSpan.gpus, ServerSpan.start_at, ServerSpan.end_at)
             .where(ServerSpan.start_at < until, or_(ServerSpan.end_at.is_(None), ServerSpan.end_at > since))).all():
-        total += gpus * max(0.0, min(until, until if end is None else end) - max(since, start))
+        total += gpus * max(0.0, (until if end is None else min(until, end)) - max(since, start))
     first = conn.execute(select(ServerSpan.start_at).order_by(ServerSpan.id).limit(1)).scalar()
     return total, float(first or 0.0)
