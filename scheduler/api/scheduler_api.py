@@ -360,9 +360,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def ListPlacements(self, request, context):  # type: ignore[no-untyped-def]
         check_text("server", request.server, 128)
         check_text("job_id", request.job_id, 64)
+        ident = auth.current()
         if request.job_id:  # NOT_FOUND for an id no job has (a typo read as "it held no GPU")
-            await self._own_job(request.job_id) if not auth.current().sees_all else \
-                await self.core.get_job(request.job_id)
+            await (self.core.get_job(request.job_id) if ident.sees_all else self._own_job(request.job_id))
         gpu = request.gpu if request.HasField("gpu") else -1  # unset: every GPU (0 is GPU 0)
         if gpu < -1:
             raise InvalidArgument("gpu", f"{request.gpu}: a GPU index, 0 or more (unset: every GPU)")
@@ -372,12 +372,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         got, kept = await self.core.read_sync(lambda s: (
             holds.read(s, since, until, request.server, gpu, request.job_id, request.limit or holds.LISTED),
             holds.kept_since(s)))
-        ident = auth.current()
-        mine: set[str] = set()
+        mine: set[str] | None = None  # (an operator's: all shown)
         if not ident.sees_all:  # as ListServers: another user's job is hidden-N, its GPU still shown held
             async with self.core.tx(read=True) as s:
                 mine = await repo.own_jobs(s, ident.name, {h.job_id for h in got.holds})
-        out, cut = placements_pb(got.holds, None if ident.sees_all else mine, paging.PAGE_BYTES)
+        out, cut = placements_pb(got.holds, mine, paging.PAGE_BYTES)
         return scheduler_pb2.ListPlacementsResponse(since=since, until=until, placements=out,
                                                     more=got.more or cut, kept_since=kept)
 
