@@ -96,7 +96,6 @@ _CACHE_LIMIT = 512
 _LOADS = frozenset({"Assign", "AssignVariableOp"}) | _SCATTER_SETS
 # A sliced assignment (`c[0].assign(...)`, `w[:, 1].assign(...)`) changes part of a variable.
 _SLICE_SETS = frozenset({"StridedSliceAssign", "ResourceStridedSliceAssign"})
-_CHANGES_ANY = _CHANGES | _LOADS | _INCREMENTS | _SLICE_SETS
 # State the checkpoint holds that changes by other ops than assignments: a mutable lookup
 # table's inserts and removals (the table is the op's first input), and the draws of a
 # `tf.random.Generator`, which advance its state variable (the op's first input) as they read
@@ -107,6 +106,8 @@ _GENERATOR_DRAWS = frozenset({
     "RngReadAndSkip", "RngSkip", "StatefulUniform", "StatefulUniformInt",
     "StatefulUniformFullInt", "StatefulStandardNormal", "StatefulStandardNormalV2",
     "StatefulTruncatedNormal", "StatefulRandomBinomial"})
+# The ops that change the variable that is their first input.
+_CHANGES_ANY = _CHANGES | _LOADS | _INCREMENTS | _SLICE_SETS | _GENERATOR_DRAWS
 _DEPENDS_LIMIT = 200_000  # ops an assign's value is searched through for its own variable
 
 
@@ -604,8 +605,7 @@ class TFSessionAdapter:
         # twice, the next noise drawn).
         changes_state = not training and any(
             op.inputs and (
-                (op.type in _CHANGES_ANY or op.type in _GENERATOR_DRAWS) and
-                through(op.inputs[0].op) in self._state_ops or
+                op.type in _CHANGES_ANY and through(op.inputs[0].op) in self._state_ops or
                 op.type in _TABLE_CHANGES and through(op.inputs[0].op) in self._table_ops())
             for op in reached)
         restores = any(op.type in _RESTORES for op in reached)
@@ -673,8 +673,7 @@ class TFSessionAdapter:
         graph (`tf.Variable(0.0, collections=[])`): the checkpoint, made of the collections'
         variables, cannot hold them."""
         for op in reached:
-            if op.inputs and (op.type in _CHANGES_ANY or op.type in _GENERATOR_DRAWS or
-                              op.type.startswith(_TRAIN_PREFIXES)):
+            if op.inputs and (op.type in _CHANGES_ANY or op.type.startswith(_TRAIN_PREFIXES)):
                 target = through(op.inputs[0].op)
                 if target.type in _VARIABLE_OPS and target not in self._state_ops:
                     self._unsaved[target.name] = None
