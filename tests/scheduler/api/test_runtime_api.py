@@ -25,6 +25,8 @@ from protos.gandiva.v1 import (
 class FakeShim:
     """Speaks the Runtime protocol like tf_runtime does: hello, progress, acks."""
 
+    ack_step = 42  # the step each ack says it was at
+
     def __init__(self, channel: grpc.Channel, job_id: str, incarnation: str) -> None:
         self.out: queue.Queue = queue.Queue()
         self.out.put(runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job_id, incarnation=incarnation, pid=1)))
@@ -37,7 +39,7 @@ class FakeShim:
         try:
             for cmd in self.stream:
                 self.received.append(cmd)
-                self.out.put(runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True, step=42)))
+                self.out.put(runtime_pb2.RuntimeMessage(ack=runtime_pb2.CommandAck(command_id=cmd.command_id, ok=True, step=self.ack_step)))
         except grpc.RpcError:
             pass
 
