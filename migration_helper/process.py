@@ -291,7 +291,7 @@ class JobProcess:
                         log.warning("job %s: unreadable status line %r", self.job_id, line[:200])
                     continue
                 if isinstance(event, dict) and event.get("event") == "last_step":
-                    self._last_step_in(line)
+                    self._take_last_step(event)
                     continue
                 if not isinstance(event, dict) or event.get("event") not in STATUS_EVENTS:
                     continue  # one the helper does not wait for (a checkpoint's): nothing to keep
@@ -319,7 +319,12 @@ class JobProcess:
             event = json.loads(line)
         except ValueError:
             return
-        steps = event.get("steps") if isinstance(event, dict) and event.get("event") == "last_step" else None
+        if isinstance(event, dict) and event.get("event") == "last_step":
+            self._take_last_step(event)
+
+    def _take_last_step(self, event: dict[str, Any]) -> None:
+        """A last_step status event's count, kept when larger than one said before."""
+        steps = event.get("steps")
         if type(steps) is int and 0 <= steps <= MAX_LAST_STEP:
             self.last_step = max(self.last_step, steps)
 
