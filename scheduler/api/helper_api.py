@@ -152,7 +152,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             return await self._heartbeat(request, running)
         if not self.core.heard(request.name, request.instance):  # (also while one is being recorded)
             return helper_pb2.HeartbeatResponse(known=False)
-        gave_up: list[bool] = []
+        gave_up = False
 
         async def record() -> helper_pb2.HeartbeatResponse:
             reply = await self._heartbeat(request, running)
@@ -169,7 +169,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
         try:
             return await self._within(("beat", request.name), record)
         except Unavailable:
-            gave_up.append(True)
+            gave_up = True
             raise
 
     async def _within(self, key: tuple[str, str], make: Callable[[], Awaitable[T]]) -> T:
