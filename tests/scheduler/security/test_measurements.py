@@ -22,6 +22,7 @@ from protos.gandiva.v1 import (
     scheduler_pb2_grpc,
 )
 from scheduler import auth
+from scheduler.core import Settings
 from scheduler.validation import MAX_RATE, MAX_STEPS
 from tests.in_process import run_gandiva
 from tests.scheduler.api.test_runtime_api import FakeShim
@@ -39,7 +40,11 @@ def test_lying_progress_is_bounded_and_every_view_still_answers(  # type: ignore
     it was stored. Negative and 1e308 rates, steps past 2^53 and a mini-batch of 1e308 s
     were stored as sent. Now a rate is held to 0 (unknown) .. MAX_RATE, steps to
     MAX_STEPS, a step time to a day."""
-    sched = make_scheduler(sqlite_url, tick_s=0.2, auth="token", http_listen="127.0.0.1:0")
+    # The fake helper never heartbeats, and six rounds of views (three CLIs each) can run
+    # past the default 10 s on a loaded machine: its server would be called down and the
+    # job re-queued, its incarnation's progress refused. This test is about measurements.
+    sched = make_scheduler(sqlite_url, tick_s=0.2, auth="token", http_listen="127.0.0.1:0",
+                           settings=Settings(down_after_s=600.0))
     alice_token, root_token = make_token(sched.db_url, "alice"), make_token(sched.db_url, "root", "operator")
     helper_token = make_token(sched.db_url, "n1", "helper")
     alice = scheduler_pb2_grpc.SchedulerStub(connect(sched.address, alice_token))
