@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import socket
 import statistics
 import time
@@ -671,10 +672,9 @@ class HelperDaemon:
         if self.frozen:
             return
         path = self.ramdisk.root / LEASE_FILE
-        # On time.monotonic()'s scale, which the shims read (the loop's may be uvloop's).
-        left = self._lease_from + self.lease_s - asyncio.get_running_loop().time()
         try:
-            write_lease(path, time.monotonic() + left if self.lease_s > 0 else float("inf"))
+            # On time.monotonic()'s scale, which the shims read (the loop's may be uvloop's).
+            write_lease(path, time.monotonic() + self.lease_left())
             self._lease_unwritten = False
         except OSError as exc:
             if not self._lease_unwritten:  # once, not at every heartbeat
@@ -682,6 +682,17 @@ class HelperDaemon:
                             path, exc)
             self._lease_unwritten = True
             path.unlink(missing_ok=True)
+
+    def lease_left(self) -> float:
+        """Seconds until the lease runs out with no heartbeat answered: what the lease file
+        tells the jobs' shims and what /metrics reports, from this one place. 0 once it has
+        run out (the jobs frozen, or frozen at the watchdog's next look) and before a first
+        registration; inf with no lease (a scheduler that sends none and no --lease)."""
+        if self.frozen or not self._lease_from:
+            return 0.0
+        if self.lease_s <= 0:
+            return math.inf
+        return max(0.0, self._lease_from + self.lease_s - asyncio.get_running_loop().time())
 
     def _lease_ran_out(self) -> bool:
         """Whether no heartbeat has been answered for the lease: the jobs must be frozen

@@ -8,7 +8,6 @@ is read at scrape time from the daemon's sampler and job table, so it is never s
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -35,9 +34,10 @@ class HelperMetrics:
                                  ["server"], registry=r)
         # The lease (docs/migration_helper.md): with no heartbeat answered for it, this helper
         # freezes its jobs (SIGSTOP) until the scheduler answers again. What to alert on.
-        self.lease_left = Gauge("gandiva_helper_lease_remaining_seconds",
-                                "Seconds until this helper's lease runs out without an answered heartbeat "
-                                "(0: ran out, its jobs frozen; before a first registration: 0)", ["server"], registry=r)
+        self.lease_remaining = Gauge("gandiva_helper_lease_remaining_seconds",
+                                     "Seconds until this helper's lease runs out without an answered heartbeat "
+                                     "(0: ran out, its jobs frozen; before a first registration: 0; +Inf: no lease)",
+                                     ["server"], registry=r)
         self.lease_frozen = Gauge("gandiva_helper_lease_frozen",
                                   "1 while the lease has run out and this server's jobs are frozen", ["server"],
                                   registry=r)
@@ -62,10 +62,7 @@ class HelperMetrics:
         self.backend.labels(server, d.backend.name).set(1)
         self.host_memory.labels(server).set(d.host_memory_bytes)
         self.jobs_host_memory.labels(server).set(sum(m.rss_bytes for m in d.sampler.host_latest))
-        # The daemon's own clock of its lease (the loop's monotonic time of the last renewal).
-        renewed = d._lease_from  # read only, as its watchdog reads it
-        left = d.lease_s - (asyncio.get_running_loop().time() - renewed) if d.lease_s > 0 and renewed else 0.0
-        self.lease_left.labels(server).set(0.0 if d.frozen else max(0.0, left))
+        self.lease_remaining.labels(server).set(d.lease_left())  # what the lease file tells the shims
         self.lease_frozen.labels(server).set(1 if d.frozen else 0)
         self.jobs_frozen.labels(server).set(sum(1 for p in d.jobs.processes.values() if p.frozen and p.alive))
 

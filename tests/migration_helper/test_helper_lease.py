@@ -6,6 +6,7 @@ ahead of every later report."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from migration_helper.config import HelperConfig
@@ -232,3 +234,35 @@ async def test_a_launch_read_after_the_lease_ran_out_starts_frozen_and_thaws_onl
             "not thawed by the answer to a heartbeat that reported it"
     finally:
         await daemon.stop()
+
+
+async def test_the_lease_metric_says_what_the_jobs_shims_read(make_helper: Any, monkeypatch: Any) -> None:
+    """gandiva_helper_lease_remaining_seconds and the lease file that the jobs' shims hold by
+    agree, at one instant, whatever the lease: both come from HelperDaemon.lease_left. The
+    metric did its own sum from the daemon's private renewal time, and said 0 ("ran out",
+    what an operator alerts on) for a helper with no lease (its scheduler sends none, no
+    --lease: this control plane), whose shims read "never runs out" and train on."""
+    from migration_helper.metrics import HelperMetrics
+    from tf_runtime.lease import Lease
+
+    for daemon in await make_helper("none"), await make_helper("leased", lease_s=30.0):
+        await daemon.registered.wait()  # its lease file written
+        metrics = HelperMetrics(daemon)
+        lease_file = daemon.ramdisk.root / ".lease"
+        start = time.monotonic()
+        for now in (start, start + 31.0):  # the second instant: 30 s with no heartbeat answered
+            # One instant for the metric, the file and the shim (the test's asyncio loop reads
+            # time.monotonic); nothing else runs meanwhile (no await that yields).
+            monkeypatch.setattr(time, "monotonic", lambda now=now: now)
+            if now == start:
+                daemon._publish_lease()  # as an answered heartbeat does (it reads two clocks)
+            await metrics.refresh()
+            metric = metrics.registry.get_sample_value("gandiva_helper_lease_remaining_seconds",
+                                                       {"server": daemon.config.server_name})
+            until = float(lease_file.read_text())
+            holds = Lease(str(lease_file), clock=lambda now=now: now).holds()
+            monkeypatch.undo()
+            assert metric is not None
+            assert metric == pytest.approx(max(0.0, until - now), abs=1e-6), (daemon.config.server_name, now - start)
+            assert holds == (metric > 0), (daemon.config.server_name, metric)
+        assert math.isinf(until) == (daemon.config.server_name == "none")
