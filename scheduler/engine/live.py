@@ -30,7 +30,6 @@ from scheduler.engine.live_migration import (
     begin_migration,
     not_connected,
     recover_migrations,
-    run_migration,
     vouch_transfer,
 )
 from scheduler.errors import (
@@ -1187,10 +1186,32 @@ class LiveEngine:
         # they start over; if it does, the snapshot shows it there.
         self.core.alone_rates.launching(job_id, to_gpus)
         try:
-            await self._settle_move(job_id, run_migration(self.core, job_id, list(to_gpus), reason),
+            await self._settle_move(job_id, self._policy_move(job_id, to_gpus, reason),
                                     to_gpus[0].server, was.state, was.incarnation, source.name if source else "")
         finally:
             self.core.alone_rates.settled(job_id, self.core.clock())
+
+    async def _policy_move(self, job_id: str, to_gpus: Sequence[pt.GpuRef], reason: str) -> MigrationResult | None:
+        """The policy's move (a migration, grow or shrink), carried out. One refused before it
+        began (its runtime gone: the job just finished, or not connected yet; found not
+        migratable) is said where people look: a ``job.migration`` event and the decision
+        log, after the move the log showed. It was in the scheduler's log only: the
+        dashboard and `gandiva demo` showed "migrate ... on node-3/1", and nothing said the
+        job never moved."""
+        try:
+            carry_out = await begin_migration(self.core, job_id, list(to_gpus), reason)
+        except GandivaError as err:
+            gpus = ",".join(f"{g.server}/{g.index}" for g in to_gpus)
+            said = f"not started ({reason}; to {gpus}): {err}"
+            now = self.core.clock()
+            self.observer.not_done(now, job_id, said)
+            try:
+                async with self.core.tx() as s:
+                    repo.add_event(s, now, "job.migration", said, job_id=job_id)
+            except GandivaError as unwritten:  # the database away: the log line below says it
+                log.warning("job %s: the refusal of its move not recorded: %s", job_id, unwritten)
+            raise
+        return await carry_out
 
     async def _settle_move(self, job_id: str, migration: Coroutine[Any, Any, MigrationResult | None], dest: str,
                            was_state: str, incarnation: str, source: str) -> None:

@@ -48,7 +48,8 @@ _WAITS = (1.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 
 class DecisionRecord:
     id: int
     at: float
-    # place, suspend, resume, pack, unpack, keep-pack, reject-pack, pack-void, migrate, grow, shrink
+    # place, suspend, resume, pack, unpack, keep-pack, reject-pack, pack-void, migrate, grow, shrink;
+    # not-done: one of them refused before it began (Observer.not_done)
     kind: str
     job: str
     gpus: tuple[str, ...]
@@ -230,6 +231,9 @@ class SchedulerMetrics(Observer):
             kind = {True: "keep-pack", False: "reject-pack", None: "pack-void"}[v.kept]
             self.decisions.labels(kind).inc()
             self.log.add(now, kind, v.job_id, (), f"with {v.partner_id}: {v.reason}")
+
+    def not_done(self, at: float, job_id: str, why: str) -> None:
+        self.log.add(at, "not-done", job_id, (), why)
 
     def started(self, waited_s: float) -> None:
         self.queue_wait.observe(max(0.0, waited_s))

@@ -17,6 +17,10 @@ class Observer:
         """One scheduling round: the snapshot the policy saw, the decisions the engine
         will apply (jobs with commands in flight left out) and the policy's run time."""
 
+    def not_done(self, at: float, job_id: str, why: str) -> None:
+        """A decision of the policy's that was refused before it began (a move of a job
+        whose runtime had just gone): nothing of it happened."""
+
     def started(self, waited_s: float) -> None:
         """A job placed for the first time, ``waited_s`` after its submission."""
 

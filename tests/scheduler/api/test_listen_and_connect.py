@@ -6,9 +6,11 @@ operator's suspend of such a job answered after a minute, past the CLI's deadlin
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,9 @@ import pytest
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler.cli.client import Client, CliError
+from scheduler.core import Settings
 from scheduler.engine import live
+from scheduler.policy.types import GpuRef, Migrate
 from scheduler.transport import SERVER_OPTIONS, add_port, check_listen
 
 from .test_fencing import Fake
@@ -124,3 +128,34 @@ def test_a_database_the_scheduler_cannot_use_stops_it_in_one_line(db: str, says:
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith("gandiva scheduler: ") and says in line, out.stderr
     assert "Traceback" not in out.stdout + out.stderr and "secret" not in out.stdout + out.stderr
+
+
+def test_a_move_refused_before_it_began_is_said_where_people_look(make_scheduler: Any, sqlite_url: str,
+                                                                  wait_for: Any) -> None:
+    """The policy's move of a job whose runtime had gone (in `gandiva demo`: an unpack of a
+    job that had just finished, its exit not yet reported) is refused before it begins. That
+    was said in the scheduler's log only: the demo and the dashboard's decision log showed
+    "migrate lr0.03-h32 unpack onto idle GPUs ... on node-3/1", the job's last decision on
+    the page, and nothing said that it never moved. Now a job.migration event says so, and
+    a not-done line in the decision log after the move."""
+    sched = make_scheduler(sqlite_url, tick_s=0.2, http_listen="127.0.0.1:0",
+                           settings=Settings(down_after_s=600.0))  # the fake helpers never heartbeat
+    f = Fake(sched.address)
+    try:
+        job_id = f.submit()
+        server, _ = f.launched(job_id, wait_for)
+        dest = GpuRef("b" if server == "a" else "a", 0)
+        # What the policy decides (apply: as each round's decisions are carried out).
+        sched.call(sched.server.engine.apply(Migrate(job_id, (dest,), "unpack onto idle GPUs")))
+        refusal = (f"not started (unpack onto idle GPUs; to {dest.server}/0): job {job_id} has no runtime "
+                   "connected")
+        said = wait_for(lambda: [e.message for e in f.api.ListEvents(scheduler_pb2.ListEventsRequest(
+            job_id=job_id)).events if e.kind == "job.migration"])
+        assert len(said) == 1 and said[0].startswith(refusal), said
+        with urllib.request.urlopen(f"http://{sched.server.http_address}/api/decisions", timeout=10) as answer:
+            decisions = [(d["kind"], d["job"], d["reason"]) for d in json.load(answer)["decisions"]]
+        assert decisions[-1][:2] == ("not-done", job_id) and decisions[-1][2].startswith(refusal), decisions
+        job = f.job(job_id)
+        assert job.state == common_pb2.JOB_STATE_RUNNING and job.placement[0].server == server
+    finally:
+        f.close()
