@@ -25,6 +25,8 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from protos.gandiva.v1 import helper_pb2
+from scheduler.errors import InvalidArgument
+from scheduler.validation import MAX_REGISTER_EXITS, check_exit
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +59,12 @@ class UndeliveredExits:
         return path
 
     def load(self, server: str) -> list[tuple[helper_pb2.ProcessExitRequest, Path]]:
-        """The exits an earlier run of this server's helper left, oldest first. A file that
-        does not read as an exit of `server` is said and removed."""
+        """The exits an earlier run of this server's helper left, oldest first: at most
+        MAX_REGISTER_EXITS, the newest. A file that does not read as an exit of `server`
+        that the scheduler takes is said and removed, and so are the oldest past that
+        limit: the folder is the jobs' to write too (they run as this helper's user), and
+        one such exit sent with the registration had it refused, INVALID_ARGUMENT, and
+        sent again as it was, for good (the server never registered again)."""
         try:
             names = sorted(p.name for p in self.root.iterdir())
         except FileNotFoundError:
@@ -83,7 +89,21 @@ class UndeliveredExits:
                 log.warning("%s is not a process exit of server %s; removed", path, server)
                 path.unlink(missing_ok=True)
                 continue
+            try:
+                check_exit(exit_)
+            except InvalidArgument as err:
+                log.warning("%s is not an exit a registration may carry (%s); removed", path, err)
+                path.unlink(missing_ok=True)
+                continue
             found.append((exit_, path))
+        if len(found) > MAX_REGISTER_EXITS:
+            gone, found = found[:-MAX_REGISTER_EXITS], found[-MAX_REGISTER_EXITS:]
+            log.warning("%s holds %d process exits, more than the %s a registration carries: the oldest %d "
+                        "removed (their jobs, if the scheduler still has them running here, are re-queued "
+                        "and run again from their restore point)", self.root, len(gone) + len(found),
+                        f"{MAX_REGISTER_EXITS:,}", len(gone))
+            for _, path in gone:
+                path.unlink(missing_ok=True)
         return found
 
     @staticmethod

@@ -92,6 +92,9 @@ LOCK_CONFIRM_WAIT_S = 2.0
 # A server's exit reports of a job's launches that are not its current one: one event per
 # job and server in this time (Core._process_exit), the others only logged.
 STALE_EXIT_EVENT_EVERY_S = 60.0
+# Of the exits a registration carries, those of launches their jobs no longer run that are
+# applied (a `job.stale_exit` event each), at most; the others are logged (as FENCED_EVENTS_PER_BEAT).
+STALE_EXITS_PER_REGISTRATION = 32
 
 
 @dataclass(frozen=True)
@@ -1005,7 +1008,7 @@ class SchedulerCore:
         # test_helper_faults.py -k restarted_meanwhile). Each in its own transaction: one
         # that cannot be applied is said and passed over, never a registration refused for
         # good (the helper would send it again and again, its jobs frozen).
-        for x in req.exits:
+        for x in await self._exits_that_matter(req.name, req.exits):
             try:
                 async with self.tx() as s:
                     await self._process_exit(s, x, now)
@@ -1267,6 +1270,45 @@ class SchedulerCore:
                     await repo.upsert_profile(s, x.job_id, now, **values)
             if req.host_memory:
                 await repo.record_host_memory(s, [(m.job_id, m.incarnation, m.rss_bytes) for m in req.host_memory], now)
+
+    async def _exits_that_matter(self, server: str, exits: Sequence[helper_pb2.ProcessExitRequest]
+                                 ) -> list[helper_pb2.ProcessExitRequest]:
+        """Of the exits a registration of `server` carries, in their order, those that can
+        change a job (`_process_exit` decides): each launch's last, of jobs this scheduler
+        has; of a launch that is its job's current one, only while the job is not queued or
+        ended; of one it is not (a migration's other end aside), one per job and at most
+        STALE_EXITS_PER_REGISTRATION. Each costs a transaction: all 10,000 a registration may
+        carry took 18-35 s, past the 5 s its helper waits for the answer, so it was sent
+        again and again and the helper never registered
+        (tests/scheduler/security/test_hostile_requests.py -k thousands_of_exits)."""
+        last = {(x.job_id, x.incarnation): x for x in exits}  # a launch's last word
+        async with self.tx(read=True) as s:
+            launches = await repo.launches_of(s, {job_id for job_id, _ in last})
+            moving = {job_id: await repo.get_migration(s, job_id) for job_id, (_, state) in launches.items()
+                      if state == JobState.MIGRATING.value}
+        kept: list[helper_pb2.ProcessExitRequest] = []
+        stale: set[str] = set()
+        for (job_id, incarnation), x in last.items():
+            if job_id not in launches:
+                continue
+            current, state = launches[job_id]
+            m = moving.get(job_id)
+            if incarnation and incarnation == current:
+                if not (JobState(state).terminal or state == JobState.QUEUED.value):
+                    kept.append(x)
+            elif m is not None and incarnation and incarnation in (m.dest_incarnation, m.fallback_incarnation):
+                kept.append(x)
+            elif job_id not in stale and len(stale) < STALE_EXITS_PER_REGISTRATION:
+                stale.add(job_id)
+                kept.append(x)
+        if len(kept) < len(exits):
+            unknown = sorted({x.job_id for x in exits if x.job_id not in launches})
+            log.warning("server %s: %d of the %d exits its registration carried change nothing and were passed "
+                        "over (repeated, of jobs ended or queued since, of launches their jobs no longer run past "
+                        "one per job and %d in all, or of jobs this scheduler does not have: %d, e.g. %s)",
+                        server, len(exits) - len(kept), len(exits), STALE_EXITS_PER_REGISTRATION, len(unknown),
+                        ", ".join(unknown[:3]) or "none")
+        return kept
 
     async def process_exit(self, req: helper_pb2.ProcessExitRequest) -> None:
         """A job's process ended on a helper. Exits of older incarnations are ignored."""

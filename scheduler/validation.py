@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
-from protos.gandiva.v1 import common_pb2
+from protos.gandiva.v1 import common_pb2, helper_pb2
 from scheduler.errors import InvalidArgument
 
 MAX_GPUS = 1024
@@ -219,6 +219,32 @@ def validate_spec(spec: common_pb2.JobSpec, field: str = "spec") -> None:
     _check_map(f"{field}.params", spec.params, MAX_PARAMS, MAX_PARAM_BYTES, None)
     if spec.index < 0:
         raise InvalidArgument(f"{field}.index", f"{spec.index} is negative")
+
+
+# Exits a helper's registration carries (RegisterServerRequest.exits): those its stopped
+# predecessor could not deliver, one per job process it ran. The helper sends no more
+# (migration_helper/undelivered.py): refused, a registration is sent again as it was.
+MAX_REGISTER_EXITS = 10_000
+
+
+def check_exit(x: helper_pb2.ProcessExitRequest, prefix: str = "") -> None:
+    """A process exit a helper reports (alone, or with its registration): its ids checked,
+    its reason and steps cleaned in place."""
+    check_id(f"{prefix}job_id", x.job_id)
+    check_text(f"{prefix}incarnation", x.incarnation, 64)
+    x.reason = clean_text(x.reason, 1024)
+    x.steps = min(max(0, x.steps), MAX_STEPS)  # as a progress report's
+
+
+def check_register_exits(server: str, exits: Sequence[helper_pb2.ProcessExitRequest]) -> None:
+    """The exits a registration of `server` carries: its own, as many as a server can have
+    had, each as ReportProcessExit takes it."""
+    if len(exits) > MAX_REGISTER_EXITS:
+        raise InvalidArgument("exits", f"{len(exits)} exits; at most {MAX_REGISTER_EXITS}")
+    for i, x in enumerate(exits):
+        if x.server != server:
+            raise InvalidArgument(f"exits[{i}].server", f"{x.server!r}: not the registering server {server!r}")
+        check_exit(x, f"exits[{i}].")
 
 
 def validate_members(name: str, count: int) -> None:

@@ -18,9 +18,10 @@ from scheduler.hubs import END_STREAM
 from scheduler.validation import (
     MAX_ID,
     MAX_SERVER_GPUS,
-    MAX_STEPS,
     MAX_WORKDIR,
+    check_exit,
     check_id,
+    check_register_exits,
     check_server_name,
     check_text,
     clean_number,
@@ -31,24 +32,12 @@ from scheduler.validation import (
 # More GPUs, jobs or samples than any server has: a broken or hostile helper.
 MAX_RUNNING_JOBS = 10_000
 MAX_SAMPLES = 100_000
-# Exits a helper's registration carries (RegisterServerRequest.exits): those its stopped
-# predecessor could not deliver, one per job process it ran.
-MAX_REGISTER_EXITS = 10_000
 
 
 def _as_server(name: str, field: str = "server") -> None:
     """The server a helper names: a valid name, and the one its credential is for."""
     check_id(field, name)
     auth.require_server(auth.current(), name, field)
-
-
-def _check_exit(x: helper_pb2.ProcessExitRequest, prefix: str = "") -> None:
-    """A process exit a helper reports (alone, or with its registration): its ids checked,
-    its reason and steps cleaned in place."""
-    check_id(f"{prefix}job_id", x.job_id)
-    check_text(f"{prefix}incarnation", x.incarnation, 64)
-    x.reason = clean_text(x.reason, 1024)
-    x.steps = min(max(0, x.steps), MAX_STEPS)  # as a progress report's
 
 
 log = logging.getLogger(__name__)
@@ -97,12 +86,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
             g.memory_used_bytes = max(0, g.memory_used_bytes)
         if request.host_memory_bytes < 0:
             raise InvalidArgument("host_memory_bytes", f"{request.host_memory_bytes}: must not be negative (0: unknown)")
-        if len(request.exits) > MAX_REGISTER_EXITS:
-            raise InvalidArgument("exits", f"{len(request.exits)} exits; at most {MAX_REGISTER_EXITS}")
-        for i, x in enumerate(request.exits):  # held to what ReportProcessExit takes
-            if x.server != request.name:
-                raise InvalidArgument(f"exits[{i}].server", f"{x.server!r}: not the registering server {request.name!r}")
-            _check_exit(x, f"exits[{i}].")
+        check_register_exits(request.name, request.exits)  # held to what ReportProcessExit takes
         await self.core.register_server(request)
         st = self.core.settings
         return helper_pb2.RegisterServerResponse(
@@ -249,7 +233,7 @@ class HelperServicer(helper_pb2_grpc.HelperServicer):
     @grpc_errors
     async def ReportProcessExit(self, request, context):  # type: ignore[no-untyped-def]
         _as_server(request.server)
-        _check_exit(request)
+        check_exit(request)
         # A name never registered is no helper: its "exit" of any job it named was written
         # into that job's events (`job.stale_exit ... server ghost`), and a user read it.
         # Bounded as a heartbeat is (`_within`): UNAVAILABLE keeps it at the head of the helper's

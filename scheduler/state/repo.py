@@ -232,6 +232,15 @@ async def jobs_by_id(session: AsyncSession, ids: Sequence[str]) -> list[Job]:
     return out
 
 
+async def launches_of(session: AsyncSession, ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """Those of `ids` that are jobs of this scheduler: id -> (current incarnation, state)."""
+    out: dict[str, tuple[str, str]] = {}
+    for chunk in _chunks(sorted(set(ids))):
+        out.update((r.id, (r.incarnation, r.state)) for r in await session.execute(
+            select(Job.id, Job.incarnation, Job.state).where(Job.id.in_(chunk))))
+    return out
+
+
 async def existing_job_ids(session: AsyncSession, ids: Iterable[str]) -> set[str]:
     """Those of `ids` that are jobs of this scheduler (any state)."""
     out: set[str] = set()

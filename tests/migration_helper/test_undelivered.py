@@ -37,3 +37,28 @@ def test_an_exit_that_cannot_be_written_is_said_and_not_kept(tmp_path: Path, cap
     assert UndeliveredExits(blocker / "exits").keep(_exit("j")) is None
     assert "could not keep its process exit on disk" in caplog.text
     assert UndeliveredExits(tmp_path / "none").load("s1") == []
+
+
+def test_what_is_read_back_is_what_a_registration_may_carry(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A job runs as its helper's Unix user, so it may write this folder (it is under the
+    log directory). An exit the scheduler refuses (a job id of 65 bytes, a NUL in its
+    launch), or more than a registration may carry (MAX_REGISTER_EXITS), was sent with
+    every registration and the whole registration refused, INVALID_ARGUMENT, for good: the
+    helper never registered again, its jobs frozen. Such an exit is now said and removed,
+    and the oldest past the limit with it."""
+    from scheduler.validation import MAX_REGISTER_EXITS, check_register_exits
+
+    root = tmp_path / "exits"
+    exits = UndeliveredExits(root)
+    bad = [exits.keep(_exit("j" * 65)), exits.keep(helper_pb2.ProcessExitRequest(
+        server="s1", job_id="j-2", incarnation="a\x00b"))]
+    oldest = exits.keep(_exit("oldest"))
+    for i in range(MAX_REGISTER_EXITS):
+        (root / f"{2 * 10**19 + i:020d}-1-{i:06d}.exit").write_bytes(_exit(f"j{i}").SerializeToString())
+
+    left = UndeliveredExits(root).load("s1")
+    check_register_exits("s1", [x for x, _ in left])  # what the scheduler's Register asks
+    assert len(left) == MAX_REGISTER_EXITS and left[0][0].job_id == "j0", len(left)
+    assert not any(p is not None and p.exists() for p in [*bad, oldest])
+    assert "is not an exit a registration may carry (job_id: longer than 64 bytes" in caplog.text
+    assert f"more than the {MAX_REGISTER_EXITS:,} a registration carries: the oldest 1 removed" in caplog.text
