@@ -52,6 +52,18 @@ STATUS_DRAIN_S = 1.0
 MAX_LAST_STEP = 2**63 - 1
 
 
+def _status_event(line: bytes) -> dict[str, Any] | None:
+    """A status line's event: a JSON object whose "event" is a word; None for any other
+    line. The job's process writes the pipe, and may write anything: a line whose event was
+    a list (unhashable), or one nested 50,000 deep (RecursionError), ended the helper's
+    reading of it, and the job's next write to it failed (BrokenPipeError: the job died)."""
+    try:
+        event = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None
+
+
 def exit_reason(code: int, stopped: bool) -> str:
     """The word the scheduler records for an exit status (negative: killed by that signal)."""
     if code == 0:
@@ -271,7 +283,13 @@ class JobProcess:
         pace, unreadable = Pace(STATUS_RATE, STATUS_BURST), 0
         try:
             left = STATUS_BURST  # lines looked at once it has exited, past the burst
-            async for line in reader:
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # longer than the reader's limit (64 KiB): no shim's line
+                    line = b"\xff"  # (what came of it is dropped; the rest is the next line)
+                if not line:
+                    break
                 self.status_lines += 1
                 if self.exit_code is not None and self.status_lines > STATUS_BURST:
                     # It has exited, after more lines than a shim writes: not worth the wait,
@@ -283,17 +301,16 @@ class JobProcess:
                         break
                     continue
                 await pace.take()
-                try:
-                    event = json.loads(line)
-                except ValueError:
+                event = _status_event(line)
+                if event is None:
                     unreadable += 1
                     if unreadable == 1:  # once: a job can write such lines without end
                         log.warning("job %s: unreadable status line %r", self.job_id, line[:200])
                     continue
-                if isinstance(event, dict) and event.get("event") == "last_step":
+                if event["event"] == "last_step":
                     self._take_last_step(event)
                     continue
-                if not isinstance(event, dict) or event.get("event") not in STATUS_EVENTS:
+                if event["event"] not in STATUS_EVENTS:
                     continue  # one the helper does not wait for (a checkpoint's): nothing to keep
                 if len(self.events) >= STATUS_KEPT:
                     if len(self.events) == STATUS_KEPT:
@@ -315,11 +332,8 @@ class JobProcess:
         when larger than one said before; any other line is no count."""
         if b"last_step" not in line:
             return
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
-        if isinstance(event, dict) and event.get("event") == "last_step":
+        event = _status_event(line)
+        if event is not None and event["event"] == "last_step":
             self._take_last_step(event)
 
     def _take_last_step(self, event: dict[str, Any]) -> None:

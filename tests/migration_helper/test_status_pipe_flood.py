@@ -51,3 +51,30 @@ async def test_a_job_flooding_its_status_pipe_is_read_at_a_bounded_pace(
     stop = helper_pb2.HelperCommand(stop=helper_pb2.StopJob(job_id="j1", reason="test"))
     assert (await control.helper_command("s1", stop, 10)).ok
     await control.wait_for(lambda: control.exit_of("j1", "i1"), 10, "the exit report")
+
+
+ODD_LINES = """
+import os
+fd = int(os.environ["GANDIVA_STATUS_FD"])
+for line in (b'{"event": []}', b'{"event": {}}', b"[" * 50000, b"x" * 200000,
+             b'{"event": "last_step", "steps": 7}'):
+    os.write(fd, line + b"\\n")
+"""
+
+
+async def test_status_lines_no_shim_writes_are_passed_over_and_the_ones_after_them_read(
+    control: LocalControl, make_helper: MakeHelper, tmp_path: Path
+) -> None:
+    """A job's process may write anything to its status pipe. A line whose event was a list
+    (TypeError: unhashable), one nested 50,000 deep (RecursionError) or one longer than
+    64 KiB (the reader's limit: ValueError) ended the helper's reading of that pipe for
+    good: its later events (a pre-warm's warm_ready, its launch_end) were never seen, and
+    its exit was reported without the count of its last_step line (`steps` 0)."""
+    await make_helper("s1")
+    odd = tmp_path / "odd"
+    odd.write_text(f"#!{sys.executable}\n{ODD_LINES}")
+    odd.chmod(0o755)
+    assert (await control.helper_command("s1", launch("j1", "i1", [str(odd)], [0], tmp_path), 10)).ok
+    await control.wait_for(lambda: control.exit_of("j1", "i1"), 20, "the exit report")
+    ended = control.exit_of("j1", "i1")
+    assert ended is not None and (ended.exit_code, ended.steps) == (0, 7), ended
