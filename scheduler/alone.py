@@ -137,6 +137,9 @@ class AloneRates:
         self._last: dict[str, tuple[str, Point]] = {}
         self._resumed: dict[str, tuple[str, Point]] = {}
         self._arrived: dict[str, tuple[str, Point]] = {}  # job -> (launch, its last ack's arrival and step)
+        # What the last look returned: the dashboard, `gandiva top` and /metrics show each
+        # job's rate against it (replaced whole at each look: read from the event loop).
+        self.latest: dict[str, float] = {}
 
     def report(self, job_id: str, incarnation: str, steps: int, now: float, rate: float = 1.0,
                at: float = 0.0) -> None:
@@ -273,7 +276,8 @@ class AloneRates:
         self._last = {k: v for k, v in list(self._last.items()) if k in where}
         self._resumed = {k: v for k, v in list(self._resumed.items()) if k in where}
         self._arrived = {k: v for k, v in list(self._arrived.items()) if k in where}
-        return {k: rate for k, v in self._sums.items() if (rate := v.rate) is not None}
+        self.latest = {k: rate for k, v in self._sums.items() if (rate := v.rate) is not None}
+        return self.latest
 
     def _add(self, job_id: str, stretch: _Stretch) -> None:
         """Add what the stretch measured since it was last added to its job's sums (those

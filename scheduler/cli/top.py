@@ -172,7 +172,7 @@ def fitting_jobs(state: dict[str, Any], height: int) -> int:
     """How many job rows a live view of ``height`` lines has room for (at least 5): the
     header, the servers' table (a row per GPU), the jobs' table frame and the decisions."""
     gpus = sum(len(srv["gpus"]) for srv in state["servers"])
-    return max(5, height - gpus - 22 - len(_problems(state)))
+    return max(5, height - gpus - 22 - len(_problems(state)) - len(_slow(state)))
 
 
 def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None = None) -> Group:
@@ -214,6 +214,8 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
         # A stopped job has no pace now, nor one started that has timed no mini-batch yet
         # (it read 0.0 here and on the page, "-" in `gandiva get jobs`).
         rate = f"{j['rate']:.1f}" if j["state"] == "RUNNING" and j["rate"] > 0 else "-"
+        if j.get("against_alone") is not None:  # (a scheduler older than session 50 sends none)
+            rate += f" ({j['against_alone']:.2f}x alone)"
         jobs.add_row(*_cells(j["id"], j["name"], j["state"].lower(), str(j["gpus"]), " ".join(j["placement"]),
                              j.get("progress", "").removeprefix("step ") or str(j["steps"]), rate,
                              eta.short(-1.0 if j.get("eta_s") is None else j["eta_s"], j["steps"],
@@ -224,7 +226,18 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
     for d in state["decisions"][-8:]:
         latest.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "
                                      f"{names.get(d['job'], d['job'])}: {d['reason']}") + "\n")
-    return Group(head, *_problems(state), servers, jobs, rest, Text("latest decisions", style="bold"), latest)
+    return Group(head, *_problems(state), *_slow(state), servers, jobs, rest, Text("latest decisions", style="bold"),
+                 latest)
+
+
+def _slow(state: dict[str, Any]) -> list[Text]:
+    """One line naming the running jobs slower than their own rate alone, slowest first."""
+    slow = sorted((j for j in state["jobs"] if j.get("slow")), key=lambda j: j["against_alone"])
+    if not slow:
+        return []
+    return [Text(output.visible("slower than alone: " + ", ".join(
+        f"{j['name'] or j['id']} {j['against_alone']:.2f}x ({j['rate']:.1f} vs {j['alone_rate']:.1f}/s)"
+        for j in slow)), style="yellow")]
 
 
 # Problems shown at the top of the live view (the rest: `gandiva get problems`).

@@ -111,6 +111,21 @@ def gpu_mode(states: Sequence[str]) -> str:
 RECENT_FINISHED = 100
 QUEUED_LISTED = 1000
 
+# A running job whose rate is under this fraction of its rate alone is "slow" on the page and
+# in `gandiva top`: packed with a job that takes its GPU's time, or beside one that should not
+# be there. (The runtime's rate averages its last mini-batches: a few percent off for a while
+# after a switch.)
+SLOW_AGAINST_ALONE = 0.8
+
+
+def against_alone(state: str, rate: float, alone: float | None) -> float | None:
+    """A running job's rate over its rate alone (scheduler/alone.py: measured by the scheduler
+    while it was the one job running on its GPUs, this launch on these GPUs), or None where
+    either is not known."""
+    if state != JobState.RUNNING.value or not rate or rate <= 0 or not alone or alone <= 0:
+        return None
+    return rate / alone
+
 
 async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
     """The whole view: what /api/state returns and `gandiva top` shows."""
@@ -138,6 +153,7 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
     jobs = [JobDetail(j, [(p.server_name, p.gpu_index) for p in placements.get(j.id, [])]) for j in live]
     jobs += [JobDetail(j, []) for j in reversed(finished)]
     now = core.clock()
+    alone_rates = core.alone_rates.latest  # (one look's, whole)
     by_id = {d.job.id: d for d in jobs}
     last = metrics.log.last_for()
     servers: list[dict[str, Any]] = []
@@ -176,12 +192,16 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
         # "migrate: unpack onto idle GPUs" for one that finished before the move).
         dec = None if j.state == JobState.QUEUED.value or JobState(j.state).terminal else last.get(j.id)
         first = d.placement[0] if d.placement else None
+        alone = None if JobState(j.state).terminal else alone_rates.get(j.id)
+        ratio = against_alone(j.state, j.rate, alone)
         eta_s, eta_note = estimate(j, f"{first[0]}/{first[1]}" if first else "", on_gpu.get(first, []) if first else [],
                                    len(d.placement))
         out_jobs.append({
             "id": j.id, "name": j.name, "state": j.state, "gpus": j.gpus, "priority": j.priority,
             "placement": [f"{server}/{index}" for server, index in d.placement],
             "steps": j.steps, "rate": j.rate, "metrics": dict(j.metrics or {}),
+            "alone_rate": alone, "against_alone": ratio,
+            "slow": ratio is not None and ratio < SLOW_AGAINST_ALONE,
             "total_steps": j.total_steps or 0, "total_steps_from": j.total_steps_from or "",
             "progress": progress_text(j.steps, j.total_steps or 0),
             "eta_s": None if eta_s < 0 else eta_s, "eta_note": eta_note, "eta": eta_text(eta_s, eta_note),

@@ -181,6 +181,11 @@ class SchedulerMetrics(Observer):
             "gandiva_job_minibatch_rate",
             f"Mini-batches per second of running jobs (the {MAX_JOB_SERIES} fastest)",
             ["job", "name"], registry=r)
+        self.job_alone_rate = Gauge(
+            "gandiva_job_alone_minibatch_rate",
+            "Mini-batches per second of those running jobs while each was the one job running on its GPUs "
+            "(this launch, these GPUs; the baseline of packing: scheduler/alone.py), where measured",
+            ["job", "name"], registry=r)
         self.user_gpu_seconds = Gauge(
             "gandiva_user_gpu_seconds", "GPU time each user's jobs have had: seconds running x GPUs",
             ["user"], registry=r)
@@ -292,8 +297,8 @@ class SchedulerMetrics(Observer):
             await asyncio.wait_for(self._refresh(core), timeout_s)
         except (Unavailable, TimeoutError):
             for metric in (self.jobs, self.server_up, self.server_cordoned, self.server_gpus, self.gpus_allocated,
-                           self.gpus_oversubscribed, self.height, self.job_rate, self.user_gpu_seconds,
-                           self.user_gpus_running):
+                           self.gpus_oversubscribed, self.height, self.job_rate, self.job_alone_rate,
+                           self.user_gpu_seconds, self.user_gpus_running):
                 metric.clear()
             for gauge in (self.queue_length, self.longest_wait, self.job_series_dropped):
                 gauge.set(float("nan"))
@@ -324,7 +329,7 @@ class SchedulerMetrics(Observer):
         self.queue_length.set(counts.get(JobState.QUEUED.value, 0))
         self.longest_wait.set(max(0.0, now - oldest) if oldest else 0.0)
         for metric in (self.server_up, self.server_cordoned, self.server_gpus, self.gpus_allocated, self.gpus_oversubscribed,
-                       self.height, self.job_rate, self.user_gpu_seconds, self.user_gpus_running):
+                       self.height, self.job_rate, self.job_alone_rate, self.user_gpu_seconds, self.user_gpus_running):
             metric.clear()  # servers and jobs that are gone leave no stale series
         for ld in loads:
             name = ld.server.name
@@ -334,8 +339,11 @@ class SchedulerMetrics(Observer):
             self.gpus_allocated.labels(name).set(sum(1 for v in ld.jobs_by_gpu.values() if v))
             self.gpus_oversubscribed.labels(name).set(sum(1 for v in ld.jobs_by_gpu.values() if len(v) > 1))
             self.height.labels(name).set(ld.height)
+        alone = core.alone_rates.latest
         for job_id, name, rate in running[:MAX_JOB_SERIES]:
             self.job_rate.labels(job_id, name).set(rate or 0.0)
+            if alone.get(job_id):
+                self.job_alone_rate.labels(job_id, name).set(alone[job_id])
         self.job_series_dropped.set(max(0, n_running - MAX_JOB_SERIES))
         gpu_s = {user: float(total or 0.0) for user, total in attained}
         held: dict[str, int] = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -145,3 +146,54 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
     assert "--at names one instant" in capsys.readouterr().err
     assert gandiva_main.main(["get", "placements", "--at", "2099-01-01", "--scheduler", restarted.address]) == 2
     assert "is in the future; the GPUs' history holds only what has happened" in capsys.readouterr().err
+
+
+def test_a_job_slower_than_its_own_rate_alone_is_shown_so(
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, chromium: str) -> None:
+    """"Which jobs are slow compared with their own rate alone?" had no answer: the scheduler
+    measures each job's rate alone (scheduler/alone.py, the baseline it judges packing by),
+    and no view showed it. Now /api/state carries it and the rate against it; the page's
+    rate cell (here in a real Chromium) says "0.1 (0.01x alone)" in red, `gandiva top` names the
+    slow jobs in a line of their own, and /metrics has gandiva_job_alone_minibatch_rate."""
+    from rich.console import Console
+
+    from scheduler.cli.top import render
+    from scheduler.observe.dashboard import SLOW_AGAINST_ALONE
+
+    sched = make_scheduler(sqlite_url, tick_s=0.2, http_listen="127.0.0.1:0")
+    http = sched.server.http_address
+    f = Fake(sched.address, gpus={"a": 1})
+    try:
+        f.keep_alive("a")
+        job_id = f.submit()
+        _, launch = f.launched(job_id, wait_for)
+        shim = f.shim(job_id, launch.incarnation)
+        wait_for(lambda: f.job(job_id).state == RUNNING, 20)
+        steps = [0]
+
+        def shown(rate: float) -> dict[str, Any] | None:
+            """Its row of /api/state once the scheduler has its rate alone and the job's
+            reported `rate` is shown; meanwhile it trains on, 10 mini-batches a look."""
+            steps[0] += 10
+            shim.progress(steps[0], rate)
+            (row,) = [j for j in _get(http, "/api/state")[1]["jobs"] if j["id"] == job_id]
+            return row if row["alone_rate"] and row["rate"] == pytest.approx(rate) else None
+
+        # Alone on its GPU (no neighbour), its runtime reporting a rate like its pace ...
+        wait_for(lambda: shown(40.0), 30)
+        # ... then a rate far under the pace it was measured at alone (the steps go on as before).
+        row = wait_for(lambda: (r := shown(0.1)) and r["slow"] and r, 30)
+        assert row["against_alone"] == row["rate"] / row["alone_rate"] < SLOW_AGAINST_ALONE, row
+        console = Console(record=True, width=250)
+        console.print(render(_get(http, "/api/state")[1]))
+        assert f"slower than alone: {row['name']} " in console.export_text()
+        with urllib.request.urlopen(f"http://{http}/metrics", timeout=30) as r:
+            scraped = r.read().decode()
+        name = row["name"]
+        series = f'gandiva_job_alone_minibatch_rate{{job="{job_id}",name="{name}"}}'
+        assert series in scraped, scraped[-3000:]
+        dom = chromium_dom(f"http://{http}/", budget_ms=4000)
+        cell = re.search(rf'data-job="{job_id}".*?<td class="num bad"[^>]*>([^<]*)</td>', dom, re.DOTALL)
+        assert cell is not None and re.fullmatch(r"0\.1 \(0\.\d\dx alone\)", cell.group(1)), dom[-3000:]
+    finally:
+        f.close()
