@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -84,6 +84,13 @@ class RunInfo:
     # (iterator, initializer op) pairs.
     iterators: tuple[str, ...] = ()
     iterator_inits: tuple[tuple[str, str], ...] = ()
+    # Of a training run: the string tensors that pick the iterator of a feedable iterator
+    # it reads (`Iterator.from_string_handle`), and the first such read ("IteratorGetNext
+    # op 'IteratorGetNext'"). Resolved run by run from the handle fed (BoundaryLayer): an
+    # iterator whose position TensorFlow can save joins `iterators`, anything else is
+    # `stateful_input`.
+    fed_handles: tuple[str, ...] = ()
+    handle_read: str = ""
     # Of a run that does not train: the name of an integer scalar variable the checkpoint
     # holds, other than the global step, whose value it fetches (a micro-step counter kept
     # in the graph, which the program's loop may follow instead of the global step); or "".
@@ -269,6 +276,8 @@ class BoundaryLayer:
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None,
             run_metadata: Any = None) -> Any:
         info = self.adapter.classify(fetches)
+        if info.fed_handles:
+            info = self._fed_iterators(info, feed_dict)
         handler = self._handler
         if not self._hot:
             self._hot = handler.is_hot(self.adapter)
@@ -317,6 +326,28 @@ class BoundaryLayer:
         self._keep(info, results)
         handler.boundary(self.adapter, info, results, t1 - t0, t1)
         return results
+
+    def _fed_iterators(self, info: RunInfo, feed_dict: Any) -> RunInfo:
+        """A training run that reads a feedable iterator: the iterators the handles it is fed
+        stand for (`sess.run(train, {handle: train_handle})`) are read like any other, their
+        position saved with the checkpoint; a handle not fed, or one that names no iterator
+        whose position TensorFlow can save, is input no checkpoint holds."""
+        resolve = getattr(self.adapter, "fed_iterator", None)
+        names: list[str] = []
+        for handle in info.fed_handles:
+            value = _fed_value(feed_dict, handle)
+            name = resolve(value) if resolve is not None and value is not None else None
+            if name is None:
+                why = ("is not fed (computed in the graph; feed it the value of "
+                       "`sess.run(iterator.string_handle())` to make it migratable)"
+                       if value is None else
+                       "is fed a value that names no iterator of this graph whose position "
+                       "TensorFlow can save")
+                return replace(info, stateful_input=info.stateful_input or (
+                    f"{info.handle_read} of a feedable iterator (`Iterator.from_string_handle`) "
+                    f"whose handle {handle!r} {why}"))
+            names.append(name)
+        return replace(info, iterators=tuple(sorted({*info.iterators, *names})))
 
     def _initialises_iterators(self, info: RunInfo, feed_dict: Any) -> None:
         """Tell a TensorFlow adapter which tf.data iterators this run initialises, and with
@@ -490,6 +521,18 @@ class BoundaryLayer:
         results = self.inner.run(fetches, feed_dict, options, run_metadata)
         handler.setup_run(self.adapter, info, before=False)
         return results
+
+
+def _fed_value(feed_dict: Any, tensor: str) -> Any:
+    """The value `feed_dict` feeds the tensor named `tensor` (keyed by the tensor or by its
+    name), or None."""
+    if not isinstance(feed_dict, dict):
+        return None
+    for key, value in feed_dict.items():
+        name = getattr(key, "name", key)
+        if isinstance(name, str) and (name == tensor or f"{name}:0" == tensor):
+            return value
+    return None
 
 
 def feed_leaves(feed_dict: Any) -> dict[int, Any]:

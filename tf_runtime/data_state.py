@@ -33,12 +33,15 @@ from .errors import error_summary
 log = logging.getLogger(__name__)
 
 # Iterator resources whose state can be saved: a one-shot iterator, an initializable or
-# reinitializable one (`Iterator.from_structure`). One picked by a string handle fed at
-# each run (a feedable iterator) or a multi-device one is not: reading it stays input
-# whose position is in no checkpoint (tf_session._stateful_node).
+# reinitializable one (`Iterator.from_structure`). A multi-device one is not: reading it
+# stays input whose position is in no checkpoint (tf_session._stateful_node).
 ITERATOR_RESOURCES = frozenset({"OneShotIterator", "IteratorV2", "Iterator"})
 ITERATOR_READS = frozenset({"IteratorGetNext", "IteratorGetNextSync",
                             "IteratorGetNextAsOptional"})
+# A feedable iterator (`Iterator.from_string_handle`): which iterator it reads is decided
+# by the string handle each run feeds it (`sess.run(it.string_handle())` of one of the
+# resources above), so a read through it is resolved run by run (fed_iterator).
+HANDLE_ITERATORS = frozenset({"IteratorFromStringHandle", "IteratorFromStringHandleV2"})
 _FAIL = 2  # tf.data.experimental.ExternalStatePolicy.FAIL: refuse, never drop state
 
 
@@ -49,6 +52,58 @@ def read_iterator(op: Any) -> str | None:
         return None
     source = op.inputs[0].op
     return source.name if source.type in ITERATOR_RESOURCES else None
+
+
+def handle_read(op: Any) -> str | None:
+    """The name of the string tensor that picks the iterator a read `op` of a feedable
+    iterator (`Iterator.from_string_handle`) advances; None when `op` is no such read."""
+    if op.type not in ITERATOR_READS or not op.inputs:
+        return None
+    source = op.inputs[0].op
+    return source.inputs[0].name if source.type in HANDLE_ITERATORS and source.inputs else None
+
+
+def fed_iterator(graph: tf.Graph, handle: Any) -> str | None:
+    """The name of the iterator resource op of `graph` that a fed string `handle` (what
+    `sess.run(iterator.string_handle())` returned, in this process or another) stands for,
+    when its state can be saved; None otherwise (not a handle, another graph's iterator).
+    A handle is a serialized ResourceHandleProto: its name is the op's `shared_name`, or
+    `_<N>_<op name>` for an iterator made without one (TensorFlow's unique name)."""
+    from tensorflow.core.framework import resource_handle_pb2
+
+    try:
+        value = np.asarray(handle).item()
+        if isinstance(value, str):
+            value = value.encode()
+        proto = resource_handle_pb2.ResourceHandleProto.FromString(bytes(value))
+    except Exception:  # noqa: BLE001 - whatever was fed, it names no iterator
+        return None
+    name = proto.name
+    candidates = [name]
+    if name.startswith("_") and "_" in name[1:]:
+        head, _, rest = name[1:].partition("_")
+        if head.isdigit():
+            candidates.insert(0, rest)
+    for candidate in candidates:
+        try:
+            op = graph.get_operation_by_name(candidate)
+        except (KeyError, ValueError):
+            op = None
+        if op is not None and op.type in ITERATOR_RESOURCES and \
+                _shared_name(op) == ("" if candidate != name else name):
+            return op.name
+    for op in graph.get_operations():  # an iterator given a shared_name of its own
+        if op.type in ITERATOR_RESOURCES and name and _shared_name(op) == name:
+            return op.name
+    return None
+
+
+def _shared_name(op: Any) -> str:
+    try:
+        value = op.get_attr("shared_name")
+    except ValueError:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def initialised_iterator(op: Any) -> tuple[str, str] | None:

@@ -494,6 +494,8 @@ class TFSessionAdapter:
         # The tf.data iterators the training runs read whose state serializes: saved in
         # every checkpoint (in order of discovery).
         self.iterators: dict[str, None] = {}
+        # The iterator each string handle fed to a feedable iterator stands for (or None).
+        self._fed_iterators: dict[bytes, str | None] = {}
         # A restored checkpoint's iterator states and the initializer each was made by
         # ("" for a one-shot iterator), kept until the first training run: put back again
         # after each run of that initializer before then.
@@ -622,12 +624,17 @@ class TFSessionAdapter:
         # A training run's read of a tf.data iterator whose state TensorFlow can save is
         # not such input: that state goes into the checkpoint (data_state; whether it
         # really serializes is tried at the run's boundary, Controller._check_iterators).
+        # A read of a feedable iterator is resolved run by run from the handle fed
+        # (BoundaryLayer._fed_iterators), so it is not judged here.
         iterators = tuple(sorted({n for op in reached if (n := data_state.read_iterator(op))})) \
             if training else ()
+        handle_reads = sorted((op for op in reached if data_state.handle_read(op)),
+                              key=lambda o: o.name) if training else []
         stateful = "" if (not training and (self._some_init_ops & reached or restores)) else next(
             (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
              if _stateful_node(op.type, [t.op.type for t in op.inputs]) and
-             not (training and data_state.read_iterator(op))), inside.stateful)
+             not (training and (data_state.read_iterator(op) or data_state.handle_read(op)))),
+            inside.stateful)
         # Numbers for the program (an epoch's order of its examples), not an evaluation's
         # dropout or a GAN's sample images, which read the model.
         draws = "" if (training or initializes_some or restores or self._state_ops & reached) \
@@ -654,6 +661,10 @@ class TFSessionAdapter:
                        init_ops=frozenset(self._some_init_ops & reached), draws=draws,
                        reads_counter="" if training else counter,
                        py_funcs=_py_func_tokens(reached) if training else (),
+                       fed_handles=tuple(sorted({str(data_state.handle_read(op))
+                                                 for op in handle_reads})),
+                       handle_read=f"{handle_reads[0].type} op {handle_reads[0].name!r}"
+                       if handle_reads else "",
                        iterators=iterators, iterator_inits=tuple(sorted(
                            {pair for op in reached if (pair := data_state.initialised_iterator(op))})))
 
@@ -996,6 +1007,19 @@ class TFSessionAdapter:
         return CheckpointInfo(str(directory), step, ckpt.replicas, size, time.perf_counter() - t0)
 
     # -- tf.data iterators (data_state) --------------------------------------------------
+    def fed_iterator(self, handle: Any) -> str | None:
+        """The iterator a string handle fed to a feedable iterator stands for (its resource
+        op's name), or None (data_state.fed_iterator); remembered by the handle's value."""
+        try:
+            key = bytes(np.asarray(handle).item() if not isinstance(handle, bytes) else handle)
+        except (TypeError, ValueError):
+            return data_state.fed_iterator(self.graph, handle)
+        if key not in self._fed_iterators:
+            if len(self._fed_iterators) >= _CACHE_LIMIT:
+                self._fed_iterators.clear()
+            self._fed_iterators[key] = data_state.fed_iterator(self.graph, key)
+        return self._fed_iterators[key]
+
     def check_iterators(self, names: tuple[str, ...]) -> str:
         """Whether the state of each iterator in `names`, read by a training run, can be
         saved: those that can go into every checkpoint from now on; the first that cannot,

@@ -64,12 +64,24 @@ def build(source: str, iterator: str, loop: str, optimizer: str, cache: str = ""
             ds = ds.cache(cache)
         ds = ds.shuffle(N, seed=5).repeat().batch(8).map(lambda i, x, y: (i, x * 2.0, y))
         ds = ds.prefetch(2)
-        if iterator == "oneshot":
+        handles: Any = None
+        if iterator in ("oneshot", "feedable", "unfed"):
             it = v1.data.make_one_shot_iterator(ds)
         else:
             it = v1.data.make_initializable_iterator(ds)
             if loop == "mts":
                 v1.add_to_collection(v1.GraphKeys.TABLE_INITIALIZERS, it.initializer)
+        if iterator in ("feedable", "unfed"):
+            # The programmer's guide's feedable iterator: one `from_string_handle` switched
+            # between the training iterator and an evaluation one by the handle fed (`unfed`:
+            # the handle computed in the graph instead, which names no iterator by itself).
+            val = v1.data.make_initializable_iterator(
+                tf.data.Dataset.from_tensor_slices((ids[:12] * 0, features[:12], labels[:12])).batch(4))
+            handle = v1.placeholder(tf.string, []) if iterator == "feedable" else it.string_handle()
+            handles = SimpleNamespace(fed=handle, train=it.string_handle(),
+                                      val=val.string_handle(), val_init=val.initializer)
+            it = v1.data.Iterator.from_string_handle(handle, v1.data.get_output_types(ds),
+                                                     v1.data.get_output_shapes(ds))
         batch_ids, x, y = it.get_next()
         w = v1.get_variable("w", initializer=np.random.RandomState(3).standard_normal(
             (6, 3)).astype(np.float32) * 0.3)
@@ -81,9 +93,9 @@ def build(source: str, iterator: str, loop: str, optimizer: str, cache: str = ""
         train = tf.group(opt.minimize(loss, global_step=gs),
                          seen.assign_add(tf.reduce_sum(batch_ids)))
         return SimpleNamespace(
-            g=g, gs=gs, train=train, loop=loop, init=v1.global_variables_initializer(),
+            g=g, gs=gs, train=train, loop=loop, iterator=iterator, init=v1.global_variables_initializer(),
             it_init=it.initializer if fed else None, feed={fx: features} if fed else None,
-            variables=v1.global_variables())
+            variables=v1.global_variables(), handles=handles, loss=loss)
 
 
 def run(p: Any, restore: Path | None = None, command: Kind | None = None,
@@ -137,15 +149,26 @@ def _loop(ctl: Controller, sess: Any, p: Any, command: Kind | None, directory: P
     StopAtStepHook stops it); the final variables of a plain Session (a MonitoredSession's
     come from `Final`), {} for a MonitoredSession, None when abandoned."""
     monitored = p.loop == "mts"
+    feed, h = None, p.handles
+    if h is not None and p.iterator == "feedable":  # fetched once, fed to every run
+        train_handle, val_handle = sess.run([h.train, h.val])
+        feed = {h.fed: train_handle}
     step = sess.run(p.gs)
     while not sess.should_stop() if monitored else step < STEPS:
         if step == abandon:
             return None
         if step == at and command is not None:
             ctl.enqueue(Command("c", command, str(directory)))
-        sess.run(p.train)
+        sess.run(p.train, feed)
         if not monitored or not sess.should_stop():
             step = sess.run(p.gs)
+        if feed is not None and step % 5 == 0:  # an evaluation through the same iterator
+            sess.run(h.val_init)
+            while True:
+                try:
+                    sess.run(p.loss, {h.fed: val_handle})
+                except tf.errors.OutOfRangeError:
+                    break
     return {} if monitored else _values(p.variables, sess.run(p.variables))
 
 
@@ -157,14 +180,18 @@ def acks(ctl: Controller) -> list[Any]:
     ("slices", "oneshot", "session", "momentum", "naive"),
     ("range", "init", "session", "adam", "kill"),
     ("slices", "init", "mts", "momentum", "naive"),
-    ("range", "oneshot", "mts", "adam", "kill")])
+    ("range", "oneshot", "mts", "adam", "kill"),
+    ("slices", "feedable", "session", "momentum", "naive")])
 def test_a_job_reading_tf_data_restarts_bit_identical(
         source: str, iterator: str, loop: str, optimizer: str, how: str, tmp_path: Path) -> None:
     """Migrated naive (stopped at step 7) or checkpointed at step 7, trained on to step 12
     and killed, then restarted from the checkpoint: the same variables as an uninterrupted
     run, and every mini-batch trained once (the ids summed over 4 epochs). Before, such a
     job was not migratable (`IteratorGetNext`): a restarted copy read its pipeline from the
-    beginning."""
+    beginning. `feedable`: read through `Iterator.from_string_handle`, the training
+    iterator's handle fed to every training run and an evaluation iterator's every 5 steps
+    (refused as unsaved input until s50; the handle fed names the iterator whose position
+    is saved)."""
     base = run(build(source, iterator, loop, optimizer))
     assert base is not None
     assert np.frombuffer(base["seen:0"], np.int64)[0] == EPOCH_IDS * STEPS // 5
@@ -202,6 +229,17 @@ def test_a_pipeline_whose_position_cannot_be_saved_is_still_refused_with_the_rea
     assert "not migratable" in ack.message and "IteratorGetNext" in ack.message, ack.message
     assert reason in ack.message, ack.message
     assert not (tmp_path / "ck").exists()
+
+
+def test_a_feedable_iterator_whose_handle_is_not_fed_is_refused_naming_it(tmp_path: Path) -> None:
+    """A feedable iterator whose handle is computed in the graph, not fed: which iterator it
+    reads is not known from the run, so the job stays not migratable, the reason naming the
+    feedable iterator and its handle; it trains on to its end."""
+    p = build("slices", "unfed", "session", "momentum")
+    assert run(p, command=Kind.STOP_FOR_MIGRATION, directory=tmp_path / "ck", at=4) is not None
+    ack = acks(p.ctl)[0]
+    assert not ack.ok and p.ctl.migratable is False
+    assert "of a feedable iterator" in ack.message and "is not fed" in ack.message, ack.message
 
 
 def test_a_damaged_iterator_position_is_refused_before_anything_is_restored(

@@ -102,10 +102,12 @@ def _warm(job: FeedJob, server: Any) -> None:
     job.migrate_warm()
 
 
-def _warm_naive(rehearsed: bool | None = None) -> Any:
+def _warm_naive(rehearsed: bool | None = None, signature: bool = True) -> Any:
+    """Migrated pre-warmed, then naive. `signature=False`: the source reports none (a
+    string fed to its training run, such as a feedable iterator's handle, is not described)."""
     def journey(job: FeedJob, server: Any) -> None:
         job.pause(0.2)
-        job.migrate_warm(rehearsed=rehearsed)
+        job.migrate_warm(rehearsed=rehearsed, signature=signature)
         job.pause(0.2)
         job.migrate_naive()
     return journey
@@ -271,6 +273,9 @@ KINDS = {
     "rnn_reset": Kind("carried_state.py", _at_each_switch,
                       ("--fetch", "variable", "--reset-every", "4", "--reset", "row"),
                       covered_by="test_tfr_tf_session.py -k reset_at_the_top_of_the_loop"),
+    "feedable": Kind("feedable_iterator.py", _warm_naive(rehearsed=False, signature=False),
+                     ("--train", "initializable"),
+                     covered_by="test_tfr_data_input.py -k feedable (in process)"),
     "replay_buffer": Kind("replay_buffer.py", _warm_naive(rehearsed=False),
                           covered_by="no fix: the tables_before kind (state written in a run of "
                                      "its own before training)"),
@@ -380,7 +385,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     assigns at the top of the loop every 4 steps, cut exactly there (the copy used to reset
     twice), as unfreeze's journey cuts. replay_buffer: each step's mini-batch written into a
     ring of variables in a run of its own before the training run, which trains on a slot
-    picked from the step (no fix needed)."""
+    picked from the step (no fix needed). feedable: a feedable iterator
+    (`Iterator.from_string_handle`) fed the training iterator's handle (initializable) at
+    each training run and an evaluation iterator's every 5 steps (refused until s50);
+    migrated warm (no signature: a string is fed) and naive."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 

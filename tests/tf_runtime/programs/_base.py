@@ -58,6 +58,18 @@ def classifier(x: Any, y: Any, scope: str = "net") -> Any:
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
 
 
+def counted_training(ids: Any, x: Any, y: Any) -> tuple[Any, Any, Any]:
+    """(global step, loss, training op) of the classifier on a tf.data batch, trained by
+    Adam; the training op also sums the ids it read into a variable `seen`, so that each
+    example trained on more or less than once shows in the final variables."""
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    loss = classifier(x, y)
+    seen = tf.compat.v1.get_variable("seen", initializer=np.int64(0), trainable=False)
+    train = tf.group(tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, global_step=gs),
+                     seen.assign_add(tf.reduce_sum(ids)))
+    return gs, loss, train
+
+
 def fed_step(sess: Any, train: Any, gs: Any, x: Any, y: Any, step: int) -> int:
     """One training run fed the mini-batch of `step`; the global step read after it."""
     bx, by = batch(step)

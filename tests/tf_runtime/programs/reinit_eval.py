@@ -25,11 +25,7 @@ iterator = v1.data.Iterator.from_structure(v1.data.get_output_types(train_ds),
                                            v1.data.get_output_shapes(train_ds))
 train_init, val_init = iterator.make_initializer(train_ds), iterator.make_initializer(val_ds)
 ids, x, y = iterator.get_next()
-gs = v1.train.get_or_create_global_step()
-loss = _base.classifier(x, y)
-seen = v1.get_variable("seen", initializer=np.int64(0), trainable=False)
-train = tf.group(v1.train.AdamOptimizer(0.01).minimize(loss, global_step=gs),
-                 seen.assign_add(tf.reduce_sum(ids)))
+gs, loss, train = _base.counted_training(ids, x, y)
 with v1.Session(config=_base.config()) as sess:
     sess.run(v1.global_variables_initializer())
     step = sess.run(gs)
