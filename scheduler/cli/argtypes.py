@@ -53,6 +53,11 @@ _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(
 
 
 _TIME_OF_DAY = re.compile(r"([0-9]{1,2}):([0-9]{2})(?::([0-9]{2}))?", re.ASCII)
+# Any time before 1970 is this one (one second before it), which every command that takes a
+# time refuses or reads as "from the start": `--at 1e308s` (-1e308) and `--until 0001-01-01`
+# broke the messages that print the time (OverflowError: timestamp out of range) or were
+# argparse's "invalid point_in_time value".
+BEFORE_1970 = -1.0
 
 
 def point_in_time(text: str) -> float:
@@ -61,7 +66,7 @@ def point_in_time(text: str) -> float:
     optional time of day, by this machine's clock unless it names its zone (2026-11-30,
     2026-11-30T08:00, '2026-11-30 08:00:00', 2026-11-30T08:00Z, 2026-11-30T08:00+01:00)."""
     if _DURATION.fullmatch(text):
-        return time.time() - duration(text)
+        return max(BEFORE_1970, time.time() - duration(text))
     clock = _TIME_OF_DAY.fullmatch(text)
     if clock:
         hour, minute, second = int(clock[1]), int(clock[2]), int(clock[3] or 0)
@@ -78,7 +83,10 @@ def point_in_time(text: str) -> float:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as e:  # a month 13, a 30th of February
         raise argparse.ArgumentTypeError(f"not a date and time: {text!r} ({e})") from None
-    return when.timestamp()  # a naive time is local, as `get events` prints times
+    try:
+        return max(BEFORE_1970, when.timestamp())  # a naive time is local, as `get events` prints times
+    except (ValueError, OverflowError):  # 0001-01-01 local: "year 0 is out of range"
+        return BEFORE_1970
 
 
 _WHOLE = re.compile(r"[0-9]{1,3}(,[0-9]{3})+|[0-9]+(_[0-9]+)*", re.ASCII)

@@ -84,8 +84,8 @@ def _period(args: argparse.Namespace) -> tuple[float, float]:
 
 
 def get_placements(args: argparse.Namespace, client: Client) -> int:
-    if args.gpu < -1:
-        raise CliError(f"--gpu must be a GPU index, 0 or more, got {args.gpu}")
+    if not -1 <= args.gpu < 2**31:  # (-1: left out) an index travels as an int32
+        raise CliError(f"--gpu must be a GPU index, 0 to {2**31 - 1}, got {args.gpu}")
     if not 0 <= args.limit <= 10000:
         raise CliError(f"--limit must be 0 (the default: 1000) to 10000, got {args.limit}")
     since, until = _period(args)

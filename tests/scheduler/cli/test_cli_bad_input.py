@@ -736,3 +736,26 @@ def test_scheduler_refuses_policy_numbers_that_are_not_finite_or_negative(option
         policy_options([option])
     assert policy_options(["large_block_after_s=none", "pack_trial_s=0"]) == {"large_block_after_s": None,
                                                                               "pack_trial_s": 0.0}
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["get", "placements", "--at", "1e308s"], "--at 1969-12-31"),  # OverflowError: timestamp out of range
+    (["get", "placements", "--at", "99999999999999999999d"], "is before 1970; give a later time"),
+    (["get", "usage", "--until", "1e308s"], "--until (1969-12-31"),  # OverflowError
+    (["get", "usage", "--since", "0001-01-01", "--until", "0001-01-02"], "is not after --since"),  # "invalid
+    (["get", "events", "--until", "0001-01-01"], "--until reaches back before 1970"),  # point_in_time value"
+    (["get", "placements", "--gpu", "99999999999999999999"], "--gpu must be a GPU index, 0 to 2147483647"),
+])
+def test_times_and_indices_past_what_a_clock_or_a_message_holds_are_named(gandiva, argv: list[str], says: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused before the scheduler is asked (none listens here); each was a traceback, or
+    argparse's "invalid point_in_time value" that did not say what was wrong."""
+    monkeypatch.setenv("GANDIVA_SCHEDULER", "127.0.0.1:9")
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        r = gandiva(*argv)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert (r.code, r.out, r.err.count("\n")) == (2, "", 1) and says in r.err and "Traceback" not in r.err, r
