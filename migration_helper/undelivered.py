@@ -10,7 +10,11 @@ re-queues the jobs of the helper it replaces.
 
 One file per exit under the log directory (on disk, unlike the ramdisk: it outlives a
 reboot), named so that the files sort in the order the exits were posted. Each is written
-to a temporary name, flushed and renamed, so a file is either whole or absent.
+to a temporary name, flushed and renamed (the folder flushed after), so a file is either
+whole or absent; and it starts with a checksum of the exit (`_encode`), so that a file cut
+short or damaged since (a disk error, fsck after a crash, a copy cut short) is removed rather
+than read as another exit: one cut after the launch's id read as exit status 0, and a failed
+job was recorded SUCCEEDED. Files of a helper from before the checksum are still read.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import itertools
 import logging
 import os
 import time
+import zlib
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
@@ -29,6 +34,47 @@ from scheduler.errors import InvalidArgument
 from scheduler.validation import MAX_REGISTER_EXITS, check_exit
 
 log = logging.getLogger(__name__)
+
+# A file's first line: this, then the CRC-32 of the exit that follows it (8 hex digits).
+MAGIC = b"gandiva-exit 1 "
+
+
+def _encode(exit_: helper_pb2.ProcessExitRequest) -> bytes:
+    payload = exit_.SerializeToString()
+    return MAGIC + f"{zlib.crc32(payload):08x}\n".encode() + payload
+
+
+def _decode(data: bytes) -> helper_pb2.ProcessExitRequest:
+    """The exit `data` holds; ValueError saying why it is not one, whole."""
+    if data.startswith(MAGIC):
+        head, payload = data[len(MAGIC):len(MAGIC) + 9], data[len(MAGIC) + 9:]
+        try:
+            whole = head.endswith(b"\n") and int(head[:8], 16) == zlib.crc32(payload)
+        except ValueError:
+            whole = False
+        if not whole:
+            raise ValueError("cut short or damaged: its checksum does not match")
+    else:
+        payload = data  # written by a helper from before the checksum
+    exit_ = helper_pb2.ProcessExitRequest()
+    try:
+        exit_.ParseFromString(payload)
+    except DecodeError as exc:
+        raise ValueError(str(exc)) from None
+    # Every exit the helper writes has both: one without was cut short (an older helper's
+    # file, which has no checksum; fields are written in order, its status before its reason).
+    if not exit_.incarnation or not exit_.reason:
+        raise ValueError("cut short: it has no launch id or no reason")
+    return exit_
+
+
+def _remove(path: Path) -> None:
+    """Remove a file that is not to be sent; said, never raised (the helper starts all the
+    same): a directory of that name, a folder that cannot be written."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("could not remove %s (%s); passed over", path, exc)
 
 
 class UndeliveredExits:
@@ -45,10 +91,11 @@ class UndeliveredExits:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(exit_.SerializeToString())
+                f.write(_encode(exit_))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+            _sync_dir(self.root)
         except OSError as exc:
             log.warning("job %s: could not keep its process exit on disk at %s (%s); it is delivered "
                         "from memory only (lost if this helper stops before the scheduler takes it)",
@@ -76,24 +123,23 @@ class UndeliveredExits:
         for name in names:
             path = self.root / name
             if name.startswith("."):  # a write cut short: never renamed, so never posted whole
-                path.unlink(missing_ok=True)
+                _remove(path)
                 continue
-            exit_ = helper_pb2.ProcessExitRequest()
             try:
-                exit_.ParseFromString(path.read_bytes())
-            except (OSError, DecodeError) as exc:
+                exit_ = _decode(path.read_bytes())
+            except (OSError, ValueError) as exc:
                 log.warning("%s is not a process exit (%s); removed", path, exc)
-                path.unlink(missing_ok=True)
+                _remove(path)
                 continue
             if exit_.server != server or not exit_.job_id:
                 log.warning("%s is not a process exit of server %s; removed", path, server)
-                path.unlink(missing_ok=True)
+                _remove(path)
                 continue
             try:
                 check_exit(exit_)
             except InvalidArgument as err:
                 log.warning("%s is not an exit a registration may carry (%s); removed", path, err)
-                path.unlink(missing_ok=True)
+                _remove(path)
                 continue
             found.append((exit_, path))
         if len(found) > MAX_REGISTER_EXITS:
@@ -103,7 +149,7 @@ class UndeliveredExits:
                         "and run again from their restore point)", self.root, len(gone) + len(found),
                         f"{MAX_REGISTER_EXITS:,}", len(gone))
             for _, path in gone:
-                path.unlink(missing_ok=True)
+                _remove(path)
         return found
 
     @staticmethod
@@ -113,3 +159,13 @@ class UndeliveredExits:
             path.unlink(missing_ok=True)
         except OSError as exc:
             log.warning("could not remove %s (%s): it is sent again at the next start (a no-op)", path, exc)
+
+
+def _sync_dir(folder: Path) -> None:
+    """Flush `folder`'s entries: its renamed file outlives a power cut."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

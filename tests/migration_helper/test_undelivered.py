@@ -62,3 +62,56 @@ def test_what_is_read_back_is_what_a_registration_may_carry(tmp_path: Path, capl
     assert not any(p is not None and p.exists() for p in [*bad, oldest])
     assert "is not an exit a registration may carry (job_id: longer than 64 bytes" in caplog.text
     assert f"more than the {MAX_REGISTER_EXITS:,} a registration carries: the oldest 1 removed" in caplog.text
+
+
+def test_a_torn_or_corrupt_exit_file_is_never_read_as_another_exit(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A file cut short (a disk error, fsck truncating it after a crash, a copy cut short) or
+    with a byte flipped. Cut after the launch's id, a job's failure (exit status 1) read back
+    as exit status 0, reason "": sent with the registration, the job was recorded SUCCEEDED,
+    "finished". Such files are now said and removed (the job is then re-queued, as it was
+    before exits were kept): an exit is read back as it was written, or not at all."""
+    root = tmp_path / "exits"
+    exits = UndeliveredExits(root)
+    failed = helper_pb2.ProcessExitRequest(server="s1", job_id="j-failed", incarnation="i-1", exit_code=1,
+                                           reason="exited with status 1", steps=7)
+    whole = exits.keep(failed)
+    assert whole is not None
+    data = whole.read_bytes()
+    cut = data[:data.index(b"i-1") + 3]  # up to the end of the launch's id
+    torn = root / f"{whole.name[:-5]}-torn.exit"
+    torn.write_bytes(cut)
+    flipped = bytearray(data)
+    flipped[flipped.index(b"status 1") + 7] ^= 0x01  # "status 0"
+    (root / f"{whole.name[:-5]}-flipped.exit").write_bytes(bytes(flipped))
+
+    left = UndeliveredExits(root).load("s1")
+    assert [(x.job_id, x.exit_code, x.reason, x.steps) for x, _ in left] == \
+        [("j-failed", 1, "exited with status 1", 7)]
+    assert sorted(p.name for p in root.iterdir()) == [whole.name]
+    assert caplog.text.count("checksum does not match") == 2, caplog.text
+
+
+def test_an_exit_written_by_an_older_helper_is_still_read_back(tmp_path: Path) -> None:
+    """The files a helper of before the check wrote (the protobuf alone) are what its
+    upgrade's restart finds: still read, unless they lack what every exit has."""
+    root = tmp_path / "exits"
+    root.mkdir()
+    (root / "00000000000000000001-1-000000.exit").write_bytes(_exit("j-old").SerializeToString())
+    cut = helper_pb2.ProcessExitRequest(server="s1", job_id="j-cut", incarnation="i-2").SerializeToString()
+    (root / "00000000000000000002-1-000000.exit").write_bytes(cut)
+    left = UndeliveredExits(root).load("s1")
+    assert [(x.job_id, x.reason) for x, _ in left] == [("j-old", "finished")]
+
+
+def test_an_entry_that_cannot_be_removed_does_not_stop_the_helper(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A directory where an exit file would be (the folder is the jobs' to write too), or a
+    file on a folder that cannot be written: its removal failed, and the helper's start
+    with it (IsADirectoryError out of `gandiva helper`). Now said, and passed over."""
+    root = tmp_path / "exits"
+    (root / "00000000000000000001-1-000000.exit").mkdir(parents=True)
+    (root / ".00000000000000000002-1-000000.exit.tmp").mkdir()
+    kept = UndeliveredExits(root).keep(_exit("j"))
+    assert kept is not None
+    left = UndeliveredExits(root).load("s1")
+    assert [x.job_id for x, _ in left] == ["j"]
+    assert "could not remove" in caplog.text
