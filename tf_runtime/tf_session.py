@@ -111,6 +111,21 @@ _CHANGES_ANY = _CHANGES | _LOADS | _INCREMENTS | _SLICE_SETS | _GENERATOR_DRAWS
 _DEPENDS_LIMIT = 200_000  # ops an assign's value is searched through for its own variable
 
 
+# A staging area's takes and puts (`StagingArea.get()`/`peek()`, `put()`; the map staging
+# areas'), one area named by the ops' container and shared_name attributes.
+_STAGING_TAKES = frozenset({"Unstage", "StagePeek", "MapUnstage", "MapUnstageNoKey", "MapPeek",
+                            "OrderedMapUnstage", "OrderedMapUnstageNoKey", "OrderedMapPeek"})
+_STAGING_PUTS = frozenset({"Stage", "MapStage", "OrderedMapStage"})
+
+
+def _staging_area(op: Any) -> tuple[Any, Any]:
+    """The staging area a take or put op works on: (container, shared_name)."""
+    try:
+        return op.get_attr("container"), op.get_attr("shared_name")
+    except ValueError:
+        return None, op.name
+
+
 _PY_FUNCS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 _CONSTANT_INPUTS = frozenset({"Const", "HostConst"})
 
@@ -635,6 +650,8 @@ class TFSessionAdapter:
              if _stateful_node(op.type, [t.op.type for t in op.inputs]) and
              not (training and (data_state.read_iterator(op) or data_state.handle_read(op)))),
             inside.stateful)
+        if training and not stateful:
+            stateful = self._staged_input(reached)
         # Numbers for the program (an epoch's order of its examples), not an evaluation's
         # dropout or a GAN's sample images, which read the model.
         draws = "" if (training or initializes_some or restores or self._state_ops & reached) \
@@ -667,6 +684,29 @@ class TFSessionAdapter:
                        if handle_reads else "",
                        iterators=iterators, iterator_inits=tuple(sorted(
                            {pair for op in reached if (pair := data_state.initialised_iterator(op))})))
+
+    def _staged_input(self, reached: set[Any]) -> str:
+        """A batch a training run takes from a staging area (`StagingArea.get()`, as
+        tf_cnn_benchmarks stages its input one step ahead) whose puts read input of the
+        process's own (a tf.data iterator, a queue, a stateful random op): the staged batch
+        is in no checkpoint, and a restored copy's first put reads the input's next batch
+        (the iterator's saved position is already past the staged one), so it would skip a
+        batch. "Unstage op 'name' ..." of the first such take, or "". A staging area put
+        fed from Python (the batch of the step read) is the program's to stage again."""
+        for op in sorted(reached, key=lambda o: o.name):
+            if op.type not in _STAGING_TAKES:
+                continue
+            area = _staging_area(op)
+            puts = [p for p in self.graph.get_operations()
+                    if p.type in _STAGING_PUTS and _staging_area(p) == area]
+            _, upstream = self._walk(puts) if puts else (None, set())
+            source = next((f"{u.type} op {u.name!r}" for u in sorted(upstream, key=lambda o: o.name)
+                           if _stateful_node(u.type, [t.op.type for t in u.inputs])), "")
+            if source:
+                return (f"{op.type} op {op.name!r}, a batch staged ahead in a staging area "
+                        f"from {source} (the staged batch is in no checkpoint, and a restored "
+                        "copy would stage the next one)")
+        return ""
 
     def _note_counters(self, reached: set[Any]) -> None:
         """Remember the integer scalar variables (not the global step, not trainable) that a

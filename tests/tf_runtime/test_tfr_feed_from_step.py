@@ -276,6 +276,9 @@ KINDS = {
     "feedable": Kind("feedable_iterator.py", _warm_naive(rehearsed=False, signature=False),
                      ("--train", "initializable"),
                      covered_by="test_tfr_data_input.py -k feedable (in process)"),
+    "staging_feed": Kind("staging_area.py", _warm_naive(), ("--source", "feed"),
+                         covered_by="no fix: input a function of the step read, as in feed_step's "
+                                    "journeys; from an iterator: test_tfr_data_input.py -k staged"),
     "replay_buffer": Kind("replay_buffer.py", _warm_naive(rehearsed=False),
                           covered_by="no fix: the tables_before kind (state written in a run of "
                                      "its own before training)"),
@@ -388,7 +391,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     picked from the step (no fix needed). feedable: a feedable iterator
     (`Iterator.from_string_handle`) fed the training iterator's handle (initializable) at
     each training run and an evaluation iterator's every 5 steps (refused until s50);
-    migrated warm (no signature: a string is fed) and naive."""
+    migrated warm (no signature: a string is fed) and naive. staging_feed: each batch staged
+    one step ahead in a StagingArea, fed from the step after the one read (the warm-up put
+    of the step read's); migrated warm and naive (no fix needed)."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 

@@ -58,6 +58,13 @@ def classifier(x: Any, y: Any, scope: str = "net") -> Any:
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
 
 
+def examples(n: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed data set held in memory: `n` examples' features and labels."""
+    rng = np.random.RandomState(7)
+    return (rng.standard_normal((n, DIM)).astype(np.float32),
+            rng.randint(0, CLASSES, size=n).astype(np.int64))
+
+
 def counted_training(ids: Any, x: Any, y: Any) -> tuple[Any, Any, Any]:
     """(global step, loss, training op) of the classifier on a tf.data batch, trained by
     Adam; the training op also sums the ids it read into a variable `seen`, so that each

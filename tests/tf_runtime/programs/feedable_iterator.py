@@ -15,10 +15,8 @@ import tensorflow as tf
 v1 = tf.compat.v1
 args = _base.parse(lambda p: p.add_argument("--train", default="one_shot",
                                             choices=["one_shot", "initializable"]))
-rng = np.random.RandomState(7)
 N = 40
-features = rng.standard_normal((N, _base.DIM)).astype(np.float32)
-labels = rng.randint(0, _base.CLASSES, size=N).astype(np.int64)
+features, labels = _base.examples(N)
 train_ds = tf.data.Dataset.from_tensor_slices(
     (np.arange(N, dtype=np.int64), features, labels)).shuffle(N, seed=5).repeat().batch(8)
 val_ds = tf.data.Dataset.from_tensor_slices(
