@@ -37,7 +37,7 @@ class VarSpec:
     """What grouping needs to know about one variable."""
 
     name: str  # without the ":0" suffix
-    shape: tuple[int | None, ...]
+    shape: tuple[int | None, ...] | None  # None: not even the rank is known
     dtype: str
 
 
@@ -96,6 +96,10 @@ def group_replicas(specs: Sequence[VarSpec],
 
 def _consistent(towers: Iterable[dict[str, VarSpec]]) -> bool:
     towers = list(towers)
+    # A variable of unknown shape (one that may grow) is never taken for a replica: its
+    # copies' values could not be compared, and one saved entry could not fill them all.
+    if any(v.shape is None for t in towers for v in t.values()):
+        return False
     first = {k: (v.shape, v.dtype) for k, v in towers[0].items()}
     return all({k: (v.shape, v.dtype) for k, v in t.items()} == first for t in towers[1:])
 

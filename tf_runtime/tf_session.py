@@ -195,6 +195,22 @@ def _state_variables(graph: tf.Graph) -> tuple[list[Any], list[Any]]:
     return list(model.values()), list(local.values())
 
 
+def _shape(variable: Any) -> tuple[int | None, ...] | None:
+    """A variable's static shape; None when not even its rank is known (a variable made
+    with `validate_shape=False`, or `shape=tf.TensorShape(None)`, whose shape may change
+    as it trains: a history grown by `tf.concat`)."""
+    return None if variable.shape.rank is None else tuple(variable.shape.as_list())
+
+
+def _assign(variable: Any, value: Any) -> Any:
+    """The restore of one variable: the saved value whatever its shape when the variable's
+    own is not fully known (a grown variable's saved value is longer than the initial one
+    a restarted copy holds, which a reference variable's checked assign refuses)."""
+    if variable.shape.is_fully_defined():
+        return variable.assign(value, read_value=False)
+    return tf.compat.v1.assign(variable, value, validate_shape=False).op
+
+
 def _locals_prefix(prefix: str) -> str:
     """Where the local variables go, beside the variables' files (`model` -> `locals`)."""
     return str(Path(prefix).with_name("locals"))
@@ -209,8 +225,7 @@ class Checkpointer:
             raise CheckpointError("the graph has no global variables to checkpoint")
         self.key = _state_key(graph, variables + local)
         by_name = {strip_output(v.name): v for v in variables}
-        specs = [VarSpec(n, tuple(v.shape.as_list()), v.dtype.base_dtype.name)
-                 for n, v in by_name.items()]
+        specs = [VarSpec(n, _shape(v), v.dtype.base_dtype.name) for n, v in by_name.items()]
         self.groups: list[Group]
         self.groups, self.replicas = group_replicas(specs, split)
         # Whether each grouped name's copies hold the same values (`differing`): names
@@ -250,7 +265,7 @@ class Checkpointer:
         with graph.as_default(), tf.name_scope("gandiva_checkpoint/assign"):
             for g, value in zip(self.groups, values):
                 for member in g.members:
-                    assigns.append(by_name[member].assign(value, read_value=False))
+                    assigns.append(_assign(by_name[member], value))
             self.restore_op = tf.group(*assigns, name="restore_all")
         self._save_tensor = self.saver.saver_def.save_tensor_name
         self._filename = self.saver.saver_def.filename_tensor_name
@@ -375,7 +390,7 @@ class Checkpointer:
                         values = io_ops.restore_v2(
                             prefix, [g.canonical for g in groups], [""] * len(groups),
                             [self._by_name[g.members[0]].dtype.base_dtype for g in groups])
-                    assigns = [self._by_name[m].assign(v, read_value=False)
+                    assigns = [_assign(self._by_name[m], v)
                                for g, v in zip(groups, values) for m in g.members]
                     return prefix, tf.group(*assigns)
             finally:

@@ -282,6 +282,8 @@ KINDS = {
     "replay_buffer": Kind("replay_buffer.py", _warm_naive(rehearsed=False),
                           covered_by="no fix: the tables_before kind (state written in a run of "
                                      "its own before training)"),
+    "growing_shape": Kind("growing_shape.py", _warm_naive(),
+                          covered_by="test_tfr_tf_session.py -k shape_grows"),
 }
 
 
@@ -388,7 +390,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     assigns at the top of the loop every 4 steps, cut exactly there (the copy used to reset
     twice), as unfreeze's journey cuts. replay_buffer: each step's mini-batch written into a
     ring of variables in a run of its own before the training run, which trains on a slot
-    picked from the step (no fix needed). feedable: a feedable iterator
+    picked from the step (no fix needed). growing_shape: a loss history in a variable
+    made with `validate_shape=False`, one entry longer each step (the shim used to end the
+    program at its first training run, reading its unknown shape). feedable: a feedable iterator
     (`Iterator.from_string_handle`) fed the training iterator's handle (initializable) at
     each training run and an evaluation iterator's every 5 steps (refused until s50);
     migrated warm (no signature: a string is fed) and naive. staging_feed: each batch staged

@@ -2080,3 +2080,53 @@ def test_a_py_func_that_keeps_state_of_its_own_between_steps_is_not_migratable(
         reason = ctl.channel.migratability[-1][1]  # type: ignore[union-attr]
         name = {"counter": "count (calls)", "method": "Normaliser.apply (self)"}[kind]
         assert name in reason and "py_func/numpy_function" in reason, reason
+
+
+@pytest.mark.parametrize("kind", ["resource", "ref"])
+def test_a_variable_whose_shape_grows_is_saved_and_restored(kind: str, tmp_path: Path) -> None:
+    """`tf.compat.v1.Variable(..., validate_shape=False)` (a resource one made with
+    `shape=tf.TensorShape(None)`) whose shape grows: a loss history, one entry appended by
+    the training run each step (`tf.concat`), its mean weighting the loss. The shim's
+    checkpointer read every variable's shape as a list and raised on its unknown shape
+    inside the program's first training run, ending the program (probed: the job died at
+    its first step under `gandiva-submit`); a restore assigned the saved (longer) value with
+    the shape checked. Now saved, restored into a copy whose own history is shorter, and the
+    copy ends as an uninterrupted run does."""
+    def build() -> tuple[Any, ...]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        own = {} if kind == "ref" else {"shape": tf.TensorShape(None)}
+        hist = tf.compat.v1.Variable(np.zeros(1, np.float32), validate_shape=False,
+                                     trainable=False, name="history",
+                                     use_resource=kind == "resource", **own)
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+        loss = tf.reduce_sum(w * w) * (1.0 + 0.1 * tf.reduce_mean(hist))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=gs)
+        with tf.control_dependencies([train]):
+            longer = tf.concat([tf.identity(hist), tf.reshape(loss, [1])], 0)
+            train = tf.compat.v1.assign(hist, longer, validate_shape=False)
+        return gs, w, hist, train
+
+    def loop(sess: Any, gs: Any, train: Any, until: int) -> None:
+        while sess.run(gs) < until:
+            sess.run(train)
+
+    with tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, hist, train = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        loop(sess, gs, train, 4)
+        expected = sess.run([w, hist])
+    with shimmed() as source, tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, hist, train = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        loop(sess, gs, train, 2)
+        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        loop(sess, gs, train, 3)
+    assert acks(source)[-1].ok and acks(source)[-1].step == 2, acks(source)[-1].message
+    with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, hist, train = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        loop(sess, gs, train, 4)
+        got = sess.run([w, hist])
+    assert got[1].shape == (5,)
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
