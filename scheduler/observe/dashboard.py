@@ -338,7 +338,10 @@ def routes(core: Any, metrics: SchedulerMetrics, engine: Any | None = None) -> d
         if not _JOB_ID.fullmatch(job_id):
             return Response(400, b"?id= must name a job (its id, e.g. j-8d0de09391)\n")
         try:
-            return Response.json(await asyncio.wait_for(job_timeline(core, job_id), DB_WAIT_S))
+            got = await asyncio.wait_for(job_timeline(core, job_id), DB_WAIT_S)
+            # Its rate over the last hour against its rate alone (in memory: RateHistory).
+            got["rates"] = metrics.rates.export(job_id)
+            return Response.json(got)
         except NotFound:
             return Response(404, f"no job {job_id}\n".encode())
         except (Unavailable, TimeoutError) as err:

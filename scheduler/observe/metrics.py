@@ -128,6 +128,45 @@ class Timeline:
         }
 
 
+# A job's rate is sampled once per RATE_SAMPLE_S, and at each suspend or resume, for the last
+# TIMELINE_S: 360 points a job and one per switch (the deque holds 361), about 100 bytes each.
+RATE_SAMPLE_S = 10.0
+_ACTIVE = frozenset({JobState.RUNNING.value, JobState.SUSPENDED.value, JobState.MIGRATING.value,
+                     JobState.QUEUED.value})
+
+
+class RateHistory:
+    """Per job, its rate over the last hour against its rate alone, from the rounds'
+    snapshots: (when, the runtime's rate while RUNNING, else 0: it makes no progress while
+    suspended, moving or queued again; its rate alone then, or None). A job is followed from
+    its first sample running. The dashboard's one-job view draws it (``/api/job``'s ``rates``)."""
+
+    def __init__(self, keep_s: float = TIMELINE_S, every_s: float | None = None) -> None:
+        self.keep_s, self.every_s = keep_s, every_s or RATE_SAMPLE_S
+        self.jobs: dict[str, collections.deque[tuple[float, float, float | None]]] = {}
+        self._trimmed = 0.0
+
+    def record(self, snap: pt.ClusterSnapshot) -> None:
+        now = snap.now
+        for j in snap.jobs:
+            points = self.jobs.get(j.id)
+            running = j.state == JobState.RUNNING.value and (j.rate or 0) > 0
+            if points is None:
+                if not running:
+                    continue
+                points = self.jobs[j.id] = collections.deque(maxlen=int(self.keep_s / self.every_s) + 1)
+            elif j.state not in _ACTIVE or (points[-1][0] > now - self.every_s and (points[-1][1] > 0) == running):
+                continue  # (a suspend or resume is sampled at once: a time slice shows whatever its length)
+            points.append((now, (j.rate or 0.0) if running else 0.0, j.alone_rate))
+        if now - self._trimmed >= self.every_s:  # the ended jobs' points age out
+            self._trimmed = now
+            for job_id in [k for k, v in self.jobs.items() if v[-1][0] < now - self.keep_s]:
+                del self.jobs[job_id]
+
+    def export(self, job_id: str) -> list[tuple[float, float, float | None]]:
+        return list(self.jobs.get(job_id, ()))
+
+
 class SchedulerMetrics(Observer):
     """Prometheus metrics, the decision log and the timeline of one scheduler."""
 
@@ -136,6 +175,7 @@ class SchedulerMetrics(Observer):
         self._policy_state = policy_state
         self.log = DecisionLog()
         self.timeline = Timeline()
+        self.rates = RateHistory()
         self._verdict_seq = 0
         self.decisions = Counter("gandiva_decisions", "Decisions applied, by kind", ["kind"], registry=r)
         self.decision_seconds = Histogram(
@@ -207,6 +247,7 @@ class SchedulerMetrics(Observer):
     def decided(self, snapshot: pt.ClusterSnapshot, decisions: Sequence[pt.Decision], seconds: float) -> None:
         self.decision_seconds.observe(seconds)
         self.timeline.record(snapshot)
+        self.rates.record(snapshot)
         states = {j.id: j.state for j in snapshot.jobs}
         for d in decisions:
             kind = KINDS.get(type(d))

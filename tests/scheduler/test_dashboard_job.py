@@ -149,16 +149,20 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
 
 
 def test_a_job_slower_than_its_own_rate_alone_is_shown_so(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any, chromium: str) -> None:
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, chromium: str, monkeypatch: Any) -> None:
     """"Which jobs are slow compared with their own rate alone?" had no answer: the scheduler
     measures each job's rate alone (scheduler/alone.py, the baseline it judges packing by),
     and no view showed it. Now /api/state carries it and the rate against it; the page's
     rate cell (here in a real Chromium) says "0.1 (0.01x alone)" in red, `gandiva top` names the
-    slow jobs in a line of their own, and /metrics has gandiva_job_alone_minibatch_rate."""
+    slow jobs in a line of their own, and /metrics has gandiva_job_alone_minibatch_rate. The
+    job's view (#job=ID) draws its rate over time against its rate alone (/api/job's `rates`)."""
     from rich.console import Console
 
     from scheduler.cli.top import render
+    from scheduler.observe import metrics
     from scheduler.observe.dashboard import SLOW_AGAINST_ALONE
+
+    monkeypatch.setattr(metrics, "RATE_SAMPLE_S", 0.2)  # a sample a round (10 s: a chart of one point)
 
     sched = make_scheduler(sqlite_url, tick_s=0.2, http_listen="127.0.0.1:0")
     http = sched.server.http_address
@@ -192,8 +196,16 @@ def test_a_job_slower_than_its_own_rate_alone_is_shown_so(
         name = row["name"]
         series = f'gandiva_job_alone_minibatch_rate{{job="{job_id}",name="{name}"}}'
         assert series in scraped, scraped[-3000:]
-        dom = chromium_dom(f"http://{http}/", budget_ms=4000)
+        rates = _get(http, f"/api/job?id={job_id}")[1]["rates"]
+        assert rates[0][1] == pytest.approx(40.0) and rates[-1][1] == pytest.approx(0.1) and rates[-1][2], rates
+        dom = chromium_dom(f"http://{http}/#job={job_id}", budget_ms=4000)
         cell = re.search(rf'data-job="{job_id}".*?<td class="num bad"[^>]*>([^<]*)</td>', dom, re.DOTALL)
         assert cell is not None and re.fullmatch(r"0\.1 \(0\.\d\dx alone\)", cell.group(1)), dom[-3000:]
+        # The chart, shown: its rate's line ends under its rate alone's (SVG y grows downwards).
+        assert '<div id="job-rates-box">' in dom, dom[-3000:]
+        drawn = {c: re.search(rf'<polyline points="([^"]*)"[^>]*class="{c}"', dom) for c in ("rate", "alone")}
+        assert drawn["rate"] and drawn["alone"], dom[-3000:]
+        ends = {c: float(m.group(1).split()[-1].split(",")[1]) for c, m in drawn.items() if m}
+        assert ends["rate"] > ends["alone"], ends
     finally:
         f.close()
