@@ -144,3 +144,22 @@ async def test_two_pairs_judged_in_one_round_are_both_read_back(sqlite_url: str)
             ("keep-pack", "j-a"), ("keep-pack", "j-c")]
     finally:
         await core.dispose()
+
+
+def test_a_jobs_rate_history_shows_its_time_slices_and_ages_out() -> None:
+    """What the one-job view's chart draws (RateHistory): a sample every 10 s while nothing
+    changes, one at once at each suspend or resume (a 6 s slice between two 10 s samples would
+    not show), 0 while it waits, its rate alone beside; a job ended an hour ago is forgotten."""
+    from dataclasses import replace
+
+    from scheduler.observe.metrics import RateHistory
+
+    h = RateHistory(keep_s=3600, every_s=10)
+    a = replace(job("a", "RUNNING", 0), rate=20.0, alone_rate=25.0)
+    h.record(snap(0, replace(a, state="QUEUED", rate=None)))  # not followed before it has run
+    for t, view in ((1, a), (5, a), (11, a), (14, replace(a, state="SUSPENDED")), (16, replace(a, state="SUSPENDED")),
+                    (20, replace(a, rate=10.0, alone_rate=None)), (25, replace(a, rate=12.0, alone_rate=None))):
+        h.record(snap(t, view))
+    assert h.export("a") == [(1, 20.0, 25.0), (11, 20.0, 25.0), (14, 0.0, 25.0), (20, 10.0, None)]
+    h.record(snap(3621))  # it ended (in no snapshot) after 20 s; an hour later it is gone
+    assert h.export("a") == [] and not h.jobs
