@@ -578,7 +578,7 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     if summary["state_changes"]:  # none left: its events were pruned (gandiva db prune)
         print(f"Sharing (what time-slicing, packing and moves did to it; from its {summary['state_changes']} "
               "state changes):")
-        _print_fields(sharing.lines(summary), indent=2)
+        _print_fields(sharing.lines(summary, job.id), indent=2)
     if job.state == common_pb2.JOB_STATE_FAILED:
         print(f"Last output (all of it: gandiva logs {job.id}):")
         for line in last_output(client, job) or ["(none)"]:

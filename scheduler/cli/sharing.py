@@ -16,7 +16,7 @@ from typing import Any
 
 from protos.gandiva.v1 import common_pb2
 from scheduler.cli import output
-from scheduler.observe.sharing import summary
+from scheduler.observe.sharing import move_record, summary
 
 
 def sharing(job: common_pb2.Job, events: Sequence[common_pb2.Event], now: float | None = None) -> dict[str, Any]:
@@ -24,12 +24,13 @@ def sharing(job: common_pb2.Job, events: Sequence[common_pb2.Event], now: float 
     ``sharing``: from its submission to its end (or now)."""
     records = [("state" if e.kind == "job.state" else "verdict", e.at, e.message)
                for e in events if e.kind in ("job.state", "job.pack")]
+    records += [r for e in events if (r := move_record(e.kind, e.at, e.message))]
     end = job.finished_at or (now if now is not None else time.time())
     return summary(job.id, job.spec.gpus, job.submitted_at, end, records)
 
 
-def lines(got: dict[str, Any]) -> list[tuple[str, str]]:
-    """The summary as describe's fields."""
+def lines(got: dict[str, Any], job_id: str = "ID") -> list[tuple[str, str]]:
+    """The summary (of job ``job_id``) as describe's fields."""
     spent = (f"running {output.duration(got['running_s'])}, suspended "
              f"{output.duration(got['suspended_s'])} ({got['time_slices']} "
              f"suspension{'' if got['time_slices'] == 1 else 's'}: time slices, holds, packs undone), queued {output.duration(got['queued_s'])}, moving "
@@ -52,6 +53,10 @@ def lines(got: dict[str, Any]) -> list[tuple[str, str]]:
     else:
         fields.append(("Packing", "never tried"))
     pauses = got["move_pauses_s"]
-    fields.append(("Moves", f"{len(pauses)}, training paused " + ", ".join(f"{p:.2f}s" for p in pauses)
-                   if pauses else "none"))
+    moves = f"{len(pauses)}, training paused " + ", ".join(f"{p:.2f}s" for p in pauses) if pauses else "none"
+    not_moved = got.get("moves_not_done") or []
+    if not_moved:  # moves decided that did not move it: why is in their job.migration events
+        moves += (f"; {len(not_moved)} more decided but not carried out ({', '.join(not_moved)}): "
+                  f"gandiva get events --job {job_id} --kind job.migration")
+    fields.append(("Moves", moves))
     return fields

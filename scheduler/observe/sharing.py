@@ -22,6 +22,17 @@ _CHANGE = re.compile(r"([A-Z]+) -> ([A-Z]+): ")
 _RAN = re.compile(r"\(it ran ([0-9.]+) mini-batches/s\)")
 _PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")
 _GAIN = re.compile(r"packed rate ([0-9.]+)x of time-slicing")
+# A move (migration, grow, shrink) that ended without moving the job, as its job.migration event
+# begins: refused before it began (live.py's _policy_move), or ended unmoved (live_migration's
+# ENDED_UNMOVED phases).
+_NOT_MOVED = re.compile(r"^(not started|aborted|failed|restarted_at_source)\b")
+
+
+def move_record(kind: str, at: float, message: str) -> tuple[str, float, str] | None:
+    """A ("move", at, outcome) record of a job.migration event that ended without moving the job
+    (for ``summary``), or None for any other event."""
+    found = _NOT_MOVED.match(message) if kind == "job.migration" else None
+    return ("move", at, found[1]) if found else None
 
 
 def own_rates(job_id: str, message: str) -> tuple[float, float] | None:
@@ -36,12 +47,14 @@ def summary(job_id: str, gpus: int, since: float, until: float, records: Iterabl
     """Seconds in each state over [since, until] (the job's submission to its end or now; the
     first record's time when the records are its latest only), suspensions, the rates it ran at
     before each suspend or move, its packing trials with their verdicts and its own rates
-    packed and alone, its moves with the pause each cost."""
+    packed and alone, its moves with the pause each cost, and the outcome of each move that did
+    not move it ("move" records: ``move_record``)."""
     changes: list[tuple[str, str, float]] = []
     ran: list[float] = []
     pauses: list[float] = []
     slices = 0
     trials: list[dict[str, Any]] = []
+    not_moved: list[str] = []
     for kind, at, text in records:
         if kind == "state":
             found = _CHANGE.match(text)
@@ -52,6 +65,8 @@ def summary(job_id: str, gpus: int, since: float, until: float, records: Iterabl
             ran += [float(r) for r in _RAN.findall(text)]
             if found[1] == "MIGRATING" and found[2] == "RUNNING":
                 pauses += [float(p) for p in _PAUSED.findall(text)]
+        elif kind == "move":
+            not_moved.append(text)
         elif kind == "verdict":
             gain = _GAIN.search(text)
             verdict = _VERDICTS.get(verdict_kind(text), "undone")
@@ -65,4 +80,4 @@ def summary(job_id: str, gpus: int, since: float, until: float, records: Iterabl
     return {"state_changes": len(changes), "running_s": spent.gpu_seconds / max(1, gpus),
             "suspended_s": spent.suspended_seconds, "queued_s": spent.queued_seconds,
             "migrating_s": spent.migrating_seconds, "time_slices": slices, "rates_before_switch": ran,
-            "packing_trials": trials, "move_pauses_s": pauses}
+            "packing_trials": trials, "move_pauses_s": pauses, "moves_not_done": not_moved}

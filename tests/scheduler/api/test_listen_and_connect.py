@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gandiva_cli import main as gandiva_main
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler.cli.client import Client, CliError
 from scheduler.core import Settings
@@ -131,7 +132,7 @@ def test_a_database_the_scheduler_cannot_use_stops_it_in_one_line(db: str, says:
 
 
 def test_a_move_refused_before_it_began_is_said_where_people_look(make_scheduler: Any, sqlite_url: str,
-                                                                  wait_for: Any) -> None:
+                                                                  wait_for: Any, capsys: Any) -> None:
     """The policy's move of a job whose runtime had gone (in `gandiva demo`: an unpack of a
     job that had just finished, its exit not yet reported) is refused before it begins. That
     was said in the scheduler's log only: the demo and the dashboard's decision log showed
@@ -157,5 +158,13 @@ def test_a_move_refused_before_it_began_is_said_where_people_look(make_scheduler
         assert decisions[-1][:2] == ("not-done", job_id) and decisions[-1][2].startswith(refusal), decisions
         job = f.job(job_id)
         assert job.state == common_pb2.JOB_STATE_RUNNING and job.placement[0].server == server
+        # The job's own summary (describe's Sharing, the page's one-job view) counts it too.
+        with urllib.request.urlopen(f"http://{sched.server.http_address}/api/job?id={job_id}", timeout=10) as answer:
+            assert json.load(answer)["sharing"]["moves_not_done"] == ["not started"]
+        assert gandiva_main.main(["describe", "job", job_id, "--scheduler", sched.address]) == 0
+        moves = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("Moves:")]
+        said = (f"  Moves:   none; 1 more decided but not carried out (not started): gandiva get events "
+                f"--job {job_id} --kind job.migration")
+        assert moves == [said], moves
     finally:
         f.close()
