@@ -248,6 +248,10 @@ class SchedulerMetrics(Observer):
         self.decision_seconds.observe(seconds)
         self.timeline.record(snapshot)
         self.rates.record(snapshot)
+        # The round's packing verdicts first: the policy judged its trials before it decided (a
+        # pack kept, then ended by an unpack onto idle GPUs in the same round read "migrate ...
+        # its kept pack ends" above the keep-pack that kept it, which was the job's last word).
+        self._note_verdicts(snapshot.now)
         states = {j.id: j.state for j in snapshot.jobs}
         for d in decisions:
             kind = KINDS.get(type(d))
@@ -258,7 +262,6 @@ class SchedulerMetrics(Observer):
             self.decisions.labels(kind).inc()
             gpus: Sequence[pt.GpuRef] = getattr(d, "gpus", None) or getattr(d, "to_gpus", None) or ()
             self.log.add(snapshot.now, kind, d.job_id, gpu_names(gpus), d.reason)
-        self._note_verdicts(snapshot.now)
 
     def _note_verdicts(self, now: float) -> None:
         """The policy's verdicts on packing trials (GandivaState.verdicts): kept

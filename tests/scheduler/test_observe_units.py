@@ -63,6 +63,13 @@ def test_decision_log_counts_kinds_and_notes_pack_verdicts() -> None:
     assert m.registry.get_sample_value("gandiva_decisions_total", {"kind": "unpack"}) is None
     assert m.registry.get_sample_value("gandiva_decisions_total", {"kind": "queue"}) is None
     assert m.registry.get_sample_value("gandiva_policy_decision_seconds_count") == 3
+    # A pack kept and ended in one round (an unpack onto idle GPUs): the verdict comes first, and
+    # the move is the job's last word (the page's "last decision"). It read the other way round.
+    state.add_verdict(8, PackTrial("c", "a", 0.0, (1.0, 1.0)), True, 1.9, "packed rate 1.90x of time-slicing: kept")
+    m.decided(before, [pt.Migrate("c", (G("n1", 1),), reason="unpack onto idle GPUs: its kept pack with a ends")],
+              0.002)
+    assert [(r["kind"], r["job"]) for r in m.log.after(6)] == [("keep-pack", "c"), ("migrate", "c")]
+    assert m.log.last_for()["c"].kind == "migrate"
 
 
 def test_gpu_modes() -> None:
