@@ -46,6 +46,11 @@ class Fake:
         self.api = scheduler_pb2_grpc.SchedulerStub(self.ch)
         self.streams: dict[str, Any] = {}
         self.shared_root, self.agents = shared_root, agents
+        # One heartbeat at a time, as from a real helper: one sent while keep_alive's was
+        # still being recorded was answered from memory at once (HelperServicer._within),
+        # without the stops its own `running` would have brought, and the test's check
+        # of them failed on a loaded machine (-k launch_nobody_confirms, 1 in 8 at load 19).
+        self.beat_lock = threading.Lock()
         for name, n in (gpus or {"a": 1, "b": 1}).items():
             self.register(name, n)
         self._beating = threading.Event()
@@ -74,8 +79,9 @@ class Fake:
         return self.streams[server]
 
     def heartbeat(self, server: str, *pairs: tuple[str, str]) -> list[tuple[str, str]]:
-        reply = self.helper.Heartbeat(helper_pb2.HeartbeatRequest(
-            name=server, running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs]))
+        with self.beat_lock:
+            reply = self.helper.Heartbeat(helper_pb2.HeartbeatRequest(
+                name=server, running=[helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs]))
         assert reply.known
         return sorted((s.job_id, s.incarnation) for s in reply.stop)
 
@@ -89,7 +95,8 @@ class Fake:
             while not self._beating.is_set():
                 try:
                     for s in list(self.alive):
-                        self.helper.Heartbeat(helper_pb2.HeartbeatRequest(name=s))
+                        with self.beat_lock:
+                            self.helper.Heartbeat(helper_pb2.HeartbeatRequest(name=s))
                 except grpc.RpcError:
                     return  # the test is over
                 time.sleep(0.1)
