@@ -34,6 +34,7 @@ from migration_helper.undelivered import UndeliveredExits
 from migration_protocol.host_memory import format_size
 from protos.gandiva.v1 import common_pb2, helper_pb2, helper_pb2_grpc
 from scheduler.transport import add_port, aio_channel, check_exposure
+from scheduler.validation import MAX_REGISTER_EXITS
 from tf_runtime.lease import write_lease
 
 log = logging.getLogger(__name__)
@@ -349,8 +350,19 @@ class HelperDaemon:
             shared_root=str(self.config.shared_root.resolve()) if self.config.shared_root else "",
             host_memory_bytes=self.host_memory_bytes,
             instance=self.instance,
-            exits=[x for x, _ in self._inherited],
+            exits=self._exits_to_register(),
         )
+
+    def _exits_to_register(self) -> list[helper_pb2.ProcessExitRequest]:
+        """What an earlier run left, then the exits still in the outbox, the newest
+        MAX_REGISTER_EXITS. Those of the outbox too: back from a cut that outlasted the
+        heartbeat timeout, a job that ended meanwhile was re-queued, and its exit, sent only
+        after the registration, came after the round that placed the job again (it ran a
+        second time). With the registration, the scheduler applies it first. Sent again
+        from the outbox after it, where it changes nothing."""
+        exits = [x for x, _ in self._inherited]
+        exits += [m for m in self._outbox if isinstance(m, helper_pb2.ProcessExitRequest)]
+        return exits[-MAX_REGISTER_EXITS:]
 
     async def _run_sessions(self) -> None:
         backoff = 0.2

@@ -425,6 +425,10 @@ class SchedulerCore:
         self._early_exits: dict[tuple[str, str], helper_pb2.ProcessExitRequest] = {}
         # (job, server) -> when (monotonic) its last `job.stale_exit` event was written.
         self._stale_exits: dict[tuple[str, str], float] = {}
+        # (job, incarnation) -> server, of RUNNING launches (no migration under way) whose job
+        # was re-queued when their server went down: a late exit of one, while nothing has
+        # launched the job since, settles it (_settles_lost_launch). Bounded: oldest first out.
+        self._lost_launches: dict[tuple[str, str], str] = {}
         # When (monotonic) this process was last seen running (watch_stalls; None: not
         # watched, as in unit tests driving a fake clock).
         self._alive_at: float | None = None
@@ -1294,7 +1298,8 @@ class SchedulerCore:
             current, state = launches[job_id]
             m = moving.get(job_id)
             if incarnation and incarnation == current:
-                if not (JobState(state).terminal or state == JobState.QUEUED.value):
+                if not (JobState(state).terminal or state == JobState.QUEUED.value) or \
+                        self._lost_launches.get((job_id, incarnation)) == server:
                     kept.append(x)
             elif m is not None and incarnation and incarnation in (m.dest_incarnation, m.fallback_incarnation):
                 kept.append(x)
@@ -1365,6 +1370,8 @@ class SchedulerCore:
                             else None, once=True)
             repo.add_event(s, now, "job.stale_exit", f"old launch {req.incarnation or '(none)'} exited", job_id=job.id, server=req.server)
             return
+        if state is JobState.QUEUED and await self._settles_lost_launch(s, job, req, now):
+            return
         if state.terminal or state is JobState.QUEUED:
             return  # killed already, or already re-queued
         if state is JobState.MIGRATING and req.exit_code == EXIT_MIGRATED:
@@ -1411,6 +1418,37 @@ class SchedulerCore:
                 why = "its process exited while suspended"
             job.steps = max(job.steps, self.steps_seen(job.id, job.incarnation), req.steps)
             await repo.finish(s, job, JobState.FAILED, now, why)
+
+    async def _settles_lost_launch(self, s: AsyncSession, job: Job, req: helper_pb2.ProcessExitRequest,
+                                   now: float) -> bool:
+        """A job re-queued when its server went down (silent past the heartbeat timeout: a
+        host cut off, before the lease froze it), whose launch ended meanwhile: its exit
+        comes once the link is back, with the helper's registration (its outbox's exits) or
+        after it. While nothing has launched the job since (its incarnation is still that
+        launch's), that exit settles it as it would have then: SUCCEEDED or FAILED. Before,
+        it was passed over ("already re-queued") and the job ran a second time, from its
+        checkpoint or from step 0 (tests/multihost/test_ended_while_cut.py). An exit that
+        says nothing of the program's end (stopped by its helper, a planned stop, killed by
+        SIGKILL) leaves it queued, as before."""
+        key = (job.id, req.incarnation)
+        if self._lost_launches.get(key) != req.server:
+            return False
+        if req.reason == "stopped" or req.exit_code == EXIT_MIGRATED or req.exit_code == -signal.SIGKILL:
+            return False
+        del self._lost_launches[key]
+        late = f"; its exit came from {req.server} after the server was taken for lost"
+        if req.exit_code == 0:
+            job.exit_code = 0
+            await repo.finish(s, job, JobState.SUCCEEDED, now, self._finished(job, req.reason or "finished",
+                                                                               req.steps) + late)
+        else:
+            job.exit_code = req.exit_code
+            job.steps = max(job.steps, self.steps_seen(job.id, job.incarnation), req.steps)
+            await repo.finish(s, job, JobState.FAILED, now,
+                              (req.reason or f"exited with status {req.exit_code}") + late)
+        log.warning("job %s: its launch %s on %s ended while the server was taken for lost; settled by its "
+                    "late exit (%s), not run again", job.id, req.incarnation, req.server, req.reason)
+        return True
 
     def steps_seen(self, job_id: str, incarnation: str) -> int:
         """The highest step that launch of the job reported (0: none)."""
@@ -1566,6 +1604,10 @@ class SchedulerCore:
                         why += f" mid-migration; {await repo.resume_from_migration(s, job, migration)}"
                         stops.append((srv.name, job.id, migration.fallback_incarnation))
                 lost.append((job.id, job.incarnation))
+                if migration is None and JobState(job.state) is JobState.RUNNING and job.incarnation:
+                    if len(self._lost_launches) >= 10_000:
+                        del self._lost_launches[next(iter(self._lost_launches))]
+                    self._lost_launches[(job.id, job.incarnation)] = srv.name
                 if self.runtimes.answers(job.id, job.incarnation, self.settings.lease):
                     # Its host answers, its helper does not (stopped, hung): the lease that
                     # freezes a cut-off server's jobs is the helper's, so this copy trains on.

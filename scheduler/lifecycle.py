@@ -36,7 +36,9 @@ ALLOWED_FROM: dict[JobState, frozenset[JobState]] = {
     JobState.MIGRATING: frozenset({JobState.RUNNING, JobState.SUSPENDED}),
     # Back to the queue: its server went down, or its process was lost.
     JobState.QUEUED: frozenset(ACTIVE),
-    JobState.SUCCEEDED: frozenset({JobState.RUNNING, JobState.MIGRATING}),
+    # From the queue: a job re-queued when its server was taken for lost, whose launch had
+    # finished meanwhile, its exit late (SchedulerCore._settles_lost_launch).
+    JobState.SUCCEEDED: frozenset({JobState.RUNNING, JobState.MIGRATING, JobState.QUEUED}),
     # A job that can never be placed fails from the queue.
     JobState.FAILED: frozenset({JobState.QUEUED} | ACTIVE),
     JobState.KILLED: frozenset({JobState.QUEUED} | ACTIVE),

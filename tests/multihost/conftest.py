@@ -38,6 +38,7 @@ from ..tf_runtime.conftest import load_variables
 # Every name this harness creates starts with this (namespaces, links, the bridge).
 PREFIX = os.environ.get("GANDIVA_NETNS_PREFIX", "i9sched")
 SUBNET = "10.77.0"
+SUBNET6 = "fd00:77::"  # a unique local (ULA) prefix, for a cluster on IPv6 addresses only
 SCHED_PORT = 50051
 CHECKPOINT_INTERVAL_S = 2.0
 DONE = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
@@ -62,10 +63,17 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
-class Net:
-    """A bridge in its own namespace and one namespace per host, each on a veth pair."""
+def hostport(addr: str, port: int | str) -> str:
+    """``addr:port``, an IPv6 address in brackets (``[fd00:77::1]:50051``)."""
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
-    def __init__(self) -> None:
+
+class Net:
+    """A bridge in its own namespace and one namespace per host, each on a veth pair.
+    ``ipv6``: each host has an IPv6 address only (SUBNET6), no IPv4 one."""
+
+    def __init__(self, ipv6: bool = False) -> None:
+        self.ipv6 = ipv6
         self.tok = uuid.uuid4().hex[:4]
         self.bridge_ns = f"{PREFIX}-{self.tok}-br"
         self.bridge = f"{PREFIX}{self.tok}br"
@@ -83,14 +91,17 @@ class Net:
     def add_host(self, name: str) -> tuple[str, str]:
         """A host on the bridge: (its namespace, its address)."""
         i = len(self.hosts) + 1
-        ns, addr = f"{PREFIX}-{self.tok}-{name}", f"{SUBNET}.{i}"
+        ns, addr = f"{PREFIX}-{self.tok}-{name}", f"{SUBNET6}{i}" if self.ipv6 else f"{SUBNET}.{i}"
         inside, outside = f"{PREFIX}{self.tok}{i}h", f"{PREFIX}{self.tok}{i}b"
         self.made.append(ns)
         _ip("netns", "add", ns)
         self.ready.append(ns)
         self.hosts[name] = (ns, addr, outside)
         _ip("link", "add", inside, "netns", ns, "type", "veth", "peer", "name", outside, "netns", self.bridge_ns)
-        _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", inside)
+        if self.ipv6:  # nodad: usable at once, not after duplicate address detection
+            _ip("-n", ns, "addr", "add", f"{addr}/64", "dev", inside, "nodad")
+        else:
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", inside)
         _ip("-n", ns, "link", "set", inside, "up")
         _ip("-n", ns, "link", "set", "lo", "up")
         _ip("-n", self.bridge_ns, "link", "set", outside, "master", self.bridge)
@@ -396,7 +407,7 @@ class Cluster:
         port_file.unlink(missing_ok=True)
         self.sock.unlink(missing_ok=True)
         self._spawn("scheduler", self.sched_ns, [
-            "scheduler", "--listen", f"{self.sched_addr}:{SCHED_PORT}", "--also-listen", f"unix:{self.sock}",
+            "scheduler", "--listen", hostport(self.sched_addr, SCHED_PORT), "--also-listen", f"unix:{self.sock}",
             "--db", self.db_url, "--tick", "0.2", "--quantum", "1000",
             "--heartbeat-interval", "0.5", "--heartbeat-timeout", str(heartbeat_timeout),
             "--checkpoint-interval", str(CHECKPOINT_INTERVAL_S),
@@ -417,8 +428,8 @@ class Cluster:
         ns, addr = self.net.add_host(name) if name not in self.net.hosts else self.net.hosts[name][:2]
         self._spawn(name, ns, [
             "helper", "--server-name", name, "--gpus", str(gpus),
-            "--scheduler", scheduler or f"{self.sched_addr}:{SCHED_PORT}",
-            "--listen", f"{addr}:0", "--ramdisk", str(self.tmp / "rd" / name),
+            "--scheduler", scheduler or hostport(self.sched_addr, SCHED_PORT),
+            "--listen", hostport(addr, 0), "--ramdisk", str(self.tmp / "rd" / name),
             *(["--shared-root", str(self.tmp / "rd")] if shared else []),
             "--log-dir", str(self.tmp / "logs"), "--insecure"], wrapper=wrapper, env=env)
         self._wait_for(lambda: self.server_up(name), 60)
@@ -518,7 +529,8 @@ def child_pids(pid: int) -> list[int]:
 def multihost(request, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     """The cluster; parametrize indirectly with {"heartbeat_timeout": S} to change the
     scheduler's heartbeat timeout (default 5 s, lease 3 s), {"postgres": True} for its
-    database on a host of its own (`PgHost`, as ``cluster.pg``)."""
+    database on a host of its own (`PgHost`, as ``cluster.pg``), {"ipv6": True} for hosts
+    with IPv6 addresses only, {"sched_args": [...]} for more scheduler flags."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -529,11 +541,12 @@ def multihost(request, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untype
     pg: PgHost | None = None
     param = getattr(request, "param", {})
     try:
-        net = Net()
+        net = Net(ipv6=param.get("ipv6", False))
         cluster = Cluster(net, tmp, wait_for)
         if param.get("postgres"):
             pg = cluster.pg = PgHost(net)
             cluster.db_url = pg.url
+        cluster.sched_args = list(param.get("sched_args", []))
         cluster.start_scheduler(param.get("heartbeat_timeout", 5.0))
         cluster.sampler.start()
         yield cluster

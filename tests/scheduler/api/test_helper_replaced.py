@@ -175,3 +175,39 @@ def test_a_helper_refused_for_another_servers_address_does_not_keep_its_server_u
         channel.close()
     assert servers == {"a": False, "b": True}, (servers, history)
     assert any("its server a" in why for why in history), history
+
+
+def test_a_job_that_ended_while_its_server_was_taken_for_lost_is_settled_by_its_late_exit(
+    make_scheduler: Any, sqlite_url: str, wait_for: Any
+) -> None:
+    """Its host cut off past the heartbeat timeout, the job's program ended before the lease
+    froze it: the server was called down, the job re-queued. Back, the same helper registers
+    again with the exit its outbox still holds: the job is SUCCEEDED, launched once. Before,
+    that exit was passed over ("already re-queued") and the job ran a second time (from step
+    0 here: it had no checkpoint). tests/multihost/test_ended_while_cut.py (`full`) shows it
+    with real processes and a real cut."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    channel = grpc.insecure_channel(sched.address)
+    helper, api = helper_pb2_grpc.HelperStub(channel), scheduler_pb2_grpc.SchedulerStub(channel)
+    gpus = [common_pb2.Gpu(index=0)]
+    job_id, launch = _running_on_a(helper, api, wait_for, gpus)
+
+    def job() -> common_pb2.Job:
+        return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+
+    wait_for(lambda: job().state == common_pb2.JOB_STATE_QUEUED, 30)  # the cut: no heartbeat
+    finished = helper_pb2.ProcessExitRequest(server="a", job_id=job_id, incarnation=launch.launch.incarnation,
+                                             exit_code=0, reason="finished", steps=1000)
+    helper.Register(helper_pb2.RegisterServerRequest(name="a", gpus=gpus, instance="old", exits=[finished]))
+    try:
+        done = job()
+        history = [t.reason for t in done.history]
+        assert done.state == common_pb2.JOB_STATE_SUCCEEDED, history
+        assert done.steps == 1000
+        assert [common_pb2.JobState.Name(t.to_state) for t in done.history].count("JOB_STATE_RUNNING") == 1, history
+        assert history[-1].startswith("finished; its exit came from a after the server was taken for lost"), history
+        # The same exit again from the outbox after the registration changes nothing.
+        helper.ReportProcessExit(finished)
+        assert job().history[-1].reason == history[-1]
+    finally:
+        channel.close()
