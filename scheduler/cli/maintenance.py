@@ -47,10 +47,13 @@ def register(subparsers: Any) -> None:
 
 
 def status_of(server: common_pb2.Server) -> str:
-    """The server's scheduling status, as get servers' STATUS column shows it."""
-    if server.draining:
-        return "draining"
-    return "cordoned" if server.cordoned else "ready"
+    """The server's scheduling status, as get servers' STATUS column shows it: ready, cordoned or
+    draining, and down first while its helper is silent (a down server read "ready": the one
+    column an operator scans for trouble)."""
+    status = "draining" if server.draining else "cordoned" if server.cordoned else "ready"
+    if server.up:
+        return status
+    return "down" if status == "ready" else f"down,{status}"
 
 
 def _mark(args: argparse.Namespace, client: Client, method: str, verb: str) -> int:

@@ -252,7 +252,8 @@ def get_jobs(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
-# STATUS: ready, cordoned (gandiva cordon: no new job goes there) or draining (gandiva drain).
+# STATUS: ready, cordoned (gandiva cordon: no new job goes there) or draining (gandiva drain);
+# down (down,cordoned / down,draining) while its helper is silent.
 SERVER_HEADERS = ["NAME", "GPUS", "ALLOCATED", "HEIGHT", "AFFINITY", "UP", "JOBS", "HOST-MEMORY",
                   "HEARTBEAT", "STATUS"]
 SERVER_WIDE_HEADERS = SERVER_HEADERS + ["ADDRESS", "GPU-UTIL", "GPU-MEMORY"]

@@ -1,6 +1,6 @@
 """What an operator reads about a server whose helper stopped heartbeating (a real scheduler,
 gRPC, SQLite and its HTTP port; the test speaks for the helper): `gandiva describe server`
-said only "Up: no" beside "Status: ready", and it, `gandiva top` and the page showed its GPUs'
+said only "Up: no" beside "Status: ready" (and `get servers` STATUS "ready"), and it, `gandiva top` and the page showed its GPUs'
 utilization as of the last sample before it went down, as if now."""
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ def test_a_down_server_says_since_when_why_and_what_brings_it_back(
         assert up.split(None, 1)[1].startswith("no: down since ") and "(no heartbeat for " in up, up
         assert "went back to the queue" in up and "restart `gandiva helper` there" in up, up
         assert "57%" not in text and "  0  -  -  jobs: -" in text, text
+        assert re.search(r"^Status:\s+down$", text, re.MULTILINE), text  # it read "ready"
+        assert gandiva_main.main(["get", "servers", "--scheduler", sched.address]) == 0
+        status = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:]}
+        assert status == {"a": "down", "b": "ready"}, status
         assert gandiva_main.main(["top", "--once", "--http", sched.server.http_address]) == 0
         row = next(line for line in capsys.readouterr().out.splitlines() if "a (down)" in line)
         assert "57%" not in row and " - " in row, row
