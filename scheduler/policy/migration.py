@@ -155,7 +155,10 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     # up to a server's size it needs one server with that many free, beyond it idle servers.
     max_free = ledger.max_free()
     idle_free = sum(ledger.num_free(n) for n in ledger.idle_servers)
-    if config.lower_spread:  # a job larger than a server takes any free GPUs, spread
+    # lower_spread_idle: scattered free GPUs go to a suspended large job only while no job
+    # is queued (a queued job may be waiting for them to add up to its size).
+    spread = config.lower_spread and not (config.lower_spread_idle and ledger.first_queued() is not None)
+    if spread:  # a job larger than a server takes any free GPUs, spread
         idle_free = ledger.total_free()
 
     def feasible(size: int) -> bool:
@@ -178,7 +181,7 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
                 continue
             job = ledger.jobs[job_id]
             target = _compact_target(ledger, job, config)
-            if target is None and config.lower_spread and job.gpus > ledger.max_server_gpus:
+            if target is None and spread and job.gpus > ledger.max_server_gpus:
                 if config.lower_spread_eldest and ledger.eldest_of(job.requested_gpus) != job_id:
                     continue  # lower_spread_eldest: only its count's eldest goes spread
                 target = any_free_filter(ledger, job, config)

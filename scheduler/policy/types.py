@@ -512,6 +512,12 @@ class PolicyConfig:
         free GPUs to all of them, and newly arriving jobs that fit one server find none).
         Measured on the 19 traces: nearer the makespan goal on cluster05 and e13805 but
         cluster02's JCT goal lost, so off (docs/simulator.md, "`lower_spread_eldest`").
+    lower_spread_idle: with ``lower_spread``, a suspended job larger than a server is moved
+        onto scattered free GPUs only while no job is queued: free GPUs that nobody waits for
+        (as ``unpack_idle``). While a job is queued the free GPUs may be what it waits to add
+        up to, or the room its newcomers of a smaller count need, and the large job waits for
+        its turn in its group or for whole idle servers, as without ``lower_spread``
+        (docs/simulator.md, "`lower_spread_idle`").
     gather_large: at the first call at least ``defrag_interval_s`` after its last look, when
         a GPU count larger than a server has jobs waiting, the most crowded of those (jobs
         per GPU of its groups) has whole servers held for it: idle servers and servers of
@@ -586,6 +592,7 @@ class PolicyConfig:
     lower_kept_pairs: bool = False
     lower_spread: bool = False
     lower_spread_eldest: bool = False
+    lower_spread_idle: bool = False
     unpack_idle: bool = True
     gather_large: bool = False
     probe_large: bool = False
@@ -612,6 +619,8 @@ class PolicyConfig:
         if self.eldest_first_turns and not (self.eldest_runs and self.probe_slices):
             raise ValueError("eldest_first_turns gives first turns (probe_slices) on the GPUs eldest_runs "
                              "keeps: turn eldest_runs and probe_slices on too")
+        if self.lower_spread_idle and not self.lower_spread:
+            raise ValueError("lower_spread_idle bounds when lower_spread moves a job: turn lower_spread on too")
         if self.eldest_second_group and not self.eldest_runs:
             raise ValueError("eldest_second_group bounds what eldest_runs does: turn eldest_runs on too")
         if not self.eldest_parks and not self.eldest_runs:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from scheduler.policy import Migrate, PolicyConfig, get_policy
 
 # Moves only: no packing trials or grow-shrink to muddy the decisions.
@@ -54,3 +56,24 @@ def test_lower_spread_eldest_spreads_only_the_eldest_of_its_count(mk) -> None:
     assert sorted(moves[0].to_gpus) == sorted(g for i in range(2, 6) for g in mk.on(f"s{i}", 2, 3))
     # The eldest running (it holds the group's GPUs): no other 8-GPU job goes spread.
     assert not any(isinstance(x, Migrate) for x in get_policy("gandiva", eldest).decide(_cluster(mk)))
+
+
+def test_lower_spread_idle_leaves_scattered_gpus_to_a_queued_job(mk) -> None:
+    """lower_spread_idle: while a job is queued (a 16-GPU job waiting for its GPUs to add up,
+    8 of them the free ones), the suspended 8-GPU job waits for its turn instead of taking
+    them; with the queue empty it moves as under lower_spread alone."""
+    idle = dataclasses.replace(MOVES, lower_spread=True, lower_spread_idle=True)
+    queued = mk.job("wide", gpus=16, submitted_at=2.0)
+    alone = _cluster(mk)
+    waiting = mk.snap(30, alone.servers, *alone.jobs, queued)
+    spread = get_policy("gandiva", dataclasses.replace(MOVES, lower_spread=True)).decide(waiting)
+    assert [m.job_id for m in spread if isinstance(m, Migrate)] == ["big-wait"]  # lower_spread alone
+    assert not any(isinstance(x, Migrate) for x in get_policy("gandiva", idle).decide(waiting))
+    moves = [x for x in get_policy("gandiva", idle).decide(alone) if isinstance(x, Migrate)]
+    assert [m.job_id for m in moves] == ["big-wait"]
+    assert sorted(moves[0].to_gpus) == sorted(g for i in range(2, 6) for g in mk.on(f"s{i}", 2, 3))
+
+
+def test_lower_spread_idle_needs_lower_spread() -> None:
+    with pytest.raises(ValueError, match="lower_spread_idle bounds when lower_spread moves a job: turn lower_spread on too"):
+        PolicyConfig(lower_spread_idle=True)
