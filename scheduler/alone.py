@@ -76,6 +76,20 @@ KEEP_S = 30.0
 # report sent a mini-batch after its step ended (an evaluation's start: other_run).
 CLOCK_SLACK_S = 1.0
 
+# A running job whose rate is under this fraction of its rate alone is "slow" on the page, in
+# `gandiva top` and `gandiva get jobs -o wide`: packed with a job that takes its GPU's time, or
+# beside one that should not be there. (The runtime's rate averages its last mini-batches: a
+# few percent off for a while after a switch.)
+SLOW_AGAINST_ALONE = 0.8
+
+
+def against_alone(running: bool, rate: float | None, alone: float | None) -> float | None:
+    """A running job's rate over its rate alone, or None where either is not known."""
+    if not running or not rate or rate <= 0 or not alone or alone <= 0:
+        return None
+    return rate / alone
+
+
 GpuKey = tuple[tuple[str, int], ...]
 Point = tuple[float, int, float]  # (when it arrived, steps, the runtime's time of them; 0: none)
 

@@ -187,6 +187,7 @@ class JobDetail:
     host_memory_bytes: int = 0  # its processes' resident set, last measured (0: not measured)
     sharers: Sequence[Sharer] = ()  # the jobs on its first GPU (scheduler/eta.py)
     wait: str = ""  # a queued job's place in the queue, a suspended one's next turn (observe/waits.py)
+    alone_rate: float = 0.0  # its rate alone on its GPUs, where measured (scheduler/alone.py)
 
 
 # SQLSTATEs of a database that is there but takes no work now: class 08 (connection
@@ -834,7 +835,7 @@ class SchedulerCore:
         if not job_id:
             raise InvalidArgument("id", "a job id is required")
         detail = JobDetail(*await self.read_sync(lambda s: repo.job_detail(s, job_id), urgent=True))
-        return replace(detail, wait=self.wait_of(detail.job))
+        return replace(detail, wait=self.wait_of(detail.job), alone_rate=self.alone_rates.latest.get(job_id, 0.0))
 
     async def list_jobs(
         self, states: Sequence[JobState] = (), multi_job_id: str = "", limit: int = 0,
@@ -846,7 +847,8 @@ class SchedulerCore:
             host = await repo.host_memory_of(s, [j.id for j in jobs])
             sharers = await repo.sharers_of(s, placements)
         return [JobDetail(j, _gpus_of(placements, j.id), host_memory_bytes=host.get(j.id, 0),
-                          sharers=sharers.get(j.id, ()), wait=self.wait_of(j)) for j in jobs]
+                          sharers=sharers.get(j.id, ()), wait=self.wait_of(j),
+                          alone_rate=self.alone_rates.latest.get(j.id, 0.0)) for j in jobs]
 
     async def list_servers(self) -> list[repo.ServerLoad]:
         async with self.tx(read=True) as s:

@@ -59,6 +59,7 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
         held=j.held and j.state == "SUSPENDED",
         message=j.message,
         wait=d.wait,
+        alone_rate=d.alone_rate,
         exit_code=j.exit_code,
         metrics={k: float(v) for k, v in (j.metrics or {}).items() if isinstance(v, (int, float))},
     )

@@ -552,6 +552,7 @@ def job_to_dict(job: common_pb2.Job) -> dict[str, Any]:
         "eta_note": job.eta_note,
         "wait": job.wait,
         "rate": job.rate,
+        "alone_rate": job.alone_rate or None,  # its rate alone on its GPUs, where measured
         "priority": spec.priority,
         "placement": [{"server": ref.server, "gpu": ref.index} for ref in job.placement],
         "user": spec.user,

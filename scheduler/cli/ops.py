@@ -14,6 +14,7 @@ import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler import auth, eta, timeline
+from scheduler.alone import SLOW_AGAINST_ALONE, against_alone
 from scheduler.cli import output, placements, sharing, usage, wait
 from scheduler.cli.argtypes import point_in_time
 from scheduler.cli.client import (
@@ -176,7 +177,8 @@ def _set(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Cl
 
 # ETA: done of its total mini-batches and the time left ("34%/12m"; "?" unknown, "-" no total).
 JOB_HEADERS = ["ID", "NAME", "STATE", "GPUS", "SERVERS", "STEPS", "RATE", "ETA", "PRIO", "AGE"]
-JOB_WIDE_HEADERS = JOB_HEADERS + ["PLACEMENT", "HOST-MEMORY", "GPU-TIME", "MULTI-JOB", "PARAMS", "USER",
+# VS-ALONE: a running job's rate over its rate alone ("0.48x", "0.48x slow" under SLOW_AGAINST_ALONE).
+JOB_WIDE_HEADERS = JOB_HEADERS + ["VS-ALONE", "PLACEMENT", "HOST-MEMORY", "GPU-TIME", "MULTI-JOB", "PARAMS", "USER",
                                   "WAIT", "MESSAGE", "COMMAND"]
 
 
@@ -189,7 +191,9 @@ def job_row(job: common_pb2.Job, wide: bool) -> list[Any]:
         output.age(job.submitted_at),
     ]
     if wide:
+        ratio = against_alone(job.state == common_pb2.JOB_STATE_RUNNING, job.rate, job.alone_rate)
         row += [
+            "-" if ratio is None else f"{ratio:.2f}x" + (" slow" if ratio < SLOW_AGAINST_ALONE else ""),
             output.placement(job.placement),
             output.size(job.host_memory_bytes) if job.host_memory_bytes else "-",
             output.duration(job.gpu_seconds),
@@ -617,7 +621,10 @@ def _rate_now(job: common_pb2.Job) -> str:
     if job.rate <= 0:
         return "-"
     if job.state == common_pb2.JOB_STATE_RUNNING:
-        return f"{output.rate(job.rate)} mini-batches/s"
+        ratio = against_alone(True, job.rate, job.alone_rate)
+        alone = (f" ({ratio:.2f}x its rate alone, {output.rate(job.alone_rate)}: measured while the one job "
+                 "running on its GPUs)") if ratio is not None else ""
+        return f"{output.rate(job.rate)} mini-batches/s{alone}"
     return f"- ({output.rate(job.rate)} mini-batches/s when it last ran)"
 
 

@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any, Generic, TypeVar
 
 from scheduler import timeline
+from scheduler.alone import SLOW_AGAINST_ALONE, against_alone
 from scheduler.errors import GandivaError, NotFound, Unauthenticated, Unavailable
 from scheduler.eta import Sharer, estimate, eta_text, progress_text
 from scheduler.lifecycle import JobState
@@ -111,21 +112,6 @@ def gpu_mode(states: Sequence[str]) -> str:
 RECENT_FINISHED = 100
 QUEUED_LISTED = 1000
 
-# A running job whose rate is under this fraction of its rate alone is "slow" on the page and
-# in `gandiva top`: packed with a job that takes its GPU's time, or beside one that should not
-# be there. (The runtime's rate averages its last mini-batches: a few percent off for a while
-# after a switch.)
-SLOW_AGAINST_ALONE = 0.8
-
-
-def against_alone(state: str, rate: float, alone: float | None) -> float | None:
-    """A running job's rate over its rate alone (scheduler/alone.py: measured by the scheduler
-    while it was the one job running on its GPUs, this launch on these GPUs), or None where
-    either is not known."""
-    if state != JobState.RUNNING.value or not rate or rate <= 0 or not alone or alone <= 0:
-        return None
-    return rate / alone
-
 
 async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
     """The whole view: what /api/state returns and `gandiva top` shows."""
@@ -193,7 +179,7 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
         dec = None if j.state == JobState.QUEUED.value or JobState(j.state).terminal else last.get(j.id)
         first = d.placement[0] if d.placement else None
         alone = None if JobState(j.state).terminal else alone_rates.get(j.id)
-        ratio = against_alone(j.state, j.rate, alone)
+        ratio = against_alone(j.state == JobState.RUNNING.value, j.rate, alone)
         eta_s, eta_note = estimate(j, f"{first[0]}/{first[1]}" if first else "", on_gpu.get(first, []) if first else [],
                                    len(d.placement))
         out_jobs.append({

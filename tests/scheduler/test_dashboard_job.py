@@ -149,18 +149,18 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
 
 
 def test_a_job_slower_than_its_own_rate_alone_is_shown_so(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any, chromium: str, monkeypatch: Any) -> None:
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, chromium: str, monkeypatch: Any, capsys: Any) -> None:
     """"Which jobs are slow compared with their own rate alone?" had no answer: the scheduler
     measures each job's rate alone (scheduler/alone.py, the baseline it judges packing by),
     and no view showed it. Now /api/state carries it and the rate against it; the page's
     rate cell (here in a real Chromium) says "0.1 (0.01x alone)" in red, `gandiva top` names the
-    slow jobs in a line of their own, and /metrics has gandiva_job_alone_minibatch_rate. The
+    slow jobs in a line of their own, `get jobs -o wide` has VS-ALONE and `describe` its Rate line, and /metrics has gandiva_job_alone_minibatch_rate. The
     job's view (#job=ID) draws its rate over time against its rate alone (/api/job's `rates`)."""
     from rich.console import Console
 
+    from scheduler.alone import SLOW_AGAINST_ALONE
     from scheduler.cli.top import render
     from scheduler.observe import metrics
-    from scheduler.observe.dashboard import SLOW_AGAINST_ALONE
 
     monkeypatch.setattr(metrics, "RATE_SAMPLE_S", 0.2)  # a sample a round (10 s: a chart of one point)
 
@@ -188,6 +188,18 @@ def test_a_job_slower_than_its_own_rate_alone_is_shown_so(
         # ... then a rate far under the pace it was measured at alone (the steps go on as before).
         row = wait_for(lambda: (r := shown(0.1)) and r["slow"] and r, 30)
         assert row["against_alone"] == row["rate"] / row["alone_rate"] < SLOW_AGAINST_ALONE, row
+        # The CLI (GetJob / ListJobs carry alone_rate): get jobs -o wide's VS-ALONE, describe's Rate.
+        capsys.readouterr()
+        at = ["--scheduler", sched.address]
+        assert gandiva_main.main(["get", "jobs", job_id, "-o", "wide", *at]) == 0
+        head, line = capsys.readouterr().out.splitlines()
+        assert head.split()[10] == "VS-ALONE" and re.fullmatch(r"0\.\d\dx", line.split()[10]), (head, line)
+        assert line.split()[11] == "slow", line
+        assert gandiva_main.main(["get", "jobs", job_id, "-o", "json", *at]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["alone_rate"] > 0
+        assert gandiva_main.main(["describe", "job", job_id, *at]) == 0
+        assert re.search(r"^Rate: +0\.10 mini-batches/s \(0\.\d\dx its rate alone, [0-9.]+: measured while the one "
+                         r"job running on its GPUs\)$", capsys.readouterr().out, re.MULTILINE)
         console = Console(record=True, width=250)
         console.print(render(_get(http, "/api/state")[1]))
         assert f"slower than alone: {row['name']} " in console.export_text()

@@ -265,6 +265,7 @@ class Job(_message.Message):
     ETA_S_FIELD_NUMBER: _builtins.int
     ETA_NOTE_FIELD_NUMBER: _builtins.int
     WAIT_FIELD_NUMBER: _builtins.int
+    ALONE_RATE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___JobState.ValueType
     steps: _builtins.int
@@ -316,6 +317,11 @@ class Job(_message.Message):
     the last scheduling round: a queued job's place in the queue and who is ahead of it; a
     suspended job's next turn in its time-slice group (its place, who runs now, about when).
     """
+    alone_rate: _builtins.float
+    """Its mini-batches per second while it was the one job running on its GPUs (this launch,
+    these GPUs: scheduler/alone.py, the baseline packing is judged by; 0: not measured). A
+    running job's rate over it says how much sharing slows it.
+    """
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -356,10 +362,11 @@ class Job(_message.Message):
         eta_s: _builtins.float = ...,
         eta_note: _builtins.str = ...,
         wait: _builtins.str = ...,
+        alone_rate: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_note", b"control_note", "eta_note", b"eta_note", "eta_s", b"eta_s", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_seconds", b"gpu_seconds", "grow_shrink_note", b"grow_shrink_note", "held", b"held", "history", b"history", "host_memory_bytes", b"host_memory_bytes", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "total_steps", b"total_steps", "total_steps_from", b"total_steps_from", "updated_at", b"updated_at", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alone_rate", b"alone_rate", "control_note", b"control_note", "eta_note", b"eta_note", "eta_s", b"eta_s", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_seconds", b"gpu_seconds", "grow_shrink_note", b"grow_shrink_note", "held", b"held", "history", b"history", "host_memory_bytes", b"host_memory_bytes", "id", b"id", "message", b"message", "metrics", b"metrics", "migratable", b"migratable", "placement", b"placement", "rate", b"rate", "spec", b"spec", "state", b"state", "steps", b"steps", "submitted_at", b"submitted_at", "suspendable", b"suspendable", "total_steps", b"total_steps", "total_steps_from", b"total_steps_from", "updated_at", b"updated_at", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
