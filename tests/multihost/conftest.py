@@ -70,10 +70,12 @@ def hostport(addr: str, port: int | str) -> str:
 
 class Net:
     """A bridge in its own namespace and one namespace per host, each on a veth pair.
-    ``ipv6``: each host has an IPv6 address only (SUBNET6), no IPv4 one."""
+    ``ipv6``: each host has an IPv6 address only (SUBNET6), no IPv4 one. ``names``: each
+    host also has a name (``name_of``) that every host resolves through its own
+    /etc/netns/NAMESPACE/hosts (`ip netns exec` mounts it over /etc/hosts)."""
 
-    def __init__(self, ipv6: bool = False) -> None:
-        self.ipv6 = ipv6
+    def __init__(self, ipv6: bool = False, names: bool = False) -> None:
+        self.ipv6, self.names = ipv6, names
         self.tok = uuid.uuid4().hex[:4]
         self.bridge_ns = f"{PREFIX}-{self.tok}-br"
         self.bridge = f"{PREFIX}{self.tok}br"
@@ -106,7 +108,21 @@ class Net:
         _ip("-n", ns, "link", "set", "lo", "up")
         _ip("-n", self.bridge_ns, "link", "set", outside, "master", self.bridge)
         _ip("-n", self.bridge_ns, "link", "set", outside, "up")
+        if self.names:
+            lines = "".join(f"{a} {self.name_of(h)}\n" for h, (_, a, _) in self.hosts.items())
+            for host_ns, _, _ in self.hosts.values():  # every host knows the new one
+                folder = Path("/etc/netns") / host_ns
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "hosts").write_text(f"127.0.0.1 localhost\n::1 localhost\n{lines}")
         return ns, addr
+
+    def name_of(self, name: str) -> str:
+        """The host's name, as the other hosts resolve it (with ``names``)."""
+        return f"{name}-{self.tok}.gandiva.test"
+
+    def reach(self, name: str) -> str:
+        """How the others are told to reach the host: its name (``names``), else its address."""
+        return self.name_of(name) if self.names else self.hosts[name][1]
 
     def link(self, name: str) -> str:
         """The host's own end of its veth pair (inside its namespace)."""
@@ -147,6 +163,7 @@ class Net:
     def close(self) -> None:
         for ns in reversed(self.made):
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
 
 
 PG_BIN = "/usr/lib/postgresql/15/bin"
@@ -407,7 +424,7 @@ class Cluster:
         port_file.unlink(missing_ok=True)
         self.sock.unlink(missing_ok=True)
         self._spawn("scheduler", self.sched_ns, [
-            "scheduler", "--listen", hostport(self.sched_addr, SCHED_PORT), "--also-listen", f"unix:{self.sock}",
+            "scheduler", "--listen", hostport(self.net.reach("sched"), SCHED_PORT), "--also-listen", f"unix:{self.sock}",
             "--db", self.db_url, "--tick", "0.2", "--quantum", "1000",
             "--heartbeat-interval", "0.5", "--heartbeat-timeout", str(heartbeat_timeout),
             "--checkpoint-interval", str(CHECKPOINT_INTERVAL_S),
@@ -425,11 +442,11 @@ class Cluster:
         the gRPC stream); ``wrapper``: a command the helper runs under (unshare ...);
         ``env``: extra environment (its jobs inherit it); ``scheduler``: the address it
         (and its jobs) reach the scheduler at, if not the scheduler's own (a relay)."""
-        ns, addr = self.net.add_host(name) if name not in self.net.hosts else self.net.hosts[name][:2]
+        ns = self.net.add_host(name)[0] if name not in self.net.hosts else self.net.hosts[name][0]
         self._spawn(name, ns, [
             "helper", "--server-name", name, "--gpus", str(gpus),
-            "--scheduler", scheduler or hostport(self.sched_addr, SCHED_PORT),
-            "--listen", hostport(addr, 0), "--ramdisk", str(self.tmp / "rd" / name),
+            "--scheduler", scheduler or hostport(self.net.reach("sched"), SCHED_PORT),
+            "--listen", hostport(self.net.reach(name), 0), "--ramdisk", str(self.tmp / "rd" / name),
             *(["--shared-root", str(self.tmp / "rd")] if shared else []),
             "--log-dir", str(self.tmp / "logs"), "--insecure"], wrapper=wrapper, env=env)
         self._wait_for(lambda: self.server_up(name), 60)
@@ -530,7 +547,8 @@ def multihost(request, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untype
     """The cluster; parametrize indirectly with {"heartbeat_timeout": S} to change the
     scheduler's heartbeat timeout (default 5 s, lease 3 s), {"postgres": True} for its
     database on a host of its own (`PgHost`, as ``cluster.pg``), {"ipv6": True} for hosts
-    with IPv6 addresses only, {"sched_args": [...]} for more scheduler flags."""
+    with IPv6 addresses only, {"names": True} for hosts given by name (`Net`), {"sched_args":
+    [...]} for more scheduler flags."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -541,7 +559,7 @@ def multihost(request, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untype
     pg: PgHost | None = None
     param = getattr(request, "param", {})
     try:
-        net = Net(ipv6=param.get("ipv6", False))
+        net = Net(ipv6=param.get("ipv6", False), names=param.get("names", False))
         cluster = Cluster(net, tmp, wait_for)
         if param.get("postgres"):
             pg = cluster.pg = PgHost(net)
