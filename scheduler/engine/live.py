@@ -131,6 +131,9 @@ class LiveEngine:
         # (a drain of that server waits for the fetch to end).
         self.fetching: dict[str, str] = {}
         self._dest_refusals: dict[str, int] = {}  # fetches refused by their destination, in a row
+        # The policy's last move of each job refused before it began, as said (_policy_move):
+        # the same refusal again (a move decided each round) is not said again.
+        self._moves_refused: dict[str, str] = {}
         # job id -> (the down server holding its checkpoint, the fence `place` set for it):
         # once that server is up again the job is looked at in the next round, not when
         # the fence (a heartbeat timeout) ends. Only that very fence is lifted.
@@ -1203,6 +1206,11 @@ class LiveEngine:
         except GandivaError as err:
             gpus = ",".join(f"{g.server}/{g.index}" for g in to_gpus)
             said = f"not started ({reason}; to {gpus}): {err}"
+            if self._moves_refused.get(job_id) == said:
+                raise  # said already (the log line below says it again)
+            if len(self._moves_refused) > 10_000:  # (jobs long ended among them)
+                self._moves_refused.clear()
+            self._moves_refused[job_id] = said
             now = self.core.clock()
             self.observer.not_done(now, job_id, said)
             try:
@@ -1211,6 +1219,7 @@ class LiveEngine:
             except GandivaError as unwritten:  # the database away: the log line below says it
                 log.warning("job %s: the refusal of its move not recorded: %s", job_id, unwritten)
             raise
+        self._moves_refused.pop(job_id, None)
         return await carry_out
 
     async def _settle_move(self, job_id: str, migration: Coroutine[Any, Any, MigrationResult | None], dest: str,

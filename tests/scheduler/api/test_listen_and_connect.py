@@ -153,9 +153,16 @@ def test_a_move_refused_before_it_began_is_said_where_people_look(make_scheduler
         said = wait_for(lambda: [e.message for e in f.api.ListEvents(scheduler_pb2.ListEventsRequest(
             job_id=job_id)).events if e.kind == "job.migration"])
         assert len(said) == 1 and said[0].startswith(refusal), said
+        # Decided again (each round, as a job not connected yet would be): said once, not every round.
+        engine = sched.server.engine
+        sched.call(engine.apply(Migrate(job_id, (dest,), "unpack onto idle GPUs")))
+        wait_for(lambda: job_id not in engine.inflight)
+        assert len([e for e in f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+                    if e.kind == "job.migration"]) == 1
         with urllib.request.urlopen(f"http://{sched.server.http_address}/api/decisions", timeout=10) as answer:
             decisions = [(d["kind"], d["job"], d["reason"]) for d in json.load(answer)["decisions"]]
         assert decisions[-1][:2] == ("not-done", job_id) and decisions[-1][2].startswith(refusal), decisions
+        assert [d[0] for d in decisions].count("not-done") == 1, decisions
         job = f.job(job_id)
         assert job.state == common_pb2.JOB_STATE_RUNNING and job.placement[0].server == server
         # The job's own summary (describe's Sharing, the page's one-job view) counts it too.
