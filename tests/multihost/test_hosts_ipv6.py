@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,10 +22,7 @@ from .conftest import (
     hostport,
     uninterrupted_variables,
 )
-
-Cluster = Any  # the `multihost` fixture's Cluster (tests/multihost/conftest.py)
-DONE = (common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_KILLED)
-RUNNING = common_pb2.JOB_STATE_RUNNING
+from .test_i9s_faults import DONE, RUNNING, Cluster
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
