@@ -44,7 +44,7 @@ def _patch_tensorflow() -> None:
     from tensorflow.python.training import basic_session_run_hooks as hooks_mod
     from tensorflow.python.training import saver as saver_mod
 
-    from . import chain, data_state, launch_devices, own_checkpoints, tf_session
+    from . import chain, data_state, launch_devices, own_checkpoints, own_exports, tf_session
 
     base = tf_session_mod.BaseSession
     orig_init, orig_run, orig_close = base.__init__, base.run, base.close
@@ -223,6 +223,8 @@ def _patch_tensorflow() -> None:
 
     saver_save.__doc__ = orig_saver_save.__doc__
     saver_mod.Saver.save = saver_save
+    # The program's SavedModel exports of steps a restarted copy trains again.
+    own_exports.patch(lambda: _CONTROLLER[0] if _CONTROLLER else None)
     run.__doc__ = orig_run.__doc__
     make_callable.__doc__ = orig_make.__doc__
     base.__init__, base.run, base.close = __init__, run, close
@@ -314,4 +316,7 @@ def uninstall() -> None:
     from tensorflow.python.training import saver as saver_mod
 
     saver_mod.Saver.save = _ORIG["saver_save"]
+    from . import own_exports
+
+    own_exports.unpatch()
     _ORIG.clear()

@@ -149,6 +149,21 @@ def _at_each_switch(job: FeedJob, server: Any) -> None:
     job.crash_and_restart()
 
 
+def _kill_past_an_export(job: FeedJob, server: Any) -> None:
+    """export_every.py (an export every 4 steps): migrated warm, then checkpointed between
+    two exports, trained past the next one and killed: the restarted copy exports that
+    step again."""
+    job.pause(0.2)
+    job.migrate_warm()
+    ack = job.pause(0.0)
+    while ack.step % 4 == 0:
+        ack = job.pause(0.0)
+    job.checkpoint()
+    while ack.step <= job.last_checkpoint.step // 4 * 4 + 4:  # past the export that follows
+        ack = job.pause(0.0)
+    job.crash_and_restart()
+
+
 def _in_the_reopened_session(job: FeedJob, server: Any) -> None:
     job.command(pb.COMMAND_KIND_RESUME)
     server.wait_progress(job.job_id, 6)
@@ -279,6 +294,8 @@ KINDS = {
     "staging_feed": Kind("staging_area.py", _warm_naive(), ("--source", "feed"),
                          covered_by="no fix: input a function of the step read, as in feed_step's "
                                     "journeys; from an iterator: test_tfr_data_input.py -k staged"),
+    "export": Kind("export_every.py", _kill_past_an_export, own_dir=True,
+                   covered_by="test_tfr_own_exports.py (the builder of a restored process)"),
     "replay_buffer": Kind("replay_buffer.py", _warm_naive(rehearsed=False),
                           covered_by="no fix: the tables_before kind (state written in a run of "
                                      "its own before training)"),
@@ -397,7 +414,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     each training run and an evaluation iterator's every 5 steps (refused until s50);
     migrated warm (no signature: a string is fed) and naive. staging_feed: each batch staged
     one step ahead in a StagingArea, fed from the step after the one read (the warm-up put
-    of the step read's); migrated warm and naive (no fix needed)."""
+    of the step read's); migrated warm and naive (no fix needed). export: a SavedModel
+    exported every 4 steps into its own directory; migrated warm, then checkpointed, trained
+    past the next export and killed: the restarted copy, training that step again, used to
+    fail at its export ("Export directory ... already exists")."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 
