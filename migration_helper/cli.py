@@ -57,7 +57,8 @@ def register(subparsers: Any) -> None:
     helper.add_argument("--http-allow-host", action="append", default=[], metavar="NAME",
                         help="also answer /metrics requests that come through a loopback address "
                         "naming this host (repeatable; a proxy on this machine passing its users' "
-                        "Host). Others get 421, against DNS rebinding")
+                        "Host). Others get 421, against DNS rebinding; given, requests on network "
+                        "addresses are held to these names, its own and its addresses too")
     helper.add_argument("--host-memory", default=None, metavar="SIZE",
                         help="host memory this server's jobs may hold together, running and "
                         "suspended (a suspended job keeps its process), e.g. 64GiB, 512MiB or "
@@ -204,7 +205,9 @@ async def _serve(config: HelperConfig, http_listen: str = "", allow_hosts: tuple
     from scheduler.observe.http import HttpServer
 
     daemon = HelperDaemon(config)
-    http = HttpServer(http_listen, HelperMetrics(daemon).routes(), allow_hosts=allow_hosts) if http_listen else None
+    # Any Host on its network addresses unless names are given (a Prometheus may scrape it by any name).
+    http = (HttpServer(http_listen, HelperMetrics(daemon).routes(), allow_hosts=allow_hosts, any_host=not allow_hosts)
+            if http_listen else None)
     await daemon.start()
     if http is not None:
         print(f"helper {config.server_name} metrics on http://{await http.start()}/metrics", flush=True)

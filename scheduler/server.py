@@ -106,6 +106,13 @@ class SchedulerServer:
         # The warnings are logged once bound, with the port that was bound (not `:0`).
         for address in (self.listen, *(a for a in self.also_listen if not a.startswith("unix:"))):
             check_exposure(address, self.tls, self.auth == "token", self.insecure, "the scheduler")
+        if self.http_listen:
+            from scheduler.observe.http import check_dashboard_exposure
+
+            said = check_dashboard_exposure(self.http_listen, self.auth == "token", self.http_allow_hosts,
+                                            self.insecure)
+            if said:
+                log.warning("%s", said)
         self.db = make_engine(check_db_url(self.db_url))
         _warn_relative_sqlite(self.db_url)
         # One scheduler per database: a second one is refused before it touches anything.
@@ -285,7 +292,7 @@ class SchedulerServer:
             metrics.watch_engine(self.core.read_engine, "read")
         guard = operator_guard(authenticator) if authenticator is not None else None
         self.http = HttpServer(self.http_listen, routes(self.core, metrics, self.engine), guard, PUBLIC_PAGES,
-                               allow_hosts=self.http_allow_hosts)
+                               allow_hosts=self.http_allow_hosts, any_host=self.insecure and not self.http_allow_hosts)
         return [RpcMetricsInterceptor(metrics)]
 
     async def _read_back_decisions(self) -> None:

@@ -294,13 +294,25 @@ class ServerTls:
 
 def is_loopback(listen: str) -> bool:
     """True when ``host:port`` listens on loopback only (127.0.0.0/8, ::1, localhost)."""
-    host = listen.rpartition(":")[0].strip("[]")
-    if host == "localhost":
+    return is_loopback_host(listen.rpartition(":")[0].strip("[]"))
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (an address or a name, no port) is this machine's loopback: 127.0.0.0/8,
+    ::1, ::ffff:127.x.x.x (IPv4's, as a dual-stack socket sees it) or localhost in any case.
+    The one answer of every server Gandiva runs: which addresses may serve without TLS and
+    tokens (gRPC, `check_exposure`) and where the dashboard holds Host to this machine's
+    names (scheduler/observe/http.py). They asked in two places, and disagreed: "LOCALHOST"
+    was loopback to the dashboard only, ::ffff:127.0.0.1 to neither
+    (tests/scheduler/security/test_tls_and_exposure.py -k agree)."""
+    if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False  # a name or a wildcard ("", 0.0.0.0, [::]): reachable from elsewhere
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 # Options of every gRPC server Gandiva runs. gRPC sets SO_REUSEPORT by default, so a

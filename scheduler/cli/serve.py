@@ -99,9 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "port 0 picks a free one (off by default)")
     p.add_argument("--http-port-file", help="write the bound HTTP host:port to this file once listening")
     p.add_argument("--http-allow-host", action="append", default=[], metavar="NAME",
-                   help="also answer requests that reach the dashboard through a loopback address naming "
-                   "this host (repeatable): a proxy on this machine that passes its users' Host "
-                   "(nginx proxy_set_header Host $host). Others get 421, against DNS rebinding")
+                   help="also answer requests naming this host (repeatable): a proxy on this machine that "
+                   "passes its users' Host (nginx proxy_set_header Host $host), or, for a dashboard on a "
+                   "network address without --auth token (where it is required), each name its users type. "
+                   "Others get 421, against DNS rebinding; addresses and this machine's names are always answered")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="set one policy knob (repeatable), e.g. pack_trial_s=20 grow_idle_s=10 "
                    "host_memory_use=0.8 job_host_memory_bytes=2GiB (sizes: bytes or K/M/G/T units); "
@@ -121,10 +122,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = PolicyConfig(quantum_s=args.quantum, **policy_options(args.policy_option))
         if args.http_listen:  # before the database is made or migrated
-            from scheduler.observe.http import allowed_host_names, split_listen
+            from scheduler.observe.http import (
+                allowed_host_names,
+                check_dashboard_exposure,
+                split_listen,
+            )
 
             split_listen(args.http_listen)
             allowed_host_names(args.http_allow_host)
+            check_dashboard_exposure(args.http_listen, args.auth == "token", args.http_allow_host, args.insecure)
     except ValueError as err:
         print(f"gandiva scheduler: {err}", file=sys.stderr)
         return 2

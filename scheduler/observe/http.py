@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from scheduler.transport import SecurityError, is_loopback_host
+
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 16 << 10
@@ -78,14 +80,19 @@ class HttpServer:
     ``guard``, every route but those in ``public`` passes it first."""
 
     def __init__(self, listen: str, routes: Mapping[str, Handler], guard: Guard | None = None,
-                 public: frozenset[str] = frozenset(), allow_hosts: Iterable[str] = ()) -> None:
+                 public: frozenset[str] = frozenset(), allow_hosts: Iterable[str] = (),
+                 any_host: bool = False) -> None:
         self.host, self.port = split_listen(listen)
         # Only this machine reaches a loopback address, so only this machine's names may be
         # asked for there (``host_allowed``), whatever address the server listens on; and the
         # names the operator allows (--http-allow-host: a proxy on this machine that passes the
-        # name its users asked for, nginx's `proxy_set_header Host $host`).
-        self.loopback = _is_loopback(self.host)
+        # name its users asked for, nginx's `proxy_set_header Host $host`). Without a ``guard``
+        # (no tokens) every request is held so, unless ``any_host``: a page of any site that a
+        # browser on another machine of the network opens could have its name resolve to this
+        # server's address and read what it serves (check_dashboard_exposure).
+        self.loopback = is_loopback_host(self.host)
         self.own_names = local_names() | allowed_host_names(allow_hosts)
+        self.every_host_held = guard is None and not any_host
         self.routes = dict(routes)
         self.guard = guard
         self.public = public
@@ -177,19 +184,28 @@ class HttpServer:
         resolve to 127.0.0.1 (DNS rebinding) and read the answers as its own. Without --auth
         token its JavaScript read every user's jobs (/api/state) and /metrics; on 0.0.0.0 too,
         through 127.0.0.1."""
-        if not self.loopback:
+        on_loopback = self.loopback
+        if not on_loopback:
             local = writer.get_extra_info("sockname")
-            if not (isinstance(local, tuple) and _is_loopback(str(local[0]).removeprefix("::ffff:"))):
+            on_loopback = isinstance(local, tuple) and is_loopback_host(str(local[0]))
+            if not on_loopback and not self.every_host_held:
                 return None
         for raw in _headers(head, b"host"):
             value = raw.decode("latin-1")
-            if not host_allowed(value, self.own_names):
-                return Response(421, f"this request came in on a loopback address, which only this machine "
-                                     f"reaches, and names host {value[:100]!r} (a web page that had its own name "
-                                     "resolve here: DNS rebinding?): ask for localhost, this machine's name or an "
-                                     "address (a proxy in front of it: pass Host as it connects, e.g. nginx "
-                                     "proxy_set_header Host $proxy_host, or start this server with "
-                                     "--http-allow-host NAME for the name it passes)\n".encode())
+            if host_allowed(value, self.own_names):
+                continue
+            if not on_loopback:
+                return Response(421, f"this server has no tokens (--auth token), so it answers only the names "
+                                     f"it knows, and this request names host {value[:100]!r} (a web page that "
+                                     "had its own name resolve here: DNS rebinding?): ask for this machine's "
+                                     "name or its address, or start this server with --http-allow-host NAME "
+                                     "for each name its users type\n".encode())
+            return Response(421, f"this request came in on a loopback address, which only this machine "
+                                 f"reaches, and names host {value[:100]!r} (a web page that had its own name "
+                                 "resolve here: DNS rebinding?): ask for localhost, this machine's name or an "
+                                 "address (a proxy in front of it: pass Host as it connects, e.g. nginx "
+                                 "proxy_set_header Host $proxy_host, or start this server with "
+                                 "--http-allow-host NAME for the name it passes)\n".encode())
         return None
 
     async def _respond(self, method: str, target: str, token: str = "") -> Response:
@@ -238,13 +254,24 @@ def _unsent(writer: asyncio.StreamWriter) -> int:
     return unsent
 
 
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def check_dashboard_exposure(listen: str, tokens: bool, allow_hosts: Iterable[str], insecure: bool) -> str:
+    """Refuse a dashboard (every user's jobs) on an address other machines reach without
+    tokens and without the names it is asked by: any web page a browser on that network
+    opens could have its own name resolve to this address and read it (DNS rebinding), as
+    only requests on loopback were held to known names. Returns the warning to log when it
+    is allowed anyway (--insecure); raises SecurityError saying what to give otherwise."""
+    host, _ = split_listen(listen)
+    if tokens or is_loopback_host(host) or any(True for _ in allow_hosts):
+        return ""
+    if insecure:
+        return (f"the dashboard listens on {listen} without --auth token or --http-allow-host (--insecure): "
+                "a web page a browser of that network opens can read every user's jobs (DNS rebinding)")
+    raise SecurityError(
+        f"refusing --http-listen {listen} without --auth token: the dashboard shows every user's jobs, and any "
+        "web page a browser on that network opens could read it by having its own name resolve to this "
+        "address (DNS rebinding). Give --http-allow-host NAME for each name its users type (this machine's "
+        "own names and its addresses are always answered), or --auth token, or listen on 127.0.0.1 "
+        "(or pass --insecure)")
 
 
 def local_names(hosts: str = "/etc/hosts") -> frozenset[str]:
@@ -254,7 +281,7 @@ def local_names(hosts: str = "/etc/hosts") -> frozenset[str]:
     with contextlib.suppress(OSError, UnicodeDecodeError), open(hosts, encoding="utf-8") as fh:
         for line in fh.read(1 << 20).splitlines():
             address, *aliases = line.partition("#")[0].split() or [""]
-            if aliases and _is_loopback(address):
+            if aliases and is_loopback_host(address):
                 names.update(a.lower().rstrip(".") for a in aliases)
     return frozenset(names)
 

@@ -343,12 +343,26 @@ def test_a_dashboard_on_every_address_is_not_read_by_a_rebinding_page_through_lo
     """On 0.0.0.0 a page of any site a browser on the scheduler's machine opens could have its
     name resolve to 127.0.0.1 and read every user's jobs: only a loopback-bound dashboard
     checked Host (-k odd_requests). A request that comes in on a loopback address is held to
-    this machine's names whatever the server listens on."""
-    sched = make_scheduler(sqlite_url, tick_s=0.5, http_listen="0.0.0.0:0")
+    this machine's names whatever the server listens on. Without tokens, so is every request
+    (a page opened on another machine of the network, its name resolving to this address, read
+    every user's jobs): to those names, its addresses and --http-allow-host's (required then)."""
+    sched = make_scheduler(sqlite_url, tick_s=0.5, http_listen="0.0.0.0:0", http_allow_hosts=("gandiva.example",))
     port = sched.server.http_address.rsplit(":", 1)[1]
     for host, status, said in [("rebind.example", 421, b"came in on a loopback address"),
                                (socket.gethostname(), 200, b'"servers":'), ("localhost", 200, b'"servers":')]:
         got, body = _http(f"127.0.0.1:{port}", f"GET /api/state HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        assert (got, said in body) == (status, True), (host, got, body[:200])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet sent: the address this machine would use
+        except OSError:
+            pytest.skip("this machine has no network address (no route): only the loopback half was checked")
+        address = probe.getsockname()[0]
+    assert not address.startswith("127."), "no network address to ask through"
+    for host, status, said in [("rebind.example", 421, b"answers only the names it knows"),
+                               ("gandiva.example", 200, b'"servers":'), (address, 200, b'"servers":'),
+                               (socket.gethostname(), 200, b'"servers":')]:
+        got, body = _http(f"{address}:{port}", f"GET /api/state HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
         assert (got, said in body) == (status, True), (host, got, body[:200])
     # This machine's names are its host name and those /etc/hosts gives a loopback address
     # (Debian's 127.0.1.1 line): a local Prometheus scraping gpu1.example is not refused.

@@ -64,6 +64,36 @@ def test_loopback_may_run_open_and_says_so(listen: str) -> None:
     assert "loopback" in check_exposure(listen, None, False, insecure=False, what="the scheduler")
 
 
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("localhost", True), ("LOCALHOST", True), ("127.0.0.1", True), ("127.3.2.1", True), ("::1", True),
+    ("::ffff:127.0.0.1", True), ("0.0.0.0", False), ("::", False), ("10.0.0.1", False), ("::ffff:10.0.0.1", False),
+    ("gpu1", False), ("localhost.example", False), ("127.0.0.1.nip.io", False)])
+def test_the_grpc_servers_and_the_dashboard_agree_on_what_loopback_is(host: str, loopback: bool) -> None:
+    """Two functions said it (the gRPC servers' exposure check, the dashboard's Host check)
+    and disagreed: LOCALHOST was loopback to the dashboard only, and ::ffff:127.0.0.1 (IPv4's
+    loopback as a dual-stack socket names it) to neither. Both now ask one."""
+    from scheduler.observe.http import HttpServer
+    from scheduler.transport import is_loopback
+
+    listen = f"[{host}]:0" if ":" in host else f"{host}:0"
+    assert (is_loopback(listen), HttpServer(listen, {}).loopback) == (loopback, loopback)
+
+
+def test_a_dashboard_other_machines_reach_without_tokens_needs_the_names_it_is_asked_by(tmp_path: Path) -> None:
+    """`--http-listen 0.0.0.0:9100` without --auth token served every user's jobs to any web
+    page a browser of that network opened that had its own name resolve to this address (DNS
+    rebinding: only requests on loopback were held to known names). Now it is refused at once,
+    before the database is made, saying what to give; the names given hold every request
+    (test_hostile_requests.py -k rebinding_page)."""
+    db = tmp_path / "x.db"
+    out = subprocess.run(  # (before: it served, and this waited for its timeout)
+        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0", "--http-listen", "0.0.0.0:0",
+         "--db", f"sqlite+aiosqlite:///{db}"], check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "refusing --http-listen 0.0.0.0:0 without --auth token" in out.stderr, out
+    assert "--http-allow-host NAME" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert not db.exists()
+
+
 def test_the_scheduler_command_refuses_an_open_address(tmp_path: Path) -> None:
     db = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
     out = subprocess.run(
