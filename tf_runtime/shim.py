@@ -9,7 +9,9 @@ them back to TensorFlow's partial run of the program's handle), `BaseSession.clo
 forgotten) and, like `BaseSession.partial_run_setup`, first applies the commands waiting for
 the cut after the last step (Controller.cut_here), `Graph.finalize` builds the shim's checkpoint ops while the graph
 can still take them, and `StopAtStepHook(num_steps=N)` of a restored job counts its N
-steps from where the job started (carried in the checkpoint), not from the restore. Patching waits for the
+steps from where the job started (carried in the checkpoint), not from the restore. In a copy
+that restores the job's checkpoint, `init_from_checkpoint` of a checkpoint that can no longer
+be read (deleted by the program after its warm start) is skipped. Patching waits for the
 program's own `import tensorflow` (a post-import hook), so environment settings
 the program makes before importing TensorFlow still apply.
 """
@@ -40,8 +42,10 @@ def _patch_tensorflow() -> None:
         return
     from tensorflow.python.checkpoint import checkpoint_management
     from tensorflow.python.client import session as tf_session_mod
+    from tensorflow.python.framework import errors as tf_errors
     from tensorflow.python.framework import ops
     from tensorflow.python.training import basic_session_run_hooks as hooks_mod
+    from tensorflow.python.training import checkpoint_utils
     from tensorflow.python.training import saver as saver_mod
 
     from . import chain, data_state, launch_devices, own_checkpoints, own_exports, tf_session
@@ -54,11 +58,12 @@ def _patch_tensorflow() -> None:
     stop_hook = hooks_mod.StopAtStepHook
     orig_stop_created, orig_stop_after_run = stop_hook.after_create_session, stop_hook.after_run
     orig_saver_save = saver_mod.Saver.save
+    orig_warm_start = checkpoint_utils._init_from_checkpoint
     launch_devices.keep()  # the program's own CUDA_VISIBLE_DEVICES, set before its import
     _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize,
                  saver_save=orig_saver_save, make=orig_make, make_opts=orig_make_opts, partial=orig_partial,
                  partial_setup=orig_partial_setup, stop_created=orig_stop_created,
-                 stop_after_run=orig_stop_after_run)
+                 stop_after_run=orig_stop_after_run, warm_start=orig_warm_start)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if _CONTROLLER:
@@ -223,6 +228,24 @@ def _patch_tensorflow() -> None:
 
     saver_save.__doc__ = orig_saver_save.__doc__
     saver_mod.Saver.save = saver_save
+
+    def warm_start(ckpt_dir_or_file: Any, assignment_map: Any) -> Any:
+        # `init_from_checkpoint` of a file the program deleted once it had initialised (a
+        # staged download): a copy that restores the job's checkpoint (restarted, or
+        # pre-warmed) overwrites every variable the warm start sets, so the file is not
+        # needed, and reading it would end the copy before its restore.
+        ctl = _CONTROLLER[0] if _CONTROLLER else None
+        if ctl is not None and (ctl.settings.restore_dir or ctl.settings.warm):
+            try:
+                checkpoint_utils.load_checkpoint(ckpt_dir_or_file)
+            except (ValueError, tf_errors.OpError) as exc:
+                log.warning("init_from_checkpoint(%r) skipped: it cannot be read (%s), and "
+                            "this copy restores every variable from the job's checkpoint",
+                            ckpt_dir_or_file, str(exc).splitlines()[0][:200])
+                return None
+        return orig_warm_start(ckpt_dir_or_file, assignment_map)
+
+    checkpoint_utils._init_from_checkpoint = warm_start
     # The program's SavedModel exports of steps a restarted copy trains again.
     own_exports.patch(lambda: _CONTROLLER[0] if _CONTROLLER else None)
     run.__doc__ = orig_run.__doc__
@@ -316,6 +339,9 @@ def uninstall() -> None:
     from tensorflow.python.training import saver as saver_mod
 
     saver_mod.Saver.save = _ORIG["saver_save"]
+    from tensorflow.python.training import checkpoint_utils
+
+    checkpoint_utils._init_from_checkpoint = _ORIG["warm_start"]
     from . import own_exports
 
     own_exports.unpatch()

@@ -301,6 +301,8 @@ KINDS = {
                                      "its own before training)"),
     "growing_shape": Kind("growing_shape.py", _warm_naive(),
                           covered_by="test_tfr_tf_session.py -k shape_grows"),
+    "warm_deleted": Kind("warm_deleted.py", _warm_naive(), own_dir=True,
+                         covered_by="test_tfr_tf_session.py -k warm_start_file_deleted"),
 }
 
 
@@ -409,7 +411,9 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     ring of variables in a run of its own before the training run, which trains on a slot
     picked from the step (no fix needed). growing_shape: a loss history in a variable
     made with `validate_shape=False`, one entry longer each step (the shim used to end the
-    program at its first training run, reading its unknown shape). feedable: a feedable iterator
+    program at its first training run, reading its unknown shape). warm_deleted:
+    `init_from_checkpoint` of a backbone downloaded once and deleted after initialising (a
+    restarted or pre-warmed copy used to die building its graph). feedable: a feedable iterator
     (`Iterator.from_string_handle`) fed the training iterator's handle (initializable) at
     each training run and an evaluation iterator's every 5 steps (refused until s50);
     migrated warm (no signature: a string is fed) and naive. staging_feed: each batch staged

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -2130,3 +2131,54 @@ def test_a_variable_whose_shape_grows_is_saved_and_restored(kind: str, tmp_path:
     assert got[1].shape == (5,)
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_warm_start_file_deleted_after_initialising_is_not_needed_by_a_restored_copy(
+        tmp_path: Path) -> None:
+    """`init_from_checkpoint(pre, {"backbone/": "backbone/"})` of a pre-trained checkpoint the
+    program deletes once its variables are initialised (a staged download, a scratch copy);
+    fine-tuned from the step read. Migrated (probed: `programs/warm_deleted` naive at step 3),
+    the restarted copy died building its graph (`NotFoundError: Unsuccessful
+    TensorSliceReader constructor: Failed to find any matching files for .../pre`), the job
+    lost though the shim's restore overwrites every variable the warm start sets. Now a
+    copy that restores (restarted or pre-warmed) skips a warm start whose checkpoint is gone,
+    saying so, and ends as the uninterrupted run; without a restore pending the program's
+    own error is unchanged."""
+    pre = tmp_path / "pre"
+    with tf.Graph().as_default() as g, session(g) as sess:
+        bb = tf.compat.v1.get_variable("backbone/w", initializer=tf.fill([3], 0.5))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        tf.compat.v1.train.Saver([bb]).save(sess, str(pre / "model"))
+
+    def build() -> tuple[Any, Any, Any]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("backbone/w", initializer=tf.ones([3]))
+        tf.compat.v1.train.init_from_checkpoint(str(pre), {"backbone/": "backbone/"})
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(w * w * tf.cast(gs + 1, tf.float32)), global_step=gs)
+        return gs, w, train
+
+    def loop(sess: Any, gs: Any, train: Any, until: int) -> None:
+        while sess.run(gs) < until:
+            sess.run(train)
+
+    with tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, train = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        loop(sess, gs, train, 4)
+        expected = sess.run(w)
+    with shimmed() as source, tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, train = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        shutil.rmtree(pre)  # the program's cleanup
+        loop(sess, gs, train, 2)
+        source.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+        loop(sess, gs, train, 3)
+    assert acks(source)[-1].ok and acks(source)[-1].step == 2
+    with shimmed(), tf.Graph().as_default(), pytest.raises((ValueError, tf.errors.NotFoundError)):
+        build()  # nothing to restore: the program's own error
+    with shimmed(tmp_path / "ck"), tf.Graph().as_default() as g, session(g) as sess:
+        gs, w, train = build()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        loop(sess, gs, train, 4)
+        np.testing.assert_array_equal(sess.run(w), expected)
