@@ -6,6 +6,7 @@ helpers use virtual GPUs and a ramdisk under /dev/shm. Logs go to ``run_dir``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -30,11 +31,17 @@ def free_port(preferred: int = 50051) -> int:
     raise OSError("no free port on 127.0.0.1")
 
 
-def wait_file(path: Path, proc: subprocess.Popen, what: str, timeout: float = 60) -> str:
+def wait_file(path: Path, proc: subprocess.Popen, what: str, timeout: float = 60, log: Path | None = None) -> str:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode}; see its log")
+            # Its last line says why (`gandiva demo --http-listen 0.0.0.0:9100`: "refusing
+            # --http-listen ... without --auth token ..."); before, only "see its log".
+            said = ""
+            with contextlib.suppress(OSError):
+                said = (log.read_text(errors="replace").strip().splitlines() or [""])[-1] if log else ""
+            raise RuntimeError(f"{what} exited with status {proc.returncode}: {said[:500] or 'see its log'}"
+                               + (f" ({log})" if log else ""))
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not start within {timeout:.0f}s")
         time.sleep(0.1)
@@ -64,8 +71,8 @@ class LocalCluster:
                  "--port-file", str(port_file), "--http-listen", self.http_listen,
                  "--http-port-file", str(http_file), *self.scheduler_args],
                 stdout=log, stderr=subprocess.STDOUT))
-        self.address = wait_file(port_file, self.procs[0], "the scheduler")
-        self.http = wait_file(http_file, self.procs[0], "the scheduler's HTTP server")
+        self.address = wait_file(port_file, self.procs[0], "the scheduler", log=self.run_dir / "scheduler.log")
+        self.http = wait_file(http_file, self.procs[0], "the scheduler's HTTP server", log=self.run_dir / "scheduler.log")
         return self.address
 
     def start_helpers(self, env: dict[str, str] | None = None) -> None:

@@ -86,11 +86,16 @@ def test_a_dashboard_other_machines_reach_without_tokens_needs_the_names_it_is_a
     before the database is made, saying what to give; the names given hold every request
     (test_hostile_requests.py -k rebinding_page)."""
     db = tmp_path / "x.db"
-    out = subprocess.run(  # (before: it served, and this waited for its timeout)
-        [sys.executable, "-m", "gandiva_cli.main", "scheduler", "--listen", "127.0.0.1:0", "--http-listen", "0.0.0.0:0",
-         "--db", f"sqlite+aiosqlite:///{db}"], check=False, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "refusing --http-listen 0.0.0.0:0 without --auth token" in out.stderr, out
-    assert "--http-allow-host NAME" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    # As `gandiva demo --http-listen 0.0.0.0:9100` starts it (it said only "see its log").
+    from scheduler.cli.local_cluster import LocalCluster
+
+    demo = LocalCluster(tmp_path, f"sqlite+aiosqlite:///{db}", [], 1, http_listen="0.0.0.0:0")
+    try:
+        with pytest.raises(RuntimeError, match=r"exited with status 2: gandiva scheduler: refusing --http-listen "
+                           r"0\.0\.0\.0:0 without --auth token: .* Give --http-allow-host NAME"):
+            demo.start_scheduler()  # (before: it served)
+    finally:
+        demo.stop()
     assert not db.exists()
 
 
