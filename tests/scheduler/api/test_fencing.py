@@ -1680,7 +1680,10 @@ def test_a_job_placed_on_gpus_a_shrink_gives_back_waits_until_the_shrunk_job_has
         return MigrationResult(Outcome.MIGRATED, plan.dest.name, plan.dest_incarnation, 42, "/ram/a/ckpt")
 
     monkeypatch.setattr(live_migration, "migrate", migrate)
-    sched = make_scheduler(sqlite_url, tick_s=0.1, policy_config=PolicyConfig(grow_idle_s=0.3))
+    # The test's helper sends no heartbeat: with the default 10 s, "a" was called down, its
+    # jobs re-queued, on a loaded machine (its steps took 20 s beside three CPU burners).
+    sched = make_scheduler(sqlite_url, tick_s=0.1, policy_config=PolicyConfig(grow_idle_s=0.3),
+                           settings=Settings(down_after_s=600.0))
     f = Fake(sched.address, gpus={"a": 2})
     try:
         spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1, steps=1000, grow_shrink=True)
