@@ -296,6 +296,8 @@ KINDS = {
                                     "journeys; from an iterator: test_tfr_data_input.py -k staged"),
     "export": Kind("export_every.py", _kill_past_an_export, own_dir=True,
                    covered_by="test_tfr_own_exports.py (the builder of a restored process)"),
+    "tfrecord": Kind("tfrecord_mix.py", _warm_naive(), ("--read", "sample"), own_dir=True,
+                     covered_by="no fix: test_tfr_data_input.py -k bit_identical (iterator positions)"),
     "replay_buffer": Kind("replay_buffer.py", _warm_naive(rehearsed=False),
                           covered_by="no fix: the tables_before kind (state written in a run of "
                                      "its own before training)"),
@@ -421,7 +423,10 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     of the step read's); migrated warm and naive (no fix needed). export: a SavedModel
     exported every 4 steps into its own directory; migrated warm, then checkpointed, trained
     past the next export and killed: the restarted copy, training that step again, used to
-    fail at its export ("Export directory ... already exists")."""
+    fail at its export ("Export directory ... already exists"). tfrecord: TFRecord shards
+    the program writes into its directory, then reads mixed by `sample_from_datasets`
+    (seeded), parsed, shuffled by the graph's seed and reshuffled each epoch; migrated warm
+    and naive (no fix needed)."""
     spec = KINDS[kind]
     script = str(PROGRAMS / spec.script)
 
