@@ -100,9 +100,14 @@ def test_spec_file_wrong_type_is_named(tmp_path: Path) -> None:
     ("grow_shrink: yes please\n", "field 'grow_shrink' has the wrong type (str): 'yes please'; give true or false"),
     ("env_pass: WANDB_API_KEY\n", "give a list of variable names, e.g. env_pass: [WANDB_API_KEY]"),
     ("gpus: true\n", "field 'gpus' has the wrong type (bool): true; give a whole number"),
-    ("command: python t.py\n\tgpus: 1\n", ("not valid YAML at line 2, column 1: found character '\\t' that "
-                                           "cannot start any token (YAML indents with spaces, never tabs)")),
-    ("name: a: b\n", "not valid YAML at line 1, column 8: mapping values are not allowed here"),
+    # (LibYAML's words since session 50; the pure-Python parser's were "found character '\t'
+    # that cannot start any token" and "mapping values are not allowed here".)
+    ("command: python t.py\n\tgpus: 1\n", ("not valid YAML at line 2, column 1: found a tab character that "
+                                           "violates indentation (YAML indents with spaces, never tabs)")),
+    ("name: a: b\n", "not valid YAML at line 1, column 8: mapping values are not allowed in this context"),
+    ("sweep:\n  list:\n" + "    - {lr: 1}\n" * 5000 + "  \tgrid: {}\n",
+     ("not valid YAML at line 5003, column 3: found character '\\t' that cannot start any token (YAML indents "
+      "with spaces, never tabs)")),
     # A tag that builds an object: never built (a SafeLoader), but the error said only that
     # the parser "could not determine a constructor", not what to write instead.
     ("name: !!python/object/apply:os.system [touch /tmp/x]\n",
