@@ -153,7 +153,7 @@ class DemoRun:
         t_end = time.monotonic() + timeout
         left = lambda: max(1.0, t_end - time.monotonic())
         self.t0 = time.time()
-        c.rule("1. oversubscribed: a grow-shrink job and a sweep of 8 configurations on 4 GPUs")
+        c.rule(f"1. oversubscribed: a grow-shrink job and a sweep of 8 configurations on {self.gpus_up()} GPUs")
         # The grow-shrink job trains until the story is over (then the demo stops it), so
         # that it is still there to grow and shrink however fast this machine is.
         solo = self.submit(self._spec("solo-gs", 1, s * 1000, grow=True))
@@ -203,6 +203,11 @@ class DemoRun:
         self.stop(solo)
         self.pump()
         return self.report(stopped=solo) and ok
+
+    def gpus_up(self) -> int:
+        """The GPUs of the servers up: the first heading said "on 4 GPUs" whatever --servers and
+        --gpus gave (6 with --servers 3)."""
+        return sum(s.gpus for s in self.stub.ListServers(scheduler_pb2.ListServersRequest()).servers if s.up)
 
     def stop(self, job_id: str) -> None:
         """Kill the demo's long job at the story's end; one that ended already (someone ran

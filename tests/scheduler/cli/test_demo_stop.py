@@ -33,3 +33,16 @@ def test_the_demos_end_leaves_a_job_someone_killed_as_it_is(scheduler_server: An
         assert done.state == common_pb2.JOB_STATE_KILLED and "the demo's story is over" in done.message, done
         assert stub.GetJob(scheduler_pb2.GetJobRequest(id=ids[0])).message.endswith("a user tried gandiva kill")
     demo.channel.close()
+
+
+def test_the_demos_heading_counts_the_gpus_it_has(scheduler_server: Any, tmp_path: Path) -> None:
+    """Its first heading said "a sweep of 8 configurations on 4 GPUs" with `--servers 3` (6 GPUs)."""
+    from ..api.test_fencing import Fake
+
+    f = Fake(scheduler_server.address, gpus={"a": 2, "b": 4})
+    try:
+        f.keep_alive("a", "b")  # (up, however loaded the machine)
+        demo = DemoRun(scheduler_server.address, "", 10, tmp_path, Console(file=io.StringIO(), width=200))
+        assert demo.gpus_up() == 6
+    finally:
+        f.close()
