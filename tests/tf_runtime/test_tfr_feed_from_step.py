@@ -456,7 +456,8 @@ def test_more_kinds_of_program_keep_the_result(kind: str, runtime_server: Any, l
     ("python_counter.py", (), "only after its first training run"),
     pytest.param("distill.py", ("--teacher", "online", "--teacher-step", "global"),
                  "a second model in another session", marks=pytest.mark.full),
-], ids=["queue_input", "global_rng", "sampled_loss", "python_counter", "second_model"])
+    pytest.param("queue_input.py", ("--num-epochs", "4"), "QueueDequeue", marks=pytest.mark.full),
+], ids=["queue_input", "global_rng", "sampled_loss", "python_counter", "second_model", "queue_epochs"])
 def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
         script: str, flags: tuple[str, ...], reason: str, runtime_server: Any, launch: Any,
         tmp_path: Path) -> None:
@@ -475,7 +476,9 @@ def test_state_no_checkpoint_holds_is_suspended_in_place_and_never_migrated(
     first one on). second_model (GANDIVA_FULL_TESTS=1; the mechanism by default in
     test_tfr_chain.py -k second_model): co-distillation, a teacher trained in a graph and
     session of its own beside its student (its step counter its graph's global step), once
-    migrated with the teacher's session's variables only (other weights, probed)."""
+    migrated with the teacher's session's variables only (other weights, probed).
+    queue_epochs (GANDIVA_FULL_TESTS=1, the mechanism of queue_input): the producer ends
+    after 4 epochs (`num_epochs`, its count in a local variable) and the loop with the data."""
     path = str(PROGRAMS / script)
     steps = [*flags, "--steps", "80", "--step-sleep", "0.03"]
     baseline = launch(path, *steps, "--dump", str(tmp_path / "base.npz"), status=False)
