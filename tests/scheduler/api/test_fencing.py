@@ -144,8 +144,12 @@ class Fake:
 
 
 @pytest.fixture
-def fake(scheduler_server: Any) -> Iterator[Fake]:
-    f = Fake(scheduler_server.address)
+def fake(make_scheduler: Any, sqlite_url: str) -> Iterator[Fake]:
+    # Its helpers send no heartbeat unless the test says (keep_alive): with the default 10 s
+    # a test slowed past it by a loaded machine had its servers called down and its jobs
+    # re-queued (-k destination_that_ends_before). Its tests pass with 3 s and with 600 s.
+    sched = make_scheduler(sqlite_url, tick_s=0.2, settings=Settings(down_after_s=600.0))
+    f = Fake(sched.address)
     yield f
     f.close()
 
