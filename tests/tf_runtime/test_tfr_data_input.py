@@ -222,18 +222,20 @@ def test_a_job_reading_tf_data_restarts_bit_identical(
     assert again.ctl.restored_step == ack.step
 
 
-@pytest.mark.parametrize("source,reason", [
-    ("generator", "cannot be saved: PyFunc is stateful"),
-    ("cache", "cannot be saved: it caches into a file")])
+@pytest.mark.parametrize("source,iterator,reason", [
+    ("generator", "oneshot", "cannot be saved: PyFunc is stateful"),
+    ("cache", "oneshot", "cannot be saved: it caches into a file"),
+    ("generator", "feedable", "cannot be saved: PyFunc is stateful")])
 def test_a_pipeline_whose_position_cannot_be_saved_is_still_refused_with_the_reason(
-        source: str, reason: str, tmp_path: Path) -> None:
+        source: str, iterator: str, reason: str, tmp_path: Path) -> None:
     """`Dataset.from_generator` keeps its position in a Python generator, which TensorFlow
     cannot save (its reason); `.cache(filename)` is saved by TensorFlow, but a restored copy
     needs the cache files and lockfile as the source left them (after a kill, probed: the
     restarted copy failed, "There appears to be a concurrent caching iterator running").
     The job is not migratable, the stop for migration is refused naming the iterator read
-    and the reason, and the job trains on to its end."""
-    p = build("slices" if source == "cache" else source, "oneshot", "session", "momentum",
+    and the reason, and the job trains on to its end; so is one read through a feedable
+    iterator fed its handle."""
+    p = build("slices" if source == "cache" else source, iterator, "session", "momentum",
               cache=str(tmp_path / "cache") if source == "cache" else "")
     assert run(p, command=Kind.STOP_FOR_MIGRATION, directory=tmp_path / "ck", at=4) is not None
     ack = acks(p.ctl)[0]
