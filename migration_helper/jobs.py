@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shutil
@@ -22,6 +23,9 @@ from migration_helper.ramdisk import CheckpointError, CheckpointMissing, safe_na
 from protos.gandiva.v1 import helper_pb2
 from scheduler.auth import runtime_token
 from scheduler.transport import ClientSecurity
+from tf_runtime.checkpoint import FORMAT, MANIFEST
+from tf_runtime.checkpoint import CheckpointError as TornCheckpoint
+from tf_runtime.checkpoint import validate as validate_checkpoint
 from tf_runtime.lease import LEASE_ENV
 
 log = logging.getLogger(__name__)
@@ -187,8 +191,8 @@ class JobTable:
             env[OWNER_ENV] = self.owner
         if self.lease_file:
             env[LEASE_ENV] = self.lease_file
-        if req.restore_checkpoint and not os.path.isdir(req.restore_checkpoint):
-            raise CommandFailed(f"launch: checkpoint {req.restore_checkpoint} not found on {self.server}")
+        if req.restore_checkpoint:
+            _check_restore("launch", req.restore_checkpoint, self.server)
         workdir = req.spec.workdir or os.getcwd()
         if not os.path.isdir(workdir):
             raise CommandFailed(f"launch: workdir {workdir!r} does not exist on {self.server}")
@@ -240,8 +244,8 @@ class JobTable:
             raise CommandFailed(f"activate: no live pre-warmed process for {req.job_id}/{req.incarnation}")
         if not proc.warm or proc.activated:
             raise CommandFailed(f"activate: {req.job_id}/{req.incarnation} is not waiting warm")
-        if req.restore_checkpoint and not os.path.isdir(req.restore_checkpoint):
-            raise CommandFailed(f"activate: checkpoint {req.restore_checkpoint} not found on {self.server}")
+        if req.restore_checkpoint:
+            _check_restore("activate", req.restore_checkpoint, self.server)
         mark = len(proc.events)
         t0 = time.monotonic()
         proc.activated = True
@@ -368,3 +372,24 @@ def _absolute(path: str) -> str:
 def _at(proc: JobProcess, kind: str, t0: float) -> float:
     event = proc.last_event(kind)
     return float(event["received_at"] - t0) if event else 0.0
+
+
+def _check_restore(what: str, path: str, server: str) -> None:
+    """CommandFailed unless ``path`` is a whole checkpoint here: gone (a reboot wiped the
+    ramdisk), or cut short (a checkpoint root on a disk whose unsynced writes a power cut
+    lost). The scheduler then starts the job from step 0, saying so. Before, a cut one was
+    launched, its shim refused it (exit status 2, "unreadable gandiva.json") and the job
+    FAILED (tests/multihost/test_host_reboot.py, `full`)."""
+    if not os.path.isdir(path):
+        raise CommandFailed(f"{what}: checkpoint {path} not found on {server}")
+    try:
+        manifest = json.loads(Path(path, MANIFEST).read_text())
+        if isinstance(manifest, dict) and manifest.get("format") == FORMAT:  # the shim's: each file's size
+            validate_checkpoint(path)
+    except FileNotFoundError:
+        return  # none: not the shim's (a program's own runtime); its program judges it
+    except (OSError, ValueError) as exc:
+        raise CommandFailed(f"{what}: checkpoint {path}: unreadable {MANIFEST} ({exc}) (on {server}: cut short "
+                            "or damaged)") from None
+    except TornCheckpoint as exc:
+        raise CommandFailed(f"{what}: {exc} (on {server}: cut short or damaged)") from None
