@@ -42,6 +42,7 @@ from scheduler.auth import Authenticator
 from scheduler.config import DEFAULT_LISTEN
 from scheduler.core import SchedulerCore, Settings
 from scheduler.engine.live import LiveEngine
+from scheduler.lifecycle import JobState
 from scheduler.policy.types import PolicyConfig
 from scheduler.state import migrate, prune
 from scheduler.state.db import make_engine, sqlite_file
@@ -182,6 +183,7 @@ class SchedulerServer:
         self.engine = LiveEngine(self.core, self.policy, self.policy_config, self.tick_s)
         try:
             await migrate.upgrade(self.db)
+            await migrate.check_states(self.db, frozenset(s.value for s in JobState))
         except (OSError, SQLAlchemyError) as exc:
             # Closed before the error leaves: a connection thread still finishing would
             # otherwise print its own traceback once the event loop is gone.

@@ -14,6 +14,7 @@ from pathlib import Path
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -80,6 +81,26 @@ async def _run(engine: AsyncEngine, action) -> None:  # type: ignore[no-untyped-
 
     async with migration_connection(engine) as conn:
         await conn.run_sync(in_sync)
+
+
+class UnknownStates(Refused):
+    """Jobs in states this code does not know: a newer gandiva (or a hand edit) wrote them."""
+
+
+async def check_states(engine: AsyncEngine, known: frozenset[str]) -> None:
+    """UnknownStates when a job's state is none of ``known``. States are text, so a newer
+    gandiva's (this one run again after a rollback, its schema unchanged) or a hand edit's
+    were taken, and every listing of jobs then failed on them (INTERNAL, for every caller)."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT state, COUNT(*), MIN(id) FROM jobs GROUP BY state"))).all()
+    odd = [(state, count, job) for state, count, job in rows if state not in known]
+    if odd:
+        said = "; ".join(f"{state!r} ({count} job{'s' if count > 1 else ''}, e.g. {job})" for state, count, job in odd)
+        raise UnknownStates(
+            f"the database holds jobs in states this gandiva does not know: {said}. A newer gandiva (or a "
+            "hand edit) wrote them, and every listing of jobs would fail on them. Nothing was changed. Run "
+            "that newer gandiva (its `gandiva kill` ends such jobs), or restore a backup this version wrote")
 
 
 class BrokenReferences(Refused):

@@ -40,3 +40,38 @@ def test_the_database_file_is_its_owners_only(make_scheduler: Any, tmp_path: Pat
         assert _mode(db) == 0o600
     finally:
         os.umask(old)
+
+
+def test_a_database_holding_job_states_this_version_does_not_know_is_refused_at_start(
+        make_scheduler: Any, sqlite_url: str) -> None:
+    """States are text: a newer gandiva's (this one run again after a rollback, the schema
+    unchanged) or a hand edit's were taken at start, and then `gandiva get jobs` answered every
+    caller INTERNAL (ValueError: 'PREEMPTED' is not a valid JobState) as long as the job was
+    listed. Now the start is refused, naming the states, a job and what to do."""
+    import asyncio
+    import sqlite3
+
+    import grpc
+
+    from scheduler.server import SchedulerServer
+
+    sched = make_scheduler(sqlite_url, tick_s=0.2)
+    with grpc.insecure_channel(sched.address) as channel:
+        job = scheduler_pb2_grpc.SchedulerStub(channel).SubmitJob(scheduler_pb2.SubmitJobRequest(
+            spec=common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id
+    sched.stop()
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite+aiosqlite:///")) as db:
+        db.execute("UPDATE jobs SET state = 'PREEMPTED' WHERE id = ?", (job,))
+
+    async def start() -> str:
+        server = SchedulerServer(db_url=sqlite_url, listen="127.0.0.1:0")
+        try:
+            await server.start()
+        except ValueError as refused:
+            return str(refused)
+        await server.stop(0.1)
+        return "started"
+
+    said = asyncio.run(start())
+    assert f"holds jobs in states this gandiva does not know: 'PREEMPTED' (1 job, e.g. {job})" in said, said
+    assert "Nothing was changed" in said, said
