@@ -241,3 +241,19 @@ async def test_reports_posted_while_samples_are_in_flight_are_all_delivered(tmp_
     stub.release.set()
     await asyncio.wait_for(sending, 10)
     assert stub.taken == ["samples first", "result launch", "exit j1", "samples third"]
+
+
+def test_a_registration_carries_the_exits_still_waiting_in_the_outbox(tmp_path: Path) -> None:
+    """Back from a cut that outlasted the heartbeat timeout, a job that ended meanwhile was
+    re-queued with its server; its exit, sent only after the registration, came after the
+    round that placed it again (it ran twice). It goes with the registration now (after
+    those an earlier run left), and stays in the outbox (sent again there: a no-op)."""
+    helper = HelperDaemon(HelperConfig(server_name="s1", scheduler="127.0.0.1:9", ramdisk=tmp_path / "rd",
+                                       log_dir=tmp_path / "logs"), CpuBackend(1, "s1"))
+    left = helper_pb2.ProcessExitRequest(server="s1", job_id="j0", incarnation="i0", reason="finished")
+    helper._inherited = [(left, tmp_path / "kept.exit")]
+    helper._post(helper_pb2.HelperCommandResult(command_id="launch"))
+    helper._post(helper_pb2.ProcessExitRequest(server="s1", job_id="j1", incarnation="i1", reason="finished"))
+    helper._post_samples(helper_pb2.GpuSamplesRequest(server="s1"))
+    assert [x.job_id for x in helper._register_request().exits] == ["j0", "j1"]
+    assert len(helper._outbox) == 3
