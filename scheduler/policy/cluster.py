@@ -628,6 +628,16 @@ class Ledger:
         """Jobs bound to exactly this placement: one time-slice group."""
         return list(self._groups.get(gpus, ()))
 
+    def moving_onto(self, gpus: Placement) -> bool:
+        """A MIGRATING job holds one of ``gpus`` from outside their group (live, a move holds
+        its source and destination GPUs until it ends): the group is not to run, or take a
+        newcomer, until the move ends (else both run there, with no packing trial)."""
+        moving = self.by_state.get("MIGRATING")
+        if not moving:
+            return False
+        bound = self.bound
+        return any(j in moving for g in gpus for j in bound.get(g, ()))
+
     def overloaded(self) -> bool:
         """Some server's height is above 1."""
         return bool(self._over)

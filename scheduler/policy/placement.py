@@ -119,9 +119,10 @@ def any_free_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
 
 def takes_turns(ledger: Ledger, gpus: Placement) -> bool:
     """The group on ``gpus`` can take one more job in turns: none of its members is
-    migrating or uncontrollable (such a job cannot take turns: it keeps its GPUs alone)."""
-    return not any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable
-                   for m in ledger.members(gpus))
+    migrating or uncontrollable (such a job cannot take turns: it keeps its GPUs alone), and
+    no job is moving onto its GPUs (``Ledger.moving_onto``)."""
+    return not (any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable
+                    for m in ledger.members(gpus)) or ledger.moving_onto(gpus))
 
 
 def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig,

@@ -271,6 +271,10 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
         was_changed = was_changed or m in changed
     if migrating:
         return None
+    if ledger.moving_onto(gpus):
+        # A job moving onto (or off) these GPUs takes them: the group waits for the move
+        # and is looked at each beat (a failed move leaves it without a change it sees).
+        return _slice_end(now + config.quantum_s, config)
     if in_trial:
         return None  # the trial's verdict comes first (judge_trials wakes the policy)
     if was_changed:
