@@ -68,3 +68,16 @@ def test_a_newcomer_does_not_join_a_group_a_job_is_moving_onto(mk) -> None:
     out = get_policy("gandiva", CFG).decide(_moving(mk, 101.0, c, d, new))
     placed = [x for x in out if x.job_id == "new" and hasattr(x, "gpus")]
     assert placed and all(g.server == "s0" or g.index in (2, 3) for g in placed[0].gpus), out
+
+
+def test_a_hand_over_moves_no_job_into_a_group_a_job_is_moving_onto(mk) -> None:
+    """balance_sizes' hand-over (and gather_large's) moves a donor's jobs into same-size
+    groups: not into big2's while big1 is moving there (before: it was a target, the least
+    full)."""
+    from scheduler.policy.cluster import Ledger
+    from scheduler.policy.migration import _handover_targets
+    from scheduler.policy.state import GandivaState
+
+    c = mk.job("c", gpus=2, state="RUNNING", placement=mk.on("s1", 2, 3), last_state_change_at=50.0)
+    ledger = Ledger.of(_moving(mk, 101.0, c))
+    assert sorted(gpus for gpus, _, _ in _handover_targets(ledger, GandivaState(), 2)) == [mk.on("s1", 2, 3)]
