@@ -10,7 +10,9 @@ as "a kept pack, or a lone job").
 
 from __future__ import annotations
 
-from scheduler.policy import PolicyConfig, get_policy
+import dataclasses
+
+from scheduler.policy import Migrate, PolicyConfig, get_policy
 
 # Plain slices (no growth): a slice is one quantum. No packing, moves or first turns to
 # muddy the decisions.
@@ -81,3 +83,44 @@ def test_a_hand_over_moves_no_job_into_a_group_a_job_is_moving_onto(mk) -> None:
     c = mk.job("c", gpus=2, state="RUNNING", placement=mk.on("s1", 2, 3), last_state_change_at=50.0)
     ledger = Ledger.of(_moving(mk, 101.0, c))
     assert sorted(gpus for gpus, _, _ in _handover_targets(ledger, GandivaState(), 2)) == [mk.on("s1", 2, 3)]
+
+
+def test_the_hand_over_seen_on_the_local_cluster_then_its_next_rounds(mk) -> None:
+    """The whole sequence as the policy makes it (default slices, balance_sizes on; 3 servers
+    of 2 GPUs as `gandiva demo --servers 3`): ten 1-GPU jobs crowd s0, so s1 goes to them,
+    big1 moving into big2's group (big2 suspended for it). The next rounds, as the live engine
+    shows them (movers bound to both ends): big2 waits; big1 lands, and they take turns."""
+    cfg = PolicyConfig(quantum_s=6.0, enable_packing=False, enable_grow_shrink=False, probe_slices=False)
+    small = [mk.job(f"small{g}.{k}", state="RUNNING" if k == 0 else "SUSPENDED", placement=mk.on("s0", g),
+                    attained_service_s=60.0 * (k + 1), submitted_at=0.0, last_state_change_at=0.0)
+             for g in range(2) for k in range(5)]
+    bigs = [mk.job(n, gpus=2, state="RUNNING", placement=mk.on(s, 0, 1), attained_service_s=600.0,
+                   submitted_at=0.0, last_state_change_at=0.0) for n, s in (("big1", "s1"), ("big2", "s2"))]
+    srv = mk.servers(3, 2)
+    policy = get_policy("gandiva", cfg)
+    first = policy.decide(mk.snap(100.0, srv, *small, *bigs))
+    assert mk.kinds(first)[:2] == [("Suspend", "big2"), ("Migrate", "big1")]
+    moves = {d.job_id: d.to_gpus for d in first if isinstance(d, Migrate)}
+    views = {j.id: j for j in (*small, *bigs)}
+    views["big2"] = dataclasses.replace(views["big2"], state="SUSPENDED", last_state_change_at=100.0)
+
+    def moving(now: float, landed: bool):  # type: ignore[no-untyped-def]
+        out = dict(views)
+        for jid, to in moves.items():
+            was = views[jid]
+            out[jid] = dataclasses.replace(was, state="RUNNING", placement=to, last_state_change_at=120.0,
+                                           reported_at=120.0) if landed else \
+                dataclasses.replace(was, state="MIGRATING", placement=was.placement + to, last_state_change_at=100.0)
+        return mk.snap(now, srv, *out.values())
+
+    for now in (101.0, 108.0, 114.0):  # before: Resume big2 at 101
+        assert not any(d.job_id == "big2" for d in policy.decide(moving(now, False))), now
+    assert not any(d.job_id in ("big1", "big2") for d in policy.decide(moving(120.0, True)))
+    # before: no later round rotated them (both running, "a kept pack, or a lone job")
+    for now in range(126, 400, 6):
+        turn = [d for d in policy.decide(moving(float(now), True)) if d.job_id in ("big1", "big2")]
+        if turn:
+            assert mk.kinds(turn) == [("Suspend", "big1"), ("Resume", "big2")]
+            break
+    else:
+        raise AssertionError("big1 and big2 never took turns")
