@@ -297,6 +297,11 @@ def allowed_host_names(values: Iterable[str]) -> frozenset[str]:
     names = set()
     for value in values:
         name = value.strip().lower().rstrip(".")
+        if not name.isascii():  # bücher.example: browsers send its ASCII form, xn--bcher-kva.example
+            try:
+                name = name.encode("idna").decode("ascii")
+            except UnicodeError:
+                pass  # (refused below, as written)
         if not _HOST_NAME.fullmatch(name):
             raise ValueError(f"--http-allow-host {value[:100]!r}: not a host name; give the name a proxy "
                              "passes in Host, without a port (e.g. gandiva.example.org)")

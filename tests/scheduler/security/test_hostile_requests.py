@@ -389,9 +389,11 @@ def test_a_proxy_that_passes_its_users_host_is_answered_once_the_operator_allows
                          ("x.gandiva.example.org", 421), ("rebind.example", 421)]:
         got, body = _http(f"127.0.0.1:{port}", f"GET /api/state HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
         assert got == status, (host, got, body[:200])
-    for bad in ("*.example.org", "proxy:443", "a b", "", "x" * 300):
+    for bad in ("*.example.org", "proxy:443", "a b", "", "x" * 300, "b\u00fccher..example"):
         with pytest.raises(ValueError, match="--http-allow-host .*not a host name"):
             allowed_host_names([bad])
+    # A name in other letters is allowed as browsers send it (it was refused as not a host name).
+    assert allowed_host_names(["B\u00fccher.Example"]) == {"xn--bcher-kva.example"}
     # The 421 says the way out.
     got, body = _http(f"127.0.0.1:{port}", b"GET / HTTP/1.1\r\nHost: rebind.example\r\n\r\n")
     assert got == 421 and b"--http-allow-host" in body, body[:300]
