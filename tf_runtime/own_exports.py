@@ -7,9 +7,10 @@ the lost process made after that checkpoint, and so exports again into directori
 lost process already filled: TensorFlow's builder refuses a directory that exists and is
 not empty ("Export directory ... already exists"), and the job, which the uninterrupted
 run ends, failed there. In a restored process such a directory is removed before the
-program's builder makes it again, when it holds a SavedModel all of whose files were
-written after the restored checkpoint and before this process started: the export of a
-step this copy redoes, as the uninterrupted run makes it once. An older directory (a run's
+program's builder makes it again, when it holds a SavedModel (or the `variables/` a builder
+killed mid-export left) all of whose files were written after the restored checkpoint and
+before this process started: the export of a step this copy redoes, as the uninterrupted
+run makes it once. An older directory (a run's
 from before the job, one the restored steps already had) is left alone, and the program's
 builder refuses it as it would without Gandiva.
 Nothing here imports TensorFlow at module level."""
@@ -28,19 +29,28 @@ log = logging.getLogger("tf_runtime")
 _STARTED = time.time()  # this process (its shim) started: files from before are another's
 _ORIG: dict[str, Any] = {}
 _MARKERS = ("saved_model.pb", "saved_model.pbtxt")
+# What a SavedModel directory holds: a builder killed before its `save()` (the lost process
+# died mid-export) leaves `variables/` (and maybe assets) without the marker.
+_LAYOUT = frozenset({*_MARKERS, "variables", "assets", "assets.extra", "fingerprint.pb"})
 
 
 def redone_export(export_dir: Any, since: float | None, before: float = _STARTED) -> bool:
-    """Whether `export_dir` is a SavedModel that an earlier process of the job wrote for a
-    step this one trains again: every file in it written at `since` (the restored
-    checkpoint's time) or later and before `before`; None `since`: not known, no."""
+    """Whether `export_dir` is a SavedModel (or one torn by a builder killed mid-export)
+    that an earlier process of the job wrote for a step this one trains again: nothing in
+    it but a SavedModel's layout, every file written at `since` (the restored checkpoint's
+    time) or later and before `before`; None `since`: not known, no."""
     if since is None:
         return False
     try:
         path = os.fsdecode(export_dir)
     except TypeError:
         return False
-    if not os.path.isdir(path) or not any(os.path.isfile(os.path.join(path, m)) for m in _MARKERS):
+    try:
+        top = set(os.listdir(path)) if os.path.isdir(path) else set()
+    except OSError:
+        return False
+    # A SavedModel, or one a killed builder left torn (its variables written, no marker).
+    if not top or not top <= _LAYOUT or not (top & {*_MARKERS, "variables"}):
         return False
     times = []
     for root, dirs, files in os.walk(path):

@@ -31,6 +31,12 @@ def test_only_an_export_written_after_the_restored_checkpoint_by_an_earlier_proc
     assert redone_export(_export(tmp_path / "8", 1500.0), since, before)
     assert redone_export(str(_export(tmp_path / "txt", 1500.0, "saved_model.pbtxt")).encode(),
                          since, before)
+    # Torn: the lost process was killed in its builder, before `save()` wrote the marker
+    # (probed through the real CLI: `variables/` alone, and the restarted job failed).
+    torn = tmp_path / "776" / "variables"
+    torn.mkdir(parents=True)
+    os.utime(torn, (1500.0, 1500.0))
+    assert redone_export(tmp_path / "776", since, before)
     # A step's export the restored steps already had, a run's from before the job.
     assert not redone_export(_export(tmp_path / "4", 900.0), since, before)
     # Written by this process itself (the program exporting twice: TensorFlow's refusal).
@@ -39,7 +45,12 @@ def test_only_an_export_written_after_the_restored_checkpoint_by_an_earlier_proc
     mixed = _export(tmp_path / "mixed", 1500.0)
     os.utime(mixed / "variables" / "variables.index", (900.0, 900.0))
     assert not redone_export(mixed, since, before)
-    # Not a SavedModel, missing, or no checkpoint time known.
+    # Not a SavedModel (or a SavedModel beside files of the program's own), missing, or no
+    # checkpoint time known.
+    beside = _export(tmp_path / "beside", 1500.0)
+    (beside / "notes.txt").write_text("x")
+    os.utime(beside / "notes.txt", (1500.0, 1500.0))
+    assert not redone_export(beside, since, before)
     other = tmp_path / "notes"
     other.mkdir()
     (other / "a.txt").write_text("x")
