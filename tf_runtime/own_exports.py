@@ -17,12 +17,15 @@ Nothing here imports TensorFlow at module level."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import time
 from collections.abc import Callable
 from typing import Any
+
+from .checkpoint import MANIFEST
 
 log = logging.getLogger("tf_runtime")
 
@@ -63,11 +66,23 @@ def redone_export(export_dir: Any, since: float | None, before: float = _STARTED
 
 
 def restored_at(restore_dir: str | None) -> float | None:
-    """When the checkpoint in `restore_dir` was written (its manifest's time), or None."""
+    """When the checkpoint in `restore_dir` was written, or None: its manifest's
+    `created_at` (the clock of the process that wrote it, as the export files' times are),
+    not the manifest file's time, which in a copy fetched to the server the job was placed
+    on is the fetch's, after the lost process's exports; that file's time only for a
+    manifest without one."""
     if not restore_dir:
         return None
+    path = os.path.join(restore_dir, MANIFEST)
     try:
-        return os.path.getmtime(os.path.join(restore_dir, "gandiva.json"))
+        with open(path) as fh:
+            created = json.load(fh).get("created_at")
+    except (OSError, ValueError, AttributeError):
+        created = None
+    if isinstance(created, (int, float)) and not isinstance(created, bool):
+        return float(created)
+    try:
+        return os.path.getmtime(path)
     except OSError:
         return None
 

@@ -6,6 +6,7 @@ to fail there). Live: `test_tfr_feed_from_step.py -k "more_kinds and export"`
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,6 +59,22 @@ def test_only_an_export_written_after_the_restored_checkpoint_by_an_earlier_proc
     assert not redone_export(other, since, before)
     assert not redone_export(tmp_path / "none", since, before)
     assert not redone_export(tmp_path / "8", None, before)
+
+
+def test_a_checkpoint_fetched_to_another_server_is_dated_by_its_manifest(tmp_path: Path) -> None:
+    """A job placed on another server restores a copy of its checkpoint fetched there (its
+    files as new as the fetch, after the lost process's exports): the checkpoint's time is
+    the manifest's `created_at`, so the export of a step the copy trains again is redone."""
+    ck = tmp_path / "resume-2"
+    ck.mkdir()
+    (ck / "gandiva.json").write_text(json.dumps({"format": 1, "created_at": 1000.0}))
+    os.utime(ck / "gandiva.json", (1800.0, 1800.0))  # fetched after export 8 was written
+    assert own_exports.restored_at(str(ck)) == 1000.0
+    assert redone_export(_export(tmp_path / "8", 1500.0), own_exports.restored_at(str(ck)), 2000.0)
+    (ck / "gandiva.json").write_text("{}")  # no time in it: the file's
+    os.utime(ck / "gandiva.json", (1800.0, 1800.0))
+    assert own_exports.restored_at(str(ck)) == 1800.0
+    assert own_exports.restored_at(str(tmp_path / "none")) is None
 
 
 @pytest.mark.tf
