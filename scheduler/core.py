@@ -73,6 +73,9 @@ T = TypeVar("T")
 
 # Exit code agreed with tf_runtime (tf_runtime.EXIT_MIGRATED): stopped for a migration.
 EXIT_MIGRATED = 75
+# Exit code agreed with tf_runtime (tf_runtime.EXIT_KILLED): told to exit by the scheduler
+# (a kill, or RuntimeHub.kill_stale: a launch taken for lost).
+EXIT_KILLED = 143
 # A job process killed by SIGKILL that Gandiva did not send (the kernel's OOM killer, most
 # often: a server's memory is shared by every job packed or suspended there) is re-queued
 # to resume from its restore point, this many times at most; then it fails.
@@ -1431,11 +1434,11 @@ class SchedulerCore:
         it was passed over ("already re-queued") and the job ran a second time, from its
         checkpoint or from step 0 (tests/multihost/test_ended_while_cut.py). An exit that
         says nothing of the program's end (stopped by its helper, a planned stop, killed by
-        SIGKILL) leaves it queued, as before."""
+        SIGKILL, told to exit by this scheduler as lost: EXIT_KILLED) leaves it queued, as before."""
         key = (job.id, req.incarnation)
         if self._lost_launches.get(key) != req.server:
             return False
-        if req.reason == "stopped" or req.exit_code == EXIT_MIGRATED or req.exit_code == -signal.SIGKILL:
+        if req.reason == "stopped" or req.exit_code in (EXIT_MIGRATED, EXIT_KILLED, -signal.SIGKILL):
             return False
         del self._lost_launches[key]
         late = f"; its exit came from {req.server} after the server was taken for lost"

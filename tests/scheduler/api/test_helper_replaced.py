@@ -214,3 +214,29 @@ def test_a_job_that_ended_while_its_server_was_taken_for_lost_is_settled_by_its_
         assert job().history[-1].reason == history[-1]
     finally:
         channel.close()
+
+
+def test_a_late_exit_of_a_launch_told_to_exit_as_lost_leaves_its_job_queued(
+    make_scheduler: Any, sqlite_url: str, wait_for: Any
+) -> None:
+    """As above, but the job's program had not ended: back from the cut, its runtime was
+    told to exit (the launch taken for lost: RuntimeHub.kill_stale) and did, status 143
+    (tf_runtime.EXIT_KILLED, "killed"). That exit is the scheduler's own doing, not the
+    program's end: the job stays queued, to resume from its restore point. Before, it
+    settled the job FAILED ("killed; its exit came from a after the server was taken for
+    lost")."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    channel = grpc.insecure_channel(sched.address)
+    helper, api = helper_pb2_grpc.HelperStub(channel), scheduler_pb2_grpc.SchedulerStub(channel)
+    gpus = [common_pb2.Gpu(index=0)]
+    job_id, launch = _running_on_a(helper, api, wait_for, gpus)
+    try:
+        wait_for(lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id)).state == common_pb2.JOB_STATE_QUEUED, 30)
+        told = helper_pb2.ProcessExitRequest(server="a", job_id=job_id, incarnation=launch.launch.incarnation,
+                                             exit_code=143, reason="killed", steps=10)
+        helper.Register(helper_pb2.RegisterServerRequest(name="a", gpus=gpus, instance="old", exits=[told]))
+        done = api.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+        assert done.state in (common_pb2.JOB_STATE_QUEUED, common_pb2.JOB_STATE_RUNNING), \
+            [t.reason for t in done.history]
+    finally:
+        channel.close()
