@@ -153,12 +153,6 @@ class LivePorts:
                 row.checkpoint_path, row.step, row.updated_at = path, step, self.core.clock()
 
 
-async def run_migration(
-    core: SchedulerCore, job_id: str, to_gpus: Sequence[GpuRef], reason: str
-) -> MigrationResult | None:
-    return await (await begin_migration(core, job_id, to_gpus, reason))
-
-
 async def begin_migration(
     core: SchedulerCore, job_id: str, to_gpus: Sequence[GpuRef], reason: str
 ) -> Coroutine[Any, Any, MigrationResult | None]:
