@@ -131,15 +131,15 @@ class Timeline:
 # A job's rate is sampled once per RATE_SAMPLE_S, and at each suspend or resume, for the last
 # TIMELINE_S: 360 points a job and one per switch (the deque holds 361), about 100 bytes each.
 RATE_SAMPLE_S = 10.0
-_ACTIVE = frozenset({JobState.RUNNING.value, JobState.SUSPENDED.value, JobState.MIGRATING.value,
-                     JobState.QUEUED.value})
 
 
 class RateHistory:
     """Per job, its rate over the last hour against its rate alone, from the rounds'
     snapshots: (when, the runtime's rate while RUNNING, else 0: it makes no progress while
     suspended, moving or queued again; its rate alone then, or None). A job is followed from
-    its first sample running. The dashboard's one-job view draws it (``/api/job``'s ``rates``)."""
+    its first sample running (a round's snapshot holds unfinished jobs only: one that ended is
+    in none, and its points age out). The dashboard's one-job view draws it (``/api/job``'s
+    ``rates``)."""
 
     def __init__(self, keep_s: float = TIMELINE_S, every_s: float | None = None) -> None:
         self.keep_s, self.every_s = keep_s, every_s or RATE_SAMPLE_S
@@ -155,7 +155,7 @@ class RateHistory:
                 if not running:
                     continue
                 points = self.jobs[j.id] = collections.deque(maxlen=int(self.keep_s / self.every_s) + 1)
-            elif j.state not in _ACTIVE or (points[-1][0] > now - self.every_s and (points[-1][1] > 0) == running):
+            elif points[-1][0] > now - self.every_s and (points[-1][1] > 0) == running:
                 continue  # (a suspend or resume is sampled at once: a time slice shows whatever its length)
             points.append((now, (j.rate or 0.0) if running else 0.0, j.alone_rate))
         if now - self._trimmed >= self.every_s:  # the ended jobs' points age out
