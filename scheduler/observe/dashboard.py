@@ -215,18 +215,19 @@ async def job_timeline(core: Any, job_id: str) -> dict[str, Any]:
     async with core.tx(read=True) as s:
         job = await repo.get_job(s, job_id)
         changes = list(reversed((await s.scalars(repo.history_q(job_id))).all()))  # as GetJob's
-        verdicts = await repo.list_events(s, job_id=job_id, kinds=[timeline.PACK_VERDICT, "job.migration"])
+        # Its packing verdicts, and its moves' events (a move that did not move it: ``move_record``).
+        events = await repo.list_events(s, job_id=job_id, kinds=[timeline.PACK_VERDICT, "job.migration"])
         # Where it ran: each GPU it held and when (the GPUs' history, since session 49).
         held = (await s.run_sync(lambda sync: holds.jobs_gpus(sync, [job_id]))).get(job_id, [])
     rows = [{"at": x.at, "kind": kind, "from": x.from_state, "to": x.to_state, "reason": x.reason}
             if kind == "state" else {"at": x.at, "kind": kind, "from": "", "to": "", "reason": x.message}
-            for kind, x in timeline.merged(changes, verdicts)]
+            for kind, x in timeline.merged(changes, events)]
     # What sharing did to it, over the changes shown (all of them, or its latest MAX_HISTORY).
     since = changes[0].at if len(changes) >= repo.MAX_HISTORY else job.submitted_at
     summed = sharing.summary(job.id, job.gpus, since, job.finished_at or core.clock(), [
         ("state", r["at"], f"{r['from']} -> {r['to']}: {r['reason']}") if r["kind"] == "state"
         else ("verdict", r["at"], r["reason"]) for r in rows] + [
-        r for e in verdicts if e.at >= since and (r := sharing.move_record(e.kind, e.at, e.message))])
+        r for e in events if e.at >= since and (r := sharing.move_record(e.kind, e.at, e.message))])
     placements = [{"server": h.server, "gpu": h.gpu, "start_at": h.start_at, "end_at": h.end_at}
                   for h in held[-repo.MAX_HISTORY:]]
     return {"id": job.id, "name": job.name, "state": job.state, "timeline": rows, "sharing": summed,
