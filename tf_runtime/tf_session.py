@@ -658,12 +658,12 @@ class TFSessionAdapter:
         # (BoundaryLayer._fed_iterators), so it is not judged here.
         iterators = tuple(sorted({n for op in reached if (n := data_state.read_iterator(op))})) \
             if training else ()
-        handle_reads = sorted((op for op in reached if data_state.handle_read(op)),
-                              key=lambda o: o.name) if training else []
+        handle_reads = {op: h for op in sorted(reached, key=lambda o: o.name)
+                        if (h := data_state.handle_read(op))} if training else {}
         stateful = "" if (not training and (self._some_init_ops & reached or restores)) else next(
             (f"{op.type} op {op.name!r}" for op in sorted(reached, key=lambda o: o.name)
              if _stateful_node(op.type, [t.op.type for t in op.inputs]) and
-             not (training and (data_state.read_iterator(op) or data_state.handle_read(op)))),
+             not (training and (data_state.read_iterator(op) or op in handle_reads))),
             inside.stateful)
         if training and not stateful:
             stateful = self._staged_input(reached)
@@ -693,10 +693,8 @@ class TFSessionAdapter:
                        init_ops=frozenset(self._some_init_ops & reached), draws=draws,
                        reads_counter="" if training else counter,
                        py_funcs=_py_func_tokens(reached) if training else (),
-                       fed_handles=tuple(sorted({str(data_state.handle_read(op))
-                                                 for op in handle_reads})),
-                       handle_read=f"{handle_reads[0].type} op {handle_reads[0].name!r}"
-                       if handle_reads else "",
+                       fed_handles=tuple(sorted(set(handle_reads.values()))),
+                       handle_read=next((f"{op.type} op {op.name!r}" for op in handle_reads), ""),
                        iterators=iterators, iterator_inits=tuple(sorted(
                            {pair for op in reached if (pair := data_state.initialised_iterator(op))})))
 
