@@ -629,9 +629,10 @@ class Ledger:
         return list(self._groups.get(gpus, ()))
 
     def moving_onto(self, gpus: Placement) -> bool:
-        """A MIGRATING job holds one of ``gpus`` from outside their group (live, a move holds
-        its source and destination GPUs until it ends): the group is not to run, or take a
-        newcomer, until the move ends (else both run there, with no packing trial)."""
+        """A MIGRATING job holds one of ``gpus``: one of their group moving off, or one moving
+        onto them from outside it (live, a move holds its source and destination GPUs until
+        it ends): the group is not to run, or take a newcomer, until the move ends (else
+        both run there, with no packing trial)."""
         moving = self.by_state.get("MIGRATING")
         if not moving:
             return False

@@ -754,16 +754,16 @@ def _suspended_movers(ledger: Ledger, state: GandivaState, size: int) -> Iterato
 
 def _handover_targets(ledger: Ledger, state: GandivaState, size: int) -> list[tuple[Placement, set[str], int]]:
     """The ``size``-GPU time-slice groups a donor's jobs may join: on servers of that affinity,
-    every member free to be joined (not migrating, suspendable, not in a trial or kept pair)
-    and no job moving onto its GPUs; each with the servers it spans and its members."""
+    every member free to be joined (suspendable, not in a trial or kept pair) and no job
+    moving off or onto its GPUs; each with the servers it spans and its members."""
     out: list[tuple[Placement, set[str], int]] = []
     for gpus in ledger.groups_by_size.get(size, ()):
         names = {g.server for g in gpus}
         if any(n not in ledger.servers or ledger.affinity(n) != size for n in names):
             continue
         group = ledger.members(gpus)
-        if any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable or m in state.trials
-               or m in state.kept_pairs for m in group) or ledger.moving_onto(gpus):
+        if ledger.moving_onto(gpus) or any(not ledger.jobs[m].suspendable or m in state.trials
+                                           or m in state.kept_pairs for m in group):
             continue
         out.append((gpus, names, len(group)))
     return out

@@ -119,10 +119,9 @@ def any_free_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Place
 
 def takes_turns(ledger: Ledger, gpus: Placement) -> bool:
     """The group on ``gpus`` can take one more job in turns: none of its members is
-    migrating or uncontrollable (such a job cannot take turns: it keeps its GPUs alone), and
-    no job is moving onto its GPUs (``Ledger.moving_onto``)."""
-    return not (any(ledger.state[m] == "MIGRATING" or not ledger.jobs[m].suspendable
-                    for m in ledger.members(gpus)) or ledger.moving_onto(gpus))
+    uncontrollable (such a job cannot take turns: it keeps its GPUs alone), and no job is
+    moving off or onto its GPUs (``Ledger.moving_onto``)."""
+    return not (ledger.moving_onto(gpus) or any(not ledger.jobs[m].suspendable for m in ledger.members(gpus)))
 
 
 def oversubscribe_filter(ledger: Ledger, job: JobView, config: PolicyConfig,
