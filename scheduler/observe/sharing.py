@@ -24,8 +24,9 @@ _PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")
 _GAIN = re.compile(r"packed rate ([0-9.]+)x of time-slicing")
 # A move (migration, grow, shrink) that ended without moving the job, as its job.migration event
 # begins: refused before it began (live.py's _policy_move), or ended unmoved (live_migration's
-# ENDED_UNMOVED phases).
-_NOT_MOVED = re.compile(r"^(not started|aborted|failed|restarted_at_source)\b")
+# ENDED_UNMOVED phases), each followed by a space: `\b` took an event that begins with a
+# server's name as well ("failed-over-2's helper moved ...").
+_NOT_MOVED = re.compile(r"^(not started|aborted|failed|restarted_at_source) ")
 
 
 def move_record(kind: str, at: float, message: str) -> tuple[str, float, str] | None:

@@ -35,3 +35,19 @@ def test_time_slices_packing_and_moves_are_summed_for_the_job() -> None:
     assert said["Packing"] == "1 trial(s): kept at 1.62x of time-slicing; it ran 15.7 packed vs 19.4 alone"
     assert said["Moves"] == "1, training paused 1.93s"
     assert said["Time"].startswith("running 1m07s, suspended 20s (1 suspension:")
+
+
+def test_only_a_moves_own_end_counts_as_a_move_not_carried_out() -> None:
+    """A move that did not move the job is told by its job.migration event's first word (a phase
+    of live_migration.ENDED_UNMOVED, or "not started"); an event that begins with a server's name
+    (its helper moved mid-stream) is none, even when that name begins so (`failed-over-2`, a
+    valid server name): it counted as one more move not carried out."""
+    job = common_pb2.Job(id="j-b", spec=common_pb2.JobSpec(gpus=1), submitted_at=100.0, finished_at=200.0)
+    events = [
+        _event(110.0, "job.state", "QUEUED -> RUNNING: placed on n1 [0]"),
+        _event(120.0, "job.migration", "failed-over-2's helper moved from 10.0.0.7:7070 to 10.0.0.8:7070 "
+                                       "meanwhile: the checkpoint went to its old address (refused)"),
+        _event(121.0, "job.migration", "restarted_at_source 0.812s (the destination refused it)"),
+        _event(130.0, "job.migration", "not started (unpack onto idle GPUs; to n2/0): its runtime is gone"),
+    ]
+    assert sharing(job, events)["moves_not_done"] == ["restarted_at_source", "not started"]
