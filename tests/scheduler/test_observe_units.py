@@ -170,3 +170,29 @@ def test_a_jobs_rate_history_shows_its_time_slices_and_ages_out() -> None:
     assert h.export("a") == [(1, 20.0, 25.0), (11, 20.0, 25.0), (14, 0.0, 25.0), (20, 10.0, None)]
     h.record(snap(3621))  # it ended (in no snapshot) after 20 s; an hour later it is gone
     assert h.export("a") == [] and not h.jobs
+
+
+def test_grafana_and_alert_queries_match_no_series_by_the_scrapes_job_label() -> None:
+    """Prometheus renames a scraped `job` label (gandiva_job_minibatch_rate's job id) to
+    `exported_job`, as docs/prometheus.yml keeps honor_labels off, and `job` is then the scrape's
+    (gandiva-scheduler). The "Rate against its rate alone" panel matched by `on(job, name)`: two
+    running jobs of one name made it "found duplicate series for the match group" (no ratio at
+    all). Each job's two series carry the same labels, so they match with no `on` clause."""
+    import json
+    import re
+
+    import yaml
+
+    docs = Path(__file__).parents[2] / "docs"
+    exprs = [t["expr"] for p in json.loads((docs / "grafana-dashboard.json").read_text())["panels"]
+             for t in p.get("targets", [])]
+    exprs += [r["expr"] for g in yaml.safe_load((docs / "alerts.yml").read_text())["groups"] for r in g["rules"]]
+    m = SchedulerMetrics()
+    m.job_rate.labels("j-a", "a").set(10.0)  # (a labelled gauge has samples once a series is set)
+    m.job_alone_rate.labels("j-a", "a").set(20.0)
+    with_job = {s.name for f in m.registry.collect() for s in f.samples if "job" in s.labels}
+    assert {"gandiva_job_minibatch_rate", "gandiva_job_alone_minibatch_rate"} <= with_job, with_job
+    for expr in exprs:
+        if any(re.search(rf"\b{name}\b", expr) for name in with_job):
+            for clause in re.findall(r"\b(?:on|ignoring|by|without)\s*\(([^)]*)\)", expr):
+                assert "job" not in re.split(r"[\s,]+", clause), expr
