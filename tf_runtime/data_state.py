@@ -79,23 +79,25 @@ def fed_iterator(graph: tf.Graph, handle: Any) -> str | None:
     except Exception:  # noqa: BLE001 - whatever was fed, it names no iterator
         return None
     name = proto.name
-    candidates = [name]
-    if name.startswith("_") and "_" in name[1:]:
-        head, _, rest = name[1:].partition("_")
-        if head.isdigit():
-            candidates.insert(0, rest)
-    for candidate in candidates:
-        try:
-            op = graph.get_operation_by_name(candidate)
-        except (KeyError, ValueError):
-            op = None
-        if op is not None and op.type in ITERATOR_RESOURCES and \
-                _shared_name(op) == ("" if candidate != name else name):
+    head, _, rest = name[1:].partition("_")
+    if name.startswith("_") and head.isdigit() and rest:  # `_<N>_<op name>`: no shared_name
+        op = _operation(graph, rest)
+        if op is not None and op.type in ITERATOR_RESOURCES and not _shared_name(op):
             return op.name
-    for op in graph.get_operations():  # an iterator given a shared_name of its own
-        if op.type in ITERATOR_RESOURCES and name and _shared_name(op) == name:
+    if not name:
+        return None
+    # An iterator given a shared_name of its own: the op of that name first.
+    for op in (_operation(graph, name), *graph.get_operations()):
+        if op is not None and op.type in ITERATOR_RESOURCES and _shared_name(op) == name:
             return op.name
     return None
+
+
+def _operation(graph: tf.Graph, name: str) -> Any:
+    try:
+        return graph.get_operation_by_name(name)
+    except (KeyError, ValueError):
+        return None
 
 
 def _shared_name(op: Any) -> str:
