@@ -49,6 +49,7 @@ def _patch_tensorflow() -> None:
     from tensorflow.python.training import saver as saver_mod
 
     from . import chain, data_state, launch_devices, own_checkpoints, own_exports, tf_session
+    from .errors import error_summary
 
     base = tf_session_mod.BaseSession
     orig_init, orig_run, orig_close = base.__init__, base.run, base.close
@@ -241,7 +242,7 @@ def _patch_tensorflow() -> None:
             except (ValueError, tf_errors.OpError) as exc:
                 log.warning("init_from_checkpoint(%r) skipped: it cannot be read (%s), and "
                             "this copy restores every variable from the job's checkpoint",
-                            ckpt_dir_or_file, str(exc).splitlines()[0][:200])
+                            ckpt_dir_or_file, error_summary(exc)[:200])
                 return None
         return orig_warm_start(ckpt_dir_or_file, assignment_map)
 
