@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 from scheduler.cli.argtypes import positive_seconds
 from scheduler.cli.local_cluster import LocalCluster, free_port
@@ -38,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="mini-batches per sweep member (default 400; the other jobs run multiples of it)")
     p.add_argument("--http-listen", default="127.0.0.1:0",
                    help="where the dashboard and /metrics listen (default 127.0.0.1, a free port)")
+    p.add_argument("--http-allow-host", action="append", default=[], metavar="NAME",
+                   help="a name the dashboard's users type (repeatable): needed with --http-listen on a "
+                   "network address, as for `gandiva scheduler` (others get 421, against DNS rebinding)")
     p.add_argument("--db", default=None, help="database URL (default: the SQLite file under GANDIVA_HOME)")
     p.add_argument("--timeout", type=positive_seconds, default=300, help="give up after this many seconds (default 300)")
     p.add_argument("--keep", action="store_true", help="leave the scheduler and helpers running at the end")
@@ -46,6 +50,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # Shorter timers than the paper's, so that every primitive shows within minutes.
 DEMO_POLICY = ("pack_trial_s=4", "slice_growth=0", "slice_slack_s=1", "grow_idle_s=5", "defrag_interval_s=10")
+
+
+def local_cluster(args: argparse.Namespace, run_dir: Path, db: str, names: list[str]) -> LocalCluster:
+    """The demo's scheduler and helpers, not started. --http-allow-host goes to its scheduler:
+    `--http-listen 0.0.0.0:9100` is refused without it (no tokens), and the refusal's "Give
+    --http-allow-host NAME" named a flag the demo did not take."""
+    return LocalCluster(run_dir, db, names, args.gpus, http_listen=args.http_listen, port=free_port(),
+                        scheduler_args=["--quantum", "6", "--tick", "0.5",
+                                        *(x for opt in DEMO_POLICY for x in ("--policy-option", opt)),
+                                        *(x for name in args.http_allow_host for x in ("--http-allow-host", name))])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,9 +72,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     db = args.db or default_db_url()
     names = [f"node-{i + 1}" for i in range(args.servers)]
-    cluster = LocalCluster(run_dir, db, names, args.gpus, http_listen=args.http_listen, port=free_port(),
-                           scheduler_args=["--quantum", "6", "--tick", "0.5",
-                                           *(x for opt in DEMO_POLICY for x in ("--policy-option", opt))])
+    cluster = local_cluster(args, run_dir, db, names)
     try:
         console.print(f"scheduler on 127.0.0.1:{cluster.port}, state in {db}")
         address = cluster.start_scheduler()

@@ -99,6 +99,23 @@ def test_a_dashboard_other_machines_reach_without_tokens_needs_the_names_it_is_a
     assert not db.exists()
 
 
+def test_the_demo_takes_the_names_its_dashboard_is_asked_by(tmp_path: Path) -> None:
+    """`gandiva demo --http-listen 0.0.0.0:9100` is refused as above, saying "Give --http-allow-host
+    NAME", which `gandiva demo` did not take (an unknown argument): a demo's page could not be
+    reached from another machine at all. Now it takes the names and gives them to its scheduler,
+    whose start then passes (the names at work: test_hostile_requests.py -k rebinding_page)."""
+    from gandiva_cli.main import build_parser
+    from scheduler.cli.demo import local_cluster
+    from scheduler.observe.http import check_dashboard_exposure
+
+    args = build_parser().parse_args(["demo", "--http-listen", "0.0.0.0:9100", "--http-allow-host", "demo.example"])
+    demo = local_cluster(args, tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", [])
+    sched = build_parser().parse_args(["scheduler", "--http-listen", demo.http_listen, *demo.scheduler_args])
+    assert sched.http_allow_host == ["demo.example"], demo.scheduler_args
+    assert check_dashboard_exposure(sched.http_listen, sched.auth == "token", sched.http_allow_host,
+                                    sched.insecure) == ""
+
+
 def test_the_scheduler_command_refuses_an_open_address(tmp_path: Path) -> None:
     db = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
     out = subprocess.run(
