@@ -42,8 +42,9 @@ WRITE_FAILED_SHOWN_S = 300.0
 _NOT_A_FAILURE = re.compile(r"\(step -?\d+, checkpoint |^stopped with a checkpoint|^scheduler restarted"
                             r"|^its helper on \S+ stopped \(shutting down\)|^its server \S+ stopped its helper"
                             r"|^its process on \S+ was stopped mid-migration")
-# The ends of a migration that did not move its job (live_migration.ENDED_UNMOVED).
-_MIGRATION_FAILED = re.compile(r"^(aborted|failed|restarted_at_source)\b")
+# The ends of a migration that did not move its job (live_migration.ENDED_UNMOVED), each phase
+# followed by a space (`\b` took "failed-over-2's helper moved ...", an event naming a server).
+_MIGRATION_FAILED = re.compile(r"^(aborted|failed|restarted_at_source) ")
 
 
 @dataclass(frozen=True)

@@ -172,3 +172,13 @@ def test_the_runtime_hub_keeps_each_command_until_its_ack_or_its_timeout() -> No
         assert hub.unanswered(0.0, 0) == []
 
     asyncio.run(run())
+
+
+def test_an_event_about_a_server_named_like_a_phase_is_no_failed_migration() -> None:
+    """A job.migration event that begins with its destination's name (its helper moved
+    mid-stream; `failed-over-2` is a valid server name) was read as a migration that failed:
+    `\\b` matched "failed" before "-over-2". Only a phase followed by a space is one."""
+    jobs = {"j-m": JobFact("j-m", "m", "RUNNING", 1, NOW)}
+    moves = [("j-m", NOW - 60, ("failed-over-2's helper moved from 10.0.0.7:7070 to 10.0.0.8:7070 meanwhile: "
+                                "the checkpoint went to its old address (refused)"))]
+    assert kinds(facts(jobs=jobs, migration_ends=moves)) == []
