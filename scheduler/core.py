@@ -455,6 +455,8 @@ class SchedulerCore:
         self._largest: tuple[int, str] | None = None
         # (version, [(name, agent address)]) of the registered helpers; None: read again.
         self._peers: tuple[int, list[tuple[str, str]]] | None = None
+        # Bumped at each change of the registered helpers: a list read before it is not kept.
+        self._peers_gen = 0
         # (host_memory_use, job_host_memory_bytes) of the policy the engine runs: how
         # server listings count host memory (the engine sets it; the defaults till then).
         defaults = PolicyConfig()
@@ -1075,7 +1077,7 @@ class SchedulerCore:
                             why += f" mid-migration; {await repo.resume_from_migration(s, job, migration)}"
                     await repo.requeue(s, job, now, why)
             self._largest = await repo.largest_server(s)
-            self._peers = None  # a new helper, or one at a new address
+            self._peers, self._peers_gen = None, self._peers_gen + 1  # a new helper, or one at a new address
             repo.add_event(
                 s,
                 now,
@@ -1084,6 +1086,11 @@ class SchedulerCore:
                 f"{format_size(req.host_memory_bytes) if req.host_memory_bytes else 'not reported'}",
                 server=req.name,
             )
+        # Again once committed: a heartbeat that read the list between the line above and
+        # the commit held it without this helper for good (until another registration), and
+        # every checkpoint streamed to this helper was refused ("not the agent address of a
+        # registered helper"), each move falling back to a restart at its source.
+        self._peers, self._peers_gen = None, self._peers_gen + 1
         for x in req.exits:
             if (x.job_id, x.incarnation) not in self._early_exits:
                 self._steps_seen.pop((x.job_id, x.incarnation), None)
@@ -1097,12 +1104,16 @@ class SchedulerCore:
         """(version, [(name, agent address)]) of the registered helpers: the only agents a
         helper streams checkpoints to. The version is a digest of the list, so it is the
         same after a scheduler restart if the list is."""
-        if self._peers is None:
-            async with self.tx(read=True) as s:
-                agents = await repo.helper_agents(s)
-            digest = hashlib.sha256(repr(agents).encode()).digest()
-            self._peers = (int.from_bytes(digest[:7], "big") or 1, agents)
-        return self._peers
+        if self._peers is not None:
+            return self._peers
+        gen = self._peers_gen
+        async with self.tx(read=True) as s:
+            agents = await repo.helper_agents(s)
+        digest = hashlib.sha256(repr(agents).encode()).digest()
+        peers = (int.from_bytes(digest[:7], "big") or 1, agents)
+        if gen == self._peers_gen:  # no registration since the read began: keep it
+            self._peers = peers
+        return peers
 
     async def kept_checkpoints(self, server: str) -> list[str]:
         """The checkpoints on `server` its helper must keep (repo.kept_checkpoints)."""

@@ -174,3 +174,46 @@ async def test_a_helpers_last_word_keeps_its_successors_claim_made_meanwhile(sql
     finally:
         await core.dispose()
         await engine.dispose()
+
+
+async def test_a_peer_list_read_while_a_helper_registers_is_not_kept(sqlite_url: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A heartbeat read the registered helpers while another helper's registration was
+    being written, and the scheduler kept that list: the new helper was missing from every
+    helper's peer list until a later registration, and each checkpoint streamed to it was
+    refused ("is not the agent address of a registered helper (the scheduler lists 1 ...)",
+    the move falling back to a restart at its source; CI of session 50). Now a list read
+    before a registration is answered once but not kept."""
+    from protos.gandiva.v1 import common_pb2, helper_pb2
+    from scheduler.core import SchedulerCore, Settings
+    from scheduler.state import migrate, repo
+    from scheduler.state.db import make_engine
+
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine, Settings(down_after_s=10.0))
+
+    def helper(name: str) -> helper_pb2.RegisterServerRequest:
+        return helper_pb2.RegisterServerRequest(name=name, gpus=[common_pb2.Gpu(index=0)], instance=name,
+                                                address={"a": "127.0.0.1:4001", "b": "127.0.0.1:4002"}[name])
+    read, go = asyncio.Event(), asyncio.Event()
+    real = repo.helper_agents
+
+    async def slow_read(session):  # type: ignore[no-untyped-def]
+        agents = await real(session)
+        read.set()
+        await go.wait()  # the registration of b commits meanwhile
+        return agents
+    try:
+        await core.register_server(helper("a"))
+        monkeypatch.setattr(repo, "helper_agents", slow_read)
+        heartbeat = asyncio.ensure_future(core.peers())
+        await read.wait()
+        await core.register_server(helper("b"))
+        go.set()
+        assert [n for n, _ in (await heartbeat)[1]] == ["a"]  # read before b: answered as read
+        monkeypatch.setattr(repo, "helper_agents", real)
+        assert [n for n, _ in (await core.peers())[1]] == ["a", "b"]
+    finally:
+        await core.dispose()
+        await engine.dispose()
