@@ -39,7 +39,7 @@ from scheduler.errors import (
 from scheduler.eta import Sharer
 from scheduler.hangs import HangWatch
 from scheduler.health import DatabaseHealth
-from scheduler.hubs import HelperHub, RuntimeHub
+from scheduler.hubs import HelperHub, RuntimeHub, remember
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
 from scheduler.observe.waits import Wait
@@ -1077,7 +1077,6 @@ class SchedulerCore:
                             why += f" mid-migration; {await repo.resume_from_migration(s, job, migration)}"
                     await repo.requeue(s, job, now, why)
             self._largest = await repo.largest_server(s)
-            self._peers, self._peers_gen = None, self._peers_gen + 1  # a new helper, or one at a new address
             repo.add_event(
                 s,
                 now,
@@ -1086,9 +1085,10 @@ class SchedulerCore:
                 f"{format_size(req.host_memory_bytes) if req.host_memory_bytes else 'not reported'}",
                 server=req.name,
             )
-        # Again once committed: a heartbeat that read the list between the line above and
-        # the commit held it without this helper for good (until another registration), and
-        # every checkpoint streamed to this helper was refused ("not the agent address of a
+        # A new helper, or one at a new address: dropped once committed, and a list whose
+        # read began before is not kept (peers). Dropped inside the transaction, a heartbeat
+        # reading between that and the commit kept the list without this helper for good,
+        # and every checkpoint streamed to it was refused ("not the agent address of a
         # registered helper"), each move falling back to a restart at its source.
         self._peers, self._peers_gen = None, self._peers_gen + 1
         for x in req.exits:
@@ -1621,9 +1621,7 @@ class SchedulerCore:
                         stops.append((srv.name, job.id, migration.fallback_incarnation))
                 lost.append((job.id, job.incarnation))
                 if migration is None and JobState(job.state) is JobState.RUNNING and job.incarnation:
-                    if len(self._lost_launches) >= 10_000:
-                        del self._lost_launches[next(iter(self._lost_launches))]
-                    self._lost_launches[(job.id, job.incarnation)] = srv.name
+                    remember(self._lost_launches, (job.id, job.incarnation), srv.name, 10_000)
                 if self.runtimes.answers(job.id, job.incarnation, self.settings.lease):
                     # Its host answers, its helper does not (stopped, hung): the lease that
                     # freezes a cut-off server's jobs is the helper's, so this copy trains on.

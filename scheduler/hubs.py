@@ -31,7 +31,7 @@ def _resolve(pending: dict[str, asyncio.Future], command_id: str, result: object
         fut.set_result(result)
 
 
-def _remember(kept: dict[K, V], key: K, value: V, limit: int) -> None:
+def remember(kept: dict[K, V], key: K, value: V, limit: int) -> None:
     """``kept[key] = value`` as its newest entry, the oldest dropped beyond ``limit``."""
     kept.pop(key, None)
     kept[key] = value
@@ -240,7 +240,7 @@ class RuntimeHub:
         between): its job is being marked uncontrollable. A hello of it that read the job
         before that mark was written (the database busy) saw it controllable and would not
         undo the mark: such a hello asks here instead (taken_up_again)."""
-        _remember(self._given_up, (job_id, incarnation), None, self.told_to_exit_kept)
+        remember(self._given_up, (job_id, incarnation), None, self.told_to_exit_kept)
 
     def taken_up_again(self, job_id: str, incarnation: str) -> bool:
         """Whether that launch was given up on (give_up) before this hello of it; each
@@ -258,7 +258,7 @@ class RuntimeHub:
         away, so that reconnecting starts no new burst."""
         key = (job_id, incarnation)
         pace = self._paces.pop(key, None) or Pace(self.rate, self.burst)
-        _remember(self._paces, key, pace, self.paces_kept)
+        remember(self._paces, key, pace, self.paces_kept)
         return pace
 
     def attach(self, job_id: str, incarnation: str) -> RuntimeConn:
@@ -295,7 +295,7 @@ class RuntimeHub:
             self._suspend_unrecorded.add(key)
         else:
             self._suspend_unrecorded.discard(key)
-            _remember(self._suspends_recorded, key, self.suspends_recorded(*key) + 1, self.paces_kept)
+            remember(self._suspends_recorded, key, self.suspends_recorded(*key) + 1, self.paces_kept)
 
     def suspends_recorded(self, job_id: str, incarnation: str) -> int:
         """How many acked suspends of that launch were written (suspend_unrecorded)."""
@@ -341,7 +341,7 @@ class RuntimeHub:
         its runtime connects (told_to_exit)."""
         if not incarnation:
             return False
-        _remember(self._told, (job_id, incarnation), reason, self.told_to_exit_kept)
+        remember(self._told, (job_id, incarnation), reason, self.told_to_exit_kept)
         conn = self._conns.get(job_id, {}).get(incarnation)
         if conn is None:
             return False
