@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError
 from protos.gandiva.v1 import helper_pb2
 from scheduler.errors import InvalidArgument
 from scheduler.validation import MAX_REGISTER_EXITS, check_exit
+from tf_runtime.checkpoint import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +165,4 @@ class UndeliveredExits:
 def _sync_dir(folder: Path) -> None:
     """Flush `folder`'s entries: its renamed file outlives a power cut."""
     with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(folder)

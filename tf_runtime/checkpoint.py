@@ -93,10 +93,10 @@ def write_atomically(target: str | os.PathLike[str], fill: Callable[[Path], obje
             fh.flush()
             os.fsync(fh.fileno())
         for p in files:
-            _fsync_path(p)
-        _fsync_path(tmp)
+            fsync_path(p)
+        fsync_path(tmp)
         _swap_into_place(tmp, target)
-        _fsync_path(target.parent)
+        fsync_path(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -209,7 +209,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _fsync_path(p: Path) -> None:
+def fsync_path(p: Path) -> None:
     fd = os.open(p, os.O_RDONLY)
     try:
         os.fsync(fd)
