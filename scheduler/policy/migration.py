@@ -146,6 +146,23 @@ def _move(ledger: Ledger, job_id: str, gpus: Placement, reason: str) -> Migrate:
     return Migrate(job_id, gpus, reason=reason)
 
 
+def _spread_waited_for(ledger: Ledger, state: GandivaState, config: PolicyConfig, job_id: str,
+                       target: Placement) -> bool:
+    """``lower_spread_unwaited``: someone waits for the scattered free GPUs ``target`` a
+    suspended job larger than a server would take: a job suspended in a group on one of
+    their servers (its mover's own group-mates aside), or a suspended job of a count that
+    fits one server which ``lower_height`` could move onto the free GPUs of one of them."""
+    own = set(ledger.members(ledger.placement[job_id]))
+    servers = {g.server for g in target}
+    for server in servers:
+        if any(ledger.state[j] == "SUSPENDED" and j not in own for j in ledger.jobs_on[server]):
+            return True
+    most = max(ledger.num_free(n) for n in servers)
+    pairs = not config.lower_kept_pairs
+    return any(j not in own and ledger.jobs[j].gpus <= most and movable(ledger, j, state, pairs=pairs)
+               for j in ledger.by_state.get("SUSPENDED", ()))
+
+
 def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
     out: list[Decision] = []
     if ledger.total_free() == 0:
@@ -185,6 +202,9 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
                 if config.lower_spread_eldest and ledger.eldest_of(job.requested_gpus) != job_id:
                     continue  # lower_spread_eldest: only its count's eldest goes spread
                 target = any_free_filter(ledger, job, config)
+                if target is not None and config.lower_spread_unwaited and _spread_waited_for(
+                        ledger, state, config, job_id, target):
+                    break  # lower_spread_unwaited: the free GPUs go to a suspended smaller job first
             if target is None:
                 misses[len(gpus)] = ledger.version
                 break

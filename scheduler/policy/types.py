@@ -520,6 +520,12 @@ class PolicyConfig:
         Measured: on the 19 traces it wins cluster05's makespan and loses nothing, but
         held-out it loses cluster05's JCT goal on 50x2 and at load 0.7 (the 1-GPU jobs wait
         longer), so off (docs/simulator.md, "`lower_spread_idle`").
+    lower_spread_unwaited: with ``lower_spread_idle``, the spread waits also while a job waits
+        suspended: in a group on a server whose free GPUs the spread would take, or of a GPU
+        count that fits one server and could be moved by ``lower_height`` onto the free GPUs
+        of one of those servers ("no job queued" is not "nobody waits": a newcomer that fits
+        one server joins a time-slice group rather than the queue). Measured, off
+        (docs/simulator.md, "`lower_spread_unwaited`").
     gather_large: at the first call at least ``defrag_interval_s`` after its last look, when
         a GPU count larger than a server has jobs waiting, the most crowded of those (jobs
         per GPU of its groups) has whole servers held for it: idle servers and servers of
@@ -595,6 +601,7 @@ class PolicyConfig:
     lower_spread: bool = False
     lower_spread_eldest: bool = False
     lower_spread_idle: bool = False
+    lower_spread_unwaited: bool = False
     unpack_idle: bool = True
     gather_large: bool = False
     probe_large: bool = False
@@ -623,6 +630,9 @@ class PolicyConfig:
                              "keeps: turn eldest_runs and probe_slices on too")
         if self.lower_spread_idle and not self.lower_spread:
             raise ValueError("lower_spread_idle bounds when lower_spread moves a job: turn lower_spread on too")
+        if self.lower_spread_unwaited and not self.lower_spread_idle:
+            raise ValueError("lower_spread_unwaited bounds when lower_spread_idle moves a job: "
+                             "turn lower_spread and lower_spread_idle on too")
         if self.eldest_second_group and not self.eldest_runs:
             raise ValueError("eldest_second_group bounds what eldest_runs does: turn eldest_runs on too")
         if not self.eldest_parks and not self.eldest_runs:

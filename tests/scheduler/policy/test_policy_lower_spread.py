@@ -77,3 +77,42 @@ def test_lower_spread_idle_leaves_scattered_gpus_to_a_queued_job(mk) -> None:
 def test_lower_spread_idle_needs_lower_spread() -> None:
     with pytest.raises(ValueError, match="lower_spread_idle bounds when lower_spread moves a job: turn lower_spread on too"):
         PolicyConfig(lower_spread_idle=True)
+
+
+# A 2-GPU job waits suspended in a time-slice group: on s2, whose 2 free GPUs the spread
+# would take; or on s6, full (its group-mate runs on s6's GPUs 0-1, another job on 2-3), so
+# the spread takes none of its GPUs but it could move onto the free GPUs of s2..s5.
+WAITERS = {
+    "on-a-spread-server": (("waiter-mate", "RUNNING", "s2"), ("waiter", "SUSPENDED", "s2")),
+    "elsewhere": (("waiter-mate", "RUNNING", "s6"), ("waiter", "SUSPENDED", "s6"), ("full", "RUNNING", "s6")),
+}
+
+
+@pytest.mark.parametrize("where", sorted(WAITERS))
+def test_lower_spread_unwaited_leaves_scattered_gpus_to_a_suspended_smaller_job(mk, where) -> None:
+    """lower_spread_unwaited: no job is queued, but a 2-GPU job waits suspended in its group.
+    Under lower_spread_idle the suspended 8-GPU job (its group first: as many members, lower
+    GPUs) takes the 8 scattered free GPUs and the 2-GPU job keeps waiting; with the rule the
+    2-GPU job moves onto 2 of them and the 8-GPU job waits for its turn."""
+    alone = _cluster(mk)
+    extra = []
+    for name, state, server in WAITERS[where]:
+        gpus = (2, 3) if name == "full" else (0, 1)
+        # s2's own small job is the waiter's group-mate there (s2's GPUs 0-1).
+        extra.append(mk.job(name, gpus=2, state=state, placement=mk.on(server, *gpus),
+                            last_state_change_at=0.0, submitted_at=4.0))
+    jobs = [j for j in alone.jobs if not (where == "on-a-spread-server" and j.id == "small2")]
+    servers = mk.servers(7, 4) if where == "elsewhere" else alone.servers
+    snap = mk.snap(30, servers, *jobs, *extra)
+    idle = dataclasses.replace(MOVES, lower_spread=True, lower_spread_idle=True)
+    before = [x.job_id for x in get_policy("gandiva", idle).decide(snap) if isinstance(x, Migrate)]
+    assert before == ["big-wait"]
+    unwaited = dataclasses.replace(idle, lower_spread_unwaited=True)
+    moves = [x for x in get_policy("gandiva", unwaited).decide(snap) if isinstance(x, Migrate)]
+    assert [m.job_id for m in moves] == ["waiter"]
+    assert len({g.server for g in moves[0].to_gpus}) == 1 and "lower the height" in moves[0].reason
+
+
+def test_lower_spread_unwaited_needs_lower_spread_idle() -> None:
+    with pytest.raises(ValueError, match="lower_spread_unwaited bounds when lower_spread_idle moves a job"):
+        PolicyConfig(lower_spread=True, lower_spread_unwaited=True)
