@@ -352,12 +352,13 @@ class LiveEngine:
     @staticmethod
     def _not_onto_leaving_gpus(snap: pt.ClusterSnapshot, raw: Sequence[pt.Decision],
                                decisions: list[pt.Decision], deferred: dict[str, str]) -> list[pt.Decision]:
-        """Leave out this round's starts (Place, Pack, Resume) onto GPUs that a migration,
-        grow or shrink the policy decided in the same round (`raw`) is leaving: its process
-        holds them until the move has checkpointed and restarted it (seconds; a server's
-        link cut mid-move, until the server is called down), or for good when the move is
-        not applied (its job has a command in flight...). The policy sees a migrating job on
-        its source GPUs until the move has ended, and places the job there then. Likewise
+        """Leave out this round's starts (Place, Pack, Resume, and a Migrate or Grow onto
+        them) onto GPUs that a migration, grow or shrink the policy decided in the same
+        round (`raw`) is leaving: its process holds them until the move has checkpointed and
+        restarted it (seconds; a server's link cut mid-move, until the server is called
+        down), or for good when the move is not applied (its job has a command in flight...)
+        or fails (restarted at its source). The policy sees a migrating job on its source
+        GPUs until the move has ended, and places (or moves) a job there then. Likewise
         onto the GPUs of a job whose suspend, unpack or park of this round is not applied
         (left out of `decisions`): the policy decides the switch again next round."""
         views = {j.id: j for j in snap.jobs}
@@ -377,8 +378,12 @@ class LiveEngine:
     @staticmethod
     def _starts_not_onto(held: dict[pt.GpuRef, str], decisions: list[pt.Decision], why: str,
                          deferred: dict[str, str]) -> list[pt.Decision]:
-        """`decisions` without the starts (Place, Pack, Resume) onto a GPU of `held` (GPU ->
-        the job whose process still holds it), each left out said in the log with `why`, and
+        """`decisions` without the starts (Place, Pack, Resume; a Migrate or Grow: a move
+        lands there) onto a GPU of `held` (GPU -> the job whose process still holds it; a
+        balance_sizes hand-over moves suspended jobs onto the server it frees in the same
+        round, and those used to land beside the leaving job, or stay beside it for good
+        when its move failed: two jobs on each GPU, in no time-slice group the policy
+        rotates), each left out said in the log with `why`, and
         a queued job's (Place) also in `deferred` (job -> what its user is told: before, it
         showed QUEUED for up to a time slice with the reason it had waited for before, or
         none, while the dashboard said it had been placed)."""
@@ -386,10 +391,13 @@ class LiveEngine:
             return decisions
         kept: list[pt.Decision] = []
         for d in decisions:
-            if isinstance(d, (pt.Place, pt.Pack, pt.Resume)) and (onto := [g for g in d.gpus if g in held]):
+            lands = (d.gpus if isinstance(d, (pt.Place, pt.Pack, pt.Resume, pt.Grow))
+                     else d.to_gpus if isinstance(d, pt.Migrate) else ())
+            if onto := [g for g in lands if g in held and held[g] != d.job_id]:
                 where = ", ".join(f"{g.server}/{g.index}" for g in onto)
-                log.info("job %s: not started on %s yet: job %s %s (%s)", d.job_id, where, held[onto[0]], why,
-                         d.reason or "")
+                log.info("job %s: not %s %s yet: job %s %s (%s)", d.job_id,
+                         "moved onto" if isinstance(d, (pt.Migrate, pt.Grow)) else "started on", where,
+                         held[onto[0]], why, d.reason or "")
                 if isinstance(d, pt.Place):
                     deferred[d.job_id] = (f"placed on {where} ({d.reason or 'the policy'}), not started yet: "
                                           f"job {held[onto[0]]} {why}")
