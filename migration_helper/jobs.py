@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import shutil
@@ -23,9 +22,8 @@ from migration_helper.ramdisk import CheckpointError, CheckpointMissing, safe_na
 from protos.gandiva.v1 import helper_pb2
 from scheduler.auth import runtime_token
 from scheduler.transport import ClientSecurity
-from tf_runtime.checkpoint import FORMAT, MANIFEST
+from tf_runtime.checkpoint import FORMAT, MANIFEST, check_manifest, parse_manifest
 from tf_runtime.checkpoint import CheckpointError as TornCheckpoint
-from tf_runtime.checkpoint import validate as validate_checkpoint
 from tf_runtime.lease import LEASE_ENV
 
 log = logging.getLogger(__name__)
@@ -33,6 +31,9 @@ log = logging.getLogger(__name__)
 Result = helper_pb2.HelperCommandResult
 # The most of a job's log one read_log command returns.
 MAX_LOG_READ = 1 << 20
+# The most of a checkpoint's gandiva.json read before a restore (the shim's lists its files and
+# variables' names: kilobytes); a job may put a link to a huge file there, read on the event loop.
+MAX_MANIFEST_BYTES = 16 << 20
 
 # The checkpoint path each command may name: confined (in `handle`) to the helper's roots.
 _PATH_FIELDS = {"launch": "restore_checkpoint", "activate": "restore_checkpoint",
@@ -383,9 +384,16 @@ def _check_restore(what: str, path: str, server: str) -> None:
     if not os.path.isdir(path):
         raise CommandFailed(f"{what}: checkpoint {path} not found on {server}")
     try:
-        manifest = json.loads(Path(path, MANIFEST).read_text())
+        # Read as a regular file only, and bounded: the job writes its checkpoint directory
+        # (any job of this server may write any other's), and a named pipe put there held
+        # this event loop in open() for ever; what it holds is checked before it is used.
+        with open_regular(Path(path, MANIFEST)) as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ValueError(f"over {MAX_MANIFEST_BYTES >> 20} MiB")
+        manifest = parse_manifest(data)
         if isinstance(manifest, dict) and manifest.get("format") == FORMAT:  # the shim's: each file's size
-            validate_checkpoint(path)
+            check_manifest(path, manifest)
     except FileNotFoundError:
         return  # none: not the shim's (a program's own runtime); its program judges it
     except (OSError, ValueError) as exc:

@@ -109,17 +109,40 @@ def validate(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not d.is_dir():
         raise CheckpointError(f"checkpoint {d}: no such directory")
     try:
-        manifest = json.loads((d / MANIFEST).read_text())
+        manifest = parse_manifest((d / MANIFEST).read_bytes())
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {d}: no {MANIFEST} (incomplete or not a checkpoint)") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {d}: unreadable {MANIFEST}: {exc}") from exc
+    return check_manifest(d, manifest)
+
+
+def parse_manifest(data: bytes) -> Any:
+    """gandiva.json's bytes as JSON; ValueError for anything else (JSON nested too deeply for
+    the parser's recursion included: a manifest is the job's to write)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def check_manifest(directory: str | os.PathLike[str], manifest: Any) -> dict[str, Any]:
+    """``manifest`` if it describes the complete checkpoint in ``directory``; else
+    CheckpointError naming what is wrong. Its shape is checked before it is used: the job
+    writes it, and its helper checks it before a restore (a list of numbers for its files was
+    a TypeError there)."""
+    d = Path(directory)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {d}: {MANIFEST} has format "
                               f"{manifest.get('format') if isinstance(manifest, dict) else None!r}, expected {FORMAT}")
     for key in ("global_step", "files", "prefix"):
         if key not in manifest:
             raise CheckpointError(f"checkpoint {d}: {MANIFEST} lacks {key!r}")
+    if not isinstance(manifest["files"], list) or not all(
+            isinstance(e, dict) and _plain_name(e.get("name")) and type(e.get("size")) is int
+            for e in manifest["files"]):
+        raise CheckpointError(f"checkpoint {d}: {MANIFEST} 'files' must list each file as "
+                              f"{{\"name\": a file name, \"size\": bytes}}, not {_short(manifest['files'])}")
     for entry in manifest["files"]:
         p = d / entry["name"]
         try:
@@ -132,17 +155,27 @@ def validate(directory: str | os.PathLike[str]) -> dict[str, Any]:
     split = manifest.get("split", [])
     if not isinstance(split, list) or not all(isinstance(n, str) for n in split):
         raise CheckpointError(f"checkpoint {d}: {MANIFEST} 'split' must be a list of variable "
-                              f"names, not {split!r}")
+                              f"names, not {_short(split)}")
     names = {e["name"] for e in manifest["files"]}
     iterators = manifest.get("iterators", {})
     if not isinstance(iterators, dict) or not all(
             isinstance(e, dict) and e.get("file") in names and isinstance(e.get("sha256"), str)
             for e in iterators.values()):
         raise CheckpointError(f"checkpoint {d}: {MANIFEST} 'iterators' must map each iterator "
-                              f"to a listed file and its sha256, not {iterators!r}")
+                              f"to a listed file and its sha256, not {_short(iterators)}")
     if f"{manifest['prefix']}.index" not in names:
         raise CheckpointError(f"checkpoint {d}: no {manifest['prefix']}.index in the file list")
     return manifest
+
+
+def _plain_name(name: Any) -> bool:
+    """A file's own name (the writer lists its directory's entries): no folder, not . or .."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def iterator_entries(states: dict[str, bytes], made_by: dict[str, str],

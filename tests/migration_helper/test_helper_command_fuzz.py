@@ -151,3 +151,57 @@ def test_a_log_that_is_not_a_file_is_refused_and_the_helper_keeps_serving(served
     cmd = helper_pb2.HelperCommand(read_log=helper_pb2.ReadLog(job_id="j-ok"))
     result = served.run(served.control.helper_command("fz", cmd, 30), timeout=10)
     assert result.ok and result.data == b"hello\n", result
+
+
+def test_a_checkpoint_manifest_a_job_spoiled_fails_its_launch_and_the_helper_keeps_serving(
+        served: _Served, caplog: pytest.LogCaptureFixture) -> None:
+    """A job runs as its helper's user and writes its own checkpoint directory (any job may
+    write any other's in the ramdisk, too). A named pipe put at its gandiva.json had the
+    helper's check of the restore point open it on its event loop and wait for a writer for
+    ever (no heartbeat, no command: the server called down and every job on it queued again);
+    a manifest of the shim's format whose files were not entries (`[1]`, `"x"`, an entry
+    without a size) or JSON nested 100,000 deep was a bug's exception (TypeError, KeyError,
+    RecursionError) logged with its traceback. Now each fails the launch at once, naming the
+    checkpoint, and the helper serves on."""
+    import concurrent.futures
+    import contextlib
+    import json
+    import os
+
+    from tf_runtime.checkpoint import FORMAT, MANIFEST
+
+    caplog.set_level(logging.ERROR, logger="migration_helper")
+    spoiled = {
+        "fifo": None, "link": None,
+        "files-ints": {"format": FORMAT, "global_step": 1, "prefix": "model", "files": [1]},
+        "files-text": {"format": FORMAT, "global_step": 1, "prefix": "model", "files": "x"},
+        "no-size": {"format": FORMAT, "global_step": 1, "prefix": "model", "files": [{"name": "model.index"}]},
+        "name-int": {"format": FORMAT, "global_step": 1, "prefix": "model", "files": [{"name": 5, "size": 0}]},
+        "deep": "[" * 100_000 + "]" * 100_000,
+    }
+    for name, manifest in spoiled.items():
+        ck = served.root / "rd" / f"j-{name}" / "ck"
+        ck.mkdir(parents=True)
+        if name == "fifo":
+            os.mkfifo(ck / MANIFEST)
+        elif name == "link":
+            (ck / MANIFEST).symlink_to(ck / "elsewhere.json")
+            (ck / "elsewhere.json").write_text(json.dumps({"format": FORMAT}))
+        else:
+            (ck / MANIFEST).write_text(manifest if isinstance(manifest, str) else json.dumps(manifest))
+        (ck / "model.index").write_bytes(b"x")
+        launch = helper_pb2.LaunchJob(job_id=f"j-{name}", incarnation="i1", gpu_indices=[0], restore_checkpoint=str(ck),
+                                      spec=_harmless(common_pb2.JobSpec(command=["x"], gpus=1)))
+        try:
+            result = served.run(served.control.helper_command("fz", helper_pb2.HelperCommand(launch=launch), 30),
+                                timeout=10)
+        except concurrent.futures.TimeoutError:
+            for flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):  # frees a stuck open()
+                with contextlib.suppress(OSError):
+                    os.close(os.open(ck / MANIFEST, flags))
+            raise AssertionError(f"launch from checkpoint j-{name}: the helper did not answer within 10 s") from None
+        assert not result.ok and str(ck) in result.message and MANIFEST in result.message, (name, result.message)
+        assert "Error:" not in result.message, (name, result.message)  # no bug's exception name
+    bugs = [r.getMessage() for r in caplog.records if r.name.startswith("migration_helper") and r.levelno >= logging.ERROR]
+    assert not bugs, bugs
+    assert served.run(served.control.wait_for(lambda: "fz" in served.control.servers, 10, "fz")) is None
