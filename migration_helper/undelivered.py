@@ -29,6 +29,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
+from migration_helper.files import open_regular
 from protos.gandiva.v1 import helper_pb2
 from scheduler.errors import InvalidArgument
 from scheduler.validation import MAX_REGISTER_EXITS, check_exit
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 
 # A file's first line: this, then the CRC-32 of the exit that follows it (8 hex digits).
 MAGIC = b"gandiva-exit 1 "
+# The most read of one file: an exit the scheduler takes is a few hundred bytes (its ids are
+# at most 64 bytes, its reason 1,024).
+MAX_EXIT_BYTES = 64 << 10
 
 
 def _encode(exit_: helper_pb2.ProcessExitRequest) -> bytes:
@@ -127,7 +131,14 @@ class UndeliveredExits:
                 _remove(path)
                 continue
             try:
-                exit_ = _decode(path.read_bytes())
+                # A regular file only, never waiting, and bounded: a job may put a named pipe
+                # here (open() waited for a writer for ever: the helper never started) or a
+                # link (to /dev/zero: read until memory ran out).
+                with open_regular(path) as f:
+                    data = f.read(MAX_EXIT_BYTES + 1)
+                if len(data) > MAX_EXIT_BYTES:
+                    raise ValueError(f"over {MAX_EXIT_BYTES:,} bytes")
+                exit_ = _decode(data)
             except (OSError, ValueError) as exc:
                 log.warning("%s is not a process exit (%s); removed", path, exc)
                 _remove(path)

@@ -120,3 +120,35 @@ def test_an_entry_that_cannot_be_removed_does_not_stop_the_helper(tmp_path: Path
     left = UndeliveredExits(root).load("s1")
     assert [x.job_id for x, _ in left] == ["j"]
     assert "could not remove" in caplog.text
+
+
+def test_a_pipe_or_a_link_among_the_exits_is_removed_without_waiting_on_it(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The folder is under the log directory, which the jobs may write (they run as the
+    helper's user). A named pipe there was opened at the helper's start and waited for a
+    writer for ever: the helper never started, so never registered; a link was followed (to
+    /dev/zero: read until memory ran out; to a file of the job's: sent as an exit). Each is
+    now removed at once, and the exits beside it sent."""
+    import concurrent.futures
+    import contextlib
+    import os
+
+    root = tmp_path / "exits"
+    exits = UndeliveredExits(root)
+    kept = exits.keep(_exit("j-kept"))
+    os.mkfifo(root / "00000000000000000001-1-000000.exit")
+    linked = exits.keep(_exit("j-link"))
+    assert linked is not None and kept is not None
+    linked.rename(tmp_path / "elsewhere")
+    (root / "00000000000000000002-1-000000.exit").symlink_to(tmp_path / "elsewhere")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(UndeliveredExits(root).load, "s1")
+        try:
+            left = loading.result(timeout=10)
+        except concurrent.futures.TimeoutError:
+            for flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):  # frees a stuck open()
+                with contextlib.suppress(OSError):
+                    os.close(os.open(root / "00000000000000000001-1-000000.exit", flags))
+            raise AssertionError("load() did not return within 10 s") from None
+    assert [(x.job_id, p) for x, p in left] == [("j-kept", kept)]
+    assert sorted(p.name for p in root.iterdir()) == [kept.name]
+    assert caplog.text.count("not a regular file") == 2, caplog.text
