@@ -13,6 +13,8 @@ had not run that long. A trial whose two jobs no longer share its GPUs without t
 having moved them (their server went down, a job was re-queued or moved by an operator)
 is void: what was sampled before cannot be told from a fault. Every verdict is kept in
 ``GandivaState.verdicts`` with its reason (the live scheduler's decision log shows them).
+Two jobs found running together without a trial or a kept verdict (``trial_of_co_run``)
+are judged by a trial as they run; rotation parts them where none can judge them.
 """
 
 from __future__ import annotations
@@ -200,6 +202,35 @@ def judge_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> l
     return out
 
 
+def trial_of_co_run(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Placement,
+                    running: list[str]) -> bool:
+    """Two jobs found running together on ``gpus`` that no trial put there and no verdict
+    kept (live: two moves that landed on one GPU, a restart that forgot its kept pairs, an
+    operator's resume): a trial of them starts now, as if packed now (they already run
+    packed: no decision), kept or undone by its measured rates as any (``judge_trials``).
+    The one that ran there last is the guest (unpacked if no gain). False where no trial
+    can judge them: packing off, not two, a pair found no better before, a job not under
+    the runtime (it cannot be unpacked) or with no rate alone to compare with."""
+    if not config.enable_packing or len(running) != 2:
+        return False
+    host, guest = sorted((ledger.jobs[j] for j in running), key=lambda v: (v.last_state_change_at, v.id))
+    if not guest.suspendable:
+        host, guest = guest, host
+    if (not guest.suspendable or pair_key(guest, host) in state.rejected
+            or not alone_rate(guest) or not alone_rate(host)):
+        return False
+    _begin_trial(state, config, guest, host, gpus, ledger.snapshot.now)
+    return True
+
+
+def _begin_trial(state: GandivaState, config: PolicyConfig, guest: JobView, host: JobView, gpus: Placement,
+                 now: float) -> None:
+    """A trial of ``guest`` packed beside ``host`` on ``gpus`` runs from ``now``."""
+    base = (alone_rate(guest) or 1.0, alone_rate(host) or 1.0)
+    state.trials[guest.id] = PackTrial(guest.id, host.id, now, base, pair_key(guest, host), gpus=gpus)
+    state.wake_at(now + config.pack_trial_s)
+
+
 def _fits(a: JobView, b: JobView, ledger: Ledger) -> bool:
     if a.profile is None or b.profile is None or not (a.profile.gpu_measured and b.profile.gpu_measured):
         return False  # only after profiling (brief section 2); host memory alone is not enough
@@ -243,10 +274,7 @@ def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig,
                 break
     out: list[Decision] = []
     for _, _, guest, host in sorted(choices, key=lambda c: (c[0], c[1], c[2].id)):
-        base = (alone_rate(guest) or 1.0, alone_rate(host) or 1.0)
-        state.trials[guest.id] = PackTrial(guest.id, host.id, ledger.snapshot.now, base, pair_key(guest, host),
-                                           gpus=ledger.placement[host.id])
-        state.wake_at(ledger.snapshot.now + config.pack_trial_s)
+        _begin_trial(state, config, guest, host, ledger.placement[host.id], ledger.snapshot.now)
         ledger.set_state(guest.id, "RUNNING")
         out.append(Pack(guest.id, ledger.placement[host.id],
                         reason=f"trial: packed beside {host.id}, utilization "

@@ -1,7 +1,8 @@
 """What Gandiva remembers between decide() calls (kept in memory, never persisted).
 
-Losing it (a scheduler restart) is safe: running packs are then adopted as kept,
-rejected pairs may be tried once more, and timers start again.
+Losing it (a scheduler restart) is safe: a running pack is then judged by a trial again
+(packing.trial_of_co_run; kept once its measured rates say it helps, its jobs taking turns
+where no rate alone is known), rejected pairs may be tried once more, and timers start again.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ from collections.abc import Callable
 
 from scheduler.policy.cluster import Ledger, Placement
 from scheduler.policy.gittins import GittinsTable
+from scheduler.policy.packing import trial_of_co_run
 from scheduler.policy.state import GandivaState
 from scheduler.policy.types import Decision, JobView, PolicyConfig, Resume, Suspend
 
@@ -277,6 +278,17 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
         return _slice_end(now + config.quantum_s, config)
     if in_trial:
         return None  # the trial's verdict comes first (judge_trials wakes the policy)
+    if len(running_ids) > 1 and not (len(running_ids) == 2
+                                     and state.kept_pairs.get(running_ids[0]) == running_ids[1]):
+        # Jobs running together that no trial judged (their pack is no kept pair): before,
+        # read as a kept pack, never rotated or measured. A change is kept only when the
+        # measured rate says it helped: a trial of them starts, else they take turns.
+        if trial_of_co_run(ledger, state, config, gpus, running_ids):
+            return None
+        if not _part(ledger, gpus, running_ids, out):
+            return None  # more than one cannot be stopped
+        kept.pop(gpus, None)
+        return _slice_end(now + config.quantum_s, config)  # the others' turns after a quantum
     if was_changed:
         # Changed in this very call: its slice starts now.
         kept.pop(gpus, None)
@@ -331,6 +343,25 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
         ledger.set_state(j, "SUSPENDED")
         out.append(Suspend(j, reason=f"time slice of {now - started:.0f}s over"))
     return _resume_unit(ledger, nxt, gpus, config, out)
+
+
+def _part(ledger: Ledger, gpus: Placement, running: list[str], out: list[Decision]) -> bool:
+    """Suspend all but one of ``running`` (a co-run no trial judged), which then take turns as
+    the group's other members: the one not under the runtime (it cannot be suspended), else
+    the one that ran there first, keeps the GPUs one more quantum. False (nothing done)
+    where more than one cannot be suspended."""
+    if sum(not ledger.jobs[j].suspendable for j in running) > 1:
+        return False
+    stays = sorted(running, key=lambda j: (ledger.jobs[j].suspendable, ledger.jobs[j].last_state_change_at, j))
+    for j in stays[1:]:
+        ledger.set_state(j, "SUSPENDED")
+        out.append(Suspend(j, reason=f"ran beside {stays[0]} on {_where(gpus)} with no packing trial "
+                                     "(not kept by a measured gain): they take turns"))
+    return True
+
+
+def _where(gpus: Placement) -> str:
+    return ", ".join(f"{g.server}/{g.index}" for g in gpus)
 
 
 def _handover(ledger: Ledger, config: PolicyConfig, now: float, served: dict[tuple[str, ...], float],

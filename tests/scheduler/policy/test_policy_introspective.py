@@ -188,14 +188,43 @@ def test_jobs_that_did_not_opt_in_never_grow(mk) -> None:
     assert policy.decide(mk.snap(500, mk.servers(1), plain)) == []
 
 
-def test_fresh_policy_adopts_a_running_pack_after_a_restart(mk) -> None:
-    packed = [mk.job(j, state="RUNNING", placement=mk.on("s0", 0), last_state_change_at=0)
-              for j in ("a", "b")]
+def test_a_pack_no_trial_judged_takes_turns_without_a_rate_alone(mk) -> None:
+    """Two jobs running on one GPU that no trial put there (live: two moves that landed on
+    it, a restarted scheduler that forgot its verdicts) and no rate alone to judge them by:
+    they take turns. Before, read as a kept pack (every member running), they ran together
+    unmeasured, and rotated as one unit."""
+    packed = [mk.job(j, state="RUNNING", placement=mk.on("s0", 0), last_state_change_at=0) for j in ("a", "b")]
     waiting = mk.job("c", state="SUSPENDED", placement=mk.on("s0", 0))
-    d = get_policy("gandiva", PAPER).decide(mk.snap(100, mk.servers(1, 1), *packed, waiting))
-    assert mk.kinds(d) == [("Suspend", "a"), ("Suspend", "b"), ("Resume", "c")]
+    policy = get_policy("gandiva", PAPER)
+    d = policy.decide(mk.snap(100, mk.servers(1, 1), *packed, waiting))
+    assert mk.kinds(d) == [("Suspend", "b")] and "no packing trial" in d[0].reason
+    assert policy.next_wakeup() == 180  # a keeps the GPU one more quantum, to the beat
+    # Then c, which waited longest, runs.
+    b = mk.job("b", state="SUSPENDED", placement=mk.on("s0", 0), last_state_change_at=101)
+    d = policy.decide(mk.snap(180, mk.servers(1, 1), packed[0], b, waiting))
+    assert mk.kinds(d) == [("Suspend", "a"), ("Resume", "c")]
     assert all(not isinstance(x, Resume) or x.gpus == mk.on("s0", 0) for x in d)
 
+
+@pytest.mark.parametrize(("rate", "kept"), [(1.0, False), (3.0, True)])
+def test_a_pack_no_trial_judged_is_kept_only_when_its_measured_rates_say_it_helps(mk, rate: float,
+                                                                                   kept: bool) -> None:
+    """The same pack, both jobs' rates alone known (4 mini-batches/s): a trial of it starts as
+    it runs, and its measured rates decide: each at 1/s packed (0.5x of time-slicing) is
+    undone, each at 3/s (1.5x) kept, and the kept pair then takes its turns as one unit."""
+    def pair(r: float | None) -> list:
+        return [mk.job(j, state="RUNNING", placement=mk.on("s0", 0), last_state_change_at=0, alone_rate=4.0, rate=r)
+                for j in ("a", "b")]
+    waiting = mk.job("c", state="SUSPENDED", placement=mk.on("s0", 0))
+    policy = get_policy("gandiva", PAPER)
+    assert policy.decide(mk.snap(100, mk.servers(1, 1), *pair(None), waiting)) == []
+    assert policy.next_wakeup() == 100 + PAPER.pack_trial_s
+    for now in (170.0, 221.0):
+        d = policy.decide(mk.snap(now, mk.servers(1, 1), *pair(rate), waiting))
+    if not kept:
+        assert mk.kinds(d) == [("Unpack", "b")] and "no gain" in d[0].reason
+        return
+    assert mk.kinds(d) == [("Suspend", "a"), ("Suspend", "b"), ("Resume", "c")]
 
 
 def test_a_server_is_emptied_for_a_queued_job_that_no_server_has_room_for(mk) -> None:
