@@ -17,6 +17,7 @@ the process, or the scheduler's KILL arrives.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +34,13 @@ def write_lease(path: Path, until: float) -> None:
     beside the file."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(repr(until))
+        # Made anew (O_EXCL: never a link followed, never a named pipe opened): the jobs may
+        # write the ramdisk, and a pipe a job put at tmp held the helper's event loop in
+        # open() for ever, while a link there was written through.
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        with os.fdopen(fd, "w") as f:
+            f.write(repr(until))
         tmp.replace(path)
     except OSError:
         tmp.unlink(missing_ok=True)

@@ -97,3 +97,34 @@ def test_no_lease_file_or_an_unreadable_one_holds_nothing(tmp_path: Path, conten
     for _ in range(3):
         world.run("train")
     assert world.sess.step == 4
+
+
+def test_a_pipe_or_a_link_at_the_lease_files_temporary_name_neither_holds_the_helper_nor_is_written_through(
+        tmp_path: Path) -> None:
+    """The helper writes the lease at every answered heartbeat, on its event loop, through
+    `<ramdisk>/.lease.tmp`, which its jobs may write (they run as its user). A named pipe
+    there held open() for ever: no heartbeat, no command, the server called down and every
+    job on it queued again. A link there was written through (its target truncated)."""
+    import concurrent.futures
+    import contextlib
+    import os
+
+    lease = tmp_path / ".lease"
+    target = tmp_path / "someone-elses"
+    target.write_text("keep me")
+    for plant in ("fifo", "link"):
+        tmp = tmp_path / ".lease.tmp"
+        if plant == "fifo":
+            os.mkfifo(tmp)
+        else:
+            tmp.symlink_to(target)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            writing = pool.submit(write_lease, lease, 1234.5)
+            try:
+                writing.result(timeout=10)
+            except concurrent.futures.TimeoutError:
+                with contextlib.suppress(OSError):  # frees a stuck open()
+                    os.close(os.open(tmp, os.O_RDONLY | os.O_NONBLOCK))
+                raise AssertionError(f"{plant}: write_lease did not return within 10 s") from None
+        assert lease.read_text() == "1234.5" and not tmp.exists() and not tmp.is_symlink(), plant
+        assert target.read_text() == "keep me", plant
