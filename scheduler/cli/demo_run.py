@@ -29,7 +29,7 @@ from rich.table import Table
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler.cli.client import TERMINAL_STATES, state_name
-from scheduler.engine.live_migration import ENDED_UNMOVED
+from scheduler.unmoved import ENDED_UNMOVED, unmoved_end
 
 # The sweep: learning rate x hidden width of the MLP example.
 SWEEP = [(lr, hidden) for hidden in (32, 64) for lr in ("0.001", "0.003", "0.01", "0.03")]
@@ -130,7 +130,7 @@ class DemoRun:
                 continue
             if ev.kind == "job.migration" and ev.message.startswith("total"):
                 self.say("migrated", ev.job_id, f"training paused {ev.message.split()[1]}")
-            elif ev.kind == "job.migration" and ev.message.split(" ", 1)[0] in ENDED_UNMOVED:
+            elif ev.kind == "job.migration" and unmoved_end(ev.message) in ENDED_UNMOVED:
                 self.say("not-moved", ev.job_id, ev.message)  # a `migrate` line above that did not happen
             elif ev.kind == "job.state" and ("-> SUCCEEDED" in ev.message or "-> FAILED" in ev.message):
                 self.say("finished", ev.job_id, ev.message.split(": ", 1)[-1])

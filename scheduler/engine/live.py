@@ -48,6 +48,7 @@ from scheduler.policy import types as pt
 from scheduler.policy.migration import HAND_OVER
 from scheduler.state import repo
 from scheduler.state.models import Job, JobProfile, Server
+from scheduler.unmoved import NOT_STARTED
 
 log = logging.getLogger(__name__)
 
@@ -1213,7 +1214,7 @@ class LiveEngine:
             carry_out = await begin_migration(self.core, job_id, list(to_gpus), reason)
         except GandivaError as err:
             gpus = ",".join(f"{g.server}/{g.index}" for g in to_gpus)
-            said = f"not started ({reason}; to {gpus}): {err}"
+            said = f"{NOT_STARTED} ({reason}; to {gpus}): {err}"
             if self._moves_refused.get(job_id) == said:
                 raise  # said already (the log line below says it again)
             if len(self._moves_refused) > 10_000:  # (jobs long ended among them)

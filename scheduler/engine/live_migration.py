@@ -30,6 +30,7 @@ from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
 from scheduler.state.models import AuthToken, Gpu, Job, Migration, Server
+from scheduler.unmoved import ENDED_UNMOVED
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,6 @@ def not_connected(job_id: str, deadline_s: float) -> str:
 READ_WAIT_S = 30.0
 
 
-# The phases a migration ends in without moving its job: said otherwise when the job ended first.
-ENDED_UNMOVED = frozenset(("aborted", "failed", "restarted_at_source"))
 # A migration's durable phase (migrations.phase) after each phase completes.
 NEXT_PHASE = {"prewarm": "checkpoint", "checkpoint": "transfer", "transfer": "activate"}
 

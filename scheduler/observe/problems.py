@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scheduler.health import clock_text
+from scheduler.unmoved import ENDED_UNMOVED, unmoved_end
 
 # What counts as "again and again", and over how long.
 WINDOW_S = 3600.0
@@ -42,9 +43,6 @@ WRITE_FAILED_SHOWN_S = 300.0
 _NOT_A_FAILURE = re.compile(r"\(step -?\d+, checkpoint |^stopped with a checkpoint|^scheduler restarted"
                             r"|^its helper on \S+ stopped \(shutting down\)|^its server \S+ stopped its helper"
                             r"|^its process on \S+ was stopped mid-migration")
-# The ends of a migration that did not move its job (live_migration.ENDED_UNMOVED), each phase
-# followed by a space (`\b` took "failed-over-2's helper moved ...", an event naming a server).
-_MIGRATION_FAILED = re.compile(r"^(aborted|failed|restarted_at_source) ")
 
 
 @dataclass(frozen=True)
@@ -256,7 +254,7 @@ def _repeated(f: Facts) -> list[Problem]:
                 f"{name.get(job_id, job_id)}: packed with {partner} and undone {n} times in the last hour "
                 f"(each trial cost both jobs its time); lately: {last}",
                 f"gandiva describe job {job_id} (each trial's rates in its History)"))
-    moved = _counted(r for r in f.migration_ends if _MIGRATION_FAILED.search(r[2]) and "before it moved" not in r[2])
+    moved = _counted(r for r in f.migration_ends if unmoved_end(r[2]) in ENDED_UNMOVED and "before it moved" not in r[2])
     for job_id, (n, first, last) in sorted(moved.items()):
         out.append(Problem(
             "migration.failed", job_id, first,

@@ -16,24 +16,20 @@ from typing import Any
 
 from scheduler.observe.history import verdict_kind
 from scheduler.observe.usage import JobFacts, job_usage
+from scheduler.unmoved import unmoved_end
 
 _VERDICTS = {"pack-void": "void", "keep-pack": "kept"}  # (verdict_kind's words; any other: undone)
 _CHANGE = re.compile(r"([A-Z]+) -> ([A-Z]+): ")
 _RAN = re.compile(r"\(it ran ([0-9.]+) mini-batches/s\)")
 _PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")
 _GAIN = re.compile(r"packed rate ([0-9.]+)x of time-slicing")
-# A move (migration, grow, shrink) that ended without moving the job, as its job.migration event
-# begins: refused before it began (live.py's _policy_move), or ended unmoved (live_migration's
-# ENDED_UNMOVED phases), each followed by a space: `\b` took an event that begins with a
-# server's name as well ("failed-over-2's helper moved ...").
-_NOT_MOVED = re.compile(r"^(not started|aborted|failed|restarted_at_source) ")
 
 
 def move_record(kind: str, at: float, message: str) -> tuple[str, float, str] | None:
     """A ("move", at, outcome) record of a job.migration event that ended without moving the job
     (for ``summary``), or None for any other event."""
-    found = _NOT_MOVED.match(message) if kind == "job.migration" else None
-    return ("move", at, found[1]) if found else None
+    found = unmoved_end(message) if kind == "job.migration" else None
+    return ("move", at, found) if found else None
 
 
 def own_rates(job_id: str, message: str) -> tuple[float, float] | None:
