@@ -214,7 +214,9 @@ def check_period(since: float, until: float, now: float) -> tuple[float, float]:
 
 def utc_text(at: float) -> str:
     """A unix time as a person reads it, in UTC (a number far past year 5000 as given)."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at)) if at < 1e11 else f"{at:.0f}"
+    if at < 1e11:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+    return f"{at:.0f}" if at < 1e15 else f"{at:.3g}"  # 1e308 in 309 digits was no help
 
 
 async def gather(core: Any, since: float, until: float, user: str | None, by_job: bool, limit: int,

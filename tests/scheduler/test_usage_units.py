@@ -155,3 +155,11 @@ async def test_one_users_report_splits_a_gpu_shared_with_another_users_job(sqlit
     finally:
         await core.dispose()
         await engine.dispose()
+
+
+def test_a_start_far_past_any_date_is_refused_in_a_message_a_person_reads() -> None:
+    """`GetUsage(since=1e308)` and `ListPlacements(since=1e308)` were refused with the
+    start written out in 309 digits (a 417-character message)."""
+    with pytest.raises(InvalidArgument) as refused:
+        check_period(1e308, 0, now=10 * H)
+    assert "1e+308" in str(refused.value) and len(str(refused.value)) < 160, str(refused.value)
