@@ -1423,17 +1423,26 @@ class SchedulerCore:
         elif sigkill and restarts < KILLED_RESTARTS:
             await repo.requeue(s, job, now, f"{KILLED} (out of memory?), not by Gandiva: it {where} "
                                f"(restart {restarts + 1} of {KILLED_RESTARTS}; then it fails)")
-        elif req.exit_code == 0 and state is not JobState.SUSPENDED:
-            await repo.finish(s, job, JobState.SUCCEEDED, now,
-                              self._finished(job, req.reason or "finished", req.steps))
         else:
-            why = req.reason or f"exited with status {req.exit_code}"
-            if sigkill:
-                why += f" (out of memory?), not by Gandiva, {KILLED_RESTARTS + 1} times"
-            if state is JobState.SUSPENDED and req.exit_code == 0:
-                why = "its process exited while suspended"
-            job.steps = max(job.steps, self.steps_seen(job.id, job.incarnation), req.steps)
-            await repo.finish(s, job, JobState.FAILED, now, why)
+            await self._ends_by_exit(s, job, req, now, state, sigkill)
+
+    async def _ends_by_exit(self, s: AsyncSession, job: Job, req: helper_pb2.ProcessExitRequest, now: float,
+                            state: JobState, sigkill: bool = False, late: str = "") -> None:
+        """The job's end that its current launch's exit says: status 0 SUCCEEDED (unless it
+        was SUSPENDED: its process exited while suspended), else FAILED with the exit's reason
+        (a SIGKILL past its restarts said so); ``late`` added to the reason."""
+        job.exit_code = req.exit_code
+        if req.exit_code == 0 and state is not JobState.SUSPENDED:
+            await repo.finish(s, job, JobState.SUCCEEDED, now,
+                              self._finished(job, req.reason or "finished", req.steps) + late)
+            return
+        why = req.reason or f"exited with status {req.exit_code}"
+        if sigkill:
+            why += f" (out of memory?), not by Gandiva, {KILLED_RESTARTS + 1} times"
+        if state is JobState.SUSPENDED and req.exit_code == 0:
+            why = "its process exited while suspended"
+        job.steps = max(job.steps, self.steps_seen(job.id, job.incarnation), req.steps)
+        await repo.finish(s, job, JobState.FAILED, now, why + late)
 
     async def _settles_lost_launch(self, s: AsyncSession, job: Job, req: helper_pb2.ProcessExitRequest,
                                    now: float) -> bool:
@@ -1452,16 +1461,8 @@ class SchedulerCore:
         if req.reason == "stopped" or req.exit_code in (EXIT_MIGRATED, EXIT_KILLED, -signal.SIGKILL):
             return False
         del self._lost_launches[key]
-        late = f"; its exit came from {req.server} after the server was taken for lost"
-        if req.exit_code == 0:
-            job.exit_code = 0
-            await repo.finish(s, job, JobState.SUCCEEDED, now, self._finished(job, req.reason or "finished",
-                                                                               req.steps) + late)
-        else:
-            job.exit_code = req.exit_code
-            job.steps = max(job.steps, self.steps_seen(job.id, job.incarnation), req.steps)
-            await repo.finish(s, job, JobState.FAILED, now,
-                              (req.reason or f"exited with status {req.exit_code}") + late)
+        await self._ends_by_exit(s, job, req, now, JobState.QUEUED,
+                                 late=f"; its exit came from {req.server} after the server was taken for lost")
         log.warning("job %s: its launch %s on %s ended while the server was taken for lost; settled by its "
                     "late exit (%s), not run again", job.id, req.incarnation, req.server, req.reason)
         return True

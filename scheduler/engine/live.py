@@ -41,6 +41,7 @@ from scheduler.errors import (
     Unavailable,
 )
 from scheduler.hangs import HUNG, HUNG_RESTARTS, Verdict
+from scheduler.hubs import remember
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
 from scheduler.observe.waits import TurnCache, waits
@@ -60,6 +61,9 @@ SUSPENDED_STEPS_SLACK = 2
 # Entries of LiveEngine._suspended kept before those of jobs no longer suspended are pruned.
 SUSPENDED_KEPT = 100_000
 
+# Refused moves remembered (LiveEngine._moves_refused), the oldest out beyond: jobs long ended
+# among them. (All were cleared at once: each job still refused had its refusal said again.)
+MOVES_REFUSED_KEPT = 10_000
 # Fetches of a checkpoint that may fail in a row before the job starts from step 0 instead.
 MAX_FETCH_TRIES = 3
 # A server whose helper failed a launch for a reason of its own (its disk full, no process
@@ -1217,9 +1221,7 @@ class LiveEngine:
             said = f"{NOT_STARTED} ({reason}; to {gpus}): {err}"
             if self._moves_refused.get(job_id) == said:
                 raise  # said already (the log line below says it again)
-            if len(self._moves_refused) > 10_000:  # (jobs long ended among them)
-                self._moves_refused.clear()
-            self._moves_refused[job_id] = said
+            remember(self._moves_refused, job_id, said, MOVES_REFUSED_KEPT)
             now = self.core.clock()
             self.observer.not_done(now, job_id, said)
             try:

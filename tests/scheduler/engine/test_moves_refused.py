@@ -1,0 +1,44 @@
+"""A policy's move refused before it began is said once (a job.migration event "not started
+..."), not again each round it is decided and refused the same way. The engine remembers the
+last refusal of each job, bounded: past the bound the whole memory used to be cleared, so every
+job still refused had its refusal said again. Now the oldest entry goes out (hubs.remember)."""
+
+from __future__ import annotations
+
+import pytest
+
+from protos.gandiva.v1 import common_pb2
+from scheduler.core import SchedulerCore
+from scheduler.engine import live as live_module
+from scheduler.engine.live import MOVES_REFUSED_KEPT, LiveEngine
+from scheduler.errors import FailedPrecondition
+from scheduler.policy.types import GpuRef
+from scheduler.state import migrate, repo
+from scheduler.state.db import make_engine
+
+
+async def test_a_refused_move_is_said_once_past_the_memorys_bound(sqlite_url: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        live = LiveEngine(core)
+        ids = [(await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id for _ in range(2)]
+
+        async def refused(core: SchedulerCore, job_id: str, to: list, reason: str) -> None:
+            raise FailedPrecondition(f"job {job_id} has no runtime connected")
+
+        monkeypatch.setattr(live_module, "begin_migration", refused)
+        # Jobs refused earlier (long ended), as many as are kept.
+        live._moves_refused.update((f"old-{i}", "not started") for i in range(MOVES_REFUSED_KEPT))
+        for job_id in (ids[0], ids[1], ids[0]):  # the first job refused again, the same way
+            with pytest.raises(FailedPrecondition):
+                await live._policy_move(job_id, [GpuRef("s1", 0)], "lower the height")
+        async with core.sessions() as s:
+            said = await repo.list_events(s, job_id=ids[0], kinds=("job.migration",))
+        # Before: the second job's refusal cleared the memory, and the first's was said twice.
+        assert len(said) == 1 and said[0].message.startswith("not started (lower the height; to s1/0)")
+        assert len(live._moves_refused) == MOVES_REFUSED_KEPT
+    finally:
+        await engine.dispose()
