@@ -419,7 +419,8 @@ class Controller:
         # that advances the step); an update that does not train, unless called before it.
         trailing = (not once and not info.advances_step and id(info) not in self._prelude and (
             self._after_training(info) is True if info.is_training else
-            info.changes_state and not fed and self._after_training(info) is not False)) or (
+            info.changes_state and not fed and
+            self._after_training(info, idempotent=info.resets or again) is not False)) or (
             info.advances_step and bool(self._queue) and self._advances_again())
         self._tail_updated = trailing
         if self._after_advance:
@@ -500,7 +501,7 @@ class Controller:
         self._initialised |= info.init_ops
         return again
 
-    def _after_training(self, info: RunInfo) -> bool | None:
+    def _after_training(self, info: RunInfo, idempotent: bool = False) -> bool | None:
         """Whether the program makes this run after its step-advancing run in its loop
         (True), or before it (False: `if step % 5 == 0 and step: sess.run(decay)` at the
         top of the loop, which a restored copy makes again; a GAN's discriminator run before
@@ -508,13 +509,23 @@ class Controller:
         line of each in it, among the frames that made the last two advancing runs from one
         line (the program's loop; a sequence of calls written out, as in a test, has none).
         Same line everywhere, or no such frame: None. Decided once a kind, from the second
-        step on."""
+        step on. `idempotent`: an update that sets what it changes to the same values
+        again if made twice (a reset of accumulators), which a cut after it keeps right in
+        either order."""
         hit = self._order.get(id(info))
         if hit is None:
             trained_at = self._loop_lines
             if not trained_at:
-                # No loop seen yet (the first step): not decided.
-                self._order_unknown = self._order_unknown or info.is_training
+                # No loop seen yet (the first step): not decided. Saves wait for the loop
+                # (_apply_commands) after a training run, or an update that a restored
+                # copy making it again would not leave as it was: in a copy restored one
+                # step before `if step % 4 == 0 and step: sess.run(next_epoch)` at the top
+                # of its loop, that run was taken for the end of step 4 and a checkpoint
+                # asked for meanwhile cut after it, so a copy restored from that checkpoint
+                # incremented the epoch again (s50: other weights). A reset may be cut
+                # after in either order: a copy resetting again leaves it as it was.
+                self._order_unknown = self._order_unknown or info.is_training or (
+                    info.changes_state and not idempotent)
                 return None
             after = None
             if info.is_training:
@@ -1432,9 +1443,10 @@ class Controller:
                     # (at most JUDGE_AFTER_BOUNDARIES steps) rather than risk a restart from 0
                     # (before its first training run, suspended there, it saves the restore
                     # point: _stop_for_migration).
-                    # Or a training run followed the step-advancing one before the program's
-                    # loop was seen: whether it ends that step or begins the next is known
-                    # from the third step on (_after_training).
+                    # Or a training run (or an update a copy could not make twice)
+                    # followed the step-advancing one before the program's loop was seen:
+                    # whether it ends that step or begins the next is known from the third
+                    # step on (_after_training).
                     with self._cond:
                         self._queue.appendleft(cmd)
                     break

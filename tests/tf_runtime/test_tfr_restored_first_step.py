@@ -1,0 +1,231 @@
+"""Real TensorFlow in process: commands within a restored copy's first step, in programs
+that make runs of their own between training runs (an epoch counter incremented at the
+top of the loop, an evaluation, an assignment on a schedule after the training run, a
+summary), each interrupted copy ending bit-identical to an uninterrupted run.
+
+Each "process" of a job is a fresh graph and session under a fresh controller (a
+restarted copy's, restoring the last checkpoint); a stop for migration ends it (Exited),
+a checkpoint is followed by a kill a few steps later (the next copy restores it)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from tf_runtime.commands import Command, Kind
+from tf_runtime.controller import EXIT_MIGRATED
+from tf_runtime.testing import Exited
+
+from .test_tfr_tf_session import acks, session, shimmed
+
+pytestmark = pytest.mark.tf
+tf = pytest.importorskip("tensorflow")
+
+STEPS = 12
+
+
+@dataclass(frozen=True)
+class Program:
+    """What the loop makes besides its training run: `epoch_every` (an epoch variable
+    incremented in a run of its own at the top of the loop, `if step % k == 0 and step`,
+    the learning rate read from it), `eval_every` (a loss evaluated after the training
+    run), `halve_every` (a weight halved by an assign op after the training run, end of
+    the step), `summary` (a merged summary fetched in a run of its own), `mts`: the loop
+    in a MonitoredTrainingSession rather than a plain Session."""
+    epoch_every: int = 4
+    eval_every: int = 0
+    halve_every: int = 0
+    summary: bool = False
+    mts: bool = False
+
+
+class Killed(Exception):
+    """The program's process lost (after a checkpoint), as a host's loss ends it."""
+
+
+def _build(p: Program) -> dict[str, Any]:
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    epoch = tf.compat.v1.get_variable("epoch", initializer=tf.constant(0, tf.int64),
+                                      trainable=False)
+    w = tf.compat.v1.get_variable("w", initializer=tf.constant([1.0, -2.0, 0.5]))
+    u = tf.compat.v1.get_variable("u", initializer=tf.constant([0.3, 0.7, -1.1]))
+    x = tf.sin(tf.cast(gs, tf.float32) + tf.constant([0.0, 1.0, 2.0]))  # input from the step
+    loss = tf.reduce_sum(tf.square(w * x + u - 1.0))
+    rate = tf.compat.v1.train.piecewise_constant(epoch, [np.int64(1), np.int64(2)],
+                                                 [0.1, 0.05, 0.02])
+    ops = {"gs": gs, "loss": loss,
+           "train": tf.compat.v1.train.MomentumOptimizer(rate, 0.9).minimize(loss, global_step=gs),
+           "next_epoch": tf.compat.v1.assign_add(epoch, 1),
+           "halve": tf.compat.v1.assign(u, u * 0.5)}
+    if p.summary:
+        tf.compat.v1.summary.scalar("loss", loss)
+        ops["summary"] = tf.compat.v1.summary.merge_all()
+    return ops
+
+
+Ask = Callable[[Any, int, bool], None]
+
+
+def _loop(sess: Any, ops: dict[str, Any], p: Program, ask: Callable[[int, bool], None]) -> None:
+    """The program's loop to STEPS; `ask(step, False)` at the top of each iteration,
+    `ask(step, True)` right after its training run (while the run's boundary is handled)."""
+    step = int(sess.run(ops["gs"]))
+    while step < STEPS:
+        ask(step, False)
+        if p.epoch_every and step % p.epoch_every == 0 and step:
+            sess.run(ops["next_epoch"])
+        sess.run(ops["train"])
+        ask(step, True)
+        step = int(sess.run(ops["gs"]))
+        if p.halve_every and step % p.halve_every == 0:
+            sess.run(ops["halve"])
+        if p.eval_every and step % p.eval_every == 0:
+            sess.run(ops["loss"])
+        if p.summary:
+            sess.run(ops["summary"])
+
+
+def _process(p: Program, restore: Path | None, ask: Ask, dump: dict[str, Any]) -> Any:
+    """One process of the job; returns its controller (its acks), fills `dump` with its
+    variables if it ran to the end."""
+    with shimmed(restore) as ctl, tf.Graph().as_default() as g:
+        ops = _build(p)
+        names = [v.op.name for v in tf.compat.v1.global_variables()]
+        try:
+            if p.mts:
+                with tf.compat.v1.train.MonitoredTrainingSession(
+                        config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1),
+                        save_summaries_steps=None, log_step_count_steps=None) as sess:
+                    _loop(sess, ops, p, lambda step, late: ask(ctl, step, late))
+                    dump.update(zip(names, sess.run(tf.compat.v1.global_variables()), strict=True))
+            else:
+                with session(g) as sess:
+                    sess.run(tf.compat.v1.global_variables_initializer())
+                    _loop(sess, ops, p, lambda step, late: ask(ctl, step, late))
+                    dump.update(zip(names, sess.run(tf.compat.v1.global_variables()), strict=True))
+        except Exited as e:
+            assert e.code == EXIT_MIGRATED
+        except Killed:
+            pass
+    return ctl
+
+
+def _reference(p: Program) -> dict[str, Any]:
+    dump: dict[str, Any] = {}
+    _process(p, None, lambda ctl, step, late: None, dump)
+    return dump
+
+
+def run_schedule(p: Program, schedule: list[tuple[str, int, bool]],
+                 work: Path) -> dict[str, Any]:
+    """Runs the job through `schedule`: per process, (kind, n, late): "migrate" or
+    "checkpoint" asked in the process's n-th iteration (0: its first step), at its top or
+    (late) right after its training run; a checkpointed process is killed two steps after
+    the checkpoint's step. Returns the final variables."""
+    restore: Path | None = None
+    for i, (kind, n, at_late) in enumerate(schedule):
+        target = work / f"ck{i}"
+        seen = [0]
+
+        def ask(ctl: Any, step: int, late: bool, kind: str = kind, n: int = n, i: int = i,
+                at_late: bool = at_late, target: Path = target, seen: list[int] = seen) -> None:
+            if not late:
+                seen[0] += 1  # this process's iterations so far, this one included
+            if seen[0] == n + 1 and late == at_late:
+                ctl.enqueue(Command(f"c{i}", Kind.STOP_FOR_MIGRATION if kind == "migrate"
+                                    else Kind.CHECKPOINT, str(target)))
+            if not late:
+                return
+            done = [a for a in acks(ctl) if a.ok and a.command_id == f"c{i}"]
+            if kind == "checkpoint" and done and step >= done[0].step + 2:
+                raise Killed()
+
+        dump: dict[str, Any] = {}
+        ctl = _process(p, restore, ask, dump)
+        mine = [a for a in acks(ctl) if a.command_id == f"c{i}"]
+        assert mine and mine[0].ok, (i, acks(ctl))
+        if not dump:
+            restore = target
+        else:  # ran to its end before the cut came: the job is done
+            return dump
+    final: dict[str, Any] = {}
+    _process(p, restore, lambda ctl, step, late: None, final)
+    return final
+
+
+def assert_same(reference: dict[str, Any], final: dict[str, Any]) -> None:
+    assert set(reference) == set(final)
+    for name, value in reference.items():
+        np.testing.assert_array_equal(final[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("mts", [False, True], ids=["session", "mts"])
+def test_an_update_at_the_top_of_the_loop_in_a_restored_copys_first_step(
+        mts: bool, tmp_path: Path) -> None:
+    """Migrated at step 3 (asked in step 2 -> 3), the copy asked for a checkpoint in its first step (step 3 -> 4),
+    right before `if step % 4 == 0 and step: sess.run(next_epoch)` at the top of its loop:
+    the copy had not seen its loop yet, took that run for the end of step 4 and cut after
+    it; a copy restored from that checkpoint read step 4 and incremented the epoch again
+    (s50: migrated warm at 3 then naive at 4, the epoch one ahead and every weight other)."""
+    p = Program(mts=mts)
+    final = run_schedule(p, [("checkpoint", 3, False), ("checkpoint", 0, True)], tmp_path)
+    assert_same(_reference(p), final)
+
+
+# -- generated: programs of the family and quick schedules of two or three cuts ------------
+
+_EXAMPLES = int(os.environ.get("GANDIVA_PROPERTY_EXAMPLES", "0"))
+
+PROGRAMS = st.builds(Program, epoch_every=st.sampled_from([0, 3, 4]),
+                     eval_every=st.sampled_from([0, 2, 3]),
+                     halve_every=st.sampled_from([0, 2, 5]), summary=st.booleans(),
+                     mts=st.booleans())
+# The source's cut within its first steps; each later one within a few iterations of its
+# copy's start (0: the copy's first step), at the top of the iteration or right after its
+# training run.
+CUTS = st.tuples(st.sampled_from(["migrate", "checkpoint"]), st.integers(0, 2), st.booleans())
+SCHEDULES = st.tuples(st.tuples(st.sampled_from(["migrate", "checkpoint"]), st.integers(1, 4),
+                                st.booleans()),
+                      st.lists(CUTS, min_size=1, max_size=2)).map(lambda t: [t[0], *t[1]])
+
+
+def _generated(p: Program, schedule: list[tuple[str, int, bool]], work: Path) -> None:
+    final = run_schedule(p, schedule, work)
+    assert_same(_reference(p), final)
+
+
+@settings(max_examples=1, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(p=PROGRAMS, schedule=SCHEDULES)
+@example(p=Program(epoch_every=4, eval_every=3, halve_every=5, summary=True, mts=True),
+         schedule=[("migrate", 2, True), ("checkpoint", 0, True), ("migrate", 1, False)])
+def test_quick_cuts_keep_the_uninterrupted_variables(p: Program,
+                                                     schedule: list[tuple[str, int, bool]],
+                                                     tmp_path: Path) -> None:
+    """Hypothesis draws a program of the family (an epoch counter incremented at the top
+    of the loop, evaluations, a weight halved on a schedule after the training run,
+    summaries; Session or MonitoredTrainingSession) and two or three cuts close together
+    (a stop for migration or a checkpoint followed by a kill), each after the first
+    within a few steps of its copy's restore; the job ends with the uninterrupted run's
+    variables, bit for bit. By default the example given (the epoch one ahead before
+    s51) and one drawn from a fixed seed; the `full` case below draws more
+    (GANDIVA_PROPERTY_EXAMPLES=N: N random ones)."""
+    _generated(p, schedule, tmp_path / os.urandom(4).hex())
+
+
+@pytest.mark.full  # the mechanism: test_quick_cuts_keep_the_uninterrupted_variables
+@settings(max_examples=_EXAMPLES or 25, derandomize=not _EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(p=PROGRAMS, schedule=SCHEDULES)
+def test_many_quick_cuts_keep_the_uninterrupted_variables(p: Program,
+                                                          schedule: list[tuple[str, int, bool]],
+                                                          tmp_path: Path) -> None:
+    _generated(p, schedule, tmp_path / os.urandom(4).hex())
