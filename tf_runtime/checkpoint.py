@@ -138,6 +138,14 @@ def check_manifest(directory: str | os.PathLike[str], manifest: Any) -> dict[str
     for key in ("global_step", "files", "prefix"):
         if key not in manifest:
             raise CheckpointError(f"checkpoint {d}: {MANIFEST} lacks {key!r}")
+    # The step the restored copy goes on from (the shim reads it with int(): a list was a
+    # TypeError there, after its helper had launched it; true or 2.5 went on from 1 or 2).
+    if type(manifest["global_step"]) is not int:
+        raise CheckpointError(f"checkpoint {d}: {MANIFEST} 'global_step' must be a whole number of "
+                              f"steps, not {_short(manifest['global_step'])}")
+    if not isinstance(manifest["prefix"], str):
+        raise CheckpointError(f"checkpoint {d}: {MANIFEST} 'prefix' must be the saved files' name, "
+                              f"not {_short(manifest['prefix'])}")
     if not isinstance(manifest["files"], list) or not all(
             isinstance(e, dict) and _plain_name(e.get("name")) and type(e.get("size")) is int
             for e in manifest["files"]):
@@ -159,7 +167,8 @@ def check_manifest(directory: str | os.PathLike[str], manifest: Any) -> dict[str
     names = {e["name"] for e in manifest["files"]}
     iterators = manifest.get("iterators", {})
     if not isinstance(iterators, dict) or not all(
-            isinstance(e, dict) and e.get("file") in names and isinstance(e.get("sha256"), str)
+            isinstance(e, dict) and isinstance(e.get("file"), str) and e["file"] in names
+            and isinstance(e.get("sha256"), str)
             for e in iterators.values()):
         raise CheckpointError(f"checkpoint {d}: {MANIFEST} 'iterators' must map each iterator "
                               f"to a listed file and its sha256, not {_short(iterators)}")

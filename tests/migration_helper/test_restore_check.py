@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from migration_helper.jobs import CommandFailed, _check_restore
 from tf_runtime.checkpoint import FORMAT, MANIFEST
@@ -43,3 +46,47 @@ def test_a_checkpoint_cut_short_is_refused_naming_what_is_wrong(tmp_path: Path) 
     own.mkdir()
     (own / MANIFEST).write_text('{"global_step": 3, "files": {"state": 1}}')
     _check_restore("launch", str(own), "h1")
+
+
+# Any JSON value, small: what a job could leave in its manifest's fields.
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                     max_leaves=6)
+_FIELDS = ("global_step", "prefix", "files", "files.0", "files.0.name", "files.0.size", "split", "iterators",
+           "iterators.it", "iterators.it.file", "iterators.it.sha256", "replicas")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(_FIELDS), value=_JSON)
+def test_a_manifest_of_any_shape_is_taken_whole_or_refused_naming_it(tmp_path: Path, field: str, value: Any) -> None:
+    """The shim's manifest with one field (or part of one) replaced by any JSON value: the
+    helper takes the launch only where the shim can restore from it (the step it goes on from
+    a whole number), else refuses it naming the manifest. Before: an iterator entry whose
+    file was a list was a TypeError out of the check (a bug's traceback, "launch: TypeError");
+    a step of null, "x", a list or true was taken, and the launched shim failed at int() of it
+    (or went on from step 1 for true)."""
+    folder = tmp_path / "ck"
+    if not folder.exists():
+        _checkpoint(folder)
+        (folder / "it.state").write_bytes(b"")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"] = [e for e in manifest["files"] if e["name"] != MANIFEST]
+    if not any(e["name"] == "it.state" for e in manifest["files"]):
+        manifest["files"].append({"name": "it.state", "size": 0})
+    manifest.update(split=[], iterators={"it": {"file": "it.state", "sha256": "0" * 64}}, replicas=1)
+    *path, last = field.split(".")
+    holder: Any = manifest
+    for key in path:
+        holder = holder[int(key)] if isinstance(holder, list) else holder[key]
+    holder[int(last) if isinstance(holder, list) else last] = value
+    spoiled = tmp_path / "spoiled"
+    spoiled.mkdir(exist_ok=True)
+    for entry in folder.iterdir():
+        (spoiled / entry.name).write_bytes(entry.read_bytes())
+    (spoiled / MANIFEST).write_text(json.dumps(manifest))
+    try:
+        _check_restore("launch", str(spoiled), "h1")
+    except CommandFailed as refused:
+        assert str(spoiled) in str(refused) and "on h1: cut short or damaged" in str(refused), refused
+        return
+    assert type(manifest["global_step"]) is int, f"taken with global_step {manifest['global_step']!r}"
