@@ -23,6 +23,7 @@ from migration_helper.ramdisk import (
     CheckpointError,
     CheckpointExists,
     DigestMismatch,
+    DiskFailed,
     Ramdisk,
     TransferTooLarge,
     checkpoint_chunks,
@@ -137,6 +138,10 @@ class HelperAgentServicer(helper_pb2_grpc.HelperAgentServicer):
             # client sees "INTERNAL: Internal error from Core" instead (grpc/grpc#36066).
             await _drain(chunks, DRAIN_S)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except DiskFailed as exc:
+            await _drain(chunks, DRAIN_S)  # as above: the sender gets this answer, not INTERNAL
+            log.error("checkpoint stream from %s refused: %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except DigestMismatch as exc:
             await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
         except CheckpointError as exc:

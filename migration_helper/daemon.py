@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import hashlib
 import logging
 import math
+import os
 import socket
+import stat
 import statistics
 import time
 import uuid
@@ -55,9 +59,10 @@ MAX_BACKOFF_S = 2.0
 REPEAT_WARNING_S = 60.0
 MAX_REMEMBERED_COMMANDS = 10_000
 LEASE_POLL_S = 0.1
-# The lease's end, in the ramdisk, for the jobs' shims (tf_runtime.lease): a host that
-# froze whole wakes its jobs with its helper, and they must not train before it looks.
+# The lease's end, for the jobs' shims (tf_runtime.lease): a host that froze whole wakes
+# its jobs with its helper, and they must not train before it looks. In RAM (lease_path).
 LEASE_FILE = ".lease"
+LEASE_HOME = Path("/dev/shm")
 # Heartbeats sent and not answered yet, at most (a late link keeps several in flight).
 HEARTBEATS_IN_FLIGHT = 4
 # While a heartbeat of the session has gone unanswered this long (or twice the median
@@ -106,8 +111,9 @@ class HelperDaemon:
             peer_check=self.not_a_peer,
             owner=owner_mark(config.ramdisk_dir),
             lease_ran_out=self._lease_ran_out,
-            lease_file=str(self.ramdisk.root / LEASE_FILE),
+            lease_file=str(self.ramdisk.root / LEASE_FILE),  # until start() finds its place (lease_path)
         )
+        self.lease_file = self.ramdisk.root / LEASE_FILE
         # The registered helpers' agents, address -> name, as the scheduler last sent them
         # in a heartbeat answer (with their version): checkpoints go only to these.
         self.peers: dict[str, str] = {}
@@ -167,6 +173,8 @@ class HelperDaemon:
             raise OSError(f"--ramdisk {self.ramdisk.root}: cannot create it ({exc.strerror}); give a directory "
                           "this helper can create and write (default /dev/shm/gandiva-SERVER)") from None
         _check_log_dir(self.config.logs_dir)
+        self.lease_file = lease_path(self.ramdisk.root)
+        self.jobs.lease_file = str(self.lease_file)
         self._inherited = self._undelivered.load(self.config.server_name)
         if self._inherited:
             log.info("%d process exit(s) an earlier run of this helper could not deliver (jobs %s): "
@@ -394,6 +402,16 @@ class HelperDaemon:
                     unsaid += 1
                 if isinstance(exc, grpc.aio.AioRpcError):
                     self._stop_superseded(exc)
+            except Exception as exc:  # a session must end, never the sessions
+                # Anything else a session task raised (an OSError of a file system gone
+                # read-only, a bug) ended this loop for good: the helper process lived on,
+                # silent, its server called down and its jobs re-placed, and nothing said why.
+                self.registered.clear()
+                detail = f"{type(exc).__name__}: {exc}"
+                now = time.monotonic()
+                if detail != said or now - said_at >= REPEAT_WARNING_S:
+                    log.error("scheduler session failed (%s); registering again", detail, exc_info=exc)
+                    said, said_at, unsaid = detail, now, 0
             await asyncio.sleep(backoff)
             # Never slower than a heartbeat: a scheduler back from a restart hears from
             # every live helper well before it may call a silent server down.
@@ -679,21 +697,28 @@ class HelperDaemon:
 
     def _publish_lease(self) -> None:
         """Write the lease's end for the jobs' shims (none while frozen: the end written
-        last has passed). One that cannot be written (the ramdisk full) is removed, so
-        that no shim holds for it: the watchdog's SIGSTOP still freezes them in time."""
+        last has passed). One that cannot be written (its file system full) is removed, so
+        that no shim holds for it: the watchdog's SIGSTOP still freezes them in time. Never
+        raises: called with each heartbeat's answer, an error here ended the heartbeats for
+        good (a file system turned read-only, where the file could not be removed either:
+        the helper went silent, its server was called down and every job re-placed)."""
         if self.frozen:
             return
-        path = self.ramdisk.root / LEASE_FILE
+        path = self.lease_file
         try:
             # On time.monotonic()'s scale, which the shims read (the loop's may be uvloop's).
             write_lease(path, time.monotonic() + self.lease_left())
             self._lease_unwritten = False
         except OSError as exc:
+            try:
+                path.unlink(missing_ok=True)
+                outcome = "removed; jobs are frozen by SIGSTOP only"
+            except OSError as gone:
+                outcome = (f"nor removed ({gone.strerror}): the jobs' shims hold once the end it holds has "
+                           "passed, until it can be written again")
             if not self._lease_unwritten:  # once, not at every heartbeat
-                log.warning("cannot write the lease file %s (%s): removed; jobs are frozen by SIGSTOP only",
-                            path, exc)
+                log.warning("cannot write the lease file %s (%s): %s", path, exc, outcome)
             self._lease_unwritten = True
-            path.unlink(missing_ok=True)
 
     def lease_left(self) -> float:
         """Seconds until the lease runs out with no heartbeat answered: what the lease file
@@ -780,6 +805,34 @@ class HelperDaemon:
             if n % per_report == 0:
                 self._post_samples(self.sampler.report(self.config.server_name))
             await asyncio.sleep(interval)
+
+
+def lease_path(ramdisk: Path, home: Path = LEASE_HOME) -> Path:
+    """Where the helper of ``ramdisk`` publishes its lease's end for its jobs' shims: a
+    folder of its own (mode 700) in RAM (``home``, /dev/shm), named after the ramdisk (one
+    per helper, the same at its next start). Not in the ramdisk, which an operator may put
+    on a disk: a disk that turned read-only (ext4 mounted errors=remount-ro, on an I/O
+    error) left there a lease file that could be neither rewritten nor removed, and every
+    job's shim held for good once its end passed, while the helper heartbeated on. The
+    ramdisk itself where there is no ``home``, or where that folder is not this user's own
+    (another user made it first: /dev/shm is everyone's)."""
+    digest = hashlib.sha256(str(ramdisk.resolve()).encode()).hexdigest()[:16]
+    folder = home / f"gandiva-lease-{digest}"
+    try:
+        if not home.is_dir():
+            return ramdisk / LEASE_FILE
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+        st = folder.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            log.warning("%s is not a folder of this helper's user: the lease file stays in the ramdisk", folder)
+            return ramdisk / LEASE_FILE
+        if st.st_mode & 0o077:
+            folder.chmod(0o700)
+    except OSError as exc:
+        log.warning("cannot make %s (%s): the lease file stays in the ramdisk", folder, exc.strerror)
+        return ramdisk / LEASE_FILE
+    return folder / LEASE_FILE
 
 
 def _check_log_dir(path: Path) -> None:

@@ -54,6 +54,11 @@ class NoSpace(TransferTooLarge):
     """The ramdisk filled up (ENOSPC, a quota) while a checkpoint was being received."""
 
 
+class DiskFailed(CheckpointError):
+    """The ramdisk's file system failed while a checkpoint was being received (turned
+    read-only, an I/O error): this server cannot take checkpoints now."""
+
+
 class DigestMismatch(CheckpointError):
     """The bytes received do not match the sender's sha256."""
 
@@ -193,10 +198,27 @@ class Ramdisk:
                     return final, total
             raise CheckpointError("the stream ended before its last chunk (transfer cut)")
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            raise NoSpace(f"no space left in {self.root} for the checkpoint ({total} bytes received): "
-                          f"{exc.strerror}; the partial copy was removed") from exc
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise NoSpace(f"no space left in {self.root} for the checkpoint ({total} bytes received): "
+                              f"{exc.strerror}; the partial copy was removed") from exc
+            # Any other error of the file system (ext4 turned read-only on an I/O error,
+            # EIO): before, it left the servicer as an unexpected exception, the sender read
+            # "UNKNOWN: Unexpected <class 'OSError'>: [Errno 30] Read-only file system".
+            if out is not None:
+                with contextlib.suppress(OSError):
+                    out.close()
+                out = None
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+                left = tmp.exists()
+                tmp = None if not left else tmp
+            else:
+                left = False
+            raise DiskFailed(
+                f"cannot write the checkpoint in {self.root} ({total} bytes received): "
+                f"{exc.strerror or exc}: its disk failed or was made read-only; "
+                + ("the partial copy could not be removed (it is when the helper next starts)" if left
+                   else "nothing of it is left")) from exc
         finally:
             if out is not None:
                 # Closing flushes what is buffered, which fails again on a full disk: the

@@ -4,9 +4,12 @@ fake job program."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import stat
+import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,33 @@ def submit_endless(fake_job: str, tmp_path: Path) -> SubmitEndless:
         job_id = api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.id
         return job_id, lambda: api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
     return submit
+
+
+@contextlib.contextmanager
+def failing_ext4(where: Path) -> Iterator[Path]:
+    """An ext4 file system of its own (64 MiB, on a loop device) mounted at ``where``
+    with errors=remount-ro, as a disk's usually is; yields the file that makes it fail
+    (ext4's trigger_fs_error: the kernel records an error and turns the file system
+    read-only, as it does on a disk's I/O error). Unmounted after. Skips where it cannot
+    be made (root only; mkfs.ext4 and loop devices needed)."""
+    if shutil.which("mkfs.ext4") is None or shutil.which("findmnt") is None:
+        pytest.skip("mkfs.ext4 or findmnt is not installed: no ext4 file system of the test's own")
+    where.mkdir(parents=True, exist_ok=True)
+    image = where.with_name(f"{where.name}.ext4")
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    subprocess.run(["mkfs.ext4", "-qF", str(image)], check=True, capture_output=True)
+    made = subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(image), str(where)],
+                          check=False, capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a loop device here (root only): {made.stderr.strip()}")
+    try:
+        dev = Path(subprocess.run(["findmnt", "-no", "SOURCE", str(where)], check=True, capture_output=True,
+                                  text=True).stdout.strip()).name
+        trigger = Path(f"/sys/fs/ext4/{dev}/trigger_fs_error")
+        if not trigger.exists():
+            pytest.skip(f"{trigger} is not there: this kernel cannot make ext4 fail on demand")
+        yield trigger
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
+        image.unlink(missing_ok=True)

@@ -248,7 +248,7 @@ async def test_the_lease_metric_says_what_the_jobs_shims_read(make_helper: Any, 
     for daemon in await make_helper("none"), await make_helper("leased", lease_s=30.0):
         await daemon.registered.wait()  # its lease file written
         metrics = HelperMetrics(daemon)
-        lease_file = daemon.ramdisk.root / ".lease"
+        lease_file = daemon.lease_file
         start = time.monotonic()
         for now in (start, start + 31.0):  # the second instant: 30 s with no heartbeat answered
             # One instant for the metric, the file and the shim (the test's asyncio loop reads
@@ -266,3 +266,34 @@ async def test_the_lease_metric_says_what_the_jobs_shims_read(make_helper: Any, 
             assert metric == pytest.approx(max(0.0, until - now), abs=1e-6), (daemon.config.server_name, now - start)
             assert holds == (metric > 0), (daemon.config.server_name, metric)
         assert math.isinf(until) == (daemon.config.server_name == "none")
+
+
+async def test_a_ramdisk_turned_read_only_neither_silences_the_helper_nor_freezes_its_lease_file(
+        make_helper: Any, control: Any, tmp_path: Path) -> None:
+    """The helper's ramdisk on a disk (ext4, errors=remount-ro) that fails: the kernel turns
+    it read-only. Before, the lease file there could be neither rewritten nor removed; the
+    error left the heartbeat loop and ended the helper's sessions for good: the process
+    lived on, silent, its server was called down and every job there re-placed (live:
+    tests/multihost/test_stream_host_faults.py -k read_only), and the file's stale end would hold every
+    job's shim. Now the lease file lives in RAM (a folder of the helper's own in /dev/shm),
+    heartbeats go on and the lease file's end moves on with them."""
+    from .conftest import failing_ext4
+
+    with failing_ext4(tmp_path / "ramdisks" / "ro") as fail:
+        daemon = await make_helper("ro", lease_s=30.0)
+        await daemon.registered.wait()
+        lease_file = Path(daemon.lease_file)
+        assert daemon.ramdisk.root not in lease_file.parents, lease_file
+        fail.write_text("gandiva test: the disk fails\n")
+        failed_at = time.monotonic()
+        seen: list[object] = []
+
+        def heartbeats_go_on() -> bool:
+            last = control.heartbeats.get("ro")
+            if not seen or seen[-1] is not last:
+                seen.append(last)
+            return len(seen) > 10 and float(lease_file.read_text()) > failed_at + 30.0
+
+        await control.wait_for(heartbeats_go_on, 30, "heartbeats and lease renewals after the disk failed")
+        assert control.registrations["ro"] == 1  # one session throughout
+        assert daemon.registered.is_set()

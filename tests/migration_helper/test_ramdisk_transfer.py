@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -16,16 +18,25 @@ from migration_helper.ramdisk import INCOMING_PREFIX, Ramdisk, checkpoint_chunks
 from protos.gandiva.v1 import helper_pb2, helper_pb2_grpc
 
 
-@pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[tuple[str, Ramdisk]]:
-    ramdisk = Ramdisk(tmp_path / "dest-ramdisk")
+@contextlib.asynccontextmanager
+async def agent_on(root: Path) -> AsyncIterator[tuple[str, Ramdisk]]:
+    """A helper's agent alone, receiving into a ramdisk at ``root``: (its address, the ramdisk)."""
+    ramdisk = Ramdisk(root)
     ramdisk.prepare()
     server = grpc.aio.server()
     helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    yield f"127.0.0.1:{port}", ramdisk
-    await server.stop(0)
+    try:
+        yield f"127.0.0.1:{port}", ramdisk
+    finally:
+        await server.stop(0)
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[tuple[str, Ramdisk]]:
+    async with agent_on(tmp_path / "dest-ramdisk") as running:
+        yield running
 
 
 def make_checkpoint(root: Path, sizes: dict[str, int]) -> Path:
@@ -202,13 +213,7 @@ async def test_a_full_ramdisk_refuses_the_checkpoint_clearly_and_keeps_no_partia
     """A checkpoint larger than the space left: RESOURCE_EXHAUSTED saying so, and the
     partial copy is removed (it used to stay when closing the file failed as well, and
     kept the ramdisk full until the helper restarted: every later transfer failed too)."""
-    ramdisk = Ramdisk(small_tmpfs / "rd")
-    ramdisk.prepare()
-    server = grpc.aio.server()
-    helper_pb2_grpc.add_HelperAgentServicer_to_server(HelperAgentServicer(ramdisk), server)
-    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-    await server.start()
-    try:
+    async with agent_on(small_tmpfs / "rd") as (address, ramdisk):
         big = make_checkpoint(tmp_path / "src" / "big", {"data": 2 * (1 << 20), "gandiva.json": 10})
         with pytest.raises(grpc.aio.AioRpcError) as err:
             # Small chunks (a peer may send any size): the failed write leaves bytes buffered.
@@ -220,5 +225,34 @@ async def test_a_full_ramdisk_refuses_the_checkpoint_clearly_and_keeps_no_partia
         small = make_checkpoint(tmp_path / "src" / "small", {"data": 300_000, "gandiva.json": 10})
         reply = await send_checkpoint(address, small, "job-1")
         assert digest_of(Path(reply.path)) == digest_of(small)
-    finally:
-        await server.stop(0)
+
+
+async def test_a_disk_turned_read_only_mid_stream_is_refused_saying_so(tmp_path: Path) -> None:
+    """The ramdisk on a disk (ext4, errors=remount-ro) that fails mid-stream: the kernel
+    turns it read-only and the next write fails (EROFS). The sender is told what happened,
+    UNAVAILABLE "cannot write the checkpoint in RAMDISK ...: Read-only file system: its disk
+    failed or was made read-only", and nothing is taken for a checkpoint. Before, the
+    OSError left the servicer unexpected: "UNKNOWN: Unexpected <class 'OSError'>: [Errno 30]
+    Read-only file system", with no path and a traceback in the helper's log."""
+    from .conftest import failing_ext4
+
+    with failing_ext4(tmp_path / "disk") as fail:
+        async with agent_on(tmp_path / "disk" / "rd") as (address, ramdisk):
+            src = make_checkpoint(tmp_path / "src" / "c", {"data": 4 * (1 << 20), "gandiva.json": 10})
+
+            async def failing_midway() -> AsyncIterator[helper_pb2.CheckpointChunk]:
+                for i, chunk in enumerate(checkpoint_chunks(src, "job-1", chunk_bytes=1 << 18)):
+                    if i == 4:  # a megabyte written: the disk fails
+                        while not list(ramdisk.root.glob(f"job-1/{INCOMING_PREFIX}*/data")):
+                            await asyncio.sleep(0.01)
+                        fail.write_text("gandiva test: the disk fails\n")
+                    yield chunk
+
+            async with grpc.aio.insecure_channel(address) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await helper_pb2_grpc.HelperAgentStub(channel).PutCheckpoint(failing_midway(), timeout=30)
+            details = err.value.details() or ""
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, (err.value.code(), details)
+            assert f"cannot write the checkpoint in {ramdisk.root}" in details, details
+            assert "Read-only file system: its disk failed or was made read-only" in details, details
+            assert not (ramdisk.root / "job-1" / "c").exists()
