@@ -60,6 +60,8 @@ class RunInfo:
     # Of those, one that assigns a trainable variable or the global step (a pre-trained layer
     # loaded from NumPy), not only other state (a mini-batch staged in variables).
     loads_trainable: bool = False
+    # Of those, the variables it loads, by op name (the weights swapped for an evaluation).
+    loaded: frozenset[str] = field(default=frozenset(), compare=False)
     # Flat fetch indices of tensors whose value a program could carry to its next step in
     # Python: all but reads of a variable the checkpoint holds (the global step, a weight),
     # which a restored copy reads again.

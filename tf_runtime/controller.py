@@ -275,6 +275,9 @@ class Controller:
         self._cut_pending = False
         self._cut_thread: int | None = None  # the thread whose step-advancing run ended last
         self._tail_updated = False  # such a run came since the last step-advancing run
+        # The trainable variables such runs overwrote with values from elsewhere (the moving
+        # averages swapped in for an evaluation) that no run has put back yet.
+        self._swapped: frozenset[str] = frozenset()
         # The global step before a run after training that assigns a trainable variable or
         # the step (a load): read again at the next step's end, in case it was set back.
         self._step_before_load: int | None = None
@@ -417,11 +420,21 @@ class Controller:
         # A training run that does not advance the step ends it only when the program
         # calls it after the advancing run (a discriminator updated after the generator
         # that advances the step); an update that does not train, unless called before it.
+        if self._swapped and not info.is_training and not info.changes_state:
+            # An evaluation on weights swapped in after the step (`w.assign(ema.average(w))`
+            # after `backup.assign(w)`): the state is whole again only once the program puts
+            # its weights back. Before, commands were applied here: a checkpoint held the
+            # averages as the weights, and a restored copy trained on from them.
+            return
         trailing = (not once and not info.advances_step and id(info) not in self._prelude and (
             self._after_training(info) is True if info.is_training else
             info.changes_state and not fed and
             self._after_training(info, idempotent=info.resets or again) is not False)) or (
             info.advances_step and bool(self._queue) and self._advances_again())
+        if trailing and info.loaded:
+            # The swap back loads the same variables again; an overwrite the program keeps
+            # (back to its best weights) is part of the step: the next training run ends it.
+            self._swapped = self._swapped ^ info.loaded
         self._tail_updated = trailing
         if self._after_advance:
             self._after_advance = False
@@ -838,6 +851,7 @@ class Controller:
         if info.advances_step:
             self._after_advance = True
             self._tail_updated = False
+            self._swapped = frozenset()
             site, last = program_site(sys._getframe(1)), self._advance_site
             if site is not None and last is not None and site[0] == last[0] and site[1] <= last[1]:
                 self._advance_wraps[site[0]] = (last[1], site[1])

@@ -614,6 +614,7 @@ class TFSessionAdapter:
                 counter = counter or held.name  # a loop counter kept in a variable, maybe
         inside, reached = self._walk(roots)
         training = inside.training
+        loaded: frozenset[str] = frozenset()
         if training:
             self._note_counters(reached)
             self._note_unsaved(reached)
@@ -628,6 +629,10 @@ class TFSessionAdapter:
             not _computed_from(op.inputs[-1].op, through(op.inputs[0].op))
             for op in reached)
         initializes_some = bool(self._some_init_ops & reached) or assigns
+        if assigns:
+            loaded = frozenset(
+                target.name for op in reached if op.type in _LOADS and len(op.inputs) > 1 and
+                ((target := through(op.inputs[0].op)) in self._trainable_ops or target is self._gs_op))
         # A run that does not train but changes a variable the checkpoint holds (an EMA of
         # the weights, `ema.apply(...)`, run after the training run).
         # Or a table the checkpoint holds, or draws from a generator whose state it holds
@@ -685,10 +690,7 @@ class TFSessionAdapter:
                        advances_step=advances, stateful_input=stateful,
                        initializes_some=initializes_some, carry_slots=tuple(carry_slots),
                        resets=assigns and not self._some_init_ops & reached,
-                       loads_trainable=assigns and any(
-                           op.type in _LOADS and len(op.inputs) > 1 and
-                           (through(op.inputs[0].op) in self._trainable_ops or
-                            through(op.inputs[0].op) is self._gs_op) for op in reached),
+                       loads_trainable=bool(loaded), loaded=loaded,
                        changes_state=changes_state,
                        init_ops=frozenset(self._some_init_ops & reached), draws=draws,
                        reads_counter="" if training else counter,

@@ -305,6 +305,10 @@ KINDS = {
                           covered_by="test_tfr_tf_session.py -k shape_grows"),
     "warm_deleted": Kind("warm_deleted.py", _warm_naive(), own_dir=True,
                          covered_by="test_tfr_tf_session.py -k warm_start_file_deleted"),
+    "ema_swap": Kind("ema_swap.py", _at_each_switch, ("--swap", "assign"),
+                     covered_by="test_tfr_swapped_weights.py (the averages swapped in by a run)"),
+    "ema_swap_load": Kind("ema_swap.py", _at_each_switch, ("--swap", "load"),
+                          covered_by="no fix: a fed load begins the next step (cut before it)"),
 }
 
 

@@ -1,0 +1,71 @@
+"""Real TensorFlow in process: a program that evaluates its moving average of the weights
+by swapping the shadows into the weights between two steps (`backup.assign(w)`,
+`w.assign(ema.average(w))`, evaluation runs, `w.assign(backup)`), and one that overwrites
+its weights once after a step and keeps them (a revert to the best weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tf_runtime.commands import Command, Kind
+
+from .test_tfr_tf_session import acks, session, shimmed
+
+pytestmark = pytest.mark.tf
+tf = pytest.importorskip("tensorflow")
+
+
+@pytest.mark.parametrize("swap", ["together", "apart", "kept"])
+def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
+        swap: str, tmp_path: Path) -> None:
+    """programs/ema_swap.py: every 2 steps, after the step-advancing run, the program swaps
+    its moving averages into the weights, evaluates, and swaps its weights back (in one run
+    for all the weights, or in a run per variable: `apart`). The swap runs were taken for
+    updates that end the step (as an EMA update after the training run is), so a checkpoint
+    asked for then was taken right after the swap, before the first evaluation run: it held
+    the averages as the weights, and a copy restored from it (a migration, a restart)
+    trained on from them (probed: every variable differed). Now the commands wait through
+    the evaluation for the swap back, and the checkpoint holds the weights as the step left
+    them. An overwrite after the step that the program keeps (`kept`: back to its best
+    weights) is part of the step, as before."""
+    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+        b = tf.compat.v1.get_variable("b", initializer=tf.zeros([2]))
+        loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w) + b))
+        opt = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss, global_step=gs)
+        ema = tf.compat.v1.train.ExponentialMovingAverage(0.5)
+        with tf.control_dependencies([opt]):
+            train = ema.apply([w, b])
+        to_average, to_weights = [], []
+        for v in (w, b):
+            backup = tf.compat.v1.get_variable(f"backup_{v.op.name}", initializer=tf.zeros_like(v),
+                                               trainable=False)
+            with tf.control_dependencies([backup.assign(v)]):
+                to_average.append(v.assign(ema.average(v)))
+            to_weights.append(v.assign(backup))
+        if swap != "apart":
+            to_average, to_weights = [tf.group(*to_average)], [tf.group(*to_weights)]
+        sess.run(tf.compat.v1.global_variables_initializer())
+        step = 0
+        while step < 8:
+            sess.run(train)
+            step = int(sess.run(gs))
+            if step == 6:
+                trained, average = sess.run([w.value(), ema.average(w).value()])
+                ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
+            if step % 2 == 0:
+                for op in to_average:
+                    sess.run(op)
+                for _ in range(2):
+                    sess.run(loss)
+                for op in to_weights if swap != "kept" else ():
+                    sess.run(op)
+        assert acks(ctl)[0].ok and acks(ctl)[0].step == 6
+    saved = tf.train.load_variable(str(tmp_path / "ck" / "model"), "w")
+    np.testing.assert_array_equal(saved, average if swap == "kept" else trained)
+    assert not np.array_equal(trained, average)
