@@ -325,8 +325,13 @@ class Silence:
         if silent is None or silent < self.limit_s:
             return ""  # the link answers (a slow one, or a peer not reading): the pace decides
         tcplink.abort_silent(self.peers, self.limit_s)
+        # An MTU black hole reads the same (small packets pass, full-size segments are dropped
+        # with no ICMP said back): its heartbeats and commands go through, so "cut" alone sent
+        # the operator looking for a partition that is not there (probed, s51).
         return (f"the link is cut: no acknowledgement of the bytes in flight for {silent:.0f}s "
-                f"({sent / 1e6:.1f} MB of {total / 1e6:.1f} MB sent); given up after {now - start:.0f}s")
+                f"({sent / 1e6:.1f} MB of {total / 1e6:.1f} MB sent); given up after {now - start:.0f}s "
+                "(if the two hosts still reach each other, full-size packets may be dropped on the way: "
+                "check the MTU of every link between them)")
 
 
 async def _watch_pace(call: grpc.aio.StreamUnaryCall, sent: list[int], total: int, timeout_s: float,

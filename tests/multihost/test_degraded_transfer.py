@@ -153,6 +153,24 @@ def test_degraded_checkpoint_stream_cut_between_the_two_helpers_is_given_up_once
                 sender.wait(10)
 
 
+@pytest.mark.full  # the mechanism: -k cut_between_the_two_helpers (default)
+def test_degraded_checkpoint_stream_into_an_mtu_black_hole_is_given_up_naming_the_mtu(tmp_path: Path) -> None:
+    """The agent's bridge port takes packets of 1,280 bytes at most while both hosts send
+    1,500 (an MTU mismatch on the path, no ICMP said back: a black hole): the connection
+    opens (small packets), the checkpoint's full-size segments are dropped. The stream is
+    given up as a silent link (a migration then restarts its job at its source), and says
+    to check the MTU: before s51 it said only "the link is cut", while heartbeats and
+    commands of both hosts went through."""
+    with _pair(tmp_path, 2_000_000, "10gbit") as pair:
+        subprocess.run(["ip", "-n", pair.net.bridge_ns, "link", "set", pair.net.hosts["b"][2], "mtu", "1280"],
+                       check=True, capture_output=True)
+        got = subprocess.run(pair.send("--silence", "2"), check=False, capture_output=True, text=True, cwd=ROOT,
+                             env=ENV, timeout=120)
+        print(f"\nMTU black hole: {got.stdout.strip()}")
+        assert got.stdout.startswith("given up after") and "the link is cut" in got.stdout, got
+        assert "check the MTU of every link between them" in got.stdout, got.stdout
+
+
 @pytest.mark.full  # the cut itself: -k cut_between_the_two_helpers (default)
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_degraded_checkpoint_stream_over_a_link_between_helpers_flapping_every_1_to_3_s(
