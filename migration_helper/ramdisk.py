@@ -100,6 +100,8 @@ class Ramdisk:
             log.warning("ramdisk %s was readable by other users (the jobs' checkpoints): it is now its owner's "
                         "only (mode 700)", self.root)
         for stale in self.root.glob(f"*/{INCOMING_PREFIX}*"):
+            if stale.parent.is_symlink():  # not a job's folder: a link a job put here (prune)
+                continue
             log.info("removing an incomplete incoming checkpoint %s", stale)
             shutil.rmtree(stale, ignore_errors=True)
 
@@ -121,10 +123,12 @@ class Ramdisk:
             return removed
         needed = None if kept is None else {Path(p).resolve() for p in kept if p}
         for job in self.root.iterdir():
-            if not job.is_dir():
+            # A link is passed over: the jobs may write here, and one to a folder elsewhere
+            # had its subfolders taken for old checkpoints and deleted, wherever it pointed.
+            if job.is_symlink() or not job.is_dir():
                 continue
-            ckpts = sorted((c for c in job.iterdir() if c.is_dir() and not c.name.startswith(INCOMING_PREFIX)),
-                           key=lambda c: c.stat().st_mtime)
+            ckpts = sorted((c for c in job.iterdir() if not c.is_symlink() and c.is_dir()
+                            and not c.name.startswith(INCOMING_PREFIX)), key=lambda c: c.stat().st_mtime)
             keep = {ckpts[-1]} if ckpts and (needed is None or job.name in live_jobs) else set()
             if needed:
                 keep |= {c for c in ckpts if any(p == c.resolve() or c.resolve() in p.parents for p in needed)}

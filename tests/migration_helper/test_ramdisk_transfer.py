@@ -183,6 +183,34 @@ def test_a_parked_jobs_checkpoint_stays_while_the_scheduler_needs_it(tmp_path: P
     assert ramdisk.prune(set(), retain_s=600, now=now, kept=set()) == [parked]
 
 
+def test_the_housekeeping_removes_nothing_through_a_link_a_job_put_in_the_ramdisk(tmp_path: Path) -> None:
+    """A job runs as its helper's user and may write the ramdisk. A link there to a folder
+    (`<ramdisk>/x -> /home/alice`) was taken for a job's folder and its subfolders for old
+    checkpoints: the helper's housekeeping deleted all but the newest of them, wherever the
+    link pointed (another user's files, when the helper runs as root). So was a link in a
+    job's folder to a folder elsewhere (its contents). Links are passed over now."""
+    ramdisk = Ramdisk(tmp_path / "rd")
+    now = 10_000.0
+    outside = tmp_path / "someone-elses"
+    for name in ("old", "older", "newest"):
+        (outside / name).mkdir(parents=True)
+        (outside / name / "data").write_text("keep me")
+    os.utime(outside / "older", (now - 9000, now - 9000))
+    os.utime(outside / "old", (now - 8000, now - 8000))
+    ckpt = _aged(ramdisk, now)
+    ckpt("job", "a", 9000)
+    (ramdisk.root / "x").symlink_to(outside)
+    (ramdisk.root / "job" / "ln").symlink_to(outside / "old")
+    os.utime(ramdisk.root / "job" / "ln", (now - 9000, now - 9000), follow_symlinks=False)
+    (outside / ".incoming-1").mkdir()  # what the helper's start removes, in a job's folder
+    (outside / ".incoming-1" / "data").write_text("keep me")
+    removed = ramdisk.prune(set(), retain_s=600, now=now, kept=set())
+    ramdisk.prepare()
+    assert removed == [ramdisk.root / "job" / "a"]
+    assert sorted(p.relative_to(outside).as_posix() for p in outside.rglob("data")) == \
+        [".incoming-1/data", "newest/data", "old/data", "older/data"]
+
+
 def test_when_the_scheduler_has_not_said_every_jobs_newest_checkpoint_stays(tmp_path: Path) -> None:
     ramdisk = Ramdisk(tmp_path / "rd")
     now = 10_000.0
