@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from protos.gandiva.v1 import common_pb2
-from scheduler.core import SchedulerCore
+from scheduler.core import STEPS_SEEN_KEPT, SchedulerCore
 from scheduler.engine import live as live_module
 from scheduler.engine.live import MOVES_REFUSED_KEPT, LiveEngine
 from scheduler.errors import FailedPrecondition
@@ -40,5 +40,24 @@ async def test_a_refused_move_is_said_once_past_the_memorys_bound(sqlite_url: st
         # Before: the second job's refusal cleared the memory, and the first's was said twice.
         assert len(said) == 1 and said[0].message.startswith("not started (lower the height; to s1/0)")
         assert len(live._moves_refused) == MOVES_REFUSED_KEPT
+    finally:
+        await engine.dispose()
+
+
+async def test_the_steps_of_a_launch_still_reporting_outlive_the_memorys_bound(sqlite_url: str) -> None:
+    """The highest step each launch reported (what a job's end reads when its last reports
+    were not written yet) is kept for STEPS_SEEN_KEPT launches. Past it, the whole memory was
+    cleared: a launch reporting all along lost its count too. Now the launch that reported
+    least recently goes out."""
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        core._steps_seen.update(((f"old-{i}", "i1"), 5) for i in range(STEPS_SEEN_KEPT - 1))
+        await core.record_progress("j-1", "i1", 900, 10.0, 0.1, {})
+        await core.record_progress("j-2", "i1", 7, 10.0, 0.1, {})  # one past the bound: the oldest goes
+        await core.record_progress("j-3", "i1", 7, 10.0, 0.1, {})
+        assert core.steps_seen("j-1", "i1") == 900  # before: 0, cleared with the rest
+        assert core.steps_seen("old-0", "i1") == 0 and len(core._steps_seen) == STEPS_SEEN_KEPT
     finally:
         await engine.dispose()
