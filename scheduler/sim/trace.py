@@ -1158,7 +1158,7 @@ def _lines(path: Path, stdin: bool = False, how: dict[str, str] | None = None) -
     # Lines end at \n, \r\n or \r only (str.splitlines also splits at form feeds, \x1c-\x1e and
     # U+2028, which would shift every later line number from what an editor shows).
     lines = []
-    comment: tuple[int, str] | None = None  # the last comment line before the first row
+    comments: list[tuple[int, str]] = []  # the comment lines before the first row
     # Line by line, but over the lines that are not empty only, and each one's number counted
     # in the run of line ends before it: a line at a time, a 300 MB file of blank lines
     # around one job took 257 s (and 1 GiB of them would have taken 15 minutes).
@@ -1175,11 +1175,14 @@ def _lines(path: Path, stdin: bool = False, how: dict[str, str] | None = None) -
             if len(lines) > MAX_TRACE_LINES and not lines[0][1].lstrip("\ufeff \t").startswith(("[", "{")):
                 raise TraceError(path, i, f"more than {MAX_TRACE_LINES:,} lines: the simulator holds every job "
                                           "in memory; replay a part of the trace (split it)")
-        elif not lines and ln.strip():
-            comment = (i, ln.lstrip()[1:].strip())
-    if lines and comment is not None and _commented_header(comment[1], lines[0][1]):
-        # `# submit_time,duration,num_gpus` (numpy.savetxt writes its header so): the header,
-        # not a comment; read without it, the columns were taken in the default order.
+        elif not lines and ln.strip() and len(comments) < 1000:
+            comments.append((i, ln.lstrip()[1:].strip()))
+    # `# submit_time,duration,num_gpus` (numpy.savetxt writes its header so): the header, not a
+    # comment; read without it, the columns were taken in the default order. The last such
+    # comment before the first row, whatever notes follow it (`# exported by ...`).
+    # (The first row with a field: `,,,` is a spreadsheet's empty row.)
+    first = next((ln for _, ln in lines[:1000] if ln.strip(" \t,")), lines[0][1] if lines else "")
+    if lines and (comment := next((c for c in reversed(comments) if _commented_header(c[1], first)), None)):
         lines.insert(0, comment)
     for i, ln in lines:
         # A trace is plain text: a control character (a terminal escape in a job id) would
@@ -1196,9 +1199,18 @@ def _commented_header(comment: str, first: str) -> bool:
     """Whether a comment line (its text after the ``#``) is the CSV header of a trace whose
     first row is ``first``: it names at least two columns this reader knows, has as many
     fields as that row, and that row is no header itself."""
-    sep = "\t" if "\t" in first.strip() and "," not in first else ","
-    cells, row = comment.split(sep), first.split(sep)
+    # (quoted: `"a,b"` is one field, of a tab-separated row too)
+    sep = max(("\t", ","), key=lambda s: len(_fields(first.strip(), s)))
+    cells, row = _fields(comment, sep), _fields(first, sep)
     return len(cells) == len(row) and len(_header_roles(cells)) >= 2 and not _header_roles(row)
+
+
+def _fields(text: str, sep: str) -> list[str]:
+    """The fields of one CSV line, as the reader will split it (a quote left open: at ``sep``)."""
+    try:
+        return next(csv.reader([text], delimiter=sep, skipinitialspace=True), [])
+    except csv.Error:
+        return text.split(sep)
 
 
 _LINE_END = re.compile(r"\r\n|\r|\n")

@@ -157,9 +157,12 @@ def test_a_header_written_as_a_comment_names_the_columns(tmp_path: Path) -> None
     path = tmp_path / "np.csv"
     path.write_text("# exported by a notebook\n# submit_time,duration,num_gpus\n0,60,1\n10,30,2\n")
     assert [(j.submit_time, j.num_gpus, j.duration_s) for j in read_trace(path)] == [(0.0, 1, 60.0), (10.0, 2, 30.0)]
-    # A comment that names no column, or is not the last before the rows, stays a comment.
+    # A note after the header is a comment (until session 51 it hid the header: a 60-GPU job
+    # of 1 s); so is a comment that names no column, or not as many as the row has fields.
     path.write_text("# submit_time,duration,num_gpus\n# cluster X\n0,60,1\n")
-    assert [(j.num_gpus, j.duration_s) for j in read_trace(path)] == [(60, 1.0)]
+    assert [(j.num_gpus, j.duration_s) for j in read_trace(path)] == [(1, 60.0)]
+    path.write_text("# submit_time,duration\n# cluster X\n0,1,60\n")
+    assert [(j.num_gpus, j.duration_s) for j in read_trace(path)] == [(1, 60.0)]
 
 
 def test_gavels_older_six_column_msr_traces_are_read(tmp_path: Path) -> None:
