@@ -1452,7 +1452,8 @@ class Controller:
                 saves = cmd.kind in (Kind.STOP_FOR_MIGRATION, Kind.CHECKPOINT)
                 if (cmd.kind is Kind.STOP_FOR_MIGRATION and self.migratable is None
                         and self.boundaries) or (
-                        saves and self._order_unknown and self._steps_seen < 3):
+                        (saves or cmd.kind is Kind.SUSPEND) and self._order_unknown
+                        and self._steps_seen < 3):
                     # Not known yet whether the loop resumes from the global step: wait
                     # (at most JUDGE_AFTER_BOUNDARIES steps) rather than risk a restart from 0
                     # (before its first training run, suspended there, it saves the restore
@@ -1460,7 +1461,11 @@ class Controller:
                     # Or a training run (or an update a copy could not make twice)
                     # followed the step-advancing one before the program's loop was seen:
                     # whether it ends that step or begins the next is known from the third
-                    # step on (_after_training).
+                    # step on (_after_training). A suspension too: a checkpoint or a stop
+                    # for migration is served while suspended, at the suspension's cut (a
+                    # copy suspended in its first step right after `if step % 4 == 0 and
+                    # step: sess.run(next_epoch)` at the top of its loop, then moved, was
+                    # restored past the increment and made it again: other weights).
                     with self._cond:
                         self._queue.appendleft(cmd)
                     break

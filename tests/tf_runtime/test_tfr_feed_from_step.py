@@ -149,6 +149,17 @@ def _at_each_switch(job: FeedJob, server: Any) -> None:
     job.crash_and_restart()
 
 
+def _warm_then_naive_before_an_update(job: FeedJob, server: Any) -> None:
+    """bn_eval.py (an epoch counter incremented at the top of the loop every 4 steps):
+    migrated warm at a step right before such an increment (3 mod 4), then at once naive,
+    the stop served while the warm copy is suspended in its first step."""
+    for _ in range(40):
+        if job.pause(0.05).step % 4 == 3:
+            break
+    job.migrate_warm()
+    job.migrate_naive()
+
+
 def _kill_past_an_export(job: FeedJob, server: Any) -> None:
     """export_every.py (an export every 4 steps): migrated warm, then checkpointed between
     two exports, trained past the next one and killed: the restarted copy exports that
@@ -305,6 +316,8 @@ KINDS = {
                           covered_by="test_tfr_tf_session.py -k shape_grows"),
     "warm_deleted": Kind("warm_deleted.py", _warm_naive(), own_dir=True,
                          covered_by="test_tfr_tf_session.py -k warm_start_file_deleted"),
+    "bn_eval": Kind("bn_eval.py", _warm_then_naive_before_an_update, steps=20,
+                    covered_by="test_tfr_restored_first_step.py -k top_of_the_loop"),
     "ema_swap": Kind("ema_swap.py", _at_each_switch, ("--swap", "assign"),
                      covered_by="test_tfr_swapped_weights.py (the averages swapped in by a run)"),
     "ema_swap_load": Kind("ema_swap.py", _at_each_switch, ("--swap", "load"),

@@ -128,8 +128,10 @@ def run_schedule(p: Program, schedule: list[tuple[str, int, bool]],
                  work: Path) -> dict[str, Any]:
     """Runs the job through `schedule`: per process, (kind, n, late): "migrate" or
     "checkpoint" asked in the process's n-th iteration (0: its first step), at its top or
-    (late) right after its training run; a checkpointed process is killed two steps after
-    the checkpoint's step. Returns the final variables."""
+    (late) right after its training run ("suspended migrate": a suspension first, the stop
+    served while suspended, as the scheduler moves a suspended job; "suspended
+    checkpoint": a suspension, a checkpoint and a resume); a checkpointed process is
+    killed two steps after the checkpoint's step. Returns the final variables."""
     restore: Path | None = None
     for i, (kind, n, at_late) in enumerate(schedule):
         target = work / f"ck{i}"
@@ -140,12 +142,17 @@ def run_schedule(p: Program, schedule: list[tuple[str, int, bool]],
             if not late:
                 seen[0] += 1  # this process's iterations so far, this one included
             if seen[0] == n + 1 and late == at_late:
-                ctl.enqueue(Command(f"c{i}", Kind.STOP_FOR_MIGRATION if kind == "migrate"
+                suspended = kind.startswith("suspended ")
+                if suspended:  # served while suspended, at the suspension's cut
+                    ctl.enqueue(Command(f"s{i}", Kind.SUSPEND))
+                ctl.enqueue(Command(f"c{i}", Kind.STOP_FOR_MIGRATION if kind.endswith("migrate")
                                     else Kind.CHECKPOINT, str(target)))
+                if suspended:
+                    ctl.enqueue(Command(f"r{i}", Kind.RESUME))
             if not late:
                 return
             done = [a for a in acks(ctl) if a.ok and a.command_id == f"c{i}"]
-            if kind == "checkpoint" and done and step >= done[0].step + 2:
+            if kind.endswith("checkpoint") and done and step >= done[0].step + 2:
                 raise Killed()
 
         dump: dict[str, Any] = {}
@@ -167,16 +174,26 @@ def assert_same(reference: dict[str, Any], final: dict[str, Any]) -> None:
         np.testing.assert_array_equal(final[name], value, err_msg=name)
 
 
-@pytest.mark.parametrize("mts", [False, True], ids=["session", "mts"])
+@pytest.mark.parametrize(("mts", "schedule"), [
+    (False, [("checkpoint", 3, False), ("checkpoint", 0, True)]),
+    (True, [("migrate", 2, True), ("suspended migrate", 0, True)]),
+    pytest.param(True, [("checkpoint", 3, False), ("checkpoint", 0, True)],
+                 marks=pytest.mark.full),  # the mechanism: the session case
+    pytest.param(False, [("migrate", 2, True), ("suspended migrate", 0, True)],
+                 marks=pytest.mark.full)],  # the mechanism: the mts case
+    ids=["session", "mts-suspended", "mts", "session-suspended"])
 def test_an_update_at_the_top_of_the_loop_in_a_restored_copys_first_step(
-        mts: bool, tmp_path: Path) -> None:
-    """Migrated at step 3 (asked in step 2 -> 3), the copy asked for a checkpoint in its first step (step 3 -> 4),
-    right before `if step % 4 == 0 and step: sess.run(next_epoch)` at the top of its loop:
-    the copy had not seen its loop yet, took that run for the end of step 4 and cut after
-    it; a copy restored from that checkpoint read step 4 and incremented the epoch again
-    (s50: migrated warm at 3 then naive at 4, the epoch one ahead and every weight other)."""
+        mts: bool, schedule: list[tuple[str, int, bool]], tmp_path: Path) -> None:
+    """Restored at step 3, the copy was asked for a checkpoint in its first step (after its
+    training run 3 -> 4), right before `if step % 4 == 0 and step: sess.run(next_epoch)` at
+    the top of its loop: the copy had not seen its loop yet, took that run for the end of
+    step 4 and cut after it; a copy restored from that checkpoint read step 4 and
+    incremented the epoch again (s50: migrated warm at 3 then naive at 4, the epoch one
+    ahead and every weight other). So did a suspension there, and a stop for migration
+    served while suspended (the scheduler's move of a suspended job; s50's live journey):
+    both now wait for the loop."""
     p = Program(mts=mts)
-    final = run_schedule(p, [("checkpoint", 3, False), ("checkpoint", 0, True)], tmp_path)
+    final = run_schedule(p, schedule, tmp_path)
     assert_same(_reference(p), final)
 
 
@@ -191,9 +208,9 @@ PROGRAMS = st.builds(Program, epoch_every=st.sampled_from([0, 3, 4]),
 # The source's cut within its first steps; each later one within a few iterations of its
 # copy's start (0: the copy's first step), at the top of the iteration or right after its
 # training run.
-CUTS = st.tuples(st.sampled_from(["migrate", "checkpoint"]), st.integers(0, 2), st.booleans())
-SCHEDULES = st.tuples(st.tuples(st.sampled_from(["migrate", "checkpoint"]), st.integers(1, 4),
-                                st.booleans()),
+KINDS = st.sampled_from(["migrate", "checkpoint", "suspended migrate", "suspended checkpoint"])
+CUTS = st.tuples(KINDS, st.integers(0, 2), st.booleans())
+SCHEDULES = st.tuples(st.tuples(KINDS, st.integers(1, 4), st.booleans()),
                       st.lists(CUTS, min_size=1, max_size=2)).map(lambda t: [t[0], *t[1]])
 
 
@@ -206,14 +223,16 @@ def _generated(p: Program, schedule: list[tuple[str, int, bool]], work: Path) ->
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(p=PROGRAMS, schedule=SCHEDULES)
 @example(p=Program(epoch_every=4, eval_every=3, halve_every=5, summary=True, mts=True),
-         schedule=[("migrate", 2, True), ("checkpoint", 0, True), ("migrate", 1, False)])
+         schedule=[("migrate", 2, True), ("suspended checkpoint", 0, True),
+                   ("migrate", 1, False)])
 def test_quick_cuts_keep_the_uninterrupted_variables(p: Program,
                                                      schedule: list[tuple[str, int, bool]],
                                                      tmp_path: Path) -> None:
     """Hypothesis draws a program of the family (an epoch counter incremented at the top
     of the loop, evaluations, a weight halved on a schedule after the training run,
     summaries; Session or MonitoredTrainingSession) and two or three cuts close together
-    (a stop for migration or a checkpoint followed by a kill), each after the first
+    (a stop for migration or a checkpoint followed by a kill, either served while
+    suspended), each after the first
     within a few steps of its copy's restore; the job ends with the uninterrupted run's
     variables, bit for bit. By default the example given (the epoch one ahead before
     s51) and one drawn from a fixed seed; the `full` case below draws more
