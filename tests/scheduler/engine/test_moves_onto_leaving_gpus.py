@@ -7,6 +7,7 @@ one of them). The live engine holds them back as it holds back a placement there
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 from scheduler.engine.live import LiveEngine
@@ -16,6 +17,7 @@ from scheduler.policy.types import (
     GpuRef,
     JobView,
     Migrate,
+    Park,
     PolicyConfig,
     ServerView,
     Suspend,
@@ -60,3 +62,17 @@ def test_a_move_onto_the_gpus_a_job_is_moving_off_waits_for_it() -> None:
     later = policy.decide(dataclasses.replace(snap, now=1012.0, jobs=tuple(views.values())))
     assert sorted(d.to_gpus for d in later if isinstance(d, Migrate) and d.job_id.startswith("small")) == \
         [_on("s1", i) for i in range(4)]
+
+
+async def test_a_move_onto_the_gpus_of_a_park_still_unanswered_waits_for_it() -> None:
+    """balance_park: a job parked off a server and, in the same round, a suspended job moved
+    onto it; the park still unanswered when the round's wait ends (its process holds the GPU):
+    the move is held back, as a placement there is."""
+    parked = JobView("parked", 1, state="RUNNING", placement=_on("s1", 0))
+    mover = JobView("mover", 1, state="SUSPENDED", placement=_on("s0", 0))
+    park, move = Park("parked", reason="hand s1 over"), Migrate("mover", _on("s1", 0), reason="hand s1 over")
+    unanswered = asyncio.create_task(asyncio.sleep(3600))
+    kept = LiveEngine._not_onto_unvacated_gpus({"parked": parked, "mover": mover}, [(park, unanswered)],
+                                               [park, move], {})
+    assert kept == [park]  # before: the move too
+    unanswered.cancel()
