@@ -87,11 +87,12 @@ class RunInfo:
     iterators: tuple[str, ...] = ()
     iterator_inits: tuple[tuple[str, str], ...] = ()
     # Of a training run: the string tensors that pick the iterator of a feedable iterator
-    # it reads (`Iterator.from_string_handle`), and the first such read ("IteratorGetNext
+    # it reads (`Iterator.from_string_handle`; per read, the handle given and the tensors
+    # it passes through, data_state.handle_read), and the first such read ("IteratorGetNext
     # op 'IteratorGetNext'"). Resolved run by run from the handle fed (BoundaryLayer): an
     # iterator whose position TensorFlow can save joins `iterators`, anything else is
     # `stateful_input`.
-    fed_handles: tuple[str, ...] = ()
+    fed_handles: tuple[tuple[str, ...], ...] = ()
     handle_read: str = ""
     # Of a run that does not train: the name of an integer scalar variable the checkpoint
     # holds, other than the global step, whose value it fetches (a micro-step counter kept
@@ -336,8 +337,9 @@ class BoundaryLayer:
         whose position TensorFlow can save, is input no checkpoint holds."""
         resolve = getattr(self.adapter, "fed_iterator", None)
         names: list[str] = []
-        for handle in info.fed_handles:
-            value = _fed_value(feed_dict, handle)
+        for chain in info.fed_handles:
+            handle = chain[0]
+            value = next((v for n in chain if (v := _fed_value(feed_dict, n)) is not None), None)
             name = resolve(value) if resolve is not None and value is not None else None
             if name is None:
                 why = ("is not fed (computed in the graph; feed it the value of "

@@ -54,13 +54,28 @@ def read_iterator(op: Any) -> str | None:
     return source.name if source.type in ITERATOR_RESOURCES else None
 
 
-def handle_read(op: Any) -> str | None:
-    """The name of the string tensor that picks the iterator a read `op` of a feedable
-    iterator (`Iterator.from_string_handle`) advances; None when `op` is no such read."""
+def handle_read(op: Any) -> tuple[str, ...] | None:
+    """The names of the string tensors that pick the iterator a read `op` of a feedable
+    iterator (`Iterator.from_string_handle`) advances: the handle it is given, then, when
+    that passes another tensor through (`from_string_handle(tf.identity(handle))`), that
+    one, and so on; a run may feed any of them (the first fed counts, as in TensorFlow).
+    None when `op` is no such read. Before, only the first was looked for in the run's
+    feeds, so a handle fed through `tf.identity` was taken for one computed in the graph
+    and the job refused as not migratable."""
     if op.type not in ITERATOR_READS or not op.inputs:
         return None
     source = op.inputs[0].op
-    return source.inputs[0].name if source.type in HANDLE_ITERATORS and source.inputs else None
+    if source.type not in HANDLE_ITERATORS or not source.inputs:
+        return None
+    names, tensor = [source.inputs[0].name], source.inputs[0]
+    while tensor.op.type in _PASS_THROUGH and tensor.op.inputs and len(names) < 16:
+        tensor = tensor.op.inputs[0]
+        names.append(tensor.name)
+    return tuple(names)
+
+
+# Ops that pass their input through unchanged (`tf.identity`, and its snapshot form).
+_PASS_THROUGH = frozenset({"Identity", "Snapshot"})
 
 
 def fed_iterator(graph: tf.Graph, handle: Any) -> str | None:

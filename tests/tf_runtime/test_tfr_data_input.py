@@ -67,22 +67,24 @@ def build(source: str, iterator: str, loop: str, optimizer: str, cache: str = ""
         ds = ds.shuffle(N, seed=5).repeat().batch(8).map(lambda i, x, y: (i, x * 2.0, y))
         ds = ds.prefetch(2)
         handles: Any = None
-        if iterator in ("oneshot", "feedable", "unfed"):
+        if iterator in ("oneshot", "feedable", "unfed", "identity"):
             it = v1.data.make_one_shot_iterator(ds)
         else:
             it = v1.data.make_initializable_iterator(ds)
             if loop == "mts":
                 v1.add_to_collection(v1.GraphKeys.TABLE_INITIALIZERS, it.initializer)
-        if iterator in ("feedable", "unfed"):
+        if iterator in ("feedable", "unfed", "identity"):
             # The programmer's guide's feedable iterator: one `from_string_handle` switched
             # between the training iterator and an evaluation one by the handle fed (`unfed`:
-            # the handle computed in the graph instead, which names no iterator by itself).
+            # the handle computed in the graph instead, which names no iterator by itself;
+            # `identity`: the handle fed passed through `tf.identity` first).
             val = v1.data.make_initializable_iterator(
                 tf.data.Dataset.from_tensor_slices((ids[:12] * 0, features[:12], labels[:12])).batch(4))
-            handle = v1.placeholder(tf.string, []) if iterator == "feedable" else it.string_handle()
+            handle = it.string_handle() if iterator == "unfed" else v1.placeholder(tf.string, [])
             handles = SimpleNamespace(fed=handle, train=it.string_handle(),
                                       val=val.string_handle(), val_init=val.initializer)
-            it = v1.data.Iterator.from_string_handle(handle, v1.data.get_output_types(ds),
+            it = v1.data.Iterator.from_string_handle(
+                tf.identity(handle) if iterator == "identity" else handle, v1.data.get_output_types(ds),
                                                      v1.data.get_output_shapes(ds))
         batch_ids, x, y = it.get_next()
         stage = None
@@ -159,7 +161,7 @@ def _loop(ctl: Controller, sess: Any, p: Any, command: Kind | None, directory: P
     come from `Final`), {} for a MonitoredSession, None when abandoned."""
     monitored = p.loop == "mts"
     feed, h = None, p.handles
-    if h is not None and p.iterator == "feedable":  # fetched once, fed to every run
+    if h is not None and p.iterator != "unfed":  # fetched once, fed to every run
         train_handle, val_handle = sess.run([h.train, h.val])
         feed = {h.fed: train_handle}
     step = sess.run(p.gs)
@@ -193,7 +195,8 @@ def acks(ctl: Controller) -> list[Any]:
     ("slices", "init", "mts", "momentum", "naive"),
     ("range", "oneshot", "mts", "adam", "kill"),
     ("slices", "feedable", "session", "momentum", "naive"),
-    pytest.param("range", "feedable", "mts", "adam", "kill", marks=pytest.mark.full)])
+    pytest.param("range", "feedable", "mts", "adam", "kill", marks=pytest.mark.full),
+    ("slices", "identity", "session", "adam", "kill")])
 def test_a_job_reading_tf_data_restarts_bit_identical(
         source: str, iterator: str, loop: str, optimizer: str, how: str, tmp_path: Path) -> None:
     """Migrated naive (stopped at step 7) or checkpointed at step 7, trained on to step 12
@@ -203,7 +206,8 @@ def test_a_job_reading_tf_data_restarts_bit_identical(
     beginning. `feedable`: read through `Iterator.from_string_handle`, the training
     iterator's handle fed to every training run and an evaluation iterator's every 5 steps
     (refused as unsaved input until s50; the handle fed names the iterator whose position
-    is saved)."""
+    is saved). `identity`: the handle fed through `tf.identity` into `from_string_handle`
+    (until s51 taken for a handle computed in the graph: refused, "is not fed")."""
     base = run(build(source, iterator, loop, optimizer))
     assert base is not None
     assert np.frombuffer(base["seen:0"], np.int64)[0] == EPOCH_IDS * STEPS // 5
