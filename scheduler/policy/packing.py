@@ -57,6 +57,8 @@ def _verdict(state: GandivaState, trial: PackTrial, rates: tuple[float, float], 
     any pair however slow its partner. With ``pack_no_loser`` a pair is also undone when
     either job keeps less than its time-slice share (1/2) of its rate alone."""
     ids = (trial.job_id, trial.partner_id)
+    if trial.found:
+        how += "; found running together, not packed by the policy"
     ratios = [rates[i] / trial.base_rates[i] for i in (0, 1)]
     clipped = [f"{ids[i]}'s {ratios[i]:.2f}x" for i in (0, 1) if ratios[i] > 1.0]
     ratios = [min(1.0, r) for r in ratios]
@@ -219,15 +221,15 @@ def trial_of_co_run(ledger: Ledger, state: GandivaState, config: PolicyConfig, g
     if (not guest.suspendable or pair_key(guest, host) in state.rejected
             or not alone_rate(guest) or not alone_rate(host)):
         return False
-    _begin_trial(state, config, guest, host, gpus, ledger.snapshot.now)
+    _begin_trial(state, config, guest, host, gpus, ledger.snapshot.now, found=True)
     return True
 
 
 def _begin_trial(state: GandivaState, config: PolicyConfig, guest: JobView, host: JobView, gpus: Placement,
-                 now: float) -> None:
+                 now: float, found: bool = False) -> None:
     """A trial of ``guest`` packed beside ``host`` on ``gpus`` runs from ``now``."""
     base = (alone_rate(guest) or 1.0, alone_rate(host) or 1.0)
-    state.trials[guest.id] = PackTrial(guest.id, host.id, now, base, pair_key(guest, host), gpus=gpus)
+    state.trials[guest.id] = PackTrial(guest.id, host.id, now, base, pair_key(guest, host), gpus=gpus, found=found)
     state.wake_at(now + config.pack_trial_s)
 
 

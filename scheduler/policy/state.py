@@ -40,6 +40,9 @@ class PackTrial:
     # The GPUs the two share (the partner's when packed): a trial whose jobs are no longer
     # both on them (a server lost, a job re-queued or moved) is void (judge_trials).
     gpus: tuple[GpuRef, ...] = ()
+    # A trial of two jobs found running together, not packed by the policy
+    # (packing.trial_of_co_run): its verdict says so (no `pack` decision came before it).
+    found: bool = False
 
 
 @dataclass(frozen=True)

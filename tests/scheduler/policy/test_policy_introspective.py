@@ -223,6 +223,7 @@ def test_a_pack_no_trial_judged_is_kept_only_when_its_measured_rates_say_it_help
         d = policy.decide(mk.snap(now, mk.servers(1, 1), *pair(rate), waiting))
     if not kept:
         assert mk.kinds(d) == [("Unpack", "b")] and "no gain" in d[0].reason
+        assert "found running together, not packed by the policy" in d[0].reason  # no `pack` line came before
         return
     assert mk.kinds(d) == [("Suspend", "a"), ("Suspend", "b"), ("Resume", "c")]
 
