@@ -8,6 +8,7 @@ where it does not run."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -21,12 +22,19 @@ from .test_fencing import AGENTS, Fake, _next_command
 
 # Launches are answered at once here; a server silent for 2 s is down (lease 1.2 s).
 SETTINGS = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=5.0)
+# For the tests that lose no host: a server Beats does not beat yet (y until its job's
+# launch, a server while the next registers) stays up. With 2 s, at load 20, y was called
+# down before its launch came ("no launch command for y"; -k drains_checkpoint_sent, 2 of 6).
+NO_HOST_LOST = dataclasses.replace(SETTINGS, down_after_s=600.0)
 MOVED = "127.0.0.1:7199"  # a helper's new agent address
 
 
 class Beats:
     """Heartbeats for the fake helpers, every 0.1 s, each listing the launches its server
-    runs (``run``); a server not listed falls silent."""
+    runs (``run``); a server not listed falls silent. One heartbeat at a time with the
+    test's own (``Fake.beat_lock``), as from a real helper: the test's sent while one of
+    these was still being recorded was answered from memory, without the stop its
+    ``running`` asked for (-k grows, line ``... in f.heartbeat("a", ...)``, at load 11-14)."""
 
     def __init__(self, f: Fake) -> None:
         self.f = f
@@ -46,8 +54,9 @@ class Beats:
         while not self._stop.wait(0.1):
             for server, pairs in list(self.running.items()):
                 try:
-                    self.f.helper.Heartbeat(helper_pb2.HeartbeatRequest(name=server, running=[
-                        helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs]), timeout=5)
+                    with self.f.beat_lock:
+                        self.f.helper.Heartbeat(helper_pb2.HeartbeatRequest(name=server, running=[
+                            helper_pb2.JobIncarnation(job_id=j, incarnation=i) for j, i in pairs]), timeout=5)
                 except grpc.RpcError:
                     pass  # the scheduler stopping at the test's end, or a slow answer
 
@@ -128,7 +137,7 @@ def test_a_drains_checkpoint_sent_to_a_helpers_old_address_goes_to_its_new_one_a
     stream that failed), y not drained meanwhile."""
     from scheduler.engine.drain import EVACUATE_RETRY_S
 
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=NO_HOST_LOST)
     f = Fake(sched.address, gpus={"y": 2, "x": 1}, agents=True)
     beats = Beats(f)
     try:
@@ -167,7 +176,7 @@ def test_a_migrations_checkpoint_sent_to_its_destinations_old_address_does_not_b
     stream fails (the job restarts at its source from the checkpoint, as for any failed
     transfer), but the destination is not taken for one that cannot take checkpoints:
     before, it got no new job for 60 s ("could not take J's migration checkpoint")."""
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=NO_HOST_LOST)
     f = Fake(sched.address, gpus={"a": 1, "b": 1}, agents=True)
     beats = Beats(f)
     try:
@@ -393,7 +402,7 @@ def test_a_helper_registered_again_without_its_failed_gpu_gets_jobs_only_on_the_
     NVML then lists). New jobs are launched on GPU 1, the one it has; before, the policy
     placed by count (one GPU: index 0) and launched them on GPU 0, the GPU that had failed,
     and with two 1-GPU jobs the second waited while GPU 1 stood idle."""
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=NO_HOST_LOST)
     f = Fake(sched.address, gpus={"a": 2})
     beats = Beats(f)
     try:
@@ -426,7 +435,7 @@ def test_a_drain_lists_the_job_it_parked_however_fast_it_left(
     answering at once) was left out, and `gandiva drain` said "0 job(s) on it" with no
     "park" line (test_drain_live -k no_room failed so under load). Now every job that was
     on the server when the drain began is listed, with its move."""
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=NO_HOST_LOST)
     f = Fake(sched.address, gpus={"y": 2, "x": 1}, agents=True)
     beats = Beats(f)
     try:
@@ -446,7 +455,7 @@ def test_a_drain_during_a_periodic_checkpoint_lists_the_move_that_follows_it(
     answered with that pass alone: `gandiva drain` said "moving (running, a command in
     flight)" for a job nothing was moving. Now the answer waits for the pass that moves
     it. Forced here: the job is held in flight until a pass has found it so."""
-    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=NO_HOST_LOST)
     engine = sched.server.engine
     f = Fake(sched.address, gpus={"y": 2, "x": 1}, agents=True)
     beats = Beats(f)
