@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -24,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from scheduler import eta, transport
-from scheduler.cli import output
+from scheduler.cli import argtypes, output
 
 TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
 
@@ -40,6 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--once", action="store_true", help="print one view and exit (e.g. into a file)")
     p.add_argument("--all", action="store_true", help="also list finished jobs")
     p.add_argument("--token", help="an operator's token, for a scheduler with --auth token (default: $GANDIVA_TOKEN)")
+    p.add_argument("--decisions", type=argtypes.duration, metavar="SINCE",
+                   help="print the scheduler's decisions of the last SINCE (90s, 30m, 1h) and exit: each with its "
+                   "reason and, for a change it tries, whether it was kept (a pack trial kept, undone, rejected "
+                   "or void; a move moved, not done, aborted or failed), then a count of those")
+    p.add_argument("--job", default="", help="with --decisions: that job's only")
     p.set_defaults(func=run)
 
 
@@ -87,8 +93,8 @@ MAX_ANSWER_BYTES = 64 << 20
 ANSWER_DEADLINE_S = 60.0
 
 
-def fetch(address: str, token: str = "") -> dict[str, Any]:
-    request = urllib.request.Request(f"http://{address}/api/state",
+def fetch(address: str, token: str = "", path: str = "/api/state") -> dict[str, Any]:
+    request = urllib.request.Request(f"http://{address}{path}",
                                      headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=10) as r:
@@ -225,9 +231,46 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
     latest = Text()
     for d in state["decisions"][-8:]:
         latest.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "
-                                     f"{names.get(d['job'], d['job'])}: {d['reason']}") + "\n")
+                                     f"{names.get(d['job'], d['job'])}: {d['reason']}"
+                                     + (f" -> {d['outcome']}" if d.get("outcome") else "")) + "\n")
     return Group(head, *_problems(state), *_slow(state), servers, jobs, rest, Text("latest decisions", style="bold"),
                  latest)
+
+
+# What a tried change's outcome counts as, for the summary line.
+_KEPT = ("kept", "moved")
+
+
+def decisions_view(got: dict[str, Any], since_s: float) -> Group:
+    """``gandiva top --decisions SINCE``: the decision log of a period, each tried change
+    (pack, migrate, grow, shrink) with its outcome, and a line counting them."""
+    try:
+        rows, now = got["decisions"], float(got["now"])
+        lines = Text()
+        tried: dict[str, list[str]] = {}
+        for d in rows:
+            outcome = d.get("outcome") or ""
+            if d["kind"] in ("pack", "migrate", "grow", "shrink"):
+                tried.setdefault(d["kind"], []).append(outcome or "not known yet")
+            mark = f" -> {outcome}" if outcome else (" -> not known yet" if d["kind"] in (
+                "pack", "migrate", "grow", "shrink") else "")
+            lines.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<11} "
+                                        f"{d['job']} {','.join(d['gpus'])}: {d['reason']}"))
+            if mark:
+                lines.append(mark, style="green" if outcome.startswith(_KEPT) else "yellow")
+            lines.append("\n")
+    except (KeyError, TypeError, AttributeError, ValueError) as err:
+        raise NotState(f"/api/decisions answered JSON that is not the scheduler's decision log "
+                       f"({type(err).__name__}); is it the scheduler's --http-listen address?") from None
+    head = Text(f"{len(rows)} decision(s) since {time.strftime('%H:%M:%S', time.localtime(now - since_s))}"
+                + ("" if len(rows) < got.get("kept", 1 << 62) else
+                   f" (the scheduler keeps its latest {got['kept']:,}: older ones are not shown)"), style="bold")
+    counts = []
+    for kind, outcomes in tried.items():
+        tally = {o: outcomes.count(o) for o in dict.fromkeys(sorted(outcomes))}
+        counts.append(f"{kind} {len(outcomes)}: " + ", ".join(f"{o} {n}" for o, n in tally.items()))
+    summary = Text("tried changes: " + ("; ".join(counts) if counts else "none"), style="bold")
+    return Group(head, lines, summary)
 
 
 def _slow(state: dict[str, Any]) -> list[Text]:
@@ -279,8 +322,18 @@ def run(args: argparse.Namespace) -> int:
     except transport.SecurityError as err:
         print(f"gandiva top: {err}", file=sys.stderr)
         return 2
+    if args.job and not args.decisions:
+        print("gandiva top: --job goes with --decisions SINCE", file=sys.stderr)
+        return 2
+    path = "/api/state"
+    if args.decisions:
+        path = f"/api/decisions?since={math.ceil(args.decisions)}" + (
+            f"&job={urllib.parse.quote(args.job)}" if args.job else "")
     try:
-        state = fetch(args.http, token)
+        state = fetch(args.http, token, path)
+        if args.decisions:
+            console.print(decisions_view(state, args.decisions))
+            return 0
     except (NotHttp, Refused, Unhealthy, NotState) as err:
         print(f"gandiva top: {err}", file=sys.stderr)
         return 1

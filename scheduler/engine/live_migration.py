@@ -126,6 +126,8 @@ class LivePorts:
     async def record_phase(self, job_id: str, phase: str, seconds: float, detail: str) -> None:
         """The event, and the durable phase: the one the migration enters next."""
         self.observer.migration_phase(phase, seconds)
+        if phase == "total" or phase in ENDED_UNMOVED:
+            self.observer.move_ended(self.core.clock(), job_id, phase, seconds)
         async with self.core.tx() as s:
             msg = f"{phase} {seconds:.3f}s" + (f" ({detail})" if detail else "")
             if phase in ENDED_UNMOVED:

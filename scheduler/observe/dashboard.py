@@ -3,7 +3,8 @@
 ``/api/state``     servers with their GPUs (who runs and who waits on each, the height),
                    the jobs (state, mini-batches, rate, the last decision's reason) and
                    the latest decisions
-``/api/decisions`` the decision log, ``?after=ID`` for the ones after ID
+``/api/decisions`` the decision log, ``?after=ID`` for the ones after ID, ``?since=SECONDS`` (and/or
+                   ``&job=ID``) those of the last SECONDS, each with its outcome
 ``/api/timeline``  per GPU, segments of what ran and what waited, ``?since=SECONDS_AGO``
 ``/api/usage``     per user over the last 24 hours: GPU time, time queued, waits to start
 """
@@ -302,8 +303,18 @@ def routes(core: Any, metrics: SchedulerMetrics, engine: Any | None = None) -> d
     async def decisions(q: Mapping[str, str]) -> Response:
         try:
             after = _int(q, "after", 0)
+            ago = _int(q, "since", 0)
         except ValueError as err:
             return Response(400, f"{err}\n".encode())
+        job_id = q.get("job", "")
+        if job_id and not _JOB_ID.fullmatch(job_id):
+            return Response(400, b"?job= must name a job (its id, e.g. j-8d0de09391)\n")
+        if ago or job_id:  # the last SECONDS (of one job): `gandiva top --decisions`
+            now = core.clock()
+            since = now - ago if ago else 0.0
+            got = metrics.log.since(since, job_id)
+            return Response.json({"now": now, "since": since, "last": metrics.log.last_id,
+                                  "kept": len(metrics.log.records), "decisions": got})
         return Response.json({"last": metrics.log.last_id, "decisions": metrics.log.after(after)})
 
     async def timeline(q: Mapping[str, str]) -> Response:

@@ -14,6 +14,7 @@ import asyncio
 import collections
 import inspect
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -44,7 +45,7 @@ _SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _WAITS = (1.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0, 259200.0)
 
 
-@dataclass(frozen=True)
+@dataclass
 class DecisionRecord:
     id: int
     at: float
@@ -54,6 +55,19 @@ class DecisionRecord:
     job: str
     gpus: tuple[str, ...]
     reason: str
+    # Whether a change the policy tries was kept, once known (DecisionLog.settle): a pack
+    # trial "kept", "undone" (unpacked: no gain), "rejected" or "void"; a move (migrate, grow,
+    # shrink) "moved in 1.2s", "not done", "aborted", "failed" or "restarted_at_source".
+    # "" while not known yet, and for decisions that are not tried (place, suspend, ...).
+    outcome: str = ""
+    settled_at: float | None = None
+
+
+# The decisions whose change is tried and then kept or not, and the later records that settle them.
+TRIED = {"pack": ("keep-pack", "unpack", "reject-pack", "pack-void"), "migrate": ("not-done",),
+         "grow": ("not-done",), "shrink": ("not-done",)}
+SETTLES = {"keep-pack": "kept", "unpack": "undone", "reject-pack": "rejected", "pack-void": "void",
+           "not-done": "not done"}
 
 
 def gpu_names(gpus: Sequence[pt.GpuRef]) -> tuple[str, ...]:
@@ -67,9 +81,34 @@ class DecisionLog:
         self.records: collections.deque[DecisionRecord] = collections.deque(maxlen=size)
         self.last_id = 0
 
-    def add(self, at: float, kind: str, job: str, gpus: tuple[str, ...], reason: str) -> None:
+    def add(self, at: float, kind: str, job: str, gpus: tuple[str, ...], reason: str, partner: str = "") -> None:
+        """``partner``: the other job of a packing verdict (the trial's pack was logged for
+        either of the two)."""
+        if kind in SETTLES:
+            self.settle(at, job, tuple(k for k, ends in TRIED.items() if kind in ends), SETTLES[kind], partner)
         self.last_id += 1
         self.records.append(DecisionRecord(self.last_id, at, kind, job, gpus, reason))
+
+    def settle(self, at: float, job: str, kinds: tuple[str, ...], outcome: str, partner: str = "") -> bool:
+        """Give the latest unsettled decision of ``kinds`` about ``job`` (or ``partner``) its
+        outcome. A pack is logged for the job placed beside the other (``trial: packed beside
+        HOST, ...``): its verdict or unpack may name either."""
+        jobs = {j for j in (job, partner) if j}
+        for r in reversed(self.records):
+            if r.kind not in kinds or r.outcome:
+                continue
+            pair = {r.job}
+            if r.kind == "pack" and (host := re.search(r"beside ([^,\s]+),", r.reason)):
+                pair.add(host[1])
+            if jobs <= pair if len(pair) > 1 else job == r.job:
+                r.outcome, r.settled_at = outcome, at
+                return True
+        return False
+
+    def since(self, since: float, job: str = "", limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:
+        """The records at or after ``since`` (of ``job`` only, if given), oldest first."""
+        out = [r for r in reversed(self.records) if r.at >= since and (not job or r.job == job)]
+        return [asdict(r) for r in reversed(out[:limit])]
 
     def after(self, after_id: int, limit: int = 500) -> list[dict[str, Any]]:
         # Ids are consecutive, so the first wanted record's position is known: only the
@@ -279,10 +318,15 @@ class SchedulerMetrics(Observer):
                 continue
             kind = {True: "keep-pack", False: "reject-pack", None: "pack-void"}[v.kept]
             self.decisions.labels(kind).inc()
-            self.log.add(now, kind, v.job_id, (), f"with {v.partner_id}: {v.reason}")
+            self.log.add(now, kind, v.job_id, (), f"with {v.partner_id}: {v.reason}", v.partner_id)
 
     def not_done(self, at: float, job_id: str, why: str) -> None:
         self.log.add(at, "not-done", job_id, (), why)
+
+    def move_ended(self, at: float, job_id: str, phase: str, seconds: float) -> None:
+        """A move's last phase: its decision (migrate, grow or shrink) was kept or not."""
+        self.log.settle(at, job_id, ("migrate", "grow", "shrink"),
+                        f"moved in {seconds:.1f}s" if phase == "total" else phase)
 
     def started(self, waited_s: float) -> None:
         self.queue_wait.observe(max(0.0, waited_s))

@@ -30,6 +30,10 @@ class Observer:
     def migration_phase(self, phase: str, seconds: float) -> None:
         """One phase of a migration (prewarm, checkpoint, transfer, restore, ..., total)."""
 
+    def move_ended(self, at: float, job_id: str, phase: str, seconds: float) -> None:
+        """A move (migration, grow, shrink) of ``job_id`` ended: ``phase`` total (it moved,
+        ``seconds`` from its stop to its first step there) or one of unmoved.ENDED_UNMOVED."""
+
     def checkpoint_fetched(self, outcome: str, seconds: float) -> None:
         """A queued job's checkpoint streamed from the server that holds it to the one it
         was just placed on, before its launch (outcome: fetched or failed)."""

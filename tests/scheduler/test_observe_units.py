@@ -196,3 +196,48 @@ def test_grafana_and_alert_queries_match_no_series_by_the_scrapes_job_label() ->
         if any(re.search(rf"\b{name}\b", expr) for name in with_job):
             for clause in re.findall(r"\b(?:on|ignoring|by|without)\s*\(([^)]*)\)", expr):
                 assert "job" not in re.split(r"[\s,]+", clause), expr
+
+
+def test_each_tried_change_in_the_decision_log_says_whether_it_was_kept() -> None:
+    """"What did the scheduler try in the last 10 minutes, and was it kept?" The log listed a
+    pack and, rounds later, a keep-pack or an unpack of the pair, and a migrate with nothing
+    after it whether it moved (only the job.migration events said so): now each pack, migrate,
+    grow and shrink carries its outcome once known (/api/decisions?since=, `gandiva top
+    --decisions`, the page's log), and `top --decisions` counts them."""
+    from rich.console import Console
+
+    from scheduler.cli import top
+    from scheduler.policy.state import GandivaState, PackTrial
+
+    state = GandivaState()
+    m = SchedulerMetrics(lambda: state)
+    before = snap(0, job("a", "RUNNING", 0), job("b", "SUSPENDED", 0), job("c", "SUSPENDED", 0))
+    m.decided(before, [pt.Place("b", (G("n1", 0),), reason="trial: packed beside a, utilization 0.10 + 0.20"),
+                       pt.Place("c", (G("n1", 0),), reason="trial: packed beside a, utilization 0.10 + 0.30"),
+                       pt.Grow("a", (G("n1", 0), G("n1", 1)), reason="idle"),
+                       pt.Migrate("d", (G("n2", 0),), reason="lower the height"),
+                       pt.Migrate("e", (G("n2", 1),), reason="lower the height"),
+                       pt.Migrate("f", (G("n2", 2),), reason="lower the height")], 0.001)
+    # b's trial kept, its verdict stated for a (the other of the pair; so read back after a restart)
+    state.add_verdict(4, PackTrial("a", "b", 0.0, (1.0, 1.0)), True, 1.4, "packed rate 1.40x of time-slicing: kept")
+    m.decided(snap(10), [pt.Unpack("c", (G("n1", 0),), reason="packed rate 0.80x of time-slicing is no gain")], 0.001)
+    m.move_ended(11, "a", "aborted", 0.0)
+    m.move_ended(12, "d", "total", 1.234)
+    m.not_done(13, "e", "not started (lower the height; to n2/1): job e has no runtime connected")
+    outcomes = {(r.kind, r.job): r.outcome for r in m.log.records if r.kind in ("pack", "grow", "migrate")}
+    assert outcomes == {("pack", "b"): "kept", ("pack", "c"): "undone", ("grow", "a"): "aborted",
+                        ("migrate", "d"): "moved in 1.2s", ("migrate", "e"): "not done", ("migrate", "f"): ""}
+    # A later verdict or move of the same job settles its later decision, not one settled already.
+    m.decided(snap(20, job("b", "SUSPENDED", 0)), [pt.Migrate("d", (G("n2", 3),), reason="consolidate")], 0.001)
+    m.move_ended(21, "d", "failed", 0.0)
+    assert [r.outcome for r in m.log.records if (r.kind, r.job) == ("migrate", "d")] == ["moved in 1.2s", "failed"]
+    # The period asked for, and what `gandiva top --decisions` prints of it.
+    assert [(d["kind"], d["job"]) for d in m.log.since(20)] == [("migrate", "d")]
+    assert [d["kind"] for d in m.log.since(0, "e")] == ["migrate", "not-done"]
+    printed = Console(width=400, color_system=None)
+    with printed.capture() as got:
+        printed.print(top.decisions_view({"now": 30.0, "since": 0.0, "kept": 2000, "decisions": m.log.since(0)}, 600))
+    text = got.get()
+    assert "lower the height -> moved in 1.2s" in text and "packed beside a, utilization 0.10 + 0.30 -> undone" in text
+    assert text.splitlines()[-1] == ("tried changes: pack 2: kept 1, undone 1; grow 1: aborted 1; "
+                                     "migrate 4: failed 1, moved in 1.2s 1, not done 1, not known yet 1"), text

@@ -146,7 +146,9 @@ def test_a_move_refused_before_it_began_is_said_where_people_look(make_scheduler
         job_id = f.submit()
         server, _ = f.launched(job_id, wait_for)
         dest = GpuRef("b" if server == "a" else "a", 0)
-        # What the policy decides (apply: as each round's decisions are carried out).
+        # What the policy decides (logged as a round logs it; apply: as each round's decisions are carried out).
+        sched.server.engine.observer.log.add(time.time(), "migrate", job_id, (f"{dest.server}/0",),
+                                             "unpack onto idle GPUs")
         sched.call(sched.server.engine.apply(Migrate(job_id, (dest,), "unpack onto idle GPUs")))
         refusal = (f"not started (unpack onto idle GPUs; to {dest.server}/0): job {job_id} has no runtime "
                    "connected")
@@ -163,6 +165,17 @@ def test_a_move_refused_before_it_began_is_said_where_people_look(make_scheduler
             decisions = [(d["kind"], d["job"], d["reason"]) for d in json.load(answer)["decisions"]]
         assert decisions[-1][:2] == ("not-done", job_id) and decisions[-1][2].startswith(refusal), decisions
         assert [d[0] for d in decisions].count("not-done") == 1, decisions
+        # Whether the move was kept, in the log of the last minutes (session 51): the API and `gandiva top`.
+        with urllib.request.urlopen(f"http://{sched.server.http_address}/api/decisions?since=600&job={job_id}",
+                                    timeout=10) as answer:
+            assert [(d["kind"], d["outcome"]) for d in json.load(answer)["decisions"]] == [
+                ("place", ""), ("migrate", "not done"), ("not-done", "")]
+        capsys.readouterr()
+        assert gandiva_main.main(["top", "--http", sched.server.http_address, "--decisions", "10m",
+                                  "--job", job_id]) == 0
+        printed = capsys.readouterr().out
+        assert "unpack onto idle GPUs -> not done" in printed and printed.splitlines()[-1] == (
+            "tried changes: migrate 1: not done 1"), printed
         job = f.job(job_id)
         assert job.state == common_pb2.JOB_STATE_RUNNING and job.placement[0].server == server
         # The job's own summary (describe's Sharing, the page's one-job view) counts it too.
