@@ -322,6 +322,12 @@ KINDS = {
                      covered_by="test_tfr_swapped_weights.py (the averages swapped in by a run)"),
     "ema_swap_load": Kind("ema_swap.py", _at_each_switch, ("--swap", "load"),
                           covered_by="no fix: a fed load begins the next step (cut before it)"),
+    # As a script whose first line is `#!/usr/bin/env -S PYTHONFAULTHANDLER=1 python -u` runs.
+    "env_split": Kind("python_counter.py", _warm_naive(), ("--start", "step"),
+                      command=("env", "-S", "PYTHONFAULTHANDLER=1 python -u -X faulthandler",
+                               str(PROGRAMS / "python_counter.py")),
+                      autoload=True, baseline_command=True,
+                      covered_by="no fix: the package kind (a launch behind wrappers, the autoload)"),
 }
 
 
