@@ -278,21 +278,22 @@ def _look_at(ledger: Ledger, state: GandivaState, config: PolicyConfig, gpus: Pl
         return _slice_end(now + config.quantum_s, config)
     if in_trial:
         return None  # the trial's verdict comes first (judge_trials wakes the policy)
+    if was_changed:
+        # Changed in this very call: its slice starts now.
+        kept.pop(gpus, None)
+        return _slice_end(now + config.quantum_s, config)
     if len(running_ids) > 1 and not (len(running_ids) == 2
                                      and state.kept_pairs.get(running_ids[0]) == running_ids[1]):
         # Jobs running together that no trial judged (their pack is no kept pair): before,
         # read as a kept pack, never rotated or measured. A change is kept only when the
-        # measured rate says it helped: a trial of them starts, else they take turns.
+        # measured rate says it helped: a trial of them starts, else they take turns. (After
+        # the check above: a job this call changed gets no second decision.)
         if trial_of_co_run(ledger, state, config, gpus, running_ids):
             return None
         if not _part(ledger, gpus, running_ids, out):
             return None  # more than one cannot be stopped
         kept.pop(gpus, None)
         return _slice_end(now + config.quantum_s, config)  # the others' turns after a quantum
-    if was_changed:
-        # Changed in this very call: its slice starts now.
-        kept.pop(gpus, None)
-        return _slice_end(now + config.quantum_s, config)
     if len(running_ids) == len(members):
         return None  # nobody waits: a kept pack, or a lone job
     if any(not ledger.jobs[m].suspendable for m in running_ids):
