@@ -58,9 +58,12 @@ def _reference(prog: list[str], tmp_path: Path) -> subprocess.Popen:
 
 
 def _submitter(cluster: Any, tmp_path: Path) -> Any:
-    """A function that submits a program to the cluster (dumping NAME.npz); its job id."""
-    def submit(name: str, prog: list[str], gpus: int = 1) -> str:
-        spec = common_pb2.JobSpec(name=name, command=[*prog, "--step-sleep", "0.02", "--dump",
+    """A function that submits a program to the cluster (dumping NAME.npz); its job id.
+    ``sleep``: after each step (``--step-sleep``), only until the file ``until`` exists,
+    if given (then at full speed)."""
+    def submit(name: str, prog: list[str], gpus: int = 1, sleep: float = 0.02, until: Path | None = None) -> str:
+        held = ["--step-sleep-until", str(until)] if until else []
+        spec = common_pb2.JobSpec(name=name, command=[*prog, "--step-sleep", str(sleep), *held, "--dump",
                                                       str(tmp_path / f"{name}.npz")],
                                   workdir=str(tmp_path), gpus=gpus, env=_env())
         return cluster.stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=10).job.id
@@ -199,7 +202,11 @@ def test_a_server_handed_to_a_crowded_gpu_count_parks_its_job_which_resumes_bit_
     free again the parked job is launched from its checkpoint (through the helpers' shared
     root; without one it is streamed over first, as the newcomer test above checks) and
     ends with the variables of an uninterrupted run; every job succeeds."""
-    big = _program(900, 3, "adam")
+    # The job to be parked must still be training when the hand-over comes, however slowly
+    # the other jobs' TensorFlow starts: 0.1 s a step until it is parked (the file GO), 150 s
+    # for its 1,500 steps, then at full speed. At 0.02 s a step its 900 steps had ended, on a
+    # loaded machine, before the other 2-GPU job's 200th ("assert [set(), {'c'}] == ...").
+    big, go = _program(1500, 3, "adam"), tmp_path / "GO"
     base = _reference(big, tmp_path)
     cluster = policy_cluster(quantum_s=5.0, max_jobs_per_gpu=1, probe_slices=False, enable_packing=False,
                              enable_grow_shrink=False, balance_sizes=True, balance_park=True,
@@ -217,7 +224,7 @@ def test_a_server_handed_to_a_crowded_gpu_count_parks_its_job_which_resumes_bit_
         cluster.add_helper(name, 2, "--ramdisk", str(shared / name), "--shared-root", str(shared))
 
     helper("b")
-    twos = [submit("big", big, gpus=2)]
+    twos = [submit("big", big, gpus=2, sleep=0.1, until=go)]
     cluster.wait_for(lambda: cluster.job(twos[0]).state == common_pb2.JOB_STATE_RUNNING, 60)
     helper("c")
     twos.append(submit("other", _program(100000, 4, "momentum"), gpus=2))
@@ -234,6 +241,7 @@ def test_a_server_handed_to_a_crowded_gpu_count_parks_its_job_which_resumes_bit_
     reason = parked.history[-1].reason
     assert "hand" in reason and "to the 1-GPU jobs" in reason and "/park-" in reason, story
     assert int(re.search(r"\(step (\d+),", reason).group(1)) >= 200, story  # type: ignore[union-attr]
+    go.touch()
     # Two of the queued 1-GPU jobs run on the GPUs the parked job left; the other 2-GPU job
     # was not parked with it.
     cluster.wait_for(lambda: sum(1 for j in ones if {g.server for g in cluster.job(j).placement} == {"b"}) == 2, 60)
