@@ -240,3 +240,44 @@ def test_a_late_exit_of_a_launch_told_to_exit_as_lost_leaves_its_job_queued(
             [t.reason for t in done.history]
     finally:
         channel.close()
+
+
+def test_after_a_scheduler_restart_a_second_helper_of_the_same_name_does_not_take_it_from_the_live_one(
+    make_scheduler: Any, sqlite_url: str, wait_for: Any
+) -> None:
+    """Two helpers started with --server-name a on two hosts: the second is refused while
+    the scheduler runs. The scheduler restarts (the name's holder was in memory only) and
+    the second helper's retry comes first. Before, it took the name: the live helper was
+    refused, its job taken for lost ("its process on a was lost") and placed again on the
+    second helper's host (its checkpoints on the first's). Now the name is kept for the
+    helper at the address the database records for the up server, for the heartbeat
+    timeout after the restart: the second is refused saying so, the first registers again
+    and its job runs on in its process."""
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    channel = grpc.insecure_channel(sched.address)
+    helper, api = helper_pb2_grpc.HelperStub(channel), scheduler_pb2_grpc.SchedulerStub(channel)
+    gpus = [common_pb2.Gpu(index=0)]
+    job_id, launch = _running_on_a(helper, api, wait_for, gpus, address="10.0.0.1:4000")
+    channel.close()
+    sched.stop(grace=0.5)
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=SETTINGS)
+    channel = grpc.insecure_channel(sched.address)
+    helper, api = helper_pb2_grpc.HelperStub(channel), scheduler_pb2_grpc.SchedulerStub(channel)
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            helper.Register(helper_pb2.RegisterServerRequest(name="a", gpus=gpus, instance="second",
+                                                             address="10.0.0.2:4000"))
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+        assert "held by the helper at 10.0.0.1:4000" in (refused.value.details() or ""), refused.value.details()
+        helper.Register(helper_pb2.RegisterServerRequest(name="a", gpus=gpus, instance="old", address="10.0.0.1:4000"))
+        pair = helper_pb2.JobIncarnation(job_id=job_id, incarnation=launch.launch.incarnation)
+        for _ in range(int(2 * SETTINGS.down_after_s / SETTINGS.heartbeat_interval_s)):  # past the timeout
+            assert helper.Heartbeat(helper_pb2.HeartbeatRequest(name="a", instance="old", running=[pair])).known
+            with pytest.raises(grpc.RpcError):  # the second keeps trying; the live one holds the name
+                helper.Register(helper_pb2.RegisterServerRequest(name="a", gpus=gpus, instance="second",
+                                                                 address="10.0.0.2:4000"))
+            time.sleep(SETTINGS.heartbeat_interval_s)
+        job = api.GetJob(scheduler_pb2.GetJobRequest(id=job_id))
+    finally:
+        channel.close()
+    assert job.state == common_pb2.JOB_STATE_RUNNING and len(job.history) == 2, [t.reason for t in job.history]
