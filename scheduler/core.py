@@ -443,6 +443,10 @@ class SchedulerCore:
         # a second helper started with the same --server-name is refused while the first
         # lives (in memory: after a restart the first helper heard from holds the name).
         self._instances: dict[str, tuple[str, float]] = {}
+        # When this scheduler started (monotonic): for the heartbeat timeout after it, a name
+        # whose server is up in the database is kept for the helper at its recorded address
+        # (_kept_for_its_helper).
+        self._born = self.monotonic()
         self._refused: set[tuple[str, str]] = set()  # (name, instance) told so (bounded by helpers started)
         self.events = EventBus()
         self.helpers = HelperHub()
@@ -966,6 +970,29 @@ class SchedulerCore:
         self._instances[name] = (instance, now)
         return True
 
+    async def _kept_for_its_helper(self, req: helper_pb2.RegisterServerRequest, mono: float) -> str:
+        """Why a registration is refused ("" when it is not) because this scheduler started
+        less than the heartbeat timeout ago and the name's server is up in the database at
+        another agent address: its live helper, which held the name before the restart, gets
+        that time to register again. The holder is kept in memory only, so after a restart
+        the first helper heard took the name: a second helper started under the same
+        --server-name on another host (refused while the scheduler ran) took it from the live
+        one half the time, its jobs were taken for lost ("its process on S was lost") and
+        placed again, on the impostor's host, their checkpoints left on the real one's."""
+        if not req.instance or mono - self._born >= self.settings.down_after_s:
+            return ""
+        async with self.tx() as s:
+            row = await s.get(Server, req.name)
+            recorded = (row.address, row.up) if row is not None else ("", False)
+        if not recorded[1] or not recorded[0] or recorded[0] == req.address:
+            return ""
+        wait = self.settings.down_after_s - (mono - self._born)
+        return (f"server name {req.name} is held by the helper at {recorded[0]} (up when this scheduler started, "
+                f"{mono - self._born:.1f}s ago), not this one at {req.address or 'no agent address'}: it is given "
+                f"{self.settings.down_after_s:.0f}s to register again. If two helpers were started with "
+                f"--server-name {req.name}, give this one its own name; if this is {req.name}'s helper back at "
+                f"another address, nothing is to be done: it retries and gets its name in {wait:.0f}s at most")
+
     def _restore_name(self, name: str, holder: tuple[str, float] | None, heard: float | None) -> None:
         """Undo a registration's claim of `name` and its being heard (it was refused)."""
         if holder is None:
@@ -984,6 +1011,10 @@ class SchedulerCore:
             raise InvalidArgument("gpus", f"server {req.name} reported no GPUs")
         now, mono = self.clock(), self.monotonic()
         before, heard_before = self._instances.get(req.name), self._heard.get(req.name)
+        kept_for = await self._kept_for_its_helper(req, mono) if before is None else ""
+        if kept_for:
+            self._heard[req.name] = mono  # as below: tries count as the server heard from
+            raise FailedPrecondition(kept_for)
         if not self._claim_name(req.name, req.instance, mono):
             # Its tries count as the server heard from (first of all: the event below needs the
             # database): the name comes free the very moment a round could call the server
