@@ -238,12 +238,14 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
 
 
 # What a tried change's outcome counts as, for the summary line.
-_KEPT = ("kept", "moved")
+_KEPT = ("kept", "moved", "grown", "shrunk")
 
 
-def decisions_view(got: dict[str, Any], since_s: float) -> Group:
+def decisions_view(got: dict[str, Any], since_s: float, names: dict[str, str] | None = None) -> Group:
     """``gandiva top --decisions SINCE``: the decision log of a period, each tried change
-    (pack, migrate, grow, shrink) with its outcome, and a line counting them."""
+    (pack, migrate, grow, shrink) with its outcome, and a line counting them (a move's time
+    left out: `moved 2`). ``names``: job id -> name (the jobs /api/state lists)."""
+    names = names or {}
     try:
         rows, now = got["decisions"], float(got["now"])
         lines = Text()
@@ -251,20 +253,21 @@ def decisions_view(got: dict[str, Any], since_s: float) -> Group:
         for d in rows:
             outcome = d.get("outcome") or ""
             if d["kind"] in ("pack", "migrate", "grow", "shrink"):
-                tried.setdefault(d["kind"], []).append(outcome or "not known yet")
-            mark = f" -> {outcome}" if outcome else (" -> not known yet" if d["kind"] in (
-                "pack", "migrate", "grow", "shrink") else "")
+                tried.setdefault(d["kind"], []).append(outcome.split(" in ")[0] or "not known yet")
+                outcome = outcome or "not known yet"
+            who = f"{d['job']} ({names[d['job']]})" if names.get(d["job"]) else d["job"]
+            where = f" {','.join(d['gpus'])}" if d["gpus"] else ""
             lines.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<11} "
-                                        f"{d['job']} {','.join(d['gpus'])}: {d['reason']}"))
-            if mark:
-                lines.append(mark, style="green" if outcome.startswith(_KEPT) else "yellow")
+                                        f"{who}{where}: {d['reason']}"))
+            if outcome:
+                lines.append(output.visible(f" -> {outcome}"), style="green" if outcome.startswith(_KEPT) else "yellow")
             lines.append("\n")
     except (KeyError, TypeError, AttributeError, ValueError) as err:
         raise NotState(f"/api/decisions answered JSON that is not the scheduler's decision log "
                        f"({type(err).__name__}); is it the scheduler's --http-listen address?") from None
     head = Text(f"{len(rows)} decision(s) since {time.strftime('%H:%M:%S', time.localtime(now - since_s))}"
-                + ("" if len(rows) < got.get("kept", 1 << 62) else
-                   f" (the scheduler keeps its latest {got['kept']:,}: older ones are not shown)"), style="bold")
+                + (f" (the scheduler keeps its latest {got['kept']:,}: this period's older ones are gone)"
+                   if got.get("incomplete") else ""), style="bold")
     counts = []
     for kind, outcomes in tried.items():
         tally = {o: outcomes.count(o) for o in dict.fromkeys(sorted(outcomes))}
@@ -332,7 +335,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         state = fetch(args.http, token, path)
         if args.decisions:
-            console.print(decisions_view(state, args.decisions))
+            jobs = fetch(args.http, token)["jobs"]  # their names (unfinished, and the latest finished)
+            console.print(decisions_view(state, args.decisions, {j["id"]: j["name"] for j in jobs}))
             return 0
     except (NotHttp, Refused, Unhealthy, NotState) as err:
         print(f"gandiva top: {err}", file=sys.stderr)

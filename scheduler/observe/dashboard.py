@@ -313,8 +313,11 @@ def routes(core: Any, metrics: SchedulerMetrics, engine: Any | None = None) -> d
             now = core.clock()
             since = now - ago if ago else 0.0
             got = metrics.log.since(since, job_id)
-            return Response.json({"now": now, "since": since, "last": metrics.log.last_id,
-                                  "kept": len(metrics.log.records), "decisions": got})
+            log = metrics.log
+            # Records of the period dropped already (the log keeps its latest DECISION_LOG_SIZE).
+            incomplete = log.last_id > len(log.records) and bool(log.records) and log.records[0].at > since
+            return Response.json({"now": now, "since": since, "last": log.last_id, "kept": len(log.records),
+                                  "incomplete": incomplete, "decisions": got})
         return Response.json({"last": metrics.log.last_id, "decisions": metrics.log.after(after)})
 
     async def timeline(q: Mapping[str, str]) -> Response:

@@ -57,7 +57,8 @@ class DecisionRecord:
     reason: str
     # Whether a change the policy tries was kept, once known (DecisionLog.settle): a pack
     # trial "kept", "undone" (unpacked: no gain), "rejected" or "void"; a move (migrate, grow,
-    # shrink) "moved in 1.2s", "not done", "aborted", "failed" or "restarted_at_source".
+    # shrink) "moved in 1.2s" ("grown in", "shrunk in"), "not done", "aborted", "failed" or
+    # "restarted_at_source".
     # "" while not known yet, and for decisions that are not tried (place, suspend, ...).
     outcome: str = ""
     settled_at: float | None = None
@@ -80,6 +81,7 @@ class DecisionLog:
     def __init__(self, size: int = DECISION_LOG_SIZE) -> None:
         self.records: collections.deque[DecisionRecord] = collections.deque(maxlen=size)
         self.last_id = 0
+        self.open: dict[int, DecisionRecord] = {}  # tried changes not settled yet, by id
 
     def add(self, at: float, kind: str, job: str, gpus: tuple[str, ...], reason: str, partner: str = "") -> None:
         """``partner``: the other job of a packing verdict (the trial's pack was logged for
@@ -87,7 +89,21 @@ class DecisionLog:
         if kind in SETTLES:
             self.settle(at, job, tuple(k for k, ends in TRIED.items() if kind in ends), SETTLES[kind], partner)
         self.last_id += 1
-        self.records.append(DecisionRecord(self.last_id, at, kind, job, gpus, reason))
+        self.records.append(record := DecisionRecord(self.last_id, at, kind, job, gpus, reason))
+        if kind in TRIED:
+            self.open[record.id] = record
+            if len(self.open) > len(self.records):  # (those the log no longer holds)
+                for gone in [i for i in self.open if i <= self.last_id - len(self.records)]:
+                    del self.open[gone]
+
+    def settle_ended(self, at: float, unfinished: set[str]) -> None:
+        """A tried change whose job (or a pack's either job) is no longer unfinished got no
+        verdict or move end: the job ended first (a move's job that finished while its copy
+        pre-warmed records no end of the move)."""
+        for r in list(self.open.values()):
+            if r.job not in unfinished:
+                r.outcome, r.settled_at = "not kept: the job ended first", at
+                del self.open[r.id]
 
     def settle(self, at: float, job: str, kinds: tuple[str, ...], outcome: str, partner: str = "") -> bool:
         """Give the latest unsettled decision of ``kinds`` about ``job`` (or ``partner``) its
@@ -101,7 +117,11 @@ class DecisionLog:
             if r.kind == "pack" and (host := re.search(r"beside ([^,\s]+),", r.reason)):
                 pair.add(host[1])
             if jobs <= pair if len(pair) > 1 else job == r.job:
-                r.outcome, r.settled_at = outcome, at
+                # (a grow or shrink that happened: "grown in 0.2s", "shrunk in 0.2s")
+                done = {"grow": "grown", "shrink": "shrunk"}.get(r.kind)
+                r.outcome = f"{done}{outcome[5:]}" if done and outcome.startswith("moved ") else outcome
+                r.settled_at = at
+                self.open.pop(r.id, None)
                 return True
         return False
 
@@ -292,6 +312,7 @@ class SchedulerMetrics(Observer):
         # its kept pack ends" above the keep-pack that kept it, which was the job's last word).
         self._note_verdicts(snapshot.now)
         states = {j.id: j.state for j in snapshot.jobs}
+        self.log.settle_ended(snapshot.now, set(states))  # (a round's snapshot: the unfinished jobs)
         for d in decisions:
             kind = KINDS.get(type(d))
             if kind is None:

@@ -220,7 +220,9 @@ def test_each_tried_change_in_the_decision_log_says_whether_it_was_kept() -> Non
                        pt.Migrate("f", (G("n2", 2),), reason="lower the height")], 0.001)
     # b's trial kept, its verdict stated for a (the other of the pair; so read back after a restart)
     state.add_verdict(4, PackTrial("a", "b", 0.0, (1.0, 1.0)), True, 1.4, "packed rate 1.40x of time-slicing: kept")
-    m.decided(snap(10), [pt.Unpack("c", (G("n1", 0),), reason="packed rate 0.80x of time-slicing is no gain")], 0.001)
+    alive = [job(j, "RUNNING", 0) for j in "abcdef"]
+    m.decided(snap(10, *alive), [pt.Unpack("c", (G("n1", 0),), reason="packed rate 0.80x of time-slicing is no gain")],
+              0.001)
     m.move_ended(11, "a", "aborted", 0.0)
     m.move_ended(12, "d", "total", 1.234)
     m.not_done(13, "e", "not started (lower the height; to n2/1): job e has no runtime connected")
@@ -228,7 +230,7 @@ def test_each_tried_change_in_the_decision_log_says_whether_it_was_kept() -> Non
     assert outcomes == {("pack", "b"): "kept", ("pack", "c"): "undone", ("grow", "a"): "aborted",
                         ("migrate", "d"): "moved in 1.2s", ("migrate", "e"): "not done", ("migrate", "f"): ""}
     # A later verdict or move of the same job settles its later decision, not one settled already.
-    m.decided(snap(20, job("b", "SUSPENDED", 0)), [pt.Migrate("d", (G("n2", 3),), reason="consolidate")], 0.001)
+    m.decided(snap(20, *alive), [pt.Migrate("d", (G("n2", 3),), reason="consolidate")], 0.001)
     m.move_ended(21, "d", "failed", 0.0)
     assert [r.outcome for r in m.log.records if (r.kind, r.job) == ("migrate", "d")] == ["moved in 1.2s", "failed"]
     # The period asked for, and what `gandiva top --decisions` prints of it.
@@ -239,5 +241,14 @@ def test_each_tried_change_in_the_decision_log_says_whether_it_was_kept() -> Non
         printed.print(top.decisions_view({"now": 30.0, "since": 0.0, "kept": 2000, "decisions": m.log.since(0)}, 600))
     text = got.get()
     assert "lower the height -> moved in 1.2s" in text and "packed beside a, utilization 0.10 + 0.30 -> undone" in text
+    assert "migrate     f n2/2: lower the height -> not known yet" in text, text
     assert text.splitlines()[-1] == ("tried changes: pack 2: kept 1, undone 1; grow 1: aborted 1; "
-                                     "migrate 4: failed 1, moved in 1.2s 1, not done 1, not known yet 1"), text
+                                     "migrate 4: failed 1, moved 1, not done 1, not known yet 1"), text
+    m.decided(snap(30, *alive), [pt.Shrink("a", (G("n1", 0),), reason="job q needs GPUs")], 0.001)
+    m.move_ended(31, "a", "total", 0.25)
+    assert m.log.records[-1].outcome == "shrunk in 0.2s"
+    # A move whose job ended while it was being prepared records no end (seen in `gandiva demo`:
+    # "long" finished 18 s into its move): said when the job is gone from the next round.
+    m.decided(snap(40, *alive[:5]), [], 0.001)
+    assert [r.outcome for r in m.log.records if r.job == "f"] == ["not kept: the job ended first"]
+    assert not m.log.open

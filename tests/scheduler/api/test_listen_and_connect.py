@@ -174,8 +174,9 @@ def test_a_move_refused_before_it_began_is_said_where_people_look(make_scheduler
         assert gandiva_main.main(["top", "--http", sched.server.http_address, "--decisions", "10m",
                                   "--job", job_id]) == 0
         printed = capsys.readouterr().out
-        assert "unpack onto idle GPUs -> not done" in printed and printed.splitlines()[-1] == (
-            "tried changes: migrate 1: not done 1"), printed
+        assert f"{job_id} (t) {dest.server}/0: unpack onto idle GPUs -> not done" in printed, printed
+        assert "gone" not in printed.splitlines()[0], printed
+        assert printed.splitlines()[-1] == "tried changes: migrate 1: not done 1", printed
         job = f.job(job_id)
         assert job.state == common_pb2.JOB_STATE_RUNNING and job.placement[0].server == server
         # The job's own summary (describe's Sharing, the page's one-job view) counts it too.
