@@ -227,6 +227,12 @@ class HelperDaemon:
         if self._server is not None:
             await self._server.stop(1.0)
         self.backend.close()
+        if self.lease_file.parent != self.ramdisk.root:
+            # Its folder in RAM goes with it (one per helper would pile up in /dev/shm); a
+            # helper killed -9 leaves it, and its next start on that ramdisk takes it again.
+            with contextlib.suppress(OSError):
+                self.lease_file.unlink(missing_ok=True)
+                self.lease_file.parent.rmdir()
 
     # ---- reports -------------------------------------------------------------------
 

@@ -297,3 +297,5 @@ async def test_a_ramdisk_turned_read_only_neither_silences_the_helper_nor_freeze
         await control.wait_for(heartbeats_go_on, 30, "heartbeats and lease renewals after the disk failed")
         assert control.registrations["ro"] == 1  # one session throughout
         assert daemon.registered.is_set()
+        await daemon.stop()
+        assert not lease_file.parent.exists(), "the lease's folder in RAM outlived its helper"
