@@ -100,6 +100,16 @@ def mini_batches(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+def whole_number(low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """A flag's whole number from ``low`` to ``high`` (ASCII digits); else an error saying
+    the range (and ``why``, where the bound needs a reason)."""
+    def parse(text: str) -> int:
+        if not _WHOLE.fullmatch(text) or not low <= int(text.replace(",", "")) <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high:,}{why}, got {text!r}")
+        return int(text.replace(",", ""))
+    return parse
+
+
 def db_flag_on_actions(actions: argparse._SubParsersAction, help_text: str) -> None:
     """The command's --db also after each of its actions: `gandiva db current --db URL` (as
     `gandiva scheduler --db URL` reads) was "unrecognized arguments: --db", with the top-level

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from scheduler.cli.argtypes import positive_seconds
+from scheduler.cli.argtypes import mini_batches, positive_seconds, whole_number
 from scheduler.cli.local_cluster import LocalCluster, free_port
 from scheduler.config import default_db_url, gandiva_home
 
@@ -33,9 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--servers", type=int, default=2, help="local helpers to start (default 2)")
-    p.add_argument("--gpus", type=int, default=2, help="virtual GPUs per helper (default 2)")
-    p.add_argument("--steps", type=int, default=400,
+    # Bounded: `--servers 100000` started helper after helper (a process of about 90 MB each)
+    # until it was stopped; 0 or -1 started none and the jobs waited out --timeout; `--gpus 1`
+    # ended in a traceback at the story's 2-GPU job, which fits no server then.
+    p.add_argument("--servers", type=whole_number(1, 16, " (each a helper process on this machine)"), default=2,
+                   help="local helpers to start (default 2; at most 16)")
+    p.add_argument("--gpus", type=whole_number(2, 256, " (the story has a 2-GPU job; a helper has at most 256)"),
+                   default=2, help="virtual GPUs per helper (default 2)")
+    p.add_argument("--steps", type=mini_batches, default=400,
                    help="mini-batches per sweep member (default 400; the other jobs run multiples of it)")
     p.add_argument("--http-listen", default="127.0.0.1:0",
                    help="where the dashboard and /metrics listen (default 127.0.0.1, a free port)")

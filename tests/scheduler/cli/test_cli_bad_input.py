@@ -565,6 +565,23 @@ def test_automl_and_demo_timeouts_are_finite_and_positive(gandiva, argv: list[st
     assert exit_.value.code == 2 and "argument --timeout: must be more than 0 seconds" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--servers", "0"], "argument --servers: expected a whole number from 1 to 16"),  # none started; jobs waited
+    (["--servers", "-1"], "argument --servers: expected a whole number from 1 to 16"),
+    (["--servers", "100000"], "argument --servers: expected a whole number from 1 to 16"),  # 100,000 helpers
+    (["--gpus", "1"], "argument --gpus: expected a whole number from 2 to 256 (the story has a 2-GPU job"),
+    (["--gpus", "100000"], "argument --gpus: expected a whole number from 2 to 256"),  # every helper refused it
+    (["--steps", "0"], "argument --steps: expected a whole number of mini-batches, 1 or more"),
+])
+def test_demo_sizes_that_cannot_work_are_refused_before_anything_starts(
+        gandiva, argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each was taken: `--servers 100000` started helper processes one after another until
+    stopped, `--servers 0` and `--steps 0` a story whose jobs never ran or ended at once."""
+    with pytest.raises(SystemExit) as exit_:
+        gandiva("demo", *argv)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("flags", "says"), [(["--eta", "1"], "--eta 1: must be at least 2"),
                                              (["--min-steps", "0"], "--min-steps 0: must be at least 1")])
 def test_automl_builds_its_jobs_as_gandiva_submit_does_and_names_bad_flags(
