@@ -13,6 +13,8 @@ from scheduler.validation import MAX_SERVER_GPUS, SERVER_NAME, SERVER_NAME_RULE
 
 DEFAULT_LISTEN = "127.0.0.1:0"
 DEFAULT_VIRTUAL_GPUS = 4
+# The shortest --sample-interval taken (seconds).
+MIN_SAMPLE_S = 0.01
 
 
 class ConfigError(ValueError):
@@ -79,6 +81,11 @@ class HelperConfig:
         for flag, value in (("--sample-interval", self.sample_interval_s), ("report interval", self.report_interval_s)):
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{flag} {value}: must be a positive number of seconds")
+        if self.sample_interval_s < MIN_SAMPLE_S:
+            # 1e-9 was taken: a report was due every round(5 s / 1e-9) samples, so none was
+            # ever sent (no GPU figures, no job profiles) while the loop sampled flat out.
+            raise ConfigError(f"--sample-interval {self.sample_interval_s:g}: at least {MIN_SAMPLE_S} s "
+                              "(a GPU's figures change no faster; default 1)")
         if not self.max_transfer_bytes > 0:
             raise ConfigError(f"--max-transfer-gib {self.max_transfer_bytes / (1 << 30):g} "
                               f"(max_transfer_bytes {self.max_transfer_bytes}): must be positive; "

@@ -501,6 +501,7 @@ def output_console():  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(("flag", "says"), [
     ("--sample-interval=nan", "--sample-interval nan: must be a positive number of seconds"),
+    ("--sample-interval=1e-9", "--sample-interval 1e-09: at least 0.01 s"),  # no report was ever sent
     ("--lease=nan", "--lease nan: must be a positive number of seconds"),
     ("--gpus=1000", "--gpus 1000: a server has at most 256"),
     ("--log-dir=/proc/gandiva-logs", ("--log-dir /proc/gandiva-logs: cannot create or write it (No such file or "
