@@ -195,9 +195,12 @@ def test_a_drains_destination_cut_off_mid_migration_leaves_the_job_where_it_was_
     c = multihost
     uninterrupted_variables(STEPS, tmp_path)
     c.add_helper("h1", shared=False)
-    dump = c.tmp / "final.npz"
-    # 0.1 s mini-batches: 40 s at least, time for a failed migration and another.
-    job_id = c.submit("feed", feed_command(STEPS, dump, sleep=0.1))
+    dump, go = c.tmp / "final.npz", c.tmp / "GO"
+    # 0.5 s mini-batches until it has moved (the file GO; then at full speed): 200 s, time for
+    # a failed migration and another however slowly the second destination pre-warms. At 0.1 s
+    # (40 s), at load 15-25, the job ended at h1 while h3 was still pre-warming ("condition not
+    # met" waiting for it on h3; the migration aborted: "the job ended ... nothing to move").
+    job_id = c.submit("feed", [*feed_command(STEPS, dump, sleep=0.5), "--step-sleep-until", str(go)])
     c.wait(lambda: (j := c.job(job_id)).state == RUNNING and j.steps > 20, 90)
     c.add_helper("h2", shared=False)
     c.add_helper("h3", shared=False)
@@ -211,6 +214,7 @@ def test_a_drains_destination_cut_off_mid_migration_leaves_the_job_where_it_was_
     other = ({"h2", "h3"} - {dest}).pop()
     c.wait(lambda: c.where(job_id) == other, 120)
     moved_s = time.monotonic() - cut_at
+    go.touch()
     c.wait(lambda: [e for e in c.stub.ListEvents(scheduler_pb2.ListEventsRequest(
         kinds=["server.drained"], server="h1")).events], 60)
     c.net.restore(str(dest))
