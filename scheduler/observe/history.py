@@ -37,6 +37,9 @@ _KINDS = {("QUEUED", "RUNNING"): "place", ("SUSPENDED", "RUNNING"): "resume",
           ("SUSPENDED", "QUEUED"): "requeue", ("MIGRATING", "QUEUED"): "requeue"}
 
 
+_ENDED = ("SUCCEEDED", "FAILED", "KILLED")
+
+
 def verdict_kind(message: str) -> str:
     """The log's kind of a packing verdict, from its event's words (live.py writes them)."""
     if "trial void" in message:
@@ -80,6 +83,20 @@ async def read_back(core: Any, log: DecisionLog, now: float) -> int:
     held = await core.read_sync(lambda s: holds.jobs_gpus(s, sorted({row[2] for row in rows})))
     for at, kind, job_id, reason in rows:
         log.add(at, kind, job_id, holds.gpus_of_decision(held.get(job_id, []), kind, at), reason)
+    # A move read back: kept or not by its job's next change out of MIGRATING (the decisions'
+    # outcomes live in memory; without this, the first round settled every finished job's
+    # move "not kept: the job ended first", moves that had moved included).
+    ends: dict[str, list[tuple[float, str]]] = {}
+    for at, job_id, from_state, to_state, _ in changes:
+        if from_state == "MIGRATING":
+            ends.setdefault(job_id, []).append((at, to_state))
+    for r in list(log.open.values()):
+        end = min(((at, to) for at, to in ends.get(r.job, []) if at >= r.at), default=None)
+        if end is not None:  # (this record's own: settle() would take the job's latest)
+            r.settled_at = end[0]
+            r.outcome = ("moved" if end[1] in ("RUNNING", "SUSPENDED") else
+                         "not kept: the job ended first" if end[1] in _ENDED else f"not kept: {end[1].lower()}")
+    log.open.clear()  # (the rest: not known, not settled by the jobs' ends either)
     if rows:  # a new database: nothing to say
         log.add(now, RESTART, "", (), f"the scheduler started; the {len(rows)} decisions before this line are read "
                                       "back from the database (its jobs' state changes and packing verdicts); "

@@ -252,3 +252,38 @@ def test_each_tried_change_in_the_decision_log_says_whether_it_was_kept() -> Non
     m.decided(snap(40, *alive[:5]), [], 0.001)
     assert [r.outcome for r in m.log.records if r.job == "f"] == ["not kept: the job ended first"]
     assert not m.log.open
+
+
+async def test_moves_read_back_after_a_restart_say_whether_they_moved(sqlite_url: str) -> None:
+    """Seen on a scheduler restarted under `gandiva demo --keep`: every move read back from the
+    database was settled "not kept: the job ended first" by the first round (its job had
+    finished since), moves that had moved included. A read-back move is settled by its job's
+    next change out of MIGRATING; one with none is left not known."""
+    from protos.gandiva.v1 import common_pb2
+    from scheduler.core import SchedulerCore
+    from scheduler.observe.history import read_back
+    from scheduler.observe.metrics import DecisionLog
+    from scheduler.state import migrate
+    from scheduler.state.db import make_engine
+    from scheduler.state.models import Transition
+
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        ids = [(await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id for _ in range(3)]
+        async with core.tx() as s:
+            for job_id, at, end in ((ids[0], 10.0, "RUNNING"), (ids[1], 20.0, "SUCCEEDED"), (ids[2], 30.0, None),
+                                    (ids[0], 40.0, "KILLED")):  # a job's two moves: each its own end
+                s.add(Transition(job_id=job_id, from_state="RUNNING", to_state="MIGRATING", at=at, reason="lower"))
+                if end:
+                    s.add(Transition(job_id=job_id, from_state="MIGRATING", to_state=end, at=at + 2, reason="x"))
+        log = DecisionLog()
+        await read_back(core, log, 100.0)
+        log.settle_ended(101.0, set())  # the next round: none of them unfinished
+        assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
+            (ids[0], "moved"), (ids[1], "not kept: the job ended first"), (ids[2], ""),
+            (ids[0], "not kept: the job ended first")]
+    finally:
+        await core.dispose()
+        await engine.dispose()
