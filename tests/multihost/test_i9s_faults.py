@@ -138,11 +138,15 @@ def _gpu_sampled_at(c: Cluster, server: str) -> float:
 
 def _on_jumped_host(c: Cluster, steps: int, wrapper: list[str] | None = None) -> tuple[WallClock, str, int, Path]:
     """h1 with its wall clock under libfaketime (and `wrapper`), a feed_step job training
-    on it, h2 standing by: (the clock, the job, its process, where its variables go)."""
+    on it, h2 standing by: (the clock, the job, its process, where its variables go). The
+    job sleeps 0.25 s a step until the file c.tmp / "GO" exists (then at full speed): it
+    must outlive h2's start, both jumps and the cut however loaded the machine. At 0.04 s
+    (16 s for 400 steps), at load 23, it ended first ("job process ... ended: it trained
+    on to its end instead of being frozen")."""
     clock = WallClock(c.tmp)
     c.add_helper("h1", wrapper=wrapper or [], env=clock.env())
     dump = c.tmp / "final.npz"
-    job_id = c.submit("feed", feed_command(steps, dump, sleep=0.04))
+    job_id = c.submit("feed", [*feed_command(steps, dump, sleep=0.25), "--step-sleep-until", str(c.tmp / "GO")])
     c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 90)
     assert c.where(job_id) == "h1"
     c.add_helper("h2")
@@ -203,6 +207,7 @@ def test_i9s_helper_wall_clock_jumps_neither_freeze_a_connected_job_nor_keep_a_c
     assert isinstance(frozen, float) and frozen < 3.0 + 2.5, f"frozen {frozen:.1f}s after the cut"
     c.wait(lambda: c.where(job_id) == "h2", 40)
     replaced = time.monotonic() - cut_at
+    (c.tmp / "GO").touch()  # its copy on h2 runs at full speed
     assert replaced >= 3.0 and replaced > frozen, f"re-placed {replaced:.1f}s after the cut (frozen at {frozen:.1f}s)"
     c.net.restore("h1")
     c.wait(lambda: pid not in c.pids_of(job_id), 30)  # h1, back, stops its stale copy
