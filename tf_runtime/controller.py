@@ -274,7 +274,6 @@ class Controller:
         self._trailing = False
         self._cut_pending = False
         self._cut_thread: int | None = None  # the thread whose step-advancing run ended last
-        self._tail_updated = False  # such a run came since the last step-advancing run
         # The trainable variables such runs overwrote with values from elsewhere (the moving
         # averages swapped in for an evaluation) that no run has put back yet.
         self._swapped: frozenset[str] = frozenset()
@@ -410,12 +409,15 @@ class Controller:
         once = (info.initializes_some and not (info.resets or again)) or info.initializes or \
             info.restores
         if (not info.is_training and (once or not info.changes_state)
-                and not info.stateful_input and not self._tail_updated):
+                and not info.stateful_input):
             # A run that changes nothing (the step read, a summary, an evaluation), or
             # initialises what the program just created (the save counter of its first
-            # `tf.compat.v1.train.Checkpoint.save`), before any such update: the step may
-            # still end with one after it (`sess.run(train); step = sess.run(gs);
-            # sess.run(ema_op)`).
+            # `tf.compat.v1.train.Checkpoint.save`): the step may still end with an update
+            # after it (`sess.run(train); step = sess.run(gs); sess.run(ema_op)`), also
+            # after another (`sess.run(train); sess.run(ema_op); step = sess.run(gs); if
+            # step % 2 == 0: sess.run(decay)`: a read after the first update used to end
+            # the wait, the cut came between the two, and a restored copy, resuming at the
+            # next step, never made the second; s51, other weights).
             return
         # A training run that does not advance the step ends it only when the program
         # calls it after the advancing run (a discriminator updated after the generator
@@ -435,7 +437,6 @@ class Controller:
             # The swap back loads the same variables again; an overwrite the program keeps
             # (back to its best weights) is part of the step: the next training run ends it.
             self._swapped = self._swapped ^ info.loaded
-        self._tail_updated = trailing
         if self._after_advance:
             self._after_advance = False
             if trailing and not self._trailing:
@@ -850,7 +851,6 @@ class Controller:
             return  # commands wait for the run that completes this step
         if info.advances_step:
             self._after_advance = True
-            self._tail_updated = False
             self._swapped = frozenset()
             site, last = program_site(sys._getframe(1)), self._advance_site
             if site is not None and last is not None and site[0] == last[0] and site[1] <= last[1]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from tf_runtime.commands import Command, Kind
@@ -39,12 +39,17 @@ class Program:
     the learning rate read from it), `eval_every` (a loss evaluated after the training
     run), `halve_every` (a weight halved by an assign op after the training run, end of
     the step), `summary` (a merged summary fetched in a run of its own), `mts`: the loop
-    in a MonitoredTrainingSession rather than a plain Session."""
+    in a MonitoredTrainingSession rather than a plain Session; `reset_every`: a
+    non-trainable carry reset to zeros at the top of the loop every k steps (and added to
+    by each training run); `ema`: a moving average of the weights applied in a run of its
+    own after each training run."""
     epoch_every: int = 4
     eval_every: int = 0
     halve_every: int = 0
     summary: bool = False
     mts: bool = False
+    reset_every: int = 0
+    ema: bool = False
 
 
 class Killed(Exception):
@@ -65,6 +70,12 @@ def _build(p: Program) -> dict[str, Any]:
            "train": tf.compat.v1.train.MomentumOptimizer(rate, 0.9).minimize(loss, global_step=gs),
            "next_epoch": tf.compat.v1.assign_add(epoch, 1),
            "halve": tf.compat.v1.assign(u, u * 0.5)}
+    if p.reset_every:
+        carry = tf.compat.v1.get_variable("carry", initializer=tf.zeros([3]), trainable=False)
+        ops["train"] = tf.group(ops["train"], carry.assign_add(x))
+        ops["reset"] = carry.assign(tf.zeros([3]))
+    if p.ema:
+        ops["ema"] = tf.train.ExponentialMovingAverage(0.9).apply([w, u])
     if p.summary:
         tf.compat.v1.summary.scalar("loss", loss)
         ops["summary"] = tf.compat.v1.summary.merge_all()
@@ -82,8 +93,12 @@ def _loop(sess: Any, ops: dict[str, Any], p: Program, ask: Callable[[int, bool],
         ask(step, False)
         if p.epoch_every and step % p.epoch_every == 0 and step:
             sess.run(ops["next_epoch"])
+        if p.reset_every and step % p.reset_every == 0 and step:
+            sess.run(ops["reset"])
         sess.run(ops["train"])
         ask(step, True)
+        if p.ema:
+            sess.run(ops["ema"])
         step = int(sess.run(ops["gs"]))
         if p.halve_every and step % p.halve_every == 0:
             sess.run(ops["halve"])
@@ -204,7 +219,8 @@ _EXAMPLES = int(os.environ.get("GANDIVA_PROPERTY_EXAMPLES", "0"))
 PROGRAMS = st.builds(Program, epoch_every=st.sampled_from([0, 3, 4]),
                      eval_every=st.sampled_from([0, 2, 3]),
                      halve_every=st.sampled_from([0, 2, 5]), summary=st.booleans(),
-                     mts=st.booleans())
+                     mts=st.booleans(), reset_every=st.sampled_from([0, 3, 4]),
+                     ema=st.booleans())
 # The source's cut within its first steps; each later one within a few iterations of its
 # copy's start (0: the copy's first step), at the top of the iteration or right after its
 # training run.
@@ -219,24 +235,28 @@ def _generated(p: Program, schedule: list[tuple[str, int, bool]], work: Path) ->
     assert_same(_reference(p), final)
 
 
-@settings(max_examples=1, derandomize=True, deadline=None,
+@settings(phases=[Phase.explicit], deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(p=PROGRAMS, schedule=SCHEDULES)
 @example(p=Program(epoch_every=4, eval_every=3, halve_every=5, summary=True, mts=True),
          schedule=[("migrate", 2, True), ("suspended checkpoint", 0, True),
                    ("migrate", 1, False)])
+@example(p=Program(epoch_every=3, eval_every=2, halve_every=2, reset_every=4, ema=True),
+         schedule=[("migrate", 2, False), ("migrate", 0, True)])
 def test_quick_cuts_keep_the_uninterrupted_variables(p: Program,
                                                      schedule: list[tuple[str, int, bool]],
                                                      tmp_path: Path) -> None:
     """Hypothesis draws a program of the family (an epoch counter incremented at the top
-    of the loop, evaluations, a weight halved on a schedule after the training run,
-    summaries; Session or MonitoredTrainingSession) and two or three cuts close together
-    (a stop for migration or a checkpoint followed by a kill, either served while
-    suspended), each after the first
-    within a few steps of its copy's restore; the job ends with the uninterrupted run's
-    variables, bit for bit. By default the example given (the epoch one ahead before
-    s51) and one drawn from a fixed seed; the `full` case below draws more
-    (GANDIVA_PROPERTY_EXAMPLES=N: N random ones)."""
+    of the loop, evaluations, a weight halved on a schedule after the step read, a carry
+    reset at the top of the loop, a moving average after each training run, summaries;
+    Session or MonitoredTrainingSession) and two or three cuts close together (a stop for
+    migration or a checkpoint followed by a kill, either served while suspended), each
+    after the first within a few steps of its copy's restore; the job ends with the
+    uninterrupted run's
+    variables, bit for bit. By default the examples given (before s51: the epoch one
+    ahead; a cut between the moving average made after the training run and the halving
+    made after the step read, which a restored copy never made); the `full` case below
+    draws more from a fixed seed (GANDIVA_PROPERTY_EXAMPLES=N: N random ones)."""
     _generated(p, schedule, tmp_path / os.urandom(4).hex())
 
 

@@ -1364,10 +1364,10 @@ def test_a_training_run_called_after_the_step_advancing_one_is_part_of_the_step(
             seen[step] = sess.run([a, b])  # what a restarted copy resumes from
         # The first, asked for in the second step, waits for its end: before the loop is
         # seen, which run ends a step is not known. The second, asked for at the top of the
-        # fifth step: advance_last's cut is still to come there (before the fifth step's
-        # first run, which begins it); advance_first's was made (before the fourth step's
-        # reads, after its second run), so it waits for the fifth step's end.
-        last = 5 if order == "advance_first" else 4
+        # fifth step, is applied at that cut (before the fifth step's first run) in both
+        # orders: advance_first's wait goes on through the reads after its second run
+        # (until s51 those reads ended it, and this one waited for the fifth step's end).
+        last = 4
         assert [(a.ok, a.step) for a in acks(ctl)] == [(True, 2), (True, last)]
     for at in (2, last):
         prefix = str(tmp_path / f"ck{1 if at == 2 else 4}" / "model")
@@ -1727,9 +1727,11 @@ def test_accumulators_zeroed_by_their_initialiser_after_each_apply_are_part_of_t
             sess.run(apply)
             sess.run(zero)
             sess.run(gs)
-        assert acks(ctl)[0].ok and acks(ctl)[0].step == 3, acks(ctl)[0]
+        # Asked for between steps 2 and 3: applied at that cut, after step 2's reset (until
+        # s51 the read after the reset ended the wait, and it waited for step 3's end).
+        assert acks(ctl)[0].ok and acks(ctl)[0].step == 2, acks(ctl)[0]
     prefix = str(tmp_path / "ck" / "model")
-    assert tf.train.load_variable(prefix, "global_step") == 3
+    assert tf.train.load_variable(prefix, "global_step") == 2
     np.testing.assert_array_equal(tf.train.load_variable(prefix, "acc"), np.zeros((3, 2)))
 
 
