@@ -24,6 +24,7 @@ from pathlib import Path
 from scheduler.cli.argtypes import mini_batches, positive_seconds, whole_number
 from scheduler.cli.local_cluster import LocalCluster, free_port
 from scheduler.config import default_db_url, gandiva_home
+from scheduler.validation import MAX_SERVER_GPUS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     # ended in a traceback at the story's 2-GPU job, which fits no server then.
     p.add_argument("--servers", type=whole_number(1, 16, " (each a helper process on this machine)"), default=2,
                    help="local helpers to start (default 2; at most 16)")
-    p.add_argument("--gpus", type=whole_number(2, 256, " (the story has a 2-GPU job; a helper has at most 256)"),
+    p.add_argument("--gpus", type=whole_number(2, MAX_SERVER_GPUS,
+                                                f" (the story has a 2-GPU job; a helper has at most {MAX_SERVER_GPUS})"),
                    default=2, help="virtual GPUs per helper (default 2)")
     p.add_argument("--steps", type=mini_batches, default=400,
                    help="mini-batches per sweep member (default 400; the other jobs run multiples of it)")
