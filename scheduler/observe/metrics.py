@@ -16,7 +16,7 @@ import inspect
 import itertools
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -96,10 +96,10 @@ class DecisionLog:
                 for gone in [i for i in self.open if i <= self.last_id - len(self.records)]:
                     del self.open[gone]
 
-    def settle_ended(self, at: float, unfinished: set[str]) -> None:
-        """A tried change whose job (or a pack's either job) is no longer unfinished got no
-        verdict or move end: the job ended first (a move's job that finished while its copy
-        pre-warmed records no end of the move)."""
+    def settle_ended(self, at: float, unfinished: Container[str]) -> None:
+        """A tried change whose job is no longer unfinished got no verdict or move end: the
+        job ended first (a move's job that finished while its copy pre-warmed records no end
+        of the move)."""
         for r in list(self.open.values()):
             if r.job not in unfinished:
                 r.outcome, r.settled_at = "not kept: the job ended first", at
@@ -125,10 +125,9 @@ class DecisionLog:
                 return True
         return False
 
-    def since(self, since: float, job: str = "", limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:
+    def since(self, since: float, job: str = "") -> list[dict[str, Any]]:
         """The records at or after ``since`` (of ``job`` only, if given), oldest first."""
-        out = [r for r in reversed(self.records) if r.at >= since and (not job or r.job == job)]
-        return [asdict(r) for r in reversed(out[:limit])]
+        return [asdict(r) for r in self.records if r.at >= since and (not job or r.job == job)]
 
     def after(self, after_id: int, limit: int = 500) -> list[dict[str, Any]]:
         # Ids are consecutive, so the first wanted record's position is known: only the
@@ -312,7 +311,7 @@ class SchedulerMetrics(Observer):
         # its kept pack ends" above the keep-pack that kept it, which was the job's last word).
         self._note_verdicts(snapshot.now)
         states = {j.id: j.state for j in snapshot.jobs}
-        self.log.settle_ended(snapshot.now, set(states))  # (a round's snapshot: the unfinished jobs)
+        self.log.settle_ended(snapshot.now, states)  # (a round's snapshot: the unfinished jobs)
         for d in decisions:
             kind = KINDS.get(type(d))
             if kind is None:
