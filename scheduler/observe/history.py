@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from scheduler.lifecycle import JobState
 from scheduler.observe import holds
 from scheduler.observe.metrics import DecisionLog, Timeline
 from scheduler.state.models import Event, Transition
@@ -35,9 +36,6 @@ _KINDS = {("QUEUED", "RUNNING"): "place", ("SUSPENDED", "RUNNING"): "resume",
           ("RUNNING", "SUSPENDED"): "suspend", ("RUNNING", "MIGRATING"): "migrate",
           ("SUSPENDED", "MIGRATING"): "migrate", ("RUNNING", "QUEUED"): "requeue",
           ("SUSPENDED", "QUEUED"): "requeue", ("MIGRATING", "QUEUED"): "requeue"}
-
-
-_ENDED = ("SUCCEEDED", "FAILED", "KILLED")
 
 
 def verdict_kind(message: str) -> str:
@@ -95,7 +93,7 @@ async def read_back(core: Any, log: DecisionLog, now: float) -> int:
         if end is not None:  # (this record's own: settle() would take the job's latest)
             r.settled_at = end[0]
             r.outcome = ("moved" if end[1] in ("RUNNING", "SUSPENDED") else
-                         "not kept: the job ended first" if end[1] in _ENDED else f"not kept: {end[1].lower()}")
+                         "not kept: the job ended first" if JobState(end[1]).terminal else f"not kept: {end[1].lower()}")
     log.open.clear()  # (the rest: not known, not settled by the jobs' ends either)
     if rows:  # a new database: nothing to say
         log.add(now, RESTART, "", (), f"the scheduler started; the {len(rows)} decisions before this line are read "
