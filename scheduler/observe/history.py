@@ -38,6 +38,19 @@ _KINDS = {("QUEUED", "RUNNING"): "place", ("SUSPENDED", "RUNNING"): "resume",
           ("SUSPENDED", "QUEUED"): "requeue", ("MIGRATING", "QUEUED"): "requeue"}
 
 
+# A move rolled back to its source goes from MIGRATING to RUNNING too, its reason
+# "<outcome>: <why>" (live_migration): the outcome -> what the live log said of it (the
+# migration's last phase, unmoved.ENDED_UNMOVED).
+_ROLLED_BACK = {"stayed_at_source": "aborted", "restarted_at_source": "restarted_at_source"}
+
+
+def _move_outcome(to_state: str, reason: str) -> str:
+    """A read-back move's outcome from its job's next change out of MIGRATING."""
+    if to_state in ("RUNNING", "SUSPENDED"):
+        return _ROLLED_BACK.get(reason.partition(":")[0], "moved")
+    return "not kept: the job ended first" if JobState(to_state).terminal else f"not kept: {to_state.lower()}"
+
+
 def verdict_kind(message: str) -> str:
     """The log's kind of a packing verdict, from its event's words (live.py writes them)."""
     if "trial void" in message:
@@ -84,16 +97,15 @@ async def read_back(core: Any, log: DecisionLog, now: float) -> int:
     # A move read back: kept or not by its job's next change out of MIGRATING (the decisions'
     # outcomes live in memory; without this, the first round settled every finished job's
     # move "not kept: the job ended first", moves that had moved included).
-    ends: dict[str, list[tuple[float, str]]] = {}
-    for at, job_id, from_state, to_state, _ in changes:
+    ends: dict[str, list[tuple[float, str, str]]] = {}
+    for at, job_id, from_state, to_state, reason in changes:
         if from_state == "MIGRATING":
-            ends.setdefault(job_id, []).append((at, to_state))
+            ends.setdefault(job_id, []).append((at, to_state, reason))
     for r in list(log.open.values()):
-        end = min(((at, to) for at, to in ends.get(r.job, []) if at >= r.at), default=None)
+        end = min(((at, to, why) for at, to, why in ends.get(r.job, []) if at >= r.at), default=None)
         if end is not None:  # (this record's own: settle() would take the job's latest)
             r.settled_at = end[0]
-            r.outcome = ("moved" if end[1] in ("RUNNING", "SUSPENDED") else
-                         "not kept: the job ended first" if JobState(end[1]).terminal else f"not kept: {end[1].lower()}")
+            r.outcome = _move_outcome(end[1], end[2])
     log.open.clear()  # (the rest: not known, not settled by the jobs' ends either)
     if rows:  # a new database: nothing to say
         log.add(now, RESTART, "", (), f"the scheduler started; the {len(rows)} decisions before this line are read "

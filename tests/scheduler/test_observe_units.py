@@ -287,3 +287,35 @@ async def test_moves_read_back_after_a_restart_say_whether_they_moved(sqlite_url
     finally:
         await core.dispose()
         await engine.dispose()
+
+
+async def test_a_move_rolled_back_to_its_source_is_read_back_as_the_live_log_said_it(sqlite_url: str) -> None:
+    """A move that stayed at its source (live: "aborted") or restarted there also goes from
+    MIGRATING back to RUNNING (live_migration's roll-back, "<outcome>: <why>"): read back after
+    a restart, each read "moved"."""
+    from protos.gandiva.v1 import common_pb2
+    from scheduler.core import SchedulerCore
+    from scheduler.observe.history import read_back
+    from scheduler.observe.metrics import DecisionLog
+    from scheduler.state import migrate
+    from scheduler.state.db import make_engine
+    from scheduler.state.models import Transition
+
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        ids = [(await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id for _ in range(3)]
+        async with core.tx() as s:
+            for job_id, at, why in ((ids[0], 10.0, "stayed_at_source: pre-warm at h2 failed: exited with code 1"),
+                                    (ids[1], 20.0, "restarted_at_source: transfer failed: the link is cut"),
+                                    (ids[2], 30.0, "migrated to h2 at step 40 (training paused 0.50s)")):
+                s.add(Transition(job_id=job_id, from_state="RUNNING", to_state="MIGRATING", at=at, reason="lower"))
+                s.add(Transition(job_id=job_id, from_state="MIGRATING", to_state="RUNNING", at=at + 2, reason=why))
+        log = DecisionLog()
+        await read_back(core, log, 100.0)
+        assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
+            (ids[0], "aborted"), (ids[1], "restarted_at_source"), (ids[2], "moved")]
+    finally:
+        await core.dispose()
+        await engine.dispose()
