@@ -384,10 +384,11 @@ class Controller:
         advanced the step, a run that does not train, is fed nothing and changes a variable
         the checkpoint holds (an EMA of the weights, `sess.run(ema_op)` after
         `sess.run(train)`) finishes that step: a checkpoint taken before it would lack that
-        update, and a restored copy, resuming at the next step, would never make it. Once
-        seen, commands wait after each step for such runs, and are applied before the next
-        run of any other kind. (A fed one, an accumulation of the next mini-batch, begins
-        the next step.)"""
+        update, and a restored copy, resuming at the next step, would never make it. So
+        commands wait after each step for such runs, through runs that change nothing (a
+        read of the step, an evaluation), and are applied before the next run that trains,
+        reads input of its own or changes state otherwise. (A fed one, an accumulation of
+        the next mini-batch, begins the next step.)"""
         self._hold_while_lease_out(adapter)
         again = self._initialises_again(adapter, info)
         if info.init_ops and self._advances_seen and adapter is self.adapter:
@@ -426,7 +427,8 @@ class Controller:
             # An evaluation on weights swapped in after the step (`w.assign(ema.average(w))`
             # after `backup.assign(w)`): the state is whole again only once the program puts
             # its weights back. Before, commands were applied here: a checkpoint held the
-            # averages as the weights, and a restored copy trained on from them.
+            # averages as the weights, and a restored copy trained on from them. (Only an
+            # evaluation that reads input of its own gets here: any other read waited above.)
             return
         trailing = (not once and not info.advances_step and id(info) not in self._prelude and (
             self._after_training(info) is True if info.is_training else

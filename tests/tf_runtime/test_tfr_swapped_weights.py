@@ -18,7 +18,7 @@ pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow")
 
 
-@pytest.mark.parametrize("swap", ["together", "apart", "kept"])
+@pytest.mark.parametrize("swap", ["together", "apart", "kept", "iterator"])
 def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
         swap: str, tmp_path: Path) -> None:
     """programs/ema_swap.py: every 2 steps, after the step-advancing run, the program swaps
@@ -30,13 +30,21 @@ def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
     trained on from them (probed: every variable differed). Now the commands wait through
     the evaluation for the swap back, and the checkpoint holds the weights as the step left
     them. An overwrite after the step that the program keeps (`kept`: back to its best
-    weights) is part of the step, as before."""
+    weights) is part of the step, as before. `iterator`: the evaluation reads a held-out
+    batch from an iterator of its own (input no checkpoint holds), which, unlike a plain
+    read, would end the wait by itself: only this case needs the wait for the swap back
+    (Controller._swapped); the others wait through reads anyway."""
     with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
         gs = tf.compat.v1.train.get_or_create_global_step()
         x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
         w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
         b = tf.compat.v1.get_variable("b", initializer=tf.zeros([2]))
         loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w) + b))
+        evaluation = loss
+        if swap == "iterator":
+            held_out = tf.compat.v1.data.make_one_shot_iterator(
+                tf.data.Dataset.from_tensors(x).repeat()).get_next()
+            evaluation = tf.reduce_sum(tf.tanh(tf.matmul(held_out, w) + b))
         opt = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss, global_step=gs)
         ema = tf.compat.v1.train.ExponentialMovingAverage(0.5)
         with tf.control_dependencies([opt]):
@@ -62,7 +70,7 @@ def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
                 for op in to_average:
                     sess.run(op)
                 for _ in range(2):
-                    sess.run(loss)
+                    sess.run(evaluation)
                 for op in to_weights if swap != "kept" else ():
                     sess.run(op)
         assert acks(ctl)[0].ok and acks(ctl)[0].step == 6
