@@ -335,8 +335,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         state = fetch(args.http, token, path)
         if args.decisions:
-            jobs = fetch(args.http, token)["jobs"]  # their names (unfinished, and the latest finished)
-            console.print(decisions_view(state, args.decisions, {j["id"]: j["name"] for j in jobs}))
+            listed = fetch(args.http, token)  # the jobs' names (unfinished, and the latest finished)
+            try:
+                names = {j["id"]: j["name"] for j in listed["jobs"]}
+            except (KeyError, TypeError, AttributeError) as err:
+                raise NotState(f"http://{args.http}/api/state answered JSON that is not the scheduler's state "
+                               f"({type(err).__name__}); is it the scheduler's --http-listen address?") from None
+            console.print(decisions_view(state, args.decisions, names))
             return 0
     except (NotHttp, Refused, Unhealthy, NotState) as err:
         print(f"gandiva top: {err}", file=sys.stderr)

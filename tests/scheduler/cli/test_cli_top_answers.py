@@ -95,3 +95,15 @@ def test_top_told_its_address_names_another_host_says_what_the_server_said(  # t
     assert (r.code, r.out) == (1, ""), r
     assert r.err == (f"gandiva top: http://{address}/api/state: this request came in on a loopback address, which "
                      "only this machine reaches, and names host 'x'\n"), r.err
+
+
+def test_top_decisions_pointed_at_another_server_says_so_in_one_line(  # type: ignore[no-untyped-def]
+        gandiva, answering) -> None:
+    """`top --decisions` reads the jobs' names from /api/state: JSON of another shape there
+    ended it with a traceback (TypeError: string indices must be integers)."""
+    answering.kind = "shape"
+    address = f"127.0.0.1:{answering.server_address[1]}"
+    r = gandiva("top", "--decisions", "10m", "--http", address)
+    assert (r.code, r.out) == (1, ""), r
+    assert r.err == (f"gandiva top: http://{address}/api/state answered JSON that is not the scheduler's state "
+                     "(TypeError); is it the scheduler's --http-listen address?\n"), r.err
