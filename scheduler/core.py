@@ -983,11 +983,11 @@ class SchedulerCore:
             return ""
         async with self.tx() as s:
             row = await s.get(Server, req.name)
-            recorded = (row.address, row.up) if row is not None else ("", False)
-        if not recorded[1] or not recorded[0] or recorded[0] == req.address:
+            held_at = row.address if row is not None and row.up else ""  # the address of a server up
+        if not held_at or held_at == req.address:
             return ""
         wait = self.settings.down_after_s - (mono - self._born)
-        return (f"server name {req.name} is held by the helper at {recorded[0]} (up when this scheduler started, "
+        return (f"server name {req.name} is held by the helper at {held_at} (up when this scheduler started, "
                 f"{mono - self._born:.1f}s ago), not this one at {req.address or 'no agent address'}: it is given "
                 f"{self.settings.down_after_s:.0f}s to register again. If two helpers were started with "
                 f"--server-name {req.name}, give this one its own name; if this is {req.name}'s helper back at "
