@@ -92,21 +92,28 @@ def point_in_time(text: str) -> float:
 _WHOLE = re.compile(r"[0-9]{1,3}(,[0-9]{3})+|[0-9]+(_[0-9]+)*", re.ASCII)
 
 
+def _whole(text: str) -> int | None:
+    """A whole number in ASCII digits (1,000 and 1_000 as people write them), else None."""
+    return int(text.replace(",", "")) if _WHOLE.fullmatch(text) else None
+
+
 def mini_batches(text: str) -> int:
     """A job's total mini-batches: a whole number from 1 (ASCII digits; 1,000 and 1_000
     as people write them)."""
-    if not _WHOLE.fullmatch(text) or int(text.replace(",", "")) < 1:
+    value = _whole(text)
+    if value is None or value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of mini-batches, 1 or more, got {text!r}")
-    return int(text.replace(",", ""))
+    return value
 
 
 def whole_number(low: int, high: int, why: str = "") -> Callable[[str], int]:
     """A flag's whole number from ``low`` to ``high`` (ASCII digits); else an error saying
     the range (and ``why``, where the bound needs a reason)."""
     def parse(text: str) -> int:
-        if not _WHOLE.fullmatch(text) or not low <= int(text.replace(",", "")) <= high:
+        value = _whole(text)
+        if value is None or not low <= value <= high:
             raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high:,}{why}, got {text!r}")
-        return int(text.replace(",", ""))
+        return value
     return parse
 
 
