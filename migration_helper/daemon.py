@@ -100,6 +100,7 @@ class HelperDaemon:
         self.instance = uuid.uuid4().hex
         self.backend = backend or open_backend(config.gpus, config.server_name, config.virtual)
         self.ramdisk = Ramdisk(config.ramdisk_dir, max_bytes=config.max_transfer_bytes)
+        self.lease_file = self.ramdisk.root / LEASE_FILE  # until start() finds its place (lease_path)
         self.jobs = JobTable(
             server=config.server_name,
             scheduler=config.scheduler,
@@ -111,9 +112,8 @@ class HelperDaemon:
             peer_check=self.not_a_peer,
             owner=owner_mark(config.ramdisk_dir),
             lease_ran_out=self._lease_ran_out,
-            lease_file=str(self.ramdisk.root / LEASE_FILE),  # until start() finds its place (lease_path)
+            lease_file=str(self.lease_file),
         )
-        self.lease_file = self.ramdisk.root / LEASE_FILE
         # The registered helpers' agents, address -> name, as the scheduler last sent them
         # in a heartbeat answer (with their version): checkpoints go only to these.
         self.peers: dict[str, str] = {}
