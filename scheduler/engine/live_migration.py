@@ -218,12 +218,15 @@ async def _carry_out(
         fence = await _stop_source(core, plan)
 
     gone_at_dest: list[str] = []  # the destination GPUs its server no longer reports, if any
+    left_first: list[bool] = []  # the job was out of MIGRATING (ended, killed) before this end
 
     async def record(s: AsyncSession) -> None:
         gone_at_dest.clear()
+        left_first.clear()
         now = core.clock()
         job = await repo.get_job(s, job_id, for_update=True)
         if job.state != JobState.MIGRATING.value:
+            left_first.append(True)
             # Killed, or its source server went down, meanwhile: whatever this migration
             # left running is not the job any more (unless this outcome was recorded by a
             # try whose commit was answered by a lost connection).
@@ -272,6 +275,14 @@ async def _carry_out(
 
     # Recorded whatever it takes: the job's processes already are where the outcome says.
     await core.record_when_reachable(f"the end of {job_id}'s migration", record)
+    if result is None or (result.outcome is Outcome.FAILED
+                          and not (ENDED_UNMOVED | {"total"}) & result.durations_s.keys()):
+        # A migration that crashed, or whose source never confirmed a checkpoint (its runtime
+        # gone: in `gandiva demo`, "long" finished after its copy pre-warmed), ended with no
+        # event of its own: "Moves: none" in `describe job`, its decision's outcome unknown.
+        # Its end is said like any other's (record_phase: "aborted (the job ended ...)").
+        await LivePorts(core).record_phase(job_id, "aborted" if left_first else "failed", 0.0,
+                                           failure if result is None else result.reason)
     if gone_at_dest and result is not None:
         core.stop_on(dest_name, job_id, result.incarnation, f"its GPU(s) {gone_at_dest[0]} on {dest_name} are gone")
     await core.replay_early_exit(job_id, result.incarnation if result is not None else "")

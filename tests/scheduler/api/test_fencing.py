@@ -644,6 +644,10 @@ def test_failed_stop_for_migration_requeues_only_once_the_source_is_stopped(
         # No answer within the command timeout: the job waits out the source's lease.
         assert waited >= FAST.command_timeout_s + FAST.down_after_s * 0.9, f"re-placed after {waited:.1f}s"
         assert any("lease to run out" in t.reason for t in placed.history), [t.reason for t in placed.history]
+    # Its end is an event, as every migration's that did not move its job (before s51: none).
+    said = [e.message for e in f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+            if e.kind == "job.migration"]
+    assert said == ["failed 0.000s (the source shim did not confirm its checkpoint)"], said
 
 
 def test_a_job_no_server_can_hold_is_refused_naming_the_largest(make_scheduler: Any, sqlite_url: str) -> None:
