@@ -72,9 +72,10 @@ def test_degraded_late_heartbeats_neither_call_the_host_down_nor_move_its_job_th
         multihost: Cluster, tmp_path: Path) -> None:
     """h1 reaches the scheduler through a link that holds every chunk 0.3-2 s each way
     (round trips up to 4 s; the scheduler's defaults: lease 6 s, down after 10 s). Its
-    heartbeats come late but come: while its job trains there from step 20 to step 150 (h2
-    standing by: 14-16 s in 3 runs here) h1 is never called down, the job is never
-    re-placed and h1 never freezes it. (Not counted before step 20: the job's own start,
+    heartbeats come late but come: while its job trains there from step 20, for at least
+    40 steps and 15.6 s (h2 standing by; steps 20 to 150 at 0.12 s a step, 14-16 s in 3
+    runs here, before the job slept 0.4 s a step until it moved) h1 is never called down,
+    the job is never re-placed and h1 never freezes it. (Not counted before step 20: the job's own start,
     TensorFlow importing beside the helper in the suite's busiest first minute on CI,
     once delayed an answer past the lease's 2-s margin, and h1 froze the starting job for
     3 s; the 14.9 s from step 20 to 150 had no such pause.) Then the job is migrated off
@@ -85,15 +86,19 @@ def test_degraded_late_heartbeats_neither_call_the_host_down_nor_move_its_job_th
     uninterrupted_variables(STEPS, tmp_path)
     relay = _h1_behind_a_late_link(c)
     try:
-        dump = c.tmp / "final.npz"
-        # 48 s at least: 18 s to step 150 on h1 before the migration is asked for, 30 s after.
-        job_id = c.submit("late", feed_command(STEPS, dump, sleep=0.12))
+        dump, go = c.tmp / "final.npz", c.tmp / "GO"
+        # 0.4 s mini-batches until it runs on h2 (the file GO; then at full speed): 160 s at
+        # least, for 16 s on h1 and a migration whose destination pre-warms TensorFlow over
+        # the late link however loaded the machine. At 0.12 s (48 s: 18 s to step 150, then
+        # 30 s) a pre-warm at load 20, which can take 70 s, would outlast the job.
+        job_id = c.submit("late", [*feed_command(STEPS, dump, sleep=0.4), "--step-sleep-until", str(go)])
         c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 120)
         seen = len((c.tmp / "h1.log").read_text())  # h1's log from here on
         c.add_helper("h2")
         watch = DownWatch(c)
         started = time.monotonic()
-        stayed = c.wait(lambda: (j := c.job(job_id)).steps >= 150 and j, 120)
+        # At least 40 steps and 15.6 s on h1: as long as steps 20 to 150 took at 0.12 s.
+        stayed = c.wait(lambda: (j := c.job(job_id)).steps >= 60 and time.monotonic() - started >= 15.6 and j, 120)
         stayed_s = time.monotonic() - started
         down_before = set(watch.down)
         log = (c.tmp / "h1.log").read_text()[seen:]
@@ -104,6 +109,7 @@ def test_degraded_late_heartbeats_neither_call_the_host_down_nor_move_its_job_th
         asked = time.monotonic()
         c.wait(lambda: c.where(job_id) == "h2", 120)
         moved = time.monotonic() - asked
+        go.touch()  # its copy on h2 runs at full speed
         done = _ends_once(c, job_id, STEPS, 150)
         down = watch.stop()
     finally:
@@ -410,8 +416,12 @@ def test_degraded_helpers_starved_in_100_ms_bursts_still_move_the_job_once(
     uninterrupted_variables(STEPS, tmp_path)
     c.add_helper("h1")
     c.add_helper("h2")
-    dump = c.tmp / "final.npz"
-    job_id = c.submit("starved", feed_command(STEPS, dump, sleep=0.08))  # 32 s at least: outlasts the move
+    dump, go = c.tmp / "final.npz", c.tmp / "GO"
+    # 0.4 s mini-batches until the migration has ended (the file GO; then at full speed):
+    # 152 s after step 20, past the 30 + 120 s waits for the migration however loaded the
+    # machine. At 0.08 s (30 s after step 20) a pre-warm at load 20, which can take 70 s,
+    # would outlast the job, and the test would pass with the migration never made.
+    job_id = c.submit("starved", [*feed_command(STEPS, dump, sleep=0.4), "--step-sleep-until", str(go)])
     c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 90)
     dest = "h2" if c.where(job_id) == "h1" else "h1"
     watch = DownWatch(c)
@@ -425,6 +435,7 @@ def test_degraded_helpers_starved_in_100_ms_bursts_still_move_the_job_once(
         took = time.monotonic() - started
     finally:
         bursts = starve.stop()
+    go.touch()
     where = c.where(job_id)
     print(f"\nstarved helpers: migration ended in {took:.1f}s ({bursts} bursts), job on {where or '-'}; "
           f"{ended.history[-1].reason}")  # type: ignore[attr-defined]
