@@ -72,14 +72,17 @@ def test_a_flapping_link_loses_duplicates_and_storms_nothing(multihost: Cluster,
     moment A's migration is asked for."""
     c = multihost
     uninterrupted_variables(STEPS, tmp_path)
-    dumps = {name: c.tmp / f"{name}.npz" for name in ("A", "B")}
-    # 0.08 s mini-batches: 32 s at least, so both outlast the flapping. A on h1 (alone
+    dumps, go = {name: c.tmp / f"{name}.npz" for name in ("A", "B")}, c.tmp / "GO"
+    # 0.4 s mini-batches until the flapping is over (the file GO; then at full speed): 160 s
+    # at least, so both outlast it however loaded the machine. At 0.08 s (32 s) A's steps
+    # began before h2's helper and B's TensorFlow start (each tens of seconds at load 20),
+    # so A could end before B reached step 10, or before its migration. A on h1 (alone
     # then), B on h2 (h1 full).
     c.add_helper("h1", shared=False)
-    a = c.submit("A", feed_command(STEPS, dumps["A"], sleep=0.08))
+    a = c.submit("A", [*feed_command(STEPS, dumps["A"], sleep=0.4), "--step-sleep-until", str(go)])
     c.wait(lambda: c.job(a).state == RUNNING, 30)
     c.add_helper("h2", gpus=2, shared=False)
-    b = c.submit("B", feed_command(STEPS, dumps["B"], sleep=0.08))
+    b = c.submit("B", [*feed_command(STEPS, dumps["B"], sleep=0.4), "--step-sleep-until", str(go)])
     jobs = {"A": a, "B": b}
     watch = GpuWatch(c.tmp / "state.db")
     c.wait(lambda: all((j := c.job(i)).state == RUNNING and j.steps > 10 for i in jobs.values()), 90)
@@ -94,6 +97,7 @@ def test_a_flapping_link_loses_duplicates_and_storms_nothing(multihost: Cluster,
     finally:
         flapper.stop()
     c.wait(lambda: c.server_up(flappy), 30)
+    go.touch()
     done = {name: _ends_once(c, job_id, STEPS, 150) for name, job_id in jobs.items()}
     for name in jobs:
         assert_bit_identical(dumps[name], STEPS, tmp_path)
