@@ -305,13 +305,16 @@ def test_i9s_migration_failed_at_both_ends_resumes_from_the_checkpoint_it_left_a
 
 def _a_job_for_each_of_two_hosts(c: Cluster, steps: int) -> dict[str, Path]:
     """Helpers h1 and h2 and two feed_step jobs submitted: {job id: where its final
-    variables will be}."""
+    variables will be}. Each sleeps 0.25 s a step until the file c.tmp / "GO" exists (then
+    at full speed): 100 s at least, so the first to start outlives the other's start and
+    the cut however loaded the machine. At 0.03 s (12 s), TensorFlow starts tens of seconds
+    apart at load 20 could let the first end before the cut froze it."""
     c.add_helper("h1")
     c.add_helper("h2")
     dumps = {}
     for name in ("a", "b"):
         dump = c.tmp / f"final-{name}.npz"
-        dumps[c.submit(name, feed_command(steps, dump))] = dump
+        dumps[c.submit(name, [*feed_command(steps, dump, sleep=0.25), "--step-sleep-until", str(c.tmp / "GO")])] = dump
     return dumps
 
 
@@ -341,6 +344,7 @@ def test_i9s_scheduler_cut_off_from_every_host(multihost: Cluster, tmp_path: Pat
     assert all(c.job(j).state == common_pb2.JOB_STATE_QUEUED for j in dumps)
     assert all(_proc_state(pid) == "T" for pid in pids.values()), "a stale copy thawed while cut off"
     c.net.restore("sched")
+    (c.tmp / "GO").touch()  # the resumed copies run at full speed
     c.wait(lambda: not any(pid in c.pids_of(j) for j, pid in pids.items()), 40)  # stale copies stopped
     for job_id, dump in dumps.items():
         done = _ends_once(c, job_id, steps, 150)

@@ -101,6 +101,7 @@ def test_scheduler_cut_off_past_the_lease_but_not_the_timeout_freezes_every_job_
     # Thawed in their own processes, the servers never called down.
     c.wait(lambda: not any(_frozen(pid) for pid in pids.values()), 30)
     thawed_s = time.monotonic() - cut_at
+    (c.tmp / "GO").touch()  # thawed, they run at full speed
     for job_id, dump in dumps.items():
         done = c.wait(lambda job_id=job_id: (j := c.job(job_id)).state in DONE and j, 120)
         assert done.state == common_pb2.JOB_STATE_SUCCEEDED, (done.message, _states(done))  # type: ignore[union-attr]
@@ -135,8 +136,12 @@ def test_a_host_back_at_another_address_while_its_job_waits_for_its_checkpoint_r
     c.add_helper("h1", shared=False)
     c.add_helper("h2", shared=False)
     watch = GpuWatch(c.tmp / "state.db")
-    dump = c.tmp / "final.npz"
-    job_id = c.submit("feed", feed_command(STEPS, dump))
+    dump, go = c.tmp / "final.npz", c.tmp / "GO"
+    # 0.06 s mini-batches until it waits for h1 (the file GO; then at full speed): from its
+    # checkpoint at step 60-130, 16 s at least to be seen, h1 cut and the job frozen by the
+    # 3-s lease. At 0.03 s it had 8 s, of which a loaded machine's reports and polls take
+    # a share; its first 60 steps, within the same 60-s wait as TensorFlow's start, stay short.
+    job_id = c.submit("feed", [*feed_command(STEPS, dump, sleep=0.06), "--step-sleep-until", str(go)])
     c.wait(lambda: c.job(job_id).state == RUNNING, 90)
     src = c.where(job_id)
     if src != "h1":  # the test cuts h1: let the job be there (the policy may pick either)
@@ -148,6 +153,7 @@ def test_a_host_back_at_another_address_while_its_job_waits_for_its_checkpoint_r
     c.wait(lambda: not c.server_up("h1"), 30)
     # Queued, waiting for h1 (which holds its checkpoint) to come back.
     c.wait(lambda: "waits for server h1" in c.job(job_id).message, 20)
+    go.touch()  # its resumed copy runs at full speed
     step = max(_checkpoints(c, job_id, "h1"))
     # The old helper goes (its frozen job with it); a new one, elsewhere, takes the name.
     c.kill9("h1")
