@@ -96,16 +96,17 @@ ANSWER_DEADLINE_S = 60.0
 def fetch(address: str, token: str = "", path: str = "/api/state") -> dict[str, Any]:
     request = urllib.request.Request(f"http://{address}{path}",
                                      headers={"Authorization": f"Bearer {token}"} if token else {})
+    where = f"http://{address}{path.partition('?')[0]}"  # (what the messages name)
     try:
         with urllib.request.urlopen(request, timeout=10) as r:
-            return _state(address, _read_bounded(address, r))
+            return _state(where, _read_bounded(where, r))
     except http.client.HTTPException:  # BadStatusLine, RemoteDisconnected, ...
         raise NotHttp(f"{address} did not answer HTTP; is it the scheduler's --http-listen "
                       "address?") from None
     except urllib.error.HTTPError as err:
         if err.code in (401, 403, 421):  # (421: a loopback dashboard asked by another name)
             said = output.visible(err.read(2048).decode("utf-8", "replace").strip())
-            raise Refused(f"http://{address}/api/state: {said}") from None
+            raise Refused(f"{where}: {said}") from None
         if err.code == 503:
             try:
                 said = str(json.loads(err.read(8192))["error"])
@@ -115,7 +116,7 @@ def fetch(address: str, token: str = "", path: str = "/api/state") -> dict[str, 
         raise
 
 
-def _read_bounded(address: str, answer: Any) -> bytes:
+def _read_bounded(where: str, answer: Any) -> bytes:
     deadline = time.monotonic() + ANSWER_DEADLINE_S
     chunks: list[bytes] = []
     size = 0
@@ -123,22 +124,22 @@ def _read_bounded(address: str, answer: Any) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
         if size > MAX_ANSWER_BYTES:
-            raise NotState(f"http://{address}/api/state answered more than {MAX_ANSWER_BYTES >> 20} MiB; "
+            raise NotState(f"{where} answered more than {MAX_ANSWER_BYTES >> 20} MiB; "
                            "is it the scheduler's --http-listen address?")
         if time.monotonic() > deadline:
-            raise NotState(f"http://{address}/api/state sent {size:,} bytes in {ANSWER_DEADLINE_S:.0f} s and "
+            raise NotState(f"{where} sent {size:,} bytes in {ANSWER_DEADLINE_S:.0f} s and "
                            "had not finished; is it the scheduler's --http-listen address?")
     return b"".join(chunks)
 
 
-def _state(address: str, body: bytes) -> dict[str, Any]:
+def _state(where: str, body: bytes) -> dict[str, Any]:
     try:
         state = json.loads(body)
     except (ValueError, RecursionError) as err:
-        raise NotState(f"http://{address}/api/state did not answer the scheduler's JSON "
+        raise NotState(f"{where} did not answer the scheduler's JSON "
                        f"({type(err).__name__}); is it the scheduler's --http-listen address?") from None
     if not isinstance(state, dict):
-        raise NotState(f"http://{address}/api/state answered JSON that is not the scheduler's state; "
+        raise NotState(f"{where} answered JSON that is not the scheduler's state; "
                        "is it the scheduler's --http-listen address?")
     return state
 

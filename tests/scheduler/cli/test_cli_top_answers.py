@@ -107,3 +107,13 @@ def test_top_decisions_pointed_at_another_server_says_so_in_one_line(  # type: i
     assert (r.code, r.out) == (1, ""), r
     assert r.err == (f"gandiva top: http://{address}/api/state answered JSON that is not the scheduler's state "
                      "(TypeError); is it the scheduler's --http-listen address?\n"), r.err
+
+
+def test_top_decisions_names_the_address_it_asked(gandiva, answering) -> None:  # type: ignore[no-untyped-def]
+    """What `top --decisions` asks is /api/decisions; an answer there not the scheduler's
+    was said to be /api/state's."""
+    answering.kind = "list"
+    address = f"127.0.0.1:{answering.server_address[1]}"
+    r = gandiva("top", "--decisions", "10m", "--http", address)
+    assert (r.code, r.out) == (1, ""), r
+    assert r.err.startswith(f"gandiva top: http://{address}/api/decisions answered JSON that is not "), r.err
