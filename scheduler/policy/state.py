@@ -142,7 +142,12 @@ class GandivaState:
 
     def keep_pair(self, a: str, b: str) -> None:
         """A packed pair found worth keeping: each is the other's partner (they take their
-        turns together, and neither is migrated or packed with a third job)."""
+        turns together, and neither is migrated or packed with a third job). A pair either was
+        in ends: a trial of a co-run (packing.trial_of_co_run) may judge a job of a kept pair
+        beside a third, and its old partner was left pointing at it, held as paired (never
+        moved or packed) until that job ended."""
+        self.drop_pair(a)
+        self.drop_pair(b)
         self.kept_pairs[a] = b
         self.kept_pairs[b] = a
 

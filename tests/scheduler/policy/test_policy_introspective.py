@@ -228,6 +228,24 @@ def test_a_pack_no_trial_judged_is_kept_only_when_its_measured_rates_say_it_help
     assert mk.kinds(d) == [("Suspend", "a"), ("Suspend", "b"), ("Resume", "c")]
 
 
+
+def test_a_co_run_kept_by_its_trial_leaves_the_kept_pair_one_of_its_jobs_was_in(mk) -> None:
+    """a and b a kept pair; a found running beside c (b's resume not applied, an operator's
+    resume of c) is judged with c, and kept: a's pair is now a and c. Before, b was left
+    a's partner on its own side (kept_pairs b -> a, a -> c): b, alone, was held as one of a
+    kept pair, never moved, packed or parked until a ended."""
+    def jobs(rate: float | None) -> list:
+        return [mk.job(j, state="RUNNING", placement=mk.on("s0", 0), last_state_change_at=at, alone_rate=4.0,
+                       rate=rate) for j, at in (("a", 0), ("c", 5))] + [
+            mk.job("b", state="SUSPENDED", placement=mk.on("s0", 0), last_state_change_at=1, alone_rate=4.0)]
+    policy = get_policy("gandiva", PAPER)
+    policy.state.keep_pair("a", "b")
+    for now, rate in ((100.0, None), (170.0, 3.0), (221.0, 3.0)):
+        d = policy.decide(mk.snap(now, mk.servers(1, 1), *jobs(rate)))
+    assert mk.kinds(d) == [("Suspend", "a"), ("Suspend", "c"), ("Resume", "b")]  # the kept pair's turn ends
+    assert policy.state.kept_pairs == {"a": "c", "c": "a"}
+
+
 def test_a_server_is_emptied_for_a_queued_job_that_no_server_has_room_for(mk) -> None:
     lonely = mk.job("lonely", state="RUNNING", placement=mk.on("s0", 0))
     two = [mk.job(f"t{i}", state="RUNNING", placement=mk.on("s1", i)) for i in range(2)]
