@@ -330,8 +330,11 @@ def run(args: argparse.Namespace) -> int:
         print("gandiva top: --job goes with --decisions SINCE", file=sys.stderr)
         return 2
     path = "/api/state"
+    # The dashboard takes ?since= up to 2**53 s (its QUERY_MAX): `--decisions 1e300` was refused
+    # there ("cannot read ... (Bad Request)"); a longer period is all the log holds.
+    since_s = min(args.decisions or 0.0, 2.0**53)
     if args.decisions:
-        path = f"/api/decisions?since={math.ceil(args.decisions)}" + (
+        path = f"/api/decisions?since={math.ceil(since_s)}" + (
             f"&job={urllib.parse.quote(args.job)}" if args.job else "")
     try:
         state = fetch(args.http, token, path)
@@ -342,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
             except (KeyError, TypeError, AttributeError) as err:
                 raise NotState(f"http://{args.http}/api/state answered JSON that is not the scheduler's state "
                                f"({type(err).__name__}); is it the scheduler's --http-listen address?") from None
-            console.print(decisions_view(state, args.decisions, names))
+            console.print(decisions_view(state, since_s, names))
             return 0
     except (NotHttp, Refused, Unhealthy, NotState) as err:
         print(f"gandiva top: {err}", file=sys.stderr)

@@ -117,3 +117,23 @@ def test_top_decisions_names_the_address_it_asked(gandiva, answering) -> None:  
     r = gandiva("top", "--decisions", "10m", "--http", address)
     assert (r.code, r.out) == (1, ""), r
     assert r.err.startswith(f"gandiva top: http://{address}/api/decisions answered JSON that is not "), r.err
+
+
+def test_top_decisions_of_a_period_longer_than_any_asks_for_the_whole_log(  # type: ignore[no-untyped-def]
+        gandiva, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`top --decisions 1e300` asked ?since= in 301 digits, past what the dashboard takes
+    (2**53): refused there, and `top` said "cannot read ... (Bad Request)"."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    from scheduler.observe.dashboard import _int
+
+    asked: list[str] = []
+
+    def answer(address: str, token: str = "", path: str = "/api/state") -> dict[str, object]:
+        asked.append(path)
+        return {"now": time.time(), "decisions": [], "kept": 0} if path.startswith("/api/decisions") else {"jobs": []}
+
+    monkeypatch.setattr(top, "fetch", answer)
+    r = gandiva("top", "--decisions", "1e300", "--http", "127.0.0.1:1")
+    assert r.code == 0 and r.out.splitlines()[-1] == "tried changes: none", r
+    assert _int(dict(parse_qsl(urlsplit(asked[0]).query)), "since", 0) == 2**53, asked
