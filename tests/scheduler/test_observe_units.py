@@ -7,7 +7,7 @@ from pathlib import Path
 
 from scheduler.cli.demo_run import plot_timeline
 from scheduler.observe.dashboard import gpu_mode
-from scheduler.observe.metrics import SchedulerMetrics, Timeline
+from scheduler.observe.metrics import DecisionLog, SchedulerMetrics, Timeline
 from scheduler.policy import types as pt
 
 G = pt.GpuRef
@@ -254,15 +254,13 @@ def test_each_tried_change_in_the_decision_log_says_whether_it_was_kept() -> Non
     assert not m.log.open
 
 
-async def test_moves_read_back_after_a_restart_say_whether_they_moved(sqlite_url: str) -> None:
-    """Seen on a scheduler restarted under `gandiva demo --keep`: every move read back from the
-    database was settled "not kept: the job ended first" by the first round (its job had
-    finished since), moves that had moved included. A read-back move is settled by its job's
-    next change out of MIGRATING; one with none is left not known."""
+async def _moves_read_back(sqlite_url: str, moves: tuple[tuple[int, float, str | None, str], ...]) -> tuple[
+        list[str], DecisionLog]:
+    """Three jobs, and ``moves`` (job index, when, its end's state or None, the end's reason)
+    as their state changes; the decision log read back from them after a restart."""
     from protos.gandiva.v1 import common_pb2
     from scheduler.core import SchedulerCore
     from scheduler.observe.history import read_back
-    from scheduler.observe.metrics import DecisionLog
     from scheduler.state import migrate
     from scheduler.state.db import make_engine
     from scheduler.state.models import Transition
@@ -273,49 +271,39 @@ async def test_moves_read_back_after_a_restart_say_whether_they_moved(sqlite_url
     try:
         ids = [(await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id for _ in range(3)]
         async with core.tx() as s:
-            for job_id, at, end in ((ids[0], 10.0, "RUNNING"), (ids[1], 20.0, "SUCCEEDED"), (ids[2], 30.0, None),
-                                    (ids[0], 40.0, "KILLED")):  # a job's two moves: each its own end
-                s.add(Transition(job_id=job_id, from_state="RUNNING", to_state="MIGRATING", at=at, reason="lower"))
+            for n, at, end, why in moves:
+                s.add(Transition(job_id=ids[n], from_state="RUNNING", to_state="MIGRATING", at=at, reason="lower"))
                 if end:
-                    s.add(Transition(job_id=job_id, from_state="MIGRATING", to_state=end, at=at + 2, reason="x"))
+                    s.add(Transition(job_id=ids[n], from_state="MIGRATING", to_state=end, at=at + 2, reason=why))
         log = DecisionLog()
         await read_back(core, log, 100.0)
-        log.settle_ended(101.0, set())  # the next round: none of them unfinished
-        assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
-            (ids[0], "moved"), (ids[1], "not kept: the job ended first"), (ids[2], ""),
-            (ids[0], "not kept: the job ended first")]
+        return ids, log
     finally:
         await core.dispose()
         await engine.dispose()
+
+
+async def test_moves_read_back_after_a_restart_say_whether_they_moved(sqlite_url: str) -> None:
+    """Seen on a scheduler restarted under `gandiva demo --keep`: every move read back from the
+    database was settled "not kept: the job ended first" by the first round (its job had
+    finished since), moves that had moved included. A read-back move is settled by its job's
+    next change out of MIGRATING; one with none is left not known."""
+    ids, log = await _moves_read_back(sqlite_url, ((0, 10.0, "RUNNING", "x"), (1, 20.0, "SUCCEEDED", "x"),
+                                                   (2, 30.0, None, ""),
+                                                   (0, 40.0, "KILLED", "x")))  # a job's two moves: each its own end
+    log.settle_ended(101.0, set())  # the next round: none of them unfinished
+    assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
+        (ids[0], "moved"), (ids[1], "not kept: the job ended first"), (ids[2], ""),
+        (ids[0], "not kept: the job ended first")]
 
 
 async def test_a_move_rolled_back_to_its_source_is_read_back_as_the_live_log_said_it(sqlite_url: str) -> None:
     """A move that stayed at its source (live: "aborted") or restarted there also goes from
     MIGRATING back to RUNNING (live_migration's roll-back, "<outcome>: <why>"): read back after
     a restart, each read "moved"."""
-    from protos.gandiva.v1 import common_pb2
-    from scheduler.core import SchedulerCore
-    from scheduler.observe.history import read_back
-    from scheduler.observe.metrics import DecisionLog
-    from scheduler.state import migrate
-    from scheduler.state.db import make_engine
-    from scheduler.state.models import Transition
-
-    engine = make_engine(sqlite_url)
-    await migrate.upgrade(engine)
-    core = SchedulerCore(engine)
-    try:
-        ids = [(await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id for _ in range(3)]
-        async with core.tx() as s:
-            for job_id, at, why in ((ids[0], 10.0, "stayed_at_source: pre-warm at h2 failed: exited with code 1"),
-                                    (ids[1], 20.0, "restarted_at_source: transfer failed: the link is cut"),
-                                    (ids[2], 30.0, "migrated to h2 at step 40 (training paused 0.50s)")):
-                s.add(Transition(job_id=job_id, from_state="RUNNING", to_state="MIGRATING", at=at, reason="lower"))
-                s.add(Transition(job_id=job_id, from_state="MIGRATING", to_state="RUNNING", at=at + 2, reason=why))
-        log = DecisionLog()
-        await read_back(core, log, 100.0)
-        assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
-            (ids[0], "aborted"), (ids[1], "restarted_at_source"), (ids[2], "moved")]
-    finally:
-        await core.dispose()
-        await engine.dispose()
+    ids, log = await _moves_read_back(sqlite_url, (
+        (0, 10.0, "RUNNING", "stayed_at_source: pre-warm at h2 failed: exited with code 1"),
+        (1, 20.0, "RUNNING", "restarted_at_source: transfer failed: the link is cut"),
+        (2, 30.0, "RUNNING", "migrated to h2 at step 40 (training paused 0.50s)")))
+    assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
+        (ids[0], "aborted"), (ids[1], "restarted_at_source"), (ids[2], "moved")]
