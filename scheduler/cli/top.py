@@ -263,12 +263,13 @@ def decisions_view(got: dict[str, Any], since_s: float, names: dict[str, str] | 
             if outcome:
                 lines.append(output.visible(f" -> {outcome}"), style="green" if outcome.startswith(_KEPT) else "yellow")
             lines.append("\n")
-    except (KeyError, TypeError, AttributeError, ValueError) as err:
+        head = Text(f"{len(rows)} decision(s) since {time.strftime('%H:%M:%S', time.localtime(now - since_s))}"
+                    + (f" (the scheduler keeps its latest {got['kept']:,}: this period's older ones are gone)"
+                       if got.get("incomplete") else ""), style="bold")
+    except (KeyError, TypeError, AttributeError, ValueError, OverflowError, OSError) as err:
+        # (OverflowError, OSError: a time no clock reads, as `"now": 1e300`)
         raise NotState(f"/api/decisions answered JSON that is not the scheduler's decision log "
                        f"({type(err).__name__}); is it the scheduler's --http-listen address?") from None
-    head = Text(f"{len(rows)} decision(s) since {time.strftime('%H:%M:%S', time.localtime(now - since_s))}"
-                + (f" (the scheduler keeps its latest {got['kept']:,}: this period's older ones are gone)"
-                   if got.get("incomplete") else ""), style="bold")
     counts = []
     for kind, outcomes in tried.items():
         tally = {o: outcomes.count(o) for o in dict.fromkeys(sorted(outcomes))}

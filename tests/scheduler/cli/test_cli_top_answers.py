@@ -35,6 +35,8 @@ class _Answers(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(b"[1, 2, 3]")
             elif kind == "shape":
                 self.wfile.write(b'{"servers": 5, "jobs": "x"}')
+            elif kind == "far":
+                self.wfile.write(b'{"now": 1e300, "decisions": [], "jobs": []}')
             elif kind == "endless":
                 self.wfile.write(b'{"a": "')
                 while not self.server.done.is_set():  # type: ignore[attr-defined]
@@ -137,3 +139,14 @@ def test_top_decisions_of_a_period_longer_than_any_asks_for_the_whole_log(  # ty
     r = gandiva("top", "--decisions", "1e300", "--http", "127.0.0.1:1")
     assert r.code == 0 and r.out.splitlines()[-1] == "tried changes: none", r
     assert _int(dict(parse_qsl(urlsplit(asked[0]).query)), "since", 0) == 2**53, asked
+
+
+def test_top_decisions_at_a_time_no_clock_reads_says_so_in_one_line(  # type: ignore[no-untyped-def]
+        gandiva, answering) -> None:
+    """`"now": 1e300` in the answer: a traceback (OverflowError: timestamp out of range)."""
+    answering.kind = "far"
+    address = f"127.0.0.1:{answering.server_address[1]}"
+    r = gandiva("top", "--decisions", "10m", "--http", address)
+    assert (r.code, r.out) == (1, ""), r
+    assert r.err == ("gandiva top: /api/decisions answered JSON that is not the scheduler's decision log "
+                     "(OverflowError); is it the scheduler's --http-listen address?\n"), r.err
