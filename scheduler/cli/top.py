@@ -9,6 +9,7 @@ and the reason for the scheduler's last decision about them, and the latest deci
 from __future__ import annotations
 
 import argparse
+import collections
 import http.client
 import json
 import math
@@ -254,8 +255,8 @@ def decisions_view(got: dict[str, Any], since_s: float, names: dict[str, str] | 
         for d in rows:
             outcome = d.get("outcome") or ""
             if d["kind"] in ("pack", "migrate", "grow", "shrink"):
-                tried.setdefault(d["kind"], []).append(outcome.split(" in ")[0] or "not known yet")
                 outcome = outcome or "not known yet"
+                tried.setdefault(d["kind"], []).append(outcome.split(" in ")[0])
             who = f"{d['job']} ({names[d['job']]})" if names.get(d["job"]) else d["job"]
             where = f" {','.join(d['gpus'])}" if d["gpus"] else ""
             lines.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<11} "
@@ -272,7 +273,7 @@ def decisions_view(got: dict[str, Any], since_s: float, names: dict[str, str] | 
                        f"({type(err).__name__}); is it the scheduler's --http-listen address?") from None
     counts = []
     for kind, outcomes in tried.items():
-        tally = {o: outcomes.count(o) for o in dict.fromkeys(sorted(outcomes))}
+        tally = collections.Counter(sorted(outcomes))  # (in the order of the outcomes' names)
         counts.append(f"{kind} {len(outcomes)}: " + ", ".join(f"{o} {n}" for o, n in tally.items()))
     summary = Text("tried changes: " + ("; ".join(counts) if counts else "none"), style="bold")
     return Group(head, lines, summary)
