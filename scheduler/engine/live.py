@@ -1220,7 +1220,10 @@ class LiveEngine:
             gpus = ",".join(f"{g.server}/{g.index}" for g in to_gpus)
             said = f"{NOT_STARTED} ({reason}; to {gpus}): {err}"
             if self._moves_refused.get(job_id) == said:
-                raise  # said already (the log line below says it again)
+                # Said already (the log line below says it again); this round's decision of it
+                # is not done either (it read "not known yet" for as long as the job lived).
+                self.observer.move_ended(self.core.clock(), job_id, "not done", 0.0)
+                raise
             remember(self._moves_refused, job_id, said, MOVES_REFUSED_KEPT)
             now = self.core.clock()
             self.observer.not_done(now, job_id, said)

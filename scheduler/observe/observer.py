@@ -32,7 +32,8 @@ class Observer:
 
     def move_ended(self, at: float, job_id: str, phase: str, seconds: float) -> None:
         """A move (migration, grow, shrink) of ``job_id`` ended: ``phase`` total (it moved,
-        ``seconds`` from its stop to its first step there) or one of unmoved.ENDED_UNMOVED."""
+        ``seconds`` from its stop to its first step there), one of unmoved.ENDED_UNMOVED, or
+        "not done" (refused before it began, as the previous round's, which ``not_done`` said)."""
 
     def checkpoint_fetched(self, outcome: str, seconds: float) -> None:
         """A queued job's checkpoint streamed from the server that holds it to the one it

@@ -61,3 +61,32 @@ async def test_the_steps_of_a_launch_still_reporting_outlive_the_memorys_bound(s
         assert core.steps_seen("old-0", "i1") == 0 and len(core._steps_seen) == STEPS_SEEN_KEPT
     finally:
         await engine.dispose()
+
+
+async def test_a_move_refused_again_as_before_is_not_done_in_the_decision_log(sqlite_url: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy decides a refused move again each round, and each round's `migrate` is in the
+    decision log; the refusal is said once (above). The second and later decisions read "not
+    known yet" for as long as the job lived (`gandiva top --decisions`)."""
+    from scheduler.observe.metrics import SchedulerMetrics
+
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        live = LiveEngine(core)
+        live.observer = metrics = SchedulerMetrics()
+        job_id = (await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id
+
+        async def refused(core: SchedulerCore, job_id: str, to: list, reason: str) -> None:
+            raise FailedPrecondition(f"job {job_id} has no runtime connected")
+
+        monkeypatch.setattr(live_module, "begin_migration", refused)
+        for at in (1.0, 2.0):  # two rounds: each logs its decision, then carries it out
+            metrics.log.add(at, "migrate", job_id, ("s1/0",), "lower the height")
+            with pytest.raises(FailedPrecondition):
+                await live._policy_move(job_id, [GpuRef("s1", 0)], "lower the height")
+        assert [(r.kind, r.outcome) for r in metrics.log.records] == [
+            ("migrate", "not done"), ("not-done", ""), ("migrate", "not done")]
+    finally:
+        await engine.dispose()
