@@ -187,8 +187,8 @@ def test_dashboard_shows_servers_and_jobs_in_a_browser(observed_cluster, mlp, ch
     c.add_helper("node-b", 1, "--host-memory", "0")
     # Two give their total mini-batches at submission (--steps); the third's program says
     # where it stops itself (MonitoredTrainingSession, StopAtStepHook(last_step=2000)).
-    # 0.2 s a step: none ends (nor reaches step 1,103, where mts_mlp's loss turns NaN and it
-    # fails) before the page is read, however slowly this test's commands and browser run.
+    # 0.2 s a step: none ends before the page is read, however slowly this test's commands
+    # and browser run (nor, before s51, reached step 1,103, where mts_mlp's loss turned NaN).
     # At 0.02 s, at load 18-22, the page showed ['running', 'idle'] or ['running', 'running']:
     # one job done, the mts one failed (NaN loss), the shared GPU shared no more.
     ids = [submit(c, mlp, f"shown-{i}", 2000, total=2000, sleep=0.2) for i in range(2)]

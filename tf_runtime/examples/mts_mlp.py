@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_runtime.examples.common import build_replicated, configure, parse_args, session_config
-from tf_runtime.examples.mlp import hidden_flag, model
+from tf_runtime.examples.mlp import STABLE_LR, hidden_flag, model
 
 
 class DumpAtEnd(tf.compat.v1.train.SessionRunHook):
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="MonitoredTrainingSession's own checkpoints")
 
     args = parse_args("MLP under MonitoredTrainingSession", argv, flags, steps=200, batch=16,
-                      lr=0.05)
+                      lr=STABLE_LR)  # 0.05 ended in a NaN loss at step 1,103 (mlp.STABLE_LR)
     configure(args.seed)
     _, train, loss = build_replicated(lambda g, i: model(args, g, i), args,
                                       tf.compat.v1.train.MomentumOptimizer(args.lr, 0.9))

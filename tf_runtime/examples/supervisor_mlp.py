@@ -22,7 +22,7 @@ from tf_runtime.examples.common import (
     session_config,
     train_loop,
 )
-from tf_runtime.examples.mlp import hidden_flag, model
+from tf_runtime.examples.mlp import STABLE_LR, hidden_flag, model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         hidden_flag(p)
         p.add_argument("--logdir", default=None, help="the Supervisor's own directory")
 
-    args = parse_args("MLP under tf.train.Supervisor", argv, flags, steps=200, batch=16, lr=0.05)
+    args = parse_args("MLP under tf.train.Supervisor", argv, flags, steps=200, batch=16,
+                      lr=STABLE_LR)  # 0.05 diverged past step ~200 (mlp.STABLE_LR)
     configure(args.seed)
     gs, train, loss = build_replicated(lambda g, i: model(args, g, i), args,
                                        tf.compat.v1.train.MomentumOptimizer(args.lr, 0.9))
