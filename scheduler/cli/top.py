@@ -347,13 +347,17 @@ def run(args: argparse.Namespace) -> int:
             except (KeyError, TypeError, AttributeError) as err:
                 raise NotState(f"http://{args.http}/api/state answered JSON that is not the scheduler's state "
                                f"({type(err).__name__}); is it the scheduler's --http-listen address?") from None
-            console.print(decisions_view(state, since_s, names))
+            try:
+                shown = decisions_view(state, since_s, names)
+            except NotState as err:  # (its words begin with the path)
+                raise NotState(f"http://{args.http}{err}") from None
+            console.print(shown)
             return 0
     except (NotHttp, Refused, Unhealthy, NotState) as err:
         print(f"gandiva top: {err}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError, ValueError) as err:
-        print(f"gandiva top: cannot read http://{args.http}/api/state ({_why(err)}); is the scheduler "
+        print(f"gandiva top: cannot read http://{args.http}{path.partition('?')[0]} ({_why(err)}); is the scheduler "
               "running with --http-listen on that address?", file=sys.stderr)
         return 1
     try:

@@ -148,5 +148,12 @@ def test_top_decisions_at_a_time_no_clock_reads_says_so_in_one_line(  # type: ig
     address = f"127.0.0.1:{answering.server_address[1]}"
     r = gandiva("top", "--decisions", "10m", "--http", address)
     assert (r.code, r.out) == (1, ""), r
-    assert r.err == ("gandiva top: /api/decisions answered JSON that is not the scheduler's decision log "
-                     "(OverflowError); is it the scheduler's --http-listen address?\n"), r.err
+    assert r.err == (f"gandiva top: http://{address}/api/decisions answered JSON that is not the scheduler's "
+                     "decision log (OverflowError); is it the scheduler's --http-listen address?\n"), r.err
+
+
+def test_top_decisions_unanswered_names_what_it_asked(gandiva) -> None:  # type: ignore[no-untyped-def]
+    """It said "cannot read http://ADDR/api/state (...)" (and, for an answer of another shape,
+    named no address at all, as the test above shows)."""
+    r = gandiva("top", "--decisions", "10m", "--http", "127.0.0.1:1")
+    assert r.code == 1 and r.err.startswith("gandiva top: cannot read http://127.0.0.1:1/api/decisions ("), r.err
