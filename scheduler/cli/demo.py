@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from scheduler.cli.argtypes import mini_batches, positive_seconds, whole_number
-from scheduler.cli.local_cluster import LocalCluster, free_port
+from scheduler.cli.local_cluster import LocalCluster
 from scheduler.config import default_db_url, gandiva_home
 from scheduler.validation import MAX_SERVER_GPUS
 
@@ -63,7 +63,10 @@ def local_cluster(args: argparse.Namespace, run_dir: Path, db: str, names: list[
     """The demo's scheduler and helpers, not started. --http-allow-host goes to its scheduler:
     `--http-listen 0.0.0.0:9100` is refused without it (no tokens), and the refusal's "Give
     --http-allow-host NAME" named a flag the demo did not take."""
-    return LocalCluster(run_dir, db, names, args.gpus, http_listen=args.http_listen, port=free_port(),
+    # 50051 (the clients' default address) when the scheduler can bind it, else a free port
+    # (LocalCluster.port_fallback): a check that it was free before the scheduler bound it
+    # failed the demo when something took it in between.
+    return LocalCluster(run_dir, db, names, args.gpus, http_listen=args.http_listen, port=50051, port_fallback=True,
                         scheduler_args=["--quantum", "6", "--tick", "0.5",
                                         *(x for opt in DEMO_POLICY for x in ("--policy-option", opt)),
                                         *(x for name in args.http_allow_host for x in ("--http-allow-host", name))])
@@ -81,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     names = [f"node-{i + 1}" for i in range(args.servers)]
     cluster = local_cluster(args, run_dir, db, names)
     try:
-        console.print(f"scheduler on 127.0.0.1:{cluster.port}, state in {db}")
         address = cluster.start_scheduler()
+        console.print(f"scheduler on {address}, state in {db}" + (f" ({cluster.note})" if cluster.note else ""))
         http = cluster.http
         console.print(f"[bold]dashboard: http://{http}/[/]   (metrics: http://{http}/metrics, "
                       f"or `gandiva top --http {http}`)")

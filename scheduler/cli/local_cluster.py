@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +19,8 @@ from pathlib import Path
 GANDIVA = [sys.executable, "-m", "gandiva_cli.main"]
 
 
-def free_port(preferred: int = 50051) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return int(s.getsockname()[1])
-    raise OSError("no free port on 127.0.0.1")
+# What `gandiva scheduler` says when its --listen address is taken (transport.add_port).
+IN_USE = "cannot listen there"
 
 
 def wait_file(path: Path, proc: subprocess.Popen, what: str, timeout: float = 60, log: Path | None = None) -> str:
@@ -57,6 +49,11 @@ class LocalCluster:
     scheduler_args: Sequence[str] = ()
     http_listen: str = "127.0.0.1:0"
     port: int = 0
+    # With a `port` taken when the scheduler binds it, a free one instead (said in ``note``).
+    # `gandiva demo` checked that 50051 was free, then its scheduler bound it a moment later:
+    # anything that took it meanwhile failed the demo. Now the scheduler's own bind decides.
+    port_fallback: bool = False
+    note: str = ""
     procs: list[subprocess.Popen] = field(default_factory=list)
     address: str = ""
     http: str = ""
@@ -64,16 +61,29 @@ class LocalCluster:
     def start_scheduler(self) -> str:
         """Start the scheduler; its gRPC address (``http`` is set too)."""
         port_file, http_file = self.run_dir / "scheduler.addr", self.run_dir / "http.addr"
+        log_path = self.run_dir / "scheduler.log"
+        try:
+            self.address = self._scheduler_at(self.port, port_file, http_file, log_path, "w")
+        except RuntimeError as err:
+            if not (self.port_fallback and self.port and IN_USE in str(err)):
+                raise
+            self.procs.pop(0)  # it exited, saying so
+            self.note = f"port {self.port} is in use: the scheduler listens on a free port instead"
+            self.address = self._scheduler_at(0, port_file, http_file, log_path, "a")
+        self.http = wait_file(http_file, self.procs[0], "the scheduler's HTTP server", log=log_path)
+        return self.address
+
+    def _scheduler_at(self, port: int, port_file: Path, http_file: Path, log_path: Path, mode: str) -> str:
+        """Start the scheduler (the first of ``procs``) listening on `port` (0: a free one);
+        its address once bound."""
         # The child keeps its own copy of the log descriptor.
-        with open(self.run_dir / "scheduler.log", "w") as log:
-            self.procs.append(subprocess.Popen(
-                [*GANDIVA, "scheduler", "--listen", f"127.0.0.1:{self.port}", "--db", self.db,
+        with open(log_path, mode) as log:
+            self.procs.insert(0, subprocess.Popen(
+                [*GANDIVA, "scheduler", "--listen", f"127.0.0.1:{port}", "--db", self.db,
                  "--port-file", str(port_file), "--http-listen", self.http_listen,
                  "--http-port-file", str(http_file), *self.scheduler_args],
                 stdout=log, stderr=subprocess.STDOUT))
-        self.address = wait_file(port_file, self.procs[0], "the scheduler", log=self.run_dir / "scheduler.log")
-        self.http = wait_file(http_file, self.procs[0], "the scheduler's HTTP server", log=self.run_dir / "scheduler.log")
-        return self.address
+        return wait_file(port_file, self.procs[0], "the scheduler", log=log_path)
 
     def start_helpers(self, env: dict[str, str] | None = None) -> None:
         env = {**(env or os.environ), "GANDIVA_SCHEDULER": self.address}

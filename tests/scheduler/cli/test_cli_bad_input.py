@@ -743,6 +743,35 @@ def test_a_local_cluster_removes_its_helpers_ramdisks_when_it_stops(tmp_path: Pa
             shutil.rmtree(cluster.ramdisk(name), ignore_errors=True)
 
 
+def test_the_demo_scheduler_takes_a_free_port_when_its_port_is_taken_as_it_binds(tmp_path: Path) -> None:
+    """`gandiva demo` checked that 50051 was free, then its scheduler bound it a moment later:
+    anything that took the port in between failed the demo ("the scheduler exited with status
+    1: --listen 127.0.0.1:50051: cannot listen there ..."). The scheduler's own bind decides now:
+    a port taken then gives way to a free one, said in the demo's first line."""
+    import socket
+
+    from scheduler.cli.local_cluster import LocalCluster
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cluster = LocalCluster(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'g.db'}", [], 1, port=port,
+                               port_fallback=True)
+        try:
+            address = cluster.start_scheduler()  # (before: RuntimeError)
+            host, _, bound = address.rpartition(":")
+            assert host == "127.0.0.1" and int(bound) not in (0, port), address
+            assert cluster.note == f"port {port} is in use: the scheduler listens on a free port instead"
+            assert len(cluster.procs) == 1 and cluster.procs[0].poll() is None
+            with socket.create_connection(("127.0.0.1", int(bound)), timeout=10):
+                pass
+            said = (tmp_path / "scheduler.log").read_text()
+            assert f"--listen 127.0.0.1:{port}: cannot listen there" in said, said  # the first try's
+        finally:
+            cluster.stop()
+
+
 @pytest.mark.parametrize("option", ["pack_trial_s=nan", "defrag_interval_s=inf", "grow_idle_s=-1",
                                     "max_migrations_per_round=-1", "large_block_after_s=nan"])
 def test_scheduler_refuses_policy_numbers_that_are_not_finite_or_negative(option: str) -> None:
