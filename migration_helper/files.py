@@ -3,7 +3,8 @@ helper's own files in the ramdisk. A job runs as its helper's Unix user, so it m
 pipe, a link or a directory in any of their places: open() of a pipe waits for the other end
 for ever (on the helper's event loop, which heartbeats and runs every job's commands), and a
 link is followed (to /proc/self/environ: the helper's own environment, its token included).
-``open_regular`` opens only a regular file, never through a link and never waiting."""
+``open_regular`` opens only a regular file, never through a link and never waiting;
+``read_regular`` reads one whole, bounded."""
 
 from __future__ import annotations
 
@@ -34,3 +35,13 @@ def open_regular(path: Path | str, mode: str = "rb") -> Any:
         raise OSError(errno.EINVAL, NOT_REGULAR, str(path))
     os.set_blocking(fd, True)
     return open(fd, mode)
+
+
+def read_regular(path: Path | str, limit: int, size: str = "") -> bytes:
+    """The bytes of a regular file (``open_regular``) of at most ``limit`` bytes: a larger one
+    is a ValueError, "over SIZE" (``size``, else the limit in bytes)."""
+    with open_regular(path) as f:
+        data: bytes = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"over {size or f'{limit:,} bytes'}")
+    return data

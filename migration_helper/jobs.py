@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 
 from migration_helper.agent import TransferTooSlow, send_checkpoint
-from migration_helper.files import open_regular
+from migration_helper.files import open_regular, read_regular
 from migration_helper.launch_rule import isolated_launch, job_environment, shim_command
 from migration_helper.process import OWNER_ENV, JobProcess, ProcessExited
 from migration_helper.ramdisk import CheckpointError, CheckpointMissing, safe_name
@@ -387,11 +387,8 @@ def _check_restore(what: str, path: str, server: str) -> None:
         # Read as a regular file only, and bounded: the job writes its checkpoint directory
         # (any job of this server may write any other's), and a named pipe put there held
         # this event loop in open() for ever; what it holds is checked before it is used.
-        with open_regular(Path(path, MANIFEST)) as f:
-            data = f.read(MAX_MANIFEST_BYTES + 1)
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise ValueError(f"over {MAX_MANIFEST_BYTES >> 20} MiB")
-        manifest = parse_manifest(data)
+        manifest = parse_manifest(read_regular(Path(path, MANIFEST), MAX_MANIFEST_BYTES,
+                                               f"{MAX_MANIFEST_BYTES >> 20} MiB"))
         if isinstance(manifest, dict) and manifest.get("format") == FORMAT:  # the shim's: each file's size
             check_manifest(path, manifest)
     except FileNotFoundError:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from migration_helper.files import open_regular
+from migration_helper.files import read_regular
 from protos.gandiva.v1 import helper_pb2
 from scheduler.errors import InvalidArgument
 from scheduler.validation import MAX_REGISTER_EXITS, check_exit
@@ -134,11 +134,7 @@ class UndeliveredExits:
                 # A regular file only, never waiting, and bounded: a job may put a named pipe
                 # here (open() waited for a writer for ever: the helper never started) or a
                 # link (to /dev/zero: read until memory ran out).
-                with open_regular(path) as f:
-                    data = f.read(MAX_EXIT_BYTES + 1)
-                if len(data) > MAX_EXIT_BYTES:
-                    raise ValueError(f"over {MAX_EXIT_BYTES:,} bytes")
-                exit_ = _decode(data)
+                exit_ = _decode(read_regular(path, MAX_EXIT_BYTES))
             except (OSError, ValueError) as exc:
                 log.warning("%s is not a process exit (%s); removed", path, exc)
                 _remove(path)
