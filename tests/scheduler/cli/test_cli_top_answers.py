@@ -99,14 +99,21 @@ def test_top_told_its_address_names_another_host_says_what_the_server_said(  # t
                      "only this machine reaches, and names host 'x'\n"), r.err
 
 
+def _decisions_refused(gandiva, answering, kind: str):  # type: ignore[no-untyped-def]
+    """`top --decisions 10m` against a server answering ``kind``: its address and the
+    result, which ended with status 1 and printed nothing."""
+    answering.kind = kind
+    address = f"127.0.0.1:{answering.server_address[1]}"
+    r = gandiva("top", "--decisions", "10m", "--http", address)
+    assert (r.code, r.out) == (1, ""), r
+    return address, r
+
+
 def test_top_decisions_pointed_at_another_server_says_so_in_one_line(  # type: ignore[no-untyped-def]
         gandiva, answering) -> None:
     """`top --decisions` reads the jobs' names from /api/state: JSON of another shape there
     ended it with a traceback (TypeError: string indices must be integers)."""
-    answering.kind = "shape"
-    address = f"127.0.0.1:{answering.server_address[1]}"
-    r = gandiva("top", "--decisions", "10m", "--http", address)
-    assert (r.code, r.out) == (1, ""), r
+    address, r = _decisions_refused(gandiva, answering, "shape")
     assert r.err == (f"gandiva top: http://{address}/api/state answered JSON that is not the scheduler's state "
                      "(TypeError); is it the scheduler's --http-listen address?\n"), r.err
 
@@ -114,10 +121,7 @@ def test_top_decisions_pointed_at_another_server_says_so_in_one_line(  # type: i
 def test_top_decisions_names_the_address_it_asked(gandiva, answering) -> None:  # type: ignore[no-untyped-def]
     """What `top --decisions` asks is /api/decisions; an answer there not the scheduler's
     was said to be /api/state's."""
-    answering.kind = "list"
-    address = f"127.0.0.1:{answering.server_address[1]}"
-    r = gandiva("top", "--decisions", "10m", "--http", address)
-    assert (r.code, r.out) == (1, ""), r
+    address, r = _decisions_refused(gandiva, answering, "list")
     assert r.err.startswith(f"gandiva top: http://{address}/api/decisions answered JSON that is not "), r.err
 
 
@@ -144,10 +148,7 @@ def test_top_decisions_of_a_period_longer_than_any_asks_for_the_whole_log(  # ty
 def test_top_decisions_at_a_time_no_clock_reads_says_so_in_one_line(  # type: ignore[no-untyped-def]
         gandiva, answering) -> None:
     """`"now": 1e300` in the answer: a traceback (OverflowError: timestamp out of range)."""
-    answering.kind = "far"
-    address = f"127.0.0.1:{answering.server_address[1]}"
-    r = gandiva("top", "--decisions", "10m", "--http", address)
-    assert (r.code, r.out) == (1, ""), r
+    address, r = _decisions_refused(gandiva, answering, "far")
     assert r.err == (f"gandiva top: http://{address}/api/decisions answered JSON that is not the scheduler's "
                      "decision log (OverflowError); is it the scheduler's --http-listen address?\n"), r.err
 
