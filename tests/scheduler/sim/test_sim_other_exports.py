@@ -58,11 +58,11 @@ def exports(draw: st.DrawFn) -> tuple[bytes, list[tuple[float, int, float, str]]
     def quoted(text: str) -> str:
         return f'"{text}"' if text and ("," in text or draw(st.booleans())) else text
 
-    def row(i: int, **bad: str) -> str:
+    def row(i: int, fields: int | None = None, **bad: str) -> str:
         a, g, d, m = jobs[i]
         cell = {"id": f"J{i}", "submit": _submit(tkind, a), "gpus": str(g), "dur": _duration(dkind, d),
                 "model": quoted(m), "queue": "q1", "state": "COMPLETED", "notes": quoted("x, y")} | bad
-        return sep.join(cell[c] for c in cols)
+        return sep.join([cell[c] for c in cols][:fields])
 
     header = sep.join(quoted(names[c]) for c in cols)
     lines = [("# " if draw(st.booleans()) else "") + header] + [row(i) for i in draw(st.permutations(range(len(jobs))))]
@@ -72,7 +72,9 @@ def exports(draw: st.DrawFn) -> tuple[bytes, list[tuple[float, int, float, str]]
     if (bad := draw(st.sampled_from(["", "gpus=0", "gpus=-2", "gpus=1.5", "gpus=", "dur=0", "dur=-5", "id=J0",
                                      "short"]))):
         role, _, value = bad.partition("=")
-        text = sep.join(row(0, id="BAD").split(sep)[:2]) if bad == "short" else row(0, **({"id": "BAD", role: value}))
+        # (a short row is cut by its fields: cutting its text at a separator could split a
+        # quoted "a,b" and leave a quote open, which swallows the lines after it)
+        text = row(0, 2, id="BAD") if bad == "short" else row(0, **({"id": "BAD", role: value}))
         first = 1 + next(k for k, ln in enumerate(lines[1:]) if ln.strip(" \t,#") and not ln.startswith("#"))
         after = {"id": 1 + next(k for k, ln in enumerate(lines) if "J0" in [c.strip() for c in ln.split(sep)]),
                  "short": first + 1}  # (a header in a comment is matched against the first row's fields)
