@@ -216,6 +216,9 @@ class JobProcess:
     # sent with its exit; 0: not said (an older shim, a process that died).
     last_step: int = 0
     _reader: asyncio.Task[None] | None = None
+    # When the grace of a stop's SIGTERM runs out (monotonic), None when no stop gave one:
+    # the launch's processes that outlive their wrapper may use the rest of it (_grace).
+    _grace_until: float | None = None
 
     async def start(self, on_exit: Callable[[JobProcess], None]) -> None:
         """Spawn the process; ``on_exit`` is called once when it ends."""
@@ -398,6 +401,7 @@ class JobProcess:
         # next launch (a migration's destination, a restart). Found by this launch's own
         # mark, not by its process group: the group's id is the reaped leader's pid, which
         # another process may be given now.
+        await self._grace()
         for pid in self._marked():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -425,6 +429,17 @@ class JobProcess:
         self._exited.set_result(code)
         self._notify()
         on_exit(self)
+
+    async def _grace(self) -> None:
+        """A stop's SIGTERM ended the leader, a wrapper (`bash run.sh` whose python is its
+        child, not exec'd: bash dies at once), while its program handles the signal (saves
+        its own checkpoint, then exits): the program has the rest of the stop's grace, as
+        it has when it is the leader. It used to be SIGKILLed at once, its save never made."""
+        left = self._marked() if self._grace_until is not None else []
+        # (re-read each time: the stop's SIGKILL, once the grace is over, clears it)
+        while left and self._grace_until is not None and time.monotonic() < self._grace_until:
+            await asyncio.sleep(0.05)
+            left = [pid for pid in left if not _gone(pid)]
 
     async def _wait(self, timeout_s: float) -> bool:
         """True once the process has exited (within ``timeout_s``)."""
@@ -552,6 +567,7 @@ class JobProcess:
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)):
             if self.exit_code is not None:
                 break
+            self._grace_until = time.monotonic() + grace_s if sig == signal.SIGTERM else None
             self._signal_group(sig)
             if self.frozen:  # a frozen process handles its SIGTERM only once continued
                 self.thaw()

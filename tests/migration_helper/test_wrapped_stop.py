@@ -1,0 +1,80 @@
+"""A job whose command is a wrapper that runs python as its child, not exec'd (`bash
+run.sh` with more lines after the python one), stopped by the helper (`gandiva kill`, a
+stale launch, the helper's own shutdown): SIGTERM to the launch's group, SIGKILL after
+the grace. bash dies at the SIGTERM at once; its program, handling the signal (saving
+its own checkpoint, then exiting 0, as many do on preemption), used to be SIGKILLed
+with it, its save never made. Real processes, plain Python (no TensorFlow)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from migration_helper.process import OWNER_ENV, JobProcess
+from tf_runtime.launch import gone
+
+# The program: on SIGTERM it takes a while to save, then exits 0 (`--ignore`: it ignores
+# SIGTERM and runs on); it says when its handler is in place.
+PROGRAM = """
+import os, signal, sys, time
+if sys.argv[1:] == ["--ignore"]:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    def save(sig, frame):
+        time.sleep(0.5)
+        with open("saved", "w") as f:
+            f.write("step 7")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, save)
+with open("ready.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename("ready.tmp", "ready")
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def started(tmp_path: Path, *flags: str) -> tuple[JobProcess, int]:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    (tmp_path / "run.sh").write_text(f"#!/bin/bash\n{sys.executable} train.py {' '.join(flags)}\necho trained\n")
+    env = dict(os.environ, GANDIVA_JOB_ID="j", GANDIVA_INCARNATION="i1", **{OWNER_ENV: f"{os.getpid()}:{tmp_path}"})
+    proc = JobProcess(job_id="j", incarnation="i1", argv=["bash", str(tmp_path / "run.sh")], workdir=str(tmp_path),
+                      env=env, gpu_indices=(), log_path=tmp_path / "j.log")
+    await proc.start(lambda p: None)
+    for _ in range(1500):  # a Python start on a loaded machine
+        if (tmp_path / "ready").exists():
+            return proc, int((tmp_path / "ready").read_text())
+        await asyncio.sleep(0.02)
+    await proc.stop(grace_s=1.0)
+    raise AssertionError(f"the program never started: {(tmp_path / 'j.log').read_text()}")
+
+
+async def test_a_program_behind_a_wrapper_saves_in_its_sigterm_handler_before_the_stop_ends(tmp_path: Path) -> None:
+    proc, program = await started(tmp_path)
+    try:
+        await proc.stop(grace_s=60.0)  # (the save takes 0.5 s: the grace only bounds it)
+        assert (tmp_path / "saved").exists(), "the program was killed in its SIGTERM handler"
+        assert (tmp_path / "saved").read_text() == "step 7"
+        assert gone(program)
+        assert "trained" not in (tmp_path / "j.log").read_text()  # the wrapper's rest not run
+    finally:
+        with contextlib.suppress(OSError):  # the test's own process, whatever happened
+            os.kill(program, signal.SIGKILL)
+
+
+async def test_a_program_behind_a_wrapper_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    proc, program = await started(tmp_path, "--ignore")
+    try:
+        await proc.stop(grace_s=1.0)
+        for _ in range(100):
+            if gone(program):
+                break
+            await asyncio.sleep(0.02)
+        assert gone(program), "left running after its job was stopped"
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(program, signal.SIGKILL)
