@@ -409,6 +409,12 @@ class Controller:
         # each apply, which was taken for a one-time initialiser the same way).
         once = (info.initializes_some and not (info.resets or again)) or info.initializes or \
             info.restores
+        if info.restores:
+            # The program's own Saver swapping weights (the averages restored into them by
+            # `Saver(ema.variables_to_restore())` for an evaluation, then its weights back):
+            # a swap as the assignments below are. Before, an evaluation reading an iterator
+            # of its own between the two ended the wait, and a checkpoint held the averages.
+            self._swapped = self._swapped ^ info.loaded
         if (not info.is_training and (once or not info.changes_state)
                 and not info.stateful_input):
             # A run that changes nothing (the step read, a summary, an evaluation), or

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow")
 
 
-@pytest.mark.parametrize("swap", ["together", "apart", "kept", "iterator"])
+@pytest.mark.parametrize("swap", ["together", "apart", "kept", "iterator", "restore"])
 def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
         swap: str, tmp_path: Path) -> None:
     """programs/ema_swap.py: every 2 steps, after the step-advancing run, the program swaps
@@ -33,7 +33,11 @@ def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
     weights) is part of the step, as before. `iterator`: the evaluation reads a held-out
     batch from an iterator of its own (input no checkpoint holds), which, unlike a plain
     read, would end the wait by itself: only this case needs the wait for the swap back
-    (Controller._swapped); the others wait through reads anyway."""
+    (Controller._swapped); the others wait through reads anyway. `restore`: the same swap
+    through the program's own Savers around that evaluation (the weights saved, the averages
+    restored into them by `Saver(ema.variables_to_restore())`, the weights restored back):
+    a restore was taken for a one-time load and never noted as a swap, so the evaluation's
+    read of its iterator ended the wait and the checkpoint held the averages as the weights."""
     with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
         gs = tf.compat.v1.train.get_or_create_global_step()
         x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
@@ -41,7 +45,7 @@ def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
         b = tf.compat.v1.get_variable("b", initializer=tf.zeros([2]))
         loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w) + b))
         evaluation = loss
-        if swap == "iterator":
+        if swap in ("iterator", "restore"):
             held_out = tf.compat.v1.data.make_one_shot_iterator(
                 tf.data.Dataset.from_tensors(x).repeat()).get_next()
             evaluation = tf.reduce_sum(tf.tanh(tf.matmul(held_out, w) + b))
@@ -58,6 +62,8 @@ def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
             to_weights.append(v.assign(backup))
         if swap != "apart":
             to_average, to_weights = [tf.group(*to_average)], [tf.group(*to_weights)]
+        saver = tf.compat.v1.train.Saver()
+        ema_saver = tf.compat.v1.train.Saver(ema.variables_to_restore())
         sess.run(tf.compat.v1.global_variables_initializer())
         step = 0
         while step < 8:
@@ -66,7 +72,13 @@ def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
             if step == 6:
                 trained, average = sess.run([w.value(), ema.average(w).value()])
                 ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
-            if step % 2 == 0:
+            if step % 2 == 0 and swap == "restore":
+                own = saver.save(sess, str(tmp_path / "own" / "model"))
+                ema_saver.restore(sess, own)
+                for _ in range(2):
+                    sess.run(evaluation)
+                saver.restore(sess, own)
+            elif step % 2 == 0:
                 for op in to_average:
                     sess.run(op)
                 for _ in range(2):
