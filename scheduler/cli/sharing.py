@@ -35,6 +35,8 @@ def lines(got: dict[str, Any], job_id: str = "ID") -> list[tuple[str, str]]:
              f"{output.duration(got['suspended_s'])} ({got['time_slices']} "
              f"suspension{'' if got['time_slices'] == 1 else 's'}: time slices, holds, packs undone), queued {output.duration(got['queued_s'])}, moving "
              f"{got['migrating_s']:.1f}s")
+    if got.get("migrating_training_s", 0.0) >= 0.05:  # (a move's copy pre-warms while it trains on)
+        spent += f" (training on for {got['migrating_training_s']:.1f}s of it, while its copy pre-warmed)"
     fields = [("Time", spent)]
     ran = got["rates_before_switch"]
     if ran:

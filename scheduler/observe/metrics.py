@@ -193,22 +193,47 @@ RATE_SAMPLE_S = 10.0
 
 class RateHistory:
     """Per job, its rate over the last hour against its rate alone, from the rounds'
-    snapshots: (when, the runtime's rate while RUNNING, else 0: it makes no progress while
-    suspended, moving or queued again; its rate alone then, or None). A job is followed from
-    its first sample running (a round's snapshot holds unfinished jobs only: one that ended is
-    in none, and its points age out). The dashboard's one-job view draws it (``/api/job``'s
-    ``rates``)."""
+    snapshots: (when, the runtime's rate while it trains, else 0: it makes no progress while
+    suspended, queued again or stopped for a move; its rate alone then, or None). A job is
+    followed from its first sample running (a round's snapshot holds unfinished jobs only: one
+    that ended is in none, and its points age out). The dashboard's one-job view draws it
+    (``/api/job``'s ``rates``).
+
+    A MIGRATING job trains on at its source while its copy pre-warms (10-30 s a move in
+    `gandiva demo`, until the stop that pauses it for a fraction of a second): a move of a job
+    that was training counts as training, and so does one of a job that was not (suspended)
+    once its mini-batches go on past those it had when first seen moving. Before session 52
+    every MIGRATING sample was 0: the chart showed a job stopped through each move's pre-warm
+    while its own log counted a thousand mini-batches."""
 
     def __init__(self, keep_s: float = TIMELINE_S, every_s: float | None = None) -> None:
         self.keep_s, self.every_s = keep_s, every_s or RATE_SAMPLE_S
         self.jobs: dict[str, collections.deque[tuple[float, float, float | None]]] = {}
         self._trimmed = 0.0
+        # Per job MIGRATING now: (when its move began, its mini-batches when first seen moving,
+        # whether it was training then).
+        self._moving: dict[str, tuple[float, int, bool]] = {}
+
+    def _trains(self, j: pt.JobView, was_training: bool) -> bool:
+        if (j.rate or 0) <= 0:
+            return False
+        if j.state == JobState.RUNNING.value:
+            return True
+        if j.state != JobState.MIGRATING.value:
+            return False
+        began, steps, trained = self._moving.get(j.id, (None, 0, False))
+        if began != j.last_state_change_at:  # a move seen for the first time: one of a job
+            began, steps, trained = j.last_state_change_at, j.steps, was_training  # running
+            self._moving[j.id] = (began, steps, trained)  # trains on until its stop
+        return trained or j.steps > steps
 
     def record(self, snap: pt.ClusterSnapshot) -> None:
         now = snap.now
         for j in snap.jobs:
             points = self.jobs.get(j.id)
-            running = j.state == JobState.RUNNING.value and (j.rate or 0) > 0
+            running = self._trains(j, points is not None and bool(points) and points[-1][1] > 0)
+            if j.state != JobState.MIGRATING.value:
+                self._moving.pop(j.id, None)
             if points is None:
                 if not running:
                     continue
@@ -220,6 +245,9 @@ class RateHistory:
             self._trimmed = now
             for job_id in [k for k, v in self.jobs.items() if v[-1][0] < now - self.keep_s]:
                 del self.jobs[job_id]
+            alive = {j.id for j in snap.jobs}
+            for job_id in [k for k in self._moving if k not in alive]:  # ended while moving
+                del self._moving[job_id]
 
     def export(self, job_id: str) -> list[tuple[float, float, float | None]]:
         return list(self.jobs.get(job_id, ()))

@@ -52,6 +52,7 @@ def summary(job_id: str, gpus: int, since: float, until: float, records: Iterabl
     slices = 0
     trials: list[dict[str, Any]] = []
     not_moved: list[str] = []
+    paused_at: dict[int, float] = {}  # a completed move's change (its index): training paused then
     for kind, at, text in records:
         if kind == "state":
             found = _CHANGE.match(text)
@@ -62,6 +63,8 @@ def summary(job_id: str, gpus: int, since: float, until: float, records: Iterabl
             ran += [float(r) for r in _RAN.findall(text)]
             if found[1] == "MIGRATING" and found[2] == "RUNNING":
                 pauses += [float(p) for p in _PAUSED.findall(text)]
+                if paused := _PAUSED.search(text):
+                    paused_at[len(changes) - 1] = float(paused[1])
         elif kind == "move":
             not_moved.append(text)
         elif kind == "verdict":
@@ -76,5 +79,30 @@ def summary(job_id: str, gpus: int, since: float, until: float, records: Iterabl
     spent = job_usage(facts, [c for c in changes if c[2] >= since], since, max(until, since + 1e-9))
     return {"state_changes": len(changes), "running_s": spent.gpu_seconds / max(1, gpus),
             "suspended_s": spent.suspended_seconds, "queued_s": spent.queued_seconds,
-            "migrating_s": spent.migrating_seconds, "time_slices": slices, "rates_before_switch": ran,
+            "migrating_s": spent.migrating_seconds,
+            "migrating_training_s": trained_while_moving(changes, paused_at, since, until),
+            "time_slices": slices, "rates_before_switch": ran,
             "packing_trials": trials, "move_pauses_s": pauses, "moves_not_done": not_moved}
+
+
+def trained_while_moving(changes: list[tuple[str, str, float]], paused_at: dict[int, float], since: float,
+                         until: float) -> float:
+    """Of the job's time MIGRATING within [since, until], how much it trained on at its source:
+    a move of a running job pre-warms its copy at the destination while the job goes on (10-30 s
+    a move in `gandiva demo`) and stops it only for the checkpoint and restore (the "training
+    paused" its arrival states: ``paused_at``, by the index of that change). Counted: each move
+    begun from RUNNING that ended back RUNNING (less its pause) or with the job's end; not a move
+    of a suspended job, nor one cut short by the job going back to the queue (its server lost:
+    when it stopped is not known)."""
+    trained = 0.0
+    for i, (before, into, began) in enumerate(changes):
+        if into != "MIGRATING" or before != "RUNNING":
+            continue
+        if i + 1 < len(changes):
+            after, ended = changes[i + 1][1], changes[i + 1][2]
+            if after not in ("RUNNING", "SUCCEEDED", "FAILED", "KILLED"):
+                continue
+        else:  # under way now
+            ended = until
+        trained += max(0.0, min(ended, until) - max(began, since) - paused_at.get(i + 1, 0.0))
+    return trained

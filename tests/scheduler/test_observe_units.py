@@ -172,6 +172,34 @@ def test_a_jobs_rate_history_shows_its_time_slices_and_ages_out() -> None:
     assert h.export("a") == [] and not h.jobs
 
 
+def test_a_jobs_rate_history_shows_it_training_on_while_its_move_pre_warms() -> None:
+    """A move's copy pre-warms at its destination (10-30 s in `gandiva demo`) while the job
+    trains on at its source: solo-gs counted 1,115 mini-batches between two moves whose state
+    was MIGRATING for 22 s, and the chart drew 0 all that time. A job moved while suspended
+    makes no progress: 0 until its mini-batches go on."""
+    from dataclasses import replace
+
+    from scheduler.observe.metrics import RateHistory
+
+    h = RateHistory(keep_s=3600, every_s=10)
+    a = replace(job("a", "RUNNING", 0), rate=30.0, steps=100)
+    b = replace(job("b", "RUNNING", 1), rate=20.0, steps=50)
+    moving = replace(a, state="MIGRATING", last_state_change_at=12.0)
+    h.record(snap(1, a, b))
+    h.record(snap(5, a, replace(b, state="SUSPENDED")))
+    h.record(snap(12, replace(moving, steps=400), replace(b, state="MIGRATING", last_state_change_at=12.0)))
+    h.record(snap(12.5, replace(moving, steps=400), replace(b, state="MIGRATING", last_state_change_at=12.0)))
+    h.record(snap(22, replace(moving, steps=700), replace(b, state="MIGRATING", last_state_change_at=12.0)))
+    h.record(snap(34, replace(a, steps=1060, last_state_change_at=34.0),
+                  replace(b, state="SUSPENDED", last_state_change_at=34.0)))
+    assert h.export("a") == [(1, 30.0, None), (12, 30.0, None), (22, 30.0, None), (34, 30.0, None)]
+    assert h.export("b") == [(1, 20.0, None), (5, 0.0, None), (22, 0.0, None), (34, 0.0, None)]
+    # A suspended job whose mini-batches go on while it moves (resumed at its source) trains.
+    h.record(snap(40, replace(b, state="MIGRATING", last_state_change_at=40.0, steps=50)))
+    h.record(snap(41, replace(b, state="MIGRATING", last_state_change_at=40.0, steps=60)))
+    assert h.export("b")[-1] == (41, 20.0, None)
+
+
 def test_grafana_and_alert_queries_match_no_series_by_the_scrapes_job_label() -> None:
     """Prometheus renames a scraped `job` label (gandiva_job_minibatch_rate's job id) to
     `exported_job`, as docs/prometheus.yml keeps honor_labels off, and `job` is then the scrape's

@@ -51,3 +51,33 @@ def test_only_a_moves_own_end_counts_as_a_move_not_carried_out() -> None:
         _event(130.0, "job.migration", "not started (unpack onto idle GPUs; to n2/0): its runtime is gone"),
     ]
     assert sharing(job, events)["moves_not_done"] == ["restarted_at_source", "not started"]
+
+
+def test_a_moves_pre_warm_while_the_job_trains_on_is_said_as_such() -> None:
+    """`gandiva demo`'s solo-gs: three moves, MIGRATING 10, 22 and 30 s while each copy
+    pre-warmed, training paused 0.10, 0.53 and 0.23 s; its log counted 1,115 mini-batches over
+    the 22 s one. Sharing read "moving 62.2s" as if it lost a minute: now it says how much of it
+    the job trained on at its source. Not counted: a suspended job's move (it does not train), a
+    move cut short by the job's return to the queue (when it stopped is not known)."""
+    job = common_pb2.Job(id="j-b", spec=common_pb2.JobSpec(gpus=1), submitted_at=100.0)
+    events = [
+        _event(100.0, "job.state", "QUEUED -> RUNNING: placed on n1 [0]"),
+        _event(110.0, "job.state", "RUNNING -> MIGRATING: make room: n1 -> n2 (it ran 31.6 mini-batches/s)"),
+        _event(120.0, "job.state", "MIGRATING -> RUNNING: migrated to n2 at step 1342 (training paused 0.10s)"),
+        _event(130.0, "job.state", "RUNNING -> SUSPENDED: time slice of 8s over (step 1600)"),
+        _event(140.0, "job.state", "SUSPENDED -> MIGRATING: lower the height: n2 -> n1"),
+        _event(150.0, "job.state", "MIGRATING -> SUSPENDED: migrated to n1 at step 1600"),
+        _event(160.0, "job.state", "SUSPENDED -> RUNNING: its turn"),
+        _event(170.0, "job.state", "RUNNING -> MIGRATING: GPUs idle for 6s: n1 -> n1"),
+        _event(175.0, "job.state", "MIGRATING -> QUEUED: its server n1 is down"),
+        _event(180.0, "job.state", "QUEUED -> RUNNING: placed on n2 [0]"),
+        _event(190.0, "job.state", "RUNNING -> MIGRATING: GPUs idle for 18s: n2 -> n2 (it ran 30.7 mini-batches/s)"),
+    ]
+    got = sharing(job, events, now=196.0)
+    assert got["migrating_s"] == 10 + 10 + 5 + 6
+    assert round(got["migrating_training_s"], 6) == 9.9 + 6  # the first move less its pause; the one under way
+    assert dict(lines(got))["Time"].endswith("moving 31.0s (training on for 15.9s of it, while its copy pre-warmed)")
+    events.append(_event(200.0, "job.state", "MIGRATING -> KILLED: the demo's story is over"))
+    assert round(sharing(job, events, now=300.0)["migrating_training_s"], 6) == 9.9 + 10
+    only_suspended_moved = dict(lines(sharing(job, events[3:7], now=165.0)))["Time"]
+    assert only_suspended_moved.endswith("moving 10.0s"), only_suspended_moved
