@@ -34,6 +34,14 @@ RUNTIME_RATE, RUNTIME_BURST = RuntimeHub.rate, RuntimeHub.burst
 
 
 MAX_METRICS = 64
+# Runtime streams one job may hold open at once. A job has one process that trains (two
+# during a migration: its source and destination), a few more while processes of one launch
+# hand the stream over or a reconnecting shim's old stream is not yet found dead. Each open
+# stream costs the scheduler about 33 KB, and a stream superseded by a newer one of its launch
+# stayed open, serving nothing, for as long as its client kept it: a job's own process (its
+# runtime token is enough) opening 20 a second (the hello pace) grew the scheduler by 2 GB an
+# hour. Past this, the job's oldest stream is ended (RESOURCE_EXHAUSTED), the newest kept.
+MAX_STREAMS_PER_JOB = 32
 
 
 def _metrics(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -54,6 +62,37 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         # Progress reports taken off the streams (the load benchmark compares it with
         # what its simulated runtimes sent).
         self.progress_received = 0
+        # Each job's open Connect streams, oldest first (MAX_STREAMS_PER_JOB), and those ended
+        # for a newer one.
+        self._streams: dict[str, dict[asyncio.Task, None]] = {}
+        self._evicted: set[asyncio.Task] = set()
+
+    def _open_stream(self, job_id: str) -> None:
+        """Count this call's stream against its job; end the job's oldest ones past the cap."""
+        me = asyncio.current_task()
+        if me is None:
+            return
+        streams = self._streams.setdefault(job_id, {})
+        streams[me] = None
+        while len(streams) > MAX_STREAMS_PER_JOB:
+            oldest = next(iter(streams))
+            del streams[oldest]
+            self._evicted.add(oldest)
+            oldest.cancel()
+
+    def _close_stream(self, job_id: str) -> bool:
+        """This call's stream is done; whether it was ended for a newer one (_open_stream)."""
+        me = asyncio.current_task()
+        if me is None:
+            return False
+        streams = self._streams.get(job_id, {})
+        streams.pop(me, None)
+        if not streams:
+            self._streams.pop(job_id, None)
+        if me in self._evicted:
+            self._evicted.discard(me)
+            return True
+        return False
 
     async def Connect(  # type: ignore[override]
         self, request_iterator: AsyncIterator[runtime_pb2.RuntimeMessage], context: grpc.aio.ServicerContext
@@ -67,6 +106,28 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             check_id("hello.job_id", hello.job_id)
             check_text("hello.incarnation", hello.incarnation, 64)
             auth.require_runtime(auth.current(), hello.job_id, hello.incarnation)
+        except GandivaError as err:
+            await context.abort(code_for(err) or grpc.StatusCode.INTERNAL, str(err))
+        # Counted from here (its hello may wait for the pace below, the stream open meanwhile).
+        self._open_stream(hello.job_id)
+        try:
+            async for command in self._serve(hello, request_iterator, context):
+                yield command
+        except asyncio.CancelledError:
+            if not self._close_stream(hello.job_id):
+                raise
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"job {hello.job_id} has {MAX_STREAMS_PER_JOB} newer runtime streams open; this, "
+                                "its oldest, is ended (a job's processes need one or two)")
+        finally:
+            self._close_stream(hello.job_id)
+
+    async def _serve(
+        self, hello: runtime_pb2.RuntimeHello, request_iterator: AsyncIterator[runtime_pb2.RuntimeMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[runtime_pb2.RuntimeCommand]:
+        """The stream of a launch once its hello is checked: its commands out, its reports in."""
+        try:
             pace = self.core.runtimes.pace(hello.job_id, hello.incarnation)
             await pace.take()  # each hello is a database read
             # (A suspend acked and written while the read below waits: it read RUNNING.)
