@@ -92,17 +92,24 @@ async def read_back(core: Any, log: DecisionLog, now: float) -> int:
     # Their GPUs, from the GPUs' history (gpu_holds, since session 49; a decision taken
     # before that has none).
     held = await core.read_sync(lambda s: holds.jobs_gpus(s, sorted({row[2] for row in rows})))
-    for at, kind, job_id, reason in rows:
-        log.add(at, kind, job_id, holds.gpus_of_decision(held.get(job_id, []), kind, at), reason)
     # A move read back: kept or not by its job's next change out of MIGRATING (the decisions'
     # outcomes live in memory; without this, the first round settled every finished job's
-    # move "not kept: the job ended first", moves that had moved included).
+    # move "not kept: the job ended first", moves that had moved included); where it arrived:
+    # the GPUs held right after that change.
     ends: dict[str, list[tuple[float, str, str]]] = {}
     for at, job_id, from_state, to_state, reason in changes:
         if from_state == "MIGRATING":
             ends.setdefault(job_id, []).append((at, to_state, reason))
+
+    def end_of(job_id: str, at: float) -> tuple[float, str, str] | None:
+        return min(((when, to, why) for when, to, why in ends.get(job_id, []) if when >= at), default=None)
+
+    for at, kind, job_id, reason in rows:
+        end = end_of(job_id, at) if kind == "migrate" else None
+        arrived = end[0] if end is not None and _move_outcome(end[1], end[2]) == "moved" else None
+        log.add(at, kind, job_id, holds.gpus_of_decision(held.get(job_id, []), kind, at, arrived), reason)
     for r in list(log.open.values()):
-        end = min(((at, to, why) for at, to, why in ends.get(r.job, []) if at >= r.at), default=None)
+        end = end_of(r.job, r.at)
         if end is not None:  # (this record's own: settle() would take the job's latest)
             r.settled_at = end[0]
             r.outcome = _move_outcome(end[1], end[2])

@@ -228,14 +228,19 @@ def jobs_gpus(s: Session, job_ids: Sequence[str]) -> dict[str, list[Hold]]:
     return out
 
 
-def gpus_of_decision(held: Sequence[Hold], kind: str, at: float) -> tuple[str, ...]:
-    """The GPUs a decision read back concerns: for a move, those it arrived at (the job's
-    first holds begun after it; none yet: those it left from), else those the job held at
-    its time (a placement's begin then, a requeue's end then)."""
+def gpus_of_decision(held: Sequence[Hold], kind: str, at: float, arrived: float | None = None) -> tuple[str, ...]:
+    """The GPUs a decision read back concerns: for a move, those it arrived at (those the job
+    held right after ``arrived``, its move's end, when known; else as of the job's first holds
+    begun after it; none yet: those it left from), else those the job held at its time (a
+    placement's begin then, a requeue's end then). A grow keeps the GPUs it had and a shrink
+    begins none: read as the first holds begun after them, `gandiva demo`'s grow onto
+    node-2/1,node-2/0 read node-2/0, and its shrink to node-2/0 read node-2/1,node-2/0."""
     if kind == "migrate":
-        later = [h for h in held if h.start_at > at]
-        if later:
-            first = later[0].start_at
-            return tuple(h.gpu_name for h in later if h.start_at == first)
+        if arrived is None:
+            arrived = min((h.start_at for h in held if h.start_at > at), default=None)
+        after = [h.gpu_name for h in held if arrived is not None and h.start_at <= arrived
+                 and (h.end_at is None or h.end_at > arrived)]
+        if after:
+            return tuple(after)
     return tuple(h.gpu_name for h in held
                  if h.start_at <= at and (h.end_at is None or h.end_at >= at))

@@ -60,6 +60,21 @@ def test_a_decision_read_back_names_the_gpus_it_concerns() -> None:
     assert holds.gpus_of_decision([], "place", 10.0) == ()  # before the history was kept
 
 
+def test_a_grow_or_shrink_read_back_names_the_gpus_it_ended_on() -> None:
+    """`gandiva demo`'s solo-gs (holds as its database had them): moved onto node-2/1 at 74,
+    grown at 89 onto node-2/1,node-2/0 (arrived 111.98: node-2/0 begun, node-2/1 kept), shrunk
+    at 112.77 to node-2/0 (arrived 142.54: node-2/1 ended, none begun). Live, the log said
+    node-2/1,node-2/0 and node-2/0; read back after a restart, node-2/0 and node-2/1,node-2/0."""
+    held = [Hold("j", "node-1", 0, 1.07, 74.2), Hold("j", "node-2", 1, 74.2, 142.54),
+            Hold("j", "node-2", 0, 111.98, None)]
+    assert holds.gpus_of_decision(held, "migrate", 64.18, 74.2) == ("node-2/1",)
+    assert holds.gpus_of_decision(held, "migrate", 89.56, 111.98) == ("node-2/1", "node-2/0")
+    assert holds.gpus_of_decision(held, "migrate", 112.77, 142.54) == ("node-2/0",)
+    # Its end not known (still moving at the restart): as of the first holds begun after it.
+    assert holds.gpus_of_decision(held, "migrate", 89.56) == ("node-2/1", "node-2/0")
+    assert holds.gpus_of_decision(held, "migrate", 112.77) == ("node-2/1", "node-2/0")  # none: from
+
+
 def test_an_answer_holds_what_a_client_takes_and_says_there_is_more() -> None:
     """10,000 placements of 256-byte job names, 128-byte users and 64-byte servers (the longest
     each may be) were 5.0 MB, more than a client takes (4 MiB): `get placements --limit 10000` would fail "Received message
