@@ -50,9 +50,16 @@ from typing import Any
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2
 from scheduler.cli.client import TERMINAL_STATES, CliError, list_all
+from scheduler.validation import MAX_STEPS
 
 # How long a poll keeps retrying a scheduler that does not answer before the search fails.
 READ_PATIENCE_S = 300.0
+
+
+def _shown(number: int) -> str:
+    """A number as given, or its size when it is too long to read in a message."""
+    text = str(number)
+    return text if len(text) <= 24 else f"{text[:8]}... ({len(text)} digits)"
 
 
 class AutoMLError(RuntimeError):
@@ -101,13 +108,20 @@ class _Bracket:
         self.until_one = max_steps is None  # successive halving: a lone survivor is the answer
         self.levels: list[_Level] = []
         n, steps = len(ids), min_steps
+        # Hyperband's rungs are R * eta^-i (R: max_steps), rounded down: multiplying the first
+        # one up missed R whenever eta did not divide it (R=1000, eta=3: 111, 333, 999, and the
+        # survivors compared at 2,997 mini-batches, three times --max-steps).
+        down = 0
+        while max_steps is not None and max_steps // eta ** (down + 1) >= min_steps:
+            down += 1
         while True:
-            final = n == 1 if max_steps is None else steps >= max_steps
+            final = n == 1 if max_steps is None else down == 0 or steps >= max_steps
             keep = n if final else max(1, math.ceil(n / eta))
             self.levels.append(_Level(steps, n, keep, final))
             if final:
                 break
-            n, steps = keep, steps * eta
+            down -= 1
+            n, steps = keep, steps * eta if max_steps is None else max_steps // eta ** down
         self.levels[0].members = list(ids)
 
     @property
@@ -139,6 +153,9 @@ class SuccessiveHalving:
             raise ValueError(f"--eta {eta}: must be at least 2 (keep 1/eta at each rung)")
         if min_steps < 1:
             raise ValueError(f"--min-steps {min_steps}: must be at least 1")
+        if min_steps > MAX_STEPS:
+            raise ValueError(f"--min-steps {_shown(min_steps)}: must be at most {MAX_STEPS:,} (2^53, the most "
+                             "mini-batches a job's count holds)")
         if not metric:
             raise ValueError("--metric: name the metric the jobs report, e.g. loss")
         self.client, self.metric, self.mode = client, metric, mode
@@ -172,6 +189,7 @@ class SuccessiveHalving:
     def run(self, name: str, specs: Sequence[common_pb2.JobSpec], timeout_s: float = 3600) -> Result:
         if len(specs) < 2:
             raise ValueError("a search needs at least 2 configurations")
+        self._check_rungs(len(specs))  # before anything is submitted: a refused search leaves no jobs
         self._t0 = t0 = time.monotonic()
         self._at, self._rungs = {}, []
         reply = self.client.call("SubmitMultiJob", scheduler_pb2.SubmitMultiJobRequest(name=name, jobs=list(specs)))
@@ -201,6 +219,18 @@ class SuccessiveHalving:
         identified = time.monotonic() - t0
         self.say(f"best configuration: {self._params[winner]} ({self.metric}={value:.4g}) after {identified:.1f}s")
         return Result(reply.multi_job_id, winner, self._params[winner], value, identified, self._rungs)
+
+    def _check_rungs(self, n: int) -> None:
+        """ValueError if a rung of a search of ``n`` configurations is at more mini-batches
+        than a job's count holds (MAX_STEPS): no job would ever reach it, and the search would
+        wait out its --timeout with every job it submitted still running."""
+        for bracket in self._brackets([str(i) for i in range(n)]):
+            compared = [level for level in bracket.levels if not (bracket.until_one and level.final)]
+            if compared and compared[-1].steps > MAX_STEPS:
+                lower = "--min-steps, --eta or --max-steps" if isinstance(self, Hyperband) else "--min-steps or --eta"
+                raise ValueError(f"{n} configurations at --min-steps {self.min_steps} and --eta {_shown(self.eta)} "
+                                 f"would be compared at {_shown(compared[-1].steps)} mini-batches, past {MAX_STEPS:,} "
+                                 f"(the most a job's count holds); lower {lower}")
 
     def _winner(self, brackets: list[_Bracket], jobs: dict[str, common_pb2.Job]) -> tuple[str, float]:
         last = brackets[0].levels[-1]
@@ -310,6 +340,11 @@ class Hyperband(SuccessiveHalving):
                  eta: int = 2, poll_s: float = 0.5, on_event: Callable[[str], None] = lambda _: None,
                  asynchronous: bool = False, seed: int = 0) -> None:
         super().__init__(client, metric, mode, min_steps, eta, poll_s, on_event, asynchronous)
+        if max_steps > MAX_STEPS:
+            # (One of 309 digits was an OverflowError traceback once the jobs were submitted,
+            # left running without a search.)
+            raise ValueError(f"--max-steps {_shown(max_steps)}: must be at most {MAX_STEPS:,} (2^53, the most "
+                             "mini-batches a job's count holds)")
         if max_steps < min_steps:
             raise ValueError(f"--max-steps {max_steps}: must be at least --min-steps ({min_steps})")
         self.max_steps, self.seed = max_steps, seed

@@ -150,3 +150,34 @@ def test_hyperband_compares_every_brackets_survivors_at_max_steps(asynchronous: 
     bracket_of_c5 = next(r.bracket for r in result.rungs if any(j == "j-c5" for j, _ in r.ranked))
     first_steps = dict(enumerate((s for s, _ in hb.bracket_sizes(n)), start=1))[bracket_of_c5]
     assert (result.best_job == "j-c5") == (first_steps >= 400)
+
+
+def test_hyperband_compares_at_max_steps_also_where_eta_does_not_divide_it() -> None:
+    """Its rungs were the first one multiplied up: at --max-steps 1000 and --eta 3 the bracket
+    from 111 went 111, 333, 999 (a rung of one) and compared its survivors at 2,997 mini-batches,
+    three times the budget, while the other brackets stopped at 1,000."""
+    n = 20
+    cluster = Cluster({f"c{i}": 37 for i in range(n)})
+    hb = search(Hyperband, cluster, min_steps=50, max_steps=1000, eta=3)
+    assert [steps for steps, _ in hb.bracket_sizes(n)] == [111, 333, 1000]
+    result = hb.run("hb", specs([1 + i / 10 for i in range(n)]))
+    assert [r.steps for r in result.rungs if r.bracket == 1] == [111, 333, 1000]
+    assert {r.steps for r in result.rungs if not r.killed and not r.promoted} == {1000}
+
+
+@pytest.mark.parametrize(("cls", "kw", "says"), [
+    # 309 digits and more: an OverflowError traceback, once the jobs were submitted.
+    (Hyperband, {"max_steps": 10**400}, "--max-steps 10000000... (401 digits): must be at most 9,007,199,254,740,992"),
+    # Past what a job's count holds (2^53): never reached; the search waited out its timeout.
+    (Hyperband, {"max_steps": 2**53 + 1}, "--max-steps 9007199254740993: must be at most"),
+    (SuccessiveHalving, {"min_steps": 2**53 + 1}, "--min-steps 9007199254740993: must be at most"),
+    (SuccessiveHalving, {"min_steps": 2**50}, ("100 configurations at --min-steps 1125899906842624 and --eta 2 "
+                                               "would be compared at 72057594037927936 mini-batches, past")),
+], ids=["309_digits", "max_past_2_53", "min_past_2_53", "rung_past_2_53"])
+def test_a_search_no_job_could_finish_is_refused_before_it_submits_anything(cls: type, kw: dict[str, int],
+                                                                           says: str) -> None:
+    cluster = Cluster({f"c{i}": 1 for i in range(100)})
+    with pytest.raises(ValueError) as refused:
+        search(cls, cluster, **kw).run("s", specs([1.0] * 100))
+    assert str(refused.value).startswith(says), refused.value
+    assert cluster.jobs == {}  # nothing left running without a search
