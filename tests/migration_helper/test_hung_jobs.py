@@ -16,7 +16,7 @@ import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
-from .test_helper_faults import DONE, SETTINGS, _job_pids, helpers  # noqa: F401 - helpers: a fixture
+from .test_helper_faults import DONE, SETTINGS, _job_pids, _up, helpers  # noqa: F401 - helpers: a fixture
 
 # Flagged after 1 s without a mini-batch (or 20 of its own), restarted 1 s later.
 HANG = dataclasses.replace(SETTINGS, hang_after_s=1.0, hang_restart_after_s=1.0, checkpoint_interval_s=0.3)
@@ -29,6 +29,7 @@ def test_a_hung_job_is_flagged_then_resumed_from_its_checkpoint_and_a_slow_one_i
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(sched.address))
     helpers("s1", sched.address)
     helpers("s2", sched.address)
+    _up(api, wait_for, "s1", "s2")  # each job on a server of its own: launched once, and once after its hang
 
     def submit(name: str, **env: str) -> str:
         spec = common_pb2.JobSpec(name=name, command=[fake_job], workdir=str(tmp_path), gpus=1, env=env)
