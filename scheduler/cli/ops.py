@@ -535,6 +535,7 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
     if args.output == "json":
         output.print_json(dict(job_to_dict(job), events=[event_to_dict(e) for e in events],
                                migrations=[event_to_dict(e) for e in migrations], sharing=sharing.sharing(job, events),
+                               decisions=sharing.decisions(job, events),
                                gpus_held=[{"server": p.server, "gpu": p.gpu, "start_at": p.start_at,
                                            "end_at": p.end_at or None} for p in held]))
         return EXIT_OK
@@ -584,6 +585,10 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         print(f"Sharing (what time-slicing, packing and moves did to it; from its {summary['state_changes']} "
               "state changes):")
         _print_fields(sharing.lines(summary, job.id), indent=2)
+    why = sharing.decisions(job, events)
+    if why:  # (since session 52)
+        _section("Why it was suspended or moved (each decision, what followed, its rate before and after)",
+                 ["TIME", "DECISION", "WHY", "THEN"], sharing.decision_rows(why))
     if job.state == common_pb2.JOB_STATE_FAILED:
         print(f"Last output (all of it: gandiva logs {job.id}):")
         for line in last_output(client, job) or ["(none)"]:

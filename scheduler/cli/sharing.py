@@ -17,6 +17,7 @@ from typing import Any
 from protos.gandiva.v1 import common_pb2
 from scheduler.cli import output
 from scheduler.observe.sharing import move_record, summary
+from scheduler.observe.why import decisions as _decisions
 
 
 def sharing(job: common_pb2.Job, events: Sequence[common_pb2.Event], now: float | None = None) -> dict[str, Any]:
@@ -62,3 +63,22 @@ def lines(got: dict[str, Any], job_id: str = "ID") -> list[tuple[str, str]]:
                   f"gandiva get events --job {job_id} --kind job.migration")
     fields.append(("Moves", moves))
     return fields
+
+
+def decisions(job: common_pb2.Job, events: Sequence[common_pb2.Event], now: float | None = None) -> list[dict[str, Any]]:
+    """Each suspend or move of ``job`` with what came of it (scheduler.observe.why), as ``-o
+    json``'s ``decisions``."""
+    running = job.state == common_pb2.JOB_STATE_RUNNING
+    return _decisions([(e.at, e.message) for e in events if e.kind == "job.state"],
+                      now if now is not None else time.time(), job.rate if running else 0.0)
+
+
+def decision_rows(got: list[dict[str, Any]]) -> list[list[str]]:
+    """describe's "Why it was suspended or moved" rows: TIME, DECISION, WHY, THEN."""
+    rows = []
+    for d in got:
+        rates = [f"{d[k]:.1f}/s {word}" for k, word in (("rate_before", "before"), ("rate_after", "after"))
+                 if d[k] is not None]
+        then = d["outcome"] + (f"; ran {', '.join(rates)}" if rates else "")
+        rows.append([output.timestamp(d["at"]), d["decision"], output.visible(d["why"]), output.visible(then)])
+    return rows

@@ -108,8 +108,13 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         # Where it ran (session 49): GPU 0 of a, from its placement to its kill.
         assert [(p["server"], p["gpu"]) for p in described["gpus_held"]] == [("a", 0)], described["gpus_held"]
         assert described["gpus_held"][0]["end_at"] == pytest.approx(killed_at, abs=1)
+        # Why it was suspended and what followed (session 52): the operator's reason, its resume.
+        assert [(d["decision"], d["why"], d["outcome"].split(" ")[0], d["rate_before"])
+                for d in described["decisions"]] == [("suspend", "make way (step 42)", "resumed", 4.5)], described
         assert gandiva_main.main(["describe", "job", job_id, "--scheduler", sched.address]) == 0
-        assert "\nGPUs held: a/0 " in capsys.readouterr().out
+        said = capsys.readouterr().out
+        assert "\nGPUs held: a/0 " in said
+        assert "\nWhy it was suspended or moved" in said and "make way (step 42)" in said, said
         assert (shared["time_slices"], shared["rates_before_switch"]) == (1, [4.5]), shared
         assert [(t["verdict"], t["gain"]) for t in shared["packing_trials"]] == [("kept", 1.62)], shared
     finally:

@@ -81,3 +81,66 @@ def test_a_moves_pre_warm_while_the_job_trains_on_is_said_as_such() -> None:
     assert round(sharing(job, events, now=300.0)["migrating_training_s"], 6) == 9.9 + 10
     only_suspended_moved = dict(lines(sharing(job, events[3:7], now=165.0)))["Time"]
     assert only_suspended_moved.endswith("moving 10.0s"), only_suspended_moved
+
+
+def test_why_each_suspend_or_move_and_what_came_of_it() -> None:
+    """"Why did my job move, and did it help?": `gandiva demo`'s solo-gs, its state changes as
+    its events said them (s52). Each suspend or move with the scheduler's reason, what followed
+    (resumed how much later and why; moved, in how long, with the pause it cost), and the rates
+    its runtime measured before and after: its grow onto two virtual GPUs made it slower (32.0 ->
+    26.0/s), which no other view said. Also: a suspended job's move, a move rolled back, one cut
+    short by a lost server, one under way now."""
+    from scheduler.cli.sharing import decision_rows
+    from scheduler.observe.why import decisions
+
+    solo_gs = [
+        (40.0, "RUNNING -> SUSPENDED: time-slice with new job j-1e (step 0)"),
+        (48.5, "SUSPENDED -> RUNNING: its turn in the time-slice group (step 0)"),
+        (57.0, "RUNNING -> SUSPENDED: time slice of 8s over (step 252) (it ran 29.8 mini-batches/s)"),
+        (59.6, "SUSPENDED -> RUNNING: trial: packed beside j-1e, utilization 0.42 + 0.42 (step 252)"),
+        (84.0, "RUNNING -> MIGRATING: make room for job j-7e: empty node-1: node-1 -> node-2 (it ran 31.6 mini-batches/s)"),
+        (94.0, "MIGRATING -> RUNNING: migrated to node-2 at step 1342 (training paused 0.10s)"),
+        (109.0, "RUNNING -> MIGRATING: GPUs idle for 6s: node-2 -> node-2 (it ran 32.0 mini-batches/s)"),
+        (131.4, "MIGRATING -> RUNNING: migrated to node-2 at step 2457 (training paused 0.53s)"),
+        (132.0, "RUNNING -> MIGRATING: job j-a7 needs GPUs: node-2 -> node-2 (it ran 26.0 mini-batches/s)"),
+        (161.8, "MIGRATING -> RUNNING: migrated to node-2 at step 3349 (training paused 0.23s)"),
+        (205.0, "RUNNING -> MIGRATING: GPUs idle for 18s: node-2 -> node-2 (it ran 30.7 mini-batches/s)"),
+        (205.1, "MIGRATING -> KILLED: the demo's story is over"),
+    ]
+    got = decisions(list(reversed(solo_gs)), now=300.0)  # (in any order: sorted by time)
+    assert [(d["decision"], d["why"], d["outcome"], d["rate_before"], d["rate_after"]) for d in got] == [
+        ("suspend", "time-slice with new job j-1e (step 0)", ("resumed 8.5s later: its turn in the time-slice "
+                                                          "group (step 0)"), None, 29.8),
+        ("suspend", "time slice of 8s over (step 252)", ("resumed 2.6s later: trial: packed beside j-1e, "
+                                                     "utilization 0.42 + 0.42 (step 252)"), 29.8, 31.6),
+        ("move", "make room for job j-7e: empty node-1: node-1 -> node-2",
+         "moved in 10.0s (its copy pre-warmed; training paused 0.10s)", 31.6, 32.0),
+        ("move", "GPUs idle for 6s: node-2 -> node-2", "moved in 22.4s (its copy pre-warmed; training paused 0.53s)",
+         32.0, 26.0),
+        ("move", "job j-a7 needs GPUs: node-2 -> node-2", "moved in 29.8s (its copy pre-warmed; training paused 0.23s)",
+         26.0, 30.7),
+        ("move", "GPUs idle for 18s: node-2 -> node-2", "the job ended (KILLED) 0.1s later, before it moved", 30.7, None)]
+    assert decision_rows(got)[3][1:] == ["move", "GPUs idle for 6s: node-2 -> node-2",
+                                         ("moved in 22.4s (its copy pre-warmed; training paused 0.53s); ran 32.0/s "
+                                          "before, 26.0/s after")]
+    others = [
+        (10.0, "RUNNING -> SUSPENDED: time slice of 60s over (step 9) (it ran 2.5 mini-batches/s)"),
+        (20.0, "SUSPENDED -> MIGRATING: lower the height: n1 -> n2"),
+        (44.0, "MIGRATING -> SUSPENDED: migrated to n2 at step 9"),
+        (50.0, "SUSPENDED -> RUNNING: its turn"),
+        (60.0, "RUNNING -> MIGRATING: defragment: n2 -> n3 (it ran 3.0 mini-batches/s)"),
+        (61.0, "MIGRATING -> RUNNING: stayed_at_source: pre-warm at n3 failed: exited with code 1"),
+        (70.0, "RUNNING -> MIGRATING: defragment: n2 -> n3 (it ran 3.5 mini-batches/s)"),
+        (75.0, "MIGRATING -> QUEUED: its server n2 went down"),
+        (80.0, "QUEUED -> RUNNING: Algorithm 1: unallocated on n1/0"),
+        (90.0, "RUNNING -> MIGRATING: GPUs idle for 5s: n1 -> n1 (it ran 4.0 mini-batches/s)"),
+    ]
+    assert [(d["decision"], d["outcome"], d["rate_after"]) for d in decisions(others, now=100.0, rate_now=4.2)] == [
+        ("suspend", "moved while suspended, 10.0s later", None),
+        ("move", "moved in 24.0s and waits its turn there", None),
+        ("move", "not moved: it stayed at its source 1.0s later", 3.5),
+        ("move", "back to the queue 5.0s later: its server n2 went down", None),
+        ("move", "under way for 10.0s", None)]
+    # Resumed and running now: its rate after is the one it runs at.
+    assert decisions(solo_gs[:2], now=55.0, rate_now=31.2)[-1]["rate_after"] == 31.2
+    assert decisions(solo_gs[:1], now=55.0, rate_now=31.2)[-1]["outcome"] == "suspended now, for 15.0s"
