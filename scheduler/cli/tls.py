@@ -274,10 +274,26 @@ def _not_own_dir(path: Path) -> str:
     return ""
 
 
+# The last moment an X.509 certificate can name (RFC 5280's GeneralizedTime has four digits
+# of year), and Python's datetime too.
+LAST_VALID = datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.timezone.utc)
+
+
+def _bad_days(days: int) -> str:
+    """Why --days cannot be a certificate's validity ("" when it can)."""
+    if days < 1:
+        return f"--days must be 1 or more, got {days}"
+    most = (LAST_VALID - datetime.datetime.now(datetime.timezone.utc)).days
+    if days > most:
+        # (It was an OverflowError traceback: "date value out of range".)
+        shown = str(days) if len(str(days)) <= 24 else f"{str(days)[:8]}... ({len(str(days))} digits)"
+        return (f"--days {shown}: a certificate cannot be valid past the year 9999; give at most {most:,} "
+                "(the default 825 is about two years)")
+    return ""
+
+
 def run_client(args: argparse.Namespace) -> int:
-    why = _bad_client(args.clients, "NAME ") or _not_own_dir(args.dir)
-    if not why and args.days < 1:
-        why = f"--days must be 1 or more, got {args.days}"
+    why = _bad_client(args.clients, "NAME ") or _not_own_dir(args.dir) or _bad_days(args.days)
     if not why and not ((args.dir / "ca.pem").is_file() and (args.dir / "ca-key.pem").is_file()):
         why = (f"{args.dir} has no ca.pem and ca-key.pem; give the directory `gandiva tls init` wrote "
                "(with its CA key), or make one with gandiva tls init")
@@ -312,8 +328,8 @@ def run(args: argparse.Namespace) -> int:
         if host_why:
             print(f"gandiva tls: --host {host!r} {host_why}", file=sys.stderr)
             return 2
-    if args.days < 1:
-        print(f"gandiva tls: --days must be 1 or more, got {args.days}", file=sys.stderr)
+    if days_why := _bad_days(args.days):
+        print(f"gandiva tls: {days_why}", file=sys.stderr)
         return 2
     if args.dir.exists() and not args.dir.is_dir():
         print(f"gandiva tls: {args.dir} exists and is not a directory; give a directory to "

@@ -263,6 +263,24 @@ def test_tls_client_names_whose_files_are_anothers_are_refused(
     assert main(["tls", "client", str(pki), "bob@example.com", "alice.smith", "monkey"]) == 0
 
 
+def test_tls_days_past_the_year_9999_are_refused_in_one_line(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`--days 100000000` (or any count ending after 9999-12-31, the last day a certificate
+    can name) was an OverflowError traceback ("date value out of range") from init and client."""
+    pki, new = tmp_path / "pki", tmp_path / "new"
+    assert main(["tls", "init", str(pki), "--host", "head"]) == 0
+    before = {p.name: p.read_bytes() for p in pki.iterdir()}
+    capsys.readouterr()
+    for days in ("100000000", "1" + "0" * 40):
+        assert main(["tls", "init", str(new), "--host", "head", "--days", days]) == 2
+        assert main(["tls", "client", str(pki), "bob", "--days", days]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 2, err
+        assert err.count(": a certificate cannot be valid past the year 9999; give at most ") == 2, err
+        assert not new.exists() and {p.name: p.read_bytes() for p in pki.iterdir()} == before
+    assert "--days 10000000... (41 digits): " in err
+
+
 def test_tls_keys_go_only_into_a_directory_no_one_else_may_write(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`tls init DIR` into a DIR another user had made (`/tmp/pki`), or one every user may
