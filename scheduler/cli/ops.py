@@ -587,7 +587,7 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         _print_fields(sharing.lines(summary, job.id), indent=2)
     why = sharing.decisions(job, events)
     if why:  # (since session 52)
-        _section("Why it was suspended or moved (each decision, what followed, its rate before and after)",
+        _section("Why it was suspended, moved or queued again (each decision, what followed, its rate before and after)",
                  ["TIME", "DECISION", "WHY", "THEN"], sharing.decision_rows(why))
     if job.state == common_pb2.JOB_STATE_FAILED:
         print(f"Last output (all of it: gandiva logs {job.id}):")

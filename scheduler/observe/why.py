@@ -18,6 +18,7 @@ _PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")
 _ROLLED_BACK = {"stayed_at_source": "not moved: it stayed at its source",
                 "restarted_at_source": "not moved: restarted at its source"}
 _TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
+_DECISION = {"SUSPENDED": "suspend", "MIGRATING": "move", "QUEUED": "requeue"}
 
 
 def _changes(records: Sequence[tuple[float, str]]) -> list[tuple[float, str, str, str, float | None]]:
@@ -36,19 +37,20 @@ def _span(seconds: float) -> str:
 
 
 def decisions(records: Sequence[tuple[float, str]], now: float, rate_now: float = 0.0) -> list[dict[str, Any]]:
-    """Each suspend or move of the job (``records``: its state changes as (at, "FROM -> TO:
-    REASON")), oldest first: ``at``, ``decision`` (suspend or move), ``why`` (the scheduler's
+    """Each suspend, move or return to the queue of the job (``records``: its state changes as
+    (at, "FROM -> TO: REASON")), oldest first: ``at``, ``decision`` (suspend, move or requeue: a
+    park, a preemption, its server or process lost), ``why`` (the scheduler's
     reason), ``outcome`` (what followed, in words), ``rate_before`` and ``rate_after`` (the rates
     its runtime measured over the stretch running before it and the next one after it; None: not
     measured; after: ``rate_now`` while that stretch goes on). ``now``: for what is under way."""
     changes = _changes(records)
     out = []
     for i, (at, before, into, why, ran) in enumerate(changes):
-        if into not in ("SUSPENDED", "MIGRATING") or (before, into) == ("MIGRATING", "SUSPENDED"):
-            continue
+        if into not in ("SUSPENDED", "MIGRATING", "QUEUED") or before == "MIGRATING" or before == into:
+            continue  # (a move's end is its own row's outcome)
         nxt = changes[i + 1] if i + 1 < len(changes) else None
         outcome, back = _outcome(into, at, nxt, now)
-        out.append({"at": at, "decision": "suspend" if into == "SUSPENDED" else "move", "why": why,
+        out.append({"at": at, "decision": _DECISION[into], "why": why,
                     "outcome": outcome, "rate_before": ran,
                     "rate_after": _rate_after(changes, i + 1, rate_now) if back else None})
     return out
@@ -59,14 +61,16 @@ def _outcome(into: str, at: float, nxt: tuple[float, str, str, str, float | None
     """What followed a suspend or move (``nxt``: the job's next change), and whether the job
     ran again right after it."""
     if nxt is None:
-        return (f"suspended now, for {_span(now - at)}" if into == "SUSPENDED"
-                else f"under way for {_span(now - at)}"), False
+        return {"SUSPENDED": "suspended now", "QUEUED": "queued now"}.get(into, "under way") + \
+            f" for {_span(now - at)}", False
     when, _, to, reason, _ = nxt
     took = _span(when - at)
     if to in _TERMINAL:
         return f"the job ended ({to}) {took} later" + (", before it moved" if into == "MIGRATING" else ""), False
     if to == "QUEUED":
         return f"back to the queue {took} later: {reason}", False
+    if into == "QUEUED":
+        return f"placed again {took} later: {reason}", to == "RUNNING"
     if into == "SUSPENDED":
         if to == "MIGRATING":
             return f"moved while suspended, {took} later", False

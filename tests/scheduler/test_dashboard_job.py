@@ -114,7 +114,7 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         assert gandiva_main.main(["describe", "job", job_id, "--scheduler", sched.address]) == 0
         said = capsys.readouterr().out
         assert "\nGPUs held: a/0 " in said
-        assert "\nWhy it was suspended or moved" in said and "make way (step 42)" in said, said
+        assert "\nWhy it was suspended, moved or queued again" in said and "make way (step 42)" in said, said
         assert (shared["time_slices"], shared["rates_before_switch"]) == (1, [4.5]), shared
         assert [(t["verdict"], t["gain"]) for t in shared["packing_trials"]] == [("kept", 1.62)], shared
     finally:

@@ -143,4 +143,16 @@ def test_why_each_suspend_or_move_and_what_came_of_it() -> None:
         ("move", "under way for 10.0s", None)]
     # Resumed and running now: its rate after is the one it runs at.
     assert decisions(solo_gs[:2], now=55.0, rate_now=31.2)[-1]["rate_after"] == 31.2
-    assert decisions(solo_gs[:1], now=55.0, rate_now=31.2)[-1]["outcome"] == "suspended now, for 15.0s"
+    assert decisions(solo_gs[:1], now=55.0, rate_now=31.2)[-1]["outcome"] == "suspended now for 15.0s"
+    # Sent back to the queue (its server lost, a park), and what followed.
+    lost = [(0.0, "QUEUED -> RUNNING: Algorithm 1: unallocated on n2/0"),
+            (62.0, "RUNNING -> QUEUED: its server n2 went down"),
+            (62.1, ("QUEUED -> RUNNING: Algorithm 1: oversubscribe on n1/1; no checkpoint: it starts over, its step "
+                   "count with it (it was at 626)")),
+            (93.0, "RUNNING -> SUSPENDED: time slice of 8s over (step 0) (it ran 16.1 mini-batches/s)"),
+            (95.0, "SUSPENDED -> QUEUED: parked: a larger job waits")]
+    assert [(d["decision"], d["outcome"], d["rate_after"]) for d in decisions(lost, now=100.0)] == [
+        ("requeue", ("placed again 0.1s later: Algorithm 1: oversubscribe on n1/1; no checkpoint: it starts over, its "
+                    "step count with it (it was at 626)"), 16.1),
+        ("suspend", "back to the queue 2.0s later: parked: a larger job waits", None),
+        ("requeue", "queued now for 5.0s", None)]
