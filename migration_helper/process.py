@@ -112,6 +112,9 @@ OWNER_ENV = "GANDIVA_HELPER"
 # How long a launch's wrappers, stopped by its trainer's shim as it exits on Gandiva's
 # command, wait for that process to be gone before the helper ends them.
 LAUNCH_END_WAIT_S = 30.0
+# How long processes a launch left running when its own process ended on its own may take
+# to end by themselves before they are named in its log (JobProcess._left_behind).
+LEFT_SETTLE_S = 0.5
 
 
 def owner_mark(ramdisk: Path) -> str:
@@ -402,6 +405,7 @@ class JobProcess:
         # mark, not by its process group: the group's id is the reaped leader's pid, which
         # another process may be given now.
         await self._grace()
+        left = await self._left_behind()
         for pid in self._marked():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -416,6 +420,11 @@ class JobProcess:
         try:
             with open_regular(self.log_path, "ab+") as logf:  # one short local append
                 end = self._end_line(exit_reason(code, self.stopped))
+                if left:
+                    end = (f"\n=== gandiva: its command ended (status {code}) while {len(left)} of its processes "
+                           f"still ran, killed with it: {'; '.join(left)}. A job lasts as long as its command: "
+                           f"run the trainer in the foreground (no `&` at the end of the line, or `wait` for "
+                           f"it)").encode() + end
                 size = logf.seek(0, os.SEEK_END)
                 if not size or (logf.seek(size - 1) >= 0 and logf.read(1) == b"\n"):
                     end = end[1:]  # (appended at the end whatever was read)
@@ -440,6 +449,29 @@ class JobProcess:
         while left and self._grace_until is not None and time.monotonic() < self._grace_until:
             await asyncio.sleep(0.05)
             left = [pid for pid in left if not _gone(pid)]
+
+    async def _left_behind(self) -> list[str]:
+        """What of the launch still runs after its own process ended on its own ("PID:
+        COMMAND", the first 3): a trainer put in the background (`nohup python train.py &`
+        as a script's last line, the habit of a login shell) is killed as the launch ends,
+        and the job used to read "finished" at once, with no word of it in its output.
+        Those that end within half a second (a multiprocessing resource tracker reading
+        its pipe's end) are not named."""
+        if self.stopped or self.ended_with is not None:
+            return []
+        left = self._marked()
+        deadline = time.monotonic() + LEFT_SETTLE_S
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            left = [pid for pid in left if not _gone(pid)]
+        named = []
+        for pid in left[:3]:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ")
+            except OSError:
+                continue
+            named.append(f"{pid}: {argv.decode(errors='replace')[:120]}")
+        return named
 
     async def _wait(self, timeout_s: float) -> bool:
         """True once the process has exited (within ``timeout_s``)."""

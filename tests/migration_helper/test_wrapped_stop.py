@@ -3,7 +3,10 @@ run.sh` with more lines after the python one), stopped by the helper (`gandiva k
 stale launch, the helper's own shutdown): SIGTERM to the launch's group, SIGKILL after
 the grace. bash dies at the SIGTERM at once; its program, handling the signal (saving
 its own checkpoint, then exiting 0, as many do on preemption), used to be SIGKILLed
-with it, its save never made. Real processes, plain Python (no TensorFlow)."""
+with it, its save never made. And a wrapper that puts its trainer in the background and
+ends (`nohup python train.py &`): the launch ends with it, its trainer killed, and the
+job read "finished" with no word of that in its output. Real processes, plain Python (no
+TensorFlow)."""
 
 from __future__ import annotations
 
@@ -78,3 +81,20 @@ async def test_a_program_behind_a_wrapper_that_ignores_sigterm_is_killed_after_t
     finally:
         with contextlib.suppress(OSError):
             os.kill(program, signal.SIGKILL)
+
+
+async def test_a_trainer_left_in_the_background_is_named_in_the_jobs_output(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    env = dict(os.environ, GANDIVA_JOB_ID="j", GANDIVA_INCARNATION="i1", **{OWNER_ENV: f"{os.getpid()}:{tmp_path}"})
+
+    async def ended(argv: list[str], log: str) -> str:
+        proc = JobProcess(job_id="j", incarnation="i1", argv=argv, workdir=str(tmp_path), env=env,
+                          gpu_indices=(), log_path=tmp_path / log)
+        await proc.start(lambda p: None)
+        assert await proc._wait(120.0), "the launch did not end"
+        return (tmp_path / log).read_text()
+
+    background = await ended(["bash", "-c", f"nohup {sys.executable} train.py > out.log 2>&1 &"], "bg.log")
+    assert "its command ended (status 0) while 1 of its processes still ran, killed with it: " in background
+    assert "train.py" in background and "run the trainer in the foreground" in background
+    assert "still ran" not in await ended(["bash", "-c", f"{sys.executable} -c pass; echo done"], "fg.log")
