@@ -78,7 +78,9 @@ def _outcome(into: str, at: float, nxt: tuple[float, str, str, str, float | None
     if (rolled := _ROLLED_BACK.get(reason.partition(":")[0])) is not None:
         return f"{rolled} {took} later", to == "RUNNING"
     paused = _PAUSED.search(reason)
-    said = f"moved in {took} (its copy pre-warmed; training paused {paused[1]}s)" if paused else f"moved in {took}"
+    # ("later", as a resume's: the decision log's "moved in 0.5s" is the pause alone)
+    said = f"moved {took} later (its copy pre-warmed meanwhile), training paused {paused[1]}s" if paused else \
+        f"moved {took} later"
     return said + (" and waits its turn there" if to == "SUSPENDED" else ""), to == "RUNNING"
 
 

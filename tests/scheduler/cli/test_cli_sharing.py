@@ -114,14 +114,14 @@ def test_why_each_suspend_or_move_and_what_came_of_it() -> None:
         ("suspend", "time slice of 8s over (step 252)", ("resumed 2.6s later: trial: packed beside j-1e, "
                                                      "utilization 0.42 + 0.42 (step 252)"), 29.8, 31.6),
         ("move", "make room for job j-7e: empty node-1: node-1 -> node-2",
-         "moved in 10.0s (its copy pre-warmed; training paused 0.10s)", 31.6, 32.0),
-        ("move", "GPUs idle for 6s: node-2 -> node-2", "moved in 22.4s (its copy pre-warmed; training paused 0.53s)",
+         "moved 10.0s later (its copy pre-warmed meanwhile), training paused 0.10s", 31.6, 32.0),
+        ("move", "GPUs idle for 6s: node-2 -> node-2", "moved 22.4s later (its copy pre-warmed meanwhile), training paused 0.53s",
          32.0, 26.0),
-        ("move", "job j-a7 needs GPUs: node-2 -> node-2", "moved in 29.8s (its copy pre-warmed; training paused 0.23s)",
+        ("move", "job j-a7 needs GPUs: node-2 -> node-2", "moved 29.8s later (its copy pre-warmed meanwhile), training paused 0.23s",
          26.0, 30.7),
         ("move", "GPUs idle for 18s: node-2 -> node-2", "the job ended (KILLED) 0.1s later, before it moved", 30.7, None)]
     assert decision_rows(got)[3][1:] == ["move", "GPUs idle for 6s: node-2 -> node-2",
-                                         ("moved in 22.4s (its copy pre-warmed; training paused 0.53s); ran 32.0/s "
+                                         ("moved 22.4s later (its copy pre-warmed meanwhile), training paused 0.53s; ran 32.0/s "
                                           "before, 26.0/s after")]
     others = [
         (10.0, "RUNNING -> SUSPENDED: time slice of 60s over (step 9) (it ran 2.5 mini-batches/s)"),
@@ -137,7 +137,7 @@ def test_why_each_suspend_or_move_and_what_came_of_it() -> None:
     ]
     assert [(d["decision"], d["outcome"], d["rate_after"]) for d in decisions(others, now=100.0, rate_now=4.2)] == [
         ("suspend", "moved while suspended, 10.0s later", None),
-        ("move", "moved in 24.0s and waits its turn there", None),
+        ("move", "moved 24.0s later and waits its turn there", None),
         ("move", "not moved: it stayed at its source 1.0s later", 3.5),
         ("move", "back to the queue 5.0s later: its server n2 went down", None),
         ("move", "under way for 10.0s", None)]
