@@ -64,6 +64,38 @@ def _status_event(line: bytes) -> dict[str, Any] | None:
     return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None
 
 
+# A shell says 128 + N for a command it ran that signal N killed. A job's script whose last
+# line runs its python (`bash run.sh`: a script's last command is not exec'd) exited 137 when
+# the kernel's OOM killer took that python, read "failed with exit code 137" and FAILED at
+# once, where the same python launched alone (-9) is re-queued to resume from its restore
+# point (scheduler/core.py KILLED_RESTARTS). A shell's 137 is reported as -9. (A program
+# that itself exits 137 behind a shell reads as killed too, as container runtimes read it.)
+SHELL_SIGKILLED = 128 + signal.SIGKILL
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash"})
+
+
+def runs_a_shell(argv: Sequence[str], workdir: str) -> bool:
+    """Whether a job's command runs a shell: `bash run.sh`, `env X=1 sh -c ...`, or a
+    script (`./run.sh`) whose first line names one (`#!/bin/bash`, `#!/usr/bin/env bash`)."""
+    words = list(argv)
+    for _ in range(2):  # the command, then a script's interpreter line
+        while words and os.path.basename(words[0]) == "env":  # env [-OPTIONS] [NAME=VALUE]... COMMAND
+            words = [w for w in words[1:] if not w.startswith("-") and "=" not in w][:1] or []
+        if not words:
+            return False
+        if os.path.basename(words[0]) in SHELLS:
+            return True
+        try:  # (the job's own file: a regular one only, never a pipe that would block)
+            with open_regular(Path(workdir or ".") / words[0]) as f:
+                first = f.readline(256)
+        except OSError:
+            return False
+        if not first.startswith(b"#!"):
+            return False
+        words = first[2:].decode(errors="replace").split()
+    return False
+
+
 def exit_reason(code: int, stopped: bool) -> str:
     """The word the scheduler records for an exit status (negative: killed by that signal)."""
     if code == 0:
@@ -398,6 +430,8 @@ class JobProcess:
             code = self._proc.wait()
         if self.ended_with is not None:
             code = self.ended_with  # killed by _end_launch: the trainer's status is the launch's
+        elif code == SHELL_SIGKILLED and runs_a_shell(self.argv, self.workdir):
+            code = -signal.SIGKILL  # (see SHELL_SIGKILLED)
         self.exit_code = code
         # Its launch is over: what it left running (a worker in its group or in a session
         # of its own) goes with it, or it would train on unsupervised, beside the job's

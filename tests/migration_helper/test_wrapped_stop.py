@@ -5,8 +5,10 @@ the grace. bash dies at the SIGTERM at once; its program, handling the signal (s
 its own checkpoint, then exiting 0, as many do on preemption), used to be SIGKILLed
 with it, its save never made. And a wrapper that puts its trainer in the background and
 ends (`nohup python train.py &`): the launch ends with it, its trainer killed, and the
-job read "finished" with no word of that in its output. Real processes, plain Python (no
-TensorFlow)."""
+job read "finished" with no word of that in its output. And a script whose last line runs
+python, that python killed by the OOM killer: the script's 137 read "failed with exit code
+137" (FAILED at once) where python alone (-9) is re-queued to resume. Real processes, plain
+Python (no TensorFlow)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
-from migration_helper.process import OWNER_ENV, JobProcess
+from migration_helper.process import OWNER_ENV, JobProcess, exit_reason, runs_a_shell
 from tf_runtime.launch import gone
 
 # The program: on SIGTERM it takes a while to save, then exits 0 (`--ignore`: it ignores
@@ -98,3 +100,38 @@ async def test_a_trainer_left_in_the_background_is_named_in_the_jobs_output(tmp_
     assert "its command ended (status 0) while 1 of its processes still ran, killed with it: " in background
     assert "train.py" in background and "run the trainer in the foreground" in background
     assert "still ran" not in await ended(["bash", "-c", f"{sys.executable} -c pass; echo done"], "fg.log")
+
+
+async def test_a_program_killed_by_sigkill_behind_a_script_reads_as_killed(tmp_path: Path) -> None:
+    """(The scheduler re-queues a job whose process SIGKILL ended, scheduler/core.py
+    KILLED_RESTARTS: the exit must say -9 for that.)"""
+    env = dict(os.environ, GANDIVA_JOB_ID="j", GANDIVA_INCARNATION="i1", **{OWNER_ENV: f"{os.getpid()}:{tmp_path}"})
+    oom = f"{sys.executable} -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'"
+    (tmp_path / "run.sh").write_text(f"#!/usr/bin/env bash\ncd .\n{oom}\n")
+    (tmp_path / "run.sh").chmod(0o755)
+
+    async def code(argv: list[str]) -> int | None:
+        proc = JobProcess(job_id="j", incarnation="i1", argv=argv, workdir=str(tmp_path), env=env,
+                          gpu_indices=(), log_path=tmp_path / "j.log")
+        await proc.start(lambda p: None)
+        assert await proc._wait(120.0), "the launch did not end"
+        return proc.exit_code
+
+    assert await code(["bash", "run.sh"]) == -signal.SIGKILL  # was 137
+    assert exit_reason(-signal.SIGKILL, False) == "killed by signal SIGKILL"
+    assert await code(["./run.sh"]) == -signal.SIGKILL  # its interpreter line names the shell
+    # A program (no shell) that exits 137 itself says so.
+    assert await code([sys.executable, "-c", "raise SystemExit(137)"]) == 137
+
+
+def test_which_commands_run_a_shell(tmp_path: Path) -> None:
+    (tmp_path / "env.sh").write_text("#!/usr/bin/env -S bash -e\n")
+    (tmp_path / "train.py").write_text("#!/usr/bin/env python\n")
+    os.mkfifo(tmp_path / "fifo")
+    assert runs_a_shell(["/bin/sh", "-c", "python train.py; echo"], str(tmp_path))
+    assert runs_a_shell(["env", "FOO=1", "bash", "run.sh"], str(tmp_path))
+    assert runs_a_shell(["./env.sh"], str(tmp_path))
+    assert not runs_a_shell(["./train.py"], str(tmp_path))
+    assert not runs_a_shell(["python", "train.py"], str(tmp_path))
+    assert not runs_a_shell(["fifo"], str(tmp_path))  # (never opened for reading: it would block)
+    assert not runs_a_shell(["env"], str(tmp_path))
