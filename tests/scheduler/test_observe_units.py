@@ -335,3 +335,42 @@ async def test_a_move_rolled_back_to_its_source_is_read_back_as_the_live_log_sai
         (2, 30.0, "RUNNING", "migrated to h2 at step 40 (training paused 0.50s)")))
     assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
         (ids[0], "aborted"), (ids[1], "restarted_at_source"), (ids[2], "moved")]
+
+
+async def test_a_grow_and_a_shrink_read_back_name_the_gpus_they_ended_on(db_url: str) -> None:
+    """`gandiva demo`'s solo-gs restarted under (s52): its grow onto node-2/1,node-2/0 read back
+    as node-2/0 and its shrink to node-2/0 as node-2/1,node-2/0 (the first GPUs begun after each).
+    Its state changes and GPU holds as the database had them (times exact to the bit: the hold
+    and the change are written with one time, on SQLite and PostgreSQL alike)."""
+    from protos.gandiva.v1 import common_pb2
+    from scheduler.core import SchedulerCore
+    from scheduler.observe.history import read_back
+    from scheduler.state import migrate
+    from scheduler.state.db import make_engine
+    from scheduler.state.models import GpuHold, Transition
+
+    engine = make_engine(db_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        job = (await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id
+        t = 1796663901.066357  # (a time of today's size: its last bits matter)
+        changes = [(t + 63.11431, "RUNNING", "MIGRATING", "make room"),
+                   (t + 73.135053, "MIGRATING", "RUNNING", "migrated to node-2 at step 1342 (training paused 0.10s)"),
+                   (t + 88.496453, "RUNNING", "MIGRATING", "GPUs idle for 6s"),
+                   (t + 110.915152, "MIGRATING", "RUNNING", "migrated to node-2 at step 2457 (training paused 0.53s)"),
+                   (t + 111.703083, "RUNNING", "MIGRATING", "job j-a7 needs GPUs"),
+                   (t + 141.4765, "MIGRATING", "RUNNING", "migrated to node-2 at step 3349 (training paused 0.23s)")]
+        async with core.tx() as s:
+            for at, before, after, why in changes:
+                s.add(Transition(job_id=job, from_state=before, to_state=after, at=at, reason=why))
+            for server, gpu, start, end in (("node-1", 0, t, changes[1][0]), ("node-2", 1, changes[1][0], changes[5][0]),
+                                            ("node-2", 0, changes[3][0], None)):
+                s.add(GpuHold(job_id=job, server_name=server, gpu_index=gpu, start_at=start, end_at=end))
+        log = DecisionLog()
+        await read_back(core, log, t + 200)
+        assert [(r.gpus, r.outcome) for r in log.records if r.kind == "migrate"] == [
+            (("node-2/1",), "moved"), (("node-2/1", "node-2/0"), "moved"), (("node-2/0",), "moved")]
+    finally:
+        await core.dispose()
+        await engine.dispose()
