@@ -69,8 +69,8 @@ def register(kinds: Any, common: argparse.ArgumentParser, set_handler: Any) -> N
 def get_usage(args: argparse.Namespace, client: Client) -> int:
     if args.user is not None and not args.user:
         raise CliError("--user is empty; give a user's name, or leave --user out for every user you may see")
-    if args.limit < 0:
-        raise CliError(f"--limit must be 0 (the default: 1000 jobs) or more, got {args.limit}")
+    if not 0 <= args.limit <= 10000:  # (past 2^31 it was a traceback: the field is an int32)
+        raise CliError(f"--limit must be 0 (the default: 1000 jobs) to 10000, got {args.limit}")
     since = args.since if args.since is not None else time.time() - WEEK
     # A window reaching back past 1970 counts the whole history (it was sent as a negative time
     # and refused with it, a number the user never typed).

@@ -792,6 +792,7 @@ def test_scheduler_refuses_policy_numbers_that_are_not_finite_or_negative(option
     (["get", "usage", "--since", "0001-01-01", "--until", "0001-01-02"], "is not after --since"),  # "invalid
     (["get", "events", "--until", "0001-01-01"], "--until reaches back before 1970"),  # point_in_time value"
     (["get", "placements", "--gpu", "99999999999999999999"], "--gpu must be a GPU index, 0 to 2147483647"),
+    (["get", "usage", "--limit", "99999999999999999999"], "--limit must be 0 (the default: 1000 jobs) to 10000"),
 ])
 def test_times_and_indices_past_what_a_clock_or_a_message_holds_are_named(gandiva, argv: list[str], says: str,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
