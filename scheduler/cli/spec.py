@@ -115,7 +115,7 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
             hint = SPEC_FIELD_HINTS[key]
             if isinstance(value, str) and _EXPONENT.match(value.strip()):
                 hint += f" (YAML reads {value.strip()} as text: write the number out in digits)"
-            raise SpecError(f"{path}: field {key!r} has the wrong type ({type(value).__name__}): "
+            raise SpecError(f"{path}: field {key!r} has the wrong type ({_kind(value)}): "
                             f"{shown}; {hint}")
     for key in ("gpus", "priority", "steps", "array"):
         if isinstance(data.get(key), int):  # (a number as written is for text; these are numbers)
@@ -145,6 +145,15 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
         data["command"] = [_text(part, f"{path}: command[{i}]")
                            for i, part in enumerate(data["command"])]
     return data
+
+
+def _kind(value: Any) -> str:
+    """The type of a value as the file wrote it: a number keeps its text in a subclass
+    (``gpus: .nan`` said "the wrong type (_WrittenFloat)")."""
+    for kind in (bool, int, float):
+        if isinstance(value, kind):
+            return kind.__name__
+    return type(value).__name__
 
 
 def _text(value: Any, where: str) -> str:

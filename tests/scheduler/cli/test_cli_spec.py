@@ -100,6 +100,7 @@ def test_spec_file_wrong_type_is_named(tmp_path: Path) -> None:
     ("grow_shrink: yes please\n", "field 'grow_shrink' has the wrong type (str): 'yes please'; give true or false"),
     ("env_pass: WANDB_API_KEY\n", "give a list of variable names, e.g. env_pass: [WANDB_API_KEY]"),
     ("gpus: true\n", "field 'gpus' has the wrong type (bool): true; give a whole number"),
+    ("gpus: .nan\n", "field 'gpus' has the wrong type (float): nan; give a whole number"),  # (_WrittenFloat)
     # (LibYAML's words since session 50; the pure-Python parser's were "found character '\t'
     # that cannot start any token" and "mapping values are not allowed here".)
     ("command: python t.py\n\tgpus: 1\n", ("not valid YAML at line 2, column 1: found a tab character that "
