@@ -417,12 +417,19 @@ class RuntimeHub:
     async def send(
         self, job_id: str, cmd: runtime_pb2.RuntimeCommand, timeout: float, incarnation: str = ""
     ) -> runtime_pb2.CommandAck:
-        """Send `cmd` to the job's shim (that incarnation, if given) and await its ack."""
+        """Send `cmd` to the job's shim (that incarnation, if given) and await its ack.
+        Never to a launch told to exit (kill_stale: its server went down, its job re-queued):
+        Unavailable at once. A migration whose source server went down while its destination
+        pre-warmed sent its stop-for-migration to the lost source after that, and a frozen
+        host's stream looks open: the job, re-queued, was held unplaced for the command's
+        120 s instead of being placed at once."""
+        self._refuse_told(job_id, incarnation, cmd)
         await self.wait_connected(job_id, min(timeout, self.reconnect_grace_s), incarnation)
         conn = self._find(job_id, incarnation)
         if conn is None:
             which = f" (launch {incarnation})" if incarnation else ""
             raise FailedPrecondition(f"job {job_id} has no running process{which} connected to the scheduler")
+        self._refuse_told(job_id, conn.incarnation, cmd)
         if not cmd.command_id:
             cmd.command_id = _command_id()
         loop = asyncio.get_running_loop()
@@ -440,6 +447,12 @@ class RuntimeHub:
             ) from None
         finally:
             self._asked.pop(cmd.command_id, None)
+
+    def _refuse_told(self, job_id: str, incarnation: str, cmd: runtime_pb2.RuntimeCommand) -> None:
+        told = self._told.get((job_id, incarnation)) if incarnation else None
+        if told and cmd.kind != runtime_pb2.COMMAND_KIND_KILL:
+            kind = runtime_pb2.CommandKind.Name(cmd.kind).removeprefix("COMMAND_KIND_").lower()
+            raise Unavailable(f"job {job_id}'s launch {incarnation} was told to exit ({told}): no {kind} is sent to it")
 
     def resolve(self, conn: RuntimeConn, ack: runtime_pb2.CommandAck) -> None:
         _resolve(conn.pending, ack.command_id, ack)
