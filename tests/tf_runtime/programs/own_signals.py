@@ -3,7 +3,9 @@
 or a supervisor do), `--sigterm save` turns it into a flag its loop checks after each step
 (then saves its own checkpoint into `--workdir` and exits 0, as preemption-aware programs
 do); `--atexit` registers `atexit` work that writes `exit.json` (the last step trained)
-into `--workdir`. Each mini-batch fed from the step read; Momentum."""
+into `--workdir`; `--restore` restores the latest checkpoint of `--workdir` at its start
+(where a preemption-aware program resumes from its own save). Each mini-batch fed from the
+step read; Momentum."""
 
 import atexit
 import json
@@ -20,6 +22,7 @@ v1 = tf.compat.v1
 def extra(p):
     p.add_argument("--sigterm", choices=["ignore", "save", "default"], default="ignore")
     p.add_argument("--atexit", action="store_true")
+    p.add_argument("--restore", action="store_true")
 
 
 args, gs, x, y = _base.start(extra)
@@ -40,6 +43,10 @@ if args.atexit:
 
 with v1.Session(config=_base.config()) as sess:
     sess.run(v1.global_variables_initializer())
+    latest = v1.train.latest_checkpoint(args.workdir) if args.restore else None
+    if latest:
+        saver.restore(sess, latest)
+        print(f"restored its own {os.path.basename(latest)}", flush=True)
     step = int(sess.run(gs))
     while step < args.steps:
         step = _base.fed_step(sess, train, gs, x, y, step)
