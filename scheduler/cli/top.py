@@ -235,8 +235,31 @@ def render(state: dict[str, Any], show_all: bool = False, max_jobs: int | None =
         latest.append(output.visible(f"{time.strftime('%H:%M:%S', time.localtime(d['at']))} {d['kind']:<9} "
                                      f"{names.get(d['job'], d['job'])}: {d['reason']}"
                                      + (f" -> {d['outcome']}" if d.get("outcome") else "")) + "\n")
-    return Group(head, *_problems(state), *_slow(state), servers, jobs, rest, Text("latest decisions", style="bold"),
-                 latest)
+    return Group(head, *_gpu_time(state), *_problems(state), *_slow(state), servers, jobs, rest,
+                 Text("latest decisions", style="bold"), latest)
+
+
+# How the GPUs' time was spent (/api/state's gpu_time), in this order.
+GPU_TIME_KINDS = ("training", "packed", "suspended", "moving", "idle")
+
+
+def gpu_time_line(got: dict[str, Any] | None, now: float) -> str:
+    """"GPU time over the last 60m (4.0 GPU-hours seen): training 62%, packed 10%, ...", or ""
+    when the scheduler sends none (one older than session 52) or has seen no GPU yet. Also the
+    page's line above its GPU timeline (scheduler/observe/static/index.html)."""
+    try:
+        if not got or not got.get("seen"):
+            return ""
+        period = output.duration(max(0.0, now - got["since"]))
+        parts = ", ".join(f"{k} {got[k] / got['seen']:.0%}" for k in GPU_TIME_KINDS if got.get(k))
+        return f"GPU time over the last {period} ({got['seen'] / 3600:.2f} GPU-hours seen): {parts}"
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+        return ""  # (an answer of another shape: the rest of the view still shows)
+
+
+def _gpu_time(state: dict[str, Any]) -> list[Text]:
+    said = gpu_time_line(state.get("gpu_time"), state["now"])
+    return [Text(said, style="dim")] if said else []
 
 
 # What a tried change's outcome counts as, for the summary line.

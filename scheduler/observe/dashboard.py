@@ -201,10 +201,12 @@ async def cluster_state(core: Any, metrics: SchedulerMetrics) -> dict[str, Any]:
     height = max((s["height"] for s in servers), default=0)
     return {"now": now, "height": height, "overloaded": height > 1, "servers": servers,
             "jobs": out_jobs, "queued_not_listed": max(0, not_listed),
+            "gpu_time": metrics.timeline.split(now - GPU_TIME_S, now),
             "decisions": metrics.log.after(max(0, metrics.log.last_id - 30))}
 
 
 _JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}", re.ASCII)
+GPU_TIME_S = 3600.0  # /api/state's gpu_time: how the GPUs' time was spent over the last hour
 
 
 async def job_timeline(core: Any, job_id: str) -> dict[str, Any]:
@@ -333,6 +335,7 @@ def routes(core: Any, metrics: SchedulerMetrics, engine: Any | None = None) -> d
         except (Unavailable, TimeoutError):
             names = {}  # the timeline is in memory: served without the jobs' names
         return Response.json({"now": now, "since": now - ago, "gpus": gpus,
+                              "gpu_time": metrics.timeline.split(now - ago, now),
                               "jobs": {j: names.get(j, "") for j in sorted(used)}})
 
     async def job(q: Mapping[str, str]) -> Response:

@@ -151,9 +151,14 @@ class Timeline:
         self.keep_s = keep_s
         # "server/index" -> segments [t0, t1, running job ids, waiting job ids, migrating ids]
         self.gpus: dict[str, list[list[Any]]] = {}
+        # The first round this scheduler saw (None: none yet): what is before it was drawn
+        # again from the GPUs' history, which knows the jobs on GPUs, not which GPUs were up.
+        self.live_since: float | None = None
 
     def record(self, snap: pt.ClusterSnapshot) -> None:
         now = snap.now
+        if self.live_since is None:
+            self.live_since = now
         current: dict[str, tuple[list[str], list[str], list[str]]] = {}
         for s in snap.servers:
             for i in range(s.num_gpus):
@@ -184,6 +189,30 @@ class Timeline:
                    for s in segs if s[1] >= since and any(s[2:])]
             for name, segs in sorted(self.gpus.items())
         }
+
+    def split(self, since: float, until: float) -> dict[str, float]:
+        """The GPU time of [since, until] the timeline saw (``seen``: GPU-seconds), and how it
+        was spent, each GPU's stretch by what was on it: ``training`` (one job running),
+        ``packed`` (several running at once), ``moving`` (none running, a move holding it: a
+        copy pre-warming or arriving), ``suspended`` (none running, jobs waiting their turn on it,
+        or held) and ``idle`` (nothing). Since session 52: "how was the cluster's GPU time spent
+        over the last hour?" (`gandiva top`, the page). ``since`` in the answer: the period's
+        start, from this scheduler's first round at the earliest (before it, a restarted
+        scheduler's timeline knows the jobs on GPUs, not which GPUs were up: a first try counted
+        the hour before the demo's servers registered as idle)."""
+        since = max(since, self.live_since if self.live_since is not None else until)
+        out = dict.fromkeys(("seen", "training", "packed", "suspended", "moving", "idle"), 0.0)
+        out["since"] = since
+        for segs in self.gpus.values():
+            for t0, t1, running, waiting, moving in segs:
+                spent = min(t1, until) - max(t0, since)
+                if spent <= 0:
+                    continue
+                kind = ("packed" if len(running) > 1 else "training" if running else "moving" if moving
+                        else "suspended" if waiting else "idle")
+                out[kind] += spent
+                out["seen"] += spent
+        return out
 
 
 # A job's rate is sampled once per RATE_SAMPLE_S, and at each suspend or resume, for the last

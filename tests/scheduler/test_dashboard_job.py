@@ -88,6 +88,11 @@ def test_a_jobs_decisions_with_reasons_and_rates_are_shown_on_the_page(
         assert [(p["server"], p["gpu"], p["end_at"]) for p in body["placements"]] == [("a", 0, None)], body
         # The job's id in the jobs table links to it.
         assert f'href="#job={job_id}"' in dom
+        # How the GPU's time was spent (session 52): it ran, was held a moment, ran again.
+        spent = _get(address, "/api/state")[1]["gpu_time"]
+        assert spent["training"] > 0 and spent["seen"] == pytest.approx(sum(
+            spent[k] for k in ("training", "packed", "suspended", "moving", "idle"))), spent
+        assert "GPU time over the last " in dom and "training " in dom.split('id="gpu-time"', 1)[1][:300], dom
         # GPU time by user over the last day (session 48), drawn from /api/usage: one user, one job.
         status, used = _get(address, "/api/usage")
         assert status == 200 and [(u["user"], u["jobs"], u["started"]) for u in used["users"]] == [("", 1, 1)], used

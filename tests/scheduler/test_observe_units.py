@@ -36,6 +36,36 @@ def test_timeline_segments_follow_time_slices_and_gaps() -> None:
     assert [s["t0"] for s in t.export(since=50)["n1/0"]] == [100]
 
 
+def test_the_gpus_time_is_split_by_what_was_on_them() -> None:
+    """"How was the cluster's GPU time spent over the last hour?" (s52): each GPU's stretches
+    of the timeline by what was on it, cut to the period; a gap with no rounds is not seen."""
+    from scheduler.cli.top import gpu_time_line
+
+    t = Timeline()
+    t.record(snap(0, job("a", "RUNNING", 0), job("b", "SUSPENDED", 0)))  # n1/1 idle
+    t.record(snap(10, job("a", "RUNNING", 0), job("b", "RUNNING", 0)))  # packed
+    t.record(snap(16, job("a", "SUSPENDED", 0), job("b", "SUSPENDED", 0), job("c", "MIGRATING", 1)))
+    t.record(snap(20, job("a", "SUSPENDED", 0), job("c", "RUNNING", 1)))
+    t.record(snap(24, job("c", "RUNNING", 1)))
+    t.record(snap(100, job("c", "RUNNING", 1)))  # a gap of 76 s: not seen
+    t.record(snap(104, job("c", "RUNNING", 1)))
+    got = t.split(-50, 104)  # (from its first round, 0)
+    assert got == {"since": 0.0, "seen": 56.0, "training": 10 + 4 + 4, "packed": 6.0, "suspended": 4 + 4, "moving": 4.0,
+                   "idle": 16 + 4}, got
+    assert t.split(12, 22) == {"since": 12.0, "seen": 20.0, "training": 2.0, "packed": 4.0, "suspended": 6.0, "moving": 4.0,
+                               "idle": 4.0}
+    said = gpu_time_line(got, 104.0)
+    assert said == ("GPU time over the last 1m44s (0.02 GPU-hours seen): training 32%, packed 11%, "
+                    "suspended 14%, moving 7%, idle 36%"), said
+    assert gpu_time_line(None, 0.0) == gpu_time_line(Timeline().split(0, 1), 1.0) == ""
+    for odd in ({"seen": "x", "since": 0}, {"seen": 1.0}, {"seen": 1.0, "since": "0", "idle": 1}, [1], {"seen": 1e308,
+                "since": -1e308, "idle": float("inf")}):
+        assert isinstance(gpu_time_line(odd, 1.0), str), odd  # an answer of another shape: no traceback
+    # Drawn again after a restart (the GPUs' history): counted from its first round only.
+    t.gpus["n1/0"].insert(0, [-3000.0, -2000.0, [], [], []])
+    assert t.split(-3600, 104)["seen"] == 56.0
+
+
 def test_decision_log_counts_kinds_and_notes_pack_verdicts() -> None:
     from scheduler.policy.state import GandivaState, PackTrial
 
