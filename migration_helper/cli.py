@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
     helper.add_argument("--lease", type=float, default=None,
                         help="freeze this server's jobs after this many seconds without an answered "
                         "heartbeat (default: the scheduler's lease, sent at registration; a value "
-                        "here can only shorten it)")
+                        "here can only shorten it, to two of the scheduler's heartbeats at least)")
     sec = helper.add_argument_group(
         "security", "The helper's token comes from `gandiva token create SERVER --helper`; each job "
         "it launches gets a token good for that job only. An agent on a non-loopback address "

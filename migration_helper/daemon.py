@@ -486,15 +486,23 @@ class HelperDaemon:
             self._undelivered.forget(path)
         self._inherited = []
         lease = reply.lease_s
+        interval = reply.heartbeat_interval_s or 2.0
         if self.config.lease_s is not None:
-            lease = min(lease, self.config.lease_s) if lease else self.config.lease_s
+            mine = self.config.lease_s
+            if mine < 2 * interval:
+                # As the scheduler holds its own lease (Settings): `--lease 0.001` froze every
+                # job here at once, and none was ever thawed (no answer comes within 1 ms).
+                mine = 2 * interval
+                log.warning("--lease %g s is shorter than two of the scheduler's heartbeats (%g s each): the "
+                            "jobs here would be frozen between them; using %g s", self.config.lease_s,
+                            interval, mine)
+            lease = min(lease, mine) if lease else mine
         self.lease_s = lease
         if not self._lease_from:  # the first registration: the lease starts now
             self._lease_from = asyncio.get_running_loop().time()
         self._publish_lease()
         self.sessions += 1
         self.registered.set()
-        interval = reply.heartbeat_interval_s or 2.0
         self._heartbeat_interval_s = interval
         log.info("registered with %s (heartbeat every %.1f s)", self.config.scheduler, interval)
         tasks = [

@@ -299,3 +299,16 @@ async def test_a_ramdisk_turned_read_only_neither_silences_the_helper_nor_freeze
         assert daemon.registered.is_set()
         await daemon.stop()
         assert not lease_file.parent.exists(), "the lease's folder in RAM outlived its helper"
+
+
+async def test_a_lease_shorter_than_two_heartbeats_is_raised_to_two(make_helper: Any, control: Any,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """`gandiva helper --lease 0.001` (or any lease under two of the scheduler's heartbeats,
+    which the scheduler refuses for its own): every job of the server was frozen within 0.1 s
+    of its start, and none was ever thawed, since no heartbeat is answered within 1 ms. Now
+    the helper takes two heartbeats (this control plane's) and says why."""
+    interval = control.heartbeat_interval_s
+    daemon = await make_helper("short", lease_s=1e-3)
+    await daemon.registered.wait()
+    assert daemon.lease_s == 2 * interval
+    assert f"--lease 0.001 s is shorter than two of the scheduler's heartbeats ({interval:g} s each)" in caplog.text
