@@ -66,6 +66,7 @@ from scheduler.validation import (
     validate_members,
     validate_spec,
 )
+from scheduler.wallclock import StepFreeClock
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +336,7 @@ class SchedulerCore:
         self,
         engine: AsyncEngine,
         settings: Settings | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.engine = engine
@@ -382,14 +383,17 @@ class SchedulerCore:
         # Submissions of users hashed to one lock count and insert one after another, so
         # two sent at once cannot both pass at the limit minus one (_within_quota).
         self._quota_locks = [asyncio.Lock() for _ in range(64)]
-        self.clock = clock
+        # The wall clock without its backward steps (scheduler.wallclock): a slice, fence or
+        # checkpoint interval in progress is not stretched by NTP stepping the clock back.
+        real = clock is None or clock is time.time
+        self.clock: Callable[[], float] = StepFreeClock() if real or clock is None else clock
         # Whether the database answers, and how the scheduling rounds fare (scheduler.health).
-        self.db_health = DatabaseHealth(clock)
+        self.db_health = DatabaseHealth(self.clock)
         # Whether a server is silent is measured on this one (CLOCK_MONOTONIC), never on
         # the wall clock, which NTP or an operator may step: an hour forward used to make
         # every server "silent for 3600s" at once, down, and every job in the cluster
         # killed and re-queued. A test's fake `clock` serves as both.
-        self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
+        self.monotonic = monotonic or (time.monotonic if real else self.clock)
         # A server's silence counts only while this scheduler was there to hear it.
         self.started_mono = self.monotonic()
         # Whether this scheduler surely holds its database (scheduler.state.owner.SchedulerLock.held,

@@ -1,7 +1,8 @@
 """The scheduler's wall clock stepped (NTP correcting a drifted clock, an operator's
 `date -s`, a VM resumed with a stale clock), or the scheduler stopped for longer than
 the heartbeat timeout (SIGSTOP, a paused VM), while a job trains: its server is not
-marked down, its job not killed and re-queued. The scheduler runs under libfaketime
+marked down, its job not killed and re-queued; stepped back, its periodic checkpoints
+go on. The scheduler runs under libfaketime
 (its CLOCK_REALTIME moved, its monotonic clock untouched, as on a real step); the
 helper and the job run on the real clock."""
 
@@ -44,7 +45,7 @@ def test_a_step_of_the_schedulers_wall_clock_or_a_stall_of_it_takes_no_server_do
         sched = subprocess.Popen(
             [*GANDIVA, "scheduler", "--listen", f"127.0.0.1:{port}", "--db", f"sqlite+aiosqlite:///{tmp_path / 'db'}",
              "--port-file", str(port_file), "--tick", "0.1", "--heartbeat-interval", "0.2",
-             "--heartbeat-timeout", "6"],
+             "--heartbeat-timeout", "6", "--checkpoint-interval", "2"],
             env={**os.environ, **clock.env()}, stdout=subprocess.DEVNULL, stderr=err)
     try:
         wait_for(port_file.exists, 60)
@@ -52,8 +53,10 @@ def test_a_step_of_the_schedulers_wall_clock_or_a_stall_of_it_takes_no_server_do
         address = f"127.0.0.1:{port}"
         api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
         helper = helpers("s1", address)
+        # Its server registered first (the submission's 5-s deadline on a loaded machine).
+        wait_for(lambda: len(api.ListServers(scheduler_pb2.ListServersRequest(), timeout=30).servers) == 1, 60)
         job_id, job = submit_endless(api)
-        wait_for(lambda: job().steps >= 5, 30)
+        wait_for(lambda: job().steps >= 5, 90)
         (pid,) = _job_pids(job_id, warm=False)
         history = list(job().history)  # submitted, placed
         # An hour forward, while the helper is quiet for 2 s (under the 6 s heartbeat
@@ -83,6 +86,22 @@ def test_a_step_of_the_schedulers_wall_clock_or_a_stall_of_it_takes_no_server_do
             os.kill(helper.pid, signal.SIGCONT)
         time.sleep(1)
         still_running(api, job_id, history, pid)
+
+        # The wall clock stepped back an hour (NTP putting right the step above). Before, the
+        # periodic checkpoints (every 2 s here) stopped for that hour: the round that asks
+        # for them, and each job's interval, were measured on the stepped clock (a host lost
+        # then lost an hour of training). Now the scheduler's clock never goes back
+        # (scheduler.wallclock), and they go on.
+        def checkpoints() -> int:
+            events = api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id), timeout=30).events
+            return sum(e.kind == "job.checkpoint" for e in events)
+
+        wait_for(lambda: checkpoints() >= 1, 60)
+        clock.set(0)
+        time.sleep(1.5)  # the offset file is read every second
+        then = checkpoints()
+        wait_for(lambda: checkpoints() >= then + 2, 60)
+        assert [s.up for s in api.ListServers(scheduler_pb2.ListServersRequest()).servers] == [True]
     finally:
         sched.kill()
         sched.wait(10)

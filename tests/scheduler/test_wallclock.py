@@ -1,0 +1,89 @@
+"""The scheduler's clock (scheduler.wallclock.StepFreeClock) against steps of the system's
+wall clock. The live case (a real scheduler under libfaketime, two jobs time-sliced on
+one GPU, its wall clock stepped an hour back): tests/migration_helper/
+test_scheduler_clock_jump.py."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.core import SchedulerCore
+from scheduler.wallclock import CATCH_UP_PACE, StepFreeClock
+
+
+class Clocks:
+    """A fake system: its wall clock (which may be stepped) and its monotonic clock."""
+
+    def __init__(self) -> None:
+        self.wall, self.mono = 1_800_000_000.0, 5_000.0
+
+    def run(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+
+def make() -> tuple[Clocks, StepFreeClock]:
+    clocks = Clocks()
+    return clocks, StepFreeClock(lambda: clocks.wall, lambda: clocks.mono)
+
+
+def test_without_steps_it_is_the_wall_clock() -> None:
+    clocks, clock = make()
+    for _ in range(100):
+        clocks.run(0.37)
+        assert clock() == clocks.wall
+
+
+def test_a_step_back_of_an_hour_neither_turns_it_back_nor_stretches_a_time_slice(caplog: pytest.LogCaptureFixture) -> None:
+    clocks, clock = make()
+    clocks.run(10)
+    ends = clock() + 60  # a 60-s slice in progress
+    clocks.wall -= 3600  # NTP: the clock ran an hour ahead
+    with caplog.at_level(logging.WARNING, "scheduler.wallclock"):
+        readings = []
+        for _ in range(70):
+            clocks.run(1)
+            readings.append(clock())
+    assert readings == sorted(readings)
+    # The slice ends within 60 / 0.9 s, not an hour later (as on the wall clock).
+    assert sum(r < ends for r in readings) <= 60 / CATCH_UP_PACE
+    assert [r.getMessage()[:38] for r in caplog.records] == ["the wall clock stepped back by 3600.0s"]
+    # Caught up with the wall clock after 3600 / (1 - 0.9) s, and the wall clock again.
+    clocks.run(36_000)
+    assert clock() == clocks.wall
+    clocks.run(1)
+    assert clock() == clocks.wall
+
+
+def test_a_step_forward_is_followed_at_once() -> None:
+    clocks, clock = make()
+    clocks.run(1)
+    clocks.wall += 3600
+    clocks.run(1)
+    assert clock() == clocks.wall
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.floats(-7200, 7200)), max_size=30))
+def test_it_never_goes_back_nor_runs_slower_than_nine_tenths_or_behind_the_wall_clock(
+        moves: list[tuple[float, float]]) -> None:
+    clocks, clock = make()
+    last = clock()
+    for ran, step in moves:
+        clocks.run(ran)
+        clocks.wall += step
+        now = clock()
+        assert now >= last + CATCH_UP_PACE * ran - 1e-6
+        assert now >= clocks.wall
+        last = now
+
+
+def test_the_scheduler_runs_on_it_unless_a_test_gives_its_own_clock(tmp_path: object) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+    engine = create_async_engine("sqlite+aiosqlite://")
+    assert isinstance(SchedulerCore(engine).clock, StepFreeClock)
+    assert SchedulerCore(engine, clock=lambda: 5.0).clock() == 5.0
