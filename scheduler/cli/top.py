@@ -258,7 +258,7 @@ def gpu_time_line(got: dict[str, Any] | None, now: float) -> str:
 
 
 def _gpu_time(state: dict[str, Any]) -> list[Text]:
-    said = gpu_time_line(state.get("gpu_time"), state["now"])
+    said = gpu_time_line(state.get("gpu_time"), state.get("now", 0.0))  # (neither: an older scheduler)
     return [Text(said, style="dim")] if said else []
 
 
