@@ -148,8 +148,12 @@ def test_destination_lost_mid_transfer_restarts_the_job_at_its_source_at_once(
     finally:
         os.kill(procs[dest].pid, signal.SIGCONT)
     assert back.placement[0].server == src
-    assert f"transfer failed: {src}: transfer failed: server {dest} went down" in back.history[-1].reason, \
-        back.history[-1].reason
+    # Mid-copy, the stream into the stopped destination failed as it went down; or the copy
+    # had not begun by then (the 64-MiB checkpoint written on a loaded machine took longer
+    # than the 3-s heartbeat timeout: a round at load 27) and it was refused, the
+    # destination down. Either way the job restarts at its source at once (`took` below).
+    assert any(f"transfer failed: {src}: transfer failed: {why}" in back.history[-1].reason for why in (
+        f"server {dest} went down", f"transfer of {job_id}: its destination {dest} is down")), back.history[-1].reason
     # (Without a prompt failure of the transfer: 300 s.)
     assert took < SETTINGS.down_after_s + 15, f"the job trained again only {took:.1f}s after its destination was lost"
     # The destination, back, stops its pre-warmed copy; the job ends once, with every step.
