@@ -10,7 +10,7 @@ at once, whatever else is going on.
 
 from __future__ import annotations
 
-from scheduler.policy.cluster import Ledger
+from scheduler.policy.cluster import Ledger, arrival_key
 from scheduler.policy.state import GandivaState
 from scheduler.policy.types import Decision, Grow, PolicyConfig, Shrink
 
@@ -43,8 +43,10 @@ def grow(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Deci
         state.wake_at(state.idle_since + config.grow_idle_s)
         return []
     out: list[Decision] = []
-    for job in ledger.jobs.values():
-        if not job.grow_shrink or not job.suspendable:
+    # In arrival order, not the snapshot's (which follows job ids in the simulator, the
+    # database's rows live): where two jobs could take the same free GPUs, the elder grows.
+    for job in sorted((j for j in ledger.jobs.values() if j.grow_shrink), key=arrival_key):
+        if not job.suspendable:
             continue
         job_id, gpus = job.id, ledger.placement.get(job.id, ())
         servers = {g.server for g in gpus}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduler.policy.cluster import Ledger, Placement
+from scheduler.policy.cluster import Ledger, Placement, arrival_key
 from scheduler.policy.state import GandivaState, PackTrial
 from scheduler.policy.types import Decision, JobView, Pack, PolicyConfig, Unpack
 
@@ -266,7 +266,7 @@ def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig,
         guests = sorted(
             (ledger.jobs[m] for m in members if ledger.state[m] == "SUSPENDED"
              and m not in state.kept_pairs and ledger.jobs[m].migratable),
-            key=lambda v: (util(v.id), v.id),
+            key=lambda v: (util(v.id), arrival_key(v)),
         )
         for guest in guests:
             if (util(guest.id) <= config.pack_max_util and _fits(guest, host, ledger)
@@ -275,7 +275,7 @@ def start_trials(ledger: Ledger, state: GandivaState, config: PolicyConfig,
                 choices.append((util(host.id), util(guest.id), guest, host))
                 break
     out: list[Decision] = []
-    for _, _, guest, host in sorted(choices, key=lambda c: (c[0], c[1], c[2].id)):
+    for _, _, guest, host in sorted(choices, key=lambda c: (c[0], c[1], arrival_key(c[2]))):
         _begin_trial(state, config, guest, host, ledger.placement[host.id], ledger.snapshot.now)
         ledger.set_state(guest.id, "RUNNING")
         out.append(Pack(guest.id, ledger.placement[host.id],

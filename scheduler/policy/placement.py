@@ -5,7 +5,8 @@ use, or None to pass the job on to the next filter. The order is the paper's:
 
 1. ``affinity``       servers whose affinity equals the job's GPU count and that have
                       enough free GPUs, least loaded first;
-2. ``unallocated``    servers with no jobs at all;
+2. ``unallocated``    servers with no jobs at all: one that holds the job (the largest
+                      first), several only for a job larger than every server;
 3. ``relaxed``        any server with enough free GPUs, ignoring affinity (best fit;
                       the paper accepts this fragmentation, migration repairs it). A
                       job that fits one server is never spread over several: spread, it
@@ -82,6 +83,20 @@ def unallocated_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Pl
             break
         chosen.extend(ledger.free_gpus(name)[: job.gpus - len(chosen)])
     return tuple(chosen) if len(chosen) == job.gpus else None
+
+
+def idle_server_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
+    """Algorithm 1's ``unallocated`` step: an idle server that holds the job, the largest first
+    (``unallocated_filter``'s order). A job that fits one server is not spread over several
+    small idle ones (a 3-GPU job over idle servers of 2 and 1 GPUs, while a 7-GPU server had 4
+    free: it ran at the spread factor, 0.42x), as ``relaxed`` never spreads it: it goes on to
+    ``relaxed`` instead. Only a job larger than every server takes several."""
+    if job.gpus > ledger.max_server_gpus:
+        return unallocated_filter(ledger, job, config)
+    fits = [n for n in ledger.idle_servers if ledger.servers[n].num_gpus >= job.gpus]
+    for name in sorted(fits, key=lambda n: (-ledger.servers[n].num_gpus, n))[:1]:
+        return tuple(ledger.free_gpus(name)[: job.gpus])
+    return None
 
 
 def relaxed_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
@@ -172,7 +187,7 @@ def oversubscribe_but_draining(ledger: Ledger, job: JobView, config: PolicyConfi
 
 FREE_FILTERS: list[tuple[str, Filter]] = [
     ("affinity", affinity_filter),
-    ("unallocated", unallocated_filter),
+    ("unallocated", idle_server_filter),
     ("relaxed", relaxed_filter),
 ]
 ALGORITHM_1: list[tuple[str, Filter]] = [*FREE_FILTERS, ("oversubscribe", oversubscribe_filter)]
