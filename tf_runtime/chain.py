@@ -57,6 +57,10 @@ class RunInfo:
     # an initialiser: a reset the program may make after every step (gradient
     # accumulators zeroed by `acc.assign(tf.zeros_like(acc))` after the apply run).
     resets: bool = False
+    # Changes a variable the checkpoint holds from its own value, not as a training update
+    # (an `assign_add`, `u.assign(u * 0.5)`), maybe beside a reset in the same run
+    # (`tf.group(acc.assign(zeros), epoch.assign_add(1))`): made twice, not left as once.
+    increments: bool = False
     # Of those, one that assigns a trainable variable or the global step (a pre-trained layer
     # loaded from NumPy), not only other state (a mini-batch staged in variables).
     loads_trainable: bool = False

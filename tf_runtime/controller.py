@@ -439,7 +439,8 @@ class Controller:
         trailing = (not once and not info.advances_step and id(info) not in self._prelude and (
             self._after_training(info) is True if info.is_training else
             info.changes_state and not fed and
-            self._after_training(info, idempotent=info.resets or again) is not False)) or (
+            self._after_training(info, idempotent=(info.resets or again) and
+                                 not info.increments) is not False)) or (
             info.advances_step and bool(self._queue) and self._advances_again())
         if trailing and info.loaded:
             # The swap back loads the same variables again; an overwrite the program keeps

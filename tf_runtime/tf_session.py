@@ -646,6 +646,12 @@ class TFSessionAdapter:
                 op.type in _TABLE_CHANGES and through(op.inputs[0].op) in self._table_ops())
             for op in reached)
         restores = any(op.type in _RESTORES for op in reached)
+        increments = changes_state and any(
+            op.inputs and (target := through(op.inputs[0].op)) in self._state_ops and (
+                op.type in _INCREMENTS | _GENERATOR_DRAWS or
+                op.type in _LOADS | _SLICE_SETS and len(op.inputs) > 1 and
+                _computed_from(op.inputs[-1].op, target))
+            for op in reached)
         # The step's op itself, or behind v1 control flow's Enter/Switch (a loop, a cond),
         # or an update in a function of v2 control flow (`inside`).
         advances = self._gs_op is not None and (inside.advances or any(
@@ -690,6 +696,7 @@ class TFSessionAdapter:
                        advances_step=advances, stateful_input=stateful,
                        initializes_some=initializes_some, carry_slots=tuple(carry_slots),
                        resets=assigns and not self._some_init_ops & reached,
+                       increments=increments,
                        loads_trainable=bool(loaded), loaded=loaded,
                        changes_state=changes_state,
                        init_ops=frozenset(self._some_init_ops & reached), draws=draws,
