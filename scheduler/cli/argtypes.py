@@ -28,6 +28,22 @@ def _number(unit: str, positive: bool) -> Callable[[str], float]:
 
 
 positive_seconds = _number("seconds", positive=True)
+
+
+def at_least_seconds(low: float, why: str, zero_ok: bool = False) -> Callable[[str], float]:
+    """A positive number of seconds no smaller than ``low`` (``why``: what smaller ones do);
+    ``zero_ok``: 0 too (the flag's "never")."""
+    def parse(text: str) -> float:
+        value = non_negative_seconds(text) if zero_ok else positive_seconds(text)
+        if value < low and not (zero_ok and value == 0):
+            raise argparse.ArgumentTypeError(f"must be {'0 or ' if zero_ok else ''}at least {low:g} seconds "
+                                             f"(shorter: {why}), got {text!r}")
+        return value
+
+    parse.__name__ = "seconds"
+    return parse
+
+
 non_negative_seconds = _number("seconds", positive=False)
 non_negative_days = _number("days", positive=False)
 

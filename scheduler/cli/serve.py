@@ -9,7 +9,12 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from scheduler.cli.argtypes import non_negative_days, non_negative_seconds, positive_seconds
+from scheduler.cli.argtypes import (
+    at_least_seconds,
+    non_negative_days,
+    non_negative_seconds,
+    positive_seconds,
+)
 from scheduler.config import DEFAULT_LISTEN, default_db_url
 
 T = TypeVar("T")
@@ -49,12 +54,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default $GANDIVA_DB, else an SQLite file under $GANDIVA_HOME, default ~/.gandiva)",
     )
     p.add_argument("--policy", default="gandiva", help="scheduling policy: gandiva (default), fifo, yarn-cs, tiresias, yarn-cs-local")
-    p.add_argument("--quantum", type=positive_seconds, default=60.0, help="time slice in seconds at priority 1 (default 60)")
-    p.add_argument("--tick", type=positive_seconds, default=1.0, help="seconds between scheduling rounds (default 1)")
+    # Floors (as `gandiva helper --sample-interval`'s): 1e-9 was taken by each, and the
+    # scheduler then suspended and resumed time-sliced jobs every round, ran its rounds back
+    # to back (a core), had every helper heartbeat flat out, or checkpointed every running
+    # job at each mini-batch.
+    p.add_argument("--quantum", type=at_least_seconds(1.0, "a time slice shorter than a suspend and resume take"), default=60.0, help="time slice in seconds at priority 1 (default 60)")
+    p.add_argument("--tick", type=at_least_seconds(0.01, "rounds back to back, a core busy"), default=1.0, help="seconds between scheduling rounds (default 1)")
     p.add_argument("--heartbeat-timeout", type=positive_seconds, default=10.0, help="mark a server down, and re-place its jobs, after this many seconds without a heartbeat (default 10)")
-    p.add_argument("--heartbeat-interval", type=positive_seconds, default=2.0, help="seconds between a helper's heartbeats (default 2)")
+    p.add_argument("--heartbeat-interval", type=at_least_seconds(0.05, "every helper heartbeats flat out"),
+                   default=2.0, help="seconds between a helper's heartbeats (default 2)")
     p.add_argument("--lease", type=positive_seconds, default=None, help="a helper freezes its jobs after this many seconds without an answered heartbeat; at least 1 s shorter than --heartbeat-timeout so the two never overlap (default 60%% of it)")
-    p.add_argument("--checkpoint-interval", type=non_negative_seconds, default=300.0, help="seconds between periodic checkpoints of each running migratable job (default 300; 0: none): a job whose server is lost resumes from its last one")
+    p.add_argument("--checkpoint-interval", type=at_least_seconds(1.0, "each running job checkpoints at "
+                                                                       "every mini-batch", zero_ok=True), default=300.0, help="seconds between periodic checkpoints of each running migratable job (default 300; 0: none): a job whose server is lost resumes from its last one")
     p.add_argument("--max-jobs-per-user", type=_job_count, default=1000, metavar="N",
                    help="a user may have at most N jobs not yet ended (queued, running or suspended); "
                    "a submission past it is refused (RESOURCE_EXHAUSTED) until some end. Operators are "

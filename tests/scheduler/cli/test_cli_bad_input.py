@@ -37,6 +37,26 @@ def test_scheduler_refuses_durations_that_are_not_finite_naming_the_flag(
     assert f"argument {flag}: must be " in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "least"), [("--tick", "at least 0.01"), ("--quantum", "at least 1"),
+                                             ("--heartbeat-interval", "at least 0.05"),
+                                             ("--checkpoint-interval", "0 or at least 1")])
+def test_scheduler_refuses_durations_too_short_to_work(flag: str, least: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """1e-9 was taken by each (as `gandiva helper --sample-interval` was): the scheduler then
+    ran its rounds back to back, suspended and resumed time-sliced jobs every round, had every
+    helper heartbeat flat out, or checkpointed each running job at every mini-batch. Parsed
+    only: before, these started a scheduler."""
+    from gandiva_cli.main import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["scheduler", f"{flag}=1e-9"])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: must be {least} seconds (shorter: " in capsys.readouterr().err
+    taken = build_parser().parse_args(["scheduler", "--tick", "0.1", "--quantum", "1", "--heartbeat-interval", "0.2",
+                                       "--checkpoint-interval", "0"])  # (what the tests' schedulers use)
+    assert (taken.tick, taken.quantum, taken.heartbeat_interval, taken.checkpoint_interval) == (0.1, 1, 0.2, 0)
+
+
 def test_top_says_what_is_wrong_on_stderr_in_one_line(gandiva, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its errors went to stdout (into a file a view was meant for), wrapped at 80 columns,
     with urllib's `<urlopen error [Errno 111] ...>` inside."""
