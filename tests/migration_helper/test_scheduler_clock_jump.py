@@ -27,13 +27,13 @@ from .test_helper_faults import GANDIVA, _job_pids, helpers  # noqa: F401 - help
 
 def still_running(api: Any, job_id: str, history: list[Any], pid: int) -> None:
     """The job as it was: running, in the same process, no server down, nothing fenced."""
-    got = api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=5)
+    got = api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=30)
     assert (got.state, list(got.history)) == (common_pb2.JOB_STATE_RUNNING, history), \
         (got.state, got.history[-1].reason)
     assert _job_pids(job_id, warm=False) == [pid]
-    kinds = [e.kind for e in api.ListEvents(scheduler_pb2.ListEventsRequest()).events]
+    kinds = [e.kind for e in api.ListEvents(scheduler_pb2.ListEventsRequest(), timeout=30).events]
     assert "server.down" not in kinds and "job.fenced" not in kinds, kinds
-    assert [s.up for s in api.ListServers(scheduler_pb2.ListServersRequest()).servers] == [True]
+    assert [s.up for s in api.ListServers(scheduler_pb2.ListServersRequest(), timeout=30).servers] == [True]
 
 
 def test_a_step_of_the_schedulers_wall_clock_or_a_stall_of_it_takes_no_server_down(
@@ -48,14 +48,17 @@ def test_a_step_of_the_schedulers_wall_clock_or_a_stall_of_it_takes_no_server_do
              "--heartbeat-timeout", "6", "--checkpoint-interval", "2"],
             env={**os.environ, **clock.env()}, stdout=subprocess.DEVNULL, stderr=err)
     try:
-        wait_for(port_file.exists, 60)
+        wait_for(port_file.exists, 120)
         assert WallClock.loaded_in(sched.pid)
         address = f"127.0.0.1:{port}"
         api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
         helper = helpers("s1", address)
         # Its server registered first (the submission's 5-s deadline on a loaded machine).
         wait_for(lambda: len(api.ListServers(scheduler_pb2.ListServersRequest(), timeout=30).servers) == 1, 60)
-        job_id, job = submit_endless(api)
+        job_id, _ = submit_endless(api)
+
+        def job() -> Any:  # with a deadline a starved scheduler meets (the fixture's is 5 s)
+            return api.GetJob(scheduler_pb2.GetJobRequest(id=job_id), timeout=30)
         wait_for(lambda: job().steps >= 5, 90)
         (pid,) = _job_pids(job_id, warm=False)
         history = list(job().history)  # submitted, placed
@@ -101,7 +104,7 @@ def test_a_step_of_the_schedulers_wall_clock_or_a_stall_of_it_takes_no_server_do
         time.sleep(1.5)  # the offset file is read every second
         then = checkpoints()
         wait_for(lambda: checkpoints() >= then + 2, 60)
-        assert [s.up for s in api.ListServers(scheduler_pb2.ListServersRequest()).servers] == [True]
+        assert [s.up for s in api.ListServers(scheduler_pb2.ListServersRequest(), timeout=30).servers] == [True]
     finally:
         sched.kill()
         sched.wait(10)
