@@ -542,6 +542,32 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
+# Set on a test's item when its setup or call failed: the multihost fixture keeps its logs.
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    report = yield
+    if report.failed:
+        item.stash[_FAILED] = True
+    return report
+
+
+def _keep_if_failed(request, tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    """GANDIVA_KEEP_MULTIHOST_LOGS=DIR: a failed test's cluster folder (the scheduler's,
+    helpers' and jobs' logs, state.db, ramdisks) is copied to DIR/TEST before it is removed.
+    A flake under CI's load is rarely seen twice; its logs were gone with the folder."""
+    keep = os.environ.get("GANDIVA_KEEP_MULTIHOST_LOGS", "")
+    if keep in ("", "1") or not request.node.stash.get(_FAILED, False):
+        return
+    dest = Path(keep) / "".join(ch if ch.isalnum() or ch in "-_.[]" else "_" for ch in request.node.name)[:120]
+    with contextlib.suppress(OSError):  # (sockets are not copied: only folders and files)
+        shutil.copytree(tmp, dest, symlinks=True, dirs_exist_ok=True, ignore=lambda d, names: [
+            n for n in names if not (os.path.isdir(os.path.join(d, n)) or os.path.isfile(os.path.join(d, n)))])
+        print(f"multihost logs of this failed test copied to {dest}")
+
+
 @pytest.fixture
 def multihost(request, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     """The cluster; parametrize indirectly with {"heartbeat_timeout": S} to change the
@@ -576,6 +602,7 @@ def multihost(request, wait_for) -> Iterator[Cluster]:  # type: ignore[no-untype
         if net is not None:
             net.close()
         if os.environ.get("GANDIVA_KEEP_MULTIHOST_LOGS") != "1":
+            _keep_if_failed(request, tmp)
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"multihost logs kept in {tmp}")
