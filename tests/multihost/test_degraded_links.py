@@ -341,6 +341,34 @@ def test_degraded_link_cut_between_the_two_helpers_mid_transfer_restarts_the_job
     _ends_bit_identical(c, job_id, steps, dump, base)
 
 
+@pytest.mark.full  # the cut itself: -k cut_between_the_two_helpers (full); the flapping link: test_degraded_transfer.py
+def test_degraded_link_between_the_two_helpers_cut_for_5s_mid_transfer_moves_the_job_once(
+        multihost: Cluster, tmp_path: Path) -> None:
+    """The cut of the test above, restored 5 s later (under the 20 s of silence after which
+    the stream is given up): the stream goes on where it stopped, the job moves once to its
+    destination, and ends once, bit-identical, never in two places, nothing called down."""
+    c = multihost
+    steps = 600
+    go = c.tmp / "GO"
+    base, job_id, src, dest, dump = _migrate_over_a_cap(c, steps, 512, 0.06, "1mbit", tmp_path, until=go)
+    watch = DownWatch(c)
+    incoming = c.tmp / "rd" / dest / job_id
+    c.wait(lambda: any(p.name.startswith(".incoming-") for p in incoming.glob("*")), 120)
+    degrade.one_way(c.net.hosts[src][0], c.net.hosts[dest][1])
+    degrade.one_way(c.net.hosts[dest][0], c.net.hosts[src][1])
+    time.sleep(5)
+    degrade.two_way(c.net.hosts[src][0], c.net.hosts[dest][1])
+    degrade.two_way(c.net.hosts[dest][0], c.net.hosts[src][1])
+    started = time.monotonic()
+    moved = c.wait(lambda: (j := c.job(job_id)).state == RUNNING and c.where(job_id) == dest and j, 150)
+    go.touch()
+    degrade.uncap(c.net.hosts[src][0], c.net.link(src))
+    print(f"\ncut for 5 s between helpers: running at {dest} {time.monotonic() - started:.1f}s after the link came back")
+    assert not [t.reason for t in moved.history if "cut" in t.reason], [t.reason for t in moved.history]  # type: ignore[attr-defined]
+    assert watch.stop() == set()
+    _ends_bit_identical(c, job_id, steps, dump, base)
+
+
 @pytest.mark.full  # the refusal itself: tests/migration_helper/test_ramdisk_transfer.py (no space left)
 def test_degraded_destination_ramdisk_full_mid_transfer_restarts_the_job_at_its_source_and_leaves_nothing(
         multihost: Cluster, tmp_path: Path) -> None:
