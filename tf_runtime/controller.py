@@ -285,6 +285,9 @@ class Controller:
         # Runs of that kind made before the first training step (an average updated before
         # each training run, `sess.run(ema_op); sess.run(train)`): they begin a step.
         self._prelude: dict[int, RunInfo] = {}
+        # Such a run made since the restore point, before the first training run (a
+        # micro-batch's gradients accumulated): that run does not begin the first step.
+        self._step_begun = False
         # The program's frames at the last step-advancing run, and per kind of such update
         # run whether the program makes it after that run (_after_training).
         self._train_stack: tuple[tuple[tuple[int, Any], int], ...] = ()
@@ -746,6 +749,10 @@ class Controller:
             if not self.trained:
                 self._kill_if_told(adapter)
         self.saw_run(adapter, info)
+        if not before and adapter is self.adapter and (info.increments or (
+                info.changes_state and not (
+                    info.initializes_some or info.initializes or info.restores))):
+            self._step_begun = True  # the first step began before its training run
         if not before and info.changes_state and not (
                 info.initializes_some or info.initializes or info.restores):
             self._prelude[id(info)] = info  # classifications are cached: one object per kind
@@ -1536,8 +1543,18 @@ class Controller:
         queued with it, as at a step's end: the job holds there, its step acked, and trains
         its first mini-batch only once resumed. Before, it trained that mini-batch first,
         beside the running job of the time-slice group it was placed into, holding memory
-        on the same GPU. A warm copy (activated for a migration) is left as it was."""
+        on the same GPU. A warm copy (activated for a migration) is left as it was.
+        Neither is a program whose step began with runs of its own that changed the training
+        state (micro-batches' gradients accumulated, `sess.run(accumulate, feed)` a few
+        times, then `sess.run(apply)`): a hold there is within the step, and a checkpoint or
+        a stop for migration served while suspended saved the sums and the micro-step count
+        without the apply, which a restored copy, reading the counter at the top of its
+        loop, never made (other weights). Its commands wait for the step's end."""
         if self.settings.warm:
+            return
+        if self._step_begun:
+            log.info("not suspended before the first training run: the step began with "
+                     "runs that changed the training state; commands wait for its end")
             return
         with self._cond:
             if not any(c.kind is Kind.SUSPEND for c in self._queue):
