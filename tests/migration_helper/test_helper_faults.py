@@ -484,7 +484,10 @@ def test_a_suspend_obeyed_while_the_database_is_down_is_recorded_once_it_is_back
     wait_for(lambda: job().steps >= 10, 30)
     time.sleep(2.0)  # a suspend that comes late (a loaded machine): the job still trains
     suspend = api.SuspendJob.future(scheduler_pb2.JobActionRequest(id=job_id), timeout=30)
-    time.sleep(0.5)  # the command is at the shim, its ack not sent yet
+    # The command at the shim, its ack not sent yet (1.5 s later). A fixed 0.5 s here: on a
+    # loaded machine the suspend had not reached the shim when the database was cut, and it
+    # never did (no SUSPEND in its command log; the job RUNNING throughout, as recorded).
+    wait_for(lambda: commands.exists() and "command COMMAND_KIND_SUSPEND" in commands.read_text(), 30)
     proxy.cut()
     try:
         time.sleep(3.0)
