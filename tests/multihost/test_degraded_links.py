@@ -308,6 +308,26 @@ def test_degraded_checkpoint_too_slow_for_its_limit_is_given_up_early_and_the_jo
     _no_two_copies(c)
 
 
+def _cut_mid_transfer(c: Cluster, steps: int, go: Path,
+                      tmp: Path) -> tuple[_MlpBaseline, str, str, str, Path, DownWatch]:
+    """The 1 Mbit/s migration of _migrate_over_a_cap (its job held at its end until ``go``
+    exists), its two helpers cut from each other (a blackhole route each way) once the
+    checkpoint streams: (the uninterrupted run, the job, source, destination, dump, and a
+    watch of servers called down from before the cut)."""
+    base, job_id, src, dest, dump = _migrate_over_a_cap(c, steps, 512, 0.06, "1mbit", tmp, until=go)
+    watch = DownWatch(c)
+    incoming = c.tmp / "rd" / dest / job_id
+    c.wait(lambda: any(p.name.startswith(".incoming-") for p in incoming.glob("*")), 120)
+    degrade.one_way(c.net.hosts[src][0], c.net.hosts[dest][1])
+    degrade.one_way(c.net.hosts[dest][0], c.net.hosts[src][1])
+    return base, job_id, src, dest, dump, watch
+
+
+def _mend_cut(c: Cluster, src: str, dest: str) -> None:
+    degrade.two_way(c.net.hosts[src][0], c.net.hosts[dest][1])
+    degrade.two_way(c.net.hosts[dest][0], c.net.hosts[src][1])
+
+
 @pytest.mark.full  # the mechanism: test_degraded_transfer.py -k cut (no TensorFlow, 2 s of silence)
 def test_degraded_link_cut_between_the_two_helpers_mid_transfer_restarts_the_job_at_its_source(
         multihost: Cluster, tmp_path: Path) -> None:
@@ -321,18 +341,12 @@ def test_degraded_link_cut_between_the_two_helpers_mid_transfer_restarts_the_job
     c = multihost
     steps = 600
     go = c.tmp / "GO"
-    base, job_id, src, dest, dump = _migrate_over_a_cap(c, steps, 512, 0.06, "1mbit", tmp_path, until=go)
-    watch = DownWatch(c)
-    incoming = c.tmp / "rd" / dest / job_id
-    c.wait(lambda: any(p.name.startswith(".incoming-") for p in incoming.glob("*")), 120)
-    degrade.one_way(c.net.hosts[src][0], c.net.hosts[dest][1])
-    degrade.one_way(c.net.hosts[dest][0], c.net.hosts[src][1])
+    base, job_id, src, dest, dump, watch = _cut_mid_transfer(c, steps, go, tmp_path)
     started = time.monotonic()
     back = c.wait(lambda: (j := c.job(job_id)).state == RUNNING and c.where(job_id) == src and j, 150)
     resumed = time.monotonic() - started
     go.touch()
-    degrade.two_way(c.net.hosts[src][0], c.net.hosts[dest][1])
-    degrade.two_way(c.net.hosts[dest][0], c.net.hosts[src][1])
+    _mend_cut(c, src, dest)
     degrade.uncap(c.net.hosts[src][0], c.net.link(src))
     why = [t.reason for t in back.history if "the link is cut" in t.reason]  # type: ignore[attr-defined]
     print(f"\ncut between helpers: back at {src} {resumed:.1f}s after the cut; {why}")
@@ -350,15 +364,9 @@ def test_degraded_link_between_the_two_helpers_cut_for_5s_mid_transfer_moves_the
     c = multihost
     steps = 600
     go = c.tmp / "GO"
-    base, job_id, src, dest, dump = _migrate_over_a_cap(c, steps, 512, 0.06, "1mbit", tmp_path, until=go)
-    watch = DownWatch(c)
-    incoming = c.tmp / "rd" / dest / job_id
-    c.wait(lambda: any(p.name.startswith(".incoming-") for p in incoming.glob("*")), 120)
-    degrade.one_way(c.net.hosts[src][0], c.net.hosts[dest][1])
-    degrade.one_way(c.net.hosts[dest][0], c.net.hosts[src][1])
+    base, job_id, src, dest, dump, watch = _cut_mid_transfer(c, steps, go, tmp_path)
     time.sleep(5)
-    degrade.two_way(c.net.hosts[src][0], c.net.hosts[dest][1])
-    degrade.two_way(c.net.hosts[dest][0], c.net.hosts[src][1])
+    _mend_cut(c, src, dest)
     started = time.monotonic()
     moved = c.wait(lambda: (j := c.job(job_id)).state == RUNNING and c.where(job_id) == dest and j, 150)
     go.touch()
