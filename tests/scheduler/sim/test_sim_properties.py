@@ -61,7 +61,7 @@ def clusters(draw: st.DrawFn) -> tuple[ServerView, ...]:
     sizes = draw(st.lists(st.integers(1, 8), min_size=1, max_size=5))
     if draw(st.booleans()):
         sizes = [sizes[0]] * len(sizes)
-    host = draw(st.sampled_from((0, 0, 64 * GIB)))
+    host = draw(st.sampled_from((0, 0, 64 * GIB, 8 * GIB)))  # (8 GiB: about one 4-GiB job a server)
     return tuple(ServerView(f"s{i}", g, gpu_memory_bytes=16 * GIB, host_memory_bytes=host)
                  for i, g in enumerate(sizes))
 
@@ -225,12 +225,15 @@ class _Account:
             if not spans or spans[-1][1] != rate:
                 spans.append((now, rate))
 
-    def work(self, job: SimJob) -> tuple[float, float]:
-        """(steps at the model's rates from arrival to finish, the fastest rate it ran at)."""
-        assert job.finished_at is not None
+    def work(self, job: SimJob, until: float | None = None) -> tuple[float, float]:
+        """(steps at the model's rates from arrival to ``until``, by default its finish; the
+        fastest rate it ran at)."""
+        end = job.finished_at if until is None else until
+        assert end is not None
         spans = self.spans[job.spec.id]
         ends = [t for t, _ in spans[1:]] + [job.finished_at]
-        return sum(r * (b - a) for (a, r), b in zip(spans, ends, strict=True)), max(r for _, r in spans)
+        return (sum(r * (min(b, end) - a) for (a, r), b in zip(spans, ends, strict=True) if a < end),
+                max(r for _, r in spans))
 
 
 def _replay(jobs: list[JobSpec], servers: tuple[ServerView, ...], model: MechanismModel, name: str,
@@ -272,6 +275,11 @@ def check_replay(jobs: list[JobSpec], servers: tuple[ServerView, ...], model: Me
                   + c.get("parks", 0) * model.costs.restart_s)
         assert work >= job.total_steps * (1 - 1e-6) - 1e-6, (spec.id, work, job.total_steps)
         assert work <= job.total_steps * (1 + 1e-6) + fastest * pauses + 1e-6, (spec.id, work, job.total_steps, pauses)
+        # Its first N mini-batches: done by then, and not long before (N = 100, or all of a shorter job).
+        first, _ = account.work(job, job.first_n_at)
+        n = min(100.0, job.total_steps)
+        assert first >= n * (1 - 1e-6) - 1e-6, (spec.id, first, n)
+        assert first <= n * (1 + 1e-6) + fastest * pauses + 1e-6, (spec.id, first, n, pauses)
         counts.update(c)
         # A suspension ends with a resume, a pack, a migration or a park (or the job's end: never).
         assert c.get("resumes", 0) <= c.get("suspends", 0), (spec.id, c)
