@@ -211,8 +211,12 @@ def test_a_job_moved_off_a_hung_host_is_re_placed_as_soon_as_its_server_is_down(
         wait_for(lambda: moved not in _job_pids(job_id, warm=False), 10)  # with its helper still stopped
     finally:
         os.kill(procs[other].pid, signal.SIGCONT)
-    assert "its process still answers (its helper does not): told to exit" in back.history[-2].reason, \
-        [t.reason for t in back.history]
+    # Told to exit through its stream whether or not it was heard within its lease when its
+    # server went down (the exit above, its helper still stopped, is what shows it): the
+    # reason says "its process still answers" only if it was. Its lease (1.8 s) ran out
+    # before the 3-s timeout and held it silent at its next boundary, so which comes first
+    # is a race (lost at load 20: "its server s2 went down" alone).
+    assert f"its server {other} went down" in back.history[-2].reason, [t.reason for t in back.history]
     api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=5)
 
 
@@ -294,7 +298,8 @@ def test_a_suspend_whose_answer_is_lost_leaves_no_job_suspended_while_recorded_r
     api = scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
     helpers("s1", address)
     steps = 300
-    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS=str(steps), FAKE_STEP_S="0.01", FAKE_SUSPEND_ACK_S="2")
+    # 0.03 s a step (9 s): at 0.01 s it was at step 220 of 300 before its second suspend (load 20).
+    job_id, job = _submit(api, fake_job, tmp_path, FAKE_STEPS=str(steps), FAKE_STEP_S="0.03", FAKE_SUSPEND_ACK_S="2")
 
     def trains_on(after: int) -> None:
         wait_for(lambda: job().steps >= min(after + 30, steps), 15)
