@@ -19,6 +19,13 @@ job reported, only over stretches in which it was the one job running on its GPU
   GPUs (``launching``), before that job runs; once that job is settled (its resume
   refused, its migration over, landed or not: ``settled``), a new stretch starts then
   (ended by the next snapshot if that job runs there);
+- a launch's first ``WARMUP_STEPS`` mini-batches are not counted, from the first step the
+  engine saw of it (an ack or report): after a start, a restore or a move the program builds
+  its graph and runs its first mini-batch slowly (about a second for the demo's MLP), and a
+  stretch alone that began there read half the job's rate (demo of session 52: a restarted
+  job "16.1 alone" where it ran 28-31/s, so a pack halving its rate would have read no loss:
+  "30.2 packed vs 16.1 alone", 1.88x, clipped). A packing trial's own rates are sampled only
+  in its second half for the same reason; a resume within a launch is no warm-up;
 - reports received in the first ``SETTLE_S`` after the last of those states was recorded
   are not counted (a job's acks and reports share its stream: a report after its resume's
   ack was taken after it resumed), nor any but the last received before the engine saw
@@ -59,6 +66,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 SETTLE_S = 0.2  # a job suspended beside it acked before it was recorded: no more than in flight
+# A launch's first mini-batches are its warm-up (module doc): its graph built, its first run
+# (about a second for the demo's MLP at 30/s), a GPU's kernels tuned, its input pipeline filled.
+WARMUP_STEPS = 10
 # A rate counts once its stretches add up to MIN_STEPS and MIN_WINDOW_S: each stretch's
 # ends are a report between two mini-batch boundaries (up to a mini-batch off) and an
 # arrival time a loaded event loop may take late, so half a second at 10/s (5-6 steps)
@@ -151,6 +161,7 @@ class AloneRates:
         self._last: dict[str, tuple[str, Point]] = {}
         self._resumed: dict[str, tuple[str, Point]] = {}
         self._arrived: dict[str, tuple[str, Point]] = {}  # job -> (launch, its last ack's arrival and step)
+        self._first: dict[str, tuple[str, int]] = {}  # job -> (launch, the first step seen of it)
         # What the last look returned: the dashboard, `gandiva top` and /metrics show each
         # job's rate against it (replaced whole at each look: read from the event loop).
         self.latest: dict[str, float] = {}
@@ -164,19 +175,32 @@ class AloneRates:
         trial is judged by the rates the jobs report, so one started for a job that never
         reports a rate ends void after twice ``pack_trial_s``, and, its pair not rejected,
         would start again and again."""
+        self._seen(job_id, incarnation, steps)
         if rate <= 0:
             return
         self._last[job_id] = (incarnation, (now, steps, at))
         stretch = self._stretches.get(job_id)
         if stretch is None or stretch.closed or stretch.condition.incarnation != incarnation:
             return
-        self._count(stretch, (now, steps, at))
+        self._count(job_id, stretch, (now, steps, at))
+
+    def _seen(self, job_id: str, incarnation: str, step: int) -> None:
+        """A step of the job's launch ``incarnation``: the first one seen begins its warm-up."""
+        first = self._first.get(job_id)
+        if first is None or first[0] != incarnation:
+            self._first[job_id] = (incarnation, step)
+
+    def _warm(self, job_id: str, incarnation: str, step: int) -> bool:
+        """Whether ``step`` of the launch is past its warm-up (``WARMUP_STEPS``)."""
+        first = self._first.get(job_id)
+        return first is not None and first[0] == incarnation and step >= first[1] + WARMUP_STEPS
 
     def ack_arrived(self, job_id: str, incarnation: str, step: int, now: float, at: float = 0.0) -> None:
         """An ack of the job's runtime arrived (``acked`` comes later, when the command's
         caller runs again: on a loaded event loop, late enough to shorten a slice of a
         second or two by a tenth, and make its rate that much higher). ``at``: the runtime's
         time of ``step`` (CommandAck.step_at; 0: none)."""
+        self._seen(job_id, incarnation, step)
         self._arrived[job_id] = (incarnation, (now, step, at))
 
     def acked(self, job_id: str, incarnation: str, resumed: bool, step: int, now: float, at: float = 0.0) -> None:
@@ -184,6 +208,7 @@ class AloneRates:
         (it arrived at ``ack_arrived``'s time, else ``now``; ``at``: the runtime's): its exact step where a time
         slice alone begins and ends (a slice of a second or two has room for one or two
         reports at most)."""
+        self._seen(job_id, incarnation, step)
         arrived = self._arrived.pop(job_id, None)
         if arrived is not None and arrived[0] == incarnation and arrived[1][1] == step:
             now, at = arrived[1][0], at or arrived[1][2]
@@ -193,11 +218,10 @@ class AloneRates:
         stretch = self._stretches.get(job_id)
         if stretch is not None and stretch.condition.incarnation == incarnation and not stretch.closed:
             stretch.count_after = min(stretch.count_after, now)
-            self._count(stretch, (now, step, at))
+            self._count(job_id, stretch, (now, step, at))
 
-    @staticmethod
-    def _count(stretch: _Stretch, point: Point) -> None:
-        if point[0] < stretch.count_after:
+    def _count(self, job_id: str, stretch: _Stretch, point: Point) -> None:
+        if point[0] < stretch.count_after or not self._warm(job_id, stretch.condition.incarnation, point[1]):
             return
         if stretch.anchor is None:
             stretch.anchor = point
@@ -273,11 +297,14 @@ class AloneRates:
                 if resumed is not None and resumed[0] == j.incarnation and resumed[1][0] >= others \
                         and j.state_changed_at >= resumed[1][0]:
                     # Its own resume began it, every job beside it already suspended: from
-                    # the step its ack gave.
-                    stretch.count_after, stretch.anchor = resumed[1][0], resumed[1]
+                    # the step its ack gave (past its launch's warm-up; else from its first
+                    # report past it).
+                    stretch.count_after = resumed[1][0]
+                    if self._warm(j.id, j.incarnation, resumed[1][1]):
+                        stretch.anchor = resumed[1]
                 last = self._last.get(j.id)
                 if last is not None and last[0] == j.incarnation:  # it came before this look
-                    self._count(stretch, last[1])
+                    self._count(j.id, stretch, last[1])
             stretches[j.id] = stretch
         # A stretch that ended since the last look (its job suspended, a job beside it
         # placed or resumed) counts up to its last report too: no report of it came after
@@ -290,6 +317,7 @@ class AloneRates:
         self._last = {k: v for k, v in list(self._last.items()) if k in where}
         self._resumed = {k: v for k, v in list(self._resumed.items()) if k in where}
         self._arrived = {k: v for k, v in list(self._arrived.items()) if k in where}
+        self._first = {k: v for k, v in list(self._first.items()) if k in where}
         self.latest = {k: rate for k, v in self._sums.items() if (rate := v.rate) is not None}
         return self.latest
 

@@ -3,13 +3,21 @@ steps a job reports while it is the one job running on its GPUs, and only then."
 
 from __future__ import annotations
 
-from scheduler.alone import SETTLE_S, AloneRates, JobRow
+from scheduler.alone import SETTLE_S, WARMUP_STEPS, AloneRates, JobRow
 
 GPU = (("n1", 0),)
 
 
 def _rows(a_state: str, b_state: str, b_changed: float = 0.0, a_gpus=GPU) -> list[JobRow]:
     return [JobRow("a", "la", a_state, 0.0, a_gpus), JobRow("b", "lb", b_state, b_changed, GPU)]
+
+
+def _warmed(step: int = 0) -> AloneRates:
+    """Rates where launch ``la`` of job ``a`` was seen ``WARMUP_STEPS`` before ``step``: past its
+    warm-up (a test of another rule; a launch's warm-up: -k warm_up)."""
+    rates = AloneRates()
+    rates.report("a", "la", step - WARMUP_STEPS, -100.0)
+    return rates
 
 
 def _run(rates: AloneRates, job: str, launch: str, start: float, seconds: float, per_s: float,
@@ -22,7 +30,7 @@ def _run(rates: AloneRates, job: str, launch: str, start: float, seconds: float,
 
 
 def test_a_job_alone_is_measured_from_its_steps_and_keeps_its_rate_while_suspended() -> None:
-    rates = AloneRates()
+    rates = _warmed()
     assert rates.observe(0.0, _rows("RUNNING", "SUSPENDED")) == {}
     _run(rates, "a", "la", 0.0, 3.0, 10.0)
     got = rates.observe(3.0, _rows("RUNNING", "SUSPENDED"))
@@ -45,7 +53,7 @@ def test_nothing_is_measured_while_another_job_runs_on_its_gpus_or_before_it_set
 
 
 def test_a_resume_sent_to_a_neighbour_ends_the_stretch_before_it_is_recorded() -> None:
-    rates = AloneRates()
+    rates = _warmed()
     rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
     steps = _run(rates, "a", "la", 0.0, 2.5, 10.0)
     rates.resuming("b")  # b runs from its resume on; its state says so only after its ack
@@ -94,7 +102,7 @@ def test_a_short_time_slice_is_measured_from_its_resume_and_suspend_acks() -> No
     """A slice of 1.3 s has room for one or two reports of a real runtime (every 0.5 s):
     measured between reports only, a trial of two jobs sliced every 1.5 s waited 60-90 s
     for a rate alone. Its acks give the steps where it began and ended."""
-    rates = AloneRates()
+    rates = _warmed(100)
     rates.observe(0.0, _rows("SUSPENDED", "RUNNING"))
     rates.acked("a", "la", True, 100, 0.05)  # b was suspended (recorded at 0.0), then a resumed
     rates.observe(0.1, [JobRow("a", "la", "RUNNING", 0.08, GPU), JobRow("b", "lb", "SUSPENDED", 0.0, GPU)])
@@ -137,7 +145,7 @@ def test_a_job_launched_beside_it_ends_its_stretch_before_the_next_snapshot() ->
     """A newcomer placed from the queue (or migrated in) onto its GPUs runs from its launch
     (a warm copy starts at once); the snapshot that shows it comes a round later. Reports in
     between were counted as alone: 2 s at 10/s and 3 s at the packed 2.5/s read 5.5/s."""
-    rates = AloneRates()
+    rates = _warmed()
     rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
     steps = _run(rates, "a", "la", 0.0, 2.5, 10.0)
     rates.launching("c", (("n1", 0),))  # c launched onto a's GPU
@@ -146,7 +154,7 @@ def test_a_job_launched_beside_it_ends_its_stretch_before_the_next_snapshot() ->
     got = rates.observe(5.5, [*_rows("RUNNING", "SUSPENDED"), c])
     assert 9.5 < got["a"] < 10.5  # was 5.4: 3 s of the packed 2.5/s counted as alone
     # A launch on another GPU leaves it alone.
-    rates = AloneRates()
+    rates = _warmed()
     rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
     rates.launching("c", (("n1", 1), ("n2", 0)))
     _run(rates, "a", "la", 0.0, 3.0, 10.0)
@@ -156,7 +164,7 @@ def test_a_job_launched_beside_it_ends_its_stretch_before_the_next_snapshot() ->
 def test_a_neighbour_whose_resume_failed_leaves_it_measured_again() -> None:
     """b told to resume, its runtime refused: b never ran, nothing changed in the snapshot,
     and a's closed stretch was reused at every look: nothing measured until a state changed."""
-    rates = AloneRates()
+    rates = _warmed()
     rates.observe(0.0, _rows("RUNNING", "SUSPENDED"))
     rates.resuming("b")
     rates.settled("b", 0.5)
@@ -164,7 +172,7 @@ def test_a_neighbour_whose_resume_failed_leaves_it_measured_again() -> None:
     _run(rates, "a", "la", 1.0, 3.0, 10.0)
     assert 9.5 < rates.observe(4.0, _rows("RUNNING", "SUSPENDED"))["a"] < 10.5
     # Another neighbour still resuming keeps it closed.
-    rates = AloneRates()
+    rates = _warmed()
     rows = [*_rows("RUNNING", "SUSPENDED"), JobRow("d", "ld", "SUSPENDED", 0.0, GPU)]
     rates.observe(0.0, rows)
     rates.resuming("b")
@@ -181,6 +189,7 @@ def _late_slices(rates: AloneRates, times: bool, stepped: float = 0.0) -> float:
     rest on time. ``times``: the runtime sends its own time of each step (its clock 1000 s
     off the scheduler's: another host); ``stepped``: its clock jumps so much mid-turn 2."""
     steps, clock = 100, 1000.0
+    rates.report("a", "la", steps - WARMUP_STEPS, -100.0)  # past its warm-up
     for turn in range(3):
         t = 10.0 * turn
         rates.observe(t, [JobRow("a", "la", "SUSPENDED", t - 5, GPU), JobRow("b", "lb", "RUNNING", t - 5, GPU)])

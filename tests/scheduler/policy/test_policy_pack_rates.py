@@ -123,3 +123,38 @@ def test_a_trial_waits_for_a_rate_measured_alone(mk) -> None:
     jobs[1] = dataclasses.replace(jobs[1], alone_rate=10.0)
     assert mk.kinds(policy.decide(dataclasses.replace(snap, now=20, jobs=tuple(jobs)))) == [("Pack", "wait")]
     assert policy.state.trials["wait"].base_rates == (10.0, 10.0)
+
+
+def test_a_rate_alone_measured_in_a_launchs_warm_up_keeps_no_pack_that_halves_both(mk) -> None:
+    """Demo of session 52: h3, restarted at step 0, suspended before its first run and resumed,
+    was packed 2.6 s later; its first run took about a second (the graph built, the first
+    mini-batch), so its rate alone read 16.1/s where it ran 28-31/s: "30.2 packed vs 16.1
+    alone", 1.88x (clipped). Here a job of 10/s whose first mini-batch takes 1 s read 8.0/s
+    alone, and a pack halving both jobs' rates was kept (0.62 + 0.50 = 1.12x of
+    time-slicing). A launch's first WARMUP_STEPS are not counted: 10/s, the pack is undone."""
+    from scheduler.alone import AloneRates, JobRow
+
+    rates, gpu = AloneRates(), (("s0", 0),)
+    rows = [JobRow("run", "l2", "RUNNING", 10.02, gpu), JobRow("wait", "lw", "SUSPENDED", 5.0, gpu)]
+    rates.acked("run", "l2", False, 0, 5.0)  # its new launch suspended before its first run
+    rates.acked("run", "l2", True, 0, 10.0)  # resumed at step 0
+    rates.observe(10.05, rows)
+    for step in range(1, 37):  # its first mini-batch ends at 11.0, then 10/s; a report at each
+        t = 11.0 + (step - 1) / 10
+        rates.report("run", "l2", step, t, 10.0, t)
+    alone = rates.observe(14.6, rows)["run"]
+    assert abs(alone - 10.0) < 0.01, alone  # was 8.0: 36 steps over 4.5 s, its first run's second in
+
+    def pair(now: float, packed: bool):
+        run = mk.job("run", state="RUNNING", placement=mk.on("s0", 0), profile=mk.profiled(4, 0.3),
+                     rate=5.0 if packed else 10.0, alone_rate=alone, model="vae")
+        wait = mk.job("wait", state="RUNNING" if packed else "SUSPENDED", placement=mk.on("s0", 0),
+                      profile=mk.profiled(4, 0.2), rate=5.0 if packed else 10.0, alone_rate=10.0, model="lstm")
+        return mk.snap(now, mk.servers(1, 1), run, wait)
+
+    policy = get_policy("gandiva", PACK_ONLY)
+    assert mk.kinds(policy.decide(pair(10, packed=False))) == [("Pack", "wait")]
+    d = policy.decide(pair(80, packed=True))
+    verdict = policy.state.verdicts[-1]
+    assert verdict.kept is False and abs(verdict.gain - 1.0) < 0.01, verdict.reason  # was kept at 1.12
+    assert mk.kinds(d) == [("Unpack", "wait")]
