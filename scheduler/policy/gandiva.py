@@ -27,7 +27,7 @@ import math
 
 from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger, Placement, QueueKey, host_need
-from scheduler.policy.growshrink import grow, shrink_all
+from scheduler.policy.growshrink import grow, shrink_all, shrink_for
 from scheduler.policy.large_turns import large_turns
 from scheduler.policy.migration import (
     balance_sizes,
@@ -47,6 +47,7 @@ from scheduler.policy.placement import (
     FREE_FILTERS,
     OVERSUBSCRIBE_NOT_DRAINING,
     OVERSUBSCRIBE_ONLY,
+    Candidate,
     Misses,
     draining_group,
     find_placement,
@@ -211,7 +212,8 @@ class GandivaPolicy(Policy):
 
     def _place_queued(self, ledger: Ledger) -> list[Decision]:
         out: list[Decision] = []
-        shrunk = False
+        # (GPU count, host memory) of jobs no shrink placed this walk: the walk only takes GPUs.
+        unshrunk: set[tuple[int, int]] = set()
         misses = self._kept_misses(ledger)
         reasons: dict[tuple[int, int, int], str] = {}
         self._reserved = None
@@ -248,6 +250,9 @@ class GandivaPolicy(Policy):
                     or missed(ledger, misses, OVERSUBSCRIBE_NOT_DRAINING, size))))
 
         now = ledger.snapshot.now
+        shrunk_for = self.state.shrunk_for
+        for waiter in [j for j in shrunk_for if ledger.state.get(j) != "QUEUED"]:
+            del shrunk_for[waiter]  # placed, or gone
         for job in ledger.queued_in_order(skip):
             if blocker is None and block_s is not None:
                 # Only a job that fits one server blocks: it can use GPUs a group frees.
@@ -262,12 +267,30 @@ class GandivaPolicy(Policy):
             cand = None
             if self._reserved is None:
                 cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
-            if cand is None and not shrunk:
-                shrunk = True
-                shrinks = shrink_all(ledger, reason=f"job {job.id} needs GPUs")
+            awaited = shrunk_for.get(job.id) if cand is None else None
+            if awaited is not None:
+                moving = sorted(j for j in awaited if ledger.state.get(j) == "MIGRATING")
+                if moving:
+                    # Placed last round on GPUs a shrink frees: live, its start waits for that
+                    # move to end, the shrinking job seen on all its GPUs meanwhile. Time-sliced
+                    # elsewhere instead (demo of session 52: beside a job then moved onto the
+                    # freed GPU), the shrink was for another job.
+                    if self.config.queue_reasons:
+                        out.append(Queue(job.id, f"waits for the GPUs that job {', '.join(moving)} frees "
+                                                 f"(shrunk back for it)"))
+                    continue
+                del shrunk_for[job.id]  # its shrinks ended (or failed): placed as any job
+            if cand is None and ledger.grown and self._reserved is None and (job.gpus, host_need(job)) not in unshrunk:
+                # Only shrinks whose freed GPUs place this job (growshrink.shrink_for); none
+                # placing it, none is made, and a later job of another size may try.
+                def free_place(job: JobView = job) -> Candidate | None:
+                    return find_placement(ledger, job, self.config, FREE_FILTERS, misses)
+                shrinks, cand = shrink_for(ledger, free_place, reason=f"job {job.id} needs GPUs")
                 out += shrinks
-                if shrinks and self._reserved is None:
-                    cand = find_placement(ledger, job, self.config, FREE_FILTERS, misses)
+                if cand is None:
+                    unshrunk.add((job.gpus, host_need(job)))
+                else:
+                    shrunk_for[job.id] = frozenset(d.job_id for d in shrinks)
             if cand is None and (not shut(job.gpus) or self._reserved is not None):
                 filters = ALGORITHM_1 if self._reserved is None else OVERSUBSCRIBE_ONLY
                 cand = find_placement(ledger, job, self.config, filters, misses)

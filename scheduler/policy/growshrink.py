@@ -3,14 +3,18 @@
 Grow: when GPUs have been free, with nothing queued or waiting, for ``grow_idle_s``,
 an opt-in job running alone on one server grows to the largest power of two of GPUs
 that its server has free (never beyond the server). Shrink: at once, back to the
-job's own GPU count, when a job needs GPUs that are not free. A grown job that is no
+job's own GPU count, when a job needs GPUs that are not free and the GPUs its shrink frees
+give that job its place (``shrink_for``). A grown job that is no
 longer grow-shrink (its runtime found that a grow changes its result) is shrunk back
 at once, whatever else is going on.
 """
 
 from __future__ import annotations
 
-from scheduler.policy.cluster import Ledger, arrival_key
+from collections.abc import Callable
+
+from scheduler.policy.cluster import Ledger, Placement, arrival_key
+from scheduler.policy.placement import Candidate
 from scheduler.policy.state import GandivaState
 from scheduler.policy.types import Decision, Grow, PolicyConfig, Shrink
 
@@ -28,6 +32,39 @@ def shrink_all(ledger: Ledger, reason: str, opted_out_only: bool = False) -> lis
             ledger.bind(job_id, kept, "RUNNING")
             out.append(Shrink(job_id, kept, reason=reason))
     return out
+
+
+def shrink_for(ledger: Ledger, place: Callable[[], Candidate | None],
+               reason: str) -> tuple[list[Decision], Candidate | None]:
+    """Shrink the running grown jobs whose freed GPUs give a job its place: ``place()`` is
+    asked with every one of them shrunk back to its own GPU count (keeping its first GPUs);
+    only those whose freed GPUs are among the place found stay shrunk, the others
+    are bound back as they were (none, where it finds no place). Returns the Shrinks and the
+    place. Before, every grown job was shrunk for the first job that did not fit, also
+    where that job then fit none of the freed GPUs (a 2-GPU newcomer and a job grown from 1
+    to 2 GPUs): it was time-sliced elsewhere in the same round, the freed GPU stood idle,
+    and the shrunk job could not grow back while that job waited."""
+    before: dict[str, Placement] = {}
+    for job_id in sorted(ledger.grown):
+        if ledger.state[job_id] == "RUNNING":
+            before[job_id] = ledger.placement[job_id]
+    if not before:
+        return [], None
+    untouched = {j for j in before if j not in ledger.changed}
+    for job_id, gpus in before.items():
+        ledger.bind(job_id, gpus[: ledger.jobs[job_id].requested_gpus], "RUNNING")
+    found = place()
+    used = set(found.gpus) if found is not None else set()
+    out: list[Decision] = []
+    for job_id, gpus in before.items():
+        kept = gpus[: ledger.jobs[job_id].requested_gpus]
+        if used.intersection(gpus[len(kept):]):
+            out.append(Shrink(job_id, kept, reason=reason))
+            continue
+        ledger.bind(job_id, gpus, "RUNNING")  # as it was: this round changed nothing of it
+        if job_id in untouched:
+            ledger.changed.discard(job_id)
+    return out, found
 
 
 def grow(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:

@@ -133,6 +133,10 @@ class GandivaState:
     large_turn_none_in: tuple[tuple[int, int], ...] | None = None
     # When each server was last given back after such a turn (the least recent go first).
     large_turn_lent: dict[str, float] = field(default_factory=dict)
+    # A queued job placed on GPUs that grown jobs' shrinks free in the same round -> those
+    # jobs. Live, its start waits for the shrinks (moves) to end; while one is MIGRATING the
+    # job waits for it, not time-sliced elsewhere (gandiva.py, _place_queued). A restart forgets it.
+    shrunk_for: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def add_verdict(self, at: float, trial: PackTrial, kept: bool | None, gain: float | None,
                     reason: str, unpacked: bool = False) -> None:

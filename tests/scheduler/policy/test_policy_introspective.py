@@ -367,3 +367,58 @@ def test_a_suspended_kept_pack_does_not_wait_while_gpus_stand_idle(mk) -> None:
     d = policy.decide(busy)
     d = policy.decide(dataclasses.replace(mk.after(busy, d, 60), servers=mk.servers(2, 1)))
     assert not any(isinstance(x, Migrate) for x in d) and policy.state.kept_pairs == {"run": "wait", "wait": "run"}
+
+
+def test_a_grown_job_is_shrunk_only_for_a_job_its_freed_gpus_place(mk) -> None:
+    """A shrink whose beneficiary is placed elsewhere in the same round: ``solo`` grown from
+    1 to 2 GPUs on s1, a 2-GPU newcomer ``x`` with no free GPUs. Every grown job was shrunk
+    for the first job that did not fit: solo gave up s1/1, x fit none of it and time-sliced
+    with ``a`` on s0, s1/1 stood idle, and solo could not grow back while x and a waited.
+    Now solo stays grown for x, and is shrunk for a 1-GPU job behind it, which takes s1/1."""
+    solo = mk.job("solo", state="RUNNING", placement=mk.on("s1", 0, 1), gpus=2, base_gpus=1, grow_shrink=True)
+    a = mk.job("a", state="RUNNING", placement=mk.on("s0", 0, 1), submitted_at=1)
+    x = mk.job("x", gpus=2, submitted_at=50)
+    d = get_policy("gandiva").decide(mk.snap(100, mk.servers(2, 2), solo, a, x))
+    assert mk.kinds(d) == [("Suspend", "a"), ("Place", "x")], d  # was a Shrink of solo first
+    assert d[1].gpus == mk.on("s0", 0, 1)
+    y = mk.job("y", submitted_at=60)
+    d = get_policy("gandiva").decide(mk.snap(100, mk.servers(2, 2), solo, a, x, y))
+    assert mk.kinds(d) == [("Suspend", "a"), ("Place", "x"), ("Shrink", "solo"), ("Place", "y")], d
+    assert d[2].reason == "job y needs GPUs" and d[2].gpus == mk.on("s1", 0)  # was "job x needs GPUs"
+    assert d[3].gpus == mk.on("s1", 1)
+    # Two grown jobs, one newcomer: only the one whose freed GPU it takes is shrunk.
+    other = mk.job("other", state="RUNNING", placement=mk.on("s0", 0, 1), gpus=2, base_gpus=1, grow_shrink=True)
+    d = get_policy("gandiva").decide(mk.snap(100, mk.servers(2, 2), solo, other, y))
+    shrinks, places = [e for e in d if isinstance(e, Shrink)], [e for e in d if not isinstance(e, Shrink)]
+    assert len(shrinks) == 1 and mk.kinds(places) == [("Place", "y")], d
+    freed = set(mk.on("s0", 1) if shrinks[0].job_id == "other" else mk.on("s1", 1))
+    assert set(places[0].gpus) == freed, d
+
+
+def test_a_job_placed_on_gpus_a_shrink_frees_waits_for_that_shrink_not_time_sliced_elsewhere(mk) -> None:
+    """Demo of session 52, 17:20:12: three newcomers, ``solo`` grown to both GPUs of s1. The
+    round placed late1 and late2 on s0 and shrank solo for late3, placed on the GPU it frees.
+    Live, late3's start waits for the shrink (a move) to end, solo seen MIGRATING on both
+    GPUs meanwhile; the next round time-sliced late3 with late1 on s0 (late1 suspended), and
+    once the shrink ended late1 was moved onto the freed GPU: a suspend and a move for
+    nothing. Now late3 waits for the shrink made for it, then takes the freed GPU."""
+    policy = get_policy("gandiva", PolicyConfig(queue_reasons=True))
+    solo = mk.job("solo", state="RUNNING", placement=mk.on("s1", 0, 1), gpus=2, base_gpus=1, grow_shrink=True)
+    late = [mk.job(f"late{i}", submitted_at=90 + i) for i in (1, 2, 3)]
+    d = policy.decide(mk.snap(100, mk.servers(2, 2), solo, *late))
+    assert mk.kinds(d) == [("Place", "late1"), ("Place", "late2"), ("Shrink", "solo"), ("Place", "late3")]
+    assert d[2].reason == "job late3 needs GPUs" and d[3].gpus == mk.on("s1", 1)
+    started = [dataclasses.replace(late[i], state="RUNNING", placement=mk.on("s0", i), last_state_change_at=100)
+               for i in (0, 1)]
+    moving = dataclasses.replace(solo, state="MIGRATING", last_state_change_at=100)
+    for now in (101, 120):
+        d = policy.decide(mk.snap(now, mk.servers(2, 2), moving, *started, late[2]))
+        assert mk.kinds(d) == [("Queue", "late3")], d  # was Suspend late1, Place late3 on s0/0
+        assert d[0].reason == "waits for the GPUs that job solo frees (shrunk back for it)"
+    landed = dataclasses.replace(solo, gpus=1, placement=mk.on("s1", 0), last_state_change_at=125)
+    d = policy.decide(mk.snap(125, mk.servers(2, 2), landed, *started, late[2]))
+    assert mk.kinds(d) == [("Place", "late3")] and d[0].gpus == mk.on("s1", 1)
+    # A shrink that failed (solo back on both GPUs, grown): late3 is placed as any job again.
+    policy.decide(mk.snap(101, mk.servers(2, 2), moving, *started, late[2]))
+    d = policy.decide(mk.snap(130, mk.servers(2, 2), solo, *started, late[2]))
+    assert mk.kinds(d) == [("Shrink", "solo"), ("Place", "late3")], d
