@@ -1675,7 +1675,9 @@ def test_a_job_placed_on_gpus_a_shrink_gives_back_waits_until_the_shrunk_job_has
     on a/1 in the same round, beside the grown job's process, which holds a/1 until its shrink
     has checkpointed and restarted it (seconds: its pre-warm; a real GPU's memory still taken,
     and with the server's link cut mid-shrink, until the server was called down). Now it is
-    placed once the shrink has ended."""
+    placed once the shrink has ended. A job runs on "b" meanwhile: the rounds during the shrink
+    time-sliced the newcomer with it there (demo of session 52: the job suspended, then moved
+    onto the freed GPU once the shrink ended); now the newcomer waits for the shrink made for it."""
     from scheduler.policy.types import PolicyConfig
 
     plans: list = []
@@ -1692,7 +1694,7 @@ def test_a_job_placed_on_gpus_a_shrink_gives_back_waits_until_the_shrunk_job_has
     # jobs re-queued, on a loaded machine (its steps took 20 s beside three CPU burners).
     sched = make_scheduler(sqlite_url, tick_s=0.1, policy_config=PolicyConfig(grow_idle_s=0.3),
                            settings=Settings(down_after_s=600.0))
-    f = Fake(sched.address, gpus={"a": 2})
+    f = Fake(sched.address, gpus={"a": 2, "b": 1})
     try:
         spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=1, steps=1000, grow_shrink=True)
         grown = f.api.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
@@ -1701,6 +1703,11 @@ def test_a_job_placed_on_gpus_a_shrink_gives_back_waits_until_the_shrunk_job_has
         grow = wait_for(lambda: plans and plans[0], 15)
         f.shim(grown, grow.dest_incarnation).out.put(runtime_pb2.RuntimeMessage(towers=runtime_pb2.TowerReport(towers=1)))
         wait_for(lambda: (j := f.job(grown)).state == common_pb2.JOB_STATE_RUNNING and len(j.placement) == 2, 15)
+        beside = f.submit()  # onto "b", idle: no shrink for it
+        server, launch = f.launched(beside, wait_for)
+        assert server == "b"
+        f.shim(beside, launch.incarnation).progress(10, 5.0)  # its runtime: it can be suspended
+        wait_for(lambda: f.job(beside).state == common_pb2.JOB_STATE_RUNNING, 15)
         newcomer = f.submit()
         shrink = wait_for(lambda: len(plans) > 1 and plans[1], 15)
         assert shrink.job_id == grown
@@ -1708,6 +1715,8 @@ def test_a_job_placed_on_gpus_a_shrink_gives_back_waits_until_the_shrunk_job_has
         job = f.job(newcomer)
         assert job.state == common_pb2.JOB_STATE_QUEUED and not job.placement, \
             (common_pb2.JobState.Name(job.state), [(g.server, g.index) for g in job.placement], job.message)
+        assert f.job(beside).state == common_pb2.JOB_STATE_RUNNING  # was suspended for the newcomer
+        assert f"waits for the GPUs that job {grown} frees" in job.message, job.message
         release.set()  # the shrink ends: the grown job runs on a/0 alone
         placed = wait_for(lambda: (j := f.job(newcomer)).placement and j, 15)
         assert [(g.server, g.index) for g in placed.placement] == [("a", 1)]
