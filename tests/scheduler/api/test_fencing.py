@@ -1712,11 +1712,12 @@ def test_a_job_placed_on_gpus_a_shrink_gives_back_waits_until_the_shrunk_job_has
         shrink = wait_for(lambda: len(plans) > 1 and plans[1], 15)
         assert shrink.job_id == grown
         time.sleep(1.0)  # several scheduling rounds while the shrink is in flight
+        # (A round that sees the shrink under way says so; the shrink is held until released.)
+        wait_for(lambda: f"waits for the GPUs that job {grown} frees" in f.job(newcomer).message, 30)
         job = f.job(newcomer)
         assert job.state == common_pb2.JOB_STATE_QUEUED and not job.placement, \
             (common_pb2.JobState.Name(job.state), [(g.server, g.index) for g in job.placement], job.message)
         assert f.job(beside).state == common_pb2.JOB_STATE_RUNNING  # was suspended for the newcomer
-        assert f"waits for the GPUs that job {grown} frees" in job.message, job.message
         release.set()  # the shrink ends: the grown job runs on a/0 alone
         placed = wait_for(lambda: (j := f.job(newcomer)).placement and j, 15)
         assert [(g.server, g.index) for g in placed.placement] == [("a", 1)]
