@@ -17,6 +17,10 @@ _RAN = re.compile(r" ?\(it ran ([0-9.e+-]+) mini-batches/s\)")
 _PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")
 _ROLLED_BACK = {"stayed_at_source": "not moved: it stayed at its source",
                 "restarted_at_source": "not moved: restarted at its source"}
+# How a move that moved its job states its arrival (scheduler/engine/live_migration.py); any
+# other way back to RUNNING or SUSPENDED rolled it back: "stayed_at_source: ...", a suspended
+# job's stay (its reason alone, then "still suspended"), one rolled back after a restart.
+_MOVED = "migrated to "
 _TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
 _DECISION = {"SUSPENDED": "suspend", "MIGRATING": "move", "QUEUED": "requeue"}
 
@@ -75,7 +79,8 @@ def _outcome(into: str, at: float, nxt: tuple[float, str, str, str, float | None
         if to == "MIGRATING":
             return f"moved while suspended, {took} later", False
         return f"resumed {took} later: {reason}", True
-    if (rolled := _ROLLED_BACK.get(reason.partition(":")[0])) is not None:
+    if not reason.startswith(_MOVED):
+        rolled = _ROLLED_BACK.get(reason.partition(":")[0], _ROLLED_BACK["stayed_at_source"])
         return f"{rolled} {took} later", to == "RUNNING"
     paused = _PAUSED.search(reason)
     # ("later", as a resume's: the decision log's "moved in 0.5s" is the pause alone)

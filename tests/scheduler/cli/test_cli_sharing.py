@@ -156,3 +156,19 @@ def test_why_each_suspend_or_move_and_what_came_of_it() -> None:
                     "step count with it (it was at 626)"), 16.1),
         ("suspend", "back to the queue 2.0s later: parked: a larger job waits", None),
         ("requeue", "queued now for 5.0s", None)]
+
+
+def test_why_a_move_rolled_back_without_its_outcome_word_is_not_moved() -> None:
+    """A suspended job's move that stayed at its source says its reason alone (then "still
+    suspended"), and one rolled back after a scheduler restart says so in words of its own:
+    neither moved the job, which the "Why" table said it had ("moved 1.0s later")."""
+    from scheduler.observe.why import decisions
+
+    stayed = [(10.0, "RUNNING -> SUSPENDED: time slice of 60s over (step 9)"),
+              (20.0, "SUSPENDED -> MIGRATING: lower the height: n1 -> n2"),
+              (21.0, "MIGRATING -> RUNNING: pre-warm at n2 failed: exited with code 1"),
+              (21.0, "RUNNING -> SUSPENDED: still suspended")]
+    assert decisions(stayed, now=30.0)[1]["outcome"] == "not moved: it stayed at its source 1.0s later"
+    restarted = [(60.0, "RUNNING -> MIGRATING: defragment: n2 -> n3 (it ran 3.0 mini-batches/s)"),
+                 (70.0, "MIGRATING -> RUNNING: migration to n3 rolled back after a scheduler restart (phase prewarm)")]
+    assert decisions(restarted, now=80.0)[0]["outcome"] == "not moved: it stayed at its source 10.0s later"
