@@ -285,8 +285,9 @@ class Controller:
         # Runs of that kind made before the first training step (an average updated before
         # each training run, `sess.run(ema_op); sess.run(train)`): they begin a step.
         self._prelude: dict[int, RunInfo] = {}
-        # Such a run made since the restore point, before the first training run (a
-        # micro-batch's gradients accumulated): that run does not begin the first step.
+        # Such a run (or an increment beside a reset) made since the restore point (a
+        # micro-batch's gradients accumulated): the first training run does not begin the
+        # first step (_suspend_if_told).
         self._step_begun = False
         # The program's frames at the last step-advancing run, and per kind of such update
         # run whether the program makes it after that run (_after_training).
@@ -749,13 +750,12 @@ class Controller:
             if not self.trained:
                 self._kill_if_told(adapter)
         self.saw_run(adapter, info)
-        if not before and adapter is self.adapter and (info.increments or (
-                info.changes_state and not (
-                    info.initializes_some or info.initializes or info.restores))):
-            self._step_begun = True  # the first step began before its training run
-        if not before and info.changes_state and not (
-                info.initializes_some or info.initializes or info.restores):
+        update = not before and info.changes_state and not (
+            info.initializes_some or info.initializes or info.restores)
+        if update:
             self._prelude[id(info)] = info  # classifications are cached: one object per kind
+        if (update or (not before and info.increments)) and adapter is self.adapter:
+            self._step_begun = True  # the first step began before its training run
         if self.trained:
             if before and info.is_training:
                 self._training_elsewhere(adapter)
