@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 from protos.gandiva.v1 import common_pb2
@@ -22,7 +21,10 @@ def state_from_pb(value: int) -> JobState:
     return JobState(name.removeprefix("JOB_STATE_"))
 
 
-def job_to_pb(d: JobDetail) -> common_pb2.Job:
+def job_to_pb(d: JobDetail, now: float) -> common_pb2.Job:
+    """``now``: the scheduler's clock (SchedulerCore.clock), on which a running job's
+    stretch began: on the system's wall clock, a running job's GPU time fell back by an
+    hour when NTP stepped the clock back (scheduler.wallclock)."""
     j = d.job
     spec = spec_of(j)
     eta_s, eta_note = estimate(j, "/".join(map(str, d.placement[0])) if d.placement else "", d.sharers,
@@ -55,7 +57,7 @@ def job_to_pb(d: JobDetail) -> common_pb2.Job:
         control_note=j.control_note,
         grow_shrink_note=j.grow_shrink_note,
         host_memory_bytes=d.host_memory_bytes,
-        gpu_seconds=j.gpu_seconds(time.time()),
+        gpu_seconds=j.gpu_seconds(now),
         held=j.held and j.state == "SUSPENDED",
         message=j.message,
         wait=d.wait,

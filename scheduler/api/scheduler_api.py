@@ -74,12 +74,12 @@ def cluster_height(loads: list[ServerLoad]) -> int:
     return max((ld.height for ld in loads if ld.server.up), default=0)
 
 
-def _bounded(details: list) -> list[common_pb2.Job]:
+def _bounded(details: list, now: float) -> list[common_pb2.Job]:
     """All members, in full while they fit a page; past that without their command,
     env and workdir (GetJob has them), so the answer fits a client's receive limit."""
     out, used = [], 0
     for d in details:
-        job = job_to_pb(d)
+        job = job_to_pb(d, now)
         used += job.ByteSize()
         if used > paging.PAGE_BYTES:
             job.spec.ClearField("command")
@@ -155,7 +155,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 setattr(msg, field, NAMED_JOB.sub(lambda m: OTHER_JOB if m[1] in hidden else m[0], text))
 
     async def _job(self, detail: JobDetail) -> common_pb2.Job:
-        job = job_to_pb(detail)
+        job = job_to_pb(detail, self.core.clock())
         await self._hide_others([job])
         return job
 
@@ -181,14 +181,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def SubmitJob(self, request, context):  # type: ignore[no-untyped-def]
         detail = await self.core.submit(self._as_caller(request.spec), dry_run=request.dry_run,
                                         request_id=request.request_id, limited=self._limited())
-        return scheduler_pb2.SubmitJobResponse(job=job_to_pb(detail))
+        return scheduler_pb2.SubmitJobResponse(job=job_to_pb(detail, self.core.clock()))
 
     @grpc_errors
     async def SubmitMultiJob(self, request, context):  # type: ignore[no-untyped-def]
         specs = [self._as_caller(s) for s in request.jobs]
         mj_id, details = await self.core.submit_multi(request.name, specs, request.dry_run, request.request_id,
                                                       limited=self._limited())
-        return scheduler_pb2.SubmitMultiJobResponse(multi_job_id=mj_id, jobs=_bounded(details))
+        return scheduler_pb2.SubmitMultiJobResponse(multi_job_id=mj_id, jobs=_bounded(details, self.core.clock()))
 
     @grpc_errors
     async def GetJob(self, request, context):  # type: ignore[no-untyped-def]
@@ -236,7 +236,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         details = await self.core.list_jobs(
             states, request.multi_job_id, size, user, paging.job_cursor(request.page_token)
         )
-        jobs, last = paging.fill(details, job_to_pb, full=len(details) == size)
+        jobs, last = paging.fill(details, functools.partial(job_to_pb, now=self.core.clock()), full=len(details) == size)
         await self._hide_others(jobs)
         token = paging.encode([last.job.submitted_at, last.job.array_index, last.job.id]) if last is not None else ""
         return scheduler_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)

@@ -100,9 +100,12 @@ def test_a_step_of_the_schedulers_wall_clock_or_a_stall_of_it_takes_no_server_do
             return sum(e.kind == "job.checkpoint" for e in events)
 
         wait_for(lambda: checkpoints() >= 1, 60)
+        worked = job().gpu_seconds
         clock.set(0)
         time.sleep(1.5)  # the offset file is read every second
         then = checkpoints()
+        # Nor does its GPU time fall back by the hour (it was read on the system's clock).
+        assert job().gpu_seconds >= worked
         wait_for(lambda: checkpoints() >= then + 2, 60)
         assert [s.up for s in api.ListServers(scheduler_pb2.ListServersRequest(), timeout=30).servers] == [True]
     finally:
