@@ -646,11 +646,12 @@ class TFSessionAdapter:
                 op.type in _TABLE_CHANGES and through(op.inputs[0].op) in self._table_ops())
             for op in reached)
         restores = any(op.type in _RESTORES for op in reached)
+        # Of those, a change computed from the variable itself (as a training update is:
+        # _updates), or a generator's draw.
         increments = changes_state and any(
-            op.inputs and (target := through(op.inputs[0].op)) in self._state_ops and (
-                op.type in _INCREMENTS | _GENERATOR_DRAWS or
-                op.type in _LOADS | _SLICE_SETS and len(op.inputs) > 1 and
-                _computed_from(op.inputs[-1].op, target))
+            op.type in _CHANGES_ANY and op.inputs and (
+                op.type in _GENERATOR_DRAWS and through(op.inputs[0].op) in self._state_ops or
+                self._updates(op, self._state_ops))
             for op in reached)
         # The step's op itself, or behind v1 control flow's Enter/Switch (a loop, a cond),
         # or an update in a function of v2 control flow (`inside`).
