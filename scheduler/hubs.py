@@ -449,7 +449,7 @@ class RuntimeHub:
             self._asked.pop(cmd.command_id, None)
 
     def _refuse_told(self, job_id: str, incarnation: str, cmd: runtime_pb2.RuntimeCommand) -> None:
-        told = self._told.get((job_id, incarnation)) if incarnation else None
+        told = self.told_to_exit(job_id, incarnation)
         if told and cmd.kind != runtime_pb2.COMMAND_KIND_KILL:
             kind = runtime_pb2.CommandKind.Name(cmd.kind).removeprefix("COMMAND_KIND_").lower()
             raise Unavailable(f"job {job_id}'s launch {incarnation} was told to exit ({told}): no {kind} is sent to it")
