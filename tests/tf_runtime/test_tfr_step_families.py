@@ -18,7 +18,6 @@ test_tfr_step_twice.py, test_tfr_late_advance.py, test_tfr_tf_session.py for the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -244,8 +243,7 @@ def test_a_step_of_several_runs_cut_at_any_of_them(family: str, mts: bool, at: i
                                                    tmp_path: Path) -> None:
     reference: dict[str, Any] = {}
     _process(family, mts, None, lambda ctl, it, k: None, reference)
-    final = _run(family, mts, [("suspended migrate", 2, at), ("checkpoint", 1, at + 1)],
-                 tmp_path / os.urandom(4).hex())
+    final = _run(family, mts, [("suspended migrate", 2, at), ("checkpoint", 1, at + 1)], tmp_path)
     assert set(final) == set(reference)
     for name, value in reference.items():
         np.testing.assert_array_equal(final[name], value, err_msg=name)
