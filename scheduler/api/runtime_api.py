@@ -67,11 +67,12 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         self._streams: dict[str, dict[asyncio.Task, None]] = {}
         self._evicted: set[asyncio.Task] = set()
 
-    def _open_stream(self, job_id: str) -> None:
-        """Count this call's stream against its job; end the job's oldest ones past the cap."""
+    def _open_stream(self, job_id: str) -> asyncio.Task | None:
+        """Count this call's stream (its task, returned) against its job; end the job's
+        oldest ones past the cap."""
         me = asyncio.current_task()
         if me is None:
-            return
+            return None
         streams = self._streams.setdefault(job_id, {})
         streams[me] = None
         while len(streams) > MAX_STREAMS_PER_JOB:
@@ -79,20 +80,19 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
             del streams[oldest]
             self._evicted.add(oldest)
             oldest.cancel()
+        return me
 
-    def _close_stream(self, job_id: str) -> bool:
-        """This call's stream is done; whether it was ended for a newer one (_open_stream)."""
-        me = asyncio.current_task()
+    def _close_stream(self, job_id: str, me: asyncio.Task | None) -> None:
+        """The stream of the call whose task ``me`` was is done. (Named, not the current task:
+        a call cancelled while gRPC sent its command ends its stream in another task, asyncio's
+        finaliser of the generator left at its yield, and the stream stayed counted.)"""
         if me is None:
-            return False
+            return
         streams = self._streams.get(job_id, {})
         streams.pop(me, None)
         if not streams:
             self._streams.pop(job_id, None)
-        if me in self._evicted:
-            self._evicted.discard(me)
-            return True
-        return False
+        self._evicted.discard(me)
 
     async def Connect(  # type: ignore[override]
         self, request_iterator: AsyncIterator[runtime_pb2.RuntimeMessage], context: grpc.aio.ServicerContext
@@ -109,18 +109,18 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         except GandivaError as err:
             await context.abort(code_for(err) or grpc.StatusCode.INTERNAL, str(err))
         # Counted from here (its hello may wait for the pace below, the stream open meanwhile).
-        self._open_stream(hello.job_id)
+        me = self._open_stream(hello.job_id)
         try:
             async for command in self._serve(hello, request_iterator, context):
                 yield command
         except asyncio.CancelledError:
-            if not self._close_stream(hello.job_id):
+            if me not in self._evicted:
                 raise
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"job {hello.job_id} has {MAX_STREAMS_PER_JOB} newer runtime streams open; this, "
                                 "its oldest, is ended (a job's processes need one or two)")
         finally:
-            self._close_stream(hello.job_id)
+            self._close_stream(hello.job_id, me)
 
     async def _serve(
         self, hello: runtime_pb2.RuntimeHello, request_iterator: AsyncIterator[runtime_pb2.RuntimeMessage],

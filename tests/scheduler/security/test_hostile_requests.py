@@ -1011,6 +1011,31 @@ def test_a_jobs_runtime_streams_open_at_once_are_bounded(make_scheduler: Any, sq
     wait_for(lambda: not servicer._streams, 30)
 
 
+def test_a_runtime_stream_ended_in_another_task_is_no_longer_counted(make_scheduler: Any, sqlite_url: str) -> None:
+    """A Connect cancelled while gRPC sent its command (a client that reads nothing) is left at
+    its yield, and asyncio's finaliser ends it in a task of its own: the stream was looked up by
+    the current task and stayed counted against its job (and, once evicted, kept for good)."""
+    import asyncio
+
+    sched = make_scheduler(sqlite_url, tick_s=5)
+    servicer = sched.server.runtime_servicer
+    with grpc.insecure_channel(sched.address) as ch:
+        job = scheduler_pb2_grpc.SchedulerStub(ch).SubmitJob(scheduler_pb2.SubmitJobRequest(spec=_spec())).job.id
+
+    async def said() -> Any:
+        yield runtime_pb2.RuntimeMessage(hello=runtime_pb2.RuntimeHello(job_id=job, incarnation="gone", pid=1))
+        await asyncio.Event().wait()  # then nothing more
+
+    async def main() -> tuple[int, int]:
+        stream = servicer.Connect(said(), None)
+        # Its first command in a task of its own, as gRPC's: a launch the job does not run is told to exit.
+        first = await asyncio.create_task(anext(stream))
+        await stream.aclose()  # ended here, as asyncio's finaliser ends it
+        return first.kind, len(servicer._streams.get(job, ()))
+
+    assert sched.call(main()) == (runtime_pb2.COMMAND_KIND_KILL, 0)
+
+
 def test_many_listings_at_once_leave_database_connections_for_everyone_else(make_scheduler: Any,
                                                                           sqlite_url: str) -> None:
     """800 ListJobs at once from one client held every connection of the read pool: everyone's
