@@ -1552,13 +1552,13 @@ class Controller:
         loop, never made (other weights). Its commands wait for the step's end."""
         if self.settings.warm:
             return
+        with self._cond:
+            if not any(c.kind is Kind.SUSPEND for c in self._queue):
+                return
         if self._step_begun:
             log.info("not suspended before the first training run: the step began with "
                      "runs that changed the training state; commands wait for its end")
             return
-        with self._cond:
-            if not any(c.kind is Kind.SUSPEND for c in self._queue):
-                return
         log.info("suspended before its first training run")
         self._apply_queued(adapter)
 

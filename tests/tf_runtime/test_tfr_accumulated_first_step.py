@@ -7,6 +7,7 @@ suspended as soon as its shim connects) and a checkpoint served while it is susp
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +70,13 @@ def test_a_step_begun_by_accumulating_runs_is_not_suspended_within(tmp_path: Pat
     for name, value in reference.items():
         np.testing.assert_array_equal(uninterrupted[name], value, err_msg=name)
         np.testing.assert_array_equal(restored[name], value, err_msg=name)
+
+
+def test_a_step_begun_by_accumulating_runs_logs_no_suspension_when_none_is_queued(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """With no command queued, the first training run of such a program says nothing of a
+    suspension. Before, every start of it logged "not suspended before the first training
+    run ... commands wait for its end", as if a SUSPEND had been asked."""
+    with caplog.at_level(logging.INFO, logger="tf_runtime.controller"):
+        _job(None, None)
+    assert "suspended" not in caplog.text
