@@ -94,9 +94,10 @@ def idle_server_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Pl
     if job.gpus > ledger.max_server_gpus:
         return unallocated_filter(ledger, job, config)
     fits = [n for n in ledger.idle_servers if ledger.servers[n].num_gpus >= job.gpus]
-    for name in sorted(fits, key=lambda n: (-ledger.servers[n].num_gpus, n))[:1]:
-        return tuple(ledger.free_gpus(name)[: job.gpus])
-    return None
+    if not fits:
+        return None
+    name = min(fits, key=lambda n: (-ledger.servers[n].num_gpus, n))
+    return tuple(ledger.free_gpus(name)[: job.gpus])
 
 
 def relaxed_filter(ledger: Ledger, job: JobView, config: PolicyConfig) -> Placement | None:
