@@ -439,7 +439,7 @@ class JobProcess:
         # mark, not by its process group: the group's id is the reaped leader's pid, which
         # another process may be given now.
         await self._grace()
-        left = await self._left_behind()
+        left, named = await self._left_behind()
         for pid in self._marked():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -454,9 +454,9 @@ class JobProcess:
         try:
             with open_regular(self.log_path, "ab+") as logf:  # one short local append
                 end = self._end_line(exit_reason(code, self.stopped))
-                if left:
-                    end = (f"\n=== gandiva: its command ended (status {code}) while {len(left)} of its processes "
-                           f"still ran, killed with it: {'; '.join(left)}. A job lasts as long as its command: "
+                if named:
+                    end = (f"\n=== gandiva: its command ended (status {code}) while {left} of its processes "
+                           f"still ran, killed with it: {'; '.join(named)}. A job lasts as long as its command: "
                            f"run the trainer in the foreground (no `&` at the end of the line, or `wait` for "
                            f"it)").encode() + end
                 size = logf.seek(0, os.SEEK_END)
@@ -484,15 +484,15 @@ class JobProcess:
             await asyncio.sleep(0.05)
             left = [pid for pid in left if not _gone(pid)]
 
-    async def _left_behind(self) -> list[str]:
-        """What of the launch still runs after its own process ended on its own ("PID:
-        COMMAND", the first 3): a trainer put in the background (`nohup python train.py &`
-        as a script's last line, the habit of a login shell) is killed as the launch ends,
-        and the job used to read "finished" at once, with no word of it in its output.
-        Those that end within half a second (a multiprocessing resource tracker reading
-        its pipe's end) are not named."""
+    async def _left_behind(self) -> tuple[int, list[str]]:
+        """How many of the launch's processes still run after its own process ended on its
+        own, and the first 3 of them ("PID: COMMAND"): a trainer put in the background
+        (`nohup python train.py &` as a script's last line, the habit of a login shell) is
+        killed as the launch ends, and the job used to read "finished" at once, with no
+        word of it in its output. Those that end within half a second (a multiprocessing
+        resource tracker reading its pipe's end) are not counted."""
         if self.stopped or self.ended_with is not None:
-            return []
+            return 0, []
         left = self._marked()
         deadline = time.monotonic() + LEFT_SETTLE_S
         while left and time.monotonic() < deadline:
@@ -505,7 +505,7 @@ class JobProcess:
             except OSError:
                 continue
             named.append(f"{pid}: {argv.decode(errors='replace')[:120]}")
-        return named
+        return len(left), named
 
     async def _wait(self, timeout_s: float) -> bool:
         """True once the process has exited (within ``timeout_s``)."""

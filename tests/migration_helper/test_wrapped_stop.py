@@ -100,6 +100,9 @@ async def test_a_trainer_left_in_the_background_is_named_in_the_jobs_output(tmp_
     assert "its command ended (status 0) while 1 of its processes still ran, killed with it: " in background
     assert "train.py" in background and "run the trainer in the foreground" in background
     assert "still ran" not in await ended(["bash", "-c", f"{sys.executable} -c pass; echo done"], "fg.log")
+    # All are counted, the first 3 named (it said "while 3 of its processes" for 5).
+    five = await ended(["bash", "-c", "for i in 1 2 3 4 5; do sleep 60 & done"], "five.log")
+    assert "while 5 of its processes still ran" in five and five.count(": sleep 60") == 3, five
 
 
 async def test_a_program_killed_by_sigkill_behind_a_script_reads_as_killed(tmp_path: Path) -> None:
