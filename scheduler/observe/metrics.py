@@ -162,7 +162,10 @@ class Timeline:
         current: dict[str, tuple[list[str], list[str], list[str]]] = {}
         for s in snap.servers:
             for i in range(s.num_gpus):
-                current[f"{s.name}/{i}"] = ([], [], [])
+                if s.up:
+                    current[f"{s.name}/{i}"] = ([], [], [])
+                else:  # its row stays, but its time down is no GPU time seen (split: not idle)
+                    self.gpus.setdefault(f"{s.name}/{i}", [])
         slot = {JobState.RUNNING.value: 0, JobState.SUSPENDED.value: 1, JobState.MIGRATING.value: 2}
         for job in snap.jobs:
             k = slot.get(job.state)

@@ -66,6 +66,19 @@ def test_the_gpus_time_is_split_by_what_was_on_them() -> None:
     assert t.split(-3600, 104)["seen"] == 56.0
 
 
+def test_a_server_down_is_not_idle_gpu_time() -> None:
+    """A server down for the hour (its helper gone) is in every round's snapshot, up=False: its
+    GPUs were counted idle ("idle 50%" of a cluster whose one up server trained throughout),
+    where `gandiva get usage` counts the GPU-hours of servers up only."""
+    t = Timeline()
+    servers = (pt.ServerView("n1", 2), pt.ServerView("n2", 2, up=False))
+    for now in (0, 10, 20):
+        t.record(pt.ClusterSnapshot(now, servers, (job("a", "RUNNING", 0, 1),)))
+    assert t.split(0, 20) == {"since": 0.0, "seen": 40.0, "training": 40.0, "packed": 0.0, "suspended": 0.0,
+                              "moving": 0.0, "idle": 0.0}
+    assert sorted(t.export()) == ["n1/0", "n1/1", "n2/0", "n2/1"]  # (its rows still drawn, empty)
+
+
 def test_decision_log_counts_kinds_and_notes_pack_verdicts() -> None:
     from scheduler.policy.state import GandivaState, PackTrial
 
