@@ -72,6 +72,22 @@ def _status_event(line: bytes) -> dict[str, Any] | None:
 # that itself exits 137 behind a shell reads as killed too, as container runtimes read it.)
 SHELL_SIGKILLED = 128 + signal.SIGKILL
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash"})
+# env's options whose value is the next word (`env -u HOME bash run.sh`: HOME is no command).
+ENV_VALUED = frozenset({"-u", "--unset", "-C", "--chdir"})
+
+
+def _env_command(words: Sequence[str]) -> list[str]:
+    """The command word of `env [OPTION]... [NAME=VALUE]... COMMAND [ARG]...` (``words[0]``
+    is env), as a list of one; [] when it names none."""
+    rest = iter(words[1:])
+    for word in rest:
+        if word in ENV_VALUED:
+            next(rest, None)
+        elif word in ("-S", "--split-string"):  # (its value is the command line, one word or many)
+            return _env_command(["env", *" ".join(rest).split()])
+        elif not word.startswith("-") and "=" not in word:
+            return [word]
+    return []
 
 
 def runs_a_shell(argv: Sequence[str], workdir: str) -> bool:
@@ -80,7 +96,7 @@ def runs_a_shell(argv: Sequence[str], workdir: str) -> bool:
     words = list(argv)
     for _ in range(2):  # the command, then a script's interpreter line
         while words and os.path.basename(words[0]) == "env":  # env [-OPTIONS] [NAME=VALUE]... COMMAND
-            words = [w for w in words[1:] if not w.startswith("-") and "=" not in w][:1] or []
+            words = _env_command(words)
         if not words:
             return False
         if os.path.basename(words[0]) in SHELLS:

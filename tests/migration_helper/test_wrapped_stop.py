@@ -138,3 +138,7 @@ def test_which_commands_run_a_shell(tmp_path: Path) -> None:
     assert not runs_a_shell(["python", "train.py"], str(tmp_path))
     assert not runs_a_shell(["fifo"], str(tmp_path))  # (never opened for reading: it would block)
     assert not runs_a_shell(["env"], str(tmp_path))
+    # An option's value is no command (`-u HOME` was read as a command "HOME": not a shell).
+    assert runs_a_shell(["env", "-u", "HOME", "-C", "/tmp", "bash", "run.sh"], str(tmp_path))
+    assert runs_a_shell(["env", "-S", "bash -e", "run.sh"], str(tmp_path))
+    assert not runs_a_shell(["env", "-u", "bash", "python", "train.py"], str(tmp_path))
