@@ -25,6 +25,11 @@ def _command_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def command_word(kind: runtime_pb2.CommandKind.ValueType) -> str:
+    """A runtime command's kind as said in messages: "suspend", "stop_for_migration"."""
+    return runtime_pb2.CommandKind.Name(kind).removeprefix("COMMAND_KIND_").lower()
+
+
 def _resolve(pending: dict[str, asyncio.Future], command_id: str, result: object) -> None:
     fut = pending.pop(command_id, None)
     if fut is not None and not fut.done():
@@ -436,8 +441,7 @@ class RuntimeHub:
         fut: asyncio.Future = loop.create_future()
         conn.pending[cmd.command_id] = fut
         conn.outbox.put_nowait(cmd)
-        kind = runtime_pb2.CommandKind.Name(cmd.kind).removeprefix("COMMAND_KIND_").lower()
-        self._asked[cmd.command_id] = (job_id, kind, loop.time(), conn.step_s)
+        self._asked[cmd.command_id] = (job_id, command_word(cmd.kind), loop.time(), conn.step_s)
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -451,8 +455,8 @@ class RuntimeHub:
     def _refuse_told(self, job_id: str, incarnation: str, cmd: runtime_pb2.RuntimeCommand) -> None:
         told = self.told_to_exit(job_id, incarnation)
         if told and cmd.kind != runtime_pb2.COMMAND_KIND_KILL:
-            kind = runtime_pb2.CommandKind.Name(cmd.kind).removeprefix("COMMAND_KIND_").lower()
-            raise Unavailable(f"job {job_id}'s launch {incarnation} was told to exit ({told}): no {kind} is sent to it")
+            raise Unavailable(f"job {job_id}'s launch {incarnation} was told to exit ({told}): "
+                              f"no {command_word(cmd.kind)} is sent to it")
 
     def resolve(self, conn: RuntimeConn, ack: runtime_pb2.CommandAck) -> None:
         _resolve(conn.pending, ack.command_id, ack)

@@ -41,7 +41,7 @@ from scheduler.errors import (
     Unavailable,
 )
 from scheduler.hangs import HUNG, HUNG_RESTARTS, Verdict
-from scheduler.hubs import remember
+from scheduler.hubs import command_word, remember
 from scheduler.lifecycle import ACTIVE, JobState
 from scheduler.observe.observer import Observer
 from scheduler.observe.waits import TurnCache, waits
@@ -1141,8 +1141,7 @@ class LiveEngine:
             if kind == runtime_pb2.COMMAND_KIND_RESUME:
                 # Refused: it never ran, and no state changes. (No answer at all: it may run.)
                 self.core.alone_rates.settled(job_id, self.core.clock())
-            verb = runtime_pb2.CommandKind.Name(kind).removeprefix("COMMAND_KIND_").lower()
-            raise FailedPrecondition(f"job {job_id} could not {verb}: {ack.message}")
+            raise FailedPrecondition(f"job {job_id} could not {command_word(kind)}: {ack.message}")
         tries = 0
 
         async def record(s: AsyncSession) -> None:
