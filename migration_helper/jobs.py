@@ -119,7 +119,7 @@ class JobTable:
     def fence(self, job_id: str, incarnation: str) -> None:
         """Kill that launch at once: the scheduler does not expect it (anymore)."""
         proc = self.processes.get((job_id, incarnation))
-        if proc is not None and proc.alive:
+        if proc is not None and (proc.alive or proc.in_grace):
             log.warning("job %s/%s is stale (the scheduler does not expect it here): killing it",
                         job_id, incarnation)
             proc.kill_now()

@@ -622,10 +622,17 @@ class JobProcess:
             log.info("job %s/%s thawed", self.job_id, self.incarnation)
         self.frozen = False
 
+    @property
+    def in_grace(self) -> bool:
+        """Its own process has ended (a wrapper the stop's SIGTERM ended) while the rest of
+        the launch has the rest of the stop's grace (_grace): not ``alive``, yet it runs."""
+        return self._grace_until is not None and self.exit_code is not None
+
     def kill_now(self) -> None:
         """SIGKILL, no grace: a stale launch must not train another step. Its exit is
         reported as for any other stop."""
         self.stopped = True
+        self._grace_until = None  # a grace in progress ends: the launch's rest is killed now (_wait_exit)
         if self.alive:
             self._signal_group(signal.SIGKILL)
 

@@ -85,6 +85,30 @@ async def test_a_program_behind_a_wrapper_that_ignores_sigterm_is_killed_after_t
             os.kill(program, signal.SIGKILL)
 
 
+async def test_a_launch_fenced_during_its_wrapped_programs_grace_is_killed_at_once(tmp_path: Path) -> None:
+    """Its wrapper gone at the stop's SIGTERM, the launch read as not alive, and a fence (a
+    stale launch, which must not train another step) passed it over: its program ran on for
+    the rest of the grace."""
+    from migration_helper.jobs import JobTable
+
+    proc, program = await started(tmp_path, "--ignore")
+    table = JobTable(server="s", scheduler="127.0.0.1:1", log_dir=tmp_path, on_exit=lambda p: None)
+    table.processes[("j", "i1")] = proc
+    try:
+        stopping = asyncio.create_task(proc.stop(grace_s=600.0))
+        for _ in range(1500):
+            if proc.exit_code is not None:  # the wrapper has ended
+                break
+            await asyncio.sleep(0.02)
+        assert proc.in_grace and not gone(program)
+        table.fence("j", "i1")
+        await asyncio.wait_for(stopping, 120)  # (not the 600 s grace)
+        assert gone(program)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(program, signal.SIGKILL)
+
+
 async def test_a_trainer_left_in_the_background_is_named_in_the_jobs_output(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(PROGRAM)
     env = dict(os.environ, GANDIVA_JOB_ID="j", GANDIVA_INCARNATION="i1", **{OWNER_ENV: f"{os.getpid()}:{tmp_path}"})
