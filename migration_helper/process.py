@@ -495,7 +495,8 @@ class JobProcess:
         its own checkpoint, then exits): the program has the rest of the stop's grace, as
         it has when it is the leader. It used to be SIGKILLed at once, its save never made."""
         left = self._marked() if self._grace_until is not None else []
-        # (re-read each time: the stop's SIGKILL, once the grace is over, clears it)
+        # (re-read each time: kill_now, a fence, ends it; stop() sends no SIGKILL here, its
+        # exit_code already set: the grace ends by this deadline, the rest killed by _wait_exit)
         while left and self._grace_until is not None and time.monotonic() < self._grace_until:
             await asyncio.sleep(0.05)
             left = [pid for pid in left if not _gone(pid)]
