@@ -57,7 +57,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from scheduler.policy.cluster import Ledger, Placement, host_need
+from scheduler.policy.cluster import Ledger, Placement, QueueKey, arrival_key, host_need
 from scheduler.policy.packing import end_trials_of
 from scheduler.policy.placement import (
     affinity_filter,
@@ -233,11 +233,19 @@ def unpack_idle(ledger: Ledger, state: GandivaState, config: PolicyConfig, budge
     if not state.kept_pairs or ledger.total_free() == 0 or ledger.first_queued() is not None:
         return out
     waiting = {ledger.jobs[j].gpus for j in ledger.by_state.get("SUSPENDED", ())}
-    for job_id, partner in sorted(state.kept_pairs.items()):
+
+    def arrived(job_id: str) -> QueueKey:
+        job = ledger.jobs.get(job_id)
+        return arrival_key(job) if job is not None else (1, 0.0, 0, job_id)
+
+    # Each pair once, the elder pair first and its elder member tried first as the mover: by
+    # arrival, not by name (named otherwise, a trace moved the other member).
+    pairs = {tuple(sorted(pair, key=arrived)) for pair in state.kept_pairs.items()}
+    for job_id, partner in sorted(pairs, key=lambda pair: arrived(pair[0])):
         if len(out) >= budget or ledger.total_free() == 0:
             break
-        if job_id > partner or ledger.placement.get(job_id) != ledger.placement.get(partner):
-            continue  # each pair once; a pair whose members were parted is no pack
+        if ledger.placement.get(job_id) != ledger.placement.get(partner):
+            continue  # a pair whose members were parted is no pack
         if not (ledger.state.get(job_id) == ledger.state.get(partner) == "RUNNING"):
             continue
         if ledger.jobs[job_id].gpus in waiting:

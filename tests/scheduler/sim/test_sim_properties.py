@@ -341,6 +341,21 @@ def test_grow_takes_free_gpus_by_arrival_not_by_name() -> None:
     assert _times_renamed(jobs, servers, MechanismModel(), "gandiva", PolicyConfig()) == times
 
 
+def test_unpack_idle_moves_the_elder_of_a_kept_pair_not_by_name() -> None:
+    """A drawn example (session 52's second reading, 5,000 examples): an 8-GPU job and five
+    1-GPU jobs on servers of 1, 1 and 7 GPUs. `unpack_idle` chose which kept pair it parts first,
+    and which of its members moves, by job id, so naming the same trace's jobs otherwise moved
+    the other member: j3 ended at 714.5 s or 713.5 s. By arrival now, as packing and grow."""
+    jobs = [JobSpec("j0", 0.0, 8, "lstm", duration_s=30.0)] + [
+        JobSpec(f"j{k}", 0.0, 1, model, duration_s=d, total_steps=steps)
+        for k, (model, d, steps) in enumerate((("lstm", 1.0, None), ("lstm", 1.0, None), ("lstm", 599.0, None),
+                                               ("lstm", None, 5000.0), ("rhn", 599.0, None)), start=1)]
+    servers = tuple(ServerView(f"s{k}", n, gpu_memory_bytes=16 * GIB) for k, n in enumerate((1, 1, 7)))
+    result, _ = _replay(jobs, servers, MechanismModel(), "gandiva", PolicyConfig())
+    assert result.counts["packs"] > 0
+    assert _times_renamed(jobs, servers, MechanismModel(), "gandiva", PolicyConfig()) == _times(result)
+
+
 @st.composite
 def cases(draw: st.DrawFn) -> tuple:
     servers = draw(clusters())
