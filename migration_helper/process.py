@@ -163,6 +163,11 @@ LAUNCH_END_WAIT_S = 30.0
 # How long processes a launch left running when its own process ended on its own may take
 # to end by themselves before they are named in its log (JobProcess._left_behind).
 LEFT_SETTLE_S = 0.5
+# A child in the middle of its exec (bash's `nohup python train.py &` as the script ends)
+# reads an empty /proc/PID/environ for an instant, its launch's mark unseen: a scan that
+# finds nothing of the launch looks again this much later, and one that finds some looks
+# again after LEFT_SETTLE_S (JobProcess._left_behind).
+LEFT_RESCAN_S = 0.05
 
 
 def owner_mark(ramdisk: Path) -> str:
@@ -511,10 +516,15 @@ class JobProcess:
         if self.stopped or self.ended_with is not None:
             return 0, []
         left = self._marked()
+        if not left:  # (or a child mid-exec, its mark unread: such launches read "finished")
+            await asyncio.sleep(LEFT_RESCAN_S)
+            left = self._marked()
         deadline = time.monotonic() + LEFT_SETTLE_S
         while left and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             left = [pid for pid in left if not _gone(pid)]
+        if left:  # (one mid-exec at the first look: "4 of its processes" for 5)
+            left = sorted(set(left) | set(self._marked()))
         named = []
         for pid in left[:3]:
             try:
