@@ -112,24 +112,28 @@ def _loop(sess: Any, ops: dict[str, Any], p: Program, ask: Callable[[int, bool],
             sess.run(ops["summary"])
 
 
+def trained(g: Any, mts: bool, loop: Callable[[Any], None]) -> dict[str, Any]:
+    """Runs `loop(sess)` on graph `g` in a MonitoredTrainingSession (`mts`) or a plain Session
+    it initialises, and returns the variables after it, by name."""
+    names = [v.op.name for v in tf.compat.v1.global_variables()]
+    if mts:
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1),
+                save_summaries_steps=None, log_step_count_steps=None) as sess:
+            loop(sess)
+            return dict(zip(names, sess.run(tf.compat.v1.global_variables()), strict=True))
+    with session(g) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        loop(sess)
+        return dict(zip(names, sess.run(tf.compat.v1.global_variables()), strict=True))
+
 def _process(p: Program, restore: Path | None, ask: Ask, dump: dict[str, Any]) -> Any:
     """One process of the job; returns its controller (its acks), fills `dump` with its
     variables if it ran to the end."""
     with shimmed(restore) as ctl, tf.Graph().as_default() as g:
         ops = _build(p)
-        names = [v.op.name for v in tf.compat.v1.global_variables()]
         try:
-            if p.mts:
-                with tf.compat.v1.train.MonitoredTrainingSession(
-                        config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1),
-                        save_summaries_steps=None, log_step_count_steps=None) as sess:
-                    _loop(sess, ops, p, lambda step, late: ask(ctl, step, late))
-                    dump.update(zip(names, sess.run(tf.compat.v1.global_variables()), strict=True))
-            else:
-                with session(g) as sess:
-                    sess.run(tf.compat.v1.global_variables_initializer())
-                    _loop(sess, ops, p, lambda step, late: ask(ctl, step, late))
-                    dump.update(zip(names, sess.run(tf.compat.v1.global_variables()), strict=True))
+            dump.update(trained(g, p.mts, lambda sess: _loop(sess, ops, p, lambda step, late: ask(ctl, step, late))))
         except Exited as e:
             assert e.code == EXIT_MIGRATED
         except Killed:

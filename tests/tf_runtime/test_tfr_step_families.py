@@ -29,7 +29,8 @@ from tf_runtime.commands import Command, Kind
 from tf_runtime.controller import EXIT_MIGRATED
 from tf_runtime.testing import Exited
 
-from .test_tfr_tf_session import acks, session, shimmed
+from .test_tfr_restored_first_step import trained
+from .test_tfr_tf_session import acks, shimmed
 
 pytestmark = [pytest.mark.tf, pytest.mark.full]
 tf = pytest.importorskip("tensorflow")
@@ -180,19 +181,8 @@ def _process(family: str, mts: bool, restore: Path | None, ask: Callable[[Any, i
     build, loop = FAMILIES[family]
     with shimmed(restore) as ctl, tf.Graph().as_default() as g:
         ops = build(family)
-        names = [v.op.name for v in tf.compat.v1.global_variables()]
         try:
-            if mts:
-                with tf.compat.v1.train.MonitoredTrainingSession(
-                        config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1),
-                        save_summaries_steps=None, log_step_count_steps=None) as sess:
-                    loop(family, sess, ops, lambda it, k: ask(ctl, it, k))
-                    dump.update(zip(names, sess.run(tf.compat.v1.global_variables()), strict=True))
-            else:
-                with session(g) as sess:
-                    sess.run(tf.compat.v1.global_variables_initializer())
-                    loop(family, sess, ops, lambda it, k: ask(ctl, it, k))
-                    dump.update(zip(names, sess.run(tf.compat.v1.global_variables()), strict=True))
+            dump.update(trained(g, mts, lambda sess: loop(family, sess, ops, lambda it, k: ask(ctl, it, k))))
         except Exited as e:
             assert e.code == EXIT_MIGRATED
         except Killed:
