@@ -16,6 +16,7 @@ import pytest
 
 from tf_runtime.commands import Command, Kind
 
+from .test_tfr_step_families import _accumulation
 from .test_tfr_tf_session import acks, session, shimmed
 
 pytestmark = pytest.mark.tf
@@ -26,17 +27,8 @@ def _job(restore: Path | None, checkpoint: Path | None) -> tuple[dict[str, Any],
     """One process to global step 3; with `checkpoint`, SUSPEND, CHECKPOINT and RESUME are
     queued right after initialising. Returns its variables and its acks."""
     with shimmed(restore) as ctl, tf.Graph().as_default() as g, session(g) as sess:
-        gs = tf.compat.v1.train.get_or_create_global_step()
-        x = tf.compat.v1.placeholder(tf.float32, [4, 3])
-        w = tf.compat.v1.get_variable("w", initializer=tf.constant([[1.0], [-2.0], [0.5]]))
-        opt = tf.compat.v1.train.AdamOptimizer(0.05)
-        (grad, _), = opt.compute_gradients(tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0)), [w])
-        acc = tf.compat.v1.get_variable("acc", initializer=tf.zeros([3, 1]), trainable=False)
-        micro = tf.compat.v1.get_variable("micro", initializer=tf.constant(0, tf.int64),
-                                          trainable=False)
-        accumulate = tf.group(acc.assign_add(grad), tf.compat.v1.assign_add(micro, 1))
-        apply = opt.apply_gradients([(acc / 4.0, w)], global_step=gs)
-        zero = acc.assign(tf.zeros_like(acc))
+        ops = _accumulation("accumulate_micro_step")  # the step advances on the apply only
+        gs, x, micro, accumulate, apply, zero = (ops[k] for k in ("gs", "x", "micro", "accumulate", "apply", "zero"))
         sess.run(tf.compat.v1.global_variables_initializer())
         if checkpoint is not None:
             for cmd in (Command("s", Kind.SUSPEND), Command("c", Kind.CHECKPOINT, str(checkpoint)),
