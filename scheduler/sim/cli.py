@@ -27,7 +27,7 @@ from scheduler.sim.load import (
     scale_to_load,
 )
 from scheduler.sim.metrics import job_columns, job_rows, summarize
-from scheduler.sim.model import Costs, MechanismModel, gavel_table_near
+from scheduler.sim.model import MIN_SPREAD_FACTOR, Costs, MechanismModel, gavel_table_near
 from scheduler.sim.trace import (
     FORMATS,
     FRACTIONAL,
@@ -41,7 +41,6 @@ from scheduler.sim.trace import (
 )
 
 logger = logging.getLogger(__name__)
-MIN_SPREAD_FACTOR = 0.01
 MAX_COST_S = 86400.0  # a suspend, migration or restart of more than a day models nothing real
 # A job's run alone: more than 1e9 s (31 years; Gavel's slowest real jobs, on K80s, run 3)
 # is a unit mistake, and gandiva replays it in slices of at most 32 quanta (minutes per job).

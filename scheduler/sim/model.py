@@ -38,6 +38,10 @@ logger = logging.getLogger(__name__)
 GIB = 1 << 30
 # Median of Gavel's V100 unconsolidated/consolidated throughput ratios (57 entries).
 DEFAULT_SPREAD_FACTOR = 0.42
+# The lowest spread factor replayed (``--spread-factor``, a table's unconsolidated ratio): below it a
+# spread job's time-slice group rotates for ages (1e-9: 1e14 s in 1,920-s slices), and at 0 a job
+# placed over servers never ends. Gavel measured 0.10 to 1.35.
+MIN_SPREAD_FACTOR = 0.01
 # A --throughputs table larger than this is not one (Gavel's is 1.2 MB).
 MAX_TABLE_BYTES = 64 << 20
 
@@ -137,6 +141,15 @@ class MechanismModel:
                        if isinstance(unconsolidated, dict) else {}).items():
             if key in table and table[key]["null"]:
                 spread[key] = v["null"] / table[key]["null"]
+                if spread[key] < MIN_SPREAD_FACTOR:
+                    # fifo, yarn-cs and tiresias place a job that fits one server over several
+                    # when that is where GPUs are free: at 0 it stayed there unfinished.
+                    raise ValueError(
+                        f"{path}: {gpu_type}_unconsolidated[\"('{key[0]}', {key[1]})\"][\"null\"]: {v['null']:g} is "
+                        f"{spread[key]:.2g}x the rate on one server ({table[key]['null']:g}), below the lowest spread "
+                        f"factor replayed ({MIN_SPREAD_FACTOR}): a job placed over servers would make no progress, "
+                        f"or next to none, and might never end; give the rate measured (Gavel's are 0.10x to 1.35x "
+                        f"the rate on one server), or leave the row out")
         return cls(costs=costs or Costs(), gavel=table, gavel_spread=spread,
                    source=f"{path} ({gpu_type})")
 

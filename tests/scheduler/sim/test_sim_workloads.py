@@ -312,11 +312,45 @@ def test_a_job_that_can_only_run_spread_at_a_rate_of_0_is_refused(capsys: pytest
     trace = tmp_path / "g.trace"
     trace.write_text("LM (batch size 20)\tpython3 lm.py\t-n\t1\t1200\t0.000000\t4\n")
     argv = ("--trace", str(trace), "--throughputs", str(table), "--policy", "fifo", "-o", "json")
-    code, out, err = _sim(capsys, *argv, "--cluster", "2x2")
-    assert code == 2 and out == "" and "'LM (batch size 20)' on 4 GPUs spread over servers (e.g. job g-0)" in err
-    assert "choose servers of 4 GPUs (--cluster) or another --gpu-type" in err
-    code, out, _ = _sim(capsys, *argv, "--cluster", "1x4")
-    assert code == 0 and json.loads(out)["fifo"]["jobs_finished"] == 1
+    for cluster in ("2x2", "1x4"):  # (refused with the table, wherever its jobs could run)
+        code, out, err = _sim(capsys, *argv, "--cluster", cluster)
+        assert code == 2 and out == "" and "v100_unconsolidated[\"('LM (batch size 20)', 4)\"][\"null\"]: 0 " in err
+
+
+# Three 1-GPU jobs and a 2-GPU one on servers of 2 GPUs: when the short two end, one GPU is free on
+# each server, and fifo, yarn-cs and tiresias place the 2-GPU job over both.
+_FRAGMENTED = "".join(f"LM (batch size 20)\tpython3 lm.py\t-n\t1\t{steps}\t{t}\t{gpus}\n" for steps, t, gpus in
+                      ((12000, 0, 1), (20, 0, 1), (20, 0, 1), (12000, 0, 1), (120, 100, 2)))
+
+
+@pytest.mark.parametrize("spread", ["0.0", "1e-9"])
+def test_a_spread_rate_of_0_in_a_table_is_refused_naming_the_entry(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path, spread: str) -> None:
+    """A custom table whose `v100_unconsolidated` rate of a model is 0 (or next to it), for a job
+    that fits one server: fifo, yarn-cs and tiresias placed it over two servers' free GPUs,
+    where it made no progress, and the replay ended with exit 0 and the job unfinished
+    ("jobs_unfinished": 1 of 5). The table is refused now, naming the entry, as
+    --spread-factor below 0.01 is; at a measured ratio every job ends under every policy."""
+    table = tmp_path / "t.json"
+    rows = {"v100": {f"('LM (batch size 20)', {k})": {"null": 2.0 * k} for k in (1, 2)},
+            "v100_unconsolidated": {"('LM (batch size 20)', 2)": {"null": float(spread) * 4.0}}}
+    table.write_text(json.dumps(rows))
+    trace = tmp_path / "g.trace"
+    trace.write_text(_FRAGMENTED)
+    argv = ("--trace", str(trace), "--throughputs", str(table), "--cluster", "2x2", "-o", "json",
+            "--compare", "gandiva,fifo,yarn-cs,tiresias,yarn-cs-local")
+    code, out, err = _sim(capsys, *argv)
+    assert code == 2 and out == "", (code, out)
+    assert ("v100_unconsolidated[\"('LM (batch size 20)', 2)\"][\"null\"]: " in err and "(0.01)" in err
+            and "would make no progress" in err), err
+    rows["v100_unconsolidated"]["('LM (batch size 20)', 2)"]["null"] = 0.4  # 0.1x: Gavel's lowest
+    table.write_text(json.dumps(rows))
+    code, out, err = _sim(capsys, *argv)
+    assert code == 0, err
+    result = json.loads(out)
+    assert {p: (r["jobs_finished"], r["jobs_unfinished"]) for p, r in result.items()} == dict.fromkeys(result, (5, 0))
+    # fifo ran it spread, at 0.1x: 300 s for its 30 s alone, beside 6,000 s, 10 s, 10 s and 6,000 s.
+    assert result["fifo"]["avg_jct_s"] == pytest.approx((6000 + 10 + 10 + 6000 + 300) / 5)
 
 
 def test_ties_of_submit_time_replay_in_the_traces_order(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
