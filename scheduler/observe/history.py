@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from scheduler.lifecycle import JobState
-from scheduler.observe import holds
+from scheduler.observe import holds, why
 from scheduler.observe.metrics import DecisionLog, Timeline
 from scheduler.state.models import Event, Transition
 from scheduler.timeline import PACK_VERDICT
@@ -38,16 +38,14 @@ _KINDS = {("QUEUED", "RUNNING"): "place", ("SUSPENDED", "RUNNING"): "resume",
           ("SUSPENDED", "QUEUED"): "requeue", ("MIGRATING", "QUEUED"): "requeue"}
 
 
-# A move rolled back to its source goes from MIGRATING to RUNNING too, its reason
-# "<outcome>: <why>" (live_migration): the outcome -> what the live log said of it (the
-# migration's last phase, unmoved.ENDED_UNMOVED).
-_ROLLED_BACK = {"stayed_at_source": "aborted", "restarted_at_source": "restarted_at_source"}
-
-
 def _move_outcome(to_state: str, reason: str) -> str:
-    """A read-back move's outcome from its job's next change out of MIGRATING."""
+    """A read-back move's outcome from its job's next change out of MIGRATING: one rolled back
+    to its source goes back to RUNNING or SUSPENDED too (why.rolled_back: what the live log
+    said of it, the "Why" table's table; before session 53 a move rolled back by a scheduler
+    restart, or a suspended job's that stayed, read "moved")."""
     if to_state in ("RUNNING", "SUSPENDED"):
-        return _ROLLED_BACK.get(reason.partition(":")[0], "moved")
+        back = why.rolled_back(reason)
+        return "moved" if back is None else back[0]
     return "not kept: the job ended first" if JobState(to_state).terminal else f"not kept: {to_state.lower()}"
 
 
@@ -74,9 +72,16 @@ async def read_back(core: Any, log: DecisionLog, now: float) -> int:
             .where(Event.id > last_event - LOOKED_AT, Event.kind == PACK_VERDICT)
             .order_by(Event.id.desc()).limit(size * 2))).all()
     rows: list[tuple[float, str, str, str]] = []
-    for at, job_id, from_state, to_state, reason in changes:
+    by_job: dict[str, list[tuple[float, str, str]]] = {}
+    for at, job_id, from_state, to_state, _ in reversed(changes):  # (oldest first)
+        by_job.setdefault(job_id, []).append((at, from_state, to_state))
+    seen_of: dict[str, int] = {}
+    for at, job_id, from_state, to_state, reason in reversed(changes):
+        n = seen_of[job_id] = seen_of.get(job_id, -1) + 1
         kind = _KINDS.get((from_state, to_state))
-        if kind is not None:
+        # (a suspended job's move that stayed goes back through RUNNING: its "still suspended"
+        # is no suspend; it was read back as one)
+        if kind is not None and not why.stay_of_suspended(by_job[job_id], n):
             rows.append((at, kind, job_id, reason))
     seen: set[tuple[float, frozenset[str]]] = set()
     for at, job_id, message in reversed(verdicts):  # oldest first: the pair's first event

@@ -15,14 +15,37 @@ from typing import Any
 _CHANGE = re.compile(r"([A-Z]+) -> ([A-Z]+): ?(.*)", re.DOTALL)
 _RAN = re.compile(r" ?\(it ran ([0-9.e+-]+) mini-batches/s\)")
 _PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")
-_ROLLED_BACK = {"stayed_at_source": "not moved: it stayed at its source",
-                "restarted_at_source": "not moved: restarted at its source"}
 # How a move that moved its job states its arrival (scheduler/engine/live_migration.py); any
 # other way back to RUNNING or SUSPENDED rolled it back: "stayed_at_source: ...", a suspended
 # job's stay (its reason alone, then "still suspended"), one rolled back after a restart.
 _MOVED = "migrated to "
 _TERMINAL = ("SUCCEEDED", "FAILED", "KILLED")
 _DECISION = {"SUSPENDED": "suspend", "MIGRATING": "move", "QUEUED": "requeue"}
+# A move rolled back, by its end's first word ("<outcome>: <why>", live_migration; any other:
+# it stayed): (the decision log's outcome, as the live log said it: unmoved.ENDED_UNMOVED's
+# phase; the "Why" table's words). The one table of both (scheduler/observe/history.py reads
+# the decision log back after a restart).
+ROLLED_BACK = {"stayed_at_source": ("aborted", "not moved: it stayed at its source"),
+               "restarted_at_source": ("restarted_at_source", "not moved: restarted at its source")}
+
+
+def rolled_back(reason: str) -> tuple[str, str] | None:
+    """How a move whose job went back to RUNNING or SUSPENDED with ``reason`` ended without
+    moving it (ROLLED_BACK's pair), or None: it moved."""
+    if reason.startswith(_MOVED):
+        return None
+    return ROLLED_BACK.get(reason.partition(":")[0], ROLLED_BACK["stayed_at_source"])
+
+
+def stay_of_suspended(changes: Sequence[tuple[Any, ...]], i: int) -> bool:
+    """Whether ``changes[i]`` ((at, from, to, ...) of one job, in time order) is the second
+    half of a suspended job's move rolled back (live_migration's MIGRATING -> RUNNING ->
+    SUSPENDED "still suspended", one time): no decision of the scheduler's."""
+    if not 0 < i < len(changes):
+        return False
+    at, before, into = changes[i][:3]
+    return (before == "RUNNING" and into == "SUSPENDED"
+            and tuple(changes[i - 1][1:3]) == ("MIGRATING", "RUNNING") and changes[i - 1][0] == at)
 
 
 def _changes(records: Sequence[tuple[float, str]]) -> list[tuple[float, str, str, str, float | None]]:
@@ -50,13 +73,22 @@ def decisions(records: Sequence[tuple[float, str]], now: float, rate_now: float 
     changes = _changes(records)
     out = []
     for i, (at, before, into, why, ran) in enumerate(changes):
-        if into not in ("SUSPENDED", "MIGRATING", "QUEUED") or before == "MIGRATING" or before == into:
+        if into not in ("SUSPENDED", "MIGRATING", "QUEUED") or before == "MIGRATING" or before == into \
+                or stay_of_suspended(changes, i):
             continue  # (a move's end is its own row's outcome)
         nxt = changes[i + 1] if i + 1 < len(changes) else None
         outcome, back = _outcome(into, at, nxt, now)
+        after = i + 1  # (the change that began the stretch after it)
+        if stay_of_suspended(changes, i + 2):  # its move's end: the job is suspended still
+            after = i + 3
+            then, back = _outcome("SUSPENDED", changes[i + 2][0], changes[after] if after < len(changes) else None, now)
+            outcome = f"{outcome}; {then}" if nxt is None or after >= len(changes) else \
+                f"{outcome}; still suspended, {then}"
+        elif into == "SUSPENDED" and nxt is not None and nxt[2] == "MIGRATING" and not _moved(changes, i + 2):
+            outcome = f"a move began {_span(nxt[0] - at)} later"  # (not "moved": the move's row says what came of it)
         out.append({"at": at, "decision": _DECISION[into], "why": why,
                     "outcome": outcome, "rate_before": ran,
-                    "rate_after": _rate_after(changes, i + 1, rate_now) if back else None})
+                    "rate_after": _rate_after(changes, after, rate_now) if back else None})
     return out
 
 
@@ -79,14 +111,19 @@ def _outcome(into: str, at: float, nxt: tuple[float, str, str, str, float | None
         if to == "MIGRATING":
             return f"moved while suspended, {took} later", False
         return f"resumed {took} later: {reason}", True
-    if not reason.startswith(_MOVED):
-        rolled = _ROLLED_BACK.get(reason.partition(":")[0], _ROLLED_BACK["stayed_at_source"])
-        return f"{rolled} {took} later", to == "RUNNING"
+    if (rolled := rolled_back(reason)) is not None:
+        return f"{rolled[1]} {took} later", to == "RUNNING"
     paused = _PAUSED.search(reason)
     # ("later", as a resume's: the decision log's "moved in 0.5s" is the pause alone)
     said = f"moved {took} later (its copy pre-warmed meanwhile), training paused {paused[1]}s" if paused else \
         f"moved {took} later"
     return said + (" and waits its turn there" if to == "SUSPENDED" else ""), to == "RUNNING"
+
+
+def _moved(changes: list[tuple[float, str, str, str, float | None]], end: int) -> bool:
+    """Whether ``changes[end]``, a move's end, moved its job."""
+    return end < len(changes) and changes[end][1] == "MIGRATING" and changes[end][2] in ("RUNNING", "SUSPENDED") \
+        and rolled_back(changes[end][3]) is None
 
 
 def _rate_after(changes: list[tuple[float, str, str, str, float | None]], start: int, rate_now: float) -> float | None:

@@ -359,7 +359,8 @@ async def test_moves_read_back_after_a_restart_say_whether_they_moved(sqlite_url
     database was settled "not kept: the job ended first" by the first round (its job had
     finished since), moves that had moved included. A read-back move is settled by its job's
     next change out of MIGRATING; one with none is left not known."""
-    ids, log = await _moves_read_back(sqlite_url, ((0, 10.0, "RUNNING", "x"), (1, 20.0, "SUCCEEDED", "x"),
+    ids, log = await _moves_read_back(sqlite_url, ((0, 10.0, "RUNNING", "migrated to h2 at step 9 (training paused 0.50s)"),
+                                                   (1, 20.0, "SUCCEEDED", "x"),
                                                    (2, 30.0, None, ""),
                                                    (0, 40.0, "KILLED", "x")))  # a job's two moves: each its own end
     log.settle_ended(101.0, set())  # the next round: none of them unfinished
@@ -378,6 +379,48 @@ async def test_a_move_rolled_back_to_its_source_is_read_back_as_the_live_log_sai
         (2, 30.0, "RUNNING", "migrated to h2 at step 40 (training paused 0.50s)")))
     assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
         (ids[0], "aborted"), (ids[1], "restarted_at_source"), (ids[2], "moved")]
+
+
+async def test_a_move_rolled_back_by_a_restart_or_a_suspended_stay_is_not_read_back_moved(sqlite_url: str) -> None:
+    """The words of live_migration's roll-backs that name no outcome: a move rolled back by a
+    scheduler restart (recover_migrations), one with no record of its own, and a suspended
+    job's move that stayed (its reason alone, then "still suspended" at the same time). Read
+    back after a restart each read "moved", and the stay an extra `suspend` ("still
+    suspended") the scheduler never decided."""
+    from protos.gandiva.v1 import common_pb2
+    from scheduler.core import SchedulerCore
+    from scheduler.observe.history import read_back
+    from scheduler.state import migrate
+    from scheduler.state.db import make_engine
+    from scheduler.state.models import Transition
+
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        ids = [(await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id for _ in range(3)]
+        changes = [
+            (0, 10.0, "RUNNING", "MIGRATING", "defragment: h1 -> h2"),
+            (0, 12.0, "MIGRATING", "RUNNING", "migration to h2 rolled back after a scheduler restart (phase prewarm)"),
+            (1, 20.0, "RUNNING", "MIGRATING", "defragment: h1 -> h3"),
+            (1, 22.0, "MIGRATING", "RUNNING", ("a migration with no record of its own (a database from before they "
+                                              "were kept) rolled back after a scheduler restart")),
+            (2, 30.0, "RUNNING", "SUSPENDED", "time slice of 60s over (step 9)"),
+            (2, 40.0, "SUSPENDED", "MIGRATING", "lower the height: h1 -> h2"),
+            (2, 41.0, "MIGRATING", "RUNNING", "pre-warm at h2 failed: exited with code 1"),
+            (2, 41.0, "RUNNING", "SUSPENDED", "still suspended"),
+            (2, 50.0, "SUSPENDED", "RUNNING", "its turn")]
+        async with core.tx() as s:
+            for n, at, before, after, why in changes:
+                s.add(Transition(job_id=ids[n], from_state=before, to_state=after, at=at, reason=why))
+        log = DecisionLog()
+        await read_back(core, log, 100.0)
+        assert [(r.job, r.kind, r.outcome) for r in log.records if r.kind != "restart"] == [
+            (ids[0], "migrate", "aborted"), (ids[1], "migrate", "aborted"), (ids[2], "suspend", ""),
+            (ids[2], "migrate", "aborted"), (ids[2], "resume", "")]
+    finally:
+        await core.dispose()
+        await engine.dispose()
 
 
 async def test_a_grow_and_a_shrink_read_back_name_the_gpus_they_ended_on(db_url: str) -> None:

@@ -168,7 +168,14 @@ def test_why_a_move_rolled_back_without_its_outcome_word_is_not_moved() -> None:
               (20.0, "SUSPENDED -> MIGRATING: lower the height: n1 -> n2"),
               (21.0, "MIGRATING -> RUNNING: pre-warm at n2 failed: exited with code 1"),
               (21.0, "RUNNING -> SUSPENDED: still suspended")]
-    assert decisions(stayed, now=30.0)[1]["outcome"] == "not moved: it stayed at its source 1.0s later"
+    assert [(d["decision"], d["outcome"]) for d in decisions(stayed, now=30.0)] == [
+        ("suspend", "a move began 10.0s later"),  # (it was not moved)
+        ("move", "not moved: it stayed at its source 1.0s later; suspended now for 9.0s")]  # (no "still suspended" suspend)
+    resumed = [*stayed, (40.0, "SUSPENDED -> RUNNING: its turn"),
+               (50.0, "RUNNING -> SUSPENDED: time slice of 60s over (step 20) (it ran 3.0 mini-batches/s)")]
+    assert [(d["decision"], d["outcome"], d["rate_after"]) for d in decisions(resumed, now=55.0)][1:] == [
+        ("move", "not moved: it stayed at its source 1.0s later; still suspended, resumed 19.0s later: its turn", 3.0),
+        ("suspend", "suspended now for 5.0s", None)]
     restarted = [(60.0, "RUNNING -> MIGRATING: defragment: n2 -> n3 (it ran 3.0 mini-batches/s)"),
                  (70.0, "MIGRATING -> RUNNING: migration to n3 rolled back after a scheduler restart (phase prewarm)")]
     assert decisions(restarted, now=80.0)[0]["outcome"] == "not moved: it stayed at its source 10.0s later"
