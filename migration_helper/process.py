@@ -170,6 +170,53 @@ LEFT_SETTLE_S = 0.5
 LEFT_RESCAN_S = 0.05
 
 
+# A kill of a launch's processes found by a look at /proc missed those forked between that
+# look and the signal to their parent (a worker that forks on, a supervisor that starts its
+# child again as it dies, a daemon forking itself away mid-kill): they trained on,
+# unsupervised. `stop_then_kill` looks again until every process it finds is stopped
+# (SIGSTOP: a stopped process forks no more), then kills them all; it gives up looking
+# after STOP_CONVERGE_S (a process in uninterruptible sleep for that long), killing what it found.
+STOP_CONVERGE_S = 2.0
+_STILL = (b"T", b"t", b"Z", b"X")  # stopped, traced, or ended
+
+
+def stop_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
+    """SIGSTOP process group `group` (when given) and every process `find` returns, looking
+    again until all those it finds are stopped; returns every pid found."""
+    if group:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGSTOP)
+    seen: set[int] = set()
+    deadline = time.monotonic() + STOP_CONVERGE_S
+    while True:
+        running = []
+        for pid in find():
+            seen.add(pid)
+            fields = stat_fields(pid)
+            if fields and fields[0] not in _STILL:
+                running.append(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+        if not running:
+            return seen
+        if time.monotonic() >= deadline:
+            log.warning("processes %s did not stop within %.0f s", running, STOP_CONVERGE_S)
+            return seen
+        time.sleep(0.001)  # (a signal lands as the process next runs)
+
+
+def stop_then_kill(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
+    """`stop_all`, then SIGKILL the group and every process found; returns the pids found."""
+    seen = stop_all(find, group)
+    if group:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    for pid in seen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return seen
+
+
 def owner_mark(ramdisk: Path) -> str:
     pid = os.getpid()
     start = _started_at(pid)
@@ -206,32 +253,39 @@ def kill_left_behind(ramdisk: Path) -> list[tuple[int, str]]:
     launches no live process carries are removed: a helper killed outright never removed
     those of its launches."""
     ramdisk = ramdisk.resolve()
-    left: list[tuple[int, str]] = []
+    left: dict[int, str] = {}  # pid: job id, in the order found
+    groups: set[int] = set()
     scanned_at = time.time()
     live_launches: set[str] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        owner, _, root = env.get(OWNER_ENV.encode(), b"").decode(errors="replace").partition(":")
-        if root != str(ramdisk) or _owner_lives(owner) is not False:
-            if LAUNCH_ENV.encode() in env:
-                live_launches.add(env[LAUNCH_ENV.encode()].decode(errors="replace"))
-            continue
-        left.append((int(entry), env.get(b"GANDIVA_JOB_ID", b"?").decode(errors="replace")))
-    for pid, _ in left:
-        try:
-            group = os.getpgid(pid)
-            if group != os.getpgrp():
-                os.killpg(group, signal.SIGKILL)
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+
+    def scan() -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                           if b"=" in kv)
+            except OSError:
+                continue
+            owner, _, root = env.get(OWNER_ENV.encode(), b"").decode(errors="replace").partition(":")
+            if root != str(ramdisk) or _owner_lives(owner) is not False:
+                if LAUNCH_ENV.encode() in env:
+                    live_launches.add(env[LAUNCH_ENV.encode()].decode(errors="replace"))
+                continue
+            found.append(int(entry))
+            left.setdefault(int(entry), env.get(b"GANDIVA_JOB_ID", b"?").decode(errors="replace"))
+            with contextlib.suppress(OSError):
+                groups.add(os.getpgid(int(entry)))
+        return found
+
+    # (stopped until a look finds them all stopped: one forked meanwhile is not let through)
+    stop_then_kill(scan)
+    for group in groups - {os.getpgrp()}:  # (a process of it that cleared the marks)
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
     forget_launches_but(live_launches, scanned_at)
-    return left
+    return list(left.items())
 
 
 def _with_parent_death_signal(argv: Sequence[str]) -> list[str]:
@@ -461,9 +515,7 @@ class JobProcess:
         # another process may be given now.
         await self._grace()
         left, named = await self._left_behind()
-        for pid in self._marked():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        stop_then_kill(self._marked)  # (not its group: its id is the reaped leader's pid)
         forget_launch(self.launch_id)  # the mark its trainer left (tf_runtime.launch)
         # The pipe's last lines (the runtime's last_step, written as its program ended) are
         # read before the exit is told: its end comes once nothing of the launch holds it.
@@ -578,7 +630,14 @@ class JobProcess:
 
     def _signal_group(self, sig: int) -> None:
         """Signal every process of this launch: its process group, and those that left
-        it (``escaped``)."""
+        it (``escaped``). SIGSTOP and SIGKILL look again until all they find are stopped
+        (``stop_all``): one forked as its parent was signalled is not let through."""
+        if sig == signal.SIGKILL:
+            stop_then_kill(self.escaped, group=self.pid)
+            return
+        if sig == signal.SIGSTOP:
+            stop_all(self.escaped, group=self.pid)
+            return
         try:
             os.killpg(self.pid, sig)
         except ProcessLookupError:

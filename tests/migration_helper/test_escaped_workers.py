@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -178,3 +179,122 @@ def test_a_restarted_helper_kills_what_its_predecessor_left_though_another_proce
         for proc in (orphan, kept):
             proc.kill()
             proc.wait(10)
+
+
+# A launch whose processes fork on: its first worker, in a session of its own, starts a new
+# one every 2 ms (each in a session of its own too, ending after 50 ms while its parent
+# lives); one whose parent is gone forks on in its place. A single look at /proc misses the
+# ones forked between the look and the signal to their parent: they trained on, unsupervised.
+# Each ends by itself at the deadline given (the test's own clean-up).
+FORKING = """
+import os, sys, time
+until = float(sys.argv[1])
+
+def run(first):
+    os.setsid()
+    parent, born = os.getppid(), time.monotonic()
+    while time.time() < until:
+        orphaned = os.getppid() != parent
+        if first or orphaned:
+            if os.fork() == 0:
+                return
+            while True:
+                try:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        break
+                except ChildProcessError:
+                    break
+            continue
+        if time.monotonic() - born > 0.02:
+            os._exit(0)
+        time.sleep(0.002)
+    os._exit(0)
+
+if os.fork() == 0:
+    with open("worker.pid", "w") as f:
+        f.write(str(os.getpid()))
+    first = True
+    while True:
+        run(first)
+        first = False  # (a child: fork returned 0)
+time.sleep(300)
+"""
+
+
+def launch_processes(proc: JobProcess) -> list[int]:
+    mark = f"GANDIVA_LAUNCH={proc.launch_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    found.append(int(entry))
+    return found
+
+
+async def none_left(proc: JobProcess, within_s: float) -> list[int]:
+    """The launch's processes still running after `within_s` ([] as soon as none is)."""
+    for _ in range(int(within_s / 0.05)):
+        if not launch_processes(proc):
+            return []
+        await asyncio.sleep(0.05)
+    return launch_processes(proc)
+
+
+async def test_a_freeze_and_a_kill_reach_a_launch_whose_processes_fork_on(tmp_path: Path) -> None:
+    """The lease's freeze, `gandiva kill`, a stale launch's fence, a stop's SIGKILL: the
+    launch's processes looked for once (its group, then those outside it carrying its mark)
+    let through those forked between that look and the signal to their parent: they trained
+    on through the freeze, and on, unsupervised, after the kill. Now the helper stops them
+    (SIGSTOP: a stopped process forks no more) and looks again until every process of the
+    launch it finds is stopped, then (a kill) kills them all. Three tries of each: a single
+    look let some through in about one try in two here."""
+    (tmp_path / "forking.py").write_text(FORKING)
+    for kill in ("kill_now", "stop") * 3:
+        (tmp_path / "worker.pid").unlink(missing_ok=True)
+        env = dict(os.environ, GANDIVA_JOB_ID="j", GANDIVA_INCARNATION="i1",
+                   **{OWNER_ENV: f"{os.getpid()}:{tmp_path}"})
+        proc = JobProcess(job_id="j", incarnation="i1", argv=[sys.executable, "forking.py", str(time.time() + 30)],
+                          workdir=str(tmp_path), env=env, gpu_indices=(), log_path=tmp_path / "j.log")
+        await proc.start(lambda p: None)
+        try:
+            for _ in range(500):
+                if (tmp_path / "worker.pid").exists() and len(launch_processes(proc)) >= 5:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError(f"the launch never forked: {(tmp_path / 'j.log').read_text()}")
+            proc.freeze()
+            running = await all_stopped(proc, 2.0)
+            assert not running, f"frozen: {len(running)} processes of the launch still run"
+            proc.thaw()
+            if kill == "kill_now":
+                proc.kill_now()
+                assert await proc._wait(20.0)
+            else:
+                await proc.stop(grace_s=0.5)
+            left = await none_left(proc, 3.0)
+            assert not left, f"{kill}: {len(left)} processes of the killed launch still run"
+        finally:
+            while left := launch_processes(proc):  # the test's own, whatever happened
+                for pid in left:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGSTOP)
+                for pid in launch_processes(proc):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                await asyncio.sleep(0.05)
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGKILL)
+            await proc._wait(20.0)
+
+
+async def all_stopped(proc: JobProcess, within_s: float) -> list[int]:
+    """The launch's processes still running (not stopped) after `within_s` ([] once none is)."""
+    running: list[int] = []
+    for _ in range(int(within_s / 0.05)):
+        running = [pid for pid in launch_processes(proc) if state(pid) not in ("T", "t", "Z", "gone")]
+        if not running:
+            return []
+        await asyncio.sleep(0.05)
+    return running
