@@ -33,19 +33,29 @@ positive_seconds = _number("seconds", positive=True)
 def at_least_seconds(low: float, why: str, zero_ok: bool = False) -> Callable[[str], float]:
     """A positive number of seconds no smaller than ``low`` (``why``: what smaller ones do);
     ``zero_ok``: 0 too (the flag's "never")."""
+    return _at_least("seconds", low, f"{low:g} seconds", why, zero_ok)
+
+
+def _at_least(unit: str, low: float, shown: str, why: str, zero_ok: bool) -> Callable[[str], float]:
+    """A number of ``unit`` no smaller than ``low`` (said as ``shown``)."""
     def parse(text: str) -> float:
-        value = non_negative_seconds(text) if zero_ok else positive_seconds(text)
+        value = _number(unit, positive=not zero_ok)(text)
         if value < low and not (zero_ok and value == 0):
-            raise argparse.ArgumentTypeError(f"must be {'0 or ' if zero_ok else ''}at least {low:g} seconds "
+            raise argparse.ArgumentTypeError(f"must be {'0 or ' if zero_ok else ''}at least {shown} "
                                              f"(shorter: {why}), got {text!r}")
         return value
 
-    parse.__name__ = "seconds"
+    parse.__name__ = unit
     return parse
 
 
 non_negative_seconds = _number("seconds", positive=False)
 non_negative_days = _number("days", positive=False)
+# `gandiva scheduler --event-retention-days`: its prune runs hourly, so a shorter time keeps
+# nothing longer (1e-9 was taken and deleted every finished job's events, and every event of
+# the cluster's own, at the first prune after it ended).
+retention_days = _at_least("days", 1 / 24, "1 hour (0.042 days)",
+                           "the hourly prune would delete a job's events as soon as it ends", zero_ok=True)
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # ASCII digits as the examples show them: float() also takes other scripts' digits

@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 from scheduler.cli.argtypes import (
     at_least_seconds,
-    non_negative_days,
     non_negative_seconds,
     positive_seconds,
+    retention_days,
 )
 from scheduler.config import DEFAULT_LISTEN, default_db_url
 
@@ -75,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a queued job whose checkpoint is in the ramdisk of a server that is down waits up "
                    "to S seconds after that server's last heartbeat for it to come back, then starts "
                    "again from step 0 elsewhere (default 60; 0: no wait)")
-    p.add_argument("--runtime-connect-deadline", type=positive_seconds, default=120.0, metavar="S",
+    p.add_argument("--runtime-connect-deadline", type=at_least_seconds(
+                       1.0, "every job is marked not suspendable before its python has started"), default=120.0, metavar="S",
                    help="a launched job none of whose processes connects the Gandiva runtime (tf_runtime) "
                    "within S seconds is marked not suspendable and not migratable: it is never "
                    "time-sliced, packed or migrated and keeps its GPUs to its end (default 120; "
@@ -103,8 +104,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="require client certificates signed by this CA (mutual TLS)")
     sec.add_argument("--insecure", action="store_true",
                      help="allow a non-loopback address without TLS and tokens (not recommended)")
-    p.add_argument("--event-retention-days", type=non_negative_days, default=0.0, metavar="DAYS",
-                   help="delete events of jobs finished more than DAYS ago, hourly (default 0: keep)")
+    p.add_argument("--event-retention-days", type=retention_days, default=0.0, metavar="DAYS",
+                   help="delete events of jobs finished more than DAYS ago, hourly (default 0: keep; "
+                   "else at least 1 hour, 0.042)")
     p.add_argument("--http-listen", default="", metavar="HOST:PORT",
                    help="serve Prometheus /metrics and the live dashboard (/) on this address; "
                    "port 0 picks a free one (off by default)")
@@ -178,12 +180,32 @@ def run(args: argparse.Namespace) -> int:
     except InvalidArgument as err:
         # A Settings field named by its flag, the way the operator gave it.
         flag = SETTINGS_FLAGS.get(err.field)
-        print(f"gandiva scheduler: {f'{flag}: {err.message}' if flag else err}", file=sys.stderr)
+        said = f"{flag}: {err.message}" if flag else str(err)
+        if err.field == "lease_s" and args.lease is None:
+            said = _derived_lease_refused(args.heartbeat_timeout, args.heartbeat_interval)
+        print(f"gandiva scheduler: {said}", file=sys.stderr)
         return 2
     except (ValueError, OSError, SecurityError, DatabaseHeld) as err:
         print(f"gandiva scheduler: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _derived_lease_refused(timeout: float, interval: float) -> str:
+    """Why a lease derived from --heartbeat-timeout (none given) cannot work, naming the two
+    flags given and what would: `--heartbeat-timeout 1e-9` was "--lease: a lease of -1s is
+    shorter than two heartbeats", of a flag not given and a lease below zero."""
+    from scheduler.core import LEASE_MARGIN_S, Settings
+
+    share = Settings(down_after_s=600.0).lease / 600.0  # of a timeout long enough for it (60%)
+    least = max(2 * interval / share, 2 * interval + LEASE_MARGIN_S)
+    most = min(share * timeout, timeout - LEASE_MARGIN_S) / 2
+    fix = f"give a --heartbeat-timeout of at least {least:.3g} s"
+    if most >= 0.05:  # --heartbeat-interval's floor
+        fix += f" or a --heartbeat-interval of at most {most:.3g} s"
+    return (f"--heartbeat-timeout {timeout:g} s with --heartbeat-interval {interval:g} s: the helpers' lease "
+            f"({share:.0%} of the timeout, no --lease given) would be shorter than two heartbeats, and they "
+            f"would freeze their jobs after one late heartbeat; {fix}")
 
 
 def policy_options(pairs: list[str]) -> dict[str, Any]:

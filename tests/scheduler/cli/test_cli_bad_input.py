@@ -39,7 +39,8 @@ def test_scheduler_refuses_durations_that_are_not_finite_naming_the_flag(
 
 @pytest.mark.parametrize(("flag", "least"), [("--tick", "at least 0.01"), ("--quantum", "at least 1"),
                                              ("--heartbeat-interval", "at least 0.05"),
-                                             ("--checkpoint-interval", "0 or at least 1")])
+                                             ("--checkpoint-interval", "0 or at least 1"),
+                                             ("--runtime-connect-deadline", "at least 1")])
 def test_scheduler_refuses_durations_too_short_to_work(flag: str, least: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """1e-9 was taken by each (as `gandiva helper --sample-interval` was): the scheduler then
@@ -55,6 +56,40 @@ def test_scheduler_refuses_durations_too_short_to_work(flag: str, least: str,
     taken = build_parser().parse_args(["scheduler", "--tick", "0.1", "--quantum", "1", "--heartbeat-interval", "0.2",
                                        "--checkpoint-interval", "0"])  # (what the tests' schedulers use)
     assert (taken.tick, taken.quantum, taken.heartbeat_interval, taken.checkpoint_interval) == (0.1, 1, 0.2, 0)
+
+
+def test_an_event_retention_shorter_than_the_hourly_prune_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--event-retention-days 1e-9` (86 microseconds) started a scheduler whose hourly prune
+    deleted every finished job's events, and the cluster's own, as soon as it ran."""
+    from gandiva_cli.main import build_parser
+
+    for value in ("1e-9", "0.04"):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args(["scheduler", "--event-retention-days", value])
+        assert exit_.value.code == 2
+        assert (f"argument --event-retention-days: must be 0 or at least 1 hour (0.042 days) (shorter: the hourly "
+                f"prune would delete a job's events as soon as it ends), got '{value}'") in capsys.readouterr().err
+    for value, kept in (("0", 0.0), ("0.5", 0.5), ("30", 30.0)):
+        assert build_parser().parse_args(["scheduler", "--event-retention-days", value]).event_retention_days == kept
+
+
+@pytest.mark.parametrize(("argv", "fix"), [
+    (["--heartbeat-timeout", "1e-9"], "--heartbeat-timeout 1e-09 s with --heartbeat-interval 2 s: "),
+    (["--heartbeat-timeout", "4"], "--heartbeat-timeout 4 s with --heartbeat-interval 2 s: "),
+    (["--heartbeat-interval", "1e23"], "--heartbeat-timeout 10 s with --heartbeat-interval 1e+23 s: ")])
+def test_a_heartbeat_timeout_too_short_for_its_lease_names_the_flags_given(
+        gandiva, argv: list[str], fix: str, tmp_path: Path) -> None:
+    """`--heartbeat-timeout 1e-9` was refused as "--lease: a lease of -1s is shorter than two
+    heartbeats", naming a flag not given and a lease below zero; `--heartbeat-interval 1e23`
+    as "--lease: a lease of 6s ..." too."""
+    r = gandiva("scheduler", *argv, "--listen", "127.0.0.1:0", "--db", f"sqlite+aiosqlite:///{tmp_path / 'g.db'}")
+    assert (r.code, r.out, r.err.count("\n")) == (2, "", 1), r
+    assert r.err.startswith(f"gandiva scheduler: {fix}the helpers' lease (60% of the timeout, no --lease given) "
+                            "would be shorter than two heartbeats"), r.err
+    assert "--lease:" not in r.err and "-1s" not in r.err
+    least = "at least 6.67 s" if "1e+23" not in fix else "at least 3.33e+23 s or a --heartbeat-interval of at most 3 s"
+    assert f"give a --heartbeat-timeout of {least}" in r.err, r.err
+    assert not (tmp_path / "g.db").exists()
 
 
 def test_top_says_what_is_wrong_on_stderr_in_one_line(gandiva, monkeypatch: pytest.MonkeyPatch) -> None:
