@@ -1351,6 +1351,36 @@ class LiveEngine:
         return self._quarantined.get(server, float("-inf")) > self.core.monotonic()
 
     async def operator_migrate(self, job_id: str, to_server: str, reason: str = "requested by operator") -> JobDetail:
+        job, free = await self._migration_asked(job_id, to_server)
+        if not self.core.runtimes.connected(job_id, job.incarnation):
+            # A person is waiting, and a runtime reconnecting (its stream dropped, the
+            # scheduler restarted) is back within seconds: waited for, as a suspend's is
+            # (_by_operator), then the move is judged again on what holds then. It was
+            # refused at once with "has no runtime connected ... try again once it shows
+            # progress", of a job that had trained for hours. (begin_migration refuses one
+            # still not connected.)
+            await self.core.runtimes.wait_connected(job_id, OPERATOR_CONNECT_WAIT_S, job.incarnation)
+            job, free = await self._migration_asked(job_id, to_server)
+        if job_id in self.inflight:
+            raise Busy(job_id)
+        gpus = [pt.GpuRef(to_server, i) for i in free[: job.gpus]]
+        _, source = await self._where(job_id)
+        self.inflight.add(job_id)
+        try:
+            rest = await begin_migration(self.core, job_id, gpus, reason)
+        except BaseException:
+            self.inflight.discard(job_id)
+            raise
+        # The job is MIGRATING now; the phases run in the background.
+        # A held job is suspended again by _hold_again (with its hold), whatever the outcome.
+        settled = self._settle_move(job_id, rest, to_server, "" if job.held else job.state, job.incarnation,
+                                    source.name if source else "")
+        self._background(job_id, self._hold_again(job_id, settled) if job.held else settled)
+        return await self.core.get_job(job_id)
+
+    async def _migration_asked(self, job_id: str, to_server: str) -> tuple[Job, list[int]]:
+        """The job and the destination's free GPU indexes, or why an operator's migration of
+        it to `to_server` is refused."""
         async with self.core.tx() as s:
             job = await repo.get_job(s, job_id)
             loads = {ld.server.name: ld for ld in await repo.server_loads(s)}
@@ -1376,22 +1406,7 @@ class LiveEngine:
         free = [g.index for g in dest.gpus if not dest.jobs_by_gpu.get(g.index) and g.index not in held]
         if len(free) < job.gpus:
             raise FailedPrecondition(f"server {to_server} has {len(free)} free GPU(s); job {job_id} needs {job.gpus}")
-        if job_id in self.inflight:
-            raise Busy(job_id)
-        gpus = [pt.GpuRef(to_server, i) for i in free[: job.gpus]]
-        _, source = await self._where(job_id)
-        self.inflight.add(job_id)
-        try:
-            rest = await begin_migration(self.core, job_id, gpus, reason)
-        except BaseException:
-            self.inflight.discard(job_id)
-            raise
-        # The job is MIGRATING now; the phases run in the background.
-        # A held job is suspended again by _hold_again (with its hold), whatever the outcome.
-        settled = self._settle_move(job_id, rest, to_server, "" if job.held else job.state, job.incarnation,
-                                    source.name if source else "")
-        self._background(job_id, self._hold_again(job_id, settled) if job.held else settled)
-        return await self.core.get_job(job_id)
+        return job, free
 
     async def _hold_again(self, job_id: str, migration: Awaitable[None]) -> None:
         """A migration resumes its job at the destination: one an operator suspended is

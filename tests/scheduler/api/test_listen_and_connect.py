@@ -67,10 +67,14 @@ async def test_every_gandiva_server_refuses_a_port_in_use() -> None:
     await asyncio.sleep(0)
 
 
-def test_a_job_whose_runtime_has_not_connected_is_never_migrated(scheduler_server: Any, wait_for: Any) -> None:
+def test_a_job_whose_runtime_has_not_connected_is_never_migrated(scheduler_server: Any, wait_for: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Its program would be started at the destination to pre-warm, and without a runtime
     nothing holds it there: a second live copy (a plain Python job wrote from two
-    processes). The migration is refused, the job keeps running where it is, untouched."""
+    processes). The migration is refused, the job keeps running where it is, untouched.
+    (An operator's migration waits OPERATOR_CONNECT_WAIT_S for a runtime first: one
+    reconnecting is back by then, tests/migration_helper/test_migrate_reconnecting.py.)"""
+    monkeypatch.setattr(live, "OPERATOR_CONNECT_WAIT_S", 0.5)
     f = Fake(scheduler_server.address)
     try:
         job_id = f.submit()
