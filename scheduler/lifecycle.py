@@ -52,3 +52,15 @@ def check_transition(job_id: str, current: JobState, target: JobState) -> None:
         raise FailedPrecondition(
             f"job {job_id} is {current.value}; it can become {target.value} only from {allowed}"
         )
+
+
+def trains(state: str, came_from: str, goes_to: str) -> bool:
+    """Whether a job's stretch in ``state`` is GPU time it had: RUNNING, or a move of a running
+    job (MIGRATING entered from RUNNING), which trains on at its source while its copy
+    pre-warms (10-30 s a move in `gandiva demo`) until the stop that pauses it for a fraction
+    of a second; not one that ends in the queue (its server lost, the move failed: when it
+    stopped is not known). ``came_from``: the state before it ("": not known); ``goes_to``:
+    the state after it ("": it goes on). The one rule of a job's attained service
+    (scheduler.state.repo.transition), `gandiva get usage`'s GPU time and the GPU-time split
+    (scheduler/observe): before session 53 the pre-warm's training counted in none of them."""
+    return state == "RUNNING" or (state == "MIGRATING" and came_from == "RUNNING" and goes_to != "QUEUED")

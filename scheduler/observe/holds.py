@@ -30,6 +30,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from scheduler.errors import InvalidArgument
+from scheduler.lifecycle import trains
 from scheduler.observe.usage import CHUNK, utc_text
 from scheduler.state.models import GpuHold, Job, Transition
 
@@ -184,6 +185,19 @@ def segments(holds: Iterable[Hold], changes: Iterable[Change], now_state: dict[s
             current = c.to_state
         return current or now_state.get(job_id, "")
 
+    def trains_at_source(h: Hold, t: float) -> bool:
+        """A hold of a MIGRATING job begun before its move (its source), the move one of a job
+        that was RUNNING (lifecycle.trains): it trains on there until its stop, as the live
+        timeline draws it."""
+        into, out = None, None
+        for c in by_job.get(h.job_id, ()):
+            if c.at > t:
+                out = c
+                break
+            into = c
+        return (into is not None and (h.job_id, h.start_at) not in arrived
+                and trains(into.to_state, into.from_state, out.to_state if out else ""))
+
     out: dict[str, list[list[Any]]] = {}
     for name, held in sorted(by_gpu.items()):
         cuts = {since, until}
@@ -197,6 +211,8 @@ def segments(holds: Iterable[Hold], changes: Iterable[Change], now_state: dict[s
             for h in held:
                 if start(h) <= t0 and (h.end_at is None or h.end_at > t0):
                     k = SLOTS.get(state(h.job_id, t0))
+                    if k == SLOTS["MIGRATING"] and trains_at_source(h, t0):
+                        k = SLOTS["RUNNING"]
                     if k is not None:
                         slots[k].append(h.job_id)
             row = [sorted(x) for x in slots]

@@ -24,7 +24,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from scheduler.health import DatabaseHealth
-from scheduler.lifecycle import JobState
+from scheduler.lifecycle import JobState, trains
 from scheduler.observe.observer import Observer
 from scheduler.policy import types as pt
 
@@ -154,6 +154,9 @@ class Timeline:
         # The first round this scheduler saw (None: none yet): what is before it was drawn
         # again from the GPUs' history, which knows the jobs on GPUs, not which GPUs were up.
         self.live_since: float | None = None
+        # Per job training at the last round: the GPUs it trains on. A move of a running job
+        # keeps it training at its source until its stop (its copy pre-warms on the others).
+        self._trains_on: dict[str, tuple[str, ...]] = {}
 
     def record(self, snap: pt.ClusterSnapshot) -> None:
         now = snap.now
@@ -167,12 +170,23 @@ class Timeline:
                 else:  # its row stays, but its time down is no GPU time seen (split: not idle)
                     self.gpus.setdefault(f"{s.name}/{i}", [])
         slot = {JobState.RUNNING.value: 0, JobState.SUSPENDED.value: 1, JobState.MIGRATING.value: 2}
+        trains_on: dict[str, tuple[str, ...]] = {}
         for job in snap.jobs:
             k = slot.get(job.state)
             if k is None:
                 continue
-            for name in dict.fromkeys(gpu_names(job.placement)):
-                current.setdefault(name, ([], [], []))[k].append(job.id)
+            names = tuple(dict.fromkeys(gpu_names(job.placement)))
+            if k == 0:
+                trains_on[job.id] = names
+            elif k == 2 and trains(job.state, JobState.RUNNING.value if job.id in self._trains_on else "", ""):
+                # A move of a job that was training: it trains on at its source (its GPUs
+                # then) until the stop that pauses it for a fraction of a second; the GPUs
+                # its copy pre-warms on are the move's. Before session 53 all of them read
+                # `moving` (the GPU-time split, the bars), while its log counted mini-batches.
+                trains_on[job.id] = tuple(n for n in self._trains_on[job.id] if n in names)
+            for name in names:
+                current.setdefault(name, ([], [], []))[0 if name in trains_on.get(job.id, ()) else k].append(job.id)
+        self._trains_on = trains_on
         for name, (running, waiting, moving) in current.items():
             segs = self.gpus.setdefault(name, [])
             state = [sorted(running), sorted(waiting), sorted(moving)]

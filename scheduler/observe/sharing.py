@@ -76,7 +76,7 @@ def summary(job_id: str, gpus: int, since: float, until: float, records: Iterabl
     state = changes[-1][1] if changes else "QUEUED"
     started = next((at for _, to_state, at in changes if to_state == "RUNNING"), 0.0)
     facts = JobFacts(job_id, "", "", gpus, state, since, started, 0.0)
-    spent = job_usage(facts, [c for c in changes if c[2] >= since], since, max(until, since + 1e-9))
+    spent = job_usage(facts, [c for c in changes if c[2] >= since], since, max(until, since + 1e-9), moves_train=False)
     return {"state_changes": len(changes), "running_s": spent.gpu_seconds / max(1, gpus),
             "suspended_s": spent.suspended_seconds, "queued_s": spent.queued_seconds,
             "migrating_s": spent.migrating_seconds,

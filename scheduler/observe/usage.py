@@ -4,7 +4,7 @@
 Worked out from what the database keeps of every job: its submission, its first start
 (``started_at``) and its state changes (the ``transitions`` table, one row per change, with
 its time). A job's time in each state is cut to the period; its GPU time there is its time
-RUNNING times the GPUs it asked for, as `gandiva get users` and the job's ``gpu_seconds``
+training (RUNNING, and moved while running: ``trains``) times the GPUs it asked for, as `gandiva get users` and the job's ``gpu_seconds``
 count it (a grown job's extra GPUs are not counted; two packed jobs each count their GPU).
 
 Only the state changes from the period's start on are read: the state a job was in when the
@@ -26,6 +26,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from scheduler.errors import InvalidArgument
+from scheduler.lifecycle import trains
 from scheduler.state.models import GpuHold, Job, ServerSpan, Transition
 
 CHUNK = 500  # jobs whose state changes are read in one query
@@ -104,16 +105,17 @@ class Report:
 
 def running_stretches(job: JobFacts, changes: Sequence[tuple[str, str, float]], since: float,
                       until: float) -> list[tuple[float, float]]:
-    """The stretches of [since, until] in which ``job`` was RUNNING (``changes`` as job_usage's)."""
+    """The stretches of [since, until] in which ``job`` trained (``trains``: RUNNING, or moved
+    while running; ``changes`` as job_usage's)."""
     out: list[tuple[float, float]] = []
-    at, state = max(since, job.submitted_at), (changes[0][0] if changes else job.state)
-    for _, to_state, when in changes:
+    at, state, came = max(since, job.submitted_at), (changes[0][0] if changes else job.state), ""
+    for before, to_state, when in changes:
         if when >= until:
             break
-        if state == "RUNNING" and when > at:
+        if trains(state, came, to_state) and when > at:
             out.append((at, when))
-        at, state = max(at, when), to_state
-    if state == "RUNNING" and until > at:
+        at, state, came = max(at, when), to_state, before
+    if trains(state, came, "") and until > at:
         out.append((at, until))
     return out
 
@@ -145,10 +147,12 @@ def shared_out(on_gpus: dict[tuple[str, int], list[tuple[float, float, str]]]) -
     return held, busy
 
 
-def job_usage(job: JobFacts, changes: Sequence[tuple[str, str, float]], since: float, until: float) -> Usage:
+def job_usage(job: JobFacts, changes: Sequence[tuple[str, str, float]], since: float, until: float,
+              moves_train: bool = True) -> Usage:
     """``job``'s share of [since, until]. ``changes``: its state changes (from, to, at) in the
     order they happened, every one at or after ``since`` (earlier ones are not needed: the
-    first one's from-state is the state the job was in at ``since``)."""
+    first one's from-state is the state the job was in at ``since``). ``moves_train``: its GPU
+    time counts its moves while running (``trains``); else its time RUNNING only."""
     usage = Usage(user=job.user, job_id=job.id, name=job.name, gpus=job.gpus,
                   submitted_at=job.submitted_at, started_at=job.started_at)
     start = max(since, job.submitted_at)
@@ -156,19 +160,22 @@ def job_usage(job: JobFacts, changes: Sequence[tuple[str, str, float]], since: f
         return usage
     usage.jobs = 1
     spent = dict.fromkeys(_TIMED, 0.0)  # seconds per state (a long history: no attribute lookups)
-    at, state = start, (changes[0][0] if changes else job.state)
-    for _, to_state, when in changes:
+    trained = 0.0  # of which it trained (``trains``)
+    at, state, came = start, (changes[0][0] if changes else job.state), ""
+    for before, to_state, when in changes:
         if when >= until:  # it stayed in ``state`` through the period's end
             break
         if when > at:
             spent[state] = spent.get(state, 0.0) + (when - at)
+            trained += (when - at) if trains(state, came if moves_train else "", to_state) else 0.0
             at = when
-        state = to_state
+        state, came = to_state, before
         if to_state in _TERMINAL:
             usage.ended += 1
     if until > at:
         spent[state] = spent.get(state, 0.0) + (until - at)  # an ended job's is not counted below
-    usage.gpu_seconds = spent["RUNNING"] * job.gpus
+        trained += (until - at) if trains(state, came if moves_train else "", "") else 0.0
+    usage.gpu_seconds = trained * job.gpus
     usage.queued_seconds, usage.suspended_seconds = spent["QUEUED"], spent["SUSPENDED"]
     usage.migrating_seconds = spent["MIGRATING"]
     usage.state = state

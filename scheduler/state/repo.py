@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from migration_protocol.fast_path import Endpoint, checkpoint_home
 from scheduler.errors import NotFound
 from scheduler.eta import Sharer
-from scheduler.lifecycle import ACTIVE, TERMINAL, JobState, check_transition
+from scheduler.lifecycle import ACTIVE, TERMINAL, JobState, check_transition, trains
 from scheduler.policy.cluster import affinity_of
 from scheduler.state.db import bytewise
 from scheduler.state.models import (
@@ -402,8 +402,10 @@ async def transition(
     current = JobState(job.state)
     check_transition(job.id, current, target)
     reason = reason + _rate_said(job, current, target)
-    if current is JobState.RUNNING and job.state_changed_at:
-        # GPU-seconds received, for least-attained-service policies.
+    if job.state_changed_at and (current is JobState.RUNNING or (
+            current is JobState.MIGRATING and trains(current.value, await _moved_from(session, job.id), target.value))):
+        # GPU-seconds received, for least-attained-service policies (a move of a running
+        # job's too: it trained on at its source while its copy pre-warmed).
         job.attained_service_s += max(0.0, now - job.state_changed_at) * job.gpus
     with state_change():
         job.state = target.value
@@ -474,6 +476,13 @@ async def resume_from_migration(session: AsyncSession, job: Job, migration: Migr
         holder, path = checkpoint_home(endpoint(src), endpoint(dst), migration.checkpoint_path)
     job.restore_checkpoint, job.restore_server, job.restore_step = path, holder, max(0, migration.step)
     return f"will resume from step {migration.step} (its checkpoint is on {holder})"
+
+
+async def _moved_from(session: AsyncSession, job_id: str) -> str:
+    """The state a MIGRATING job's move began in (its latest change into MIGRATING)."""
+    return str(await session.scalar(
+        select(Transition.from_state).where(Transition.job_id == job_id, Transition.to_state == JobState.MIGRATING.value)
+        .order_by(Transition.id.desc()).limit(1)) or "")
 
 
 async def transitions_with_reason(session: AsyncSession, job_id: str, prefix: str) -> int:

@@ -30,17 +30,24 @@ def test_the_timeline_is_drawn_again_as_it_was_live() -> None:
     # j1 runs on a/0 from 10, j2 joins it at 20 (time-sliced: j1 suspended at 30, j2 runs),
     # j1 leaves at 50 (requeued); j3 holds a/1 from before the window, moves at 40 to b/0
     # (held from its arrival at 45).
+    # j4, suspended on b/1, moves at 40 to a/2.
     held = [Hold("j1", "a", 0, 10.0, 50.0), Hold("j2", "a", 0, 20.0, None), Hold("j3", "a", 1, 0.0, 45.0),
-            Hold("j3", "b", 0, 45.0, None)]
+            Hold("j3", "b", 0, 45.0, None), Hold("j4", "b", 1, 0.0, 45.0), Hold("j4", "a", 2, 45.0, None)]
     changes = [Change("j1", 10.0, "QUEUED", "RUNNING"), Change("j2", 20.0, "QUEUED", "SUSPENDED"),
                Change("j1", 30.0, "RUNNING", "SUSPENDED"), Change("j2", 30.0, "SUSPENDED", "RUNNING"),
-               Change("j3", 40.0, "RUNNING", "MIGRATING"), Change("j3", 45.0, "MIGRATING", "RUNNING"),
+               Change("j3", 40.0, "RUNNING", "MIGRATING"), Change("j4", 40.0, "SUSPENDED", "MIGRATING"),
+               Change("j3", 45.0, "MIGRATING", "RUNNING"), Change("j4", 45.0, "MIGRATING", "SUSPENDED"),
                Change("j1", 50.0, "SUSPENDED", "QUEUED")]
-    segs = holds.segments(held, changes, {"j1": "QUEUED", "j2": "RUNNING", "j3": "RUNNING"}, 5.0, 60.0)
+    segs = holds.segments(held, changes, {"j1": "QUEUED", "j2": "RUNNING", "j3": "RUNNING", "j4": "SUSPENDED"},
+                          5.0, 60.0)
     assert segs["a/0"] == [[5.0, 10.0, [], [], []], [10.0, 20.0, ["j1"], [], []], [20.0, 30.0, ["j1"], ["j2"], []],
                            [30.0, 50.0, ["j2"], ["j1"], []], [50.0, 60.0, ["j2"], [], []]]
-    # j3's state at the window's start is the from-state of its first change in it.
-    assert segs["a/1"] == [[5.0, 40.0, ["j3"], [], []], [40.0, 45.0, [], [], ["j3"]], [45.0, 60.0, [], [], []]]
+    # j3's state at the window's start is the from-state of its first change in it. Moved while
+    # running, it trains on at its source while its copy pre-warms, as live (since session 53;
+    # before, [40, 45] read migrating there); j4, moved suspended, does not.
+    assert segs["a/1"] == [[5.0, 45.0, ["j3"], [], []], [45.0, 60.0, [], [], []]]
+    assert segs["b/1"] == [[5.0, 40.0, [], ["j4"], []], [40.0, 45.0, [], [], ["j4"]], [45.0, 60.0, [], [], []]]
+    assert segs["a/2"] == [[5.0, 40.0, [], [], []], [40.0, 45.0, [], [], ["j4"]], [45.0, 60.0, [], ["j4"], []]]
     # Its destination shows it moving from the move's start, as the live timeline does (the
     # policy's GPUs from then; checked against a live one over `gandiva demo`: 4,952 samples agree).
     assert segs["b/0"] == [[5.0, 40.0, [], [], []], [40.0, 45.0, [], [], ["j3"]], [45.0, 60.0, ["j3"], [], []]]

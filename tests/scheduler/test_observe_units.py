@@ -66,6 +66,27 @@ def test_the_gpus_time_is_split_by_what_was_on_them() -> None:
     assert t.split(-3600, 104)["seen"] == 56.0
 
 
+def test_a_running_job_moved_trains_at_its_source_in_the_gpu_time_split() -> None:
+    """A move of a running job: it trains on at its source while its copy pre-warms (10-30 s a
+    move in `gandiva demo`, its log counting mini-batches all along). The split read that time
+    `moving` on its source GPU as on the destination ("training 50%, moving 50%" for a job that
+    never stopped but for its 0.2-s pause), the timeline drew it migrating there. A suspended
+    job's move does not train: `moving` on both."""
+    t = Timeline()
+    rounds = ((0, job("a", "RUNNING", 0), job("s", "SUSPENDED", 2)),
+              (10, job("a", "MIGRATING", 0, 1), job("s", "MIGRATING", 2, 3)),  # pre-warm on n1/1, n1/3
+              (30, job("a", "MIGRATING", 0, 1), job("s", "MIGRATING", 2, 3)),
+              (40, job("a", "RUNNING", 1), job("s", "SUSPENDED", 3)),
+              (50, job("a", "RUNNING", 1), job("s", "SUSPENDED", 3)))
+    for now, *jobs in rounds:
+        t.record(pt.ClusterSnapshot(now, (pt.ServerView("n1", 4),), tuple(jobs)))
+    assert t.split(0, 50) == {"since": 0.0, "seen": 200.0, "training": 40 + 10, "packed": 0.0,
+                              "suspended": 10 + 10, "moving": 30 + 30 + 30, "idle": 10 * 4}
+    assert [(s["t0"], s["t1"], s["running"], s["migrating"]) for s in t.export()["n1/0"]] == [
+        (0, 40, ["a"], [])]  # (drawn running at its source throughout; then nothing)
+    assert [(s["t0"], s["running"], s["migrating"]) for s in t.export()["n1/1"]] == [(10, [], ["a"]), (40, ["a"], [])]
+
+
 def test_a_server_down_is_not_idle_gpu_time() -> None:
     """A server down for the hour (its helper gone) is in every round's snapshot, up=False: its
     GPUs were counted idle ("idle 50%" of a cluster whose one up server trained throughout),

@@ -120,6 +120,26 @@ def test_gpu_time_from_the_gpus_held_counts_a_grown_jobs_gpus_and_splits_a_packe
     assert held == {"j-a": 6.0, "j-b": 4.0} and busy == 10.0
 
 
+def test_a_move_of_a_running_job_is_gpu_time_it_trained() -> None:
+    """A running job moved trains on at its source while its copy pre-warms (10-30 s a move in
+    `gandiva demo`). Its GPU time (GPU-H, HELD-H, the cluster's busy) left that out: a job that
+    never stopped but for a 0.2-s pause read 3 h of GPU time in 4 h on its GPU. A suspended
+    job's move, and one that ends in the queue (its server lost), are not counted; a period
+    that begins in a move does not know what it began from."""
+    moved = [("QUEUED", "RUNNING", 0.0), ("RUNNING", "MIGRATING", 1 * H), ("MIGRATING", "RUNNING", 2 * H),
+             ("RUNNING", "SUSPENDED", 3 * H), ("SUSPENDED", "MIGRATING", 4 * H), ("MIGRATING", "SUSPENDED", 5 * H),
+             ("SUSPENDED", "RUNNING", 6 * H), ("RUNNING", "MIGRATING", 7 * H), ("MIGRATING", "QUEUED", 8 * H),
+             ("QUEUED", "RUNNING", 9 * H), ("RUNNING", "MIGRATING", 10 * H), ("MIGRATING", "SUCCEEDED", 11 * H)]
+    facts = job(gpus=1, started=0.0, finished=11 * H)
+    u = job_usage(facts, moved, 0, 12 * H)
+    assert (u.gpu_seconds, u.migrating_seconds) == ((4 + 2) * H, 4 * H)  # (running 4 h, moves from running 2 h)
+    assert running_stretches(facts, moved, 0, 12 * H) == [(0.0, 1 * H), (1 * H, 2 * H), (2 * H, 3 * H), (6 * H, 7 * H),
+                                                          (9 * H, 10 * H), (10 * H, 11 * H)]
+    assert job_usage(facts, moved, 0, 12 * H, moves_train=False).gpu_seconds == 4 * H  # (describe's Sharing: running)
+    assert job_usage(facts, moved, 0, 10.5 * H).gpu_seconds == 5.5 * H  # (a move under way at the period's end)
+    assert job_usage(facts, [c for c in moved if c[2] >= 1.5 * H], 1.5 * H, 2 * H).gpu_seconds == 0.0
+
+
 async def test_one_users_report_splits_a_gpu_shared_with_another_users_job(sqlite_url: str) -> None:
     """alice's job packed on one GPU with bob's for the whole period: everyone's report gives
     her job half the GPU's time; her own (`--user alice`, and a user's token) gave it all, bob's

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from sqlalchemy.orm import Session
 
 from protos.gandiva.v1 import common_pb2, helper_pb2
@@ -72,3 +73,38 @@ async def test_a_servers_time_up_is_kept_with_its_gpus(any_core: SchedulerCore) 
         return [(gpus, end is not None) for gpus, end in rows]
 
     assert await core.read_sync(spans) == [(4, True), (2, False)]
+
+
+async def test_a_move_of_a_running_job_is_attained_service_as_gandiva_get_usage_counts_it(any_core: SchedulerCore) -> None:
+    """A running job moved trains on at its source while its copy pre-warms (10-30 s a move in
+    `gandiva demo`): its attained service (`describe`'s GPU time, `gandiva get users`, the
+    policy's least-attained-service input) left the move out, 40 of 80 GPU-seconds below. A
+    suspended job's move, and one that ends in the queue, are not counted; `gandiva get usage`
+    reads the same figure from the state changes (scheduler.lifecycle.trains, one rule)."""
+    from scheduler.observe.usage import report
+
+    core = any_core
+    await core.register_server(helper_pb2.RegisterServerRequest(
+        name="b", gpus=[common_pb2.Gpu(index=i, model="virtual") for i in range(4)]))
+    job = (await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=2))).job
+    steps: list[tuple[float, JobState | tuple[int, int], str]] = [
+        (100.0, (0, 1), "placed"), (110.0, JobState.MIGRATING, "defragment: b -> b"),
+        (130.0, (2, 3), "migrated to b at step 9 (training paused 0.20s)"), (140.0, JobState.SUSPENDED, "time slice"),
+        (150.0, JobState.MIGRATING, "lower the height"), (160.0, JobState.RUNNING, "pre-warm at b failed"),
+        (160.0, JobState.SUSPENDED, "still suspended"),
+        (170.0, JobState.RUNNING, "its turn"), (180.0, JobState.MIGRATING, "make room"),
+        (190.0, JobState.QUEUED, "its server b went down")]
+    t = core.clock()  # (after its submission: the accounting counts from there)
+    for at, to, why in ((t + at, to, why) for at, to, why in steps):
+        async with core.tx() as s:
+            j = await repo.get_job(s, job.id)
+            if isinstance(to, tuple):
+                await repo.place(s, j, [("b", i) for i in to], f"i{at - t:.0f}", at, why)
+            else:
+                await repo.transition(s, j, to, at, why)
+    async with core.tx(read=True) as s:
+        attained = (await repo.get_job(s, job.id)).attained_service_s
+    # Running 100-110, 130-140, 170-180; moved while running 110-130; not 150-160 nor 180-190.
+    assert attained == pytest.approx((10 + 20 + 10 + 10) * 2), attained
+    used = await core.read_sync(lambda s: report(s, t, t + 1000.0, None, True, 10))
+    assert [u.gpu_seconds for u in used.jobs if u.job_id == job.id] == [pytest.approx(attained)]
