@@ -39,6 +39,7 @@ from scheduler.policy.migration import (
     make_room,
     movable,
     park,
+    spread_yield,
     unpack_idle,
 )
 from scheduler.policy.packing import end_trials_of, judge_trials, start_trials
@@ -141,6 +142,8 @@ class GandivaPolicy(Policy):
             # While a starving job holds a reservation, free GPUs are kept for it.
             steps = ((make_room, consolidate, defragment) if self._reserved
                      else (lower_height, make_room, consolidate, defragment))
+            if cfg.lower_spread_yield_s is not None:
+                steps = (*steps, spread_yield)
             if cfg.gather_large:
                 steps = (*steps, gather_large)
             if cfg.balance_sizes:

@@ -217,6 +217,60 @@ def lower_height(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
     return out
 
 
+def spread_yield(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
+    """``lower_spread_yield_s``: a job larger than a server running alone on GPUs spread over
+    more servers than it needs (``lower_spread`` moved it there while nobody waited, or
+    Algorithm 1's ``relaxed`` placed it) gives them back once the first queued job that fits
+    one server has waited ``lower_spread_yield_s`` and one of the spread job's servers would
+    then hold it: the spread job moves into a time-slice group of its GPU count on whole
+    servers of that count (one with room under the cap, its members free to be joined; it
+    runs first there, as balance_sizes' hand-over does), and the freed GPUs are the queued
+    job's at the next placement. One such move a call; none when no group of its count has
+    room (it keeps the GPUs). The spread rules look only at who waits when a spread is made;
+    this bounds how long it keeps the GPUs once someone waits after it."""
+    out: list[Decision] = []
+    limit = config.lower_spread_yield_s
+    top = ledger.max_server_gpus
+    if limit is None or budget <= 0:
+        return out
+    head = ledger.first_queued(top)
+    if head is None:
+        return out
+    waiter = ledger.jobs[head[-1]]
+    spread: list[tuple[int, str]] = []
+    for job_id in ledger.by_state.get("RUNNING", ()):
+        job = ledger.jobs[job_id]
+        gpus = ledger.placement[job_id]
+        names = ledger.servers_of[job_id]
+        if job.gpus <= top or len(names) <= _servers_needed(ledger, job) or len(ledger.members(gpus)) != 1:
+            continue
+        # The most GPUs one of its servers would have free once it leaves.
+        room = max(ledger.num_free(n) + sum(g.server == n for g in gpus) for n in names)
+        if room >= waiter.gpus and movable(ledger, job_id, state) and job.suspendable:
+            spread.append((-room, job_id))
+    if not spread:
+        return out
+    now = ledger.snapshot.now
+    due = waiter.submitted_at + limit
+    if now < due:
+        state.wake_at(due)
+        return out
+    why = (f"job {waiter.id} ({waiter.gpus} GPUs) has waited {now - waiter.submitted_at:.0f}s for GPUs that "
+           f"this spread job holds (lower_spread_yield_s): back into a group of its GPU count")
+    for _, job_id in sorted(spread):
+        plan = _plan_into_groups(ledger, state, config, [job_id], set(ledger.servers_of[job_id]),
+                                 lambda size: _handover_targets(ledger, state, size), limit=1)
+        if not plan:
+            continue
+        target = plan[0][1]
+        for other in sorted(ledger.running_on(target)):
+            ledger.set_state(other, "SUSPENDED")
+            out.append(Suspend(other, reason=why))
+        out.append(_move(ledger, job_id, target, why))
+        break
+    return out
+
+
 def unpack_idle(ledger: Ledger, state: GandivaState, config: PolicyConfig, budget: int) -> list[Decision]:
     """``unpack_idle``: a kept pair running packed while GPUs stand idle parts: one member
     moves onto free GPUs and both run alone, each faster than packed. Packing is for an

@@ -526,6 +526,14 @@ class PolicyConfig:
         of one of those servers ("no job queued" is not "nobody waits": a newcomer that fits
         one server joins a time-slice group rather than the queue). Measured, off
         (docs/simulator.md, "`lower_spread_unwaited`").
+    lower_spread_yield_s: with ``lower_spread_idle``, a job larger than a server running
+        alone on GPUs spread over more servers than it needs gives them back once the first
+        queued job that fits one server has waited this long and one of the spread job's
+        servers would then hold it: it moves into a time-slice group of its GPU count (one
+        with room, on whole servers of that count) and the freed GPUs go to the queued job
+        (scheduler/policy/migration.py, ``spread_yield``). The spread rules look only at who
+        waits when a spread is made; this bounds how long the spread keeps the GPUs once a
+        smaller job queues after it. None: off (docs/simulator.md, "`lower_spread_yield_s`").
     gather_large: at the first call at least ``defrag_interval_s`` after its last look, when
         a GPU count larger than a server has jobs waiting, the most crowded of those (jobs
         per GPU of its groups) has whole servers held for it: idle servers and servers of
@@ -602,6 +610,7 @@ class PolicyConfig:
     lower_spread_eldest: bool = False
     lower_spread_idle: bool = False
     lower_spread_unwaited: bool = False
+    lower_spread_yield_s: float | None = None
     unpack_idle: bool = True
     gather_large: bool = False
     probe_large: bool = False
@@ -633,6 +642,9 @@ class PolicyConfig:
         if self.lower_spread_unwaited and not self.lower_spread_idle:
             raise ValueError("lower_spread_unwaited bounds when lower_spread_idle moves a job: "
                              "turn lower_spread and lower_spread_idle on too")
+        if self.lower_spread_yield_s is not None and not self.lower_spread_idle:
+            raise ValueError("lower_spread_yield_s gives back what lower_spread_idle spreads (without it the "
+                             "freed GPUs are spread again at once): turn lower_spread and lower_spread_idle on too")
         if self.eldest_second_group and not self.eldest_runs:
             raise ValueError("eldest_second_group bounds what eldest_runs does: turn eldest_runs on too")
         if not self.eldest_parks and not self.eldest_runs:
@@ -656,7 +668,7 @@ class PolicyConfig:
                 raise ValueError(f"{name} bounds large_block_after_s's block: set large_block_after_s too")
         if self.balance_per_gpu and not self.balance_sizes:
             raise ValueError("balance_per_gpu changes how balance_sizes measures crowding: turn balance_sizes on too")
-        for name in ("share_block_after_s", "large_block_after_s"):
+        for name in ("share_block_after_s", "large_block_after_s", "lower_spread_yield_s"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must not be negative, got {value}")

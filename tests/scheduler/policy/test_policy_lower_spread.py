@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from scheduler.policy import Migrate, PolicyConfig, get_policy
+from scheduler.policy import Migrate, Place, PolicyConfig, Queue, get_policy
 
 # Moves only: no packing trials or grow-shrink to muddy the decisions.
 MOVES = PolicyConfig(enable_packing=False, enable_grow_shrink=False, balance_sizes=False,
@@ -116,3 +116,79 @@ def test_lower_spread_unwaited_leaves_scattered_gpus_to_a_suspended_smaller_job(
 def test_lower_spread_unwaited_needs_lower_spread_idle() -> None:
     with pytest.raises(ValueError, match="lower_spread_unwaited bounds when lower_spread_idle moves a job"):
         PolicyConfig(lower_spread=True, lower_spread_unwaited=True)
+
+
+# lower_spread_yield_s: an 8-GPU job runs spread over s2..s5 (GPUs 2-3 of each), where
+# full 2-GPU groups (a running and a suspended member, the cap 2 a GPU) hold GPUs 0-1; the
+# 8-GPU group on s0+s1 has room for one more; a 2-GPU job is queued: no GPU is free.
+YIELD = dataclasses.replace(MOVES, lower_spread=True, lower_spread_idle=True, lower_spread_unwaited=True,
+                            max_jobs_per_gpu=2)
+
+
+def _spread_held(mk, now: float, group_room: bool = True):
+    pair = mk.on("s0", 0, 1, 2, 3) + mk.on("s1", 0, 1, 2, 3)
+    jobs = [mk.job("big-group", state="RUNNING", placement=pair, submitted_at=0.0)]
+    if not group_room:
+        jobs.append(mk.job("big-mate", state="SUSPENDED", placement=pair, submitted_at=0.5))
+    jobs.append(mk.job("big-spread", state="RUNNING", submitted_at=1.0,
+                       placement=tuple(g for i in range(2, 6) for g in mk.on(f"s{i}", 2, 3))))
+    for i in range(2, 6):
+        jobs += [mk.job(f"small{i}", state="RUNNING", placement=mk.on(f"s{i}", 0, 1), submitted_at=2.0),
+                 mk.job(f"small{i}-mate", state="SUSPENDED", placement=mk.on(f"s{i}", 0, 1), submitted_at=2.0)]
+    jobs.append(mk.job("newcomer", gpus=2, submitted_at=10.0))
+    return mk.snap(now, mk.servers(6, 4), *jobs)
+
+
+def test_lower_spread_yield_gives_scattered_gpus_back_to_a_queued_smaller_job(mk) -> None:
+    """Without the rule the spread 8-GPU job keeps its 8 scattered GPUs however long the
+    2-GPU job is queued. With lower_spread_yield_s=3600: an hour after the 2-GPU job was
+    submitted, the spread job moves into its count's group on s0+s1 (it runs first there,
+    the group's member suspended), and at the next call the 2-GPU job takes freed GPUs."""
+    late = _spread_held(mk, now=10.0 + 3600)
+    assert not any(isinstance(x, Migrate) for x in get_policy("gandiva", YIELD).decide(late))
+    rule = dataclasses.replace(YIELD, lower_spread_yield_s=3600.0)
+    d = get_policy("gandiva", rule).decide(late)
+    d = [x for x in d if not isinstance(x, Queue)]
+    assert mk.kinds(d) == [("Suspend", "big-group"), ("Migrate", "big-spread")]
+    pair = mk.on("s0", 0, 1, 2, 3) + mk.on("s1", 0, 1, 2, 3)
+    assert sorted(d[1].to_gpus) == sorted(pair)
+    assert "job newcomer (2 GPUs) has waited 3600s" in d[1].reason and "lower_spread_yield_s" in d[1].reason
+    policy = get_policy("gandiva", rule)
+    policy.decide(late)
+    nxt = policy.decide(mk.after(late, d, now=late.now + 5))
+    placed = [x for x in nxt if isinstance(x, Place)]
+    assert [p.job_id for p in placed] == ["newcomer"]
+    assert len({g.server for g in placed[0].gpus}) == 1 and {g.index for g in placed[0].gpus} == {2, 3}
+
+
+def test_lower_spread_yield_waits_its_bound_and_wakes_for_it(mk) -> None:
+    """Before the bound the spread job keeps its GPUs, and the policy asks to be called when
+    the queued job will have waited it (no event may come before; the quantum is long, so
+    that no turn's end comes first)."""
+    slow = dataclasses.replace(YIELD, quantum_s=1e6)
+    without = get_policy("gandiva", slow)
+    without.decide(_spread_held(mk, now=100.0))
+    assert without.next_wakeup() is None or without.next_wakeup() > 3610.0
+    policy = get_policy("gandiva", dataclasses.replace(slow, lower_spread_yield_s=3600.0))
+    d = policy.decide(_spread_held(mk, now=100.0))
+    assert not any(isinstance(x, Migrate) for x in d)
+    assert policy.next_wakeup() == 3610.0
+
+
+def test_lower_spread_yield_keeps_the_gpus_when_no_group_of_its_count_has_room(mk) -> None:
+    """The 8-GPU group is full (two members, the cap 2): nowhere to go, the spread job stays
+    (it is not parked: back in the queue ahead of the 2-GPU job, it would take the same
+    scattered GPUs again)."""
+    full = _spread_held(mk, now=10.0 + 7200, group_room=False)
+    d = get_policy("gandiva", dataclasses.replace(YIELD, lower_spread_yield_s=3600.0)).decide(full)
+    assert not any(isinstance(x, Migrate) and x.job_id == "big-spread" for x in d)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"lower_spread": True, "lower_spread_yield_s": 60.0}, "lower_spread_yield_s gives back what lower_spread_idle"),
+    ({"lower_spread": True, "lower_spread_idle": True, "lower_spread_yield_s": -1.0},
+     "lower_spread_yield_s must not be negative, got -1.0"),
+])
+def test_lower_spread_yield_is_validated(options, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        PolicyConfig(**options)

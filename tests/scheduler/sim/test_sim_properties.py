@@ -128,7 +128,7 @@ CHOICES: dict[str, tuple[object, ...]] = {
     "large_block_after_s": (None, 0.0, 3600.0), "reserve_after_s": (None, 0.0, 600.0),
     "defrag_free_gpus": (1, 3), "pack_trial_s": (120.0, 10.0), "pack_min_gain": (0.05, 0.5),
     "tiresias_starve_factor": (0.0, 2.0), "grow_idle_s": (300.0, 0.0), "max_migrations_per_round": (8, 1),
-    "defrag_interval_s": (300.0, 30.0),
+    "defrag_interval_s": (300.0, 30.0), "lower_spread_yield_s": (None, 0.0, 3600.0),
 }
 
 
@@ -150,7 +150,7 @@ def configs(draw: st.DrawFn) -> PolicyConfig:
     if not kw["lower_spread"]:
         kw["lower_spread_idle"] = False
     if not kw["lower_spread_idle"]:
-        kw["lower_spread_unwaited"] = False
+        kw["lower_spread_unwaited"], kw["lower_spread_yield_s"] = False, None
     if kw["fifo_after_measured"]:
         kw["fifo_after_s"] = 0.0
     if not kw["gittins_slices"]:
