@@ -11,7 +11,8 @@ as it is, and so does everything a wrapper starts (``env FOO=1 python train.py``
 processes through the ``sitecustomize`` of tf_runtime.autoload, which the job's
 environment puts first on PYTHONPATH (the job's own PYTHONPATH follows, and a
 sitecustomize of its own still runs). A job none of whose processes connects a
-runtime is marked uncontrollable by the scheduler (docs/tf_runtime.md).
+runtime is marked uncontrollable by the scheduler (docs/tf_runtime.md). A leading
+``setsid`` is dropped (see ``_without_setsid``).
 """
 
 from __future__ import annotations
@@ -105,10 +106,37 @@ def _same_version(program: str) -> bool:
     return not wanted or [int(p) for p in wanted.split(".")] == list(sys.version_info[:wanted.count(".") + 1])
 
 
+# util-linux setsid's options (-c/--ctty, -f/--fork, -w/--wait); -h and -V run nothing.
+_SETSID_OPTS = {"-c", "--ctty", "-f", "--fork", "-w", "--wait"}
+
+
+def _without_setsid(command: Sequence[str]) -> list[str]:
+    """The command `setsid [OPTIONS] COMMAND...` runs. The helper starts every job in a
+    session of its own already, as its process group's leader, and setsid run by a group
+    leader forks its command and exits at once (`-f` always does): the launch ended there,
+    its program killed with it, the job "finished" in a second without a step."""
+    words = list(command[1:])
+    while words and words[0].startswith("-"):
+        word = words.pop(0)
+        if word == "--":
+            break
+        if word not in _SETSID_OPTS and not (len(word) > 2 and word[1] != "-"
+                                             and all(f"-{c}" in _SETSID_OPTS for c in word[1:])):
+            raise ValueError(f"command {list(command)!r}: setsid option {word!r} is not one of -c, -f, -w: "
+                             "give the program and its arguments (every job runs in a session of its own, "
+                             "setsid adds nothing)")
+    if not words:
+        raise ValueError(f"command {list(command)!r}: setsid runs no program; give the program and its "
+                         "arguments (every job runs in a session of its own, setsid adds nothing)")
+    return words
+
+
 def shim_command(command: Sequence[str], interpreter: str = sys.executable) -> list[str]:
     """The argv to start for a job's command (see the module docstring)."""
     if not command:
         raise ValueError("command: empty; give the program and its arguments")
+    if os.path.basename(command[0]) == "setsid":
+        return shim_command(_without_setsid(command), interpreter)
     program = command[0]
     if not is_python(program):
         return list(command)

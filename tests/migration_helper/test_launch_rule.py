@@ -236,3 +236,19 @@ def test_a_job_never_inherits_the_helpers_own_credentials() -> None:
                           scheduler="s", server="x", gpu_indices=[0])
     assert "gdv.s1.secret" not in env.values() and "/k.pem" not in env.values() and "/c.pem" not in env.values()
     assert env["GANDIVA_TLS_CA"] == "/ca.pem"
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    (["setsid", "python", "train.py", "--lr", "1"], ["/py", "-m", "tf_runtime.run", "train.py", "--lr", "1"]),
+    (["/usr/bin/setsid", "-w", "python", "-u", "t.py"], ["/py", "-u", "-m", "tf_runtime.run", "t.py"]),
+    (["setsid", "--fork", "--ctty", "bash", "run.sh"], ["bash", "run.sh"]),
+    (["setsid", "-fw", "--", "./train.sh"], ["./train.sh"]),
+])
+def test_setsid_before_the_command_is_dropped(command: list[str], expected: list[str]) -> None:
+    assert shim_command(command, interpreter="/py") == expected
+
+
+@pytest.mark.parametrize("command", [["setsid"], ["setsid", "-w"], ["setsid", "--version"], ["setsid", "-x", "t"]])
+def test_setsid_without_a_command_is_refused_clearly(command: list[str]) -> None:
+    with pytest.raises(ValueError, match="setsid"):
+        shim_command(command, interpreter="/py")

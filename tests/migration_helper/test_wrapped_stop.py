@@ -197,3 +197,28 @@ def test_which_commands_run_a_shell(tmp_path: Path) -> None:
     assert runs_a_shell(["env", "-u", "HOME", "-C", "/tmp", "bash", "run.sh"], str(tmp_path))
     assert runs_a_shell(["env", "-S", "bash -e", "run.sh"], str(tmp_path))
     assert not runs_a_shell(["env", "-u", "bash", "python", "train.py"], str(tmp_path))
+
+
+async def test_a_command_under_setsid_lasts_as_long_as_its_program(make_helper: Any, control: Any,
+                                                                  tmp_path: Path) -> None:
+    """`setsid python train.py` (a habit from a terminal, to outlive the login): the helper
+    starts every job in a session of its own, as the leader of its process group, and
+    setsid run by a group leader forks its command and exits at once. The launch ended
+    there: its program killed at once and the job "finished" in a second, 0 steps trained.
+    The helper drops `setsid` (and its options): the program is the launch's own process,
+    under the shim as `python train.py` is."""
+    from protos.gandiva.v1 import common_pb2, helper_pb2
+
+    await make_helper("s1")
+    (tmp_path / "train.py").write_text(
+        "import os, sys, time\ntime.sleep(1)\nopen('trained', 'w').write(str(os.getsid(0) == os.getpid()))\n")
+    spec = common_pb2.JobSpec(command=["setsid", "python", "train.py"], workdir=str(tmp_path), gpus=1)
+    started = await control.helper_command("s1", helper_pb2.HelperCommand(launch=helper_pb2.LaunchJob(
+        job_id="j1", incarnation="i0", spec=spec, gpu_indices=[0])), 10)
+    assert started.ok, started.message
+    await control.wait_for(lambda: control.exit_of("j1", "i0"), 60, "the job's end")
+    exit_ = control.exit_of("j1", "i0")
+    log = (tmp_path / "logs" / "j1.log").read_text()
+    assert (exit_.exit_code, exit_.reason) == (0, "finished"), log
+    assert (tmp_path / "trained").read_text() == "True", log  # it ran to its end, in a session of its own
+    assert "killed with it" not in log
