@@ -192,7 +192,7 @@ class DemoRun:
         # Grown means: the grow decided, and the job running again on its new GPUs.
         grown = self.until("a grow", lambda js: self.kinds_seen.get("grow", 0) > 0 and any(
             j.id == solo and len(j.placement) > 1 and j.state == common_pb2.JOB_STATE_RUNNING for j in js),
-            min(left(), 45))
+            min(left(), 120))  # grow_idle_s (30 s) and the move onto the grown GPUs
         c.rule("4. late jobs take the free GPUs" + (": the grown job shrinks at once for the last" if grown else ""))
         state = self._get("/api/state")
         free = sum(not g["jobs"] for srv in state["servers"] for g in srv["gpus"])

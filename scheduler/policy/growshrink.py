@@ -2,7 +2,8 @@
 
 Grow: when GPUs have been free, with nothing queued or waiting, for ``grow_idle_s``,
 an opt-in job running alone on one server grows to the largest power of two of GPUs
-that its server has free (never beyond the server). Shrink: at once, back to the
+that its server has had free for ``grow_idle_s`` each (never beyond the server; a GPU
+freed a moment ago is not yet idle, however long other servers' GPUs have been). Shrink: at once, back to the
 job's own GPU count, when a job needs GPUs that are not free and the GPUs its shrink frees
 give that job its place (``shrink_for``). A grown job that is no
 longer grow-shrink (its runtime found that a grow changes its result) is shrunk back
@@ -67,11 +68,28 @@ def shrink_for(ledger: Ledger, place: Callable[[], Candidate | None],
     return out, found
 
 
+def _note_free_since(ledger: Ledger, state: GandivaState, now: float) -> None:
+    """Keep, for the servers of the grow-shrink jobs, since when each of their GPUs has been
+    free (the other servers' entries are dropped: no job there could grow)."""
+    seen: dict = {}
+    for job in ledger.jobs.values():
+        if job.grow_shrink:
+            for server in {g.server for g in ledger.placement.get(job.id, ())}:
+                for gpu in ledger.free_gpus(server):
+                    seen[gpu] = state.gpu_free_since.get(gpu, now)
+    state.gpu_free_since = seen
+
+
 def grow(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Decision]:
     now = ledger.snapshot.now
+    if not config.enable_grow_shrink:
+        state.idle_since = None
+        state.gpu_free_since = {}
+        return []
+    _note_free_since(ledger, state, now)
     waiting = any(ids for st, ids in ledger.by_state.items() if st != "RUNNING")
     has_free = ledger.total_free() > 0
-    if not config.enable_grow_shrink or waiting or not has_free:
+    if waiting or not has_free:
         state.idle_since = None
         return []
     if state.idle_since is None:
@@ -91,11 +109,17 @@ def grow(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Deci
                 or len(ledger.members(gpus)) > 1 or ledger.state[job_id] != "RUNNING"):
             continue
         free = ledger.free_gpus(next(iter(servers)))
+        idle = [g for g in free if state.gpu_free_since.get(g, now) + config.grow_idle_s <= now]
         target = len(gpus)
-        while target * 2 <= len(gpus) + len(free):
+        while target * 2 <= len(gpus) + len(idle):
             target *= 2
+        if target * 2 <= len(gpus) + len(free):  # more once the newly freed have idled
+            later = sorted(state.gpu_free_since.get(g, now) for g in free)
+            state.wake_at(later[target * 2 - len(gpus) - 1] + config.grow_idle_s)
+        free = idle
         if target > len(gpus):
             new = tuple(gpus) + tuple(free[: target - len(gpus)])
             ledger.bind(job_id, new, "RUNNING")
-            out.append(Grow(job_id, new, reason=f"GPUs idle for {now - state.idle_since:.0f}s"))
+            since = max(state.gpu_free_since.get(g, now) for g in new[len(gpus):])
+            out.append(Grow(job_id, new, reason=f"GPUs idle for {now - since:.0f}s"))
     return out

@@ -102,6 +102,10 @@ class GandivaState:
     last_defrag_at: float | None = None
     last_balance_at: float | None = None
     idle_since: float | None = None
+    # Since when each GPU on a grow-shrink job's server has been free (``grow``): a job grows
+    # only onto GPUs each free for ``grow_idle_s``, not onto one freed a moment ago because
+    # other servers' GPUs had been idle. A restart forgets them (they count from then).
+    gpu_free_since: dict[GpuRef, float] = field(default_factory=dict)
     # The earliest time at which decide() would act without any new event (slice end,
     # trial end, defrag or grow timer); the simulator wakes the policy then.
     next_wakeup: float | None = None

@@ -164,6 +164,23 @@ def test_opt_in_job_grows_after_the_idle_period_and_shrinks_for_a_newcomer(mk) -
     assert isinstance(d[0], Shrink) and d[0].gpus == mk.on("s0", 0)
 
 
+def test_a_job_grows_only_onto_gpus_idle_for_the_idle_period_not_onto_one_just_freed(mk) -> None:
+    """`gandiva demo` in session 52's CI: the other server's GPUs had been idle for 18 s when
+    the last sweep job beside ``solo`` ended; solo grew onto that GPU in the same round
+    ("GPUs idle for 18s" for a GPU free for none), before the story's next jobs came, and
+    the 2-GPU job that was to make it move time-sliced with it instead. Now the GPU it grows
+    onto must itself have been free for ``grow_idle_s``; the policy wakes when it has."""
+    policy = get_policy("gandiva", PolicyConfig(grow_idle_s=10))
+    solo = mk.job("solo", state="RUNNING", placement=mk.on("s0", 0), grow_shrink=True)
+    last = mk.job("last", state="RUNNING", placement=mk.on("s0", 1))
+    assert policy.decide(mk.snap(0, mk.servers(2, 2), solo, last)) == []
+    assert policy.decide(mk.snap(18, mk.servers(2, 2), solo, last)) == []  # s0 has no free GPU
+    assert policy.decide(mk.snap(18.5, mk.servers(2, 2), solo)) == []  # "last" ended just now
+    assert policy.next_wakeup() == 28.5
+    (g,) = policy.decide(mk.snap(28.5, mk.servers(2, 2), solo))
+    assert isinstance(g, Grow) and g.gpus == mk.on("s0", 0, 1) and g.reason == "GPUs idle for 10s"
+
+
 @pytest.mark.parametrize("others", [0, 1])
 def test_a_grown_job_whose_grow_shrink_was_turned_off_is_shrunk_back_and_never_grows_again(
         mk, others: int) -> None:
