@@ -400,6 +400,10 @@ def _db_trouble(exc: Exception) -> str:
     text = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
     if "not a database" in text:
         return f"{text}: the file is not an SQLite database (is it a Gandiva database?)"
+    if "malformed" in text:  # "database disk image is malformed": a file cut short, or written over
+        return (f"{text}: the file is damaged (cut short or partly written over: a disk that filled, a copy "
+                "taken while a scheduler wrote it); restore it from a backup, or save what it holds with "
+                "`sqlite3 FILE .recover | sqlite3 NEW.db` and give --db that one")
     if "unable to open database file" in text:
         return f"{text}: check that its directory exists and is writable (GANDIVA_HOME or --db)"
     return text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -75,3 +76,36 @@ def test_a_database_holding_job_states_this_version_does_not_know_is_refused_at_
     said = asyncio.run(start())
     assert f"holds jobs in states this gandiva does not know: 'PREEMPTED' (1 job, e.g. {job})" in said, said
     assert "Nothing was changed" in said, said
+
+
+def test_a_damaged_database_file_says_so_and_how_to_save_what_it_holds(
+        tmp_path: Path, capsys: Any) -> None:
+    """A database file cut short (a disk that filled, a copy taken mid-write) was "database disk
+    image is malformed" alone, for `gandiva scheduler`, `db current` and `token list`: nothing of
+    what it means or what to do. Now: damaged, restore it or recover it with sqlite3, in one line;
+    the file is left as it was."""
+    import hashlib
+
+    from gandiva_cli.main import main
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+    make_token(url, "alice")
+    db = tmp_path / "g.db"
+    with db.open("r+b") as f:
+        f.truncate(db.stat().st_size // 2)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    capsys.readouterr()
+    root = logging.getLogger()  # `gandiva scheduler` in-process sets it up onto captured stderr
+    handlers, level = list(root.handlers), root.level
+    for argv in (["db", "current"], ["token", "list"], ["scheduler", "--listen", "127.0.0.1:0"]):
+        try:
+            code = main([*argv, "--db", url])
+        finally:
+            root.handlers[:], root.level = handlers, level
+        out, err = capsys.readouterr()
+        assert (code, out, err.count("\n")) == (2, "", 1), (argv, out, err)
+        assert err.endswith(f"--db {url}: database disk image is malformed: the file is damaged (cut short or "
+                            "partly written over: a disk that filled, a copy taken while a scheduler wrote it); "
+                            "restore it from a backup, or save what it holds with `sqlite3 FILE .recover | "
+                            "sqlite3 NEW.db` and give --db that one\n"), (argv, err)
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
