@@ -9,7 +9,9 @@ suspended, resumed, moved, sent back to the queue; a verdict), then one line say
 scheduler started and that the lines before it were read back (none for a new database). Their
 GPUs come from the GPUs' history (``gpu_holds``, scheduler/observe/holds.py), which also draws
 the per-GPU timeline again (``read_back_timeline``). What they lack: the decisions that changed
-no state (a grow or shrink of a running job, a pack's start), and the GPUs of a decision taken
+no state (a pack's start beside a running job that was not suspended; a suspended job's is its
+change to RUNNING, read back as the pack it was), whether a move was a grow or a shrink (read
+back as `migrate`), and the GPUs of a decision taken
 before that history was kept (session 49).
 """
 
@@ -29,6 +31,10 @@ from scheduler.timeline import PACK_VERDICT
 # verdicts are sought among its latest rows only (a bounded read at start, whatever its size).
 LOOKED_AT = 50_000
 RESTART = "restart"
+# How a packing trial's start states its reason (scheduler/policy/packing.py): the suspended
+# job's change to RUNNING beside the other; before session 53 read back as a `resume`, with
+# no outcome, where the live log said `pack ... -> kept`.
+PACK_TRIAL = "trial: packed beside "
 
 # (from, to) -> the decision a state change records; state changes not listed (a job's end,
 # a migration's completion) are not decisions of the policy and are left out, as live.
@@ -45,7 +51,11 @@ def _move_outcome(to_state: str, reason: str) -> str:
     restart, or a suspended job's that stayed, read "moved")."""
     if to_state in ("RUNNING", "SUSPENDED"):
         back = why.rolled_back(reason)
-        return "moved" if back is None else back[0]
+        if back is not None:
+            return back[0]
+        # (as the live log says it, from the same figure: the pause its arrival states)
+        paused = why.PAUSED.search(reason)
+        return f"moved in {float(paused[1]):.1f}s" if paused else "moved"
     return "not kept: the job ended first" if JobState(to_state).terminal else f"not kept: {to_state.lower()}"
 
 
@@ -79,6 +89,8 @@ async def read_back(core: Any, log: DecisionLog, now: float) -> int:
     for at, job_id, from_state, to_state, reason in reversed(changes):
         n = seen_of[job_id] = seen_of.get(job_id, -1) + 1
         kind = _KINDS.get((from_state, to_state))
+        if kind == "resume" and reason.startswith(PACK_TRIAL):
+            kind = "pack"  # (live: a suspended job placed beside a running one; its verdict settles it)
         # (a suspended job's move that stayed goes back through RUNNING: its "still suspended"
         # is no suspend; it was read back as one)
         if kind is not None and not why.stay_of_suspended(by_job[job_id], n):
@@ -111,7 +123,7 @@ async def read_back(core: Any, log: DecisionLog, now: float) -> int:
 
     for at, kind, job_id, reason in rows:
         end = end_of(job_id, at) if kind == "migrate" else None
-        arrived = end[0] if end is not None and _move_outcome(end[1], end[2]) == "moved" else None
+        arrived = end[0] if end is not None and _move_outcome(end[1], end[2]).startswith("moved") else None
         log.add(at, kind, job_id, holds.gpus_of_decision(held.get(job_id, []), kind, at, arrived), reason)
     for r in list(log.open.values()):
         end = end_of(r.job, r.at)

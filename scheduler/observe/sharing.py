@@ -16,12 +16,12 @@ from typing import Any
 
 from scheduler.observe.history import verdict_kind
 from scheduler.observe.usage import JobFacts, job_usage
+from scheduler.observe.why import PAUSED
 from scheduler.unmoved import unmoved_end
 
 _VERDICTS = {"pack-void": "void", "keep-pack": "kept"}  # (verdict_kind's words; any other: undone)
 _CHANGE = re.compile(r"([A-Z]+) -> ([A-Z]+): ")
 _RAN = re.compile(r"\(it ran ([0-9.]+) mini-batches/s\)")
-_PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")
 _GAIN = re.compile(r"packed rate ([0-9.]+)x of time-slicing")
 
 
@@ -62,8 +62,8 @@ def summary(job_id: str, gpus: int, since: float, until: float, records: Iterabl
             slices += (found[1], found[2]) == ("RUNNING", "SUSPENDED")
             ran += [float(r) for r in _RAN.findall(text)]
             if found[1] == "MIGRATING" and found[2] == "RUNNING":
-                pauses += [float(p) for p in _PAUSED.findall(text)]
-                if paused := _PAUSED.search(text):
+                pauses += [float(p) for p in PAUSED.findall(text)]
+                if paused := PAUSED.search(text):
                     paused_at[len(changes) - 1] = float(paused[1])
         elif kind == "move":
             not_moved.append(text)

@@ -14,7 +14,7 @@ from typing import Any
 
 _CHANGE = re.compile(r"([A-Z]+) -> ([A-Z]+): ?(.*)", re.DOTALL)
 _RAN = re.compile(r" ?\(it ran ([0-9.e+-]+) mini-batches/s\)")
-_PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")
+PAUSED = re.compile(r"\(training paused ([0-9.]+)s\)")  # (a move's arrival: its pause)
 # How a move that moved its job states its arrival (scheduler/engine/live_migration.py); any
 # other way back to RUNNING or SUSPENDED rolled it back: "stayed_at_source: ...", a suspended
 # job's stay (its reason alone, then "still suspended"), one rolled back after a restart.
@@ -113,7 +113,7 @@ def _outcome(into: str, at: float, nxt: tuple[float, str, str, str, float | None
         return f"resumed {took} later: {reason}", True
     if (rolled := rolled_back(reason)) is not None:
         return f"{rolled[1]} {took} later", to == "RUNNING"
-    paused = _PAUSED.search(reason)
+    paused = PAUSED.search(reason)
     # ("later", as a resume's: the decision log's "moved in 0.5s" is the pause alone)
     said = f"moved {took} later (its copy pre-warmed meanwhile), training paused {paused[1]}s" if paused else \
         f"moved {took} later"

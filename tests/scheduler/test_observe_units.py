@@ -386,7 +386,7 @@ async def test_moves_read_back_after_a_restart_say_whether_they_moved(sqlite_url
                                                    (0, 40.0, "KILLED", "x")))  # a job's two moves: each its own end
     log.settle_ended(101.0, set())  # the next round: none of them unfinished
     assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
-        (ids[0], "moved"), (ids[1], "not kept: the job ended first"), (ids[2], ""),
+        (ids[0], "moved in 0.5s"), (ids[1], "not kept: the job ended first"), (ids[2], ""),
         (ids[0], "not kept: the job ended first")]
 
 
@@ -399,7 +399,50 @@ async def test_a_move_rolled_back_to_its_source_is_read_back_as_the_live_log_sai
         (1, 20.0, "RUNNING", "restarted_at_source: transfer failed: the link is cut"),
         (2, 30.0, "RUNNING", "migrated to h2 at step 40 (training paused 0.50s)")))
     assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
-        (ids[0], "aborted"), (ids[1], "restarted_at_source"), (ids[2], "moved")]
+        (ids[0], "aborted"), (ids[1], "restarted_at_source"), (ids[2], "moved in 0.5s")]
+
+
+async def test_a_packing_trial_read_back_is_a_pack_kept_or_undone_as_the_live_log_said(sqlite_url: str) -> None:
+    """Seen on `gandiva demo --keep`'s scheduler restarted: its four packing trials, live
+    `pack ... trial: packed beside j-..., utilization 0.05 + 0.05 -> kept`, were read back as
+    `resume` with no outcome (the trial's start is its job's SUSPENDED -> RUNNING), so
+    `gandiva top --decisions` counted no pack tried; and each move that moved read `moved`
+    where live said `moved in 0.3s` (its arrival states the pause: "training paused 0.32s")."""
+    from scheduler.core import SchedulerCore
+    from scheduler.observe.history import read_back
+    from scheduler.state import migrate, repo
+    from scheduler.state.db import make_engine
+    from scheduler.state.models import Transition
+
+    engine = make_engine(sqlite_url)
+    await migrate.upgrade(engine)
+    core = SchedulerCore(engine)
+    try:
+        from protos.gandiva.v1 import common_pb2
+
+        a, b, c, d = [(await core.submit(common_pb2.JobSpec(command=["python", "t.py"], gpus=1))).job.id
+                      for _ in range(4)]
+        async with core.tx() as s:
+            for job, at, before, after, why in (
+                    (a, 10.0, "RUNNING", "SUSPENDED", "time slice of 8s over (step 229)"),
+                    (a, 13.0, "SUSPENDED", "RUNNING", f"trial: packed beside {b}, utilization 0.05 + 0.05 (step 229)"),
+                    (c, 14.0, "RUNNING", "SUSPENDED", "time slice of 8s over (step 200)"),
+                    (c, 15.0, "SUSPENDED", "RUNNING", f"trial: packed beside {d}, utilization 0.1 + 0.1 (step 200)"),
+                    (c, 19.0, "RUNNING", "SUSPENDED", "time slice of 8s over (step 300)"),
+                    (c, 25.0, "SUSPENDED", "RUNNING", "its turn in the time-slice group (step 300)")):
+                s.add(Transition(job_id=job, from_state=before, to_state=after, at=at, reason=why))
+            kept, undone = "packed rate 1.98x of time-slicing: kept", "packed rate 0.9x of time-slicing: no gain"
+            for job, other, at, verdict in ((a, b, 17.0, kept), (b, a, 17.0, kept), (c, d, 18.0, undone),
+                                            (d, c, 18.0, undone)):
+                repo.add_event(s, at, "job.pack", f"packing trial with {other}: {verdict}", job_id=job)
+        log = DecisionLog()
+        await read_back(core, log, 100.0)
+        assert [(r.kind, r.job, r.outcome) for r in log.records if r.kind != "restart"] == [
+            ("suspend", a, ""), ("pack", a, "kept"), ("suspend", c, ""), ("pack", c, "undone"), ("keep-pack", a, ""),
+            ("unpack", c, ""), ("suspend", c, ""), ("resume", c, "")]
+    finally:
+        await core.dispose()
+        await engine.dispose()
 
 
 async def test_a_move_rolled_back_by_a_restart_or_a_suspended_stay_is_not_read_back_moved(sqlite_url: str) -> None:
@@ -477,7 +520,7 @@ async def test_a_grow_and_a_shrink_read_back_name_the_gpus_they_ended_on(db_url:
         log = DecisionLog()
         await read_back(core, log, t + 200)
         assert [(r.gpus, r.outcome) for r in log.records if r.kind == "migrate"] == [
-            (("node-2/1",), "moved"), (("node-2/1", "node-2/0"), "moved"), (("node-2/0",), "moved")]
+            (("node-2/1",), "moved in 0.1s"), (("node-2/1", "node-2/0"), "moved in 0.5s"), (("node-2/0",), "moved in 0.2s")]
     finally:
         await core.dispose()
         await engine.dispose()
