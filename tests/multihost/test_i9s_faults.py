@@ -59,14 +59,25 @@ def _no_two_copies(c: Cluster) -> None:
     assert c.sampler.violations == [], c.sampler.violations
 
 
-def _start(c: Cluster, steps: int, shared: bool = True) -> tuple[str, str, str, Path]:
+def _start(c: Cluster, steps: int, shared: bool = True, held: bool = False) -> tuple[str, str, str, Path]:
     """Helpers h1 and h2 and a feed_step job training on one of them:
-    (job id, its server, the other, where its final variables will be)."""
+    (job id, its server, the other, where its final variables will be).
+
+    ``held``: the test will hold the job's process with SIGSTOP, and the job sleeps 0.25 s
+    a step until the file c.tmp / "GO" exists (then at full speed). A helper whose lease
+    runs out freezes its jobs and, once its lease is renewed, thaws them with SIGCONT:
+    that also lets go of a process the test held. At 0.03 s a step the source then ran
+    its last 100 steps in 3 s and ended before the migration asked for its checkpoint
+    ("condition not met within 60s" waiting for the phase; at load 50-100 the scheduler
+    left the heartbeats unanswered past the 3-s lease). At 0.25 s it trains 25 s more."""
     c.add_helper("h1", shared=shared)
     c.add_helper("h2", shared=shared)
     dump = c.tmp / "final.npz"
-    job_id = c.submit("feed", feed_command(steps, dump))
-    c.wait(lambda: (j := c.job(job_id)).steps > 20 and j.state == RUNNING, 90)
+    command = ([*feed_command(steps, dump, sleep=0.25), "--step-sleep-until", str(c.tmp / "GO")] if held
+               else feed_command(steps, dump))
+    job_id = c.submit("feed", command)
+    c.wait(lambda: (j := c.job(job_id)).steps > (3 if held else 20) and j.state == RUNNING, 90)
+    c.wait(lambda: c.pids_of(job_id), 30)  # (the sampler looks at /proc every 0.2 s)
     src = c.where(job_id)
     return job_id, src, "h2" if src == "h1" else "h1", dump
 
@@ -79,9 +90,12 @@ def _phase_reached(c: Cluster, job_id: str, phase: str) -> bool:
 STEPS = 120
 
 
+# Heartbeat timeout 30 s (lease 18 s): transfer holds the source's helper (SIGSTOP) a
+# while; activate holds the pre-warmed process, which a lease run out (3 s at the default
+# 5 s) and renewed would thaw (SIGCONT), letting the migration finish before the kill.
 @pytest.mark.parametrize(("phase", "multihost"), [
-    ("transfer", {"heartbeat_timeout": 30.0}),  # the source helper is held (SIGSTOP) for a while
-    ("activate", {"heartbeat_timeout": 5.0}),
+    ("transfer", {"heartbeat_timeout": 30.0}),
+    ("activate", {"heartbeat_timeout": 30.0}),
 ], indirect=["multihost"])
 def test_i9s_scheduler_killed_9_in_transfer_and_activate(multihost: Cluster, phase: str, tmp_path: Path) -> None:
     """After the source's checkpoint is confirmed, a restarted scheduler completes the
@@ -93,7 +107,7 @@ def test_i9s_scheduler_killed_9_in_transfer_and_activate(multihost: Cluster, pha
     process is held, so the migration waits in `activate`."""
     c = multihost
     uninterrupted_variables(STEPS, tmp_path)  # (computed while nothing else runs)
-    job_id, src, dest, dump = _start(c, STEPS, shared=(phase == "activate"))
+    job_id, src, dest, dump = _start(c, STEPS, shared=(phase == "activate"), held=True)
     (source_pid,) = c.pids_of(job_id)
     # Hold the source at a step until the destination has pre-warmed, so that what
     # follows happens in this order whatever the machine's load.
@@ -111,6 +125,7 @@ def test_i9s_scheduler_killed_9_in_transfer_and_activate(multihost: Cluster, pha
         held.append(("warm", warm_pid))
     os.kill(source_pid, signal.SIGCONT)  # checkpoints, acks, exits 75
     c.wait(lambda: _phase_reached(c, job_id, phase), 60)
+    (c.tmp / "GO").touch()  # the source has checkpointed: every copy after it at full speed
     c.kill9("scheduler")
     # The held process goes on while no scheduler runs (a warm process then trains alone:
     # the source has exited).
@@ -274,7 +289,7 @@ def test_i9s_migration_failed_at_both_ends_resumes_from_the_checkpoint_it_left_a
     uninterrupted run's variables; the source helper, let go, never trains a second copy."""
     c = multihost
     uninterrupted_variables(STEPS, tmp_path)
-    job_id, src, dest, dump = _start(c, STEPS)
+    job_id, src, dest, dump = _start(c, STEPS, held=True)
     (source_pid,) = c.pids_of(job_id)
     os.kill(source_pid, signal.SIGSTOP)  # at a step until the destination has pre-warmed
     c.migrate(job_id, dest)
@@ -283,6 +298,7 @@ def test_i9s_migration_failed_at_both_ends_resumes_from_the_checkpoint_it_left_a
     os.kill(warm_pid, signal.SIGSTOP)  # its activation waits
     os.kill(source_pid, signal.SIGCONT)  # checkpoints into the destination's ramdisk, exits 75
     c.wait(lambda: _phase_reached(c, job_id, "activate"), 60)
+    (c.tmp / "GO").touch()  # the source has checkpointed: the job resumes at full speed
     step = c.migration_row(job_id)[1]  # type: ignore[index]
     c.signal(src, signal.SIGSTOP)  # the restart at the source will get no answer
     os.kill(warm_pid, signal.SIGKILL)
