@@ -16,6 +16,7 @@ decision log, /api/decisions); the end is a summary and a PNG timeline.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Callable
@@ -108,7 +109,9 @@ class DemoRun:
     def say(self, kind: str, job: str, text: str) -> None:
         name = self.ids.get(job, "")
         for other, other_name in self.ids.items():
-            text = text.replace(other, other_name)  # names read better than ids in reasons
+            # Names read better than ids in reasons; not inside a path (its log, its
+            # checkpoint): "see .../logs/node-2/long.log" named a file that does not exist.
+            text = re.sub(rf"(?<![/\w-]){re.escape(other)}(?![/\w-])", other_name, text)
         style = STYLE.get(kind, "white")
         self.console.print(f"[dim]{time.time() - self.t0:6.1f}s[/] [{style}]{kind:<9}[/] "
                            f"{name:<12} {text}", highlight=False)

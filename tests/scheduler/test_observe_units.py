@@ -524,3 +524,24 @@ async def test_a_grow_and_a_shrink_read_back_name_the_gpus_they_ended_on(db_url:
     finally:
         await core.dispose()
         await engine.dispose()
+
+
+def test_the_demos_lines_name_jobs_but_keep_the_paths_they_cite(tmp_path: Path) -> None:
+    """`gandiva demo` prints reasons with job names for ids; seen in a run: "not-moved long
+    aborted (...; see .../logs/node-2/long.log)", a file that does not exist (the log is
+    node-2/j-05b67de992.log): the id inside the path was replaced too."""
+    import io
+
+    from rich.console import Console
+
+    from scheduler.cli.demo_run import DemoRun
+
+    out = io.StringIO()
+    demo = DemoRun("127.0.0.1:1", "", 10, tmp_path, Console(file=out, width=400))
+    demo.ids.update({"j-05b67de992": "long", "j-435e81c357": "big-2gpu"})
+    demo.say("not-moved", "j-05b67de992", "aborted (make room for job j-435e81c357: the job process exited; see "
+             "/tmp/d/logs/node-2/j-05b67de992.log; its checkpoint /dev/shm/g/j-05b67de992/migrate-1 kept), "
+             "j-05b67de992's")
+    said = out.getvalue()
+    assert "make room for job big-2gpu:" in said and "long's" in said, said
+    assert "/tmp/d/logs/node-2/j-05b67de992.log;" in said and "/dev/shm/g/j-05b67de992/migrate-1" in said, said
