@@ -1767,7 +1767,8 @@ class Controller:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):
+            # (None: a program started with it closed, `python train.py >&-`: test_tfr_closed_stdout)
+            except (OSError, ValueError, AttributeError):
                 pass
         for handler in logging.getLogger().handlers:
             handler.flush()
