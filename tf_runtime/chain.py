@@ -66,6 +66,9 @@ class RunInfo:
     loads_trainable: bool = False
     # Of those, the variables it loads, by op name (the weights swapped for an evaluation).
     loaded: frozenset[str] = field(default=frozenset(), compare=False)
+    # Of those, one whose every assigned value is computed from other variables the
+    # checkpoint holds (the moving averages swapped into the weights), none fed or constant.
+    copies_state: bool = False
     # Flat fetch indices of tensors whose value a program could carry to its next step in
     # Python: all but reads of a variable the checkpoint holds (the global step, a weight),
     # which a restored copy reads again.

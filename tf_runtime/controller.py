@@ -340,6 +340,7 @@ class Controller:
             weakref.WeakKeyDictionary()
         self._read_since_restore = False  # the program read the step after that restore
         self._restore_again = False
+        self._restore_at_training = False  # the same for values copied from restored state
         # A restore that failed into a session bound before the first training step (an
         # evaluation session initialised first): fatal only if that session trains.
         self._unfit: CheckpointError | None = None
@@ -788,7 +789,7 @@ class Controller:
             # The program overwrote restored variables (its own checkpoint restored after
             # initialising, a layer loaded from NumPy) and now reads: restore again before
             # this run, so it sees the restored step, not its own checkpoint's.
-            self._restore_again = False
+            self._restore_again = self._restore_at_training = False
             self._restore(adapter, self.settings.restore_dir, partial=True)
         if info.reads_global_step or info.is_training:
             self._wait_for_warm()
@@ -839,6 +840,14 @@ class Controller:
         staged = reset and not (info.loads_trainable or info.restores) and \
             self._read_since_restore
         if (info.initializes or info.initializes_some or info.restores) and \
+                self._restored_into is adapter and not staged and info.copies_state:
+            # Values copied from the restored state into the weights (the moving averages
+            # swapped in for a final evaluation, made at once by a copy restored at its last
+            # step): restored over only at the first training run, if one comes. Before, they were restored
+            # over before the evaluation's first run: that copy evaluated, and ended with,
+            # the trained weights instead of the averages.
+            self._restore_at_training = True
+        elif (info.initializes or info.initializes_some or info.restores) and \
                 self._restored_into is adapter and not staged:
             # The program overwrote variables after our restore (e.g. it restored a
             # pre-trained backbone), or created and initialised new ones the checkpoint
@@ -864,9 +873,9 @@ class Controller:
                 # Nothing ran since the restore point: the program's own first training
                 # run is rehearsed exactly, and it read nothing the restore changes.
                 self._warm_first_step(adapter, rehearse)
-            elif self._restore_again and self.settings.restore_dir:
+            elif (self._restore_again or self._restore_at_training) and self.settings.restore_dir:
                 self._restore(adapter, self.settings.restore_dir, partial=True)
-            self._restore_again = False
+            self._restore_again = self._restore_at_training = False
             if self._on_first_training is not None:  # (a secondary process connects now)
                 self._on_first_training(self.meter.steps)
             if rehearse is not None:  # after any warm hold: the stream is open by now

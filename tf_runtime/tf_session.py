@@ -504,11 +504,16 @@ def _computed_from(value: Any, variable: Any) -> bool:
     """Whether the op `value` is computed from the variable op `variable` (its data inputs,
     searched breadth first, nearest first: `w - rate * grad` reads `w` two ops up, while
     `grad` leads through the whole backward graph; at most _DEPENDS_LIMIT ops)."""
+    return _computed_from_any(value, frozenset({variable}))
+
+
+def _computed_from_any(value: Any, variables: frozenset[Any]) -> bool:
+    """Whether the op `value` is computed from any of the variable ops `variables`."""
     seen = {value}
     queue = collections.deque([value])
     while queue and len(seen) < _DEPENDS_LIMIT:
         cur = queue.popleft()
-        if cur is variable:
+        if cur in variables:
             return True
         for x in cur.inputs:
             if x.op not in seen:
@@ -642,10 +647,15 @@ class TFSessionAdapter:
             not _computed_from(op.inputs[-1].op, through(op.inputs[0].op))
             for op in reached)
         initializes_some = bool(self._some_init_ops & reached) or assigns
+        copies_state = False
         if assigns:
             loaded = frozenset(
                 target.name for op in reached if op.type in _LOADS and len(op.inputs) > 1 and
                 ((target := through(op.inputs[0].op)) in self._trainable_ops or target is self._gs_op))
+            copies_state = bool(loaded) and not self._some_init_ops & reached and all(
+                _computed_from_any(op.inputs[-1].op, self._state_ops - {target})
+                for op in reached if op.type in _LOADS and len(op.inputs) > 1 and
+                (target := through(op.inputs[0].op)) in self._state_ops)
         # A run that does not train but changes a variable the checkpoint holds (an EMA of
         # the weights, `ema.apply(...)`, run after the training run).
         # Or a table the checkpoint holds, or draws from a generator whose state it holds
@@ -711,7 +721,7 @@ class TFSessionAdapter:
                        initializes_some=initializes_some, carry_slots=tuple(carry_slots),
                        resets=assigns and not self._some_init_ops & reached,
                        increments=increments,
-                       loads_trainable=bool(loaded), loaded=loaded,
+                       loads_trainable=bool(loaded), loaded=loaded, copies_state=copies_state,
                        changes_state=changes_state,
                        init_ops=frozenset(self._some_init_ops & reached), draws=draws,
                        reads_counter="" if training else counter,

@@ -95,16 +95,17 @@ def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
 
 
 def _final_swap_program(swap: str, tmp_path: Path, *, steps: int, evaluations: int,
-                        queue: tuple[Kind, ...] = ()) -> tuple[Any, dict[str, Any], int]:
+                        queue: tuple[Kind, ...] = (), restore_dir: Path | None = None,
+                        ) -> tuple[Any, dict[str, Any], dict[str, Any], int]:
     """Trains `steps` steps (Momentum, the weights' moving averages applied with each), then
     swaps the averages into the weights for a final evaluation and never swaps them back:
     `assign` (the weights backed up into non-trainable variables, the averages assigned in,
     in one run) or `restore` (the averages restored into them by the program's own
     `Saver(ema.variables_to_restore())`). The evaluation reads a held-out batch from an
     iterator of its own, `evaluations` runs. `queue`: commands enqueued at the last step.
-    Returns (the controller, every variable after the last step by name, the acks received
-    before the program closed its session)."""
-    with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
+    Returns (the controller, every variable after the last step by name, every variable at
+    the end, the acks received before the program closed its session)."""
+    with shimmed(restore_dir) as ctl, tf.Graph().as_default() as g, session(g) as sess:
         gs = tf.compat.v1.train.get_or_create_global_step()
         x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
         w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
@@ -146,7 +147,8 @@ def _final_swap_program(swap: str, tmp_path: Path, *, steps: int, evaluations: i
                 break
             time.sleep(0.01)
         before_close = len(acks(ctl))
-    return ctl, trained, before_close
+        final = {v.op.name: sess.run(v.value()) for v in tf.compat.v1.global_variables()}
+    return ctl, trained, final, before_close
 
 
 @pytest.mark.parametrize("swap", ["assign", "restore"])
@@ -160,11 +162,16 @@ def test_weights_swapped_in_after_the_last_step_hold_no_command_for_ever(
     never closes its session (probed: no ack after 400 evaluation runs). Now the wait for
     the swap back ends after `SWAP_BACK_WAIT_S` (here 0.2 s): the commands are applied at
     the next evaluation run, a checkpoint holding the state the step left (a snapshot
-    taken right before the swap), every variable bit-identical to it. (A copy restored
-    from it ends its loop at once and makes the swap itself: see docs/tf_runtime.md for
-    the restore again that undoes that swap, a known limit.)"""
+    taken right before the swap), every variable bit-identical to it. A copy restored from
+    it ends its loop at once and makes the swap and the evaluation itself: the swap, made
+    before any training run, was taken for the program overwriting the restored variables
+    and restored over before the evaluation's first run, so that copy evaluated, and ended
+    with, the trained weights (found s53). Values copied from the restored state are now
+    restored over only at a first training run: it ends with every variable bit-identical
+    to the uninterrupted run's. (The program's own Saver restoring the averages is still
+    restored over: `restore`, a known limit.)"""
     monkeypatch.setattr(controller_module, "SWAP_BACK_WAIT_S", 0.2)
-    ctl, trained, before_close = _final_swap_program(
+    ctl, trained, _, before_close = _final_swap_program(
         swap, tmp_path, steps=6, evaluations=400,
         queue=(Kind.SUSPEND, Kind.CHECKPOINT, Kind.RESUME))
     assert before_close == 3, [a.message for a in acks(ctl)]
@@ -177,3 +184,10 @@ def test_weights_swapped_in_after_the_last_step_hold_no_command_for_ever(
     for name, value in trained.items():
         np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value, err_msg=name)
     assert not np.array_equal(trained["w"], trained["w/ExponentialMovingAverage"])
+    if swap == "assign":
+        *_, uninterrupted, _ = _final_swap_program(swap, tmp_path / "a", steps=6, evaluations=3)
+        *_, restored, _ = _final_swap_program(swap, tmp_path / "r", steps=6, evaluations=3,
+                                              restore_dir=tmp_path / "ck")
+        assert restored.keys() == uninterrupted.keys()
+        for name, value in uninterrupted.items():
+            np.testing.assert_array_equal(restored[name], value, err_msg=name)
