@@ -212,7 +212,9 @@ class Drainer:
         target = await self._room_for(name, job)
         if target:
             try:
-                await engine.operator_migrate(job.id, target, reason=f"{DRAIN_REASON} {name}")
+                # Not waiting for a runtime reconnecting: the round (and `gandiva drain`'s
+                # answer) would wait 10 s per job launched moments ago. Parked instead.
+                await engine.operator_migrate(job.id, target, reason=f"{DRAIN_REASON} {name}", connect_wait_s=0.0)
                 return Move(job.id, "migrate", f"to {target}")
             except GandivaError as err:
                 log.info("drain of %s: job %s not migrated to %s: %s; parking it", name, job.id, target, err)

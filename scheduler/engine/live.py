@@ -1350,16 +1350,22 @@ class LiveEngine:
         """No new job goes to ``server`` for now (its helper failed a launch of its own)."""
         return self._quarantined.get(server, float("-inf")) > self.core.monotonic()
 
-    async def operator_migrate(self, job_id: str, to_server: str, reason: str = "requested by operator") -> JobDetail:
+    async def operator_migrate(self, job_id: str, to_server: str, reason: str = "requested by operator",
+                               connect_wait_s: float | None = None) -> JobDetail:
+        """Start moving the job to `to_server` (the phases run in the background). A job
+        whose runtime is not connected is waited for up to `connect_wait_s` (default
+        OPERATOR_CONNECT_WAIT_S: a person asked); a drain, run inside the scheduling
+        round, waits for none (0)."""
         job, free = await self._migration_asked(job_id, to_server)
-        if not self.core.runtimes.connected(job_id, job.incarnation):
+        wait_s = OPERATOR_CONNECT_WAIT_S if connect_wait_s is None else connect_wait_s
+        if wait_s > 0 and not self.core.runtimes.connected(job_id, job.incarnation):
             # A person is waiting, and a runtime reconnecting (its stream dropped, the
             # scheduler restarted) is back within seconds: waited for, as a suspend's is
             # (_by_operator), then the move is judged again on what holds then. It was
             # refused at once with "has no runtime connected ... try again once it shows
             # progress", of a job that had trained for hours. (begin_migration refuses one
             # still not connected.)
-            await self.core.runtimes.wait_connected(job_id, OPERATOR_CONNECT_WAIT_S, job.incarnation)
+            await self.core.runtimes.wait_connected(job_id, wait_s, job.incarnation)
             job, free = await self._migration_asked(job_id, to_server)
         if job_id in self.inflight:
             raise Busy(job_id)
