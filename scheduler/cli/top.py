@@ -53,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 # Each refresh is a whole /api/state (every unfinished job, ETAs computed): --interval
 # 0.0001 polled the scheduler as fast as it answered, a busy loop on both sides.
 MIN_INTERVAL = 0.5
+MAX_INTERVAL = 86400.0
 
 
 def _interval(text: str) -> float:
@@ -66,6 +67,9 @@ def _interval(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"at least {MIN_INTERVAL:g} seconds, got {text!r}: each refresh reads the whole cluster from "
             f"the scheduler (the dashboard polls every 2 s)")
+    if value > MAX_INTERVAL:  # 1e23 showed one view, then an OverflowError traceback from its sleep
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_INTERVAL:,.0f} seconds (a day), got {text!r}; for one view, give --once")
     return value
 
 
