@@ -58,13 +58,16 @@ def _patch_tensorflow() -> None:
     orig_finalize = ops.Graph.finalize
     stop_hook = hooks_mod.StopAtStepHook
     orig_stop_created, orig_stop_after_run = stop_hook.after_create_session, stop_hook.after_run
+    saver_hook = hooks_mod.CheckpointSaverHook
+    orig_saver_created, orig_saver_after_run = saver_hook.after_create_session, saver_hook.after_run
     orig_saver_save = saver_mod.Saver.save
     orig_warm_start = checkpoint_utils._init_from_checkpoint
     launch_devices.keep()  # the program's own CUDA_VISIBLE_DEVICES, set before its import
     _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize,
                  saver_save=orig_saver_save, make=orig_make, make_opts=orig_make_opts, partial=orig_partial,
                  partial_setup=orig_partial_setup, stop_created=orig_stop_created,
-                 stop_after_run=orig_stop_after_run, warm_start=orig_warm_start)
+                 stop_after_run=orig_stop_after_run, warm_start=orig_warm_start,
+                 saver_created=orig_saver_created, saver_after_run=orig_saver_after_run)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if _CONTROLLER:
@@ -210,6 +213,51 @@ def _patch_tensorflow() -> None:
             report_stop_step(self)
         orig_stop_after_run(self, run_context, run_values)
 
+    def job_saved_at(hook: Any) -> tuple[int, int] | None:
+        # A CheckpointSaverHook(save_steps=N) saves when its session starts and every N
+        # steps from its last save: in the job's uninterrupted run, every N steps from the
+        # step the job started at. (The restored step, the last such step up to it), or
+        # None (not restored, a hook by seconds).
+        ctl = _CONTROLLER[0] if _CONTROLLER else None
+        timer = getattr(hook, "_timer", None)
+        every = getattr(timer, "_every_steps", None)
+        if ctl is None or not ctl.restored or ctl.job_start_step is None or \
+                not isinstance(every, int) or every <= 0 or \
+                getattr(timer, "_every_secs", None) is not None:
+            return None
+        step, start = ctl.restored_step, ctl.job_start_step
+        return (step, start + (step - start) // every * every) if step >= start else None
+
+    def saver_after_create_session(self: Any, session: Any, coord: Any) -> None:
+        # A process restored at a step the uninterrupted run saved nothing at: its
+        # session's save there is not made (the run's own restart would make it).
+        steps = job_saved_at(self)
+        if steps is None or steps[0] == steps[1]:
+            orig_saver_created(self, session, coord)
+            return
+        self._save = lambda *_: False
+        try:
+            orig_saver_created(self, session, coord)
+        finally:
+            del self._save
+
+    def saver_after_run(self: Any, run_context: Any, run_values: Any) -> None:
+        # Restored (a migration, a restart, a pre-warmed copy activated): the hook counted
+        # its N steps from its session's start (the restored step, or the program's own
+        # checkpoint restored before Gandiva's), so it saved at other steps than the
+        # uninterrupted run (s52: 165, 175, ... for 160, 170, ...); now from the last step
+        # the job saved at, once, at its first run after the restore.
+        if not self.__dict__.get("_gandiva_aligned", False):
+            steps = job_saved_at(self)
+            if steps is not None:
+                self._gandiva_aligned = True
+                if self._timer.last_triggered_step() != steps[1]:
+                    log.info("CheckpointSaverHook(save_steps=%d): the job saved at step %d, "
+                             "so it saves next at step %d", self._timer._every_steps, steps[1],
+                             steps[1] + self._timer._every_steps)
+                    self._timer.update_last_triggered_step(steps[1])
+        orig_saver_after_run(self, run_context, run_values)
+
     def saver_save(self: Any, sess: Any, save_path: Any, *args: Any, **kwargs: Any) -> Any:
         # The program's own Saver, first save in a process restored from Gandiva's
         # checkpoint: it takes up the checkpoints it wrote before (tf_runtime.own_checkpoints).
@@ -261,6 +309,8 @@ def _patch_tensorflow() -> None:
     ops.Graph.finalize = finalize
     stop_hook.after_create_session = stop_after_create_session
     stop_hook.after_run = stop_after_run
+    saver_hook.after_create_session = saver_after_create_session
+    saver_hook.after_run = saver_after_run
     log.debug("tf_runtime: TensorFlow sessions patched")
 
 
@@ -337,6 +387,8 @@ def uninstall() -> None:
 
     hooks_mod.StopAtStepHook.after_create_session = _ORIG["stop_created"]
     hooks_mod.StopAtStepHook.after_run = _ORIG["stop_after_run"]
+    hooks_mod.CheckpointSaverHook.after_create_session = _ORIG["saver_created"]
+    hooks_mod.CheckpointSaverHook.after_run = _ORIG["saver_after_run"]
     from tensorflow.python.training import saver as saver_mod
 
     saver_mod.Saver.save = _ORIG["saver_save"]
