@@ -102,6 +102,9 @@ STALE_EXITS_PER_REGISTRATION = 32
 # Launches whose highest reported step is kept (SchedulerCore.steps_seen), the one that
 # reported least recently out first beyond.
 STEPS_SEEN_KEPT = 100_000
+# Fences whose monotonic end is kept (note_fence): a job has one at a time; beyond it the
+# oldest is timed again from its written time when next looked at.
+FENCES_KEPT = 100_000
 
 
 @dataclass(frozen=True)
@@ -427,6 +430,8 @@ class SchedulerCore:
         # stopped or hung): that launch, and until when (monotonic) placing the job waits
         # for it to exit at its next boundary as told (old_copy_wait).
         self._old_copies: dict[str, tuple[str, float]] = {}
+        # (job id, its fence as written) -> when it ends on the monotonic clock (fence_holds).
+        self._fence_ends: dict[tuple[str, float], float] = {}
         # The highest step each launch reported (job, incarnation), written or not: the
         # database keeps only the current launch's, and a migration's destination reports
         # before the migration's end makes it current (steps_seen).
@@ -1714,6 +1719,32 @@ class SchedulerCore:
             self.helpers.fail_all(n, f"server {n} went down")
         if names:
             self.poke()
+
+    def note_fence(self, job_id: str, fenced_until: float, now: float) -> None:
+        """The job was just fenced until `fenced_until` (the database's time, on `clock`, read
+        as `now`): from here it runs its length on the monotonic clock (fence_holds)."""
+        if fenced_until > now:
+            remember(self._fence_ends, (job_id, fenced_until), self.monotonic() + fenced_until - now, FENCES_KEPT)
+
+    def fence_holds(self, job_id: str, fenced_until: float, now: float, mono: float | None = None) -> bool:
+        """Whether the job's fence (`fenced_until`, as written) still holds at `now` (on
+        `clock`) and `mono` (the monotonic clock's; now by default). It runs its length on
+        the monotonic clock from its writing (note_fence), or, one written before this
+        scheduler started (or not noted), from the first time it is looked at. A step of
+        the wall clock forward (NTP, `date -s`: `clock` follows one at once) ended every
+        fence in progress at once, and a job fenced until the lease of a launch that did
+        not answer had run out was placed again beside that copy, still training."""
+        if fenced_until <= 0.0:
+            return False
+        mono = self.monotonic() if mono is None else mono
+        key = (job_id, fenced_until)
+        ends = self._fence_ends.get(key)
+        if ends is None:
+            if fenced_until <= now:
+                return False
+            ends = mono + (fenced_until - now)
+            remember(self._fence_ends, key, ends, FENCES_KEPT)
+        return mono < ends
 
     def old_copy_wait(self, job_id: str) -> str:
         """Why the job is not placed yet, or "": a copy of it that still answered when its

@@ -9,8 +9,10 @@ system's wall clock back: an hour back stopped every periodic checkpoint for tha
 follows the system's wall clock, but where that steps back it goes on at 9/10 of the
 pace of CLOCK_MONOTONIC (which no step moves) until the wall clock has caught up: it
 never goes back, and no duration is stretched by more than a ninth. A forward step is
-followed at once, as before (a slice or fence in progress ends early then: that can
-only shorten them, never hold a job)."""
+followed at once, as before (a slice or checkpoint interval in progress ends early then:
+that can only shorten them, never hold a job). A job's fence, which must not end early
+(an unanswered launch's lease), is timed on the monotonic clock by the engine instead
+(SchedulerCore.note_fence, fence_holds)."""
 
 from __future__ import annotations
 

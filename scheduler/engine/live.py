@@ -421,11 +421,11 @@ class LiveEngine:
         self._quarantined = {name: until for name, until in self._quarantined.items() if until > mono}
         self._holder_waits = {j: w for j, w in self._holder_waits.items() if w[1] > now}
         return await asyncio.get_running_loop().run_in_executor(
-            None, self._build_snapshot, rows, now, hung, frozenset(self._quarantined))
+            None, self._build_snapshot, rows, now, hung, frozenset(self._quarantined), mono)
 
     def _build_snapshot(self, rows: repo.SnapshotRows, now: float,
                         hung: frozenset[str] | set[str] = frozenset(),
-                        quarantined: frozenset[str] = frozenset()) -> pt.ClusterSnapshot:
+                        quarantined: frozenset[str] = frozenset(), mono: float | None = None) -> pt.ClusterSnapshot:
         """The policy's view of the rows (on a worker thread; only this engine's rounds,
         one at a time, touch the view cache). A job flagged hung (`hung`) cannot reach a
         mini-batch boundary: the policy sees it as not suspendable, so it sends it no
@@ -443,7 +443,9 @@ class LiveEngine:
         # A fenced job waits until an older copy of it has surely stopped (lease expiry), or
         # for the down server holding its checkpoint: until it is up again.
         up = {name for name, _, is_up, _, _, _ in server_rows if is_up}
-        jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value and j.fenced_until > now
+        mono = self.core.monotonic() if mono is None else mono
+        jobs = [j for j in jobs if not (j.state == JobState.QUEUED.value
+                                        and self.core.fence_holds(j.id, j.fenced_until, now, mono)
                                         and not self._holder_back(j.id, j.fenced_until, up))]
         # A server whose helper could not start a job (its disk full...) or take a checkpoint
         # gets no new job for a while (LAUNCH_QUARANTINE_S): the policy sees it down while
@@ -559,6 +561,7 @@ class LiveEngine:
                              else "starts again from step 0 (no checkpoint)")
                     note = f"{what}: stopped; it {where} (restart {restarts + 1} of {HUNG_RESTARTS}; then it fails)"
                     await repo.requeue(s, job, now, note, fenced_until=now + settings.down_after_s)
+                    self.core.note_fence(job.id, job.fenced_until, now)
                 else:
                     note = f"{what}, {HUNG_RESTARTS + 1} times: stopped (its output: gandiva logs {job.id})"
                     await repo.finish(s, job, JobState.FAILED, now, note)
@@ -727,7 +730,7 @@ class LiveEngine:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.state != JobState.QUEUED.value:
                 return
-            if job.fenced_until > now:
+            if self.core.fence_holds(job_id, job.fenced_until, now):
                 holder, _ = self._holder_waits.get(job_id, ("", 0.0))
                 srv = await s.get(Server, holder) if holder else None
                 if srv is None or not srv.up or not self._holder_back(job_id, job.fenced_until, {srv.name}):
@@ -743,6 +746,7 @@ class LiveEngine:
                 # (the next round after it is up; else rechecked every heartbeat timeout, as
                 # after a scheduler restart), then at most until the wait ends.
                 job.fenced_until = min(restore.wait_until, now + self.core.settings.down_after_s)
+                self.core.note_fence(job_id, job.fenced_until, now)
                 job.message = restore.note
                 self._holder_waits[job_id] = (job.restore_server, job.fenced_until)
                 return
@@ -842,6 +846,7 @@ class LiveEngine:
                        f"take it ({failure}); its checkpoint is kept, and no new job is placed there for "
                        f"{LAUNCH_QUARANTINE_S:.0f}s")
                 await repo.requeue(s, job, now, why, fenced_until=now + self.core.settings.down_after_s)
+                self.core.note_fence(job_id, job.fenced_until, now)
                 log.warning("job %s: %s", job_id, why)
                 return
             self._dest_refusals.pop(job_id, None)
@@ -864,6 +869,7 @@ class LiveEngine:
                     fence = now + self.core.settings.down_after_s
                     why += f" (try {tries} of {MAX_FETCH_TRIES}); trying again in {fence - now:.0f}s"
                 await repo.requeue(s, job, now, why, fenced_until=fence)
+                self.core.note_fence(job_id, job.fenced_until, now)
                 log.warning("job %s: %s", job_id, why)
                 return
             self._forget_fetches(job_id)
@@ -932,6 +938,7 @@ class LiveEngine:
                 await repo.requeue(s, job, now, f"launch on {server} failed for a reason of the server's, "
                                    f"not the job's ({result.message}): placed again elsewhere",
                                    fenced_until=now + self.core.settings.heartbeat_interval_s)
+                self.core.note_fence(job.id, job.fenced_until, now)
             elif restore and (holder := await self._holder_to_fetch_from(s, job, restore, server)) is not None:
                 # Read through the shared root from a server that is down: where each host
                 # exports its own ramdisk, the checkpoint went with it, maybe for a while only.
@@ -1021,6 +1028,7 @@ class LiveEngine:
             await repo.requeue(s, job, now, f"did not suspend when told: {why}; its process is stopped and "
                                "it is queued again (from its last checkpoint)",
                                fenced_until=now + self.core.settings.down_after_s)
+            self.core.note_fence(job.id, job.fenced_until, now)
         if server is not None:
             self.core.stop_on(server.name, job_id, incarnation, "trained on without suspending")
         log.warning("job %s: launch %s trained on without suspending; stopped and queued again", job_id, incarnation)
@@ -1038,6 +1046,7 @@ class LiveEngine:
                 return
             await repo.requeue(s, job, now, f"launch on {server} not confirmed within {timeout:.0f}s; withdrawn",
                                fenced_until=now + self.core.settings.down_after_s)
+            self.core.note_fence(job.id, job.fenced_until, now)
         self.core.stop_on(server, job_id, incarnation, "launch withdrawn")
         self.core.poke()
 

@@ -246,6 +246,7 @@ async def _carry_out(
             if fence:
                 why += f"; waiting {fence - now:.0f}s for {plan.source.name}'s lease to run out"
             await repo.requeue(s, job, now, f"migration failed, re-placing: {why}", fenced_until=fence)
+            core.note_fence(job_id, job.fenced_until, now)
         elif result.outcome is Outcome.MIGRATED:
             # The migration's checkpoint, at the destination, is the job's latest restore point.
             job.restore_checkpoint, job.restore_server, job.restore_step = result.checkpoint_path, dest_name, result.step

@@ -87,3 +87,28 @@ def test_the_scheduler_runs_on_it_unless_a_test_gives_its_own_clock(tmp_path: ob
     engine = create_async_engine("sqlite+aiosqlite://")
     assert isinstance(SchedulerCore(engine).clock, StepFreeClock)
     assert SchedulerCore(engine, clock=lambda: 5.0).clock() == 5.0
+
+
+def test_a_fence_runs_its_length_on_the_monotonic_clock_through_a_step_forward() -> None:
+    """A job's fence (queued until an unanswered launch's lease has run out) is a time on
+    this clock in the database; a step forward ended it at once. The live case:
+    tests/scheduler/api/test_clock_forward_fence.py."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+    clocks = Clocks()
+    core = SchedulerCore(create_async_engine("sqlite+aiosqlite://"), clock=lambda: clocks.wall,
+                         monotonic=lambda: clocks.mono)
+    now = core.clock()
+    core.note_fence("j", now + 6, now)
+    clocks.wall += 3600
+    clocks.run(5.9)
+    assert core.fence_holds("j", now + 6, core.clock())
+    clocks.run(0.2)
+    assert not core.fence_holds("j", now + 6, core.clock())
+    # One written before this scheduler started runs from its first look.
+    later = core.clock()
+    assert core.fence_holds("k", later + 6, later)
+    clocks.wall += 3600
+    assert core.fence_holds("k", later + 6, core.clock())
+    clocks.run(6.1)
+    assert not core.fence_holds("k", later + 6, core.clock())
+    assert not core.fence_holds("m", 0.0, core.clock())
