@@ -519,11 +519,16 @@ class Cluster:
                 for pid in [proc.pid, *child_pids(proc.pid)]:
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGTERM)
+                        # One the test held (SIGSTOP) and failed before letting go handles its
+                        # SIGTERM only once continued: it was waited for 15 s, then killed.
+                        os.kill(pid, signal.SIGCONT)
         for proc in self.procs.values():
             try:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(10)
+        self._remove_lease_folders()
         # Job processes left behind (a helper killed with -9 takes its jobs with it by
         # the parent-death signal): whatever still runs in this test's namespaces, only.
         for pid in self.net.pids():
@@ -533,6 +538,22 @@ class Cluster:
                 pass
         if self.channel is not None:
             self.channel.close()
+
+    def _remove_lease_folders(self) -> None:
+        """A helper that stops removes its lease folder in /dev/shm; one killed with -9 (a
+        fault) leaves it, for its next start on that ramdisk. None of this cluster's
+        ramdisks is used again: their folders go with it (one more each such test run)."""
+        from migration_helper.daemon import lease_path
+
+        for name in self.procs:
+            ramdisk = self.tmp / "rd" / name
+            if name == "scheduler" or not ramdisk.is_dir():
+                continue
+            with contextlib.suppress(OSError):
+                lease = lease_path(ramdisk)
+                if lease.parent != ramdisk:
+                    lease.unlink(missing_ok=True)
+                    lease.parent.rmdir()
 
 
 def child_pids(pid: int) -> list[int]:

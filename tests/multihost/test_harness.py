@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -53,3 +54,28 @@ def test_a_sample_taken_while_a_host_is_added_still_sees_that_hosts_processes(
             proc.kill()
             proc.wait(5)
         net.close()
+
+
+def test_a_cluster_closed_mid_fault_stops_a_held_helper_at_once_and_leaves_no_lease_folder(
+        multihost: conftest.Cluster) -> None:
+    """A fault test that fails while it holds a helper with SIGSTOP (test_i9s_faults -k
+    transfer, -k failed_at_both_ends) or after it killed one with -9 leaves the cluster to
+    the fixture's close. The held helper never handled the SIGTERM close sent it: close
+    waited 15 s for it, then killed it with -9 (teardown 20.5 s instead of 2 s, seen), and
+    a helper killed with -9 leaves its lease folder in /dev/shm (one more each such run:
+    /dev/shm/gandiva-lease-*). Now the held helper is continued with its SIGTERM and stops
+    as it would (its own exit, which removes its folder), and the folders of helpers killed
+    with -9 go with the cluster."""
+    from migration_helper.daemon import lease_path
+
+    c = multihost
+    c.add_helper("h1")
+    c.add_helper("h2")
+    folders = {name: lease_path(c.tmp / "rd" / name).parent for name in ("h1", "h2")}
+    assert all(f.is_dir() for f in folders.values()), folders
+    c.signal("h1", signal.SIGSTOP)  # the test fails here, before it lets h1 go
+    c.kill9("h2")
+    c.close()
+    assert c.procs["h1"].wait(10) != -signal.SIGKILL, "the held helper had to be killed with -9"
+    left = [str(f) for f in folders.values() if f.exists()]
+    assert left == [], f"lease folders left in /dev/shm: {left}"
