@@ -1051,9 +1051,11 @@ class Controller:
         self._cut_pending = False
         if self._queue:
             self._apply_queued(adapter)
+        self._drop_pre_swap()  # its scratch space (RAM) is not left to the next process
 
     def finish(self) -> None:
         """The program ended: answer commands that will never reach a boundary."""
+        self._drop_pre_swap()
         while (cmd := self._next(block=False)) is not None:
             self._ack(Ack(cmd.id, False, "the program finished before its next training step",
                           step=self.meter.steps))

@@ -184,6 +184,7 @@ def test_weights_swapped_in_after_the_last_step_hold_no_command_for_ever(
     for name, value in trained.items():
         np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value, err_msg=name)
     assert not np.array_equal(trained["w"], trained["w/ExponentialMovingAverage"])
+    assert ctl._pre_swap is None  # its scratch copy is deleted when the session closes
     if swap == "assign":
         *_, uninterrupted, _ = _final_swap_program(swap, tmp_path / "a", steps=6, evaluations=3)
         *_, restored, _ = _final_swap_program(swap, tmp_path / "r", steps=6, evaluations=3,
