@@ -502,8 +502,11 @@ def _run(args: argparse.Namespace) -> int:
                               share_block_after_s=args.share_block_after,
                               large_block_after_s=args.large_block_after,
                               **{field: getattr(args, field) for field in RULE_FLAGS})
-    except (TraceError, ValueError) as exc:
+    except TraceError as exc:
         err.print(f"gandiva sim: [red]error:[/red] {escape(str(exc))}")
+        return 2
+    except ValueError as exc:
+        err.print(f"gandiva sim: [red]error:[/red] {escape(_said_as_flags(str(exc), args))}")
         return 2
     if fmt in GAVEL and args.throughputs == "auto" and model.gavel is None:
         # Its lengths are steps: at the built-in rates they are other durations than Gavel's.
@@ -536,7 +539,7 @@ def _run(args: argparse.Namespace) -> int:
                                  f"1e11 s (3,000 years), where virtual time loses its precision; give at least "
                                  f"{lowest:.3g} for this trace")
         except ValueError as exc:
-            err.print(f"gandiva sim: [red]error:[/red] {escape(str(exc))}")
+            err.print(f"gandiva sim: [red]error:[/red] {escape(_said_as_flags(str(exc), args))}")
             return 2
         err.print(f"offered load {load:.3g} -> {args.target_load:g}: arrival times x{factor:.4g}")
     elif math.isfinite(load):
@@ -592,6 +595,25 @@ def _run(args: argparse.Namespace) -> int:
                   f"{escape(exc.strerror or str(exc))} (the summary above is complete)")
         return 1
     return 0
+
+
+# What the policy's config, the generator and the load scaling call a flag's value, where that is
+# not the flag's name with "_" for "-": their refusals ("slice_growth must not be negative, got
+# -1.0", "num_jobs must be at least 1, got 0", "target load must be positive") said a field of
+# the code, not the flag the user gave.
+_FIELDS_OF_FLAGS = {"num_jobs": "jobs", "target load": "target_load", "host memory": "host_memory_gib",
+                    "quantum_s": "quantum", "fifo_after_s": "fifo_after", "share_block_after_s": "share_block_after",
+                    "large_block_after_s": "large_block_after"}
+_FIELD = re.compile(r"\b(?:target load|host memory|[a-z]+(?:_[a-z]+)+)\b")
+
+
+def _said_as_flags(text: str, args: argparse.Namespace) -> str:
+    """``text`` with each name of a flag's value (``slice_growth``) said as the flag (``--slice-growth``)."""
+    def flag(match: re.Match[str]) -> str:
+        dest = _FIELDS_OF_FLAGS.get(match[0], match[0])
+        return "--" + dest.replace("_", "-") if hasattr(args, dest) else match[0]
+
+    return _FIELD.sub(flag, text)
 
 
 def _check_writable(path: Path, trace: Path | None, table: Path | None = None) -> None:

@@ -95,7 +95,7 @@ def test_unchecked_host_memory_replays_as_before() -> None:
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
-    ("--host-memory-gib", "-1", "host memory must not be negative"),
+    ("--host-memory-gib", "-1", "--host-memory-gib must not be negative"),  # (was "host memory must")
     ("--job-host-memory-gib", "-2", "--job-host-memory-gib must not be negative"),
 ])
 def test_the_cli_refuses_negative_memory(capsys: pytest.CaptureFixture[str], flag: str, value: str,
