@@ -359,8 +359,13 @@ def test_a_server_no_peer_can_stream_to_gets_no_more_jobs_to_fetch_and_the_job_r
     free again. The policy first places it on x (beside the job there); the fetch fails;
     then x gets no new job for a while, and the job resumes on y from its checkpoint. Before,
     x, running a job, was still offered to the policy: the job was placed there and refused
-    ten times, then started over from step 0 (its 42 steps lost)."""
-    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=5.0, checkpoint_interval_s=0.5)
+    ten times, then started over from step 0 (its 42 steps lost).
+
+    No server is lost here: a server is down after 5 s without a heartbeat (the refused
+    job's fence, before it goes back to y). With 2 s, the heartbeats of Beats, in this
+    process beside the scheduler, came more than 2 s apart at load 25: x was called down
+    and its stream ended before its launch ("no launch command for x", 1 run in 15)."""
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=5.0, command_timeout_s=5.0, checkpoint_interval_s=0.5)
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
     f = Fake(sched.address, gpus={"y": 1}, agents=True)
     beats = Beats(f)
