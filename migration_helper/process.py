@@ -329,6 +329,8 @@ class JobProcess:
     # When the grace of a stop's SIGTERM runs out (monotonic), None when no stop gave one:
     # the launch's processes that outlive their wrapper may use the rest of it (_grace).
     _grace_until: float | None = None
+    # pid: start time (clock ticks since boot) of each process found as the launch's (_marked)
+    _known: dict[int, bytes] = field(default_factory=dict)
 
     async def start(self, on_exit: Callable[[JobProcess], None]) -> None:
         """Spawn the process; ``on_exit`` is called once when it ends."""
@@ -638,11 +640,12 @@ class JobProcess:
         if sig == signal.SIGSTOP:
             stop_all(self.escaped, group=self.pid)
             return
+        escaped = self.escaped()  # (first: one whose parent the group's signal ends is found by it)
         try:
             os.killpg(self.pid, sig)
         except ProcessLookupError:
             pass
-        for pid in self.escaped():
+        for pid in escaped:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
@@ -664,18 +667,41 @@ class JobProcess:
         return found
 
     def _marked(self) -> list[int]:
-        """Every live process carrying this launch's mark (LAUNCH_ENV), which all its
-        descendants inherit, but the leader."""
+        """Every live process of this launch but the leader: those carrying its mark
+        (LAUNCH_ENV), which all its descendants inherit; those whose parent is of the
+        launch (or is the leader, not yet reaped): a worker started with an environment
+        built from scratch (`env -i`, `subprocess.Popen(env={...})`), a child mid-exec
+        (its environment reads empty for an instant); and those found so before that still
+        run (the same pid started at the same time: such a worker once orphaned)."""
         if not self.pid:
             return []
         mark = f"{LAUNCH_ENV}={self.launch_id}".encode()
-        found = []
+        found: set[int] = set()
+        others: dict[int, int] = {}  # pid: parent, of the live processes without the mark
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in (self.pid, os.getpid()):
                 continue
-            if carries(int(entry), mark):  # (False when gone meanwhile, or not ours to read)
-                found.append(int(entry))
-        return found
+            pid = int(entry)
+            if carries(pid, mark):  # (False when gone meanwhile, or not ours to read)
+                found.add(pid)
+                continue
+            fields = stat_fields(pid)
+            if len(fields) > 19 and fields[0] not in (b"Z", b"X"):
+                if self._known.get(pid) == fields[19]:
+                    found.add(pid)
+                else:
+                    others[pid] = int(fields[1])
+        parents = found | ({self.pid} if self.exit_code is None else set())  # (a reaped leader's pid may be another's)
+        while True:  # their descendants, generation by generation
+            children = {pid for pid, parent in others.items() if parent in parents and pid not in found}
+            if not children:
+                break
+            found |= children
+            parents = children
+        for pid in found:
+            if pid not in self._known and len(fields := stat_fields(pid)) > 19:
+                self._known[pid] = fields[19]
+        return sorted(found)
 
     def freeze(self) -> None:
         """Stop every process of the job where it stands (SIGSTOP): it trains no further

@@ -69,6 +69,26 @@ async def test_the_lease_freezes_and_a_stop_ends_a_worker_in_a_session_of_its_ow
             os.kill(worker, signal.SIGKILL)
 
 
+async def test_a_worker_with_an_environment_of_its_own_is_frozen_and_stopped_with_its_launch(
+        tmp_path: Path) -> None:
+    """A worker started with an environment built from scratch (`env -i`, a launcher's
+    `subprocess.Popen(env={...})`) in a session of its own carries no mark of its launch:
+    the freeze left it training and a stop left it running on, unsupervised. Now a process
+    whose parent is of the launch is of it too, and one found so stays so while it lives."""
+    proc, worker = await started(tmp_path, ["bash", "-c", "env -i setsid sleep 300 & echo $! > worker.pid; wait"])
+    try:
+        assert b"GANDIVA" not in Path(f"/proc/{worker}/environ").read_bytes()
+        proc.freeze()
+        assert await becomes(worker, "T") == "T"
+        proc.thaw()
+        assert await becomes(worker, "S", "R") in ("S", "R")
+        await proc.stop(grace_s=5.0)
+        assert await becomes(worker, "gone", "Z") in ("gone", "Z")
+    finally:
+        with contextlib.suppress(OSError):  # the test's own process, whatever happened
+            os.kill(worker, signal.SIGKILL)
+
+
 async def test_a_job_that_ends_takes_its_worker_in_a_session_of_its_own_with_it(tmp_path: Path) -> None:
     proc, worker = await started(tmp_path, ["bash", "-c", "setsid sleep 300 & echo $! > worker.pid; sleep 0.3"])
     try:
