@@ -9,8 +9,9 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 
 
 def gandiva_home() -> Path:
-    """The folder for the embedded database, logs and ramdisk fallbacks (default ~/.gandiva)."""
-    return Path(os.environ.get("GANDIVA_HOME", Path.home() / ".gandiva")).expanduser()
+    """The folder for the embedded database, logs and ramdisk fallbacks (default ~/.gandiva;
+    set empty, too: it was the current directory, as GANDIVA_DB and GANDIVA_SCHEDULER are not)."""
+    return Path(os.environ.get("GANDIVA_HOME") or Path.home() / ".gandiva").expanduser()
 
 
 def default_db_url() -> str:

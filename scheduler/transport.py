@@ -105,6 +105,7 @@ def _replaceable_by_others(path: str) -> str:
 
 
 _TOKEN_TEXT = re.compile(r"[!-~]+")  # what an HTTP header value may carry unquoted
+MAX_TOKEN_CHARS = 1024  # gdv.NAME.SECRET is at most 112; gRPC takes metadata of up to 16 KiB
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,12 @@ class ClientSecurity:
             bad = next(i for i, c in enumerate(sec.token) if not _TOKEN_TEXT.fullmatch(c))
             raise SecurityError(f"--token (or {ENV_TOKEN}): not a token: character {bad + 1} is not printable "
                                 "ASCII (a line end, a blank, a pasted quote?); copy it again from "
+                                "`gandiva token create`")
+        if len(sec.token) > MAX_TOKEN_CHARS:
+            # A file's contents given as the token: it went out, and came back as "refused: received
+            # metadata size exceeds hard limit (value length 100007 vs. 16384)".
+            raise SecurityError(f"--token (or {ENV_TOKEN}): not a token: {len(sec.token):,} characters, where a "
+                                f"token (gdv.NAME.SECRET) has at most {MAX_TOKEN_CHARS}; copy it again from "
                                 "`gandiva token create`")
         if bool(sec.tls_cert) != bool(sec.tls_key):
             raise SecurityError("--tls-cert and --tls-key go together (a client certificate and its key)")

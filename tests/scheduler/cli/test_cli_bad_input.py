@@ -862,3 +862,35 @@ def test_times_and_indices_past_what_a_clock_or_a_message_holds_are_named(gandiv
         monkeypatch.undo()
         time.tzset()
     assert (r.code, r.out, r.err.count("\n")) == (2, "", 1) and says in r.err and "Traceback" not in r.err, r
+
+
+def test_an_empty_gandiva_home_is_the_default_not_the_current_directory(
+        gandiva, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`GANDIVA_HOME= gandiva db upgrade` (a variable set empty, as `export GANDIVA_HOME=$UNSET` does)
+    made gandiva.db in the current directory, and `gandiva token list` looked for it there
+    ("no database at gandiva.db"); an empty GANDIVA_DB or GANDIVA_SCHEDULER was the default."""
+    home, elsewhere = tmp_path / "home", tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GANDIVA_HOME", "")
+    monkeypatch.delenv("GANDIVA_DB", raising=False)
+    monkeypatch.chdir(elsewhere)
+    missing = gandiva("token", "list")
+    assert (missing.code, missing.out) == (2, ""), missing
+    assert missing.err.startswith(f"gandiva token: no database at {home / '.gandiva' / 'gandiva.db'} "), missing.err
+    assert gandiva("db", "upgrade").code == 0
+    assert (home / ".gandiva" / "gandiva.db").exists() and list(elsewhere.iterdir()) == []
+
+
+def test_a_token_longer_than_any_token_is_refused_before_it_is_sent(
+        gandiva, sched, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """`GANDIVA_TOKEN=$(cat token-file-of-100KB)`: sent, it came back as "refused: received
+    metadata size exceeds hard limit (value length 100007 vs. 16384)", as if the scheduler had
+    refused the user."""
+    monkeypatch.setenv("GANDIVA_TOKEN", "t" * 100_000)
+    r = gandiva("get", "jobs", "--scheduler", sched.address)
+    assert (r.code, r.out) == (2, ""), r
+    assert r.err == ("gandiva: error: --token (or GANDIVA_TOKEN): not a token: 100,000 characters, where a token "
+                     "(gdv.NAME.SECRET) has at most 1024; copy it again from `gandiva token create`\n"), r.err
+    monkeypatch.setenv("GANDIVA_TOKEN", "t" * 1024)  # as long as one may be: sent (no --auth here: taken)
+    assert gandiva("get", "jobs", "--scheduler", sched.address).code == 0
