@@ -182,8 +182,16 @@ class PgHost:
             pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN})")
         self.ns, self.addr = net.add_host("db")
         self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-pg-"))
-        shutil.chown(self.dir, "postgres", "postgres")
         self.data = self.dir / "data"
+        try:
+            self._start(net, sched)
+        except BaseException:
+            # The fixture gets no PgHost to close: the server left running, its folder too.
+            self.close()
+            raise
+
+    def _start(self, net: Net, sched: str) -> None:
+        shutil.chown(self.dir, "postgres", "postgres")
         self._pg("initdb", "-D", str(self.data), "-A", "trust", "-U", "gandiva", "-E", "UTF8", "--no-sync")
         with open(self.data / "pg_hba.conf", "a") as hba:
             hba.write(f"host all all {SUBNET}.0/24 trust\n")

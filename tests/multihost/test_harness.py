@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -79,3 +80,39 @@ def test_a_cluster_closed_mid_fault_stops_a_held_helper_at_once_and_leaves_no_le
     assert c.procs["h1"].wait(10) != -signal.SIGKILL, "the held helper had to be killed with -9"
     left = [str(f) for f in folders.values() if f.exists()]
     assert left == [], f"lease folders left in /dev/shm: {left}"
+
+
+def test_a_database_host_that_fails_to_start_leaves_no_server_and_no_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PgHost (a test's own PostgreSQL on a host of its own) starts its server, then
+    pins the scheduler's and the database's link addresses. A failure there (or in
+    initdb, or the start) raised out of its constructor: the fixture had no PgHost to
+    close, and the server went on running in a namespace about to be deleted, its
+    folder left in /tmp, one of each such run. Now the constructor stops what it
+    started before it raises."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    if not Path(conftest.PG_BIN, "postgres").exists():
+        pytest.skip(f"PostgreSQL 15 is not installed ({conftest.PG_BIN})")
+    real_ip = conftest._ip
+
+    def ip(*args: str) -> None:
+        if "neigh" in args:
+            raise subprocess.CalledProcessError(2, ["ip", *args], stderr="RTNETLINK answers: (injected)")
+        real_ip(*args)
+
+    monkeypatch.setattr(conftest, "_ip", ip)
+    folders = f"/tmp/{conftest.PREFIX}-pg-*"
+    before = set(glob.glob(folders))
+    net = Net()
+    try:
+        net.add_host("sched")
+        with pytest.raises(subprocess.CalledProcessError):
+            conftest.PgHost(net)
+        running = net.pids()
+        assert running == [], f"PostgreSQL still runs on the db host: pids {running}"
+        assert set(glob.glob(folders)) - before == set(), "its folder was left in /tmp"
+    finally:
+        for pid in net.pids():  # (what the constructor left, before it stopped it)
+            os.kill(pid, signal.SIGKILL)
+        net.close()
