@@ -755,6 +755,7 @@ class LiveEngine:
                 # (progress reports never lower the count: it showed the old one until passed).
                 where += f"; from its checkpoint's step {job.restore_step} (it was at {job.steps})"
                 job.steps = job.restore_step
+                job.metrics = {}  # (the lost process's, of a later step: a loss beside the step it restarts at)
             if restore.path:
                 where += f", resuming from {restore.path}"
             elif restore.fetch_from:
@@ -770,6 +771,7 @@ class LiveEngine:
                     # it showed the lost process's count until the new one passed it).
                     where += f"; no checkpoint: it starts over, its step count with it (it was at {job.steps})"
                     job.steps = 0
+                    job.metrics = {}  # (its loss with it: "step 0 / 4,000" read beside the loss of step 291)
             first_wait = now - job.submitted_at if not job.started_at else None  # its first start
             await repo.place(s, job, [(g.server, g.index) for g in gpus], incarnation, now, f"{reason} on {where}")
         if first_wait is not None:
