@@ -1617,6 +1617,13 @@ class SchedulerCore:
         return (self.monotonic() - self.started_mono >= self.settings.down_after_s
                 and self._silence(name) >= self.settings.down_after_s)
 
+    def heard_ago(self, name: str) -> float | None:
+        """Seconds since the server was last heard from, on the monotonic clock; None when
+        this scheduler has not heard it since it started (its recorded `last_heartbeat`, a
+        wall-clock time, is all there is then)."""
+        heard = self._heard.get(name)
+        return None if heard is None else self.monotonic() - heard
+
     def _silence(self, name: str) -> float:
         """Seconds since the server was last heard from (or since this scheduler started)."""
         return self.monotonic() - self._heard.get(name, self.started_mono)

@@ -1345,29 +1345,12 @@ def test_a_job_whose_checkpoint_server_is_down_waits_for_it_a_bounded_time(
     the job is not started from step 0 elsewhere at once; it waits, saying why, up to
     `checkpoint_wait_s` after that server's last heartbeat. Back in time, the server streams
     the checkpoint to where the job is placed; not back, the job starts from step 0."""
-    from .test_runtime_api import FakeShim
-
     settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0,
                         checkpoint_interval_s=0.5, checkpoint_wait_s=30.0 if back else 4.0)
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
     f = Fake(sched.address, gpus={"y": 1}, agents=True)
-    shim = None
     try:
-        job_id = f.submit()
-        wait_for(lambda: f.job(job_id).placement)
-        cmd = _next_command(f, "y", "launch")
-        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="y", command_id=cmd.command_id, ok=True))
-        shim = FakeShim(f.ch, job_id, cmd.launch.incarnation)
-        path = f"/ram/y/{job_id}/periodic-{cmd.launch.incarnation}"
-
-        def checkpointed() -> bool:
-            f.heartbeat("y", (job_id, cmd.launch.incarnation))
-            events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
-            return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
-
-        wait_for(checkpointed, 15)
-        f.register("x")
-        f.keep_alive("x")  # and "y" falls silent: down after 2 s, its job re-queued
+        job_id, path = checkpointed_on_y(f, wait_for)
         if back:
             # (The wait is said only until it ends, 4 s after y's last heartbeat in the other
             # case: y called down late by a starved scheduler left it under a second, or none,
@@ -1398,9 +1381,30 @@ def test_a_job_whose_checkpoint_server_is_down_waits_for_it_a_bounded_time(
             assert placed.at >= heard + 4.0, f"started {placed.at - heard:.2f}s after y's last heartbeat, not 4 s"
             assert "its checkpoint is on y, which is down: it starts from step 0" in placed.reason, placed.reason
     finally:
-        if shim is not None:
-            shim.close()
         f.close()
+
+
+def checkpointed_on_y(f: Fake, wait_for: Any) -> tuple[str, str]:
+    """A job launched on server "y" (the only one), its runtime connected and its periodic
+    checkpoint taken (step 42, the fake shim's); then "x" registers and is kept alive while
+    "y" falls silent (down after the heartbeat timeout, its job re-queued). Returns (job id,
+    the checkpoint's path)."""
+    job_id = f.submit()
+    wait_for(lambda: f.job(job_id).placement)
+    cmd = _next_command(f, "y", "launch")
+    f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="y", command_id=cmd.command_id, ok=True))
+    f.shim(job_id, cmd.launch.incarnation)
+    path = f"/ram/y/{job_id}/periodic-{cmd.launch.incarnation}"
+
+    def checkpointed() -> bool:
+        f.heartbeat("y", (job_id, cmd.launch.incarnation))
+        events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
+        return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
+
+    wait_for(checkpointed, 15)
+    f.register("x")
+    f.keep_alive("x")
+    return job_id, path
 
 
 def test_a_job_waiting_for_its_checkpoints_server_is_placed_as_soon_as_that_server_is_back(
@@ -1414,21 +1418,8 @@ def test_a_job_waiting_for_its_checkpoints_server_is_placed_as_soon_as_that_serv
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
     f = Fake(sched.address, gpus={"y": 1}, agents=True)
     try:
-        job_id = f.submit()
-        wait_for(lambda: f.job(job_id).placement)
-        cmd = _next_command(f, "y", "launch")
-        f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="y", command_id=cmd.command_id, ok=True))
-        shim = f.shim(job_id, cmd.launch.incarnation)
-        path = f"/ram/y/{job_id}/periodic-{cmd.launch.incarnation}"
-
-        def checkpointed() -> bool:
-            f.heartbeat("y", (job_id, cmd.launch.incarnation))
-            events = f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
-            return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
-
-        wait_for(checkpointed, 15)
-        f.register("x")
-        f.keep_alive("x")
+        job_id, path = checkpointed_on_y(f, wait_for)
+        shim = f.shims[-1]
         shim.close()  # y's helper stops its job, then says it is leaving: y is down at once
         f.helper.Heartbeat(helper_pb2.HeartbeatRequest(name="y", leaving=True))
         wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_QUEUED
