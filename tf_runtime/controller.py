@@ -341,6 +341,10 @@ class Controller:
         self._read_since_restore = False  # the program read the step after that restore
         self._restore_again = False
         self._restore_at_training = False  # the same for values copied from restored state
+        # Files the program's own Savers wrote since the restore, and whether one of them is
+        # being restored now (tf_runtime.shim): values of the restored state, as a copy is.
+        self.saved_since_restore: set[str] = set()
+        self.restoring_own_save = False
         # A restore that failed into a session bound before the first training step (an
         # evaluation session initialised first): fatal only if that session trains.
         self._unfit: CheckpointError | None = None
@@ -840,10 +844,12 @@ class Controller:
         staged = reset and not (info.loads_trainable or info.restores) and \
             self._read_since_restore
         if (info.initializes or info.initializes_some or info.restores) and \
-                self._restored_into is adapter and not staged and info.copies_state:
+                self._restored_into is adapter and not staged and (
+                    info.copies_state or (info.restores and self.restoring_own_save)):
             # Values copied from the restored state into the weights (the moving averages
             # swapped in for a final evaluation, made at once by a copy restored at its last
-            # step): restored over only at the first training run, if one comes. Before, they were restored
+            # step; or restored by the program's own Saver from a file it saved since the
+            # restore): restored over only at the first training run, if one comes. Before, they were restored
             # over before the evaluation's first run: that copy evaluated, and ended with,
             # the trained weights instead of the averages.
             self._restore_at_training = True

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 import threading
 from types import ModuleType
@@ -60,11 +61,11 @@ def _patch_tensorflow() -> None:
     orig_stop_created, orig_stop_after_run = stop_hook.after_create_session, stop_hook.after_run
     saver_hook = hooks_mod.CheckpointSaverHook
     orig_saver_created, orig_saver_after_run = saver_hook.after_create_session, saver_hook.after_run
-    orig_saver_save = saver_mod.Saver.save
+    orig_saver_save, orig_saver_restore = saver_mod.Saver.save, saver_mod.Saver.restore
     orig_warm_start = checkpoint_utils._init_from_checkpoint
     launch_devices.keep()  # the program's own CUDA_VISIBLE_DEVICES, set before its import
     _ORIG.update(init=orig_init, run=orig_run, close=orig_close, finalize=orig_finalize,
-                 saver_save=orig_saver_save, make=orig_make, make_opts=orig_make_opts, partial=orig_partial,
+                 saver_save=orig_saver_save, saver_restore=orig_saver_restore, make=orig_make, make_opts=orig_make_opts, partial=orig_partial,
                  partial_setup=orig_partial_setup, stop_created=orig_stop_created,
                  stop_after_run=orig_stop_after_run, warm_start=orig_warm_start,
                  saver_created=orig_saver_created, saver_after_run=orig_saver_after_run)
@@ -273,10 +274,30 @@ def _patch_tensorflow() -> None:
                                         _CONTROLLER[0].job_started_at)
             except Exception:  # never break the program's save
                 log.exception("could not take up the program's earlier checkpoints")
-        return orig_saver_save(self, sess, save_path, *args, **kwargs)
+        saved = orig_saver_save(self, sess, save_path, *args, **kwargs)
+        if _CONTROLLER and _CONTROLLER[0].restored and isinstance(saved, str):
+            _CONTROLLER[0].saved_since_restore.add(os.path.abspath(saved))
+        return saved
+
+    def saver_restore(self: Any, sess: Any, save_path: Any) -> Any:
+        # A file this process saved after Gandiva's restore holds values of the restored
+        # state (the weights saved, the averages restored into them for an evaluation):
+        # not a pre-trained backbone's that the restore must go over again before reads.
+        ctl = _CONTROLLER[0] if _CONTROLLER else None
+        own = ctl is not None and isinstance(save_path, str) and \
+            os.path.abspath(save_path) in ctl.saved_since_restore
+        if ctl is not None and own:
+            ctl.restoring_own_save = True
+        try:
+            return orig_saver_restore(self, sess, save_path)
+        finally:
+            if ctl is not None and own:
+                ctl.restoring_own_save = False
 
     saver_save.__doc__ = orig_saver_save.__doc__
     saver_mod.Saver.save = saver_save
+    saver_restore.__doc__ = orig_saver_restore.__doc__
+    saver_mod.Saver.restore = saver_restore
 
     def warm_start(ckpt_dir_or_file: Any, assignment_map: Any) -> Any:
         # `init_from_checkpoint` of a file the program deleted once it had initialised (a
@@ -392,6 +413,7 @@ def uninstall() -> None:
     from tensorflow.python.training import saver as saver_mod
 
     saver_mod.Saver.save = _ORIG["saver_save"]
+    saver_mod.Saver.restore = _ORIG["saver_restore"]
     from tensorflow.python.training import checkpoint_utils
 
     checkpoint_utils._init_from_checkpoint = _ORIG["warm_start"]

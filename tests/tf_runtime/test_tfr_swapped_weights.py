@@ -138,6 +138,7 @@ def _final_swap_program(swap: str, tmp_path: Path, *, steps: int, evaluations: i
                                         str(tmp_path / "ck") if kind is Kind.CHECKPOINT else ""))
         trained = {v.op.name: sess.run(v.value()) for v in tf.compat.v1.global_variables()}
         if swap == "restore":
+            (tmp_path / "own").mkdir(parents=True, exist_ok=True)
             ema_saver.restore(sess, saver.save(sess, str(tmp_path / "own" / "model")))
         else:
             sess.run(swap_in_op)
@@ -166,10 +167,10 @@ def test_weights_swapped_in_after_the_last_step_hold_no_command_for_ever(
     it ends its loop at once and makes the swap and the evaluation itself: the swap, made
     before any training run, was taken for the program overwriting the restored variables
     and restored over before the evaluation's first run, so that copy evaluated, and ended
-    with, the trained weights (found s53). Values copied from the restored state are now
+    with, the trained weights (found s53). Values copied from the restored state (or
+    restored by the program's own Saver from a file it saved since: `restore`) are now
     restored over only at a first training run: it ends with every variable bit-identical
-    to the uninterrupted run's. (The program's own Saver restoring the averages is still
-    restored over: `restore`, a known limit.)"""
+    to the uninterrupted run's."""
     monkeypatch.setattr(controller_module, "SWAP_BACK_WAIT_S", 0.2)
     ctl, trained, _, before_close = _final_swap_program(
         swap, tmp_path, steps=6, evaluations=400,
@@ -185,10 +186,9 @@ def test_weights_swapped_in_after_the_last_step_hold_no_command_for_ever(
         np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value, err_msg=name)
     assert not np.array_equal(trained["w"], trained["w/ExponentialMovingAverage"])
     assert ctl._pre_swap is None  # its scratch copy is deleted when the session closes
-    if swap == "assign":
-        *_, uninterrupted, _ = _final_swap_program(swap, tmp_path / "a", steps=6, evaluations=3)
-        *_, restored, _ = _final_swap_program(swap, tmp_path / "r", steps=6, evaluations=3,
-                                              restore_dir=tmp_path / "ck")
-        assert restored.keys() == uninterrupted.keys()
-        for name, value in uninterrupted.items():
-            np.testing.assert_array_equal(restored[name], value, err_msg=name)
+    *_, uninterrupted, _ = _final_swap_program(swap, tmp_path / "a", steps=6, evaluations=3)
+    *_, restored, _ = _final_swap_program(swap, tmp_path / "r", steps=6, evaluations=3,
+                                          restore_dir=tmp_path / "ck")
+    assert restored.keys() == uninterrupted.keys()
+    for name, value in uninterrupted.items():
+        np.testing.assert_array_equal(restored[name], value, err_msg=name)
