@@ -18,6 +18,7 @@ from scheduler.core import Settings
 from scheduler.policy.types import PolicyConfig
 
 from .. import asking
+from ..leases import remove_lease_folders
 
 
 class Cluster:
@@ -53,6 +54,9 @@ class Cluster:
 
     def close(self) -> None:
         stop_processes(self.helpers)
+        for proc in self.helpers:  # (one killed after its grace: reaped)
+            proc.wait(10)
+        remove_lease_folders(self.tmp.glob("ramdisk-*"))
         self.channel.close()
 
 

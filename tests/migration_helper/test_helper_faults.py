@@ -23,6 +23,7 @@ import pytest
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler.core import Settings
 
+from ..leases import remove_lease_folders
 from ..scheduler.faults.test_db_outage import proxied_pg_url  # noqa: F401 - a fixture
 from ..scheduler.faults.test_pg_starting_up import StartingUp
 
@@ -116,6 +117,8 @@ def helpers(tmp_path: Path) -> Iterator[Callable[[str, str], subprocess.Popen[st
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(10)
+    remove_lease_folders((tmp_path / "rd").glob("*"))
 
 
 def test_destination_lost_mid_transfer_restarts_the_job_at_its_source_at_once(

@@ -33,6 +33,7 @@ import pytest
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 from .. import asking
+from ..leases import remove_lease_folders
 from ..tf_runtime.conftest import load_variables
 
 # Every name this harness creates starts with this (namespaces, links, the bridge).
@@ -536,7 +537,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
-        self._remove_lease_folders()
+        remove_lease_folders(self.tmp / "rd" / name for name in self.procs if name != "scheduler")
         # Job processes left behind (a helper killed with -9 takes its jobs with it by
         # the parent-death signal): whatever still runs in this test's namespaces, only.
         for pid in self.net.pids():
@@ -546,22 +547,6 @@ class Cluster:
                 pass
         if self.channel is not None:
             self.channel.close()
-
-    def _remove_lease_folders(self) -> None:
-        """A helper that stops removes its lease folder in /dev/shm; one killed with -9 (a
-        fault) leaves it, for its next start on that ramdisk. None of this cluster's
-        ramdisks is used again: their folders go with it (one more each such test run)."""
-        from migration_helper.daemon import lease_path
-
-        for name in self.procs:
-            ramdisk = self.tmp / "rd" / name
-            if name == "scheduler" or not ramdisk.is_dir():
-                continue
-            with contextlib.suppress(OSError):
-                lease = lease_path(ramdisk)
-                if lease.parent != ramdisk:
-                    lease.unlink(missing_ok=True)
-                    lease.parent.rmdir()
 
 
 def child_pids(pid: int) -> list[int]:
