@@ -229,8 +229,14 @@ def run_logs(args: argparse.Namespace) -> int:
         from scheduler.cli.client import client_from_args, run_command
 
         return run_command("gandiva logs", lambda: _remote_logs(args, client_from_args(args)))
+    from scheduler.validation import MAX_ID
+
     log_dir = (args.log_dir or default_log_dir()).expanduser()
     path = log_dir / f"{args.job}.log"
+    if len(args.job.encode()) > MAX_ID:  # a file name too long for the file system: it was a traceback
+        print(f"gandiva logs: {args.job[:40]!r}... is not a job id ({len(args.job.encode()):,} bytes; an id has at "
+              f"most {MAX_ID}, such as j-8d0de09391)", file=sys.stderr)
+        return 2
     if "/" in args.job or not path.is_file():
         print(f"gandiva logs: no output for job {args.job!r} under {log_dir} "
               "(logs stay on the server that ran the job)", file=sys.stderr)

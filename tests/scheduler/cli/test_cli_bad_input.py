@@ -894,3 +894,14 @@ def test_a_token_longer_than_any_token_is_refused_before_it_is_sent(
                      "(gdv.NAME.SECRET) has at most 1024; copy it again from `gandiva token create`\n"), r.err
     monkeypatch.setenv("GANDIVA_TOKEN", "t" * 1024)  # as long as one may be: sent (no --auth here: taken)
     assert gandiva("get", "jobs", "--scheduler", sched.address).code == 0
+
+
+def test_logs_local_of_an_id_longer_than_any_id_is_one_line(gandiva, tmp_path: Path) -> None:
+    """`gandiva logs --local ID` of a 5,000-character id (a pasted log line) was a traceback:
+    OSError: [Errno 36] File name too long."""
+    r = gandiva("logs", "--local", "--log-dir", str(tmp_path), "j-" + "a" * 4998)
+    assert (r.code, r.out) == (2, ""), r
+    assert r.err == ("gandiva logs: 'j-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'... is not a job id (5,000 bytes; an id "
+                     "has at most 64, such as j-8d0de09391)\n"), r.err
+    r = gandiva("logs", "--local", "--log-dir", str(tmp_path), "j-" + "a" * 62)  # as long as an id may be
+    assert r.code == 1 and "no output for job" in r.err, r
