@@ -10,8 +10,9 @@ scheduler started and that the lines before it were read back (none for a new da
 GPUs come from the GPUs' history (``gpu_holds``, scheduler/observe/holds.py), which also draws
 the per-GPU timeline again (``read_back_timeline``). What they lack: the decisions that changed
 no state (a pack's start beside a running job that was not suspended; a suspended job's is its
-change to RUNNING, read back as the pack it was), whether a move was a grow or a shrink (read
-back as `migrate`), and the GPUs of a decision taken
+change to RUNNING, read back as the pack it was), whether a move rolled back (or under way) was a
+grow or a shrink (read back as `migrate`; one that moved is told by the GPUs held before and
+after it), and the GPUs of a decision taken
 before that history was kept (session 49).
 """
 
@@ -23,7 +24,7 @@ from sqlalchemy import func, select
 
 from scheduler.lifecycle import JobState
 from scheduler.observe import holds, why
-from scheduler.observe.metrics import DecisionLog, Timeline
+from scheduler.observe.metrics import DecisionLog, Timeline, said_of
 from scheduler.state.models import Event, Transition
 from scheduler.timeline import PACK_VERDICT
 
@@ -124,12 +125,18 @@ async def read_back(core: Any, log: DecisionLog, now: float) -> int:
     for at, kind, job_id, reason in rows:
         end = end_of(job_id, at) if kind == "migrate" else None
         arrived = end[0] if end is not None and _move_outcome(end[1], end[2]).startswith("moved") else None
-        log.add(at, kind, job_id, holds.gpus_of_decision(held.get(job_id, []), kind, at, arrived), reason)
+        gpus = holds.gpus_of_decision(held.get(job_id, []), kind, at, arrived)
+        if arrived is not None:
+            # A grow or a shrink is a move too: told apart by the GPUs held before and after it
+            # (before session 53 each read `migrate`, where the live log said grow or shrink).
+            before = len(holds.gpus_of_decision(held.get(job_id, []), "", at))
+            kind = "grow" if len(gpus) > before > 0 else "shrink" if 0 < len(gpus) < before else kind
+        log.add(at, kind, job_id, gpus, reason)
     for r in list(log.open.values()):
         end = end_of(r.job, r.at)
         if end is not None:  # (this record's own: settle() would take the job's latest)
             r.settled_at = end[0]
-            r.outcome = _move_outcome(end[1], end[2])
+            r.outcome = said_of(r.kind, _move_outcome(end[1], end[2]))
     log.open.clear()  # (the rest: not known, not settled by the jobs' ends either)
     if rows:  # a new database: nothing to say
         log.add(now, RESTART, "", (), f"the scheduler started; the {len(rows)} decisions before this line are read "

@@ -71,6 +71,13 @@ SETTLES = {"keep-pack": "kept", "unpack": "undone", "reject-pack": "rejected", "
            "not-done": "not done"}
 
 
+def said_of(kind: str, outcome: str) -> str:
+    """A move's outcome as its decision says it: a grow or shrink that happened "grown in
+    0.2s", "shrunk in 0.2s" (a migrate's "moved in 0.2s")."""
+    done = {"grow": "grown", "shrink": "shrunk"}.get(kind)
+    return f"{done}{outcome[5:]}" if done and outcome.startswith("moved ") else outcome
+
+
 def gpu_names(gpus: Sequence[pt.GpuRef]) -> tuple[str, ...]:
     return tuple(f"{g.server}/{g.index}" for g in gpus)
 
@@ -117,9 +124,7 @@ class DecisionLog:
             if r.kind == "pack" and (host := re.search(r"beside ([^,\s]+),", r.reason)):
                 pair.add(host[1])
             if jobs <= pair if len(pair) > 1 else job == r.job:
-                # (a grow or shrink that happened: "grown in 0.2s", "shrunk in 0.2s")
-                done = {"grow": "grown", "shrink": "shrunk"}.get(r.kind)
-                r.outcome = f"{done}{outcome[5:]}" if done and outcome.startswith("moved ") else outcome
+                r.outcome = said_of(r.kind, outcome)
                 r.settled_at = at
                 self.open.pop(r.id, None)
                 return True
