@@ -320,6 +320,10 @@ def get_users(args: argparse.Namespace, client: Client) -> int:
     output.print_table(USER_HEADERS, ([r["user"] or "-", r["running"] + r["migrating"], r["suspended"], r["queued"],
                                        r["finished"], r["gpus_running"], output.duration(r["gpu_seconds"])]
                                       for r in shown), args.no_headers)
+    if (ended := len(rows) - len(shown)) and not args.no_headers:
+        # (a header alone read as if no one had used the cluster: after `gandiva demo`, all)
+        who, are = ("user", "is") if ended == 1 else ("users", "are")
+        print(f"... {ended:,} {who} whose jobs have all ended {are} not listed: --all lists them")
     return EXIT_OK
 
 

@@ -84,3 +84,18 @@ def test_usage_over_a_period_per_user_and_job(gandiva, stub, helper, wait_for) -
     # negative unix time the user never typed).
     everything = gandiva("get", "usage", "--since", "99999999999d", "-o", "json")
     assert everything.code == 0 and json.loads(everything.out)["total"]["jobs"] == 2, everything.err
+
+
+def test_get_users_whose_jobs_all_ended_says_how_to_list_them(gandiva, stub, helper, wait_for) -> None:  # type: ignore[no-untyped-def]
+    """`gandiva get users` leaves out users whose jobs have all ended (--all lists them): after
+    `gandiva demo` it printed its header and nothing else, as if no one had used the cluster
+    (`gandiva get usage` counted 1,024.8 GPU-seconds)."""
+    spec = common_pb2.JobSpec(name="done", user="carol", command=["python", "t.py"], gpus=1)
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job.id
+    wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).state == common_pb2.JOB_STATE_RUNNING)
+    helper.exit(job, 0)
+    wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(id=job)).state == common_pb2.JOB_STATE_SUCCEEDED)
+    shown = gandiva("get", "users")
+    assert shown.code == 0 and "1 user whose jobs have all ended is not listed: --all lists them" in shown.out, shown
+    assert "carol" in gandiva("get", "users", "--all").out
+    assert json.loads(gandiva("get", "users", "-o", "json").out) == []  # (JSON: the rows only, as before)
