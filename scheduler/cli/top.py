@@ -73,6 +73,22 @@ def _interval(text: str) -> float:
     return value
 
 
+def _http_address(text: str) -> str:
+    """HOST:PORT of --http (or GANDIVA_HTTP), also given as the dashboard's URL (http://HOST:PORT/).
+    That URL was read as a host named "http" ("cannot read http://http://..."), a path as part of
+    the address ("Not Found"), a port past 65535 or a blank as a scheduler not running."""
+    address = text.strip()
+    if address[:7].lower() == "http://":
+        address = address[7:]
+    address = address.rstrip("/")
+    host, sep, port = address.rpartition(":")
+    if not (sep and host and address.isascii() and address.isprintable() and " " not in address
+            and "/" not in address and port.isdigit() and 0 < int(port) <= 65535):
+        raise ValueError(f"--http {text!r}: expected the scheduler's --http-listen address, HOST:PORT (e.g. "
+                         "127.0.0.1:9100), or its dashboard's URL, http://HOST:PORT/")
+    return address
+
+
 class NotHttp(ValueError):
     """The address answered, but not in HTTP (a gRPC port, say)."""
 
@@ -351,8 +367,9 @@ def run(args: argparse.Namespace) -> int:
               "--http HOST:PORT (or set GANDIVA_HTTP)", file=sys.stderr)
         return 2
     try:
+        args.http = _http_address(args.http)
         token = transport.ClientSecurity.from_env(args.token).token
-    except transport.SecurityError as err:
+    except (ValueError, transport.SecurityError) as err:
         print(f"gandiva top: {err}", file=sys.stderr)
         return 2
     if args.job and not args.decisions:

@@ -905,3 +905,24 @@ def test_logs_local_of_an_id_longer_than_any_id_is_one_line(gandiva, tmp_path: P
                      "has at most 64, such as j-8d0de09391)\n"), r.err
     r = gandiva("logs", "--local", "--log-dir", str(tmp_path), "j-" + "a" * 62)  # as long as an id may be
     assert r.code == 1 and "no output for job" in r.err, r
+
+
+@pytest.mark.parametrize("given", ["http://{}", "http://{}/", "{}/"])
+def test_top_takes_the_dashboards_url_as_its_address(gandiva, make_scheduler, sqlite_url, given: str) -> None:  # type: ignore[no-untyped-def]
+    """`gandiva top --http http://HOST:PORT/` (the dashboard's URL, as a browser shows it) was
+    "cannot read http://http://HOST:PORT/api/state (Name or service not known)"."""
+    sched = make_scheduler(sqlite_url, tick_s=0.2, http_listen="127.0.0.1:0")
+    r = gandiva("top", "--once", "--http", given.format(sched.server.http_address))
+    assert (r.code, r.err) == (0, "") and "latest decisions" in r.out, r
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.1:99999", "127.0.0.1:0", "a b:1", "\udcff:1",
+                                     "127.0.0.1:9100/api/state", "https://127.0.0.1:9100"])
+def test_top_refuses_what_is_no_address_naming_the_flag(gandiva, address: str) -> None:
+    """A port past 65535 and a blank were "Connection refused" or "did not answer HTTP" (as if
+    the scheduler were not running); a path was "Not Found"; a byte that is not UTF-8 was
+    "'latin-1' codec can't encode character"."""
+    r = gandiva("top", "--once", "--http", address)
+    assert (r.code, r.out) == (2, ""), r
+    assert r.err == (f"gandiva top: --http {address!r}: expected the scheduler's --http-listen address, HOST:PORT "
+                     "(e.g. 127.0.0.1:9100), or its dashboard's URL, http://HOST:PORT/\n"), r.err
