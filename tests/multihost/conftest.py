@@ -86,10 +86,14 @@ class Net:
         # it runs the path is first an empty file (its own inode), then mounted over.
         self.ready: list[str] = []
         self._inodes: set[int] = set()
-        _ip("netns", "add", self.bridge_ns)
-        self.ready.append(self.bridge_ns)
-        _ip("-n", self.bridge_ns, "link", "add", self.bridge, "type", "bridge")
-        _ip("-n", self.bridge_ns, "link", "set", self.bridge, "up")
+        try:
+            _ip("netns", "add", self.bridge_ns)
+            self.ready.append(self.bridge_ns)
+            _ip("-n", self.bridge_ns, "link", "add", self.bridge, "type", "bridge")
+            _ip("-n", self.bridge_ns, "link", "set", self.bridge, "up")
+        except BaseException:
+            self.close()  # the fixture gets no Net to close: its namespace stayed for good
+            raise
 
     def add_host(self, name: str) -> tuple[str, str]:
         """A host on the bridge: (its namespace, its address)."""
