@@ -118,13 +118,14 @@ def _final_swap_program(swap: str, tmp_path: Path, *, steps: int, evaluations: i
         ema = tf.compat.v1.train.ExponentialMovingAverage(0.5)
         with tf.control_dependencies([opt]):
             train = ema.apply([w, b])
-        swap_in = []
+        swap_in, swap_back = [], []
         for v in (w, b):
             backup = tf.compat.v1.get_variable(f"backup_{v.op.name}", initializer=tf.zeros_like(v),
                                                trainable=False)
             with tf.control_dependencies([backup.assign(v)]):
                 swap_in.append(v.assign(ema.average(v)))
-        swap_in_op = tf.group(*swap_in)
+            swap_back.append(v.assign(backup))
+        swap_in_op, swap_back_op = tf.group(*swap_in), tf.group(*swap_back)
         saver = tf.compat.v1.train.Saver()
         ema_saver = tf.compat.v1.train.Saver(ema.variables_to_restore())
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -132,6 +133,10 @@ def _final_swap_program(swap: str, tmp_path: Path, *, steps: int, evaluations: i
         while step < steps:
             sess.run(train)
             step = int(sess.run(gs))
+            if step in (2, 4):  # an evaluation in the loop, swapped back
+                sess.run(swap_in_op)
+                sess.run(evaluation)
+                sess.run(swap_back_op)
             if step == steps:
                 for kind in queue:
                     ctl.enqueue(Command(kind.name.lower(), kind,
@@ -172,6 +177,12 @@ def test_weights_swapped_in_after_the_last_step_hold_no_command_for_ever(
     restored over only at a first training run: it ends with every variable bit-identical
     to the uninterrupted run's."""
     monkeypatch.setattr(controller_module, "SWAP_BACK_WAIT_S", 0.2)
+    from tf_runtime import tf_session
+
+    snapshots: list[Any] = []
+    take = tf_session.TFSessionAdapter.snapshot
+    monkeypatch.setattr(tf_session.TFSessionAdapter, "snapshot",
+                        lambda self: snapshots.append(take(self)) or snapshots[-1])
     ctl, trained, _, before_close = _final_swap_program(
         swap, tmp_path, steps=6, evaluations=400,
         queue=(Kind.SUSPEND, Kind.CHECKPOINT, Kind.RESUME))
@@ -186,6 +197,9 @@ def test_weights_swapped_in_after_the_last_step_hold_no_command_for_ever(
         np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value, err_msg=name)
     assert not np.array_equal(trained["w"], trained["w/ExponentialMovingAverage"])
     assert ctl._pre_swap is None  # its scratch copy is deleted when the session closes
+    # A snapshot before the first swap in the loop and before the final one; none before
+    # the loop's second (a swap from there was put back before).
+    assert len(snapshots) == 2
     *_, uninterrupted, _ = _final_swap_program(swap, tmp_path / "a", steps=6, evaluations=3)
     *_, restored, _ = _final_swap_program(swap, tmp_path / "r", steps=6, evaluations=3,
                                           restore_dir=tmp_path / "ck")
