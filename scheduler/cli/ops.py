@@ -299,7 +299,7 @@ USER_HEADERS = ["USER", "RUNNING", "SUSPENDED", "QUEUED", "FINISHED", "GPUS-RUNN
 def get_users(args: argparse.Namespace, client: Client) -> int:
     """Per user (as the scheduler lists jobs: operators see everyone, others themselves):
     jobs by state, the GPUs their running jobs hold now, and the GPU time all their jobs
-    have had (time running x GPUs), most GPU time first."""
+    have had (time training x GPUs), most GPU time first."""
     jobs = list_all(client, "ListJobs", scheduler_pb2.ListJobsRequest(), "jobs")
     rows: dict[str, dict[str, Any]] = {}
     for job in jobs:
@@ -553,7 +553,8 @@ def describe_job(args: argparse.Namespace, client: Client) -> int:
         ("Finished", output.timestamp(job.finished_at)),
         ("Steps", _steps(job)), *([("ETA", eta.eta_text(job.eta_s, job.eta_note))] if job.eta_note else []),
         ("Rate", _rate_now(job)),
-        ("GPU time", f"{output.duration(job.gpu_seconds)} (time running x GPUs)"),
+        # (not "time running": its Sharing line's "running" leaves out a move's training)
+        ("GPU time", f"{output.duration(job.gpu_seconds)} (time training x GPUs: running, and moving while it trained on at its source)"),
         ("Host memory", f"{output.size(job.host_memory_bytes)} (its processes' resident set, last measured; "
                         "held while suspended too)" if job.host_memory_bytes else "not measured"),
         ("Suspendable", "yes" if job.suspendable else f"no ({job.control_note})"),

@@ -386,7 +386,8 @@ def test_gpu_time_per_job_and_user_matches_what_ran(observed_cluster, chromium) 
     users = gandiva_cli(c, "get", "users")
     samples = scrape(c.sched.server.http_address)
     after = time.time()
-    shown = re.search(r"GPU time: +(\d+)s \(time running x GPUs\)", described)
+    shown = re.search(r"GPU time: +(\d+)s \(time training x GPUs: running, and moving while it trained on at its "
+                      r"source\)", described)
     assert shown, described
     assert before - since[alice] - 1 <= int(shown[1]) <= after - since[alice] + 1, described
     rows = {line.split()[0]: line.split() for line in users.splitlines()[1:]}
