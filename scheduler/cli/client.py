@@ -112,6 +112,10 @@ class Client:
             raise CliError("--scheduler is empty; give HOST:PORT (or leave it out for GANDIVA_SCHEDULER, "
                            f"else {scheduler_address()})")
         self.address = scheduler_address(flag)
+        if self.address.startswith("unix:") and not self.address[5:].lstrip("/"):
+            # gRPC said "unavailable: empty address list; try again shortly", as of a scheduler restarting.
+            raise CliError(f"scheduler address {self.address}: no socket path; give unix:PATH, e.g. "
+                           "unix:/run/gandiva.sock (the scheduler's --also-listen)")
         port = self.address.rpartition(":")[2]
         if port.isascii() and port.isdigit() and int(port) > 65535:  # gRPC would wrap it around
             raise CliError(f"scheduler address {self.address}: port {int(port)} is out of range "

@@ -926,3 +926,15 @@ def test_top_refuses_what_is_no_address_naming_the_flag(gandiva, address: str) -
     assert (r.code, r.out) == (2, ""), r
     assert r.err == (f"gandiva top: --http {address!r}: expected the scheduler's --http-listen address, HOST:PORT "
                      "(e.g. 127.0.0.1:9100), or its dashboard's URL, http://HOST:PORT/\n"), r.err
+
+
+@pytest.mark.parametrize("address", ["unix:", "unix://", "unix:///"])
+def test_a_unix_address_without_a_path_is_named(gandiva, address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--scheduler unix:` (a path left out, or GANDIVA_SCHEDULER=unix:$UNSET) was "the scheduler
+    at unix: is unavailable: empty address list; try again shortly", as if it were restarting."""
+    for argv in (("--scheduler", address), ()):
+        monkeypatch.setenv("GANDIVA_SCHEDULER", address)
+        r = gandiva("get", "jobs", *argv)
+        assert (r.code, r.out) == (2, ""), r
+        assert r.err == (f"gandiva: error: scheduler address {address}: no socket path; give unix:PATH, e.g. "
+                         "unix:/run/gandiva.sock (the scheduler's --also-listen)\n"), r.err
