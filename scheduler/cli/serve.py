@@ -133,7 +133,12 @@ def run(args: argparse.Namespace) -> int:
 
     # The policy's options first, before the server's imports: a typo fails in a blink.
     try:
+        for which, address in (("--listen", args.listen), *(("--also-listen", a) for a in args.also_listen)):
+            _check_listen(which, address)
         config = PolicyConfig(quantum_s=args.quantum, **policy_options(args.policy_option))
+        if args.http_listen and "/" in args.http_listen:  # http://HOST:PORT was taken for a host "http://HOST"
+            raise ValueError(f"--http-listen {args.http_listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9100 "
+                             "(no http://, no path; port 0 picks one)")
         if args.http_listen:  # before the database is made or migrated
             from scheduler.observe.http import (
                 allowed_host_names,
@@ -189,6 +194,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"gandiva scheduler: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_listen(flag: str, address: str) -> None:
+    """ValueError for an address to serve on that names none: empty, or unix: without a path (each
+    was "refusing to listen on  without --tls-cert/--tls-key ...", or served nothing there)."""
+    if not address.strip() or (address.startswith("unix:") and not address[5:].lstrip("/")):
+        raise ValueError(f"{flag} {address!r}: no address; give HOST:PORT (e.g. {DEFAULT_LISTEN}) or "
+                         "unix:PATH (e.g. unix:/run/gandiva.sock)")
 
 
 def _derived_lease_refused(timeout: float, interval: float) -> str:

@@ -938,3 +938,21 @@ def test_a_unix_address_without_a_path_is_named(gandiva, address: str, monkeypat
         assert (r.code, r.out) == (2, ""), r
         assert r.err == (f"gandiva: error: scheduler address {address}: no socket path; give unix:PATH, e.g. "
                          "unix:/run/gandiva.sock (the scheduler's --also-listen)\n"), r.err
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--listen", ""], "--listen '': no address; give HOST:PORT (e.g. 127.0.0.1:50051) or unix:PATH"),
+    (["--listen", "unix:"], "--listen 'unix:': no address; give HOST:PORT"),
+    (["--also-listen", "unix://"], "--also-listen 'unix://': no address; give HOST:PORT"),
+    (["--http-listen", "http://127.0.0.1:0"],
+     "--http-listen 'http://127.0.0.1:0': expected HOST:PORT, e.g. 127.0.0.1:9100 (no http://, no path"),
+])
+def test_a_listen_address_that_names_none_is_refused_naming_the_flag(
+        gandiva, argv: list[str], says: str, tmp_path: Path) -> None:
+    """`--listen ""` and `--listen unix:` were "refusing to listen on  without --tls-cert/--tls-key and
+    --auth token", `--also-listen unix:` started a scheduler, and `--http-listen http://127.0.0.1:0`
+    was refused as a dashboard exposed to the network (a host named "http://127.0.0.1")."""
+    r = gandiva("scheduler", *argv, "--db", f"sqlite+aiosqlite:///{tmp_path / 'g.db'}")
+    assert (r.code, r.out, r.err.count("\n")) == (2, "", 1), r
+    assert r.err.startswith(f"gandiva scheduler: {says}"), r.err
+    assert not (tmp_path / "g.db").exists()
