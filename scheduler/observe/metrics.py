@@ -162,6 +162,9 @@ class Timeline:
         # Per job training at the last round: the GPUs it trains on. A move of a running job
         # keeps it training at its source until its stop (its copy pre-warms on the others).
         self._trains_on: dict[str, tuple[str, ...]] = {}
+        # Per job moved while running: the round its move was first seen. One that ends in the
+        # queue is not counted as training (lifecycle.trains): its source GPUs read `moving`.
+        self._moving_since: dict[str, float] = {}
 
     def record(self, snap: pt.ClusterSnapshot) -> None:
         now = snap.now
@@ -178,6 +181,10 @@ class Timeline:
         trains_on: dict[str, tuple[str, ...]] = {}
         for job in snap.jobs:
             k = slot.get(job.state)
+            if job.id in self._moving_since and k != 2:
+                since = self._moving_since.pop(job.id)
+                if not trains(JobState.MIGRATING.value, JobState.RUNNING.value, job.state):
+                    self._not_trained(job.id, self._trains_on.get(job.id, ()), since)
             if k is None:
                 continue
             names = tuple(dict.fromkeys(gpu_names(job.placement)))
@@ -189,9 +196,11 @@ class Timeline:
                 # its copy pre-warms on are the move's. Before session 53 all of them read
                 # `moving` (the GPU-time split, the bars), while its log counted mini-batches.
                 trains_on[job.id] = tuple(n for n in self._trains_on[job.id] if n in names)
+                self._moving_since.setdefault(job.id, now)
             for name in names:
                 current.setdefault(name, ([], [], []))[0 if name in trains_on.get(job.id, ()) else k].append(job.id)
         self._trains_on = trains_on
+        self._moving_since = {j: at for j, at in self._moving_since.items() if j in trains_on}  # (ended: it trained)
         for name, (running, waiting, moving) in current.items():
             segs = self.gpus.setdefault(name, [])
             state = [sorted(running), sorted(waiting), sorted(moving)]
@@ -204,6 +213,26 @@ class Timeline:
             segs.append([now, now, *state])
             while segs and segs[0][1] < now - self.keep_s:
                 segs.pop(0)
+
+    def _not_trained(self, job_id: str, names: Sequence[str], since: float) -> None:
+        """A move of a running job drawn training at its source (``names``) from ``since`` ended
+        in the queue: `moving` there instead, as `gandiva get usage` and the timeline drawn
+        again after a restart count it (lifecycle.trains: when its source stopped is not
+        known). Before, the split counted such a move training (30 GPU-s of a 30-s move)
+        where the busy GPU time of `get usage` did not."""
+        for name in names:
+            segs = self.gpus.get(name, [])
+            for i in range(len(segs) - 1, -1, -1):
+                seg = segs[i]
+                if seg[1] <= since:
+                    break
+                if job_id not in seg[2]:
+                    continue
+                if seg[0] < since:  # (its part before the move stays as it was)
+                    segs.insert(i, [seg[0], since, *(list(x) for x in seg[2:])])
+                    seg[0] = since
+                seg[2] = [j for j in seg[2] if j != job_id]
+                seg[4] = sorted([*seg[4], job_id])
 
     def export(self, since: float = 0.0) -> dict[str, list[dict[str, Any]]]:
         return {

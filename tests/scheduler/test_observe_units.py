@@ -87,6 +87,37 @@ def test_a_running_job_moved_trains_at_its_source_in_the_gpu_time_split() -> Non
     assert [(s["t0"], s["running"], s["migrating"]) for s in t.export()["n1/1"]] == [(10, [], ["a"]), (40, ["a"], [])]
 
 
+def test_a_running_jobs_move_that_ends_in_the_queue_is_not_training_in_the_split() -> None:
+    """A move of a running job that ends in the queue (its server lost, the move failed after
+    its checkpoint): when its source stopped is not known, so `gandiva get usage` (its GPU-H and
+    the cluster's busy) and the timeline drawn again after a restart (scheduler.lifecycle.trains,
+    the one rule) count none of it. The live split drew its source `training` while the copy
+    pre-warmed, and kept it so: training 40 where get usage's busy said 10 (30 GPU-s of the
+    move counted busy live, moving after a restart). Now its source reads `moving` from the
+    move's first round, as drawn again; the stretch before the move stays training."""
+    from scheduler.observe import holds
+    from scheduler.observe.usage import JobFacts, job_usage
+
+    t = Timeline()
+    rounds = ((0, job("a", "RUNNING", 0), job("b", "RUNNING", 2)),
+              (10, job("a", "MIGRATING", 0, 1), job("b", "MIGRATING", 2, 3)),  # pre-warm on n1/1, n1/3
+              (30, job("a", "MIGRATING", 0, 1), job("b", "MIGRATING", 2, 3)),
+              (40, job("a", "QUEUED"), job("b", "RUNNING", 3)),  # a's move failed; b's moved
+              (50, job("a", "QUEUED"), job("b", "RUNNING", 3)))
+    for now, *jobs in rounds:
+        t.record(pt.ClusterSnapshot(now, (pt.ServerView("n1", 4),), tuple(jobs)))
+    assert t.split(0, 50) == {"since": 0.0, "seen": 200.0, "training": 10 + (40 + 10), "packed": 0.0,
+                              "suspended": 0.0, "moving": 30 + 30 + 30, "idle": 10 + 20 + 10 + 10}
+    drawn = holds.segments([holds.Hold("a", "n1", 0, 0.0, 40.0)],
+                           [holds.Change("a", 0.0, "QUEUED", "RUNNING"), holds.Change("a", 10.0, "RUNNING", "MIGRATING"),
+                            holds.Change("a", 40.0, "MIGRATING", "QUEUED")], {"a": "QUEUED"}, 0.0, 50.0)
+    live = [[s["t0"], s["t1"], s["running"], s["waiting"], s["migrating"]] for s in t.export()["n1/0"]]
+    assert live == [seg for seg in drawn["n1/0"] if any(seg[2:])] == [[0, 10, ["a"], [], []], [10, 40, [], [], ["a"]]]
+    moves = [("QUEUED", "RUNNING", 0.0), ("RUNNING", "MIGRATING", 10.0), ("MIGRATING", "QUEUED", 40.0)]
+    assert job_usage(JobFacts("a", "a", "u", 1, "QUEUED", 0.0, 0.0, 0.0), moves, 0.0, 50.0).gpu_seconds == 10.0
+    assert [(s["t0"], s["running"], s["migrating"]) for s in t.export()["n1/2"]] == [(0, ["b"], [])]  # (b's stays)
+
+
 def test_a_server_down_is_not_idle_gpu_time() -> None:
     """A server down for the hour (its helper gone) is in every round's snapshot, up=False: its
     GPUs were counted idle ("idle 50%" of a cluster whose one up server trained throughout),
