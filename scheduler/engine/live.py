@@ -419,7 +419,10 @@ class LiveEngine:
         hung = self.core.hangs.flagged()  # on the loop: the watch changes there
         mono = self.core.monotonic()
         self._quarantined = {name: until for name, until in self._quarantined.items() if until > mono}
-        self._holder_waits = {j: w for j, w in self._holder_waits.items() if w[1] > now}
+        # Kept while their fences hold (on the monotonic clock): dropped at a wall clock's step
+        # forward, a job whose checkpoint's server came back sat out its whole fence.
+        self._holder_waits = {j: w for j, w in self._holder_waits.items()
+                              if self.core.fence_holds(j, w[1], now, mono)}
         return await asyncio.get_running_loop().run_in_executor(
             None, self._build_snapshot, rows, now, hung, frozenset(self._quarantined), mono)
 

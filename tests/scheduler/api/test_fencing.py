@@ -1407,12 +1407,15 @@ def checkpointed_on_y(f: Fake, wait_for: Any) -> tuple[str, str]:
     return job_id, path
 
 
+@pytest.mark.parametrize("stepped", [False, True], ids=["", "wall_clock_stepped_forward"])
 def test_a_job_waiting_for_its_checkpoints_server_is_placed_as_soon_as_that_server_is_back(
-        make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
+        make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch, stepped: bool) -> None:
     """The server holding a queued job's checkpoint stops (its helper restarting) and comes
     back: the job is placed, from that checkpoint, at the scheduler's next round. Before, a
     job found waiting was looked at again only a heartbeat timeout later (here 60 s), its
-    GPUs idle meanwhile, the server long back."""
+    GPUs idle meanwhile, the server long back. So too after the scheduler's wall clock
+    stepped an hour forward meanwhile (s53: the wait's record was dropped as over, and the
+    job, its fence timed on the monotonic clock, sat out the 60 s)."""
     settings = Settings(heartbeat_interval_s=0.2, down_after_s=60.0, command_timeout_s=2.0,
                         checkpoint_interval_s=0.5, checkpoint_wait_s=120.0)
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
@@ -1424,6 +1427,11 @@ def test_a_job_waiting_for_its_checkpoints_server_is_placed_as_soon_as_that_serv
         f.helper.Heartbeat(helper_pb2.HeartbeatRequest(name="y", leaving=True))
         wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_QUEUED
                  and "waits for server y" in j.message, 15)
+        if stepped:
+            clock = sched.server.core.clock
+            real_wall = clock._wall
+            monkeypatch.setattr(clock, "_wall", lambda: real_wall() + 3600.0)
+            time.sleep(0.5)  # rounds on the stepped clock
         f.streams.pop("y").cancel()  # y's helper back: registers, opens a new command stream
         f.register("y")
         f.keep_alive("y")
