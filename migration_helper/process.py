@@ -173,11 +173,21 @@ LEFT_RESCAN_S = 0.05
 # A kill of a launch's processes found by a look at /proc missed those forked between that
 # look and the signal to their parent (a worker that forks on, a supervisor that starts its
 # child again as it dies, a daemon forking itself away mid-kill): they trained on,
-# unsupervised. `stop_then_kill` looks again until every process it finds is stopped
-# (SIGSTOP: a stopped process forks no more), then kills them all; it gives up looking
-# after STOP_CONVERGE_S (a process in uninterruptible sleep for that long), killing what it found.
+# unsupervised. `stop_all` (the lease's freeze, and a kill's first part) stops and looks
+# again until every process it finds is stopped (SIGSTOP: a stopped process forks no more);
+# `kill_all` then kills and looks again until a look finds nothing new. Each gives up after
+# STOP_CONVERGE_S.
 STOP_CONVERGE_S = 2.0
 _STILL = (b"T", b"t", b"Z", b"X")  # stopped, traced, or ended
+
+
+def _ours(pid: int) -> bool:
+    """Whether this process may signal process `pid` (root, or the same user; a setuid
+    program a job runs, `sudo`, is not)."""
+    try:
+        return os.geteuid() == 0 or os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def stop_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
@@ -194,9 +204,11 @@ def stop_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
             seen.add(pid)
             fields = stat_fields(pid)
             if fields and fields[0] not in _STILL:
-                running.append(pid)
-                with contextlib.suppress(ProcessLookupError):
+                try:
                     os.kill(pid, signal.SIGSTOP)
+                except OSError:  # gone, or not ours to signal (a setuid program): not waited for
+                    continue
+                running.append(pid)
         if not running:
             return seen
         if time.monotonic() >= deadline:
@@ -205,16 +217,34 @@ def stop_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
         time.sleep(0.001)  # (a signal lands as the process next runs)
 
 
-def stop_then_kill(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
-    """`stop_all`, then SIGKILL the group and every process found; returns the pids found."""
-    seen = stop_all(find, group)
+def kill_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
+    """`stop_all` first (a stopped parent's children are not orphaned: a supervisor does not
+    start them again), then SIGKILL process group `group` (when given) and every process
+    `find` returns, looking again until a look finds none not yet killed; returns the pids
+    killed. A process with SIGKILL pending forks no more (the kernel abandons a fork whose
+    parent has it pending), and a child attached before it is found by the next look."""
+    stop_all(find, group)
     if group:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
-    for pid in seen:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return seen
+    killed: set[tuple[int, bytes]] = set()  # (pid, start time)
+    deadline = time.monotonic() + STOP_CONVERGE_S
+    while True:
+        new = 0
+        for pid in find():
+            fields = stat_fields(pid)
+            if len(fields) <= 19 or fields[0] in (b"Z", b"X") or (pid, fields[19]) in killed:
+                continue
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add((pid, fields[19]))
+            new += 1
+        if not new:
+            break
+        if time.monotonic() >= deadline:
+            log.warning("processes still forking after %.0f s of killing them", STOP_CONVERGE_S)
+            break
+    return {pid for pid, _ in killed}
 
 
 def owner_mark(ramdisk: Path) -> str:
@@ -279,8 +309,8 @@ def kill_left_behind(ramdisk: Path) -> list[tuple[int, str]]:
                 groups.add(os.getpgid(int(entry)))
         return found
 
-    # (stopped until a look finds them all stopped: one forked meanwhile is not let through)
-    stop_then_kill(scan)
+    # (killed until a look finds none not yet killed: one forked meanwhile is not let through)
+    kill_all(scan)
     for group in groups - {os.getpgrp()}:  # (a process of it that cleared the marks)
         with contextlib.suppress(OSError):
             os.killpg(group, signal.SIGKILL)
@@ -517,7 +547,7 @@ class JobProcess:
         # another process may be given now.
         await self._grace()
         left, named = await self._left_behind()
-        stop_then_kill(self._marked)  # (not its group: its id is the reaped leader's pid)
+        kill_all(self._marked)  # (not its group: its id is the reaped leader's pid)
         forget_launch(self.launch_id)  # the mark its trainer left (tf_runtime.launch)
         # The pipe's last lines (the runtime's last_step, written as its program ended) are
         # read before the exit is told: its end comes once nothing of the launch holds it.
@@ -635,7 +665,7 @@ class JobProcess:
         it (``escaped``). SIGSTOP and SIGKILL look again until all they find are stopped
         (``stop_all``): one forked as its parent was signalled is not let through."""
         if sig == signal.SIGKILL:
-            stop_then_kill(self.escaped, group=self.pid)
+            kill_all(self.escaped, group=self.pid)
             return
         if sig == signal.SIGSTOP:
             stop_all(self.escaped, group=self.pid)
@@ -686,7 +716,7 @@ class JobProcess:
                 found.add(pid)
                 continue
             fields = stat_fields(pid)
-            if len(fields) > 19 and fields[0] not in (b"Z", b"X"):
+            if len(fields) > 19 and fields[0] not in (b"Z", b"X") and _ours(pid):
                 if self._known.get(pid) == fields[19]:
                     found.add(pid)
                 else:
