@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 
 from scheduler.lifecycle import JobState
 from scheduler.observe import holds, why
-from scheduler.observe.metrics import DecisionLog, Timeline, said_of
+from scheduler.observe.metrics import DecisionLog, Timeline, moved_in, said_of
 from scheduler.state.models import Event, Transition
 from scheduler.timeline import PACK_VERDICT
 
@@ -56,7 +56,7 @@ def _move_outcome(to_state: str, reason: str) -> str:
             return back[0]
         # (as the live log says it, from the same figure: the pause its arrival states)
         paused = why.PAUSED.search(reason)
-        return f"moved in {float(paused[1]):.1f}s" if paused else "moved"
+        return moved_in(float(paused[1])) if paused else "moved"
     return "not kept: the job ended first" if JobState(to_state).terminal else f"not kept: {to_state.lower()}"
 
 

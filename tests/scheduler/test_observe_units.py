@@ -377,6 +377,21 @@ def test_each_tried_change_in_the_decision_log_says_whether_it_was_kept() -> Non
     assert not m.log.open
 
 
+def test_a_moves_pause_reads_back_as_the_live_log_said_it() -> None:
+    """The decision log read back after a restart says a move's "moved in X.Xs" from its
+    arrival's "training paused 0.25s" (2 decimals, live_migration); the live log said it from
+    the pause itself: a pause of 0.2549 s read "moved in 0.3s" live, "moved in 0.2s" read back
+    (0.046 s: 0.0 live, 0.1 read back), one move in ten or so. Now one figure, one rounding."""
+    from scheduler.observe.history import _move_outcome
+
+    for paused in (0.2549, 0.046, 0.349, 0.15, 1.25, 0.0, 12.3456):
+        m = SchedulerMetrics()
+        m.decided(snap(0, job("d", "RUNNING", 0)), [pt.Migrate("d", (G("n2", 0),), reason="lower the height")], 0.001)
+        m.move_ended(1, "d", "total", paused)
+        arrival = f"migrated to n2 at step 9 (training paused {paused:.2f}s)"  # (as live_migration says it)
+        assert [r.outcome for r in m.log.records] == [_move_outcome("RUNNING", arrival)], paused
+
+
 async def _moves_read_back(sqlite_url: str, moves: tuple[tuple[int, float, str | None, str], ...]) -> tuple[
         list[str], DecisionLog]:
     """Three jobs, and ``moves`` (job index, when, its end's state or None, the end's reason)
