@@ -1,4 +1,4 @@
-"""Every number flag of every command (walked from the argparse definitions, so a flag added
+"""Every number flag of every command, gandiva-submit's too (walked from the argparse definitions, so a flag added
 later is walked too) given 0, -1, 1e-9, nan, inf, 1e400, a huge whole number, nothing, and a
 byte that is not UTF-8: refused by argparse in one line naming the flag (exit 2), or taken.
 What is taken is listed below with why: checked when the command runs (naming the flag, each
@@ -122,6 +122,35 @@ def test_every_number_flag_refuses_what_cannot_work_naming_itself_or_takes_it_as
                 taken.setdefault((" ".join(path), flag), []).append(value)
     assert walked >= 60, walked  # the walk found the flags
     assert taken == TAKEN
+
+
+# gandiva-submit's: each range is checked as it runs, naming the flag (test_cli_bad_input.py,
+# test_cli_submit_e2e.py); --reconnect-timeout 0 gives up at once, a huge one never.
+TAKEN_BY_SUBMIT = {"--gpus": WHOLE, "--priority": WHOLE, "--steps": NEVER, "--reconnect-timeout": AT_ONCE_OR_NEVER}
+
+
+def test_every_number_flag_of_gandiva_submit_too() -> None:
+    from scheduler.cli.submit import build_parser as submit_parser
+
+    parser = submit_parser()
+    taken: dict[str, list[str]] = {}
+    for action in parser._actions:
+        if not _is_number_flag(action):
+            continue
+        flag = max(action.option_strings, key=len)
+        for value in VALUES:
+            err = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(err):
+                    parsed = parser.parse_known_args([f"{flag}={value}"])[0]  # the command follows `--`
+            except SystemExit as exit_:
+                last = err.getvalue().strip().splitlines()[-1]
+                assert exit_.code == 2 and f"error: argument {flag}: " in last, (flag, value, last)
+                continue
+            got = getattr(parsed, action.dest)
+            assert not (isinstance(got, float) and not math.isfinite(got)), (flag, value, got)
+            taken.setdefault(flag, []).append(value)
+    assert taken == TAKEN_BY_SUBMIT
 
 
 def test_top_refuses_an_interval_its_sleep_cannot_take() -> None:
