@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from scheduler.lifecycle import trains
 from scheduler.observe.history import verdict_kind
 from scheduler.observe.usage import JobFacts, job_usage
 from scheduler.observe.why import PAUSED
@@ -96,13 +97,8 @@ def trained_while_moving(changes: list[tuple[str, str, float]], paused_at: dict[
     when it stopped is not known)."""
     trained = 0.0
     for i, (before, into, began) in enumerate(changes):
-        if into != "MIGRATING" or before != "RUNNING":
-            continue
-        if i + 1 < len(changes):
-            after, ended = changes[i + 1][1], changes[i + 1][2]
-            if after not in ("RUNNING", "SUCCEEDED", "FAILED", "KILLED"):
-                continue
-        else:  # under way now
-            ended = until
-        trained += max(0.0, min(ended, until) - max(began, since) - paused_at.get(i + 1, 0.0))
+        after, ended = changes[i + 1][1:] if i + 1 < len(changes) else ("", until)  # ("": under way now)
+        # (lifecycle.trains: the one rule of its GPU time, not a copy of it here)
+        if into == "MIGRATING" and trains(into, before, after):
+            trained += max(0.0, min(ended, until) - max(began, since) - paused_at.get(i + 1, 0.0))
     return trained
