@@ -401,7 +401,8 @@ class SchedulerMetrics(Observer):
             "(this launch, these GPUs; the baseline of packing: scheduler/alone.py), where measured",
             ["job", "name"], registry=r)
         self.user_gpu_seconds = Gauge(
-            "gandiva_user_gpu_seconds", "GPU time each user's jobs have had: seconds running x GPUs",
+            "gandiva_user_gpu_seconds", "GPU time each user's jobs have had: seconds training x GPUs "
+            "(running, and moved while running; a move under way counts once it ends)",
             ["user"], registry=r)
         self.user_gpus_running = Gauge(
             "gandiva_user_gpus_running", "GPUs each user's running jobs hold", ["user"], registry=r)

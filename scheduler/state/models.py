@@ -160,8 +160,9 @@ class Job(Base):
     request_key: Mapped[str | None] = mapped_column(String(300), nullable=True, unique=True, index=True)
 
     def gpu_seconds(self, now: float) -> float:
-        """The GPU time the job has had up to ``now``: its time RUNNING times its GPUs
-        (attained_service_s, plus the running stretch not yet added to it)."""
+        """The GPU time the job has had up to ``now``: its time training times its GPUs
+        (attained_service_s: RUNNING, and moves of it running, lifecycle.trains; plus the
+        running stretch not yet added to it; a move under way is added when it ends)."""
         running = now - self.state_changed_at if self.state == "RUNNING" and self.state_changed_at else 0.0
         return (self.attained_service_s or 0.0) + max(0.0, running) * self.gpus
 

@@ -212,7 +212,7 @@ class Usage(_message.Message):
     jobs: _builtins.int
     """jobs alive at some time in the period"""
     gpu_seconds: _builtins.float
-    """time RUNNING x GPUs asked for"""
+    """time training (RUNNING, and moved while running) x GPUs asked for"""
     queued_seconds: _builtins.float
     """job-time in the queue"""
     suspended_seconds: _builtins.float
