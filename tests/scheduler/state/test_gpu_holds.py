@@ -108,3 +108,7 @@ async def test_a_move_of_a_running_job_is_attained_service_as_gandiva_get_usage_
     assert attained == pytest.approx((10 + 20 + 10 + 10) * 2), attained
     used = await core.read_sync(lambda s: report(s, t, t + 1000.0, None, True, 10))
     assert [u.gpu_seconds for u in used.jobs if u.job_id == job.id] == [pytest.approx(attained)]
+    # HELD-H and the cluster's busy line, from the GPUs' history in SQL: the move's training on
+    # its source GPUs (0, 1: held until its arrival at 130) counts, its destination's does not.
+    assert ([u.held_gpu_seconds for u in used.jobs if u.job_id == job.id], used.busy_gpu_seconds) == (
+        [pytest.approx(attained)], pytest.approx(attained))
