@@ -1740,7 +1740,9 @@ class SchedulerCore:
         scheduler started (or not noted), from the first time it is looked at. A step of
         the wall clock forward (NTP, `date -s`: `clock` follows one at once) ended every
         fence in progress at once, and a job fenced until the lease of a launch that did
-        not answer had run out was placed again beside that copy, still training."""
+        not answer had run out was placed again beside that copy, still training. One not
+        noted runs at most the heartbeat timeout (no fence is longer): written by a scheduler
+        whose clock kept time through a step back, it was an hour ahead of this one's."""
         if fenced_until <= 0.0:
             return False
         mono = self.monotonic() if mono is None else mono
@@ -1749,7 +1751,7 @@ class SchedulerCore:
         if ends is None:
             if fenced_until <= now:
                 return False
-            ends = mono + (fenced_until - now)
+            ends = mono + min(fenced_until - now, self.settings.down_after_s)
             remember(self._fence_ends, key, ends, FENCES_KEPT)
         return mono < ends
 

@@ -112,3 +112,32 @@ def test_a_fence_runs_its_length_on_the_monotonic_clock_through_a_step_forward()
     clocks.run(6.1)
     assert not core.fence_holds("k", later + 6, core.clock())
     assert not core.fence_holds("m", 0.0, core.clock())
+
+
+def test_a_fence_read_after_a_restart_is_no_longer_than_any_fence_though_the_clock_was_stepped_back() -> None:
+    """The wall clock stepped an hour back while a scheduler ran: its clock kept time (above),
+    and a fence it wrote is a time an hour ahead of the system's wall clock. A scheduler started
+    again on that database (its clock the system's again) held the job for that hour and the
+    fence, where the lease it waits for had run out within the heartbeat timeout (no fence is
+    longer). Now at most that timeout from its first look."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from scheduler.core import Settings
+    clocks = Clocks()
+    before = StepFreeClock(lambda: clocks.wall, lambda: clocks.mono)
+    clocks.run(10)
+    clocks.wall -= 3600  # NTP steps the system's clock back; `before` keeps time
+    clocks.run(1)
+    written = before()
+    fenced_until = written + 6.0  # a 6-s heartbeat timeout's fence
+    assert fenced_until - clocks.wall > 3600
+    clocks.run(1)  # the scheduler restarted: its clock reads the system's again
+    again = SchedulerCore(create_async_engine("sqlite+aiosqlite://"),
+                          settings=Settings(heartbeat_interval_s=0.2, down_after_s=6.0),
+                          clock=StepFreeClock(lambda: clocks.wall, lambda: clocks.mono),
+                          monotonic=lambda: clocks.mono)
+    assert again.fence_holds("j", fenced_until, again.clock())
+    clocks.run(5.9)
+    assert again.fence_holds("j", fenced_until, again.clock())
+    clocks.run(0.2)
+    assert not again.fence_holds("j", fenced_until, again.clock()), "held past any fence's length"
