@@ -11,7 +11,8 @@ drawn workloads, clusters, models and policy options, per finished job,
 - its counts (suspends, resumes, packs, unpacks, migrations, grows, shrinks, parks) are the
   decisions the policy gave it;
 
-and `gandiva sim` with the same seed prints byte-identical output (summary, per-job CSV).
+and `gandiva sim` with the same seed prints byte-identical output (summary, per-job CSV), run again in a
+process of its own with another PYTHONHASHSEED (an order taken from a set of names differs there).
 A few examples by default; GANDIVA_FULL_TESTS=1 draws 2,000.
 """
 
@@ -21,6 +22,9 @@ import contextlib
 import dataclasses
 import io
 import math
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -184,13 +188,28 @@ def test_each_mechanism_costs_its_figure(case: str) -> None:
     check_costs(jobs, _servers(*sizes), model, name, PolicyConfig())
 
 
-def _sim_bytes(tmp: Path, argv: list[str]) -> tuple[int, str, str, bytes]:
-    """Exit code, stdout, stderr and the per-job CSV of one `gandiva sim` run."""
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _sim_bytes(tmp: Path, argv: list[str], process: bool = False) -> tuple[int, str, str, bytes]:
+    """Exit code, stdout, stderr and the per-job CSV of one `gandiva sim` run: in this process, or
+    (``process``) in a process of its own whose string hashes differ from this one's (another
+    PYTHONHASHSEED), as a user's second run would: an order taken from a set of names is the same
+    within one process, and differs between two."""
     out = tmp / "jobs.csv"
-    buf, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
-        code = main(["sim", "--no-progress", *argv, "--jobs-csv", str(out)])
-    return code, buf.getvalue(), err.getvalue(), out.read_bytes() if out.exists() else b""
+    full = ["sim", "--no-progress", *argv, "--jobs-csv", str(out)]
+    if process:
+        mine = os.environ.get("PYTHONHASHSEED", "random")
+        seed = str(int(mine) + 1) if mine.isdigit() else "0"  # (0: none, unlike a random one)
+        got = subprocess.run([sys.executable, "-m", "gandiva_cli.main", *full], cwd=ROOT, capture_output=True,
+                             text=True, timeout=600, check=False, env={**os.environ, "PYTHONHASHSEED": seed})
+        code, stdout, stderr = got.returncode, got.stdout, got.stderr
+    else:
+        buf, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+            code = main(full)
+        stdout, stderr = buf.getvalue(), err.getvalue()
+    return code, stdout, stderr, out.read_bytes() if out.exists() else b""
 
 
 @settings(max_examples=EXAMPLES // 10 or 3, deadline=None, suppress_health_check=list(HealthCheck),
@@ -208,4 +227,4 @@ def test_the_same_seed_prints_byte_identical_output(tmp_path_factory: pytest.Tem
     refusals = ("the load cannot be scaled", "every job needs more GPUs than the cluster's")
     assert first[0] == 0 or (first[0] == 2 and any(r in first[2] for r in refusals)), first[2]
     (tmp / "jobs.csv").unlink(missing_ok=True)
-    assert first == _sim_bytes(tmp, argv)
+    assert first == _sim_bytes(tmp, argv, process=True)
