@@ -14,6 +14,10 @@ from __future__ import annotations
 ENDED_UNMOVED = frozenset(("aborted", "failed", "restarted_at_source"))
 # A move refused before it began (its runtime gone, found not migratable).
 NOT_STARTED = "not started"
+# How a failed move's job goes back to the queue (its state change's reason begins so; the
+# move's own event says `failed`): the decision log read back after a restart says `failed`
+# of it, as live (scheduler/observe/history.py; before session 53 "not kept: queued").
+FAILED_REQUEUE = "migration failed, re-placing: "
 
 
 def unmoved_end(message: str) -> str | None:

@@ -30,7 +30,7 @@ from scheduler.lifecycle import JobState
 from scheduler.policy.types import GpuRef
 from scheduler.state import repo
 from scheduler.state.models import AuthToken, Gpu, Job, Migration, Server
-from scheduler.unmoved import ENDED_UNMOVED
+from scheduler.unmoved import ENDED_UNMOVED, FAILED_REQUEUE
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ async def _carry_out(
                 why += f"; will resume from step {result.step} (its checkpoint is on {holder})"
             if fence:
                 why += f"; waiting {fence - now:.0f}s for {plan.source.name}'s lease to run out"
-            await repo.requeue(s, job, now, f"migration failed, re-placing: {why}", fenced_until=fence)
+            await repo.requeue(s, job, now, FAILED_REQUEUE + why, fenced_until=fence)
             core.note_fence(job_id, job.fenced_until, now)
         elif result.outcome is Outcome.MIGRATED:
             # The migration's checkpoint, at the destination, is the job's latest restore point.

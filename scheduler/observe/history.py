@@ -27,6 +27,7 @@ from scheduler.observe import holds, why
 from scheduler.observe.metrics import DecisionLog, Timeline, moved_in, said_of
 from scheduler.state.models import Event, Transition
 from scheduler.timeline import PACK_VERDICT
+from scheduler.unmoved import FAILED_REQUEUE
 
 # Rows looked at from the end of each table: the events table has no index by kind, so the
 # verdicts are sought among its latest rows only (a bounded read at start, whatever its size).
@@ -57,6 +58,8 @@ def _move_outcome(to_state: str, reason: str) -> str:
         # (as the live log says it, from the same figure: the pause its arrival states)
         paused = why.PAUSED.search(reason)
         return moved_in(float(paused[1])) if paused else "moved"
+    if to_state == "QUEUED" and reason.startswith(FAILED_REQUEUE):
+        return "failed"  # (as live: the move's own end, `failed`, then its job re-placed)
     return "not kept: the job ended first" if JobState(to_state).terminal else f"not kept: {to_state.lower()}"
 
 

@@ -448,6 +448,25 @@ async def test_a_move_rolled_back_to_its_source_is_read_back_as_the_live_log_sai
         (ids[0], "aborted"), (ids[1], "restarted_at_source"), (ids[2], "moved in 0.5s")]
 
 
+async def test_a_failed_move_whose_job_went_back_to_the_queue_reads_back_failed_as_live(sqlite_url: str) -> None:
+    """A move that failed (its pre-warm, checkpoint or transfer) sends its job back to the queue
+    ("migration failed, re-placing: ...", live_migration); the live log said `failed` (its
+    `job.migration` event's phase), the log read back after a restart "not kept: queued", a
+    word of no list (`gandiva top --decisions`' count: "migrate 2: not kept: queued 2"). A move
+    cut short by its server's loss (the job re-queued first) is no failure said live: as before."""
+    from scheduler.engine.live_migration import FAILED_REQUEUE
+
+    m = SchedulerMetrics()
+    m.decided(snap(0, job("d", "RUNNING", 0)), [pt.Migrate("d", (G("n2", 0),), reason="lower the height")], 0.001)
+    m.move_ended(1, "d", "failed", 0.0)
+    live = [r.outcome for r in m.log.records]
+    ids, log = await _moves_read_back(sqlite_url, (
+        (0, 10.0, "QUEUED", FAILED_REQUEUE + "n2: checkpoint failed: no space left on device; will resume from step 9"),
+        (1, 20.0, "QUEUED", "its server h1 is down (no heartbeat for 10s)")))
+    assert [(r.job, r.outcome) for r in log.records if r.kind == "migrate"] == [
+        (ids[0], live[0]), (ids[1], "not kept: queued")] and live == ["failed"]
+
+
 async def test_a_packing_trial_read_back_is_a_pack_kept_or_undone_as_the_live_log_said(sqlite_url: str) -> None:
     """Seen on `gandiva demo --keep`'s scheduler restarted: its four packing trials, live
     `pack ... trial: packed beside j-..., utilization 0.05 + 0.05 -> kept`, were read back as
