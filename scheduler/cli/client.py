@@ -39,6 +39,11 @@ CALL_TIMEOUT_S = 15.0
 # mini-batch boundary, and the scheduler waits up to its command timeout (60 s) for it.
 ACTION_TIMEOUT_S = 75.0
 ACTION_METHODS = frozenset({"SuspendJob", "ResumeJob"})
+# And where it waits for a runtime: a migration of a job whose runtime is reconnecting (its
+# stream dropped, the scheduler restarted) waits up to the scheduler's OPERATOR_CONNECT_WAIT_S
+# (10 s) for it before it begins; the answer then takes what any answer takes. With 15 s in
+# all, a runtime back at 9 s left a loaded scheduler 6 s to answer, not 15.
+CONNECT_WAIT_S = {"MigrateJob": 10.0}
 # One action on a job runs at a time; a second is refused FAILED_PRECONDITION "job ... has a
 # command in progress; try again shortly" (a periodic checkpoint, every few seconds, or
 # another client's action). These are asked again for up to BUSY_WAIT_S before that is said.
@@ -139,9 +144,11 @@ class Client:
 
     def call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         """Call one unary RPC by name; any gRPC error becomes a CliError. The timeout is
-        CALL_TIMEOUT_S, or ACTION_TIMEOUT_S for a call that waits for the job."""
+        CALL_TIMEOUT_S (plus CONNECT_WAIT_S for a call that may wait for a runtime), or
+        ACTION_TIMEOUT_S for a call that waits for the job."""
         if timeout is None:
-            timeout = ACTION_TIMEOUT_S if method in ACTION_METHODS else CALL_TIMEOUT_S
+            timeout = ACTION_TIMEOUT_S if method in ACTION_METHODS else \
+                CALL_TIMEOUT_S + CONNECT_WAIT_S.get(method, 0.0)
         def attempt() -> Any:
             return getattr(self.stub, method)(request, timeout=timeout)
 
