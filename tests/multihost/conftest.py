@@ -77,23 +77,42 @@ class Net:
 
     def __init__(self, ipv6: bool = False, names: bool = False) -> None:
         self.ipv6, self.names = ipv6, names
-        self.tok = uuid.uuid4().hex[:4]
-        self.bridge_ns = f"{PREFIX}-{self.tok}-br"
-        self.bridge = f"{PREFIX}{self.tok}br"
         self.hosts: dict[str, tuple[str, str, str]] = {}  # name -> (netns, address, bridge-side link)
-        self.made: list[str] = [self.bridge_ns]  # namespaces to delete, made or not
+        self.made: list[str] = []  # namespaces to delete, made or not
         # Namespaces `ip netns add` has finished: their path is the namespace itself. While
         # it runs the path is first an empty file (its own inode), then mounted over.
         self.ready: list[str] = []
         self._inodes: set[int] = set()
         try:
-            _ip("netns", "add", self.bridge_ns)
-            self.ready.append(self.bridge_ns)
+            self._take_token()
             _ip("-n", self.bridge_ns, "link", "add", self.bridge, "type", "bridge")
             _ip("-n", self.bridge_ns, "link", "set", self.bridge, "up")
         except BaseException:
             self.close()  # the fixture gets no Net to close: its namespace stayed for good
             raise
+
+    def _take_token(self) -> None:
+        """Draw the token every name of this Net holds, and make the bridge's namespace. Two
+        tests of one prefix at the same time may draw the same 4 digits: `ip netns add` of a
+        name that exists fails, and that namespace is the other test's (deleting it, with its
+        close, cut that test's hosts off mid-test); another token is drawn. The bridge's
+        namespace made holds the token for every other name of this Net."""
+        for _ in range(32):
+            self.tok = uuid.uuid4().hex[:4]
+            self.bridge_ns = f"{PREFIX}-{self.tok}-br"
+            self.bridge = f"{PREFIX}{self.tok}br"
+            self.made.append(self.bridge_ns)
+            try:
+                _ip("netns", "add", self.bridge_ns)
+            except subprocess.CalledProcessError as exc:
+                if "File exists" not in (exc.stderr or ""):
+                    raise
+                self.made.remove(self.bridge_ns)  # another Net's: never this one's to delete
+                continue
+            self.ready.append(self.bridge_ns)
+            return
+        raise RuntimeError(f"no free namespace token of the prefix {PREFIX!r} in 32 draws: /run/netns is "
+                           f"full of {PREFIX}-* namespaces (left by killed runs? `ip netns del` them)")
 
     def add_host(self, name: str) -> tuple[str, str]:
         """A host on the bridge: (its namespace, its address)."""

@@ -139,3 +139,41 @@ def test_a_bridge_that_fails_to_come_up_leaves_no_namespace(monkeypatch: pytest.
     made = [ns for ns in set(os.listdir("/run/netns")) - before if ns.startswith(f"{conftest.PREFIX}-")]
     # (another test of this prefix may add one meanwhile: only a bridge's namespace counts)
     assert [ns for ns in made if ns.endswith("-br")] == [], f"namespace left: {made}"
+
+
+def test_a_net_that_draws_a_token_another_net_holds_leaves_that_net_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Net names its namespaces PREFIX-TOKEN-*, TOKEN 4 hex digits drawn at random; two
+    tests of one prefix at the same time (pytest-xdist, a loop beside a run) may draw the
+    same. The second's `ip netns add` of the bridge's namespace then failed ("File exists"):
+    the second test erred, and since 317cde0e its constructor's clean-up also deleted that
+    namespace, the first test's bridge, every host of the first cut off from the others
+    mid-test. Now a token held is passed over: the second draws another."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    first = Net()
+    try:
+        first.add_host("a")
+        drawn = iter([first.tok, "0000", "ffff"])
+        real = conftest.uuid.uuid4
+
+        class Drawn:
+            hex = ""
+
+        def uuid4() -> Drawn:
+            d = Drawn()
+            d.hex = next(drawn, None) or real().hex
+            return d
+
+        monkeypatch.setattr(conftest.uuid, "uuid4", uuid4)
+        second = Net()
+        try:
+            ours = [ns for ns in first.made if os.path.exists(f"/run/netns/{ns}")]
+            assert ours == first.made, f"the first net's namespaces deleted: {sorted(set(first.made) - set(ours))}"
+            assert second.tok != first.tok and second.bridge_ns not in first.made
+            second.close()
+            assert all(os.path.exists(f"/run/netns/{ns}") for ns in first.made), "the second's close took the first's"
+        finally:
+            second.close()
+    finally:
+        first.close()
