@@ -617,17 +617,38 @@ def test_an_operator_cannot_migrate_onto_gpus_another_migration_holds(
         f.close()
 
 
+# The stop's command timeout and the source's lease are what -k failed_stop_for_migration
+# times; its launch and its servers' heartbeats are not. With FAST the launch, never
+# confirmed, was withdrawn 1 s after it was sent, and a loaded machine's MigrateJob came
+# later (refused: the job queued); the fake's heartbeats, a thread of the scheduler's own
+# process, came more than 2 s apart at load 25 (a server down).
+STOP_TIMED = Settings(heartbeat_interval_s=0.2, down_after_s=5.0, command_timeout_s=2.0)
+
+
 @pytest.mark.parametrize("source_confirms", [True, False])
 def test_failed_stop_for_migration_requeues_only_once_the_source_is_stopped(
-    fast: tuple[Any, Fake], wait_for: Any, monkeypatch: pytest.MonkeyPatch, source_confirms: bool
+    make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch, source_confirms: bool
 ) -> None:
-    _, f = fast
+    settings = STOP_TIMED
+    f = Fake(make_scheduler(sqlite_url, tick_s=0.1, settings=settings).address)
+    try:
+        _stop_for_migration_fails(f, settings, wait_for, monkeypatch, source_confirms)
+    finally:
+        f.close()
+
+
+def _stop_for_migration_fails(f: Fake, settings: Settings, wait_for: Any, monkeypatch: pytest.MonkeyPatch,
+                              source_confirms: bool) -> None:
     f.keep_alive("a", "b")
     failed = MigrationResult(Outcome.FAILED, "", "", reason="the source shim did not confirm its checkpoint")
     _, release = _blocking_migrate(monkeypatch, failed)
     release.set()
     job_id = f.submit()
-    server, launch = f.launched(job_id, wait_for)
+    server = wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server)
+    cmd = next(c for c in f.commands(server) if c.WhichOneof("body") == "launch")
+    # Confirmed, as a real helper's launch is: not withdrawn at its command timeout.
+    f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=server, command_id=cmd.command_id, ok=True))
+    launch = cmd.launch
     f.shim(job_id, launch.incarnation)
     dest = "b" if server == "a" else "a"
     f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
@@ -636,13 +657,15 @@ def test_failed_stop_for_migration_requeues_only_once_the_source_is_stopped(
     started = time.monotonic()
     if source_confirms:
         f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=server, command_id=stop.command_id, ok=True))
-    placed = wait_for(lambda: (j := f.job(job_id)).state == common_pb2.JOB_STATE_RUNNING and len(j.history) > 4 and j, 15)
+    # Placed again (by its history: that launch, never confirmed, is withdrawn after 2 s).
+    placed = wait_for(lambda: len((j := f.job(job_id)).history) > 4 and j, 30)
     waited = time.monotonic() - started
+    assert placed.history[4].to_state == common_pb2.JOB_STATE_RUNNING, placed.history
     if source_confirms:
-        assert waited < FAST.down_after_s, f"re-placed after {waited:.1f}s though the source confirmed its stop"
+        assert waited < settings.down_after_s, f"re-placed after {waited:.1f}s though the source confirmed its stop"
     else:
         # No answer within the command timeout: the job waits out the source's lease.
-        assert waited >= FAST.command_timeout_s + FAST.down_after_s * 0.9, f"re-placed after {waited:.1f}s"
+        assert waited >= settings.command_timeout_s + settings.down_after_s * 0.9, f"re-placed after {waited:.1f}s"
         assert any("lease to run out" in t.reason for t in placed.history), [t.reason for t in placed.history]
     # Its end is an event, as every migration's that did not move its job (before s51: none).
     said = [e.message for e in f.api.ListEvents(scheduler_pb2.ListEventsRequest(job_id=job_id)).events
