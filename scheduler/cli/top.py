@@ -35,10 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("top", help="watch the cluster live in the terminal (servers, GPUs, jobs, decisions)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--http", default=os.environ.get("GANDIVA_HTTP", ""), metavar="HOST:PORT",
-                   help="the scheduler's --http-listen address (default $GANDIVA_HTTP)")
+                   help="the scheduler's --http-listen address, or the dashboard's URL as a browser shows "
+                   "it (http://HOST:PORT/) (default $GANDIVA_HTTP)")
     p.add_argument("--interval", type=_interval, default=2.0,
                    help=f"seconds between refreshes (default 2, at least {MIN_INTERVAL:g}: each refresh reads "
-                   "the whole cluster from the scheduler)")
+                   f"the whole cluster from the scheduler; at most {MAX_INTERVAL:,.0f}, a day)")
     p.add_argument("--once", action="store_true", help="print one view and exit (e.g. into a file)")
     p.add_argument("--all", action="store_true", help="also list finished jobs")
     p.add_argument("--token", help="an operator's token, for a scheduler with --auth token (default: $GANDIVA_TOKEN)")

@@ -158,3 +158,25 @@ def test_top_decisions_unanswered_names_what_it_asked(gandiva) -> None:  # type:
     named no address at all, as the test above shows)."""
     r = gandiva("top", "--decisions", "10m", "--http", "127.0.0.1:1")
     assert r.code == 1 and r.err.startswith("gandiva top: cannot read http://127.0.0.1:1/api/decisions ("), r.err
+
+
+
+def test_top_help_says_what_http_and_interval_take(  # type: ignore[no-untyped-def]
+        gandiva, answering, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--http` takes the dashboard's URL as a browser shows it (b3e541ff) and `--interval`
+    has a ceiling (7a95cc48); `gandiva top --help` said only "the scheduler's --http-listen
+    address" and "at least 0.5". What it says now is what top does."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        gandiva("top", "--help")
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "or the dashboard's URL as a browser shows it (http://HOST:PORT/)" in shown, shown
+    assert "at least 0.5" in shown and f"at most {top.MAX_INTERVAL:,.0f}, a day" in shown, shown
+    # The URL form reaches the dashboard (what answers there is the server's own word) ...
+    answering.kind = "misdirected"
+    r = gandiva("top", "--once", "--http", f"http://127.0.0.1:{answering.server_address[1]}/")
+    assert "names host 'x'" in r.err, r
+    # ... and the ceiling is the one refused past.
+    with pytest.raises(SystemExit) as refused:
+        gandiva("top", "--interval", f"{top.MAX_INTERVAL + 1:g}", "--http", "127.0.0.1:1")
+    assert refused.value.code == 2 and f"at most {top.MAX_INTERVAL:,.0f} seconds" in capsys.readouterr().err
