@@ -27,7 +27,7 @@ import math
 
 from scheduler.policy.base import Policy
 from scheduler.policy.cluster import Ledger, Placement, QueueKey, host_need
-from scheduler.policy.growshrink import grow, shrink_all, shrink_for
+from scheduler.policy.growshrink import grow, note_free_since, shrink_all, shrink_for
 from scheduler.policy.large_turns import large_turns
 from scheduler.policy.migration import (
     balance_sizes,
@@ -176,6 +176,8 @@ class GandivaPolicy(Policy):
             out += shrink_all(ledger, "grow-shrink is off for this job", opted_out_only=True)
         if not self._reserved:
             out += grow(ledger, state, cfg)
+        elif cfg.enable_grow_shrink:  # no grow while GPUs are reserved; their idle still counts
+            note_free_since(ledger, state, ledger.snapshot.now)
         return out
 
     def _note_departures(self, ledger: Ledger) -> None:

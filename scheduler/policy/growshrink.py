@@ -68,9 +68,11 @@ def shrink_for(ledger: Ledger, place: Callable[[], Candidate | None],
     return out, found
 
 
-def _note_free_since(ledger: Ledger, state: GandivaState, now: float) -> None:
+def note_free_since(ledger: Ledger, state: GandivaState, now: float) -> None:
     """Keep, for the servers of the grow-shrink jobs, since when each of their GPUs has been
-    free (the other servers' entries are dropped: no job there could grow)."""
+    free (the other servers' entries are dropped: no job there could grow). Every round, a
+    round that reserves free GPUs for a waiting job too (a GPU taken and freed again then
+    counts from its freeing)."""
     seen: dict = {}
     for job in ledger.jobs.values():
         if job.grow_shrink:
@@ -86,7 +88,7 @@ def grow(ledger: Ledger, state: GandivaState, config: PolicyConfig) -> list[Deci
         state.idle_since = None
         state.gpu_free_since = {}
         return []
-    _note_free_since(ledger, state, now)
+    note_free_since(ledger, state, now)
     waiting = any(ids for st, ids in ledger.by_state.items() if st != "RUNNING")
     has_free = ledger.total_free() > 0
     if waiting or not has_free:

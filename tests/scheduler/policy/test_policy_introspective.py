@@ -181,6 +181,22 @@ def test_a_job_grows_only_onto_gpus_idle_for_the_idle_period_not_onto_one_just_f
     assert isinstance(g, Grow) and g.gpus == mk.on("s0", 0, 1) and g.reason == "GPUs idle for 10s"
 
 
+def test_a_gpu_taken_and_freed_while_free_gpus_were_reserved_counts_idle_from_its_freeing(mk) -> None:
+    """A round that reserves free GPUs for a waiting job makes no grow; it did not look at
+    the GPUs either, so one taken then (``x`` on s0/1) and freed again counted as idle from
+    before: solo grew onto it the moment it was freed ("GPUs idle for 60s")."""
+    policy = get_policy("gandiva", PolicyConfig(grow_idle_s=10, reserve_after_s=5))
+    solo = mk.job("solo", state="RUNNING", placement=mk.on("s0", 0), grow_shrink=True)
+    busy = [mk.job(f"b{i}", state="RUNNING", placement=mk.on("s1", i)) for i in range(2)]
+    assert policy.decide(mk.snap(0, mk.servers(2, 2), solo, *busy)) == []
+    x = mk.job("x", state="RUNNING", placement=mk.on("s0", 1))
+    waits = mk.job("q", gpus=2, submitted_at=0.0)
+    assert mk.kinds(policy.decide(mk.snap(50, mk.servers(2, 2), solo, x, *busy, waits))) == [("Queue", "q")]
+    assert policy.decide(mk.snap(60, mk.servers(2, 2), solo, *busy)) == []
+    (g,) = policy.decide(mk.snap(70, mk.servers(2, 2), solo, *busy))
+    assert isinstance(g, Grow) and g.reason == "GPUs idle for 10s"
+
+
 @pytest.mark.parametrize("others", [0, 1])
 def test_a_grown_job_whose_grow_shrink_was_turned_off_is_shrunk_back_and_never_grows_again(
         mk, others: int) -> None:
