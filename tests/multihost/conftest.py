@@ -38,6 +38,7 @@ from ..tf_runtime.conftest import load_variables
 
 # Every name this harness creates starts with this (namespaces, links, the bridge).
 PREFIX = os.environ.get("GANDIVA_NETNS_PREFIX", "i9sched")
+MAX_PREFIX = 9  # link names are PREFIX, a 4-digit token and 2 more characters; Linux allows 15
 SUBNET = "10.77.0"
 SUBNET6 = "fd00:77::"  # a unique local (ULA) prefix, for a cluster on IPv6 addresses only
 SCHED_PORT = 50051
@@ -76,6 +77,11 @@ class Net:
     /etc/netns/NAMESPACE/hosts (`ip netns exec` mounts it over /etc/hosts)."""
 
     def __init__(self, ipv6: bool = False, names: bool = False) -> None:
+        if len(PREFIX) > MAX_PREFIX:  # (`ip link add`: "... is not a valid ifname", in a CalledProcessError)
+            raise ValueError(
+                f"GANDIVA_NETNS_PREFIX={PREFIX!r} is {len(PREFIX)} characters, at most {MAX_PREFIX}: the harness's "
+                f"link names (the prefix, a 4-digit token and 'br') must fit Linux's 15; give a shorter one, e.g. "
+                f"{PREFIX[:MAX_PREFIX]!r}")
         self.ipv6, self.names = ipv6, names
         self.hosts: dict[str, tuple[str, str, str]] = {}  # name -> (netns, address, bridge-side link)
         self.made: list[str] = []  # namespaces to delete, made or not
