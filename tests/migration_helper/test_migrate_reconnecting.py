@@ -17,8 +17,16 @@ from typing import Any
 import grpc
 
 from protos.gandiva.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler.core import Settings
 
-from .test_helper_faults import DONE, SETTINGS, _job_pids, _submit, _up, helpers  # noqa: F401 - a fixture
+from .test_helper_faults import DONE, _job_pids, _submit, _up, helpers  # noqa: F401 - a fixture
+
+# A lease (18 s) that outlasts the scheduler's restart. With test_helper_faults' 1.8-s one,
+# a restart on a loaded machine let it run out: the helpers froze the job and, once the new
+# scheduler answered, thawed it with SIGCONT, which let the test's SIGSTOP hold go too; the
+# runtime reconnected before the migration was asked, which went ahead at once (the test
+# failed 1 run in 1 under load; every time with 2.5 s between the stop and the restart).
+SETTINGS = Settings(heartbeat_interval_s=0.2, down_after_s=30.0)
 
 
 def test_an_operator_migration_waits_for_a_runtime_reconnecting_after_a_scheduler_restart(
