@@ -196,7 +196,9 @@ def test_weights_swapped_in_after_the_last_step_hold_no_command_for_ever(
     for name, value in trained.items():
         np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value, err_msg=name)
     assert not np.array_equal(trained["w"], trained["w/ExponentialMovingAverage"])
-    assert ctl._pre_swap is None  # its scratch copy is deleted when the session closes
+    # Its scratch copies (RAM) are deleted: at the swap back, and when the session closes.
+    assert ctl._pre_swap is None
+    assert snapshots and [s.path for s in snapshots if s.path.exists()] == []
     # A snapshot before the first swap in the loop and before the final one; none before
     # the loop's second (a swap from there was put back before).
     assert len(snapshots) == 2
