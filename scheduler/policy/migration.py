@@ -257,9 +257,14 @@ def spread_yield(ledger: Ledger, state: GandivaState, config: PolicyConfig, budg
         return out
     why = (f"job {waiter.id} ({waiter.gpus} GPUs) has waited {now - waiter.submitted_at:.0f}s for GPUs that "
            f"this spread job holds (lower_spread_yield_s): back into a group of its GPU count")
+    def targets(size: int) -> list[tuple[Placement, set[str], int]]:
+        # Not a group this call changed: its newcomer, placed now, runs first (and one
+        # decision per job a call), so the spread job joins it at a later call.
+        return [t for t in _handover_targets(ledger, state, size)
+                if ledger.changed.isdisjoint(ledger.members(t[0]))]
+
     for _, job_id in sorted(spread):
-        plan = _plan_into_groups(ledger, state, config, [job_id], set(ledger.servers_of[job_id]),
-                                 lambda size: _handover_targets(ledger, state, size), limit=1)
+        plan = _plan_into_groups(ledger, state, config, [job_id], set(ledger.servers_of[job_id]), targets, limit=1)
         if not plan:
             continue
         target = plan[0][1]

@@ -192,3 +192,20 @@ def test_lower_spread_yield_keeps_the_gpus_when_no_group_of_its_count_has_room(m
 def test_lower_spread_yield_is_validated(options, message) -> None:
     with pytest.raises(ValueError, match=message):
         PolicyConfig(**options)
+
+
+def test_lower_spread_yield_does_not_suspend_a_job_placed_this_call(mk) -> None:
+    """A queued 8-GPU job (submitted before the 2-GPU one) joins the 8-GPU group on s0+s1 at
+    this call as its newcomer, which runs first; the 2-GPU groups are full (cap 3). The spread
+    job may not move into that group at the same call: it would suspend the newcomer it was
+    just placed (Place and Suspend of one job in one call, its first turn never run)."""
+    late = _spread_held(mk, now=10.0 + 3600)
+    mates = tuple(mk.job(f"small{i}-mate2", state="SUSPENDED", placement=mk.on(f"s{i}", 0, 1), submitted_at=2.0)
+                  for i in range(2, 6))
+    late = dataclasses.replace(late, jobs=(*late.jobs, *mates, mk.job("new8", gpus=8, submitted_at=5.0)))
+    rule = dataclasses.replace(YIELD, lower_spread_yield_s=3600.0, max_jobs_per_gpu=3)
+    d = [x for x in get_policy("gandiva", rule).decide(late) if not isinstance(x, Queue)]
+    assert ("Place", "new8") in mk.kinds(d)
+    assert ("Suspend", "new8") not in mk.kinds(d)
+    assert len({x.job_id for x in d}) == len(d), mk.kinds(d)
+
