@@ -17,6 +17,7 @@ Conventions the policy relies on:
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
@@ -670,6 +671,8 @@ class PolicyConfig:
             raise ValueError("balance_per_gpu changes how balance_sizes measures crowding: turn balance_sizes on too")
         for name in ("share_block_after_s", "large_block_after_s", "lower_spread_yield_s"):
             value = getattr(self, name)
+            if value is not None and not math.isfinite(value):  # NaN compares false with any time
+                raise ValueError(f"{name} must be a finite number of seconds (None turns it off), got {value}")
             if value is not None and value < 0:
                 raise ValueError(f"{name} must not be negative, got {value}")
         if self.defrag_free_gpus < 1:

@@ -209,3 +209,12 @@ def test_lower_spread_yield_does_not_suspend_a_job_placed_this_call(mk) -> None:
     assert ("Suspend", "new8") not in mk.kinds(d)
     assert len({x.job_id for x in d}) == len(d), mk.kinds(d)
 
+
+@pytest.mark.parametrize("field", ["lower_spread_yield_s", "large_block_after_s", "share_block_after_s"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_optional_seconds_refuse_what_is_not_a_finite_number(field, value) -> None:
+    """A NaN bound compares false with any time: lower_spread_yield_s=nan gave the GPUs back at
+    once, as 0 would (benchmarks' --config ...:nan, or PolicyConfig from Python); the live
+    scheduler's --policy-option refused it, PolicyConfig itself did not."""
+    with pytest.raises(ValueError, match=rf"{field} must be a finite number of seconds \(None turns it off\), got {value}"):
+        PolicyConfig(lower_spread=True, lower_spread_idle=True, **{field: value})
