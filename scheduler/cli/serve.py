@@ -6,7 +6,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from scheduler.cli.argtypes import (
@@ -213,12 +213,32 @@ def _derived_lease_refused(timeout: float, interval: float) -> str:
     share = Settings(down_after_s=600.0).lease / 600.0  # of a timeout long enough for it (60%)
     least = max(2 * interval / share, 2 * interval + LEASE_MARGIN_S)
     most = min(share * timeout, timeout - LEASE_MARGIN_S) / 2
-    fix = f"give a --heartbeat-timeout of at least {least:.3g} s"
+    fix = f"give a --heartbeat-timeout of at least {_said_so_it_works(least, lambda t: (t, interval), up=True)} s"
     if most >= 0.05:  # --heartbeat-interval's floor
-        fix += f" or a --heartbeat-interval of at most {most:.3g} s"
+        fix += f" or a --heartbeat-interval of at most {_said_so_it_works(most, lambda i: (timeout, i), up=False)} s"
     return (f"--heartbeat-timeout {timeout:g} s with --heartbeat-interval {interval:g} s: the helpers' lease "
             f"({share:.0%} of the timeout, no --lease given) would be shorter than two heartbeats, and they "
             f"would freeze their jobs after one late heartbeat; {fix}")
+
+
+def _said_so_it_works(value: float, flags: Callable[[float], tuple[float, float]], up: bool) -> str:
+    """`value` in 3 significant digits, rounded up (`up`) or down to one that, given as
+    (timeout, interval) = flags(it), works: "at least 3.33 s" at --heartbeat-interval 1
+    (3.333...) was refused when given, as was "at most 2.5 s" at 2.5 (2.4995)."""
+    from scheduler.core import Settings
+    from scheduler.errors import InvalidArgument
+
+    text = f"{value:.3g}"
+    for _ in range(10):
+        shown = float(text)
+        try:
+            timeout, interval = flags(shown)
+            Settings(down_after_s=timeout, heartbeat_interval_s=interval)
+            return text
+        except InvalidArgument:
+            unit = 10.0 ** (math.floor(math.log10(shown)) - 2)  # the last digit shown
+            text = f"{shown + unit if up else shown - unit:.3g}"
+    return f"{value:.3g}"
 
 
 def policy_options(pairs: list[str]) -> dict[str, Any]:

@@ -87,9 +87,28 @@ def test_a_heartbeat_timeout_too_short_for_its_lease_names_the_flags_given(
     assert r.err.startswith(f"gandiva scheduler: {fix}the helpers' lease (60% of the timeout, no --lease given) "
                             "would be shorter than two heartbeats"), r.err
     assert "--lease:" not in r.err and "-1s" not in r.err
-    least = "at least 6.67 s" if "1e+23" not in fix else "at least 3.33e+23 s or a --heartbeat-interval of at most 3 s"
+    least = "at least 6.67 s" if "1e+23" not in fix else "at least 3.34e+23 s or a --heartbeat-interval of at most 3 s"
     assert f"give a --heartbeat-timeout of {least}" in r.err, r.err
     assert not (tmp_path / "g.db").exists()
+
+
+@pytest.mark.parametrize("interval", ["1", "2.5", "10"])
+def test_the_heartbeat_timeout_a_refusal_says_works_is_taken(gandiva, interval: str, tmp_path: Path) -> None:
+    """The refusal's "give a --heartbeat-timeout of at least X s", given: with --heartbeat-interval
+    1 it said 3.33, which was refused again ("a lease of 1.998s is shorter than two heartbeats"):
+    rounded down, as at 12 of 22 intervals tried (2.5: 8.33, 10: 33.3)."""
+    import re
+
+    (tmp_path / "notes.txt").write_text("not a database\n" * 100)  # refused at start, nothing served
+    db = f"sqlite+aiosqlite:///{tmp_path / 'notes.txt'}"
+    first = gandiva("scheduler", "--heartbeat-interval", interval, "--heartbeat-timeout", "0.5",
+                    "--listen", "127.0.0.1:0", "--db", db)
+    said = re.search(r"give a --heartbeat-timeout of at least (\S+) s", first.err)
+    assert first.code == 2 and said, first
+    again = gandiva("scheduler", "--heartbeat-interval", interval, "--heartbeat-timeout", said.group(1),
+                    "--listen", "127.0.0.1:0", "--db", db)
+    # Past the settings: refused for the database file only.
+    assert again.code == 2 and "lease" not in again.err and "not an SQLite database" in again.err, again
 
 
 def test_top_says_what_is_wrong_on_stderr_in_one_line(gandiva, monkeypatch: pytest.MonkeyPatch) -> None:
