@@ -181,7 +181,10 @@ def test_lower_spread_yield_keeps_the_gpus_when_no_group_of_its_count_has_room(m
     scattered GPUs again)."""
     full = _spread_held(mk, now=10.0 + 7200, group_room=False)
     d = get_policy("gandiva", dataclasses.replace(YIELD, lower_spread_yield_s=3600.0)).decide(full)
-    assert not any(isinstance(x, Migrate) and x.job_id == "big-spread" for x in d)
+    # Neither moved nor parked nor suspended: no decision about it at all (a Park passed the
+    # check of no Migrate alone).
+    assert [x for x in mk.kinds(d) if x[1] == "big-spread"] == []
+    assert [x for x in mk.kinds(d) if x[1] == "newcomer"] == [("Queue", "newcomer")]
 
 
 @pytest.mark.parametrize(("options", "message"), [
