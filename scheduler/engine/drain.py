@@ -210,6 +210,7 @@ class Drainer:
             return Move(job.id, "wait", "its loop does not resume from a restored step, so it cannot leave "
                                         "without losing its progress; it stays until it ends or is killed")
         target = await self._room_for(name, job)
+        why = f"no other server has {job.gpus} free GPU(s)"
         if target:
             try:
                 # Not waiting for a runtime reconnecting: the round (and `gandiva drain`'s
@@ -218,8 +219,11 @@ class Drainer:
                 return Move(job.id, "migrate", f"to {target}")
             except GandivaError as err:
                 log.info("drain of %s: job %s not migrated to %s: %s; parking it", name, job.id, target, err)
+                # Said as it is: "no other server has 1 free GPU(s)" was the note of a job whose
+                # move to a server with them free was refused (its runtime not connected yet).
+                why = f"not migrated to {target} ({err})"
         engine._background(job.id, engine._park(job.id, f"{DRAIN_REASON} {name}: checkpointed and queued again"))
-        return Move(job.id, "park", f"no other server has {job.gpus} free GPU(s): checkpointed and queued again; "
+        return Move(job.id, "park", f"{why}: checkpointed and queued again; "
                                     "the scheduler resumes it from that checkpoint where it places it next")
 
     def held(self, jobs: Sequence[Job]) -> list[Job]:

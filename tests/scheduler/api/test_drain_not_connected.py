@@ -24,9 +24,13 @@ def test_a_drain_of_a_job_whose_runtime_has_not_connected_holds_no_scheduling_ro
         first = f.submit()
         server, _ = f.launched(first, wait_for)
         asked = time.monotonic()
-        f.api.DrainServer(scheduler_pb2.CordonServerRequest(server=server), timeout=30)
+        drain = f.api.DrainServer(scheduler_pb2.CordonServerRequest(server=server), timeout=30)
         answered = time.monotonic() - asked
         assert answered < 5.0, f"the drain answered after {answered:.1f}s"
+        # Parked, saying why: the other server has the GPUs free (it said "no other server has
+        # 1 free GPU(s)", as if the cluster were full, of a job it could not move for another reason).
+        (move,) = [(m.action, m.note) for m in drain.jobs if m.job_id == first]
+        assert move[0] == "park" and "free GPU" not in move[1] and "no runtime connected" in move[1], move
         second = f.submit()
         wait_for(lambda: f.job(second).state == common_pb2.JOB_STATE_RUNNING, 30)
         took = time.monotonic() - asked
