@@ -338,7 +338,8 @@ async def recover_migrations(core: SchedulerCore) -> list[str]:
       the source already stopped, its exit report re-queues the job;
     - after (transfer, activate): completed by a restart from that checkpoint (the
       destination, which may or may not have started training, is stopped): the job is
-      re-queued to resume from the checkpoint's step, never from 0.
+      re-queued to resume from the checkpoint's step, never from 0; in phase activate
+      fenced until the destination's lease has surely run out.
     """
     now = core.clock()
     stops: list[tuple[str, str, str]] = []
@@ -357,7 +358,16 @@ async def recover_migrations(core: SchedulerCore) -> list[str]:
             else:
                 stops.append((m.source_server, m.job_id, m.fallback_incarnation))
                 resume = await repo.resume_from_migration(s, job, m)
-                await repo.requeue(s, job, now, f"scheduler restarted mid-migration (phase {m.phase}); {resume}")
+                why, fence = f"scheduler restarted mid-migration (phase {m.phase}); {resume}", 0.0
+                if m.phase == "activate":
+                    # Its destination may have been told to train: this scheduler cannot
+                    # know. It was placed again at the first round, beside that copy until
+                    # the destination's helper or runtime reconnected and was told to stop
+                    # it; it waits, as a launch that did not answer, for that lease to run out.
+                    fence = now + core.settings.down_after_s
+                    why += f"; waiting {fence - now:.0f}s for {m.dest_server}'s lease to run out"
+                await repo.requeue(s, job, now, why, fenced_until=fence)
+                core.note_fence(job.id, job.fenced_until, now)
             repo.add_event(s, now, "job.migration", f"recovered after restart from phase {m.phase}", job_id=m.job_id)
         # MIGRATING with no durable row: a database from before 0002_fencing_migrations,
         # upgraded while a migration was in flight. It stayed MIGRATING for good (no

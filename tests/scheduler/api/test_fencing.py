@@ -711,6 +711,28 @@ def test_default_leases_run_out_before_servers_are_marked_down() -> None:
         assert s.lease + 1.0 <= s.down_after_s
 
 
+def _stopped_mid_migration(make_scheduler: Any, sqlite_url: str, wait_for: Any, plans: list, last_phase: str,
+                           settings: Settings | None = None) -> tuple[str, str, helper_pb2.LaunchJob, str, Any]:
+    """A job launched, its runtime connected, an operator's migration of it begun (the test's
+    `migrate`, appending its plan to `plans`, records its phases and never ends), then the
+    scheduler stopped once `last_phase` is recorded: (the job, its server, its launch, the
+    destination, the migration's plan)."""
+    first = make_scheduler(sqlite_url, tick_s=0.1, **({"settings": settings} if settings else {}))
+    f = Fake(first.address)
+    f.keep_alive("a", "b")
+    job_id = f.submit()
+    server, launch = f.launched(job_id, wait_for)
+    f.shim(job_id, launch.incarnation)
+    dest = "b" if server == "a" else "a"
+    f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
+    plan = wait_for(lambda: plans and plans[0])
+    wait_for(lambda: any(e.kind == "job.migration" and e.message.startswith(last_phase) for e in f.api.ListEvents(
+        scheduler_pb2.ListEventsRequest(job_id=job_id)).events))
+    f.close()
+    first.call(first.server.stop(grace=0.5))  # its loop lives on, with the migration stuck
+    return job_id, server, launch, dest, plan
+
+
 @pytest.mark.parametrize("confirmed", [False, True], ids=["before-checkpoint", "after-checkpoint"])
 def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
     make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch, confirmed: bool
@@ -730,17 +752,8 @@ def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
         await asyncio.Event().wait()  # until the scheduler stops
 
     monkeypatch.setattr(live_migration, "migrate", stuck)
-    first = make_scheduler(sqlite_url, tick_s=0.1)
-    f = Fake(first.address)
-    job_id = f.submit()
-    server, launch = f.launched(job_id, wait_for)
-    f.shim(job_id, launch.incarnation)
-    dest = "b" if server == "a" else "a"
-    f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
-    plan = wait_for(lambda: plans and plans[0])
-    time.sleep(0.3)  # the phases are recorded
-    f.close()
-    first.call(first.server.stop(grace=0.5))  # its loop lives on, with the migration stuck
+    job_id, server, launch, dest, plan = _stopped_mid_migration(
+        make_scheduler, sqlite_url, wait_for, plans, "checkpoint" if confirmed else "prewarm")
     second = make_scheduler(sqlite_url, tick_s=0.1)
     g = Fake(second.address)
     try:
@@ -761,6 +774,51 @@ def test_a_restarted_scheduler_finishes_every_migration_left_in_sql(
                 placed = g.job(job_id).history[-1].reason
                 assert f"its checkpoint is on {server}, and {server}'s helper has no agent address" in placed, placed
             assert g.heartbeat(server, (job_id, launch.incarnation)) == [(job_id, launch.incarnation)]
+    finally:
+        g.close()
+
+
+# Heartbeats every 0.2 s (kept up by the fakes) and a 4-s heartbeat timeout: the fence a
+# restart puts on a job whose destination may train is short enough to wait for.
+RESTARTED = Settings(heartbeat_interval_s=0.2, down_after_s=4.0)
+
+
+def test_a_scheduler_restarted_as_a_migration_activates_places_the_job_again_only_after_the_destinations_lease(
+    make_scheduler: Any, sqlite_url: str, wait_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler stops in the migration's last phase: the source checkpointed (step 7)
+    and exited, the destination told to activate (train) or about to be. The next scheduler
+    completes the move by a restart from that checkpoint, but cannot know whether that copy
+    trains: it waits until the destination's lease has surely run out (its helper, heard
+    from meanwhile, is told to stop it) before it places the job. Before, it placed it at
+    its first round (0.1-0.3 s), on the source, beside the destination's copy until that
+    server's helper or runtime reconnected."""
+    plans: list = []
+
+    async def activating(plan, ports, timeouts=None):  # type: ignore[no-untyped-def]
+        plans.append(plan)
+        await ports.record_phase(plan.job_id, "prewarm", 0.1, plan.dest.name)
+        await ports.checkpoint_confirmed(plan.job_id, 7, "/dev/shm/src/ckpt-7")
+        await ports.record_phase(plan.job_id, "checkpoint", 0.1, "step 7")
+        await ports.record_phase(plan.job_id, "transfer", 0.1, "shared")  # durable phase: activate
+        await asyncio.Event().wait()  # until the scheduler stops
+
+    monkeypatch.setattr(live_migration, "migrate", activating)
+    job_id, _, _, dest, plan = _stopped_mid_migration(make_scheduler, sqlite_url, wait_for, plans, "transfer",
+                                                      RESTARTED)
+    second = make_scheduler(sqlite_url, tick_s=0.1, settings=RESTARTED)
+    restarted = time.monotonic()
+    g = Fake(second.address)
+    g.keep_alive("a", "b")
+    try:
+        stop = next(g.commands(dest)).stop
+        assert (stop.job_id, stop.incarnation) == (job_id, plan.dest_incarnation)
+        _, relaunch = g.launched(job_id, wait_for)
+        waited = time.monotonic() - restarted
+        assert waited >= RESTARTED.down_after_s * 0.9, f"placed again {waited:.1f}s after the restart"
+        assert relaunch.incarnation != plan.dest_incarnation
+        reasons = [t.reason for t in g.job(job_id).history]
+        assert any("will resume from step 7" in r and f"{dest}'s lease to run out" in r for r in reasons), reasons
     finally:
         g.close()
 
