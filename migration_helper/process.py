@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,13 +190,14 @@ def _ours(pid: int) -> bool:
         return False
 
 
-def stop_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
-    """SIGSTOP process group `group` (when given) and every process `find` returns, looking
-    again until all those it finds are stopped; returns every pid found."""
+def _stop_passes(find: Callable[[], Sequence[int]], group: int, seen: set[int]) -> Iterator[float]:
+    """`stop_all`'s looks, one at a time: SIGSTOP process group `group` (when given), then
+    every process `find` returns not yet stopped; after each look that found one, yields how
+    long to wait before the next (the driver sleeps, or lets the event loop run: JobProcess).
+    Adds every pid found to `seen`."""
     if group:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGSTOP)
-    seen: set[int] = set()
     deadline = time.monotonic() + STOP_CONVERGE_S
     while True:
         running = []
@@ -210,24 +211,22 @@ def stop_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
                     continue
                 running.append(pid)
         if not running:
-            return seen
+            return
         if time.monotonic() >= deadline:
             log.warning("processes %s did not stop within %.0f s", running, STOP_CONVERGE_S)
-            return seen
-        time.sleep(0.001)  # (a signal lands as the process next runs)
+            return
+        yield 0.001  # (a signal lands as the process next runs)
 
 
-def kill_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
-    """`stop_all` first (a stopped parent's children are not orphaned: a supervisor does not
-    start them again), then SIGKILL process group `group` (when given) and every process
-    `find` returns, looking again until a look finds none not yet killed; returns the pids
-    killed. A process with SIGKILL pending forks no more (the kernel abandons a fork whose
-    parent has it pending), and a child attached before it is found by the next look."""
-    stop_all(find, group)
-    if group:
+def _kill_passes(find: Callable[[], Sequence[int]], group: int, killed: set[tuple[int, bytes]],
+                 group_lives: Callable[[], bool] = lambda: True) -> Iterator[float]:
+    """`kill_all`'s looks, one at a time (as `_stop_passes`); adds (pid, start time) of each
+    process killed to `killed`. The group is killed only while `group_lives()`: its id is
+    its leader's pid, which another process may be given once the leader is reaped."""
+    yield from _stop_passes(find, group, set())
+    if group and group_lives():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
-    killed: set[tuple[int, bytes]] = set()  # (pid, start time)
     deadline = time.monotonic() + STOP_CONVERGE_S
     while True:
         new = 0
@@ -240,10 +239,34 @@ def kill_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
             killed.add((pid, fields[19]))
             new += 1
         if not new:
-            break
+            return
         if time.monotonic() >= deadline:
             log.warning("processes still forking after %.0f s of killing them", STOP_CONVERGE_S)
-            break
+            return
+        yield 0.0
+
+
+def stop_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
+    """SIGSTOP process group `group` (when given) and every process `find` returns, looking
+    again until all those it finds are stopped; returns every pid found. Blocks up to
+    STOP_CONVERGE_S: a helper's launches converge through JobProcess instead, between turns
+    of its event loop."""
+    seen: set[int] = set()
+    for pause in _stop_passes(find, group, seen):
+        time.sleep(pause)
+    return seen
+
+
+def kill_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
+    """`stop_all` first (a stopped parent's children are not orphaned: a supervisor does not
+    start them again), then SIGKILL process group `group` (when given) and every process
+    `find` returns, looking again until a look finds none not yet killed; returns the pids
+    killed. A process with SIGKILL pending forks no more (the kernel abandons a fork whose
+    parent has it pending), and a child attached before it is found by the next look.
+    Blocks as `stop_all` does (twice its bound)."""
+    killed: set[tuple[int, bytes]] = set()  # (pid, start time)
+    for pause in _kill_passes(find, group, killed):
+        time.sleep(pause)
     return {pid for pid, _ in killed}
 
 
@@ -361,6 +384,8 @@ class JobProcess:
     _grace_until: float | None = None
     # pid: start time (clock ticks since boot) of each process found as the launch's (_marked)
     _known: dict[int, bytes] = field(default_factory=dict)
+    # A freeze's or kill's looks still to come (_converge): "stop" or "kill", and its task.
+    _converging: tuple[str, asyncio.Task[None]] | None = None
 
     async def start(self, on_exit: Callable[[JobProcess], None]) -> None:
         """Spawn the process; ``on_exit`` is called once when it ends."""
@@ -534,6 +559,7 @@ class JobProcess:
             finally:
                 loop.remove_reader(pidfd)
                 os.close(pidfd)
+            self._end_converging()  # (before the reap: the group's id is the leader's pid)
             code = self._proc.wait()
         if self.ended_with is not None:
             code = self.ended_with  # killed by _end_launch: the trainer's status is the launch's
@@ -547,7 +573,9 @@ class JobProcess:
         # another process may be given now.
         await self._grace()
         left, named = await self._left_behind()
-        kill_all(self._marked)  # (not its group: its id is the reaped leader's pid)
+        # (not its group: its id is the reaped leader's pid; the event loop runs between looks)
+        for pause in _kill_passes(self._marked, 0, set()):
+            await asyncio.sleep(pause)
         forget_launch(self.launch_id)  # the mark its trainer left (tf_runtime.launch)
         # The pipe's last lines (the runtime's last_step, written as its program ended) are
         # read before the exit is told: its end comes once nothing of the launch holds it.
@@ -665,10 +693,11 @@ class JobProcess:
         it (``escaped``). SIGSTOP and SIGKILL look again until all they find are stopped
         (``stop_all``): one forked as its parent was signalled is not let through."""
         if sig == signal.SIGKILL:
-            kill_all(self.escaped, group=self.pid)
+            self._converge("kill", _kill_passes(self.escaped, self.pid, set(),
+                                                lambda: self._proc is None or self._proc.returncode is None))
             return
         if sig == signal.SIGSTOP:
-            stop_all(self.escaped, group=self.pid)
+            self._converge("stop", _stop_passes(self.escaped, self.pid, set()))
             return
         escaped = self.escaped()  # (first: one whose parent the group's signal ends is found by it)
         try:
@@ -680,6 +709,41 @@ class JobProcess:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+
+    def _converge(self, kind: str, passes: Iterator[float]) -> None:
+        """A freeze's ("stop") or a kill's ("kill") looks: the first now, the rest between
+        turns of the event loop, each after the pause `passes` yields. Run through at once,
+        they held the helper's event loop up to STOP_CONVERGE_S a freeze and twice that a
+        kill (a process in uninterruptible sleep never reads stopped; one scan of /proc took
+        0.2-0.5 s beside 2,000 processes on a loaded host), launch after launch: its
+        heartbeats unsent meanwhile, its other jobs' lease running out. Those of an earlier
+        freeze or kill of this launch end here (this one looks again from the start)."""
+        self._end_converging()
+        pause = next(passes, None)
+        if pause is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # (no event loop: blocks, as stop_all does)
+            time.sleep(pause)
+            for pause in passes:
+                time.sleep(pause)
+            return
+        self._converging = (kind, loop.create_task(self._converge_rest(passes, pause)))
+
+    async def _converge_rest(self, passes: Iterator[float], first: float) -> None:
+        try:
+            await asyncio.sleep(first)
+            for pause in passes:
+                await asyncio.sleep(pause)
+        except Exception:  # (never raised so far: a launch must not end the helper)
+            log.exception("job %s/%s: looking for the rest of its launch failed", self.job_id, self.incarnation)
+
+    def _end_converging(self, kind: str | None = None) -> None:
+        """Stop the pending looks (only those of `kind`, when given)."""
+        if self._converging is not None and kind in (None, self._converging[0]):
+            self._converging[1].cancel()
+            self._converging = None
 
     def escaped(self) -> list[int]:
         """This launch's processes outside its process group: a worker started in a
@@ -743,7 +807,11 @@ class JobProcess:
             log.warning("job %s/%s frozen: lease with the scheduler ran out", self.job_id, self.incarnation)
 
     def thaw(self) -> None:
-        if self.alive and self.frozen:  # a stopping process too: it must see its SIGTERM
+        # A freeze still looking would stop again what this continues; a kill under way
+        # (stop()'s SIGKILL) is not undone: what it stopped waits for its SIGKILL.
+        self._end_converging("stop")
+        killing = self._converging is not None and not self._converging[1].done()
+        if self.alive and self.frozen and not killing:  # a stopping process too: it must see its SIGTERM
             self._signal_group(signal.SIGCONT)
             log.info("job %s/%s thawed", self.job_id, self.incarnation)
         self.frozen = False

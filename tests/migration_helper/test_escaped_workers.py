@@ -15,8 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-from migration_helper.process import OWNER_ENV, JobProcess, kill_left_behind, owner_mark
-from tf_runtime.launch import _trained_flag, forget_launch
+from migration_helper.process import (
+    OWNER_ENV,
+    STOP_CONVERGE_S,
+    JobProcess,
+    kill_left_behind,
+    owner_mark,
+)
+from tf_runtime.launch import _trained_flag, forget_launch, stat_fields
 
 # The worker: a process in a session of its own that "trains" (sleeps) for good; the
 # job's own process waits for it.
@@ -318,3 +324,69 @@ async def all_stopped(proc: JobProcess, within_s: float) -> list[int]:
             return []
         await asyncio.sleep(0.05)
     return running
+
+
+# A worker in a session of its own that can not be stopped: a vfork parent waits for its
+# child in uninterruptible sleep (state D, as a process in a driver's or a file system's
+# call), and SIGSTOP moves it to T only once that wait ends.
+UNSTOPPABLE = """
+import ctypes, time
+libc = ctypes.CDLL(None)
+if libc.vfork() == 0:
+    libc.sleep(300)
+    libc._exit(0)
+time.sleep(300)
+"""
+
+
+async def test_a_freeze_and_a_kill_of_a_process_that_cannot_stop_leave_the_helper_answering(
+        tmp_path: Path) -> None:
+    """The freeze and the kill look again until every process of the launch they find is
+    stopped, for up to STOP_CONVERGE_S: a process in uninterruptible sleep never is, and
+    they held the helper's event loop all that time (2 s a freeze, 2 s and more a kill, one
+    launch after another: its heartbeats unsent, the lease of its other jobs running out).
+    Now the event loop runs between looks; a thaw ends a freeze's looking (it must not stop
+    what it continued), and the kill still takes every process of the launch."""
+    (tmp_path / "unstoppable.py").write_text(UNSTOPPABLE)
+    proc, worker = await started(
+        tmp_path, ["bash", "-c", f"setsid {sys.executable} unstoppable.py & echo $! > worker.pid; wait"])
+    loop = asyncio.get_running_loop()
+    stalls = [0.0]
+
+    async def ticker() -> None:  # the event loop's longest wait between two 20-ms ticks
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0.02)
+            stalls.append(loop.time() - last - 0.02)
+            last = loop.time()
+
+    child = 0
+    tick = asyncio.create_task(ticker())
+    try:
+        for _ in range(500):
+            child = next((int(e) for e in os.listdir("/proc") if e.isdigit() and e != str(worker)
+                          and stat_fields(int(e))[1:2] == [str(worker).encode()]), 0)
+            if child and state(worker) == "D":
+                break
+            await asyncio.sleep(0.02)
+        assert child and state(worker) == "D", f"no vfork parent in uninterruptible sleep: {state(worker)}"
+        proc.freeze()
+        assert await becomes(child, "T") == "T"
+        await asyncio.sleep(STOP_CONVERGE_S + 0.5)  # (its looking given up on the D one)
+        proc.thaw()
+        proc.freeze()
+        await asyncio.sleep(0.3)  # mid-looking
+        proc.thaw()
+        await asyncio.sleep(0.5)
+        assert state(child) in ("S", "R"), "a thaw's continued process stopped again by the freeze before it"
+        proc.kill_now()
+        assert await proc._wait(20.0)
+        assert await becomes(worker, "gone", "Z") in ("gone", "Z")
+        assert await becomes(child, "gone", "Z") in ("gone", "Z")
+        assert max(stalls) < 1.0, f"the helper's event loop held {max(stalls):.2f} s by a freeze or kill"
+    finally:
+        tick.cancel()
+        for pid in (child, worker):
+            with contextlib.suppress(OSError):
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
