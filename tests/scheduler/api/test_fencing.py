@@ -57,6 +57,7 @@ class Fake:
         self._beater: threading.Thread | None = None
         self.alive: set[str] = set()
         self.shims: list[Any] = []
+        self.launch_commands: dict[str, str] = {}  # a launch's incarnation -> its command's id
 
     def shim(self, job_id: str, incarnation: str) -> Any:
         """The launch's runtime, connected (a job is migrated only with one: without it the
@@ -117,8 +118,16 @@ class Fake:
         for cmd in self.commands(server):  # stops of abandoned launches may come first
             if cmd.WhichOneof("body") == "launch":
                 assert cmd.launch.job_id == job_id
+                self.launch_commands[cmd.launch.incarnation] = cmd.command_id
                 return server, cmd.launch
         raise AssertionError(f"no launch of {job_id} on {server}")
+
+    def confirm(self, server: str, launch: helper_pb2.LaunchJob) -> None:
+        """The launch (read by `launched`) started, as a real helper reports: one never
+        confirmed is withdrawn at its command timeout (1 s with FAST), which a loaded
+        machine's next call to the scheduler can come after."""
+        self.helper.ReportCommandResult(helper_pb2.HelperCommandResult(
+            server=server, command_id=self.launch_commands[launch.incarnation], ok=True))
 
     def launched_again(self, job_id: str, old: str, wait_for: Any) -> tuple[str, helper_pb2.LaunchJob]:
         """(server, launch command) of the job's next launch after incarnation `old`."""
@@ -644,11 +653,8 @@ def _stop_for_migration_fails(f: Fake, settings: Settings, wait_for: Any, monkey
     _, release = _blocking_migrate(monkeypatch, failed)
     release.set()
     job_id = f.submit()
-    server = wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server)
-    cmd = next(c for c in f.commands(server) if c.WhichOneof("body") == "launch")
-    # Confirmed, as a real helper's launch is: not withdrawn at its command timeout.
-    f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server=server, command_id=cmd.command_id, ok=True))
-    launch = cmd.launch
+    server, launch = f.launched(job_id, wait_for)
+    f.confirm(server, launch)
     f.shim(job_id, launch.incarnation)
     dest = "b" if server == "a" else "a"
     f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
@@ -875,6 +881,7 @@ def test_a_source_lost_after_its_migration_checkpoint_resumes_from_that_checkpoi
     f, job_id, server, launch, dest = _launched_with_shared_root(make_scheduler, sqlite_url, wait_for, FAST)
     try:
         f.keep_alive("a", "b")
+        f.confirm(server, launch)
         f.shim(job_id, launch.incarnation)
         f.api.MigrateJob(scheduler_pb2.MigrateJobRequest(id=job_id, to_server=dest))
         plan = wait_for(lambda: plans and plans[0])
