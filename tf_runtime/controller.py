@@ -288,8 +288,9 @@ class Controller:
         self._swapped_at = 0.0
         self._save_pre_swap = False
         # Where the program made the swap now in place (its frames' code and lines), and
-        # the places whose swaps it has put back before (periodic evaluations in its loop):
-        # no snapshot is taken for those (a full save each time: 0.46 s for 80 MB).
+        # the places whose swaps it has put back before (periodic evaluations in its loop)
+        # or kept into the next step (a target network's copy): no snapshot is taken for
+        # those (a full save each time: 0.46 s for 80 MB).
         self._swap_site: tuple[tuple[Any, int], ...] = ()
         self._swapped_back: set[tuple[tuple[Any, int], ...]] = set()
         # The global step before a run after training that assigns a trainable variable or
@@ -960,6 +961,14 @@ class Controller:
             return  # commands wait for the run that completes this step
         if info.advances_step:
             self._after_advance = True
+            if self._swapped:
+                # A load the program kept into the next step (a target network copied from
+                # the online one every C steps, back to its best weights): a snapshot before
+                # the next load from there would cost a full save each time, and a command
+                # cut from it after SWAP_BACK_WAIT_S would lose the load (a restored copy
+                # trains on against the target as it was before the copy). Commands during
+                # those wait for the next training run, as they did before s53.
+                self._swapped_back.add(self._swap_site)
             self._drop_pre_swap()
             site, last = program_site(sys._getframe(1)), self._advance_site
             if site is not None and last is not None and site[0] == last[0] and site[1] <= last[1]:

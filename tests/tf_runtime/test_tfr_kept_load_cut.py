@@ -28,16 +28,17 @@ from .test_tfr_tf_session import acks, session, shimmed
 pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow")
 
-STEPS, COPY_EVERY = 12, 10
+STEPS = 12
 
 
-def _dqn(tmp_path: Path, *, ask: bool, restore_dir: Path | None = None) -> dict[str, Any]:
+def _dqn(tmp_path: Path, *, copy_every: int, ask: bool, act_s: float = 10.0,
+         restore_dir: Path | None = None) -> dict[str, Any]:
     """Momentum on an online layer whose target is computed from a target layer; the target
-    copied from the online one at step COPY_EVERY, then read-only runs (greedy acting) until
-    the checkpoint asked right after the copy (`ask`) is answered (at most 10 s: fifty times
-    the SWAP_BACK_WAIT_S the test sets; a shim that waits for the next training run answers
-    it there), or 3 runs.
-    Returns every variable at the end, by name."""
+    copied from the online one every `copy_every` steps, each copy followed by read-only runs
+    (greedy acting): 3, or after the copy at step 10, when asked (`ask`), a checkpoint asked
+    right after it and runs until it is answered, at most `act_s` (10 s: fifty times the
+    SWAP_BACK_WAIT_S the tests set; a shim that waits for the next training run answers it
+    there). Returns every variable at the end, by name."""
     with shimmed(restore_dir) as ctl, tf.Graph().as_default() as g, session(g) as sess:
         gs = tf.compat.v1.train.get_or_create_global_step()
         x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
@@ -56,14 +57,15 @@ def _dqn(tmp_path: Path, *, ask: bool, restore_dir: Path | None = None) -> dict[
         while step < STEPS:
             sess.run(train)
             step = int(sess.run(gs))
-            if step % COPY_EVERY == 0:
+            if step % copy_every == 0:
                 sess.run(copy)
-                if ask:
+                asked = ask and step == 10
+                if asked:
                     ctl.enqueue(Command("c", Kind.CHECKPOINT, str(tmp_path / "ck")))
-                deadline = time.monotonic() + 10.0
+                deadline = time.monotonic() + act_s
                 for runs in range(10**6):
                     sess.run(q)  # greedy acting: a read-only run
-                    if (acks(ctl) if ask else runs >= 2) or time.monotonic() > deadline:
+                    if (acks(ctl) if asked else runs >= 2) or time.monotonic() > deadline:
                         break
                     time.sleep(0.01)
         if ask:
@@ -77,8 +79,36 @@ def _dqn(tmp_path: Path, *, ask: bool, restore_dir: Path | None = None) -> dict[
 def test_a_target_network_copy_then_a_long_evaluation_is_restored_bit_identical(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(controller_module, "SWAP_BACK_WAIT_S", 0.2)
-    uninterrupted = _dqn(tmp_path, ask=True)  # the cut changes nothing in its own process
-    restored = _dqn(tmp_path / "r", ask=False, restore_dir=tmp_path / "ck")
+    uninterrupted = _dqn(tmp_path, copy_every=10, ask=True)  # the cut changes nothing here
+    restored = _dqn(tmp_path / "r", copy_every=10, ask=False, restore_dir=tmp_path / "ck")
+    _same(restored, uninterrupted)
+
+
+def _same(restored: dict[str, Any], uninterrupted: dict[str, Any]) -> None:
     assert restored.keys() == uninterrupted.keys()
     for name, value in uninterrupted.items():
         np.testing.assert_array_equal(restored[name], value, err_msg=name)
+
+
+def test_a_target_network_copied_every_few_steps_pays_one_snapshot_and_is_cut_after_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same program copying its target every 5 steps, the checkpoint asked after the
+    second copy (step 10), then 1 s of acting (five times SWAP_BACK_WAIT_S). Since 664b1a76
+    only swaps put back skipped the snapshot: each copy paid a full save of the training state
+    (0.46 s for 80 MB; 2 here, one per copy for ever), and the checkpoint was cut from the one
+    before the second copy, the restored copy training on against the target as it was before
+    it (every trained variable differed). Now a place whose load was kept into the next step
+    takes no snapshot again: 1 snapshot, the command waits for the next training run, and the
+    restored copy ends bit-identical."""
+    monkeypatch.setattr(controller_module, "SWAP_BACK_WAIT_S", 0.2)
+    from tf_runtime import tf_session
+
+    snapshots: list[Any] = []
+    take = tf_session.TFSessionAdapter.snapshot
+    monkeypatch.setattr(tf_session.TFSessionAdapter, "snapshot",
+                        lambda self: snapshots.append(take(self)) or snapshots[-1])
+    uninterrupted = _dqn(tmp_path, copy_every=5, ask=True, act_s=1.0)
+    assert len(snapshots) == 1
+    assert [s.path for s in snapshots if s.path.exists()] == []
+    restored = _dqn(tmp_path / "r", copy_every=5, ask=False, restore_dir=tmp_path / "ck")
+    _same(restored, uninterrupted)
