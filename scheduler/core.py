@@ -1617,12 +1617,16 @@ class SchedulerCore:
         return (self.monotonic() - self.started_mono >= self.settings.down_after_s
                 and self._silence(name) >= self.settings.down_after_s)
 
-    def heard_ago(self, name: str) -> float | None:
-        """Seconds since the server was last heard from, on the monotonic clock; None when
-        this scheduler has not heard it since it started (its recorded `last_heartbeat`, a
-        wall-clock time, is all there is then)."""
+    def heard_ago(self, name: str, recorded_ago: float) -> float:
+        """Seconds since the server was last heard from, on the monotonic clock. One this
+        scheduler has not heard since it started: `recorded_ago` (now less its recorded
+        `last_heartbeat`, wall-clock times), but at least the time since this start: written
+        by a scheduler whose clock kept time through a step back, that heartbeat read an hour
+        in the future, and a job waited for its checkpoint's server that hour."""
         heard = self._heard.get(name)
-        return None if heard is None else self.monotonic() - heard
+        if heard is None:
+            return max(recorded_ago, self.monotonic() - self.started_mono)
+        return self.monotonic() - heard
 
     def _silence(self, name: str) -> float:
         """Seconds since the server was last heard from (or since this scheduler started)."""

@@ -1506,15 +1506,16 @@ class _Restore:
 
 
 async def _restore_plan(s: AsyncSession, job: Job, server: str, now: float = 0.0, wait_s: float = 0.0,
-                        shared: bool = True, heard_ago: Callable[[str], float | None] | None = None) -> _Restore:
+                        shared: bool = True, heard_ago: Callable[[str, float], float] | None = None) -> _Restore:
     """How a launch on `server` resumes the job from its last checkpoint: as recorded,
     when that checkpoint is on `server`; through `server`'s shared root (peers' ramdisks
     as ROOT/PEER-NAME) when it has one, unless `shared` is false (a read that way failed
     while the holder was down); else fetched from the server that holds it, if
     that server is up; not yet, while that server is down for less than `wait_s` since its
     last heartbeat (`heard_ago`: seconds since a server was heard, on the monotonic clock,
-    None if not known: then its recorded last heartbeat, a wall-clock time); else not at
-    all (a note saying why)."""
+    given the figure its recorded last heartbeat says, a wall-clock time, for one not heard
+    since this scheduler started: SchedulerCore.heard_ago); else not at all (a note saying
+    why)."""
     if not job.restore_checkpoint:
         return _Restore()
     if job.restore_server == server:
@@ -1533,8 +1534,8 @@ async def _restore_plan(s: AsyncSession, job: Job, server: str, now: float = 0.0
     # Counted on the monotonic clock where known: the wall clock stepped an hour forward
     # ended the wait at once, and the job started over from step 0 (it was at 42: -k
     # waiting_for in tests/scheduler/api/test_clock_forward_fence.py).
-    ago = heard_ago(holder.name) if heard_ago is not None else None
-    until = (holder.last_heartbeat or 0.0) + wait_s if ago is None else now + wait_s - ago
+    recorded_ago = now - (holder.last_heartbeat or 0.0)
+    until = now + wait_s - (heard_ago(holder.name, recorded_ago) if heard_ago is not None else recorded_ago)
     if not holder.up and holder.address and target.address and until > now:
         return _Restore(wait_until=until, note=(
             f"waits for server {holder.name}, which is down and holds its checkpoint, to come back: "

@@ -141,3 +141,44 @@ def test_a_fence_read_after_a_restart_is_no_longer_than_any_fence_though_the_clo
     assert again.fence_holds("j", fenced_until, again.clock())
     clocks.run(0.2)
     assert not again.fence_holds("j", fenced_until, again.clock()), "held past any fence's length"
+
+
+async def test_a_checkpoint_wait_read_after_a_restart_is_no_longer_than_the_wait_though_the_clock_was_stepped_back(
+        ) -> None:
+    """A queued job waits up to --checkpoint-wait (60 s) for the down server holding its
+    checkpoint, counted from that server's last heartbeat. The wall clock stepped an hour back
+    while a scheduler ran (its clock kept time) and it recorded that heartbeat; a scheduler
+    started again (its clock the system's) read it an hour in the future: the job waited
+    "3660s more at most" for the server, not 60 s. Real SQLite rows, the engine's own plan."""
+    from types import SimpleNamespace
+
+    from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+
+    from scheduler.core import Settings
+    from scheduler.engine.live import _restore_plan
+    from scheduler.state.models import Base, Server
+
+    clocks = Clocks()
+    before = StepFreeClock(lambda: clocks.wall, lambda: clocks.mono)
+    clocks.run(10)
+    clocks.wall -= 3600
+    clocks.run(1)
+    heard = before()  # y's last heartbeat, as the scheduler before recorded it
+    clocks.run(5)  # y goes down; the scheduler restarted: its clock reads the system's again
+    db = create_async_engine("sqlite+aiosqlite://")
+    async with db.begin() as conn:
+        await conn.run_sync(Base.metadata.create_all)
+    again = SchedulerCore(db, settings=Settings(heartbeat_interval_s=0.2, down_after_s=6.0),
+                          clock=StepFreeClock(lambda: clocks.wall, lambda: clocks.mono),
+                          monotonic=lambda: clocks.mono)
+    clocks.run(2)
+    now = again.clock()
+    job = SimpleNamespace(restore_checkpoint="/dev/shm/gandiva/j/ckpt-42", restore_server="y")
+    async with async_sessionmaker(db)() as s:
+        for name, up in (("x", True), ("y", False)):
+            s.add(Server(name=name, address=f"{name}:1", num_gpus=1, ramdisk="/dev/shm/gandiva", up=up,
+                         registered_at=heard, last_heartbeat=heard))
+        await s.flush()
+        plan = await _restore_plan(s, job, "x", now, 60.0, heard_ago=again.heard_ago)
+    await db.dispose()
+    assert 0 < plan.wait_until - now <= 60.0, plan.note
