@@ -15,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from migration_helper import process
 from migration_helper.process import (
     OWNER_ENV,
-    STOP_CONVERGE_S,
     JobProcess,
     kill_left_behind,
     owner_mark,
@@ -340,13 +342,17 @@ time.sleep(300)
 
 
 async def test_a_freeze_and_a_kill_of_a_process_that_cannot_stop_leave_the_helper_answering(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The freeze and the kill look again until every process of the launch they find is
     stopped, for up to STOP_CONVERGE_S: a process in uninterruptible sleep never is, and
     they held the helper's event loop all that time (2 s a freeze, 2 s and more a kill, one
     launch after another: its heartbeats unsent, the lease of its other jobs running out).
     Now the event loop runs between looks; a thaw ends a freeze's looking (it must not stop
-    what it continued), and the kill still takes every process of the launch."""
+    what it continued), and the kill still takes every process of the launch. (Its bound
+    made 5 s here: the loop is still held by each look, one scan of /proc, 1-2 s beside
+    2,000 processes on a loaded host; what it must not be held for is the whole bound.)"""
+    converge_s = 5.0
+    monkeypatch.setattr(process, "STOP_CONVERGE_S", converge_s)
     (tmp_path / "unstoppable.py").write_text(UNSTOPPABLE)
     proc, worker = await started(
         tmp_path, ["bash", "-c", f"setsid {sys.executable} unstoppable.py & echo $! > worker.pid; wait"])
@@ -372,7 +378,7 @@ async def test_a_freeze_and_a_kill_of_a_process_that_cannot_stop_leave_the_helpe
         assert child and state(worker) == "D", f"no vfork parent in uninterruptible sleep: {state(worker)}"
         proc.freeze()
         assert await becomes(child, "T") == "T"
-        await asyncio.sleep(STOP_CONVERGE_S + 0.5)  # (its looking given up on the D one)
+        await asyncio.sleep(converge_s + 0.5)  # (its looking given up on the D one)
         proc.thaw()
         proc.freeze()
         await asyncio.sleep(0.3)  # mid-looking
@@ -383,7 +389,7 @@ async def test_a_freeze_and_a_kill_of_a_process_that_cannot_stop_leave_the_helpe
         assert await proc._wait(20.0)
         assert await becomes(worker, "gone", "Z") in ("gone", "Z")
         assert await becomes(child, "gone", "Z") in ("gone", "Z")
-        assert max(stalls) < 1.0, f"the helper's event loop held {max(stalls):.2f} s by a freeze or kill"
+        assert max(stalls) < converge_s / 2, f"the helper's event loop held {max(stalls):.2f} s by a freeze or kill"
     finally:
         tick.cancel()
         for pid in (child, worker):
