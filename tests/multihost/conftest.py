@@ -315,6 +315,17 @@ class WallClock:
         return float(out) - (before + time.time()) / 2
 
     @staticmethod
+    def remove_shared_memory(pids: Sequence[int]) -> None:
+        """libfaketime (0.9.10, FAKETIME_DISABLE_SHM or not) makes /dev/shm/faketime_shm_PID
+        and sem.faketime_sem_PID in the first process it is loaded into (`ip netns exec`,
+        which becomes the helper), for its children to share, and leaves them there when
+        they end: one pair more in /dev/shm per host started under a WallClock, run after
+        run. Remove those of these processes, once they and their children are gone."""
+        for pid in pids:
+            for name in (f"faketime_shm_{pid}", f"sem.faketime_sem_{pid}"):
+                Path("/dev/shm", name).unlink(missing_ok=True)
+
+    @staticmethod
     def loaded_in(pid: int) -> bool:
         """Whether libfaketime is mapped into that process."""
         try:
@@ -443,6 +454,7 @@ class Cluster:
         self.db_url = f"sqlite+aiosqlite:///{tmp / 'state.db'}"  # benchmarks/chaos.py --db postgres sets another
         self.sched_args: list[str] = []  # more scheduler flags (chaos.py --more: --policy-option ...)
         self.pg: PgHost | None = None  # the database's host, if on one of its own
+        self.faketime_pids: list[int] = []  # processes started under a WallClock
 
     # ---- processes -----------------------------------------------------------
 
@@ -454,6 +466,8 @@ class Cluster:
                                 env={**os.environ, **(env or {})})
         log.close()
         self.procs[name] = proc
+        if "faketime" in (env or {}).get("LD_PRELOAD", ""):
+            self.faketime_pids.append(proc.pid)
         return proc
 
     def start_scheduler(self, heartbeat_timeout: float | None = None) -> None:
@@ -574,6 +588,7 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        WallClock.remove_shared_memory(self.faketime_pids)  # (its jobs, which share them, gone too)
         if self.channel is not None:
             self.channel.close()
 

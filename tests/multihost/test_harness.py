@@ -71,7 +71,9 @@ def test_a_cluster_closed_mid_fault_stops_a_held_helper_at_once_and_leaves_no_le
 
     c = multihost
     c.add_helper("h1")
-    c.add_helper("h2")
+    # h2 under a jumped wall clock (test_i9s_faults -k wall_clock): libfaketime's shared
+    # memory, /dev/shm/faketime_shm_PID and sem.faketime_sem_PID, was left by each such host.
+    c.add_helper("h2", env=conftest.WallClock(c.tmp).env() if conftest.faketime_library() else None)
     folders = {name: lease_path(c.tmp / "rd" / name).parent for name in ("h1", "h2")}
     assert all(f.is_dir() for f in folders.values()), folders
     c.signal("h1", signal.SIGSTOP)  # the test fails here, before it lets h1 go
@@ -80,6 +82,9 @@ def test_a_cluster_closed_mid_fault_stops_a_held_helper_at_once_and_leaves_no_le
     assert c.procs["h1"].wait(10) != -signal.SIGKILL, "the held helper had to be killed with -9"
     left = [str(f) for f in folders.values() if f.exists()]
     assert left == [], f"lease folders left in /dev/shm: {left}"
+    h2 = c.procs["h2"].pid
+    left = [n for n in (f"faketime_shm_{h2}", f"sem.faketime_sem_{h2}") if Path("/dev/shm", n).exists()]
+    assert left == [], f"libfaketime's files left in /dev/shm: {left}"
 
 
 def test_a_database_host_that_fails_to_start_leaves_no_server_and_no_folder(monkeypatch: pytest.MonkeyPatch) -> None:
