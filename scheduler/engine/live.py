@@ -100,6 +100,11 @@ def _unusual(indices: tuple[int, ...], num_gpus: int) -> tuple[int, ...]:
     return () if indices == tuple(range(num_gpus)) else indices
 
 
+# How often an operator's migration waiting for a runtime (OPERATOR_CONNECT_WAIT_S) reads its
+# job again: a job killed or ended meanwhile is answered within this.
+CONNECT_WAIT_SLICE_S = 0.5
+
+
 class LiveEngine:
     def __init__(
         self,
@@ -1380,7 +1385,14 @@ class LiveEngine:
             # refused at once with "has no runtime connected ... try again once it shows
             # progress", of a job that had trained for hours. (begin_migration refuses one
             # still not connected.)
-            await self.core.runtimes.wait_connected(job_id, wait_s, job.incarnation)
+            # In slices, the job read again between them: one killed or ended meanwhile was
+            # answered only when the whole wait had run out.
+            ends = asyncio.get_running_loop().time() + wait_s
+            while not await self.core.runtimes.wait_connected(
+                    job_id, min(CONNECT_WAIT_SLICE_S, ends - asyncio.get_running_loop().time()), job.incarnation):
+                if asyncio.get_running_loop().time() >= ends or (await self._job(job_id)).state not in (
+                        JobState.RUNNING.value, JobState.SUSPENDED.value):
+                    break
             job, free = await self._migration_asked(job_id, to_server)
         if job_id in self.inflight:
             raise Busy(job_id)

@@ -193,3 +193,30 @@ def test_a_move_refused_before_it_began_is_said_where_people_look(make_scheduler
         assert moves == [said], moves
     finally:
         f.close()
+
+
+def test_an_operator_migration_waiting_for_a_runtime_answers_once_the_job_is_killed(
+        scheduler_server: Any, wait_for: Any) -> None:
+    """`gandiva migrate` waits up to OPERATOR_CONNECT_WAIT_S (10 s) for a runtime not yet
+    connected; a job killed meanwhile was answered only when that wait ran out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    f = Fake(scheduler_server.address)
+    try:
+        f.keep_alive("a", "b")
+        job_id = f.submit()
+        server, _ = f.launched(job_id, wait_for)
+        with ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(f.api.MigrateJob, scheduler_pb2.MigrateJobRequest(
+                id=job_id, to_server="b" if server == "a" else "a"), timeout=30)
+            time.sleep(0.5)
+            assert not asked.done(), asked.exception() or asked.result()
+            f.api.KillJob(scheduler_pb2.JobActionRequest(id=job_id), timeout=10)
+            killed = time.monotonic()
+            err = asked.exception(timeout=30)
+            took = time.monotonic() - killed
+        assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.FAILED_PRECONDITION, err
+        assert "only a running or suspended job can migrate" in err.details(), err.details()
+        assert took < 5.0, f"answered {took:.1f}s after the kill"
+    finally:
+        f.close()
