@@ -953,7 +953,10 @@ def test_a_checkpoint_unreadable_through_the_shared_root_while_its_server_is_dow
                            and "waits for" in j.message and j, 15)
         reasons = [t.reason for t in waiting.history]
         assert f"{server}, which holds it, is down: it waits for it as for a fetch" in reasons[-1], reasons
-        assert "step 0" not in waiting.message, waiting.message
+        # Not started over ("it starts from step 0"). The next round's note bounds the wait, in
+        # words of its own ("... 57s more at most, then it starts again from step 0 elsewhere"):
+        # read after it under load, it failed `"step 0" not in` (1 of 3 runs of this file, load 16).
+        assert "it starts from step 0" not in waiting.message, waiting.message
         f.streams.pop(server).cancel()  # its old command stream ended with it
         f.register(server)  # back (a new helper instance, its ramdisk as it was)
         f.keep_alive(server)
