@@ -392,7 +392,8 @@ async def test_a_freeze_and_a_kill_of_a_process_that_cannot_stop_leave_the_helpe
         assert max(stalls) < converge_s / 2, f"the helper's event loop held {max(stalls):.2f} s by a freeze or kill"
     finally:
         tick.cancel()
-        for pid in (child, worker):
+        for pid in (child, worker, proc.pid):  # (the launch's own too: a failed test left it stopped)
             with contextlib.suppress(OSError):
                 if pid:
                     os.kill(pid, signal.SIGKILL)
+        await proc._wait(20.0)
