@@ -54,11 +54,6 @@ JUDGE_AFTER_BOUNDARIES = 2
 ADVANCE_WITHIN_RUNS = 16
 # Steps at whose ends the state of the training runs' Python functions is compared.
 PY_FUNC_STEPS = 3
-# How long commands wait, after the program swapped values into its weights (the moving
-# averages for an evaluation), for it to put them back before they are applied anyway, a
-# save holding the state from right before the swap (one made after the last step is
-# never put back).
-SWAP_BACK_WAIT_S = 10.0
 
 
 class Channel(Protocol):
@@ -282,17 +277,6 @@ class Controller:
         # The trainable variables such runs overwrote with values from elsewhere (the moving
         # averages swapped in for an evaluation) that no run has put back yet.
         self._swapped: frozenset[str] = frozenset()
-        # The training state saved right before such a swap (the adapter's snapshot), when
-        # the swap began, and whether saves are made from it now (_apply_before_swap).
-        self._pre_swap: Any = None
-        self._swapped_at = 0.0
-        self._save_pre_swap = False
-        # Where the program made the swap now in place (its frames' code and lines), and
-        # the places whose swaps it has put back before (periodic evaluations in its loop)
-        # or kept into the next step (a target network's copy): no snapshot is taken for
-        # those (a full save each time: 0.46 s for 80 MB).
-        self._swap_site: tuple[tuple[Any, int], ...] = ()
-        self._swapped_back: set[tuple[tuple[Any, int], ...]] = set()
         # The global step before a run after training that assigns a trainable variable or
         # the step (a load): read again at the next step's end, in case it was set back.
         self._step_before_load: int | None = None
@@ -434,16 +418,12 @@ class Controller:
         # each apply, which was taken for a one-time initialiser the same way).
         once = (info.initializes_some and not (info.resets or again)) or info.initializes or \
             info.restores
-        if self._swapped and self._queue and not info.is_training and not info.changes_state \
-                and not info.restores and self._swap_wait_over():
-            self._apply_before_swap(adapter)
-            return
         if info.restores:
             # The program's own Saver swapping weights (the averages restored into them by
             # `Saver(ema.variables_to_restore())` for an evaluation, then its weights back):
             # a swap as the assignments below are. Before, an evaluation reading an iterator
             # of its own between the two ended the wait, and a checkpoint held the averages.
-            self._swap(adapter, info.loaded)
+            self._swapped = self._swapped ^ info.loaded
         if (not info.is_training and (once or not info.changes_state)
                 and not info.stateful_input):
             # A run that changes nothing (the step read, a summary, an evaluation), or
@@ -474,7 +454,7 @@ class Controller:
         if trailing and info.loaded:
             # The swap back loads the same variables again; an overwrite the program keeps
             # (back to its best weights) is part of the step: the next training run ends it.
-            self._swap(adapter, info.loaded)
+            self._swapped = self._swapped ^ info.loaded
         if self._after_advance:
             self._after_advance = False
             if trailing and not self._trailing:
@@ -488,65 +468,6 @@ class Controller:
                 self._apply_queued(adapter)
             elif not self._save_built:
                 self._prebuild_save(adapter)
-
-    def _swap(self, adapter: SessionAdapter, loaded: frozenset[str]) -> None:
-        """A run after the step (about to execute) loads `loaded` into trainable variables:
-        weights swapped out (the averages in for an evaluation) or back. Right before the
-        first, the training state is saved aside (the adapter's snapshot), for commands
-        that cannot wait for the swap back (_apply_before_swap)."""
-        was = self._swapped
-        self._swapped = self._swapped ^ loaded
-        if self._swapped and not was:
-            self._swapped_at = time.monotonic()
-            self._swap_site = tuple((code, line) for (_, code), line in
-                                    program_stack(sys._getframe(1)))
-            snapshot = getattr(adapter, "snapshot", None)
-            if self._swap_site in self._swapped_back:
-                # Put back every time so far (an evaluation every N steps in the loop):
-                # commands wait for the swap back, as before, and no snapshot is taken.
-                pass
-            elif snapshot is not None:
-                try:
-                    self._pre_swap = snapshot()
-                except (CheckpointError, OSError) as exc:
-                    log.warning("could not save the training state before the program swaps "
-                                "its weights (%s): commands wait for the swap back", exc)
-        elif not self._swapped:
-            self._swapped_back.add(self._swap_site)
-            self._drop_pre_swap()
-
-    def _drop_pre_swap(self) -> None:
-        self._swapped = frozenset()
-        if self._pre_swap is not None:
-            self._pre_swap.drop()
-            self._pre_swap = None
-
-    def _swap_wait_over(self) -> bool:
-        """Whether the oldest queued command has waited SWAP_BACK_WAIT_S for the weights
-        swapped out after the step to be put back (counted from the swap)."""
-        with self._cond:
-            oldest = min((c.received_at for c in self._queue), default=None)
-        return oldest is not None and \
-            time.monotonic() - max(oldest, self._swapped_at) >= SWAP_BACK_WAIT_S
-
-    def _apply_before_swap(self, adapter: SessionAdapter) -> None:
-        """Apply the queued commands while the program evaluates on weights swapped in
-        after its step, their swap back not come within SWAP_BACK_WAIT_S: a save holds the
-        state from right before the swap (the step's end), which a restored copy, going on
-        from the next step, expects. Before, commands waited for the swap back, which a
-        program that swaps the averages in after its last step for a final evaluation
-        never makes: a suspend, a checkpoint or a stop for migration waited through the
-        whole evaluation, and for ever in a program that never closes its session."""
-        if self._pre_swap is None:
-            return  # no snapshot (it failed, or a fake adapter): wait for the swap back
-        log.info("the weights swapped after step %d are not put back within %.0f s: "
-                 "commands are applied now, saves from the state before the swap",
-                 self.meter.steps, SWAP_BACK_WAIT_S)
-        self._save_pre_swap = True
-        try:
-            self._apply_queued(adapter)
-        finally:
-            self._save_pre_swap = False
 
     def _step_initialised_again(self, adapter: SessionAdapter, info: RunInfo) -> None:
         """A run after training that initialises the global step again (a sweep of trials
@@ -961,15 +882,7 @@ class Controller:
             return  # commands wait for the run that completes this step
         if info.advances_step:
             self._after_advance = True
-            if self._swapped:
-                # A load the program kept into the next step (a target network copied from
-                # the online one every C steps, back to its best weights): a snapshot before
-                # the next load from there would cost a full save each time, and a command
-                # cut from it after SWAP_BACK_WAIT_S would lose the load (a restored copy
-                # trains on against the target as it was before the copy). Commands during
-                # those wait for the next training run, as they did before s53.
-                self._swapped_back.add(self._swap_site)
-            self._drop_pre_swap()
+            self._swapped = frozenset()
             site, last = program_site(sys._getframe(1)), self._advance_site
             if site is not None and last is not None and site[0] == last[0] and site[1] <= last[1]:
                 self._advance_wraps[site[0]] = (last[1], site[1])
@@ -1078,11 +991,9 @@ class Controller:
         self._cut_pending = False
         if self._queue:
             self._apply_queued(adapter)
-        self._drop_pre_swap()  # its scratch space (RAM) is not left to the next process
 
     def finish(self) -> None:
         """The program ended: answer commands that will never reach a boundary."""
-        self._drop_pre_swap()
         while (cmd := self._next(block=False)) is not None:
             self._ack(Ack(cmd.id, False, "the program finished before its next training step",
                           step=self.meter.steps))
@@ -1748,9 +1659,8 @@ class Controller:
 
     def _save(self, adapter: SessionAdapter, directory: str) -> CheckpointInfo:
         self._save_built = True
-        before = {"before": self._pre_swap} if self._save_pre_swap else {}
         info = adapter.save(directory, self.settings.job_id, start_step=self.job_start_step,
-                            started_at=self.job_started_at, **before)
+                            started_at=self.job_started_at)
         self.meter.set_steps(info.step)
         self._event("checkpoint", path=info.path, save_s=round(info.seconds, 6), step=info.step)
         return info

@@ -222,7 +222,7 @@ class FakeAdapter:
         return self.sess.step
 
     def save(self, directory: str, job_id: str, start_step: int | None = None,
-             started_at: float | None = None, before: Any = None) -> CheckpointInfo:
+             started_at: float | None = None) -> CheckpointInfo:
         step = self.sess.step
         path, size = write_atomically(
             directory, lambda tmp: (tmp / "model.index").write_text(str(step)),

@@ -20,7 +20,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -418,18 +417,6 @@ def _scratch_dir(kind: str) -> Path:
     parent.mkdir(mode=0o700, exist_ok=True)
     remove_stale_temporaries(parent)
     return Path(tempfile.mkdtemp(prefix=f".{kind}.tmp-{os.getpid()}-", dir=parent))
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The training state saved by `TFSessionAdapter.snapshot`: its scratch directory and
-    the checkpointer that wrote it (its variables' grouping goes into the manifest)."""
-
-    path: Path
-    checkpointer: Checkpointer
-
-    def drop(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
 
 
 _CHECKPOINTERS: weakref.WeakKeyDictionary[tf.Graph, Checkpointer] = weakref.WeakKeyDictionary()
@@ -912,23 +899,18 @@ class TFSessionAdapter:
         return ckpt
 
     def save(self, directory: str, job_id: str, start_step: int | None = None,
-             started_at: float | None = None, before: Snapshot | None = None) -> CheckpointInfo:
+             started_at: float | None = None) -> CheckpointInfo:
         """A checkpoint of the training state; `start_step`, the global step the job's
         first process started training at, and `started_at`, when that process started
-        (wall-clock), go into the manifest with it. `before`: the variables as `snapshot`
-        found them (before weights were swapped out for an evaluation), not as they are."""
+        (wall-clock), go into the manifest with it."""
         t0 = time.perf_counter()  # the copies' comparison is part of the save's cost
-        ckpt = self.checked_checkpointer() if before is None else before.checkpointer
+        ckpt = self.checked_checkpointer()
         step = self.global_step()
         states = self._iterator_states_now()
         entries = iterator_entries(states, self._made_by, self._init_feeds)
 
         def fill(tmp: Path) -> None:
-            if before is None:
-                ckpt.save(self._run, str(tmp / PREFIX))
-            else:
-                for held in before.path.iterdir():
-                    shutil.copy2(held, tmp / held.name)
+            ckpt.save(self._run, str(tmp / PREFIX))
             write_iterator_states(tmp, states, entries)
 
         path, size = write_atomically(
@@ -1044,20 +1026,6 @@ class TFSessionAdapter:
             if op.type in _ACCUMULATOR_TAKES:
                 return f"{op.type} op '{op.name}'"
         return ""
-
-    def snapshot(self) -> Snapshot:
-        """The variables, tables and local variables as they are now, saved into a scratch
-        directory (RAM-backed where there is one) for a later `save(before=...)`: taken
-        right before the program swaps values into its weights (the moving averages for an
-        evaluation), whose swap back may never come. `Snapshot.drop` deletes it."""
-        ckpt = self.checked_checkpointer()
-        scratch = _scratch_dir("swap")
-        try:
-            ckpt.save(self._run, str(scratch / PREFIX))
-        except BaseException:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise
-        return Snapshot(scratch, ckpt)
 
     def prebuild_save(self) -> float:
         """Save once into a scratch directory (deleted) so the save op's executors exist."""

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tf_runtime import controller as controller_module
 from tf_runtime.commands import Command, Kind
 
 from .test_tfr_tf_session import acks, session, shimmed
@@ -95,6 +94,7 @@ def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
 
 
 def _final_swap_program(swap: str, tmp_path: Path, *, steps: int, evaluations: int,
+                        final_swap: bool = True,
                         queue: tuple[Kind, ...] = (), restore_dir: Path | None = None,
                         ) -> tuple[Any, dict[str, Any], dict[str, Any], int]:
     """Trains `steps` steps (Momentum, the weights' moving averages applied with each), then
@@ -102,7 +102,8 @@ def _final_swap_program(swap: str, tmp_path: Path, *, steps: int, evaluations: i
     `assign` (the weights backed up into non-trainable variables, the averages assigned in,
     in one run) or `restore` (the averages restored into them by the program's own
     `Saver(ema.variables_to_restore())`). The evaluation reads a held-out batch from an
-    iterator of its own, `evaluations` runs. `queue`: commands enqueued at the last step.
+    iterator of its own, `evaluations` runs (`final_swap=False`: no swap, the session closed
+    after the last step). `queue`: commands enqueued at the last step.
     Returns (the controller, every variable after the last step by name, every variable at
     the end, the acks received before the program closed its session)."""
     with shimmed(restore_dir) as ctl, tf.Graph().as_default() as g, session(g) as sess:
@@ -142,10 +143,10 @@ def _final_swap_program(swap: str, tmp_path: Path, *, steps: int, evaluations: i
                     ctl.enqueue(Command(kind.name.lower(), kind,
                                         str(tmp_path / "ck") if kind is Kind.CHECKPOINT else ""))
         trained = {v.op.name: sess.run(v.value()) for v in tf.compat.v1.global_variables()}
-        if swap == "restore":
+        if final_swap and swap == "restore":
             (tmp_path / "own").mkdir(parents=True, exist_ok=True)
             ema_saver.restore(sess, saver.save(sess, str(tmp_path / "own" / "model")))
-        else:
+        elif final_swap:
             sess.run(swap_in_op)
         for _ in range(evaluations):
             sess.run(evaluation)
@@ -158,53 +159,46 @@ def _final_swap_program(swap: str, tmp_path: Path, *, steps: int, evaluations: i
 
 
 @pytest.mark.parametrize("swap", ["assign", "restore"])
-def test_weights_swapped_in_after_the_last_step_hold_no_command_for_ever(
-        swap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_weights_swapped_in_after_the_last_step_hold_commands_until_the_close(
+        swap: str, tmp_path: Path) -> None:
     """A program that swaps its moving averages into the weights after its last step for a
     final evaluation and never swaps them back. Commands after a step wait for the swap
     back (a checkpoint taken while the averages are in the weights would hold them as the
-    weights), which here never comes: a suspend, a checkpoint, a stop for migration asked
-    at the last step waited through the whole evaluation, and for ever in a program that
-    never closes its session (probed: no ack after 400 evaluation runs). Now the wait for
-    the swap back ends after `SWAP_BACK_WAIT_S` (here 0.2 s): the commands are applied at
-    the next evaluation run, a checkpoint holding the state the step left (a snapshot
-    taken right before the swap), every variable bit-identical to it. A copy restored from
-    it ends its loop at once and makes the swap and the evaluation itself: the swap, made
-    before any training run, was taken for the program overwriting the restored variables
-    and restored over before the evaluation's first run, so that copy evaluated, and ended
-    with, the trained weights (found s53). Values copied from the restored state (or
-    restored by the program's own Saver from a file it saved since: `restore`) are now
-    restored over only at a first training run: it ends with every variable bit-identical
-    to the uninterrupted run's."""
-    monkeypatch.setattr(controller_module, "SWAP_BACK_WAIT_S", 0.2)
-    from tf_runtime import tf_session
-
-    snapshots: list[Any] = []
-    take = tf_session.TFSessionAdapter.snapshot
-    monkeypatch.setattr(tf_session.TFSessionAdapter, "snapshot",
-                        lambda self: snapshots.append(take(self)) or snapshots[-1])
-    ctl, trained, _, before_close = _final_swap_program(
-        swap, tmp_path, steps=6, evaluations=400,
+    weights, and a cut there cannot tell an evaluation's swap from a load the program keeps:
+    a target network's copy), the next training run, or the close. afd760d0 applied them
+    after SWAP_BACK_WAIT_S from a snapshot taken before the swap, which cut a DQN-style
+    target copy before the copy (test_tfr_kept_load_cut): that is gone, and these wait
+    again: none is answered during the evaluation, all three at the close, the checkpoint
+    holding the state the program closed its session with (every variable bit-identical to
+    it). A copy restored from a checkpoint taken at the last step ends its loop at once and
+    makes the swap and the evaluation itself: the swap, made before any training run, was
+    taken for the program overwriting the restored variables and restored over before the
+    evaluation's first run, so that copy evaluated, and ended with, the trained weights
+    (found s53). Values copied from the restored state (or restored by the program's own
+    Saver from a file it saved since: `restore`) are restored over only at a first training
+    run: it ends with every variable bit-identical to the uninterrupted run's."""
+    ctl, _, final, before_close = _final_swap_program(
+        swap, tmp_path, steps=6, evaluations=30,
         queue=(Kind.SUSPEND, Kind.CHECKPOINT, Kind.RESUME))
-    assert before_close == 3, [a.message for a in acks(ctl)]
-    assert all(a.ok for a in acks(ctl)), acks(ctl)
+    assert before_close == 0, [a.message for a in acks(ctl)]
+    assert len(acks(ctl)) == 3 and all(a.ok for a in acks(ctl)), acks(ctl)
     assert acks(ctl)[1].step == 6
-    # The checkpoint holds the state the last step left: the trained weights, not the
-    # averages the evaluation read (and the backups as they were before the swap).
     prefix = str(tmp_path / "ck" / "model")
-    assert {n for n, _ in tf.train.list_variables(prefix)} == set(trained)
-    for name, value in trained.items():
+    assert {n for n, _ in tf.train.list_variables(prefix)} == set(final)
+    for name, value in final.items():
         np.testing.assert_array_equal(tf.train.load_variable(prefix, name), value, err_msg=name)
+    # A checkpoint at the last step, the state the step left (a program that closes its
+    # session there, the final swap not made), restored into the program that makes it.
+    ctl, trained, _, _ = _final_swap_program(swap, tmp_path / "l", steps=6, evaluations=0,
+                                             queue=(Kind.CHECKPOINT,), final_swap=False)
+    assert acks(ctl)[0].ok and acks(ctl)[0].step == 6, acks(ctl)
     assert not np.array_equal(trained["w"], trained["w/ExponentialMovingAverage"])
-    # Its scratch copies (RAM) are deleted: at the swap back, and when the session closes.
-    assert ctl._pre_swap is None
-    assert snapshots and [s.path for s in snapshots if s.path.exists()] == []
-    # A snapshot before the first swap in the loop and before the final one; none before
-    # the loop's second (a swap from there was put back before).
-    assert len(snapshots) == 2
     *_, uninterrupted, _ = _final_swap_program(swap, tmp_path / "a", steps=6, evaluations=3)
+    for name, value in trained.items():
+        np.testing.assert_array_equal(tf.train.load_variable(
+            str(tmp_path / "l" / "ck" / "model"), name), value, err_msg=name)
     *_, restored, _ = _final_swap_program(swap, tmp_path / "r", steps=6, evaluations=3,
-                                          restore_dir=tmp_path / "ck")
+                                          restore_dir=tmp_path / "l" / "ck")
     assert restored.keys() == uninterrupted.keys()
     for name, value in uninterrupted.items():
         np.testing.assert_array_equal(restored[name], value, err_msg=name)
