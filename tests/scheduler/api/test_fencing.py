@@ -56,6 +56,9 @@ class Fake:
         self._beating = threading.Event()
         self._beater: threading.Thread | None = None
         self.alive: set[str] = set()
+        # What keep_alive's heartbeats list as running, per server (nothing unless the test
+        # says): a server kept alive while its launch runs, until the test loses it.
+        self.running: dict[str, list[tuple[str, str]]] = {}
         self.shims: list[Any] = []
         self.launch_commands: dict[str, str] = {}  # a launch's incarnation -> its command's id
 
@@ -87,8 +90,8 @@ class Fake:
         return sorted((s.job_id, s.incarnation) for s in reply.stop)
 
     def keep_alive(self, *servers: str) -> None:
-        """Heartbeats (reporting nothing) in the background, so the servers stay up
-        (until the test discards one from ``alive``)."""
+        """Heartbeats (reporting what ``running`` lists, else nothing) in the background, so
+        the servers stay up (until the test discards one from ``alive``)."""
         first = not self.alive
         self.alive.update(servers)
 
@@ -96,14 +99,26 @@ class Fake:
             while not self._beating.is_set():
                 try:
                     for s in list(self.alive):
-                        with self.beat_lock:
-                            self.helper.Heartbeat(helper_pb2.HeartbeatRequest(name=s))
+                        with self.beat_lock:  # (read under it: see `lose`)
+                            if s not in self.alive:
+                                continue
+                            running = [helper_pb2.JobIncarnation(job_id=j, incarnation=i)
+                                       for j, i in self.running.get(s, ())]
+                            self.helper.Heartbeat(helper_pb2.HeartbeatRequest(name=s, running=running))
                 except grpc.RpcError:
                     return  # the test is over
                 time.sleep(0.1)
         if first:
             self._beater = threading.Thread(target=run, daemon=True)
             self._beater.start()
+
+    def lose(self, server: str, silent: bool = False) -> None:
+        """keep_alive's heartbeats of `server` list nothing from now on (its launches lost),
+        or (`silent`) stop: no heartbeat of it begun before is answered after this."""
+        with self.beat_lock:
+            self.running.pop(server, None)
+            if silent:
+                self.alive.discard(server)
 
     def submit(self, gpus: int = 1) -> str:
         spec = common_pb2.JobSpec(command=["python", "t.py"], gpus=gpus, steps=1000)  # (steps: for its ETA)
@@ -278,10 +293,23 @@ def test_one_server_name_is_held_by_one_live_helper_at_a_time(make_scheduler: An
     channel.close()
 
 
-def test_a_job_its_server_no_longer_runs_is_requeued(fast: tuple[Any, Fake], wait_for: Any) -> None:
+def test_a_job_its_server_no_longer_runs_is_requeued(make_scheduler: Any, sqlite_url: str, wait_for: Any) -> None:
     """The launch was confirmed, but the server's heartbeats stop listing it: after the
     grace period the job is back in the queue (and placed again)."""
-    _, f = fast
+    # Both servers heartbeat from the start, and the launch, which this test does not time,
+    # has 30 s to be confirmed: with `fast` (nothing heard before the placement, a 1-s
+    # command timeout) a loaded machine called the servers down or withdrew the launch
+    # first, and the loss was never seen (1 run of 6 of this file, -n 2 beside others).
+    sched = make_scheduler(sqlite_url, tick_s=0.1, settings=dataclasses.replace(FAST, command_timeout_s=30.0))
+    f = Fake(sched.address)
+    try:
+        _server_no_longer_runs(f, wait_for)
+    finally:
+        f.close()
+
+
+def _server_no_longer_runs(f: Fake, wait_for: Any) -> None:
+    f.keep_alive("a", "b")  # reporting nothing: a confirmed launch is lost after the grace period
     job_id = f.submit()
     server = wait_for(lambda: (j := f.job(job_id)).placement and j.placement[0].server)
     launch = next(c for c in f.commands(server) if c.WhichOneof("body") == "launch")
@@ -928,6 +956,10 @@ def test_a_lost_job_resumes_elsewhere_from_its_periodic_checkpoint(make_schedule
 
 
 FETCH = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0, checkpoint_interval_s=0.5)
+# For the tests that do not time a launch's answer: its 2 s ran out on a loaded machine
+# between the launch's command and the test's answer to it ("this scheduler did not run for
+# 2.2s", then "launch ... withdrawn"; stress, s53).
+UNTIMED_LAUNCH = dataclasses.replace(FETCH, command_timeout_s=30.0)
 
 
 def test_a_checkpoint_unreadable_through_the_shared_root_while_its_server_is_down_is_waited_for_then_fetched(
@@ -995,22 +1027,29 @@ def test_a_checkpoint_unreadable_through_the_shared_root_while_its_server_is_up_
         f.close()
 
 
-def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any,
-                          other: bool = True, sched: Any = None, shared_root: str = "") -> tuple[Fake, str, str, Any]:
+def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any, other: bool = True,
+                          sched: Any = None, shared_root: str = "", settings: Settings = FETCH,
+                          ) -> tuple[Fake, str, str, Any]:
     """Server "y" runs a job and records its periodic checkpoint; server "x" (idle, and
     first by name) joins; then "y"'s heartbeats stop listing the job, which goes back to
     the queue with its checkpoint on "y" as its restore point and is placed on "x". No
     shared root (unless `shared_root`): "x" can read the checkpoint only once "y"'s helper has
-    streamed it over. Returns (the fake helpers, the job, its checkpoint on "y", its shim)."""
+    streamed it over. Returns (the fake helpers, the job, its checkpoint on "y", its shim).
+    "y" heartbeats in the background from its registration on, listing the launch once it
+    is confirmed, until the test loses it: heartbeats sent only by the test's own polls left
+    "y" unheard for over FETCH's 2 s on a loaded machine (submit, placement, the launch's
+    command), "y" called down before the checkpoint was ever taken (stress, s53)."""
     from .test_runtime_api import FakeShim
 
     if sched is None:
-        sched = make_scheduler(sqlite_url, tick_s=0.1, settings=FETCH)
+        sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
     f = Fake(sched.address, gpus={"y": 1}, agents=True, shared_root=shared_root)
+    f.keep_alive("y")
     job_id = f.submit()
     wait_for(lambda: f.job(job_id).placement)
     cmd = _next_command(f, "y", "launch")
     launch = cmd.launch
+    f.running["y"] = [(job_id, launch.incarnation)]
     f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="y", command_id=cmd.command_id, ok=True))
     shim = FakeShim(f.ch, job_id, launch.incarnation)
     path = f"/ram/y/{job_id}/periodic-{launch.incarnation}"
@@ -1021,8 +1060,8 @@ def _lost_with_checkpoint(make_scheduler: Any, sqlite_url: str, wait_for: Any,
         return any(e.kind == "job.checkpoint" and e.message == f"step 42 at {path}" for e in events)
 
     wait_for(checkpointed, 15)
+    f.lose("y")  # "y"'s heartbeats list nothing from now on: the job's process there is lost
     if not other:  # "y" alone: the job comes back to it
-        f.keep_alive("y")
         wait_for(lambda: "was lost" in f.job(job_id).history[-2].reason, 15)
         return f, job_id, path, shim
     f.register("x")
@@ -1373,7 +1412,8 @@ def test_a_launch_whose_checkpoint_is_gone_starts_the_job_from_step_0_instead_of
     """The job comes back to the server that holds its checkpoint, but the helper refuses the
     launch: the checkpoint is not there (the server restarted with an empty ramdisk). The job
     is not failed for it: it is queued again without the checkpoint and starts from step 0."""
-    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for, other=False)
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for, other=False,
+                                                  settings=UNTIMED_LAUNCH)
     try:
         cmd = _next_command(f, "y", "launch")
         assert cmd.launch.restore_checkpoint == path
@@ -1410,7 +1450,8 @@ def test_a_job_lost_again_before_its_next_checkpoint_resumes_from_the_same_one(
     written another resumes from that checkpoint once more, not from step 0; the holder's
     helper is told to keep it all the while. (Its runtime never connects here, so periodic
     checkpoints are tried and fail every half second: they do not hide the loss.)"""
-    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for, other=False)
+    f, job_id, path, shim = _lost_with_checkpoint(make_scheduler, sqlite_url, wait_for, other=False,
+                                                  settings=UNTIMED_LAUNCH)
     try:
         cmd = _next_command(f, "y", "launch")
         assert cmd.launch.restore_checkpoint == path
@@ -1436,7 +1477,7 @@ def test_a_job_whose_checkpoint_server_is_down_waits_for_it_a_bounded_time(
     the job is not started from step 0 elsewhere at once; it waits, saying why, up to
     `checkpoint_wait_s` after that server's last heartbeat. Back in time, the server streams
     the checkpoint to where the job is placed; not back, the job starts from step 0."""
-    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=2.0,
+    settings = Settings(heartbeat_interval_s=0.2, down_after_s=2.0, command_timeout_s=30.0,  # (untimed here)
                         checkpoint_interval_s=0.5, checkpoint_wait_s=30.0 if back else 4.0)
     sched = make_scheduler(sqlite_url, tick_s=0.1, settings=settings)
     f = Fake(sched.address, gpus={"y": 1}, agents=True)
@@ -1480,9 +1521,14 @@ def checkpointed_on_y(f: Fake, wait_for: Any) -> tuple[str, str]:
     checkpoint taken (step 42, the fake shim's); then "x" registers and is kept alive while
     "y" falls silent (down after the heartbeat timeout, its job re-queued). Returns (job id,
     the checkpoint's path)."""
+    # "y" heartbeats in the background until its checkpoint is taken (listing the launch
+    # once confirmed): as in _lost_with_checkpoint, the test's own polls alone left it
+    # unheard for over 2 s under load ("its process still answers though its server is down").
+    f.keep_alive("y")
     job_id = f.submit()
     wait_for(lambda: f.job(job_id).placement)
     cmd = _next_command(f, "y", "launch")
+    f.running["y"] = [(job_id, cmd.launch.incarnation)]
     f.helper.ReportCommandResult(helper_pb2.HelperCommandResult(server="y", command_id=cmd.command_id, ok=True))
     f.shim(job_id, cmd.launch.incarnation)
     path = f"/ram/y/{job_id}/periodic-{cmd.launch.incarnation}"
@@ -1495,6 +1541,7 @@ def checkpointed_on_y(f: Fake, wait_for: Any) -> tuple[str, str]:
     wait_for(checkpointed, 15)
     f.register("x")
     f.keep_alive("x")
+    f.lose("y", silent=True)  # "y" falls silent
     return job_id, path
 
 
