@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,39 @@ from .test_tfr_tf_session import acks, session, shimmed
 
 pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow")
+
+
+def _ema_model(held_out: bool) -> SimpleNamespace:
+    """The programs' graph: a 3x2 layer trained with Momentum, the moving averages of its
+    weights applied with each step (`train`), and per variable a swap of its average in (its
+    value backed up into a non-trainable variable first: `to_average`) and back
+    (`to_weights`). `held_out`: the evaluation reads a held-out batch from an iterator of its
+    own, else it is the loss. `saver` saves every variable, `ema_saver` restores the
+    averages into the weights."""
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+    w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
+    b = tf.compat.v1.get_variable("b", initializer=tf.zeros([2]))
+    loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w) + b))
+    evaluation = loss
+    if held_out:
+        batch = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.from_tensors(x).repeat()).get_next()
+        evaluation = tf.reduce_sum(tf.tanh(tf.matmul(batch, w) + b))
+    opt = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss, global_step=gs)
+    ema = tf.compat.v1.train.ExponentialMovingAverage(0.5)
+    with tf.control_dependencies([opt]):
+        train = ema.apply([w, b])
+    to_average, to_weights = [], []
+    for v in (w, b):
+        backup = tf.compat.v1.get_variable(f"backup_{v.op.name}", initializer=tf.zeros_like(v),
+                                           trainable=False)
+        with tf.control_dependencies([backup.assign(v)]):
+            to_average.append(v.assign(ema.average(v)))
+        to_weights.append(v.assign(backup))
+    return SimpleNamespace(gs=gs, w=w, ema=ema, evaluation=evaluation, train=train,
+                           to_average=to_average, to_weights=to_weights,
+                           saver=tf.compat.v1.train.Saver(),
+                           ema_saver=tf.compat.v1.train.Saver(ema.variables_to_restore()))
 
 
 @pytest.mark.parametrize("swap", ["together", "apart", "kept", "iterator", "restore"])
@@ -41,31 +75,12 @@ def test_weights_swapped_for_an_evaluation_between_steps_are_never_checkpointed(
     a restore was taken for a one-time load and never noted as a swap, so the evaluation's
     read of its iterator ended the wait and the checkpoint held the averages as the weights."""
     with shimmed() as ctl, tf.Graph().as_default() as g, session(g) as sess:
-        gs = tf.compat.v1.train.get_or_create_global_step()
-        x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
-        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
-        b = tf.compat.v1.get_variable("b", initializer=tf.zeros([2]))
-        loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w) + b))
-        evaluation = loss
-        if swap in ("iterator", "restore"):
-            held_out = tf.compat.v1.data.make_one_shot_iterator(
-                tf.data.Dataset.from_tensors(x).repeat()).get_next()
-            evaluation = tf.reduce_sum(tf.tanh(tf.matmul(held_out, w) + b))
-        opt = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss, global_step=gs)
-        ema = tf.compat.v1.train.ExponentialMovingAverage(0.5)
-        with tf.control_dependencies([opt]):
-            train = ema.apply([w, b])
-        to_average, to_weights = [], []
-        for v in (w, b):
-            backup = tf.compat.v1.get_variable(f"backup_{v.op.name}", initializer=tf.zeros_like(v),
-                                               trainable=False)
-            with tf.control_dependencies([backup.assign(v)]):
-                to_average.append(v.assign(ema.average(v)))
-            to_weights.append(v.assign(backup))
+        m = _ema_model(held_out=swap in ("iterator", "restore"))
+        gs, w, ema, evaluation, train, saver, ema_saver = (
+            m.gs, m.w, m.ema, m.evaluation, m.train, m.saver, m.ema_saver)
+        to_average, to_weights = m.to_average, m.to_weights
         if swap != "apart":
             to_average, to_weights = [tf.group(*to_average)], [tf.group(*to_weights)]
-        saver = tf.compat.v1.train.Saver()
-        ema_saver = tf.compat.v1.train.Saver(ema.variables_to_restore())
         sess.run(tf.compat.v1.global_variables_initializer())
         step = 0
         while step < 8:
@@ -107,28 +122,9 @@ def _final_swap_program(swap: str, tmp_path: Path, *, steps: int, evaluations: i
     Returns (the controller, every variable after the last step by name, every variable at
     the end, the acks received before the program closed its session)."""
     with shimmed(restore_dir) as ctl, tf.Graph().as_default() as g, session(g) as sess:
-        gs = tf.compat.v1.train.get_or_create_global_step()
-        x = tf.constant(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
-        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 2]))
-        b = tf.compat.v1.get_variable("b", initializer=tf.zeros([2]))
-        loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w) + b))
-        held_out = tf.compat.v1.data.make_one_shot_iterator(
-            tf.data.Dataset.from_tensors(x).repeat()).get_next()
-        evaluation = tf.reduce_sum(tf.tanh(tf.matmul(held_out, w) + b))
-        opt = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss, global_step=gs)
-        ema = tf.compat.v1.train.ExponentialMovingAverage(0.5)
-        with tf.control_dependencies([opt]):
-            train = ema.apply([w, b])
-        swap_in, swap_back = [], []
-        for v in (w, b):
-            backup = tf.compat.v1.get_variable(f"backup_{v.op.name}", initializer=tf.zeros_like(v),
-                                               trainable=False)
-            with tf.control_dependencies([backup.assign(v)]):
-                swap_in.append(v.assign(ema.average(v)))
-            swap_back.append(v.assign(backup))
-        swap_in_op, swap_back_op = tf.group(*swap_in), tf.group(*swap_back)
-        saver = tf.compat.v1.train.Saver()
-        ema_saver = tf.compat.v1.train.Saver(ema.variables_to_restore())
+        m = _ema_model(held_out=True)
+        gs, evaluation, train, saver, ema_saver = m.gs, m.evaluation, m.train, m.saver, m.ema_saver
+        swap_in_op, swap_back_op = tf.group(*m.to_average), tf.group(*m.to_weights)
         sess.run(tf.compat.v1.global_variables_initializer())
         step = int(sess.run(gs))
         while step < steps:
