@@ -173,7 +173,7 @@ LEFT_RESCAN_S = 0.05
 # A kill of a launch's processes found by a look at /proc missed those forked between that
 # look and the signal to their parent (a worker that forks on, a supervisor that starts its
 # child again as it dies, a daemon forking itself away mid-kill): they trained on,
-# unsupervised. `stop_all` (the lease's freeze, and a kill's first part) stops and looks
+# unsupervised. `_stop_passes` (the lease's freeze, and a kill's first part) stops and looks
 # again until every process it finds is stopped (SIGSTOP: a stopped process forks no more);
 # `kill_all` then kills and looks again until a look finds nothing new. Each gives up after
 # STOP_CONVERGE_S.
@@ -191,7 +191,7 @@ def _ours(pid: int) -> bool:
 
 
 def _stop_passes(find: Callable[[], Sequence[int]], group: int, seen: set[int]) -> Iterator[float]:
-    """`stop_all`'s looks, one at a time: SIGSTOP process group `group` (when given), then
+    """A freeze's looks, one at a time: SIGSTOP process group `group` (when given), then
     every process `find` returns not yet stopped; after each look that found one, yields how
     long to wait before the next (the driver sleeps, or lets the event loop run: JobProcess).
     Adds every pid found to `seen`."""
@@ -246,27 +246,23 @@ def _kill_passes(find: Callable[[], Sequence[int]], group: int, killed: set[tupl
         yield 0.0
 
 
-def stop_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
-    """SIGSTOP process group `group` (when given) and every process `find` returns, looking
-    again until all those it finds are stopped; returns every pid found. Blocks up to
-    STOP_CONVERGE_S: a helper's launches converge through JobProcess instead, between turns
-    of its event loop."""
-    seen: set[int] = set()
-    for pause in _stop_passes(find, group, seen):
+def _block_through(passes: Iterator[float]) -> None:
+    """Run a freeze's or kill's looks to their end, sleeping each pause between them (no
+    event loop to turn: kill_all, a JobProcess signalled outside one)."""
+    for pause in passes:
         time.sleep(pause)
-    return seen
 
 
 def kill_all(find: Callable[[], Sequence[int]], group: int = 0) -> set[int]:
-    """`stop_all` first (a stopped parent's children are not orphaned: a supervisor does not
+    """`_stop_passes` first (a stopped parent's children are not orphaned: a supervisor does not
     start them again), then SIGKILL process group `group` (when given) and every process
     `find` returns, looking again until a look finds none not yet killed; returns the pids
     killed. A process with SIGKILL pending forks no more (the kernel abandons a fork whose
     parent has it pending), and a child attached before it is found by the next look.
-    Blocks as `stop_all` does (twice its bound)."""
+    Blocks up to twice STOP_CONVERGE_S: a helper's launches converge through JobProcess
+    instead, between turns of its event loop."""
     killed: set[tuple[int, bytes]] = set()  # (pid, start time)
-    for pause in _kill_passes(find, group, killed):
-        time.sleep(pause)
+    _block_through(_kill_passes(find, group, killed))
     return {pid for pid, _ in killed}
 
 
@@ -691,7 +687,8 @@ class JobProcess:
     def _signal_group(self, sig: int) -> None:
         """Signal every process of this launch: its process group, and those that left
         it (``escaped``). SIGSTOP and SIGKILL look again until all they find are stopped
-        (``stop_all``): one forked as its parent was signalled is not let through."""
+        (``_stop_passes``, ``_kill_passes``): one forked as its parent was signalled is not
+        let through."""
         if sig == signal.SIGKILL:
             self._converge("kill", _kill_passes(self.escaped, self.pid, set(),
                                                 lambda: self._proc is None or self._proc.returncode is None))
@@ -724,10 +721,9 @@ class JobProcess:
             return
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:  # (no event loop: blocks, as stop_all does)
+        except RuntimeError:  # (no event loop: blocks, as kill_all does)
             time.sleep(pause)
-            for pause in passes:
-                time.sleep(pause)
+            _block_through(passes)
             return
         self._converging = (kind, loop.create_task(self._converge_rest(passes, pause)))
 
