@@ -777,18 +777,17 @@ class Controller:
         reset = info.resets or (bool(info.init_ops) and info.init_ops <= self._initialised)
         staged = reset and not (info.loads_trainable or info.restores) and \
             self._read_since_restore
-        if (info.initializes or info.initializes_some or info.restores) and \
-                self._restored_into is adapter and not staged and (
-                    info.copies_state or (info.restores and self.restoring_own_save)):
+        overwrote = (info.initializes or info.initializes_some or info.restores) and \
+            self._restored_into is adapter and not staged
+        if overwrote and (info.copies_state or (info.restores and self.restoring_own_save)):
             # Values copied from the restored state into the weights (the moving averages
             # swapped in for a final evaluation, made at once by a copy restored at its last
             # step; or restored by the program's own Saver from a file it saved since the
-            # restore): restored over only at the first training run, if one comes. Before, they were restored
-            # over before the evaluation's first run: that copy evaluated, and ended with,
-            # the trained weights instead of the averages.
+            # restore): restored over only at the first training run, if one comes. Before,
+            # they were restored over before the evaluation's first run: that copy
+            # evaluated, and ended with, the trained weights instead of the averages.
             self._restore_at_training = True
-        elif (info.initializes or info.initializes_some or info.restores) and \
-                self._restored_into is adapter and not staged:
+        elif overwrote:
             # The program overwrote variables after our restore (e.g. it restored a
             # pre-trained backbone), or created and initialised new ones the checkpoint
             # holds (an optimizer it builds once it reads a step past a phase switch):
