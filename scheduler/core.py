@@ -1737,6 +1737,12 @@ class SchedulerCore:
         if fenced_until > now:
             remember(self._fence_ends, (job_id, fenced_until), self.monotonic() + fenced_until - now, FENCES_KEPT)
 
+    async def requeue_fenced(self, session: AsyncSession, job: Job, now: float, reason: str, fenced_until: float) -> None:
+        """`repo.requeue` with a fence, noted to run its length on the monotonic clock
+        (note_fence): every requeue that fences a job goes through here."""
+        await repo.requeue(session, job, now, reason, fenced_until=fenced_until)
+        self.note_fence(job.id, job.fenced_until, now)
+
     def fence_holds(self, job_id: str, fenced_until: float, now: float, mono: float | None = None) -> bool:
         """Whether the job's fence (`fenced_until`, as written) still holds at `now` (on
         `clock`) and `mono` (the monotonic clock's; now by default). It runs its length on

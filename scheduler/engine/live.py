@@ -568,8 +568,7 @@ class LiveEngine:
                     where = (f"resumes from its checkpoint {job.restore_checkpoint}" if job.restore_checkpoint
                              else "starts again from step 0 (no checkpoint)")
                     note = f"{what}: stopped; it {where} (restart {restarts + 1} of {HUNG_RESTARTS}; then it fails)"
-                    await repo.requeue(s, job, now, note, fenced_until=now + settings.down_after_s)
-                    self.core.note_fence(job.id, job.fenced_until, now)
+                    await self.core.requeue_fenced(s, job, now, note, now + settings.down_after_s)
                 else:
                     note = f"{what}, {HUNG_RESTARTS + 1} times: stopped (its output: gandiva logs {job.id})"
                     await repo.finish(s, job, JobState.FAILED, now, note)
@@ -856,8 +855,7 @@ class LiveEngine:
                 why = (f"could not fetch its checkpoint {job.restore_checkpoint} from {holder}: {dest_name} could not "
                        f"take it ({failure}); its checkpoint is kept, and no new job is placed there for "
                        f"{LAUNCH_QUARANTINE_S:.0f}s")
-                await repo.requeue(s, job, now, why, fenced_until=now + self.core.settings.down_after_s)
-                self.core.note_fence(job_id, job.fenced_until, now)
+                await self.core.requeue_fenced(s, job, now, why, now + self.core.settings.down_after_s)
                 log.warning("job %s: %s", job_id, why)
                 return
             self._dest_refusals.pop(job_id, None)
@@ -879,8 +877,7 @@ class LiveEngine:
                 else:
                     fence = now + self.core.settings.down_after_s
                     why += f" (try {tries} of {MAX_FETCH_TRIES}); trying again in {fence - now:.0f}s"
-                await repo.requeue(s, job, now, why, fenced_until=fence)
-                self.core.note_fence(job_id, job.fenced_until, now)
+                await self.core.requeue_fenced(s, job, now, why, fence)
                 log.warning("job %s: %s", job_id, why)
                 return
             self._forget_fetches(job_id)
@@ -946,10 +943,9 @@ class LiveEngine:
                 # and the server gets no new job for a while. Before, the job failed, and so
                 # did every job placed after it on that server (the one with free GPUs).
                 log.warning("%s", self._quarantine(s, now, server, f"{server} could not start jobs ({result.message})"))
-                await repo.requeue(s, job, now, f"launch on {server} failed for a reason of the server's, "
-                                   f"not the job's ({result.message}): placed again elsewhere",
-                                   fenced_until=now + self.core.settings.heartbeat_interval_s)
-                self.core.note_fence(job.id, job.fenced_until, now)
+                await self.core.requeue_fenced(s, job, now, f"launch on {server} failed for a reason of the server's, "
+                                               f"not the job's ({result.message}): placed again elsewhere",
+                                               now + self.core.settings.heartbeat_interval_s)
             elif restore and (holder := await self._holder_to_fetch_from(s, job, restore, server)) is not None:
                 # Read through the shared root from a server that is down: where each host
                 # exports its own ramdisk, the checkpoint went with it, maybe for a while only.
@@ -1036,10 +1032,9 @@ class LiveEngine:
                 return
             why = why or (f"{went_on} progress reports with new mini-batches came in the {timeout:.0f}s after "
                           "the command, none answering it")
-            await repo.requeue(s, job, now, f"did not suspend when told: {why}; its process is stopped and "
-                               "it is queued again (from its last checkpoint)",
-                               fenced_until=now + self.core.settings.down_after_s)
-            self.core.note_fence(job.id, job.fenced_until, now)
+            await self.core.requeue_fenced(s, job, now, f"did not suspend when told: {why}; its process is stopped and "
+                                           "it is queued again (from its last checkpoint)",
+                                           now + self.core.settings.down_after_s)
         if server is not None:
             self.core.stop_on(server.name, job_id, incarnation, "trained on without suspending")
         log.warning("job %s: launch %s trained on without suspending; stopped and queued again", job_id, incarnation)
@@ -1055,9 +1050,8 @@ class LiveEngine:
             job = await repo.get_job(s, job_id, for_update=True)
             if job.incarnation != incarnation or job.state not in (JobState.RUNNING.value, JobState.SUSPENDED.value):
                 return
-            await repo.requeue(s, job, now, f"launch on {server} not confirmed within {timeout:.0f}s; withdrawn",
-                               fenced_until=now + self.core.settings.down_after_s)
-            self.core.note_fence(job.id, job.fenced_until, now)
+            await self.core.requeue_fenced(s, job, now, f"launch on {server} not confirmed within {timeout:.0f}s; withdrawn",
+                                           now + self.core.settings.down_after_s)
         self.core.stop_on(server, job_id, incarnation, "launch withdrawn")
         self.core.poke()
 

@@ -245,8 +245,7 @@ async def _carry_out(
                 why += f"; will resume from step {result.step} (its checkpoint is on {holder})"
             if fence:
                 why += f"; waiting {fence - now:.0f}s for {plan.source.name}'s lease to run out"
-            await repo.requeue(s, job, now, FAILED_REQUEUE + why, fenced_until=fence)
-            core.note_fence(job_id, job.fenced_until, now)
+            await core.requeue_fenced(s, job, now, FAILED_REQUEUE + why, fence)
         elif result.outcome is Outcome.MIGRATED:
             # The migration's checkpoint, at the destination, is the job's latest restore point.
             job.restore_checkpoint, job.restore_server, job.restore_step = result.checkpoint_path, dest_name, result.step
@@ -366,8 +365,7 @@ async def recover_migrations(core: SchedulerCore) -> list[str]:
                     # it; it waits, as a launch that did not answer, for that lease to run out.
                     fence = now + core.settings.down_after_s
                     why += f"; waiting {fence - now:.0f}s for {m.dest_server}'s lease to run out"
-                await repo.requeue(s, job, now, why, fenced_until=fence)
-                core.note_fence(job.id, job.fenced_until, now)
+                await core.requeue_fenced(s, job, now, why, fence)
             repo.add_event(s, now, "job.migration", f"recovered after restart from phase {m.phase}", job_id=m.job_id)
         # MIGRATING with no durable row: a database from before 0002_fencing_migrations,
         # upgraded while a migration was in flight. It stayed MIGRATING for good (no
